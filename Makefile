@@ -1,0 +1,36 @@
+# The two set-up commands of the README: `make run` and `make test`. Each installs what is
+# missing, configures and builds (ccache, -j2), then runs or tests.
+BUILD ?= build
+JOBS ?= 2
+CMAKE_FLAGS ?=
+TROUPE := $(BUILD)/apps/troupe
+
+.PHONY: run test deps configure build bench asan tsan clean
+
+run: build
+	$(TROUPE) generate -n 256
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@[ -f $(BUILD)/build.ninja ] || cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+bench: build
+	$(BUILD)/bench/bench_generate
+
+# Sanitizer builds live in their own build trees: `make asan` / `make tsan` build and test there.
+asan:
+	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DTROUPE_ASAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+
+tsan:
+	$(MAKE) test BUILD=build-tsan CMAKE_FLAGS="-DTROUPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+
+clean:
+	rm -rf build build-asan build-tsan

@@ -1,0 +1,36 @@
+# Finds CAF 0.17 (Debian's libcaf-dev ships no CMake package and no .pc file).
+# Defines CAF_FOUND, CAF_VERSION and the imported targets CAF::core and CAF::io, named as newer
+# CAF releases name them.
+find_path(CAF_INCLUDE_DIR caf/config.hpp)
+find_library(CAF_CORE_LIBRARY caf_core)
+find_library(CAF_IO_LIBRARY caf_io)
+
+if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
+  file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" _caf_version_line
+       REGEX "^#define CAF_VERSION [0-9]+")
+  string(REGEX REPLACE "^#define CAF_VERSION ([0-9]+).*" "\\1" _caf_v "${_caf_version_line}")
+  if(_caf_v)
+    math(EXPR _caf_major "${_caf_v} / 10000")
+    math(EXPR _caf_minor "(${_caf_v} / 100) % 100")
+    math(EXPR _caf_patch "${_caf_v} % 100")
+    set(CAF_VERSION "${_caf_major}.${_caf_minor}.${_caf_patch}")
+  endif()
+endif()
+
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(CAF
+  REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY
+  VERSION_VAR CAF_VERSION)
+
+if(CAF_FOUND AND NOT TARGET CAF::core)
+  find_package(Threads REQUIRED)
+  add_library(CAF::core SHARED IMPORTED)
+  set_target_properties(CAF::core PROPERTIES
+    IMPORTED_LOCATION "${CAF_CORE_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES Threads::Threads)
+  add_library(CAF::io SHARED IMPORTED)
+  set_target_properties(CAF::io PROPERTIES
+    IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
+    INTERFACE_LINK_LIBRARIES CAF::core)
+endif()

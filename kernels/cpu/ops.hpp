@@ -1,0 +1,94 @@
+#pragma once
+
+/// CPU kernels: a readable reference (`reference::`) and a vectorized fast path (`fast::`) that
+/// computes the very same bits.
+///
+/// Batch invariance by construction. Every reduction here sums in one fixed order that depends
+/// only on the reduced length: element j = 0, 1, ..., n-1, one after the other, exactly like
+/// llama2.c's `run.c`. The fast path vectorizes *across independent outputs* (8 output columns
+/// of a matmul per SIMD register; the element-wise loops), never across a reduction, so a row's
+/// result never depends on batch size, its position in the batch, how rows are grouped into
+/// register tiles, or (later) how many threads split the outputs. The build disables FMA
+/// contraction (-ffp-contract=off), so reference and fast agree bit for bit on every machine and
+/// instruction set, which tests/kernels_test.cpp checks.
+
+#include <cstdint>
+#include <vector>
+
+namespace troupe::kernels::cpu {
+
+/// Output columns per packed weight tile (one 256-bit register of floats).
+inline constexpr int32_t tile_width = 8;
+
+/// A (d, n) row-major weight matrix repacked for the fast matmul: tiles of 8 output rows
+/// interleaved along n, so one load yields w[i..i+8][j]. Rows past d are zero padding.
+struct packed_matrix {
+  int32_t d = 0;  ///< output features
+  int32_t n = 0;  ///< input features
+  std::vector<float> tiles;  ///< (ceil(d / 8), n, 8)
+};
+
+/// Packs `w` (d, n) into tiles; done once at model load.
+[[nodiscard]] packed_matrix pack_matrix(const float* w, int32_t d, int32_t n);
+
+/// Attention inputs of one layer for one sequence, read through its block table.
+struct paged_kv {
+  const float* key_cache = nullptr;    ///< (num_blocks, block_size, kv_dim) of this layer
+  const float* value_cache = nullptr;  ///< (num_blocks, block_size, kv_dim) of this layer
+  const int32_t* block_table = nullptr;
+  int32_t block_size = 0;
+  int32_t kv_dim = 0;
+};
+
+/// Shape of grouped-query attention.
+struct attention_shape {
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_size = 0;
+};
+
+namespace reference {
+
+/// out (rows, d) = x (rows, n) · w (d, n)ᵀ; each output summed over j in order.
+void matmul(float* out, const float* x, const float* w, int32_t rows, int32_t n, int32_t d);
+
+/// out (n) = weight ⊙ x / rms(x), eps 1e-5 as llama2.c.
+void rmsnorm(float* out, const float* x, const float* weight, int32_t n);
+
+/// In-place softmax over x (n): max-subtract, exp, sequential sum, divide.
+void softmax(float* x, int32_t n);
+
+/// Rotates consecutive pairs of `vec` (n) by the angles of one position; cos/sin are
+/// (head_size / 2) for that position (llama2.c's convention: pair i uses angle index
+/// (i mod head_size) / 2).
+void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin);
+
+/// hb (n) = silu(hb) ⊙ hb2.
+void swiglu(float* hb, const float* hb2, int32_t n);
+
+/// out (n_heads * head_size) = GQA attention of q over positions 0..num_positions-1.
+/// `scores` is scratch of num_positions floats.
+void attention(float* out, const float* q, float* scores, const paged_kv& kv,
+               int32_t num_positions, const attention_shape& shape);
+
+}  // namespace reference
+
+namespace fast {
+
+/// Same contract and bits as reference::matmul, with `w` packed.
+void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows);
+
+/// Same contract and bits as reference::attention; walks the block table block by block.
+void attention(float* out, const float* q, float* scores, const paged_kv& kv,
+               int32_t num_positions, const attention_shape& shape);
+
+// These are a sequential reduction (rmsnorm, softmax) or element-wise loops the compiler
+// already vectorizes at -O2/-O3; a second copy would only be a place for the bits to drift.
+using reference::rmsnorm;
+using reference::rope;
+using reference::softmax;
+using reference::swiglu;
+
+}  // namespace fast
+
+}  // namespace troupe::kernels::cpu

@@ -1,0 +1,87 @@
+// Reference kernels: short loops with one job each, in llama2.c's order. The fast path in
+// fast.cpp must reproduce these bits exactly.
+#include <cmath>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace troupe::kernels::cpu::reference {
+
+void matmul(float* out, const float* x, const float* w, int32_t rows, int32_t n, int32_t d) {
+  for (int32_t r = 0; r < rows; r++) {
+    const float* xr = x + static_cast<int64_t>(r) * n;  // (n)
+    for (int32_t i = 0; i < d; i++) {
+      const float* wi = w + static_cast<int64_t>(i) * n;  // (n)
+      float val = 0.0f;
+      for (int32_t j = 0; j < n; j++) val += wi[j] * xr[j];
+      out[static_cast<int64_t>(r) * d + i] = val;
+    }
+  }
+}
+
+void rmsnorm(float* out, const float* x, const float* weight, int32_t n) {
+  float ss = 0.0f;
+  for (int32_t j = 0; j < n; j++) ss += x[j] * x[j];
+  ss /= static_cast<float>(n);
+  ss += 1e-5f;
+  ss = 1.0f / std::sqrt(ss);
+  for (int32_t j = 0; j < n; j++) out[j] = weight[j] * (ss * x[j]);
+}
+
+void softmax(float* x, int32_t n) {
+  float max_val = x[0];
+  for (int32_t i = 1; i < n; i++)
+    if (x[i] > max_val) max_val = x[i];
+  float sum = 0.0f;
+  for (int32_t i = 0; i < n; i++) {
+    x[i] = std::exp(x[i] - max_val);
+    sum += x[i];
+  }
+  for (int32_t i = 0; i < n; i++) x[i] /= sum;
+}
+
+void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin) {
+  for (int32_t i = 0; i < n; i += 2) {
+    const int32_t f = (i % head_size) / 2;
+    const float v0 = vec[i];
+    const float v1 = vec[i + 1];
+    vec[i] = v0 * cos[f] - v1 * sin[f];
+    vec[i + 1] = v0 * sin[f] + v1 * cos[f];
+  }
+}
+
+void swiglu(float* hb, const float* hb2, int32_t n) {
+  for (int32_t i = 0; i < n; i++) {
+    float val = hb[i];
+    val *= (1.0f / (1.0f + std::exp(-val)));
+    hb[i] = val * hb2[i];
+  }
+}
+
+void attention(float* out, const float* q, float* scores, const paged_kv& kv,
+               int32_t num_positions, const attention_shape& shape) {
+  const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
+  const float scale = std::sqrt(static_cast<float>(shape.head_size));
+  for (int32_t h = 0; h < shape.n_heads; h++) {
+    const float* qh = q + h * shape.head_size;  // (head_size)
+    const int32_t kv_offset = (h / kv_mul) * shape.head_size;
+    for (int32_t t = 0; t < num_positions; t++) {
+      const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
+                               kv.block_size + t % kv.block_size;
+      const float* k = kv.key_cache + slot * kv.kv_dim + kv_offset;  // (head_size)
+      float score = 0.0f;
+      for (int32_t i = 0; i < shape.head_size; i++) score += qh[i] * k[i];
+      scores[t] = score / scale;
+    }
+    softmax(scores, num_positions);
+    float* oh = out + h * shape.head_size;  // (head_size)
+    for (int32_t i = 0; i < shape.head_size; i++) oh[i] = 0.0f;
+    for (int32_t t = 0; t < num_positions; t++) {
+      const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
+                               kv.block_size + t % kv.block_size;
+      const float* v = kv.value_cache + slot * kv.kv_dim + kv_offset;  // (head_size)
+      for (int32_t i = 0; i < shape.head_size; i++) oh[i] += scores[t] * v[i];
+    }
+  }
+}
+
+}  // namespace troupe::kernels::cpu::reference

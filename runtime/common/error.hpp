@@ -1,0 +1,58 @@
+#pragma once
+
+/// Errors a caller can cause are values (`expected<T>`); broken invariants are `TROUPE_ASSERT`s,
+/// always on, that abort with a message. Nothing in runtime/ throws across its interface.
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include <tl/expected.hpp>
+
+namespace troupe {
+
+/// The class of a user-causable error; the message says what exactly is wrong.
+enum class errc {
+  invalid_argument,  ///< a parameter outside its documented range
+  malformed_file,    ///< a file exists but its contents are wrong (header, size, encoding)
+  io_error,          ///< a file cannot be opened, read or mapped
+  invalid_utf8,      ///< text input is not valid UTF-8
+  too_long,          ///< a request does not fit the model's context or the KV pool
+  not_found,         ///< an id or name that does not exist
+  overloaded,        ///< a bounded queue is full; retry later
+  cancelled,         ///< the request was cancelled by its client
+  internal,          ///< a component failed (e.g. an executor crashed); the request cannot go on
+};
+
+[[nodiscard]] const char* to_string(errc code);
+
+struct error {
+  errc code = errc::internal;
+  std::string message;
+};
+
+template <class T>
+using expected = tl::expected<T, error>;
+
+/// `return fail(errc::invalid_argument, "top_p must be in (0, 1], got 1.5");`
+[[nodiscard]] inline tl::unexpected<error> fail(errc code, std::string message) {
+  return tl::unexpected<error>(error{code, std::move(message)});
+}
+
+[[noreturn]] void assertion_failed(const char* expr, const char* file, int line,
+                                   const char* message);
+
+}  // namespace troupe
+
+/// Always-on assertion (also in release builds): an invariant violation is a bug, never a
+/// user error, and continuing would silently corrupt state.
+#define TROUPE_ASSERT(expr)                                               \
+  do {                                                                    \
+    if (!(expr)) ::troupe::assertion_failed(#expr, __FILE__, __LINE__, ""); \
+  } while (false)
+
+#define TROUPE_ASSERT_MSG(expr, msg)                                         \
+  do {                                                                       \
+    if (!(expr)) ::troupe::assertion_failed(#expr, __FILE__, __LINE__, msg); \
+  } while (false)

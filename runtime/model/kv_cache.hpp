@@ -1,0 +1,48 @@
+#pragma once
+
+/// The KV memory itself: fixed-size blocks of keys and values for every layer. Which block
+/// belongs to which sequence is decided elsewhere (runtime/kv's block manager); this only
+/// stores floats and copies blocks.
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/model/checkpoint.hpp"
+
+namespace troupe::model {
+
+class kv_cache {
+ public:
+  /// A pool of `num_blocks` blocks of `block_size` token slots for a model of shape `c`.
+  kv_cache(const model_config& c, int32_t num_blocks, int32_t block_size);
+
+  [[nodiscard]] int32_t num_blocks() const { return num_blocks_; }
+  [[nodiscard]] int32_t block_size() const { return block_size_; }
+  [[nodiscard]] int32_t kv_dim() const { return kv_dim_; }
+
+  /// Keys of `layer`: (num_blocks, block_size, kv_dim).
+  [[nodiscard]] float* keys(int32_t layer) { return keys_.data() + layer_offset(layer); }
+  [[nodiscard]] const float* keys(int32_t layer) const { return keys_.data() + layer_offset(layer); }
+  /// Values of `layer`: (num_blocks, block_size, kv_dim).
+  [[nodiscard]] float* values(int32_t layer) { return values_.data() + layer_offset(layer); }
+  [[nodiscard]] const float* values(int32_t layer) const { return values_.data() + layer_offset(layer); }
+
+  /// Copies every layer's keys and values of block `src` to block `dst` (copy-on-write forks).
+  void copy_block(int32_t src, int32_t dst);
+
+ private:
+  [[nodiscard]] int64_t layer_offset(int32_t layer) const {
+    TROUPE_ASSERT(layer >= 0 && layer < n_layers_);
+    return static_cast<int64_t>(layer) * num_blocks_ * block_size_ * kv_dim_;
+  }
+
+  int32_t n_layers_;
+  int32_t num_blocks_;
+  int32_t block_size_;
+  int32_t kv_dim_;
+  std::vector<float> keys_;    // (layer, num_blocks, block_size, kv_dim)
+  std::vector<float> values_;  // (layer, num_blocks, block_size, kv_dim)
+};
+
+}  // namespace troupe::model

@@ -1,0 +1,76 @@
+#pragma once
+
+/// The Llama forward pass over a batch of rows, reading and writing KV through block tables.
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/model/kv_cache.hpp"
+
+namespace troupe::model {
+
+/// Which kernel implementation a transformer runs. Both give the same bits; `reference` is
+/// the readable oracle.
+enum class kernel_path { reference, fast };
+
+/// One token of one sequence in a step: a prefill-chunk token or a decode token.
+struct forward_row {
+  int32_t token = 0;
+  int32_t position = 0;                  ///< 0-based position in its sequence
+  const int32_t* block_table = nullptr;  ///< the sequence's blocks; covers position
+  bool want_logits = false;              ///< compute this row's logits (last token of a chunk)
+};
+
+/// Runs a checkpoint. Owns packed weights, the RoPE table and scratch buffers; not thread-safe.
+class transformer {
+ public:
+  transformer(const checkpoint& ck, kernel_path path = kernel_path::fast);
+
+  [[nodiscard]] const model_config& config() const { return config_; }
+
+  /// Computes one step for `rows` (any mix of sequences). Rows of one sequence must appear in
+  /// increasing position order and each row's block table must cover its position. Writes the
+  /// rows' K/V into `cache`, then fills `logits` with one (vocab_size) vector per row whose
+  /// want_logits is set, in row order. A row's results depend only on its own sequence: they are
+  /// bit-identical whatever else is in the batch (see kernels/cpu/ops.hpp).
+  void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits);
+
+ private:
+  struct layer_weights {
+    kernels::cpu::packed_matrix wq, wk, wv, wo, w1, w2, w3;
+  };
+
+  /// The packed copy of one layer matrix on the fast path; nullptr on the reference path.
+  [[nodiscard]] const kernels::cpu::packed_matrix* packed(
+      int32_t layer, kernels::cpu::packed_matrix layer_weights::*which) const;
+  /// out (rows, d) = x (rows, n) · w (d, n)ᵀ, through `wp` when packed.
+  void matmul(float* out, const float* x, const float* w, const kernels::cpu::packed_matrix* wp,
+              int32_t rows, int32_t n, int32_t d) const;
+  void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer);
+  void ffn_layer(int32_t rows, int32_t layer);
+  void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits);
+  void reserve(int32_t rows);
+
+  checkpoint ck_;  // keeps the mapped weights alive
+  model_config config_;
+  kernel_path path_;
+  std::vector<layer_weights> layers_;
+  kernels::cpu::packed_matrix wcls_;
+  std::vector<float> rope_cos_;  // (seq_len, head_size / 2)
+  std::vector<float> rope_sin_;  // (seq_len, head_size / 2)
+
+  // Scratch, sized for the largest batch seen so far.
+  std::vector<float> x_;       // (rows, dim) residual stream
+  std::vector<float> xb_;      // (rows, dim)
+  std::vector<float> xb2_;     // (rows, dim)
+  std::vector<float> q_;       // (rows, dim)
+  std::vector<float> k_;       // (rows, kv_dim)
+  std::vector<float> v_;       // (rows, kv_dim)
+  std::vector<float> hb_;      // (rows, hidden_dim)
+  std::vector<float> hb2_;     // (rows, hidden_dim)
+  std::vector<float> scores_;  // (seq_len)
+};
+
+}  // namespace troupe::model

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages troupe needs, only those missing. Idempotent: a no-op when all
+# are present. Runs apt-get as root directly, otherwise through sudo.
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config ccache
+  libcaf-dev libucx-dev ucx-utils libmsgpack-cxx-dev capnproto libcapnp-dev
+  libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libtomlplusplus-dev libcli11-dev libxxhash-dev libexpected-dev gnuplot-nox)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "troupe: installing ${missing[*]}" >&2
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update
+"${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"

@@ -1,0 +1,98 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace troupe::kernels::cpu {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+bool same_bits(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+TEST(Kernels, FastMatmulEqualsReferenceBitForBit) {
+  // Shapes that exercise partial tiles (d % 8 != 0) and every row-group tail (rows % 4).
+  const int32_t shapes[][3] = {{1, 64, 64}, {3, 64, 172}, {5, 172, 64}, {7, 13, 9}, {64, 64, 512}};
+  uint32_t seed = 1;
+  for (const auto& s : shapes) {
+    const int32_t rows = s[0], n = s[1], d = s[2];
+    const auto x = random_floats(static_cast<size_t>(rows) * n, seed++);
+    const auto w = random_floats(static_cast<size_t>(d) * n, seed++);
+    std::vector<float> ref(static_cast<size_t>(rows) * d), fst(ref.size());
+    reference::matmul(ref.data(), x.data(), w.data(), rows, n, d);
+    fast::matmul(fst.data(), x.data(), pack_matrix(w.data(), d, n), rows);
+    EXPECT_TRUE(same_bits(ref.data(), fst.data(), ref.size())) << rows << "x" << n << "x" << d;
+  }
+}
+
+TEST(Kernels, MatmulRowIsBatchInvariant) {
+  // Row k computed alone equals row k inside batches of every size and offset.
+  const int32_t n = 172, d = 64;
+  const auto w = random_floats(static_cast<size_t>(d) * n, 7);
+  const auto packed = pack_matrix(w.data(), d, n);
+  const auto batch = random_floats(static_cast<size_t>(37) * n, 8);
+  std::vector<float> alone(d), all(static_cast<size_t>(37) * d);
+  for (int32_t rows : {1, 2, 3, 4, 5, 9, 37}) {
+    fast::matmul(all.data(), batch.data(), packed, rows);
+    for (int32_t r = 0; r < rows; r++) {
+      fast::matmul(alone.data(), batch.data() + static_cast<size_t>(r) * n, packed, 1);
+      ASSERT_TRUE(same_bits(alone.data(), all.data() + static_cast<size_t>(r) * d, d)) << rows << " " << r;
+    }
+  }
+}
+
+TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
+  const attention_shape shape{8, 4, 8};
+  const int32_t block_size = 16, kv_dim = 32, num_blocks = 6;
+  const auto keys = random_floats(static_cast<size_t>(num_blocks) * block_size * kv_dim, 11);
+  const auto values = random_floats(keys.size(), 12);
+  const int32_t table[num_blocks] = {4, 1, 5, 0, 2, 3};
+  const paged_kv kv{keys.data(), values.data(), table, block_size, kv_dim};
+  const auto q = random_floats(64, 13);
+  for (int32_t positions : {1, 15, 16, 17, 90}) {
+    std::vector<float> ref(64), fst(64), scores(positions);
+    reference::attention(ref.data(), q.data(), scores.data(), kv, positions, shape);
+    fast::attention(fst.data(), q.data(), scores.data(), kv, positions, shape);
+    EXPECT_TRUE(same_bits(ref.data(), fst.data(), 64)) << positions;
+  }
+}
+
+TEST(Kernels, SoftmaxAndRmsnormKnownValues) {
+  float x[3] = {1.0f, 2.0f, 3.0f};
+  reference::softmax(x, 3);
+  EXPECT_NEAR(x[0], 0.09003057f, 1e-7f);
+  EXPECT_NEAR(x[1], 0.24472847f, 1e-7f);
+  EXPECT_NEAR(x[2], 0.66524096f, 1e-7f);
+  const float in[4] = {1.0f, -2.0f, 3.0f, -4.0f}, weight[4] = {1.0f, 1.0f, 2.0f, 0.5f};
+  float out[4];
+  reference::rmsnorm(out, in, weight, 4);  // rms = sqrt(30/4 + 1e-5)
+  const float inv = 1.0f / std::sqrt(7.5f + 1e-5f);
+  EXPECT_FLOAT_EQ(out[0], inv);
+  EXPECT_FLOAT_EQ(out[2], 6.0f * inv);
+  EXPECT_FLOAT_EQ(out[3], -2.0f * inv);
+}
+
+TEST(Kernels, RopeRotatesPairsByPosition) {
+  float v[4] = {1.0f, 0.0f, 0.0f, 1.0f};
+  const float cos[2] = {0.0f, 1.0f}, sin[2] = {1.0f, 0.0f};  // pair 0 by 90°, pair 1 by 0°
+  reference::rope(v, 4, 4, cos, sin);
+  EXPECT_FLOAT_EQ(v[0], 0.0f);
+  EXPECT_FLOAT_EQ(v[1], 1.0f);
+  EXPECT_FLOAT_EQ(v[2], 0.0f);
+  EXPECT_FLOAT_EQ(v[3], 1.0f);
+}
+
+}  // namespace
+}  // namespace troupe::kernels::cpu
