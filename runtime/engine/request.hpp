@@ -1,0 +1,58 @@
+#pragma once
+
+/// What a client asks of an engine, and what it gets back, in tokens. Text handling (prompt
+/// encoding, chat templates) happens before; detokenization and stop strings are done here via
+/// `output_stream`.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/sampling/sampler.hpp"
+
+namespace troupe::engine {
+
+using request_id = int64_t;
+
+/// Longest stop string accepted, in bytes, and most stop strings per request.
+inline constexpr size_t stop_string_bytes_max = 256;
+inline constexpr size_t num_stop_strings_max = 16;
+/// Most samples per request (n).
+inline constexpr int32_t num_samples_max = 128;
+
+struct request {
+  request_id id = 0;
+  std::vector<int32_t> prompt;            ///< token ids, starting with BOS
+  int32_t max_tokens = 16;                ///< new tokens per sample, > 0
+  sampling::sampling_params sampling;
+  uint64_t seed = 0;                      ///< drawn by the caller if the user gave none
+  int32_t n = 1;                          ///< samples of the same prompt (fork)
+  std::vector<std::string> stop;          ///< stop strings, excluded from the output
+  std::vector<int32_t> stop_token_ids;    ///< extra tokens that end a sample
+  bool ignore_eos = false;                ///< keep going past end-of-sequence tokens
+  int32_t priority = 0;                   ///< smaller is served first (vLLM's convention)
+};
+
+/// Why a sample ended.
+enum class finish_reason { none, stop, length, aborted };
+
+[[nodiscard]] const char* to_string(finish_reason reason);
+
+/// Seed of sample `index` of a request: the request's seed for sample 0, a splitmix64-mixed
+/// derivative for the others, so a request with n = 1 and seed child_seed(s, i) reproduces
+/// sample i of a request with seed s exactly.
+[[nodiscard]] uint64_t child_seed(uint64_t seed, int32_t index);
+
+/// One new token of one sample, with the text it completes.
+struct token_event {
+  request_id request = 0;
+  int32_t sample_index = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<sampling::token_logprob> top_logprobs;
+  std::string text;                          ///< text delta (may be empty)
+  finish_reason finish = finish_reason::none;  ///< set on the sample's last event
+};
+
+}  // namespace troupe::engine

@@ -1,0 +1,372 @@
+#include "runtime/kv/block_manager.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace troupe::kv {
+
+expected<block_manager> block_manager::create(const block_manager_config& config) {
+  if (config.num_blocks <= 0)
+    return fail(errc::invalid_argument,
+                "num_blocks must be > 0, got " + std::to_string(config.num_blocks));
+  if (config.block_size <= 0)
+    return fail(errc::invalid_argument,
+                "block_size must be > 0, got " + std::to_string(config.block_size));
+  const int64_t num_slots = int64_t{config.num_blocks} * config.block_size;
+  if (num_slots > std::numeric_limits<int32_t>::max())
+    return fail(errc::invalid_argument,
+                "num_blocks * block_size must fit in int32, got " + std::to_string(num_slots));
+  return block_manager(config);
+}
+
+block_manager::block_manager(const block_manager_config& config)
+    : config_(config),
+      refcount_(static_cast<size_t>(config.num_blocks), 0),
+      has_hash_(static_cast<size_t>(config.num_blocks), 0),
+      block_hash_(static_cast<size_t>(config.num_blocks), 0),
+      parent_hash_(static_cast<size_t>(config.num_blocks), 0),
+      block_tokens_(static_cast<size_t>(config.num_blocks) * config.block_size, 0),
+      free_prev_(static_cast<size_t>(config.num_blocks) + 1),
+      free_next_(static_cast<size_t>(config.num_blocks) + 1) {
+  const block_id sentinel = config.num_blocks;
+  free_prev_[sentinel] = sentinel;
+  free_next_[sentinel] = sentinel;
+  for (block_id b = 0; b < config.num_blocks; ++b) free_queue_push_back(b);
+  TROUPE_ASSERT(num_free_blocks_ == config.num_blocks);
+}
+
+// ---- queries -----------------------------------------------------------------------------
+
+int32_t block_manager::num_blocks_for(int32_t num_tokens) const {
+  TROUPE_ASSERT(num_tokens >= 0);
+  return static_cast<int32_t>((int64_t{num_tokens} + config_.block_size - 1) /
+                              config_.block_size);
+}
+
+uint64_t block_manager::chain_hash(uint64_t parent_hash, const int32_t* block_tokens) const {
+  return XXH3_64bits_withSeed(block_tokens, sizeof(int32_t) * config_.block_size, parent_hash);
+}
+
+bool block_manager::cached_block_matches(block_id block, uint64_t parent_hash,
+                                         const int32_t* block_tokens) const {
+  if (!has_hash_[block] || parent_hash_[block] != parent_hash) return false;
+  const int32_t* stored = &block_tokens_[static_cast<size_t>(block) * config_.block_size];
+  return std::memcmp(stored, block_tokens, sizeof(int32_t) * config_.block_size) == 0;
+}
+
+prefix_hit block_manager::find_prefix(const std::vector<int32_t>& tokens) const {
+  prefix_hit hit;
+  if (tokens.empty()) return hit;
+  // Leave at least one token to compute: its logits are what the caller needs next.
+  const size_t num_blocks_max = (tokens.size() - 1) / static_cast<size_t>(config_.block_size);
+  uint64_t parent = root_hash_seed;
+  for (size_t i = 0; i < num_blocks_max; ++i) {
+    const int32_t* block_tokens = tokens.data() + i * config_.block_size;
+    const uint64_t hash = chain_hash(parent, block_tokens);
+    const auto found = hash_index_.find(hash);
+    if (found == hash_index_.end()) break;
+    if (!cached_block_matches(found->second, parent, block_tokens)) break;  // a collision
+    hit.blocks.push_back(found->second);
+    parent = hash;
+  }
+  hit.num_tokens = static_cast<int32_t>(hit.blocks.size()) * config_.block_size;
+  return hit;
+}
+
+void block_manager::check_hit(const prefix_hit& hit) const {
+  TROUPE_ASSERT_MSG(hit.num_tokens ==
+                        static_cast<int32_t>(hit.blocks.size()) * config_.block_size,
+                    "prefix_hit.num_tokens must cover its blocks exactly");
+  uint64_t parent = root_hash_seed;
+  for (const block_id b : hit.blocks) {
+    TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
+    TROUPE_ASSERT_MSG(has_hash_[b], "stale prefix_hit: a hit block was evicted");
+    TROUPE_ASSERT_MSG(parent_hash_[b] == parent, "stale prefix_hit: chain broken");
+    parent = block_hash_[b];
+  }
+  std::vector<block_id> sorted = hit.blocks;
+  std::sort(sorted.begin(), sorted.end());
+  TROUPE_ASSERT_MSG(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                    "prefix_hit repeats a block");
+}
+
+const block_manager::sequence_state& block_manager::sequence(seq_id seq) const {
+  const auto it = sequences_.find(seq);
+  TROUPE_ASSERT_MSG(it != sequences_.end(), "unknown sequence id");
+  return it->second;
+}
+
+const std::vector<block_id>& block_manager::block_table(seq_id seq) const {
+  return sequence(seq).block_table;
+}
+
+int32_t block_manager::num_tokens(seq_id seq) const { return sequence(seq).num_tokens; }
+
+int32_t block_manager::refcount(block_id block) const {
+  TROUPE_ASSERT(block >= 0 && block < config_.num_blocks);
+  return refcount_[block];
+}
+
+bool block_manager::is_cached(block_id block) const {
+  TROUPE_ASSERT(block >= 0 && block < config_.num_blocks);
+  return has_hash_[block] != 0;
+}
+
+int32_t block_manager::num_cached_blocks() const {
+  return static_cast<int32_t>(hash_index_.size());
+}
+
+int32_t block_manager::num_sequences() const { return static_cast<int32_t>(sequences_.size()); }
+
+std::vector<block_id> block_manager::free_queue() const {
+  std::vector<block_id> order;
+  order.reserve(static_cast<size_t>(num_free_blocks_));
+  const block_id sentinel = config_.num_blocks;
+  for (block_id b = free_next_[sentinel]; b != sentinel; b = free_next_[b]) order.push_back(b);
+  return order;
+}
+
+// ---- the free queue and refcounts ----------------------------------------------------------
+
+void block_manager::free_queue_push_back(block_id block) {
+  const block_id sentinel = config_.num_blocks;
+  const block_id last = free_prev_[sentinel];
+  free_prev_[block] = last;
+  free_next_[block] = sentinel;
+  free_next_[last] = block;
+  free_prev_[sentinel] = block;
+  ++num_free_blocks_;
+}
+
+void block_manager::free_queue_unlink(block_id block) {
+  TROUPE_ASSERT(num_free_blocks_ > 0);
+  TROUPE_ASSERT(refcount_[block] == 0);
+  free_next_[free_prev_[block]] = free_next_[block];
+  free_prev_[free_next_[block]] = free_prev_[block];
+  free_prev_[block] = free_next_[block] = config_.num_blocks;
+  --num_free_blocks_;
+}
+
+block_id block_manager::pop_fresh_block() {
+  TROUPE_ASSERT_MSG(num_free_blocks_ > 0, "KV pool exhausted");
+  const block_id block = free_next_[config_.num_blocks];
+  free_queue_unlink(block);
+  if (has_hash_[block]) {  // the least recently freed cached block: evict it
+    hash_index_.erase(block_hash_[block]);
+    has_hash_[block] = 0;
+    ++num_evictions_;
+  }
+  refcount_[block] = 1;
+  return block;
+}
+
+void block_manager::acquire(block_id block) {
+  if (refcount_[block] == 0) free_queue_unlink(block);  // a hit on a cached free block
+  ++refcount_[block];
+}
+
+void block_manager::release(block_id block) {
+  TROUPE_ASSERT_MSG(refcount_[block] > 0, "block released more often than acquired");
+  if (--refcount_[block] == 0) free_queue_push_back(block);
+}
+
+// ---- allocation, commit, fork, free ----------------------------------------------------------
+
+bool block_manager::can_allocate(seq_id seq, int32_t num_tokens_total,
+                                 const prefix_hit& hit) const {
+  TROUPE_ASSERT(num_tokens_total >= 0);
+  const auto it = sequences_.find(seq);
+  if (it != sequences_.end()) {
+    TROUPE_ASSERT_MSG(hit.blocks.empty(), "a prefix hit applies to a sequence's first allocate");
+    TROUPE_ASSERT_MSG(num_tokens_total >= it->second.num_tokens, "allocate never shrinks");
+    const size_t num_needed = static_cast<size_t>(num_blocks_for(num_tokens_total)) -
+                              it->second.block_table.size();
+    return num_needed <= static_cast<size_t>(num_free_blocks_);
+  }
+  check_hit(hit);
+  TROUPE_ASSERT(num_tokens_total >= hit.num_tokens);
+  // Hit blocks in the free queue get reused, not handed out fresh: they do not count.
+  const auto num_hit_free = std::count_if(hit.blocks.begin(), hit.blocks.end(),
+                                          [&](block_id b) { return refcount_[b] == 0; });
+  const int64_t num_needed = int64_t{num_blocks_for(num_tokens_total)} -
+                             static_cast<int64_t>(hit.blocks.size());
+  return num_needed <= int64_t{num_free_blocks_} - num_hit_free;
+}
+
+void block_manager::allocate(seq_id seq, int32_t num_tokens_total, const prefix_hit& hit) {
+  TROUPE_ASSERT_MSG(can_allocate(seq, num_tokens_total, hit), "allocate without can_allocate");
+  auto [it, created] = sequences_.try_emplace(seq);
+  sequence_state& state = it->second;
+  if (created) {
+    // Install the hit first: popping fresh blocks must not evict a block we are about to reuse.
+    for (const block_id b : hit.blocks) {
+      acquire(b);
+      state.block_table.push_back(b);
+      state.block_hashes.push_back(block_hash_[b]);
+    }
+  }
+  const size_t num_blocks_total = static_cast<size_t>(num_blocks_for(num_tokens_total));
+  while (state.block_table.size() < num_blocks_total)
+    state.block_table.push_back(pop_fresh_block());
+  state.num_tokens = num_tokens_total;
+}
+
+void block_manager::register_block(sequence_state& state, const std::vector<int32_t>& tokens) {
+  const size_t i = state.block_hashes.size();
+  const uint64_t parent = i == 0 ? root_hash_seed : state.block_hashes.back();
+  const int32_t* block_tokens = tokens.data() + i * config_.block_size;
+  const uint64_t hash = chain_hash(parent, block_tokens);
+  const block_id block = state.block_table[i];
+  state.block_hashes.push_back(hash);
+  if (has_hash_[block]) {  // shared (fork or hit) and registered by another sequence
+    TROUPE_ASSERT_MSG(block_hash_[block] == hash, "a shared block was committed with "
+                                                  "different tokens by two sequences");
+    return;
+  }
+  // One block per hash: a duplicate of an indexed block stays unhashed.
+  if (!hash_index_.emplace(hash, block).second) return;
+  has_hash_[block] = 1;
+  block_hash_[block] = hash;
+  parent_hash_[block] = parent;
+  std::copy(block_tokens, block_tokens + config_.block_size,
+            &block_tokens_[static_cast<size_t>(block) * config_.block_size]);
+}
+
+void block_manager::commit(seq_id seq, const std::vector<int32_t>& tokens,
+                           int32_t num_computed_tokens) {
+  const auto it = sequences_.find(seq);
+  TROUPE_ASSERT_MSG(it != sequences_.end(), "commit: unknown sequence id");
+  sequence_state& state = it->second;
+  TROUPE_ASSERT(num_computed_tokens >= 0);
+  TROUPE_ASSERT_MSG(num_computed_tokens <= state.num_tokens, "computed beyond allocated slots");
+  TROUPE_ASSERT_MSG(static_cast<size_t>(num_computed_tokens) <= tokens.size(),
+                    "commit: fewer tokens than computed");
+  const size_t num_full_blocks = static_cast<size_t>(num_computed_tokens / config_.block_size);
+  while (state.block_hashes.size() < num_full_blocks) register_block(state, tokens);
+}
+
+bool block_manager::can_fork(seq_id parent) const {
+  const bool has_partial_block = sequence(parent).num_tokens % config_.block_size != 0;
+  return !has_partial_block || num_free_blocks_ > 0;
+}
+
+std::vector<block_copy> block_manager::fork(seq_id parent, seq_id child) {
+  TROUPE_ASSERT_MSG(can_fork(parent), "fork without can_fork");
+  TROUPE_ASSERT_MSG(!contains(child), "fork: child id already exists");
+  const sequence_state& from = sequence(parent);
+  sequence_state& to = sequences_[child];  // std::map: `from` stays valid
+  const int32_t num_full_blocks = from.num_tokens / config_.block_size;
+  TROUPE_ASSERT(from.block_hashes.size() <= static_cast<size_t>(num_full_blocks));
+  for (int32_t i = 0; i < num_full_blocks; ++i) {
+    acquire(from.block_table[i]);
+    to.block_table.push_back(from.block_table[i]);
+  }
+  to.block_hashes = from.block_hashes;
+  to.num_tokens = from.num_tokens;
+  std::vector<block_copy> copies;
+  if (from.num_tokens % config_.block_size != 0) {  // both will write into it: copy eagerly
+    const block_id dst = pop_fresh_block();
+    copies.push_back(block_copy{from.block_table[num_full_blocks], dst});
+    to.block_table.push_back(dst);
+  }
+  return copies;
+}
+
+void block_manager::free(seq_id seq) {
+  const auto it = sequences_.find(seq);
+  TROUPE_ASSERT_MSG(it != sequences_.end(), "free: unknown sequence id");
+  const std::vector<block_id>& table = it->second.block_table;
+  // Tail first: a sequence's last blocks are the least likely to be shared, so evict them first.
+  for (auto b = table.rbegin(); b != table.rend(); ++b) release(*b);
+  sequences_.erase(it);
+}
+
+expected<void> block_manager::try_free(seq_id seq) {
+  if (!contains(seq)) return fail(errc::not_found, "unknown sequence id " + std::to_string(seq));
+  free(seq);
+  return {};
+}
+
+// ---- invariants -------------------------------------------------------------------------------
+
+void block_manager::check_invariants() const {
+  TROUPE_ASSERT(config_.num_blocks > 0 && config_.block_size > 0);
+  TROUPE_ASSERT(refcount_.size() == static_cast<size_t>(config_.num_blocks));
+  check_refcounts();
+  check_free_queue();
+  check_hash_index();
+  check_sequences();
+}
+
+/// Refcount == number of block-table references across all sequences.
+void block_manager::check_refcounts() const {
+  std::vector<int32_t> references(refcount_.size(), 0);
+  for (const auto& [seq, state] : sequences_)
+    for (const block_id b : state.block_table) {
+      TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
+      ++references[b];
+    }
+  for (size_t b = 0; b < refcount_.size(); ++b)
+    TROUPE_ASSERT_MSG(refcount_[b] == references[b], "refcount != table references");
+}
+
+/// The queue is a well-formed list holding exactly the refcount-0 blocks, each once.
+void block_manager::check_free_queue() const {
+  const block_id sentinel = config_.num_blocks;
+  std::vector<uint8_t> queued(refcount_.size(), 0);
+  int32_t num_queued = 0;
+  block_id prev = sentinel;
+  for (block_id b = free_next_[sentinel]; b != sentinel; b = free_next_[b]) {
+    TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
+    TROUPE_ASSERT_MSG(!queued[b], "free queue has a cycle or a repeated block");
+    TROUPE_ASSERT_MSG(free_prev_[b] == prev, "free queue prev link broken");
+    TROUPE_ASSERT_MSG(refcount_[b] == 0, "a referenced block is in the free queue");
+    queued[b] = 1;
+    ++num_queued;
+    prev = b;
+  }
+  TROUPE_ASSERT(free_prev_[sentinel] == prev);
+  TROUPE_ASSERT(num_queued == num_free_blocks_);
+  for (size_t b = 0; b < refcount_.size(); ++b)
+    TROUPE_ASSERT_MSG((refcount_[b] == 0) == (queued[b] != 0), "free block not in the queue");
+}
+
+/// The index and the per-block hashes agree both ways; each cached hash matches its tokens.
+void block_manager::check_hash_index() const {
+  for (const auto& [hash, b] : hash_index_) {
+    TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
+    TROUPE_ASSERT_MSG(has_hash_[b] && block_hash_[b] == hash, "index entry without its block");
+  }
+  size_t num_hashed = 0;
+  for (block_id b = 0; b < config_.num_blocks; ++b) {
+    if (!has_hash_[b]) continue;
+    ++num_hashed;
+    const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
+    TROUPE_ASSERT_MSG(chain_hash(parent_hash_[b], stored) == block_hash_[b],
+                      "cached block's hash does not match its tokens");
+  }
+  TROUPE_ASSERT_MSG(num_hashed == hash_index_.size(), "hashed block missing from the index");
+}
+
+/// Tables cover num_tokens slots exactly; registered hashes cover only full blocks.
+void block_manager::check_sequences() const {
+  for (const auto& [seq, state] : sequences_) {
+    TROUPE_ASSERT(state.num_tokens >= 0);
+    TROUPE_ASSERT_MSG(state.block_table.size() ==
+                          static_cast<size_t>(num_blocks_for(state.num_tokens)),
+                      "block table does not cover num_tokens exactly");
+    TROUPE_ASSERT(state.block_hashes.size() <=
+                  static_cast<size_t>(state.num_tokens / config_.block_size));
+    for (size_t i = 0; i < state.block_hashes.size(); ++i) {
+      const block_id b = state.block_table[i];
+      TROUPE_ASSERT_MSG(!has_hash_[b] || block_hash_[b] == state.block_hashes[i],
+                        "a registered block carries another chain's hash");
+    }
+  }
+}
+
+}  // namespace troupe::kv

@@ -1,0 +1,177 @@
+#pragma once
+
+/// Paged KV-cache block manager: fixed-size blocks, per-sequence block tables, refcounts,
+/// copy-on-write fork of the partial last block, and a prefix cache over block-hash chains.
+///
+/// Modelled on vLLM v1's `KVCacheManager` and nano-vllm's `BlockManager`. It decides which block
+/// ids hold which token slots; it never touches KV bytes (the executor does, including the copy
+/// that `fork` returns).
+///
+/// Free queue. Blocks with refcount 0 sit in one exact FIFO, initially 0, 1, ..., N-1.
+/// Allocation pops the front; a block whose refcount drops to 0 is appended at the back; `free`
+/// appends a sequence's blocks in reverse table order, so its tail blocks (least likely to be
+/// shared) are evicted first. A free block keeps its hash and can still be hit; the hash leaves
+/// the index only when the block is popped for a new allocation (counted in `num_evictions`).
+/// Eviction is therefore exactly LRU over cached-but-free blocks. The queue is an intrusive
+/// doubly-linked list over block ids, so a prefix hit on a free block unlinks it in O(1).
+///
+/// Prefix cache. The chain hash of full block i of a token list is
+/// `XXH3_64bits_withSeed(tokens of block i as int32 bytes, seed = hash of block i-1)`, with
+/// `root_hash_seed` for block 0. `commit` registers each block once it is fully computed. The
+/// index holds one block per hash: a second block committed with a hash already indexed stays
+/// unhashed. Every cached block also stores its own token ids and its parent's chain hash, and
+/// `find_prefix` accepts a block only if both equal the query's, so a single 64-bit collision
+/// cannot produce a wrong hit (a wrong hit would need colliding chain hashes over identical
+/// block contents). A hit never covers the whole token list: at least one token is left to
+/// compute, because the logits come from computing it.
+///
+/// Sequences. `allocate` on an unknown id creates the sequence (installing the prefix hit first);
+/// on a known id it only grows the table (the hit must then be empty). A `prefix_hit` is valid
+/// until the next mutating call. Unknown ids in `free`/`fork`/`block_table` are programmer
+/// errors (assert); `try_free` is the checked variant for user-supplied ids.
+///
+/// Determinism: per-sequence state lives in a `std::map`; the hash index is only looked up,
+/// never iterated to make a decision.
+
+#include <cstdint>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe::kv {
+
+using seq_id = int64_t;
+using block_id = int32_t;
+
+/// Seed of the chain hash of a sequence's first block ("troupe" in ASCII).
+inline constexpr uint64_t root_hash_seed = 0x74726f757065ULL;
+
+/// The pool's shape. `num_blocks * block_size` must fit in int32 (token counts are int32).
+struct block_manager_config {
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+};
+
+/// The longest cached prefix of a token list: block ids in order, covering `num_tokens` tokens.
+struct prefix_hit {
+  std::vector<block_id> blocks;
+  int32_t num_tokens = 0;
+};
+
+/// A copy the executor must perform before either sequence writes to `dst` (fork's CoW).
+struct block_copy {
+  block_id src = 0;
+  block_id dst = 0;
+};
+
+inline bool operator==(const block_copy& a, const block_copy& b) {
+  return a.src == b.src && a.dst == b.dst;
+}
+
+/// Owns one replica's pool of KV blocks and every sequence's block table.
+class block_manager {
+ public:
+  /// Validates `config`: errc::invalid_argument if a size is <= 0 or the pool overflows int32.
+  [[nodiscard]] static expected<block_manager> create(const block_manager_config& config);
+
+  /// The longest chain of cached full blocks that prefixes `tokens`, at most
+  /// `(tokens.size() - 1) / block_size` blocks.
+  [[nodiscard]] prefix_hit find_prefix(const std::vector<int32_t>& tokens) const;
+
+  /// Whether `allocate(seq, num_tokens_total, hit)` would find enough free blocks. Hit blocks
+  /// sitting in the free queue are reused, so they do not count as fresh blocks.
+  [[nodiscard]] bool can_allocate(seq_id seq, int32_t num_tokens_total,
+                                  const prefix_hit& hit = {}) const;
+
+  /// Grows `seq`'s table to cover `num_tokens_total` slots; creates `seq` on first call, with
+  /// the hit's blocks installed first (refcount + 1). Asserts `can_allocate`.
+  void allocate(seq_id seq, int32_t num_tokens_total, const prefix_hit& hit = {});
+
+  /// Registers chain hashes for every block of `seq` that the first `num_computed_tokens` of
+  /// `tokens` fill completely and that is not registered yet.
+  void commit(seq_id seq, const std::vector<int32_t>& tokens, int32_t num_computed_tokens);
+
+  /// Whether `fork(parent, ...)` would find a block for the partial last block's copy.
+  [[nodiscard]] bool can_fork(seq_id parent) const;
+
+  /// Creates `child` sharing every full block of `parent`; a partly filled last block is
+  /// replaced by a fresh block, returned as the one copy the executor must do first.
+  [[nodiscard]] std::vector<block_copy> fork(seq_id parent, seq_id child);
+
+  /// Drops `seq`; blocks reaching refcount 0 join the free queue's back in reverse table order,
+  /// keeping their hashes until evicted. Asserts that `seq` exists.
+  void free(seq_id seq);
+
+  /// `free` for ids that come from users: errc::not_found if `seq` does not exist.
+  [[nodiscard]] expected<void> try_free(seq_id seq);
+
+  [[nodiscard]] bool contains(seq_id seq) const { return sequences_.count(seq) != 0; }
+  [[nodiscard]] const std::vector<block_id>& block_table(seq_id seq) const;
+  /// Token slots `seq`'s table covers.
+  [[nodiscard]] int32_t num_tokens(seq_id seq) const;
+  [[nodiscard]] int32_t refcount(block_id block) const;
+  /// Whether `block` carries a chain hash in the index (referenced or free).
+  [[nodiscard]] bool is_cached(block_id block) const;
+
+  [[nodiscard]] int32_t block_size() const { return config_.block_size; }
+  [[nodiscard]] int32_t num_blocks() const { return config_.num_blocks; }
+  /// Blocks with refcount 0, cached or not.
+  [[nodiscard]] int32_t num_free_blocks() const { return num_free_blocks_; }
+  [[nodiscard]] int32_t num_used_blocks() const { return config_.num_blocks - num_free_blocks_; }
+  [[nodiscard]] int32_t num_cached_blocks() const;
+  [[nodiscard]] int32_t num_sequences() const;
+  /// Cached blocks whose hash left the index because they were reallocated.
+  [[nodiscard]] int64_t num_evictions() const { return num_evictions_; }
+  /// Free blocks in queue order (front first); O(num_free_blocks), for tests and debugging.
+  [[nodiscard]] std::vector<block_id> free_queue() const;
+
+  /// Aborts unless every structural invariant holds (see the .cpp for the list).
+  void check_invariants() const;
+
+ private:
+  struct sequence_state {
+    std::vector<block_id> block_table;
+    int32_t num_tokens = 0;
+    /// Chain hashes of the leading blocks already registered (or found registered).
+    std::vector<uint64_t> block_hashes;
+  };
+
+  explicit block_manager(const block_manager_config& config);
+
+  [[nodiscard]] int32_t num_blocks_for(int32_t num_tokens) const;
+  [[nodiscard]] uint64_t chain_hash(uint64_t parent_hash, const int32_t* block_tokens) const;
+  [[nodiscard]] bool cached_block_matches(block_id block, uint64_t parent_hash,
+                                          const int32_t* block_tokens) const;
+  void check_hit(const prefix_hit& hit) const;
+  [[nodiscard]] const sequence_state& sequence(seq_id seq) const;
+
+  void free_queue_push_back(block_id block);
+  void free_queue_unlink(block_id block);
+  [[nodiscard]] block_id pop_fresh_block();
+  void acquire(block_id block);
+  void release(block_id block);
+  void register_block(sequence_state& state, const std::vector<int32_t>& tokens);
+
+  void check_free_queue() const;
+  void check_refcounts() const;
+  void check_hash_index() const;
+  void check_sequences() const;
+
+  block_manager_config config_;
+  std::vector<int32_t> refcount_;          // (num_blocks)
+  std::vector<uint8_t> has_hash_;          // (num_blocks) 1 if the block is in hash_index_
+  std::vector<uint64_t> block_hash_;       // (num_blocks) valid where has_hash_
+  std::vector<uint64_t> parent_hash_;      // (num_blocks) valid where has_hash_
+  std::vector<int32_t> block_tokens_;      // (num_blocks, block_size) valid where has_hash_
+  // Intrusive free queue over block ids; index num_blocks is the sentinel (head = next of it).
+  std::vector<block_id> free_prev_;        // (num_blocks + 1)
+  std::vector<block_id> free_next_;        // (num_blocks + 1)
+  int32_t num_free_blocks_ = 0;
+  std::unordered_map<uint64_t, block_id> hash_index_;
+  std::map<seq_id, sequence_state> sequences_;
+  int64_t num_evictions_ = 0;
+};
+
+}  // namespace troupe::kv

@@ -1,0 +1,192 @@
+#include "runtime/sched/scheduler.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace troupe::sched {
+
+scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
+    : config_(config), blocks_(blocks) {
+  TROUPE_ASSERT(config.max_num_batched_tokens > 0);
+  TROUPE_ASSERT(config.max_num_seqs > 0);
+}
+
+sequence& scheduler::at(seq_id id) {
+  auto it = sequences_.find(id);
+  TROUPE_ASSERT_MSG(it != sequences_.end(), "unknown sequence");
+  return it->second;
+}
+
+const sequence& scheduler::get(seq_id id) const {
+  auto it = sequences_.find(id);
+  TROUPE_ASSERT_MSG(it != sequences_.end(), "unknown sequence");
+  return it->second;
+}
+
+bool scheduler::before(seq_id a, seq_id b) const {
+  const sequence& x = get(a);
+  const sequence& y = get(b);
+  return std::make_pair(x.priority, x.arrival) < std::make_pair(y.priority, y.arrival);
+}
+
+void scheduler::insert_ordered(std::deque<seq_id>& queue, seq_id id) {
+  auto pos = std::upper_bound(queue.begin(), queue.end(), id,
+                              [this](seq_id a, seq_id b) { return before(a, b); });
+  queue.insert(pos, id);
+}
+
+void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority) {
+  TROUPE_ASSERT_MSG(!contains(id), "duplicate sequence id");
+  TROUPE_ASSERT(!prompt.empty());
+  sequence s;
+  s.id = id;
+  s.priority = priority;
+  s.arrival = next_arrival_++;
+  s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  s.tokens = std::move(prompt);
+  sequences_.emplace(id, std::move(s));
+  insert_ordered(waiting_, id);
+}
+
+void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {
+  TROUPE_ASSERT_MSG(!contains(child), "duplicate sequence id");
+  const sequence& p = get(parent);
+  TROUPE_ASSERT(p.status == seq_status::running);
+  sequence c = p;
+  c.id = child;
+  c.tokens.back() = last_token;
+  c.num_cached_tokens = 0;
+  c.num_preemptions = 0;
+  // The child inherits the parent's arrival so the two are served side by side; ties between
+  // equal (priority, arrival) keep insertion order, which is deterministic.
+  if (blocks_.can_fork(parent)) {
+    for (const kv::block_copy& copy : blocks_.fork(parent, child)) pending_copies_.push_back(copy);
+    sequences_.emplace(child, std::move(c));
+    insert_ordered(running_, child);
+  } else {
+    c.num_computed_tokens = 0;
+    c.status = seq_status::waiting;
+    sequences_.emplace(child, std::move(c));
+    insert_ordered(waiting_, child);
+  }
+}
+
+step_plan scheduler::schedule() {
+  step_plan plan;
+  plan.copies = std::move(pending_copies_);
+  pending_copies_.clear();
+  int32_t budget = config_.max_num_batched_tokens;
+  schedule_running(plan, budget);
+  // As vLLM: a step that had to preempt admits nobody new; memory is short.
+  if (plan.preempted.empty()) schedule_waiting(plan, budget);
+  plan.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  return plan;
+}
+
+void scheduler::schedule_running(step_plan& plan, int32_t& budget) {
+  for (size_t i = 0; i < running_.size() && budget > 0; i++) {
+    sequence& s = at(running_[i]);
+    const int32_t missing = static_cast<int32_t>(s.tokens.size()) - s.num_computed_tokens;
+    TROUPE_ASSERT(missing > 0);
+    const int32_t num_new = std::min(missing, budget);
+    bool preempted_self = false;
+    while (!blocks_.can_allocate(s.id, s.num_computed_tokens + num_new, {})) {
+      const seq_id victim = running_.back();
+      preempt(victim, plan);
+      if (victim == s.id) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // it was the back: nothing after it remains
+    blocks_.allocate(s.id, s.num_computed_tokens + num_new, {});
+    add_chunk(plan, s, num_new, budget);
+  }
+}
+
+void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    sequence& s = at(waiting_.front());
+    const kv::prefix_hit hit = blocks_.find_prefix(s.tokens);
+    const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - hit.num_tokens, budget);
+    if (!blocks_.can_allocate(s.id, hit.num_tokens + num_new, hit)) break;
+    blocks_.allocate(s.id, hit.num_tokens + num_new, hit);
+    s.num_computed_tokens = hit.num_tokens;
+    s.num_cached_tokens += hit.num_tokens;
+    num_prefix_hit_tokens_ += hit.num_tokens;
+    s.status = seq_status::running;
+    waiting_.pop_front();
+    insert_ordered(running_, s.id);
+    add_chunk(plan, s, num_new, budget);
+  }
+}
+
+void scheduler::preempt(seq_id victim, step_plan& plan) {
+  sequence& v = at(victim);
+  TROUPE_ASSERT(v.status == seq_status::running);
+  TROUPE_ASSERT(running_.back() == victim);
+  running_.pop_back();
+  blocks_.free(victim);
+  v.num_computed_tokens = 0;
+  v.num_preemptions++;
+  v.status = seq_status::waiting;
+  num_preemptions_++;
+  insert_ordered(waiting_, victim);
+  plan.preempted.push_back(victim);
+}
+
+void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget) {
+  TROUPE_ASSERT(num_tokens > 0 && num_tokens <= budget);
+  const bool samples = s.num_computed_tokens + num_tokens == static_cast<int32_t>(s.tokens.size());
+  plan.chunks.push_back(scheduled_chunk{s.id, s.num_computed_tokens, num_tokens, samples});
+  budget -= num_tokens;
+}
+
+void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& sampled) {
+  size_t next_sample = 0;
+  for (const scheduled_chunk& chunk : plan.chunks) {
+    sequence& s = at(chunk.seq);
+    TROUPE_ASSERT(s.status == seq_status::running);
+    TROUPE_ASSERT(s.num_computed_tokens == chunk.first_position);
+    s.num_computed_tokens += chunk.num_tokens;
+    blocks_.commit(s.id, s.tokens, s.num_computed_tokens);
+    if (chunk.samples) {
+      TROUPE_ASSERT(next_sample < sampled.size());
+      s.tokens.push_back(sampled[next_sample++]);
+    }
+  }
+  TROUPE_ASSERT_MSG(next_sample == sampled.size(), "one sampled token per sampling chunk");
+}
+
+void scheduler::remove(seq_id id) {
+  sequence& s = at(id);
+  auto& queue = s.status == seq_status::running ? running_ : waiting_;
+  queue.erase(std::find(queue.begin(), queue.end(), id));
+  if (blocks_.contains(id)) blocks_.free(id);
+  sequences_.erase(id);
+}
+
+void scheduler::check_invariants() const {
+  blocks_.check_invariants();
+  TROUPE_ASSERT(waiting_.size() + running_.size() == sequences_.size());
+  for (const auto* queue : {&waiting_, &running_}) {
+    const seq_status want = queue == &running_ ? seq_status::running : seq_status::waiting;
+    for (size_t i = 0; i < queue->size(); i++) {
+      const sequence& s = get((*queue)[i]);
+      TROUPE_ASSERT_MSG(s.status == want, "sequence in the wrong queue");
+      if (i > 0) TROUPE_ASSERT_MSG(!before((*queue)[i], (*queue)[i - 1]), "queue out of order");
+      TROUPE_ASSERT(s.num_computed_tokens >= 0);
+      TROUPE_ASSERT(s.num_computed_tokens <= static_cast<int32_t>(s.tokens.size()));
+      if (want == seq_status::waiting) {
+        TROUPE_ASSERT_MSG(!blocks_.contains(s.id), "a waiting sequence holds blocks");
+        TROUPE_ASSERT(s.num_computed_tokens == 0);
+      } else {
+        TROUPE_ASSERT_MSG(blocks_.contains(s.id), "a running sequence holds no blocks");
+        TROUPE_ASSERT(blocks_.num_tokens(s.id) >= s.num_computed_tokens);
+      }
+    }
+  }
+}
+
+}  // namespace troupe::sched

@@ -1,0 +1,134 @@
+#pragma once
+
+/// Continuous batching with chunked prefill and recompute preemption, as a pure policy.
+///
+/// Every step, `schedule()` emits a plain `step_plan`: for each chosen sequence one chunk of
+/// tokens whose KV is still missing — one token for a decoding sequence, a slice of the prompt
+/// for a prefilling one — within `max_num_batched_tokens` and `max_num_seqs`. There is no
+/// separate prefill phase: a long prompt is cut into chunks across steps, so it never starves
+/// decodes (the running sequences are served first, in priority order).
+///
+/// Memory. Each chunk's KV slots are allocated through the block manager before the plan is
+/// returned. When a running sequence cannot get its slots, the scheduler preempts by
+/// recompute: the victim (lowest priority, then latest arrival: the back of the running order)
+/// frees its blocks and goes back to the waiting queue with every token it has so far; on
+/// readmission its KV is computed again (often largely from the prefix cache). Waiting
+/// sequences are admitted in (priority, arrival) order; admission stops at the first one that
+/// does not fit, so a large request is never overtaken forever.
+///
+/// Priorities follow vLLM: a smaller number is served first. Ties break by arrival order, which
+/// the scheduler assigns, so no decision depends on ids' hash order or on time.
+///
+/// The scheduler executes nothing. After the executor ran a plan, `complete()` records what was
+/// computed and appends the sampled tokens; the engine decides when a sequence is finished.
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/kv/block_manager.hpp"
+
+namespace troupe::sched {
+
+using kv::seq_id;
+
+struct scheduler_config {
+  int32_t max_num_batched_tokens = 512;  ///< token budget of one step (prefill + decode)
+  int32_t max_num_seqs = 256;            ///< running sequences at most
+};
+
+/// One sequence's slice of a step: tokens [first_position, first_position + num_tokens).
+struct scheduled_chunk {
+  seq_id seq = 0;
+  int32_t first_position = 0;
+  int32_t num_tokens = 0;
+  bool samples = false;  ///< ends at the sequence's last known token: a new token is sampled
+};
+
+/// What one step computes. Plain data: it crosses to an executor unchanged.
+struct step_plan {
+  std::vector<scheduled_chunk> chunks;
+  std::vector<kv::block_copy> copies;  ///< to perform before the forward pass (fork CoW)
+  std::vector<seq_id> preempted;       ///< sequences preempted while planning this step
+  int32_t num_batched_tokens = 0;
+
+  [[nodiscard]] bool empty() const { return chunks.empty() && copies.empty(); }
+};
+
+/// Where a sequence stands.
+enum class seq_status { waiting, running };
+
+/// The scheduler's record of one sequence.
+struct sequence {
+  seq_id id = 0;
+  int32_t priority = 0;
+  int64_t arrival = 0;               ///< admission order, assigned by the scheduler
+  std::vector<int32_t> tokens;       ///< prompt then generated tokens
+  int32_t num_prompt_tokens = 0;
+  int32_t num_computed_tokens = 0;   ///< tokens whose KV is in the cache
+  int32_t num_cached_tokens = 0;     ///< of those, how many came from the prefix cache (total)
+  int32_t num_preemptions = 0;
+  seq_status status = seq_status::waiting;
+};
+
+class scheduler {
+ public:
+  scheduler(const scheduler_config& config, kv::block_manager& blocks);
+
+  /// Queues a new sequence. Its id must be new; the caller has validated that it fits the pool.
+  void add(seq_id id, std::vector<int32_t> prompt, int32_t priority);
+
+  /// Creates `child` as a copy of running `parent` sharing its KV (fork for n > 1 samples):
+  /// running with the parent's computed blocks if a block for the partial last block is free,
+  /// otherwise waiting (it will recompute, largely from the prefix cache). The child's last
+  /// token is replaced by `last_token` (its own first sample).
+  void fork(seq_id parent, seq_id child, int32_t last_token);
+
+  /// Plans the next step (allocating its KV slots; preempting if memory runs out).
+  [[nodiscard]] step_plan schedule();
+
+  /// Records that `plan` ran: its chunks' KV is computed (and offered to the prefix cache), and
+  /// each sampling chunk's new token (in `sampled`, one per sampling chunk, in plan order) is
+  /// appended.
+  void complete(const step_plan& plan, const std::vector<int32_t>& sampled);
+
+  /// Removes a sequence (finished or aborted) and frees its blocks.
+  void remove(seq_id id);
+
+  [[nodiscard]] bool contains(seq_id id) const { return sequences_.count(id) != 0; }
+  [[nodiscard]] const sequence& get(seq_id id) const;
+  [[nodiscard]] bool has_work() const { return !sequences_.empty(); }
+  [[nodiscard]] int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  [[nodiscard]] int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  [[nodiscard]] int64_t num_preemptions() const { return num_preemptions_; }
+  [[nodiscard]] int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
+  [[nodiscard]] const kv::block_manager& blocks() const { return blocks_; }
+
+  /// Aborts unless: every sequence is in exactly one queue matching its status; queues are in
+  /// (priority, arrival) order; running sequences own exactly their computed+scheduled slots and
+  /// waiting ones own none; the block manager's own invariants hold.
+  void check_invariants() const;
+
+ private:
+  [[nodiscard]] sequence& at(seq_id id);
+  [[nodiscard]] bool before(seq_id a, seq_id b) const;
+  void insert_ordered(std::deque<seq_id>& queue, seq_id id);
+  void schedule_running(step_plan& plan, int32_t& budget);
+  void schedule_waiting(step_plan& plan, int32_t& budget);
+  void preempt(seq_id victim, step_plan& plan);
+  void add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget);
+
+  scheduler_config config_;
+  kv::block_manager& blocks_;
+  std::map<seq_id, sequence> sequences_;
+  std::deque<seq_id> waiting_;  // (priority, arrival) order
+  std::deque<seq_id> running_;  // (priority, arrival) order; the back is the preemption victim
+  std::vector<kv::block_copy> pending_copies_;
+  int64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+  int64_t num_prefix_hit_tokens_ = 0;
+};
+
+}  // namespace troupe::sched

@@ -1,0 +1,360 @@
+// kv::block_manager: exact block ids, exact free-queue and eviction order, prefix reuse, fork.
+#include "runtime/kv/block_manager.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace troupe::kv {
+namespace {
+
+using ids = std::vector<block_id>;
+
+block_manager make(int32_t num_blocks, int32_t block_size) {
+  auto bm = block_manager::create({num_blocks, block_size});
+  EXPECT_TRUE(bm.has_value());
+  bm->check_invariants();
+  return std::move(*bm);
+}
+
+/// `n` tokens first, first + 1, ...: distinct, so every block has its own hash.
+std::vector<int32_t> token_range(int32_t n, int32_t first) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = first + i;
+  return tokens;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+/// Allocates a fresh sequence with no prefix hit and checks invariants.
+void allocate_new(block_manager& bm, seq_id seq, int32_t num_tokens) {
+  ASSERT_FALSE(bm.contains(seq));
+  ASSERT_TRUE(bm.can_allocate(seq, num_tokens));
+  bm.allocate(seq, num_tokens);
+  bm.check_invariants();
+}
+
+TEST(BlockManager, CreateRejectsBadConfig) {
+  for (const block_manager_config bad :
+       {block_manager_config{0, 16}, block_manager_config{-1, 16}, block_manager_config{4, 0},
+        block_manager_config{4, -3},
+        block_manager_config{std::numeric_limits<int32_t>::max(), 2}}) {
+    auto bm = block_manager::create(bad);
+    ASSERT_FALSE(bm.has_value()) << bad.num_blocks << " x " << bad.block_size;
+    EXPECT_EQ(bm.error().code, errc::invalid_argument);
+  }
+  auto bm = make(4, 16);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_EQ(bm.num_used_blocks(), 0);
+  EXPECT_EQ(bm.free_queue(), (ids{0, 1, 2, 3}));
+}
+
+TEST(BlockManager, AllocatesFromTheFrontAndReusesFreedBlocksTailFirst) {
+  auto bm = make(8, 16);
+  allocate_new(bm, 1, 20);
+  allocate_new(bm, 2, 16);
+  allocate_new(bm, 3, 33);
+  EXPECT_EQ(bm.block_table(1), (ids{0, 1}));
+  EXPECT_EQ(bm.block_table(2), (ids{2}));
+  EXPECT_EQ(bm.block_table(3), (ids{3, 4, 5}));
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+  EXPECT_EQ(bm.num_used_blocks(), 6);
+
+  bm.free(1);
+  bm.check_invariants();
+  EXPECT_EQ(bm.free_queue(), (ids{6, 7, 1, 0}));  // freed in reverse table order, at the back
+  allocate_new(bm, 4, 40);
+  EXPECT_EQ(bm.block_table(4), (ids{6, 7, 1}));
+  allocate_new(bm, 5, 1);
+  EXPECT_EQ(bm.block_table(5), (ids{0}));
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  EXPECT_FALSE(bm.can_allocate(6, 1));
+  EXPECT_TRUE(bm.can_allocate(6, 0));
+  EXPECT_EQ(bm.num_evictions(), 0);
+}
+
+TEST(BlockManager, GrowingOnlyAppendsTheBlocksNeeded) {
+  auto bm = make(4, 16);
+  allocate_new(bm, 7, 16);
+  EXPECT_EQ(bm.block_table(7), (ids{0}));
+  for (const int32_t total : {16, 17, 32, 33}) {
+    ASSERT_TRUE(bm.can_allocate(7, total));
+    bm.allocate(7, total);
+    bm.check_invariants();
+    EXPECT_EQ(bm.num_tokens(7), total);
+  }
+  EXPECT_EQ(bm.block_table(7), (ids{0, 1, 2}));
+  EXPECT_TRUE(bm.can_allocate(7, 64));
+  EXPECT_FALSE(bm.can_allocate(7, 65));  // 5 blocks > 4 in the pool
+}
+
+TEST(BlockManager, SharedPrefixReusesExactBlocks) {
+  auto bm = make(10, 16);
+  const auto prompt = token_range(3 * 16 + 5, 100);
+  allocate_new(bm, 1, 53);
+  EXPECT_EQ(bm.block_table(1), (ids{0, 1, 2, 3}));
+  bm.commit(1, prompt, 53);
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_cached_blocks(), 3);  // the partial 4th block is never cached
+
+  const auto other = concat(std::vector<int32_t>(prompt.begin(), prompt.begin() + 48),
+                            token_range(5, 900));
+  const prefix_hit hit = bm.find_prefix(other);
+  EXPECT_EQ(hit.blocks, (ids{0, 1, 2}));
+  EXPECT_EQ(hit.num_tokens, 48);
+  ASSERT_TRUE(bm.can_allocate(2, 53, hit));
+  bm.allocate(2, 53, hit);
+  bm.check_invariants();
+  EXPECT_EQ(bm.block_table(2), (ids{0, 1, 2, 4}));
+  EXPECT_EQ(bm.refcount(0), 2);
+  EXPECT_EQ(bm.refcount(1), 2);
+  EXPECT_EQ(bm.refcount(2), 2);
+  EXPECT_EQ(bm.refcount(3), 1);
+  EXPECT_EQ(bm.refcount(4), 1);
+
+  // Exactly 48 tokens: the last one must be computed, so only 2 blocks can come from cache.
+  const auto exact = std::vector<int32_t>(prompt.begin(), prompt.begin() + 48);
+  EXPECT_EQ(bm.find_prefix(exact).blocks, (ids{0, 1}));
+  EXPECT_EQ(bm.find_prefix(exact).num_tokens, 32);
+  const auto one_more = std::vector<int32_t>(prompt.begin(), prompt.begin() + 49);
+  EXPECT_EQ(bm.find_prefix(one_more).blocks, (ids{0, 1, 2}));
+  EXPECT_TRUE(bm.find_prefix({}).blocks.empty());
+
+  // The chain hash covers the whole prefix: same block-1 tokens after a different block 0 miss.
+  auto changed_first = prompt;
+  changed_first[0] = -1;
+  EXPECT_TRUE(bm.find_prefix(changed_first).blocks.empty());
+  auto changed_second = prompt;
+  changed_second[20] = -1;
+  EXPECT_EQ(bm.find_prefix(changed_second).blocks, (ids{0}));
+}
+
+TEST(BlockManager, CommitRegistersOnlyCompletelyComputedBlocks) {
+  auto bm = make(4, 4);
+  const auto prompt = token_range(14, 0);
+  allocate_new(bm, 1, 14);
+  bm.commit(1, prompt, 3);
+  EXPECT_EQ(bm.num_cached_blocks(), 0);
+  bm.commit(1, prompt, 9);
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  EXPECT_EQ(bm.find_prefix(prompt).blocks, (ids{0, 1}));
+  bm.commit(1, prompt, 14);
+  bm.check_invariants();
+  EXPECT_EQ(bm.find_prefix(prompt).blocks, (ids{0, 1, 2}));
+  EXPECT_FALSE(bm.is_cached(3));
+}
+
+TEST(BlockManager, CachedFreeBlocksAreReusedAndLeaveTheQueueFromTheMiddle) {
+  auto bm = make(10, 16);
+  const auto prompt = token_range(53, 7);
+  allocate_new(bm, 1, 53);
+  bm.commit(1, prompt, 53);
+  bm.free(1);
+  bm.check_invariants();
+  EXPECT_EQ(bm.free_queue(), (ids{4, 5, 6, 7, 8, 9, 3, 2, 1, 0}));
+  EXPECT_EQ(bm.num_free_blocks(), 10);
+  EXPECT_EQ(bm.num_cached_blocks(), 3);
+
+  const prefix_hit hit = bm.find_prefix(prompt);
+  EXPECT_EQ(hit.blocks, (ids{0, 1, 2}));
+  ASSERT_TRUE(bm.can_allocate(2, 53, hit));
+  bm.allocate(2, 53, hit);
+  bm.check_invariants();
+  EXPECT_EQ(bm.block_table(2), (ids{0, 1, 2, 4}));
+  EXPECT_EQ(bm.free_queue(), (ids{5, 6, 7, 8, 9, 3}));
+  EXPECT_EQ(bm.num_evictions(), 0);
+  EXPECT_EQ(bm.num_cached_blocks(), 3);
+}
+
+TEST(BlockManager, EvictsCachedFreeBlocksInExactLruOrder) {
+  auto bm = make(6, 4);
+  const auto a = token_range(12, 0);    // 3 full blocks
+  const auto b = token_range(8, 100);   // 2 full blocks
+  const auto a_query = concat(a, {7});  // one token past each prompt, so all blocks may hit
+  const auto b_query = concat(b, {7});
+  allocate_new(bm, 1, 12);
+  bm.commit(1, a, 12);
+  allocate_new(bm, 2, 8);
+  bm.commit(2, b, 8);
+  EXPECT_EQ(bm.block_table(1), (ids{0, 1, 2}));
+  EXPECT_EQ(bm.block_table(2), (ids{3, 4}));
+  bm.free(1);
+  bm.free(2);
+  bm.check_invariants();
+  EXPECT_EQ(bm.free_queue(), (ids{5, 2, 1, 0, 4, 3}));
+  EXPECT_EQ(bm.num_cached_blocks(), 5);
+
+  allocate_new(bm, 3, 4);  // takes uncached block 5: nothing evicted
+  EXPECT_EQ(bm.block_table(3), (ids{5}));
+  EXPECT_EQ(bm.num_evictions(), 0);
+  allocate_new(bm, 4, 8);  // evicts a's tail blocks 2 then 1
+  EXPECT_EQ(bm.block_table(4), (ids{2, 1}));
+  EXPECT_EQ(bm.num_evictions(), 2);
+  EXPECT_EQ(bm.find_prefix(a_query).blocks, (ids{0}));
+  EXPECT_EQ(bm.find_prefix(b_query).blocks, (ids{3, 4}));
+  allocate_new(bm, 5, 4);  // evicts a's head block 0
+  EXPECT_EQ(bm.block_table(5), (ids{0}));
+  EXPECT_TRUE(bm.find_prefix(a_query).blocks.empty());
+  EXPECT_EQ(bm.find_prefix(b_query).blocks, (ids{3, 4}));
+  allocate_new(bm, 6, 4);  // evicts b's tail block 4
+  EXPECT_EQ(bm.block_table(6), (ids{4}));
+  EXPECT_EQ(bm.find_prefix(b_query).blocks, (ids{3}));
+  EXPECT_EQ(bm.num_evictions(), 4);
+  EXPECT_EQ(bm.num_cached_blocks(), 1);
+  EXPECT_EQ(bm.free_queue(), (ids{3}));
+}
+
+TEST(BlockManager, HitBlocksInTheFreeQueueAreNotFreshBlocks) {
+  auto bm = make(4, 4);
+  const auto a = token_range(12, 0);
+  allocate_new(bm, 1, 12);
+  bm.commit(1, a, 12);
+  bm.free(1);
+  EXPECT_EQ(bm.free_queue(), (ids{3, 2, 1, 0}));
+
+  // 17 tokens = 5 blocks: 3 from the hit, 2 fresh; only block 3 is free and not in the hit.
+  const auto long_prompt = concat(a, token_range(5, 50));
+  const prefix_hit long_hit = bm.find_prefix(long_prompt);
+  EXPECT_EQ(long_hit.blocks, (ids{0, 1, 2}));
+  EXPECT_FALSE(bm.can_allocate(2, 17, long_hit));
+  EXPECT_FALSE(bm.can_allocate(2, 17));  // without the hit it needs 5 > 4 blocks anyway
+
+  const auto fitting = concat(a, token_range(4, 50));  // 16 tokens = 4 blocks, 1 fresh
+  const prefix_hit hit = bm.find_prefix(fitting);
+  EXPECT_EQ(hit.blocks, (ids{0, 1, 2}));
+  ASSERT_TRUE(bm.can_allocate(2, 16, hit));
+  bm.allocate(2, 16, hit);
+  bm.check_invariants();
+  EXPECT_EQ(bm.block_table(2), (ids{0, 1, 2, 3}));
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  EXPECT_EQ(bm.num_evictions(), 0);
+}
+
+TEST(BlockManager, HitBlocksHeldByLiveSequencesCostNothing) {
+  auto bm = make(5, 4);
+  const auto a = token_range(12, 0);
+  allocate_new(bm, 1, 12);
+  bm.commit(1, a, 12);
+  const auto prompt = concat(a, token_range(5, 50));  // 5 blocks: 3 shared, 2 fresh
+  const prefix_hit hit = bm.find_prefix(prompt);
+  ASSERT_EQ(hit.blocks, (ids{0, 1, 2}));
+  EXPECT_TRUE(bm.can_allocate(2, 17, hit));
+  EXPECT_FALSE(bm.can_allocate(2, 21, hit));  // 3 fresh > 2 free
+  bm.allocate(2, 17, hit);
+  bm.check_invariants();
+  EXPECT_EQ(bm.block_table(2), (ids{0, 1, 2, 3, 4}));
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+}
+
+TEST(BlockManager, ForkSharesFullBlocksAndCopiesThePartialOne) {
+  auto bm = make(8, 4);
+  allocate_new(bm, 1, 10);  // 2 full blocks + 2 tokens
+  EXPECT_EQ(bm.block_table(1), (ids{0, 1, 2}));
+  ASSERT_TRUE(bm.can_fork(1));
+  EXPECT_EQ(bm.fork(1, 2), (std::vector<block_copy>{{2, 3}}));
+  bm.check_invariants();
+  EXPECT_EQ(bm.block_table(2), (ids{0, 1, 3}));
+  EXPECT_EQ(bm.num_tokens(2), 10);
+  EXPECT_EQ(bm.refcount(0), 2);
+  EXPECT_EQ(bm.refcount(1), 2);
+  EXPECT_EQ(bm.refcount(2), 1);
+  EXPECT_EQ(bm.refcount(3), 1);
+
+  allocate_new(bm, 3, 8);  // full blocks only: fork copies nothing
+  EXPECT_EQ(bm.block_table(3), (ids{4, 5}));
+  EXPECT_TRUE(bm.fork(3, 4).empty());
+  bm.check_invariants();
+  EXPECT_EQ(bm.block_table(4), (ids{4, 5}));
+  EXPECT_EQ(bm.refcount(4), 2);
+
+  allocate_new(bm, 5, 8);  // pool now empty
+  EXPECT_EQ(bm.num_free_blocks(), 0);
+  EXPECT_FALSE(bm.can_fork(1));
+  EXPECT_TRUE(bm.can_fork(3));
+
+  bm.free(1);
+  bm.check_invariants();
+  EXPECT_EQ(bm.free_queue(), (ids{2}));  // shared blocks 0 and 1 live on in the child
+  EXPECT_EQ(bm.refcount(0), 1);
+  bm.free(2);
+  bm.check_invariants();
+  EXPECT_EQ(bm.free_queue(), (ids{2, 3, 1, 0}));
+}
+
+TEST(BlockManager, ChildAndParentCommitSharedBlocksOnce) {
+  auto bm = make(8, 4);
+  const auto prompt = token_range(10, 0);
+  allocate_new(bm, 1, 10);
+  EXPECT_EQ(bm.fork(1, 2), (std::vector<block_copy>{{2, 3}}));
+  bm.commit(2, prompt, 10);  // the child registers the shared blocks
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  bm.commit(1, prompt, 10);  // the parent finds them registered: no duplicates
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  EXPECT_EQ(bm.find_prefix(prompt).blocks, (ids{0, 1}));
+}
+
+TEST(BlockManager, DuplicateCommitLeavesTheSecondBlockUnhashed) {
+  auto bm = make(6, 4);
+  const auto prompt = token_range(8, 0);
+  allocate_new(bm, 1, 8);
+  allocate_new(bm, 2, 8);  // same tokens, allocated before either was committed
+  bm.commit(1, prompt, 8);
+  bm.commit(2, prompt, 8);
+  bm.check_invariants();
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  EXPECT_TRUE(bm.is_cached(0));
+  EXPECT_TRUE(bm.is_cached(1));
+  EXPECT_FALSE(bm.is_cached(2));
+  EXPECT_FALSE(bm.is_cached(3));
+  EXPECT_EQ(bm.find_prefix(concat(prompt, {1})).blocks, (ids{0, 1}));
+  bm.free(1);
+  bm.check_invariants();
+  EXPECT_EQ(bm.find_prefix(concat(prompt, {1})).blocks, (ids{0, 1}));  // cached while free
+}
+
+TEST(BlockManager, TryFreeReportsUnknownIds) {
+  auto bm = make(2, 4);
+  auto missing = bm.try_free(42);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, errc::not_found);
+  allocate_new(bm, 42, 5);
+  EXPECT_TRUE(bm.try_free(42).has_value());
+  bm.check_invariants();
+  EXPECT_FALSE(bm.contains(42));
+  EXPECT_EQ(bm.num_free_blocks(), 2);
+}
+
+TEST(BlockManagerDeathTest, ProgrammerErrorsAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto bm = make(2, 4);
+  EXPECT_DEATH(bm.free(9), "unknown sequence id");
+  EXPECT_DEATH((void)bm.fork(9, 10), "unknown sequence id");
+  EXPECT_DEATH(bm.allocate(1, 9), "allocate without can_allocate");
+  allocate_new(bm, 1, 4);
+  EXPECT_DEATH(bm.allocate(1, 3), "never shrinks");
+}
+
+TEST(BlockManagerDeathTest, StaleHitAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto bm = make(2, 4);
+  const auto prompt = token_range(5, 0);
+  allocate_new(bm, 1, 4);
+  bm.commit(1, prompt, 4);
+  bm.free(1);
+  const prefix_hit hit = bm.find_prefix(prompt);
+  ASSERT_EQ(hit.blocks, (ids{0}));
+  allocate_new(bm, 2, 8);  // reallocates block 0: the hit is stale
+  EXPECT_EQ(bm.num_evictions(), 1);
+  EXPECT_DEATH((void)bm.can_allocate(3, 5, hit), "stale prefix_hit");
+}
+
+}  // namespace
+}  // namespace troupe::kv
