@@ -62,7 +62,7 @@ TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
   const paged_kv kv{keys.data(), values.data(), table, block_size, kv_dim};
   const auto q = random_floats(64, 13);
   for (int32_t positions : {1, 15, 16, 17, 90}) {
-    std::vector<float> ref(64), fst(64), scores(positions);
+    std::vector<float> ref(64), fst(64), scores(static_cast<size_t>(shape.n_heads) * positions);
     reference::attention(ref.data(), q.data(), scores.data(), kv, positions, shape);
     fast::attention(fst.data(), q.data(), scores.data(), kv, positions, shape);
     EXPECT_TRUE(same_bits(ref.data(), fst.data(), 64)) << positions;

@@ -23,19 +23,26 @@ inline void store_first(float* p, v8f v, int32_t count) {
   std::memcpy(p, &v, static_cast<size_t>(count) * sizeof(float));
 }
 
-// Rows are processed in groups of `rows_per_group` to reuse each loaded weight tile; a row's
-// arithmetic is the same in every group size, so grouping never changes its bits.
-template <int rows_per_group>
-void matmul_tile(float* out, const float* x, const float* tile, int32_t n, int32_t d,
-                 int32_t col, int32_t row) {
-  v8f acc[rows_per_group] = {};
+// A block of `num_rows` rows x `num_tiles` tiles keeps num_rows * num_tiles independent sums in
+// registers, so the adds overlap instead of waiting on one another. Each sum still runs over j
+// in order, so the blocking never changes a result's bits.
+template <int num_rows, int num_tiles>
+void matmul_block(float* out, const float* x, const packed_matrix& w, int32_t tile, int32_t row) {
+  const int32_t n = w.n;
+  const float* tiles = w.tiles.data() + static_cast<size_t>(tile) * n * tile_width;
+  v8f acc[num_rows][num_tiles] = {};
   for (int32_t j = 0; j < n; j++) {
-    const v8f w = load(tile + static_cast<int64_t>(j) * tile_width);  // w[col..col+8][j]
-    for (int r = 0; r < rows_per_group; r++) acc[r] += w * x[static_cast<int64_t>(row + r) * n + j];
+    for (int t = 0; t < num_tiles; t++) {
+      const v8f wv = load(tiles + (static_cast<size_t>(t) * n + j) * tile_width);  // w[cols][j]
+      for (int r = 0; r < num_rows; r++) acc[r][t] += wv * x[static_cast<int64_t>(row + r) * n + j];
+    }
   }
-  const int32_t count = d - col < tile_width ? d - col : tile_width;
-  for (int r = 0; r < rows_per_group; r++)
-    store_first(out + static_cast<int64_t>(row + r) * d + col, acc[r], count);
+  for (int t = 0; t < num_tiles; t++) {
+    const int32_t col = (tile + t) * tile_width;
+    const int32_t count = w.d - col < tile_width ? w.d - col : tile_width;
+    for (int r = 0; r < num_rows; r++)
+      store_first(out + static_cast<int64_t>(row + r) * w.d + col, acc[r][t], count);
+  }
 }
 
 }  // namespace
@@ -58,14 +65,17 @@ packed_matrix pack_matrix(const float* w, int32_t d, int32_t n) {
 namespace fast {
 
 void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows) {
-  constexpr int group = 4;
   const int32_t num_tiles = (w.d + tile_width - 1) / tile_width;
-  for (int32_t t = 0; t < num_tiles; t++) {
-    const float* tile = w.tiles.data() + static_cast<size_t>(t) * w.n * tile_width;
-    const int32_t col = t * tile_width;
-    int32_t row = 0;
-    for (; row + group <= rows; row += group) matmul_tile<group>(out, x, tile, w.n, w.d, col, row);
-    for (; row < rows; row++) matmul_tile<1>(out, x, tile, w.n, w.d, col, row);
+  int32_t row = 0;
+  for (; row + 4 <= rows; row += 4) {
+    int32_t t = 0;
+    for (; t + 2 <= num_tiles; t += 2) matmul_block<4, 2>(out, x, w, t, row);
+    for (; t < num_tiles; t++) matmul_block<4, 1>(out, x, w, t, row);
+  }
+  for (; row < rows; row++) {
+    int32_t t = 0;
+    for (; t + 4 <= num_tiles; t += 4) matmul_block<1, 4>(out, x, w, t, row);
+    for (; t < num_tiles; t++) matmul_block<1, 1>(out, x, w, t, row);
   }
 }
 
@@ -74,29 +84,45 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const int32_t hs = shape.head_size;
   const float scale = std::sqrt(static_cast<float>(hs));
-  const int32_t num_blocks = (num_positions + kv.block_size - 1) / kv.block_size;
+  auto slot = [&kv](int32_t t) {
+    return (static_cast<int64_t>(kv.block_table[t / kv.block_size]) * kv.block_size +
+            t % kv.block_size) * kv.kv_dim;
+  };
+  // Scores of 8 positions at once: lane l sums q·k(t + l) over i in order, as the reference.
   for (int32_t h = 0; h < shape.n_heads; h++) {
     const float* qh = q + h * hs;  // (head_size)
     const int32_t kv_offset = (h / kv_mul) * hs;
-    for (int32_t b = 0; b < num_blocks; b++) {
-      const float* k = kv.key_cache + static_cast<int64_t>(kv.block_table[b]) * kv.block_size * kv.kv_dim;
-      const int32_t first = b * kv.block_size;
-      const int32_t last = std::min(num_positions, first + kv.block_size);
-      for (int32_t t = first; t < last; t++, k += kv.kv_dim) {
-        float score = 0.0f;
-        for (int32_t i = 0; i < hs; i++) score += qh[i] * k[kv_offset + i];
-        scores[t] = score / scale;
+    float* sh = scores + static_cast<int64_t>(h) * num_positions;  // (num_positions)
+    int32_t t = 0;
+    for (; t + tile_width <= num_positions; t += tile_width) {
+      const float* k[tile_width];
+      for (int l = 0; l < tile_width; l++) k[l] = kv.key_cache + slot(t + l) + kv_offset;
+      v8f acc = {};
+      for (int32_t i = 0; i < hs; i++) {
+        const v8f kt = {k[0][i], k[1][i], k[2][i], k[3][i], k[4][i], k[5][i], k[6][i], k[7][i]};
+        acc += qh[i] * kt;
       }
+      acc /= scale;
+      std::memcpy(sh + t, &acc, sizeof(acc));
     }
-    softmax(scores, num_positions);
-    float* oh = out + h * hs;  // (head_size)
-    std::memset(oh, 0, static_cast<size_t>(hs) * sizeof(float));
-    for (int32_t b = 0; b < num_blocks; b++) {
-      const float* v = kv.value_cache + static_cast<int64_t>(kv.block_table[b]) * kv.block_size * kv.kv_dim;
-      const int32_t first = b * kv.block_size;
-      const int32_t last = std::min(num_positions, first + kv.block_size);
-      for (int32_t t = first; t < last; t++, v += kv.kv_dim)
-        for (int32_t i = 0; i < hs; i++) oh[i] += scores[t] * v[kv_offset + i];
+    for (; t < num_positions; t++) {
+      const float* k = kv.key_cache + slot(t) + kv_offset;
+      float score = 0.0f;
+      for (int32_t i = 0; i < hs; i++) score += qh[i] * k[i];
+      sh[t] = score / scale;
+    }
+    softmax(sh, num_positions);
+  }
+  // Weighted values position by position (the reference's order), all heads side by side so
+  // their independent sums overlap.
+  std::memset(out, 0, static_cast<size_t>(shape.n_heads) * hs * sizeof(float));
+  for (int32_t t = 0; t < num_positions; t++) {
+    const float* v = kv.value_cache + slot(t);  // (kv_dim)
+    for (int32_t h = 0; h < shape.n_heads; h++) {
+      const float a = scores[static_cast<int64_t>(h) * num_positions + t];
+      const float* vh = v + (h / kv_mul) * hs;
+      float* oh = out + h * hs;
+      for (int32_t i = 0; i < hs; i++) oh[i] += a * vh[i];
     }
   }
 }

@@ -67,7 +67,7 @@ void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const floa
 void swiglu(float* hb, const float* hb2, int32_t n);
 
 /// out (n_heads * head_size) = GQA attention of q over positions 0..num_positions-1.
-/// `scores` is scratch of num_positions floats.
+/// `scores` is scratch of (n_heads, num_positions) floats.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape);
 
@@ -78,7 +78,7 @@ namespace fast {
 /// Same contract and bits as reference::matmul, with `w` packed.
 void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows);
 
-/// Same contract and bits as reference::attention; walks the block table block by block.
+/// Same contract and bits as reference::attention; 8 positions' scores per register.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape);
 

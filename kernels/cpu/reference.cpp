@@ -64,22 +64,23 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
   for (int32_t h = 0; h < shape.n_heads; h++) {
     const float* qh = q + h * shape.head_size;  // (head_size)
     const int32_t kv_offset = (h / kv_mul) * shape.head_size;
+    float* sh = scores + static_cast<int64_t>(h) * num_positions;  // (num_positions)
     for (int32_t t = 0; t < num_positions; t++) {
       const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
                                kv.block_size + t % kv.block_size;
       const float* k = kv.key_cache + slot * kv.kv_dim + kv_offset;  // (head_size)
       float score = 0.0f;
       for (int32_t i = 0; i < shape.head_size; i++) score += qh[i] * k[i];
-      scores[t] = score / scale;
+      sh[t] = score / scale;
     }
-    softmax(scores, num_positions);
+    softmax(sh, num_positions);
     float* oh = out + h * shape.head_size;  // (head_size)
     for (int32_t i = 0; i < shape.head_size; i++) oh[i] = 0.0f;
     for (int32_t t = 0; t < num_positions; t++) {
       const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
                                kv.block_size + t % kv.block_size;
       const float* v = kv.value_cache + slot * kv.kv_dim + kv_offset;  // (head_size)
-      for (int32_t i = 0; i < shape.head_size; i++) oh[i] += scores[t] * v[i];
+      for (int32_t i = 0; i < shape.head_size; i++) oh[i] += sh[t] * v[i];
     }
   }
 }

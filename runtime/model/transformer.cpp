@@ -37,7 +37,7 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
       rope_sin_[static_cast<size_t>(pos) * half + f] = std::sin(val);
     }
   }
-  scores_.resize(static_cast<size_t>(c.seq_len));
+  scores_.resize(static_cast<size_t>(c.n_heads) * c.seq_len);
 }
 
 void transformer::reserve(int32_t rows) {

@@ -70,7 +70,7 @@ class transformer {
   std::vector<float> v_;       // (rows, kv_dim)
   std::vector<float> hb_;      // (rows, hidden_dim)
   std::vector<float> hb2_;     // (rows, hidden_dim)
-  std::vector<float> scores_;  // (seq_len)
+  std::vector<float> scores_;  // (n_heads, seq_len)
 };
 
 }  // namespace troupe::model
