@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace troupe::kernels::cpu {
@@ -59,7 +60,7 @@ TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
   const auto keys = random_floats(static_cast<size_t>(num_blocks) * block_size * kv_dim, 11);
   const auto values = random_floats(keys.size(), 12);
   const int32_t table[num_blocks] = {4, 1, 5, 0, 2, 3};
-  const paged_kv kv{keys.data(), values.data(), table, block_size, kv_dim};
+  const paged_kv kv{keys.data(), values.data(), table, block_size, kv_dim};  // random: layout moot
   const auto q = random_floats(64, 13);
   for (int32_t positions : {1, 15, 16, 17, 90}) {
     std::vector<float> ref(64), fst(64), scores(static_cast<size_t>(shape.n_heads) * positions);
@@ -92,6 +93,34 @@ TEST(Kernels, RopeRotatesPairsByPosition) {
   EXPECT_FLOAT_EQ(v[1], 1.0f);
   EXPECT_FLOAT_EQ(v[2], 0.0f);
   EXPECT_FLOAT_EQ(v[3], 1.0f);
+}
+
+}  // namespace
+}  // namespace troupe::kernels::cpu
+
+namespace troupe::kernels::cpu {
+namespace {
+
+TEST(Kernels, ExpIsAccurateAndClamped) {
+  for (float x = -87.0f; x <= 88.0f; x += 0.37f) {
+    const double want = std::exp(static_cast<double>(x));
+    EXPECT_NEAR(cpu::exp(x), want, want * 3e-7) << x;  // about 2 ulp
+  }
+  EXPECT_EQ(cpu::exp(0.0f), 1.0f);
+  EXPECT_GT(cpu::exp(-1000.0f), 0.0f);           // clamped to exp(-87.3), a normal float
+  EXPECT_TRUE(std::isfinite(cpu::exp(1000.0f)));  // clamped to exp(88.3)
+}
+
+TEST(Kernels, FastSoftmaxEqualsReferenceBitForBit) {
+  // Lengths around the vector width, values that make exp's clamping and ties matter.
+  for (int32_t n : {1, 7, 8, 9, 16, 31, 133, 512}) {
+    auto x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(n));
+    for (auto& v : x) v *= 60.0f;
+    auto y = x;
+    reference::softmax(x.data(), n);
+    fast::softmax(y.data(), n);
+    EXPECT_TRUE(same_bits(x.data(), y.data(), x.size())) << n;
+  }
 }
 
 }  // namespace

@@ -46,6 +46,9 @@ int run_generate(const generate_options& o) {
   // The one place a seed is drawn: here, outside the deterministic core, and reported so the
   // same answer can be replayed with --seed.
   p.seed = o.seed_given ? o.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  // Checked before anything reaches stdout: a rejected request must print nothing there, not
+  // an echoed prompt followed by an error.
+  if (auto ok = generate::validate(p, ck->config()); !ok) return fail_with(ok.error());
   spdlog::info("model {} ({} layers, dim {}), seed {}", o.model, ck->config().n_layers, ck->config().dim, p.seed);
 
   model::transformer t(*ck, o.reference_kernels ? model::kernel_path::reference : model::kernel_path::fast);

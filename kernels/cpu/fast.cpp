@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace troupe::kernels::cpu {
@@ -18,6 +19,8 @@ inline v8f load(const float* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+
+inline void store(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline void store_first(float* p, v8f v, int32_t count) {
   std::memcpy(p, &v, static_cast<size_t>(count) * sizeof(float));
@@ -79,52 +82,132 @@ void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows) {
   }
 }
 
-void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape) {
+v8f exp8(v8f x) {
+  using v8i = int32_t __attribute__((vector_size(32)));
+  const v8f lo = v8f{} + detail::exp_lo;
+  const v8f hi = v8f{} + detail::exp_hi;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  return detail::exp_formula(x, [](v8f n) {
+    const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8f scale;
+    std::memcpy(&scale, &bits, sizeof(scale));
+    return scale;
+  });
+}
+
+void softmax(float* x, int32_t n) {
+  float max_val = x[0];  // max is order-free: any grouping gives the reference's value
+  int32_t i = 0;
+  if (n >= tile_width) {
+    v8f m = load(x);
+    for (i = tile_width; i + tile_width <= n; i += tile_width) {
+      const v8f v = load(x + i);
+      m = v > m ? v : m;
+    }
+    for (int l = 0; l < tile_width; l++) max_val = m[l] > max_val ? m[l] : max_val;
+  }
+  for (; i < n; i++) max_val = x[i] > max_val ? x[i] : max_val;
+  for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp8(load(x + i) - max_val));
+  for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
+  float sum = 0.0f;
+  for (i = 0; i < n; i++) sum += x[i];  // in order, as the reference
+  for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, load(x + i) / sum);
+  for (; i < n; i++) x[i] /= sum;
+}
+
+namespace {
+
+// Scores of one head over one block's `count` positions into sh: lane l of a register sums
+// q·k over i in order, as the reference; two registers (16 positions) per pass keep two
+// independent sums in flight.
+void block_scores(float* sh, const float* qh, const float* kb, int32_t hs, int32_t bs,
+                  int32_t count, float scale) {
+  int32_t s = 0;
+  for (; s + 2 * tile_width <= count; s += 2 * tile_width) {
+    v8f acc0 = {}, acc1 = {};
+    for (int32_t i = 0; i < hs; i++) {
+      const float* k = kb + static_cast<int64_t>(i) * bs + s;
+      acc0 += qh[i] * load(k);
+      acc1 += qh[i] * load(k + tile_width);
+    }
+    store(sh + s, acc0 / scale);
+    store(sh + s + tile_width, acc1 / scale);
+  }
+  for (; s + tile_width <= count; s += tile_width) {
+    v8f acc = {};
+    for (int32_t i = 0; i < hs; i++) acc += qh[i] * load(kb + static_cast<int64_t>(i) * bs + s);
+    store(sh + s, acc / scale);
+  }
+  for (; s < count; s++) {
+    float score = 0.0f;
+    for (int32_t i = 0; i < hs; i++) score += qh[i] * kb[static_cast<int64_t>(i) * bs + s];
+    sh[s] = score / scale;
+  }
+}
+
+// out[h] = Σ_t a[h][t] v[t] for up to 8 heads of head_size 8 at once, one register each, t in
+// order (the reference's order per element).
+void weighted_values_8(float* out, const float* scores, const paged_kv& kv, int32_t num_positions,
+                       int32_t first_head, int32_t num_heads, int32_t kv_mul) {
+  v8f acc[tile_width] = {};
+  const int32_t bs = kv.block_size;
+  for (int32_t t = 0; t < num_positions; t += bs) {
+    const float* vb = kv.value_cache + static_cast<int64_t>(kv.block_table[t / bs]) * bs * kv.kv_dim;
+    const int32_t count = std::min(bs, num_positions - t);
+    for (int32_t s = 0; s < count; s++) {
+      const float* v = vb + static_cast<int64_t>(s) * kv.kv_dim;
+      for (int32_t j = 0; j < num_heads; j++) {
+        const int32_t h = first_head + j;
+        acc[j] += scores[static_cast<int64_t>(h) * num_positions + t + s] * load(v + (h / kv_mul) * tile_width);
+      }
+    }
+  }
+  for (int32_t j = 0; j < num_heads; j++) store(out + (first_head + j) * tile_width, acc[j]);
+}
+
+void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_t num_positions,
+                     const attention_shape& shape) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const int32_t hs = shape.head_size;
-  const float scale = std::sqrt(static_cast<float>(hs));
-  auto slot = [&kv](int32_t t) {
-    return (static_cast<int64_t>(kv.block_table[t / kv.block_size]) * kv.block_size +
-            t % kv.block_size) * kv.kv_dim;
-  };
-  // Scores of 8 positions at once: lane l sums q·k(t + l) over i in order, as the reference.
-  for (int32_t h = 0; h < shape.n_heads; h++) {
-    const float* qh = q + h * hs;  // (head_size)
-    const int32_t kv_offset = (h / kv_mul) * hs;
-    float* sh = scores + static_cast<int64_t>(h) * num_positions;  // (num_positions)
-    int32_t t = 0;
-    for (; t + tile_width <= num_positions; t += tile_width) {
-      const float* k[tile_width];
-      for (int l = 0; l < tile_width; l++) k[l] = kv.key_cache + slot(t + l) + kv_offset;
-      v8f acc = {};
-      for (int32_t i = 0; i < hs; i++) {
-        const v8f kt = {k[0][i], k[1][i], k[2][i], k[3][i], k[4][i], k[5][i], k[6][i], k[7][i]};
-        acc += qh[i] * kt;
-      }
-      acc /= scale;
-      std::memcpy(sh + t, &acc, sizeof(acc));
-    }
-    for (; t < num_positions; t++) {
-      const float* k = kv.key_cache + slot(t) + kv_offset;
-      float score = 0.0f;
-      for (int32_t i = 0; i < hs; i++) score += qh[i] * k[i];
-      sh[t] = score / scale;
-    }
-    softmax(sh, num_positions);
+  if (hs == tile_width) {
+    for (int32_t h = 0; h < shape.n_heads; h += tile_width)
+      weighted_values_8(out, scores, kv, num_positions, h, std::min(tile_width, shape.n_heads - h), kv_mul);
+    return;
   }
-  // Weighted values position by position (the reference's order), all heads side by side so
-  // their independent sums overlap.
   std::memset(out, 0, static_cast<size_t>(shape.n_heads) * hs * sizeof(float));
   for (int32_t t = 0; t < num_positions; t++) {
-    const float* v = kv.value_cache + slot(t);  // (kv_dim)
+    const float* v = kv.value_cache + (static_cast<int64_t>(kv.block_table[t / kv.block_size]) * kv.block_size +
+                                       t % kv.block_size) * kv.kv_dim;
     for (int32_t h = 0; h < shape.n_heads; h++) {
       const float a = scores[static_cast<int64_t>(h) * num_positions + t];
       const float* vh = v + (h / kv_mul) * hs;
       float* oh = out + h * hs;
-      for (int32_t i = 0; i < hs; i++) oh[i] += a * vh[i];
+      int32_t i = 0;
+      for (; i + tile_width <= hs; i += tile_width) store(oh + i, load(oh + i) + a * load(vh + i));
+      for (; i < hs; i++) oh[i] += a * vh[i];
     }
   }
+}
+
+}  // namespace
+
+void attention(float* out, const float* q, float* scores, const paged_kv& kv,
+               int32_t num_positions, const attention_shape& shape) {
+  const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
+  const int32_t hs = shape.head_size, bs = kv.block_size;
+  const float scale = std::sqrt(static_cast<float>(hs));
+  const int64_t block_floats = static_cast<int64_t>(kv.kv_dim) * bs;
+  for (int32_t h = 0; h < shape.n_heads; h++) {
+    const float* qh = q + h * hs;  // (head_size)
+    float* sh = scores + static_cast<int64_t>(h) * num_positions;  // (num_positions)
+    const int64_t kv_offset = static_cast<int64_t>(h / kv_mul) * hs * bs;
+    for (int32_t t = 0; t < num_positions; t += bs)
+      block_scores(sh + t, qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
+                   std::min(bs, num_positions - t), scale);
+    softmax(sh, num_positions);
+  }
+  weighted_values(out, scores, kv, num_positions, shape);
 }
 
 }  // namespace fast

@@ -33,7 +33,9 @@ struct packed_matrix {
 
 /// Attention inputs of one layer for one sequence, read through its block table.
 struct paged_kv {
-  const float* key_cache = nullptr;    ///< (num_blocks, block_size, kv_dim) of this layer
+  /// (num_blocks, kv_dim, block_size) of this layer: transposed within a block, so one
+  /// feature of consecutive positions is contiguous (8 positions' scores per vector load).
+  const float* key_cache = nullptr;
   const float* value_cache = nullptr;  ///< (num_blocks, block_size, kv_dim) of this layer
   const int32_t* block_table = nullptr;
   int32_t block_size = 0;
@@ -82,11 +84,14 @@ void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows);
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape);
 
-// These are a sequential reduction (rmsnorm, softmax) or element-wise loops the compiler
-// already vectorizes at -O2/-O3; a second copy would only be a place for the bits to drift.
+/// Same contract and bits as reference::softmax: vectorized max, exp and divide; the sum stays
+/// sequential.
+void softmax(float* x, int32_t n);
+
+// A sequential reduction (rmsnorm) or element-wise loops the compiler already vectorizes
+// (rope, swiglu); a second copy would only be a place for the bits to drift.
 using reference::rmsnorm;
 using reference::rope;
-using reference::softmax;
 using reference::swiglu;
 
 }  // namespace fast

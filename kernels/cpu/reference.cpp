@@ -2,6 +2,7 @@
 // fast.cpp must reproduce these bits exactly.
 #include <cmath>
 
+#include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace troupe::kernels::cpu::reference {
@@ -33,7 +34,7 @@ void softmax(float* x, int32_t n) {
     if (x[i] > max_val) max_val = x[i];
   float sum = 0.0f;
   for (int32_t i = 0; i < n; i++) {
-    x[i] = std::exp(x[i] - max_val);
+    x[i] = cpu::exp(x[i] - max_val);
     sum += x[i];
   }
   for (int32_t i = 0; i < n; i++) x[i] /= sum;
@@ -52,7 +53,7 @@ void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const floa
 void swiglu(float* hb, const float* hb2, int32_t n) {
   for (int32_t i = 0; i < n; i++) {
     float val = hb[i];
-    val *= (1.0f / (1.0f + std::exp(-val)));
+    val *= (1.0f / (1.0f + cpu::exp(-val)));
     hb[i] = val * hb2[i];
   }
 }
@@ -68,9 +69,10 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
     for (int32_t t = 0; t < num_positions; t++) {
       const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
                                kv.block_size + t % kv.block_size;
-      const float* k = kv.key_cache + slot * kv.kv_dim + kv_offset;  // (head_size)
-      float score = 0.0f;
-      for (int32_t i = 0; i < shape.head_size; i++) score += qh[i] * k[i];
+      const int64_t block = slot / kv.block_size, in_block = slot % kv.block_size;
+      const float* k = kv.key_cache + (block * kv.kv_dim + kv_offset) * kv.block_size + in_block;
+      float score = 0.0f;  // k[i * block_size] is feature kv_offset + i of position t
+      for (int32_t i = 0; i < shape.head_size; i++) score += qh[i] * k[static_cast<int64_t>(i) * kv.block_size];
       sh[t] = score / scale;
     }
     softmax(sh, num_positions);

@@ -21,7 +21,7 @@ class kv_cache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
   [[nodiscard]] int32_t kv_dim() const { return kv_dim_; }
 
-  /// Keys of `layer`: (num_blocks, block_size, kv_dim).
+  /// Keys of `layer`: (num_blocks, kv_dim, block_size), transposed within each block.
   [[nodiscard]] float* keys(int32_t layer) { return keys_.data() + layer_offset(layer); }
   [[nodiscard]] const float* keys(int32_t layer) const { return keys_.data() + layer_offset(layer); }
   /// Values of `layer`: (num_blocks, block_size, kv_dim).
@@ -41,7 +41,7 @@ class kv_cache {
   int32_t num_blocks_;
   int32_t block_size_;
   int32_t kv_dim_;
-  std::vector<float> keys_;    // (layer, num_blocks, block_size, kv_dim)
+  std::vector<float> keys_;    // (layer, num_blocks, kv_dim, block_size)
   std::vector<float> values_;  // (layer, num_blocks, block_size, kv_dim)
 };
 

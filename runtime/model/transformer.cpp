@@ -107,7 +107,10 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     cpu::reference::rope(&k_[r * kv_dim], kv_dim, c.head_size(), cos, sin);
     const int64_t slot = static_cast<int64_t>(row.block_table[row.position / cache.block_size()]) *
                              cache.block_size() + row.position % cache.block_size();
-    std::copy_n(&k_[r * kv_dim], kv_dim, cache.keys(l) + slot * kv_dim);
+    // Keys are transposed within a block: feature d of slot s at (block, d, s).
+    const int64_t block = slot / cache.block_size(), in_block = slot % cache.block_size();
+    float* key = cache.keys(l) + block * kv_dim * cache.block_size() + in_block;
+    for (int32_t d = 0; d < kv_dim; d++) key[static_cast<int64_t>(d) * cache.block_size()] = k_[r * kv_dim + d];
     std::copy_n(&v_[r * kv_dim], kv_dim, cache.values(l) + slot * kv_dim);
   }
   const cpu::attention_shape shape{c.n_heads, c.n_kv_heads, c.head_size()};

@@ -1,0 +1,42 @@
+#pragma once
+
+// Shared by the bench_* programs: the wall clock (benchmarks are the one place it is read
+// outside apps/), a median/min/max summary and the echoed command line.
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe::bench {
+
+/// Seconds since an arbitrary fixed point of the steady clock.
+inline double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Median, min and max of a handful of samples.
+struct summary {
+  double median = 0;
+  double min = 0;
+  double max = 0;
+};
+
+/// Summarizes an odd, non-empty number of samples (so the median is one of them).
+inline summary summarize(std::vector<double> samples) {
+  TROUPE_ASSERT(!samples.empty());
+  TROUPE_ASSERT(samples.size() % 2 == 1);
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 2], samples.front(), samples.back()};
+}
+
+/// argv joined by spaces, to print at the top of the output.
+inline std::string command_line(int argc, char** argv) {
+  std::string line;
+  for (int i = 0; i < argc; i++) line += (i ? " " : "") + std::string(argv[i]);
+  return line;
+}
+
+}  // namespace troupe::bench

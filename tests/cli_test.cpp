@@ -1,0 +1,175 @@
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/golden.hpp"
+
+extern char** environ;
+
+namespace troupe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// What one run of the `troupe` binary printed, and how it exited.
+struct cli_result {
+  int exit_code = -1;
+  std::string out;  ///< stdout
+  std::string err;  ///< stderr
+};
+
+/// Runs the real binary with `args` (argv bytes passed as-is, no shell), capturing stdout and
+/// stderr into separate files under a private temporary directory.
+class Cli : public ::testing::Test {
+ protected:
+  fs::path dir_;
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("troupe_cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  cli_result run(const std::vector<std::string>& args) {
+    const std::string out_path = (dir_ / "stdout").string();
+    const std::string err_path = (dir_ / "stderr").string();
+    std::vector<std::string> argv_strings{TROUPE_CLI_PATH};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = 0;
+    const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    cli_result r;
+    if (spawned != 0) {
+      ADD_FAILURE() << "cannot spawn " << argv[0] << ": " << std::strerror(spawned);
+      return r;
+    }
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid) {
+      ADD_FAILURE() << "waitpid failed";
+      return r;
+    }
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = testing::read_file(out_path);
+    r.err = testing::read_file(err_path);
+    return r;
+  }
+
+  std::string write(const std::string& name, const std::string& bytes) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+
+  /// A rejected invocation: non-zero exit, `message` on stderr, nothing at all on stdout.
+  void expect_rejected(const std::vector<std::string>& args, const std::string& message) {
+    std::string joined;
+    for (const auto& a : args) joined += " " + a;
+    SCOPED_TRACE("troupe" + joined);
+    const cli_result r = run(args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find(message), std::string::npos) << "stderr: " << r.err;
+  }
+};
+
+TEST_F(Cli, GreedyFromBosPrintsExactlyTheGoldenText) {
+  const cli_result r = run({"generate", "-t", "0", "-n", "200"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string golden =
+      testing::read_file(testing::shared_data("stories260K/golden/llama2c_test_all__t0_n200.txt"));
+  EXPECT_EQ(r.out, golden + "\n");
+  EXPECT_NE(r.err.find("200 tokens in"), std::string::npos) << r.err;  // logs go to stderr
+}
+
+TEST_F(Cli, GreedyDefaultStepsMatchLlama2cDefault) {
+  const cli_result r = run({"--log-level", "off", "generate", "--temperature", "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string golden =
+      testing::read_file(testing::shared_data("stories260K/golden/llama2c_doc__t0_default256.txt"));
+  EXPECT_EQ(r.out, golden + "\n");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(Cli, NoEchoPrintsOnlyTheCompletion) {
+  const cli_result echoed = run({"generate", "--prompt", "There was a big", "-t", "0", "-n", "20"});
+  const cli_result bare = run({"generate", "--prompt", "There was a big", "-t", "0", "-n", "20", "--no-echo"});
+  ASSERT_EQ(echoed.exit_code, 0) << echoed.err;
+  ASSERT_EQ(bare.exit_code, 0) << bare.err;
+  EXPECT_EQ(bare.out.rfind(", red ball.", 0), 0u) << bare.out;
+  EXPECT_EQ(bare.out.back(), '\n');
+  EXPECT_EQ(echoed.out, "There was a big" + bare.out);
+}
+
+TEST_F(Cli, SameSeedSameText) {
+  const std::vector<std::string> args{"generate", "-t", "1", "-p", "0.9", "-s", "42", "-n", "100"};
+  const cli_result a = run(args);
+  const cli_result b = run(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.err.find("seed 42"), std::string::npos) << a.err;
+}
+
+TEST_F(Cli, RejectsTruncatedModel) {
+  const std::string bytes = testing::read_file(testing::bundled_model());
+  const std::string path = write("cut.bin", bytes.substr(0, bytes.size() / 2));
+  expect_rejected({"generate", "-m", path}, "truncated");
+  expect_rejected({"generate", "-m", path}, path);
+}
+
+TEST_F(Cli, RejectsGarbageHeader) {
+  const std::string path = write("garbage.bin", std::string(4096, '\xA7'));
+  expect_rejected({"generate", "-m", path}, "header field dim");
+  expect_rejected({"generate", "-m", write("tiny.bin", "abc")}, "28-byte header");
+}
+
+TEST_F(Cli, RejectsMissingFiles) {
+  const std::string model = (dir_ / "no_model.bin").string();
+  const std::string tokenizer = (dir_ / "no_tokenizer.bin").string();
+  expect_rejected({"generate", "-m", model}, "'" + model + "': cannot open");
+  expect_rejected({"generate", "-z", tokenizer}, "cannot open tokenizer file '" + tokenizer + "'");
+}
+
+TEST_F(Cli, RejectsInvalidUtf8Prompt) {
+  expect_rejected({"generate", "--prompt", "abc\xff"}, "invalid UTF-8 at byte offset");
+  expect_rejected({"generate", "--prompt", "abc\xff", "--no-echo"}, "0xFF");
+}
+
+TEST_F(Cli, RejectsStepsBeyondTheContext) {
+  expect_rejected({"generate", "-n", "512"}, "exceeds the model's context of 512 tokens");
+  expect_rejected({"generate", "--prompt", "Once upon a time", "-n", "510"}, "exceeds the model's context");
+  expect_rejected({"generate", "-n", "0"}, "must be > 0");
+}
+
+TEST_F(Cli, RejectsBadSamplingParameters) {
+  expect_rejected({"generate", "--top-p", "0"}, "top_p must be in (0, 1], got 0");
+  expect_rejected({"generate", "--top-p", "1.5"}, "top_p must be in (0, 1], got 1.5");
+  expect_rejected({"generate", "--prompt", "Once", "--top-p", "1.5"}, "top_p");  // no echo first
+  expect_rejected({"generate", "--temperature", "-1"}, "temperature must be a finite number >= 0, got -1");
+}
+
+TEST_F(Cli, RejectsUnknownOption) {
+  expect_rejected({"generate", "--bogus"}, "--bogus");
+  expect_rejected({"generate", "-n", "many"}, "many");
+  expect_rejected({}, "subcommand");
+}
+
+}  // namespace
+}  // namespace troupe::cli

@@ -1,0 +1,394 @@
+// Topology files: the shipped examples parse to exactly what they say, and every class of bad
+// file gets one malformed_file error naming the file, the line and the key.
+#include "topology/topology.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+using namespace troupe;
+using namespace troupe::topology;
+
+namespace {
+
+const std::string examples_dir = TROUPE_SOURCE_DIR "/examples";
+
+std::string model_file(const char* name) {
+  return (fs::path(TROUPE_MODELS_DIR) / name).lexically_normal().string();
+}
+
+expected<topology::topology> parse(const std::string& text) {
+  return parse_topology(text, "topology.toml", examples_dir);
+}
+
+// Building blocks of the inline documents. k_valid is lines 1-11; text appended to it lands in
+// the [[engine]] table 'engine0' from line 12 on.
+const std::string k_node0 = R"([[node]]
+name = "node0"
+host = "127.0.0.1"
+port = 7100
+)";  // lines 1-4
+const std::string k_balancer = R"([load_balancer]
+node = "node0"
+)";  // lines 5-6
+const std::string k_engine0 = R"([[engine]]
+name = "engine0"
+node = "node0"
+model = "../models/stories260K.bin"
+tokenizer = "../models/tok512.bin"
+)";  // lines 7-11
+const std::string k_valid = k_node0 + k_balancer + k_engine0;
+
+/// An engine table on node0 with the given name and role (5 lines).
+std::string engine_text(const std::string& name, const std::string& role) {
+  return "[[engine]]\nname = \"" + name + "\"\nnode = \"node0\"\nrole = \"" + role +
+         "\"\nmodel = \"../models/stories260K.bin\"\ntokenizer = \"../models/tok512.bin\"\n";
+}
+
+}  // namespace
+
+TEST(Topology, SingleNodeExampleParses) {
+  auto topo = load_topology(examples_dir + "/single-node.toml");
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->cluster_name, "single-node");
+  ASSERT_EQ(topo->nodes.size(), 1u);
+  EXPECT_EQ(topo->nodes[0].name, "node0");
+  EXPECT_EQ(topo->nodes[0].host, "127.0.0.1");
+  EXPECT_EQ(topo->nodes[0].port, 7100);
+  EXPECT_EQ(topo->load_balancer.node, "node0");
+  EXPECT_EQ(topo->load_balancer.max_waiting, 1024);
+  ASSERT_EQ(topo->engines.size(), 1u);
+  const engine_spec& engine = topo->engines[0];
+  EXPECT_EQ(engine.name, "engine0");
+  EXPECT_EQ(engine.node, "node0");
+  EXPECT_EQ(engine.role, engine_role::mixed);
+  EXPECT_EQ(engine.model_path, model_file("stories260K.bin"));
+  EXPECT_EQ(engine.tokenizer_path, model_file("tok512.bin"));
+  EXPECT_TRUE(fs::path(engine.model_path).is_absolute());
+  EXPECT_EQ(engine.config.num_kv_blocks, 1024);
+  EXPECT_EQ(engine.config.block_size, 16);
+  EXPECT_EQ(engine.config.scheduler.max_num_batched_tokens, 512);
+  EXPECT_EQ(engine.config.scheduler.max_num_seqs, 256);
+  EXPECT_EQ(engine.executor_threads, 1);
+  ASSERT_NE(topo->find_node("node0"), nullptr);
+  EXPECT_EQ(topo->find_node("node0")->port, 7100);
+  EXPECT_EQ(topo->find_node("node1"), nullptr);
+}
+
+TEST(Topology, ThreeNodeExampleParses) {
+  auto topo = load_topology(examples_dir + "/three-node.toml");
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->cluster_name, "three-node");
+  ASSERT_EQ(topo->nodes.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(topo->nodes[i].name, "node" + std::to_string(i));
+    EXPECT_EQ(topo->nodes[i].host, "127.0.0.1");
+    EXPECT_EQ(topo->nodes[i].port, 7100 + i);
+  }
+  EXPECT_EQ(topo->load_balancer.node, "node0");
+  EXPECT_EQ(topo->load_balancer.max_waiting, 256);
+  ASSERT_EQ(topo->engines.size(), 3u);
+  EXPECT_EQ(topo->engines[0].name, "prefill0");
+  EXPECT_EQ(topo->engines[0].node, "node0");
+  EXPECT_EQ(topo->engines[0].role, engine_role::prefill);
+  EXPECT_EQ(topo->engines[0].config.scheduler.max_num_batched_tokens, 1024);
+  EXPECT_EQ(topo->engines[0].config.num_kv_blocks, 1024);
+  for (int i = 1; i < 3; ++i) {
+    const engine_spec& decode = topo->engines[i];
+    EXPECT_EQ(decode.name, "decode" + std::to_string(i));
+    EXPECT_EQ(decode.node, "node" + std::to_string(i));
+    EXPECT_EQ(decode.role, engine_role::decode);
+    EXPECT_EQ(decode.config.num_kv_blocks, 2048);
+    EXPECT_EQ(decode.config.scheduler.max_num_batched_tokens, 512);
+    EXPECT_EQ(decode.model_path, model_file("stories260K.bin"));
+    EXPECT_EQ(decode.tokenizer_path, model_file("tok512.bin"));
+  }
+}
+
+TEST(Topology, MinimalFileTakesEveryDefault) {
+  auto topo = parse(k_valid);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->cluster_name, "troupe");
+  EXPECT_EQ(topo->load_balancer.max_waiting, 1024);
+  ASSERT_EQ(topo->engines.size(), 1u);
+  const engine_spec& engine = topo->engines[0];
+  const engine::engine_config defaults;
+  EXPECT_EQ(engine.role, engine_role::mixed);
+  EXPECT_EQ(engine.config.num_kv_blocks, defaults.num_kv_blocks);
+  EXPECT_EQ(engine.config.block_size, defaults.block_size);
+  EXPECT_EQ(engine.config.scheduler.max_num_batched_tokens,
+            defaults.scheduler.max_num_batched_tokens);
+  EXPECT_EQ(engine.config.scheduler.max_num_seqs, defaults.scheduler.max_num_seqs);
+  EXPECT_EQ(engine.executor_threads, 1);
+}
+
+TEST(Topology, EveryEngineKeyIsRead) {
+  auto topo = parse(k_valid +
+                    "role = \"mixed\"\nkv_blocks = 7\nblock_size = 1024\n"
+                    "max_num_batched_tokens = 9\nmax_num_seqs = 3\nexecutor_threads = 64\n");
+  ASSERT_TRUE(topo) << topo.error().message;
+  const engine_spec& engine = topo->engines[0];
+  EXPECT_EQ(engine.config.num_kv_blocks, 7);
+  EXPECT_EQ(engine.config.block_size, 1024);
+  EXPECT_EQ(engine.config.scheduler.max_num_batched_tokens, 9);
+  EXPECT_EQ(engine.config.scheduler.max_num_seqs, 3);
+  EXPECT_EQ(engine.executor_threads, 64);
+}
+
+TEST(Topology, AbsoluteModelPathIsKept) {
+  auto topo = parse(k_node0 + k_balancer +
+                    "[[engine]]\nname = \"e\"\nnode = \"node0\"\n"
+                    "model = \"" TROUPE_MODELS_DIR
+                    "/stories260K.bin\"\n"
+                    "tokenizer = \"" TROUPE_MODELS_DIR "/tok512.bin\"\n");
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->engines[0].model_path, model_file("stories260K.bin"));
+}
+
+TEST(Topology, PrefillWithDecodeAndMixedWithDecodeAreAccepted) {
+  EXPECT_TRUE(
+      parse(k_node0 + k_balancer + engine_text("p", "prefill") + engine_text("d", "decode")));
+  EXPECT_TRUE(parse(k_node0 + k_balancer + engine_text("m", "mixed") + engine_text("d", "decode")));
+  EXPECT_TRUE(
+      parse(k_node0 + k_balancer + engine_text("m", "mixed") + engine_text("p", "prefill")));
+}
+
+// ---- Each class of error: one document, one exact message fragment (with its line). ----
+
+struct bad_file {
+  const char* name;
+  std::string text;
+  std::string message;  ///< must appear in the error message
+};
+
+std::ostream& operator<<(std::ostream& out, const bad_file& c) { return out << c.name; }
+
+class TopologyError : public ::testing::TestWithParam<bad_file> {};
+
+TEST_P(TopologyError, IsMalformedFileWithLocatedMessage) {
+  const bad_file& c = GetParam();
+  auto topo = parse(c.text);
+  ASSERT_FALSE(topo) << "accepted:\n" << c.text;
+  EXPECT_EQ(topo.error().code, errc::malformed_file);
+  EXPECT_NE(topo.error().message.find(c.message), std::string::npos)
+      << "message: " << topo.error().message << "\nwanted:  " << c.message;
+}
+
+const std::string examples_models = (fs::path(examples_dir) / "../models").lexically_normal();
+
+INSTANTIATE_TEST_SUITE_P(
+    Topology, TopologyError,
+    ::testing::Values(
+        // Syntax.
+        bad_file{"syntax_error", "[[node]]\nname = \n", "topology.toml:2:8: TOML syntax error: "},
+        bad_file{"duplicate_key_is_syntax_error", k_node0 + "port = 7101\n", "topology.toml:5:"},
+        // Unknown keys, at every level.
+        bad_file{"unknown_engine_key", k_valid + "kv_block = 5\n",
+                 "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
+                 "name, node, role, model, tokenizer, kv_blocks, block_size, "
+                 "max_num_batched_tokens, max_num_seqs, executor_threads)"},
+        bad_file{"unknown_node_key",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nip = \"1.2.3.4\"\nport = 1\n",
+                 "topology.toml:4: node 'node0': unknown key 'ip'"},
+        bad_file{"unknown_balancer_key", k_node0 + "[load_balancer]\nnode = \"node0\"\nqueue = 3\n",
+                 "topology.toml:7: load_balancer: unknown key 'queue'"},
+        bad_file{"unknown_cluster_key", "[cluster]\nname = \"c\"\nsize = 3\n" + k_valid,
+                 "topology.toml:3: cluster: unknown key 'size'"},
+        bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
+                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, node, "
+                 "load_balancer, engine)"},
+        // Missing required keys: reported at the table's header line.
+        bad_file{"missing_port", k_balancer + "[[node]]\nname = \"node0\"\nhost = \"h\"\n",
+                 "topology.toml:3: node 'node0': missing required key 'port'"},
+        bad_file{"missing_node_name", "[[node]]\nhost = \"h\"\nport = 1\n",
+                 "topology.toml:1: node #1: missing required key 'name'"},
+        bad_file{"missing_model",
+                 k_node0 + k_balancer +
+                     "[[engine]]\nname = \"e\"\nnode = \"node0\"\n"
+                     "tokenizer = \"../models/tok512.bin\"\n",
+                 "topology.toml:7: engine 'e': missing required key 'model'"},
+        bad_file{"missing_engine_node", k_node0 + k_balancer + "[[engine]]\nname = \"e\"\n",
+                 "topology.toml:7: engine 'e': missing required key 'node'"},
+        bad_file{"missing_balancer_node", k_node0 + "[load_balancer]\nmax_waiting = 3\n",
+                 "topology.toml:5: load_balancer: missing required key 'node'"},
+        // Wrong types.
+        bad_file{"port_is_string", "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = \"x\"\n",
+                 "topology.toml:4: node 'node0': key 'port' must be an integer, got a string"},
+        bad_file{"name_is_integer", "[[node]]\nname = 5\n",
+                 "topology.toml:2: node #1: key 'name' must be a string, got an integer"},
+        bad_file{"kv_blocks_is_float", k_valid + "kv_blocks = 1.5\n",
+                 "topology.toml:12: engine 'engine0': key 'kv_blocks' must be an integer, "
+                 "got a float"},
+        bad_file{"empty_host", "[[node]]\nname = \"node0\"\nhost = \"\"\nport = 1\n",
+                 "topology.toml:3: node 'node0': key 'host' must not be empty"},
+        bad_file{"node_is_a_table", "[node]\nname = \"node0\"\n",
+                 "topology.toml:1: key 'node' must be an array of tables ([[node]]), "
+                 "got a table"},
+        bad_file{"engine_is_array_of_values", "engine = [1, 2]\n" + k_node0 + k_balancer,
+                 "topology.toml:1: key 'engine' must be an array of tables ([[engine]]), "
+                 "got an array of values"},
+        bad_file{"balancer_is_a_value", "load_balancer = 5\n" + k_node0 + k_engine0,
+                 "topology.toml:1: key 'load_balancer' must be a table ([load_balancer]), "
+                 "got an integer"},
+        // Out of range.
+        bad_file{"port_zero", "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 0\n",
+                 "topology.toml:4: node 'node0': key 'port' must be in 1..65535, got 0"},
+        bad_file{"port_too_big", "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 65536\n",
+                 "topology.toml:4: node 'node0': key 'port' must be in 1..65535, got 65536"},
+        bad_file{"kv_blocks_zero", k_valid + "kv_blocks = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'kv_blocks' must be in 1..2147483647, "
+                 "got 0"},
+        bad_file{"kv_blocks_beyond_int32", k_valid + "kv_blocks = 4294967296\n",
+                 "key 'kv_blocks' must be in 1..2147483647, got 4294967296"},
+        bad_file{"block_size_zero", k_valid + "block_size = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'block_size' must be in 1..1024, got 0"},
+        bad_file{"block_size_too_big", k_valid + "block_size = 1025\n",
+                 "topology.toml:12: engine 'engine0': key 'block_size' must be in 1..1024, "
+                 "got 1025"},
+        bad_file{"max_num_batched_tokens_zero", k_valid + "max_num_batched_tokens = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'max_num_batched_tokens' must be in "
+                 "1..2147483647, got 0"},
+        bad_file{"max_num_seqs_negative", k_valid + "max_num_seqs = -1\n",
+                 "topology.toml:12: engine 'engine0': key 'max_num_seqs' must be in "
+                 "1..2147483647, got -1"},
+        bad_file{"executor_threads_zero", k_valid + "executor_threads = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'executor_threads' must be in 1..64, "
+                 "got 0"},
+        bad_file{"executor_threads_65", k_valid + "executor_threads = 65\n",
+                 "topology.toml:12: engine 'engine0': key 'executor_threads' must be in 1..64, "
+                 "got 65"},
+        bad_file{"max_waiting_zero",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nmax_waiting = 0\n",
+                 "topology.toml:7: load_balancer: key 'max_waiting' must be in 1..2147483647, "
+                 "got 0"},
+        // Duplicates.
+        bad_file{"duplicate_node_name",
+                 k_node0 + "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 2\n",
+                 "topology.toml:6: node 'node0': duplicate node name (first defined at line 1)"},
+        bad_file{"duplicate_address",
+                 k_node0 + "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 7100\n",
+                 "topology.toml:8: node 'node1': address 127.0.0.1:7100 is already used by "
+                 "node 'node0'"},
+        bad_file{"duplicate_engine_name", k_valid + engine_text("engine0", "mixed"),
+                 "topology.toml:13: engine 'engine0': duplicate engine name (first defined at "
+                 "line 7)"},
+        // References to nodes.
+        bad_file{"engine_on_unknown_node",
+                 k_node0 + k_balancer + "[[engine]]\nname = \"e\"\nnode = \"node9\"\n",
+                 "topology.toml:9: engine 'e': key 'node' names unknown node 'node9'"},
+        bad_file{"balancer_on_unknown_node",
+                 k_node0 + "[load_balancer]\nnode = \"nodeX\"\n" + k_engine0,
+                 "topology.toml:6: load_balancer: key 'node' names unknown node 'nodeX'"},
+        // Model and tokenizer files.
+        bad_file{"model_not_found",
+                 k_node0 + k_balancer +
+                     "[[engine]]\nname = \"e\"\nnode = \"node0\"\n"
+                     "model = \"../models/missing.bin\"\n",
+                 "topology.toml:10: engine 'e': key 'model': file not found: " + examples_models +
+                     "/missing.bin (from '../models/missing.bin')"},
+        bad_file{"tokenizer_not_found",
+                 k_node0 + k_balancer +
+                     "[[engine]]\nname = \"e\"\nnode = \"node0\"\n"
+                     "model = \"../models/stories260K.bin\"\n"
+                     "tokenizer = \"tok.bin\"\n",
+                 "topology.toml:11: engine 'e': key 'tokenizer': file not found: " + examples_dir +
+                     "/tok.bin (from 'tok.bin')"},
+        bad_file{"model_is_a_directory",
+                 k_node0 + k_balancer +
+                     "[[engine]]\nname = \"e\"\nnode = \"node0\"\n"
+                     "model = \"../models\"\n",
+                 "topology.toml:10: engine 'e': key 'model': not a regular file: " +
+                     examples_models + " (from '../models')"},
+        // Roles.
+        bad_file{"unknown_role", k_valid + "role = \"both\"\n",
+                 "topology.toml:12: engine 'engine0': key 'role' must be one of mixed, prefill, "
+                 "decode; got 'both'"},
+        bad_file{"only_decode_engines",
+                 k_node0 + k_balancer + engine_text("d1", "decode") + engine_text("d2", "decode"),
+                 "topology.toml:7: every engine has role 'decode': no engine can prefill"},
+        bad_file{"only_prefill_engines", k_node0 + k_balancer + engine_text("p1", "prefill"),
+                 "topology.toml:7: every engine has role 'prefill': no engine can decode"},
+        // Missing tables.
+        bad_file{"no_nodes", k_balancer + k_engine0,
+                 "topology.toml: no [[node]] tables: a topology needs a node"},
+        bad_file{"empty_file", "", "topology.toml: no [[node]] tables"},
+        bad_file{"empty_node_array", "node = []\n" + k_balancer,
+                 "topology.toml: no [[node]] tables"},
+        bad_file{"no_engines", k_node0 + k_balancer,
+                 "topology.toml: no [[engine]] tables: a topology needs an engine"},
+        bad_file{"no_load_balancer", k_node0 + k_engine0,
+                 "topology.toml: missing [load_balancer] table"}),
+    [](const ::testing::TestParamInfo<bad_file>& info) { return std::string(info.param.name); });
+
+// ---- Files on disk: load_topology reads, resolves against the file's directory, reports IO.
+
+class TopologyFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "troupe_topology_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write(const fs::path& path, const std::string& text) {
+    fs::create_directories(path.parent_path());
+    std::ofstream(path, std::ios::binary) << text;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TopologyFile, RelativePathsResolveAgainstTheFilesDirectory) {
+  write(dir_ / "weights" / "m.bin", "");
+  write(dir_ / "weights" / "t.bin", "");
+  write(dir_ / "conf" / "topo.toml",
+        k_node0 + k_balancer +
+            "[[engine]]\nname = \"e\"\nnode = \"node0\"\nmodel = \"../weights/m.bin\"\n"
+            "tokenizer = \"../weights/./t.bin\"\n");
+  auto topo = load_topology((dir_ / "conf" / "topo.toml").string());
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->engines[0].model_path, (dir_ / "weights" / "m.bin").string());
+  EXPECT_EQ(topo->engines[0].tokenizer_path, (dir_ / "weights" / "t.bin").string());
+}
+
+TEST_F(TopologyFile, ErrorsNameTheFilePath) {
+  const std::string path = (dir_ / "bad.toml").string();
+  write(path, k_valid + "kv_block = 5\n");
+  auto topo = load_topology(path);
+  ASSERT_FALSE(topo);
+  EXPECT_EQ(topo.error().code, errc::malformed_file);
+  EXPECT_EQ(topo.error().message.rfind(path + ":12: engine 'engine0': unknown key 'kv_block'", 0),
+            0u)
+      << topo.error().message;
+}
+
+TEST_F(TopologyFile, MissingFileIsIoError) {
+  const std::string path = (dir_ / "absent.toml").string();
+  auto topo = load_topology(path);
+  ASSERT_FALSE(topo);
+  EXPECT_EQ(topo.error().code, errc::io_error);
+  EXPECT_EQ(topo.error().message, "cannot read topology file '" + path + "': no such file");
+}
+
+TEST_F(TopologyFile, DirectoryIsIoError) {
+  auto topo = load_topology(dir_.string());
+  ASSERT_FALSE(topo);
+  EXPECT_EQ(topo.error().code, errc::io_error);
+  EXPECT_EQ(topo.error().message,
+            "cannot read topology file '" + dir_.string() + "': not a regular file");
+}
+
+TEST_F(TopologyFile, EmptyFileIsMalformedNotIoError) {
+  const std::string path = (dir_ / "empty.toml").string();
+  write(path, "");
+  auto topo = load_topology(path);
+  ASSERT_FALSE(topo);
+  EXPECT_EQ(topo.error().code, errc::malformed_file);
+  EXPECT_EQ(topo.error().message.rfind(path + ": no [[node]] tables", 0), 0u)
+      << topo.error().message;
+}

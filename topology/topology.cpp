@@ -1,0 +1,506 @@
+// Topology file parsing and validation. The only translation unit that includes toml++: it
+// turns a TOML document into the plain structs of topology.hpp or into one error naming the
+// file, the line and the key. Tables are read one function each; cross-table checks
+// (duplicates, references, roles) happen as soon as the tables they need have been read.
+
+#include "topology/topology.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <system_error>
+
+namespace troupe::topology {
+
+namespace fs = std::filesystem;
+
+const char* to_string(engine_role role) {
+  switch (role) {
+    case engine_role::mixed: return "mixed";
+    case engine_role::prefill: return "prefill";
+    case engine_role::decode: return "decode";
+  }
+  TROUPE_ASSERT_MSG(false, "unknown engine_role");
+  return "";
+}
+
+const node_spec* topology::find_node(std::string_view name) const {
+  auto it = std::find_if(nodes.begin(), nodes.end(),
+                         [&](const node_spec& node) { return node.name == name; });
+  return it == nodes.end() ? nullptr : &*it;
+}
+
+namespace {
+
+constexpr int64_t int32_max = std::numeric_limits<int32_t>::max();
+
+/// What every error message needs: the file's name, and where relative paths start.
+struct context {
+  const std::string& source_name;
+  const std::string& base_dir;
+};
+
+/// The table being read: its name in messages ("engine 'engine0'", "node #2") and its header
+/// line, which is where a missing key is reported.
+struct scope {
+  std::string label;
+  toml::source_index line = 0;
+};
+
+[[nodiscard]] std::string in_quotes(std::string_view text) { return "'" + std::string(text) + "'"; }
+
+[[nodiscard]] toml::source_index line_of(const toml::node& node) {
+  return node.source().begin.line;
+}
+
+/// `source:line: label: what`; the line is left out when unknown (0), the label when empty.
+[[nodiscard]] tl::unexpected<error> malformed(const context& ctx, toml::source_index line,
+                                              std::string_view label, std::string_view what) {
+  std::string message = ctx.source_name;
+  if (line > 0) message += ":" + std::to_string(line);
+  message += ": ";
+  if (!label.empty()) message += std::string(label) + ": ";
+  message += what;
+  return fail(errc::malformed_file, std::move(message));
+}
+
+[[nodiscard]] const char* type_name(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::none: return "nothing";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+  }
+  return "an unknown type";
+}
+
+/// Fails on the first key of `table` (in key order) that is not in `known`.
+[[nodiscard]] expected<void> check_known_keys(const context& ctx, const toml::table& table,
+                                              const scope& where,
+                                              std::initializer_list<std::string_view> known) {
+  TROUPE_ASSERT(known.size() > 0);
+  for (const auto& [key, value] : table) {
+    if (std::find(known.begin(), known.end(), key.str()) != known.end()) continue;
+    std::string expected_keys;
+    for (std::string_view k : known) {
+      expected_keys += (expected_keys.empty() ? "" : ", ") + std::string(k);
+    }
+    return malformed(
+        ctx, key.source().begin.line, where.label,
+        "unknown key " + in_quotes(key.str()) + " (expected one of: " + expected_keys + ")");
+  }
+  return {};
+}
+
+/// A non-empty string; `fallback` makes the key optional.
+[[nodiscard]] expected<std::string> read_string(const context& ctx, const toml::table& table,
+                                                const scope& where, std::string_view key,
+                                                std::optional<std::string> fallback = {}) {
+  const toml::node* node = table.get(key);
+  if (node == nullptr) {
+    if (fallback) return *fallback;
+    return malformed(ctx, where.line, where.label, "missing required key " + in_quotes(key));
+  }
+  const auto* value = node->as_string();
+  if (value == nullptr) {
+    return malformed(ctx, line_of(*node), where.label,
+                     "key " + in_quotes(key) + " must be a string, got " + type_name(node->type()));
+  }
+  if (value->get().empty()) {
+    return malformed(ctx, line_of(*node), where.label,
+                     "key " + in_quotes(key) + " must not be empty");
+  }
+  return value->get();
+}
+
+/// An integer in [min, max]; `fallback` makes the key optional.
+[[nodiscard]] expected<int32_t> read_int(const context& ctx, const toml::table& table,
+                                         const scope& where, std::string_view key,
+                                         std::optional<int32_t> fallback, int64_t min,
+                                         int64_t max = int32_max) {
+  TROUPE_ASSERT(min <= max);
+  TROUPE_ASSERT(max <= int32_max);
+  const toml::node* node = table.get(key);
+  if (node == nullptr) {
+    if (fallback) return *fallback;
+    return malformed(ctx, where.line, where.label, "missing required key " + in_quotes(key));
+  }
+  const auto* value = node->as_integer();
+  if (value == nullptr) {
+    return malformed(
+        ctx, line_of(*node), where.label,
+        "key " + in_quotes(key) + " must be an integer, got " + type_name(node->type()));
+  }
+  const int64_t number = value->get();
+  if (number < min || number > max) {
+    return malformed(ctx, line_of(*node), where.label,
+                     "key " + in_quotes(key) + " must be in " + std::to_string(min) + ".." +
+                         std::to_string(max) + ", got " + std::to_string(number));
+  }
+  return static_cast<int32_t>(number);
+}
+
+/// The line of `key`'s value in `table`, or the table's own line when the key is absent.
+[[nodiscard]] toml::source_index line_of_key(const toml::table& table, std::string_view key) {
+  const toml::node* node = table.get(key);
+  return node != nullptr ? line_of(*node) : line_of(table);
+}
+
+/// `key` names a node of `nodes` (which must already be read).
+[[nodiscard]] expected<std::string> read_node_reference(const context& ctx,
+                                                        const toml::table& table,
+                                                        const scope& where,
+                                                        const std::vector<node_spec>& nodes) {
+  auto name = read_string(ctx, table, where, "node");
+  if (!name) return name;
+  auto known = std::find_if(nodes.begin(), nodes.end(),
+                            [&](const node_spec& node) { return node.name == *name; });
+  if (known == nodes.end()) {
+    return malformed(ctx, line_of_key(table, "node"), where.label,
+                     "key 'node' names unknown node " + in_quotes(*name));
+  }
+  return name;
+}
+
+/// An existing regular file, resolved against the topology file's directory.
+[[nodiscard]] expected<std::string> read_file_path(const context& ctx, const toml::table& table,
+                                                   const scope& where, std::string_view key) {
+  auto raw = read_string(ctx, table, where, key);
+  if (!raw) return raw;
+  std::error_code ec;
+  fs::path resolved = fs::absolute(fs::path(ctx.base_dir) / *raw, ec).lexically_normal();
+  const toml::source_index line = line_of_key(table, key);
+  const std::string tried = resolved.string() + " (from " + in_quotes(*raw) + ")";
+  if (ec) {
+    return malformed(ctx, line, where.label,
+                     "key " + in_quotes(key) + ": cannot resolve " + tried + ": " + ec.message());
+  }
+  const fs::file_status status = fs::status(resolved, ec);
+  if (!fs::exists(status)) {
+    return malformed(ctx, line, where.label,
+                     "key " + in_quotes(key) + ": file not found: " + tried);
+  }
+  if (!fs::is_regular_file(status)) {
+    return malformed(ctx, line, where.label,
+                     "key " + in_quotes(key) + ": not a regular file: " + tried);
+  }
+  return resolved.string();
+}
+
+/// The array of tables `[[key]]`; an absent key is an empty array.
+[[nodiscard]] expected<std::vector<const toml::table*>> read_tables(const context& ctx,
+                                                                    const toml::table& root,
+                                                                    std::string_view key) {
+  std::vector<const toml::table*> tables;
+  const toml::node* node = root.get(key);
+  if (node == nullptr) return tables;
+  const toml::array* array = node->as_array();
+  if (array == nullptr || !(array->empty() || array->is_array_of_tables())) {
+    return malformed(ctx, line_of(*node), "",
+                     "key " + in_quotes(key) + " must be an array of tables ([[" +
+                         std::string(key) + "]]), got " +
+                         (array ? "an array of values" : type_name(node->type())));
+  }
+  for (const toml::node& element : *array) tables.push_back(element.as_table());
+  return tables;
+}
+
+/// "engine 'engine0'" when the table has a usable name, else "engine #1" (1-based index).
+[[nodiscard]] std::string label_of(std::string_view kind, const toml::table& table, size_t index) {
+  const auto* name = table.get_as<std::string>("name");
+  if (name != nullptr && !name->get().empty())
+    return std::string(kind) + " " + in_quotes(name->get());
+  return std::string(kind) + " #" + std::to_string(index + 1);
+}
+
+[[nodiscard]] expected<node_spec> read_node(const context& ctx, const toml::table& table,
+                                            size_t index) {
+  const scope where{label_of("node", table, index), line_of(table)};
+  if (auto ok = check_known_keys(ctx, table, where, {"name", "host", "port"}); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  node_spec node;
+  auto name = read_string(ctx, table, where, "name");
+  if (!name) return tl::unexpected(name.error());
+  node.name = *name;
+  auto host = read_string(ctx, table, where, "host");
+  if (!host) return tl::unexpected(host.error());
+  node.host = *host;
+  auto port = read_int(ctx, table, where, "port", std::nullopt, 1, 65535);
+  if (!port) return tl::unexpected(port.error());
+  node.port = static_cast<uint16_t>(*port);
+  return node;
+}
+
+/// Every [[node]]: at least one, unique names, unique (host, port).
+[[nodiscard]] expected<std::vector<node_spec>> read_nodes(const context& ctx,
+                                                          const toml::table& root) {
+  auto tables = read_tables(ctx, root, "node");
+  if (!tables) return tl::unexpected(tables.error());
+  if (tables->empty()) return malformed(ctx, 0, "", "no [[node]] tables: a topology needs a node");
+  std::vector<node_spec> nodes;
+  for (size_t i = 0; i < tables->size(); ++i) {
+    const toml::table& table = *(*tables)[i];
+    auto node = read_node(ctx, table, i);
+    if (!node) return tl::unexpected(node.error());
+    const std::string label = "node " + in_quotes(node->name);
+    for (size_t j = 0; j < nodes.size(); ++j) {
+      if (nodes[j].name == node->name) {
+        return malformed(ctx, line_of_key(table, "name"), label,
+                         "duplicate node name (first defined at line " +
+                             std::to_string(line_of(*(*tables)[j])) + ")");
+      }
+      if (nodes[j].host == node->host && nodes[j].port == node->port) {
+        return malformed(ctx, line_of_key(table, "port"), label,
+                         "address " + node->host + ":" + std::to_string(node->port) +
+                             " is already used by node " + in_quotes(nodes[j].name));
+      }
+    }
+    nodes.push_back(std::move(*node));
+  }
+  TROUPE_ASSERT(nodes.size() == tables->size());
+  return nodes;
+}
+
+[[nodiscard]] expected<engine_role> read_role(const context& ctx, const toml::table& table,
+                                              const scope& where) {
+  auto role = read_string(ctx, table, where, "role", std::string("mixed"));
+  if (!role) return tl::unexpected(role.error());
+  for (engine_role r : {engine_role::mixed, engine_role::prefill, engine_role::decode}) {
+    if (*role == to_string(r)) return r;
+  }
+  return malformed(ctx, line_of_key(table, "role"), where.label,
+                   "key 'role' must be one of mixed, prefill, decode; got " + in_quotes(*role));
+}
+
+/// The engine_config keys; defaults are engine_config's own.
+[[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
+                                                const scope& where, engine_spec& engine) {
+  engine::engine_config& config = engine.config;
+  auto kv_blocks = read_int(ctx, table, where, "kv_blocks", config.num_kv_blocks, 1);
+  if (!kv_blocks) return tl::unexpected(kv_blocks.error());
+  config.num_kv_blocks = *kv_blocks;
+  auto block_size = read_int(ctx, table, where, "block_size", config.block_size, 1, 1024);
+  if (!block_size) return tl::unexpected(block_size.error());
+  config.block_size = *block_size;
+  auto batched = read_int(ctx, table, where, "max_num_batched_tokens",
+                          config.scheduler.max_num_batched_tokens, 1);
+  if (!batched) return tl::unexpected(batched.error());
+  config.scheduler.max_num_batched_tokens = *batched;
+  auto seqs = read_int(ctx, table, where, "max_num_seqs", config.scheduler.max_num_seqs, 1);
+  if (!seqs) return tl::unexpected(seqs.error());
+  config.scheduler.max_num_seqs = *seqs;
+  auto threads = read_int(ctx, table, where, "executor_threads", engine.executor_threads, 1, 64);
+  if (!threads) return tl::unexpected(threads.error());
+  engine.executor_threads = *threads;
+  return {};
+}
+
+[[nodiscard]] expected<engine_spec> read_engine(const context& ctx, const toml::table& table,
+                                                size_t index, const std::vector<node_spec>& nodes) {
+  const scope where{label_of("engine", table, index), line_of(table)};
+  if (auto ok =
+          check_known_keys(ctx, table, where,
+                           {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
+                            "max_num_batched_tokens", "max_num_seqs", "executor_threads"});
+      !ok) {
+    return tl::unexpected(ok.error());
+  }
+  engine_spec engine;
+  auto name = read_string(ctx, table, where, "name");
+  if (!name) return tl::unexpected(name.error());
+  engine.name = *name;
+  auto node = read_node_reference(ctx, table, where, nodes);
+  if (!node) return tl::unexpected(node.error());
+  engine.node = *node;
+  auto role = read_role(ctx, table, where);
+  if (!role) return tl::unexpected(role.error());
+  engine.role = *role;
+  auto model = read_file_path(ctx, table, where, "model");
+  if (!model) return tl::unexpected(model.error());
+  engine.model_path = *model;
+  auto tokenizer = read_file_path(ctx, table, where, "tokenizer");
+  if (!tokenizer) return tl::unexpected(tokenizer.error());
+  engine.tokenizer_path = *tokenizer;
+  if (auto ok = read_engine_config(ctx, table, where, engine); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  return engine;
+}
+
+/// Some engine can prefill, and prefill-only engines have somewhere to hand requests to.
+[[nodiscard]] expected<void> check_roles(const context& ctx, toml::source_index line,
+                                         const std::vector<engine_spec>& engines) {
+  TROUPE_ASSERT(!engines.empty());
+  auto count = [&](engine_role role) {
+    return std::count_if(engines.begin(), engines.end(),
+                         [&](const engine_spec& e) { return e.role == role; });
+  };
+  const auto num_mixed = count(engine_role::mixed);
+  const auto num_prefill = count(engine_role::prefill);
+  const auto num_decode = count(engine_role::decode);
+  if (num_mixed + num_prefill == 0) {
+    return malformed(ctx, line, "",
+                     "every engine has role 'decode': no engine can prefill a prompt (make one "
+                     "'mixed' or 'prefill')");
+  }
+  if (num_prefill > 0 && num_mixed + num_decode == 0) {
+    return malformed(ctx, line, "",
+                     "every engine has role 'prefill': no engine can decode the prefilled "
+                     "requests (make one 'mixed' or 'decode')");
+  }
+  return {};
+}
+
+/// Every [[engine]]: at least one, unique names, known nodes, a workable mix of roles.
+[[nodiscard]] expected<std::vector<engine_spec>> read_engines(const context& ctx,
+                                                              const toml::table& root,
+                                                              const std::vector<node_spec>& nodes) {
+  auto tables = read_tables(ctx, root, "engine");
+  if (!tables) return tl::unexpected(tables.error());
+  if (tables->empty()) {
+    return malformed(ctx, 0, "", "no [[engine]] tables: a topology needs an engine");
+  }
+  std::vector<engine_spec> engines;
+  for (size_t i = 0; i < tables->size(); ++i) {
+    const toml::table& table = *(*tables)[i];
+    auto engine = read_engine(ctx, table, i, nodes);
+    if (!engine) return tl::unexpected(engine.error());
+    for (size_t j = 0; j < engines.size(); ++j) {
+      if (engines[j].name != engine->name) continue;
+      return malformed(ctx, line_of_key(table, "name"), "engine " + in_quotes(engine->name),
+                       "duplicate engine name (first defined at line " +
+                           std::to_string(line_of(*(*tables)[j])) + ")");
+    }
+    engines.push_back(std::move(*engine));
+  }
+  if (auto ok = check_roles(ctx, line_of(*tables->front()), engines); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  return engines;
+}
+
+/// A table `[key]` of the root, or nullptr when absent.
+[[nodiscard]] expected<const toml::table*> read_table(const context& ctx, const toml::table& root,
+                                                      std::string_view key) {
+  const toml::node* node = root.get(key);
+  if (node == nullptr) return nullptr;
+  if (!node->is_table()) {
+    return malformed(ctx, line_of(*node), "",
+                     "key " + in_quotes(key) + " must be a table ([" + std::string(key) +
+                         "]), got " + type_name(node->type()));
+  }
+  return node->as_table();
+}
+
+[[nodiscard]] expected<load_balancer_spec> read_load_balancer(const context& ctx,
+                                                              const toml::table& root,
+                                                              const std::vector<node_spec>& nodes) {
+  auto table = read_table(ctx, root, "load_balancer");
+  if (!table) return tl::unexpected(table.error());
+  if (*table == nullptr) {
+    return malformed(ctx, 0, "", "missing [load_balancer] table: say which node runs it");
+  }
+  const scope where{"load_balancer", line_of(**table)};
+  if (auto ok = check_known_keys(ctx, **table, where, {"node", "max_waiting"}); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  load_balancer_spec balancer;
+  auto node = read_node_reference(ctx, **table, where, nodes);
+  if (!node) return tl::unexpected(node.error());
+  balancer.node = *node;
+  auto max_waiting = read_int(ctx, **table, where, "max_waiting", balancer.max_waiting, 1);
+  if (!max_waiting) return tl::unexpected(max_waiting.error());
+  balancer.max_waiting = *max_waiting;
+  return balancer;
+}
+
+[[nodiscard]] expected<std::string> read_cluster_name(const context& ctx, const toml::table& root) {
+  const std::string fallback = topology{}.cluster_name;
+  auto table = read_table(ctx, root, "cluster");
+  if (!table) return tl::unexpected(table.error());
+  if (*table == nullptr) return fallback;
+  const scope where{"cluster", line_of(**table)};
+  if (auto ok = check_known_keys(ctx, **table, where, {"name"}); !ok) {
+    return tl::unexpected(ok.error());
+  }
+  return read_string(ctx, **table, where, "name", fallback);
+}
+
+[[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
+  if (auto ok =
+          check_known_keys(ctx, root, scope{}, {"cluster", "node", "load_balancer", "engine"});
+      !ok) {
+    return tl::unexpected(ok.error());
+  }
+  topology result;
+  auto cluster_name = read_cluster_name(ctx, root);
+  if (!cluster_name) return tl::unexpected(cluster_name.error());
+  result.cluster_name = *cluster_name;
+  auto nodes = read_nodes(ctx, root);
+  if (!nodes) return tl::unexpected(nodes.error());
+  result.nodes = std::move(*nodes);
+  auto balancer = read_load_balancer(ctx, root, result.nodes);
+  if (!balancer) return tl::unexpected(balancer.error());
+  result.load_balancer = *balancer;
+  auto engines = read_engines(ctx, root, result.nodes);
+  if (!engines) return tl::unexpected(engines.error());
+  result.engines = std::move(*engines);
+  TROUPE_ASSERT(result.find_node(result.load_balancer.node) != nullptr);
+  return result;
+}
+
+}  // namespace
+
+expected<topology> parse_topology(std::string_view text, const std::string& source_name,
+                                  const std::string& base_dir) {
+  const context ctx{source_name, base_dir};
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    // The one place an exception is caught: toml++ reports syntax errors by throwing.
+    const toml::source_position begin = e.source().begin;
+    return fail(errc::malformed_file, source_name + ":" + std::to_string(begin.line) + ":" +
+                                          std::to_string(begin.column) +
+                                          ": TOML syntax error: " + std::string(e.description()));
+  }
+  return read_topology(ctx, root);
+}
+
+expected<topology> load_topology(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) {
+    return fail(errc::io_error, "cannot read topology file " + in_quotes(path) + ": no such file");
+  }
+  if (!fs::is_regular_file(status)) {
+    return fail(errc::io_error,
+                "cannot read topology file " + in_quotes(path) + ": not a regular file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.is_open() || in.bad()) {
+    return fail(errc::io_error, "cannot read topology file " + in_quotes(path));
+  }
+  const fs::path base_dir = fs::absolute(fs::path(path), ec).parent_path();
+  if (ec) {
+    return fail(errc::io_error,
+                "cannot resolve the directory of " + in_quotes(path) + ": " + ec.message());
+  }
+  return parse_topology(text, path, base_dir.string());
+}
+
+}  // namespace troupe::topology

@@ -1,0 +1,100 @@
+#pragma once
+
+/// Topology files: which nodes exist, where each node's actors are published, which engines
+/// run on which node, and where the load balancer lives. This header is plain data plus the
+/// parser's entry points; it knows nothing of CAF (placement and launching come later) and
+/// nothing of TOML (toml++ stays inside topology.cpp).
+///
+/// Schema (full example and error list: docs/topology.md):
+///
+///   [cluster]                          # optional table
+///   name = "single-node"               #   optional string, default "troupe"
+///
+///   [[node]]                           # one or more
+///   name = "node0"                     #   required, unique, non-empty
+///   host = "127.0.0.1"                 #   required, non-empty
+///   port = 7100                        #   required, 1..65535; (host, port) unique
+///
+///   [load_balancer]                    # required table
+///   node = "node0"                     #   required, names a [[node]]
+///   max_waiting = 1024                 #   optional, > 0, default 1024: queued requests per
+///                                      #   engine before the balancer answers 'overloaded'
+///
+///   [[engine]]                         # one or more
+///   name = "engine0"                   #   required, unique, non-empty
+///   node = "node0"                     #   required, names a [[node]]
+///   role = "mixed"                     #   optional: mixed (default) | prefill | decode
+///   model = "../models/stories260K.bin"  # required; relative paths resolve against the
+///   tokenizer = "../models/tok512.bin"   #   topology file's directory; must be regular files
+///   kv_blocks = 1024                   #   optional, > 0, default 1024
+///   block_size = 16                    #   optional, 1..1024, default 16
+///   max_num_batched_tokens = 512       #   optional, > 0, default 512
+///   max_num_seqs = 256                 #   optional, > 0, default 256
+///   executor_threads = 1               #   optional, 1..64, default 1
+///
+/// Unknown keys are errors everywhere (a typo must not silently fall back to a default). At
+/// least one engine must be able to prefill (mixed or prefill), and prefill engines need a
+/// mixed or decode engine to hand their requests to.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/engine/engine.hpp"
+
+namespace troupe::topology {
+
+/// One process of the cluster and the address its actors are published at.
+struct node_spec {
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+};
+
+/// What an engine does with a request: all of it, only the prompt, or only the generation.
+enum class engine_role { mixed, prefill, decode };
+
+[[nodiscard]] const char* to_string(engine_role role);
+
+/// One engine replica: its node, its model files and its engine configuration.
+struct engine_spec {
+  std::string name;
+  std::string node;
+  engine_role role = engine_role::mixed;
+  std::string model_path;      ///< absolute, lexically normalized; an existing regular file
+  std::string tokenizer_path;  ///< absolute, lexically normalized; an existing regular file
+  engine::engine_config config;
+  int32_t executor_threads = 1;
+};
+
+/// Where the load balancer runs and how much it queues.
+struct load_balancer_spec {
+  std::string node;
+  int32_t max_waiting = 1024;  ///< queued requests per engine before 'overloaded'
+};
+
+/// A validated topology file: every name it references exists, in file order.
+struct topology {
+  std::string cluster_name = "troupe";
+  std::vector<node_spec> nodes;
+  std::vector<engine_spec> engines;
+  load_balancer_spec load_balancer;
+
+  /// The node called `name`, or nullptr.
+  [[nodiscard]] const node_spec* find_node(std::string_view name) const;
+};
+
+/// Reads and validates the topology file at `path`; relative model paths resolve against the
+/// file's directory. An unreadable file is io_error; anything wrong inside it is
+/// malformed_file with a message `path:line: what: detail`.
+[[nodiscard]] expected<topology> load_topology(const std::string& path);
+
+/// Parses and validates topology text. `source_name` prefixes every error message;
+/// `base_dir` is what relative model/tokenizer paths resolve against. Errors: malformed_file.
+[[nodiscard]] expected<topology> parse_topology(std::string_view text,
+                                                const std::string& source_name,
+                                                const std::string& base_dir);
+
+}  // namespace troupe::topology
