@@ -8,7 +8,7 @@ TROUPE := $(BUILD)/apps/troupe
 .PHONY: run test deps configure build bench asan tsan clean
 
 run: build
-	$(TROUPE) generate -n 256
+	scripts/run-demo.sh $(TROUPE)
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

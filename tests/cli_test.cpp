@@ -1,8 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -12,23 +9,15 @@
 #include <vector>
 
 #include "tests/support/golden.hpp"
-
-extern char** environ;
+#include "tests/support/process.hpp"
 
 namespace troupe::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::cli_result;
 
-/// What one run of the `troupe` binary printed, and how it exited.
-struct cli_result {
-  int exit_code = -1;
-  std::string out;  ///< stdout
-  std::string err;  ///< stderr
-};
-
-/// Runs the real binary with `args` (argv bytes passed as-is, no shell), capturing stdout and
-/// stderr into separate files under a private temporary directory.
+/// Runs the real binary with `args` under a private temporary directory.
 class Cli : public ::testing::Test {
  protected:
   fs::path dir_;
@@ -39,38 +28,7 @@ class Cli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  cli_result run(const std::vector<std::string>& args) {
-    const std::string out_path = (dir_ / "stdout").string();
-    const std::string err_path = (dir_ / "stderr").string();
-    std::vector<std::string> argv_strings{TROUPE_CLI_PATH};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_strings) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid = 0;
-    const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    cli_result r;
-    if (spawned != 0) {
-      ADD_FAILURE() << "cannot spawn " << argv[0] << ": " << std::strerror(spawned);
-      return r;
-    }
-    int status = 0;
-    if (::waitpid(pid, &status, 0) != pid) {
-      ADD_FAILURE() << "waitpid failed";
-      return r;
-    }
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = testing::read_file(out_path);
-    r.err = testing::read_file(err_path);
-    return r;
-  }
+  cli_result run(const std::vector<std::string>& args) { return testing::run_troupe(args, dir_); }
 
   std::string write(const std::string& name, const std::string& bytes) {
     const std::string path = (dir_ / name).string();
@@ -96,7 +54,7 @@ TEST_F(Cli, GreedyFromBosPrintsExactlyTheGoldenText) {
   const std::string golden =
       testing::read_file(testing::shared_data("stories260K/golden/llama2c_test_all__t0_n200.txt"));
   EXPECT_EQ(r.out, golden + "\n");
-  EXPECT_NE(r.err.find("200 tokens in"), std::string::npos) << r.err;  // logs go to stderr
+  EXPECT_NE(r.err.find("200 tokens, finish length"), std::string::npos) << r.err;  // logs go to stderr
 }
 
 TEST_F(Cli, GreedyDefaultStepsMatchLlama2cDefault) {

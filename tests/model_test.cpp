@@ -163,3 +163,32 @@ TEST(CheckpointHeader, InconsistentShapes) {
 
 }  // namespace
 }  // namespace troupe::model
+
+namespace troupe::model {
+namespace {
+
+TEST(Transformer, ThreadPoolGivesIdenticalBits) {
+  auto ck = checkpoint::load(testing::bundled_model());
+  ASSERT_TRUE(ck);
+  kernels::cpu::thread_pool pool(3);
+  transformer alone(*ck), threaded(*ck);
+  threaded.set_thread_pool(&pool);
+  // 40 sequences of different lengths in one step: enough work to cross the split threshold.
+  const int32_t num_seqs = 40, block_size = 16;
+  kv_cache cache_a(alone.config(), num_seqs * 2, block_size), cache_b(threaded.config(), num_seqs * 2, block_size);
+  std::vector<std::vector<int32_t>> tables(num_seqs);
+  std::vector<forward_row> rows;
+  for (int32_t s = 0; s < num_seqs; s++) {
+    tables[s] = {2 * s, 2 * s + 1};
+    for (int32_t p = 0; p <= s % 20; p++) rows.push_back({(7 * s + 13 * p) % 512, p, tables[s].data(), p == s % 20});
+  }
+  std::vector<float> a, b;
+  alone.forward(rows, cache_a, a);
+  threaded.forward(rows, cache_b, b);
+  ASSERT_EQ(a.size(), static_cast<size_t>(num_seqs) * 512);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace troupe::model

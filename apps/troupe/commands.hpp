@@ -1,12 +1,16 @@
 #pragma once
 
 // Subcommands of the `troupe` CLI. Each registers its options on the app and returns the
-// action to run when it was chosen; the action returns the process exit code.
+// action to run when it was chosen; the action returns the process exit code (0 ok, 2 error).
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "messages/client.hpp"
+#include "runtime/common/error.hpp"
 
 namespace troupe::cli {
 
@@ -15,8 +19,38 @@ using action = std::function<int()>;
 /// Files of the bundled model, next to the sources (models/).
 std::string default_model_path();
 std::string default_tokenizer_path();
+/// The default topology (examples/single-node.toml).
+std::string default_topology_path();
 
-/// `troupe generate`: the reference generator on one prompt, text streamed to stdout.
+/// Logs `e` to stderr and returns the error exit code.
+int fail_with(const error& e);
+
+/// The flags that describe one completion, shared by `generate` and `client`.
+struct completion_flags {
+  std::string prompt;
+  int32_t max_tokens = 256;
+  float temperature = 1.0f;
+  float top_p = 0.9f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  bool seed_given = false;
+  std::vector<std::string> stop;
+
+  void add_to(CLI::App* cmd);
+  [[nodiscard]] msg::completion_request to_request() const;
+};
+
+/// A chunk callback printing each chunk's text to stdout (flushed), preceded once by `echo`
+/// (the prompt, or "" for none): echoing on the first chunk keeps stdout empty when a request
+/// is rejected.
+std::function<void(const msg::completion_chunk&)> chunk_printer(std::string echo);
+
+/// A seed for this process's load balancer: drawn here, outside the deterministic core.
+uint64_t draw_seed_base();
+
 action add_generate(CLI::App& app);
+action add_serve(CLI::App& app);
+action add_client(CLI::App& app);
 
 }  // namespace troupe::cli

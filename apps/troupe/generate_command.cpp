@@ -1,12 +1,19 @@
+// `troupe generate`: one completion, streamed to stdout. By default it runs through the actors
+// in-process (load balancer -> request -> engine -> step executor on its own thread), exactly
+// the path `troupe serve` uses; `--reference` runs the single-sequence reference generator.
 #include <chrono>
 #include <cstdio>
-#include <random>
 
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/client.hpp"
+#include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "topology/launch.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -14,58 +21,58 @@ namespace {
 struct generate_options {
   std::string model = default_model_path();
   std::string tokenizer = default_tokenizer_path();
-  std::string prompt;
-  int32_t steps = 256;
-  float temperature = 1.0f;
-  float top_p = 0.9f;
-  int32_t top_k = 0;
-  float min_p = 0.0f;
-  uint64_t seed = 0;
-  bool seed_given = false;
+  completion_flags flags;
   bool no_echo = false;
+  bool reference = false;
   bool reference_kernels = false;
 };
 
-int fail_with(const error& e) {
-  spdlog::error("{}", e.message);
-  return 2;
+void print(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
 }
 
-int run_generate(const generate_options& o) {
+int run_reference(const generate_options& o) {
   auto ck = model::checkpoint::load(o.model);
   if (!ck) return fail_with(ck.error());
   auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
   if (!tok) return fail_with(tok.error());
-  auto prompt = tok->encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  auto prompt = tok->encode(o.flags.prompt, /*add_bos=*/true, /*add_eos=*/false);
   if (!prompt) return fail_with(prompt.error());
-
   generate::generate_params p;
   p.prompt = *prompt;
-  p.max_new_tokens = o.steps;
-  p.sampling = {o.temperature, o.top_p, o.top_k, o.min_p, 0};
-  // The one place a seed is drawn: here, outside the deterministic core, and reported so the
-  // same answer can be replayed with --seed.
-  p.seed = o.seed_given ? o.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  // Checked before anything reaches stdout: a rejected request must print nothing there, not
-  // an echoed prompt followed by an error.
+  p.max_new_tokens = o.flags.max_tokens;
+  p.sampling = {o.flags.temperature, o.flags.top_p, o.flags.top_k, o.flags.min_p, 0};
+  p.seed = o.flags.seed_given ? o.flags.seed : draw_seed_base();
+  // Checked before anything reaches stdout: a rejected request prints nothing there.
   if (auto ok = generate::validate(p, ck->config()); !ok) return fail_with(ok.error());
-  spdlog::info("model {} ({} layers, dim {}), seed {}", o.model, ck->config().n_layers, ck->config().dim, p.seed);
-
+  spdlog::info("reference generator, model {}, seed {}", o.model, p.seed);
   model::transformer t(*ck, o.reference_kernels ? model::kernel_path::reference : model::kernel_path::fast);
-  if (!o.no_echo) {
-    std::fputs(tok->decode(p.prompt).c_str(), stdout);
-    std::fflush(stdout);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  auto out = generate::generate(t, *tok, p, [](int32_t, const std::string& text) {
-    std::fputs(text.c_str(), stdout);
-    std::fflush(stdout);
-  });
+  if (!o.no_echo) print(tok->decode(p.prompt));
+  auto out = generate::generate(t, *tok, p, [](int32_t, const std::string& text) { print(text); });
   if (!out) return fail_with(out.error());
-  std::fputs("\n", stdout);
+  print("\n");
+  return 0;
+}
+
+int run_actors(const generate_options& o) {
+  topology::topology t = topology::single_node(o.model, o.tokenizer);
+  if (o.reference_kernels) t.engines[0].config.kernels = model::kernel_path::reference;
+  caf::actor_system_config cfg;
+  actors::register_message_types(cfg);
+  caf::actor_system sys{cfg};
+  auto node = topology::launch_node(sys, t, "local", {true, draw_seed_base()});
+  if (!node) return fail_with(node.error());
+  const auto start = std::chrono::steady_clock::now();
+  auto out = actors::complete(sys, node->load_balancer, o.flags.to_request(),
+                              chunk_printer(o.no_echo ? "" : o.flags.prompt));
+  topology::shutdown_node(sys, *node);
+  if (!out) return fail_with(out.error());
+  print("\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("{} tokens in {:.3f} s: {:.1f} tok/s", out->tokens.size(), seconds,
-               static_cast<double>(out->tokens.size()) / seconds);
+  spdlog::info("seed {}; {} tokens, finish {}; TTFT {:.2f} ms; {:.1f} tok/s", out->end.seed,
+               out->end.num_generated_tokens, out->end.finish_reason, out->end.ttft_ns / 1e6,
+               out->end.num_generated_tokens / seconds);
   return 0;
 }
 
@@ -73,20 +80,14 @@ int run_generate(const generate_options& o) {
 
 action add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_options>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text with the reference generator (one sequence)");
+  CLI::App* cmd = app.add_subcommand("generate", "Generate one completion in-process, streamed to stdout");
   cmd->add_option("--model,-m", o->model, "llama2.c checkpoint")->capture_default_str();
   cmd->add_option("--tokenizer,-z", o->tokenizer, "llama2.c tokenizer")->capture_default_str();
-  cmd->add_option("--prompt,-i", o->prompt, "prompt text (UTF-8); empty starts from BOS");
-  cmd->add_option("-n,--steps", o->steps, "tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature,-t", o->temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-p,-p", o->top_p, "nucleus sampling threshold in (0, 1]")->capture_default_str();
-  cmd->add_option("--top-k", o->top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
-  cmd->add_option("--min-p", o->min_p, "drop tokens below min_p * p(max); 0 = off")->capture_default_str();
-  cmd->add_option("--seed,-s", o->seed, "sampling seed (default: drawn and logged)")
-      ->each([o](const std::string&) { o->seed_given = true; });
+  o->flags.add_to(cmd);
   cmd->add_flag("--no-echo", o->no_echo, "do not print the prompt before the completion");
+  cmd->add_flag("--reference", o->reference, "run the single-sequence reference generator, not the actors");
   cmd->add_flag("--reference-kernels", o->reference_kernels, "run the readable reference kernels");
-  return [o] { return run_generate(*o); };
+  return [o] { return o->reference ? run_reference(*o) : run_actors(*o); };
 }
 
 }  // namespace troupe::cli

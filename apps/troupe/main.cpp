@@ -1,4 +1,7 @@
 // troupe: an LLM inference engine as an actor-model distributed runtime.
+#include <cstdio>
+#include <random>
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -6,8 +9,54 @@
 
 namespace troupe::cli {
 
-std::string default_model_path() { return std::string(TROUPE_DEFAULT_MODELS_DIR) + "/stories260K.bin"; }
-std::string default_tokenizer_path() { return std::string(TROUPE_DEFAULT_MODELS_DIR) + "/tok512.bin"; }
+std::string default_model_path() { return std::string(TROUPE_SOURCE_DIR) + "/models/stories260K.bin"; }
+std::string default_tokenizer_path() { return std::string(TROUPE_SOURCE_DIR) + "/models/tok512.bin"; }
+std::string default_topology_path() { return std::string(TROUPE_SOURCE_DIR) + "/examples/single-node.toml"; }
+
+int fail_with(const error& e) {
+  spdlog::error("{}", e.message);
+  return 2;
+}
+
+void completion_flags::add_to(CLI::App* cmd) {
+  cmd->add_option("--prompt,-i", prompt, "prompt text (UTF-8); empty starts from BOS");
+  cmd->add_option("-n,--max-tokens", max_tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature,-t", temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-p,-p", top_p, "nucleus sampling threshold in (0, 1]")->capture_default_str();
+  cmd->add_option("--top-k", top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
+  cmd->add_option("--min-p", min_p, "drop tokens below min_p * p(max); 0 = off")->capture_default_str();
+  cmd->add_option("--seed,-s", seed, "sampling seed (default: drawn and logged)")
+      ->each([this](const std::string&) { seed_given = true; });
+  cmd->add_option("--stop", stop, "stop string (repeatable); not part of the output");
+}
+
+msg::completion_request completion_flags::to_request() const {
+  msg::completion_request r;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.temperature = temperature;
+  r.top_p = top_p;
+  r.top_k = top_k;
+  r.min_p = min_p;
+  r.has_seed = seed_given;
+  r.seed = seed;
+  r.stop = stop;
+  return r;
+}
+
+std::function<void(const msg::completion_chunk&)> chunk_printer(std::string echo) {
+  return [echo = std::move(echo), echoed = false](const msg::completion_chunk& c) mutable {
+    if (!echoed) std::fputs(echo.c_str(), stdout);
+    echoed = true;
+    std::fputs(c.text.c_str(), stdout);
+    std::fflush(stdout);
+  };
+}
+
+uint64_t draw_seed_base() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
 
 }  // namespace troupe::cli
 
@@ -21,12 +70,14 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-  troupe::cli::action chosen;
-  auto generate = troupe::cli::add_generate(app);
+  const std::pair<const char*, troupe::cli::action> commands[] = {
+      {"generate", troupe::cli::add_generate(app)},
+      {"serve", troupe::cli::add_serve(app)},
+      {"client", troupe::cli::add_client(app)},
+  };
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  for (auto* sub : app.get_subcommands()) {
-    if (sub->get_name() == "generate") chosen = generate;
-  }
-  return chosen();
+  for (const auto& [name, run] : commands)
+    if (app.got_subcommand(name)) return run();
+  return 2;
 }

@@ -67,19 +67,41 @@ packed_matrix pack_matrix(const float* w, int32_t d, int32_t n) {
 
 namespace fast {
 
-void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows) {
-  const int32_t num_tiles = (w.d + tile_width - 1) / tile_width;
+namespace {
+
+void matmul_tiles(float* out, const float* x, const packed_matrix& w, int32_t rows, int32_t first_tile,
+                  int32_t end_tile) {
   int32_t row = 0;
   for (; row + 4 <= rows; row += 4) {
-    int32_t t = 0;
-    for (; t + 2 <= num_tiles; t += 2) matmul_block<4, 2>(out, x, w, t, row);
-    for (; t < num_tiles; t++) matmul_block<4, 1>(out, x, w, t, row);
+    int32_t t = first_tile;
+    for (; t + 2 <= end_tile; t += 2) matmul_block<4, 2>(out, x, w, t, row);
+    for (; t < end_tile; t++) matmul_block<4, 1>(out, x, w, t, row);
   }
   for (; row < rows; row++) {
-    int32_t t = 0;
-    for (; t + 4 <= num_tiles; t += 4) matmul_block<1, 4>(out, x, w, t, row);
-    for (; t < num_tiles; t++) matmul_block<1, 1>(out, x, w, t, row);
+    int32_t t = first_tile;
+    for (; t + 4 <= end_tile; t += 4) matmul_block<1, 4>(out, x, w, t, row);
+    for (; t < end_tile; t++) matmul_block<1, 1>(out, x, w, t, row);
   }
+}
+
+// Below this many multiply-adds a product is done before the threads would have woken.
+constexpr int64_t parallel_matmul_min_work = int64_t{1} << 18;
+
+}  // namespace
+
+void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows, thread_pool* pool) {
+  const int32_t num_tiles = (w.d + tile_width - 1) / tile_width;
+  const int64_t work = static_cast<int64_t>(rows) * w.n * w.d;
+  if (pool == nullptr || pool->num_threads() == 1 || work < parallel_matmul_min_work) {
+    matmul_tiles(out, x, w, rows, 0, num_tiles);
+    return;
+  }
+  // Split in pairs of tiles so the 4 x 2 register blocks stay whole.
+  const int32_t num_pairs = (num_tiles + 1) / 2;
+  pool->parallel_for(num_pairs, [&](int32_t, int64_t begin, int64_t end) {
+    matmul_tiles(out, x, w, rows, static_cast<int32_t>(2 * begin),
+                 std::min(num_tiles, static_cast<int32_t>(2 * end)));
+  });
 }
 
 v8f exp8(v8f x) {

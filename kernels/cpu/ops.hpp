@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/thread_pool.hpp"
+
 namespace troupe::kernels::cpu {
 
 /// Output columns per packed weight tile (one 256-bit register of floats).
@@ -77,8 +79,10 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
 
 namespace fast {
 
-/// Same contract and bits as reference::matmul, with `w` packed.
-void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows);
+/// Same contract and bits as reference::matmul, with `w` packed. With a pool, large products
+/// split their output tiles over its threads (same bits: each output is summed by one thread).
+void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows,
+            thread_pool* pool = nullptr);
 
 /// Same contract and bits as reference::attention; 8 positions' scores per register.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,

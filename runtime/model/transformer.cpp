@@ -40,6 +40,12 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
   scores_.resize(static_cast<size_t>(c.n_heads) * c.seq_len);
 }
 
+void transformer::set_thread_pool(cpu::thread_pool* pool) {
+  pool_ = pool;
+  const size_t threads = pool ? static_cast<size_t>(pool->num_threads()) : 1;
+  scores_.resize(threads * config_.n_heads * config_.seq_len);
+}
+
 void transformer::reserve(int32_t rows) {
   const size_t n = static_cast<size_t>(rows);
   if (x_.size() >= n * config_.dim) return;
@@ -61,7 +67,7 @@ const cpu::packed_matrix* transformer::packed(int32_t layer,
 void transformer::matmul(float* out, const float* x, const float* w, const cpu::packed_matrix* wp,
                          int32_t rows, int32_t n, int32_t d) const {
   if (wp != nullptr)
-    cpu::fast::matmul(out, x, *wp, rows);
+    cpu::fast::matmul(out, x, *wp, rows, pool_);
   else
     cpu::reference::matmul(out, x, w, rows, n, d);
 }
@@ -114,14 +120,20 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     std::copy_n(&v_[r * kv_dim], kv_dim, cache.values(l) + slot * kv_dim);
   }
   const cpu::attention_shape shape{c.n_heads, c.n_kv_heads, c.head_size()};
-  for (int32_t r = 0; r < n; r++) {
-    const cpu::paged_kv kv{cache.keys(l), cache.values(l), rows[r].block_table,
-                           cache.block_size(), kv_dim};
-    if (path_ == kernel_path::fast)
-      cpu::fast::attention(&xb_[r * dim], &q_[r * dim], scores_.data(), kv, rows[r].position + 1, shape);
-    else
-      cpu::reference::attention(&xb_[r * dim], &q_[r * dim], scores_.data(), kv, rows[r].position + 1, shape);
-  }
+  auto attend = [&](int32_t worker, int64_t begin, int64_t end) {
+    float* scores = scores_.data() + static_cast<size_t>(worker) * c.n_heads * c.seq_len;
+    for (int64_t r = begin; r < end; r++) {
+      const cpu::paged_kv kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
+      if (path_ == kernel_path::fast)
+        cpu::fast::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape);
+      else
+        cpu::reference::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape);
+    }
+  };
+  if (pool_ != nullptr && n > 1)
+    pool_->parallel_for(n, attend);
+  else
+    attend(0, 0, n);
   matmul(xb2_.data(), xb_.data(), w.wo + ld * dim * dim, packed(l, &layer_weights::wo), n, dim, dim);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb2_[i];
 }

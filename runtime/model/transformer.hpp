@@ -30,6 +30,10 @@ class transformer {
 
   [[nodiscard]] const model_config& config() const { return config_; }
 
+  /// Spreads each step over `pool`'s threads (borrowed; nullptr = this thread only). Results
+  /// are bit-identical for every pool size.
+  void set_thread_pool(kernels::cpu::thread_pool* pool);
+
   /// Computes one step for `rows` (any mix of sequences). Rows of one sequence must appear in
   /// increasing position order and each row's block table must cover its position. Writes the
   /// rows' K/V into `cache`, then fills `logits` with one (vocab_size) vector per row whose
@@ -70,7 +74,8 @@ class transformer {
   std::vector<float> v_;       // (rows, kv_dim)
   std::vector<float> hb_;      // (rows, hidden_dim)
   std::vector<float> hb2_;     // (rows, hidden_dim)
-  std::vector<float> scores_;  // (n_heads, seq_len)
+  std::vector<float> scores_;  // (threads, n_heads, seq_len)
+  kernels::cpu::thread_pool* pool_ = nullptr;
 };
 
 }  // namespace troupe::model

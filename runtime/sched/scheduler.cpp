@@ -35,10 +35,13 @@ void scheduler::insert_ordered(std::deque<seq_id>& queue, seq_id id) {
   queue.insert(pos, id);
 }
 
-void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority) {
+void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority,
+                    int32_t max_num_tokens) {
   TROUPE_ASSERT_MSG(!contains(id), "duplicate sequence id");
   TROUPE_ASSERT(!prompt.empty());
+  TROUPE_ASSERT(max_num_tokens > static_cast<int32_t>(prompt.size()));
   sequence s;
+  s.max_num_tokens = max_num_tokens;
   s.id = id;
   s.priority = priority;
   s.arrival = next_arrival_++;
@@ -51,15 +54,18 @@ void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority) {
 void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {
   TROUPE_ASSERT_MSG(!contains(child), "duplicate sequence id");
   const sequence& p = get(parent);
-  TROUPE_ASSERT(p.status == seq_status::running);
+  TROUPE_ASSERT(p.tokens.back() != engine::previous_sample);
   sequence c = p;
   c.id = child;
   c.tokens.back() = last_token;
   c.num_cached_tokens = 0;
   c.num_preemptions = 0;
+  c.hold = false;
   // The child inherits the parent's arrival so the two are served side by side; ties between
   // equal (priority, arrival) keep insertion order, which is deterministic.
-  if (blocks_.can_fork(parent)) {
+  // A running child counts against max_num_seqs like any admitted sequence.
+  if (p.status == seq_status::running && num_running() < config_.max_num_seqs &&
+      blocks_.can_fork(parent)) {
     for (const kv::block_copy& copy : blocks_.fork(parent, child)) pending_copies_.push_back(copy);
     sequences_.emplace(child, std::move(c));
     insert_ordered(running_, child);
@@ -86,7 +92,10 @@ step_plan scheduler::schedule() {
 void scheduler::schedule_running(step_plan& plan, int32_t& budget) {
   for (size_t i = 0; i < running_.size() && budget > 0; i++) {
     sequence& s = at(running_[i]);
-    const int32_t missing = static_cast<int32_t>(s.tokens.size()) - s.num_computed_tokens;
+    const int32_t num_tokens = static_cast<int32_t>(s.tokens.size());
+    // Held, or everything computed but the last sample (a limit reached): nothing to plan.
+    if (s.hold || num_tokens >= s.max_num_tokens) continue;
+    const int32_t missing = num_tokens - s.num_computed_tokens;
     TROUPE_ASSERT(missing > 0);
     const int32_t num_new = std::min(missing, budget);
     bool preempted_self = false;
@@ -108,6 +117,9 @@ void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     sequence& s = at(waiting_.front());
+    // A sequence preempted while its sample was in flight is admitted once the sample is
+    // known; until then it holds the queue's head like one that does not fit.
+    if (std::find(s.tokens.begin(), s.tokens.end(), engine::previous_sample) != s.tokens.end()) break;
     const kv::prefix_hit hit = blocks_.find_prefix(s.tokens);
     const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - hit.num_tokens, budget);
     if (!blocks_.can_allocate(s.id, hit.num_tokens + num_new, hit)) break;
@@ -141,20 +153,25 @@ void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int3
   const bool samples = s.num_computed_tokens + num_tokens == static_cast<int32_t>(s.tokens.size());
   plan.chunks.push_back(scheduled_chunk{s.id, s.num_computed_tokens, num_tokens, samples});
   budget -= num_tokens;
+  s.num_computed_tokens += num_tokens;
+  if (samples) s.tokens.push_back(engine::previous_sample);
 }
 
 void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& sampled) {
   size_t next_sample = 0;
   for (const scheduled_chunk& chunk : plan.chunks) {
-    sequence& s = at(chunk.seq);
-    TROUPE_ASSERT(s.status == seq_status::running);
-    TROUPE_ASSERT(s.num_computed_tokens == chunk.first_position);
-    s.num_computed_tokens += chunk.num_tokens;
-    blocks_.commit(s.id, s.tokens, s.num_computed_tokens);
+    const int32_t end = chunk.first_position + chunk.num_tokens;
+    const int32_t token = chunk.samples ? sampled.at(next_sample++) : 0;
+    auto it = sequences_.find(chunk.seq);
+    if (it == sequences_.end()) continue;  // removed while the step ran
+    sequence& s = it->second;
     if (chunk.samples) {
-      TROUPE_ASSERT(next_sample < sampled.size());
-      s.tokens.push_back(sampled[next_sample++]);
+      TROUPE_ASSERT(s.tokens.at(end) == engine::previous_sample);
+      s.tokens[end] = token;
     }
+    // A sequence preempted since holds no blocks; one preempted and readmitted cannot exist
+    // here (a preempting step admits nobody, and admission waits for the samples).
+    if (s.status == seq_status::running && blocks_.contains(s.id)) blocks_.commit(s.id, s.tokens, end);
   }
   TROUPE_ASSERT_MSG(next_sample == sampled.size(), "one sampled token per sampling chunk");
 }
@@ -163,13 +180,24 @@ void scheduler::remove(seq_id id) {
   sequence& s = at(id);
   auto& queue = s.status == seq_status::running ? running_ : waiting_;
   queue.erase(std::find(queue.begin(), queue.end(), id));
-  if (blocks_.contains(id)) blocks_.free(id);
+  if (blocks_.contains(id)) {
+    // A fork's copy not yet planned is moot once its child is gone (its destination is the
+    // child's own fresh block): drop it, or a plan could be nothing but a stale copy.
+    const std::vector<kv::block_id>& table = blocks_.block_table(id);
+    pending_copies_.erase(std::remove_if(pending_copies_.begin(), pending_copies_.end(),
+                                         [&](const kv::block_copy& c) {
+                                           return std::find(table.begin(), table.end(), c.dst) != table.end();
+                                         }),
+                          pending_copies_.end());
+    blocks_.free(id);
+  }
   sequences_.erase(id);
 }
 
 void scheduler::check_invariants() const {
   blocks_.check_invariants();
   TROUPE_ASSERT(waiting_.size() + running_.size() == sequences_.size());
+  TROUPE_ASSERT_MSG(num_running() <= config_.max_num_seqs, "more running sequences than max_num_seqs");
   for (const auto* queue : {&waiting_, &running_}) {
     const seq_status want = queue == &running_ ? seq_status::running : seq_status::waiting;
     for (size_t i = 0; i < queue->size(); i++) {

@@ -19,15 +19,22 @@
 /// Priorities follow vLLM: a smaller number is served first. Ties break by arrival order, which
 /// the scheduler assigns, so no decision depends on ids' hash order or on time.
 ///
-/// The scheduler executes nothing. After the executor ran a plan, `complete()` records what was
-/// computed and appends the sampled tokens; the engine decides when a sequence is finished.
+/// The scheduler executes nothing, and it may plan ahead of the executor: `schedule()` counts a
+/// chunk's tokens as computed at once and appends a `previous_sample` placeholder for each token
+/// to be sampled, so the next plan can already name it (the executor resolves it). After the
+/// executor ran a plan, `complete()` fills the placeholders in and offers the newly computed
+/// blocks to the prefix cache; sequences removed meanwhile are skipped. The engine decides when
+/// a sequence is finished. A sequence whose tokens reach its limit (prompt + max_tokens) is not
+/// scheduled again: only its last sample is pending.
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/engine/step.hpp"
 #include "runtime/kv/block_manager.hpp"
 
 namespace troupe::sched {
@@ -65,11 +72,13 @@ struct sequence {
   seq_id id = 0;
   int32_t priority = 0;
   int64_t arrival = 0;               ///< admission order, assigned by the scheduler
-  std::vector<int32_t> tokens;       ///< prompt then generated tokens
+  std::vector<int32_t> tokens;       ///< prompt then generated tokens (or placeholders)
+  int32_t max_num_tokens = 0;        ///< never scheduled past this many tokens
   int32_t num_prompt_tokens = 0;
-  int32_t num_computed_tokens = 0;   ///< tokens whose KV is in the cache
+  int32_t num_computed_tokens = 0;   ///< tokens whose KV is in the cache or being computed
   int32_t num_cached_tokens = 0;     ///< of those, how many came from the prefix cache (total)
   int32_t num_preemptions = 0;
+  bool hold = false;                 ///< not scheduled until released (a pending fork)
   seq_status status = seq_status::waiting;
 };
 
@@ -77,21 +86,26 @@ class scheduler {
  public:
   scheduler(const scheduler_config& config, kv::block_manager& blocks);
 
-  /// Queues a new sequence. Its id must be new; the caller has validated that it fits the pool.
-  void add(seq_id id, std::vector<int32_t> prompt, int32_t priority);
+  /// Queues a new sequence of at most `max_num_tokens` tokens. Its id must be new; the caller
+  /// has validated that it fits the pool.
+  void add(seq_id id, std::vector<int32_t> prompt, int32_t priority,
+           int32_t max_num_tokens = std::numeric_limits<int32_t>::max());
 
-  /// Creates `child` as a copy of running `parent` sharing its KV (fork for n > 1 samples):
-  /// running with the parent's computed blocks if a block for the partial last block is free,
-  /// otherwise waiting (it will recompute, largely from the prefix cache). The child's last
-  /// token is replaced by `last_token` (its own first sample).
+  /// Creates `child` as a copy of `parent` sharing its KV (fork for n > 1 samples): running
+  /// with the parent's computed blocks if the parent runs, the running set is below
+  /// max_num_seqs and a block for the partial last block is free, otherwise waiting (it will recompute, largely from the prefix cache). The
+  /// child's last token is replaced by `last_token` (its own first sample).
   void fork(seq_id parent, seq_id child, int32_t last_token);
+
+  /// Keeps a sequence out of plans (true) or lets it back in (false).
+  void set_hold(seq_id id, bool hold) { at(id).hold = hold; }
 
   /// Plans the next step (allocating its KV slots; preempting if memory runs out).
   [[nodiscard]] step_plan schedule();
 
   /// Records that `plan` ran: its chunks' KV is computed (and offered to the prefix cache), and
-  /// each sampling chunk's new token (in `sampled`, one per sampling chunk, in plan order) is
-  /// appended.
+  /// each sampling chunk's placeholder becomes its sample (`sampled`: one per sampling chunk, in
+  /// plan order). Plans complete in the order they were made.
   void complete(const step_plan& plan, const std::vector<int32_t>& sampled);
 
   /// Removes a sequence (finished or aborted) and frees its blocks.

@@ -1,0 +1,13 @@
+#pragma once
+
+/// Atoms of the actor protocols that carry no payload.
+
+#include <caf/atom.hpp>
+
+namespace troupe::actors {
+
+using stats_atom = caf::atom_constant<caf::atom("stats")>;        ///< -> msg::engine_report
+using executor_atom = caf::atom_constant<caf::atom("executor")>;  ///< -> the current executor
+using engines_atom = caf::atom_constant<caf::atom("engines")>;    ///< -> std::vector<caf::actor>
+
+}  // namespace troupe::actors

@@ -1,0 +1,29 @@
+#pragma once
+
+/// The request actor: one per request. It turns the client's text into tokens, submits them to
+/// an engine, turns the engine's tokens back into text (streaming detokenizer + stop strings),
+/// streams it to the client, and records its own TTFT, inter-token gaps and end-to-end time.
+/// A cancel or a lost client releases the request at the engine (its blocks are freed).
+
+#include <memory>
+
+#include <caf/fwd.hpp>
+
+#include "messages/client.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+
+namespace troupe::actors {
+
+struct request_options {
+  int64_t id = 0;
+  caf::actor client;
+  caf::actor engine;
+  std::shared_ptr<const tokenizer> tok;
+  msg::completion_request params;
+  uint64_t drawn_seed = 0;  ///< used when params.has_seed is false
+};
+
+/// Spawns a request actor from `parent` (it lives on the parent's node).
+caf::actor spawn_request(caf::local_actor* parent, request_options options);
+
+}  // namespace troupe::actors

@@ -1,0 +1,26 @@
+#include "actors/type_ids.hpp"
+
+#include <caf/actor_system_config.hpp>
+
+#include "messages/client.hpp"
+#include "messages/engine.hpp"
+
+namespace troupe::actors {
+
+void register_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<msg::completion_request>("troupe::completion_request");
+  cfg.add_message_type<msg::completion_chunk>("troupe::completion_chunk");
+  cfg.add_message_type<msg::completion_end>("troupe::completion_end");
+  cfg.add_message_type<msg::completion_error>("troupe::completion_error");
+  cfg.add_message_type<msg::cancel_request>("troupe::cancel_request");
+  cfg.add_message_type<msg::submit>("troupe::submit");
+  cfg.add_message_type<msg::rejected>("troupe::rejected");
+  cfg.add_message_type<msg::sampled>("troupe::sampled");
+  cfg.add_message_type<msg::release>("troupe::release");
+  cfg.add_message_type<msg::engine_report>("troupe::engine_report");
+  cfg.add_message_type<msg::inject_failure>("troupe::inject_failure");
+  cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
+  cfg.add_message_type<engine::exec_result>("troupe::exec_result");
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,81 @@
+// `troupe serve`: launch one node of a topology, publish its load balancer, run until SIGINT
+// or SIGTERM, then shut down cleanly.
+#include <csignal>
+#include <cstdio>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/type_ids.hpp"
+#include "apps/troupe/commands.hpp"
+#include "topology/launch.hpp"
+
+namespace troupe::cli {
+namespace {
+
+struct serve_options {
+  std::string topology = default_topology_path();
+  std::string node;
+};
+
+/// Blocks SIGINT/SIGTERM in every thread (call before CAF starts any), then waits for one.
+struct signal_waiter {
+  sigset_t set;
+  signal_waiter() {
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  }
+  int wait() {
+    int sig = 0;
+    sigwait(&set, &sig);
+    return sig;
+  }
+};
+
+int run_serve(const serve_options& o) {
+  auto t = topology::load_topology(o.topology);
+  if (!t) return fail_with(t.error());
+  const std::string node_name = o.node.empty() ? t->load_balancer.node : o.node;
+  const topology::node_spec* node = t->find_node(node_name);
+  if (!node) return fail_with(error{errc::not_found, "the topology has no node '" + node_name + "'"});
+  signal_waiter signals;
+  caf::actor_system_config cfg;
+  actors::register_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  caf::actor_system sys{cfg};
+  auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base()});
+  if (!launched) return fail_with(launched.error());
+  if (launched->load_balancer) {
+    auto port = sys.middleman().publish(launched->load_balancer, node->port, node->host.c_str(), true);
+    if (!port) {
+      topology::shutdown_node(sys, *launched);
+      return fail_with(error{errc::io_error, "cannot listen on " + node->host + ":" + std::to_string(node->port) +
+                                                 ": " + sys.render(port.error())});
+    }
+    launched->summary.back() += ", listening on " + node->host + ":" + std::to_string(*port);
+  }
+  for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
+  std::fflush(stdout);
+  spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
+  const int sig = signals.wait();
+  spdlog::info("signal {}: shutting down", sig);
+  if (launched->load_balancer) (void)sys.middleman().unpublish(launched->load_balancer, node->port);
+  topology::shutdown_node(sys, *launched);
+  return 0;
+}
+
+}  // namespace
+
+action add_serve(CLI::App& app) {
+  auto o = std::make_shared<serve_options>();
+  CLI::App* cmd = app.add_subcommand("serve", "Run one node of a topology (default: the bundled model, one node)");
+  cmd->add_option("--topology,-T", o->topology, "topology file (TOML)")->capture_default_str();
+  cmd->add_option("--node", o->node, "node to run (default: the load balancer's)");
+  return [o] { return run_serve(*o); };
+}
+
+}  // namespace troupe::cli

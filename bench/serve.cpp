@@ -1,0 +1,202 @@
+// bench_serve: vLLM-style serving metrics through the real actor system (load balancer ->
+// request actors -> engine -> step executor on its own thread), next to the single-stream
+// reference generator measured in the same run.
+//
+//   bench_serve [--synthetic] [--clients N] [--rate R] [--tokens T] [--threads K]
+//
+// N clients (default: 1 and 64, one run each) each send one request: a 32-token prompt
+// (a window of a greedy story, distinct per client), T new tokens (default 200; 64 with
+// --synthetic), greedy, EOS ignored. Arrivals: all at once, or Poisson at R requests/s (seeded).
+// Reported: TTFT, TPOT (per request: (E2E - TTFT) / (tokens - 1)), ITL (every gap), E2E — mean,
+// p50, p90, p99 in ms; request and token throughput; executor busy fraction (time with a step in
+// flight / wall time of the run). Ratios use the reference generator's single-stream tok/s.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include "actors/client.hpp"
+#include "actors/engine_actor.hpp"
+#include "actors/type_ids.hpp"
+#include "bench/figures.hpp"
+#include "bench/synthetic_model.hpp"
+#include "runtime/generate/reference_generator.hpp"
+#include "topology/launch.hpp"
+
+namespace troupe::bench {
+namespace {
+
+constexpr int32_t prompt_tokens = 32;
+
+struct options {
+  bool synthetic = false;
+  std::vector<int32_t> clients = {1, 64};
+  double rate = 0;  // requests per second; 0 = all at once
+  int32_t tokens = 200;
+  int32_t threads = 1;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+    if (a == "--synthetic") o.synthetic = true, o.tokens = 64;
+    else if (a == "--clients") o.clients = {std::stoi(next())};
+    else if (a == "--rate") o.rate = std::stod(next());
+    else if (a == "--tokens") o.tokens = std::stoi(next());
+    else if (a == "--threads") o.threads = std::stoi(next());
+    else std::fprintf(stderr, "unknown option %s\n", a.c_str()), std::exit(2);
+  }
+  return o;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+void print_metric(const char* name, const std::vector<double>& ms) {
+  double sum = 0;
+  for (double x : ms) sum += x;
+  std::printf("  %-5s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  ms\n", name, ms.empty() ? 0 : sum / ms.size(),
+              percentile(ms, 50), percentile(ms, 90), percentile(ms, 99));
+}
+
+/// One serving run: `n` clients against a fresh node; returns aggregate generated tok/s.
+double serve_once(const topology::topology& t, const std::vector<std::vector<int32_t>>& prompts, const tokenizer& tok,
+                  int32_t n, const options& o) {
+  caf::actor_system_config cfg;
+  actors::register_message_types(cfg);
+  caf::actor_system sys{cfg};
+  auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
+  TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
+  {
+    // Warm-up: the executor packs its weights and allocates its KV pool when spawned; one short
+    // request makes sure that is done before the clock starts.
+    msg::completion_request warm;
+    warm.max_tokens = 2;
+    TROUPE_ASSERT_MSG(actors::complete(sys, node->load_balancer, warm).has_value(), "warm-up request");
+  }
+  const msg::engine_report before = *actors::query_engine(sys, node->engines[0]);
+  std::mutex mutex;
+  std::vector<msg::completion_end> ends;
+  int32_t num_failed = 0;
+  std::mt19937_64 rng(7);
+  std::exponential_distribution<double> gap(o.rate > 0 ? o.rate : 1.0);
+  const double start = now_seconds();
+  for (int32_t i = 0; i < n; i++) {
+    msg::completion_request r;
+    r.prompt = tok.decode(prompts[i]);
+    r.max_tokens = o.tokens;
+    r.temperature = 0.0f;
+    r.ignore_eos = true;
+    actors::spawn_client(sys, node->load_balancer, r, {}, [&](const expected<actors::completion>& c) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (c) ends.push_back(c->end); else num_failed++;
+    });
+    if (o.rate > 0) std::this_thread::sleep_for(std::chrono::duration<double>(gap(rng)));
+  }
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (static_cast<int32_t>(ends.size()) + num_failed == n) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double seconds = now_seconds() - start;
+  const msg::engine_report after = *actors::query_engine(sys, node->engines[0]);
+  topology::shutdown_node(sys, *node);
+
+  std::vector<double> ttft, tpot, itl, e2e;
+  int64_t num_tokens = 0;
+  for (const msg::completion_end& e : ends) {
+    ttft.push_back(e.ttft_ns / 1e6);
+    e2e.push_back(e.e2e_ns / 1e6);
+    if (e.num_generated_tokens > 1) tpot.push_back((e.e2e_ns - e.ttft_ns) / 1e6 / (e.num_generated_tokens - 1));
+    for (int64_t g : e.itl_ns) itl.push_back(g / 1e6);
+    num_tokens += e.num_generated_tokens;
+  }
+  const double busy = static_cast<double>(after.executor_busy_ns - before.executor_busy_ns) / (seconds * 1e9);
+  std::printf("\n%d client(s)%s: %d ok, %d failed, %.3f s\n", n, o.rate > 0 ? " (Poisson arrivals)" : " (all at once)",
+              static_cast<int>(ends.size()), num_failed, seconds);
+  print_metric("TTFT", ttft);
+  print_metric("TPOT", tpot);
+  print_metric("ITL", itl);
+  print_metric("E2E", e2e);
+  std::printf("  throughput %.2f req/s, %.0f tok/s; executor busy %.1f%%\n", ends.size() / seconds,
+              num_tokens / seconds, 100.0 * busy);
+  return num_tokens / seconds;
+}
+
+int run(int argc, char** argv) {
+  std::printf("$ %s\n", command_line(argc, argv).c_str());
+  const options o = parse(argc, argv);
+  const std::string dir = TROUPE_MODELS_DIR;
+  std::string model_path = dir + "/stories260K.bin";
+  if (o.synthetic) {
+    model_path = "/tmp/troupe_bench_synthetic.bin";
+    write_synthetic_checkpoint(model_path, synthetic_shape{}, 1);
+  }
+  auto ck = model::checkpoint::load(model_path);
+  auto tok = tokenizer::load(dir + "/tok512.bin", 512);
+  TROUPE_ASSERT_MSG(ck && tok, "bundled files load");
+  std::printf("model %s, %d-token prompts, %d new tokens, greedy, ignore_eos, executor threads %d\n",
+              model_path.c_str(), prompt_tokens, o.tokens, o.threads);
+
+  // Prompts: windows of one greedy story from the real model (decodable text for the clients).
+  auto real_ck = model::checkpoint::load(dir + "/stories260K.bin");
+  model::transformer story_model(*real_ck);
+  generate::generate_params sp;
+  sp.prompt = {tokenizer::bos};
+  sp.max_new_tokens = 64 + prompt_tokens;
+  sp.sampling.temperature = 0.0f;
+  sp.ignore_eos = true;
+  const auto story = generate::generate(story_model, *tok, sp);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < 64; i++) {
+    std::vector<int32_t> p{tokenizer::bos};
+    p.insert(p.end(), story->tokens.begin() + i, story->tokens.begin() + i + prompt_tokens - 1);
+    prompts.push_back(p);
+  }
+
+  model::transformer t(*ck);
+  std::vector<double> ref;
+  for (int i = 0; i < 3; i++) {
+    generate::generate_params p;
+    p.prompt = prompts[0];
+    p.max_new_tokens = o.tokens;
+    p.sampling.temperature = 0.0f;
+    p.ignore_eos = true;
+    const double s = now_seconds();
+    (void)generate::generate(t, *tok, p);
+    ref.push_back(o.tokens / (now_seconds() - s));
+  }
+  const double reference = summarize(ref).median;
+  std::printf("reference generator, single stream: %.0f tok/s (median of 3)\n", reference);
+
+  topology::topology top = topology::single_node(model_path, dir + "/tok512.bin");
+  top.engines[0].executor_threads = o.threads;
+  top.engines[0].config.num_kv_blocks = 64 * ((prompt_tokens + o.tokens + 15) / 16);
+  for (int32_t n : o.clients) {
+    const double rate = serve_once(top, prompts, *tok, std::min<int32_t>(n, 64), o);
+    std::printf("  => %.2fx the reference's single-stream tok/s\n", rate / reference);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace troupe::bench
+
+int main(int argc, char** argv) { return troupe::bench::run(argc, argv); }

@@ -1,0 +1,88 @@
+#pragma once
+
+/// Client <-> load balancer / request protocol: a completion request in text, the streamed
+/// chunks, and its end or its error. Language-neutral fields only (strings, numbers), so the
+/// same structs can be mapped to msgpack for non-C++ clients.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::msg {
+
+/// What a client asks for. Defaults follow vLLM's completion API.
+struct completion_request {
+  std::string prompt;               ///< UTF-8 text; BOS is added, special tokens never parsed
+  int32_t max_tokens = 16;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  bool has_seed = false;            ///< false: the request actor draws one and reports it
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  int32_t num_top_logprobs = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
+  return f(x.prompt, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.has_seed, x.seed,
+           x.stop, x.ignore_eos, x.priority, x.num_top_logprobs);
+}
+
+/// New text of a completion, with the tokens that made it.
+struct completion_chunk {
+  int64_t request_id = 0;
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, completion_chunk& x) {
+  return f(x.request_id, x.text, x.tokens, x.logprobs);
+}
+
+/// The last message of a completion that finished.
+struct completion_end {
+  int64_t request_id = 0;
+  std::string finish_reason;        ///< "stop", "length" or "cancelled"
+  uint64_t seed = 0;                ///< replays this answer
+  int32_t num_prompt_tokens = 0;
+  int32_t num_generated_tokens = 0;
+  int64_t ttft_ns = 0;              ///< arrival to first token
+  int64_t e2e_ns = 0;               ///< arrival to end
+  std::vector<int64_t> itl_ns;      ///< gaps between consecutive tokens
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, completion_end& x) {
+  return f(x.request_id, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
+           x.ttft_ns, x.e2e_ns, x.itl_ns);
+}
+
+/// The last message of a completion that failed; `code` is an errc name (e.g. "too_long").
+struct completion_error {
+  int64_t request_id = 0;
+  std::string code;
+  std::string message;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, completion_error& x) {
+  return f(x.request_id, x.code, x.message);
+}
+
+/// Client -> request: stop generating; the stream ends with finish_reason "cancelled".
+struct cancel_request {
+  int64_t request_id = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cancel_request& x) {
+  return f(x.request_id);
+}
+
+}  // namespace troupe::msg

@@ -1,0 +1,258 @@
+#include "runtime/engine/engine_core.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/tokenizer/utf8.hpp"
+
+namespace troupe::engine {
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+bool has_token(const std::vector<int32_t>& ids, int32_t t) {
+  return std::find(ids.begin(), ids.end(), t) != ids.end();
+}
+
+expected<void> validate_stops(const request& r, const model::model_config& model) {
+  if (r.stop.size() > num_stop_strings_max)
+    return fail(errc::invalid_argument, "at most " + num(num_stop_strings_max) + " stop strings");
+  for (const std::string& s : r.stop) {
+    if (s.empty() || s.size() > stop_string_bytes_max)
+      return fail(errc::invalid_argument, "a stop string must have 1 to " + num(stop_string_bytes_max) + " bytes");
+    if (auto ok = utf8::validate(s); !ok)
+      return fail(errc::invalid_utf8, "stop string: " + ok.error().message);
+  }
+  for (int32_t t : r.stop_token_ids)
+    if (t < 0 || t >= model.vocab_size)
+      return fail(errc::invalid_argument, "stop token id " + num(t) + " is outside the vocabulary");
+  return {};
+}
+
+}  // namespace
+
+expected<void> validate_request(const request& r, const model::model_config& model,
+                                const engine_config& config) {
+  if (auto ok = sampling::validate(r.sampling, model.vocab_size); !ok) return ok;
+  if (r.prompt.empty()) return fail(errc::invalid_argument, "the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); i++)
+    if (r.prompt[i] < 0 || r.prompt[i] >= model.vocab_size)
+      return fail(errc::invalid_argument, "prompt token " + num(static_cast<int64_t>(i)) + " = " +
+                                              num(r.prompt[i]) + " is outside the vocabulary [0, " +
+                                              num(model.vocab_size) + ")");
+  if (r.max_tokens <= 0) return fail(errc::invalid_argument, "max_tokens must be > 0, got " + num(r.max_tokens));
+  if (r.n < 1 || r.n > num_samples_max)
+    return fail(errc::invalid_argument, "n must be in [1, " + num(num_samples_max) + "], got " + num(r.n));
+  if (auto ok = validate_stops(r, model); !ok) return ok;
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (total > model.seq_len)
+    return fail(errc::too_long, "prompt (" + num(static_cast<int64_t>(r.prompt.size())) +
+                                    " tokens) + max_tokens (" + num(r.max_tokens) +
+                                    ") exceeds the model's context of " + num(model.seq_len) + " tokens");
+  const int64_t blocks_needed = (total + config.block_size - 1) / config.block_size;
+  if (blocks_needed > config.num_kv_blocks)
+    return fail(errc::too_long, "a sequence of " + num(total) + " tokens needs " + num(blocks_needed) +
+                                    " KV blocks but the pool has only " + num(config.num_kv_blocks));
+  return {};
+}
+
+expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_config& model,
+                                                           int32_t bos_id, int32_t eos_id,
+                                                           const engine_config& config) {
+  // Named by their engine_config fields (the block manager would say "num_blocks").
+  if (config.num_kv_blocks <= 0)
+    return fail(errc::invalid_argument, "num_kv_blocks must be > 0, got " + num(config.num_kv_blocks));
+  if (config.block_size <= 0)
+    return fail(errc::invalid_argument, "block_size must be > 0, got " + num(config.block_size));
+  if (config.scheduler.max_num_batched_tokens <= 0)
+    return fail(errc::invalid_argument, "max_num_batched_tokens must be > 0, got " +
+                                            num(config.scheduler.max_num_batched_tokens));
+  if (config.scheduler.max_num_seqs <= 0)
+    return fail(errc::invalid_argument, "max_num_seqs must be > 0, got " + num(config.scheduler.max_num_seqs));
+  if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 2)
+    return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
+  auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size});
+  if (!blocks) return tl::unexpected(blocks.error());
+  engine_config c = config;
+  if (c.eos_token_ids.empty()) c.eos_token_ids = {eos_id, bos_id};
+  return std::unique_ptr<engine_core>(
+      new engine_core(model, c, std::make_unique<kv::block_manager>(std::move(*blocks))));
+}
+
+engine_core::engine_core(const model::model_config& model, const engine_config& config,
+                         std::unique_ptr<kv::block_manager> blocks)
+    : model_(model), config_(config), blocks_(std::move(blocks)),
+      scheduler_(std::make_unique<sched::scheduler>(config.scheduler, *blocks_)) {}
+
+kv::seq_id engine_core::new_sequence(request_id id, int32_t index, uint64_t seed) {
+  const kv::seq_id seq = next_seq_++;
+  samples_.emplace(seq, sample_state{id, index, seed, 0});
+  requests_.at(id).live.push_back(seq);
+  return seq;
+}
+
+expected<void> engine_core::add_request(request r) {
+  if (requests_.count(r.id)) return fail(errc::invalid_argument, "duplicate request id " + num(r.id));
+  if (auto ok = validate_request(r, model_, config_); !ok) return ok;
+  const request_id id = r.id;
+  const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
+  std::vector<int32_t> prompt = r.prompt;
+  const int32_t priority = r.priority;
+  const uint64_t seed = r.seed;
+  requests_.emplace(id, request_state{std::move(r), {}});
+  scheduler_->add(new_sequence(id, 0, seed), std::move(prompt), priority, limit);
+  return {};
+}
+
+void engine_core::end_sample(kv::seq_id seq) {
+  const sample_state& st = samples_.at(seq);
+  request_state& rs = requests_.at(st.request);
+  rs.live.erase(std::find(rs.live.begin(), rs.live.end(), seq));
+  if (rs.live.empty()) requests_.erase(st.request);
+  scheduler_->remove(seq);
+  samples_.erase(seq);
+  released_.push_back(seq);
+}
+
+expected<std::vector<int32_t>> engine_core::remove_request(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return fail(errc::not_found, "no unfinished request with id " + num(id));
+  std::vector<int32_t> indices;
+  for (kv::seq_id seq : std::vector<kv::seq_id>(it->second.live)) {
+    indices.push_back(samples_.at(seq).index);
+    end_sample(seq);
+  }
+  return indices;
+}
+
+bool engine_core::finish_sample(request_id id, int32_t sample_index) {
+  const auto seq = sequence_of(id, sample_index);
+  if (!seq) return false;
+  end_sample(*seq);
+  return true;
+}
+
+std::optional<kv::seq_id> engine_core::sequence_of(request_id id, int32_t sample_index) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return std::nullopt;
+  for (kv::seq_id seq : it->second.live)
+    if (samples_.at(seq).index == sample_index) return seq;
+  return std::nullopt;
+}
+
+exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
+  const sched::sequence& s = scheduler_->get(c.seq);
+  exec_chunk chunk;
+  chunk.seq = c.seq;
+  chunk.first_position = c.first_position;
+  chunk.tokens.assign(s.tokens.begin() + c.first_position,
+                      s.tokens.begin() + c.first_position + c.num_tokens);
+  chunk.block_table = blocks_->block_table(c.seq);
+  const sample_state& st = samples_.at(c.seq);
+  const request& r = requests_.at(st.request).req;
+  chunk.sampling = r.sampling;
+  if (c.samples) {
+    chunk.seeds.push_back(st.seed);
+    // The first sample of a request with n > 1 forks: every child samples these same logits.
+    if (st.index == 0 && st.num_generated == 0 && r.n > 1) {
+      for (int32_t i = 1; i < r.n; i++) chunk.seeds.push_back(child_seed(r.seed, i));
+      scheduler_->set_hold(c.seq, true);  // nothing more until the children exist
+    }
+  }
+  f.num_seeds.push_back(chunk.seeds.size());
+  return chunk;
+}
+
+std::optional<exec_plan> engine_core::plan_step() {
+  if (num_in_flight() >= config_.max_steps_in_flight) return std::nullopt;
+  flight f{scheduler_->schedule(), {}};
+  if (f.plan.chunks.empty()) {
+    TROUPE_ASSERT(f.plan.copies.empty());
+    return std::nullopt;
+  }
+  exec_plan plan;
+  plan.step = next_step_++;
+  plan.copies = f.plan.copies;
+  plan.released = std::move(released_);
+  released_.clear();
+  for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
+  stats_.num_steps++;
+  stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
+  in_flight_.push_back(std::move(f));
+  return plan;
+}
+
+std::vector<sample_event> engine_core::complete_step(const exec_result& result) {
+  TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
+  const flight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  std::vector<int32_t> sampled;
+  for (const auto& samples : result.samples) sampled.push_back(samples.front().token);
+  scheduler_->complete(f.plan, sampled);
+  std::vector<sample_event> events;
+  size_t i = 0;
+  for (size_t c = 0; c < f.plan.chunks.size(); c++) {
+    if (f.num_seeds[c] == 0) continue;
+    const std::vector<sampling::sample_result>& samples = result.samples.at(i++);
+    TROUPE_ASSERT(samples.size() == f.num_seeds[c]);
+    const kv::seq_id seq = f.plan.chunks[c].seq;
+    if (!samples_.count(seq)) {  // ended while this step was in flight
+      stats_.num_discarded_tokens++;
+      continue;
+    }
+    if (samples.size() > 1) fork(seq, samples, events);
+    record(seq, samples.front(), events);
+  }
+  TROUPE_ASSERT(i == result.samples.size());
+  return events;
+}
+
+void engine_core::fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,
+                       std::vector<sample_event>& events) {
+  const sample_state p = samples_.at(parent);
+  scheduler_->set_hold(parent, false);
+  for (int32_t index = 1; index < static_cast<int32_t>(samples.size()); index++) {
+    const kv::seq_id child = new_sequence(p.request, index, child_seed(requests_.at(p.request).req.seed, index));
+    scheduler_->fork(parent, child, samples[index].token);
+    record(child, samples[index], events);
+  }
+}
+
+void engine_core::record(kv::seq_id seq, const sampling::sample_result& s, std::vector<sample_event>& events) {
+  sample_state& st = samples_.at(seq);
+  const request& r = requests_.at(st.request).req;
+  st.num_generated++;
+  stats_.num_generated_tokens++;
+  finish_reason reason = finish_reason::none;
+  if (has_token(r.stop_token_ids, s.token) || (!r.ignore_eos && has_token(config_.eos_token_ids, s.token)))
+    reason = finish_reason::stop;
+  else if (st.num_generated >= r.max_tokens)
+    reason = finish_reason::length;
+  events.push_back(sample_event{st.request, st.index, s, reason});
+  if (reason != finish_reason::none) end_sample(seq);
+}
+
+engine_stats engine_core::stats() const {
+  engine_stats s = stats_;
+  s.num_preemptions = scheduler_->num_preemptions();
+  s.num_prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
+  s.num_blocks_in_use = blocks_->num_used_blocks();
+  return s;
+}
+
+void engine_core::check_invariants() const {
+  scheduler_->check_invariants();
+  size_t num_live = 0;
+  for (const auto& [id, rs] : requests_) {
+    TROUPE_ASSERT_MSG(!rs.live.empty(), "a request with no live sample must be gone");
+    num_live += rs.live.size();
+    for (kv::seq_id seq : rs.live) {
+      TROUPE_ASSERT(scheduler_->contains(seq));
+      TROUPE_ASSERT(samples_.at(seq).request == id);
+    }
+  }
+  TROUPE_ASSERT(num_live == samples_.size());
+  TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
+}
+
+}  // namespace troupe::engine

@@ -1,0 +1,139 @@
+#pragma once
+
+/// One replica's scheduling side: requests, samples, the scheduler and the block manager, in
+/// tokens. It plans steps for a step executor and records their results; it never runs the
+/// model. Up to two plans may be in flight: step N+1 is planned while step N executes, its
+/// decode rows naming N's samples as `previous_sample` (seed §6, "never let the GPU wait").
+///
+/// Token-level endings (an end-of-sequence token, a stop token id, max_tokens) are decided
+/// here when a step completes; text-level endings (stop strings, a client's cancel) are
+/// reported back through `finish_sample` / `remove_request`. A sample that ended while a later
+/// step still computes it simply has that step's token discarded.
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "runtime/engine/request.hpp"
+#include "runtime/engine/step.hpp"
+#include "runtime/model/transformer.hpp"
+#include "runtime/sched/scheduler.hpp"
+
+namespace troupe::engine {
+
+struct engine_config {
+  int32_t num_kv_blocks = 1024;  ///< KV pool size in blocks
+  int32_t block_size = 16;       ///< tokens per block
+  sched::scheduler_config scheduler;
+  model::kernel_path kernels = model::kernel_path::fast;
+  /// Tokens that end a sample unless `ignore_eos`. Empty = the tokenizer's EOS and, as in
+  /// llama2.c (TinyStories separates stories with BOS), its BOS.
+  std::vector<int32_t> eos_token_ids;
+  /// Plans in flight at most: 1 = synchronous, 2 = plan step N+1 while N runs.
+  int32_t max_steps_in_flight = 1;
+};
+
+/// Counters since construction.
+struct engine_stats {
+  int64_t num_steps = 0;
+  int64_t num_generated_tokens = 0;
+  int64_t num_scheduled_tokens = 0;  ///< tokens run through the model (prefill + decode)
+  int64_t num_discarded_tokens = 0;  ///< sampled for a sample that had already ended
+  int64_t num_preemptions = 0;
+  int64_t num_prefix_hit_tokens = 0;
+  int32_t num_blocks_in_use = 0;
+};
+
+/// One new token of one sample, and whether it ended the sample.
+struct sample_event {
+  request_id request = 0;
+  int32_t sample_index = 0;
+  sampling::sample_result sample;
+  finish_reason finish = finish_reason::none;
+};
+
+/// Checks a request against a model and an engine configuration (see engine_core::add_request).
+[[nodiscard]] expected<void> validate_request(const request& r, const model::model_config& model,
+                                              const engine_config& config);
+
+class engine_core {
+ public:
+  /// Validates `config` against the model shape.
+  [[nodiscard]] static expected<std::unique_ptr<engine_core>> create(const model::model_config& model,
+                                                                     int32_t bos_id, int32_t eos_id,
+                                                                     const engine_config& config);
+
+  /// Checks and queues a request. Errors: invalid sampling params, empty prompt, token ids out
+  /// of range, max_tokens <= 0, n out of range, bad stop strings (invalid_argument / invalid_utf8);
+  /// prompt + max_tokens beyond the model's context, or a sequence needing more blocks than the
+  /// whole pool (too_long); a duplicate id (invalid_argument).
+  [[nodiscard]] expected<void> add_request(request r);
+
+  /// Ends every live sample of a request; returns their indices. Unknown id -> not_found.
+  [[nodiscard]] expected<std::vector<int32_t>> remove_request(request_id id);
+
+  /// Ends one live sample (its stop string completed). Returns false if it had already ended.
+  bool finish_sample(request_id id, int32_t sample_index);
+
+  /// Plans the next step, or nothing when no work can be planned now (idle, or the in-flight
+  /// limit is reached, or every runnable sample waits on an in-flight result).
+  [[nodiscard]] std::optional<exec_plan> plan_step();
+
+  /// Records the oldest in-flight step's result; returns its new tokens, in plan order.
+  [[nodiscard]] std::vector<sample_event> complete_step(const exec_result& result);
+
+  [[nodiscard]] bool has_unfinished() const { return !requests_.empty(); }
+  [[nodiscard]] bool contains(request_id id) const { return requests_.count(id) != 0; }
+  [[nodiscard]] int32_t num_in_flight() const { return static_cast<int32_t>(in_flight_.size()); }
+  [[nodiscard]] int32_t num_waiting() const { return scheduler_->num_waiting(); }
+  [[nodiscard]] engine_stats stats() const;
+  [[nodiscard]] const kv::block_manager& blocks() const { return *blocks_; }
+  [[nodiscard]] const model::model_config& model() const { return model_; }
+  [[nodiscard]] const engine_config& config() const { return config_; }
+  /// The engine-internal sequence id of a live sample (tests inspect block tables with it).
+  [[nodiscard]] std::optional<kv::seq_id> sequence_of(request_id id, int32_t sample_index) const;
+
+  void check_invariants() const;
+
+ private:
+  struct sample_state {
+    request_id request = 0;
+    int32_t index = 0;
+    uint64_t seed = 0;
+    int32_t num_generated = 0;
+  };
+  struct request_state {
+    request req;
+    std::vector<kv::seq_id> live;  ///< sequences still generating
+  };
+  struct flight {
+    sched::step_plan plan;
+    std::vector<size_t> num_seeds;  ///< per plan chunk
+  };
+
+  engine_core(const model::model_config& model, const engine_config& config,
+              std::unique_ptr<kv::block_manager> blocks);
+
+  [[nodiscard]] kv::seq_id new_sequence(request_id id, int32_t index, uint64_t seed);
+  [[nodiscard]] exec_chunk make_chunk(const sched::scheduled_chunk& c, flight& f);
+  void fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,
+            std::vector<sample_event>& events);
+  void record(kv::seq_id seq, const sampling::sample_result& s, std::vector<sample_event>& events);
+  void end_sample(kv::seq_id seq);
+
+  model::model_config model_;
+  engine_config config_;
+  std::unique_ptr<kv::block_manager> blocks_;
+  std::unique_ptr<sched::scheduler> scheduler_;
+  std::map<request_id, request_state> requests_;
+  std::map<kv::seq_id, sample_state> samples_;
+  std::deque<flight> in_flight_;
+  std::vector<kv::seq_id> released_;  // ended since the last plan
+  kv::seq_id next_seq_ = 0;
+  int64_t next_step_ = 0;
+  engine_stats stats_;
+};
+
+}  // namespace troupe::engine

@@ -1,0 +1,57 @@
+#include "runtime/engine/step_executor.hpp"
+
+namespace troupe::engine {
+
+step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
+                             int32_t block_size, model::kernel_path kernels,
+                             kernels::cpu::thread_pool* pool)
+    : model_(ck, kernels), cache_(ck.config(), num_kv_blocks, block_size) {
+  model_.set_thread_pool(pool);
+}
+
+void step_executor::build_rows(const exec_plan& plan) {
+  rows_.clear();
+  for (const exec_chunk& chunk : plan.chunks) {
+    TROUPE_ASSERT(!chunk.tokens.empty());
+    const int32_t end = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
+    TROUPE_ASSERT(static_cast<int64_t>(chunk.block_table.size()) * cache_.block_size() >= end);
+    for (int32_t p = chunk.first_position; p < end; p++) {
+      int32_t token = chunk.tokens[p - chunk.first_position];
+      if (token == previous_sample) {
+        auto it = last_sample_.find(chunk.seq);
+        TROUPE_ASSERT_MSG(it != last_sample_.end(), "previous_sample without a previous step");
+        token = it->second;
+      }
+      rows_.push_back(model::forward_row{token, p, chunk.block_table.data(),
+                                         !chunk.seeds.empty() && p == end - 1});
+    }
+  }
+}
+
+exec_result step_executor::execute(const exec_plan& plan) {
+  TROUPE_ASSERT_MSG(plan.step > last_step_, "plans must arrive in step order");
+  last_step_ = plan.step;
+  for (kv::seq_id seq : plan.released) last_sample_.erase(seq);
+  for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst);
+  build_rows(plan);
+  if (!rows_.empty()) model_.forward(rows_, cache_, logits_);
+
+  exec_result result;
+  result.step = plan.step;
+  const int32_t vocab = model_.config().vocab_size;
+  size_t logits_row = 0;
+  for (const exec_chunk& chunk : plan.chunks) {
+    if (chunk.seeds.empty()) continue;
+    const float* logits = logits_.data() + logits_row++ * vocab;
+    // The sampled token will sit right after the chunk's last token.
+    const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
+    std::vector<sampling::sample_result> samples;
+    for (uint64_t seed : chunk.seeds)
+      samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, seed, position));
+    last_sample_[chunk.seq] = samples.front().token;
+    result.samples.push_back(std::move(samples));
+  }
+  return result;
+}
+
+}  // namespace troupe::engine

@@ -1,0 +1,605 @@
+// The actor layer under CAF's test coordinator: one thread, a virtual clock, the executor on the
+// scheduler (not detached), so every interleaving below is the same on every run. Each request
+// goes the whole way (client -> load balancer -> request -> engine -> executor and back) and its
+// answer is compared with the single-sequence reference generator, byte and bit for bit.
+// Covers: one request's flow and timings, stop strings, seeds drawn and reported, cancel (also
+// before the balancer answered), a client killed mid-stream, executor failures (injected and
+// killed), bad requests, overload, routing over two engines, and serialization of every
+// registered message type.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include "actors/atoms.hpp"
+#include "messages/engine.hpp"
+#include "tests/support/actor_harness.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// The finish reason the reference generator's output implies.
+std::string expected_finish(const generate::generation& ref, const msg::completion_request& r) {
+  const int32_t last = ref.tokens.empty() ? -1 : ref.tokens.back();
+  if (!r.ignore_eos && (last == tokenizer::bos || last == tokenizer::eos)) return "stop";
+  return "length";
+}
+
+class ActorsDeterministic : public ::testing::Test {
+ protected:
+  caf::actor_system_config cfg_;
+  caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
+  caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
+  model::transformer oracle_{*bundled_shared().ck};
+  std::vector<caf::actor> engines_;
+  caf::actor lb_;
+  std::vector<caf::actor> clients_;
+  size_t num_idle_actors_ = 0;  // engines, executors and the balancer
+
+  /// Spawns `num_engines` engines with `o` behind one balancer and runs until idle.
+  void start(actors::engine_options o = engine_opts(false), int num_engines = 1) {
+    sched_.clock().current_time += 1h;  // away from 0: a zero duration would pass unnoticed
+    for (int i = 0; i < num_engines; i++) engines_.push_back(spawn_engine_or_die(sys_, o));
+    lb_ = spawn_balancer(sys_, engines_);
+    sched_.run();
+    num_idle_actors_ = sys_.registry().running();
+  }
+
+  void TearDown() override {
+    for (const caf::actor& c : clients_) caf::anon_send_exit(c, caf::exit_reason::kill);
+    for (const caf::actor& e : engines_) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+    if (lb_) caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
+    sched_.run();
+    EXPECT_EQ(sys_.registry().running(), 0u) << "an actor outlived its engine and balancer";
+  }
+
+  std::shared_ptr<client_log> submit(const msg::completion_request& r) {
+    auto log = std::make_shared<client_log>();
+    clients_.push_back(spawn_logged_client(sys_, lb_, r, log));
+    return log;
+  }
+
+  /// Runs one message at a time, the virtual clock advancing 1 ms after each, until `done()`.
+  template <class Predicate>
+  void run_until(Predicate done) {
+    while (!done()) {
+      ASSERT_TRUE(sched_.try_run_once()) << "went idle before the condition held";
+      sched_.advance_time(1ms);
+    }
+  }
+
+  /// Runs every message, advancing the clock 1 ms after each, until nothing is left.
+  void run_ticking() {
+    while (sched_.try_run_once()) sched_.advance_time(1ms);
+  }
+
+  /// Asks `dest` (idle actors only: this runs the scheduler until nothing is left).
+  template <class T, class Atom>
+  T ask(const caf::actor& dest, Atom atom) {
+    auto out = std::make_shared<std::optional<T>>();
+    sys_.spawn([=](caf::event_based_actor* self) {
+      self->request(dest, caf::infinite, atom).then([=](T& x) { *out = std::move(x); });
+    });
+    sched_.run();
+    EXPECT_TRUE(out->has_value());
+    return out->value_or(T{});
+  }
+
+  msg::engine_report report(size_t engine = 0) { return ask<msg::engine_report>(engines_.at(engine), actors::stats_atom::value); }
+
+  /// The engine holds no request and no KV block, and only the long-lived actors run.
+  void expect_engine_idle(size_t engine = 0) {
+    const msg::engine_report r = report(engine);
+    EXPECT_EQ(r.num_requests, 0);
+    EXPECT_EQ(r.num_waiting, 0);
+    EXPECT_EQ(r.num_blocks_in_use, 0);
+    EXPECT_EQ(sys_.registry().running(), num_idle_actors_) << "a request or client actor is still alive";
+  }
+
+  /// Submits `r`, runs to the end and checks the completion against the reference.
+  actors::completion run_and_check(const msg::completion_request& r, const std::string& what) {
+    auto log = submit(r);
+    run_ticking();
+    EXPECT_EQ(log->num_done, 1) << what;
+    if (!log->outcome || !log->outcome->has_value()) {
+      ADD_FAILURE() << what << ": " << (log->outcome ? log->outcome->error().message : "no outcome");
+      return {};
+    }
+    const actors::completion& c = **log->outcome;
+    const generate::generation ref = reference(oracle_, r);
+    expect_matches(c, ref, what);
+    EXPECT_EQ(c.end.finish_reason, expected_finish(ref, r)) << what;
+    return c;
+  }
+};
+
+// ---- one request, all the way --------------------------------------------------------------
+
+TEST_F(ActorsDeterministic, OneRequestStreamsTheReferenceOutput) {
+  start();
+  const msg::completion_request r = make_completion("Once upon a time, there was a dog", 60, 4242, 1.0f, 0.9f);
+  auto log = submit(r);
+  run_ticking();
+
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  const actors::completion& c = **log->outcome;
+  const generate::generation ref = reference(oracle_, r);
+  ASSERT_GT(ref.tokens.size(), 10u);
+  // The stream, chunk by chunk, is the completion: one token per chunk, the text in between.
+  EXPECT_EQ(log->tokens(), ref.tokens);
+  EXPECT_EQ(log->text(), ref.text);
+  EXPECT_GE(log->chunks.size(), ref.tokens.size());
+  for (const msg::completion_chunk& ch : log->chunks) EXPECT_LE(ch.tokens.size(), 1u);
+  expect_matches(c, ref, "one request");
+
+  const msg::completion_end& end = c.end;
+  EXPECT_EQ(end.request_id, 0);
+  for (const msg::completion_chunk& ch : log->chunks) EXPECT_EQ(ch.request_id, end.request_id);
+  EXPECT_EQ(end.finish_reason, expected_finish(ref, r));
+  EXPECT_EQ(end.seed, 4242u);
+  EXPECT_EQ(end.num_prompt_tokens, static_cast<int32_t>(bundled_shared().tok->encode(r.prompt, true, false)->size()));
+  EXPECT_EQ(end.num_generated_tokens, static_cast<int32_t>(ref.tokens.size()));
+  // Virtual time: 1 ms per message, so every interval is a positive whole number of ms.
+  ASSERT_EQ(end.itl_ns.size(), ref.tokens.size() - 1);
+  EXPECT_GT(end.ttft_ns, 0);
+  for (int64_t gap : end.itl_ns) EXPECT_GT(gap, 0);
+  const int64_t first_to_last = std::accumulate(end.itl_ns.begin(), end.itl_ns.end(), int64_t{0});
+  EXPECT_GE(end.e2e_ns, end.ttft_ns + first_to_last);
+  EXPECT_EQ(end.e2e_ns % 1000000, 0);
+
+  expect_engine_idle();
+  const msg::engine_report rep = report();
+  EXPECT_EQ(rep.num_generated_tokens, static_cast<int64_t>(ref.tokens.size()));
+  EXPECT_EQ(rep.num_executor_failures, 0);
+  EXPECT_GT(rep.executor_busy_ns, 0);
+  EXPECT_LE(rep.executor_busy_ns, rep.elapsed_ns);
+}
+
+TEST_F(ActorsDeterministic, GreedyAndLengthEndsMatchTheReference) {
+  start();
+  // Greedy from "Once upon a time": the model's first story, cut by max_tokens.
+  const actors::completion greedy = run_and_check(make_completion("Once upon a time", 30, 7, 0.0f), "greedy");
+  EXPECT_EQ(greedy.end.finish_reason, "length");
+  // ignore_eos runs past the end of a story, to exactly max_tokens.
+  msg::completion_request long_one = make_completion("Lily", 300, 99);
+  long_one.ignore_eos = true;
+  const actors::completion c = run_and_check(long_one, "ignore_eos");
+  EXPECT_EQ(c.tokens.size(), 300u);
+  EXPECT_EQ(c.end.finish_reason, "length");
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, StopStringEndsTheStreamAndReleasesTheEngine) {
+  start();
+  msg::completion_request r = make_completion("Once upon a time", 80, 11, 0.0f);
+  const generate::generation ref = reference(oracle_, r);
+  // A stop string from the middle of the reference text: the output ends just before it.
+  const size_t at = ref.text.find(" named");
+  ASSERT_NE(at, std::string::npos) << ref.text;
+  r.stop = {" named"};
+  auto log = submit(r);
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  const actors::completion& c = **log->outcome;
+  EXPECT_EQ(c.text, ref.text.substr(0, at));
+  EXPECT_EQ(c.end.finish_reason, "stop");
+  ASSERT_LT(c.tokens.size(), ref.tokens.size());
+  EXPECT_EQ(c.tokens, std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + c.tokens.size()));
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, AnUnseededRequestReportsTheSeedThatReplaysIt) {
+  start();
+  msg::completion_request r = make_completion("The cat sat", 40, 0);
+  r.has_seed = false;
+  auto a = submit(r);
+  auto b = submit(r);
+  run_ticking();
+  ASSERT_TRUE(a->outcome && a->outcome->has_value());
+  ASSERT_TRUE(b->outcome && b->outcome->has_value());
+  const actors::completion& ca = **a->outcome;
+  const actors::completion& cb = **b->outcome;
+  EXPECT_NE(ca.end.seed, cb.end.seed) << "two requests drew the same seed";
+  for (const actors::completion* c : {&ca, &cb}) {
+    msg::completion_request replay = r;
+    replay.has_seed = true;
+    replay.seed = c->end.seed;
+    expect_matches(*c, reference(oracle_, replay), "replayed seed");
+  }
+}
+
+// ---- cancel and lost clients ---------------------------------------------------------------
+
+TEST_F(ActorsDeterministic, CancelMidStreamEndsCancelledAndFreesThePool) {
+  // 32 blocks of 16 = 512 tokens = the model's context: one full-length sequence fills the pool.
+  start(engine_opts(false, /*num_kv_blocks=*/32));
+  msg::completion_request r = make_completion("A big red ball", 200, 5);
+  r.ignore_eos = true;
+  auto log = submit(r);
+  run_until([&] { return log->tokens().size() >= 3; });
+  caf::anon_send(clients_.back(), msg::cancel_request{});
+  run_ticking();
+
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  const actors::completion& c = **log->outcome;
+  EXPECT_EQ(c.end.finish_reason, "cancelled");
+  const generate::generation ref = reference(oracle_, r);
+  ASSERT_GE(c.tokens.size(), 3u);
+  ASSERT_LT(c.tokens.size(), 10u);  // the cancel came within a step or two
+  EXPECT_EQ(c.tokens, std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + c.tokens.size()));
+  EXPECT_EQ(c.end.num_generated_tokens, static_cast<int32_t>(c.tokens.size()));
+  expect_engine_idle();
+  EXPECT_LT(report().num_generated_tokens, 12);  // the engine stopped generating for it
+
+  // A request that needs every block of the pool runs to its end.
+  msg::completion_request whole = make_completion("", 511, 6);
+  whole.ignore_eos = true;
+  const actors::completion w = run_and_check(whole, "whole pool");
+  EXPECT_EQ(w.tokens.size(), 511u);
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, CancelBeforeTheBalancerAnswersIsNotLost) {
+  start();
+  msg::completion_request r = make_completion("A big red ball", 200, 5);
+  r.ignore_eos = true;
+  auto log = submit(r);
+  caf::anon_send(clients_.back(), msg::cancel_request{});  // queued behind the client's start
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  EXPECT_EQ((*log->outcome)->end.finish_reason, "cancelled");
+  EXPECT_LT((*log->outcome)->tokens.size(), 10u);
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, AKilledClientReleasesItsRequestAndTheEngineServesOn) {
+  start(engine_opts(false, /*num_kv_blocks=*/32));
+  msg::completion_request r = make_completion("A big red ball", 200, 5);
+  r.ignore_eos = true;
+  auto log = submit(r);
+  run_until([&] { return log->tokens().size() >= 3; });
+  caf::anon_send_exit(clients_.back(), caf::exit_reason::kill);
+  run_ticking();
+
+  EXPECT_EQ(log->num_done, 0);  // a killed client hears nothing more
+  expect_engine_idle();         // its request actor quit and the engine freed the blocks
+  EXPECT_LT(report().num_generated_tokens, 12);
+
+  msg::completion_request whole = make_completion("", 511, 6);
+  whole.ignore_eos = true;
+  EXPECT_EQ(run_and_check(whole, "after a lost client").tokens.size(), 511u);
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, AClientKilledBeforeTheBalancerAnswersLeavesNothingBehind) {
+  start();
+  msg::completion_request r = make_completion("A big red ball", 200, 5);
+  r.ignore_eos = true;
+  auto log = submit(r);
+  caf::anon_send_exit(clients_.back(), caf::exit_reason::kill);  // before its request is routed
+  run_ticking();
+  EXPECT_EQ(log->num_done, 0);
+  expect_engine_idle();
+  EXPECT_LT(report().num_generated_tokens, 10);
+}
+
+TEST_F(ActorsDeterministic, AnEngineThatDiesFailsItsRequestsAndTakesItsExecutor) {
+  start();
+  msg::completion_request r = make_completion("The sun was shining", 100, 21);
+  r.ignore_eos = true;
+  auto log = submit(r);
+  run_until([&] { return log->tokens().size() >= 2; });
+  caf::anon_send_exit(engines_[0], caf::exit_reason::kill);
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().code, errc::internal);
+  EXPECT_NE(log->outcome->error().message.find("the engine serving this request is gone"), std::string::npos)
+      << log->outcome->error().message;
+  EXPECT_EQ(sys_.registry().running(), 1u) << "only the balancer is left: the executor quit with its engine";
+}
+
+// ---- executor failures ---------------------------------------------------------------------
+
+TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndTheEngineRecovers) {
+  start();
+  const caf::actor executor = ask<caf::actor>(engines_[0], actors::executor_atom::value);
+  ASSERT_TRUE(executor);
+  msg::completion_request r = make_completion("The sun was shining", 100, 21);
+  r.ignore_eos = true;
+  auto a = submit(r);
+  r.seed = 22;
+  auto b = submit(r);
+  run_until([&] { return a->tokens().size() >= 2 && b->tokens().size() >= 2; });
+  caf::anon_send(executor, msg::inject_failure{"boom"});
+  run_ticking();
+
+  for (const auto& log : {a, b}) {
+    ASSERT_EQ(log->num_done, 1);
+    ASSERT_FALSE(log->outcome->has_value());
+    EXPECT_EQ(log->outcome->error().code, errc::internal);
+    EXPECT_NE(log->outcome->error().message.find("step executor failed"), std::string::npos)
+        << log->outcome->error().message;
+    EXPECT_NE(log->outcome->error().message.find("boom"), std::string::npos) << log->outcome->error().message;
+    EXPECT_LT(log->tokens().size(), 100u);
+  }
+  const msg::engine_report rep = report();
+  EXPECT_EQ(rep.num_executor_failures, 1);
+  const caf::actor replacement = ask<caf::actor>(engines_[0], actors::executor_atom::value);
+  EXPECT_TRUE(replacement);
+  EXPECT_NE(replacement, executor);
+  expect_engine_idle();  // the failed executor is gone, its replacement counted in its place
+
+  run_and_check(make_completion("The sun was shining", 50, 23, 1.0f, 0.9f), "after the failure");
+  EXPECT_EQ(report().num_executor_failures, 1);
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, AKilledExecutorIsReplacedToo) {
+  start();
+  const caf::actor executor = ask<caf::actor>(engines_[0], actors::executor_atom::value);
+  msg::completion_request r = make_completion("The sun was shining", 100, 21);
+  r.ignore_eos = true;
+  auto a = submit(r);
+  run_until([&] { return a->tokens().size() >= 2; });
+  caf::anon_send_exit(executor, caf::exit_reason::kill);
+  run_ticking();
+  ASSERT_EQ(a->num_done, 1);
+  ASSERT_FALSE(a->outcome->has_value());
+  EXPECT_EQ(a->outcome->error().code, errc::internal);
+  EXPECT_NE(a->outcome->error().message.find("step executor failed"), std::string::npos);
+  EXPECT_EQ(report().num_executor_failures, 1);
+  expect_engine_idle();
+  run_and_check(make_completion("The sun was shining", 50, 23), "after the kill");
+}
+
+// ---- bad requests --------------------------------------------------------------------------
+
+struct bad_case {
+  std::string name;
+  msg::completion_request request;
+  errc code;
+  std::string message_part;
+};
+
+TEST_F(ActorsDeterministic, BadRequestsGetClearErrors) {
+  start();
+  auto with = [](auto change) {
+    msg::completion_request r = make_completion("Once upon a time", 20, 1);
+    change(r);
+    return r;
+  };
+  std::string words;
+  for (int i = 0; i < 600; i++) words += "cat ";
+  const std::vector<bad_case> cases = {
+      {"600 words", with([&](auto& r) { r.prompt = words; }), errc::too_long, "exceeds the model's context of 512"},
+      {"prompt + max_tokens > seq_len", with([](auto& r) { r.max_tokens = 510; }), errc::too_long,
+       "exceeds the model's context"},
+      {"max_tokens 0", with([](auto& r) { r.max_tokens = 0; }), errc::invalid_argument, "max_tokens must be > 0"},
+      {"max_tokens -3", with([](auto& r) { r.max_tokens = -3; }), errc::invalid_argument, "max_tokens must be > 0"},
+      {"temperature < 0", with([](auto& r) { r.temperature = -0.5f; }), errc::invalid_argument, "temperature"},
+      {"temperature NaN", with([](auto& r) { r.temperature = std::nanf(""); }), errc::invalid_argument,
+       "temperature"},
+      {"top_p 0", with([](auto& r) { r.top_p = 0.0f; }), errc::invalid_argument, "top_p must be in (0, 1]"},
+      {"top_p 1.5", with([](auto& r) { r.top_p = 1.5f; }), errc::invalid_argument, "top_p must be in (0, 1]"},
+      {"top_k < 0", with([](auto& r) { r.top_k = -1; }), errc::invalid_argument, "top_k must be >= 0"},
+      {"empty stop string", with([](auto& r) { r.stop = {"ok", ""}; }), errc::invalid_argument,
+       "stop string must have 1 to 256 bytes"},
+      {"invalid UTF-8 stop string", with([](auto& r) { r.stop = {"\xC3"}; }), errc::invalid_utf8, "stop string"},
+      {"invalid UTF-8 prompt", with([](auto& r) { r.prompt = "Once \xFF\xFE upon"; }), errc::invalid_utf8, "invalid UTF-8 at byte offset 5"},
+  };
+  std::vector<std::shared_ptr<client_log>> logs;
+  for (const bad_case& c : cases) logs.push_back(submit(c.request));
+  run_ticking();
+  for (size_t i = 0; i < cases.size(); i++) {
+    const bad_case& c = cases[i];
+    ASSERT_EQ(logs[i]->num_done, 1) << c.name;
+    ASSERT_FALSE(logs[i]->outcome->has_value()) << c.name << " was accepted";
+    EXPECT_EQ(logs[i]->outcome->error().code, c.code) << c.name << ": " << logs[i]->outcome->error().message;
+    EXPECT_NE(logs[i]->outcome->error().message.find(c.message_part), std::string::npos)
+        << c.name << ": " << logs[i]->outcome->error().message;
+    EXPECT_TRUE(logs[i]->chunks.empty()) << c.name;
+  }
+  expect_engine_idle();
+  EXPECT_EQ(report().num_steps, 0);
+}
+
+TEST_F(ActorsDeterministic, AnEmptyPromptGeneratesFromBos) {
+  // Decision: the request actor always adds BOS, so "" is the valid request "start a story from
+  // BOS" (as llama2.c with no prompt), not an error.
+  start();
+  const actors::completion c = run_and_check(make_completion("", 40, 3, 0.0f), "empty prompt");
+  EXPECT_EQ(c.end.num_prompt_tokens, 1);
+  EXPECT_EQ(c.text.rfind("Once upon a time", 0), 0u) << c.text;  // greedy from BOS
+  expect_engine_idle();
+}
+
+// ---- overload ------------------------------------------------------------------------------
+
+TEST_F(ActorsDeterministic, AFullWaitingQueueRejectsWithOverloaded) {
+  actors::engine_options o = engine_opts(false);
+  o.max_waiting = 2;
+  start(o);
+  std::vector<msg::completion_request> requests;
+  std::vector<std::shared_ptr<client_log>> logs;
+  for (int i = 0; i < 12; i++) {
+    requests.push_back(make_completion("Tom had a ball " + std::to_string(i), 20, 100 + i));
+    logs.push_back(submit(requests.back()));
+  }
+  run_ticking();
+  int num_overloaded = 0;
+  int num_completed = 0;
+  for (size_t i = 0; i < logs.size(); i++) {
+    ASSERT_EQ(logs[i]->num_done, 1) << i;
+    if (logs[i]->outcome->has_value()) {
+      num_completed++;
+      expect_matches(**logs[i]->outcome, reference(oracle_, requests[i]), "request " + std::to_string(i));
+    } else {
+      num_overloaded++;
+      EXPECT_EQ(logs[i]->outcome->error().code, errc::overloaded);
+      EXPECT_NE(logs[i]->outcome->error().message.find("waiting queue is full (2 requests)"), std::string::npos)
+          << logs[i]->outcome->error().message;
+    }
+  }
+  // All 12 submits reach the engine before the executor's first result: the first request fills
+  // both steps in flight (its prefill, and its first decode planned ahead), the next two wait,
+  // the other nine find the waiting queue full.
+  EXPECT_EQ(num_completed, 3);
+  EXPECT_EQ(num_overloaded, 9);
+  expect_engine_idle();
+}
+
+// ---- routing -------------------------------------------------------------------------------
+
+TEST(PickEngine, FewestLiveRequestsTiesByIndex) {
+  EXPECT_EQ(actors::pick_engine({0}), 0u);
+  EXPECT_EQ(actors::pick_engine({5}), 0u);
+  EXPECT_EQ(actors::pick_engine({0, 0}), 0u);
+  EXPECT_EQ(actors::pick_engine({1, 0}), 1u);
+  EXPECT_EQ(actors::pick_engine({0, 1}), 0u);
+  EXPECT_EQ(actors::pick_engine({2, 1, 1}), 1u);
+  EXPECT_EQ(actors::pick_engine({3, 3, 2, 2}), 2u);
+  EXPECT_EQ(actors::pick_engine({4, 2, 3, 2, 1}), 4u);
+}
+
+TEST_F(ActorsDeterministic, TwoEnginesShareConcurrentRequestsAndSequentialOnesGoToTheFirst) {
+  start(engine_opts(false), /*num_engines=*/2);
+  // One at a time: each finds both engines idle and takes the first (ties by index).
+  int64_t sequential_tokens = 0;
+  for (int i = 0; i < 2; i++)
+    sequential_tokens += static_cast<int64_t>(run_and_check(make_completion("Ben ran", 15, 50 + i), "sequential").tokens.size());
+  EXPECT_EQ(report(0).num_generated_tokens, sequential_tokens);
+  EXPECT_EQ(report(1).num_steps, 0);
+
+  // Four at once: they alternate, ids 2 and 4 on engine 0, ids 3 and 5 on engine 1.
+  std::vector<msg::completion_request> requests;
+  std::vector<std::shared_ptr<client_log>> logs;
+  for (int i = 0; i < 4; i++) {
+    requests.push_back(make_completion("Ben ran " + std::to_string(i), 15, 60 + i));
+    logs.push_back(submit(requests.back()));
+  }
+  run_ticking();
+  int64_t tokens_per_engine[2] = {0, 0};
+  for (size_t i = 0; i < logs.size(); i++) {
+    ASSERT_TRUE(logs[i]->outcome && logs[i]->outcome->has_value());
+    const actors::completion& c = **logs[i]->outcome;
+    expect_matches(c, reference(oracle_, requests[i]), "concurrent");
+    EXPECT_EQ(c.end.request_id, static_cast<int64_t>(2 + i));
+    tokens_per_engine[c.end.request_id % 2] += static_cast<int64_t>(c.tokens.size());
+  }
+  EXPECT_EQ(report(0).num_generated_tokens, sequential_tokens + tokens_per_engine[0]);
+  EXPECT_EQ(report(1).num_generated_tokens, tokens_per_engine[1]);
+  expect_engine_idle(0);
+  expect_engine_idle(1);
+}
+
+// ---- wire format ---------------------------------------------------------------------------
+
+/// Serializes `x` inside a caf::message (which needs its registered type name) and reads it back.
+template <class T>
+T round_trip(caf::actor_system& sys, const T& x) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  caf::message m = caf::make_message(x);
+  if (auto err = sink(m)) ADD_FAILURE() << "serializing: " << sys.render(err);
+  caf::message back;
+  caf::binary_deserializer source{sys, buf};
+  if (auto err = source(back)) ADD_FAILURE() << "deserializing: " << sys.render(err);
+  EXPECT_TRUE(back.match_elements<T>());
+  std::vector<char> again;
+  caf::binary_serializer sink2{sys, again};
+  EXPECT_FALSE(sink2(back));
+  EXPECT_EQ(buf, again) << "a second serialization differs";
+  return back.match_elements<T>() ? back.get_as<T>(0) : T{};
+}
+
+TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
+  msg::completion_request req = make_completion("héllo", 33, 77, 0.5f, 0.9f);
+  req.stop = {"a", "b"};
+  req.top_k = 4;
+  req.min_p = 0.25f;
+  req.ignore_eos = true;
+  req.priority = -2;
+  req.num_top_logprobs = 3;
+  const msg::completion_request req2 = round_trip(sys_, req);
+  EXPECT_EQ(req2.prompt, "héllo");
+  EXPECT_EQ(req2.max_tokens, 33);
+  EXPECT_EQ(req2.temperature, 0.5f);
+  EXPECT_EQ(req2.top_p, 0.9f);
+  EXPECT_EQ(req2.top_k, 4);
+  EXPECT_EQ(req2.min_p, 0.25f);
+  EXPECT_TRUE(req2.has_seed);
+  EXPECT_EQ(req2.seed, 77u);
+  EXPECT_EQ(req2.stop, req.stop);
+  EXPECT_TRUE(req2.ignore_eos);
+  EXPECT_EQ(req2.priority, -2);
+  EXPECT_EQ(req2.num_top_logprobs, 3);
+
+  EXPECT_EQ(round_trip(sys_, msg::completion_chunk{3, "hi", {7, 8}, {-1.5f, -2.5f}}).tokens, (std::vector<int32_t>{7, 8}));
+  const msg::completion_end end = round_trip(sys_, msg::completion_end{3, "length", 9, 4, 5, 6, 7, {1, 2}});
+  EXPECT_EQ(end.finish_reason, "length");
+  EXPECT_EQ(end.itl_ns, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(round_trip(sys_, msg::completion_error{3, "too_long", "m"}).code, "too_long");
+  EXPECT_EQ(round_trip(sys_, msg::cancel_request{12}).request_id, 12);
+
+  engine::request er;
+  er.id = 5;
+  er.prompt = {1, 300, 301};
+  er.seed = 1234567890123ull;
+  er.stop = {"x"};
+  er.stop_token_ids = {2};
+  const msg::submit s = round_trip(sys_, msg::submit{er});
+  EXPECT_EQ(s.request.prompt, er.prompt);
+  EXPECT_EQ(s.request.seed, er.seed);
+  EXPECT_EQ(s.request.stop_token_ids, er.stop_token_ids);
+  EXPECT_EQ(round_trip(sys_, msg::rejected{1, "overloaded", "full"}).message, "full");
+  const msg::sampled smp = round_trip(sys_, msg::sampled{1, 0, 42, -0.5f, {{3, -1.0f}}, "length"});
+  EXPECT_EQ(smp.token, 42);
+  ASSERT_EQ(smp.top_logprobs.size(), 1u);
+  EXPECT_EQ(smp.top_logprobs[0].token, 3);
+  EXPECT_EQ(round_trip(sys_, msg::release{8}).request_id, 8);
+  msg::engine_report rep;
+  rep.num_blocks_in_use = 17;
+  rep.elapsed_ns = 99;
+  EXPECT_EQ(round_trip(sys_, rep).num_blocks_in_use, 17);
+  EXPECT_EQ(round_trip(sys_, msg::inject_failure{"boom"}).reason, "boom");
+
+  engine::exec_plan plan;
+  plan.step = 4;
+  plan.copies = {{1, 2}};
+  engine::exec_chunk chunk;
+  chunk.seq = 3;
+  chunk.first_position = 10;
+  chunk.tokens = {engine::previous_sample};
+  chunk.block_table = {0, 5};
+  chunk.seeds = {11};
+  chunk.sampling.top_p = 0.5f;
+  plan.chunks = {chunk};
+  plan.released = {1};
+  const engine::exec_plan plan2 = round_trip(sys_, plan);
+  ASSERT_EQ(plan2.chunks.size(), 1u);
+  EXPECT_EQ(plan2.chunks[0].block_table, chunk.block_table);
+  EXPECT_EQ(plan2.chunks[0].sampling.top_p, 0.5f);
+  EXPECT_EQ(plan2.copies[0].dst, 2);
+  engine::exec_result result{4, {{{9, -0.25f, {}}}}};
+  EXPECT_EQ(round_trip(sys_, result).samples.at(0).at(0).token, 9);
+}
+
+}  // namespace
+}  // namespace troupe::testing

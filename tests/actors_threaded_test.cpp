@@ -1,0 +1,368 @@
+// The actor layer on CAF's real threaded scheduler with detached executors: many clients at
+// once, from several threads, through one or two engines. Every answer must equal the
+// single-sequence reference generator's (contract 1: a request's tokens do not depend on what
+// else is in the batch); cancels, killed clients, executor failures and overload must all end
+// (nothing hangs, nothing leaks: the engines end with no request and no KV block in use). Run it
+// under ThreadSanitizer too (see tests/tsan.supp).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/atoms.hpp"
+#include "messages/engine.hpp"
+#include "tests/support/actor_harness.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Outcomes of many clients, written by their actors on CAF's threads, read by the test.
+class tracker : public std::enable_shared_from_this<tracker> {
+ public:
+  struct entry {
+    std::vector<int32_t> tokens;  // from the chunks
+    std::string text;             // from the chunks
+    std::optional<expected<actors::completion>> outcome;
+    int num_done = 0;
+  };
+
+  explicit tracker(size_t n) : entries_(n) {}
+
+  caf::actor spawn(caf::actor_system& sys, const caf::actor& lb, size_t i, const msg::completion_request& r) {
+    // The callbacks share ownership: a client may outlive a test that failed early.
+    auto self = shared_from_this();
+    return actors::spawn_client(
+        sys, lb, r,
+        [self, i](const msg::completion_chunk& c) {
+          std::lock_guard<std::mutex> lock(self->m_);
+          self->entries_[i].text += c.text;
+          self->entries_[i].tokens.insert(self->entries_[i].tokens.end(), c.tokens.begin(), c.tokens.end());
+          self->cv_.notify_all();
+        },
+        [self, i](const expected<actors::completion>& outcome) { self->done(i, outcome); });
+  }
+
+  void done(size_t i, const expected<actors::completion>& outcome) {
+    std::lock_guard<std::mutex> lock(m_);
+    entries_[i].outcome = outcome;
+    entries_[i].num_done++;
+    cv_.notify_all();
+  }
+
+  /// Waits (at most 60 s) until `pred(entries)` holds; false on timeout.
+  template <class Predicate>
+  bool wait_for(Predicate pred) {
+    std::unique_lock<std::mutex> lock(m_);
+    return cv_.wait_for(lock, 60s, [&] { return pred(entries_); });
+  }
+
+  bool wait_all_done(size_t count) {
+    return wait_for([&](const std::vector<entry>& es) {
+      size_t n = 0;
+      for (const entry& e : es) n += e.num_done > 0 ? 1 : 0;
+      return n >= count;
+    });
+  }
+
+  /// The entries, once their writers are done (after a wait).
+  std::vector<entry> snapshot() {
+    std::lock_guard<std::mutex> lock(m_);
+    return entries_;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<entry> entries_;
+};
+
+/// Prompt `i` of 64: a window of one of llama2.c's golden stories, as text.
+std::string story_window(size_t i) {
+  static const std::vector<golden_case> cases = golden_cases();
+  const std::vector<int32_t>& ids = cases[i % cases.size()].token_ids;
+  const size_t start = 1 + (i * 5) % 120;
+  const size_t length = 2 + (i * 7) % 30;
+  std::vector<int32_t> window{tokenizer::bos};
+  window.insert(window.end(), ids.begin() + static_cast<std::ptrdiff_t>(start),
+                ids.begin() + static_cast<std::ptrdiff_t>(start + length));
+  return bundled_shared().tok->decode(window);
+}
+
+class ActorsThreaded : public ::testing::Test {
+ protected:
+  caf::actor_system_config cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  model::transformer oracle_{*bundled_shared().ck};
+  std::vector<caf::actor> engines_;
+  caf::actor lb_;
+  size_t num_idle_actors_ = 0;
+
+  void start(actors::engine_options o = engine_opts(true), int num_engines = 1) {
+    cfg_.set("scheduler.max-threads", 4);
+    sys_ = std::make_unique<caf::actor_system>(configure(cfg_, /*deterministic=*/false));
+    for (int i = 0; i < num_engines; i++) engines_.push_back(spawn_engine_or_die(*sys_, o));
+    lb_ = spawn_balancer(*sys_, engines_);
+    num_idle_actors_ = static_cast<size_t>(num_engines) * 2 + 1;  // engines, executors, balancer
+  }
+
+  void TearDown() override {
+    if (!sys_) return;
+    for (const caf::actor& e : engines_) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
+    engines_.clear();
+    lb_ = nullptr;
+    // Every actor must quit: a hang here is a bug (the system's destructor would wait forever).
+    std::mutex m;
+    std::condition_variable cv;
+    bool finished = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(m);
+      if (!cv.wait_for(lock, 30s, [&] { return finished; })) {
+        std::cerr << "actor system shutdown hangs: " << sys_->registry().running() << " actor(s) alive\n";
+        std::abort();
+      }
+    });
+    sys_->await_all_actors_done();
+    {
+      std::lock_guard<std::mutex> lock(m);
+      finished = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+    sys_.reset();
+  }
+
+  msg::engine_report report(size_t engine = 0) {
+    auto r = actors::query_engine(*sys_, engines_.at(engine));
+    EXPECT_TRUE(r.has_value()) << r.error().message;
+    return r.value_or(msg::engine_report{});
+  }
+
+  /// Waits (at most 10 s) until every engine holds no request and no block and only the
+  /// long-lived actors are left; request actors quit asynchronously after their last message.
+  void expect_eventually_idle() {
+    for (int i = 0; i < 10000; i++) {
+      bool idle = sys_->registry().running() == num_idle_actors_;
+      for (size_t e = 0; idle && e < engines_.size(); e++) {
+        const msg::engine_report r = report(e);
+        idle = r.num_requests == 0 && r.num_blocks_in_use == 0 && r.num_waiting == 0;
+      }
+      if (idle) return;
+      std::this_thread::sleep_for(1ms);
+    }
+    ADD_FAILURE() << "not idle after 10 s: " << sys_->registry().running() << " actors running";
+  }
+
+  /// 64 different prompts and seeds, submitted at once from 8 threads: on each, 7 event-based
+  /// clients and one blocking `complete`. Checks every answer against the reference.
+  void sixty_four_clients() {
+    constexpr size_t n = 64;
+    constexpr size_t num_threads = 8;
+    std::vector<msg::completion_request> requests;
+    std::set<std::string> prompts;
+    for (size_t i = 0; i < n; i++) {
+      requests.push_back(make_completion(story_window(i), 40 + static_cast<int32_t>(i % 21), 9000 + i, 1.0f, 0.9f));
+      prompts.insert(requests.back().prompt);
+    }
+    ASSERT_EQ(prompts.size(), n);
+    auto track = std::make_shared<tracker>(n);
+    std::mutex go_m;
+    std::condition_variable go_cv;
+    bool go = false;
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < num_threads; t++) {
+      threads.emplace_back([&, t] {
+        {
+          std::unique_lock<std::mutex> lock(go_m);
+          go_cv.wait(lock, [&] { return go; });
+        }
+        const size_t first = t * (n / num_threads);
+        const size_t last = first + n / num_threads - 1;  // this one blocks in `complete`
+        for (size_t i = first; i < last; i++) track->spawn(*sys_, lb_, i, requests[i]);
+        std::string streamed;
+        auto out = actors::complete(*sys_, lb_, requests[last],
+                                    [&](const msg::completion_chunk& c) { streamed += c.text; });
+        if (out) EXPECT_EQ(streamed, out->text) << "request " << last;
+        track->done(last, out);
+      });
+    }
+    {
+      std::lock_guard<std::mutex> lock(go_m);
+      go = true;
+    }
+    go_cv.notify_all();
+    for (std::thread& t : threads) t.join();
+    ASSERT_TRUE(track->wait_all_done(n)) << "clients still waiting after 60 s";
+
+    int64_t num_tokens = 0;
+    const std::vector<tracker::entry> entries = track->snapshot();
+    for (size_t i = 0; i < n; i++) {
+      const tracker::entry& e = entries[i];
+      const std::string what = "request " + std::to_string(i);
+      ASSERT_EQ(e.num_done, 1) << what;
+      ASSERT_TRUE(e.outcome->has_value()) << what << ": " << e.outcome->error().message;
+      const actors::completion& c = **e.outcome;
+      const generate::generation ref = reference(oracle_, requests[i]);
+      expect_matches(c, ref, what);
+      EXPECT_EQ(c.end.seed, 9000 + i) << what;
+      if (i % (n / num_threads) != n / num_threads - 1) {  // the streamed chunks add up too
+        EXPECT_EQ(e.tokens, ref.tokens) << what;
+        EXPECT_EQ(e.text, ref.text) << what;
+      }
+      num_tokens += static_cast<int64_t>(ref.tokens.size());
+    }
+    expect_eventually_idle();
+    int64_t num_generated = 0;
+    for (size_t e = 0; e < engines_.size(); e++) num_generated += report(e).num_generated_tokens;
+    EXPECT_EQ(num_generated, num_tokens);
+  }
+};
+
+TEST_F(ActorsThreaded, SixtyFourConcurrentClientsGetTheReferenceOutputs) {
+  start();
+  sixty_four_clients();
+}
+
+TEST_F(ActorsThreaded, SixtyFourConcurrentClientsOverTwoEngines) {
+  start(engine_opts(true), /*num_engines=*/2);
+  sixty_four_clients();
+  EXPECT_GT(report(0).num_generated_tokens, 0);
+  EXPECT_GT(report(1).num_generated_tokens, 0);
+}
+
+TEST_F(ActorsThreaded, SixtyFourConcurrentClientsWithAKernelThreadPool) {
+  actors::engine_options o = engine_opts(true);
+  o.executor_threads = 2;  // batch-invariant kernels: the same bits with a thread pool
+  start(o);
+  sixty_four_clients();
+}
+
+TEST_F(ActorsThreaded, OverloadRejectsSomeAndServesTheRest) {
+  actors::engine_options o = engine_opts(true);
+  o.max_waiting = 2;
+  start(o);
+  constexpr size_t n = 64;
+  std::vector<msg::completion_request> requests;
+  auto track = std::make_shared<tracker>(n);
+  for (size_t i = 0; i < n; i++) {
+    requests.push_back(make_completion(story_window(i), 30, 500 + i));
+    track->spawn(*sys_, lb_, i, requests[i]);
+  }
+  ASSERT_TRUE(track->wait_all_done(n)) << "clients still waiting after 60 s";
+  size_t num_overloaded = 0;
+  size_t num_completed = 0;
+  const std::vector<tracker::entry> entries = track->snapshot();
+  for (size_t i = 0; i < n; i++) {
+    const tracker::entry& e = entries[i];
+    ASSERT_EQ(e.num_done, 1);
+    if (e.outcome->has_value()) {
+      num_completed++;
+      expect_matches(**e.outcome, reference(oracle_, requests[i]), "request " + std::to_string(i));
+    } else {
+      num_overloaded++;
+      EXPECT_EQ(e.outcome->error().code, errc::overloaded) << e.outcome->error().message;
+      EXPECT_NE(e.outcome->error().message.find("waiting queue is full"), std::string::npos);
+    }
+  }
+  EXPECT_GE(num_completed, 2u);
+  EXPECT_GE(num_overloaded, 1u);  // 64 at once against 2 steps in flight and 2 waiting
+  expect_eventually_idle();
+}
+
+TEST_F(ActorsThreaded, CancelledAndKilledClientsReleaseTheirRequests) {
+  start(engine_opts(true), /*num_engines=*/2);
+  constexpr size_t n = 16;
+  std::vector<msg::completion_request> requests;
+  std::vector<caf::actor> clients;
+  auto track = std::make_shared<tracker>(n);
+  for (size_t i = 0; i < n; i++) {
+    msg::completion_request r = make_completion(story_window(i), 400, 70 + i);
+    r.ignore_eos = true;
+    requests.push_back(r);
+    clients.push_back(track->spawn(*sys_, lb_, i, r));
+  }
+  ASSERT_TRUE(track->wait_for([](const std::vector<tracker::entry>& es) {
+    for (const tracker::entry& e : es)
+      if (e.tokens.size() < 2) return false;
+    return true;
+  }));
+  for (size_t i = 0; i < n; i++) {
+    if (i % 2 == 0)
+      caf::anon_send(clients[i], msg::cancel_request{});
+    else
+      caf::anon_send_exit(clients[i], caf::exit_reason::kill);
+  }
+  clients.clear();
+  ASSERT_TRUE(track->wait_all_done(n / 2));
+  expect_eventually_idle();
+  const std::vector<tracker::entry> entries = track->snapshot();
+  for (size_t i = 0; i < n; i++) {
+    const tracker::entry& e = entries[i];
+    if (i % 2 == 1) {
+      EXPECT_EQ(e.num_done, 0) << "a killed client was called back";
+      continue;
+    }
+    ASSERT_EQ(e.num_done, 1);
+    ASSERT_TRUE(e.outcome->has_value()) << e.outcome->error().message;
+    EXPECT_EQ((*e.outcome)->end.finish_reason, "cancelled");
+    const generate::generation ref = reference(oracle_, requests[i]);
+    ASSERT_LT((*e.outcome)->tokens.size(), ref.tokens.size());
+    EXPECT_EQ((*e.outcome)->tokens,
+              std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + (*e.outcome)->tokens.size()));
+  }
+  // Both engines serve on.
+  for (int i = 0; i < 2; i++) {
+    const msg::completion_request r = make_completion("Tim and Sue", 30, 80 + i, 1.0f, 0.9f);
+    auto out = actors::complete(*sys_, lb_, r);
+    ASSERT_TRUE(out.has_value()) << out.error().message;
+    expect_matches(*out, reference(oracle_, r), "after the cancels");
+  }
+}
+
+TEST_F(ActorsThreaded, ADetachedExecutorFailureFailsInFlightRequestsOnly) {
+  start();
+  auto executor = actors::query_executor(*sys_, engines_[0]);
+  ASSERT_TRUE(executor.has_value()) << executor.error().message;
+  constexpr size_t n = 8;
+  auto track = std::make_shared<tracker>(n);
+  for (size_t i = 0; i < n; i++) {
+    msg::completion_request r = make_completion(story_window(i), 400, 30 + i);
+    r.ignore_eos = true;
+    track->spawn(*sys_, lb_, i, r);
+  }
+  ASSERT_TRUE(track->wait_for([](const std::vector<tracker::entry>& es) {
+    for (const tracker::entry& e : es)
+      if (e.tokens.empty()) return false;
+    return true;
+  }));
+  caf::anon_send(*executor, msg::inject_failure{"boom"});
+  ASSERT_TRUE(track->wait_all_done(n));
+  for (const tracker::entry& e : track->snapshot()) {
+    ASSERT_FALSE(e.outcome->has_value());
+    EXPECT_EQ(e.outcome->error().code, errc::internal);
+    EXPECT_NE(e.outcome->error().message.find("step executor failed"), std::string::npos);
+    EXPECT_NE(e.outcome->error().message.find("boom"), std::string::npos);
+  }
+  expect_eventually_idle();
+  EXPECT_EQ(report().num_executor_failures, 1);
+  const msg::completion_request r = make_completion("Tim and Sue", 30, 90);
+  auto out = actors::complete(*sys_, lb_, r);
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  expect_matches(*out, reference(oracle_, r), "after the failure");
+  EXPECT_EQ(report().num_executor_failures, 1);
+}
+
+}  // namespace
+}  // namespace troupe::testing

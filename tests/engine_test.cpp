@@ -1,0 +1,490 @@
+// engine::engine, the determinism contract: a request's tokens, the float bits of their
+// logprobs and the top-5 ids are the same whatever else is in the batch, however its prefill
+// is chunked, whether it was preempted, whether its prefix came from cache, whether it was
+// forked from a request with n > 1 — and equal to the single-sequence reference generator.
+#include "runtime/engine/engine.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/step_executor.hpp"
+#include "runtime/generate/reference_generator.hpp"
+#include "tests/support/engine_harness.hpp"
+
+namespace troupe::engine {
+namespace {
+
+using testing::expect_same;
+using testing::make_engine;
+using testing::make_request;
+using testing::outputs;
+using testing::run_each_alone;
+using testing::run_to_completion;
+using testing::varied_prompt;
+
+/// 64 distinct prompts, 40 to 55 new tokens each, top-5 logprobs; sampled ones have their own seed.
+std::vector<request> batch_of_64(float temperature, float top_p) {
+  std::vector<request> requests;
+  std::set<std::vector<int32_t>> distinct;
+  for (int32_t i = 0; i < 64; i++) {
+    request r = make_request(100 + i, varied_prompt(i), 40 + i % 16, temperature, 1000 + 7 * i);
+    r.sampling.top_p = top_p;
+    r.sampling.num_top_logprobs = 5;
+    distinct.insert(r.prompt);
+    requests.push_back(std::move(r));
+  }
+  EXPECT_EQ(distinct.size(), 64u);
+  return requests;
+}
+
+/// Runs `requests` together in one engine and each alone in a fresh one; expects identical
+/// outputs and returns them.
+outputs expect_batch_invariance(const std::vector<request>& requests) {
+  auto together = make_engine();
+  for (const request& r : requests) EXPECT_TRUE(together->add_request(r).has_value());
+  const outputs batched = run_to_completion(*together);
+  EXPECT_EQ(batched.size(), requests.size());
+  EXPECT_EQ(together->blocks().num_used_blocks(), 0);
+  EXPECT_GT(together->stats().num_steps, 40);
+  expect_same(batched, run_each_alone(requests), "64 together vs each alone");
+  return batched;
+}
+
+TEST(EngineDeterminism, GreedyOutputsDoNotDependOnTheBatch) {
+  expect_batch_invariance(batch_of_64(0.0f, 1.0f));
+}
+
+TEST(EngineDeterminism, SeededSamplingDoesNotDependOnTheBatch) {
+  std::vector<request> requests = batch_of_64(1.0f, 0.9f);
+  const outputs sampled = expect_batch_invariance(requests);
+  // Most sampled outputs differ from the greedy ones (the test would be weak otherwise).
+  auto e = make_engine();
+  for (request& r : requests) {
+    r.sampling.temperature = 0.0f;
+    ASSERT_TRUE(e->add_request(r).has_value());
+  }
+  const outputs greedy = run_to_completion(*e);
+  int32_t num_different = 0;
+  for (const auto& [key, out] : sampled) num_different += out.tokens != greedy.at(key).tokens;
+  EXPECT_GE(num_different, 48);
+}
+
+TEST(EngineDeterminism, ChunkedPrefillGivesTheSameOutputs) {
+  // One long prompt alone: with a budget of b tokens its prefill takes ceil(100 / b) steps,
+  // the last of which samples the first token.
+  std::vector<int32_t> long_prompt = testing::golden("t0_n200").token_ids;
+  long_prompt.resize(100);
+  std::vector<request> mixed;
+  for (int32_t i = 0; i < 8; i++) {
+    request r = make_request(i, varied_prompt(3 * i + 1), 30, i % 2 == 0 ? 0.0f : 1.0f, 77 + i);
+    r.sampling.num_top_logprobs = 5;
+    mixed.push_back(std::move(r));
+  }
+  outputs want_long;
+  outputs want_mixed;
+  for (int32_t budget : {512, 16, 3, 1}) {
+    SCOPED_TRACE("max_num_batched_tokens " + std::to_string(budget));
+    engine_config config;
+    config.scheduler.max_num_batched_tokens = budget;
+
+    auto e = make_engine(config);
+    request r = make_request(50, long_prompt, 20, 1.0f, 5);
+    r.ignore_eos = true;
+    r.sampling.num_top_logprobs = 5;
+    ASSERT_TRUE(e->add_request(r).has_value());
+    const outputs got_long = run_to_completion(*e);
+    EXPECT_EQ(e->stats().num_steps, (100 + budget - 1) / budget + 19);
+    EXPECT_EQ(e->stats().num_scheduled_tokens, 100 + 19);
+
+    auto m = make_engine(config);
+    for (const request& q : mixed) ASSERT_TRUE(m->add_request(q).has_value());
+    const outputs got_mixed = run_to_completion(*m);
+    if (budget == 512) {
+      want_long = got_long;
+      want_mixed = got_mixed;
+      EXPECT_EQ(got_long.at({50, 0}).tokens.size(), 20u);
+    } else {
+      expect_same(got_long, want_long, "long prompt");
+      expect_same(got_mixed, want_mixed, "8 prompts");
+    }
+  }
+}
+
+TEST(EngineDeterminism, PreemptionDoesNotChangeOutputs) {
+  std::vector<request> requests;
+  for (int32_t i = 0; i < 16; i++) {
+    request r = make_request(i, varied_prompt(4 * i + 2), 40, i % 2 == 0 ? 0.0f : 1.0f, 300 + i);
+    r.priority = i % 3;
+    r.sampling.num_top_logprobs = 5;
+    requests.push_back(std::move(r));
+  }
+  engine_config roomy;
+  roomy.block_size = 8;
+  auto a = make_engine(roomy);
+  for (const request& r : requests) ASSERT_TRUE(a->add_request(r).has_value());
+  const outputs want = run_to_completion(*a);
+  EXPECT_EQ(a->stats().num_preemptions, 0);
+
+  engine_config tight = roomy;
+  tight.num_kv_blocks = 24;  // 192 slots; each sequence needs up to 86
+  tight.scheduler.max_num_batched_tokens = 48;
+  auto b = make_engine(tight);
+  for (const request& r : requests) ASSERT_TRUE(b->add_request(r).has_value());
+  const outputs got = run_to_completion(*b);
+  EXPECT_GT(b->stats().num_preemptions, 0);
+  EXPECT_EQ(b->blocks().num_used_blocks(), 0);
+  EXPECT_EQ(b->blocks().num_sequences(), 0);
+  expect_same(got, want, "tight pool vs roomy pool");
+}
+
+TEST(EngineDeterminism, PrefixReuseSharesBlocksAndKeepsOutputs) {
+  const std::vector<int32_t> golden = testing::golden("t0_n200").token_ids;
+  const std::vector<int32_t> first_prompt(golden.begin(), golden.begin() + 52);
+  std::vector<int32_t> second_prompt(golden.begin(), golden.begin() + 48);
+  const std::vector<int32_t> other = varied_prompt(5);
+  second_prompt.insert(second_prompt.end(), other.begin() + 1, other.begin() + 6);  // 53 tokens
+  ASSERT_NE(second_prompt[48], first_prompt[48]);
+
+  auto e = make_engine();
+  request first = make_request(1, first_prompt, 10, 1.0f, 11);
+  first.ignore_eos = true;
+  ASSERT_TRUE(e->add_request(first).has_value());
+  outputs first_out;
+  testing::step_once(*e, first_out);
+  ASSERT_EQ(e->core().sequence_of(1, 0), kv::seq_id{0});
+  EXPECT_EQ(e->blocks().block_table(0), (std::vector<kv::block_id>{0, 1, 2, 3}));
+  testing::run_until_done(*e, first_out);
+  // 52 prompt tokens + 9 computed samples = 61 slots: blocks 0..2 full and cached, 3 partial.
+  EXPECT_EQ(e->blocks().num_used_blocks(), 0);
+  EXPECT_EQ(e->blocks().num_cached_blocks(), 3);
+  EXPECT_EQ(e->stats().num_prefix_hit_tokens, 0);
+  const int64_t num_first_tokens = e->stats().num_scheduled_tokens;
+  EXPECT_EQ(num_first_tokens, 52 + 9);
+
+  request second = make_request(2, second_prompt, 12, 1.0f, 22);
+  second.sampling.num_top_logprobs = 5;
+  ASSERT_TRUE(e->add_request(second).has_value());
+  outputs got;
+  testing::step_once(*e, got);
+  EXPECT_EQ(e->stats().num_prefix_hit_tokens, 48);
+  EXPECT_EQ(e->stats().num_scheduled_tokens - num_first_tokens, 5);  // the uncached tail only
+  ASSERT_EQ(e->core().sequence_of(2, 0), kv::seq_id{1});
+  // Blocks 0..2 come from the cache; the first request's blocks went to the back of the free
+  // queue (3, 2, 1, 0), so the fresh block is 4.
+  EXPECT_EQ(e->blocks().block_table(1), (std::vector<kv::block_id>{0, 1, 2, 4}));
+  EXPECT_EQ(e->blocks().refcount(0), 1);
+  testing::run_until_done(*e, got);
+  EXPECT_EQ(e->stats().num_prefix_hit_tokens, 48);
+  EXPECT_EQ(e->blocks().num_used_blocks(), 0);
+
+  const outputs cold = run_each_alone({second});
+  expect_same(got, cold, "prefix hit vs cold");
+}
+
+TEST(EngineDeterminism, ForkStoresThePromptOnceAndEachSampleMatchesItsSeed) {
+  constexpr int32_t n = 32;
+  constexpr uint64_t seed = 4242;
+  const std::vector<int32_t> prompt = varied_prompt(9);  // BOS + 1 + 9 * 7 % 45 = 20 tokens
+  ASSERT_EQ(prompt.size(), 20u);
+  request r = make_request(9, prompt, 40, 1.0f, seed);
+  r.n = n;
+  r.sampling.num_top_logprobs = 5;
+
+  auto e = make_engine();
+  ASSERT_TRUE(e->add_request(r).has_value());
+  outputs got;
+  testing::step_once(*e, got);  // the prefill step samples all 32 first tokens
+  EXPECT_EQ(got.size(), static_cast<size_t>(n));
+  for (const auto& [key, out] : got) EXPECT_EQ(out.num_finishes, 0) << key.second;
+  // One full prompt block shared by all, plus each sample's own copy of the partial block.
+  EXPECT_EQ(e->stats().num_blocks_in_use, 1 + n);
+  ASSERT_EQ(e->core().sequence_of(9, 0), kv::seq_id{0});
+  EXPECT_EQ(e->blocks().block_table(0), (std::vector<kv::block_id>{0, 1}));
+  EXPECT_EQ(e->blocks().refcount(0), n);
+  for (int32_t i = 1; i < n; i++) {
+    ASSERT_EQ(e->core().sequence_of(9, i), kv::seq_id{i});
+    EXPECT_EQ(e->blocks().block_table(i), (std::vector<kv::block_id>{0, 1 + i})) << i;
+  }
+  testing::run_until_done(*e, got);
+  EXPECT_EQ(e->blocks().num_used_blocks(), 0);
+  ASSERT_EQ(got.size(), static_cast<size_t>(n));
+
+  std::set<std::string> texts;
+  for (const auto& [key, out] : got) texts.insert(out.text);
+  EXPECT_EQ(texts.size(), static_cast<size_t>(n));
+
+  // Sample i is the n = 1 request with seed child_seed(seed, i).
+  auto single = make_engine();
+  for (int32_t i = 0; i < n; i++) {
+    request one = r;
+    one.id = 1000 + i;
+    one.n = 1;
+    one.seed = child_seed(seed, i);
+    ASSERT_TRUE(single->add_request(one).has_value());
+  }
+  const outputs want = run_to_completion(*single);
+  for (int32_t i = 0; i < n; i++)
+    expect_same(got.at({9, i}), want.at({1000 + i, 0}), "sample " + std::to_string(i));
+  EXPECT_EQ(child_seed(seed, 0), seed);
+}
+
+TEST(EngineDeterminism, ForkUnderMemoryPressureAndASmallRunningSet) {
+  // Children that find no room wait and recompute from the prefix cache; same outputs.
+  request r = make_request(3, varied_prompt(11), 30, 1.0f, 99);
+  r.n = 8;
+  engine_config tight;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40;
+  tight.scheduler.max_num_seqs = 3;
+  auto e = make_engine(tight);
+  ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs got = run_to_completion(*e);
+  EXPECT_EQ(e->blocks().num_used_blocks(), 0);
+  ASSERT_EQ(got.size(), 8u);
+  std::vector<request> singles;
+  for (int32_t i = 0; i < 8; i++) {
+    request one = r;
+    one.id = 100 + i;
+    one.n = 1;
+    one.seed = child_seed(r.seed, i);
+    singles.push_back(one);
+  }
+  const outputs want = run_each_alone(singles);
+  for (int32_t i = 0; i < 8; i++)
+    expect_same(got.at({3, i}), want.at({100 + i, 0}), "sample " + std::to_string(i));
+}
+
+TEST(EngineDeterminism, OutputsEqualTheReferenceGenerator) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  model::transformer reference(b.ck);
+  struct variant {
+    float temperature, top_p;
+    int32_t top_k;
+    float min_p;
+    bool ignore_eos;
+  };
+  const std::vector<variant> variants = {
+      {0.0f, 1.0f, 0, 0.0f, false}, {1.0f, 1.0f, 0, 0.0f, false}, {1.0f, 0.9f, 0, 0.0f, true},
+      {0.8f, 1.0f, 40, 0.0f, false}, {1.2f, 0.95f, 0, 0.05f, false}};
+  std::vector<request> requests;
+  for (int32_t i = 0; i < 15; i++) {
+    const variant& v = variants[static_cast<size_t>(i) % variants.size()];
+    request r = make_request(i, i == 0 ? std::vector<int32_t>{tokenizer::bos} : varied_prompt(6 * i),
+                             60 + 10 * (i % 4), v.temperature, 5000 + 31 * i);
+    r.sampling.top_p = v.top_p;
+    r.sampling.top_k = v.top_k;
+    r.sampling.min_p = v.min_p;
+    r.ignore_eos = v.ignore_eos;
+    requests.push_back(r);
+  }
+  engine_config config;
+  config.scheduler.max_num_batched_tokens = 64;
+  auto e = make_engine(config);
+  for (const request& r : requests) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs got = run_to_completion(*e);
+  for (const request& r : requests) {
+    generate::generate_params p;
+    p.prompt = r.prompt;
+    p.max_new_tokens = r.max_tokens;
+    p.sampling = r.sampling;
+    p.seed = r.seed;
+    p.ignore_eos = r.ignore_eos;
+    auto want = generate::generate(reference, b.tok, p);
+    ASSERT_TRUE(want.has_value()) << want.error().message;
+    const testing::sample_output& out = got.at({r.id, 0});
+    EXPECT_EQ(out.tokens, want->tokens) << "request " << r.id;
+    EXPECT_EQ(out.text, want->text) << "request " << r.id;
+    ASSERT_EQ(out.logprobs.size(), want->logprobs.size());
+    for (size_t k = 0; k < out.logprobs.size(); k++)
+      EXPECT_TRUE(testing::same_bits(out.logprobs[k], want->logprobs[k])) << r.id << " " << k;
+  }
+  // Greedy from BOS is llama2.c's text.
+  const testing::golden_case golden = testing::golden("t0_n200");
+  const std::vector<int32_t> golden_new(golden.token_ids.begin() + 1, golden.token_ids.begin() + 61);
+  EXPECT_EQ(got.at({0, 0}).tokens, golden_new);
+}
+
+/// A mixed workload: n in {1, 2, 4}, greedy and sampled, stop strings, stop token ids,
+/// priorities, EOS handling on and off.
+std::vector<request> mixed_workload() {
+  std::vector<request> requests;
+  for (int32_t i = 0; i < 24; i++) {
+    request r = make_request(200 + i, varied_prompt(2 * i + 3), 20 + (i * 13) % 30,
+                             i % 4 == 0 ? 0.0f : 1.0f, 900 + i);
+    r.n = i % 3 == 0 ? 1 : (i % 3 == 1 ? 2 : 4);
+    r.priority = (i * 7) % 3;
+    r.ignore_eos = i % 5 == 0;
+    r.sampling.num_top_logprobs = 3;
+    if (i % 4 == 1) r.stop = {" the", "."};
+    if (i % 6 == 2) r.stop_token_ids = {261};  // " a"
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+TEST(EngineDeterminism, AMixedWorkloadUnderPressureMatchesEachRequestAlone) {
+  const std::vector<request> requests = mixed_workload();
+  engine_config tight;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40;
+  tight.scheduler.max_num_batched_tokens = 7;
+  tight.scheduler.max_num_seqs = 10;
+  auto e = make_engine(tight);
+  for (const request& r : requests) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs got = run_to_completion(*e);
+  EXPECT_GT(e->stats().num_preemptions, 0);
+  EXPECT_EQ(e->blocks().num_used_blocks(), 0);
+  int32_t num_samples = 0;
+  for (const request& r : requests) num_samples += r.n;
+  EXPECT_EQ(got.size(), static_cast<size_t>(num_samples));
+  expect_same(got, run_each_alone(requests), "mixed, tight vs alone");
+}
+
+/// Drives an engine_core with two steps in flight (step N+1 planned before N's samples are
+/// known) against a step_executor, doing the text side as engine::engine does.
+outputs run_overlapped(const std::vector<request>& requests, engine_config config,
+                       engine_stats* stats = nullptr) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  config.max_steps_in_flight = 2;
+  auto created = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  EXPECT_TRUE(created.has_value());
+  engine_core& core = **created;
+  step_executor executor(b.ck, config.num_kv_blocks, config.block_size, config.kernels);
+  std::map<request_id, const request*> by_id;
+  for (const request& r : requests) {
+    EXPECT_TRUE(core.add_request(r).has_value());
+    by_id[r.id] = &r;
+  }
+  std::map<testing::sample_key, output_stream> streams;
+  std::deque<exec_plan> in_flight;
+  outputs out;
+  int32_t max_in_flight = 0;
+  auto complete_oldest = [&] {
+    const exec_result result = executor.execute(in_flight.front());
+    in_flight.pop_front();
+    for (const sample_event& ev : core.complete_step(result)) {
+      const testing::sample_key key{ev.request, ev.sample_index};
+      auto it = streams.find(key);
+      if (it == streams.end()) {
+        const request& r = *by_id.at(ev.request);
+        it = streams.emplace(key, output_stream(b.tok, r.prompt, r.stop)).first;
+      }
+      token_event te{ev.request, ev.sample_index, ev.sample.token, ev.sample.logprob,
+                     ev.sample.top_logprobs, {}, ev.finish};
+      const output_stream::delta d = it->second.push(ev.sample.token);
+      te.text = d.text;
+      if (d.stopped && te.finish == finish_reason::none) {
+        te.finish = finish_reason::stop;
+        EXPECT_TRUE(core.finish_sample(ev.request, ev.sample_index));
+      }
+      if (te.finish != finish_reason::none) {
+        te.text += it->second.finish().text;
+        streams.erase(it);
+      }
+      testing::collect(out, {te});
+    }
+    core.check_invariants();
+  };
+  for (int64_t steps = 0; core.has_unfinished(); steps++) {
+    if (steps > 100000) {
+      ADD_FAILURE() << "no completion";
+      break;
+    }
+    while (auto plan = core.plan_step()) {
+      in_flight.push_back(std::move(*plan));
+      core.check_invariants();
+    }
+    max_in_flight = std::max(max_in_flight, static_cast<int32_t>(in_flight.size()));
+    if (in_flight.empty()) {
+      ADD_FAILURE() << "unfinished requests but nothing planned";
+      break;
+    }
+    complete_oldest();
+  }
+  while (!in_flight.empty()) complete_oldest();  // results for samples that already ended
+  EXPECT_EQ(max_in_flight, 2);
+  EXPECT_TRUE(streams.empty());
+  EXPECT_EQ(core.blocks().num_used_blocks(), 0);
+  for (const auto& [key, s] : out) EXPECT_EQ(s.num_finishes, 1) << key.first << "/" << key.second;
+  if (stats != nullptr) *stats = core.stats();
+  return out;
+}
+
+TEST(EngineDeterminism, TwoStepsInFlightGiveTheSameOutputs) {
+  const std::vector<request> requests = mixed_workload();
+  auto e = make_engine();
+  for (const request& r : requests) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs want = run_to_completion(*e);
+  expect_same(run_overlapped(requests, {}), want, "overlapped, roomy");
+
+  engine_config tight;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40;
+  tight.scheduler.max_num_batched_tokens = 7;
+  tight.scheduler.max_num_seqs = 10;
+  engine_stats stats;
+  expect_same(run_overlapped(requests, tight, &stats), want, "overlapped, tight");
+  EXPECT_GT(stats.num_preemptions, 0);
+  EXPECT_GT(stats.num_discarded_tokens, 0);  // samples that ended while a step was in flight
+}
+
+TEST(EngineCore, PlanningAgainBeforeAPreemptedSampleIsKnownAdmitsNothing) {
+  // A (n = 2) fills 3 of 4 blocks and is held until its forked samples exist; B fills the
+  // fourth. With step 0 in flight, B's decode needs a fifth block: B preempts itself, and the
+  // plan is empty. B now waits with its step-0 sample unknown; planning again (say, because a
+  // request arrived) must not admit it before step 0 completes.
+  const testing::bundled& b = testing::model_and_tokenizer();
+  engine_config config;
+  config.block_size = 4;
+  config.num_kv_blocks = 4;
+  config.max_steps_in_flight = 2;
+  auto core = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  ASSERT_TRUE(core.has_value());
+  step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
+  request a = make_request(1, varied_prompt(40), 4, 1.0f, 1);
+  a.prompt.resize(12);
+  a.n = 2;
+  a.ignore_eos = true;
+  request c = make_request(2, varied_prompt(41), 12, 1.0f, 2);
+  c.prompt.resize(4);
+  c.ignore_eos = true;
+  ASSERT_TRUE((*core)->add_request(a).has_value());
+  ASSERT_TRUE((*core)->add_request(c).has_value());
+
+  const auto step0 = (*core)->plan_step();
+  ASSERT_TRUE(step0.has_value());
+  EXPECT_EQ(step0->chunks.size(), 2u);
+  EXPECT_EQ((*core)->blocks().num_free_blocks(), 0);
+  EXPECT_FALSE((*core)->plan_step().has_value());  // B preempted itself; nothing to run
+  EXPECT_EQ((*core)->stats().num_preemptions, 1);
+  (*core)->check_invariants();
+  EXPECT_FALSE((*core)->plan_step().has_value());  // B's step-0 sample is still unknown
+  (*core)->check_invariants();
+
+  (void)(*core)->complete_step(executor.execute(*step0));
+  (*core)->check_invariants();
+  testing::outputs out;
+  std::deque<exec_plan> in_flight;
+  for (int32_t steps = 0; (*core)->has_unfinished() && steps < 1000; steps++) {
+    while (auto plan = (*core)->plan_step()) in_flight.push_back(std::move(*plan));
+    ASSERT_FALSE(in_flight.empty());
+    const exec_result result = executor.execute(in_flight.front());
+    in_flight.pop_front();
+    for (const sample_event& ev : (*core)->complete_step(result))
+      out[{ev.request, ev.sample_index}].tokens.push_back(ev.sample.token);
+    (*core)->check_invariants();
+  }
+  EXPECT_FALSE((*core)->has_unfinished());
+  EXPECT_EQ(out.at({1, 0}).tokens.size(), 3u);  // + the first token, returned by step 0
+  EXPECT_EQ(out.at({2, 0}).tokens.size(), 11u);
+}
+
+}  // namespace
+}  // namespace troupe::engine

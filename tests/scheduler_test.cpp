@@ -1,0 +1,572 @@
+// sched::scheduler: exact step plans (chunks, copies, preemptions) and exact block ids for
+// chunked prefill, decode-first ordering, max_num_seqs, preemption, priorities, prefix hits,
+// fork and remove. Invariants are checked after every schedule and every complete.
+#include "runtime/sched/scheduler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <vector>
+
+namespace troupe::sched {
+
+inline bool operator==(const scheduled_chunk& a, const scheduled_chunk& b) {
+  return a.seq == b.seq && a.first_position == b.first_position && a.num_tokens == b.num_tokens &&
+         a.samples == b.samples;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const scheduled_chunk& c) {
+  return os << "{seq " << c.seq << ", pos " << c.first_position << ", n " << c.num_tokens
+            << (c.samples ? ", samples}" : "}");
+}
+
+}  // namespace troupe::sched
+
+namespace troupe::kv {
+inline std::ostream& operator<<(std::ostream& os, const block_copy& c) {
+  return os << "{" << c.src << " -> " << c.dst << "}";
+}
+}  // namespace troupe::kv
+
+namespace troupe::sched {
+namespace {
+
+using chunks = std::vector<scheduled_chunk>;
+using ids = std::vector<kv::block_id>;
+using seqs = std::vector<seq_id>;
+
+/// `n` tokens first, first + 1, ...: distinct, so every block has its own hash.
+std::vector<int32_t> token_range(int32_t n, int32_t first) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = first + i;
+  return tokens;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void make(int32_t num_blocks, int32_t block_size, int32_t max_num_batched_tokens,
+            int32_t max_num_seqs) {
+    auto bm = kv::block_manager::create({num_blocks, block_size});
+    ASSERT_TRUE(bm.has_value());
+    blocks_ = std::make_unique<kv::block_manager>(std::move(*bm));
+    sched_ = std::make_unique<scheduler>(scheduler_config{max_num_batched_tokens, max_num_seqs},
+                                         *blocks_);
+    sched_->check_invariants();
+  }
+
+  step_plan schedule() {
+    step_plan plan = sched_->schedule();
+    sched_->check_invariants();
+    int32_t num_tokens = 0;
+    for (const scheduled_chunk& c : plan.chunks) num_tokens += c.num_tokens;
+    EXPECT_EQ(plan.num_batched_tokens, num_tokens);
+    return plan;
+  }
+
+  void complete(const step_plan& plan, const std::vector<int32_t>& sampled) {
+    sched_->complete(plan, sampled);
+    sched_->check_invariants();
+  }
+
+  /// Adds a sequence with no practical length limit.
+  void add(seq_id id, std::vector<int32_t> prompt, int32_t priority) {
+    sched_->add(id, std::move(prompt), priority, 1000);
+    sched_->check_invariants();
+  }
+
+  const ids& table(seq_id seq) const { return blocks_->block_table(seq); }
+
+  std::unique_ptr<kv::block_manager> blocks_;
+  std::unique_ptr<scheduler> sched_;
+};
+
+TEST_F(SchedulerTest, ChunkedPrefillUnderTheTokenBudget) {
+  make(16, 4, 4, 8);
+  add(0, token_range(10, 10), 0);
+
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, false}}));
+  EXPECT_EQ(p.num_batched_tokens, 4);
+  EXPECT_EQ(table(0), (ids{0}));
+  complete(p, {});
+  EXPECT_EQ(sched_->get(0).num_computed_tokens, 4);
+  EXPECT_TRUE(blocks_->is_cached(0));  // a fully computed block is offered to the prefix cache
+
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 4, 4, false}}));
+  EXPECT_EQ(table(0), (ids{0, 1}));
+  complete(p, {});
+  EXPECT_TRUE(blocks_->is_cached(1));
+
+  p = schedule();  // the last 2 prompt tokens: this chunk samples the first new token
+  EXPECT_EQ(p.chunks, (chunks{{0, 8, 2, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1, 2}));
+  complete(p, {50});
+  EXPECT_EQ(sched_->get(0).tokens, concat(token_range(10, 10), {50}));
+  EXPECT_EQ(sched_->get(0).num_computed_tokens, 10);
+  EXPECT_FALSE(blocks_->is_cached(2));
+
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 10, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1, 2}));
+  complete(p, {51});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 11, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1, 2}));
+  complete(p, {52});
+  EXPECT_TRUE(blocks_->is_cached(2));
+  p = schedule();  // position 12 starts a new block
+  EXPECT_EQ(p.chunks, (chunks{{0, 12, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1, 2, 3}));
+  EXPECT_TRUE(p.copies.empty());
+  EXPECT_TRUE(p.preempted.empty());
+}
+
+TEST_F(SchedulerTest, DecodesComeBeforePrefillsAndNewAdmissions) {
+  make(32, 4, 6, 8);
+  add(0, token_range(4, 10), 0);
+  add(1, token_range(5, 20), 0);
+
+  step_plan p = schedule();  // 0 takes 4 of the 6 tokens; 1 gets the remaining 2
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, true}, {1, 0, 2, false}}));
+  EXPECT_EQ(sched_->num_running(), 2);
+  complete(p, {70});
+
+  add(2, token_range(3, 30), 0);
+  p = schedule();  // 0's decode first, then 1's prefill continues, then 2 is admitted
+  EXPECT_EQ(p.chunks, (chunks{{0, 4, 1, true}, {1, 2, 3, true}, {2, 0, 2, false}}));
+  EXPECT_EQ(p.num_batched_tokens, 6);
+  complete(p, {71, 80});
+
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 5, 1, true}, {1, 5, 1, true}, {2, 2, 1, true}}));
+  EXPECT_EQ(p.num_batched_tokens, 3);
+  complete(p, {72, 81, 90});
+  EXPECT_EQ(sched_->get(0).tokens, concat(token_range(4, 10), {70, 71, 72}));
+  EXPECT_EQ(sched_->get(1).tokens, concat(token_range(5, 20), {80, 81}));
+  EXPECT_EQ(sched_->get(2).tokens, concat(token_range(3, 30), {90}));
+  EXPECT_EQ(table(0), (ids{0, 2}));
+  EXPECT_EQ(table(1), (ids{1, 3}));
+  EXPECT_EQ(table(2), (ids{4}));
+}
+
+TEST_F(SchedulerTest, MaxNumSeqsLimitsTheRunningSet) {
+  make(32, 4, 64, 2);
+  for (seq_id s = 0; s < 3; ++s) add(s, token_range(3, 10 * static_cast<int32_t>(s)), 0);
+
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 3, true}, {1, 0, 3, true}}));
+  EXPECT_EQ(sched_->num_running(), 2);
+  EXPECT_EQ(sched_->num_waiting(), 1);
+  complete(p, {100, 101});
+
+  p = schedule();  // plenty of budget and memory, but no room in the running set
+  EXPECT_EQ(p.chunks, (chunks{{0, 3, 1, true}, {1, 3, 1, true}}));
+  complete(p, {102, 103});
+
+  sched_->remove(0);
+  sched_->check_invariants();
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 4, 1, true}, {2, 0, 3, true}}));
+  complete(p, {104, 105});
+  EXPECT_EQ(sched_->num_running(), 2);
+
+  // A fork into a full running set waits, though a block is free.
+  sched_->fork(1, 7, 106);
+  sched_->check_invariants();
+  EXPECT_EQ(sched_->get(7).status, seq_status::waiting);
+  EXPECT_EQ(sched_->get(7).num_computed_tokens, 0);
+  EXPECT_FALSE(blocks_->contains(7));
+  EXPECT_EQ(sched_->num_running(), 2);
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 5, 1, true}, {2, 3, 1, true}}));
+  EXPECT_TRUE(p.copies.empty());
+}
+
+TEST_F(SchedulerTest, PrioritiesOrderAdmissionAndTheRunningSet) {
+  make(32, 4, 4, 8);
+  add(0, token_range(4, 10), 5);
+  add(1, token_range(4, 20), 0);  // arrives later, served first
+
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 0, 4, true}}));
+  complete(p, {60});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 4, 1, true}, {0, 0, 3, false}}));
+  complete(p, {61});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 5, 1, true}, {0, 3, 1, true}}));
+  complete(p, {62, 50});
+
+  add(2, token_range(2, 30), 0);  // admitted behind the running ones...
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 6, 1, true}, {0, 4, 1, true}, {2, 0, 2, true}}));
+  complete(p, {63, 51, 70});
+  p = schedule();  // ...but then runs ahead of the lower-priority 0
+  EXPECT_EQ(p.chunks, (chunks{{1, 7, 1, true}, {2, 2, 1, true}, {0, 5, 1, true}}));
+}
+
+TEST_F(SchedulerTest, PreemptsTheLowestPriorityAndAdmitsNobodyThatStep) {
+  make(6, 4, 64, 8);
+  add(10, token_range(4, 10), 1);  // arrives first, lowest priority
+  add(11, token_range(4, 20), 0);
+  add(12, token_range(8, 30), 0);
+
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{11, 0, 4, true}, {12, 0, 8, true}, {10, 0, 4, true}}));
+  EXPECT_EQ(table(11), (ids{0}));
+  EXPECT_EQ(table(12), (ids{1, 2}));
+  EXPECT_EQ(table(10), (ids{3}));
+  complete(p, {1, 2, 3});
+
+  add(13, token_range(3, 40), 0);  // would fit in the block 10 gives back
+  p = schedule();  // 11 and 12 take the last 2 blocks; 10 (the back) must give way
+  EXPECT_EQ(p.chunks, (chunks{{11, 4, 1, true}, {12, 8, 1, true}}));
+  EXPECT_EQ(p.preempted, (seqs{10}));
+  EXPECT_EQ(table(11), (ids{0, 4}));
+  EXPECT_EQ(table(12), (ids{1, 2, 5}));
+  EXPECT_FALSE(blocks_->contains(10));
+  EXPECT_FALSE(blocks_->contains(13));  // a step that preempts admits nobody
+  EXPECT_EQ(sched_->num_waiting(), 2);
+  EXPECT_EQ(sched_->num_preemptions(), 1);
+  const sequence& v = sched_->get(10);
+  EXPECT_EQ(v.status, seq_status::waiting);
+  EXPECT_EQ(v.num_computed_tokens, 0);
+  EXPECT_EQ(v.num_preemptions, 1);
+  EXPECT_EQ(v.tokens, concat(token_range(4, 10), {3}));  // keeps its sampled token
+  complete(p, {4, 5});
+
+  // Requeued by (priority, arrival): 13 (priority 0) is admitted before 10 (priority 1).
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{11, 5, 1, true}, {12, 9, 1, true}, {13, 0, 3, true}}));
+  EXPECT_TRUE(p.preempted.empty());
+  EXPECT_EQ(table(13), (ids{3}));
+  EXPECT_EQ(sched_->get(10).status, seq_status::waiting);
+  complete(p, {6, 7, 8});
+
+  sched_->remove(11);  // frees 4, 0 (tail first)
+  sched_->check_invariants();
+  EXPECT_EQ(blocks_->free_queue(), (ids{4, 0}));
+  p = schedule();  // 10 recomputes its prompt and its sampled token, then samples again
+  EXPECT_EQ(p.chunks, (chunks{{12, 10, 1, true}, {13, 3, 1, true}, {10, 0, 5, true}}));
+  EXPECT_EQ(table(10), (ids{4, 0}));
+  complete(p, {9, 10, 11});
+  EXPECT_EQ(sched_->get(10).tokens, concat(token_range(4, 10), {3, 11}));
+}
+
+TEST_F(SchedulerTest, PreemptsTheLatestArrivalAmongEqualPriorities) {
+  make(4, 4, 64, 8);
+  add(0, token_range(4, 10), 0);
+  add(1, token_range(4, 20), 0);
+  add(2, token_range(4, 30), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, true}, {1, 0, 4, true}, {2, 0, 4, true}}));
+  complete(p, {1, 2, 3});
+
+  add(3, token_range(1, 40), 0);
+  p = schedule();  // 0 takes block 3; 1 needs one more: 2 (latest arrival) is preempted
+  EXPECT_EQ(p.chunks, (chunks{{0, 4, 1, true}, {1, 4, 1, true}}));
+  EXPECT_EQ(p.preempted, (seqs{2}));
+  EXPECT_EQ(table(0), (ids{0, 3}));
+  EXPECT_EQ(table(1), (ids{1, 2}));
+  EXPECT_FALSE(blocks_->is_cached(2));  // 2's committed block was reallocated: evicted
+  EXPECT_EQ(blocks_->num_evictions(), 1);
+  complete(p, {4, 5});
+
+  // 2 is requeued ahead of 3 (earlier arrival). It does not fit, and 3 may not overtake it.
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 5, 1, true}, {1, 5, 1, true}}));
+  EXPECT_EQ(sched_->num_waiting(), 2);
+  complete(p, {6, 7});
+
+  sched_->remove(0);  // frees 3, 0
+  sched_->check_invariants();
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 6, 1, true}, {2, 0, 5, true}}));
+  EXPECT_EQ(table(2), (ids{3, 0}));
+  EXPECT_EQ(sched_->num_waiting(), 1);  // 3 still waits: the pool is full again
+  complete(p, {8, 9});
+  EXPECT_EQ(sched_->get(2).tokens, concat(token_range(4, 30), {3, 9}));
+}
+
+TEST_F(SchedulerTest, TheBackOfTheRunningOrderPreemptsItself) {
+  make(4, 4, 64, 8);
+  add(0, token_range(8, 10), 0);
+  add(1, token_range(4, 20), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 8, true}, {1, 0, 4, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1}));
+  EXPECT_EQ(table(1), (ids{2}));
+  complete(p, {1, 2});
+  p = schedule();  // 0 takes block 3, 1 needs a block: 1 preempts itself
+  EXPECT_EQ(p.chunks, (chunks{{0, 8, 1, true}}));
+  EXPECT_EQ(p.preempted, (seqs{1}));
+  complete(p, {3});
+  EXPECT_EQ(blocks_->free_queue(), (ids{2}));
+  // 1 (5 tokens) would reuse its cached block 2 but needs one more block: none is free.
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 9, 1, true}}));
+  EXPECT_EQ(sched_->num_waiting(), 1);
+  complete(p, {4});
+  sched_->remove(0);
+  sched_->check_invariants();
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+  p = schedule();  // now it reuses its own cached block 2 and computes 1 token
+  EXPECT_EQ(p.chunks, (chunks{{1, 4, 1, true}}));
+  EXPECT_EQ(table(1), (ids{2, 3}));
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 4);
+  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 4);
+}
+
+TEST_F(SchedulerTest, PrefixHitOnAdmissionSharesBlocks) {
+  make(16, 4, 64, 8);
+  const std::vector<int32_t> prompt = token_range(10, 10);
+  add(0, prompt, 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 10, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1, 2}));
+  complete(p, {99});
+  EXPECT_TRUE(blocks_->is_cached(0));
+  EXPECT_TRUE(blocks_->is_cached(1));
+
+  // Shares 2 full blocks with 0 while 0 still runs.
+  add(1, concat(token_range(8, 10), {60, 61, 62}), 0);
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 10, 1, true}, {1, 8, 3, true}}));
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 8);
+  EXPECT_EQ(sched_->get(1).num_computed_tokens, 11);  // 8 cached + 3 scheduled
+  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 8);
+  EXPECT_EQ(table(1), (ids{0, 1, 3}));
+  EXPECT_EQ(blocks_->refcount(0), 2);
+  EXPECT_EQ(blocks_->refcount(1), 2);
+  complete(p, {98, 97});
+
+  // A prompt of exactly 2 cached blocks hits only 1: the last token must be computed.
+  add(2, token_range(8, 10), 0);
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 11, 1, true}, {1, 11, 1, true}, {2, 4, 4, true}}));
+  EXPECT_EQ(table(2), (ids{0, 4}));
+  EXPECT_EQ(blocks_->refcount(0), 3);
+  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 12);
+  complete(p, {96, 95, 94});
+
+  // After everyone is gone the cached blocks are free but still hit.
+  sched_->remove(0);
+  sched_->remove(1);
+  sched_->remove(2);
+  sched_->check_invariants();
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+  EXPECT_FALSE(sched_->has_work());
+  add(3, prompt, 0);
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{3, 8, 2, true}}));
+  EXPECT_EQ(table(3), (ids{0, 1, 5}));
+  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 20);
+}
+
+TEST_F(SchedulerTest, ForkRunsWithACopyInTheNextPlan) {
+  make(8, 4, 64, 8);
+  add(0, token_range(6, 10), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 6, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1}));
+  complete(p, {50});
+
+  sched_->fork(0, 1, 51);
+  sched_->check_invariants();
+  const sequence& child = sched_->get(1);
+  EXPECT_EQ(child.status, seq_status::running);
+  EXPECT_EQ(child.tokens, concat(token_range(6, 10), {51}));
+  EXPECT_EQ(child.num_computed_tokens, 6);
+  EXPECT_EQ(table(1), (ids{0, 2}));  // full block shared, partial block copied
+  EXPECT_EQ(blocks_->refcount(0), 2);
+  EXPECT_EQ(blocks_->refcount(1), 1);
+
+  p = schedule();
+  EXPECT_EQ(p.copies, (std::vector<kv::block_copy>{{1, 2}}));
+  EXPECT_EQ(p.chunks, (chunks{{0, 6, 1, true}, {1, 6, 1, true}}));
+  complete(p, {52, 53});
+  p = schedule();
+  EXPECT_TRUE(p.copies.empty());  // emitted once
+  EXPECT_EQ(p.chunks, (chunks{{0, 7, 1, true}, {1, 7, 1, true}}));
+  complete(p, {54, 55});
+  p = schedule();  // position 8: each grows its own block
+  EXPECT_EQ(p.chunks, (chunks{{0, 8, 1, true}, {1, 8, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1, 3}));
+  EXPECT_EQ(table(1), (ids{0, 2, 4}));
+}
+
+TEST_F(SchedulerTest, RemovingAForkedChildDropsItsPendingCopy) {
+  make(8, 4, 64, 8);
+  add(0, token_range(6, 10), 0);
+  complete(schedule(), {50});
+  sched_->fork(0, 1, 51);
+  sched_->fork(0, 2, 52);
+  EXPECT_EQ(table(1), (ids{0, 2}));
+  EXPECT_EQ(table(2), (ids{0, 3}));
+  sched_->remove(1);  // e.g. it ended at its first token
+  sched_->check_invariants();
+  step_plan p = schedule();
+  EXPECT_EQ(p.copies, (std::vector<kv::block_copy>{{1, 3}}));
+  EXPECT_EQ(p.chunks, (chunks{{0, 6, 1, true}, {2, 6, 1, true}}));
+  complete(p, {53, 54});
+
+  // The parent's removal keeps its child's copy: the source is copied before anything else
+  // can write to it.
+  sched_->fork(0, 3, 55);
+  EXPECT_EQ(table(3), (ids{0, 4}));  // 2 went to the back of the free queue with 1
+  sched_->remove(0);
+  sched_->remove(2);
+  sched_->check_invariants();
+  p = schedule();
+  EXPECT_EQ(p.copies, (std::vector<kv::block_copy>{{1, 4}}));
+  EXPECT_EQ(p.chunks, (chunks{{3, 7, 1, true}}));
+
+  // Nothing but a stale copy never makes a plan.
+  complete(p, {56});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{3, 8, 1, true}}));
+  complete(p, {57});
+  sched_->fork(3, 4, 58);  // 9 computed tokens: a partial block to copy
+  EXPECT_EQ(table(4).size(), 3u);
+  sched_->remove(3);
+  sched_->remove(4);
+  sched_->check_invariants();
+  EXPECT_TRUE(schedule().empty());
+}
+
+TEST_F(SchedulerTest, ForkAtABlockBoundaryCopiesNothing) {
+  make(3, 4, 64, 8);
+  add(0, token_range(8, 10), 0);
+  add(2, token_range(4, 30), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 8, true}, {2, 0, 4, true}}));
+  complete(p, {50, 60});
+  EXPECT_EQ(blocks_->num_free_blocks(), 0);
+
+  sched_->fork(0, 1, 51);  // no block needed: runs though the pool is full
+  sched_->check_invariants();
+  EXPECT_EQ(sched_->get(1).status, seq_status::running);
+  EXPECT_EQ(table(1), (ids{0, 1}));
+  EXPECT_EQ(blocks_->refcount(0), 2);
+  EXPECT_EQ(blocks_->refcount(1), 2);
+
+  // Running order 0, 1 (same arrival as its parent), 2. 0 needs a block: 2 is preempted and
+  // 0 takes its block; the child then needs one too and, being the back, preempts itself.
+  p = schedule();
+  EXPECT_TRUE(p.copies.empty());
+  EXPECT_EQ(p.chunks, (chunks{{0, 8, 1, true}}));
+  EXPECT_EQ(p.preempted, (seqs{2, 1}));
+  EXPECT_EQ(table(0), (ids{0, 1, 2}));
+  EXPECT_EQ(blocks_->refcount(0), 1);
+  EXPECT_EQ(sched_->get(1).tokens, concat(token_range(8, 10), {51}));
+  EXPECT_EQ(sched_->num_preemptions(), 2);
+}
+
+TEST_F(SchedulerTest, ForkWaitsWhenNoBlockIsFree) {
+  make(2, 4, 64, 8);
+  add(0, token_range(6, 10), 0);
+  step_plan p = schedule();
+  complete(p, {50});
+  EXPECT_EQ(table(0), (ids{0, 1}));
+
+  sched_->fork(0, 1, 51);
+  sched_->check_invariants();
+  EXPECT_EQ(sched_->get(1).status, seq_status::waiting);
+  EXPECT_EQ(sched_->get(1).num_computed_tokens, 0);
+  EXPECT_EQ(sched_->get(1).tokens, concat(token_range(6, 10), {51}));
+  EXPECT_EQ(sched_->num_waiting(), 1);
+  EXPECT_FALSE(blocks_->contains(1));
+
+  p = schedule();  // the child needs 2 blocks (1 hit + 1 fresh): none free
+  EXPECT_TRUE(p.copies.empty());
+  EXPECT_EQ(p.chunks, (chunks{{0, 6, 1, true}}));
+  complete(p, {52});
+  sched_->remove(0);
+  sched_->check_invariants();
+  p = schedule();  // readmitted with the parent's cached first block
+  EXPECT_EQ(p.chunks, (chunks{{1, 4, 3, true}}));
+  EXPECT_EQ(table(1), (ids{0, 1}));
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 4);
+}
+
+TEST_F(SchedulerTest, PlansAheadWithPlaceholdersUpToTheLengthLimit) {
+  make(8, 4, 64, 8);
+  const int32_t x = engine::previous_sample;
+  sched_->add(0, token_range(3, 10), 0, 6);  // 3 prompt tokens + 3 samples at most
+  sched_->check_invariants();
+
+  const step_plan p1 = schedule();
+  EXPECT_EQ(p1.chunks, (chunks{{0, 0, 3, true}}));
+  EXPECT_EQ(sched_->get(0).tokens, concat(token_range(3, 10), {x}));
+  EXPECT_EQ(sched_->get(0).num_computed_tokens, 3);
+  const step_plan p2 = schedule();  // before p1 completed: decodes p1's sample
+  EXPECT_EQ(p2.chunks, (chunks{{0, 3, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0}));
+  complete(p1, {50});
+  EXPECT_EQ(sched_->get(0).tokens, concat(token_range(3, 10), {50, x}));
+  const step_plan p3 = schedule();
+  EXPECT_EQ(p3.chunks, (chunks{{0, 4, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0, 1}));
+  complete(p2, {51});
+  EXPECT_TRUE(schedule().empty());  // 6 tokens: the limit; only p3's sample is pending
+  complete(p3, {52});
+  EXPECT_EQ(sched_->get(0).tokens, concat(token_range(3, 10), {50, 51, 52}));
+  EXPECT_TRUE(schedule().empty());
+  EXPECT_TRUE(blocks_->is_cached(0));
+  EXPECT_FALSE(blocks_->is_cached(1));  // 5 computed tokens: block 1 is not full
+}
+
+TEST_F(SchedulerTest, HeldSequencesAreSkippedAndRemovedOnesIgnoredOnCompletion) {
+  make(8, 4, 64, 8);
+  add(0, token_range(3, 10), 0);
+  add(1, token_range(2, 20), 0);
+  const step_plan p1 = schedule();
+  EXPECT_EQ(p1.chunks, (chunks{{0, 0, 3, true}, {1, 0, 2, true}}));
+  sched_->set_hold(0, true);
+  const step_plan p2 = schedule();
+  EXPECT_EQ(p2.chunks, (chunks{{1, 2, 1, true}}));
+  sched_->remove(1);  // ended while p1 and p2 are in flight
+  sched_->check_invariants();
+  complete(p1, {50, 60});
+  complete(p2, {61});
+  EXPECT_EQ(sched_->get(0).tokens, concat(token_range(3, 10), {50}));
+  EXPECT_TRUE(schedule().empty());
+  sched_->set_hold(0, false);
+  const step_plan p3 = schedule();
+  EXPECT_EQ(p3.chunks, (chunks{{0, 3, 1, true}}));
+}
+
+TEST_F(SchedulerTest, RemoveFreesBlocksOfRunningAndWaitingSequences) {
+  make(8, 4, 6, 1);
+  add(0, token_range(10, 10), 0);
+  add(1, token_range(3, 30), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 6, false}}));
+  complete(p, {});
+  EXPECT_EQ(blocks_->num_used_blocks(), 2);
+
+  sched_->remove(0);  // mid-prefill
+  sched_->check_invariants();
+  EXPECT_FALSE(sched_->contains(0));
+  EXPECT_FALSE(blocks_->contains(0));
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+  EXPECT_EQ(blocks_->free_queue(), (ids{2, 3, 4, 5, 6, 7, 1, 0}));
+
+  sched_->remove(1);  // waiting, holds nothing
+  sched_->check_invariants();
+  EXPECT_FALSE(sched_->has_work());
+  EXPECT_EQ(sched_->num_waiting(), 0);
+  EXPECT_EQ(sched_->num_running(), 0);
+  EXPECT_TRUE(schedule().empty());
+}
+
+}  // namespace
+}  // namespace troupe::sched

@@ -1,0 +1,117 @@
+// `troupe serve` + `troupe client` as separate processes on 127.0.0.1: the remote stream equals
+// the in-process one, and bad topologies are refused with a clear error.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/support/process.hpp"
+
+namespace troupe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::cli_result;
+using testing::run_troupe;
+
+class Serve : public ::testing::Test {
+ protected:
+  fs::path dir_;
+  // A port of this process's own, away from the default 7100 a developer may be using.
+  const int port_ = 20000 + ::getpid() % 20000;
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("troupe_serve_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string topology(const std::string& extra_engine_lines = "") {
+    const std::string models = TROUPE_MODELS_DIR;
+    const std::string path = (dir_ / "topology.toml").string();
+    std::ofstream(path) << "[[node]]\nname = \"n0\"\nhost = \"127.0.0.1\"\nport = " << port_
+                        << "\n\n[load_balancer]\nnode = \"n0\"\n\n[[engine]]\nname = \"e0\"\nnode = \"n0\"\n"
+                        << "model = \"" << models << "/stories260K.bin\"\ntokenizer = \"" << models
+                        << "/tok512.bin\"\n" << extra_engine_lines;
+    return path;
+  }
+};
+
+TEST_F(Serve, RemoteClientStreamEqualsInProcessStream) {
+  const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
+  const pid_t server = testing::spawn_troupe({"serve", "--topology", topology()}, serve_out, serve_err);
+  ASSERT_NE(server, 0);
+  const std::vector<std::string> request{"-i", "There was a big", "-n", "80", "-t", "0.9", "-s", "1234"};
+  std::vector<std::string> client{"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30"};
+  client.insert(client.end(), request.begin(), request.end());
+  const cli_result remote = run_troupe(client, dir_);
+  std::vector<std::string> local{"generate", "--no-echo"};
+  local.insert(local.end(), request.begin(), request.end());
+  const cli_result in_process = run_troupe(local, dir_);
+  ::kill(server, SIGTERM);
+  EXPECT_EQ(testing::wait_exit_code(server), 0) << testing::read_file(serve_err);
+
+  ASSERT_EQ(remote.exit_code, 0) << remote.err;
+  ASSERT_EQ(in_process.exit_code, 0) << in_process.err;
+  EXPECT_FALSE(remote.out.empty());
+  EXPECT_EQ(remote.out, in_process.out);
+  EXPECT_NE(remote.err.find("seed 1234"), std::string::npos) << remote.err;
+  const std::string spawned = testing::read_file(serve_out);
+  EXPECT_NE(spawned.find("n0: engine e0 (mixed)"), std::string::npos) << spawned;
+  EXPECT_NE(spawned.find("listening on 127.0.0.1:" + std::to_string(port_)), std::string::npos) << spawned;
+}
+
+TEST_F(Serve, ClientWithoutServerFailsClearly) {
+  const cli_result r = run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port_), "-n", "5"}, dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("cannot reach a troupe load balancer at 127.0.0.1:" + std::to_string(port_)), std::string::npos)
+      << r.err;
+}
+
+TEST_F(Serve, ClientRejectsBadAddress) {
+  for (const char* address : {"localhost", "127.0.0.1:0", "127.0.0.1:99999", ":80", "host:x"}) {
+    const cli_result r = run_troupe({"client", "--connect", address}, dir_);
+    EXPECT_NE(r.exit_code, 0) << address;
+    EXPECT_NE(r.err.find("--connect"), std::string::npos) << address << ": " << r.err;
+  }
+}
+
+TEST_F(Serve, MalformedTopologiesAreRefused) {
+  struct bad_case {
+    std::string extra;    // appended to the [[engine]] table
+    std::string message;  // expected on stderr
+  };
+  const bad_case cases[] = {
+      {"kv_block = 3\n", "unknown key 'kv_block'"},
+      {"block_size = 0\n", "block_size"},
+      {"role = \"chef\"\n", "role"},
+  };
+  for (const bad_case& c : cases) {
+    const cli_result r = run_troupe({"serve", "--topology", topology(c.extra)}, dir_);
+    EXPECT_NE(r.exit_code, 0) << c.extra;
+    EXPECT_EQ(r.out, "") << c.extra;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.extra << ": " << r.err;
+  }
+  const cli_result missing = run_troupe({"serve", "--topology", (dir_ / "nope.toml").string()}, dir_);
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("nope.toml"), std::string::npos) << missing.err;
+}
+
+TEST_F(Serve, BusyPortIsAClearError) {
+  const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
+  const pid_t first = testing::spawn_troupe({"serve", "--topology", topology()}, serve_out, serve_err);
+  ASSERT_NE(first, 0);
+  // Wait until the first server listens (a client connects), then start a second on the port.
+  const cli_result probe = run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30",
+                                       "-n", "1"}, dir_);
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  const cli_result second = run_troupe({"serve", "--topology", topology()}, dir_);
+  ::kill(first, SIGTERM);
+  EXPECT_EQ(testing::wait_exit_code(first), 0);
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_NE(second.err.find("cannot listen on 127.0.0.1:" + std::to_string(port_)), std::string::npos) << second.err;
+}
+
+}  // namespace
+}  // namespace troupe::cli

@@ -1,0 +1,151 @@
+#pragma once
+
+// Test-only helpers for the actor tests: the bundled model shared by every engine, actor system
+// configurations (deterministic or threaded), client outcomes collected through callbacks, and
+// the single-sequence reference output each completion must equal.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/client.hpp"
+#include "actors/engine_actor.hpp"
+#include "actors/load_balancer_actor.hpp"
+#include "actors/type_ids.hpp"
+#include "runtime/generate/reference_generator.hpp"
+#include "runtime/model/checkpoint.hpp"
+#include "tests/support/golden.hpp"
+
+namespace troupe::testing {
+
+/// The bundled checkpoint and tokenizer, loaded once per binary and shared by every engine.
+struct shared_model {
+  std::shared_ptr<const model::checkpoint> ck;
+  std::shared_ptr<const tokenizer> tok;
+};
+
+inline const shared_model& bundled_shared() {
+  static const shared_model* m = [] {
+    auto ck = model::checkpoint::load(bundled_model());
+    if (!ck) {
+      std::cerr << "cannot load " << bundled_model() << ": " << ck.error().message << "\n";
+      std::abort();
+    }
+    auto tok = tokenizer::load(bundled_tokenizer(), ck->config().vocab_size);
+    if (!tok) {
+      std::cerr << "cannot load " << bundled_tokenizer() << ": " << tok.error().message << "\n";
+      std::abort();
+    }
+    return new shared_model{std::make_shared<const model::checkpoint>(std::move(*ck)),
+                            std::make_shared<const tokenizer>(std::move(*tok))};
+  }();
+  return *m;
+}
+
+/// Registers troupe's messages; `deterministic` selects CAF's test coordinator (one thread,
+/// virtual clock).
+inline caf::actor_system_config& configure(caf::actor_system_config& cfg, bool deterministic) {
+  if (deterministic) cfg.set("scheduler.policy", caf::atom("testing"));
+  actors::register_message_types(cfg);
+  return cfg;
+}
+
+inline actors::engine_options engine_opts(bool detached_executor, int32_t num_kv_blocks = 1024) {
+  actors::engine_options o;
+  o.checkpoint = bundled_shared().ck;
+  o.config.num_kv_blocks = num_kv_blocks;
+  o.detached_executor = detached_executor;
+  return o;
+}
+
+inline caf::actor spawn_engine_or_die(caf::actor_system& sys, const actors::engine_options& o) {
+  auto e = actors::spawn_engine(sys, o);
+  if (!e) {
+    std::cerr << "spawn_engine: " << e.error().message << "\n";
+    std::abort();
+  }
+  return *e;
+}
+
+inline caf::actor spawn_balancer(caf::actor_system& sys, std::vector<caf::actor> engines) {
+  actors::load_balancer_options o;
+  o.engines = std::move(engines);
+  o.tok = bundled_shared().tok;
+  return actors::spawn_load_balancer(sys, std::move(o));
+}
+
+/// A seeded sampling request for `prompt`.
+inline msg::completion_request make_completion(std::string prompt, int32_t max_tokens, uint64_t seed,
+                                               float temperature = 1.0f, float top_p = 1.0f) {
+  msg::completion_request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.temperature = temperature;
+  r.top_p = top_p;
+  r.has_seed = true;
+  r.seed = seed;
+  return r;
+}
+
+/// The reference generator's answer to `r` (BOS + the encoded prompt, the same params and seed).
+inline generate::generation reference(model::transformer& t, const msg::completion_request& r) {
+  const tokenizer& tok = *bundled_shared().tok;
+  auto prompt = tok.encode(r.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  EXPECT_TRUE(prompt.has_value());
+  generate::generate_params p;
+  p.prompt = *prompt;
+  p.max_new_tokens = r.max_tokens;
+  p.sampling = {r.temperature, r.top_p, r.top_k, r.min_p, r.num_top_logprobs};
+  p.seed = r.seed;
+  p.ignore_eos = r.ignore_eos;
+  auto out = generate::generate(t, tok, p);
+  EXPECT_TRUE(out.has_value()) << out.error().message;
+  return out.value_or(generate::generation{});
+}
+
+/// What one client saw: every chunk, and its outcome (once).
+struct client_log {
+  std::vector<msg::completion_chunk> chunks;
+  std::optional<expected<actors::completion>> outcome;
+  int num_done = 0;
+
+  [[nodiscard]] std::string text() const {
+    std::string s;
+    for (const auto& c : chunks) s += c.text;
+    return s;
+  }
+  [[nodiscard]] std::vector<int32_t> tokens() const {
+    std::vector<int32_t> t;
+    for (const auto& c : chunks) t.insert(t.end(), c.tokens.begin(), c.tokens.end());
+    return t;
+  }
+};
+
+/// Spawns a client whose chunks and outcome land in `log` (which must outlive it).
+inline caf::actor spawn_logged_client(caf::actor_system& sys, const caf::actor& lb,
+                                      msg::completion_request r, std::shared_ptr<client_log> log) {
+  return actors::spawn_client(
+      sys, lb, std::move(r), [log](const msg::completion_chunk& c) { log->chunks.push_back(c); },
+      [log](const expected<actors::completion>& outcome) {
+        log->outcome = outcome;
+        log->num_done++;
+      });
+}
+
+/// Checks a finished completion against the reference generator, byte and bit for bit.
+inline void expect_matches(const actors::completion& c, const generate::generation& ref,
+                           const std::string& what) {
+  EXPECT_EQ(c.tokens, ref.tokens) << what;
+  EXPECT_EQ(c.text, ref.text) << what;
+  EXPECT_EQ(c.logprobs, ref.logprobs) << what;
+  EXPECT_EQ(c.end.num_generated_tokens, static_cast<int32_t>(ref.tokens.size())) << what;
+}
+
+}  // namespace troupe::testing
