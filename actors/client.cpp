@@ -5,6 +5,8 @@
 
 #include <caf/all.hpp>
 
+#include "actors/atoms.hpp"
+
 namespace troupe::actors {
 namespace {
 
@@ -38,7 +40,10 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
             done(self, on_done, fail(errc::internal, "load balancer unreachable: " + self->system().render(err)));
           });
   self->set_down_handler([=](caf::down_msg& dm) {
-    done(self, on_done, fail(errc::internal, "the request was lost: " + self->system().render(dm.reason)));
+    // Across nodes the request actor's down message can overtake its last messages (CAF's
+    // middleman delivers them through different paths): give them a moment before failing.
+    const std::string why = "the request was lost: " + self->system().render(dm.reason);
+    self->delayed_send(self, std::chrono::milliseconds(500), lost_atom::value, why);
   });
   return {
       [=](msg::completion_chunk& c) {
@@ -53,6 +58,7 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
         done(self, on_done, self->state.result);
       },
       [=](msg::completion_error& e) { done(self, on_done, fail(errc_from_string(e.code), e.message)); },
+      [=](lost_atom, const std::string& why) { done(self, on_done, fail(errc::internal, why)); },
       [=](msg::cancel_request& c) {
         if (self->state.request)
           self->send(self->state.request, c);

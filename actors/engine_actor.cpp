@@ -19,7 +19,12 @@ struct engine_state {
   std::unique_ptr<engine::engine_core> core;
   caf::actor executor;
   int64_t generation = 0;  // bumped when an executor fails: late replies of the old one are dropped
-  std::map<engine::request_id, caf::actor> requests;
+  struct live_request {
+    caf::actor actor;              // its request actor
+    int64_t scheduled_at_ns = 0;   // engine clock when first planned; 0 = not yet
+  };
+  std::map<engine::request_id, live_request> requests;
+  std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
   msg::engine_report report;
   caf::actor_clock::time_point started;
   caf::actor_clock::time_point busy_since;
@@ -32,17 +37,28 @@ int64_t ns_between(caf::actor_clock::time_point a, caf::actor_clock::time_point 
   return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
 }
 
+int64_t now_ns(engine_actor_t* self) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
+}
+
+const model::model_config& model_of(const engine_options& o) {
+  return o.checkpoint ? o.checkpoint->config() : o.model;
+}
+
 std::unique_ptr<engine::engine_core> make_core(const engine_options& o) {
-  auto core = engine::engine_core::create(o.checkpoint->config(), o.bos_id, o.eos_id, o.config);
+  auto core = engine::engine_core::create(model_of(o), o.bos_id, o.eos_id, o.config);
   TROUPE_ASSERT_MSG(core.has_value(), "engine options are validated in spawn_engine");
   return std::move(*core);
 }
 
 void start_executor(engine_actor_t* self) {
   const engine_options& o = self->state.options;
-  self->state.executor = spawn_executor(self->system(), caf::actor_cast<caf::actor>(self), o.checkpoint, o.config.num_kv_blocks,
-                                        o.config.block_size, o.config.kernels, o.executor_threads,
-                                        o.detached_executor);
+  const caf::actor engine = caf::actor_cast<caf::actor>(self);
+  self->state.executor = o.make_executor
+                             ? o.make_executor(self->system(), engine)
+                             : spawn_executor(self->system(), engine, o.checkpoint, o.config.num_kv_blocks,
+                                              o.config.block_size, o.config.kernels, o.executor_threads,
+                                              o.detached_executor);
   // Monitored, not linked: over a link, an executor killed with exit_reason::kill (which no exit
   // handler can intercept) would take its engine down. The executor monitors its engine in turn.
   self->monitor(self->state.executor);
@@ -55,10 +71,13 @@ void on_result(engine_actor_t* self, const engine::exec_result& result) {
   for (const engine::sample_event& e : st.core->complete_step(result)) {
     auto it = st.requests.find(e.request);
     if (it == st.requests.end()) continue;
-    self->send(it->second, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
-                                        e.sample.top_logprobs, engine::to_string(e.finish)});
+    self->send(it->second.actor, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
+                                              e.sample.top_logprobs, engine::to_string(e.finish),
+                                              e.num_cached_tokens, e.num_preemptions,
+                                              it->second.scheduled_at_ns});
     if (!st.core->contains(e.request)) st.requests.erase(it);
   }
+  if (st.options.check_invariants) st.core->check_invariants();
   if (st.core->num_in_flight() == 0) st.report.executor_busy_ns += ns_between(st.busy_since, self->clock().now());
   kick(self);
 }
@@ -69,7 +88,7 @@ void executor_failed(engine_actor_t* self, const caf::error& reason) {
   st.report.num_executor_failures++;
   const std::string why = "step executor failed: " + self->system().render(reason);
   spdlog::error("engine: {}; failing {} request(s)", why, st.requests.size());
-  for (const auto& [id, request] : st.requests) self->send(request, msg::rejected{id, "internal", why});
+  for (const auto& [id, request] : st.requests) self->send(request.actor, msg::rejected{id, "internal", why});
   st.requests.clear();
   st.core = make_core(st.options);
   self->demonitor(st.executor);
@@ -81,6 +100,10 @@ void kick(engine_actor_t* self) {
   engine_state& st = self->state;
   while (auto plan = st.core->plan_step()) {
     if (st.core->num_in_flight() == 1) st.busy_since = self->clock().now();
+    for (const engine::exec_chunk& chunk : plan->chunks) {
+      auto it = st.requests.find(st.core->request_of(chunk.seq).value_or(-1));
+      if (it != st.requests.end() && it->second.scheduled_at_ns == 0) it->second.scheduled_at_ns = now_ns(self);
+    }
     const int64_t generation = st.generation;
     self->request(st.executor, caf::infinite, std::move(*plan))
         .then(
@@ -107,7 +130,11 @@ void submit(engine_actor_t* self, engine::request r) {
     self->send(sender, msg::rejected{id, to_string(ok.error().code), ok.error().message});
     return;
   }
-  st.requests.emplace(id, sender);
+  st.requests.emplace(id, engine_state::live_request{sender, 0});
+  // A request actor that dies without releasing its request (killed, its node lost) must not
+  // keep generating: watch it.
+  st.request_of_actor[sender.address()] = id;
+  self->monitor(sender);
   kick(self);
 }
 
@@ -119,8 +146,19 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
   start_executor(self);
   self->set_down_handler([=](caf::down_msg& dm) {
     // A replaced executor's down message may still arrive: its failure was handled already.
-    if (dm.source == self->state.executor.address())
+    engine_state& st = self->state;
+    if (dm.source == st.executor.address()) {
       executor_failed(self, dm.reason ? dm.reason : caf::make_error(caf::exit_reason::normal));
+      return;
+    }
+    auto it = st.request_of_actor.find(dm.source);
+    if (it == st.request_of_actor.end()) return;
+    if (st.requests.count(it->second)) {
+      (void)st.core->remove_request(it->second);
+      st.requests.erase(it->second);
+      kick(self);
+    }
+    st.request_of_actor.erase(it);
   });
   return {
       [=](msg::submit& s) { submit(self, std::move(s.request)); },
@@ -150,7 +188,9 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
 expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& options) {
   engine_options o = options;
   o.config.max_steps_in_flight = 2;
-  auto core = engine::engine_core::create(o.checkpoint->config(), o.bos_id, o.eos_id, o.config);
+  if (!o.checkpoint && !o.make_executor)
+    return fail(errc::invalid_argument, "an engine needs a checkpoint or an executor factory");
+  auto core = engine::engine_core::create(model_of(o), o.bos_id, o.eos_id, o.config);
   if (!core) return tl::unexpected(core.error());
   if (o.max_waiting <= 0) return fail(errc::invalid_argument, "max_waiting must be > 0");
   if (o.executor_threads < 1) return fail(errc::invalid_argument, "executor_threads must be >= 1");

@@ -19,8 +19,14 @@
 
 namespace troupe::actors {
 
+/// Makes the step executor of an engine (the simulator plugs its cost-model executor in here).
+using executor_factory = std::function<caf::actor(caf::actor_system& sys, const caf::actor& engine)>;
+
 struct engine_options {
-  std::shared_ptr<const model::checkpoint> checkpoint;
+  std::shared_ptr<const model::checkpoint> checkpoint;  ///< the model; may be null with make_executor
+  model::model_config model;        ///< the model's shape when there is no checkpoint (simulation)
+  executor_factory make_executor;   ///< empty: the real step executor on `checkpoint`
+  bool check_invariants = false;    ///< check the engine core's invariants after every step
   int32_t bos_id = 1;
   int32_t eos_id = 2;
   engine::engine_config config;     ///< max_steps_in_flight is forced to 2

@@ -51,8 +51,15 @@ void on_token(request_actor_t* self, const msg::sampled& s) {
   else
     st.end.itl_ns.push_back(ns_between(st.last_token, now));
   st.last_token = now;
-  if (!st.out) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);
-  const engine::output_stream::delta d = st.out->push(s.token);
+  if (s.finish != "none") {
+    st.end.num_cached_tokens = s.num_cached_tokens;
+    st.end.num_preemptions = s.num_preemptions;
+    st.end.queue_ns = s.scheduled_at_ns -
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(st.arrival.time_since_epoch()).count();
+  }
+  const bool text_mode = st.o.params.prompt_tokens.empty();
+  if (!st.out && text_mode) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);
+  const engine::output_stream::delta d = text_mode ? st.out->push(s.token) : engine::output_stream::delta{};
   self->send(st.o.client, msg::completion_chunk{st.o.id, d.text, {s.token}, {s.logprob}});
   if (d.stopped) {
     self->send(st.o.engine, msg::release{st.o.id});
@@ -66,7 +73,13 @@ void on_token(request_actor_t* self, const msg::sampled& s) {
 bool start(request_actor_t* self) {
   request_state& st = self->state;
   const msg::completion_request& p = st.o.params;
-  auto prompt = st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
+    fail_request(self, to_string(errc::invalid_argument),
+                 "a request with prompt_tokens takes no text prompt and no stop strings");
+    return false;
+  }
+  auto prompt = p.prompt_tokens.empty() ? st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
+                                        : expected<std::vector<int32_t>>(p.prompt_tokens);
   if (!prompt) {
     fail_request(self, to_string(prompt.error().code), prompt.error().message);
     return false;

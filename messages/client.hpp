@@ -13,6 +13,9 @@ namespace troupe::msg {
 /// What a client asks for. Defaults follow vLLM's completion API.
 struct completion_request {
   std::string prompt;               ///< UTF-8 text; BOS is added, special tokens never parsed
+  /// Token ids instead of text (BOS included, as given): the completion then streams token ids
+  /// only, with no text, and stop strings are not allowed. Used by the simulator.
+  std::vector<int32_t> prompt_tokens;
   int32_t max_tokens = 16;
   float temperature = 1.0f;
   float top_p = 1.0f;
@@ -28,7 +31,7 @@ struct completion_request {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
-  return f(x.prompt, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.has_seed, x.seed,
+  return f(x.prompt, x.prompt_tokens, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.has_seed, x.seed,
            x.stop, x.ignore_eos, x.priority, x.num_top_logprobs);
 }
 
@@ -52,15 +55,18 @@ struct completion_end {
   uint64_t seed = 0;                ///< replays this answer
   int32_t num_prompt_tokens = 0;
   int32_t num_generated_tokens = 0;
+  int64_t queue_ns = 0;             ///< arrival to first scheduled
   int64_t ttft_ns = 0;              ///< arrival to first token
   int64_t e2e_ns = 0;               ///< arrival to end
   std::vector<int64_t> itl_ns;      ///< gaps between consecutive tokens
+  int32_t num_cached_tokens = 0;    ///< prompt tokens served from the prefix cache
+  int32_t num_preemptions = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_end& x) {
   return f(x.request_id, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
-           x.ttft_ns, x.e2e_ns, x.itl_ns);
+           x.queue_ns, x.ttft_ns, x.e2e_ns, x.itl_ns, x.num_cached_tokens, x.num_preemptions);
 }
 
 /// The last message of a completion that failed; `code` is an errc name (e.g. "too_long").

@@ -97,11 +97,16 @@ struct sampled {
   float logprob = 0.0f;
   std::vector<sampling::token_logprob> top_logprobs;
   std::string finish;
+  // On the last token only:
+  int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache
+  int32_t num_preemptions = 0;
+  int64_t scheduled_at_ns = 0;    ///< engine clock when the request was first scheduled
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled& x) {
-  return f(x.request_id, x.sample_index, x.token, x.logprob, x.top_logprobs, x.finish);
+  return f(x.request_id, x.sample_index, x.token, x.logprob, x.top_logprobs, x.finish, x.num_cached_tokens,
+           x.num_preemptions, x.scheduled_at_ns);
 }
 
 /// Request -> engine: end a request early (a stop string completed, a cancel, a lost client).

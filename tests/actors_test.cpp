@@ -552,9 +552,17 @@ TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
   EXPECT_EQ(req2.num_top_logprobs, 3);
 
   EXPECT_EQ(round_trip(sys_, msg::completion_chunk{3, "hi", {7, 8}, {-1.5f, -2.5f}}).tokens, (std::vector<int32_t>{7, 8}));
-  const msg::completion_end end = round_trip(sys_, msg::completion_end{3, "length", 9, 4, 5, 6, 7, {1, 2}});
-  EXPECT_EQ(end.finish_reason, "length");
-  EXPECT_EQ(end.itl_ns, (std::vector<int64_t>{1, 2}));
+  msg::completion_end end;
+  end.request_id = 3;
+  end.finish_reason = "length";
+  end.seed = 9;
+  end.e2e_ns = 7;
+  end.itl_ns = {1, 2};
+  const msg::completion_end end2 = round_trip(sys_, end);
+  EXPECT_EQ(end2.finish_reason, "length");
+  EXPECT_EQ(end2.seed, 9u);
+  EXPECT_EQ(end2.e2e_ns, 7);
+  EXPECT_EQ(end2.itl_ns, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(round_trip(sys_, msg::completion_error{3, "too_long", "m"}).code, "too_long");
   EXPECT_EQ(round_trip(sys_, msg::cancel_request{12}).request_id, 12);
 
@@ -569,7 +577,13 @@ TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
   EXPECT_EQ(s.request.seed, er.seed);
   EXPECT_EQ(s.request.stop_token_ids, er.stop_token_ids);
   EXPECT_EQ(round_trip(sys_, msg::rejected{1, "overloaded", "full"}).message, "full");
-  const msg::sampled smp = round_trip(sys_, msg::sampled{1, 0, 42, -0.5f, {{3, -1.0f}}, "length"});
+  msg::sampled sampled;
+  sampled.request_id = 1;
+  sampled.token = 42;
+  sampled.logprob = -0.5f;
+  sampled.top_logprobs = {{3, -1.0f}};
+  sampled.finish = "length";
+  const msg::sampled smp = round_trip(sys_, sampled);
   EXPECT_EQ(smp.token, 42);
   ASSERT_EQ(smp.top_logprobs.size(), 1u);
   EXPECT_EQ(smp.top_logprobs[0].token, 3);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -94,7 +96,8 @@ TEST(Transformer, ReferenceAndFastPathsGiveIdenticalBits) {
 
 class BadCheckpoint : public ::testing::Test {
  protected:
-  std::string dir_ = (std::filesystem::temp_directory_path() / "troupe_model_test").string();
+  // One directory per test process: ctest runs this fixture's tests in parallel.
+  std::string dir_ = (std::filesystem::temp_directory_path() / ("troupe_model_test_" + std::to_string(::getpid()))).string();
   void SetUp() override { std::filesystem::create_directories(dir_); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 

@@ -2,6 +2,8 @@
 // (DESIGN.md, "Layers and what may include what").
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -41,7 +43,7 @@ TEST(Purity, MessagesIncludeNoCafOrCuda) {
 
 TEST(Purity, DetectorFindsAPlantedInclude) {
   // A check that cannot fail is a defect: plant a forbidden include and require a hit.
-  auto dir = fs::temp_directory_path() / "troupe_purity_probe";
+  auto dir = fs::temp_directory_path() / ("troupe_purity_probe_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "bad.hpp") << "#include <caf/all.hpp>\n";
   EXPECT_EQ(forbidden_includes(dir).size(), 1u);

@@ -52,5 +52,6 @@ uint64_t draw_seed_base();
 action add_generate(CLI::App& app);
 action add_serve(CLI::App& app);
 action add_client(CLI::App& app);
+action add_calibrate(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
       {"generate", troupe::cli::add_generate(app)},
       {"serve", troupe::cli::add_serve(app)},
       {"client", troupe::cli::add_client(app)},
+      {"calibrate", troupe::cli::add_calibrate(app)},
   };
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));

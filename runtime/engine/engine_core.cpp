@@ -132,6 +132,12 @@ bool engine_core::finish_sample(request_id id, int32_t sample_index) {
   return true;
 }
 
+std::optional<request_id> engine_core::request_of(kv::seq_id seq) const {
+  auto it = samples_.find(seq);
+  if (it == samples_.end()) return std::nullopt;
+  return it->second.request;
+}
+
 std::optional<kv::seq_id> engine_core::sequence_of(request_id id, int32_t sample_index) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) return std::nullopt;
@@ -229,7 +235,12 @@ void engine_core::record(kv::seq_id seq, const sampling::sample_result& s, std::
   else if (st.num_generated >= r.max_tokens)
     reason = finish_reason::length;
   events.push_back(sample_event{st.request, st.index, s, reason});
-  if (reason != finish_reason::none) end_sample(seq);
+  if (reason != finish_reason::none) {
+    const sched::sequence& q = scheduler_->get(seq);
+    events.back().num_cached_tokens = q.num_cached_tokens;
+    events.back().num_preemptions = q.num_preemptions;
+    end_sample(seq);
+  }
 }
 
 engine_stats engine_core::stats() const {

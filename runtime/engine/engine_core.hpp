@@ -52,6 +52,8 @@ struct sample_event {
   int32_t sample_index = 0;
   sampling::sample_result sample;
   finish_reason finish = finish_reason::none;
+  int32_t num_cached_tokens = 0;  ///< on the last event: prompt tokens served from the prefix cache
+  int32_t num_preemptions = 0;    ///< on the last event: times the sample was preempted
 };
 
 /// Checks a request against a model and an engine configuration (see engine_core::add_request).
@@ -94,6 +96,8 @@ class engine_core {
   [[nodiscard]] const engine_config& config() const { return config_; }
   /// The engine-internal sequence id of a live sample (tests inspect block tables with it).
   [[nodiscard]] std::optional<kv::seq_id> sequence_of(request_id id, int32_t sample_index) const;
+  /// The request a live sequence belongs to.
+  [[nodiscard]] std::optional<request_id> request_of(kv::seq_id seq) const;
 
   void check_invariants() const;
 
