@@ -26,7 +26,9 @@ struct engine_options {
   std::shared_ptr<const model::checkpoint> checkpoint;  ///< the model; may be null with make_executor
   model::model_config model;        ///< the model's shape when there is no checkpoint (simulation)
   executor_factory make_executor;   ///< empty: the real step executor on `checkpoint`
-  bool check_invariants = false;    ///< check the engine core's invariants after every step
+  /// Check the engine core's invariants (block conservation, refcounts, queues) after every
+  /// Nth completed step; 0 = never (production), 1 = every step (the simulator's default).
+  int32_t check_invariants_every = 0;
   int32_t bos_id = 1;
   int32_t eos_id = 2;
   engine::engine_config config;     ///< max_steps_in_flight is forced to 2

@@ -194,7 +194,9 @@ class ActorsThreaded : public ::testing::Test {
         std::string streamed;
         auto out = actors::complete(*sys_, lb_, requests[last],
                                     [&](const msg::completion_chunk& c) { streamed += c.text; });
-        if (out) EXPECT_EQ(streamed, out->text) << "request " << last;
+        if (out) {
+          EXPECT_EQ(streamed, out->text) << "request " << last;
+        }
         track->done(last, out);
       });
     }

@@ -53,5 +53,6 @@ action add_generate(CLI::App& app);
 action add_serve(CLI::App& app);
 action add_client(CLI::App& app);
 action add_calibrate(CLI::App& app);
+action add_sim(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
       {"serve", troupe::cli::add_serve(app)},
       {"client", troupe::cli::add_client(app)},
       {"calibrate", troupe::cli::add_calibrate(app)},
+      {"sim", troupe::cli::add_sim(app)},
   };
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));

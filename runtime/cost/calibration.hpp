@@ -1,0 +1,55 @@
+#pragma once
+
+/// The two files of cost calibration. A step log is a CSV of measured steps, one line each:
+///
+///     num_tokens,num_sampled_rows,attention_tokens,measured_ns
+///     65,64,16416,182034
+///
+/// A calibration file holds fitted `cost_params` as TOML-compatible `key = value` lines
+/// (parsed here by hand: runtime/ does not link a TOML library):
+///
+///     format = "troupe-calibration-1"
+///     step_ns = 5012.5             # required, the four parameters: finite, >= 0
+///     token_ns = 1403.2
+///     sampled_row_ns = 2210.7
+///     attention_token_ns = 3.41
+///     rms_error_ns = 1830.2        # optional: how well the fit matched its samples
+///     mean_abs_rel_error = 0.041
+///     num_samples = 242
+///     source = "troupe calibrate --sweep ..."
+///
+/// Errors name the file and line: "FILE:LINE: ..." (malformed_file), or io_error when the file
+/// cannot be read.
+
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/cost/cost_model.hpp"
+
+namespace troupe::cost {
+
+/// The step log's first line.
+inline constexpr const char* step_log_header = "num_tokens,num_sampled_rows,attention_tokens,measured_ns";
+
+/// One step log line for a step measured at `ns`, newline included.
+[[nodiscard]] std::string step_log_line(const step_features& features, int64_t ns);
+
+/// Parses a step log's text; `name` (the file) prefixes error messages. Empty lines are
+/// skipped; each step counts as one (num_steps = 1).
+[[nodiscard]] expected<std::vector<step_sample>> parse_step_log(const std::string& text,
+                                                                const std::string& name);
+[[nodiscard]] expected<std::vector<step_sample>> read_step_log(const std::string& path);
+
+inline constexpr const char* calibration_format = "troupe-calibration-1";
+
+/// A calibration file's text for `fit`; `source` says how it was measured.
+[[nodiscard]] std::string write_calibration(const fit_result& fit, const std::string& source);
+
+/// Parses a calibration file's text; `name` (the file) prefixes error messages. Unknown,
+/// duplicate or missing keys, values of the wrong type, negative or non-finite numbers and
+/// another format tag are errors.
+[[nodiscard]] expected<cost_params> parse_calibration(const std::string& text, const std::string& name);
+[[nodiscard]] expected<cost_params> read_calibration(const std::string& path);
+
+}  // namespace troupe::cost

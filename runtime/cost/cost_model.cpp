@@ -1,0 +1,213 @@
+#include "runtime/cost/cost_model.hpp"
+
+#include <array>
+#include <cmath>
+#include <optional>
+#include <string>
+
+namespace troupe::cost {
+namespace {
+
+constexpr int num_params = 4;
+using vec = std::array<double, num_params>;
+// Sums run in long double (x86-64: 64-bit mantissa) so that the normal equations, whose
+// condition number is the square of the data's, keep the precision a QR solve would.
+using wide = long double;
+
+constexpr const char* feature_names[num_params] = {"num_steps", "num_tokens", "num_sampled_rows",
+                                                   "attention_tokens"};
+
+// Below this pivot (1 - R² of a unit-norm feature regressed on the ones before it) the
+// feature is taken to be a combination of the others: the samples do not determine its cost.
+constexpr wide singular_pivot = 1e-9L;
+
+vec as_vec(const step_features& f) {
+  return {f.num_steps, f.num_tokens, f.num_sampled_rows, f.attention_tokens};
+}
+
+cost_params as_params(const vec& p) { return {p[0], p[1], p[2], p[3]}; }
+
+double dot(const vec& a, const vec& b) {
+  double s = 0;
+  for (int j = 0; j < num_params; j++) s += a[j] * b[j];
+  return s;
+}
+
+/// The normal equations of the fit with every feature scaled to unit norm.
+struct normal_equations {
+  vec scale{};                                          // norm of each feature column
+  std::array<std::array<wide, num_params>, num_params> gram{};  // (param, param), unit diagonal
+  std::array<wide, num_params> rhs{};                   // scaled features . measured
+};
+
+expected<void> validate(const std::vector<step_sample>& samples) {
+  if (samples.size() < num_params)
+    return fail(errc::invalid_argument, "cannot fit " + std::to_string(num_params) +
+                                            " cost parameters from " + std::to_string(samples.size()) +
+                                            " samples; need at least " + std::to_string(num_params));
+  for (size_t i = 0; i < samples.size(); i++) {
+    const vec x = as_vec(samples[i].first);
+    for (int j = 0; j < num_params; j++)
+      if (!std::isfinite(x[j]) || x[j] < 0)
+        return fail(errc::invalid_argument, "sample " + std::to_string(i) + ": feature " +
+                                                feature_names[j] + " = " + std::to_string(x[j]) +
+                                                " is not a finite non-negative number");
+    const double y = samples[i].second;
+    if (!std::isfinite(y) || y <= 0)
+      return fail(errc::invalid_argument, "sample " + std::to_string(i) + ": measured time " +
+                                              std::to_string(y) + " ns is not a finite positive number");
+  }
+  return {};
+}
+
+expected<normal_equations> build(const std::vector<step_sample>& samples) {
+  normal_equations ne;
+  std::array<wide, num_params> sum_sq{};
+  for (const step_sample& s : samples) {
+    const vec x = as_vec(s.first);
+    for (int j = 0; j < num_params; j++) sum_sq[j] += static_cast<wide>(x[j]) * x[j];
+  }
+  for (int j = 0; j < num_params; j++) {
+    if (sum_sq[j] == 0)
+      return fail(errc::invalid_argument, std::string("feature ") + feature_names[j] +
+                                              " is zero in every sample; its cost cannot be fitted");
+    ne.scale[j] = static_cast<double>(std::sqrt(sum_sq[j]));
+  }
+  for (const step_sample& s : samples) {
+    const vec x = as_vec(s.first);
+    std::array<wide, num_params> u{};
+    for (int j = 0; j < num_params; j++) u[j] = static_cast<wide>(x[j]) / ne.scale[j];
+    for (int j = 0; j < num_params; j++) {
+      ne.rhs[j] += u[j] * s.second;
+      for (int k = 0; k < num_params; k++) ne.gram[j][k] += u[j] * u[k];
+    }
+  }
+  return ne;
+}
+
+/// Solves the normal equations restricted to the features in `mask` (the others' parameters
+/// are 0) by Cholesky. Returns the unscaled parameters, or the first feature whose pivot is
+/// below `singular_pivot` as a negative number -(index + 1).
+std::pair<vec, int> solve_subset(const normal_equations& ne, unsigned mask) {
+  int idx[num_params];
+  int n = 0;
+  for (int j = 0; j < num_params; j++)
+    if (mask & (1u << j)) idx[n++] = j;
+  wide l[num_params][num_params] = {};  // lower triangular factor, in subset indices
+  for (int r = 0; r < n; r++) {
+    for (int c = 0; c <= r; c++) {
+      wide s = ne.gram[idx[r]][idx[c]];
+      for (int k = 0; k < c; k++) s -= l[r][k] * l[c][k];
+      if (r == c) {
+        if (s < singular_pivot) return {vec{}, idx[r]};
+        l[r][r] = std::sqrt(s);
+      } else {
+        l[r][c] = s / l[c][c];
+      }
+    }
+  }
+  wide z[num_params] = {};
+  for (int r = 0; r < n; r++) {  // L z = rhs
+    wide s = ne.rhs[idx[r]];
+    for (int k = 0; k < r; k++) s -= l[r][k] * z[k];
+    z[r] = s / l[r][r];
+  }
+  for (int r = n - 1; r >= 0; r--) {  // Lᵀ w = z
+    wide s = z[r];
+    for (int k = r + 1; k < n; k++) s -= l[k][r] * z[k];
+    z[r] = s / l[r][r];
+  }
+  vec p{};
+  for (int r = 0; r < n; r++) p[idx[r]] = static_cast<double>(z[r] / ne.scale[idx[r]]);
+  return {p, -1};
+}
+
+wide residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p) {
+  wide rss = 0;
+  for (const step_sample& s : samples) {
+    const wide r = static_cast<wide>(dot(p, as_vec(s.first))) - s.second;
+    rss += r * r;
+  }
+  return rss;
+}
+
+bool non_negative(const vec& p) {
+  for (double v : p)
+    if (v < 0) return false;
+  return true;
+}
+
+/// The best non-negative solution: the constrained optimum is the unconstrained one on its
+/// support, so trying every support and keeping the feasible one with the least residual is
+/// exact. Principal submatrices of a positive definite matrix are positive definite, so every
+/// subset solves. Ties keep the larger mask (iterated first).
+vec best_non_negative(const std::vector<step_sample>& samples, const normal_equations& ne) {
+  vec best{};  // mask 0: every parameter 0, always feasible
+  wide best_rss = residual_sum_of_squares(samples, best);
+  for (unsigned mask = (1u << num_params) - 1; mask > 0; mask--) {
+    auto [p, singular] = solve_subset(ne, mask);
+    TROUPE_ASSERT_MSG(singular < 0, "a principal submatrix of a nonsingular gram matrix is singular");
+    if (!non_negative(p)) continue;
+    const wide rss = residual_sum_of_squares(samples, p);
+    if (rss < best_rss) {
+      best = p;
+      best_rss = rss;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+double chunk_attention_tokens(int64_t first_position, int64_t num_tokens) {
+  TROUPE_ASSERT(first_position >= 0);
+  TROUPE_ASSERT(num_tokens >= 0);
+  const double q = static_cast<double>(num_tokens);
+  return q * static_cast<double>(first_position) + q * (q + 1) / 2;
+}
+
+step_features features_of(const engine::exec_plan& plan) {
+  step_features f;
+  for (const engine::exec_chunk& chunk : plan.chunks) {
+    const auto q = static_cast<int64_t>(chunk.tokens.size());
+    f.num_tokens += static_cast<double>(q);
+    f.num_sampled_rows += static_cast<double>(chunk.seeds.size());
+    f.attention_tokens += chunk_attention_tokens(chunk.first_position, q);
+  }
+  return f;
+}
+
+int64_t predict_ns(const cost_params& params, const step_features& features) {
+  const double ns = params.step_ns * features.num_steps + params.token_ns * features.num_tokens +
+                    params.sampled_row_ns * features.num_sampled_rows +
+                    params.attention_token_ns * features.attention_tokens;
+  TROUPE_ASSERT_MSG(std::isfinite(ns), "cost parameters and features must be finite");
+  return ns > 0 ? std::llround(ns) : 0;
+}
+
+expected<fit_result> fit(const std::vector<step_sample>& samples) {
+  if (auto ok = validate(samples); !ok) return tl::unexpected(ok.error());
+  auto ne = build(samples);
+  if (!ne) return tl::unexpected(ne.error());
+  auto [p, singular] = solve_subset(*ne, (1u << num_params) - 1);
+  if (singular >= 0)
+    return fail(errc::invalid_argument,
+                std::string("the samples do not determine the cost parameters: feature ") +
+                    feature_names[singular] +
+                    " is (nearly) a linear combination of the features before it; vary the "
+                    "steps' tokens, samples and context independently");
+  if (!non_negative(p)) p = best_non_negative(samples, *ne);
+
+  fit_result r;
+  r.params = as_params(p);
+  r.num_samples = static_cast<int64_t>(samples.size());
+  double sum_rel = 0;
+  for (const step_sample& s : samples)
+    sum_rel += std::abs(dot(p, as_vec(s.first)) - s.second) / s.second;
+  const auto n = static_cast<double>(samples.size());
+  r.rms_error_ns = static_cast<double>(std::sqrt(residual_sum_of_squares(samples, p) / n));
+  r.mean_abs_rel_error = sum_rel / n;
+  return r;
+}
+
+}  // namespace troupe::cost

@@ -1,0 +1,68 @@
+#pragma once
+
+/// How long one step takes, predicted from what it computes. A plan is reduced to four
+/// features and its time is a linear function of them; the parameters are fitted by least
+/// squares to measured steps (`troupe calibrate`) and read back from a calibration file. Used
+/// by the scheduler's time budget and by the simulator's executor. Pure: no clock, no I/O.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/engine/step.hpp"
+
+namespace troupe::cost {
+
+/// What one step (or a sum of steps) computes, in the units the cost is linear in.
+struct step_features {
+  double num_steps = 1;         ///< fixed per-step work: launch, weight streaming, bookkeeping
+  double num_tokens = 0;        ///< rows of the forward pass: Σ chunk tokens
+  double num_sampled_rows = 0;  ///< samples drawn: Σ seeds
+  /// Σ over every token of the number of positions it attends to (its position + 1). A chunk
+  /// of q tokens starting at position c contributes q*c + q*(q+1)/2: prefill's q² term, the
+  /// q·c term against cached context, and decode's cost growing with context, in one feature.
+  double attention_tokens = 0;
+};
+
+/// The features of one plan. Every chunk counts, whether or not it samples.
+[[nodiscard]] step_features features_of(const engine::exec_plan& plan);
+
+/// The attended positions of a chunk of `num_tokens` tokens starting at `first_position`.
+[[nodiscard]] double chunk_attention_tokens(int64_t first_position, int64_t num_tokens);
+
+/// Nanoseconds per unit of each feature.
+struct cost_params {
+  double step_ns = 0;
+  double token_ns = 0;
+  double sampled_row_ns = 0;
+  double attention_token_ns = 0;
+};
+
+/// Σ param * feature, rounded to the nearest nanosecond and clamped at 0.
+[[nodiscard]] int64_t predict_ns(const cost_params& params, const step_features& features);
+
+/// The features paired with the step time measured for them, in nanoseconds.
+using step_sample = std::pair<step_features, double>;
+
+struct fit_result {
+  cost_params params;
+  double rms_error_ns = 0;        ///< sqrt(mean (predicted - measured)²)
+  double mean_abs_rel_error = 0;  ///< mean |predicted - measured| / measured
+  int64_t num_samples = 0;
+};
+
+/// Least-squares fit of `cost_params` to measured steps, constrained to non-negative
+/// parameters (a negative cost per token is never physical and would predict negative times
+/// for small steps). The unconstrained solution comes from the 4x4 normal equations with each
+/// feature scaled to unit norm, solved by Cholesky; when some parameter comes out negative, the
+/// exact non-negative optimum is found by refitting on every subset of the features (16
+/// subsets) and keeping the best feasible one. Deterministic: same samples, same bits.
+///
+/// Errors (invalid_argument): fewer samples than parameters; a negative, NaN or infinite
+/// feature; a measured time that is not positive and finite; samples that do not determine the
+/// parameters (a feature that is zero everywhere, or one that is a linear combination of the
+/// others, e.g. all samples identical).
+[[nodiscard]] expected<fit_result> fit(const std::vector<step_sample>& samples);
+
+}  // namespace troupe::cost

@@ -1,0 +1,89 @@
+#include "runtime/cost/sweep.hpp"
+
+#include <algorithm>
+
+namespace troupe::cost {
+namespace {
+
+constexpr int32_t decode_rows[] = {1, 2, 4, 8, 16, 32, 64};
+constexpr int32_t decode_contexts[] = {16, 64, 128, 256, 480};
+constexpr int32_t prefill_tokens[] = {16, 64, 128, 256, 448};
+constexpr int32_t prefill_contexts[] = {0, 32, 64, 128, 256, 480};
+constexpr int32_t mixed_prefill_tokens[] = {16, 64, 256};
+constexpr int32_t mixed_decode_rows[] = {4, 16, 64};
+constexpr int32_t mixed_decode_context = 128;
+
+struct grid_builder {
+  int32_t seq_len;
+  int32_t vocab_size;
+  int32_t block_size;
+  int32_t blocks_per_seq;
+  sampling::sampling_params sample_params;
+  sweep_grid grid;
+
+  /// Appends a chunk of `num_tokens` tokens at `first_position` as the plan's next sequence.
+  void add_chunk(engine::exec_plan& plan, int32_t first_position, int32_t num_tokens, bool sample) const {
+    TROUPE_ASSERT(num_tokens > 0);
+    TROUPE_ASSERT(first_position + num_tokens <= seq_len);
+    const auto seq = static_cast<int32_t>(plan.chunks.size());
+    engine::exec_chunk c;
+    c.seq = seq;
+    c.first_position = first_position;
+    for (int32_t i = 0; i < num_tokens; i++)
+      c.tokens.push_back(3 + (seq * 31 + (first_position + i) * 17) % (vocab_size - 3));
+    for (int32_t b = 0; b < blocks_per_seq; b++) c.block_table.push_back(seq * blocks_per_seq + b);
+    if (sample) c.seeds.push_back(static_cast<uint64_t>(plan.chunks.size()) + 1);
+    c.sampling = sample_params;
+    plan.chunks.push_back(std::move(c));
+  }
+
+  void add_decode_rows(engine::exec_plan& plan, int32_t rows, int32_t context) const {
+    for (int32_t r = 0; r < rows; r++) add_chunk(plan, context, 1, true);
+  }
+
+  void push(engine::exec_plan plan) {
+    plan.step = static_cast<int64_t>(grid.plans.size());
+    const auto needed = static_cast<int32_t>(plan.chunks.size()) * blocks_per_seq;
+    grid.num_kv_blocks = std::max(grid.num_kv_blocks, needed);
+    grid.plans.push_back(std::move(plan));
+  }
+
+  [[nodiscard]] bool fits(int32_t context, int32_t num_tokens) const { return context + num_tokens <= seq_len; }
+};
+
+}  // namespace
+
+sweep_grid make_sweep_grid(int32_t seq_len, int32_t vocab_size, int32_t block_size,
+                           const sampling::sampling_params& sample_params) {
+  TROUPE_ASSERT(seq_len > 0);
+  TROUPE_ASSERT(vocab_size > 3);
+  TROUPE_ASSERT(block_size > 0);
+  TROUPE_ASSERT(sampling::validate(sample_params, vocab_size).has_value());
+  grid_builder g{seq_len, vocab_size, block_size, (seq_len + block_size - 1) / block_size, sample_params, {}};
+  for (int32_t rows : decode_rows)
+    for (int32_t context : decode_contexts) {
+      if (!g.fits(context, 1)) continue;
+      engine::exec_plan plan;
+      g.add_decode_rows(plan, rows, context);
+      g.push(std::move(plan));
+    }
+  for (int32_t q : prefill_tokens)
+    for (int32_t context : prefill_contexts)
+      for (bool sample : {true, false}) {
+        if (!g.fits(context, q)) continue;
+        engine::exec_plan plan;
+        g.add_chunk(plan, context, q, sample);
+        g.push(std::move(plan));
+      }
+  for (int32_t q : mixed_prefill_tokens)
+    for (int32_t rows : mixed_decode_rows) {
+      if (!g.fits(0, q) || !g.fits(mixed_decode_context, 1)) continue;
+      engine::exec_plan plan;
+      g.add_chunk(plan, 0, q, false);
+      g.add_decode_rows(plan, rows, mixed_decode_context);
+      g.push(std::move(plan));
+    }
+  return std::move(g.grid);
+}
+
+}  // namespace troupe::cost

@@ -1,0 +1,87 @@
+#include "sim/cost_executor.hpp"
+
+#include <map>
+
+#include <caf/all.hpp>
+
+#include "messages/engine.hpp"
+#include "runtime/engine/step_executor.hpp"
+
+namespace troupe::sim {
+namespace {
+
+using deliver_atom = caf::atom_constant<caf::atom("deliver")>;
+
+struct cost_executor_state {
+  cost_executor_options o;
+  std::unique_ptr<engine::step_executor> real;  // real tokens only
+  caf::actor_clock::time_point busy_until;
+  std::map<int64_t, std::pair<caf::typed_response_promise<engine::exec_result>, engine::exec_result>> pending;
+  static inline const char* name = "cost_executor";
+};
+
+using cost_executor_t = caf::stateful_actor<cost_executor_state>;
+
+/// Made-up samples: valid ids past the special tokens, a pure function of where they occur.
+engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t vocab_size) {
+  engine::exec_result r;
+  r.step = plan.step;
+  for (const engine::exec_chunk& c : plan.chunks) {
+    if (c.seeds.empty()) continue;
+    std::vector<sampling::sample_result> samples;
+    const int64_t position = c.first_position + static_cast<int64_t>(c.tokens.size());
+    for (size_t i = 0; i < c.seeds.size(); i++) {
+      const uint64_t h = (c.seeds[i] ^ static_cast<uint64_t>(position) * 0x9E3779B97F4A7C15ULL) % (vocab_size - 3);
+      samples.push_back(sampling::sample_result{static_cast<int32_t>(3 + h), 0.0f, {}});
+    }
+    r.samples.push_back(std::move(samples));
+  }
+  return r;
+}
+
+int64_t ns_of(caf::actor_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+caf::behavior cost_executor(cost_executor_t* self, caf::actor engine, cost_executor_options options) {
+  cost_executor_state& st = self->state;
+  st.o = std::move(options);
+  if (st.o.checkpoint)
+    st.real = std::make_unique<engine::step_executor>(*st.o.checkpoint, st.o.num_kv_blocks, st.o.block_size);
+  st.busy_until = self->clock().now();
+  self->monitor(engine);  // dies with its engine
+  self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
+  return {
+      [=](engine::exec_plan& plan) {
+        cost_executor_state& s = self->state;
+        const cost::step_features f = cost::features_of(plan);
+        const auto now = self->clock().now();
+        const auto start = std::max(now, s.busy_until);
+        const int64_t cost_ns = cost::predict_ns(s.o.cost, f);
+        s.busy_until = start + std::chrono::nanoseconds(cost_ns);
+        if (s.o.log)
+          s.o.log->write(std::to_string(ns_of(start)) + " " + s.o.name + " step " + std::to_string(plan.step) +
+                         " chunks " + std::to_string(plan.chunks.size()) + " tokens " +
+                         std::to_string(static_cast<int64_t>(f.num_tokens)) + " cost " + std::to_string(cost_ns));
+        if (s.o.batch_sizes) s.o.batch_sizes->push_back(static_cast<int64_t>(plan.chunks.size()));
+        auto promise = self->make_response_promise<engine::exec_result>();
+        s.pending.emplace(plan.step, std::make_pair(promise, s.real ? s.real->execute(plan)
+                                                                    : synthetic_result(plan, s.o.vocab_size)));
+        self->delayed_send(self, s.busy_until - now, deliver_atom::value, plan.step);
+        return promise;
+      },
+      [=](deliver_atom, int64_t step) {
+        auto it = self->state.pending.find(step);
+        it->second.first.deliver(std::move(it->second.second));
+        self->state.pending.erase(it);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_cost_executor(caf::actor_system& sys, const caf::actor& engine, cost_executor_options options) {
+  return sys.spawn(cost_executor, engine, std::move(options));
+}
+
+}  // namespace troupe::sim

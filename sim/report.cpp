@@ -1,0 +1,191 @@
+#include "sim/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace troupe::sim {
+namespace {
+
+namespace fs = std::filesystem;
+
+double ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+std::string stats_json(const summary_stats& s) {
+  return "{\"mean\": " + num(s.mean) + ", \"p50\": " + num(s.p50) + ", \"p90\": " + num(s.p90) +
+         ", \"p99\": " + num(s.p99) + "}";
+}
+
+double tpot_ms(const request_record& r) {
+  return r.output_tokens > 1 ? ms(r.finish_ns - r.first_token_ns) / (r.output_tokens - 1) : 0.0;
+}
+
+bool ok(const request_record& r) { return r.finish == "length" || r.finish == "stop"; }
+
+struct latencies {
+  std::vector<double> ttft, tpot, itl, e2e;
+};
+
+latencies collect(const sim_result& r) {
+  latencies l;
+  for (const request_record& q : r.requests) {
+    if (!ok(q)) continue;
+    l.ttft.push_back(ms(q.first_token_ns - q.arrival_ns));
+    l.e2e.push_back(ms(q.finish_ns - q.arrival_ns));
+    if (q.output_tokens > 1) l.tpot.push_back(tpot_ms(q));
+    for (int64_t g : q.itl_ns) l.itl.push_back(ms(g));
+  }
+  return l;
+}
+
+std::string batch_histogram_json(const std::vector<int64_t>& sizes) {
+  std::map<int64_t, int64_t> bins;  // power-of-two upper bounds
+  for (int64_t s : sizes) {
+    int64_t bound = 1;
+    while (bound < s) bound *= 2;
+    bins[bound]++;
+  }
+  std::string out = "{";
+  for (const auto& [bound, count] : bins)
+    out += (out.size() > 1 ? ", " : "") + std::string("\"<=") + std::to_string(bound) + "\": " + std::to_string(count);
+  return out + "}";
+}
+
+expected<void> write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) return fail(errc::io_error, "cannot write " + path.string());
+  return {};
+}
+
+std::string requests_csv(const sim_result& r) {
+  std::string out = "index,arrival_ns,scheduled_ns,first_token_ns,finish_ns,prompt_tokens,output_tokens,"
+                    "cached_tokens,preemptions,finish\n";
+  for (const request_record& q : r.requests)
+    out += std::to_string(q.index) + "," + std::to_string(q.arrival_ns) + "," + std::to_string(q.scheduled_ns) + "," +
+           std::to_string(q.first_token_ns) + "," + std::to_string(q.finish_ns) + "," +
+           std::to_string(q.prompt_tokens) + "," + std::to_string(q.output_tokens) + "," +
+           std::to_string(q.cached_tokens) + "," + std::to_string(q.preemptions) + "," + q.finish + "\n";
+  return out;
+}
+
+/// CDF data ("value fraction" per line) of a sorted copy of `values`.
+std::string cdf_data(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  std::string out;
+  for (size_t i = 0; i < values.size(); i++) out += num(values[i]) + " " + num((i + 1.0) / values.size()) + "\n";
+  return out;
+}
+
+/// Generated tokens per second of virtual time, each token placed at its own emission time.
+std::string throughput_data(const sim_result& r) {
+  std::map<int64_t, int64_t> per_second;
+  for (const request_record& q : r.requests) {
+    if (!ok(q)) continue;
+    int64_t t = q.first_token_ns;
+    per_second[t / 1000000000]++;
+    for (int64_t g : q.itl_ns) per_second[(t += g) / 1000000000]++;
+  }
+  std::string out;
+  for (const auto& [second, tokens] : per_second) out += std::to_string(second) + " " + std::to_string(tokens) + "\n";
+  return out;
+}
+
+constexpr const char* plot_script = R"(set terminal svg size 900,500 dynamic
+set output 'latency_cdf.svg'
+set title 'Latency CDFs'
+set xlabel 'milliseconds'
+set ylabel 'fraction of requests'
+set logscale x
+set key bottom right
+plot 'ttft_cdf.dat' using 1:2 with lines title 'TTFT', 'e2e_cdf.dat' using 1:2 with lines title 'E2E'
+set output 'throughput.svg'
+set title 'Generated tokens per second (virtual time)'
+unset logscale x
+set xlabel 'seconds'
+set ylabel 'tokens/s'
+plot 'throughput.dat' using 1:2 with steps notitle
+)";
+
+}  // namespace
+
+summary_stats summarize(std::vector<double> v) {
+  summary_stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / v.size();
+  auto rank = [&v](double p) { return v[std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - 1)]; };
+  s.p50 = rank(0.50);
+  s.p90 = rank(0.90);
+  s.p99 = rank(0.99);
+  return s;
+}
+
+std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
+  const latencies l = collect(r);
+  int64_t num_ok = 0, num_good = 0, tokens = 0, prompt = 0, cached = 0, preemptions = 0;
+  for (const request_record& q : r.requests) {
+    prompt += q.prompt_tokens;
+    cached += q.cached_tokens;
+    preemptions += q.preemptions;
+    if (!ok(q)) continue;
+    num_ok++;
+    tokens += q.output_tokens;
+    const bool ttft_ok = slos.ttft_ms <= 0 || ms(q.first_token_ns - q.arrival_ns) <= slos.ttft_ms;
+    const bool tpot_ok = slos.tpot_ms <= 0 || tpot_ms(q) <= slos.tpot_ms;
+    num_good += ttft_ok && tpot_ok;
+  }
+  const double seconds = std::max(1e-9, static_cast<double>(r.simulated_ns) / 1e9);
+  std::string j = "{\n";
+  j += "  \"seed\": " + std::to_string(seed) + ",\n";
+  j += "  \"num_requests\": " + std::to_string(r.requests.size()) + ",\n";
+  j += "  \"num_completed\": " + std::to_string(num_ok) + ",\n";
+  j += "  \"simulated_seconds\": " + num(seconds) + ",\n";
+  j += "  \"ttft_ms\": " + stats_json(summarize(l.ttft)) + ",\n";
+  j += "  \"tpot_ms\": " + stats_json(summarize(l.tpot)) + ",\n";
+  j += "  \"itl_ms\": " + stats_json(summarize(l.itl)) + ",\n";
+  j += "  \"e2e_ms\": " + stats_json(summarize(l.e2e)) + ",\n";
+  j += "  \"request_throughput_per_s\": " + num(num_ok / seconds) + ",\n";
+  j += "  \"output_token_throughput_per_s\": " + num(tokens / seconds) + ",\n";
+  j += "  \"slo\": {\"ttft_ms\": " + num(slos.ttft_ms) + ", \"tpot_ms\": " + num(slos.tpot_ms) + "},\n";
+  j += "  \"goodput_requests_per_s\": " + num(num_good / seconds) + ",\n";
+  j += "  \"prefix_hit_rate\": " + num(prompt ? static_cast<double>(cached) / prompt : 0.0) + ",\n";
+  j += "  \"preemptions\": " + std::to_string(preemptions) + ",\n";
+  j += "  \"num_steps\": " + std::to_string(r.batch_sizes.size()) + ",\n";
+  j += "  \"batch_size_histogram\": " + batch_histogram_json(r.batch_sizes) + ",\n";
+  j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";
+  return j;
+}
+
+expected<void> write_report(const std::string& dir, const sim_result& r, const slo& slos, uint64_t seed) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fail(errc::io_error, "cannot create output directory " + dir + ": " + ec.message());
+  const fs::path d(dir);
+  const latencies l = collect(r);
+  for (const auto& [name, text] :
+       {std::pair<const char*, std::string>{"requests.csv", requests_csv(r)}, {"summary.json", summary_json(r, slos, seed)},
+        {"ttft_cdf.dat", cdf_data(l.ttft)}, {"e2e_cdf.dat", cdf_data(l.e2e)}, {"throughput.dat", throughput_data(r)},
+        {"plots.gp", plot_script}})
+    if (auto ok = write_file(d / name, text); !ok) return ok;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    const std::string cmd = "cd '" + d.string() + "' && gnuplot plots.gp";
+    if (std::system(cmd.c_str()) != 0) return fail(errc::internal, "gnuplot failed on " + (d / "plots.gp").string());
+  }
+  return {};
+}
+
+}  // namespace troupe::sim

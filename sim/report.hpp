@@ -1,0 +1,33 @@
+#pragma once
+
+/// Simulation outputs: per-request CSV, summary JSON (latency percentiles, throughput, goodput
+/// under SLOs, prefix-hit rate, preemptions, batch-size histogram) and plots made by gnuplot.
+
+#include <string>
+
+#include "runtime/common/error.hpp"
+#include "sim/simulation.hpp"
+
+namespace troupe::sim {
+
+struct slo {
+  double ttft_ms = 0;  ///< 0 = no bound
+  double tpot_ms = 0;  ///< 0 = no bound
+};
+
+struct summary_stats {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+};
+
+/// mean and nearest-rank percentiles of `values`.
+[[nodiscard]] summary_stats summarize(std::vector<double> values);
+
+/// The summary as JSON text (fixed key order, fixed number format: byte-identical for identical
+/// results).
+[[nodiscard]] std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed);
+
+/// Writes DIR/requests.csv, DIR/summary.json and, if gnuplot is installed, DIR/latency_cdf.svg
+/// and DIR/throughput.svg (their data files and script stay beside them).
+[[nodiscard]] expected<void> write_report(const std::string& dir, const sim_result& r, const slo& slos, uint64_t seed);
+
+}  // namespace troupe::sim

@@ -1,0 +1,190 @@
+// Simulation topology parsing: each table is described by a list of fields (name, required,
+// range, where the value goes), read by one generic loop that reports unknown keys, missing
+// keys, wrong types and out-of-range values with the file, line and key.
+#include "sim/sim_topology.hpp"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <tuple>
+
+#include "runtime/cost/calibration.hpp"
+#include "runtime/model/checkpoint.hpp"
+
+namespace troupe::sim {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct field {
+  const char* name;
+  bool required;
+  double min;
+  double max;
+  std::function<void(double)> set_number;                        // numeric fields
+  std::function<void(const std::string&)> set_text = nullptr;    // string fields
+};
+
+std::string at(const std::string& source, const toml::node& node) {
+  return source + ":" + std::to_string(node.source().begin.line) + ": ";
+}
+
+expected<void> read_table(const toml::table& root, const char* table_name, const std::vector<field>& fields,
+                          const std::string& source, bool table_required) {
+  const toml::table* table = root[table_name].as_table();
+  if (!table) {
+    if (!table_required) return {};
+    return fail(errc::malformed_file, source + ": missing [" + std::string(table_name) + "] table");
+  }
+  std::set<std::string> seen;
+  for (const auto& [key, node] : *table) {
+    const std::string name(key.str());
+    auto f = std::find_if(fields.begin(), fields.end(), [&](const field& x) { return name == x.name; });
+    if (f == fields.end())
+      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "]: unknown key '" + name + "'");
+    seen.insert(name);
+    if (f->set_text) {
+      if (!node.is_string())
+        return fail(errc::malformed_file, at(source, node) + "[" + table_name + "] " + name + ": expected a string");
+      f->set_text(*node.value<std::string>());
+      continue;
+    }
+    const std::optional<double> v = node.value<double>();
+    if (!v || !std::isfinite(*v))
+      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "] " + name + ": expected a number");
+    if (*v < f->min || *v > f->max)
+      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "] " + name + " = " +
+                                            std::to_string(*v) + " is outside [" + std::to_string(f->min) + ", " +
+                                            std::to_string(f->max) + "]");
+    f->set_number(*v);
+  }
+  for (const field& f : fields)
+    if (f.required && !seen.count(f.name))
+      return fail(errc::malformed_file, at(source, *table) + "[" + table_name + "]: missing key '" + f.name + "'");
+  return {};
+}
+
+template <class T>
+std::function<void(double)> into(T& target) {
+  return [&target](double v) { target = static_cast<T>(v); };
+}
+
+std::string resolve(const std::string& base_dir, const std::string& path) {
+  return fs::path(path).is_absolute() ? path : (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+/// Cross-field checks and derived values, once every table is read.
+expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& checkpoint, const std::string& calibration,
+                                           const std::string& tokens, double kv_bytes_per_value,
+                                           const std::string& source, bool cost_inline) {
+  const std::string where = source + ": ";
+  if (tokens != "synthetic" && tokens != "real")
+    return fail(errc::malformed_file, where + "[cost] tokens must be \"synthetic\" or \"real\", got \"" + tokens + "\"");
+  t.tokens = tokens == "real" ? token_mode::real : token_mode::synthetic;
+  if (!checkpoint.empty()) {
+    if (t.model.dim || t.model.n_layers || t.model.n_heads || t.model.n_kv_heads || t.model.vocab_size || t.model.seq_len)
+      return fail(errc::malformed_file, where + "[model] gives a checkpoint: its shape comes from the checkpoint, "
+                                                "so n_layers/dim/n_heads/n_kv_heads/vocab_size/max_context must not be set");
+    auto ck = model::checkpoint::load(checkpoint);
+    if (!ck) return fail(ck.error().code, where + ck.error().message);
+    t.model = ck->config();
+    t.checkpoint_path = checkpoint;
+  } else {
+    const model::model_config& m = t.model;
+    if (!m.dim || !m.n_layers || !m.n_heads || !m.n_kv_heads || !m.vocab_size || !m.seq_len)
+      return fail(errc::malformed_file, where + "[model] needs either a checkpoint or all of n_layers, dim, n_heads, "
+                                                "n_kv_heads, vocab_size and max_context");
+    if (m.dim % m.n_heads != 0 || m.n_heads % m.n_kv_heads != 0)
+      return fail(errc::malformed_file, where + "[model] dim must be a multiple of n_heads, and n_heads of n_kv_heads");
+    if (!t.model.hidden_dim) t.model.hidden_dim = 4 * m.dim;
+  }
+  if (t.tokens == token_mode::real && t.checkpoint_path.empty())
+    return fail(errc::malformed_file, where + "tokens = \"real\" needs [model] checkpoint = the model that computes them");
+  if (calibration.empty() == !cost_inline)
+    return fail(errc::malformed_file, where + "[cost] needs either calibration = FILE or step_ns, token_ns, "
+                                              "sampled_row_ns and attention_token_ns (not both)");
+  if (!calibration.empty()) {
+    auto params = cost::read_calibration(calibration);
+    if (!params) return fail(params.error().code, where + params.error().message);
+    t.cost = *params;
+  }
+  t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * kv_bytes_per_value));
+  const double blocks = t.kv_memory_gib * 1073741824.0 / (static_cast<double>(t.engine.block_size) * t.kv_bytes_per_token);
+  const int64_t needed = (t.model.seq_len + t.engine.block_size - 1) / t.engine.block_size;
+  if (blocks < static_cast<double>(needed))
+    return fail(errc::malformed_file, where + "[hardware] kv_memory_gib = " + std::to_string(t.kv_memory_gib) +
+                                          " holds " + std::to_string(static_cast<int64_t>(blocks)) +
+                                          " KV blocks, fewer than one max_context sequence needs (" +
+                                          std::to_string(needed) + ")");
+  t.engine.num_kv_blocks = static_cast<int32_t>(std::min(blocks, 2e9));
+  return t;
+}
+
+}  // namespace
+
+expected<sim_topology> parse_sim_topology(std::string_view text, const std::string& source,
+                                          const std::string& base_dir) {
+  toml::table root;
+  try {  // toml++ is built with exceptions; none leaves this function
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    return fail(errc::malformed_file, source + ":" + std::to_string(e.source().begin.line) + ": " +
+                                          std::string(e.description()));
+  }
+  for (const auto& [key, node] : root)
+    if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost"))
+      return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
+  sim_topology t;
+  model::model_config& m = t.model;
+  double kv_bytes_per_value = 2;
+  std::string calibration, tokens = "synthetic", checkpoint;
+  const double big = 1 << 30;
+  std::vector<field> model_fields = {
+      {"name", false, 0, 0, nullptr, [&](const std::string& s) { t.model_name = s; }},
+      {"checkpoint", false, 0, 0, nullptr, [&](const std::string& s) { checkpoint = s; }},
+      {"tokenizer", false, 0, 0, nullptr, [&](const std::string& s) { t.tokenizer_path = resolve(base_dir, s); }},
+      {"n_layers", false, 1, 1024, into(m.n_layers)},      {"dim", false, 1, big, into(m.dim)},
+      {"hidden_dim", false, 1, big, into(m.hidden_dim)},    {"n_heads", false, 1, 1024, into(m.n_heads)},
+      {"n_kv_heads", false, 1, 1024, into(m.n_kv_heads)},   {"vocab_size", false, 4, big, into(m.vocab_size)},
+      {"max_context", false, 2, big, into(m.seq_len)},      {"kv_bytes_per_value", false, 0.125, 8, into(kv_bytes_per_value)}};
+  std::vector<field> hardware_fields = {{"kv_memory_gib", true, 1e-6, 1e6, into(t.kv_memory_gib)}};
+  std::vector<field> engine_fields = {
+      {"replicas", false, 1, 4096, into(t.replicas)},
+      {"block_size", false, 1, 1024, into(t.engine.block_size)},
+      {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
+      {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
+      {"max_waiting", false, 1, big, into(t.max_waiting)}};
+  std::vector<field> cost_fields = {
+      {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
+      {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
+      {"sampled_row_ns", false, 0, 1e15, into(t.cost.sampled_row_ns)},
+      {"attention_token_ns", false, 0, 1e15, into(t.cost.attention_token_ns)},
+      {"calibration", false, 0, 0, nullptr, [&](const std::string& s) { calibration = resolve(base_dir, s); }},
+      {"tokens", false, 0, 0, nullptr, [&](const std::string& s) { tokens = s; }}};
+  for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
+                                         {"engine", &engine_fields, false}, {"cost", &cost_fields, true}})
+    if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
+  const toml::table* cost = root["cost"].as_table();
+  int inline_params = 0;
+  for (const char* k : {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns"}) inline_params += cost->contains(k);
+  if (inline_params != 0 && inline_params != 4)
+    return fail(errc::malformed_file, at(source, *cost) + "[cost] needs all four of step_ns, token_ns, "
+                                                          "sampled_row_ns and attention_token_ns");
+  return finish_sim_topology(std::move(t), checkpoint.empty() ? "" : resolve(base_dir, checkpoint), calibration,
+                             tokens, kv_bytes_per_value, source, inline_params == 4);
+}
+
+expected<sim_topology> load_sim_topology(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return fail(errc::io_error, "cannot read simulation topology '" + path + "'");
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_sim_topology(text, path, fs::path(path).parent_path().string());
+}
+
+}  // namespace troupe::sim

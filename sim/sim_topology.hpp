@@ -1,0 +1,40 @@
+#pragma once
+
+/// Simulation topology files: the modelled model's shape and KV memory (so traces run at their
+/// real lengths, not the bundled model's 512), the replicas and their scheduler settings, the
+/// step cost model, and the token mode. The KV pool size in blocks follows from the memory:
+/// kv_memory_gib * 2^30 / (block_size * kv_bytes_per_token), with kv_bytes_per_token =
+/// 2 (K and V) * n_layers * kv_dim * kv_bytes_per_value. Schema: docs/simulation.md.
+
+#include <string>
+
+#include "runtime/common/error.hpp"
+#include "runtime/cost/cost_model.hpp"
+#include "runtime/engine/engine_core.hpp"
+
+namespace troupe::sim {
+
+/// synthetic: tokens are made up and every request runs exactly to its trace output length;
+/// real: the bundled model computes real tokens while time stays virtual.
+enum class token_mode { synthetic, real };
+
+struct sim_topology {
+  std::string model_name;
+  model::model_config model;            ///< seq_len = the modelled max context
+  int64_t kv_bytes_per_token = 0;
+  double kv_memory_gib = 0;
+  std::string checkpoint_path;          ///< real mode: the model that computes tokens
+  std::string tokenizer_path;           ///< real mode
+  int32_t replicas = 1;
+  engine::engine_config engine;         ///< num_kv_blocks derived from the memory
+  int32_t max_waiting = 1 << 20;
+  cost::cost_params cost;
+  token_mode tokens = token_mode::synthetic;
+};
+
+/// Parses and validates a simulation topology; errors name the file, the line and the key.
+[[nodiscard]] expected<sim_topology> load_sim_topology(const std::string& path);
+[[nodiscard]] expected<sim_topology> parse_sim_topology(std::string_view text, const std::string& source_name,
+                                                        const std::string& base_dir);
+
+}  // namespace troupe::sim

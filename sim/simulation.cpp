@@ -1,0 +1,175 @@
+#include "sim/simulation.hpp"
+
+#include <caf/all.hpp>
+
+#include "actors/client.hpp"
+#include "actors/engine_actor.hpp"
+#include "actors/load_balancer_actor.hpp"
+#include "actors/type_ids.hpp"
+#include "sim/cost_executor.hpp"
+#include "sim/event_log.hpp"
+#include "sim/random.hpp"
+#include "sim/workload.hpp"
+
+namespace troupe::sim {
+namespace {
+
+using arrive_atom = caf::atom_constant<caf::atom("arrive")>;
+
+/// Stream ids for derive_seed: stable names, so adding randomness elsewhere shifts nothing.
+constexpr uint64_t load_balancer_stream = 0x6c6f61645f62616cULL;  // "load_bal"
+constexpr uint64_t prompt_stream = 0x70726f6d70747321ULL;         // "prompts!"
+
+struct run_state {
+  const sim_options& o;
+  caf::actor_system& sys;
+  caf::actor load_balancer;
+  event_log log;
+  std::vector<request_record> records;
+  std::vector<int64_t> batch_sizes;
+  caf::actor_clock::time_point start;
+  int64_t num_finished = 0;
+  std::string violation;
+};
+
+int64_t since(const run_state& rs, caf::actor_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t - rs.start).count();
+}
+
+void on_done(run_state& rs, int64_t index, const expected<actors::completion>& c, caf::actor_clock::time_point now) {
+  request_record& r = rs.records[index];
+  if (r.finish_ns >= 0) {
+    rs.violation = "request " + std::to_string(index) + " ended twice";
+    return;
+  }
+  r.finish_ns = since(rs, now);
+  if (c) {
+    const msg::completion_end& e = c->end;
+    r.finish = e.finish_reason;
+    r.output_tokens = e.num_generated_tokens;
+    r.first_token_ns = r.arrival_ns + e.ttft_ns;
+    r.scheduled_ns = r.arrival_ns + e.queue_ns;
+    r.cached_tokens = e.num_cached_tokens;
+    r.preemptions = e.num_preemptions;
+    r.itl_ns = e.itl_ns;
+    r.tokens = c->tokens;
+  } else {
+    r.finish = to_string(c.error().code);
+  }
+  rs.num_finished++;
+  rs.log.write(std::to_string(r.finish_ns) + " end " + std::to_string(index) + " " + r.finish + " out " +
+               std::to_string(r.output_tokens) + " first " + std::to_string(r.first_token_ns));
+}
+
+/// Spawns the client of request `index` at its arrival time.
+void arrive(caf::event_based_actor* self, run_state& rs, int64_t index) {
+  const trace_request& t = rs.o.workload[index];
+  const model::model_config& m = rs.o.topology.model;
+  request_record& r = rs.records[index];
+  r.index = index;
+  r.arrival_ns = since(rs, self->clock().now());
+  msg::completion_request req;
+  req.prompt_tokens = prompt_tokens(t, index, m.vocab_size, mooncake_block_tokens, derive_seed(rs.o.seed, prompt_stream));
+  req.max_tokens = t.output_tokens;
+  req.ignore_eos = true;
+  req.temperature = 0.0f;
+  r.prompt_tokens = static_cast<int32_t>(req.prompt_tokens.size());
+  r.prompt = req.prompt_tokens;
+  rs.log.write(std::to_string(r.arrival_ns) + " arrive " + std::to_string(index) + " in " +
+               std::to_string(r.prompt_tokens) + " out " + std::to_string(t.output_tokens));
+  run_state* state = &rs;
+  caf::actor_system* sys = &rs.sys;
+  actors::spawn_client(rs.sys, rs.load_balancer, std::move(req), {},
+                       [state, sys, index](const expected<actors::completion>& c) {
+                         on_done(*state, index, c, sys->clock().now());
+                       });
+}
+
+caf::behavior driver(caf::event_based_actor* self, run_state* rs) {
+  for (size_t i = 0; i < rs->o.workload.size(); i++)
+    self->delayed_send(self, std::chrono::nanoseconds(rs->o.workload[i].arrival_ns), arrive_atom::value,
+                       static_cast<int64_t>(i));
+  return {[=](arrive_atom, int64_t index) { arrive(self, *rs, index); }};
+}
+
+expected<std::vector<caf::actor>> spawn_engines(run_state& rs) {
+  const sim_topology& t = rs.o.topology;
+  std::shared_ptr<const model::checkpoint> ck;
+  if (t.tokens == token_mode::real) {
+    auto loaded = model::checkpoint::load(t.checkpoint_path);
+    if (!loaded) return tl::unexpected(loaded.error());
+    ck = std::make_shared<const model::checkpoint>(std::move(*loaded));
+  }
+  std::vector<caf::actor> engines;
+  for (int32_t i = 0; i < t.replicas; i++) {
+    actors::engine_options o;
+    o.model = t.model;
+    o.config = t.engine;
+    o.max_waiting = t.max_waiting;
+    o.check_invariants_every = rs.o.check_invariants_every;
+    o.detached_executor = false;
+    cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck,
+                            t.engine.num_kv_blocks, t.engine.block_size, &rs.log, &rs.batch_sizes};
+    o.make_executor = [c](caf::actor_system& sys, const caf::actor& engine) { return spawn_cost_executor(sys, engine, c); };
+    auto engine = actors::spawn_engine(rs.sys, o);
+    if (!engine) return tl::unexpected(engine.error());
+    engines.push_back(*engine);
+  }
+  return engines;
+}
+
+/// Runs the clock until no timer is left; checks the clock only moves forward.
+void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
+  auto last = sched.clock().now();
+  int64_t rounds = 0;
+  for (;;) {
+    sched.run();
+    const auto now = sched.clock().now();
+    if (now < last) rs.violation = "the virtual clock went back";
+    last = now;
+    if (!rs.violation.empty()) return;
+    if (rs.o.on_progress && ++rounds % 4096 == 0) rs.o.on_progress(since(rs, now), rs.num_finished);
+    if (!sched.trigger_timeout()) return;
+  }
+}
+
+}  // namespace
+
+expected<sim_result> run_simulation(const sim_options& o) {
+  caf::actor_system_config cfg;
+  actors::register_message_types(cfg);
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  caf::actor_system sys{cfg};
+  auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  // Start the virtual clock away from 0 (CAF treats a zero time point specially).
+  sched.clock().current_time += std::chrono::hours(1);
+  run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {},
+               sched.clock().now(), 0, {}};
+  auto engines = spawn_engines(rs);
+  if (!engines) return tl::unexpected(engines.error());
+  actors::load_balancer_options lb;
+  lb.engines = *engines;
+  lb.seed_base = derive_seed(o.seed, load_balancer_stream);
+  rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
+  auto d = sys.spawn(driver, &rs);
+  run_to_end(rs, sched);
+  const int64_t end_ns = since(rs, sched.clock().now());
+  if (rs.violation.empty() && rs.num_finished != static_cast<int64_t>(o.workload.size()))
+    rs.violation = std::to_string(o.workload.size() - rs.num_finished) + " request(s) never ended";
+  caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(rs.load_balancer, caf::exit_reason::user_shutdown);
+  for (const caf::actor& e : *engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  sched.run();
+  if (!rs.violation.empty())
+    return fail(errc::internal, "invariant violated: " + rs.violation + " (seed " + std::to_string(o.seed) +
+                                    ", virtual time " + std::to_string(end_ns) + " ns)");
+  sim_result out;
+  out.requests = std::move(rs.records);
+  out.batch_sizes = std::move(rs.batch_sizes);
+  out.simulated_ns = end_ns;
+  out.num_events = rs.log.num_lines();
+  out.event_log_sha256 = rs.log.digest();
+  return out;
+}
+
+}  // namespace troupe::sim

@@ -1,0 +1,462 @@
+// runtime/cost: a plan's features, the linear step cost model, its least-squares fit, the step
+// log and calibration file formats, and the calibration sweep's grid of plans.
+#include "runtime/cost/cost_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/cost/calibration.hpp"
+#include "runtime/cost/sweep.hpp"
+#include "runtime/engine/step_executor.hpp"
+#include "runtime/model/checkpoint.hpp"
+
+namespace troupe::cost {
+namespace {
+
+engine::exec_chunk chunk(int32_t first_position, int32_t num_tokens, int32_t num_seeds) {
+  engine::exec_chunk c;
+  c.first_position = first_position;
+  c.tokens.assign(num_tokens, 7);
+  c.block_table.assign((first_position + num_tokens + 15) / 16, 0);
+  for (int32_t i = 0; i < num_seeds; i++) c.seeds.push_back(100 + i);
+  return c;
+}
+
+void expect_features(const step_features& f, double steps, double tokens, double sampled, double attention) {
+  EXPECT_EQ(f.num_steps, steps);
+  EXPECT_EQ(f.num_tokens, tokens);
+  EXPECT_EQ(f.num_sampled_rows, sampled);
+  EXPECT_EQ(f.attention_tokens, attention);
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("troupe_cost_test_" + name)).string();
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = temp_path(name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// The features of the calibration grid: realistic, and varied enough to determine every
+// parameter.
+std::vector<step_features> grid_features() {
+  std::vector<step_features> fs;
+  for (const engine::exec_plan& p : make_sweep_grid(512, 512, 16).plans) fs.push_back(features_of(p));
+  return fs;
+}
+
+double exact_ns(const cost_params& p, const step_features& f) {
+  return p.step_ns * f.num_steps + p.token_ns * f.num_tokens + p.sampled_row_ns * f.num_sampled_rows +
+         p.attention_token_ns * f.attention_tokens;
+}
+
+void expect_relative(double actual, double expected, double tolerance, const char* what) {
+  EXPECT_LE(std::abs(actual - expected), tolerance * std::abs(expected))
+      << what << ": " << actual << " vs " << expected;
+}
+
+// --- features and prediction ----------------------------------------------------------------
+
+TEST(CostFeatures, ChunkAttendsToItsCachedContextAndItself) {
+  EXPECT_EQ(chunk_attention_tokens(10, 4), 4 * 10 + 10);  // positions 10..13 attend 11..14
+  EXPECT_EQ(chunk_attention_tokens(0, 1), 1);
+  EXPECT_EQ(chunk_attention_tokens(99, 1), 100);  // decode at context 99
+  EXPECT_EQ(chunk_attention_tokens(0, 448), 448.0 * 449 / 2);
+  EXPECT_EQ(chunk_attention_tokens(5, 0), 0);
+}
+
+TEST(CostFeatures, OfAPlanSumOverItsChunks) {
+  engine::exec_plan plan;
+  plan.chunks.push_back(chunk(10, 4, 1));  // last prefill chunk: 50 attention tokens
+  plan.chunks.push_back(chunk(99, 1, 2));  // decode, forked into 2 samples: 100
+  plan.chunks.push_back(chunk(0, 3, 0));   // intermediate prefill chunk, no sample: 6
+  expect_features(features_of(plan), 1, 8, 3, 156);
+}
+
+TEST(CostFeatures, OfAnEmptyPlanIsOneStep) {
+  expect_features(features_of(engine::exec_plan{}), 1, 0, 0, 0);
+}
+
+TEST(CostModel, PredictsTheLinearCombinationRounded) {
+  const cost_params p{1000, 10, 100, 0.5};
+  EXPECT_EQ(predict_ns(p, {1, 8, 3, 156}), 1000 + 80 + 300 + 78);
+  EXPECT_EQ(predict_ns(p, {1, 0, 0, 1}), 1001);  // 1000.5 rounds away from zero
+  EXPECT_EQ(predict_ns(p, {2, 0, 0, 0}), 2000);  // summed features of two steps
+  EXPECT_EQ(predict_ns(cost_params{-500, 1, 0, 0}, {1, 100, 0, 0}), 0);  // clamped at 0
+  EXPECT_EQ(predict_ns(cost_params{}, {1, 100, 4, 9999}), 0);
+}
+
+// --- fit ------------------------------------------------------------------------------------
+
+TEST(CostFit, RecoversKnownParametersFromNoiselessSamples) {
+  const cost_params truth{25'000, 1'300, 2'100, 3.25};
+  std::vector<step_sample> samples;
+  for (const step_features& f : grid_features()) samples.push_back({f, exact_ns(truth, f)});
+  auto r = fit(samples);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  expect_relative(r->params.step_ns, truth.step_ns, 1e-6, "step_ns");
+  expect_relative(r->params.token_ns, truth.token_ns, 1e-6, "token_ns");
+  expect_relative(r->params.sampled_row_ns, truth.sampled_row_ns, 1e-6, "sampled_row_ns");
+  expect_relative(r->params.attention_token_ns, truth.attention_token_ns, 1e-6, "attention_token_ns");
+  EXPECT_LT(r->rms_error_ns, 1e-3);
+  EXPECT_LT(r->mean_abs_rel_error, 1e-9);
+  EXPECT_EQ(r->num_samples, static_cast<int64_t>(samples.size()));
+}
+
+TEST(CostFit, RecoversAHandMadeSystemExactly) {
+  // Four independent steps: the fit is the solution of a 4x4 system.
+  const cost_params truth{1000, 10, 100, 0.5};
+  std::vector<step_sample> samples;
+  for (const step_features& f : {step_features{1, 1, 1, 17}, step_features{1, 64, 0, 2080},
+                                  step_features{1, 64, 64, 30'816}, step_features{1, 448, 1, 100'576}})
+    samples.push_back({f, exact_ns(truth, f)});
+  auto r = fit(samples);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  expect_relative(r->params.step_ns, 1000, 1e-9, "step_ns");
+  expect_relative(r->params.token_ns, 10, 1e-9, "token_ns");
+  expect_relative(r->params.sampled_row_ns, 100, 1e-9, "sampled_row_ns");
+  expect_relative(r->params.attention_token_ns, 0.5, 1e-9, "attention_token_ns");
+}
+
+TEST(CostFit, RecoversParametersApproximatelyFromNoisySamples) {
+  const cost_params truth{25'000, 1'300, 2'100, 3.25};
+  std::vector<step_sample> samples;
+  int32_t i = 0;
+  for (const step_features& f : grid_features()) {
+    // Deterministic noise, uniform-ish in [-2%, +2%], mean absolute ~1%.
+    const double noise = 0.02 * ((i++ * 7919 % 201) - 100) / 100.0;
+    samples.push_back({f, exact_ns(truth, f) * (1 + noise)});
+  }
+  auto r = fit(samples);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  expect_relative(r->params.step_ns, truth.step_ns, 0.15, "step_ns");
+  expect_relative(r->params.token_ns, truth.token_ns, 0.15, "token_ns");
+  expect_relative(r->params.sampled_row_ns, truth.sampled_row_ns, 0.15, "sampled_row_ns");
+  expect_relative(r->params.attention_token_ns, truth.attention_token_ns, 0.05, "attention_token_ns");
+  EXPECT_GT(r->mean_abs_rel_error, 0.003);
+  EXPECT_LT(r->mean_abs_rel_error, 0.02);
+  EXPECT_GT(r->rms_error_ns, 0);
+}
+
+TEST(CostFit, IsDeterministic) {
+  std::vector<step_sample> samples;
+  int32_t i = 0;
+  for (const step_features& f : grid_features())
+    samples.push_back({f, 1e4 + f.num_tokens * 900 + f.attention_tokens * 2 + (i++ % 13) * 300});
+  auto a = fit(samples);
+  auto b = fit(samples);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->params.step_ns, b->params.step_ns);
+  EXPECT_EQ(a->params.token_ns, b->params.token_ns);
+  EXPECT_EQ(a->params.sampled_row_ns, b->params.sampled_row_ns);
+  EXPECT_EQ(a->params.attention_token_ns, b->params.attention_token_ns);
+  EXPECT_EQ(a->rms_error_ns, b->rms_error_ns);
+}
+
+TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
+  // Sampling that "saves" time: the unconstrained fit would give sampled_row_ns < 0.
+  const cost_params truth{20'000, 1'000, -400, 2};
+  std::vector<step_sample> samples;
+  for (const step_features& f : grid_features()) samples.push_back({f, exact_ns(truth, f)});
+  auto r = fit(samples);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  const cost_params& p = r->params;
+  EXPECT_EQ(p.sampled_row_ns, 0);
+  EXPECT_GE(p.step_ns, 0);
+  EXPECT_GE(p.token_ns, 0);
+  EXPECT_GE(p.attention_token_ns, 0);
+  // Optimality (KKT): the residual is orthogonal to every free feature, and moving a clamped
+  // parameter up from 0 would not reduce the squared error.
+  double grad[4] = {};
+  for (const auto& [f, y] : samples) {
+    const double residual = exact_ns(p, f) - y;
+    grad[0] += residual * f.num_steps;
+    grad[1] += residual * f.num_tokens;
+    grad[2] += residual * f.num_sampled_rows;
+    grad[3] += residual * f.attention_tokens;
+  }
+  double scale[4] = {};
+  for (const auto& [f, y] : samples) {
+    scale[0] += std::abs(y * f.num_steps);
+    scale[1] += std::abs(y * f.num_tokens);
+    scale[2] += std::abs(y * f.num_sampled_rows);
+    scale[3] += std::abs(y * f.attention_tokens);
+  }
+  EXPECT_LT(std::abs(grad[0]), 1e-9 * scale[0]);
+  EXPECT_LT(std::abs(grad[1]), 1e-9 * scale[1]);
+  EXPECT_GT(grad[2], 0);
+  EXPECT_LT(std::abs(grad[3]), 1e-9 * scale[3]);
+}
+
+TEST(CostFit, RejectsFewerSamplesThanParameters) {
+  std::vector<step_sample> samples = {{{1, 1, 1, 17}, 1e4}, {{1, 64, 0, 2080}, 5e4}, {{1, 8, 8, 800}, 2e4}};
+  auto r = fit(samples);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::invalid_argument);
+  EXPECT_EQ(r.error().message, "cannot fit 4 cost parameters from 3 samples; need at least 4");
+}
+
+TEST(CostFit, RejectsIdenticalSamples) {
+  std::vector<step_sample> samples(10, step_sample{{1, 64, 64, 30'816}, 9e4});
+  auto r = fit(samples);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::invalid_argument);
+  EXPECT_NE(r.error().message.find("do not determine the cost parameters: feature num_tokens"),
+            std::string::npos)
+      << r.error().message;
+}
+
+TEST(CostFit, RejectsCollinearFeatures) {
+  // Decode only, one context: tokens = sampled rows in every step.
+  std::vector<step_sample> samples;
+  for (int32_t rows = 1; rows <= 64; rows *= 2)
+    samples.push_back({{1, double(rows), double(rows), 129.0 * rows}, 1e4 + 500.0 * rows});
+  auto r = fit(samples);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::invalid_argument);
+  EXPECT_NE(r.error().message.find("feature num_sampled_rows is (nearly) a linear combination"),
+            std::string::npos)
+      << r.error().message;
+}
+
+TEST(CostFit, RejectsAFeatureThatIsAlwaysZero) {
+  std::vector<step_sample> samples;
+  for (int32_t q = 16; q <= 256; q *= 2) samples.push_back({{1, double(q), 0, q * (q + 1) / 2.0}, 1e3 * q});
+  auto r = fit(samples);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().message, "feature num_sampled_rows is zero in every sample; its cost cannot be fitted");
+}
+
+TEST(CostFit, RejectsBadMeasurements) {
+  std::vector<step_sample> samples = {{{1, 1, 1, 17}, 1e4}, {{1, 64, 0, 2080}, 5e4},
+                                      {{1, 8, 8, 800}, 2e4}, {{1, 16, 1, 136}, 0}};
+  auto r = fit(samples);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::invalid_argument);
+  EXPECT_EQ(r.error().message, "sample 3: measured time 0.000000 ns is not a finite positive number");
+  samples[3] = {{1, -16, 1, 136}, 1e4};
+  EXPECT_NE(fit(samples).error().message.find("sample 3: feature num_tokens"), std::string::npos);
+  samples[3] = {{1, 16, 1, NAN}, 1e4};
+  EXPECT_NE(fit(samples).error().message.find("sample 3: feature attention_tokens"), std::string::npos);
+}
+
+// --- step log -------------------------------------------------------------------------------
+
+TEST(StepLog, LinesRoundTrip) {
+  EXPECT_EQ(step_log_line({1, 65, 64, 16'416}, 182'034), "65,64,16416,182034\n");
+  const std::vector<step_sample> samples = {{{1, 65, 64, 16'416}, 182'034}, {{1, 448, 0, 100'576}, 3'000'001}};
+  std::string text = std::string(step_log_header) + "\n";
+  for (const auto& [f, ns] : samples) text += step_log_line(f, static_cast<int64_t>(ns));
+  auto back = read_step_log(write_temp("log.csv", text + "\n"));
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  ASSERT_EQ(back->size(), 2u);
+  for (size_t i = 0; i < samples.size(); i++) {
+    expect_features((*back)[i].first, 1, samples[i].first.num_tokens, samples[i].first.num_sampled_rows,
+                    samples[i].first.attention_tokens);
+    EXPECT_EQ((*back)[i].second, samples[i].second);
+  }
+}
+
+TEST(StepLog, ErrorsNameTheLine) {
+  const std::string header = std::string(step_log_header) + "\n";
+  struct bad {
+    std::string text;
+    std::string message;
+  };
+  const bad cases[] = {
+      {"", "log.csv:1: empty step log; expected the header " + std::string(step_log_header)},
+      {"tokens,ns\n1,2\n", "log.csv:1: expected the header " + std::string(step_log_header) + ", got 'tokens,ns'"},
+      {header + "1,1,1,100\n1,1,100\n", "log.csv:3: expected 4 comma-separated numbers, got '1,1,100'"},
+      {header + "1,1,1,100,5\n", "log.csv:2: expected 4 comma-separated numbers, got '1,1,1,100,5'"},
+      {header + "1,x,1,100\n", "log.csv:2: field 2 'x' is not a non-negative finite number"},
+      {header + "1,1,-3,100\n", "log.csv:2: field 3 '-3' is not a non-negative finite number"},
+      {header + "1,1,1,0\n", "log.csv:2: field 4 '0' is not a positive finite number"},
+  };
+  for (const bad& b : cases) {
+    auto r = parse_step_log(b.text, "log.csv");
+    ASSERT_FALSE(r.has_value()) << b.text;
+    EXPECT_EQ(r.error().code, errc::malformed_file);
+    EXPECT_EQ(r.error().message, b.message);
+  }
+  auto missing = read_step_log(temp_path("no_such_log.csv"));
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, errc::io_error);
+}
+
+// --- calibration file -----------------------------------------------------------------------
+
+TEST(CalibrationFile, RoundTripsEveryBit) {
+  fit_result f;
+  f.params = {25'012.345678901234, 0.1 + 0.2, 2'000, 3.0e-7};
+  f.rms_error_ns = 1'830.25;
+  f.mean_abs_rel_error = 0.0413;
+  f.num_samples = 92;
+  const std::string source = "a \"quoted\" path\\with # and\nnewline";
+  const std::string text = write_calibration(f, source);
+  EXPECT_NE(text.find("format = \"troupe-calibration-1\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("sampled_row_ns = 2000.0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("num_samples = 92\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("source = \"a \\\"quoted\\\" path\\\\with # and\\u000Anewline\"\n"), std::string::npos)
+      << text;
+  auto p = read_calibration(write_temp("cal.toml", text));
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  EXPECT_EQ(p->step_ns, f.params.step_ns);
+  EXPECT_EQ(p->token_ns, f.params.token_ns);
+  EXPECT_EQ(p->sampled_row_ns, f.params.sampled_row_ns);
+  EXPECT_EQ(p->attention_token_ns, f.params.attention_token_ns);
+}
+
+TEST(CalibrationFile, AcceptsCommentsIntegersAndMissingOptionalKeys) {
+  const std::string text =
+      "# hand-written\n\n"
+      "format = \"troupe-calibration-1\"   # tag\n"
+      "step_ns = 5000     # per step\n"
+      "token_ns = +1.5e3\n"
+      "sampled_row_ns = 0\n"
+      "  attention_token_ns=2.5\r\n"
+      "source = \"by hand # not a comment\" # a comment\n";
+  auto p = parse_calibration(text, "cal.toml");
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  EXPECT_EQ(p->step_ns, 5000);
+  EXPECT_EQ(p->token_ns, 1500);
+  EXPECT_EQ(p->sampled_row_ns, 0);
+  EXPECT_EQ(p->attention_token_ns, 2.5);
+}
+
+TEST(CalibrationFile, EachErrorNamesItsLine) {
+  const std::string good_head = "format = \"troupe-calibration-1\"\nstep_ns = 1.0\ntoken_ns = 2.0\n";
+  const std::string good_tail = "sampled_row_ns = 3.0\nattention_token_ns = 4.0\n";
+  struct bad {
+    std::string text;
+    std::string message;
+  };
+  const bad cases[] = {
+      {good_head + "tokens_ns = 2.0\n" + good_tail,
+       "cal.toml:4: unknown key 'tokens_ns' (known: format, step_ns, token_ns, sampled_row_ns, "
+       "attention_token_ns, rms_error_ns, mean_abs_rel_error, num_samples, source)"},
+      {good_head + "sampled_row_ns = 3.0\n", "cal.toml:4: missing key 'attention_token_ns' (at end of file)"},
+      {"", "cal.toml:1: missing key 'format' (at end of file)"},
+      {good_head + "sampled_row_ns = fast\n" + good_tail,
+       "cal.toml:4: value of 'sampled_row_ns' is not a finite number: 'fast'"},
+      {good_head + "sampled_row_ns = 3.0 ns\n", "cal.toml:4: value of 'sampled_row_ns' is not a finite number: '3.0 ns'"},
+      {good_head + "sampled_row_ns = inf\n", "cal.toml:4: value of 'sampled_row_ns' is not a finite number: 'inf'"},
+      {good_head + "sampled_row_ns = -3.0\n" + good_tail,
+       "cal.toml:4: 'sampled_row_ns' = -3.0 is negative; costs and errors are >= 0"},
+      {"format = \"troupe-calibration-2\"\n", "cal.toml:1: format is 'troupe-calibration-2'; this reader "
+                                              "understands 'troupe-calibration-1'"},
+      {"format = troupe-calibration-1\n", "cal.toml:1: value of 'format' must be a quoted string, got "
+                                          "'troupe-calibration-1'"},
+      {good_head + good_tail + "source = \"unterminated\n",
+       "cal.toml:6: value of 'source' must be a quoted string, got '\"unterminated'"},
+      {good_head + "step_ns = 1.0\n", "cal.toml:4: key 'step_ns' appears twice"},
+      {good_head + good_tail + "num_samples = 9.5\n", "cal.toml:6: 'num_samples' = 9.5 is not a whole number"},
+      {good_head + "[cost]\n", "cal.toml:4: expected 'key = value', got '[cost]'"},
+  };
+  for (const bad& b : cases) {
+    auto r = parse_calibration(b.text, "cal.toml");
+    ASSERT_FALSE(r.has_value()) << b.text;
+    EXPECT_EQ(r.error().code, errc::malformed_file);
+    EXPECT_EQ(r.error().message, b.message);
+  }
+}
+
+TEST(CalibrationFile, MissingFileIsAnIoError) {
+  auto r = read_calibration(temp_path("no_such_calibration.toml"));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::io_error);
+  EXPECT_NE(r.error().message.find("cannot open"), std::string::npos);
+}
+
+TEST(CalibrationFile, ShippedCpuCalibrationParses) {
+  auto p = read_calibration(std::string(TROUPE_SOURCE_DIR) + "/examples/calibration-cpu.toml");
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  EXPECT_GT(p->step_ns, 0);
+  EXPECT_GT(p->token_ns, 0);
+  EXPECT_GT(p->attention_token_ns, 0);
+  // A 64-row decode step costs more than a 1-row one, and a long prefill chunk more still.
+  EXPECT_LT(predict_ns(*p, {1, 1, 1, 129}), predict_ns(*p, {1, 64, 64, 64 * 129}));
+  EXPECT_LT(predict_ns(*p, {1, 64, 64, 64 * 129}), predict_ns(*p, {1, 448, 1, 448 * 449 / 2}));
+}
+
+TEST(CalibrationFile, ShippedCpuCalibrationIsTheFitOfItsShippedStepLog) {
+  // `troupe calibrate --log-out` wrote the measured steps next to the calibration: refitting
+  // them must give the shipped parameters back.
+  const std::string dir = std::string(TROUPE_SOURCE_DIR) + "/examples/";
+  auto samples = read_step_log(dir + "calibration-cpu-steps.csv");
+  ASSERT_TRUE(samples.has_value()) << samples.error().message;
+  auto refit = fit(*samples);
+  ASSERT_TRUE(refit.has_value()) << refit.error().message;
+  auto shipped = read_calibration(dir + "calibration-cpu.toml");
+  ASSERT_TRUE(shipped.has_value()) << shipped.error().message;
+  expect_relative(refit->params.step_ns, shipped->step_ns, 1e-9, "step_ns");
+  expect_relative(refit->params.token_ns, shipped->token_ns, 1e-9, "token_ns");
+  expect_relative(refit->params.sampled_row_ns, shipped->sampled_row_ns, 1e-9, "sampled_row_ns");
+  expect_relative(refit->params.attention_token_ns, shipped->attention_token_ns, 1e-9, "attention_token_ns");
+  EXPECT_EQ(refit->num_samples, 92);
+}
+
+// --- sweep grid -----------------------------------------------------------------------------
+
+TEST(SweepGrid, CoversDecodePrefillAndMixedSteps) {
+  const sweep_grid g = make_sweep_grid(512, 512, 16);
+  // 7 decode batch sizes x 5 contexts; 24 prefill shapes that fit, sampled or not; 3 x 3 mixed.
+  ASSERT_EQ(g.plans.size(), 35u + 48u + 9u);
+  EXPECT_EQ(g.num_kv_blocks, 65 * 32);  // 64 decode rows + 1 prefill chunk, 32 blocks each
+  expect_features(features_of(g.plans[0]), 1, 1, 1, 17);                  // 1 row at context 16
+  expect_features(features_of(g.plans[34]), 1, 64, 64, 64 * 481);          // 64 rows at 480
+  expect_features(features_of(g.plans[35]), 1, 16, 1, 136);               // q 16 at 0, sampled
+  expect_features(features_of(g.plans[36]), 1, 16, 0, 136);                // the same, not sampled
+  expect_features(features_of(g.plans[82]), 1, 448, 0, 448 * 64 + 448 * 449 / 2);  // q 448 at 64
+  expect_features(features_of(g.plans[91]), 1, 256 + 64, 64, 256 * 257 / 2 + 64 * 129);
+}
+
+TEST(SweepGrid, PlansAreValidForTheExecutor) {
+  const sweep_grid g = make_sweep_grid(512, 512, 16);
+  for (size_t i = 0; i < g.plans.size(); i++) {
+    const engine::exec_plan& p = g.plans[i];
+    EXPECT_EQ(p.step, static_cast<int64_t>(i));
+    std::set<int32_t> blocks;
+    for (const engine::exec_chunk& c : p.chunks) {
+      ASSERT_FALSE(c.tokens.empty());
+      EXPECT_LE(c.first_position + static_cast<int32_t>(c.tokens.size()), 512);
+      EXPECT_GE(static_cast<int32_t>(c.block_table.size()) * 16, c.first_position + static_cast<int32_t>(c.tokens.size()));
+      for (int32_t t : c.tokens) EXPECT_TRUE(t >= 3 && t < 512) << t;
+      for (int32_t b : c.block_table) {
+        EXPECT_TRUE(b >= 0 && b < g.num_kv_blocks) << b;
+        EXPECT_TRUE(blocks.insert(b).second) << "block " << b << " shared within plan " << i;
+      }
+    }
+  }
+  // Short models leave out what does not fit.
+  const sweep_grid small = make_sweep_grid(64, 32, 16);
+  for (const engine::exec_plan& p : small.plans)
+    for (const engine::exec_chunk& c : p.chunks)
+      EXPECT_LE(c.first_position + static_cast<int32_t>(c.tokens.size()), 64);
+  EXPECT_EQ(small.plans.size(), 7u + 2u * 3);  // decode at 16; q 16 at {0, 32}, q 64 at 0; no mixed
+}
+
+TEST(SweepGrid, RunsOnTheStepExecutor) {
+  auto ck = model::checkpoint::load(std::string(TROUPE_MODELS_DIR) + "/stories260K.bin");
+  ASSERT_TRUE(ck.has_value()) << ck.error().message;
+  const sweep_grid g = make_sweep_grid(ck->config().seq_len, ck->config().vocab_size, 16);
+  engine::step_executor executor(*ck, g.num_kv_blocks, 16);
+  for (const engine::exec_plan& p : g.plans) {
+    const engine::exec_result r = executor.execute(p);
+    size_t sampled = 0;
+    for (const engine::exec_chunk& c : p.chunks) sampled += c.seeds.empty() ? 0 : 1;
+    ASSERT_EQ(r.samples.size(), sampled);
+    for (const auto& s : r.samples) EXPECT_TRUE(s.front().token >= 0 && s.front().token < 512);
+  }
+}
+
+}  // namespace
+}  // namespace troupe::cost
