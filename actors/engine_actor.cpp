@@ -56,9 +56,10 @@ void start_executor(engine_actor_t* self) {
   const caf::actor engine = caf::actor_cast<caf::actor>(self);
   self->state.executor = o.make_executor
                              ? o.make_executor(self->system(), engine)
-                             : spawn_executor(self->system(), engine, o.checkpoint, o.config.num_kv_blocks,
-                                              o.config.block_size, o.config.kernels, o.executor_threads,
-                                              o.detached_executor);
+                             : spawn_executor(self->system(), engine,
+                                              executor_settings{o.checkpoint, o.config.num_kv_blocks,
+                                                                o.config.block_size, o.config.kernels,
+                                                                o.executor_threads, o.detached_executor, o.step_log});
   // Monitored, not linked: over a link, an executor killed with exit_reason::kill (which no exit
   // handler can intercept) would take its engine down. The executor monitors its engine in turn.
   self->monitor(self->state.executor);

@@ -34,6 +34,7 @@ struct engine_options {
   engine::engine_config config;     ///< max_steps_in_flight is forced to 2
   int32_t max_waiting = 1024;       ///< queued requests at most; beyond: rejected{overloaded}
   int32_t executor_threads = 1;     ///< kernel threads of the step executor
+  std::string step_log;             ///< the executor logs every step here (calibration); "" = off
   bool detached_executor = true;    ///< false under the deterministic test scheduler
 };
 

@@ -1,9 +1,14 @@
 #include "actors/executor_actor.hpp"
 
+#include <chrono>
+#include <cstdio>
+
 #include <caf/all.hpp>
 
 #include "actors/type_ids.hpp"
 #include "messages/engine.hpp"
+#include "runtime/cost/calibration.hpp"
+#include "runtime/cost/cost_model.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -12,26 +17,39 @@ struct executor_state {
   std::unique_ptr<kernels::cpu::thread_pool> pool;  // declared first: outlives the executor
   std::unique_ptr<engine::step_executor> executor;
   std::string failure;  // a failure injected for tests: the next plan fails with it
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_log{nullptr, &std::fclose};
   static inline const char* name = "step_executor";
 };
 
 caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, caf::actor engine,
-                             std::shared_ptr<const model::checkpoint> ck, int32_t num_kv_blocks,
-                             int32_t block_size, model::kernel_path kernels, int32_t num_threads) {
-  if (num_threads > 1) self->state.pool = std::make_unique<kernels::cpu::thread_pool>(num_threads);
-  self->state.executor = std::make_unique<engine::step_executor>(*ck, num_kv_blocks, block_size, kernels,
-                                                                 self->state.pool.get());
+                             executor_settings settings) {
+  executor_state& st = self->state;
+  if (settings.num_threads > 1) st.pool = std::make_unique<kernels::cpu::thread_pool>(settings.num_threads);
+  st.executor = std::make_unique<engine::step_executor>(*settings.checkpoint, settings.num_kv_blocks,
+                                                        settings.block_size, settings.kernels, st.pool.get());
+  if (!settings.step_log.empty()) {
+    st.step_log.reset(std::fopen(settings.step_log.c_str(), "a"));
+    if (st.step_log && std::ftell(st.step_log.get()) == 0) std::fprintf(st.step_log.get(), "%s\n", cost::step_log_header);
+  }
   self->monitor(engine);  // the executor dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
-        if (!self->state.failure.empty()) {
+        executor_state& s = self->state;
+        if (!s.failure.empty()) {
           // A crashed executor: its KV memory is gone, so it stops for good.
-          auto err = caf::make_error(caf::sec::runtime_error, self->state.failure);
+          auto err = caf::make_error(caf::sec::runtime_error, s.failure);
           self->quit(err);
           return err;
         }
-        return self->state.executor->execute(plan);
+        if (!s.step_log) return s.executor->execute(plan);
+        // The wall clock is read here, in the actor layer, only to log calibration samples.
+        const auto start = std::chrono::steady_clock::now();
+        engine::exec_result result = s.executor->execute(plan);
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+        std::fputs(cost::step_log_line(cost::features_of(plan), ns.count()).c_str(), s.step_log.get());
+        std::fflush(s.step_log.get());  // complete lines even if the process is killed
+        return result;
       },
       [=](msg::inject_failure& f) { self->state.failure = f.reason; },
   };
@@ -39,13 +57,9 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, caf::act
 
 }  // namespace
 
-caf::actor spawn_executor(caf::actor_system& sys, const caf::actor& engine,
-                          std::shared_ptr<const model::checkpoint> ck,
-                          int32_t num_kv_blocks, int32_t block_size, model::kernel_path kernels,
-                          int32_t num_threads, bool detached) {
-  if (detached)
-    return sys.spawn<caf::detached>(executor_actor, engine, std::move(ck), num_kv_blocks, block_size, kernels, num_threads);
-  return sys.spawn(executor_actor, engine, std::move(ck), num_kv_blocks, block_size, kernels, num_threads);
+caf::actor spawn_executor(caf::actor_system& sys, const caf::actor& engine, const executor_settings& settings) {
+  if (settings.detached) return sys.spawn<caf::detached>(executor_actor, engine, settings);
+  return sys.spawn(executor_actor, engine, settings);
 }
 
 }  // namespace troupe::actors

@@ -12,13 +12,18 @@
 
 namespace troupe::actors {
 
-/// Spawns an executor for `ck` with a KV pool of num_kv_blocks x block_size that serves `engine`
-/// and quits when the engine does. `detached`: own thread (production); false: on the scheduler
-/// (deterministic tests).
-/// `num_threads` > 1 adds a kernel thread pool of that many threads (the executor's included).
-caf::actor spawn_executor(caf::actor_system& sys, const caf::actor& engine,
-                          std::shared_ptr<const model::checkpoint> ck,
-                          int32_t num_kv_blocks, int32_t block_size, model::kernel_path kernels,
-                          int32_t num_threads, bool detached);
+/// How to build an executor.
+struct executor_settings {
+  std::shared_ptr<const model::checkpoint> checkpoint;
+  int32_t num_kv_blocks = 0;
+  int32_t block_size = 16;
+  model::kernel_path kernels = model::kernel_path::fast;
+  int32_t num_threads = 1;  ///< > 1 adds a kernel thread pool of that many threads (the executor's included)
+  bool detached = true;     ///< own thread (production); false: on the scheduler (deterministic tests)
+  std::string step_log;     ///< append one line per executed step (features + measured ns); "" = off
+};
+
+/// Spawns an executor serving `engine` (it quits when the engine goes down).
+caf::actor spawn_executor(caf::actor_system& sys, const caf::actor& engine, const executor_settings& settings);
 
 }  // namespace troupe::actors

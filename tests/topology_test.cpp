@@ -190,7 +190,7 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_engine_key", k_valid + "kv_block = 5\n",
                  "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
                  "name, node, role, model, tokenizer, kv_blocks, block_size, "
-                 "max_num_batched_tokens, max_num_seqs, executor_threads)"},
+                 "max_num_batched_tokens, max_num_seqs, executor_threads, step_log)"},
         bad_file{"unknown_node_key",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nip = \"1.2.3.4\"\nport = 1\n",
                  "topology.toml:4: node 'node0': unknown key 'ip'"},

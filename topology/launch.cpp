@@ -25,6 +25,7 @@ expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e,
   o.config = e.config;
   o.max_waiting = max_waiting;
   o.executor_threads = e.executor_threads;
+  o.step_log = e.step_log;
   o.detached_executor = options.detached_executors;
   auto engine = actors::spawn_engine(sys, o);
   if (!engine) return fail(engine.error().code, where(e) + engine.error().message);

@@ -305,6 +305,10 @@ struct scope {
   auto threads = read_int(ctx, table, where, "executor_threads", engine.executor_threads, 1, 64);
   if (!threads) return tl::unexpected(threads.error());
   engine.executor_threads = *threads;
+  auto step_log = read_string(ctx, table, where, "step_log", std::string());
+  if (!step_log) return tl::unexpected(step_log.error());
+  if (!step_log->empty())
+    engine.step_log = (fs::path(ctx.base_dir) / *step_log).lexically_normal().string();
   return {};
 }
 
@@ -314,7 +318,7 @@ struct scope {
   if (auto ok =
           check_known_keys(ctx, table, where,
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
-                            "max_num_batched_tokens", "max_num_seqs", "executor_threads"});
+                            "max_num_batched_tokens", "max_num_seqs", "executor_threads", "step_log"});
       !ok) {
     return tl::unexpected(ok.error());
   }

@@ -67,6 +67,7 @@ struct engine_spec {
   std::string tokenizer_path;  ///< absolute, lexically normalized; an existing regular file
   engine::engine_config config;
   int32_t executor_threads = 1;
+  std::string step_log;        ///< the executor logs every step here (troupe calibrate --log); "" = off
 };
 
 /// Where the load balancer runs and how much it queues.
