@@ -66,20 +66,6 @@ std::vector<std::vector<int32_t>> make_prompts(model::transformer& t, const toke
   return prompts;
 }
 
-double reference_once(model::transformer& t, const tokenizer& tok, const std::vector<int32_t>& prompt) {
-  generate::generate_params p;
-  p.prompt = prompt;
-  p.max_new_tokens = new_tokens;
-  p.sampling.temperature = 0.0f;
-  p.ignore_eos = true;
-  const double start = now_seconds();
-  auto out = generate::generate(t, tok, p);
-  const double seconds = now_seconds() - start;
-  TROUPE_ASSERT_MSG(out.has_value(), "the benchmark request is valid");
-  TROUPE_ASSERT(static_cast<int32_t>(out->tokens.size()) == new_tokens);
-  return new_tokens / seconds;
-}
-
 struct engine_run {
   double tokens_per_second = 0;
   engine::engine_stats stats;
@@ -139,9 +125,9 @@ int run(int argc, char** argv) {
   const std::vector<std::vector<int32_t>> prompts = make_prompts(t, *tok);
   print_header();
 
-  (void)reference_once(t, *tok, prompts[0]);
+  (void)reference_tokens_per_second(t, *tok, prompts[0], new_tokens);
   std::vector<double> reference_rates;
-  for (int i = 0; i < num_runs; i++) reference_rates.push_back(reference_once(t, *tok, prompts[0]));
+  for (int i = 0; i < num_runs; i++) reference_rates.push_back(reference_tokens_per_second(t, *tok, prompts[0], new_tokens));
   const summary ref = summarize(reference_rates);
   std::printf("%-12s %7d %12.0f %10.0f %10.0f %8.2f %7s %11s %11s\n", "reference", 1, ref.median, ref.min,
               ref.max, 1.0, "-", "-", "-");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/generate/reference_generator.hpp"
 
 namespace troupe::bench {
 
@@ -30,6 +31,23 @@ inline summary summarize(std::vector<double> samples) {
   TROUPE_ASSERT(samples.size() % 2 == 1);
   std::sort(samples.begin(), samples.end());
   return {samples[samples.size() / 2], samples.front(), samples.back()};
+}
+
+/// Generated tokens per second of one greedy reference-generator call of `new_tokens` tokens
+/// after `prompt` (EOS ignored, so every call does the same work).
+inline double reference_tokens_per_second(model::transformer& t, const tokenizer& tok,
+                                          const std::vector<int32_t>& prompt, int32_t new_tokens) {
+  generate::generate_params p;
+  p.prompt = prompt;
+  p.max_new_tokens = new_tokens;
+  p.sampling.temperature = 0.0f;
+  p.ignore_eos = true;
+  const double start = now_seconds();
+  auto out = generate::generate(t, tok, p);
+  const double seconds = now_seconds() - start;
+  TROUPE_ASSERT_MSG(out.has_value(), "the benchmark request is valid");
+  TROUPE_ASSERT(static_cast<int32_t>(out->tokens.size()) == new_tokens);
+  return new_tokens / seconds;
 }
 
 /// argv joined by spaces, to print at the top of the output.

@@ -23,19 +23,8 @@ namespace {
 constexpr int32_t num_new_tokens = 511;
 constexpr int num_runs = 5;
 
-/// Generated tokens per second of one generate() call.
 double run_once(model::transformer& t, const tokenizer& tok) {
-  generate::generate_params p;
-  p.prompt = {tokenizer::bos};
-  p.max_new_tokens = num_new_tokens;
-  p.sampling.temperature = 0.0f;
-  p.ignore_eos = true;
-  const double start = now_seconds();
-  auto out = generate::generate(t, tok, p);
-  const double seconds = now_seconds() - start;
-  TROUPE_ASSERT_MSG(out.has_value(), "the benchmark request is valid");
-  TROUPE_ASSERT(static_cast<int32_t>(out->tokens.size()) == num_new_tokens);
-  return num_new_tokens / seconds;
+  return reference_tokens_per_second(t, tok, {tokenizer::bos}, num_new_tokens);
 }
 
 void print_row(const char* name, const summary& s) {

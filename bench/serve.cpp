@@ -173,16 +173,7 @@ int run(int argc, char** argv) {
 
   model::transformer t(*ck);
   std::vector<double> ref;
-  for (int i = 0; i < 3; i++) {
-    generate::generate_params p;
-    p.prompt = prompts[0];
-    p.max_new_tokens = o.tokens;
-    p.sampling.temperature = 0.0f;
-    p.ignore_eos = true;
-    const double s = now_seconds();
-    (void)generate::generate(t, *tok, p);
-    ref.push_back(o.tokens / (now_seconds() - s));
-  }
+  for (int i = 0; i < 3; i++) ref.push_back(reference_tokens_per_second(t, *tok, prompts[0], o.tokens));
   const double reference = summarize(ref).median;
   std::printf("reference generator, single stream: %.0f tok/s (median of 3)\n", reference);
 

@@ -1,4 +1,5 @@
 #include "runtime/cost/calibration.hpp"
+#include "runtime/tokenizer/utf8.hpp"
 
 #include <algorithm>
 #include <array>
@@ -107,20 +108,6 @@ std::string known_keys() {
   return s;
 }
 
-/// Appends code point `cp` to `out` as UTF-8.
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 /// TOML basic string `"..."` at the start of `v`, then nothing but an optional comment.
 std::optional<std::string> parse_string(std::string_view v) {
   if (v.empty() || v.front() != '"') return std::nullopt;
@@ -144,7 +131,7 @@ std::optional<std::string> parse_string(std::string_view v) {
         const auto [end, ec] = std::from_chars(v.data() + i + 1, v.data() + i + 5, cp, 16);
         if (ec != std::errc() || end != v.data() + i + 5 || (cp >= 0xD800 && cp < 0xE000))
           return std::nullopt;
-        append_utf8(out, cp);
+        utf8::append(out, cp);
         i += 4;
         break;
       }

@@ -32,6 +32,9 @@ inline constexpr std::string_view replacement_character = "\xEF\xBF\xBD";
 /// truncated sequence, overlong encoding, encoded surrogate, code point above U+10FFFF).
 [[nodiscard]] expected<void> validate(std::string_view text);
 
+/// Appends code point `cp` (at most U+10FFFF, not a surrogate) to `out` as UTF-8.
+void append(std::string& out, uint32_t cp);
+
 /// The byte length of the sequence starting with `lead` in well-formed text (1 to 4).
 [[nodiscard]] std::size_t sequence_length(unsigned char lead);
 

@@ -21,6 +21,7 @@
 #include "actors/type_ids.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
 
 namespace troupe::testing {
@@ -32,21 +33,9 @@ struct shared_model {
 };
 
 inline const shared_model& bundled_shared() {
-  static const shared_model* m = [] {
-    auto ck = model::checkpoint::load(bundled_model());
-    if (!ck) {
-      std::cerr << "cannot load " << bundled_model() << ": " << ck.error().message << "\n";
-      std::abort();
-    }
-    auto tok = tokenizer::load(bundled_tokenizer(), ck->config().vocab_size);
-    if (!tok) {
-      std::cerr << "cannot load " << bundled_tokenizer() << ": " << tok.error().message << "\n";
-      std::abort();
-    }
-    return new shared_model{std::make_shared<const model::checkpoint>(std::move(*ck)),
-                            std::make_shared<const tokenizer>(std::move(*tok))};
-  }();
-  return *m;
+  static const shared_model m{std::make_shared<const model::checkpoint>(model_and_tokenizer().ck),
+                              std::make_shared<const tokenizer>(model_and_tokenizer().tok)};
+  return m;
 }
 
 /// Registers troupe's messages; `deterministic` selects CAF's test coordinator (one thread,

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/tokenizer/utf8.hpp"
+
 namespace troupe::testing {
 
 inline std::string shared_data(const std::string& rel) {
@@ -40,19 +42,6 @@ inline size_t after(const std::string& s, const std::string& key, size_t from) {
   return at + key.size();
 }
 
-inline void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 /// Parses the JSON string starting at s[i] == '"'; returns its value, sets i past it.
 inline std::string json_string(const std::string& s, size_t& i) {
   std::string out;
@@ -68,7 +57,7 @@ inline std::string json_string(const std::string& s, size_t& i) {
       case 'r': out += '\r'; break;
       case 'b': out += '\b'; break;
       case 'f': out += '\f'; break;
-      case 'u': append_utf8(out, static_cast<uint32_t>(std::stoul(s.substr(i + 1, 4), nullptr, 16))); i += 4; break;
+      case 'u': utf8::append(out, static_cast<uint32_t>(std::stoul(s.substr(i + 1, 4), nullptr, 16))); i += 4; break;
       default: out += e;  // \" \\ \/
     }
   }
