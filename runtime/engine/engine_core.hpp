@@ -99,7 +99,9 @@ class engine_core {
   /// The request a live sequence belongs to.
   [[nodiscard]] std::optional<request_id> request_of(kv::seq_id seq) const;
 
-  void check_invariants() const;
+  /// Aborts unless scheduler, block manager, and the request/sample maps agree. `deep` also
+  /// re-hashes every cached block (see kv::block_manager::check_structure).
+  void check_invariants(bool deep = true) const;
 
  private:
   struct sample_state {

@@ -294,6 +294,16 @@ expected<void> block_manager::try_free(seq_id seq) {
 // ---- invariants -------------------------------------------------------------------------------
 
 void block_manager::check_invariants() const {
+  check_structure();
+  for (block_id b = 0; b < config_.num_blocks; ++b) {
+    if (!has_hash_[b]) continue;
+    const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
+    TROUPE_ASSERT_MSG(chain_hash(parent_hash_[b], stored) == block_hash_[b],
+                      "cached block's hash does not match its tokens");
+  }
+}
+
+void block_manager::check_structure() const {
   TROUPE_ASSERT(config_.num_blocks > 0 && config_.block_size > 0);
   TROUPE_ASSERT(refcount_.size() == static_cast<size_t>(config_.num_blocks));
   check_refcounts();
@@ -342,13 +352,7 @@ void block_manager::check_hash_index() const {
     TROUPE_ASSERT_MSG(has_hash_[b] && block_hash_[b] == hash, "index entry without its block");
   }
   size_t num_hashed = 0;
-  for (block_id b = 0; b < config_.num_blocks; ++b) {
-    if (!has_hash_[b]) continue;
-    ++num_hashed;
-    const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
-    TROUPE_ASSERT_MSG(chain_hash(parent_hash_[b], stored) == block_hash_[b],
-                      "cached block's hash does not match its tokens");
-  }
+  for (block_id b = 0; b < config_.num_blocks; ++b) num_hashed += has_hash_[b];
   TROUPE_ASSERT_MSG(num_hashed == hash_index_.size(), "hashed block missing from the index");
 }
 

@@ -129,6 +129,9 @@ class block_manager {
 
   /// Aborts unless every structural invariant holds (see the .cpp for the list).
   void check_invariants() const;
+  /// The same checks but for re-hashing every cached block's tokens (O(cached blocks x
+  /// block_size) hashing): cheap enough to run after every step of a long simulation.
+  void check_structure() const;
 
  private:
   struct sequence_state {

@@ -196,6 +196,15 @@ void scheduler::remove(seq_id id) {
 
 void scheduler::check_invariants() const {
   blocks_.check_invariants();
+  check_queues();
+}
+
+void scheduler::check_structure() const {
+  blocks_.check_structure();
+  check_queues();
+}
+
+void scheduler::check_queues() const {
   TROUPE_ASSERT(waiting_.size() + running_.size() == sequences_.size());
   TROUPE_ASSERT_MSG(num_running() <= config_.max_num_seqs, "more running sequences than max_num_seqs");
   for (const auto* queue : {&waiting_, &running_}) {

@@ -124,11 +124,15 @@ class scheduler {
   /// (priority, arrival) order; running sequences own exactly their computed+scheduled slots and
   /// waiting ones own none; the block manager's own invariants hold.
   void check_invariants() const;
+  /// check_invariants with the block manager's cheaper structural check (for every step of a
+  /// long simulation).
+  void check_structure() const;
 
  private:
   [[nodiscard]] sequence& at(seq_id id);
   [[nodiscard]] bool before(seq_id a, seq_id b) const;
   void insert_ordered(std::deque<seq_id>& queue, seq_id id);
+  void check_queues() const;
   void schedule_running(step_plan& plan, int32_t& budget);
   void schedule_waiting(step_plan& plan, int32_t& budget);
   void preempt(seq_id victim, step_plan& plan);
