@@ -14,7 +14,9 @@
 
 #include <caf/fwd.hpp>
 
+#include "messages/control.hpp"
 #include "messages/engine.hpp"
+#include "messages/executor.hpp"
 #include "runtime/engine/engine_core.hpp"
 
 namespace troupe::actors {

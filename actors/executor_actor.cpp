@@ -6,7 +6,7 @@
 #include <caf/all.hpp>
 
 #include "actors/type_ids.hpp"
-#include "messages/engine.hpp"
+#include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/cost_model.hpp"
 

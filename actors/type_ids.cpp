@@ -3,7 +3,9 @@
 #include <caf/actor_system_config.hpp>
 
 #include "messages/client.hpp"
+#include "messages/control.hpp"
 #include "messages/engine.hpp"
+#include "messages/executor.hpp"
 
 namespace troupe::actors {
 

@@ -4,7 +4,7 @@
 
 #include <caf/all.hpp>
 
-#include "messages/engine.hpp"
+#include "messages/executor.hpp"
 #include "runtime/engine/step_executor.hpp"
 
 namespace troupe::sim {

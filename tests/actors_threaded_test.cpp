@@ -20,7 +20,9 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.hpp"
+#include "messages/control.hpp"
 #include "messages/engine.hpp"
+#include "messages/executor.hpp"
 #include "tests/support/actor_harness.hpp"
 
 namespace troupe::testing {

@@ -1,0 +1,28 @@
+#pragma once
+
+/// Control protocol: what an engine reports when asked (`stats_atom`).
+
+#include <cstdint>
+
+namespace troupe::msg {
+
+/// Counters an engine reports when asked (`stats_atom`).
+struct engine_report {
+  int64_t num_steps = 0;
+  int64_t num_generated_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_executor_failures = 0;
+  int64_t num_waiting = 0;
+  int64_t num_requests = 0;      ///< unfinished requests (waiting or running)
+  int64_t num_blocks_in_use = 0; ///< KV blocks held by unfinished requests
+  int64_t executor_busy_ns = 0;  ///< time with at least one step in flight
+  int64_t elapsed_ns = 0;        ///< since the engine started
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
+  return f(x.num_steps, x.num_generated_tokens, x.num_preemptions, x.num_executor_failures,
+           x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns);
+}
+
+}  // namespace troupe::msg

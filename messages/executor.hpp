@@ -1,0 +1,70 @@
+#pragma once
+
+/// Engine <-> step executor protocol: the runtime's plain exec_plan / exec_result (and the
+/// sampling and KV structs inside them) get `inspect` overloads, found by argument-dependent
+/// lookup, so a plan crosses the network unchanged; plus the executor's test hook.
+
+#include <string>
+
+#include "runtime/engine/step.hpp"
+
+namespace troupe::sampling {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(x.temperature, x.top_p, x.top_k, x.min_p, x.num_top_logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
+  return f(x.token, x.logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sample_result& x) {
+  return f(x.token, x.logprob, x.top_logprobs);
+}
+
+}  // namespace troupe::sampling
+
+namespace troupe::kv {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, block_copy& x) {
+  return f(x.src, x.dst);
+}
+
+}  // namespace troupe::kv
+
+namespace troupe::engine {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
+  return f(x.seq, x.first_position, x.tokens, x.block_table, x.seeds, x.sampling);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exec_plan& x) {
+  return f(x.step, x.copies, x.chunks, x.released);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
+  return f(x.step, x.samples);
+}
+
+}  // namespace troupe::engine
+
+namespace troupe::msg {
+
+/// Engine -> step executor: a test hook that makes the executor fail its next plan.
+struct inject_failure {
+  std::string reason;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, inject_failure& x) {
+  return f(x.reason);
+}
+
+}  // namespace troupe::msg
