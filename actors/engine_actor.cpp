@@ -12,8 +12,6 @@
 namespace troupe::actors {
 namespace {
 
-using clock_type = caf::actor_clock::clock_type;
-
 struct engine_state {
   engine_options options;
   std::unique_ptr<engine::engine_core> core;
