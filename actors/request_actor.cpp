@@ -17,6 +17,7 @@ struct request_state {
   caf::actor_clock::time_point arrival;
   caf::actor_clock::time_point last_token;
   msg::completion_end end;
+  msg::completion_chunk pending;  // what is not sent yet (everything, when not streaming)
   static inline const char* name = "request";
 };
 
@@ -31,12 +32,19 @@ void fail_request(request_actor_t* self, const std::string& code, const std::str
   self->quit();
 }
 
+/// Sends what is pending as one chunk, if anything is.
+void flush(request_actor_t* self) {
+  msg::completion_chunk& c = self->state.pending;
+  if (c.text.empty() && c.tokens.empty()) return;
+  c.request_id = self->state.o.id;
+  self->send(self->state.o.client, std::move(c));
+  c = msg::completion_chunk{};
+}
+
 void finish(request_actor_t* self, const std::string& reason) {
   request_state& st = self->state;
-  if (st.out) {
-    const std::string rest = st.out->finish().text;
-    if (!rest.empty()) self->send(st.o.client, msg::completion_chunk{st.o.id, rest, {}, {}});
-  }
+  if (st.out) st.pending.text += st.out->finish().text;
+  flush(self);
   st.end.finish_reason = reason;
   st.end.e2e_ns = ns_between(st.arrival, self->clock().now());
   self->send(st.o.client, st.end);
@@ -60,7 +68,10 @@ void on_token(request_actor_t* self, const msg::sampled& s) {
   const bool text_mode = st.o.params.prompt_tokens.empty();
   if (!st.out && text_mode) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);
   const engine::output_stream::delta d = text_mode ? st.out->push(s.token) : engine::output_stream::delta{};
-  self->send(st.o.client, msg::completion_chunk{st.o.id, d.text, {s.token}, {s.logprob}});
+  st.pending.text += d.text;
+  st.pending.tokens.push_back(s.token);
+  st.pending.logprobs.push_back(s.logprob);
+  if (st.o.params.stream) flush(self);
   if (d.stopped) {
     self->send(st.o.engine, msg::release{st.o.id});
     finish(self, "stop");

@@ -67,6 +67,7 @@ std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::
     r.max_tokens = workload[i].output_tokens;
     r.temperature = 0.0f;
     r.ignore_eos = true;
+    r.stream = false;  // as in the simulation
     actors::spawn_client(sys, node->load_balancer, r, {}, [&out, &mutex, &num_done, i](const expected<actors::completion>& c) {
       std::lock_guard<std::mutex> lock(mutex);
       if (c) out[i] = {c->end.ttft_ns / 1e6, c->end.e2e_ns / 1e6};

@@ -27,12 +27,13 @@ struct completion_request {
   bool ignore_eos = false;
   int32_t priority = 0;
   int32_t num_top_logprobs = 0;
+  bool stream = true;               ///< false: one chunk with everything, just before the end
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
   return f(x.prompt, x.prompt_tokens, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.has_seed, x.seed,
-           x.stop, x.ignore_eos, x.priority, x.num_top_logprobs);
+           x.stop, x.ignore_eos, x.priority, x.num_top_logprobs, x.stream);
 }
 
 /// New text of a completion, with the tokens that made it.

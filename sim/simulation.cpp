@@ -73,6 +73,7 @@ void arrive(caf::event_based_actor* self, run_state& rs, int64_t index) {
   req.max_tokens = t.output_tokens;
   req.ignore_eos = true;
   req.temperature = 0.0f;
+  req.stream = false;  // the simulation reads only the end: one chunk instead of one per token
   r.prompt_tokens = static_cast<int32_t>(req.prompt_tokens.size());
   r.prompt = req.prompt_tokens;
   rs.log.write(std::to_string(r.arrival_ns) + " arrive " + std::to_string(index) + " in " +

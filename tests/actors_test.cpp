@@ -170,6 +170,22 @@ TEST_F(ActorsDeterministic, OneRequestStreamsTheReferenceOutput) {
   EXPECT_LE(rep.executor_busy_ns, rep.elapsed_ns);
 }
 
+TEST_F(ActorsDeterministic, WithoutStreamingOneChunkCarriesTheWholeCompletion) {
+  start();
+  msg::completion_request r = make_completion("Once upon a time, there was a dog", 60, 4242, 1.0f, 0.9f);
+  r.stream = false;
+  auto log = submit(r);
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  const generate::generation ref = reference(oracle_, r);
+  ASSERT_EQ(log->chunks.size(), 1u);
+  EXPECT_EQ(log->chunks[0].tokens, ref.tokens);
+  EXPECT_EQ(log->chunks[0].text, ref.text);
+  expect_matches(**log->outcome, ref, "not streamed");
+  EXPECT_EQ((*log->outcome)->end.itl_ns.size(), ref.tokens.size() - 1);  // timings as when streamed
+}
+
 TEST_F(ActorsDeterministic, GreedyAndLengthEndsMatchTheReference) {
   start();
   // Greedy from "Once upon a time": the model's first story, cut by max_tokens.
