@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
 
 namespace troupe::actors {
@@ -30,14 +31,6 @@ struct engine_state {
 };
 
 using engine_actor_t = caf::stateful_actor<engine_state>;
-
-int64_t ns_between(caf::actor_clock::time_point a, caf::actor_clock::time_point b) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
-}
-
-int64_t now_ns(engine_actor_t* self) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(self->clock().now().time_since_epoch()).count();
-}
 
 const model::model_config& model_of(const engine_options& o) {
   return o.checkpoint ? o.checkpoint->config() : o.model;
@@ -102,7 +95,7 @@ void kick(engine_actor_t* self) {
     if (st.core->num_in_flight() == 1) st.busy_since = self->clock().now();
     for (const engine::exec_chunk& chunk : plan->chunks) {
       auto it = st.requests.find(st.core->request_of(chunk.seq).value_or(-1));
-      if (it != st.requests.end() && it->second.scheduled_at_ns == 0) it->second.scheduled_at_ns = now_ns(self);
+      if (it != st.requests.end() && it->second.scheduled_at_ns == 0) it->second.scheduled_at_ns = ns_since_epoch(self->clock().now());
     }
     const int64_t generation = st.generation;
     self->request(st.executor, caf::infinite, std::move(*plan))

@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/clock.hpp"
 #include "messages/engine.hpp"
 #include "runtime/engine/output_stream.hpp"
 
@@ -22,10 +23,6 @@ struct request_state {
 };
 
 using request_actor_t = caf::stateful_actor<request_state>;
-
-int64_t ns_between(caf::actor_clock::time_point a, caf::actor_clock::time_point b) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
-}
 
 void fail_request(request_actor_t* self, const std::string& code, const std::string& message) {
   self->send(self->state.o.client, msg::completion_error{self->state.o.id, code, message});
@@ -62,8 +59,7 @@ void on_token(request_actor_t* self, const msg::sampled& s) {
   if (s.finish != "none") {
     st.end.num_cached_tokens = s.num_cached_tokens;
     st.end.num_preemptions = s.num_preemptions;
-    st.end.queue_ns = s.scheduled_at_ns -
-                      std::chrono::duration_cast<std::chrono::nanoseconds>(st.arrival.time_since_epoch()).count();
+    st.end.queue_ns = s.scheduled_at_ns - ns_since_epoch(st.arrival);
   }
   const bool text_mode = st.o.params.prompt_tokens.empty();
   if (!st.out && text_mode) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);

@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/clock.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/step_executor.hpp"
 
@@ -39,10 +40,6 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
-int64_t ns_of(caf::actor_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
 caf::behavior cost_executor(cost_executor_t* self, caf::actor engine, cost_executor_options options) {
   cost_executor_state& st = self->state;
   st.o = std::move(options);
@@ -60,7 +57,7 @@ caf::behavior cost_executor(cost_executor_t* self, caf::actor engine, cost_execu
         const int64_t cost_ns = cost::predict_ns(s.o.cost, f);
         s.busy_until = start + std::chrono::nanoseconds(cost_ns);
         if (s.o.log)
-          s.o.log->write(std::to_string(ns_of(start)) + " " + s.o.name + " step " + std::to_string(plan.step) +
+          s.o.log->write(std::to_string(actors::ns_since_epoch(start)) + " " + s.o.name + " step " + std::to_string(plan.step) +
                          " chunks " + std::to_string(plan.chunks.size()) + " tokens " +
                          std::to_string(static_cast<int64_t>(f.num_tokens)) + " cost " + std::to_string(cost_ns));
         if (s.o.batch_sizes) s.o.batch_sizes->push_back(static_cast<int64_t>(plan.chunks.size()));

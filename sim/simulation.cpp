@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/client.hpp"
+#include "actors/clock.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 #include "actors/type_ids.hpp"
@@ -32,9 +33,7 @@ struct run_state {
   std::string violation;
 };
 
-int64_t since(const run_state& rs, caf::actor_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t - rs.start).count();
-}
+int64_t since(const run_state& rs, caf::actor_clock::time_point t) { return actors::ns_between(rs.start, t); }
 
 void on_done(run_state& rs, int64_t index, const expected<actors::completion>& c, caf::actor_clock::time_point now) {
   request_record& r = rs.records[index];
