@@ -9,6 +9,7 @@ namespace troupe::actors {
 using stats_atom = caf::atom_constant<caf::atom("stats")>;        ///< -> msg::engine_report
 using executor_atom = caf::atom_constant<caf::atom("executor")>;  ///< -> the current executor
 using engines_atom = caf::atom_constant<caf::atom("engines")>;    ///< -> std::vector<caf::actor>
+using report_atom = caf::atom_constant<caf::atom("report")>;    ///< an engine's load report is due
 using lost_atom = caf::atom_constant<caf::atom("lost")>;          ///< a grace period ran out
 
 }  // namespace troupe::actors

@@ -72,7 +72,8 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
 
 errc errc_from_string(const std::string& code) {
   for (errc c : {errc::invalid_argument, errc::malformed_file, errc::io_error, errc::invalid_utf8,
-                 errc::too_long, errc::not_found, errc::overloaded, errc::cancelled, errc::internal})
+                 errc::too_long, errc::not_found, errc::overloaded, errc::cancelled, errc::unavailable,
+                 errc::internal})
     if (code == to_string(c)) return c;
   return errc::internal;
 }

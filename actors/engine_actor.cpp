@@ -9,6 +9,7 @@
 #include "actors/atoms.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
+#include "messages/kv_payload.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -24,6 +25,23 @@ struct engine_state {
   };
   std::map<engine::request_id, live_request> requests;
   std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
+  /// Prefill engine: where each prefill-only request goes next.
+  struct handoff_target {
+    caf::actor decode;
+    caf::actor request_actor;
+    std::string kv_host;
+    uint16_t kv_port = 0;
+  };
+  std::map<engine::request_id, handoff_target> handoffs;
+  std::map<uint64_t, msg::kv_handoff> awaiting_kv;  // decode engine: handoffs whose KV is on UCX
+  uint64_t next_ucx_tag = 0;
+  // Load reports.
+  caf::actor balancer;
+  int32_t engine_index = 0;
+  caf::timespan report_interval{0};
+  caf::actor_clock::time_point last_report;
+  bool report_due = false;   // a delayed report_atom is pending
+  int64_t num_received = 0;  // submits, prefills and handoffs
   msg::engine_report report;
   caf::actor_clock::time_point started;
   caf::actor_clock::time_point busy_since;
@@ -58,9 +76,62 @@ void start_executor(engine_actor_t* self) {
 
 void kick(engine_actor_t* self);
 
-void on_result(engine_actor_t* self, const engine::exec_result& result) {
+void send_report(engine_actor_t* self) {
   engine_state& st = self->state;
-  for (const engine::sample_event& e : st.core->complete_step(result)) {
+  st.last_report = self->clock().now();
+  const engine::engine_stats s = st.core->stats();
+  self->send(st.balancer, msg::engine_load{st.engine_index, st.num_received,
+                                           static_cast<int64_t>(st.requests.size()),
+                                           static_cast<int64_t>(s.num_blocks_in_use) * st.core->config().block_size,
+                                           st.core->num_queued_prompt_tokens()});
+}
+
+/// Something changed: report now, or once the interval since the last report has passed.
+void note_change(engine_actor_t* self) {
+  engine_state& st = self->state;
+  if (!st.balancer || st.report_due) return;
+  const auto now = self->clock().now();
+  if (now - st.last_report >= st.report_interval) {
+    send_report(self);
+    return;
+  }
+  st.report_due = true;
+  self->delayed_send(self, st.last_report + st.report_interval - now, report_atom::value);
+}
+
+/// Ships each finished prefill's request and KV to its decode engine.
+void hand_off(engine_actor_t* self) {
+  engine_state& st = self->state;
+  for (engine::prefilled_request& p : st.core->take_prefilled()) {
+    const engine::request_id id = p.req.id;
+    auto it = st.handoffs.find(id);
+    TROUPE_ASSERT_MSG(it != st.handoffs.end(), "a prefill without a handoff target");
+    const engine_state::handoff_target target = std::move(it->second);
+    st.handoffs.erase(it);
+    st.requests.erase(id);
+    msg::kv_handoff h{std::move(p.req), target.request_actor, msg::encode_kv_payload(id, p.kv), 0};
+    if (st.options.ucx) {
+      h.ucx_tag = st.options.ucx_tag_base + st.next_ucx_tag++;
+      const caf::actor request_actor = target.request_actor;
+      const std::string to = target.kv_host + ":" + std::to_string(target.kv_port);
+      st.options.ucx->send(target.kv_host, target.kv_port, h.ucx_tag, std::move(h.payload),
+                           [request_actor, id, to](expected<void> done) {
+                             // On the UCX progress thread: anon_send is thread-safe.
+                             if (done) return;
+                             caf::anon_send(request_actor, msg::rejected{id, "unavailable",
+                                                                         "KV transfer to " + to + " failed: " +
+                                                                             done.error().message});
+                           });
+      h.payload.clear();
+    }
+    self->send(target.request_actor, msg::prefilled{id});
+    self->send(target.decode, std::move(h));
+  }
+}
+
+void on_result(engine_actor_t* self, engine::exec_result& result) {
+  engine_state& st = self->state;
+  for (const engine::sample_event& e : st.core->complete_step(std::move(result))) {
     auto it = st.requests.find(e.request);
     if (it == st.requests.end()) continue;
     self->send(it->second.actor, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
@@ -69,6 +140,8 @@ void on_result(engine_actor_t* self, const engine::exec_result& result) {
                                               it->second.scheduled_at_ns});
     if (!st.core->contains(e.request)) st.requests.erase(it);
   }
+  hand_off(self);
+  note_change(self);
   const int32_t every = st.options.check_invariants_every;
   if (every > 0 && st.core->stats().num_steps % every == 0) st.core->check_invariants(/*deep=*/false);
   if (st.core->num_in_flight() == 0) st.report.executor_busy_ns += ns_between(st.busy_since, self->clock().now());
@@ -83,6 +156,7 @@ void executor_failed(engine_actor_t* self, const caf::error& reason) {
   spdlog::error("engine: {}; failing {} request(s)", why, st.requests.size());
   for (const auto& [id, request] : st.requests) self->send(request.actor, msg::rejected{id, "internal", why});
   st.requests.clear();
+  st.handoffs.clear();
   st.core = make_core(st.options);
   self->demonitor(st.executor);
   self->send_exit(st.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
@@ -109,26 +183,98 @@ void kick(engine_actor_t* self) {
   }
 }
 
-void submit(engine_actor_t* self, engine::request r) {
+/// Queues a request for `request_actor` through `add` (one of the core's add_* calls); false
+/// (after telling the request actor) when it is refused.
+template <class Add>
+bool admit(engine_actor_t* self, engine::request_id id, const caf::actor& request_actor, Add&& add) {
   engine_state& st = self->state;
-  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-  const engine::request_id id = r.id;
   if (st.core->num_waiting() >= st.options.max_waiting) {
-    self->send(sender, msg::rejected{id, "overloaded", "the engine's waiting queue is full (" +
-                                                           std::to_string(st.options.max_waiting) +
-                                                           " requests); retry later"});
-    return;
+    self->send(request_actor, msg::rejected{id, "overloaded", "the engine's waiting queue is full (" +
+                                                                  std::to_string(st.options.max_waiting) +
+                                                                  " requests); retry later"});
+    return false;
   }
-  if (auto ok = st.core->add_request(std::move(r)); !ok) {
-    self->send(sender, msg::rejected{id, to_string(ok.error().code), ok.error().message});
-    return;
+  if (auto ok = add(); !ok) {
+    self->send(request_actor, msg::rejected{id, to_string(ok.error().code), ok.error().message});
+    return false;
   }
-  st.requests.emplace(id, engine_state::live_request{sender, 0});
+  st.requests.emplace(id, engine_state::live_request{request_actor, 0});
   // A request actor that dies without releasing its request (killed, its node lost) must not
   // keep generating: watch it.
-  st.request_of_actor[sender.address()] = id;
-  self->monitor(sender);
+  st.request_of_actor[request_actor.address()] = id;
+  self->monitor(request_actor);
   kick(self);
+  note_change(self);
+  return true;
+}
+
+void submit(engine_actor_t* self, engine::request r) {
+  self->state.num_received++;
+  const engine::request_id id = r.id;
+  admit(self, id, caf::actor_cast<caf::actor>(self->current_sender()),
+        [&] { return self->state.core->add_request(std::move(r)); });
+}
+
+void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
+  engine_state& st = self->state;
+  st.num_received++;
+  const engine::request_id id = s.request.id;
+  const caf::actor request_actor = caf::actor_cast<caf::actor>(self->current_sender());
+  if (admit(self, id, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); }))
+    st.handoffs[id] = engine_state::handoff_target{std::move(s.decode), request_actor, std::move(s.kv_host), s.kv_port};
+}
+
+/// Decode engine: a request and its KV bytes, decoded and queued.
+void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<uint8_t>& bytes) {
+  const engine::request_id id = h.request.id;
+  auto payload = msg::decode_kv_payload(bytes);
+  if (payload && payload->request_id != id)
+    payload = fail(errc::invalid_argument, "a KV payload for request " + std::to_string(payload->request_id) +
+                                               " arrived for request " + std::to_string(id));
+  if (!payload) {
+    self->send(h.request_actor, msg::rejected{id, to_string(payload.error().code), payload.error().message});
+    return;
+  }
+  admit(self, id, h.request_actor,
+        [&] { return self->state.core->add_prefilled(std::move(h.request), std::move(payload->kv)); });
+}
+
+void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
+  engine_state& st = self->state;
+  st.num_received++;
+  if (h.ucx_tag == 0) {
+    const std::vector<uint8_t> bytes = std::move(h.payload);
+    accept_handoff(self, h, bytes);
+    return;
+  }
+  if (!st.options.ucx) {
+    self->send(h.request_actor, msg::rejected{h.request.id, "internal",
+                                              "KV sent over UCX to an engine without a UCX transport"});
+    return;
+  }
+  const uint64_t tag = h.ucx_tag;
+  st.awaiting_kv.emplace(tag, std::move(h));
+  const caf::actor me = caf::actor_cast<caf::actor>(self);
+  st.options.ucx->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
+    // On the UCX progress thread: anon_send is thread-safe.
+    if (bytes)
+      caf::anon_send(me, msg::kv_arrived{tag, std::move(*bytes), {}});
+    else
+      caf::anon_send(me, msg::kv_arrived{tag, {}, bytes.error().message});
+  });
+}
+
+void on_kv_arrived(engine_actor_t* self, msg::kv_arrived& a) {
+  engine_state& st = self->state;
+  auto it = st.awaiting_kv.find(a.tag);
+  if (it == st.awaiting_kv.end()) return;
+  msg::kv_handoff h = std::move(it->second);
+  st.awaiting_kv.erase(it);
+  if (!a.error.empty()) {
+    self->send(h.request_actor, msg::rejected{h.request.id, "unavailable", "KV transfer failed: " + a.error});
+    return;
+  }
+  accept_handoff(self, h, a.bytes);
 }
 
 caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
@@ -149,16 +295,33 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
     if (st.requests.count(it->second)) {
       (void)st.core->remove_request(it->second);
       st.requests.erase(it->second);
+      st.handoffs.erase(it->second);
       kick(self);
     }
     st.request_of_actor.erase(it);
   });
   return {
       [=](msg::submit& s) { submit(self, std::move(s.request)); },
+      [=](msg::submit_prefill& s) { submit_prefill(self, s); },
+      [=](msg::kv_handoff& h) { on_handoff(self, h); },
+      [=](msg::kv_arrived& a) { on_kv_arrived(self, a); },
       [=](msg::release& r) {
         (void)self->state.core->remove_request(r.request_id);  // it may have finished already
         self->state.requests.erase(r.request_id);
+        self->state.handoffs.erase(r.request_id);
         kick(self);
+        note_change(self);
+      },
+      [=](msg::report_to& r) {
+        engine_state& st = self->state;
+        st.balancer = std::move(r.balancer);
+        st.engine_index = r.engine_index;
+        st.report_interval = std::chrono::milliseconds(std::max(1, r.interval_ms));
+        send_report(self);
+      },
+      [=](report_atom) {
+        self->state.report_due = false;
+        send_report(self);
       },
       [=](stats_atom) {
         msg::engine_report report = self->state.report;

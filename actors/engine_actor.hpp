@@ -5,6 +5,13 @@
 /// N+1 is planned and sent while N runs, so scheduling hides behind execution — and streams each
 /// new token to its request actor.
 ///
+/// Disaggregation: a prefill engine takes `submit_prefill`, computes the prompt's KV (all but
+/// the last token), tells the request actor (`prefilled`) and sends the request with its KV
+/// to the decode engine (`kv_handoff`, Cap'n Proto payload inline or over UCX), which
+/// continues it like any request (engine_core::add_prefilled). Given `report_to`, the engine
+/// sends its balancer `engine_load` reports, at most one per interval and only after a change
+/// (an idle engine sets no timer).
+///
 /// Failure: if the executor fails (it replies with an error or dies), every unfinished request
 /// gets `rejected{internal}` (its KV is gone), the core is rebuilt empty and a new executor is
 /// spawned: the engine stays up for new work.
@@ -14,10 +21,12 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/cluster_messages.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/engine_core.hpp"
+#include "transport/ucx_transport.hpp"
 
 namespace troupe::actors {
 
@@ -38,6 +47,11 @@ struct engine_options {
   int32_t executor_threads = 1;     ///< kernel threads of the step executor
   std::string step_log;             ///< the executor logs every step here (calibration); "" = off
   bool detached_executor = true;    ///< false under the deterministic test scheduler
+  /// Disaggregation: with a UCX transport, prefilled KV is sent over it (tags start at
+  /// `ucx_tag_base`, which must be unique per engine in the cluster) and received from it;
+  /// without one, KV travels inside the CAF handoff message.
+  std::shared_ptr<transport::ucx_transport> ucx;
+  uint64_t ucx_tag_base = 0;
 };
 
 /// Spawns an engine and its executor. Fails (as a value) if the options are invalid.

@@ -1,71 +1,182 @@
 #include "actors/load_balancer_actor.hpp"
 
+#include <deque>
 #include <map>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
+#include "actors/cluster_messages.hpp"
 #include "runtime/engine/request.hpp"
 
 namespace troupe::actors {
 namespace {
 
+/// Work placed on an engine that its last load report does not include yet.
+struct unseen_work {
+  int64_t number = 0;  // the engine's n-th received message (submit, prefill or handoff)
+  int64_t kv_tokens = 0;
+  int64_t prefill_tokens = 0;
+};
+
+struct engine_entry {
+  balanced_engine spec;
+  balance::engine_load load;
+  msg::engine_load report;        // the latest
+  int64_t num_sent = 0;           // work items placed on it
+  std::deque<unseen_work> unseen;
+};
+
+struct placed {
+  size_t decode = 0;  // the engine whose live-request count it holds
+};
+
 struct load_balancer_state {
   load_balancer_options o;
+  std::vector<engine_entry> engines;
+  std::vector<std::vector<bool>> tiers;       // balance::assign_tiers over the prefill engines
+  std::vector<caf::actor> actors;              // engines_atom's answer
   int64_t next_id = 0;
-  std::vector<int64_t> num_live;               // per engine
-  std::map<caf::actor_addr, size_t> routed;    // live request actor -> engine index
+  std::map<caf::actor_addr, placed> routed;    // live request actor -> its decode engine
   static inline const char* name = "load_balancer";
 };
 
 using load_balancer_t = caf::stateful_actor<load_balancer_state>;
 
+std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
+
+/// Recomputes an engine's token estimates: the last report plus what it has not seen.
+void refresh(engine_entry& e) {
+  while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) e.unseen.pop_front();
+  e.load.num_kv_tokens = e.report.num_kv_tokens;
+  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens;
+  for (const unseen_work& w : e.unseen) {
+    e.load.num_kv_tokens += w.kv_tokens;
+    e.load.num_prefill_tokens += w.prefill_tokens;
+  }
+}
+
+void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
+  e.unseen.push_back(unseen_work{++e.num_sent, kv_tokens, prefill_tokens});
+  refresh(e);
+}
+
 caf::actor route(load_balancer_t* self, msg::completion_request& req) {
   load_balancer_state& st = self->state;
   const int64_t id = st.next_id++;
-  const size_t e = pick_engine(st.num_live);
   request_options ro;
   ro.id = id;
   ro.client = caf::actor_cast<caf::actor>(self->current_sender());
-  ro.engine = st.o.engines[e];
+  ro.balancer = caf::actor_cast<caf::actor>(self);
   ro.tok = st.o.tok;
   ro.params = std::move(req);
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
   ro.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(id % 2147483647) + 1);
   caf::actor request = spawn_request(self, std::move(ro));
-  st.num_live[e]++;
-  st.routed.emplace(request.address(), e);
   self->monitor(request);
   return request;
 }
 
+msg::placement place(load_balancer_t* self, const msg::place_request& p) {
+  load_balancer_state& st = self->state;
+  std::vector<balance::engine_load> loads;
+  for (const engine_entry& e : st.engines) loads.push_back(e.load);
+  const int32_t tier = balance::tier_of(p.num_prompt_tokens, st.o.prefill_tier_bounds);
+  msg::placement out;
+  auto chosen = balance::place(loads, st.tiers, tier, p.num_prompt_tokens);
+  if (!chosen) {
+    out.error = chosen.error().message;
+    for (const engine_entry& e : st.engines)
+      if (!e.load.alive) out.error += "; " + where(e.spec) + " is lost";
+    return out;
+  }
+  engine_entry& d = st.engines[chosen->decode];
+  out.decode = d.spec.actor;
+  out.decode_name = where(d.spec);
+  out.kv_host = d.spec.kv_host;
+  out.kv_port = d.spec.kv_port;
+  d.load.num_requests++;
+  st.routed[caf::actor_cast<caf::actor_addr>(self->current_sender())] = placed{chosen->decode};
+  const int64_t tokens = p.num_prompt_tokens;
+  if (chosen->prefill) {
+    engine_entry& pe = st.engines[*chosen->prefill];
+    out.prefill = pe.spec.actor;
+    out.prefill_name = where(pe.spec);
+    charge(pe, 0, tokens - 1);
+    charge(d, tokens, 0);
+  } else {
+    charge(d, tokens, tokens);
+  }
+  return out;
+}
+
+void on_down(load_balancer_t* self, const caf::down_msg& dm) {
+  load_balancer_state& st = self->state;
+  if (auto it = st.routed.find(dm.source); it != st.routed.end()) {
+    st.engines[it->second.decode].load.num_requests--;
+    st.routed.erase(it);
+    return;
+  }
+  for (engine_entry& e : st.engines) {
+    if (e.spec.actor.address() != dm.source || !e.load.alive) continue;
+    e.load.alive = false;
+    spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e.spec), self->system().render(dm.reason));
+  }
+}
+
 caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options options) {
   TROUPE_ASSERT(!options.engines.empty());
-  self->state.num_live.assign(options.engines.size(), 0);
-  self->state.o = std::move(options);
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto it = self->state.routed.find(dm.source);
-    if (it == self->state.routed.end()) return;
-    self->state.num_live[it->second]--;
-    self->state.routed.erase(it);
-  });
+  load_balancer_state& st = self->state;
+  st.o = std::move(options);
+  int32_t num_prefill = 0;
+  for (size_t i = 0; i < st.o.engines.size(); i++) {
+    const balanced_engine& spec = st.o.engines[i];
+    engine_entry e;
+    e.spec = spec;
+    e.load.kind = spec.kind;
+    e.load.max_num_seqs = spec.max_num_seqs;
+    e.load.kv_capacity_tokens = spec.kv_capacity_tokens;
+    e.report.engine_index = static_cast<int32_t>(i);
+    st.engines.push_back(std::move(e));
+    st.actors.push_back(spec.actor);
+    if (spec.kind == balance::engine_kind::prefill) num_prefill++;
+    self->monitor(spec.actor);
+    if (st.o.report_interval_ms > 0)
+      self->send(spec.actor, msg::report_to{caf::actor_cast<caf::actor>(self), static_cast<int32_t>(i),
+                                            st.o.report_interval_ms});
+  }
+  st.tiers = balance::assign_tiers(num_prefill, static_cast<int32_t>(st.o.prefill_tier_bounds.size()) + 1);
+  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [=](msg::completion_request& req) { return route(self, req); },
-      [=](engines_atom) { return self->state.o.engines; },
+      [=](const msg::place_request& p) { return place(self, p); },
+      [=](const msg::engine_load& r) {
+        auto& engines = self->state.engines;
+        if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size()) return;
+        engine_entry& e = engines[r.engine_index];
+        if (r.num_received < e.report.num_received) return;  // reordered: keep the newer
+        e.report = r;
+        refresh(e);
+      },
+      [=](engines_atom) { return self->state.actors; },
   };
 }
 
 }  // namespace
 
-size_t pick_engine(const std::vector<int64_t>& num_live) {
-  TROUPE_ASSERT(!num_live.empty());
-  size_t best = 0;
-  for (size_t i = 1; i < num_live.size(); i++)
-    if (num_live[i] < num_live[best]) best = i;
-  return best;
+std::vector<balanced_engine> mixed_engines(const std::vector<caf::actor>& actors) {
+  std::vector<balanced_engine> out;
+  for (size_t i = 0; i < actors.size(); i++) {
+    balanced_engine e;
+    e.actor = actors[i];
+    e.name = "engine" + std::to_string(i);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 caf::actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options) {

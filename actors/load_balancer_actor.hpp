@@ -1,29 +1,51 @@
 #pragma once
 
 /// The load balancer: the routing entry point that clients talk to. For each
-/// `completion_request` it assigns an id and a seed (when the client gave none), picks an
-/// engine and spawns the request actor on its own node, answering the client with that actor.
-/// Engine choice: fewest live requests routed to it, ties broken by engine order (with one
-/// engine, always it; load reports and tiers come with multi-node topologies).
+/// `completion_request` it assigns an id and a seed (when the client gave none) and spawns the
+/// request actor on its own node, answering the client with that actor. The request actor
+/// tokenizes the prompt and asks back where to run it (`place_request`); the answer follows
+/// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
+/// balanced on request count and KV tokens.
+///
+/// What it knows about engines: the live requests it placed (exact: it monitors every request
+/// actor) and each engine's load reports (every `report_interval_ms` at most, so token counts
+/// lag by one interval plus a network hop; what it placed since a report is added on top). It
+/// monitors every engine: a lost engine (its node died or became unreachable) gets no new work.
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <caf/fwd.hpp>
 
+#include "runtime/balance/placement.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::actors {
 
+/// One engine the balancer may place requests on.
+struct balanced_engine {
+  caf::actor actor;
+  std::string name = "engine";
+  std::string node = "local";
+  balance::engine_kind kind = balance::engine_kind::mixed;
+  int32_t max_num_seqs = 256;
+  int64_t kv_capacity_tokens = 16384;
+  std::string kv_host;  ///< its node's UCX listener (kv_transfer = "ucx")
+  uint16_t kv_port = 0;
+};
+
+/// Mixed engines with equal default capacities (one-node setups, the simulator).
+[[nodiscard]] std::vector<balanced_engine> mixed_engines(const std::vector<caf::actor>& actors);
+
 struct load_balancer_options {
-  std::vector<caf::actor> engines;
+  std::vector<balanced_engine> engines;
   std::shared_ptr<const tokenizer> tok;
-  uint64_t seed_base = 0;  ///< request i without a seed gets splitmix64(seed_base + i)
+  uint64_t seed_base = 0;  ///< request i without a seed gets child_seed(seed_base, i + 1)
+  std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
+  int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
 };
 
 caf::actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);
-
-/// Index of the engine with the fewest live requests, ties by index. Exposed for tests.
-[[nodiscard]] size_t pick_engine(const std::vector<int64_t>& num_live);
 
 }  // namespace troupe::actors

@@ -5,7 +5,7 @@
 #include <caf/all.hpp>
 
 #include "actors/clock.hpp"
-#include "messages/engine.hpp"
+#include "actors/cluster_messages.hpp"
 #include "runtime/engine/output_stream.hpp"
 
 namespace troupe::actors {
@@ -14,6 +14,8 @@ namespace {
 struct request_state {
   request_options o;
   engine::request request;
+  msg::placement placed;   // the engines serving it, once the balancer answered
+  bool handed_over = false;  // the prefill engine is done with it
   std::optional<engine::output_stream> out;  // made on the first token: stops are validated then
   caf::actor_clock::time_point arrival;
   caf::actor_clock::time_point last_token;
@@ -23,6 +25,13 @@ struct request_state {
 };
 
 using request_actor_t = caf::stateful_actor<request_state>;
+
+/// Tells every engine holding the request to drop it (an unknown id is a no-op there).
+void release(request_actor_t* self) {
+  const msg::placement& p = self->state.placed;
+  if (p.prefill) self->send(p.prefill, msg::release{self->state.o.id});
+  if (p.decode) self->send(p.decode, msg::release{self->state.o.id});
+}
 
 void fail_request(request_actor_t* self, const std::string& code, const std::string& message) {
   self->send(self->state.o.client, msg::completion_error{self->state.o.id, code, message});
@@ -69,14 +78,31 @@ void on_token(request_actor_t* self, const msg::sampled& s) {
   st.pending.logprobs.push_back(s.logprob);
   if (st.o.params.stream) flush(self);
   if (d.stopped) {
-    self->send(st.o.engine, msg::release{st.o.id});
+    release(self);
     finish(self, "stop");
   } else if (s.finish != "none") {
     finish(self, s.finish);
   }
 }
 
-/// Tokenizes and submits; false (after telling the client) when the prompt is unusable.
+void on_placement(request_actor_t* self, msg::placement p) {
+  request_state& st = self->state;
+  if (!p.error.empty()) {
+    fail_request(self, "unavailable", p.error);
+    return;
+  }
+  st.placed = std::move(p);
+  const msg::placement& placed = st.placed;
+  self->monitor(placed.decode);
+  if (!placed.prefill) {
+    self->send(placed.decode, msg::submit{st.request});
+    return;
+  }
+  self->monitor(placed.prefill);
+  self->send(placed.prefill, msg::submit_prefill{st.request, placed.decode, placed.kv_host, placed.kv_port});
+}
+
+/// Tokenizes and asks for a placement; false (after telling the client) when the prompt is unusable.
 bool start(request_actor_t* self) {
   request_state& st = self->state;
   const msg::completion_request& p = st.o.params;
@@ -103,7 +129,9 @@ bool start(request_actor_t* self) {
   st.end.request_id = r.id;
   st.end.seed = r.seed;
   st.end.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
-  self->send(st.o.engine, msg::submit{r});
+  self->request(st.o.balancer, caf::infinite, msg::place_request{r.id, st.end.num_prompt_tokens, r.max_tokens})
+      .then([=](msg::placement& p) { on_placement(self, std::move(p)); },
+            [=](caf::error& e) { fail_request(self, "unavailable", "no placement: " + self->system().render(e)); });
   return true;
 }
 
@@ -111,21 +139,30 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
   self->state.o = std::move(options);
   self->state.arrival = self->clock().now();
   self->monitor(self->state.o.client);
-  self->monitor(self->state.o.engine);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source == self->state.o.client.address()) {  // nobody listens: free the engine's blocks
-      self->send(self->state.o.engine, msg::release{self->state.o.id});
+    request_state& st = self->state;
+    if (dm.source == st.o.client.address()) {  // nobody listens: free the engines' blocks
+      release(self);
       self->quit();
-    } else {
-      fail_request(self, "internal", "the engine serving this request is gone: " + self->system().render(dm.reason));
+      return;
     }
+    const bool prefill = st.placed.prefill && dm.source == st.placed.prefill.address();
+    if (prefill && st.handed_over) return;  // it finished its part
+    release(self);
+    fail_request(self, "unavailable",
+                 (prefill ? st.placed.prefill_name : st.placed.decode_name) +
+                     " serving this request is lost: " + self->system().render(dm.reason));
   });
   if (!start(self)) return {};
   return {
       [=](msg::sampled& s) { on_token(self, s); },
-      [=](msg::rejected& r) { fail_request(self, r.code, r.message); },
+      [=](msg::rejected& r) {
+        release(self);
+        fail_request(self, r.code, r.message);
+      },
+      [=](msg::prefilled&) { self->state.handed_over = true; },
       [=](msg::cancel_request&) {
-        self->send(self->state.o.engine, msg::release{self->state.o.id});
+        release(self);
         finish(self, "cancelled");
       },
   };

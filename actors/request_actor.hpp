@@ -1,9 +1,11 @@
 #pragma once
 
-/// The request actor: one per request. It turns the client's text into tokens, submits them to
-/// an engine, turns the engine's tokens back into text (streaming detokenizer + stop strings),
-/// streams it to the client, and records its own TTFT, inter-token gaps and end-to-end time.
-/// A cancel or a lost client releases the request at the engine (its blocks are freed).
+/// The request actor: one per request. It turns the client's text into tokens, asks the
+/// balancer where to run them, submits them (to one engine, or to a prefill engine that hands
+/// the request and its KV to a decode engine), turns the engine's tokens back into text
+/// (streaming detokenizer + stop strings), streams it to the client, and records its own TTFT,
+/// inter-token gaps and end-to-end time. A cancel or a lost client releases the request at its
+/// engines (their blocks are freed); a lost engine ends it with an error naming the engine.
 
 #include <memory>
 
@@ -17,7 +19,7 @@ namespace troupe::actors {
 struct request_options {
   int64_t id = 0;
   caf::actor client;
-  caf::actor engine;
+  caf::actor balancer;  ///< answers place_request
   std::shared_ptr<const tokenizer> tok;
   msg::completion_request params;
   uint64_t drawn_seed = 0;  ///< used when params.has_seed is false

@@ -3,6 +3,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include "messages/client.hpp"
+#include "actors/cluster_messages.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -21,6 +22,14 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::release>("troupe::release");
   cfg.add_message_type<msg::engine_report>("troupe::engine_report");
   cfg.add_message_type<msg::inject_failure>("troupe::inject_failure");
+  cfg.add_message_type<msg::place_request>("troupe::place_request");
+  cfg.add_message_type<msg::placement>("troupe::placement");
+  cfg.add_message_type<msg::submit_prefill>("troupe::submit_prefill");
+  cfg.add_message_type<msg::prefilled>("troupe::prefilled");
+  cfg.add_message_type<msg::kv_handoff>("troupe::kv_handoff");
+  cfg.add_message_type<msg::kv_arrived>("troupe::kv_arrived");
+  cfg.add_message_type<msg::report_to>("troupe::report_to");
+  cfg.add_message_type<msg::engine_load>("troupe::engine_load");
   cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
 }

@@ -39,18 +39,33 @@ typename Inspector::result_type inspect(Inspector& f, block_copy& x) {
 namespace troupe::engine {
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_data& x) {
+  return f(x.num_layers, x.kv_dim, x.num_tokens, x.keys, x.values);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_import& x) {
+  return f(x.block_table, x.kv);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
+  return f(x.seq, x.kv);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
-  return f(x.seq, x.first_position, x.tokens, x.block_table, x.seeds, x.sampling);
+  return f(x.seq, x.first_position, x.tokens, x.block_table, x.seeds, x.sampling, x.export_kv);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_plan& x) {
-  return f(x.step, x.copies, x.chunks, x.released);
+  return f(x.step, x.imports, x.copies, x.chunks, x.released);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples);
+  return f(x.step, x.samples, x.exports);
 }
 
 }  // namespace troupe::engine

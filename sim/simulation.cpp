@@ -148,7 +148,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   auto engines = spawn_engines(rs);
   if (!engines) return tl::unexpected(engines.error());
   actors::load_balancer_options lb;
-  lb.engines = *engines;
+  lb.engines = actors::mixed_engines(*engines);
   lb.seed_base = derive_seed(o.seed, load_balancer_stream);
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   auto d = sys.spawn(driver, &rs);

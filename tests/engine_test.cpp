@@ -347,6 +347,89 @@ TEST(EngineDeterminism, AMixedWorkloadUnderPressureMatchesEachRequestAlone) {
   expect_same(got, run_each_alone(requests), "mixed, tight vs alone");
 }
 
+/// Prefill/decode disaggregation in process: `requests` prefilled on one engine, their KV
+/// handed to another with a different block size (and a tight pool on the decode side).
+outputs run_disaggregated(const std::vector<request>& requests, const engine_config& prefill_config,
+                          const engine_config& decode_config, engine_stats* decode_stats = nullptr) {
+  auto p = make_engine(prefill_config);
+  auto d = make_engine(decode_config);
+  for (const request& r : requests) EXPECT_TRUE(p->add_prefill(r).has_value());
+  for (int32_t steps = 0; p->has_unfinished() && steps < 100000; steps++) {
+    EXPECT_TRUE(p->step().empty());  // a prefill engine samples nothing
+    p->check_invariants();
+  }
+  std::vector<prefilled_request> done = p->take_prefilled();
+  EXPECT_EQ(done.size(), requests.size());
+  EXPECT_EQ(p->blocks().num_used_blocks(), 0);  // the prompts' blocks stay cached, unreferenced
+  for (prefilled_request& x : done) {
+    EXPECT_EQ(x.kv.num_tokens, static_cast<int32_t>(x.req.prompt.size()) - 1);
+    EXPECT_TRUE(d->add_prefilled(std::move(x.req), std::move(x.kv)).has_value());
+  }
+  d->check_invariants();
+  outputs out = run_to_completion(*d);
+  EXPECT_EQ(d->blocks().num_used_blocks(), 0);
+  if (decode_stats != nullptr) *decode_stats = d->stats();
+  return out;
+}
+
+TEST(EngineDisaggregation, PrefillHereDecodeThereMatchesTheWholeRunBitForBit) {
+  const std::vector<request> requests = mixed_workload();
+  auto e = make_engine();
+  for (const request& r : requests) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs want = run_to_completion(*e);
+
+  engine_config small_chunks;
+  small_chunks.scheduler.max_num_batched_tokens = 5;  // prompts prefilled in several chunks
+  engine_config tight;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40;
+  tight.scheduler.max_num_batched_tokens = 7;
+  tight.scheduler.max_num_seqs = 10;
+  expect_same(run_disaggregated(requests, {}, {}), want, "disaggregated, roomy");
+  engine_stats stats;
+  expect_same(run_disaggregated(requests, small_chunks, tight, &stats), want, "disaggregated, tight decode");
+  EXPECT_GT(stats.num_preemptions, 0);  // imported KV recomputed after a preemption: same bits
+}
+
+TEST(EngineDisaggregation, BadImportsAreRefused) {
+  auto d = make_engine();
+  const request r = make_request(1, varied_prompt(3), 8, 0.0f, 1);
+  const model::model_config& m = d->model_config();
+  kv_data kv;
+  kv.num_layers = m.n_layers;
+  kv.kv_dim = m.kv_dim();
+  kv.num_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
+  kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, 0.0f);
+  kv.values = kv.keys;
+
+  kv_data short_kv = kv;
+  short_kv.num_tokens--;
+  auto wrong_length = d->add_prefilled(r, short_kv);
+  ASSERT_FALSE(wrong_length.has_value());
+  EXPECT_EQ(wrong_length.error().code, errc::invalid_argument);
+  EXPECT_NE(wrong_length.error().message.find("imported KV does not fit"), std::string::npos);
+
+  kv_data torn = kv;
+  torn.values.pop_back();
+  EXPECT_FALSE(d->add_prefilled(r, torn).has_value());
+  kv_data wrong_model = kv;
+  wrong_model.num_layers++;
+  EXPECT_FALSE(d->add_prefilled(r, wrong_model).has_value());
+  request bad = r;
+  bad.max_tokens = 0;
+  EXPECT_FALSE(d->add_prefilled(bad, kv).has_value());
+
+  auto p = make_engine();
+  request one = r;
+  one.prompt.resize(1);
+  auto nothing = p->add_prefill(one);
+  ASSERT_FALSE(nothing.has_value());
+  EXPECT_NE(nothing.error().message.find("nothing to prefill"), std::string::npos);
+  ASSERT_TRUE(d->add_prefilled(r, kv).has_value());
+  d->check_invariants();
+  EXPECT_FALSE(d->add_prefilled(r, kv).has_value());  // duplicate id
+}
+
 /// Drives an engine_core with two steps in flight (step N+1 planned before N's samples are
 /// known) against a step_executor, doing the text side as engine::engine does.
 outputs run_overlapped(const std::vector<request>& requests, engine_config config,

@@ -129,6 +129,45 @@ TEST_F(SchedulerTest, ChunkedPrefillUnderTheTokenBudget) {
   EXPECT_TRUE(p.preempted.empty());
 }
 
+TEST_F(SchedulerTest, APrefillOnlySequenceComputesItsTokensAndSamplesNothing) {
+  make(16, 4, 4, 8);
+  sched_->add_prefill_only(0, token_range(6, 10), 0);
+  add(1, token_range(3, 40), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, false}}));
+  complete(p, {});
+  p = schedule();  // its last 2 tokens, no sample; 1 takes the rest of the budget
+  EXPECT_EQ(p.chunks, (chunks{{0, 4, 2, false}, {1, 0, 2, false}}));
+  EXPECT_EQ(table(0), (ids{0, 1}));
+  complete(p, {});
+  EXPECT_EQ(sched_->get(0).tokens, token_range(6, 10));  // no placeholder, no sample
+  p = schedule();  // 0 is done and never planned again
+  EXPECT_EQ(p.chunks, (chunks{{1, 2, 1, true}}));
+  complete(p, {77});
+  sched_->remove(0);
+  sched_->check_invariants();
+  EXPECT_TRUE(blocks_->is_cached(0));  // its full block stays in the prefix cache
+}
+
+TEST_F(SchedulerTest, ImportedKvIsAdmittedIntoFreshBlocksAndListedInThePlan) {
+  make(16, 4, 16, 8);
+  add(0, token_range(9, 10), 0);  // caches blocks 0 and 1 for tokens 10..17
+  complete(schedule(), {90});
+  sched_->add_imported(1, token_range(9, 10), 0, 20, 8);  // same prompt, KV of 8 tokens imported
+  sched_->check_invariants();
+  EXPECT_EQ(sched_->get(1).num_computed_tokens, 0);
+  step_plan p = schedule();  // 0 decodes; 1 skips the prefix cache and computes its last token
+  EXPECT_EQ(p.chunks, (chunks{{0, 9, 1, true}, {1, 8, 1, true}}));
+  EXPECT_EQ(p.imported, (seqs{1}));
+  EXPECT_EQ(table(1), (ids{3, 4, 5}));
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 0);
+  EXPECT_EQ(sched_->get(1).num_imported_tokens, 0);
+  complete(p, {91, 92});
+  p = schedule();
+  EXPECT_TRUE(p.imported.empty());
+  EXPECT_EQ(p.chunks, (chunks{{0, 10, 1, true}, {1, 9, 1, true}}));
+}
+
 TEST_F(SchedulerTest, DecodesComeBeforePrefillsAndNewAdmissions) {
   make(32, 4, 6, 8);
   add(0, token_range(4, 10), 0);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 using namespace troupe;
@@ -59,8 +60,13 @@ TEST(Topology, SingleNodeExampleParses) {
   EXPECT_EQ(topo->nodes[0].name, "node0");
   EXPECT_EQ(topo->nodes[0].host, "127.0.0.1");
   EXPECT_EQ(topo->nodes[0].port, 7100);
+  EXPECT_EQ(topo->nodes[0].kv_port, 8100);
+  EXPECT_EQ(topo->kv_transfer, kv_transfer_kind::caf);
   EXPECT_EQ(topo->load_balancer.node, "node0");
   EXPECT_EQ(topo->load_balancer.max_waiting, 1024);
+  EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{128, 512, 2048}));
+  EXPECT_EQ(topo->load_balancer.report_interval_ms, 20);
+  EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 10000);
   ASSERT_EQ(topo->engines.size(), 1u);
   const engine_spec& engine = topo->engines[0];
   EXPECT_EQ(engine.name, "engine0");
@@ -83,14 +89,19 @@ TEST(Topology, ThreeNodeExampleParses) {
   auto topo = load_topology(examples_dir + "/three-node.toml");
   ASSERT_TRUE(topo) << topo.error().message;
   EXPECT_EQ(topo->cluster_name, "three-node");
+  EXPECT_EQ(topo->kv_transfer, kv_transfer_kind::caf);
   ASSERT_EQ(topo->nodes.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(topo->nodes[i].name, "node" + std::to_string(i));
     EXPECT_EQ(topo->nodes[i].host, "127.0.0.1");
     EXPECT_EQ(topo->nodes[i].port, 7100 + i);
+    EXPECT_EQ(topo->nodes[i].kv_port, 8100 + i);
   }
   EXPECT_EQ(topo->load_balancer.node, "node0");
   EXPECT_EQ(topo->load_balancer.max_waiting, 256);
+  EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{128, 512, 2048}));
+  EXPECT_EQ(topo->load_balancer.report_interval_ms, 20);
+  EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 10000);
   ASSERT_EQ(topo->engines.size(), 3u);
   EXPECT_EQ(topo->engines[0].name, "prefill0");
   EXPECT_EQ(topo->engines[0].node, "node0");
@@ -113,7 +124,13 @@ TEST(Topology, MinimalFileTakesEveryDefault) {
   auto topo = parse(k_valid);
   ASSERT_TRUE(topo) << topo.error().message;
   EXPECT_EQ(topo->cluster_name, "troupe");
+  EXPECT_EQ(topo->kv_transfer, kv_transfer_kind::caf);
+  ASSERT_EQ(topo->nodes.size(), 1u);
+  EXPECT_EQ(topo->nodes[0].kv_port, 8100);
   EXPECT_EQ(topo->load_balancer.max_waiting, 1024);
+  EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{128, 512, 2048}));
+  EXPECT_EQ(topo->load_balancer.report_interval_ms, 20);
+  EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 10000);
   ASSERT_EQ(topo->engines.size(), 1u);
   const engine_spec& engine = topo->engines[0];
   const engine::engine_config defaults;
@@ -137,6 +154,94 @@ TEST(Topology, EveryEngineKeyIsRead) {
   EXPECT_EQ(engine.config.scheduler.max_num_batched_tokens, 9);
   EXPECT_EQ(engine.config.scheduler.max_num_seqs, 3);
   EXPECT_EQ(engine.executor_threads, 64);
+}
+
+TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
+  auto topo = parse(
+      "[cluster]\nname = \"c\"\nkv_transfer = \"ucx\"\n"
+      "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = 7100\nkv_port = 9100\n"
+      "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 65535\nkv_port = 1\n"
+      "[load_balancer]\nnode = \"node1\"\nmax_waiting = 3\nprefill_tiers = [1, 64, 4096]\n"
+      "report_interval_ms = 60000\nconnect_timeout_ms = 600000\n" +
+      k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->cluster_name, "c");
+  EXPECT_EQ(topo->kv_transfer, kv_transfer_kind::ucx);
+  ASSERT_EQ(topo->nodes.size(), 2u);
+  EXPECT_EQ(topo->nodes[0].port, 7100);
+  EXPECT_EQ(topo->nodes[0].kv_port, 9100);
+  EXPECT_EQ(topo->nodes[1].port, 65535);
+  EXPECT_EQ(topo->nodes[1].kv_port, 1);
+  EXPECT_EQ(topo->load_balancer.node, "node1");
+  EXPECT_EQ(topo->load_balancer.max_waiting, 3);
+  EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{1, 64, 4096}));
+  EXPECT_EQ(topo->load_balancer.report_interval_ms, 60000);
+  EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 600000);
+}
+
+TEST(Topology, KvTransferNamesItsKinds) {
+  EXPECT_STREQ(to_string(kv_transfer_kind::caf), "caf");
+  EXPECT_STREQ(to_string(kv_transfer_kind::ucx), "ucx");
+  auto topo = parse("[cluster]\nkv_transfer = \"caf\"\n" + k_valid);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->kv_transfer, kv_transfer_kind::caf);
+  EXPECT_EQ(topo->cluster_name, "troupe");
+}
+
+TEST(Topology, BalancerTimingKeysAcceptTheirLowerBounds) {
+  auto topo = parse(k_node0 +
+                    "[load_balancer]\nnode = \"node0\"\nreport_interval_ms = 1\n"
+                    "connect_timeout_ms = 1\n" +
+                    k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->load_balancer.report_interval_ms, 1);
+  EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 1);
+}
+
+TEST(Topology, EmptyPrefillTiersIsOneTier) {
+  auto topo = parse(k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = []\n" +
+                    k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_TRUE(topo->load_balancer.prefill_tier_bounds.empty());
+}
+
+TEST(Topology, SixteenPrefillTierBoundsAreAccepted) {
+  std::string bounds;
+  std::vector<int32_t> expected_bounds;
+  for (int32_t i = 1; i <= 16; ++i) {
+    bounds += (i == 1 ? "" : ", ") + std::to_string(i * 100);
+    expected_bounds.push_back(i * 100);
+  }
+  auto topo = parse(k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [" + bounds +
+                    "]\n" + k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, expected_bounds);
+}
+
+TEST(Topology, HighPortNeedsOnlyAnExplicitKvPort) {
+  auto topo = parse(
+      "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = 65000\nkv_port = 65001\n" +
+      k_balancer + k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->nodes[0].port, 65000);
+  EXPECT_EQ(topo->nodes[0].kv_port, 65001);
+  // The largest port whose default still fits.
+  auto edge = parse("[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 64535\n" + k_balancer +
+                    k_engine0);
+  ASSERT_TRUE(edge) << edge.error().message;
+  EXPECT_EQ(edge->nodes[0].kv_port, 65535);
+}
+
+TEST(Topology, SamePortsOnDifferentHostsAreAccepted) {
+  auto topo = parse(k_node0 +
+                    "[[node]]\nname = \"node1\"\nhost = \"10.0.0.2\"\nport = 7100\n"
+                    "[[node]]\nname = \"node2\"\nhost = \"10.0.0.3\"\nport = 8100\n"
+                    "kv_port = 7100\n" +
+                    k_balancer + k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  ASSERT_EQ(topo->nodes.size(), 3u);
+  EXPECT_EQ(topo->nodes[1].kv_port, 8100);
+  EXPECT_EQ(topo->nodes[2].kv_port, 7100);
 }
 
 TEST(Topology, AbsoluteModelPathIsKept) {
@@ -198,6 +303,17 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:7: load_balancer: unknown key 'queue'"},
         bad_file{"unknown_cluster_key", "[cluster]\nname = \"c\"\nsize = 3\n" + k_valid,
                  "topology.toml:3: cluster: unknown key 'size'"},
+        bad_file{"unknown_cluster_key_lists_kv_transfer", "[cluster]\nkv = \"ucx\"\n" + k_valid,
+                 "topology.toml:2: cluster: unknown key 'kv' (expected one of: name, "
+                 "kv_transfer)"},
+        bad_file{"unknown_node_key_lists_kv_port",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkvport = 2\n",
+                 "topology.toml:5: node 'node0': unknown key 'kvport' (expected one of: name, "
+                 "host, port, kv_port)"},
+        bad_file{"unknown_balancer_key_lists_new_keys",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
+                 "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
+                 "node, max_waiting, prefill_tiers, report_interval_ms, connect_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
                  "topology.toml:12: unknown key 'nodes' (expected one of: cluster, node, "
                  "load_balancer, engine)"},
@@ -261,6 +377,86 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"executor_threads_65", k_valid + "executor_threads = 65\n",
                  "topology.toml:12: engine 'engine0': key 'executor_threads' must be in 1..64, "
                  "got 65"},
+        bad_file{"kv_port_zero",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkv_port = 0\n",
+                 "topology.toml:5: node 'node0': key 'kv_port' must be in 1..65535, got 0"},
+        bad_file{"kv_port_too_big",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkv_port = 65536\n",
+                 "topology.toml:5: node 'node0': key 'kv_port' must be in 1..65535, got 65536"},
+        bad_file{"kv_port_is_string",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkv_port = \"2\"\n",
+                 "topology.toml:5: node 'node0': key 'kv_port' must be an integer, got a string"},
+        bad_file{"default_kv_port_overflows",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 65000\n" + k_balancer,
+                 "topology.toml:4: node 'node0': port 65000 leaves no default 'kv_port' "
+                 "(port + 1000 = 66000 > 65535): set kv_port"},
+        bad_file{"default_kv_port_overflows_by_one",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 64536\n" + k_balancer,
+                 "topology.toml:4: node 'node0': port 64536 leaves no default 'kv_port' "
+                 "(port + 1000 = 65536 > 65535): set kv_port"},
+        bad_file{"report_interval_ms_zero",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nreport_interval_ms = 0\n",
+                 "topology.toml:7: load_balancer: key 'report_interval_ms' must be in 1..60000, "
+                 "got 0"},
+        bad_file{"report_interval_ms_60001",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nreport_interval_ms = 60001\n",
+                 "topology.toml:7: load_balancer: key 'report_interval_ms' must be in 1..60000, "
+                 "got 60001"},
+        bad_file{"connect_timeout_ms_zero",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 0\n",
+                 "topology.toml:7: load_balancer: key 'connect_timeout_ms' must be in 1..600000, "
+                 "got 0"},
+        bad_file{"connect_timeout_ms_600001",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 600001\n",
+                 "topology.toml:7: load_balancer: key 'connect_timeout_ms' must be in 1..600000, "
+                 "got 600001"},
+        bad_file{"connect_timeout_ms_is_float",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 1.5\n",
+                 "topology.toml:7: load_balancer: key 'connect_timeout_ms' must be an integer, "
+                 "got a float"},
+        // prefill_tiers: an array of strictly increasing integers >= 1, at most 16.
+        bad_file{"prefill_tiers_not_an_array",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = 128\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' must be an array of "
+                 "integers, got an integer"},
+        bad_file{"prefill_tiers_is_a_table",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = { a = 1 }\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' must be an array of "
+                 "integers, got a table"},
+        bad_file{"prefill_tiers_string_element",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [128, \"512\"]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' element 2 must be an "
+                 "integer, got a string"},
+        bad_file{"prefill_tiers_float_element",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [1.5]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' element 1 must be an "
+                 "integer, got a float"},
+        bad_file{"prefill_tiers_zero",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [0, 512]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' element 1 must be in "
+                 "1..2147483647, got 0"},
+        bad_file{"prefill_tiers_negative",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [128, -1]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' element 2 must be in "
+                 "1..2147483647, got -1"},
+        bad_file{"prefill_tiers_beyond_int32",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [4294967296]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' element 1 must be in "
+                 "1..2147483647, got 4294967296"},
+        bad_file{"prefill_tiers_equal",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [128, 128]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' element 2 must be greater "
+                 "than the one before (strictly increasing), got 128 after 128"},
+        bad_file{"prefill_tiers_decreasing_on_its_own_line",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [\n  512,\n"
+                           "  2048,\n  128,\n]\n",
+                 "topology.toml:10: load_balancer: key 'prefill_tiers' element 3 must be greater "
+                 "than the one before (strictly increasing), got 128 after 2048"},
+        bad_file{"prefill_tiers_seventeen_bounds",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [1, 2, 3, 4, 5, "
+                           "6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]\n",
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' has 17 bounds, at most 16 "
+                 "allowed"},
         bad_file{"max_waiting_zero",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nmax_waiting = 0\n",
                  "topology.toml:7: load_balancer: key 'max_waiting' must be in 1..2147483647, "
@@ -273,6 +469,39 @@ INSTANTIATE_TEST_SUITE_P(
                  k_node0 + "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 7100\n",
                  "topology.toml:8: node 'node1': address 127.0.0.1:7100 is already used by "
                  "node 'node0'"},
+        bad_file{"duplicate_address_names_the_first_use",
+                 k_node0 + "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 7100\n",
+                 "topology.toml:8: node 'node1': address 127.0.0.1:7100 is already used by "
+                 "node 'node0' (its port, line 4)"},
+        bad_file{"kv_port_is_another_nodes_port",
+                 k_node0 +
+                     "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 7101\n"
+                     "kv_port = 7100\n",
+                 "topology.toml:9: node 'node1': address 127.0.0.1:7100 (kv_port) is already "
+                 "used by node 'node0' (its port, line 4)"},
+        bad_file{"port_is_another_nodes_default_kv_port",
+                 k_node0 + "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 8100\n",
+                 "topology.toml:8: node 'node1': address 127.0.0.1:8100 is already used by "
+                 "node 'node0' (its default kv_port = port + 1000, line 4)"},
+        bad_file{"port_is_another_nodes_kv_port",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 7100\nkv_port = 7101\n"
+                 "[[node]]\nname = \"node1\"\nhost = \"h\"\nport = 7101\n",
+                 "topology.toml:9: node 'node1': address h:7101 is already used by node 'node0' "
+                 "(its kv_port, line 5)"},
+        bad_file{"kv_port_is_another_nodes_kv_port",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 7100\nkv_port = 9000\n"
+                 "[[node]]\nname = \"node1\"\nhost = \"h\"\nport = 7101\nkv_port = 9000\n",
+                 "topology.toml:10: node 'node1': address h:9000 (kv_port) is already used by "
+                 "node 'node0' (its kv_port, line 5)"},
+        bad_file{"default_kv_port_is_another_nodes_kv_port",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 7100\nkv_port = 8101\n"
+                 "[[node]]\nname = \"node1\"\nhost = \"h\"\nport = 7101\n",
+                 "topology.toml:9: node 'node1': address h:8101 (default kv_port = port + 1000) "
+                 "is already used by node 'node0' (its kv_port, line 5)"},
+        bad_file{"kv_port_is_own_port",
+                 "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 7100\nkv_port = 7100\n",
+                 "topology.toml:5: node 'node0': address h:7100 (kv_port) is already used by "
+                 "node 'node0' (its port, line 4)"},
         bad_file{"duplicate_engine_name", k_valid + engine_text("engine0", "mixed"),
                  "topology.toml:13: engine 'engine0': duplicate engine name (first defined at "
                  "line 7)"},
@@ -303,6 +532,13 @@ INSTANTIATE_TEST_SUITE_P(
                      "model = \"../models\"\n",
                  "topology.toml:10: engine 'e': key 'model': not a regular file: " +
                      examples_models + " (from '../models')"},
+        // kv_transfer.
+        bad_file{"unknown_kv_transfer", "[cluster]\nkv_transfer = \"tcp\"\n" + k_valid,
+                 "topology.toml:2: cluster: key 'kv_transfer' must be one of caf, ucx; got 'tcp'"},
+        bad_file{"kv_transfer_is_integer", "[cluster]\nname = \"c\"\nkv_transfer = 1\n" + k_valid,
+                 "topology.toml:3: cluster: key 'kv_transfer' must be a string, got an integer"},
+        bad_file{"kv_transfer_is_case_sensitive", "[cluster]\nkv_transfer = \"UCX\"\n" + k_valid,
+                 "topology.toml:2: cluster: key 'kv_transfer' must be one of caf, ucx; got 'UCX'"},
         // Roles.
         bad_file{"unknown_role", k_valid + "role = \"both\"\n",
                  "topology.toml:12: engine 'engine0': key 'role' must be one of mixed, prefill, "

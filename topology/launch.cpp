@@ -1,7 +1,13 @@
 #include "topology/launch.hpp"
 
-#include <caf/all.hpp>
+#include <algorithm>
+#include <map>
+#include <thread>
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "actors/atoms.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 
@@ -11,8 +17,8 @@ namespace {
 std::string where(const engine_spec& e) { return "engine '" + e.name + "': "; }
 
 expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e, int32_t max_waiting,
-                                   const launch_options& options,
-                                   std::shared_ptr<const tokenizer>& tok) {
+                                   const launch_options& options, std::shared_ptr<const tokenizer>& tok,
+                                   const std::shared_ptr<transport::ucx_transport>& ucx, uint64_t ucx_tag_base) {
   auto ck = model::checkpoint::load(e.model_path);
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
   auto t = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
@@ -27,9 +33,86 @@ expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e,
   o.executor_threads = e.executor_threads;
   o.step_log = e.step_log;
   o.detached_executor = options.detached_executors;
+  o.ucx = ucx;
+  o.ucx_tag_base = ucx_tag_base;
   auto engine = actors::spawn_engine(sys, o);
   if (!engine) return fail(engine.error().code, where(e) + engine.error().message);
   return engine;
+}
+
+balance::engine_kind kind_of(engine_role role) {
+  switch (role) {
+    case engine_role::mixed: return balance::engine_kind::mixed;
+    case engine_role::prefill: return balance::engine_kind::prefill;
+    case engine_role::decode: return balance::engine_kind::decode;
+  }
+  return balance::engine_kind::mixed;
+}
+
+/// The engines published by `node` (its node actor's answer), trying until the deadline: the
+/// other nodes may still be starting.
+expected<std::vector<caf::actor>> reach_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms) {
+  const std::string address = node.host + ":" + std::to_string(node.port);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string last_error = "no answer";
+  for (;;) {
+    auto remote = sys.middleman().remote_actor(node.host, node.port);
+    if (remote) {
+      caf::scoped_actor self{sys};
+      expected<std::vector<caf::actor>> out = fail(errc::unavailable, "no answer");
+      self->request(*remote, std::chrono::milliseconds(timeout_ms), actors::engines_atom::value)
+          .receive([&](std::vector<caf::actor>& engines) { out = std::move(engines); },
+                   [&](caf::error& err) {
+                     out = fail(errc::unavailable, "node '" + node.name + "' at " + address +
+                                                       " did not list its engines: " + sys.render(err));
+                   });
+      return out;
+    }
+    last_error = sys.render(remote.error());
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
+                                     std::to_string(timeout_ms) + " ms: " + last_error);
+}
+
+/// Every engine of the topology for the balancer: this node's, and the other nodes' reached
+/// over the network, in topology order.
+expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system& sys, const topology& t,
+                                                               const std::string& node_name,
+                                                               const launched_node& local) {
+  std::map<std::string, std::vector<caf::actor>> by_node;
+  by_node[node_name] = local.engines;
+  std::vector<actors::balanced_engine> out;
+  for (const engine_spec& e : t.engines) {
+    auto it = by_node.find(e.node);
+    if (it == by_node.end()) {
+      auto remote = reach_node(sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms);
+      if (!remote) return tl::unexpected(remote.error());
+      const auto expected_count = std::count_if(t.engines.begin(), t.engines.end(),
+                                                [&](const engine_spec& x) { return x.node == e.node; });
+      if (static_cast<int64_t>(remote->size()) != expected_count)
+        return fail(errc::invalid_argument, "node '" + e.node + "' runs " + std::to_string(remote->size()) +
+                                                " engine(s) but the topology places " +
+                                                std::to_string(expected_count) + " there: a different topology file?");
+      it = by_node.emplace(e.node, std::move(*remote)).first;
+    }
+    const size_t index_on_node = static_cast<size_t>(
+        std::count_if(t.engines.begin(), t.engines.begin() + (&e - t.engines.data()),
+                      [&](const engine_spec& x) { return x.node == e.node; }));
+    const node_spec& node = *t.find_node(e.node);
+    actors::balanced_engine b;
+    b.actor = it->second.at(index_on_node);
+    b.name = e.name;
+    b.node = e.node;
+    b.kind = kind_of(e.role);
+    b.max_num_seqs = e.config.scheduler.max_num_seqs;
+    b.kv_capacity_tokens = static_cast<int64_t>(e.config.num_kv_blocks) * e.config.block_size;
+    b.kv_host = node.host;
+    b.kv_port = node.kv_port;
+    out.push_back(std::move(b));
+  }
+  return out;
 }
 
 }  // namespace
@@ -39,9 +122,19 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   const node_spec* node = t.find_node(node_name);
   if (!node) return fail(errc::not_found, "the topology has no node '" + node_name + "'");
   launched_node out;
-  for (const engine_spec& e : t.engines) {
+  const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
+                                       [&](const engine_spec& e) { return e.node == node_name; });
+  if (t.kv_transfer == kv_transfer_kind::ucx && has_engines) {
+    auto ucx = transport::ucx_transport::create({node->host, node->kv_port});
+    if (!ucx) return fail(ucx.error().code, "node '" + node_name + "': " + ucx.error().message);
+    out.ucx = std::move(*ucx);
+  }
+  for (size_t i = 0; i < t.engines.size(); i++) {
+    const engine_spec& e = t.engines[i];
     if (e.node != node_name) continue;
-    auto engine = launch_engine(sys, e, t.load_balancer.max_waiting, options, out.tok);
+    // UCX tags: 40 bits of transfer counter under the engine's topology index, unique cluster-wide.
+    auto engine = launch_engine(sys, e, t.load_balancer.max_waiting, options, out.tok, out.ucx,
+                                static_cast<uint64_t>(i + 1) << 40);
     if (!engine) {
       shutdown_node(sys, out);
       return tl::unexpected(engine.error());
@@ -53,25 +146,53 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
                           std::to_string(e.config.block_size) + " tokens, step executor on its own thread" +
                           (e.executor_threads > 1 ? " with " + std::to_string(e.executor_threads) + " kernel threads" : ""));
   }
-  if (t.load_balancer.node == node_name) {
-    if (out.engines.empty()) {
-      shutdown_node(sys, out);
-      return fail(errc::invalid_argument, "node '" + node_name +
-                                              "' runs the load balancer but no engine; balancing over other "
-                                              "nodes' engines is not supported yet");
-    }
-    actors::load_balancer_options lb;
-    lb.engines = out.engines;
-    lb.tok = out.tok;
-    lb.seed_base = options.seed_base;
-    out.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
-    out.summary.push_back("load_balancer over " + std::to_string(out.engines.size()) + " engine(s)");
+  if (t.load_balancer.node != node_name) {
+    const std::vector<caf::actor> engines = out.engines;
+    out.node_actor = sys.spawn([engines](caf::event_based_actor*) -> caf::behavior {
+      return {[engines](actors::engines_atom) { return engines; }};
+    });
+    return out;
   }
+  auto engines = cluster_engines(sys, t, node_name, out);
+  if (!engines) {
+    shutdown_node(sys, out);
+    return tl::unexpected(engines.error());
+  }
+  if (!out.tok) {  // the balancer tokenizes; with no local engine, load the first engine's tokenizer
+    auto ck = model::checkpoint::load(t.engines.front().model_path);
+    if (!ck) return fail(ck.error().code, ck.error().message);
+    auto tok = tokenizer::load(t.engines.front().tokenizer_path, ck->config().vocab_size);
+    if (!tok) return fail(tok.error().code, tok.error().message);
+    out.tok = std::make_shared<const tokenizer>(std::move(*tok));
+  }
+  actors::load_balancer_options lb;
+  lb.engines = std::move(*engines);
+  lb.tok = out.tok;
+  lb.seed_base = options.seed_base;
+  lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
+  lb.report_interval_ms = t.load_balancer.report_interval_ms;
+  const size_t num_engines = lb.engines.size();
+  out.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
+  out.summary.push_back("load_balancer over " + std::to_string(num_engines) + " engine(s) (" +
+                        std::to_string(num_engines - out.engines.size()) + " on other nodes)");
   return out;
+}
+
+expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
+                                const launched_node& node) {
+  const node_spec* spec = t.find_node(node_name);
+  TROUPE_ASSERT(spec != nullptr);
+  const caf::actor& entry = node.load_balancer ? node.load_balancer : node.node_actor;
+  auto port = sys.middleman().publish(entry, spec->port, spec->host.c_str(), true);
+  if (!port)
+    return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +
+                                    sys.render(port.error()));
+  return *port;
 }
 
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
+  if (node.node_actor) caf::anon_send_exit(node.node_actor, caf::exit_reason::user_shutdown);
   for (const caf::actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
 }

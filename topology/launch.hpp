@@ -1,7 +1,9 @@
 #pragma once
 
-/// Launching a topology node: load its engines' models, spawn engine + executor actors and, if
-/// the load balancer is placed there, the load balancer.
+/// Launching a topology node: load its engines' models, spawn engine + executor actors (with a
+/// UCX transport for KV when the topology says kv_transfer = "ucx") and, if the load balancer
+/// is placed there, the load balancer — after reaching every other node that runs engines
+/// (CAF's io middleman: each node publishes its node actor, or the balancer, at its port).
 
 #include <memory>
 #include <string>
@@ -10,6 +12,7 @@
 #include <caf/actor.hpp>
 
 #include "runtime/tokenizer/tokenizer.hpp"
+#include "transport/ucx_transport.hpp"
 #include "topology/topology.hpp"
 
 namespace troupe::topology {
@@ -24,16 +27,25 @@ struct launched_node {
   std::vector<caf::actor> engines;     ///< in topology order
   std::vector<std::string> engine_names;
   caf::actor load_balancer;            ///< invalid if the balancer is placed elsewhere
+  caf::actor node_actor;               ///< answers engines_atom with `engines`; published where the balancer is not
+  std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
   std::shared_ptr<const tokenizer> tok;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
 };
 
 /// Spawns everything `t` places on `node_name`. Errors: unknown node, unreadable model or
-/// tokenizer, a tokenizer that does not fit its model, invalid engine settings, a balancer with
-/// no engine on this node (multi-node balancing arrives with the multi-node topologies).
+/// tokenizer, a tokenizer that does not fit its model, invalid engine settings, a UCX listener
+/// that cannot bind, and — on the balancer's node — another node with engines that cannot be
+/// reached within the topology's connect_timeout_ms (the error names it) or that runs a
+/// different topology. Reaching other nodes needs the io middleman loaded in `sys`.
 [[nodiscard]] expected<launched_node> launch_node(caf::actor_system& sys, const topology& t,
                                                   const std::string& node_name,
                                                   const launch_options& options);
+
+/// Publishes the node's entry point at its address: the balancer where it runs, the node actor
+/// elsewhere. Returns the bound port. Error: io_error naming the address.
+[[nodiscard]] expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
+                                              const launched_node& node);
 
 /// Sends every actor of `node` an exit and waits until the system has no actors left.
 void shutdown_node(caf::actor_system& sys, const launched_node& node);

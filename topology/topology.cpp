@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -30,6 +31,15 @@ const char* to_string(engine_role role) {
   return "";
 }
 
+const char* to_string(kv_transfer_kind kind) {
+  switch (kind) {
+    case kv_transfer_kind::caf: return "caf";
+    case kv_transfer_kind::ucx: return "ucx";
+  }
+  TROUPE_ASSERT_MSG(false, "unknown kv_transfer_kind");
+  return "";
+}
+
 const node_spec* topology::find_node(std::string_view name) const {
   auto it = std::find_if(nodes.begin(), nodes.end(),
                          [&](const node_spec& node) { return node.name == name; });
@@ -39,6 +49,11 @@ const node_spec* topology::find_node(std::string_view name) const {
 namespace {
 
 constexpr int64_t int32_max = std::numeric_limits<int32_t>::max();
+constexpr int64_t port_max = 65535;
+/// What a node's kv_port is when the file does not say.
+constexpr int64_t kv_port_offset = 1000;
+/// More tiers than this would only thin out the prefill engines each tier gets.
+constexpr size_t num_prefill_tier_bounds_max = 16;
 
 /// What every error message needs: the file's name, and where relative paths start.
 struct context {
@@ -228,7 +243,7 @@ struct scope {
 [[nodiscard]] expected<node_spec> read_node(const context& ctx, const toml::table& table,
                                             size_t index) {
   const scope where{label_of("node", table, index), line_of(table)};
-  if (auto ok = check_known_keys(ctx, table, where, {"name", "host", "port"}); !ok) {
+  if (auto ok = check_known_keys(ctx, table, where, {"name", "host", "port", "kv_port"}); !ok) {
     return tl::unexpected(ok.error());
   }
   node_spec node;
@@ -238,13 +253,80 @@ struct scope {
   auto host = read_string(ctx, table, where, "host");
   if (!host) return tl::unexpected(host.error());
   node.host = *host;
-  auto port = read_int(ctx, table, where, "port", std::nullopt, 1, 65535);
+  auto port = read_int(ctx, table, where, "port", std::nullopt, 1, port_max);
   if (!port) return tl::unexpected(port.error());
   node.port = static_cast<uint16_t>(*port);
+  const int64_t kv_port_default = *port + kv_port_offset;
+  if (table.get("kv_port") == nullptr && kv_port_default > port_max) {
+    return malformed(ctx, line_of_key(table, "port"), where.label,
+                     "port " + std::to_string(*port) + " leaves no default 'kv_port' (port + " +
+                         std::to_string(kv_port_offset) + " = " +
+                         std::to_string(kv_port_default) + " > " + std::to_string(port_max) +
+                         "): set kv_port");
+  }
+  auto kv_port = read_int(ctx, table, where, "kv_port", static_cast<int32_t>(kv_port_default), 1,
+                          port_max);
+  if (!kv_port) return tl::unexpected(kv_port.error());
+  node.kv_port = static_cast<uint16_t>(*kv_port);
+  TROUPE_ASSERT(node.port >= 1);
+  TROUPE_ASSERT(node.kv_port >= 1);
   return node;
 }
 
-/// Every [[node]]: at least one, unique names, unique (host, port).
+/// One port a node listens on, and how to point at it in a message.
+struct listener {
+  const char* what;  ///< "port", "kv_port" or "default kv_port = port + 1000"
+  uint16_t port = 0;
+  toml::source_index line = 0;
+};
+
+/// A node's two listeners; a default kv_port is located at the `port` it derives from.
+[[nodiscard]] std::array<listener, 2> listeners_of(const node_spec& node,
+                                                   const toml::table& table) {
+  const bool kv_port_explicit = table.get("kv_port") != nullptr;
+  return {listener{"port", node.port, line_of_key(table, "port")},
+          listener{kv_port_explicit ? "kv_port" : "default kv_port = port + 1000", node.kv_port,
+                   line_of_key(table, kv_port_explicit ? "kv_port" : "port")}};
+}
+
+/// `host:port` is taken: say by which node's which listener, and where that was set. A clash
+/// of ports keeps the older message's form; a kv_port clash says it is about the kv_port.
+[[nodiscard]] tl::unexpected<error> address_in_use(const context& ctx, const listener& mine,
+                                                   std::string_view label, const node_spec& node,
+                                                   const listener& theirs) {
+  const bool is_port = std::string_view(mine.what) == "port";
+  const std::string which = is_port ? "" : " (" + std::string(mine.what) + ")";
+  return malformed(ctx, mine.line, label,
+                   "address " + node.host + ":" + std::to_string(mine.port) + which +
+                       " is already used by node " + in_quotes(node.name) + " (its " +
+                       theirs.what + ", line " + std::to_string(theirs.line) + ")");
+}
+
+/// No listener of `node` (read from `table`) is one of `other`'s (an earlier node).
+[[nodiscard]] expected<void> check_addresses(const context& ctx, const node_spec& node,
+                                             const toml::table& table, const node_spec& other,
+                                             const toml::table& other_table) {
+  if (node.host != other.host) return {};
+  const std::array<listener, 2> mine = listeners_of(node, table);
+  const std::array<listener, 2> theirs = listeners_of(other, other_table);
+  for (const listener& m : mine) {
+    for (const listener& t : theirs) {
+      if (m.port != t.port) continue;
+      return address_in_use(ctx, m, "node " + in_quotes(node.name), other, t);
+    }
+  }
+  return {};
+}
+
+/// A node's kv_port is not its own port (only possible when kv_port is explicit).
+[[nodiscard]] expected<void> check_own_addresses(const context& ctx, const node_spec& node,
+                                                 const toml::table& table) {
+  const std::array<listener, 2> own = listeners_of(node, table);
+  if (own[1].port != own[0].port) return {};
+  return address_in_use(ctx, own[1], "node " + in_quotes(node.name), node, own[0]);
+}
+
+/// Every [[node]]: at least one, unique names, unique (host, port) and (host, kv_port).
 [[nodiscard]] expected<std::vector<node_spec>> read_nodes(const context& ctx,
                                                           const toml::table& root) {
   auto tables = read_tables(ctx, root, "node");
@@ -262,11 +344,12 @@ struct scope {
                          "duplicate node name (first defined at line " +
                              std::to_string(line_of(*(*tables)[j])) + ")");
       }
-      if (nodes[j].host == node->host && nodes[j].port == node->port) {
-        return malformed(ctx, line_of_key(table, "port"), label,
-                         "address " + node->host + ":" + std::to_string(node->port) +
-                             " is already used by node " + in_quotes(nodes[j].name));
+      if (auto ok = check_addresses(ctx, *node, table, nodes[j], *(*tables)[j]); !ok) {
+        return tl::unexpected(ok.error());
       }
+    }
+    if (auto ok = check_own_addresses(ctx, *node, table); !ok) {
+      return tl::unexpected(ok.error());
     }
     nodes.push_back(std::move(*node));
   }
@@ -409,6 +492,52 @@ struct scope {
   return node->as_table();
 }
 
+/// `prefill_tiers`: an array of strictly increasing integers >= 1, at most
+/// num_prefill_tier_bounds_max of them; absent = `fallback`.
+[[nodiscard]] expected<std::vector<int32_t>> read_tier_bounds(const context& ctx,
+                                                              const toml::table& table,
+                                                              const scope& where,
+                                                              std::vector<int32_t> fallback) {
+  const toml::node* node = table.get("prefill_tiers");
+  if (node == nullptr) return fallback;
+  const toml::array* array = node->as_array();
+  if (array == nullptr) {
+    return malformed(ctx, line_of(*node), where.label,
+                     "key 'prefill_tiers' must be an array of integers, got " +
+                         std::string(type_name(node->type())));
+  }
+  if (array->size() > num_prefill_tier_bounds_max) {
+    return malformed(ctx, line_of(*node), where.label,
+                     "key 'prefill_tiers' has " + std::to_string(array->size()) +
+                         " bounds, at most " + std::to_string(num_prefill_tier_bounds_max) +
+                         " allowed");
+  }
+  std::vector<int32_t> bounds;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& element = *array->get(i);
+    const std::string what = "key 'prefill_tiers' element " + std::to_string(i + 1);
+    const auto* value = element.as_integer();
+    if (value == nullptr) {
+      return malformed(ctx, line_of(element), where.label,
+                       what + " must be an integer, got " + type_name(element.type()));
+    }
+    const int64_t bound = value->get();
+    if (bound < 1 || bound > int32_max) {
+      return malformed(ctx, line_of(element), where.label,
+                       what + " must be in 1.." + std::to_string(int32_max) + ", got " +
+                           std::to_string(bound));
+    }
+    if (!bounds.empty() && bound <= bounds.back()) {
+      return malformed(ctx, line_of(element), where.label,
+                       what + " must be greater than the one before (strictly increasing), got " +
+                           std::to_string(bound) + " after " + std::to_string(bounds.back()));
+    }
+    bounds.push_back(static_cast<int32_t>(bound));
+  }
+  TROUPE_ASSERT(bounds.size() == array->size());
+  return bounds;
+}
+
 [[nodiscard]] expected<load_balancer_spec> read_load_balancer(const context& ctx,
                                                               const toml::table& root,
                                                               const std::vector<node_spec>& nodes) {
@@ -418,7 +547,10 @@ struct scope {
     return malformed(ctx, 0, "", "missing [load_balancer] table: say which node runs it");
   }
   const scope where{"load_balancer", line_of(**table)};
-  if (auto ok = check_known_keys(ctx, **table, where, {"node", "max_waiting"}); !ok) {
+  if (auto ok = check_known_keys(ctx, **table, where,
+                                 {"node", "max_waiting", "prefill_tiers", "report_interval_ms",
+                                  "connect_timeout_ms"});
+      !ok) {
     return tl::unexpected(ok.error());
   }
   load_balancer_spec balancer;
@@ -428,19 +560,50 @@ struct scope {
   auto max_waiting = read_int(ctx, **table, where, "max_waiting", balancer.max_waiting, 1);
   if (!max_waiting) return tl::unexpected(max_waiting.error());
   balancer.max_waiting = *max_waiting;
+  auto bounds = read_tier_bounds(ctx, **table, where, balancer.prefill_tier_bounds);
+  if (!bounds) return tl::unexpected(bounds.error());
+  balancer.prefill_tier_bounds = std::move(*bounds);
+  auto report_interval =
+      read_int(ctx, **table, where, "report_interval_ms", balancer.report_interval_ms, 1, 60000);
+  if (!report_interval) return tl::unexpected(report_interval.error());
+  balancer.report_interval_ms = *report_interval;
+  auto connect_timeout =
+      read_int(ctx, **table, where, "connect_timeout_ms", balancer.connect_timeout_ms, 1, 600000);
+  if (!connect_timeout) return tl::unexpected(connect_timeout.error());
+  balancer.connect_timeout_ms = *connect_timeout;
   return balancer;
 }
 
-[[nodiscard]] expected<std::string> read_cluster_name(const context& ctx, const toml::table& root) {
-  const std::string fallback = topology{}.cluster_name;
+[[nodiscard]] expected<kv_transfer_kind> read_kv_transfer(const context& ctx,
+                                                          const toml::table& table,
+                                                          const scope& where) {
+  auto kind = read_string(ctx, table, where, "kv_transfer",
+                          std::string(to_string(topology{}.kv_transfer)));
+  if (!kind) return tl::unexpected(kind.error());
+  for (kv_transfer_kind k : {kv_transfer_kind::caf, kv_transfer_kind::ucx}) {
+    if (*kind == to_string(k)) return k;
+  }
+  return malformed(ctx, line_of_key(table, "kv_transfer"), where.label,
+                   "key 'kv_transfer' must be one of caf, ucx; got " + in_quotes(*kind));
+}
+
+/// The optional [cluster] table: its name and how KV moves between engines.
+[[nodiscard]] expected<void> read_cluster(const context& ctx, const toml::table& root,
+                                          topology& result) {
   auto table = read_table(ctx, root, "cluster");
   if (!table) return tl::unexpected(table.error());
-  if (*table == nullptr) return fallback;
+  if (*table == nullptr) return {};
   const scope where{"cluster", line_of(**table)};
-  if (auto ok = check_known_keys(ctx, **table, where, {"name"}); !ok) {
+  if (auto ok = check_known_keys(ctx, **table, where, {"name", "kv_transfer"}); !ok) {
     return tl::unexpected(ok.error());
   }
-  return read_string(ctx, **table, where, "name", fallback);
+  auto name = read_string(ctx, **table, where, "name", result.cluster_name);
+  if (!name) return tl::unexpected(name.error());
+  result.cluster_name = *name;
+  auto kv_transfer = read_kv_transfer(ctx, **table, where);
+  if (!kv_transfer) return tl::unexpected(kv_transfer.error());
+  result.kv_transfer = *kv_transfer;
+  return {};
 }
 
 [[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
@@ -450,9 +613,7 @@ struct scope {
     return tl::unexpected(ok.error());
   }
   topology result;
-  auto cluster_name = read_cluster_name(ctx, root);
-  if (!cluster_name) return tl::unexpected(cluster_name.error());
-  result.cluster_name = *cluster_name;
+  if (auto ok = read_cluster(ctx, root, result); !ok) return tl::unexpected(ok.error());
   auto nodes = read_nodes(ctx, root);
   if (!nodes) return tl::unexpected(nodes.error());
   result.nodes = std::move(*nodes);

@@ -9,16 +9,27 @@
 ///
 ///   [cluster]                          # optional table
 ///   name = "single-node"               #   optional string, default "troupe"
+///   kv_transfer = "caf"                #   optional: caf (default) | ucx: how prefill engines
+///                                      #   ship KV to decode engines (CAF messages or UCX)
 ///
 ///   [[node]]                           # one or more
 ///   name = "node0"                     #   required, unique, non-empty
 ///   host = "127.0.0.1"                 #   required, non-empty
-///   port = 7100                        #   required, 1..65535; (host, port) unique
+///   port = 7100                        #   required, 1..65535
+///   kv_port = 8100                     #   optional, 1..65535, default port + 1000: the UCX
+///                                      #   listener (kv_transfer = "ucx"); every (host, port)
+///                                      #   and (host, kv_port) is unique across all nodes
 ///
 ///   [load_balancer]                    # required table
 ///   node = "node0"                     #   required, names a [[node]]
 ///   max_waiting = 1024                 #   optional, > 0, default 1024: queued requests per
 ///                                      #   engine before the balancer answers 'overloaded'
+///   prefill_tiers = [128, 512, 2048]   #   optional, default shown: strictly increasing prompt
+///                                      #   lengths >= 1, at most 16; N bounds make N + 1 tiers
+///                                      #   ([] = one tier)
+///   report_interval_ms = 20            #   optional, 1..60000, default 20: engine load reports
+///   connect_timeout_ms = 10000         #   optional, 1..600000, default 10000: how long a node
+///                                      #   keeps trying to reach the nodes it needs at start-up
 ///
 ///   [[engine]]                         # one or more
 ///   name = "engine0"                   #   required, unique, non-empty
@@ -51,7 +62,13 @@ struct node_spec {
   std::string name;
   std::string host;
   uint16_t port = 0;
+  uint16_t kv_port = 0;  ///< UCX listener on `host` (kv_transfer = ucx); parsed default port + 1000
 };
+
+/// How a prefill engine ships a request's KV cache to the decode engine that continues it.
+enum class kv_transfer_kind { caf, ucx };
+
+[[nodiscard]] const char* to_string(kv_transfer_kind kind);
 
 /// What an engine does with a request: all of it, only the prompt, or only the generation.
 enum class engine_role { mixed, prefill, decode };
@@ -70,15 +87,21 @@ struct engine_spec {
   std::string step_log;        ///< the executor logs every step here (troupe calibrate --log); "" = off
 };
 
-/// Where the load balancer runs and how much it queues.
+/// Where the load balancer runs, how much it queues, and how the cluster reports to it.
 struct load_balancer_spec {
   std::string node;
   int32_t max_waiting = 1024;  ///< queued requests per engine before 'overloaded'
+  /// Prompt-length tier bounds, strictly increasing, each >= 1, at most 16: N bounds make N + 1
+  /// tiers (tier i = prompts of <= bounds[i] tokens, the last tier = longer); empty = one tier.
+  std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
+  int32_t report_interval_ms = 20;     ///< how often each engine sends its load report
+  int32_t connect_timeout_ms = 10000;  ///< how long a node keeps trying to reach its peers
 };
 
 /// A validated topology file: every name it references exists, in file order.
 struct topology {
   std::string cluster_name = "troupe";
+  kv_transfer_kind kv_transfer = kv_transfer_kind::caf;
   std::vector<node_spec> nodes;
   std::vector<engine_spec> engines;
   load_balancer_spec load_balancer;

@@ -51,6 +51,8 @@ uint64_t draw_seed_base();
 
 action add_generate(CLI::App& app);
 action add_serve(CLI::App& app);
+action add_node(CLI::App& app);
+action add_up(CLI::App& app);
 action add_client(CLI::App& app);
 action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);

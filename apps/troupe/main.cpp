@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
   const std::pair<const char*, troupe::cli::action> commands[] = {
       {"generate", troupe::cli::add_generate(app)},
       {"serve", troupe::cli::add_serve(app)},
+      {"node", troupe::cli::add_node(app)},
+      {"up", troupe::cli::add_up(app)},
       {"client", troupe::cli::add_client(app)},
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},

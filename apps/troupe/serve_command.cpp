@@ -49,21 +49,22 @@ int run_serve(const serve_options& o) {
   caf::actor_system sys{cfg};
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base()});
   if (!launched) return fail_with(launched.error());
-  if (launched->load_balancer) {
-    auto port = sys.middleman().publish(launched->load_balancer, node->port, node->host.c_str(), true);
-    if (!port) {
-      topology::shutdown_node(sys, *launched);
-      return fail_with(error{errc::io_error, "cannot listen on " + node->host + ":" + std::to_string(node->port) +
-                                                 ": " + sys.render(port.error())});
-    }
-    launched->summary.back() += ", listening on " + node->host + ":" + std::to_string(*port);
+  auto port = topology::publish_node(sys, *t, node_name, *launched);
+  if (!port) {
+    topology::shutdown_node(sys, *launched);
+    return fail_with(port.error());
   }
+  launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
+                              " listening on " + node->host + ":" + std::to_string(*port));
+  if (launched->ucx)
+    launched->summary.push_back("KV transport: UCX on " + node->host + ":" + std::to_string(launched->ucx->port()));
   for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
   std::fflush(stdout);
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
-  if (launched->load_balancer) (void)sys.middleman().unpublish(launched->load_balancer, node->port);
+  (void)sys.middleman().unpublish(launched->load_balancer ? launched->load_balancer : launched->node_actor,
+                                  node->port);
   topology::shutdown_node(sys, *launched);
   return 0;
 }
@@ -75,6 +76,14 @@ action add_serve(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "Run one node of a topology (default: the bundled model, one node)");
   cmd->add_option("--topology,-T", o->topology, "topology file (TOML)")->capture_default_str();
   cmd->add_option("--node", o->node, "node to run (default: the load balancer's)");
+  return [o] { return run_serve(*o); };
+}
+
+action add_node(CLI::App& app) {
+  auto o = std::make_shared<serve_options>();
+  CLI::App* cmd = app.add_subcommand("node", "Run one named node of a multi-node topology (troupe up runs them all)");
+  cmd->add_option("--topology,-T", o->topology, "topology file (TOML)")->required();
+  cmd->add_option("--node", o->node, "the node to run")->required();
   return [o] { return run_serve(*o); };
 }
 

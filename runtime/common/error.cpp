@@ -11,6 +11,7 @@ const char* to_string(errc code) {
     case errc::too_long: return "too_long";
     case errc::not_found: return "not_found";
     case errc::overloaded: return "overloaded";
+    case errc::unavailable: return "unavailable";
     case errc::cancelled: return "cancelled";
     case errc::internal: return "internal";
   }

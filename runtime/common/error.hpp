@@ -22,6 +22,7 @@ enum class errc {
   not_found,         ///< an id or name that does not exist
   overloaded,        ///< a bounded queue is full; retry later
   cancelled,         ///< the request was cancelled by its client
+  unavailable,       ///< no live engine can take the work (its node is down or unreachable)
   internal,          ///< a component failed (e.g. an executor crashed); the request cannot go on
 };
 

@@ -32,6 +32,14 @@ expected<void> engine::add_request(request r) {
   return {};
 }
 
+expected<void> engine::add_prefilled(request r, kv_data kv) {
+  const request_id id = r.id;
+  text_spec spec{r.prompt, r.stop};
+  if (auto ok = core_->add_prefilled(std::move(r), std::move(kv)); !ok) return ok;
+  texts_.emplace(id, std::move(spec));
+  return {};
+}
+
 expected<std::vector<token_event>> engine::abort(request_id id) {
   auto indices = core_->remove_request(id);
   if (!indices) return tl::unexpected(indices.error());

@@ -29,6 +29,12 @@ class engine {
   /// Checks and queues a request (see engine_core::add_request for the errors).
   [[nodiscard]] expected<void> add_request(request r);
 
+  /// Prefill/decode disaggregation (see engine_core::add_prefill / add_prefilled): the prefill
+  /// half produces no token events; its finished requests come out of take_prefilled.
+  [[nodiscard]] expected<void> add_prefill(request r) { return core_->add_prefill(std::move(r)); }
+  [[nodiscard]] expected<void> add_prefilled(request r, kv_data kv);
+  [[nodiscard]] std::vector<prefilled_request> take_prefilled() { return core_->take_prefilled(); }
+
   /// Ends every sample of a request now; its last events carry finish_reason::aborted and
   /// token -1. Unknown id -> not_found.
   [[nodiscard]] expected<std::vector<token_event>> abort(request_id id);

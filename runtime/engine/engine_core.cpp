@@ -104,6 +104,48 @@ expected<void> engine_core::add_request(request r) {
   return {};
 }
 
+expected<void> engine_core::add_prefill(request r) {
+  if (requests_.count(r.id)) return fail(errc::invalid_argument, "duplicate request id " + num(r.id));
+  if (auto ok = validate_request(r, model_, config_); !ok) return ok;
+  if (r.prompt.size() < 2)
+    return fail(errc::invalid_argument, "a one-token prompt has nothing to prefill; submit it to a decode engine");
+  const request_id id = r.id;
+  std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - 1);
+  const int32_t priority = r.priority;
+  const uint64_t seed = r.seed;
+  requests_.emplace(id, request_state{std::move(r), {}});
+  scheduler_->add_prefill_only(new_sequence(id, 0, seed), std::move(tokens), priority);
+  return {};
+}
+
+expected<void> engine_core::add_prefilled(request r, kv_data kv) {
+  if (requests_.count(r.id)) return fail(errc::invalid_argument, "duplicate request id " + num(r.id));
+  if (auto ok = validate_request(r, model_, config_); !ok) return ok;
+  const int32_t want = static_cast<int32_t>(r.prompt.size()) - 1;
+  if (!kv.consistent() || kv.num_layers != model_.n_layers || kv.kv_dim != model_.kv_dim() || kv.num_tokens != want ||
+      want < 1)
+    return fail(errc::invalid_argument,
+                "imported KV does not fit: " + num(kv.num_layers) + " layers x " + num(kv.num_tokens) + " tokens x " +
+                    num(kv.kv_dim) + " dims, the model and prompt need " + num(model_.n_layers) + " x " + num(want) +
+                    " x " + num(model_.kv_dim()));
+  const request_id id = r.id;
+  const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
+  std::vector<int32_t> prompt = r.prompt;
+  const int32_t priority = r.priority;
+  const uint64_t seed = r.seed;
+  requests_.emplace(id, request_state{std::move(r), {}});
+  const kv::seq_id seq = new_sequence(id, 0, seed);
+  scheduler_->add_imported(seq, std::move(prompt), priority, limit, want);
+  pending_imports_.emplace(seq, std::move(kv));
+  return {};
+}
+
+std::vector<prefilled_request> engine_core::take_prefilled() {
+  std::vector<prefilled_request> out = std::move(prefilled_);
+  prefilled_.clear();
+  return out;
+}
+
 void engine_core::end_sample(kv::seq_id seq) {
   const sample_state& st = samples_.at(seq);
   request_state& rs = requests_.at(st.request);
@@ -111,6 +153,7 @@ void engine_core::end_sample(kv::seq_id seq) {
   if (rs.live.empty()) requests_.erase(st.request);
   scheduler_->remove(seq);
   samples_.erase(seq);
+  pending_imports_.erase(seq);
   released_.push_back(seq);
 }
 
@@ -165,19 +208,27 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
       scheduler_->set_hold(c.seq, true);  // nothing more until the children exist
     }
   }
+  chunk.export_kv = s.prefill_only && c.first_position + c.num_tokens == static_cast<int32_t>(s.tokens.size());
   f.num_seeds.push_back(chunk.seeds.size());
+  f.exports.push_back(chunk.export_kv);
   return chunk;
 }
 
 std::optional<exec_plan> engine_core::plan_step() {
   if (num_in_flight() >= config_.max_steps_in_flight) return std::nullopt;
-  flight f{scheduler_->schedule(), {}};
+  flight f{scheduler_->schedule(), {}, {}};
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());
     return std::nullopt;
   }
   exec_plan plan;
   plan.step = next_step_++;
+  for (kv::seq_id seq : f.plan.imported) {
+    auto it = pending_imports_.find(seq);
+    TROUPE_ASSERT_MSG(it != pending_imports_.end(), "an imported sequence without its KV");
+    plan.imports.push_back(kv_import{blocks_->block_table(seq), std::move(it->second)});
+    pending_imports_.erase(it);
+  }
   plan.copies = f.plan.copies;
   plan.released = std::move(released_);
   released_.clear();
@@ -188,7 +239,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   return plan;
 }
 
-std::vector<sample_event> engine_core::complete_step(const exec_result& result) {
+std::vector<sample_event> engine_core::complete_step(exec_result result) {
   TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
   const flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
@@ -210,6 +261,18 @@ std::vector<sample_event> engine_core::complete_step(const exec_result& result) 
     record(seq, samples.front(), events);
   }
   TROUPE_ASSERT(i == result.samples.size());
+  size_t e = 0;
+  for (size_t c = 0; c < f.plan.chunks.size(); c++) {
+    if (!f.exports[c]) continue;
+    kv_export& x = result.exports.at(e++);
+    const kv::seq_id seq = f.plan.chunks[c].seq;
+    TROUPE_ASSERT(x.seq == seq);
+    auto sample = samples_.find(seq);
+    if (sample == samples_.end()) continue;  // released while the step ran
+    prefilled_.push_back(prefilled_request{requests_.at(sample->second.request).req, std::move(x.kv)});
+    end_sample(seq);
+  }
+  TROUPE_ASSERT(e == result.exports.size());
   return events;
 }
 
@@ -266,6 +329,10 @@ void engine_core::check_invariants(bool deep) const {
     }
   }
   TROUPE_ASSERT(num_live == samples_.size());
+  for (const auto& [seq, kv] : pending_imports_) {
+    TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
+    TROUPE_ASSERT(scheduler_->get(seq).num_imported_tokens == kv.num_tokens);
+  }
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
 }
 

@@ -56,6 +56,13 @@ struct sample_event {
   int32_t num_preemptions = 0;    ///< on the last event: times the sample was preempted
 };
 
+/// A request whose prompt KV a prefill-only run computed: the request itself and the KV of its
+/// prompt's first prompt.size() - 1 positions, for a decode engine (`add_prefilled`).
+struct prefilled_request {
+  request req;
+  kv_data kv;
+};
+
 /// Checks a request against a model and an engine configuration (see engine_core::add_request).
 [[nodiscard]] expected<void> validate_request(const request& r, const model::model_config& model,
                                               const engine_config& config);
@@ -73,6 +80,23 @@ class engine_core {
   /// whole pool (too_long); a duplicate id (invalid_argument).
   [[nodiscard]] expected<void> add_request(request r);
 
+  /// Prefill/decode disaggregation, prefill half: checks `r` like add_request (the decode engine
+  /// will run all of it), then computes the KV of every prompt token but the last and samples
+  /// nothing. When the step that computes the last of them completes, the request leaves this
+  /// core and `take_prefilled` hands it out with its KV (its blocks stay in the prefix cache).
+  /// A one-token prompt has nothing to prefill: invalid_argument.
+  [[nodiscard]] expected<void> add_prefill(request r);
+
+  /// Decode half: queues `r` with the KV of its first prompt.size() - 1 positions computed
+  /// elsewhere. On admission the KV is written into fresh blocks (the plan's `imports`) and the
+  /// last prompt token is computed here, so sampling — forks included — happens exactly as for
+  /// a request that ran whole: outputs are bit-identical. Errors: those of add_request, and KV of
+  /// the wrong shape for this model and prompt (invalid_argument).
+  [[nodiscard]] expected<void> add_prefilled(request r, kv_data kv);
+
+  /// Requests whose prefill-only run completed since the last call, in completion order.
+  [[nodiscard]] std::vector<prefilled_request> take_prefilled();
+
   /// Ends every live sample of a request; returns their indices. Unknown id -> not_found.
   [[nodiscard]] expected<std::vector<int32_t>> remove_request(request_id id);
 
@@ -83,13 +107,16 @@ class engine_core {
   /// limit is reached, or every runnable sample waits on an in-flight result).
   [[nodiscard]] std::optional<exec_plan> plan_step();
 
-  /// Records the oldest in-flight step's result; returns its new tokens, in plan order.
-  [[nodiscard]] std::vector<sample_event> complete_step(const exec_result& result);
+  /// Records the oldest in-flight step's result; returns its new tokens, in plan order (prefills
+  /// it completed go to take_prefilled).
+  [[nodiscard]] std::vector<sample_event> complete_step(exec_result result);
 
   [[nodiscard]] bool has_unfinished() const { return !requests_.empty(); }
   [[nodiscard]] bool contains(request_id id) const { return requests_.count(id) != 0; }
   [[nodiscard]] int32_t num_in_flight() const { return static_cast<int32_t>(in_flight_.size()); }
   [[nodiscard]] int32_t num_waiting() const { return scheduler_->num_waiting(); }
+  /// Prompt tokens still to prefill (load reports).
+  [[nodiscard]] int64_t num_queued_prompt_tokens() const { return scheduler_->num_queued_prompt_tokens(); }
   [[nodiscard]] engine_stats stats() const;
   [[nodiscard]] const kv::block_manager& blocks() const { return *blocks_; }
   [[nodiscard]] const model::model_config& model() const { return model_; }
@@ -117,6 +144,7 @@ class engine_core {
   struct flight {
     sched::step_plan plan;
     std::vector<size_t> num_seeds;  ///< per plan chunk
+    std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
   };
 
   engine_core(const model::model_config& model, const engine_config& config,
@@ -137,6 +165,8 @@ class engine_core {
   std::map<kv::seq_id, sample_state> samples_;
   std::deque<flight> in_flight_;
   std::vector<kv::seq_id> released_;  // ended since the last plan
+  std::map<kv::seq_id, kv_data> pending_imports_;  // waiting sequences' imported KV
+  std::vector<prefilled_request> prefilled_;       // for take_prefilled
   kv::seq_id next_seq_ = 0;
   int64_t next_step_ = 0;
   engine_stats stats_;

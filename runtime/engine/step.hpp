@@ -16,6 +16,36 @@ namespace troupe::engine {
 /// (still in flight when this plan was made). The executor substitutes it.
 inline constexpr int32_t previous_sample = -1;
 
+/// The KV of a sequence's first `num_tokens` positions, independent of any block layout: what a
+/// prefill engine ships to a decode engine (prefill/decode disaggregation). Per layer, token
+/// rows of `kv_dim` floats, in position order.
+struct kv_data {
+  int32_t num_layers = 0;
+  int32_t kv_dim = 0;
+  int32_t num_tokens = 0;
+  std::vector<float> keys;    ///< (num_layers, num_tokens, kv_dim)
+  std::vector<float> values;  ///< (num_layers, num_tokens, kv_dim)
+
+  /// Whether the vectors hold exactly num_layers * num_tokens * kv_dim floats each.
+  [[nodiscard]] bool consistent() const {
+    const int64_t n = static_cast<int64_t>(num_layers) * num_tokens * kv_dim;
+    return num_layers >= 0 && num_tokens >= 0 && kv_dim >= 0 && static_cast<int64_t>(keys.size()) == n &&
+           static_cast<int64_t>(values.size()) == n;
+  }
+};
+
+/// KV computed elsewhere, to be written into this replica's blocks before a step runs.
+struct kv_import {
+  std::vector<int32_t> block_table;  ///< covers at least kv.num_tokens slots
+  kv_data kv;
+};
+
+/// KV a step read back out of a sequence's blocks (positions [0, kv.num_tokens)).
+struct kv_export {
+  kv::seq_id seq = 0;
+  kv_data kv;
+};
+
 /// One sequence's tokens in a step.
 struct exec_chunk {
   kv::seq_id seq = 0;
@@ -26,10 +56,14 @@ struct exec_chunk {
   /// request forks into n samples); empty: no sample (a prefill chunk that is not the last).
   std::vector<uint64_t> seeds;
   sampling::sampling_params sampling;
+  /// After the forward pass, read positions [0, first_position + tokens.size()) back into the
+  /// result (the last chunk of a prefill-only sequence).
+  bool export_kv = false;
 };
 
 struct exec_plan {
   int64_t step = 0;                    ///< step number, increasing by one
+  std::vector<kv_import> imports;      ///< written first, before copies and the forward pass
   std::vector<kv::block_copy> copies;  ///< copy-on-write copies before the forward pass
   std::vector<exec_chunk> chunks;
   std::vector<kv::seq_id> released;    ///< sequences gone: forget their previous samples
@@ -39,6 +73,8 @@ struct exec_result {
   int64_t step = 0;
   /// One entry per chunk with seeds, in plan order; one sample per seed.
   std::vector<std::vector<sampling::sample_result>> samples;
+  /// One entry per chunk with export_kv, in plan order.
+  std::vector<kv_export> exports;
 };
 
 }  // namespace troupe::engine

@@ -32,6 +32,12 @@ exec_result step_executor::execute(const exec_plan& plan) {
   TROUPE_ASSERT_MSG(plan.step > last_step_, "plans must arrive in step order");
   last_step_ = plan.step;
   for (kv::seq_id seq : plan.released) last_sample_.erase(seq);
+  for (const kv_import& import : plan.imports) {
+    const kv_data& kv = import.kv;
+    TROUPE_ASSERT(kv.consistent() && kv.num_layers == cache_.num_layers() && kv.kv_dim == cache_.kv_dim());
+    TROUPE_ASSERT(static_cast<int64_t>(import.block_table.size()) * cache_.block_size() >= kv.num_tokens);
+    cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data());
+  }
   for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst);
   build_rows(plan);
   if (!rows_.empty()) model_.forward(rows_, cache_, logits_);
@@ -50,6 +56,19 @@ exec_result step_executor::execute(const exec_plan& plan) {
       samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, seed, position));
     last_sample_[chunk.seq] = samples.front().token;
     result.samples.push_back(std::move(samples));
+  }
+  for (const exec_chunk& chunk : plan.chunks) {
+    if (!chunk.export_kv) continue;
+    kv_export out;
+    out.seq = chunk.seq;
+    out.kv.num_layers = cache_.num_layers();
+    out.kv.kv_dim = cache_.kv_dim();
+    out.kv.num_tokens = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
+    const size_t n = static_cast<size_t>(out.kv.num_layers) * out.kv.num_tokens * out.kv.kv_dim;
+    out.kv.keys.resize(n);
+    out.kv.values.resize(n);
+    cache_.gather(chunk.block_table.data(), out.kv.num_tokens, out.kv.keys.data(), out.kv.values.data());
+    result.exports.push_back(std::move(out));
   }
   return result;
 }

@@ -20,6 +20,7 @@ class kv_cache {
   [[nodiscard]] int32_t num_blocks() const { return num_blocks_; }
   [[nodiscard]] int32_t block_size() const { return block_size_; }
   [[nodiscard]] int32_t kv_dim() const { return kv_dim_; }
+  [[nodiscard]] int32_t num_layers() const { return n_layers_; }
 
   /// Keys of `layer`: (num_blocks, kv_dim, block_size), transposed within each block.
   [[nodiscard]] float* keys(int32_t layer) { return keys_.data() + layer_offset(layer); }
@@ -30,6 +31,13 @@ class kv_cache {
 
   /// Copies every layer's keys and values of block `src` to block `dst` (copy-on-write forks).
   void copy_block(int32_t src, int32_t dst);
+
+  /// Copies the keys and values of positions [0, num_tokens) of the sequence whose blocks are
+  /// `block_table` into `keys` and `values`, each laid out (n_layers, num_tokens, kv_dim):
+  /// a layout that does not depend on the block size (prefill/decode KV transfer).
+  void gather(const int32_t* block_table, int32_t num_tokens, float* keys, float* values) const;
+  /// The inverse of `gather`: writes positions [0, num_tokens) into the table's blocks.
+  void scatter(const int32_t* block_table, int32_t num_tokens, const float* keys, const float* values);
 
  private:
   [[nodiscard]] int64_t layer_offset(int32_t layer) const {

@@ -37,16 +37,47 @@ void scheduler::insert_ordered(std::deque<seq_id>& queue, seq_id id) {
 
 void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority,
                     int32_t max_num_tokens) {
-  TROUPE_ASSERT_MSG(!contains(id), "duplicate sequence id");
   TROUPE_ASSERT(!prompt.empty());
   TROUPE_ASSERT(max_num_tokens > static_cast<int32_t>(prompt.size()));
   sequence s;
   s.max_num_tokens = max_num_tokens;
   s.id = id;
   s.priority = priority;
-  s.arrival = next_arrival_++;
   s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
   s.tokens = std::move(prompt);
+  add_sequence(std::move(s));
+}
+
+void scheduler::add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority) {
+  TROUPE_ASSERT(!tokens.empty());
+  sequence s;
+  s.id = id;
+  s.priority = priority;
+  s.num_prompt_tokens = static_cast<int32_t>(tokens.size());
+  s.max_num_tokens = s.num_prompt_tokens + 1;
+  s.prefill_only = true;
+  s.tokens = std::move(tokens);
+  add_sequence(std::move(s));
+}
+
+void scheduler::add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
+                             int32_t num_imported_tokens) {
+  TROUPE_ASSERT(num_imported_tokens > 0 && num_imported_tokens < static_cast<int32_t>(prompt.size()));
+  TROUPE_ASSERT(max_num_tokens > static_cast<int32_t>(prompt.size()));
+  sequence s;
+  s.id = id;
+  s.priority = priority;
+  s.max_num_tokens = max_num_tokens;
+  s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  s.num_imported_tokens = num_imported_tokens;
+  s.tokens = std::move(prompt);
+  add_sequence(std::move(s));
+}
+
+void scheduler::add_sequence(sequence s) {
+  TROUPE_ASSERT_MSG(!contains(s.id), "duplicate sequence id");
+  s.arrival = next_arrival_++;
+  const seq_id id = s.id;
   sequences_.emplace(id, std::move(s));
   insert_ordered(waiting_, id);
 }
@@ -93,8 +124,10 @@ void scheduler::schedule_running(step_plan& plan, int32_t& budget) {
   for (size_t i = 0; i < running_.size() && budget > 0; i++) {
     sequence& s = at(running_[i]);
     const int32_t num_tokens = static_cast<int32_t>(s.tokens.size());
-    // Held, or everything computed but the last sample (a limit reached): nothing to plan.
-    if (s.hold || num_tokens >= s.max_num_tokens) continue;
+    // Held, or everything computed but the last sample (a limit reached), or a prefill-only
+    // sequence fully computed (its export is in flight): nothing to plan.
+    if (s.hold || num_tokens >= s.max_num_tokens || (s.prefill_only && s.num_computed_tokens == num_tokens))
+      continue;
     const int32_t missing = num_tokens - s.num_computed_tokens;
     TROUPE_ASSERT(missing > 0);
     const int32_t num_new = std::min(missing, budget);
@@ -120,13 +153,20 @@ void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
     // A sequence preempted while its sample was in flight is admitted once the sample is
     // known; until then it holds the queue's head like one that does not fit.
     if (std::find(s.tokens.begin(), s.tokens.end(), engine::previous_sample) != s.tokens.end()) break;
-    const kv::prefix_hit hit = blocks_.find_prefix(s.tokens);
-    const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - hit.num_tokens, budget);
-    if (!blocks_.can_allocate(s.id, hit.num_tokens + num_new, hit)) break;
-    blocks_.allocate(s.id, hit.num_tokens + num_new, hit);
-    s.num_computed_tokens = hit.num_tokens;
+    // Imported KV goes into fresh blocks: the transfer already paid for it.
+    const int32_t imported = s.num_imported_tokens;
+    const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : blocks_.find_prefix(s.tokens);
+    const int32_t have = imported > 0 ? imported : hit.num_tokens;
+    const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - have, budget);
+    if (!blocks_.can_allocate(s.id, have + num_new, hit)) break;
+    blocks_.allocate(s.id, have + num_new, hit);
+    s.num_computed_tokens = have;
     s.num_cached_tokens += hit.num_tokens;
     num_prefix_hit_tokens_ += hit.num_tokens;
+    if (imported > 0) {
+      plan.imported.push_back(s.id);
+      s.num_imported_tokens = 0;
+    }
     s.status = seq_status::running;
     waiting_.pop_front();
     insert_ordered(running_, s.id);
@@ -141,6 +181,7 @@ void scheduler::preempt(seq_id victim, step_plan& plan) {
   running_.pop_back();
   blocks_.free(victim);
   v.num_computed_tokens = 0;
+  v.num_imported_tokens = 0;  // an admitted sequence has none left; its KV is recomputed
   v.num_preemptions++;
   v.status = seq_status::waiting;
   num_preemptions_++;
@@ -150,7 +191,8 @@ void scheduler::preempt(seq_id victim, step_plan& plan) {
 
 void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget) {
   TROUPE_ASSERT(num_tokens > 0 && num_tokens <= budget);
-  const bool samples = s.num_computed_tokens + num_tokens == static_cast<int32_t>(s.tokens.size());
+  const bool samples =
+      !s.prefill_only && s.num_computed_tokens + num_tokens == static_cast<int32_t>(s.tokens.size());
   plan.chunks.push_back(scheduled_chunk{s.id, s.num_computed_tokens, num_tokens, samples});
   budget -= num_tokens;
   s.num_computed_tokens += num_tokens;
@@ -192,6 +234,15 @@ void scheduler::remove(seq_id id) {
     blocks_.free(id);
   }
   sequences_.erase(id);
+}
+
+int64_t scheduler::num_queued_prompt_tokens() const {
+  int64_t n = 0;
+  for (const auto& [id, s] : sequences_) {
+    const int32_t have = std::max(s.num_computed_tokens, s.num_imported_tokens);
+    n += std::max(0, s.num_prompt_tokens - have);
+  }
+  return n;
 }
 
 void scheduler::check_invariants() const {

@@ -59,6 +59,7 @@ struct step_plan {
   std::vector<scheduled_chunk> chunks;
   std::vector<kv::block_copy> copies;  ///< to perform before the forward pass (fork CoW)
   std::vector<seq_id> preempted;       ///< sequences preempted while planning this step
+  std::vector<seq_id> imported;        ///< admitted with imported KV: write it before this step
   int32_t num_batched_tokens = 0;
 
   [[nodiscard]] bool empty() const { return chunks.empty() && copies.empty(); }
@@ -79,6 +80,12 @@ struct sequence {
   int32_t num_cached_tokens = 0;     ///< of those, how many came from the prefix cache (total)
   int32_t num_preemptions = 0;
   bool hold = false;                 ///< not scheduled until released (a pending fork)
+  /// Computes its tokens' KV and samples nothing (the prefill half of disaggregation): once
+  /// every token is computed it is not scheduled again.
+  bool prefill_only = false;
+  /// Leading tokens whose KV arrives from elsewhere (a prefill engine) on admission; 0 once
+  /// admitted (a preempted sequence recomputes everything, like any other).
+  int32_t num_imported_tokens = 0;
   seq_status status = seq_status::waiting;
 };
 
@@ -90,6 +97,16 @@ class scheduler {
   /// has validated that it fits the pool.
   void add(seq_id id, std::vector<int32_t> prompt, int32_t priority,
            int32_t max_num_tokens = std::numeric_limits<int32_t>::max());
+
+  /// Queues a sequence that only computes the KV of `tokens` (no sample); see
+  /// sequence::prefill_only.
+  void add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority);
+
+  /// Queues a sequence whose first `num_imported_tokens` tokens' KV is imported: on admission it
+  /// gets fresh blocks (no prefix lookup), those tokens count as computed and the plan lists it
+  /// in `imported`. At least one prompt token remains to compute (its logits give the sample).
+  void add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
+                    int32_t num_imported_tokens);
 
   /// Creates `child` as a copy of `parent` sharing its KV (fork for n > 1 samples): running
   /// with the parent's computed blocks if the parent runs, the running set is below
@@ -117,6 +134,8 @@ class scheduler {
   [[nodiscard]] int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   [[nodiscard]] int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   [[nodiscard]] int64_t num_preemptions() const { return num_preemptions_; }
+  /// Prompt tokens of all sequences whose KV is not computed or being computed (O(sequences)).
+  [[nodiscard]] int64_t num_queued_prompt_tokens() const;
   [[nodiscard]] int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
   [[nodiscard]] const kv::block_manager& blocks() const { return blocks_; }
 
@@ -137,6 +156,7 @@ class scheduler {
   void schedule_waiting(step_plan& plan, int32_t& budget);
   void preempt(seq_id victim, step_plan& plan);
   void add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget);
+  void add_sequence(sequence s);
 
   scheduler_config config_;
   kv::block_manager& blocks_;

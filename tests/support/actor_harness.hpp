@@ -65,7 +65,7 @@ inline caf::actor spawn_engine_or_die(caf::actor_system& sys, const actors::engi
 
 inline caf::actor spawn_balancer(caf::actor_system& sys, std::vector<caf::actor> engines) {
   actors::load_balancer_options o;
-  o.engines = std::move(engines);
+  o.engines = actors::mixed_engines(engines);
   o.tok = bundled_shared().tok;
   return actors::spawn_load_balancer(sys, std::move(o));
 }

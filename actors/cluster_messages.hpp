@@ -1,0 +1,123 @@
+#pragma once
+
+/// Cluster protocol, for more than one engine: placement (request -> balancer), the
+/// prefill/decode handoff (request -> prefill engine -> decode engine) and load reports
+/// (engine -> balancer). Its messages carry actor handles (they cross node boundaries as CAF
+/// proxies), so this protocol lives in actors/: messages/ stays free of CAF.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "messages/engine.hpp"
+
+namespace troupe::msg {
+
+/// Request -> balancer: where should a request of this shape run? Answered with `placement`.
+struct place_request {
+  int64_t request_id = 0;
+  int32_t num_prompt_tokens = 0;
+  int32_t max_tokens = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, place_request& x) {
+  return f(x.request_id, x.num_prompt_tokens, x.max_tokens);
+}
+
+/// Balancer -> request: the engines chosen, or why none (`error` non-empty, code "unavailable").
+struct placement {
+  caf::actor prefill;          ///< invalid: the request runs whole on `decode`
+  caf::actor decode;
+  std::string prefill_name;    ///< "engine 'prefill0' on node 'node0'", for error messages
+  std::string decode_name;
+  std::string kv_host;         ///< the decode node's UCX listener (kv_transfer = "ucx")
+  uint16_t kv_port = 0;
+  std::string error;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placement& x) {
+  return f(x.prefill, x.decode, x.prefill_name, x.decode_name, x.kv_host, x.kv_port, x.error);
+}
+
+/// Request -> prefill engine: compute the prompt's KV, then hand the request to `decode`.
+struct submit_prefill {
+  engine::request request;
+  caf::actor decode;
+  std::string kv_host;  ///< where `decode`'s node receives UCX transfers
+  uint16_t kv_port = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, submit_prefill& x) {
+  return f(x.request, x.decode, x.kv_host, x.kv_port);
+}
+
+/// Prefill engine -> request: the prompt's KV is on its way to the decode engine.
+struct prefilled {
+  int64_t request_id = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prefilled& x) {
+  return f(x.request_id);
+}
+
+/// Prefill engine -> decode engine: a request whose prompt KV (all but the last prompt token)
+/// is computed. The KV is a Cap'n Proto KvPayload (messages/kv_payload.hpp), either right here
+/// in `payload` (ucx_tag == 0) or arriving over UCX tagged `ucx_tag`.
+struct kv_handoff {
+  engine::request request;
+  caf::actor request_actor;  ///< where the decode engine streams the tokens
+  std::vector<uint8_t> payload;
+  uint64_t ucx_tag = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_handoff& x) {
+  return f(x.request, x.request_actor, x.payload, x.ucx_tag);
+}
+
+/// UCX progress thread -> decode engine: the payload of the handoff tagged `tag` arrived (or
+/// could not be received: `error`).
+struct kv_arrived {
+  uint64_t tag = 0;
+  std::vector<uint8_t> bytes;
+  std::string error;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_arrived& x) {
+  return f(x.tag, x.bytes, x.error);
+}
+
+/// Balancer -> engine: report your load to `balancer` at most every `interval_ms`.
+struct report_to {
+  caf::actor balancer;
+  int32_t engine_index = 0;
+  int32_t interval_ms = 20;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, report_to& x) {
+  return f(x.balancer, x.engine_index, x.interval_ms);
+}
+
+/// Engine -> balancer: a load report.
+struct engine_load {
+  int32_t engine_index = 0;
+  int64_t num_received = 0;            ///< requests and handoffs received so far
+  int64_t num_requests = 0;            ///< unfinished requests
+  int64_t num_kv_tokens = 0;           ///< KV slots held by unfinished requests
+  int64_t num_queued_prefill_tokens = 0;  ///< prompt tokens not computed yet
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_load& x) {
+  return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens);
+}
+
+}  // namespace troupe::msg

@@ -1,0 +1,65 @@
+#pragma once
+
+/// Tagged byte transfer between node processes over UCX (tcp, shared memory, loopback).
+///
+/// One `ucx_transport` owns a UCX context, one worker, a listener and the single thread that
+/// drives them. `send` and `receive` may be called from any thread: they only enqueue work and
+/// wake that thread; every completion callback runs on it. No UCX type leaks into this header.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe::transport {
+
+struct ucx_options {
+  std::string host = "127.0.0.1";   ///< address the listener binds to
+  uint16_t port = 0;                ///< 0 = pick a free port (see `ucx_transport::port()`)
+  std::string tls = "tcp,shm,self"; ///< UCX_TLS for this context; "" = UCX_TLS env or default
+};
+
+/// Called exactly once, on the progress thread: the local buffer is released (not "delivered").
+using send_callback = std::function<void(troupe::expected<void>)>;
+/// Called exactly once, on the progress thread, with the whole message.
+using receive_callback = std::function<void(troupe::expected<std::vector<uint8_t>>)>;
+
+class ucx_transport {
+ public:
+  /// Creates context, worker, listener and the progress thread. Failures are values with the
+  /// address in the message, e.g. "UCX: cannot listen on 127.0.0.1:7001: Device is busy".
+  [[nodiscard]] static troupe::expected<std::unique_ptr<ucx_transport>> create(
+      const ucx_options& options);
+
+  /// Cancels queued and outstanding operations (their callbacks get `errc::cancelled`),
+  /// force-closes every endpoint and joins the progress thread. Must not run on that thread.
+  ~ucx_transport();
+
+  ucx_transport(const ucx_transport&) = delete;
+  ucx_transport& operator=(const ucx_transport&) = delete;
+
+  /// The port the listener is bound to (the picked one when `options.port` was 0).
+  [[nodiscard]] uint16_t port() const;
+
+  /// Sends `bytes` tagged `tag` to the transport listening at host:port. The endpoint is
+  /// created on first use and cached per (host, port); a failed one is dropped and re-created
+  /// by the next send. An unreachable peer gives an error naming "host:port".
+  void send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> bytes,
+            send_callback done);
+
+  /// Receives the next message tagged `tag`, of any size (0 B included), whether it arrived
+  /// before or after this call. Receives of one tag are served in the order they were posted.
+  void receive(uint64_t tag, receive_callback done);
+
+  class impl;
+
+ private:
+  explicit ucx_transport(std::unique_ptr<impl> state);
+
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::transport
