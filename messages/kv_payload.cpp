@@ -24,6 +24,19 @@ std::vector<float> get_floats(::capnp::Data::Reader in) {
   return out;
 }
 
+/// Whether `bytes` holds exactly layers x tokens x dim floats, checked by division so that three
+/// int32 dimensions from a peer cannot overflow the check.
+bool fits(const engine::kv_data& kv, size_t bytes) {
+  if (kv.num_layers == 0 || kv.num_tokens == 0 || kv.kv_dim == 0) return bytes == 0;
+  if (bytes % sizeof(float) != 0) return false;
+  size_t n = bytes / sizeof(float);
+  for (int32_t d : {kv.num_layers, kv.num_tokens}) {
+    if (n % static_cast<size_t>(d) != 0) return false;
+    n /= static_cast<size_t>(d);
+  }
+  return n == static_cast<size_t>(kv.kv_dim);
+}
+
 }  // namespace
 
 std::vector<uint8_t> encode_kv_payload(int64_t request_id, const engine::kv_data& kv) {
@@ -52,7 +65,7 @@ expected<decoded_kv_payload> decode_kv_payload(const std::vector<uint8_t>& bytes
   // The one place exceptions are caught: Cap'n Proto reports malformed messages by throwing.
   try {
     ::capnp::ReaderOptions options;
-    options.traversalLimitInWords = words.size() + 1024;  // the whole message may be read once
+    options.traversalLimitInWords = 2 * words.size() + 1024;  // every byte is read once; margin for headers
     ::capnp::FlatArrayMessageReader reader(words, options);
     auto root = reader.getRoot<capnp_kv::KvPayload>();
     out.request_id = root.getRequestId();
@@ -60,17 +73,16 @@ expected<decoded_kv_payload> decode_kv_payload(const std::vector<uint8_t>& bytes
     kv.num_layers = root.getNumLayers();
     kv.kv_dim = root.getKvDim();
     kv.num_tokens = root.getNumTokens();
-    const int64_t n = static_cast<int64_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim;
-    if (kv.num_layers < 0 || kv.kv_dim < 0 || kv.num_tokens < 0 ||
-        static_cast<uint64_t>(n) * sizeof(float) != root.getKeys().size() ||
-        static_cast<uint64_t>(n) * sizeof(float) != root.getValues().size())
+    const ::capnp::Data::Reader keys = root.getKeys();  // each getter counts against the traversal limit
+    const ::capnp::Data::Reader values = root.getValues();
+    if (kv.num_layers < 0 || kv.kv_dim < 0 || kv.num_tokens < 0 || !fits(kv, keys.size()) || !fits(kv, values.size()))
       return fail(errc::invalid_argument,
                   "KV payload of request " + std::to_string(out.request_id) + ": " + std::to_string(kv.num_layers) +
                       " layers x " + std::to_string(kv.num_tokens) + " tokens x " + std::to_string(kv.kv_dim) +
-                      " dims do not match " + std::to_string(root.getKeys().size()) + " key and " +
-                      std::to_string(root.getValues().size()) + " value bytes");
-    kv.keys = get_floats(root.getKeys());
-    kv.values = get_floats(root.getValues());
+                      " dims do not match " + std::to_string(keys.size()) + " key and " +
+                      std::to_string(values.size()) + " value bytes");
+    kv.keys = get_floats(keys);
+    kv.values = get_floats(values);
   } catch (const kj::Exception& e) {
     return fail(errc::invalid_argument, std::string("malformed KV payload: ") + e.getDescription().cStr());
   }

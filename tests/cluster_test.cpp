@@ -1,0 +1,280 @@
+// Multi-node clusters as real processes on 127.0.0.1: a load balancer + prefill engine node and
+// two decode engine nodes (`troupe node` each). 64 concurrent requests, disaggregated (prefill
+// on node0, KV shipped to a decode node as Cap'n Proto bytes inside CAF messages or over UCX),
+// must each equal the single-sequence reference generator bit for bit — the same answers a
+// single-node run gives. Killing a decode node mid-run fails exactly its requests with an error
+// naming it; the others finish and later requests are routed around it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "actors/atoms.hpp"
+#include "tests/support/actor_harness.hpp"
+#include "tests/support/process.hpp"
+
+namespace troupe::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+/// Prompt `i`: a window of one of llama2.c's golden stories, as text.
+std::string story_window(size_t i) {
+  static const std::vector<golden_case> cases = golden_cases();
+  const std::vector<int32_t>& ids = cases[i % cases.size()].token_ids;
+  const size_t start = 1 + (i * 5) % 120;
+  const size_t length = 2 + (i * 7) % 30;
+  std::vector<int32_t> window{tokenizer::bos};
+  window.insert(window.end(), ids.begin() + static_cast<std::ptrdiff_t>(start),
+                ids.begin() + static_cast<std::ptrdiff_t>(start + length));
+  return bundled_shared().tok->decode(window);
+}
+
+class Cluster : public ::testing::Test {
+ protected:
+  fs::path dir_;
+  // Ports of this process's own (two cluster tests may run at once under ctest -j).
+  const int base_port_ = 42000 + (::getpid() % 2000) * 4;
+  std::vector<std::pair<std::string, pid_t>> nodes_;  // name, pid
+  caf::actor_system_config cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  caf::actor lb_;
+  model::transformer oracle_{*bundled_shared().ck};
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("troupe_cluster_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+
+  void TearDown() override {
+    lb_ = nullptr;
+    sys_.reset();
+    for (const auto& [name, pid] : nodes_) ::kill(pid, SIGTERM);
+    for (const auto& [name, pid] : nodes_) EXPECT_EQ(wait_exit_code(pid), 0) << "node " << name << " did not stop cleanly";
+    fs::remove_all(dir_);
+  }
+
+  int port(int node) const { return base_port_ + node; }
+
+  std::string topology(const std::string& kv_transfer) {
+    const std::string models = TROUPE_MODELS_DIR;
+    const std::string path = (dir_ / "cluster.toml").string();
+    std::ofstream f(path);
+    f << "[cluster]\nname = \"test\"\nkv_transfer = \"" << kv_transfer << "\"\n";
+    for (int n = 0; n < 3; n++)
+      f << "\n[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n)
+        << "\nkv_port = " << port(n) + 8000 << "\n";
+    f << "\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n";
+    const char* engines[][3] = {{"prefill0", "node0", "prefill"}, {"decode1", "node1", "decode"},
+                                {"decode2", "node2", "decode"}};
+    for (const auto& e : engines)
+      f << "\n[[engine]]\nname = \"" << e[0] << "\"\nnode = \"" << e[1] << "\"\nrole = \"" << e[2]
+        << "\"\nmodel = \"" << models << "/stories260K.bin\"\ntokenizer = \"" << models << "/tok512.bin\"\n";
+    return path;
+  }
+
+  /// Starts the three node processes (decode nodes first) and connects to the balancer.
+  void start(const std::string& kv_transfer) {
+    const std::string topo = topology(kv_transfer);
+    for (const char* name : {"node1", "node2", "node0"}) {
+      const std::string out = (dir_ / (std::string(name) + ".out")).string();
+      const std::string err = (dir_ / (std::string(name) + ".err")).string();
+      const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", topo, "--node", name}, out, err);
+      ASSERT_NE(pid, 0);
+      nodes_.emplace_back(name, pid);
+    }
+    configure(cfg_, /*deterministic=*/false);
+    cfg_.load<caf::io::middleman>();
+    sys_ = std::make_unique<caf::actor_system>(cfg_);
+    for (int attempt = 0; attempt < 600 && !lb_; attempt++) {
+      auto lb = sys_->middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port(0)));
+      if (lb) {
+        lb_ = *lb;
+      } else {
+        std::this_thread::sleep_for(50ms);
+      }
+    }
+    ASSERT_TRUE(lb_) << "the balancer never listened; node0 said: " << read_file((dir_ / "node0.err").string());
+  }
+
+  pid_t pid_of(const std::string& name) const {
+    for (const auto& [n, pid] : nodes_)
+      if (n == name) return pid;
+    return 0;
+  }
+
+  std::vector<msg::engine_report> reports() {
+    caf::scoped_actor self{*sys_};
+    std::vector<caf::actor> engines;
+    self->request(lb_, 10s, actors::engines_atom::value).receive([&](std::vector<caf::actor>& e) { engines = e; },
+                                                                 [&](caf::error&) {});
+    std::vector<msg::engine_report> out;
+    for (const caf::actor& e : engines) out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
+    return out;
+  }
+
+  /// Runs `requests` concurrently; returns their outcomes in order.
+  std::vector<expected<actors::completion>> run_all(const std::vector<msg::completion_request>& requests) {
+    std::vector<std::shared_ptr<client_log>> logs;
+    auto mutex = std::make_shared<std::mutex>();
+    auto cv = std::make_shared<std::condition_variable>();
+    auto num_done = std::make_shared<size_t>(0);
+    std::vector<std::optional<expected<actors::completion>>> outcomes(requests.size());
+    for (size_t i = 0; i < requests.size(); i++)
+      actors::spawn_client(*sys_, lb_, requests[i], {}, [=, &outcomes](const expected<actors::completion>& o) {
+        std::lock_guard<std::mutex> lock(*mutex);
+        outcomes[i] = o;
+        ++*num_done;
+        cv->notify_all();
+      });
+    std::unique_lock<std::mutex> lock(*mutex);
+    EXPECT_TRUE(cv->wait_for(lock, 120s, [&] { return *num_done == requests.size(); })) << "requests hang";
+    std::vector<expected<actors::completion>> out;
+    for (auto& o : outcomes) out.push_back(o.value_or(fail(errc::internal, "no outcome")));
+    return out;
+  }
+
+  static std::vector<msg::completion_request> sixty_four() {
+    std::vector<msg::completion_request> requests;
+    for (size_t i = 0; i < 64; i++)
+      requests.push_back(make_completion(story_window(i), 30 + static_cast<int32_t>(i % 21), 7000 + i, 1.0f, 0.9f));
+    return requests;
+  }
+
+  void expect_all_match(const std::vector<msg::completion_request>& requests,
+                        const std::vector<expected<actors::completion>>& got, const std::string& what) {
+    ASSERT_EQ(got.size(), requests.size());
+    for (size_t i = 0; i < requests.size(); i++) {
+      ASSERT_TRUE(got[i].has_value()) << what << " request " << i << ": " << got[i].error().message;
+      expect_matches(*got[i], reference(oracle_, requests[i]), what + " request " + std::to_string(i));
+    }
+  }
+
+  /// Every request was disaggregated: prefill0 ran prompts and generated nothing; both decode
+  /// engines generated.
+  void expect_disaggregated(size_t num_tokens) {
+    const std::vector<msg::engine_report> r = reports();
+    ASSERT_EQ(r.size(), 3u);
+    EXPECT_GT(r[0].num_steps, 0);
+    EXPECT_EQ(r[0].num_generated_tokens, 0);
+    EXPECT_GT(r[1].num_generated_tokens, 0);
+    EXPECT_GT(r[2].num_generated_tokens, 0);
+    EXPECT_EQ(static_cast<size_t>(r[1].num_generated_tokens + r[2].num_generated_tokens), num_tokens);
+  }
+};
+
+size_t total_tokens(const std::vector<expected<actors::completion>>& got) {
+  size_t n = 0;
+  for (const auto& c : got) n += c ? c->tokens.size() : 0;
+  return n;
+}
+
+TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverCafMessagesEqualTheSingleNodeAnswers) {
+  start("caf");
+  const auto requests = sixty_four();
+  const auto got = run_all(requests);
+  expect_all_match(requests, got, "caf");
+  expect_disaggregated(total_tokens(got));
+}
+
+TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverUcxEqualTheSingleNodeAnswers) {
+  start("ucx");
+  const auto requests = sixty_four();
+  const auto got = run_all(requests);
+  expect_all_match(requests, got, "ucx");
+  expect_disaggregated(total_tokens(got));
+}
+
+TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt) {
+  start("caf");
+  // 16 long requests, streaming; wait until each has produced a token, then kill node2.
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 16; i++) {
+    requests.push_back(make_completion(story_window(i), 400, 500 + i, 1.0f, 0.9f));
+    requests.back().ignore_eos = true;
+  }
+  auto mutex = std::make_shared<std::mutex>();
+  auto cv = std::make_shared<std::condition_variable>();
+  std::vector<size_t> num_tokens(requests.size(), 0);
+  std::vector<std::optional<expected<actors::completion>>> outcomes(requests.size());
+  for (size_t i = 0; i < requests.size(); i++)
+    actors::spawn_client(
+        *sys_, lb_, requests[i],
+        [=, &num_tokens](const msg::completion_chunk& c) {
+          std::lock_guard<std::mutex> lock(*mutex);
+          num_tokens[i] += c.tokens.size();
+          cv->notify_all();
+        },
+        [=, &outcomes](const expected<actors::completion>& o) {
+          std::lock_guard<std::mutex> lock(*mutex);
+          outcomes[i] = o;
+          cv->notify_all();
+        });
+  {
+    std::unique_lock<std::mutex> lock(*mutex);
+    ASSERT_TRUE(cv->wait_for(lock, 60s, [&] {
+      for (size_t n : num_tokens)
+        if (n == 0) return false;
+      return true;
+    }));
+  }
+  ASSERT_EQ(::kill(pid_of("node2"), SIGKILL), 0);
+  {
+    std::unique_lock<std::mutex> lock(*mutex);
+    ASSERT_TRUE(cv->wait_for(lock, 120s, [&] {
+      for (const auto& o : outcomes)
+        if (!o) return false;
+      return true;
+    })) << "requests hang after a node died";
+  }
+  size_t num_failed = 0;
+  for (size_t i = 0; i < requests.size(); i++) {
+    const expected<actors::completion>& o = *outcomes[i];
+    if (o) {
+      expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
+      continue;
+    }
+    num_failed++;
+    EXPECT_EQ(o.error().code, errc::unavailable) << o.error().message;
+    EXPECT_NE(o.error().message.find("engine 'decode2' on node 'node2'"), std::string::npos) << o.error().message;
+  }
+  EXPECT_GT(num_failed, 0u);
+  EXPECT_LT(num_failed, requests.size());
+
+  // Later requests: all succeed, on decode1.
+  std::vector<msg::completion_request> later;
+  for (size_t i = 0; i < 8; i++) later.push_back(make_completion(story_window(30 + i), 20, 800 + i, 1.0f, 0.9f));
+  expect_all_match(later, run_all(later), "after the loss");
+  // node2 is gone: stop only the others in TearDown.
+  EXPECT_EQ(wait_exit_code(pid_of("node2")), 128 + SIGKILL);
+  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
+               nodes_.end());
+}
+
+TEST_F(Cluster, AnUnreachableNodeAtStartUpIsNamed) {
+  std::string topo = topology("caf");
+  {  // only the balancer's node runs, with a short timeout
+    std::ifstream in(topo);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find("connect_timeout_ms = 30000"), 26, "connect_timeout_ms = 300");
+    std::ofstream(topo) << text;
+  }
+  const cli_result r = run_troupe({"node", "--topology", topo, "--node", "node0"}, dir_);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("cannot reach node 'node1' at 127.0.0.1:" + std::to_string(port(1)) + " within 300 ms"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+}  // namespace
+}  // namespace troupe::testing
