@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,26 @@ inline double reference_tokens_per_second(model::transformer& t, const tokenizer
   TROUPE_ASSERT_MSG(out.has_value(), "the benchmark request is valid");
   TROUPE_ASSERT(static_cast<int32_t>(out->tokens.size()) == new_tokens);
   return new_tokens / seconds;
+}
+
+/// The p-th percentile (nearest rank) of `v`; 0 for no samples.
+inline double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+inline double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+/// One line: mean, p50, p90, p99 of latencies in ms.
+inline void print_metric(const char* name, const std::vector<double>& ms) {
+  std::printf("  %-5s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  ms\n", name, mean(ms), percentile(ms, 50),
+              percentile(ms, 90), percentile(ms, 99));
 }
 
 /// argv joined by spaces, to print at the top of the output.

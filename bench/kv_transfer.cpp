@@ -27,6 +27,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "bench/figures.hpp"
 #include "transport/ucx_transport.hpp"
 
 struct troupe_bench_payload {
@@ -144,12 +145,6 @@ int run_receiver(int to_parent, int from_parent, const std::string& tls) {
 
 using samples = std::vector<double>;  // MB/s, one per repetition
 
-double percentile(samples values, double p) {
-  std::sort(values.begin(), values.end());
-  size_t index = static_cast<size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
-  return values[index];
-}
-
 double mb_per_s(size_t num_bytes, clock_type::duration round_trip) {
   return static_cast<double>(num_bytes) / std::chrono::duration<double>(round_trip).count() / 1e6;
 }
@@ -222,12 +217,12 @@ void print_table(const options& opt, const std::vector<samples>& caf,
   std::printf("\n%-9s %-5s %5s %10s %10s %10s %10s\n", "size_MiB", "path", "reps", "p10_MB/s",
               "median", "p90_MB/s", "UCX/CAF");
   for (size_t i = 0; i < opt.sizes_mib.size(); ++i) {
-    double caf_median = percentile(caf[i], 0.5);
-    double ucx_median = percentile(ucx[i], 0.5);
+    double caf_median = troupe::bench::percentile(caf[i], 50);
+    double ucx_median = troupe::bench::percentile(ucx[i], 50);
     std::printf("%-9d %-5s %5zu %10.0f %10.0f %10.0f %10s\n", opt.sizes_mib[i], "CAF",
-                caf[i].size(), percentile(caf[i], 0.1), caf_median, percentile(caf[i], 0.9), "");
+                caf[i].size(), troupe::bench::percentile(caf[i], 10), caf_median, troupe::bench::percentile(caf[i], 90), "");
     std::printf("%-9d %-5s %5zu %10.0f %10.0f %10.0f %10.2f\n", opt.sizes_mib[i], "UCX",
-                ucx[i].size(), percentile(ucx[i], 0.1), ucx_median, percentile(ucx[i], 0.9),
+                ucx[i].size(), troupe::bench::percentile(ucx[i], 10), ucx_median, troupe::bench::percentile(ucx[i], 90),
                 ucx_median / caf_median);
   }
 }

@@ -60,20 +60,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-void print_metric(const char* name, const std::vector<double>& ms) {
-  double sum = 0;
-  for (double x : ms) sum += x;
-  std::printf("  %-5s mean %8.2f  p50 %8.2f  p90 %8.2f  p99 %8.2f  ms\n", name, ms.empty() ? 0 : sum / ms.size(),
-              percentile(ms, 50), percentile(ms, 90), percentile(ms, 99));
-}
-
 /// One serving run: `n` clients against a fresh node; returns aggregate generated tok/s.
 double serve_once(const topology::topology& t, const std::vector<std::vector<int32_t>>& prompts, const tokenizer& tok,
                   int32_t n, const options& o) {

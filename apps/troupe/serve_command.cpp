@@ -46,6 +46,9 @@ int run_serve(const serve_options& o) {
   caf::actor_system_config cfg;
   actors::register_message_types(cfg);
   cfg.load<caf::io::middleman>();
+  // Work sharing wakes an idle worker at once; work stealing's idle workers poll with sleeps of
+  // up to 10 ms, which added that much latency to a message hop between nodes (docs/DESIGN.md).
+  cfg.set("scheduler.policy", caf::atom("sharing"));
   caf::actor_system sys{cfg};
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base()});
   if (!launched) return fail_with(launched.error());
