@@ -67,6 +67,20 @@ class ActorsDeterministic : public ::testing::Test {
     EXPECT_EQ(sys_.registry().running(), 0u) << "an actor outlived its engine and balancer";
   }
 
+  /// A prefill engine and two decode engines behind one balancer (engines_ in that order).
+  void start_disaggregated() {
+    sched_.clock().current_time += 1h;
+    for (int i = 0; i < 3; i++) engines_.push_back(spawn_engine_or_die(sys_, engine_opts(false)));
+    actors::load_balancer_options o;
+    o.engines = actors::mixed_engines(engines_);
+    o.engines[0].kind = balance::engine_kind::prefill;
+    o.engines[1].kind = o.engines[2].kind = balance::engine_kind::decode;
+    o.tok = bundled_shared().tok;
+    lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+    sched_.run();
+    num_idle_actors_ = sys_.registry().running();
+  }
+
   std::shared_ptr<client_log> submit(const msg::completion_request& r) {
     auto log = std::make_shared<client_log>();
     clients_.push_back(spawn_logged_client(sys_, lb_, r, log));
@@ -485,6 +499,72 @@ TEST_F(ActorsDeterministic, AFullWaitingQueueRejectsWithOverloaded) {
 }
 
 // ---- routing -------------------------------------------------------------------------------
+
+TEST_F(ActorsDeterministic, DisaggregatedRequestsEqualTheReference) {
+  start_disaggregated();
+  std::vector<msg::completion_request> requests = {
+      make_completion("Once upon a time, there was a dog", 40, 11, 1.0f, 0.9f),
+      make_completion("Lily and Ben", 30, 12, 0.0f),
+      make_completion("", 20, 13),  // BOS only: nothing to prefill, runs whole on a decode engine
+      make_completion("The sun was shining and the birds were singing in the tall green trees", 50, 14)};
+  std::vector<std::shared_ptr<client_log>> logs;
+  for (const auto& r : requests) logs.push_back(submit(r));
+  run_ticking();
+  int64_t num_tokens = 0;
+  for (size_t i = 0; i < requests.size(); i++) {
+    ASSERT_EQ(logs[i]->num_done, 1);
+    ASSERT_TRUE(logs[i]->outcome->has_value()) << logs[i]->outcome->error().message;
+    expect_matches(**logs[i]->outcome, reference(oracle_, requests[i]), "request " + std::to_string(i));
+    num_tokens += static_cast<int64_t>((*logs[i]->outcome)->tokens.size());
+  }
+  EXPECT_GT(report(0).num_steps, 0);
+  EXPECT_EQ(report(0).num_generated_tokens, 0);  // the prefill engine samples nothing
+  EXPECT_GT(report(1).num_generated_tokens, 0);
+  EXPECT_GT(report(2).num_generated_tokens, 0);  // both decode engines got work
+  EXPECT_EQ(report(1).num_generated_tokens + report(2).num_generated_tokens, num_tokens);
+  for (size_t e = 0; e < 3; e++) expect_engine_idle(e);
+}
+
+TEST_F(ActorsDeterministic, ADecodeEngineLostDuringPrefillFailsItsRequestOnly) {
+  start_disaggregated();
+  msg::completion_request r = make_completion("Once upon a time, there was a little girl named Lily", 40, 21);
+  auto log = submit(r);
+  // Until the prefill engine has the request: then kill the decode engine it will hand off to
+  // (both decode engines are idle: the first, by index).
+  run_until([&] { return sys_.registry().running() > num_idle_actors_ + 1; });  // client + request actor
+  for (int i = 0; i < 4; i++) {
+    sched_.run_once();
+    sched_.advance_time(1ms);
+  }
+  ASSERT_TRUE(log->tokens().empty()) << "the kill must land before the handoff";
+  caf::anon_send_exit(engines_[1], caf::exit_reason::kill);
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
+  EXPECT_NE(log->outcome->error().message.find("engine 'engine1' on node 'local'"), std::string::npos)
+      << log->outcome->error().message;
+  num_idle_actors_ -= 2;  // engine1 and its executor are gone
+  expect_engine_idle(0);  // the prefill engine let go of the request and its blocks
+  // A later request goes to the surviving decode engine.
+  const actors::completion c = run_and_check(make_completion("Ben had a red ball", 25, 22), "after the loss");
+  EXPECT_EQ(report(2).num_generated_tokens, static_cast<int64_t>(c.tokens.size()));
+  engines_.erase(engines_.begin() + 1);
+}
+
+TEST_F(ActorsDeterministic, CancellingADisaggregatedRequestFreesBothEngines) {
+  start_disaggregated();
+  msg::completion_request r = make_completion("A big red ball", 300, 5);
+  r.ignore_eos = true;
+  auto log = submit(r);
+  run_until([&] { return log->tokens().size() >= 3; });
+  caf::anon_send(clients_.back(), msg::cancel_request{});
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value());
+  EXPECT_EQ((*log->outcome)->end.finish_reason, "cancelled");
+  for (size_t e = 0; e < 3; e++) expect_engine_idle(e);
+}
 
 TEST_F(ActorsDeterministic, TwoEnginesShareConcurrentRequestsAndSequentialOnesGoToTheFirst) {
   start(engine_opts(false), /*num_engines=*/2);
