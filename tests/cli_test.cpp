@@ -42,7 +42,7 @@ class Cli : public ::testing::Test {
     for (const auto& a : args) joined += " " + a;
     SCOPED_TRACE("troupe" + joined);
     const cli_result r = run(args);
-    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.exit_code, 2);
     EXPECT_EQ(r.out, "");
     EXPECT_NE(r.err.find(message), std::string::npos) << "stderr: " << r.err;
   }
@@ -127,6 +127,15 @@ TEST_F(Cli, RejectsUnknownOption) {
   expect_rejected({"generate", "--bogus"}, "--bogus");
   expect_rejected({"generate", "-n", "many"}, "many");
   expect_rejected({}, "subcommand");
+}
+
+TEST_F(Cli, NodeAndUpRejectBadInvocations) {
+  const std::string three = std::string(TROUPE_SOURCE_DIR) + "/examples/three-node.toml";
+  expect_rejected({"node", "--topology", three}, "--node is required");
+  expect_rejected({"node", "--node", "node0"}, "--topology is required");
+  expect_rejected({"node", "--topology", three, "--node", "node9"}, "the topology has no node 'node9'");
+  expect_rejected({"up"}, "topology is required");
+  expect_rejected({"up", (dir_ / "missing.toml").string()}, "no such file");
 }
 
 }  // namespace

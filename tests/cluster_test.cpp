@@ -6,6 +6,10 @@
 // naming it; the others finish and later requests are routed around it.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -92,6 +96,10 @@ class Cluster : public ::testing::Test {
       ASSERT_NE(pid, 0);
       nodes_.emplace_back(name, pid);
     }
+    connect();
+  }
+
+  void connect() {
     configure(cfg_, /*deterministic=*/false);
     cfg_.load<caf::io::middleman>();
     sys_ = std::make_unique<caf::actor_system>(cfg_);
@@ -171,6 +179,19 @@ class Cluster : public ::testing::Test {
     EXPECT_EQ(static_cast<size_t>(r[1].num_generated_tokens + r[2].num_generated_tokens), num_tokens);
   }
 };
+
+bool port_is_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
 
 size_t total_tokens(const std::vector<expected<actors::completion>>& got) {
   size_t n = 0;
@@ -258,6 +279,27 @@ TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt)
   EXPECT_EQ(wait_exit_code(pid_of("node2")), 128 + SIGKILL);
   nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
                nodes_.end());
+}
+
+TEST_F(Cluster, UpStartsEveryNodeAndStopsThemOnSigint) {
+  const std::string topo = topology("caf");
+  const pid_t up = spawn_troupe({"up", topo, "--node-log-level", "warn"}, (dir_ / "up.out").string(),
+                                (dir_ / "up.err").string());
+  ASSERT_NE(up, 0);
+  connect();
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 4; i++) requests.push_back(make_completion(story_window(i), 20, 60 + i, 1.0f, 0.9f));
+  expect_all_match(requests, run_all(requests), "up");
+  lb_ = nullptr;
+  sys_.reset();  // disconnect first: the nodes then stop without a client attached
+  ASSERT_EQ(::kill(up, SIGINT), 0);
+  EXPECT_EQ(wait_exit_code(up), 0) << read_file((dir_ / "up.err").string());
+  const std::string log = read_file((dir_ / "up.err").string());
+  for (const char* node : {"node0", "node1", "node2"})
+    EXPECT_NE(log.find(std::string("up: node ") + node + " started"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopping 3 node(s)"), std::string::npos) << log;
+  // `up` reaps its nodes before it exits: nobody listens on their ports any more.
+  for (int n = 0; n < 3; n++) EXPECT_TRUE(port_is_free(port(n))) << "node" << n << " still listens";
 }
 
 TEST_F(Cluster, AnUnreachableNodeAtStartUpIsNamed) {

@@ -79,7 +79,12 @@ int main(int argc, char** argv) {
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},
   };
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and succeeds; every bad command line is exit code 2, like every other error.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
   for (const auto& [name, run] : commands)
     if (app.got_subcommand(name)) return run();
