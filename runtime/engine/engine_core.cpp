@@ -154,6 +154,7 @@ void engine_core::end_sample(kv::seq_id seq) {
   scheduler_->remove(seq);
   samples_.erase(seq);
   pending_imports_.erase(seq);
+  blocks_sent_.erase(seq);
   released_.push_back(seq);
 }
 
@@ -196,7 +197,13 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   chunk.first_position = c.first_position;
   chunk.tokens.assign(s.tokens.begin() + c.first_position,
                       s.tokens.begin() + c.first_position + c.num_tokens);
-  chunk.block_table = blocks_->block_table(c.seq);
+  // Only the blocks the executor does not hold yet (exec_chunk::first_block).
+  const std::vector<kv::block_id>& table = blocks_->block_table(c.seq);
+  int32_t& sent = blocks_sent_[c.seq];
+  TROUPE_ASSERT(sent <= static_cast<int32_t>(table.size()));
+  chunk.first_block = sent;
+  chunk.block_table.assign(table.begin() + sent, table.end());
+  sent = static_cast<int32_t>(table.size());
   const sample_state& st = samples_.at(c.seq);
   const request& r = requests_.at(st.request).req;
   chunk.sampling = r.sampling;
@@ -217,6 +224,7 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
 std::optional<exec_plan> engine_core::plan_step() {
   if (num_in_flight() >= config_.max_steps_in_flight) return std::nullopt;
   flight f{scheduler_->schedule(), {}, {}};
+  for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());
     return std::nullopt;
@@ -329,6 +337,10 @@ void engine_core::check_invariants(bool deep) const {
     }
   }
   TROUPE_ASSERT(num_live == samples_.size());
+  for (const auto& [seq, sent] : blocks_sent_) {
+    TROUPE_ASSERT_MSG(samples_.count(seq), "the executor's table of a gone sequence");
+    TROUPE_ASSERT(sent <= static_cast<int32_t>(blocks_->block_table(seq).size()));
+  }
   for (const auto& [seq, kv] : pending_imports_) {
     TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
     TROUPE_ASSERT(scheduler_->get(seq).num_imported_tokens == kv.num_tokens);

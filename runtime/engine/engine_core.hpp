@@ -166,6 +166,7 @@ class engine_core {
   std::deque<flight> in_flight_;
   std::vector<kv::seq_id> released_;  // ended since the last plan
   std::map<kv::seq_id, kv_data> pending_imports_;  // waiting sequences' imported KV
+  std::map<kv::seq_id, int32_t> blocks_sent_;      // table entries the executor holds, per sequence
   std::vector<prefilled_request> prefilled_;       // for take_prefilled
   kv::seq_id next_seq_ = 0;
   int64_t next_step_ = 0;

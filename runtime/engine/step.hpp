@@ -51,7 +51,12 @@ struct exec_chunk {
   kv::seq_id seq = 0;
   int32_t first_position = 0;
   std::vector<int32_t> tokens;        ///< ids, or `previous_sample` for the last one
-  std::vector<int32_t> block_table;   ///< covers first_position + tokens.size() slots
+  /// The sequence's block table from index `first_block` on. The executor keeps each live
+  /// sequence's table across plans, so a plan sends only blocks added since the last one (a
+  /// decode step: usually none); first_block = 0 sends (and resets) the whole table. The whole
+  /// table covers first_position + tokens.size() slots.
+  int32_t first_block = 0;
+  std::vector<int32_t> block_table;
   /// Seeds to sample the chunk's last logits with, one sample each (several only where a
   /// request forks into n samples); empty: no sample (a prefill chunk that is not the last).
   std::vector<uint64_t> seeds;

@@ -11,10 +11,19 @@ step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
 
 void step_executor::build_rows(const exec_plan& plan) {
   rows_.clear();
+  // Tables first: rows point into them, so none may grow after.
+  for (const exec_chunk& chunk : plan.chunks) {
+    std::vector<int32_t>& table = tables_[chunk.seq];
+    TROUPE_ASSERT_MSG(chunk.first_block >= 0 && static_cast<size_t>(chunk.first_block) <= table.size(),
+                      "a block-table update beyond the table the executor holds");
+    table.resize(static_cast<size_t>(chunk.first_block));
+    table.insert(table.end(), chunk.block_table.begin(), chunk.block_table.end());
+  }
   for (const exec_chunk& chunk : plan.chunks) {
     TROUPE_ASSERT(!chunk.tokens.empty());
     const int32_t end = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
-    TROUPE_ASSERT(static_cast<int64_t>(chunk.block_table.size()) * cache_.block_size() >= end);
+    const std::vector<int32_t>& table = tables_.at(chunk.seq);
+    TROUPE_ASSERT(static_cast<int64_t>(table.size()) * cache_.block_size() >= end);
     for (int32_t p = chunk.first_position; p < end; p++) {
       int32_t token = chunk.tokens[p - chunk.first_position];
       if (token == previous_sample) {
@@ -22,7 +31,7 @@ void step_executor::build_rows(const exec_plan& plan) {
         TROUPE_ASSERT_MSG(it != last_sample_.end(), "previous_sample without a previous step");
         token = it->second;
       }
-      rows_.push_back(model::forward_row{token, p, chunk.block_table.data(),
+      rows_.push_back(model::forward_row{token, p, table.data(),
                                          !chunk.seeds.empty() && p == end - 1});
     }
   }
@@ -31,7 +40,10 @@ void step_executor::build_rows(const exec_plan& plan) {
 exec_result step_executor::execute(const exec_plan& plan) {
   TROUPE_ASSERT_MSG(plan.step > last_step_, "plans must arrive in step order");
   last_step_ = plan.step;
-  for (kv::seq_id seq : plan.released) last_sample_.erase(seq);
+  for (kv::seq_id seq : plan.released) {
+    last_sample_.erase(seq);
+    tables_.erase(seq);
+  }
   for (const kv_import& import : plan.imports) {
     const kv_data& kv = import.kv;
     TROUPE_ASSERT(kv.consistent() && kv.num_layers == cache_.num_layers() && kv.kv_dim == cache_.kv_dim());
@@ -67,7 +79,7 @@ exec_result step_executor::execute(const exec_plan& plan) {
     const size_t n = static_cast<size_t>(out.kv.num_layers) * out.kv.num_tokens * out.kv.kv_dim;
     out.kv.keys.resize(n);
     out.kv.values.resize(n);
-    cache_.gather(chunk.block_table.data(), out.kv.num_tokens, out.kv.keys.data(), out.kv.values.data());
+    cache_.gather(tables_.at(chunk.seq).data(), out.kv.num_tokens, out.kv.keys.data(), out.kv.values.data());
     result.exports.push_back(std::move(out));
   }
   return result;

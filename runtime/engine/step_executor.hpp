@@ -31,6 +31,7 @@ class step_executor {
   model::kv_cache cache_;
   sampling::sampler sampler_;
   std::map<kv::seq_id, int32_t> last_sample_;  // the latest first-seed sample per sequence
+  std::map<kv::seq_id, std::vector<int32_t>> tables_;  // live sequences' block tables (exec_chunk::first_block)
   std::vector<model::forward_row> rows_;
   std::vector<float> logits_;  // (sampling chunks, vocab)
   int64_t last_step_ = -1;
