@@ -22,6 +22,8 @@ struct engine_state {
   struct live_request {
     caf::actor actor;              // its request actor
     int64_t scheduled_at_ns = 0;   // engine clock when first planned; 0 = not yet
+    bool batch = false;            // engine::request::batch_tokens: collect into `tokens`
+    msg::sampled_batch tokens;     // age_ns holds each token's engine clock until sent
   };
   std::map<engine::request_id, live_request> requests;
   std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
@@ -129,15 +131,38 @@ void hand_off(engine_actor_t* self) {
   }
 }
 
+/// Adds a token to a batched request's message; sends it with the last token.
+void collect(engine_actor_t* self, engine_state::live_request& live, const engine::sample_event& e) {
+  TROUPE_ASSERT_MSG(e.sample_index == 0, "batched requests have one sample");
+  msg::sampled_batch& b = live.tokens;
+  const int64_t now = ns_since_epoch(self->clock().now());
+  b.request_id = e.request;
+  b.tokens.push_back(e.sample.token);
+  b.logprobs.push_back(e.sample.logprob);
+  b.top_logprobs.push_back(e.sample.top_logprobs);
+  b.age_ns.push_back(now);
+  if (e.finish == engine::finish_reason::none) return;
+  for (int64_t& t : b.age_ns) t = now - t;
+  b.finish = engine::to_string(e.finish);
+  b.num_cached_tokens = e.num_cached_tokens;
+  b.num_preemptions = e.num_preemptions;
+  b.scheduled_age_ns = now - live.scheduled_at_ns;
+  self->send(live.actor, std::move(b));
+}
+
 void on_result(engine_actor_t* self, engine::exec_result& result) {
   engine_state& st = self->state;
   for (const engine::sample_event& e : st.core->complete_step(std::move(result))) {
     auto it = st.requests.find(e.request);
     if (it == st.requests.end()) continue;
-    self->send(it->second.actor, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
-                                              e.sample.top_logprobs, engine::to_string(e.finish),
-                                              e.num_cached_tokens, e.num_preemptions,
-                                              it->second.scheduled_at_ns});
+    engine_state::live_request& live = it->second;
+    if (live.batch) {
+      collect(self, live, e);
+    } else {
+      self->send(live.actor, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
+                                          e.sample.top_logprobs, engine::to_string(e.finish), e.num_cached_tokens,
+                                          e.num_preemptions, live.scheduled_at_ns});
+    }
     if (!st.core->contains(e.request)) st.requests.erase(it);
   }
   hand_off(self);
@@ -186,7 +211,7 @@ void kick(engine_actor_t* self) {
 /// Queues a request for `request_actor` through `add` (one of the core's add_* calls); false
 /// (after telling the request actor) when it is refused.
 template <class Add>
-bool admit(engine_actor_t* self, engine::request_id id, const caf::actor& request_actor, Add&& add) {
+bool admit(engine_actor_t* self, engine::request_id id, bool batch, const caf::actor& request_actor, Add&& add) {
   engine_state& st = self->state;
   if (st.core->num_waiting() >= st.options.max_waiting) {
     self->send(request_actor, msg::rejected{id, "overloaded", "the engine's waiting queue is full (" +
@@ -198,7 +223,7 @@ bool admit(engine_actor_t* self, engine::request_id id, const caf::actor& reques
     self->send(request_actor, msg::rejected{id, to_string(ok.error().code), ok.error().message});
     return false;
   }
-  st.requests.emplace(id, engine_state::live_request{request_actor, 0});
+  st.requests.emplace(id, engine_state::live_request{request_actor, 0, batch, {}});
   // A request actor that dies without releasing its request (killed, its node lost) must not
   // keep generating: watch it.
   st.request_of_actor[request_actor.address()] = id;
@@ -211,7 +236,8 @@ bool admit(engine_actor_t* self, engine::request_id id, const caf::actor& reques
 void submit(engine_actor_t* self, engine::request r) {
   self->state.num_received++;
   const engine::request_id id = r.id;
-  admit(self, id, caf::actor_cast<caf::actor>(self->current_sender()),
+  const bool batch = r.batch_tokens;
+  admit(self, id, batch, caf::actor_cast<caf::actor>(self->current_sender()),
         [&] { return self->state.core->add_request(std::move(r)); });
 }
 
@@ -220,7 +246,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   st.num_received++;
   const engine::request_id id = s.request.id;
   const caf::actor request_actor = caf::actor_cast<caf::actor>(self->current_sender());
-  if (admit(self, id, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); }))
+  if (admit(self, id, false, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); }))
     st.handoffs[id] = engine_state::handoff_target{std::move(s.decode), request_actor, std::move(s.kv_host), s.kv_port};
 }
 
@@ -235,7 +261,8 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<
     self->send(h.request_actor, msg::rejected{id, to_string(payload.error().code), payload.error().message});
     return;
   }
-  admit(self, id, h.request_actor,
+  const bool batch = h.request.batch_tokens;
+  admit(self, id, batch, h.request_actor,
         [&] { return self->state.core->add_prefilled(std::move(h.request), std::move(payload->kv)); });
 }
 

@@ -57,9 +57,9 @@ void finish(request_actor_t* self, const std::string& reason) {
   self->quit();
 }
 
-void on_token(request_actor_t* self, const msg::sampled& s) {
+/// One token, sampled at `now` (the arrival time, or earlier for a batch).
+void on_token(request_actor_t* self, const msg::sampled& s, caf::actor_clock::time_point now) {
   request_state& st = self->state;
-  const auto now = self->clock().now();
   if (st.end.num_generated_tokens++ == 0)
     st.end.ttft_ns = ns_between(st.arrival, now);
   else
@@ -82,6 +82,26 @@ void on_token(request_actor_t* self, const msg::sampled& s) {
     finish(self, "stop");
   } else if (s.finish != "none") {
     finish(self, s.finish);
+  }
+}
+
+/// The tokens of a batched request, each at its own time: its age before this message.
+void on_batch(request_actor_t* self, msg::sampled_batch& b) {
+  const auto now = self->clock().now();
+  const auto at = [&](int64_t age_ns) {
+    return now - std::chrono::duration_cast<caf::actor_clock::time_point::duration>(std::chrono::nanoseconds(age_ns));
+  };
+  const size_t n = b.tokens.size();
+  TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
+  for (size_t i = 0; i < n; i++) {
+    msg::sampled s{b.request_id, 0, b.tokens[i], b.logprobs[i], std::move(b.top_logprobs[i]), "none", 0, 0, 0};
+    if (i + 1 == n) {
+      s.finish = b.finish;
+      s.num_cached_tokens = b.num_cached_tokens;
+      s.num_preemptions = b.num_preemptions;
+      s.scheduled_at_ns = ns_since_epoch(at(b.scheduled_age_ns));
+    }
+    on_token(self, s, at(b.age_ns[i]));
   }
 }
 
@@ -126,6 +146,9 @@ bool start(request_actor_t* self) {
   r.stop = p.stop;
   r.ignore_eos = p.ignore_eos;
   r.priority = p.priority;
+  // Nobody sees a non-streamed completion before its end; without stop strings nothing needs
+  // its tokens one by one either: one message instead of one per token.
+  r.batch_tokens = !p.stream && r.stop.empty();
   st.end.request_id = r.id;
   st.end.seed = r.seed;
   st.end.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
@@ -155,7 +178,8 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
   });
   if (!start(self)) return {};
   return {
-      [=](msg::sampled& s) { on_token(self, s); },
+      [=](msg::sampled& s) { on_token(self, s, self->clock().now()); },
+      [=](msg::sampled_batch& b) { on_batch(self, b); },
       [=](msg::rejected& r) {
         release(self);
         fail_request(self, r.code, r.message);

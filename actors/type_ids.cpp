@@ -19,6 +19,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::submit>("troupe::submit");
   cfg.add_message_type<msg::rejected>("troupe::rejected");
   cfg.add_message_type<msg::sampled>("troupe::sampled");
+  cfg.add_message_type<msg::sampled_batch>("troupe::sampled_batch");
   cfg.add_message_type<msg::release>("troupe::release");
   cfg.add_message_type<msg::engine_report>("troupe::engine_report");
   cfg.add_message_type<msg::inject_failure>("troupe::inject_failure");

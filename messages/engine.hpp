@@ -15,7 +15,7 @@ namespace troupe::engine {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request& x) {
   return f(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids,
-           x.ignore_eos, x.priority);
+           x.ignore_eos, x.priority, x.batch_tokens);
 }
 
 }  // namespace troupe::engine
@@ -62,6 +62,27 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled& x) {
   return f(x.request_id, x.sample_index, x.token, x.logprob, x.top_logprobs, x.finish, x.num_cached_tokens,
            x.num_preemptions, x.scheduled_at_ns);
+}
+
+/// Engine -> request: every token of a request with `batch_tokens`, sent when it ends. Each
+/// token's `age_ns` is how long before this message was sent it was sampled, so the receiver
+/// recovers per-token times on its own clock (engine and request may be on different nodes).
+struct sampled_batch {
+  int64_t request_id = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;
+  std::vector<int64_t> age_ns;
+  std::string finish;  ///< of the last token: "stop" or "length"
+  int32_t num_cached_tokens = 0;
+  int32_t num_preemptions = 0;
+  int64_t scheduled_age_ns = 0;  ///< how long before sending the request was first scheduled
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampled_batch& x) {
+  return f(x.request_id, x.tokens, x.logprobs, x.top_logprobs, x.age_ns, x.finish, x.num_cached_tokens,
+           x.num_preemptions, x.scheduled_age_ns);
 }
 
 /// Request -> engine: end a request early (a stop string completed, a cancel, a lost client).

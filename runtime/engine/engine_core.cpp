@@ -44,6 +44,8 @@ expected<void> validate_request(const request& r, const model::model_config& mod
   if (r.n < 1 || r.n > num_samples_max)
     return fail(errc::invalid_argument, "n must be in [1, " + num(num_samples_max) + "], got " + num(r.n));
   if (auto ok = validate_stops(r, model); !ok) return ok;
+  if (r.batch_tokens && (r.n != 1 || !r.stop.empty()))
+    return fail(errc::invalid_argument, "batch_tokens needs n = 1 and no stop strings");
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (total > model.seq_len)
     return fail(errc::too_long, "prompt (" + num(static_cast<int64_t>(r.prompt.size())) +

@@ -32,6 +32,9 @@ struct request {
   std::vector<int32_t> stop_token_ids;    ///< extra tokens that end a sample
   bool ignore_eos = false;                ///< keep going past end-of-sequence tokens
   int32_t priority = 0;                   ///< smaller is served first (vLLM's convention)
+  /// Deliver the tokens in one message when the request ends instead of one message each (a
+  /// non-streamed completion with no stop strings and n = 1: nothing needs them earlier).
+  bool batch_tokens = false;
 };
 
 /// Why a sample ended.
