@@ -31,7 +31,8 @@ block_manager::block_manager(const block_manager_config& config)
       parent_hash_(static_cast<size_t>(config.num_blocks), 0),
       block_tokens_(static_cast<size_t>(config.num_blocks) * config.block_size, 0),
       free_prev_(static_cast<size_t>(config.num_blocks) + 1),
-      free_next_(static_cast<size_t>(config.num_blocks) + 1) {
+      free_next_(static_cast<size_t>(config.num_blocks) + 1),
+      hash_index_(config.num_blocks) {
   const block_id sentinel = config.num_blocks;
   free_prev_[sentinel] = sentinel;
   free_next_[sentinel] = sentinel;
@@ -67,10 +68,10 @@ prefix_hit block_manager::find_prefix(const std::vector<int32_t>& tokens) const 
   for (size_t i = 0; i < num_blocks_max; ++i) {
     const int32_t* block_tokens = tokens.data() + i * config_.block_size;
     const uint64_t hash = chain_hash(parent, block_tokens);
-    const auto found = hash_index_.find(hash);
-    if (found == hash_index_.end()) break;
-    if (!cached_block_matches(found->second, parent, block_tokens)) break;  // a collision
-    hit.blocks.push_back(found->second);
+    const block_id found = hash_index_.find(hash);
+    if (found == hash_index::none) break;
+    if (!cached_block_matches(found, parent, block_tokens)) break;  // a collision
+    hit.blocks.push_back(found);
     parent = hash;
   }
   hit.num_tokens = static_cast<int32_t>(hit.blocks.size()) * config_.block_size;
@@ -228,7 +229,7 @@ void block_manager::register_block(sequence_state& state, const std::vector<int3
     return;
   }
   // One block per hash: a duplicate of an indexed block stays unhashed.
-  if (!hash_index_.emplace(hash, block).second) return;
+  if (!hash_index_.insert(hash, block)) return;
   has_hash_[block] = 1;
   block_hash_[block] = hash;
   parent_hash_[block] = parent;
@@ -347,10 +348,11 @@ void block_manager::check_free_queue() const {
 
 /// The index and the per-block hashes agree both ways; each cached hash matches its tokens.
 void block_manager::check_hash_index() const {
-  for (const auto& [hash, b] : hash_index_) {
+  hash_index_.check_invariants();
+  hash_index_.for_each([&](uint64_t hash, block_id b) {
     TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
     TROUPE_ASSERT_MSG(has_hash_[b] && block_hash_[b] == hash, "index entry without its block");
-  }
+  });
   size_t num_hashed = 0;
   for (block_id b = 0; b < config_.num_blocks; ++b) num_hashed += has_hash_[b];
   TROUPE_ASSERT_MSG(num_hashed == hash_index_.size(), "hashed block missing from the index");

@@ -30,15 +30,15 @@
 /// until the next mutating call. Unknown ids in `free`/`fork`/`block_table` are programmer
 /// errors (assert); `try_free` is the checked variant for user-supplied ids.
 ///
-/// Determinism: per-sequence state lives in a `std::map`; the hash index is only looked up,
-/// never iterated to make a decision.
+/// Determinism: per-sequence state lives in a `std::map`; the hash index (kv::hash_index) is
+/// only looked up, never iterated to make a decision.
 
 #include <cstdint>
 #include <map>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/kv/hash_index.hpp"
 
 namespace troupe::kv {
 
@@ -172,7 +172,7 @@ class block_manager {
   std::vector<block_id> free_prev_;        // (num_blocks + 1)
   std::vector<block_id> free_next_;        // (num_blocks + 1)
   int32_t num_free_blocks_ = 0;
-  std::unordered_map<uint64_t, block_id> hash_index_;
+  hash_index hash_index_;                  // chain hash -> block, for every block with has_hash_
   std::map<seq_id, sequence_state> sequences_;
   int64_t num_evictions_ = 0;
 };
