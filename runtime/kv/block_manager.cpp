@@ -296,6 +296,8 @@ expected<void> block_manager::try_free(seq_id seq) {
 
 void block_manager::check_invariants() const {
   check_structure();
+  check_free_queue();
+  check_hash_index();
   for (block_id b = 0; b < config_.num_blocks; ++b) {
     if (!has_hash_[b]) continue;
     const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
@@ -308,9 +310,13 @@ void block_manager::check_structure() const {
   TROUPE_ASSERT(config_.num_blocks > 0 && config_.block_size > 0);
   TROUPE_ASSERT(refcount_.size() == static_cast<size_t>(config_.num_blocks));
   check_refcounts();
-  check_free_queue();
-  check_hash_index();
+  check_free_links();
   check_sequences();
+  // The index's own structure and its two-way agreement with the blocks are check_invariants'
+  // (each insert and erase asserts its part); here only that the counts agree.
+  size_t num_hashed = 0;
+  for (block_id b = 0; b < config_.num_blocks; ++b) num_hashed += has_hash_[b];
+  TROUPE_ASSERT_MSG(num_hashed == hash_index_.size(), "hashed blocks and index entries differ in number");
 }
 
 /// Refcount == number of block-table references across all sequences.
@@ -323,6 +329,29 @@ void block_manager::check_refcounts() const {
     }
   for (size_t b = 0; b < refcount_.size(); ++b)
     TROUPE_ASSERT_MSG(refcount_[b] == references[b], "refcount != table references");
+}
+
+/// Without walking the queue: every refcount-0 block is linked both ways with its neighbours,
+/// every referenced block is linked nowhere, and the count is right. (A free block in a cycle
+/// detached from the sentinel passes this; check_free_queue's walk does not let it.)
+void block_manager::check_free_links() const {
+  const block_id sentinel = config_.num_blocks;
+  int32_t num_free = 0;
+  for (block_id b = 0; b < config_.num_blocks; ++b) {
+    const block_id next = free_next_[b];
+    const block_id prev = free_prev_[b];
+    TROUPE_ASSERT(next >= 0 && next <= sentinel && prev >= 0 && prev <= sentinel);
+    if (refcount_[b] == 0) {
+      ++num_free;
+      TROUPE_ASSERT_MSG(free_prev_[next] == b && free_next_[prev] == b, "free queue link broken");
+    } else {
+      TROUPE_ASSERT_MSG(next == sentinel && prev == sentinel && free_next_[sentinel] != b &&
+                            free_prev_[sentinel] != b,
+                        "a referenced block is linked into the free queue");
+    }
+  }
+  TROUPE_ASSERT(free_prev_[free_next_[sentinel]] == sentinel && free_next_[free_prev_[sentinel]] == sentinel);
+  TROUPE_ASSERT_MSG(num_free == num_free_blocks_, "free block count is off");
 }
 
 /// The queue is a well-formed list holding exactly the refcount-0 blocks, each once.
@@ -346,7 +375,7 @@ void block_manager::check_free_queue() const {
     TROUPE_ASSERT_MSG((refcount_[b] == 0) == (queued[b] != 0), "free block not in the queue");
 }
 
-/// The index and the per-block hashes agree both ways; each cached hash matches its tokens.
+/// The index is well formed and agrees with the per-block hashes both ways.
 void block_manager::check_hash_index() const {
   hash_index_.check_invariants();
   hash_index_.for_each([&](uint64_t hash, block_id b) {

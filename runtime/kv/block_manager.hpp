@@ -129,8 +129,11 @@ class block_manager {
 
   /// Aborts unless every structural invariant holds (see the .cpp for the list).
   void check_invariants() const;
-  /// The same checks but for re-hashing every cached block's tokens (O(cached blocks x
-  /// block_size) hashing): cheap enough to run after every step of a long simulation.
+  /// The checks over the contiguous per-block arrays and the sequences — refcounts equal table
+  /// references, free blocks linked both ways and referenced ones nowhere, tables cover their
+  /// tokens, as many hashed blocks as index entries — but not the walk of the free queue, the
+  /// index's slot structure, its two-way agreement with the blocks, or re-hashing every cached
+  /// block's tokens: cheap enough to run after every step of a long simulation.
   void check_structure() const;
 
  private:
@@ -158,6 +161,7 @@ class block_manager {
   void register_block(sequence_state& state, const std::vector<int32_t>& tokens);
 
   void check_free_queue() const;
+  void check_free_links() const;
   void check_refcounts() const;
   void check_hash_index() const;
   void check_sequences() const;
