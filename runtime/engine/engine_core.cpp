@@ -242,6 +242,9 @@ std::optional<exec_plan> engine_core::plan_step() {
   plan.copies = f.plan.copies;
   plan.released = std::move(released_);
   released_.clear();
+  plan.chunks.reserve(f.plan.chunks.size());
+  f.num_seeds.reserve(f.plan.chunks.size());
+  f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
   stats_.num_steps++;
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
