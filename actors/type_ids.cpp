@@ -1,6 +1,7 @@
 #include "actors/type_ids.hpp"
 
 #include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
 
 #include "messages/client.hpp"
 #include "actors/cluster_messages.hpp"
@@ -33,6 +34,15 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::engine_load>("troupe::engine_load");
   cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
+}
+
+}  // namespace troupe::actors
+
+namespace troupe::actors {
+
+void configure_real_time(caf::actor_system_config& cfg) {
+  register_message_types(cfg);
+  cfg.set("scheduler.policy", caf::atom("sharing"));
 }
 
 }  // namespace troupe::actors

@@ -10,4 +10,11 @@ namespace troupe::actors {
 
 void register_message_types(caf::actor_system_config& cfg);
 
+/// The configuration of every actor system on wall-clock time (serve, node, generate, client,
+/// benchmarks): troupe's message types, and CAF's work-sharing scheduler — work stealing's idle
+/// workers poll with sleeps of up to 10 ms, and a message arriving then waits for one to wake
+/// (docs/DESIGN.md, decision 15). The simulator and the deterministic tests use the test
+/// coordinator instead.
+void configure_real_time(caf::actor_system_config& cfg);
+
 }  // namespace troupe::actors

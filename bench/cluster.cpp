@@ -105,7 +105,7 @@ run_result run_config(const config& c, const std::vector<msg::completion_request
   std::vector<pid_t> pids;
   for (size_t n = c.nodes.size(); n-- > 0;) pids.push_back(start_node(o.troupe, topo, "node" + std::to_string(n), dir));
   caf::actor_system_config cfg;
-  actors::register_message_types(cfg);
+  actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
   run_result r;
   {

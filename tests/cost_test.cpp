@@ -174,11 +174,11 @@ TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
   EXPECT_GE(p.step_ns, 0);
   EXPECT_GE(p.token_ns, 0);
   EXPECT_GE(p.attention_token_ns, 0);
-  // Optimality (KKT): the residual is orthogonal to every free feature, and moving a clamped
-  // parameter up from 0 would not reduce the squared error.
+  // Optimality (KKT) of the relative objective Σ ((predicted - y) / y)²: its gradient
+  // vanishes along every free parameter, and moving a clamped one up from 0 would not reduce it.
   double grad[4] = {};
   for (const auto& [f, y] : samples) {
-    const double residual = exact_ns(p, f) - y;
+    const double residual = (exact_ns(p, f) - y) / (y * y);
     grad[0] += residual * f.num_steps;
     grad[1] += residual * f.num_tokens;
     grad[2] += residual * f.num_sampled_rows;
@@ -186,10 +186,10 @@ TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
   }
   double scale[4] = {};
   for (const auto& [f, y] : samples) {
-    scale[0] += std::abs(y * f.num_steps);
-    scale[1] += std::abs(y * f.num_tokens);
-    scale[2] += std::abs(y * f.num_sampled_rows);
-    scale[3] += std::abs(y * f.attention_tokens);
+    scale[0] += std::abs(f.num_steps / y);
+    scale[1] += std::abs(f.num_tokens / y);
+    scale[2] += std::abs(f.num_sampled_rows / y);
+    scale[3] += std::abs(f.attention_tokens / y);
   }
   EXPECT_LT(std::abs(grad[0]), 1e-9 * scale[0]);
   EXPECT_LT(std::abs(grad[1]), 1e-9 * scale[1]);

@@ -52,7 +52,7 @@ int run_client(const client_options& o) {
   auto address = parse_address(o.connect);
   if (!address) return fail_with(address.error());
   caf::actor_system_config cfg;
-  actors::register_message_types(cfg);
+  actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   auto lb = connect(sys, address->first, address->second, o.wait_seconds);

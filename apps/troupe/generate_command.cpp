@@ -59,7 +59,7 @@ int run_actors(const generate_options& o) {
   topology::topology t = topology::single_node(o.model, o.tokenizer);
   if (o.reference_kernels) t.engines[0].config.kernels = model::kernel_path::reference;
   caf::actor_system_config cfg;
-  actors::register_message_types(cfg);
+  actors::configure_real_time(cfg);
   caf::actor_system sys{cfg};
   auto node = topology::launch_node(sys, t, "local", {true, draw_seed_base()});
   if (!node) return fail_with(node.error());

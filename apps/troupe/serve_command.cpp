@@ -44,11 +44,8 @@ int run_serve(const serve_options& o) {
   if (!node) return fail_with(error{errc::not_found, "the topology has no node '" + node_name + "'"});
   signal_waiter signals;
   caf::actor_system_config cfg;
-  actors::register_message_types(cfg);
+  actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
-  // Work sharing wakes an idle worker at once; work stealing's idle workers poll with sleeps of
-  // up to 10 ms, which added that much latency to a message hop between nodes (docs/DESIGN.md).
-  cfg.set("scheduler.policy", caf::atom("sharing"));
   caf::actor_system sys{cfg};
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base()});
   if (!launched) return fail_with(launched.error());

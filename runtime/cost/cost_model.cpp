@@ -61,11 +61,15 @@ expected<void> validate(const std::vector<step_sample>& samples) {
 }
 
 expected<normal_equations> build(const std::vector<step_sample>& samples) {
+  // Relative least squares: each sample's row and target are divided by its measured time, so
+  // a 0.2 ms step weighs as much as a 20 ms one (plain least squares let the few large steps
+  // set the intercept, overpricing every small step several-fold).
   normal_equations ne;
   std::array<wide, num_params> sum_sq{};
   for (const step_sample& s : samples) {
     const vec x = as_vec(s.first);
-    for (int j = 0; j < num_params; j++) sum_sq[j] += static_cast<wide>(x[j]) * x[j];
+    const wide w = 1 / static_cast<wide>(s.second);
+    for (int j = 0; j < num_params; j++) sum_sq[j] += (x[j] * w) * (x[j] * w);
   }
   for (int j = 0; j < num_params; j++) {
     if (sum_sq[j] == 0)
@@ -75,10 +79,11 @@ expected<normal_equations> build(const std::vector<step_sample>& samples) {
   }
   for (const step_sample& s : samples) {
     const vec x = as_vec(s.first);
+    const wide w = 1 / static_cast<wide>(s.second);
     std::array<wide, num_params> u{};
-    for (int j = 0; j < num_params; j++) u[j] = static_cast<wide>(x[j]) / ne.scale[j];
+    for (int j = 0; j < num_params; j++) u[j] = static_cast<wide>(x[j]) * w / ne.scale[j];
     for (int j = 0; j < num_params; j++) {
-      ne.rhs[j] += u[j] * s.second;
+      ne.rhs[j] += u[j];  // the target s.second * w is 1
       for (int k = 0; k < num_params; k++) ne.gram[j][k] += u[j] * u[k];
     }
   }
@@ -122,6 +127,16 @@ std::pair<vec, int> solve_subset(const normal_equations& ne, unsigned mask) {
   return {p, -1};
 }
 
+/// Σ ((predicted - measured) / measured)²: the objective the fit minimizes.
+wide relative_residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p) {
+  wide rss = 0;
+  for (const step_sample& s : samples) {
+    const wide r = (static_cast<wide>(dot(p, as_vec(s.first))) - s.second) / s.second;
+    rss += r * r;
+  }
+  return rss;
+}
+
 wide residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p) {
   wide rss = 0;
   for (const step_sample& s : samples) {
@@ -143,12 +158,12 @@ bool non_negative(const vec& p) {
 /// subset solves. Ties keep the larger mask (iterated first).
 vec best_non_negative(const std::vector<step_sample>& samples, const normal_equations& ne) {
   vec best{};  // mask 0: every parameter 0, always feasible
-  wide best_rss = residual_sum_of_squares(samples, best);
+  wide best_rss = relative_residual_sum_of_squares(samples, best);
   for (unsigned mask = (1u << num_params) - 1; mask > 0; mask--) {
     auto [p, singular] = solve_subset(ne, mask);
     TROUPE_ASSERT_MSG(singular < 0, "a principal submatrix of a nonsingular gram matrix is singular");
     if (!non_negative(p)) continue;
-    const wide rss = residual_sum_of_squares(samples, p);
+    const wide rss = relative_residual_sum_of_squares(samples, p);
     if (rss < best_rss) {
       best = p;
       best_rss = rss;

@@ -52,8 +52,9 @@ struct fit_result {
   int64_t num_samples = 0;
 };
 
-/// Least-squares fit of `cost_params` to measured steps, constrained to non-negative
-/// parameters (a negative cost per token is never physical and would predict negative times
+/// Relative least-squares fit of `cost_params` to measured steps (it minimizes
+/// Σ ((predicted - measured) / measured)², so small steps count as much as large ones),
+/// constrained to non-negative parameters (a negative cost per token is never physical and would predict negative times
 /// for small steps). The unconstrained solution comes from the 4x4 normal equations with each
 /// feature scaled to unit norm, solved by Cholesky; when some parameter comes out negative, the
 /// exact non-negative optimum is found by refitting on every subset of the features (16
