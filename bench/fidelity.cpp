@@ -99,6 +99,33 @@ void report(const char* name, const std::vector<double>& real, const std::vector
               100 * e.mean, 100 * e.p99);
 }
 
+/// Simulates `workload` with `t` and prints its errors against the real timings.
+bool compare(const sim::sim_topology& t, const std::vector<sim::trace_request>& workload, uint64_t seed,
+             const std::vector<timing>& real) {
+  sim::sim_options o;
+  o.topology = t;
+  o.workload = workload;
+  o.seed = seed;
+  auto simulated = sim::run_simulation(o);
+  if (!simulated) {
+    std::fprintf(stderr, "%s\n", simulated.error().message.c_str());
+    return false;
+  }
+  std::vector<double> real_ttft, real_e2e, sim_ttft, sim_e2e;
+  for (size_t i = 0; i < workload.size(); i++) {
+    const sim::request_record& q = simulated->requests[i];
+    if (real[i].e2e_ms < 0 || q.finish_ns < 0) continue;
+    real_ttft.push_back(real[i].ttft_ms);
+    real_e2e.push_back(real[i].e2e_ms);
+    sim_ttft.push_back((q.first_token_ns - q.arrival_ns) / 1e6);
+    sim_e2e.push_back((q.finish_ns - q.arrival_ns) / 1e6);
+  }
+  std::printf("%zu requests compared\n", real_e2e.size());
+  report("TTFT", real_ttft, sim_ttft);
+  report("E2E", real_e2e, sim_e2e);
+  return true;
+}
+
 int run(int argc, char** argv) {
   std::printf("$ %s\n", command_line(argc, argv).c_str());
   int32_t num_requests = 300;
@@ -137,25 +164,22 @@ int run(int argc, char** argv) {
   std::printf("workload: %zu Azure conv requests, lengths x0.25 clipped to %d, time compressed %.0fx\n",
               workload.size(), t->model.seq_len, time_scale);
 
-  const std::vector<timing> real = run_real(*t, workload, seed);
-  sim::sim_options o;
-  o.topology = *t;
-  o.workload = workload;
-  o.seed = seed;
-  auto simulated = sim::run_simulation(o);
-  if (!simulated) return std::fprintf(stderr, "%s\n", simulated.error().message.c_str()), 1;
-  std::vector<double> real_ttft, real_e2e, sim_ttft, sim_e2e;
-  for (size_t i = 0; i < workload.size(); i++) {
-    const sim::request_record& q = simulated->requests[i];
-    if (real[i].e2e_ms < 0 || q.finish_ns < 0) continue;
-    real_ttft.push_back(real[i].ttft_ms);
-    real_e2e.push_back(real[i].e2e_ms);
-    sim_ttft.push_back((q.first_token_ns - q.arrival_ns) / 1e6);
-    sim_e2e.push_back((q.finish_ns - q.arrival_ns) / 1e6);
-  }
-  std::printf("%zu requests compared\n", real_e2e.size());
-  report("TTFT", real_ttft, sim_ttft);
-  report("E2E", real_e2e, sim_e2e);
+  const std::string eval_log_path = "/tmp/troupe_fidelity_eval_steps.csv";
+  std::remove(eval_log_path.c_str());
+  const std::vector<timing> real = run_real(*t, workload, seed, eval_log_path);
+  if (!compare(*t, workload, seed, real)) return 1;
+
+  // The same comparison with the cost model fitted to the evaluation run's own steps: this
+  // machine's speed drifts between runs (shared host), and this isolates the simulator's
+  // scheduling fidelity from that drift.
+  auto own = cost::read_step_log(eval_log_path);
+  if (!own) return std::fprintf(stderr, "%s\n", own.error().message.c_str()), 1;
+  auto refit = cost::fit(*own);
+  if (!refit) return std::fprintf(stderr, "%s\n", refit.error().message.c_str()), 1;
+  t->cost = refit->params;
+  std::printf("\nrecalibrated on the evaluation run's own %lld steps (fit: mean relative error %.1f%%)\n",
+              static_cast<long long>(refit->num_samples), 100 * refit->mean_abs_rel_error);
+  if (!compare(*t, workload, seed, real)) return 1;
   return 0;
 }
 
