@@ -16,6 +16,7 @@ struct request_state {
   engine::request request;
   msg::placement placed;   // the engines serving it, once the balancer answered
   bool handed_over = false;  // the prefill engine is done with it
+  bool text_mode = true;     // a text prompt (not prompt_tokens): detokenize the output
   std::optional<engine::output_stream> out;  // made on the first token: stops are validated then
   caf::actor_clock::time_point arrival;
   caf::actor_clock::time_point last_token;
@@ -70,9 +71,8 @@ void on_token(request_actor_t* self, const msg::sampled& s, caf::actor_clock::ti
     st.end.num_preemptions = s.num_preemptions;
     st.end.queue_ns = s.scheduled_at_ns - ns_since_epoch(st.arrival);
   }
-  const bool text_mode = st.o.params.prompt_tokens.empty();
-  if (!st.out && text_mode) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);
-  const engine::output_stream::delta d = text_mode ? st.out->push(s.token) : engine::output_stream::delta{};
+  if (!st.out && st.text_mode) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);
+  const engine::output_stream::delta d = st.text_mode ? st.out->push(s.token) : engine::output_stream::delta{};
   st.pending.text += d.text;
   st.pending.tokens.push_back(s.token);
   st.pending.logprobs.push_back(s.logprob);
@@ -114,12 +114,14 @@ void on_placement(request_actor_t* self, msg::placement p) {
   st.placed = std::move(p);
   const msg::placement& placed = st.placed;
   self->monitor(placed.decode);
+  // Only detokenization needs the prompt here afterwards: without it, the request moves out.
+  engine::request r = st.text_mode ? st.request : std::move(st.request);
   if (!placed.prefill) {
-    self->send(placed.decode, msg::submit{st.request});
+    self->send(placed.decode, msg::submit{std::move(r)});
     return;
   }
   self->monitor(placed.prefill);
-  self->send(placed.prefill, msg::submit_prefill{st.request, placed.decode, placed.kv_host, placed.kv_port});
+  self->send(placed.prefill, msg::submit_prefill{std::move(r), placed.decode, placed.kv_host, placed.kv_port});
 }
 
 /// Tokenizes and asks for a placement; false (after telling the client) when the prompt is unusable.
@@ -131,8 +133,9 @@ bool start(request_actor_t* self) {
                  "a request with prompt_tokens takes no text prompt and no stop strings");
     return false;
   }
-  auto prompt = p.prompt_tokens.empty() ? st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
-                                        : expected<std::vector<int32_t>>(p.prompt_tokens);
+  st.text_mode = p.prompt_tokens.empty();
+  auto prompt = st.text_mode ? st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
+                             : expected<std::vector<int32_t>>(std::move(st.o.params.prompt_tokens));
   if (!prompt) {
     fail_request(self, to_string(prompt.error().code), prompt.error().message);
     return false;

@@ -6,7 +6,6 @@
 #include <limits>
 #include <string>
 
-#include <xxhash.h>
 
 #include "sim/random.hpp"
 
@@ -17,7 +16,7 @@ namespace {
 constexpr double ns_per_s = 1e9;
 constexpr int32_t int32_max = std::numeric_limits<int32_t>::max();
 
-// XXH64 seeds of the two kinds of prompt token (ASCII "troupeB" / "troupeR"), so that a block
+// Domains of the two kinds of prompt token (ASCII "troupeB" / "troupeR"), so that a block
 // token and a per-request token with equal words still differ.
 constexpr uint64_t block_token_domain = 0x74726f7570654200ULL;
 constexpr uint64_t request_token_domain = 0x74726f7570655200ULL;
@@ -68,15 +67,8 @@ void compress_time(std::vector<trace_request>& requests, double time_scale) {
   }
 }
 
-/// Two words, little-endian on every host, hashed with XXH64 under `seed`.
-uint64_t hash_words(uint64_t a, uint64_t b, uint64_t seed) {
-  unsigned char bytes[16];
-  for (int i = 0; i < 8; ++i) {
-    bytes[i] = static_cast<unsigned char>(a >> (8 * i));
-    bytes[8 + i] = static_cast<unsigned char>(b >> (8 * i));
-  }
-  return XXH64(bytes, sizeof(bytes), seed);
-}
+/// An id in [0, n) from the top 32 bits of `h` (multiply-shift: no division; n < 2^32).
+uint64_t below(uint64_t h, uint64_t n) { return ((h >> 32) * n) >> 32; }
 
 }  // namespace
 
@@ -167,19 +159,23 @@ std::vector<int32_t> prompt_tokens(const trace_request& r, int64_t request_index
   TROUPE_ASSERT_MSG(vocab_size > prompt_first_ordinary_token, "vocab_size must exceed 3");
   TROUPE_ASSERT_MSG(block_tokens >= 1, "block_tokens must be >= 1");
   const auto num_ordinary = static_cast<uint64_t>(vocab_size - prompt_first_ordinary_token);
-  const uint64_t request_seed = derive_seed(seed, request_token_domain);
+  const uint64_t request_seed =
+      derive_seed(derive_seed(seed, request_token_domain), static_cast<uint64_t>(request_index));
   const int64_t hashed_end = std::min<int64_t>(
       r.input_tokens, static_cast<int64_t>(r.hash_ids.size()) * block_tokens);
   std::vector<int32_t> tokens(static_cast<size_t>(r.input_tokens));  // (input_tokens)
   tokens[0] = prompt_bos_token;
+  uint64_t block_seed = 0;
   for (int64_t p = 1; p < r.input_tokens; ++p) {
-    const uint64_t h =
-        p < hashed_end
-            ? hash_words(r.hash_ids[static_cast<size_t>(p / block_tokens)],
-                         static_cast<uint64_t>(p % block_tokens), block_token_domain)
-            : hash_words(static_cast<uint64_t>(request_index), static_cast<uint64_t>(p), request_seed);
-    tokens[static_cast<size_t>(p)] =
-        prompt_first_ordinary_token + static_cast<int32_t>(h % num_ordinary);
+    uint64_t h = 0;
+    if (p < hashed_end) {
+      if (p == 1 || p % block_tokens == 0)
+        block_seed = derive_seed(r.hash_ids[static_cast<size_t>(p / block_tokens)], block_token_domain);
+      h = derive_seed(block_seed, static_cast<uint64_t>(p % block_tokens));
+    } else {
+      h = derive_seed(request_seed, static_cast<uint64_t>(p));
+    }
+    tokens[static_cast<size_t>(p)] = prompt_first_ordinary_token + static_cast<int32_t>(below(h, num_ordinary));
   }
   return tokens;
 }

@@ -73,9 +73,12 @@ inline constexpr int32_t prompt_first_ordinary_token = 3;
 /// at p is a pure function of (hash_ids[k], p % block_tokens) alone (the BOS at p = 0 aside), so
 /// requests whose hash ids agree on a prefix have identical tokens over it, in every run: real
 /// prefix reuse downstream. Every other position (past the hash-id blocks, and every Azure or
-/// synthetic request) takes a function of (seed, request_index, p). Both functions are
-/// 3 + XXH64(two little-endian uint64 words) mod (vocab_size - 3), with distinct XXH64 seeds for
-/// the two kinds. Preconditions: input_tokens >= 1, vocab_size > 3, block_tokens >= 1.
+/// synthetic request) takes a function of (seed, request_index, p). Both are 3 + the top 32 bits
+/// of a SplitMix64 hash scaled to [0, vocab_size - 3): derive_seed(derive_seed(hash_id, "troupeB"),
+/// p % block_tokens) for block tokens, derive_seed(derive_seed(derive_seed(seed, "troupeR"),
+/// request_index), p) for the others (a few multiplies per token: prompts of a long trace are
+/// tens of millions of tokens). Preconditions: input_tokens >= 1, vocab_size > 3,
+/// block_tokens >= 1, vocab_size < 2^32.
 [[nodiscard]] std::vector<int32_t> prompt_tokens(const trace_request& r, int64_t request_index,
                                                  int32_t vocab_size, int32_t block_tokens,
                                                  uint64_t seed);

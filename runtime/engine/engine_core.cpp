@@ -98,7 +98,7 @@ expected<void> engine_core::add_request(request r) {
   if (auto ok = validate_request(r, model_, config_); !ok) return ok;
   const request_id id = r.id;
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
-  std::vector<int32_t> prompt = r.prompt;
+  std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
   const int32_t priority = r.priority;
   const uint64_t seed = r.seed;
   requests_.emplace(id, request_state{std::move(r), {}});
@@ -132,7 +132,7 @@ expected<void> engine_core::add_prefilled(request r, kv_data kv) {
                     " x " + num(model_.kv_dim()));
   const request_id id = r.id;
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
-  std::vector<int32_t> prompt = r.prompt;
+  std::vector<int32_t> prompt = std::move(r.prompt);
   const int32_t priority = r.priority;
   const uint64_t seed = r.seed;
   requests_.emplace(id, request_state{std::move(r), {}});

@@ -138,7 +138,7 @@ class engine_core {
     int32_t num_generated = 0;
   };
   struct request_state {
-    request req;
+    request req;  ///< its prompt moved to the scheduler, but for prefill-only requests
     std::vector<kv::seq_id> live;  ///< sequences still generating
   };
   struct flight {
