@@ -209,9 +209,11 @@ void kick(engine_actor_t* self) {
 }
 
 /// Queues a request for `request_actor` through `add` (one of the core's add_* calls); false
-/// (after telling the request actor) when it is refused.
+/// (after telling the request actor) when it is refused. `batch_tokens` > 0: the request's
+/// tokens go out in one message at the end, room for that many reserved now.
 template <class Add>
-bool admit(engine_actor_t* self, engine::request_id id, bool batch, const caf::actor& request_actor, Add&& add) {
+bool admit(engine_actor_t* self, engine::request_id id, int32_t batch_tokens, const caf::actor& request_actor,
+           Add&& add) {
   engine_state& st = self->state;
   if (st.core->num_waiting() >= st.options.max_waiting) {
     self->send(request_actor, msg::rejected{id, "overloaded", "the engine's waiting queue is full (" +
@@ -223,7 +225,15 @@ bool admit(engine_actor_t* self, engine::request_id id, bool batch, const caf::a
     self->send(request_actor, msg::rejected{id, to_string(ok.error().code), ok.error().message});
     return false;
   }
-  st.requests.emplace(id, engine_state::live_request{request_actor, 0, batch, {}});
+  engine_state::live_request& live =
+      st.requests.emplace(id, engine_state::live_request{request_actor, 0, batch_tokens > 0, {}}).first->second;
+  if (live.batch) {
+    msg::sampled_batch& b = live.tokens;
+    b.tokens.reserve(batch_tokens);
+    b.logprobs.reserve(batch_tokens);
+    b.top_logprobs.reserve(batch_tokens);
+    b.age_ns.reserve(batch_tokens);
+  }
   // A request actor that dies without releasing its request (killed, its node lost) must not
   // keep generating: watch it.
   st.request_of_actor[request_actor.address()] = id;
@@ -236,7 +246,7 @@ bool admit(engine_actor_t* self, engine::request_id id, bool batch, const caf::a
 void submit(engine_actor_t* self, engine::request r) {
   self->state.num_received++;
   const engine::request_id id = r.id;
-  const bool batch = r.batch_tokens;
+  const int32_t batch = r.batch_tokens ? r.max_tokens : 0;
   admit(self, id, batch, caf::actor_cast<caf::actor>(self->current_sender()),
         [&] { return self->state.core->add_request(std::move(r)); });
 }
@@ -246,7 +256,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   st.num_received++;
   const engine::request_id id = s.request.id;
   const caf::actor request_actor = caf::actor_cast<caf::actor>(self->current_sender());
-  if (admit(self, id, false, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); }))
+  if (admit(self, id, 0, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); }))
     st.handoffs[id] = engine_state::handoff_target{std::move(s.decode), request_actor, std::move(s.kv_host), s.kv_port};
 }
 
@@ -261,7 +271,7 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<
     self->send(h.request_actor, msg::rejected{id, to_string(payload.error().code), payload.error().message});
     return;
   }
-  const bool batch = h.request.batch_tokens;
+  const int32_t batch = h.request.batch_tokens ? h.request.max_tokens : 0;
   admit(self, id, batch, h.request_actor,
         [&] { return self->state.core->add_prefilled(std::move(h.request), std::move(payload->kv)); });
 }

@@ -93,8 +93,11 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
   };
   const size_t n = b.tokens.size();
   TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
+  msg::sampled s{b.request_id, 0, 0, 0.0f, {}, "none", 0, 0, 0};
   for (size_t i = 0; i < n; i++) {
-    msg::sampled s{b.request_id, 0, b.tokens[i], b.logprobs[i], std::move(b.top_logprobs[i]), "none", 0, 0, 0};
+    s.token = b.tokens[i];
+    s.logprob = b.logprobs[i];
+    s.top_logprobs = std::move(b.top_logprobs[i]);
     if (i + 1 == n) {
       s.finish = b.finish;
       s.num_cached_tokens = b.num_cached_tokens;
