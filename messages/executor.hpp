@@ -55,7 +55,8 @@ typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
-  return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.seeds, x.sampling, x.export_kv);
+  return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.num_samples, x.seed, x.sampling,
+           x.export_kv);
 }
 
 template <class Inspector>

@@ -6,6 +6,7 @@
 
 #include "actors/clock.hpp"
 #include "messages/executor.hpp"
+#include "runtime/engine/request.hpp"
 #include "runtime/engine/step_executor.hpp"
 
 namespace troupe::sim {
@@ -28,11 +29,12 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   engine::exec_result r;
   r.step = plan.step;
   for (const engine::exec_chunk& c : plan.chunks) {
-    if (c.seeds.empty()) continue;
+    if (c.num_samples == 0) continue;
     std::vector<sampling::sample_result> samples;
     const int64_t position = c.first_position + static_cast<int64_t>(c.tokens.size());
-    for (size_t i = 0; i < c.seeds.size(); i++) {
-      const uint64_t h = (c.seeds[i] ^ static_cast<uint64_t>(position) * 0x9E3779B97F4A7C15ULL) % (vocab_size - 3);
+    for (int32_t i = 0; i < c.num_samples; i++) {
+      const uint64_t h =
+          (engine::child_seed(c.seed, i) ^ static_cast<uint64_t>(position) * 0x9E3779B97F4A7C15ULL) % (vocab_size - 3);
       samples.push_back(sampling::sample_result{static_cast<int32_t>(3 + h), 0.0f, {}});
     }
     r.samples.push_back(std::move(samples));

@@ -690,7 +690,8 @@ TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
   chunk.first_position = 10;
   chunk.tokens = {engine::previous_sample};
   chunk.block_table = {0, 5};
-  chunk.seeds = {11};
+  chunk.seed = 11;
+  chunk.num_samples = 1;
   chunk.sampling.top_p = 0.5f;
   plan.chunks = {chunk};
   plan.released = {1};

@@ -25,7 +25,8 @@ engine::exec_chunk chunk(int32_t first_position, int32_t num_tokens, int32_t num
   c.first_position = first_position;
   c.tokens.assign(num_tokens, 7);
   c.block_table.assign((first_position + num_tokens + 15) / 16, 0);
-  for (int32_t i = 0; i < num_seeds; i++) c.seeds.push_back(100 + i);
+  c.seed = 100;
+  c.num_samples = num_seeds;
   return c;
 }
 
@@ -452,7 +453,7 @@ TEST(SweepGrid, RunsOnTheStepExecutor) {
   for (const engine::exec_plan& p : g.plans) {
     const engine::exec_result r = executor.execute(p);
     size_t sampled = 0;
-    for (const engine::exec_chunk& c : p.chunks) sampled += c.seeds.empty() ? 0 : 1;
+    for (const engine::exec_chunk& c : p.chunks) sampled += c.num_samples == 0 ? 0 : 1;
     ASSERT_EQ(r.samples.size(), sampled);
     for (const auto& s : r.samples) EXPECT_TRUE(s.front().token >= 0 && s.front().token < 512);
   }

@@ -186,7 +186,7 @@ step_features features_of(const engine::exec_plan& plan) {
   for (const engine::exec_chunk& chunk : plan.chunks) {
     const auto q = static_cast<int64_t>(chunk.tokens.size());
     f.num_tokens += static_cast<double>(q);
-    f.num_sampled_rows += static_cast<double>(chunk.seeds.size());
+    f.num_sampled_rows += static_cast<double>(chunk.num_samples);
     f.attention_tokens += chunk_attention_tokens(chunk.first_position, q);
   }
   return f;

@@ -32,7 +32,10 @@ struct grid_builder {
     for (int32_t i = 0; i < num_tokens; i++)
       c.tokens.push_back(3 + (seq * 31 + (first_position + i) * 17) % (vocab_size - 3));
     for (int32_t b = 0; b < blocks_per_seq; b++) c.block_table.push_back(seq * blocks_per_seq + b);
-    if (sample) c.seeds.push_back(static_cast<uint64_t>(plan.chunks.size()) + 1);
+    if (sample) {
+      c.seed = static_cast<uint64_t>(plan.chunks.size()) + 1;
+      c.num_samples = 1;
+    }
     c.sampling = sample_params;
     plan.chunks.push_back(std::move(c));
   }

@@ -210,15 +210,17 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   const request& r = requests_.at(st.request).req;
   chunk.sampling = r.sampling;
   if (c.samples) {
-    chunk.seeds.push_back(st.seed);
-    // The first sample of a request with n > 1 forks: every child samples these same logits.
+    chunk.seed = st.seed;
+    chunk.num_samples = 1;
+    // The first sample of a request with n > 1 forks: every child samples these same logits,
+    // sample i with child_seed(r.seed, i) (sample 0's seed is r.seed itself).
     if (st.index == 0 && st.num_generated == 0 && r.n > 1) {
-      for (int32_t i = 1; i < r.n; i++) chunk.seeds.push_back(child_seed(r.seed, i));
+      chunk.num_samples = r.n;
       scheduler_->set_hold(c.seq, true);  // nothing more until the children exist
     }
   }
   chunk.export_kv = s.prefill_only && c.first_position + c.num_tokens == static_cast<int32_t>(s.tokens.size());
-  f.num_seeds.push_back(chunk.seeds.size());
+  f.num_samples.push_back(static_cast<size_t>(chunk.num_samples));
   f.exports.push_back(chunk.export_kv);
   return chunk;
 }
@@ -243,7 +245,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   plan.released = std::move(released_);
   released_.clear();
   plan.chunks.reserve(f.plan.chunks.size());
-  f.num_seeds.reserve(f.plan.chunks.size());
+  f.num_samples.reserve(f.plan.chunks.size());
   f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
   stats_.num_steps++;
@@ -262,9 +264,9 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   std::vector<sample_event> events;
   size_t i = 0;
   for (size_t c = 0; c < f.plan.chunks.size(); c++) {
-    if (f.num_seeds[c] == 0) continue;
+    if (f.num_samples[c] == 0) continue;
     const std::vector<sampling::sample_result>& samples = result.samples.at(i++);
-    TROUPE_ASSERT(samples.size() == f.num_seeds[c]);
+    TROUPE_ASSERT(samples.size() == f.num_samples[c]);
     const kv::seq_id seq = f.plan.chunks[c].seq;
     if (!samples_.count(seq)) {  // ended while this step was in flight
       stats_.num_discarded_tokens++;

@@ -143,7 +143,7 @@ class engine_core {
   };
   struct flight {
     sched::step_plan plan;
-    std::vector<size_t> num_seeds;  ///< per plan chunk
+    std::vector<size_t> num_samples;  ///< per plan chunk
     std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
   };
 

@@ -57,9 +57,11 @@ struct exec_chunk {
   /// table covers first_position + tokens.size() slots.
   int32_t first_block = 0;
   std::vector<int32_t> block_table;
-  /// Seeds to sample the chunk's last logits with, one sample each (several only where a
-  /// request forks into n samples); empty: no sample (a prefill chunk that is not the last).
-  std::vector<uint64_t> seeds;
+  /// Samples to draw from the chunk's last logits: 0 (a prefill chunk that is not the last), 1,
+  /// or n where a request forks into n samples. Sample i uses seed engine::child_seed(seed, i)
+  /// (child_seed(s, 0) = s), which is each forked sample's own seed.
+  int32_t num_samples = 0;
+  uint64_t seed = 0;
   sampling::sampling_params sampling;
   /// After the forward pass, read positions [0, first_position + tokens.size()) back into the
   /// result (the last chunk of a prefill-only sequence).
@@ -76,7 +78,7 @@ struct exec_plan {
 
 struct exec_result {
   int64_t step = 0;
-  /// One entry per chunk with seeds, in plan order; one sample per seed.
+  /// One entry per chunk with num_samples > 0, in plan order; num_samples samples each.
   std::vector<std::vector<sampling::sample_result>> samples;
   /// One entry per chunk with export_kv, in plan order.
   std::vector<kv_export> exports;

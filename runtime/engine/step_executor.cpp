@@ -1,5 +1,7 @@
 #include "runtime/engine/step_executor.hpp"
 
+#include "runtime/engine/request.hpp"
+
 namespace troupe::engine {
 
 step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
@@ -32,7 +34,7 @@ void step_executor::build_rows(const exec_plan& plan) {
         token = it->second;
       }
       rows_.push_back(model::forward_row{token, p, table.data(),
-                                         !chunk.seeds.empty() && p == end - 1});
+                                         chunk.num_samples > 0 && p == end - 1});
     }
   }
 }
@@ -59,13 +61,13 @@ exec_result step_executor::execute(const exec_plan& plan) {
   const int32_t vocab = model_.config().vocab_size;
   size_t logits_row = 0;
   for (const exec_chunk& chunk : plan.chunks) {
-    if (chunk.seeds.empty()) continue;
+    if (chunk.num_samples == 0) continue;
     const float* logits = logits_.data() + logits_row++ * vocab;
     // The sampled token will sit right after the chunk's last token.
     const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
     std::vector<sampling::sample_result> samples;
-    for (uint64_t seed : chunk.seeds)
-      samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, seed, position));
+    for (int32_t i = 0; i < chunk.num_samples; i++)
+      samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position));
     last_sample_[chunk.seq] = samples.front().token;
     result.samples.push_back(std::move(samples));
   }
