@@ -124,6 +124,22 @@ class ActorsDeterministic : public ::testing::Test {
     EXPECT_EQ(sys_.registry().running(), num_idle_actors_) << "a request or client actor is still alive";
   }
 
+  /// Submits `r`, cancels it once three tokens arrived, runs to the end; expects a completion
+  /// that ended "cancelled" and returns it.
+  actors::completion cancel_after_three_tokens(const msg::completion_request& r) {
+    auto log = submit(r);
+    run_until([&] { return log->tokens().size() >= 3; });
+    caf::anon_send(clients_.back(), msg::cancel_request{});
+    run_ticking();
+    EXPECT_EQ(log->num_done, 1);
+    if (!log->outcome || !log->outcome->has_value()) {
+      ADD_FAILURE() << (log->outcome ? log->outcome->error().message : "no outcome");
+      return {};
+    }
+    EXPECT_EQ((*log->outcome)->end.finish_reason, "cancelled");
+    return **log->outcome;
+  }
+
   /// Submits `r`, runs to the end and checks the completion against the reference.
   actors::completion run_and_check(const msg::completion_request& r, const std::string& what) {
     auto log = submit(r);
@@ -261,15 +277,7 @@ TEST_F(ActorsDeterministic, CancelMidStreamEndsCancelledAndFreesThePool) {
   start(engine_opts(false, /*num_kv_blocks=*/32));
   msg::completion_request r = make_completion("A big red ball", 200, 5);
   r.ignore_eos = true;
-  auto log = submit(r);
-  run_until([&] { return log->tokens().size() >= 3; });
-  caf::anon_send(clients_.back(), msg::cancel_request{});
-  run_ticking();
-
-  ASSERT_EQ(log->num_done, 1);
-  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
-  const actors::completion& c = **log->outcome;
-  EXPECT_EQ(c.end.finish_reason, "cancelled");
+  const actors::completion c = cancel_after_three_tokens(r);
   const generate::generation ref = reference(oracle_, r);
   ASSERT_GE(c.tokens.size(), 3u);
   ASSERT_LT(c.tokens.size(), 10u);  // the cancel came within a step or two
@@ -556,13 +564,7 @@ TEST_F(ActorsDeterministic, CancellingADisaggregatedRequestFreesBothEngines) {
   start_disaggregated();
   msg::completion_request r = make_completion("A big red ball", 300, 5);
   r.ignore_eos = true;
-  auto log = submit(r);
-  run_until([&] { return log->tokens().size() >= 3; });
-  caf::anon_send(clients_.back(), msg::cancel_request{});
-  run_ticking();
-  ASSERT_EQ(log->num_done, 1);
-  ASSERT_TRUE(log->outcome->has_value());
-  EXPECT_EQ((*log->outcome)->end.finish_reason, "cancelled");
+  (void)cancel_after_three_tokens(r);
   for (size_t e = 0; e < 3; e++) expect_engine_idle(e);
 }
 

@@ -90,17 +90,6 @@ class tracker : public std::enable_shared_from_this<tracker> {
   std::vector<entry> entries_;
 };
 
-/// Prompt `i` of 64: a window of one of llama2.c's golden stories, as text.
-std::string story_window(size_t i) {
-  static const std::vector<golden_case> cases = golden_cases();
-  const std::vector<int32_t>& ids = cases[i % cases.size()].token_ids;
-  const size_t start = 1 + (i * 5) % 120;
-  const size_t length = 2 + (i * 7) % 30;
-  std::vector<int32_t> window{tokenizer::bos};
-  window.insert(window.end(), ids.begin() + static_cast<std::ptrdiff_t>(start),
-                ids.begin() + static_cast<std::ptrdiff_t>(start + length));
-  return bundled_shared().tok->decode(window);
-}
 
 class ActorsThreaded : public ::testing::Test {
  protected:

@@ -31,17 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-/// Prompt `i`: a window of one of llama2.c's golden stories, as text.
-std::string story_window(size_t i) {
-  static const std::vector<golden_case> cases = golden_cases();
-  const std::vector<int32_t>& ids = cases[i % cases.size()].token_ids;
-  const size_t start = 1 + (i * 5) % 120;
-  const size_t length = 2 + (i * 7) % 30;
-  std::vector<int32_t> window{tokenizer::bos};
-  window.insert(window.end(), ids.begin() + static_cast<std::ptrdiff_t>(start),
-                ids.begin() + static_cast<std::ptrdiff_t>(start + length));
-  return bundled_shared().tok->decode(window);
-}
 
 class Cluster : public ::testing::Test {
  protected:
@@ -167,6 +156,18 @@ class Cluster : public ::testing::Test {
     }
   }
 
+  /// 64 concurrent requests, KV shipped by `kv_transfer`: each answer equals the reference and
+  /// every request was disaggregated.
+  void sixty_four_disaggregated(const std::string& kv_transfer) {
+    start(kv_transfer);
+    const auto requests = sixty_four();
+    const auto got = run_all(requests);
+    expect_all_match(requests, got, kv_transfer);
+    size_t num_tokens = 0;
+    for (const auto& c : got) num_tokens += c ? c->tokens.size() : 0;
+    expect_disaggregated(num_tokens);
+  }
+
   /// Every request was disaggregated: prefill0 ran prompts and generated nothing; both decode
   /// engines generated.
   void expect_disaggregated(size_t num_tokens) {
@@ -193,26 +194,12 @@ bool port_is_free(int port) {
   return ok;
 }
 
-size_t total_tokens(const std::vector<expected<actors::completion>>& got) {
-  size_t n = 0;
-  for (const auto& c : got) n += c ? c->tokens.size() : 0;
-  return n;
-}
-
 TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverCafMessagesEqualTheSingleNodeAnswers) {
-  start("caf");
-  const auto requests = sixty_four();
-  const auto got = run_all(requests);
-  expect_all_match(requests, got, "caf");
-  expect_disaggregated(total_tokens(got));
+  sixty_four_disaggregated("caf");
 }
 
 TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverUcxEqualTheSingleNodeAnswers) {
-  start("ucx");
-  const auto requests = sixty_four();
-  const auto got = run_all(requests);
-  expect_all_match(requests, got, "ucx");
-  expect_disaggregated(total_tokens(got));
+  sixty_four_disaggregated("ucx");
 }
 
 TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt) {

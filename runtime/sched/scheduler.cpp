@@ -37,49 +37,34 @@ void scheduler::insert_ordered(std::deque<seq_id>& queue, seq_id id) {
 
 void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority,
                     int32_t max_num_tokens) {
-  TROUPE_ASSERT(!prompt.empty());
-  TROUPE_ASSERT(max_num_tokens > static_cast<int32_t>(prompt.size()));
-  sequence s;
-  s.max_num_tokens = max_num_tokens;
-  s.id = id;
-  s.priority = priority;
-  s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
-  s.tokens = std::move(prompt);
-  add_sequence(std::move(s));
+  add_sequence(id, std::move(prompt), priority, max_num_tokens);
 }
 
 void scheduler::add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority) {
-  TROUPE_ASSERT(!tokens.empty());
-  sequence s;
-  s.id = id;
-  s.priority = priority;
-  s.num_prompt_tokens = static_cast<int32_t>(tokens.size());
-  s.max_num_tokens = s.num_prompt_tokens + 1;
-  s.prefill_only = true;
-  s.tokens = std::move(tokens);
-  add_sequence(std::move(s));
+  const auto limit = static_cast<int32_t>(tokens.size()) + 1;
+  add_sequence(id, std::move(tokens), priority, limit).prefill_only = true;
 }
 
 void scheduler::add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
                              int32_t num_imported_tokens) {
   TROUPE_ASSERT(num_imported_tokens > 0 && num_imported_tokens < static_cast<int32_t>(prompt.size()));
+  add_sequence(id, std::move(prompt), priority, max_num_tokens).num_imported_tokens = num_imported_tokens;
+}
+
+sequence& scheduler::add_sequence(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens) {
+  TROUPE_ASSERT_MSG(!contains(id), "duplicate sequence id");
+  TROUPE_ASSERT(!prompt.empty());
   TROUPE_ASSERT(max_num_tokens > static_cast<int32_t>(prompt.size()));
   sequence s;
   s.id = id;
   s.priority = priority;
+  s.arrival = next_arrival_++;
   s.max_num_tokens = max_num_tokens;
   s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
-  s.num_imported_tokens = num_imported_tokens;
   s.tokens = std::move(prompt);
-  add_sequence(std::move(s));
-}
-
-void scheduler::add_sequence(sequence s) {
-  TROUPE_ASSERT_MSG(!contains(s.id), "duplicate sequence id");
-  s.arrival = next_arrival_++;
-  const seq_id id = s.id;
-  sequences_.emplace(id, std::move(s));
+  sequence& added = sequences_.emplace(id, std::move(s)).first->second;
   insert_ordered(waiting_, id);
+  return added;
 }
 
 void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {

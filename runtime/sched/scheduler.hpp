@@ -156,7 +156,8 @@ class scheduler {
   void schedule_waiting(step_plan& plan, int32_t& budget);
   void preempt(seq_id victim, step_plan& plan);
   void add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget);
-  void add_sequence(sequence s);
+  /// Queues a new waiting sequence (arrival assigned here) and returns it.
+  sequence& add_sequence(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens);
 
   scheduler_config config_;
   kv::block_manager& blocks_;

@@ -83,6 +83,18 @@ inline msg::completion_request make_completion(std::string prompt, int32_t max_t
   return r;
 }
 
+/// Prompt `i` of a family of distinct text prompts: a window of one of llama2.c's golden stories.
+inline std::string story_window(size_t i) {
+  static const std::vector<golden_case> cases = golden_cases();
+  const std::vector<int32_t>& ids = cases[i % cases.size()].token_ids;
+  const size_t start = 1 + (i * 5) % 120;
+  const size_t length = 2 + (i * 7) % 30;
+  std::vector<int32_t> window{tokenizer::bos};
+  window.insert(window.end(), ids.begin() + static_cast<std::ptrdiff_t>(start),
+                ids.begin() + static_cast<std::ptrdiff_t>(start + length));
+  return bundled_shared().tok->decode(window);
+}
+
 /// The reference generator's answer to `r` (BOS + the encoded prompt, the same params and seed).
 inline generate::generation reference(model::transformer& t, const msg::completion_request& r) {
   const tokenizer& tok = *bundled_shared().tok;
