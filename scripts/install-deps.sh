@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config ccache
   libcaf-dev libucx-dev ucx-utils libmsgpack-cxx-dev capnproto libcapnp-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libtomlplusplus-dev libcli11-dev libxxhash-dev libexpected-dev gnuplot-nox)
+  libtomlplusplus-dev libcli11-dev libxxhash-dev libexpected-dev libjemalloc-dev gnuplot-nox)
 
 missing=()
 for p in "${packages[@]}"; do
