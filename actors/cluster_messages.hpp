@@ -107,7 +107,7 @@ typename Inspector::result_type inspect(Inspector& f, report_to& x) {
 }
 
 /// Engine -> balancer: a load report.
-struct engine_load {
+struct load_report {
   int32_t engine_index = 0;
   int64_t num_received = 0;            ///< requests and handoffs received so far
   int64_t num_requests = 0;            ///< unfinished requests
@@ -116,7 +116,7 @@ struct engine_load {
 };
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, engine_load& x) {
+typename Inspector::result_type inspect(Inspector& f, load_report& x) {
   return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens);
 }
 

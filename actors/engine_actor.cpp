@@ -82,7 +82,7 @@ void send_report(engine_actor_t* self) {
   engine_state& st = self->state;
   st.last_report = self->clock().now();
   const engine::engine_stats s = st.core->stats();
-  self->send(st.balancer, msg::engine_load{st.engine_index, st.num_received,
+  self->send(st.balancer, msg::load_report{st.engine_index, st.num_received,
                                            static_cast<int64_t>(st.requests.size()),
                                            static_cast<int64_t>(s.num_blocks_in_use) * st.core->config().block_size,
                                            st.core->num_queued_prompt_tokens()});
@@ -208,13 +208,16 @@ void kick(engine_actor_t* self) {
   }
 }
 
-/// Queues a request for `request_actor` through `add` (one of the core's add_* calls); false
-/// (after telling the request actor) when it is refused. `batch_tokens` > 0: the request's
-/// tokens go out in one message at the end, room for that many reserved now.
+/// Queues `r` for `request_actor` through `add` (one of the core's add_* calls, which moves
+/// `r`); false (after telling the request actor) when it is refused.
+/// `samples` is false for a prefill-only request (its tokens come from the decode engine).
 template <class Add>
-bool admit(engine_actor_t* self, engine::request_id id, int32_t batch_tokens, const caf::actor& request_actor,
-           Add&& add) {
+bool admit(engine_actor_t* self, const engine::request& r, const caf::actor& request_actor, Add&& add,
+           bool samples = true) {
   engine_state& st = self->state;
+  const engine::request_id id = r.id;
+  // Tokens delivered in one message at the end: room for all of them reserved now.
+  const int32_t batch_tokens = samples && r.batch_tokens ? r.max_tokens : 0;
   if (st.core->num_waiting() >= st.options.max_waiting) {
     self->send(request_actor, msg::rejected{id, "overloaded", "the engine's waiting queue is full (" +
                                                                   std::to_string(st.options.max_waiting) +
@@ -245,9 +248,7 @@ bool admit(engine_actor_t* self, engine::request_id id, int32_t batch_tokens, co
 
 void submit(engine_actor_t* self, engine::request r) {
   self->state.num_received++;
-  const engine::request_id id = r.id;
-  const int32_t batch = r.batch_tokens ? r.max_tokens : 0;
-  admit(self, id, batch, caf::actor_cast<caf::actor>(self->current_sender()),
+  admit(self, r, caf::actor_cast<caf::actor>(self->current_sender()),
         [&] { return self->state.core->add_request(std::move(r)); });
 }
 
@@ -256,7 +257,8 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   st.num_received++;
   const engine::request_id id = s.request.id;
   const caf::actor request_actor = caf::actor_cast<caf::actor>(self->current_sender());
-  if (admit(self, id, 0, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); }))
+  if (admit(self, s.request, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); },
+            /*samples=*/false))
     st.handoffs[id] = engine_state::handoff_target{std::move(s.decode), request_actor, std::move(s.kv_host), s.kv_port};
 }
 
@@ -271,8 +273,7 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<
     self->send(h.request_actor, msg::rejected{id, to_string(payload.error().code), payload.error().message});
     return;
   }
-  const int32_t batch = h.request.batch_tokens ? h.request.max_tokens : 0;
-  admit(self, id, batch, h.request_actor,
+  admit(self, h.request, h.request_actor,
         [&] { return self->state.core->add_prefilled(std::move(h.request), std::move(payload->kv)); });
 }
 
@@ -280,8 +281,7 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   engine_state& st = self->state;
   st.num_received++;
   if (h.ucx_tag == 0) {
-    const std::vector<uint8_t> bytes = std::move(h.payload);
-    accept_handoff(self, h, bytes);
+    accept_handoff(self, h, h.payload);
     return;
   }
   if (!st.options.ucx) {
@@ -314,6 +314,16 @@ void on_kv_arrived(engine_actor_t* self, msg::kv_arrived& a) {
   accept_handoff(self, h, a.bytes);
 }
 
+/// Ends a request early (released, or its request actor is gone); it may have finished already.
+void drop(engine_actor_t* self, engine::request_id id) {
+  engine_state& st = self->state;
+  (void)st.core->remove_request(id);
+  st.requests.erase(id);
+  st.handoffs.erase(id);
+  kick(self);
+  note_change(self);
+}
+
 caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
   engine_state& st = self->state;
   st.options = std::move(options);
@@ -329,12 +339,7 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
     }
     auto it = st.request_of_actor.find(dm.source);
     if (it == st.request_of_actor.end()) return;
-    if (st.requests.count(it->second)) {
-      (void)st.core->remove_request(it->second);
-      st.requests.erase(it->second);
-      st.handoffs.erase(it->second);
-      kick(self);
-    }
+    if (st.requests.count(it->second)) drop(self, it->second);
     st.request_of_actor.erase(it);
   });
   return {
@@ -342,13 +347,7 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
       [=](msg::submit_prefill& s) { submit_prefill(self, s); },
       [=](msg::kv_handoff& h) { on_handoff(self, h); },
       [=](msg::kv_arrived& a) { on_kv_arrived(self, a); },
-      [=](msg::release& r) {
-        (void)self->state.core->remove_request(r.request_id);  // it may have finished already
-        self->state.requests.erase(r.request_id);
-        self->state.handoffs.erase(r.request_id);
-        kick(self);
-        note_change(self);
-      },
+      [=](msg::release& r) { drop(self, r.request_id); },
       [=](msg::report_to& r) {
         engine_state& st = self->state;
         st.balancer = std::move(r.balancer);

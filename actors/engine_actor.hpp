@@ -9,7 +9,7 @@
 /// the last token), tells the request actor (`prefilled`) and sends the request with its KV
 /// to the decode engine (`kv_handoff`, Cap'n Proto payload inline or over UCX), which
 /// continues it like any request (engine_core::add_prefilled). Given `report_to`, the engine
-/// sends its balancer `engine_load` reports, at most one per interval and only after a change
+/// sends its balancer `load_report`s, at most one per interval and only after a change
 /// (an idle engine sets no timer).
 ///
 /// Failure: if the executor fails (it replies with an error or dies), every unfinished request

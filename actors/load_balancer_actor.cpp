@@ -25,22 +25,18 @@ struct unseen_work {
 struct engine_entry {
   balanced_engine spec;
   balance::engine_load load;
-  msg::engine_load report;        // the latest
+  msg::load_report report;        // the latest
   int64_t num_sent = 0;           // work items placed on it
   std::deque<unseen_work> unseen;
-};
-
-struct placed {
-  size_t decode = 0;  // the engine whose live-request count it holds
+  unseen_work unseen_total;       // Σ unseen (its `number` unused)
 };
 
 struct load_balancer_state {
   load_balancer_options o;
   std::vector<engine_entry> engines;
   std::vector<std::vector<bool>> tiers;       // balance::assign_tiers over the prefill engines
-  std::vector<caf::actor> actors;              // engines_atom's answer
   int64_t next_id = 0;
-  std::map<caf::actor_addr, placed> routed;    // live request actor -> its decode engine
+  std::map<caf::actor_addr, size_t> routed;   // live request actor -> its decode engine
   static inline const char* name = "load_balancer";
 };
 
@@ -50,17 +46,19 @@ std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on
 
 /// Recomputes an engine's token estimates: the last report plus what it has not seen.
 void refresh(engine_entry& e) {
-  while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) e.unseen.pop_front();
-  e.load.num_kv_tokens = e.report.num_kv_tokens;
-  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens;
-  for (const unseen_work& w : e.unseen) {
-    e.load.num_kv_tokens += w.kv_tokens;
-    e.load.num_prefill_tokens += w.prefill_tokens;
+  while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) {
+    e.unseen_total.kv_tokens -= e.unseen.front().kv_tokens;
+    e.unseen_total.prefill_tokens -= e.unseen.front().prefill_tokens;
+    e.unseen.pop_front();
   }
+  e.load.num_kv_tokens = e.report.num_kv_tokens + e.unseen_total.kv_tokens;
+  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens + e.unseen_total.prefill_tokens;
 }
 
 void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
   e.unseen.push_back(unseen_work{++e.num_sent, kv_tokens, prefill_tokens});
+  e.unseen_total.kv_tokens += kv_tokens;
+  e.unseen_total.prefill_tokens += prefill_tokens;
   refresh(e);
 }
 
@@ -100,7 +98,7 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   out.kv_host = d.spec.kv_host;
   out.kv_port = d.spec.kv_port;
   d.load.num_requests++;
-  st.routed[caf::actor_cast<caf::actor_addr>(self->current_sender())] = placed{chosen->decode};
+  st.routed[caf::actor_cast<caf::actor_addr>(self->current_sender())] = chosen->decode;
   const int64_t tokens = p.num_prompt_tokens;
   if (chosen->prefill) {
     engine_entry& pe = st.engines[*chosen->prefill];
@@ -117,7 +115,7 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
   if (auto it = st.routed.find(dm.source); it != st.routed.end()) {
-    st.engines[it->second.decode].load.num_requests--;
+    st.engines[it->second].load.num_requests--;
     st.routed.erase(it);
     return;
   }
@@ -142,7 +140,6 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
     e.load.kv_capacity_tokens = spec.kv_capacity_tokens;
     e.report.engine_index = static_cast<int32_t>(i);
     st.engines.push_back(std::move(e));
-    st.actors.push_back(spec.actor);
     if (spec.kind == balance::engine_kind::prefill) num_prefill++;
     self->monitor(spec.actor);
     if (st.o.report_interval_ms > 0)
@@ -154,7 +151,7 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
   return {
       [=](msg::completion_request& req) { return route(self, req); },
       [=](const msg::place_request& p) { return place(self, p); },
-      [=](const msg::engine_load& r) {
+      [=](const msg::load_report& r) {
         auto& engines = self->state.engines;
         if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size()) return;
         engine_entry& e = engines[r.engine_index];
@@ -162,7 +159,11 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
         e.report = r;
         refresh(e);
       },
-      [=](engines_atom) { return self->state.actors; },
+      [=](engines_atom) {
+        std::vector<caf::actor> actors;
+        for (const engine_entry& e : self->state.engines) actors.push_back(e.spec.actor);
+        return actors;
+      },
   };
 }
 

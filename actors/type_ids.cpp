@@ -31,7 +31,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::kv_handoff>("troupe::kv_handoff");
   cfg.add_message_type<msg::kv_arrived>("troupe::kv_arrived");
   cfg.add_message_type<msg::report_to>("troupe::report_to");
-  cfg.add_message_type<msg::engine_load>("troupe::engine_load");
+  cfg.add_message_type<msg::load_report>("troupe::load_report");
   cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
 }

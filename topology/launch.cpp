@@ -81,28 +81,26 @@ expected<std::vector<caf::actor>> reach_node(caf::actor_system& sys, const node_
 expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system& sys, const topology& t,
                                                                const std::string& node_name,
                                                                const launched_node& local) {
+  std::map<std::string, size_t> num_placed;  // engines the topology places on each node
+  for (const engine_spec& e : t.engines) num_placed[e.node]++;
   std::map<std::string, std::vector<caf::actor>> by_node;
   by_node[node_name] = local.engines;
+  std::map<std::string, size_t> next;  // per node: the index of its next engine
   std::vector<actors::balanced_engine> out;
   for (const engine_spec& e : t.engines) {
     auto it = by_node.find(e.node);
     if (it == by_node.end()) {
       auto remote = reach_node(sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms);
       if (!remote) return tl::unexpected(remote.error());
-      const auto expected_count = std::count_if(t.engines.begin(), t.engines.end(),
-                                                [&](const engine_spec& x) { return x.node == e.node; });
-      if (static_cast<int64_t>(remote->size()) != expected_count)
+      if (remote->size() != num_placed[e.node])
         return fail(errc::invalid_argument, "node '" + e.node + "' runs " + std::to_string(remote->size()) +
                                                 " engine(s) but the topology places " +
-                                                std::to_string(expected_count) + " there: a different topology file?");
+                                                std::to_string(num_placed[e.node]) + " there: a different topology file?");
       it = by_node.emplace(e.node, std::move(*remote)).first;
     }
-    const size_t index_on_node = static_cast<size_t>(
-        std::count_if(t.engines.begin(), t.engines.begin() + (&e - t.engines.data()),
-                      [&](const engine_spec& x) { return x.node == e.node; }));
     const node_spec& node = *t.find_node(e.node);
     actors::balanced_engine b;
-    b.actor = it->second.at(index_on_node);
+    b.actor = it->second.at(next[e.node]++);
     b.name = e.name;
     b.node = e.node;
     b.kind = kind_of(e.role);
@@ -182,8 +180,7 @@ expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const
                                 const launched_node& node) {
   const node_spec* spec = t.find_node(node_name);
   TROUPE_ASSERT(spec != nullptr);
-  const caf::actor& entry = node.load_balancer ? node.load_balancer : node.node_actor;
-  auto port = sys.middleman().publish(entry, spec->port, spec->host.c_str(), true);
+  auto port = sys.middleman().publish(node.entry(), spec->port, spec->host.c_str(), true);
   if (!port)
     return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +
                                     sys.render(port.error()));

@@ -31,6 +31,9 @@ struct launched_node {
   std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
   std::shared_ptr<const tokenizer> tok;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
+
+  /// What the node publishes at its address: the balancer where it runs, else the node actor.
+  [[nodiscard]] const caf::actor& entry() const { return load_balancer ? load_balancer : node_actor; }
 };
 
 /// Spawns everything `t` places on `node_name`. Errors: unknown node, unreadable model or

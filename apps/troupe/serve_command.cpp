@@ -63,28 +63,35 @@ int run_serve(const serve_options& o) {
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
-  (void)sys.middleman().unpublish(launched->load_balancer ? launched->load_balancer : launched->node_actor,
-                                  node->port);
+  (void)sys.middleman().unpublish(launched->entry(), node->port);
   topology::shutdown_node(sys, *launched);
   return 0;
+}
+
+/// `serve` (defaults: the bundled one-node topology, the balancer's node) and `node` (both
+/// required) run the same thing.
+action add_serving(CLI::App& app, const char* name, const char* description, bool required) {
+  auto o = std::make_shared<serve_options>();
+  CLI::App* cmd = app.add_subcommand(name, description);
+  CLI::Option* topology = cmd->add_option("--topology,-T", o->topology, "topology file (TOML)");
+  CLI::Option* node = cmd->add_option("--node", o->node, required ? "the node to run" : "node to run (default: the load balancer's)");
+  if (required) {
+    topology->required();
+    node->required();
+  } else {
+    topology->capture_default_str();
+  }
+  return [o] { return run_serve(*o); };
 }
 
 }  // namespace
 
 action add_serve(CLI::App& app) {
-  auto o = std::make_shared<serve_options>();
-  CLI::App* cmd = app.add_subcommand("serve", "Run one node of a topology (default: the bundled model, one node)");
-  cmd->add_option("--topology,-T", o->topology, "topology file (TOML)")->capture_default_str();
-  cmd->add_option("--node", o->node, "node to run (default: the load balancer's)");
-  return [o] { return run_serve(*o); };
+  return add_serving(app, "serve", "Run one node of a topology (default: the bundled model, one node)", false);
 }
 
 action add_node(CLI::App& app) {
-  auto o = std::make_shared<serve_options>();
-  CLI::App* cmd = app.add_subcommand("node", "Run one named node of a multi-node topology (troupe up runs them all)");
-  cmd->add_option("--topology,-T", o->topology, "topology file (TOML)")->required();
-  cmd->add_option("--node", o->node, "the node to run")->required();
-  return [o] { return run_serve(*o); };
+  return add_serving(app, "node", "Run one named node of a multi-node topology (troupe up runs them all)", true);
 }
 
 }  // namespace troupe::cli

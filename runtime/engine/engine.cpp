@@ -24,20 +24,21 @@ engine::engine(const model::checkpoint& ck, const tokenizer& tok, const engine_c
       core_(std::move(core)),
       executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool) {}
 
-expected<void> engine::add_request(request r) {
+template <class Add>
+expected<void> engine::add(request r, Add&& add_to_core) {
   const request_id id = r.id;
   text_spec spec{r.prompt, r.stop};
-  if (auto ok = core_->add_request(std::move(r)); !ok) return ok;
+  if (auto ok = add_to_core(std::move(r)); !ok) return ok;
   texts_.emplace(id, std::move(spec));
   return {};
 }
 
+expected<void> engine::add_request(request r) {
+  return add(std::move(r), [&](request x) { return core_->add_request(std::move(x)); });
+}
+
 expected<void> engine::add_prefilled(request r, kv_data kv) {
-  const request_id id = r.id;
-  text_spec spec{r.prompt, r.stop};
-  if (auto ok = core_->add_prefilled(std::move(r), std::move(kv)); !ok) return ok;
-  texts_.emplace(id, std::move(spec));
-  return {};
+  return add(std::move(r), [&](request x) { return core_->add_prefilled(std::move(x), std::move(kv)); });
 }
 
 expected<std::vector<token_event>> engine::abort(request_id id) {

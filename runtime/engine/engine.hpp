@@ -62,6 +62,10 @@ class engine {
     std::vector<std::string> stop;
   };
 
+  /// Queues `r` through `add_to_core` (a core add_* call) and keeps its text side.
+  template <class Add>
+  [[nodiscard]] expected<void> add(request r, Add&& add_to_core);
+
   /// The output stream of a live sample, made on its first token.
   [[nodiscard]] output_stream& stream(request_id id, int32_t index);
   [[nodiscard]] token_event to_event(const sample_event& e);

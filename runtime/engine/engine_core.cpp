@@ -93,9 +93,13 @@ kv::seq_id engine_core::new_sequence(request_id id, int32_t index, uint64_t seed
   return seq;
 }
 
-expected<void> engine_core::add_request(request r) {
+expected<void> engine_core::check_new(const request& r) const {
   if (requests_.count(r.id)) return fail(errc::invalid_argument, "duplicate request id " + num(r.id));
-  if (auto ok = validate_request(r, model_, config_); !ok) return ok;
+  return validate_request(r, model_, config_);
+}
+
+expected<void> engine_core::add_request(request r) {
+  if (auto ok = check_new(r); !ok) return ok;
   const request_id id = r.id;
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
   std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
@@ -107,8 +111,7 @@ expected<void> engine_core::add_request(request r) {
 }
 
 expected<void> engine_core::add_prefill(request r) {
-  if (requests_.count(r.id)) return fail(errc::invalid_argument, "duplicate request id " + num(r.id));
-  if (auto ok = validate_request(r, model_, config_); !ok) return ok;
+  if (auto ok = check_new(r); !ok) return ok;
   if (r.prompt.size() < 2)
     return fail(errc::invalid_argument, "a one-token prompt has nothing to prefill; submit it to a decode engine");
   const request_id id = r.id;
@@ -121,8 +124,7 @@ expected<void> engine_core::add_prefill(request r) {
 }
 
 expected<void> engine_core::add_prefilled(request r, kv_data kv) {
-  if (requests_.count(r.id)) return fail(errc::invalid_argument, "duplicate request id " + num(r.id));
-  if (auto ok = validate_request(r, model_, config_); !ok) return ok;
+  if (auto ok = check_new(r); !ok) return ok;
   const int32_t want = static_cast<int32_t>(r.prompt.size()) - 1;
   if (!kv.consistent() || kv.num_layers != model_.n_layers || kv.kv_dim != model_.kv_dim() || kv.num_tokens != want ||
       want < 1)
@@ -284,7 +286,8 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     TROUPE_ASSERT(x.seq == seq);
     auto sample = samples_.find(seq);
     if (sample == samples_.end()) continue;  // released while the step ran
-    prefilled_.push_back(prefilled_request{requests_.at(sample->second.request).req, std::move(x.kv)});
+    // end_sample below drops the request: its record moves out first.
+    prefilled_.push_back(prefilled_request{std::move(requests_.at(sample->second.request).req), std::move(x.kv)});
     end_sample(seq);
   }
   TROUPE_ASSERT(e == result.exports.size());

@@ -150,6 +150,8 @@ class engine_core {
   engine_core(const model::model_config& model, const engine_config& config,
               std::unique_ptr<kv::block_manager> blocks);
 
+  /// A new request's id is unused and it passes validate_request.
+  [[nodiscard]] expected<void> check_new(const request& r) const;
   [[nodiscard]] kv::seq_id new_sequence(request_id id, int32_t index, uint64_t seed);
   [[nodiscard]] exec_chunk make_chunk(const sched::scheduled_chunk& c, flight& f);
   void fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,
