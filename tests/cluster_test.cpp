@@ -85,14 +85,16 @@ class Cluster : public ::testing::Test {
       ASSERT_NE(pid, 0);
       nodes_.emplace_back(name, pid);
     }
-    connect();
+    connect((dir_ / "node0.err").string());
   }
 
-  void connect() {
+  /// Connects to the balancer, waiting up to 2 minutes (a hang guard: sanitizer builds of three
+  /// node processes start slowly next to other tests); `log` is shown if it never listens.
+  void connect(const std::string& log) {
     configure(cfg_, /*deterministic=*/false);
     cfg_.load<caf::io::middleman>();
     sys_ = std::make_unique<caf::actor_system>(cfg_);
-    for (int attempt = 0; attempt < 600 && !lb_; attempt++) {
+    for (int attempt = 0; attempt < 2400 && !lb_; attempt++) {
       auto lb = sys_->middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port(0)));
       if (lb) {
         lb_ = *lb;
@@ -100,7 +102,7 @@ class Cluster : public ::testing::Test {
         std::this_thread::sleep_for(50ms);
       }
     }
-    ASSERT_TRUE(lb_) << "the balancer never listened; node0 said: " << read_file((dir_ / "node0.err").string());
+    ASSERT_TRUE(lb_) << "the balancer never listened; " << log << " says: " << read_file(log);
   }
 
   pid_t pid_of(const std::string& name) const {
@@ -273,7 +275,7 @@ TEST_F(Cluster, UpStartsEveryNodeAndStopsThemOnSigint) {
   const pid_t up = spawn_troupe({"up", topo, "--node-log-level", "warn"}, (dir_ / "up.out").string(),
                                 (dir_ / "up.err").string());
   ASSERT_NE(up, 0);
-  connect();
+  connect((dir_ / "up.err").string());
   std::vector<msg::completion_request> requests;
   for (size_t i = 0; i < 4; i++) requests.push_back(make_completion(story_window(i), 20, 60 + i, 1.0f, 0.9f));
   expect_all_match(requests, run_all(requests), "up");
