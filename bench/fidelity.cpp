@@ -2,9 +2,11 @@
 // and through the simulator calibrated on this machine, request by request: mean and p99
 // relative errors of TTFT and E2E, and the error of the mean.
 //
-// Calibration: a first real run over the NEXT N requests of the trace has its executor log
-// every step (features + measured ns); the cost model is fitted to that log (what `troupe
-// calibrate --log` does), then the evaluation workload runs real and simulated.
+// Calibration: real runs log every executor step (features + measured ns) and the cost model
+// is fitted to a log (what `troupe calibrate --log` does): to a run over the NEXT N requests
+// of the trace (held out), to real run A of the evaluation workload, and to real run B's own
+// steps. The simulator is compared with real run B each time; A against B shows the host's own
+// run-to-run noise, which the first two calibrations carry and the last does not.
 //
 //   bench_fidelity [--requests N] [--time-scale S]
 //
@@ -19,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -85,7 +88,8 @@ std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::
   return out;
 }
 
-void report(const char* name, const std::vector<double>& real, const std::vector<double>& simulated) {
+void report(const char* name, const std::vector<double>& real, const std::vector<double>& simulated,
+            const char* other) {
   std::vector<double> rel;
   double sum_real = 0, sum_sim = 0;
   for (size_t i = 0; i < real.size(); i++) {
@@ -94,9 +98,25 @@ void report(const char* name, const std::vector<double>& real, const std::vector
     sum_sim += simulated[i];
   }
   const sim::summary_stats e = sim::summarize(rel);
-  std::printf("%-5s real mean %8.2f ms  sim mean %8.2f ms  error of the mean %5.1f%%  per-request error: mean %5.1f%%  p99 %6.1f%%\n",
-              name, sum_real / real.size(), sum_sim / real.size(), 100 * std::fabs(sum_sim - sum_real) / sum_real,
+  std::printf("%-5s real mean %8.2f ms  %s mean %8.2f ms  error of the mean %5.1f%%  per-request error: mean %5.1f%%  p99 %6.1f%%\n",
+              name, sum_real / real.size(), other, sum_sim / real.size(), 100 * std::fabs(sum_sim - sum_real) / sum_real,
               100 * e.mean, 100 * e.p99);
+}
+
+/// Prints the errors of `other` (simulated or another real run) against `real`, request by
+/// request, over the requests that finished in both.
+void compare_timings(const std::vector<timing>& real, const std::vector<timing>& other, const char* other_name) {
+  std::vector<double> real_ttft, real_e2e, other_ttft, other_e2e;
+  for (size_t i = 0; i < real.size(); i++) {
+    if (real[i].e2e_ms < 0 || other[i].e2e_ms < 0) continue;
+    real_ttft.push_back(real[i].ttft_ms);
+    real_e2e.push_back(real[i].e2e_ms);
+    other_ttft.push_back(other[i].ttft_ms);
+    other_e2e.push_back(other[i].e2e_ms);
+  }
+  std::printf("%zu requests compared\n", real_e2e.size());
+  report("TTFT", real_ttft, other_ttft, other_name);
+  report("E2E", real_e2e, other_e2e, other_name);
 }
 
 /// Simulates `workload` with `t` and prints its errors against the real timings.
@@ -111,19 +131,27 @@ bool compare(const sim::sim_topology& t, const std::vector<sim::trace_request>& 
     std::fprintf(stderr, "%s\n", simulated.error().message.c_str());
     return false;
   }
-  std::vector<double> real_ttft, real_e2e, sim_ttft, sim_e2e;
+  std::vector<timing> out(workload.size());
   for (size_t i = 0; i < workload.size(); i++) {
     const sim::request_record& q = simulated->requests[i];
-    if (real[i].e2e_ms < 0 || q.finish_ns < 0) continue;
-    real_ttft.push_back(real[i].ttft_ms);
-    real_e2e.push_back(real[i].e2e_ms);
-    sim_ttft.push_back((q.first_token_ns - q.arrival_ns) / 1e6);
-    sim_e2e.push_back((q.finish_ns - q.arrival_ns) / 1e6);
+    if (q.finish_ns >= 0) out[i] = {(q.first_token_ns - q.arrival_ns) / 1e6, (q.finish_ns - q.arrival_ns) / 1e6};
   }
-  std::printf("%zu requests compared\n", real_e2e.size());
-  report("TTFT", real_ttft, sim_ttft);
-  report("E2E", real_e2e, sim_e2e);
+  compare_timings(real, out, "sim");
   return true;
+}
+
+/// The cost model fitted to the step log at `path`, printed with `what` it was measured on.
+expected<cost::cost_params> calibrate(const std::string& path, const std::string& what) {
+  auto samples = cost::read_step_log(path);
+  if (!samples) return tl::unexpected<error>(samples.error());
+  auto fitted = cost::fit(*samples);
+  if (!fitted) return tl::unexpected<error>(fitted.error());
+  const cost::cost_params& c = fitted->params;
+  std::printf("\ncalibrated on %s (%lld steps): step %.0f ns, token %.0f ns, sample %.0f ns, attended token %.1f ns, "
+              "KV read token %.1f ns (fit: mean relative error %.1f%%, weighted by time %.1f%%)\n",
+              what.c_str(), static_cast<long long>(fitted->num_samples), c.step_ns, c.token_ns, c.sampled_row_ns,
+              c.attention_token_ns, c.kv_read_token_ns, 100 * fitted->mean_abs_rel_error, 100 * fitted->time_error);
+  return c;
 }
 
 int run(int argc, char** argv) {
@@ -149,37 +177,36 @@ int run(int argc, char** argv) {
   std::vector<sim::trace_request> calibration(all.begin() + all.size() / 2, all.end());
   for (sim::trace_request& r : calibration) r.arrival_ns -= all[all.size() / 2].arrival_ns;
   const uint64_t seed = 1;
-  const std::string log_path = "/tmp/troupe_fidelity_steps.csv";
-  std::remove(log_path.c_str());
-  (void)run_real(*t, calibration, seed + 1, log_path);
-  auto samples = cost::read_step_log(log_path);
-  if (!samples) return std::fprintf(stderr, "%s\n", samples.error().message.c_str()), 1;
-  auto fitted = cost::fit(*samples);
-  if (!fitted) return std::fprintf(stderr, "%s\n", fitted.error().message.c_str()), 1;
-  t->cost = fitted->params;
-  std::printf("calibrated on %lld logged steps of the next %zu requests: step %.0f ns, token %.0f ns, sample %.0f ns, "
-              "attended token %.1f ns (fit: mean relative error %.1f%%)\n",
-              static_cast<long long>(fitted->num_samples), calibration.size(), t->cost.step_ns, t->cost.token_ns,
-              t->cost.sampled_row_ns, t->cost.attention_token_ns, 100 * fitted->mean_abs_rel_error);
   std::printf("workload: %zu Azure conv requests, lengths x0.25 clipped to %d, time compressed %.0fx\n",
               workload.size(), t->model.seq_len, time_scale);
+  // Three real runs, each logging its steps: the held-out workload, then the evaluation
+  // workload twice (A and B). B is what the simulator is compared with; A against B is this
+  // host's own run-to-run noise, the floor no simulator can get under.
+  const std::string held_out_log = "/tmp/troupe_fidelity_held_out_steps.csv";
+  const std::string log_a = "/tmp/troupe_fidelity_a_steps.csv", log_b = "/tmp/troupe_fidelity_b_steps.csv";
+  for (const std::string& path : {held_out_log, log_a, log_b}) std::remove(path.c_str());
+  (void)run_real(*t, calibration, seed + 1, held_out_log);
+  const std::vector<timing> real_a = run_real(*t, workload, seed, log_a);
+  const std::vector<timing> real_b = run_real(*t, workload, seed, log_b);
+  std::printf("\nreal run B against real run A (the host's run-to-run noise)\n");
+  compare_timings(real_b, real_a, "  A");
 
-  const std::string eval_log_path = "/tmp/troupe_fidelity_eval_steps.csv";
-  std::remove(eval_log_path.c_str());
-  const std::vector<timing> real = run_real(*t, workload, seed, eval_log_path);
-  if (!compare(*t, workload, seed, real)) return 1;
-
-  // The same comparison with the cost model fitted to the evaluation run's own steps: this
-  // machine's speed drifts between runs (shared host), and this isolates the simulator's
-  // scheduling fidelity from that drift.
-  auto own = cost::read_step_log(eval_log_path);
-  if (!own) return std::fprintf(stderr, "%s\n", own.error().message.c_str()), 1;
-  auto refit = cost::fit(*own);
-  if (!refit) return std::fprintf(stderr, "%s\n", refit.error().message.c_str()), 1;
-  t->cost = refit->params;
-  std::printf("\nrecalibrated on the evaluation run's own %lld steps (fit: mean relative error %.1f%%)\n",
-              static_cast<long long>(refit->num_samples), 100 * refit->mean_abs_rel_error);
-  if (!compare(*t, workload, seed, real)) return 1;
+  const std::pair<std::string, std::string> calibrations[] = {
+      // A workload the simulator is not compared on.
+      {held_out_log, "the held-out run of the next " + std::to_string(calibration.size()) + " requests"},
+      // The same workload measured in another run, as a user calibrates on a log of the
+      // workload they study.
+      {log_a, "real run A"},
+      // The host's drift between runs removed: what is left is the cost model's and the
+      // simulated scheduling's own error.
+      {log_b, "real run B itself"},
+  };
+  for (const auto& [log, what] : calibrations) {
+    auto params = calibrate(log, what);
+    if (!params) return std::fprintf(stderr, "%s\n", params.error().message.c_str()), 1;
+    t->cost = *params;
+    if (!compare(*t, workload, seed, real_b)) return 1;
+  }
   return 0;
 }
 

@@ -107,7 +107,8 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
     return fail(errc::malformed_file, where + "tokens = \"real\" needs [model] checkpoint = the model that computes them");
   if (calibration.empty() == !cost_inline)
     return fail(errc::malformed_file, where + "[cost] needs either calibration = FILE or step_ns, token_ns, "
-                                              "sampled_row_ns and attention_token_ns (not both)");
+                                              "sampled_row_ns and attention_token_ns (and optionally "
+                                              "kv_read_token_ns), not both");
   if (!calibration.empty()) {
     auto params = cost::read_calibration(calibration);
     if (!params) return fail(params.error().code, where + params.error().message);
@@ -164,6 +165,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
       {"sampled_row_ns", false, 0, 1e15, into(t.cost.sampled_row_ns)},
       {"attention_token_ns", false, 0, 1e15, into(t.cost.attention_token_ns)},
+      {"kv_read_token_ns", false, 0, 1e15, into(t.cost.kv_read_token_ns)},
       {"calibration", false, 0, 0, nullptr, [&](const std::string& s) { calibration = resolve(base_dir, s); }},
       {"tokens", false, 0, 0, nullptr, [&](const std::string& s) { tokens = s; }}};
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
@@ -172,9 +174,10 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   const toml::table* cost = root["cost"].as_table();
   int inline_params = 0;
   for (const char* k : {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns"}) inline_params += cost->contains(k);
-  if (inline_params != 0 && inline_params != 4)
+  if ((inline_params != 0 && inline_params != 4) || (inline_params == 0 && cost->contains("kv_read_token_ns")))
     return fail(errc::malformed_file, at(source, *cost) + "[cost] needs all four of step_ns, token_ns, "
-                                                          "sampled_row_ns and attention_token_ns");
+                                                          "sampled_row_ns and attention_token_ns "
+                                                          "(kv_read_token_ns is optional)");
   return finish_sim_topology(std::move(t), checkpoint.empty() ? "" : resolve(base_dir, checkpoint), calibration,
                              tokens, kv_bytes_per_value, source, inline_params == 4);
 }

@@ -30,11 +30,13 @@ engine::exec_chunk chunk(int32_t first_position, int32_t num_tokens, int32_t num
   return c;
 }
 
-void expect_features(const step_features& f, double steps, double tokens, double sampled, double attention) {
+void expect_features(const step_features& f, double steps, double tokens, double sampled, double attention,
+                     double kv_read) {
   EXPECT_EQ(f.num_steps, steps);
   EXPECT_EQ(f.num_tokens, tokens);
   EXPECT_EQ(f.num_sampled_rows, sampled);
   EXPECT_EQ(f.attention_tokens, attention);
+  EXPECT_EQ(f.kv_read_tokens, kv_read);
 }
 
 std::string temp_path(const std::string& name) {
@@ -57,7 +59,7 @@ std::vector<step_features> grid_features() {
 
 double exact_ns(const cost_params& p, const step_features& f) {
   return p.step_ns * f.num_steps + p.token_ns * f.num_tokens + p.sampled_row_ns * f.num_sampled_rows +
-         p.attention_token_ns * f.attention_tokens;
+         p.attention_token_ns * f.attention_tokens + p.kv_read_token_ns * f.kv_read_tokens;
 }
 
 void expect_relative(double actual, double expected, double tolerance, const char* what) {
@@ -77,29 +79,29 @@ TEST(CostFeatures, ChunkAttendsToItsCachedContextAndItself) {
 
 TEST(CostFeatures, OfAPlanSumOverItsChunks) {
   engine::exec_plan plan;
-  plan.chunks.push_back(chunk(10, 4, 1));  // last prefill chunk: 50 attention tokens
-  plan.chunks.push_back(chunk(99, 1, 2));  // decode, forked into 2 samples: 100
-  plan.chunks.push_back(chunk(0, 3, 0));   // intermediate prefill chunk, no sample: 6
-  expect_features(features_of(plan), 1, 8, 3, 156);
+  plan.chunks.push_back(chunk(10, 4, 1));  // last prefill chunk: 50 attention tokens, reads 14
+  plan.chunks.push_back(chunk(99, 1, 2));  // decode, forked into 2 samples: 100, reads 100
+  plan.chunks.push_back(chunk(0, 3, 0));   // intermediate prefill chunk, no sample: 6, reads 3
+  expect_features(features_of(plan), 1, 8, 3, 156, 117);
 }
 
 TEST(CostFeatures, OfAnEmptyPlanIsOneStep) {
-  expect_features(features_of(engine::exec_plan{}), 1, 0, 0, 0);
+  expect_features(features_of(engine::exec_plan{}), 1, 0, 0, 0, 0);
 }
 
 TEST(CostModel, PredictsTheLinearCombinationRounded) {
-  const cost_params p{1000, 10, 100, 0.5};
-  EXPECT_EQ(predict_ns(p, {1, 8, 3, 156}), 1000 + 80 + 300 + 78);
-  EXPECT_EQ(predict_ns(p, {1, 0, 0, 1}), 1001);  // 1000.5 rounds away from zero
-  EXPECT_EQ(predict_ns(p, {2, 0, 0, 0}), 2000);  // summed features of two steps
-  EXPECT_EQ(predict_ns(cost_params{-500, 1, 0, 0}, {1, 100, 0, 0}), 0);  // clamped at 0
-  EXPECT_EQ(predict_ns(cost_params{}, {1, 100, 4, 9999}), 0);
+  const cost_params p{1000, 10, 100, 0.5, 2};
+  EXPECT_EQ(predict_ns(p, {1, 8, 3, 156, 117}), 1000 + 80 + 300 + 78 + 234);
+  EXPECT_EQ(predict_ns(p, {1, 0, 0, 1, 0}), 1001);  // 1000.5 rounds away from zero
+  EXPECT_EQ(predict_ns(p, {2, 0, 0, 0, 0}), 2000);  // summed features of two steps
+  EXPECT_EQ(predict_ns(cost_params{-500, 1, 0, 0, 0}, {1, 100, 0, 0, 0}), 0);  // clamped at 0
+  EXPECT_EQ(predict_ns(cost_params{}, {1, 100, 4, 9999, 100}), 0);
 }
 
 // --- fit ------------------------------------------------------------------------------------
 
 TEST(CostFit, RecoversKnownParametersFromNoiselessSamples) {
-  const cost_params truth{25'000, 1'300, 2'100, 3.25};
+  const cost_params truth{25'000, 1'300, 2'100, 3.25, 1.5};
   std::vector<step_sample> samples;
   for (const step_features& f : grid_features()) samples.push_back({f, exact_ns(truth, f)});
   auto r = fit(samples);
@@ -108,17 +110,20 @@ TEST(CostFit, RecoversKnownParametersFromNoiselessSamples) {
   expect_relative(r->params.token_ns, truth.token_ns, 1e-6, "token_ns");
   expect_relative(r->params.sampled_row_ns, truth.sampled_row_ns, 1e-6, "sampled_row_ns");
   expect_relative(r->params.attention_token_ns, truth.attention_token_ns, 1e-6, "attention_token_ns");
+  expect_relative(r->params.kv_read_token_ns, truth.kv_read_token_ns, 1e-6, "kv_read_token_ns");
   EXPECT_LT(r->rms_error_ns, 1e-3);
   EXPECT_LT(r->mean_abs_rel_error, 1e-9);
+  EXPECT_LT(r->time_error, 1e-9);
   EXPECT_EQ(r->num_samples, static_cast<int64_t>(samples.size()));
 }
 
 TEST(CostFit, RecoversAHandMadeSystemExactly) {
-  // Four independent steps: the fit is the solution of a 4x4 system.
-  const cost_params truth{1000, 10, 100, 0.5};
+  // Five independent steps: the fit is the solution of a 5x5 system.
+  const cost_params truth{1000, 10, 100, 0.5, 2};
   std::vector<step_sample> samples;
-  for (const step_features& f : {step_features{1, 1, 1, 17}, step_features{1, 64, 0, 2080},
-                                  step_features{1, 64, 64, 30'816}, step_features{1, 448, 1, 100'576}})
+  for (const step_features& f : {step_features{1, 1, 1, 17, 17}, step_features{1, 64, 0, 2080, 64},
+                                  step_features{1, 64, 64, 30'816, 30'816}, step_features{1, 448, 1, 100'576, 448},
+                                  step_features{1, 8, 8, 800, 800}})
     samples.push_back({f, exact_ns(truth, f)});
   auto r = fit(samples);
   ASSERT_TRUE(r.has_value()) << r.error().message;
@@ -126,10 +131,11 @@ TEST(CostFit, RecoversAHandMadeSystemExactly) {
   expect_relative(r->params.token_ns, 10, 1e-9, "token_ns");
   expect_relative(r->params.sampled_row_ns, 100, 1e-9, "sampled_row_ns");
   expect_relative(r->params.attention_token_ns, 0.5, 1e-9, "attention_token_ns");
+  expect_relative(r->params.kv_read_token_ns, 2, 1e-9, "kv_read_token_ns");
 }
 
 TEST(CostFit, RecoversParametersApproximatelyFromNoisySamples) {
-  const cost_params truth{25'000, 1'300, 2'100, 3.25};
+  const cost_params truth{25'000, 1'300, 2'100, 3.25, 1.5};
   std::vector<step_sample> samples;
   int32_t i = 0;
   for (const step_features& f : grid_features()) {
@@ -143,6 +149,7 @@ TEST(CostFit, RecoversParametersApproximatelyFromNoisySamples) {
   expect_relative(r->params.token_ns, truth.token_ns, 0.15, "token_ns");
   expect_relative(r->params.sampled_row_ns, truth.sampled_row_ns, 0.15, "sampled_row_ns");
   expect_relative(r->params.attention_token_ns, truth.attention_token_ns, 0.05, "attention_token_ns");
+  expect_relative(r->params.kv_read_token_ns, truth.kv_read_token_ns, 0.15, "kv_read_token_ns");
   EXPECT_GT(r->mean_abs_rel_error, 0.003);
   EXPECT_LT(r->mean_abs_rel_error, 0.02);
   EXPECT_GT(r->rms_error_ns, 0);
@@ -152,7 +159,7 @@ TEST(CostFit, IsDeterministic) {
   std::vector<step_sample> samples;
   int32_t i = 0;
   for (const step_features& f : grid_features())
-    samples.push_back({f, 1e4 + f.num_tokens * 900 + f.attention_tokens * 2 + (i++ % 13) * 300});
+    samples.push_back({f, 1e4 + f.num_tokens * 900 + f.attention_tokens * 2 + f.kv_read_tokens + (i++ % 13) * 300});
   auto a = fit(samples);
   auto b = fit(samples);
   ASSERT_TRUE(a.has_value() && b.has_value());
@@ -160,12 +167,13 @@ TEST(CostFit, IsDeterministic) {
   EXPECT_EQ(a->params.token_ns, b->params.token_ns);
   EXPECT_EQ(a->params.sampled_row_ns, b->params.sampled_row_ns);
   EXPECT_EQ(a->params.attention_token_ns, b->params.attention_token_ns);
+  EXPECT_EQ(a->params.kv_read_token_ns, b->params.kv_read_token_ns);
   EXPECT_EQ(a->rms_error_ns, b->rms_error_ns);
 }
 
 TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
   // Sampling that "saves" time: the unconstrained fit would give sampled_row_ns < 0.
-  const cost_params truth{20'000, 1'000, -400, 2};
+  const cost_params truth{20'000, 1'000, -400, 2, 1};
   std::vector<step_sample> samples;
   for (const step_features& f : grid_features()) samples.push_back({f, exact_ns(truth, f)});
   auto r = fit(samples);
@@ -175,39 +183,42 @@ TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
   EXPECT_GE(p.step_ns, 0);
   EXPECT_GE(p.token_ns, 0);
   EXPECT_GE(p.attention_token_ns, 0);
-  // Optimality (KKT) of the relative objective Σ ((predicted - y) / y)²: its gradient
-  // vanishes along every free parameter, and moving a clamped one up from 0 would not reduce it.
-  double grad[4] = {};
+  EXPECT_GE(p.kv_read_token_ns, 0);
+  // Optimality (KKT) of the objective Σ (predicted - y)² / y: its gradient vanishes along
+  // every free parameter, and moving a clamped one up from 0 would not reduce it.
+  double grad[5] = {}, scale[5] = {};
   for (const auto& [f, y] : samples) {
-    const double residual = (exact_ns(p, f) - y) / (y * y);
-    grad[0] += residual * f.num_steps;
-    grad[1] += residual * f.num_tokens;
-    grad[2] += residual * f.num_sampled_rows;
-    grad[3] += residual * f.attention_tokens;
+    const double x[5] = {f.num_steps, f.num_tokens, f.num_sampled_rows, f.attention_tokens, f.kv_read_tokens};
+    const double residual = (exact_ns(p, f) - y) / y;
+    for (int j = 0; j < 5; j++) {
+      grad[j] += residual * x[j];
+      scale[j] += std::abs(x[j]);
+    }
   }
-  double scale[4] = {};
-  for (const auto& [f, y] : samples) {
-    scale[0] += std::abs(f.num_steps / y);
-    scale[1] += std::abs(f.num_tokens / y);
-    scale[2] += std::abs(f.num_sampled_rows / y);
-    scale[3] += std::abs(f.attention_tokens / y);
+  const double params[5] = {p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns};
+  for (int j = 0; j < 5; j++) {
+    if (params[j] > 0)
+      EXPECT_LT(std::abs(grad[j]), 1e-9 * scale[j]) << "parameter " << j;
+    else
+      EXPECT_GT(grad[j], -1e-9 * scale[j]) << "parameter " << j;
   }
-  EXPECT_LT(std::abs(grad[0]), 1e-9 * scale[0]);
-  EXPECT_LT(std::abs(grad[1]), 1e-9 * scale[1]);
   EXPECT_GT(grad[2], 0);
-  EXPECT_LT(std::abs(grad[3]), 1e-9 * scale[3]);
+  EXPECT_GT(p.step_ns, 0);
+  EXPECT_GT(p.token_ns, 0);
+  EXPECT_GT(p.attention_token_ns, 0);
 }
 
 TEST(CostFit, RejectsFewerSamplesThanParameters) {
-  std::vector<step_sample> samples = {{{1, 1, 1, 17}, 1e4}, {{1, 64, 0, 2080}, 5e4}, {{1, 8, 8, 800}, 2e4}};
+  std::vector<step_sample> samples = {{{1, 1, 1, 17, 17}, 1e4}, {{1, 64, 0, 2080, 64}, 5e4},
+                                      {{1, 8, 8, 800, 800}, 2e4}, {{1, 16, 1, 136, 16}, 1e4}};
   auto r = fit(samples);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, errc::invalid_argument);
-  EXPECT_EQ(r.error().message, "cannot fit 4 cost parameters from 3 samples; need at least 4");
+  EXPECT_EQ(r.error().message, "cannot fit 5 cost parameters from 4 samples; need at least 5");
 }
 
 TEST(CostFit, RejectsIdenticalSamples) {
-  std::vector<step_sample> samples(10, step_sample{{1, 64, 64, 30'816}, 9e4});
+  std::vector<step_sample> samples(10, step_sample{{1, 64, 64, 30'816, 30'816}, 9e4});
   auto r = fit(samples);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, errc::invalid_argument);
@@ -220,7 +231,7 @@ TEST(CostFit, RejectsCollinearFeatures) {
   // Decode only, one context: tokens = sampled rows in every step.
   std::vector<step_sample> samples;
   for (int32_t rows = 1; rows <= 64; rows *= 2)
-    samples.push_back({{1, double(rows), double(rows), 129.0 * rows}, 1e4 + 500.0 * rows});
+    samples.push_back({{1, double(rows), double(rows), 129.0 * rows, 129.0 * rows}, 1e4 + 500.0 * rows});
   auto r = fit(samples);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, errc::invalid_argument);
@@ -231,30 +242,33 @@ TEST(CostFit, RejectsCollinearFeatures) {
 
 TEST(CostFit, RejectsAFeatureThatIsAlwaysZero) {
   std::vector<step_sample> samples;
-  for (int32_t q = 16; q <= 256; q *= 2) samples.push_back({{1, double(q), 0, q * (q + 1) / 2.0}, 1e3 * q});
+  for (int32_t q = 16; q <= 256; q *= 2) samples.push_back({{1, double(q), 0, q * (q + 1) / 2.0, double(q)}, 1e3 * q});
   auto r = fit(samples);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().message, "feature num_sampled_rows is zero in every sample; its cost cannot be fitted");
 }
 
 TEST(CostFit, RejectsBadMeasurements) {
-  std::vector<step_sample> samples = {{{1, 1, 1, 17}, 1e4}, {{1, 64, 0, 2080}, 5e4},
-                                      {{1, 8, 8, 800}, 2e4}, {{1, 16, 1, 136}, 0}};
+  std::vector<step_sample> samples = {{{1, 1, 1, 17, 17}, 1e4}, {{1, 64, 0, 2080, 64}, 5e4}, {{1, 8, 8, 800, 800}, 2e4},
+                                      {{1, 16, 1, 136, 16}, 0}, {{1, 32, 1, 528, 32}, 3e4}};
   auto r = fit(samples);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, errc::invalid_argument);
   EXPECT_EQ(r.error().message, "sample 3: measured time 0.000000 ns is not a finite positive number");
-  samples[3] = {{1, -16, 1, 136}, 1e4};
+  samples[3] = {{1, -16, 1, 136, 16}, 1e4};
   EXPECT_NE(fit(samples).error().message.find("sample 3: feature num_tokens"), std::string::npos);
-  samples[3] = {{1, 16, 1, NAN}, 1e4};
+  samples[3] = {{1, 16, 1, NAN, 16}, 1e4};
   EXPECT_NE(fit(samples).error().message.find("sample 3: feature attention_tokens"), std::string::npos);
+  samples[3] = {{1, 16, 1, 136, INFINITY}, 1e4};
+  EXPECT_NE(fit(samples).error().message.find("sample 3: feature kv_read_tokens"), std::string::npos);
 }
 
 // --- step log -------------------------------------------------------------------------------
 
 TEST(StepLog, LinesRoundTrip) {
-  EXPECT_EQ(step_log_line({1, 65, 64, 16'416}, 182'034), "65,64,16416,182034\n");
-  const std::vector<step_sample> samples = {{{1, 65, 64, 16'416}, 182'034}, {{1, 448, 0, 100'576}, 3'000'001}};
+  EXPECT_EQ(step_log_line({1, 65, 64, 16'416, 16'480}, 182'034), "65,64,16416,16480,182034\n");
+  const std::vector<step_sample> samples = {{{1, 65, 64, 16'416, 16'480}, 182'034},
+                                            {{1, 448, 0, 100'576, 448}, 3'000'001}};
   std::string text = std::string(step_log_header) + "\n";
   for (const auto& [f, ns] : samples) text += step_log_line(f, static_cast<int64_t>(ns));
   auto back = read_step_log(write_temp("log.csv", text + "\n"));
@@ -262,7 +276,7 @@ TEST(StepLog, LinesRoundTrip) {
   ASSERT_EQ(back->size(), 2u);
   for (size_t i = 0; i < samples.size(); i++) {
     expect_features((*back)[i].first, 1, samples[i].first.num_tokens, samples[i].first.num_sampled_rows,
-                    samples[i].first.attention_tokens);
+                    samples[i].first.attention_tokens, samples[i].first.kv_read_tokens);
     EXPECT_EQ((*back)[i].second, samples[i].second);
   }
 }
@@ -276,11 +290,16 @@ TEST(StepLog, ErrorsNameTheLine) {
   const bad cases[] = {
       {"", "log.csv:1: empty step log; expected the header " + std::string(step_log_header)},
       {"tokens,ns\n1,2\n", "log.csv:1: expected the header " + std::string(step_log_header) + ", got 'tokens,ns'"},
-      {header + "1,1,1,100\n1,1,100\n", "log.csv:3: expected 4 comma-separated numbers, got '1,1,100'"},
-      {header + "1,1,1,100,5\n", "log.csv:2: expected 4 comma-separated numbers, got '1,1,1,100,5'"},
-      {header + "1,x,1,100\n", "log.csv:2: field 2 'x' is not a non-negative finite number"},
-      {header + "1,1,-3,100\n", "log.csv:2: field 3 '-3' is not a non-negative finite number"},
-      {header + "1,1,1,0\n", "log.csv:2: field 4 '0' is not a positive finite number"},
+      {header + "1,1,1,1,100\n1,1,1,100\n", "log.csv:3: expected 5 comma-separated numbers, got '1,1,1,100'"},
+      {header + "1,1,1,1,100,5\n", "log.csv:2: expected 5 comma-separated numbers, got '1,1,1,1,100,5'"},
+      {header + "1,x,1,1,100\n", "log.csv:2: field 2 'x' is not a non-negative finite number"},
+      {header + "1,1,-3,1,100\n", "log.csv:2: field 3 '-3' is not a non-negative finite number"},
+      {header + "1,1,1,nan,100\n", "log.csv:2: field 4 'nan' is not a non-negative finite number"},
+      {header + "1,1,1,1,0\n", "log.csv:2: field 5 '0' is not a positive finite number"},
+      // A log written before kv_read_tokens was a feature.
+      {"num_tokens,num_sampled_rows,attention_tokens,measured_ns\n1,1,1,100\n",
+       "log.csv:1: expected the header " + std::string(step_log_header) +
+           ", got 'num_tokens,num_sampled_rows,attention_tokens,measured_ns'"},
   };
   for (const bad& b : cases) {
     auto r = parse_step_log(b.text, "log.csv");
@@ -297,13 +316,15 @@ TEST(StepLog, ErrorsNameTheLine) {
 
 TEST(CalibrationFile, RoundTripsEveryBit) {
   fit_result f;
-  f.params = {25'012.345678901234, 0.1 + 0.2, 2'000, 3.0e-7};
+  f.params = {25'012.345678901234, 0.1 + 0.2, 2'000, 3.0e-7, 1.0 / 3};
   f.rms_error_ns = 1'830.25;
   f.mean_abs_rel_error = 0.0413;
+  f.time_error = 0.0207;
   f.num_samples = 92;
   const std::string source = "a \"quoted\" path\\with # and\nnewline";
   const std::string text = write_calibration(f, source);
-  EXPECT_NE(text.find("format = \"troupe-calibration-1\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("format = \"troupe-calibration-2\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("time_error = 0.0207\n"), std::string::npos) << text;
   EXPECT_NE(text.find("sampled_row_ns = 2000.0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("num_samples = 92\n"), std::string::npos) << text;
   EXPECT_NE(text.find("source = \"a \\\"quoted\\\" path\\\\with # and\\u000Anewline\"\n"), std::string::npos)
@@ -314,16 +335,18 @@ TEST(CalibrationFile, RoundTripsEveryBit) {
   EXPECT_EQ(p->token_ns, f.params.token_ns);
   EXPECT_EQ(p->sampled_row_ns, f.params.sampled_row_ns);
   EXPECT_EQ(p->attention_token_ns, f.params.attention_token_ns);
+  EXPECT_EQ(p->kv_read_token_ns, f.params.kv_read_token_ns);
 }
 
 TEST(CalibrationFile, AcceptsCommentsIntegersAndMissingOptionalKeys) {
   const std::string text =
       "# hand-written\n\n"
-      "format = \"troupe-calibration-1\"   # tag\n"
+      "format = \"troupe-calibration-2\"   # tag\n"
       "step_ns = 5000     # per step\n"
       "token_ns = +1.5e3\n"
       "sampled_row_ns = 0\n"
       "  attention_token_ns=2.5\r\n"
+      "kv_read_token_ns = 7\n"
       "source = \"by hand # not a comment\" # a comment\n";
   auto p = parse_calibration(text, "cal.toml");
   ASSERT_TRUE(p.has_value()) << p.error().message;
@@ -331,11 +354,12 @@ TEST(CalibrationFile, AcceptsCommentsIntegersAndMissingOptionalKeys) {
   EXPECT_EQ(p->token_ns, 1500);
   EXPECT_EQ(p->sampled_row_ns, 0);
   EXPECT_EQ(p->attention_token_ns, 2.5);
+  EXPECT_EQ(p->kv_read_token_ns, 7);
 }
 
 TEST(CalibrationFile, EachErrorNamesItsLine) {
-  const std::string good_head = "format = \"troupe-calibration-1\"\nstep_ns = 1.0\ntoken_ns = 2.0\n";
-  const std::string good_tail = "sampled_row_ns = 3.0\nattention_token_ns = 4.0\n";
+  const std::string good_head = "format = \"troupe-calibration-2\"\nstep_ns = 1.0\ntoken_ns = 2.0\n";
+  const std::string good_tail = "sampled_row_ns = 3.0\nattention_token_ns = 4.0\nkv_read_token_ns = 5.0\n";
   struct bad {
     std::string text;
     std::string message;
@@ -343,8 +367,10 @@ TEST(CalibrationFile, EachErrorNamesItsLine) {
   const bad cases[] = {
       {good_head + "tokens_ns = 2.0\n" + good_tail,
        "cal.toml:4: unknown key 'tokens_ns' (known: format, step_ns, token_ns, sampled_row_ns, "
-       "attention_token_ns, rms_error_ns, mean_abs_rel_error, num_samples, source)"},
+       "attention_token_ns, kv_read_token_ns, rms_error_ns, mean_abs_rel_error, time_error, num_samples, source)"},
       {good_head + "sampled_row_ns = 3.0\n", "cal.toml:4: missing key 'attention_token_ns' (at end of file)"},
+      {good_head + "sampled_row_ns = 3.0\nattention_token_ns = 4.0\n",
+       "cal.toml:5: missing key 'kv_read_token_ns' (at end of file)"},
       {"", "cal.toml:1: missing key 'format' (at end of file)"},
       {good_head + "sampled_row_ns = fast\n" + good_tail,
        "cal.toml:4: value of 'sampled_row_ns' is not a finite number: 'fast'"},
@@ -352,14 +378,15 @@ TEST(CalibrationFile, EachErrorNamesItsLine) {
       {good_head + "sampled_row_ns = inf\n", "cal.toml:4: value of 'sampled_row_ns' is not a finite number: 'inf'"},
       {good_head + "sampled_row_ns = -3.0\n" + good_tail,
        "cal.toml:4: 'sampled_row_ns' = -3.0 is negative; costs and errors are >= 0"},
-      {"format = \"troupe-calibration-2\"\n", "cal.toml:1: format is 'troupe-calibration-2'; this reader "
-                                              "understands 'troupe-calibration-1'"},
-      {"format = troupe-calibration-1\n", "cal.toml:1: value of 'format' must be a quoted string, got "
-                                          "'troupe-calibration-1'"},
+      {"format = \"troupe-calibration-1\"\n", "cal.toml:1: format is 'troupe-calibration-1'; this reader "
+                                              "understands 'troupe-calibration-2' (fit the cost model again: "
+                                              "troupe calibrate)"},
+      {"format = troupe-calibration-2\n", "cal.toml:1: value of 'format' must be a quoted string, got "
+                                          "'troupe-calibration-2'"},
       {good_head + good_tail + "source = \"unterminated\n",
-       "cal.toml:6: value of 'source' must be a quoted string, got '\"unterminated'"},
+       "cal.toml:7: value of 'source' must be a quoted string, got '\"unterminated'"},
       {good_head + "step_ns = 1.0\n", "cal.toml:4: key 'step_ns' appears twice"},
-      {good_head + good_tail + "num_samples = 9.5\n", "cal.toml:6: 'num_samples' = 9.5 is not a whole number"},
+      {good_head + good_tail + "num_samples = 9.5\n", "cal.toml:7: 'num_samples' = 9.5 is not a whole number"},
       {good_head + "[cost]\n", "cal.toml:4: expected 'key = value', got '[cost]'"},
   };
   for (const bad& b : cases) {
@@ -380,12 +407,12 @@ TEST(CalibrationFile, MissingFileIsAnIoError) {
 TEST(CalibrationFile, ShippedCpuCalibrationParses) {
   auto p = read_calibration(std::string(TROUPE_SOURCE_DIR) + "/examples/calibration-cpu.toml");
   ASSERT_TRUE(p.has_value()) << p.error().message;
-  EXPECT_GT(p->step_ns, 0);
   EXPECT_GT(p->token_ns, 0);
   EXPECT_GT(p->attention_token_ns, 0);
+  EXPECT_GT(p->kv_read_token_ns, 0);
   // A 64-row decode step costs more than a 1-row one, and a long prefill chunk more still.
-  EXPECT_LT(predict_ns(*p, {1, 1, 1, 129}), predict_ns(*p, {1, 64, 64, 64 * 129}));
-  EXPECT_LT(predict_ns(*p, {1, 64, 64, 64 * 129}), predict_ns(*p, {1, 448, 1, 448 * 449 / 2}));
+  EXPECT_LT(predict_ns(*p, {1, 1, 1, 129, 129}), predict_ns(*p, {1, 64, 64, 64 * 129, 64 * 129}));
+  EXPECT_LT(predict_ns(*p, {1, 64, 64, 64 * 129, 64 * 129}), predict_ns(*p, {1, 448, 1, 448 * 449 / 2, 448}));
 }
 
 TEST(CalibrationFile, ShippedCpuCalibrationIsTheFitOfItsShippedStepLog) {
@@ -402,6 +429,7 @@ TEST(CalibrationFile, ShippedCpuCalibrationIsTheFitOfItsShippedStepLog) {
   expect_relative(refit->params.token_ns, shipped->token_ns, 1e-9, "token_ns");
   expect_relative(refit->params.sampled_row_ns, shipped->sampled_row_ns, 1e-9, "sampled_row_ns");
   expect_relative(refit->params.attention_token_ns, shipped->attention_token_ns, 1e-9, "attention_token_ns");
+  expect_relative(refit->params.kv_read_token_ns, shipped->kv_read_token_ns, 1e-9, "kv_read_token_ns");
   EXPECT_EQ(refit->num_samples, 92);
 }
 
@@ -412,12 +440,12 @@ TEST(SweepGrid, CoversDecodePrefillAndMixedSteps) {
   // 7 decode batch sizes x 5 contexts; 24 prefill shapes that fit, sampled or not; 3 x 3 mixed.
   ASSERT_EQ(g.plans.size(), 35u + 48u + 9u);
   EXPECT_EQ(g.num_kv_blocks, 65 * 32);  // 64 decode rows + 1 prefill chunk, 32 blocks each
-  expect_features(features_of(g.plans[0]), 1, 1, 1, 17);                  // 1 row at context 16
-  expect_features(features_of(g.plans[34]), 1, 64, 64, 64 * 481);          // 64 rows at 480
-  expect_features(features_of(g.plans[35]), 1, 16, 1, 136);               // q 16 at 0, sampled
-  expect_features(features_of(g.plans[36]), 1, 16, 0, 136);                // the same, not sampled
-  expect_features(features_of(g.plans[82]), 1, 448, 0, 448 * 64 + 448 * 449 / 2);  // q 448 at 64
-  expect_features(features_of(g.plans[91]), 1, 256 + 64, 64, 256 * 257 / 2 + 64 * 129);
+  expect_features(features_of(g.plans[0]), 1, 1, 1, 17, 17);                  // 1 row at context 16
+  expect_features(features_of(g.plans[34]), 1, 64, 64, 64 * 481, 64 * 481);    // 64 rows at 480
+  expect_features(features_of(g.plans[35]), 1, 16, 1, 136, 16);               // q 16 at 0, sampled
+  expect_features(features_of(g.plans[36]), 1, 16, 0, 136, 16);                // the same, not sampled
+  expect_features(features_of(g.plans[82]), 1, 448, 0, 448 * 64 + 448 * 449 / 2, 512);  // q 448 at 64
+  expect_features(features_of(g.plans[91]), 1, 256 + 64, 64, 256 * 257 / 2 + 64 * 129, 256 + 64 * 129);
 }
 
 TEST(SweepGrid, PlansAreValidForTheExecutor) {

@@ -90,7 +90,9 @@ TEST(SimTopology, BadFilesNameTheProblem) {
   const std::pair<std::string, std::string> cases[] = {
       {std::string(tiny_topology) + "bogus = 1\n", "tiny.toml:23: [cost]: unknown key 'bogus'"},
       {std::string(tiny_topology) + "tokens = \"magic\"\n", "tokens must be \"synthetic\" or \"real\""},
-      {std::string(tiny_topology) + "calibration = \"x.toml\"\n", "(not both)"},
+      {std::string(tiny_topology) + "calibration = \"x.toml\"\n", "not both"},
+      {"[model]\nn_layers = 2\n[hardware]\nkv_memory_gib = 1\n[cost]\nkv_read_token_ns = 1\n",
+       "[cost] needs all four of step_ns, token_ns, sampled_row_ns and attention_token_ns (kv_read_token_ns is optional)"},
       {"[model]\nn_layers = 2\n[hardware]\nkv_memory_gib = 1\n[cost]\nstep_ns = 1\ntoken_ns = 1\n"
        "sampled_row_ns = 1\nattention_token_ns = 1\n", "needs either a checkpoint or all of"},
       {"[model]\nn_layers = 0\n", "tiny.toml:2: [model] n_layers = 0.000000 is outside"},
@@ -127,6 +129,18 @@ TEST(Simulation, HandComputedTimes) {
   EXPECT_EQ(q.finish_ns, 3651);
   EXPECT_EQ(q.itl_ns, (std::vector<int64_t>{1127, 1128}));
   EXPECT_EQ(r->batch_sizes, (std::vector<int64_t>{1, 1, 1}));
+}
+
+TEST(Simulation, HandComputedTimesWithKvReads) {
+  // As above plus 2 ns per KV position a chunk reads: step 0 reads 16 (+32 ns: 1428), step 1
+  // reads 17 (+34: 1161, done at 2589), step 2 reads 18 (+36: 1164, done at 3753).
+  const sim_options o = options(parse_tiny("kv_read_token_ns = 2\n"), {trace_request{0, 16, 3, {}}}, 7);
+  auto r = run_simulation(o);
+  ASSERT_TRUE(r) << r.error().message;
+  const request_record& q = r->requests.at(0);
+  EXPECT_EQ(q.first_token_ns, 1428);
+  EXPECT_EQ(q.finish_ns, 3753);
+  EXPECT_EQ(q.itl_ns, (std::vector<int64_t>{1161, 1164}));
 }
 
 TEST(Simulation, SameSeedReplaysBitForBitAndAnotherSeedDiffers) {

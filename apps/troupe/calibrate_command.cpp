@@ -109,10 +109,10 @@ int run_calibrate(const calibrate_options& o) {
   if (!fit) return fail_with(fit.error());
   const cost::cost_params& p = fit->params;
   spdlog::info("fit over {} steps: step {:.1f} ns + token {:.2f} ns + sampled row {:.2f} ns + "
-               "attention token {:.4f} ns",
-               fit->num_samples, p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns);
-  spdlog::info("fit error: rms {:.1f} ns, mean relative {:.2f}%", fit->rms_error_ns,
-               100 * fit->mean_abs_rel_error);
+               "attention token {:.4f} ns + KV read token {:.4f} ns",
+               fit->num_samples, p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns);
+  spdlog::info("fit error: rms {:.1f} ns, mean relative {:.2f}%, weighted by time {:.2f}%", fit->rms_error_ns,
+               100 * fit->mean_abs_rel_error, 100 * fit->time_error);
   const std::string text = cost::write_calibration(*fit, source);
   if (o.out.empty()) {
     std::fputs(text.c_str(), stdout);

@@ -95,8 +95,10 @@ constexpr key_spec keys[] = {
     {"token_ns", value_kind::parameter, true},
     {"sampled_row_ns", value_kind::parameter, true},
     {"attention_token_ns", value_kind::parameter, true},
+    {"kv_read_token_ns", value_kind::parameter, true},
     {"rms_error_ns", value_kind::non_negative, false},
     {"mean_abs_rel_error", value_kind::non_negative, false},
+    {"time_error", value_kind::non_negative, false},
     {"num_samples", value_kind::count, false},
     {"source", value_kind::string, false},
 };
@@ -181,6 +183,7 @@ expected<void> set_number(const key_spec& key, std::string_view text, const std:
   if (k == "token_ns") params.token_ns = *v;
   if (k == "sampled_row_ns") params.sampled_row_ns = *v;
   if (k == "attention_token_ns") params.attention_token_ns = *v;
+  if (k == "kv_read_token_ns") params.kv_read_token_ns = *v;
   return {};
 }
 
@@ -204,7 +207,8 @@ expected<void> parse_calibration_line(std::string_view line, const std::string& 
     return at(name, n, "value of '" + std::string(key) + "' must be a quoted string, got '" +
                            std::string(value) + "'");
   if (key == "format" && *s != calibration_format)
-    return at(name, n, "format is '" + *s + "'; this reader understands '" + calibration_format + "'");
+    return at(name, n, "format is '" + *s + "'; this reader understands '" + calibration_format +
+                           "' (fit the cost model again: troupe calibrate)");
   return {};
 }
 
@@ -212,7 +216,7 @@ expected<void> parse_calibration_line(std::string_view line, const std::string& 
 
 std::string step_log_line(const step_features& features, int64_t ns) {
   return format_count(features.num_tokens) + "," + format_count(features.num_sampled_rows) + "," +
-         format_count(features.attention_tokens) + "," + std::to_string(ns) + "\n";
+         format_count(features.attention_tokens) + "," + format_count(features.kv_read_tokens) + "," + std::to_string(ns) + "\n";
 }
 
 expected<std::vector<step_sample>> parse_step_log(const std::string& text, const std::string& name) {
@@ -227,12 +231,12 @@ expected<std::vector<step_sample>> parse_step_log(const std::string& text, const
   for (n++; n < lines.size(); n++) {
     const std::string_view line = trim(lines[n]);
     if (line.empty()) continue;
-    std::array<double, 4> v{};
+    std::array<double, 5> v{};
     std::string_view rest = line;
     for (size_t f = 0; f < v.size(); f++) {
       const size_t comma = rest.find(',');
       if ((comma == std::string_view::npos) != (f + 1 == v.size()))
-        return at(name, n + 1, "expected 4 comma-separated numbers, got '" + std::string(line) + "'");
+        return at(name, n + 1, "expected 5 comma-separated numbers, got '" + std::string(line) + "'");
       const std::string_view field = trim(rest.substr(0, comma));
       const std::optional<double> x = parse_number(field);
       if (!x || *x < 0 || (f + 1 == v.size() && *x == 0))
@@ -242,7 +246,7 @@ expected<std::vector<step_sample>> parse_step_log(const std::string& text, const
       v[f] = *x;
       if (comma != std::string_view::npos) rest.remove_prefix(comma + 1);
     }
-    samples.push_back({step_features{1, v[0], v[1], v[2]}, v[3]});
+    samples.push_back({step_features{1, v[0], v[1], v[2], v[3]}, v[4]});
   }
   return samples;
 }
@@ -258,16 +262,19 @@ std::string write_calibration(const fit_result& fit, const std::string& source) 
   std::string s;
   s += "# troupe step cost model. A step's predicted time in nanoseconds is\n";
   s += "#   step_ns + token_ns * num_tokens + sampled_row_ns * num_sampled_rows\n";
-  s += "#   + attention_token_ns * attention_tokens\n";
-  s += "# where attention_tokens sums, over every token of the step, the positions it attends to.\n";
+  s += "#   + attention_token_ns * attention_tokens + kv_read_token_ns * kv_read_tokens\n";
+  s += "# where attention_tokens sums, over every token of the step, the positions it attends to,\n";
+  s += "# and kv_read_tokens sums, over every chunk (sequence) of the step, the positions it reads.\n";
   s += "format = " + quote(calibration_format) + "\n";
   s += "step_ns = " + format_float(p.step_ns) + "\n";
   s += "token_ns = " + format_float(p.token_ns) + "\n";
   s += "sampled_row_ns = " + format_float(p.sampled_row_ns) + "\n";
   s += "attention_token_ns = " + format_float(p.attention_token_ns) + "\n";
+  s += "kv_read_token_ns = " + format_float(p.kv_read_token_ns) + "\n";
   s += "# How well the fit matches the steps it was fitted to.\n";
   s += "rms_error_ns = " + format_float(fit.rms_error_ns) + "\n";
   s += "mean_abs_rel_error = " + format_float(fit.mean_abs_rel_error) + "\n";
+  s += "time_error = " + format_float(fit.time_error) + "\n";
   s += "num_samples = " + std::to_string(fit.num_samples) + "\n";
   s += "source = " + quote(source) + "\n";
   return s;

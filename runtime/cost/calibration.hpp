@@ -2,19 +2,21 @@
 
 /// The two files of cost calibration. A step log is a CSV of measured steps, one line each:
 ///
-///     num_tokens,num_sampled_rows,attention_tokens,measured_ns
-///     65,64,16416,182034
+///     num_tokens,num_sampled_rows,attention_tokens,kv_read_tokens,measured_ns
+///     65,64,16416,16480,182034
 ///
 /// A calibration file holds fitted `cost_params` as TOML-compatible `key = value` lines
 /// (parsed here by hand: runtime/ does not link a TOML library):
 ///
-///     format = "troupe-calibration-1"
-///     step_ns = 5012.5             # required, the four parameters: finite, >= 0
+///     format = "troupe-calibration-2"
+///     step_ns = 5012.5             # required, the five parameters: finite, >= 0
 ///     token_ns = 1403.2
 ///     sampled_row_ns = 2210.7
 ///     attention_token_ns = 3.41
+///     kv_read_token_ns = 1.2
 ///     rms_error_ns = 1830.2        # optional: how well the fit matched its samples
 ///     mean_abs_rel_error = 0.041
+///     time_error = 0.032
 ///     num_samples = 242
 ///     source = "troupe calibrate --sweep ..."
 ///
@@ -30,7 +32,8 @@
 namespace troupe::cost {
 
 /// The step log's first line.
-inline constexpr const char* step_log_header = "num_tokens,num_sampled_rows,attention_tokens,measured_ns";
+inline constexpr const char* step_log_header =
+    "num_tokens,num_sampled_rows,attention_tokens,kv_read_tokens,measured_ns";
 
 /// One step log line for a step measured at `ns`, newline included.
 [[nodiscard]] std::string step_log_line(const step_features& features, int64_t ns);
@@ -41,7 +44,8 @@ inline constexpr const char* step_log_header = "num_tokens,num_sampled_rows,atte
                                                                 const std::string& name);
 [[nodiscard]] expected<std::vector<step_sample>> read_step_log(const std::string& path);
 
-inline constexpr const char* calibration_format = "troupe-calibration-1";
+/// Version 2 added kv_read_token_ns; a version-1 file is refused (refit it from its step log).
+inline constexpr const char* calibration_format = "troupe-calibration-2";
 
 /// A calibration file's text for `fit`; `source` says how it was measured.
 [[nodiscard]] std::string write_calibration(const fit_result& fit, const std::string& source);

@@ -8,24 +8,24 @@
 namespace troupe::cost {
 namespace {
 
-constexpr int num_params = 4;
+constexpr int num_params = 5;
 using vec = std::array<double, num_params>;
 // Sums run in long double (x86-64: 64-bit mantissa) so that the normal equations, whose
 // condition number is the square of the data's, keep the precision a QR solve would.
 using wide = long double;
 
 constexpr const char* feature_names[num_params] = {"num_steps", "num_tokens", "num_sampled_rows",
-                                                   "attention_tokens"};
+                                                   "attention_tokens", "kv_read_tokens"};
 
 // Below this pivot (1 - R² of a unit-norm feature regressed on the ones before it) the
 // feature is taken to be a combination of the others: the samples do not determine its cost.
 constexpr wide singular_pivot = 1e-9L;
 
 vec as_vec(const step_features& f) {
-  return {f.num_steps, f.num_tokens, f.num_sampled_rows, f.attention_tokens};
+  return {f.num_steps, f.num_tokens, f.num_sampled_rows, f.attention_tokens, f.kv_read_tokens};
 }
 
-cost_params as_params(const vec& p) { return {p[0], p[1], p[2], p[3]}; }
+cost_params as_params(const vec& p) { return {p[0], p[1], p[2], p[3], p[4]}; }
 
 double dot(const vec& a, const vec& b) {
   double s = 0;
@@ -60,15 +60,16 @@ expected<void> validate(const std::vector<step_sample>& samples) {
   return {};
 }
 
+/// A sample's row weight: rows and targets are multiplied by 1/sqrt(measured), so the fit
+/// minimizes Σ (predicted - measured)² / measured.
+wide weight_of(const step_sample& s) { return 1 / std::sqrt(static_cast<wide>(s.second)); }
+
 expected<normal_equations> build(const std::vector<step_sample>& samples) {
-  // Relative least squares: each sample's row and target are divided by its measured time, so
-  // a 0.2 ms step weighs as much as a 20 ms one (plain least squares let the few large steps
-  // set the intercept, overpricing every small step several-fold).
   normal_equations ne;
   std::array<wide, num_params> sum_sq{};
   for (const step_sample& s : samples) {
     const vec x = as_vec(s.first);
-    const wide w = 1 / static_cast<wide>(s.second);
+    const wide w = weight_of(s);
     for (int j = 0; j < num_params; j++) sum_sq[j] += (x[j] * w) * (x[j] * w);
   }
   for (int j = 0; j < num_params; j++) {
@@ -79,11 +80,12 @@ expected<normal_equations> build(const std::vector<step_sample>& samples) {
   }
   for (const step_sample& s : samples) {
     const vec x = as_vec(s.first);
-    const wide w = 1 / static_cast<wide>(s.second);
+    const wide w = weight_of(s);
+    const wide target = static_cast<wide>(s.second) * w;
     std::array<wide, num_params> u{};
     for (int j = 0; j < num_params; j++) u[j] = static_cast<wide>(x[j]) * w / ne.scale[j];
     for (int j = 0; j < num_params; j++) {
-      ne.rhs[j] += u[j];  // the target s.second * w is 1
+      ne.rhs[j] += u[j] * target;
       for (int k = 0; k < num_params; k++) ne.gram[j][k] += u[j] * u[k];
     }
   }
@@ -127,12 +129,12 @@ std::pair<vec, int> solve_subset(const normal_equations& ne, unsigned mask) {
   return {p, -1};
 }
 
-/// Σ ((predicted - measured) / measured)²: the objective the fit minimizes.
-wide relative_residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p) {
+/// Σ (predicted - measured)² / measured: the objective the fit minimizes.
+wide weighted_residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p) {
   wide rss = 0;
   for (const step_sample& s : samples) {
-    const wide r = (static_cast<wide>(dot(p, as_vec(s.first))) - s.second) / s.second;
-    rss += r * r;
+    const wide r = static_cast<wide>(dot(p, as_vec(s.first))) - s.second;
+    rss += r * r / s.second;
   }
   return rss;
 }
@@ -158,12 +160,12 @@ bool non_negative(const vec& p) {
 /// subset solves. Ties keep the larger mask (iterated first).
 vec best_non_negative(const std::vector<step_sample>& samples, const normal_equations& ne) {
   vec best{};  // mask 0: every parameter 0, always feasible
-  wide best_rss = relative_residual_sum_of_squares(samples, best);
+  wide best_rss = weighted_residual_sum_of_squares(samples, best);
   for (unsigned mask = (1u << num_params) - 1; mask > 0; mask--) {
     auto [p, singular] = solve_subset(ne, mask);
     TROUPE_ASSERT_MSG(singular < 0, "a principal submatrix of a nonsingular gram matrix is singular");
     if (!non_negative(p)) continue;
-    const wide rss = relative_residual_sum_of_squares(samples, p);
+    const wide rss = weighted_residual_sum_of_squares(samples, p);
     if (rss < best_rss) {
       best = p;
       best_rss = rss;
@@ -188,6 +190,7 @@ step_features features_of(const engine::exec_plan& plan) {
     f.num_tokens += static_cast<double>(q);
     f.num_sampled_rows += static_cast<double>(chunk.num_samples);
     f.attention_tokens += chunk_attention_tokens(chunk.first_position, q);
+    f.kv_read_tokens += static_cast<double>(chunk.first_position + q);
   }
   return f;
 }
@@ -195,7 +198,8 @@ step_features features_of(const engine::exec_plan& plan) {
 int64_t predict_ns(const cost_params& params, const step_features& features) {
   const double ns = params.step_ns * features.num_steps + params.token_ns * features.num_tokens +
                     params.sampled_row_ns * features.num_sampled_rows +
-                    params.attention_token_ns * features.attention_tokens;
+                    params.attention_token_ns * features.attention_tokens +
+                    params.kv_read_token_ns * features.kv_read_tokens;
   TROUPE_ASSERT_MSG(std::isfinite(ns), "cost parameters and features must be finite");
   return ns > 0 ? std::llround(ns) : 0;
 }
@@ -210,18 +214,23 @@ expected<fit_result> fit(const std::vector<step_sample>& samples) {
                 std::string("the samples do not determine the cost parameters: feature ") +
                     feature_names[singular] +
                     " is (nearly) a linear combination of the features before it; vary the "
-                    "steps' tokens, samples and context independently");
+                    "steps' tokens, samples, context and batch size independently");
   if (!non_negative(p)) p = best_non_negative(samples, *ne);
 
   fit_result r;
   r.params = as_params(p);
   r.num_samples = static_cast<int64_t>(samples.size());
-  double sum_rel = 0;
-  for (const step_sample& s : samples)
-    sum_rel += std::abs(dot(p, as_vec(s.first)) - s.second) / s.second;
+  double sum_rel = 0, sum_abs = 0, sum_measured = 0;
+  for (const step_sample& s : samples) {
+    const double error = std::abs(dot(p, as_vec(s.first)) - s.second);
+    sum_rel += error / s.second;
+    sum_abs += error;
+    sum_measured += s.second;
+  }
   const auto n = static_cast<double>(samples.size());
   r.rms_error_ns = static_cast<double>(std::sqrt(residual_sum_of_squares(samples, p) / n));
   r.mean_abs_rel_error = sum_rel / n;
+  r.time_error = sum_abs / sum_measured;
   return r;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 
-/// How long one step takes, predicted from what it computes. A plan is reduced to four
+/// How long one step takes, predicted from what it computes. A plan is reduced to five
 /// features and its time is a linear function of them; the parameters are fitted by least
 /// squares to measured steps (`troupe calibrate`) and read back from a calibration file. Used
 /// by the scheduler's time budget and by the simulator's executor. Pure: no clock, no I/O.
@@ -23,6 +23,12 @@ struct step_features {
   /// of q tokens starting at position c contributes q*c + q*(q+1)/2: prefill's q² term, the
   /// q·c term against cached context, and decode's cost growing with context, in one feature.
   double attention_tokens = 0;
+  /// Σ over chunks of the positions whose KV the chunk reads (its first position + its
+  /// tokens): the KV memory traffic when each sequence's context is read once. Decode rows
+  /// read as much as they attend to, so every decode position pays this on top of
+  /// attention_tokens; the rows of one prefill chunk share their context, so prefill pays it
+  /// once per chunk. It separates decode's memory-bound attention from prefill's compute.
+  double kv_read_tokens = 0;
 };
 
 /// The features of one plan. Every chunk counts, whether or not it samples.
@@ -37,6 +43,7 @@ struct cost_params {
   double token_ns = 0;
   double sampled_row_ns = 0;
   double attention_token_ns = 0;
+  double kv_read_token_ns = 0;
 };
 
 /// Σ param * feature, rounded to the nearest nanosecond and clamped at 0.
@@ -49,16 +56,22 @@ struct fit_result {
   cost_params params;
   double rms_error_ns = 0;        ///< sqrt(mean (predicted - measured)²)
   double mean_abs_rel_error = 0;  ///< mean |predicted - measured| / measured
+  double time_error = 0;          ///< Σ |predicted - measured| / Σ measured: error weighted by time
   int64_t num_samples = 0;
 };
 
-/// Relative least-squares fit of `cost_params` to measured steps (it minimizes
-/// Σ ((predicted - measured) / measured)², so small steps count as much as large ones),
-/// constrained to non-negative parameters (a negative cost per token is never physical and would predict negative times
-/// for small steps). The unconstrained solution comes from the 4x4 normal equations with each
-/// feature scaled to unit norm, solved by Cholesky; when some parameter comes out negative, the
-/// exact non-negative optimum is found by refitting on every subset of the features (16
-/// subsets) and keeping the best feasible one. Deterministic: same samples, same bits.
+/// Least-squares fit of `cost_params` to measured steps, each step's squared error divided by
+/// its measured time: Σ (predicted - measured)² / measured. A step is the sum of many small
+/// pieces of work, so its variance grows with its length; this weighting lets neither the few
+/// long steps (plain least squares: they set the intercept and overprice every short step) nor
+/// the many short ones (relative least squares: they hold little of the total time and
+/// underprice the decode batches that hold much of it) decide the fit alone.
+/// Constrained to non-negative parameters (a negative cost per token is never physical and
+/// would predict negative times for small steps). The unconstrained solution comes from the
+/// 5x5 normal equations with each feature scaled to unit norm, solved by Cholesky; when some
+/// parameter comes out negative, the exact non-negative optimum is found by refitting on every
+/// subset of the features (32 subsets) and keeping the best feasible one. Deterministic: same
+/// samples, same bits.
 ///
 /// Errors (invalid_argument): fewer samples than parameters; a negative, NaN or infinite
 /// feature; a measured time that is not positive and finite; samples that do not determine the
