@@ -8,6 +8,16 @@
 #include <vector>
 
 namespace troupe::kv {
+
+/// Write access to a block manager's private state, to corrupt it.
+struct block_manager_tamper {
+  block_manager& bm;
+  std::vector<block_id>& next() { return bm.free_next_; }
+  std::vector<block_id>& prev() { return bm.free_prev_; }
+  std::vector<int32_t>& refcount() { return bm.refcount_; }
+  int32_t& num_free() { return bm.num_free_blocks_; }
+};
+
 namespace {
 
 using ids = std::vector<block_id>;
@@ -354,6 +364,50 @@ TEST(BlockManagerDeathTest, StaleHitAborts) {
   allocate_new(bm, 2, 8);  // reallocates block 0: the hit is stale
   EXPECT_EQ(bm.num_evictions(), 1);
   EXPECT_DEATH((void)bm.can_allocate(3, 5, hit), "stale prefix_hit");
+}
+
+TEST(BlockManagerDeathTest, TheStructuralCheckCatchesEachCorruption) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // Blocks 0-2 held by sequence 1, 3-7 free in that order (sentinel 8).
+  const auto setup = [] {
+    auto bm = make(8, 4);
+    allocate_new(bm, 1, 12);
+    EXPECT_EQ(bm.free_queue(), (ids{3, 4, 5, 6, 7}));
+    bm.check_structure();
+    return bm;
+  };
+  {
+    auto bm = setup();
+    block_manager_tamper{bm}.refcount()[1] = 2;
+    EXPECT_DEATH(bm.check_structure(), "refcount != table references");
+  }
+  {
+    auto bm = setup();
+    block_manager_tamper{bm}.next()[4] = 6;  // skips 5: 6's prev is still 5
+    EXPECT_DEATH(bm.check_structure(), "free queue link broken");
+  }
+  {
+    auto bm = setup();
+    block_manager_tamper t{bm};  // 4 <-> 1: a referenced block linked into the queue
+    t.next()[4] = 1;
+    t.prev()[1] = 4;
+    EXPECT_DEATH(bm.check_structure(), "free queue link broken|a referenced block is linked");
+  }
+  {
+    auto bm = setup();
+    block_manager_tamper{bm}.prev()[2] = 5;  // referenced, with a stray link
+    EXPECT_DEATH(bm.check_structure(), "a referenced block is linked into the free queue");
+  }
+  {
+    auto bm = setup();
+    block_manager_tamper{bm}.next()[5] = 9;  // out of range
+    EXPECT_DEATH(bm.check_structure(), "next\\[b\\] >= 0");
+  }
+  {
+    auto bm = setup();
+    block_manager_tamper{bm}.num_free() = 4;
+    EXPECT_DEATH(bm.check_structure(), "free block count is off");
+  }
 }
 
 }  // namespace

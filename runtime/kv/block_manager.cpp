@@ -314,8 +314,7 @@ void block_manager::check_structure() const {
   check_sequences();
   // The index's own structure and its two-way agreement with the blocks are check_invariants'
   // (each insert and erase asserts its part); here only that the counts agree.
-  size_t num_hashed = 0;
-  for (block_id b = 0; b < config_.num_blocks; ++b) num_hashed += has_hash_[b];
+  const auto num_hashed = static_cast<size_t>(std::count(has_hash_.begin(), has_hash_.end(), uint8_t{1}));
   TROUPE_ASSERT_MSG(num_hashed == hash_index_.size(), "hashed blocks and index entries differ in number");
 }
 
@@ -327,30 +326,49 @@ void block_manager::check_refcounts() const {
       TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
       ++references[b];
     }
+  if (references == refcount_) return;  // the common case in one vectorized compare
   for (size_t b = 0; b < refcount_.size(); ++b)
     TROUPE_ASSERT_MSG(refcount_[b] == references[b], "refcount != table references");
 }
 
 /// Without walking the queue: every refcount-0 block is linked both ways with its neighbours,
 /// every referenced block is linked nowhere, and the count is right. (A free block in a cycle
-/// detached from the sentinel passes this; check_free_queue's walk does not let it.)
+/// detached from the sentinel passes this; check_free_queue's walk does not let it.) A
+/// branch-free pass over the arrays finds whether anything is wrong (this runs after every
+/// step of a simulation); only then does a second pass name the first violation. The fast
+/// pass follows only `next` links: with L = the free blocks and the sentinel, prev[next[x]] ==
+/// x for every x in L, and every referenced block's prev being the sentinel, next maps L
+/// one-to-one into L, so it is a bijection of L and next[prev[y]] == y for every y in L too.
 void block_manager::check_free_links() const {
   const block_id sentinel = config_.num_blocks;
+  const block_id* next = free_next_.data();
+  const block_id* prev = free_prev_.data();
+  const int32_t* refcount = refcount_.data();
+  const block_id head = next[sentinel], tail = prev[sentinel];
+  const auto limit = static_cast<uint32_t>(sentinel);
   int32_t num_free = 0;
-  for (block_id b = 0; b < config_.num_blocks; ++b) {
-    const block_id next = free_next_[b];
-    const block_id prev = free_prev_[b];
-    TROUPE_ASSERT(next >= 0 && next <= sentinel && prev >= 0 && prev <= sentinel);
-    if (refcount_[b] == 0) {
-      ++num_free;
-      TROUPE_ASSERT_MSG(free_prev_[next] == b && free_next_[prev] == b, "free queue link broken");
-    } else {
-      TROUPE_ASSERT_MSG(next == sentinel && prev == sentinel && free_next_[sentinel] != b &&
-                            free_prev_[sentinel] != b,
-                        "a referenced block is linked into the free queue");
-    }
+  uint32_t bad = 0;
+  for (block_id b = 0; b < sentinel; ++b) {
+    const auto n = static_cast<uint32_t>(next[b]), p = static_cast<uint32_t>(prev[b]);
+    const uint32_t out_of_range = static_cast<uint32_t>(n > limit) | static_cast<uint32_t>(p > limit);
+    const uint32_t free = refcount[b] == 0;
+    // A link is followed only within range (one out of range is flagged above).
+    const uint32_t linked = static_cast<uint32_t>(prev[n > limit ? limit : n] == b);
+    const uint32_t unlinked = static_cast<uint32_t>(n == limit) & static_cast<uint32_t>(p == limit) &
+                              static_cast<uint32_t>(head != b) & static_cast<uint32_t>(tail != b);
+    bad |= out_of_range | (free & (linked ^ 1u)) | ((free ^ 1u) & (unlinked ^ 1u));
+    num_free += static_cast<int32_t>(free);
   }
-  TROUPE_ASSERT(free_prev_[free_next_[sentinel]] == sentinel && free_next_[free_prev_[sentinel]] == sentinel);
+  TROUPE_ASSERT(prev[head] == sentinel && next[tail] == sentinel);
+  if (bad == 0 && num_free == num_free_blocks_) return;
+  for (block_id b = 0; b < sentinel; ++b) {
+    TROUPE_ASSERT(next[b] >= 0 && next[b] <= sentinel && prev[b] >= 0 && prev[b] <= sentinel);
+    if (refcount[b] == 0)
+      TROUPE_ASSERT_MSG(prev[next[b]] == b && next[prev[b]] == b, "free queue link broken");
+    else
+      TROUPE_ASSERT_MSG(next[b] == sentinel && prev[b] == sentinel && head != b && tail != b,
+                        "a referenced block is linked into the free queue");
+  }
   TROUPE_ASSERT_MSG(num_free == num_free_blocks_, "free block count is off");
 }
 
@@ -382,8 +400,7 @@ void block_manager::check_hash_index() const {
     TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
     TROUPE_ASSERT_MSG(has_hash_[b] && block_hash_[b] == hash, "index entry without its block");
   });
-  size_t num_hashed = 0;
-  for (block_id b = 0; b < config_.num_blocks; ++b) num_hashed += has_hash_[b];
+  const auto num_hashed = static_cast<size_t>(std::count(has_hash_.begin(), has_hash_.end(), uint8_t{1}));
   TROUPE_ASSERT_MSG(num_hashed == hash_index_.size(), "hashed block missing from the index");
 }
 

@@ -137,6 +137,8 @@ class block_manager {
   void check_structure() const;
 
  private:
+  friend struct block_manager_tamper;  // tests corrupt the state to see the checks catch it
+
   struct sequence_state {
     std::vector<block_id> block_table;
     int32_t num_tokens = 0;
