@@ -702,7 +702,7 @@ TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
   EXPECT_EQ(plan2.chunks[0].block_table, chunk.block_table);
   EXPECT_EQ(plan2.chunks[0].sampling.top_p, 0.5f);
   EXPECT_EQ(plan2.copies[0].dst, 2);
-  engine::exec_result result{4, {{{9, -0.25f, {}}}}};
+  engine::exec_result result{4, {{{9, -0.25f, {}}}}, {}};
   EXPECT_EQ(round_trip(sys_, result).samples.at(0).at(0).token, 9);
 }
 
