@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -59,11 +60,13 @@ std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::
   (void)actors::complete(sys, node->load_balancer, warm);
   std::vector<timing> out(workload.size());
   std::mutex mutex;
+  std::condition_variable all_done;
   size_t num_done = 0;
-  const double start = now_seconds();
+  // The driver sleeps until each arrival (no polling: on two cores a thread waking every
+  // 100 us delays the engine's and the executor's own wake-ups).
+  const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < workload.size(); i++) {
-    const double due = start + workload[i].arrival_ns / 1e9;
-    while (now_seconds() < due) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::this_thread::sleep_until(start + std::chrono::nanoseconds(workload[i].arrival_ns));
     msg::completion_request r;
     r.prompt_tokens = sim::prompt_tokens(workload[i], static_cast<int64_t>(i), t.model.vocab_size,
                                          sim::mooncake_block_tokens, seed);
@@ -71,18 +74,16 @@ std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::
     r.temperature = 0.0f;
     r.ignore_eos = true;
     r.stream = false;  // as in the simulation
-    actors::spawn_client(sys, node->load_balancer, r, {}, [&out, &mutex, &num_done, i](const expected<actors::completion>& c) {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (c) out[i] = {c->end.ttft_ns / 1e6, c->end.e2e_ns / 1e6};
-      num_done++;
-    });
+    actors::spawn_client(sys, node->load_balancer, r, {},
+                         [&out, &mutex, &all_done, &num_done, n = workload.size(), i](const expected<actors::completion>& c) {
+                           std::lock_guard<std::mutex> lock(mutex);
+                           if (c) out[i] = {c->end.ttft_ns / 1e6, c->end.e2e_ns / 1e6};
+                           if (++num_done == n) all_done.notify_one();
+                         });
   }
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (num_done == workload.size()) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    all_done.wait(lock, [&] { return num_done == workload.size(); });
   }
   topology::shutdown_node(sys, *node);
   return out;

@@ -8,7 +8,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -23,6 +25,7 @@
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
+#include "runtime/cost/calibration.hpp"
 #include "tests/support/actor_harness.hpp"
 
 namespace troupe::testing {
@@ -255,6 +258,26 @@ TEST_F(ActorsThreaded, SixtyFourConcurrentClientsWithAKernelThreadPool) {
   o.executor_threads = 2;  // batch-invariant kernels: the same bits with a thread pool
   start(o);
   sixty_four_clients();
+}
+
+TEST_F(ActorsThreaded, AStepLogRecordsEveryStepAndChangesNoOutput) {
+  // What `troupe calibrate --log` fits: one line per executed step, written by the detached
+  // executor while it answers (the result is sent inside the timed span).
+  const std::string path = (std::filesystem::temp_directory_path() / "troupe_threaded_step_log.csv").string();
+  std::remove(path.c_str());
+  actors::engine_options o = engine_opts(true);
+  o.step_log = path;
+  start(o);
+  sixty_four_clients();
+  expect_eventually_idle();
+  auto samples = cost::read_step_log(path);
+  ASSERT_TRUE(samples.has_value()) << samples.error().message;
+  const msg::engine_report r = report();
+  EXPECT_EQ(static_cast<int64_t>(samples->size()), r.num_steps);
+  double num_sampled = 0;
+  for (const cost::step_sample& s : *samples) num_sampled += s.first.num_sampled_rows;
+  EXPECT_EQ(static_cast<int64_t>(num_sampled), r.num_generated_tokens);
+  std::remove(path.c_str());
 }
 
 TEST_F(ActorsThreaded, OverloadRejectsSomeAndServesTheRest) {
