@@ -28,7 +28,8 @@ struct engine_entry {
   msg::load_report report;        // the latest
   int64_t num_sent = 0;           // work items placed on it
   std::deque<unseen_work> unseen;
-  unseen_work unseen_total;       // Σ unseen (its `number` unused)
+  int64_t unseen_kv_tokens = 0;       // Σ unseen
+  int64_t unseen_prefill_tokens = 0;  // Σ unseen
 };
 
 struct load_balancer_state {
@@ -47,18 +48,18 @@ std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on
 /// Recomputes an engine's token estimates: the last report plus what it has not seen.
 void refresh(engine_entry& e) {
   while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) {
-    e.unseen_total.kv_tokens -= e.unseen.front().kv_tokens;
-    e.unseen_total.prefill_tokens -= e.unseen.front().prefill_tokens;
+    e.unseen_kv_tokens -= e.unseen.front().kv_tokens;
+    e.unseen_prefill_tokens -= e.unseen.front().prefill_tokens;
     e.unseen.pop_front();
   }
-  e.load.num_kv_tokens = e.report.num_kv_tokens + e.unseen_total.kv_tokens;
-  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens + e.unseen_total.prefill_tokens;
+  e.load.num_kv_tokens = e.report.num_kv_tokens + e.unseen_kv_tokens;
+  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens + e.unseen_prefill_tokens;
 }
 
 void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
   e.unseen.push_back(unseen_work{++e.num_sent, kv_tokens, prefill_tokens});
-  e.unseen_total.kv_tokens += kv_tokens;
-  e.unseen_total.prefill_tokens += prefill_tokens;
+  e.unseen_kv_tokens += kv_tokens;
+  e.unseen_prefill_tokens += prefill_tokens;
   refresh(e);
 }
 

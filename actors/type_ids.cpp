@@ -36,10 +36,6 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
 }
 
-}  // namespace troupe::actors
-
-namespace troupe::actors {
-
 void configure_real_time(caf::actor_system_config& cfg) {
   register_message_types(cfg);
   cfg.set("scheduler.policy", caf::atom("sharing"));

@@ -6,7 +6,6 @@
 #include <limits>
 #include <string>
 
-
 #include "sim/random.hpp"
 
 namespace troupe::sim {

@@ -50,11 +50,13 @@ class ActorsDeterministic : public ::testing::Test {
   std::vector<caf::actor> clients_;
   size_t num_idle_actors_ = 0;  // engines, executors and the balancer
 
-  /// Spawns `num_engines` engines with `o` behind one balancer and runs until idle.
-  void start(actors::engine_options o = engine_opts(false), int num_engines = 1) {
+  /// Spawns `num_engines` engines with `o` behind one balancer and runs until idle; `kinds`
+  /// as in spawn_balancer.
+  void start(actors::engine_options o = engine_opts(false), int num_engines = 1,
+             const std::vector<balance::engine_kind>& kinds = {}) {
     sched_.clock().current_time += 1h;  // away from 0: a zero duration would pass unnoticed
     for (int i = 0; i < num_engines; i++) engines_.push_back(spawn_engine_or_die(sys_, o));
-    lb_ = spawn_balancer(sys_, engines_);
+    lb_ = spawn_balancer(sys_, engines_, kinds);
     sched_.run();
     num_idle_actors_ = sys_.registry().running();
   }
@@ -69,16 +71,8 @@ class ActorsDeterministic : public ::testing::Test {
 
   /// A prefill engine and two decode engines behind one balancer (engines_ in that order).
   void start_disaggregated() {
-    sched_.clock().current_time += 1h;
-    for (int i = 0; i < 3; i++) engines_.push_back(spawn_engine_or_die(sys_, engine_opts(false)));
-    actors::load_balancer_options o;
-    o.engines = actors::mixed_engines(engines_);
-    o.engines[0].kind = balance::engine_kind::prefill;
-    o.engines[1].kind = o.engines[2].kind = balance::engine_kind::decode;
-    o.tok = bundled_shared().tok;
-    lb_ = actors::spawn_load_balancer(sys_, std::move(o));
-    sched_.run();
-    num_idle_actors_ = sys_.registry().running();
+    start(engine_opts(false), 3,
+          {balance::engine_kind::prefill, balance::engine_kind::decode, balance::engine_kind::decode});
   }
 
   std::shared_ptr<client_log> submit(const msg::completion_request& r) {

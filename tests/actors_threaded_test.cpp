@@ -103,17 +103,13 @@ class ActorsThreaded : public ::testing::Test {
   caf::actor lb_;
   size_t num_idle_actors_ = 0;
 
-  /// `kinds` (one per engine, default all mixed) makes prefill and decode engines.
+  /// `kinds` as in spawn_balancer.
   void start(actors::engine_options o = engine_opts(true), int num_engines = 1,
-             std::vector<balance::engine_kind> kinds = {}) {
+             const std::vector<balance::engine_kind>& kinds = {}) {
     cfg_.set("scheduler.max-threads", 4);
     sys_ = std::make_unique<caf::actor_system>(configure(cfg_, /*deterministic=*/false));
     for (int i = 0; i < num_engines; i++) engines_.push_back(spawn_engine_or_die(*sys_, o));
-    actors::load_balancer_options lb;
-    lb.engines = actors::mixed_engines(engines_);
-    for (size_t i = 0; i < kinds.size(); i++) lb.engines.at(i).kind = kinds[i];
-    lb.tok = bundled_shared().tok;
-    lb_ = actors::spawn_load_balancer(*sys_, std::move(lb));
+    lb_ = spawn_balancer(*sys_, engines_, kinds);
     num_idle_actors_ = static_cast<size_t>(num_engines) * 2 + 1;  // engines, executors, balancer
   }
 

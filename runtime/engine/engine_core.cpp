@@ -98,15 +98,19 @@ expected<void> engine_core::check_new(const request& r) const {
   return validate_request(r, model_, config_);
 }
 
-expected<void> engine_core::add_request(request r) {
-  if (auto ok = check_new(r); !ok) return ok;
+kv::seq_id engine_core::record(request r) {
   const request_id id = r.id;
-  const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
-  std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
-  const int32_t priority = r.priority;
   const uint64_t seed = r.seed;
   requests_.emplace(id, request_state{std::move(r), {}});
-  scheduler_->add(new_sequence(id, 0, seed), std::move(prompt), priority, limit);
+  return new_sequence(id, 0, seed);
+}
+
+expected<void> engine_core::add_request(request r) {
+  if (auto ok = check_new(r); !ok) return ok;
+  const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
+  const int32_t priority = r.priority;
+  std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
+  scheduler_->add(record(std::move(r)), std::move(prompt), priority, limit);
   return {};
 }
 
@@ -114,12 +118,9 @@ expected<void> engine_core::add_prefill(request r) {
   if (auto ok = check_new(r); !ok) return ok;
   if (r.prompt.size() < 2)
     return fail(errc::invalid_argument, "a one-token prompt has nothing to prefill; submit it to a decode engine");
-  const request_id id = r.id;
   std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - 1);
   const int32_t priority = r.priority;
-  const uint64_t seed = r.seed;
-  requests_.emplace(id, request_state{std::move(r), {}});
-  scheduler_->add_prefill_only(new_sequence(id, 0, seed), std::move(tokens), priority);
+  scheduler_->add_prefill_only(record(std::move(r)), std::move(tokens), priority);
   return {};
 }
 
@@ -132,13 +133,10 @@ expected<void> engine_core::add_prefilled(request r, kv_data kv) {
                 "imported KV does not fit: " + num(kv.num_layers) + " layers x " + num(kv.num_tokens) + " tokens x " +
                     num(kv.kv_dim) + " dims, the model and prompt need " + num(model_.n_layers) + " x " + num(want) +
                     " x " + num(model_.kv_dim()));
-  const request_id id = r.id;
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
-  std::vector<int32_t> prompt = std::move(r.prompt);
   const int32_t priority = r.priority;
-  const uint64_t seed = r.seed;
-  requests_.emplace(id, request_state{std::move(r), {}});
-  const kv::seq_id seq = new_sequence(id, 0, seed);
+  std::vector<int32_t> prompt = std::move(r.prompt);
+  const kv::seq_id seq = record(std::move(r));
   scheduler_->add_imported(seq, std::move(prompt), priority, limit, want);
   pending_imports_.emplace(seq, std::move(kv));
   return {};

@@ -152,6 +152,8 @@ class engine_core {
 
   /// A new request's id is unused and it passes validate_request.
   [[nodiscard]] expected<void> check_new(const request& r) const;
+  /// Records a checked new request and makes its first sequence (sample 0, the request's seed).
+  [[nodiscard]] kv::seq_id record(request r);
   [[nodiscard]] kv::seq_id new_sequence(request_id id, int32_t index, uint64_t seed);
   [[nodiscard]] exec_chunk make_chunk(const sched::scheduled_chunk& c, flight& f);
   void fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,

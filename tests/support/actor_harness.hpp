@@ -63,9 +63,13 @@ inline caf::actor spawn_engine_or_die(caf::actor_system& sys, const actors::engi
   return *e;
 }
 
-inline caf::actor spawn_balancer(caf::actor_system& sys, std::vector<caf::actor> engines) {
+/// A balancer over `engines`; `kinds` (one per engine, default all mixed) makes prefill and
+/// decode engines.
+inline caf::actor spawn_balancer(caf::actor_system& sys, std::vector<caf::actor> engines,
+                                 const std::vector<balance::engine_kind>& kinds = {}) {
   actors::load_balancer_options o;
   o.engines = actors::mixed_engines(engines);
+  for (size_t i = 0; i < kinds.size(); i++) o.engines.at(i).kind = kinds[i];
   o.tok = bundled_shared().tok;
   return actors::spawn_load_balancer(sys, std::move(o));
 }
