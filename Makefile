@@ -10,8 +10,10 @@ TROUPE := $(BUILD)/apps/troupe
 run: build
 	scripts/run-demo.sh $(TROUPE)
 
+# Skipped tests (data absent from a user's clone, no GPU) are listed with their reasons.
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS); status=$$?; \
+	  scripts/skipped-tests.sh $(BUILD); exit $$status
 
 deps:
 	@scripts/install-deps.sh

@@ -52,7 +52,7 @@ TEST_F(Cli, GreedyFromBosPrintsExactlyTheGoldenText) {
   const cli_result r = run({"generate", "-t", "0", "-n", "200"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string golden =
-      testing::read_file(testing::shared_data("stories260K/golden/llama2c_test_all__t0_n200.txt"));
+      testing::read_file(testing::test_data("stories260K/golden/llama2c_test_all__t0_n200.txt"));
   EXPECT_EQ(r.out, golden + "\n");
   EXPECT_NE(r.err.find("200 tokens, finish length"), std::string::npos) << r.err;  // logs go to stderr
 }
@@ -61,7 +61,7 @@ TEST_F(Cli, GreedyDefaultStepsMatchLlama2cDefault) {
   const cli_result r = run({"--log-level", "off", "generate", "--temperature", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string golden =
-      testing::read_file(testing::shared_data("stories260K/golden/llama2c_doc__t0_default256.txt"));
+      testing::read_file(testing::test_data("stories260K/golden/llama2c_doc__t0_default256.txt"));
   EXPECT_EQ(r.out, golden + "\n");
   EXPECT_EQ(r.err, "");
 }

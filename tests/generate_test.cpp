@@ -60,7 +60,7 @@ const golden_run golden_runs[] = {
 TEST_F(Generate, GreedyFromBosMatchesLlama2cTextAndIds) {
   for (const golden_run& run : golden_runs) {
     const std::string golden_file = std::string("stories260K/golden/") + run.text_file;
-    const std::string text = testing::read_file(testing::shared_data(golden_file));
+    const std::string text = testing::read_file(testing::test_data(golden_file));
     const testing::golden_case golden = testing::golden(run.case_name);
     ASSERT_EQ(golden.token_ids.front(), tokenizer::bos);
     const std::vector<int32_t> ids(golden.token_ids.begin() + 1, golden.token_ids.end());

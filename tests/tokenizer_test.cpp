@@ -20,14 +20,14 @@
 #include "runtime/tokenizer/stream_detokenizer.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "runtime/tokenizer/utf8.hpp"
+#include "tests/support/golden.hpp"
 
 namespace troupe {
 namespace {
 
 using ids_t = std::vector<std::int32_t>;
 
-const std::string data_dir = std::string(TROUPE_SHARED_DATA_DIR) + "/stories260K";
-const std::string tok512_path = data_dir + "/tok512.bin";
+const std::string tok512_path = testing::bundled_tokenizer();
 const std::string fffd(utf8::replacement_character);
 
 std::string read_bytes(const std::string& path) {
@@ -55,98 +55,10 @@ ids_t encode_ok(const tokenizer& tok, std::string_view text, bool add_bos, bool 
   return ids.value_or(ids_t{});
 }
 
-// ---- a minimal reader for derived/token_ids_by_case.json ----------------------------------
+using testing::golden_case;
 
-struct golden_case {
-  std::string name;
-  ids_t token_ids;
-  std::string stdout_text;
-};
-
-void append_utf8(std::uint32_t code_point, std::string& out) {
-  if (code_point < 0x80) {
-    out += static_cast<char>(code_point);
-  } else if (code_point < 0x800) {
-    out += static_cast<char>(0xC0 | (code_point >> 6));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else if (code_point < 0x10000) {
-    out += static_cast<char>(0xE0 | (code_point >> 12));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (code_point >> 18));
-    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  }
-}
-
-/// Parses the JSON string literal whose opening quote is at `json[pos]`.
-std::string parse_json_string(const std::string& json, std::size_t pos) {
-  TROUPE_ASSERT(json.at(pos) == '"');
-  std::string out;
-  for (++pos; json.at(pos) != '"'; ++pos) {
-    if (json[pos] != '\\') {
-      out += json[pos];
-      continue;
-    }
-    const char escape = json.at(++pos);
-    switch (escape) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'u': {
-        std::uint32_t unit = std::stoul(json.substr(pos + 1, 4), nullptr, 16);
-        pos += 4;
-        if (unit >= 0xD800 && unit <= 0xDBFF) {  // a surrogate pair: "\uD83D\uDE00"
-          TROUPE_ASSERT(json.compare(pos + 1, 2, "\\u") == 0);
-          const std::uint32_t low = std::stoul(json.substr(pos + 3, 4), nullptr, 16);
-          pos += 6;
-          unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
-        }
-        append_utf8(unit, out);
-        break;
-      }
-      default: out += escape;  // \" \\ \/
-    }
-  }
-  return out;
-}
-
-/// The value position after `"key":` searched from `from`, or npos.
-std::size_t find_value(const std::string& json, const std::string& key, std::size_t from) {
-  const std::size_t at = json.find("\"" + key + "\":", from);
-  if (at == std::string::npos) return at;
-  return json.find_first_not_of(" \n", at + key.size() + 3);
-}
-
-ids_t parse_int_array(const std::string& json, std::size_t pos) {
-  TROUPE_ASSERT(json.at(pos) == '[');
-  const std::size_t end = json.find(']', pos);
-  std::istringstream in(json.substr(pos + 1, end - pos - 1));
-  ids_t values;
-  for (std::string item; std::getline(in, item, ',');) values.push_back(std::stoi(item));
-  return values;
-}
-
-std::vector<golden_case> load_golden_cases() {
-  const std::string json = read_bytes(data_dir + "/derived/token_ids_by_case.json");
-  std::vector<golden_case> cases;
-  for (std::size_t at = find_value(json, "case", 0); at != std::string::npos;
-       at = find_value(json, "case", at)) {
-    golden_case c;
-    c.name = parse_json_string(json, at);
-    c.token_ids = parse_int_array(json, find_value(json, "token_ids", at));
-    c.stdout_text = parse_json_string(json, find_value(json, "stdout_text", at));
-    const std::size_t n_ids_at = find_value(json, "n_ids", at);
-    EXPECT_EQ(static_cast<std::size_t>(std::stoi(json.substr(n_ids_at))), c.token_ids.size())
-        << c.name;
-    cases.push_back(std::move(c));
-  }
-  return cases;
-}
+/// Every case of derived/token_ids_by_case.json; each one's n_ids matches its ids.
+std::vector<golden_case> load_golden_cases() { return testing::golden_cases(); }
 
 /// Golden stdout files and the JSON case each one is the output of.
 const std::vector<std::pair<std::string, std::string>> golden_files = {
@@ -330,7 +242,7 @@ TEST(TokenizerEncode, PromptMatchesLlama2cPromptCase) {
     found = true;
     ASSERT_GT(c.token_ids.size(), prompt.size());
     EXPECT_EQ(ids_t(c.token_ids.begin(), c.token_ids.begin() + 6), prompt);
-    EXPECT_EQ(c.stdout_text.rfind("There was a big ", 0), 0u);
+    EXPECT_EQ(c.text.rfind("There was a big ", 0), 0u);
   }
   EXPECT_TRUE(found);
 }
@@ -470,8 +382,8 @@ TEST(TokenizerDecode, GoldenCasesMatchLlama2cStdout) {
     ASSERT_NE(it, cases.end());
     ASSERT_EQ(it->token_ids.front(), 1);
     EXPECT_TRUE(tok.check_ids(it->token_ids));
-    EXPECT_EQ(it->stdout_text, read_bytes(data_dir + "/golden/" + file));
-    EXPECT_EQ(tok.decode(it->token_ids), it->stdout_text);
+    EXPECT_EQ(it->text, read_bytes(testing::test_data("stories260K/golden/" + file)));
+    EXPECT_EQ(tok.decode(it->token_ids), it->text);
   }
 }
 
@@ -479,7 +391,7 @@ TEST(TokenizerDecode, GoldenTextsRoundTrip) {
   const tokenizer tok = load_tok512();
   for (const auto& [file, case_name] : golden_files) {
     SCOPED_TRACE(file);
-    const std::string text = read_bytes(data_dir + "/golden/" + file);
+    const std::string text = read_bytes(testing::test_data("stories260K/golden/" + file));
     ASSERT_FALSE(text.empty());
     const ids_t ids = encode_ok(tok, text, true);
     EXPECT_EQ(ids.front(), 1);
@@ -568,7 +480,7 @@ TEST(StreamDetokenizer, GoldenCasesEqualBatchDecode) {
   const tokenizer tok = load_tok512();
   for (const golden_case& c : load_golden_cases()) {
     SCOPED_TRACE(c.name);
-    EXPECT_EQ(stream_all(tok, c.token_ids), c.stdout_text);
+    EXPECT_EQ(stream_all(tok, c.token_ids), c.text);
     EXPECT_EQ(stream_all(tok, c.token_ids), tok.decode(c.token_ids));
   }
 }
@@ -646,7 +558,7 @@ void expect_error(const error& e, errc code, const std::vector<std::string>& fra
 }
 
 TEST(TokenizerLoadErrors, MissingFile) {
-  const std::string path = data_dir + "/no_such_tokenizer.bin";
+  const std::string path = testing::test_data("no_such_tokenizer.bin");
   const expected<tokenizer> tok = tokenizer::load(path, 512);
   ASSERT_FALSE(tok);
   expect_error(tok.error(), errc::io_error, {"cannot open tokenizer file '" + path + "'"});

@@ -30,9 +30,13 @@ using troupe::errc;
 using troupe::sim::trace_format;
 using troupe::sim::trace_request;
 
-std::string azure_code() { return troupe::testing::shared_data("traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"); }
-std::string azure_conv() { return troupe::testing::shared_data("traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"); }
-std::string mooncake() { return troupe::testing::shared_data("traces/mooncake/conversation_trace.jsonl"); }
+// The full traces (shared data: skipped without it) and their first 300 rows (bundled).
+const char* const azure_code = "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv";
+const char* const azure_conv = "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv";
+const char* const mooncake = "traces/mooncake/conversation_trace.jsonl";
+std::string azure_code_head() { return troupe::testing::test_data("traces/azure_llm_2023/AzureLLMInferenceTrace_code_head300.csv"); }
+std::string azure_conv_head() { return troupe::testing::test_data("traces/azure_llm_2023/AzureLLMInferenceTrace_conv_head300.csv"); }
+std::string mooncake_head() { return troupe::testing::test_data("traces/mooncake/conversation_trace_head300.jsonl"); }
 
 std::vector<trace_request> read_ok(const std::string& path, trace_format format) {
   auto requests = troupe::sim::read_trace(path, format);
@@ -88,8 +92,40 @@ const std::string azure_header = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n";
 // ---------------------------------------------------------------------------------------------
 // The real traces
 
+TEST(AzureTrace, CodeHeadRowsFirstAndLast) {
+  const auto r = read_ok(azure_code_head(), trace_format::azure);
+  ASSERT_EQ(r.size(), 300u);
+  expect_sorted_and_valid(r);
+  EXPECT_EQ(r[0], req(0, 4808, 10));
+  EXPECT_EQ(r[1], req(52'000'000, 3180, 8));
+  // 2023-11-16 18:20:40.8181990,176,88 (a line end after the last row)
+  EXPECT_EQ(r.back(), req(216'838'239'000, 176, 88));
+}
+
+TEST(AzureTrace, ConvHeadRowsFirstAndLast) {
+  const auto r = read_ok(azure_conv_head(), trace_format::azure);
+  ASSERT_EQ(r.size(), 300u);
+  expect_sorted_and_valid(r);
+  EXPECT_EQ(r[0], req(0, 374, 44));
+  EXPECT_EQ(r[1], req(4'314'579'000, 396, 109));
+  // 2023-11-16 18:17:10.7096920,212,183
+  EXPECT_EQ(r.back(), req(84'029'102'000, 212, 183));
+}
+
+TEST(MooncakeTrace, HeadRowsFirstAndLastAndHashIds) {
+  const auto r = read_ok(mooncake_head(), trace_format::mooncake);
+  ASSERT_EQ(r.size(), 300u);
+  expect_sorted_and_valid(r);
+  EXPECT_EQ(r[0], req(0, 6758, 500, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}));
+  EXPECT_EQ(r[1].hash_ids.front(), 0u);
+  EXPECT_EQ(r[1].hash_ids[1], 14u);
+  // {"timestamp": 102000, "input_length": 979, "output_length": 140, "hash_ids": [0, 7813]}
+  EXPECT_EQ(r.back(), req(102'000'000'000, 979, 140, {0, 7813}));
+}
+
 TEST(AzureTrace, CodeRowsFirstAndLast) {
-  const auto r = read_ok(azure_code(), trace_format::azure);
+  TROUPE_SHARED_DATA_OR_SKIP(path, azure_code);
+  const auto r = read_ok(path, trace_format::azure);
   ASSERT_EQ(r.size(), 8819u);
   expect_sorted_and_valid(r);
   // 2023-11-16 18:17:03.9799600,4808,10
@@ -101,7 +137,8 @@ TEST(AzureTrace, CodeRowsFirstAndLast) {
 }
 
 TEST(AzureTrace, ConvRowsFirstAndLast) {
-  const auto r = read_ok(azure_conv(), trace_format::azure);
+  TROUPE_SHARED_DATA_OR_SKIP(path, azure_conv);
+  const auto r = read_ok(path, trace_format::azure);
   ASSERT_EQ(r.size(), 19366u);
   expect_sorted_and_valid(r);
   // 2023-11-16 18:15:46.6805900,374,44
@@ -113,7 +150,8 @@ TEST(AzureTrace, ConvRowsFirstAndLast) {
 }
 
 TEST(MooncakeTrace, RowsFirstAndLastAndHashIds) {
-  const auto r = read_ok(mooncake(), trace_format::mooncake);
+  TROUPE_SHARED_DATA_OR_SKIP(path, mooncake);
+  const auto r = read_ok(path, trace_format::mooncake);
   ASSERT_EQ(r.size(), 12031u);
   expect_sorted_and_valid(r);
   EXPECT_EQ(r[0], req(0, 6758, 500, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}));
@@ -311,7 +349,8 @@ TEST(ShapeWorkload, ScalingUpKeepsHashIdsAndStretchesTime) {
 }
 
 TEST(ShapeWorkload, RealTraceCompressed16x) {
-  const auto r = read_ok(azure_conv(), trace_format::azure);
+  TROUPE_SHARED_DATA_OR_SKIP(path, azure_conv);
+  const auto r = read_ok(path, trace_format::azure);
   troupe::sim::workload_options o;
   o.time_scale = 16.0;
   o.max_context = 4096;
@@ -536,7 +575,7 @@ TEST(PromptTokens, SharedHashIdsShareBlocks) {
 }
 
 TEST(PromptTokens, RealMooncakePrefixReuse) {
-  const auto r = read_ok(mooncake(), trace_format::mooncake);
+  const auto r = read_ok(mooncake_head(), trace_format::mooncake);
   ASSERT_GE(r.size(), 2u);
   // Rows 0 and 1 share hash id 0 (block 0) and nothing else.
   const auto a = troupe::sim::prompt_tokens(r[0], 0, 32000, troupe::sim::mooncake_block_tokens, 1);
