@@ -146,6 +146,7 @@ void collect(engine_actor_t* self, engine_state::live_request& live, const engin
   b.finish = engine::to_string(e.finish);
   b.num_cached_tokens = e.num_cached_tokens;
   b.num_preemptions = e.num_preemptions;
+  b.num_recomputed_tokens = e.num_recomputed_tokens;
   b.scheduled_age_ns = now - live.scheduled_at_ns;
   self->send(live.actor, std::move(b));
 }
@@ -161,7 +162,7 @@ void on_result(engine_actor_t* self, engine::exec_result& result) {
     } else {
       self->send(live.actor, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
                                           e.sample.top_logprobs, engine::to_string(e.finish), e.num_cached_tokens,
-                                          e.num_preemptions, live.scheduled_at_ns});
+                                          e.num_preemptions, e.num_recomputed_tokens, live.scheduled_at_ns});
     }
     if (!st.core->contains(e.request)) st.requests.erase(it);
   }

@@ -69,6 +69,7 @@ void on_token(request_actor_t* self, const msg::sampled& s, caf::actor_clock::ti
   if (s.finish != "none") {
     st.end.num_cached_tokens = s.num_cached_tokens;
     st.end.num_preemptions = s.num_preemptions;
+    st.end.num_recomputed_tokens = s.num_recomputed_tokens;
     st.end.queue_ns = s.scheduled_at_ns - ns_since_epoch(st.arrival);
   }
   if (!st.out && st.text_mode) st.out.emplace(*st.o.tok, st.request.prompt, st.request.stop);
@@ -93,7 +94,7 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
   };
   const size_t n = b.tokens.size();
   TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
-  msg::sampled s{b.request_id, 0, 0, 0.0f, {}, "none", 0, 0, 0};
+  msg::sampled s{b.request_id, 0, 0, 0.0f, {}, "none", 0, 0, 0, 0};
   for (size_t i = 0; i < n; i++) {
     s.token = b.tokens[i];
     s.logprob = b.logprobs[i];
@@ -102,6 +103,7 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
       s.finish = b.finish;
       s.num_cached_tokens = b.num_cached_tokens;
       s.num_preemptions = b.num_preemptions;
+      s.num_recomputed_tokens = b.num_recomputed_tokens;
       s.scheduled_at_ns = ns_since_epoch(at(b.scheduled_age_ns));
     }
     on_token(self, s, at(b.age_ns[i]));

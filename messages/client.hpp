@@ -60,14 +60,16 @@ struct completion_end {
   int64_t ttft_ns = 0;              ///< arrival to first token
   int64_t e2e_ns = 0;               ///< arrival to end
   std::vector<int64_t> itl_ns;      ///< gaps between consecutive tokens
-  int32_t num_cached_tokens = 0;    ///< prompt tokens served from the prefix cache
+  int32_t num_cached_tokens = 0;    ///< prompt tokens served from the prefix cache at admission
   int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_end& x) {
   return f(x.request_id, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
-           x.queue_ns, x.ttft_ns, x.e2e_ns, x.itl_ns, x.num_cached_tokens, x.num_preemptions);
+           x.queue_ns, x.ttft_ns, x.e2e_ns, x.itl_ns, x.num_cached_tokens, x.num_preemptions,
+           x.num_recomputed_tokens);
 }
 
 /// The last message of a completion that failed; `code` is an errc name (e.g. "too_long").

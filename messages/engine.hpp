@@ -53,15 +53,16 @@ struct sampled {
   std::vector<sampling::token_logprob> top_logprobs;
   std::string finish;
   // On the last token only:
-  int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache
+  int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
   int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
   int64_t scheduled_at_ns = 0;    ///< engine clock when the request was first scheduled
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled& x) {
   return f(x.request_id, x.sample_index, x.token, x.logprob, x.top_logprobs, x.finish, x.num_cached_tokens,
-           x.num_preemptions, x.scheduled_at_ns);
+           x.num_preemptions, x.num_recomputed_tokens, x.scheduled_at_ns);
 }
 
 /// Engine -> request: every token of a request with `batch_tokens`, sent when it ends. Each
@@ -76,13 +77,14 @@ struct sampled_batch {
   std::string finish;  ///< of the last token: "stop" or "length"
   int32_t num_cached_tokens = 0;
   int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;
   int64_t scheduled_age_ns = 0;  ///< how long before sending the request was first scheduled
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled_batch& x) {
   return f(x.request_id, x.tokens, x.logprobs, x.top_logprobs, x.age_ns, x.finish, x.num_cached_tokens,
-           x.num_preemptions, x.scheduled_age_ns);
+           x.num_preemptions, x.num_recomputed_tokens, x.scheduled_age_ns);
 }
 
 /// Request -> engine: end a request early (a stop string completed, a cancel, a lost client).

@@ -71,12 +71,13 @@ expected<void> write_file(const fs::path& path, const std::string& text) {
 
 std::string requests_csv(const sim_result& r) {
   std::string out = "index,arrival_ns,scheduled_ns,first_token_ns,finish_ns,prompt_tokens,output_tokens,"
-                    "cached_tokens,preemptions,finish\n";
+                    "cached_tokens,preemptions,recomputed_tokens,finish\n";
   for (const request_record& q : r.requests)
     out += std::to_string(q.index) + "," + std::to_string(q.arrival_ns) + "," + std::to_string(q.scheduled_ns) + "," +
            std::to_string(q.first_token_ns) + "," + std::to_string(q.finish_ns) + "," +
            std::to_string(q.prompt_tokens) + "," + std::to_string(q.output_tokens) + "," +
-           std::to_string(q.cached_tokens) + "," + std::to_string(q.preemptions) + "," + q.finish + "\n";
+           std::to_string(q.cached_tokens) + "," + std::to_string(q.preemptions) + "," +
+           std::to_string(q.recomputed_tokens) + "," + q.finish + "\n";
   return out;
 }
 
@@ -143,11 +144,12 @@ summary_stats summarize(std::vector<double> v) {
 
 std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   const latencies l = collect(r);
-  int64_t num_ok = 0, num_good = 0, tokens = 0, prompt = 0, cached = 0, preemptions = 0;
+  int64_t num_ok = 0, num_good = 0, tokens = 0, prompt = 0, cached = 0, preemptions = 0, recomputed = 0;
   for (const request_record& q : r.requests) {
     prompt += q.prompt_tokens;
     cached += q.cached_tokens;
     preemptions += q.preemptions;
+    recomputed += q.recomputed_tokens;
     if (!ok(q)) continue;
     num_ok++;
     tokens += q.output_tokens;
@@ -171,6 +173,7 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"goodput_requests_per_s\": " + num(num_good / seconds) + ",\n";
   j += "  \"prefix_hit_rate\": " + num(prompt ? static_cast<double>(cached) / prompt : 0.0) + ",\n";
   j += "  \"preemptions\": " + std::to_string(preemptions) + ",\n";
+  j += "  \"recomputed_tokens\": " + std::to_string(recomputed) + ",\n";
   j += "  \"num_steps\": " + std::to_string(r.batch_sizes.size()) + ",\n";
   j += "  \"batch_size_histogram\": " + batch_histogram_json(r.batch_sizes) + ",\n";
   j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";

@@ -50,6 +50,7 @@ void on_done(run_state& rs, int64_t index, const expected<actors::completion>& c
     r.scheduled_ns = r.arrival_ns + e.queue_ns;
     r.cached_tokens = e.num_cached_tokens;
     r.preemptions = e.num_preemptions;
+    r.recomputed_tokens = e.num_recomputed_tokens;
     r.itl_ns = e.itl_ns;
     r.tokens = c->tokens;
   } else {

@@ -32,6 +32,7 @@ struct request_record {
   int32_t output_tokens = 0;     ///< generated
   int32_t cached_tokens = 0;
   int32_t preemptions = 0;
+  int32_t recomputed_tokens = 0;
   std::string finish;            ///< "length", "stop", or the error code
   std::vector<int64_t> itl_ns;
   std::vector<int32_t> prompt;   ///< the prompt's token ids (BOS first)

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <utility>
 #include <string>
 
 #include "sim/random.hpp"
@@ -177,6 +179,25 @@ std::vector<int32_t> prompt_tokens(const trace_request& r, int64_t request_index
     tokens[static_cast<size_t>(p)] = prompt_first_ordinary_token + static_cast<int32_t>(below(h, num_ordinary));
   }
   return tokens;
+}
+
+prefix_reuse prefix_reuse_bound(const std::vector<trace_request>& requests, int32_t block_tokens) {
+  // A trie of hash-id chains: (parent node, hash id) -> node; node 0 is the empty chain.
+  std::map<std::pair<int64_t, uint64_t>, int64_t> chains;
+  prefix_reuse out;
+  for (const trace_request& r : requests) {
+    out.num_prompt_tokens += r.input_tokens;
+    int64_t node = 0, reusable = 0;
+    bool seen = true;  // the chain so far was in an earlier request
+    for (const uint64_t id : r.hash_ids) {
+      auto [it, added] = chains.try_emplace({node, id}, static_cast<int64_t>(chains.size()) + 1);
+      seen = seen && !added;
+      if (seen) reusable += block_tokens;
+      node = it->second;
+    }
+    out.num_reusable_tokens += std::min<int64_t>(reusable, r.input_tokens);
+  }
+  return out;
 }
 
 }  // namespace troupe::sim

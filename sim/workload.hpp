@@ -83,4 +83,20 @@ inline constexpr int32_t prompt_first_ordinary_token = 3;
                                                  int32_t vocab_size, int32_t block_tokens,
                                                  uint64_t seed);
 
+/// The prompt tokens of a workload, and how many of them an infinite prefix cache could serve.
+struct prefix_reuse {
+  int64_t num_prompt_tokens = 0;
+  int64_t num_reusable_tokens = 0;
+  [[nodiscard]] double rate() const {
+    return num_prompt_tokens ? static_cast<double>(num_reusable_tokens) / num_prompt_tokens : 0.0;
+  }
+};
+
+/// The infinite-cache bound of a workload's prefix reuse: requests in order, each reuses its
+/// leading hash-id blocks whose chain (hash ids 0..k) an earlier request had, at most
+/// `block_tokens` tokens per block and its input length in all. Tokens past the hash-id blocks
+/// are unique per request (see prompt_tokens), so no cache, however large, serves more: a
+/// simulator's prefix_hit_rate can never exceed rate().
+[[nodiscard]] prefix_reuse prefix_reuse_bound(const std::vector<trace_request>& requests, int32_t block_tokens);
+
 }  // namespace troupe::sim

@@ -331,6 +331,8 @@ TEST_F(SchedulerTest, PreemptsTheLatestArrivalAmongEqualPriorities) {
   EXPECT_EQ(p.chunks, (chunks{{1, 6, 1, true}, {2, 0, 5, true}}));
   EXPECT_EQ(table(2), (ids{3, 0}));
   EXPECT_EQ(sched_->num_waiting(), 1);  // 3 still waits: the pool is full again
+  EXPECT_EQ(sched_->get(2).num_recomputed_tokens, 4);  // its 4 prompt tokens, a second time
+  EXPECT_EQ(sched_->num_recomputed_tokens(), 4);
   complete(p, {8, 9});
   EXPECT_EQ(sched_->get(2).tokens, concat(token_range(4, 30), {3, 9}));
 }
@@ -360,8 +362,11 @@ TEST_F(SchedulerTest, TheBackOfTheRunningOrderPreemptsItself) {
   p = schedule();  // now it reuses its own cached block 2 and computes 1 token
   EXPECT_EQ(p.chunks, (chunks{{1, 4, 1, true}}));
   EXPECT_EQ(table(1), (ids{2, 3}));
-  EXPECT_EQ(sched_->get(1).num_cached_tokens, 4);
-  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 4);
+  // Its own block, found again: not a prefix hit (its first admission found none), and it
+  // spares the recomputation of the 4 tokens the preemption dropped.
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 0);
+  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 0);
+  EXPECT_EQ(sched_->get(1).num_recomputed_tokens, 0);
 }
 
 TEST_F(SchedulerTest, PrefixHitOnAdmissionSharesBlocks) {
@@ -533,7 +538,7 @@ TEST_F(SchedulerTest, ForkWaitsWhenNoBlockIsFree) {
   p = schedule();  // readmitted with the parent's cached first block
   EXPECT_EQ(p.chunks, (chunks{{1, 4, 3, true}}));
   EXPECT_EQ(table(1), (ids{0, 1}));
-  EXPECT_EQ(sched_->get(1).num_cached_tokens, 4);
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 0);  // the prompt is counted once, by the parent
 }
 
 TEST_F(SchedulerTest, PlansAheadWithPlaceholdersUpToTheLengthLimit) {

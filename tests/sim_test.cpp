@@ -2,6 +2,7 @@
 // the reference generator, and exact virtual times on a hand-computed trace.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -168,6 +169,61 @@ TEST(Simulation, SameSeedReplaysBitForBitAndAnotherSeedDiffers) {
     EXPECT_EQ(q.finish, "length");
     EXPECT_EQ(q.output_tokens, s.output_mean ? static_cast<int32_t>(q.tokens.size()) : 0);
   }
+}
+
+TEST(PrefixReuseBound, FollowsHashIdChainsExactly) {
+  const std::vector<trace_request> w = {
+      trace_request{0, 1000, 1, {1, 2}},     // nothing before it
+      trace_request{1, 1100, 1, {1, 2, 3}},  // chain 1 -> 2 seen: 2 blocks
+      trace_request{2, 600, 1, {2, 3}},      // id 2 seen, but not as a first block: none
+      trace_request{3, 700, 1, {1, 2}},      // 2 blocks = 1024 tokens, capped at its 700
+  };
+  const prefix_reuse b = prefix_reuse_bound(w, 512);
+  EXPECT_EQ(b.num_prompt_tokens, 3400);
+  EXPECT_EQ(b.num_reusable_tokens, 1024 + 700);
+}
+
+/// Runs `workload` (shaped to the topology's context) on the 7B simulation topology; returns
+/// the simulated prefix hit rate after checking each request's share, and the workload's bound.
+std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> workload, int32_t check_every) {
+  auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml");
+  EXPECT_TRUE(t) << t.error().message;
+  workload_options shape;
+  shape.max_context = t->model.seq_len;
+  sim_options o = options(*t, shape_workload(std::move(workload), shape), 3);
+  o.check_invariants_every = check_every;
+  auto r = run_simulation(o);
+  EXPECT_TRUE(r) << r.error().message;
+  int64_t cached = 0, prompt = 0;
+  for (const request_record& q : r->requests) {
+    EXPECT_LE(q.cached_tokens, q.prompt_tokens) << "request " << q.index;
+    cached += q.cached_tokens;
+    prompt += q.prompt_tokens;
+  }
+  const prefix_reuse bound = prefix_reuse_bound(o.workload, mooncake_block_tokens);
+  EXPECT_EQ(prompt, bound.num_prompt_tokens);
+  return {static_cast<double>(cached) / static_cast<double>(prompt), bound};
+}
+
+TEST(Simulation, PrefixHitRateStaysUnderTheInfiniteCacheBound) {
+  auto trace = read_trace(testing::test_data("traces/mooncake/conversation_trace_head300.jsonl"), trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  const auto [rate, bound] = hit_rate_and_bound(std::move(*trace), 1);
+  std::printf("prefix hit rate %.4f, infinite-cache bound %.4f\n", rate, bound.rate());
+  EXPECT_EQ(bound.num_prompt_tokens, 1'713'382);
+  EXPECT_EQ(bound.num_reusable_tokens, 256'826);  // a bound of 15.0%
+  EXPECT_GT(rate, 0.0);
+  EXPECT_LE(rate, bound.rate());
+}
+
+TEST(Simulation, PrefixHitRateStaysUnderTheBoundOnTheFullMooncakeTrace) {
+  TROUPE_SHARED_DATA_OR_SKIP(path, "traces/mooncake/conversation_trace.jsonl");
+  auto trace = read_trace(path, trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  const auto [rate, bound] = hit_rate_and_bound(std::move(*trace), 0);
+  std::printf("prefix hit rate %.4f, infinite-cache bound %.4f\n", rate, bound.rate());
+  EXPECT_GT(rate, 0.0);
+  EXPECT_LE(rate, bound.rate());
 }
 
 TEST(Simulation, RealTokensEqualTheReferenceGenerator) {

@@ -318,6 +318,7 @@ void engine_core::record(kv::seq_id seq, const sampling::sample_result& s, std::
     const sched::sequence& q = scheduler_->get(seq);
     events.back().num_cached_tokens = q.num_cached_tokens;
     events.back().num_preemptions = q.num_preemptions;
+    events.back().num_recomputed_tokens = q.num_recomputed_tokens;
     end_sample(seq);
   }
 }
@@ -326,6 +327,7 @@ engine_stats engine_core::stats() const {
   engine_stats s = stats_;
   s.num_preemptions = scheduler_->num_preemptions();
   s.num_prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
+  s.num_recomputed_tokens = scheduler_->num_recomputed_tokens();
   s.num_blocks_in_use = blocks_->num_used_blocks();
   return s;
 }

@@ -42,7 +42,8 @@ struct engine_stats {
   int64_t num_scheduled_tokens = 0;  ///< tokens run through the model (prefill + decode)
   int64_t num_discarded_tokens = 0;  ///< sampled for a sample that had already ended
   int64_t num_preemptions = 0;
-  int64_t num_prefix_hit_tokens = 0;
+  int64_t num_prefix_hit_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
+  int64_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
   int32_t num_blocks_in_use = 0;
 };
 
@@ -54,6 +55,7 @@ struct sample_event {
   finish_reason finish = finish_reason::none;
   int32_t num_cached_tokens = 0;  ///< on the last event: prompt tokens served from the prefix cache
   int32_t num_preemptions = 0;    ///< on the last event: times the sample was preempted
+  int32_t num_recomputed_tokens = 0;  ///< on the last event: tokens computed again after preemptions
 };
 
 /// A request whose prompt KV a prefill-only run computed: the request itself and the KV of its

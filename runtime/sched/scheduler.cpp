@@ -74,8 +74,10 @@ void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {
   sequence c = p;
   c.id = child;
   c.tokens.back() = last_token;
-  c.num_cached_tokens = 0;
+  c.num_cached_tokens = 0;  // the parent's prompt is counted once, by the parent
   c.num_preemptions = 0;
+  c.num_recomputed_tokens = 0;
+  c.num_lost_tokens = 0;
   c.hold = false;
   // The child inherits the parent's arrival so the two are served side by side; ties between
   // equal (priority, arrival) keep insertion order, which is deterministic.
@@ -146,8 +148,11 @@ void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
     if (!blocks_.can_allocate(s.id, have + num_new, hit)) break;
     blocks_.allocate(s.id, have + num_new, hit);
     s.num_computed_tokens = have;
-    s.num_cached_tokens += hit.num_tokens;
-    num_prefix_hit_tokens_ += hit.num_tokens;
+    if (!s.admitted) {  // the prompt's share served from cache, once per sequence
+      s.admitted = true;
+      s.num_cached_tokens = std::min(hit.num_tokens, s.num_prompt_tokens);
+      num_prefix_hit_tokens_ += s.num_cached_tokens;
+    }
     if (imported > 0) {
       plan.imported.push_back(s.id);
       s.num_imported_tokens = 0;
@@ -165,6 +170,7 @@ void scheduler::preempt(seq_id victim, step_plan& plan) {
   TROUPE_ASSERT(running_.back() == victim);
   running_.pop_back();
   blocks_.free(victim);
+  v.num_lost_tokens = std::max(v.num_lost_tokens, v.num_computed_tokens);
   v.num_computed_tokens = 0;
   v.num_imported_tokens = 0;  // an admitted sequence has none left; its KV is recomputed
   v.num_preemptions++;
@@ -179,6 +185,11 @@ void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int3
   const bool samples =
       !s.prefill_only && s.num_computed_tokens + num_tokens == static_cast<int32_t>(s.tokens.size());
   plan.chunks.push_back(scheduled_chunk{s.id, s.num_computed_tokens, num_tokens, samples});
+  // Positions below num_lost_tokens were computed before a preemption: computed again now.
+  const int32_t recomputed =
+      std::max(0, std::min(s.num_computed_tokens + num_tokens, s.num_lost_tokens) - s.num_computed_tokens);
+  s.num_recomputed_tokens += recomputed;
+  num_recomputed_tokens_ += recomputed;
   budget -= num_tokens;
   s.num_computed_tokens += num_tokens;
   if (samples) s.tokens.push_back(engine::previous_sample);

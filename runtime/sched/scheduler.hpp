@@ -77,8 +77,15 @@ struct sequence {
   int32_t max_num_tokens = 0;        ///< never scheduled past this many tokens
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;   ///< tokens whose KV is in the cache or being computed
-  int32_t num_cached_tokens = 0;     ///< of those, how many came from the prefix cache (total)
+  /// Prompt tokens served from the prefix cache at the sequence's first admission (a
+  /// readmission after preemption finds its own earlier blocks: that is not counted here).
+  int32_t num_cached_tokens = 0;
   int32_t num_preemptions = 0;
+  /// Tokens whose KV was computed before a preemption and computed again after it.
+  int32_t num_recomputed_tokens = 0;
+  /// Leading tokens whose KV a preemption dropped (the most ever computed before one).
+  int32_t num_lost_tokens = 0;
+  bool admitted = false;             ///< has been admitted at least once
   bool hold = false;                 ///< not scheduled until released (a pending fork)
   /// Computes its tokens' KV and samples nothing (the prefill half of disaggregation): once
   /// every token is computed it is not scheduled again.
@@ -136,7 +143,10 @@ class scheduler {
   [[nodiscard]] int64_t num_preemptions() const { return num_preemptions_; }
   /// Prompt tokens of all sequences whose KV is not computed or being computed (O(sequences)).
   [[nodiscard]] int64_t num_queued_prompt_tokens() const;
+  /// Prompt tokens served from the prefix cache at first admissions (sequence::num_cached_tokens).
   [[nodiscard]] int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
+  /// Tokens computed again after a preemption (sequence::num_recomputed_tokens).
+  [[nodiscard]] int64_t num_recomputed_tokens() const { return num_recomputed_tokens_; }
   [[nodiscard]] const kv::block_manager& blocks() const { return blocks_; }
 
   /// Aborts unless: every sequence is in exactly one queue matching its status; queues are in
@@ -168,6 +178,7 @@ class scheduler {
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
+  int64_t num_recomputed_tokens_ = 0;
 };
 
 }  // namespace troupe::sched
