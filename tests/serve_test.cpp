@@ -2,6 +2,11 @@
 // the in-process one, and bad topologies are refused with a clear error.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
@@ -13,6 +18,61 @@ namespace {
 namespace fs = std::filesystem;
 using testing::cli_result;
 using testing::run_troupe;
+
+/// Reads the FIFO `fd` (opened O_RDONLY | O_NONBLOCK) until it has yielded a whole line
+/// containing `needle`, the writer closed it, or 60 s passed without a byte; returns the text.
+std::string read_until_line(int fd, const std::string& needle) {
+  std::string text;
+  for (;;) {
+    const size_t at = text.find(needle);
+    if (at != std::string::npos && text.find('\n', at) != std::string::npos) return text;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 60000) <= 0) return text;
+    char buf[512];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) return text;
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return text;
+    if (n > 0) text.append(buf, static_cast<size_t>(n));
+  }
+}
+
+/// A background `troupe serve` whose stdout is a FIFO, so a test can wait for the line that
+/// says where it listens instead of sleeping. The destructor kills the server if the test did
+/// not stop it (an ASSERT returned early).
+class server_process {
+ public:
+  server_process(const fs::path& dir, const std::vector<std::string>& args) : fifo_((dir / "serve.fifo").string()) {
+    err_path_ = (dir / "serve.err").string();
+    if (::mkfifo(fifo_.c_str(), 0600) != 0) return;
+    // Opened before the server starts, so its open for writing does not block.
+    fd_ = ::open(fifo_.c_str(), O_RDONLY | O_NONBLOCK);
+    if (fd_ >= 0) pid_ = testing::spawn_troupe(args, fifo_, err_path_);
+  }
+  ~server_process() {
+    if (pid_ != 0) {
+      ::kill(pid_, SIGKILL);
+      testing::wait_exit_code(pid_);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  [[nodiscard]] bool started() const { return pid_ != 0; }
+  /// Stdout up to and including the line containing `needle`.
+  std::string read_until(const std::string& needle) { return read_until_line(fd_, needle); }
+  /// SIGTERM, then the exit code.
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    const int code = testing::wait_exit_code(pid_);
+    pid_ = 0;
+    return code;
+  }
+  [[nodiscard]] std::string err() const { return testing::read_file(err_path_); }
+
+ private:
+  std::string fifo_;
+  std::string err_path_;
+  int fd_ = -1;
+  pid_t pid_ = 0;
+};
 
 class Serve : public ::testing::Test {
  protected:
@@ -59,6 +119,37 @@ TEST_F(Serve, RemoteClientStreamEqualsInProcessStream) {
   const std::string spawned = testing::read_file(serve_out);
   EXPECT_NE(spawned.find("n0: engine e0 (mixed)"), std::string::npos) << spawned;
   EXPECT_NE(spawned.find("listening on 127.0.0.1:" + std::to_string(port_)), std::string::npos) << spawned;
+}
+
+TEST_F(Serve, ModelFlagsServeAGeneratedNodeOnAnyFreePort) {
+  server_process server(dir_, {"serve", "--model", testing::bundled_model(), "--tokenizer",
+                               testing::bundled_tokenizer(), "--port", "0"});
+  ASSERT_TRUE(server.started());
+  const std::string listening = "local: load balancer listening on 127.0.0.1:";
+  const std::string spawned = server.read_until(listening);
+  const size_t at = spawned.find(listening);
+  ASSERT_NE(at, std::string::npos) << spawned << server.err();
+  const int port = std::stoi(spawned.substr(at + listening.size()));
+  EXPECT_GT(port, 0);
+  EXPECT_NE(spawned.find("local: engine engine0 (mixed)"), std::string::npos) << spawned;
+  const cli_result remote =
+      run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port), "-t", "0", "-n", "200"}, dir_);
+  const cli_result in_process = run_troupe({"generate", "--no-echo", "-t", "0", "-n", "200"}, dir_);
+  EXPECT_EQ(server.stop(), 0) << server.err();
+  ASSERT_EQ(remote.exit_code, 0) << remote.err;
+  ASSERT_EQ(in_process.exit_code, 0) << in_process.err;
+  EXPECT_FALSE(remote.out.empty());
+  EXPECT_EQ(remote.out, in_process.out);
+}
+
+TEST_F(Serve, TopologyFileAndModelFlagsAreExclusive) {
+  for (const char* flag : {"--model", "--tokenizer", "--host", "--port"}) {
+    const std::string value = std::string(flag) == "--port" ? "0" : "x";
+    const cli_result r = run_troupe({"serve", "--topology", topology(), flag, value}, dir_);
+    EXPECT_EQ(r.exit_code, 2) << flag;
+    EXPECT_EQ(r.out, "") << flag;
+    EXPECT_NE(r.err.find("excludes"), std::string::npos) << flag << ": " << r.err;
+  }
 }
 
 TEST_F(Serve, ClientWithoutServerFailsClearly) {

@@ -16,11 +16,18 @@ namespace troupe::cli {
 
 using action = std::function<int()>;
 
-/// Files of the bundled model, next to the sources (models/).
+/// The bundled file at `relative` (e.g. "models/tok512.bin"): under <exe dir>/../share/troupe
+/// when troupe is installed there, else under the source tree it was built from.
+std::string bundled_path(const std::string& relative);
+/// The bundled model and tokenizer (models/), resolved by bundled_path.
 std::string default_model_path();
 std::string default_tokenizer_path();
-/// The default topology (examples/single-node.toml).
+/// The default topology (examples/single-node.toml), resolved by bundled_path.
 std::string default_topology_path();
+
+/// "troupe VERSION (git COMMIT)": the CMake project version and the commit it was built from
+/// ("unknown" outside a git checkout).
+std::string version_text();
 
 /// Logs `e` to stderr and returns the error exit code.
 int fail_with(const error& e);

@@ -9,10 +9,6 @@
 
 namespace troupe::cli {
 
-std::string default_model_path() { return std::string(TROUPE_SOURCE_DIR) + "/models/stories260K.bin"; }
-std::string default_tokenizer_path() { return std::string(TROUPE_SOURCE_DIR) + "/models/tok512.bin"; }
-std::string default_topology_path() { return std::string(TROUPE_SOURCE_DIR) + "/examples/single-node.toml"; }
-
 int fail_with(const error& e) {
   spdlog::error("{}", e.message);
   return 2;
@@ -67,6 +63,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"troupe: an LLM inference engine built from actors"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", troupe::cli::version_text(), "print the version and git commit, then exit");
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));

@@ -1,5 +1,6 @@
-// `troupe serve`: launch one node of a topology, publish its load balancer, run until SIGINT
-// or SIGTERM, then shut down cleanly.
+// `troupe serve`: launch one node of a topology (a file, or one generated from --model and
+// friends), publish its load balancer, run until SIGINT or SIGTERM, then shut down cleanly.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 
@@ -18,7 +19,22 @@ namespace {
 struct serve_options {
   std::string topology = default_topology_path();
   std::string node;
+  bool generated = false;  ///< serve a one-node topology built from the fields below, not a file
+  std::string model = default_model_path();
+  std::string tokenizer = default_tokenizer_path();
+  std::string host = "127.0.0.1";
+  uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
 };
+
+/// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
+/// at host:port.
+expected<topology::topology> serve_topology(const serve_options& o) {
+  if (!o.generated) return topology::load_topology(o.topology);
+  topology::topology t = topology::single_node(o.model, o.tokenizer);
+  t.nodes[0].host = o.host;
+  t.nodes[0].port = o.port;
+  return t;
+}
 
 /// Blocks SIGINT/SIGTERM in every thread (call before CAF starts any), then waits for one.
 struct signal_waiter {
@@ -37,7 +53,7 @@ struct signal_waiter {
 };
 
 int run_serve(const serve_options& o) {
-  auto t = topology::load_topology(o.topology);
+  auto t = serve_topology(o);
   if (!t) return fail_with(t.error());
   const std::string node_name = o.node.empty() ? t->load_balancer.node : o.node;
   const topology::node_spec* node = t->find_node(node_name);
@@ -63,13 +79,26 @@ int run_serve(const serve_options& o) {
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
-  (void)sys.middleman().unpublish(launched->entry(), node->port);
+  (void)sys.middleman().unpublish(launched->entry(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
 }
 
-/// `serve` (defaults: the bundled one-node topology, the balancer's node) and `node` (both
-/// required) run the same thing.
+/// The flags of `serve` that replace the topology file by a generated one-node topology.
+std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o) {
+  const std::vector<CLI::Option*> flags{
+      cmd->add_option("--model,-m", o.model, "llama2.c checkpoint"),
+      cmd->add_option("--tokenizer,-z", o.tokenizer, "llama2.c tokenizer"),
+      cmd->add_option("--host", o.host, "address to listen on"),
+      cmd->add_option("--port", o.port, "port to listen on; 0 = any free one (printed)"),
+  };
+  for (CLI::Option* flag : flags)
+    flag->capture_default_str()->group("Instead of --topology: serve one generated node");
+  return flags;
+}
+
+/// `serve` (defaults: the bundled one-node topology, the balancer's node; or a generated node
+/// with --model and friends) and `node` (both required) run the same thing.
 action add_serving(CLI::App& app, const char* name, const char* description, bool required) {
   auto o = std::make_shared<serve_options>();
   CLI::App* cmd = app.add_subcommand(name, description);
@@ -78,10 +107,16 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   if (required) {
     topology->required();
     node->required();
-  } else {
-    topology->capture_default_str();
+    return [o] { return run_serve(*o); };
   }
-  return [o] { return run_serve(*o); };
+  topology->capture_default_str();
+  const std::vector<CLI::Option*> generated = add_generated_topology(cmd, *o);
+  for (CLI::Option* flag : generated) flag->excludes(topology);
+  return [o, generated] {
+    o->generated =
+        std::any_of(generated.begin(), generated.end(), [](const CLI::Option* f) { return f->count() > 0; });
+    return run_serve(*o);
+  };
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #pragma once
 
-// Running the real `troupe` binary from tests: argv bytes passed as-is (no shell), stdout and
+// Running the real `troupe` binary (or another program) from tests: argv bytes passed as-is (no shell), stdout and
 // stderr captured into separate files, foreground (wait for exit) or background (a server).
 
 #include <fcntl.h>
@@ -29,11 +29,11 @@ struct cli_result {
   std::string err;  ///< stderr
 };
 
-/// Starts `troupe args...` with stdout/stderr going to `out_path`/`err_path`; returns its pid
+/// Starts `program args...` with stdout/stderr going to `out_path`/`err_path`; returns its pid
 /// (0 on failure, reported as a test failure).
-inline pid_t spawn_troupe(const std::vector<std::string>& args, const std::string& out_path,
-                          const std::string& err_path) {
-  std::vector<std::string> argv_strings{TROUPE_CLI_PATH};
+inline pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
+                           const std::string& out_path, const std::string& err_path) {
+  std::vector<std::string> argv_strings{program};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_strings) argv.push_back(a.data());
@@ -53,6 +53,12 @@ inline pid_t spawn_troupe(const std::vector<std::string>& args, const std::strin
   return pid;
 }
 
+/// Starts `troupe args...` (the build tree's binary), as spawn_program.
+inline pid_t spawn_troupe(const std::vector<std::string>& args, const std::string& out_path,
+                          const std::string& err_path) {
+  return spawn_program(TROUPE_CLI_PATH, args, out_path, err_path);
+}
+
 /// Waits for `pid`; its exit code, or 128 + the signal that ended it.
 inline int wait_exit_code(pid_t pid) {
   int status = 0;
@@ -63,17 +69,23 @@ inline int wait_exit_code(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/// Runs `troupe args...` to completion, capturing its output in files under `dir`.
-inline cli_result run_troupe(const std::vector<std::string>& args, const std::filesystem::path& dir) {
+/// Runs `program args...` to completion, capturing its output in files under `dir`.
+inline cli_result run_program(const std::string& program, const std::vector<std::string>& args,
+                              const std::filesystem::path& dir) {
   const std::string out_path = (dir / "stdout").string();
   const std::string err_path = (dir / "stderr").string();
   cli_result r;
-  const pid_t pid = spawn_troupe(args, out_path, err_path);
+  const pid_t pid = spawn_program(program, args, out_path, err_path);
   if (pid == 0) return r;
   r.exit_code = wait_exit_code(pid);
   r.out = read_file(out_path);
   r.err = read_file(err_path);
   return r;
+}
+
+/// Runs `troupe args...` (the build tree's binary) to completion, as run_program.
+inline cli_result run_troupe(const std::vector<std::string>& args, const std::filesystem::path& dir) {
+  return run_program(TROUPE_CLI_PATH, args, dir);
 }
 
 }  // namespace troupe::testing

@@ -1,0 +1,46 @@
+// Where the running binary finds its bundled files, and what it is (`troupe --version`).
+#include <filesystem>
+#include <system_error>
+
+#include "apps/troupe/commands.hpp"
+#include "troupe_version.hpp"  // generated at build time (apps/CMakeLists.txt)
+
+namespace troupe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// The directory holding the running executable; empty if /proc/self/exe cannot be read.
+fs::path executable_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path{} : exe.parent_path();
+}
+
+/// The installed layout (<exe dir>/../share/troupe) where it exists, else the source tree this
+/// binary was built from: an installed binary never reads the checkout it came from, and a
+/// binary in the build tree still finds models/ and examples/. Resolved once per process.
+const fs::path& data_dir() {
+  static const fs::path dir = [] {
+    const fs::path exe_dir = executable_dir();
+    if (!exe_dir.empty()) {
+      const fs::path installed = (exe_dir / TROUPE_DATA_FROM_BIN).lexically_normal();
+      std::error_code ec;
+      if (fs::is_directory(installed, ec)) return installed;
+    }
+    return fs::path(TROUPE_SOURCE_DIR);
+  }();
+  return dir;
+}
+
+}  // namespace
+
+std::string bundled_path(const std::string& relative) { return (data_dir() / relative).string(); }
+
+std::string default_model_path() { return bundled_path("models/stories260K.bin"); }
+std::string default_tokenizer_path() { return bundled_path("models/tok512.bin"); }
+std::string default_topology_path() { return bundled_path("examples/single-node.toml"); }
+
+std::string version_text() { return "troupe " TROUPE_VERSION " (git " TROUPE_GIT_COMMIT ")"; }
+
+}  // namespace troupe::cli
