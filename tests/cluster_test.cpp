@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,7 +38,7 @@ class Cluster : public ::testing::Test {
   fs::path dir_;
   // Ports of this process's own (two cluster tests may run at once under ctest -j).
   const int base_port_ = 42000 + (::getpid() % 2000) * 4;
-  std::vector<std::pair<std::string, pid_t>> nodes_;  // name, pid
+  std::vector<std::pair<std::string, process_guard>> nodes_;  // name, its process (group)
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
   caf::actor lb_;
@@ -51,8 +52,9 @@ class Cluster : public ::testing::Test {
   void TearDown() override {
     lb_ = nullptr;
     sys_.reset();
-    for (const auto& [name, pid] : nodes_) ::kill(pid, SIGTERM);
-    for (const auto& [name, pid] : nodes_) EXPECT_EQ(wait_exit_code(pid), 0) << "node " << name << " did not stop cleanly";
+    for (const auto& [name, node] : nodes_) ::kill(node.pid(), SIGTERM);
+    for (const auto& [name, node] : nodes_)
+      EXPECT_EQ(wait_exit_code(node.pid()), 0) << "node " << name << " did not stop cleanly";
     fs::remove_all(dir_);
   }
 
@@ -83,7 +85,7 @@ class Cluster : public ::testing::Test {
       const std::string err = (dir_ / (std::string(name) + ".err")).string();
       const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", topo, "--node", name}, out, err);
       ASSERT_NE(pid, 0);
-      nodes_.emplace_back(name, pid);
+      nodes_.emplace_back(name, process_guard(pid));
     }
     connect((dir_ / "node0.err").string());
   }
@@ -106,8 +108,8 @@ class Cluster : public ::testing::Test {
   }
 
   pid_t pid_of(const std::string& name) const {
-    for (const auto& [n, pid] : nodes_)
-      if (n == name) return pid;
+    for (const auto& [n, node] : nodes_)
+      if (n == name) return node.pid();
     return 0;
   }
 
@@ -275,6 +277,7 @@ TEST_F(Cluster, UpStartsEveryNodeAndStopsThemOnSigint) {
   const pid_t up = spawn_troupe({"up", topo, "--node-log-level", "warn"}, (dir_ / "up.out").string(),
                                 (dir_ / "up.err").string());
   ASSERT_NE(up, 0);
+  const process_guard guard(up);
   connect((dir_ / "up.err").string());
   std::vector<msg::completion_request> requests;
   for (size_t i = 0; i < 4; i++) requests.push_back(make_completion(story_window(i), 20, 60 + i, 1.0f, 0.9f));
@@ -289,6 +292,56 @@ TEST_F(Cluster, UpStartsEveryNodeAndStopsThemOnSigint) {
   EXPECT_NE(log.find("stopping 3 node(s)"), std::string::npos) << log;
   // `up` reaps its nodes before it exits: nobody listens on their ports any more.
   for (int n = 0; n < 3; n++) EXPECT_TRUE(port_is_free(port(n))) << "node" << n << " still listens";
+}
+
+/// The pids of the processes in process group `pgid`, from /proc.
+std::vector<pid_t> group_members(pid_t pgid) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 2));  // state ppid pgrp ...
+    char state = 0;
+    pid_t ppid = 0, pgrp = 0;
+    if (rest >> state >> ppid >> pgrp && pgrp == pgid && state != 'Z') out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST_F(Cluster, AFailingOrCrashingTestLeavesNoNodeRunning) {
+  // A copy of this test process starts `troupe up`, waits until the cluster serves, writes
+  // down the cluster's processes, then fails an assertion (the process_guard must stop them)
+  // or aborts (no destructor runs: the parent-death signals must).
+  for (const bool crash : {false, true}) {
+    SCOPED_TRACE(crash ? "the test crashes" : "an assertion fails");
+    const std::string pids_file = (dir_ / "cluster.pids").string();
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::testing::GTEST_FLAG(output) = "";  // the child's report is not the run's
+      [&] {
+        const pid_t up = spawn_troupe({"up", topology("caf"), "--node-log-level", "warn"},
+                                      (dir_ / "up.out").string(), (dir_ / "up.err").string());
+        const process_guard guard(up);
+        connect((dir_ / "up.err").string());
+        std::ofstream out(pids_file);
+        for (const pid_t pid : group_members(up)) out << pid << "\n";
+        out.close();
+        if (crash) std::abort();
+        FAIL() << "failing on purpose with a cluster running (expected: a child of the test)";
+      }();
+      ::_exit(3);
+    }
+    EXPECT_EQ(wait_exit_code(child), crash ? 128 + SIGABRT : 3);
+    std::ifstream in(pids_file);
+    std::vector<pid_t> pids;
+    for (pid_t pid = 0; in >> pid;) pids.push_back(pid);
+    ASSERT_EQ(pids.size(), 4u) << "up and its three nodes";
+    for (const pid_t pid : pids) EXPECT_TRUE(ends_within(pid, 60s)) << "pid " << pid << " still runs";
+  }
 }
 
 TEST_F(Cluster, AnUnreachableNodeAtStartUpIsNamed) {

@@ -37,8 +37,8 @@ std::string read_until_line(int fd, const std::string& needle) {
 }
 
 /// A background `troupe serve` whose stdout is a FIFO, so a test can wait for the line that
-/// says where it listens instead of sleeping. The destructor kills the server if the test did
-/// not stop it (an ASSERT returned early).
+/// says where it listens instead of sleeping. The server's process group is killed when this
+/// goes out of scope if the test did not stop it (an ASSERT returned early).
 class server_process {
  public:
   server_process(const fs::path& dir, const std::vector<std::string>& args) : fifo_((dir / "serve.fifo").string()) {
@@ -46,24 +46,19 @@ class server_process {
     if (::mkfifo(fifo_.c_str(), 0600) != 0) return;
     // Opened before the server starts, so its open for writing does not block.
     fd_ = ::open(fifo_.c_str(), O_RDONLY | O_NONBLOCK);
-    if (fd_ >= 0) pid_ = testing::spawn_troupe(args, fifo_, err_path_);
+    if (fd_ >= 0) server_ = testing::process_guard(testing::spawn_troupe(args, fifo_, err_path_));
   }
   ~server_process() {
-    if (pid_ != 0) {
-      ::kill(pid_, SIGKILL);
-      testing::wait_exit_code(pid_);
-    }
+    server_.kill_group();
     if (fd_ >= 0) ::close(fd_);
   }
-  [[nodiscard]] bool started() const { return pid_ != 0; }
+  [[nodiscard]] bool started() const { return server_.pid() != 0; }
   /// Stdout up to and including the line containing `needle`.
   std::string read_until(const std::string& needle) { return read_until_line(fd_, needle); }
   /// SIGTERM, then the exit code.
   int stop() {
-    ::kill(pid_, SIGTERM);
-    const int code = testing::wait_exit_code(pid_);
-    pid_ = 0;
-    return code;
+    ::kill(server_.pid(), SIGTERM);
+    return testing::wait_exit_code(server_.pid());
   }
   [[nodiscard]] std::string err() const { return testing::read_file(err_path_); }
 
@@ -71,7 +66,7 @@ class server_process {
   std::string fifo_;
   std::string err_path_;
   int fd_ = -1;
-  pid_t pid_ = 0;
+  testing::process_guard server_;
 };
 
 class Serve : public ::testing::Test {
@@ -101,6 +96,7 @@ TEST_F(Serve, RemoteClientStreamEqualsInProcessStream) {
   const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
   const pid_t server = testing::spawn_troupe({"serve", "--topology", topology()}, serve_out, serve_err);
   ASSERT_NE(server, 0);
+  const testing::process_guard guard(server);
   const std::vector<std::string> request{"-i", "There was a big", "-n", "80", "-t", "0.9", "-s", "1234"};
   std::vector<std::string> client{"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30"};
   client.insert(client.end(), request.begin(), request.end());
@@ -193,6 +189,7 @@ TEST_F(Serve, BusyPortIsAClearError) {
   const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
   const pid_t first = testing::spawn_troupe({"serve", "--topology", topology()}, serve_out, serve_err);
   ASSERT_NE(first, 0);
+  const testing::process_guard guard(first);
   // Wait until the first server listens (a client connects), then start a second on the port.
   const cli_result probe = run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30",
                                        "-n", "1"}, dir_);

@@ -2,13 +2,19 @@
 // `troupe node` process (engine nodes first, the balancer's node last, since it connects to the
 // others), and stop them all cleanly on SIGINT/SIGTERM. A node process that exits on its own is
 // reported; the others keep running (the cluster routes around a lost node) until none is left.
+//
+// Nothing outlives it: the nodes stay in up's process group (a signal to the group reaches
+// them all) and get SIGTERM when up dies, however it dies (PR_SET_PDEATHSIG); up itself stops
+// its nodes when the process that started it exits (a test, a script), unless --detach.
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
 
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +31,7 @@ namespace {
 struct up_options {
   std::string topology;
   std::string log_level = "info";
+  bool detach = false;  // keep running when the starting process exits
 };
 
 std::string describe(int status) {
@@ -33,27 +40,32 @@ std::string describe(int status) {
   return "stopped";
 }
 
-/// Starts `troupe node` for `node` with the default signal mask (ours blocks the signals we wait for).
+/// Starts `troupe node` for `node` with the default signal mask (ours blocks the signals we
+/// wait for), in our process group, set to get SIGTERM when we die.
 expected<pid_t> start_node(const up_options& o, const std::string& node, const sigset_t& default_mask) {
   std::vector<std::string> args = {"/proc/self/exe", "--log-level", o.log_level, "node",
                                    "--topology", o.topology, "--node", node};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setsigmask(&attr, &default_mask);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) return fail(errc::internal, "cannot start node '" + node + "': " + std::strerror(rc));
+  const pid_t up = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return fail(errc::internal, "cannot start node '" + node + "': " + std::strerror(errno));
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != up) ::_exit(127);  // up died before prctl
+    ::sigprocmask(SIG_SETMASK, &default_mask, nullptr);
+    ::execve("/proc/self/exe", argv.data(), environ);
+    ::_exit(127);
+  }
   return pid;
 }
 
 int run_up(const up_options& o) {
   auto t = topology::load_topology(o.topology);
   if (!t) return fail_with(t.error());
+  // SIGTERM (handled below: the nodes stop) when our parent exits.
+  if (!o.detach) ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   sigset_t waited, default_mask;
   sigemptyset(&waited);
   sigaddset(&waited, SIGINT);
@@ -112,6 +124,8 @@ action add_up(CLI::App& app) {
   cmd->add_option("topology", o->topology, "topology file (TOML)")->required();
   cmd->add_option("--node-log-level", o->log_level, "log level of the node processes")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  cmd->add_flag("--detach", o->detach,
+                "keep running when the process that started this one exits (default: stop the nodes then)");
   return [o] { return run_up(*o); };
 }
 

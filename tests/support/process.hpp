@@ -1,17 +1,23 @@
 #pragma once
 
-// Running the real `troupe` binary (or another program) from tests: argv bytes passed as-is (no shell), stdout and
-// stderr captured into separate files, foreground (wait for exit) or background (a server).
+// Running the real `troupe` binary (or another program) from tests: argv bytes passed as-is (no
+// shell), stdout and stderr captured into separate files, foreground (wait for exit) or
+// background (a server, owned by a process_guard so that no test leaves one running).
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -30,7 +36,10 @@ struct cli_result {
 };
 
 /// Starts `program args...` with stdout/stderr going to `out_path`/`err_path`; returns its pid
-/// (0 on failure, reported as a test failure).
+/// (0 on failure, reported as a test failure). The process leads a process group of its own
+/// (everything it starts belongs to it: see process_guard) and is killed if the test process
+/// dies first (PR_SET_PDEATHSIG), so even a crashed test leaves no server running. A program
+/// that cannot be executed exits with status 127.
 inline pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
                            const std::string& out_path, const std::string& err_path) {
   std::vector<std::string> argv_strings{program};
@@ -38,20 +47,73 @@ inline pid_t spawn_program(const std::string& program, const std::vector<std::st
   std::vector<char*> argv;
   for (auto& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
-    ADD_FAILURE() << "cannot spawn " << argv[0] << ": " << std::strerror(spawned);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "cannot fork for " << program << ": " << std::strerror(errno);
     return 0;
   }
+  if (pid == 0) {  // only async-signal-safe calls until exec: the test process may have threads
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the test died before prctl
+    const int in = ::open("/dev/null", O_RDONLY);
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in < 0 || out < 0 || err < 0) ::_exit(127);
+    ::dup2(in, STDIN_FILENO);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    ::execve(argv[0], argv.data(), environ);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so a kill of the group right after this cannot miss it
   return pid;
 }
+
+/// Whether process `pid` (any process, not only a child of ours) has ended within `bound`.
+inline bool ends_within(pid_t pid, std::chrono::milliseconds bound) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;  // gone already
+  pollfd p{fd, POLLIN, 0};
+  const bool ended = ::poll(&p, 1, static_cast<int>(bound.count())) == 1;
+  ::close(fd);
+  return ended;
+}
+
+/// Owns a process started by spawn_program and its whole process group (a `troupe up` and
+/// its nodes, a server and what it forks): the destructor SIGKILLs the group and reaps the
+/// leader, however the test ends — a passing end, an assertion failure, an exception. Tests
+/// that stop a process gracefully still do that first (kill, wait_exit_code); the guard then
+/// finds nothing or only stragglers to kill.
+class process_guard {
+ public:
+  explicit process_guard(pid_t pid = 0) : pid_(pid) {}
+  process_guard(process_guard&& other) noexcept : pid_(std::exchange(other.pid_, 0)) {}
+  process_guard& operator=(process_guard&& other) noexcept {
+    if (this != &other) {
+      kill_group();
+      pid_ = std::exchange(other.pid_, 0);
+    }
+    return *this;
+  }
+  process_guard(const process_guard&) = delete;
+  process_guard& operator=(const process_guard&) = delete;
+  ~process_guard() { kill_group(); }
+
+  [[nodiscard]] pid_t pid() const { return pid_; }
+
+  /// SIGKILLs every process of the group and reaps the leader (a no-op once done).
+  void kill_group() {
+    if (pid_ <= 0) return;
+    ::kill(-pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);  // ECHILD if the test reaped it already
+    pid_ = 0;
+  }
+
+ private:
+  pid_t pid_ = 0;
+};
 
 /// Starts `troupe args...` (the build tree's binary), as spawn_program.
 inline pid_t spawn_troupe(const std::vector<std::string>& args, const std::string& out_path,
@@ -77,6 +139,7 @@ inline cli_result run_program(const std::string& program, const std::vector<std:
   cli_result r;
   const pid_t pid = spawn_program(program, args, out_path, err_path);
   if (pid == 0) return r;
+  process_guard guard(pid);  // anything it left running dies with it
   r.exit_code = wait_exit_code(pid);
   r.out = read_file(out_path);
   r.err = read_file(err_path);
