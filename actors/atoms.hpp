@@ -11,5 +11,9 @@ using executor_atom = caf::atom_constant<caf::atom("executor")>;  ///< -> the cu
 using engines_atom = caf::atom_constant<caf::atom("engines")>;    ///< -> std::vector<caf::actor>
 using report_atom = caf::atom_constant<caf::atom("report")>;    ///< an engine's load report is due
 using lost_atom = caf::atom_constant<caf::atom("lost")>;          ///< a grace period ran out
+using ping_atom = caf::atom_constant<caf::atom("ping")>;          ///< -> pong_atom: are you alive?
+using pong_atom = caf::atom_constant<caf::atom("pong")>;          ///< the answer to ping_atom
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;  ///< time to ping every peer
+using timeout_atom = caf::atom_constant<caf::atom("timeout")>;    ///< a client's deadline may have passed
 
 }  // namespace troupe::actors

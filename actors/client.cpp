@@ -1,7 +1,9 @@
 #include "actors/client.hpp"
 
+#include <algorithm>
 #include <future>
 #include <optional>
+#include <string>
 
 #include <caf/all.hpp>
 
@@ -15,6 +17,12 @@ struct client_state {
   std::optional<msg::cancel_request> pending_cancel;  // a cancel that came before the request actor
   completion result;
   bool done = false;
+  int64_t request_id = 0;  // from the first chunk (a cancel needs no exact id: its actor is the request)
+  // The current wait: silence past `deadline` ends the client with the error `bound`.
+  std::optional<caf::actor_clock::time_point> deadline;  // none: no bound
+  std::string bound;
+  // A pending timer fires at `timer_at` <= deadline (others, later, may be pending too).
+  std::optional<caf::actor_clock::time_point> timer_at;
   static inline const char* name = "client";
 };
 
@@ -27,8 +35,57 @@ void done(client_t* self, const done_callback& on_done, const expected<completio
   self->quit();
 }
 
+std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+void arm_timer(client_t* self, caf::actor_clock::time_point at) {
+  self->state.timer_at = at;
+  self->delayed_send(self, at - self->clock().now(), timeout_atom::value, at.time_since_epoch().count());
+}
+
+/// From now on, silence longer than `allowed` (zero: no bound) ends the client with the error `bound`.
+void expect_within(client_t* self, caf::timespan allowed, std::string bound) {
+  client_state& st = self->state;
+  st.bound = std::move(bound);
+  st.deadline.reset();
+  if (allowed.count() == 0) return;
+  st.deadline = self->clock().now() + allowed;
+  if (!st.timer_at || *st.timer_at > *st.deadline) arm_timer(self, *st.deadline);
+}
+
+/// The first wait: for the first chunk, or for the whole answer when nothing streams.
+void expect_first(client_t* self, const msg::completion_request& request, const client_timeouts& t) {
+  if (request.stream) {
+    expect_within(self, t.first_token, "no first token within " + ms(t.first_token) +
+                                           " (the first-token timeout): the server may be frozen, overloaded or cut off");
+    return;
+  }
+  const bool unbounded = t.first_token.count() == 0 || t.between_tokens.count() == 0;
+  const auto whole = unbounded ? std::chrono::milliseconds::zero()
+                               : t.first_token + std::max(0, request.max_tokens) * t.between_tokens;
+  expect_within(self, whole, "no answer within " + ms(whole) + " (a non-streamed request: the first-token timeout + " +
+                                 std::to_string(request.max_tokens) + " x the between-tokens timeout)");
+}
+
+/// A timer set for `at` fired: give up (cancelling the request) if the deadline passed, else
+/// keep a timer pending for it.
+void on_timeout(client_t* self, int64_t at, const done_callback& on_done) {
+  client_state& st = self->state;
+  if (!st.timer_at || st.timer_at->time_since_epoch().count() != at) return;  // a later, stale one
+  st.timer_at.reset();
+  if (!st.deadline) return;
+  if (self->clock().now() < *st.deadline) {
+    arm_timer(self, *st.deadline);
+    return;
+  }
+  if (st.request) self->send(st.request, msg::cancel_request{st.request_id});
+  done(self, on_done, fail(errc::unavailable, st.bound));
+}
+
 caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::completion_request request,
-                           chunk_callback on_chunk, done_callback on_done) {
+                           chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts) {
+  expect_first(self, request, timeouts);
+  const std::string idle_bound =
+      "no token for " + ms(timeouts.between_tokens) + " after the last one (the between-tokens timeout)";
   self->request(load_balancer, caf::infinite, std::move(request))
       .then(
           [=](caf::actor& r) {
@@ -47,6 +104,8 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
   });
   return {
       [=](msg::completion_chunk& c) {
+        self->state.request_id = c.request_id;
+        expect_within(self, timeouts.between_tokens, idle_bound);
         completion& r = self->state.result;
         r.text += c.text;
         r.tokens.insert(r.tokens.end(), c.tokens.begin(), c.tokens.end());
@@ -59,6 +118,7 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
       },
       [=](msg::completion_error& e) { done(self, on_done, fail(errc_from_string(e.code), e.message)); },
       [=](lost_atom, const std::string& why) { done(self, on_done, fail(errc::internal, why)); },
+      [=](timeout_atom, int64_t at) { on_timeout(self, at, on_done); },
       [=](msg::cancel_request& c) {
         if (self->state.request)
           self->send(self->state.request, c);
@@ -79,17 +139,18 @@ errc errc_from_string(const std::string& code) {
 }
 
 caf::actor spawn_client(caf::actor_system& sys, caf::actor load_balancer, msg::completion_request request,
-                        chunk_callback on_chunk, done_callback on_done) {
+                        chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts) {
   return sys.spawn(client_actor, std::move(load_balancer), std::move(request), std::move(on_chunk),
-                   std::move(on_done));
+                   std::move(on_done), timeouts);
 }
 
 expected<completion> complete(caf::actor_system& sys, const caf::actor& load_balancer,
-                              const msg::completion_request& request, const chunk_callback& on_chunk) {
+                              const msg::completion_request& request, const chunk_callback& on_chunk,
+                              const client_timeouts& timeouts) {
   auto promise = std::make_shared<std::promise<expected<completion>>>();
   auto future = promise->get_future();
   spawn_client(sys, load_balancer, request, on_chunk,
-               [promise](const expected<completion>& outcome) { promise->set_value(outcome); });
+               [promise](const expected<completion>& outcome) { promise->set_value(outcome); }, timeouts);
   return future.get();
 }
 

@@ -120,4 +120,16 @@ typename Inspector::result_type inspect(Inspector& f, load_report& x) {
   return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens);
 }
 
+/// Balancer -> request: `engine`, placed to serve the request, is lost (its node died, became
+/// unreachable, or stopped answering the heartbeat); `reason` says which.
+struct engine_lost {
+  caf::actor engine;
+  std::string reason;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_lost& x) {
+  return f(x.engine, x.reason);
+}
+
 }  // namespace troupe::msg

@@ -373,6 +373,7 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
         return report;
       },
       [=](executor_atom) { return self->state.executor; },
+      [=](ping_atom) { return pong_atom::value; },  // the balancer's heartbeat
   };
 }
 

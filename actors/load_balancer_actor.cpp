@@ -2,14 +2,17 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/clock.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
 #include "actors/cluster_messages.hpp"
+#include "runtime/balance/liveness.hpp"
 #include "runtime/engine/request.hpp"
 
 namespace troupe::actors {
@@ -32,12 +35,19 @@ struct engine_entry {
   int64_t unseen_prefill_tokens = 0;  // Σ unseen
 };
 
+/// The engines a live request actor was placed on.
+struct routed_request {
+  size_t decode = 0;
+  std::optional<size_t> prefill;
+};
+
 struct load_balancer_state {
   load_balancer_options o;
   std::vector<engine_entry> engines;
   std::vector<std::vector<bool>> tiers;       // balance::assign_tiers over the prefill engines
   int64_t next_id = 0;
-  std::map<caf::actor_addr, size_t> routed;   // live request actor -> its decode engine
+  std::map<caf::actor_addr, routed_request> routed;  // live request actor -> its engines
+  std::optional<balance::liveness> liveness;  // with a heartbeat: who stopped answering
   static inline const char* name = "load_balancer";
 };
 
@@ -99,7 +109,9 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   out.kv_host = d.spec.kv_host;
   out.kv_port = d.spec.kv_port;
   d.load.num_requests++;
-  st.routed[caf::actor_cast<caf::actor_addr>(self->current_sender())] = chosen->decode;
+  routed_request& routed = st.routed[caf::actor_cast<caf::actor_addr>(self->current_sender())];
+  routed.decode = chosen->decode;
+  routed.prefill = chosen->prefill;
   const int64_t tokens = p.num_prompt_tokens;
   if (chosen->prefill) {
     engine_entry& pe = st.engines[*chosen->prefill];
@@ -113,18 +125,45 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   return out;
 }
 
+/// Engine `index` is lost (`why`): it gets no new work, and every request placed on it is told.
+void mark_lost(load_balancer_t* self, size_t index, const std::string& why) {
+  load_balancer_state& st = self->state;
+  engine_entry& e = st.engines[index];
+  if (!e.load.alive) return;
+  e.load.alive = false;
+  if (st.liveness) st.liveness->mark_lost(index);
+  spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e.spec), why);
+  for (const auto& [addr, placed] : st.routed) {
+    if (placed.decode != index && placed.prefill != index) continue;
+    if (auto request = caf::actor_cast<caf::actor>(addr)) self->send(request, msg::engine_lost{e.spec.actor, why});
+  }
+}
+
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
   if (auto it = st.routed.find(dm.source); it != st.routed.end()) {
-    st.engines[it->second].load.num_requests--;
+    st.engines[it->second.decode].load.num_requests--;
     st.routed.erase(it);
     return;
   }
-  for (engine_entry& e : st.engines) {
-    if (e.spec.actor.address() != dm.source || !e.load.alive) continue;
-    e.load.alive = false;
-    spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e.spec), self->system().render(dm.reason));
+  for (size_t i = 0; i < st.engines.size(); i++)
+    if (st.engines[i].spec.actor.address() == dm.source) mark_lost(self, i, self->system().render(dm.reason));
+}
+
+/// One heartbeat: engines silent past the timeout are lost; every live one is pinged again.
+void on_heartbeat(load_balancer_t* self) {
+  load_balancer_state& st = self->state;
+  const int64_t now_ns = ns_since_epoch(self->clock().now());
+  for (size_t i : st.liveness->newly_lost(now_ns))
+    mark_lost(self, i, "no answer to the heartbeat for " + std::to_string(st.o.heartbeat_timeout_ms) + " ms");
+  const auto timeout = std::chrono::milliseconds(st.o.heartbeat_timeout_ms);
+  for (size_t i = 0; i < st.engines.size(); i++) {
+    if (!st.engines[i].load.alive) continue;
+    self->request(st.engines[i].spec.actor, timeout, ping_atom::value)
+        .then([=](pong_atom) { self->state.liveness->heard_from(i, ns_since_epoch(self->clock().now())); },
+              [](caf::error&) {});  // one unanswered ping decides nothing: the tracker judges silence
   }
+  self->delayed_send(self, std::chrono::milliseconds(st.o.heartbeat_interval_ms), heartbeat_atom::value);
 }
 
 caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options options) {
@@ -149,6 +188,12 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
   }
   st.tiers = balance::assign_tiers(num_prefill, static_cast<int32_t>(st.o.prefill_tier_bounds.size()) + 1);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  if (st.o.heartbeat_interval_ms > 0) {
+    TROUPE_ASSERT(st.o.heartbeat_timeout_ms > 0);
+    const int64_t timeout_ns = int64_t{st.o.heartbeat_timeout_ms} * 1000000;
+    st.liveness.emplace(st.engines.size(), timeout_ns, ns_since_epoch(self->clock().now()));
+    self->send(self, heartbeat_atom::value);
+  }
   return {
       [=](msg::completion_request& req) { return route(self, req); },
       [=](const msg::place_request& p) { return place(self, p); },
@@ -156,10 +201,13 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
         auto& engines = self->state.engines;
         if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size()) return;
         engine_entry& e = engines[r.engine_index];
+        if (self->state.liveness)
+          self->state.liveness->heard_from(static_cast<size_t>(r.engine_index), ns_since_epoch(self->clock().now()));
         if (r.num_received < e.report.num_received) return;  // reordered: keep the newer
         e.report = r;
         refresh(e);
       },
+      [=](heartbeat_atom) { on_heartbeat(self); },
       [=](engines_atom) {
         std::vector<caf::actor> actors;
         for (const engine_entry& e : self->state.engines) actors.push_back(e.spec.actor);

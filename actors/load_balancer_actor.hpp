@@ -11,6 +11,12 @@
 /// actor) and each engine's load reports (every `report_interval_ms` at most, so token counts
 /// lag by one interval plus a network hop; what it placed since a report is added on top). It
 /// monitors every engine: a lost engine (its node died or became unreachable) gets no new work.
+///
+/// Heartbeat (when `heartbeat_interval_ms` > 0): a frozen node keeps its connection open, so no
+/// DOWN message ever comes. The balancer pings every live engine each interval; an engine that
+/// neither answers nor reports for `heartbeat_timeout_ms` is lost (runtime/balance/liveness.hpp)
+/// exactly as on a DOWN message. Either way every request placed on a lost engine is told
+/// (`msg::engine_lost`) and fails with an error naming the engine.
 
 #include <memory>
 #include <string>
@@ -44,6 +50,8 @@ struct load_balancer_options {
   uint64_t seed_base = 0;  ///< request i without a seed gets child_seed(seed_base, i + 1)
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
+  int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
+  int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)
 };
 
 caf::actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);

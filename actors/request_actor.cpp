@@ -166,6 +166,17 @@ bool start(request_actor_t* self) {
   return true;
 }
 
+/// `engine` is lost (`why`): if it serves this request, the request fails naming it.
+void on_engine_lost(request_actor_t* self, const caf::actor_addr& engine, const std::string& why) {
+  request_state& st = self->state;
+  const bool prefill = st.placed.prefill && engine == st.placed.prefill.address();
+  if (prefill && st.handed_over) return;  // it finished its part
+  if (!prefill && !(st.placed.decode && engine == st.placed.decode.address())) return;
+  release(self);
+  fail_request(self, "unavailable",
+               (prefill ? st.placed.prefill_name : st.placed.decode_name) + " serving this request is lost: " + why);
+}
+
 caf::behavior request_actor(request_actor_t* self, request_options options) {
   self->state.o = std::move(options);
   self->state.arrival = self->clock().now();
@@ -177,12 +188,7 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
       self->quit();
       return;
     }
-    const bool prefill = st.placed.prefill && dm.source == st.placed.prefill.address();
-    if (prefill && st.handed_over) return;  // it finished its part
-    release(self);
-    fail_request(self, "unavailable",
-                 (prefill ? st.placed.prefill_name : st.placed.decode_name) +
-                     " serving this request is lost: " + self->system().render(dm.reason));
+    on_engine_lost(self, dm.source, self->system().render(dm.reason));
   });
   if (!start(self)) return {};
   return {
@@ -193,6 +199,7 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
         fail_request(self, r.code, r.message);
       },
       [=](msg::prefilled&) { self->state.handed_over = true; },
+      [=](msg::engine_lost& l) { on_engine_lost(self, l.engine.address(), l.reason); },
       [=](msg::cancel_request&) {
         release(self);
         finish(self, "cancelled");

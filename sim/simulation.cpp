@@ -80,10 +80,14 @@ void arrive(caf::event_based_actor* self, run_state& rs, int64_t index) {
                std::to_string(r.prompt_tokens) + " out " + std::to_string(t.output_tokens));
   run_state* state = &rs;
   caf::actor_system* sys = &rs.sys;
+  // Simulated users wait as long as the modelled servers take (and pending timers would move
+  // the virtual end of the run).
+  const actors::client_timeouts no_timeouts{std::chrono::milliseconds::zero(), std::chrono::milliseconds::zero()};
   actors::spawn_client(rs.sys, rs.load_balancer, std::move(req), {},
                        [state, sys, index](const expected<actors::completion>& c) {
                          on_done(*state, index, c, sys->clock().now());
-                       });
+                       },
+                       no_timeouts);
 }
 
 caf::behavior driver(caf::event_based_actor* self, run_state* rs) {

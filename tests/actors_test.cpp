@@ -4,8 +4,9 @@
 // answer is compared with the single-sequence reference generator, byte and bit for bit.
 // Covers: one request's flow and timings, stop strings, seeds drawn and reported, cancel (also
 // before the balancer answered), a client killed mid-stream, executor failures (injected and
-// killed), bad requests, overload, routing over two engines, and serialization of every
-// registered message type.
+// killed), bad requests, overload, routing over two engines, client timeouts (first token,
+// between tokens, non-streamed), the balancer's heartbeat over a frozen engine, and
+// serialization of every registered message type.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/cluster_messages.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -613,6 +615,146 @@ T round_trip(caf::actor_system& sys, const T& x) {
   return back.match_elements<T>() ? back.get_as<T>(0) : T{};
 }
 
+// ---- nothing waits forever: client timeouts, the balancer's heartbeat -------------------------
+
+using frozen_atom = caf::atom_constant<caf::atom("frozen")>;
+
+/// An actor that takes every message and never answers (a frozen process): it keeps each
+/// request's promise in `held`, so no error reply goes back either.
+caf::actor spawn_frozen(caf::actor_system& sys, std::shared_ptr<std::vector<caf::response_promise>> held) {
+  return sys.spawn([held](caf::event_based_actor* self) -> caf::behavior {
+    self->set_default_handler([held](caf::scheduled_actor* s, caf::message_view&) -> caf::result<caf::message> {
+      held->push_back(s->make_response_promise());
+      return caf::delegated<caf::message>{};
+    });
+    return {[](frozen_atom) {}};
+  });
+}
+
+/// Runs every message, then the next timer (the clock jumps to it), until `done()` or `n` timers.
+template <class Predicate>
+void run_timers_until(caf::scheduler::test_coordinator& sched, Predicate done, int n = 1000) {
+  for (int i = 0; i < n; i++) {
+    sched.run();
+    if (done() || !sched.trigger_timeout()) break;
+  }
+  sched.run();
+}
+
+TEST_F(ActorsDeterministic, AClientGivesUpWhenItsBalancerNeverAnswers) {
+  sched_.clock().current_time += 1h;
+  auto held = std::make_shared<std::vector<caf::response_promise>>();
+  lb_ = spawn_frozen(sys_, held);
+  const auto t0 = sched_.clock().now();
+  auto log = std::make_shared<client_log>();
+  clients_.push_back(spawn_logged_client(sys_, lb_, make_completion("Once", 20, 1), log, {2000ms, 500ms}));
+  run_timers_until(sched_, [&] { return log->num_done > 0; });
+  ASSERT_EQ(log->num_done, 1);
+  EXPECT_EQ(held->size(), 1u) << "the balancer got the request and kept it";
+  EXPECT_EQ(sched_.clock().now() - t0, 2000ms) << "exactly the first-token bound";
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
+  EXPECT_EQ(log->outcome->error().message,
+            "no first token within 2000 ms (the first-token timeout): the server may be frozen, overloaded or cut off");
+}
+
+TEST_F(ActorsDeterministic, AClientGivesUpWhenTokensStopAndCancelsItsRequest) {
+  sched_.clock().current_time += 1h;
+  // A balancer that answers with a request actor sending one chunk, then nothing.
+  auto num_cancels = std::make_shared<int>(0);
+  lb_ = sys_.spawn([num_cancels](caf::event_based_actor* self) -> caf::behavior {
+    return {[=](msg::completion_request&) {
+      const auto client = caf::actor_cast<caf::actor>(self->current_sender());
+      return self->spawn([=](caf::event_based_actor* request) -> caf::behavior {
+        request->send(client, msg::completion_chunk{4, "Once", {42}, {-0.5f}});
+        return {[=](msg::cancel_request& c) {
+          EXPECT_EQ(c.request_id, 4);
+          ++*num_cancels;
+          request->quit();
+        }};
+      });
+    }};
+  });
+  const auto t0 = sched_.clock().now();
+  auto log = std::make_shared<client_log>();
+  clients_.push_back(spawn_logged_client(sys_, lb_, make_completion("Once", 20, 1), log, {2000ms, 500ms}));
+  run_timers_until(sched_, [&] { return log->num_done > 0; });
+  ASSERT_EQ(log->num_done, 1);
+  EXPECT_EQ(log->text(), "Once");
+  EXPECT_EQ(sched_.clock().now() - t0, 500ms) << "the between-tokens bound, from the chunk (at t0)";
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
+  EXPECT_EQ(log->outcome->error().message, "no token for 500 ms after the last one (the between-tokens timeout)");
+  EXPECT_EQ(*num_cancels, 1);
+}
+
+TEST_F(ActorsDeterministic, ANonStreamedRequestGetsTheWholeAnswerBound) {
+  sched_.clock().current_time += 1h;
+  auto held = std::make_shared<std::vector<caf::response_promise>>();
+  lb_ = spawn_frozen(sys_, held);
+  const auto t0 = sched_.clock().now();
+  auto log = std::make_shared<client_log>();
+  msg::completion_request r = make_completion("Once", 20, 1);
+  r.stream = false;
+  clients_.push_back(spawn_logged_client(sys_, lb_, r, log, {2000ms, 500ms}));
+  run_timers_until(sched_, [&] { return log->num_done > 0; });
+  ASSERT_EQ(log->num_done, 1);
+  EXPECT_EQ(sched_.clock().now() - t0, 12000ms) << "2000 ms + 20 tokens x 500 ms";
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().message,
+            "no answer within 12000 ms (a non-streamed request: the first-token timeout + 20 x the between-tokens "
+            "timeout)");
+}
+
+TEST_F(ActorsDeterministic, ARequestOnAFrozenEngineFailsAtTheHeartbeatBound) {
+  sched_.clock().current_time += 1h;
+  auto held = std::make_shared<std::vector<caf::response_promise>>();
+  engines_.push_back(spawn_frozen(sys_, held));
+  actors::load_balancer_options o;
+  o.engines = actors::mixed_engines(engines_);
+  o.tok = bundled_shared().tok;
+  o.heartbeat_interval_ms = 1000;
+  o.heartbeat_timeout_ms = 5000;
+  const auto t0 = sched_.clock().now();
+  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+  auto log = submit(make_completion("Once upon a time", 20, 1));
+  run_timers_until(sched_, [&] { return log->num_done > 0; });
+  ASSERT_EQ(log->num_done, 1);
+  // Pinged at 0, 1, ..., 5 s; silent for more than 5 s first at the tick of 6 s.
+  EXPECT_EQ(sched_.clock().now() - t0, 6000ms);
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
+  EXPECT_EQ(log->outcome->error().message,
+            "engine 'engine0' on node 'local' serving this request is lost: no answer to the heartbeat for 5000 ms");
+  // Later requests find no live engine.
+  auto later = submit(make_completion("Ben", 5, 2));
+  sched_.run();
+  ASSERT_EQ(later->num_done, 1);
+  ASSERT_FALSE(later->outcome->has_value());
+  EXPECT_EQ(later->outcome->error().code, errc::unavailable);
+  EXPECT_NE(later->outcome->error().message.find("engine 'engine0' on node 'local' is lost"), std::string::npos)
+      << later->outcome->error().message;
+}
+
+TEST_F(ActorsDeterministic, AnsweringEnginesStayAliveUnderTheHeartbeat) {
+  sched_.clock().current_time += 1h;
+  engines_.push_back(spawn_engine_or_die(sys_, engine_opts(false)));
+  actors::load_balancer_options o;
+  o.engines = actors::mixed_engines(engines_);
+  o.tok = bundled_shared().tok;
+  o.heartbeat_interval_ms = 1000;
+  o.heartbeat_timeout_ms = 5000;
+  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+  const auto t0 = sched_.clock().now();
+  run_timers_until(sched_, [&] { return sched_.clock().now() - t0 >= 60s; });
+  const msg::completion_request r = make_completion("Once upon a time", 20, 1);
+  auto log = submit(r);
+  run_timers_until(sched_, [&] { return log->num_done > 0; });
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  expect_matches(**log->outcome, reference(oracle_, r), "after a minute of heartbeats");
+}
+
 TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
   msg::completion_request req = make_completion("héllo", 33, 77, 0.5f, 0.9f);
   req.stop = {"a", "b"};
@@ -649,6 +791,7 @@ TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
   EXPECT_EQ(end2.itl_ns, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(round_trip(sys_, msg::completion_error{3, "too_long", "m"}).code, "too_long");
   EXPECT_EQ(round_trip(sys_, msg::cancel_request{12}).request_id, 12);
+  EXPECT_EQ(round_trip(sys_, msg::engine_lost{caf::actor{}, "silent"}).reason, "silent");
 
   engine::request er;
   er.id = 5;

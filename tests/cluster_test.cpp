@@ -3,7 +3,8 @@
 // on node0, KV shipped to a decode node as Cap'n Proto bytes inside CAF messages or over UCX),
 // must each equal the single-sequence reference generator bit for bit — the same answers a
 // single-node run gives. Killing a decode node mid-run fails exactly its requests with an error
-// naming it; the others finish and later requests are routed around it.
+// naming it; the others finish and later requests are routed around it. Freezing one (SIGSTOP:
+// its connection stays open, no DOWN message ever comes) does the same within the heartbeat bound.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -77,9 +78,16 @@ class Cluster : public ::testing::Test {
     return path;
   }
 
-  /// Starts the three node processes (decode nodes first) and connects to the balancer.
-  void start(const std::string& kv_transfer) {
-    const std::string topo = topology(kv_transfer);
+  /// Starts the three node processes (decode nodes first) and connects to the balancer;
+  /// `balancer_lines` are added to the [load_balancer] table.
+  void start(const std::string& kv_transfer, const std::string& balancer_lines = "") {
+    std::string topo = topology(kv_transfer);
+    if (!balancer_lines.empty()) {
+      std::ifstream in(topo);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      text.insert(text.find("connect_timeout_ms"), balancer_lines);
+      std::ofstream(topo) << text;
+    }
     for (const char* name : {"node1", "node2", "node0"}) {
       const std::string out = (dir_ / (std::string(name) + ".out")).string();
       const std::string err = (dir_ / (std::string(name) + ".err")).string();
@@ -270,6 +278,72 @@ TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt)
   EXPECT_EQ(wait_exit_code(pid_of("node2")), 128 + SIGKILL);
   nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
                nodes_.end());
+}
+
+TEST_F(Cluster, FreezingADecodeNodeFailsItsRequestsWithinTheHeartbeatBound) {
+  start("caf", "heartbeat_interval_ms = 250\nheartbeat_timeout_ms = 3000\n");
+  // On every way out of this test: resume node2 (TearDown stops it with SIGTERM).
+  struct resume_guard {
+    pid_t pid;
+    ~resume_guard() { ::kill(pid, SIGCONT); }
+  } resume{pid_of("node2")};
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 8; i++) {
+    requests.push_back(make_completion(story_window(i), 400, 900 + i, 1.0f, 0.9f));
+    requests.back().ignore_eos = true;
+  }
+  auto mutex = std::make_shared<std::mutex>();
+  auto cv = std::make_shared<std::condition_variable>();
+  std::vector<size_t> num_tokens(requests.size(), 0);
+  std::vector<std::optional<expected<actors::completion>>> outcomes(requests.size());
+  for (size_t i = 0; i < requests.size(); i++)
+    actors::spawn_client(
+        *sys_, lb_, requests[i],
+        [=, &num_tokens](const msg::completion_chunk& c) {
+          std::lock_guard<std::mutex> lock(*mutex);
+          num_tokens[i] += c.tokens.size();
+          cv->notify_all();
+        },
+        [=, &outcomes](const expected<actors::completion>& o) {
+          std::lock_guard<std::mutex> lock(*mutex);
+          outcomes[i] = o;
+          cv->notify_all();
+        });
+  {
+    std::unique_lock<std::mutex> lock(*mutex);
+    ASSERT_TRUE(cv->wait_for(lock, 60s, [&] {
+      for (size_t n : num_tokens)
+        if (n == 0) return false;
+      return true;
+    }));
+  }
+  ASSERT_EQ(::kill(pid_of("node2"), SIGSTOP), 0);
+  {
+    std::unique_lock<std::mutex> lock(*mutex);
+    ASSERT_TRUE(cv->wait_for(lock, 120s, [&] {
+      for (const auto& o : outcomes)
+        if (!o) return false;
+      return true;
+    })) << "requests hang on a frozen node";
+  }
+  size_t num_failed = 0;
+  for (size_t i = 0; i < requests.size(); i++) {
+    const expected<actors::completion>& o = *outcomes[i];
+    if (o) {
+      expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
+      continue;
+    }
+    num_failed++;
+    EXPECT_EQ(o.error().code, errc::unavailable) << o.error().message;
+    EXPECT_EQ(o.error().message,
+              "engine 'decode2' on node 'node2' serving this request is lost: no answer to the heartbeat for 3000 ms");
+  }
+  EXPECT_GT(num_failed, 0u);
+  EXPECT_LT(num_failed, requests.size());
+  // Later requests: all succeed, on decode1.
+  std::vector<msg::completion_request> later;
+  for (size_t i = 0; i < 4; i++) later.push_back(make_completion(story_window(40 + i), 20, 950 + i, 1.0f, 0.9f));
+  expect_all_match(later, run_all(later), "after the freeze");
 }
 
 TEST_F(Cluster, UpStartsEveryNodeAndStopsThemOnSigint) {

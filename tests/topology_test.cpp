@@ -67,6 +67,8 @@ TEST(Topology, SingleNodeExampleParses) {
   EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{128, 512, 2048}));
   EXPECT_EQ(topo->load_balancer.report_interval_ms, 20);
   EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 10000);
+  EXPECT_EQ(topo->load_balancer.heartbeat_interval_ms, 1000);
+  EXPECT_EQ(topo->load_balancer.heartbeat_timeout_ms, 5000);
   ASSERT_EQ(topo->engines.size(), 1u);
   const engine_spec& engine = topo->engines[0];
   EXPECT_EQ(engine.name, "engine0");
@@ -162,7 +164,8 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
       "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = 7100\nkv_port = 9100\n"
       "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 65535\nkv_port = 1\n"
       "[load_balancer]\nnode = \"node1\"\nmax_waiting = 3\nprefill_tiers = [1, 64, 4096]\n"
-      "report_interval_ms = 60000\nconnect_timeout_ms = 600000\n" +
+      "report_interval_ms = 60000\nconnect_timeout_ms = 600000\nheartbeat_interval_ms = 60000\n"
+      "heartbeat_timeout_ms = 600000\n" +
       k_engine0);
   ASSERT_TRUE(topo) << topo.error().message;
   EXPECT_EQ(topo->cluster_name, "c");
@@ -177,6 +180,8 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
   EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{1, 64, 4096}));
   EXPECT_EQ(topo->load_balancer.report_interval_ms, 60000);
   EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 600000);
+  EXPECT_EQ(topo->load_balancer.heartbeat_interval_ms, 60000);
+  EXPECT_EQ(topo->load_balancer.heartbeat_timeout_ms, 600000);
 }
 
 TEST(Topology, KvTransferNamesItsKinds) {
@@ -191,11 +196,13 @@ TEST(Topology, KvTransferNamesItsKinds) {
 TEST(Topology, BalancerTimingKeysAcceptTheirLowerBounds) {
   auto topo = parse(k_node0 +
                     "[load_balancer]\nnode = \"node0\"\nreport_interval_ms = 1\n"
-                    "connect_timeout_ms = 1\n" +
+                    "connect_timeout_ms = 1\nheartbeat_interval_ms = 1\nheartbeat_timeout_ms = 2\n" +
                     k_engine0);
   ASSERT_TRUE(topo) << topo.error().message;
   EXPECT_EQ(topo->load_balancer.report_interval_ms, 1);
   EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 1);
+  EXPECT_EQ(topo->load_balancer.heartbeat_interval_ms, 1);
+  EXPECT_EQ(topo->load_balancer.heartbeat_timeout_ms, 2);
 }
 
 TEST(Topology, EmptyPrefillTiersIsOneTier) {
@@ -313,7 +320,8 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_balancer_key_lists_new_keys",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
-                 "node, max_waiting, prefill_tiers, report_interval_ms, connect_timeout_ms)"},
+                 "node, max_waiting, prefill_tiers, report_interval_ms, connect_timeout_ms, "
+                 "heartbeat_interval_ms, heartbeat_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
                  "topology.toml:12: unknown key 'nodes' (expected one of: cluster, node, "
                  "load_balancer, engine)"},
@@ -402,6 +410,17 @@ INSTANTIATE_TEST_SUITE_P(
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nreport_interval_ms = 60001\n",
                  "topology.toml:7: load_balancer: key 'report_interval_ms' must be in 1..60000, "
                  "got 60001"},
+        bad_file{"heartbeat_interval_ms_zero",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nheartbeat_interval_ms = 0\n",
+                 "topology.toml:7: load_balancer: key 'heartbeat_interval_ms' must be in 1..60000, got 0"},
+        bad_file{"heartbeat_timeout_ms_600001",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nheartbeat_timeout_ms = 600001\n",
+                 "topology.toml:7: load_balancer: key 'heartbeat_timeout_ms' must be in 1..600000, got 600001"},
+        bad_file{"heartbeat_timeout_not_above_interval",
+                 k_node0 + "[load_balancer]\nnode = \"node0\"\nheartbeat_interval_ms = 2000\n"
+                           "heartbeat_timeout_ms = 2000\n",
+                 "topology.toml:8: load_balancer: key 'heartbeat_timeout_ms' must exceed heartbeat_interval_ms "
+                 "(2000), got 2000"},
         bad_file{"connect_timeout_ms_zero",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 0\n",
                  "topology.toml:7: load_balancer: key 'connect_timeout_ms' must be in 1..600000, "

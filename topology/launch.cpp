@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <map>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/connect.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 
@@ -50,37 +51,37 @@ balance::engine_kind kind_of(engine_role role) {
 }
 
 /// The engines published by `node` (its node actor's answer), trying until the deadline: the
-/// other nodes may still be starting.
-expected<std::vector<caf::actor>> reach_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms) {
+/// other nodes may still be starting, or be frozen (then the handshake never completes).
+expected<std::vector<caf::actor>> reach_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms,
+                                             const std::atomic<bool>* stop) {
   const std::string address = node.host + ":" + std::to_string(node.port);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::string last_error = "no answer";
-  for (;;) {
-    auto remote = sys.middleman().remote_actor(node.host, node.port);
-    if (remote) {
-      caf::scoped_actor self{sys};
-      expected<std::vector<caf::actor>> out = fail(errc::unavailable, "no answer");
-      self->request(*remote, std::chrono::milliseconds(timeout_ms), actors::engines_atom::value)
-          .receive([&](std::vector<caf::actor>& engines) { out = std::move(engines); },
-                   [&](caf::error& err) {
-                     out = fail(errc::unavailable, "node '" + node.name + "' at " + address +
-                                                       " did not list its engines: " + sys.render(err));
-                   });
-      return out;
-    }
-    last_error = sys.render(remote.error());
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
-                                     std::to_string(timeout_ms) + " ms: " + last_error);
+  actors::reach_options ro;
+  ro.timeout = std::chrono::milliseconds(timeout_ms);
+  ro.stop = stop;
+  spdlog::info("reaching node '{}' at {} (up to {} ms)", node.name, address, timeout_ms);
+  auto remote = actors::reach(sys, node.host, node.port, ro);
+  if (!remote && remote.error().code == errc::cancelled)
+    return fail(errc::cancelled, "start-up stopped by a signal while reaching node '" + node.name + "' at " + address);
+  if (!remote)
+    return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
+                                       std::to_string(timeout_ms) + " ms: " + remote.error().message);
+  caf::scoped_actor self{sys};
+  expected<std::vector<caf::actor>> out = fail(errc::unavailable, "no answer");
+  self->request(*remote, std::chrono::milliseconds(timeout_ms), actors::engines_atom::value)
+      .receive([&](std::vector<caf::actor>& engines) { out = std::move(engines); },
+               [&](caf::error& err) {
+                 out = fail(errc::unavailable,
+                            "node '" + node.name + "' at " + address + " did not list its engines: " + sys.render(err));
+               });
+  return out;
 }
 
 /// Every engine of the topology for the balancer: this node's, and the other nodes' reached
 /// over the network, in topology order.
 expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system& sys, const topology& t,
                                                                const std::string& node_name,
-                                                               const launched_node& local) {
+                                                               const launched_node& local,
+                                                               const std::atomic<bool>* stop) {
   std::map<std::string, size_t> num_placed;  // engines the topology places on each node
   for (const engine_spec& e : t.engines) num_placed[e.node]++;
   std::map<std::string, std::vector<caf::actor>> by_node;
@@ -90,7 +91,7 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
   for (const engine_spec& e : t.engines) {
     auto it = by_node.find(e.node);
     if (it == by_node.end()) {
-      auto remote = reach_node(sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms);
+      auto remote = reach_node(sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms, stop);
       if (!remote) return tl::unexpected(remote.error());
       if (remote->size() != num_placed[e.node])
         return fail(errc::invalid_argument, "node '" + e.node + "' runs " + std::to_string(remote->size()) +
@@ -151,7 +152,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     });
     return out;
   }
-  auto engines = cluster_engines(sys, t, node_name, out);
+  auto engines = cluster_engines(sys, t, node_name, out, options.stop);
   if (!engines) {
     shutdown_node(sys, out);
     return tl::unexpected(engines.error());
@@ -169,6 +170,8 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.seed_base = options.seed_base;
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
   lb.report_interval_ms = t.load_balancer.report_interval_ms;
+  lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
+  lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
   const size_t num_engines = lb.engines.size();
   out.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   out.summary.push_back("load_balancer over " + std::to_string(num_engines) + " engine(s) (" +

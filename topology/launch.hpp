@@ -5,6 +5,7 @@
 /// is placed there, the load balancer — after reaching every other node that runs engines
 /// (CAF's io middleman: each node publishes its node actor, or the balancer, at its port).
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ namespace troupe::topology {
 struct launch_options {
   bool detached_executors = true;  ///< false under the deterministic test scheduler
   uint64_t seed_base = 0;          ///< the load balancer's seed base (see load_balancer_options)
+  const std::atomic<bool>* stop = nullptr;  ///< set (a signal): stop reaching other nodes, fail `cancelled`
 };
 
 /// What a node runs.
@@ -39,8 +41,9 @@ struct launched_node {
 /// Spawns everything `t` places on `node_name`. Errors: unknown node, unreadable model or
 /// tokenizer, a tokenizer that does not fit its model, invalid engine settings, a UCX listener
 /// that cannot bind, and — on the balancer's node — another node with engines that cannot be
-/// reached within the topology's connect_timeout_ms (the error names it) or that runs a
-/// different topology. Reaching other nodes needs the io middleman loaded in `sys`.
+/// reached within the topology's connect_timeout_ms (the error names it; a frozen node that
+/// accepts the connection but never answers counts as unreachable) or that runs a different
+/// topology, and `cancelled` when `options.stop` is set meanwhile. Reaching other nodes needs the io middleman loaded in `sys`.
 [[nodiscard]] expected<launched_node> launch_node(caf::actor_system& sys, const topology& t,
                                                   const std::string& node_name,
                                                   const launch_options& options);

@@ -538,6 +538,25 @@ struct listener {
   return bounds;
 }
 
+/// heartbeat_interval_ms and heartbeat_timeout_ms into `balancer`; a timeout must exceed the
+/// interval (else a healthy engine is lost between two pings).
+[[nodiscard]] expected<void> read_heartbeat(const context& ctx, const toml::table& table, const scope& where,
+                                            load_balancer_spec& balancer) {
+  auto interval = read_int(ctx, table, where, "heartbeat_interval_ms", balancer.heartbeat_interval_ms, 1, 60000);
+  if (!interval) return tl::unexpected(interval.error());
+  auto timeout = read_int(ctx, table, where, "heartbeat_timeout_ms", balancer.heartbeat_timeout_ms, 1, 600000);
+  if (!timeout) return tl::unexpected(timeout.error());
+  if (*timeout <= *interval) {
+    const toml::node* key = table.get("heartbeat_timeout_ms");
+    return malformed(ctx, key ? line_of(*key) : where.line, where.label,
+                     "key 'heartbeat_timeout_ms' must exceed heartbeat_interval_ms (" + std::to_string(*interval) +
+                         "), got " + std::to_string(*timeout));
+  }
+  balancer.heartbeat_interval_ms = *interval;
+  balancer.heartbeat_timeout_ms = *timeout;
+  return {};
+}
+
 [[nodiscard]] expected<load_balancer_spec> read_load_balancer(const context& ctx,
                                                               const toml::table& root,
                                                               const std::vector<node_spec>& nodes) {
@@ -549,7 +568,7 @@ struct listener {
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
                                  {"node", "max_waiting", "prefill_tiers", "report_interval_ms",
-                                  "connect_timeout_ms"});
+                                  "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -571,6 +590,8 @@ struct listener {
       read_int(ctx, **table, where, "connect_timeout_ms", balancer.connect_timeout_ms, 1, 600000);
   if (!connect_timeout) return tl::unexpected(connect_timeout.error());
   balancer.connect_timeout_ms = *connect_timeout;
+  auto heartbeat = read_heartbeat(ctx, **table, where, balancer);
+  if (!heartbeat) return tl::unexpected(heartbeat.error());
   return balancer;
 }
 

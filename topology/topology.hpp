@@ -30,6 +30,10 @@
 ///   report_interval_ms = 20            #   optional, 1..60000, default 20: engine load reports
 ///   connect_timeout_ms = 10000         #   optional, 1..600000, default 10000: how long a node
 ///                                      #   keeps trying to reach the nodes it needs at start-up
+///   heartbeat_interval_ms = 1000       #   optional, 1..60000, default 1000: how often the
+///                                      #   balancer pings every engine
+///   heartbeat_timeout_ms = 5000        #   optional, 1..600000, > heartbeat_interval_ms,
+///                                      #   default 5000: an engine silent this long is lost
 ///
 ///   [[engine]]                         # one or more
 ///   name = "engine0"                   #   required, unique, non-empty
@@ -96,6 +100,8 @@ struct load_balancer_spec {
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   int32_t report_interval_ms = 20;     ///< how often each engine sends its load report
   int32_t connect_timeout_ms = 10000;  ///< how long a node keeps trying to reach its peers
+  int32_t heartbeat_interval_ms = 1000;  ///< how often the balancer pings every engine
+  int32_t heartbeat_timeout_ms = 5000;   ///< an engine silent this long is lost (> the interval)
 };
 
 /// A validated topology file: every name it references exists, in file order.

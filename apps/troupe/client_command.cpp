@@ -1,8 +1,8 @@
 // `troupe client`: a client actor in this process, talking to a remote load balancer; streams
-// the completion's text to stdout (logs to stderr).
+// the completion's text to stdout (logs to stderr). Every wait has a bound: reaching the
+// balancer (--connect-timeout, plus --wait), the first token and the gaps between tokens.
 #include <chrono>
 #include <cstdio>
-#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/client.hpp"
+#include "actors/connect.hpp"
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 
@@ -19,6 +20,9 @@ namespace {
 struct client_options {
   std::string connect = "127.0.0.1:7100";
   double wait_seconds = 0;
+  double connect_timeout_seconds = 10;
+  double first_token_timeout_seconds = 60;
+  double token_timeout_seconds = 30;
   bool echo = false;
   completion_flags flags;
 };
@@ -35,17 +39,22 @@ expected<std::pair<std::string, uint16_t>> parse_address(const std::string& addr
   return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(value));
 }
 
-/// Connects to the balancer, retrying for up to `wait_seconds` (a server may still be starting).
-expected<caf::actor> connect(caf::actor_system& sys, const std::string& host, uint16_t port, double wait_seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
-  for (;;) {
-    auto lb = sys.middleman().remote_actor(host, port);
-    if (lb) return *lb;
-    if (std::chrono::steady_clock::now() >= deadline)
-      return fail(errc::io_error, "cannot reach a troupe load balancer at " + host + ":" + std::to_string(port) +
-                                      ": " + sys.render(lb.error()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+}
+
+/// Connects to the balancer within --connect-timeout, retrying refused connections for up to
+/// --wait more (a server may still be starting).
+expected<caf::actor> connect(caf::actor_system& sys, const std::string& host, uint16_t port, const client_options& o) {
+  actors::reach_options ro;
+  ro.timeout = to_ms(o.wait_seconds) + to_ms(o.connect_timeout_seconds);
+  ro.retry = o.wait_seconds > 0;
+  auto lb = actors::reach(sys, host, port, ro);
+  if (lb) return lb;
+  const std::string where = "cannot reach a troupe load balancer at " + host + ":" + std::to_string(port);
+  if (lb.error().code != errc::unavailable) return fail(lb.error().code, where + ": " + lb.error().message);
+  return fail(errc::unavailable, where + " within " + std::to_string(ro.timeout.count()) + " ms (--connect-timeout" +
+                                     (ro.retry ? " + --wait" : "") + "): " + lb.error().message);
 }
 
 int run_client(const client_options& o) {
@@ -55,9 +64,10 @@ int run_client(const client_options& o) {
   actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
-  auto lb = connect(sys, address->first, address->second, o.wait_seconds);
+  auto lb = connect(sys, address->first, address->second, o);
   if (!lb) return fail_with(lb.error());
-  auto out = actors::complete(sys, *lb, o.flags.to_request(), chunk_printer(o.echo ? o.flags.prompt : ""));
+  const actors::client_timeouts timeouts{to_ms(o.first_token_timeout_seconds), to_ms(o.token_timeout_seconds)};
+  auto out = actors::complete(sys, *lb, o.flags.to_request(), chunk_printer(o.echo ? o.flags.prompt : ""), timeouts);
   if (!out) return fail_with(out.error());
   std::fputs("\n", stdout);
   spdlog::info("seed {}; {} prompt + {} tokens, finish {}; TTFT {:.2f} ms, E2E {:.2f} ms", out->end.seed,
@@ -72,7 +82,19 @@ action add_client(CLI::App& app) {
   auto o = std::make_shared<client_options>();
   CLI::App* cmd = app.add_subcommand("client", "Stream one completion from a running `troupe serve`");
   cmd->add_option("--connect,-c", o->connect, "HOST:PORT of the load balancer")->capture_default_str();
-  cmd->add_option("--wait", o->wait_seconds, "keep retrying the connection this many seconds")->capture_default_str();
+  cmd->add_option("--wait", o->wait_seconds, "keep retrying a refused connection this many seconds")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--connect-timeout", o->connect_timeout_seconds,
+                  "seconds to reach the balancer (TCP connect + CAF handshake); --wait adds to it")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--first-token-timeout", o->first_token_timeout_seconds, "seconds to wait for the first token")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--token-timeout", o->token_timeout_seconds, "seconds to wait for each next token")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--echo", o->echo, "print the prompt before the completion");
   o->flags.add_to(cmd);
   return [o] { return run_client(*o); };

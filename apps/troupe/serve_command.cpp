@@ -11,6 +11,7 @@
 
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
+#include "apps/troupe/signals.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::cli {
@@ -36,22 +37,6 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   return t;
 }
 
-/// Blocks SIGINT/SIGTERM in every thread (call before CAF starts any), then waits for one.
-struct signal_waiter {
-  sigset_t set;
-  signal_waiter() {
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  }
-  int wait() {
-    int sig = 0;
-    sigwait(&set, &sig);
-    return sig;
-  }
-};
-
 int run_serve(const serve_options& o) {
   auto t = serve_topology(o);
   if (!t) return fail_with(t.error());
@@ -63,7 +48,11 @@ int run_serve(const serve_options& o) {
   actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
-  auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base()});
+  auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
+  if (!launched && launched.error().code == errc::cancelled) {  // SIGINT/SIGTERM during start-up
+    spdlog::warn("{}", launched.error().message);
+    return 0;
+  }
   if (!launched) return fail_with(launched.error());
   auto port = topology::publish_node(sys, *t, node_name, *launched);
   if (!port) {

@@ -135,13 +135,15 @@ struct client_log {
 
 /// Spawns a client whose chunks and outcome land in `log` (which must outlive it).
 inline caf::actor spawn_logged_client(caf::actor_system& sys, const caf::actor& lb,
-                                      msg::completion_request r, std::shared_ptr<client_log> log) {
+                                      msg::completion_request r, std::shared_ptr<client_log> log,
+                                      actors::client_timeouts timeouts = {}) {
   return actors::spawn_client(
       sys, lb, std::move(r), [log](const msg::completion_chunk& c) { log->chunks.push_back(c); },
       [log](const expected<actors::completion>& outcome) {
         log->outcome = outcome;
         log->num_done++;
-      });
+      },
+      timeouts);
 }
 
 /// Checks a finished completion against the reference generator, byte and bit for bit.

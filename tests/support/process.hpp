@@ -131,6 +131,12 @@ inline int wait_exit_code(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/// The exit code of our child `pid` if it exits within `bound` (a hang guard), else -1 (it
+/// still runs; its process_guard kills it).
+inline int exit_code_within(pid_t pid, std::chrono::milliseconds bound) {
+  return ends_within(pid, bound) ? wait_exit_code(pid) : -1;
+}
+
 /// Runs `program args...` to completion, capturing its output in files under `dir`.
 inline cli_result run_program(const std::string& program, const std::vector<std::string>& args,
                               const std::filesystem::path& dir) {

@@ -1,0 +1,34 @@
+#pragma once
+
+/// Reaching an actor published by another process, with a bound. CAF's
+/// `middleman().remote_actor` blocks until the peer completes the BASP handshake: a frozen peer
+/// (SIGSTOP) accepts the TCP connection in its kernel but never answers, so it would block
+/// forever. `reach` asks the middleman actor instead, with a timeout, and gives up at the bound.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe::actors {
+
+struct reach_options {
+  std::chrono::milliseconds timeout{10000};  ///< the whole wait: refused attempts and the handshake
+  bool retry = true;  ///< retry a refused connection every 100 ms until the timeout (a peer starting)
+  const std::atomic<bool>* stop = nullptr;  ///< when set and true: give up now (a signal arrived)
+};
+
+/// The actor published at host:port. Errors (the message says why, without the address):
+/// `unavailable` when the timeout passed (a refused connection, or a handshake that never
+/// completed), `io_error` for a refused connection without retry, `not_found` when nothing is
+/// published there, `cancelled` when `stop` was set. Blocks the calling thread (not for the
+/// deterministic test scheduler); the bound holds to within ~100 ms.
+[[nodiscard]] expected<caf::actor> reach(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                         const reach_options& options);
+
+}  // namespace troupe::actors

@@ -1,0 +1,154 @@
+// Nothing waits forever (DESIGN contract 6), with real processes on 127.0.0.1: a `troupe client`
+// facing a frozen (SIGSTOP) server ends with its connect-timeout error; a node whose peer is
+// frozen at start-up ends with the connect_timeout_ms error; SIGTERM during that start-up stops
+// the node at once. Every process a test starts is resumed and killed on every exit path.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "tests/support/process.hpp"
+
+namespace troupe::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+/// A port the kernel just gave out on 127.0.0.1 (free now; nothing reserves it).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// True once something accepts TCP connections on 127.0.0.1:`port`, trying for up to `bound`.
+bool listens_within(int port, std::chrono::milliseconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (ok) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);  // a retry pause, not a wait for an event
+  }
+}
+
+class FrozenPeer : public ::testing::Test {
+ protected:
+  fs::path dir_;
+  const std::string models_ = TROUPE_MODELS_DIR;
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("troupe_frozen_peer_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string engine(const std::string& name, const std::string& node) const {
+    return "\n[[engine]]\nname = \"" + name + "\"\nnode = \"" + node + "\"\nmodel = \"" + models_ +
+           "/stories260K.bin\"\ntokenizer = \"" + models_ + "/tok512.bin\"\n";
+  }
+
+  /// node0 runs the balancer (and no engine), node1 one engine.
+  std::string two_nodes(int port0, int port1, int connect_timeout_ms) {
+    const std::string path = (dir_ / "two_nodes.toml").string();
+    std::ofstream(path) << "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = " << port0
+                        << "\n\n[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = " << port1
+                        << "\n\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = " << connect_timeout_ms
+                        << "\n" << engine("e1", "node1");
+    return path;
+  }
+
+  /// Starts `troupe node --node node1` and freezes it once it listens.
+  process_guard frozen_node1(const std::string& topology, int port1) {
+    process_guard node1{spawn_troupe({"node", "--topology", topology, "--node", "node1"},
+                                     (dir_ / "node1.out").string(), (dir_ / "node1.err").string())};
+    EXPECT_TRUE(listens_within(port1, 60s)) << read_file((dir_ / "node1.err").string());
+    EXPECT_EQ(::kill(node1.pid(), SIGSTOP), 0);
+    return node1;
+  }
+};
+
+TEST_F(FrozenPeer, AClientOfAFrozenServerEndsWithItsConnectTimeout) {
+  const int port = free_port();
+  const std::string topology = (dir_ / "serve.toml").string();
+  std::ofstream(topology) << "[[node]]\nname = \"n0\"\nhost = \"127.0.0.1\"\nport = " << port
+                          << "\n\n[load_balancer]\nnode = \"n0\"\n" << engine("e0", "n0");
+  process_guard server{spawn_troupe({"serve", "--topology", topology}, (dir_ / "serve.out").string(),
+                                    (dir_ / "serve.err").string())};
+  // A first client proves the server answers; then the server freezes.
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const cli_result probe = run_troupe({"client", "--connect", address, "--wait", "60", "-n", "1"}, dir_);
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  ASSERT_EQ(::kill(server.pid(), SIGSTOP), 0);
+  process_guard client{spawn_troupe({"client", "--connect", address, "--connect-timeout", "1", "--first-token-timeout",
+                                     "1", "--token-timeout", "1", "-n", "5"},
+                                    (dir_ / "client.out").string(), (dir_ / "client.err").string())};
+  ASSERT_EQ(exit_code_within(client.pid(), 60s), 2) << "the client hangs on a frozen server";
+  const std::string err = read_file((dir_ / "client.err").string());
+  EXPECT_NE(err.find("cannot reach a troupe load balancer at " + address +
+                     " within 1000 ms (--connect-timeout): the connection was accepted but the CAF handshake "
+                     "never completed (a frozen process?)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(read_file((dir_ / "client.out").string()), "");
+}
+
+TEST_F(FrozenPeer, ANodeWhosePeerIsFrozenAtStartUpEndsAtConnectTimeout) {
+  const int port0 = free_port(), port1 = free_port();
+  const std::string topology = two_nodes(port0, port1, 1000);
+  process_guard node1 = frozen_node1(topology, port1);
+  process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"}, (dir_ / "node0.out").string(),
+                                   (dir_ / "node0.err").string())};
+  ASSERT_EQ(exit_code_within(node0.pid(), 60s), 2) << "start-up ignores connect_timeout_ms with a frozen peer";
+  const std::string err = read_file((dir_ / "node0.err").string());
+  EXPECT_NE(err.find("cannot reach node 'node1' at 127.0.0.1:" + std::to_string(port1) +
+                     " within 1000 ms: the connection was accepted but the CAF handshake never completed (a frozen "
+                     "process?)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(read_file((dir_ / "node0.out").string()), "");
+}
+
+TEST_F(FrozenPeer, SigtermDuringStartUpStopsTheNodeAtOnce) {
+  const int port0 = free_port(), port1 = free_port();
+  const std::string topology = two_nodes(port0, port1, 600000);  // ten minutes: only the signal can end it
+  process_guard node1 = frozen_node1(topology, port1);
+  const std::string node0_err = (dir_ / "node0.err").string();
+  process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"}, (dir_ / "node0.out").string(),
+                                   node0_err)};
+  // Until node0 says it is reaching node1 (its signals are handled by then), then SIGTERM.
+  const std::string reaching = "reaching node 'node1' at 127.0.0.1:" + std::to_string(port1);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (read_file(node0_err).find(reaching) == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);  // a retry pause while polling the log
+  ASSERT_NE(read_file(node0_err).find(reaching), std::string::npos) << read_file(node0_err);
+  ASSERT_EQ(::kill(node0.pid(), SIGTERM), 0);
+  ASSERT_EQ(exit_code_within(node0.pid(), 30s), 0) << "SIGTERM during start-up is ignored; " << read_file(node0_err);
+  EXPECT_NE(read_file(node0_err).find("start-up stopped by a signal while reaching node 'node1' at 127.0.0.1:" +
+                                      std::to_string(port1)),
+            std::string::npos)
+      << read_file(node0_err);
+}
+
+}  // namespace
+}  // namespace troupe::testing
