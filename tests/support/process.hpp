@@ -47,25 +47,28 @@ inline pid_t spawn_program(const std::string& program, const std::vector<std::st
   std::vector<char*> argv;
   for (auto& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Opened here, so the output files exist once this returns (the child only duplicates them).
+  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ADD_FAILURE() << "cannot fork for " << program << ": " << std::strerror(errno);
-    return 0;
-  }
+  const pid_t pid = in < 0 || out < 0 || err < 0 ? -1 : ::fork();
   if (pid == 0) {  // only async-signal-safe calls until exec: the test process may have threads
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the test died before prctl
-    const int in = ::open("/dev/null", O_RDONLY);
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (in < 0 || out < 0 || err < 0) ::_exit(127);
     ::dup2(in, STDIN_FILENO);
     ::dup2(out, STDOUT_FILENO);
     ::dup2(err, STDERR_FILENO);
     ::execve(argv[0], argv.data(), environ);
     ::_exit(127);
+  }
+  const int spawn_errno = errno;
+  for (const int fd : {in, out, err})
+    if (fd >= 0) ::close(fd);
+  if (pid < 0) {
+    ADD_FAILURE() << "cannot start " << program << ": " << std::strerror(spawn_errno);
+    return 0;
   }
   ::setpgid(pid, pid);  // also here, so a kill of the group right after this cannot miss it
   return pid;
