@@ -44,6 +44,7 @@ struct load_balancer_options {
   uint64_t seed_base = 0;  ///< request i without a seed gets child_seed(seed_base, i + 1)
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
+  int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_options::context_tokens)
 };
 
 caf::actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);
