@@ -42,7 +42,7 @@ void stop(request_actor_t* self) {
   const msg::placement& p = self->state.placed;
   if (p.prefill) self->demonitor(p.prefill);
   if (p.decode) self->demonitor(p.decode);
-  self->demonitor(self->state.o.client);
+  if (self->state.o.client) self->demonitor(self->state.o.client);
   self->quit();
 }
 
@@ -142,6 +142,7 @@ void on_placement(request_actor_t* self, msg::placement p) {
 /// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
 /// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
 expected<void> check_prompt_bytes(const request_state& st) {
+  if (!st.text_mode) return {};  // token ids are checked by the engine (and need no tokenizer)
   const int32_t context = st.o.context_tokens > 0 ? st.o.context_tokens : model::header_value_max;
   const int64_t bytes_max = st.o.tok->max_text_bytes(context);
   const int64_t bytes = static_cast<int64_t>(st.o.params.prompt.size());
