@@ -1,6 +1,9 @@
 #include "actors/engine_actor.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
 
 #include <caf/all.hpp>
@@ -165,6 +168,14 @@ void on_result(engine_actor_t* self, engine::exec_result& result) {
                                           e.num_preemptions, e.num_recomputed_tokens, live.scheduled_at_ns});
     }
     if (!st.core->contains(e.request)) st.requests.erase(it);
+  }
+  for (const engine::failed_request& f : st.core->take_failed()) {
+    auto it = st.requests.find(f.id);
+    if (it == st.requests.end()) continue;
+    spdlog::error("engine: request {} failed: {}", f.id, f.reason.message);
+    self->send(it->second.actor, msg::rejected{f.id, to_string(f.reason.code), f.reason.message});
+    st.handoffs.erase(f.id);
+    st.requests.erase(it);
   }
   hand_off(self);
   note_change(self);
@@ -388,6 +399,11 @@ expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& 
   if (!core) return tl::unexpected(core.error());
   if (o.max_waiting <= 0) return fail(errc::invalid_argument, "max_waiting must be > 0");
   if (o.executor_threads < 1) return fail(errc::invalid_argument, "executor_threads must be >= 1");
+  if (!o.step_log.empty()) {  // the executor opens it again; fail here, where it can be reported
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{std::fopen(o.step_log.c_str(), "a"), &std::fclose};
+    if (!log)
+      return fail(errc::io_error, "step_log '" + o.step_log + "' cannot be opened for appending: " + std::strerror(errno));
+  }
   return sys.spawn(engine_actor, std::move(o));
 }
 

@@ -54,7 +54,8 @@ struct engine_options {
   uint64_t ucx_tag_base = 0;
 };
 
-/// Spawns an engine and its executor. Fails (as a value) if the options are invalid.
+/// Spawns an engine and its executor. Fails (as a value) if the options are invalid or the
+/// step_log file cannot be opened for appending (io_error naming it).
 [[nodiscard]] expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& options);
 
 /// Blocking query of an engine's counters (tests, benchmarks, `troupe serve` on exit).

@@ -82,6 +82,7 @@ caf::actor route(load_balancer_t* self, msg::completion_request& req) {
   ro.balancer = caf::actor_cast<caf::actor>(self);
   ro.tok = st.o.tok;
   ro.params = std::move(req);
+  ro.context_tokens = st.o.context_tokens;
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
   ro.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(id % 2147483647) + 1);

@@ -7,6 +7,7 @@
 #include "actors/clock.hpp"
 #include "actors/cluster_messages.hpp"
 #include "runtime/engine/output_stream.hpp"
+#include "runtime/model/checkpoint.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -34,9 +35,20 @@ void release(request_actor_t* self) {
   if (p.decode) self->send(p.decode, msg::release{self->state.o.id});
 }
 
+/// Ends the actor. Its monitors go first: CAF 0.17 keeps a monitor (and the weak reference in
+/// it, which keeps this actor's memory allocated) in the monitored actor until that one dies,
+/// so a long-lived engine would collect one per request it served (docs/resources.md).
+void stop(request_actor_t* self) {
+  const msg::placement& p = self->state.placed;
+  if (p.prefill) self->demonitor(p.prefill);
+  if (p.decode) self->demonitor(p.decode);
+  if (self->state.o.client) self->demonitor(self->state.o.client);
+  self->quit();
+}
+
 void fail_request(request_actor_t* self, const std::string& code, const std::string& message) {
   self->send(self->state.o.client, msg::completion_error{self->state.o.id, code, message});
-  self->quit();
+  stop(self);
 }
 
 /// Sends what is pending as one chunk, if anything is.
@@ -55,7 +67,7 @@ void finish(request_actor_t* self, const std::string& reason) {
   st.end.finish_reason = reason;
   st.end.e2e_ns = ns_between(st.arrival, self->clock().now());
   self->send(st.o.client, st.end);
-  self->quit();
+  stop(self);
 }
 
 /// One token, sampled at `now` (the arrival time, or earlier for a batch).
@@ -129,6 +141,19 @@ void on_placement(request_actor_t* self, msg::placement p) {
   self->send(placed.prefill, msg::submit_prefill{std::move(r), placed.decode, placed.kv_host, placed.kv_port});
 }
 
+/// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
+/// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
+expected<void> check_prompt_bytes(const request_state& st) {
+  if (!st.text_mode) return {};  // token ids are checked by the engine (and need no tokenizer)
+  const int32_t context = st.o.context_tokens > 0 ? st.o.context_tokens : model::header_value_max;
+  const int64_t bytes_max = st.o.tok->max_text_bytes(context);
+  const int64_t bytes = static_cast<int64_t>(st.o.params.prompt.size());
+  if (bytes <= bytes_max) return {};
+  return fail(errc::too_long, "the prompt is " + std::to_string(bytes) + " bytes; a " + std::to_string(context) +
+                                  "-token context holds at most " + std::to_string(bytes_max) + " (" +
+                                  std::to_string(st.o.tok->max_token_length()) + " bytes per token at most)");
+}
+
 /// Tokenizes and asks for a placement; false (after telling the client) when the prompt is unusable.
 bool start(request_actor_t* self) {
   request_state& st = self->state;
@@ -139,6 +164,10 @@ bool start(request_actor_t* self) {
     return false;
   }
   st.text_mode = p.prompt_tokens.empty();
+  if (auto fits = check_prompt_bytes(st); !fits) {
+    fail_request(self, to_string(fits.error().code), fits.error().message);
+    return false;
+  }
   auto prompt = st.text_mode ? st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
                              : expected<std::vector<int32_t>>(std::move(st.o.params.prompt_tokens));
   if (!prompt) {
@@ -185,7 +214,7 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
     request_state& st = self->state;
     if (dm.source == st.o.client.address()) {  // nobody listens: free the engines' blocks
       release(self);
-      self->quit();
+      stop(self);
       return;
     }
     on_engine_lost(self, dm.source, self->system().render(dm.reason));

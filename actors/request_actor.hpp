@@ -23,6 +23,10 @@ struct request_options {
   std::shared_ptr<const tokenizer> tok;
   msg::completion_request params;
   uint64_t drawn_seed = 0;  ///< used when params.has_seed is false
+  /// The engines' context (their largest seq_len): a text prompt longer than
+  /// tok->max_text_bytes(context_tokens) is refused (too_long) before it is tokenized. 0 = not
+  /// known here: the largest context a checkpoint may declare bounds it.
+  int32_t context_tokens = 0;
 };
 
 /// Spawns a request actor from `parent` (it lives on the parent's node).

@@ -65,8 +65,13 @@ typename Inspector::result_type inspect(Inspector& f, exec_plan& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
+  return f(x.seq, x.message);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples, x.exports);
+  return f(x.step, x.samples, x.failures, x.exports);
 }
 
 }  // namespace troupe::engine

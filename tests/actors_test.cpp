@@ -440,6 +440,14 @@ TEST_F(ActorsDeterministic, BadRequestsGetClearErrors) {
        "stop string must have 1 to 256 bytes"},
       {"invalid UTF-8 stop string", with([](auto& r) { r.stop = {"\xC3"}; }), errc::invalid_utf8, "stop string"},
       {"invalid UTF-8 prompt", with([](auto& r) { r.prompt = "Once \xFF\xFE upon"; }), errc::invalid_utf8, "invalid UTF-8 at byte offset 5"},
+      // 512 tokens of at most 7 bytes: one byte more is refused before tokenizing, ...
+      {"3585-byte prompt", with([](auto& r) { r.prompt = std::string(3585, 'a'); }), errc::too_long,
+       "the prompt is 3585 bytes; a 512-token context holds at most 3584 (7 bytes per token at most)"},
+      {"64 MiB prompt", with([](auto& r) { r.prompt = std::string(64 << 20, 'a'); }), errc::too_long,
+       "the prompt is 67108864 bytes; a 512-token context holds at most 3584"},
+      // ... while 3584 bytes are tokenized and refused by the engine in tokens.
+      {"3584-byte prompt", with([](auto& r) { r.prompt = std::string(3584, 'a'); }), errc::too_long,
+       "exceeds the model's context of 512"},
   };
   std::vector<std::shared_ptr<client_log>> logs;
   for (const bad_case& c : cases) logs.push_back(submit(c.request));

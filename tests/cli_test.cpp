@@ -123,6 +123,16 @@ TEST_F(Cli, RejectsBadSamplingParameters) {
   expect_rejected({"generate", "--temperature", "-1"}, "temperature must be a finite number >= 0, got -1");
 }
 
+TEST_F(Cli, RejectsSeedsOutsideUint64InsteadOfWrappingThem) {
+  expect_rejected({"generate", "--seed", "-1"}, "--seed: a seed is an integer in [0, 18446744073709551615], got '-1'");
+  expect_rejected({"generate", "--seed", "18446744073709551616"},
+                  "a seed is an integer in [0, 18446744073709551615], got '18446744073709551616'");
+  expect_rejected({"generate", "--seed", "12abc"}, "got '12abc'");
+  expect_rejected({"sim", "--seed", "-1"}, "got '-1'");
+  const cli_result max = run({"generate", "--seed", "18446744073709551615", "-n", "3", "--temperature", "1"});
+  EXPECT_EQ(max.exit_code, 0) << max.err;
+}
+
 TEST_F(Cli, RejectsUnknownOption) {
   expect_rejected({"generate", "--bogus"}, "--bogus");
   expect_rejected({"generate", "-n", "many"}, "many");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
 
 namespace troupe::cli {
@@ -173,6 +174,9 @@ TEST_F(Serve, MalformedTopologiesAreRefused) {
       {"kv_block = 3\n", "unknown key 'kv_block'"},
       {"block_size = 0\n", "block_size"},
       {"role = \"chef\"\n", "role"},
+      {"step_log = \"no-such-dir/steps.log\"\n",
+       "engine 'e0': step_log '" + (dir_ / "no-such-dir/steps.log").string() +
+           "' cannot be opened for appending: No such file or directory"},
   };
   for (const bad_case& c : cases) {
     const cli_result r = run_troupe({"serve", "--topology", topology(c.extra)}, dir_);
@@ -183,6 +187,28 @@ TEST_F(Serve, MalformedTopologiesAreRefused) {
   const cli_result missing = run_troupe({"serve", "--topology", (dir_ / "nope.toml").string()}, dir_);
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("nope.toml"), std::string::npos) << missing.err;
+}
+
+TEST_F(Serve, ANonLoopbackHostIsServedWithAPlaintextWarning) {
+  const std::string path = topology();
+  std::string text = testing::read_file(path);
+  text.replace(text.find("127.0.0.1"), 9, "0.0.0.0");
+  std::ofstream(path) << text;
+  const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
+  const pid_t server = testing::spawn_troupe({"serve", "--topology", path}, serve_out, serve_err);
+  ASSERT_NE(server, 0);
+  // The warning is logged before the port opens: once a client got an answer, it is there.
+  const cli_result probe = run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30",
+                                       "-n", "1"}, dir_);
+  ::kill(server, SIGTERM);
+  EXPECT_EQ(testing::wait_exit_code(server), 0);
+  EXPECT_EQ(probe.exit_code, 0) << probe.err;
+  EXPECT_NE(testing::read_file(serve_err).find(
+                "node 'n0' listens on 0.0.0.0, not a loopback address: the CAF port is unauthenticated "
+                "plaintext; anyone who can reach it can submit requests, read their outputs and send cluster "
+                "messages. Keep it on a trusted network."),
+            std::string::npos)
+      << testing::read_file(serve_err);
 }
 
 TEST_F(Serve, BusyPortIsAClearError) {

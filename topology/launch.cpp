@@ -19,9 +19,11 @@ std::string where(const engine_spec& e) { return "engine '" + e.name + "': "; }
 
 expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e, int32_t max_waiting,
                                    const launch_options& options, std::shared_ptr<const tokenizer>& tok,
-                                   const std::shared_ptr<transport::ucx_transport>& ucx, uint64_t ucx_tag_base) {
+                                   const std::shared_ptr<transport::ucx_transport>& ucx, uint64_t ucx_tag_base,
+                                   int32_t& context_tokens) {
   auto ck = model::checkpoint::load(e.model_path);
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
+  context_tokens = std::max(context_tokens, ck->config().seq_len);
   auto t = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!t) return fail(t.error().code, where(e) + t.error().message);
   if (!tok) tok = std::make_shared<const tokenizer>(std::move(*t));
@@ -39,6 +41,10 @@ expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e,
   auto engine = actors::spawn_engine(sys, o);
   if (!engine) return fail(engine.error().code, where(e) + engine.error().message);
   return engine;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 balance::engine_kind kind_of(engine_role role) {
@@ -121,6 +127,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   const node_spec* node = t.find_node(node_name);
   if (!node) return fail(errc::not_found, "the topology has no node '" + node_name + "'");
   launched_node out;
+  int32_t context_tokens = 0;  // the largest seq_len of the engines loaded here
   const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
                                        [&](const engine_spec& e) { return e.node == node_name; });
   if (t.kv_transfer == kv_transfer_kind::ucx && has_engines) {
@@ -133,7 +140,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     if (e.node != node_name) continue;
     // UCX tags: 40 bits of transfer counter under the engine's topology index, unique cluster-wide.
     auto engine = launch_engine(sys, e, t.load_balancer.max_waiting, options, out.tok, out.ucx,
-                                static_cast<uint64_t>(i + 1) << 40);
+                                static_cast<uint64_t>(i + 1) << 40, context_tokens);
     if (!engine) {
       shutdown_node(sys, out);
       return tl::unexpected(engine.error());
@@ -172,6 +179,11 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.report_interval_ms = t.load_balancer.report_interval_ms;
   lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
+  // Engines on other nodes may have a longer context than those loaded here: then the bound is
+  // the largest context any checkpoint may declare.
+  const bool all_local = std::all_of(t.engines.begin(), t.engines.end(),
+                                     [&](const engine_spec& e) { return e.node == node_name; });
+  lb.context_tokens = all_local ? context_tokens : 0;
   const size_t num_engines = lb.engines.size();
   out.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   out.summary.push_back("load_balancer over " + std::to_string(num_engines) + " engine(s) (" +
@@ -179,10 +191,18 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   return out;
 }
 
+std::string plaintext_warning(const std::string& node_name, const std::string& host) {
+  return "node '" + node_name + "' listens on " + host +
+         ", not a loopback address: the CAF port is unauthenticated plaintext; anyone who can reach it "
+         "can submit requests, read their outputs and send cluster messages. Keep it on a trusted network.";
+}
+
 expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
                                 const launched_node& node) {
   const node_spec* spec = t.find_node(node_name);
   TROUPE_ASSERT(spec != nullptr);
+  if (!is_loopback(spec->host))
+    spdlog::warn("{}", plaintext_warning(node_name, spec->host));
   auto port = sys.middleman().publish(node.entry(), spec->port, spec->host.c_str(), true);
   if (!port)
     return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +

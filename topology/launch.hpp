@@ -48,8 +48,13 @@ struct launched_node {
                                                   const std::string& node_name,
                                                   const launch_options& options);
 
+/// The warning `publish_node` logs for a host that is not a loopback address (127.0.0.0/8,
+/// ::1, localhost).
+[[nodiscard]] std::string plaintext_warning(const std::string& node_name, const std::string& host);
+
 /// Publishes the node's entry point at its address: the balancer where it runs, the node actor
-/// elsewhere. Returns the bound port. Error: io_error naming the address.
+/// elsewhere; warns (plaintext_warning) when the address is not loopback. Returns the bound
+/// port. Error: io_error naming the address.
 [[nodiscard]] expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
                                               const launched_node& node);
 

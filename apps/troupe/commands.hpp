@@ -53,6 +53,14 @@ struct completion_flags {
 /// is rejected.
 std::function<void(const msg::completion_chunk&)> chunk_printer(std::string echo);
 
+/// Accepts exactly the decimal integers a uint64_t holds: CLI11 alone would wrap "-1" to 2^64 - 1
+/// and clamp 2^64 and beyond to it.
+CLI::Validator seed_validator();
+
+/// Raises the soft limit on open files to the hard limit: at the limit, CAF 0.17's acceptor
+/// spins on accept() failing with EMFILE (docs/resources.md).
+void raise_open_file_limit();
+
 /// A seed for this process's load balancer: drawn here, outside the deterministic core.
 uint64_t draw_seed_base();
 

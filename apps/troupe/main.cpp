@@ -1,4 +1,5 @@
 // troupe: an LLM inference engine as an actor-model distributed runtime.
+#include <charconv>
 #include <cstdio>
 #include <random>
 
@@ -14,6 +15,19 @@ int fail_with(const error& e) {
   return 2;
 }
 
+CLI::Validator seed_validator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, ec] = std::from_chars(text.data(), end, value);  // no sign, no wrap-around
+        if (text.empty() || ec != std::errc() || stop != end)
+          return "a seed is an integer in [0, 18446744073709551615], got '" + text + "'";
+        return {};
+      },
+      "UINT64");
+}
+
 void completion_flags::add_to(CLI::App* cmd) {
   cmd->add_option("--prompt,-i", prompt, "prompt text (UTF-8); empty starts from BOS");
   cmd->add_option("-n,--max-tokens", max_tokens, "tokens to generate")->capture_default_str();
@@ -22,6 +36,7 @@ void completion_flags::add_to(CLI::App* cmd) {
   cmd->add_option("--top-k", top_k, "keep the k most likely tokens; 0 = off")->capture_default_str();
   cmd->add_option("--min-p", min_p, "drop tokens below min_p * p(max); 0 = off")->capture_default_str();
   cmd->add_option("--seed,-s", seed, "sampling seed (default: drawn and logged)")
+      ->check(seed_validator())
       ->each([this](const std::string&) { seed_given = true; });
   cmd->add_option("--stop", stop, "stop string (repeatable); not part of the output");
 }
@@ -83,6 +98,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
+  troupe::cli::raise_open_file_limit();
   for (const auto& [name, run] : commands)
     if (app.got_subcommand(name)) return run();
   return 2;

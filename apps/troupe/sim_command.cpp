@@ -107,7 +107,9 @@ action add_sim(CLI::App& app) {
   cmd->add_option("--synthetic-cv", o->synthetic.cv, "synthetic: inter-arrival cv (1 = Poisson)")->capture_default_str();
   cmd->add_option("--synthetic-input", o->synthetic.input_mean, "synthetic: mean prompt tokens")->capture_default_str();
   cmd->add_option("--synthetic-output", o->synthetic.output_mean, "synthetic: mean output tokens")->capture_default_str();
-  cmd->add_option("--seed,-s", o->seed, "run seed: every random choice derives from it")->capture_default_str();
+  cmd->add_option("--seed,-s", o->seed, "run seed: every random choice derives from it")
+      ->check(seed_validator())
+      ->capture_default_str();
   cmd->add_option("--out,-o", o->out, "output directory")->capture_default_str();
   cmd->add_option("--length-scale", o->shape.length_scale, "multiply prompt and output lengths")->capture_default_str();
   cmd->add_option("--time-scale", o->shape.time_scale, "compress time (16 = 16x more load)")->capture_default_str();

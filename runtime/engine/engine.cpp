@@ -90,7 +90,18 @@ std::vector<token_event> engine::step() {
   // the request's text spec although the request already ended (n > 1, all ending at once).
   for (const token_event& ev : events)
     if (!core_->contains(ev.request)) texts_.erase(ev.request);
+  for (failed_request& f : core_->take_failed()) {
+    texts_.erase(f.id);
+    streams_.erase(streams_.lower_bound({f.id, 0}), streams_.lower_bound({f.id + 1, 0}));
+    failed_.push_back(std::move(f));
+  }
   return events;
+}
+
+std::vector<failed_request> engine::take_failed() {
+  std::vector<failed_request> out = std::move(failed_);
+  failed_.clear();
+  return out;
 }
 
 void engine::check_invariants() const {

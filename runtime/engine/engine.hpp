@@ -39,8 +39,12 @@ class engine {
   /// token -1. Unknown id -> not_found.
   [[nodiscard]] expected<std::vector<token_event>> abort(request_id id);
 
-  /// Runs one step; returns the tokens it produced (and the ends of finished samples).
+  /// Runs one step; returns the tokens it produced (and the ends of finished samples). A request
+  /// whose logits could not be sampled ends without a last event: it goes to take_failed.
   [[nodiscard]] std::vector<token_event> step();
+
+  /// Requests failed by the steps since the last call (engine_core::take_failed).
+  [[nodiscard]] std::vector<failed_request> take_failed();
 
   [[nodiscard]] bool has_unfinished() const { return core_->has_unfinished(); }
   [[nodiscard]] engine_stats stats() const { return core_->stats(); }
@@ -75,6 +79,7 @@ class engine {
   step_executor executor_;
   std::map<request_id, text_spec> texts_;          // live requests
   std::map<sample_key, output_stream> streams_;    // live samples that produced a token
+  std::vector<failed_request> failed_;             // for take_failed
 };
 
 }  // namespace troupe::engine

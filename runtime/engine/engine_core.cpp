@@ -272,6 +272,14 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
       stats_.num_discarded_tokens++;
       continue;
     }
+    auto failure = std::find_if(result.failures.begin(), result.failures.end(),
+                                [&](const exec_failure& x) { return x.seq == seq; });
+    if (failure != result.failures.end()) {
+      const request_id id = samples_.at(seq).request;
+      failed_.push_back(failed_request{id, error{errc::internal, failure->message}});
+      (void)remove_request(id);  // its other samples' later chunks are discarded above
+      continue;
+    }
     if (samples.size() > 1) fork(seq, samples, events);
     record(seq, samples.front(), events);
   }
@@ -290,6 +298,12 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   }
   TROUPE_ASSERT(e == result.exports.size());
   return events;
+}
+
+std::vector<failed_request> engine_core::take_failed() {
+  std::vector<failed_request> out = std::move(failed_);
+  failed_.clear();
+  return out;
 }
 
 void engine_core::fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,

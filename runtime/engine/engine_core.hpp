@@ -65,6 +65,13 @@ struct prefilled_request {
   kv_data kv;
 };
 
+/// A request the engine failed on its own (its logits could not be sampled): every sample of it
+/// has ended; nothing more comes for it.
+struct failed_request {
+  request_id id = 0;
+  error reason;  ///< errc::internal with the executor's message
+};
+
 /// Checks a request against a model and an engine configuration (see engine_core::add_request).
 [[nodiscard]] expected<void> validate_request(const request& r, const model::model_config& model,
                                               const engine_config& config);
@@ -110,8 +117,11 @@ class engine_core {
   [[nodiscard]] std::optional<exec_plan> plan_step();
 
   /// Records the oldest in-flight step's result; returns its new tokens, in plan order (prefills
-  /// it completed go to take_prefilled).
+  /// it completed go to take_prefilled; requests with an exec_failure end and go to take_failed).
   [[nodiscard]] std::vector<sample_event> complete_step(exec_result result);
+
+  /// Requests failed by complete_step since the last call, in the order they failed.
+  [[nodiscard]] std::vector<failed_request> take_failed();
 
   [[nodiscard]] bool has_unfinished() const { return !requests_.empty(); }
   [[nodiscard]] bool contains(request_id id) const { return requests_.count(id) != 0; }
@@ -174,6 +184,7 @@ class engine_core {
   std::map<kv::seq_id, kv_data> pending_imports_;  // waiting sequences' imported KV
   std::map<kv::seq_id, int32_t> blocks_sent_;      // table entries the executor holds, per sequence
   std::vector<prefilled_request> prefilled_;       // for take_prefilled
+  std::vector<failed_request> failed_;             // for take_failed
   kv::seq_id next_seq_ = 0;
   int64_t next_step_ = 0;
   engine_stats stats_;

@@ -5,6 +5,7 @@
 /// sampling parameters and seeds), so a plan can cross a process boundary unchanged.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/kv/block_manager.hpp"
@@ -76,10 +77,20 @@ struct exec_plan {
   std::vector<kv::seq_id> released;    ///< sequences gone: forget their previous samples
 };
 
+/// A sampling chunk whose logits could not be sampled (sampling::check_logits failed: NaN or
+/// +inf from the model). Its entry in exec_result::samples holds placeholders (token 0); the
+/// engine fails the chunk's request with `message` and keeps serving the others.
+struct exec_failure {
+  kv::seq_id seq = 0;
+  std::string message;
+};
+
 struct exec_result {
   int64_t step = 0;
   /// One entry per chunk with num_samples > 0, in plan order; num_samples samples each.
   std::vector<std::vector<sampling::sample_result>> samples;
+  /// Chunks whose samples are placeholders, in plan order.
+  std::vector<exec_failure> failures;
   /// One entry per chunk with export_kv, in plan order.
   std::vector<kv_export> exports;
 };

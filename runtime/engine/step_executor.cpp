@@ -66,8 +66,15 @@ exec_result step_executor::execute(const exec_plan& plan) {
     // The sampled token will sit right after the chunk's last token.
     const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
     std::vector<sampling::sample_result> samples;
-    for (int32_t i = 0; i < chunk.num_samples; i++)
-      samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position));
+    if (auto ok = sampling::check_logits(logits, vocab); !ok) {
+      // Placeholders keep the result's shape (and a next plan's previous_sample resolvable);
+      // the engine fails the request instead of using them.
+      samples.assign(static_cast<size_t>(chunk.num_samples), sampling::sample_result{0, 0.0f, {}});
+      result.failures.push_back(exec_failure{chunk.seq, ok.error().message});
+    } else {
+      for (int32_t i = 0; i < chunk.num_samples; i++)
+        samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position));
+    }
     last_sample_[chunk.seq] = samples.front().token;
     result.samples.push_back(std::move(samples));
   }

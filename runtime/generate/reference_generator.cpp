@@ -44,6 +44,7 @@ expected<generation> generate(model::transformer& model, const tokenizer& tok,
   while (static_cast<int32_t>(out.tokens.size()) < p.max_new_tokens) {
     const int32_t pos = static_cast<int32_t>(sequence.size()) - 1;
     model.forward({model::forward_row{sequence[pos], pos, table.data(), true}}, cache, logits);
+    if (auto ok = sampling::check_logits(logits.data(), c.vocab_size); !ok) return tl::unexpected(ok.error());
     const sampling::sample_result s = sampler.sample(logits.data(), c.vocab_size, p.sampling, p.seed, pos + 1);
     sequence.push_back(s.token);
     out.tokens.push_back(s.token);

@@ -38,6 +38,7 @@ using token_callback = std::function<void(int32_t token, const std::string& text
 [[nodiscard]] expected<void> validate(const generate_params& p, const model::model_config& c);
 
 /// Generates until max_new_tokens or an end-of-sequence token (EOS, or BOS as in llama2.c).
+/// Logits that cannot be sampled (sampling::check_logits) end it with errc::internal.
 [[nodiscard]] expected<generation> generate(model::transformer& model, const tokenizer& tok,
                                             const generate_params& p,
                                             const token_callback& on_token = {});

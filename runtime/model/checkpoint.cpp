@@ -5,15 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace troupe::model {
 namespace {
 
 constexpr int64_t header_bytes = 7 * sizeof(int32_t);
-// Far above any llama2.c-format model; keeps the size arithmetic below far from overflow.
-constexpr int32_t max_dimension = 1 << 20;
+constexpr int32_t max_dimension = header_value_max;
 
 /// Number of float32 weights the legacy format stores for `c` (freq_cis tables included).
 int64_t num_weight_floats(const model_config& c) {
@@ -32,6 +34,36 @@ int64_t num_weight_floats(const model_config& c) {
 }
 
 std::string where(const std::string& path) { return "model file '" + path + "': "; }
+
+/// Whether a float's exponent bits are all ones (NaN or an infinity). A bit test, so the scan
+/// below vectorizes and is not slowed by -ffast-math assumptions.
+bool non_finite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return (bits & 0x7f800000u) == 0x7f800000u;
+}
+
+/// Index of the first non-finite value in [p, p + count), or -1.
+int64_t first_non_finite(const float* p, int64_t count) {
+  constexpr int64_t block = 4096;
+  for (int64_t begin = 0; begin < count; begin += block) {
+    const int64_t end = std::min(count, begin + block);
+    bool any = false;
+    for (int64_t i = begin; i < end; i++) any |= non_finite(p[i]);
+    if (!any) continue;
+    for (int64_t i = begin; i < end; i++)
+      if (non_finite(p[i])) return i;
+  }
+  return -1;
+}
+
+/// One weight tensor: `num_layers` slices of `layer_size` floats (num_layers = 0: not per layer).
+struct tensor_view {
+  const char* name;
+  const float* data;
+  int64_t num_layers;
+  int64_t layer_size;
+};
 
 }  // namespace
 
@@ -75,7 +107,40 @@ expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
   return c;
 }
 
-expected<checkpoint> checkpoint::load(const std::string& path) {
+expected<void> check_finite(const checkpoint& ck) {
+  const model_config& c = ck.config();
+  const weights& w = ck.w();
+  const int64_t dim = c.dim, layers = c.n_layers, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  std::vector<tensor_view> tensors = {
+      {"token_embedding", w.token_embedding, 0, c.vocab_size * dim},
+      {"rms_att", w.rms_att, layers, dim},
+      {"wq", w.wq, layers, dim * dim},
+      {"wk", w.wk, layers, kv_dim * dim},
+      {"wv", w.wv, layers, kv_dim * dim},
+      {"wo", w.wo, layers, dim * dim},
+      {"rms_ffn", w.rms_ffn, layers, dim},
+      {"w1", w.w1, layers, hidden * dim},
+      {"w2", w.w2, layers, dim * hidden},
+      {"w3", w.w3, layers, hidden * dim},
+      {"rms_final", w.rms_final, 0, dim},
+  };
+  if (!c.shared_classifier) tensors.push_back({"wcls", w.wcls, 0, c.vocab_size * dim});
+  for (const tensor_view& t : tensors) {
+    const int64_t count = std::max<int64_t>(t.num_layers, 1) * t.layer_size;
+    const int64_t i = first_non_finite(t.data, count);
+    if (i < 0) continue;
+    const float v = t.data[i];
+    const std::string value = std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf";
+    const std::string at = t.num_layers > 0 ? "layer " + std::to_string(i / t.layer_size) + ", element " +
+                                                  std::to_string(i % t.layer_size)
+                                            : "element " + std::to_string(i);
+    return fail(errc::malformed_file, where(ck.path()) + "weight tensor " + t.name + " holds " + value + " (" +
+                                          at + "); the file is corrupt or the model diverged");
+  }
+  return {};
+}
+
+expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(errc::io_error, where(path) + "cannot open: " + std::strerror(errno));
   struct stat st {};
@@ -126,6 +191,9 @@ expected<checkpoint> checkpoint::load(const std::string& path) {
   take(static_cast<int64_t>(c.seq_len) * c.head_size());  // freq_cis_real/imag: RoPE is computed
   w.wcls = c.shared_classifier ? w.token_embedding : take(c.vocab_size * dim);
   ck.map_ = std::move(map);
+  if (options.check_finite) {
+    if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());
+  }
   return ck;
 }
 

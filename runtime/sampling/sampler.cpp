@@ -73,6 +73,22 @@ expected<void> validate(const sampling_params& params, int32_t vocab_size) {
   return {};
 }
 
+expected<void> check_logits(const float* logits, int32_t vocab_size) {
+  TROUPE_ASSERT(logits != nullptr);
+  TROUPE_ASSERT(vocab_size > 0);
+  bool any_finite = false;
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity()) {
+      return fail(errc::internal, std::string("the model computed a ") + (std::isnan(logits[i]) ? "NaN" : "+inf") +
+                                      " logit (token " + std::to_string(i) +
+                                      "): its weights or its arithmetic are broken");
+    }
+    any_finite |= std::isfinite(logits[i]);
+  }
+  if (!any_finite) return fail(errc::internal, "the model computed -inf for every logit: nothing can be sampled");
+  return {};
+}
+
 sample_result sampler::sample(const float* logits, int32_t vocab_size,
                               const sampling_params& params, uint64_t seed, int64_t position,
                               int k) {

@@ -36,6 +36,11 @@ struct sampling_params {
 /// Checks a request's parameters; the error names the parameter and the offending value.
 [[nodiscard]] expected<void> validate(const sampling_params& params, int32_t vocab_size);
 
+/// Whether a row of logits can be sampled: no NaN, no +inf, at least one finite value. Bad
+/// logits come from the model (poisoned weights, a numeric blow-up), not from the request, so the
+/// error is errc::internal, naming the first offending token.
+[[nodiscard]] expected<void> check_logits(const float* logits, int32_t vocab_size);
+
 /// A token and its log-probability.
 struct token_logprob {
   int32_t token;
@@ -56,7 +61,7 @@ struct sample_result {
 /// grown to the vocabulary size. The buffers carry no meaning between calls.
 class sampler {
  public:
-  /// Samples one token from `logits` (vocab_size floats; no NaN, no +inf, at least one finite).
+  /// Samples one token from `logits` (vocab_size floats that pass `check_logits`).
   ///
   /// `seed` is the request's seed, `position` the sequence position the sampled token will
   /// occupy, `k` the use of randomness at that position (`stream_sample`, `stream_resample`,

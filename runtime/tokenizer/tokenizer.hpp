@@ -97,6 +97,13 @@ class tokenizer {
   [[nodiscard]] std::int32_t eos_id() const { return eos; }
   [[nodiscard]] std::int32_t max_token_length() const { return max_token_length_; }
 
+  /// The most bytes of text that can encode into `num_tokens` tokens or fewer: every token
+  /// spells at most max_token_length bytes. Longer text needs more tokens, so a caller can refuse
+  /// it without encoding it (encoding costs memory in proportion to the text).
+  [[nodiscard]] std::int64_t max_text_bytes(std::int32_t num_tokens) const {
+    return static_cast<std::int64_t>(num_tokens) * max_token_length_;
+  }
+
   [[nodiscard]] bool is_valid_id(std::int32_t id) const { return id >= 0 && id < vocab_size(); }
   [[nodiscard]] static bool is_control(std::int32_t id) { return id >= 0 && id < first_byte_id; }
   [[nodiscard]] static bool is_byte(std::int32_t id) {

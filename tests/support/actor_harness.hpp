@@ -71,6 +71,7 @@ inline caf::actor spawn_balancer(caf::actor_system& sys, std::vector<caf::actor>
   o.engines = actors::mixed_engines(engines);
   for (size_t i = 0; i < kinds.size(); i++) o.engines.at(i).kind = kinds[i];
   o.tok = bundled_shared().tok;
+  o.context_tokens = bundled_shared().ck->config().seq_len;
   return actors::spawn_load_balancer(sys, std::move(o));
 }
 
