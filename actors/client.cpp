@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/cluster_messages.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -29,9 +30,13 @@ void done(client_t* self, const done_callback& on_done, const expected<completio
 
 caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::completion_request request,
                            chunk_callback on_chunk, done_callback on_done) {
-  self->request(load_balancer, caf::infinite, std::move(request))
+  // The request names this actor: the answer reaches it even when the balancer's node sees
+  // the message without a sender (msg::submit_completion says when CAF 0.17.6 does that).
+  msg::submit_completion submit{std::move(request), caf::actor_cast<caf::actor>(self)};
+  self->request(load_balancer, caf::infinite, std::move(submit))
       .then(
           [=](caf::actor& r) {
+            if (!r) return;  // nothing to watch or cancel; the stream still comes to this actor
             self->state.request = r;
             self->monitor(r);
             if (self->state.pending_cancel) self->send(r, *self->state.pending_cancel);
