@@ -6,8 +6,10 @@
 #include <string>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/cluster_messages.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -18,6 +20,7 @@ struct client_state {
   completion result;
   bool done = false;
   int64_t request_id = 0;  // from the first chunk (a cancel needs no exact id: its actor is the request)
+  bool has_request_id = false;
   // The current wait: silence past `deadline` ends the client with the error `bound`.
   std::optional<caf::actor_clock::time_point> deadline;  // none: no bound
   std::string bound;
@@ -81,14 +84,36 @@ void on_timeout(client_t* self, int64_t at, const done_callback& on_done) {
   done(self, on_done, fail(errc::unavailable, st.bound));
 }
 
+/// Whether a message for request `id` belongs to this client: the first one names the request,
+/// every later one must name the same (a misrouted message of another client's is dropped).
+bool own(client_t* self, int64_t id) {
+  client_state& st = self->state;
+  if (!st.has_request_id) {
+    st.has_request_id = true;
+    st.request_id = id;
+  }
+  if (id == st.request_id) return true;
+  spdlog::warn("client: dropped a message for request {} (this client's is {}): misrouted by CAF", id, st.request_id);
+  return false;
+}
+
+caf::result<caf::message> drop_foreign(caf::scheduled_actor*, caf::message_view& m) {
+  spdlog::debug("client: dropped an unexpected message {}", caf::to_string(m.copy_content_to_message()));
+  return caf::message{};
+}
+
 caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::completion_request request,
                            chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts) {
   expect_first(self, request, timeouts);
   const std::string idle_bound =
       "no token for " + ms(timeouts.between_tokens) + " after the last one (the between-tokens timeout)";
-  self->request(load_balancer, caf::infinite, std::move(request))
+  // The request names this actor: the answer reaches it even when the balancer's node sees
+  // the message without a sender (msg::submit_completion says when CAF 0.17.6 does that).
+  msg::submit_completion submit{std::move(request), caf::actor_cast<caf::actor>(self)};
+  self->request(load_balancer, caf::infinite, std::move(submit))
       .then(
           [=](caf::actor& r) {
+            if (!r) return;  // nothing to watch or cancel; the stream still comes to this actor
             self->state.request = r;
             self->monitor(r);
             if (self->state.pending_cancel) self->send(r, *self->state.pending_cancel);
@@ -102,9 +127,13 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
     const std::string why = "the request was lost: " + self->system().render(dm.reason);
     self->delayed_send(self, std::chrono::milliseconds(500), lost_atom::value, why);
   });
+  // CAF 0.17.6 can misroute a message meant for an actor of another process after a connection
+  // closes and its file descriptor is reused (see msg::submit_completion): such a message must
+  // neither reach stdout (the default handler prints it) nor join this completion.
+  self->set_default_handler(drop_foreign);
   return {
       [=](msg::completion_chunk& c) {
-        self->state.request_id = c.request_id;
+        if (!own(self, c.request_id)) return;
         expect_within(self, timeouts.between_tokens, idle_bound);
         completion& r = self->state.result;
         r.text += c.text;
@@ -113,10 +142,13 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
         if (on_chunk) on_chunk(c);
       },
       [=](msg::completion_end& e) {
+        if (!own(self, e.request_id)) return;
         self->state.result.end = e;
         done(self, on_done, self->state.result);
       },
-      [=](msg::completion_error& e) { done(self, on_done, fail(errc_from_string(e.code), e.message)); },
+      [=](msg::completion_error& e) {
+        if (own(self, e.request_id)) done(self, on_done, fail(errc_from_string(e.code), e.message));
+      },
       [=](lost_atom, const std::string& why) { done(self, on_done, fail(errc::internal, why)); },
       [=](timeout_atom, int64_t at) { on_timeout(self, at, on_done); },
       [=](msg::cancel_request& c) {

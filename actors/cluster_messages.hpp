@@ -11,9 +11,29 @@
 
 #include <caf/actor.hpp>
 
+#include "messages/client.hpp"
 #include "messages/engine.hpp"
 
 namespace troupe::msg {
+
+/// Client -> balancer: a completion request that names its client in the payload.
+///
+/// Why not only the message's sender: CAF 0.17.6's BASP broker can deliver a remote message
+/// with no sender. It keys its routing table by connection handle (the socket fd) and cleans a
+/// closed connection up later, through its message queue; when a new client's connection reuses
+/// the fd before that cleanup, the cleanup erases the new connection's fd -> node entry, and
+/// every later message on it is deserialized with last hop "none" (null sender proxy). A handle
+/// in the payload is deserialized with its own node id, and replies to it are routed by node,
+/// which that cleanup leaves intact.
+struct submit_completion {
+  completion_request request;
+  caf::actor reply_to;  ///< the client actor: chunks, the end or the error go here
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, submit_completion& x) {
+  return f(x.request, x.reply_to);
+}
 
 /// Request -> balancer: where should a request of this shape run? Answered with `placement`.
 struct place_request {

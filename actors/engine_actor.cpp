@@ -228,6 +228,12 @@ bool admit(engine_actor_t* self, const engine::request& r, const caf::actor& req
            bool samples = true) {
   engine_state& st = self->state;
   const engine::request_id id = r.id;
+  // Work nobody can receive (a remote message without its sender: see msg::submit_completion)
+  // is dropped before it takes a slot; monitor() on a null handle would crash.
+  if (!request_actor) {
+    spdlog::warn("engine: dropped request {}: it names no request actor to stream to", id);
+    return false;
+  }
   // Tokens delivered in one message at the end: room for all of them reserved now.
   const int32_t batch_tokens = samples && r.batch_tokens ? r.max_tokens : 0;
   if (st.core->num_waiting() >= st.options.max_waiting) {
@@ -269,6 +275,10 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   st.num_received++;
   const engine::request_id id = s.request.id;
   const caf::actor request_actor = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!s.decode) {
+    self->send(request_actor, msg::rejected{id, to_string(errc::invalid_argument), "a prefill request names no decode engine"});
+    return;
+  }
   if (admit(self, s.request, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); },
             /*samples=*/false))
     st.handoffs[id] = engine_state::handoff_target{std::move(s.decode), request_actor, std::move(s.kv_host), s.kv_port};

@@ -73,12 +73,12 @@ void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
   refresh(e);
 }
 
-caf::actor route(load_balancer_t* self, msg::completion_request& req) {
+caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor client) {
   load_balancer_state& st = self->state;
   const int64_t id = st.next_id++;
   request_options ro;
   ro.id = id;
-  ro.client = caf::actor_cast<caf::actor>(self->current_sender());
+  ro.client = std::move(client);
   ro.balancer = caf::actor_cast<caf::actor>(self);
   ro.tok = st.o.tok;
   ro.params = std::move(req);
@@ -91,12 +91,35 @@ caf::actor route(load_balancer_t* self, msg::completion_request& req) {
   return request;
 }
 
+/// Validates at the door: a request names the client that gets its answer (the handle in its
+/// payload, else its sender), or it is refused before anything is spawned or placed.
+///
+/// A remote message can arrive without a sender: CAF 0.17.6's BASP broker cleans a closed
+/// connection's routing entry up after the fact, by connection handle (the socket fd); when a
+/// new client's connection reused that fd in between, the cleanup erases the new connection's
+/// entry and its messages arrive with a null sender (msg::submit_completion has the details).
+/// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
+/// A refused request leaves nothing behind: no request actor, no placement, no engine work.
+caf::result<caf::actor> admit_request(load_balancer_t* self, msg::completion_request& req, caf::actor client) {
+  if (!client) {
+    spdlog::warn("load balancer: refused a completion request that names no client (no sender and no "
+                 "reply_to): nobody could receive its answer");
+    return caf::make_error(caf::sec::invalid_argument, "a completion request must name its client");
+  }
+  return route(self, req, std::move(client));
+}
+
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   load_balancer_state& st = self->state;
+  msg::placement out;
+  // A placement nobody can receive would count a request on an engine, never to end.
+  if (!self->current_sender()) {
+    out.error = "a place_request without a sender";
+    return out;
+  }
   std::vector<balance::engine_load> loads;
   for (const engine_entry& e : st.engines) loads.push_back(e.load);
   const int32_t tier = balance::tier_of(p.num_prompt_tokens, st.o.prefill_tier_bounds);
-  msg::placement out;
   auto chosen = balance::place(loads, st.tiers, tier, p.num_prompt_tokens);
   if (!chosen) {
     out.error = chosen.error().message;
@@ -196,7 +219,13 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
     self->send(self, heartbeat_atom::value);
   }
   return {
-      [=](msg::completion_request& req) { return route(self, req); },
+      [=](msg::submit_completion& s) {
+        caf::actor client = s.reply_to ? std::move(s.reply_to) : caf::actor_cast<caf::actor>(self->current_sender());
+        return admit_request(self, s.request, std::move(client));
+      },
+      [=](msg::completion_request& req) {
+        return admit_request(self, req, caf::actor_cast<caf::actor>(self->current_sender()));
+      },
       [=](const msg::place_request& p) { return place(self, p); },
       [=](const msg::load_report& r) {
         auto& engines = self->state.engines;

@@ -1,8 +1,10 @@
 #pragma once
 
 /// The load balancer: the routing entry point that clients talk to. For each
-/// `completion_request` it assigns an id and a seed (when the client gave none) and spawns the
-/// request actor on its own node, answering the client with that actor. The request actor
+/// `completion_request` (or `submit_completion`, which names its client in the payload) it
+/// assigns an id and a seed (when the client gave none) and spawns the request actor on its own
+/// node, answering the client with that actor. A request that names no client (no sender, no
+/// `reply_to`) is refused with a log line before anything is spawned. The request actor
 /// tokenizes the prompt and asks back where to run it (`place_request`); the answer follows
 /// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
 /// balanced on request count and KV tokens.

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/clock.hpp"
 #include "actors/cluster_messages.hpp"
@@ -128,6 +129,10 @@ void on_placement(request_actor_t* self, msg::placement p) {
     fail_request(self, "unavailable", p.error);
     return;
   }
+  if (!p.decode) {
+    fail_request(self, "unavailable", "the balancer's placement names no decode engine");
+    return;
+  }
   st.placed = std::move(p);
   const msg::placement& placed = st.placed;
   self->monitor(placed.decode);
@@ -209,6 +214,13 @@ void on_engine_lost(request_actor_t* self, const caf::actor_addr& engine, const 
 caf::behavior request_actor(request_actor_t* self, request_options options) {
   self->state.o = std::move(options);
   self->state.arrival = self->clock().now();
+  // The balancer refuses requests without a client; a null handle here would crash monitor()
+  // (CAF dereferences the null control block at offset 0x40), so it ends the request instead.
+  if (!self->state.o.client) {
+    spdlog::warn("request {}: no client to answer; dropped", self->state.o.id);
+    self->quit();
+    return {};
+  }
   self->monitor(self->state.o.client);
   self->set_down_handler([=](caf::down_msg& dm) {
     request_state& st = self->state;

@@ -24,6 +24,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::release>("troupe::release");
   cfg.add_message_type<msg::engine_report>("troupe::engine_report");
   cfg.add_message_type<msg::inject_failure>("troupe::inject_failure");
+  cfg.add_message_type<msg::submit_completion>("troupe::submit_completion");
   cfg.add_message_type<msg::place_request>("troupe::place_request");
   cfg.add_message_type<msg::placement>("troupe::placement");
   cfg.add_message_type<msg::submit_prefill>("troupe::submit_prefill");

@@ -603,6 +603,50 @@ TEST_F(ActorsDeterministic, TwoEnginesShareConcurrentRequestsAndSequentialOnesGo
   expect_engine_idle(1);
 }
 
+// ---- requests without a usable sender ------------------------------------------------------
+// CAF 0.17.6's BASP can deliver a remote message with no sender (msg::submit_completion says
+// when). Monitoring that null handle crashed the server; anon_send makes the same message here.
+
+TEST_F(ActorsDeterministic, RequestThatNamesNoClientIsRefusedAndLeavesNothing) {
+  start();
+  const msg::completion_request r = make_completion("Once upon a time", 20, 7, 0.0f);
+  caf::anon_send(lb_, r);
+  caf::anon_send(lb_, msg::submit_completion{r, caf::actor{}});
+  run_ticking();
+  expect_engine_idle();
+  EXPECT_EQ(report().num_generated_tokens, 0);
+  std::shared_ptr<client_log> log = submit(r);
+  run_ticking();
+  ASSERT_TRUE(log->outcome.has_value() && log->outcome->has_value());
+  expect_matches(log->outcome->value(), reference(oracle_, r), "after two refused requests");
+  EXPECT_EQ(log->outcome->value().end.request_id, 0) << "a refused request took no id";
+}
+
+TEST_F(ActorsDeterministic, EngineDropsWorkThatNamesNoRequestActor) {
+  start();
+  engine::request q;
+  q.id = 41;
+  q.prompt = {tokenizer::bos, 400, 401};
+  q.max_tokens = 8;
+  caf::anon_send(engines_[0], msg::submit{q});
+  q.id = 42;
+  caf::anon_send(engines_[0], msg::submit_prefill{q, engines_[0], "", 0});
+  q.id = 43;
+  caf::anon_send(engines_[0], msg::kv_handoff{q, caf::actor{}, {}, 0});
+  run_ticking();
+  expect_engine_idle();
+  EXPECT_EQ(report().num_generated_tokens, 0);
+}
+
+TEST_F(ActorsDeterministic, RequestForAClientAlreadyGoneLeavesNothing) {
+  start();
+  const caf::actor gone = sys_.spawn([](caf::event_based_actor*) {});  // no behaviour: it quits at once
+  sched_.run();
+  caf::anon_send(lb_, msg::submit_completion{make_completion("Once upon a time", 200, 7), gone});
+  run_ticking();
+  expect_engine_idle();
+}
+
 // ---- wire format ---------------------------------------------------------------------------
 
 /// Serializes `x` inside a caf::message (which needs its registered type name) and reads it back.
@@ -671,8 +715,8 @@ TEST_F(ActorsDeterministic, AClientGivesUpWhenTokensStopAndCancelsItsRequest) {
   // A balancer that answers with a request actor sending one chunk, then nothing.
   auto num_cancels = std::make_shared<int>(0);
   lb_ = sys_.spawn([num_cancels](caf::event_based_actor* self) -> caf::behavior {
-    return {[=](msg::completion_request&) {
-      const auto client = caf::actor_cast<caf::actor>(self->current_sender());
+    return {[=](msg::submit_completion& s) {
+      const caf::actor client = s.reply_to;
       return self->spawn([=](caf::event_based_actor* request) -> caf::behavior {
         request->send(client, msg::completion_chunk{4, "Once", {42}, {-0.5f}});
         return {[=](msg::cancel_request& c) {
