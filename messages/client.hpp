@@ -1,8 +1,9 @@
 #pragma once
 
 /// Client <-> load balancer / request protocol: a completion request in text, the streamed
-/// chunks, and its end or its error. Language-neutral fields only (strings, numbers), so the
-/// same structs can be mapped to msgpack for non-C++ clients.
+/// chunks, and its end or its error. Language-neutral fields only (strings, numbers), so a
+/// non-C++ protocol can carry the same structs (a msgpack mapping is planned, issue 13; today
+/// only CAF clients speak it).
 
 #include <cstdint>
 #include <string>

@@ -2,7 +2,7 @@
 
 /// Topology files: which nodes exist, where each node's actors are published, which engines
 /// run on which node, and where the load balancer lives. This header is plain data plus the
-/// parser's entry points; it knows nothing of CAF (placement and launching come later) and
+/// parser's entry points; it knows nothing of CAF (launching a node is in launch.hpp) and
 /// nothing of TOML (toml++ stays inside topology.cpp).
 ///
 /// Schema (full example and error list: docs/topology.md):

@@ -8,7 +8,7 @@
 /// llama2.c's `run.c`. The fast path vectorizes *across independent outputs* (8 output columns
 /// of a matmul per SIMD register; the element-wise loops), never across a reduction, so a row's
 /// result never depends on batch size, its position in the batch, how rows are grouped into
-/// register tiles, or (later) how many threads split the outputs. The build disables FMA
+/// register tiles, or how many threads split the outputs (thread_pool.hpp). The build disables FMA
 /// contraction (-ffp-contract=off), so reference and fast agree bit for bit on every machine and
 /// instruction set, which tests/kernels_test.cpp checks.
 

@@ -1,9 +1,9 @@
 #pragma once
 
 /// Request placement across engines: the load balancer's policy as a pure function of what it
-/// believes about each engine (DESIGN: "Request load balancing"; seed: prefill requests bucketed
-/// by context length into tiers, decode requests spread to balance both request count and total
-/// cache length).
+/// believes about each engine (the seed brief's "Request load balancing": prefill requests
+/// bucketed by context length into tiers, decode requests spread to balance both request count
+/// and total cache length). Prefix-cache affinity is not part of it.
 ///
 /// Prefill. Prompt lengths fall into tiers by `bounds` (N increasing bounds make N + 1 tiers;
 /// tier t holds prompts of at most bounds[t] tokens, the last tier the longer ones), so a short

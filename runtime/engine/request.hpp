@@ -1,8 +1,8 @@
 #pragma once
 
-/// What a client asks of an engine, and what it gets back, in tokens. Text handling (prompt
-/// encoding, chat templates) happens before; detokenization and stop strings are done here via
-/// `output_stream`.
+/// What a client asks of an engine, and what it gets back, in tokens. Prompt encoding happens
+/// before (chat templates are planned, issue 19); detokenization and stop strings are done here
+/// via `output_stream`.
 
 #include <cstdint>
 #include <string>

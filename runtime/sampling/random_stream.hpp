@@ -14,8 +14,9 @@
 
 namespace troupe::sampling {
 
-/// The use `k` of randomness at one position (DESIGN.md, sampling/).
+/// The use `k` of randomness at one position (docs/DESIGN.md, `sampling/`).
 inline constexpr int stream_sample = 0;       ///< an ordinary sample
+// k = 1 and 2 are reserved for speculative decoding (planned, issue 17): nothing draws them yet.
 inline constexpr int stream_resample = 1;     ///< resample after a rejected speculative draft
 inline constexpr int stream_accept_coin = 2;  ///< accept/reject coin of a speculative draft
 inline constexpr int num_stream_kinds = 3;

@@ -64,8 +64,9 @@ class sampler {
   /// Samples one token from `logits` (vocab_size floats that pass `check_logits`).
   ///
   /// `seed` is the request's seed, `position` the sequence position the sampled token will
-  /// occupy, `k` the use of randomness at that position (`stream_sample`, `stream_resample`,
-  /// `stream_accept_coin`). `params` must pass `validate`.
+  /// occupy, `k` the use of randomness at that position (`stream_sample`; `stream_resample` and
+  /// `stream_accept_coin` are reserved for speculative decoding, planned in issue 17). `params`
+  /// must pass `validate`.
   ///
   /// Pipeline: e_i = exp((l_i - l_max) / T), T = max(temperature, temperature_min), computed
   /// sequentially in index order; then top-k (the k largest logits, ties by lower id); then
