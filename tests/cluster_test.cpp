@@ -37,8 +37,8 @@ using namespace std::chrono_literals;
 class Cluster : public ::testing::Test {
  protected:
   fs::path dir_;
-  // Ports of this process's own (two cluster tests may run at once under ctest -j).
-  const int base_port_ = 42000 + (::getpid() % 2000) * 4;
+  // Node ports and UCX ports, from the kernel (two cluster tests may run at once under ctest -j).
+  const int ports_[6] = {free_port(), free_port(), free_port(), free_port(), free_port(), free_port()};
   std::vector<std::pair<std::string, process_guard>> nodes_;  // name, its process (group)
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
@@ -59,7 +59,8 @@ class Cluster : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  int port(int node) const { return base_port_ + node; }
+  int port(int node) const { return ports_[node]; }
+  int kv_port(int node) const { return ports_[3 + node]; }
 
   std::string topology(const std::string& kv_transfer) {
     const std::string models = TROUPE_MODELS_DIR;
@@ -68,7 +69,7 @@ class Cluster : public ::testing::Test {
     f << "[cluster]\nname = \"test\"\nkv_transfer = \"" << kv_transfer << "\"\n";
     for (int n = 0; n < 3; n++)
       f << "\n[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n)
-        << "\nkv_port = " << port(n) + 8000 << "\n";
+        << "\nkv_port = " << kv_port(n) << "\n";
     f << "\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n";
     const char* engines[][3] = {{"prefill0", "node0", "prefill"}, {"decode1", "node1", "decode"},
                                 {"decode2", "node2", "decode"}};

@@ -22,19 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-/// A port the kernel just gave out on 127.0.0.1 (free now; nothing reserves it).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 /// True once something accepts TCP connections on 127.0.0.1:`port`, trying for up to `bound`.
 bool listens_within(int port, std::chrono::milliseconds bound) {
   const auto deadline = std::chrono::steady_clock::now() + bound;

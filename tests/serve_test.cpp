@@ -73,8 +73,8 @@ class server_process {
 class Serve : public ::testing::Test {
  protected:
   fs::path dir_;
-  // A port of this process's own, away from the default 7100 a developer may be using.
-  const int port_ = 20000 + ::getpid() % 20000;
+  // A port from the kernel, away from the default 7100 a developer may be using.
+  const int port_ = testing::free_port();
 
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("troupe_serve_test_" + std::to_string(::getpid()));

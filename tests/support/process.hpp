@@ -5,9 +5,11 @@
 // background (a server, owned by a process_guard so that no test leaves one running).
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,6 +74,20 @@ inline pid_t spawn_program(const std::string& program, const std::vector<std::st
   }
   ::setpgid(pid, pid);  // also here, so a kill of the group right after this cannot miss it
   return pid;
+}
+
+/// A port the kernel just gave out on 127.0.0.1 for bind(port 0), closed again: free now (a
+/// program started next can take it), outside any range a test derives from its pid.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 /// Whether process `pid` (any process, not only a child of ours) has ended within `bound`.
