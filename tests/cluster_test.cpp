@@ -122,6 +122,47 @@ class Cluster : public ::testing::Test {
     return 0;
   }
 
+  /// Streams `requests`; once each has produced a token sends node2 `signal` (a kill, a
+  /// freeze); returns every outcome (within a 2-minute hang guard).
+  std::vector<expected<actors::completion>> streams_with_node2_disturbed(
+      const std::vector<msg::completion_request>& requests, int signal) {
+    struct progress {  // shared with the clients: they may outlive this call if it gives up
+      std::mutex mutex;
+      std::condition_variable cv;
+      std::vector<size_t> num_tokens;
+      std::vector<std::optional<expected<actors::completion>>> outcomes;
+    };
+    auto p = std::make_shared<progress>();
+    p->num_tokens.resize(requests.size());
+    p->outcomes.resize(requests.size());
+    for (size_t i = 0; i < requests.size(); i++)
+      actors::spawn_client(
+          *sys_, lb_, requests[i],
+          [p, i](const msg::completion_chunk& c) {
+            std::lock_guard<std::mutex> lock(p->mutex);
+            p->num_tokens[i] += c.tokens.size();
+            p->cv.notify_all();
+          },
+          [p, i](const expected<actors::completion>& o) {
+            std::lock_guard<std::mutex> lock(p->mutex);
+            p->outcomes[i] = o;
+            p->cv.notify_all();
+          });
+    std::unique_lock<std::mutex> lock(p->mutex);
+    const bool all_started = p->cv.wait_for(lock, 60s, [&] {
+      return std::all_of(p->num_tokens.begin(), p->num_tokens.end(), [](size_t n) { return n > 0; });
+    });
+    EXPECT_TRUE(all_started) << "not every request produced a token";
+    EXPECT_EQ(::kill(pid_of("node2"), signal), 0);
+    const bool all_ended = p->cv.wait_for(lock, 120s, [&] {
+      return std::all_of(p->outcomes.begin(), p->outcomes.end(), [](const auto& o) { return o.has_value(); });
+    });
+    EXPECT_TRUE(all_ended) << "requests hang after node2 got signal " << signal;
+    std::vector<expected<actors::completion>> out;
+    for (auto& o : p->outcomes) out.push_back(o.value_or(fail(errc::internal, "hung")));
+    return out;
+  }
+
   std::vector<msg::engine_report> reports() {
     caf::scoped_actor self{*sys_};
     std::vector<caf::actor> engines;
@@ -223,43 +264,10 @@ TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt)
     requests.push_back(make_completion(story_window(i), 400, 500 + i, 1.0f, 0.9f));
     requests.back().ignore_eos = true;
   }
-  auto mutex = std::make_shared<std::mutex>();
-  auto cv = std::make_shared<std::condition_variable>();
-  std::vector<size_t> num_tokens(requests.size(), 0);
-  std::vector<std::optional<expected<actors::completion>>> outcomes(requests.size());
-  for (size_t i = 0; i < requests.size(); i++)
-    actors::spawn_client(
-        *sys_, lb_, requests[i],
-        [=, &num_tokens](const msg::completion_chunk& c) {
-          std::lock_guard<std::mutex> lock(*mutex);
-          num_tokens[i] += c.tokens.size();
-          cv->notify_all();
-        },
-        [=, &outcomes](const expected<actors::completion>& o) {
-          std::lock_guard<std::mutex> lock(*mutex);
-          outcomes[i] = o;
-          cv->notify_all();
-        });
-  {
-    std::unique_lock<std::mutex> lock(*mutex);
-    ASSERT_TRUE(cv->wait_for(lock, 60s, [&] {
-      for (size_t n : num_tokens)
-        if (n == 0) return false;
-      return true;
-    }));
-  }
-  ASSERT_EQ(::kill(pid_of("node2"), SIGKILL), 0);
-  {
-    std::unique_lock<std::mutex> lock(*mutex);
-    ASSERT_TRUE(cv->wait_for(lock, 120s, [&] {
-      for (const auto& o : outcomes)
-        if (!o) return false;
-      return true;
-    })) << "requests hang after a node died";
-  }
+  const auto outcomes = streams_with_node2_disturbed(requests, SIGKILL);
   size_t num_failed = 0;
   for (size_t i = 0; i < requests.size(); i++) {
-    const expected<actors::completion>& o = *outcomes[i];
+    const expected<actors::completion>& o = outcomes[i];
     if (o) {
       expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
       continue;
@@ -293,43 +301,10 @@ TEST_F(Cluster, FreezingADecodeNodeFailsItsRequestsWithinTheHeartbeatBound) {
     requests.push_back(make_completion(story_window(i), 400, 900 + i, 1.0f, 0.9f));
     requests.back().ignore_eos = true;
   }
-  auto mutex = std::make_shared<std::mutex>();
-  auto cv = std::make_shared<std::condition_variable>();
-  std::vector<size_t> num_tokens(requests.size(), 0);
-  std::vector<std::optional<expected<actors::completion>>> outcomes(requests.size());
-  for (size_t i = 0; i < requests.size(); i++)
-    actors::spawn_client(
-        *sys_, lb_, requests[i],
-        [=, &num_tokens](const msg::completion_chunk& c) {
-          std::lock_guard<std::mutex> lock(*mutex);
-          num_tokens[i] += c.tokens.size();
-          cv->notify_all();
-        },
-        [=, &outcomes](const expected<actors::completion>& o) {
-          std::lock_guard<std::mutex> lock(*mutex);
-          outcomes[i] = o;
-          cv->notify_all();
-        });
-  {
-    std::unique_lock<std::mutex> lock(*mutex);
-    ASSERT_TRUE(cv->wait_for(lock, 60s, [&] {
-      for (size_t n : num_tokens)
-        if (n == 0) return false;
-      return true;
-    }));
-  }
-  ASSERT_EQ(::kill(pid_of("node2"), SIGSTOP), 0);
-  {
-    std::unique_lock<std::mutex> lock(*mutex);
-    ASSERT_TRUE(cv->wait_for(lock, 120s, [&] {
-      for (const auto& o : outcomes)
-        if (!o) return false;
-      return true;
-    })) << "requests hang on a frozen node";
-  }
+  const auto outcomes = streams_with_node2_disturbed(requests, SIGSTOP);
   size_t num_failed = 0;
   for (size_t i = 0; i < requests.size(); i++) {
-    const expected<actors::completion>& o = *outcomes[i];
+    const expected<actors::completion>& o = outcomes[i];
     if (o) {
       expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
       continue;
