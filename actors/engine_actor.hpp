@@ -1,9 +1,12 @@
 #pragma once
 
-/// The engine actor: one replica's scheduler. It owns a runtime engine_core (requests,
-/// scheduler, block manager), feeds its step executor with at most two plans in flight — step
-/// N+1 is planned and sent while N runs, so scheduling hides behind execution — and streams each
-/// new token to its request actor.
+/// The engine actor: one replica's scheduler. It is a dispatcher over an engine::engine_host
+/// (runtime/engine/engine_host.hpp), which owns the engine_core and every decision below: each
+/// handler turns a message into a host call and performs the effects it returns, in order. The
+/// actor keeps only actor handles (request actors by request id, decode engines, the executor,
+/// the balancer), its monitors, and the UCX send/receive plumbing. The executor gets at most two
+/// plans in flight — step N+1 is planned and sent while N runs, so scheduling hides behind
+/// execution — and each new token is streamed to its request actor.
 ///
 /// Disaggregation: a prefill engine takes `submit_prefill`, computes the prompt's KV (all but
 /// the last token), tells the request actor (`prefilled`) and sends the request with its KV
