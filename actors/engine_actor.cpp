@@ -71,7 +71,9 @@ void executor_failed(engine_actor_t* self, int64_t generation, const caf::error&
 void send_plan(engine_actor_t* self, engine::send_plan& p) {
   const int64_t generation = p.generation;
   self->request(self->state.executor, caf::infinite, std::move(p.plan))
-      .then([=](engine::exec_result& r) { perform(self, self->state.host->on_step_result(generation, std::move(r), now_ns(self))); },
+      .then([=](engine::exec_result& r) {
+              perform(self, self->state.host->on_step_result(generation, std::move(r), now_ns(self)));
+            },
             [=](caf::error& err) { executor_failed(self, generation, err); });
 }
 
@@ -96,47 +98,51 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   self->send(self->state.decodes.at(h.decode), std::move(m));
 }
 
-void send_batch(engine_actor_t* self, engine::token_batch& b) {
-  self->send(client_of(self, b.request),
-             msg::sampled_batch{b.request, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs),
-                                std::move(b.age_ns), engine::to_string(b.finish), b.num_cached_tokens,
-                                b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns});
-}
-
-/// Performs the host's effects in order; `caller` is the actor the current call came from.
-void perform(engine_actor_t* self, engine::effects fx, const caf::actor& caller) {
-  engine_state& st = self->state;
-  for (engine::effect& e : fx) {
-    if (auto* p = std::get_if<engine::send_plan>(&e)) {
-      send_plan(self, *p);
-    } else if (auto* t = std::get_if<engine::send_token>(&e)) {
-      const engine::sample_event& s = t->event;
-      self->send(client_of(self, s.request),
-                 msg::sampled{s.request, s.sample_index, s.sample.token, s.sample.logprob, s.sample.top_logprobs,
-                              engine::to_string(s.finish), s.num_cached_tokens, s.num_preemptions,
-                              s.num_recomputed_tokens, t->scheduled_at_ns});
-    } else if (auto* b = std::get_if<engine::send_batch>(&e)) {
-      send_batch(self, b->batch);
-    } else if (auto* r = std::get_if<engine::reject>(&e)) {
-      if (!r->to_caller) spdlog::error("engine: request {} failed: {}", r->id, r->message);
-      self->send(r->to_caller ? caller : client_of(self, r->id), msg::rejected{r->id, to_string(r->code), r->message});
-    } else if (auto* w = std::get_if<engine::watch_caller>(&e)) {
-      st.clients[w->id] = caller;
-      st.request_of_actor[caller.address()] = w->id;
-      self->monitor(caller);
-    } else if (auto* h = std::get_if<engine::hand_off>(&e)) {
-      hand_off(self, *h);
-    } else if (auto* l = std::get_if<engine::report_load>(&e)) {
-      self->send(st.balancer, msg::load_report{l->engine_index, l->num_received, l->num_requests, l->num_kv_tokens,
-                                               l->num_queued_prefill_tokens});
-    } else if (auto* a = std::get_if<engine::arm_report_timer>(&e)) {
-      self->delayed_send(self, caf::timespan{a->delay_ns}, report_atom::value);
-    } else if (std::holds_alternative<engine::restart_executor>(e)) {
-      self->demonitor(st.executor);
-      self->send_exit(st.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
-      start_executor(self);
-    }
+/// Performs one effect of the host; `caller` is the actor the current call came from.
+struct performer {
+  engine_actor_t* self;
+  const caf::actor& caller;
+  void operator()(engine::send_plan& p) const { send_plan(self, p); }
+  void operator()(engine::send_token& t) const {
+    engine::sample_event& s = t.event;
+    self->send(client_of(self, s.request),
+               msg::sampled{s.request, s.sample_index, s.sample.token, s.sample.logprob,
+                            std::move(s.sample.top_logprobs), engine::to_string(s.finish), s.num_cached_tokens,
+                            s.num_preemptions, s.num_recomputed_tokens, t.scheduled_at_ns});
   }
+  void operator()(engine::send_batch& e) const {
+    engine::token_batch& b = e.batch;
+    self->send(client_of(self, b.request),
+               msg::sampled_batch{b.request, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs),
+                                  std::move(b.age_ns), engine::to_string(b.finish), b.num_cached_tokens,
+                                  b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns});
+  }
+  void operator()(engine::reject& r) const {
+    if (!r.to_caller) spdlog::error("engine: request {} failed: {}", r.id, r.message);
+    self->send(r.to_caller ? caller : client_of(self, r.id), msg::rejected{r.id, to_string(r.code), r.message});
+  }
+  void operator()(engine::watch_caller& w) const {
+    self->state.clients[w.id] = caller;
+    self->state.request_of_actor[caller.address()] = w.id;
+    self->monitor(caller);
+  }
+  void operator()(engine::hand_off& h) const { hand_off(self, h); }
+  void operator()(engine::report_load& l) const {
+    self->send(self->state.balancer, msg::load_report{l.engine_index, l.num_received, l.num_requests,
+                                                      l.num_kv_tokens, l.num_queued_prefill_tokens});
+  }
+  void operator()(engine::arm_report_timer& a) const {
+    self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);
+  }
+  void operator()(engine::restart_executor&) const {
+    self->demonitor(self->state.executor);
+    self->send_exit(self->state.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
+    start_executor(self);
+  }
+};
+
+void perform(engine_actor_t* self, engine::effects fx, const caf::actor& caller) {
+  for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
 }
 
 /// Work nobody can receive (a remote message without its sender: see msg::submit_completion)
@@ -157,7 +163,8 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
     decode = static_cast<engine::peer_id>(it - st.decodes.begin());
     if (it == st.decodes.end()) st.decodes.push_back(s.decode);
   }
-  return perform(self, st.host->submit_prefill(std::move(s.request), decode, std::move(s.kv_host), s.kv_port, now_ns(self)),
+  const int64_t now = now_ns(self);
+  return perform(self, st.host->submit_prefill(std::move(s.request), decode, std::move(s.kv_host), s.kv_port, now),
                  caller);
 }
 
@@ -169,7 +176,8 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<
     return;
   }
   if (!validate_caller(h.request_actor, h.request.id)) return;
-  perform(self, self->state.host->import(std::move(h.request), payload->request_id, std::move(payload->kv), now_ns(self)),
+  const int64_t now = now_ns(self);
+  perform(self, self->state.host->import(std::move(h.request), payload->request_id, std::move(payload->kv), now),
           h.request_actor);
 }
 
@@ -247,6 +255,7 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
       [=](msg::kv_arrived& a) { on_kv_arrived(self, a); },
       [=](msg::release& r) { perform(self, self->state.host->release(r.request_id, now_ns(self))); },
       [=](msg::report_to& r) {
+        if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)
         self->state.balancer = std::move(r.balancer);
         const int64_t interval_ns = int64_t{std::max(1, r.interval_ms)} * 1000000;
         perform(self, self->state.host->report_to(r.engine_index, interval_ns, now_ns(self)));
@@ -270,27 +279,29 @@ expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& 
   if (!o.step_log.empty()) {  // the executor opens it again; fail here, where it can be reported
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{std::fopen(o.step_log.c_str(), "a"), &std::fclose};
     if (!log)
-      return fail(errc::io_error, "step_log '" + o.step_log + "' cannot be opened for appending: " + std::strerror(errno));
+      return fail(errc::io_error,
+                  "step_log '" + o.step_log + "' cannot be opened for appending: " + std::strerror(errno));
   }
   return sys.spawn(engine_actor, std::move(o));
 }
 
-expected<msg::engine_report> query_engine(caf::actor_system& sys, const caf::actor& engine) {
+/// Asks `engine` with `atom` and waits for its answer of type T.
+template <class T, class Atom>
+expected<T> ask(caf::actor_system& sys, const caf::actor& engine, Atom atom) {
   caf::scoped_actor self{sys};
-  expected<msg::engine_report> out = fail(errc::internal, "no answer");
-  self->request(engine, std::chrono::seconds(30), stats_atom::value)
-      .receive([&](msg::engine_report& r) { out = r; },
+  expected<T> out = fail(errc::internal, "no answer");
+  self->request(engine, std::chrono::seconds(30), atom)
+      .receive([&](T& answer) { out = std::move(answer); },
                [&](caf::error& e) { out = fail(errc::internal, "engine query failed: " + sys.render(e)); });
   return out;
 }
 
+expected<msg::engine_report> query_engine(caf::actor_system& sys, const caf::actor& engine) {
+  return ask<msg::engine_report>(sys, engine, stats_atom::value);
+}
+
 expected<caf::actor> query_executor(caf::actor_system& sys, const caf::actor& engine) {
-  caf::scoped_actor self{sys};
-  expected<caf::actor> out = fail(errc::internal, "no answer");
-  self->request(engine, std::chrono::seconds(30), executor_atom::value)
-      .receive([&](caf::actor& a) { out = a; },
-               [&](caf::error& e) { out = fail(errc::internal, "engine query failed: " + sys.render(e)); });
-  return out;
+  return ask<caf::actor>(sys, engine, executor_atom::value);
 }
 
 }  // namespace troupe::actors

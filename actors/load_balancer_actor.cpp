@@ -160,9 +160,9 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
       },
       [=](const msg::place_request& p) { return place(self, p); },
       [=](const msg::load_report& r) {
-        (void)self->state.host->on_report(r.engine_index,
-                                          {r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens},
-                                          ns_since_epoch(self->clock().now()));
+        const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens,
+                                            r.num_queued_prefill_tokens};
+        (void)self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()));
       },
       [=](heartbeat_atom) { on_heartbeat(self); },
       [=](engines_atom) {

@@ -28,9 +28,12 @@ std::string describe(const effects& fx) {
         << t.event.num_preemptions << " recomputed " << t.event.num_recomputed_tokens << " sched " << t.scheduled_at_ns
         << ")";
     }
-    void operator()(const send_batch& b) { o << "batch(r" << b.batch.request << ", " << b.batch.tokens.size() << " tokens)"; }
+    void operator()(const send_batch& b) {
+      o << "batch(r" << b.batch.request << ", " << b.batch.tokens.size() << " tokens)";
+    }
     void operator()(const reject& r) {
-      o << "reject(r" << r.id << " " << to_string(r.code) << " '" << r.message << "'" << (r.to_caller ? " to caller" : "") << ")";
+      o << "reject(r" << r.id << " " << to_string(r.code) << " '" << r.message << "'"
+        << (r.to_caller ? " to caller" : "") << ")";
     }
     void operator()(const watch_caller& w) { o << "watch(r" << w.id << ")"; }
     void operator()(const hand_off& h) {
@@ -240,7 +243,8 @@ TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
   // Reporting starts with a report.
   EXPECT_EFFECTS(host->report_to(3, 1000, 0), (effects{report_load{3, 0, 0, 0, 0}}));
   // A change inside the interval arms one timer for the rest of it; more changes arm nothing.
-  EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 2), 400)), (effects{watch_caller{1}, arm_report_timer{600}}));
+  EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 2), 400)),
+                 (effects{watch_caller{1}, arm_report_timer{600}}));
   EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(2, 2), 500)), (effects{watch_caller{2}}));
   // The timer reports: 2 received, 2 live, r1's 2 blocks of 4 tokens, r2's 5 prompt tokens
   // queued (r1's two steps are in flight).

@@ -209,19 +209,20 @@ effects engine_host::report_timer(int64_t now_ns) {
 }
 
 /// One sampled token: sent now, or added to a batched request's tokens (sent with the last).
-void engine_host::on_sample(const sample_event& e, effects& out, int64_t now_ns) {
-  auto it = requests_.find(e.request);
+void engine_host::on_sample(sample_event&& e, effects& out, int64_t now_ns) {
+  const request_id id = e.request;
+  auto it = requests_.find(id);
   if (it == requests_.end()) return;
   live_request& live = it->second;
   if (!live.batch) {
-    out.push_back(send_token{e, live.scheduled_at_ns});
+    out.push_back(send_token{std::move(e), live.scheduled_at_ns});
   } else {
     TROUPE_ASSERT_MSG(e.sample_index == 0, "batched requests have one sample");
     token_batch& b = live.tokens;
     b.request = e.request;
     b.tokens.push_back(e.sample.token);
     b.logprobs.push_back(e.sample.logprob);
-    b.top_logprobs.push_back(e.sample.top_logprobs);
+    b.top_logprobs.push_back(std::move(e.sample.top_logprobs));
     b.age_ns.push_back(now_ns);
     if (e.finish != finish_reason::none) {
       for (int64_t& t : b.age_ns) t = now_ns - t;
@@ -233,7 +234,7 @@ void engine_host::on_sample(const sample_event& e, effects& out, int64_t now_ns)
       out.push_back(send_batch{std::move(b)});
     }
   }
-  if (!core_->contains(e.request)) requests_.erase(it);
+  if (!core_->contains(id)) requests_.erase(it);
 }
 
 /// Ships each finished prefill's request and KV to its decode engine.
@@ -253,7 +254,9 @@ void engine_host::hand_off_prefilled(effects& out) {
 effects engine_host::on_step_result(int64_t generation, exec_result result, int64_t now_ns) {
   effects out;
   if (generation != generation_) return out;  // a failed executor's late reply
-  for (const sample_event& e : core_->complete_step(std::move(result))) on_sample(e, out, now_ns);
+  std::vector<sample_event> events = core_->complete_step(std::move(result));
+  out.reserve(events.size() + 4);  // an effect per token, and a few more: one allocation per step
+  for (sample_event& e : events) on_sample(std::move(e), out, now_ns);
   for (failed_request& f : core_->take_failed()) {
     if (!requests_.count(f.id)) continue;
     out.push_back(reject{f.id, f.reason.code, std::move(f.reason.message), false});

@@ -207,7 +207,7 @@ class engine_host {
   void kick(effects& out, int64_t now_ns);
   void note_change(effects& out, int64_t now_ns);
   void send_report(effects& out, int64_t now_ns);
-  void on_sample(const sample_event& e, effects& out, int64_t now_ns);
+  void on_sample(sample_event&& e, effects& out, int64_t now_ns);
   void hand_off_prefilled(effects& out);
   void drop(request_id id, effects& out, int64_t now_ns);
 
