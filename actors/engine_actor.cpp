@@ -115,15 +115,15 @@ void hand_off(engine_actor_t* self) {
     st.handoffs.erase(it);
     st.requests.erase(id);
     msg::kv_handoff h{std::move(p.req), target.request_actor, msg::encode_kv_payload(id, p.kv), 0};
-    if (st.options.ucx) {
-      h.ucx_tag = st.options.ucx_tag_base + st.next_ucx_tag++;
+    if (st.options.kv_sender) {
+      h.ucx_tag = st.options.kv_tag_base + st.next_ucx_tag++;
       const caf::actor request_actor = target.request_actor;
       const std::string to = target.kv_host + ":" + std::to_string(target.kv_port);
-      st.options.ucx->send(target.kv_host, target.kv_port, h.ucx_tag, std::move(h.payload),
+      st.options.kv_sender->send(target.kv_host, target.kv_port, h.ucx_tag, std::move(h.payload),
                            [request_actor, id, to](expected<void> done) {
                              // On the UCX progress thread: anon_send is thread-safe.
                              if (done) return;
-                             caf::anon_send(request_actor, msg::rejected{id, "unavailable",
+                             caf::anon_send(request_actor, msg::rejected{id, errc::unavailable,
                                                                          "KV transfer to " + to + " failed: " +
                                                                              done.error().message});
                            });
@@ -146,7 +146,7 @@ void collect(engine_actor_t* self, engine_state::live_request& live, const engin
   b.age_ns.push_back(now);
   if (e.finish == engine::finish_reason::none) return;
   for (int64_t& t : b.age_ns) t = now - t;
-  b.finish = engine::to_string(e.finish);
+  b.finish = e.finish;
   b.num_cached_tokens = e.num_cached_tokens;
   b.num_preemptions = e.num_preemptions;
   b.num_recomputed_tokens = e.num_recomputed_tokens;
@@ -164,7 +164,7 @@ void on_result(engine_actor_t* self, engine::exec_result& result) {
       collect(self, live, e);
     } else {
       self->send(live.actor, msg::sampled{e.request, e.sample_index, e.sample.token, e.sample.logprob,
-                                          e.sample.top_logprobs, engine::to_string(e.finish), e.num_cached_tokens,
+                                          e.sample.top_logprobs, e.finish, e.num_cached_tokens,
                                           e.num_preemptions, e.num_recomputed_tokens, live.scheduled_at_ns});
     }
     if (!st.core->contains(e.request)) st.requests.erase(it);
@@ -173,7 +173,7 @@ void on_result(engine_actor_t* self, engine::exec_result& result) {
     auto it = st.requests.find(f.id);
     if (it == st.requests.end()) continue;
     spdlog::error("engine: request {} failed: {}", f.id, f.reason.message);
-    self->send(it->second.actor, msg::rejected{f.id, to_string(f.reason.code), f.reason.message});
+    self->send(it->second.actor, msg::rejected{f.id, f.reason.code, f.reason.message});
     st.handoffs.erase(f.id);
     st.requests.erase(it);
   }
@@ -191,7 +191,7 @@ void executor_failed(engine_actor_t* self, const caf::error& reason) {
   st.report.num_executor_failures++;
   const std::string why = "step executor failed: " + self->system().render(reason);
   spdlog::error("engine: {}; failing {} request(s)", why, st.requests.size());
-  for (const auto& [id, request] : st.requests) self->send(request.actor, msg::rejected{id, "internal", why});
+  for (const auto& [id, request] : st.requests) self->send(request.actor, msg::rejected{id, errc::internal, why});
   st.requests.clear();
   st.handoffs.clear();
   st.core = make_core(st.options);
@@ -237,13 +237,13 @@ bool admit(engine_actor_t* self, const engine::request& r, const caf::actor& req
   // Tokens delivered in one message at the end: room for all of them reserved now.
   const int32_t batch_tokens = samples && r.batch_tokens ? r.max_tokens : 0;
   if (st.core->num_waiting() >= st.options.max_waiting) {
-    self->send(request_actor, msg::rejected{id, "overloaded", "the engine's waiting queue is full (" +
+    self->send(request_actor, msg::rejected{id, errc::overloaded, "the engine's waiting queue is full (" +
                                                                   std::to_string(st.options.max_waiting) +
                                                                   " requests); retry later"});
     return false;
   }
   if (auto ok = add(); !ok) {
-    self->send(request_actor, msg::rejected{id, to_string(ok.error().code), ok.error().message});
+    self->send(request_actor, msg::rejected{id, ok.error().code, ok.error().message});
     return false;
   }
   engine_state::live_request& live =
@@ -276,7 +276,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   const engine::request_id id = s.request.id;
   const caf::actor request_actor = caf::actor_cast<caf::actor>(self->current_sender());
   if (!s.decode) {
-    self->send(request_actor, msg::rejected{id, to_string(errc::invalid_argument), "a prefill request names no decode engine"});
+    self->send(request_actor, msg::rejected{id, errc::invalid_argument, "a prefill request names no decode engine"});
     return;
   }
   if (admit(self, s.request, request_actor, [&] { return st.core->add_prefill(std::move(s.request)); },
@@ -292,7 +292,7 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<
     payload = fail(errc::invalid_argument, "a KV payload for request " + std::to_string(payload->request_id) +
                                                " arrived for request " + std::to_string(id));
   if (!payload) {
-    self->send(h.request_actor, msg::rejected{id, to_string(payload.error().code), payload.error().message});
+    self->send(h.request_actor, msg::rejected{id, payload.error().code, payload.error().message});
     return;
   }
   admit(self, h.request, h.request_actor,
@@ -306,15 +306,15 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
     accept_handoff(self, h, h.payload);
     return;
   }
-  if (!st.options.ucx) {
-    self->send(h.request_actor, msg::rejected{h.request.id, "internal",
+  if (!st.options.kv_sender) {
+    self->send(h.request_actor, msg::rejected{h.request.id, errc::internal,
                                               "KV sent over UCX to an engine without a UCX transport"});
     return;
   }
   const uint64_t tag = h.ucx_tag;
   st.awaiting_kv.emplace(tag, std::move(h));
   const caf::actor me = caf::actor_cast<caf::actor>(self);
-  st.options.ucx->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
+  st.options.kv_sender->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
     // On the UCX progress thread: anon_send is thread-safe.
     if (bytes)
       caf::anon_send(me, msg::kv_arrived{tag, std::move(*bytes), {}});
@@ -330,7 +330,7 @@ void on_kv_arrived(engine_actor_t* self, msg::kv_arrived& a) {
   msg::kv_handoff h = std::move(it->second);
   st.awaiting_kv.erase(it);
   if (!a.error.empty()) {
-    self->send(h.request_actor, msg::rejected{h.request.id, "unavailable", "KV transfer failed: " + a.error});
+    self->send(h.request_actor, msg::rejected{h.request.id, errc::unavailable, "KV transfer failed: " + a.error});
     return;
   }
   accept_handoff(self, h, a.bytes);

@@ -71,7 +71,7 @@ int run_client(const client_options& o) {
   if (!out) return fail_with(out.error());
   std::fputs("\n", stdout);
   spdlog::info("seed {}; {} prompt + {} tokens, finish {}; TTFT {:.2f} ms, E2E {:.2f} ms", out->end.seed,
-               out->end.num_prompt_tokens, out->end.num_generated_tokens, out->end.finish_reason,
+               out->end.num_prompt_tokens, out->end.num_generated_tokens, engine::to_string(out->end.finish_reason),
                out->end.ttft_ns / 1e6, out->end.e2e_ns / 1e6);
   return 0;
 }

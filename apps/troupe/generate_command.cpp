@@ -71,7 +71,7 @@ int run_actors(const generate_options& o) {
   print("\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("seed {}; {} tokens, finish {}; TTFT {:.2f} ms; {:.1f} tok/s", out->end.seed,
-               out->end.num_generated_tokens, out->end.finish_reason, out->end.ttft_ns / 1e6,
+               out->end.num_generated_tokens, engine::to_string(out->end.finish_reason), out->end.ttft_ns / 1e6,
                out->end.num_generated_tokens / seconds);
   return 0;
 }
