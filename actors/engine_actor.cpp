@@ -35,7 +35,7 @@ using engine_actor_t = caf::stateful_actor<engine_state>;
 
 engine::engine_host_options host_options(const engine_options& o) {
   return {o.checkpoint ? o.checkpoint->config() : o.model, o.bos_id, o.eos_id, o.config, o.max_waiting,
-          o.check_invariants_every, o.ucx != nullptr, o.ucx_tag_base};
+          o.check_invariants_every, o.kv_sender != nullptr, o.kv_tag_base};
 }
 
 int64_t now_ns(engine_actor_t* self) { return ns_since_epoch(self->clock().now()); }
@@ -84,11 +84,11 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   msg::kv_handoff m{std::move(h.prefilled.req), request_actor, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
   if (h.ucx_tag != 0) {
     const std::string to = h.kv_host + ":" + std::to_string(h.kv_port);
-    self->state.options.ucx->send(h.kv_host, h.kv_port, h.ucx_tag, std::move(m.payload),
+    self->state.options.kv_sender->send(h.kv_host, h.kv_port, h.ucx_tag, std::move(m.payload),
                                   [request_actor, id, to](expected<void> done) {
                                     // On the UCX progress thread: anon_send is thread-safe.
                                     if (done) return;
-                                    caf::anon_send(request_actor, msg::rejected{id, "unavailable",
+                                    caf::anon_send(request_actor, msg::rejected{id, errc::unavailable,
                                                                                 "KV transfer to " + to + " failed: " +
                                                                                     done.error().message});
                                   });
@@ -107,19 +107,19 @@ struct performer {
     engine::sample_event& s = t.event;
     self->send(client_of(self, s.request),
                msg::sampled{s.request, s.sample_index, s.sample.token, s.sample.logprob,
-                            std::move(s.sample.top_logprobs), engine::to_string(s.finish), s.num_cached_tokens,
+                            std::move(s.sample.top_logprobs), s.finish, s.num_cached_tokens,
                             s.num_preemptions, s.num_recomputed_tokens, t.scheduled_at_ns});
   }
   void operator()(engine::send_batch& e) const {
     engine::token_batch& b = e.batch;
     self->send(client_of(self, b.request),
                msg::sampled_batch{b.request, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs),
-                                  std::move(b.age_ns), engine::to_string(b.finish), b.num_cached_tokens,
+                                  std::move(b.age_ns), b.finish, b.num_cached_tokens,
                                   b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns});
   }
   void operator()(engine::reject& r) const {
     if (!r.to_caller) spdlog::error("engine: request {} failed: {}", r.id, r.message);
-    self->send(r.to_caller ? caller : client_of(self, r.id), msg::rejected{r.id, to_string(r.code), r.message});
+    self->send(r.to_caller ? caller : client_of(self, r.id), msg::rejected{r.id, r.code, r.message});
   }
   void operator()(engine::watch_caller& w) const {
     self->state.clients[w.id] = caller;
@@ -172,7 +172,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
 void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<uint8_t>& bytes) {
   auto payload = msg::decode_kv_payload(bytes);
   if (!payload) {
-    self->send(h.request_actor, msg::rejected{h.request.id, to_string(payload.error().code), payload.error().message});
+    self->send(h.request_actor, msg::rejected{h.request.id, payload.error().code, payload.error().message});
     return;
   }
   if (!validate_caller(h.request_actor, h.request.id)) return;
@@ -185,15 +185,15 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   engine_state& st = self->state;
   st.host->note_received();
   if (h.ucx_tag == 0) return accept_handoff(self, h, h.payload);
-  if (!st.options.ucx) {
-    self->send(h.request_actor, msg::rejected{h.request.id, "internal",
+  if (!st.options.kv_sender) {
+    self->send(h.request_actor, msg::rejected{h.request.id, errc::internal,
                                               "KV sent over UCX to an engine without a UCX transport"});
     return;
   }
   const uint64_t tag = h.ucx_tag;
   st.awaiting_kv.emplace(tag, std::move(h));
   const caf::actor me = caf::actor_cast<caf::actor>(self);
-  st.options.ucx->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
+  st.options.kv_sender->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
     // On the UCX progress thread: anon_send is thread-safe.
     if (bytes)
       caf::anon_send(me, msg::kv_arrived{tag, std::move(*bytes), {}});
@@ -209,7 +209,7 @@ void on_kv_arrived(engine_actor_t* self, msg::kv_arrived& a) {
   msg::kv_handoff h = std::move(it->second);
   st.awaiting_kv.erase(it);
   if (!a.error.empty()) {
-    self->send(h.request_actor, msg::rejected{h.request.id, "unavailable", "KV transfer failed: " + a.error});
+    self->send(h.request_actor, msg::rejected{h.request.id, errc::unavailable, "KV transfer failed: " + a.error});
     return;
   }
   accept_handoff(self, h, a.bytes);

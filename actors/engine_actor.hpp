@@ -29,7 +29,7 @@
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/engine_core.hpp"
-#include "transport/ucx_transport.hpp"
+#include "transport/kv_sender.hpp"
 
 namespace troupe::actors {
 
@@ -50,11 +50,11 @@ struct engine_options {
   int32_t executor_threads = 1;     ///< kernel threads of the step executor
   std::string step_log;             ///< the executor logs every step here (calibration); "" = off
   bool detached_executor = true;    ///< false under the deterministic test scheduler
-  /// Disaggregation: with a UCX transport, prefilled KV is sent over it (tags start at
-  /// `ucx_tag_base`, which must be unique per engine in the cluster) and received from it;
-  /// without one, KV travels inside the CAF handoff message.
-  std::shared_ptr<transport::ucx_transport> ucx;
-  uint64_t ucx_tag_base = 0;
+  /// Disaggregation: with a KV transport (UCX, wired in by topology/launch), prefilled KV is
+  /// sent over it (tags start at `kv_tag_base`, which must be unique per engine in the cluster)
+  /// and received from it; without one, KV travels inside the CAF handoff message.
+  std::shared_ptr<transport::kv_sender> kv_sender;
+  uint64_t kv_tag_base = 0;
 };
 
 /// Spawns an engine and its executor. Fails (as a value) if the options are invalid or the
@@ -64,7 +64,7 @@ struct engine_options {
 /// Blocking query of an engine's counters (tests, benchmarks, `troupe serve` on exit).
 [[nodiscard]] expected<msg::engine_report> query_engine(caf::actor_system& sys, const caf::actor& engine);
 
-/// The engine's current executor (tests inject failures into it).
+/// The engine's current executor (tests send it commands when they plugged in their own).
 [[nodiscard]] expected<caf::actor> query_executor(caf::actor_system& sys, const caf::actor& engine);
 
 }  // namespace troupe::actors

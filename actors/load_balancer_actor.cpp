@@ -31,12 +31,13 @@ using load_balancer_t = caf::stateful_actor<load_balancer_state>;
 
 std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
 
-caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor client) {
+caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor client, uint64_t stream) {
   load_balancer_state& st = self->state;
   const int64_t id = st.next_id++;
   request_options ro;
   ro.id = id;
   ro.client = std::move(client);
+  ro.stream = stream;
   ro.balancer = caf::actor_cast<caf::actor>(self);
   ro.tok = st.o.tok;
   ro.params = std::move(req);
@@ -58,13 +59,14 @@ caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor
 /// entry and its messages arrive with a null sender (msg::submit_completion has the details).
 /// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
 /// A refused request leaves nothing behind: no request actor, no placement, no engine work.
-caf::result<caf::actor> admit_request(load_balancer_t* self, msg::completion_request& req, caf::actor client) {
+caf::result<caf::actor> admit_request(load_balancer_t* self, msg::completion_request& req, caf::actor client,
+                                      uint64_t stream = 0) {
   if (!client) {
     spdlog::warn("load balancer: refused a completion request that names no client (no sender and no "
                  "reply_to): nobody could receive its answer");
     return caf::make_error(caf::sec::invalid_argument, "a completion request must name its client");
   }
-  return route(self, req, std::move(client));
+  return route(self, req, std::move(client), stream);
 }
 
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
@@ -153,7 +155,7 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
   return {
       [=](msg::submit_completion& s) {
         caf::actor client = s.reply_to ? std::move(s.reply_to) : caf::actor_cast<caf::actor>(self->current_sender());
-        return admit_request(self, s.request, std::move(client));
+        return admit_request(self, s.request, std::move(client), s.stream);
       },
       [=](msg::completion_request& req) {
         return admit_request(self, req, caf::actor_cast<caf::actor>(self->current_sender()));
