@@ -10,7 +10,6 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;        ///< -> msg::e
 using executor_atom = caf::atom_constant<caf::atom("executor")>;  ///< -> the current executor
 using engines_atom = caf::atom_constant<caf::atom("engines")>;    ///< -> std::vector<caf::actor>
 using report_atom = caf::atom_constant<caf::atom("report")>;    ///< an engine's load report is due
-using lost_atom = caf::atom_constant<caf::atom("lost")>;          ///< a grace period ran out
 using ping_atom = caf::atom_constant<caf::atom("ping")>;          ///< -> pong_atom: are you alive?
 using pong_atom = caf::atom_constant<caf::atom("pong")>;          ///< the answer to ping_atom
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;  ///< time to ping every peer

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <future>
+#include <map>
 #include <optional>
+#include <random>
 #include <string>
 
 #include <caf/all.hpp>
@@ -19,11 +21,22 @@ struct client_state {
   std::optional<msg::cancel_request> pending_cancel;  // a cancel that came before the request actor
   completion result;
   bool done = false;
+  uint64_t stream = 0;     // this client's stream id, drawn at start (submit_completion::stream)
   int64_t request_id = 0;  // from the first chunk (a cancel needs no exact id: its actor is the request)
   bool has_request_id = false;
+  // Chunks are delivered in sequence order: `next_chunk` is the next one due, `early` holds
+  // those that overtook it (across nodes, CAF may deliver out of order).
+  int32_t next_chunk = 0;
+  std::map<int32_t, msg::completion_chunk> early;
+  // The end or error once it arrived, and how many chunks it says were sent before it.
+  std::optional<expected<msg::completion_end>> ending;
+  int32_t num_chunks = 0;
+  // Set when the request actor went down before its end: the bound then names the loss.
+  std::optional<std::string> lost;
   // The current wait: silence past `deadline` ends the client with the error `bound`.
   std::optional<caf::actor_clock::time_point> deadline;  // none: no bound
   std::string bound;
+  errc bound_code = errc::unavailable;
   // A pending timer fires at `timer_at` <= deadline (others, later, may be pending too).
   std::optional<caf::actor_clock::time_point> timer_at;
   static inline const char* name = "client";
@@ -45,10 +58,12 @@ void arm_timer(client_t* self, caf::actor_clock::time_point at) {
   self->delayed_send(self, at - self->clock().now(), timeout_atom::value, at.time_since_epoch().count());
 }
 
-/// From now on, silence longer than `allowed` (zero: no bound) ends the client with the error `bound`.
-void expect_within(client_t* self, caf::timespan allowed, std::string bound) {
+/// From now on, silence longer than `allowed` (zero: no bound) ends the client with the error
+/// `bound` (of class `code`).
+void expect_within(client_t* self, caf::timespan allowed, std::string bound, errc code = errc::unavailable) {
   client_state& st = self->state;
   st.bound = std::move(bound);
+  st.bound_code = code;
   st.deadline.reset();
   if (allowed.count() == 0) return;
   st.deadline = self->clock().now() + allowed;
@@ -81,25 +96,106 @@ void on_timeout(client_t* self, int64_t at, const done_callback& on_done) {
     return;
   }
   if (st.request) self->send(st.request, msg::cancel_request{st.request_id});
-  done(self, on_done, fail(errc::unavailable, st.bound));
+  done(self, on_done, fail(st.bound_code, st.bound));
 }
 
-/// Whether a message for request `id` belongs to this client: the first one names the request,
-/// every later one must name the same (a misrouted message of another client's is dropped).
-bool own(client_t* self, int64_t id) {
+/// A random, non-zero stream id: only this client's request stamps it on its messages.
+uint64_t draw_stream_id() {
+  std::random_device device;
+  const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return id != 0 ? id : 1;
+}
+
+/// Whether a message of `stream` for request `id` belongs to this client: a message CAF
+/// misrouted from another client's request carries another stream id (or none) and is dropped.
+bool own(client_t* self, uint64_t stream, int64_t id) {
   client_state& st = self->state;
+  if (stream != st.stream) {
+    spdlog::warn("client: dropped a message of request {} on another client's stream: misrouted by CAF", id);
+    return false;
+  }
   if (!st.has_request_id) {
     st.has_request_id = true;
     st.request_id = id;
   }
-  if (id == st.request_id) return true;
-  spdlog::warn("client: dropped a message for request {} (this client's is {}): misrouted by CAF", id, st.request_id);
-  return false;
+  return true;
 }
 
 caf::result<caf::message> drop_foreign(caf::scheduled_actor*, caf::message_view& m) {
   spdlog::debug("client: dropped an unexpected message {}", caf::to_string(m.copy_content_to_message()));
   return caf::message{};
+}
+
+/// Appends a chunk (the next one in sequence) to the completion.
+void deliver(client_t* self, const msg::completion_chunk& c, const chunk_callback& on_chunk) {
+  completion& r = self->state.result;
+  r.text += c.text;
+  r.tokens.insert(r.tokens.end(), c.tokens.begin(), c.tokens.end());
+  r.logprobs.insert(r.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+  if (on_chunk) on_chunk(c);
+}
+
+/// Takes chunk `c` in: delivers it and every early one it unblocks, in sequence order. A
+/// duplicate, or one past the count the end announced, is dropped.
+void on_chunk_arrived(client_t* self, msg::completion_chunk& c, const chunk_callback& on_chunk) {
+  client_state& st = self->state;
+  const bool past_end = st.ending && c.sequence >= st.num_chunks;
+  if (c.sequence < st.next_chunk || past_end || st.early.count(c.sequence) != 0) {
+    spdlog::warn("client: dropped chunk {} of request {} (next due {}): a duplicate or past the end", c.sequence,
+                 c.request_id, st.next_chunk);
+    return;
+  }
+  st.early.emplace(c.sequence, std::move(c));
+  for (auto it = st.early.begin(); it != st.early.end() && it->first == st.next_chunk; it = st.early.erase(it)) {
+    deliver(self, it->second, on_chunk);
+    st.next_chunk++;
+  }
+}
+
+/// Ends the client once the end (or error) arrived and every chunk it counts was delivered;
+/// else keeps waiting for the missing ones, bounded by the between-tokens timeout.
+void finish_when_complete(client_t* self, const done_callback& on_done, std::chrono::milliseconds between_tokens) {
+  client_state& st = self->state;
+  if (!st.ending) return;
+  if (st.next_chunk >= st.num_chunks) {
+    if (!*st.ending) {
+      done(self, on_done, tl::unexpected(st.ending->error()));
+      return;
+    }
+    st.result.end = **st.ending;
+    done(self, on_done, st.result);
+    return;
+  }
+  expect_within(self, between_tokens,
+                "the stream ended after " + std::to_string(st.num_chunks) + " chunks but only " +
+                    std::to_string(st.next_chunk) + " arrived in order within " + ms(between_tokens) +
+                    " (the between-tokens timeout)",
+                errc::internal);
+}
+
+/// The request's end or error arrived: checks what another process sent before trusting it.
+void on_ending(client_t* self, expected<msg::completion_end> outcome, int32_t num_chunks) {
+  client_state& st = self->state;
+  const int32_t seen = st.early.empty() ? st.next_chunk : st.early.rbegin()->first + 1;
+  if (num_chunks < seen)
+    outcome = fail(errc::internal, "the stream's end counts " + std::to_string(num_chunks) + " chunks but chunk " +
+                                       std::to_string(seen - 1) + " arrived");
+  st.ending = std::move(outcome);
+  st.num_chunks = std::max(num_chunks, seen);
+}
+
+expected<msg::completion_end> outcome_of(const msg::completion_end& e) {
+  if (!is_valid(e.finish_reason) || e.finish_reason == engine::finish_reason::none)
+    return fail(errc::internal, "the stream ended with an unknown finish reason " +
+                                    std::to_string(static_cast<int>(e.finish_reason)));
+  return e;
+}
+
+expected<msg::completion_end> outcome_of(const msg::completion_error& e) {
+  if (!is_valid(e.code))
+    return fail(errc::internal, "the request failed with an unknown error code " +
+                                    std::to_string(static_cast<int>(e.code)) + ": " + e.message);
+  return fail(e.code, e.message);
 }
 
 caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::completion_request request,
@@ -109,7 +205,8 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
       "no token for " + ms(timeouts.between_tokens) + " after the last one (the between-tokens timeout)";
   // The request names this actor: the answer reaches it even when the balancer's node sees
   // the message without a sender (msg::submit_completion says when CAF 0.17.6 does that).
-  msg::submit_completion submit{std::move(request), caf::actor_cast<caf::actor>(self)};
+  self->state.stream = draw_stream_id();
+  msg::submit_completion submit{std::move(request), caf::actor_cast<caf::actor>(self), self->state.stream};
   self->request(load_balancer, caf::infinite, std::move(submit))
       .then(
           [=](caf::actor& r) {
@@ -123,9 +220,17 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
           });
   self->set_down_handler([=](caf::down_msg& dm) {
     // Across nodes the request actor's down message can overtake its last messages (CAF's
-    // middleman delivers them through different paths): give them a moment before failing.
+    // middleman delivers them through different paths). Before its end arrived, the stream is
+    // incomplete by protocol: wait for the end under the between-tokens bound (none: nothing
+    // can overtake in one process, the simulator's case, so the request is lost now).
+    if (self->state.ending) return;  // already waiting for counted chunks
     const std::string why = "the request was lost: " + self->system().render(dm.reason);
-    self->delayed_send(self, std::chrono::milliseconds(500), lost_atom::value, why);
+    if (timeouts.between_tokens.count() == 0) {
+      done(self, on_done, fail(errc::internal, why));
+      return;
+    }
+    self->state.lost = why + " (its end did not arrive within " + ms(timeouts.between_tokens) + ")";
+    expect_within(self, timeouts.between_tokens, *self->state.lost, errc::internal);
   });
   // CAF 0.17.6 can misroute a message meant for an actor of another process after a connection
   // closes and its file descriptor is reused (see msg::submit_completion): such a message must
@@ -133,23 +238,25 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
   self->set_default_handler(drop_foreign);
   return {
       [=](msg::completion_chunk& c) {
-        if (!own(self, c.request_id)) return;
-        expect_within(self, timeouts.between_tokens, idle_bound);
-        completion& r = self->state.result;
-        r.text += c.text;
-        r.tokens.insert(r.tokens.end(), c.tokens.begin(), c.tokens.end());
-        r.logprobs.insert(r.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
-        if (on_chunk) on_chunk(c);
+        if (!own(self, c.stream, c.request_id)) return;
+        client_state& st = self->state;
+        if (st.lost && !st.ending)
+          expect_within(self, timeouts.between_tokens, *st.lost, errc::internal);
+        else if (!st.ending)
+          expect_within(self, timeouts.between_tokens, idle_bound);
+        on_chunk_arrived(self, c, on_chunk);
+        finish_when_complete(self, on_done, timeouts.between_tokens);
       },
       [=](msg::completion_end& e) {
-        if (!own(self, e.request_id)) return;
-        self->state.result.end = e;
-        done(self, on_done, self->state.result);
+        if (!own(self, e.stream, e.request_id) || self->state.ending) return;
+        on_ending(self, outcome_of(e), e.num_chunks);
+        finish_when_complete(self, on_done, timeouts.between_tokens);
       },
       [=](msg::completion_error& e) {
-        if (own(self, e.request_id)) done(self, on_done, fail(errc_from_string(e.code), e.message));
+        if (!own(self, e.stream, e.request_id) || self->state.ending) return;
+        on_ending(self, outcome_of(e), e.num_chunks);
+        finish_when_complete(self, on_done, timeouts.between_tokens);
       },
-      [=](lost_atom, const std::string& why) { done(self, on_done, fail(errc::internal, why)); },
       [=](timeout_atom, int64_t at) { on_timeout(self, at, on_done); },
       [=](msg::cancel_request& c) {
         if (self->state.request)
@@ -161,14 +268,6 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
 }
 
 }  // namespace
-
-errc errc_from_string(const std::string& code) {
-  for (errc c : {errc::invalid_argument, errc::malformed_file, errc::io_error, errc::invalid_utf8,
-                 errc::too_long, errc::not_found, errc::overloaded, errc::cancelled, errc::unavailable,
-                 errc::internal})
-    if (code == to_string(c)) return c;
-  return errc::internal;
-}
 
 caf::actor spawn_client(caf::actor_system& sys, caf::actor load_balancer, msg::completion_request request,
                         chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts) {

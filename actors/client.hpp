@@ -58,7 +58,4 @@ caf::actor spawn_client(caf::actor_system& sys, caf::actor load_balancer, msg::c
                                             const chunk_callback& on_chunk = {},
                                             const client_timeouts& timeouts = {});
 
-/// The errc a `completion_error.code` names; `internal` for unknown names.
-[[nodiscard]] errc errc_from_string(const std::string& code);
-
 }  // namespace troupe::actors

@@ -28,11 +28,14 @@ namespace troupe::msg {
 struct submit_completion {
   completion_request request;
   caf::actor reply_to;  ///< the client actor: chunks, the end or the error go here
+  /// Drawn by the client and stamped on every chunk, end and error of this completion: the
+  /// same race can deliver another client's message to this one, which it then recognizes.
+  uint64_t stream = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_completion& x) {
-  return f(x.request, x.reply_to);
+  return f(x.request, x.reply_to, x.stream);
 }
 
 /// Request -> balancer: where should a request of this shape run? Answered with `placement`.

@@ -1,9 +1,12 @@
 #pragma once
 
-/// The engine actor: one replica's scheduler. It owns a runtime engine_core (requests,
-/// scheduler, block manager), feeds its step executor with at most two plans in flight — step
-/// N+1 is planned and sent while N runs, so scheduling hides behind execution — and streams each
-/// new token to its request actor.
+/// The engine actor: one replica's scheduler. It is a dispatcher over an engine::engine_host
+/// (runtime/engine/engine_host.hpp), which owns the engine_core and every decision below: each
+/// handler turns a message into a host call and performs the effects it returns, in order. The
+/// actor keeps only actor handles (request actors by request id, decode engines, the executor,
+/// the balancer), its monitors, and the UCX send/receive plumbing. The executor gets at most two
+/// plans in flight — step N+1 is planned and sent while N runs, so scheduling hides behind
+/// execution — and each new token is streamed to its request actor.
 ///
 /// Disaggregation: a prefill engine takes `submit_prefill`, computes the prompt's KV (all but
 /// the last token), tells the request actor (`prefilled`) and sends the request with its KV
@@ -26,7 +29,7 @@
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/engine_core.hpp"
-#include "transport/ucx_transport.hpp"
+#include "transport/kv_sender.hpp"
 
 namespace troupe::actors {
 
@@ -47,11 +50,11 @@ struct engine_options {
   int32_t executor_threads = 1;     ///< kernel threads of the step executor
   std::string step_log;             ///< the executor logs every step here (calibration); "" = off
   bool detached_executor = true;    ///< false under the deterministic test scheduler
-  /// Disaggregation: with a UCX transport, prefilled KV is sent over it (tags start at
-  /// `ucx_tag_base`, which must be unique per engine in the cluster) and received from it;
-  /// without one, KV travels inside the CAF handoff message.
-  std::shared_ptr<transport::ucx_transport> ucx;
-  uint64_t ucx_tag_base = 0;
+  /// Disaggregation: with a KV transport (UCX, wired in by topology/launch), prefilled KV is
+  /// sent over it (tags start at `kv_tag_base`, which must be unique per engine in the cluster)
+  /// and received from it; without one, KV travels inside the CAF handoff message.
+  std::shared_ptr<transport::kv_sender> kv_sender;
+  uint64_t kv_tag_base = 0;
 };
 
 /// Spawns an engine and its executor. Fails (as a value) if the options are invalid or the
@@ -61,7 +64,7 @@ struct engine_options {
 /// Blocking query of an engine's counters (tests, benchmarks, `troupe serve` on exit).
 [[nodiscard]] expected<msg::engine_report> query_engine(caf::actor_system& sys, const caf::actor& engine);
 
-/// The engine's current executor (tests inject failures into it).
+/// The engine's current executor (tests send it commands when they plugged in their own).
 [[nodiscard]] expected<caf::actor> query_executor(caf::actor_system& sys, const caf::actor& engine);
 
 }  // namespace troupe::actors

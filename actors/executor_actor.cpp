@@ -16,7 +16,6 @@ namespace {
 struct executor_state {
   std::unique_ptr<kernels::cpu::thread_pool> pool;  // declared first: outlives the executor
   std::unique_ptr<engine::step_executor> executor;
-  std::string failure;  // a failure injected for tests: the next plan fails with it
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_log{nullptr, &std::fclose};
   static inline const char* name = "step_executor";
 };
@@ -36,12 +35,6 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, caf::act
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         executor_state& s = self->state;
-        if (!s.failure.empty()) {
-          // A crashed executor: its KV memory is gone, so it stops for good.
-          auto err = caf::make_error(caf::sec::runtime_error, s.failure);
-          self->quit(err);
-          return err;
-        }
         if (!s.step_log) return s.executor->execute(plan);
         // The wall clock is read here, in the actor layer, only to log calibration samples. The
         // result is sent inside the timed span: sending it is part of what each step costs the
@@ -54,7 +47,6 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, caf::act
         std::fflush(s.step_log.get());  // complete lines even if the process is killed
         return promise;
       },
-      [=](msg::inject_failure& f) { self->state.failure = f.reason; },
   };
 }
 

@@ -1,6 +1,5 @@
 #include "actors/load_balancer_actor.hpp"
 
-#include <deque>
 #include <map>
 #include <optional>
 
@@ -12,42 +11,19 @@
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
 #include "actors/cluster_messages.hpp"
-#include "runtime/balance/liveness.hpp"
+#include "runtime/balance/balancer_host.hpp"
 #include "runtime/engine/request.hpp"
 
 namespace troupe::actors {
 namespace {
 
-/// Work placed on an engine that its last load report does not include yet.
-struct unseen_work {
-  int64_t number = 0;  // the engine's n-th received message (submit, prefill or handoff)
-  int64_t kv_tokens = 0;
-  int64_t prefill_tokens = 0;
-};
-
-struct engine_entry {
-  balanced_engine spec;
-  balance::engine_load load;
-  msg::load_report report;        // the latest
-  int64_t num_sent = 0;           // work items placed on it
-  std::deque<unseen_work> unseen;
-  int64_t unseen_kv_tokens = 0;       // Σ unseen
-  int64_t unseen_prefill_tokens = 0;  // Σ unseen
-};
-
-/// The engines a live request actor was placed on.
-struct routed_request {
-  size_t decode = 0;
-  std::optional<size_t> prefill;
-};
-
+/// Actor handles only: the bookkeeping is the host's (runtime/balance/balancer_host.hpp).
 struct load_balancer_state {
   load_balancer_options o;
-  std::vector<engine_entry> engines;
-  std::vector<std::vector<bool>> tiers;       // balance::assign_tiers over the prefill engines
+  std::optional<balance::balancer_host> host;
   int64_t next_id = 0;
-  std::map<caf::actor_addr, routed_request> routed;  // live request actor -> its engines
-  std::optional<balance::liveness> liveness;  // with a heartbeat: who stopped answering
+  std::map<caf::actor_addr, balance::request_key> placed;  // live request actor -> its key in the host
+  balance::request_key next_key = 0;
   static inline const char* name = "load_balancer";
 };
 
@@ -55,30 +31,13 @@ using load_balancer_t = caf::stateful_actor<load_balancer_state>;
 
 std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
 
-/// Recomputes an engine's token estimates: the last report plus what it has not seen.
-void refresh(engine_entry& e) {
-  while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) {
-    e.unseen_kv_tokens -= e.unseen.front().kv_tokens;
-    e.unseen_prefill_tokens -= e.unseen.front().prefill_tokens;
-    e.unseen.pop_front();
-  }
-  e.load.num_kv_tokens = e.report.num_kv_tokens + e.unseen_kv_tokens;
-  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens + e.unseen_prefill_tokens;
-}
-
-void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
-  e.unseen.push_back(unseen_work{++e.num_sent, kv_tokens, prefill_tokens});
-  e.unseen_kv_tokens += kv_tokens;
-  e.unseen_prefill_tokens += prefill_tokens;
-  refresh(e);
-}
-
-caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor client) {
+caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor client, uint64_t stream) {
   load_balancer_state& st = self->state;
   const int64_t id = st.next_id++;
   request_options ro;
   ro.id = id;
   ro.client = std::move(client);
+  ro.stream = stream;
   ro.balancer = caf::actor_cast<caf::actor>(self);
   ro.tok = st.o.tok;
   ro.params = std::move(req);
@@ -100,13 +59,14 @@ caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor
 /// entry and its messages arrive with a null sender (msg::submit_completion has the details).
 /// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
 /// A refused request leaves nothing behind: no request actor, no placement, no engine work.
-caf::result<caf::actor> admit_request(load_balancer_t* self, msg::completion_request& req, caf::actor client) {
+caf::result<caf::actor> admit_request(load_balancer_t* self, msg::completion_request& req, caf::actor client,
+                                      uint64_t stream = 0) {
   if (!client) {
     spdlog::warn("load balancer: refused a completion request that names no client (no sender and no "
                  "reply_to): nobody could receive its answer");
     return caf::make_error(caf::sec::invalid_argument, "a completion request must name its client");
   }
-  return route(self, req, std::move(client));
+  return route(self, req, std::move(client), stream);
 }
 
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
@@ -117,75 +77,59 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.error = "a place_request without a sender";
     return out;
   }
-  std::vector<balance::engine_load> loads;
-  for (const engine_entry& e : st.engines) loads.push_back(e.load);
-  const int32_t tier = balance::tier_of(p.num_prompt_tokens, st.o.prefill_tier_bounds);
-  auto chosen = balance::place(loads, st.tiers, tier, p.num_prompt_tokens);
+  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  const balance::request_key key = st.placed.count(sender) ? st.placed.at(sender) : st.next_key;
+  auto chosen = st.host->place(key, p.num_prompt_tokens);
   if (!chosen) {
     out.error = chosen.error().message;
-    for (const engine_entry& e : st.engines)
-      if (!e.load.alive) out.error += "; " + where(e.spec) + " is lost";
     return out;
   }
-  engine_entry& d = st.engines[chosen->decode];
-  out.decode = d.spec.actor;
-  out.decode_name = where(d.spec);
-  out.kv_host = d.spec.kv_host;
-  out.kv_port = d.spec.kv_port;
-  d.load.num_requests++;
-  routed_request& routed = st.routed[caf::actor_cast<caf::actor_addr>(self->current_sender())];
-  routed.decode = chosen->decode;
-  routed.prefill = chosen->prefill;
-  const int64_t tokens = p.num_prompt_tokens;
+  if (key == st.next_key) st.placed.emplace(sender, st.next_key++);
+  const balanced_engine& d = st.o.engines[chosen->decode];
+  out.decode = d.actor;
+  out.decode_name = where(d);
+  out.kv_host = d.kv_host;
+  out.kv_port = d.kv_port;
   if (chosen->prefill) {
-    engine_entry& pe = st.engines[*chosen->prefill];
-    out.prefill = pe.spec.actor;
-    out.prefill_name = where(pe.spec);
-    charge(pe, 0, tokens - 1);
-    charge(d, tokens, 0);
-  } else {
-    charge(d, tokens, tokens);
+    out.prefill = st.o.engines[*chosen->prefill].actor;
+    out.prefill_name = where(st.o.engines[*chosen->prefill]);
   }
   return out;
 }
 
-/// Engine `index` is lost (`why`): it gets no new work, and every request placed on it is told.
-void mark_lost(load_balancer_t* self, size_t index, const std::string& why) {
-  load_balancer_state& st = self->state;
-  engine_entry& e = st.engines[index];
-  if (!e.load.alive) return;
-  e.load.alive = false;
-  if (st.liveness) st.liveness->mark_lost(index);
-  spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e.spec), why);
-  for (const auto& [addr, placed] : st.routed) {
-    if (placed.decode != index && placed.prefill != index) continue;
-    if (auto request = caf::actor_cast<caf::actor>(addr)) self->send(request, msg::engine_lost{e.spec.actor, why});
+/// Engine `index` was just lost (`why`): every request placed on it is told.
+void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
+  const balanced_engine& e = self->state.o.engines[index];
+  spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e), why);
+  for (const auto& [addr, key] : self->state.placed) {
+    if (!self->state.host->placed_on(key, index)) continue;
+    if (auto request = caf::actor_cast<caf::actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
   }
 }
 
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
-  if (auto it = st.routed.find(dm.source); it != st.routed.end()) {
-    st.engines[it->second.decode].load.num_requests--;
-    st.routed.erase(it);
+  if (auto it = st.placed.find(dm.source); it != st.placed.end()) {
+    st.host->request_ended(it->second);
+    st.placed.erase(it);
     return;
   }
-  for (size_t i = 0; i < st.engines.size(); i++)
-    if (st.engines[i].spec.actor.address() == dm.source) mark_lost(self, i, self->system().render(dm.reason));
+  for (size_t i = 0; i < st.o.engines.size(); i++)
+    if (st.o.engines[i].actor.address() == dm.source && st.host->mark_lost(i))
+      tell_lost(self, i, self->system().render(dm.reason));
 }
 
 /// One heartbeat: engines silent past the timeout are lost; every live one is pinged again.
 void on_heartbeat(load_balancer_t* self) {
   load_balancer_state& st = self->state;
-  const int64_t now_ns = ns_since_epoch(self->clock().now());
-  for (size_t i : st.liveness->newly_lost(now_ns))
-    mark_lost(self, i, "no answer to the heartbeat for " + std::to_string(st.o.heartbeat_timeout_ms) + " ms");
+  for (size_t i : st.host->heartbeat(ns_since_epoch(self->clock().now())))
+    tell_lost(self, i, "no answer to the heartbeat for " + std::to_string(st.o.heartbeat_timeout_ms) + " ms");
   const auto timeout = std::chrono::milliseconds(st.o.heartbeat_timeout_ms);
-  for (size_t i = 0; i < st.engines.size(); i++) {
-    if (!st.engines[i].load.alive) continue;
-    self->request(st.engines[i].spec.actor, timeout, ping_atom::value)
-        .then([=](pong_atom) { self->state.liveness->heard_from(i, ns_since_epoch(self->clock().now())); },
-              [](caf::error&) {});  // one unanswered ping decides nothing: the tracker judges silence
+  for (size_t i = 0; i < st.o.engines.size(); i++) {
+    if (!st.host->load(i).alive) continue;
+    self->request(st.o.engines[i].actor, timeout, ping_atom::value)
+        .then([=](pong_atom) { self->state.host->heard_from(i, ns_since_epoch(self->clock().now())); },
+              [](caf::error&) {});  // one unanswered ping decides nothing: the host judges silence
   }
   self->delayed_send(self, std::chrono::milliseconds(st.o.heartbeat_interval_ms), heartbeat_atom::value);
 }
@@ -194,58 +138,42 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
   TROUPE_ASSERT(!options.engines.empty());
   load_balancer_state& st = self->state;
   st.o = std::move(options);
-  int32_t num_prefill = 0;
+  std::vector<balance::engine_spec> specs;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
-    const balanced_engine& spec = st.o.engines[i];
-    engine_entry e;
-    e.spec = spec;
-    e.load.kind = spec.kind;
-    e.load.max_num_seqs = spec.max_num_seqs;
-    e.load.kv_capacity_tokens = spec.kv_capacity_tokens;
-    e.report.engine_index = static_cast<int32_t>(i);
-    st.engines.push_back(std::move(e));
-    if (spec.kind == balance::engine_kind::prefill) num_prefill++;
-    self->monitor(spec.actor);
+    const balanced_engine& e = st.o.engines[i];
+    specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, where(e)});
+    self->monitor(e.actor);
     if (st.o.report_interval_ms > 0)
-      self->send(spec.actor, msg::report_to{caf::actor_cast<caf::actor>(self), static_cast<int32_t>(i),
-                                            st.o.report_interval_ms});
+      self->send(e.actor, msg::report_to{caf::actor_cast<caf::actor>(self), static_cast<int32_t>(i),
+                                         st.o.report_interval_ms});
   }
-  st.tiers = balance::assign_tiers(num_prefill, static_cast<int32_t>(st.o.prefill_tier_bounds.size()) + 1);
+  TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
+  const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
+  st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()));
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
-  if (st.o.heartbeat_interval_ms > 0) {
-    TROUPE_ASSERT(st.o.heartbeat_timeout_ms > 0);
-    const int64_t timeout_ns = int64_t{st.o.heartbeat_timeout_ms} * 1000000;
-    st.liveness.emplace(st.engines.size(), timeout_ns, ns_since_epoch(self->clock().now()));
-    self->send(self, heartbeat_atom::value);
-  }
+  if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);
   return {
       [=](msg::submit_completion& s) {
         caf::actor client = s.reply_to ? std::move(s.reply_to) : caf::actor_cast<caf::actor>(self->current_sender());
-        return admit_request(self, s.request, std::move(client));
+        return admit_request(self, s.request, std::move(client), s.stream);
       },
       [=](msg::completion_request& req) {
         return admit_request(self, req, caf::actor_cast<caf::actor>(self->current_sender()));
       },
       [=](const msg::place_request& p) { return place(self, p); },
       [=](const msg::load_report& r) {
-        auto& engines = self->state.engines;
-        if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size()) return;
-        engine_entry& e = engines[r.engine_index];
-        if (self->state.liveness)
-          self->state.liveness->heard_from(static_cast<size_t>(r.engine_index), ns_since_epoch(self->clock().now()));
-        if (r.num_received < e.report.num_received) return;  // reordered: keep the newer
-        e.report = r;
-        refresh(e);
+        const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens,
+                                            r.num_queued_prefill_tokens};
+        (void)self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()));
       },
       [=](heartbeat_atom) { on_heartbeat(self); },
       [=](engines_atom) {
         std::vector<caf::actor> actors;
-        for (const engine_entry& e : self->state.engines) actors.push_back(e.spec.actor);
+        for (const balanced_engine& e : self->state.o.engines) actors.push_back(e.actor);
         return actors;
       },
   };
 }
-
 }  // namespace
 
 std::vector<balanced_engine> mixed_engines(const std::vector<caf::actor>& actors) {

@@ -9,6 +9,9 @@
 /// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
 /// balanced on request count and KV tokens.
 ///
+/// Its bookkeeping is a balance::balancer_host (runtime/balance/balancer_host.hpp); the actor
+/// keeps the engine and request-actor handles and spawns the request actors.
+///
 /// What it knows about engines: the live requests it placed (exact: it monitors every request
 /// actor) and each engine's load reports (every `report_interval_ms` at most, so token counts
 /// lag by one interval plus a network hop; what it placed since a report is added on top). It

@@ -24,6 +24,7 @@ struct request_state {
   caf::actor_clock::time_point last_token;
   msg::completion_end end;
   msg::completion_chunk pending;  // what is not sent yet (everything, when not streaming)
+  int32_t num_chunks = 0;         // sent so far: the next chunk's sequence number
   static inline const char* name = "request";
 };
 
@@ -47,8 +48,9 @@ void stop(request_actor_t* self) {
   self->quit();
 }
 
-void fail_request(request_actor_t* self, const std::string& code, const std::string& message) {
-  self->send(self->state.o.client, msg::completion_error{self->state.o.id, code, message});
+void fail_request(request_actor_t* self, errc code, const std::string& message) {
+  self->send(self->state.o.client,
+             msg::completion_error{self->state.o.id, self->state.o.stream, code, message, self->state.num_chunks});
   stop(self);
 }
 
@@ -57,15 +59,18 @@ void flush(request_actor_t* self) {
   msg::completion_chunk& c = self->state.pending;
   if (c.text.empty() && c.tokens.empty()) return;
   c.request_id = self->state.o.id;
+  c.stream = self->state.o.stream;
+  c.sequence = self->state.num_chunks++;
   self->send(self->state.o.client, std::move(c));
   c = msg::completion_chunk{};
 }
 
-void finish(request_actor_t* self, const std::string& reason) {
+void finish(request_actor_t* self, engine::finish_reason reason) {
   request_state& st = self->state;
   if (st.out) st.pending.text += st.out->finish().text;
   flush(self);
   st.end.finish_reason = reason;
+  st.end.num_chunks = st.num_chunks;
   st.end.e2e_ns = ns_between(st.arrival, self->clock().now());
   self->send(st.o.client, st.end);
   stop(self);
@@ -79,7 +84,7 @@ void on_token(request_actor_t* self, const msg::sampled& s, caf::actor_clock::ti
   else
     st.end.itl_ns.push_back(ns_between(st.last_token, now));
   st.last_token = now;
-  if (s.finish != "none") {
+  if (s.finish != engine::finish_reason::none) {
     st.end.num_cached_tokens = s.num_cached_tokens;
     st.end.num_preemptions = s.num_preemptions;
     st.end.num_recomputed_tokens = s.num_recomputed_tokens;
@@ -93,8 +98,8 @@ void on_token(request_actor_t* self, const msg::sampled& s, caf::actor_clock::ti
   if (st.o.params.stream) flush(self);
   if (d.stopped) {
     release(self);
-    finish(self, "stop");
-  } else if (s.finish != "none") {
+    finish(self, engine::finish_reason::stop);
+  } else if (s.finish != engine::finish_reason::none) {
     finish(self, s.finish);
   }
 }
@@ -107,7 +112,7 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
   };
   const size_t n = b.tokens.size();
   TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
-  msg::sampled s{b.request_id, 0, 0, 0.0f, {}, "none", 0, 0, 0, 0};
+  msg::sampled s{b.request_id, 0, 0, 0.0f, {}, engine::finish_reason::none, 0, 0, 0, 0};
   for (size_t i = 0; i < n; i++) {
     s.token = b.tokens[i];
     s.logprob = b.logprobs[i];
@@ -126,11 +131,11 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
 void on_placement(request_actor_t* self, msg::placement p) {
   request_state& st = self->state;
   if (!p.error.empty()) {
-    fail_request(self, "unavailable", p.error);
+    fail_request(self, errc::unavailable, p.error);
     return;
   }
   if (!p.decode) {
-    fail_request(self, "unavailable", "the balancer's placement names no decode engine");
+    fail_request(self, errc::unavailable, "the balancer's placement names no decode engine");
     return;
   }
   st.placed = std::move(p);
@@ -164,19 +169,19 @@ bool start(request_actor_t* self) {
   request_state& st = self->state;
   const msg::completion_request& p = st.o.params;
   if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
-    fail_request(self, to_string(errc::invalid_argument),
+    fail_request(self, errc::invalid_argument,
                  "a request with prompt_tokens takes no text prompt and no stop strings");
     return false;
   }
   st.text_mode = p.prompt_tokens.empty();
   if (auto fits = check_prompt_bytes(st); !fits) {
-    fail_request(self, to_string(fits.error().code), fits.error().message);
+    fail_request(self, fits.error().code, fits.error().message);
     return false;
   }
   auto prompt = st.text_mode ? st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
                              : expected<std::vector<int32_t>>(std::move(st.o.params.prompt_tokens));
   if (!prompt) {
-    fail_request(self, to_string(prompt.error().code), prompt.error().message);
+    fail_request(self, prompt.error().code, prompt.error().message);
     return false;
   }
   engine::request& r = st.request;
@@ -192,11 +197,12 @@ bool start(request_actor_t* self) {
   // its tokens one by one either: one message instead of one per token.
   r.batch_tokens = !p.stream && r.stop.empty();
   st.end.request_id = r.id;
+  st.end.stream = st.o.stream;
   st.end.seed = r.seed;
   st.end.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
   self->request(st.o.balancer, caf::infinite, msg::place_request{r.id, st.end.num_prompt_tokens, r.max_tokens})
       .then([=](msg::placement& p) { on_placement(self, std::move(p)); },
-            [=](caf::error& e) { fail_request(self, "unavailable", "no placement: " + self->system().render(e)); });
+            [=](caf::error& e) { fail_request(self, errc::unavailable, "no placement: " + self->system().render(e)); });
   return true;
 }
 
@@ -207,8 +213,18 @@ void on_engine_lost(request_actor_t* self, const caf::actor_addr& engine, const 
   if (prefill && st.handed_over) return;  // it finished its part
   if (!prefill && !(st.placed.decode && engine == st.placed.decode.address())) return;
   release(self);
-  fail_request(self, "unavailable",
+  fail_request(self, errc::unavailable,
                (prefill ? st.placed.prefill_name : st.placed.decode_name) + " serving this request is lost: " + why);
+}
+
+/// Whether a finish reason from an engine (maybe another process) is one this version knows;
+/// if not, the request fails (and its engines release it) instead of trusting the value.
+bool check_finish(request_actor_t* self, engine::finish_reason finish) {
+  if (is_valid(finish)) return true;
+  release(self);
+  fail_request(self, errc::internal,
+               "the engine sent an unknown finish reason " + std::to_string(static_cast<int>(finish)));
+  return false;
 }
 
 caf::behavior request_actor(request_actor_t* self, request_options options) {
@@ -233,17 +249,25 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
   });
   if (!start(self)) return {};
   return {
-      [=](msg::sampled& s) { on_token(self, s, self->clock().now()); },
-      [=](msg::sampled_batch& b) { on_batch(self, b); },
+      [=](msg::sampled& s) {
+        if (check_finish(self, s.finish)) on_token(self, s, self->clock().now());
+      },
+      [=](msg::sampled_batch& b) {
+        if (check_finish(self, b.finish)) on_batch(self, b);
+      },
       [=](msg::rejected& r) {
         release(self);
-        fail_request(self, r.code, r.message);
+        if (is_valid(r.code))
+          fail_request(self, r.code, r.message);
+        else
+          fail_request(self, errc::internal, "the engine rejected the request with an unknown error code " +
+                                                 std::to_string(static_cast<int>(r.code)) + ": " + r.message);
       },
       [=](msg::prefilled&) { self->state.handed_over = true; },
       [=](msg::engine_lost& l) { on_engine_lost(self, l.engine.address(), l.reason); },
       [=](msg::cancel_request&) {
         release(self);
-        finish(self, "cancelled");
+        finish(self, engine::finish_reason::cancelled);
       },
   };
 }

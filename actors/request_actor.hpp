@@ -19,6 +19,7 @@ namespace troupe::actors {
 struct request_options {
   int64_t id = 0;
   caf::actor client;
+  uint64_t stream = 0;  ///< stamped on every message to the client (submit_completion::stream)
   caf::actor balancer;  ///< answers place_request
   std::shared_ptr<const tokenizer> tok;
   msg::completion_request params;

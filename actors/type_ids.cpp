@@ -23,7 +23,6 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::sampled_batch>("troupe::sampled_batch");
   cfg.add_message_type<msg::release>("troupe::release");
   cfg.add_message_type<msg::engine_report>("troupe::engine_report");
-  cfg.add_message_type<msg::inject_failure>("troupe::inject_failure");
   cfg.add_message_type<msg::submit_completion>("troupe::submit_completion");
   cfg.add_message_type<msg::place_request>("troupe::place_request");
   cfg.add_message_type<msg::placement>("troupe::placement");

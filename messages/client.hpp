@@ -1,13 +1,22 @@
 #pragma once
 
 /// Client <-> load balancer / request protocol: a completion request in text, the streamed
-/// chunks, and its end or its error. Language-neutral fields only (strings, numbers), so a
-/// non-C++ protocol can carry the same structs (a msgpack mapping is planned, issue 13; today
-/// only CAF clients speak it).
+/// chunks, and its end or its error. Language-neutral fields only (strings, numbers; the enums
+/// `errc` and `finish_reason` travel as their underlying integers and a receiver checks them with
+/// `is_valid`), so a non-C++ protocol can carry the same structs (a msgpack mapping is planned,
+/// issue 13; today only CAF clients speak it).
+///
+/// End of stream is decided by the protocol, not by time: chunks are numbered 0, 1, 2, … and the
+/// end (or the error) says how many were sent, so a client that sees its request actor go down
+/// before the last chunks arrived knows what is missing and waits for it (chunks may arrive out
+/// of order across nodes; the client puts them back in order).
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/engine/finish_reason.hpp"
 
 namespace troupe::msg {
 
@@ -40,6 +49,8 @@ typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
 /// New text of a completion, with the tokens that made it.
 struct completion_chunk {
   int64_t request_id = 0;
+  uint64_t stream = 0;              ///< the client's stream id (submit_completion); 0: none
+  int32_t sequence = 0;             ///< 0 for the first chunk of a completion, then 1, 2, …
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
@@ -47,13 +58,14 @@ struct completion_chunk {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_chunk& x) {
-  return f(x.request_id, x.text, x.tokens, x.logprobs);
+  return f(x.request_id, x.stream, x.sequence, x.text, x.tokens, x.logprobs);
 }
 
 /// The last message of a completion that finished.
 struct completion_end {
   int64_t request_id = 0;
-  std::string finish_reason;        ///< "stop", "length" or "cancelled"
+  uint64_t stream = 0;              ///< the client's stream id (submit_completion); 0: none
+  engine::finish_reason finish_reason = engine::finish_reason::none;  ///< stop, length or cancelled
   uint64_t seed = 0;                ///< replays this answer
   int32_t num_prompt_tokens = 0;
   int32_t num_generated_tokens = 0;
@@ -64,25 +76,28 @@ struct completion_end {
   int32_t num_cached_tokens = 0;    ///< prompt tokens served from the prefix cache at admission
   int32_t num_preemptions = 0;
   int32_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
+  int32_t num_chunks = 0;           ///< chunks sent before this message
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_end& x) {
-  return f(x.request_id, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
+  return f(x.request_id, x.stream, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
            x.queue_ns, x.ttft_ns, x.e2e_ns, x.itl_ns, x.num_cached_tokens, x.num_preemptions,
-           x.num_recomputed_tokens);
+           x.num_recomputed_tokens, x.num_chunks);
 }
 
-/// The last message of a completion that failed; `code` is an errc name (e.g. "too_long").
+/// The last message of a completion that failed.
 struct completion_error {
   int64_t request_id = 0;
-  std::string code;
+  uint64_t stream = 0;              ///< the client's stream id (submit_completion); 0: none
+  errc code = errc::internal;
   std::string message;
+  int32_t num_chunks = 0;           ///< chunks sent before this message
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_error& x) {
-  return f(x.request_id, x.code, x.message);
+  return f(x.request_id, x.stream, x.code, x.message, x.num_chunks);
 }
 
 /// Client -> request: stop generating; the stream ends with finish_reason "cancelled".

@@ -35,7 +35,7 @@ typename Inspector::result_type inspect(Inspector& f, submit& x) {
 /// Engine -> request: the engine refused the request, or can no longer serve it.
 struct rejected {
   int64_t request_id = 0;
-  std::string code;     ///< errc name
+  errc code = errc::internal;
   std::string message;
 };
 
@@ -44,14 +44,14 @@ typename Inspector::result_type inspect(Inspector& f, rejected& x) {
   return f(x.request_id, x.code, x.message);
 }
 
-/// Engine -> request: one new token of one sample; `finish` is "none", "stop" or "length".
+/// Engine -> request: one new token of one sample; `finish` is none, stop or length.
 struct sampled {
   int64_t request_id = 0;
   int32_t sample_index = 0;
   int32_t token = 0;
   float logprob = 0.0f;
   std::vector<sampling::token_logprob> top_logprobs;
-  std::string finish;
+  engine::finish_reason finish = engine::finish_reason::none;
   // On the last token only:
   int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
   int32_t num_preemptions = 0;
@@ -74,7 +74,7 @@ struct sampled_batch {
   std::vector<float> logprobs;
   std::vector<std::vector<sampling::token_logprob>> top_logprobs;
   std::vector<int64_t> age_ns;
-  std::string finish;  ///< of the last token: "stop" or "length"
+  engine::finish_reason finish = engine::finish_reason::none;  ///< of the last token: stop or length
   int32_t num_cached_tokens = 0;
   int32_t num_preemptions = 0;
   int32_t num_recomputed_tokens = 0;

@@ -2,7 +2,7 @@
 
 /// Engine <-> step executor protocol: the runtime's plain exec_plan / exec_result (and the
 /// sampling and KV structs inside them) get `inspect` overloads, found by argument-dependent
-/// lookup, so a plan crosses the network unchanged; plus the executor's test hook.
+/// lookup, so a plan crosses the network unchanged.
 
 #include <string>
 
@@ -75,17 +75,3 @@ typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
 }
 
 }  // namespace troupe::engine
-
-namespace troupe::msg {
-
-/// Engine -> step executor: a test hook that makes the executor fail its next plan.
-struct inject_failure {
-  std::string reason;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, inject_failure& x) {
-  return f(x.reason);
-}
-
-}  // namespace troupe::msg

@@ -44,7 +44,7 @@ void on_done(run_state& rs, int64_t index, const expected<actors::completion>& c
   r.finish_ns = since(rs, now);
   if (c) {
     const msg::completion_end& e = c->end;
-    r.finish = e.finish_reason;
+    r.finish = engine::to_string(e.finish_reason);
     r.output_tokens = e.num_generated_tokens;
     r.first_token_ns = r.arrival_ns + e.ttft_ns;
     r.scheduled_ns = r.arrival_ns + e.queue_ns;

@@ -18,8 +18,6 @@
 #include <vector>
 
 #include <caf/all.hpp>
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/atoms.hpp"
@@ -28,6 +26,7 @@
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
 #include "tests/support/actor_harness.hpp"
+#include "tests/support/failing_executor.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -35,10 +34,10 @@ namespace {
 using namespace std::chrono_literals;
 
 /// The finish reason the reference generator's output implies.
-std::string expected_finish(const generate::generation& ref, const msg::completion_request& r) {
+engine::finish_reason expected_finish(const generate::generation& ref, const msg::completion_request& r) {
   const int32_t last = ref.tokens.empty() ? -1 : ref.tokens.back();
-  if (!r.ignore_eos && (last == tokenizer::bos || last == tokenizer::eos)) return "stop";
-  return "length";
+  if (!r.ignore_eos && (last == tokenizer::bos || last == tokenizer::eos)) return engine::finish_reason::stop;
+  return engine::finish_reason::length;
 }
 
 class ActorsDeterministic : public ::testing::Test {
@@ -132,7 +131,7 @@ class ActorsDeterministic : public ::testing::Test {
       ADD_FAILURE() << (log->outcome ? log->outcome->error().message : "no outcome");
       return {};
     }
-    EXPECT_EQ((*log->outcome)->end.finish_reason, "cancelled");
+    EXPECT_EQ((*log->outcome)->end.finish_reason, engine::finish_reason::cancelled);
     return **log->outcome;
   }
 
@@ -216,13 +215,13 @@ TEST_F(ActorsDeterministic, GreedyAndLengthEndsMatchTheReference) {
   start();
   // Greedy from "Once upon a time": the model's first story, cut by max_tokens.
   const actors::completion greedy = run_and_check(make_completion("Once upon a time", 30, 7, 0.0f), "greedy");
-  EXPECT_EQ(greedy.end.finish_reason, "length");
+  EXPECT_EQ(greedy.end.finish_reason, engine::finish_reason::length);
   // ignore_eos runs past the end of a story, to exactly max_tokens.
   msg::completion_request long_one = make_completion("Lily", 300, 99);
   long_one.ignore_eos = true;
   const actors::completion c = run_and_check(long_one, "ignore_eos");
   EXPECT_EQ(c.tokens.size(), 300u);
-  EXPECT_EQ(c.end.finish_reason, "length");
+  EXPECT_EQ(c.end.finish_reason, engine::finish_reason::length);
   expect_engine_idle();
 }
 
@@ -240,7 +239,7 @@ TEST_F(ActorsDeterministic, StopStringEndsTheStreamAndReleasesTheEngine) {
   ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
   const actors::completion& c = **log->outcome;
   EXPECT_EQ(c.text, ref.text.substr(0, at));
-  EXPECT_EQ(c.end.finish_reason, "stop");
+  EXPECT_EQ(c.end.finish_reason, engine::finish_reason::stop);
   ASSERT_LT(c.tokens.size(), ref.tokens.size());
   EXPECT_EQ(c.tokens, std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + c.tokens.size()));
   expect_engine_idle();
@@ -299,7 +298,7 @@ TEST_F(ActorsDeterministic, CancelBeforeTheBalancerAnswersIsNotLost) {
   run_ticking();
   ASSERT_EQ(log->num_done, 1);
   ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
-  EXPECT_EQ((*log->outcome)->end.finish_reason, "cancelled");
+  EXPECT_EQ((*log->outcome)->end.finish_reason, engine::finish_reason::cancelled);
   EXPECT_LT((*log->outcome)->tokens.size(), 10u);
   expect_engine_idle();
 }
@@ -355,7 +354,7 @@ TEST_F(ActorsDeterministic, AnEngineThatDiesFailsItsRequestsAndTakesItsExecutor)
 // ---- executor failures ---------------------------------------------------------------------
 
 TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndTheEngineRecovers) {
-  start();
+  start(with_failing_executor(engine_opts(false)));
   const caf::actor executor = ask<caf::actor>(engines_[0], actors::executor_atom::value);
   ASSERT_TRUE(executor);
   msg::completion_request r = make_completion("The sun was shining", 100, 21);
@@ -364,7 +363,7 @@ TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndThe
   r.seed = 22;
   auto b = submit(r);
   run_until([&] { return a->tokens().size() >= 2 && b->tokens().size() >= 2; });
-  caf::anon_send(executor, msg::inject_failure{"boom"});
+  caf::anon_send(executor, fail_next_plan_atom::value, std::string("boom"));
   run_ticking();
 
   for (const auto& log : {a, b}) {
@@ -647,253 +646,6 @@ TEST_F(ActorsDeterministic, RequestForAClientAlreadyGoneLeavesNothing) {
   expect_engine_idle();
 }
 
-// ---- wire format ---------------------------------------------------------------------------
-
-/// Serializes `x` inside a caf::message (which needs its registered type name) and reads it back.
-template <class T>
-T round_trip(caf::actor_system& sys, const T& x) {
-  std::vector<char> buf;
-  caf::binary_serializer sink{sys, buf};
-  caf::message m = caf::make_message(x);
-  if (auto err = sink(m)) ADD_FAILURE() << "serializing: " << sys.render(err);
-  caf::message back;
-  caf::binary_deserializer source{sys, buf};
-  if (auto err = source(back)) ADD_FAILURE() << "deserializing: " << sys.render(err);
-  EXPECT_TRUE(back.match_elements<T>());
-  std::vector<char> again;
-  caf::binary_serializer sink2{sys, again};
-  EXPECT_FALSE(sink2(back));
-  EXPECT_EQ(buf, again) << "a second serialization differs";
-  return back.match_elements<T>() ? back.get_as<T>(0) : T{};
-}
-
-// ---- nothing waits forever: client timeouts, the balancer's heartbeat -------------------------
-
-using frozen_atom = caf::atom_constant<caf::atom("frozen")>;
-
-/// An actor that takes every message and never answers (a frozen process): it keeps each
-/// request's promise in `held`, so no error reply goes back either.
-caf::actor spawn_frozen(caf::actor_system& sys, std::shared_ptr<std::vector<caf::response_promise>> held) {
-  return sys.spawn([held](caf::event_based_actor* self) -> caf::behavior {
-    self->set_default_handler([held](caf::scheduled_actor* s, caf::message_view&) -> caf::result<caf::message> {
-      held->push_back(s->make_response_promise());
-      return caf::delegated<caf::message>{};
-    });
-    return {[](frozen_atom) {}};
-  });
-}
-
-/// Runs every message, then the next timer (the clock jumps to it), until `done()` or `n` timers.
-template <class Predicate>
-void run_timers_until(caf::scheduler::test_coordinator& sched, Predicate done, int n = 1000) {
-  for (int i = 0; i < n; i++) {
-    sched.run();
-    if (done() || !sched.trigger_timeout()) break;
-  }
-  sched.run();
-}
-
-TEST_F(ActorsDeterministic, AClientGivesUpWhenItsBalancerNeverAnswers) {
-  sched_.clock().current_time += 1h;
-  auto held = std::make_shared<std::vector<caf::response_promise>>();
-  lb_ = spawn_frozen(sys_, held);
-  const auto t0 = sched_.clock().now();
-  auto log = std::make_shared<client_log>();
-  clients_.push_back(spawn_logged_client(sys_, lb_, make_completion("Once", 20, 1), log, {2000ms, 500ms}));
-  run_timers_until(sched_, [&] { return log->num_done > 0; });
-  ASSERT_EQ(log->num_done, 1);
-  EXPECT_EQ(held->size(), 1u) << "the balancer got the request and kept it";
-  EXPECT_EQ(sched_.clock().now() - t0, 2000ms) << "exactly the first-token bound";
-  ASSERT_FALSE(log->outcome->has_value());
-  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
-  EXPECT_EQ(log->outcome->error().message,
-            "no first token within 2000 ms (the first-token timeout): the server may be frozen, overloaded or cut off");
-}
-
-TEST_F(ActorsDeterministic, AClientGivesUpWhenTokensStopAndCancelsItsRequest) {
-  sched_.clock().current_time += 1h;
-  // A balancer that answers with a request actor sending one chunk, then nothing.
-  auto num_cancels = std::make_shared<int>(0);
-  lb_ = sys_.spawn([num_cancels](caf::event_based_actor* self) -> caf::behavior {
-    return {[=](msg::submit_completion& s) {
-      const caf::actor client = s.reply_to;
-      return self->spawn([=](caf::event_based_actor* request) -> caf::behavior {
-        request->send(client, msg::completion_chunk{4, "Once", {42}, {-0.5f}});
-        return {[=](msg::cancel_request& c) {
-          EXPECT_EQ(c.request_id, 4);
-          ++*num_cancels;
-          request->quit();
-        }};
-      });
-    }};
-  });
-  const auto t0 = sched_.clock().now();
-  auto log = std::make_shared<client_log>();
-  clients_.push_back(spawn_logged_client(sys_, lb_, make_completion("Once", 20, 1), log, {2000ms, 500ms}));
-  run_timers_until(sched_, [&] { return log->num_done > 0; });
-  ASSERT_EQ(log->num_done, 1);
-  EXPECT_EQ(log->text(), "Once");
-  EXPECT_EQ(sched_.clock().now() - t0, 500ms) << "the between-tokens bound, from the chunk (at t0)";
-  ASSERT_FALSE(log->outcome->has_value());
-  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
-  EXPECT_EQ(log->outcome->error().message, "no token for 500 ms after the last one (the between-tokens timeout)");
-  EXPECT_EQ(*num_cancels, 1);
-}
-
-TEST_F(ActorsDeterministic, ANonStreamedRequestGetsTheWholeAnswerBound) {
-  sched_.clock().current_time += 1h;
-  auto held = std::make_shared<std::vector<caf::response_promise>>();
-  lb_ = spawn_frozen(sys_, held);
-  const auto t0 = sched_.clock().now();
-  auto log = std::make_shared<client_log>();
-  msg::completion_request r = make_completion("Once", 20, 1);
-  r.stream = false;
-  clients_.push_back(spawn_logged_client(sys_, lb_, r, log, {2000ms, 500ms}));
-  run_timers_until(sched_, [&] { return log->num_done > 0; });
-  ASSERT_EQ(log->num_done, 1);
-  EXPECT_EQ(sched_.clock().now() - t0, 12000ms) << "2000 ms + 20 tokens x 500 ms";
-  ASSERT_FALSE(log->outcome->has_value());
-  EXPECT_EQ(log->outcome->error().message,
-            "no answer within 12000 ms (a non-streamed request: the first-token timeout + 20 x the between-tokens "
-            "timeout)");
-}
-
-TEST_F(ActorsDeterministic, ARequestOnAFrozenEngineFailsAtTheHeartbeatBound) {
-  sched_.clock().current_time += 1h;
-  auto held = std::make_shared<std::vector<caf::response_promise>>();
-  engines_.push_back(spawn_frozen(sys_, held));
-  actors::load_balancer_options o;
-  o.engines = actors::mixed_engines(engines_);
-  o.tok = bundled_shared().tok;
-  o.heartbeat_interval_ms = 1000;
-  o.heartbeat_timeout_ms = 5000;
-  const auto t0 = sched_.clock().now();
-  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
-  auto log = submit(make_completion("Once upon a time", 20, 1));
-  run_timers_until(sched_, [&] { return log->num_done > 0; });
-  ASSERT_EQ(log->num_done, 1);
-  // Pinged at 0, 1, ..., 5 s; silent for more than 5 s first at the tick of 6 s.
-  EXPECT_EQ(sched_.clock().now() - t0, 6000ms);
-  ASSERT_FALSE(log->outcome->has_value());
-  EXPECT_EQ(log->outcome->error().code, errc::unavailable);
-  EXPECT_EQ(log->outcome->error().message,
-            "engine 'engine0' on node 'local' serving this request is lost: no answer to the heartbeat for 5000 ms");
-  // Later requests find no live engine.
-  auto later = submit(make_completion("Ben", 5, 2));
-  sched_.run();
-  ASSERT_EQ(later->num_done, 1);
-  ASSERT_FALSE(later->outcome->has_value());
-  EXPECT_EQ(later->outcome->error().code, errc::unavailable);
-  EXPECT_NE(later->outcome->error().message.find("engine 'engine0' on node 'local' is lost"), std::string::npos)
-      << later->outcome->error().message;
-}
-
-TEST_F(ActorsDeterministic, AnsweringEnginesStayAliveUnderTheHeartbeat) {
-  sched_.clock().current_time += 1h;
-  engines_.push_back(spawn_engine_or_die(sys_, engine_opts(false)));
-  actors::load_balancer_options o;
-  o.engines = actors::mixed_engines(engines_);
-  o.tok = bundled_shared().tok;
-  o.heartbeat_interval_ms = 1000;
-  o.heartbeat_timeout_ms = 5000;
-  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
-  const auto t0 = sched_.clock().now();
-  run_timers_until(sched_, [&] { return sched_.clock().now() - t0 >= 60s; });
-  const msg::completion_request r = make_completion("Once upon a time", 20, 1);
-  auto log = submit(r);
-  run_timers_until(sched_, [&] { return log->num_done > 0; });
-  ASSERT_EQ(log->num_done, 1);
-  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
-  expect_matches(**log->outcome, reference(oracle_, r), "after a minute of heartbeats");
-}
-
-TEST_F(ActorsDeterministic, EveryRegisteredMessageSurvivesSerialization) {
-  msg::completion_request req = make_completion("héllo", 33, 77, 0.5f, 0.9f);
-  req.stop = {"a", "b"};
-  req.top_k = 4;
-  req.min_p = 0.25f;
-  req.ignore_eos = true;
-  req.priority = -2;
-  req.num_top_logprobs = 3;
-  const msg::completion_request req2 = round_trip(sys_, req);
-  EXPECT_EQ(req2.prompt, "héllo");
-  EXPECT_EQ(req2.max_tokens, 33);
-  EXPECT_EQ(req2.temperature, 0.5f);
-  EXPECT_EQ(req2.top_p, 0.9f);
-  EXPECT_EQ(req2.top_k, 4);
-  EXPECT_EQ(req2.min_p, 0.25f);
-  EXPECT_TRUE(req2.has_seed);
-  EXPECT_EQ(req2.seed, 77u);
-  EXPECT_EQ(req2.stop, req.stop);
-  EXPECT_TRUE(req2.ignore_eos);
-  EXPECT_EQ(req2.priority, -2);
-  EXPECT_EQ(req2.num_top_logprobs, 3);
-
-  EXPECT_EQ(round_trip(sys_, msg::completion_chunk{3, "hi", {7, 8}, {-1.5f, -2.5f}}).tokens, (std::vector<int32_t>{7, 8}));
-  msg::completion_end end;
-  end.request_id = 3;
-  end.finish_reason = "length";
-  end.seed = 9;
-  end.e2e_ns = 7;
-  end.itl_ns = {1, 2};
-  const msg::completion_end end2 = round_trip(sys_, end);
-  EXPECT_EQ(end2.finish_reason, "length");
-  EXPECT_EQ(end2.seed, 9u);
-  EXPECT_EQ(end2.e2e_ns, 7);
-  EXPECT_EQ(end2.itl_ns, (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(round_trip(sys_, msg::completion_error{3, "too_long", "m"}).code, "too_long");
-  EXPECT_EQ(round_trip(sys_, msg::cancel_request{12}).request_id, 12);
-  EXPECT_EQ(round_trip(sys_, msg::engine_lost{caf::actor{}, "silent"}).reason, "silent");
-
-  engine::request er;
-  er.id = 5;
-  er.prompt = {1, 300, 301};
-  er.seed = 1234567890123ull;
-  er.stop = {"x"};
-  er.stop_token_ids = {2};
-  const msg::submit s = round_trip(sys_, msg::submit{er});
-  EXPECT_EQ(s.request.prompt, er.prompt);
-  EXPECT_EQ(s.request.seed, er.seed);
-  EXPECT_EQ(s.request.stop_token_ids, er.stop_token_ids);
-  EXPECT_EQ(round_trip(sys_, msg::rejected{1, "overloaded", "full"}).message, "full");
-  msg::sampled sampled;
-  sampled.request_id = 1;
-  sampled.token = 42;
-  sampled.logprob = -0.5f;
-  sampled.top_logprobs = {{3, -1.0f}};
-  sampled.finish = "length";
-  const msg::sampled smp = round_trip(sys_, sampled);
-  EXPECT_EQ(smp.token, 42);
-  ASSERT_EQ(smp.top_logprobs.size(), 1u);
-  EXPECT_EQ(smp.top_logprobs[0].token, 3);
-  EXPECT_EQ(round_trip(sys_, msg::release{8}).request_id, 8);
-  msg::engine_report rep;
-  rep.num_blocks_in_use = 17;
-  rep.elapsed_ns = 99;
-  EXPECT_EQ(round_trip(sys_, rep).num_blocks_in_use, 17);
-  EXPECT_EQ(round_trip(sys_, msg::inject_failure{"boom"}).reason, "boom");
-
-  engine::exec_plan plan;
-  plan.step = 4;
-  plan.copies = {{1, 2}};
-  engine::exec_chunk chunk;
-  chunk.seq = 3;
-  chunk.first_position = 10;
-  chunk.tokens = {engine::previous_sample};
-  chunk.block_table = {0, 5};
-  chunk.seed = 11;
-  chunk.num_samples = 1;
-  chunk.sampling.top_p = 0.5f;
-  plan.chunks = {chunk};
-  plan.released = {1};
-  const engine::exec_plan plan2 = round_trip(sys_, plan);
-  ASSERT_EQ(plan2.chunks.size(), 1u);
-  EXPECT_EQ(plan2.chunks[0].block_table, chunk.block_table);
-  EXPECT_EQ(plan2.chunks[0].sampling.top_p, 0.5f);
-  EXPECT_EQ(plan2.copies[0].dst, 2);
-  engine::exec_result result{4, {{{9, -0.25f, {}}}}, {}};
-  EXPECT_EQ(round_trip(sys_, result).samples.at(0).at(0).token, 9);
-}
 
 }  // namespace
 }  // namespace troupe::testing

@@ -27,6 +27,7 @@
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "tests/support/actor_harness.hpp"
+#include "tests/support/failing_executor.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -343,7 +344,7 @@ TEST_F(ActorsThreaded, CancelledAndKilledClientsReleaseTheirRequests) {
     }
     ASSERT_EQ(e.num_done, 1);
     ASSERT_TRUE(e.outcome->has_value()) << e.outcome->error().message;
-    EXPECT_EQ((*e.outcome)->end.finish_reason, "cancelled");
+    EXPECT_EQ((*e.outcome)->end.finish_reason, engine::finish_reason::cancelled);
     const generate::generation ref = reference(oracle_, requests[i]);
     ASSERT_LT((*e.outcome)->tokens.size(), ref.tokens.size());
     EXPECT_EQ((*e.outcome)->tokens,
@@ -359,7 +360,8 @@ TEST_F(ActorsThreaded, CancelledAndKilledClientsReleaseTheirRequests) {
 }
 
 TEST_F(ActorsThreaded, ADetachedExecutorFailureFailsInFlightRequestsOnly) {
-  start();
+  start(with_failing_executor(engine_opts(true)));
+  num_idle_actors_ += 1;  // the failing executor wraps the real one: two actors per executor
   auto executor = actors::query_executor(*sys_, engines_[0]);
   ASSERT_TRUE(executor.has_value()) << executor.error().message;
   constexpr size_t n = 8;
@@ -374,7 +376,7 @@ TEST_F(ActorsThreaded, ADetachedExecutorFailureFailsInFlightRequestsOnly) {
       if (e.tokens.empty()) return false;
     return true;
   }));
-  caf::anon_send(*executor, msg::inject_failure{"boom"});
+  caf::anon_send(*executor, fail_next_plan_atom::value, std::string("boom"));
   ASSERT_TRUE(track->wait_all_done(n));
   for (const tracker::entry& e : track->snapshot()) {
     ASSERT_FALSE(e.outcome->has_value());

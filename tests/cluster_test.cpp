@@ -96,24 +96,22 @@ class Cluster : public ::testing::Test {
       ASSERT_NE(pid, 0);
       nodes_.emplace_back(name, process_guard(pid));
     }
-    connect((dir_ / "node0.err").string());
+    connect((dir_ / "node0.out").string(), (dir_ / "node0.err").string());
   }
 
-  /// Connects to the balancer, waiting up to 2 minutes (a hang guard: sanitizer builds of three
-  /// node processes start slowly next to other tests); `log` is shown if it never listens.
-  void connect(const std::string& log) {
+  /// Connects to the balancer once node0 printed (to `out`) that it listens, waiting up to 2
+  /// minutes for that line (a hang guard: sanitizer builds of three node processes start slowly
+  /// next to other tests); `log` is shown if it never listens.
+  void connect(const std::string& out, const std::string& log) {
     configure(cfg_, /*deterministic=*/false);
     cfg_.load<caf::io::middleman>();
     sys_ = std::make_unique<caf::actor_system>(cfg_);
-    for (int attempt = 0; attempt < 2400 && !lb_; attempt++) {
-      auto lb = sys_->middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port(0)));
-      if (lb) {
-        lb_ = *lb;
-      } else {
-        std::this_thread::sleep_for(50ms);
-      }
-    }
-    ASSERT_TRUE(lb_) << "the balancer never listened; " << log << " says: " << read_file(log);
+    const std::string listening = "load balancer listening on 127.0.0.1:" + std::to_string(port(0));
+    ASSERT_TRUE(file_contains_within(out, listening, 120s))
+        << "the balancer never listened; " << log << " says: " << read_file(log);
+    auto lb = sys_->middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port(0)));
+    ASSERT_TRUE(lb) << "the balancer listens but cannot be reached: " << sys_->render(lb.error());
+    lb_ = *lb;
   }
 
   pid_t pid_of(const std::string& name) const {
@@ -328,7 +326,7 @@ TEST_F(Cluster, UpStartsEveryNodeAndStopsThemOnSigint) {
                                 (dir_ / "up.err").string());
   ASSERT_NE(up, 0);
   const process_guard guard(up);
-  connect((dir_ / "up.err").string());
+  connect((dir_ / "up.out").string(), (dir_ / "up.err").string());
   std::vector<msg::completion_request> requests;
   for (size_t i = 0; i < 4; i++) requests.push_back(make_completion(story_window(i), 20, 60 + i, 1.0f, 0.9f));
   expect_all_match(requests, run_all(requests), "up");
@@ -376,7 +374,7 @@ TEST_F(Cluster, AFailingOrCrashingTestLeavesNoNodeRunning) {
         const pid_t up = spawn_troupe({"up", topology("caf"), "--node-log-level", "warn"},
                                       (dir_ / "up.out").string(), (dir_ / "up.err").string());
         const process_guard guard(up);
-        connect((dir_ / "up.err").string());
+        connect((dir_ / "up.out").string(), (dir_ / "up.err").string());
         std::ofstream out(pids_file);
         for (const pid_t pid : group_members(up)) out << pid << "\n";
         out.close();

@@ -22,23 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-/// True once something accepts TCP connections on 127.0.0.1:`port`, trying for up to `bound`.
-bool listens_within(int port, std::chrono::milliseconds bound) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  for (;;) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    ::close(fd);
-    if (ok) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(20ms);  // a retry pause, not a wait for an event
-  }
-}
-
 class FrozenPeer : public ::testing::Test {
  protected:
   fs::path dir_;
@@ -69,7 +52,9 @@ class FrozenPeer : public ::testing::Test {
   process_guard frozen_node1(const std::string& topology, int port1) {
     process_guard node1{spawn_troupe({"node", "--topology", topology, "--node", "node1"},
                                      (dir_ / "node1.out").string(), (dir_ / "node1.err").string())};
-    EXPECT_TRUE(listens_within(port1, 60s)) << read_file((dir_ / "node1.err").string());
+    // It prints "node actor listening on 127.0.0.1:<port>" once published.
+    EXPECT_TRUE(file_contains_within((dir_ / "node1.out").string(), "listening on 127.0.0.1:" + std::to_string(port1), 60s))
+        << read_file((dir_ / "node1.err").string());
     EXPECT_EQ(::kill(node1.pid(), SIGSTOP), 0);
     return node1;
   }
@@ -125,10 +110,7 @@ TEST_F(FrozenPeer, SigtermDuringStartUpStopsTheNodeAtOnce) {
                                    node0_err)};
   // Until node0 says it is reaching node1 (its signals are handled by then), then SIGTERM.
   const std::string reaching = "reaching node 'node1' at 127.0.0.1:" + std::to_string(port1);
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (read_file(node0_err).find(reaching) == std::string::npos && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(20ms);  // a retry pause while polling the log
-  ASSERT_NE(read_file(node0_err).find(reaching), std::string::npos) << read_file(node0_err);
+  ASSERT_TRUE(file_contains_within(node0_err, reaching, 60s)) << read_file(node0_err);
   ASSERT_EQ(::kill(node0.pid(), SIGTERM), 0);
   ASSERT_EQ(exit_code_within(node0.pid(), 30s), 0) << "SIGTERM during start-up is ignored; " << read_file(node0_err);
   EXPECT_NE(read_file(node0_err).find("start-up stopped by a signal while reaching node 'node1' at 127.0.0.1:" +

@@ -543,7 +543,7 @@ TEST_F(SchedulerTest, ForkWaitsWhenNoBlockIsFree) {
 
 TEST_F(SchedulerTest, PlansAheadWithPlaceholdersUpToTheLengthLimit) {
   make(8, 4, 64, 8);
-  const int32_t x = engine::previous_sample;
+  const int32_t x = previous_sample;
   sched_->add(0, token_range(3, 10), 0, 6);  // 3 prompt tokens + 3 samples at most
   sched_->check_invariants();
 

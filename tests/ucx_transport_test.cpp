@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -136,7 +137,13 @@ TEST(UcxTransport, ReceivePostedAfterTheSendCompleted) {
   auto sent = send_async(*sender, receiver->port(), 9, pattern(1000, 9));
   auto send_result = await(sent);
   ASSERT_TRUE(send_result.has_value()) << send_result.error().message;
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Make sure the message has reached the receiver before receiving it: a second message on the
+  // same endpoint is delivered after it (UCX keeps one endpoint's tagged messages in order), so
+  // once that one is received, tag 9's is there, unexpected, waiting in UCX's buffers.
+  auto marker_sent = send_async(*sender, receiver->port(), 99, pattern(10, 99));
+  auto marker = receive_async(*receiver, 99);
+  ASSERT_TRUE(await(marker).has_value());
+  ASSERT_TRUE(await(marker_sent).has_value());
   auto received = receive_async(*receiver, 9);
   auto bytes = await(received);
   ASSERT_TRUE(bytes.has_value()) << bytes.error().message;
@@ -255,16 +262,18 @@ bool read_with_guard(int fd, void* out, size_t num_bytes) {
 }
 
 int wait_for_child(pid_t child) {
-  auto deadline = std::chrono::steady_clock::now() + hang_guard;
+  // Woken by the child's exit (a pidfd polled with the hang guard as its timeout), no polling.
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+  pollfd p{fd, POLLIN, 0};
+  const bool ended = fd >= 0 && ::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(hang_guard).count())) == 1;
+  if (fd >= 0) ::close(fd);
   int status = 0;
-  while (::waitpid(child, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (!ended) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    return -1;
   }
+  ::waitpid(child, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 

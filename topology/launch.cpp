@@ -36,8 +36,8 @@ expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e,
   o.executor_threads = e.executor_threads;
   o.step_log = e.step_log;
   o.detached_executor = options.detached_executors;
-  o.ucx = ucx;
-  o.ucx_tag_base = ucx_tag_base;
+  o.kv_sender = ucx;
+  o.kv_tag_base = ucx_tag_base;
   auto engine = actors::spawn_engine(sys, o);
   if (!engine) return fail(engine.error().code, where(e) + engine.error().message);
   return engine;

@@ -57,7 +57,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
-#include "runtime/engine/engine.hpp"
+#include "runtime/engine/engine_config.hpp"
 
 namespace troupe::topology {
 

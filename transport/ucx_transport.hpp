@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "transport/kv_sender.hpp"
 
 namespace troupe::transport {
 
@@ -22,12 +23,9 @@ struct ucx_options {
   std::string tls = "tcp,shm,self"; ///< UCX_TLS for this context; "" = UCX_TLS env or default
 };
 
-/// Called exactly once, on the progress thread: the local buffer is released (not "delivered").
-using send_callback = std::function<void(troupe::expected<void>)>;
-/// Called exactly once, on the progress thread, with the whole message.
-using receive_callback = std::function<void(troupe::expected<std::vector<uint8_t>>)>;
-
-class ucx_transport {
+/// A `kv_sender` over UCX; its callbacks (send_callback, receive_callback) run on the progress
+/// thread.
+class ucx_transport final : public kv_sender {
  public:
   /// Creates context, worker, listener and the progress thread. Failures are values with the
   /// address in the message, e.g. "UCX: cannot listen on 127.0.0.1:7001: Device is busy".
@@ -36,7 +34,7 @@ class ucx_transport {
 
   /// Cancels queued and outstanding operations (their callbacks get `errc::cancelled`),
   /// force-closes every endpoint and joins the progress thread. Must not run on that thread.
-  ~ucx_transport();
+  ~ucx_transport() override;
 
   ucx_transport(const ucx_transport&) = delete;
   ucx_transport& operator=(const ucx_transport&) = delete;
@@ -48,11 +46,11 @@ class ucx_transport {
   /// created on first use and cached per (host, port); a failed one is dropped and re-created
   /// by the next send. An unreachable peer gives an error naming "host:port".
   void send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> bytes,
-            send_callback done);
+            send_callback done) override;
 
   /// Receives the next message tagged `tag`, of any size (0 B included), whether it arrived
   /// before or after this call. Receives of one tag are served in the order they were posted.
-  void receive(uint64_t tag, receive_callback done);
+  void receive(uint64_t tag, receive_callback done) override;
 
   class impl;
 

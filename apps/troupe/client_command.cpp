@@ -64,6 +64,7 @@ int run_client(const client_options& o) {
   actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
+  keep_stdout_for_text(sys);
   auto lb = connect(sys, address->first, address->second, o);
   if (!lb) return fail_with(lb.error());
   const actors::client_timeouts timeouts{to_ms(o.first_token_timeout_seconds), to_ms(o.token_timeout_seconds)};
@@ -71,7 +72,7 @@ int run_client(const client_options& o) {
   if (!out) return fail_with(out.error());
   std::fputs("\n", stdout);
   spdlog::info("seed {}; {} prompt + {} tokens, finish {}; TTFT {:.2f} ms, E2E {:.2f} ms", out->end.seed,
-               out->end.num_prompt_tokens, out->end.num_generated_tokens, out->end.finish_reason,
+               out->end.num_prompt_tokens, out->end.num_generated_tokens, engine::to_string(out->end.finish_reason),
                out->end.ttft_ns / 1e6, out->end.e2e_ns / 1e6);
   return 0;
 }

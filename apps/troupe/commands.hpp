@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <caf/fwd.hpp>
 
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
@@ -60,6 +61,9 @@ CLI::Validator seed_validator();
 /// Raises the soft limit on open files to the hard limit: at the limit, CAF 0.17's acceptor
 /// spins on accept() failing with EMFILE (docs/resources.md).
 void raise_open_file_limit();
+
+/// Sends CAF's own printing (`aout`) to stderr: stdout carries only completion text.
+void keep_stdout_for_text(caf::actor_system& sys);
 
 /// A seed for this process's load balancer: drawn here, outside the deterministic core.
 uint64_t draw_seed_base();

@@ -61,6 +61,7 @@ int run_actors(const generate_options& o) {
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
   caf::actor_system sys{cfg};
+  keep_stdout_for_text(sys);
   auto node = topology::launch_node(sys, t, "local", {true, draw_seed_base()});
   if (!node) return fail_with(node.error());
   const auto start = std::chrono::steady_clock::now();
@@ -71,7 +72,7 @@ int run_actors(const generate_options& o) {
   print("\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("seed {}; {} tokens, finish {}; TTFT {:.2f} ms; {:.1f} tok/s", out->end.seed,
-               out->end.num_generated_tokens, out->end.finish_reason, out->end.ttft_ns / 1e6,
+               out->end.num_generated_tokens, engine::to_string(out->end.finish_reason), out->end.ttft_ns / 1e6,
                out->end.num_generated_tokens / seconds);
   return 0;
 }

@@ -48,6 +48,7 @@ int run_serve(const serve_options& o) {
   actors::configure_real_time(cfg);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
+  keep_stdout_for_text(sys);
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
   if (!launched && launched.error().code == errc::cancelled) {  // SIGINT/SIGTERM during start-up
     spdlog::warn("{}", launched.error().message);

@@ -3,6 +3,7 @@
 /// Errors a caller can cause are values (`expected<T>`); broken invariants are `TROUPE_ASSERT`s,
 /// always on, that abort with a message. Nothing in runtime/ throws across its interface.
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,8 +13,10 @@
 
 namespace troupe {
 
-/// The class of a user-causable error; the message says what exactly is wrong.
-enum class errc {
+/// The class of a user-causable error; the message says what exactly is wrong. It crosses
+/// processes as its underlying integer (messages/): keep `internal` last and append new codes
+/// before it only with care, since a peer validates the range with `is_valid`.
+enum class errc : uint8_t {
   invalid_argument,  ///< a parameter outside its documented range
   malformed_file,    ///< a file exists but its contents are wrong (header, size, encoding)
   io_error,          ///< a file cannot be opened, read or mapped
@@ -27,6 +30,12 @@ enum class errc {
 };
 
 [[nodiscard]] const char* to_string(errc code);
+
+/// Whether `code` names one of the codes above: a value that came from another process is
+/// checked with this before it is trusted (an out-of-range value is representable, not UB).
+[[nodiscard]] constexpr bool is_valid(errc code) {
+  return static_cast<uint8_t>(code) <= static_cast<uint8_t>(errc::internal);
+}
 
 struct error {
   errc code = errc::internal;

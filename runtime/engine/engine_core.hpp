@@ -16,24 +16,13 @@
 #include <optional>
 #include <vector>
 
+#include "runtime/engine/engine_config.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/engine/step.hpp"
 #include "runtime/model/transformer.hpp"
 #include "runtime/sched/scheduler.hpp"
 
 namespace troupe::engine {
-
-struct engine_config {
-  int32_t num_kv_blocks = 1024;  ///< KV pool size in blocks
-  int32_t block_size = 16;       ///< tokens per block
-  sched::scheduler_config scheduler;
-  model::kernel_path kernels = model::kernel_path::fast;
-  /// Tokens that end a sample unless `ignore_eos`. Empty = the tokenizer's EOS and, as in
-  /// llama2.c (TinyStories separates stories with BOS), its BOS.
-  std::vector<int32_t> eos_token_ids;
-  /// Plans in flight at most: 1 = synchronous, 2 = plan step N+1 while N runs.
-  int32_t max_steps_in_flight = 1;
-};
 
 /// Counters since construction.
 struct engine_stats {

@@ -8,6 +8,7 @@ const char* to_string(finish_reason reason) {
     case finish_reason::stop: return "stop";
     case finish_reason::length: return "length";
     case finish_reason::aborted: return "aborted";
+    case finish_reason::cancelled: return "cancelled";
   }
   return "unknown";
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/engine/finish_reason.hpp"
 #include "runtime/sampling/sampler.hpp"
 
 namespace troupe::engine {
@@ -37,10 +38,6 @@ struct request {
   bool batch_tokens = false;
 };
 
-/// Why a sample ended.
-enum class finish_reason { none, stop, length, aborted };
-
-[[nodiscard]] const char* to_string(finish_reason reason);
 
 /// Seed of sample `index` of a request: the request's seed for sample 0, a splitmix64-mixed
 /// derivative for the others, so a request with n = 1 and seed child_seed(s, i) reproduces

@@ -10,12 +10,12 @@
 
 #include "runtime/kv/block_manager.hpp"
 #include "runtime/sampling/sampler.hpp"
+#include "runtime/sched/previous_sample.hpp"
 
 namespace troupe::engine {
 
-/// A token the scheduler does not know yet: the one this sequence samples in the step before
-/// (still in flight when this plan was made). The executor substitutes it.
-inline constexpr int32_t previous_sample = -1;
+/// A token the scheduler does not know yet (runtime/sched/previous_sample.hpp).
+using sched::previous_sample;
 
 /// The KV of a sequence's first `num_tokens` positions, independent of any block layout: what a
 /// prefill engine ships to a decode engine (prefill/decode disaggregation). Per layer, token

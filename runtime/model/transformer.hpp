@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
+#include "runtime/model/kernel_path.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/kv_cache.hpp"
 
@@ -13,7 +14,6 @@ namespace troupe::model {
 
 /// Which kernel implementation a transformer runs. Both give the same bits; `reference` is
 /// the readable oracle.
-enum class kernel_path { reference, fast };
 
 /// One token of one sequence in a step: a prefill-chunk token or a decode token.
 struct forward_row {

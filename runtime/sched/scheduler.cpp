@@ -70,7 +70,7 @@ sequence& scheduler::add_sequence(seq_id id, std::vector<int32_t> prompt, int32_
 void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {
   TROUPE_ASSERT_MSG(!contains(child), "duplicate sequence id");
   const sequence& p = get(parent);
-  TROUPE_ASSERT(p.tokens.back() != engine::previous_sample);
+  TROUPE_ASSERT(p.tokens.back() != previous_sample);
   sequence c = p;
   c.id = child;
   c.tokens.back() = last_token;
@@ -139,7 +139,7 @@ void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
     sequence& s = at(waiting_.front());
     // A sequence preempted while its sample was in flight is admitted once the sample is
     // known; until then it holds the queue's head like one that does not fit.
-    if (std::find(s.tokens.begin(), s.tokens.end(), engine::previous_sample) != s.tokens.end()) break;
+    if (std::find(s.tokens.begin(), s.tokens.end(), previous_sample) != s.tokens.end()) break;
     // Imported KV goes into fresh blocks: the transfer already paid for it.
     const int32_t imported = s.num_imported_tokens;
     const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : blocks_.find_prefix(s.tokens);
@@ -192,7 +192,7 @@ void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int3
   num_recomputed_tokens_ += recomputed;
   budget -= num_tokens;
   s.num_computed_tokens += num_tokens;
-  if (samples) s.tokens.push_back(engine::previous_sample);
+  if (samples) s.tokens.push_back(previous_sample);
 }
 
 void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& sampled) {
@@ -204,7 +204,7 @@ void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& samp
     if (it == sequences_.end()) continue;  // removed while the step ran
     sequence& s = it->second;
     if (chunk.samples) {
-      TROUPE_ASSERT(s.tokens.at(end) == engine::previous_sample);
+      TROUPE_ASSERT(s.tokens.at(end) == previous_sample);
       s.tokens[end] = token;
     }
     // A sequence preempted since holds no blocks; one preempted and readmitted cannot exist

@@ -34,17 +34,14 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
-#include "runtime/engine/step.hpp"
+#include "runtime/sched/previous_sample.hpp"
+#include "runtime/sched/scheduler_config.hpp"
 #include "runtime/kv/block_manager.hpp"
 
 namespace troupe::sched {
 
 using kv::seq_id;
 
-struct scheduler_config {
-  int32_t max_num_batched_tokens = 512;  ///< token budget of one step (prefill + decode)
-  int32_t max_num_seqs = 256;            ///< running sequences at most
-};
 
 /// One sequence's slice of a step: tokens [first_position, first_position + num_tokens).
 struct scheduled_chunk {

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -98,6 +99,31 @@ inline bool ends_within(pid_t pid, std::chrono::milliseconds bound) {
   const bool ended = ::poll(&p, 1, static_cast<int>(bound.count())) == 1;
   ::close(fd);
   return ended;
+}
+
+/// Whether file `path` contains `needle` within `bound`. Event-driven: woken by inotify on each
+/// write to the file (the watch is set before the first read, so no write is missed), no polling.
+inline bool file_contains_within(const std::string& path, const std::string& needle, std::chrono::milliseconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  const int fd = ::inotify_init1(IN_CLOEXEC);
+  if (fd < 0 || ::inotify_add_watch(fd, path.c_str(), IN_MODIFY | IN_CLOSE_WRITE) < 0) {
+    ADD_FAILURE() << "cannot watch " << path << ": " << std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  bool found = false;
+  for (;;) {
+    found = read_file(path).find(needle) != std::string::npos;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (found || left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) == 1) {
+      char events[4096];
+      (void)!::read(fd, events, sizeof events);
+    }
+  }
+  ::close(fd);
+  return found;
 }
 
 /// Owns a process started by spawn_program and its whole process group (a `troupe up` and

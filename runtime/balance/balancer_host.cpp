@@ -1,0 +1,126 @@
+#include "runtime/balance/balancer_host.hpp"
+
+#include <utility>
+
+namespace troupe::balance {
+
+balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds,
+                             int64_t heartbeat_timeout_ns, int64_t now_ns)
+    : bounds_(std::move(tier_bounds)) {
+  TROUPE_ASSERT(!engines.empty() && heartbeat_timeout_ns >= 0);
+  int32_t num_prefill = 0;
+  for (engine_spec& spec : engines) {
+    engine_entry e;
+    e.load.kind = spec.kind;
+    e.load.max_num_seqs = spec.max_num_seqs;
+    e.load.kv_capacity_tokens = spec.kv_capacity_tokens;
+    if (spec.kind == engine_kind::prefill) num_prefill++;
+    e.spec = std::move(spec);
+    engines_.push_back(std::move(e));
+  }
+  tiers_ = assign_tiers(num_prefill, static_cast<int32_t>(bounds_.size()) + 1);
+  if (heartbeat_timeout_ns > 0) liveness_.emplace(engines_.size(), heartbeat_timeout_ns, now_ns);
+}
+
+/// Recomputes an engine's token estimates: the last report plus what it has not seen.
+void balancer_host::refresh(engine_entry& e) {
+  while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) {
+    e.unseen_kv_tokens -= e.unseen.front().kv_tokens;
+    e.unseen_prefill_tokens -= e.unseen.front().prefill_tokens;
+    e.unseen.pop_front();
+  }
+  e.load.num_kv_tokens = e.report.num_kv_tokens + e.unseen_kv_tokens;
+  e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens + e.unseen_prefill_tokens;
+}
+
+void balancer_host::charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
+  e.unseen.push_back(unseen_work{++e.num_sent, kv_tokens, prefill_tokens});
+  e.unseen_kv_tokens += kv_tokens;
+  e.unseen_prefill_tokens += prefill_tokens;
+  refresh(e);
+}
+
+expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tokens) {
+  std::vector<engine_load> loads;
+  for (const engine_entry& e : engines_) loads.push_back(e.load);
+  auto chosen = balance::place(loads, tiers_, tier_of(num_prompt_tokens, bounds_), num_prompt_tokens);
+  if (!chosen) {
+    std::string why = chosen.error().message;
+    for (const engine_entry& e : engines_)
+      if (!e.load.alive) why += "; " + e.spec.name + " is lost";
+    return fail(chosen.error().code, std::move(why));
+  }
+  engine_entry& d = engines_[chosen->decode];
+  d.load.num_requests++;
+  routed_[key] = routed_request{chosen->decode, chosen->prefill};
+  const int64_t tokens = num_prompt_tokens;
+  if (chosen->prefill) {
+    charge(engines_[*chosen->prefill], 0, tokens - 1);
+    charge(d, tokens, 0);
+  } else {
+    charge(d, tokens, tokens);
+  }
+  return *chosen;
+}
+
+bool balancer_host::request_ended(request_key key) {
+  auto it = routed_.find(key);
+  if (it == routed_.end()) return false;
+  engines_[it->second.decode].load.num_requests--;
+  routed_.erase(it);
+  return true;
+}
+
+bool balancer_host::on_report(int32_t engine, const engine_report& r, int64_t now_ns) {
+  if (engine < 0 || static_cast<size_t>(engine) >= engines_.size()) return false;
+  engine_entry& e = engines_[static_cast<size_t>(engine)];
+  if (liveness_) liveness_->heard_from(static_cast<size_t>(engine), now_ns);
+  if (r.num_received < e.report.num_received) return true;  // reordered: keep the newer
+  e.report = r;
+  refresh(e);
+  return true;
+}
+
+void balancer_host::heard_from(size_t engine, int64_t now_ns) {
+  if (liveness_) liveness_->heard_from(engine, now_ns);
+}
+
+std::vector<size_t> balancer_host::heartbeat(int64_t now_ns) {
+  if (!liveness_) return {};
+  std::vector<size_t> lost = liveness_->newly_lost(now_ns);
+  for (size_t i : lost) engines_[i].load.alive = false;
+  return lost;
+}
+
+bool balancer_host::mark_lost(size_t engine) {
+  engine_entry& e = engines_.at(engine);
+  if (!e.load.alive) return false;
+  e.load.alive = false;
+  if (liveness_) liveness_->mark_lost(engine);
+  return true;
+}
+
+bool balancer_host::placed_on(request_key key, size_t engine) const {
+  auto it = routed_.find(key);
+  return it != routed_.end() && (it->second.decode == engine || it->second.prefill == engine);
+}
+
+void balancer_host::check_invariants() const {
+  std::vector<int64_t> requests(engines_.size(), 0);
+  for (const auto& [key, r] : routed_) requests.at(r.decode)++;
+  for (size_t i = 0; i < engines_.size(); i++) {
+    const engine_entry& e = engines_[i];
+    TROUPE_ASSERT(e.load.num_requests == requests[i]);
+    int64_t kv = 0, prefill = 0;
+    for (const unseen_work& u : e.unseen) {
+      TROUPE_ASSERT(u.number > e.report.num_received && u.number <= e.num_sent);
+      kv += u.kv_tokens;
+      prefill += u.prefill_tokens;
+    }
+    TROUPE_ASSERT(kv == e.unseen_kv_tokens && prefill == e.unseen_prefill_tokens);
+    if (liveness_) TROUPE_ASSERT(e.load.alive != liveness_->is_lost(i));
+  }
+  if (liveness_) liveness_->check_invariants();
+}
+
+}  // namespace troupe::balance

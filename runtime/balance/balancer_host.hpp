@@ -1,0 +1,113 @@
+#pragma once
+
+/// The load balancer's bookkeeping without an actor system (actors/load_balancer_actor.cpp is a
+/// dispatcher over it): what it believes about each engine, where each live request was placed,
+/// and which engines are lost.
+///
+/// Load. `num_requests` is exact: +1 when a request is placed on a decode (or mixed) engine, -1
+/// when that request ends (`request_ended`). Token counts are an estimate: an engine's latest
+/// load report plus the work placed on it that the report does not include yet. Each placement
+/// on an engine is its n-th received work item (a submit, prefill or hand-off); a report that
+/// has received m items covers the first m, so unseen work is dropped from the estimate as
+/// reports catch up (`refresh`). A reordered (older) report is ignored.
+///
+/// Placement follows balance::place (placement.hpp): a disaggregated request charges its prompt
+/// minus one token to the prefill engine's queue and the whole prompt to the decode engine's KV;
+/// a whole request charges both to one engine.
+///
+/// Liveness (with a heartbeat timeout): every report and every pong is news from an engine;
+/// `heartbeat` returns the engines silent for longer than the timeout (balance::liveness). A
+/// lost engine (by heartbeat or DOWN: `mark_lost`) gets no new work; `placed_on` tells which
+/// live requests must hear of it.
+///
+/// Requests are named by opaque keys the caller chooses. Pure: no CAF, no clock (`now_ns`).
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/balance/liveness.hpp"
+#include "runtime/balance/placement.hpp"
+
+namespace troupe::balance {
+
+/// One engine as configured.
+struct engine_spec {
+  engine_kind kind = engine_kind::mixed;
+  int32_t max_num_seqs = 256;
+  int64_t kv_capacity_tokens = 16384;
+  std::string name = "engine";  ///< in error messages, e.g. "engine 'e0' on node 'n0'"
+};
+
+/// An engine's load report (msg::load_report without its transport fields).
+struct engine_report {
+  int64_t num_received = 0;  ///< work items received so far
+  int64_t num_requests = 0;
+  int64_t num_kv_tokens = 0;
+  int64_t num_queued_prefill_tokens = 0;
+};
+
+using request_key = uint64_t;
+
+class balancer_host {
+ public:
+  /// `tier_bounds`: placement.hpp's prompt-length tiers; `heartbeat_timeout_ns` 0 = no heartbeat.
+  balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds, int64_t heartbeat_timeout_ns,
+                int64_t now_ns);
+
+  /// Chooses engines for request `key` of `num_prompt_tokens` tokens and charges them; the
+  /// error (unavailable) names every lost engine.
+  [[nodiscard]] expected<placement> place(request_key key, int32_t num_prompt_tokens);
+  /// The request `key` ended; false if it was never placed (or ended already).
+  bool request_ended(request_key key);
+  /// A load report from engine `engine` (false: no such engine). Counts as news for the heartbeat.
+  bool on_report(int32_t engine, const engine_report& r, int64_t now_ns);
+  /// Engine `engine` answered a ping.
+  void heard_from(size_t engine, int64_t now_ns);
+  /// The engines silent past the heartbeat timeout and not lost before, in index order: lost
+  /// from now on (each exactly once; none without a heartbeat).
+  [[nodiscard]] std::vector<size_t> heartbeat(int64_t now_ns);
+  /// Engine `engine` is lost (its DOWN message); false if it was already.
+  bool mark_lost(size_t engine);
+
+  [[nodiscard]] bool placed_on(request_key key, size_t engine) const;
+  [[nodiscard]] const engine_load& load(size_t engine) const { return engines_.at(engine).load; }
+  [[nodiscard]] size_t num_engines() const { return engines_.size(); }
+  [[nodiscard]] size_t num_placed() const { return routed_.size(); }
+  void check_invariants() const;
+
+ private:
+  /// Work placed on an engine that its last load report does not include yet.
+  struct unseen_work {
+    int64_t number = 0;  // the engine's n-th received work item
+    int64_t kv_tokens = 0;
+    int64_t prefill_tokens = 0;
+  };
+  struct engine_entry {
+    engine_spec spec;
+    engine_load load;
+    engine_report report;  // the latest
+    int64_t num_sent = 0;  // work items placed on it
+    std::deque<unseen_work> unseen;
+    int64_t unseen_kv_tokens = 0;       // Σ unseen
+    int64_t unseen_prefill_tokens = 0;  // Σ unseen
+  };
+  struct routed_request {
+    size_t decode = 0;
+    std::optional<size_t> prefill;
+  };
+
+  static void refresh(engine_entry& e);
+  static void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens);
+
+  std::vector<engine_entry> engines_;
+  std::vector<int32_t> bounds_;
+  std::vector<std::vector<bool>> tiers_;  // assign_tiers over the prefill engines
+  std::map<request_key, routed_request> routed_;
+  std::optional<liveness> liveness_;
+};
+
+}  // namespace troupe::balance

@@ -1,0 +1,322 @@
+#include "runtime/engine/engine_host.hpp"
+
+#include <tuple>
+#include <utility>
+
+namespace troupe::engine {
+namespace {
+
+bool same_chunks(const std::vector<exec_chunk>& a, const std::vector<exec_chunk>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); i++)
+    if (std::tie(a[i].seq, a[i].first_position, a[i].tokens, a[i].first_block, a[i].block_table,
+                 a[i].num_samples, a[i].seed, a[i].export_kv) !=
+        std::tie(b[i].seq, b[i].first_position, b[i].tokens, b[i].first_block, b[i].block_table,
+                 b[i].num_samples, b[i].seed, b[i].export_kv))
+      return false;
+  return true;
+}
+
+bool same_top(const std::vector<sampling::token_logprob>& a, const std::vector<sampling::token_logprob>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); i++)
+    if (a[i].token != b[i].token || a[i].logprob != b[i].logprob) return false;
+  return true;
+}
+
+bool same_kv(const kv_data& a, const kv_data& b) {
+  return std::tie(a.num_layers, a.kv_dim, a.num_tokens, a.keys, a.values) ==
+         std::tie(b.num_layers, b.kv_dim, b.num_tokens, b.keys, b.values);
+}
+
+}  // namespace
+
+// Plans compare by step and chunks (what the executor computes), requests by id and prompt.
+bool operator==(const send_plan& a, const send_plan& b) {
+  return a.generation == b.generation && a.plan.step == b.plan.step && same_chunks(a.plan.chunks, b.plan.chunks) &&
+         a.plan.released == b.plan.released && a.plan.imports.size() == b.plan.imports.size() &&
+         a.plan.copies == b.plan.copies;
+}
+
+bool operator==(const send_token& a, const send_token& b) {
+  const sample_event& x = a.event;
+  const sample_event& y = b.event;
+  return std::tie(x.request, x.sample_index, x.sample.token, x.sample.logprob, x.finish, x.num_cached_tokens,
+                  x.num_preemptions, x.num_recomputed_tokens, a.scheduled_at_ns) ==
+             std::tie(y.request, y.sample_index, y.sample.token, y.sample.logprob, y.finish, y.num_cached_tokens,
+                      y.num_preemptions, y.num_recomputed_tokens, b.scheduled_at_ns) &&
+         same_top(x.sample.top_logprobs, y.sample.top_logprobs);
+}
+
+bool operator==(const token_batch& a, const token_batch& b) {
+  if (a.top_logprobs.size() != b.top_logprobs.size()) return false;
+  for (size_t i = 0; i < a.top_logprobs.size(); i++)
+    if (!same_top(a.top_logprobs[i], b.top_logprobs[i])) return false;
+  return std::tie(a.request, a.tokens, a.logprobs, a.age_ns, a.finish, a.num_cached_tokens, a.num_preemptions,
+                  a.num_recomputed_tokens, a.scheduled_age_ns) ==
+         std::tie(b.request, b.tokens, b.logprobs, b.age_ns, b.finish, b.num_cached_tokens, b.num_preemptions,
+                  b.num_recomputed_tokens, b.scheduled_age_ns);
+}
+
+bool operator==(const send_batch& a, const send_batch& b) { return a.batch == b.batch; }
+
+bool operator==(const reject& a, const reject& b) {
+  return std::tie(a.id, a.code, a.message, a.to_caller) == std::tie(b.id, b.code, b.message, b.to_caller);
+}
+
+bool operator==(const watch_caller& a, const watch_caller& b) { return a.id == b.id; }
+
+bool operator==(const hand_off& a, const hand_off& b) {
+  return a.prefilled.req.id == b.prefilled.req.id && a.prefilled.req.prompt == b.prefilled.req.prompt &&
+         same_kv(a.prefilled.kv, b.prefilled.kv) &&
+         std::tie(a.decode, a.kv_host, a.kv_port, a.ucx_tag) == std::tie(b.decode, b.kv_host, b.kv_port, b.ucx_tag);
+}
+
+bool operator==(const report_load& a, const report_load& b) {
+  return std::tie(a.engine_index, a.num_received, a.num_requests, a.num_kv_tokens, a.num_queued_prefill_tokens) ==
+         std::tie(b.engine_index, b.num_received, b.num_requests, b.num_kv_tokens, b.num_queued_prefill_tokens);
+}
+
+bool operator==(const arm_report_timer& a, const arm_report_timer& b) { return a.delay_ns == b.delay_ns; }
+
+bool operator==(const restart_executor&, const restart_executor&) { return true; }
+
+expected<std::unique_ptr<engine_host>> engine_host::create(engine_host_options options, int64_t now_ns) {
+  auto core = engine_core::create(options.model, options.bos_id, options.eos_id, options.config);
+  if (!core) return tl::unexpected(core.error());
+  if (options.max_waiting <= 0) return fail(errc::invalid_argument, "max_waiting must be > 0");
+  return std::unique_ptr<engine_host>(new engine_host(std::move(options), std::move(*core), now_ns));
+}
+
+engine_host::engine_host(engine_host_options options, std::unique_ptr<engine_core> core, int64_t now_ns)
+    : options_(std::move(options)), core_(std::move(core)), started_ns_(now_ns) {}
+
+/// Queues `r` through `add` (one of the core's add_* calls, which moves `r`); false (with a
+/// rejection to the caller) when it is refused. `samples` is false for a prefill-only request
+/// (its tokens come from the decode engine).
+template <class Add>
+bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns) {
+  const request_id id = r.id;
+  // Tokens delivered in one message at the end: room for all of them reserved now.
+  const int32_t batch_tokens = samples && r.batch_tokens ? r.max_tokens : 0;
+  if (core_->num_waiting() >= options_.max_waiting) {
+    out.push_back(reject{id, errc::overloaded,
+                         "the engine's waiting queue is full (" + std::to_string(options_.max_waiting) +
+                             " requests); retry later",
+                         true});
+    return false;
+  }
+  if (auto ok = add(); !ok) {
+    out.push_back(reject{id, ok.error().code, ok.error().message, true});
+    return false;
+  }
+  live_request& live = requests_.emplace(id, live_request{0, batch_tokens > 0, {}}).first->second;
+  if (live.batch) {
+    token_batch& b = live.tokens;
+    b.tokens.reserve(batch_tokens);
+    b.logprobs.reserve(batch_tokens);
+    b.top_logprobs.reserve(batch_tokens);
+    b.age_ns.reserve(batch_tokens);
+  }
+  // A request actor that dies without releasing its request must not keep it generating.
+  out.push_back(watch_caller{id});
+  kick(out, now_ns);
+  note_change(out, now_ns);
+  return true;
+}
+
+effects engine_host::submit(request r, int64_t now_ns) {
+  num_received_++;
+  effects out;
+  admit(r, true, [&] { return core_->add_request(std::move(r)); }, out, now_ns);
+  return out;
+}
+
+effects engine_host::submit_prefill(request r, std::optional<peer_id> decode, std::string kv_host, uint16_t kv_port,
+                                    int64_t now_ns) {
+  num_received_++;
+  effects out;
+  const request_id id = r.id;
+  if (!decode) {
+    out.push_back(reject{id, errc::invalid_argument, "a prefill request names no decode engine", true});
+    return out;
+  }
+  if (admit(r, false, [&] { return core_->add_prefill(std::move(r)); }, out, now_ns))
+    handoffs_[id] = handoff_target{*decode, std::move(kv_host), kv_port};
+  return out;
+}
+
+effects engine_host::import(request r, request_id payload_id, kv_data kv, int64_t now_ns) {
+  effects out;
+  const request_id id = r.id;
+  if (payload_id != id) {
+    out.push_back(reject{id, errc::invalid_argument,
+                         "a KV payload for request " + std::to_string(payload_id) + " arrived for request " +
+                             std::to_string(id),
+                         true});
+    return out;
+  }
+  admit(r, true, [&] { return core_->add_prefilled(std::move(r), std::move(kv)); }, out, now_ns);
+  return out;
+}
+
+void engine_host::kick(effects& out, int64_t now_ns) {
+  while (auto plan = core_->plan_step()) {
+    if (core_->num_in_flight() == 1) busy_since_ns_ = now_ns;
+    for (const exec_chunk& chunk : plan->chunks) {
+      auto it = requests_.find(core_->request_of(chunk.seq).value_or(-1));
+      if (it != requests_.end() && it->second.scheduled_at_ns == 0) it->second.scheduled_at_ns = now_ns;
+    }
+    out.push_back(send_plan{std::move(*plan), generation_});
+  }
+}
+
+void engine_host::send_report(effects& out, int64_t now_ns) {
+  reporting_->last_ns = now_ns;
+  const engine_stats s = core_->stats();
+  out.push_back(report_load{reporting_->engine_index, num_received_, static_cast<int64_t>(requests_.size()),
+                            static_cast<int64_t>(s.num_blocks_in_use) * core_->config().block_size,
+                            core_->num_queued_prompt_tokens()});
+}
+
+/// Something changed: report now, or once the interval since the last report has passed.
+void engine_host::note_change(effects& out, int64_t now_ns) {
+  if (!reporting_ || reporting_->due) return;
+  if (now_ns - reporting_->last_ns >= reporting_->interval_ns) {
+    send_report(out, now_ns);
+    return;
+  }
+  reporting_->due = true;
+  out.push_back(arm_report_timer{reporting_->last_ns + reporting_->interval_ns - now_ns});
+}
+
+effects engine_host::report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns) {
+  TROUPE_ASSERT(interval_ns > 0);
+  if (!reporting_) reporting_.emplace();
+  reporting_->engine_index = engine_index;
+  reporting_->interval_ns = interval_ns;
+  effects out;
+  send_report(out, now_ns);
+  return out;
+}
+
+effects engine_host::report_timer(int64_t now_ns) {
+  effects out;
+  if (!reporting_) return out;
+  reporting_->due = false;
+  send_report(out, now_ns);
+  return out;
+}
+
+/// One sampled token: sent now, or added to a batched request's tokens (sent with the last).
+void engine_host::on_sample(sample_event&& e, effects& out, int64_t now_ns) {
+  const request_id id = e.request;
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  live_request& live = it->second;
+  if (!live.batch) {
+    out.push_back(send_token{std::move(e), live.scheduled_at_ns});
+  } else {
+    TROUPE_ASSERT_MSG(e.sample_index == 0, "batched requests have one sample");
+    token_batch& b = live.tokens;
+    b.request = e.request;
+    b.tokens.push_back(e.sample.token);
+    b.logprobs.push_back(e.sample.logprob);
+    b.top_logprobs.push_back(std::move(e.sample.top_logprobs));
+    b.age_ns.push_back(now_ns);
+    if (e.finish != finish_reason::none) {
+      for (int64_t& t : b.age_ns) t = now_ns - t;
+      b.finish = e.finish;
+      b.num_cached_tokens = e.num_cached_tokens;
+      b.num_preemptions = e.num_preemptions;
+      b.num_recomputed_tokens = e.num_recomputed_tokens;
+      b.scheduled_age_ns = now_ns - live.scheduled_at_ns;
+      out.push_back(send_batch{std::move(b)});
+    }
+  }
+  if (!core_->contains(id)) requests_.erase(it);
+}
+
+/// Ships each finished prefill's request and KV to its decode engine.
+void engine_host::hand_off_prefilled(effects& out) {
+  for (prefilled_request& p : core_->take_prefilled()) {
+    const request_id id = p.req.id;
+    auto it = handoffs_.find(id);
+    TROUPE_ASSERT_MSG(it != handoffs_.end(), "a prefill without a handoff target");
+    handoff_target target = std::move(it->second);
+    handoffs_.erase(it);
+    requests_.erase(id);
+    const uint64_t tag = options_.kv_over_ucx ? options_.ucx_tag_base + next_ucx_tag_++ : 0;
+    out.push_back(hand_off{std::move(p), target.decode, std::move(target.kv_host), target.kv_port, tag});
+  }
+}
+
+effects engine_host::on_step_result(int64_t generation, exec_result result, int64_t now_ns) {
+  effects out;
+  if (generation != generation_) return out;  // a failed executor's late reply
+  std::vector<sample_event> events = core_->complete_step(std::move(result));
+  out.reserve(events.size() + 4);  // an effect per token, and a few more: one allocation per step
+  for (sample_event& e : events) on_sample(std::move(e), out, now_ns);
+  for (failed_request& f : core_->take_failed()) {
+    if (!requests_.count(f.id)) continue;
+    out.push_back(reject{f.id, f.reason.code, std::move(f.reason.message), false});
+    handoffs_.erase(f.id);
+    requests_.erase(f.id);
+  }
+  hand_off_prefilled(out);
+  note_change(out, now_ns);
+  const int32_t every = options_.check_invariants_every;
+  if (every > 0 && core_->stats().num_steps % every == 0) core_->check_invariants(/*deep=*/false);
+  if (core_->num_in_flight() == 0) executor_busy_ns_ += now_ns - busy_since_ns_;
+  kick(out, now_ns);
+  return out;
+}
+
+effects engine_host::executor_failed(int64_t generation, const std::string& why, int64_t now_ns) {
+  (void)now_ns;
+  effects out;
+  if (generation != generation_) return out;  // a replaced executor: handled already
+  generation_++;
+  num_executor_failures_++;
+  for (const auto& [id, live] : requests_) out.push_back(reject{id, errc::internal, why, false});
+  requests_.clear();
+  handoffs_.clear();
+  auto core = engine_core::create(options_.model, options_.bos_id, options_.eos_id, options_.config);
+  TROUPE_ASSERT_MSG(core.has_value(), "the options made a core before");
+  core_ = std::move(*core);
+  out.push_back(restart_executor{});
+  return out;
+}
+
+void engine_host::drop(request_id id, effects& out, int64_t now_ns) {
+  (void)core_->remove_request(id);
+  requests_.erase(id);
+  handoffs_.erase(id);
+  kick(out, now_ns);
+  note_change(out, now_ns);
+}
+
+effects engine_host::release(request_id id, int64_t now_ns) {
+  effects out;
+  drop(id, out, now_ns);
+  return out;
+}
+
+effects engine_host::peer_down(request_id id, int64_t now_ns) {
+  effects out;
+  if (requests_.count(id)) drop(id, out, now_ns);
+  return out;
+}
+
+engine_host_stats engine_host::stats(int64_t now_ns) const {
+  engine_host_stats s;
+  s.core = core_->stats();
+  s.num_waiting = core_->num_waiting();
+  s.num_requests = static_cast<int64_t>(requests_.size());
+  s.num_executor_failures = num_executor_failures_;
+  s.executor_busy_ns = executor_busy_ns_;
+  s.elapsed_ns = now_ns - started_ns_;
+  return s;
+}
+
+}  // namespace troupe::engine

@@ -1,0 +1,228 @@
+#pragma once
+
+/// The engine's policy without an actor system: one replica's live requests over an
+/// engine_core, driven by calls that each return the list of effects the engine actor performs
+/// (actors/engine_actor.cpp is a dispatcher over this host: STYLE.md, "An actor is a dispatcher
+/// over a pure host").
+///
+/// What it decides:
+/// - admission: at most `max_waiting` queued requests, beyond that `reject{overloaded}`; a
+///   request the core refuses is rejected with the core's error;
+/// - planning: at most `max_steps_in_flight` plans at the executor (`send_plan`, tagged with the
+///   executor generation; a reply of an older generation is ignored);
+/// - tokens: one `send_token` per sampled token, or, for a request with `batch_tokens`, one
+///   `send_batch` when it ends with every token's age (sampled-to-sent time);
+/// - hand-off (prefill engine): a finished prefill becomes one `hand_off` carrying the request,
+///   its KV and the decode engine (and a UCX tag when the KV travels over UCX);
+/// - load reports: `report_load` at most once per interval and only after a change; a change
+///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none;
+/// - executor failure: every unfinished request is rejected with `internal`, the core is
+///   rebuilt empty, and `restart_executor` asks for a new executor.
+///
+/// Identity: a request is named by its id; effects for it go to its request actor, which the
+/// actor learns from `watch_caller` (the caller of the admitting call is that request's actor)
+/// and forgets when that actor is DOWN. A rejection before admission goes to the caller
+/// (`reject::to_caller`). Decode engines are `peer_id`s the actor chooses.
+///
+/// Pure: no CAF, no clock (every call takes `now_ns`), no threads.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/engine/engine_core.hpp"
+
+namespace troupe::engine {
+
+/// A decode engine, as numbered by the caller of engine_host.
+using peer_id = uint32_t;
+
+/// Send `plan` to the executor; its result comes back with `generation`.
+struct send_plan {
+  exec_plan plan;
+  int64_t generation = 0;
+};
+
+/// Send one token to the request actor of `event.request`.
+struct send_token {
+  sample_event event;
+  int64_t scheduled_at_ns = 0;  ///< host clock when the request was first planned
+};
+
+/// Every token of a `batch_tokens` request, sent when it ends (msg::sampled_batch).
+struct token_batch {
+  request_id request = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;
+  std::vector<int64_t> age_ns;  ///< how long before sending each token was sampled
+  finish_reason finish = finish_reason::none;
+  int32_t num_cached_tokens = 0;
+  int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;
+  int64_t scheduled_age_ns = 0;  ///< how long before sending the request was first planned
+};
+
+struct send_batch {
+  token_batch batch;
+};
+
+/// Tell a request it is refused or failed: to the caller (before admission) or to its actor.
+struct reject {
+  request_id id = 0;
+  errc code = errc::internal;
+  std::string message;
+  bool to_caller = false;
+};
+
+/// The caller of this call is the request actor of `id` (watch it; send its effects there).
+struct watch_caller {
+  request_id id = 0;
+};
+
+/// Prefill done: tell the request actor (`prefilled`), then ship the request and its KV to
+/// `decode` (over UCX when `ucx_tag` != 0, to `kv_host:kv_port`).
+struct hand_off {
+  prefilled_request prefilled;
+  peer_id decode = 0;
+  std::string kv_host;
+  uint16_t kv_port = 0;
+  uint64_t ucx_tag = 0;
+};
+
+/// A load report for the balancer (msg::load_report).
+struct report_load {
+  int32_t engine_index = 0;
+  int64_t num_received = 0;
+  int64_t num_requests = 0;
+  int64_t num_kv_tokens = 0;
+  int64_t num_queued_prefill_tokens = 0;
+};
+
+/// Call `report_timer` after `delay_ns`.
+struct arm_report_timer {
+  int64_t delay_ns = 0;
+};
+
+/// The executor failed: replace it (its KV is gone; the host is empty again).
+struct restart_executor {};
+
+using effect = std::variant<send_plan, send_token, send_batch, reject, watch_caller, hand_off, report_load,
+                            arm_report_timer, restart_executor>;
+using effects = std::vector<effect>;
+
+bool operator==(const send_plan& a, const send_plan& b);
+bool operator==(const send_token& a, const send_token& b);
+bool operator==(const token_batch& a, const token_batch& b);
+bool operator==(const send_batch& a, const send_batch& b);
+bool operator==(const reject& a, const reject& b);
+bool operator==(const watch_caller& a, const watch_caller& b);
+bool operator==(const hand_off& a, const hand_off& b);
+bool operator==(const report_load& a, const report_load& b);
+bool operator==(const arm_report_timer& a, const arm_report_timer& b);
+bool operator==(const restart_executor& a, const restart_executor& b);
+
+struct engine_host_options {
+  model::model_config model;
+  int32_t bos_id = 1;
+  int32_t eos_id = 2;
+  engine_config config;
+  int32_t max_waiting = 1024;  ///< queued requests at most; beyond: reject{overloaded}
+  /// Check the core's invariants after every Nth completed step; 0 = never.
+  int32_t check_invariants_every = 0;
+  bool kv_over_ucx = false;    ///< hand-offs get UCX tags ucx_tag_base, ucx_tag_base + 1, ...
+  uint64_t ucx_tag_base = 0;
+};
+
+/// Counters for the engine's stats answer.
+struct engine_host_stats {
+  engine_stats core;
+  int64_t num_waiting = 0;
+  int64_t num_requests = 0;  ///< live requests
+  int64_t num_executor_failures = 0;
+  int64_t executor_busy_ns = 0;
+  int64_t elapsed_ns = 0;
+};
+
+class engine_host {
+ public:
+  /// Fails if the core cannot be created from the options.
+  [[nodiscard]] static expected<std::unique_ptr<engine_host>> create(engine_host_options options, int64_t now_ns);
+
+  /// A request to run whole (msg::submit).
+  [[nodiscard]] effects submit(request r, int64_t now_ns);
+  /// A request to prefill and hand off to `decode` (empty: refused, invalid_argument).
+  [[nodiscard]] effects submit_prefill(request r, std::optional<peer_id> decode, std::string kv_host,
+                                       uint16_t kv_port, int64_t now_ns);
+  /// Work arrived that is not submitted by this call (a hand-off whose KV may still be on the
+  /// way, work naming no request actor): counted as received all the same.
+  void note_received() { num_received_++; }
+  /// A handed-off request with its decoded KV payload (`payload_id`: the id inside the payload).
+  [[nodiscard]] effects import(request r, request_id payload_id, kv_data kv, int64_t now_ns);
+  /// The executor's answer to a plan of `generation` (an older generation's is ignored).
+  [[nodiscard]] effects on_step_result(int64_t generation, exec_result result, int64_t now_ns);
+  /// The request actor ends the request early; it may have ended already.
+  [[nodiscard]] effects release(request_id id, int64_t now_ns);
+  /// The request actor of `id` is gone: its request is dropped if it is live.
+  [[nodiscard]] effects peer_down(request_id id, int64_t now_ns);
+  /// The executor of `generation` failed (`why`); an older generation's failure is ignored.
+  [[nodiscard]] effects executor_failed(int64_t generation, const std::string& why, int64_t now_ns);
+  /// Start reporting load as engine `engine_index`, at most once per `interval_ns` (reports now).
+  [[nodiscard]] effects report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns);
+  /// The timer armed by arm_report_timer fired.
+  [[nodiscard]] effects report_timer(int64_t now_ns);
+
+  [[nodiscard]] int64_t generation() const { return generation_; }
+  [[nodiscard]] bool is_live(request_id id) const { return requests_.count(id) != 0; }
+  [[nodiscard]] size_t num_live() const { return requests_.size(); }
+  [[nodiscard]] const engine_core& core() const { return *core_; }
+  [[nodiscard]] engine_host_stats stats(int64_t now_ns) const;
+
+ private:
+  struct live_request {
+    int64_t scheduled_at_ns = 0;  // host clock when first planned; 0 = not yet
+    bool batch = false;           // request::batch_tokens: collect into `tokens`
+    token_batch tokens;           // age_ns holds each token's sample time until sent
+  };
+  struct handoff_target {
+    peer_id decode = 0;
+    std::string kv_host;
+    uint16_t kv_port = 0;
+  };
+  struct reporting {
+    int32_t engine_index = 0;
+    int64_t interval_ns = 0;
+    int64_t last_ns = 0;
+    bool due = false;  // a timer is armed
+  };
+
+  engine_host(engine_host_options options, std::unique_ptr<engine_core> core, int64_t now_ns);
+
+  template <class Add>
+  bool admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns);
+  void kick(effects& out, int64_t now_ns);
+  void note_change(effects& out, int64_t now_ns);
+  void send_report(effects& out, int64_t now_ns);
+  void on_sample(sample_event&& e, effects& out, int64_t now_ns);
+  void hand_off_prefilled(effects& out);
+  void drop(request_id id, effects& out, int64_t now_ns);
+
+  engine_host_options options_;
+  std::unique_ptr<engine_core> core_;
+  int64_t generation_ = 0;
+  std::map<request_id, live_request> requests_;
+  std::map<request_id, handoff_target> handoffs_;
+  uint64_t next_ucx_tag_ = 0;
+  std::optional<reporting> reporting_;
+  int64_t num_received_ = 0;  // submits, prefills and hand-offs
+  int64_t num_executor_failures_ = 0;
+  int64_t executor_busy_ns_ = 0;
+  int64_t busy_since_ns_ = 0;
+  int64_t started_ns_ = 0;
+};
+
+}  // namespace troupe::engine

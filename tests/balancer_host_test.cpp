@@ -1,0 +1,130 @@
+// balance::balancer_host without an actor system: the load estimate (report + unseen work),
+// exact request counts, placement across tiers, lost engines and the heartbeat.
+#include "runtime/balance/balancer_host.hpp"
+
+#include <gtest/gtest.h>
+
+#include <tuple>
+#include <vector>
+
+namespace troupe::balance {
+namespace {
+
+engine_spec spec(engine_kind kind, const std::string& name) { return engine_spec{kind, 10, 1000, name}; }
+
+/// (requests, kv tokens, queued prefill tokens, alive) of engine `i`.
+std::tuple<int64_t, int64_t, int64_t, bool> load_of(const balancer_host& h, size_t i) {
+  const engine_load& l = h.load(i);
+  return {l.num_requests, l.num_kv_tokens, l.num_prefill_tokens, l.alive};
+}
+
+using L = std::tuple<int64_t, int64_t, int64_t, bool>;
+
+TEST(BalancerHost, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
+  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
+  auto a = h.place(1, 100);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->decode, 0u);
+  EXPECT_FALSE(a->prefill.has_value());
+  EXPECT_EQ(load_of(h, 0), (L{1, 100, 100, true}));
+  auto b = h.place(2, 50);  // m0 scores 1/10 + 100/1000 now: m1 takes it
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->decode, 1u);
+  EXPECT_EQ(load_of(h, 1), (L{1, 50, 50, true}));
+  ASSERT_TRUE(h.place(3, 10).has_value());  // m1: 0.1 + 0.05 < m0: 0.1 + 0.1
+  EXPECT_EQ(load_of(h, 1), (L{2, 60, 60, true}));
+  // m1's report has seen its first work item only: the second stays on top of it.
+  EXPECT_TRUE(h.on_report(1, engine_report{1, 1, 64, 0}, 5));
+  EXPECT_EQ(load_of(h, 1), (L{2, 74, 10, true}));
+  // A reordered older report changes nothing; a report that has seen everything replaces all.
+  EXPECT_TRUE(h.on_report(1, engine_report{0, 0, 0, 0}, 6));
+  EXPECT_EQ(load_of(h, 1), (L{2, 74, 10, true}));
+  EXPECT_TRUE(h.on_report(1, engine_report{2, 2, 80, 3}, 7));
+  EXPECT_EQ(load_of(h, 1), (L{2, 80, 3, true}));
+  EXPECT_FALSE(h.on_report(2, engine_report{}, 8));  // no such engine
+  EXPECT_FALSE(h.on_report(-1, engine_report{}, 8));
+  h.check_invariants();
+}
+
+TEST(BalancerHost, RequestCountsAreExact) {
+  balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
+  ASSERT_TRUE(h.place(7, 4).has_value());
+  ASSERT_TRUE(h.place(8, 4).has_value());
+  EXPECT_EQ(h.load(0).num_requests, 2);
+  EXPECT_TRUE(h.request_ended(7));
+  EXPECT_FALSE(h.request_ended(7));
+  EXPECT_FALSE(h.request_ended(99));
+  EXPECT_EQ(h.load(0).num_requests, 1);
+  EXPECT_EQ(h.num_placed(), 1u);
+  h.check_invariants();
+}
+
+TEST(BalancerHost, DisaggregatesAcrossTiersAndChargesBothEngines) {
+  // Bounds {128}: two tiers; prefill p0 serves short prompts, p1 long ones.
+  balancer_host h({spec(engine_kind::prefill, "p0"), spec(engine_kind::prefill, "p1"), spec(engine_kind::decode, "d0")},
+                  {128}, 0, 0);
+  auto shrt = h.place(1, 100);
+  ASSERT_TRUE(shrt.has_value());
+  EXPECT_EQ(shrt->prefill, std::optional<size_t>{0});
+  EXPECT_EQ(shrt->decode, 2u);
+  auto lng = h.place(2, 300);
+  ASSERT_TRUE(lng.has_value());
+  EXPECT_EQ(lng->prefill, std::optional<size_t>{1});
+  EXPECT_EQ(load_of(h, 0), (L{0, 0, 99, true}));   // all but the last prompt token
+  EXPECT_EQ(load_of(h, 1), (L{0, 0, 299, true}));
+  EXPECT_EQ(load_of(h, 2), (L{2, 400, 0, true}));  // the decode engine holds the whole prompts
+  // A one-token prompt has nothing to prefill.
+  auto one = h.place(3, 1);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_FALSE(one->prefill.has_value());
+  EXPECT_EQ(load_of(h, 2), (L{3, 401, 1, true}));
+  EXPECT_TRUE(h.placed_on(1, 0));
+  EXPECT_TRUE(h.placed_on(1, 2));
+  EXPECT_FALSE(h.placed_on(1, 1));
+  h.check_invariants();
+}
+
+TEST(BalancerHost, ALostEngineGetsNoWorkAndTheErrorNamesIt) {
+  balancer_host h({spec(engine_kind::mixed, "engine 'm0' on node 'n0'"), spec(engine_kind::mixed, "engine 'm1'")},
+                  {}, 0, 0);
+  ASSERT_TRUE(h.place(1, 8).has_value());
+  EXPECT_TRUE(h.mark_lost(0));
+  EXPECT_FALSE(h.mark_lost(0));
+  EXPECT_TRUE(h.placed_on(1, 0));  // its requests are still placed there until they end
+  auto b = h.place(2, 8);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->decode, 1u);
+  EXPECT_TRUE(h.mark_lost(1));
+  auto none = h.place(3, 8);
+  ASSERT_FALSE(none.has_value());
+  EXPECT_EQ(none.error().code, errc::unavailable);
+  EXPECT_EQ(none.error().message,
+            "no live engine can serve the request; engine 'm0' on node 'n0' is lost; engine 'm1' is lost");
+  EXPECT_EQ(h.num_placed(), 2u);
+  h.check_invariants();
+}
+
+TEST(BalancerHost, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers) {
+  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
+                  {}, /*heartbeat_timeout_ns=*/100, /*now_ns=*/0);
+  h.heard_from(0, 50);
+  EXPECT_TRUE(h.on_report(1, engine_report{}, 60));
+  EXPECT_EQ(h.heartbeat(100), std::vector<size_t>{});  // silent for exactly the timeout: not yet
+  EXPECT_EQ(h.heartbeat(101), (std::vector<size_t>{2}));
+  EXPECT_FALSE(h.load(2).alive);
+  EXPECT_EQ(h.heartbeat(155), (std::vector<size_t>{0}));
+  EXPECT_FALSE(h.mark_lost(0));  // its DOWN message after the heartbeat: nothing new
+  EXPECT_TRUE(h.mark_lost(1));   // lost by DOWN: the heartbeat skips it
+  EXPECT_EQ(h.heartbeat(1000), std::vector<size_t>{});
+  h.check_invariants();
+}
+
+TEST(BalancerHost, WithoutAHeartbeatSilenceDecidesNothing) {
+  balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
+  h.heard_from(0, 5);
+  EXPECT_EQ(h.heartbeat(int64_t{1} << 60), std::vector<size_t>{});
+  EXPECT_TRUE(h.load(0).alive);
+}
+
+}  // namespace
+}  // namespace troupe::balance

@@ -1,0 +1,3 @@
+#pragma once
+#include "actors/wiring.hpp"
+#include "messages/wire.hpp"

@@ -1,0 +1,2 @@
+#pragma once
+#include "transport/ucx_transport.hpp"

@@ -1,0 +1,296 @@
+// engine::engine_host without an actor system: each call's whole effect list, exactly.
+// Admission and `overloaded`, token batching, prefill -> decode hand-off, load-report
+// throttling, executor failure. The executor is played by the test (fake_result).
+#include "runtime/engine/engine_host.hpp"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace troupe::engine {
+
+namespace {
+
+/// Effects in failure messages, one line each.
+std::string describe(const effects& fx) {
+  struct printer {
+    std::ostream& o;
+    void operator()(const send_plan& p) {
+      o << "plan(gen " << p.generation << ", step " << p.plan.step << ", " << p.plan.chunks.size() << " chunks)";
+    }
+    void operator()(const send_token& t) {
+      o << "token(r" << t.event.request << " #" << t.event.sample_index << " t" << t.event.sample.token << " finish "
+        << to_string(t.event.finish) << " cached " << t.event.num_cached_tokens << " preempted "
+        << t.event.num_preemptions << " recomputed " << t.event.num_recomputed_tokens << " sched " << t.scheduled_at_ns
+        << ")";
+    }
+    void operator()(const send_batch& b) {
+      o << "batch(r" << b.batch.request << ", " << b.batch.tokens.size() << " tokens)";
+    }
+    void operator()(const reject& r) {
+      o << "reject(r" << r.id << " " << to_string(r.code) << " '" << r.message << "'"
+        << (r.to_caller ? " to caller" : "") << ")";
+    }
+    void operator()(const watch_caller& w) { o << "watch(r" << w.id << ")"; }
+    void operator()(const hand_off& h) {
+      o << "hand_off(r" << h.prefilled.req.id << " to " << h.decode << " " << h.kv_host << ":" << h.kv_port << " tag "
+        << h.ucx_tag << " kv " << h.prefilled.kv.num_tokens << ")";
+    }
+    void operator()(const report_load& r) {
+      o << "report(e" << r.engine_index << " received " << r.num_received << " requests " << r.num_requests << " kv "
+        << r.num_kv_tokens << " prefill " << r.num_queued_prefill_tokens << ")";
+    }
+    void operator()(const arm_report_timer& a) { o << "timer(" << a.delay_ns << ")"; }
+    void operator()(const restart_executor&) { o << "restart_executor"; }
+  };
+  std::ostringstream out;
+  for (const effect& e : fx) {
+    out << "  ";
+    std::visit(printer{out}, e);
+    out << "\n";
+  }
+  return out.str();
+}
+
+/// The whole effect list, compared with operator==.
+#define EXPECT_EFFECTS(actual, ...)                                                               \
+  do {                                                                                            \
+    const effects got_ = (actual);                                                                \
+    const effects want_{__VA_ARGS__};                                                             \
+    EXPECT_TRUE(got_ == want_) << "got:\n" << describe(got_) << "want:\n" << describe(want_);     \
+  } while (false)
+
+
+model::model_config tiny_model() {
+  model::model_config m;
+  m.dim = 8;
+  m.hidden_dim = 16;
+  m.n_layers = 2;
+  m.n_heads = 2;
+  m.n_kv_heads = 2;
+  m.vocab_size = 32;
+  m.seq_len = 64;
+  return m;
+}
+
+engine_host_options tiny_options(int32_t max_num_seqs = 8, int32_t max_waiting = 16) {
+  engine_host_options o;
+  o.model = tiny_model();
+  o.config.num_kv_blocks = 32;
+  o.config.block_size = 4;
+  o.config.max_steps_in_flight = 2;
+  o.config.scheduler.max_num_seqs = max_num_seqs;
+  o.max_waiting = max_waiting;
+  o.check_invariants_every = 1;
+  return o;
+}
+
+std::unique_ptr<engine_host> make_host(engine_host_options o, int64_t now_ns = 0) {
+  auto host = engine_host::create(std::move(o), now_ns);
+  EXPECT_TRUE(host.has_value());
+  return std::move(*host);
+}
+
+request make_request(request_id id, int32_t max_tokens, bool batch = false) {
+  request r;
+  r.id = id;
+  r.prompt = {1, 5, 6, 7, 8};
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  r.ignore_eos = true;
+  r.batch_tokens = batch;
+  return r;
+}
+
+/// The executor's answer to `plan`: every sample is `token`, every export a zero KV.
+exec_result fake_result(const exec_plan& plan, int32_t token) {
+  exec_result r;
+  r.step = plan.step;
+  const model::model_config m = tiny_model();
+  for (const exec_chunk& c : plan.chunks) {
+    if (c.num_samples > 0)
+      r.samples.emplace_back(static_cast<size_t>(c.num_samples), sampling::sample_result{token, -0.25f, {}});
+    if (!c.export_kv) continue;
+    kv_data kv{m.n_layers, m.kv_dim(), c.first_position + static_cast<int32_t>(c.tokens.size()), {}, {}};
+    kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, 0.5f);
+    kv.values = kv.keys;
+    r.exports.push_back(kv_export{c.seq, std::move(kv)});
+  }
+  return r;
+}
+
+/// Plans sent and not answered yet, oldest first (the executor answers in order).
+struct fake_executor {
+  std::deque<send_plan> in_flight;
+  int32_t next_token = 10;
+
+  /// Keeps the plans of `fx` and returns the other effects.
+  effects take_plans(effects fx) {
+    effects rest;
+    for (effect& e : fx) {
+      if (auto* p = std::get_if<send_plan>(&e))
+        in_flight.push_back(std::move(*p));
+      else
+        rest.push_back(std::move(e));
+    }
+    return rest;
+  }
+  /// Answers the oldest plan at `now_ns`; returns the host's effects but its new plans.
+  effects answer(engine_host& host, int64_t now_ns) {
+    EXPECT_FALSE(in_flight.empty());
+    send_plan p = std::move(in_flight.front());
+    in_flight.pop_front();
+    return take_plans(host.on_step_result(p.generation, fake_result(p.plan, next_token++), now_ns));
+  }
+};
+
+TEST(EngineHost, AdmitsUpToTheWaitingLimitThenRejectsOverloaded) {
+  auto host = make_host(tiny_options(/*max_num_seqs=*/1, /*max_waiting=*/1));
+  fake_executor ex;
+  // r1 runs (the only sequence slot): it is watched, its prefill and first decode step planned.
+  effects fx = host->submit(make_request(1, 4), 100);
+  ASSERT_EQ(fx.size(), 3u);
+  EXPECT_TRUE(fx[0] == effect{watch_caller{1}});
+  ASSERT_TRUE(std::holds_alternative<send_plan>(fx[1]));
+  ASSERT_TRUE(std::holds_alternative<send_plan>(fx[2]));
+  const send_plan& plan = std::get<send_plan>(fx[1]);
+  EXPECT_EQ(plan.generation, 0);
+  ASSERT_EQ(plan.plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.plan.chunks[0].tokens, make_request(1, 4).prompt);
+  // A request the core refuses is rejected with the core's error, to the caller.
+  EXPECT_EFFECTS(host->submit(make_request(4, 0), 150),
+                 (effects{reject{4, errc::invalid_argument, "max_tokens must be > 0, got 0", true}}));
+  // r2 waits (no slot): watched, nothing to plan.
+  EXPECT_EFFECTS(host->submit(make_request(2, 4), 200), (effects{watch_caller{2}}));
+  // r3 finds the waiting queue full.
+  EXPECT_EQ(host->submit(make_request(3, 4), 300),
+            (effects{reject{3, errc::overloaded,
+                            "the engine's waiting queue is full (1 requests); retry later", true}}));
+  EXPECT_EQ(host->num_live(), 2u);
+  EXPECT_TRUE(host->is_live(2));
+}
+
+TEST(EngineHost, StreamsOneTokenAtATime) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 2), 1000)), (effects{watch_caller{1}}));
+  sample_event first{1, 0, sampling::sample_result{10, -0.25f, {}}, finish_reason::none, 0, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 2000), (effects{send_token{first, 1000}}));
+  sample_event last{1, 0, sampling::sample_result{11, -0.25f, {}}, finish_reason::length, 0, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 3000), (effects{send_token{last, 1000}}));
+  EXPECT_EQ(host->num_live(), 0u);
+}
+
+TEST(EngineHost, BatchesANonStreamedRequestsTokensWithTheirAges) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 3, /*batch=*/true), 1000)), (effects{watch_caller{1}}));
+  EXPECT_EFFECTS(ex.answer(*host, 2000), effects{});
+  EXPECT_EFFECTS(ex.answer(*host, 3500), effects{});
+  token_batch want;
+  want.request = 1;
+  want.tokens = {10, 11, 12};
+  want.logprobs = {-0.25f, -0.25f, -0.25f};
+  want.top_logprobs = {{}, {}, {}};
+  want.age_ns = {2500, 1000, 0};  // sampled at 2000, 3500, 4500; sent at 4500
+  want.finish = finish_reason::length;
+  want.scheduled_age_ns = 3500;  // first planned at 1000
+  EXPECT_EFFECTS(ex.answer(*host, 4500), (effects{send_batch{want}}));
+  EXPECT_EQ(host->num_live(), 0u);
+  EXPECT_TRUE(ex.in_flight.empty());
+}
+
+TEST(EngineHost, HandsAPrefilledRequestAndItsKvToTheDecodeEngine) {
+  engine_host_options o = tiny_options();
+  o.kv_over_ucx = true;
+  o.ucx_tag_base = 100;
+  auto prefill = make_host(o);
+  fake_executor ex;
+  EXPECT_EQ(prefill->submit_prefill(make_request(9, 4), std::nullopt, "", 0, 10),
+            (effects{reject{9, errc::invalid_argument, "a prefill request names no decode engine", true}}));
+  EXPECT_EQ(ex.take_plans(prefill->submit_prefill(make_request(1, 4), peer_id{7}, "node2", 4242, 10)),
+            (effects{watch_caller{1}}));
+  EXPECT_EQ(ex.take_plans(prefill->submit_prefill(make_request(2, 4), peer_id{3}, "node3", 4243, 20)),
+            (effects{watch_caller{2}}));
+  ASSERT_EQ(ex.in_flight.size(), 2u);  // one prefill step each
+  EXPECT_TRUE(ex.in_flight.front().plan.chunks[0].export_kv);
+  kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};  // all but the last token
+  request r1 = make_request(1, 4);
+  request r2 = make_request(2, 4);
+  EXPECT_EFFECTS(ex.answer(*prefill, 30), (effects{hand_off{prefilled_request{r1, kv}, 7, "node2", 4242, 100}}));
+  EXPECT_EFFECTS(ex.answer(*prefill, 40), (effects{hand_off{prefilled_request{r2, kv}, 3, "node3", 4243, 101}}));
+  EXPECT_EQ(prefill->num_live(), 0u);
+  EXPECT_FALSE(prefill->core().has_unfinished());
+
+  // The decode engine checks the payload's id, then queues the request with its KV.
+  auto decode = make_host(tiny_options());
+  EXPECT_EQ(decode->import(r1, 5, kv, 40),
+            (effects{reject{1, errc::invalid_argument, "a KV payload for request 5 arrived for request 1", true}}));
+  fake_executor dx;
+  EXPECT_EFFECTS(dx.take_plans(decode->import(r1, 1, kv, 40)), (effects{watch_caller{1}}));
+  ASSERT_EQ(dx.in_flight.size(), 2u);  // the last prompt token, and the next step ahead
+  EXPECT_EQ(dx.in_flight.front().plan.imports.size(), 1u);
+  EXPECT_EQ(dx.in_flight.front().plan.chunks[0].first_position, 4);  // only the last prompt token
+}
+
+TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  // Reporting starts with a report.
+  EXPECT_EFFECTS(host->report_to(3, 1000, 0), (effects{report_load{3, 0, 0, 0, 0}}));
+  // A change inside the interval arms one timer for the rest of it; more changes arm nothing.
+  EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 2), 400)),
+                 (effects{watch_caller{1}, arm_report_timer{600}}));
+  EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(2, 2), 500)), (effects{watch_caller{2}}));
+  // The timer reports: 2 received, 2 live, r1's 2 blocks of 4 tokens, r2's 5 prompt tokens
+  // queued (r1's two steps are in flight).
+  EXPECT_EFFECTS(host->report_timer(1000), (effects{report_load{3, 2, 2, 8, 5}}));
+  // A change after the interval reports at once (before r2's prefill is planned).
+  sample_event t1{1, 0, sampling::sample_result{10, -0.25f, {}}, finish_reason::none, 0, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 2500), (effects{send_token{t1, 400}, report_load{3, 2, 2, 8, 5}}));
+  // The next change is inside the new interval: one timer.
+  sample_event e1{1, 0, sampling::sample_result{11, -0.25f, {}}, finish_reason::length, 0, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 2600), (effects{send_token{e1, 400}, arm_report_timer{900}}));
+  sample_event t2{2, 0, sampling::sample_result{12, -0.25f, {}}, finish_reason::none, 0, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 2700), (effects{send_token{t2, 2500}}));
+  EXPECT_EFFECTS(host->report_timer(3500), (effects{report_load{3, 2, 1, 8, 0}}));
+  // r2's first block came from the prefix cache (r1 has the same prompt).
+  sample_event e2{2, 0, sampling::sample_result{13, -0.25f, {}}, finish_reason::length, 4, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 5000), (effects{send_token{e2, 2500}, report_load{3, 2, 0, 0, 0}}));
+  // Idle: no work in flight, nothing armed; only a new change reports again.
+  EXPECT_TRUE(ex.in_flight.empty());
+  EXPECT_EFFECTS(host->peer_down(1, 9000), effects{});
+  EXPECT_EFFECTS(host->release(1, 9000), (effects{report_load{3, 2, 0, 0, 0}}));  // a release always counts
+}
+
+TEST(EngineHost, ExecutorFailureRejectsEveryUnfinishedRequestAndRebuildsTheCore) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  (void)ex.take_plans(host->submit(make_request(1, 4), 10));
+  (void)ex.take_plans(host->submit(make_request(2, 4, /*batch=*/true), 10));
+  (void)ex.answer(*host, 20);
+  ASSERT_EQ(host->num_live(), 2u);
+  EXPECT_EQ(host->executor_failed(0, "step executor failed: boom", 30),
+            (effects{reject{1, errc::internal, "step executor failed: boom", false},
+                     reject{2, errc::internal, "step executor failed: boom", false}, restart_executor{}}));
+  EXPECT_EQ(host->generation(), 1);
+  EXPECT_EQ(host->num_live(), 0u);
+  EXPECT_FALSE(host->core().has_unfinished());
+  EXPECT_EQ(host->core().blocks().num_used_blocks(), 0);
+  EXPECT_EQ(host->stats(40).num_executor_failures, 1);
+  // The old executor's late reply and a second report of its failure change nothing.
+  EXPECT_EFFECTS(ex.answer(*host, 50), effects{});
+  EXPECT_EFFECTS(host->executor_failed(0, "again", 60), effects{});
+  // New work runs on the new executor.
+  effects fx = host->submit(make_request(3, 4), 70);
+  ASSERT_EQ(fx.size(), 3u);
+  EXPECT_EQ(std::get<send_plan>(fx[1]).generation, 1);
+  EXPECT_EQ(std::get<send_plan>(fx[2]).generation, 1);
+}
+
+}  // namespace
+}  // namespace troupe::engine
