@@ -161,6 +161,25 @@ class Cluster : public ::testing::Test {
     return out;
   }
 
+  /// Checks each outcome: a completion equals the reference; a failure is `unavailable` and
+  /// passes `check_error`. Returns the number of failures.
+  template <class CheckError>
+  size_t check_survivors(const std::vector<msg::completion_request>& requests,
+                         const std::vector<expected<actors::completion>>& outcomes, CheckError check_error) {
+    size_t num_failed = 0;
+    for (size_t i = 0; i < requests.size(); i++) {
+      const expected<actors::completion>& o = outcomes[i];
+      if (o) {
+        expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
+        continue;
+      }
+      num_failed++;
+      EXPECT_EQ(o.error().code, errc::unavailable) << o.error().message;
+      check_error(o.error());
+    }
+    return num_failed;
+  }
+
   std::vector<msg::engine_report> reports() {
     caf::scoped_actor self{*sys_};
     std::vector<caf::actor> engines;
@@ -263,17 +282,9 @@ TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt)
     requests.back().ignore_eos = true;
   }
   const auto outcomes = streams_with_node2_disturbed(requests, SIGKILL);
-  size_t num_failed = 0;
-  for (size_t i = 0; i < requests.size(); i++) {
-    const expected<actors::completion>& o = outcomes[i];
-    if (o) {
-      expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
-      continue;
-    }
-    num_failed++;
-    EXPECT_EQ(o.error().code, errc::unavailable) << o.error().message;
-    EXPECT_NE(o.error().message.find("engine 'decode2' on node 'node2'"), std::string::npos) << o.error().message;
-  }
+  const size_t num_failed = check_survivors(requests, outcomes, [](const error& e) {
+    EXPECT_NE(e.message.find("engine 'decode2' on node 'node2'"), std::string::npos) << e.message;
+  });
   EXPECT_GT(num_failed, 0u);
   EXPECT_LT(num_failed, requests.size());
 
@@ -300,18 +311,10 @@ TEST_F(Cluster, FreezingADecodeNodeFailsItsRequestsWithinTheHeartbeatBound) {
     requests.back().ignore_eos = true;
   }
   const auto outcomes = streams_with_node2_disturbed(requests, SIGSTOP);
-  size_t num_failed = 0;
-  for (size_t i = 0; i < requests.size(); i++) {
-    const expected<actors::completion>& o = outcomes[i];
-    if (o) {
-      expect_matches(*o, reference(oracle_, requests[i]), "survivor " + std::to_string(i));
-      continue;
-    }
-    num_failed++;
-    EXPECT_EQ(o.error().code, errc::unavailable) << o.error().message;
-    EXPECT_EQ(o.error().message,
+  const size_t num_failed = check_survivors(requests, outcomes, [](const error& e) {
+    EXPECT_EQ(e.message,
               "engine 'decode2' on node 'node2' serving this request is lost: no answer to the heartbeat for 3000 ms");
-  }
+  });
   EXPECT_GT(num_failed, 0u);
   EXPECT_LT(num_failed, requests.size());
   // Later requests: all succeed, on decode1.
