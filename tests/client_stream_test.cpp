@@ -17,6 +17,7 @@
 #include "actors/client.hpp"
 #include "actors/cluster_messages.hpp"
 #include "actors/type_ids.hpp"
+#include "tests/support/actor_config.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -25,14 +26,8 @@ using namespace std::chrono_literals;
 
 class ClientStream : public ::testing::Test {
  protected:
-  static caf::actor_system_config& configured(caf::actor_system_config& cfg) {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    actors::register_message_types(cfg);
-    return cfg;
-  }
-
   caf::actor_system_config cfg_;
-  caf::actor_system sys_{configured(cfg_)};
+  caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
   caf::scheduler::test_coordinator& sched_ = dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler());
   caf::actor request_;  // the fake request actor: ignores everything
   caf::actor client_;

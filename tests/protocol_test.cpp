@@ -15,6 +15,7 @@
 
 #include "actors/cluster_messages.hpp"
 #include "actors/type_ids.hpp"
+#include "tests/support/actor_config.hpp"
 #include "messages/client.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
@@ -61,14 +62,8 @@ void expect_every_field_set(const T& x, const std::string& name) {
 
 class Protocol : public ::testing::Test {
  protected:
-  static caf::actor_system_config& configured(caf::actor_system_config& cfg) {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    actors::register_message_types(cfg);
-    return cfg;
-  }
-
   caf::actor_system_config cfg_;
-  caf::actor_system sys_{configured(cfg_)};
+  caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
   caf::actor some_actor_ = sys_.spawn([] { return caf::behavior{[](int32_t) {}}; });
   caf::actor other_actor_ = sys_.spawn([] { return caf::behavior{[](int32_t) {}}; });
   std::set<std::string> tested_;  // registered names with a round trip below
@@ -249,9 +244,7 @@ TEST(ProtocolEnums, OutOfRangeValuesFromAnotherProcessAreRecognised) {
 TEST(ProtocolEnums, AnEnumTravelsAsItsUnderlyingIntegerAndAnOutOfRangeOneDeserializes) {
   // The value is kept as sent: the receiving handler decides (tests in actors_test.cpp).
   caf::actor_system_config cfg;
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  actors::register_message_types(cfg);
-  caf::actor_system sys{cfg};
+  caf::actor_system sys{configure(cfg, /*deterministic=*/true)};
   msg::rejected bad{1, static_cast<errc>(200), "from a newer peer"};
   std::vector<char> buf;
   caf::binary_serializer sink{sys, buf};

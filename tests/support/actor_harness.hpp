@@ -21,6 +21,7 @@
 #include "actors/type_ids.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "tests/support/actor_config.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
 
@@ -36,14 +37,6 @@ inline const shared_model& bundled_shared() {
   static const shared_model m{std::make_shared<const model::checkpoint>(model_and_tokenizer().ck),
                               std::make_shared<const tokenizer>(model_and_tokenizer().tok)};
   return m;
-}
-
-/// Registers troupe's messages; `deterministic` selects CAF's test coordinator (one thread,
-/// virtual clock).
-inline caf::actor_system_config& configure(caf::actor_system_config& cfg, bool deterministic) {
-  if (deterministic) cfg.set("scheduler.policy", caf::atom("testing"));
-  actors::register_message_types(cfg);
-  return cfg;
 }
 
 inline actors::engine_options engine_opts(bool detached_executor, int32_t num_kv_blocks = 1024) {
