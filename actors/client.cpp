@@ -22,8 +22,7 @@ struct client_state {
   completion result;
   bool done = false;
   uint64_t stream = 0;     // this client's stream id, drawn at start (submit_completion::stream)
-  int64_t request_id = 0;  // from the first chunk (a cancel needs no exact id: its actor is the request)
-  bool has_request_id = false;
+  int64_t request_id = 0;  // from its messages (a cancel needs no exact id: its actor is the request)
   // Chunks are delivered in sequence order: `next_chunk` is the next one due, `early` holds
   // those that overtook it (across nodes, CAF may deliver out of order).
   int32_t next_chunk = 0;
@@ -114,10 +113,7 @@ bool own(client_t* self, uint64_t stream, int64_t id) {
     spdlog::warn("client: dropped a message of request {} on another client's stream: misrouted by CAF", id);
     return false;
   }
-  if (!st.has_request_id) {
-    st.has_request_id = true;
-    st.request_id = id;
-  }
+  st.request_id = id;  // the same in every message of this stream
   return true;
 }
 
