@@ -17,7 +17,7 @@ namespace troupe::actors {
 namespace {
 
 struct client_state {
-  caf::actor request;  // the request actor, once the balancer answered
+  request_actor request;  // the request actor, once the balancer answered
   std::optional<msg::cancel_request> pending_cancel;  // a cancel that came before the request actor
   completion result;
   bool done = false;
@@ -41,7 +41,7 @@ struct client_state {
   static inline const char* name = "client";
 };
 
-using client_t = caf::stateful_actor<client_state>;
+using client_t = client_actor::stateful_base<client_state>;
 
 void done(client_t* self, const done_callback& on_done, const expected<completion>& outcome) {
   if (self->state.done) return;
@@ -194,7 +194,7 @@ expected<msg::completion_end> outcome_of(const msg::completion_error& e) {
   return fail(e.code, e.message);
 }
 
-caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::completion_request request,
+client_actor::behavior_type client_behavior(client_t* self, balancer_client_actor load_balancer, msg::completion_request request,
                            chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts) {
   expect_first(self, request, timeouts);
   const std::string idle_bound =
@@ -202,10 +202,10 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
   // The request names this actor: the answer reaches it even when the balancer's node sees
   // the message without a sender (msg::submit_completion says when CAF 0.17.6 does that).
   self->state.stream = draw_stream_id();
-  msg::submit_completion submit{std::move(request), caf::actor_cast<caf::actor>(self), self->state.stream};
+  msg::submit_completion submit{std::move(request), caf::actor_cast<stream_receiver_actor>(self), self->state.stream};
   self->request(load_balancer, caf::infinite, std::move(submit))
       .then(
-          [=](caf::actor& r) {
+          [=](request_actor& r) {
             if (!r) return;  // nothing to watch or cancel; the stream still comes to this actor
             self->state.request = r;
             self->monitor(r);
@@ -265,13 +265,13 @@ caf::behavior client_actor(client_t* self, caf::actor load_balancer, msg::comple
 
 }  // namespace
 
-caf::actor spawn_client(caf::actor_system& sys, caf::actor load_balancer, msg::completion_request request,
+client_actor spawn_client(caf::actor_system& sys, balancer_client_actor load_balancer, msg::completion_request request,
                         chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts) {
-  return sys.spawn(client_actor, std::move(load_balancer), std::move(request), std::move(on_chunk),
+  return sys.spawn(client_behavior, std::move(load_balancer), std::move(request), std::move(on_chunk),
                    std::move(on_done), timeouts);
 }
 
-expected<completion> complete(caf::actor_system& sys, const caf::actor& load_balancer,
+expected<completion> complete(caf::actor_system& sys, const balancer_client_actor& load_balancer,
                               const msg::completion_request& request, const chunk_callback& on_chunk,
                               const client_timeouts& timeouts) {
   auto promise = std::make_shared<std::promise<expected<completion>>>();

@@ -15,6 +15,7 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/protocols.hpp"
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
 
@@ -49,11 +50,11 @@ using done_callback = std::function<void(const expected<completion>&)>;
 /// completion_error, an unreachable balancer or a lost request actor), then quits. Send it a
 /// `msg::cancel_request` to cancel. A timeout (see `client_timeouts`) cancels the request and
 /// ends with `errc::unavailable`.
-caf::actor spawn_client(caf::actor_system& sys, caf::actor load_balancer, msg::completion_request request,
+client_actor spawn_client(caf::actor_system& sys, balancer_client_actor load_balancer, msg::completion_request request,
                         chunk_callback on_chunk, done_callback on_done, client_timeouts timeouts = {});
 
 /// Blocking: runs one completion and returns it. Not for the deterministic test scheduler.
-[[nodiscard]] expected<completion> complete(caf::actor_system& sys, const caf::actor& load_balancer,
+[[nodiscard]] expected<completion> complete(caf::actor_system& sys, const balancer_client_actor& load_balancer,
                                             const msg::completion_request& request,
                                             const chunk_callback& on_chunk = {},
                                             const client_timeouts& timeouts = {});

@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <caf/actor.hpp>
-
+#include "actors/protocols.hpp"
 #include "messages/client.hpp"
 #include "messages/engine.hpp"
 
@@ -27,7 +26,7 @@ namespace troupe::msg {
 /// which that cleanup leaves intact.
 struct submit_completion {
   completion_request request;
-  caf::actor reply_to;  ///< the client actor: chunks, the end or the error go here
+  actors::stream_receiver_actor reply_to;  ///< the client actor: chunks, the end or the error go here
   /// Drawn by the client and stamped on every chunk, end and error of this completion: the
   /// same race can deliver another client's message to this one, which it then recognizes.
   uint64_t stream = 0;
@@ -52,8 +51,8 @@ typename Inspector::result_type inspect(Inspector& f, place_request& x) {
 
 /// Balancer -> request: the engines chosen, or why none (`error` non-empty, code "unavailable").
 struct placement {
-  caf::actor prefill;          ///< invalid: the request runs whole on `decode`
-  caf::actor decode;
+  actors::engine_actor prefill;  ///< invalid: the request runs whole on `decode`
+  actors::engine_actor decode;
   std::string prefill_name;    ///< "engine 'prefill0' on node 'node0'", for error messages
   std::string decode_name;
   std::string kv_host;         ///< the decode node's UCX listener (kv_transfer = "ucx")
@@ -69,7 +68,7 @@ typename Inspector::result_type inspect(Inspector& f, placement& x) {
 /// Request -> prefill engine: compute the prompt's KV, then hand the request to `decode`.
 struct submit_prefill {
   engine::request request;
-  caf::actor decode;
+  actors::engine_actor decode;
   std::string kv_host;  ///< where `decode`'s node receives UCX transfers
   uint16_t kv_port = 0;
 };
@@ -94,7 +93,7 @@ typename Inspector::result_type inspect(Inspector& f, prefilled& x) {
 /// in `payload` (ucx_tag == 0) or arriving over UCX tagged `ucx_tag`.
 struct kv_handoff {
   engine::request request;
-  caf::actor request_actor;  ///< where the decode engine streams the tokens
+  actors::request_actor request_actor;  ///< where the decode engine streams the tokens
   std::vector<uint8_t> payload;
   uint64_t ucx_tag = 0;
 };
@@ -119,7 +118,7 @@ typename Inspector::result_type inspect(Inspector& f, kv_arrived& x) {
 
 /// Balancer -> engine: report your load to `balancer` at most every `interval_ms`.
 struct report_to {
-  caf::actor balancer;
+  actors::balancer_actor balancer;
   int32_t engine_index = 0;
   int32_t interval_ms = 20;
 };
@@ -146,7 +145,7 @@ typename Inspector::result_type inspect(Inspector& f, load_report& x) {
 /// Balancer -> request: `engine`, placed to serve the request, is lost (its node died, became
 /// unreachable, or stopped answering the heartbeat); `reason` says which.
 struct engine_lost {
-  caf::actor engine;
+  actors::engine_actor engine;
   std::string reason;
 };
 

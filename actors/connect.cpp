@@ -14,14 +14,14 @@ using clock_type = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds poll_interval{100};
 
 /// One answer from the middleman within `wait`: the actor, an error, or nothing yet.
-std::optional<expected<caf::actor>> ask_middleman(caf::scoped_actor& self, const std::string& host, uint16_t port,
+std::optional<expected<reached_actor>> ask_middleman(caf::scoped_actor& self, const std::string& host, uint16_t port,
                                                   std::chrono::milliseconds wait) {
-  std::optional<expected<caf::actor>> out;
+  std::optional<expected<reached_actor>> out;
   self->request(self->system().middleman().actor_handle(), wait, caf::connect_atom::value, host, port)
       .receive(
-          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
+          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& interface) {
             if (ptr)
-              out = caf::actor_cast<caf::actor>(std::move(ptr));
+              out = reached_actor{std::move(ptr), std::move(interface)};
             else
               out = fail(errc::not_found, "nothing is published at that port");
           },
@@ -35,8 +35,8 @@ std::optional<expected<caf::actor>> ask_middleman(caf::scoped_actor& self, const
 
 }  // namespace
 
-expected<caf::actor> reach(caf::actor_system& sys, const std::string& host, uint16_t port,
-                           const reach_options& options) {
+expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                  const reach_options& options) {
   const auto deadline = clock_type::now() + options.timeout;
   caf::scoped_actor self{sys};
   const std::string no_handshake = "the connection was accepted but the CAF handshake never completed (a frozen process?)";

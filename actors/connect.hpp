@@ -8,9 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <string>
 
-#include <caf/actor.hpp>
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
 #include <caf/fwd.hpp>
 
 #include "runtime/common/error.hpp"
@@ -23,12 +25,32 @@ struct reach_options {
   const std::atomic<bool>* stop = nullptr;  ///< when set and true: give up now (a signal arrived)
 };
 
+/// An actor published by another process, with the interface it was published with.
+struct reached_actor {
+  caf::strong_actor_ptr actor;
+  std::set<std::string> interface;  ///< CAF's names of the messages its typed interface accepts
+};
+
 /// The actor published at host:port. Errors (the message says why, without the address):
 /// `unavailable` when the timeout passed (a refused connection, or a handshake that never
 /// completed), `io_error` for a refused connection without retry, `not_found` when nothing is
 /// published there, `cancelled` when `stop` was set. Blocks the calling thread (not for the
 /// deterministic test scheduler); the bound holds to within ~100 ms.
-[[nodiscard]] expected<caf::actor> reach(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                         const reach_options& options);
+[[nodiscard]] expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                                const reach_options& options);
+
+/// The actor published at host:port as a `Handle` (a typed interface of actors/protocols.hpp):
+/// reach_any's errors, and `invalid_argument` when the published actor does not accept every
+/// message of `Handle` (another kind of troupe process, or another version of troupe).
+template <class Handle>
+[[nodiscard]] expected<Handle> reach(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                     const reach_options& options) {
+  auto found = reach_any(sys, host, port, options);
+  if (!found) return tl::unexpected(found.error());
+  if (!sys.assignable(found->interface, sys.message_types<Handle>()))
+    return fail(errc::invalid_argument,
+                "the actor published there has another interface (another kind of troupe process, or another version)");
+  return caf::actor_cast<Handle>(std::move(found->actor));
+}
 
 }  // namespace troupe::actors

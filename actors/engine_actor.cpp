@@ -22,16 +22,16 @@ namespace {
 struct engine_state {
   engine_options options;
   std::unique_ptr<engine::engine_host> host;
-  caf::actor executor;
-  std::map<engine::request_id, caf::actor> clients;                // request actors (watch_caller)
+  executor_actor executor;
+  std::map<engine::request_id, request_actor> clients;             // request actors (watch_caller)
   std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
-  std::vector<caf::actor> decodes;                                 // engine::peer_id -> decode engine
+  std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
   std::map<uint64_t, msg::kv_handoff> awaiting_kv;  // decode engine: handoffs whose KV is on UCX
-  caf::actor balancer;
+  balancer_actor balancer;
   static inline const char* name = "engine";
 };
 
-using engine_actor_t = caf::stateful_actor<engine_state>;
+using engine_actor_t = engine_actor::stateful_base<engine_state>;
 
 engine::engine_host_options host_options(const engine_options& o) {
   return {o.checkpoint ? o.checkpoint->config() : o.model, o.bos_id, o.eos_id, o.config, o.max_waiting,
@@ -42,7 +42,7 @@ int64_t now_ns(engine_actor_t* self) { return ns_since_epoch(self->clock().now()
 
 void start_executor(engine_actor_t* self) {
   const engine_options& o = self->state.options;
-  const caf::actor engine = caf::actor_cast<caf::actor>(self);
+  const engine_actor engine = caf::actor_cast<engine_actor>(self);
   self->state.executor = o.make_executor
                              ? o.make_executor(self->system(), engine)
                              : spawn_executor(self->system(), engine,
@@ -54,12 +54,12 @@ void start_executor(engine_actor_t* self) {
   self->monitor(self->state.executor);
 }
 
-caf::actor client_of(engine_actor_t* self, engine::request_id id) {
+request_actor client_of(engine_actor_t* self, engine::request_id id) {
   auto it = self->state.clients.find(id);
-  return it == self->state.clients.end() ? caf::actor{} : it->second;
+  return it == self->state.clients.end() ? request_actor{} : it->second;
 }
 
-void perform(engine_actor_t* self, engine::effects fx, const caf::actor& caller = {});
+void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller = {});
 
 void executor_failed(engine_actor_t* self, int64_t generation, const caf::error& reason) {
   if (generation != self->state.host->generation()) return;  // a replaced executor's failure
@@ -80,28 +80,28 @@ void send_plan(engine_actor_t* self, engine::send_plan& p) {
 /// Ships a prefilled request and its KV to its decode engine (the KV over UCX when tagged).
 void hand_off(engine_actor_t* self, engine::hand_off& h) {
   const engine::request_id id = h.prefilled.req.id;
-  const caf::actor request_actor = client_of(self, id);
-  msg::kv_handoff m{std::move(h.prefilled.req), request_actor, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
+  const request_actor to = client_of(self, id);
+  msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
   if (h.ucx_tag != 0) {
-    const std::string to = h.kv_host + ":" + std::to_string(h.kv_port);
+    std::string address = h.kv_host + ":" + std::to_string(h.kv_port);
     self->state.options.kv_sender->send(h.kv_host, h.kv_port, h.ucx_tag, std::move(m.payload),
-                                  [request_actor, id, to](expected<void> done) {
+                                  [client = to, id, to = std::move(address)](expected<void> done) {
                                     // On the UCX progress thread: anon_send is thread-safe.
                                     if (done) return;
-                                    caf::anon_send(request_actor, msg::rejected{id, errc::unavailable,
+                                    caf::anon_send(client, msg::rejected{id, errc::unavailable,
                                                                                 "KV transfer to " + to + " failed: " +
                                                                                     done.error().message});
                                   });
     m.payload.clear();
   }
-  self->send(request_actor, msg::prefilled{id});
+  self->send(to, msg::prefilled{id});
   self->send(self->state.decodes.at(h.decode), std::move(m));
 }
 
 /// Performs one effect of the host; `caller` is the actor the current call came from.
 struct performer {
   engine_actor_t* self;
-  const caf::actor& caller;
+  const request_actor& caller;
   void operator()(engine::send_plan& p) const { send_plan(self, p); }
   void operator()(engine::send_token& t) const {
     engine::sample_event& s = t.event;
@@ -135,19 +135,19 @@ struct performer {
     self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);
   }
   void operator()(engine::restart_executor&) const {
-    self->demonitor(self->state.executor);
+    self->demonitor(self->state.executor.address());
     self->send_exit(self->state.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
     start_executor(self);
   }
 };
 
-void perform(engine_actor_t* self, engine::effects fx, const caf::actor& caller) {
+void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller) {
   for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
 }
 
 /// Work nobody can receive (a remote message without its sender: see msg::submit_completion)
 /// is dropped before it takes a slot; monitor() on a null handle would crash.
-bool validate_caller(const caf::actor& caller, engine::request_id id) {
+bool validate_caller(const request_actor& caller, engine::request_id id) {
   if (caller) return true;
   spdlog::warn("engine: dropped request {}: it names no request actor to stream to", id);
   return false;
@@ -155,7 +155,7 @@ bool validate_caller(const caf::actor& caller, engine::request_id id) {
 
 void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   engine_state& st = self->state;
-  const caf::actor caller = caf::actor_cast<caf::actor>(self->current_sender());
+  const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
   if (s.decode && !validate_caller(caller, s.request.id)) return st.host->note_received();
   std::optional<engine::peer_id> decode;
   if (s.decode) {  // decode engines are few: numbered in order of appearance
@@ -192,7 +192,7 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   }
   const uint64_t tag = h.ucx_tag;
   st.awaiting_kv.emplace(tag, std::move(h));
-  const caf::actor me = caf::actor_cast<caf::actor>(self);
+  const engine_actor me = caf::actor_cast<engine_actor>(self);
   st.options.kv_sender->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
     // On the UCX progress thread: anon_send is thread-safe.
     if (bytes)
@@ -236,7 +236,7 @@ msg::engine_report stats(engine_actor_t* self) {
                             s.core.num_blocks_in_use, s.executor_busy_ns,        s.elapsed_ns};
 }
 
-caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
+engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options options) {
   engine_state& st = self->state;
   st.options = std::move(options);
   auto host = engine::engine_host::create(host_options(st.options), now_ns(self));
@@ -246,7 +246,7 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [=](msg::submit& s) {
-        const caf::actor caller = caf::actor_cast<caf::actor>(self->current_sender());
+        const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
         if (!validate_caller(caller, s.request.id)) return self->state.host->note_received();
         return perform(self, self->state.host->submit(std::move(s.request), now_ns(self)), caller);
       },
@@ -269,7 +269,7 @@ caf::behavior engine_actor(engine_actor_t* self, engine_options options) {
 
 }  // namespace
 
-expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& options) {
+expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options& options) {
   engine_options o = options;
   o.config.max_steps_in_flight = 2;
   if (!o.checkpoint && !o.make_executor)
@@ -282,12 +282,12 @@ expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& 
       return fail(errc::io_error,
                   "step_log '" + o.step_log + "' cannot be opened for appending: " + std::strerror(errno));
   }
-  return sys.spawn(engine_actor, std::move(o));
+  return sys.spawn(engine_behavior, std::move(o));
 }
 
 /// Asks `engine` with `atom` and waits for its answer of type T.
 template <class T, class Atom>
-expected<T> ask(caf::actor_system& sys, const caf::actor& engine, Atom atom) {
+expected<T> ask(caf::actor_system& sys, const engine_actor& engine, Atom atom) {
   caf::scoped_actor self{sys};
   expected<T> out = fail(errc::internal, "no answer");
   self->request(engine, std::chrono::seconds(30), atom)
@@ -296,12 +296,12 @@ expected<T> ask(caf::actor_system& sys, const caf::actor& engine, Atom atom) {
   return out;
 }
 
-expected<msg::engine_report> query_engine(caf::actor_system& sys, const caf::actor& engine) {
+expected<msg::engine_report> query_engine(caf::actor_system& sys, const engine_actor& engine) {
   return ask<msg::engine_report>(sys, engine, stats_atom::value);
 }
 
-expected<caf::actor> query_executor(caf::actor_system& sys, const caf::actor& engine) {
-  return ask<caf::actor>(sys, engine, executor_atom::value);
+expected<executor_actor> query_executor(caf::actor_system& sys, const engine_actor& engine) {
+  return ask<executor_actor>(sys, engine, executor_atom::value);
 }
 
 }  // namespace troupe::actors

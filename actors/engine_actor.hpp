@@ -25,6 +25,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/cluster_messages.hpp"
+#include "actors/protocols.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -34,7 +35,7 @@
 namespace troupe::actors {
 
 /// Makes the step executor of an engine (the simulator plugs its cost-model executor in here).
-using executor_factory = std::function<caf::actor(caf::actor_system& sys, const caf::actor& engine)>;
+using executor_factory = std::function<executor_actor(caf::actor_system& sys, const engine_actor& engine)>;
 
 struct engine_options {
   std::shared_ptr<const model::checkpoint> checkpoint;  ///< the model; may be null with make_executor
@@ -59,12 +60,12 @@ struct engine_options {
 
 /// Spawns an engine and its executor. Fails (as a value) if the options are invalid or the
 /// step_log file cannot be opened for appending (io_error naming it).
-[[nodiscard]] expected<caf::actor> spawn_engine(caf::actor_system& sys, const engine_options& options);
+[[nodiscard]] expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options& options);
 
 /// Blocking query of an engine's counters (tests, benchmarks, `troupe serve` on exit).
-[[nodiscard]] expected<msg::engine_report> query_engine(caf::actor_system& sys, const caf::actor& engine);
+[[nodiscard]] expected<msg::engine_report> query_engine(caf::actor_system& sys, const engine_actor& engine);
 
 /// The engine's current executor (tests send it commands when they plugged in their own).
-[[nodiscard]] expected<caf::actor> query_executor(caf::actor_system& sys, const caf::actor& engine);
+[[nodiscard]] expected<executor_actor> query_executor(caf::actor_system& sys, const engine_actor& engine);
 
 }  // namespace troupe::actors

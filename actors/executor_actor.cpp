@@ -20,8 +20,8 @@ struct executor_state {
   static inline const char* name = "step_executor";
 };
 
-caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, caf::actor engine,
-                             executor_settings settings) {
+executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer<executor_state> self,
+                                                engine_actor engine, executor_settings settings) {
   executor_state& st = self->state;
   if (settings.num_threads > 1) st.pool = std::make_unique<kernels::cpu::thread_pool>(settings.num_threads);
   st.executor = std::make_unique<engine::step_executor>(*settings.checkpoint, settings.num_kv_blocks,
@@ -52,9 +52,9 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, caf::act
 
 }  // namespace
 
-caf::actor spawn_executor(caf::actor_system& sys, const caf::actor& engine, const executor_settings& settings) {
-  if (settings.detached) return sys.spawn<caf::detached>(executor_actor, engine, settings);
-  return sys.spawn(executor_actor, engine, settings);
+executor_actor spawn_executor(caf::actor_system& sys, const engine_actor& engine, const executor_settings& settings) {
+  if (settings.detached) return sys.spawn<caf::detached>(executor_behavior, engine, settings);
+  return sys.spawn(executor_behavior, engine, settings);
 }
 
 }  // namespace troupe::actors

@@ -8,6 +8,7 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/protocols.hpp"
 #include "runtime/engine/step_executor.hpp"
 
 namespace troupe::actors {
@@ -24,6 +25,6 @@ struct executor_settings {
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).
-caf::actor spawn_executor(caf::actor_system& sys, const caf::actor& engine, const executor_settings& settings);
+executor_actor spawn_executor(caf::actor_system& sys, const engine_actor& engine, const executor_settings& settings);
 
 }  // namespace troupe::actors

@@ -27,25 +27,25 @@ struct load_balancer_state {
   static inline const char* name = "load_balancer";
 };
 
-using load_balancer_t = caf::stateful_actor<load_balancer_state>;
+using load_balancer_t = balancer_actor::stateful_base<load_balancer_state>;
 
 std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
 
-caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor client, uint64_t stream) {
+request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream) {
   load_balancer_state& st = self->state;
   const int64_t id = st.next_id++;
   request_options ro;
   ro.id = id;
   ro.client = std::move(client);
   ro.stream = stream;
-  ro.balancer = caf::actor_cast<caf::actor>(self);
+  ro.balancer = caf::actor_cast<balancer_actor>(self);
   ro.tok = st.o.tok;
   ro.params = std::move(req);
   ro.context_tokens = st.o.context_tokens;
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
   ro.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(id % 2147483647) + 1);
-  caf::actor request = spawn_request(self, std::move(ro));
+  request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
   return request;
 }
@@ -59,8 +59,8 @@ caf::actor route(load_balancer_t* self, msg::completion_request& req, caf::actor
 /// entry and its messages arrive with a null sender (msg::submit_completion has the details).
 /// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
 /// A refused request leaves nothing behind: no request actor, no placement, no engine work.
-caf::result<caf::actor> admit_request(load_balancer_t* self, msg::completion_request& req, caf::actor client,
-                                      uint64_t stream = 0) {
+caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_request& req,
+                                         stream_receiver_actor client, uint64_t stream) {
   if (!client) {
     spdlog::warn("load balancer: refused a completion request that names no client (no sender and no "
                  "reply_to): nobody could receive its answer");
@@ -103,7 +103,7 @@ void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
   spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e), why);
   for (const auto& [addr, key] : self->state.placed) {
     if (!self->state.host->placed_on(key, index)) continue;
-    if (auto request = caf::actor_cast<caf::actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
+    if (auto request = caf::actor_cast<request_actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
   }
 }
 
@@ -134,7 +134,7 @@ void on_heartbeat(load_balancer_t* self) {
   self->delayed_send(self, std::chrono::milliseconds(st.o.heartbeat_interval_ms), heartbeat_atom::value);
 }
 
-caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options options) {
+balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load_balancer_options options) {
   TROUPE_ASSERT(!options.engines.empty());
   load_balancer_state& st = self->state;
   st.o = std::move(options);
@@ -144,7 +144,7 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
     specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, where(e)});
     self->monitor(e.actor);
     if (st.o.report_interval_ms > 0)
-      self->send(e.actor, msg::report_to{caf::actor_cast<caf::actor>(self), static_cast<int32_t>(i),
+      self->send(e.actor, msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(i),
                                          st.o.report_interval_ms});
   }
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
@@ -154,11 +154,9 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
   if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);
   return {
       [=](msg::submit_completion& s) {
-        caf::actor client = s.reply_to ? std::move(s.reply_to) : caf::actor_cast<caf::actor>(self->current_sender());
+        stream_receiver_actor client =
+            s.reply_to ? std::move(s.reply_to) : caf::actor_cast<stream_receiver_actor>(self->current_sender());
         return admit_request(self, s.request, std::move(client), s.stream);
-      },
-      [=](msg::completion_request& req) {
-        return admit_request(self, req, caf::actor_cast<caf::actor>(self->current_sender()));
       },
       [=](const msg::place_request& p) { return place(self, p); },
       [=](const msg::load_report& r) {
@@ -168,7 +166,7 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
       },
       [=](heartbeat_atom) { on_heartbeat(self); },
       [=](engines_atom) {
-        std::vector<caf::actor> actors;
+        engine_list actors;
         for (const balanced_engine& e : self->state.o.engines) actors.push_back(e.actor);
         return actors;
       },
@@ -176,7 +174,7 @@ caf::behavior load_balancer_actor(load_balancer_t* self, load_balancer_options o
 }
 }  // namespace
 
-std::vector<balanced_engine> mixed_engines(const std::vector<caf::actor>& actors) {
+std::vector<balanced_engine> mixed_engines(const engine_list& actors) {
   std::vector<balanced_engine> out;
   for (size_t i = 0; i < actors.size(); i++) {
     balanced_engine e;
@@ -187,8 +185,8 @@ std::vector<balanced_engine> mixed_engines(const std::vector<caf::actor>& actors
   return out;
 }
 
-caf::actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options) {
-  return sys.spawn(load_balancer_actor, std::move(options));
+balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options) {
+  return sys.spawn(load_balancer_behavior, std::move(options));
 }
 
 }  // namespace troupe::actors

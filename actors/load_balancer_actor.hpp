@@ -1,10 +1,10 @@
 #pragma once
 
 /// The load balancer: the routing entry point that clients talk to. For each
-/// `completion_request` (or `submit_completion`, which names its client in the payload) it
-/// assigns an id and a seed (when the client gave none) and spawns the request actor on its own
-/// node, answering the client with that actor. A request that names no client (no sender, no
-/// `reply_to`) is refused with a log line before anything is spawned. The request actor
+/// `submit_completion` (which names its client in the payload) it assigns an id and a seed (when
+/// the client gave none) and spawns the request actor on its own node, answering the client with
+/// that actor. A request that names no client (no `reply_to` and no sender) is refused with a
+/// log line before anything is spawned. The request actor
 /// tokenizes the prompt and asks back where to run it (`place_request`); the answer follows
 /// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
 /// balanced on request count and KV tokens.
@@ -29,6 +29,7 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/protocols.hpp"
 #include "runtime/balance/placement.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
@@ -36,7 +37,7 @@ namespace troupe::actors {
 
 /// One engine the balancer may place requests on.
 struct balanced_engine {
-  caf::actor actor;
+  engine_actor actor;
   std::string name = "engine";
   std::string node = "local";
   balance::engine_kind kind = balance::engine_kind::mixed;
@@ -47,7 +48,7 @@ struct balanced_engine {
 };
 
 /// Mixed engines with equal default capacities (one-node setups, the simulator).
-[[nodiscard]] std::vector<balanced_engine> mixed_engines(const std::vector<caf::actor>& actors);
+[[nodiscard]] std::vector<balanced_engine> mixed_engines(const engine_list& actors);
 
 struct load_balancer_options {
   std::vector<balanced_engine> engines;
@@ -60,6 +61,6 @@ struct load_balancer_options {
   int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_options::context_tokens)
 };
 
-caf::actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);
+balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);
 
 }  // namespace troupe::actors

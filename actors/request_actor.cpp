@@ -28,7 +28,7 @@ struct request_state {
   static inline const char* name = "request";
 };
 
-using request_actor_t = caf::stateful_actor<request_state>;
+using request_actor_t = request_actor::stateful_base<request_state>;
 
 /// Tells every engine holding the request to drop it (an unknown id is a no-op there).
 void release(request_actor_t* self) {
@@ -42,9 +42,9 @@ void release(request_actor_t* self) {
 /// so a long-lived engine would collect one per request it served (docs/resources.md).
 void stop(request_actor_t* self) {
   const msg::placement& p = self->state.placed;
-  if (p.prefill) self->demonitor(p.prefill);
-  if (p.decode) self->demonitor(p.decode);
-  if (self->state.o.client) self->demonitor(self->state.o.client);
+  if (p.prefill) self->demonitor(p.prefill.address());
+  if (p.decode) self->demonitor(p.decode.address());
+  if (self->state.o.client) self->demonitor(self->state.o.client.address());
   self->quit();
 }
 
@@ -164,25 +164,25 @@ expected<void> check_prompt_bytes(const request_state& st) {
                                   std::to_string(st.o.tok->max_token_length()) + " bytes per token at most)");
 }
 
-/// Tokenizes and asks for a placement; false (after telling the client) when the prompt is unusable.
-bool start(request_actor_t* self) {
+/// Tokenizes and asks for a placement, or tells the client why the prompt is unusable and ends.
+void start(request_actor_t* self) {
   request_state& st = self->state;
   const msg::completion_request& p = st.o.params;
   if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
     fail_request(self, errc::invalid_argument,
                  "a request with prompt_tokens takes no text prompt and no stop strings");
-    return false;
+    return;
   }
   st.text_mode = p.prompt_tokens.empty();
   if (auto fits = check_prompt_bytes(st); !fits) {
     fail_request(self, fits.error().code, fits.error().message);
-    return false;
+    return;
   }
   auto prompt = st.text_mode ? st.o.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
                              : expected<std::vector<int32_t>>(std::move(st.o.params.prompt_tokens));
   if (!prompt) {
     fail_request(self, prompt.error().code, prompt.error().message);
-    return false;
+    return;
   }
   engine::request& r = st.request;
   r.id = st.o.id;
@@ -203,7 +203,6 @@ bool start(request_actor_t* self) {
   self->request(st.o.balancer, caf::infinite, msg::place_request{r.id, st.end.num_prompt_tokens, r.max_tokens})
       .then([=](msg::placement& p) { on_placement(self, std::move(p)); },
             [=](caf::error& e) { fail_request(self, errc::unavailable, "no placement: " + self->system().render(e)); });
-  return true;
 }
 
 /// `engine` is lost (`why`): if it serves this request, the request fails naming it.
@@ -227,27 +226,7 @@ bool check_finish(request_actor_t* self, engine::finish_reason finish) {
   return false;
 }
 
-caf::behavior request_actor(request_actor_t* self, request_options options) {
-  self->state.o = std::move(options);
-  self->state.arrival = self->clock().now();
-  // The balancer refuses requests without a client; a null handle here would crash monitor()
-  // (CAF dereferences the null control block at offset 0x40), so it ends the request instead.
-  if (!self->state.o.client) {
-    spdlog::warn("request {}: no client to answer; dropped", self->state.o.id);
-    self->quit();
-    return {};
-  }
-  self->monitor(self->state.o.client);
-  self->set_down_handler([=](caf::down_msg& dm) {
-    request_state& st = self->state;
-    if (dm.source == st.o.client.address()) {  // nobody listens: free the engines' blocks
-      release(self);
-      stop(self);
-      return;
-    }
-    on_engine_lost(self, dm.source, self->system().render(dm.reason));
-  });
-  if (!start(self)) return {};
+request_actor::behavior_type handlers(request_actor_t* self) {
   return {
       [=](msg::sampled& s) {
         if (check_finish(self, s.finish)) on_token(self, s, self->clock().now());
@@ -272,10 +251,34 @@ caf::behavior request_actor(request_actor_t* self, request_options options) {
   };
 }
 
+request_actor::behavior_type request_behavior(request_actor_t* self, request_options options) {
+  self->state.o = std::move(options);
+  self->state.arrival = self->clock().now();
+  // The balancer refuses requests without a client; a null handle here would crash monitor()
+  // (CAF dereferences the null control block at offset 0x40), so it ends the request instead.
+  // (A typed actor returns its behavior even when it quit at once: CAF then never runs it.)
+  if (!self->state.o.client) {
+    spdlog::warn("request {}: no client to answer; dropped", self->state.o.id);
+    self->quit();
+    return handlers(self);
+  }
+  self->monitor(self->state.o.client);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    request_state& st = self->state;
+    if (dm.source == st.o.client.address()) {  // nobody listens: free the engines' blocks
+      release(self);
+      stop(self);
+      return;
+    }
+    on_engine_lost(self, dm.source, self->system().render(dm.reason));
+  });
+  start(self);
+  return handlers(self);
+}
 }  // namespace
 
-caf::actor spawn_request(caf::local_actor* parent, request_options options) {
-  return parent->spawn(request_actor, std::move(options));
+request_actor spawn_request(caf::local_actor* parent, request_options options) {
+  return parent->spawn(request_behavior, std::move(options));
 }
 
 }  // namespace troupe::actors

@@ -11,6 +11,7 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/protocols.hpp"
 #include "messages/client.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
@@ -18,9 +19,9 @@ namespace troupe::actors {
 
 struct request_options {
   int64_t id = 0;
-  caf::actor client;
+  stream_receiver_actor client;
   uint64_t stream = 0;  ///< stamped on every message to the client (submit_completion::stream)
-  caf::actor balancer;  ///< answers place_request
+  balancer_actor balancer;  ///< answers place_request
   std::shared_ptr<const tokenizer> tok;
   msg::completion_request params;
   uint64_t drawn_seed = 0;  ///< used when params.has_seed is false
@@ -31,6 +32,6 @@ struct request_options {
 };
 
 /// Spawns a request actor from `parent` (it lives on the parent's node).
-caf::actor spawn_request(caf::local_actor* parent, request_options options);
+request_actor spawn_request(caf::local_actor* parent, request_options options);
 
 }  // namespace troupe::actors

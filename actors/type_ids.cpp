@@ -3,8 +3,9 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 
-#include "messages/client.hpp"
 #include "actors/cluster_messages.hpp"
+#include "actors/protocols.hpp"
+#include "messages/client.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -35,6 +36,10 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::engine_lost>("troupe::engine_lost");
   cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
+  // Handles that travel as a whole message (answers): typed handles are not built-in types.
+  cfg.add_message_type<request_actor>("troupe::request_actor");
+  cfg.add_message_type<executor_actor>("troupe::executor_actor");
+  cfg.add_message_type<engine_list>("troupe::engine_list");
 }
 
 void configure_real_time(caf::actor_system_config& cfg) {

@@ -27,6 +27,7 @@
 #include <caf/io/all.hpp>
 
 #include "actors/client.hpp"
+#include "actors/connect.hpp"
 #include "actors/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
@@ -110,12 +111,11 @@ run_result run_config(const config& c, const std::vector<msg::completion_request
   run_result r;
   {
     caf::actor_system sys{cfg};
-    caf::actor lb;
-    for (int attempt = 0; attempt < 600 && !lb; attempt++) {
-      if (auto a = sys.middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(base_port))) lb = *a;
-      else std::this_thread::sleep_for(50ms);
-    }
-    TROUPE_ASSERT_MSG(lb, "the balancer never listened");
+    actors::reach_options ro;
+    ro.timeout = 30s;  // the nodes load their models first
+    auto reached = actors::reach<actors::balancer_client_actor>(sys, "127.0.0.1", static_cast<uint16_t>(base_port), ro);
+    TROUPE_ASSERT_MSG(reached.has_value(), "the balancer never listened");
+    const actors::balancer_client_actor lb = *reached;
     std::mutex m;
     std::condition_variable cv;
     size_t done = 0;

@@ -52,7 +52,7 @@ long status_kb(long pid, const std::string& field) {
 }
 
 /// Sends `o.requests` requests, at most `o.concurrency` at a time; returns how many failed.
-int run_round(caf::actor_system& sys, const caf::actor& lb, const options& o, int round) {
+int run_round(caf::actor_system& sys, const actors::balancer_client_actor& lb, const options& o, int round) {
   std::mutex m;
   std::condition_variable cv;
   int in_flight = 0, done = 0, failed = 0;
@@ -86,7 +86,7 @@ int run(const options& o) {
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   std::optional<topology::launched_node> node;
-  caf::expected<caf::actor> lb = caf::actor{};
+  caf::expected<actors::balancer_client_actor> lb = actors::balancer_client_actor{};
   if (o.in_process) {
     const std::string models = TROUPE_MODELS_DIR;
     auto launched = topology::launch_node(
@@ -98,7 +98,7 @@ int run(const options& o) {
     node = std::move(*launched);
     lb = node->load_balancer;
   } else {
-    lb = sys.middleman().remote_actor(o.host, o.port);
+    lb = sys.middleman().remote_actor<actors::balancer_client_actor>(o.host, o.port);
   }
   if (!lb) {
     std::fprintf(stderr, "cannot reach %s:%u: %s\n", o.host.c_str(), o.port, sys.render(lb.error()).c_str());

@@ -22,7 +22,9 @@ struct cost_executor_state {
   static inline const char* name = "cost_executor";
 };
 
-using cost_executor_t = caf::stateful_actor<cost_executor_state>;
+/// An executor that also delivers its own results when their virtual time comes.
+using cost_executor_actor = actors::executor_actor::extend<caf::reacts_to<deliver_atom, int64_t>>;
+using cost_executor_t = cost_executor_actor::stateful_base<cost_executor_state>;
 
 /// Made-up samples: valid ids past the special tokens, a pure function of where they occur.
 engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t vocab_size) {
@@ -42,7 +44,8 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
-caf::behavior cost_executor(cost_executor_t* self, caf::actor engine, cost_executor_options options) {
+cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::engine_actor engine,
+                                                 cost_executor_options options) {
   cost_executor_state& st = self->state;
   st.o = std::move(options);
   if (st.o.checkpoint)
@@ -51,7 +54,7 @@ caf::behavior cost_executor(cost_executor_t* self, caf::actor engine, cost_execu
   self->monitor(engine);  // dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   return {
-      [=](engine::exec_plan& plan) {
+      [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         cost_executor_state& s = self->state;
         const cost::step_features f = cost::features_of(plan);
         const auto now = self->clock().now();
@@ -79,7 +82,8 @@ caf::behavior cost_executor(cost_executor_t* self, caf::actor engine, cost_execu
 
 }  // namespace
 
-caf::actor spawn_cost_executor(caf::actor_system& sys, const caf::actor& engine, cost_executor_options options) {
+actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,
+                                           cost_executor_options options) {
   return sys.spawn(cost_executor, engine, std::move(options));
 }
 

@@ -11,6 +11,8 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/protocols.hpp"
+
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "sim/event_log.hpp"
@@ -28,6 +30,7 @@ struct cost_executor_options {
   std::vector<int64_t>* batch_sizes = nullptr;           ///< borrowed: rows of every step
 };
 
-caf::actor spawn_cost_executor(caf::actor_system& sys, const caf::actor& engine, cost_executor_options options);
+actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,
+                                           cost_executor_options options);
 
 }  // namespace troupe::sim

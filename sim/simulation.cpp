@@ -24,7 +24,7 @@ constexpr uint64_t prompt_stream = 0x70726f6d70747321ULL;         // "prompts!"
 struct run_state {
   const sim_options& o;
   caf::actor_system& sys;
-  caf::actor load_balancer;
+  actors::balancer_actor load_balancer;
   event_log log;
   std::vector<request_record> records;
   std::vector<int64_t> batch_sizes;
@@ -97,7 +97,7 @@ caf::behavior driver(caf::event_based_actor* self, run_state* rs) {
   return {[=](arrive_atom, int64_t index) { arrive(self, *rs, index); }};
 }
 
-expected<std::vector<caf::actor>> spawn_engines(run_state& rs) {
+expected<actors::engine_list> spawn_engines(run_state& rs) {
   const sim_topology& t = rs.o.topology;
   std::shared_ptr<const model::checkpoint> ck;
   if (t.tokens == token_mode::real) {
@@ -105,7 +105,7 @@ expected<std::vector<caf::actor>> spawn_engines(run_state& rs) {
     if (!loaded) return tl::unexpected(loaded.error());
     ck = std::make_shared<const model::checkpoint>(std::move(*loaded));
   }
-  std::vector<caf::actor> engines;
+  actors::engine_list engines;
   for (int32_t i = 0; i < t.replicas; i++) {
     actors::engine_options o;
     o.model = t.model;
@@ -115,7 +115,7 @@ expected<std::vector<caf::actor>> spawn_engines(run_state& rs) {
     o.detached_executor = false;
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck,
                             t.engine.num_kv_blocks, t.engine.block_size, &rs.log, &rs.batch_sizes};
-    o.make_executor = [c](caf::actor_system& sys, const caf::actor& engine) { return spawn_cost_executor(sys, engine, c); };
+    o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());
     engines.push_back(*engine);
@@ -163,7 +163,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
     rs.violation = std::to_string(o.workload.size() - rs.num_finished) + " request(s) never ended";
   caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(rs.load_balancer, caf::exit_reason::user_shutdown);
-  for (const caf::actor& e : *engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  for (const actors::engine_actor& e : *engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   sched.run();
   if (!rs.violation.empty())
     return fail(errc::internal, "invariant violated: " + rs.violation + " (seed " + std::to_string(o.seed) +

@@ -46,9 +46,9 @@ class ActorsDeterministic : public ::testing::Test {
   caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
   caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
   model::transformer oracle_{*bundled_shared().ck};
-  std::vector<caf::actor> engines_;
-  caf::actor lb_;
-  std::vector<caf::actor> clients_;
+  actors::engine_list engines_;
+  actors::balancer_actor lb_;
+  std::vector<actors::client_actor> clients_;
   size_t num_idle_actors_ = 0;  // engines, executors and the balancer
 
   /// Spawns `num_engines` engines with `o` behind one balancer and runs until idle; `kinds`
@@ -63,8 +63,8 @@ class ActorsDeterministic : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (const caf::actor& c : clients_) caf::anon_send_exit(c, caf::exit_reason::kill);
-    for (const caf::actor& e : engines_) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+    for (const actors::client_actor& c : clients_) caf::anon_send_exit(c, caf::exit_reason::kill);
+    for (const actors::engine_actor& e : engines_) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
     if (lb_) caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
     sched_.run();
     EXPECT_EQ(sys_.registry().running(), 0u) << "an actor outlived its engine and balancer";
@@ -97,8 +97,8 @@ class ActorsDeterministic : public ::testing::Test {
   }
 
   /// Asks `dest` (idle actors only: this runs the scheduler until nothing is left).
-  template <class T, class Atom>
-  T ask(const caf::actor& dest, Atom atom) {
+  template <class T, class Handle, class Atom>
+  T ask(const Handle& dest, Atom atom) {
     auto out = std::make_shared<std::optional<T>>();
     sys_.spawn([=](caf::event_based_actor* self) {
       self->request(dest, caf::infinite, atom).then([=](T& x) { *out = std::move(x); });
@@ -355,7 +355,7 @@ TEST_F(ActorsDeterministic, AnEngineThatDiesFailsItsRequestsAndTakesItsExecutor)
 
 TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndTheEngineRecovers) {
   start(with_failing_executor(engine_opts(false)));
-  const caf::actor executor = ask<caf::actor>(engines_[0], actors::executor_atom::value);
+  const actors::executor_actor executor = ask<actors::executor_actor>(engines_[0], actors::executor_atom::value);
   ASSERT_TRUE(executor);
   msg::completion_request r = make_completion("The sun was shining", 100, 21);
   r.ignore_eos = true;
@@ -363,7 +363,7 @@ TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndThe
   r.seed = 22;
   auto b = submit(r);
   run_until([&] { return a->tokens().size() >= 2 && b->tokens().size() >= 2; });
-  caf::anon_send(executor, fail_next_plan_atom::value, std::string("boom"));
+  caf::anon_send(caf::actor_cast<failing_executor_actor>(executor), fail_next_plan_atom::value, std::string("boom"));
   run_ticking();
 
   for (const auto& log : {a, b}) {
@@ -377,7 +377,7 @@ TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndThe
   }
   const msg::engine_report rep = report();
   EXPECT_EQ(rep.num_executor_failures, 1);
-  const caf::actor replacement = ask<caf::actor>(engines_[0], actors::executor_atom::value);
+  const actors::executor_actor replacement = ask<actors::executor_actor>(engines_[0], actors::executor_atom::value);
   EXPECT_TRUE(replacement);
   EXPECT_NE(replacement, executor);
   expect_engine_idle();  // the failed executor is gone, its replacement counted in its place
@@ -389,7 +389,7 @@ TEST_F(ActorsDeterministic, AnInjectedExecutorFailureFailsInFlightRequestsAndThe
 
 TEST_F(ActorsDeterministic, AKilledExecutorIsReplacedToo) {
   start();
-  const caf::actor executor = ask<caf::actor>(engines_[0], actors::executor_atom::value);
+  const actors::executor_actor executor = ask<actors::executor_actor>(engines_[0], actors::executor_atom::value);
   msg::completion_request r = make_completion("The sun was shining", 100, 21);
   r.ignore_eos = true;
   auto a = submit(r);
@@ -609,15 +609,14 @@ TEST_F(ActorsDeterministic, TwoEnginesShareConcurrentRequestsAndSequentialOnesGo
 TEST_F(ActorsDeterministic, RequestThatNamesNoClientIsRefusedAndLeavesNothing) {
   start();
   const msg::completion_request r = make_completion("Once upon a time", 20, 7, 0.0f);
-  caf::anon_send(lb_, r);
-  caf::anon_send(lb_, msg::submit_completion{r, caf::actor{}});
+  caf::anon_send(lb_, msg::submit_completion{r, actors::stream_receiver_actor{}});
   run_ticking();
   expect_engine_idle();
   EXPECT_EQ(report().num_generated_tokens, 0);
   std::shared_ptr<client_log> log = submit(r);
   run_ticking();
   ASSERT_TRUE(log->outcome.has_value() && log->outcome->has_value());
-  expect_matches(log->outcome->value(), reference(oracle_, r), "after two refused requests");
+  expect_matches(log->outcome->value(), reference(oracle_, r), "after a refused request");
   EXPECT_EQ(log->outcome->value().end.request_id, 0) << "a refused request took no id";
 }
 
@@ -631,7 +630,7 @@ TEST_F(ActorsDeterministic, EngineDropsWorkThatNamesNoRequestActor) {
   q.id = 42;
   caf::anon_send(engines_[0], msg::submit_prefill{q, engines_[0], "", 0});
   q.id = 43;
-  caf::anon_send(engines_[0], msg::kv_handoff{q, caf::actor{}, {}, 0});
+  caf::anon_send(engines_[0], msg::kv_handoff{q, actors::request_actor{}, {}, 0});
   run_ticking();
   expect_engine_idle();
   EXPECT_EQ(report().num_generated_tokens, 0);
@@ -639,7 +638,8 @@ TEST_F(ActorsDeterministic, EngineDropsWorkThatNamesNoRequestActor) {
 
 TEST_F(ActorsDeterministic, RequestForAClientAlreadyGoneLeavesNothing) {
   start();
-  const caf::actor gone = sys_.spawn([](caf::event_based_actor*) {});  // no behaviour: it quits at once
+  // No behaviour: it quits at once.
+  const auto gone = caf::actor_cast<actors::stream_receiver_actor>(sys_.spawn([](caf::event_based_actor*) {}));
   sched_.run();
   caf::anon_send(lb_, msg::submit_completion{make_completion("Once upon a time", 200, 7), gone});
   run_ticking();

@@ -46,7 +46,8 @@ class tracker : public std::enable_shared_from_this<tracker> {
 
   explicit tracker(size_t n) : entries_(n) {}
 
-  caf::actor spawn(caf::actor_system& sys, const caf::actor& lb, size_t i, const msg::completion_request& r) {
+  actors::client_actor spawn(caf::actor_system& sys, const actors::balancer_client_actor& lb, size_t i,
+                             const msg::completion_request& r) {
     // The callbacks share ownership: a client may outlive a test that failed early.
     auto self = shared_from_this();
     return actors::spawn_client(
@@ -100,8 +101,8 @@ class ActorsThreaded : public ::testing::Test {
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
   model::transformer oracle_{*bundled_shared().ck};
-  std::vector<caf::actor> engines_;
-  caf::actor lb_;
+  actors::engine_list engines_;
+  actors::balancer_actor lb_;
   size_t num_idle_actors_ = 0;
 
   /// `kinds` as in spawn_balancer.
@@ -116,7 +117,7 @@ class ActorsThreaded : public ::testing::Test {
 
   void TearDown() override {
     if (!sys_) return;
-    for (const caf::actor& e : engines_) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+    for (const actors::engine_actor& e : engines_) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
     engines_.clear();
     lb_ = nullptr;
@@ -149,15 +150,17 @@ class ActorsThreaded : public ::testing::Test {
 
   /// Waits (at most 10 s) until every engine holds no request and no block and only the
   /// long-lived actors are left; request actors quit asynchronously after their last message.
+  /// No sleep: each check is a round trip through every engine, which paces the loop (CAF's
+  /// registry can only wait for a count of 0 or 1).
   void expect_eventually_idle() {
-    for (int i = 0; i < 10000; i++) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
       bool idle = sys_->registry().running() == num_idle_actors_;
-      for (size_t e = 0; idle && e < engines_.size(); e++) {
+      for (size_t e = 0; e < engines_.size(); e++) {
         const msg::engine_report r = report(e);
-        idle = r.num_requests == 0 && r.num_blocks_in_use == 0 && r.num_waiting == 0;
+        idle = idle && r.num_requests == 0 && r.num_blocks_in_use == 0 && r.num_waiting == 0;
       }
       if (idle) return;
-      std::this_thread::sleep_for(1ms);
     }
     ADD_FAILURE() << "not idle after 10 s: " << sys_->registry().running() << " actors running";
   }
@@ -313,7 +316,7 @@ TEST_F(ActorsThreaded, CancelledAndKilledClientsReleaseTheirRequests) {
   start(engine_opts(true), /*num_engines=*/2);
   constexpr size_t n = 16;
   std::vector<msg::completion_request> requests;
-  std::vector<caf::actor> clients;
+  std::vector<actors::client_actor> clients;
   auto track = std::make_shared<tracker>(n);
   for (size_t i = 0; i < n; i++) {
     msg::completion_request r = make_completion(story_window(i), 400, 70 + i);
@@ -376,7 +379,7 @@ TEST_F(ActorsThreaded, ADetachedExecutorFailureFailsInFlightRequestsOnly) {
       if (e.tokens.empty()) return false;
     return true;
   }));
-  caf::anon_send(*executor, fail_next_plan_atom::value, std::string("boom"));
+  caf::anon_send(caf::actor_cast<failing_executor_actor>(*executor), fail_next_plan_atom::value, std::string("boom"));
   ASSERT_TRUE(track->wait_all_done(n));
   for (const tracker::entry& e : track->snapshot()) {
     ASSERT_FALSE(e.outcome->has_value());

@@ -38,8 +38,8 @@ class Burst : public ::testing::Test {
  protected:
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
-  caf::actor engine_;
-  caf::actor lb_;
+  actors::engine_actor engine_;
+  actors::balancer_actor lb_;
   uint16_t port_ = 0;
   fs::path dir_;
 
@@ -95,17 +95,17 @@ class Burst : public ::testing::Test {
   void send_and_vanish(const msg::completion_request& r) {
     caf::actor_system_config cfg;
     auto node = remote_node(cfg);
-    auto lb = node->middleman().remote_actor(std::string{"127.0.0.1"}, port_);
+    auto lb = node->middleman().remote_actor<actors::balancer_client_actor>(std::string{"127.0.0.1"}, port_);
     ASSERT_TRUE(lb) << node->render(lb.error());
     caf::scoped_actor self{*node};
-    self->send(*lb, msg::submit_completion{r, caf::actor_cast<caf::actor>(self)});
+    self->send(*lb, msg::submit_completion{r, caf::actor_cast<actors::stream_receiver_actor>(self)});
   }
 
   /// Runs `r` from a fresh node; its outcome.
   expected<actors::completion> complete_remotely(const msg::completion_request& r) {
     caf::actor_system_config cfg;
     auto node = remote_node(cfg);
-    auto lb = node->middleman().remote_actor(std::string{"127.0.0.1"}, port_);
+    auto lb = node->middleman().remote_actor<actors::balancer_client_actor>(std::string{"127.0.0.1"}, port_);
     if (!lb) return fail(errc::io_error, node->render(lb.error()));
     return actors::complete(*node, *lb, r);
   }

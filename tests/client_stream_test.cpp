@@ -29,8 +29,8 @@ class ClientStream : public ::testing::Test {
   caf::actor_system_config cfg_;
   caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
   caf::scheduler::test_coordinator& sched_ = dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler());
-  caf::actor request_;  // the fake request actor: ignores everything
-  caf::actor client_;
+  actors::request_actor request_;  // the fake request actor: ignores everything
+  actors::client_actor client_;
   std::vector<std::string> chunks_;  // chunk texts in the order the client delivered them
   std::optional<expected<actors::completion>> outcome_;
   int num_done_ = 0;
@@ -39,15 +39,16 @@ class ClientStream : public ::testing::Test {
   /// Spawns the client against a fake balancer that answers with the fake request actor.
   void start(actors::client_timeouts t = {5000ms, 1000ms}) {
     sched_.clock().current_time += 1h;
-    request_ = sys_.spawn([] { return caf::behavior{[](msg::cancel_request&) {}}; });
-    const caf::actor request = request_;
-    const caf::actor balancer =
+    // Untyped fakes, cast to the interfaces they stand in for.
+    request_ = caf::actor_cast<actors::request_actor>(sys_.spawn([] { return caf::behavior{[](msg::cancel_request&) {}}; }));
+    const actors::request_actor request = request_;
+    const auto balancer = caf::actor_cast<actors::balancer_client_actor>(
         sys_.spawn([this, request] {
           return caf::behavior{[this, request](msg::submit_completion& s) {
             stream_ = s.stream;
             return request;
           }};
-        });
+        }));
     msg::completion_request r;
     r.prompt = "x";
     r.max_tokens = 8;
@@ -63,12 +64,13 @@ class ClientStream : public ::testing::Test {
     sched_.run();
   }
 
-  void send(caf::message m) {
+  template <class Message>
+  void send(Message m) {
     caf::anon_send(client_, std::move(m));
     sched_.run();
   }
 
-  void chunk(int32_t sequence, std::string text) { send(caf::make_message(msg::completion_chunk{7, stream_, sequence, text, {}, {}})); }
+  void chunk(int32_t sequence, std::string text) { send(msg::completion_chunk{7, stream_, sequence, text, {}, {}}); }
 
   void end(int32_t num_chunks, engine::finish_reason reason = engine::finish_reason::length) {
     msg::completion_end e;
@@ -76,7 +78,7 @@ class ClientStream : public ::testing::Test {
     e.stream = stream_;
     e.finish_reason = reason;
     e.num_chunks = num_chunks;
-    send(caf::make_message(e));
+    send(e);
   }
 
   void request_goes_down() {
@@ -118,13 +120,13 @@ TEST_F(ClientStream, MessagesOfAnotherStreamAreDropped) {
   // that client's stream id, or none, and must not join this completion.
   start();
   ASSERT_NE(stream_, 0u);
-  send(caf::make_message(msg::completion_chunk{9, stream_ + 1, 0, "foreign", {}, {}}));
-  send(caf::make_message(msg::completion_chunk{9, 0, 0, "unstamped", {}, {}}));
+  send(msg::completion_chunk{9, stream_ + 1, 0, "foreign", {}, {}});
+  send(msg::completion_chunk{9, 0, 0, "unstamped", {}, {}});
   msg::completion_end foreign_end;
   foreign_end.request_id = 9;
   foreign_end.stream = stream_ + 1;
-  send(caf::make_message(foreign_end));
-  send(caf::make_message(msg::completion_error{9, 0, errc::internal, "foreign", 0}));
+  send(foreign_end);
+  send(msg::completion_error{9, 0, errc::internal, "foreign", 0});
   EXPECT_EQ(num_done_, 0);
   chunk(0, "a");
   end(1);
@@ -222,7 +224,7 @@ TEST_F(ClientStream, AnEndCountingFewerChunksThanArrivedIsAnError) {
 
 TEST_F(ClientStream, AnErrorWaitsForTheChunksItCountsAndKeepsItsCode) {
   start();
-  send(caf::make_message(msg::completion_error{7, stream_, errc::too_long, "too long", 1}));
+  send(msg::completion_error{7, stream_, errc::too_long, "too long", 1});
   EXPECT_EQ(num_done_, 0);
   chunk(0, "a");
   ASSERT_EQ(num_done_, 1);
@@ -234,7 +236,7 @@ TEST_F(ClientStream, AnErrorWaitsForTheChunksItCountsAndKeepsItsCode) {
 
 TEST_F(ClientStream, AnUnknownErrorCodeFromAnotherProcessBecomesAnInternalError) {
   start();
-  send(caf::make_message(msg::completion_error{7, stream_, static_cast<errc>(77), "from a newer server", 0}));
+  send(msg::completion_error{7, stream_, static_cast<errc>(77), "from a newer server", 0});
   ASSERT_EQ(num_done_, 1);
   ASSERT_FALSE(outcome_->has_value());
   EXPECT_EQ(outcome_->error().code, errc::internal);

@@ -42,7 +42,7 @@ class Cluster : public ::testing::Test {
   std::vector<std::pair<std::string, process_guard>> nodes_;  // name, its process (group)
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
-  caf::actor lb_;
+  actors::balancer_actor lb_;
   model::transformer oracle_{*bundled_shared().ck};
 
   void SetUp() override {
@@ -109,7 +109,7 @@ class Cluster : public ::testing::Test {
     const std::string listening = "load balancer listening on 127.0.0.1:" + std::to_string(port(0));
     ASSERT_TRUE(file_contains_within(out, listening, 120s))
         << "the balancer never listened; " << log << " says: " << read_file(log);
-    auto lb = sys_->middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(port(0)));
+    auto lb = sys_->middleman().remote_actor<actors::balancer_actor>("127.0.0.1", static_cast<uint16_t>(port(0)));
     ASSERT_TRUE(lb) << "the balancer listens but cannot be reached: " << sys_->render(lb.error());
     lb_ = *lb;
   }
@@ -182,11 +182,11 @@ class Cluster : public ::testing::Test {
 
   std::vector<msg::engine_report> reports() {
     caf::scoped_actor self{*sys_};
-    std::vector<caf::actor> engines;
-    self->request(lb_, 10s, actors::engines_atom::value).receive([&](std::vector<caf::actor>& e) { engines = e; },
+    actors::engine_list engines;
+    self->request(lb_, 10s, actors::engines_atom::value).receive([&](actors::engine_list& e) { engines = e; },
                                                                  [&](caf::error&) {});
     std::vector<msg::engine_report> out;
-    for (const caf::actor& e : engines) out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
+    for (const actors::engine_actor& e : engines) out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
     return out;
   }
 

@@ -17,7 +17,7 @@ namespace {
 
 std::string where(const engine_spec& e) { return "engine '" + e.name + "': "; }
 
-expected<caf::actor> launch_engine(caf::actor_system& sys, const engine_spec& e, int32_t max_waiting,
+expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engine_spec& e, int32_t max_waiting,
                                    const launch_options& options, std::shared_ptr<const tokenizer>& tok,
                                    const std::shared_ptr<transport::ucx_transport>& ucx, uint64_t ucx_tag_base,
                                    int32_t& context_tokens) {
@@ -58,23 +58,23 @@ balance::engine_kind kind_of(engine_role role) {
 
 /// The engines published by `node` (its node actor's answer), trying until the deadline: the
 /// other nodes may still be starting, or be frozen (then the handshake never completes).
-expected<std::vector<caf::actor>> reach_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms,
+expected<actors::engine_list> reach_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms,
                                              const std::atomic<bool>* stop) {
   const std::string address = node.host + ":" + std::to_string(node.port);
   actors::reach_options ro;
   ro.timeout = std::chrono::milliseconds(timeout_ms);
   ro.stop = stop;
   spdlog::info("reaching node '{}' at {} (up to {} ms)", node.name, address, timeout_ms);
-  auto remote = actors::reach(sys, node.host, node.port, ro);
+  auto remote = actors::reach<actors::node_actor>(sys, node.host, node.port, ro);
   if (!remote && remote.error().code == errc::cancelled)
     return fail(errc::cancelled, "start-up stopped by a signal while reaching node '" + node.name + "' at " + address);
   if (!remote)
     return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
                                        std::to_string(timeout_ms) + " ms: " + remote.error().message);
   caf::scoped_actor self{sys};
-  expected<std::vector<caf::actor>> out = fail(errc::unavailable, "no answer");
+  expected<actors::engine_list> out = fail(errc::unavailable, "no answer");
   self->request(*remote, std::chrono::milliseconds(timeout_ms), actors::engines_atom::value)
-      .receive([&](std::vector<caf::actor>& engines) { out = std::move(engines); },
+      .receive([&](actors::engine_list& engines) { out = std::move(engines); },
                [&](caf::error& err) {
                  out = fail(errc::unavailable,
                             "node '" + node.name + "' at " + address + " did not list its engines: " + sys.render(err));
@@ -90,7 +90,7 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
                                                                const std::atomic<bool>* stop) {
   std::map<std::string, size_t> num_placed;  // engines the topology places on each node
   for (const engine_spec& e : t.engines) num_placed[e.node]++;
-  std::map<std::string, std::vector<caf::actor>> by_node;
+  std::map<std::string, actors::engine_list> by_node;
   by_node[node_name] = local.engines;
   std::map<std::string, size_t> next;  // per node: the index of its next engine
   std::vector<actors::balanced_engine> out;
@@ -153,8 +153,8 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
                           (e.executor_threads > 1 ? " with " + std::to_string(e.executor_threads) + " kernel threads" : ""));
   }
   if (t.load_balancer.node != node_name) {
-    const std::vector<caf::actor> engines = out.engines;
-    out.node_actor = sys.spawn([engines](caf::event_based_actor*) -> caf::behavior {
+    const actors::engine_list engines = out.engines;
+    out.node_actor = sys.spawn([engines]() -> actors::node_actor::behavior_type {
       return {[engines](actors::engines_atom) { return engines; }};
     });
     return out;
@@ -203,7 +203,9 @@ expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const
   TROUPE_ASSERT(spec != nullptr);
   if (!is_loopback(spec->host))
     spdlog::warn("{}", plaintext_warning(node_name, spec->host));
-  auto port = sys.middleman().publish(node.entry(), spec->port, spec->host.c_str(), true);
+  // The balancer where it runs, else the node actor.
+  auto port = node.load_balancer ? sys.middleman().publish(node.load_balancer, spec->port, spec->host.c_str(), true)
+                                 : sys.middleman().publish(node.node_actor, spec->port, spec->host.c_str(), true);
   if (!port)
     return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +
                                     sys.render(port.error()));
@@ -213,7 +215,7 @@ expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
   if (node.node_actor) caf::anon_send_exit(node.node_actor, caf::exit_reason::user_shutdown);
-  for (const caf::actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
 }
 

@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <caf/actor.hpp>
-
+#include "actors/protocols.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "transport/ucx_transport.hpp"
 #include "topology/topology.hpp"
@@ -26,16 +25,19 @@ struct launch_options {
 
 /// What a node runs.
 struct launched_node {
-  std::vector<caf::actor> engines;     ///< in topology order
+  actors::engine_list engines;         ///< in topology order
   std::vector<std::string> engine_names;
-  caf::actor load_balancer;            ///< invalid if the balancer is placed elsewhere
-  caf::actor node_actor;               ///< answers engines_atom with `engines`; published where the balancer is not
+  actors::balancer_actor load_balancer;  ///< invalid if the balancer is placed elsewhere
+  actors::node_actor node_actor;       ///< answers engines_atom with `engines`; published where the balancer is not
   std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
   std::shared_ptr<const tokenizer> tok;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
 
   /// What the node publishes at its address: the balancer where it runs, else the node actor.
-  [[nodiscard]] const caf::actor& entry() const { return load_balancer ? load_balancer : node_actor; }
+  [[nodiscard]] caf::actor entry() const {
+    return load_balancer ? caf::actor_cast<caf::actor>(load_balancer) : caf::actor_cast<caf::actor>(node_actor);
+  }
+
 };
 
 /// Spawns everything `t` places on `node_name`. Errors: unknown node, unreadable model or

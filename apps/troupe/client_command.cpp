@@ -45,11 +45,11 @@ std::chrono::milliseconds to_ms(double seconds) {
 
 /// Connects to the balancer within --connect-timeout, retrying refused connections for up to
 /// --wait more (a server may still be starting).
-expected<caf::actor> connect(caf::actor_system& sys, const std::string& host, uint16_t port, const client_options& o) {
+expected<actors::balancer_client_actor> connect(caf::actor_system& sys, const std::string& host, uint16_t port, const client_options& o) {
   actors::reach_options ro;
   ro.timeout = to_ms(o.wait_seconds) + to_ms(o.connect_timeout_seconds);
   ro.retry = o.wait_seconds > 0;
-  auto lb = actors::reach(sys, host, port, ro);
+  auto lb = actors::reach<actors::balancer_client_actor>(sys, host, port, ro);
   if (lb) return lb;
   const std::string where = "cannot reach a troupe load balancer at " + host + ":" + std::to_string(port);
   if (lb.error().code != errc::unavailable) return fail(lb.error().code, where + ": " + lb.error().message);

@@ -47,7 +47,7 @@ inline actors::engine_options engine_opts(bool detached_executor, int32_t num_kv
   return o;
 }
 
-inline caf::actor spawn_engine_or_die(caf::actor_system& sys, const actors::engine_options& o) {
+inline actors::engine_actor spawn_engine_or_die(caf::actor_system& sys, const actors::engine_options& o) {
   auto e = actors::spawn_engine(sys, o);
   if (!e) {
     std::cerr << "spawn_engine: " << e.error().message << "\n";
@@ -58,8 +58,8 @@ inline caf::actor spawn_engine_or_die(caf::actor_system& sys, const actors::engi
 
 /// A balancer over `engines`; `kinds` (one per engine, default all mixed) makes prefill and
 /// decode engines.
-inline caf::actor spawn_balancer(caf::actor_system& sys, std::vector<caf::actor> engines,
-                                 const std::vector<balance::engine_kind>& kinds = {}) {
+inline actors::balancer_actor spawn_balancer(caf::actor_system& sys, actors::engine_list engines,
+                                             const std::vector<balance::engine_kind>& kinds = {}) {
   actors::load_balancer_options o;
   o.engines = actors::mixed_engines(engines);
   for (size_t i = 0; i < kinds.size(); i++) o.engines.at(i).kind = kinds[i];
@@ -128,9 +128,9 @@ struct client_log {
 };
 
 /// Spawns a client whose chunks and outcome land in `log` (which must outlive it).
-inline caf::actor spawn_logged_client(caf::actor_system& sys, const caf::actor& lb,
-                                      msg::completion_request r, std::shared_ptr<client_log> log,
-                                      actors::client_timeouts timeouts = {}) {
+inline actors::client_actor spawn_logged_client(caf::actor_system& sys, const actors::balancer_client_actor& lb,
+                                               msg::completion_request r, std::shared_ptr<client_log> log,
+                                               actors::client_timeouts timeouts = {}) {
   return actors::spawn_client(
       sys, lb, std::move(r), [log](const msg::completion_chunk& c) { log->chunks.push_back(c); },
       [log](const expected<actors::completion>& outcome) {

@@ -1,0 +1,90 @@
+#pragma once
+
+/// The typed interface of every actor kind: each is a `caf::typed_actor` listing exactly the
+/// messages it accepts and what it answers, so sending an actor a message it cannot handle is a
+/// compile error — not a silent drop on another node. Every spawn, send, request, publish and
+/// remote_actor goes through these handles (docs/DESIGN.md, "Typed protocols").
+///
+/// The messages are in messages/ (plain structs, no CAF) and actors/cluster_messages.hpp (those
+/// that carry actor handles, which are these typed handles). An interface may list messages
+/// the actor sends itself (a timer): CAF's typed actors accept only what their interface names.
+///
+/// Narrow views: a handle converts implicitly to an interface with fewer messages, so each
+/// party holds only what it may send — a request actor holds its client as a
+/// `stream_receiver_actor`, a client holds the balancer as a `balancer_client_actor`.
+
+#include <cstdint>
+#include <vector>
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/atoms.hpp"
+#include "messages/client.hpp"
+#include "messages/control.hpp"
+#include "messages/engine.hpp"
+#include "messages/executor.hpp"
+
+namespace troupe::msg {
+// Defined in actors/cluster_messages.hpp (included at the end): they carry the handles declared here.
+struct submit_completion;
+struct place_request;
+struct placement;
+struct submit_prefill;
+struct prefilled;
+struct kv_handoff;
+struct kv_arrived;
+struct report_to;
+struct load_report;
+struct engine_lost;
+}  // namespace troupe::msg
+
+namespace troupe::actors {
+
+/// The step executor: runs the plans it is sent, in order.
+using executor_actor = caf::typed_actor<caf::replies_to<engine::exec_plan>::with<engine::exec_result>>;
+
+/// What a completion's stream is sent to (the client, as the request actor sees it).
+using stream_receiver_actor = caf::typed_actor<caf::reacts_to<msg::completion_chunk>,
+                                               caf::reacts_to<msg::completion_end>,
+                                               caf::reacts_to<msg::completion_error>>;
+
+/// The client actor (actors/client.hpp): receives one stream; the program that spawned it may
+/// cancel the request. `timeout_atom` is its own deadline timer.
+using client_actor = stream_receiver_actor::extend<caf::reacts_to<msg::cancel_request>,
+                                                   caf::reacts_to<timeout_atom, int64_t>>;
+
+/// The request actor: one request's tokens from its engines, its cancel from its client, the
+/// loss of an engine from the balancer.
+using request_actor = caf::typed_actor<caf::reacts_to<msg::sampled>, caf::reacts_to<msg::sampled_batch>,
+                                       caf::reacts_to<msg::rejected>, caf::reacts_to<msg::prefilled>,
+                                       caf::reacts_to<msg::engine_lost>, caf::reacts_to<msg::cancel_request>>;
+
+/// The engine: work from request actors and prefill engines, KV from the UCX thread, release
+/// and reporting orders, queries. `report_atom` is its own report timer.
+using engine_actor = caf::typed_actor<
+    caf::reacts_to<msg::submit>, caf::reacts_to<msg::submit_prefill>, caf::reacts_to<msg::kv_handoff>,
+    caf::reacts_to<msg::kv_arrived>, caf::reacts_to<msg::release>, caf::reacts_to<msg::report_to>,
+    caf::reacts_to<report_atom>, caf::replies_to<stats_atom>::with<msg::engine_report>,
+    caf::replies_to<executor_atom>::with<executor_actor>, caf::replies_to<ping_atom>::with<pong_atom>>;
+
+using engine_list = std::vector<engine_actor>;
+
+/// The node actor of a node without the balancer: lists its engines for the balancer's node.
+using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_list>>;
+
+/// The load balancer as clients see it: submit a completion, get its request actor.
+using balancer_client_actor =
+    caf::typed_actor<caf::replies_to<msg::submit_completion>::with<request_actor>>;
+
+/// The whole load balancer: placement for request actors, load reports from engines, its
+/// heartbeat timer, and the engine list (as a node actor answers it).
+using balancer_actor = balancer_client_actor::extend<caf::replies_to<msg::place_request>::with<msg::placement>,
+                                                     caf::reacts_to<msg::load_report>,
+                                                     caf::reacts_to<heartbeat_atom>,
+                                                     caf::replies_to<engines_atom>::with<engine_list>>;
+
+}  // namespace troupe::actors
+
+// The messages that carry these handles, complete for every user of the handles.
+#include "actors/cluster_messages.hpp"  // IWYU pragma: export
