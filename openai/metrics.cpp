@@ -118,7 +118,7 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
                            : static_cast<double>(engines.num_kv_blocks_in_use) / static_cast<double>(engines.num_kv_blocks_total);
   p.scalar("troupe:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", number(usage));
   p.gauge("troupe:num_kv_blocks_in_use", "KV-cache blocks held by unfinished requests.", engines.num_kv_blocks_in_use);
-  p.gauge("troupe:num_kv_blocks_total", "KV-cache blocks in the engines' pools.", engines.num_kv_blocks_total);
+  p.gauge("troupe:num_kv_blocks", "KV-cache blocks in the engines' pools.", engines.num_kv_blocks_total);
   p.counter("troupe:num_preemptions_total", "Cumulative number of preemptions from the engine.", engines.num_preemptions);
   p.counter("troupe:prompt_tokens_total", "Number of prefill tokens processed.", requests.num_prompt_tokens);
   p.counter("troupe:generation_tokens_total", "Number of generation tokens processed.", requests.num_generation_tokens);

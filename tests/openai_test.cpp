@@ -215,7 +215,7 @@ TEST(Metrics, ThePageRendersByteForByte) {
   for (const std::string& line : std::vector<std::string>{
            "# TYPE troupe:num_requests_running gauge\ntroupe:num_requests_running" + label + " 4\n",
         "troupe:num_requests_waiting" + label + " 2\n", "troupe:kv_cache_usage_perc" + label + " 0.5\n",
-        "troupe:num_kv_blocks_total" + label + " 16\n", "troupe:num_preemptions_total" + label + " 4\n",
+        "troupe:num_kv_blocks" + label + " 16\n", "troupe:num_preemptions_total" + label + " 4\n",
         "troupe:prompt_tokens_total" + label + " 5\n", "troupe:generation_tokens_total" + label + " 3\n",
         std::string("troupe:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n"),
         std::string("# TYPE troupe:time_to_first_token_seconds histogram\n") +
