@@ -7,6 +7,8 @@
 #include <thread>
 #include <variant>
 
+#include <sys/socket.h>
+
 #include <httplib.h>
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -77,6 +79,7 @@ struct http_gateway::impl {
   httplib::Server server;
   std::thread listener;
   uint16_t port = 0;
+  int listen_fd = -1;  ///< the listening socket, once httplib made it
   std::mutex metrics_mutex;
   openai::request_metrics metrics;  // guarded by metrics_mutex
 
@@ -213,11 +216,22 @@ expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& s
   // httplib reads a body up to twice the limit, so one moderately over it gets a clean 400.
   s.server.set_payload_max_length(2 * s.options.body_bytes_max);
   s.route();
+  // httplib's default options set SO_REUSEPORT, which lets a second server bind the same port
+  // and silently share it: only SO_REUSEADDR here, and the socket is kept to raise the backlog.
+  s.server.set_socket_options([&s](int fd) {
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    s.listen_fd = fd;
+  });
   const int bound = s.options.port == 0 ? s.server.bind_to_any_port(s.options.host)
                                         : (s.server.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1);
   if (bound <= 0)
     return fail(errc::io_error, "cannot listen for HTTP on " + s.options.host + ":" + std::to_string(s.options.port));
   s.port = static_cast<uint16_t>(bound);
+  // httplib listens with a backlog of 5: a burst of connections overflows it and waits out a SYN
+  // retransmission (1 s). Listening again on the bound socket raises the backlog (Linux).
+  if (::listen(s.listen_fd, SOMAXCONN) != 0)
+    return fail(errc::io_error, "cannot listen for HTTP on " + s.options.host + ":" + std::to_string(bound));
   s.listener = std::thread([&s] { s.server.listen_after_bind(); });
   return std::unique_ptr<http_gateway>(new http_gateway(std::move(state)));
 }

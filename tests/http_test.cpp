@@ -284,5 +284,14 @@ TEST_F(Http, MetricsPassPromtoolAndARequestMovesTheTtftCountByOne) {
     EXPECT_NE(line.find("metric names should not contain ':'"), std::string::npos) << line;
 }
 
+TEST_F(Http, ABusyHttpPortIsAClearError) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const std::string port = url_.substr(url_.rfind(':') + 1);
+  const cli_result second = run_troupe({"serve", "--port", "0", "--http-port", port}, dir_);
+  EXPECT_EQ(second.exit_code, 2);
+  EXPECT_NE(second.err.find("cannot listen for HTTP on 127.0.0.1:" + port), std::string::npos) << second.err;
+  expect_good_answer("a second server on the port");
+}
+
 }  // namespace
 }  // namespace troupe::testing
