@@ -12,6 +12,7 @@
 
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/server_process.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -19,56 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::cli_result;
 using testing::run_troupe;
-
-/// Reads the FIFO `fd` (opened O_RDONLY | O_NONBLOCK) until it has yielded a whole line
-/// containing `needle`, the writer closed it, or 60 s passed without a byte; returns the text.
-std::string read_until_line(int fd, const std::string& needle) {
-  std::string text;
-  for (;;) {
-    const size_t at = text.find(needle);
-    if (at != std::string::npos && text.find('\n', at) != std::string::npos) return text;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 60000) <= 0) return text;
-    char buf[512];
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n == 0) return text;
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return text;
-    if (n > 0) text.append(buf, static_cast<size_t>(n));
-  }
-}
-
-/// A background `troupe serve` whose stdout is a FIFO, so a test can wait for the line that
-/// says where it listens instead of sleeping. The server's process group is killed when this
-/// goes out of scope if the test did not stop it (an ASSERT returned early).
-class server_process {
- public:
-  server_process(const fs::path& dir, const std::vector<std::string>& args) : fifo_((dir / "serve.fifo").string()) {
-    err_path_ = (dir / "serve.err").string();
-    if (::mkfifo(fifo_.c_str(), 0600) != 0) return;
-    // Opened before the server starts, so its open for writing does not block.
-    fd_ = ::open(fifo_.c_str(), O_RDONLY | O_NONBLOCK);
-    if (fd_ >= 0) server_ = testing::process_guard(testing::spawn_troupe(args, fifo_, err_path_));
-  }
-  ~server_process() {
-    server_.kill_group();
-    if (fd_ >= 0) ::close(fd_);
-  }
-  [[nodiscard]] bool started() const { return server_.pid() != 0; }
-  /// Stdout up to and including the line containing `needle`.
-  std::string read_until(const std::string& needle) { return read_until_line(fd_, needle); }
-  /// SIGTERM, then the exit code.
-  int stop() {
-    ::kill(server_.pid(), SIGTERM);
-    return testing::wait_exit_code(server_.pid());
-  }
-  [[nodiscard]] std::string err() const { return testing::read_file(err_path_); }
-
- private:
-  std::string fifo_;
-  std::string err_path_;
-  int fd_ = -1;
-  testing::process_guard server_;
-};
 
 class Serve : public ::testing::Test {
  protected:
@@ -119,7 +70,7 @@ TEST_F(Serve, RemoteClientStreamEqualsInProcessStream) {
 }
 
 TEST_F(Serve, ModelFlagsServeAGeneratedNodeOnAnyFreePort) {
-  server_process server(dir_, {"serve", "--model", testing::bundled_model(), "--tokenizer",
+  testing::server_process server(dir_, {"serve", "--model", testing::bundled_model(), "--tokenizer",
                                testing::bundled_tokenizer(), "--port", "0"});
   ASSERT_TRUE(server.started());
   const std::string listening = "local: load balancer listening on 127.0.0.1:";

@@ -29,6 +29,8 @@ std::string default_topology_path();
 /// "troupe VERSION (git COMMIT)": the CMake project version and the commit it was built from
 /// ("unknown" outside a git checkout).
 std::string version_text();
+/// "troupe-VERSION-COMMIT": the HTTP gateway's system_fingerprint.
+std::string system_fingerprint();
 
 /// Logs `e` to stderr and returns the error exit code.
 int fail_with(const error& e);

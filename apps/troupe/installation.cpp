@@ -43,4 +43,6 @@ std::string default_topology_path() { return bundled_path("examples/single-node.
 
 std::string version_text() { return "troupe " TROUPE_VERSION " (git " TROUPE_GIT_COMMIT ")"; }
 
+std::string system_fingerprint() { return "troupe-" TROUPE_VERSION "-" TROUPE_GIT_COMMIT; }
+
 }  // namespace troupe::cli

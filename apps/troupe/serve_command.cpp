@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -12,6 +14,7 @@
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "apps/troupe/signals.hpp"
+#include "gateway/http_gateway.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::cli {
@@ -25,6 +28,8 @@ struct serve_options {
   std::string tokenizer = default_tokenizer_path();
   std::string host = "127.0.0.1";
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
+  int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = none, 0 = any free one (printed)
+  std::string http_host = "127.0.0.1";
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
@@ -35,6 +40,24 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   t.nodes[0].host = o.host;
   t.nodes[0].port = o.port;
   return t;
+}
+
+/// The HTTP gateway `o` asks for (null if none), in front of this node's balancer; /metrics
+/// reports this node's engines.
+expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys, const serve_options& o,
+                                                            const topology::topology& t, const std::string& node_name,
+                                                            const topology::launched_node& node) {
+  if (o.http_port < 0) return nullptr;
+  if (!node.load_balancer)
+    return fail(errc::invalid_argument, "--http-port needs the load balancer's node ('" + t.load_balancer.node + "')");
+  gateway::gateway_options g;
+  g.host = o.http_host;
+  g.port = static_cast<uint16_t>(o.http_port);
+  g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
+             std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
+  for (const topology::engine_spec& e : t.engines)
+    if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
+  return gateway::http_gateway::start(sys, node.load_balancer, node.engines, std::move(g));
 }
 
 int run_serve(const serve_options& o) {
@@ -62,6 +85,13 @@ int run_serve(const serve_options& o) {
   }
   launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
                               " listening on " + node->host + ":" + std::to_string(*port));
+  auto http = start_http(sys, o, *t, node_name, *launched);
+  if (!http) {
+    topology::shutdown_node(sys, *launched);
+    return fail_with(http.error());
+  }
+  if (*http)
+    launched->summary.push_back("HTTP gateway listening on http://" + o.http_host + ":" + std::to_string((*http)->port()));
   if (launched->ucx)
     launched->summary.push_back("KV transport: UCX on " + node->host + ":" + std::to_string(launched->ucx->port()));
   for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
@@ -69,6 +99,7 @@ int run_serve(const serve_options& o) {
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
+  http->reset();  // no new HTTP requests; those in flight end first
   (void)sys.middleman().unpublish(launched->entry(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
@@ -94,6 +125,9 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   CLI::App* cmd = app.add_subcommand(name, description);
   CLI::Option* topology = cmd->add_option("--topology,-T", o->topology, "topology file (TOML)");
   CLI::Option* node = cmd->add_option("--node", o->node, required ? "the node to run" : "node to run (default: the load balancer's)");
+  cmd->add_option("--http-port", o->http_port, "serve the OpenAI-compatible HTTP API on this port (0 = any free one, printed)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--http-host", o->http_host, "address of the HTTP API")->capture_default_str();
   if (required) {
     topology->required();
     node->required();

@@ -1,0 +1,57 @@
+#pragma once
+
+/// The OpenAI-compatible HTTP gateway (docs/http.md): cpp-httplib server threads in front of
+/// the load balancer. Each completion request is parsed by `openai::parse_request`, handed to a
+/// client actor (`actors::spawn_client`) whose callbacks push its chunks and its end into a
+/// queue of the request's own; the HTTP thread waits on that queue, never an actor on the HTTP
+/// thread. A streamed request whose HTTP client goes away is cancelled (the engine frees its KV
+/// blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+/// GET /health, GET /metrics.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "actors/client.hpp"
+#include "openai/api.hpp"
+#include "runtime/common/error.hpp"
+
+namespace troupe::gateway {
+
+struct gateway_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;                ///< 0: any free port (`http_gateway::port` says which)
+  openai::served_model model;
+  int64_t num_kv_blocks_total = 0;  ///< the local engines' KV pools, for /metrics
+  size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
+  int32_t num_threads = 128;        ///< connections served at once; each streams one request
+  actors::client_timeouts timeouts;
+};
+
+class http_gateway {
+ public:
+  /// Listens on host:port and serves on threads of its own until destroyed. `engines` (this
+  /// node's) are queried for /metrics. Errors: invalid_argument for bad options, io_error naming
+  /// the address that cannot be bound.
+  [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, actors::balancer_client_actor load_balancer,
+                                                                     actors::engine_list engines,
+                                                                     gateway_options options);
+  /// Stops listening and waits for the requests in flight to end.
+  ~http_gateway();
+  http_gateway(const http_gateway&) = delete;
+  http_gateway& operator=(const http_gateway&) = delete;
+
+  [[nodiscard]] uint16_t port() const;
+
+  struct impl;
+
+ private:
+  explicit http_gateway(std::unique_ptr<impl> state);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::gateway

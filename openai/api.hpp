@@ -1,0 +1,100 @@
+#pragma once
+
+/// The OpenAI-compatible HTTP API as plain functions: a request body (JSON text) becomes a
+/// `msg::completion_request` or an `api_error`; a completion's chunks and end become response
+/// JSON. No CAF, no sockets, no clock: the gateway (gateway/http_gateway) passes in the time
+/// (`created`) and owns the threads. Every function here is deterministic and unit-tested
+/// byte for byte (tests/openai_test.cpp).
+///
+/// Rules:
+/// - A parameter troupe cannot honour is refused with a 400 naming it, unless it has its
+///   neutral value (a penalty of 0, an empty logit_bias, n = 1, ...): never silently ignored.
+///   Fields this API does not know are ignored (clients send `user` and the like).
+/// - Range checks (temperature >= 0, top_p in (0, 1], ...) stay in the engine, which answers
+///   `invalid_argument` with a message naming the parameter; here only JSON types are checked.
+/// - Chat: stories260K has no chat format; its template is the messages' contents joined by a
+///   newline (`chat_prompt`). The template inserts no special token, and user text is never
+///   parsed into one (contract 4): `<s>` in a message is three ordinary characters.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+#include "messages/client.hpp"
+#include "runtime/common/error.hpp"
+
+namespace troupe::openai {
+
+enum class endpoint { completions, chat_completions };
+
+/// An error response: the HTTP status and the fields of `{"error": {...}}`.
+struct api_error {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  ///< the offending parameter; "" renders as null
+  std::string code;   ///< "" renders as null
+};
+
+/// What the gateway serves: checked against each request's `model`.
+struct served_model {
+  std::string id;                  ///< e.g. "stories260K"
+  std::string system_fingerprint;  ///< reported in every response
+  int64_t created = 0;             ///< unix seconds, reported by /v1/models
+};
+
+/// A parsed completion or chat completion request.
+struct parsed_request {
+  endpoint kind = endpoint::completions;
+  msg::completion_request request;
+  bool include_usage = false;  ///< stream_options.include_usage: a final chunk with usage
+};
+
+/// Parses and checks `body` for `kind`. Errors: 400 malformed JSON, invalid UTF-8, a wrong
+/// type, a missing prompt/messages, an unsupported parameter (named); 404 unknown model.
+[[nodiscard]] tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body,
+                                                                    const served_model& model);
+
+/// The prompt the chat template makes of `messages` (role, content) pairs.
+[[nodiscard]] std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages);
+
+/// The HTTP status and OpenAI error for an engine or client error: invalid_argument and
+/// invalid_utf8 400, not_found 404, too_long 413, overloaded 429, unavailable 503, else 500.
+[[nodiscard]] api_error error_from(const error& e);
+
+/// `{"error":{"message":...,"type":...,"param":...,"code":...}}`.
+[[nodiscard]] std::string render_error(const api_error& e);
+
+/// What every response of one request shares.
+struct response_context {
+  endpoint kind = endpoint::completions;
+  int64_t request_id = 0;  ///< ids are "cmpl-<id>" / "chatcmpl-<id>"
+  int64_t created = 0;     ///< unix seconds
+  const served_model* model = nullptr;
+  bool include_usage = false;
+};
+
+/// A whole (non-streamed) response: `text` and how it ended, with usage and the seed.
+[[nodiscard]] std::string render_response(const response_context& c, const std::string& text,
+                                          const msg::completion_end& end);
+
+/// The JSON of one streamed chunk carrying `text` (`first`: a chat chunk also carries the role).
+[[nodiscard]] std::string render_chunk(const response_context& c, const std::string& text, bool first);
+
+/// The JSON of the last streamed chunk with a choice: no text, the finish reason and the seed.
+[[nodiscard]] std::string render_final_chunk(const response_context& c, const msg::completion_end& end);
+
+/// The JSON of the usage chunk (stream_options.include_usage): no choices.
+[[nodiscard]] std::string render_usage_chunk(const response_context& c, const msg::completion_end& end);
+
+/// `data: <json>\n\n`, and the end of a stream.
+[[nodiscard]] std::string sse_event(const std::string& json);
+inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
+
+/// GET /v1/models.
+[[nodiscard]] std::string render_models(const served_model& model);
+
+}  // namespace troupe::openai

@@ -1,0 +1,63 @@
+#pragma once
+
+/// Serving metrics in the Prometheus text exposition format (version 0.0.4), written here
+/// because Debian 12 packages no prometheus-cpp. Names and meanings follow vLLM's `vllm:`
+/// metrics under a `troupe:` prefix (docs/http.md lists them). Pure: the gateway records each
+/// finished request and, at scrape time, the engines' counters; `render_metrics` is a function
+/// of those values only, tested byte for byte (tests/openai_test.cpp) and by `promtool check
+/// metrics` (tests/http_test.cpp).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "messages/client.hpp"
+#include "messages/control.hpp"
+
+namespace troupe::openai {
+
+/// A cumulative histogram: `bucket_counts[i]` counts observations <= upper_bounds[i] and above
+/// the bound before it; the last bucket (+Inf) counts the rest.
+struct histogram {
+  explicit histogram(std::vector<double> upper_bounds);  ///< strictly increasing
+  void observe(double value);
+
+  std::vector<double> upper_bounds;
+  std::vector<int64_t> bucket_counts;  ///< upper_bounds.size() + 1, not cumulative
+  double sum = 0.0;
+  int64_t count = 0;
+};
+
+/// What the gateway counts over the requests it answered to the end (finished, not failed).
+struct request_metrics {
+  request_metrics();
+  /// Adds one request: its TTFT, each gap between tokens, its end-to-end latency and tokens.
+  void record(const msg::completion_end& end);
+
+  histogram ttft_seconds;
+  histogram inter_token_latency_seconds;
+  histogram e2e_latency_seconds;
+  int64_t num_prompt_tokens = 0;
+  int64_t num_generation_tokens = 0;
+  int64_t num_prefix_cache_hit_tokens = 0;
+  std::map<std::string, int64_t> num_success_by_reason;  ///< "stop", "length", ...
+};
+
+/// The engines of this node, summed when /metrics is scraped.
+struct engine_gauges {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_kv_blocks_in_use = 0;
+  int64_t num_kv_blocks_total = 0;
+  int64_t num_preemptions = 0;
+};
+
+/// Sums `reports`; `num_kv_blocks_total` is the engines' configured pool size.
+[[nodiscard]] engine_gauges sum_reports(const std::vector<msg::engine_report>& reports, int64_t num_kv_blocks_total);
+
+/// The whole /metrics page; every sample carries the label model_name="<model_name>".
+[[nodiscard]] std::string render_metrics(const request_metrics& requests, const engine_gauges& engines,
+                                         const std::string& model_name);
+
+}  // namespace troupe::openai
