@@ -75,5 +75,6 @@ action add_up(CLI::App& app);
 action add_client(CLI::App& app);
 action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);
+action add_certs(CLI::App& app);
 
 }  // namespace troupe::cli

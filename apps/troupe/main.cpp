@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
       {"client", troupe::cli::add_client(app)},
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},
+      {"certs", troupe::cli::add_certs(app)},
   };
   try {
     app.parse(argc, argv);

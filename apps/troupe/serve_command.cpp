@@ -6,9 +6,10 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/io/middleman.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/connect.hpp"
+#include "actors/tls.hpp"
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "apps/troupe/signals.hpp"
@@ -25,6 +26,7 @@ struct serve_options {
   std::string tokenizer = default_tokenizer_path();
   std::string host = "127.0.0.1";
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
+  bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
@@ -37,16 +39,27 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   return t;
 }
 
+/// A plaintext node says so: a warning on loopback, an error line with --insecure.
+void log_security(topology::port_security security) {
+  const std::string warning = topology::security_warning(security);
+  if (security == topology::port_security::plaintext_loopback) spdlog::warn("{}", warning);
+  if (security == topology::port_security::plaintext_insecure) spdlog::error("{}", warning);
+}
+
 int run_serve(const serve_options& o) {
   auto t = serve_topology(o);
   if (!t) return fail_with(t.error());
   const std::string node_name = o.node.empty() ? t->load_balancer.node : o.node;
   const topology::node_spec* node = t->find_node(node_name);
   if (!node) return fail_with(error{errc::not_found, "the topology has no node '" + node_name + "'"});
+  auto security = topology::check_port_security(*t, o.insecure);
+  if (!security) return fail_with(security.error());
   signal_waiter signals;
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
-  cfg.load<caf::io::middleman>();
+  if (auto ok = actors::configure_network(cfg, topology::node_credentials(*t, node_name)); !ok)
+    return fail_with(ok.error());
+  log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
@@ -61,7 +74,8 @@ int run_serve(const serve_options& o) {
     return fail_with(port.error());
   }
   launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
-                              " listening on " + node->host + ":" + std::to_string(*port));
+                              " listening on " + node->host + ":" + std::to_string(*port) +
+                              (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   if (launched->ucx)
     launched->summary.push_back("KV transport: UCX on " + node->host + ":" + std::to_string(launched->ucx->port()));
   for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
@@ -69,7 +83,7 @@ int run_serve(const serve_options& o) {
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
-  (void)sys.middleman().unpublish(launched->entry(), *port);
+  actors::unpublish_actor(sys, launched->entry().address(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
 }
@@ -94,6 +108,8 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   CLI::App* cmd = app.add_subcommand(name, description);
   CLI::Option* topology = cmd->add_option("--topology,-T", o->topology, "topology file (TOML)");
   CLI::Option* node = cmd->add_option("--node", o->node, required ? "the node to run" : "node to run (default: the load balancer's)");
+  cmd->add_flag("--insecure", o->insecure,
+                "allow an unauthenticated plaintext CAF port on a non-loopback address (a topology without [tls])");
   if (required) {
     topology->required();
     node->required();
