@@ -72,7 +72,7 @@ int run_client(const client_options& o) {
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto lb = connect(sys, address->first, address->second, o);
-  if (!lb) return fail_with(lb.error());
+  if (!lb) return leave(sys, fail_with(lb.error()));
   const actors::client_timeouts timeouts{to_ms(o.first_token_timeout_seconds), to_ms(o.token_timeout_seconds)};
   auto out = actors::complete(sys, *lb, o.flags.to_request(), chunk_printer(o.echo ? o.flags.prompt : ""), timeouts);
   if (!out) return fail_with(out.error());

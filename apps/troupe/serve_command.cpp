@@ -65,13 +65,13 @@ int run_serve(const serve_options& o) {
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
   if (!launched && launched.error().code == errc::cancelled) {  // SIGINT/SIGTERM during start-up
     spdlog::warn("{}", launched.error().message);
-    return 0;
+    return leave(sys, 0);
   }
-  if (!launched) return fail_with(launched.error());
+  if (!launched) return leave(sys, fail_with(launched.error()));
   auto port = topology::publish_node(sys, *t, node_name, *launched);
   if (!port) {
     topology::shutdown_node(sys, *launched);
-    return fail_with(port.error());
+    return leave(sys, fail_with(port.error()));
   }
   launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
                               " listening on " + node->host + ":" + std::to_string(*port) +
