@@ -6,6 +6,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/manager.hpp>
 
 namespace troupe::actors {
 namespace {
@@ -13,11 +14,28 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds poll_interval{100};
 
+/// The actor that opens connections: CAF's OpenSSL middleman when TLS is configured, else the
+/// plain one. Both speak the same protocol (`caf::io::middleman_actor`).
+caf::io::middleman_actor network_actor(caf::actor_system& sys) {
+  return uses_tls(sys) ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+}
+
+/// CAF's reason for a failed connection, in words; a handshake cut short is named for what
+/// usually causes it.
+std::string describe(caf::actor_system& sys, const caf::error& err) {
+  if (err != caf::sec::disconnect_during_handshake) return sys.render(err);
+  if (uses_tls(sys))
+    return "the peer closed the connection during the TLS handshake (a certificate of another CA on either "
+           "side, or a peer without TLS)";
+  return "the peer closed the connection during the handshake (it may require TLS: give this process a "
+         "certificate of the cluster's CA)";
+}
+
 /// One answer from the middleman within `wait`: the actor, an error, or nothing yet.
 std::optional<expected<reached_actor>> ask_middleman(caf::scoped_actor& self, const std::string& host, uint16_t port,
                                                   std::chrono::milliseconds wait) {
   std::optional<expected<reached_actor>> out;
-  self->request(self->system().middleman().actor_handle(), wait, caf::connect_atom::value, host, port)
+  self->request(network_actor(self->system()), wait, caf::connect_atom::value, host, port)
       .receive(
           [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& interface) {
             if (ptr)
@@ -28,12 +46,32 @@ std::optional<expected<reached_actor>> ask_middleman(caf::scoped_actor& self, co
           [&](caf::error& err) {
             // A request timeout only means no answer yet: the middleman keeps the handshake
             // pending, and asking again joins it.
-            if (err != caf::sec::request_timeout) out = fail(errc::io_error, self->system().render(err));
+            if (err != caf::sec::request_timeout) out = fail(errc::io_error, describe(self->system(), err));
           });
   return out;
 }
 
 }  // namespace
+
+bool uses_tls(const caf::actor_system& sys) { return sys.has_openssl_manager(); }
+
+expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
+                                 std::set<std::string> interface, uint16_t port, const std::string& host) {
+  TROUPE_ASSERT(whom != nullptr);
+  caf::scoped_actor self{sys};
+  expected<uint16_t> out = fail(errc::io_error, "no answer");
+  self->request(network_actor(sys), caf::infinite, caf::publish_atom::value, port, whom, std::move(interface), host,
+                true)
+      .receive([&](uint16_t bound) { out = bound; },
+               [&](caf::error& err) { out = fail(errc::io_error, sys.render(err)); });
+  return out;
+}
+
+void unpublish_actor(caf::actor_system& sys, const caf::actor_addr& whom, uint16_t port) {
+  caf::scoped_actor self{sys};
+  self->request(network_actor(sys), caf::infinite, caf::unpublish_atom::value, whom, port)
+      .receive([] {}, [](caf::error&) {});
+}
 
 expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& host, uint16_t port,
                                   const reach_options& options) {

@@ -1,8 +1,9 @@
 // bench_cluster: end-to-end TTFT and E2E of the same workload on a one-node topology (one mixed
 // engine) and on the three-node disaggregated topology (prefill engine + two decode engines,
 // each node its own `troupe node` process on 127.0.0.1), with KV over CAF messages and over
-// UCX. Requests arrive as a seeded Poisson process; every configuration gets the same requests
-// and seeds, and the outputs are checked to be identical across configurations.
+// UCX, and with KV over CAF messages on mutual TLS ([tls], certificates from `troupe certs`).
+// Requests arrive as a seeded Poisson process; every configuration gets the same requests and
+// seeds, and the outputs are checked to be identical across configurations. Prints tokens/s.
 //
 //   build/bench/bench_cluster [--requests 128] [--max-tokens 64] [--rate 100]
 #include <fcntl.h>
@@ -24,10 +25,10 @@
 
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
-#include <caf/io/all.hpp>
 
 #include "actors/client.hpp"
 #include "actors/connect.hpp"
+#include "actors/tls.hpp"
 #include "actors/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
@@ -51,14 +52,21 @@ struct config {
   std::string name;
   std::vector<std::string> nodes;  // started in this order; the balancer's node (node0) last
   std::string kv_transfer;
+  bool tls = false;  // [tls] with the certificates in <dir>/certs
 };
 
-std::string topology_text(const config& c, int base_port) {
+std::string topology_text(const config& c, int base_port, const fs::path& certs) {
   const std::string models = TROUPE_MODELS_DIR;
   std::string t = "[cluster]\nname = \"" + c.name + "\"\nkv_transfer = \"" + c.kv_transfer + "\"\n";
-  for (size_t n = 0; n < c.nodes.size(); n++)
-    t += "\n[[node]]\nname = \"node" + std::to_string(n) + "\"\nhost = \"127.0.0.1\"\nport = " +
-         std::to_string(base_port + n) + "\nkv_port = " + std::to_string(base_port + 100 + n) + "\n";
+  if (c.tls) t += "\n[tls]\nca = \"" + (certs / "ca.pem").string() + "\"\n";
+  for (size_t n = 0; n < c.nodes.size(); n++) {
+    const std::string node = "node" + std::to_string(n);
+    t += "\n[[node]]\nname = \"" + node + "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(base_port + n) +
+         "\nkv_port = " + std::to_string(base_port + 100 + n) + "\n";
+    if (c.tls)
+      t += "certificate = \"" + (certs / (node + ".pem")).string() + "\"\nkey = \"" +
+           (certs / (node + "-key.pem")).string() + "\"\n";
+  }
   t += "\n[load_balancer]\nnode = \"node0\"\nmax_waiting = 4096\n";
   auto engine = [&](const std::string& name, const std::string& node, const std::string& role) {
     t += "\n[[engine]]\nname = \"" + name + "\"\nnode = \"" + node + "\"\nrole = \"" + role + "\"\nmodel = \"" +
@@ -74,21 +82,35 @@ std::string topology_text(const config& c, int base_port) {
   return t;
 }
 
-pid_t start_node(const std::string& troupe, const std::string& topo, const std::string& node, const fs::path& dir) {
-  std::vector<std::string> args = {troupe, "--log-level", "warn", "node", "--topology", topo, "--node", node};
+/// Starts `troupe args...` with stdout and stderr appended to `log`.
+pid_t start_troupe(std::vector<std::string> args, const std::string& out) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  const std::string out = (dir / (node + ".log")).string();
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, troupe.c_str(), &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  TROUPE_ASSERT_MSG(rc == 0, "cannot start troupe node");
+  TROUPE_ASSERT_MSG(rc == 0, "cannot start troupe");
   return pid;
+}
+
+pid_t start_node(const std::string& troupe, const std::string& topo, const std::string& node, const fs::path& dir) {
+  return start_troupe({troupe, "--log-level", "warn", "node", "--topology", topo, "--node", node},
+                      (dir / (node + ".log")).string());
+}
+
+/// `troupe certs` for node0..node2 and a client 'bench' into <dir>/certs.
+void make_certs(const std::string& troupe, const fs::path& dir) {
+  const pid_t pid = start_troupe({troupe, "certs", "--out", (dir / "certs").string(), "--nodes", "node0,node1,node2",
+                                  "--client", "bench"},
+                                 (dir / "certs.log").string());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  TROUPE_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "troupe certs failed");
 }
 
 struct run_result {
@@ -102,12 +124,17 @@ run_result run_config(const config& c, const std::vector<msg::completion_request
                       const std::vector<double>& arrivals, const options& o, const fs::path& dir) {
   const int base_port = 43000 + (::getpid() % 500) * 8;
   const std::string topo = (dir / (c.name + ".toml")).string();
-  std::ofstream(topo) << topology_text(c, base_port);
+  const fs::path certs = dir / "certs";
+  std::ofstream(topo) << topology_text(c, base_port, certs);
   std::vector<pid_t> pids;
   for (size_t n = c.nodes.size(); n-- > 0;) pids.push_back(start_node(o.troupe, topo, "node" + std::to_string(n), dir));
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
-  cfg.load<caf::io::middleman>();
+  const actors::tls_credentials tls = c.tls ? actors::tls_credentials{(certs / "ca.pem").string(),
+                                                                      (certs / "bench.pem").string(),
+                                                                      (certs / "bench-key.pem").string()}
+                                            : actors::tls_credentials{};
+  TROUPE_ASSERT_MSG(actors::configure_network(cfg, tls).has_value(), "bad TLS files");
   run_result r;
   {
     caf::actor_system sys{cfg};
@@ -190,14 +217,19 @@ int run(int argc, char** argv) {
               o.requests, o.rate, o.max_tokens);
   const fs::path dir = fs::temp_directory_path() / ("troupe_bench_cluster_" + std::to_string(::getpid()));
   fs::create_directories(dir);
+  make_certs(o.troupe, dir);
   const std::vector<config> configs = {{"single-node", {"node0"}, "caf"},
                                        {"three-node-caf", {"node0", "node1", "node2"}, "caf"},
+                                       {"three-node-caf-tls", {"node0", "node1", "node2"}, "caf", true},
                                        {"three-node-ucx", {"node0", "node1", "node2"}, "ucx"}};
   std::vector<run_result> results;
   for (const config& c : configs) {
     results.push_back(run_config(c, requests, arrivals, o, dir));
     const run_result& r = results.back();
-    std::printf("\n%s: %zu ok, %d failed, %.2f s\n", c.name.c_str(), r.ttft_ms.size(), r.failed, r.seconds);
+    size_t num_tokens = 0;
+    for (const auto& [i, tokens] : r.tokens) num_tokens += tokens.size();
+    std::printf("\n%s: %zu ok, %d failed, %.2f s, %.0f tokens/s\n", c.name.c_str(), r.ttft_ms.size(), r.failed,
+                r.seconds, static_cast<double>(num_tokens) / r.seconds);
     print_metric("TTFT", r.ttft_ms);
     print_metric("E2E", r.e2e_ms);
   }

@@ -1,9 +1,10 @@
 # Finds CAF 0.17 (Debian's libcaf-dev ships no CMake package and no .pc file).
-# Defines CAF_FOUND, CAF_VERSION and the imported targets CAF::core and CAF::io, named as newer
-# CAF releases name them.
+# Defines CAF_FOUND, CAF_VERSION and the imported targets CAF::core, CAF::io and CAF::openssl
+# (mutual TLS on the CAF port; links OpenSSL), named as newer CAF releases name them.
 find_path(CAF_INCLUDE_DIR caf/config.hpp)
 find_library(CAF_CORE_LIBRARY caf_core)
 find_library(CAF_IO_LIBRARY caf_io)
+find_library(CAF_OPENSSL_LIBRARY caf_openssl)
 
 if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
   file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" _caf_version_line
@@ -19,11 +20,12 @@ endif()
 
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(CAF
-  REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY
+  REQUIRED_VARS CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY
   VERSION_VAR CAF_VERSION)
 
 if(CAF_FOUND AND NOT TARGET CAF::core)
   find_package(Threads REQUIRED)
+  find_package(OpenSSL REQUIRED)
   add_library(CAF::core SHARED IMPORTED)
   set_target_properties(CAF::core PROPERTIES
     IMPORTED_LOCATION "${CAF_CORE_LIBRARY}"
@@ -33,4 +35,8 @@ if(CAF_FOUND AND NOT TARGET CAF::core)
   set_target_properties(CAF::io PROPERTIES
     IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
     INTERFACE_LINK_LIBRARIES CAF::core)
+  add_library(CAF::openssl SHARED IMPORTED)
+  set_target_properties(CAF::openssl PROPERTIES
+    IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+    INTERFACE_LINK_LIBRARIES "CAF::io;OpenSSL::SSL;OpenSSL::Crypto")
 endif()

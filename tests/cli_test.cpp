@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +148,106 @@ TEST_F(Cli, NodeAndUpRejectBadInvocations) {
   expect_rejected({"node", "--topology", three, "--node", "node9"}, "the topology has no node 'node9'");
   expect_rejected({"up"}, "topology is required");
   expect_rejected({"up", (dir_ / "missing.toml").string()}, "no such file");
+}
+
+/// The permission bits of `path`.
+unsigned mode_of(const fs::path& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+TEST_F(Cli, CertsMakesACaAndAKeyPairPerNodeAndClientKeysPrivate) {
+  const fs::path out = dir_ / "certs";
+  const cli_result r = run({"certs", "--out", out.string(), "--nodes", "a,b", "--client", "alice", "--clients", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(mode_of(out), 0700u);
+  for (const char* name : {"ca", "a", "b", "alice", "client0", "client1"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(mode_of(out / (std::string(name) + ".pem")), 0644u);
+    EXPECT_EQ(mode_of(out / (std::string(name) + "-key.pem")), 0600u);
+    EXPECT_EQ(testing::read_file((out / (std::string(name) + ".pem")).string()).rfind("-----BEGIN CERTIFICATE-----", 0),
+              0u);
+    EXPECT_EQ(testing::read_file((out / (std::string(name) + "-key.pem")).string()).rfind("-----BEGIN PRIVATE KEY-----", 0),
+              0u);
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 12);
+  // What to paste into the topology.
+  EXPECT_NE(r.out.find("[tls]\nca = \"" + (out / "ca.pem").string() + "\"\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# in [[node]] name = \"b\":\ncertificate = \"" + (out / "b.pem").string() + "\"\nkey = \"" +
+                       (out / "b-key.pem").string() + "\"\n"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(Cli, CertsRejectsBadInput) {
+  const std::string out = (dir_ / "certs").string();
+  write("a_file", "x");
+  fs::create_directories(dir_ / "existing");
+  expect_rejected({"certs", "--out", out}, "--nodes is required");
+  expect_rejected({"certs", "--nodes", "a"}, "--out is required");
+  expect_rejected({"certs", "--out", (dir_ / "existing").string(), "--nodes", "a"},
+                  "--out " + (dir_ / "existing").string() + " already exists: troupe certs makes a new CA in a new "
+                  "directory (remove it or choose another)");
+  expect_rejected({"certs", "--out", (dir_ / "missing" / "certs").string(), "--nodes", "a"},
+                  "cannot create directory " + (dir_ / "missing" / "certs").string() + ": No such file or directory");
+  expect_rejected({"certs", "--out", (dir_ / "a_file" / "certs").string(), "--nodes", "a"},
+                  "cannot create directory " + (dir_ / "a_file" / "certs").string() + ": Not a directory");
+  const std::string bad_name = "': use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or a digit";
+  expect_rejected({"certs", "--out", out, "--nodes", "node 1"}, "bad name 'node 1" + bad_name);
+  expect_rejected({"certs", "--out", out, "--nodes", "a/b"}, "bad name 'a/b" + bad_name);
+  expect_rejected({"certs", "--out", out, "--nodes", ".hidden"}, "bad name '.hidden" + bad_name);
+  expect_rejected({"certs", "--out", out, "--nodes", std::string(65, 'n')}, "bad name '" + std::string(65, 'n'));
+  expect_rejected({"certs", "--out", out, "--nodes", "ca"}, "bad name 'ca': 'ca' and names ending in '-key'");
+  expect_rejected({"certs", "--out", out, "--nodes", "a,a-key"}, "bad name 'a-key': 'ca' and names ending in '-key'");
+  expect_rejected({"certs", "--out", out, "--nodes", "a,b", "--client", "b"}, "name 'b' is given twice");
+  expect_rejected({"certs", "--out", out, "--nodes", "client0", "--clients", "1"}, "name 'client0' is given twice");
+  expect_rejected({"certs", "--out", out, "--nodes", "a", "--days", "0"}, "--days");
+  EXPECT_FALSE(fs::exists(out)) << "a rejected run leaves no directory";
+}
+
+/// A one-node topology at `host`, with `tls_lines` at the top and `node_lines` in its [[node]].
+std::string one_node(const std::string& host, const std::string& tls_lines, const std::string& node_lines) {
+  const std::string models = TROUPE_MODELS_DIR;
+  return tls_lines + "[[node]]\nname = \"n0\"\nhost = \"" + host + "\"\nport = " +
+         std::to_string(testing::free_port()) + "\n" + node_lines + "\n[load_balancer]\nnode = \"n0\"\n\n[[engine]]\n" +
+         "name = \"e0\"\nnode = \"n0\"\nmodel = \"" + models + "/stories260K.bin\"\ntokenizer = \"" + models +
+         "/tok512.bin\"\n";
+}
+
+TEST_F(Cli, PlaintextOffLoopbackIsRefusedUnlessInsecureWhichIsLoggedLoudly) {
+  // 192.0.2.1 (TEST-NET-1) is no local address: with --insecure the node gets as far as listening.
+  const std::string topology = write("remote.toml", one_node("192.0.2.1", "", ""));
+  const std::string refusal =
+      "node 'n0' listens on 192.0.2.1, not a loopback address, and the topology has no [tls] table";
+  expect_rejected({"node", "--topology", topology, "--node", "n0"}, refusal);
+  expect_rejected({"serve", "--topology", topology}, refusal);
+  expect_rejected({"up", topology}, refusal);
+  const cli_result r = run({"node", "--topology", topology, "--node", "n0", "--insecure"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("[error] INSECURE (--insecure): the CAF port is unauthenticated plaintext"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("cannot listen on 192.0.2.1:"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, ANodeWhoseTlsFilesDoNotFitIsRefusedNamingTheFile) {
+  const fs::path certs = dir_ / "certs";
+  ASSERT_EQ(run({"certs", "--out", certs.string(), "--nodes", "n0,n1"}).exit_code, 0);
+  auto tls_topology = [&](const std::string& ca, const std::string& certificate, const std::string& key) {
+    return write("tls.toml", one_node("127.0.0.1", "[tls]\nca = \"" + (certs / ca).string() + "\"\n",
+                                      "certificate = \"" + (certs / certificate).string() + "\"\nkey = \"" +
+                                          (certs / key).string() + "\"\n"));
+  };
+  expect_rejected({"node", "--topology", tls_topology("ca.pem", "n0.pem", "n1-key.pem"), "--node", "n0"},
+                  "TLS key " + (certs / "n1-key.pem").string() + " does not belong to the certificate " +
+                      (certs / "n0.pem").string());
+  expect_rejected({"node", "--topology", tls_topology("n1.pem", "n0.pem", "n0-key.pem"), "--node", "n0"},
+                  "TLS certificate " + (certs / "n0.pem").string() + " does not verify against the CA " +
+                      (certs / "n1.pem").string());
+  expect_rejected({"node", "--topology", tls_topology("ca.pem", "n0-key.pem", "n0-key.pem"), "--node", "n0"},
+                  "TLS certificate " + (certs / "n0-key.pem").string() + " is not a PEM certificate");
+  expect_rejected({"client", "--ca", (certs / "ca.pem").string(), "--certificate", (certs / "n0.pem").string()},
+                  "--ca requires --key");
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 // single-node run gives. Killing a decode node mid-run fails exactly its requests with an error
 // naming it; the others finish and later requests are routed around it. Freezing one (SIGSTOP:
 // its connection stays open, no DOWN message ever comes) does the same within the heartbeat bound.
+// With [tls] (certificates from `troupe certs`) the same 64 requests give the same answers over
+// mutual TLS, and clients without a certificate of the cluster's CA are refused while the
+// cluster keeps serving on every node.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -24,6 +27,8 @@
 #include <caf/io/all.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/connect.hpp"
+#include "actors/tls.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 
@@ -44,6 +49,7 @@ class Cluster : public ::testing::Test {
   std::unique_ptr<caf::actor_system> sys_;
   actors::balancer_actor lb_;
   model::transformer oracle_{*bundled_shared().ck};
+  bool tls_ = false;  // use_tls(): the topology has [tls], this test connects as client 'tester'
 
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("troupe_cluster_test_" + std::to_string(::getpid()));
@@ -59,6 +65,21 @@ class Cluster : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
+  /// Certificates for node0..node2 and a client 'tester' from `troupe certs`, and a [tls]
+  /// topology from now on.
+  void use_tls() {
+    const cli_result r = run_troupe({"certs", "--out", (dir_ / "certs").string(), "--nodes", "node0,node1,node2",
+                                     "--client", "tester"},
+                                    dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    tls_ = true;
+  }
+
+  /// A certificate file of `troupe certs --out dir_/certs`: "ca", a node's or the client's.
+  std::string cert(const std::string& name, const char* suffix = ".pem") const {
+    return (dir_ / "certs" / (name + suffix)).string();
+  }
+
   int port(int node) const { return ports_[node]; }
   int kv_port(int node) const { return ports_[3 + node]; }
 
@@ -67,9 +88,13 @@ class Cluster : public ::testing::Test {
     const std::string path = (dir_ / "cluster.toml").string();
     std::ofstream f(path);
     f << "[cluster]\nname = \"test\"\nkv_transfer = \"" << kv_transfer << "\"\n";
-    for (int n = 0; n < 3; n++)
-      f << "\n[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n)
+    if (tls_) f << "\n[tls]\nca = \"" << cert("ca") << "\"\n";
+    for (int n = 0; n < 3; n++) {
+      const std::string name = "node" + std::to_string(n);
+      f << "\n[[node]]\nname = \"" << name << "\"\nhost = \"127.0.0.1\"\nport = " << port(n)
         << "\nkv_port = " << kv_port(n) << "\n";
+      if (tls_) f << "certificate = \"" << cert(name) << "\"\nkey = \"" << cert(name, "-key.pem") << "\"\n";
+    }
     f << "\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n";
     const char* engines[][3] = {{"prefill0", "node0", "prefill"}, {"decode1", "node1", "decode"},
                                 {"decode2", "node2", "decode"}};
@@ -104,13 +129,18 @@ class Cluster : public ::testing::Test {
   /// next to other tests); `log` is shown if it never listens.
   void connect(const std::string& out, const std::string& log) {
     configure(cfg_, /*deterministic=*/false);
-    cfg_.load<caf::io::middleman>();
+    const actors::tls_credentials tls =
+        tls_ ? actors::tls_credentials{cert("ca"), cert("tester"), cert("tester", "-key.pem")} : actors::tls_credentials{};
+    const auto network = actors::configure_network(cfg_, tls);
+    ASSERT_TRUE(network) << network.error().message;
     sys_ = std::make_unique<caf::actor_system>(cfg_);
     const std::string listening = "load balancer listening on 127.0.0.1:" + std::to_string(port(0));
     ASSERT_TRUE(file_contains_within(out, listening, 120s))
         << "the balancer never listened; " << log << " says: " << read_file(log);
-    auto lb = sys_->middleman().remote_actor<actors::balancer_actor>("127.0.0.1", static_cast<uint16_t>(port(0)));
-    ASSERT_TRUE(lb) << "the balancer listens but cannot be reached: " << sys_->render(lb.error());
+    actors::reach_options once;
+    once.retry = false;
+    auto lb = actors::reach<actors::balancer_actor>(*sys_, "127.0.0.1", static_cast<uint16_t>(port(0)), once);
+    ASSERT_TRUE(lb) << "the balancer listens but cannot be reached: " << lb.error().message;
     lb_ = *lb;
   }
 
@@ -271,6 +301,67 @@ TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverCafMessagesEqualTheSingleNodeA
 
 TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverUcxEqualTheSingleNodeAnswers) {
   sixty_four_disaggregated("ucx");
+}
+
+TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverMutualTlsEqualTheSingleNodeAnswers) {
+  use_tls();
+  sixty_four_disaggregated("caf");
+  EXPECT_NE(read_file((dir_ / "node0.out").string()).find("listening on 127.0.0.1:" + std::to_string(port(0)) +
+                                                          " (mutual TLS)"),
+            std::string::npos);
+}
+
+TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKeepsServing) {
+  use_tls();
+  start("caf");
+  const cli_result other = run_troupe({"certs", "--out", (dir_ / "other").string(), "--nodes", "intruder",
+                                       "--client", "mallory"},
+                                      dir_);
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  const std::string other_ca = (dir_ / "other" / "ca.pem").string();
+  const std::string mallory = (dir_ / "other" / "mallory.pem").string();
+  const std::string mallory_key = (dir_ / "other" / "mallory-key.pem").string();
+  const std::string address = "127.0.0.1:" + std::to_string(port(0));
+  const std::vector<msg::engine_report> before = reports();
+  const struct {
+    const char* what;
+    std::vector<std::string> tls_flags;
+    std::string error;
+  } refused[] = {
+      {"no certificate", {}, "the peer closed the connection during the handshake (it may require TLS"},
+      {"a certificate of another CA",
+       {"--ca", other_ca, "--certificate", mallory, "--key", mallory_key},
+       "the peer closed the connection during the TLS handshake (a certificate of another CA"},
+  };
+  for (const auto& client : refused) {
+    SCOPED_TRACE(client.what);
+    std::vector<std::string> args = {"client", "--connect", address, "--connect-timeout", "5", "-n", "5"};
+    args.insert(args.end(), client.tls_flags.begin(), client.tls_flags.end());
+    process_guard c{spawn_troupe(args, (dir_ / "client.out").string(), (dir_ / "client.err").string())};
+    ASSERT_EQ(exit_code_within(c.pid(), 60s), 2) << "a refused client hangs";
+    const std::string err = read_file((dir_ / "client.err").string());
+    EXPECT_NE(err.find("cannot reach a troupe load balancer at " + address + ": " + client.error), std::string::npos)
+        << err;
+    EXPECT_EQ(read_file((dir_ / "client.out").string()), "");
+  }
+  // Nothing reached an engine; a client of the cluster's CA is served.
+  const std::vector<msg::engine_report> after_refused = reports();
+  ASSERT_EQ(after_refused.size(), 3u);
+  for (size_t e = 0; e < 3; e++) EXPECT_EQ(after_refused[e].num_steps, before.at(e).num_steps) << "engine " << e;
+  const cli_result good = run_troupe({"client", "--connect", address, "-n", "5", "-s", "7", "--ca", cert("ca"),
+                                      "--certificate", cert("tester"), "--key", cert("tester", "-key.pem")},
+                                     dir_);
+  EXPECT_EQ(good.exit_code, 0) << good.err;
+  EXPECT_FALSE(good.out.empty());
+  // Every node still serves: a failed handshake or a client leaving used to drop node0's links.
+  const std::vector<msg::engine_report> before_later = reports();
+  std::vector<msg::completion_request> later;
+  for (size_t i = 0; i < 16; i++) later.push_back(make_completion(story_window(50 + i), 20, 1100 + i, 1.0f, 0.9f));
+  expect_all_match(later, run_all(later), "after the refused clients");
+  const std::vector<msg::engine_report> after = reports();
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_GT(after[1].num_generated_tokens, before_later.at(1).num_generated_tokens);
+  EXPECT_GT(after[2].num_generated_tokens, before_later.at(2).num_generated_tokens);
 }
 
 TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt) {

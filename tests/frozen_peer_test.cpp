@@ -1,7 +1,8 @@
 // Nothing waits forever (DESIGN contract 6), with real processes on 127.0.0.1: a `troupe client`
 // facing a frozen (SIGSTOP) server ends with its connect-timeout error; a node whose peer is
-// frozen at start-up ends with the connect_timeout_ms error; SIGTERM during that start-up stops
-// the node at once. Every process a test starts is resumed and killed on every exit path.
+// frozen at start-up ends with the connect_timeout_ms error, over plaintext and over TLS; SIGTERM
+// during that start-up stops the node at once. Every process a test starts is resumed and killed
+// on every exit path.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -38,14 +39,43 @@ class FrozenPeer : public ::testing::Test {
            "/stories260K.bin\"\ntokenizer = \"" + models_ + "/tok512.bin\"\n";
   }
 
-  /// node0 runs the balancer (and no engine), node1 one engine.
-  std::string two_nodes(int port0, int port1, int connect_timeout_ms) {
+  /// node0 runs the balancer (and no engine), node1 one engine; with `tls`, certificates from
+  /// `troupe certs` and a [tls] table.
+  std::string two_nodes(int port0, int port1, int connect_timeout_ms, bool tls = false) {
+    const std::string certs = (dir_ / "certs").string();
+    if (tls) {
+      const cli_result r = run_troupe({"certs", "--out", certs, "--nodes", "node0,node1"}, dir_);
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+    }
+    auto credentials = [&](const std::string& node) {
+      return tls ? "certificate = \"" + certs + "/" + node + ".pem\"\nkey = \"" + certs + "/" + node + "-key.pem\"\n"
+                 : std::string();
+    };
     const std::string path = (dir_ / "two_nodes.toml").string();
-    std::ofstream(path) << "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = " << port0
-                        << "\n\n[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = " << port1
-                        << "\n\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = " << connect_timeout_ms
+    std::ofstream(path) << (tls ? "[tls]\nca = \"" + certs + "/ca.pem\"\n\n" : std::string())
+                        << "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = " << port0 << "\n"
+                        << credentials("node0") << "\n[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = "
+                        << port1 << "\n" << credentials("node1")
+                        << "\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = " << connect_timeout_ms
                         << "\n" << engine("e1", "node1");
     return path;
+  }
+
+  /// node0 starts while node1 is frozen: it ends with the connect_timeout_ms error, naming node1.
+  void expect_start_up_bounded(bool tls) {
+    const int port0 = free_port(), port1 = free_port();
+    const std::string topology = two_nodes(port0, port1, 1000, tls);
+    process_guard node1 = frozen_node1(topology, port1);
+    process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"},
+                                     (dir_ / "node0.out").string(), (dir_ / "node0.err").string())};
+    ASSERT_EQ(exit_code_within(node0.pid(), 60s), 2) << "start-up ignores connect_timeout_ms with a frozen peer";
+    const std::string err = read_file((dir_ / "node0.err").string());
+    EXPECT_NE(err.find("cannot reach node 'node1' at 127.0.0.1:" + std::to_string(port1) +
+                       " within 1000 ms: the connection was accepted but the CAF handshake never completed (a "
+                       "frozen process?)"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(read_file((dir_ / "node0.out").string()), "");
   }
 
   /// Starts `troupe node --node node1` and freezes it once it listens.
@@ -85,21 +115,10 @@ TEST_F(FrozenPeer, AClientOfAFrozenServerEndsWithItsConnectTimeout) {
   EXPECT_EQ(read_file((dir_ / "client.out").string()), "");
 }
 
-TEST_F(FrozenPeer, ANodeWhosePeerIsFrozenAtStartUpEndsAtConnectTimeout) {
-  const int port0 = free_port(), port1 = free_port();
-  const std::string topology = two_nodes(port0, port1, 1000);
-  process_guard node1 = frozen_node1(topology, port1);
-  process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"}, (dir_ / "node0.out").string(),
-                                   (dir_ / "node0.err").string())};
-  ASSERT_EQ(exit_code_within(node0.pid(), 60s), 2) << "start-up ignores connect_timeout_ms with a frozen peer";
-  const std::string err = read_file((dir_ / "node0.err").string());
-  EXPECT_NE(err.find("cannot reach node 'node1' at 127.0.0.1:" + std::to_string(port1) +
-                     " within 1000 ms: the connection was accepted but the CAF handshake never completed (a frozen "
-                     "process?)"),
-            std::string::npos)
-      << err;
-  EXPECT_EQ(read_file((dir_ / "node0.out").string()), "");
-}
+TEST_F(FrozenPeer, ANodeWhosePeerIsFrozenAtStartUpEndsAtConnectTimeout) { expect_start_up_bounded(false); }
+
+// Over TLS the frozen peer never answers the TLS handshake: the same bound holds.
+TEST_F(FrozenPeer, ANodeWhoseTlsPeerIsFrozenAtStartUpEndsAtConnectTimeout) { expect_start_up_bounded(true); }
 
 TEST_F(FrozenPeer, SigtermDuringStartUpStopsTheNodeAtOnce) {
   const int port0 = free_port(), port1 = free_port();

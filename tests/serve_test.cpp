@@ -140,13 +140,19 @@ TEST_F(Serve, MalformedTopologiesAreRefused) {
   EXPECT_NE(missing.err.find("nope.toml"), std::string::npos) << missing.err;
 }
 
-TEST_F(Serve, ANonLoopbackHostIsServedWithAPlaintextWarning) {
+TEST_F(Serve, ANonLoopbackHostWithoutTlsIsServedOnlyWithInsecureLoggedLoudly) {
   const std::string path = topology();
   std::string text = testing::read_file(path);
   text.replace(text.find("127.0.0.1"), 9, "0.0.0.0");
   std::ofstream(path) << text;
+  const cli_result refused = run_troupe({"serve", "--topology", path}, dir_);
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find("node 'n0' listens on 0.0.0.0, not a loopback address, and the topology has no [tls] "
+                             "table"),
+            std::string::npos)
+      << refused.err;
   const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
-  const pid_t server = testing::spawn_troupe({"serve", "--topology", path}, serve_out, serve_err);
+  const pid_t server = testing::spawn_troupe({"serve", "--topology", path, "--insecure"}, serve_out, serve_err);
   ASSERT_NE(server, 0);
   // The warning is logged before the port opens: once a client got an answer, it is there.
   const cli_result probe = run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30",
@@ -154,10 +160,8 @@ TEST_F(Serve, ANonLoopbackHostIsServedWithAPlaintextWarning) {
   ::kill(server, SIGTERM);
   EXPECT_EQ(testing::wait_exit_code(server), 0);
   EXPECT_EQ(probe.exit_code, 0) << probe.err;
-  EXPECT_NE(testing::read_file(serve_err).find(
-                "node 'n0' listens on 0.0.0.0, not a loopback address: the CAF port is unauthenticated "
-                "plaintext; anyone who can reach it can submit requests, read their outputs and send cluster "
-                "messages. Keep it on a trusted network."),
+  EXPECT_NE(testing::read_file(serve_err).find("[error] INSECURE (--insecure): the CAF port is unauthenticated "
+                                               "plaintext on a non-loopback address"),
             std::string::npos)
       << testing::read_file(serve_err);
 }

@@ -50,6 +50,18 @@ std::string engine_text(const std::string& name, const std::string& role) {
          "\"\nmodel = \"../models/stories260K.bin\"\ntokenizer = \"../models/tok512.bin\"\n";
 }
 
+// [tls] (lines 1-2) and node0's credentials. Parsing only stats TLS files (a node reads them
+// at start-up: actors::check_credentials), so any existing file stands in for a PEM file here.
+const std::string k_tls = "[tls]\nca = \"../models/NOTICE.md\"\n";
+const std::string k_node0_credentials = "certificate = \"../models/NOTICE.md\"\nkey = \"../models/tok512.bin\"\n";
+
+/// A topology (not parsed: check_port_security takes plain data) with one node per host.
+topology::topology with_hosts(const std::vector<std::string>& hosts) {
+  topology::topology t;
+  for (size_t i = 0; i < hosts.size(); i++) t.nodes.push_back(node_spec{"node" + std::to_string(i), hosts[i], 7100});
+  return t;
+}
+
 }  // namespace
 
 TEST(Topology, SingleNodeExampleParses) {
@@ -269,6 +281,64 @@ TEST(Topology, PrefillWithDecodeAndMixedWithDecodeAreAccepted) {
       parse(k_node0 + k_balancer + engine_text("m", "mixed") + engine_text("p", "prefill")));
 }
 
+TEST(Topology, TlsCaAndNodeCredentialsAreRead) {
+  auto topo = parse(k_tls + k_node0 + k_node0_credentials + k_balancer + k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->tls_ca, model_file("NOTICE.md"));
+  ASSERT_EQ(topo->nodes.size(), 1u);
+  EXPECT_EQ(topo->nodes[0].certificate, model_file("NOTICE.md"));
+  EXPECT_EQ(topo->nodes[0].key, model_file("tok512.bin"));
+  EXPECT_EQ(check_port_security(*topo, false), port_security::tls);
+}
+
+TEST(Topology, WithoutTlsThereAreNoCredentials) {
+  auto topo = parse(k_valid);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->tls_ca, "");
+  EXPECT_EQ(topo->nodes[0].certificate, "");
+  EXPECT_EQ(topo->nodes[0].key, "");
+}
+
+// ---- The plaintext rule: TLS, or every node on loopback, or --insecure. ----
+
+TEST(PortSecurity, LoopbackIs127Slash8LocalhostAndIpv6One) {
+  for (const char* host : {"127.0.0.1", "127.1.2.3", "127.255.255.255", "localhost", "::1"})
+    EXPECT_TRUE(is_loopback(host)) << host;
+  for (const char* host : {"0.0.0.0", "10.0.0.1", "128.0.0.1", "1127.0.0.1", "localhost.example.com", "::", "",
+                           "node1"})
+    EXPECT_FALSE(is_loopback(host)) << host;
+}
+
+TEST(PortSecurity, PlaintextOnLoopbackIsAllowedWithAWarning) {
+  const topology::topology t = with_hosts({"127.0.0.1", "localhost", "::1"});
+  EXPECT_EQ(check_port_security(t, false), port_security::plaintext_loopback);
+  EXPECT_EQ(check_port_security(t, true), port_security::plaintext_loopback);
+  EXPECT_EQ(security_warning(port_security::plaintext_loopback),
+            "no [tls] in the topology: the CAF port is unauthenticated plaintext (allowed because every node is on "
+            "a loopback address; any local process can reach it)");
+}
+
+TEST(PortSecurity, PlaintextOffLoopbackIsRefusedNamingTheNodeUnlessInsecure) {
+  const topology::topology t = with_hosts({"127.0.0.1", "10.0.0.7", "10.0.0.8"});
+  auto refused = check_port_security(t, false);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::invalid_argument);
+  EXPECT_EQ(refused.error().message,
+            "node 'node1' listens on 10.0.0.7, not a loopback address, and the topology has no [tls] table: anyone "
+            "who reaches the port could join the cluster. Add [tls] with a certificate per node (troupe certs makes "
+            "them; docs/security.md), or pass --insecure on a network you trust");
+  EXPECT_EQ(check_port_security(t, true), port_security::plaintext_insecure);
+  EXPECT_EQ(security_warning(port_security::plaintext_insecure).rfind("INSECURE (--insecure): ", 0), 0u);
+}
+
+TEST(PortSecurity, TlsIsAllowedAnywhereAndNeedsNoWarning) {
+  topology::topology t = with_hosts({"10.0.0.7", "127.0.0.1"});
+  t.tls_ca = "/certs/ca.pem";
+  EXPECT_EQ(check_port_security(t, false), port_security::tls);
+  EXPECT_EQ(check_port_security(t, true), port_security::tls);
+  EXPECT_EQ(security_warning(port_security::tls), "");
+}
+
 // ---- Each class of error: one document, one exact message fragment (with its line). ----
 
 struct bad_file {
@@ -316,14 +386,14 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_node_key_lists_kv_port",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkvport = 2\n",
                  "topology.toml:5: node 'node0': unknown key 'kvport' (expected one of: name, "
-                 "host, port, kv_port)"},
+                 "host, port, kv_port, certificate, key)"},
         bad_file{"unknown_balancer_key_lists_new_keys",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
                  "node, max_waiting, prefill_tiers, report_interval_ms, connect_timeout_ms, "
                  "heartbeat_interval_ms, heartbeat_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
-                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, node, "
+                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, node, "
                  "load_balancer, engine)"},
         // Missing required keys: reported at the table's header line.
         bad_file{"missing_port", k_balancer + "[[node]]\nname = \"node0\"\nhost = \"h\"\n",
@@ -567,6 +637,26 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:7: every engine has role 'decode': no engine can prefill"},
         bad_file{"only_prefill_engines", k_node0 + k_balancer + engine_text("p1", "prefill"),
                  "topology.toml:7: every engine has role 'prefill': no engine can decode"},
+        // [tls] and the nodes' certificates and keys.
+        bad_file{"tls_not_a_table", "tls = 1\n" + k_valid,
+                 "topology.toml:1: key 'tls' must be a table ([tls]), got an integer"},
+        bad_file{"tls_without_ca", "[tls]\n" + k_valid, "topology.toml:1: tls: missing required key 'ca'"},
+        bad_file{"tls_unknown_key", k_tls + "cert = \"x\"\n" + k_valid,
+                 "topology.toml:3: tls: unknown key 'cert' (expected one of: ca)"},
+        bad_file{"tls_ca_not_found", "[tls]\nca = \"certs/ca.pem\"\n" + k_valid,
+                 "topology.toml:2: tls: key 'ca': file not found: " +
+                     (fs::path(examples_dir) / "certs/ca.pem").lexically_normal().string() + " (from 'certs/ca.pem')"},
+        bad_file{"tls_node_without_certificate", k_tls + k_valid,
+                 "topology.toml:3: node 'node0': missing required key 'certificate'"},
+        bad_file{"tls_node_without_key", k_tls + k_node0 + "certificate = \"../models/NOTICE.md\"\n",
+                 "topology.toml:3: node 'node0': missing required key 'key'"},
+        bad_file{"tls_node_key_not_found",
+                 k_tls + k_node0 + "certificate = \"../models/NOTICE.md\"\nkey = \"node0-key.pem\"\n",
+                 "topology.toml:8: node 'node0': key 'key': file not found: "},
+        bad_file{"certificate_without_tls", k_node0 + "certificate = \"../models/NOTICE.md\"\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'certificate' needs a [tls] table naming the cluster's 'ca'"},
+        bad_file{"key_without_tls", k_node0 + "key = \"../models/NOTICE.md\"\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'key' needs a [tls] table naming the cluster's 'ca'"},
         // Missing tables.
         bad_file{"no_nodes", k_balancer + k_engine0,
                  "topology.toml: no [[node]] tables: a topology needs a node"},

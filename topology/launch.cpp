@@ -43,10 +43,6 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engin
   return engine;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 balance::engine_kind kind_of(engine_role role) {
   switch (role) {
     case engine_role::mixed: return balance::engine_kind::mixed;
@@ -191,25 +187,25 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   return out;
 }
 
-std::string plaintext_warning(const std::string& node_name, const std::string& host) {
-  return "node '" + node_name + "' listens on " + host +
-         ", not a loopback address: the CAF port is unauthenticated plaintext; anyone who can reach it "
-         "can submit requests, read their outputs and send cluster messages. Keep it on a trusted network.";
-}
-
 expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
                                 const launched_node& node) {
   const node_spec* spec = t.find_node(node_name);
   TROUPE_ASSERT(spec != nullptr);
-  if (!is_loopback(spec->host))
-    spdlog::warn("{}", plaintext_warning(node_name, spec->host));
-  // The balancer where it runs, else the node actor.
-  auto port = node.load_balancer ? sys.middleman().publish(node.load_balancer, spec->port, spec->host.c_str(), true)
-                                 : sys.middleman().publish(node.node_actor, spec->port, spec->host.c_str(), true);
+  TROUPE_ASSERT(actors::uses_tls(sys) == !t.tls_ca.empty());
+  // The balancer where it runs, else the node actor; each with its typed interface.
+  auto port = node.load_balancer ? actors::publish_actor(sys, node.load_balancer, spec->port, spec->host)
+                                 : actors::publish_actor(sys, node.node_actor, spec->port, spec->host);
   if (!port)
     return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +
-                                    sys.render(port.error()));
+                                    port.error().message);
   return *port;
+}
+
+actors::tls_credentials node_credentials(const topology& t, const std::string& node_name) {
+  const node_spec* spec = t.find_node(node_name);
+  TROUPE_ASSERT(spec != nullptr);
+  if (t.tls_ca.empty()) return {};
+  return {t.tls_ca, spec->certificate, spec->key};
 }
 
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {

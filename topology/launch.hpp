@@ -3,7 +3,8 @@
 /// Launching a topology node: load its engines' models, spawn engine + executor actors (with a
 /// UCX transport for KV when the topology says kv_transfer = "ucx") and, if the load balancer
 /// is placed there, the load balancer — after reaching every other node that runs engines
-/// (CAF's io middleman: each node publishes its node actor, or the balancer, at its port).
+/// (CAF's io middleman, or its OpenSSL module under [tls]: each node publishes its node actor, or
+/// the balancer, at its port).
 
 #include <atomic>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "actors/protocols.hpp"
+#include "actors/tls.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "transport/ucx_transport.hpp"
 #include "topology/topology.hpp"
@@ -50,15 +52,15 @@ struct launched_node {
                                                   const std::string& node_name,
                                                   const launch_options& options);
 
-/// The warning `publish_node` logs for a host that is not a loopback address (127.0.0.0/8,
-/// ::1, localhost).
-[[nodiscard]] std::string plaintext_warning(const std::string& node_name, const std::string& host);
-
 /// Publishes the node's entry point at its address: the balancer where it runs, the node actor
-/// elsewhere; warns (plaintext_warning) when the address is not loopback. Returns the bound
+/// elsewhere; over TLS when `sys` was configured with the node's credentials. Returns the bound
 /// port. Error: io_error naming the address.
 [[nodiscard]] expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
                                               const launched_node& node);
+
+/// The node's TLS files from the topology ([tls] ca, the node's certificate and key); disabled
+/// when the topology has no [tls].
+[[nodiscard]] actors::tls_credentials node_credentials(const topology& t, const std::string& node_name);
 
 /// Sends every actor of `node` an exit and waits until the system has no actors left.
 void shutdown_node(caf::actor_system& sys, const launched_node& node);

@@ -240,10 +240,29 @@ struct scope {
   return std::string(kind) + " #" + std::to_string(index + 1);
 }
 
+/// A node's `certificate` and `key`: both required with [tls] (`tls`), both refused without.
+[[nodiscard]] expected<void> read_node_credentials(const context& ctx, const toml::table& table,
+                                                   const scope& where, bool tls, node_spec& node) {
+  for (const char* key : {"certificate", "key"}) {
+    if (tls || table.get(key) == nullptr) continue;
+    return malformed(ctx, line_of_key(table, key), where.label,
+                     "key " + in_quotes(key) + " needs a [tls] table naming the cluster's 'ca'");
+  }
+  if (!tls) return {};
+  auto certificate = read_file_path(ctx, table, where, "certificate");
+  if (!certificate) return tl::unexpected(certificate.error());
+  auto key = read_file_path(ctx, table, where, "key");
+  if (!key) return tl::unexpected(key.error());
+  node.certificate = *certificate;
+  node.key = *key;
+  return {};
+}
+
 [[nodiscard]] expected<node_spec> read_node(const context& ctx, const toml::table& table,
-                                            size_t index) {
+                                            size_t index, bool tls) {
   const scope where{label_of("node", table, index), line_of(table)};
-  if (auto ok = check_known_keys(ctx, table, where, {"name", "host", "port", "kv_port"}); !ok) {
+  if (auto ok = check_known_keys(ctx, table, where, {"name", "host", "port", "kv_port", "certificate", "key"});
+      !ok) {
     return tl::unexpected(ok.error());
   }
   node_spec node;
@@ -268,6 +287,7 @@ struct scope {
                           port_max);
   if (!kv_port) return tl::unexpected(kv_port.error());
   node.kv_port = static_cast<uint16_t>(*kv_port);
+  if (auto ok = read_node_credentials(ctx, table, where, tls, node); !ok) return tl::unexpected(ok.error());
   TROUPE_ASSERT(node.port >= 1);
   TROUPE_ASSERT(node.kv_port >= 1);
   return node;
@@ -328,14 +348,14 @@ struct listener {
 
 /// Every [[node]]: at least one, unique names, unique (host, port) and (host, kv_port).
 [[nodiscard]] expected<std::vector<node_spec>> read_nodes(const context& ctx,
-                                                          const toml::table& root) {
+                                                          const toml::table& root, bool tls) {
   auto tables = read_tables(ctx, root, "node");
   if (!tables) return tl::unexpected(tables.error());
   if (tables->empty()) return malformed(ctx, 0, "", "no [[node]] tables: a topology needs a node");
   std::vector<node_spec> nodes;
   for (size_t i = 0; i < tables->size(); ++i) {
     const toml::table& table = *(*tables)[i];
-    auto node = read_node(ctx, table, i);
+    auto node = read_node(ctx, table, i, tls);
     if (!node) return tl::unexpected(node.error());
     const std::string label = "node " + in_quotes(node->name);
     for (size_t j = 0; j < nodes.size(); ++j) {
@@ -627,15 +647,28 @@ struct listener {
   return {};
 }
 
+/// The optional [tls] table: the cluster CA every node and client certificate is checked against.
+[[nodiscard]] expected<void> read_tls(const context& ctx, const toml::table& root, topology& result) {
+  auto table = read_table(ctx, root, "tls");
+  if (!table) return tl::unexpected(table.error());
+  if (*table == nullptr) return {};
+  const scope where{"tls", line_of(**table)};
+  if (auto ok = check_known_keys(ctx, **table, where, {"ca"}); !ok) return tl::unexpected(ok.error());
+  auto ca = read_file_path(ctx, **table, where, "ca");
+  if (!ca) return tl::unexpected(ca.error());
+  result.tls_ca = *ca;
+  return {};
+}
+
 [[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
-  if (auto ok =
-          check_known_keys(ctx, root, scope{}, {"cluster", "node", "load_balancer", "engine"});
+  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "node", "load_balancer", "engine"});
       !ok) {
     return tl::unexpected(ok.error());
   }
   topology result;
   if (auto ok = read_cluster(ctx, root, result); !ok) return tl::unexpected(ok.error());
-  auto nodes = read_nodes(ctx, root);
+  if (auto ok = read_tls(ctx, root, result); !ok) return tl::unexpected(ok.error());
+  auto nodes = read_nodes(ctx, root, !result.tls_ca.empty());
   if (!nodes) return tl::unexpected(nodes.error());
   result.nodes = std::move(*nodes);
   auto balancer = read_load_balancer(ctx, root, result.nodes);
@@ -649,6 +682,35 @@ struct listener {
 }
 
 }  // namespace
+
+bool is_loopback(std::string_view host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+expected<port_security> check_port_security(const topology& t, bool insecure) {
+  if (!t.tls_ca.empty()) return port_security::tls;
+  auto elsewhere = std::find_if(t.nodes.begin(), t.nodes.end(), [](const node_spec& n) { return !is_loopback(n.host); });
+  if (elsewhere == t.nodes.end()) return port_security::plaintext_loopback;
+  if (insecure) return port_security::plaintext_insecure;
+  return fail(errc::invalid_argument,
+              "node " + in_quotes(elsewhere->name) + " listens on " + elsewhere->host +
+                  ", not a loopback address, and the topology has no [tls] table: anyone who reaches the port "
+                  "could join the cluster. Add [tls] with a certificate per node (troupe certs makes them; "
+                  "docs/security.md), or pass --insecure on a network you trust");
+}
+
+std::string security_warning(port_security security) {
+  switch (security) {
+    case port_security::tls: return "";
+    case port_security::plaintext_loopback:
+      return "no [tls] in the topology: the CAF port is unauthenticated plaintext (allowed because every node "
+             "is on a loopback address; any local process can reach it)";
+    case port_security::plaintext_insecure:
+      return "INSECURE (--insecure): the CAF port is unauthenticated plaintext on a non-loopback address; anyone "
+             "who reaches it can submit requests, read outputs, and kill or impersonate cluster actors";
+  }
+  return "";
+}
 
 expected<topology> parse_topology(std::string_view text, const std::string& source_name,
                                   const std::string& base_dir) {

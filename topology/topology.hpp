@@ -67,6 +67,8 @@ struct node_spec {
   std::string host;
   uint16_t port = 0;
   uint16_t kv_port = 0;  ///< UCX listener on `host` (kv_transfer = ucx); parsed default port + 1000
+  std::string certificate;  ///< PEM, absolute; set exactly when the topology has [tls]
+  std::string key;          ///< the certificate's private key (PEM, absolute); set with `certificate`
 };
 
 /// How a prefill engine ships a request's KV cache to the decode engine that continues it.
@@ -111,10 +113,30 @@ struct topology {
   std::vector<node_spec> nodes;
   std::vector<engine_spec> engines;
   load_balancer_spec load_balancer;
+  std::string tls_ca;  ///< [tls] ca: the cluster CA certificate (PEM, absolute); "" = no [tls]
 
   /// The node called `name`, or nullptr.
   [[nodiscard]] const node_spec* find_node(std::string_view name) const;
 };
+
+/// How a topology's CAF ports are protected, given whether `--insecure` was passed.
+enum class port_security {
+  tls,                 ///< [tls]: mutual TLS on every node-to-node and client connection
+  plaintext_loopback,  ///< no [tls], every node on a loopback address: only local processes reach it
+  plaintext_insecure,  ///< no [tls], some node elsewhere, started with --insecure
+};
+
+/// Whether `host` is a loopback address: 127.0.0.0/8, ::1 or localhost.
+[[nodiscard]] bool is_loopback(std::string_view host);
+
+/// The rule for starting a node (or `up`): TLS when the topology has [tls]; without it,
+/// plaintext only when every node's host is a loopback address or `insecure` is set. Error
+/// (invalid_argument): the first node that listens elsewhere, and what to do.
+[[nodiscard]] expected<port_security> check_port_security(const topology& t, bool insecure);
+
+/// What a node logs about plaintext (a warning on loopback, a loud error line with
+/// --insecure); "" for TLS.
+[[nodiscard]] std::string security_warning(port_security security);
 
 /// Reads and validates the topology file at `path`; relative model paths resolve against the
 /// file's directory. An unreadable file is io_error; anything wrong inside it is

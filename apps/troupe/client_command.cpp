@@ -6,13 +6,14 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/io/middleman.hpp>
 #include <spdlog/spdlog.h>
 
 #include "actors/client.hpp"
 #include "actors/connect.hpp"
+#include "actors/tls.hpp"
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
+#include "topology/topology.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -24,6 +25,7 @@ struct client_options {
   double first_token_timeout_seconds = 60;
   double token_timeout_seconds = 30;
   bool echo = false;
+  actors::tls_credentials tls;  ///< --ca, --certificate, --key: all three or none
   completion_flags flags;
 };
 
@@ -62,11 +64,15 @@ int run_client(const client_options& o) {
   if (!address) return fail_with(address.error());
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
-  cfg.load<caf::io::middleman>();
+  if (auto ok = actors::configure_network(cfg, o.tls); !ok) return fail_with(ok.error());
+  if (!o.tls.enabled() && !topology::is_loopback(address->first))
+    spdlog::warn("connecting to {} in plaintext: without --ca/--certificate/--key nothing is authenticated or "
+                 "encrypted",
+                 address->first);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto lb = connect(sys, address->first, address->second, o);
-  if (!lb) return fail_with(lb.error());
+  if (!lb) return leave(sys, fail_with(lb.error()));
   const actors::client_timeouts timeouts{to_ms(o.first_token_timeout_seconds), to_ms(o.token_timeout_seconds)};
   auto out = actors::complete(sys, *lb, o.flags.to_request(), chunk_printer(o.echo ? o.flags.prompt : ""), timeouts);
   if (!out) return fail_with(out.error());
@@ -75,6 +81,20 @@ int run_client(const client_options& o) {
                out->end.num_prompt_tokens, out->end.num_generated_tokens, engine::to_string(out->end.finish_reason),
                out->end.ttft_ns / 1e6, out->end.e2e_ns / 1e6);
   return 0;
+}
+
+/// --ca, --certificate and --key (PEM files, all three or none): connect with mutual TLS.
+void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls) {
+  const std::vector<CLI::Option*> flags{
+      cmd->add_option("--ca", tls.ca, "the cluster CA certificate (PEM): connect with mutual TLS"),
+      cmd->add_option("--certificate", tls.certificate, "this client's certificate (PEM), signed by the CA"),
+      cmd->add_option("--key", tls.key, "this client's private key (PEM)"),
+  };
+  for (CLI::Option* flag : flags) {
+    flag->group("Mutual TLS (a cluster whose topology has [tls])");
+    for (CLI::Option* other : flags)
+      if (other != flag) flag->needs(other);
+  }
 }
 
 }  // namespace
@@ -97,6 +117,7 @@ action add_client(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--echo", o->echo, "print the prompt before the completion");
+  add_tls_flags(cmd, o->tls);
   o->flags.add_to(cmd);
   return [o] { return run_client(*o); };
 }

@@ -35,6 +35,12 @@ std::string system_fingerprint();
 /// Logs `e` to stderr and returns the error exit code.
 int fail_with(const error& e);
 
+/// `code`, for a command to return after a failure with `sys` still up; over TLS, ends the
+/// process with `code` at once instead (stdio flushed, no destructors): CAF 0.17's OpenSSL
+/// module spins on a handshake that a frozen peer never answers, and stopping the middleman
+/// then waits for that multiplexer thread forever (docs/security.md, known limitations).
+int leave(const caf::actor_system& sys, int code);
+
 /// The flags that describe one completion, shared by `generate` and `client`.
 struct completion_flags {
   std::string prompt;
@@ -77,5 +83,6 @@ action add_up(CLI::App& app);
 action add_client(CLI::App& app);
 action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);
+action add_certs(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -1,11 +1,13 @@
 // troupe: an LLM inference engine as an actor-model distributed runtime.
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "actors/connect.hpp"
 #include "apps/troupe/commands.hpp"
 
 namespace troupe::cli {
@@ -13,6 +15,13 @@ namespace troupe::cli {
 int fail_with(const error& e) {
   spdlog::error("{}", e.message);
   return 2;
+}
+
+int leave(const caf::actor_system& sys, int code) {
+  if (!actors::uses_tls(sys)) return code;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
 }
 
 CLI::Validator seed_validator() {
@@ -90,6 +99,7 @@ int main(int argc, char** argv) {
       {"client", troupe::cli::add_client(app)},
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},
+      {"certs", troupe::cli::add_certs(app)},
   };
   try {
     app.parse(argc, argv);

@@ -8,9 +8,10 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/io/middleman.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/connect.hpp"
+#include "actors/tls.hpp"
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "apps/troupe/signals.hpp"
@@ -30,6 +31,7 @@ struct serve_options {
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
   int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = none, 0 = any free one (printed)
   std::string http_host = "127.0.0.1";
+  bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
@@ -60,35 +62,47 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   return gateway::http_gateway::start(sys, node.load_balancer, node.engines, std::move(g));
 }
 
+/// A plaintext node says so: a warning on loopback, an error line with --insecure.
+void log_security(topology::port_security security) {
+  const std::string warning = topology::security_warning(security);
+  if (security == topology::port_security::plaintext_loopback) spdlog::warn("{}", warning);
+  if (security == topology::port_security::plaintext_insecure) spdlog::error("{}", warning);
+}
+
 int run_serve(const serve_options& o) {
   auto t = serve_topology(o);
   if (!t) return fail_with(t.error());
   const std::string node_name = o.node.empty() ? t->load_balancer.node : o.node;
   const topology::node_spec* node = t->find_node(node_name);
   if (!node) return fail_with(error{errc::not_found, "the topology has no node '" + node_name + "'"});
+  auto security = topology::check_port_security(*t, o.insecure);
+  if (!security) return fail_with(security.error());
   signal_waiter signals;
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
-  cfg.load<caf::io::middleman>();
+  if (auto ok = actors::configure_network(cfg, topology::node_credentials(*t, node_name)); !ok)
+    return fail_with(ok.error());
+  log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
   if (!launched && launched.error().code == errc::cancelled) {  // SIGINT/SIGTERM during start-up
     spdlog::warn("{}", launched.error().message);
-    return 0;
+    return leave(sys, 0);
   }
-  if (!launched) return fail_with(launched.error());
+  if (!launched) return leave(sys, fail_with(launched.error()));
   auto port = topology::publish_node(sys, *t, node_name, *launched);
   if (!port) {
     topology::shutdown_node(sys, *launched);
-    return fail_with(port.error());
+    return leave(sys, fail_with(port.error()));
   }
   launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
-                              " listening on " + node->host + ":" + std::to_string(*port));
+                              " listening on " + node->host + ":" + std::to_string(*port) +
+                              (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   auto http = start_http(sys, o, *t, node_name, *launched);
   if (!http) {
     topology::shutdown_node(sys, *launched);
-    return fail_with(http.error());
+    return leave(sys, fail_with(http.error()));
   }
   if (*http)
     launched->summary.push_back("HTTP gateway listening on http://" + o.http_host + ":" + std::to_string((*http)->port()));
@@ -100,7 +114,7 @@ int run_serve(const serve_options& o) {
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
   http->reset();  // no new HTTP requests; those in flight end first
-  (void)sys.middleman().unpublish(launched->entry(), *port);
+  actors::unpublish_actor(sys, launched->entry().address(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
 }
@@ -128,6 +142,8 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   cmd->add_option("--http-port", o->http_port, "serve the OpenAI-compatible HTTP API on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--http-host", o->http_host, "address of the HTTP API")->capture_default_str();
+  cmd->add_flag("--insecure", o->insecure,
+                "allow an unauthenticated plaintext CAF port on a non-loopback address (a topology without [tls])");
   if (required) {
     topology->required();
     node->required();

@@ -32,6 +32,7 @@ struct up_options {
   std::string topology;
   std::string log_level = "info";
   bool detach = false;  // keep running when the starting process exits
+  bool insecure = false;  // passed on to every node: plaintext on a non-loopback address
 };
 
 std::string describe(int status) {
@@ -45,6 +46,7 @@ std::string describe(int status) {
 expected<pid_t> start_node(const up_options& o, const std::string& node, const sigset_t& default_mask) {
   std::vector<std::string> args = {"/proc/self/exe", "--log-level", o.log_level, "node",
                                    "--topology", o.topology, "--node", node};
+  if (o.insecure) args.push_back("--insecure");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -64,6 +66,8 @@ expected<pid_t> start_node(const up_options& o, const std::string& node, const s
 int run_up(const up_options& o) {
   auto t = topology::load_topology(o.topology);
   if (!t) return fail_with(t.error());
+  // Refused here once rather than by every node; each node logs how its port is protected.
+  if (auto security = topology::check_port_security(*t, o.insecure); !security) return fail_with(security.error());
   // SIGTERM (handled below: the nodes stop) when our parent exits.
   if (!o.detach) ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   sigset_t waited, default_mask;
@@ -124,6 +128,8 @@ action add_up(CLI::App& app) {
   cmd->add_option("topology", o->topology, "topology file (TOML)")->required();
   cmd->add_option("--node-log-level", o->log_level, "log level of the node processes")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  cmd->add_flag("--insecure", o->insecure,
+                "allow unauthenticated plaintext CAF ports on non-loopback addresses (a topology without [tls])");
   cmd->add_flag("--detach", o->detach,
                 "keep running when the process that started this one exits (default: stop the nodes then)");
   return [o] { return run_up(*o); };
