@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -12,6 +13,7 @@
 #include "actors/atoms.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
+#include "actors/kv_transfers.hpp"
 #include "messages/kv_payload.hpp"
 #include "runtime/engine/engine_host.hpp"
 
@@ -26,7 +28,7 @@ struct engine_state {
   std::map<engine::request_id, request_actor> clients;             // request actors (watch_caller)
   std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
   std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
-  std::map<uint64_t, msg::kv_handoff> awaiting_kv;  // decode engine: handoffs whose KV is on UCX
+  std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
   balancer_actor balancer;
   static inline const char* name = "engine";
 };
@@ -82,18 +84,7 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   const engine::request_id id = h.prefilled.req.id;
   const request_actor to = client_of(self, id);
   msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
-  if (h.ucx_tag != 0) {
-    std::string address = h.kv_host + ":" + std::to_string(h.kv_port);
-    self->state.options.kv_sender->send(h.kv_host, h.kv_port, h.ucx_tag, std::move(m.payload),
-                                  [client = to, id, to = std::move(address)](expected<void> done) {
-                                    // On the UCX progress thread: anon_send is thread-safe.
-                                    if (done) return;
-                                    caf::anon_send(client, msg::rejected{id, errc::unavailable,
-                                                                                "KV transfer to " + to + " failed: " +
-                                                                                    done.error().message});
-                                  });
-    m.payload.clear();
-  }
+  if (h.ucx_tag != 0) self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id);
   self->send(to, msg::prefilled{id});
   self->send(self->state.decodes.at(h.decode), std::move(m));
 }
@@ -169,8 +160,8 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
 }
 
 /// Decode engine: a request and its KV bytes, decoded and queued.
-void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<uint8_t>& bytes) {
-  auto payload = msg::decode_kv_payload(bytes);
+void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
+  auto payload = msg::decode_kv_payload(h.payload);
   if (!payload) {
     self->send(h.request_actor, msg::rejected{h.request.id, payload.error().code, payload.error().message});
     return;
@@ -182,37 +173,14 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h, const std::vector<
 }
 
 void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
-  engine_state& st = self->state;
-  st.host->note_received();
-  if (h.ucx_tag == 0) return accept_handoff(self, h, h.payload);
-  if (!st.options.kv_sender) {
+  self->state.host->note_received();
+  if (h.ucx_tag == 0) return accept_handoff(self, h);
+  if (!self->state.kv->enabled()) {
     self->send(h.request_actor, msg::rejected{h.request.id, errc::internal,
                                               "KV sent over UCX to an engine without a UCX transport"});
     return;
   }
-  const uint64_t tag = h.ucx_tag;
-  st.awaiting_kv.emplace(tag, std::move(h));
-  const engine_actor me = caf::actor_cast<engine_actor>(self);
-  st.options.kv_sender->receive(tag, [me, tag](expected<std::vector<uint8_t>> bytes) {
-    // On the UCX progress thread: anon_send is thread-safe.
-    if (bytes)
-      caf::anon_send(me, msg::kv_arrived{tag, std::move(*bytes), {}});
-    else
-      caf::anon_send(me, msg::kv_arrived{tag, {}, bytes.error().message});
-  });
-}
-
-void on_kv_arrived(engine_actor_t* self, msg::kv_arrived& a) {
-  engine_state& st = self->state;
-  auto it = st.awaiting_kv.find(a.tag);
-  if (it == st.awaiting_kv.end()) return;
-  msg::kv_handoff h = std::move(it->second);
-  st.awaiting_kv.erase(it);
-  if (!a.error.empty()) {
-    self->send(h.request_actor, msg::rejected{h.request.id, errc::unavailable, "KV transfer failed: " + a.error});
-    return;
-  }
-  accept_handoff(self, h, a.bytes);
+  self->state.kv->await(std::move(h), caf::actor_cast<engine_actor>(self));
 }
 
 void on_down(engine_actor_t* self, const caf::down_msg& dm) {
@@ -242,6 +210,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   auto host = engine::engine_host::create(host_options(st.options), now_ns(self));
   TROUPE_ASSERT_MSG(host.has_value(), "engine options are validated in spawn_engine");
   st.host = std::move(*host);
+  st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
   start_executor(self);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
@@ -252,7 +221,9 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       },
       [=](msg::submit_prefill& s) { submit_prefill(self, s); },
       [=](msg::kv_handoff& h) { on_handoff(self, h); },
-      [=](msg::kv_arrived& a) { on_kv_arrived(self, a); },
+      [=](msg::kv_arrived& a) {
+        if (auto h = self->state.kv->arrived(a)) accept_handoff(self, *h);
+      },
       [=](msg::release& r) { perform(self, self->state.host->release(r.request_id, now_ns(self))); },
       [=](msg::report_to& r) {
         if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)

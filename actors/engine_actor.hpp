@@ -4,7 +4,7 @@
 /// (runtime/engine/engine_host.hpp), which owns the engine_core and every decision below: each
 /// handler turns a message into a host call and performs the effects it returns, in order. The
 /// actor keeps only actor handles (request actors by request id, decode engines, the executor,
-/// the balancer), its monitors, and the UCX send/receive plumbing. The executor gets at most two
+/// the balancer) and its monitors; KV hand-offs over UCX go through actors/kv_transfers.hpp. The executor gets at most two
 /// plans in flight — step N+1 is planned and sent while N runs, so scheduling hides behind
 /// execution — and each new token is streamed to its request actor.
 ///
