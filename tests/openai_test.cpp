@@ -127,6 +127,15 @@ msg::completion_end an_end() {
   return end;
 }
 
+/// an_end() with a TTFT of 3 ms, inter-token gaps of 1 and 2 ms, and 6 ms end to end.
+msg::completion_end an_end_with_latencies() {
+  msg::completion_end end = an_end();
+  end.ttft_ns = 3'000'000;
+  end.itl_ns = {1'000'000, 2'000'000};
+  end.e2e_ns = 6'000'000;
+  return end;
+}
+
 TEST(OpenaiResponse, ACompletionRendersByteForByte) {
   const response_context c{endpoint::completions, 7, 1700000001, &model, false};
   EXPECT_EQ(render_response(c, "Once \"upon\"", an_end()),
@@ -185,11 +194,7 @@ TEST(Metrics, HistogramBucketsAreUpperBoundsInclusive) {
 
 TEST(Metrics, ARequestMovesEachHistogramOnce) {
   request_metrics m;
-  msg::completion_end end = an_end();
-  end.ttft_ns = 3'000'000;
-  end.itl_ns = {1'000'000, 2'000'000};
-  end.e2e_ns = 6'000'000;
-  m.record(end);
+  m.record(an_end_with_latencies());
   EXPECT_EQ(m.ttft_seconds.count, 1);
   EXPECT_EQ(m.inter_token_latency_seconds.count, 2);
   EXPECT_EQ(m.e2e_latency_seconds.count, 1);
@@ -200,11 +205,7 @@ TEST(Metrics, ARequestMovesEachHistogramOnce) {
 
 TEST(Metrics, ThePageRendersByteForByte) {
   request_metrics m;
-  msg::completion_end end = an_end();
-  end.ttft_ns = 3'000'000;
-  end.itl_ns = {1'000'000, 2'000'000};
-  end.e2e_ns = 6'000'000;
-  m.record(end);
+  m.record(an_end_with_latencies());
   msg::engine_report r;
   r.num_requests = 3;
   r.num_waiting = 1;
