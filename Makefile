@@ -37,7 +37,7 @@ asan:
 tsan:
 	scripts/build-caf-tsan.sh build-caf-tsan
 	$(MAKE) build BUILD=build-tsan CMAKE_FLAGS="-DTROUPE_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
-	UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no \
+	UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tsan.supp \
 	  LD_LIBRARY_PATH=$(CURDIR)/build-caf-tsan/lib ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 clean:
