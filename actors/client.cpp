@@ -4,7 +4,6 @@
 #include <future>
 #include <map>
 #include <optional>
-#include <random>
 #include <string>
 
 #include <caf/all.hpp>
@@ -12,6 +11,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/cluster_messages.hpp"
+#include "actors/random.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -100,8 +100,7 @@ void on_timeout(client_t* self, int64_t at, const done_callback& on_done) {
 
 /// A random, non-zero stream id: only this client's request stamps it on its messages.
 uint64_t draw_stream_id() {
-  std::random_device device;
-  const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  const uint64_t id = draw_unguessable_u64();
   return id != 0 ? id : 1;
 }
 

@@ -197,6 +197,17 @@ void on_down(engine_actor_t* self, const caf::down_msg& dm) {
   if (auto c = st.clients.find(id); c != st.clients.end() && c->second.address() == dm.source) st.clients.erase(c);
 }
 
+/// A release counts only from the request actor this engine serves the request for (its
+/// `watch_caller`); an id it serves nobody is a no-op for the host, as before.
+bool released_by_owner(engine_actor_t* self, engine::request_id id) {
+  const auto it = self->state.clients.find(id);
+  if (it == self->state.clients.end() ||
+      it->second.address() == caf::actor_cast<caf::actor_addr>(self->current_sender()))
+    return true;
+  spdlog::warn("engine: dropped a release of request {} that did not come from its request actor", id);
+  return false;
+}
+
 msg::engine_report stats(engine_actor_t* self) {
   const engine::engine_host_stats s = self->state.host->stats(now_ns(self));
   return msg::engine_report{s.core.num_steps,       s.core.num_generated_tokens, s.core.num_preemptions,
@@ -224,7 +235,9 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       [=](msg::kv_arrived& a) {
         if (auto h = self->state.kv->arrived(a)) accept_handoff(self, *h);
       },
-      [=](msg::release& r) { perform(self, self->state.host->release(r.request_id, now_ns(self))); },
+      [=](msg::release& r) {
+        if (released_by_owner(self, r.request_id)) perform(self, self->state.host->release(r.request_id, now_ns(self)));
+      },
       [=](msg::report_to& r) {
         if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)
         self->state.balancer = std::move(r.balancer);

@@ -8,6 +8,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/clock.hpp"
+#include "actors/random.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
 #include "actors/cluster_messages.hpp"
@@ -21,7 +22,7 @@ namespace {
 struct load_balancer_state {
   load_balancer_options o;
   std::optional<balance::balancer_host> host;
-  int64_t next_id = 0;
+  int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
   std::map<caf::actor_addr, balance::request_key> placed;  // live request actor -> its key in the host
   balance::request_key next_key = 0;
   static inline const char* name = "load_balancer";
@@ -33,7 +34,8 @@ std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on
 
 request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream) {
   load_balancer_state& st = self->state;
-  const int64_t id = st.next_id++;
+  const int64_t index = st.num_routed++;
+  const int64_t id = st.o.draw_request_id ? st.o.draw_request_id() : index;
   request_options ro;
   ro.id = id;
   ro.client = std::move(client);
@@ -44,9 +46,10 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.context_tokens = st.o.context_tokens;
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
-  ro.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(id % 2147483647) + 1);
+  ro.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
   request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
+  st.placed.emplace(request.address(), st.next_key++);
   return request;
 }
 
@@ -72,19 +75,19 @@ caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   load_balancer_state& st = self->state;
   msg::placement out;
-  // A placement nobody can receive would count a request on an engine, never to end.
-  if (!self->current_sender()) {
-    out.error = "a place_request without a sender";
+  // Only a live request actor of this balancer: its DOWN message ends what it is charged (a
+  // placement for anyone else would count a request on an engine, never to end).
+  auto it = st.placed.find(caf::actor_cast<caf::actor_addr>(self->current_sender()));
+  if (it == st.placed.end()) {
+    spdlog::warn("load balancer: dropped a place_request from an actor that is not one of its request actors");
+    out.error = "a place_request from an actor that is not one of this balancer's request actors";
     return out;
   }
-  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
-  const balance::request_key key = st.placed.count(sender) ? st.placed.at(sender) : st.next_key;
-  auto chosen = st.host->place(key, p.num_prompt_tokens);
+  auto chosen = st.host->place(it->second, p.num_prompt_tokens);
   if (!chosen) {
     out.error = chosen.error().message;
     return out;
   }
-  if (key == st.next_key) st.placed.emplace(sender, st.next_key++);
   const balanced_engine& d = st.o.engines[chosen->decode];
   out.decode = d.actor;
   out.decode_name = where(d);
@@ -134,6 +137,21 @@ void on_heartbeat(load_balancer_t* self) {
   self->delayed_send(self, std::chrono::milliseconds(st.o.heartbeat_interval_ms), heartbeat_atom::value);
 }
 
+/// A load report counts only from the engine it names: a forged one could starve an engine of
+/// work for good, or pile it all on one.
+void on_report(load_balancer_t* self, const msg::load_report& r) {
+  const std::vector<balanced_engine>& engines = self->state.o.engines;
+  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size() ||
+      engines[static_cast<size_t>(r.engine_index)].actor.address() != sender) {
+    spdlog::warn("load balancer: dropped a load report for engine {} that did not come from that engine",
+                 r.engine_index);
+    return;
+  }
+  const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens};
+  (void)self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()));
+}
+
 balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load_balancer_options options) {
   TROUPE_ASSERT(!options.engines.empty());
   load_balancer_state& st = self->state;
@@ -159,19 +177,23 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
         return admit_request(self, s.request, std::move(client), s.stream);
       },
       [=](const msg::place_request& p) { return place(self, p); },
-      [=](const msg::load_report& r) {
-        const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens,
-                                            r.num_queued_prefill_tokens};
-        (void)self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()));
-      },
-      [=](heartbeat_atom) { on_heartbeat(self); },
-      [=](engines_atom) {
-        engine_list actors;
-        for (const balanced_engine& e : self->state.o.engines) actors.push_back(e.actor);
-        return actors;
+      [=](const msg::load_report& r) { on_report(self, r); },
+      [=](heartbeat_atom) {
+        if (self->current_sender() == self->ctrl()) return on_heartbeat(self);
+        spdlog::warn("load balancer: dropped a heartbeat from another actor (it runs its own)");
       },
   };
 }
+/// What the front does with anything but a completion request: nothing, quietly; a request
+/// gets CAF's `unexpected_message` error (an error sent back for a plain message would make its
+/// sender quit, CAF's default for an unhandled error).
+caf::result<caf::message> drop_unexpected(caf::scheduled_actor* self, caf::message_view& m) {
+  spdlog::debug("load balancer front: dropped a message it does not accept: {}",
+                caf::to_string(m.copy_content_to_message()));
+  if (self->current_message_id().is_request()) return caf::sec::unexpected_message;
+  return caf::message{};
+}
+
 }  // namespace
 
 std::vector<balanced_engine> mixed_engines(const engine_list& actors) {
@@ -187,6 +209,16 @@ std::vector<balanced_engine> mixed_engines(const engine_list& actors) {
 
 balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options) {
   return sys.spawn(load_balancer_behavior, std::move(options));
+}
+
+int64_t random_request_id() { return static_cast<int64_t>(draw_unguessable_u64()); }
+
+balancer_client_actor spawn_balancer_front(caf::actor_system& sys, balancer_actor balancer) {
+  TROUPE_ASSERT(balancer != nullptr);
+  return sys.spawn([balancer](balancer_client_actor::pointer self) -> balancer_client_actor::behavior_type {
+    self->set_default_handler(drop_unexpected);
+    return {[=](msg::submit_completion& s) { return self->delegate(balancer, std::move(s)); }};
+  });
 }
 
 }  // namespace troupe::actors

@@ -23,6 +23,7 @@
 /// exactly as on a DOWN message. Either way every request placed on a lost engine is told
 /// (`msg::engine_lost`) and fails with an error naming the engine.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,11 @@ struct load_balancer_options {
   std::vector<balanced_engine> engines;
   std::shared_ptr<const tokenizer> tok;
   uint64_t seed_base = 0;  ///< request i without a seed gets child_seed(seed_base, i + 1)
+  /// The id of each new request. Empty: 0, 1, 2, … (the simulator, whose event log must not
+  /// depend on the machine, and tests that assert exact ids). Serving passes
+  /// `random_request_id`: an id is what lets an engine's release name a request, so it must be
+  /// unguessable.
+  std::function<int64_t()> draw_request_id;
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
@@ -62,5 +68,17 @@ struct load_balancer_options {
 };
 
 balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);
+
+/// A request id from the kernel's CSPRNG (actors/random.hpp), all 64 bits.
+[[nodiscard]] int64_t random_request_id();
+
+/// The balancer's client surface: what a node publishes where the balancer runs. It accepts
+/// only `submit_completion` and delegates it to `balancer` (the answer, the request actor, goes
+/// from the balancer straight to the client, and the balancer sees the client as the sender).
+/// Load reports, placement, the heartbeat and control messages sent to it are dropped with a
+/// log line at debug level (a flood of them must not fill the log), and a request among them
+/// is answered with CAF's `unexpected_message` error. docs/security.md says what this
+/// surface does not prevent.
+[[nodiscard]] balancer_client_actor spawn_balancer_front(caf::actor_system& sys, balancer_actor balancer);
 
 }  // namespace troupe::actors

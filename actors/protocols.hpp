@@ -71,18 +71,20 @@ using engine_actor = caf::typed_actor<
 using engine_list = std::vector<engine_actor>;
 
 /// The node actor of a node without the balancer: lists its engines for the balancer's node.
+/// What such a node publishes: a surface for cluster members (docs/security.md).
 using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_list>>;
 
-/// The load balancer as clients see it: submit a completion, get its request actor.
+/// The load balancer as clients see it: submit a completion, get its request actor. The only
+/// interface a node publishes where the balancer runs (spawn_balancer_front in
+/// actors/load_balancer_actor.hpp forwards it to the balancer).
 using balancer_client_actor =
     caf::typed_actor<caf::replies_to<msg::submit_completion>::with<request_actor>>;
 
 /// The whole load balancer: placement for request actors, load reports from engines, its
-/// heartbeat timer, and the engine list (as a node actor answers it).
+/// heartbeat timer. Never published: it checks the sender of each of these messages.
 using balancer_actor = balancer_client_actor::extend<caf::replies_to<msg::place_request>::with<msg::placement>,
                                                      caf::reacts_to<msg::load_report>,
-                                                     caf::reacts_to<heartbeat_atom>,
-                                                     caf::replies_to<engines_atom>::with<engine_list>>;
+                                                     caf::reacts_to<heartbeat_atom>>;
 
 }  // namespace troupe::actors
 

@@ -245,6 +245,11 @@ request_actor::behavior_type handlers(request_actor_t* self) {
       [=](msg::prefilled&) { self->state.handed_over = true; },
       [=](msg::engine_lost& l) { on_engine_lost(self, l.engine.address(), l.reason); },
       [=](msg::cancel_request&) {
+        // Only its client may stop it: the request actor's handle is no capability to cancel.
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.o.client.address()) {
+          spdlog::warn("request {}: dropped a cancel that did not come from its client", self->state.o.id);
+          return;
+        }
         release(self);
         finish(self, engine::finish_reason::cancelled);
       },

@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/cluster_messages.hpp"
+#include "actors/load_balancer_actor.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -646,6 +648,146 @@ TEST_F(ActorsDeterministic, RequestForAClientAlreadyGoneLeavesNothing) {
   expect_engine_idle();
 }
 
+// ---- owners only, and the published front (issue 21, points 2 and 4) ----------------------
+// Any actor that learns a handle can send it any message its interface lists: the request
+// actor's handle goes back to whoever submitted, engine and balancer handles travel between
+// nodes. What each actor honours is therefore decided by who sent it.
+
+/// What a bare stream receiver got (no client logic: it never cancels on its own).
+struct stream_log {
+  int64_t request_id = 0;
+  std::vector<int32_t> tokens;
+  std::optional<msg::completion_end> end;
+  std::optional<msg::completion_error> error;
+};
+
+actors::stream_receiver_actor spawn_receiver(caf::actor_system& sys, std::shared_ptr<stream_log> log) {
+  return sys.spawn([log]() -> actors::stream_receiver_actor::behavior_type {
+    return {
+        [log](msg::completion_chunk& c) {
+          log->request_id = c.request_id;
+          log->tokens.insert(log->tokens.end(), c.tokens.begin(), c.tokens.end());
+        },
+        [log](msg::completion_end& e) { log->end = e; },
+        [log](msg::completion_error& e) { log->error = e; },
+    };
+  });
+}
+
+TEST_F(ActorsDeterministic, ForgedCancelsAndReleasesFromOtherActorsDoNotStopTheStream) {
+  start();
+  msg::completion_request r = make_completion("A big red ball", 40, 5);
+  r.ignore_eos = true;
+  auto log = std::make_shared<stream_log>();
+  const actors::stream_receiver_actor owner = spawn_receiver(sys_, log);
+  // A stranger submits on the owner's behalf, so it holds the request actor's handle.
+  auto request = std::make_shared<actors::request_actor>();
+  sys_.spawn([=](caf::event_based_actor* self) {
+    self->request(lb_, caf::infinite, msg::submit_completion{r, owner, 1})
+        .then([=](actors::request_actor& a) { *request = a; });
+  });
+  run_until([&] { return log->tokens.size() >= 3; });
+  ASSERT_TRUE(*request);
+  // With the right id: a cancel to the request actor, a release to the engine, from the
+  // stranger and with no sender at all.
+  const int64_t id = log->request_id;
+  sys_.spawn([=](caf::event_based_actor* self) {
+    self->send(*request, msg::cancel_request{id});
+    self->send(engines_[0], msg::release{id});
+  });
+  caf::anon_send(*request, msg::cancel_request{id});
+  caf::anon_send(engines_[0], msg::release{id});
+  run_ticking();
+  ASSERT_FALSE(log->error) << log->error->message;
+  ASSERT_TRUE(log->end);
+  EXPECT_EQ(log->end->finish_reason, engine::finish_reason::length);
+  EXPECT_EQ(log->tokens, reference(oracle_, r).tokens);
+  caf::anon_send_exit(owner, caf::exit_reason::user_shutdown);
+  sched_.run();
+  expect_engine_idle();
+}
+
+TEST_F(ActorsDeterministic, ForgedReportsAndQueriesThroughTheFrontOrFromStrangersDoNotMovePlacement) {
+  start(engine_opts(false), /*num_engines=*/2);
+  const actors::balancer_client_actor front = actors::spawn_balancer_front(sys_, lb_);
+  // Engine 1 claims to be full (a report "newer" than any real one): unchecked, the balancer
+  // would send engine 1 nothing from now on.
+  const msg::load_report full{1, 1000000, 1000000, 1000000000, 1000000000};
+  auto num_refused = std::make_shared<int>(0);
+  sys_.spawn([=](caf::event_based_actor* self) {
+    const caf::actor as_any = caf::actor_cast<caf::actor>(front);  // what a peer can try
+    self->send(as_any, full);
+    self->send(as_any, actors::heartbeat_atom::value);
+    for (auto refused : {self->request(as_any, caf::infinite, actors::engines_atom::value),
+                         self->request(as_any, caf::infinite, msg::place_request{7, 10, 10})})
+      refused.then([](caf::message& m) { ADD_FAILURE() << "the front answered " << caf::to_string(m); },
+                   [=](caf::error& e) {
+                     EXPECT_EQ(e, caf::sec::unexpected_message);
+                     ++*num_refused;
+                   });
+    // A stranger that knows the balancer itself (a cluster member): not the engine it names.
+    self->send(lb_, full);
+    self->send(lb_, actors::heartbeat_atom::value);
+    self->request(lb_, caf::infinite, msg::place_request{7, 10, 10}).then([=](msg::placement& p) {
+      ++*num_refused;
+      EXPECT_FALSE(p.decode);
+      EXPECT_EQ(p.error, "a place_request from an actor that is not one of this balancer's request actors");
+    });
+  });
+  run_ticking();
+  EXPECT_EQ(*num_refused, 3);
+  // Four at once through the front: they alternate, ids 0 and 2 on engine 0, 1 and 3 on engine 1.
+  std::vector<msg::completion_request> requests;
+  std::vector<std::shared_ptr<client_log>> logs;
+  for (int i = 0; i < 4; i++) {
+    requests.push_back(make_completion("Ben ran " + std::to_string(i), 15, 60 + i));
+    logs.push_back(std::make_shared<client_log>());
+    clients_.push_back(spawn_logged_client(sys_, front, requests.back(), logs.back()));
+  }
+  run_ticking();
+  int64_t tokens_per_engine[2] = {0, 0};
+  for (size_t i = 0; i < logs.size(); i++) {
+    ASSERT_TRUE(logs[i]->outcome && logs[i]->outcome->has_value());
+    const actors::completion& c = **logs[i]->outcome;
+    expect_matches(c, reference(oracle_, requests[i]), "through the front");
+    EXPECT_EQ(c.end.request_id, static_cast<int64_t>(i));
+    tokens_per_engine[c.end.request_id % 2] += static_cast<int64_t>(c.tokens.size());
+  }
+  EXPECT_EQ(report(0).num_generated_tokens, tokens_per_engine[0]);
+  EXPECT_EQ(report(1).num_generated_tokens, tokens_per_engine[1]);
+  EXPECT_GT(tokens_per_engine[1], 0);
+  caf::anon_send_exit(front, caf::exit_reason::user_shutdown);
+  sched_.run();
+  expect_engine_idle(0);
+  expect_engine_idle(1);
+}
+
+TEST_F(ActorsDeterministic, ServingDrawsUnguessableRequestIds) {
+  actors::load_balancer_options o;
+  EXPECT_FALSE(o.draw_request_id) << "sequential unless a caller draws ids";
+  const int64_t a = actors::random_request_id();
+  const int64_t b = actors::random_request_id();
+  EXPECT_NE(a, b);  // 2^-64 to fail by chance
+  start();
+  caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
+  o.engines = actors::mixed_engines(engines_);
+  o.tok = bundled_shared().tok;
+  auto drawn = std::make_shared<std::vector<int64_t>>();
+  o.draw_request_id = [drawn] { return drawn->emplace_back(actors::random_request_id()); };
+  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+  sched_.run();
+  const msg::completion_request r = make_completion("Once upon a time", 12, 9);
+  const actors::completion c = run_and_check(r, "a random id");
+  ASSERT_EQ(drawn->size(), 1u);
+  EXPECT_EQ(c.end.request_id, drawn->front());
+  // The seed still comes from the request's index, not its id: unseeded runs replay.
+  msg::completion_request unseeded = r;
+  unseeded.has_seed = false;
+  auto log = submit(unseeded);
+  run_ticking();
+  ASSERT_TRUE(log->outcome && log->outcome->has_value());
+  EXPECT_EQ((*log->outcome)->end.seed, engine::child_seed(0, 2));
+}
 
 }  // namespace
 }  // namespace troupe::testing

@@ -1,13 +1,16 @@
-// Multi-node clusters as real processes on 127.0.0.1: a load balancer + prefill engine node and
-// two decode engine nodes (`troupe node` each). 64 concurrent requests, disaggregated (prefill
-// on node0, KV shipped to a decode node as Cap'n Proto bytes inside CAF messages or over UCX),
+// Multi-node clusters as real processes on 127.0.0.1: a load balancer node, a prefill + decode
+// engine node and a decode engine node (`troupe node` each). 64 concurrent requests,
+// disaggregated (prefill on node1, KV shipped to a decode engine as Cap'n Proto bytes inside CAF
+// messages or over UCX, to node2 across processes),
 // must each equal the single-sequence reference generator bit for bit — the same answers a
 // single-node run gives. Killing a decode node mid-run fails exactly its requests with an error
 // naming it; the others finish and later requests are routed around it. Freezing one (SIGSTOP:
 // its connection stays open, no DOWN message ever comes) does the same within the heartbeat bound.
 // With [tls] (certificates from `troupe certs`) the same 64 requests give the same answers over
 // mutual TLS, and clients without a certificate of the cluster's CA are refused while the
-// cluster keeps serving on every node.
+// cluster keeps serving on every node. The test reads engine statistics as a cluster member
+// does, from the node actors of node1 and node2: the balancer's node publishes only the client
+// surface (docs/security.md).
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -47,7 +50,7 @@ class Cluster : public ::testing::Test {
   std::vector<std::pair<std::string, process_guard>> nodes_;  // name, its process (group)
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;
-  actors::balancer_actor lb_;
+  actors::balancer_client_actor lb_;
   model::transformer oracle_{*bundled_shared().ck};
   bool tls_ = false;  // use_tls(): the topology has [tls], this test connects as client 'tester'
 
@@ -96,7 +99,7 @@ class Cluster : public ::testing::Test {
       if (tls_) f << "certificate = \"" << cert(name) << "\"\nkey = \"" << cert(name, "-key.pem") << "\"\n";
     }
     f << "\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n";
-    const char* engines[][3] = {{"prefill0", "node0", "prefill"}, {"decode1", "node1", "decode"},
+    const char* engines[][3] = {{"prefill0", "node1", "prefill"}, {"decode1", "node1", "decode"},
                                 {"decode2", "node2", "decode"}};
     for (const auto& e : engines)
       f << "\n[[engine]]\nname = \"" << e[0] << "\"\nnode = \"" << e[1] << "\"\nrole = \"" << e[2]
@@ -139,7 +142,7 @@ class Cluster : public ::testing::Test {
         << "the balancer never listened; " << log << " says: " << read_file(log);
     actors::reach_options once;
     once.retry = false;
-    auto lb = actors::reach<actors::balancer_actor>(*sys_, "127.0.0.1", static_cast<uint16_t>(port(0)), once);
+    auto lb = actors::reach<actors::balancer_client_actor>(*sys_, "127.0.0.1", static_cast<uint16_t>(port(0)), once);
     ASSERT_TRUE(lb) << "the balancer listens but cannot be reached: " << lb.error().message;
     lb_ = *lb;
   }
@@ -210,11 +213,23 @@ class Cluster : public ::testing::Test {
     return num_failed;
   }
 
+  /// Every engine's statistics, in topology order (prefill0, decode1, decode2), from the node
+  /// actors of node1 and node2.
   std::vector<msg::engine_report> reports() {
     caf::scoped_actor self{*sys_};
     actors::engine_list engines;
-    self->request(lb_, 10s, actors::engines_atom::value).receive([&](actors::engine_list& e) { engines = e; },
-                                                                 [&](caf::error&) {});
+    for (int n : {1, 2}) {
+      actors::reach_options once;
+      once.retry = false;
+      auto node = actors::reach<actors::node_actor>(*sys_, "127.0.0.1", static_cast<uint16_t>(port(n)), once);
+      if (!node) {
+        ADD_FAILURE() << "node" << n << ": " << node.error().message;
+        continue;
+      }
+      self->request(*node, 10s, actors::engines_atom::value)
+          .receive([&](actors::engine_list& e) { engines.insert(engines.end(), e.begin(), e.end()); },
+                   [&](caf::error& err) { ADD_FAILURE() << "node" << n << ": " << sys_->render(err); });
+    }
     std::vector<msg::engine_report> out;
     for (const actors::engine_actor& e : engines) out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
     return out;

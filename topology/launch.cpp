@@ -171,6 +171,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.engines = std::move(*engines);
   lb.tok = out.tok;
   lb.seed_base = options.seed_base;
+  lb.draw_request_id = actors::random_request_id;
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
   lb.report_interval_ms = t.load_balancer.report_interval_ms;
   lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
@@ -182,6 +183,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.context_tokens = all_local ? context_tokens : 0;
   const size_t num_engines = lb.engines.size();
   out.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
+  out.front = actors::spawn_balancer_front(sys, out.load_balancer);
   out.summary.push_back("load_balancer over " + std::to_string(num_engines) + " engine(s) (" +
                         std::to_string(num_engines - out.engines.size()) + " on other nodes)");
   return out;
@@ -192,9 +194,9 @@ expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const
   const node_spec* spec = t.find_node(node_name);
   TROUPE_ASSERT(spec != nullptr);
   TROUPE_ASSERT(actors::uses_tls(sys) == !t.tls_ca.empty());
-  // The balancer where it runs, else the node actor; each with its typed interface.
-  auto port = node.load_balancer ? actors::publish_actor(sys, node.load_balancer, spec->port, spec->host)
-                                 : actors::publish_actor(sys, node.node_actor, spec->port, spec->host);
+  // The balancer's front where it runs, else the node actor; each with its typed interface.
+  auto port = node.front ? actors::publish_actor(sys, node.front, spec->port, spec->host)
+                         : actors::publish_actor(sys, node.node_actor, spec->port, spec->host);
   if (!port)
     return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +
                                     port.error().message);
@@ -209,6 +211,7 @@ actors::tls_credentials node_credentials(const topology& t, const std::string& n
 }
 
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {
+  if (node.front) caf::anon_send_exit(node.front, caf::exit_reason::user_shutdown);
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
   if (node.node_actor) caf::anon_send_exit(node.node_actor, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);

@@ -29,17 +29,18 @@ struct launch_options {
 struct launched_node {
   actors::engine_list engines;         ///< in topology order
   std::vector<std::string> engine_names;
-  actors::balancer_actor load_balancer;  ///< invalid if the balancer is placed elsewhere
+  actors::balancer_actor load_balancer;  ///< invalid if the balancer is placed elsewhere; never published
+  actors::balancer_client_actor front;   ///< the balancer's client surface: published where the balancer runs
   actors::node_actor node_actor;       ///< answers engines_atom with `engines`; published where the balancer is not
   std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
   std::shared_ptr<const tokenizer> tok;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
 
-  /// What the node publishes at its address: the balancer where it runs, else the node actor.
+  /// What the node publishes at its address: the balancer's front where it runs, else the node
+  /// actor.
   [[nodiscard]] caf::actor entry() const {
-    return load_balancer ? caf::actor_cast<caf::actor>(load_balancer) : caf::actor_cast<caf::actor>(node_actor);
+    return front ? caf::actor_cast<caf::actor>(front) : caf::actor_cast<caf::actor>(node_actor);
   }
-
 };
 
 /// Spawns everything `t` places on `node_name`. Errors: unknown node, unreadable model or
@@ -52,8 +53,8 @@ struct launched_node {
                                                   const std::string& node_name,
                                                   const launch_options& options);
 
-/// Publishes the node's entry point at its address: the balancer where it runs, the node actor
-/// elsewhere; over TLS when `sys` was configured with the node's credentials. Returns the bound
+/// Publishes the node's entry point at its address: the balancer's front (submit_completion
+/// only) where it runs, the node actor elsewhere; over TLS when `sys` was configured with the node's credentials. Returns the bound
 /// port. Error: io_error naming the address.
 [[nodiscard]] expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
                                               const launched_node& node);

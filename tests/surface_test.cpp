@@ -1,0 +1,108 @@
+// What each node publishes, as a peer sees it over a real loopback connection (issue 21, point
+// 2): the balancer's node publishes a front that accepts exactly `submit_completion`; a node
+// without the balancer publishes a node actor that accepts exactly `engines_atom`. The test
+// compares the interface CAF hands a connecting peer (actors::reach_any) with the typed
+// protocol's message set, element for element, and checks that a client cannot reach the whole
+// balancer's interface there. The behaviour of what is published (forged messages dropped,
+// owners only) is tested under the deterministic coordinator in actors_test.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "actors/connect.hpp"
+#include "actors/tls.hpp"
+#include "tests/support/actor_config.hpp"
+#include "topology/launch.hpp"
+
+namespace troupe::testing {
+namespace {
+
+/// Two actor systems with the io middleman: `server` runs and publishes a node, `peer` reaches it.
+class PublishedSurface : public ::testing::Test {
+ protected:
+  caf::actor_system_config server_cfg_;
+  caf::actor_system_config peer_cfg_;
+  std::unique_ptr<caf::actor_system> server_;
+  std::unique_ptr<caf::actor_system> peer_;
+  topology::launched_node node_;
+
+  void SetUp() override {
+    for (caf::actor_system_config* cfg : {&server_cfg_, &peer_cfg_}) {
+      configure(*cfg, /*deterministic=*/false);
+      ASSERT_TRUE(actors::configure_network(*cfg, actors::tls_credentials{}).has_value());
+    }
+    server_ = std::make_unique<caf::actor_system>(server_cfg_);
+    peer_ = std::make_unique<caf::actor_system>(peer_cfg_);
+  }
+
+  void TearDown() override {
+    peer_.reset();
+    topology::shutdown_node(*server_, node_);
+  }
+
+  /// A topology of node "n0" (the balancer) and node "n1" (the bundled model's engine).
+  static topology::topology two_nodes() {
+    const std::string models = TROUPE_MODELS_DIR;
+    topology::topology t = topology::single_node(models + "/stories260K.bin", models + "/tok512.bin");
+    topology::node_spec n1 = t.nodes.front();
+    n1.name = "n1";
+    t.nodes.push_back(n1);
+    t.engines.front().node = "n1";
+    t.load_balancer.node = "n0";
+    t.nodes.front().name = "n0";
+    return t;
+  }
+
+  /// Launches and publishes `name` of a one-node topology (the engine there too) or of
+  /// two_nodes(); returns what a peer reaches at its port.
+  actors::reached_actor publish_and_reach(const topology::topology& t, const std::string& name) {
+    auto launched = topology::launch_node(*server_, t, name, topology::launch_options{});
+    EXPECT_TRUE(launched.has_value()) << launched.error().message;
+    if (!launched) return {};
+    node_ = std::move(*launched);
+    auto port = topology::publish_node(*server_, t, name, node_);
+    EXPECT_TRUE(port.has_value()) << port.error().message;
+    if (!port) return {};
+    actors::reach_options once;
+    once.retry = false;
+    auto reached = actors::reach_any(*peer_, "127.0.0.1", *port, once);
+    EXPECT_TRUE(reached.has_value()) << reached.error().message;
+    return reached.value_or(actors::reached_actor{});
+  }
+};
+
+TEST_F(PublishedSurface, TheBalancersNodePublishesOnlySubmitCompletion) {
+  const std::string models = TROUPE_MODELS_DIR;
+  const topology::topology t = topology::single_node(models + "/stories260K.bin", models + "/tok512.bin");
+  const actors::reached_actor reached = publish_and_reach(t, "local");
+  ASSERT_TRUE(reached.actor);
+  // Exactly one message type, the client's: no placement, load report, heartbeat or engine list.
+  // (CAF names each signature by the types' registered names, actors/type_ids.cpp.)
+  const std::set<std::string> client_surface = {"caf::replies_to<troupe::submit_completion>::with<troupe::request_actor>"};
+  EXPECT_EQ(peer_->message_types<actors::balancer_client_actor>(), client_surface);
+  EXPECT_EQ(reached.interface, client_surface);
+  EXPECT_FALSE(peer_->assignable(reached.interface, peer_->message_types<actors::balancer_actor>()));
+  EXPECT_FALSE(peer_->assignable(reached.interface, peer_->message_types<actors::node_actor>()));
+  EXPECT_FALSE(peer_->assignable(reached.interface, peer_->message_types<actors::engine_actor>()));
+  // What the node publishes is the front, not the balancer itself.
+  EXPECT_EQ(reached.actor->id(), node_.front.id());
+  EXPECT_NE(reached.actor->id(), node_.load_balancer.id());
+}
+
+TEST_F(PublishedSurface, ANodeWithoutTheBalancerPublishesOnlyItsEngineList) {
+  const actors::reached_actor reached = publish_and_reach(two_nodes(), "n1");
+  ASSERT_TRUE(reached.actor);
+  const std::set<std::string> node_surface = {"caf::replies_to<engines>::with<troupe::engine_list>"};
+  EXPECT_EQ(peer_->message_types<actors::node_actor>(), node_surface);
+  EXPECT_EQ(reached.interface, node_surface);
+  EXPECT_FALSE(peer_->assignable(reached.interface, peer_->message_types<actors::balancer_client_actor>()));
+  EXPECT_FALSE(node_.load_balancer);
+  EXPECT_FALSE(node_.front);
+}
+
+}  // namespace
+}  // namespace troupe::testing
