@@ -31,8 +31,8 @@
 #include "actors/client.hpp"
 #include "actors/type_ids.hpp"
 #include "bench/figures.hpp"
+#include "runtime/common/stats.hpp"
 #include "runtime/cost/calibration.hpp"
-#include "sim/report.hpp"
 #include "sim/simulation.hpp"
 #include "sim/workload.hpp"
 #include "topology/launch.hpp"
@@ -98,7 +98,7 @@ void report(const char* name, const std::vector<double>& real, const std::vector
     sum_real += real[i];
     sum_sim += simulated[i];
   }
-  const sim::summary_stats e = sim::summarize(rel);
+  const stats::summary e = stats::summarize(rel);
   std::printf("%-5s real mean %8.2f ms  %s mean %8.2f ms  error of the mean %5.1f%%  per-request error: mean %5.1f%%  p99 %6.1f%%\n",
               name, sum_real / real.size(), other, sum_sim / real.size(), 100 * std::fabs(sum_sim - sum_real) / sum_real,
               100 * e.mean, 100 * e.p99);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/common/stats.hpp"
 #include "runtime/generate/reference_generator.hpp"
 
 namespace troupe::bench {
@@ -51,13 +52,7 @@ inline double reference_tokens_per_second(model::transformer& t, const tokenizer
   return new_tokens / seconds;
 }
 
-/// The p-th percentile (nearest rank) of `v`; 0 for no samples.
-inline double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
+using stats::percentile;  // numpy's definition, shared with the simulator and `bench serve`
 
 inline double mean(const std::vector<double>& v) {
   double sum = 0;

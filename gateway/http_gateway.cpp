@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/engine_actor.hpp"
+#include "gateway/index_html.hpp"  // generated from gateway/web/index.html
 #include "openai/metrics.hpp"
 
 namespace troupe::gateway {
@@ -191,6 +192,9 @@ void http_gateway::impl::route() {
   });
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(openai::render_models(options.model), "application/json");
+  });
+  server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(index_html.data(), index_html.size(), "text/html; charset=utf-8");
   });
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { handle_metrics(res); });

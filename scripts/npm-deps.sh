@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Installs the npm packages the tests use (the official `openai` client, major version 4) under
-# PREFIX (default build/npm), once: a no-op when they are there. Exits non-zero when npm is
-# missing or the registry cannot be reached; the tests that need the packages then skip.
+# Installs the npm packages the tests use under PREFIX (default build/npm), once: a no-op when
+# they are all there: the official `openai` client (major version 4, tests/http_test.cpp) and
+# `playwright-core` (drives Debian's chromium in the web page's test). One `npm install` for
+# all: npm prunes packages that a later --no-save install does not name. Exits non-zero when npm is missing or the registry cannot be reached;
+# the tests that need the packages then skip.
 set -euo pipefail
 prefix=${1:-build/npm}
-[ -f "$prefix/node_modules/openai/package.json" ] && exit 0
+packages=(openai@4 playwright-core@1)
+installed=1
+for name in openai playwright-core; do
+  [ -f "$prefix/node_modules/$name/package.json" ] || installed=0
+done
+[ "$installed" = 1 ] && exit 0
 if ! command -v npm >/dev/null; then
   echo "npm-deps: npm is not installed (scripts/install-deps.sh installs nodejs and npm)" >&2
   exit 1
 fi
-npm install --prefix "$prefix" --no-audit --no-fund --no-save openai@4 >&2
+npm install --prefix "$prefix" --no-audit --no-fund --no-save "${packages[@]}" >&2

@@ -9,6 +9,8 @@
 #include <map>
 #include <sstream>
 
+#include "runtime/common/stats.hpp"
+
 namespace troupe::sim {
 namespace {
 
@@ -22,8 +24,9 @@ std::string num(double v) {
   return buf;
 }
 
-std::string stats_json(const summary_stats& s) {
-  return "{\"mean\": " + num(s.mean) + ", \"p50\": " + num(s.p50) + ", \"p90\": " + num(s.p90) +
+/// Latencies in the summary: numpy's percentiles (runtime/common/stats.hpp), as `bench serve`.
+std::string stats_json(const stats::summary& s) {
+  return "{\"mean\": " + num(s.mean) + ", \"p50\": " + num(s.median) + ", \"p90\": " + num(s.p90) +
          ", \"p99\": " + num(s.p99) + "}";
 }
 
@@ -121,27 +124,6 @@ plot 'throughput.dat' using 1:2 with steps notitle
 
 }  // namespace
 
-summary_stats summarize(std::vector<double> v) {
-  summary_stats s;
-  if (v.empty()) return s;
-  double sum = 0;
-  for (double x : v) sum += x;
-  s.mean = sum / v.size();
-  // Nearest-rank percentiles by selection, not a full sort (ITLs: one value per token). The
-  // ranks increase, so each selection only needs the part above the previous one.
-  auto from = v.begin();
-  auto rank = [&](double p) {
-    const auto k = v.begin() + static_cast<std::ptrdiff_t>(std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - 1));
-    std::nth_element(from, k, v.end());
-    from = k;
-    return *k;
-  };
-  s.p50 = rank(0.50);
-  s.p90 = rank(0.90);
-  s.p99 = rank(0.99);
-  return s;
-}
-
 std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   const latencies l = collect(r);
   int64_t num_ok = 0, num_good = 0, tokens = 0, prompt = 0, cached = 0, preemptions = 0, recomputed = 0;
@@ -163,10 +145,10 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"num_requests\": " + std::to_string(r.requests.size()) + ",\n";
   j += "  \"num_completed\": " + std::to_string(num_ok) + ",\n";
   j += "  \"simulated_seconds\": " + num(seconds) + ",\n";
-  j += "  \"ttft_ms\": " + stats_json(summarize(l.ttft)) + ",\n";
-  j += "  \"tpot_ms\": " + stats_json(summarize(l.tpot)) + ",\n";
-  j += "  \"itl_ms\": " + stats_json(summarize(l.itl)) + ",\n";
-  j += "  \"e2e_ms\": " + stats_json(summarize(l.e2e)) + ",\n";
+  j += "  \"ttft_ms\": " + stats_json(stats::summarize(l.ttft)) + ",\n";
+  j += "  \"tpot_ms\": " + stats_json(stats::summarize(l.tpot)) + ",\n";
+  j += "  \"itl_ms\": " + stats_json(stats::summarize(l.itl)) + ",\n";
+  j += "  \"e2e_ms\": " + stats_json(stats::summarize(l.e2e)) + ",\n";
   j += "  \"request_throughput_per_s\": " + num(num_ok / seconds) + ",\n";
   j += "  \"output_token_throughput_per_s\": " + num(tokens / seconds) + ",\n";
   j += "  \"slo\": {\"ttft_ms\": " + num(slos.ttft_ms) + ", \"tpot_ms\": " + num(slos.tpot_ms) + "},\n";

@@ -15,13 +15,6 @@ struct slo {
   double tpot_ms = 0;  ///< 0 = no bound
 };
 
-struct summary_stats {
-  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
-};
-
-/// mean and nearest-rank percentiles of `values`.
-[[nodiscard]] summary_stats summarize(std::vector<double> values);
-
 /// The summary as JSON text (fixed key order, fixed number format: byte-identical for identical
 /// results).
 [[nodiscard]] std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed);

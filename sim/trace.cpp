@@ -530,7 +530,7 @@ expected<std::vector<trace_request>> parse_trace(std::string_view text, trace_fo
   return requests;
 }
 
-expected<std::vector<trace_request>> read_trace(const std::string& path, trace_format format) {
+expected<std::string> read_trace_text(const std::string& path) {
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
                                                              &std::fclose);
   if (!file)
@@ -544,7 +544,13 @@ expected<std::vector<trace_request>> read_trace(const std::string& path, trace_f
   }
   if (std::ferror(file.get()))
     return fail(errc::io_error, "cannot read trace '" + path + "': " + std::strerror(errno));
-  return parse_trace(text, format, path);
+  return text;
+}
+
+expected<std::vector<trace_request>> read_trace(const std::string& path, trace_format format) {
+  auto text = read_trace_text(path);
+  if (!text) return tl::unexpected(text.error());
+  return parse_trace(*text, format, path);
 }
 
 }  // namespace troupe::sim

@@ -53,6 +53,9 @@ enum class trace_format { azure, mooncake };
 /// "azure" or "mooncake"; anything else is `invalid_argument` listing both.
 [[nodiscard]] expected<trace_format> parse_trace_format(std::string_view name);
 
+/// The bytes of a trace file; a missing or unreadable file is an io_error naming the path.
+[[nodiscard]] expected<std::string> read_trace_text(const std::string& path);
+
 /// Reads a whole trace file. Missing or unreadable file: io_error; bad contents: malformed_file.
 [[nodiscard]] expected<std::vector<trace_request>> read_trace(const std::string& path,
                                                               trace_format format);

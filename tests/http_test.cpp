@@ -157,6 +157,25 @@ TEST_F(Http, TheOfficialOpenaiClientStreamsTheGreedyAndTheSeededText) {
   EXPECT_EQ(r.out, expected);
 }
 
+TEST_F(Http, TheWebPageStreamsTheGreedyCompletionInHeadlessChromium) {
+  const std::string chromium = "/usr/bin/chromium";
+  if (!fs::exists(chromium)) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh installs it)";
+  const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
+  const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
+  if (deps.exit_code != 0) GTEST_SKIP() << "the npm package playwright-core cannot be installed (no npm or no registry):\n" << deps.err;
+  ASSERT_NO_FATAL_FAILURE(start());
+  const http_reply page = fetch("/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_EQ(page.body.rfind("<!doctype html>", 0), 0u) << page.body.substr(0, 100);
+  ::setenv("NODE_PATH", (packages + "/node_modules").c_str(), 1);
+  // The largest seed: the page must carry all 64 bits both ways (a JS number holds 53).
+  const cli_result r = run_program("/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/tests/clients/web_page.cjs", url_,
+                                                     chromium, prompt, "40", "18446744073709551615"}, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
+  EXPECT_EQ(r.out, "{\"completion\":\"" + json(greedy(40)) + "\",\"seed\":\"18446744073709551615\",\"error\":\"\"}\n");
+}
+
 TEST_F(Http, ChatMarkersInUserTextAreOrdinaryText) {
   ASSERT_NO_FATAL_FAILURE(start());
   const http_reply r = fetch("/v1/chat/completions", R"({"messages":[{"role":"user","content":"<s></s>"}],"max_tokens":1})");

@@ -35,10 +35,14 @@ const std::map<std::string, std::set<std::string>>& allowed_folders() {
       {"actors", {"actors", "messages", "runtime", "kernels", "transport"}},
       {"gateway", {"gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
       {"sim", {"sim", "actors", "messages", "runtime", "kernels", "transport"}},
+      // `troupe bench serve` (issue 13, point 4): a client of any OpenAI-compatible server, so
+      // no actors; it reuses the simulator's trace readers and arrivals (sim/trace, sim/workload,
+      // which reach only runtime/). Its metrics and stream reader are pure (LoadgenMetricsAreClockFree).
+      {"loadgen", {"loadgen", "sim", "runtime", "kernels"}},
       {"topology", {"topology", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"apps", {"apps", "topology", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"bench", {"bench", "topology", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"tests", {"tests", "topology", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"apps", {"apps", "topology", "loadgen", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"bench", {"bench", "topology", "loadgen", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"tests", {"tests", "topology", "loadgen", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
   };
   return allowed;
 }
@@ -120,18 +124,20 @@ std::string joined(const std::vector<std::string>& lines) {
   return out;
 }
 
-std::vector<std::string> forbidden_system_includes(const fs::path& dir, const std::string& pattern) {
+/// The includes of `file` matching `pattern`, as "FILE:LINE: text".
+void forbidden_includes_in_file(const fs::path& file, const std::string& pattern, std::vector<std::string>& hits) {
   const std::regex include_re(R"(^\s*#\s*include\s*[<"])" + pattern);
+  std::ifstream in(file);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n)
+    if (std::regex_search(line, include_re)) hits.push_back(file.string() + ":" + std::to_string(n) + ": " + line);
+}
+
+std::vector<std::string> forbidden_system_includes(const fs::path& dir, const std::string& pattern) {
   std::vector<std::string> hits;
   if (!fs::exists(dir)) return hits;
-  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (!entry.is_regular_file()) continue;
-    std::ifstream in(entry.path());
-    std::string line;
-    for (int n = 1; std::getline(in, line); ++n)
-      if (std::regex_search(line, include_re))
-        hits.push_back(entry.path().string() + ":" + std::to_string(n) + ": " + line);
-  }
+  for (const auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file()) forbidden_includes_in_file(entry.path(), pattern, hits);
   return hits;
 }
 
@@ -169,6 +175,17 @@ TEST(Purity, MessagesIncludeNoCafOrCuda) {
 
 TEST(Purity, OpenaiIncludesNoCafOrSockets) {
   auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "openai", "(caf/|httplib|sys/socket|thread|mutex|chrono)");
+  EXPECT_TRUE(hits.empty()) << joined(hits);
+}
+
+TEST(Purity, LoadgenMetricsAreClockFree) {
+  // Only loadgen/runner.* has threads, sockets and a clock: the figures are computed from
+  // timestamps given to them, so tests can script the times exactly.
+  std::vector<std::string> hits;
+  const fs::path dir = fs::path(TROUPE_SOURCE_DIR) / "loadgen";
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().stem() != "runner" && is_source(entry.path()))
+      forbidden_includes_in_file(entry.path(), "(caf/|httplib|sys/socket|thread|mutex|chrono)", hits);
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 

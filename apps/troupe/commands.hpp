@@ -84,5 +84,6 @@ action add_client(CLI::App& app);
 action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);
 action add_certs(CLI::App& app);
+action add_bench(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},
       {"certs", troupe::cli::add_certs(app)},
+      {"bench", troupe::cli::add_bench(app)},
   };
   try {
     app.parse(argc, argv);
