@@ -7,6 +7,11 @@
 set -euo pipefail
 prefix=${1:-build/npm}
 packages=(openai@4 playwright-core@1)
+# Tests run in parallel (ctest -j) and each calls this: one installs, the others wait for it and
+# then find everything there (two concurrent installs into one prefix remove each other's files).
+mkdir -p "$prefix"
+exec 9>"$prefix/.install.lock"
+flock 9
 installed=1
 for name in openai playwright-core; do
   [ -f "$prefix/node_modules/$name/package.json" ] || installed=0
