@@ -37,16 +37,16 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   const int64_t index = st.num_routed++;
   const int64_t id = st.o.draw_request_id ? st.o.draw_request_id() : index;
   request_options ro;
-  ro.id = id;
   ro.client = std::move(client);
-  ro.stream = stream;
   ro.balancer = caf::actor_cast<balancer_actor>(self);
-  ro.tok = st.o.tok;
-  ro.params = std::move(req);
-  ro.context_tokens = st.o.context_tokens;
+  ro.host.id = id;
+  ro.host.stream = stream;
+  ro.host.tok = st.o.tok;
+  ro.host.params = std::move(req);
+  ro.host.context_tokens = st.o.context_tokens;
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
-  ro.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
+  ro.host.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
   request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
   st.placed.emplace(request.address(), st.next_key++);

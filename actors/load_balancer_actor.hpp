@@ -64,7 +64,7 @@ struct load_balancer_options {
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)
-  int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_options::context_tokens)
+  int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_host_options::context_tokens)
 };
 
 balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);

@@ -1,0 +1,79 @@
+#pragma once
+
+/// A completion as its client sees it: the request in text, the chunks of its answer, and its
+/// end or its error. Plain data: the request host (runtime/serve/request_host) produces them,
+/// messages/client.hpp maps them onto the wire (as msg::completion_*). Language-neutral fields
+/// only (strings, numbers; `errc` and `finish_reason` travel as their underlying integers), so
+/// a non-C++ protocol can carry the same structs.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/engine/finish_reason.hpp"
+
+namespace troupe::serve {
+
+/// What a client asks for. Defaults follow vLLM's completion API.
+struct completion_request {
+  std::string prompt;               ///< UTF-8 text; BOS is added, special tokens never parsed
+  /// Token ids instead of text (BOS included, as given): the completion then streams token ids
+  /// only, with no text, and stop strings are not allowed. Used by the simulator.
+  std::vector<int32_t> prompt_tokens;
+  int32_t max_tokens = 16;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  bool has_seed = false;            ///< false: the request actor draws one and reports it
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  int32_t num_top_logprobs = 0;
+  bool stream = true;               ///< false: one chunk with everything, just before the end
+};
+
+/// New text of a completion, with the tokens that made it.
+struct completion_chunk {
+  int64_t request_id = 0;
+  uint64_t stream = 0;              ///< the client's stream id (submit_completion); 0: none
+  int32_t sequence = 0;             ///< 0 for the first chunk of a completion, then 1, 2, …
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+};
+
+/// The last message of a completion that finished.
+struct completion_end {
+  int64_t request_id = 0;
+  uint64_t stream = 0;              ///< the client's stream id (submit_completion); 0: none
+  engine::finish_reason finish_reason = engine::finish_reason::none;  ///< stop, length or cancelled
+  uint64_t seed = 0;                ///< replays this answer
+  int32_t num_prompt_tokens = 0;
+  int32_t num_generated_tokens = 0;
+  int64_t queue_ns = 0;             ///< arrival to first scheduled
+  int64_t ttft_ns = 0;              ///< arrival to first token
+  int64_t e2e_ns = 0;               ///< arrival to end
+  std::vector<int64_t> itl_ns;      ///< gaps between consecutive tokens
+  int32_t num_cached_tokens = 0;    ///< prompt tokens served from the prefix cache at admission
+  int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
+  int32_t num_chunks = 0;           ///< chunks sent before this message
+};
+
+/// The last message of a completion that failed.
+struct completion_error {
+  int64_t request_id = 0;
+  uint64_t stream = 0;              ///< the client's stream id (submit_completion); 0: none
+  errc code = errc::internal;
+  std::string message;
+  int32_t num_chunks = 0;           ///< chunks sent before this message
+};
+
+bool operator==(const completion_chunk& a, const completion_chunk& b);
+bool operator==(const completion_end& a, const completion_end& b);
+bool operator==(const completion_error& a, const completion_error& b);
+
+}  // namespace troupe::serve

@@ -1,0 +1,247 @@
+#include "runtime/serve/request_host.hpp"
+
+#include <tuple>
+#include <utility>
+
+#include "runtime/model/checkpoint.hpp"
+
+namespace troupe::serve {
+
+bool operator==(const ask_placement& a, const ask_placement& b) {
+  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens) ==
+         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens);
+}
+
+bool operator==(const submit& a, const submit& b) {
+  const engine::request& x = a.request;
+  const engine::request& y = b.request;
+  return std::tie(x.id, x.prompt, x.max_tokens, x.sampling.temperature, x.sampling.top_p, x.sampling.top_k,
+                  x.sampling.min_p, x.sampling.num_top_logprobs, x.seed, x.n, x.stop, x.stop_token_ids,
+                  x.ignore_eos, x.priority, x.batch_tokens, a.to_prefill) ==
+         std::tie(y.id, y.prompt, y.max_tokens, y.sampling.temperature, y.sampling.top_p, y.sampling.top_k,
+                  y.sampling.min_p, y.sampling.num_top_logprobs, y.seed, y.n, y.stop, y.stop_token_ids,
+                  y.ignore_eos, y.priority, y.batch_tokens, b.to_prefill);
+}
+
+bool operator==(const send_chunk& a, const send_chunk& b) { return a.chunk == b.chunk; }
+bool operator==(const send_end& a, const send_end& b) { return a.end == b.end; }
+bool operator==(const send_error& a, const send_error& b) { return a.error == b.error; }
+bool operator==(const release_engines&, const release_engines&) { return true; }
+bool operator==(const stop&, const stop&) { return true; }
+
+request_host::request_host(request_host_options options) : o_(std::move(options)) {}
+
+/// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
+/// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
+expected<void> request_host::check_prompt_bytes() const {
+  if (!text_mode_) return {};  // token ids are checked by the engine (and need no tokenizer)
+  const int32_t context = o_.context_tokens > 0 ? o_.context_tokens : model::header_value_max;
+  const int64_t bytes_max = o_.tok->max_text_bytes(context);
+  const int64_t bytes = static_cast<int64_t>(o_.params.prompt.size());
+  if (bytes <= bytes_max) return {};
+  return fail(errc::too_long, "the prompt is " + std::to_string(bytes) + " bytes; a " + std::to_string(context) +
+                                  "-token context holds at most " + std::to_string(bytes_max) + " (" +
+                                  std::to_string(o_.tok->max_token_length()) + " bytes per token at most)");
+}
+
+effects request_host::start(int64_t now_ns) {
+  TROUPE_ASSERT(!done_);
+  effects out;
+  arrival_ns_ = now_ns;
+  const completion_request& p = o_.params;
+  if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
+    fail_request(errc::invalid_argument, "a request with prompt_tokens takes no text prompt and no stop strings", out);
+    return out;
+  }
+  text_mode_ = p.prompt_tokens.empty();
+  if (auto fits = check_prompt_bytes(); !fits) {
+    fail_request(fits.error().code, fits.error().message, out);
+    return out;
+  }
+  auto prompt = text_mode_ ? o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
+                           : expected<std::vector<int32_t>>(std::move(o_.params.prompt_tokens));
+  if (!prompt) {
+    fail_request(prompt.error().code, prompt.error().message, out);
+    return out;
+  }
+  engine::request& r = request_;
+  r.id = o_.id;
+  r.prompt = std::move(*prompt);
+  r.max_tokens = p.max_tokens;
+  r.sampling = {p.temperature, p.top_p, p.top_k, p.min_p, p.num_top_logprobs};
+  r.seed = p.has_seed ? p.seed : o_.drawn_seed;
+  r.stop = p.stop;
+  r.ignore_eos = p.ignore_eos;
+  r.priority = p.priority;
+  // Nobody sees a non-streamed completion before its end; without stop strings nothing needs
+  // its tokens one by one either: one message instead of one per token.
+  r.batch_tokens = !p.stream && r.stop.empty();
+  end_.request_id = r.id;
+  end_.stream = o_.stream;
+  end_.seed = r.seed;
+  end_.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  out.push_back(ask_placement{r.id, end_.num_prompt_tokens, r.max_tokens});
+  return out;
+}
+
+effects request_host::placed(const placed_engines& p) {
+  TROUPE_ASSERT(!done_);
+  TROUPE_ASSERT(!placed_.has_decode);  // answered once
+  effects out;
+  if (!p.error.empty()) {
+    fail_request(errc::unavailable, p.error, out);
+    return out;
+  }
+  if (!p.has_decode) {
+    fail_request(errc::unavailable, "the balancer's placement names no decode engine", out);
+    return out;
+  }
+  placed_ = p;
+  // Only detokenization needs the prompt here afterwards: without it, the request moves out.
+  engine::request r = text_mode_ ? request_ : std::move(request_);
+  out.push_back(submit{std::move(r), p.has_prefill});
+  return out;
+}
+
+/// Whether a finish reason from an engine (maybe another process) is one this version knows;
+/// if not, the request fails (and its engines release it) instead of trusting the value.
+bool request_host::accept(engine::finish_reason finish, effects& out) {
+  if (is_valid(finish)) return true;
+  out.push_back(release_engines{});
+  fail_request(errc::internal, "the engine sent an unknown finish reason " + std::to_string(static_cast<int>(finish)), out);
+  return false;
+}
+
+effects request_host::on_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t now_ns) {
+  TROUPE_ASSERT(!done_);
+  effects out;
+  if (accept(s.finish, out)) take_token(s, scheduled_at_ns, now_ns, now_ns, out);
+  return out;
+}
+
+/// The tokens of a batched request, each at its own time: its age before `now_ns`.
+effects request_host::on_batch(const engine::token_batch& b, int64_t now_ns) {
+  TROUPE_ASSERT(!done_);
+  effects out;
+  if (!accept(b.finish, out)) return out;
+  const size_t n = b.tokens.size();
+  TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
+  engine::sample_event s{b.request, 0, {0, 0.0f, {}}, engine::finish_reason::none, 0, 0, 0};
+  for (size_t i = 0; i < n && !done_; i++) {
+    s.sample.token = b.tokens[i];
+    s.sample.logprob = b.logprobs[i];
+    if (i + 1 == n) {
+      s.finish = b.finish;
+      s.num_cached_tokens = b.num_cached_tokens;
+      s.num_preemptions = b.num_preemptions;
+      s.num_recomputed_tokens = b.num_recomputed_tokens;
+    }
+    take_token(s, now_ns - b.scheduled_age_ns, now_ns - b.age_ns[i], now_ns, out);
+  }
+  return out;
+}
+
+/// One token, sampled at `at_ns` (the arrival time, or earlier for a batch).
+void request_host::take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
+                              effects& out) {
+  if (end_.num_generated_tokens++ == 0)
+    end_.ttft_ns = at_ns - arrival_ns_;
+  else
+    end_.itl_ns.push_back(at_ns - last_token_ns_);
+  last_token_ns_ = at_ns;
+  if (s.finish != engine::finish_reason::none) {
+    end_.num_cached_tokens = s.num_cached_tokens;
+    end_.num_preemptions = s.num_preemptions;
+    end_.num_recomputed_tokens = s.num_recomputed_tokens;
+    end_.queue_ns = scheduled_at_ns - arrival_ns_;
+  }
+  if (!out_ && text_mode_) out_.emplace(*o_.tok, request_.prompt, request_.stop);
+  const engine::output_stream::delta d = text_mode_ ? out_->push(s.sample.token) : engine::output_stream::delta{};
+  pending_.text += d.text;
+  pending_.tokens.push_back(s.sample.token);
+  pending_.logprobs.push_back(s.sample.logprob);
+  if (o_.params.stream) flush(out);
+  if (d.stopped) {
+    out.push_back(release_engines{});
+    finish(engine::finish_reason::stop, now_ns, out);
+  } else if (s.finish != engine::finish_reason::none) {
+    finish(s.finish, now_ns, out);
+  }
+}
+
+effects request_host::rejected(errc code, const std::string& message) {
+  TROUPE_ASSERT(!done_);
+  effects out{release_engines{}};
+  if (is_valid(code))
+    fail_request(code, message, out);
+  else
+    fail_request(errc::internal,
+         "the engine rejected the request with an unknown error code " + std::to_string(static_cast<int>(code)) +
+             ": " + message,
+         out);
+  return out;
+}
+
+effects request_host::engine_lost(engine_role role, const std::string& why) {
+  TROUPE_ASSERT(!done_);
+  TROUPE_ASSERT(role == engine_role::prefill ? placed_.has_prefill : placed_.has_decode);
+  if (role == engine_role::prefill && handed_over_) return {};  // it finished its part
+  effects out{release_engines{}};
+  fail_request(errc::unavailable,
+       (role == engine_role::prefill ? placed_.prefill_name : placed_.decode_name) +
+           " serving this request is lost: " + why,
+       out);
+  return out;
+}
+
+effects request_host::cancel(int64_t now_ns) {
+  TROUPE_ASSERT(!done_);
+  effects out{release_engines{}};
+  finish(engine::finish_reason::cancelled, now_ns, out);
+  return out;
+}
+
+effects request_host::client_lost() {
+  TROUPE_ASSERT(!done_);
+  done_ = true;
+  return {release_engines{}, stop{}};
+}
+
+/// Sends what is pending as one chunk, if anything is.
+void request_host::flush(effects& out) {
+  if (pending_.text.empty() && pending_.tokens.empty()) return;
+  pending_.request_id = o_.id;
+  pending_.stream = o_.stream;
+  pending_.sequence = num_chunks_++;
+  out.push_back(send_chunk{std::exchange(pending_, completion_chunk{})});
+}
+
+void request_host::finish(engine::finish_reason reason, int64_t now_ns, effects& out) {
+  if (out_) pending_.text += out_->finish().text;
+  flush(out);
+  end_.finish_reason = reason;
+  end_.num_chunks = num_chunks_;
+  end_.e2e_ns = now_ns - arrival_ns_;
+  out.push_back(send_end{end_});
+  out.push_back(stop{});
+  done_ = true;
+}
+
+void request_host::fail_request(errc code, const std::string& message, effects& out) {
+  out.push_back(send_error{completion_error{o_.id, o_.stream, code, message, num_chunks_}});
+  out.push_back(stop{});
+  done_ = true;
+}
+
+void request_host::check_invariants() const {
+  TROUPE_ASSERT(num_chunks_ >= 0);
+  TROUPE_ASSERT(pending_.tokens.size() == pending_.logprobs.size());
+  TROUPE_ASSERT(!o_.params.stream || pending_.tokens.empty());  // streamed: each token is sent at once
+  const size_t gaps = end_.num_generated_tokens > 0 ? static_cast<size_t>(end_.num_generated_tokens) - 1 : 0;
+  TROUPE_ASSERT(end_.itl_ns.size() == gaps);
+  TROUPE_ASSERT(!placed_.has_prefill || placed_.has_decode);
+  TROUPE_ASSERT(!out_ || text_mode_);
+  if (out_) out_->check_invariants();
+}
+
+}  // namespace troupe::serve

@@ -1,0 +1,159 @@
+#pragma once
+
+/// One completion's policy without an actor system: from the client's text to the engine's
+/// request and from the engine's tokens back to the client's chunks, driven by calls that each
+/// return the list of effects the request actor performs (actors/request_actor.cpp is a
+/// dispatcher over this host: STYLE.md, "An actor is a dispatcher over a pure host").
+///
+/// What it decides:
+/// - the prompt: prompt_tokens exclude a text prompt and stop strings (invalid_argument); a
+///   text prompt longer in bytes than any tokenization of the context is refused (too_long)
+///   before it is tokenized (encoding holds several words per byte); tokenizer errors pass on;
+/// - the engine request: the given seed or the drawn one, and `batch_tokens` (one message with
+///   every token) for a non-streamed request without stop strings;
+/// - tokens: detokenization and stop strings (engine::output_stream, made on the first token),
+///   chunks numbered 0, 1, 2, … (one per token when streaming, one before the end otherwise), a
+///   batch expanded token by token at the times its ages give, TTFT, inter-token gaps, queue
+///   time and end-to-end time from the `now_ns` of the calls;
+/// - trust: a finish reason or error code from an engine (maybe another process) that this
+///   version does not know fails the request (internal) instead of being used;
+/// - ends: a completed stop string, a cancel, a rejection or a lost engine release the request
+///   at its engines; a prefill engine that already handed the request over is no longer its
+///   concern; a lost client releases it and ends without a word.
+///
+/// Every ending call ends with `stop`; the actor then quits and calls the host no more.
+/// Identity: the actor keeps every handle (client, balancer, engines) and tells the host which
+/// engine a call is about by its role. Pure: no CAF, no clock (calls take `now_ns`).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/output_stream.hpp"
+#include "runtime/serve/completion.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+
+namespace troupe::serve {
+
+struct request_host_options {
+  int64_t id = 0;
+  uint64_t stream = 0;  ///< stamped on every message to the client (submit_completion::stream)
+  std::shared_ptr<const tokenizer> tok;  ///< needed for a text prompt only
+  completion_request params;
+  uint64_t drawn_seed = 0;  ///< used when params.has_seed is false
+  /// The engines' context (their largest seq_len): a text prompt longer than
+  /// tok->max_text_bytes(context_tokens) is refused (too_long) before it is tokenized. 0 = not
+  /// known here: the largest context a checkpoint may declare bounds it.
+  int32_t context_tokens = 0;
+};
+
+/// Ask the balancer where the request runs (msg::place_request); its answer goes to `placed`.
+struct ask_placement {
+  int64_t request_id = 0;
+  int32_t num_prompt_tokens = 0;
+  int32_t max_tokens = 0;
+};
+
+/// Send the request to the placed prefill engine (which hands it to the decode engine) when
+/// `to_prefill`, else to the decode engine.
+struct submit {
+  engine::request request;
+  bool to_prefill = false;
+};
+
+struct send_chunk {
+  completion_chunk chunk;
+};
+
+struct send_end {
+  completion_end end;
+};
+
+struct send_error {
+  completion_error error;
+};
+
+/// Tell every placed engine to drop the request (msg::release; an unknown id is a no-op there).
+struct release_engines {};
+
+/// The request is over: the actor ends.
+struct stop {};
+
+using effect = std::variant<ask_placement, submit, send_chunk, send_end, send_error, release_engines, stop>;
+using effects = std::vector<effect>;
+
+bool operator==(const ask_placement& a, const ask_placement& b);
+bool operator==(const submit& a, const submit& b);
+bool operator==(const send_chunk& a, const send_chunk& b);
+bool operator==(const send_end& a, const send_end& b);
+bool operator==(const send_error& a, const send_error& b);
+bool operator==(const release_engines& a, const release_engines& b);
+bool operator==(const stop& a, const stop& b);
+
+/// The balancer's answer as the host sees it (the actor keeps the engines' handles).
+struct placed_engines {
+  std::string error;  ///< non-empty: no engine serves the request
+  bool has_prefill = false;
+  bool has_decode = false;
+  std::string prefill_name;  ///< "engine 'prefill0' on node 'node0'", for error messages
+  std::string decode_name;
+};
+
+/// Which placed engine a call is about.
+enum class engine_role { prefill, decode };
+
+class request_host {
+ public:
+  explicit request_host(request_host_options options);
+
+  /// The request arrived: a refusal (send_error, stop) or ask_placement.
+  [[nodiscard]] effects start(int64_t now_ns);
+  /// The balancer answered (an error, or the engines): submit, or send_error and stop.
+  [[nodiscard]] effects placed(const placed_engines& p);
+  /// The prefill engine handed the request over: its loss no longer concerns the request.
+  void prefilled() { handed_over_ = true; }
+  /// One token (msg::sampled) received at `now_ns`; `scheduled_at_ns` is on the engine's clock.
+  [[nodiscard]] effects on_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t now_ns);
+  /// Every token of a batch_tokens request (msg::sampled_batch), received at `now_ns`.
+  [[nodiscard]] effects on_batch(const engine::token_batch& b, int64_t now_ns);
+  /// An engine refused the request or can no longer serve it (msg::rejected).
+  [[nodiscard]] effects rejected(errc code, const std::string& message);
+  /// The placed engine of `role` is lost (`why`).
+  [[nodiscard]] effects engine_lost(engine_role role, const std::string& why);
+  /// The client cancels: the stream ends with finish_reason cancelled.
+  [[nodiscard]] effects cancel(int64_t now_ns);
+  /// Nobody listens any more: the engines free the request's blocks.
+  [[nodiscard]] effects client_lost();
+
+  [[nodiscard]] int64_t id() const { return o_.id; }
+  [[nodiscard]] bool done() const { return done_; }
+  void check_invariants() const;
+
+ private:
+  [[nodiscard]] expected<void> check_prompt_bytes() const;
+  [[nodiscard]] bool accept(engine::finish_reason finish, effects& out);
+  void take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
+                  effects& out);
+  void flush(effects& out);
+  void finish(engine::finish_reason reason, int64_t now_ns, effects& out);
+  void fail_request(errc code, const std::string& message, effects& out);
+
+  request_host_options o_;
+  engine::request request_;  // built by start; moves out at submit unless text needs its prompt
+  bool text_mode_ = true;    // a text prompt (not prompt_tokens): detokenize the output
+  std::optional<engine::output_stream> out_;  // made on the first token: stops are validated then
+  placed_engines placed_;    // once the balancer answered with engines
+  bool handed_over_ = false;  // the prefill engine is done with it
+  int64_t arrival_ns_ = 0;
+  int64_t last_token_ns_ = 0;
+  completion_end end_;
+  completion_chunk pending_;  // what is not sent yet (everything, when not streaming)
+  int32_t num_chunks_ = 0;    // sent so far: the next chunk's sequence number
+  bool done_ = false;         // `stop` was returned
+};
+
+}  // namespace troupe::serve

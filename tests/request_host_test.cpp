@@ -1,0 +1,348 @@
+// serve::request_host without an actor system: each call's whole effect list, exactly. Prompt
+// refusals, streamed and non-streamed runs (chunk numbering, text, end fields and timings from
+// the given now_ns), stop strings, batch expansion with ages, untrusted values from engines,
+// cancel, lost engines and a lost client. Tokens are those of the bundled tok512 tokenizer:
+// "Once" = 403, " upon" = 407, " a" = 261, " time" = 378 (engine_api_test checks them).
+#include "runtime/serve/request_host.hpp"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/engine_harness.hpp"
+
+namespace troupe::serve {
+
+namespace {
+
+std::ostream& operator<<(std::ostream& o, const std::vector<int64_t>& v) {
+  for (size_t i = 0; i < v.size(); i++) o << (i ? "," : "") << v[i];
+  return o;
+}
+
+/// Effects in failure messages, one line each.
+std::string describe(const effects& fx) {
+  struct printer {
+    std::ostream& o;
+    void operator()(const ask_placement& a) {
+      o << "ask_placement(r" << a.request_id << " prompt " << a.num_prompt_tokens << " max " << a.max_tokens << ")";
+    }
+    void operator()(const submit& s) {
+      o << "submit(r" << s.request.id << " prompt " << s.request.prompt.size() << " seed " << s.request.seed
+        << " batch " << s.request.batch_tokens << (s.to_prefill ? " to prefill" : " to decode") << ")";
+    }
+    void operator()(const send_chunk& c) {
+      o << "chunk(r" << c.chunk.request_id << " s" << c.chunk.stream << " #" << c.chunk.sequence << " '"
+        << c.chunk.text << "' " << c.chunk.tokens.size() << " tokens)";
+    }
+    void operator()(const send_end& e) {
+      const completion_end& x = e.end;
+      o << "end(r" << x.request_id << " s" << x.stream << " " << engine::to_string(x.finish_reason) << " seed "
+        << x.seed << " prompt " << x.num_prompt_tokens << " gen " << x.num_generated_tokens << " queue "
+        << x.queue_ns << " ttft " << x.ttft_ns << " e2e " << x.e2e_ns << " itl " << x.itl_ns << " cached "
+        << x.num_cached_tokens << " preempted " << x.num_preemptions << " recomputed " << x.num_recomputed_tokens
+        << " chunks " << x.num_chunks << ")";
+    }
+    void operator()(const send_error& e) {
+      o << "error(r" << e.error.request_id << " s" << e.error.stream << " " << to_string(e.error.code) << " '"
+        << e.error.message << "' chunks " << e.error.num_chunks << ")";
+    }
+    void operator()(const release_engines&) { o << "release_engines"; }
+    void operator()(const stop&) { o << "stop"; }
+  };
+  std::ostringstream out;
+  for (const effect& e : fx) {
+    out << "  ";
+    std::visit(printer{out}, e);
+    out << "\n";
+  }
+  return out.str();
+}
+
+/// The whole effect list, compared with operator==; the host's invariants hold after the call.
+#define EXPECT_EFFECTS(host, call, ...)                                                           \
+  do {                                                                                            \
+    const effects got_ = (host).call;                                                             \
+    const effects want_{__VA_ARGS__};                                                             \
+    EXPECT_TRUE(got_ == want_) << "got:\n" << describe(got_) << "want:\n" << describe(want_);     \
+    (host).check_invariants();                                                                    \
+  } while (false)
+
+#define EXPECT_NO_EFFECTS(host, call) EXPECT_EFFECTS(host, call, )
+
+constexpr int64_t id = 5;
+constexpr uint64_t stream_id = 9;
+constexpr uint64_t drawn_seed = 77;
+constexpr int32_t once = 403, upon = 407, a = 261, time_ = 378;
+
+std::shared_ptr<const tokenizer> tok() {
+  static const auto t = std::make_shared<const tokenizer>(testing::model_and_tokenizer().tok);
+  return t;
+}
+
+request_host_options options(bool stream, std::vector<std::string> stop = {}) {
+  request_host_options o;
+  o.id = id;
+  o.stream = stream_id;
+  o.tok = tok();
+  o.params.prompt = "Once";
+  o.params.max_tokens = 3;
+  o.params.stream = stream;
+  o.params.stop = std::move(stop);
+  o.drawn_seed = drawn_seed;
+  return o;
+}
+
+/// The engine request `options(stream, stop)` becomes.
+engine::request request_of(bool stream, std::vector<std::string> stop = {}) {
+  engine::request r;
+  r.id = id;
+  r.prompt = {tokenizer::bos, once};
+  r.max_tokens = 3;
+  r.seed = drawn_seed;
+  r.batch_tokens = !stream && stop.empty();
+  r.stop = std::move(stop);
+  return r;
+}
+
+placed_engines decode_only() { return {"", false, true, "", "engine 'decode0' on node 'n0'"}; }
+placed_engines prefill_and_decode() {
+  return {"", true, true, "engine 'prefill0' on node 'n0'", "engine 'decode0' on node 'n1'"};
+}
+
+engine::sample_event token(int32_t t, float logprob, engine::finish_reason finish = engine::finish_reason::none) {
+  return {id, 0, {t, logprob, {}}, finish, 0, 0, 0};
+}
+
+completion_chunk chunk(int32_t sequence, std::string text, std::vector<int32_t> tokens, std::vector<float> logprobs) {
+  return {id, stream_id, sequence, std::move(text), std::move(tokens), std::move(logprobs)};
+}
+
+completion_error error(errc code, std::string message, int32_t num_chunks) {
+  return {id, stream_id, code, std::move(message), num_chunks};
+}
+
+/// A host started at t = 1000 and placed on `where`.
+request_host running(request_host_options o, const placed_engines& where = decode_only()) {
+  request_host h(std::move(o));
+  (void)h.start(1000);
+  (void)h.placed(where);
+  return h;
+}
+
+}  // namespace
+
+TEST(RequestHostPrompt, TokenIdsTakeNoTextPromptAndNoStopStrings) {
+  const std::string why = "a request with prompt_tokens takes no text prompt and no stop strings";
+  request_host_options text = options(true);
+  text.params.prompt_tokens = {tokenizer::bos, once};
+  request_host with_text(text);
+  EXPECT_EFFECTS(with_text, start(1000), send_error{error(errc::invalid_argument, why, 0)}, stop{});
+  EXPECT_TRUE(with_text.done());
+
+  request_host_options stops = options(true, {"x"});
+  stops.params.prompt.clear();
+  stops.params.prompt_tokens = {tokenizer::bos, once};
+  request_host with_stop(stops);
+  EXPECT_EFFECTS(with_stop, start(1000), send_error{error(errc::invalid_argument, why, 0)}, stop{});
+}
+
+TEST(RequestHostPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizing) {
+  request_host_options o = options(true);
+  o.context_tokens = 2;
+  const int64_t bytes_max = 2 * tok()->max_token_length();
+  o.params.prompt = std::string(static_cast<size_t>(bytes_max), 'a');
+  request_host fits(o);
+  // 14 bytes: BOS, " a" and 13 times "a" (tok512 has no longer run of a's): the engine checks tokens.
+  EXPECT_EFFECTS(fits, start(1000), ask_placement{id, 15, 3});
+
+  o.params.prompt += "a";
+  request_host too_long(o);
+  EXPECT_EFFECTS(too_long, start(1000),
+                 send_error{error(errc::too_long,
+                                  "the prompt is 15 bytes; a 2-token context holds at most 14 (7 bytes per token at "
+                                  "most)",
+                                  0)},
+                 stop{});
+}
+
+TEST(RequestHostPrompt, TokenizerErrorsPassOn) {
+  request_host_options o = options(true);
+  o.params.prompt = "ab\xff";
+  request_host h(o);
+  EXPECT_EFFECTS(h, start(1000), send_error{error(errc::invalid_utf8, "invalid UTF-8 at byte offset 2: byte 0xFF never appears in UTF-8", 0)}, stop{});
+}
+
+TEST(RequestHostRun, AStreamedRunSendsAChunkPerTokenThenTheEndWithItsTimes) {
+  request_host h(options(true));
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(true), false});
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
+  engine::sample_event last = token(time_, -1.0f, engine::finish_reason::length);
+  last.num_cached_tokens = 1;
+  last.num_preemptions = 2;
+  last.num_recomputed_tokens = 3;
+  // The engine first scheduled it at 1500 (its clock is the host's here): queued 500.
+  EXPECT_EFFECTS(h, on_token(last, 1500, 4000), send_chunk{chunk(2, " time", {time_}, {-1.0f})},
+                 send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 3, 500, 1000, 3000,
+                           {500, 1500}, 1, 2, 3, 3}},
+                 stop{});
+  EXPECT_TRUE(h.done());
+}
+
+TEST(RequestHostRun, AGivenSeedIsUsedAndReported) {
+  request_host_options o = options(true);
+  o.params.has_seed = true;
+  o.params.seed = 123;
+  engine::request want = request_of(true);
+  want.seed = 123;
+  request_host h(o);
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, true});
+  EXPECT_EFFECTS(h, on_token(token(upon, 0.0f, engine::finish_reason::stop), 1000, 1200),
+                 send_chunk{chunk(0, " upon", {upon}, {0.0f})},
+                 send_end{{id, stream_id, engine::finish_reason::stop, 123, 2, 1, 0, 200, 200, {}, 0, 0, 0, 1}},
+                 stop{});
+}
+
+TEST(RequestHostRun, ANonStreamedRunSendsOneChunkBeforeTheEnd) {
+  // Stop strings keep the tokens coming one by one (batch_tokens off) though nothing is streamed.
+  request_host h(options(false, {"zz"}));
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false, {"zz"}), false});
+  EXPECT_NO_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000));
+  EXPECT_NO_EFFECTS(h, on_token(token(a, -0.25f), 0, 3000));
+  EXPECT_EFFECTS(h, on_token(token(time_, -1.0f, engine::finish_reason::length), 1000, 3500),
+                 send_chunk{chunk(0, " upon a time", {upon, a, time_}, {-0.5f, -0.25f, -1.0f})},
+                 send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 3, 0, 1000, 2500,
+                           {1000, 500}, 0, 0, 0, 1}},
+                 stop{});
+}
+
+TEST(RequestHostRun, ABatchIsExpandedTokenByTokenAtTheTimesItsAgesGive) {
+  request_host h(options(false));
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false), false});
+  engine::token_batch b{id, {upon, a, time_}, {-0.5f, -0.25f, -1.0f}, {{}, {}, {}}, {3000, 2000, 0},
+                        engine::finish_reason::length, 4, 5, 6, 8500};
+  // Received at 10000: sampled at 7000, 8000 and 10000, first scheduled at 1500.
+  EXPECT_EFFECTS(h, on_batch(b, 10000),
+                 send_chunk{chunk(0, " upon a time", {upon, a, time_}, {-0.5f, -0.25f, -1.0f})},
+                 send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 3, 500, 6000, 9000,
+                           {1000, 2000}, 4, 5, 6, 1}},
+                 stop{});
+}
+
+TEST(RequestHostRun, TokenIdsStreamWithoutText) {
+  request_host_options o = options(true);
+  o.params.prompt.clear();
+  o.params.prompt_tokens = {tokenizer::bos, once};
+  request_host h = running(o);
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f, engine::finish_reason::length), 1000, 2000),
+                 send_chunk{chunk(0, "", {upon}, {-0.5f})},
+                 send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 1, 0, 1000, 1000, {}, 0, 0,
+                           0, 1}},
+                 stop{});
+}
+
+TEST(RequestHostRun, AStopStringMidStreamReleasesTheEnginesAndFinishesWithStop) {
+  // " a" may start at the last byte of " upon": that byte waits for the next token.
+  request_host h = running(options(true, {" a"}));
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upo", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, "n", {a}, {-0.25f})},
+                 release_engines{},
+                 send_end{{id, stream_id, engine::finish_reason::stop, drawn_seed, 2, 2, 0, 1000, 1500, {500}, 0, 0,
+                           0, 2}},
+                 stop{});
+}
+
+TEST(RequestHostTrust, AnUnknownFinishReasonFailsTheRequest) {
+  const auto unknown = static_cast<engine::finish_reason>(99);
+  request_host streamed = running(options(true));
+  EXPECT_EFFECTS(streamed, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(streamed, on_token(token(a, -0.25f, unknown), 0, 2500), release_engines{},
+                 send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 1)}, stop{});
+
+  request_host batched = running(options(false));
+  engine::token_batch b{id, {upon}, {-0.5f}, {{}}, {0}, unknown, 0, 0, 0, 0};
+  EXPECT_EFFECTS(batched, on_batch(b, 2000), release_engines{},
+                 send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 0)}, stop{});
+}
+
+TEST(RequestHostTrust, ARejectionPassesItsCodeOnUnlessTheCodeIsUnknown) {
+  request_host known = running(options(true));
+  EXPECT_EFFECTS(known, rejected(errc::overloaded, "the queue is full"), release_engines{},
+                 send_error{error(errc::overloaded, "the queue is full", 0)}, stop{});
+
+  request_host unknown = running(options(true));
+  EXPECT_EFFECTS(unknown, rejected(static_cast<errc>(77), "boom"), release_engines{},
+                 send_error{error(errc::internal, "the engine rejected the request with an unknown error code 77: boom",
+                                  0)},
+                 stop{});
+}
+
+TEST(RequestHostPlacement, NoEngineFailsTheRequest) {
+  request_host refused(options(true));
+  EXPECT_EFFECTS(refused, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(refused, placed({"no engine is up", false, false, "", ""}), send_error{error(errc::unavailable, "no engine is up", 0)},
+                 stop{});
+
+  request_host no_decode(options(true));
+  EXPECT_EFFECTS(no_decode, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(no_decode, placed(placed_engines{}),
+                 send_error{error(errc::unavailable, "the balancer's placement names no decode engine", 0)}, stop{});
+}
+
+TEST(RequestHostEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
+  request_host streamed = running(options(true));
+  EXPECT_EFFECTS(streamed, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(streamed, cancel(5000), release_engines{},
+                 send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 1, 0, 1000, 4000, {}, 0, 0,
+                           0, 1}},
+                 stop{});
+
+  // Not streamed: the tokens so far go out as the one chunk before the end.
+  request_host whole = running(options(false, {"zz"}));
+  EXPECT_NO_EFFECTS(whole, on_token(token(upon, -0.5f), 0, 2000));
+  EXPECT_EFFECTS(whole, cancel(3000), release_engines{}, send_chunk{chunk(0, " upon", {upon}, {-0.5f})},
+                 send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 1, 0, 1000, 2000, {}, 0, 0,
+                           0, 1}},
+                 stop{});
+
+  // Before any placement: there is nothing to release there, and nothing was generated.
+  request_host early(options(true));
+  EXPECT_EFFECTS(early, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(early, cancel(1500), release_engines{},
+                 send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 0, 0, 0, 500, {}, 0, 0, 0,
+                           0}},
+                 stop{});
+}
+
+TEST(RequestHostEnd, ALostEngineFailsTheRequestUnlessItIsAPrefillEngineThatHandedOver) {
+  const std::string lost = " serving this request is lost: node down";
+  request_host before = running(options(true), prefill_and_decode());
+  EXPECT_EFFECTS(before, engine_lost(engine_role::prefill, "node down"), release_engines{},
+                 send_error{error(errc::unavailable, "engine 'prefill0' on node 'n0'" + lost, 0)}, stop{});
+
+  request_host after = running(options(true), prefill_and_decode());
+  after.prefilled();
+  EXPECT_NO_EFFECTS(after, engine_lost(engine_role::prefill, "node down"));
+  EXPECT_FALSE(after.done());
+  EXPECT_EFFECTS(after, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(after, engine_lost(engine_role::decode, "node down"), release_engines{},
+                 send_error{error(errc::unavailable, "engine 'decode0' on node 'n1'" + lost, 1)}, stop{});
+}
+
+TEST(RequestHostEnd, ALostClientReleasesTheEnginesAndStopsWithoutAWord) {
+  request_host h = running(options(true));
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(h, client_lost(), release_engines{}, stop{});
+  EXPECT_TRUE(h.done());
+}
+
+}  // namespace troupe::serve
