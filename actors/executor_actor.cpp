@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/boundary.hpp"
 #include "actors/type_ids.hpp"
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
@@ -40,6 +41,7 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
   }
   self->monitor(engine);  // the executor dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
+  guard_boundary(self);
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         executor_state& s = self->state;

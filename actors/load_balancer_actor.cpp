@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
@@ -75,6 +76,10 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   // A placement nobody can receive would count a request on an engine, never to end.
   if (!self->current_sender()) {
     out.error = "a place_request without a sender";
+    return out;
+  }
+  if (p.num_prompt_tokens < 1) {  // would charge an engine negative work
+    out.error = "a place_request for " + std::to_string(p.num_prompt_tokens) + " prompt tokens";
     return out;
   }
   const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
@@ -151,6 +156,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()));
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  guard_boundary(self);
   if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);
   return {
       [=](msg::submit_completion& s) {
@@ -162,9 +168,14 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
       [=](const msg::load_report& r) {
         const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens,
                                             r.num_queued_prefill_tokens};
-        (void)self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()));
+        if (!self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now())))
+          spdlog::warn("load balancer: ignored a load report for engine {} with a negative count or no such engine",
+                       r.engine_index);
       },
-      [=](heartbeat_atom) { on_heartbeat(self); },
+      [=](heartbeat_atom) {
+        // Its own timer only: each forged one would start another heartbeat chain, forever.
+        if (self->current_sender() == self->ctrl()) on_heartbeat(self);
+      },
       [=](engines_atom) {
         engine_list actors;
         for (const balanced_engine& e : self->state.o.engines) actors.push_back(e.actor);

@@ -1,10 +1,13 @@
 #include "actors/request_actor.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "actors/cluster_messages.hpp"
 #include "runtime/engine/output_stream.hpp"
@@ -25,6 +28,7 @@ struct request_state {
   msg::completion_end end;
   msg::completion_chunk pending;  // what is not sent yet (everything, when not streaming)
   int32_t num_chunks = 0;         // sent so far: the next chunk's sequence number
+  bool ended = false;             // quit: what is left of a message being handled is ignored
   static inline const char* name = "request";
 };
 
@@ -45,6 +49,7 @@ void stop(request_actor_t* self) {
   if (p.prefill) self->demonitor(p.prefill.address());
   if (p.decode) self->demonitor(p.decode.address());
   if (self->state.o.client) self->demonitor(self->state.o.client.address());
+  self->state.ended = true;
   self->quit();
 }
 
@@ -111,7 +116,6 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
     return now - std::chrono::duration_cast<caf::actor_clock::time_point::duration>(std::chrono::nanoseconds(age_ns));
   };
   const size_t n = b.tokens.size();
-  TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
   msg::sampled s{b.request_id, 0, 0, 0.0f, {}, engine::finish_reason::none, 0, 0, 0, 0};
   for (size_t i = 0; i < n; i++) {
     s.token = b.tokens[i];
@@ -125,6 +129,7 @@ void on_batch(request_actor_t* self, msg::sampled_batch& b) {
       s.scheduled_at_ns = ns_since_epoch(at(b.scheduled_age_ns));
     }
     on_token(self, s, at(b.age_ns[i]));
+    if (self->state.ended) return;  // a stop string completed: the rest is not output
   }
 }
 
@@ -189,6 +194,14 @@ void start(request_actor_t* self) {
   r.prompt = std::move(*prompt);
   r.max_tokens = p.max_tokens;
   r.sampling = {p.temperature, p.top_p, p.top_k, p.min_p, p.num_top_logprobs};
+  // Checked here too, before the request crosses to an engine on another node: CAF 0.17.6
+  // serializes an infinite float in an endless loop (detail::pack754), stalling this node's
+  // network thread. (Without a tokenizer, the simulator's case, the engine checks them.)
+  if (st.o.tok)
+    if (auto ok = sampling::validate(r.sampling, st.o.tok->vocab_size()); !ok) {
+      fail_request(self, ok.error().code, ok.error().message);
+      return;
+    }
   r.seed = p.has_seed ? p.seed : st.o.drawn_seed;
   r.stop = p.stop;
   r.ignore_eos = p.ignore_eos;
@@ -216,23 +229,81 @@ void on_engine_lost(request_actor_t* self, const caf::actor_addr& engine, const 
                (prefill ? st.placed.prefill_name : st.placed.decode_name) + " serving this request is lost: " + why);
 }
 
-/// Whether a finish reason from an engine (maybe another process) is one this version knows;
-/// if not, the request fails (and its engines release it) instead of trusting the value.
-bool check_finish(request_actor_t* self, engine::finish_reason finish) {
-  if (is_valid(finish)) return true;
+// ---- what engines send, checked: an engine may be another process (issue 21, point 3) ----
+
+/// Whether `token` can be this request's output: in the vocabulary (when a tokenizer is known),
+/// within max_tokens with the `num_before` tokens before it, with a finite logprob (a sampled
+/// token has a probability > 0; an infinite float would stall CAF's serializer, see start()).
+expected<void> check_token(const request_state& st, int32_t token, float logprob, int64_t num_before) {
+  if (!std::isfinite(logprob))
+    return fail(errc::internal, "the engine sent token " + std::to_string(token) + " with a logprob that is not finite");
+  if (st.o.tok && !st.o.tok->is_valid_id(token))
+    return fail(errc::internal, "the engine sent token " + std::to_string(token) + ", outside the vocabulary [0, " +
+                                    std::to_string(st.o.tok->vocab_size()) + ")");
+  if (st.end.num_generated_tokens + num_before >= st.o.params.max_tokens)
+    return fail(errc::internal,
+                "the engine sent more than the " + std::to_string(st.o.params.max_tokens) + " tokens asked for");
+  return {};
+}
+
+/// A finish reason this version knows (an out-of-range value is representable, not trusted).
+expected<void> check_finish(engine::finish_reason finish) {
+  if (is_valid(finish)) return {};
+  return fail(errc::internal, "the engine sent an unknown finish reason " + std::to_string(static_cast<int>(finish)));
+}
+
+expected<void> check_sampled(const request_state& st, const msg::sampled& s) {
+  if (auto ok = check_finish(s.finish); !ok) return ok;
+  if (s.sample_index != 0)
+    return fail(errc::internal, "the engine sent sample " + std::to_string(s.sample_index) + " of a one-sample request");
+  return check_token(st, s.token, s.logprob, 0);
+}
+
+/// A batch holds 1 or more tokens, a logprob, a top-logprob list and a non-negative age each.
+expected<void> check_batch(const request_state& st, const msg::sampled_batch& b) {
+  if (auto ok = check_finish(b.finish); !ok) return ok;
+  const size_t n = b.tokens.size();
+  if (n == 0) return fail(errc::internal, "the engine sent an empty batch of tokens");
+  if (b.logprobs.size() != n || b.top_logprobs.size() != n || b.age_ns.size() != n)
+    return fail(errc::internal, "the engine sent a batch of " + std::to_string(n) + " tokens with " +
+                                    std::to_string(b.logprobs.size()) + " logprobs, " +
+                                    std::to_string(b.top_logprobs.size()) + " top-logprob lists and " +
+                                    std::to_string(b.age_ns.size()) + " ages");
+  const auto negative = [](int64_t age) { return age < 0; };
+  if (b.scheduled_age_ns < 0 || std::any_of(b.age_ns.begin(), b.age_ns.end(), negative))
+    return fail(errc::internal, "the engine sent a batch with a negative age");
+  for (size_t i = 0; i < n; i++)
+    if (auto ok = check_token(st, b.tokens[i], b.logprobs[i], static_cast<int64_t>(i)); !ok) return ok;
+  return {};
+}
+
+/// Whether a message from an engine about request `id` is for this request: one for another
+/// is dropped with a warning (it cannot be this request's answer).
+bool addressed_here(request_actor_t* self, int64_t id, const char* what) {
+  if (id == self->state.o.id) return true;
+  spdlog::warn("request {}: dropped {} for request {}", self->state.o.id, what, id);
+  return false;
+}
+
+/// Whether `ok`; if not, the request fails with its message (and its engines release it): an
+/// engine that sent it is broken or an impostor, and the answer can no longer be trusted.
+bool accept(request_actor_t* self, const expected<void>& ok) {
+  if (ok) return true;
+  spdlog::warn("request {}: {}", self->state.o.id, ok.error().message);
   release(self);
-  fail_request(self, errc::internal,
-               "the engine sent an unknown finish reason " + std::to_string(static_cast<int>(finish)));
+  fail_request(self, ok.error().code, ok.error().message);
   return false;
 }
 
 request_actor::behavior_type handlers(request_actor_t* self) {
   return {
       [=](msg::sampled& s) {
-        if (check_finish(self, s.finish)) on_token(self, s, self->clock().now());
+        if (addressed_here(self, s.request_id, "a token") && accept(self, check_sampled(self->state, s)))
+          on_token(self, s, self->clock().now());
       },
       [=](msg::sampled_batch& b) {
-        if (check_finish(self, b.finish)) on_batch(self, b);
+        if (addressed_here(self, b.request_id, "a batch of tokens") && accept(self, check_batch(self->state, b)))
+          on_batch(self, b);
       },
       [=](msg::rejected& r) {
         release(self);
@@ -254,6 +325,7 @@ request_actor::behavior_type handlers(request_actor_t* self) {
 request_actor::behavior_type request_behavior(request_actor_t* self, request_options options) {
   self->state.o = std::move(options);
   self->state.arrival = self->clock().now();
+  guard_boundary(self);
   // The balancer refuses requests without a client; a null handle here would crash monitor()
   // (CAF dereferences the null control block at offset 0x40), so it ends the request instead.
   // (A typed actor returns its behavior even when it quit at once: CAF then never runs it.)

@@ -62,10 +62,13 @@ TEST(ValidatePlan, AValidPlanPasses) {
   EXPECT_EQ(error_of(p), "");
 }
 
-TEST(ValidatePlan, StepAndCopies) {
+TEST(ValidatePlan, StepChunksAndCopies) {
   exec_plan p = valid_plan();
   p.step = -1;
   EXPECT_EQ(error_of(p), "a plan's step must be >= 0, got -1");
+  p = valid_plan();
+  p.chunks.clear();
+  EXPECT_EQ(error_of(p), "plan 3 has no chunks: nothing to compute");
   p = valid_plan();
   p.copies.push_back(kv::block_copy{0, -1});
   EXPECT_EQ(error_of(p), "plan 3: a copy of block 0 to -1 is outside the pool [0, 4)");
