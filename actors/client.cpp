@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/boundary.hpp"
 #include "actors/cluster_messages.hpp"
 #include "actors/random.hpp"
 
@@ -230,6 +231,7 @@ client_actor::behavior_type client_behavior(client_t* self, balancer_client_acto
   // CAF 0.17.6 can misroute a message meant for an actor of another process after a connection
   // closes and its file descriptor is reused (see msg::submit_completion): such a message must
   // neither reach stdout (the default handler prints it) nor join this completion.
+  guard_boundary(self);  // an error message would end it without an outcome
   self->set_default_handler(drop_foreign);
   return {
       [=](msg::completion_chunk& c) {

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
 #include "actors/kv_transfers.hpp"
@@ -224,6 +225,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
   start_executor(self);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  guard_boundary(self);
   return {
       [=](msg::submit& s) {
         const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());

@@ -4,7 +4,9 @@
 #include <cstdio>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
+#include "actors/boundary.hpp"
 #include "actors/type_ids.hpp"
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
@@ -20,6 +22,13 @@ struct executor_state {
   static inline const char* name = "step_executor";
 };
 
+/// A plan the executor cannot run (it came from another process, or the engine is broken): an
+/// error reply, which the engine treats as the executor's failure, and nothing executed.
+caf::error refuse(const engine::exec_plan& plan, const error& why) {
+  spdlog::warn("step executor: refused plan {}: {}", plan.step, why.message);
+  return caf::make_error(caf::sec::invalid_argument, "refused plan " + std::to_string(plan.step) + ": " + why.message);
+}
+
 executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer<executor_state> self,
                                                 engine_actor engine, executor_settings settings) {
   executor_state& st = self->state;
@@ -32,9 +41,11 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
   }
   self->monitor(engine);  // the executor dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
+  guard_boundary(self);
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         executor_state& s = self->state;
+        if (auto ok = s.executor->check(plan); !ok) return refuse(plan, ok.error());
         if (!s.step_log) return s.executor->execute(plan);
         // The wall clock is read here, in the actor layer, only to log calibration samples. The
         // result is sent inside the timed span: sending it is part of what each step costs the

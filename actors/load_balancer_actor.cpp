@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "actors/random.hpp"
 #include "actors/request_actor.hpp"
@@ -83,6 +84,10 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.error = "a place_request from an actor that is not one of this balancer's request actors";
     return out;
   }
+  if (p.num_prompt_tokens < 1) {  // would charge an engine negative work
+    out.error = "a place_request for " + std::to_string(p.num_prompt_tokens) + " prompt tokens";
+    return out;
+  }
   auto chosen = st.host->place(it->second, p.num_prompt_tokens);
   if (!chosen) {
     out.error = chosen.error().message;
@@ -149,7 +154,8 @@ void on_report(load_balancer_t* self, const msg::load_report& r) {
     return;
   }
   const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens};
-  (void)self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()));
+  if (!self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now())))
+    spdlog::warn("load balancer: ignored a load report for engine {} with a negative count", r.engine_index);
 }
 
 balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load_balancer_options options) {
@@ -169,6 +175,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()));
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  guard_boundary(self);
   if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);
   return {
       [=](msg::submit_completion& s) {
@@ -179,6 +186,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
       [=](const msg::place_request& p) { return place(self, p); },
       [=](const msg::load_report& r) { on_report(self, r); },
       [=](heartbeat_atom) {
+        // Its own timer only: each forged one would start another heartbeat chain, forever.
         if (self->current_sender() == self->ctrl()) return on_heartbeat(self);
         spdlog::warn("load balancer: dropped a heartbeat from another actor (it runs its own)");
       },

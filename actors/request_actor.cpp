@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "actors/cluster_messages.hpp"
 
@@ -104,12 +105,24 @@ engine::token_batch to_batch(msg::sampled_batch& b) {
           b.finish, b.num_cached_tokens, b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns};
 }
 
+/// Whether a message from an engine about request `id` is for this request: one for another
+/// is dropped with a warning (it cannot be this request's answer).
+bool addressed_here(request_actor_t* self, int64_t id, const char* what) {
+  if (id == self->state.host->id()) return true;
+  spdlog::warn("request {}: dropped {} for request {}", self->state.host->id(), what, id);
+  return false;
+}
+
 request_actor::behavior_type handlers(request_actor_t* self) {
   return {
       [=](msg::sampled& s) {
-        perform(self, self->state.host->on_token(to_event(s), s.scheduled_at_ns, now_ns(self)));
+        if (addressed_here(self, s.request_id, "a token"))
+          perform(self, self->state.host->on_token(to_event(s), s.scheduled_at_ns, now_ns(self)));
       },
-      [=](msg::sampled_batch& b) { perform(self, self->state.host->on_batch(to_batch(b), now_ns(self))); },
+      [=](msg::sampled_batch& b) {
+        if (addressed_here(self, b.request_id, "a batch of tokens"))
+          perform(self, self->state.host->on_batch(to_batch(b), now_ns(self)));
+      },
       [=](msg::rejected& r) { perform(self, self->state.host->rejected(r.code, r.message)); },
       [=](msg::prefilled&) { self->state.host->prefilled(); },
       [=](msg::engine_lost& l) { on_engine_lost(self, l.engine.address(), l.reason); },
@@ -129,6 +142,7 @@ request_actor::behavior_type request_behavior(request_actor_t* self, request_opt
   st.client = std::move(options.client);
   st.balancer = std::move(options.balancer);
   st.host.emplace(std::move(options.host));
+  guard_boundary(self);
   // The balancer refuses requests without a client; a null handle here would crash monitor()
   // (CAF dereferences the null control block at offset 0x40), so it ends the request instead.
   // (A typed actor returns its behavior even when it quit at once: CAF then never runs it.)

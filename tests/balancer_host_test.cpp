@@ -43,6 +43,12 @@ TEST(BalancerHost, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
   EXPECT_EQ(load_of(h, 1), (L{2, 80, 3, true}));
   EXPECT_FALSE(h.on_report(2, engine_report{}, 8));  // no such engine
   EXPECT_FALSE(h.on_report(-1, engine_report{}, 8));
+  // A forged report with a negative count is ignored (issue 21, point 3).
+  EXPECT_FALSE(h.on_report(1, engine_report{3, -1, 0, 0}, 9));
+  EXPECT_FALSE(h.on_report(1, engine_report{3, 0, -1, 0}, 9));
+  EXPECT_FALSE(h.on_report(1, engine_report{3, 0, 0, -1}, 9));
+  EXPECT_FALSE(h.on_report(1, engine_report{-3, 0, 0, 0}, 9));
+  EXPECT_EQ(load_of(h, 1), (L{2, 80, 3, true}));
   h.check_invariants();
 }
 

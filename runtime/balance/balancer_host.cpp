@@ -73,6 +73,8 @@ bool balancer_host::request_ended(request_key key) {
 
 bool balancer_host::on_report(int32_t engine, const engine_report& r, int64_t now_ns) {
   if (engine < 0 || static_cast<size_t>(engine) >= engines_.size()) return false;
+  if (r.num_received < 0 || r.num_requests < 0 || r.num_kv_tokens < 0 || r.num_queued_prefill_tokens < 0)
+    return false;
   engine_entry& e = engines_[static_cast<size_t>(engine)];
   if (liveness_) liveness_->heard_from(static_cast<size_t>(engine), now_ns);
   if (r.num_received < e.report.num_received) return true;  // reordered: keep the newer

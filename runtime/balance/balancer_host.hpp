@@ -63,7 +63,8 @@ class balancer_host {
   [[nodiscard]] expected<placement> place(request_key key, int32_t num_prompt_tokens);
   /// The request `key` ended; false if it was never placed (or ended already).
   bool request_ended(request_key key);
-  /// A load report from engine `engine` (false: no such engine). Counts as news for the heartbeat.
+  /// A load report from engine `engine` (false, and ignored: no such engine, or a negative
+  /// count). Counts as news for the heartbeat.
   bool on_report(int32_t engine, const engine_report& r, int64_t now_ns);
   /// Engine `engine` answered a ping.
   void heard_from(size_t engine, int64_t now_ns);

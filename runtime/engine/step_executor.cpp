@@ -1,5 +1,8 @@
 #include "runtime/engine/step_executor.hpp"
 
+#include <algorithm>
+#include <string>
+
 #include "runtime/engine/request.hpp"
 
 namespace troupe::engine {
@@ -11,28 +14,60 @@ step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
   model_.set_thread_pool(pool);
 }
 
+plan_limits step_executor::limits() const {
+  const model::model_config& c = model_.config();
+  return plan_limits{c.vocab_size, c.seq_len, cache_.num_layers(), cache_.kv_dim(), cache_.num_blocks(),
+                     cache_.block_size()};
+}
+
+expected<void> step_executor::check_chunk(const exec_chunk& chunk,
+                                          const std::vector<kv::seq_id>& released_sorted) const {
+  const std::string what = "sequence " + std::to_string(chunk.seq);
+  const bool gone = std::binary_search(released_sorted.begin(), released_sorted.end(), chunk.seq);
+  const auto table = tables_.find(chunk.seq);
+  const int64_t held = gone || table == tables_.end() ? 0 : static_cast<int64_t>(table->second.size());
+  if (chunk.first_block > held)
+    return fail(errc::invalid_argument, what + ": a block-table update from block " +
+                                            std::to_string(chunk.first_block) + " but the executor holds " +
+                                            std::to_string(held) + " blocks of it");
+  const int64_t slots = (int64_t{chunk.first_block} + static_cast<int64_t>(chunk.block_table.size())) *
+                        cache_.block_size();
+  const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size());
+  if (slots < end)
+    return fail(errc::invalid_argument, what + ": its block table holds " + std::to_string(slots) +
+                                            " slots, not the " + std::to_string(end) + " its chunk needs");
+  const bool has_previous = !gone && last_sample_.count(chunk.seq) != 0;
+  if (!has_previous && std::find(chunk.tokens.begin(), chunk.tokens.end(), previous_sample) != chunk.tokens.end())
+    return fail(errc::invalid_argument, what + ": a previous_sample token but no previous step sampled it");
+  return {};
+}
+
+expected<void> step_executor::check(const exec_plan& plan) const {
+  if (plan.step != last_step_ + 1)
+    return fail(errc::invalid_argument, "plans must arrive in step order: step " + std::to_string(plan.step) +
+                                            " after step " + std::to_string(last_step_));
+  if (auto ok = validate_plan(plan, limits()); !ok) return ok;
+  std::vector<kv::seq_id> released = plan.released;  // sorted: a peer's list may be long
+  std::sort(released.begin(), released.end());
+  for (const exec_chunk& chunk : plan.chunks)
+    if (auto ok = check_chunk(chunk, released); !ok) return ok;
+  return {};
+}
+
 void step_executor::build_rows(const exec_plan& plan) {
   rows_.clear();
   // Tables first: rows point into them, so none may grow after.
   for (const exec_chunk& chunk : plan.chunks) {
     std::vector<int32_t>& table = tables_[chunk.seq];
-    TROUPE_ASSERT_MSG(chunk.first_block >= 0 && static_cast<size_t>(chunk.first_block) <= table.size(),
-                      "a block-table update beyond the table the executor holds");
     table.resize(static_cast<size_t>(chunk.first_block));
     table.insert(table.end(), chunk.block_table.begin(), chunk.block_table.end());
   }
   for (const exec_chunk& chunk : plan.chunks) {
-    TROUPE_ASSERT(!chunk.tokens.empty());
     const int32_t end = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
     const std::vector<int32_t>& table = tables_.at(chunk.seq);
-    TROUPE_ASSERT(static_cast<int64_t>(table.size()) * cache_.block_size() >= end);
     for (int32_t p = chunk.first_position; p < end; p++) {
       int32_t token = chunk.tokens[p - chunk.first_position];
-      if (token == previous_sample) {
-        auto it = last_sample_.find(chunk.seq);
-        TROUPE_ASSERT_MSG(it != last_sample_.end(), "previous_sample without a previous step");
-        token = it->second;
-      }
+      if (token == previous_sample) token = last_sample_.at(chunk.seq);
       rows_.push_back(model::forward_row{token, p, table.data(),
                                          chunk.num_samples > 0 && p == end - 1});
     }
@@ -40,7 +75,7 @@ void step_executor::build_rows(const exec_plan& plan) {
 }
 
 exec_result step_executor::execute(const exec_plan& plan) {
-  TROUPE_ASSERT_MSG(plan.step > last_step_, "plans must arrive in step order");
+  if (auto ok = check(plan); !ok) assertion_failed("check(plan)", __FILE__, __LINE__, ok.error().message.c_str());
   last_step_ = plan.step;
   for (kv::seq_id seq : plan.released) {
     last_sample_.erase(seq);
@@ -48,8 +83,6 @@ exec_result step_executor::execute(const exec_plan& plan) {
   }
   for (const kv_import& import : plan.imports) {
     const kv_data& kv = import.kv;
-    TROUPE_ASSERT(kv.consistent() && kv.num_layers == cache_.num_layers() && kv.kv_dim == cache_.kv_dim());
-    TROUPE_ASSERT(static_cast<int64_t>(import.block_table.size()) * cache_.block_size() >= kv.num_tokens);
     cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data());
   }
   for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst);

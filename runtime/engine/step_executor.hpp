@@ -7,6 +7,7 @@
 #include <map>
 
 #include "runtime/engine/step.hpp"
+#include "runtime/engine/validate_plan.hpp"
 #include "runtime/model/transformer.hpp"
 
 namespace troupe::engine {
@@ -18,13 +19,22 @@ class step_executor {
                 model::kernel_path kernels = model::kernel_path::fast,
                 kernels::cpu::thread_pool* pool = nullptr);
 
+  /// Whether this executor can run `plan` next: validate_plan against its model and KV pool,
+  /// then what depends on the plans before it — the step number is the last one's + 1 (the
+  /// first plan's is 0), a chunk's block-table update starts within the table held for its
+  /// sequence and the table then covers the chunk, a `previous_sample` token has a previous
+  /// sample. A plan from another process is checked with this before `execute`.
+  [[nodiscard]] expected<void> check(const exec_plan& plan) const;
+
   /// Runs one plan: block copies, one forward pass over every chunk's tokens, then sampling.
-  /// Plans must arrive in step order.
+  /// The plan must pass `check` (an always-on assertion: our own engine made it).
   [[nodiscard]] exec_result execute(const exec_plan& plan);
 
   [[nodiscard]] const model::model_config& config() const { return model_.config(); }
 
  private:
+  [[nodiscard]] plan_limits limits() const;
+  [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted) const;
   void build_rows(const exec_plan& plan);
 
   model::transformer model_;

@@ -1,9 +1,12 @@
 #include "runtime/serve/request_host.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <utility>
 
 #include "runtime/model/checkpoint.hpp"
+#include "runtime/sampling/sampler.hpp"
 
 namespace troupe::serve {
 
@@ -69,6 +72,14 @@ effects request_host::start(int64_t now_ns) {
   r.prompt = std::move(*prompt);
   r.max_tokens = p.max_tokens;
   r.sampling = {p.temperature, p.top_p, p.top_k, p.min_p, p.num_top_logprobs};
+  // Checked here too, before the request crosses to an engine on another node: CAF 0.17.6
+  // serializes an infinite float in an endless loop (detail::pack754), stalling this node's
+  // network thread. (Without a tokenizer, the simulator's case, the engine checks them.)
+  if (o_.tok)
+    if (auto ok = sampling::validate(r.sampling, o_.tok->vocab_size()); !ok) {
+      fail_request(ok.error().code, ok.error().message, out);
+      return out;
+    }
   r.seed = p.has_seed ? p.seed : o_.drawn_seed;
   r.stop = p.stop;
   r.ignore_eos = p.ignore_eos;
@@ -103,19 +114,67 @@ effects request_host::placed(const placed_engines& p) {
   return out;
 }
 
-/// Whether a finish reason from an engine (maybe another process) is one this version knows;
-/// if not, the request fails (and its engines release it) instead of trusting the value.
-bool request_host::accept(engine::finish_reason finish, effects& out) {
-  if (is_valid(finish)) return true;
+/// Whether `token` can be this request's output: in the vocabulary (when a tokenizer is known),
+/// within max_tokens with the `num_before` tokens before it, with a finite logprob (a sampled
+/// token has a probability > 0; an infinite float would stall CAF's serializer, see start()).
+expected<void> request_host::check_token(int32_t token, float logprob, int64_t num_before) const {
+  if (!std::isfinite(logprob))
+    return fail(errc::internal, "the engine sent token " + std::to_string(token) + " with a logprob that is not finite");
+  if (o_.tok && !o_.tok->is_valid_id(token))
+    return fail(errc::internal, "the engine sent token " + std::to_string(token) + ", outside the vocabulary [0, " +
+                                    std::to_string(o_.tok->vocab_size()) + ")");
+  if (end_.num_generated_tokens + num_before >= o_.params.max_tokens)
+    return fail(errc::internal,
+                "the engine sent more than the " + std::to_string(o_.params.max_tokens) + " tokens asked for");
+  return {};
+}
+
+namespace {
+
+/// A finish reason this version knows (an out-of-range value is representable, not trusted).
+expected<void> check_finish(engine::finish_reason finish) {
+  if (is_valid(finish)) return {};
+  return fail(errc::internal, "the engine sent an unknown finish reason " + std::to_string(static_cast<int>(finish)));
+}
+
+}  // namespace
+
+expected<void> request_host::check_sampled(const engine::sample_event& s) const {
+  if (auto ok = check_finish(s.finish); !ok) return ok;
+  if (s.sample_index != 0)
+    return fail(errc::internal, "the engine sent sample " + std::to_string(s.sample_index) + " of a one-sample request");
+  return check_token(s.sample.token, s.sample.logprob, 0);
+}
+
+/// A batch holds 1 or more tokens, a logprob, a top-logprob list and a non-negative age each.
+expected<void> request_host::check_batch(const engine::token_batch& b) const {
+  if (auto ok = check_finish(b.finish); !ok) return ok;
+  const size_t n = b.tokens.size();
+  if (n == 0) return fail(errc::internal, "the engine sent an empty batch of tokens");
+  if (b.logprobs.size() != n || b.top_logprobs.size() != n || b.age_ns.size() != n)
+    return fail(errc::internal, "the engine sent a batch of " + std::to_string(n) + " tokens with " +
+                                    std::to_string(b.logprobs.size()) + " logprobs, " +
+                                    std::to_string(b.top_logprobs.size()) + " top-logprob lists and " +
+                                    std::to_string(b.age_ns.size()) + " ages");
+  const auto negative = [](int64_t age) { return age < 0; };
+  if (b.scheduled_age_ns < 0 || std::any_of(b.age_ns.begin(), b.age_ns.end(), negative))
+    return fail(errc::internal, "the engine sent a batch with a negative age");
+  for (size_t i = 0; i < n; i++)
+    if (auto ok = check_token(b.tokens[i], b.logprobs[i], static_cast<int64_t>(i)); !ok) return ok;
+  return {};
+}
+
+bool request_host::accept(const expected<void>& ok, effects& out) {
+  if (ok) return true;
   out.push_back(release_engines{});
-  fail_request(errc::internal, "the engine sent an unknown finish reason " + std::to_string(static_cast<int>(finish)), out);
+  fail_request(ok.error().code, ok.error().message, out);
   return false;
 }
 
 effects request_host::on_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out;
-  if (accept(s.finish, out)) take_token(s, scheduled_at_ns, now_ns, now_ns, out);
+  if (accept(check_sampled(s), out)) take_token(s, scheduled_at_ns, now_ns, now_ns, out);
   return out;
 }
 
@@ -123,9 +182,8 @@ effects request_host::on_token(const engine::sample_event& s, int64_t scheduled_
 effects request_host::on_batch(const engine::token_batch& b, int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out;
-  if (!accept(b.finish, out)) return out;
+  if (!accept(check_batch(b), out)) return out;
   const size_t n = b.tokens.size();
-  TROUPE_ASSERT(n > 0 && b.logprobs.size() == n && b.top_logprobs.size() == n && b.age_ns.size() == n);
   engine::sample_event s{b.request, 0, {0, 0.0f, {}}, engine::finish_reason::none, 0, 0, 0};
   for (size_t i = 0; i < n && !done_; i++) {
     s.sample.token = b.tokens[i];

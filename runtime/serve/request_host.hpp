@@ -135,7 +135,13 @@ class request_host {
 
  private:
   [[nodiscard]] expected<void> check_prompt_bytes() const;
-  [[nodiscard]] bool accept(engine::finish_reason finish, effects& out);
+  // What engines send, checked: an engine may be another process (issue 21, point 3).
+  [[nodiscard]] expected<void> check_token(int32_t token, float logprob, int64_t num_before) const;
+  [[nodiscard]] expected<void> check_sampled(const engine::sample_event& s) const;
+  [[nodiscard]] expected<void> check_batch(const engine::token_batch& b) const;
+  /// Whether `ok`; if not, the engines release the request and it fails with the message: the
+  /// engine that sent it is broken or an impostor, and the answer can no longer be trusted.
+  [[nodiscard]] bool accept(const expected<void>& ok, effects& out);
   void take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
                   effects& out);
   void flush(effects& out);

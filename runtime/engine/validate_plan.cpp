@@ -1,0 +1,103 @@
+#include "runtime/engine/validate_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/engine/request.hpp"
+
+namespace troupe::engine {
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+/// Every block id of `table` names a block of the pool.
+expected<void> check_blocks(const std::vector<int32_t>& table, const plan_limits& limits, const std::string& what) {
+  for (size_t i = 0; i < table.size(); i++)
+    if (table[i] < 0 || table[i] >= limits.num_blocks)
+      return fail(errc::invalid_argument, what + ": block " + num(static_cast<int64_t>(i)) + " = " + num(table[i]) +
+                                              " is outside the pool [0, " + num(limits.num_blocks) + ")");
+  return {};
+}
+
+/// Checked dimension by dimension, so that three int32 sizes from a peer cannot overflow
+/// kv_data::consistent's product.
+expected<void> check_import(const kv_import& import, const plan_limits& limits, const std::string& what) {
+  const kv_data& kv = import.kv;
+  if (kv.num_layers != limits.num_layers || kv.kv_dim != limits.kv_dim)
+    return fail(errc::invalid_argument, what + " has " + num(kv.num_layers) + " layers x " + num(kv.kv_dim) +
+                                            " dims, the model " + num(limits.num_layers) + " x " + num(limits.kv_dim));
+  if (kv.num_tokens < 0 || kv.num_tokens > limits.seq_len)
+    return fail(errc::invalid_argument,
+                what + " has " + num(kv.num_tokens) + " tokens, outside [0, " + num(limits.seq_len) + "]");
+  if (!kv.consistent())
+    return fail(errc::invalid_argument, what + ": " + num(static_cast<int64_t>(kv.keys.size())) + " keys and " +
+                                            num(static_cast<int64_t>(kv.values.size())) +
+                                            " values do not match its dimensions");
+  if (static_cast<int64_t>(import.block_table.size()) * limits.block_size < kv.num_tokens)
+    return fail(errc::invalid_argument, what + ": a block table of " +
+                                            num(static_cast<int64_t>(import.block_table.size())) +
+                                            " blocks does not cover " + num(kv.num_tokens) + " tokens");
+  return check_blocks(import.block_table, limits, what);
+}
+
+expected<void> check_tokens(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
+  if (chunk.tokens.empty()) return fail(errc::invalid_argument, what + " has no tokens");
+  const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size());
+  if (chunk.first_position < 0 || end > limits.seq_len)
+    return fail(errc::invalid_argument, what + " covers positions [" + num(chunk.first_position) + ", " + num(end) +
+                                            "), outside the context [0, " + num(limits.seq_len) + ")");
+  for (size_t i = 0; i < chunk.tokens.size(); i++) {
+    const int32_t t = chunk.tokens[i];
+    if (t != previous_sample && (t < 0 || t >= limits.vocab_size))
+      return fail(errc::invalid_argument, what + ": token " + num(static_cast<int64_t>(i)) + " = " + num(t) +
+                                              " is outside the vocabulary [0, " + num(limits.vocab_size) + ")");
+  }
+  return {};
+}
+
+expected<void> check_chunk(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
+  if (auto ok = check_tokens(chunk, limits, what); !ok) return ok;
+  const int64_t blocks_max = (int64_t{limits.seq_len} + limits.block_size - 1) / limits.block_size;
+  const int64_t table_end = int64_t{chunk.first_block} + static_cast<int64_t>(chunk.block_table.size());
+  if (chunk.first_block < 0 || table_end > blocks_max)
+    return fail(errc::invalid_argument, what + " sets table blocks [" + num(chunk.first_block) + ", " +
+                                            num(table_end) + "), outside the [0, " + num(blocks_max) +
+                                            ") a sequence can use");
+  if (auto ok = check_blocks(chunk.block_table, limits, what); !ok) return ok;
+  if (chunk.num_samples < 0 || chunk.num_samples > num_samples_max)
+    return fail(errc::invalid_argument, what + " asks for " + num(chunk.num_samples) + " samples, outside [0, " +
+                                            num(num_samples_max) + "]");
+  if (chunk.num_samples == 0) return {};
+  if (auto ok = sampling::validate(chunk.sampling, limits.vocab_size); !ok)
+    return fail(errc::invalid_argument, what + ": " + ok.error().message);
+  return {};
+}
+
+}  // namespace
+
+expected<void> validate_plan(const exec_plan& plan, const plan_limits& limits) {
+  TROUPE_ASSERT(limits.vocab_size > 0 && limits.seq_len > 0 && limits.num_blocks > 0 && limits.block_size > 0);
+  const std::string step = "plan " + num(plan.step);
+  if (plan.step < 0) return fail(errc::invalid_argument, "a plan's step must be >= 0, got " + num(plan.step));
+  if (plan.chunks.empty()) return fail(errc::invalid_argument, step + " has no chunks: nothing to compute");
+  for (size_t i = 0; i < plan.imports.size(); i++)
+    if (auto ok = check_import(plan.imports[i], limits, step + ", import " + num(static_cast<int64_t>(i))); !ok)
+      return ok;
+  for (const kv::block_copy& c : plan.copies)
+    if (c.src < 0 || c.src >= limits.num_blocks || c.dst < 0 || c.dst >= limits.num_blocks)
+      return fail(errc::invalid_argument, step + ": a copy of block " + num(c.src) + " to " + num(c.dst) +
+                                              " is outside the pool [0, " + num(limits.num_blocks) + ")");
+  std::vector<kv::seq_id> seqs;
+  for (size_t i = 0; i < plan.chunks.size(); i++) {
+    const exec_chunk& chunk = plan.chunks[i];
+    const std::string what = step + ", chunk " + num(static_cast<int64_t>(i)) + " (sequence " + num(chunk.seq) + ")";
+    if (auto ok = check_chunk(chunk, limits, what); !ok) return ok;
+    seqs.push_back(chunk.seq);
+  }
+  std::sort(seqs.begin(), seqs.end());
+  if (auto twin = std::adjacent_find(seqs.begin(), seqs.end()); twin != seqs.end())
+    return fail(errc::invalid_argument, step + " has two chunks of sequence " + num(*twin));
+  return {};
+}
+
+}  // namespace troupe::engine
