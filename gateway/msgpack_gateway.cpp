@@ -147,6 +147,7 @@ void msgpack_gateway::impl::serve(const std::shared_ptr<connection>& c) {
   c->wait_idle();
   c->outbox.push(std::nullopt);
   writer.join();
+  ::shutdown(c->fd, SHUT_RDWR);  // the client sees the end now; the descriptor is closed when reaped
   c->finished = true;
 }
 
