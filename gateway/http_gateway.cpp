@@ -1,8 +1,6 @@
 #include "gateway/http_gateway.hpp"
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <thread>
 #include <variant>
@@ -14,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/engine_actor.hpp"
+#include "gateway/blocking_queue.hpp"
 #include "gateway/index_html.hpp"  // generated from gateway/web/index.html
 #include "openai/metrics.hpp"
 
@@ -23,30 +22,9 @@ namespace {
 /// What a client actor reports to the HTTP thread serving its request.
 using event = std::variant<msg::completion_chunk, expected<actors::completion>>;
 
-/// Client actor callbacks push, the HTTP thread pops (waiting). The client actor's own bounds
-/// (first-token and between-token timeouts) guarantee that an end is pushed eventually.
-class event_queue {
- public:
-  void push(event e) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      events_.push_back(std::move(e));
-    }
-    ready_.notify_one();
-  }
-  event pop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    ready_.wait(lock, [this] { return !events_.empty(); });
-    event e = std::move(events_.front());
-    events_.pop_front();
-    return e;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<event> events_;
-};
+/// The client actor's own bounds (first-token and between-token timeouts) guarantee that an
+/// end is pushed eventually.
+using event_queue = blocking_queue<event>;
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

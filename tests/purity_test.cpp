@@ -32,17 +32,20 @@ const std::map<std::string, std::set<std::string>>& allowed_folders() {
       // The OpenAI API and the Prometheus page as pure functions (no CAF, no sockets: see
       // OpenaiIncludesNoCafOrSockets); the gateway puts them behind HTTP threads and the actors.
       {"openai", {"openai", "messages", "runtime", "kernels"}},
+      // The msgpack protocol's frames as pure functions (issue 13, point 2; see
+      // WireIncludesNoCafOrSockets): requests and answers in msg:: terms, no actors.
+      {"wire", {"wire", "messages", "runtime", "kernels"}},
       {"actors", {"actors", "messages", "runtime", "kernels", "transport"}},
-      {"gateway", {"gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"gateway", {"gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
       {"sim", {"sim", "actors", "messages", "runtime", "kernels", "transport"}},
       // `troupe bench serve` (issue 13, point 4): a client of any OpenAI-compatible server, so
       // no actors; it reuses the simulator's trace readers and arrivals (sim/trace, sim/workload,
       // which reach only runtime/). Its metrics and stream reader are pure (LoadgenMetricsAreClockFree).
       {"loadgen", {"loadgen", "sim", "runtime", "kernels"}},
       {"topology", {"topology", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"apps", {"apps", "topology", "loadgen", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"bench", {"bench", "topology", "loadgen", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"tests", {"tests", "topology", "loadgen", "sim", "gateway", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"apps", {"apps", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"bench", {"bench", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"tests", {"tests", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
   };
   return allowed;
 }
@@ -175,6 +178,11 @@ TEST(Purity, MessagesIncludeNoCafOrCuda) {
 
 TEST(Purity, OpenaiIncludesNoCafOrSockets) {
   auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "openai", "(caf/|httplib|sys/socket|thread|mutex|chrono)");
+  EXPECT_TRUE(hits.empty()) << joined(hits);
+}
+
+TEST(Purity, WireIncludesNoCafOrSockets) {
+  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "wire", "(caf/|sys/socket|thread|mutex|chrono)");
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 

@@ -16,6 +16,7 @@
 #include "apps/troupe/commands.hpp"
 #include "apps/troupe/signals.hpp"
 #include "gateway/http_gateway.hpp"
+#include "gateway/msgpack_gateway.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::cli {
@@ -31,6 +32,8 @@ struct serve_options {
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
   int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = none, 0 = any free one (printed)
   std::string http_host = "127.0.0.1";
+  int32_t msgpack_port = -1;  ///< the msgpack gateway's port: -1 = none, 0 = any free one (printed)
+  std::string msgpack_host = "127.0.0.1";
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
 };
 
@@ -60,6 +63,19 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   for (const topology::engine_spec& e : t.engines)
     if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
   return gateway::http_gateway::start(sys, node.load_balancer, node.engines, std::move(g));
+}
+
+/// The msgpack gateway `o` asks for (null if none), in front of this node's balancer.
+expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_system& sys, const serve_options& o,
+                                                                  const topology::topology& t,
+                                                                  const topology::launched_node& node) {
+  if (o.msgpack_port < 0) return nullptr;
+  if (!node.load_balancer)
+    return fail(errc::invalid_argument, "--msgpack-port needs the load balancer's node ('" + t.load_balancer.node + "')");
+  gateway::msgpack_options m;
+  m.host = o.msgpack_host;
+  m.port = static_cast<uint16_t>(o.msgpack_port);
+  return gateway::msgpack_gateway::start(sys, node.load_balancer, std::move(m));
 }
 
 /// A plaintext node says so: a warning on loopback, an error line with --insecure.
@@ -106,6 +122,14 @@ int run_serve(const serve_options& o) {
   }
   if (*http)
     launched->summary.push_back("HTTP gateway listening on http://" + o.http_host + ":" + std::to_string((*http)->port()));
+  auto msgpack = start_msgpack(sys, o, *t, *launched);
+  if (!msgpack) {
+    http->reset();
+    topology::shutdown_node(sys, *launched);
+    return leave(sys, fail_with(msgpack.error()));
+  }
+  if (*msgpack)
+    launched->summary.push_back("msgpack gateway listening on " + o.msgpack_host + ":" + std::to_string((*msgpack)->port()));
   if (launched->ucx)
     launched->summary.push_back("KV transport: UCX on " + node->host + ":" + std::to_string(launched->ucx->port()));
   for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
@@ -114,6 +138,7 @@ int run_serve(const serve_options& o) {
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
   http->reset();  // no new HTTP requests; those in flight end first
+  msgpack->reset();  // no new msgpack frames; requests in flight end first
   actors::unpublish_actor(sys, launched->entry().address(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
@@ -142,6 +167,10 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   cmd->add_option("--http-port", o->http_port, "serve the OpenAI-compatible HTTP API on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--http-host", o->http_host, "address of the HTTP API")->capture_default_str();
+  cmd->add_option("--msgpack-port", o->msgpack_port,
+                  "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--msgpack-host", o->msgpack_host, "address of the msgpack protocol")->capture_default_str();
   cmd->add_flag("--insecure", o->insecure,
                 "allow an unauthenticated plaintext CAF port on a non-loopback address (a topology without [tls])");
   if (required) {

@@ -1,0 +1,37 @@
+#pragma once
+
+/// A queue between client actors and a gateway's thread: actor callbacks push (never wait), the
+/// gateway thread pops (waiting). Used by both gateways (http_gateway, msgpack_gateway).
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+namespace troupe::gateway {
+
+template <class T>
+class blocking_queue {
+ public:
+  void push(T item) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      items_.push_back(std::move(item));
+    }
+    ready_.notify_one();
+  }
+  /// The oldest item, waiting until there is one.
+  T pop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait(lock, [this] { return !items_.empty(); });
+    T item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<T> items_;
+};
+
+}  // namespace troupe::gateway

@@ -1,0 +1,51 @@
+#pragma once
+
+/// The msgpack gateway (docs/msgpack.md): length-prefixed msgpack frames over TCP in front of
+/// the load balancer. Each connection has a reader thread and a writer thread. The reader
+/// decodes request frames (`wire::decode_request`) and hands each to a client actor
+/// (`actors::spawn_client`) whose callbacks encode its chunks and its end as frames and push them
+/// into the connection's queue; the writer thread writes them. No actor waits on a socket.
+/// Several requests may be in flight on one connection, told apart by the client's ids. A
+/// connection that closes cancels its requests in flight (the engine frees their KV blocks).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/fwd.hpp>
+
+#include "actors/client.hpp"
+#include "runtime/common/error.hpp"
+
+namespace troupe::gateway {
+
+struct msgpack_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;                 ///< 0: any free port (`msgpack_gateway::port` says which)
+  size_t frame_bytes_max = 1 << 20;  ///< a longer frame is answered with an error, then closed
+  actors::client_timeouts timeouts;
+};
+
+class msgpack_gateway {
+ public:
+  /// Listens on host:port and serves on threads of its own until destroyed. Errors:
+  /// invalid_argument without a load balancer, io_error naming the address that cannot be bound.
+  [[nodiscard]] static expected<std::unique_ptr<msgpack_gateway>> start(caf::actor_system& sys,
+                                                                        actors::balancer_client_actor load_balancer,
+                                                                        msgpack_options options);
+  /// Stops listening and accepting frames; waits for the requests in flight to end.
+  ~msgpack_gateway();
+  msgpack_gateway(const msgpack_gateway&) = delete;
+  msgpack_gateway& operator=(const msgpack_gateway&) = delete;
+
+  [[nodiscard]] uint16_t port() const;
+
+  struct impl;
+
+ private:
+  explicit msgpack_gateway(std::unique_ptr<impl> state);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::gateway

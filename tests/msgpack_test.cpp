@@ -1,0 +1,199 @@
+// `troupe serve --msgpack-port 0` over real TCP (docs/msgpack.md): the Node.js example client
+// (npm @msgpack/msgpack) against `troupe generate`, and bad frames on raw sockets, each answered
+// by its error frame with the connection kept or closed as the protocol says.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "tests/support/golden.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/server_process.hpp"
+#include "wire/msgpack_rpc.hpp"
+
+namespace troupe::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string prompt = "Once upon a time";
+
+/// A blocking TCP connection to 127.0.0.1:port that reads whole frames.
+class frame_socket {
+ public:
+  explicit frame_socket(int port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~frame_socket() { ::close(fd_); }
+  [[nodiscard]] bool connected() const { return connected_; }
+  void send(const std::string& bytes) { ASSERT_EQ(::write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }
+  void close_writing() { ::shutdown(fd_, SHUT_WR); }
+  /// The next whole frame, header included; "" at end of stream.
+  std::string read_frame() {
+    std::string header = read_bytes(wire::frame_header_bytes);
+    if (header.size() < wire::frame_header_bytes) return "";
+    return header + read_bytes(wire::frame_length(header));
+  }
+
+ private:
+  std::string read_bytes(size_t n) {
+    std::string out(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(fd_, out.data() + got, n - got);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    out.resize(got);
+    return out;
+  }
+  int fd_;
+  bool connected_ = false;
+};
+
+/// The string value of `key` in the map frame `f` ("" when absent or not a string).
+std::string text_field(const std::string& f, const std::string& key) {
+  const msgpack::object_handle h = msgpack::unpack(f.data() + wire::frame_header_bytes, f.size() - wire::frame_header_bytes);
+  const msgpack::object& map = h.get();
+  for (uint32_t i = 0; i < map.via.map.size; i++) {
+    const msgpack::object_kv& kv = map.via.map.ptr[i];
+    if (kv.key.as<std::string>() == key && kv.val.type == msgpack::type::STR) return kv.val.as<std::string>();
+  }
+  return "";
+}
+
+class Msgpack : public ::testing::Test {
+ protected:
+  fs::path dir_;
+  std::unique_ptr<server_process> server_;
+  std::string address_;  ///< 127.0.0.1:PORT
+  int port_ = 0;
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("troupe_msgpack_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    server_ = std::make_unique<server_process>(dir_, std::vector<std::string>{"serve", "--port", "0", "--msgpack-port", "0"});
+    ASSERT_TRUE(server_->started());
+    const std::string out = server_->read_until("msgpack gateway listening on ");
+    const std::smatch m = [&] { std::smatch s; std::regex_search(out, s, std::regex("msgpack gateway listening on ([0-9.]+:([0-9]+))")); return s; }();
+    ASSERT_EQ(m.size(), 3u) << out << server_->err();
+    address_ = m[1];
+    port_ = std::stoi(m[2]);
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  /// What `troupe generate --no-echo ARGS -i prompt` prints before the newline it ends with.
+  std::string generated(std::vector<std::string> args) {
+    args.insert(args.end(), {"--no-echo", "-i", prompt});
+    args.insert(args.begin(), "generate");
+    const cli_result r = run_troupe(args, dir_);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out.substr(0, r.out.size() - 1);
+  }
+
+  /// Sends a greedy request of `max_tokens` with `id` on `s` and returns its text at its end frame.
+  std::string greedy_over(frame_socket& s, uint64_t id, int32_t max_tokens) {
+    msg::completion_request request;
+    request.prompt = prompt;
+    request.max_tokens = max_tokens;
+    request.temperature = 0;
+    s.send(wire::encode_request(id, request));
+    std::string text;
+    for (std::string f = s.read_frame(); !f.empty(); f = s.read_frame()) {
+      const std::string type = text_field(f, "type");
+      if (type != "chunk") {
+        EXPECT_EQ(type, "end") << text_field(f, "message");
+        return text;
+      }
+      text += text_field(f, "text");
+    }
+    ADD_FAILURE() << "the connection closed before the end frame";
+    return text;
+  }
+};
+
+TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedAndReadsAnErrorFrame) {
+  const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
+  const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
+  if (deps.exit_code != 0) GTEST_SKIP() << "the npm package @msgpack/msgpack cannot be installed (no npm or no registry):\n" << deps.err;
+  ::setenv("NODE_PATH", (packages + "/node_modules").c_str(), 1);
+  const cli_result r = run_program(
+      "/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/examples/clients/msgpack_client.mjs", address_, prompt, "40"}, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
+  const std::string seeded = json(generated({"-t", "1", "-s", "42", "--top-p", "1", "-n", "40"}));
+  EXPECT_EQ(r.out, "{\"greedy\":\"" + json(generated({"-t", "0", "-n", "40"})) + "\",\"finishReason\":\"length\",\"seeded\":[\"" +
+                       seeded + "\",\"" + seeded + "\"],\"seeds\":[\"42\",\"42\"],\"error\":{\"code\":\"invalid_argument\"," +
+                       "\"message\":\"unknown key 'tempurature'\"}}\n");
+}
+
+TEST_F(Msgpack, ABadRequestIsAnErrorFrameAndTheConnectionGoesOn) {
+  frame_socket s(port_);
+  ASSERT_TRUE(s.connected());
+  // {"id": 1, "tempurature": 0}
+  s.send(wire::frame(std::string("\x82\xa2id\x01\xab", 6) + "tempurature" + std::string(1, '\0')));
+  EXPECT_EQ(s.read_frame(), wire::encode_error(1, {errc::invalid_argument, "unknown key 'tempurature'"}));
+  s.send(wire::frame("\xa3not"));  // a string, not a map
+  EXPECT_EQ(s.read_frame(), wire::encode_error(std::nullopt, {errc::invalid_argument, "the request is not a map"}));
+  EXPECT_EQ(greedy_over(s, 2, 20), generated({"-t", "0", "-n", "20"}));
+}
+
+TEST_F(Msgpack, AFrameOverTheLimitIsAnErrorThenTheConnectionCloses) {
+  frame_socket s(port_);
+  ASSERT_TRUE(s.connected());
+  s.send(std::string("\x00\x10\x00\x01", 4));  // 1 MiB + 1
+  EXPECT_EQ(s.read_frame(), wire::encode_error(std::nullopt, {errc::invalid_argument,
+                                                              "the frame has 1048577 bytes; the limit is 1048576: closing the connection"}));
+  EXPECT_EQ(s.read_frame(), "");
+  frame_socket fresh(port_);
+  EXPECT_EQ(greedy_over(fresh, 1, 20), generated({"-t", "0", "-n", "20"}));
+}
+
+TEST_F(Msgpack, ATruncatedFrameAtEndOfStreamIsAnErrorThenTheConnectionCloses) {
+  frame_socket s(port_);
+  ASSERT_TRUE(s.connected());
+  s.send(std::string("\x00\x00\x00\x0a\x82\xa2", 6));
+  s.close_writing();
+  EXPECT_EQ(s.read_frame(),
+            wire::encode_error(std::nullopt, {errc::invalid_argument, "the connection ended inside a frame of 10 bytes"}));
+  EXPECT_EQ(s.read_frame(), "");
+}
+
+TEST_F(Msgpack, AClientThatDisconnectsCancelsItsRequestsInFlight) {
+  {
+    frame_socket s(port_);
+    ASSERT_TRUE(s.connected());
+    msg::completion_request request;
+    request.prompt = "x";
+    request.max_tokens = 500;
+    request.ignore_eos = true;
+    s.send(wire::encode_request(7, request));
+    EXPECT_EQ(text_field(s.read_frame(), "type"), "chunk");
+  }
+  EXPECT_TRUE(file_contains_within((dir_ / "serve.err").string(), "the client of request id 7 went away: cancelling it",
+                                   std::chrono::seconds(30)))
+      << server_->err();
+  frame_socket fresh(port_);
+  EXPECT_EQ(greedy_over(fresh, 1, 20), generated({"-t", "0", "-n", "20"}));
+}
+
+}  // namespace
+}  // namespace troupe::testing

@@ -1,0 +1,146 @@
+// The msgpack protocol's frames (wire/msgpack_rpc, docs/msgpack.md) byte for byte: the expected
+// bytes are written by hand from the msgpack spec, not produced by msgpack-c.
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+
+#include "wire/msgpack_rpc.hpp"
+
+namespace troupe::wire {
+namespace {
+
+/// Raw bytes, so that text next to them is never read as more hex digits.
+std::string b(std::initializer_list<int> bytes) {
+  std::string out;
+  for (const int x : bytes) out.push_back(static_cast<char>(x));
+  return out;
+}
+
+TEST(Wire, AFrameIsABigEndianLengthAndTheBody) {
+  EXPECT_EQ(frame("ab"), b({0, 0, 0, 2}) + "ab");
+  EXPECT_EQ(frame_length(b({0x01, 0x02, 0x03, 0x04})), 0x01020304u);
+  EXPECT_EQ(frame_length(b({0xff, 0xff, 0xff, 0xff})), 0xffffffffu);
+}
+
+TEST(Wire, AnErrorFrameNamesItsCodeAndCarriesTheIdOrNil) {
+  EXPECT_EQ(encode_error(7, {errc::invalid_argument, "bad"}),
+            b({0, 0, 0, 50, 0x84, 0xa4}) + "type" + b({0xa5}) + "error" + b({0xa2}) + "id" + b({0x07, 0xa4}) + "code" +
+                b({0xb0}) + "invalid_argument" + b({0xa7}) + "message" + b({0xa3}) + "bad");
+  EXPECT_EQ(encode_error(std::nullopt, {errc::too_long, ""}),
+            b({0, 0, 0, 39, 0x84, 0xa4}) + "type" + b({0xa5}) + "error" + b({0xa2}) + "id" + b({0xc0, 0xa4}) + "code" +
+                b({0xa8}) + "too_long" + b({0xa7}) + "message" + b({0xa0}));
+}
+
+TEST(Wire, AChunkFrameHasItsSequenceTextTokensAndFloat32Logprobs) {
+  const msg::completion_chunk chunk{9, 0, 1, "hi", {5, 300}, {-0.5f}};
+  EXPECT_EQ(encode_chunk(3, chunk), b({0, 0, 0, 61, 0x86, 0xa4}) + "type" + b({0xa5}) + "chunk" + b({0xa2}) + "id" +
+                                        b({0x03, 0xa8}) + "sequence" + b({0x01, 0xa4}) + "text" + b({0xa2}) + "hi" +
+                                        b({0xa6}) + "tokens" + b({0x92, 0x05, 0xcd, 0x01, 0x2c, 0xa8}) + "logprobs" +
+                                        b({0x91, 0xca, 0xbf, 0x00, 0x00, 0x00}));
+}
+
+TEST(Wire, AnEndFrameHasTheFinishReasonSeedUsageAndTimings) {
+  msg::completion_end end;
+  end.request_id = 12;
+  end.finish_reason = engine::finish_reason::stop;
+  end.seed = 0xffffffffffffffffull;
+  end.num_prompt_tokens = 5;
+  end.num_generated_tokens = 3;
+  end.queue_ns = 1000;
+  end.ttft_ns = 2000;
+  end.e2e_ns = 70000;
+  end.itl_ns = {300, 65536};
+  EXPECT_EQ(encode_end(1, end),
+            b({0, 0, 0, 175, 0x87, 0xa4}) + "type" + b({0xa3}) + "end" + b({0xa2}) + "id" + b({0x01, 0xaa}) + "request_id" +
+                b({0x0c, 0xad}) + "finish_reason" + b({0xa4}) + "stop" + b({0xa4}) + "seed" +
+                b({0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xa5}) + "usage" + b({0x83, 0xad}) + "prompt_tokens" +
+                b({0x05, 0xb1}) + "completion_tokens" + b({0x03, 0xad}) + "cached_tokens" + b({0x00, 0xa7}) + "timings" +
+                b({0x84, 0xa8}) + "queue_ns" + b({0xcd, 0x03, 0xe8, 0xa7}) + "ttft_ns" + b({0xcd, 0x07, 0xd0, 0xa6}) +
+                "e2e_ns" + b({0xce, 0x00, 0x01, 0x11, 0x70, 0xa6}) + "itl_ns" +
+                b({0x92, 0xcd, 0x01, 0x2c, 0xce, 0x00, 0x01, 0x00, 0x00}));
+}
+
+TEST(Wire, AHandWrittenRequestDecodesWithDefaultsForWhatItLeavesOut) {
+  // {"id": 5, "prompt": "hi", "temperature": 0, "seed": 42, "stop": "."}
+  const std::string body = b({0x85, 0xa2}) + "id" + b({0x05, 0xa6}) + "prompt" + b({0xa2}) + "hi" + b({0xab}) +
+                           "temperature" + b({0x00, 0xa4}) + "seed" + b({0x2a, 0xa4}) + "stop" + b({0xa1}) + ".";
+  auto r = decode_request(body);
+  ASSERT_TRUE(r.has_value()) << r.error().problem.message;
+  EXPECT_EQ(r->id, 5u);
+  EXPECT_EQ(r->completion.prompt, "hi");
+  EXPECT_EQ(r->completion.temperature, 0.0f);
+  EXPECT_TRUE(r->completion.has_seed);
+  EXPECT_EQ(r->completion.seed, 42u);
+  EXPECT_EQ(r->completion.stop, std::vector<std::string>{"."});
+  EXPECT_EQ(r->completion.max_tokens, 16);  // msg::completion_request's defaults
+  EXPECT_EQ(r->completion.top_p, 1.0f);
+  EXPECT_TRUE(r->completion.stream);
+}
+
+TEST(Wire, AnEncodedRequestDecodesToEveryField) {
+  msg::completion_request c;
+  c.prompt = "Once";
+  c.prompt_tokens = {1, 2};
+  c.max_tokens = 40;
+  c.temperature = 0.5f;
+  c.top_p = 0.25f;
+  c.top_k = 7;
+  c.min_p = 0.125f;
+  c.has_seed = true;
+  c.seed = 0xfedcba9876543210ull;
+  c.stop = {"a", "b"};
+  c.ignore_eos = true;
+  c.priority = -3;
+  c.num_top_logprobs = 2;
+  c.stream = false;
+  const std::string f = encode_request(99, c);
+  ASSERT_EQ(frame_length(f.substr(0, 4)), f.size() - 4);
+  auto r = decode_request(std::string_view(f).substr(4));
+  ASSERT_TRUE(r.has_value()) << r.error().problem.message;
+  EXPECT_EQ(r->id, 99u);
+  const msg::completion_request& d = r->completion;
+  EXPECT_EQ(std::tie(d.prompt, d.prompt_tokens, d.max_tokens, d.temperature, d.top_p, d.top_k, d.min_p, d.has_seed, d.seed,
+                     d.stop, d.ignore_eos, d.priority, d.num_top_logprobs, d.stream),
+            std::tie(c.prompt, c.prompt_tokens, c.max_tokens, c.temperature, c.top_p, c.top_k, c.min_p, c.has_seed, c.seed,
+                     c.stop, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
+}
+
+struct bad_request {
+  std::string body;
+  std::optional<uint64_t> id;
+  errc code;
+  std::string message;
+};
+
+TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
+  const std::string id5 = b({0xa2}) + "id" + b({0x05});
+  const std::vector<bad_request> cases{
+      {b({0x82}) + id5 + b({0xab}) + "tempurature" + b({0x00}), 5, errc::invalid_argument, "unknown key 'tempurature'"},
+      {b({0x82}) + id5 + b({0xab}) + "temperature" + b({0xa3}) + "hot", 5, errc::invalid_argument, "'temperature' must be a number"},
+      {b({0x82}) + id5 + b({0xaa}) + "max_tokens" + b({0xce, 0x80, 0, 0, 0}), 5, errc::invalid_argument,
+       "'max_tokens' must be an integer in the range of a 32-bit int"},
+      {b({0x82}) + id5 + b({0xa4}) + "stop" + b({0x91, 0x01}), 5, errc::invalid_argument, "'stop' must be a string or a list of strings"},
+      {b({0x82}) + id5 + b({0xa6}) + "prompt" + b({0xa2, 0xc3, 0x28}), 5, errc::invalid_utf8,
+       "'prompt' is not valid UTF-8: "},
+      {b({0x82}) + id5 + b({0x01, 0x02}), 5, errc::invalid_argument, "a request key is not a string"},
+      {b({0x81, 0xa6}) + "prompt" + b({0xa1}) + "x", std::nullopt, errc::invalid_argument, "the request has no 'id'"},
+      {b({0x81, 0xa2}) + "id" + b({0xff}), std::nullopt, errc::invalid_argument, "'id' must be an integer from 0 to 2^64 - 1"},
+      {b({0x90}), std::nullopt, errc::invalid_argument, "the request is not a map"},
+      {b({0x80, 0x80}), std::nullopt, errc::invalid_argument, "the frame holds more than one msgpack value"},
+      {b({0xa5}) + "ab", std::nullopt, errc::invalid_argument, "the frame is not one msgpack value: "},
+      {"", std::nullopt, errc::invalid_argument, "the frame is not one msgpack value: "},
+      // An array header announcing 2^32 - 1 elements in a 5-byte frame: refused, nothing allocated.
+      {b({0xdd, 0xff, 0xff, 0xff, 0xff}), std::nullopt, errc::invalid_argument, "the frame is not one msgpack value: "},
+  };
+  for (const bad_request& c : cases) {
+    auto r = decode_request(c.body);
+    ASSERT_FALSE(r.has_value()) << c.message;
+    EXPECT_EQ(r.error().id, c.id) << c.message;
+    EXPECT_EQ(r.error().problem.code, c.code) << c.message;
+    EXPECT_EQ(r.error().problem.message.rfind(c.message, 0), 0u) << r.error().problem.message;
+  }
+}
+
+}  // namespace
+}  // namespace troupe::wire

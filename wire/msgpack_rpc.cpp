@@ -1,0 +1,295 @@
+#include "wire/msgpack_rpc.hpp"
+
+#include <exception>
+#include <functional>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "runtime/tokenizer/utf8.hpp"
+
+namespace troupe::wire {
+namespace {
+
+using packer = msgpack::packer<msgpack::sbuffer>;
+
+std::string quoted(std::string_view key) { return "'" + std::string(key) + "'"; }
+
+tl::unexpected<error> wrong_type(std::string_view key, const char* what) {
+  return fail(errc::invalid_argument, quoted(key) + " must be " + what);
+}
+
+expected<int64_t> read_integer(const msgpack::object& v, std::string_view key, int64_t lo, int64_t hi) {
+  const char* what = "an integer in the range of a 32-bit int";
+  if (v.type == msgpack::type::POSITIVE_INTEGER && v.via.u64 <= static_cast<uint64_t>(hi)) return static_cast<int64_t>(v.via.u64);
+  if (v.type == msgpack::type::NEGATIVE_INTEGER && v.via.i64 >= lo) return v.via.i64;
+  return wrong_type(key, what);
+}
+
+expected<void> read_int32(const msgpack::object& v, std::string_view key, int32_t& out) {
+  auto n = read_integer(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
+  if (!n) return tl::unexpected(n.error());
+  out = static_cast<int32_t>(*n);
+  return {};
+}
+
+/// A number: msgpack clients write 0 or 1 as integers, so integers are numbers too.
+expected<void> read_float(const msgpack::object& v, std::string_view key, float& out) {
+  switch (v.type) {
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64: out = static_cast<float>(v.via.f64); return {};
+    case msgpack::type::POSITIVE_INTEGER: out = static_cast<float>(v.via.u64); return {};
+    case msgpack::type::NEGATIVE_INTEGER: out = static_cast<float>(v.via.i64); return {};
+    default: return wrong_type(key, "a number");
+  }
+}
+
+expected<void> read_bool(const msgpack::object& v, std::string_view key, bool& out) {
+  if (v.type != msgpack::type::BOOLEAN) return wrong_type(key, "a boolean");
+  out = v.via.boolean;
+  return {};
+}
+
+expected<void> read_string(const msgpack::object& v, std::string_view key, std::string& out) {
+  if (v.type != msgpack::type::STR) return wrong_type(key, "a string");
+  out.assign(v.via.str.ptr, v.via.str.size);
+  return {};
+}
+
+/// `stop`: a string or a list of strings.
+expected<void> read_stop(const msgpack::object& v, std::vector<std::string>& out) {
+  if (v.type == msgpack::type::STR) {
+    out.assign(1, std::string(v.via.str.ptr, v.via.str.size));
+    return {};
+  }
+  if (v.type != msgpack::type::ARRAY) return wrong_type("stop", "a string or a list of strings");
+  out.clear();
+  for (uint32_t i = 0; i < v.via.array.size; i++) {
+    if (v.via.array.ptr[i].type != msgpack::type::STR) return wrong_type("stop", "a string or a list of strings");
+    out.emplace_back(v.via.array.ptr[i].via.str.ptr, v.via.array.ptr[i].via.str.size);
+  }
+  return {};
+}
+
+expected<void> read_tokens(const msgpack::object& v, std::vector<int32_t>& out) {
+  if (v.type != msgpack::type::ARRAY) return wrong_type("prompt_tokens", "a list of token ids");
+  out.assign(v.via.array.size, 0);
+  for (uint32_t i = 0; i < v.via.array.size; i++)
+    if (auto ok = read_int32(v.via.array.ptr[i], "prompt_tokens", out[i]); !ok) return wrong_type("prompt_tokens", "a list of token ids");
+  return {};
+}
+
+using field_reader = std::function<expected<void>(const msgpack::object&, msg::completion_request&)>;
+
+/// Every key a request may have but `id`, with how its value is read.
+const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
+  using r = msg::completion_request;
+  using o = msgpack::object;
+  static const std::vector<std::pair<std::string_view, field_reader>> fields{
+      {"prompt", [](const o& v, r& x) { return read_string(v, "prompt", x.prompt); }},
+      {"prompt_tokens", [](const o& v, r& x) { return read_tokens(v, x.prompt_tokens); }},
+      {"max_tokens", [](const o& v, r& x) { return read_int32(v, "max_tokens", x.max_tokens); }},
+      {"temperature", [](const o& v, r& x) { return read_float(v, "temperature", x.temperature); }},
+      {"top_p", [](const o& v, r& x) { return read_float(v, "top_p", x.top_p); }},
+      {"top_k", [](const o& v, r& x) { return read_int32(v, "top_k", x.top_k); }},
+      {"min_p", [](const o& v, r& x) { return read_float(v, "min_p", x.min_p); }},
+      {"seed",
+       [](const o& v, r& x) -> expected<void> {
+         if (v.type != msgpack::type::POSITIVE_INTEGER) return wrong_type("seed", "an integer from 0 to 2^64 - 1");
+         x.has_seed = true;
+         x.seed = v.via.u64;
+         return {};
+       }},
+      {"stop", [](const o& v, r& x) { return read_stop(v, x.stop); }},
+      {"ignore_eos", [](const o& v, r& x) { return read_bool(v, "ignore_eos", x.ignore_eos); }},
+      {"priority", [](const o& v, r& x) { return read_int32(v, "priority", x.priority); }},
+      {"num_top_logprobs", [](const o& v, r& x) { return read_int32(v, "num_top_logprobs", x.num_top_logprobs); }},
+      {"stream", [](const o& v, r& x) { return read_bool(v, "stream", x.stream); }},
+  };
+  return fields;
+}
+
+/// The client's id, read first so that every later error frame carries it.
+tl::expected<uint64_t, request_error> find_id(const msgpack::object_map& map) {
+  for (uint32_t i = 0; i < map.size; i++) {
+    const msgpack::object& key = map.ptr[i].key;
+    if (key.type != msgpack::type::STR || std::string_view(key.via.str.ptr, key.via.str.size) != "id") continue;
+    if (map.ptr[i].val.type != msgpack::type::POSITIVE_INTEGER)
+      return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "'id' must be an integer from 0 to 2^64 - 1"}});
+    return map.ptr[i].val.via.u64;
+  }
+  return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request has no 'id'"}});
+}
+
+expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request& out) {
+  if (kv.key.type != msgpack::type::STR) return fail(errc::invalid_argument, "a request key is not a string");
+  const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
+  if (key == "id") return {};
+  for (const auto& [name, read] : request_fields())
+    if (name == key) return read(kv.val, out);
+  if (!utf8::validate(key)) return fail(errc::invalid_argument, "a request key is not valid UTF-8");
+  return fail(errc::invalid_argument, "unknown key " + quoted(key));
+}
+
+tl::expected<request, request_error> decode_map(const msgpack::object& value) {
+  if (value.type != msgpack::type::MAP)
+    return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request is not a map"}});
+  auto id = find_id(value.via.map);
+  if (!id) return tl::unexpected(id.error());
+  request out{*id, {}};
+  for (uint32_t i = 0; i < value.via.map.size; i++)
+    if (auto ok = read_field(value.via.map.ptr[i], out.completion); !ok) return tl::unexpected(request_error{*id, ok.error()});
+  if (auto ok = utf8::validate(out.completion.prompt); !ok)
+    return tl::unexpected(request_error{*id, {errc::invalid_utf8, "'prompt' is not valid UTF-8: " + ok.error().message}});
+  return out;
+}
+
+void pack_text(packer& p, std::string_view text) {
+  p.pack_str(static_cast<uint32_t>(text.size()));
+  p.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
+}
+
+void pack_head(packer& p, uint32_t num_keys, std::string_view type, std::optional<uint64_t> id) {
+  p.pack_map(num_keys);
+  pack_text(p, "type");
+  pack_text(p, type);
+  pack_text(p, "id");
+  if (id) {
+    p.pack_uint64(*id);
+  } else {
+    p.pack_nil();
+  }
+}
+
+std::string framed(const msgpack::sbuffer& body) { return frame(std::string_view(body.data(), body.size())); }
+
+}  // namespace
+
+uint32_t frame_length(std::string_view header) {
+  TROUPE_ASSERT(header.size() == frame_header_bytes);
+  uint32_t n = 0;
+  for (const char c : header) n = (n << 8) | static_cast<unsigned char>(c);
+  return n;
+}
+
+std::string frame(std::string_view body) {
+  TROUPE_ASSERT(body.size() <= std::numeric_limits<uint32_t>::max());
+  const auto n = static_cast<uint32_t>(body.size());
+  std::string out{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
+  out.append(body);
+  return out;
+}
+
+tl::expected<request, request_error> decode_request(std::string_view body) {
+  // Counts a hostile header may announce are bounded by the body's size (each element takes
+  // a byte at least), so msgpack-c never allocates for more than the frame holds.
+  const auto n = static_cast<std::size_t>(body.size());
+  const msgpack::unpack_limit limit(n, n, n, n, n, 32);
+  try {
+    std::size_t offset = 0;
+    const msgpack::object_handle handle = msgpack::unpack(body.data(), body.size(), offset, nullptr, nullptr, limit);
+    if (offset != body.size())
+      return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the frame holds more than one msgpack value"}});
+    return decode_map(handle.get());
+  } catch (const std::exception& e) {
+    return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, std::string("the frame is not one msgpack value: ") + e.what()}});
+  }
+}
+
+std::string encode_request(uint64_t id, const msg::completion_request& c) {
+  msgpack::sbuffer body;
+  packer p(body);
+  p.pack_map(c.has_seed ? 14 : 13);
+  pack_text(p, "id");
+  p.pack_uint64(id);
+  pack_text(p, "prompt");
+  p.pack(c.prompt);
+  pack_text(p, "prompt_tokens");
+  p.pack(c.prompt_tokens);
+  pack_text(p, "max_tokens");
+  p.pack_int32(c.max_tokens);
+  pack_text(p, "temperature");
+  p.pack_float(c.temperature);
+  pack_text(p, "top_p");
+  p.pack_float(c.top_p);
+  pack_text(p, "top_k");
+  p.pack_int32(c.top_k);
+  pack_text(p, "min_p");
+  p.pack_float(c.min_p);
+  if (c.has_seed) {
+    pack_text(p, "seed");
+    p.pack_uint64(c.seed);
+  }
+  pack_text(p, "stop");
+  p.pack(c.stop);
+  pack_text(p, "ignore_eos");
+  p.pack(c.ignore_eos);
+  pack_text(p, "priority");
+  p.pack_int32(c.priority);
+  pack_text(p, "num_top_logprobs");
+  p.pack_int32(c.num_top_logprobs);
+  pack_text(p, "stream");
+  p.pack(c.stream);
+  return framed(body);
+}
+
+std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, 6, "chunk", id);
+  pack_text(p, "sequence");
+  p.pack_int32(chunk.sequence);
+  pack_text(p, "text");
+  p.pack(chunk.text);
+  pack_text(p, "tokens");
+  p.pack(chunk.tokens);
+  pack_text(p, "logprobs");
+  p.pack(chunk.logprobs);  // float32 each
+  return framed(body);
+}
+
+std::string encode_end(uint64_t id, const msg::completion_end& end) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, 7, "end", id);
+  pack_text(p, "request_id");
+  p.pack_int64(end.request_id);
+  pack_text(p, "finish_reason");
+  pack_text(p, engine::to_string(end.finish_reason));
+  pack_text(p, "seed");
+  p.pack_uint64(end.seed);
+  pack_text(p, "usage");
+  p.pack_map(3);
+  pack_text(p, "prompt_tokens");
+  p.pack_int32(end.num_prompt_tokens);
+  pack_text(p, "completion_tokens");
+  p.pack_int32(end.num_generated_tokens);
+  pack_text(p, "cached_tokens");
+  p.pack_int32(end.num_cached_tokens);
+  pack_text(p, "timings");
+  p.pack_map(4);
+  pack_text(p, "queue_ns");
+  p.pack_int64(end.queue_ns);
+  pack_text(p, "ttft_ns");
+  p.pack_int64(end.ttft_ns);
+  pack_text(p, "e2e_ns");
+  p.pack_int64(end.e2e_ns);
+  pack_text(p, "itl_ns");
+  p.pack(end.itl_ns);
+  return framed(body);
+}
+
+std::string encode_error(std::optional<uint64_t> id, const error& problem) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, 4, "error", id);
+  pack_text(p, "code");
+  pack_text(p, to_string(problem.code));
+  pack_text(p, "message");
+  p.pack(problem.message);
+  return framed(body);
+}
+
+}  // namespace troupe::wire
