@@ -94,20 +94,12 @@ class ActorsDeterministic : public ::testing::Test {
   }
 
   /// Runs every message, advancing the clock 1 ms after each, until nothing is left.
-  void run_ticking() {
-    while (sched_.try_run_once()) sched_.advance_time(1ms);
-  }
+  void run_ticking() { testing::run_ticking(sched_); }
 
   /// Asks `dest` (idle actors only: this runs the scheduler until nothing is left).
   template <class T, class Handle, class Atom>
   T ask(const Handle& dest, Atom atom) {
-    auto out = std::make_shared<std::optional<T>>();
-    sys_.spawn([=](caf::event_based_actor* self) {
-      self->request(dest, caf::infinite, atom).then([=](T& x) { *out = std::move(x); });
-    });
-    sched_.run();
-    EXPECT_TRUE(out->has_value());
-    return out->value_or(T{});
+    return ask_idle<T>(sys_, sched_, dest, atom);
   }
 
   msg::engine_report report(size_t engine = 0) { return ask<msg::engine_report>(engines_.at(engine), actors::stats_atom::value); }

@@ -118,19 +118,11 @@ class Fuzz : public ::testing::Test {
     EXPECT_EQ(sys_.registry().running(), 0u) << "an actor outlived the server";
   }
 
-  void run_ticking() {
-    while (sched_.try_run_once()) sched_.advance_time(1ms);
-  }
+  void run_ticking() { testing::run_ticking(sched_); }
 
   template <class T, class Handle, class Atom>
   T ask(const Handle& dest, Atom atom) {
-    auto out = std::make_shared<std::optional<T>>();
-    sys_.spawn([=](caf::event_based_actor* self) {
-      self->request(dest, caf::infinite, atom).then([=](T& x) { *out = std::move(x); });
-    });
-    sched_.run();
-    EXPECT_TRUE(out->has_value());
-    return out->value_or(T{});
+    return ask_idle<T>(sys_, sched_, dest, atom);
   }
 
   msg::engine_report report() { return ask<msg::engine_report>(engine_, actors::stats_atom::value); }

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/client.hpp"
 #include "actors/engine_actor.hpp"
@@ -66,6 +68,25 @@ inline actors::balancer_actor spawn_balancer(caf::actor_system& sys, actors::eng
   o.tok = bundled_shared().tok;
   o.context_tokens = bundled_shared().ck->config().seq_len;
   return actors::spawn_load_balancer(sys, std::move(o));
+}
+
+/// Under the test coordinator: runs every message, advancing the clock 1 ms after each, until
+/// nothing is left.
+inline void run_ticking(caf::scheduler::test_coordinator& sched) {
+  while (sched.try_run_once()) sched.advance_time(std::chrono::milliseconds(1));
+}
+
+/// Under the test coordinator: asks `dest` (idle actors only: this runs the scheduler until
+/// nothing is left) and returns its answer of type T.
+template <class T, class Handle, class Atom>
+T ask_idle(caf::actor_system& sys, caf::scheduler::test_coordinator& sched, const Handle& dest, Atom atom) {
+  auto out = std::make_shared<std::optional<T>>();
+  sys.spawn([=](caf::event_based_actor* self) {
+    self->request(dest, caf::infinite, atom).then([=](T& x) { *out = std::move(x); });
+  });
+  sched.run();
+  EXPECT_TRUE(out->has_value());
+  return out->value_or(T{});
 }
 
 /// A seeded sampling request for `prompt`.
