@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/effects_text.hpp"
+
 namespace troupe::engine {
 
 namespace {
@@ -47,13 +49,7 @@ std::string describe(const effects& fx) {
     void operator()(const arm_report_timer& a) { o << "timer(" << a.delay_ns << ")"; }
     void operator()(const restart_executor&) { o << "restart_executor"; }
   };
-  std::ostringstream out;
-  for (const effect& e : fx) {
-    out << "  ";
-    std::visit(printer{out}, e);
-    out << "\n";
-  }
-  return out.str();
+  return testing::effects_text<printer>(fx);
 }
 
 /// The whole effect list, compared with operator==.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/support/engine_harness.hpp"
+#include "tests/support/effects_text.hpp"
 
 namespace troupe::serve {
 
@@ -54,13 +55,7 @@ std::string describe(const effects& fx) {
     void operator()(const release_engines&) { o << "release_engines"; }
     void operator()(const stop&) { o << "stop"; }
   };
-  std::ostringstream out;
-  for (const effect& e : fx) {
-    out << "  ";
-    std::visit(printer{out}, e);
-    out << "\n";
-  }
-  return out.str();
+  return testing::effects_text<printer>(fx);
 }
 
 /// The whole effect list, compared with operator==; the host's invariants hold after the call.
