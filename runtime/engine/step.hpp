@@ -28,10 +28,12 @@ struct kv_data {
   std::vector<float> values;  ///< (num_layers, num_tokens, kv_dim)
 
   /// Whether the vectors hold exactly num_layers * num_tokens * kv_dim floats each.
+  /// (The sizes may come from another process: their product is taken in 128 bits, where three
+  /// 32-bit values cannot overflow.)
   [[nodiscard]] bool consistent() const {
-    const int64_t n = static_cast<int64_t>(num_layers) * num_tokens * kv_dim;
-    return num_layers >= 0 && num_tokens >= 0 && kv_dim >= 0 && static_cast<int64_t>(keys.size()) == n &&
-           static_cast<int64_t>(values.size()) == n;
+    if (num_layers < 0 || num_tokens < 0 || kv_dim < 0) return false;
+    const __int128 n = static_cast<__int128>(num_layers) * num_tokens * kv_dim;
+    return static_cast<__int128>(keys.size()) == n && static_cast<__int128>(values.size()) == n;
   }
 };
 
