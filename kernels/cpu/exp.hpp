@@ -49,7 +49,9 @@ namespace troupe::kernels::cpu {
 inline float exp(float x) {
   x = x < detail::exp_lo ? detail::exp_lo : (x > detail::exp_hi ? detail::exp_hi : x);
   return detail::exp_formula(x, [](float n) {
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    // Shifted unsigned: the same bits as the vector lanes' shift, and no undefined behaviour
+    // when a NaN or out-of-range input made the exponent negative (UBSan, the fuzz test).
+    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
     float scale;
     std::memcpy(&scale, &bits, sizeof(scale));
     return scale;
