@@ -12,6 +12,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/boundary.hpp"
+#include "actors/network_limits.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
 #include "actors/kv_transfers.hpp"
@@ -80,14 +81,30 @@ void send_plan(engine_actor_t* self, engine::send_plan& p) {
             [=](caf::error& err) { executor_failed(self, generation, err); });
 }
 
+/// What a KV hand-off message carries besides the KV payload, generously: the request (its
+/// prompt tokens, at 4 bytes each, are bounded by the context), handles and BASP framing.
+constexpr uint64_t kv_handoff_overhead_bytes = 1u << 20;
+
 /// Ships a prefilled request and its KV to its decode engine (the KV over UCX when tagged).
 void hand_off(engine_actor_t* self, engine::hand_off& h) {
   const engine::request_id id = h.prefilled.req.id;
   const request_actor to = client_of(self, id);
+  const engine_actor& decode = self->state.decodes.at(h.decode);
   msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
+  // Over CAF to another process, a message larger than the peer accepts would close the whole
+  // connection between the two nodes ([limits] max_message_mib): this request fails instead.
+  const uint64_t limit = current_network_limits().max_message_bytes;
+  if (h.ucx_tag == 0 && decode.node() != self->node() && m.payload.size() + kv_handoff_overhead_bytes > limit) {
+    self->send(to, msg::rejected{id, errc::invalid_argument,
+                                 "the prompt's KV cache is " + std::to_string(m.payload.size()) +
+                                     " bytes, more than a CAF message between nodes may carry (" +
+                                     std::to_string(limit) +
+                                     " bytes, [limits] max_message_mib); raise it or use kv_transfer = \"ucx\""});
+    return;
+  }
   if (h.ucx_tag != 0) self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id);
   self->send(to, msg::prefilled{id});
-  self->send(self->state.decodes.at(h.decode), std::move(m));
+  self->send(decode, std::move(m));
 }
 
 /// Performs one effect of the host; `caller` is the actor the current call came from.

@@ -19,12 +19,19 @@
 namespace troupe::actors {
 namespace {
 
+/// A live request actor: its key in the host, and the process whose client asked for it.
+struct live_request {
+  balance::request_key key = 0;
+  caf::node_id client_node;
+};
+
 /// Actor handles only: the bookkeeping is the host's (runtime/balance/balancer_host.hpp).
 struct load_balancer_state {
   load_balancer_options o;
   std::optional<balance::balancer_host> host;
   int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
-  std::map<caf::actor_addr, balance::request_key> placed;  // live request actor -> its key in the host
+  std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
+  std::map<caf::node_id, int32_t> in_flight_by_node;  // live requests per other client process
   balance::request_key next_key = 0;
   static inline const char* name = "load_balancer";
 };
@@ -33,7 +40,8 @@ using load_balancer_t = balancer_actor::stateful_base<load_balancer_state>;
 
 std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
 
-request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream) {
+request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream,
+                    const caf::node_id& client_node) {
   load_balancer_state& st = self->state;
   const int64_t index = st.num_routed++;
   const int64_t id = st.o.draw_request_id ? st.o.draw_request_id() : index;
@@ -50,7 +58,8 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.host.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
   request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
-  st.placed.emplace(request.address(), st.next_key++);
+  st.placed.emplace(request.address(), live_request{st.next_key++, client_node});
+  if (client_node != self->node()) st.in_flight_by_node[client_node]++;
   return request;
 }
 
@@ -62,6 +71,10 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
 /// new client's connection reused that fd in between, the cleanup erases the new connection's
 /// entry and its messages arrive with a null sender (msg::submit_completion has the details).
 /// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
+///
+/// Another process may have at most `max_pending_per_client` requests in flight (counted by the
+/// sender's node, else the client's): one client cannot fill every engine's queue. This node's
+/// own clients (the HTTP and msgpack gateways, which bound their own connections) are exempt.
 /// A refused request leaves nothing behind: no request actor, no placement, no engine work.
 caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_request& req,
                                          stream_receiver_actor client, uint64_t stream) {
@@ -70,7 +83,20 @@ caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_
                  "reply_to): nobody could receive its answer");
     return caf::make_error(caf::sec::invalid_argument, "a completion request must name its client");
   }
-  return route(self, req, std::move(client), stream);
+  const caf::node_id client_node = self->current_sender() ? self->current_sender()->node() : client.node();
+  if (client_node != self->node()) {
+    const int32_t limit = self->state.o.max_pending_per_client;
+    if (auto it = self->state.in_flight_by_node.find(client_node);
+        it != self->state.in_flight_by_node.end() && it->second >= limit) {
+      spdlog::warn("load balancer: refused a completion request from a client process with {} requests in flight "
+                   "(the limit)",
+                   limit);
+      return caf::make_error(caf::sec::invalid_argument,
+                             "too many requests in flight from this client: " + std::to_string(limit) +
+                                 " ([limits] max_pending_per_client); wait for one to finish");
+    }
+  }
+  return route(self, req, std::move(client), stream, client_node);
 }
 
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
@@ -88,7 +114,7 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.error = "a place_request for " + std::to_string(p.num_prompt_tokens) + " prompt tokens";
     return out;
   }
-  auto chosen = st.host->place(it->second, p.num_prompt_tokens);
+  auto chosen = st.host->place(it->second.key, p.num_prompt_tokens);
   if (!chosen) {
     out.error = chosen.error().message;
     return out;
@@ -109,8 +135,8 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
 void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
   const balanced_engine& e = self->state.o.engines[index];
   spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e), why);
-  for (const auto& [addr, key] : self->state.placed) {
-    if (!self->state.host->placed_on(key, index)) continue;
+  for (const auto& [addr, live] : self->state.placed) {
+    if (!self->state.host->placed_on(live.key, index)) continue;
     if (auto request = caf::actor_cast<request_actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
   }
 }
@@ -118,7 +144,11 @@ void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
   if (auto it = st.placed.find(dm.source); it != st.placed.end()) {
-    st.host->request_ended(it->second);
+    st.host->request_ended(it->second.key);
+    if (auto by_node = st.in_flight_by_node.find(it->second.client_node);
+        by_node != st.in_flight_by_node.end() && --by_node->second == 0) {
+      st.in_flight_by_node.erase(by_node);
+    }
     st.placed.erase(it);
     return;
   }

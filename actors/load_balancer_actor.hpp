@@ -65,6 +65,9 @@ struct load_balancer_options {
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)
   int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_host_options::context_tokens)
+  /// Requests in flight per client process other than the balancer's own ([limits]
+  /// max_pending_per_client): one more is refused with an error naming the limit.
+  int32_t max_pending_per_client = 256;
 };
 
 balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);

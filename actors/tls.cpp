@@ -1,6 +1,8 @@
 #include "actors/tls.hpp"
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -15,22 +17,62 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <spdlog/spdlog.h>
 
-// CAF 0.17.6's OpenSSL module never empties OpenSSL's per-thread error queue (it does so only
-// to log, and Debian's CAF compiles logging out), while SSL_get_error reports SSL_ERROR_SSL
-// whenever that queue is not empty. So one failed connection (a peer with a certificate of
-// another CA, a client that disconnects without close_notify) left an error behind, and the
-// next read on any other connection of the same multiplexer thread failed: the node dropped its
-// links to the rest of the cluster. This definition takes the place of libssl's for CAF (the
-// executable's symbol comes first), asks libssl's, then empties the queue, so every SSL call
-// starts with an empty queue as OpenSSL requires. tests/cluster_test.cpp
-// (...RefusedAndTheClusterKeepsServing) fails without it.
+#include "actors/network_limits.hpp"
+
+namespace {
+
+/// Whether the TLS handshake this process accepted on `ssl` has been pending for longer than
+/// [limits] tls_handshake_timeout_ms. The first call for a connection records when it was first
+/// seen (in the SSL object's ex_data, freed with it).
+bool handshake_expired(const SSL* ssl) {
+  static const int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  TROUPE_ASSERT_MSG(index >= 0, "SSL_get_ex_new_index failed");
+  const auto now_ms = static_cast<uintptr_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 std::chrono::steady_clock::now().time_since_epoch())
+                                                 .count());
+  auto* mutable_ssl = const_cast<SSL*>(ssl);
+  const auto first_seen = reinterpret_cast<uintptr_t>(SSL_get_ex_data(mutable_ssl, index));
+  if (first_seen == 0) {
+    SSL_set_ex_data(mutable_ssl, index, reinterpret_cast<void*>(now_ms + 1));
+    return false;
+  }
+  const auto timeout = static_cast<uintptr_t>(troupe::actors::current_network_limits().tls_handshake_timeout_ms);
+  return now_ms + 1 - first_seen > timeout;
+}
+
+}  // namespace
+
+// Two fixes to CAF 0.17.6's OpenSSL module, made where it asks libssl what an SSL call's result
+// means. This definition takes the place of libssl's for CAF (the executable's symbol comes
+// first) and asks libssl's.
+//
+// 1. CAF never empties OpenSSL's per-thread error queue (it does so only to log, and Debian's
+//    CAF compiles logging out), while SSL_get_error reports SSL_ERROR_SSL whenever that queue is
+//    not empty. So one failed connection (a peer with a certificate of another CA, a client that
+//    disconnects without close_notify) left an error behind, and the next read on any other
+//    connection of the same multiplexer thread failed: the node dropped its links to the rest of
+//    the cluster. The queue is emptied after every call, as OpenSSL requires.
+//    tests/cluster_test.cpp (...RefusedAndTheClusterKeepsServing) fails without it.
+// 2. A connection whose handshake never completes (a peer that connects and says nothing, or
+//    stops half-way) makes CAF's multiplexer retry it in a busy loop: a core spins for as long
+//    as the connection stays open. An accepted connection still handshaking after [limits]
+//    tls_handshake_timeout_ms is reported as failed, and CAF closes it.
+//    tests/limits_test.cpp (TlsHandshake.*) fails without it.
 extern "C" int SSL_get_error(const SSL* ssl, int ret_code) {
   using function = int (*)(const SSL*, int);
   static const function libssl = reinterpret_cast<function>(::dlsym(RTLD_NEXT, "SSL_get_error"));
   TROUPE_ASSERT_MSG(libssl != nullptr, "libssl's SSL_get_error not found");
   const int code = libssl(ssl, ret_code);
   ERR_clear_error();
+  if ((code == SSL_ERROR_WANT_READ || code == SSL_ERROR_WANT_WRITE) && ssl != nullptr && SSL_is_server(ssl) == 1 &&
+      SSL_is_init_finished(ssl) == 0 && handshake_expired(ssl)) {
+    spdlog::warn("closed a TLS connection whose handshake was still pending after {} ms ([limits] "
+                 "tls_handshake_timeout_ms)",
+                 troupe::actors::current_network_limits().tls_handshake_timeout_ms);
+    return SSL_ERROR_SSL;
+  }
   return code;
 }
 
@@ -113,8 +155,10 @@ expected<void> check_credentials(const tls_credentials& tls) {
   return verify_signed_by(cert->get(), ca->get(), tls);
 }
 
-expected<void> configure_network(caf::actor_system_config& cfg, const tls_credentials& tls) {
+expected<void> configure_network(caf::actor_system_config& cfg, const tls_credentials& tls,
+                                 const network_limits& limits) {
   cfg.load<caf::io::middleman>();
+  apply_network_limits(cfg, limits);
   if (!tls.enabled()) return {};
   if (auto ok = check_credentials(tls); !ok) return ok;
   cfg.openssl_cafile = tls.ca;

@@ -11,6 +11,7 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/network_limits.hpp"
 #include "runtime/common/error.hpp"
 
 namespace troupe::actors {
@@ -31,8 +32,10 @@ struct tls_credentials {
 /// be read, invalid_argument for the rest.
 [[nodiscard]] expected<void> check_credentials(const tls_credentials& tls);
 
-/// Loads the io middleman into `cfg` and, when `tls.enabled()`, CAF's OpenSSL manager with
-/// these files (checked by check_credentials first: its errors are returned).
-[[nodiscard]] expected<void> configure_network(caf::actor_system_config& cfg, const tls_credentials& tls);
+/// Loads the io middleman into `cfg` with `limits` (process-wide, actors/network_limits.hpp)
+/// and, when `tls.enabled()`, CAF's OpenSSL manager with these files (checked by
+/// check_credentials first: its errors are returned).
+[[nodiscard]] expected<void> configure_network(caf::actor_system_config& cfg, const tls_credentials& tls,
+                                               const network_limits& limits = {});
 
 }  // namespace troupe::actors

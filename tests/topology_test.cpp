@@ -155,6 +155,26 @@ TEST(Topology, MinimalFileTakesEveryDefault) {
             defaults.scheduler.max_num_batched_tokens);
   EXPECT_EQ(engine.config.scheduler.max_num_seqs, defaults.scheduler.max_num_seqs);
   EXPECT_EQ(engine.executor_threads, 1);
+  EXPECT_EQ(topo->limits.max_message_mib, 64);
+  EXPECT_EQ(topo->limits.max_pending_per_client, 256);
+  EXPECT_EQ(topo->limits.idle_timeout_ms, 30000);
+  EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 5000);
+}
+
+TEST(Topology, EveryLimitsKeyIsReadAtItsBounds) {
+  auto topo = parse("[limits]\nmax_message_mib = 4095\nmax_pending_per_client = 1\nidle_timeout_ms = 0\n"
+                    "tls_handshake_timeout_ms = 100\n" + k_valid);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->limits.max_message_mib, 4095);
+  EXPECT_EQ(topo->limits.max_pending_per_client, 1);
+  EXPECT_EQ(topo->limits.idle_timeout_ms, 0);
+  EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 100);
+  auto upper = parse("[limits]\nmax_message_mib = 1\nidle_timeout_ms = 3600000\ntls_handshake_timeout_ms = 600000\n" +
+                     k_valid);
+  ASSERT_TRUE(upper) << upper.error().message;
+  EXPECT_EQ(upper->limits.max_message_mib, 1);
+  EXPECT_EQ(upper->limits.idle_timeout_ms, 3600000);
+  EXPECT_EQ(upper->limits.tls_handshake_timeout_ms, 600000);
 }
 
 TEST(Topology, EveryEngineKeyIsRead) {
@@ -393,8 +413,25 @@ INSTANTIATE_TEST_SUITE_P(
                  "node, max_waiting, prefill_tiers, report_interval_ms, connect_timeout_ms, "
                  "heartbeat_interval_ms, heartbeat_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
-                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, node, "
+                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, limits, node, "
                  "load_balancer, engine)"},
+        bad_file{"unknown_limits_key", "[limits]\nmax_message = 3\n" + k_valid,
+                 "topology.toml:2: limits: unknown key 'max_message' (expected one of: max_message_mib, "
+                 "max_pending_per_client, idle_timeout_ms, tls_handshake_timeout_ms)"},
+        bad_file{"max_message_mib_0", "[limits]\nmax_message_mib = 0\n" + k_valid,
+                 "topology.toml:2: limits: key 'max_message_mib' must be in 1..4095, got 0"},
+        bad_file{"max_message_mib_4096", "[limits]\nmax_message_mib = 4096\n" + k_valid,
+                 "topology.toml:2: limits: key 'max_message_mib' must be in 1..4095, got 4096"},
+        bad_file{"max_pending_per_client_0", "[limits]\nmax_pending_per_client = 0\n" + k_valid,
+                 "topology.toml:2: limits: key 'max_pending_per_client' must be in 1..2147483647, got 0"},
+        bad_file{"idle_timeout_ms_500", "[limits]\nidle_timeout_ms = 500\n" + k_valid,
+                 "topology.toml:2: limits: key 'idle_timeout_ms' must be 0 (never) or at least 1000, got 500"},
+        bad_file{"idle_timeout_ms_negative", "[limits]\nidle_timeout_ms = -1\n" + k_valid,
+                 "topology.toml:2: limits: key 'idle_timeout_ms' must be in 0..3600000, got -1"},
+        bad_file{"tls_handshake_timeout_ms_99", "[limits]\ntls_handshake_timeout_ms = 99\n" + k_valid,
+                 "topology.toml:2: limits: key 'tls_handshake_timeout_ms' must be in 100..600000, got 99"},
+        bad_file{"limits_not_a_table", "limits = 3\n" + k_valid,
+                 "topology.toml:1: key 'limits' must be a table ([limits]), got an integer"},
         // Missing required keys: reported at the table's header line.
         bad_file{"missing_port", k_balancer + "[[node]]\nname = \"node0\"\nhost = \"h\"\n",
                  "topology.toml:3: node 'node0': missing required key 'port'"},

@@ -176,6 +176,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.report_interval_ms = t.load_balancer.report_interval_ms;
   lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
+  lb.max_pending_per_client = t.limits.max_pending_per_client;
   // Engines on other nodes may have a longer context than those loaded here: then the bound is
   // the largest context any checkpoint may declare.
   const bool all_local = std::all_of(t.engines.begin(), t.engines.end(),
@@ -208,6 +209,14 @@ actors::tls_credentials node_credentials(const topology& t, const std::string& n
   TROUPE_ASSERT(spec != nullptr);
   if (t.tls_ca.empty()) return {};
   return {t.tls_ca, spec->certificate, spec->key};
+}
+
+actors::network_limits node_network_limits(const topology& t) {
+  actors::network_limits out;
+  out.max_message_bytes = static_cast<uint32_t>(t.limits.max_message_mib) << 20;
+  out.idle_timeout_ms = t.limits.idle_timeout_ms;
+  out.tls_handshake_timeout_ms = t.limits.tls_handshake_timeout_ms;
+  return out;
 }
 
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {

@@ -63,6 +63,9 @@ struct launched_node {
 /// when the topology has no [tls].
 [[nodiscard]] actors::tls_credentials node_credentials(const topology& t, const std::string& node_name);
 
+/// The topology's [limits] for the CAF port (configure_network applies them process-wide).
+[[nodiscard]] actors::network_limits node_network_limits(const topology& t);
+
 /// Sends every actor of `node` an exit and waits until the system has no actors left.
 void shutdown_node(caf::actor_system& sys, const launched_node& node);
 

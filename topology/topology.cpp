@@ -660,14 +660,47 @@ struct listener {
   return {};
 }
 
+/// The optional [limits] table: what a peer of the CAF port can make a node hold.
+[[nodiscard]] expected<void> read_limits(const context& ctx, const toml::table& root, limits_spec& limits) {
+  auto table = read_table(ctx, root, "limits");
+  if (!table) return tl::unexpected(table.error());
+  if (*table == nullptr) return {};
+  const scope where{"limits", line_of(**table)};
+  if (auto ok = check_known_keys(ctx, **table, where,
+                                 {"max_message_mib", "max_pending_per_client", "idle_timeout_ms",
+                                  "tls_handshake_timeout_ms"});
+      !ok) {
+    return tl::unexpected(ok.error());
+  }
+  auto message = read_int(ctx, **table, where, "max_message_mib", limits.max_message_mib, 1, 4095);
+  if (!message) return tl::unexpected(message.error());
+  limits.max_message_mib = *message;
+  auto pending = read_int(ctx, **table, where, "max_pending_per_client", limits.max_pending_per_client, 1);
+  if (!pending) return tl::unexpected(pending.error());
+  limits.max_pending_per_client = *pending;
+  auto idle = read_int(ctx, **table, where, "idle_timeout_ms", limits.idle_timeout_ms, 0, 3600000);
+  if (!idle) return tl::unexpected(idle.error());
+  if (*idle > 0 && *idle < 1000) {
+    return malformed(ctx, line_of_key(**table, "idle_timeout_ms"), where.label,
+                     "key 'idle_timeout_ms' must be 0 (never) or at least 1000, got " + std::to_string(*idle));
+  }
+  limits.idle_timeout_ms = *idle;
+  auto handshake =
+      read_int(ctx, **table, where, "tls_handshake_timeout_ms", limits.tls_handshake_timeout_ms, 100, 600000);
+  if (!handshake) return tl::unexpected(handshake.error());
+  limits.tls_handshake_timeout_ms = *handshake;
+  return {};
+}
+
 [[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
-  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "node", "load_balancer", "engine"});
+  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "limits", "node", "load_balancer", "engine"});
       !ok) {
     return tl::unexpected(ok.error());
   }
   topology result;
   if (auto ok = read_cluster(ctx, root, result); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_tls(ctx, root, result); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_limits(ctx, root, result.limits); !ok) return tl::unexpected(ok.error());
   auto nodes = read_nodes(ctx, root, !result.tls_ca.empty());
   if (!nodes) return tl::unexpected(nodes.error());
   result.nodes = std::move(*nodes);

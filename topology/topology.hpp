@@ -12,6 +12,16 @@
 ///   kv_transfer = "caf"                #   optional: caf (default) | ucx: how prefill engines
 ///                                      #   ship KV to decode engines (CAF messages or UCX)
 ///
+///   [limits]                           # optional table (docs/security.md "Limits")
+///   max_message_mib = 64               #   optional, 1..4095, default 64: the largest CAF message
+///                                      #   a peer may announce; a bigger one closes its connection
+///   max_pending_per_client = 256       #   optional, > 0, default 256: requests in flight per
+///                                      #   client process (the balancer's own node is exempt)
+///   idle_timeout_ms = 30000            #   optional, 0 (never) or 1000..3600000, default 30000: a
+///                                      #   CAF connection that receives nothing this long is closed
+///   tls_handshake_timeout_ms = 5000    #   optional, 100..600000, default 5000: an accepted TLS
+///                                      #   connection still handshaking this long is closed
+///
 ///   [[node]]                           # one or more
 ///   name = "node0"                     #   required, unique, non-empty
 ///   host = "127.0.0.1"                 #   required, non-empty
@@ -106,6 +116,14 @@ struct load_balancer_spec {
   int32_t heartbeat_timeout_ms = 5000;   ///< an engine silent this long is lost (> the interval)
 };
 
+/// [limits]: what a peer of the CAF port can make a node hold (docs/security.md "Limits").
+struct limits_spec {
+  int32_t max_message_mib = 64;          ///< the largest CAF message a peer may announce, 1..4095
+  int32_t max_pending_per_client = 256;  ///< requests in flight per client process, >= 1
+  int32_t idle_timeout_ms = 30000;       ///< a silent cluster connection is closed; 0 = never, else >= 1000
+  int32_t tls_handshake_timeout_ms = 5000;  ///< an accepted TLS handshake still pending is closed
+};
+
 /// A validated topology file: every name it references exists, in file order.
 struct topology {
   std::string cluster_name = "troupe";
@@ -114,6 +132,7 @@ struct topology {
   std::vector<engine_spec> engines;
   load_balancer_spec load_balancer;
   std::string tls_ca;  ///< [tls] ca: the cluster CA certificate (PEM, absolute); "" = no [tls]
+  limits_spec limits;
 
   /// The node called `name`, or nullptr.
   [[nodiscard]] const node_spec* find_node(std::string_view name) const;

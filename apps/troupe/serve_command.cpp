@@ -96,7 +96,9 @@ int run_serve(const serve_options& o) {
   signal_waiter signals;
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
-  if (auto ok = actors::configure_network(cfg, topology::node_credentials(*t, node_name)); !ok)
+  if (auto ok = actors::configure_network(cfg, topology::node_credentials(*t, node_name),
+                                           topology::node_network_limits(*t));
+      !ok)
     return fail_with(ok.error());
   log_security(*security);
   caf::actor_system sys{cfg};
