@@ -8,6 +8,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/boundary.hpp"
+#include "actors/door.hpp"
 #include "actors/clock.hpp"
 #include "actors/random.hpp"
 #include "actors/request_actor.hpp"
@@ -222,16 +223,6 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
       },
   };
 }
-/// What the front does with anything but a completion request: nothing, quietly; a request
-/// gets CAF's `unexpected_message` error (an error sent back for a plain message would make its
-/// sender quit, CAF's default for an unhandled error).
-caf::result<caf::message> drop_unexpected(caf::scheduled_actor* self, caf::message_view& m) {
-  spdlog::debug("load balancer front: dropped a message it does not accept: {}",
-                caf::to_string(m.copy_content_to_message()));
-  if (self->current_message_id().is_request()) return caf::sec::unexpected_message;
-  return caf::message{};
-}
-
 }  // namespace
 
 std::vector<balanced_engine> mixed_engines(const engine_list& actors) {
@@ -253,10 +244,10 @@ int64_t random_request_id() { return static_cast<int64_t>(draw_unguessable_u64()
 
 balancer_client_actor spawn_balancer_front(caf::actor_system& sys, balancer_actor balancer) {
   TROUPE_ASSERT(balancer != nullptr);
-  return sys.spawn([balancer](balancer_client_actor::pointer self) -> balancer_client_actor::behavior_type {
-    self->set_default_handler(drop_unexpected);
-    return {[=](msg::submit_completion& s) { return self->delegate(balancer, std::move(s)); }};
-  });
+  return caf::actor_cast<balancer_client_actor>(
+      spawn_door(sys, caf::actor_cast<caf::strong_actor_ptr>(std::move(balancer)), sys.message_types<balancer_client_actor>(),
+                 [](const caf::type_erased_tuple& m) { return m.match_elements<msg::submit_completion>(); },
+                 "load balancer front"));
 }
 
 }  // namespace troupe::actors

@@ -80,8 +80,9 @@ balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options
 /// from the balancer straight to the client, and the balancer sees the client as the sender).
 /// Load reports, placement, the heartbeat and control messages sent to it are dropped with a
 /// log line at debug level (a flood of them must not fill the log), and a request among them
-/// is answered with CAF's `unexpected_message` error. docs/security.md says what this
-/// surface does not prevent.
+/// is answered with CAF's `unexpected_message` error. It is a door (actors/door.hpp): exits and
+/// links are dropped too, so no client can stop it; end it with close_door. docs/security.md
+/// says what this surface does not prevent.
 [[nodiscard]] balancer_client_actor spawn_balancer_front(caf::actor_system& sys, balancer_actor balancer);
 
 }  // namespace troupe::actors

@@ -15,11 +15,13 @@
 
 #include "actors/connect.hpp"
 #include "actors/tls.hpp"
-#include "tests/support/actor_config.hpp"
+#include "tests/support/actor_harness.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::testing {
 namespace {
+
+using namespace std::chrono_literals;
 
 /// Two actor systems with the io middleman: `server` runs and publishes a node, `peer` reaches it.
 class PublishedSurface : public ::testing::Test {
@@ -102,6 +104,46 @@ TEST_F(PublishedSurface, ANodeWithoutTheBalancerPublishesOnlyItsEngineList) {
   EXPECT_FALSE(peer_->assignable(reached.interface, peer_->message_types<actors::balancer_client_actor>()));
   EXPECT_FALSE(node_.load_balancer);
   EXPECT_FALSE(node_.front);
+}
+
+// What a node publishes is a door (actors/door.hpp): a peer's kill, a link to it from an actor
+// that then dies, and a request outside the interface leave it serving. (Before, one
+// `anon_send_exit(front, kill)` from any client stopped the node accepting completions.)
+TEST_F(PublishedSurface, NoPeerCanStopTheFrontWithAKillOrALink) {
+  const std::string models = TROUPE_MODELS_DIR;
+  const topology::topology t = topology::single_node(models + "/stories260K.bin", models + "/tok512.bin");
+  const actors::reached_actor reached = publish_and_reach(t, "local");
+  ASSERT_TRUE(reached.actor);
+  const auto front = caf::actor_cast<actors::balancer_client_actor>(reached.actor);
+  caf::anon_send_exit(front, caf::exit_reason::kill);
+  auto doomed = peer_->spawn([front](caf::event_based_actor* self) -> caf::behavior {
+    self->link_to(front);
+    return {[](int) {}};
+  });
+  caf::anon_send_exit(doomed, caf::exit_reason::kill);  // dies linked to the front
+  caf::scoped_actor self{*peer_};
+  bool refused = false;
+  self->request(caf::actor_cast<caf::actor>(front), 10s, actors::engines_atom::value)
+      .receive([](actors::engine_list&) {}, [&](caf::error& e) { refused = e == caf::sec::unexpected_message; if (!refused) ADD_FAILURE() << peer_->render(e); });
+  EXPECT_TRUE(refused) << "a request outside the interface is answered with unexpected_message";
+  // The front still hands completions to the balancer.
+  const msg::completion_request r = make_completion("Once upon a time", 20, 3, 0.0f);
+  auto out = actors::complete(*peer_, front, r);
+  ASSERT_TRUE(out.has_value()) << out.error().message;
+  model::transformer oracle{*bundled_shared().ck};
+  EXPECT_EQ(out->tokens, reference(oracle, r).tokens);
+}
+
+TEST_F(PublishedSurface, NoPeerCanStopTheNodeActorWithAKill) {
+  const actors::reached_actor reached = publish_and_reach(two_nodes(), "n1");
+  ASSERT_TRUE(reached.actor);
+  const auto node = caf::actor_cast<actors::node_actor>(reached.actor);
+  caf::anon_send_exit(node, caf::exit_reason::kill);
+  caf::scoped_actor self{*peer_};
+  size_t num_engines = 0;
+  self->request(node, 10s, actors::engines_atom::value)
+      .receive([&](actors::engine_list& l) { num_engines = l.size(); }, [](caf::error&) {});
+  EXPECT_EQ(num_engines, 1u);
 }
 
 }  // namespace

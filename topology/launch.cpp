@@ -9,6 +9,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/connect.hpp"
+#include "actors/door.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 
@@ -150,9 +151,13 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   }
   if (t.load_balancer.node != node_name) {
     const actors::engine_list engines = out.engines;
-    out.node_actor = sys.spawn([engines]() -> actors::node_actor::behavior_type {
+    // Published behind a door (actors/door.hpp): no peer can stop it with an exit or a link.
+    const actors::node_actor lister = sys.spawn([engines]() -> actors::node_actor::behavior_type {
       return {[engines](actors::engines_atom) { return engines; }};
     });
+    out.node_actor = caf::actor_cast<actors::node_actor>(actors::spawn_door(
+        sys, caf::actor_cast<caf::strong_actor_ptr>(lister), sys.message_types<actors::node_actor>(),
+        [](const caf::type_erased_tuple& m) { return m.match_elements<actors::engines_atom>(); }, "node actor"));
     return out;
   }
   auto engines = cluster_engines(sys, t, node_name, out, options.stop);
@@ -220,9 +225,10 @@ actors::network_limits node_network_limits(const topology& t) {
 }
 
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {
-  if (node.front) caf::anon_send_exit(node.front, caf::exit_reason::user_shutdown);
+  // The published doors, and the actors behind them.
+  actors::close_door(caf::actor_cast<caf::strong_actor_ptr>(node.front));
+  actors::close_door(caf::actor_cast<caf::strong_actor_ptr>(node.node_actor));
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
-  if (node.node_actor) caf::anon_send_exit(node.node_actor, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
 }
