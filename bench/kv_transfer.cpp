@@ -13,9 +13,9 @@
 // receiver publishes and the sender reaches with actors/connect.hpp. One system per path, not
 // one system with two ports: CAF keeps one route per pair of actor systems, so a second
 // connection between the same two systems carries nothing (strace: the messages to both
-// handles took the plaintext connection, and "TLS" measured plaintext). The sender alternates the paths within each repetition
-// (plaintext first on even ones, TLS first on odd ones), so both see the same machine; the
-// TLS/plaintext ratio is the ratio of their medians.
+// handles took the plaintext connection, and "TLS" measured plaintext). The sender alternates
+// the paths within each repetition (plaintext first on even ones, TLS first on odd ones), so
+// both see the same machine; the TLS/plaintext ratio is the ratio of their medians.
 //
 // Units: sizes in MiB (2^20 bytes); throughput in MB/s (10^6 bytes/s) = size / round trip.
 
