@@ -6,9 +6,7 @@
 // seeds, and the outputs are checked to be identical across configurations. Prints tokens/s.
 //
 //   build/bench/bench_cluster [--requests 128] [--max-tokens 64] [--rate 100]
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,9 +29,8 @@
 #include "actors/tls.hpp"
 #include "actors/type_ids.hpp"
 #include "bench/figures.hpp"
+#include "bench/troupe_process.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
-
-extern char** environ;
 
 namespace troupe::bench {
 namespace {
@@ -82,35 +79,9 @@ std::string topology_text(const config& c, int base_port, const fs::path& certs)
   return t;
 }
 
-/// Starts `troupe args...` with stdout and stderr appended to `log`.
-pid_t start_troupe(std::vector<std::string> args, const std::string& out) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  TROUPE_ASSERT_MSG(rc == 0, "cannot start troupe");
-  return pid;
-}
-
 pid_t start_node(const std::string& troupe, const std::string& topo, const std::string& node, const fs::path& dir) {
   return start_troupe({troupe, "--log-level", "warn", "node", "--topology", topo, "--node", node},
                       (dir / (node + ".log")).string());
-}
-
-/// `troupe certs` for node0..node2 and a client 'bench' into <dir>/certs.
-void make_certs(const std::string& troupe, const fs::path& dir) {
-  const pid_t pid = start_troupe({troupe, "certs", "--out", (dir / "certs").string(), "--nodes", "node0,node1,node2",
-                                  "--client", "bench"},
-                                 (dir / "certs.log").string());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  TROUPE_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "troupe certs failed");
 }
 
 struct run_result {
@@ -130,10 +101,7 @@ run_result run_config(const config& c, const std::vector<msg::completion_request
   for (size_t n = c.nodes.size(); n-- > 0;) pids.push_back(start_node(o.troupe, topo, "node" + std::to_string(n), dir));
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
-  const actors::tls_credentials tls = c.tls ? actors::tls_credentials{(certs / "ca.pem").string(),
-                                                                      (certs / "bench.pem").string(),
-                                                                      (certs / "bench-key.pem").string()}
-                                            : actors::tls_credentials{};
+  const actors::tls_credentials tls = c.tls ? credentials_of(certs, "bench") : actors::tls_credentials{};
   TROUPE_ASSERT_MSG(actors::configure_network(cfg, tls).has_value(), "bad TLS files");
   run_result r;
   {
@@ -175,7 +143,7 @@ run_result run_config(const config& c, const std::vector<msg::completion_request
 
 int run(int argc, char** argv) {
   options o;
-  o.troupe = (fs::path(argv[0]).parent_path() / ".." / "apps" / "troupe").lexically_normal().string();
+  o.troupe = default_troupe_binary(argv[0]);
   CLI::App app{"end-to-end latency: one node vs three-node disaggregation"};
   app.add_option("--requests", o.requests, "requests per configuration")->check(CLI::Range(1, 100000));
   app.add_option("--max-tokens", o.max_tokens, "new tokens per request")->check(CLI::Range(1, 400));
@@ -217,7 +185,11 @@ int run(int argc, char** argv) {
               o.requests, o.rate, o.max_tokens);
   const fs::path dir = fs::temp_directory_path() / ("troupe_bench_cluster_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  make_certs(o.troupe, dir);
+  if (auto certs = make_certs(o.troupe, dir, "node0,node1,node2", "bench"); !certs) {
+    std::fprintf(stderr, "%s\n", certs.error().message.c_str());
+    fs::remove_all(dir);
+    return 1;
+  }
   const std::vector<config> configs = {{"single-node", {"node0"}, "caf"},
                                        {"three-node-caf", {"node0", "node1", "node2"}, "caf"},
                                        {"three-node-caf-tls", {"node0", "node1", "node2"}, "caf", true},
