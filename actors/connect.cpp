@@ -8,6 +8,8 @@
 #include <caf/io/all.hpp>
 #include <caf/openssl/manager.hpp>
 
+#include "actors/network_limits.hpp"
+
 namespace troupe::actors {
 namespace {
 
@@ -64,6 +66,7 @@ expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor
                 true)
       .receive([&](uint16_t bound) { out = bound; },
                [&](caf::error& err) { out = fail(errc::io_error, sys.render(err)); });
+  if (out) guard_listening_port(*out);
   return out;
 }
 

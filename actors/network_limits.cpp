@@ -1,9 +1,17 @@
 #include "actors/network_limits.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <caf/actor_system_config.hpp>
 #include <caf/io/basp/header.hpp>
@@ -19,14 +27,114 @@ namespace {
 std::atomic<uint32_t> max_message_bytes{network_limits{}.max_message_bytes};
 std::atomic<int32_t> idle_timeout_ms{network_limits{}.idle_timeout_ms};
 std::atomic<int32_t> tls_handshake_timeout_ms{network_limits{}.tls_handshake_timeout_ms};
+std::atomic<int32_t> max_connections{network_limits{}.max_connections};
+std::atomic<int32_t> max_connections_per_host{network_limits{}.max_connections_per_host};
+
+/// The connections accepted at the published ports, by socket and by peer address.
+class connection_table {
+ public:
+  void guard(uint16_t port) {
+    std::lock_guard lock(mutex_);
+    ports_.insert(port);
+  }
+
+  /// Whether `listener` is one of the published ports' sockets.
+  bool guards(int listener) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return false;
+    const uint16_t port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                                           : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    std::lock_guard lock(mutex_);
+    return ports_.count(port) != 0;
+  }
+
+  /// Counts `fd` (just accepted from `peer`) unless a limit is reached: then false.
+  bool admit(int fd, const std::string& peer) {
+    std::lock_guard lock(mutex_);
+    const int32_t total = max_connections.load(), per_host = max_connections_per_host.load();
+    int32_t& from_peer = by_peer_[peer];
+    if (static_cast<int32_t>(peer_of_.size()) >= total || from_peer >= per_host) {
+      if (from_peer == 0) by_peer_.erase(peer);
+      spdlog::warn("refused a CAF connection from {}: {} open in all (limit {}), {} from that address (limit {}) "
+                   "([limits] max_connections, max_connections_per_host)",
+                   peer, peer_of_.size(), total, from_peer, per_host);
+      return false;
+    }
+    from_peer++;
+    peer_of_[fd] = peer;
+    count_.store(static_cast<int32_t>(peer_of_.size()), std::memory_order_relaxed);
+    return true;
+  }
+
+  /// `fd` is being closed: uncounts it if it was counted.
+  void closing(int fd) {
+    std::lock_guard lock(mutex_);
+    auto it = peer_of_.find(fd);
+    if (it == peer_of_.end()) return;
+    if (auto by = by_peer_.find(it->second); by != by_peer_.end() && --by->second == 0) by_peer_.erase(by);
+    peer_of_.erase(it);
+    count_.store(static_cast<int32_t>(peer_of_.size()), std::memory_order_relaxed);
+  }
+
+  /// Whether any socket is counted (close() is called for every file of the process: most need
+  /// no lock).
+  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+
+ private:
+  std::mutex mutex_;
+  std::set<uint16_t> ports_;
+  std::map<int, std::string> peer_of_;   // counted socket -> its peer's address
+  std::map<std::string, int32_t> by_peer_;  // peer's address -> its counted sockets
+  std::atomic<int32_t> count_{0};
+};
+
+connection_table& connections() {
+  static connection_table* table = new connection_table;  // never destroyed: close() may run at exit
+  return *table;
+}
+
+/// The peer's address of a connected socket, as text ("?" when unknown).
+std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof text);
+  else if (addr.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text, sizeof text);
+  return text;
+}
+
+/// The function these definitions replace: a sanitizer's interceptor when the binary has one
+/// (ASan and TSan intercept accept and close to track sockets), else libc's.
+template <class Function>
+Function next_function(const char* name) {
+  void* f = ::dlsym(RTLD_DEFAULT, ("__interceptor_" + std::string(name)).c_str());
+  if (f == nullptr) f = ::dlsym(RTLD_NEXT, name);
+  TROUPE_ASSERT_MSG(f != nullptr, "the C library's socket functions are not found");
+  return reinterpret_cast<Function>(f);
+}
+
+using accept_function = int (*)(int, sockaddr*, socklen_t*);
+using close_function = int (*)(int);
+
+close_function libc_close() {
+  static const close_function f = next_function<close_function>("close");
+  return f;
+}
 
 }  // namespace
 
 void apply_network_limits(caf::actor_system_config& cfg, const network_limits& limits) {
-  TROUPE_ASSERT(limits.max_message_bytes > 0 && limits.idle_timeout_ms >= 0 && limits.tls_handshake_timeout_ms > 0);
+  TROUPE_ASSERT(limits.max_message_bytes > 0 && limits.idle_timeout_ms >= 0 && limits.tls_handshake_timeout_ms > 0 &&
+                limits.max_connections > 0 && limits.max_connections_per_host > 0);
   max_message_bytes.store(limits.max_message_bytes);
   idle_timeout_ms.store(limits.idle_timeout_ms);
   tls_handshake_timeout_ms.store(limits.tls_handshake_timeout_ms);
+  max_connections.store(limits.max_connections);
+  max_connections_per_host.store(limits.max_connections_per_host);
   if (limits.idle_timeout_ms == 0) return;
   // CAF closes a BASP connection that received nothing for connection-timeout, checked at each
   // heartbeat tick; the heartbeats keep a quiet but live peer's connection open (both ends send
@@ -37,10 +145,36 @@ void apply_network_limits(caf::actor_system_config& cfg, const network_limits& l
 }
 
 network_limits current_network_limits() {
-  return {max_message_bytes.load(), idle_timeout_ms.load(), tls_handshake_timeout_ms.load()};
+  return {max_message_bytes.load(), idle_timeout_ms.load(), tls_handshake_timeout_ms.load(), max_connections.load(),
+          max_connections_per_host.load()};
 }
 
+void guard_listening_port(uint16_t port) { connections().guard(port); }
+
 }  // namespace troupe::actors
+
+// CAF 0.17.6 accepts every connection at a published port (policy::tcp::try_accept calls
+// accept, then closes with close_socket, i.e. close): nothing bounds how many a peer holds
+// open. These definitions take the place of libc's for the whole process (the executable's
+// symbols come first) and count the sockets accepted at published ports: one over
+// [limits] max_connections or max_connections_per_host is closed at once, and accept reports
+// EAGAIN, which CAF treats as "nothing to accept". Every other accept and close is libc's
+// unchanged. tests/limits_test.cpp (...MaxConnections...) fails without them.
+extern "C" int accept(int listener, sockaddr* addr, socklen_t* len) {
+  using troupe::actors::accept_function;
+  static const accept_function libc_accept = troupe::actors::next_function<accept_function>("accept");
+  const int fd = libc_accept(listener, addr, len);
+  if (fd < 0 || !troupe::actors::connections().guards(listener)) return fd;
+  if (troupe::actors::connections().admit(fd, troupe::actors::peer_address(fd))) return fd;
+  troupe::actors::libc_close()(fd);
+  errno = EAGAIN;
+  return -1;
+}
+
+extern "C" int close(int fd) {
+  if (!troupe::actors::connections().empty()) troupe::actors::connections().closing(fd);
+  return troupe::actors::libc_close()(fd);
+}
 
 // CAF 0.17.6's BASP broker reads a frame header, checks it with basp::valid, then reserves the
 // payload length the header announces before reading any of it: one 32-byte header claiming

@@ -2,11 +2,12 @@
 
 /// Bounds on what a peer of the CAF port can make a node hold (issue 21, point 5;
 /// docs/security.md "Limits"): the largest message a peer may announce, how long a cluster
-/// connection may stay silent, and how long a TLS handshake may stay pending.
+/// connection may stay silent, how long a TLS handshake may stay pending, and how many
+/// connections a node accepts.
 ///
-/// CAF 0.17.6 offers no hook for the first and the last, so they are enforced where CAF calls
-/// out of its own library (network_limits.cpp and tls.cpp define the functions CAF calls, which
-/// the dynamic linker prefers over CAF's and libssl's). They are therefore process-wide: one
+/// CAF 0.17.6 offers no hook for most of them, so they are enforced where CAF calls out of its
+/// own library (network_limits.cpp and tls.cpp define the functions CAF calls, which the dynamic
+/// linker prefers over libcaf_io's, libssl's and libc's). They are therefore process-wide: one
 /// set of limits per process, applied by configure_network (actors/tls.hpp).
 
 #include <cstdint>
@@ -27,6 +28,10 @@ struct network_limits {
   /// A TLS connection accepted by this process whose handshake is not complete after this long
   /// is closed (CAF 0.17's OpenSSL module spins a core while one is pending).
   int32_t tls_handshake_timeout_ms = 5000;
+  /// Connections accepted at this process's published ports, in all and from one address: one
+  /// more is closed at once.
+  int32_t max_connections = 1024;
+  int32_t max_connections_per_host = 64;
 };
 
 /// Sets CAF's heartbeat and connection timeout in `cfg` and the process-wide bounds.
@@ -34,5 +39,9 @@ void apply_network_limits(caf::actor_system_config& cfg, const network_limits& l
 
 /// The process-wide bounds in force (the defaults until apply_network_limits is called).
 [[nodiscard]] network_limits current_network_limits();
+
+/// Counts the connections accepted at `port` (one of this process's published ports) against
+/// max_connections and max_connections_per_host. actors::publish_actor calls it.
+void guard_listening_port(uint16_t port);
 
 }  // namespace troupe::actors

@@ -6,6 +6,7 @@
 //   spinning for as long as it stayed open);
 // - a peer that sends nothing, not even CAF's heartbeats, is disconnected after the idle bound,
 //   while a peer sending heartbeats stays connected;
+// - connections beyond max_connections_per_host (or max_connections in all) are closed at once;
 // - a client process may have only so many requests in flight; the balancer's own node is
 //   exempt, and a finished request makes room again.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -49,19 +51,34 @@ int64_t peak_rss_bytes() {
   return -1;
 }
 
-/// A plain TCP connection to 127.0.0.1:port (-1 on failure), closed with the object.
+/// A plain TCP connection to 127.0.0.1:port from `source` (an address of 127/8), -1 on
+/// failure; closed with the object.
 struct raw_connection {
   int fd = -1;
-  explicit raw_connection(uint16_t port) {
+  explicit raw_connection(uint16_t port, const char* source = "127.0.0.1") {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source, &from.sin_addr);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (fd >= 0 && (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+                    ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)) {
       ::close(fd);
       fd = -1;
     }
+  }
+
+  /// Whether the node accepted it: CAF greets every accepted connection with its handshake at
+  /// once, and closes a refused one without a byte. nullopt: neither within `bound`.
+  [[nodiscard]] std::optional<bool> greeted_within(std::chrono::milliseconds bound) const {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(bound.count())) <= 0) return std::nullopt;
+    char byte = 0;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK);
+    return n > 0;
   }
   ~raw_connection() {
     if (fd >= 0) ::close(fd);
@@ -254,6 +271,42 @@ TEST_F(Limits, APeerThatSendsNothingIsDisconnectedAfterTheIdleBoundAndOneWithHea
   asker->request(*live_node, 10s, actors::engines_atom::value)
       .receive([&](actors::engine_list& l) { answered = l.size() == 1; }, [](caf::error&) {});
   EXPECT_TRUE(answered) << "the peer sending heartbeats lost its connection";
+  caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(engine, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(Limits, ConnectionsOverMaxConnectionsPerHostOrInAllAreClosedAtOnceAndAClosedOneMakesRoom) {
+  actors::network_limits limits;
+  limits.max_connections = 3;
+  limits.max_connections_per_host = 2;
+  start_server(limits);
+  const actors::engine_actor engine = spawn_silent_engine(*server_);
+  const actors::node_actor node = server_->spawn([engine]() -> actors::node_actor::behavior_type {
+    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; }};
+  });
+  auto port = actors::publish_actor(*server_, node, 0, "127.0.0.1");
+  ASSERT_TRUE(port.has_value()) << port.error().message;
+  auto a1 = std::make_unique<raw_connection>(*port, "127.0.0.1");
+  raw_connection a2(*port, "127.0.0.1");
+  raw_connection a3(*port, "127.0.0.1");  // a third from one address
+  raw_connection b1(*port, "127.0.0.2");
+  raw_connection b2(*port, "127.0.0.2");  // a fourth in all
+  for (const raw_connection* c : {a1.get(), &a2, &a3, &b1, &b2}) ASSERT_GE(c->fd, 0);
+  EXPECT_EQ(a1->greeted_within(10s), std::optional<bool>(true));
+  EXPECT_EQ(a2.greeted_within(10s), std::optional<bool>(true));
+  EXPECT_EQ(a3.greeted_within(10s), std::optional<bool>(false));
+  EXPECT_EQ(b1.greeted_within(10s), std::optional<bool>(true));
+  EXPECT_EQ(b2.greeted_within(10s), std::optional<bool>(false));
+  // Once the node has closed its end of a1, 127.0.0.1 may connect again (the node sees the
+  // close a moment later: a refused attempt is retried, within a bound).
+  a1.reset();
+  bool accepted = false;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!accepted && std::chrono::steady_clock::now() < deadline) {
+    raw_connection again(*port, "127.0.0.1");
+    accepted = again.greeted_within(10s) == std::optional<bool>(true);
+  }
+  EXPECT_TRUE(accepted);
   caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(engine, caf::exit_reason::user_shutdown);
 }

@@ -159,16 +159,20 @@ TEST(Topology, MinimalFileTakesEveryDefault) {
   EXPECT_EQ(topo->limits.max_pending_per_client, 256);
   EXPECT_EQ(topo->limits.idle_timeout_ms, 30000);
   EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 5000);
+  EXPECT_EQ(topo->limits.max_connections, 1024);
+  EXPECT_EQ(topo->limits.max_connections_per_host, 64);
 }
 
 TEST(Topology, EveryLimitsKeyIsReadAtItsBounds) {
   auto topo = parse("[limits]\nmax_message_mib = 4095\nmax_pending_per_client = 1\nidle_timeout_ms = 0\n"
-                    "tls_handshake_timeout_ms = 100\n" + k_valid);
+                    "tls_handshake_timeout_ms = 100\nmax_connections = 1\nmax_connections_per_host = 1\n" + k_valid);
   ASSERT_TRUE(topo) << topo.error().message;
   EXPECT_EQ(topo->limits.max_message_mib, 4095);
   EXPECT_EQ(topo->limits.max_pending_per_client, 1);
   EXPECT_EQ(topo->limits.idle_timeout_ms, 0);
   EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 100);
+  EXPECT_EQ(topo->limits.max_connections, 1);
+  EXPECT_EQ(topo->limits.max_connections_per_host, 1);
   auto upper = parse("[limits]\nmax_message_mib = 1\nidle_timeout_ms = 3600000\ntls_handshake_timeout_ms = 600000\n" +
                      k_valid);
   ASSERT_TRUE(upper) << upper.error().message;
@@ -417,7 +421,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "load_balancer, engine)"},
         bad_file{"unknown_limits_key", "[limits]\nmax_message = 3\n" + k_valid,
                  "topology.toml:2: limits: unknown key 'max_message' (expected one of: max_message_mib, "
-                 "max_pending_per_client, idle_timeout_ms, tls_handshake_timeout_ms)"},
+                 "max_pending_per_client, idle_timeout_ms, tls_handshake_timeout_ms, max_connections, "
+                 "max_connections_per_host)"},
+        bad_file{"max_connections_0", "[limits]\nmax_connections = 0\n" + k_valid,
+                 "topology.toml:2: limits: key 'max_connections' must be in 1..2147483647, got 0"},
+        bad_file{"max_connections_per_host_0", "[limits]\nmax_connections_per_host = 0\n" + k_valid,
+                 "topology.toml:2: limits: key 'max_connections_per_host' must be in 1..2147483647, got 0"},
         bad_file{"max_message_mib_0", "[limits]\nmax_message_mib = 0\n" + k_valid,
                  "topology.toml:2: limits: key 'max_message_mib' must be in 1..4095, got 0"},
         bad_file{"max_message_mib_4096", "[limits]\nmax_message_mib = 4096\n" + k_valid,

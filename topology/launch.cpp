@@ -221,6 +221,8 @@ actors::network_limits node_network_limits(const topology& t) {
   out.max_message_bytes = static_cast<uint32_t>(t.limits.max_message_mib) << 20;
   out.idle_timeout_ms = t.limits.idle_timeout_ms;
   out.tls_handshake_timeout_ms = t.limits.tls_handshake_timeout_ms;
+  out.max_connections = t.limits.max_connections;
+  out.max_connections_per_host = t.limits.max_connections_per_host;
   return out;
 }
 
@@ -236,7 +238,10 @@ void shutdown_node(caf::actor_system& sys, const launched_node& node) {
 topology single_node(const std::string& model_path, const std::string& tokenizer_path) {
   topology t;
   t.cluster_name = "local";
-  t.nodes.push_back(node_spec{"local", "127.0.0.1", 0});
+  node_spec node;
+  node.name = "local";
+  node.host = "127.0.0.1";
+  t.nodes.push_back(node);
   engine_spec e;
   e.name = "engine0";
   e.node = "local";

@@ -668,7 +668,7 @@ struct listener {
   const scope where{"limits", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
                                  {"max_message_mib", "max_pending_per_client", "idle_timeout_ms",
-                                  "tls_handshake_timeout_ms"});
+                                  "tls_handshake_timeout_ms", "max_connections", "max_connections_per_host"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -689,6 +689,12 @@ struct listener {
       read_int(ctx, **table, where, "tls_handshake_timeout_ms", limits.tls_handshake_timeout_ms, 100, 600000);
   if (!handshake) return tl::unexpected(handshake.error());
   limits.tls_handshake_timeout_ms = *handshake;
+  auto connections = read_int(ctx, **table, where, "max_connections", limits.max_connections, 1);
+  if (!connections) return tl::unexpected(connections.error());
+  limits.max_connections = *connections;
+  auto per_host = read_int(ctx, **table, where, "max_connections_per_host", limits.max_connections_per_host, 1);
+  if (!per_host) return tl::unexpected(per_host.error());
+  limits.max_connections_per_host = *per_host;
   return {};
 }
 

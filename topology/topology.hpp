@@ -21,6 +21,9 @@
 ///                                      #   CAF connection that receives nothing this long is closed
 ///   tls_handshake_timeout_ms = 5000    #   optional, 100..600000, default 5000: an accepted TLS
 ///                                      #   connection still handshaking this long is closed
+///   max_connections = 1024             #   optional, > 0, default 1024: connections a node
+///                                      #   accepts at its port; one more is closed at once
+///   max_connections_per_host = 64      #   optional, > 0, default 64: the same from one address
 ///
 ///   [[node]]                           # one or more
 ///   name = "node0"                     #   required, unique, non-empty
@@ -122,6 +125,8 @@ struct limits_spec {
   int32_t max_pending_per_client = 256;  ///< requests in flight per client process, >= 1
   int32_t idle_timeout_ms = 30000;       ///< a silent cluster connection is closed; 0 = never, else >= 1000
   int32_t tls_handshake_timeout_ms = 5000;  ///< an accepted TLS handshake still pending is closed
+  int32_t max_connections = 1024;         ///< connections a node accepts in all, >= 1
+  int32_t max_connections_per_host = 64;  ///< connections a node accepts from one address, >= 1
 };
 
 /// A validated topology file: every name it references exists, in file order.

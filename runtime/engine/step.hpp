@@ -28,12 +28,14 @@ struct kv_data {
   std::vector<float> values;  ///< (num_layers, num_tokens, kv_dim)
 
   /// Whether the vectors hold exactly num_layers * num_tokens * kv_dim floats each.
-  /// (The sizes may come from another process: their product is taken in 128 bits, where three
-  /// 32-bit values cannot overflow.)
+  /// (The sizes may come from another process: a product past 64 bits is inconsistent.)
   [[nodiscard]] bool consistent() const {
     if (num_layers < 0 || num_tokens < 0 || kv_dim < 0) return false;
-    const __int128 n = static_cast<__int128>(num_layers) * num_tokens * kv_dim;
-    return static_cast<__int128>(keys.size()) == n && static_cast<__int128>(values.size()) == n;
+    uint64_t n = 0;  // two 31-bit factors fit in 64 bits; the third may not
+    if (__builtin_mul_overflow(static_cast<uint64_t>(num_layers) * static_cast<uint64_t>(num_tokens),
+                               static_cast<uint64_t>(kv_dim), &n))
+      return false;
+    return keys.size() == n && values.size() == n;
   }
 };
 
