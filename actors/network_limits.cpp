@@ -1,5 +1,6 @@
 #include "actors/network_limits.hpp"
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -63,30 +64,46 @@ class connection_table {
     }
     from_peer++;
     peer_of_[fd] = peer;
-    count_.store(static_cast<int32_t>(peer_of_.size()), std::memory_order_relaxed);
+    mark(fd, true);
     return true;
   }
 
-  /// `fd` is being closed: uncounts it if it was counted.
+  /// `fd` is being closed: uncounts it if it was counted. close() is called for every file of
+  /// the process (and in forked children, where a lock held by another thread at the fork would
+  /// never be released): only a counted socket takes the lock.
   void closing(int fd) {
+    if (!marked(fd)) return;
     std::lock_guard lock(mutex_);
     auto it = peer_of_.find(fd);
     if (it == peer_of_.end()) return;
     if (auto by = by_peer_.find(it->second); by != by_peer_.end() && --by->second == 0) by_peer_.erase(by);
     peer_of_.erase(it);
-    count_.store(static_cast<int32_t>(peer_of_.size()), std::memory_order_relaxed);
+    mark(fd, false);
   }
-
-  /// Whether any socket is counted (close() is called for every file of the process: most need
-  /// no lock).
-  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
 
  private:
   std::mutex mutex_;
   std::set<uint16_t> ports_;
   std::map<int, std::string> peer_of_;   // counted socket -> its peer's address
   std::map<std::string, int32_t> by_peer_;  // peer's address -> its counted sockets
-  std::atomic<int32_t> count_{0};
+  // One bit per file descriptor below 65536: counted (set and cleared under the lock). A
+  // higher descriptor is always looked up under the lock.
+  static constexpr int num_marked = 1 << 16;
+  std::array<std::atomic<uint64_t>, num_marked / 64> marks_{};
+
+  [[nodiscard]] bool marked(int fd) const {
+    if (fd < 0) return false;
+    if (fd >= num_marked) return true;
+    return (marks_[static_cast<size_t>(fd) / 64].load(std::memory_order_acquire) >> (fd % 64)) & 1u;
+  }
+  void mark(int fd, bool on) {
+    if (fd < 0 || fd >= num_marked) return;
+    const uint64_t bit = uint64_t{1} << (fd % 64);
+    if (on)
+      marks_[static_cast<size_t>(fd) / 64].fetch_or(bit, std::memory_order_release);
+    else
+      marks_[static_cast<size_t>(fd) / 64].fetch_and(~bit, std::memory_order_release);
+  }
 };
 
 connection_table& connections() {
@@ -172,7 +189,7 @@ extern "C" int accept(int listener, sockaddr* addr, socklen_t* len) {
 }
 
 extern "C" int close(int fd) {
-  if (!troupe::actors::connections().empty()) troupe::actors::connections().closing(fd);
+  troupe::actors::connections().closing(fd);
   return troupe::actors::libc_close()(fd);
 }
 
