@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/atoms.hpp"
 #include "actors/clock.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/request.hpp"
@@ -18,6 +19,7 @@ struct cost_executor_state {
   cost_executor_options o;
   std::unique_ptr<engine::step_executor> real;  // real tokens only
   caf::actor_clock::time_point busy_until;
+  int64_t sampled_interval = -1;  // the last interval of sample_every_ns with a sample
   std::map<int64_t, std::pair<caf::typed_response_promise<engine::exec_result>, engine::exec_result>> pending;
   static inline const char* name = "cost_executor";
 };
@@ -44,6 +46,31 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
+/// What the report keeps of a step: its rows by kind, tokens and samples.
+step_record record_of(const engine::exec_plan& plan, int32_t replica, int64_t start_ns, int64_t duration_ns) {
+  step_record r{replica, plan.step, start_ns, duration_ns, static_cast<int32_t>(plan.chunks.size()), 0, 0, 0};
+  for (const engine::exec_chunk& c : plan.chunks) {
+    if (c.tokens.size() == 1 && c.num_samples > 0)
+      r.num_decode_rows++;
+    else
+      r.num_prefill_tokens += static_cast<int64_t>(c.tokens.size());
+    r.num_samples += c.num_samples;
+  }
+  return r;
+}
+
+/// At the first step in a new sampling interval: asks the engine for its counters.
+void sample_engine(cost_executor_t* self, const actors::engine_actor& engine, int64_t now_ns) {
+  cost_executor_state& s = self->state;
+  if (!s.o.samples || s.o.sample_every_ns <= 0 || now_ns / s.o.sample_every_ns == s.sampled_interval) return;
+  s.sampled_interval = now_ns / s.o.sample_every_ns;
+  self->request(engine, caf::infinite, actors::stats_atom::value).then([=](const msg::engine_report& r) {
+    self->state.o.samples->push_back(replica_sample{self->state.o.replica, now_ns, r.num_waiting,
+                                                    r.num_requests - r.num_waiting, r.num_blocks_in_use,
+                                                    r.num_preemptions, r.num_generated_tokens});
+  });
+}
+
 cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::engine_actor engine,
                                                  cost_executor_options options) {
   cost_executor_state& st = self->state;
@@ -61,11 +88,13 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         const auto start = std::max(now, s.busy_until);
         const int64_t cost_ns = cost::predict_ns(s.o.cost, f);
         s.busy_until = start + std::chrono::nanoseconds(cost_ns);
+        const int64_t start_ns = actors::ns_since_epoch(start);
+        sample_engine(self, engine, actors::ns_since_epoch(now) - s.o.origin_ns);
         if (s.o.log)
-          s.o.log->write(std::to_string(actors::ns_since_epoch(start)) + " " + s.o.name + " step " + std::to_string(plan.step) +
+          s.o.log->write(std::to_string(start_ns) + " " + s.o.name + " step " + std::to_string(plan.step) +
                          " chunks " + std::to_string(plan.chunks.size()) + " tokens " +
                          std::to_string(static_cast<int64_t>(f.num_tokens)) + " cost " + std::to_string(cost_ns));
-        if (s.o.batch_sizes) s.o.batch_sizes->push_back(static_cast<int64_t>(plan.chunks.size()));
+        if (s.o.steps) s.o.steps->push_back(record_of(plan, s.o.replica, start_ns - s.o.origin_ns, cost_ns));
         auto promise = self->make_response_promise<engine::exec_result>();
         s.pending.emplace(plan.step, std::make_pair(promise, s.real ? s.real->execute(plan)
                                                                     : synthetic_result(plan, s.o.vocab_size)));

@@ -16,6 +16,7 @@
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "sim/event_log.hpp"
+#include "sim/records.hpp"
 
 namespace troupe::sim {
 
@@ -27,7 +28,13 @@ struct cost_executor_options {
   int32_t num_kv_blocks = 0;                             ///< real tokens: the KV pool
   int32_t block_size = 16;
   event_log* log = nullptr;                              ///< borrowed; single-threaded simulation
-  std::vector<int64_t>* batch_sizes = nullptr;           ///< borrowed: rows of every step
+  int32_t replica = 0;                                   ///< in step records and samples
+  int64_t origin_ns = 0;                                 ///< the simulation's start (actors::ns_since_epoch)
+  std::vector<step_record>* steps = nullptr;             ///< borrowed: every step is appended
+  /// Borrowed: at its first step in each interval of `sample_every_ns`, the executor asks its
+  /// engine for its counters (a read-only query) and appends them. Null or 0: no samples.
+  std::vector<replica_sample>* samples = nullptr;
+  int64_t sample_every_ns = 0;
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

@@ -52,11 +52,11 @@ latencies collect(const sim_result& r) {
   return l;
 }
 
-std::string batch_histogram_json(const std::vector<int64_t>& sizes) {
+std::string batch_histogram_json(const std::vector<step_record>& steps) {
   std::map<int64_t, int64_t> bins;  // power-of-two upper bounds
-  for (int64_t s : sizes) {
+  for (const step_record& s : steps) {
     int64_t bound = 1;
-    while (bound < s) bound *= 2;
+    while (bound < s.num_rows) bound *= 2;
     bins[bound]++;
   }
   std::string out = "{";
@@ -106,6 +106,45 @@ std::string throughput_data(const sim_result& r) {
   return out;
 }
 
+/// One row per replica and sampling interval: what its steps did in the interval, and its
+/// counters when it started the interval's first step (blank where it ran no step).
+std::string timeseries_csv(const sim_result& r) {
+  struct interval {
+    int64_t steps = 0, rows = 0, decode_rows = 0, prefill_tokens = 0, samples = 0;
+    const replica_sample* sample = nullptr;
+  };
+  const int64_t every = r.sample_every_ns;
+  std::map<std::pair<int64_t, int32_t>, interval> rows;  // (interval, replica)
+  for (const step_record& s : r.steps) {
+    interval& i = rows[{s.start_ns / every, s.replica}];
+    i.steps++;
+    i.rows += s.num_rows;
+    i.decode_rows += s.num_decode_rows;
+    i.prefill_tokens += s.num_prefill_tokens;
+    i.samples += s.num_samples;
+  }
+  for (const replica_sample& s : r.samples) rows[{s.time_ns / every, s.replica}].sample = &s;
+  std::string out = "time_s,replica,steps,mean_rows,decode_rows,prefill_tokens,tokens_per_s,waiting,running,"
+                    "kv_blocks_in_use,preemptions\n";
+  std::vector<int64_t> preemptions(static_cast<size_t>(std::max(r.num_replicas, 1)), 0);
+  const double seconds = static_cast<double>(every) / 1e9;
+  for (const auto& [key, i] : rows) {
+    out += num(static_cast<double>(key.first) * seconds) + "," + std::to_string(key.second) + "," +
+           std::to_string(i.steps) + "," + num(i.steps ? static_cast<double>(i.rows) / i.steps : 0.0) + "," +
+           std::to_string(i.decode_rows) + "," + std::to_string(i.prefill_tokens) + "," + num(i.samples / seconds) + ",";
+    if (i.sample) {
+      int64_t& before = preemptions.at(static_cast<size_t>(key.second));
+      out += std::to_string(i.sample->num_waiting) + "," + std::to_string(i.sample->num_running) + "," +
+             std::to_string(i.sample->num_blocks_in_use) + "," + std::to_string(i.sample->num_preemptions - before);
+      before = i.sample->num_preemptions;
+    } else {
+      out += ",,,";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 constexpr const char* plot_script = R"(set terminal svg size 900,500 dynamic
 set output 'latency_cdf.svg'
 set title 'Latency CDFs'
@@ -121,6 +160,25 @@ set xlabel 'seconds'
 set ylabel 'tokens/s'
 plot 'throughput.dat' using 1:2 with steps notitle
 )";
+
+/// Per-replica time series: one line per replica (column 2) in each panel.
+std::string timeseries_plot_script(int32_t num_replicas) {
+  return "set terminal svg size 1200,800 dynamic\n"
+         "set output 'timeseries.svg'\n"
+         "set datafile separator ','\n"
+         "set multiplot layout 2,2 title 'Per replica (virtual time)'\n"
+         "set xlabel 'seconds'\n"
+         "n = " + std::to_string(num_replicas) + "\n"
+         "set title 'waiting requests'\n"
+         "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $8 : 1/0) with steps title sprintf('replica %d', r)\n"
+         "set title 'running requests'\n"
+         "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $9 : 1/0) with steps title sprintf('replica %d', r)\n"
+         "set title 'KV blocks in use'\n"
+         "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $10 : 1/0) with steps title sprintf('replica %d', r)\n"
+         "set title 'generated tokens/s'\n"
+         "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $7 : 1/0) with steps title sprintf('replica %d', r)\n"
+         "unset multiplot\n";
+}
 
 }  // namespace
 
@@ -156,8 +214,8 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"prefix_hit_rate\": " + num(prompt ? static_cast<double>(cached) / prompt : 0.0) + ",\n";
   j += "  \"preemptions\": " + std::to_string(preemptions) + ",\n";
   j += "  \"recomputed_tokens\": " + std::to_string(recomputed) + ",\n";
-  j += "  \"num_steps\": " + std::to_string(r.batch_sizes.size()) + ",\n";
-  j += "  \"batch_size_histogram\": " + batch_histogram_json(r.batch_sizes) + ",\n";
+  j += "  \"num_steps\": " + std::to_string(r.steps.size()) + ",\n";
+  j += "  \"batch_size_histogram\": " + batch_histogram_json(r.steps) + ",\n";
   j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";
   return j;
 }
@@ -168,10 +226,15 @@ expected<void> write_report(const std::string& dir, const sim_result& r, const s
   if (ec) return fail(errc::io_error, "cannot create output directory " + dir + ": " + ec.message());
   const fs::path d(dir);
   const latencies l = collect(r);
+  std::string script = plot_script;
+  if (r.sample_every_ns > 0) {
+    if (auto ok = write_file(d / "timeseries.csv", timeseries_csv(r)); !ok) return ok;
+    script += timeseries_plot_script(r.num_replicas);
+  }
   for (const auto& [name, text] :
        {std::pair<const char*, std::string>{"requests.csv", requests_csv(r)}, {"summary.json", summary_json(r, slos, seed)},
         {"ttft_cdf.dat", cdf_data(l.ttft)}, {"e2e_cdf.dat", cdf_data(l.e2e)}, {"throughput.dat", throughput_data(r)},
-        {"plots.gp", plot_script}})
+        {"plots.gp", script}})
     if (auto ok = write_file(d / name, text); !ok) return ok;
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
     const std::string cmd = "cd '" + d.string() + "' && gnuplot plots.gp";

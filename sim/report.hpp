@@ -19,8 +19,9 @@ struct slo {
 /// results).
 [[nodiscard]] std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed);
 
-/// Writes DIR/requests.csv, DIR/summary.json and, if gnuplot is installed, DIR/latency_cdf.svg
-/// and DIR/throughput.svg (their data files and script stay beside them).
+/// Writes DIR/requests.csv, DIR/summary.json, DIR/timeseries.csv (with samples: one row per
+/// replica and interval) and, if gnuplot is installed, DIR/latency_cdf.svg, DIR/throughput.svg
+/// and DIR/timeseries.svg (their data files and script stay beside them).
 [[nodiscard]] expected<void> write_report(const std::string& dir, const sim_result& r, const slo& slos, uint64_t seed);
 
 }  // namespace troupe::sim

@@ -27,7 +27,8 @@ struct run_state {
   actors::balancer_actor load_balancer;
   event_log log;
   std::vector<request_record> records;
-  std::vector<int64_t> batch_sizes;
+  std::vector<step_record> steps;
+  std::vector<replica_sample> samples;
   caf::actor_clock::time_point start;
   int64_t num_finished = 0;
   std::string violation;
@@ -113,8 +114,9 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     o.max_waiting = t.max_waiting;
     o.check_invariants_every = rs.o.check_invariants_every;
     o.detached_executor = false;
-    cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck,
-                            t.engine.num_kv_blocks, t.engine.block_size, &rs.log, &rs.batch_sizes};
+    cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
+                            t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
+                            &rs.samples, rs.o.sample_every_ns};
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());
@@ -148,7 +150,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   // Start the virtual clock away from 0 (CAF treats a zero time point specially).
   sched.clock().current_time += std::chrono::hours(1);
-  run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {},
+  run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
                sched.clock().now(), 0, {}};
   auto engines = spawn_engines(rs);
   if (!engines) return tl::unexpected(engines.error());
@@ -170,7 +172,10 @@ expected<sim_result> run_simulation(const sim_options& o) {
                                     ", virtual time " + std::to_string(end_ns) + " ns)");
   sim_result out;
   out.requests = std::move(rs.records);
-  out.batch_sizes = std::move(rs.batch_sizes);
+  out.steps = std::move(rs.steps);
+  out.samples = std::move(rs.samples);
+  out.num_replicas = o.topology.replicas;
+  out.sample_every_ns = o.sample_every_ns;
   out.simulated_ns = end_ns;
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();

@@ -16,28 +16,11 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "sim/records.hpp"
 #include "sim/sim_topology.hpp"
 #include "sim/trace.hpp"
 
 namespace troupe::sim {
-
-/// What happened to one request, in virtual nanoseconds since the simulation started.
-struct request_record {
-  int64_t index = 0;
-  int64_t arrival_ns = 0;
-  int64_t scheduled_ns = -1;     ///< first planned; -1 if never
-  int64_t first_token_ns = -1;
-  int64_t finish_ns = -1;
-  int32_t prompt_tokens = 0;
-  int32_t output_tokens = 0;     ///< generated
-  int32_t cached_tokens = 0;
-  int32_t preemptions = 0;
-  int32_t recomputed_tokens = 0;
-  std::string finish;            ///< "length", "stop", or the error code
-  std::vector<int64_t> itl_ns;
-  std::vector<int32_t> prompt;   ///< the prompt's token ids (BOS first)
-  std::vector<int32_t> tokens;   ///< generated token ids
-};
 
 struct sim_options {
   sim_topology topology;
@@ -47,11 +30,18 @@ struct sim_options {
   std::function<void(int64_t, int64_t)> on_progress;
   std::FILE* event_log_file = nullptr;  ///< also write the event log here (may be null)
   int32_t check_invariants_every = 1;   ///< engine invariant checks every N steps (1 = each)
+  /// Sample each replica's state (queue, running, KV blocks, preemptions) at its first step in
+  /// every interval of this many virtual ns; 0 = no samples. Sampling reads the engine's
+  /// counters only: the run's events and its event-log hash are the same either way.
+  int64_t sample_every_ns = 1'000'000'000;
 };
 
 struct sim_result {
   std::vector<request_record> requests;
-  std::vector<int64_t> batch_sizes;   ///< rows of every step, all replicas
+  std::vector<step_record> steps;     ///< every step of every replica, in the order they ran
+  std::vector<replica_sample> samples;  ///< per replica, in time order (sim_options::sample_every_ns)
+  int32_t num_replicas = 0;
+  int64_t sample_every_ns = 0;        ///< as in the options
   int64_t simulated_ns = 0;           ///< virtual time of the last event
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;

@@ -5,12 +5,19 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/generate/reference_generator.hpp"
 #include "sim/report.hpp"
 #include "sim/sha256.hpp"
 #include "sim/sim_topology.hpp"
 #include "sim/simulation.hpp"
+#include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
 #include "tests/support/golden.hpp"
 
@@ -129,7 +136,151 @@ TEST(Simulation, HandComputedTimes) {
   EXPECT_EQ(q.first_token_ns, 1396);
   EXPECT_EQ(q.finish_ns, 3651);
   EXPECT_EQ(q.itl_ns, (std::vector<int64_t>{1127, 1128}));
-  EXPECT_EQ(r->batch_sizes, (std::vector<int64_t>{1, 1, 1}));
+  ASSERT_EQ(r->steps.size(), 3u);
+  for (size_t i = 0; i < 3; i++) EXPECT_EQ(r->steps[i].num_rows, 1);
+  EXPECT_EQ(r->steps[0].start_ns, 0);
+  EXPECT_EQ(r->steps[0].duration_ns, 1396);
+  EXPECT_EQ(r->steps[0].num_prefill_tokens, 16);
+  EXPECT_EQ(r->steps[1].start_ns, 1396);
+  EXPECT_EQ(r->steps[1].duration_ns, 1127);
+  EXPECT_EQ(r->steps[1].num_decode_rows, 1);
+  EXPECT_EQ(r->steps[2].start_ns, 2523);
+}
+
+TEST(Simulation, TraceEventsOfAHandComputedRunAreExact) {
+  // The run of HandComputedTimes (steps at 0, 1396 and 2523 ns) as a Chrome/Perfetto trace.
+  sim_options o = options(parse_tiny(), {trace_request{0, 16, 3, {}}}, 7);
+  o.sample_every_ns = 0;
+  auto r = run_simulation(o);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->samples.empty());
+  EXPECT_EQ(trace_events_json(*r),
+            R"({"displayTimeUnit":"ms","traceEvents":[
+{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"requests"}},
+{"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"engine0"}},
+{"name":"thread_name","ph":"M","pid":1,"tid":1,"args":{"name":"executor"}},
+{"name":"step","cat":"step","ph":"X","pid":1,"tid":1,"ts":0.000,"dur":1.396,"args":{"step":0,"rows":1,"decode_rows":0,"prefill_tokens":16,"samples":1}},
+{"name":"step","cat":"step","ph":"X","pid":1,"tid":1,"ts":1.396,"dur":1.127,"args":{"step":1,"rows":1,"decode_rows":1,"prefill_tokens":0,"samples":1}},
+{"name":"step","cat":"step","ph":"X","pid":1,"tid":1,"ts":2.523,"dur":1.128,"args":{"step":2,"rows":1,"decode_rows":1,"prefill_tokens":0,"samples":1}},
+{"name":"request 0","cat":"request","ph":"b","pid":0,"tid":0,"id":0,"ts":0.000,"args":{"prompt_tokens":16,"output_tokens":3,"cached_tokens":0,"preemptions":0,"finish":"length"}},
+{"name":"queued","cat":"request","ph":"b","pid":0,"tid":0,"id":0,"ts":0.000},
+{"name":"queued","cat":"request","ph":"e","pid":0,"tid":0,"id":0,"ts":0.000},
+{"name":"prefill","cat":"request","ph":"b","pid":0,"tid":0,"id":0,"ts":0.000},
+{"name":"prefill","cat":"request","ph":"e","pid":0,"tid":0,"id":0,"ts":1.396},
+{"name":"decode","cat":"request","ph":"b","pid":0,"tid":0,"id":0,"ts":1.396},
+{"name":"decode","cat":"request","ph":"e","pid":0,"tid":0,"id":0,"ts":3.651},
+{"name":"request 0","cat":"request","ph":"e","pid":0,"tid":0,"id":0,"ts":3.651}
+]}
+)");
+}
+
+/// A loaded synthetic run on the tiny topology: 2 replicas with half its KV memory, arrivals
+/// faster than they serve (a queue forms, KV runs out, requests are preempted).
+constexpr int64_t busy_sample_ns = 10'000;
+sim_options busy_run(int64_t sample_every_ns) {
+  synthetic_options s;
+  s.num_requests = 400;
+  s.rate_per_s = 1e6;
+  s.cv = 3;
+  s.input_mean = 200;
+  s.output_mean = 60;
+  s.seed = 21;
+  std::string topology = tiny_topology;
+  topology.replace(topology.find("[engine]\n"), 9, "[engine]\nreplicas = 2\n");
+  topology.replace(topology.find("0.01"), 4, "0.003");
+  auto t = parse_sim_topology(topology, "tiny.toml", TROUPE_SOURCE_DIR);
+  EXPECT_TRUE(t) << t.error().message;
+  sim_options o = options(*t, synthetic_workload(s), 9);
+  o.sample_every_ns = sample_every_ns;
+  return o;
+}
+
+TEST(Simulation, SamplingReplicasChangesNoEventAndSamplesEachStepInterval) {
+  auto quiet = run_simulation(busy_run(0));
+  auto sampled = run_simulation(busy_run(busy_sample_ns));
+  ASSERT_TRUE(quiet && sampled);
+  EXPECT_EQ(quiet->event_log_sha256, sampled->event_log_sha256);  // the queries are read-only
+  EXPECT_EQ(summary_json(*quiet, {}, 9), summary_json(*sampled, {}, 9));
+  // At most one sample per replica and interval, taken when it was sent a plan.
+  std::set<std::pair<int64_t, int32_t>> planned;
+  for (const step_record& s : sampled->steps) planned.insert({s.start_ns / busy_sample_ns, s.replica});
+  std::set<std::pair<int64_t, int32_t>> sampled_at;
+  int64_t peak_waiting = 0, last_preemptions[2] = {0, 0};
+  for (const replica_sample& s : sampled->samples) {
+    EXPECT_TRUE(sampled_at.insert({s.time_ns / busy_sample_ns, s.replica}).second) << s.time_ns;
+    peak_waiting = std::max(peak_waiting, s.num_waiting);
+    EXPECT_GE(s.num_preemptions, last_preemptions[s.replica]);  // cumulative
+    last_preemptions[s.replica] = s.num_preemptions;
+    EXPECT_GE(s.num_running, 0);
+  }
+  EXPECT_GT(peak_waiting, 0);
+  EXPECT_GT(last_preemptions[0] + last_preemptions[1], 0);
+  EXPECT_GT(sampled_at.size(), planned.size() / 2);
+}
+
+TEST(Simulation, TraceEventsHaveOneSlicePerStepAndBalancedRequestSlices) {
+  auto r = run_simulation(busy_run(busy_sample_ns));
+  ASSERT_TRUE(r);
+  const nlohmann::json j = nlohmann::json::parse(trace_events_json(*r));
+  ASSERT_TRUE(j.at("traceEvents").is_array());
+  const nlohmann::json summary = nlohmann::json::parse(summary_json(*r, {}, 9));
+  int64_t slices = 0, counters = 0;
+  std::map<std::pair<int64_t, std::string>, int> open;  // (request, slice name) -> b minus e
+  for (const nlohmann::json& e : j.at("traceEvents")) {
+    const std::string ph = e.at("ph");
+    ASSERT_TRUE(e.contains("pid") && e.contains("name")) << e.dump();
+    if (ph == "X") {
+      slices++;
+      EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    }
+    if (ph == "C") counters++;
+    if (ph == "b") open[{e.at("id").get<int64_t>(), e.at("name").get<std::string>()}]++;
+    if (ph == "e") open[{e.at("id").get<int64_t>(), e.at("name").get<std::string>()}]--;
+  }
+  EXPECT_EQ(slices, summary.at("num_steps").get<int64_t>());
+  EXPECT_EQ(counters, 2 * static_cast<int64_t>(r->samples.size()));
+  EXPECT_EQ(open.size(), 4 * r->requests.size());  // request N, queued, prefill, decode
+  for (const auto& [key, n] : open) EXPECT_EQ(n, 0) << "request " << key.first << " " << key.second;
+  EXPECT_EQ(trace_events_json(*r), trace_events_json(*run_simulation(busy_run(busy_sample_ns))));
+}
+
+TEST(SimulationReport, TimeSeriesHasARowPerReplicaAndIntervalWithSteps) {
+  auto r = run_simulation(busy_run(busy_sample_ns));
+  ASSERT_TRUE(r);
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "troupe-sim-timeseries";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(write_report(dir.string(), *r, {}, 9));
+  std::ifstream in(dir / "timeseries.csv");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "time_s,replica,steps,mean_rows,decode_rows,prefill_tokens,tokens_per_s,waiting,running,"
+                  "kv_blocks_in_use,preemptions");
+  int64_t rows = 0, steps = 0, preemptions = 0, generated = 0;
+  std::set<std::pair<int64_t, int32_t>> keys;
+  while (std::getline(in, line)) {
+    rows++;
+    std::vector<std::string> f;
+    std::stringstream cells(line);
+    for (std::string cell; std::getline(cells, cell, ',');) f.push_back(cell);
+    ASSERT_GE(f.size(), 7u) << line;
+    keys.insert({std::llround(std::stod(f[0]) * 1e9 / busy_sample_ns), std::stoi(f[1])});
+    steps += std::stoll(f[2]);
+    generated += std::llround(std::stod(f[6]) * busy_sample_ns / 1e9);  // tokens/s over the interval
+    if (f.size() == 11) preemptions += std::stoll(f[10]);
+  }
+  std::set<std::pair<int64_t, int32_t>> intervals;  // with a step or a sample
+  for (const step_record& s : r->steps) intervals.insert({s.start_ns / busy_sample_ns, s.replica});
+  for (const replica_sample& s : r->samples) intervals.insert({s.time_ns / busy_sample_ns, s.replica});
+  EXPECT_EQ(rows, static_cast<int64_t>(intervals.size()));
+  EXPECT_EQ(keys, intervals);
+  EXPECT_EQ(steps, static_cast<int64_t>(r->steps.size()));
+  int64_t sampled = 0;
+  for (const step_record& s : r->steps) sampled += s.num_samples;
+  EXPECT_EQ(generated, sampled);
+  int64_t last[2] = {0, 0};  // preemptions: deltas of the cumulative samples
+  for (const replica_sample& s : r->samples) last[s.replica] = s.num_preemptions;
+  EXPECT_EQ(preemptions, last[0] + last[1]);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Simulation, HandComputedTimesWithKvReads) {

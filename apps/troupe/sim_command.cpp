@@ -11,6 +11,7 @@
 #include "sim/random.hpp"
 #include "sim/report.hpp"
 #include "sim/simulation.hpp"
+#include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
 
 namespace troupe::cli {
@@ -26,6 +27,8 @@ struct sim_cli_options {
   sim::workload_options shape;
   sim::slo slos;
   std::string event_log;
+  std::string trace_out;
+  int64_t sample_ms = 1000;
   bool progress = true;
   int32_t check_every = 1;
 };
@@ -73,6 +76,7 @@ int run_sim(const sim_cli_options& o) {
   so.seed = o.seed;
   so.event_log_file = log_file;
   so.check_invariants_every = o.check_every;
+  so.sample_every_ns = o.sample_ms * 1'000'000;
   const size_t num_requests = so.workload.size();
   if (tty)
     so.on_progress = [&](int64_t virtual_ns, int64_t finished) {
@@ -87,6 +91,8 @@ int run_sim(const sim_cli_options& o) {
   if (!result) return fail_with(result.error());
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   if (auto ok = sim::write_report(o.out, *result, o.slos, o.seed); !ok) return fail_with(ok.error());
+  if (!o.trace_out.empty())
+    if (auto ok = sim::write_trace_events(o.trace_out, *result); !ok) return fail_with(ok.error());
   spdlog::info("{:.3f} s simulated in {:.3f} s wall: {:.0f}x real time; {} events; report in {}",
                result->simulated_ns / 1e9, wall, result->simulated_ns / 1e9 / std::max(wall, 1e-9),
                result->num_events, o.out);
@@ -117,6 +123,11 @@ action add_sim(CLI::App& app) {
   cmd->add_option("--slo-ttft-ms", o->slos.ttft_ms, "goodput: TTFT bound (0 = none)")->capture_default_str();
   cmd->add_option("--slo-tpot-ms", o->slos.tpot_ms, "goodput: TPOT bound (0 = none)")->capture_default_str();
   cmd->add_option("--event-log", o->event_log, "also write the event log to this file");
+  cmd->add_option("--trace-out", o->trace_out,
+                  "also write a Chrome/Perfetto trace (JSON: steps per replica, requests as async slices)");
+  cmd->add_option("--sample-ms", o->sample_ms, "sample each replica's queue and KV every N virtual ms (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
   cmd->add_flag("!--no-progress", o->progress, "no progress bar");
   cmd->add_option("--check-every", o->check_every, "check engine invariants every N steps (0 = never)")
       ->capture_default_str()
