@@ -61,6 +61,9 @@ struct load_balancer_options {
   /// unguessable.
   std::function<int64_t()> draw_request_id;
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
+  /// The routing policy (runtime/balance/router.hpp), one of balance::router_names(); a
+  /// randomised one is seeded with child_seed(seed_base, 0), which no request's seed uses.
+  std::string router = "least_loaded";
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)

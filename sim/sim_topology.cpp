@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/model/checkpoint.hpp"
 
@@ -138,7 +139,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                                           std::string(e.description()));
   }
   for (const auto& [key, node] : root)
-    if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost"))
+    if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
+                             key != "load_balancer"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
   sim_topology t;
   model::model_config& m = t.model;
@@ -160,6 +162,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
       {"max_waiting", false, 1, big, into(t.max_waiting)}};
+  std::vector<field> balancer_fields = {
+      {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }}};
   std::vector<field> cost_fields = {
       {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
       {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
@@ -169,8 +173,12 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"calibration", false, 0, 0, nullptr, [&](const std::string& s) { calibration = resolve(base_dir, s); }},
       {"tokens", false, 0, 0, nullptr, [&](const std::string& s) { tokens = s; }}};
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
-                                         {"engine", &engine_fields, false}, {"cost", &cost_fields, true}})
+                                         {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
+                                         {"cost", &cost_fields, true}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
+  if (auto r = balance::make_router({t.router, 0}); !r)
+    return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
+                                          r.error().message);
   const toml::table* cost = root["cost"].as_table();
   int inline_params = 0;
   for (const char* k : {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns"}) inline_params += cost->contains(k);

@@ -1,7 +1,7 @@
 #pragma once
 
 /// Simulation topology files: the modelled model's shape and KV memory (so traces run at their
-/// real lengths, not the bundled model's 512), the replicas and their scheduler settings, the
+/// real lengths, not the bundled model's 512), the replicas and their scheduler settings, the load balancer's router, the
 /// step cost model, and the token mode. The KV pool size in blocks follows from the memory:
 /// kv_memory_gib * 2^30 / (block_size * kv_bytes_per_token), with kv_bytes_per_token =
 /// 2 (K and V) * n_layers * kv_dim * kv_bytes_per_value. Schema: docs/simulation.md.
@@ -28,6 +28,7 @@ struct sim_topology {
   int32_t replicas = 1;
   engine::engine_config engine;         ///< num_kv_blocks derived from the memory
   int32_t max_waiting = 1 << 20;
+  std::string router = "least_loaded";  ///< [load_balancer] router: one of balance::router_names()
   cost::cost_params cost;
   token_mode tokens = token_mode::synthetic;
 };

@@ -157,6 +157,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   actors::load_balancer_options lb;
   lb.engines = actors::mixed_engines(*engines);
   lb.seed_base = derive_seed(o.seed, load_balancer_stream);
+  lb.router = o.topology.router;
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   auto d = sys.spawn(driver, &rs);
   run_to_end(rs, sched);

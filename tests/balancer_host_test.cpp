@@ -20,6 +20,17 @@ std::tuple<int64_t, int64_t, int64_t, bool> load_of(const balancer_host& h, size
 
 using L = std::tuple<int64_t, int64_t, int64_t, bool>;
 
+TEST(BalancerHost, PlacesWithItsRouterAndNumbersRequestsInPlacementOrder) {
+  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
+                  {}, 0, 0, router_options{"round_robin", 0});
+  std::vector<size_t> got;
+  for (request_key k = 1; k <= 4; k++) got.push_back(h.place(k, 100)->decode);
+  EXPECT_EQ(got, (std::vector<size_t>{0, 1, 2, 0}));  // load would have sent the fourth to m1
+  EXPECT_TRUE(h.mark_lost(1));
+  EXPECT_EQ(h.place(5, 100)->decode, 2u);
+  h.check_invariants();
+}
+
 TEST(BalancerHost, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
   balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
   auto a = h.place(1, 100);

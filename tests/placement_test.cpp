@@ -1,6 +1,9 @@
-// balance::place: the load balancer's policy with exact expected placements (tiers, the decode
-// score, ties broken by engine index, dead engines routed around).
+// The load balancer's placement with exact expected engines: candidates (tiers, dead engines
+// routed around), the least-loaded choice (the decode score, ties broken by engine index), and
+// each router policy (router.hpp; power_of_two's draws computed independently from Random123's
+// Philox4x32-10 definition).
 #include "runtime/balance/placement.hpp"
+#include "runtime/balance/router.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +23,20 @@ engine_load engine(engine_kind kind, int64_t requests = 0, int64_t kv_tokens = 0
   e.num_kv_tokens = kv_tokens;
   e.num_prefill_tokens = prefill_tokens;
   return e;
+}
+
+/// The default policy over the candidates, as the balancer places a request.
+expected<placement> place(const std::vector<engine_load>& engines, const tiers& t, int32_t tier,
+                          int32_t num_prompt_tokens) {
+  const candidates c = candidates_for(engines, t, tier, num_prompt_tokens);
+  if (c.decode.empty()) return fail(errc::unavailable, "no live engine can serve the request");
+  return least_loaded(engines, c);
+}
+
+std::unique_ptr<router> make(const std::string& policy, uint64_t seed = 0) {
+  auto r = make_router({policy, seed});
+  EXPECT_TRUE(r.has_value()) << policy;
+  return std::move(*r);
 }
 
 TEST(Placement, PromptLengthsFallIntoTiersByTheirBounds) {
@@ -106,6 +123,83 @@ TEST(Placement, DeadEnginesAreRoutedAround) {
   p = place(e, t, 0, 10);
   ASSERT_FALSE(p.has_value());
   EXPECT_EQ(p.error().code, errc::unavailable);
+}
+
+TEST(Router, AnUnknownPolicyIsAnErrorListingTheKnownOnes) {
+  EXPECT_EQ(router_names(), (std::vector<std::string>{"least_loaded", "round_robin", "power_of_two"}));
+  auto r = make_router({"fastest", 0});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, errc::invalid_argument);
+  EXPECT_EQ(r.error().message, "unknown router 'fastest'; known: least_loaded, round_robin, power_of_two");
+  EXPECT_EQ(router_options{}.policy, "least_loaded");
+}
+
+TEST(Router, CandidatesAreLiveEnginesPerRoleAndOneTokenPromptsRunWhole) {
+  std::vector<engine_load> e = {engine(engine_kind::prefill), engine(engine_kind::decode),
+                                engine(engine_kind::mixed), engine(engine_kind::prefill)};
+  const tiers t = assign_tiers(2, 2);  // engine 0: tier 0, engine 3: tier 1
+  candidates c = candidates_for(e, t, 1, 10);
+  EXPECT_EQ(c.decode, (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(c.prefill, (std::vector<size_t>{3}));
+  EXPECT_TRUE(candidates_for(e, t, 1, 1).prefill.empty());
+  e[3].alive = false;  // tier 1 has no live engine: every live prefill engine is a candidate
+  e[2].alive = false;
+  c = candidates_for(e, t, 1, 10);
+  EXPECT_EQ(c.decode, (std::vector<size_t>{1}));
+  EXPECT_EQ(c.prefill, (std::vector<size_t>{0}));
+}
+
+TEST(Router, LeastLoadedIsTheDefaultPolicy) {
+  const std::vector<engine_load> e = {engine(engine_kind::mixed, 3), engine(engine_kind::mixed, 1),
+                                      engine(engine_kind::mixed, 2)};
+  auto r = make("least_loaded");
+  const candidates c = candidates_for(e, {}, 0, 10);
+  for (uint64_t n = 0; n < 3; n++) EXPECT_EQ(r->choose(e, c, n).decode, 1u);
+}
+
+TEST(Router, RoundRobinTakesTheNextLiveCandidatePerRoleWhateverTheLoad) {
+  std::vector<engine_load> e = {engine(engine_kind::decode, 50), engine(engine_kind::prefill, 0, 0, 900),
+                                engine(engine_kind::decode), engine(engine_kind::prefill),
+                                engine(engine_kind::decode)};
+  const tiers one_tier = assign_tiers(2, 1);
+  auto r = make("round_robin");
+  std::vector<std::pair<size_t, std::optional<size_t>>> got;
+  for (uint64_t n = 0; n < 4; n++) {
+    const placement p = r->choose(e, candidates_for(e, one_tier, 0, 10), n);
+    got.emplace_back(p.decode, p.prefill);
+  }
+  using pick = std::pair<size_t, std::optional<size_t>>;
+  EXPECT_EQ(got, (std::vector<pick>{{0, 1}, {2, 3}, {4, 1}, {0, 3}}));
+  e[2].alive = false;  // after 0 comes 4 now; a one-token prompt leaves the prefill cursor alone
+  EXPECT_EQ(r->choose(e, candidates_for(e, one_tier, 0, 1), 4).decode, 4u);
+  const placement p = r->choose(e, candidates_for(e, one_tier, 0, 10), 5);
+  EXPECT_EQ(p.decode, 0u);
+  EXPECT_EQ(p.prefill, std::optional<size_t>(1));
+}
+
+TEST(Router, PowerOfTwoTakesTheLighterOfTwoCandidatesDrawnFromItsSeed) {
+  // Decode scores 0.3, 0, 0.2, 0.1 (engines 0-3); queued prefill tokens 300, 100, 200 (4-6).
+  const std::vector<engine_load> e = {
+      engine(engine_kind::decode, 30),          engine(engine_kind::decode),
+      engine(engine_kind::decode, 20),          engine(engine_kind::decode, 10),
+      engine(engine_kind::prefill, 0, 0, 300),  engine(engine_kind::prefill, 0, 0, 100),
+      engine(engine_kind::prefill, 0, 0, 200)};
+  const tiers one_tier = assign_tiers(3, 1);
+  const candidates c = candidates_for(e, one_tier, 0, 10);
+  // Seed 7, requests 0-5: drawn decode pairs (1,2) (0,3) (0,1) (2,3) (0,2) (0,1), prefill pairs
+  // (4,6) then (4,5) five times.
+  const std::vector<size_t> decode = {1, 3, 1, 3, 2, 1};
+  const std::vector<size_t> prefill = {6, 5, 5, 5, 5, 5};
+  auto r = make("power_of_two", 7);
+  for (uint64_t n = 0; n < 6; n++) {
+    const placement p = r->choose(e, c, n);
+    EXPECT_EQ(p.decode, decode[n]) << "request " << n;
+    EXPECT_EQ(p.prefill, std::optional<size_t>(prefill[n])) << "request " << n;
+  }
+  // The same number gives the same choice (no hidden state); one candidate is taken as is.
+  EXPECT_EQ(make("power_of_two", 7)->choose(e, c, 3).decode, 3u);
+  const std::vector<engine_load> one = {engine(engine_kind::mixed, 99)};
+  EXPECT_EQ(r->choose(one, candidates_for(one, {}, 0, 10), 0).decode, 0u);
 }
 
 }  // namespace

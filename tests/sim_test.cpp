@@ -105,6 +105,9 @@ TEST(SimTopology, BadFilesNameTheProblem) {
        "sampled_row_ns = 1\nattention_token_ns = 1\n", "needs either a checkpoint or all of"},
       {"[model]\nn_layers = 0\n", "tiny.toml:2: [model] n_layers = 0.000000 is outside"},
       {"[model\n", "tiny.toml:1:"},
+      {std::string(tiny_topology) + "[load_balancer]\nrouter = \"fastest\"\n",
+       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two"},
+      {std::string(tiny_topology) + "[load_balancer]\npolicy = \"fcfs\"\n", "tiny.toml:24: [load_balancer]: unknown key 'policy'"},
   };
   for (const auto& [text, message] : cases) {
     auto t = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
@@ -281,6 +284,30 @@ TEST(SimulationReport, TimeSeriesHasARowPerReplicaAndIntervalWithSteps) {
   for (const replica_sample& s : r->samples) last[s.replica] = s.num_preemptions;
   EXPECT_EQ(preemptions, last[0] + last[1]);
   std::filesystem::remove_all(dir);
+}
+
+/// Each replica's sampled tokens in a run of four requests 100 ms apart (each done, and reported
+/// done to the balancer, long before the next arrives) generating 3, 5, 7 and 9 tokens, on two
+/// replicas with `router`.
+std::vector<int64_t> samples_per_replica(const std::string& router) {
+  std::string topology = tiny_topology;
+  topology.replace(topology.find("[engine]\n"), 9, "[engine]\nreplicas = 2\n");
+  topology += "[load_balancer]\nrouter = \"" + router + "\"\n";
+  auto t = parse_sim_topology(topology, "tiny.toml", TROUPE_SOURCE_DIR);
+  EXPECT_TRUE(t) << t.error().message;
+  std::vector<trace_request> w;
+  for (int32_t i = 0; i < 4; i++) w.push_back(trace_request{i * 100'000'000, 16, 3 + 2 * i, {}});
+  auto r = run_simulation(options(*t, w, 7));
+  EXPECT_TRUE(r) << r.error().message;
+  std::vector<int64_t> out(2, 0);
+  for (const step_record& s : r->steps) out.at(static_cast<size_t>(s.replica)) += s.num_samples;
+  return out;
+}
+
+TEST(Simulation, TheTopologysRouterPlacesRequestsOnReplicas) {
+  // least_loaded: every request finds both replicas idle and takes the lower index.
+  EXPECT_EQ(samples_per_replica("least_loaded"), (std::vector<int64_t>{3 + 5 + 7 + 9, 0}));
+  EXPECT_EQ(samples_per_replica("round_robin"), (std::vector<int64_t>{3 + 7, 5 + 9}));
 }
 
 TEST(Simulation, HandComputedTimesWithKvReads) {

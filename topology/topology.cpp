@@ -17,6 +17,8 @@
 #include <optional>
 #include <system_error>
 
+#include "runtime/balance/router.hpp"
+
 namespace troupe::topology {
 
 namespace fs = std::filesystem;
@@ -577,6 +579,16 @@ struct listener {
   return {};
 }
 
+/// `router`: one of balance::router_names(); absent = `fallback`.
+[[nodiscard]] expected<std::string> read_router(const context& ctx, const toml::table& table, const scope& where,
+                                                const std::string& fallback) {
+  auto name = read_string(ctx, table, where, "router", fallback);
+  if (!name) return name;
+  if (auto r = balance::make_router({*name, 0}); !r)
+    return malformed(ctx, line_of_key(table, "router"), where.label, "key 'router': " + r.error().message);
+  return name;
+}
+
 [[nodiscard]] expected<load_balancer_spec> read_load_balancer(const context& ctx,
                                                               const toml::table& root,
                                                               const std::vector<node_spec>& nodes) {
@@ -587,7 +599,7 @@ struct listener {
   }
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
-                                 {"node", "max_waiting", "prefill_tiers", "report_interval_ms",
+                                 {"node", "max_waiting", "prefill_tiers", "router", "report_interval_ms",
                                   "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms"});
       !ok) {
     return tl::unexpected(ok.error());
@@ -602,6 +614,9 @@ struct listener {
   auto bounds = read_tier_bounds(ctx, **table, where, balancer.prefill_tier_bounds);
   if (!bounds) return tl::unexpected(bounds.error());
   balancer.prefill_tier_bounds = std::move(*bounds);
+  auto router = read_router(ctx, **table, where, balancer.router);
+  if (!router) return tl::unexpected(router.error());
+  balancer.router = std::move(*router);
   auto report_interval =
       read_int(ctx, **table, where, "report_interval_ms", balancer.report_interval_ms, 1, 60000);
   if (!report_interval) return tl::unexpected(report_interval.error());

@@ -40,6 +40,8 @@
 ///   prefill_tiers = [128, 512, 2048]   #   optional, default shown: strictly increasing prompt
 ///                                      #   lengths >= 1, at most 16; N bounds make N + 1 tiers
 ///                                      #   ([] = one tier)
+///   router = "least_loaded"            #   optional, default shown: least_loaded |
+///                                      #   round_robin | power_of_two (docs/topology.md)
 ///   report_interval_ms = 20            #   optional, 1..60000, default 20: engine load reports
 ///   connect_timeout_ms = 10000         #   optional, 1..600000, default 10000: how long a node
 ///                                      #   keeps trying to reach the nodes it needs at start-up
@@ -113,6 +115,7 @@ struct load_balancer_spec {
   /// Prompt-length tier bounds, strictly increasing, each >= 1, at most 16: N bounds make N + 1
   /// tiers (tier i = prompts of <= bounds[i] tokens, the last tier = longer); empty = one tier.
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
+  std::string router = "least_loaded";  ///< one of balance::router_names()
   int32_t report_interval_ms = 20;     ///< how often each engine sends its load report
   int32_t connect_timeout_ms = 10000;  ///< how long a node keeps trying to reach its peers
   int32_t heartbeat_interval_ms = 1000;  ///< how often the balancer pings every engine

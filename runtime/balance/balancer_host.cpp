@@ -5,9 +5,12 @@
 namespace troupe::balance {
 
 balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds,
-                             int64_t heartbeat_timeout_ns, int64_t now_ns)
+                             int64_t heartbeat_timeout_ns, int64_t now_ns, const router_options& routing)
     : bounds_(std::move(tier_bounds)) {
   TROUPE_ASSERT(!engines.empty() && heartbeat_timeout_ns >= 0);
+  auto r = make_router(routing);
+  TROUPE_ASSERT_MSG(r.has_value(), "router policies are validated where they are read");
+  router_ = std::move(*r);
   int32_t num_prefill = 0;
   for (engine_spec& spec : engines) {
     engine_entry e;
@@ -43,24 +46,25 @@ void balancer_host::charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_t
 expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tokens) {
   std::vector<engine_load> loads;
   for (const engine_entry& e : engines_) loads.push_back(e.load);
-  auto chosen = balance::place(loads, tiers_, tier_of(num_prompt_tokens, bounds_), num_prompt_tokens);
-  if (!chosen) {
-    std::string why = chosen.error().message;
+  const candidates c = candidates_for(loads, tiers_, tier_of(num_prompt_tokens, bounds_), num_prompt_tokens);
+  if (c.decode.empty()) {
+    std::string why = "no live engine can serve the request";
     for (const engine_entry& e : engines_)
       if (!e.load.alive) why += "; " + e.spec.name + " is lost";
-    return fail(chosen.error().code, std::move(why));
+    return fail(errc::unavailable, std::move(why));
   }
-  engine_entry& d = engines_[chosen->decode];
+  const placement chosen = router_->choose(loads, c, num_routed_++);
+  engine_entry& d = engines_[chosen.decode];
   d.load.num_requests++;
-  routed_[key] = routed_request{chosen->decode, chosen->prefill};
+  routed_[key] = routed_request{chosen.decode, chosen.prefill};
   const int64_t tokens = num_prompt_tokens;
-  if (chosen->prefill) {
-    charge(engines_[*chosen->prefill], 0, tokens - 1);
+  if (chosen.prefill) {
+    charge(engines_[*chosen.prefill], 0, tokens - 1);
     charge(d, tokens, 0);
   } else {
     charge(d, tokens, tokens);
   }
-  return *chosen;
+  return chosen;
 }
 
 bool balancer_host::request_ended(request_key key) {

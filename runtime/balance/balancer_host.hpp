@@ -11,7 +11,8 @@
 /// has received m items covers the first m, so unseen work is dropped from the estimate as
 /// reports catch up (`refresh`). A reordered (older) report is ignored.
 ///
-/// Placement follows balance::place (placement.hpp): a disaggregated request charges its prompt
+/// Placement: the candidates of placement.hpp, chosen among by the configured router
+/// (router.hpp; request numbers count placements from 0): a disaggregated request charges its prompt
 /// minus one token to the prefill engine's queue and the whole prompt to the decode engine's KV;
 /// a whole request charges both to one engine.
 ///
@@ -31,6 +32,7 @@
 
 #include "runtime/balance/liveness.hpp"
 #include "runtime/balance/placement.hpp"
+#include "runtime/balance/router.hpp"
 
 namespace troupe::balance {
 
@@ -54,9 +56,10 @@ using request_key = uint64_t;
 
 class balancer_host {
  public:
-  /// `tier_bounds`: placement.hpp's prompt-length tiers; `heartbeat_timeout_ns` 0 = no heartbeat.
+  /// `tier_bounds`: placement.hpp's prompt-length tiers; `heartbeat_timeout_ns` 0 = no heartbeat;
+  /// `routing.policy` must be one of router_names() (checked where it is read).
   balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds, int64_t heartbeat_timeout_ns,
-                int64_t now_ns);
+                int64_t now_ns, const router_options& routing = {});
 
   /// Chooses engines for request `key` of `num_prompt_tokens` tokens and charges them; the
   /// error (unavailable) names every lost engine.
@@ -109,6 +112,8 @@ class balancer_host {
   std::vector<std::vector<bool>> tiers_;  // assign_tiers over the prefill engines
   std::map<request_key, routed_request> routed_;
   std::optional<liveness> liveness_;
+  std::unique_ptr<router> router_;
+  uint64_t num_routed_ = 0;  // placements asked for so far: the next request's number
 };
 
 }  // namespace troupe::balance

@@ -5,21 +5,21 @@
 namespace troupe::balance {
 namespace {
 
-double decode_score(const engine_load& e) {
-  return static_cast<double>(e.num_requests) / std::max<int32_t>(1, e.max_num_seqs) +
-         static_cast<double>(e.num_kv_tokens) / static_cast<double>(std::max<int64_t>(1, e.kv_capacity_tokens));
-}
-
-/// The candidate with the lowest key, ties by lowest index.
-template <class Pred, class Key>
-std::optional<size_t> argmin(const std::vector<engine_load>& engines, Pred&& candidate, Key&& key) {
+/// The candidate with the lowest key, ties by lowest index (candidates are in index order).
+template <class Key>
+std::optional<size_t> argmin(const std::vector<engine_load>& engines, const std::vector<size_t>& among, Key&& key) {
   std::optional<size_t> best;
-  for (size_t i = 0; i < engines.size(); i++)
-    if (candidate(i) && (!best || key(engines[i]) < key(engines[*best]))) best = i;
+  for (size_t i : among)
+    if (!best || key(engines[i]) < key(engines[*best])) best = i;
   return best;
 }
 
 }  // namespace
+
+double decode_score(const engine_load& e) {
+  return static_cast<double>(e.num_requests) / std::max<int32_t>(1, e.max_num_seqs) +
+         static_cast<double>(e.num_kv_tokens) / static_cast<double>(std::max<int64_t>(1, e.kv_capacity_tokens));
+}
 
 int32_t tier_of(int32_t num_prompt_tokens, const std::vector<int32_t>& bounds) {
   return static_cast<int32_t>(std::lower_bound(bounds.begin(), bounds.end(), num_prompt_tokens) - bounds.begin());
@@ -40,7 +40,7 @@ std::vector<std::vector<bool>> assign_tiers(int32_t num_prefill_engines, int32_t
   return serves;
 }
 
-expected<placement> place(const std::vector<engine_load>& engines, const std::vector<std::vector<bool>>& tiers,
+candidates candidates_for(const std::vector<engine_load>& engines, const std::vector<std::vector<bool>>& tiers,
                           int32_t tier, int32_t num_prompt_tokens) {
   std::vector<int32_t> prefill_rank(engines.size(), -1);  // index among prefill engines
   int32_t num_prefill = 0;
@@ -48,22 +48,28 @@ expected<placement> place(const std::vector<engine_load>& engines, const std::ve
     if (engines[i].kind == engine_kind::prefill) prefill_rank[i] = num_prefill++;
   TROUPE_ASSERT(static_cast<int32_t>(tiers.size()) == num_prefill);
 
+  candidates c;
+  std::vector<size_t> live_prefill;
+  for (size_t i = 0; i < engines.size(); i++) {
+    if (!engines[i].alive) continue;
+    if (prefill_rank[i] < 0) {
+      c.decode.push_back(i);
+      continue;
+    }
+    live_prefill.push_back(i);
+    const std::vector<bool>& serves = tiers[prefill_rank[i]];
+    if (tier >= 0 && tier < static_cast<int32_t>(serves.size()) && serves[tier]) c.prefill.push_back(i);
+  }
+  if (num_prompt_tokens < 2) c.prefill.clear();
+  else if (c.prefill.empty()) c.prefill = std::move(live_prefill);
+  return c;
+}
+
+placement least_loaded(const std::vector<engine_load>& engines, const candidates& c) {
+  TROUPE_ASSERT(!c.decode.empty());
   placement out;
-  const auto decodes = [&](size_t i) { return engines[i].alive && engines[i].kind != engine_kind::prefill; };
-  const auto decode = argmin(engines, decodes, decode_score);
-  if (!decode) return fail(errc::unavailable, "no live engine can serve the request");
-  out.decode = *decode;
-  if (num_prompt_tokens < 2) return out;
-  const auto live_prefill = [&](size_t i) { return engines[i].alive && prefill_rank[i] >= 0; };
-  const auto queued = [](const engine_load& e) { return e.num_prefill_tokens; };
-  out.prefill = argmin(
-      engines,
-      [&](size_t i) {
-        return live_prefill(i) && tier >= 0 && tier < static_cast<int32_t>(tiers[prefill_rank[i]].size()) &&
-               tiers[prefill_rank[i]][tier];
-      },
-      queued);
-  if (!out.prefill) out.prefill = argmin(engines, live_prefill, queued);
+  out.decode = *argmin(engines, c.decode, decode_score);
+  out.prefill = argmin(engines, c.prefill, [](const engine_load& e) { return e.num_prefill_tokens; });
   return out;
 }
 

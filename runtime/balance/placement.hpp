@@ -59,10 +59,26 @@ struct placement {
   size_t decode = 0;
 };
 
-/// Chooses engines for a request. `tiers` is assign_tiers' answer for the prefill engines of
-/// `engines`, in order. Error (unavailable) when no live engine can decode.
-[[nodiscard]] expected<placement> place(const std::vector<engine_load>& engines,
+/// The engines a request may go to, each list in engine order: the live engines that can decode
+/// (mixed and decode), and, for a prompt of at least two tokens, the live prefill engines
+/// serving its tier — every live prefill engine when none serves it; empty = run whole.
+struct candidates {
+  std::vector<size_t> decode;
+  std::vector<size_t> prefill;
+};
+
+/// `tiers` is assign_tiers' answer for the prefill engines of `engines`, in order.
+[[nodiscard]] candidates candidates_for(const std::vector<engine_load>& engines,
                                         const std::vector<std::vector<bool>>& tiers, int32_t tier,
                                         int32_t num_prompt_tokens);
+
+/// How loaded an engine is as a decode target (lower is lighter):
+/// num_requests / max_num_seqs + num_kv_tokens / kv_capacity_tokens.
+[[nodiscard]] double decode_score(const engine_load& e);
+
+/// The least-loaded placement among `c` (the default router, router.hpp): the decode candidate
+/// with the lowest decode_score, the prefill candidate with the fewest queued prefill tokens;
+/// ties to the lowest index. `c.decode` must not be empty.
+[[nodiscard]] placement least_loaded(const std::vector<engine_load>& engines, const candidates& c);
 
 }  // namespace troupe::balance

@@ -1,0 +1,50 @@
+// The registry of routing policies (router.hpp). A new policy: one file defining its factory,
+// and one line in `policies` below.
+#include <utility>
+
+#include "runtime/balance/router.hpp"
+
+namespace troupe::balance {
+
+std::unique_ptr<router> make_round_robin(const router_options& o);    // router_round_robin.cpp
+std::unique_ptr<router> make_power_of_two(const router_options& o);  // router_power_of_two.cpp
+
+namespace {
+
+class least_loaded_router final : public router {
+ public:
+  placement choose(const std::vector<engine_load>& engines, const candidates& c, uint64_t) override {
+    return least_loaded(engines, c);
+  }
+};
+
+std::unique_ptr<router> make_least_loaded(const router_options&) { return std::make_unique<least_loaded_router>(); }
+
+struct policy {
+  const char* name;
+  std::unique_ptr<router> (*make)(const router_options&);
+};
+
+constexpr policy policies[] = {
+    {"least_loaded", &make_least_loaded},
+    {"round_robin", &make_round_robin},
+    {"power_of_two", &make_power_of_two},
+};
+
+}  // namespace
+
+expected<std::unique_ptr<router>> make_router(const router_options& o) {
+  for (const policy& p : policies)
+    if (o.policy == p.name) return p.make(o);
+  std::string known;
+  for (const std::string& name : router_names()) known += (known.empty() ? "" : ", ") + name;
+  return fail(errc::invalid_argument, "unknown router '" + o.policy + "'; known: " + known);
+}
+
+std::vector<std::string> router_names() {
+  std::vector<std::string> names;
+  for (const policy& p : policies) names.emplace_back(p.name);
+  return names;
+}
+
+}  // namespace troupe::balance
