@@ -182,42 +182,83 @@ std::string timeseries_plot_script(int32_t num_replicas) {
 
 }  // namespace
 
-std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
+summary_metrics summarize(const sim_result& r, const slo& slos) {
   const latencies l = collect(r);
-  int64_t num_ok = 0, num_good = 0, tokens = 0, prompt = 0, cached = 0, preemptions = 0, recomputed = 0;
+  summary_metrics m;
+  int64_t num_good = 0, tokens = 0, prompt = 0, cached = 0;
   for (const request_record& q : r.requests) {
     prompt += q.prompt_tokens;
     cached += q.cached_tokens;
-    preemptions += q.preemptions;
-    recomputed += q.recomputed_tokens;
+    m.preemptions += q.preemptions;
+    m.recomputed_tokens += q.recomputed_tokens;
     if (!ok(q)) continue;
-    num_ok++;
+    m.num_completed++;
     tokens += q.output_tokens;
     const bool ttft_ok = slos.ttft_ms <= 0 || ms(q.first_token_ns - q.arrival_ns) <= slos.ttft_ms;
     const bool tpot_ok = slos.tpot_ms <= 0 || tpot_ms(q) <= slos.tpot_ms;
     num_good += ttft_ok && tpot_ok;
   }
-  const double seconds = std::max(1e-9, static_cast<double>(r.simulated_ns) / 1e9);
+  m.num_requests = static_cast<int64_t>(r.requests.size());
+  m.seconds = std::max(1e-9, static_cast<double>(r.simulated_ns) / 1e9);
+  m.ttft_ms = stats::summarize(l.ttft);
+  m.tpot_ms = stats::summarize(l.tpot);
+  m.itl_ms = stats::summarize(l.itl);
+  m.e2e_ms = stats::summarize(l.e2e);
+  m.request_throughput_per_s = static_cast<double>(m.num_completed) / m.seconds;
+  m.output_token_throughput_per_s = static_cast<double>(tokens) / m.seconds;
+  m.goodput_requests_per_s = static_cast<double>(num_good) / m.seconds;
+  m.prefix_hit_rate = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
+  m.num_steps = static_cast<int64_t>(r.steps.size());
+  return m;
+}
+
+std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
+  const summary_metrics m = summarize(r, slos);
   std::string j = "{\n";
   j += "  \"seed\": " + std::to_string(seed) + ",\n";
-  j += "  \"num_requests\": " + std::to_string(r.requests.size()) + ",\n";
-  j += "  \"num_completed\": " + std::to_string(num_ok) + ",\n";
-  j += "  \"simulated_seconds\": " + num(seconds) + ",\n";
-  j += "  \"ttft_ms\": " + stats_json(stats::summarize(l.ttft)) + ",\n";
-  j += "  \"tpot_ms\": " + stats_json(stats::summarize(l.tpot)) + ",\n";
-  j += "  \"itl_ms\": " + stats_json(stats::summarize(l.itl)) + ",\n";
-  j += "  \"e2e_ms\": " + stats_json(stats::summarize(l.e2e)) + ",\n";
-  j += "  \"request_throughput_per_s\": " + num(num_ok / seconds) + ",\n";
-  j += "  \"output_token_throughput_per_s\": " + num(tokens / seconds) + ",\n";
+  j += "  \"num_requests\": " + std::to_string(m.num_requests) + ",\n";
+  j += "  \"num_completed\": " + std::to_string(m.num_completed) + ",\n";
+  j += "  \"simulated_seconds\": " + num(m.seconds) + ",\n";
+  j += "  \"ttft_ms\": " + stats_json(m.ttft_ms) + ",\n";
+  j += "  \"tpot_ms\": " + stats_json(m.tpot_ms) + ",\n";
+  j += "  \"itl_ms\": " + stats_json(m.itl_ms) + ",\n";
+  j += "  \"e2e_ms\": " + stats_json(m.e2e_ms) + ",\n";
+  j += "  \"request_throughput_per_s\": " + num(m.request_throughput_per_s) + ",\n";
+  j += "  \"output_token_throughput_per_s\": " + num(m.output_token_throughput_per_s) + ",\n";
   j += "  \"slo\": {\"ttft_ms\": " + num(slos.ttft_ms) + ", \"tpot_ms\": " + num(slos.tpot_ms) + "},\n";
-  j += "  \"goodput_requests_per_s\": " + num(num_good / seconds) + ",\n";
-  j += "  \"prefix_hit_rate\": " + num(prompt ? static_cast<double>(cached) / prompt : 0.0) + ",\n";
-  j += "  \"preemptions\": " + std::to_string(preemptions) + ",\n";
-  j += "  \"recomputed_tokens\": " + std::to_string(recomputed) + ",\n";
-  j += "  \"num_steps\": " + std::to_string(r.steps.size()) + ",\n";
+  j += "  \"goodput_requests_per_s\": " + num(m.goodput_requests_per_s) + ",\n";
+  j += "  \"prefix_hit_rate\": " + num(m.prefix_hit_rate) + ",\n";
+  j += "  \"preemptions\": " + std::to_string(m.preemptions) + ",\n";
+  j += "  \"recomputed_tokens\": " + std::to_string(m.recomputed_tokens) + ",\n";
+  j += "  \"num_steps\": " + std::to_string(m.num_steps) + ",\n";
   j += "  \"batch_size_histogram\": " + batch_histogram_json(r.steps) + ",\n";
   j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";
   return j;
+}
+
+std::string sweep_csv_header(const std::vector<std::string>& keys) {
+  std::string out = "point";
+  for (const std::string& k : keys) out += "," + k;
+  return out + ",num_requests,num_completed,simulated_seconds,request_throughput_per_s,"
+               "output_token_throughput_per_s,goodput_requests_per_s,ttft_mean_ms,ttft_p50_ms,ttft_p99_ms,"
+               "tpot_mean_ms,tpot_p50_ms,tpot_p99_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,prefix_hit_rate,preemptions,"
+               "recomputed_tokens,num_steps,event_log_sha256\n";
+}
+
+std::string sweep_csv_row(size_t point, const std::vector<std::string>& values, const sim_result& r,
+                          const slo& slos) {
+  const summary_metrics m = summarize(r, slos);
+  std::string out = std::to_string(point);
+  for (const std::string& v : values) out += "," + v;
+  for (const std::string& field :
+       {std::to_string(m.num_requests), std::to_string(m.num_completed), num(m.seconds),
+        num(m.request_throughput_per_s), num(m.output_token_throughput_per_s), num(m.goodput_requests_per_s),
+        num(m.ttft_ms.mean), num(m.ttft_ms.median), num(m.ttft_ms.p99), num(m.tpot_ms.mean), num(m.tpot_ms.median),
+        num(m.tpot_ms.p99), num(m.itl_ms.p99), num(m.e2e_ms.median), num(m.e2e_ms.p99), num(m.prefix_hit_rate),
+        std::to_string(m.preemptions), std::to_string(m.recomputed_tokens), std::to_string(m.num_steps),
+        r.event_log_sha256})
+    out += "," + field;
+  return out + "\n";
 }
 
 expected<void> write_report(const std::string& dir, const sim_result& r, const slo& slos, uint64_t seed) {

@@ -4,8 +4,10 @@
 /// under SLOs, prefix-hit rate, preemptions, batch-size histogram) and plots made by gnuplot.
 
 #include <string>
+#include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/common/stats.hpp"
 #include "sim/simulation.hpp"
 
 namespace troupe::sim {
@@ -15,9 +17,33 @@ struct slo {
   double tpot_ms = 0;  ///< 0 = no bound
 };
 
+/// What summary.json and a sweep's rows report of a run.
+struct summary_metrics {
+  int64_t num_requests = 0;
+  int64_t num_completed = 0;  ///< finished by length or stop
+  double seconds = 0;         ///< simulated
+  stats::summary ttft_ms, tpot_ms, itl_ms, e2e_ms;  ///< completed requests; TPOT of those with > 1 token
+  double request_throughput_per_s = 0;
+  double output_token_throughput_per_s = 0;
+  double goodput_requests_per_s = 0;  ///< completed within the SLOs
+  double prefix_hit_rate = 0;
+  int64_t preemptions = 0;
+  int64_t recomputed_tokens = 0;
+  int64_t num_steps = 0;
+};
+
+[[nodiscard]] summary_metrics summarize(const sim_result& r, const slo& slos);
+
 /// The summary as JSON text (fixed key order, fixed number format: byte-identical for identical
 /// results).
 [[nodiscard]] std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed);
+
+/// sweep.csv (`troupe sim --sweep`): the header for the swept `keys`, and one point's row (its
+/// index, its value of each key, then summary_metrics and the event-log hash; numbers as in
+/// summary.json, so identical runs give identical bytes).
+[[nodiscard]] std::string sweep_csv_header(const std::vector<std::string>& keys);
+[[nodiscard]] std::string sweep_csv_row(size_t point, const std::vector<std::string>& values, const sim_result& r,
+                                        const slo& slos);
 
 /// Writes DIR/requests.csv, DIR/summary.json, DIR/timeseries.csv (with samples: one row per
 /// replica and interval) and, if gnuplot is installed, DIR/latency_cdf.svg, DIR/throughput.svg

@@ -5,7 +5,9 @@
 
 #include <toml++/toml.h>
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -32,7 +34,35 @@ struct field {
 };
 
 std::string at(const std::string& source, const toml::node& node) {
+  if (node.source().begin.line == 0) return source + ": (set on the command line) ";  // an override
   return source + ":" + std::to_string(node.source().begin.line) + ": ";
+}
+
+/// Applies `set` to `root` (TABLE.KEY=VALUE each; VALUE typed as topology_overrides says).
+expected<void> apply_overrides(toml::table& root, const topology_overrides& set, const std::string& source) {
+  for (const auto& [key, text] : set) {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == key.size() || key.find('.', dot + 1) != std::string::npos)
+      return fail(errc::invalid_argument, "a topology setting is TABLE.KEY=VALUE (e.g. engine.replicas=4), got '" +
+                                              key + "=" + text + "'");
+    const std::string table_name = key.substr(0, dot), name = key.substr(dot + 1);
+    if (!root.contains(table_name)) root.insert(table_name, toml::table{});
+    toml::table* table = root[table_name].as_table();
+    if (!table) return fail(errc::malformed_file, source + ": '" + table_name + "' is not a table");
+    int64_t i = 0;
+    double d = 0;
+    const char* end = text.data() + text.size();
+    if (auto [p, ec] = std::from_chars(text.data(), end, i); !text.empty() && ec == std::errc() && p == end) {
+      table->insert_or_assign(name, i);
+    } else if (char* stop = nullptr; !text.empty() && (d = std::strtod(text.c_str(), &stop), stop == text.c_str() + text.size())) {
+      table->insert_or_assign(name, d);
+    } else if (text == "true" || text == "false") {
+      table->insert_or_assign(name, text == "true");
+    } else {
+      table->insert_or_assign(name, text);
+    }
+  }
+  return {};
 }
 
 expected<void> read_table(const toml::table& root, const char* table_name, const std::vector<field>& fields,
@@ -130,7 +160,7 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
 }  // namespace
 
 expected<sim_topology> parse_sim_topology(std::string_view text, const std::string& source,
-                                          const std::string& base_dir) {
+                                          const std::string& base_dir, const topology_overrides& set) {
   toml::table root;
   try {  // toml++ is built with exceptions; none leaves this function
     root = toml::parse(text, source);
@@ -138,6 +168,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
     return fail(errc::malformed_file, source + ":" + std::to_string(e.source().begin.line) + ": " +
                                           std::string(e.description()));
   }
+  if (auto ok = apply_overrides(root, set, source); !ok) return tl::unexpected(ok.error());
   for (const auto& [key, node] : root)
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
                              key != "load_balancer"))
@@ -190,12 +221,12 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                              tokens, kv_bytes_per_value, source, inline_params == 4);
 }
 
-expected<sim_topology> load_sim_topology(const std::string& path) {
+expected<sim_topology> load_sim_topology(const std::string& path, const topology_overrides& set) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return fail(errc::io_error, "cannot read simulation topology '" + path + "'");
   std::ifstream in(path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_sim_topology(text, path, fs::path(path).parent_path().string());
+  return parse_sim_topology(text, path, fs::path(path).parent_path().string(), set);
 }
 
 }  // namespace troupe::sim

@@ -7,6 +7,8 @@
 /// 2 (K and V) * n_layers * kv_dim * kv_bytes_per_value. Schema: docs/simulation.md.
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/common/error.hpp"
 #include "runtime/cost/cost_model.hpp"
@@ -33,9 +35,15 @@ struct sim_topology {
   token_mode tokens = token_mode::synthetic;
 };
 
-/// Parses and validates a simulation topology; errors name the file, the line and the key.
-[[nodiscard]] expected<sim_topology> load_sim_topology(const std::string& path);
+/// `TABLE.KEY=VALUE` settings applied over a topology file before it is validated (`troupe sim
+/// --set`, `--sweep`): VALUE is read as an integer, else a float, else true/false, else a string.
+using topology_overrides = std::vector<std::pair<std::string, std::string>>;
+
+/// Parses and validates a simulation topology; errors name the file, the line and the key (an
+/// overridden key: "(--set TABLE.KEY)" instead of the line).
+[[nodiscard]] expected<sim_topology> load_sim_topology(const std::string& path, const topology_overrides& set = {});
 [[nodiscard]] expected<sim_topology> parse_sim_topology(std::string_view text, const std::string& source_name,
-                                                        const std::string& base_dir);
+                                                        const std::string& base_dir,
+                                                        const topology_overrides& set = {});
 
 }  // namespace troupe::sim

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,57 @@ TEST_F(Cli, RejectsSeedsOutsideUint64InsteadOfWrappingThem) {
   expect_rejected({"sim", "--seed", "-1"}, "got '-1'");
   const cli_result max = run({"generate", "--seed", "18446744073709551615", "-n", "3", "--temperature", "1"});
   EXPECT_EQ(max.exit_code, 0) << max.err;
+}
+
+TEST_F(Cli, SimSweepRunsEveryPointInParallelAndARerunIsByteIdentical) {
+  const std::string topology = std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml";
+  const auto sweep = [&](const std::string& out, const std::string& jobs) {
+    return run({"sim", "-T", topology, "--synthetic-requests", "40", "--synthetic-rate", "20", "--seed", "3",
+                "--set", "engine.replicas=3", "--sweep", "time_scale=1,4", "--sweep",
+                "load_balancer.router=least_loaded,round_robin,power_of_two", "--jobs", jobs, "--out",
+                (dir_ / out).string()});
+  };
+  const cli_result a = sweep("a", "2");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const std::string csv = testing::read_file((dir_ / "a" / "sweep.csv").string());
+  EXPECT_EQ(a.out, csv);
+  std::vector<std::string> lines;
+  std::stringstream in(csv);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(lines[0].rfind("point,time_scale,load_balancer.router,num_requests,num_completed,", 0), 0u);
+  const char* expected_prefix[] = {"0,1,least_loaded,40,40,", "1,1,round_robin,40,40,", "2,1,power_of_two,40,40,",
+                                   "3,4,least_loaded,40,40,", "4,4,round_robin,40,40,", "5,4,power_of_two,40,40,"};
+  for (size_t i = 0; i < 6; i++) EXPECT_EQ(lines[i + 1].rfind(expected_prefix[i], 0), 0u) << lines[i + 1];
+  // Each point is an ordinary run: its own report, and its row's hash is its event log's.
+  const std::string summary = testing::read_file((dir_ / "a" / "points" / "0004" / "summary.json").string());
+  EXPECT_NE(summary.find(lines[5].substr(lines[5].rfind(',') + 1)), std::string::npos);
+  // One process at a time gives the same bytes.
+  const cli_result b = sweep("b", "1");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(testing::read_file((dir_ / "b" / "sweep.csv").string()), csv);
+}
+
+TEST_F(Cli, SimSettingsAndSweepsRejectBadKeysAndValues) {
+  const std::string topology = std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml";
+  const std::vector<std::string> base = {"sim", "-T", topology, "--synthetic-requests", "5", "--out",
+                                         (dir_ / "bad").string()};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  expect_rejected(with({"--sweep", "time_scale"}), "--sweep takes KEY=V1,V2,...");
+  expect_rejected(with({"--sweep", "time_scale=1,1"}), "value '1' is given twice");
+  expect_rejected(with({"--sweep", "speed=1,2"}), "unknown setting 'speed': a topology key is TABLE.KEY");
+  expect_rejected(with({"--sweep", "time_scale=1,fast"}), "time_scale takes a number, got 'fast'");
+  expect_rejected(with({"--sweep", "engine.replicas=1,0"}), "[engine] replicas = 0.000000 is outside");
+  expect_rejected(with({"--sweep", "load_balancer.router=least_loaded,best"}), "unknown router 'best'");
+  expect_rejected(with({"--sweep", "seed=1,2", "--trace-out", "t.json"}), "not with --sweep");
+  expect_rejected(with({"--set", "replicas"}), "--set takes KEY=VALUE, got 'replicas'");
+  expect_rejected(with({"--set", "max_requests=-"}), "max_requests takes an integer, got '-'");
+  expect_rejected(with({"--jobs", "2000"}), "--jobs");
+  EXPECT_FALSE(fs::exists(dir_ / "bad" / "points"));  // nothing ran
 }
 
 TEST_F(Cli, RejectsUnknownOption) {

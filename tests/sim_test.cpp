@@ -17,6 +17,7 @@
 #include "sim/sha256.hpp"
 #include "sim/sim_topology.hpp"
 #include "sim/simulation.hpp"
+#include "sim/sweep.hpp"
 #include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
 #include "tests/support/golden.hpp"
@@ -308,6 +309,83 @@ TEST(Simulation, TheTopologysRouterPlacesRequestsOnReplicas) {
   // least_loaded: every request finds both replicas idle and takes the lower index.
   EXPECT_EQ(samples_per_replica("least_loaded"), (std::vector<int64_t>{3 + 5 + 7 + 9, 0}));
   EXPECT_EQ(samples_per_replica("round_robin"), (std::vector<int64_t>{3 + 7, 5 + 9}));
+}
+
+TEST(SimTopology, SettingsOverTheFileAreTypedAndValidatedLikeTheFile) {
+  auto t = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR,
+                              {{"engine.replicas", "3"}, {"load_balancer.router", "round_robin"},
+                               {"hardware.kv_memory_gib", "0.02"}});
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->replicas, 3);
+  EXPECT_EQ(t->router, "round_robin");
+  EXPECT_EQ(t->kv_memory_gib, 0.02);
+  const std::pair<sim::topology_overrides, std::string> bad[] = {
+      {{{"replicas", "3"}}, "a topology setting is TABLE.KEY=VALUE (e.g. engine.replicas=4), got 'replicas=3'"},
+      {{{"engine.", "3"}}, "a topology setting is TABLE.KEY=VALUE"},
+      {{{"a.b.c", "3"}}, "a topology setting is TABLE.KEY=VALUE"},
+      {{{"engine.replicas", "0"}}, "tiny.toml: (set on the command line) [engine] replicas = 0.000000 is outside [1.000000, 4096.000000]"},
+      {{{"engine.replicas", "two"}}, "tiny.toml: (set on the command line) [engine] replicas: expected a number"},
+      {{{"engine.replica", "2"}}, "tiny.toml: (set on the command line) [engine]: unknown key 'replica'"},
+      {{{"load_balancer.router", "7"}}, "[load_balancer] router: expected a string"},
+      {{{"model.name", "x"}, {"model", "y"}}, "a topology setting is TABLE.KEY=VALUE"},
+      {{{"cost.step_ns.x", "1"}}, "a topology setting is TABLE.KEY=VALUE"},
+  };
+  for (const auto& [set, message] : bad) {
+    auto r = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, set);
+    ASSERT_FALSE(r) << message;
+    EXPECT_NE(r.error().message.find(message), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(Sweep, AxesParseAndTheGridVariesTheFirstAxisSlowest) {
+  auto rate = parse_sweep_axis("time_scale=1,2,4");
+  auto router = parse_sweep_axis("load_balancer.router=least_loaded,round_robin");
+  ASSERT_TRUE(rate && router);
+  EXPECT_EQ(rate->key, "time_scale");
+  EXPECT_EQ(rate->values, (std::vector<std::string>{"1", "2", "4"}));
+  auto grid = sweep_grid({*rate, *router}, 100);
+  ASSERT_TRUE(grid);
+  using row = std::vector<std::string>;
+  EXPECT_EQ(*grid, (std::vector<row>{{"1", "least_loaded"}, {"1", "round_robin"}, {"2", "least_loaded"},
+                                     {"2", "round_robin"}, {"4", "least_loaded"}, {"4", "round_robin"}}));
+  EXPECT_EQ(*sweep_grid({}, 1), (std::vector<row>{row{}}));
+  EXPECT_FALSE(sweep_grid({*rate, *router}, 5));
+  EXPECT_EQ(sweep_grid({*rate, *rate}, 100).error().message, "--sweep time_scale is given twice");
+  const std::pair<const char*, const char*> bad[] = {
+      {"time_scale", "--sweep takes KEY=V1,V2,..."},
+      {"=1,2", "--sweep takes KEY=V1,V2,..."},
+      {"time_scale=", "--sweep time_scale: an empty value in 'time_scale='"},
+      {"time_scale=1,,2", "--sweep time_scale: an empty value"},
+      {"time_scale=1,2,", "--sweep time_scale: an empty value"},
+      {"time_scale=1,1", "--sweep time_scale: value '1' is given twice"},
+      {"x=a'b", "quotes, backslashes and newlines are not allowed"},
+  };
+  for (const auto& [spec, message] : bad) {
+    auto a = parse_sweep_axis(spec);
+    ASSERT_FALSE(a) << spec;
+    EXPECT_EQ(a.error().code, errc::invalid_argument);
+    EXPECT_NE(a.error().message.find(message), std::string::npos) << a.error().message;
+  }
+}
+
+TEST(Sweep, ThePlotHasALinePerCombinationOfTheOtherAxesReadingTheirColumns) {
+  const std::vector<sweep_axis> axes = {{"time_scale", {"1", "2"}},
+                                        {"load_balancer.router", {"a", "b"}},
+                                        {"engine.replicas", {"1", "2", "4"}}};
+  const std::string script = sweep_plot_script(axes);
+  EXPECT_NE(script.find("G = 6\n"), std::string::npos);
+  EXPECT_NE(script.find("title 'load_balancer.router=b engine.replicas=4'"), std::string::npos);
+  // goodput is column 3 keys + 7 = 10; p99 TTFT 13; p99 TPOT 16.
+  EXPECT_NE(script.find("(int($1) % G == 5 ? $10 : 1/0):xtic(2)"), std::string::npos);
+  EXPECT_NE(script.find("? $13 :"), std::string::npos);
+  EXPECT_NE(script.find("? $16 :"), std::string::npos);
+  const std::string header = sweep_csv_header({"time_scale", "load_balancer.router", "engine.replicas"});
+  std::vector<std::string> columns;
+  std::stringstream in(header.substr(0, header.size() - 1));
+  for (std::string c; std::getline(in, c, ',');) columns.push_back(c);
+  EXPECT_EQ(columns.at(10 - 1), "goodput_requests_per_s");
+  EXPECT_EQ(columns.at(13 - 1), "ttft_p99_ms");
+  EXPECT_EQ(columns.at(16 - 1), "tpot_p99_ms");
 }
 
 TEST(Simulation, HandComputedTimesWithKvReads) {

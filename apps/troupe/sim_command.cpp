@@ -1,8 +1,22 @@
 // `troupe sim`: run a trace (or a synthetic workload) through the production actors on virtual
 // time with a cost-model executor; write DIR/summary.json, DIR/requests.csv and plots; print
-// the event log's SHA-256 as the last line of stdout.
+// the event log's SHA-256 as the last line of stdout. With --sweep: run every point of a grid of
+// settings in parallel processes and write DIR/sweep.csv and DIR/sweep.svg.
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+#include <type_traits>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -11,6 +25,7 @@
 #include "sim/random.hpp"
 #include "sim/report.hpp"
 #include "sim/simulation.hpp"
+#include "sim/sweep.hpp"
 #include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
 
@@ -31,7 +46,79 @@ struct sim_cli_options {
   int64_t sample_ms = 1000;
   bool progress = true;
   int32_t check_every = 1;
+  std::vector<std::string> set;     // --set KEY=VALUE
+  std::vector<std::string> sweeps;  // --sweep KEY=V1,V2,...
+  int32_t jobs = 0;                 // sweep processes at once; 0 = one per core
+  sim::topology_overrides overrides;  // the TABLE.KEY settings among `set`
+  // A sweep's point (in its own process): its number and values, written as DIR/row.csv.
+  std::optional<std::pair<size_t, std::vector<std::string>>> point;
 };
+
+/// A setting of a workload option (the key without a dot): `--set time_scale=4` as `--time-scale 4`.
+using workload_setter = std::function<expected<void>(sim_cli_options&, const std::string&)>;
+
+template <class T>
+expected<T> number(const std::string& key, const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  if constexpr (std::is_integral_v<T>) {
+    if (auto [p, ec] = std::from_chars(text.data(), end, v); text.empty() || ec != std::errc() || p != end)
+      return fail(errc::invalid_argument, key + " takes an integer, got '" + text + "'");
+  } else {
+    char* stop = nullptr;
+    v = std::strtod(text.c_str(), &stop);
+    if (text.empty() || stop != text.c_str() + text.size())
+      return fail(errc::invalid_argument, key + " takes a number, got '" + text + "'");
+  }
+  return v;
+}
+
+const std::map<std::string, workload_setter>& workload_keys() {
+  static const std::map<std::string, workload_setter> keys = [] {
+    std::map<std::string, workload_setter> k;
+    auto add = [&k](const char* name, auto getter) {
+      k[name] = [name, getter](sim_cli_options& o, const std::string& text) -> expected<void> {
+        auto& target = getter(o);
+        auto v = number<std::remove_reference_t<decltype(target)>>(name, text);
+        if (!v) return tl::unexpected(v.error());
+        target = *v;
+        return {};
+      };
+    };
+    add("time_scale", [](sim_cli_options& o) -> double& { return o.shape.time_scale; });
+    add("length_scale", [](sim_cli_options& o) -> double& { return o.shape.length_scale; });
+    add("max_requests", [](sim_cli_options& o) -> int32_t& { return o.shape.max_requests; });
+    add("synthetic_requests", [](sim_cli_options& o) -> int32_t& { return o.synthetic.num_requests; });
+    add("synthetic_rate", [](sim_cli_options& o) -> double& { return o.synthetic.rate_per_s; });
+    add("synthetic_cv", [](sim_cli_options& o) -> double& { return o.synthetic.cv; });
+    add("synthetic_input", [](sim_cli_options& o) -> int32_t& { return o.synthetic.input_mean; });
+    add("synthetic_output", [](sim_cli_options& o) -> int32_t& { return o.synthetic.output_mean; });
+    add("seed", [](sim_cli_options& o) -> uint64_t& { return o.seed; });
+    add("slo_ttft_ms", [](sim_cli_options& o) -> double& { return o.slos.ttft_ms; });
+    add("slo_tpot_ms", [](sim_cli_options& o) -> double& { return o.slos.tpot_ms; });
+    return k;
+  }();
+  return keys;
+}
+
+/// Applies one KEY=VALUE: a TABLE.KEY goes over the topology file, any other key names a
+/// workload option (dashes or underscores).
+expected<void> apply_setting(sim_cli_options& o, const std::string& key, const std::string& value) {
+  if (key.find('.') != std::string::npos) {
+    o.overrides.emplace_back(key, value);
+    return {};
+  }
+  std::string name = key;
+  std::replace(name.begin(), name.end(), '-', '_');
+  auto it = workload_keys().find(name);
+  if (it == workload_keys().end()) {
+    std::string known;
+    for (const auto& [k, setter] : workload_keys()) known += (known.empty() ? "" : ", ") + k;
+    return fail(errc::invalid_argument, "unknown setting '" + key + "': a topology key is TABLE.KEY (e.g. "
+                                        "engine.replicas), a workload key one of " + known);
+  }
+  return it->second(o, value);
+}
 
 expected<std::vector<sim::trace_request>> load_workload(const sim_cli_options& o, int32_t max_context) {
   std::vector<sim::trace_request> workload;
@@ -58,7 +145,7 @@ expected<std::vector<sim::trace_request>> load_workload(const sim_cli_options& o
 }
 
 int run_sim(const sim_cli_options& o) {
-  auto topology = sim::load_sim_topology(o.topology);
+  auto topology = sim::load_sim_topology(o.topology, o.overrides);
   if (!topology) return fail_with(topology.error());
   auto workload = load_workload(o, topology->model.seq_len);
   if (!workload) return fail_with(workload.error());
@@ -91,6 +178,11 @@ int run_sim(const sim_cli_options& o) {
   if (!result) return fail_with(result.error());
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   if (auto ok = sim::write_report(o.out, *result, o.slos, o.seed); !ok) return fail_with(ok.error());
+  if (o.point) {
+    std::ofstream row(std::filesystem::path(o.out) / "row.csv", std::ios::binary);
+    row << sim::sweep_csv_row(o.point->first, o.point->second, *result, o.slos);
+    if (!row) return fail_with(error{errc::io_error, "cannot write " + o.out + "/row.csv"});
+  }
   if (!o.trace_out.empty())
     if (auto ok = sim::write_trace_events(o.trace_out, *result); !ok) return fail_with(ok.error());
   spdlog::info("{:.3f} s simulated in {:.3f} s wall: {:.0f}x real time; {} events; report in {}",
@@ -98,6 +190,121 @@ int run_sim(const sim_cli_options& o) {
                result->num_events, o.out);
   std::printf("event-log-sha256: %s\n", result->event_log_sha256.c_str());
   return 0;
+}
+
+/// Runs point `index` of a sweep in a child process whose output goes to its directory's log.
+pid_t start_point(const sim_cli_options& base, const std::vector<sim::sweep_axis>& axes,
+                  const std::vector<std::string>& values, size_t index, const std::filesystem::path& dir) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;  // the parent (or -1)
+  const int log = ::open((dir / "log.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log >= 0) {
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+  }
+  sim_cli_options o = base;
+  for (size_t i = 0; i < axes.size(); i++)
+    if (auto ok = apply_setting(o, axes[i].key, values[i]); !ok) std::_Exit(fail_with(ok.error()));
+  o.out = dir.string();
+  o.progress = false;
+  o.point = std::make_pair(index, values);
+  const int code = run_sim(o);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+int run_sweep(const sim_cli_options& o) {
+  std::vector<sim::sweep_axis> axes;
+  for (const std::string& spec : o.sweeps) {
+    auto axis = sim::parse_sweep_axis(spec);
+    if (!axis) return fail_with(axis.error());
+    axes.push_back(std::move(*axis));
+  }
+  auto grid = sim::sweep_grid(axes, 10000);
+  if (!grid) return fail_with(grid.error());
+  if (!o.trace_out.empty() || !o.event_log.empty())
+    return fail_with(error{errc::invalid_argument, "--trace-out and --event-log are per run: not with --sweep "
+                                                   "(each point's report is in DIR/points/N)"});
+  // Every value must be a valid setting, checked before anything runs.
+  for (const sim::sweep_axis& a : axes)
+    for (const std::string& v : a.values) {
+      sim_cli_options probe = o;
+      if (auto ok = apply_setting(probe, a.key, v); !ok) return fail_with(ok.error());
+      if (auto t = sim::load_sim_topology(probe.topology, probe.overrides); !t) return fail_with(t.error());
+    }
+  const std::filesystem::path out(o.out);
+  std::error_code ec;
+  std::filesystem::create_directories(out / "points", ec);
+  if (ec) return fail_with(error{errc::io_error, "cannot create " + (out / "points").string() + ": " + ec.message()});
+  const size_t jobs = o.jobs > 0 ? static_cast<size_t>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
+  const auto point_dir = [&](size_t i) {
+    char name[16];
+    std::snprintf(name, sizeof(name), "%04zu", i);
+    return out / "points" / name;
+  };
+  spdlog::info("sweep: {} point(s), {} at a time; each point's report in {}/points/N", grid->size(), jobs, o.out);
+  std::map<pid_t, size_t> running;
+  std::vector<size_t> failed;
+  size_t next = 0, done = 0;
+  while (next < grid->size() || !running.empty()) {
+    while (running.size() < jobs && next < grid->size()) {
+      std::filesystem::create_directories(point_dir(next), ec);
+      const pid_t pid = start_point(o, axes, (*grid)[next], next, point_dir(next));
+      if (pid < 0) return fail_with(error{errc::internal, "cannot start a process for sweep point " + std::to_string(next)});
+      running[pid] = next++;
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    auto it = running.find(pid);
+    if (it == running.end()) continue;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed.push_back(it->second);
+    running.erase(it);
+    if (o.progress && ::isatty(STDERR_FILENO))
+      std::fprintf(stderr, "\r[sweep] %zu/%zu points done   ", ++done, grid->size());
+  }
+  if (o.progress && ::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+  if (!failed.empty()) {
+    std::sort(failed.begin(), failed.end());
+    std::string which;
+    for (size_t i : failed) which += (which.empty() ? "" : ", ") + std::to_string(i);
+    return fail_with(error{errc::internal, "sweep point(s) " + which + " failed; see " +
+                                               (point_dir(failed.front()) / "log.txt").string()});
+  }
+  std::vector<std::string> keys;
+  for (const sim::sweep_axis& a : axes) keys.push_back(a.key);
+  std::string csv = sim::sweep_csv_header(keys);
+  for (size_t i = 0; i < grid->size(); i++) {
+    std::ifstream row(point_dir(i) / "row.csv", std::ios::binary);
+    std::stringstream text;
+    text << row.rdbuf();
+    csv += text.str();
+  }
+  for (const auto& [name, text] : {std::pair<const char*, std::string>{"sweep.csv", csv},
+                                   {"sweep.gp", sim::sweep_plot_script(axes)}}) {
+    std::ofstream f(out / name, std::ios::binary);
+    f << text;
+    if (!f) return fail_with(error{errc::io_error, "cannot write " + (out / name).string()});
+  }
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    const std::string cmd = "cd '" + out.string() + "' && gnuplot sweep.gp";
+    if (std::system(cmd.c_str()) != 0) return fail_with(error{errc::internal, "gnuplot failed on " + (out / "sweep.gp").string()});
+  }
+  std::fputs(csv.c_str(), stdout);
+  return 0;
+}
+
+int run_sim_command(sim_cli_options& o) {
+  for (const std::string& s : o.set) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return fail_with(error{errc::invalid_argument, "--set takes KEY=VALUE, got '" + s + "'"});
+    if (auto ok = apply_setting(o, s.substr(0, eq), s.substr(eq + 1)); !ok) return fail_with(ok.error());
+  }
+  return o.sweeps.empty() ? run_sim(o) : run_sweep(o);
 }
 
 }  // namespace
@@ -132,7 +339,16 @@ action add_sim(CLI::App& app) {
   cmd->add_option("--check-every", o->check_every, "check engine invariants every N steps (0 = never)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  return [o] { return run_sim(*o); };
+  cmd->add_option("--set", o->set,
+                  "KEY=VALUE over the topology (TABLE.KEY, e.g. load_balancer.router=round_robin) or a workload "
+                  "option (e.g. time_scale=4); repeatable");
+  cmd->add_option("--sweep", o->sweeps,
+                  "KEY=V1,V2,...: run every combination of the swept settings (keys as --set); writes "
+                  "DIR/sweep.csv and DIR/sweep.svg; repeatable");
+  cmd->add_option("--jobs,-j", o->jobs, "sweep points run at once (0 = one per core)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  return [o] { return run_sim_command(*o); };
 }
 
 }  // namespace troupe::cli
