@@ -1,5 +1,6 @@
 #include "actors/load_balancer_actor.hpp"
 
+#include <cstdio>
 #include <map>
 #include <optional>
 
@@ -14,6 +15,7 @@
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
 #include "actors/cluster_messages.hpp"
+#include "runtime/balance/admission.hpp"
 #include "runtime/balance/balancer_host.hpp"
 #include "runtime/engine/request.hpp"
 
@@ -30,6 +32,7 @@ struct live_request {
 struct load_balancer_state {
   load_balancer_options o;
   std::optional<balance::balancer_host> host;
+  std::optional<balance::token_bucket> rate_limit;
   int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
   std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
   std::map<caf::node_id, int32_t> in_flight_by_node;  // live requests per other client process
@@ -44,6 +47,14 @@ std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on
 request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream,
                     const caf::node_id& client_node) {
   load_balancer_state& st = self->state;
+  std::optional<error> refused;
+  if (st.rate_limit && !st.rate_limit->take(ns_since_epoch(self->clock().now()))) {
+    char rate[32];
+    std::snprintf(rate, sizeof(rate), "%g", st.o.rate_limit_per_s);
+    refused = error{errc::overloaded, std::string("the load balancer admits at most ") + rate +
+                                          " requests/s (bursts of " + std::to_string(st.o.rate_limit_burst) +
+                                          ", [load_balancer] rate_limit_per_s); retry later"};
+  }
   const int64_t index = st.num_routed++;
   const int64_t id = st.o.draw_request_id ? st.o.draw_request_id() : index;
   request_options ro;
@@ -54,6 +65,7 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.host.tok = st.o.tok;
   ro.host.params = std::move(req);
   ro.host.context_tokens = st.o.context_tokens;
+  ro.host.refused = std::move(refused);
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
   ro.host.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
@@ -204,6 +216,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   }
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
+  if (st.o.rate_limit_per_s > 0) st.rate_limit.emplace(st.o.rate_limit_per_s, st.o.rate_limit_burst);
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
                   balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0)});
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });

@@ -64,6 +64,10 @@ struct load_balancer_options {
   /// The routing policy (runtime/balance/router.hpp), one of balance::router_names(); a
   /// randomised one is seeded with child_seed(seed_base, 0), which no request's seed uses.
   std::string router = "least_loaded";
+  /// Admission by rate (runtime/balance/admission.hpp): on average at most this many requests
+  /// per second, bursts of up to `rate_limit_burst`; one more is answered `overloaded`. 0 = off.
+  double rate_limit_per_s = 0;
+  int32_t rate_limit_burst = 16;
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)

@@ -194,7 +194,9 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
       {"max_waiting", false, 1, big, into(t.max_waiting)}};
   std::vector<field> balancer_fields = {
-      {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }}};
+      {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }},
+      {"rate_limit_per_s", false, 0, 1e9, into(t.rate_limit_per_s)},
+      {"rate_limit_burst", false, 1, 1e6, into(t.rate_limit_burst)}};
   std::vector<field> cost_fields = {
       {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
       {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},

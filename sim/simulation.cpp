@@ -158,6 +158,8 @@ expected<sim_result> run_simulation(const sim_options& o) {
   lb.engines = actors::mixed_engines(*engines);
   lb.seed_base = derive_seed(o.seed, load_balancer_stream);
   lb.router = o.topology.router;
+  lb.rate_limit_per_s = o.topology.rate_limit_per_s;
+  lb.rate_limit_burst = o.topology.rate_limit_burst;
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   auto d = sys.spawn(driver, &rs);
   run_to_end(rs, sched);

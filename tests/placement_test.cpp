@@ -2,6 +2,7 @@
 // routed around), the least-loaded choice (the decode score, ties broken by engine index), and
 // each router policy (router.hpp; power_of_two's draws computed independently from Random123's
 // Philox4x32-10 definition).
+#include "runtime/balance/admission.hpp"
 #include "runtime/balance/placement.hpp"
 #include "runtime/balance/router.hpp"
 
@@ -200,6 +201,25 @@ TEST(Router, PowerOfTwoTakesTheLighterOfTwoCandidatesDrawnFromItsSeed) {
   EXPECT_EQ(make("power_of_two", 7)->choose(e, c, 3).decode, 3u);
   const std::vector<engine_load> one = {engine(engine_kind::mixed, 99)};
   EXPECT_EQ(r->choose(one, candidates_for(one, {}, 0, 10), 0).decode, 0u);
+}
+
+TEST(TokenBucket, AdmitsABurstThenOneRequestPerInterval) {
+  token_bucket b(2.0, 3);  // one per 500 ms, three at once
+  EXPECT_EQ(b.interval_ns(), 500'000'000);
+  constexpr int64_t ms = 1'000'000;
+  std::vector<bool> got;
+  for (int64_t t : {0, 0, 0, 0, 499, 500, 500, 999, 1000}) {
+    got.push_back(b.take(t * ms));
+    b.check_invariants();
+  }
+  EXPECT_EQ(got, (std::vector<bool>{true, true, true, false, false, true, false, false, true}));
+  got.clear();
+  for (int i = 0; i < 4; i++) got.push_back(b.take(10'000 * ms));  // quiet: a whole burst again
+  EXPECT_EQ(got, (std::vector<bool>{true, true, true, false}));
+  token_bucket one(1e9, 1);  // an interval of 1 ns, no burst
+  EXPECT_TRUE(one.take(5));
+  EXPECT_FALSE(one.take(5));
+  EXPECT_TRUE(one.take(6));
 }
 
 }  // namespace

@@ -109,6 +109,10 @@ TEST(SimTopology, BadFilesNameTheProblem) {
       {std::string(tiny_topology) + "[load_balancer]\nrouter = \"fastest\"\n",
        "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two"},
       {std::string(tiny_topology) + "[load_balancer]\npolicy = \"fcfs\"\n", "tiny.toml:24: [load_balancer]: unknown key 'policy'"},
+      {std::string(tiny_topology) + "[load_balancer]\nrate_limit_per_s = -1\n",
+       "tiny.toml:24: [load_balancer] rate_limit_per_s = -1.000000 is outside [0.000000, 1000000000.000000]"},
+      {std::string(tiny_topology) + "[load_balancer]\nrate_limit_burst = 0\n",
+       "tiny.toml:24: [load_balancer] rate_limit_burst = 0.000000 is outside [1.000000, 1000000.000000]"},
   };
   for (const auto& [text, message] : cases) {
     auto t = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
@@ -309,6 +313,23 @@ TEST(Simulation, TheTopologysRouterPlacesRequestsOnReplicas) {
   // least_loaded: every request finds both replicas idle and takes the lower index.
   EXPECT_EQ(samples_per_replica("least_loaded"), (std::vector<int64_t>{3 + 5 + 7 + 9, 0}));
   EXPECT_EQ(samples_per_replica("round_robin"), (std::vector<int64_t>{3 + 7, 5 + 9}));
+}
+
+TEST(Simulation, TheBalancersRateLimitRefusesRequestsOverItAsOverloaded) {
+  // Ten requests at once, then one 1.5 s later; 2 requests/s with bursts of 4: the first four
+  // are admitted, the next six refused, and the late one admitted.
+  auto t = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR,
+                              {{"load_balancer.rate_limit_per_s", "2"}, {"load_balancer.rate_limit_burst", "4"}});
+  ASSERT_TRUE(t) << t.error().message;
+  std::vector<trace_request> w(10, trace_request{0, 16, 3, {}});
+  w.push_back(trace_request{1'500'000'000, 16, 3, {}});
+  auto r = run_simulation(options(*t, w, 7));
+  ASSERT_TRUE(r) << r.error().message;
+  std::vector<std::string> finish;
+  for (const request_record& q : r->requests) finish.push_back(q.finish);
+  const std::string o = "overloaded";
+  EXPECT_EQ(finish, (std::vector<std::string>{"length", "length", "length", "length", o, o, o, o, o, o, "length"}));
+  EXPECT_EQ(r->requests[4].output_tokens, 0);
 }
 
 TEST(SimTopology, SettingsOverTheFileAreTypedAndValidatedLikeTheFile) {

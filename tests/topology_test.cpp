@@ -199,7 +199,7 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
       "[cluster]\nname = \"c\"\nkv_transfer = \"ucx\"\n"
       "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = 7100\nkv_port = 9100\n"
       "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 65535\nkv_port = 1\n"
-      "[load_balancer]\nnode = \"node1\"\nmax_waiting = 3\nprefill_tiers = [1, 64, 4096]\nrouter = \"power_of_two\"\n"
+      "[load_balancer]\nnode = \"node1\"\nmax_waiting = 3\nprefill_tiers = [1, 64, 4096]\nrouter = \"power_of_two\"\nrate_limit_per_s = 100\nrate_limit_burst = 5\n"
       "report_interval_ms = 60000\nconnect_timeout_ms = 600000\nheartbeat_interval_ms = 60000\n"
       "heartbeat_timeout_ms = 600000\n" +
       k_engine0);
@@ -214,6 +214,8 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
   EXPECT_EQ(topo->load_balancer.node, "node1");
   EXPECT_EQ(topo->load_balancer.max_waiting, 3);
   EXPECT_EQ(topo->load_balancer.router, "power_of_two");
+  EXPECT_EQ(topo->load_balancer.rate_limit_per_s, 100);
+  EXPECT_EQ(topo->load_balancer.rate_limit_burst, 5);
   EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{1, 64, 4096}));
   EXPECT_EQ(topo->load_balancer.report_interval_ms, 60000);
   EXPECT_EQ(topo->load_balancer.connect_timeout_ms, 600000);
@@ -415,7 +417,8 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_balancer_key_lists_new_keys",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
-                 "node, max_waiting, prefill_tiers, router, report_interval_ms, connect_timeout_ms, "
+                 "node, max_waiting, prefill_tiers, router, rate_limit_per_s, rate_limit_burst, "
+                 "report_interval_ms, connect_timeout_ms, "
                  "heartbeat_interval_ms, heartbeat_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
                  "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, limits, node, "
@@ -553,6 +556,10 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"router_unknown", k_node0 + "[load_balancer]\nnode = \"node0\"\nrouter = \"fastest\"\n",
                  "topology.toml:7: load_balancer: key 'router': unknown router 'fastest'; known: "
                  "least_loaded, round_robin, power_of_two"},
+        bad_file{"rate_limit_negative", k_node0 + "[load_balancer]\nnode = \"node0\"\nrate_limit_per_s = -1\n",
+                 "topology.toml:7: load_balancer: key 'rate_limit_per_s' must be in 0..1000000000, got -1"},
+        bad_file{"rate_limit_burst_zero", k_node0 + "[load_balancer]\nnode = \"node0\"\nrate_limit_burst = 0\n",
+                 "topology.toml:7: load_balancer: key 'rate_limit_burst' must be in 1..1000000, got 0"},
         bad_file{"router_not_a_string", k_node0 + "[load_balancer]\nnode = \"node0\"\nrouter = 2\n",
                  "topology.toml:7: load_balancer: key 'router' must be a string, got an integer"},
         // prefill_tiers: an array of strictly increasing integers >= 1, at most 16.

@@ -179,6 +179,8 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.draw_request_id = actors::random_request_id;
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
   lb.router = t.load_balancer.router;
+  lb.rate_limit_per_s = t.load_balancer.rate_limit_per_s;
+  lb.rate_limit_burst = t.load_balancer.rate_limit_burst;
   lb.report_interval_ms = t.load_balancer.report_interval_ms;
   lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;

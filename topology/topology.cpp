@@ -599,7 +599,7 @@ struct listener {
   }
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
-                                 {"node", "max_waiting", "prefill_tiers", "router", "report_interval_ms",
+                                 {"node", "max_waiting", "prefill_tiers", "router", "rate_limit_per_s", "rate_limit_burst", "report_interval_ms",
                                   "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms"});
       !ok) {
     return tl::unexpected(ok.error());
@@ -617,6 +617,12 @@ struct listener {
   auto router = read_router(ctx, **table, where, balancer.router);
   if (!router) return tl::unexpected(router.error());
   balancer.router = std::move(*router);
+  auto rate = read_int(ctx, **table, where, "rate_limit_per_s", balancer.rate_limit_per_s, 0, 1000000000);
+  if (!rate) return tl::unexpected(rate.error());
+  balancer.rate_limit_per_s = *rate;
+  auto burst = read_int(ctx, **table, where, "rate_limit_burst", balancer.rate_limit_burst, 1, 1000000);
+  if (!burst) return tl::unexpected(burst.error());
+  balancer.rate_limit_burst = *burst;
   auto report_interval =
       read_int(ctx, **table, where, "report_interval_ms", balancer.report_interval_ms, 1, 60000);
   if (!report_interval) return tl::unexpected(report_interval.error());

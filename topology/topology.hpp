@@ -42,6 +42,10 @@
 ///                                      #   ([] = one tier)
 ///   router = "least_loaded"            #   optional, default shown: least_loaded |
 ///                                      #   round_robin | power_of_two (docs/topology.md)
+///   rate_limit_per_s = 0               #   optional, 0..1e9, default 0 (off): admit at most this
+///                                      #   many requests per second on average; one more is
+///                                      #   answered 'overloaded' (HTTP 429)
+///   rate_limit_burst = 16              #   optional, 1..1e6, default 16: requests admitted at once
 ///   report_interval_ms = 20            #   optional, 1..60000, default 20: engine load reports
 ///   connect_timeout_ms = 10000         #   optional, 1..600000, default 10000: how long a node
 ///                                      #   keeps trying to reach the nodes it needs at start-up
@@ -116,6 +120,8 @@ struct load_balancer_spec {
   /// tiers (tier i = prompts of <= bounds[i] tokens, the last tier = longer); empty = one tier.
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   std::string router = "least_loaded";  ///< one of balance::router_names()
+  int32_t rate_limit_per_s = 0;   ///< admission: requests per second on average, 0 = no limit
+  int32_t rate_limit_burst = 16;  ///< admission: requests at once after a quiet period
   int32_t report_interval_ms = 20;     ///< how often each engine sends its load report
   int32_t connect_timeout_ms = 10000;  ///< how long a node keeps trying to reach its peers
   int32_t heartbeat_interval_ms = 1000;  ///< how often the balancer pings every engine

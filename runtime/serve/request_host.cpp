@@ -52,6 +52,10 @@ effects request_host::start(int64_t now_ns) {
   effects out;
   arrival_ns_ = now_ns;
   const completion_request& p = o_.params;
+  if (o_.refused) {
+    fail_request(o_.refused->code, o_.refused->message, out);
+    return out;
+  }
   if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
     fail_request(errc::invalid_argument, "a request with prompt_tokens takes no text prompt and no stop strings", out);
     return out;

@@ -49,6 +49,8 @@ struct request_host_options {
   /// tok->max_text_bytes(context_tokens) is refused (too_long) before it is tokenized. 0 = not
   /// known here: the largest context a checkpoint may declare bounds it.
   int32_t context_tokens = 0;
+  /// The balancer refused the request at admission (its rate limit): it fails with this at start.
+  std::optional<error> refused;
 };
 
 /// Ask the balancer where the request runs (msg::place_request); its answer goes to `placed`.
