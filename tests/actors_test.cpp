@@ -754,6 +754,29 @@ TEST_F(ActorsDeterministic, ForgedReportsAndQueriesThroughTheFrontOrFromStranger
   expect_engine_idle(1);
 }
 
+TEST_F(ActorsDeterministic, TheConfiguredRouterPlacesRequestsOnRealEngines) {
+  // round_robin over three engines, one request at a time (each finished before the next):
+  // engines 0, 1, 2, 0 — least_loaded would have sent each to the idle engine 0.
+  start(engine_opts(false), /*num_engines=*/3);
+  caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
+  actors::load_balancer_options o;
+  o.engines = actors::mixed_engines(engines_);
+  o.tok = bundled_shared().tok;
+  o.router = "round_robin";
+  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+  sched_.run();
+  int64_t tokens[3] = {0, 0, 0};
+  for (int i = 0; i < 4; i++) {
+    const actors::completion c = run_and_check(make_completion("Tim had a ball " + std::to_string(i), 9 + i, 40 + i),
+                                               "round_robin " + std::to_string(i));
+    tokens[i % 3] += static_cast<int64_t>(c.tokens.size());
+  }
+  for (size_t e = 0; e < 3; e++) {
+    EXPECT_EQ(report(e).num_generated_tokens, tokens[e]) << "engine " << e;
+    expect_engine_idle(e);
+  }
+}
+
 TEST_F(ActorsDeterministic, ServingDrawsUnguessableRequestIds) {
   actors::load_balancer_options o;
   EXPECT_FALSE(o.draw_request_id) << "sequential unless a caller draws ids";
