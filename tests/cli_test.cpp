@@ -187,6 +187,24 @@ TEST_F(Cli, SimSettingsAndSweepsRejectBadKeysAndValues) {
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "points"));  // nothing ran
 }
 
+TEST_F(Cli, ConvertWritesAGgufThatGeneratesTheGoldenTextAsModelAndTokenizer) {
+  const std::string out = (dir_ / "s.gguf").string();
+  const cli_result c = run({"convert", testing::bundled_model(), "-t", testing::bundled_tokenizer(), "-o", out});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_NE(c.err.find("5 layers, vocabulary of 512"), std::string::npos) << c.err;
+  const cli_result r = run({"generate", "-m", out, "-z", out, "-t", "0", "-n", "200"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, testing::read_file(testing::test_data("stories260K/golden/llama2c_test_all__t0_n200.txt")) + "\n");
+  expect_rejected({"convert", testing::bundled_model(), "-t", testing::bundled_tokenizer(), "-o", out},
+                  "exists; give --force to replace it");
+  expect_rejected({"convert", write("junk.bin", std::string(100, 'x')), "-t", testing::bundled_tokenizer(), "-o",
+                   (dir_ / "j.gguf").string()},
+                  "model file");
+  EXPECT_FALSE(fs::exists(dir_ / "j.gguf"));
+  expect_rejected({"generate", "-m", write("cut.gguf", testing::read_file(out).substr(0, 5000)), "-z", out},
+                  "cut.gguf': a string value claims 6 bytes, more than the file holds (at byte 4999)");
+}
+
 TEST_F(Cli, RejectsUnknownOption) {
   expect_rejected({"generate", "--bogus"}, "--bogus");
   expect_rejected({"generate", "-n", "many"}, "many");

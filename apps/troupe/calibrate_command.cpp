@@ -131,7 +131,7 @@ action add_calibrate(CLI::App& app) {
   auto* log = cmd->add_option("--log", o->log, "fit this step log (CSV) instead of measuring");
   auto* sweep = cmd->add_flag("--sweep", o->sweep, "measure the step executor on a grid of plans (default)");
   log->excludes(sweep);
-  cmd->add_option("--model,-m", o->model, "llama2.c checkpoint to measure")->capture_default_str();
+  cmd->add_option("--model,-m", o->model, "llama2.c checkpoint or GGUF model to measure")->capture_default_str();
   cmd->add_option("--block-size", o->block_size, "KV block size in token slots")
       ->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--threads", o->threads, "executor threads (as executor_threads in a topology)")

@@ -85,5 +85,6 @@ action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);
 action add_certs(CLI::App& app);
 action add_bench(CLI::App& app);
+action add_convert(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -82,8 +82,8 @@ int run_actors(const generate_options& o) {
 action add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_options>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate one completion in-process, streamed to stdout");
-  cmd->add_option("--model,-m", o->model, "llama2.c checkpoint")->capture_default_str();
-  cmd->add_option("--tokenizer,-z", o->tokenizer, "llama2.c tokenizer")->capture_default_str();
+  cmd->add_option("--model,-m", o->model, "llama2.c checkpoint or GGUF model")->capture_default_str();
+  cmd->add_option("--tokenizer,-z", o->tokenizer, "llama2.c tokenizer, or a GGUF file with one")->capture_default_str();
   o->flags.add_to(cmd);
   cmd->add_flag("--no-echo", o->no_echo, "do not print the prompt before the completion");
   cmd->add_flag("--reference", o->reference, "run the single-sequence reference generator, not the actors");

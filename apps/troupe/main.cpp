@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
       {"sim", troupe::cli::add_sim(app)},
       {"certs", troupe::cli::add_certs(app)},
       {"bench", troupe::cli::add_bench(app)},
+      {"convert", troupe::cli::add_convert(app)},
   };
   try {
     app.parse(argc, argv);

@@ -149,8 +149,8 @@ int run_serve(const serve_options& o) {
 /// The flags of `serve` that replace the topology file by a generated one-node topology.
 std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o) {
   const std::vector<CLI::Option*> flags{
-      cmd->add_option("--model,-m", o.model, "llama2.c checkpoint"),
-      cmd->add_option("--tokenizer,-z", o.tokenizer, "llama2.c tokenizer"),
+      cmd->add_option("--model,-m", o.model, "llama2.c checkpoint or GGUF model"),
+      cmd->add_option("--tokenizer,-z", o.tokenizer, "llama2.c tokenizer, or a GGUF file with one"),
       cmd->add_option("--host", o.host, "address to listen on"),
       cmd->add_option("--port", o.port, "port to listen on; 0 = any free one (printed)"),
   };

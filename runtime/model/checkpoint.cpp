@@ -9,7 +9,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <tuple>
+#include <utility>
 #include <vector>
+
+#include "runtime/model/gguf.hpp"
 
 namespace troupe::model {
 namespace {
@@ -70,10 +74,153 @@ struct tensor_view {
 struct checkpoint::mapping {
   void* data = MAP_FAILED;
   size_t size = 0;
+  std::vector<float> owned;  // a GGUF's weights, converted to llama2.c's layout
   ~mapping() {
     if (data != MAP_FAILED) munmap(data, size);
   }
 };
+
+namespace {
+
+/// The checks of a shape every format shares: divisible heads, pairs for rotary embeddings.
+expected<void> check_shape(const model_config& c, const std::string& path) {
+  if (c.dim % c.n_heads != 0)
+    return fail(errc::malformed_file, where(path) + "dim " + std::to_string(c.dim) +
+                                          " is not a multiple of n_heads " + std::to_string(c.n_heads));
+  if (c.n_heads % c.n_kv_heads != 0)
+    return fail(errc::malformed_file, where(path) + "n_heads " + std::to_string(c.n_heads) +
+                                          " is not a multiple of n_kv_heads " +
+                                          std::to_string(c.n_kv_heads));
+  if (c.head_size() % 2 != 0)
+    return fail(errc::malformed_file, where(path) + "head size " + std::to_string(c.head_size()) +
+                                          " is odd; rotary embeddings need pairs");
+  return {};
+}
+
+/// Views of llama2.c's weight layout starting at `p` (the legacy file's freq_cis tables, unused,
+/// between rms_final and wcls when `freq_cis`).
+weights views(const model_config& c, const float* p, bool freq_cis) {
+  const int64_t dim = c.dim, layers = c.n_layers, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  auto take = [&p](int64_t count) {
+    const float* q = p;
+    p += count;
+    return q;
+  };
+  weights w;
+  w.token_embedding = take(c.vocab_size * dim);
+  w.rms_att = take(layers * dim);
+  w.wq = take(layers * dim * dim);
+  w.wk = take(layers * kv_dim * dim);
+  w.wv = take(layers * kv_dim * dim);
+  w.wo = take(layers * dim * dim);
+  w.rms_ffn = take(layers * dim);
+  w.w1 = take(layers * hidden * dim);
+  w.w2 = take(layers * dim * hidden);
+  w.w3 = take(layers * hidden * dim);
+  w.rms_final = take(dim);
+  if (freq_cis) take(static_cast<int64_t>(c.seq_len) * c.head_size());  // RoPE is computed
+  w.wcls = c.shared_classifier ? w.token_embedding : take(c.vocab_size * dim);
+  return w;
+}
+
+
+/// A GGUF llama model's shape and its weights in llama2.c's layout (float32; F16 and Q8_0
+/// tensors dequantized). Refuses what troupe's transformer would compute differently: another
+/// architecture, an RMS-norm epsilon other than 1e-5, a RoPE base other than 10000 or RoPE over
+/// part of a head.
+expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view bytes, const std::string& path) {
+  auto f = parse_gguf(bytes, path);
+  if (!f) return tl::unexpected(f.error());
+  auto arch = f->get_string("general.architecture", path);
+  if (!arch) return tl::unexpected(arch.error());
+  if (*arch != "llama")
+    return fail(errc::malformed_file, where(path) + "architecture '" + *arch + "' is not supported (llama is)");
+  model_config c;
+  const std::pair<const char*, int32_t*> fields[] = {
+      {"llama.embedding_length", &c.dim},          {"llama.feed_forward_length", &c.hidden_dim},
+      {"llama.block_count", &c.n_layers},          {"llama.attention.head_count", &c.n_heads},
+      {"llama.context_length", &c.seq_len}};
+  for (const auto& [key, field] : fields) {
+    auto v = f->get_int(key, path);
+    if (!v) return tl::unexpected(v.error());
+    if (*v <= 0 || *v > max_dimension)
+      return fail(errc::malformed_file, where(path) + key + " = " + std::to_string(*v) + " is out of range (1.." +
+                                            std::to_string(max_dimension) + ")");
+    *field = static_cast<int32_t>(*v);
+  }
+  c.n_kv_heads = c.n_heads;
+  if (f->metadata.count("llama.attention.head_count_kv")) {
+    auto v = f->get_int("llama.attention.head_count_kv", path);
+    if (!v) return tl::unexpected(v.error());
+    if (*v <= 0 || *v > c.n_heads)
+      return fail(errc::malformed_file, where(path) + "llama.attention.head_count_kv = " + std::to_string(*v) +
+                                            " is out of range (1..head_count)");
+    c.n_kv_heads = static_cast<int32_t>(*v);
+  }
+  if (auto ok = check_shape(c, path); !ok) return tl::unexpected(ok.error());
+  const std::tuple<const char*, double, const char*> fixed[] = {
+      {"llama.attention.layer_norm_rms_epsilon", 1e-5, "an RMS-norm epsilon"},
+      {"llama.rope.freq_base", 10000.0, "a RoPE frequency base"}};
+  for (const auto& [key, value, what] : fixed) {
+    if (!f->metadata.count(key)) continue;
+    auto v = f->get_float(key, path);
+    if (!v) return tl::unexpected(v.error());
+    if (std::abs(*v - value) > value * 1e-4)
+      return fail(errc::malformed_file, where(path) + std::string(what) + " of " + std::to_string(*v) +
+                                            " is not supported (troupe's transformer uses " + std::to_string(value) + ")");
+  }
+  if (f->metadata.count("llama.rope.dimension_count")) {
+    auto v = f->get_int("llama.rope.dimension_count", path);
+    if (!v) return tl::unexpected(v.error());
+    if (*v != c.head_size())
+      return fail(errc::malformed_file, where(path) + "RoPE over " + std::to_string(*v) + " of a head's " +
+                                            std::to_string(c.head_size()) + " dimensions is not supported");
+  }
+  const gguf_tensor* embedding = f->tensor("token_embd.weight");
+  if (!embedding || embedding->dims.size() != 2)
+    return fail(errc::malformed_file, where(path) + "no 2-D tensor 'token_embd.weight'");
+  if (embedding->dims[1] > max_dimension)
+    return fail(errc::malformed_file, where(path) + "a vocabulary of " + std::to_string(embedding->dims[1]) +
+                                          " tokens is out of range");
+  c.vocab_size = static_cast<int32_t>(embedding->dims[1]);
+  c.shared_classifier = f->tensor("output.weight") == nullptr;
+
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(num_weight_floats(c)));
+  // Appends tensor `name` (ggml dims `dims`, dims[0] contiguous), which must exist with that shape.
+  auto append = [&](const std::string& name, std::vector<int64_t> dims) -> expected<void> {
+    const gguf_tensor* t = f->tensor(name);
+    if (!t) return fail(errc::malformed_file, where(path) + "no tensor '" + name + "'");
+    if (t->dims != dims) {
+      std::string want, got;
+      for (int64_t d : dims) want += (want.empty() ? "" : ", ") + std::to_string(d);
+      for (int64_t d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      return fail(errc::malformed_file, where(path) + "tensor '" + name + "' has shape [" + got + "], expected [" +
+                                            want + "] for this model's metadata");
+    }
+    const std::vector<float> v = tensor_floats(bytes, *f, *t);
+    out.insert(out.end(), v.begin(), v.end());
+    return {};
+  };
+  const int64_t dim = c.dim, hidden = c.hidden_dim, kv_dim = c.kv_dim(), vocab = c.vocab_size;
+  auto per_layer = [&](const char* suffix, std::vector<int64_t> dims) -> expected<void> {
+    for (int32_t l = 0; l < c.n_layers; l++)
+      if (auto ok = append("blk." + std::to_string(l) + "." + suffix, dims); !ok) return ok;
+    return {};
+  };
+  for (auto ok : {append("token_embd.weight", {dim, vocab}), per_layer("attn_norm.weight", {dim}),
+                  per_layer("attn_q.weight", {dim, dim}), per_layer("attn_k.weight", {dim, kv_dim}),
+                  per_layer("attn_v.weight", {dim, kv_dim}), per_layer("attn_output.weight", {dim, dim}),
+                  per_layer("ffn_norm.weight", {dim}), per_layer("ffn_gate.weight", {dim, hidden}),
+                  per_layer("ffn_down.weight", {hidden, dim}), per_layer("ffn_up.weight", {dim, hidden}),
+                  append("output_norm.weight", {dim})})
+    if (!ok) return tl::unexpected(ok.error());
+  if (!c.shared_classifier)
+    if (auto ok = append("output.weight", {dim, vocab}); !ok) return tl::unexpected(ok.error());
+  return std::make_pair(c, std::move(out));
+}
+
+}  // namespace
 
 expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
                                     const std::string& path) {
@@ -87,16 +234,7 @@ expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
                                             std::to_string(max_dimension) + ")");
   }
   model_config c{h[0], h[1], h[2], h[3], h[4], std::abs(h[5]), h[6], h[5] > 0};
-  if (c.dim % c.n_heads != 0)
-    return fail(errc::malformed_file, where(path) + "dim " + std::to_string(c.dim) +
-                                          " is not a multiple of n_heads " + std::to_string(c.n_heads));
-  if (c.n_heads % c.n_kv_heads != 0)
-    return fail(errc::malformed_file, where(path) + "n_heads " + std::to_string(c.n_heads) +
-                                          " is not a multiple of n_kv_heads " +
-                                          std::to_string(c.n_kv_heads));
-  if (c.head_size() % 2 != 0)
-    return fail(errc::malformed_file, where(path) + "head size " + std::to_string(c.head_size()) +
-                                          " is odd; rotary embeddings need pairs");
+  if (auto ok = check_shape(c, path); !ok) return tl::unexpected(ok.error());
   const int64_t expected_size = header_bytes + num_weight_floats(c) * 4;
   if (file_size != expected_size)
     return fail(errc::malformed_file,
@@ -151,7 +289,8 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   if (st.st_size < header_bytes) {
     ::close(fd);
     return fail(errc::malformed_file, where(path) + "only " + std::to_string(st.st_size) +
-                                          " bytes; a llama2.c checkpoint starts with a 28-byte header");
+                                          " bytes; a llama2.c checkpoint starts with a 28-byte header, a GGUF "
+                                          "file with a longer one");
   }
   auto map = std::make_shared<mapping>();
   map->size = static_cast<size_t>(st.st_size);
@@ -160,6 +299,22 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   if (map->data == MAP_FAILED)
     return fail(errc::io_error, where(path) + "mmap failed: " + std::strerror(errno));
 
+  const std::string_view bytes(static_cast<const char*>(map->data), map->size);
+  if (is_gguf(bytes)) {
+    auto ck = from_gguf(bytes, path);
+    if (!ck) return tl::unexpected(ck.error());
+    map->owned = std::move(ck->second);
+    ::munmap(map->data, map->size);  // everything is in `owned` now
+    map->data = MAP_FAILED;
+    checkpoint out;
+    out.path_ = path;
+    out.config_ = ck->first;
+    out.weights_ = views(out.config_, map->owned.data(), /*freq_cis=*/false);
+    out.map_ = std::move(map);
+    if (options.check_finite)
+      if (auto ok = check_finite(out); !ok) return tl::unexpected(ok.error());
+    return out;
+  }
   int32_t header[7];
   std::memcpy(header, map->data, sizeof(header));
   auto config = parse_header(header, st.st_size, path);
@@ -168,28 +323,8 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   checkpoint ck;
   ck.path_ = path;
   ck.config_ = *config;
-  const model_config& c = ck.config_;
-  const int64_t dim = c.dim, layers = c.n_layers, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
-  const float* p = reinterpret_cast<const float*>(static_cast<const char*>(map->data) + header_bytes);
-  auto take = [&p](int64_t count) {
-    const float* q = p;
-    p += count;
-    return q;
-  };
-  weights& w = ck.weights_;
-  w.token_embedding = take(c.vocab_size * dim);
-  w.rms_att = take(layers * dim);
-  w.wq = take(layers * dim * dim);
-  w.wk = take(layers * kv_dim * dim);
-  w.wv = take(layers * kv_dim * dim);
-  w.wo = take(layers * dim * dim);
-  w.rms_ffn = take(layers * dim);
-  w.w1 = take(layers * hidden * dim);
-  w.w2 = take(layers * dim * hidden);
-  w.w3 = take(layers * hidden * dim);
-  w.rms_final = take(dim);
-  take(static_cast<int64_t>(c.seq_len) * c.head_size());  // freq_cis_real/imag: RoPE is computed
-  w.wcls = c.shared_classifier ? w.token_embedding : take(c.vocab_size * dim);
+  ck.weights_ = views(ck.config_, reinterpret_cast<const float*>(static_cast<const char*>(map->data) + header_bytes),
+                      /*freq_cis=*/true);
   ck.map_ = std::move(map);
   if (options.check_finite) {
     if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());

@@ -8,10 +8,15 @@
 #include <queue>
 #include <system_error>
 
+#include "runtime/common/byte_reader.hpp"
+#include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe {
 namespace {
+
+/// SentencePiece's word-boundary mark, U+2581, in a GGUF vocabulary's pieces.
+constexpr std::string_view gguf_space = "\xe2\x96\x81";
 
 /// llama2.c starts its best-merge search at -1e10 with a strict `>`: a piece scored at or below
 /// it never merges.
@@ -25,34 +30,6 @@ constexpr std::array<char, 256> make_byte_chars() {
 
 /// The one-byte strings byte tokens decode to (llama2.c's `byte_pieces`).
 constexpr std::array<char, 256> byte_chars = make_byte_chars();
-
-/// Reads little-endian scalars and byte strings from a buffer without running past its end.
-class byte_reader {
- public:
-  explicit byte_reader(std::string_view bytes) : bytes_(bytes) {}
-
-  template <class T>
-  [[nodiscard]] bool read(T& value) {
-    if (remaining() < sizeof(T)) return false;
-    std::memcpy(&value, bytes_.data() + offset_, sizeof(T));
-    offset_ += sizeof(T);
-    return true;
-  }
-
-  [[nodiscard]] bool read_bytes(std::size_t count, std::string& out) {
-    if (remaining() < count) return false;
-    out.assign(bytes_.data() + offset_, count);
-    offset_ += count;
-    return true;
-  }
-
-  [[nodiscard]] std::size_t offset() const { return offset_; }
-  [[nodiscard]] std::size_t remaining() const { return bytes_.size() - offset_; }
-
- private:
-  std::string_view bytes_;
-  std::size_t offset_ = 0;
-};
 
 struct token_entry {
   float score = 0.0f;
@@ -254,6 +231,7 @@ expected<tokenizer> tokenizer::from_bytes(std::string_view bytes, std::int32_t v
                 name + ": vocab_size must be at least 259, got " + std::to_string(vocab_size) +
                     " (3 control + 256 byte tokens)");
   }
+  if (model::is_gguf(bytes)) return from_gguf(bytes, vocab_size, name);
   byte_reader in(bytes);
   tokenizer tok;
   if (!in.read(tok.max_token_length_)) return truncated(name, in, "max_token_length");
@@ -274,6 +252,48 @@ expected<tokenizer> tokenizer::from_bytes(std::string_view bytes, std::int32_t v
                 name + ": " + std::to_string(in.remaining()) + " bytes follow the last of " +
                     std::to_string(vocab_size) +
                     " tokens; the file holds more tokens than vocab_size");
+  }
+  if (expected<void> ok = tok.check_byte_tokens(name); !ok) return tl::make_unexpected(ok.error());
+  tok.build_lookup();
+  tok.check_invariants();
+  return tok;
+}
+
+expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vocab_size, const std::string& name) {
+  auto f = model::parse_gguf(bytes, std::string(name));
+  if (!f) return tl::make_unexpected(f.error());
+  auto kind = f->get_string("tokenizer.ggml.model", name);
+  if (!kind) return tl::make_unexpected(kind.error());
+  if (*kind != "llama")
+    return fail(errc::malformed_file, name + ": tokenizer.ggml.model '" + *kind +
+                                          "' is not supported (llama, SentencePiece-style, is)");
+  for (const auto& [key, id] : {std::pair<const char*, std::int32_t>{"tokenizer.ggml.unknown_token_id", unk_id},
+                                {"tokenizer.ggml.bos_token_id", bos},
+                                {"tokenizer.ggml.eos_token_id", eos}}) {
+    if (!f->metadata.count(key)) continue;
+    auto v = f->get_int(key, name);
+    if (!v) return tl::make_unexpected(v.error());
+    if (*v != id)
+      return fail(errc::malformed_file, name + ": " + key + " = " + std::to_string(*v) + "; troupe's llama tokenizer "
+                                            "needs " + std::to_string(id));
+  }
+  auto tokens = f->get_array("tokenizer.ggml.tokens", model::gguf_type::string, name);
+  if (!tokens) return tl::make_unexpected(tokens.error());
+  auto scores = f->get_array("tokenizer.ggml.scores", model::gguf_type::f32, name);
+  if (!scores) return tl::make_unexpected(scores.error());
+  if (static_cast<std::int64_t>((*tokens)->size()) != vocab_size || (*scores)->size() != (*tokens)->size())
+    return fail(errc::malformed_file, name + ": " + std::to_string((*tokens)->size()) + " tokens and " +
+                                          std::to_string((*scores)->size()) + " scores for a vocabulary of " +
+                                          std::to_string(vocab_size));
+  tokenizer tok;
+  for (std::size_t id = 0; id < (*tokens)->size(); ++id) {
+    std::string piece = (**tokens)[id].text;
+    if (piece.empty()) return fail(errc::malformed_file, name + ": token " + std::to_string(id) + " is empty");
+    // SentencePiece spells a space U+2581 ("▁"); llama2.c's pieces (ours) spell it ' '.
+    for (std::size_t at; (at = piece.find(gguf_space)) != std::string::npos;) piece.replace(at, gguf_space.size(), " ");
+    tok.max_token_length_ = std::max(tok.max_token_length_, static_cast<std::int32_t>(piece.size()));
+    tok.pieces_.push_back(std::move(piece));
+    tok.scores_.push_back(static_cast<float>((**scores)[id].number));
   }
   if (expected<void> ok = tok.check_byte_tokens(name); !ok) return tl::make_unexpected(ok.error());
   tok.build_lookup();

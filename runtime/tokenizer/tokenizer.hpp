@@ -49,7 +49,10 @@ class tokenizer {
   [[nodiscard]] static expected<tokenizer> load(const std::string& path,
                                                 std::int32_t vocab_size);
 
-  /// Parses tokenizer file contents already in memory; `source_name` names them in errors.
+  /// Parses tokenizer file contents already in memory; `source_name` names them in errors. A
+  /// GGUF file (its "GGUF" magic) is read for its `tokenizer.ggml.*` metadata: a llama
+  /// (SentencePiece-style) vocabulary of exactly `vocab_size` tokens with scores, control ids
+  /// unk 0, bos 1, eos 2 and the 256 byte tokens at 3..258 (U+2581 in pieces reads as a space).
   [[nodiscard]] static expected<tokenizer> from_bytes(std::string_view bytes,
                                                       std::int32_t vocab_size,
                                                       std::string_view source_name);
@@ -118,6 +121,8 @@ class tokenizer {
 
   [[nodiscard]] expected<void> check_byte_tokens(std::string_view source_name) const;
   void build_lookup();
+  [[nodiscard]] static expected<tokenizer> from_gguf(std::string_view bytes, std::int32_t vocab_size,
+                                                     const std::string& name);
 
   std::vector<std::string> pieces_;            // (vocab_size) raw piece bytes
   std::vector<float> scores_;                  // (vocab_size)

@@ -1,0 +1,18 @@
+#pragma once
+
+/// llama2.c checkpoint + tokenizer -> GGUF (`troupe convert`): one file llama.cpp's tools and
+/// troupe both read, with the weights as F32 tensors under llama.cpp's names and the
+/// vocabulary as a llama (SentencePiece-style) tokenizer.
+
+#include <string>
+
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+
+namespace troupe::model {
+
+/// The GGUF bytes of `ck` and `tok` (whose vocabulary sizes must agree); `name` goes to
+/// general.name.
+[[nodiscard]] std::string to_gguf(const checkpoint& ck, const tokenizer& tok, const std::string& name);
+
+}  // namespace troupe::model

@@ -1,0 +1,452 @@
+#include "runtime/model/gguf.hpp"
+
+#include <cstring>
+#include <set>
+
+#include "runtime/common/byte_reader.hpp"
+
+namespace troupe::model {
+namespace {
+
+constexpr char magic[4] = {'G', 'G', 'U', 'F'};
+constexpr int max_array_depth = 4;
+constexpr uint32_t max_dims = 4;                        // GGML_MAX_DIMS
+constexpr int64_t max_tensor_elements = int64_t{1} << 40;
+constexpr uint64_t max_alignment = 1 << 20;
+constexpr int64_t q8_0_block = 32;
+constexpr uint64_t q8_0_block_bytes = 2 + q8_0_block;   // an f16 scale, 32 int8 values
+
+/// The fewest bytes one value of type `t` takes in a file (bounds array lengths before reading).
+uint64_t min_size(gguf_type t) {
+  switch (t) {
+    case gguf_type::u8: case gguf_type::i8: case gguf_type::boolean: return 1;
+    case gguf_type::u16: case gguf_type::i16: return 2;
+    case gguf_type::u32: case gguf_type::i32: case gguf_type::f32: return 4;
+    case gguf_type::u64: case gguf_type::i64: case gguf_type::f64: case gguf_type::string: return 8;
+    case gguf_type::array: return 12;
+  }
+  return 1;
+}
+
+bool known_type(uint32_t t) { return t <= static_cast<uint32_t>(gguf_type::f64); }
+
+/// A parser over the file's bytes whose errors name the file and the offset.
+class reader {
+ public:
+  reader(std::string_view bytes, const std::string& source) : in_(bytes), source_(source) {}
+
+  tl::unexpected<error> bad(const std::string& what) const {
+    return fail(errc::malformed_file, "GGUF file '" + source_ + "': " + what + " (at byte " +
+                                          std::to_string(in_.offset()) + ")");
+  }
+
+  template <class T>
+  expected<T> scalar(const char* what) {
+    T v{};
+    if (!in_.read(v)) return bad(std::string("truncated while reading ") + what);
+    return v;
+  }
+
+  expected<std::string> string(const char* what) {
+    auto n = scalar<uint64_t>(what);
+    if (!n) return tl::unexpected(n.error());
+    std::string s;
+    if (*n > in_.remaining() || !in_.read_bytes(static_cast<size_t>(*n), s))
+      return bad(std::string(what) + " claims " + std::to_string(*n) + " bytes, more than the file holds");
+    return s;
+  }
+
+  expected<gguf_value> value(gguf_type t, int depth) {
+    gguf_value v;
+    v.type = t;
+    switch (t) {
+      case gguf_type::u8: return integer<uint8_t>(v);
+      case gguf_type::i8: return integer<int8_t>(v);
+      case gguf_type::u16: return integer<uint16_t>(v);
+      case gguf_type::i16: return integer<int16_t>(v);
+      case gguf_type::u32: return integer<uint32_t>(v);
+      case gguf_type::i32: return integer<int32_t>(v);
+      case gguf_type::i64: return integer<int64_t>(v);
+      case gguf_type::u64: {
+        auto x = scalar<uint64_t>("a u64 value");
+        if (!x) return tl::unexpected(x.error());
+        if (*x > static_cast<uint64_t>(INT64_MAX)) return bad("a u64 value above 2^63 - 1");
+        v.integer = static_cast<int64_t>(*x);
+        return v;
+      }
+      case gguf_type::f32: {
+        auto x = scalar<float>("an f32 value");
+        if (!x) return tl::unexpected(x.error());
+        v.number = *x;
+        return v;
+      }
+      case gguf_type::f64: {
+        auto x = scalar<double>("an f64 value");
+        if (!x) return tl::unexpected(x.error());
+        v.number = *x;
+        return v;
+      }
+      case gguf_type::boolean: {
+        auto x = scalar<uint8_t>("a bool value");
+        if (!x) return tl::unexpected(x.error());
+        if (*x > 1) return bad("a bool value " + std::to_string(*x) + " (not 0 or 1)");
+        v.boolean = *x == 1;
+        return v;
+      }
+      case gguf_type::string: {
+        auto s = string("a string value");
+        if (!s) return tl::unexpected(s.error());
+        v.text = std::move(*s);
+        return v;
+      }
+      case gguf_type::array: {
+        if (depth >= max_array_depth) return bad("arrays nested deeper than " + std::to_string(max_array_depth));
+        auto element = scalar<uint32_t>("an array's element type");
+        if (!element) return tl::unexpected(element.error());
+        if (!known_type(*element)) return bad("an array of unknown type " + std::to_string(*element));
+        auto count = scalar<uint64_t>("an array's length");
+        if (!count) return tl::unexpected(count.error());
+        v.element = static_cast<gguf_type>(*element);
+        if (*count > in_.remaining() / min_size(v.element))
+          return bad("an array claims " + std::to_string(*count) + " elements, more than the file holds");
+        v.items.reserve(static_cast<size_t>(*count));
+        for (uint64_t i = 0; i < *count; i++) {
+          auto item = value(v.element, depth + 1);
+          if (!item) return tl::unexpected(item.error());
+          v.items.push_back(std::move(*item));
+        }
+        return v;
+      }
+    }
+    return bad("unknown value type");
+  }
+
+  [[nodiscard]] size_t offset() const { return in_.offset(); }
+  [[nodiscard]] size_t remaining() const { return in_.remaining(); }
+
+ private:
+  template <class T>
+  expected<gguf_value> integer(gguf_value v) {
+    auto x = scalar<T>("an integer value");
+    if (!x) return tl::unexpected(x.error());
+    v.integer = static_cast<int64_t>(*x);
+    return v;
+  }
+
+  byte_reader in_;
+  const std::string& source_;
+};
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // ±0
+  } else {  // subnormal: normalize
+    int e = -1;
+    do {
+      e++;
+      mantissa <<= 1;
+    } while ((mantissa & 0x400u) == 0);
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint64_t align_up(uint64_t x, uint64_t alignment) { return (x + alignment - 1) / alignment * alignment; }
+
+void put_bytes(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+
+template <class T>
+void put(std::string& out, T v) {
+  put_bytes(out, &v, sizeof v);
+}
+
+void put_string(std::string& out, const std::string& s) {
+  put<uint64_t>(out, s.size());
+  out += s;
+}
+
+void put_value(std::string& out, const gguf_value& v) {
+  switch (v.type) {
+    case gguf_type::u8: put<uint8_t>(out, static_cast<uint8_t>(v.integer)); break;
+    case gguf_type::i8: put<int8_t>(out, static_cast<int8_t>(v.integer)); break;
+    case gguf_type::u16: put<uint16_t>(out, static_cast<uint16_t>(v.integer)); break;
+    case gguf_type::i16: put<int16_t>(out, static_cast<int16_t>(v.integer)); break;
+    case gguf_type::u32: put<uint32_t>(out, static_cast<uint32_t>(v.integer)); break;
+    case gguf_type::i32: put<int32_t>(out, static_cast<int32_t>(v.integer)); break;
+    case gguf_type::u64: put<uint64_t>(out, static_cast<uint64_t>(v.integer)); break;
+    case gguf_type::i64: put<int64_t>(out, v.integer); break;
+    case gguf_type::f32: put<float>(out, static_cast<float>(v.number)); break;
+    case gguf_type::f64: put<double>(out, v.number); break;
+    case gguf_type::boolean: put<uint8_t>(out, v.boolean ? 1 : 0); break;
+    case gguf_type::string: put_string(out, v.text); break;
+    case gguf_type::array:
+      put<uint32_t>(out, static_cast<uint32_t>(v.element));
+      put<uint64_t>(out, v.items.size());
+      for (const gguf_value& item : v.items) put_value(out, item);
+      break;
+  }
+}
+
+}  // namespace
+
+gguf_value gguf_value::of_int(gguf_type t, int64_t v) {
+  gguf_value x;
+  x.type = t;
+  x.integer = v;
+  return x;
+}
+
+gguf_value gguf_value::of_float(float v) {
+  gguf_value x;
+  x.type = gguf_type::f32;
+  x.number = v;
+  return x;
+}
+
+gguf_value gguf_value::of_string(std::string v) {
+  gguf_value x;
+  x.type = gguf_type::string;
+  x.text = std::move(v);
+  return x;
+}
+
+gguf_value gguf_value::of_array(gguf_type element, std::vector<gguf_value> items) {
+  gguf_value x;
+  x.type = gguf_type::array;
+  x.element = element;
+  x.items = std::move(items);
+  return x;
+}
+
+int64_t gguf_tensor::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+const gguf_tensor* gguf_file::tensor(std::string_view name) const {
+  for (const gguf_tensor& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+namespace {
+
+expected<const gguf_value*> find(const gguf_file& f, const std::string& key, const std::string& source) {
+  auto it = f.metadata.find(key);
+  if (it == f.metadata.end())
+    return fail(errc::malformed_file, "GGUF file '" + source + "': no metadata key '" + key + "'");
+  return &it->second;
+}
+
+bool is_integer(gguf_type t) {
+  return t == gguf_type::u8 || t == gguf_type::i8 || t == gguf_type::u16 || t == gguf_type::i16 ||
+         t == gguf_type::u32 || t == gguf_type::i32 || t == gguf_type::u64 || t == gguf_type::i64;
+}
+
+tl::unexpected<error> wrong_kind(const std::string& key, const std::string& source, const char* wanted) {
+  return fail(errc::malformed_file, "GGUF file '" + source + "': metadata key '" + key + "' is not " + wanted);
+}
+
+}  // namespace
+
+expected<int64_t> gguf_file::get_int(const std::string& key, const std::string& source) const {
+  auto v = find(*this, key, source);
+  if (!v) return tl::unexpected(v.error());
+  if (!is_integer((*v)->type)) return wrong_kind(key, source, "an integer");
+  return (*v)->integer;
+}
+
+expected<double> gguf_file::get_float(const std::string& key, const std::string& source) const {
+  auto v = find(*this, key, source);
+  if (!v) return tl::unexpected(v.error());
+  if ((*v)->type != gguf_type::f32 && (*v)->type != gguf_type::f64) return wrong_kind(key, source, "a float");
+  return (*v)->number;
+}
+
+expected<std::string> gguf_file::get_string(const std::string& key, const std::string& source) const {
+  auto v = find(*this, key, source);
+  if (!v) return tl::unexpected(v.error());
+  if ((*v)->type != gguf_type::string) return wrong_kind(key, source, "a string");
+  return (*v)->text;
+}
+
+expected<const std::vector<gguf_value>*> gguf_file::get_array(const std::string& key, gguf_type element,
+                                                              const std::string& source) const {
+  auto v = find(*this, key, source);
+  if (!v) return tl::unexpected(v.error());
+  if ((*v)->type != gguf_type::array || (*v)->element != element)
+    return wrong_kind(key, source, "an array of the expected element type");
+  return &(*v)->items;
+}
+
+bool is_gguf(std::string_view bytes) { return bytes.size() >= 4 && std::memcmp(bytes.data(), magic, 4) == 0; }
+
+expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source) {
+  reader in(bytes, source);
+  if (!is_gguf(bytes)) return in.bad("not a GGUF file (no 'GGUF' magic)");
+  (void)in.scalar<uint32_t>("the magic");
+  gguf_file f;
+  auto version = in.scalar<uint32_t>("the version");
+  if (!version) return tl::unexpected(version.error());
+  if (*version != 2 && *version != 3)
+    return in.bad("GGUF version " + std::to_string(*version) + " is not supported (2 and 3 are)");
+  f.version = *version;
+  auto num_tensors = in.scalar<uint64_t>("the tensor count");
+  if (!num_tensors) return tl::unexpected(num_tensors.error());
+  auto num_kv = in.scalar<uint64_t>("the metadata count");
+  if (!num_kv) return tl::unexpected(num_kv.error());
+  if (*num_kv > in.remaining() / (8 + 4 + 1) || *num_tensors > in.remaining() / (8 + 4 + 4 + 8))
+    return in.bad("the header claims " + std::to_string(*num_kv) + " metadata entries and " +
+                  std::to_string(*num_tensors) + " tensors, more than the file holds");
+  for (uint64_t i = 0; i < *num_kv; i++) {
+    auto key = in.string("a metadata key");
+    if (!key) return tl::unexpected(key.error());
+    auto type = in.scalar<uint32_t>("a metadata type");
+    if (!type) return tl::unexpected(type.error());
+    if (!known_type(*type)) return in.bad("metadata key '" + *key + "' has unknown type " + std::to_string(*type));
+    auto value = in.value(static_cast<gguf_type>(*type), 0);
+    if (!value) return tl::unexpected(value.error());
+    if (!f.metadata.emplace(*key, std::move(*value)).second) return in.bad("metadata key '" + *key + "' appears twice");
+  }
+  if (auto it = f.metadata.find("general.alignment"); it != f.metadata.end()) {
+    const gguf_value& a = it->second;
+    if (!is_integer(a.type) || a.integer < 1 || static_cast<uint64_t>(a.integer) > max_alignment ||
+        (a.integer & (a.integer - 1)) != 0)
+      return in.bad("general.alignment must be a power of two up to " + std::to_string(max_alignment));
+    f.alignment = static_cast<uint64_t>(a.integer);
+  }
+  std::set<std::string> names;
+  for (uint64_t i = 0; i < *num_tensors; i++) {
+    gguf_tensor t;
+    auto name = in.string("a tensor name");
+    if (!name) return tl::unexpected(name.error());
+    t.name = std::move(*name);
+    if (!names.insert(t.name).second) return in.bad("tensor '" + t.name + "' appears twice");
+    auto n_dims = in.scalar<uint32_t>("a tensor's dimension count");
+    if (!n_dims) return tl::unexpected(n_dims.error());
+    if (*n_dims < 1 || *n_dims > max_dims)
+      return in.bad("tensor '" + t.name + "' has " + std::to_string(*n_dims) + " dimensions (1 to 4 allowed)");
+    int64_t elements = 1;
+    for (uint32_t d = 0; d < *n_dims; d++) {
+      auto dim = in.scalar<uint64_t>("a tensor dimension");
+      if (!dim) return tl::unexpected(dim.error());
+      if (*dim < 1 || *dim > static_cast<uint64_t>(max_tensor_elements) ||
+          elements > max_tensor_elements / static_cast<int64_t>(*dim))
+        return in.bad("tensor '" + t.name + "' has an empty or too large dimension");
+      elements *= static_cast<int64_t>(*dim);
+      t.dims.push_back(static_cast<int64_t>(*dim));
+    }
+    auto type = in.scalar<uint32_t>("a tensor type");
+    if (!type) return tl::unexpected(type.error());
+    switch (static_cast<ggml_type>(*type)) {
+      case ggml_type::f32: t.num_bytes = static_cast<uint64_t>(elements) * 4; break;
+      case ggml_type::f16: t.num_bytes = static_cast<uint64_t>(elements) * 2; break;
+      case ggml_type::q8_0:
+        if (t.dims[0] % q8_0_block != 0)
+          return in.bad("Q8_0 tensor '" + t.name + "' has rows of " + std::to_string(t.dims[0]) +
+                        " values, not a multiple of 32");
+        t.num_bytes = static_cast<uint64_t>(elements / q8_0_block) * q8_0_block_bytes;
+        break;
+      default:
+        return in.bad("tensor '" + t.name + "' has ggml type " + std::to_string(*type) +
+                      ", which troupe does not read (F32, F16 and Q8_0 are supported)");
+    }
+    t.type = static_cast<ggml_type>(*type);
+    auto offset = in.scalar<uint64_t>("a tensor offset");
+    if (!offset) return tl::unexpected(offset.error());
+    if (*offset % f.alignment != 0)
+      return in.bad("tensor '" + t.name + "' starts at data offset " + std::to_string(*offset) +
+                    ", not a multiple of the alignment " + std::to_string(f.alignment));
+    t.offset = *offset;
+    f.tensors.push_back(std::move(t));
+  }
+  f.data_offset = align_up(in.offset(), f.alignment);
+  const uint64_t data_size = bytes.size() >= f.data_offset ? bytes.size() - f.data_offset : 0;
+  for (const gguf_tensor& t : f.tensors)
+    if (t.offset > data_size || t.num_bytes > data_size - t.offset)
+      return fail(errc::malformed_file, "GGUF file '" + source + "': tensor '" + t.name + "' (" +
+                                            std::to_string(t.num_bytes) + " bytes at data offset " +
+                                            std::to_string(t.offset) + ") runs past the end of the file (truncated?)");
+  return f;
+}
+
+std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, const gguf_tensor& t) {
+  const char* p = bytes.data() + f.data_offset + t.offset;
+  const int64_t n = t.num_elements();
+  std::vector<float> out(static_cast<size_t>(n));
+  switch (t.type) {
+    case ggml_type::f32:
+      std::memcpy(out.data(), p, static_cast<size_t>(n) * 4);
+      break;
+    case ggml_type::f16:
+      for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[static_cast<size_t>(i)] = half_to_float(h);
+      }
+      break;
+    case ggml_type::q8_0:
+      for (int64_t b = 0; b < n / q8_0_block; b++) {
+        const char* block = p + b * static_cast<int64_t>(q8_0_block_bytes);
+        uint16_t h;
+        std::memcpy(&h, block, 2);
+        const float scale = half_to_float(h);
+        for (int64_t i = 0; i < q8_0_block; i++)
+          out[static_cast<size_t>(b * q8_0_block + i)] = scale * static_cast<float>(static_cast<int8_t>(block[2 + i]));
+      }
+      break;
+  }
+  return out;
+}
+
+std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& metadata,
+                       const std::vector<gguf_tensor_data>& tensors) {
+  constexpr uint64_t alignment = 32;
+  std::string out;
+  put_bytes(out, magic, 4);
+  put<uint32_t>(out, 3);
+  put<uint64_t>(out, tensors.size());
+  put<uint64_t>(out, metadata.size());
+  for (const auto& [key, value] : metadata) {
+    put_string(out, key);
+    put<uint32_t>(out, static_cast<uint32_t>(value.type));
+    put_value(out, value);
+  }
+  uint64_t offset = 0;
+  std::vector<uint64_t> offsets;
+  for (const gguf_tensor_data& t : tensors) {
+    put_string(out, t.name);
+    put<uint32_t>(out, static_cast<uint32_t>(t.dims.size()));
+    int64_t n = 1;
+    for (int64_t d : t.dims) {
+      put<uint64_t>(out, static_cast<uint64_t>(d));
+      n *= d;
+    }
+    put<uint32_t>(out, static_cast<uint32_t>(ggml_type::f32));
+    put<uint64_t>(out, offset);
+    offsets.push_back(offset);
+    offset = align_up(offset + static_cast<uint64_t>(n) * 4, alignment);
+  }
+  out.resize(align_up(out.size(), alignment), '\0');
+  const size_t data_start = out.size();
+  for (size_t i = 0; i < tensors.size(); i++) {
+    out.resize(data_start + offsets[i], '\0');
+    int64_t n = 1;
+    for (int64_t d : tensors[i].dims) n *= d;
+    put_bytes(out, tensors[i].data, static_cast<size_t>(n) * 4);
+  }
+  return out;
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,254 @@
+// GGUF: the bundled model converted (troupe convert's function) reads back bit for bit and
+// tokenizes the same; the format's value and tensor types; every class of malformed file is a
+// clear error, and no truncation of a valid file crashes the reader.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <tuple>
+
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/model/convert.hpp"
+#include "runtime/model/gguf.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+#include "tests/support/golden.hpp"
+
+namespace troupe::model {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::bundled_model;
+using testing::bundled_tokenizer;
+
+std::string bundled_gguf_bytes() {
+  auto ck = checkpoint::load(bundled_model());
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  EXPECT_TRUE(ck && tok);
+  return to_gguf(*ck, *tok, "stories260K");
+}
+
+std::string write_temp(const std::string& name, const std::string& bytes) {
+  const fs::path p = fs::temp_directory_path() / ("troupe_gguf_test_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p.string();
+}
+
+TEST(Gguf, TheConvertedBundledModelHasTheSameWeightsBitForBit) {
+  const std::string path = write_temp("model.gguf", bundled_gguf_bytes());
+  auto bin = checkpoint::load(bundled_model());
+  auto gguf = checkpoint::load(path);
+  fs::remove(path);
+  ASSERT_TRUE(bin);
+  ASSERT_TRUE(gguf) << gguf.error().message;
+  const model_config& a = bin->config();
+  const model_config& b = gguf->config();
+  EXPECT_EQ(std::tie(a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, a.vocab_size, a.seq_len,
+                     a.shared_classifier),
+            std::tie(b.dim, b.hidden_dim, b.n_layers, b.n_heads, b.n_kv_heads, b.vocab_size, b.seq_len,
+                     b.shared_classifier));
+  const int64_t dim = a.dim, l = a.n_layers, kv = a.kv_dim(), h = a.hidden_dim;
+  const weights& x = bin->w();
+  const weights& y = gguf->w();
+  const std::tuple<const char*, const float*, const float*, int64_t> tensors[] = {
+      {"token_embedding", x.token_embedding, y.token_embedding, a.vocab_size * dim},
+      {"rms_att", x.rms_att, y.rms_att, l * dim},   {"wq", x.wq, y.wq, l * dim * dim},
+      {"wk", x.wk, y.wk, l * kv * dim},             {"wv", x.wv, y.wv, l * kv * dim},
+      {"wo", x.wo, y.wo, l * dim * dim},            {"rms_ffn", x.rms_ffn, y.rms_ffn, l * dim},
+      {"w1", x.w1, y.w1, l * h * dim},              {"w2", x.w2, y.w2, l * dim * h},
+      {"w3", x.w3, y.w3, l * h * dim},              {"rms_final", x.rms_final, y.rms_final, dim},
+      {"wcls", x.wcls, y.wcls, a.vocab_size * dim}};
+  for (const auto& [name, p, q, n] : tensors)
+    EXPECT_EQ(std::memcmp(p, q, static_cast<size_t>(n) * sizeof(float)), 0) << name;
+}
+
+TEST(Gguf, TheConvertedTokenizerHasTheSamePiecesAndScoresAndEncodesTheSame) {
+  const std::string bytes = bundled_gguf_bytes();
+  auto bin = tokenizer::load(bundled_tokenizer(), 512);
+  auto gguf = tokenizer::from_bytes(bytes, 512, "stories260K.gguf");
+  ASSERT_TRUE(bin);
+  ASSERT_TRUE(gguf) << gguf.error().message;
+  for (int32_t id = tokenizer::first_byte_id; id < 512; id++) {
+    EXPECT_EQ(bin->piece_text(id), gguf->piece_text(id)) << id;
+    EXPECT_EQ(bin->score(id), gguf->score(id)) << id;
+  }
+  for (const char* text : {"Once upon a time, there was a little girl named Lily.", "  two  spaces\nnewline",
+                           "caf\xc3\xa9 \xe2\x96\x81 \xf0\x9f\x99\x82"}) {
+    EXPECT_EQ(*bin->encode(text, true, false), *gguf->encode(text, true, false)) << text;
+  }
+  // The file spells spaces U+2581 and the control tokens as llama.cpp does.
+  auto f = parse_gguf(bytes, "stories260K.gguf");
+  ASSERT_TRUE(f);
+  const std::vector<gguf_value>& tokens = **f->get_array("tokenizer.ggml.tokens", gguf_type::string, "x");
+  EXPECT_EQ(tokens[1].text, "<s>");
+  EXPECT_EQ(tokens[2].text, "</s>");
+  const auto space = bin->find_piece(" t");
+  ASSERT_TRUE(space);
+  EXPECT_EQ(tokens[static_cast<size_t>(*space)].text, "\xe2\x96\x81t");
+  EXPECT_EQ(*f->get_string("general.architecture", "x"), "llama");
+  EXPECT_EQ(*f->get_int("llama.block_count", "x"), 5);
+  EXPECT_EQ(f->tensors.size(), 2u + 9u * 5u);
+}
+
+/// A GGUF file by hand: `meta` entries already encoded, one tensor of `type` with `data`.
+struct raw_file {
+  std::string bytes;
+  void u32(uint32_t v) { bytes.append(reinterpret_cast<const char*>(&v), 4); }
+  void u64(uint64_t v) { bytes.append(reinterpret_cast<const char*>(&v), 8); }
+  void str(const std::string& s) {
+    u64(s.size());
+    bytes += s;
+  }
+};
+
+std::string one_tensor_file(uint32_t type, std::vector<uint64_t> dims, const std::string& data, uint64_t offset = 0) {
+  raw_file f;
+  f.bytes = "GGUF";
+  f.u32(3);
+  f.u64(1);  // tensors
+  f.u64(0);  // metadata
+  f.str("t");
+  f.u32(static_cast<uint32_t>(dims.size()));
+  for (uint64_t d : dims) f.u64(d);
+  f.u32(type);
+  f.u64(offset);
+  f.bytes.resize((f.bytes.size() + 31) / 32 * 32, '\0');
+  f.bytes += data;
+  return f.bytes;
+}
+
+TEST(Gguf, F16AndQ8_0TensorsAreDequantizedExactly) {
+  // 1, -2, 0.5, 65504 (largest half), 2^-24 (smallest subnormal), -0, +inf, 1/3 rounded to half.
+  const uint16_t halves[] = {0x3c00, 0xc000, 0x3800, 0x7bff, 0x0001, 0x8000, 0x7c00, 0x3555};
+  const std::string f16 = one_tensor_file(1, {8}, std::string(reinterpret_cast<const char*>(halves), sizeof halves));
+  auto f = parse_gguf(f16, "f16");
+  ASSERT_TRUE(f) << f.error().message;
+  const std::vector<float> v = tensor_floats(f16, *f, f->tensors[0]);
+  const std::vector<float> want = {1.0f, -2.0f, 0.5f, 65504.0f, std::ldexp(1.0f, -24), -0.0f, INFINITY,
+                                   0.333251953125f};
+  ASSERT_EQ(v.size(), want.size());
+  for (size_t i = 0; i < v.size(); i++) EXPECT_EQ(v[i], want[i]) << i;
+  EXPECT_TRUE(std::signbit(v[5]));
+  // Q8_0: one block, scale 0.5 (half 0x3800), values -128, -1, 0, 1, 127, then 27 zeros.
+  std::string block("\x00\x38", 2);
+  for (int8_t q : {-128, -1, 0, 1, 127}) block += static_cast<char>(q);
+  block += std::string(27, '\0');
+  const std::string q8 = one_tensor_file(8, {32}, block);
+  auto g = parse_gguf(q8, "q8");
+  ASSERT_TRUE(g) << g.error().message;
+  const std::vector<float> d = tensor_floats(q8, *g, g->tensors[0]);
+  EXPECT_EQ(std::vector<float>(d.begin(), d.begin() + 5), (std::vector<float>{-64.0f, -0.5f, 0.0f, 0.5f, 63.5f}));
+}
+
+TEST(Gguf, MalformedFilesAreErrorsNamingTheProblem) {
+  const std::string four_floats(16, '\0');
+  raw_file many;
+  many.bytes = "GGUF";
+  many.u32(3);
+  many.u64(0);
+  many.u64(1);
+  many.str("k");
+  many.u32(9);  // array
+  many.u32(8);  // of strings
+  many.u64(uint64_t{1} << 60);
+  raw_file long_string;
+  long_string.bytes = "GGUF";
+  long_string.u32(3);
+  long_string.u64(0);
+  long_string.u64(1);
+  long_string.u64(uint64_t{1} << 62);  // the key's length
+  long_string.bytes += std::string(16, 'k');
+  const std::pair<std::string, std::string> cases[] = {
+      {"GGML" + std::string(20, '\0'), "not a GGUF file"},
+      {"GGUF\x01\x00\x00\x00" + std::string(16, '\0'), "GGUF version 1 is not supported (2 and 3 are)"},
+      {"GGUF\x03\x00\x00", "truncated while reading the version"},
+      {many.bytes, "an array claims 1152921504606846976 elements, more than the file holds"},
+      {long_string.bytes, "a metadata key claims 4611686018427387904 bytes, more than the file holds"},
+      {one_tensor_file(2, {32}, std::string(18, '\0')), "tensor 't' has ggml type 2, which troupe does not read"},
+      {one_tensor_file(0, {4}, four_floats, 8), "starts at data offset 8, not a multiple of the alignment 32"},
+      {one_tensor_file(0, {5}, four_floats), "tensor 't' (20 bytes at data offset 0) runs past the end of the file"},
+      {one_tensor_file(0, {1, 1, 1, 1, 1}, four_floats), "tensor 't' has 5 dimensions (1 to 4 allowed)"},
+      {one_tensor_file(0, {0}, four_floats), "tensor 't' has an empty or too large dimension"},
+      {one_tensor_file(8, {16}, std::string(34, '\0')), "has rows of 16 values, not a multiple of 32"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    auto f = parse_gguf(bytes, "bad.gguf");
+    ASSERT_FALSE(f) << message;
+    EXPECT_EQ(f.error().code, errc::malformed_file);
+    EXPECT_NE(f.error().message.find(message), std::string::npos) << f.error().message;
+    EXPECT_EQ(f.error().message.rfind("GGUF file 'bad.gguf': ", 0), 0u) << f.error().message;
+  }
+}
+
+TEST(Gguf, EveryTruncationOfAValidFileIsAnErrorNotACrash) {
+  std::vector<float> w(64, 1.0f);
+  const std::string bytes =
+      write_gguf({{"general.architecture", gguf_value::of_string("llama")},
+                  {"a", gguf_value::of_array(gguf_type::string, {gguf_value::of_string("x"), gguf_value::of_string("yz")})},
+                  {"b", gguf_value::of_int(gguf_type::i64, -5)},
+                  {"c", gguf_value::of_float(0.25f)}},
+                 {{"one", {8, 8}, w.data()}, {"two", {3}, w.data()}});
+  auto whole = parse_gguf(bytes, "ok");
+  ASSERT_TRUE(whole) << whole.error().message;
+  EXPECT_EQ(*whole->get_int("b", "ok"), -5);
+  EXPECT_EQ(*whole->get_float("c", "ok"), 0.25);
+  EXPECT_EQ((*whole->get_array("a", gguf_type::string, "ok"))->at(1).text, "yz");
+  EXPECT_FALSE(whole->get_int("a", "ok"));  // an array is not an integer
+  EXPECT_EQ(whole->get_string("missing", "ok").error().message, "GGUF file 'ok': no metadata key 'missing'");
+  EXPECT_EQ(whole->tensor("two")->offset, 256u);  // 64 floats, then the next 32-byte boundary
+  for (size_t n = 0; n < bytes.size(); n++) EXPECT_FALSE(parse_gguf(bytes.substr(0, n), "cut")) << n;
+}
+
+TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
+  const std::string good = bundled_gguf_bytes();
+  auto f = parse_gguf(good, "x");
+  ASSERT_TRUE(f);
+  // Re-encode the bundled model's file with one metadata entry changed or one tensor dropped.
+  const auto rewrite = [&](const std::string& key, std::optional<gguf_value> value, const std::string& drop = "") {
+    std::vector<std::pair<std::string, gguf_value>> meta;
+    for (const auto& [k, v] : f->metadata)
+      if (k != key) meta.emplace_back(k, v);
+    if (value) meta.emplace_back(key, *value);
+    std::vector<std::vector<float>> data;
+    std::vector<gguf_tensor_data> tensors;
+    for (const gguf_tensor& t : f->tensors) {
+      if (t.name == drop) continue;
+      data.push_back(tensor_floats(good, *f, t));
+      tensors.push_back({t.name, t.dims, nullptr});
+    }
+    for (size_t i = 0; i < tensors.size(); i++) tensors[i].data = data[i].data();
+    return write_gguf(meta, tensors);
+  };
+  const std::tuple<std::string, std::string, const char*> cases[] = {
+      {"arch", rewrite("general.architecture", gguf_value::of_string("gpt2")), "architecture 'gpt2' is not supported"},
+      {"eps", rewrite("llama.attention.layer_norm_rms_epsilon", gguf_value::of_float(1e-6f)),
+       "an RMS-norm epsilon of 0.000001 is not supported"},
+      {"rope", rewrite("llama.rope.freq_base", gguf_value::of_float(500000.0f)), "a RoPE frequency base of"},
+      {"layers", rewrite("llama.block_count", std::nullopt), "no metadata key 'llama.block_count'"},
+      {"missing", rewrite("", std::nullopt, "blk.3.ffn_up.weight"), "no tensor 'blk.3.ffn_up.weight'"},
+      {"heads", rewrite("llama.attention.head_count", gguf_value::of_int(gguf_type::u32, 5)),
+       "dim 64 is not a multiple of n_heads 5"},
+  };
+  for (const auto& [name, bytes, message] : cases) {
+    const std::string path = write_temp(name + ".gguf", bytes);
+    auto ck = checkpoint::load(path);
+    fs::remove(path);
+    ASSERT_FALSE(ck) << name;
+    EXPECT_NE(ck.error().message.find(message), std::string::npos) << ck.error().message;
+  }
+  auto tok = tokenizer::from_bytes(rewrite("tokenizer.ggml.model", gguf_value::of_string("gpt2")), 512, "t.gguf");
+  ASSERT_FALSE(tok);
+  EXPECT_NE(tok.error().message.find("tokenizer.ggml.model 'gpt2' is not supported"), std::string::npos);
+  auto bos = tokenizer::from_bytes(rewrite("tokenizer.ggml.bos_token_id", gguf_value::of_int(gguf_type::u32, 5)), 512,
+                                   "t.gguf");
+  ASSERT_FALSE(bos);
+  EXPECT_NE(bos.error().message.find("tokenizer.ggml.bos_token_id = 5"), std::string::npos);
+  EXPECT_FALSE(tokenizer::from_bytes(good, 513, "t.gguf"));  // a vocabulary of another size
+}
+
+}  // namespace
+}  // namespace troupe::model
