@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <tuple>
 
 #include "runtime/model/checkpoint.hpp"
@@ -248,6 +249,50 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
   ASSERT_FALSE(bos);
   EXPECT_NE(bos.error().message.find("tokenizer.ggml.bos_token_id = 5"), std::string::npos);
   EXPECT_FALSE(tokenizer::from_bytes(good, 513, "t.gguf"));  // a vocabulary of another size
+}
+
+}  // namespace
+}  // namespace troupe::model
+
+namespace troupe::model {
+namespace {
+
+/// llama.cpp's tokenizer test files: texts in FILE.inp, each followed by a line
+/// "__ggml_vocab_test__", and their token ids in FILE.out, one line per text (add_special =
+/// false, parse_special = false).
+std::vector<std::string> vocab_cases(const std::string& text) {
+  std::vector<std::string> out;
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  size_t begin = 0;
+  for (size_t at; (at = text.find(sep, begin)) != std::string::npos; begin = at + sep.size())
+    out.push_back(text.substr(begin, at - begin));
+  return out;
+}
+
+TEST(Gguf, TheLlamaSpmVocabularyTokenizesLlamaCppsTestCasesExactly) {
+  TROUPE_SHARED_DATA_OR_SKIP(path, "vocab/ggml-vocab-llama-spm.gguf");
+  const std::string bytes = testing::read_file(path);
+  auto f = parse_gguf(bytes, path);
+  ASSERT_TRUE(f) << f.error().message;
+  const auto vocab = static_cast<int32_t>((*f->get_array("tokenizer.ggml.tokens", gguf_type::string, path))->size());
+  auto tok = tokenizer::from_bytes(bytes, vocab, path);
+  ASSERT_TRUE(tok) << tok.error().message;
+  const std::vector<std::string> inputs = vocab_cases(testing::read_file(path + ".inp"));
+  std::vector<std::string> outputs;
+  std::istringstream out(testing::read_file(path + ".out"));
+  for (std::string line; std::getline(out, line);) outputs.push_back(line);
+  ASSERT_EQ(inputs.size(), outputs.size());
+  ASSERT_GT(inputs.size(), 10u);
+  int mismatches = 0;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    auto ids = tok->encode(inputs[i], false, false);
+    ASSERT_TRUE(ids) << i;
+    std::string got;
+    for (int32_t id : *ids) got += " " + std::to_string(id);
+    if (got != outputs[i]) mismatches++;
+    EXPECT_EQ(got, outputs[i]) << "case " << i << ": '" << inputs[i] << "'";
+  }
+  EXPECT_EQ(mismatches, 0);
 }
 
 }  // namespace
