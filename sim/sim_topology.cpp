@@ -164,6 +164,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
       {"step_time_budget_ms", false, 0, 1e6, into(t.engine.scheduler.step_time_budget_ms)},
+      {"kv_watermark", false, 0, 0.5, into(t.engine.scheduler.kv_watermark)},
       {"max_waiting", false, 1, big, into(t.max_waiting)}};
   std::vector<field> cost_fields = {
       {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},

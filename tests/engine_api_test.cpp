@@ -390,6 +390,9 @@ TEST(EngineInput, CreateRejectsBadConfigurations) {
   c.scheduler.step_time_budget_ms = 2;
   c.scheduler.step_cost.token_ns = -3;
   expect_bad(c, b.tok, "the step cost model's parameters must be finite and >= 0, got -3");
+  c = {};
+  c.scheduler.kv_watermark = 1;
+  expect_bad(c, b.tok, "kv_watermark must be in [0, 1), got 1");
 
   // The first 300 tokens of tok512.bin: a valid tokenizer for a different vocabulary.
   const std::string bytes = testing::read_file(testing::bundled_tokenizer());

@@ -189,6 +189,36 @@ TEST_F(SchedulerTest, ABudgetBelowOneStepStillPrefillsOneTokenButNeverBesideADec
   EXPECT_EQ(sched_->num_waiting(), 1);
 }
 
+TEST_F(SchedulerTest, AKvWatermarkKeepsALongPromptWaitingInsteadOfPreemptingIt) {
+  // 10 blocks of 4 slots, 8 tokens a step; two 16-token prompts. Without a watermark, 1 is
+  // admitted beside 0's decode at step 3 and preempted at step 7, when 0's growth needs its
+  // 6th block and none is free. With 20% of the pool kept (2 blocks), 1 needs 4 blocks for its
+  // whole prompt, 0 one more for its known tokens: 4 + 1 + 2 > the 6 free, so 1 waits.
+  for (const double watermark : {0.0, 0.2}) {
+    SCOPED_TRACE(watermark);
+    scheduler_config c{8, 8};
+    c.kv_watermark = watermark;
+    make(10, 4, c);
+    add(0, token_range(16, 10), 0);
+    add(1, token_range(16, 40), 0);
+    int32_t first_step_of_1 = -1;
+    for (int32_t step = 1; step <= 12; step++) {
+      const step_plan p = schedule();
+      for (const scheduled_chunk& chunk : p.chunks)
+        if (chunk.seq == 1 && first_step_of_1 < 0) first_step_of_1 = step;
+      if (!p.preempted.empty()) EXPECT_EQ(step, 7);
+      std::vector<int32_t> sampled;
+      for (const scheduled_chunk& chunk : p.chunks)
+        if (chunk.samples) sampled.push_back(99);
+      complete(p, sampled);
+    }
+    EXPECT_EQ(sched_->num_preemptions(), watermark == 0 ? 1 : 0);
+    EXPECT_EQ(first_step_of_1, watermark == 0 ? 3 : -1);
+  }
+  sched_->remove(0);  // with nothing running, the first chunk's blocks suffice again
+  EXPECT_EQ(schedule().chunks, (chunks{{1, 0, 8, false}}));
+}
+
 TEST_F(SchedulerTest, APrefillOnlySequenceComputesItsTokensAndSamplesNothing) {
   make(16, 4, 4, 8);
   sched_->add_prefill_only(0, token_range(6, 10), 0);

@@ -393,6 +393,20 @@ TEST(SimTopology, ATimeBudgetIsPricedByTheSimulatedCostModel) {
   EXPECT_NE(tiny.error().message.find("step_time_budget_ms must be 0 (off) or at least 0.000001"), std::string::npos);
 }
 
+TEST(SimTopology, AKvWatermarkIsReadAndBounded) {
+  EXPECT_EQ(parse_tiny("").engine.scheduler.kv_watermark, 0);
+  std::string text = tiny_topology;
+  text.insert(text.find("[cost]"), "kv_watermark = 0.02\n\n");
+  auto t = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->engine.scheduler.kv_watermark, 0.02);
+  text.replace(text.find("0.02"), 4, "0.75");
+  auto bad = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[engine] kv_watermark = 0.750000 is outside [0.000000, 0.500000]"),
+            std::string::npos) << bad.error().message;
+}
+
 TEST(Simulation, RealTokensEqualTheReferenceGeneratorWithAndWithoutATimeBudget) {
   // 1.5 µs steps priced at 1 µs + 10 ns/token + 1 ns/attended position: prompts of up to 82
   // tokens are cut into chunks of at most 31 (10q + q(q+1)/2 <= 500), fewer later on.

@@ -410,7 +410,8 @@ struct listener {
                    "key 'role' must be one of mixed, prefill, decode; got " + in_quotes(*role));
 }
 
-/// step_time_budget_ms and the calibration file that prices it (required with a budget).
+/// step_time_budget_ms and the calibration file that prices it (required with a budget), and
+/// kv_watermark.
 [[nodiscard]] expected<void> read_time_budget(const context& ctx, const toml::table& table, const scope& where,
                                               sched::scheduler_config& config) {
   auto budget = read_number(ctx, table, where, "step_time_budget_ms", 0, 0, 1e6);
@@ -420,6 +421,9 @@ struct listener {
                      "key 'step_time_budget_ms' must be 0 (off) or at least 0.000001");
   }
   config.step_time_budget_ms = *budget;
+  auto watermark = read_number(ctx, table, where, "kv_watermark", 0, 0, 0.5);
+  if (!watermark) return tl::unexpected(watermark.error());
+  config.kv_watermark = *watermark;
   if (!table.contains("calibration")) {
     if (*budget == 0) return {};
     return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
@@ -472,7 +476,7 @@ struct listener {
           check_known_keys(ctx, table, where,
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
                             "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms", "calibration",
-                            "executor_threads", "step_log"});
+                            "kv_watermark", "executor_threads", "step_log"});
       !ok) {
     return tl::unexpected(ok.error());
   }

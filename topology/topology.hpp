@@ -62,6 +62,8 @@
 ///                                      #   prefill chunks cut to this predicted step time
 ///   calibration = "calibration-cpu.toml" # required with a budget: `troupe calibrate` output
 ///                                      #   that prices the steps (resolved like model)
+///   kv_watermark = 0.05                #   optional, 0..0.5, default 0 (off): share of the KV
+///                                      #   pool admission keeps free (no-thrash admission)
 ///   executor_threads = 1               #   optional, 1..64, default 1
 ///
 /// Unknown keys are errors everywhere (a typo must not silently fall back to a default). At

@@ -30,13 +30,15 @@ expected<void> validate_stops(const request& r, const model::model_config& model
   return {};
 }
 
-/// A time budget is 0 (off) or at least a nanosecond, and the model that prices it is finite
-/// and non-negative.
-expected<void> validate_time_budget(const sched::scheduler_config& c) {
+/// A time budget is 0 (off) or at least a nanosecond, the model that prices it is finite and
+/// non-negative, and the KV watermark a share of the pool below 1.
+expected<void> validate_budgets(const sched::scheduler_config& c) {
   const double ms = c.step_time_budget_ms;
   if (!std::isfinite(ms) || (ms != 0 && (ms < 1e-6 || ms > 1e6)))
     return fail(errc::invalid_argument,
                 "step_time_budget_ms must be 0 (off) or in [0.000001, 1000000], got " + std::to_string(ms));
+  if (!(c.kv_watermark >= 0 && c.kv_watermark < 1))
+    return fail(errc::invalid_argument, "kv_watermark must be in [0, 1), got " + std::to_string(c.kv_watermark));
   const cost::cost_params& p = c.step_cost;
   for (const double v : {p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns})
     if (!std::isfinite(v) || v < 0)
@@ -87,7 +89,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
                                             num(config.scheduler.max_num_batched_tokens));
   if (config.scheduler.max_num_seqs <= 0)
     return fail(errc::invalid_argument, "max_num_seqs must be > 0, got " + num(config.scheduler.max_num_seqs));
-  if (auto ok = validate_time_budget(config.scheduler); !ok) return tl::unexpected(ok.error());
+  if (auto ok = validate_budgets(config.scheduler); !ok) return tl::unexpected(ok.error());
   if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 2)
     return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
   auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size});

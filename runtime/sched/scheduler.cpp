@@ -169,7 +169,29 @@ void scheduler::schedule_running(step_plan& plan, step_budget& budget) {
   }
 }
 
+int32_t scheduler::num_blocks_to_finish(const sequence& s, size_t table_size) const {
+  const int64_t size = blocks_.block_size();
+  const int64_t whole = (static_cast<int64_t>(s.tokens.size()) + size - 1) / size;
+  return static_cast<int32_t>(std::max<int64_t>(0, whole - static_cast<int64_t>(table_size)));
+}
+
+int32_t scheduler::num_reserved_blocks() const {
+  int64_t n = std::llround(config_.kv_watermark * blocks_.num_blocks());
+  for (const seq_id id : running_) n += num_blocks_to_finish(get(id), blocks_.block_table(id).size());
+  return static_cast<int32_t>(std::min<int64_t>(n, blocks_.num_blocks()));
+}
+
+bool scheduler::fits_whole_prompt(const sequence& s, const kv::prefix_hit& hit, int32_t num_reserved) const {
+  // Hit blocks sitting in the free queue are reused, not free for others (as can_allocate).
+  const auto num_hit_free =
+      std::count_if(hit.blocks.begin(), hit.blocks.end(), [&](kv::block_id b) { return blocks_.refcount(b) == 0; });
+  const int64_t available = int64_t{blocks_.num_free_blocks()} - num_hit_free;
+  return int64_t{num_blocks_to_finish(s, hit.blocks.size())} + num_reserved <= available;
+}
+
 void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
+  const bool watermark = config_.kv_watermark > 0;
+  int32_t num_reserved = watermark ? num_reserved_blocks() : 0;
   while (!waiting_.empty() && budget.num_tokens > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     sequence& s = at(waiting_.front());
@@ -182,6 +204,8 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     const int32_t have = imported > 0 ? imported : hit.num_tokens;
     const int32_t num_new = prefill_chunk_tokens(s, have, static_cast<int32_t>(s.tokens.size()) - have, budget);
     if (num_new == 0) break;  // no time left for a new prompt's first chunk
+    // With nothing running, nothing will free blocks to wait for: the first chunk suffices.
+    if (watermark && !running_.empty() && !fits_whole_prompt(s, hit, num_reserved)) break;
     if (!blocks_.can_allocate(s.id, have + num_new, hit)) break;
     blocks_.allocate(s.id, have + num_new, hit);
     s.num_computed_tokens = have;
@@ -198,6 +222,7 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     waiting_.pop_front();
     insert_ordered(running_, s.id);
     add_chunk(plan, s, num_new, budget, /*price=*/true);
+    if (watermark) num_reserved += num_blocks_to_finish(s, blocks_.block_table(s.id).size());
   }
 }
 

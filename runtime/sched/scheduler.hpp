@@ -185,6 +185,14 @@ class scheduler {
                                              const step_budget& budget) const;
   void schedule_running(step_plan& plan, step_budget& budget);
   void schedule_waiting(step_plan& plan, step_budget& budget);
+  /// Blocks the running sequences still need for every token they know (their prompts, with
+  /// kv_watermark on) plus the watermark's share of the pool.
+  [[nodiscard]] int32_t num_reserved_blocks() const;
+  /// The blocks `s` still needs for its whole known tokens once it holds `table_size`.
+  [[nodiscard]] int32_t num_blocks_to_finish(const sequence& s, size_t table_size) const;
+  /// kv_watermark's admission test: the free blocks cover `s`'s whole prompt (after `hit`)
+  /// and `num_reserved` more.
+  [[nodiscard]] bool fits_whole_prompt(const sequence& s, const kv::prefix_hit& hit, int32_t num_reserved) const;
   void preempt(seq_id victim, step_plan& plan);
   /// Plans `num_tokens` of `s`; `price` adds them to the budget's predicted time (false for a
   /// decode row start_budget priced).

@@ -19,6 +19,12 @@ struct scheduler_config {
   /// down but never stops it.
   double step_time_budget_ms = 0;
   cost::cost_params step_cost;  ///< the step-time model the budget is priced with
+  /// Share of the KV pool that admission keeps free for the running sequences' growth (0 =
+  /// off: a waiting sequence is admitted as soon as its first chunk's blocks are free). With
+  /// it, while anything runs, a sequence is admitted only if the free blocks cover its whole
+  /// prompt, what the running sequences still need to finish theirs, and this share of the
+  /// pool: a long prompt is not admitted just to be preempted when those ahead of it grow.
+  double kv_watermark = 0;
 };
 
 }  // namespace troupe::sched
