@@ -221,6 +221,7 @@ TEST_F(ActorsDeterministic, ATimeBudgetCutsPrefillAsPredictedAndChangesNoOutput)
   o.config.scheduler.step_time_budget_ms = 0.002;
   o.config.scheduler.step_cost = {1000, 10, 50, 2, 0};
   o.step_log = log_path;
+  o.check_invariants_every = 1;  // engine_core::check_step after every step
   start(o);
   msg::completion_request r = make_completion(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine with "
