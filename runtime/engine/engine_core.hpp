@@ -136,9 +136,9 @@ class engine_core {
   /// `full_check_interval`-th call also runs the whole structural check (check_invariants
   /// without the re-hashing), which finds what no change shows within that many calls.
   void check_step();
-  /// 1024: a whole check costs O(pool + queue) — on the 7B shape with a long waiting queue,
-  /// hundreds of step checks — so once per 1024 calls it adds a fraction of a step check to
-  /// each, and a bad state it alone can find is caught within 1024 steps (the run's seed
+  /// 1024: a whole check costs O(pool + queue) — about 1.9 ms a step on the 7B Mooncake run
+  /// (seed 3), against about 23 µs for a step check — so once per 1024 calls it adds ~2 µs
+  /// to each, and a bad state only it can find is caught within 1024 steps (the run's seed
   /// replays it).
   static constexpr int64_t full_check_interval = 1024;
 

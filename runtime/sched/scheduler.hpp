@@ -6,7 +6,9 @@
 /// tokens whose KV is still missing — one token for a decoding sequence, a slice of the prompt
 /// for a prefilling one — within `max_num_batched_tokens` and `max_num_seqs`. There is no
 /// separate prefill phase: a long prompt is cut into chunks across steps, so it never starves
-/// decodes (the running sequences are served first, in priority order).
+/// decodes (the running sequences are served first, in priority order). With a step time
+/// budget (scheduler_config::step_time_budget_ms) each prefill chunk is also cut to the largest
+/// that keeps the step's predicted time within it (cost::max_chunk_tokens); decode rows never are.
 ///
 /// Memory. Each chunk's KV slots are allocated through the block manager before the plan is
 /// returned. When a running sequence cannot get its slots, the scheduler preempts by
@@ -14,7 +16,8 @@
 /// frees its blocks and goes back to the waiting queue with every token it has so far; on
 /// readmission its KV is computed again (often largely from the prefix cache). Waiting
 /// sequences are admitted in (priority, arrival) order; admission stops at the first one that
-/// does not fit, so a large request is never overtaken forever.
+/// does not fit, so a large request is never overtaken forever. With a KV watermark
+/// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs.
 ///
 /// Priorities follow vLLM: a smaller number is served first. Ties break by arrival order, which
 /// the scheduler assigns, so no decision depends on ids' hash order or on time.
