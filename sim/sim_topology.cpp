@@ -145,6 +145,10 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
     if (!params) return fail(params.error().code, where + params.error().message);
     t.cost = *params;
   }
+  const double budget_ms = t.engine.scheduler.step_time_budget_ms;
+  if (budget_ms != 0 && budget_ms < 1e-6)
+    return fail(errc::malformed_file, where + "[engine] step_time_budget_ms must be 0 (off) or at least 0.000001");
+  t.engine.scheduler.step_cost = t.cost;  // the scheduler prices steps as the executor runs them
   t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * kv_bytes_per_value));
   const double blocks = t.kv_memory_gib * 1073741824.0 / (static_cast<double>(t.engine.block_size) * t.kv_bytes_per_token);
   const int64_t needed = (t.model.seq_len + t.engine.block_size - 1) / t.engine.block_size;
@@ -192,6 +196,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"block_size", false, 1, 1024, into(t.engine.block_size)},
       {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
+      {"step_time_budget_ms", false, 0, 1e6, into(t.engine.scheduler.step_time_budget_ms)},
+      {"kv_watermark", false, 0, 0.5, into(t.engine.scheduler.kv_watermark)},
       {"max_waiting", false, 1, big, into(t.max_waiting)}};
   std::vector<field> balancer_fields = {
       {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }},

@@ -9,8 +9,11 @@
 // serialization of every registered message type.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -27,6 +30,7 @@
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
+#include "runtime/cost/calibration.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/failing_executor.hpp"
 
@@ -187,6 +191,57 @@ TEST_F(ActorsDeterministic, OneRequestStreamsTheReferenceOutput) {
   EXPECT_EQ(rep.num_executor_failures, 0);
   EXPECT_GT(rep.executor_busy_ns, 0);
   EXPECT_LE(rep.executor_busy_ns, rep.elapsed_ns);
+}
+
+/// The prefill chunks a step time budget cuts a prompt of `num_prompt_tokens` into, alone in
+/// its engine, by a plain search over chunk sizes (the scheduler solves the quadratic instead).
+std::vector<int32_t> predicted_chunks(const cost::cost_params& p, int64_t budget_ns, int32_t num_prompt_tokens) {
+  std::vector<int32_t> chunks;
+  for (int32_t c = 0; c < num_prompt_tokens;) {
+    int32_t q = 0;
+    while (c + q < num_prompt_tokens) {
+      const int32_t n = q + 1;
+      const cost::step_features f{1, static_cast<double>(n), c + n == num_prompt_tokens ? 1.0 : 0.0,
+                              cost::chunk_attention_tokens(c, n), static_cast<double>(c + n)};
+      if (cost::predict_ns(p, f) > budget_ns) break;
+      q = n;
+    }
+    chunks.push_back(std::max(q, 1));  // alone in its step, a chunk takes at least one token
+    c += chunks.back();
+  }
+  return chunks;
+}
+
+TEST_F(ActorsDeterministic, ATimeBudgetCutsPrefillAsPredictedAndChangesNoOutput) {
+  // The fit of tests/chunk_budget_test.cpp: a chunk of q tokens from position c costs
+  // q² + (11 + 2c)q ns on top of a 1 µs step; the budget is 2 µs.
+  const std::string log_path = (std::filesystem::temp_directory_path() / "troupe_time_budget_steps.csv").string();
+  std::remove(log_path.c_str());
+  actors::engine_options o = engine_opts(false);
+  o.config.scheduler.step_time_budget_ms = 0.002;
+  o.config.scheduler.step_cost = {1000, 10, 50, 2, 0};
+  o.step_log = log_path;
+  o.check_invariants_every = 1;  // engine_core::check_step after every step
+  start(o);
+  msg::completion_request r = make_completion(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine with "
+      "her dog and her big red ball.", 20, 31, 1.0f, 0.9f);
+  r.ignore_eos = true;
+  run_and_check(r, "time budget");  // equal to the reference, as every token-budget run is
+  const auto num_prompt_tokens = static_cast<int32_t>(bundled_shared().tok->encode(r.prompt, true, false)->size());
+  const std::vector<int32_t> want = predicted_chunks(o.config.scheduler.step_cost, 2000, num_prompt_tokens);
+  ASSERT_GE(want.size(), 3u);
+  EXPECT_EQ(want[0], 26);  // 962 ns of the 1000 the step leaves
+  EXPECT_LT(want[want.size() - 2], want[0]);  // later chunks attend to more: fewer tokens
+  auto steps = cost::read_step_log(log_path);
+  ASSERT_TRUE(steps.has_value()) << steps.error().message;
+  std::vector<int32_t> got;
+  for (const cost::step_sample& s : *steps) got.push_back(static_cast<int32_t>(s.first.num_tokens));
+  std::vector<int32_t> want_steps = want;
+  want_steps.insert(want_steps.end(), 19, 1);  // then one decode row per step
+  EXPECT_EQ(got, want_steps);
+  std::remove(log_path.c_str());
+  expect_engine_idle();
 }
 
 TEST_F(ActorsDeterministic, WithoutStreamingOneChunkCarriesTheWholeCompletion) {

@@ -211,6 +211,7 @@ class fuzz_run {
       else if (kind < 80) op_fork();
       else if (kind < 95) op_free();
       else op_probe();
+      bm_->check_step();  // the per-step check on what this op changed: never a false alarm
       bm_->check_invariants();
       compare();
     }

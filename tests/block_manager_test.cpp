@@ -410,5 +410,39 @@ TEST(BlockManagerDeathTest, TheStructuralCheckCatchesEachCorruption) {
   }
 }
 
+TEST(BlockManagerDeathTest, TheStepCheckCatchesCorruptionOfWhatChanged) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  {
+    auto bm = make(8, 4);
+    allocate_new(bm, 1, 12);  // blocks 0-2 change
+    block_manager_tamper{bm}.refcount()[1] = 0;  // free, but linked nowhere
+    EXPECT_DEATH(bm.check_step(), "free queue link broken");
+  }
+  {
+    auto bm = make(8, 4);
+    allocate_new(bm, 1, 12);
+    bm.check_step();
+    bm.free(1);  // blocks 0-2 change again
+    block_manager_tamper{bm}.refcount()[2] = 1;  // referenced, yet linked into the queue
+    EXPECT_DEATH(bm.check_step(), "a referenced block is linked into the free queue");
+  }
+}
+
+TEST(BlockManagerDeathTest, WhatTheStepCheckCannotSeeTheStructuralCheckDoes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto bm = make(8, 4);
+  allocate_new(bm, 1, 12);
+  bm.check_step();
+  block_manager_tamper{bm}.refcount()[1] = 2;  // block 1 did not change since: unseen
+  bm.check_step();
+  EXPECT_DEATH(bm.check_structure(), "refcount != table references");
+  // Once more changes piled up than check_step keeps, it checks everything.
+  for (int i = 0; i <= (1 << 16); i++) {
+    bm.allocate(2, 4);
+    bm.free(2);
+  }
+  EXPECT_DEATH(bm.check_step(), "refcount != table references");
+}
+
 }  // namespace
 }  // namespace troupe::kv

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -380,6 +381,18 @@ TEST(EngineInput, CreateRejectsBadConfigurations) {
   c = {};
   c.scheduler.max_num_seqs = 0;
   expect_bad(c, b.tok, "max_num_seqs must be > 0, got 0");
+  for (const double budget : {-1.0, 1e-9, 2e6, std::nan("")}) {
+    c = {};
+    c.scheduler.step_time_budget_ms = budget;
+    expect_bad(c, b.tok, "step_time_budget_ms must be 0 (off) or in [0.000001, 1000000], got ");
+  }
+  c = {};
+  c.scheduler.step_time_budget_ms = 2;
+  c.scheduler.step_cost.token_ns = -3;
+  expect_bad(c, b.tok, "the step cost model's parameters must be finite and >= 0, got -3");
+  c = {};
+  c.scheduler.kv_watermark = 1;
+  expect_bad(c, b.tok, "kv_watermark must be in [0, 1), got 1");
 
   // The first 300 tokens of tok512.bin: a valid tokenizer for a different vocabulary.
   const std::string bytes = testing::read_file(testing::bundled_tokenizer());

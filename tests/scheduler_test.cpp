@@ -53,16 +53,21 @@ class SchedulerTest : public ::testing::Test {
  protected:
   void make(int32_t num_blocks, int32_t block_size, int32_t max_num_batched_tokens,
             int32_t max_num_seqs) {
+    make(num_blocks, block_size, scheduler_config{max_num_batched_tokens, max_num_seqs});
+  }
+
+  void make(int32_t num_blocks, int32_t block_size, const scheduler_config& config) {
+    sched_.reset();  // before the block manager it refers to
     auto bm = kv::block_manager::create({num_blocks, block_size});
     ASSERT_TRUE(bm.has_value());
     blocks_ = std::make_unique<kv::block_manager>(std::move(*bm));
-    sched_ = std::make_unique<scheduler>(scheduler_config{max_num_batched_tokens, max_num_seqs},
-                                         *blocks_);
+    sched_ = std::make_unique<scheduler>(config, *blocks_);
     sched_->check_invariants();
   }
 
   step_plan schedule() {
     step_plan plan = sched_->schedule();
+    sched_->check_step();  // the per-step check raises no false alarm
     sched_->check_invariants();
     int32_t num_tokens = 0;
     for (const scheduled_chunk& c : plan.chunks) num_tokens += c.num_tokens;
@@ -72,6 +77,7 @@ class SchedulerTest : public ::testing::Test {
 
   void complete(const step_plan& plan, const std::vector<int32_t>& sampled) {
     sched_->complete(plan, sampled);
+    sched_->check_step();
     sched_->check_invariants();
   }
 
@@ -127,6 +133,90 @@ TEST_F(SchedulerTest, ChunkedPrefillUnderTheTokenBudget) {
   EXPECT_EQ(table(0), (ids{0, 1, 2, 3}));
   EXPECT_TRUE(p.copies.empty());
   EXPECT_TRUE(p.preempted.empty());
+}
+
+/// A 2 µs step budget priced by 1 µs per step, 10 ns per token, 50 ns per sample and 2 ns per
+/// attended position: a chunk of q tokens from position c costs q² + (11 + 2c)q on top of the
+/// step (tests/chunk_budget_test.cpp works the same fit by hand).
+scheduler_config time_budgeted(int32_t max_num_batched_tokens) {
+  scheduler_config c{max_num_batched_tokens, 8};
+  c.step_time_budget_ms = 0.002;
+  c.step_cost = {1000, 10, 50, 2, 0};
+  return c;
+}
+
+TEST_F(SchedulerTest, TheTimeBudgetCutsLaterChunksOfAPromptShorter) {
+  make(64, 16, time_budgeted(512));
+  add(0, token_range(60, 10), 0);
+  // c = 0: q² + 11q <= 1000 -> 26; c = 26: q² + 63q -> 13 (988); c = 39: q² + 89q -> 10
+  // (990); c = 49: q² + 109q -> 8 (936); c = 57: the last 3 and the sample, 384 + 50.
+  const chunks want[] = {{{0, 0, 26, false}}, {{0, 26, 13, false}}, {{0, 39, 10, false}},
+                         {{0, 49, 8, false}}, {{0, 57, 3, true}}};
+  for (const chunks& w : want) {
+    step_plan p = schedule();
+    EXPECT_EQ(p.chunks, w);
+    complete(p, w.back().samples ? std::vector<int32_t>{70} : std::vector<int32_t>{});
+  }
+  // Sequence 0 decodes at position 60: 1000 + 10 + 50 + 2 * 61 = 1182 ns, leaving 818 for
+  // the new prompt: q² + 11q <= 818 -> 23 (782; 24 would be 840).
+  add(1, token_range(30, 100), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 60, 1, true}, {1, 0, 23, false}}));
+  complete(p, {71});
+  // The token budget still caps: with 5 tokens a step, a 5-token chunk fits the time.
+  make(64, 16, time_budgeted(5));
+  add(2, token_range(60, 10), 0);
+  EXPECT_EQ(schedule().chunks, (chunks{{2, 0, 5, false}}));
+}
+
+TEST_F(SchedulerTest, ABudgetBelowOneStepStillPrefillsOneTokenButNeverBesideADecode) {
+  scheduler_config c = time_budgeted(512);
+  c.step_time_budget_ms = 0.0005;  // below the 1 µs step
+  make(64, 16, c);
+  add(0, token_range(3, 10), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 1, false}}));  // alone in its step: one token
+  complete(p, {});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 1, 1, false}}));
+  complete(p, {});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 2, 1, true}}));
+  complete(p, {50});
+  add(1, token_range(8, 40), 0);
+  p = schedule();  // the decode row runs; the new prompt waits (no time and not alone)
+  EXPECT_EQ(p.chunks, (chunks{{0, 3, 1, true}}));
+  EXPECT_EQ(sched_->num_waiting(), 1);
+}
+
+TEST_F(SchedulerTest, AKvWatermarkKeepsALongPromptWaitingInsteadOfPreemptingIt) {
+  // 10 blocks of 4 slots, 8 tokens a step; two 16-token prompts. Without a watermark, 1 is
+  // admitted beside 0's decode at step 3 and preempted at step 7, when 0's growth needs its
+  // 6th block and none is free. With 20% of the pool kept (2 blocks), 1 needs 4 blocks for its
+  // whole prompt, 0 one more for its known tokens: 4 + 1 + 2 > the 6 free, so 1 waits.
+  for (const double watermark : {0.0, 0.2}) {
+    SCOPED_TRACE(watermark);
+    scheduler_config c{8, 8};
+    c.kv_watermark = watermark;
+    make(10, 4, c);
+    add(0, token_range(16, 10), 0);
+    add(1, token_range(16, 40), 0);
+    int32_t first_step_of_1 = -1;
+    for (int32_t step = 1; step <= 12; step++) {
+      const step_plan p = schedule();
+      for (const scheduled_chunk& chunk : p.chunks)
+        if (chunk.seq == 1 && first_step_of_1 < 0) first_step_of_1 = step;
+      if (!p.preempted.empty()) EXPECT_EQ(step, 7);
+      std::vector<int32_t> sampled;
+      for (const scheduled_chunk& chunk : p.chunks)
+        if (chunk.samples) sampled.push_back(99);
+      complete(p, sampled);
+    }
+    EXPECT_EQ(sched_->num_preemptions(), watermark == 0 ? 1 : 0);
+    EXPECT_EQ(first_step_of_1, watermark == 0 ? 3 : -1);
+  }
+  sched_->remove(0);  // with nothing running, the first chunk's blocks suffice again
+  EXPECT_EQ(schedule().chunks, (chunks{{1, 0, 8, false}}));
 }
 
 TEST_F(SchedulerTest, APrefillOnlySequenceComputesItsTokensAndSamplesNothing) {

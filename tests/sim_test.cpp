@@ -503,29 +503,70 @@ TEST(Simulation, PrefixHitRateStaysUnderTheBoundOnTheFullMooncakeTrace) {
   EXPECT_LE(rate, bound.rate());
 }
 
-TEST(Simulation, RealTokensEqualTheReferenceGenerator) {
-  auto t = parse_sim_topology(
-      "[model]\ncheckpoint = \"models/stories260K.bin\"\n[hardware]\nkv_memory_gib = 0.01\n"
-      "[cost]\ntokens = \"real\"\nstep_ns = 1000\ntoken_ns = 10\nsampled_row_ns = 100\nattention_token_ns = 1\n",
-      "real.toml", TROUPE_SOURCE_DIR);
+TEST(SimTopology, ATimeBudgetIsPricedByTheSimulatedCostModel) {
+  const sim_topology t = parse_tiny("");
+  EXPECT_EQ(t.engine.scheduler.step_time_budget_ms, 0);
+  std::string text = tiny_topology;
+  text.insert(text.find("[cost]"), "step_time_budget_ms = 0.5\n\n");
+  auto budgeted = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_TRUE(budgeted) << budgeted.error().message;
+  EXPECT_EQ(budgeted->engine.scheduler.step_time_budget_ms, 0.5);
+  EXPECT_EQ(budgeted->engine.scheduler.step_cost.step_ns, 1000);  // the executor's own model
+  EXPECT_EQ(budgeted->engine.scheduler.step_cost.attention_token_ns, 1);
+  text.replace(text.find("0.5"), 3, "1e-9");
+  auto tiny = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(tiny);
+  EXPECT_NE(tiny.error().message.find("step_time_budget_ms must be 0 (off) or at least 0.000001"), std::string::npos);
+}
+
+TEST(SimTopology, AKvWatermarkIsReadAndBounded) {
+  EXPECT_EQ(parse_tiny("").engine.scheduler.kv_watermark, 0);
+  std::string text = tiny_topology;
+  text.insert(text.find("[cost]"), "kv_watermark = 0.02\n\n");
+  auto t = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
   ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->engine.scheduler.kv_watermark, 0.02);
+  text.replace(text.find("0.02"), 4, "0.75");
+  auto bad = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[engine] kv_watermark = 0.750000 is outside [0.000000, 0.500000]"),
+            std::string::npos) << bad.error().message;
+}
+
+TEST(Simulation, RealTokensEqualTheReferenceGeneratorWithAndWithoutATimeBudget) {
+  // 1.5 µs steps priced at 1 µs + 10 ns/token + 1 ns/attended position: prompts of up to 82
+  // tokens are cut into chunks of at most 31 (10q + q(q+1)/2 <= 500), fewer later on.
   std::vector<trace_request> workload;
   for (int i = 0; i < 12; i++) workload.push_back(trace_request{i * 500, 5 + 7 * i, 20 + i, {}});
-  auto r = run_simulation(options(*t, workload, 3));
-  ASSERT_TRUE(r) << r.error().message;
   auto ck = model::checkpoint::load(testing::bundled_model());
   auto tok = tokenizer::load(testing::bundled_tokenizer(), 512);
   model::transformer reference(*ck);
-  for (const request_record& q : r->requests) {
-    generate::generate_params p;
-    p.prompt = q.prompt;
-    p.max_new_tokens = workload[q.index].output_tokens;
-    p.sampling.temperature = 0.0f;
-    p.ignore_eos = true;
-    auto want = generate::generate(reference, *tok, p);
-    ASSERT_TRUE(want);
-    EXPECT_EQ(q.tokens, want->tokens) << "request " << q.index;
+  std::vector<std::string> hashes;
+  std::vector<int64_t> num_steps;
+  for (const char* engine : {"", "[engine]\nstep_time_budget_ms = 0.0015\n"}) {
+    SCOPED_TRACE(engine);
+    auto t = parse_sim_topology(
+        "[model]\ncheckpoint = \"models/stories260K.bin\"\n[hardware]\nkv_memory_gib = 0.01\n" + std::string(engine) +
+            "[cost]\ntokens = \"real\"\nstep_ns = 1000\ntoken_ns = 10\nsampled_row_ns = 100\nattention_token_ns = 1\n",
+        "real.toml", TROUPE_SOURCE_DIR);
+    ASSERT_TRUE(t) << t.error().message;
+    auto r = run_simulation(options(*t, workload, 3));
+    ASSERT_TRUE(r) << r.error().message;
+    hashes.push_back(r->event_log_sha256);
+    num_steps.push_back(static_cast<int64_t>(r->steps.size()));
+    for (const request_record& q : r->requests) {
+      generate::generate_params p;
+      p.prompt = q.prompt;
+      p.max_new_tokens = workload[q.index].output_tokens;
+      p.sampling.temperature = 0.0f;
+      p.ignore_eos = true;
+      auto want = generate::generate(reference, *tok, p);
+      ASSERT_TRUE(want);
+      EXPECT_EQ(q.tokens, want->tokens) << "request " << q.index;
+    }
   }
+  EXPECT_NE(hashes[0], hashes[1]);  // the budget changed the plans ...
+  EXPECT_GT(num_steps[1], num_steps[0]);  // ... into more, smaller steps; the tokens stayed
 }
 
 }  // namespace

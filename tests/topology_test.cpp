@@ -192,6 +192,23 @@ TEST(Topology, EveryEngineKeyIsRead) {
   EXPECT_EQ(engine.config.scheduler.max_num_batched_tokens, 9);
   EXPECT_EQ(engine.config.scheduler.max_num_seqs, 3);
   EXPECT_EQ(engine.executor_threads, 64);
+  EXPECT_EQ(engine.config.scheduler.step_time_budget_ms, 0);  // off unless asked for
+  EXPECT_EQ(engine.config.scheduler.kv_watermark, 0);
+  auto watermarked = parse(k_valid + "kv_watermark = 0.05\n");
+  ASSERT_TRUE(watermarked) << watermarked.error().message;
+  EXPECT_EQ(watermarked->engines[0].config.scheduler.kv_watermark, 0.05);
+}
+
+TEST(Topology, ATimeBudgetIsPricedByItsCalibrationFile) {
+  auto topo = parse(k_valid + "step_time_budget_ms = 2.5\ncalibration = \"calibration-cpu.toml\"\n");
+  ASSERT_TRUE(topo) << topo.error().message;
+  const sched::scheduler_config& s = topo->engines[0].config.scheduler;
+  EXPECT_EQ(s.step_time_budget_ms, 2.5);
+  EXPECT_GT(s.step_cost.token_ns, 0);  // the shipped CPU fit, read whole
+  EXPECT_GT(s.step_cost.attention_token_ns, 0);
+  auto integer = parse(k_valid + "step_time_budget_ms = 3\ncalibration = \"calibration-cpu.toml\"\n");
+  ASSERT_TRUE(integer) << integer.error().message;
+  EXPECT_EQ(integer->engines[0].config.scheduler.step_time_budget_ms, 3);
 }
 
 TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
@@ -399,7 +416,8 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_engine_key", k_valid + "kv_block = 5\n",
                  "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
                  "name, node, role, model, tokenizer, kv_blocks, block_size, "
-                 "max_num_batched_tokens, max_num_seqs, executor_threads, step_log)"},
+                 "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, calibration, "
+                 "kv_watermark, executor_threads, step_log)"},
         bad_file{"unknown_node_key",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nip = \"1.2.3.4\"\nport = 1\n",
                  "topology.toml:4: node 'node0': unknown key 'ip'"},
@@ -499,6 +517,19 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"max_num_seqs_negative", k_valid + "max_num_seqs = -1\n",
                  "topology.toml:12: engine 'engine0': key 'max_num_seqs' must be in "
                  "1..2147483647, got -1"},
+        bad_file{"time_budget_negative", k_valid + "step_time_budget_ms = -1\n",
+                 "topology.toml:12: engine 'engine0': key 'step_time_budget_ms' must be in 0..1000000, got -1"},
+        bad_file{"time_budget_not_a_number", k_valid + "step_time_budget_ms = \"fast\"\n",
+                 "topology.toml:12: engine 'engine0': key 'step_time_budget_ms' must be a number, got a string"},
+        bad_file{"kv_watermark_too_big", k_valid + "kv_watermark = 0.6\n",
+                 "topology.toml:12: engine 'engine0': key 'kv_watermark' must be in 0..0.5, got 0.6"},
+        bad_file{"time_budget_without_calibration", k_valid + "step_time_budget_ms = 2\n",
+                 "topology.toml:12: engine 'engine0': key 'step_time_budget_ms' needs key 'calibration'"},
+        bad_file{"time_budget_calibration_missing", k_valid + "step_time_budget_ms = 2\ncalibration = \"none.toml\"\n",
+                 "topology.toml:13: engine 'engine0': key 'calibration': file not found: "},
+        bad_file{"time_budget_calibration_malformed",
+                 k_valid + "step_time_budget_ms = 2\ncalibration = \"single-node.toml\"\n",
+                 "topology.toml:13: engine 'engine0': key 'calibration': "},
         bad_file{"executor_threads_zero", k_valid + "executor_threads = 0\n",
                  "topology.toml:12: engine 'engine0': key 'executor_threads' must be in 1..64, "
                  "got 0"},

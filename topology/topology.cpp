@@ -12,12 +12,15 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iomanip>
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <system_error>
 
 #include "runtime/balance/router.hpp"
+#include "runtime/cost/calibration.hpp"
 
 namespace troupe::topology {
 
@@ -167,6 +170,24 @@ struct scope {
                          std::to_string(max) + ", got " + std::to_string(number));
   }
   return static_cast<int32_t>(number);
+}
+
+/// A number (integer or float) in [min, max]; absent: `fallback`.
+[[nodiscard]] expected<double> read_number(const context& ctx, const toml::table& table, const scope& where,
+                                           std::string_view key, double fallback, double min, double max) {
+  const toml::node* node = table.get(key);
+  if (node == nullptr) return fallback;
+  const std::optional<double> value = node->is_number() ? node->value<double>() : std::nullopt;
+  if (!value) {
+    return malformed(ctx, line_of(*node), where.label,
+                     "key " + in_quotes(key) + " must be a number, got " + type_name(node->type()));
+  }
+  if (!(*value >= min && *value <= max)) {
+    std::ostringstream range;
+    range << std::setprecision(15) << "key " << in_quotes(key) << " must be in " << min << ".." << max << ", got " << *value;
+    return malformed(ctx, line_of(*node), where.label, range.str());
+  }
+  return *value;
 }
 
 /// The line of `key`'s value in `table`, or the table's own line when the key is absent.
@@ -390,6 +411,37 @@ struct listener {
                    "key 'role' must be one of mixed, prefill, decode; got " + in_quotes(*role));
 }
 
+/// step_time_budget_ms and the calibration file that prices it (required with a budget), and
+/// kv_watermark.
+[[nodiscard]] expected<void> read_time_budget(const context& ctx, const toml::table& table, const scope& where,
+                                              sched::scheduler_config& config) {
+  auto budget = read_number(ctx, table, where, "step_time_budget_ms", 0, 0, 1e6);
+  if (!budget) return tl::unexpected(budget.error());
+  if (*budget != 0 && *budget < 1e-6) {
+    return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
+                     "key 'step_time_budget_ms' must be 0 (off) or at least 0.000001");
+  }
+  config.step_time_budget_ms = *budget;
+  auto watermark = read_number(ctx, table, where, "kv_watermark", 0, 0, 0.5);
+  if (!watermark) return tl::unexpected(watermark.error());
+  config.kv_watermark = *watermark;
+  if (!table.contains("calibration")) {
+    if (*budget == 0) return {};
+    return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
+                     "key 'step_time_budget_ms' needs key 'calibration' (a `troupe calibrate` file that "
+                     "prices the steps)");
+  }
+  auto path = read_file_path(ctx, table, where, "calibration");
+  if (!path) return tl::unexpected(path.error());
+  auto params = cost::read_calibration(*path);
+  if (!params) {
+    return malformed(ctx, line_of_key(table, "calibration"), where.label,
+                     "key 'calibration': " + params.error().message);
+  }
+  config.step_cost = *params;
+  return {};
+}
+
 /// The engine_config keys; defaults are engine_config's own.
 [[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
                                                 const scope& where, engine_spec& engine) {
@@ -410,6 +462,7 @@ struct listener {
   auto threads = read_int(ctx, table, where, "executor_threads", engine.executor_threads, 1, 64);
   if (!threads) return tl::unexpected(threads.error());
   engine.executor_threads = *threads;
+  if (auto ok = read_time_budget(ctx, table, where, config.scheduler); !ok) return ok;
   auto step_log = read_string(ctx, table, where, "step_log", std::string());
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
@@ -423,7 +476,8 @@ struct listener {
   if (auto ok =
           check_known_keys(ctx, table, where,
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
-                            "max_num_batched_tokens", "max_num_seqs", "executor_threads", "step_log"});
+                            "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms", "calibration",
+                            "kv_watermark", "executor_threads", "step_log"});
       !ok) {
     return tl::unexpected(ok.error());
   }

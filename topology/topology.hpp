@@ -64,6 +64,12 @@
 ///   block_size = 16                    #   optional, 1..1024, default 16
 ///   max_num_batched_tokens = 512       #   optional, > 0, default 512
 ///   max_num_seqs = 256                 #   optional, > 0, default 256
+///   step_time_budget_ms = 2.5          #   optional, 0 (default, off) or 0.000001..1000000:
+///                                      #   prefill chunks cut to this predicted step time
+///   calibration = "calibration-cpu.toml" # required with a budget: `troupe calibrate` output
+///                                      #   that prices the steps (resolved like model)
+///   kv_watermark = 0.05                #   optional, 0..0.5, default 0 (off): share of the KV
+///                                      #   pool admission keeps free (no-thrash admission)
 ///   executor_threads = 1               #   optional, 1..64, default 1
 ///
 /// Unknown keys are errors everywhere (a typo must not silently fall back to a default). At

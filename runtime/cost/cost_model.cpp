@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "runtime/cost/chunk_budget.hpp"
+
 namespace troupe::cost {
 namespace {
 
@@ -185,13 +187,8 @@ double chunk_attention_tokens(int64_t first_position, int64_t num_tokens) {
 
 step_features features_of(const engine::exec_plan& plan) {
   step_features f;
-  for (const engine::exec_chunk& chunk : plan.chunks) {
-    const auto q = static_cast<int64_t>(chunk.tokens.size());
-    f.num_tokens += static_cast<double>(q);
-    f.num_sampled_rows += static_cast<double>(chunk.num_samples);
-    f.attention_tokens += chunk_attention_tokens(chunk.first_position, q);
-    f.kv_read_tokens += static_cast<double>(chunk.first_position + q);
-  }
+  for (const engine::exec_chunk& chunk : plan.chunks)
+    add_features(f, chunk_features(chunk.first_position, static_cast<int64_t>(chunk.tokens.size()), chunk.num_samples));
   return f;
 }
 

@@ -3,9 +3,9 @@
 /// How long one step takes, predicted from what it computes. A plan is reduced to five
 /// features and its time is a linear function of them; the parameters are fitted by least
 /// squares to measured steps (`troupe calibrate`) and read back from a calibration file. Used
-/// by the simulator's executor; the real executor logs each step's features for calibration.
-/// The scheduler does not use it: its budget is in tokens only (a time budget priced by this
-/// model, with online correction, is planned: issue 16). Pure: no clock, no I/O.
+/// by the simulator's executor, and by the scheduler to size prefill chunks under a step time
+/// budget (chunk_budget.hpp); the real executor logs each step's features for calibration.
+/// Online correction from measured steps is planned (issue 16). Pure: no clock, no I/O.
 
 #include <cstdint>
 #include <utility>

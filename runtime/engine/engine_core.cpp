@@ -1,6 +1,7 @@
 #include "runtime/engine/engine_core.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "runtime/tokenizer/utf8.hpp"
@@ -26,6 +27,23 @@ expected<void> validate_stops(const request& r, const model::model_config& model
   for (int32_t t : r.stop_token_ids)
     if (t < 0 || t >= model.vocab_size)
       return fail(errc::invalid_argument, "stop token id " + num(t) + " is outside the vocabulary");
+  return {};
+}
+
+/// A time budget is 0 (off) or at least a nanosecond, the model that prices it is finite and
+/// non-negative, and the KV watermark a share of the pool below 1.
+expected<void> validate_budgets(const sched::scheduler_config& c) {
+  const double ms = c.step_time_budget_ms;
+  if (!std::isfinite(ms) || (ms != 0 && (ms < 1e-6 || ms > 1e6)))
+    return fail(errc::invalid_argument,
+                "step_time_budget_ms must be 0 (off) or in [0.000001, 1000000], got " + std::to_string(ms));
+  if (!(c.kv_watermark >= 0 && c.kv_watermark < 1))
+    return fail(errc::invalid_argument, "kv_watermark must be in [0, 1), got " + std::to_string(c.kv_watermark));
+  const cost::cost_params& p = c.step_cost;
+  for (const double v : {p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns})
+    if (!std::isfinite(v) || v < 0)
+      return fail(errc::invalid_argument, "the step cost model's parameters must be finite and >= 0, got " +
+                                              std::to_string(v));
   return {};
 }
 
@@ -71,6 +89,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
                                             num(config.scheduler.max_num_batched_tokens));
   if (config.scheduler.max_num_seqs <= 0)
     return fail(errc::invalid_argument, "max_num_seqs must be > 0, got " + num(config.scheduler.max_num_seqs));
+  if (auto ok = validate_budgets(config.scheduler); !ok) return tl::unexpected(ok.error());
   if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 2)
     return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
   auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size});
@@ -355,21 +374,44 @@ void engine_core::check_invariants(bool deep) const {
   for (const auto& [id, rs] : requests_) {
     TROUPE_ASSERT_MSG(!rs.live.empty(), "a request with no live sample must be gone");
     num_live += rs.live.size();
-    for (kv::seq_id seq : rs.live) {
-      TROUPE_ASSERT(scheduler_->contains(seq));
-      TROUPE_ASSERT(samples_.at(seq).request == id);
-    }
+    for (kv::seq_id seq : rs.live) TROUPE_ASSERT(samples_.at(seq).request == id);
   }
   TROUPE_ASSERT(num_live == samples_.size());
-  for (const auto& [seq, sent] : blocks_sent_) {
-    TROUPE_ASSERT_MSG(samples_.count(seq), "the executor's table of a gone sequence");
-    TROUPE_ASSERT(sent <= static_cast<int32_t>(blocks_->block_table(seq).size()));
-  }
-  for (const auto& [seq, kv] : pending_imports_) {
-    TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
-    TROUPE_ASSERT(scheduler_->get(seq).num_imported_tokens == kv.num_tokens);
-  }
+  for (const auto& [seq, st] : samples_) check_sample(seq);
+  for (const auto& [seq, sent] : blocks_sent_) TROUPE_ASSERT_MSG(samples_.count(seq), "the executor's table of a gone sequence");
+  for (const auto& [seq, kv] : pending_imports_) TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
+}
+
+void engine_core::check_step() {
+  const std::vector<kv::seq_id> changed = scheduler_->check_step();
+  for (const kv::seq_id seq : changed) check_sample(seq);
+  // Every live sample is one scheduler sequence (check_sample: each changed one is); the
+  // maps keyed by sample hold no more entries than there are samples.
+  TROUPE_ASSERT(samples_.size() == static_cast<size_t>(scheduler_->num_waiting() + scheduler_->num_running()));
+  TROUPE_ASSERT(requests_.size() <= samples_.size());
+  TROUPE_ASSERT(blocks_sent_.size() <= samples_.size() && pending_imports_.size() <= samples_.size());
+  TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
+  if (++num_step_checks_ % full_check_interval == 0) check_invariants(/*deep=*/false);
+}
+
+void engine_core::check_sample(kv::seq_id seq) const {
+  const auto it = samples_.find(seq);
+  if (it == samples_.end()) {
+    TROUPE_ASSERT_MSG(!scheduler_->contains(seq), "a sequence of a gone sample");
+    TROUPE_ASSERT_MSG(!blocks_sent_.count(seq), "the executor's table of a gone sequence");
+    TROUPE_ASSERT_MSG(!pending_imports_.count(seq), "imported KV of a gone sequence");
+    return;
+  }
+  TROUPE_ASSERT(scheduler_->contains(seq));
+  const auto request = requests_.find(it->second.request);
+  TROUPE_ASSERT_MSG(request != requests_.end(), "a live sample of a gone request");
+  const std::vector<kv::seq_id>& live = request->second.live;
+  TROUPE_ASSERT_MSG(std::find(live.begin(), live.end(), seq) != live.end(), "a live sample its request does not list");
+  if (const auto sent = blocks_sent_.find(seq); sent != blocks_sent_.end())
+    TROUPE_ASSERT(sent->second <= static_cast<int32_t>(blocks_->block_table(seq).size()));
+  if (const auto kv = pending_imports_.find(seq); kv != pending_imports_.end())
+    TROUPE_ASSERT(scheduler_->get(seq).num_imported_tokens == kv->second.num_tokens);
 }
 
 }  // namespace troupe::engine

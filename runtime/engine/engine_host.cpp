@@ -266,7 +266,7 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
   hand_off_prefilled(out);
   note_change(out, now_ns);
   const int32_t every = options_.check_invariants_every;
-  if (every > 0 && core_->stats().num_steps % every == 0) core_->check_invariants(/*deep=*/false);
+  if (every > 0 && core_->stats().num_steps % every == 0) core_->check_step();
   if (core_->num_in_flight() == 0) executor_busy_ns_ += now_ns - busy_since_ns_;
   kick(out, now_ns);
   return out;

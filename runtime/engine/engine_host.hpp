@@ -132,7 +132,8 @@ struct engine_host_options {
   int32_t eos_id = 2;
   engine_config config;
   int32_t max_waiting = 1024;  ///< queued requests at most; beyond: reject{overloaded}
-  /// Check the core's invariants after every Nth completed step; 0 = never.
+  /// Run the core's per-step invariant check (engine_core::check_step) after every Nth
+  /// completed step; 0 = never.
   int32_t check_invariants_every = 0;
   bool kv_over_ucx = false;    ///< hand-offs get UCX tags ucx_tag_base, ucx_tag_base + 1, ...
   uint64_t ucx_tag_base = 0;

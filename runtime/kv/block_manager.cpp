@@ -32,12 +32,36 @@ block_manager::block_manager(const block_manager_config& config)
       block_tokens_(static_cast<size_t>(config.num_blocks) * config.block_size, 0),
       free_prev_(static_cast<size_t>(config.num_blocks) + 1),
       free_next_(static_cast<size_t>(config.num_blocks) + 1),
-      hash_index_(config.num_blocks) {
+      hash_index_(config.num_blocks),
+      block_changed_(static_cast<size_t>(config.num_blocks), 0) {
   const block_id sentinel = config.num_blocks;
   free_prev_[sentinel] = sentinel;
   free_next_[sentinel] = sentinel;
   for (block_id b = 0; b < config.num_blocks; ++b) free_queue_push_back(b);
   TROUPE_ASSERT(num_free_blocks_ == config.num_blocks);
+  changed_blocks_.clear();  // the initial state is check_structure's
+  std::fill(block_changed_.begin(), block_changed_.end(), uint8_t{0});
+}
+
+namespace {
+/// Sequence changes kept for check_step (a few steps of a large batch); more and it checks all.
+constexpr size_t num_changed_sequences_max = 1 << 16;
+}  // namespace
+
+void block_manager::mark_changed(block_id block) {
+  if (block == config_.num_blocks || block_changed_[block]) return;  // the sentinel, or known
+  block_changed_[block] = 1;
+  changed_blocks_.push_back(block);
+}
+
+void block_manager::mark_changed(seq_id seq) {
+  if (changes_dropped_) return;
+  if (changed_sequences_.size() == num_changed_sequences_max) {
+    changes_dropped_ = true;
+    changed_sequences_.clear();
+    return;
+  }
+  changed_sequences_.push_back(seq);
 }
 
 // ---- queries -----------------------------------------------------------------------------
@@ -136,6 +160,8 @@ std::vector<block_id> block_manager::free_queue() const {
 void block_manager::free_queue_push_back(block_id block) {
   const block_id sentinel = config_.num_blocks;
   const block_id last = free_prev_[sentinel];
+  mark_changed(block);
+  mark_changed(last);
   free_prev_[block] = last;
   free_next_[block] = sentinel;
   free_next_[last] = block;
@@ -146,6 +172,9 @@ void block_manager::free_queue_push_back(block_id block) {
 void block_manager::free_queue_unlink(block_id block) {
   TROUPE_ASSERT(num_free_blocks_ > 0);
   TROUPE_ASSERT(refcount_[block] == 0);
+  mark_changed(block);
+  mark_changed(free_prev_[block]);
+  mark_changed(free_next_[block]);
   free_next_[free_prev_[block]] = free_next_[block];
   free_prev_[free_next_[block]] = free_prev_[block];
   free_prev_[block] = free_next_[block] = config_.num_blocks;
@@ -167,11 +196,13 @@ block_id block_manager::pop_fresh_block() {
 
 void block_manager::acquire(block_id block) {
   if (refcount_[block] == 0) free_queue_unlink(block);  // a hit on a cached free block
+  mark_changed(block);
   ++refcount_[block];
 }
 
 void block_manager::release(block_id block) {
   TROUPE_ASSERT_MSG(refcount_[block] > 0, "block released more often than acquired");
+  mark_changed(block);
   if (--refcount_[block] == 0) free_queue_push_back(block);
 }
 
@@ -202,6 +233,7 @@ void block_manager::allocate(seq_id seq, int32_t num_tokens_total, const prefix_
   TROUPE_ASSERT_MSG(can_allocate(seq, num_tokens_total, hit), "allocate without can_allocate");
   auto [it, created] = sequences_.try_emplace(seq);
   sequence_state& state = it->second;
+  mark_changed(seq);
   if (created) {
     // Install the hit first: popping fresh blocks must not evict a block we are about to reuse.
     for (const block_id b : hit.blocks) {
@@ -230,6 +262,7 @@ void block_manager::register_block(sequence_state& state, const std::vector<int3
   }
   // One block per hash: a duplicate of an indexed block stays unhashed.
   if (!hash_index_.insert(hash, block)) return;
+  mark_changed(block);
   has_hash_[block] = 1;
   block_hash_[block] = hash;
   parent_hash_[block] = parent;
@@ -242,6 +275,7 @@ void block_manager::commit(seq_id seq, const std::vector<int32_t>& tokens,
   const auto it = sequences_.find(seq);
   TROUPE_ASSERT_MSG(it != sequences_.end(), "commit: unknown sequence id");
   sequence_state& state = it->second;
+  mark_changed(seq);
   TROUPE_ASSERT(num_computed_tokens >= 0);
   TROUPE_ASSERT_MSG(num_computed_tokens <= state.num_tokens, "computed beyond allocated slots");
   TROUPE_ASSERT_MSG(static_cast<size_t>(num_computed_tokens) <= tokens.size(),
@@ -260,6 +294,7 @@ std::vector<block_copy> block_manager::fork(seq_id parent, seq_id child) {
   TROUPE_ASSERT_MSG(!contains(child), "fork: child id already exists");
   const sequence_state& from = sequence(parent);
   sequence_state& to = sequences_[child];  // std::map: `from` stays valid
+  mark_changed(child);
   const int32_t num_full_blocks = from.num_tokens / config_.block_size;
   TROUPE_ASSERT(from.block_hashes.size() <= static_cast<size_t>(num_full_blocks));
   for (int32_t i = 0; i < num_full_blocks; ++i) {
@@ -361,15 +396,52 @@ void block_manager::check_free_links() const {
   }
   TROUPE_ASSERT(prev[head] == sentinel && next[tail] == sentinel);
   if (bad == 0 && num_free == num_free_blocks_) return;
-  for (block_id b = 0; b < sentinel; ++b) {
-    TROUPE_ASSERT(next[b] >= 0 && next[b] <= sentinel && prev[b] >= 0 && prev[b] <= sentinel);
-    if (refcount[b] == 0)
-      TROUPE_ASSERT_MSG(prev[next[b]] == b && next[prev[b]] == b, "free queue link broken");
-    else
-      TROUPE_ASSERT_MSG(next[b] == sentinel && prev[b] == sentinel && head != b && tail != b,
-                        "a referenced block is linked into the free queue");
-  }
+  for (block_id b = 0; b < sentinel; ++b) check_block_links(b);
   TROUPE_ASSERT_MSG(num_free == num_free_blocks_, "free block count is off");
+}
+
+/// A free block is linked both ways with its neighbours; a referenced one nowhere.
+void block_manager::check_block_links(block_id b) const {
+  const block_id sentinel = config_.num_blocks;
+  const block_id* next = free_next_.data();
+  const block_id* prev = free_prev_.data();
+  TROUPE_ASSERT(next[b] >= 0 && next[b] <= sentinel && prev[b] >= 0 && prev[b] <= sentinel);
+  TROUPE_ASSERT(refcount_[b] >= 0);
+  if (refcount_[b] == 0)
+    TROUPE_ASSERT_MSG(prev[next[b]] == b && next[prev[b]] == b, "free queue link broken");
+  else
+    TROUPE_ASSERT_MSG(next[b] == sentinel && prev[b] == sentinel && next[sentinel] != b && prev[sentinel] != b,
+                      "a referenced block is linked into the free queue");
+}
+
+/// One block as check_structure and check_invariants see it.
+void block_manager::check_block(block_id b) const {
+  TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
+  check_block_links(b);
+  if (!has_hash_[b]) return;
+  TROUPE_ASSERT_MSG(hash_index_.find(block_hash_[b]) == b, "a hashed block is not in the index");
+  const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
+  TROUPE_ASSERT_MSG(chain_hash(parent_hash_[b], stored) == block_hash_[b],
+                    "cached block's hash does not match its tokens");
+}
+
+void block_manager::check_step() {
+  if (changes_dropped_) {
+    check_structure();
+  } else {
+    for (const block_id b : changed_blocks_) check_block(b);
+    for (const seq_id seq : changed_sequences_) {
+      const auto it = sequences_.find(seq);
+      if (it != sequences_.end()) check_sequence(it->second);
+    }
+  }
+  const block_id sentinel = config_.num_blocks;
+  TROUPE_ASSERT(num_free_blocks_ >= 0 && num_free_blocks_ <= config_.num_blocks);
+  TROUPE_ASSERT(free_prev_[free_next_[sentinel]] == sentinel && free_next_[free_prev_[sentinel]] == sentinel);
+  for (const block_id b : changed_blocks_) block_changed_[b] = 0;
+  changed_blocks_.clear();
+  changed_sequences_.clear();
+  changes_dropped_ = false;
 }
 
 /// The queue is a well-formed list holding exactly the refcount-0 blocks, each once.
@@ -405,18 +477,22 @@ void block_manager::check_hash_index() const {
 
 /// Tables cover num_tokens slots exactly; registered hashes cover only full blocks.
 void block_manager::check_sequences() const {
-  for (const auto& [seq, state] : sequences_) {
-    TROUPE_ASSERT(state.num_tokens >= 0);
-    TROUPE_ASSERT_MSG(state.block_table.size() ==
-                          static_cast<size_t>(num_blocks_for(state.num_tokens)),
-                      "block table does not cover num_tokens exactly");
-    TROUPE_ASSERT(state.block_hashes.size() <=
-                  static_cast<size_t>(state.num_tokens / config_.block_size));
-    for (size_t i = 0; i < state.block_hashes.size(); ++i) {
-      const block_id b = state.block_table[i];
-      TROUPE_ASSERT_MSG(!has_hash_[b] || block_hash_[b] == state.block_hashes[i],
-                        "a registered block carries another chain's hash");
-    }
+  for (const auto& [seq, state] : sequences_) check_sequence(state);
+}
+
+void block_manager::check_sequence(const sequence_state& state) const {
+  TROUPE_ASSERT(state.num_tokens >= 0);
+  TROUPE_ASSERT_MSG(state.block_table.size() == static_cast<size_t>(num_blocks_for(state.num_tokens)),
+                    "block table does not cover num_tokens exactly");
+  TROUPE_ASSERT(state.block_hashes.size() <= static_cast<size_t>(state.num_tokens / config_.block_size));
+  for (const block_id b : state.block_table) {
+    TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
+    TROUPE_ASSERT_MSG(refcount_[b] > 0, "a block in a table is free");
+  }
+  for (size_t i = 0; i < state.block_hashes.size(); ++i) {
+    const block_id b = state.block_table[i];
+    TROUPE_ASSERT_MSG(!has_hash_[b] || block_hash_[b] == state.block_hashes[i],
+                      "a registered block carries another chain's hash");
   }
 }
 

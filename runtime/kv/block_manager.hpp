@@ -135,6 +135,14 @@ class block_manager {
   /// index's slot structure, its two-way agreement with the blocks, or re-hashing every cached
   /// block's tokens: cheap enough to run after every step of a long simulation.
   void check_structure() const;
+  /// check_structure's checks, and the index's, for what changed since the last call: each
+  /// block whose refcount, free-queue links or hash changed (links both ways or none, in the
+  /// index under its hash, its hash re-computed from its tokens) and each sequence allocated,
+  /// committed or forked (its table covers its tokens with referenced blocks, its registered
+  /// hashes match). O(changes), not O(pool); what it cannot see from the changes alone (a
+  /// refcount that disagrees with the tables) is check_structure's. Then starts the change
+  /// lists over. If more changes piled up than it keeps, it runs check_structure instead.
+  void check_step();
 
  private:
   friend struct block_manager_tamper;  // tests corrupt the state to see the checks catch it
@@ -162,6 +170,11 @@ class block_manager {
   void release(block_id block);
   void register_block(sequence_state& state, const std::vector<int32_t>& tokens);
 
+  void mark_changed(block_id block);
+  void mark_changed(seq_id seq);
+  void check_block(block_id block) const;
+  void check_block_links(block_id block) const;
+  void check_sequence(const sequence_state& state) const;
   void check_free_queue() const;
   void check_free_links() const;
   void check_refcounts() const;
@@ -181,6 +194,13 @@ class block_manager {
   hash_index hash_index_;                  // chain hash -> block, for every block with has_hash_
   std::map<seq_id, sequence_state> sequences_;
   int64_t num_evictions_ = 0;
+  // Changes since the last check_step: each changed block once (flagged in block_changed_),
+  // and the sequences changed (repeats, and ids freed since, are fine). Past
+  // num_changed_sequences_max the list is dropped and the next check_step checks everything.
+  std::vector<block_id> changed_blocks_;
+  std::vector<uint8_t> block_changed_;     // (num_blocks)
+  std::vector<seq_id> changed_sequences_;
+  bool changes_dropped_ = false;
 };
 
 }  // namespace troupe::kv

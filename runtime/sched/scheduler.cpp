@@ -1,14 +1,18 @@
 #include "runtime/sched/scheduler.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
+
+#include "runtime/cost/chunk_budget.hpp"
 
 namespace troupe::sched {
 
 scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
-    : config_(config), blocks_(blocks) {
+    : config_(config), blocks_(blocks), step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)) {
   TROUPE_ASSERT(config.max_num_batched_tokens > 0);
   TROUPE_ASSERT(config.max_num_seqs > 0);
+  TROUPE_ASSERT(std::isfinite(config.step_time_budget_ms) && config.step_time_budget_ms >= 0);
 }
 
 sequence& scheduler::at(seq_id id) {
@@ -64,6 +68,7 @@ sequence& scheduler::add_sequence(seq_id id, std::vector<int32_t> prompt, int32_
   s.tokens = std::move(prompt);
   sequence& added = sequences_.emplace(id, std::move(s)).first->second;
   insert_ordered(waiting_, id);
+  touch(id);
   return added;
 }
 
@@ -79,6 +84,7 @@ void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {
   c.num_recomputed_tokens = 0;
   c.num_lost_tokens = 0;
   c.hold = false;
+  touch(child);
   // The child inherits the parent's arrival so the two are served side by side; ties between
   // equal (priority, arrival) keep insertion order, which is deterministic.
   // A running child counts against max_num_seqs like any admitted sequence.
@@ -99,25 +105,55 @@ step_plan scheduler::schedule() {
   step_plan plan;
   plan.copies = std::move(pending_copies_);
   pending_copies_.clear();
-  int32_t budget = config_.max_num_batched_tokens;
+  step_budget budget = start_budget();
   schedule_running(plan, budget);
   // As vLLM: a step that had to preempt admits nobody new; memory is short.
   if (plan.preempted.empty()) schedule_waiting(plan, budget);
-  plan.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  plan.num_batched_tokens = config_.max_num_batched_tokens - budget.num_tokens;
   return plan;
 }
 
-void scheduler::schedule_running(step_plan& plan, int32_t& budget) {
-  for (size_t i = 0; i < running_.size() && budget > 0; i++) {
+bool scheduler::plannable(const sequence& s) {
+  // Held, or everything computed but the last sample (a limit reached), or a prefill-only
+  // sequence fully computed (its export is in flight): nothing to plan.
+  const auto num_tokens = static_cast<int32_t>(s.tokens.size());
+  return !s.hold && num_tokens < s.max_num_tokens && !(s.prefill_only && s.num_computed_tokens == num_tokens);
+}
+
+scheduler::step_budget scheduler::start_budget() const {
+  step_budget budget;
+  budget.num_tokens = config_.max_num_batched_tokens;
+  if (step_time_budget_ns_ == 0) return budget;
+  // Every decode row is priced in before any prefill chunk is cut, wherever it stands in the
+  // running order (a row whose sequence is preempted meanwhile stays priced: conservative).
+  for (const seq_id id : running_) {
+    const sequence& s = get(id);
+    if (plannable(s) && static_cast<int32_t>(s.tokens.size()) - s.num_computed_tokens == 1)
+      cost::add_features(budget.planned, cost::chunk_features(s.num_computed_tokens, 1, s.prefill_only ? 0 : 1));
+  }
+  return budget;
+}
+
+int32_t scheduler::prefill_chunk_tokens(const sequence& s, int32_t first_position, int32_t missing,
+                                        const step_budget& budget) const {
+  const int32_t cap = std::min(missing, budget.num_tokens);
+  if (step_time_budget_ns_ == 0) return cap;
+  const int32_t n = cost::max_chunk_tokens(config_.step_cost, budget.planned, step_time_budget_ns_, first_position,
+                                           cap, !s.prefill_only && cap == missing);
+  // A step holding nothing else takes one token: a budget below a step's fixed cost slows
+  // prefill down but cannot stall it.
+  return n == 0 && budget.planned.num_tokens == 0 ? 1 : n;
+}
+
+void scheduler::schedule_running(step_plan& plan, step_budget& budget) {
+  for (size_t i = 0; i < running_.size() && budget.num_tokens > 0; i++) {
     sequence& s = at(running_[i]);
-    const int32_t num_tokens = static_cast<int32_t>(s.tokens.size());
-    // Held, or everything computed but the last sample (a limit reached), or a prefill-only
-    // sequence fully computed (its export is in flight): nothing to plan.
-    if (s.hold || num_tokens >= s.max_num_tokens || (s.prefill_only && s.num_computed_tokens == num_tokens))
-      continue;
-    const int32_t missing = num_tokens - s.num_computed_tokens;
+    if (!plannable(s)) continue;
+    const int32_t missing = static_cast<int32_t>(s.tokens.size()) - s.num_computed_tokens;
     TROUPE_ASSERT(missing > 0);
-    const int32_t num_new = std::min(missing, budget);
+    const bool decode_row = missing == 1;  // priced by start_budget already
+    const int32_t num_new = decode_row ? 1 : prefill_chunk_tokens(s, s.num_computed_tokens, missing, budget);
+    if (num_new == 0) continue;  // no time left for this prompt's next chunk
     bool preempted_self = false;
     while (!blocks_.can_allocate(s.id, s.num_computed_tokens + num_new, {})) {
       const seq_id victim = running_.back();
@@ -129,12 +165,34 @@ void scheduler::schedule_running(step_plan& plan, int32_t& budget) {
     }
     if (preempted_self) break;  // it was the back: nothing after it remains
     blocks_.allocate(s.id, s.num_computed_tokens + num_new, {});
-    add_chunk(plan, s, num_new, budget);
+    add_chunk(plan, s, num_new, budget, /*price=*/!decode_row);
   }
 }
 
-void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
-  while (!waiting_.empty() && budget > 0 &&
+int32_t scheduler::num_blocks_to_finish(const sequence& s, size_t table_size) const {
+  const int64_t size = blocks_.block_size();
+  const int64_t whole = (static_cast<int64_t>(s.tokens.size()) + size - 1) / size;
+  return static_cast<int32_t>(std::max<int64_t>(0, whole - static_cast<int64_t>(table_size)));
+}
+
+int32_t scheduler::num_reserved_blocks() const {
+  int64_t n = std::llround(config_.kv_watermark * blocks_.num_blocks());
+  for (const seq_id id : running_) n += num_blocks_to_finish(get(id), blocks_.block_table(id).size());
+  return static_cast<int32_t>(std::min<int64_t>(n, blocks_.num_blocks()));
+}
+
+bool scheduler::fits_whole_prompt(const sequence& s, const kv::prefix_hit& hit, int32_t num_reserved) const {
+  // Hit blocks sitting in the free queue are reused, not free for others (as can_allocate).
+  const auto num_hit_free =
+      std::count_if(hit.blocks.begin(), hit.blocks.end(), [&](kv::block_id b) { return blocks_.refcount(b) == 0; });
+  const int64_t available = int64_t{blocks_.num_free_blocks()} - num_hit_free;
+  return int64_t{num_blocks_to_finish(s, hit.blocks.size())} + num_reserved <= available;
+}
+
+void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
+  const bool watermark = config_.kv_watermark > 0;
+  int32_t num_reserved = watermark ? num_reserved_blocks() : 0;
+  while (!waiting_.empty() && budget.num_tokens > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     sequence& s = at(waiting_.front());
     // A sequence preempted while its sample was in flight is admitted once the sample is
@@ -144,7 +202,10 @@ void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
     const int32_t imported = s.num_imported_tokens;
     const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : blocks_.find_prefix(s.tokens);
     const int32_t have = imported > 0 ? imported : hit.num_tokens;
-    const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - have, budget);
+    const int32_t num_new = prefill_chunk_tokens(s, have, static_cast<int32_t>(s.tokens.size()) - have, budget);
+    if (num_new == 0) break;  // no time left for a new prompt's first chunk
+    // With nothing running, nothing will free blocks to wait for: the first chunk suffices.
+    if (watermark && !running_.empty() && !fits_whole_prompt(s, hit, num_reserved)) break;
     if (!blocks_.can_allocate(s.id, have + num_new, hit)) break;
     blocks_.allocate(s.id, have + num_new, hit);
     s.num_computed_tokens = have;
@@ -160,7 +221,8 @@ void scheduler::schedule_waiting(step_plan& plan, int32_t& budget) {
     s.status = seq_status::running;
     waiting_.pop_front();
     insert_ordered(running_, s.id);
-    add_chunk(plan, s, num_new, budget);
+    add_chunk(plan, s, num_new, budget, /*price=*/true);
+    if (watermark) num_reserved += num_blocks_to_finish(s, blocks_.block_table(s.id).size());
   }
 }
 
@@ -177,21 +239,25 @@ void scheduler::preempt(seq_id victim, step_plan& plan) {
   v.status = seq_status::waiting;
   num_preemptions_++;
   insert_ordered(waiting_, victim);
+  touch(victim);
   plan.preempted.push_back(victim);
 }
 
-void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget) {
-  TROUPE_ASSERT(num_tokens > 0 && num_tokens <= budget);
+void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, step_budget& budget, bool price) {
+  TROUPE_ASSERT(num_tokens > 0 && num_tokens <= budget.num_tokens);
   const bool samples =
       !s.prefill_only && s.num_computed_tokens + num_tokens == static_cast<int32_t>(s.tokens.size());
+  if (price && step_time_budget_ns_ > 0)
+    cost::add_features(budget.planned, cost::chunk_features(s.num_computed_tokens, num_tokens, samples ? 1 : 0));
   plan.chunks.push_back(scheduled_chunk{s.id, s.num_computed_tokens, num_tokens, samples});
   // Positions below num_lost_tokens were computed before a preemption: computed again now.
   const int32_t recomputed =
       std::max(0, std::min(s.num_computed_tokens + num_tokens, s.num_lost_tokens) - s.num_computed_tokens);
   s.num_recomputed_tokens += recomputed;
   num_recomputed_tokens_ += recomputed;
-  budget -= num_tokens;
+  budget.num_tokens -= num_tokens;
   s.num_computed_tokens += num_tokens;
+  touch(s.id);
   if (samples) s.tokens.push_back(previous_sample);
 }
 
@@ -203,6 +269,7 @@ void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& samp
     auto it = sequences_.find(chunk.seq);
     if (it == sequences_.end()) continue;  // removed while the step ran
     sequence& s = it->second;
+    touch(s.id);
     if (chunk.samples) {
       TROUPE_ASSERT(s.tokens.at(end) == previous_sample);
       s.tokens[end] = token;
@@ -230,6 +297,7 @@ void scheduler::remove(seq_id id) {
     blocks_.free(id);
   }
   sequences_.erase(id);
+  touch(id);
 }
 
 int64_t scheduler::num_queued_prompt_tokens() const {
@@ -251,26 +319,101 @@ void scheduler::check_structure() const {
   check_queues();
 }
 
+void scheduler::touch(seq_id id) {
+  // Enough for many steps of a full batch; a caller that never checks loses nothing but the list.
+  constexpr size_t num_touched_max = 1 << 16;
+  if (touched_dropped_) return;
+  if (touched_.size() == num_touched_max) {
+    touched_dropped_ = true;
+    touched_.clear();
+    return;
+  }
+  touched_.push_back(id);
+}
+
 void scheduler::check_queues() const {
   TROUPE_ASSERT(waiting_.size() + running_.size() == sequences_.size());
   TROUPE_ASSERT_MSG(num_running() <= config_.max_num_seqs, "more running sequences than max_num_seqs");
-  for (const auto* queue : {&waiting_, &running_}) {
-    const seq_status want = queue == &running_ ? seq_status::running : seq_status::waiting;
-    for (size_t i = 0; i < queue->size(); i++) {
-      const sequence& s = get((*queue)[i]);
-      TROUPE_ASSERT_MSG(s.status == want, "sequence in the wrong queue");
-      if (i > 0) TROUPE_ASSERT_MSG(!before((*queue)[i], (*queue)[i - 1]), "queue out of order");
-      TROUPE_ASSERT(s.num_computed_tokens >= 0);
-      TROUPE_ASSERT(s.num_computed_tokens <= static_cast<int32_t>(s.tokens.size()));
-      if (want == seq_status::waiting) {
-        TROUPE_ASSERT_MSG(!blocks_.contains(s.id), "a waiting sequence holds blocks");
-        TROUPE_ASSERT(s.num_computed_tokens == 0);
-      } else {
-        TROUPE_ASSERT_MSG(blocks_.contains(s.id), "a running sequence holds no blocks");
-        TROUPE_ASSERT(blocks_.num_tokens(s.id) >= s.num_computed_tokens);
-      }
-    }
+  for (size_t i = 0; i < waiting_.size(); i++) {
+    const sequence& s = get(waiting_[i]);
+    TROUPE_ASSERT_MSG(s.status == seq_status::waiting, "sequence in the wrong queue");
+    if (i > 0) TROUPE_ASSERT_MSG(!before(waiting_[i], waiting_[i - 1]), "queue out of order");
+    check_sequence(s);
   }
+  check_running();
+}
+
+/// The running queue in order, each sequence running and consistent.
+void scheduler::check_running() const {
+  const sequence* previous = nullptr;
+  for (const seq_id id : running_) {
+    const sequence& s = get(id);
+    TROUPE_ASSERT_MSG(s.status == seq_status::running, "sequence in the wrong queue");
+    if (previous != nullptr)
+      TROUPE_ASSERT_MSG(std::make_pair(s.priority, s.arrival) >= std::make_pair(previous->priority, previous->arrival),
+                        "queue out of order");
+    check_sequence(s);
+    previous = &s;
+  }
+}
+
+/// A sequence's counts, and blocks exactly when it runs.
+void scheduler::check_sequence(const sequence& s) const {
+  TROUPE_ASSERT(s.num_computed_tokens >= 0);
+  TROUPE_ASSERT(s.num_computed_tokens <= static_cast<int32_t>(s.tokens.size()));
+  if (s.status == seq_status::waiting) {
+    TROUPE_ASSERT_MSG(!blocks_.contains(s.id), "a waiting sequence holds blocks");
+    TROUPE_ASSERT(s.num_computed_tokens == 0);
+  } else {
+    TROUPE_ASSERT_MSG(blocks_.contains(s.id), "a running sequence holds no blocks");
+    TROUPE_ASSERT(blocks_.num_tokens(s.id) >= s.num_computed_tokens);
+  }
+}
+
+/// A waiting sequence is in the waiting queue, in order with its neighbours. The queue is
+/// sorted by (priority, arrival): a binary search finds its run of equal keys (forks share
+/// their parent's arrival), a scan within the run the sequence itself.
+void scheduler::check_waiting_position(const sequence& s) const {
+  const auto key = [this](seq_id id) {
+    const sequence& x = get(id);
+    return std::make_pair(x.priority, x.arrival);
+  };
+  const std::pair<int32_t, int64_t> want{s.priority, s.arrival};
+  auto it = std::lower_bound(waiting_.begin(), waiting_.end(), want,
+                             [&](seq_id id, const std::pair<int32_t, int64_t>& k) { return key(id) < k; });
+  while (it != waiting_.end() && *it != s.id && key(*it) == want) ++it;
+  TROUPE_ASSERT_MSG(it != waiting_.end() && *it == s.id, "a waiting sequence is not in the waiting queue");
+  if (it != waiting_.begin()) TROUPE_ASSERT_MSG(!before(*it, *(it - 1)), "queue out of order");
+  if (it + 1 != waiting_.end()) TROUPE_ASSERT_MSG(!before(*(it + 1), *it), "queue out of order");
+}
+
+std::vector<seq_id> scheduler::check_step() {
+  blocks_.check_step();
+  std::vector<seq_id> checked = std::move(touched_);
+  touched_.clear();
+  if (touched_dropped_) {
+    touched_dropped_ = false;
+    check_structure();
+    for (const auto& [id, s] : sequences_) checked.push_back(id);
+    return checked;
+  }
+  TROUPE_ASSERT(waiting_.size() + running_.size() == sequences_.size());
+  TROUPE_ASSERT_MSG(num_running() <= config_.max_num_seqs, "more running sequences than max_num_seqs");
+  check_running();
+  std::sort(checked.begin(), checked.end());
+  checked.erase(std::unique(checked.begin(), checked.end()), checked.end());
+  for (const seq_id id : checked) {
+    const auto it = sequences_.find(id);
+    if (it == sequences_.end()) {
+      TROUPE_ASSERT_MSG(!blocks_.contains(id), "a removed sequence holds blocks");
+      continue;
+    }
+    if (it->second.status == seq_status::waiting) {
+      check_sequence(it->second);
+      check_waiting_position(it->second);
+    }  // a running one was checked with its queue
+  }
+  return checked;
 }
 
 }  // namespace troupe::sched

@@ -6,7 +6,9 @@
 /// tokens whose KV is still missing — one token for a decoding sequence, a slice of the prompt
 /// for a prefilling one — within `max_num_batched_tokens` and `max_num_seqs`. There is no
 /// separate prefill phase: a long prompt is cut into chunks across steps, so it never starves
-/// decodes (the running sequences are served first, in priority order).
+/// decodes (the running sequences are served first, in priority order). With a step time
+/// budget (scheduler_config::step_time_budget_ms) each prefill chunk is also cut to the largest
+/// that keeps the step's predicted time within it (cost::max_chunk_tokens); decode rows never are.
 ///
 /// Memory. Each chunk's KV slots are allocated through the block manager before the plan is
 /// returned. When a running sequence cannot get its slots, the scheduler preempts by
@@ -14,7 +16,8 @@
 /// frees its blocks and goes back to the waiting queue with every token it has so far; on
 /// readmission its KV is computed again (often largely from the prefix cache). Waiting
 /// sequences are admitted in (priority, arrival) order; admission stops at the first one that
-/// does not fit, so a large request is never overtaken forever.
+/// does not fit, so a large request is never overtaken forever. With a KV watermark
+/// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs.
 ///
 /// Priorities follow vLLM: a smaller number is served first. Ties break by arrival order, which
 /// the scheduler assigns, so no decision depends on ids' hash order or on time.
@@ -150,24 +153,59 @@ class scheduler {
   /// (priority, arrival) order; running sequences own exactly their computed+scheduled slots and
   /// waiting ones own none; the block manager's own invariants hold.
   void check_invariants() const;
-  /// check_invariants with the block manager's cheaper structural check (for every step of a
-  /// long simulation).
+  /// check_invariants with the block manager's cheaper structural check.
   void check_structure() const;
+  /// The checks of check_structure for what changed since the last call, for every step of a
+  /// long simulation: the block manager's check_step; the running queue whole (a step plans
+  /// all of it: O(max_num_seqs)); and each sequence added, planned, preempted, completed or
+  /// removed since — in its queue (found by binary search) and in order with its neighbours,
+  /// its own blocks and counts, or gone with no blocks. Nothing here grows with the waiting
+  /// queue or the pool; what it cannot see is check_structure's. Returns the sequences it
+  /// checked (sorted, each once, some gone) for the engine's own checks, and starts over.
+  std::vector<seq_id> check_step();
 
  private:
   [[nodiscard]] sequence& at(seq_id id);
   [[nodiscard]] bool before(seq_id a, seq_id b) const;
   void insert_ordered(std::deque<seq_id>& queue, seq_id id);
   void check_queues() const;
-  void schedule_running(step_plan& plan, int32_t& budget);
-  void schedule_waiting(step_plan& plan, int32_t& budget);
+  void check_sequence(const sequence& s) const;
+  void check_running() const;
+  void check_waiting_position(const sequence& s) const;
+  void touch(seq_id id);
+  /// What the step being planned may still take.
+  struct step_budget {
+    int32_t num_tokens = 0;  ///< of max_num_batched_tokens
+    /// With a time budget: the step's decode rows (all priced up front) and the prefill chunks
+    /// planned so far, whose predicted time must stay within step_time_budget_ns_.
+    cost::step_features planned;
+  };
+  [[nodiscard]] static bool plannable(const sequence& s);
+  [[nodiscard]] step_budget start_budget() const;
+  /// The next prefill chunk of `s` from `first_position` (`missing` tokens left): as many as
+  /// the token budget and the time budget allow.
+  [[nodiscard]] int32_t prefill_chunk_tokens(const sequence& s, int32_t first_position, int32_t missing,
+                                             const step_budget& budget) const;
+  void schedule_running(step_plan& plan, step_budget& budget);
+  void schedule_waiting(step_plan& plan, step_budget& budget);
+  /// Blocks the running sequences still need for every token they know (their prompts, with
+  /// kv_watermark on) plus the watermark's share of the pool.
+  [[nodiscard]] int32_t num_reserved_blocks() const;
+  /// The blocks `s` still needs for its whole known tokens once it holds `table_size`.
+  [[nodiscard]] int32_t num_blocks_to_finish(const sequence& s, size_t table_size) const;
+  /// kv_watermark's admission test: the free blocks cover `s`'s whole prompt (after `hit`)
+  /// and `num_reserved` more.
+  [[nodiscard]] bool fits_whole_prompt(const sequence& s, const kv::prefix_hit& hit, int32_t num_reserved) const;
   void preempt(seq_id victim, step_plan& plan);
-  void add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, int32_t& budget);
+  /// Plans `num_tokens` of `s`; `price` adds them to the budget's predicted time (false for a
+  /// decode row start_budget priced).
+  void add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, step_budget& budget, bool price);
   /// Queues a new waiting sequence (arrival assigned here) and returns it.
   sequence& add_sequence(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens);
 
   scheduler_config config_;
   kv::block_manager& blocks_;
+  int64_t step_time_budget_ns_ = 0;  // 0: no time budget
   std::map<seq_id, sequence> sequences_;
   std::deque<seq_id> waiting_;  // (priority, arrival) order
   std::deque<seq_id> running_;  // (priority, arrival) order; the back is the preemption victim
@@ -176,6 +214,10 @@ class scheduler {
   int64_t num_preemptions_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
   int64_t num_recomputed_tokens_ = 0;
+  // Sequences changed since the last check_step (repeats and removed ones allowed); past a
+  // bound the list is dropped and the next check_step checks everything.
+  std::vector<seq_id> touched_;
+  bool touched_dropped_ = false;
 };
 
 }  // namespace troupe::sched

@@ -1,15 +1,30 @@
 #pragma once
 
-/// The scheduler's limits per step. A leaf header: engine configurations hold it without the
-/// scheduler.
+/// The scheduler's limits per step. Engine configurations hold it without the scheduler.
 
 #include <cstdint>
+
+#include "runtime/cost/cost_model.hpp"
 
 namespace troupe::sched {
 
 struct scheduler_config {
   int32_t max_num_batched_tokens = 512;  ///< token budget of one step (prefill + decode)
   int32_t max_num_seqs = 256;            ///< running sequences at most
+  /// Predicted time of one step at most, in milliseconds (0 = no time budget: tokens only).
+  /// With it, prefill chunks are cut to the largest that keeps the step's predicted time —
+  /// its decode rows plus its chunks, priced by `step_cost` — within the budget, and still
+  /// within max_num_batched_tokens. Decode rows are never cut, and a step with no other chunk
+  /// gets at least one prefill token, so a budget below one step's fixed cost slows prefill
+  /// down but never stops it.
+  double step_time_budget_ms = 0;
+  cost::cost_params step_cost;  ///< the step-time model the budget is priced with
+  /// Share of the KV pool that admission keeps free for the running sequences' growth (0 =
+  /// off: a waiting sequence is admitted as soon as its first chunk's blocks are free). With
+  /// it, while anything runs, a sequence is admitted only if the free blocks cover its whole
+  /// prompt, what the running sequences still need to finish theirs, and this share of the
+  /// pool: a long prompt is not admitted just to be preempted when those ahead of it grow.
+  double kv_watermark = 0;
 };
 
 }  // namespace troupe::sched
