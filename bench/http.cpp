@@ -170,8 +170,9 @@ int run(int argc, char** argv) {
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
   gateway::gateway_options g;
   g.model.id = "stories260K";
-  auto http = gateway::http_gateway::start(sys, node->load_balancer, node->engines, g);
+  auto http = gateway::http_gateway::start(sys, g);
   TROUPE_ASSERT_MSG(http.has_value(), "the gateway listens");
+  (*http)->serve(node->load_balancer, node->engines);
   std::printf("%d streamed completions at once, %d new tokens each, greedy, ignore_eos; %d rounds\n", o.clients,
               o.tokens, o.rounds);
   std::vector<double> caf_tps, http_tps, caf_ttft, http_ttft, caf_itl, http_itl;

@@ -1,6 +1,8 @@
 #include "gateway/http_gateway.hpp"
 
 #include <chrono>
+#include <condition_variable>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <variant>
@@ -41,6 +43,7 @@ struct stream_state {
   openai::response_context context;
   actors::client_actor client;
   std::optional<event> pending;  ///< the first event, taken before the response began
+  std::shared_ptr<const void> ticket;  ///< counts the request in flight until the stream is dropped
   bool first_chunk = true;
   bool finished = false;
 };
@@ -48,12 +51,9 @@ struct stream_state {
 }  // namespace
 
 struct http_gateway::impl {
-  impl(caf::actor_system& s, actors::balancer_client_actor lb, actors::engine_list e, gateway_options o)
-      : sys(s), load_balancer(std::move(lb)), engines(std::move(e)), options(std::move(o)) {}
+  impl(caf::actor_system& s, gateway_options o) : sys(s), options(std::move(o)) {}
 
   caf::actor_system& sys;
-  actors::balancer_client_actor load_balancer;
-  actors::engine_list engines;
   gateway_options options;
   httplib::Server server;
   std::thread listener;
@@ -61,6 +61,47 @@ struct http_gateway::impl {
   int listen_fd = -1;  ///< the listening socket, once httplib made it
   std::mutex metrics_mutex;
   openai::request_metrics metrics;  // guarded by metrics_mutex
+
+  std::mutex serving_mutex;
+  std::condition_variable idle;  ///< in_flight became empty
+  openai::serving_state state = openai::serving_state::starting;  // guarded by serving_mutex
+  actors::balancer_client_actor load_balancer;                   // guarded by serving_mutex
+  actors::engine_list engines;                                   // guarded by serving_mutex
+  int64_t num_admitted = 0;                                      // guarded by serving_mutex
+  /// The completions in flight by admission number, with their client actors once spawned.
+  std::map<int64_t, actors::client_actor> in_flight;  // guarded by serving_mutex
+
+  /// One admitted completion: the balancer it goes to, and a ticket that counts it in flight
+  /// until dropped (by the handler, or with a stream's state once its last byte is written).
+  struct admission {
+    int64_t number = 0;
+    actors::balancer_client_actor load_balancer;
+    std::shared_ptr<const void> ticket;
+  };
+
+  /// Admits one more completion, or answers the 503 of a gateway that is starting or draining.
+  tl::expected<admission, openai::api_error> admit() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    if (state != openai::serving_state::ready) return tl::unexpected(openai::not_serving_error(state));
+    const int64_t number = ++num_admitted;
+    in_flight.emplace(number, actors::client_actor{});
+    return admission{number, load_balancer, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
+  }
+  /// The client actor of admitted completion `number`, which a drain that runs out of time cancels.
+  void enroll(int64_t number, const actors::client_actor& client) {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    if (auto it = in_flight.find(number); it != in_flight.end()) it->second = client;
+  }
+  void leave(int64_t number) {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    const size_t erased = in_flight.erase(number);
+    TROUPE_ASSERT(erased == 1);
+    if (in_flight.empty()) idle.notify_all();
+  }
+  openai::serving_state current_state() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    return state;
+  }
 
   void record(const msg::completion_end& end) {
     std::lock_guard<std::mutex> lock(metrics_mutex);
@@ -77,6 +118,8 @@ struct http_gateway::impl {
 };
 
 void http_gateway::impl::handle_completion(openai::endpoint kind, const httplib::Request& req, httplib::Response& res) {
+  auto admitted = admit();
+  if (!admitted) return reply_error(res, admitted.error());
   if (req.body.size() > options.body_bytes_max)
     return reply_error(res, {400, "the request body has " + std::to_string(req.body.size()) + " bytes; the limit is " +
                                       std::to_string(options.body_bytes_max), "invalid_request_error", "", ""});
@@ -84,11 +127,12 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const httplib:
   if (!parsed) return reply_error(res, parsed.error());
   auto events = std::make_shared<event_queue>();
   actors::client_actor client = actors::spawn_client(
-      sys, load_balancer, parsed->request, [events](const msg::completion_chunk& c) { events->push(c); },
+      sys, admitted->load_balancer, parsed->request, [events](const msg::completion_chunk& c) { events->push(c); },
       [events](const expected<actors::completion>& outcome) { events->push(outcome); }, options.timeouts);
+  enroll(admitted->number, client);
   openai::response_context context{kind, 0, unix_seconds(), &options.model, parsed->include_usage};
   if (!parsed->request.stream) return answer_whole(*events, context, res);
-  answer_stream(std::make_shared<stream_state>(stream_state{events, context, client, events->pop()}), res);
+  answer_stream(std::make_shared<stream_state>(stream_state{events, context, client, events->pop(), std::move(admitted->ticket)}), res);
 }
 
 void http_gateway::impl::answer_whole(event_queue& events, openai::response_context& context, httplib::Response& res) {
@@ -149,14 +193,22 @@ bool http_gateway::impl::write_end(stream_state& s, const expected<actors::compl
 }
 
 void http_gateway::impl::handle_metrics(httplib::Response& res) {
+  actors::engine_list queried;
+  int64_t num_in_flight = 0;
+  {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    queried = engines;
+    num_in_flight = static_cast<int64_t>(in_flight.size());
+  }
   std::vector<msg::engine_report> reports;
-  for (const actors::engine_actor& engine : engines) {
+  for (const actors::engine_actor& engine : queried) {
     auto report = actors::query_engine(sys, engine);
     if (!report) return reply_error(res, openai::error_from(report.error()));
     reports.push_back(*report);
   }
   const openai::engine_gauges gauges = openai::sum_reports(reports, options.num_kv_blocks_total);
   std::lock_guard<std::mutex> lock(metrics_mutex);
+  metrics.num_in_flight = num_in_flight;
   res.set_content(openai::render_metrics(metrics, gauges, options.model.id), "text/plain; version=0.0.4");
 }
 
@@ -174,7 +226,11 @@ void http_gateway::impl::route() {
   server.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(index_html.data(), index_html.size(), "text/html; charset=utf-8");
   });
-  server.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const openai::serving_state now = current_state();
+    res.status = openai::health_status(now);
+    res.set_content(openai::render_health(now), "application/json");
+  });
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { handle_metrics(res); });
   // httplib's own refusals (no such route, a body far over the limit) have no body: give them
   // an OpenAI error, a body over the limit as the 400 the API promises.
@@ -187,11 +243,9 @@ void http_gateway::impl::route() {
   });
 }
 
-expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, actors::balancer_client_actor load_balancer,
-                                                            actors::engine_list engines, gateway_options options) {
-  if (!load_balancer) return fail(errc::invalid_argument, "the HTTP gateway needs the load balancer's node");
+expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, gateway_options options) {
   if (options.num_threads < 1) return fail(errc::invalid_argument, "the HTTP gateway needs at least one thread");
-  auto state = std::make_unique<impl>(sys, std::move(load_balancer), std::move(engines), std::move(options));
+  auto state = std::make_unique<impl>(sys, std::move(options));
   impl& s = *state;
   const size_t num_threads = static_cast<size_t>(s.options.num_threads);
   s.server.new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
@@ -219,6 +273,26 @@ expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& s
 }
 
 http_gateway::http_gateway(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+
+void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines) {
+  TROUPE_ASSERT_MSG(load_balancer, "the HTTP gateway serves the load balancer's node");
+  std::lock_guard<std::mutex> lock(impl_->serving_mutex);
+  TROUPE_ASSERT_MSG(impl_->state == openai::serving_state::starting, "serve() is called once, before drain()");
+  impl_->load_balancer = std::move(load_balancer);
+  impl_->engines = std::move(engines);
+  impl_->state = openai::serving_state::ready;
+}
+
+bool http_gateway::drain(std::chrono::milliseconds bound) {
+  std::unique_lock<std::mutex> lock(impl_->serving_mutex);
+  impl_->state = openai::serving_state::draining;
+  spdlog::info("http: draining: {} request(s) in flight", impl_->in_flight.size());
+  if (impl_->idle.wait_for(lock, bound, [this] { return impl_->in_flight.empty(); })) return true;
+  spdlog::warn("http: {} request(s) still in flight after {} ms: cancelling them", impl_->in_flight.size(), bound.count());
+  for (const auto& [number, client] : impl_->in_flight)
+    if (client) caf::anon_send(client, msg::cancel_request{});
+  return false;
+}
 
 http_gateway::~http_gateway() {
   impl_->server.stop();

@@ -7,7 +7,12 @@
 /// thread. A streamed request whose HTTP client goes away is cancelled (the engine frees its KV
 /// blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 /// GET /health, GET /metrics.
+///
+/// Life: `start` listens at once (GET /health: 503 starting; completions: 503), `serve` hands
+/// it the load balancer once the node is up (200 ready), `drain` refuses new completions with
+/// 503 (health: 503 draining) and waits for those in flight; the destructor stops listening.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,12 +39,16 @@ struct gateway_options {
 
 class http_gateway {
  public:
-  /// Listens on host:port and serves on threads of its own until destroyed. `engines` (this
-  /// node's) are queried for /metrics. Errors: invalid_argument for bad options, io_error naming
-  /// the address that cannot be bound.
-  [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, actors::balancer_client_actor load_balancer,
-                                                                     actors::engine_list engines,
-                                                                     gateway_options options);
+  /// Listens on host:port, starting (completions are 503s until `serve`), on threads of its own
+  /// until destroyed. Errors: invalid_argument for bad options, io_error naming the address that
+  /// cannot be bound.
+  [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, gateway_options options);
+  /// Ready: completions go to `load_balancer`; `engines` (this node's) are queried for /metrics.
+  void serve(actors::balancer_client_actor load_balancer, actors::engine_list engines);
+  /// Draining: new completions are 503s; waits up to `bound` for those in flight (a stream until
+  /// its last byte is written). True if none is left; else they are cancelled (they end at once,
+  /// finish_reason "cancelled") and false.
+  [[nodiscard]] bool drain(std::chrono::milliseconds bound);
   /// Stops listening and waits for the requests in flight to end.
   ~http_gateway();
   http_gateway(const http_gateway&) = delete;
