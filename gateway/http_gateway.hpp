@@ -1,11 +1,11 @@
 #pragma once
 
-/// The OpenAI-compatible HTTP gateway (docs/http.md): cpp-httplib server threads in front of
-/// the load balancer. Each completion request is parsed by `openai::parse_request`, handed to a
-/// client actor (`actors::spawn_client`) whose callbacks push its chunks and its end into a
-/// queue of the request's own; the HTTP thread waits on that queue, never an actor on the HTTP
-/// thread. A streamed request whose HTTP client goes away is cancelled (the engine frees its KV
-/// blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+/// The OpenAI-compatible HTTP gateway (docs/http.md): an event-loop HTTP server
+/// (gateway/http_server) in front of the load balancer. Each completion request is parsed by
+/// `openai::parse_request` and handed to a client actor (`actors::spawn_client`) whose callbacks
+/// render its chunks and its end and queue them on the request's connection; the server's loop
+/// writes them. No actor waits on a socket and no thread waits per request. A request whose
+/// HTTP client goes away is cancelled (the engine frees its KV blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 /// GET /health, GET /metrics.
 ///
 /// Life: `start` listens at once (GET /health: 503 starting; completions: 503), `serve` hands
@@ -33,7 +33,7 @@ struct gateway_options {
   openai::served_model model;
   int64_t num_kv_blocks_total = 0;  ///< the local engines' KV pools, for /metrics
   size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
-  int32_t num_threads = 128;        ///< connections served at once; each streams one request
+  int32_t num_threads = 4;          ///< threads running request handlers (a /metrics scrape blocks one)
   actors::client_timeouts timeouts;
 };
 
