@@ -157,7 +157,7 @@ class Msgpack : public ::testing::Test {
   }
 };
 
-TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedAndReadsAnErrorFrame) {
+TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedCancelsAndReadsAnErrorFrame) {
   const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
   const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
   if (deps.exit_code != 0) GTEST_SKIP() << "the npm package @msgpack/msgpack cannot be installed (no npm or no registry):\n" << deps.err;
@@ -168,7 +168,8 @@ TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedAndReadsAnErrorFra
   const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
   const std::string seeded = json(generated({"-t", "1", "-s", "42", "--top-p", "1", "-n", "40"}));
   EXPECT_EQ(r.out, "{\"greedy\":\"" + json(generated({"-t", "0", "-n", "40"})) + "\",\"finishReason\":\"length\",\"seeded\":[\"" +
-                       seeded + "\",\"" + seeded + "\"],\"seeds\":[\"42\",\"42\"],\"error\":{\"code\":\"invalid_argument\"," +
+                       seeded + "\",\"" + seeded + "\"],\"seeds\":[\"42\",\"42\"],\"cancelled\":\"cancelled\"," +
+                       "\"error\":{\"code\":\"invalid_argument\"," +
                        "\"message\":\"unknown key 'tempurature'\"}}\n");
 }
 
