@@ -1,17 +1,20 @@
 #pragma once
 
-/// A small HTTP/1.1 server on one epoll event loop, for the gateway (docs/http.md): the loop
-/// thread accepts, reads and parses requests and writes every response; handlers run on a few
-/// worker threads and answer through an `http_response` from any thread (an actor's callback
-/// included) without waiting on a socket. A streamed response is a chunked body: each `write`
-/// appends to the connection's output and wakes the loop once, which sends everything queued in
-/// one call, so N streams cost one wake-up per batch of chunks, not one thread hand-off per
-/// chunk (what one blocking server thread per stream costs; docs/BENCHMARKS.md).
+/// A small HTTP/1.1 server on Boost.Beast and Boost.Asio, for the gateway (docs/http.md): one
+/// io_context thread accepts, reads and writes every socket, and Beast's request parser reads
+/// every request; handlers run on a few worker threads and answer through an `http_response` from
+/// any thread (an actor's callback included) without waiting on a socket. A streamed response is
+/// a chunked body: each `write` appends to the connection's output queue and posts one wake-up to
+/// the loop unless a write is in flight (whose end takes up what was queued meanwhile), so a
+/// burst of chunks costs one write per connection, not one thread hand-off per chunk (what one
+/// blocking server thread per stream costs; docs/BENCHMARKS.md).
 ///
-/// Supported: request bodies with Content-Length (`Expect: 100-continue` answered), keep-alive,
-/// pipelined requests answered in order. Refused: chunked request bodies (411), request heads
-/// over 64 KiB (431), malformed heads (400); the connection is then closed. A client that closes
-/// its connection while its response runs "abandons" it (the handler's callback is told once).
+/// Supported: request bodies with Content-Length or chunked (`Expect: 100-continue` answered),
+/// keep-alive, pipelined requests answered in order. Refused: request heads over 64 KiB (431),
+/// malformed requests (400), chunked bodies over the body limit (413); the connection is then
+/// closed. A Content-Length over the limit is not read: the handler answers it
+/// (`body_too_large`) and the connection closes. A client that closes its connection while its
+/// response runs "abandons" it (the handler's callback is told once).
 
 #include <cstdint>
 #include <functional>

@@ -1,6 +1,7 @@
 // gateway/http_server over real loopback sockets: exact response bytes (whole and streamed),
-// pipelined requests answered in order, Expect: 100-continue, the requests it refuses (411,
-// 400, a body over the limit), and a client leaving mid-stream, which abandons the response.
+// pipelined requests answered in order (a chunked request body among them), Expect: 100-continue,
+// the requests it refuses (400, 431, 413, a body over the limit), and a client leaving
+// mid-stream, which abandons the response.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -108,10 +109,12 @@ TEST(HttpServer, PipelinedRequestsAreAnsweredInOrder) {
   client c(server->port());
   c.send("POST /echo HTTP/1.1\r\nContent-Length: 3\r\n\r\none"
          "GET /nothing HTTP/1.1\r\n\r\n"
+         "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\ntw\r\n1\r\no\r\n0\r\n\r\n"
          "POST /echo HTTP/1.1\r\ncontent-length: 5\r\nConnection: close\r\n\r\nthree");
   EXPECT_EQ(c.read_to_end(),
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 8\r\n\r\nPOST one"
             "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nno /nothing"
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 8\r\n\r\nPOST two"
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\nConnection: close\r\n\r\nPOST three");
 }
 
@@ -133,14 +136,18 @@ TEST(HttpServer, RequestsItCannotReadAreRefusedAndTheConnectionCloses) {
     std::string request, answer;
   };
   const refused cases[] = {
-      {"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-       "HTTP/1.1 411 Length Required\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 61" + close +
-           "chunked request bodies are not supported: send Content-Length"},
       {"NONSENSE\r\n\r\n", "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 24" +
                                close + "a malformed request head"},
       {"POST /echo HTTP/1.1\r\nContent-Length: x\r\n\r\n",
        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 24" + close +
            "a malformed request head"},
+      {"GET /hello HTTP/1.1\r\n" + std::string(70 << 10, 'x') + "\r\n\r\n",
+       "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 31" +
+           close + "the request head is over 64 KiB"},
+      // A chunked body over the limit (16 bytes) is refused as it arrives.
+      {"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n11\r\n" + std::string(17, 'x') + "\r\n0\r\n\r\n",
+       "HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 34" + close +
+           "the request body is over the limit"},
       // Over the limit (16 bytes): the handler answers, unread, and the connection closes.
       {"POST /echo HTTP/1.1\r\nContent-Length: 17\r\n\r\n",
        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 13" + close + "too large: 17"},
