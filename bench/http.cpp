@@ -11,6 +11,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,7 +21,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -61,12 +62,21 @@ struct timeline {
 
 struct round_figures {
   double tokens_per_second = 0;
+  double cpu_us_per_token = 0;  ///< the whole process's CPU time (engine, gateway, client) per token
   std::vector<double> ttft_ms, itl_ms;
 };
 
-round_figures figures_of(const std::vector<timeline>& requests, double seconds, int64_t num_tokens) {
+/// CPU time of this process, all threads: unlike wall time, other processes' load leaves it be.
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+round_figures figures_of(const std::vector<timeline>& requests, double seconds, double cpu_seconds, int64_t num_tokens) {
   round_figures f;
   f.tokens_per_second = static_cast<double>(num_tokens) / seconds;
+  f.cpu_us_per_token = cpu_seconds * 1e6 / static_cast<double>(num_tokens);
   for (const timeline& t : requests) {
     if (t.chunks.empty()) continue;
     f.ttft_ms.push_back((t.chunks.front() - t.submitted) * 1e3);
@@ -90,7 +100,7 @@ round_figures caf_round(caf::actor_system& sys, const actors::balancer_client_ac
   std::condition_variable all_done;
   int32_t num_done = 0;
   int64_t num_tokens = 0;
-  const double start = now_seconds();
+  const double start = now_seconds(), cpu_start = process_cpu_seconds();
   for (int32_t i = 0; i < o.clients; i++) {
     timeline& t = requests[static_cast<size_t>(i)];
     t.submitted = now_seconds();
@@ -104,11 +114,19 @@ round_figures caf_round(caf::actor_system& sys, const actors::balancer_client_ac
   }
   std::unique_lock<std::mutex> lock(mutex);
   all_done.wait(lock, [&] { return num_done == o.clients; });
-  return figures_of(requests, now_seconds() - start, num_tokens);
+  return figures_of(requests, now_seconds() - start, process_cpu_seconds() - cpu_start, num_tokens);
 }
 
-/// One streamed completion over a fresh loopback connection; returns its generated tokens (usage).
-int64_t http_stream(uint16_t port, int32_t i, const options& o, timeline& t) {
+/// One streamed completion on its own loopback connection, read by the client loop below.
+struct http_stream {
+  int fd = -1;
+  timeline* times = nullptr;
+  std::string received;
+  size_t scanned = 0;
+  int64_t num_tokens = 0;  ///< usage.completion_tokens, once [DONE] arrived
+};
+
+int connect_and_post(uint16_t port, int32_t i, const options& o) {
   const msg::completion_request r = request_of(i, o);
   const std::string body = "{\"prompt\":\"" + r.prompt + "\",\"max_tokens\":" + std::to_string(o.tokens) +
                            ",\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
@@ -119,43 +137,63 @@ int64_t http_stream(uint16_t port, int32_t i, const options& o, timeline& t) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  t.submitted = now_seconds();
   TROUPE_ASSERT(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
   TROUPE_ASSERT(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
-  std::string received;
-  size_t scanned = 0;
-  char buf[16384];
-  while (received.find("data: [DONE]") == std::string::npos) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    TROUPE_ASSERT_MSG(n > 0, "the stream ends with [DONE]");
-    received.append(buf, static_cast<size_t>(n));
-    const double at = now_seconds();
-    for (size_t p; (p = received.find("\"finish_reason\":null", scanned)) != std::string::npos; scanned = p + 1) {
-      t.chunks.push_back(at);
-    }
-  }
-  ::close(fd);
-  const std::string usage = "\"completion_tokens\":";
-  return std::atoll(received.c_str() + received.find(usage) + usage.size());
+  return fd;
 }
 
+/// Reads what `s` has; true once its stream ended with [DONE].
+bool read_stream(http_stream& s) {
+  char buf[65536];
+  const ssize_t n = ::read(s.fd, buf, sizeof buf);
+  TROUPE_ASSERT_MSG(n > 0, "the stream ends with [DONE]");
+  const double at = now_seconds();
+  const std::string_view done = "data: [DONE]";
+  // Only what arrived now (and a marker's worth before it) is searched: no rescans.
+  const size_t from = s.received.size() >= done.size() ? s.received.size() - done.size() : 0;
+  s.received.append(buf, static_cast<size_t>(n));
+  for (size_t p; (p = s.received.find("\"finish_reason\":null", s.scanned)) != std::string::npos; s.scanned = p + 1)
+    s.times->chunks.push_back(at);
+  if (s.received.find(done, from) == std::string::npos) return false;
+  const std::string usage = "\"completion_tokens\":";
+  s.num_tokens = std::atoll(s.received.c_str() + s.received.find(usage) + usage.size());
+  ::close(s.fd);
+  return true;
+}
+
+/// The HTTP client: one thread and epoll over all the streams, as the CAF path's client is one
+/// callback per chunk on the actor threads (64 blocking reader threads would charge the client's
+/// thread switches to the gateway).
 round_figures http_round(uint16_t port, const options& o) {
   std::vector<timeline> requests(static_cast<size_t>(o.clients));
-  std::vector<std::thread> threads;
-  std::vector<int64_t> tokens(static_cast<size_t>(o.clients));
-  const double start = now_seconds();
-  for (int32_t i = 0; i < o.clients; i++)
-    threads.emplace_back([&, i] { tokens[static_cast<size_t>(i)] = http_stream(port, i, o, requests[static_cast<size_t>(i)]); });
-  for (std::thread& t : threads) t.join();
-  const double seconds = now_seconds() - start;
+  std::vector<http_stream> streams(static_cast<size_t>(o.clients));
+  const int epoll_fd = ::epoll_create1(0);
+  const double start = now_seconds(), cpu_start = process_cpu_seconds();
+  for (int32_t i = 0; i < o.clients; i++) {
+    http_stream& s = streams[static_cast<size_t>(i)];
+    s.times = &requests[static_cast<size_t>(i)];
+    s.times->submitted = now_seconds();
+    s.fd = connect_and_post(port, i, o);
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.ptr = &s;
+    TROUPE_ASSERT(::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, s.fd, &e) == 0);
+  }
+  epoll_event events[64];
+  for (int32_t open = o.clients; open > 0;) {
+    const int n = ::epoll_wait(epoll_fd, events, 64, -1);
+    for (int i = 0; i < n; i++) open -= read_stream(*static_cast<http_stream*>(events[i].data.ptr)) ? 1 : 0;
+  }
+  const double seconds = now_seconds() - start, cpu_seconds = process_cpu_seconds() - cpu_start;
+  ::close(epoll_fd);
   int64_t num_tokens = 0;
-  for (const int64_t n : tokens) num_tokens += n;
-  return figures_of(requests, seconds, num_tokens);
+  for (const http_stream& s : streams) num_tokens += s.num_tokens;
+  return figures_of(requests, seconds, cpu_seconds, num_tokens);
 }
 
 void print_round(const char* path, const round_figures& f) {
-  std::printf("  %-4s %8.0f tok/s  TTFT p50 %8.2f ms  ITL p50 %6.3f ms\n", path, f.tokens_per_second,
-              percentile(f.ttft_ms, 50), percentile(f.itl_ms, 50));
+  std::printf("  %-4s %8.0f tok/s  %6.1f CPU us/token  TTFT p50 %8.2f ms  ITL p50 %6.3f ms\n", path,
+              f.tokens_per_second, f.cpu_us_per_token, percentile(f.ttft_ms, 50), percentile(f.itl_ms, 50));
 }
 
 int run(int argc, char** argv) {
@@ -170,26 +208,28 @@ int run(int argc, char** argv) {
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
   gateway::gateway_options g;
   g.model.id = "stories260K";
-  auto http = gateway::http_gateway::start(sys, node->load_balancer, node->engines, g);
+  auto http = gateway::http_gateway::start(sys, g);
   TROUPE_ASSERT_MSG(http.has_value(), "the gateway listens");
+  (*http)->serve(node->load_balancer, node->engines);
   std::printf("%d streamed completions at once, %d new tokens each, greedy, ignore_eos; %d rounds\n", o.clients,
               o.tokens, o.rounds);
-  std::vector<double> caf_tps, http_tps, caf_ttft, http_ttft, caf_itl, http_itl;
+  std::vector<double> ratios, caf_cpu, http_cpu, caf_ttft, http_ttft, caf_itl, http_itl;
   (void)caf_round(sys, node->load_balancer, {1, 2, 1});  // warm-up: weights packed, KV pool touched
   for (int32_t round = 0; round < o.rounds; round++) {
     const round_figures c = caf_round(sys, node->load_balancer, o);
     const round_figures h = http_round((*http)->port(), o);
-    std::printf("round %d\n", round);
+    std::printf("round %d: HTTP/CAF tok/s %.3f\n", round, h.tokens_per_second / c.tokens_per_second);
     print_round("CAF", c);
     print_round("HTTP", h);
-    caf_tps.push_back(c.tokens_per_second), http_tps.push_back(h.tokens_per_second);
+    ratios.push_back(h.tokens_per_second / c.tokens_per_second);
+    caf_cpu.push_back(c.cpu_us_per_token), http_cpu.push_back(h.cpu_us_per_token);
     caf_ttft.push_back(percentile(c.ttft_ms, 50)), http_ttft.push_back(percentile(h.ttft_ms, 50));
     caf_itl.push_back(percentile(c.itl_ms, 50)), http_itl.push_back(percentile(h.itl_ms, 50));
   }
-  std::printf("median over rounds: HTTP/CAF tok/s %.3f; TTFT p50 CAF %.2f ms, HTTP %.2f ms; ITL p50 CAF %.3f ms, "
-              "HTTP %.3f ms\n",
-              percentile(http_tps, 50) / percentile(caf_tps, 50), percentile(caf_ttft, 50), percentile(http_ttft, 50),
-              percentile(caf_itl, 50), percentile(http_itl, 50));
+  std::printf("median over rounds: HTTP/CAF tok/s %.3f; CPU us/token CAF %.1f, HTTP %.1f; TTFT p50 CAF %.2f ms, "
+              "HTTP %.2f ms; ITL p50 CAF %.3f ms, HTTP %.3f ms\n",
+              percentile(ratios, 50), percentile(caf_cpu, 50), percentile(http_cpu, 50), percentile(caf_ttft, 50),
+              percentile(http_ttft, 50), percentile(caf_itl, 50), percentile(http_itl, 50));
   http->reset();
   topology::shutdown_node(sys, *node);
   return 0;

@@ -1,13 +1,18 @@
 #pragma once
 
-/// The OpenAI-compatible HTTP gateway (docs/http.md): cpp-httplib server threads in front of
-/// the load balancer. Each completion request is parsed by `openai::parse_request`, handed to a
-/// client actor (`actors::spawn_client`) whose callbacks push its chunks and its end into a
-/// queue of the request's own; the HTTP thread waits on that queue, never an actor on the HTTP
-/// thread. A streamed request whose HTTP client goes away is cancelled (the engine frees its KV
-/// blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+/// The OpenAI-compatible HTTP gateway (docs/http.md): an event-loop HTTP server
+/// (gateway/http_server) in front of the load balancer. Each completion request is parsed by
+/// `openai::parse_request` and handed to a client actor (`actors::spawn_client`) whose callbacks
+/// render its chunks and its end and queue them on the request's connection; the server's loop
+/// writes them. No actor waits on a socket and no thread waits per request. A request whose
+/// HTTP client goes away is cancelled (the engine frees its KV blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 /// GET /health, GET /metrics.
+///
+/// Life: `start` listens at once (GET /health: 503 starting; completions: 503), `serve` hands
+/// it the load balancer once the node is up (200 ready), `drain` refuses new completions with
+/// 503 (health: 503 draining) and waits for those in flight; the destructor stops listening.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,18 +33,22 @@ struct gateway_options {
   openai::served_model model;
   int64_t num_kv_blocks_total = 0;  ///< the local engines' KV pools, for /metrics
   size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
-  int32_t num_threads = 128;        ///< connections served at once; each streams one request
+  int32_t num_threads = 4;          ///< threads running request handlers (a /metrics scrape blocks one)
   actors::client_timeouts timeouts;
 };
 
 class http_gateway {
  public:
-  /// Listens on host:port and serves on threads of its own until destroyed. `engines` (this
-  /// node's) are queried for /metrics. Errors: invalid_argument for bad options, io_error naming
-  /// the address that cannot be bound.
-  [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, actors::balancer_client_actor load_balancer,
-                                                                     actors::engine_list engines,
-                                                                     gateway_options options);
+  /// Listens on host:port, starting (completions are 503s until `serve`), on threads of its own
+  /// until destroyed. Errors: invalid_argument for bad options, io_error naming the address that
+  /// cannot be bound.
+  [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, gateway_options options);
+  /// Ready: completions go to `load_balancer`; `engines` (this node's) are queried for /metrics.
+  void serve(actors::balancer_client_actor load_balancer, actors::engine_list engines);
+  /// Draining: new completions are 503s; waits up to `bound` for those in flight (a stream until
+  /// its last byte is written). True if none is left; else they are cancelled (they end at once,
+  /// finish_reason "cancelled") and false.
+  [[nodiscard]] bool drain(std::chrono::milliseconds bound);
   /// Stops listening and waits for the requests in flight to end.
   ~http_gateway();
   http_gateway(const http_gateway&) = delete;

@@ -7,9 +7,8 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <variant>
 
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gateway/blocking_queue.hpp"
+#include "gateway/listen.hpp"
 #include "wire/msgpack_rpc.hpp"
 
 namespace troupe::gateway {
@@ -78,6 +78,15 @@ struct connection {
     in_flight.erase(id);
     idle.notify_all();
   }
+  /// The client's cancel frame for `id`: its request ends with finish_reason "cancelled". An id
+  /// not in flight (its end already went out, or never used) is ignored.
+  void cancel(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = in_flight.find(id);
+    if (it == in_flight.end() || !it->second) return;
+    spdlog::info("msgpack: the client cancels request id {}", id);
+    caf::anon_send(it->second, msg::cancel_request{});
+  }
   void cancel_all() {
     std::lock_guard<std::mutex> lock(mutex);
     for (const auto& [id, client] : in_flight) {
@@ -110,7 +119,8 @@ struct msgpack_gateway::impl {
   void accept_connections();
   void serve(const std::shared_ptr<connection>& c);
   bool read_frame(const std::shared_ptr<connection>& self);
-  void start_request(const std::shared_ptr<connection>& c, const std::string& body);
+  void handle_frame(const std::shared_ptr<connection>& c, const std::string& body);
+  void start_request(const std::shared_ptr<connection>& c, wire::request decoded);
 };
 
 void msgpack_gateway::impl::accept_connections() {
@@ -172,14 +182,19 @@ bool msgpack_gateway::impl::read_frame(const std::shared_ptr<connection>& self) 
     c.refuse(std::nullopt, "the connection ended inside a frame of " + std::to_string(length) + " bytes");
     return false;
   }
-  start_request(self, body);
+  handle_frame(self, body);
   return true;
 }
 
-void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, const std::string& body) {
-  auto decoded = wire::decode_request(body);
+void msgpack_gateway::impl::handle_frame(const std::shared_ptr<connection>& c, const std::string& body) {
+  auto decoded = wire::decode_frame(body);
   if (!decoded) return c->outbox.push(wire::encode_error(decoded.error().id, decoded.error().problem));
-  const uint64_t id = decoded->id;
+  if (const auto* cancel = std::get_if<wire::cancel>(&*decoded)) return c->cancel(cancel->id);
+  start_request(c, std::get<wire::request>(std::move(*decoded)));
+}
+
+void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, wire::request decoded) {
+  const uint64_t id = decoded.id;
   {
     std::lock_guard<std::mutex> lock(c->mutex);
     // The entry is made before the client exists: its end may come before spawn_client returns.
@@ -187,7 +202,7 @@ void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, 
       return c->refuse(id, "the id " + std::to_string(id) + " is already in flight on this connection");
   }
   actors::client_actor client = actors::spawn_client(
-      sys, load_balancer, std::move(decoded->completion),
+      sys, load_balancer, std::move(decoded.completion),
       [c, id](const msg::completion_chunk& chunk) { c->outbox.push(wire::encode_chunk(id, chunk)); },
       [c, id](const expected<actors::completion>& outcome) {
         c->end_request(id, outcome ? wire::encode_end(id, outcome->end) : wire::encode_error(id, outcome.error()));
@@ -197,40 +212,6 @@ void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, 
   if (auto it = c->in_flight.find(id); it != c->in_flight.end()) it->second = std::move(client);
 }
 
-namespace {
-
-/// A listening socket on host:port (IPv4 or IPv6, as `host` resolves), or -1.
-int listen_on(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int yes = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(found);
-  return fd;
-}
-
-uint16_t bound_port(int fd) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-  return ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
-
-}  // namespace
 
 expected<std::unique_ptr<msgpack_gateway>> msgpack_gateway::start(caf::actor_system& sys,
                                                                   actors::balancer_client_actor load_balancer,

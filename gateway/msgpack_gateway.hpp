@@ -2,11 +2,12 @@
 
 /// The msgpack gateway (docs/msgpack.md): length-prefixed msgpack frames over TCP in front of
 /// the load balancer. Each connection has a reader thread and a writer thread. The reader
-/// decodes request frames (`wire::decode_request`) and hands each to a client actor
+/// decodes frames (`wire::decode_frame`): each request goes to a client actor
 /// (`actors::spawn_client`) whose callbacks encode its chunks and its end as frames and push them
 /// into the connection's queue; the writer thread writes them. No actor waits on a socket.
-/// Several requests may be in flight on one connection, told apart by the client's ids. A
-/// connection that closes cancels its requests in flight (the engine frees their KV blocks).
+/// Several requests may be in flight on one connection, told apart by the client's ids; a cancel
+/// frame stops one of them. A connection that closes cancels its requests in flight (the engine
+/// frees their KV blocks).
 
 #include <cstddef>
 #include <cstdint>

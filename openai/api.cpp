@@ -333,4 +333,28 @@ std::string render_models(const served_model& model) {
   return dumped(j);
 }
 
+namespace {
+
+const char* name_of(serving_state state) {
+  switch (state) {
+    case serving_state::starting: return "starting";
+    case serving_state::ready: return "ready";
+    case serving_state::draining: return "draining";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+int health_status(serving_state state) { return state == serving_state::ready ? 200 : 503; }
+
+std::string render_health(serving_state state) { return dumped(ordered{{"status", name_of(state)}}); }
+
+api_error not_serving_error(serving_state state) {
+  TROUPE_ASSERT(state != serving_state::ready);
+  const std::string why = state == serving_state::starting ? "the server is starting: its engines are not up yet"
+                                                           : "the server is draining: it takes no new requests";
+  return {503, why, "service_unavailable_error", "", name_of(state)};
+}
+
 }  // namespace troupe::openai

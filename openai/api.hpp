@@ -97,4 +97,16 @@ inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
 /// GET /v1/models.
 [[nodiscard]] std::string render_models(const served_model& model);
 
+/// Where a gateway is in its life: listening before the engines are up, serving, or draining
+/// after a stop was asked for (requests in flight end; no new ones are taken).
+enum class serving_state { starting, ready, draining };
+
+/// GET /health: 200 `{"status":"ready"}` when ready, else 503 `{"status":"starting"}` or
+/// `{"status":"draining"}`.
+[[nodiscard]] int health_status(serving_state state);
+[[nodiscard]] std::string render_health(serving_state state);
+
+/// The 503 a completion gets while the gateway is starting or draining.
+[[nodiscard]] api_error not_serving_error(serving_state state);
+
 }  // namespace troupe::openai

@@ -114,6 +114,8 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
   page p(model_name);
   p.gauge("troupe:num_requests_running", "Number of requests in model execution batches.", engines.num_running);
   p.gauge("troupe:num_requests_waiting", "Number of requests waiting to be processed.", engines.num_waiting);
+  p.gauge("troupe:http_requests_in_flight", "Completions the HTTP gateway is serving (a stream until its last byte).",
+          requests.num_in_flight);
   const double usage = engines.num_kv_blocks_total == 0 ? 0.0
                            : static_cast<double>(engines.num_kv_blocks_in_use) / static_cast<double>(engines.num_kv_blocks_total);
   p.scalar("troupe:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", number(usage));

@@ -8,6 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,13 +54,14 @@ class Http : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  /// Starts `troupe serve ARGS --http-port 0` (default: the generated one-node topology on a free port).
+  /// Starts `troupe serve ARGS` with `--http-port 0` unless ARGS has one (default: the generated
+  /// one-node topology on a free port).
   void start(std::vector<std::string> args = {"serve", "--port", "0"}) {
-    args.insert(args.end(), {"--http-port", "0"});
+    if (std::find(args.begin(), args.end(), "--http-port") == args.end()) args.insert(args.end(), {"--http-port", "0"});
     server_ = std::make_unique<server_process>(dir_, args);
     ASSERT_TRUE(server_->started());
     const std::string out = server_->read_until("HTTP gateway listening on http://");
-    const size_t at = out.find("http://");
+    const size_t at = out.find("http://", out.find("HTTP gateway listening on"));
     ASSERT_NE(at, std::string::npos) << out << server_->err();
     url_ = out.substr(at, out.find('\n', at) - at);
   }
@@ -134,7 +138,7 @@ TEST_F(Http, ReadmeCurlExamplesWorkAsWritten) {
   EXPECT_NE(outputs[1].find("\"seed\":42,"), std::string::npos) << outputs[1];
   EXPECT_EQ(outputs[1].substr(outputs[1].size() - 14), "data: [DONE]\n\n") << outputs[1];
   EXPECT_NE(outputs[2].find("\"id\":\"stories260K\""), std::string::npos) << outputs[2];
-  EXPECT_EQ(outputs[3], "");  // /health: 200 (curl -f fails otherwise), no body
+  EXPECT_EQ(outputs[3], "{\"status\":\"ready\"}");  // /health: 200 (curl -f fails otherwise)
   EXPECT_NE(outputs[4].find("troupe:time_to_first_token_seconds_count{model_name=\"stories260K\"} 2\n"), std::string::npos)
       << outputs[4];
 }
@@ -248,25 +252,37 @@ TEST_F(Http, AFullEngineQueueIsA429) {
   expect_good_answer("a burst of 429s");
 }
 
-/// Sends a streamed request on a raw socket, reads until its first chunk, and closes.
-void disconnect_after_first_chunk(int port) {
+/// A socket to 127.0.0.1:`port` on which a POST of `body` to /v1/completions was written.
+int post_completion(int port, const std::string& body) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string body = R"({"prompt":"x","max_tokens":500,"ignore_eos":true,"stream":true})";
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(::write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  EXPECT_EQ(::write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  return fd;
+}
+
+/// What `fd` yields until `needle` has arrived or the peer closed.
+std::string read_until_text(int fd, const std::string& needle) {
   std::string received;
   char buf[4096];
-  while (received.find("data: ") == std::string::npos) {
+  while (received.find(needle) == std::string::npos) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
-    ASSERT_GT(n, 0) << received;
+    if (n <= 0) break;
     received.append(buf, static_cast<size_t>(n));
   }
+  return received;
+}
+
+/// Sends a streamed request on a raw socket, reads until its first chunk, and closes.
+void disconnect_after_first_chunk(int port) {
+  const int fd = post_completion(port, R"({"prompt":"x","max_tokens":500,"ignore_eos":true,"stream":true})");
+  const std::string received = read_until_text(fd, "data: ");
+  EXPECT_NE(received.find("data: "), std::string::npos) << received;
   ::close(fd);
 }
 
@@ -310,6 +326,105 @@ TEST_F(Http, ABusyHttpPortIsAClearError) {
   EXPECT_EQ(second.exit_code, 2);
   EXPECT_NE(second.err.find("cannot listen for HTTP on 127.0.0.1:" + port), std::string::npos) << second.err;
   expect_good_answer("a second server on the port");
+}
+
+/// A two-node cluster of `troupe node`s whose balancer's node (node0, no engine) serves HTTP from
+/// the topology's [http] table; node1 runs the engine. No timeout can end a test step: node0
+/// waits for node1 and for its drain as long as the test needs.
+std::string http_cluster(const fs::path& dir, int port0, int port1, int http_port) {
+  const std::string models = TROUPE_MODELS_DIR;
+  const std::string path = (dir / "cluster.toml").string();
+  std::ofstream(path) << "[http]\nport = " << http_port << "\ndrain_timeout_ms = 600000\n\n[[node]]\nname = \"node0\"\n"
+                      << "host = \"127.0.0.1\"\nport = " << port0 << "\n\n[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\n"
+                      << "port = " << port1 << "\n\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 600000\n"
+                      << "heartbeat_timeout_ms = 600000\n\n[[engine]]\nname = \"e1\"\nnode = \"node1\"\nmodel = \""
+                      << models << "/stories260K.bin\"\ntokenizer = \"" << models << "/tok512.bin\"\n";
+  return path;
+}
+
+TEST_F(Http, HealthSaysStartingThenReadyThenDrainingAndAStopLetsStreamsFinish) {
+  using namespace std::chrono_literals;
+  const int http_port = free_port();
+  const std::string topology = http_cluster(dir_, free_port(), free_port(), http_port);
+  const std::string out0 = (dir_ / "node0.out").string(), err0 = (dir_ / "node0.err").string();
+  process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"}, out0, err0)};
+  url_ = "http://127.0.0.1:" + std::to_string(http_port);
+  // Starting: node0 listens for HTTP and waits for node1, which is not started yet.
+  ASSERT_TRUE(file_contains_within(out0, "node0: HTTP gateway starting on 127.0.0.1:" + std::to_string(http_port), 60s))
+      << read_file(err0);
+  http_reply health = fetch("/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(health.body, R"({"status":"starting"})");
+  http_reply refused = fetch("/v1/completions", R"({"prompt":"x"})");
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.body, R"({"error":{"message":"the server is starting: its engines are not up yet",)"
+                          R"("type":"service_unavailable_error","param":null,"code":"starting"}})");
+  // Ready once node1 is up.
+  process_guard node1{spawn_troupe({"node", "--topology", topology, "--node", "node1"}, (dir_ / "node1.out").string(),
+                                   (dir_ / "node1.err").string())};
+  ASSERT_TRUE(file_contains_within(out0, "node0: HTTP gateway listening on " + url_, 60s)) << read_file(err0);
+  health = fetch("/health");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body, R"({"status":"ready"})");
+  expect_good_answer("start-up");
+  // Draining: a stream is in flight (node1 frozen, so it cannot end first) when node0 is told to stop.
+  ASSERT_EQ(::kill(node1.pid(), SIGSTOP), 0);
+  const int fd = post_completion(http_port, R"({"prompt":"x","max_tokens":50,"ignore_eos":true,"temperature":0,)"
+                                            R"("stream":true,"stream_options":{"include_usage":true}})");
+  bool admitted = false;
+  for (int i = 0; i < 1000 && !admitted; i++) admitted = metric("troupe:http_requests_in_flight") == 1;
+  ASSERT_TRUE(admitted) << read_file(err0);
+  ASSERT_EQ(::kill(node0.pid(), SIGTERM), 0);
+  ASSERT_TRUE(file_contains_within(err0, "http: draining: 1 request(s) in flight", 60s)) << read_file(err0);
+  health = fetch("/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(health.body, R"({"status":"draining"})");
+  refused = fetch("/v1/completions", R"({"prompt":"x"})");
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.body, R"({"error":{"message":"the server is draining: it takes no new requests",)"
+                          R"("type":"service_unavailable_error","param":null,"code":"draining"}})");
+  // The stream in flight ends whole, then node0 exits 0.
+  ASSERT_EQ(::kill(node1.pid(), SIGCONT), 0);
+  const std::string stream = read_until_text(fd, "data: [DONE]");
+  ::close(fd);
+  EXPECT_EQ(stream.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << stream;
+  EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos) << stream;
+  EXPECT_NE(stream.find("\"completion_tokens\":50,"), std::string::npos) << stream;
+  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos) << stream;
+  EXPECT_EQ(exit_code_within(node0.pid(), 60s), 0) << read_file(err0);
+}
+
+TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
+  const int table_port = free_port(), flag_port = free_port();
+  ASSERT_NE(table_port, flag_port);
+  const std::string models = TROUPE_MODELS_DIR;
+  const std::string topology = (dir_ / "http.toml").string();
+  std::ofstream(topology) << "[http]\nport = " << table_port << "\nhost = \"127.0.0.1\"\n\n[[node]]\nname = \"n0\"\n"
+                          << "host = \"127.0.0.1\"\nport = " << free_port() << "\n\n[load_balancer]\nnode = \"n0\"\n\n"
+                          << "[[engine]]\nname = \"e0\"\nnode = \"n0\"\nmodel = \"" << models << "/stories260K.bin\"\n"
+                          << "tokenizer = \"" << models << "/tok512.bin\"\n";
+  server_ = std::make_unique<server_process>(dir_, std::vector<std::string>{"serve", "--topology", topology});
+  std::string out = server_->read_until("HTTP gateway listening on");
+  EXPECT_NE(out.find("n0: HTTP gateway listening on http://127.0.0.1:" + std::to_string(table_port) + "\n"),
+            std::string::npos) << out << server_->err();
+  url_ = "http://127.0.0.1:" + std::to_string(table_port);
+  expect_good_answer("a gateway from [http]");
+  EXPECT_EQ(server_->stop(), 0);
+  server_.reset();
+  fs::remove(dir_ / "serve.fifo");
+  ASSERT_NO_FATAL_FAILURE(start({"serve", "--topology", topology, "--http-port", std::to_string(flag_port)}));
+  EXPECT_EQ(url_, "http://127.0.0.1:" + std::to_string(flag_port));
+  expect_good_answer("a gateway whose port the flag set");
+  const cli_result host_alone = run_troupe({"serve", "--port", "0", "--http-host", "127.0.0.1"}, dir_);
+  EXPECT_EQ(host_alone.exit_code, 2);
+  EXPECT_NE(host_alone.err.find("--http-host needs --http-port or an [http] table in the topology"), std::string::npos)
+      << host_alone.err;
+  const std::string bad = (dir_ / "bad.toml").string();
+  std::ofstream(bad) << "[http]\nport = 70000\n" << read_file(topology).substr(read_file(topology).find("[[node]]"));
+  const cli_result bad_table = run_troupe({"serve", "--topology", bad}, dir_);
+  EXPECT_EQ(bad_table.exit_code, 2);
+  EXPECT_NE(bad_table.err.find("bad.toml:2: http: key 'port' must be in 0..65535, got 70000"), std::string::npos)
+      << bad_table.err;
 }
 
 }  // namespace

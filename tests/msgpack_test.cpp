@@ -83,13 +83,19 @@ class Msgpack : public ::testing::Test {
   std::unique_ptr<server_process> server_;
   std::string address_;  ///< 127.0.0.1:PORT
   int port_ = 0;
+  int http_port_ = 0;  ///< the same server's HTTP gateway, for /metrics
 
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("troupe_msgpack_test_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    server_ = std::make_unique<server_process>(dir_, std::vector<std::string>{"serve", "--port", "0", "--msgpack-port", "0"});
+    server_ = std::make_unique<server_process>(
+        dir_, std::vector<std::string>{"serve", "--port", "0", "--msgpack-port", "0", "--http-port", "0"});
     ASSERT_TRUE(server_->started());
     const std::string out = server_->read_until("msgpack gateway listening on ");
+    const std::string http_line = "HTTP gateway listening on http://127.0.0.1:";
+    const size_t http = out.find(http_line);
+    ASSERT_NE(http, std::string::npos) << out;
+    http_port_ = std::atoi(out.c_str() + http + http_line.size());
     const std::smatch m = [&] { std::smatch s; std::regex_search(out, s, std::regex("msgpack gateway listening on ([0-9.]+:([0-9]+))")); return s; }();
     ASSERT_EQ(m.size(), 3u) << out << server_->err();
     address_ = m[1];
@@ -107,6 +113,27 @@ class Msgpack : public ::testing::Test {
     const cli_result r = run_troupe(args, dir_);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return r.out.substr(0, r.out.size() - 1);
+  }
+
+  /// The value of `name{model_name="stories260K"}` on the server's /metrics page (-1 if absent).
+  double metric(const std::string& name) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(http_port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string page;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+      if (::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+        char buf[4096];
+        for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) page.append(buf, static_cast<size_t>(n));
+      }
+    }
+    ::close(fd);
+    const std::string sample = name + "{model_name=\"stories260K\"} ";
+    const size_t at = page.find(sample);
+    return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + sample.size());
   }
 
   /// Sends a greedy request of `max_tokens` with `id` on `s` and returns its text at its end frame.
@@ -130,7 +157,7 @@ class Msgpack : public ::testing::Test {
   }
 };
 
-TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedAndReadsAnErrorFrame) {
+TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedCancelsAndReadsAnErrorFrame) {
   const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
   const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
   if (deps.exit_code != 0) GTEST_SKIP() << "the npm package @msgpack/msgpack cannot be installed (no npm or no registry):\n" << deps.err;
@@ -141,7 +168,8 @@ TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedAndReadsAnErrorFra
   const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
   const std::string seeded = json(generated({"-t", "1", "-s", "42", "--top-p", "1", "-n", "40"}));
   EXPECT_EQ(r.out, "{\"greedy\":\"" + json(generated({"-t", "0", "-n", "40"})) + "\",\"finishReason\":\"length\",\"seeded\":[\"" +
-                       seeded + "\",\"" + seeded + "\"],\"seeds\":[\"42\",\"42\"],\"error\":{\"code\":\"invalid_argument\"," +
+                       seeded + "\",\"" + seeded + "\"],\"seeds\":[\"42\",\"42\"],\"cancelled\":\"cancelled\"," +
+                       "\"error\":{\"code\":\"invalid_argument\"," +
                        "\"message\":\"unknown key 'tempurature'\"}}\n");
 }
 
@@ -193,6 +221,30 @@ TEST_F(Msgpack, AClientThatDisconnectsCancelsItsRequestsInFlight) {
       << server_->err();
   frame_socket fresh(port_);
   EXPECT_EQ(greedy_over(fresh, 1, 20), generated({"-t", "0", "-n", "20"}));
+}
+
+TEST_F(Msgpack, ACancelFrameEndsItsRequestAsCancelledAndItsKvBlocksAreFreed) {
+  frame_socket s(port_);
+  ASSERT_TRUE(s.connected());
+  msg::completion_request request;
+  request.prompt = "x";
+  request.max_tokens = 500;
+  request.ignore_eos = true;
+  s.send(wire::encode_request(3, request));
+  EXPECT_EQ(text_field(s.read_frame(), "type"), "chunk");
+  s.send(wire::encode_cancel(3));
+  s.send(wire::encode_cancel(99));  // no such request: ignored, no frame answers it
+  std::string end = s.read_frame();
+  while (text_field(end, "type") == "chunk") end = s.read_frame();
+  EXPECT_EQ(text_field(end, "type"), "end") << text_field(end, "message");
+  EXPECT_EQ(text_field(end, "finish_reason"), "cancelled");
+  // The next frames on the connection are request 4's: the cancel of 99 added none.
+  EXPECT_EQ(greedy_over(s, 4, 20), generated({"-t", "0", "-n", "20"}));
+  // The cancel travels client -> request -> engine: scrape until the engine has let go.
+  bool released = false;
+  for (int i = 0; i < 500 && !released; i++)
+    released = metric("troupe:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
+  EXPECT_TRUE(released) << server_->err();
 }
 
 }  // namespace

@@ -116,6 +116,22 @@ TEST(OpenaiErrors, EngineErrorsMapToStatuses) {
             R"({"error":{"message":"too long","type":"invalid_request_error","param":null,"code":"context_length_exceeded"}})");
 }
 
+TEST(OpenaiHealth, EachStateHasItsStatusAndBody) {
+  EXPECT_EQ(health_status(serving_state::starting), 503);
+  EXPECT_EQ(health_status(serving_state::ready), 200);
+  EXPECT_EQ(health_status(serving_state::draining), 503);
+  EXPECT_EQ(render_health(serving_state::starting), R"({"status":"starting"})");
+  EXPECT_EQ(render_health(serving_state::ready), R"({"status":"ready"})");
+  EXPECT_EQ(render_health(serving_state::draining), R"({"status":"draining"})");
+  EXPECT_EQ(not_serving_error(serving_state::draining).status, 503);
+  EXPECT_EQ(render_error(not_serving_error(serving_state::draining)),
+            R"({"error":{"message":"the server is draining: it takes no new requests",)"
+            R"("type":"service_unavailable_error","param":null,"code":"draining"}})");
+  EXPECT_EQ(render_error(not_serving_error(serving_state::starting)),
+            R"({"error":{"message":"the server is starting: its engines are not up yet",)"
+            R"("type":"service_unavailable_error","param":null,"code":"starting"}})");
+}
+
 msg::completion_end an_end() {
   msg::completion_end end;
   end.request_id = 7;
@@ -206,6 +222,7 @@ TEST(Metrics, ARequestMovesEachHistogramOnce) {
 TEST(Metrics, ThePageRendersByteForByte) {
   request_metrics m;
   m.record(an_end_with_latencies());
+  m.num_in_flight = 7;
   msg::engine_report r;
   r.num_requests = 3;
   r.num_waiting = 1;
@@ -215,7 +232,8 @@ TEST(Metrics, ThePageRendersByteForByte) {
   const std::string label = "{model_name=\"stories260K\"}";
   for (const std::string& line : std::vector<std::string>{
            "# TYPE troupe:num_requests_running gauge\ntroupe:num_requests_running" + label + " 4\n",
-        "troupe:num_requests_waiting" + label + " 2\n", "troupe:kv_cache_usage_perc" + label + " 0.5\n",
+        "troupe:num_requests_waiting" + label + " 2\n", "troupe:http_requests_in_flight" + label + " 7\n",
+        "troupe:kv_cache_usage_perc" + label + " 0.5\n",
         "troupe:num_kv_blocks" + label + " 16\n", "troupe:num_preemptions_total" + label + " 4\n",
         "troupe:prompt_tokens_total" + label + " 5\n", "troupe:generation_tokens_total" + label + " 3\n",
         std::string("troupe:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n"),

@@ -161,6 +161,29 @@ TEST(Topology, MinimalFileTakesEveryDefault) {
   EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 5000);
   EXPECT_EQ(topo->limits.max_connections, 1024);
   EXPECT_EQ(topo->limits.max_connections_per_host, 64);
+  EXPECT_FALSE(topo->http.has_value());
+}
+
+TEST(Topology, HttpKeysAreReadWithTheirDefaults) {
+  auto topo = parse("[http]\nport = 8000\n" + k_valid);
+  ASSERT_TRUE(topo) << topo.error().message;
+  ASSERT_TRUE(topo->http.has_value());
+  EXPECT_EQ(topo->http->port, 8000);
+  EXPECT_EQ(topo->http->host, "127.0.0.1");
+  EXPECT_EQ(topo->http->drain_timeout_ms, 30000);
+  auto every = parse("[http]\nport = 0\nhost = \"::1\"\ndrain_timeout_ms = 1\n" + k_valid);
+  ASSERT_TRUE(every) << every.error().message;
+  EXPECT_EQ(every->http->port, 0);
+  EXPECT_EQ(every->http->host, "::1");
+  EXPECT_EQ(every->http->drain_timeout_ms, 1);
+  auto upper = parse("[http]\nport = 65535\nhost = \"gateway-1.example\"\ndrain_timeout_ms = 600000\n" + k_valid);
+  ASSERT_TRUE(upper) << upper.error().message;
+  EXPECT_EQ(upper->http->port, 65535);
+  EXPECT_EQ(upper->http->host, "gateway-1.example");
+  EXPECT_EQ(upper->http->drain_timeout_ms, 600000);
+  // The balancer node's CAF port is taken, but not on another host.
+  auto elsewhere = parse("[http]\nport = 7100\nhost = \"0.0.0.0\"\n" + k_valid);
+  ASSERT_TRUE(elsewhere) << elsewhere.error().message;
 }
 
 TEST(Topology, EveryLimitsKeyIsReadAtItsBounds) {
@@ -439,8 +462,32 @@ INSTANTIATE_TEST_SUITE_P(
                  "report_interval_ms, connect_timeout_ms, "
                  "heartbeat_interval_ms, heartbeat_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
-                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, limits, node, "
+                 "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, limits, http, node, "
                  "load_balancer, engine)"},
+        bad_file{"unknown_http_key", "[http]\nport = 8000\naddress = \"x\"\n" + k_valid,
+                 "topology.toml:3: http: unknown key 'address' (expected one of: port, host, drain_timeout_ms)"},
+        bad_file{"http_port_missing", "[http]\nhost = \"127.0.0.1\"\n" + k_valid,
+                 "topology.toml:1: http: missing required key 'port'"},
+        bad_file{"http_port_negative", "[http]\nport = -1\n" + k_valid,
+                 "topology.toml:2: http: key 'port' must be in 0..65535, got -1"},
+        bad_file{"http_port_65536", "[http]\nport = 65536\n" + k_valid,
+                 "topology.toml:2: http: key 'port' must be in 0..65535, got 65536"},
+        bad_file{"http_port_a_string", "[http]\nport = \"8000\"\n" + k_valid,
+                 "topology.toml:2: http: key 'port' must be an integer, got a string"},
+        bad_file{"http_host_empty", "[http]\nport = 8000\nhost = \"\"\n" + k_valid,
+                 "topology.toml:3: http: key 'host' must not be empty"},
+        bad_file{"http_host_an_integer", "[http]\nport = 8000\nhost = 127\n" + k_valid,
+                 "topology.toml:3: http: key 'host' must be a string, got an integer"},
+        bad_file{"http_host_a_url", "[http]\nport = 8000\nhost = \"http://127.0.0.1\"\n" + k_valid,
+                 "topology.toml:3: http: key 'host' must be a host name or an IP address, got 'http://127.0.0.1'"},
+        bad_file{"http_drain_timeout_0", "[http]\nport = 8000\ndrain_timeout_ms = 0\n" + k_valid,
+                 "topology.toml:3: http: key 'drain_timeout_ms' must be in 1..600000, got 0"},
+        bad_file{"http_port_is_the_balancer_nodes_port", "[http]\nport = 7100\n" + k_valid,
+                 "topology.toml:2: http: address 127.0.0.1:7100 is already used by node 'node0' (its port), which "
+                 "runs the load balancer and so the HTTP gateway"},
+        bad_file{"http_port_is_the_balancer_nodes_kv_port", "[http]\nport = 8100\n" + k_valid,
+                 "topology.toml:2: http: address 127.0.0.1:8100 is already used by node 'node0' (its kv_port), which "
+                 "runs the load balancer and so the HTTP gateway"},
         bad_file{"unknown_limits_key", "[limits]\nmax_message = 3\n" + k_valid,
                  "topology.toml:2: limits: unknown key 'max_message' (expected one of: max_message_mib, "
                  "max_pending_per_client, idle_timeout_ms, tls_handshake_timeout_ms, max_connections, "

@@ -65,8 +65,10 @@ TEST(Wire, AHandWrittenRequestDecodesWithDefaultsForWhatItLeavesOut) {
   // {"id": 5, "prompt": "hi", "temperature": 0, "seed": 42, "stop": "."}
   const std::string body = b({0x85, 0xa2}) + "id" + b({0x05, 0xa6}) + "prompt" + b({0xa2}) + "hi" + b({0xab}) +
                            "temperature" + b({0x00, 0xa4}) + "seed" + b({0x2a, 0xa4}) + "stop" + b({0xa1}) + ".";
-  auto r = decode_request(body);
-  ASSERT_TRUE(r.has_value()) << r.error().problem.message;
+  auto frame = decode_frame(body);
+  ASSERT_TRUE(frame.has_value()) << frame.error().problem.message;
+  const request* r = std::get_if<request>(&*frame);
+  ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->id, 5u);
   EXPECT_EQ(r->completion.prompt, "hi");
   EXPECT_EQ(r->completion.temperature, 0.0f);
@@ -96,14 +98,32 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.stream = false;
   const std::string f = encode_request(99, c);
   ASSERT_EQ(frame_length(f.substr(0, 4)), f.size() - 4);
-  auto r = decode_request(std::string_view(f).substr(4));
-  ASSERT_TRUE(r.has_value()) << r.error().problem.message;
+  auto frame = decode_frame(std::string_view(f).substr(4));
+  ASSERT_TRUE(frame.has_value()) << frame.error().problem.message;
+  const request* r = std::get_if<request>(&*frame);
+  ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->id, 99u);
   const msg::completion_request& d = r->completion;
   EXPECT_EQ(std::tie(d.prompt, d.prompt_tokens, d.max_tokens, d.temperature, d.top_p, d.top_k, d.min_p, d.has_seed, d.seed,
                      d.stop, d.ignore_eos, d.priority, d.num_top_logprobs, d.stream),
             std::tie(c.prompt, c.prompt_tokens, c.max_tokens, c.temperature, c.top_p, c.top_k, c.min_p, c.has_seed, c.seed,
                      c.stop, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
+}
+
+TEST(Wire, ACancelFrameIsItsBytesAndDecodesToItsId) {
+  // {"type": "cancel", "id": 7}
+  const std::string f = encode_cancel(7);
+  EXPECT_EQ(f, b({0, 0, 0, 17, 0x82, 0xa4}) + "type" + b({0xa6}) + "cancel" + b({0xa2}) + "id" + b({0x07}));
+  auto frame = decode_frame(std::string_view(f).substr(4));
+  ASSERT_TRUE(frame.has_value()) << frame.error().problem.message;
+  const cancel* c = std::get_if<cancel>(&*frame);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->id, 7u);
+  // The keys in the other order, and the largest id.
+  auto reversed = decode_frame(b({0x82, 0xa2}) + "id" + b({0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xa4}) +
+                               "type" + b({0xa6}) + "cancel");
+  ASSERT_TRUE(reversed.has_value()) << reversed.error().problem.message;
+  EXPECT_EQ(std::get<cancel>(*reversed).id, 0xffffffffffffffffull);
 }
 
 struct bad_request {
@@ -127,6 +147,13 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
       {b({0x81, 0xa6}) + "prompt" + b({0xa1}) + "x", std::nullopt, errc::invalid_argument, "the request has no 'id'"},
       {b({0x81, 0xa2}) + "id" + b({0xff}), std::nullopt, errc::invalid_argument, "'id' must be an integer from 0 to 2^64 - 1"},
       {b({0x90}), std::nullopt, errc::invalid_argument, "the request is not a map"},
+      {b({0x82}) + id5 + b({0xa4}) + "type" + b({0xa4}) + "stop", 5, errc::invalid_argument,
+       "'type' must be \"cancel\" (a request frame has no 'type')"},
+      {b({0x82}) + id5 + b({0xa4}) + "type" + b({0x01}), 5, errc::invalid_argument,
+       "'type' must be \"cancel\" (a request frame has no 'type')"},
+      {b({0x83}) + id5 + b({0xa4}) + "type" + b({0xa6}) + "cancel" + b({0xa6}) + "prompt" + b({0xa1}) + "x", 5,
+       errc::invalid_argument, "a cancel frame has the keys 'type' and 'id' only"},
+      {b({0x81, 0xa4}) + "type" + b({0xa6}) + "cancel", std::nullopt, errc::invalid_argument, "the request has no 'id'"},
       {b({0x80, 0x80}), std::nullopt, errc::invalid_argument, "the frame holds more than one msgpack value"},
       {b({0xa5}) + "ab", std::nullopt, errc::invalid_argument, "the frame is not one msgpack value: "},
       {"", std::nullopt, errc::invalid_argument, "the frame is not one msgpack value: "},
@@ -134,7 +161,7 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
       {b({0xdd, 0xff, 0xff, 0xff, 0xff}), std::nullopt, errc::invalid_argument, "the frame is not one msgpack value: "},
   };
   for (const bad_request& c : cases) {
-    auto r = decode_request(c.body);
+    auto r = decode_frame(c.body);
     ASSERT_FALSE(r.has_value()) << c.message;
     EXPECT_EQ(r.error().id, c.id) << c.message;
     EXPECT_EQ(r.error().problem.code, c.code) << c.message;

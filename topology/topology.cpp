@@ -773,8 +773,48 @@ struct listener {
   return {};
 }
 
+/// Letters, digits, '.', '-' and ':' (IPv6): what a host name or an IP address is made of.
+[[nodiscard]] bool is_host_text(std::string_view host) {
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '-' || c == ':';
+  });
+}
+
+/// The optional [http] table: where the balancer's node serves the HTTP API. Its address must
+/// not be one the balancer's node already listens on.
+[[nodiscard]] expected<void> read_http(const context& ctx, const toml::table& root, topology& result) {
+  auto table = read_table(ctx, root, "http");
+  if (!table) return tl::unexpected(table.error());
+  if (*table == nullptr) return {};
+  const scope where{"http", line_of(**table)};
+  if (auto ok = check_known_keys(ctx, **table, where, {"port", "host", "drain_timeout_ms"}); !ok)
+    return tl::unexpected(ok.error());
+  http_spec http;
+  auto host = read_string(ctx, **table, where, "host", http.host);
+  if (!host) return tl::unexpected(host.error());
+  if (!is_host_text(*host))
+    return malformed(ctx, line_of_key(**table, "host"), where.label,
+                     "key 'host' must be a host name or an IP address, got " + in_quotes(*host));
+  http.host = *host;
+  auto port = read_int(ctx, **table, where, "port", std::nullopt, 0, port_max);
+  if (!port) return tl::unexpected(port.error());
+  http.port = static_cast<uint16_t>(*port);
+  auto drain = read_int(ctx, **table, where, "drain_timeout_ms", http.drain_timeout_ms, 1, 600000);
+  if (!drain) return tl::unexpected(drain.error());
+  http.drain_timeout_ms = *drain;
+  const node_spec* node = result.find_node(result.load_balancer.node);
+  TROUPE_ASSERT(node != nullptr);
+  if (http.port != 0 && http.host == node->host && (http.port == node->port || http.port == node->kv_port))
+    return malformed(ctx, line_of_key(**table, "port"), where.label,
+                     "address " + http.host + ":" + std::to_string(http.port) + " is already used by node " +
+                         in_quotes(node->name) + " (its " + (http.port == node->port ? "port" : "kv_port") +
+                         "), which runs the load balancer and so the HTTP gateway");
+  result.http = std::move(http);
+  return {};
+}
+
 [[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
-  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "limits", "node", "load_balancer", "engine"});
+  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "limits", "http", "node", "load_balancer", "engine"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -792,6 +832,7 @@ struct listener {
   if (!engines) return tl::unexpected(engines.error());
   result.engines = std::move(*engines);
   TROUPE_ASSERT(result.find_node(result.load_balancer.node) != nullptr);
+  if (auto ok = read_http(ctx, root, result); !ok) return tl::unexpected(ok.error());
   return result;
 }
 

@@ -25,6 +25,14 @@
 ///                                      #   accepts at its port; one more is closed at once
 ///   max_connections_per_host = 64      #   optional, > 0, default 64: the same from one address
 ///
+///   [http]                             # optional table: the HTTP gateway (docs/http.md) on the
+///                                      #   load balancer's node; `--http-port` overrides it
+///   port = 8000                        #   required, 0..65535 (0: any free port, printed); not
+///                                      #   the balancer node's port or kv_port on the same host
+///   host = "127.0.0.1"                 #   optional, default 127.0.0.1: a host name or address
+///   drain_timeout_ms = 30000           #   optional, 1..600000, default 30000: how long a
+///                                      #   stopping node waits for HTTP requests in flight
+///
 ///   [[node]]                           # one or more
 ///   name = "node0"                     #   required, unique, non-empty
 ///   host = "127.0.0.1"                 #   required, non-empty
@@ -77,6 +85,7 @@
 /// mixed or decode engine to hand their requests to.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -144,6 +153,13 @@ struct limits_spec {
   int32_t max_connections_per_host = 64;  ///< connections a node accepts from one address, >= 1
 };
 
+/// [http]: the OpenAI-compatible HTTP gateway on the load balancer's node (docs/http.md).
+struct http_spec {
+  std::string host = "127.0.0.1";     ///< a host name or IP address
+  uint16_t port = 0;                   ///< 0: any free port (the bound one is printed)
+  int32_t drain_timeout_ms = 30000;    ///< how long a stop waits for the requests in flight
+};
+
 /// A validated topology file: every name it references exists, in file order.
 struct topology {
   std::string cluster_name = "troupe";
@@ -153,6 +169,7 @@ struct topology {
   load_balancer_spec load_balancer;
   std::string tls_ca;  ///< [tls] ca: the cluster CA certificate (PEM, absolute); "" = no [tls]
   limits_spec limits;
+  std::optional<http_spec> http;  ///< [http]; none: no HTTP gateway unless `--http-port` asks
 
   /// The node called `name`, or nullptr.
   [[nodiscard]] const node_spec* find_node(std::string_view name) const;

@@ -133,11 +133,29 @@ expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request&
   return fail(errc::invalid_argument, "unknown key " + quoted(key));
 }
 
-tl::expected<request, request_error> decode_map(const msgpack::object& value) {
+/// The value of the "type" key, if the map has one; an error naming it if it is not "cancel".
+tl::expected<std::optional<cancel>, request_error> read_type(const msgpack::object_map& map, uint64_t id) {
+  for (uint32_t i = 0; i < map.size; i++) {
+    const msgpack::object& key = map.ptr[i].key;
+    if (key.type != msgpack::type::STR || std::string_view(key.via.str.ptr, key.via.str.size) != "type") continue;
+    const msgpack::object& v = map.ptr[i].val;
+    if (v.type != msgpack::type::STR || std::string_view(v.via.str.ptr, v.via.str.size) != "cancel")
+      return tl::unexpected(request_error{id, {errc::invalid_argument, "'type' must be \"cancel\" (a request frame has no 'type')"}});
+    if (map.size != 2)
+      return tl::unexpected(request_error{id, {errc::invalid_argument, "a cancel frame has the keys 'type' and 'id' only"}});
+    return cancel{id};
+  }
+  return std::nullopt;
+}
+
+tl::expected<client_frame, request_error> decode_map(const msgpack::object& value) {
   if (value.type != msgpack::type::MAP)
     return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request is not a map"}});
   auto id = find_id(value.via.map);
   if (!id) return tl::unexpected(id.error());
+  auto cancelled = read_type(value.via.map, *id);
+  if (!cancelled) return tl::unexpected(cancelled.error());
+  if (*cancelled) return **cancelled;
   request out{*id, {}};
   for (uint32_t i = 0; i < value.via.map.size; i++)
     if (auto ok = read_field(value.via.map.ptr[i], out.completion); !ok) return tl::unexpected(request_error{*id, ok.error()});
@@ -182,7 +200,7 @@ std::string frame(std::string_view body) {
   return out;
 }
 
-tl::expected<request, request_error> decode_request(std::string_view body) {
+tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
   // Counts a hostile header may announce are bounded by the body's size (each element takes
   // a byte at least), so msgpack-c never allocates for more than the frame holds.
   const auto n = static_cast<std::size_t>(body.size());
@@ -232,6 +250,13 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   p.pack_int32(c.num_top_logprobs);
   pack_text(p, "stream");
   p.pack(c.stream);
+  return framed(body);
+}
+
+std::string encode_cancel(uint64_t id) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, 2, "cancel", id);
   return framed(body);
 }
 

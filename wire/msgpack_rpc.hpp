@@ -2,7 +2,7 @@
 
 /// The msgpack protocol (docs/msgpack.md) as plain functions: a frame is a 4-byte big-endian
 /// length and one msgpack value. A request frame becomes a `msg::completion_request` and the
-/// client's id, or a `request_error`; a completion's chunks, end and error become frames. No
+/// client's id, a cancel frame the id it cancels, anything else a `request_error`; a completion's chunks, end and error become frames. No
 /// CAF, no sockets, no clock: the gateway (gateway/msgpack_gateway) owns the sockets and
 /// threads. Every encoder is tested byte for byte (tests/wire_test.cpp).
 ///
@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
@@ -39,21 +40,33 @@ struct request {
   msg::completion_request completion;
 };
 
-/// A request frame refused: the id when the frame had a valid one (the error frame carries it;
+/// A decoded cancel frame `{"type": "cancel", "id"}`: the client's request `id` is to stop.
+struct cancel {
+  uint64_t id = 0;
+};
+
+/// What a client sends: a request frame (no "type" key) or a cancel frame.
+using client_frame = std::variant<request, cancel>;
+
+/// A client frame refused: the id when the frame had a valid one (the error frame carries it;
 /// none: nil), and the problem (`invalid_argument`, or `invalid_utf8` for the prompt).
 struct request_error {
   std::optional<uint64_t> id;
   error problem;
 };
 
-/// Decodes one request body (a frame without its header). Errors: not exactly one msgpack
-/// value, not a map, a key that is not a string or not known (named), a value of the wrong
-/// type (named), a missing or non-integer `id`, a prompt that is not valid UTF-8.
-[[nodiscard]] tl::expected<request, request_error> decode_request(std::string_view body);
+/// Decodes one client frame's body (a frame without its header). Errors: not exactly one
+/// msgpack value, not a map, a key that is not a string or not known (named), a value of the
+/// wrong type (named), a missing or non-integer `id`, a "type" other than "cancel", a prompt
+/// that is not valid UTF-8.
+[[nodiscard]] tl::expected<client_frame, request_error> decode_frame(std::string_view body);
 
-/// The request frame `decode_request` reads back as `completion` (for clients and tests):
+/// The request frame `decode_frame` reads back as `completion` (for clients and tests):
 /// every field, `seed` only when `has_seed`.
 [[nodiscard]] std::string encode_request(uint64_t id, const msg::completion_request& completion);
+
+/// The cancel frame of request `id`: `{"type": "cancel", "id"}` (for clients and tests).
+[[nodiscard]] std::string encode_cancel(uint64_t id);
 
 /// A chunk frame: `{"type": "chunk", "id", "sequence", "text", "tokens", "logprobs"}`.
 [[nodiscard]] std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk);

@@ -30,8 +30,8 @@ struct serve_options {
   std::string tokenizer = default_tokenizer_path();
   std::string host = "127.0.0.1";
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
-  int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = none, 0 = any free one (printed)
-  std::string http_host = "127.0.0.1";
+  int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = the topology's [http], 0 = any free one (printed)
+  std::string http_host;   ///< "" = the topology's [http] host, else 127.0.0.1
   int32_t msgpack_port = -1;  ///< the msgpack gateway's port: -1 = none, 0 = any free one (printed)
   std::string msgpack_host = "127.0.0.1";
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
@@ -47,22 +47,46 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   return t;
 }
 
-/// The HTTP gateway `o` asks for (null if none), in front of this node's balancer; /metrics
-/// reports this node's engines.
-expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys, const serve_options& o,
-                                                            const topology::topology& t, const std::string& node_name,
-                                                            const topology::launched_node& node) {
-  if (o.http_port < 0) return nullptr;
-  if (!node.load_balancer)
+/// Where this node serves HTTP, if it does: the topology's [http] with the flags over it (flags
+/// win), on the load balancer's node only.
+expected<std::optional<topology::http_spec>> http_address(const serve_options& o, const topology::topology& t,
+                                                          const std::string& node_name) {
+  const bool balancer_node = node_name == t.load_balancer.node;
+  if (o.http_port < 0 && !o.http_host.empty() && !t.http)
+    return fail(errc::invalid_argument, "--http-host needs --http-port or an [http] table in the topology");
+  if (o.http_port >= 0 && !balancer_node)
     return fail(errc::invalid_argument, "--http-port needs the load balancer's node ('" + t.load_balancer.node + "')");
+  if (o.http_port < 0 && (!t.http || !balancer_node)) return std::nullopt;
+  topology::http_spec http = t.http.value_or(topology::http_spec{});
+  if (o.http_port >= 0) http.port = static_cast<uint16_t>(o.http_port);
+  if (!o.http_host.empty()) http.host = o.http_host;
+  return http;
+}
+
+/// The HTTP gateway at `http` (null if none), listening before the node is launched: /health
+/// says "starting" until `serve` hands it the balancer. /metrics reports this node's engines.
+expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys,
+                                                            const std::optional<topology::http_spec>& http,
+                                                            const topology::topology& t, const std::string& node_name) {
+  if (!http) return nullptr;
   gateway::gateway_options g;
-  g.host = o.http_host;
-  g.port = static_cast<uint16_t>(o.http_port);
+  g.host = http->host;
+  g.port = http->port;
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
   for (const topology::engine_spec& e : t.engines)
     if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
-  return gateway::http_gateway::start(sys, node.load_balancer, node.engines, std::move(g));
+  return gateway::http_gateway::start(sys, std::move(g));
+}
+
+/// On a stop: the HTTP gateway drains (503s for new completions, those in flight end within
+/// the drain timeout), then both gateways stop.
+void stop_gateways(std::unique_ptr<gateway::http_gateway>& http, const std::optional<topology::http_spec>& address,
+                   std::unique_ptr<gateway::msgpack_gateway>& msgpack) {
+  if (http && !http->drain(std::chrono::milliseconds(address->drain_timeout_ms)))
+    spdlog::warn("http: the drain timeout ({} ms) passed: the requests left were cancelled", address->drain_timeout_ms);
+  http.reset();
+  msgpack.reset();  // no new msgpack frames; requests in flight end first
 }
 
 /// The msgpack gateway `o` asks for (null if none), in front of this node's balancer.
@@ -100,9 +124,19 @@ int run_serve(const serve_options& o) {
                                            topology::node_network_limits(*t));
       !ok)
     return fail_with(ok.error());
+  auto http_at = http_address(o, *t, node_name);
+  if (!http_at) return fail_with(http_at.error());
   log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
+  auto http = start_http(sys, *http_at, *t, node_name);
+  if (!http) return leave(sys, fail_with(http.error()));
+  const std::string http_address = *http ? (*http_at)->host + ":" + std::to_string((*http)->port()) : "";
+  if (*http) {
+    std::printf("%s: HTTP gateway starting on %s (GET /health: 503 until the engines are up)\n", node_name.c_str(),
+                http_address.c_str());
+    std::fflush(stdout);
+  }
   auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
   if (!launched && launched.error().code == errc::cancelled) {  // SIGINT/SIGTERM during start-up
     spdlog::warn("{}", launched.error().message);
@@ -117,13 +151,10 @@ int run_serve(const serve_options& o) {
   launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
                               " listening on " + node->host + ":" + std::to_string(*port) +
                               (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
-  auto http = start_http(sys, o, *t, node_name, *launched);
-  if (!http) {
-    topology::shutdown_node(sys, *launched);
-    return leave(sys, fail_with(http.error()));
+  if (*http) {
+    (*http)->serve(launched->load_balancer, launched->engines);
+    launched->summary.push_back("HTTP gateway listening on http://" + http_address);
   }
-  if (*http)
-    launched->summary.push_back("HTTP gateway listening on http://" + o.http_host + ":" + std::to_string((*http)->port()));
   auto msgpack = start_msgpack(sys, o, *t, *launched);
   if (!msgpack) {
     http->reset();
@@ -139,8 +170,7 @@ int run_serve(const serve_options& o) {
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
   spdlog::info("signal {}: shutting down", sig);
-  http->reset();  // no new HTTP requests; those in flight end first
-  msgpack->reset();  // no new msgpack frames; requests in flight end first
+  stop_gateways(*http, *http_at, *msgpack);
   actors::unpublish_actor(sys, launched->entry().address(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
@@ -166,9 +196,12 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   CLI::App* cmd = app.add_subcommand(name, description);
   CLI::Option* topology = cmd->add_option("--topology,-T", o->topology, "topology file (TOML)");
   CLI::Option* node = cmd->add_option("--node", o->node, required ? "the node to run" : "node to run (default: the load balancer's)");
-  cmd->add_option("--http-port", o->http_port, "serve the OpenAI-compatible HTTP API on this port (0 = any free one, printed)")
+  cmd->add_option("--http-port", o->http_port,
+                  "serve the OpenAI-compatible HTTP API on this port (0 = any free one, printed); overrides the "
+                  "topology's [http] port")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--http-host", o->http_host, "address of the HTTP API")->capture_default_str();
+  cmd->add_option("--http-host", o->http_host,
+                  "address of the HTTP API (default: the topology's [http] host, else 127.0.0.1)");
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));

@@ -4,8 +4,9 @@
 //   node examples/clients/msgpack_client.mjs 127.0.0.1:7200 "Once upon a time" 40
 //
 // Prints one JSON object: the greedy completion (temperature 0), the same seeded request twice
-// (the two texts are equal) and the error frame answering a request with a misspelt key. All
-// go over one connection, the two seeded requests in flight at once. tests/msgpack_test.cpp runs
+// (the two texts are equal), the finish reason of a long request cancelled at its first chunk
+// (a cancel frame) and the error frame answering a request with a misspelt key. All go over one
+// connection, the two seeded requests in flight at once. tests/msgpack_test.cpp runs
 // it. A frame is a 4-byte big-endian length and one msgpack value.
 import net from 'node:net';
 import { createRequire } from 'node:module';
@@ -36,19 +37,27 @@ export class TroupeClient {
   }
 
   /// Sends `request` (the fields of docs/msgpack.md); resolves with { text, end } at its end
-  /// frame, rejects with { code, message } at its error frame. `onChunk` sees each chunk frame.
+  /// frame, rejects with { code, message } at its error frame. `onChunk` sees each chunk frame
+  /// (its `id` is what `cancel` takes).
   complete(request, onChunk = () => {}) {
     const id = this.#nextId++;
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { text: '', onChunk, resolve, reject });
-      const body = encode({ id, ...request }, codec);
-      const header = Buffer.alloc(4);
-      header.writeUInt32BE(body.length);
-      this.#socket.write(Buffer.concat([header, body]));
+      this.#send({ id, ...request });
     });
   }
 
+  /// Sends the cancel frame of request `id`: it ends with finish_reason "cancelled".
+  cancel(id) { this.#send({ type: 'cancel', id }); }
+
   close() { this.#socket.end(); }
+
+  #send(frame) {
+    const body = encode(frame, codec);
+    const header = Buffer.alloc(4);
+    header.writeUInt32BE(body.length);
+    this.#socket.write(Buffer.concat([header, body]));
+  }
 
   #receive(data) {
     this.#buffer = Buffer.concat([this.#buffer, data]);
@@ -90,12 +99,15 @@ async function main() {
   const greedy = await client.complete({ prompt, max_tokens, temperature: 0 });
   const seededRequest = () => client.complete({ prompt, max_tokens, temperature: 1, top_p: 1, seed: 42 });
   const seeded = await Promise.all([seededRequest(), seededRequest()]);
+  const long = { prompt, max_tokens: 500, ignore_eos: true, temperature: 0 };
+  const cancelled = await client.complete(long, (chunk) => { if (chunk.sequence === 0) client.cancel(chunk.id); });
   client.close();
   console.log(JSON.stringify({
     greedy: greedy.text,
     finishReason: greedy.end.finish_reason,
     seeded: seeded.map((r) => r.text),
     seeds: seeded.map((r) => String(r.end.seed)),
+    cancelled: cancelled.end.finish_reason,
     error,
   }));
 }
