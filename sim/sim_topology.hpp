@@ -6,10 +6,12 @@
 /// kv_memory_gib * 2^30 / (block_size * kv_bytes_per_token), with kv_bytes_per_token =
 /// 2 (K and V) * n_layers * kv_dim * kv_bytes_per_value. Schema: docs/simulation.md.
 
+#include <optional>
 #include <string>
 
 #include "runtime/common/error.hpp"
 #include "runtime/cost/cost_model.hpp"
+#include "runtime/cost/roofline.hpp"
 #include "runtime/engine/engine_core.hpp"
 
 namespace troupe::sim {
@@ -29,6 +31,9 @@ struct sim_topology {
   engine::engine_config engine;         ///< num_kv_blocks derived from the memory
   int32_t max_waiting = 1 << 20;
   cost::cost_params cost;
+  /// [cost] model = "roofline": steps are priced by it (from the hardware and the shape) and
+  /// `cost` is unused; absent: by the calibrated `cost`.
+  std::optional<cost::roofline_model> roofline;
   token_mode tokens = token_mode::synthetic;
 };
 
