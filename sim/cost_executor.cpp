@@ -86,7 +86,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         const cost::step_features f = cost::features_of(plan);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);
-        const int64_t cost_ns = cost::predict_ns(s.o.cost, f);
+        const int64_t cost_ns = s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f);
         s.busy_until = start + std::chrono::nanoseconds(cost_ns);
         const int64_t start_ns = actors::ns_since_epoch(start);
         sample_engine(self, engine, actors::ns_since_epoch(now) - s.o.origin_ns);

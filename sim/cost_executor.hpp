@@ -7,6 +7,7 @@
 /// really runs, instantly in virtual time).
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <caf/fwd.hpp>
@@ -14,6 +15,7 @@
 #include "actors/protocols.hpp"
 
 #include "runtime/cost/cost_model.hpp"
+#include "runtime/cost/roofline.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "sim/event_log.hpp"
 #include "sim/records.hpp"
@@ -35,6 +37,7 @@ struct cost_executor_options {
   /// engine for its counters (a read-only query) and appends them. Null or 0: no samples.
   std::vector<replica_sample>* samples = nullptr;
   int64_t sample_every_ns = 0;
+  std::optional<cost::roofline_model> roofline;          ///< set: prices the steps instead of `cost`
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

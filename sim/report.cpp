@@ -85,13 +85,6 @@ std::string requests_csv(const sim_result& r) {
 }
 
 /// CDF data ("value fraction" per line) of a sorted copy of `values`.
-std::string cdf_data(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  std::string out;
-  for (size_t i = 0; i < values.size(); i++) out += num(values[i]) + " " + num((i + 1.0) / values.size()) + "\n";
-  return out;
-}
-
 /// Generated tokens per second of virtual time, each token placed at its own emission time.
 std::string throughput_data(const sim_result& r) {
   std::map<int64_t, int64_t> per_second;
@@ -261,27 +254,40 @@ std::string sweep_csv_row(size_t point, const std::vector<std::string>& values, 
   return out + "\n";
 }
 
-expected<void> write_report(const std::string& dir, const sim_result& r, const slo& slos, uint64_t seed) {
+std::string cdf_data(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  std::string out;
+  for (size_t i = 0; i < values.size(); i++) out += num(values[i]) + " " + num((i + 1.0) / values.size()) + "\n";
+  return out;
+}
+
+expected<void> write_plot_files(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files,
+                                const std::string& script) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return fail(errc::io_error, "cannot create output directory " + dir + ": " + ec.message());
   const fs::path d(dir);
-  const latencies l = collect(r);
-  std::string script = plot_script;
-  if (r.sample_every_ns > 0) {
-    if (auto ok = write_file(d / "timeseries.csv", timeseries_csv(r)); !ok) return ok;
-    script += timeseries_plot_script(r.num_replicas);
-  }
-  for (const auto& [name, text] :
-       {std::pair<const char*, std::string>{"requests.csv", requests_csv(r)}, {"summary.json", summary_json(r, slos, seed)},
-        {"ttft_cdf.dat", cdf_data(l.ttft)}, {"e2e_cdf.dat", cdf_data(l.e2e)}, {"throughput.dat", throughput_data(r)},
-        {"plots.gp", script}})
+  for (const auto& [name, text] : files)
     if (auto ok = write_file(d / name, text); !ok) return ok;
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
-    const std::string cmd = "cd '" + d.string() + "' && gnuplot plots.gp";
-    if (std::system(cmd.c_str()) != 0) return fail(errc::internal, "gnuplot failed on " + (d / "plots.gp").string());
+    const std::string cmd = "cd '" + d.string() + "' && gnuplot " + script;
+    if (std::system(cmd.c_str()) != 0) return fail(errc::internal, "gnuplot failed on " + (d / script).string());
   }
   return {};
+}
+
+expected<void> write_report(const std::string& dir, const sim_result& r, const slo& slos, uint64_t seed) {
+  const latencies l = collect(r);
+  std::string script = plot_script;
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"requests.csv", requests_csv(r)}, {"summary.json", summary_json(r, slos, seed)},
+      {"ttft_cdf.dat", cdf_data(l.ttft)}, {"e2e_cdf.dat", cdf_data(l.e2e)}, {"throughput.dat", throughput_data(r)}};
+  if (r.sample_every_ns > 0) {
+    files.emplace_back("timeseries.csv", timeseries_csv(r));
+    script += timeseries_plot_script(r.num_replicas);
+  }
+  files.emplace_back("plots.gp", script);
+  return write_plot_files(dir, files, "plots.gp");
 }
 
 }  // namespace troupe::sim

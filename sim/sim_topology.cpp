@@ -12,6 +12,7 @@
 #include <functional>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -109,10 +110,86 @@ std::string resolve(const std::string& base_dir, const std::string& path) {
   return fs::path(path).is_absolute() ? path : (fs::path(base_dir) / path).lexically_normal().string();
 }
 
+/// The [cost] keys of the roofline model, as read; unset numbers come from the preset.
+struct roofline_keys {
+  std::string model = "calibrated";
+  std::string preset;
+  std::optional<double> peak_tflops, memory_bandwidth_gb_s, memory_gb, interconnect_gb_s;
+  double tensor_parallel = 1;
+  double step_overhead_us = 0;
+  double weight_bytes_per_value = 2;  // [model]
+  bool any_given = false;             // a roofline-only key is in [cost]
+};
+
+/// The roofline model of `t` (shape and KV pool final) from its keys: the preset's datasheet
+/// figures, each overridden by an explicit key.
+expected<cost::roofline_model> make_roofline(const sim_topology& t, const roofline_keys& k, double kv_bytes_per_value,
+                                             const std::string& where) {
+  cost::hardware_spec hw;
+  if (!k.preset.empty()) {
+    auto preset = cost::find_hardware_preset(k.preset);
+    if (!preset) return fail(errc::malformed_file, where + "[cost] preset: " + preset.error().message);
+    hw = preset->spec;
+  }
+  const std::tuple<const std::optional<double>&, double&, double, const char*> numbers[] = {
+      {k.peak_tflops, hw.peak_flops, 1e12, "peak_tflops"},
+      {k.memory_bandwidth_gb_s, hw.memory_bytes_per_s, 1e9, "memory_bandwidth_gb_s"},
+      {k.memory_gb, hw.memory_bytes, 1e9, "memory_gb"},
+      {k.interconnect_gb_s, hw.interconnect_bytes_per_s, 1e9, "interconnect_gb_s"}};
+  for (const auto& [given, target, unit, name] : numbers) {
+    if (given) target = *given * unit;
+    if (k.preset.empty() && !given && std::string(name) != "interconnect_gb_s")
+      return fail(errc::malformed_file, where + "[cost] model = \"roofline\" needs preset = NAME or " + name);
+  }
+  if (k.tensor_parallel != std::floor(k.tensor_parallel))
+    return fail(errc::malformed_file, where + "[cost] tensor_parallel must be a whole number of devices");
+  cost::roofline_options o;
+  o.hardware = hw;
+  o.tensor_parallel = static_cast<int32_t>(k.tensor_parallel);
+  o.step_overhead_ns = k.step_overhead_us * 1e3;
+  o.weight_bytes_per_value = k.weight_bytes_per_value;
+  o.kv_bytes_per_value = kv_bytes_per_value;
+  o.kv_memory_bytes = t.kv_memory_gib * 1073741824.0;
+  auto model = cost::roofline_model::make(t.model, o);
+  if (!model) return fail(errc::malformed_file, where + model.error().message);
+  return model;
+}
+
+/// Which cost model prices the steps, checked against the keys given for the other.
+expected<void> finish_cost_model(sim_topology& t, const roofline_keys& k, const std::string& calibration,
+                                 bool cost_inline, double kv_bytes_per_value, const std::string& where) {
+  if (k.model != "calibrated" && k.model != "roofline")
+    return fail(errc::malformed_file, where + "[cost] model must be \"calibrated\" or \"roofline\", got \"" +
+                                          k.model + "\"");
+  if (k.model == "calibrated") {
+    if (k.any_given)
+      return fail(errc::malformed_file, where + "[cost] preset, peak_tflops, memory_bandwidth_gb_s, memory_gb, "
+                                                "interconnect_gb_s, tensor_parallel and step_overhead_us belong to "
+                                                "model = \"roofline\"");
+    if (calibration.empty() == !cost_inline)
+      return fail(errc::malformed_file, where + "[cost] needs either calibration = FILE or step_ns, token_ns, "
+                                                "sampled_row_ns and attention_token_ns (and optionally "
+                                                "kv_read_token_ns), not both");
+    if (!calibration.empty()) {
+      auto params = cost::read_calibration(calibration);
+      if (!params) return fail(params.error().code, where + params.error().message);
+      t.cost = *params;
+    }
+    return {};
+  }
+  if (!calibration.empty() || cost_inline)
+    return fail(errc::malformed_file, where + "[cost] model = \"roofline\" prices steps from the hardware: remove "
+                                              "calibration and the step_ns/token_ns/... parameters");
+  auto roofline = make_roofline(t, k, kv_bytes_per_value, where);
+  if (!roofline) return tl::unexpected(roofline.error());
+  t.roofline = std::move(*roofline);
+  return {};
+}
+
 /// Cross-field checks and derived values, once every table is read.
 expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& checkpoint, const std::string& calibration,
                                            const std::string& tokens, double kv_bytes_per_value,
-                                           const std::string& source, bool cost_inline) {
+                                           const std::string& source, bool cost_inline, const roofline_keys& roofline) {
   const std::string where = source + ": ";
   if (tokens != "synthetic" && tokens != "real")
     return fail(errc::malformed_file, where + "[cost] tokens must be \"synthetic\" or \"real\", got \"" + tokens + "\"");
@@ -136,19 +213,6 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
   }
   if (t.tokens == token_mode::real && t.checkpoint_path.empty())
     return fail(errc::malformed_file, where + "tokens = \"real\" needs [model] checkpoint = the model that computes them");
-  if (calibration.empty() == !cost_inline)
-    return fail(errc::malformed_file, where + "[cost] needs either calibration = FILE or step_ns, token_ns, "
-                                              "sampled_row_ns and attention_token_ns (and optionally "
-                                              "kv_read_token_ns), not both");
-  if (!calibration.empty()) {
-    auto params = cost::read_calibration(calibration);
-    if (!params) return fail(params.error().code, where + params.error().message);
-    t.cost = *params;
-  }
-  const double budget_ms = t.engine.scheduler.step_time_budget_ms;
-  if (budget_ms != 0 && budget_ms < 1e-6)
-    return fail(errc::malformed_file, where + "[engine] step_time_budget_ms must be 0 (off) or at least 0.000001");
-  t.engine.scheduler.step_cost = t.cost;  // the scheduler prices steps as the executor runs them
   t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * kv_bytes_per_value));
   const double blocks = t.kv_memory_gib * 1073741824.0 / (static_cast<double>(t.engine.block_size) * t.kv_bytes_per_token);
   const int64_t needed = (t.model.seq_len + t.engine.block_size - 1) / t.engine.block_size;
@@ -158,6 +222,15 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
                                           " KV blocks, fewer than one max_context sequence needs (" +
                                           std::to_string(needed) + ")");
   t.engine.num_kv_blocks = static_cast<int32_t>(std::min(blocks, 2e9));
+  if (auto ok = finish_cost_model(t, roofline, calibration, cost_inline, kv_bytes_per_value, where); !ok)
+    return tl::unexpected(ok.error());
+  const double budget_ms = t.engine.scheduler.step_time_budget_ms;
+  if (budget_ms != 0 && budget_ms < 1e-6)
+    return fail(errc::malformed_file, where + "[engine] step_time_budget_ms must be 0 (off) or at least 0.000001");
+  if (budget_ms != 0 && t.roofline)
+    return fail(errc::malformed_file, where + "[engine] step_time_budget_ms needs the calibrated cost model: the "
+                                              "scheduler's budget solver prices steps with it, not with the roofline");
+  t.engine.scheduler.step_cost = t.cost;  // the scheduler prices steps as the executor runs them
   return t;
 }
 
@@ -181,6 +254,13 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   model::model_config& m = t.model;
   double kv_bytes_per_value = 2;
   std::string calibration, tokens = "synthetic", checkpoint;
+  roofline_keys roofline;
+  const auto roofline_only = [&](std::function<void(double)> set) {
+    return [&roofline, set](double v) {
+      roofline.any_given = true;
+      set(v);
+    };
+  };
   const double big = 1 << 30;
   std::vector<field> model_fields = {
       {"name", false, 0, 0, nullptr, [&](const std::string& s) { t.model_name = s; }},
@@ -189,7 +269,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"n_layers", false, 1, 1024, into(m.n_layers)},      {"dim", false, 1, big, into(m.dim)},
       {"hidden_dim", false, 1, big, into(m.hidden_dim)},    {"n_heads", false, 1, 1024, into(m.n_heads)},
       {"n_kv_heads", false, 1, 1024, into(m.n_kv_heads)},   {"vocab_size", false, 4, big, into(m.vocab_size)},
-      {"max_context", false, 2, big, into(m.seq_len)},      {"kv_bytes_per_value", false, 0.125, 8, into(kv_bytes_per_value)}};
+      {"max_context", false, 2, big, into(m.seq_len)},      {"kv_bytes_per_value", false, 0.125, 8, into(kv_bytes_per_value)},
+      {"weight_bytes_per_value", false, 0.125, 8, into(roofline.weight_bytes_per_value)}};
   std::vector<field> hardware_fields = {{"kv_memory_gib", true, 1e-6, 1e6, into(t.kv_memory_gib)}};
   std::vector<field> engine_fields = {
       {"replicas", false, 1, 4096, into(t.replicas)},
@@ -210,7 +291,18 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"attention_token_ns", false, 0, 1e15, into(t.cost.attention_token_ns)},
       {"kv_read_token_ns", false, 0, 1e15, into(t.cost.kv_read_token_ns)},
       {"calibration", false, 0, 0, nullptr, [&](const std::string& s) { calibration = resolve(base_dir, s); }},
-      {"tokens", false, 0, 0, nullptr, [&](const std::string& s) { tokens = s; }}};
+      {"tokens", false, 0, 0, nullptr, [&](const std::string& s) { tokens = s; }},
+      {"model", false, 0, 0, nullptr, [&](const std::string& s) { roofline.model = s; }},
+      {"preset", false, 0, 0, nullptr, [&](const std::string& s) {
+         roofline.any_given = true;
+         roofline.preset = s;
+       }},
+      {"peak_tflops", false, 1e-6, 1e9, roofline_only(into(roofline.peak_tflops))},
+      {"memory_bandwidth_gb_s", false, 1e-6, 1e9, roofline_only(into(roofline.memory_bandwidth_gb_s))},
+      {"memory_gb", false, 1e-6, 1e9, roofline_only(into(roofline.memory_gb))},
+      {"interconnect_gb_s", false, 1e-6, 1e9, roofline_only(into(roofline.interconnect_gb_s))},
+      {"tensor_parallel", false, 1, 1024, roofline_only(into(roofline.tensor_parallel))},
+      {"step_overhead_us", false, 0, 1e9, roofline_only(into(roofline.step_overhead_us))}};
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
                                          {"cost", &cost_fields, true}})
@@ -226,7 +318,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                                                           "sampled_row_ns and attention_token_ns "
                                                           "(kv_read_token_ns is optional)");
   return finish_sim_topology(std::move(t), checkpoint.empty() ? "" : resolve(base_dir, checkpoint), calibration,
-                             tokens, kv_bytes_per_value, source, inline_params == 4);
+                             tokens, kv_bytes_per_value, source, inline_params == 4, roofline);
 }
 
 expected<sim_topology> load_sim_topology(const std::string& path, const topology_overrides& set) {

@@ -6,12 +6,14 @@
 /// kv_memory_gib * 2^30 / (block_size * kv_bytes_per_token), with kv_bytes_per_token =
 /// 2 (K and V) * n_layers * kv_dim * kv_bytes_per_value. Schema: docs/simulation.md.
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "runtime/common/error.hpp"
 #include "runtime/cost/cost_model.hpp"
+#include "runtime/cost/roofline.hpp"
 #include "runtime/engine/engine_core.hpp"
 
 namespace troupe::sim {
@@ -34,6 +36,9 @@ struct sim_topology {
   double rate_limit_per_s = 0;          ///< [load_balancer] admission rate, 0 = off
   int32_t rate_limit_burst = 16;         ///< [load_balancer] admission burst
   cost::cost_params cost;
+  /// [cost] model = "roofline": steps are priced by it (from the hardware and the shape) and
+  /// `cost` is unused; absent: by the calibrated `cost`.
+  std::optional<cost::roofline_model> roofline;
   token_mode tokens = token_mode::synthetic;
 };
 

@@ -116,7 +116,7 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     o.detached_executor = false;
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
-                            &rs.samples, rs.o.sample_every_ns};
+                            &rs.samples, rs.o.sample_every_ns, t.roofline};
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());

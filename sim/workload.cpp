@@ -108,15 +108,38 @@ std::vector<trace_request> shape_workload(std::vector<trace_request> requests,
   return requests;
 }
 
+expected<void> validate(const arrival_process& p) {
+  if (!in_range(p.rate_per_s, 1e-3, 1e9))
+    return fail(errc::invalid_argument,
+                "rate_per_s must be in [0.001, 1e9], got " + format_double(p.rate_per_s));
+  if (!in_range(p.cv, 0.01, 10.0))
+    return fail(errc::invalid_argument, "cv must be in [0.01, 10], got " + format_double(p.cv));
+  return {};
+}
+
+void draw_arrivals(std::vector<trace_request>& requests, const arrival_process& process) {
+  const auto valid = validate(process);
+  TROUPE_ASSERT_MSG(valid.has_value(), valid ? "" : valid.error().message.c_str());
+  random_source gaps(derive_seed(process.seed, 0));
+  const double shape = 1.0 / (process.cv * process.cv);
+  const double scale_ns = ns_per_s / (process.rate_per_s * shape);
+  int64_t arrival_ns = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i > 0) {
+      const double gap_ns = std::floor(gaps.gamma(shape) * scale_ns + 0.5);
+      TROUPE_ASSERT_MSG(gap_ns < 4.0e18, "a gap overflows int64 ns");
+      TROUPE_ASSERT_MSG(!__builtin_add_overflow(arrival_ns, static_cast<int64_t>(gap_ns), &arrival_ns),
+                        "arrivals overflow int64 ns");
+    }
+    requests[i].arrival_ns = arrival_ns;
+  }
+}
+
 expected<void> validate(const synthetic_options& o) {
   if (o.num_requests < 0)
     return fail(errc::invalid_argument,
                 "num_requests must be >= 0, got " + std::to_string(o.num_requests));
-  if (!in_range(o.rate_per_s, 1e-3, 1e9))
-    return fail(errc::invalid_argument,
-                "rate_per_s must be in [0.001, 1e9], got " + format_double(o.rate_per_s));
-  if (!in_range(o.cv, 0.01, 10.0))
-    return fail(errc::invalid_argument, "cv must be in [0.01, 10], got " + format_double(o.cv));
+  if (auto ok = validate(arrival_process{o.rate_per_s, o.cv, o.seed}); !ok) return ok;
   constexpr int32_t mean_max = 1 << 30;
   if (o.input_mean < 1 || o.input_mean > mean_max)
     return fail(errc::invalid_argument,
@@ -130,27 +153,15 @@ expected<void> validate(const synthetic_options& o) {
 std::vector<trace_request> synthetic_workload(const synthetic_options& options) {
   const auto valid = validate(options);
   TROUPE_ASSERT_MSG(valid.has_value(), valid ? "" : valid.error().message.c_str());
-  random_source gaps(derive_seed(options.seed, 0));
   random_source lengths(derive_seed(options.seed, 1));
-  const double shape = 1.0 / (options.cv * options.cv);
-  const double scale_ns = ns_per_s / (options.rate_per_s * shape);
   std::vector<trace_request> requests(static_cast<size_t>(options.num_requests));
-  int64_t arrival_ns = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (i > 0) {
-      const double gap_ns = std::floor(gaps.gamma(shape) * scale_ns + 0.5);
-      TROUPE_ASSERT_MSG(gap_ns < 4.0e18, "a synthetic gap overflows int64 ns");
-      TROUPE_ASSERT_MSG(!__builtin_add_overflow(arrival_ns, static_cast<int64_t>(gap_ns), &arrival_ns),
-                        "synthetic arrivals overflow int64 ns");
-    }
-    requests[i].arrival_ns = arrival_ns;
-    requests[i].input_tokens = static_cast<int32_t>(
-        lengths.uniform_between(options.input_mean - options.input_mean / 2,
-                                options.input_mean + options.input_mean / 2));
-    requests[i].output_tokens = static_cast<int32_t>(
-        lengths.uniform_between(options.output_mean - options.output_mean / 2,
-                                options.output_mean + options.output_mean / 2));
+  for (trace_request& r : requests) {
+    r.input_tokens = static_cast<int32_t>(lengths.uniform_between(options.input_mean - options.input_mean / 2,
+                                                                  options.input_mean + options.input_mean / 2));
+    r.output_tokens = static_cast<int32_t>(lengths.uniform_between(options.output_mean - options.output_mean / 2,
+                                                                   options.output_mean + options.output_mean / 2));
   }
+  draw_arrivals(requests, arrival_process{options.rate_per_s, options.cv, options.seed});
   return requests;
 }
 

@@ -37,11 +37,26 @@ struct workload_options {
 [[nodiscard]] std::vector<trace_request> shape_workload(std::vector<trace_request> requests,
                                                         const workload_options& options);
 
+/// An open-loop arrival process: request 0 arrives at 0; gap i (seconds) ~ Gamma(shape =
+/// 1 / cv^2, scale = 1 / (rate * shape)), mean 1 / rate and coefficient of variation cv (cv = 1:
+/// exponential, i.e. Poisson arrivals; cv > 1: burstier), rounded half up to whole nanoseconds
+/// and summed as integers. The gaps come from the stream `derive_seed(seed, 0)`.
+struct arrival_process {
+  double rate_per_s = 1.0;  ///< mean arrivals per second, [1e-3, 1e9]
+  double cv = 1.0;          ///< coefficient of variation of the gaps, [0.01, 10]
+  uint64_t seed = 0;
+};
+
+/// Rejects a rate or cv outside the ranges above (invalid_argument, naming the field).
+[[nodiscard]] expected<void> validate(const arrival_process& process);
+
+/// Sets every request's arrival_ns, in order, from `process` (which must validate): a
+/// length-only dataset (trace_format::lengths) becomes a workload.
+void draw_arrivals(std::vector<trace_request>& requests, const arrival_process& process);
+
 /// Synthetic open-loop arrivals with uniform lengths.
 ///
-/// Request 0 arrives at 0; gap i (seconds) ~ Gamma(shape = 1 / cv^2, scale = 1 / (rate * shape)),
-/// mean 1 / rate and coefficient of variation cv (cv = 1: exponential, i.e. Poisson arrivals;
-/// cv > 1: burstier), rounded half up to whole nanoseconds and summed as integers.
+/// Arrivals are `draw_arrivals` of {rate_per_s, cv, seed}.
 /// input_tokens is uniform in [input_mean - input_mean / 2, input_mean + input_mean / 2]
 /// (integer division, so the mean is exactly input_mean), output_tokens likewise.
 /// Gaps and lengths come from two streams, `derive_seed(seed, 0)` and `derive_seed(seed, 1)`,

@@ -217,34 +217,34 @@ TEST(AzureParse, EachErrorNamesFileAndLine) {
                    "header has no column GeneratedTokens");
   expect_malformed("non_numeric.csv", trace_format::azure,
                    azure_header + row + "2023-11-16 18:15:47.0000000,abc,44\r\n", 3,
-                   "ContextTokens is not an integer: 'abc'");
+                   "column 2 (ContextTokens) is not an integer: 'abc'");
   expect_malformed("empty_field.csv", trace_format::azure,
                    azure_header + row + "2023-11-16 18:15:47.0000000,12,\r\n", 3,
-                   "GeneratedTokens is empty");
+                   "column 3 (GeneratedTokens) is empty");
   expect_malformed("zero_input.csv", trace_format::azure,
                    azure_header + "2023-11-16 18:15:46.6805900,0,44\r\n", 2,
-                   "ContextTokens must be >= 1, got 0");
+                   "column 2 (ContextTokens) must be >= 1, got 0");
   expect_malformed("negative_output.csv", trace_format::azure,
                    azure_header + row + row + "2023-11-16 18:15:47.0000000,5,-3\r\n", 4,
-                   "GeneratedTokens must be >= 1, got -3");
+                   "column 3 (GeneratedTokens) must be >= 1, got -3");
   expect_malformed("huge_output.csv", trace_format::azure,
                    azure_header + "2023-11-16 18:15:47.0000000,5,2147483648\r\n", 2,
-                   "GeneratedTokens 2147483648 exceeds 2147483647");
+                   "column 3 (GeneratedTokens) 2147483648 exceeds 2147483647");
   expect_malformed("backwards.csv", trace_format::azure,
                    azure_header + row + "2023-11-16 18:15:46.6805899,10,10\r\n", 3,
-                   "TIMESTAMP '2023-11-16 18:15:46.6805899' is earlier than the previous row's");
+                   "column 1 (TIMESTAMP) '2023-11-16 18:15:46.6805899' is earlier than the previous row's");
   expect_malformed("truncated.csv", trace_format::azure,
                    azure_header + row + "2023-11-16 18:15:47.00", 3,
                    "expected 3 comma-separated fields, got 1 (truncated line?)");
   expect_malformed("bad_timestamp.csv", trace_format::azure,
                    azure_header + "2023/11/16 18:15:46,1,1\r\n", 2,
-                   "TIMESTAMP is not YYYY-MM-DD HH:MM:SS[.fraction]");
+                   "column 1 (TIMESTAMP) is not YYYY-MM-DD HH:MM:SS[.fraction]");
   expect_malformed("bad_date.csv", trace_format::azure,
                    azure_header + "2023-02-29 18:15:46.1,1,1\r\n", 2,
-                   "TIMESTAMP is not a valid date and time");
+                   "column 1 (TIMESTAMP) is not a valid date and time");
   expect_malformed("ten_fraction_digits.csv", trace_format::azure,
                    azure_header + "2023-11-16 18:15:46.1234567890,1,1\r\n", 2,
-                   "TIMESTAMP is not YYYY-MM-DD");
+                   "column 1 (TIMESTAMP) is not YYYY-MM-DD");
   expect_malformed("header_only.csv", trace_format::azure, azure_header, 0,
                    "no requests after the header");
   expect_malformed("empty.csv", trace_format::azure, "", 0, "empty");

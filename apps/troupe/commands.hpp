@@ -83,6 +83,7 @@ action add_up(CLI::App& app);
 action add_client(CLI::App& app);
 action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);
+action add_trace(CLI::App& app);
 action add_certs(CLI::App& app);
 action add_bench(CLI::App& app);
 action add_convert(CLI::App& app);

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
       {"client", troupe::cli::add_client(app)},
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},
+      {"trace", troupe::cli::add_trace(app)},
       {"certs", troupe::cli::add_certs(app)},
       {"bench", troupe::cli::add_bench(app)},
       {"convert", troupe::cli::add_convert(app)},

@@ -35,7 +35,7 @@ namespace {
 struct sim_cli_options {
   std::string topology;
   std::string trace;
-  std::string format;  // azure | mooncake; default from the file's extension
+  std::string format;  // sim::parse_trace_format's names; default: detected from the file
   sim::synthetic_options synthetic;
   uint64_t seed = 0;
   std::string out = "sim-out";
@@ -120,23 +120,33 @@ expected<void> apply_setting(sim_cli_options& o, const std::string& key, const s
   return it->second(o, value);
 }
 
+/// The seed of synthetic arrivals and lengths, from the run seed.
+uint64_t synthetic_seed(uint64_t run_seed) { return sim::derive_seed(run_seed, 0x73796e7468657469ULL); }  // "synthetic"
+
 expected<std::vector<sim::trace_request>> load_workload(const sim_cli_options& o, int32_t max_context) {
   std::vector<sim::trace_request> workload;
   if (o.trace.empty()) {
     if (o.synthetic.num_requests <= 0)
       return fail(errc::invalid_argument, "give --trace FILE or --synthetic-requests N");
     sim::synthetic_options s = o.synthetic;
-    s.seed = sim::derive_seed(o.seed, 0x73796e7468657469ULL);  // "synthetic"
+    s.seed = synthetic_seed(o.seed);
     if (auto ok = sim::validate(s); !ok) return tl::unexpected(ok.error());
     workload = sim::synthetic_workload(s);
   } else {
-    std::string format = o.format;
-    if (format.empty()) format = o.trace.size() > 6 && o.trace.substr(o.trace.size() - 6) == ".jsonl" ? "mooncake" : "azure";
-    auto f = sim::parse_trace_format(format);
-    if (!f) return tl::unexpected(f.error());
-    auto read = sim::read_trace(o.trace, *f);
+    std::optional<sim::trace_format> format;
+    if (!o.format.empty()) {
+      auto f = sim::parse_trace_format(o.format);
+      if (!f) return tl::unexpected(f.error());
+      format = *f;
+    }
+    auto read = sim::load_trace(o.trace, format);
     if (!read) return tl::unexpected(read.error());
-    workload = std::move(*read);
+    workload = std::move(read->requests);
+    if (!sim::has_arrival_times(read->format)) {  // a length-only dataset: arrivals as synthetic ones
+      const sim::arrival_process arrivals{o.synthetic.rate_per_s, o.synthetic.cv, synthetic_seed(o.seed)};
+      if (auto ok = sim::validate(arrivals); !ok) return tl::unexpected(ok.error());
+      sim::draw_arrivals(workload, arrivals);
+    }
   }
   sim::workload_options shape = o.shape;
   if (shape.max_context == 0 || shape.max_context > max_context) shape.max_context = max_context;
@@ -313,11 +323,11 @@ action add_sim(CLI::App& app) {
   auto o = std::make_shared<sim_cli_options>();
   CLI::App* cmd = app.add_subcommand("sim", "Simulate a workload on virtual time with the production actors");
   cmd->add_option("--topology,-T", o->topology, "simulation topology (TOML, see docs/simulation.md)")->required();
-  cmd->add_option("--trace", o->trace, "Azure 2023 CSV or Mooncake JSONL trace");
-  cmd->add_option("--format", o->format, "azure or mooncake (default: from the extension)");
+  cmd->add_option("--trace", o->trace, "trace: Azure 2023, Mooncake, BurstGPT, Vidur or length-only (docs/simulation.md)");
+  cmd->add_option("--format", o->format, "azure, mooncake, burstgpt, vidur or lengths (default: detected from the file)");
   cmd->add_option("--synthetic-requests", o->synthetic.num_requests, "synthetic workload: number of requests");
-  cmd->add_option("--synthetic-rate", o->synthetic.rate_per_s, "synthetic: arrivals per second")->capture_default_str();
-  cmd->add_option("--synthetic-cv", o->synthetic.cv, "synthetic: inter-arrival cv (1 = Poisson)")->capture_default_str();
+  cmd->add_option("--synthetic-rate", o->synthetic.rate_per_s, "synthetic and length-only traces: arrivals per second")->capture_default_str();
+  cmd->add_option("--synthetic-cv", o->synthetic.cv, "synthetic and length-only traces: inter-arrival cv (1 = Poisson)")->capture_default_str();
   cmd->add_option("--synthetic-input", o->synthetic.input_mean, "synthetic: mean prompt tokens")->capture_default_str();
   cmd->add_option("--synthetic-output", o->synthetic.output_mean, "synthetic: mean output tokens")->capture_default_str();
   cmd->add_option("--seed,-s", o->seed, "run seed: every random choice derives from it")
