@@ -205,16 +205,22 @@ TEST_F(Msgpack, ATruncatedFrameAtEndOfStreamIsAnErrorThenTheConnectionCloses) {
   EXPECT_EQ(s.read_frame(), "");
 }
 
+/// Sends request `id`: 500 tokens, EOS ignored (long enough to act on mid-stream), and reads
+/// its first chunk.
+void start_long_request(frame_socket& s, uint64_t id) {
+  msg::completion_request request;
+  request.prompt = "x";
+  request.max_tokens = 500;
+  request.ignore_eos = true;
+  s.send(wire::encode_request(id, request));
+  EXPECT_EQ(text_field(s.read_frame(), "type"), "chunk");
+}
+
 TEST_F(Msgpack, AClientThatDisconnectsCancelsItsRequestsInFlight) {
   {
     frame_socket s(port_);
     ASSERT_TRUE(s.connected());
-    msg::completion_request request;
-    request.prompt = "x";
-    request.max_tokens = 500;
-    request.ignore_eos = true;
-    s.send(wire::encode_request(7, request));
-    EXPECT_EQ(text_field(s.read_frame(), "type"), "chunk");
+    start_long_request(s, 7);
   }
   EXPECT_TRUE(file_contains_within((dir_ / "serve.err").string(), "the client of request id 7 went away: cancelling it",
                                    std::chrono::seconds(30)))
@@ -226,12 +232,7 @@ TEST_F(Msgpack, AClientThatDisconnectsCancelsItsRequestsInFlight) {
 TEST_F(Msgpack, ACancelFrameEndsItsRequestAsCancelledAndItsKvBlocksAreFreed) {
   frame_socket s(port_);
   ASSERT_TRUE(s.connected());
-  msg::completion_request request;
-  request.prompt = "x";
-  request.max_tokens = 500;
-  request.ignore_eos = true;
-  s.send(wire::encode_request(3, request));
-  EXPECT_EQ(text_field(s.read_frame(), "type"), "chunk");
+  start_long_request(s, 3);
   s.send(wire::encode_cancel(3));
   s.send(wire::encode_cancel(99));  // no such request: ignored, no frame answers it
   std::string end = s.read_frame();
