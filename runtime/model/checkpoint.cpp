@@ -1,18 +1,14 @@
 #include "runtime/model/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "runtime/common/mapped_file.hpp"
 #include "runtime/model/gguf.hpp"
 
 namespace troupe::model {
@@ -72,12 +68,8 @@ struct tensor_view {
 }  // namespace
 
 struct checkpoint::mapping {
-  void* data = MAP_FAILED;
-  size_t size = 0;
-  std::vector<float> owned;  // a GGUF's weights, converted to llama2.c's layout
-  ~mapping() {
-    if (data != MAP_FAILED) munmap(data, size);
-  }
+  std::optional<mapped_file> file;  // a llama2.c checkpoint: the weights are read in place
+  std::vector<float> owned;         // a GGUF's weights, converted to llama2.c's layout
 };
 
 namespace {
@@ -279,52 +271,35 @@ expected<void> check_finite(const checkpoint& ck) {
 }
 
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(errc::io_error, where(path) + "cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return fail(errc::io_error, where(path) + "not a regular file");
-  }
-  if (st.st_size < header_bytes) {
-    ::close(fd);
-    return fail(errc::malformed_file, where(path) + "only " + std::to_string(st.st_size) +
+  auto file = mapped_file::open(path);
+  if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
+  const std::string_view bytes = file->bytes();
+  if (bytes.size() < static_cast<size_t>(header_bytes))
+    return fail(errc::malformed_file, where(path) + "only " + std::to_string(bytes.size()) +
                                           " bytes; a llama2.c checkpoint starts with a 28-byte header, a GGUF "
                                           "file with a longer one");
-  }
   auto map = std::make_shared<mapping>();
-  map->size = static_cast<size_t>(st.st_size);
-  map->data = ::mmap(nullptr, map->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map->data == MAP_FAILED)
-    return fail(errc::io_error, where(path) + "mmap failed: " + std::strerror(errno));
-
-  const std::string_view bytes(static_cast<const char*>(map->data), map->size);
-  if (is_gguf(bytes)) {
-    auto ck = from_gguf(bytes, path);
-    if (!ck) return tl::unexpected(ck.error());
-    map->owned = std::move(ck->second);
-    ::munmap(map->data, map->size);  // everything is in `owned` now
-    map->data = MAP_FAILED;
-    checkpoint out;
-    out.path_ = path;
-    out.config_ = ck->first;
-    out.weights_ = views(out.config_, map->owned.data(), /*freq_cis=*/false);
-    out.map_ = std::move(map);
-    if (options.check_finite)
-      if (auto ok = check_finite(out); !ok) return tl::unexpected(ok.error());
-    return out;
-  }
-  int32_t header[7];
-  std::memcpy(header, map->data, sizeof(header));
-  auto config = parse_header(header, st.st_size, path);
-  if (!config) return tl::unexpected(config.error());
-
   checkpoint ck;
   ck.path_ = path;
-  ck.config_ = *config;
-  ck.weights_ = views(ck.config_, reinterpret_cast<const float*>(static_cast<const char*>(map->data) + header_bytes),
-                      /*freq_cis=*/true);
+  const float* base = nullptr;
+  bool freq_cis = true;
+  if (is_gguf(bytes)) {
+    auto gguf = from_gguf(bytes, path);
+    if (!gguf) return tl::unexpected(gguf.error());
+    ck.config_ = gguf->first;
+    map->owned = std::move(gguf->second);  // the weights, converted: the file is unmapped below
+    base = map->owned.data();
+    freq_cis = false;
+  } else {
+    int32_t header[7];
+    std::memcpy(header, bytes.data(), sizeof(header));
+    auto config = parse_header(header, static_cast<int64_t>(bytes.size()), path);
+    if (!config) return tl::unexpected(config.error());
+    ck.config_ = *config;
+    map->file = std::move(*file);
+    base = reinterpret_cast<const float*>(map->file->bytes().data() + header_bytes);
+  }
+  ck.weights_ = views(ck.config_, base, freq_cis);
   ck.map_ = std::move(map);
   if (options.check_finite) {
     if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());

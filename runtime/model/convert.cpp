@@ -31,8 +31,8 @@ std::string to_gguf(const checkpoint& ck, const tokenizer& tok, const std::strin
       piece = "</s>", type = control;
     } else if (tokenizer::is_byte(id)) {
       type = byte;
-    } else {  // SentencePiece spells a space U+2581
-      for (size_t at; (at = piece.find(' ')) != std::string::npos;) piece.replace(at, 1, "\xe2\x96\x81");
+    } else {
+      for (size_t at; (at = piece.find(' ')) != std::string::npos;) piece.replace(at, 1, tokenizer::sentencepiece_space);
     }
     tokens.push_back(v::of_string(std::move(piece)));
     scores.push_back(v::of_float(tok.score(id)));

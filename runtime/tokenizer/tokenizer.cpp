@@ -2,21 +2,17 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <queue>
-#include <system_error>
 
 #include "runtime/common/byte_reader.hpp"
+#include "runtime/common/mapped_file.hpp"
 #include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe {
 namespace {
-
-/// SentencePiece's word-boundary mark, U+2581, in a GGUF vocabulary's pieces.
-constexpr std::string_view gguf_space = "\xe2\x96\x81";
 
 /// llama2.c starts its best-merge search at -1e10 with a strict `>`: a piece scored at or below
 /// it never merges.
@@ -197,30 +193,12 @@ void merge_best_pairs(const tokenizer& tok, std::vector<std::int32_t>& ids) {
   }
 }
 
-expected<std::string> read_file(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    const std::string reason = std::error_code(errno, std::generic_category()).message();
-    return fail(errc::io_error, "cannot open tokenizer file '" + path + "': " + reason);
-  }
-  std::string bytes;
-  std::array<char, 1 << 16> chunk{};
-  std::size_t num_read = 0;
-  while ((num_read = std::fread(chunk.data(), 1, chunk.size(), file)) > 0) {
-    bytes.append(chunk.data(), num_read);
-  }
-  const bool failed = std::ferror(file) != 0;
-  std::fclose(file);
-  if (failed) return fail(errc::io_error, "cannot read tokenizer file '" + path + "'");
-  return bytes;
-}
-
 }  // namespace
 
 expected<tokenizer> tokenizer::load(const std::string& path, std::int32_t vocab_size) {
-  expected<std::string> bytes = read_file(path);
-  if (!bytes) return tl::make_unexpected(bytes.error());
-  return from_bytes(*bytes, vocab_size, path);
+  auto file = mapped_file::open(path);  // a GGUF model's tensors are never read
+  if (!file) return fail(errc::io_error, "cannot open tokenizer file '" + path + "': " + file.error().message);
+  return from_bytes(file->bytes(), vocab_size, path);
 }
 
 expected<tokenizer> tokenizer::from_bytes(std::string_view bytes, std::int32_t vocab_size,
@@ -289,8 +267,8 @@ expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vo
   for (std::size_t id = 0; id < (*tokens)->size(); ++id) {
     std::string piece = (**tokens)[id].text;
     if (piece.empty()) return fail(errc::malformed_file, name + ": token " + std::to_string(id) + " is empty");
-    // SentencePiece spells a space U+2581 ("▁"); llama2.c's pieces (ours) spell it ' '.
-    for (std::size_t at; (at = piece.find(gguf_space)) != std::string::npos;) piece.replace(at, gguf_space.size(), " ");
+    for (std::size_t at; (at = piece.find(sentencepiece_space)) != std::string::npos;)
+      piece.replace(at, sentencepiece_space.size(), " ");
     tok.max_token_length_ = std::max(tok.max_token_length_, static_cast<std::int32_t>(piece.size()));
     tok.pieces_.push_back(std::move(piece));
     tok.scores_.push_back(static_cast<float>((**scores)[id].number));

@@ -39,6 +39,9 @@ class tokenizer {
   static constexpr std::int32_t first_byte_id = 3;       ///< id of `<0x00>`
   static constexpr std::int32_t first_normal_id = 259;  ///< first id after the byte tokens
   static constexpr std::int32_t no_token = -1;           ///< "no previous token" for `piece()`
+  /// How SentencePiece (and so a GGUF llama vocabulary) spells a space in pieces: U+2581 "▁";
+  /// llama2.c's tokenizer files, and this class, spell it ' '.
+  static constexpr std::string_view sentencepiece_space = "\xe2\x96\x81";
 
   /// Reads a tokenizer file holding exactly `vocab_size` tokens.
   ///

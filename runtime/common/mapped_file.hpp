@@ -1,0 +1,37 @@
+#pragma once
+
+/// A file mapped read-only into memory (model checkpoints, tokenizers, GGUF files): what is read
+/// is paged in, what is not costs nothing — a tokenizer taken from a multi-gigabyte GGUF model
+/// touches its metadata only.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe {
+
+class mapped_file {
+ public:
+  /// Maps `path`. Errors (io_error) carry only the reason — the system's ("No such file or
+  /// directory"), "not a regular file", or "mmap: <reason>" — for the caller to name the file.
+  [[nodiscard]] static expected<mapped_file> open(const std::string& path);
+
+  mapped_file(mapped_file&& other) noexcept;
+  mapped_file& operator=(mapped_file&& other) noexcept;
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file();
+
+  [[nodiscard]] std::string_view bytes() const { return {static_cast<const char*>(data_), size_}; }
+  /// Unmaps now (bytes() is empty afterwards).
+  void reset();
+
+ private:
+  mapped_file() = default;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace troupe
