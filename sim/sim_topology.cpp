@@ -279,6 +279,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
       {"step_time_budget_ms", false, 0, 1e6, into(t.engine.scheduler.step_time_budget_ms)},
       {"kv_watermark", false, 0, 0.5, into(t.engine.scheduler.kv_watermark)},
+      {"scheduler", false, 0, 0, nullptr, [&](const std::string& s) { t.engine.scheduler.policy.name = s; }},
+      {"sjf_aging_tokens", false, 1, 1 << 20, into(t.engine.scheduler.policy.sjf_aging_tokens)},
       {"max_waiting", false, 1, big, into(t.max_waiting)}};
   std::vector<field> balancer_fields = {
       {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }},
@@ -310,6 +312,9 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   if (auto r = balance::make_router({t.router, 0}); !r)
     return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
                                           r.error().message);
+  if (auto p = sched::make_policy(t.engine.scheduler.policy); !p)
+    return fail(errc::malformed_file, at(source, *root["engine"]["scheduler"].node()) + "[engine] scheduler: " +
+                                          p.error().message);
   const toml::table* cost = root["cost"].as_table();
   int inline_params = 0;
   for (const char* k : {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns"}) inline_params += cost->contains(k);

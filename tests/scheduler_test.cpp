@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <ostream>
+#include <string>
 #include <vector>
 
 namespace troupe::sched {
@@ -340,6 +341,78 @@ TEST_F(SchedulerTest, PrioritiesOrderAdmissionAndTheRunningSet) {
   complete(p, {63, 51, 70});
   p = schedule();  // ...but then runs ahead of the lower-priority 0
   EXPECT_EQ(p.chunks, (chunks{{1, 7, 1, true}, {2, 2, 1, true}, {0, 5, 1, true}}));
+}
+
+TEST_F(SchedulerTest, FcfsIgnoresPriorities) {
+  scheduler_config c{4, 8};
+  c.policy.name = "fcfs";
+  make(32, 4, c);
+  add(0, token_range(4, 10), 5);
+  add(1, token_range(4, 20), 0);  // a higher priority, but it arrives later
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, true}}));
+  complete(p, {60});
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 4, 1, true}, {1, 0, 3, false}}));
+}
+
+class SjfTest : public SchedulerTest {
+ public:
+  /// The order an sjf scheduler with `aging` admits four 4-token prompts whose limits are 24,
+  /// 13, 9 and 7 tokens (arrivals 0..3), one at a time (max_num_seqs = 1: each runs alone
+  /// until it is removed).
+  std::vector<seq_id> admission_order(int32_t aging) {
+    scheduler_config c{64, 1};
+    c.policy.name = "sjf";
+    c.policy.sjf_aging_tokens = aging;
+    make(32, 4, c);
+    const int32_t limits[] = {24, 13, 9, 7};
+    for (seq_id id = 0; id < 4; id++) {
+      sched_->add(id, token_range(4, 10 * (static_cast<int32_t>(id) + 1)), /*priority=*/0, limits[id]);
+      sched_->check_invariants();
+    }
+    std::vector<seq_id> order;
+    for (int i = 0; i < 4; i++) {
+      const step_plan p = schedule();
+      EXPECT_EQ(p.chunks.size(), 1u);
+      if (p.chunks.empty()) break;
+      EXPECT_EQ(p.chunks[0].first_position, 0);  // a new admission
+      order.push_back(p.chunks[0].seq);
+      complete(p, {1});
+      sched_->remove(p.chunks[0].seq);
+      sched_->check_invariants();
+    }
+    return order;
+  }
+};
+
+TEST_F(SjfTest, ServesTheShortestPredictedWorkFirstAgedByArrival) {
+  // rank = limit + arrival * aging.
+  // aging 1: 24, 14, 11, 10 -> the shortest first, the reverse of arrival.
+  EXPECT_EQ(admission_order(1), (seqs{3, 2, 1, 0}));
+  // aging 3: 24, 16, 15, 16 -> 2, then 1 and 3 tie at 16 and go by arrival; 0 last.
+  EXPECT_EQ(admission_order(3), (seqs{2, 1, 3, 0}));
+  // aging 256 (the default): 24, 269, 521, 775 -> arrival order; a sequence of work w is
+  // overtaken by at most w / aging later arrivals.
+  EXPECT_EQ(admission_order(256), (seqs{0, 1, 2, 3}));
+}
+
+TEST(SchedulingPolicy, RegistryNamesAndErrors) {
+  EXPECT_EQ(policy_names(), (std::vector<std::string>{"priority", "fcfs", "sjf"}));
+  auto unknown = make_policy({"shortest", 1});
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().message, "unknown scheduler 'shortest'; known: priority, fcfs, sjf");
+  for (const int32_t aging : {0, -1, (1 << 20) + 1}) {
+    auto bad = make_policy({"sjf", aging});
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.error().message, "sjf_aging_tokens must be in [1, 1048576], got " + std::to_string(aging));
+  }
+  auto priority = make_policy({});
+  ASSERT_TRUE(priority);
+  EXPECT_EQ((*priority)->rank({7, 3, 10, 20}), 7);
+  auto sjf = make_policy({"sjf", 5});
+  ASSERT_TRUE(sjf);
+  EXPECT_EQ((*sjf)->rank({7, 3, 10, 20}), 20 + 3 * 5);
 }
 
 TEST_F(SchedulerTest, PreemptsTheLowestPriorityAndAdmitsNobodyThatStep) {

@@ -2,6 +2,7 @@
 // the reference generator, and exact virtual times on a hand-computed trace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -330,6 +331,37 @@ TEST(Simulation, TheBalancersRateLimitRefusesRequestsOverItAsOverloaded) {
   const std::string o = "overloaded";
   EXPECT_EQ(finish, (std::vector<std::string>{"length", "length", "length", "length", o, o, o, o, o, o, "length"}));
   EXPECT_EQ(r->requests[4].output_tokens, 0);
+}
+
+/// The order in which requests finish, by index, under `[engine] scheduler` settings `set`:
+/// request 0 (56 tokens of work) alone in a one-sequence engine, then three requests arriving
+/// while it runs whose work shrinks: 46, 36, 26 tokens.
+std::vector<int64_t> finish_order_under(sim::topology_overrides set) {
+  set.push_back({"engine.max_num_seqs", "1"});
+  auto t = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, set);
+  EXPECT_TRUE(t) << t.error().message;
+  auto r = run_simulation(options(*t, {{0, 16, 40, {}}, {1000, 16, 30, {}}, {2000, 16, 20, {}}, {3000, 16, 10, {}}}, 7));
+  EXPECT_TRUE(r) << r.error().message;
+  std::vector<request_record> done = r->requests;
+  std::stable_sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.finish_ns < b.finish_ns; });
+  std::vector<int64_t> order;
+  for (const request_record& q : done) order.push_back(q.index);
+  return order;
+}
+
+TEST(Simulation, TheTopologysSchedulerPolicyOrdersTheQueue) {
+  // fcfs and priority (all priorities 0) serve by arrival; sjf with aging 1 serves the shortest
+  // predicted work (prompt + max_tokens) first; sjf's default aging (256 tokens per later
+  // arrival) outweighs these 10-token differences, so it serves by arrival too.
+  EXPECT_EQ(finish_order_under({{"engine.scheduler", "fcfs"}}), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(finish_order_under({}), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(finish_order_under({{"engine.scheduler", "sjf"}, {"engine.sjf_aging_tokens", "1"}}),
+            (std::vector<int64_t>{0, 3, 2, 1}));
+  EXPECT_EQ(finish_order_under({{"engine.scheduler", "sjf"}}), (std::vector<int64_t>{0, 1, 2, 3}));
+  auto bad = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, {{"engine.scheduler", "lifo"}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[engine] scheduler: unknown scheduler 'lifo'"), std::string::npos)
+      << bad.error().message;
 }
 
 TEST(SimTopology, SettingsOverTheFileAreTypedAndValidatedLikeTheFile) {

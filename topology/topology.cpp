@@ -442,6 +442,20 @@ struct listener {
   return {};
 }
 
+/// `scheduler` (one of sched::policy_names()) and its parameter `sjf_aging_tokens`.
+[[nodiscard]] expected<void> read_scheduler_policy(const context& ctx, const toml::table& table, const scope& where,
+                                                   sched::policy_options& policy) {
+  auto name = read_string(ctx, table, where, "scheduler", policy.name);
+  if (!name) return tl::unexpected(name.error());
+  auto aging = read_int(ctx, table, where, "sjf_aging_tokens", policy.sjf_aging_tokens, 1, 1 << 20);
+  if (!aging) return tl::unexpected(aging.error());
+  policy.name = *name;
+  policy.sjf_aging_tokens = *aging;
+  if (auto p = sched::make_policy(policy); !p)
+    return malformed(ctx, line_of_key(table, "scheduler"), where.label, "key 'scheduler': " + p.error().message);
+  return {};
+}
+
 /// The engine_config keys; defaults are engine_config's own.
 [[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
                                                 const scope& where, engine_spec& engine) {
@@ -463,6 +477,7 @@ struct listener {
   if (!threads) return tl::unexpected(threads.error());
   engine.executor_threads = *threads;
   if (auto ok = read_time_budget(ctx, table, where, config.scheduler); !ok) return ok;
+  if (auto ok = read_scheduler_policy(ctx, table, where, config.scheduler.policy); !ok) return ok;
   auto step_log = read_string(ctx, table, where, "step_log", std::string());
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
@@ -477,7 +492,7 @@ struct listener {
           check_known_keys(ctx, table, where,
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
                             "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms", "calibration",
-                            "kv_watermark", "executor_threads", "step_log"});
+                            "kv_watermark", "scheduler", "sjf_aging_tokens", "executor_threads", "step_log"});
       !ok) {
     return tl::unexpected(ok.error());
   }

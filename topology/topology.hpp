@@ -78,6 +78,10 @@
 ///                                      #   that prices the steps (resolved like model)
 ///   kv_watermark = 0.05                #   optional, 0..0.5, default 0 (off): share of the KV
 ///                                      #   pool admission keeps free (no-thrash admission)
+///   scheduler = "priority"             #   optional: priority (default) | fcfs | sjf — the
+///                                      #   order sequences are served in (runtime/sched/policy.hpp)
+///   sjf_aging_tokens = 256             #   optional, 1..1048576, default 256: sjf's weight of
+///                                      #   one later arrival, in tokens of predicted work
 ///   executor_threads = 1               #   optional, 1..64, default 1
 ///
 /// Unknown keys are errors everywhere (a typo must not silently fall back to a default). At

@@ -31,8 +31,9 @@ expected<void> validate_stops(const request& r, const model::model_config& model
 }
 
 /// A time budget is 0 (off) or at least a nanosecond, the model that prices it is finite and
-/// non-negative, and the KV watermark a share of the pool below 1.
+/// non-negative, the KV watermark a share of the pool below 1, and the scheduling policy known.
 expected<void> validate_budgets(const sched::scheduler_config& c) {
+  if (auto p = sched::make_policy(c.policy); !p) return tl::unexpected(p.error());
   const double ms = c.step_time_budget_ms;
   if (!std::isfinite(ms) || (ms != 0 && (ms < 1e-6 || ms > 1e6)))
     return fail(errc::invalid_argument,

@@ -10,6 +10,9 @@ namespace troupe::sched {
 
 scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
     : config_(config), blocks_(blocks), step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)) {
+  auto made = make_policy(config.policy);
+  TROUPE_ASSERT_MSG(made.has_value(), "the engine validates the scheduling policy");
+  policy_ = std::move(*made);
   TROUPE_ASSERT(config.max_num_batched_tokens > 0);
   TROUPE_ASSERT(config.max_num_seqs > 0);
   TROUPE_ASSERT(std::isfinite(config.step_time_budget_ms) && config.step_time_budget_ms >= 0);
@@ -30,7 +33,7 @@ const sequence& scheduler::get(seq_id id) const {
 bool scheduler::before(seq_id a, seq_id b) const {
   const sequence& x = get(a);
   const sequence& y = get(b);
-  return std::make_pair(x.priority, x.arrival) < std::make_pair(y.priority, y.arrival);
+  return std::make_pair(x.rank, x.arrival) < std::make_pair(y.rank, y.arrival);
 }
 
 void scheduler::insert_ordered(std::deque<seq_id>& queue, seq_id id) {
@@ -65,6 +68,7 @@ sequence& scheduler::add_sequence(seq_id id, std::vector<int32_t> prompt, int32_
   s.arrival = next_arrival_++;
   s.max_num_tokens = max_num_tokens;
   s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  s.rank = policy_->rank({priority, s.arrival, s.num_prompt_tokens, max_num_tokens});
   s.tokens = std::move(prompt);
   sequence& added = sequences_.emplace(id, std::move(s)).first->second;
   insert_ordered(waiting_, id);
@@ -85,8 +89,8 @@ void scheduler::fork(seq_id parent, seq_id child, int32_t last_token) {
   c.num_lost_tokens = 0;
   c.hold = false;
   touch(child);
-  // The child inherits the parent's arrival so the two are served side by side; ties between
-  // equal (priority, arrival) keep insertion order, which is deterministic.
+  // The child inherits the parent's rank and arrival so the two are served side by side; ties
+  // between equal (rank, arrival) keep insertion order, which is deterministic.
   // A running child counts against max_num_seqs like any admitted sequence.
   if (p.status == seq_status::running && num_running() < config_.max_num_seqs &&
       blocks_.can_fork(parent)) {
@@ -350,7 +354,7 @@ void scheduler::check_running() const {
     const sequence& s = get(id);
     TROUPE_ASSERT_MSG(s.status == seq_status::running, "sequence in the wrong queue");
     if (previous != nullptr)
-      TROUPE_ASSERT_MSG(std::make_pair(s.priority, s.arrival) >= std::make_pair(previous->priority, previous->arrival),
+      TROUPE_ASSERT_MSG(std::make_pair(s.rank, s.arrival) >= std::make_pair(previous->rank, previous->arrival),
                         "queue out of order");
     check_sequence(s);
     previous = &s;
@@ -371,16 +375,16 @@ void scheduler::check_sequence(const sequence& s) const {
 }
 
 /// A waiting sequence is in the waiting queue, in order with its neighbours. The queue is
-/// sorted by (priority, arrival): a binary search finds its run of equal keys (forks share
-/// their parent's arrival), a scan within the run the sequence itself.
+/// sorted by (rank, arrival): a binary search finds its run of equal keys (forks share their
+/// parent's), a scan within the run the sequence itself.
 void scheduler::check_waiting_position(const sequence& s) const {
   const auto key = [this](seq_id id) {
     const sequence& x = get(id);
-    return std::make_pair(x.priority, x.arrival);
+    return std::make_pair(x.rank, x.arrival);
   };
-  const std::pair<int32_t, int64_t> want{s.priority, s.arrival};
+  const std::pair<int64_t, int64_t> want{s.rank, s.arrival};
   auto it = std::lower_bound(waiting_.begin(), waiting_.end(), want,
-                             [&](seq_id id, const std::pair<int32_t, int64_t>& k) { return key(id) < k; });
+                             [&](seq_id id, const std::pair<int64_t, int64_t>& k) { return key(id) < k; });
   while (it != waiting_.end() && *it != s.id && key(*it) == want) ++it;
   TROUPE_ASSERT_MSG(it != waiting_.end() && *it == s.id, "a waiting sequence is not in the waiting queue");
   if (it != waiting_.begin()) TROUPE_ASSERT_MSG(!before(*it, *(it - 1)), "queue out of order");

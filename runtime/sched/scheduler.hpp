@@ -6,21 +6,22 @@
 /// tokens whose KV is still missing — one token for a decoding sequence, a slice of the prompt
 /// for a prefilling one — within `max_num_batched_tokens` and `max_num_seqs`. There is no
 /// separate prefill phase: a long prompt is cut into chunks across steps, so it never starves
-/// decodes (the running sequences are served first, in priority order). With a step time
+/// decodes (the running sequences are served first, in the policy's order). With a step time
 /// budget (scheduler_config::step_time_budget_ms) each prefill chunk is also cut to the largest
 /// that keeps the step's predicted time within it (cost::max_chunk_tokens); decode rows never are.
 ///
 /// Memory. Each chunk's KV slots are allocated through the block manager before the plan is
 /// returned. When a running sequence cannot get its slots, the scheduler preempts by
-/// recompute: the victim (lowest priority, then latest arrival: the back of the running order)
-/// frees its blocks and goes back to the waiting queue with every token it has so far; on
+/// recompute: the victim (the back of the running order: the policy's last, then the latest
+/// arrival) frees its blocks and goes back to the waiting queue with every token it has so far; on
 /// readmission its KV is computed again (often largely from the prefix cache). Waiting
-/// sequences are admitted in (priority, arrival) order; admission stops at the first one that
+/// sequences are admitted in (rank, arrival) order; admission stops at the first one that
 /// does not fit, so a large request is never overtaken forever. With a KV watermark
 /// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs.
 ///
-/// Priorities follow vLLM: a smaller number is served first. Ties break by arrival order, which
-/// the scheduler assigns, so no decision depends on ids' hash order or on time.
+/// Order: the scheduling policy (policy.hpp: `priority` by default, `fcfs`, `sjf`) ranks each
+/// sequence once, when it is queued; a smaller rank is served first. Ties break by arrival
+/// order, which the scheduler assigns, so no decision depends on ids' hash order or on time.
 ///
 /// The scheduler executes nothing, and it may plan ahead of the executor: `schedule()` counts a
 /// chunk's tokens as computed at once and appends a `previous_sample` placeholder for each token
@@ -34,9 +35,11 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/sched/policy.hpp"
 #include "runtime/sched/previous_sample.hpp"
 #include "runtime/sched/scheduler_config.hpp"
 #include "runtime/kv/block_manager.hpp"
@@ -72,7 +75,8 @@ enum class seq_status { waiting, running };
 struct sequence {
   seq_id id = 0;
   int32_t priority = 0;
-  int64_t arrival = 0;               ///< admission order, assigned by the scheduler
+  int64_t arrival = 0;               ///< queueing order, assigned by the scheduler
+  int64_t rank = 0;                  ///< the policy's rank (policy.hpp), fixed when queued
   std::vector<int32_t> tokens;       ///< prompt then generated tokens (or placeholders)
   int32_t max_num_tokens = 0;        ///< never scheduled past this many tokens
   int32_t num_prompt_tokens = 0;
@@ -150,7 +154,7 @@ class scheduler {
   [[nodiscard]] const kv::block_manager& blocks() const { return blocks_; }
 
   /// Aborts unless: every sequence is in exactly one queue matching its status; queues are in
-  /// (priority, arrival) order; running sequences own exactly their computed+scheduled slots and
+  /// (rank, arrival) order; running sequences own exactly their computed+scheduled slots and
   /// waiting ones own none; the block manager's own invariants hold.
   void check_invariants() const;
   /// check_invariants with the block manager's cheaper structural check.
@@ -207,8 +211,9 @@ class scheduler {
   kv::block_manager& blocks_;
   int64_t step_time_budget_ns_ = 0;  // 0: no time budget
   std::map<seq_id, sequence> sequences_;
-  std::deque<seq_id> waiting_;  // (priority, arrival) order
-  std::deque<seq_id> running_;  // (priority, arrival) order; the back is the preemption victim
+  std::unique_ptr<policy> policy_;
+  std::deque<seq_id> waiting_;  // (rank, arrival) order
+  std::deque<seq_id> running_;  // (rank, arrival) order; the back is the preemption victim
   std::vector<kv::block_copy> pending_copies_;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;

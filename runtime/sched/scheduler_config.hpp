@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "runtime/cost/cost_model.hpp"
+#include "runtime/sched/policy.hpp"
 
 namespace troupe::sched {
 
@@ -25,6 +26,7 @@ struct scheduler_config {
   /// prompt, what the running sequences still need to finish theirs, and this share of the
   /// pool: a long prompt is not admitted just to be preempted when those ahead of it grow.
   double kv_watermark = 0;
+  policy_options policy;  ///< the order sequences are served in (policy.hpp)
 };
 
 }  // namespace troupe::sched
