@@ -1,15 +1,18 @@
 // bench_correction: the step-time model corrected online (runtime/cost/step_time_correction)
 // on a host that slows down mid-run. The real CPU engine serves the bundled model with a
 // prefill time budget priced by the shipped calibration (examples/calibration-cpu.toml); the
-// same workload runs twice, correction off then on. Each run has two phases: a quiet one, then
+// same workload runs with the correction off, then on. Each run has two phases: a quiet one, then
 // one with competing processes spinning on every core (started by this bench, killed when
 // the phase ends).
 //
 //   bench_correction [--requests N] [--budget-ms B] [--spinners K]
 //
-// Per phase it prints the mean relative error of the predicted step time by the model alone
-// and corrected (the engine's own online score, msg::engine_report), and, from the executor's
-// step log, the measured time of steps that prefill: median, p99, and the share over budget.
+// A first run has the token budget alone (no time budget), for the decode inter-token latency
+// (ITL) while long prompts arrive, at the throughput each run reaches. Per phase it prints the
+// clients' ITL and tokens/s; the mean relative error of the predicted step time by the model
+// alone and corrected (the engine's own online score, msg::engine_report); and, from the
+// executor's step log, the measured time of steps that prefill: median, p99, and the share
+// over the budget.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -68,12 +71,20 @@ class spinners {
   std::vector<pid_t> pids_;
 };
 
+/// What the clients saw of one phase.
+struct served {
+  std::vector<double> itl_ms;  // every gap between two tokens of a request
+  int64_t num_tokens = 0;
+  double seconds = 0;
+};
+
 /// Sends `n` requests (a 384-token prompt, 24 new tokens, greedy), one every 25 ms, and
 /// waits for all of them.
-void send_requests(caf::actor_system& sys, const actors::balancer_actor& balancer, int32_t n, int32_t first) {
+served send_requests(caf::actor_system& sys, const actors::balancer_actor& balancer, int32_t n, int32_t first) {
   std::mutex mutex;
   std::condition_variable all_done;
   int32_t num_done = 0;
+  served out;
   const auto start = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < n; i++) {
     std::this_thread::sleep_until(start + std::chrono::milliseconds(25 * i));
@@ -83,13 +94,19 @@ void send_requests(caf::actor_system& sys, const actors::balancer_actor& balance
     r.temperature = 0.0f;
     r.ignore_eos = true;
     r.stream = false;
-    actors::spawn_client(sys, balancer, r, {}, [&](const expected<actors::completion>&) {
+    actors::spawn_client(sys, balancer, r, {}, [&](const expected<actors::completion>& c) {
       std::lock_guard<std::mutex> lock(mutex);
+      if (c) {
+        for (int64_t ns : c->end.itl_ns) out.itl_ms.push_back(static_cast<double>(ns) / 1e6);
+        out.num_tokens += c->end.num_generated_tokens;
+      }
       if (++num_done == n) all_done.notify_one();
     });
   }
   std::unique_lock<std::mutex> lock(mutex);
   all_done.wait(lock, [&] { return num_done == n; });
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
 }
 
 struct phase {
@@ -97,6 +114,7 @@ struct phase {
   int64_t first_step = 0;  // in the step log
   int64_t end_step = 0;
   msg::engine_report before, after;
+  served clients;
 };
 
 /// The phase's share of the engine's online score: from the cumulative means at its ends.
@@ -115,6 +133,13 @@ void print_scores(const phase& p) {
               100 * raw / n, 100 * corrected / n);
 }
 
+void print_clients(const phase& p) {
+  const served& c = p.clients;
+  std::printf("  %-9s decode ITL p50 %6.2f ms  p99 %6.2f ms  generated %7.1f tokens/s\n", p.name,
+              c.itl_ms.empty() ? 0 : percentile(c.itl_ms, 50), c.itl_ms.empty() ? 0 : percentile(c.itl_ms, 99),
+              static_cast<double>(c.num_tokens) / c.seconds);
+}
+
 void print_prefill_steps(const phase& p, const std::vector<cost::step_sample>& log, double budget_ms) {
   std::vector<double> ms;
   for (int64_t i = p.first_step; i < p.end_step && i < static_cast<int64_t>(log.size()); i++)
@@ -127,7 +152,8 @@ void print_prefill_steps(const phase& p, const std::vector<cost::step_sample>& l
               ms.empty() ? 0 : 100.0 * static_cast<double>(over) / static_cast<double>(ms.size()));
 }
 
-void run_once(const options& o, const cost::cost_params& prior, int32_t window) {
+/// One run: `budget_ms` 0 is the token budget alone.
+void run_once(const options& o, const cost::cost_params& prior, double budget_ms, int32_t window) {
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
   caf::actor_system sys{cfg};
@@ -136,7 +162,7 @@ void run_once(const options& o, const cost::cost_params& prior, int32_t window) 
   topology::topology top = topology::single_node(std::string(TROUPE_MODELS_DIR) + "/stories260K.bin",
                                                  std::string(TROUPE_MODELS_DIR) + "/tok512.bin");
   sched::scheduler_config& s = top.engines[0].config.scheduler;
-  s.step_time_budget_ms = o.budget_ms;
+  s.step_time_budget_ms = budget_ms;
   s.step_cost = prior;
   s.step_time_correction_window = window;
   top.engines[0].step_log = log_path;
@@ -148,22 +174,28 @@ void run_once(const options& o, const cost::cost_params& prior, int32_t window) 
     TROUPE_ASSERT_MSG(r.has_value(), "the engine answers");
     return *r;
   };
-  phase quiet{"quiet", 0, 0, report(), {}};
-  send_requests(sys, node->load_balancer, o.num_requests, 0);
+  phase quiet{"quiet", 0, 0, report(), {}, {}};
+  quiet.clients = send_requests(sys, node->load_balancer, o.num_requests, 0);
   quiet.after = report();
   quiet.end_step = quiet.after.num_steps;
-  phase loaded{"loaded", quiet.end_step, 0, quiet.after, {}};
+  phase loaded{"loaded", quiet.end_step, 0, quiet.after, {}, {}};
   {
     const spinners load(o.num_spinners);
-    send_requests(sys, node->load_balancer, o.num_requests, o.num_requests);
+    loaded.clients = send_requests(sys, node->load_balancer, o.num_requests, o.num_requests);
     loaded.after = report();
   }
   loaded.end_step = loaded.after.num_steps;
   topology::shutdown_node(sys, *node);
   auto log = cost::read_step_log(log_path);
   TROUPE_ASSERT_MSG(log.has_value(), "the executor logged its steps");
-  std::printf("correction %s:\n", window == 0 ? "off" : ("on, window " + std::to_string(window)).c_str());
-  for (const phase& p : {quiet, loaded}) print_scores(p);
+  if (budget_ms == 0)
+    std::printf("token budget only (max_num_batched_tokens 512):\n");
+  else
+    std::printf("time budget %.1f ms, correction %s:\n", budget_ms,
+                window == 0 ? "off" : ("on, window " + std::to_string(window)).c_str());
+  for (const phase& p : {quiet, loaded}) print_clients(p);
+  if (budget_ms > 0)
+    for (const phase& p : {quiet, loaded}) print_scores(p);
   for (const phase& p : {quiet, loaded}) print_prefill_steps(p, *log, o.budget_ms);
   std::remove(log_path.c_str());
 }
@@ -182,8 +214,9 @@ int run(int argc, char** argv) {
   std::printf("%d requests per phase (384-token prompt, 24 new tokens, one every 25 ms), budget %.1f ms, "
               "%d spinning processes in the loaded phase\n",
               o.num_requests, o.budget_ms, o.num_spinners);
-  run_once(o, *prior, 0);
-  run_once(o, *prior, 64);
+  run_once(o, *prior, 0, 0);
+  run_once(o, *prior, o.budget_ms, 0);
+  run_once(o, *prior, o.budget_ms, 64);
   return 0;
 }
 
