@@ -9,6 +9,7 @@
 #include <caf/openssl/manager.hpp>
 
 #include "actors/network_limits.hpp"
+#include "actors/sync_guard.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -60,6 +61,7 @@ bool uses_tls(const caf::actor_system& sys) { return sys.has_openssl_manager(); 
 expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
                                  std::set<std::string> interface, uint16_t port, const std::string& host) {
   TROUPE_ASSERT(whom != nullptr);
+  check_may_block("publish_actor");
   caf::scoped_actor self{sys};
   expected<uint16_t> out = fail(errc::io_error, "no answer");
   self->request(network_actor(sys), caf::infinite, caf::publish_atom::value, port, whom, std::move(interface), host,
@@ -71,6 +73,7 @@ expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor
 }
 
 void unpublish_actor(caf::actor_system& sys, const caf::actor_addr& whom, uint16_t port) {
+  check_may_block("unpublish_actor");
   caf::scoped_actor self{sys};
   self->request(network_actor(sys), caf::infinite, caf::unpublish_atom::value, whom, port)
       .receive([] {}, [](caf::error&) {});
@@ -78,6 +81,7 @@ void unpublish_actor(caf::actor_system& sys, const caf::actor_addr& whom, uint16
 
 expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& host, uint16_t port,
                                   const reach_options& options) {
+  check_may_block("reach_any");
   const auto deadline = clock_type::now() + options.timeout;
   caf::scoped_actor self{sys};
   const std::string no_handshake = "the connection was accepted but the CAF handshake never completed (a frozen process?)";

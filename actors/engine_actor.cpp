@@ -12,6 +12,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/boundary.hpp"
+#include "actors/sync_guard.hpp"
 #include "actors/network_limits.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
@@ -151,6 +152,7 @@ struct performer {
 };
 
 void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller) {
+  const no_blocking_scope guard("the engine's effects");
   for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
 }
 
@@ -293,6 +295,7 @@ expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options
 /// Asks `engine` with `atom` and waits for its answer of type T.
 template <class T, class Atom>
 expected<T> ask(caf::actor_system& sys, const engine_actor& engine, Atom atom) {
+  check_may_block("asking an engine (query_engine / query_executor)");
   caf::scoped_actor self{sys};
   expected<T> out = fail(errc::internal, "no answer");
   self->request(engine, std::chrono::seconds(30), atom)

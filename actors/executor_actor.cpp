@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/boundary.hpp"
+#include "actors/sync_guard.hpp"
 #include "actors/type_ids.hpp"
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
@@ -48,6 +49,7 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
   guard_boundary(self);
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
+        const no_blocking_scope guard("the step executor's plan handler");
         executor_state& s = self->state;
         if (auto ok = s.executor->check(plan); !ok) return refuse(plan, ok.error());
         // The wall clock is read here, in the actor layer: the measured time corrects the

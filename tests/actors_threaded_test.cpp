@@ -22,6 +22,7 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/sync_guard.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -394,6 +395,23 @@ TEST_F(ActorsThreaded, ADetachedExecutorFailureFailsInFlightRequestsOnly) {
   ASSERT_TRUE(out.has_value()) << out.error().message;
   expect_matches(*out, reference(oracle_, r), "after the failure");
   EXPECT_EQ(report().num_executor_failures, 1);
+}
+
+TEST_F(ActorsThreaded, TheSyncGuardFailsABlockingWaitInsideTheEnginesPath) {
+  // The engine performs its effects and the executor runs each plan inside a
+  // no_blocking_scope: a helper that blocks on another actor's answer there aborts, naming
+  // both. Tripped deliberately with the engine's own query in such a scope; outside it the
+  // same query answers.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // CAF's threads run in this process
+  start();
+  EXPECT_DEATH(
+      {
+        const actors::no_blocking_scope guard("the engine's effects");
+        (void)actors::query_engine(*sys_, engines_.at(0));
+      },
+      "sync guard: asking an engine \\(query_engine / query_executor\\) blocks on another actor inside the "
+      "engine's effects, which must never wait");
+  EXPECT_EQ(report().num_steps, 0);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "actors/door.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
+#include "actors/sync_guard.hpp"
 
 namespace troupe::topology {
 namespace {
@@ -68,6 +69,7 @@ expected<actors::engine_list> reach_node(caf::actor_system& sys, const node_spec
   if (!remote)
     return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
                                        std::to_string(timeout_ms) + " ms: " + remote.error().message);
+  actors::check_may_block("listing a node's engines");
   caf::scoped_actor self{sys};
   expected<actors::engine_list> out = fail(errc::unavailable, "no answer");
   self->request(*remote, std::chrono::milliseconds(timeout_ms), actors::engines_atom::value)
