@@ -12,6 +12,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
+#include "runtime/sampling/sampler.hpp"
 
 namespace troupe::serve {
 
@@ -29,9 +30,10 @@ struct completion_request {
   bool has_seed = false;            ///< false: the request actor draws one and reports it
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  ///< tokens that end the completion (kept in its tokens)
   bool ignore_eos = false;
   int32_t priority = 0;
-  int32_t num_top_logprobs = 0;
+  int32_t num_top_logprobs = 0;     ///< each token comes with this many top logprobs, in [0, 20]
   bool stream = true;               ///< false: one chunk with everything, just before the end
 };
 
@@ -43,6 +45,8 @@ struct completion_chunk {
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  /// Per token, the num_top_logprobs most likely tokens (raw logprobs, descending).
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;
 };
 
 /// The last message of a completion that finished.

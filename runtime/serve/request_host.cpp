@@ -86,6 +86,7 @@ effects request_host::start(int64_t now_ns) {
     }
   r.seed = p.has_seed ? p.seed : o_.drawn_seed;
   r.stop = p.stop;
+  r.stop_token_ids = p.stop_token_ids;
   r.ignore_eos = p.ignore_eos;
   r.priority = p.priority;
   // Nobody sees a non-streamed completion before its end; without stop strings nothing needs
@@ -143,10 +144,26 @@ expected<void> check_finish(engine::finish_reason finish) {
 
 }  // namespace
 
+/// The top logprobs of one token: as many as asked for at most, in the vocabulary, finite.
+expected<void> request_host::check_top(const std::vector<sampling::token_logprob>& top) const {
+  if (top.size() > static_cast<size_t>(o_.params.num_top_logprobs))
+    return fail(errc::internal, "the engine sent " + std::to_string(top.size()) + " top logprobs; " +
+                                    std::to_string(o_.params.num_top_logprobs) + " were asked for");
+  for (const sampling::token_logprob& t : top) {
+    if (!std::isfinite(t.logprob))
+      return fail(errc::internal, "the engine sent a top logprob of token " + std::to_string(t.token) + " that is not finite");
+    if (o_.tok && !o_.tok->is_valid_id(t.token))
+      return fail(errc::internal, "the engine sent a top logprob of token " + std::to_string(t.token) +
+                                      ", outside the vocabulary [0, " + std::to_string(o_.tok->vocab_size()) + ")");
+  }
+  return {};
+}
+
 expected<void> request_host::check_sampled(const engine::sample_event& s) const {
   if (auto ok = check_finish(s.finish); !ok) return ok;
   if (s.sample_index != 0)
     return fail(errc::internal, "the engine sent sample " + std::to_string(s.sample_index) + " of a one-sample request");
+  if (auto ok = check_top(s.sample.top_logprobs); !ok) return ok;
   return check_token(s.sample.token, s.sample.logprob, 0);
 }
 
@@ -163,8 +180,10 @@ expected<void> request_host::check_batch(const engine::token_batch& b) const {
   const auto negative = [](int64_t age) { return age < 0; };
   if (b.scheduled_age_ns < 0 || std::any_of(b.age_ns.begin(), b.age_ns.end(), negative))
     return fail(errc::internal, "the engine sent a batch with a negative age");
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    if (auto ok = check_top(b.top_logprobs[i]); !ok) return ok;
     if (auto ok = check_token(b.tokens[i], b.logprobs[i], static_cast<int64_t>(i)); !ok) return ok;
+  }
   return {};
 }
 
@@ -192,6 +211,7 @@ effects request_host::on_batch(const engine::token_batch& b, int64_t now_ns) {
   for (size_t i = 0; i < n && !done_; i++) {
     s.sample.token = b.tokens[i];
     s.sample.logprob = b.logprobs[i];
+    s.sample.top_logprobs = b.top_logprobs[i];
     if (i + 1 == n) {
       s.finish = b.finish;
       s.num_cached_tokens = b.num_cached_tokens;
@@ -222,6 +242,7 @@ void request_host::take_token(const engine::sample_event& s, int64_t scheduled_a
   pending_.text += d.text;
   pending_.tokens.push_back(s.sample.token);
   pending_.logprobs.push_back(s.sample.logprob);
+  pending_.top_logprobs.push_back(s.sample.top_logprobs);
   if (o_.params.stream) flush(out);
   if (d.stopped) {
     out.push_back(release_engines{});
@@ -298,6 +319,7 @@ void request_host::fail_request(errc code, const std::string& message, effects& 
 void request_host::check_invariants() const {
   TROUPE_ASSERT(num_chunks_ >= 0);
   TROUPE_ASSERT(pending_.tokens.size() == pending_.logprobs.size());
+  TROUPE_ASSERT(pending_.tokens.size() == pending_.top_logprobs.size());
   TROUPE_ASSERT(!o_.params.stream || pending_.tokens.empty());  // streamed: each token is sent at once
   const size_t gaps = end_.num_generated_tokens > 0 ? static_cast<size_t>(end_.num_generated_tokens) - 1 : 0;
   TROUPE_ASSERT(end_.itl_ns.size() == gaps);

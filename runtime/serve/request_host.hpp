@@ -16,7 +16,8 @@
 ///   batch expanded token by token at the times its ages give, TTFT, inter-token gaps, queue
 ///   time and end-to-end time from the `now_ns` of the calls;
 /// - trust: a finish reason or error code from an engine (maybe another process) that this
-///   version does not know fails the request (internal) instead of being used;
+///   version does not know, or top logprobs beyond those asked for, outside the vocabulary or
+///   not finite, fail the request (internal) instead of being used;
 /// - ends: a completed stop string, a cancel, a rejection or a lost engine release the request
 ///   at its engines; a prefill engine that already handed the request over is no longer its
 ///   concern; a lost client releases it and ends without a word.
@@ -139,6 +140,7 @@ class request_host {
   [[nodiscard]] expected<void> check_prompt_bytes() const;
   // What engines send, checked: an engine may be another process (issue 21, point 3).
   [[nodiscard]] expected<void> check_token(int32_t token, float logprob, int64_t num_before) const;
+  [[nodiscard]] expected<void> check_top(const std::vector<sampling::token_logprob>& top) const;
   [[nodiscard]] expected<void> check_sampled(const engine::sample_event& s) const;
   [[nodiscard]] expected<void> check_batch(const engine::token_batch& b) const;
   /// Whether `ok`; if not, the engines release the request and it fails with the message: the
