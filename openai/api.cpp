@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::openai {
@@ -91,8 +92,6 @@ class reader {
 };
 
 void read_unsupported(reader& in, endpoint kind) {
-  in.neutral_only("n", 1);
-  in.neutral_only("best_of", 1);
   in.neutral_only("presence_penalty", 0);
   in.neutral_only("frequency_penalty", 0);
   in.neutral_only("repetition_penalty", 1);
@@ -104,6 +103,17 @@ void read_unsupported(reader& in, endpoint kind) {
   in.neutral_only("logprobs", kind == endpoint::chat_completions ? json(false) : json(nullptr));
   in.neutral_only("tools", json::array());
   in.neutral_only("response_format", json{{"type", "text"}});
+}
+
+/// `n` choices per prompt, and `best_of`, which only may equal it (no choice is dropped here).
+void read_choices(reader& in, parsed_request& p) {
+  in.integer("n", p.n);
+  if (!in.error && (p.n < 1 || p.n > engine::num_samples_max))
+    return in.fail("n", "'n' must be in [1, " + std::to_string(engine::num_samples_max) + "], got " + std::to_string(p.n));
+  int32_t best_of = p.n;
+  in.integer("best_of", best_of);
+  if (!in.error && best_of != p.n)
+    in.fail("best_of", "'best_of' must equal 'n' (" + std::to_string(p.n) + "): troupe returns every choice it generates");
 }
 
 void read_sampling(reader& in, endpoint kind, msg::completion_request& r) {
@@ -146,7 +156,7 @@ std::optional<std::string> content_text(const json& content) {
   return text;
 }
 
-void read_messages(reader& in, msg::completion_request& r) {
+void read_messages(reader& in, parsed_request& p) {
   const json& messages = in.field("messages");
   if (in.error) return;
   if (!messages.is_array() || messages.empty())
@@ -160,16 +170,16 @@ void read_messages(reader& in, msg::completion_request& r) {
     if (!text) return in.fail("messages", "a message's 'content' must be a string or a list of text parts");
     turns.emplace_back(role, std::move(*text));
   }
-  r.prompt = chat_prompt(turns);
+  p.prompts = {prompt_input{chat_prompt(turns), {}, false}};
 }
 
-void read_prompt(reader& in, msg::completion_request& r) {
+void read_prompt(reader& in, parsed_request& p) {
   const json& prompt = in.field("prompt");
   if (in.error) return;
   if (prompt.is_array())
     return in.fail("prompt", "a list of prompts or of token ids is not supported yet: send one string");
   if (!prompt.is_string()) return in.fail("prompt", "'prompt' must be a string");
-  r.prompt = prompt.get<std::string>();
+  p.prompts = {prompt_input{prompt.get<std::string>(), {}, false}};
 }
 
 std::optional<api_error> check_model(const reader& in, const served_model& model) {
@@ -198,24 +208,25 @@ const char* object_name(const response_context& c, bool chunk) {
 }
 
 /// One choice: the text under "text" (completions), "message" or "delta" (chat).
-ordered choice(const response_context& c, const ordered& text, const char* chat_key, const ordered& finish) {
+ordered choice_json(const response_context& c, int32_t index, const ordered& text, const char* chat_key,
+                    engine::finish_reason finish) {
   ordered j;
-  j["index"] = 0;
+  j["index"] = index;
   if (c.kind == endpoint::completions)
     j["text"] = text;
   else
     j[chat_key] = text;
   j["logprobs"] = nullptr;
-  j["finish_reason"] = finish;
+  j["finish_reason"] = finish == engine::finish_reason::none ? ordered(nullptr) : ordered(engine::to_string(finish));
   return j;
 }
 
-ordered usage(const msg::completion_end& end) {
+ordered usage_json(const usage_counts& u) {
   ordered j;
-  j["prompt_tokens"] = end.num_prompt_tokens;
-  j["completion_tokens"] = end.num_generated_tokens;
-  j["total_tokens"] = end.num_prompt_tokens + end.num_generated_tokens;
-  j["prompt_tokens_details"] = ordered{{"cached_tokens", end.num_cached_tokens}};
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = ordered{{"cached_tokens", u.cached_tokens}};
   return j;
 }
 
@@ -245,14 +256,37 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   parsed_request p;
   p.kind = kind;
   read_unsupported(in, kind);
+  read_choices(in, p);
   read_sampling(in, kind, p.request);
   read_stream(in, p);
   if (kind == endpoint::chat_completions)
-    read_messages(in, p.request);
+    read_messages(in, p);
   else
-    read_prompt(in, p.request);
+    read_prompt(in, p);
   if (in.error) return tl::unexpected(*in.error);
   return p;
+}
+
+int32_t num_choices(const parsed_request& p) { return static_cast<int32_t>(p.prompts.size()) * p.n; }
+
+bool needs_seed(const parsed_request& p) { return !p.request.has_seed && num_choices(p) > 1; }
+
+std::vector<msg::completion_request> choice_requests(const parsed_request& p, uint64_t seed) {
+  TROUPE_ASSERT(!p.prompts.empty());
+  std::vector<msg::completion_request> requests;
+  requests.reserve(static_cast<size_t>(num_choices(p)));
+  for (const prompt_input& prompt : p.prompts)
+    for (int32_t i = 0; i < p.n; i++) {
+      msg::completion_request r = p.request;
+      r.prompt = prompt.text;
+      r.prompt_tokens = prompt.tokens;
+      if (r.has_seed || needs_seed(p)) {
+        r.seed = engine::child_seed(r.has_seed ? r.seed : seed, i);
+        r.has_seed = true;
+      }
+      requests.push_back(std::move(r));
+    }
+  return requests;
 }
 
 std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages) {
@@ -285,37 +319,54 @@ std::string render_error(const api_error& e) {
   return dumped(ordered{{"error", inner}});
 }
 
-std::string render_response(const response_context& c, const std::string& text, const msg::completion_end& end) {
+usage_counts sum_usage(const std::vector<msg::completion_end>& ends, int32_t n) {
+  TROUPE_ASSERT(n >= 1);
+  usage_counts u;
+  for (size_t k = 0; k < ends.size(); k++) {
+    if (k % static_cast<size_t>(n) == 0) {  // a prompt's first choice
+      u.prompt_tokens += ends[k].num_prompt_tokens;
+      u.cached_tokens += ends[k].num_cached_tokens;
+    }
+    u.completion_tokens += ends[k].num_generated_tokens;
+  }
+  return u;
+}
+
+std::string render_response(const response_context& c, const std::vector<choice_output>& choices, uint64_t seed,
+                            const usage_counts& usage) {
   ordered j = head(c, object_name(c, false));
-  j["seed"] = end.seed;
-  const ordered content = c.kind == endpoint::completions ? ordered(text) : chat_text(text, true);
-  j["choices"] = ordered::array({choice(c, content, "message", engine::to_string(end.finish_reason))});
-  j["usage"] = usage(end);
-  return dumped(j);
-}
-
-std::string render_chunk(const response_context& c, const std::string& text, bool first) {
-  ordered j = head(c, object_name(c, true));
-  const ordered content = c.kind == endpoint::completions ? ordered(text) : chat_text(text, first);
-  j["choices"] = ordered::array({choice(c, content, "delta", nullptr)});
-  if (c.include_usage) j["usage"] = nullptr;
-  return dumped(j);
-}
-
-std::string render_final_chunk(const response_context& c, const msg::completion_end& end) {
-  ordered j = head(c, object_name(c, true));
-  j["seed"] = end.seed;
-  const ordered content = c.kind == endpoint::completions ? ordered("") : ordered::object();
-  j["choices"] = ordered::array({choice(c, content, "delta", engine::to_string(end.finish_reason))});
-  if (c.include_usage) j["usage"] = nullptr;
-  return dumped(j);
-}
-
-std::string render_usage_chunk(const response_context& c, const msg::completion_end& end) {
-  ordered j = head(c, object_name(c, true));
-  j["seed"] = end.seed;
+  j["seed"] = seed;
   j["choices"] = ordered::array();
-  j["usage"] = usage(end);
+  for (const choice_output& o : choices) {
+    const ordered content = c.kind == endpoint::completions ? ordered(o.text) : chat_text(o.text, true);
+    j["choices"].push_back(choice_json(c, o.index, content, "message", o.finish));
+  }
+  j["usage"] = usage_json(usage);
+  return dumped(j);
+}
+
+std::string render_chunk(const response_context& c, const choice_output& delta, bool first) {
+  ordered j = head(c, object_name(c, true));
+  const ordered content = c.kind == endpoint::completions ? ordered(delta.text) : chat_text(delta.text, first);
+  j["choices"] = ordered::array({choice_json(c, delta.index, content, "delta", delta.finish)});
+  if (c.include_usage) j["usage"] = nullptr;
+  return dumped(j);
+}
+
+std::string render_final_chunk(const response_context& c, int32_t index, engine::finish_reason finish, uint64_t seed) {
+  ordered j = head(c, object_name(c, true));
+  j["seed"] = seed;
+  const ordered content = c.kind == endpoint::completions ? ordered("") : ordered::object();
+  j["choices"] = ordered::array({choice_json(c, index, content, "delta", finish)});
+  if (c.include_usage) j["usage"] = nullptr;
+  return dumped(j);
+}
+
+std::string render_usage_chunk(const response_context& c, uint64_t seed, const usage_counts& usage) {
+  ordered j = head(c, object_name(c, true));
+  j["seed"] = seed;
+  j["choices"] = ordered::array();
+  j["usage"] = usage_json(usage);
   return dumped(j);
 }
 

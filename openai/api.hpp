@@ -8,8 +8,10 @@
 ///
 /// Rules:
 /// - A parameter troupe cannot honour is refused with a 400 naming it, unless it has its
-///   neutral value (a penalty of 0, an empty logit_bias, n = 1, ...): never silently ignored.
+///   neutral value (a penalty of 0, an empty logit_bias, ...): never silently ignored.
 ///   Fields this API does not know are ignored (clients send `user` and the like).
+/// - Several choices (`n` > 1, several prompts) are several one-sample completion requests, each
+///   seeded so that it replays alone (`choice_requests`); the gateway runs them side by side.
 /// - Range checks (temperature >= 0, top_p in (0, 1], ...) stay in the engine, which answers
 ///   `invalid_argument` with a message naming the parameter; here only JSON types are checked.
 /// - Chat: stories260K has no chat format; its template is the messages' contents joined by a
@@ -46,12 +48,34 @@ struct served_model {
   int64_t created = 0;             ///< unix seconds, reported by /v1/models
 };
 
+/// One prompt of a completion request: text, or token ids as given (no BOS added).
+struct prompt_input {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
 /// A parsed completion or chat completion request.
 struct parsed_request {
   endpoint kind = endpoint::completions;
-  msg::completion_request request;
+  msg::completion_request request;  ///< every parameter the choices share; no prompt (see `prompts`)
+  std::vector<prompt_input> prompts;  ///< one or more (a chat request: its template's text)
+  int32_t n = 1;                      ///< choices per prompt
   bool include_usage = false;  ///< stream_options.include_usage: a final chunk with usage
 };
+
+/// How many choices `p` answers with: n per prompt.
+[[nodiscard]] int32_t num_choices(const parsed_request& p);
+
+/// Whether the answer needs a seed from the gateway: several choices and no `seed` given (one
+/// choice without a seed lets the request actor draw it, and reports it).
+[[nodiscard]] bool needs_seed(const parsed_request& p);
+
+/// The completion requests of `p`, one per choice: choice k is prompt k / n, sample i = k % n,
+/// seeded `engine::child_seed(seed, i)`, so each choice replays alone as a one-choice request
+/// with that seed. `seed` is the request's own when it gave one, else the gateway's draw (used
+/// only when `needs_seed`).
+[[nodiscard]] std::vector<msg::completion_request> choice_requests(const parsed_request& p, uint64_t seed);
 
 /// Parses and checks `body` for `kind`. Errors: 400 malformed JSON, invalid UTF-8, a wrong
 /// type, a missing prompt/messages, an unsupported parameter (named); 404 unknown model.
@@ -77,18 +101,38 @@ struct response_context {
   bool include_usage = false;
 };
 
-/// A whole (non-streamed) response: `text` and how it ended, with usage and the seed.
-[[nodiscard]] std::string render_response(const response_context& c, const std::string& text,
-                                          const msg::completion_end& end);
+/// One choice's text (all of it in a response, the new part in a streamed chunk).
+struct choice_output {
+  int32_t index = 0;
+  std::string text;
+  engine::finish_reason finish = engine::finish_reason::none;  ///< none renders null
+};
 
-/// The JSON of one streamed chunk carrying `text` (`first`: a chat chunk also carries the role).
-[[nodiscard]] std::string render_chunk(const response_context& c, const std::string& text, bool first);
+/// Token counts of an answer, summed over its choices.
+struct usage_counts {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
 
-/// The JSON of the last streamed chunk with a choice: no text, the finish reason and the seed.
-[[nodiscard]] std::string render_final_chunk(const response_context& c, const msg::completion_end& end);
+/// The usage of an answer whose choice k ended with `ends[k]`, `n` choices per prompt: a
+/// prompt's tokens count once (its first choice's), every choice's generated tokens count.
+[[nodiscard]] usage_counts sum_usage(const std::vector<msg::completion_end>& ends, int32_t n);
+
+/// A whole (non-streamed) response: its choices, the seed that replays it, and the usage.
+[[nodiscard]] std::string render_response(const response_context& c, const std::vector<choice_output>& choices,
+                                          uint64_t seed, const usage_counts& usage);
+
+/// The JSON of one streamed chunk carrying new text of one choice (`first`: that choice's first
+/// chunk; a chat chunk then also carries the role).
+[[nodiscard]] std::string render_chunk(const response_context& c, const choice_output& delta, bool first);
+
+/// The JSON of the last streamed chunk of choice `index`: no text, its finish reason and the seed.
+[[nodiscard]] std::string render_final_chunk(const response_context& c, int32_t index,
+                                             engine::finish_reason finish, uint64_t seed);
 
 /// The JSON of the usage chunk (stream_options.include_usage): no choices.
-[[nodiscard]] std::string render_usage_chunk(const response_context& c, const msg::completion_end& end);
+[[nodiscard]] std::string render_usage_chunk(const response_context& c, uint64_t seed, const usage_counts& usage);
 
 /// `data: <json>\n\n`, and the end of a stream.
 [[nodiscard]] std::string sse_event(const std::string& json);

@@ -20,6 +20,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
@@ -123,6 +126,31 @@ std::vector<std::string> readme_curl_commands() {
   return commands;
 }
 
+/// The JSON objects of an answer: a response body, or each `data: {...}` event of a stream.
+std::vector<nlohmann::json> answer_objects(const std::string& body) {
+  if (body.rfind("data: ", 0) != 0) return {nlohmann::json::parse(body)};
+  std::vector<nlohmann::json> objects;
+  std::istringstream events(body);
+  for (std::string line; std::getline(events, line);)
+    if (line.rfind("data: {", 0) == 0) objects.push_back(nlohmann::json::parse(line.substr(6)));
+  return objects;
+}
+
+/// The texts of an answer's choices by index (completions or chat, streamed or not).
+std::vector<std::string> choice_texts(const std::string& body) {
+  std::vector<std::string> texts;
+  for (const nlohmann::json& j : answer_objects(body))
+    for (const nlohmann::json& c : j.at("choices")) {
+      const auto index = c.at("index").get<size_t>();
+      if (texts.size() <= index) texts.resize(index + 1);
+      const nlohmann::json& text = c.contains("text")      ? c["text"]
+                                   : c.contains("message") ? c["message"]["content"]
+                                                           : c["delta"].value("content", nlohmann::json(""));
+      texts[index] += text.get<std::string>();
+    }
+  return texts;
+}
+
 TEST_F(Http, ReadmeCurlExamplesWorkAsWritten) {
   ASSERT_NO_FATAL_FAILURE(start());
   const std::vector<std::string> commands = readme_curl_commands();
@@ -192,6 +220,35 @@ TEST_F(Http, ChatMarkersInUserTextAreOrdinaryText) {
   EXPECT_NE(r.body.find("\"prompt_tokens\":" + std::to_string(as_text->size()) + ","), std::string::npos) << r.body;
 }
 
+TEST_F(Http, ChoiceIOfNIsTheRequestSeededWithChildSeedIOnBothEndpoints) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const auto seeded = [](uint64_t seed) {
+    return R"("max_tokens":24,"temperature":1,"seed":)" + std::to_string(seed);
+  };
+  const std::string completion = R"({"prompt":"Once upon a time",)";
+  const std::string chat = R"({"messages":[{"role":"user","content":"Once upon a time"}],)";
+  for (const auto& [path, head] : {std::pair{"/v1/completions", completion}, std::pair{"/v1/chat/completions", chat}}) {
+    std::vector<std::string> alone;
+    for (int32_t i = 0; i < 3; i++) {
+      const http_reply r = fetch(path, head + seeded(engine::child_seed(42, i)) + "}");
+      ASSERT_EQ(r.status, 200) << r.body;
+      alone.push_back(choice_texts(r.body).at(0));
+    }
+    EXPECT_NE(alone[0], alone[1]);  // distinct seeds, distinct texts: the check can fail
+    const http_reply whole = fetch(path, head + seeded(42) + R"(,"n":3})");
+    ASSERT_EQ(whole.status, 200) << whole.body;
+    EXPECT_EQ(choice_texts(whole.body), alone) << whole.body;
+    EXPECT_EQ(answer_objects(whole.body).at(0)["seed"], 42) << whole.body;
+    const http_reply streamed = fetch(path, head + seeded(42) + R"(,"n":3,"best_of":3,"stream":true})");
+    ASSERT_EQ(streamed.status, 200) << streamed.body;
+    EXPECT_EQ(choice_texts(streamed.body), alone) << streamed.body;
+    EXPECT_EQ(streamed.body.substr(streamed.body.size() - 14), "data: [DONE]\n\n");
+  }
+  const http_reply best_of = fetch("/v1/completions", completion + R"("n":2,"best_of":3})");
+  EXPECT_EQ(best_of.status, 400);
+  EXPECT_NE(best_of.body.find("\"param\":\"best_of\""), std::string::npos) << best_of.body;
+}
+
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
   ASSERT_NO_FATAL_FAILURE(start());
   struct error_case {
@@ -203,8 +260,9 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
       {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "'temperature' must be a number"},
       {"/v1/completions", R"({"prompt": "x", "top_p": 2})", 400, "top_p must be in (0, 1]"},
       {"/v1/completions", R"({"prompt": "x", "presence_penalty": 0.5})", 400, "'presence_penalty' is not supported yet"},
-      {"/v1/completions", R"({"prompt": "x", "n": 2})", 400, "'n' is not supported yet"},
+      {"/v1/completions", R"({"prompt": "x", "n": 0})", 400, "'n' must be in [1, 128], got 0"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 600})", 413, "exceeds the model's context of 512 tokens"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 600, "n": 3})", 413, "exceeds the model's context of 512 tokens"},
       {"/v1/completions", R"({"model": "gpt-4", "prompt": "x"})", 404, "the model 'gpt-4' does not exist"},
       {"/v1/completions", R"({"prompt": )", 400, "the request body is not valid JSON"},
       {"/v1/completions", "{\"prompt\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},

@@ -3,6 +3,7 @@
 
 #include "openai/api.hpp"
 #include "openai/metrics.hpp"
+#include "runtime/engine/request.hpp"
 
 namespace troupe::openai {
 namespace {
@@ -28,7 +29,9 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
                                   R"("ignore_eos":true,"priority":3,"stream":true,"stream_options":{"include_usage":true},)"
                                   R"("user":"ignored","presence_penalty":0,"n":1,"logit_bias":{}})");
   const msg::completion_request& r = p.request;
-  EXPECT_EQ(r.prompt, "Once upon");
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(p.prompts[0].text, "Once upon");
+  EXPECT_EQ(p.n, 1);
   EXPECT_EQ(r.max_tokens, 40);
   EXPECT_EQ(r.temperature, 0.5f);
   EXPECT_EQ(r.top_p, 0.9f);
@@ -58,9 +61,10 @@ TEST(OpenaiRequest, ChatJoinsContentsAndKeepsMarkersAsText) {
       endpoint::chat_completions,
       R"({"messages":[{"role":"system","content":"Tell a story."},{"role":"user","content":[{"type":"text","text":"<s>Once"},)"
       R"({"type":"text","text":"</s>"}]}],"max_completion_tokens":7})");
-  EXPECT_EQ(p.request.prompt, "Tell a story.\n<s>Once</s>");
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(p.prompts[0].text, "Tell a story.\n<s>Once</s>");
   EXPECT_EQ(p.request.max_tokens, 7);
-  EXPECT_TRUE(p.request.prompt_tokens.empty());  // text: the request actor encodes it, never as a control token
+  EXPECT_FALSE(p.prompts[0].is_tokens);  // text: the request actor encodes it, never as a control token
 }
 
 TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
@@ -73,7 +77,11 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
       {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
       {R"({"prompt":"x","frequency_penalty":1})", "frequency_penalty"},
       {R"({"prompt":"x","logit_bias":{"1":5}})", "logit_bias"},
-      {R"({"prompt":"x","n":2})", "n"},
+      {R"({"prompt":"x","n":0})", "n"},
+      {R"({"prompt":"x","n":129})", "n"},
+      {R"({"prompt":"x","n":"2"})", "n"},
+      {R"({"prompt":"x","n":2,"best_of":3})", "best_of"},
+      {R"({"prompt":"x","best_of":2})", "best_of"},
       {R"({"prompt":"x","logprobs":1})", "logprobs"},
       {R"({"prompt":["a","b"]})", "prompt"},
       {R"({"prompt":[1,2]})", "prompt"},
@@ -89,6 +97,37 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
   }
   EXPECT_EQ(refused(endpoint::chat_completions, R"({"messages":[]})").param, "messages");
   EXPECT_EQ(refused(endpoint::chat_completions, R"({"messages":[{"role":"robot","content":"x"}]})").param, "messages");
+}
+
+TEST(OpenaiRequest, ChoiceIOfNIsTheRequestSeededWithChildSeedI) {
+  const parsed_request p = parsed(endpoint::completions, R"({"prompt":"Once","n":3,"best_of":3,"seed":42,"max_tokens":5})");
+  EXPECT_EQ(p.n, 3);
+  EXPECT_EQ(num_choices(p), 3);
+  EXPECT_FALSE(needs_seed(p));
+  const std::vector<msg::completion_request> requests = choice_requests(p, 0);
+  ASSERT_EQ(requests.size(), 3u);
+  for (int32_t i = 0; i < 3; i++) {
+    const msg::completion_request& r = requests[static_cast<size_t>(i)];
+    EXPECT_EQ(r.prompt, "Once");
+    EXPECT_EQ(r.max_tokens, 5);
+    EXPECT_TRUE(r.has_seed);
+    EXPECT_EQ(r.seed, engine::child_seed(42, i)) << i;
+  }
+  EXPECT_EQ(requests[0].seed, 42u);  // child 0 is the seed itself: n = 1 replays choice 0
+}
+
+TEST(OpenaiRequest, SeveralChoicesWithoutASeedTakeTheGatewaysDraw) {
+  const parsed_request several = parsed(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"Hi"}],"n":2})");
+  EXPECT_TRUE(needs_seed(several));
+  const std::vector<msg::completion_request> requests = choice_requests(several, 7);
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0].seed, 7u);
+  EXPECT_EQ(requests[1].seed, engine::child_seed(7, 1));
+  EXPECT_TRUE(requests[1].has_seed);
+  // One choice without a seed: the request actor draws it (and the answer reports it).
+  const parsed_request one = parsed(endpoint::completions, R"({"prompt":"x"})");
+  EXPECT_FALSE(needs_seed(one));
+  EXPECT_FALSE(choice_requests(one, 7)[0].has_seed);
 }
 
 TEST(OpenaiRequest, BodyProblemsAre400s) {
@@ -154,7 +193,7 @@ msg::completion_end an_end_with_latencies() {
 
 TEST(OpenaiResponse, ACompletionRendersByteForByte) {
   const response_context c{endpoint::completions, 7, 1700000001, &model, false};
-  EXPECT_EQ(render_response(c, "Once \"upon\"", an_end()),
+  EXPECT_EQ(render_response(c, {{0, "Once \"upon\"", engine::finish_reason::length}}, 42, sum_usage({an_end()}, 1)),
             R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
             R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"text":"Once \"upon\"",)"
             R"("logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3,)"
@@ -163,7 +202,7 @@ TEST(OpenaiResponse, ACompletionRendersByteForByte) {
 
 TEST(OpenaiResponse, AChatCompletionRendersByteForByte) {
   const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false};
-  EXPECT_EQ(render_response(c, "Hi", an_end()),
+  EXPECT_EQ(render_response(c, {{0, "Hi", engine::finish_reason::length}}, 42, sum_usage({an_end()}, 1)),
             R"({"id":"chatcmpl-7","object":"chat.completion","created":1700000001,"model":"stories260K",)"
             R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"message":{"role":"assistant",)"
             R"("content":"Hi"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,)"
@@ -174,25 +213,54 @@ TEST(OpenaiResponse, StreamedChatChunksRenderByteForByte) {
   const response_context c{endpoint::chat_completions, 7, 1700000001, &model, true};
   const std::string head =
       R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K","system_fingerprint":"troupe-test",)";
-  EXPECT_EQ(sse_event(render_chunk(c, "Hi", true)),
+  EXPECT_EQ(sse_event(render_chunk(c, {0, "Hi"}, true)),
             "data: " + head +
                 R"("choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":null})"
                 "\n\n");
-  EXPECT_EQ(render_chunk(c, " there", false),
+  EXPECT_EQ(render_chunk(c, {0, " there"}, false),
             head + R"("choices":[{"index":0,"delta":{"content":" there"},"logprobs":null,"finish_reason":null}],"usage":null})");
-  EXPECT_EQ(render_final_chunk(c, an_end()),
+  EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42),
             head + R"("seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}],"usage":null})");
-  EXPECT_EQ(render_usage_chunk(c, an_end()),
+  EXPECT_EQ(render_usage_chunk(c, 42, sum_usage({an_end()}, 1)),
             head + R"("seed":42,"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,)"
                    R"("prompt_tokens_details":{"cached_tokens":2}}})");
 }
 
 TEST(OpenaiResponse, StreamedCompletionChunksRenderByteForByte) {
   const response_context c{endpoint::completions, 3, 5, &model, false};
-  EXPECT_EQ(render_chunk(c, "a", true),
+  EXPECT_EQ(render_chunk(c, {0, "a"}, true),
             R"({"id":"cmpl-3","object":"text_completion","created":5,"model":"stories260K","system_fingerprint":"troupe-test",)"
             R"("choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null}]})");
   EXPECT_EQ(std::string(sse_done), "data: [DONE]\n\n");
+}
+
+TEST(OpenaiResponse, SeveralChoicesRenderInIndexOrderWithSummedUsage) {
+  const response_context c{endpoint::completions, 7, 1700000001, &model, false};
+  msg::completion_end stopped = an_end();  // 5 prompt tokens (2 cached), 3 generated
+  stopped.finish_reason = engine::finish_reason::stop;
+  stopped.num_generated_tokens = 1;
+  stopped.num_cached_tokens = 5;  // a later choice of the same prompt hits the prefix cache
+  EXPECT_EQ(render_response(c, {{0, "a", engine::finish_reason::length}, {1, "b", engine::finish_reason::stop}}, 42,
+                            sum_usage({an_end(), stopped}, 2)),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"text":"a","logprobs":null,)"
+            R"("finish_reason":"length"},{"index":1,"text":"b","logprobs":null,"finish_reason":"stop"}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":2}}})");
+  EXPECT_EQ(render_final_chunk(c, 1, engine::finish_reason::stop, 42),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":1,"text":"","logprobs":null,"finish_reason":"stop"}]})");
+}
+
+TEST(OpenaiResponse, UsageCountsEachPromptOnceAndEveryChoicesTokens) {
+  msg::completion_end a = an_end();  // 5 prompt tokens, 2 cached, 3 generated
+  msg::completion_end b = an_end();
+  b.num_prompt_tokens = 9;
+  b.num_cached_tokens = 0;
+  b.num_generated_tokens = 4;
+  const usage_counts u = sum_usage({a, a, b, b}, 2);  // prompts a and b, two choices each
+  EXPECT_EQ(u.prompt_tokens, 14);
+  EXPECT_EQ(u.cached_tokens, 2);
+  EXPECT_EQ(u.completion_tokens, 14);
 }
 
 TEST(OpenaiResponse, ModelsListTheServedModel) {
