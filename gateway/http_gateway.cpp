@@ -30,6 +30,7 @@ void reply_error(http_response& res, const openai::api_error& e) {
 /// What came of one choice's completion so far.
 struct choice_state {
   bool streamed = false;  ///< its first chunk is out
+  openai::token_logprobs next;  ///< where its next streamed tokens' texts start (logprobs)
   std::optional<actors::completion> done;
 };
 
@@ -41,6 +42,7 @@ struct choice_state {
 struct answer {
   std::mutex mutex;
   std::shared_ptr<http_response> response;
+  std::shared_ptr<const tokenizer> tok;  ///< context.tok's owner
   openai::response_context context;  // request_id: the first completion heard from
   bool stream = false;
   int32_t n = 1;                    ///< choices per prompt
@@ -76,6 +78,7 @@ struct http_gateway::impl {
   openai::serving_state state = openai::serving_state::starting;  // guarded by serving_mutex
   actors::balancer_client_actor load_balancer;                   // guarded by serving_mutex
   actors::engine_list engines;                                   // guarded by serving_mutex
+  std::shared_ptr<const tokenizer> tok;                          // guarded by serving_mutex
   int64_t num_admitted = 0;                                      // guarded by serving_mutex
   /// The completions in flight by admission number, with their client actors once spawned.
   std::map<int64_t, std::vector<actors::client_actor>> in_flight;  // guarded by serving_mutex
@@ -86,6 +89,7 @@ struct http_gateway::impl {
   struct admission {
     int64_t number = 0;
     actors::balancer_client_actor load_balancer;
+    std::shared_ptr<const tokenizer> tok;
     std::shared_ptr<const void> ticket;
   };
 
@@ -95,7 +99,7 @@ struct http_gateway::impl {
     if (state != openai::serving_state::ready) return tl::unexpected(openai::not_serving_error(state));
     const int64_t number = ++num_admitted;
     in_flight.emplace(number, std::vector<actors::client_actor>{});
-    return admission{number, load_balancer, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
+    return admission{number, load_balancer, tok, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
   }
   /// A client actor of admitted completion `number`, which a drain that runs out of time cancels.
   void enroll(int64_t number, const actors::client_actor& client) {
@@ -137,18 +141,21 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const http_req
   auto admitted = admit();
   if (!admitted) return reply_error(*res, admitted.error());
   res->hold(std::move(admitted->ticket));
-  auto parsed = openai::parse_request(kind, req.body, options.model);
+  auto parsed = openai::parse_request(kind, req.body, options.model, admitted->tok.get());
   if (!parsed) return reply_error(*res, parsed.error());
   const bool seeded = parsed->request.has_seed || openai::needs_seed(*parsed);
   const uint64_t seed = parsed->request.has_seed ? parsed->request.seed : openai::needs_seed(*parsed) ? draw_seed() : 0;
   std::vector<msg::completion_request> requests = openai::choice_requests(*parsed, seed);
   auto a = std::make_shared<answer>();
   a->response = res;
-  a->context = {kind, 0, unix_seconds(), &options.model, parsed->include_usage};
+  a->tok = admitted->tok;
+  a->context = {kind, 0, unix_seconds(), &options.model, parsed->include_usage, parsed->logprobs, a->tok.get()};
   a->stream = parsed->request.stream;
   a->n = parsed->n;
   if (seeded) a->seed = seed;
   a->choices.resize(requests.size());
+  for (size_t k = 0; k < requests.size(); k++)
+    a->choices[k].next.prev_token = openai::token_before_output(parsed->prompts[k / static_cast<size_t>(a->n)], *a->tok);
   for (size_t k = 0; k < requests.size(); k++) {
     const auto index = static_cast<int32_t>(k);
     actors::client_actor client = actors::spawn_client(
@@ -175,7 +182,11 @@ void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::comple
   a.name(chunk.request_id);
   if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
   choice_state& choice = a.choices[static_cast<size_t>(index)];
-  const openai::choice_output delta{index, chunk.text, engine::finish_reason::none};
+  openai::choice_output delta{index, chunk.text, engine::finish_reason::none, std::move(choice.next)};
+  delta.logprobs.tokens = chunk.tokens;
+  delta.logprobs.logprobs = chunk.logprobs;
+  delta.logprobs.top_logprobs = chunk.top_logprobs;
+  choice.next = openai::after(*a.tok, delta.logprobs);
   a.response->write(openai::sse_event(openai::render_chunk(a.context, delta, !std::exchange(choice.streamed, true))));
 }
 
@@ -203,9 +214,11 @@ void http_gateway::impl::finish_answer(answer& a) {
   std::vector<msg::completion_end> ends;
   std::vector<openai::choice_output> outputs;
   for (size_t k = 0; k < a.choices.size(); k++) {
-    const actors::completion& done = *a.choices[k].done;
+    const choice_state& choice = a.choices[k];
+    const actors::completion& done = *choice.done;
     ends.push_back(done.end);
-    outputs.push_back({static_cast<int32_t>(k), done.text, done.end.finish_reason});
+    outputs.push_back({static_cast<int32_t>(k), done.text, done.end.finish_reason,
+                       {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0}});
   }
   const openai::usage_counts usage = openai::sum_usage(ends, a.n);
   if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));
@@ -275,12 +288,15 @@ expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& s
 
 http_gateway::http_gateway(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
 
-void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines) {
+void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
+                         std::shared_ptr<const tokenizer> tok) {
+  TROUPE_ASSERT_MSG(tok, "the HTTP gateway needs the served model's tokenizer");
   TROUPE_ASSERT_MSG(load_balancer, "the HTTP gateway serves the load balancer's node");
   std::lock_guard<std::mutex> lock(impl_->serving_mutex);
   TROUPE_ASSERT_MSG(impl_->state == openai::serving_state::starting, "serve() is called once, before drain()");
   impl_->load_balancer = std::move(load_balancer);
   impl_->engines = std::move(engines);
+  impl_->tok = std::move(tok);
   impl_->state = openai::serving_state::ready;
 }
 

@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <cstdlib>
+
 #include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
@@ -97,10 +100,8 @@ void read_unsupported(reader& in, endpoint kind) {
   in.neutral_only("repetition_penalty", 1);
   in.neutral_only("logit_bias", json::object());
   in.neutral_only("stop_token_ids", json::array());
-  in.neutral_only("top_logprobs", 0);
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
-  in.neutral_only("logprobs", kind == endpoint::chat_completions ? json(false) : json(nullptr));
   in.neutral_only("tools", json::array());
   in.neutral_only("response_format", json{{"type", "text"}});
 }
@@ -114,6 +115,30 @@ void read_choices(reader& in, parsed_request& p) {
   in.integer("best_of", best_of);
   if (!in.error && best_of != p.n)
     in.fail("best_of", "'best_of' must equal 'n' (" + std::to_string(p.n) + "): troupe returns every choice it generates");
+}
+
+/// An integer in [0, sampling::num_top_logprobs_max] under `name`; true if present and valid.
+bool read_num_top(reader& in, const char* name, int32_t& out) {
+  if (in.error || in.field(name).is_null()) return false;
+  in.integer(name, out);
+  if (!in.error && (out < 0 || out > sampling::num_top_logprobs_max))
+    in.fail(name, "'" + std::string(name) + "' must be in [0, " + std::to_string(sampling::num_top_logprobs_max) +
+                      "], got " + std::to_string(out));
+  return !in.error;
+}
+
+/// Completions: `logprobs: k` (alternatives per token). Chat: `logprobs: true`, and
+/// `top_logprobs: k`, which needs it.
+void read_logprobs(reader& in, endpoint kind, parsed_request& p) {
+  int32_t& k = p.request.num_top_logprobs;
+  if (kind == endpoint::completions) {
+    in.neutral_only("top_logprobs", 0);
+    p.logprobs = read_num_top(in, "logprobs", k);
+    return;
+  }
+  in.boolean("logprobs", p.logprobs);
+  if (read_num_top(in, "top_logprobs", k) && !p.logprobs)
+    in.fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
 }
 
 void read_sampling(reader& in, endpoint kind, msg::completion_request& r) {
@@ -207,9 +232,68 @@ const char* object_name(const response_context& c, bool chunk) {
   return chunk ? "chat.completion.chunk" : "chat.completion";
 }
 
-/// One choice: the text under "text" (completions), "message" or "delta" (chat).
+/// `f` as the shortest decimal that reads back as `f` (0.1f renders 0.1, not 0.10000000149).
+double shortest(float f) {
+  char text[32];
+  const auto written = std::to_chars(text, text + sizeof(text) - 1, f);
+  TROUPE_ASSERT(written.ec == std::errc());
+  *written.ptr = '\0';
+  return std::strtod(text, nullptr);
+}
+
+ordered bytes_json(std::string_view text) {
+  ordered j = ordered::array();
+  for (const char b : text) j.push_back(static_cast<unsigned char>(b));
+  return j;
+}
+
+/// OpenAI's legacy completions logprobs: parallel lists, alternatives as {text: logprob}.
+ordered completion_logprobs(const tokenizer& tok, const token_logprobs& part) {
+  ordered tokens = ordered::array(), logprobs = ordered::array(), tops = ordered::array(), offsets = ordered::array();
+  int32_t prev = part.prev_token;
+  int64_t offset = part.text_offset;
+  for (size_t i = 0; i < part.tokens.size(); i++) {
+    const std::string_view text = tok.piece(prev, part.tokens[i]);
+    tokens.push_back(utf8::sanitize(text));
+    logprobs.push_back(shortest(part.logprobs[i]));
+    ordered top = ordered::object();
+    for (const sampling::token_logprob& t : part.top_logprobs[i]) {
+      const std::string key = utf8::sanitize(tok.piece(prev, t.token));
+      if (!top.contains(key)) top[key] = shortest(t.logprob);  // two byte tokens may both read U+FFFD
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+    prev = part.tokens[i];
+  }
+  return ordered{{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+/// A chat token entry: its text, logprob and raw bytes.
+ordered chat_token(const tokenizer& tok, int32_t prev, int32_t token, float logprob) {
+  const std::string_view text = tok.piece(prev, token);
+  return ordered{{"token", utf8::sanitize(text)}, {"logprob", shortest(logprob)}, {"bytes", bytes_json(text)}};
+}
+
+/// OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+ordered chat_logprobs(const tokenizer& tok, const token_logprobs& part) {
+  ordered content = ordered::array();
+  int32_t prev = part.prev_token;
+  for (size_t i = 0; i < part.tokens.size(); i++) {
+    ordered entry = chat_token(tok, prev, part.tokens[i], part.logprobs[i]);
+    entry["top_logprobs"] = ordered::array();
+    for (const sampling::token_logprob& t : part.top_logprobs[i])
+      entry["top_logprobs"].push_back(chat_token(tok, prev, t.token, t.logprob));
+    content.push_back(std::move(entry));
+    prev = part.tokens[i];
+  }
+  return ordered{{"content", content}};
+}
+
+/// One choice: the text under "text" (completions), "message" or "delta" (chat), and its
+/// logprobs when asked for (`part`; null on a stream's last chunk of a choice).
 ordered choice_json(const response_context& c, int32_t index, const ordered& text, const char* chat_key,
-                    engine::finish_reason finish) {
+                    engine::finish_reason finish, const token_logprobs* part = nullptr) {
   ordered j;
   j["index"] = index;
   if (c.kind == endpoint::completions)
@@ -217,6 +301,10 @@ ordered choice_json(const response_context& c, int32_t index, const ordered& tex
   else
     j[chat_key] = text;
   j["logprobs"] = nullptr;
+  if (c.logprobs && part) {
+    TROUPE_ASSERT(c.tok != nullptr);
+    j["logprobs"] = c.kind == endpoint::completions ? completion_logprobs(*c.tok, *part) : chat_logprobs(*c.tok, *part);
+  }
   j["finish_reason"] = finish == engine::finish_reason::none ? ordered(nullptr) : ordered(engine::to_string(finish));
   return j;
 }
@@ -241,7 +329,8 @@ std::string dumped(const ordered& j) { return j.dump(-1, ' ', false, ordered::er
 
 }  // namespace
 
-tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body, const served_model& model) {
+tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body, const served_model& model,
+                                                     const tokenizer* tok) {
   if (auto valid = utf8::validate(body); !valid)
     return tl::unexpected(invalid("", "the request body is not valid UTF-8: " + valid.error().message));
   json doc;
@@ -257,6 +346,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   p.kind = kind;
   read_unsupported(in, kind);
   read_choices(in, p);
+  read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);
   read_stream(in, p);
   if (kind == endpoint::chat_completions)
@@ -319,6 +409,22 @@ std::string render_error(const api_error& e) {
   return dumped(ordered{{"error", inner}});
 }
 
+int32_t token_before_output(const prompt_input& prompt, const tokenizer& tok) {
+  if (prompt.is_tokens) return prompt.tokens.empty() ? tokenizer::no_token : prompt.tokens.back();
+  return prompt.text.empty() ? tok.bos_id() : tokenizer::no_token;
+}
+
+token_logprobs after(const tokenizer& tok, const token_logprobs& part) {
+  token_logprobs next;
+  next.prev_token = part.prev_token;
+  next.text_offset = part.text_offset;
+  for (const int32_t token : part.tokens) {
+    next.text_offset += static_cast<int64_t>(tok.piece(next.prev_token, token).size());
+    next.prev_token = token;
+  }
+  return next;
+}
+
 usage_counts sum_usage(const std::vector<msg::completion_end>& ends, int32_t n) {
   TROUPE_ASSERT(n >= 1);
   usage_counts u;
@@ -339,7 +445,7 @@ std::string render_response(const response_context& c, const std::vector<choice_
   j["choices"] = ordered::array();
   for (const choice_output& o : choices) {
     const ordered content = c.kind == endpoint::completions ? ordered(o.text) : chat_text(o.text, true);
-    j["choices"].push_back(choice_json(c, o.index, content, "message", o.finish));
+    j["choices"].push_back(choice_json(c, o.index, content, "message", o.finish, &o.logprobs));
   }
   j["usage"] = usage_json(usage);
   return dumped(j);
@@ -348,7 +454,7 @@ std::string render_response(const response_context& c, const std::vector<choice_
 std::string render_chunk(const response_context& c, const choice_output& delta, bool first) {
   ordered j = head(c, object_name(c, true));
   const ordered content = c.kind == endpoint::completions ? ordered(delta.text) : chat_text(delta.text, first);
-  j["choices"] = ordered::array({choice_json(c, delta.index, content, "delta", delta.finish)});
+  j["choices"] = ordered::array({choice_json(c, delta.index, content, "delta", delta.finish, &delta.logprobs)});
   if (c.include_usage) j["usage"] = nullptr;
   return dumped(j);
 }

@@ -27,6 +27,7 @@
 
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::openai {
 
@@ -61,6 +62,7 @@ struct parsed_request {
   msg::completion_request request;  ///< every parameter the choices share; no prompt (see `prompts`)
   std::vector<prompt_input> prompts;  ///< one or more (a chat request: its template's text)
   int32_t n = 1;                      ///< choices per prompt
+  bool logprobs = false;  ///< choices carry their tokens' logprobs (request.num_top_logprobs alternatives each)
   bool include_usage = false;  ///< stream_options.include_usage: a final chunk with usage
 };
 
@@ -78,9 +80,12 @@ struct parsed_request {
 [[nodiscard]] std::vector<msg::completion_request> choice_requests(const parsed_request& p, uint64_t seed);
 
 /// Parses and checks `body` for `kind`. Errors: 400 malformed JSON, invalid UTF-8, a wrong
-/// type, a missing prompt/messages, an unsupported parameter (named); 404 unknown model.
+/// type, a value out of its range where it is checked here (named), a missing prompt/messages,
+/// an unsupported parameter (named); 404 unknown model. Token ids (`prompt`, `stop_token_ids`)
+/// are checked against `tok`'s vocabulary when it is given (else the engine checks them).
 [[nodiscard]] tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body,
-                                                                    const served_model& model);
+                                                                    const served_model& model,
+                                                                    const tokenizer* tok = nullptr);
 
 /// The prompt the chat template makes of `messages` (role, content) pairs.
 [[nodiscard]] std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages);
@@ -99,13 +104,34 @@ struct response_context {
   int64_t created = 0;     ///< unix seconds
   const served_model* model = nullptr;
   bool include_usage = false;
+  bool logprobs = false;          ///< choices carry `logprobs` (else null)
+  const tokenizer* tok = nullptr;  ///< spells the tokens of logprobs; needed with them
 };
+
+/// Tokens of a choice (all of them, or a streamed part) with their logprobs, and what their
+/// texts depend on: a token's text is its piece after the token before it (tokenizer::piece),
+/// raw bytes that may be part of a UTF-8 character.
+struct token_logprobs {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;  ///< per token
+  int32_t prev_token = tokenizer::no_token;  ///< the token before the first
+  int64_t text_offset = 0;                   ///< bytes of the choice's token texts before the first
+};
+
+/// The token before a choice's first: BOS when the prompt is BOS alone (an empty text), the
+/// last id of a token prompt; otherwise none (only BOS changes a piece).
+[[nodiscard]] int32_t token_before_output(const prompt_input& prompt, const tokenizer& tok);
+
+/// Where the tokens after `part` start: its last token, and its end offset.
+[[nodiscard]] token_logprobs after(const tokenizer& tok, const token_logprobs& part);
 
 /// One choice's text (all of it in a response, the new part in a streamed chunk).
 struct choice_output {
   int32_t index = 0;
   std::string text;
   engine::finish_reason finish = engine::finish_reason::none;  ///< none renders null
+  token_logprobs logprobs;  ///< rendered when the context asks for logprobs
 };
 
 /// Token counts of an answer, summed over its choices.

@@ -249,6 +249,65 @@ TEST_F(Http, ChoiceIOfNIsTheRequestSeededWithChildSeedIOnBothEndpoints) {
   EXPECT_NE(best_of.body.find("\"param\":\"best_of\""), std::string::npos) << best_of.body;
 }
 
+/// The logprobs of every choice-0 event of an answer, parts joined: the legacy completions lists.
+nlohmann::json joined_logprobs(const std::string& body) {
+  nlohmann::json all{{"tokens", nlohmann::json::array()}, {"token_logprobs", nlohmann::json::array()},
+                     {"top_logprobs", nlohmann::json::array()}, {"text_offset", nlohmann::json::array()}};
+  for (const nlohmann::json& j : answer_objects(body))
+    for (const nlohmann::json& c : j.at("choices"))
+      if (!c.at("logprobs").is_null())
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+          for (const nlohmann::json& v : c["logprobs"][key]) all[key].push_back(v);
+  return all;
+}
+
+TEST_F(Http, LogprobsAreTheSamplersAndTheGreedyTokenIsTheTopOne) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0,"logprobs":3)";
+  const http_reply whole = fetch("/v1/completions", body + "}");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const nlohmann::json lp = joined_logprobs(whole.body);
+  ASSERT_EQ(lp["tokens"].size(), 20u) << whole.body;
+  std::string text;
+  for (size_t i = 0; i < 20; i++) {
+    const nlohmann::json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 3u) << top;
+    const std::string token = lp["tokens"][i].get<std::string>();
+    // Greedy: the chosen token is the most likely one, with the logprob the sampler reported for it.
+    EXPECT_EQ(top.at(token), lp["token_logprobs"][i]) << i << ": " << top;
+    for (const auto& [other, logprob] : top.items()) EXPECT_LE(logprob.get<double>(), top.at(token).get<double>()) << other;
+    EXPECT_EQ(lp["text_offset"][i], text.size());
+    text += token;
+  }
+  EXPECT_EQ(text, greedy(20));
+  EXPECT_EQ(choice_texts(whole.body).at(0), text);
+  // Streamed, the parts join into the same lists.
+  const http_reply streamed = fetch("/v1/completions", body + R"(,"stream":true})");
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(joined_logprobs(streamed.body), lp);
+
+  const http_reply chat = fetch("/v1/chat/completions", R"({"messages":[{"role":"user","content":"Once upon a time"}],)"
+                                                        R"("max_tokens":20,"temperature":0,"logprobs":true,"top_logprobs":2})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const nlohmann::json content = answer_objects(chat.body).at(0)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 20u) << chat.body;
+  std::string chat_bytes;
+  for (size_t i = 0; i < content.size(); i++) {
+    ASSERT_EQ(content[i]["top_logprobs"].size(), 2u);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["token"], content[i]["token"]);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["logprob"], content[i]["logprob"]);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["bytes"], content[i]["bytes"]);
+    EXPECT_EQ(content[i]["logprob"], lp["token_logprobs"][i]);  // the chat prompt is the same text
+    for (const nlohmann::json& b : content[i]["bytes"]) chat_bytes += static_cast<char>(b.get<int>());
+  }
+  EXPECT_EQ(chat_bytes, text);
+
+  const http_reply too_many = fetch("/v1/completions", R"({"prompt":"x","logprobs":21})");
+  EXPECT_EQ(too_many.status, 400);
+  EXPECT_NE(too_many.body.find("\"param\":\"logprobs\""), std::string::npos) << too_many.body;
+  expect_good_answer("logprobs");
+}
+
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
   ASSERT_NO_FATAL_FAILURE(start());
   struct error_case {

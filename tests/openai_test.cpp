@@ -4,6 +4,7 @@
 #include "openai/api.hpp"
 #include "openai/metrics.hpp"
 #include "runtime/engine/request.hpp"
+#include "tests/support/golden.hpp"
 
 namespace troupe::openai {
 namespace {
@@ -82,7 +83,10 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
       {R"({"prompt":"x","n":"2"})", "n"},
       {R"({"prompt":"x","n":2,"best_of":3})", "best_of"},
       {R"({"prompt":"x","best_of":2})", "best_of"},
-      {R"({"prompt":"x","logprobs":1})", "logprobs"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","logprobs":-1})", "logprobs"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","top_logprobs":2})", "top_logprobs"},
       {R"({"prompt":["a","b"]})", "prompt"},
       {R"({"prompt":[1,2]})", "prompt"},
       {R"({"max_tokens":3})", "prompt"},
@@ -97,6 +101,25 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
   }
   EXPECT_EQ(refused(endpoint::chat_completions, R"({"messages":[]})").param, "messages");
   EXPECT_EQ(refused(endpoint::chat_completions, R"({"messages":[{"role":"robot","content":"x"}]})").param, "messages");
+  const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("logprobs":1})").param, "logprobs");
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("top_logprobs":2})").param, "top_logprobs");  // needs logprobs
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("logprobs":true,"top_logprobs":21})").param, "top_logprobs");
+}
+
+TEST(OpenaiRequest, LogprobsAskTheEngineForTopLogprobs) {
+  const parsed_request legacy = parsed(endpoint::completions, R"({"prompt":"x","logprobs":5})");
+  EXPECT_TRUE(legacy.logprobs);
+  EXPECT_EQ(legacy.request.num_top_logprobs, 5);
+  const parsed_request chosen_only = parsed(endpoint::completions, R"({"prompt":"x","logprobs":0})");
+  EXPECT_TRUE(chosen_only.logprobs);
+  EXPECT_EQ(chosen_only.request.num_top_logprobs, 0);
+  EXPECT_FALSE(parsed(endpoint::completions, R"({"prompt":"x","logprobs":null})").logprobs);
+  const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
+  const parsed_request chat = parsed(endpoint::chat_completions, hi + R"("logprobs":true,"top_logprobs":20})");
+  EXPECT_TRUE(chat.logprobs);
+  EXPECT_EQ(chat.request.num_top_logprobs, 20);
+  EXPECT_FALSE(parsed(endpoint::chat_completions, hi + R"("logprobs":false})").logprobs);
 }
 
 TEST(OpenaiRequest, ChoiceIOfNIsTheRequestSeededWithChildSeedI) {
@@ -261,6 +284,64 @@ TEST(OpenaiResponse, UsageCountsEachPromptOnceAndEveryChoicesTokens) {
   EXPECT_EQ(u.prompt_tokens, 14);
   EXPECT_EQ(u.cached_tokens, 2);
   EXPECT_EQ(u.completion_tokens, 14);
+}
+
+// Token ids of tok512: " upon" = 407, " a" = 261; byte token <0xE2> = 3 + 0xE2 = 229.
+const tokenizer& tok512() {
+  static const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
+  return tok;
+}
+constexpr int32_t upon = 407, a = 261, byte_e2 = 229;
+
+token_logprobs upon_a() {
+  return {{upon, a}, {-0.5f, -0.1f}, {{{upon, -0.5f}, {a, -1.5f}}, {{a, -0.1f}, {byte_e2, -3.0f}}}, tokenizer::no_token, 0};
+}
+
+TEST(OpenaiResponse, CompletionLogprobsRenderInTheLegacyFormatByteForByte) {
+  const response_context c{endpoint::completions, 7, 1700000001, &model, false, true, &tok512()};
+  // A byte token alone is not UTF-8: its text reads U+FFFD; its offset counts its one byte.
+  EXPECT_EQ(render_response(c, {{0, " upon a", engine::finish_reason::length, upon_a()}}, 42, sum_usage({an_end()}, 1)),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"text":" upon a",)"
+            R"("logprobs":{"tokens":[" upon"," a"],"token_logprobs":[-0.5,-0.1],"top_logprobs":[{" upon":-0.5," a":-1.5},)"
+            R"({" a":-0.1,"�":-3.0}],"text_offset":[0,5]},"finish_reason":"length"}],"usage":{"prompt_tokens":5,)"
+            R"("completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}})");
+}
+
+TEST(OpenaiResponse, ChatLogprobsRenderWithBytesAndStreamPartByPart) {
+  const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false, true, &tok512()};
+  token_logprobs first = upon_a();
+  first.tokens.pop_back();
+  first.logprobs.pop_back();
+  first.top_logprobs.pop_back();
+  first.top_logprobs[0][1] = {byte_e2, -3.0f};
+  EXPECT_EQ(render_chunk(c, {0, " upon", engine::finish_reason::none, first}, true),
+            R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","choices":[{"index":0,"delta":{"role":"assistant","content":" upon"},)"
+            R"("logprobs":{"content":[{"token":" upon","logprob":-0.5,"bytes":[32,117,112,111,110],"top_logprobs":[)"
+            R"({"token":" upon","logprob":-0.5,"bytes":[32,117,112,111,110]},{"token":"�","logprob":-3.0,"bytes":[226]}]}]},)"
+            R"("finish_reason":null}]})");
+  // The next part starts after " upon": 5 bytes in, with " upon" before it.
+  const token_logprobs next = after(tok512(), first);
+  EXPECT_EQ(next.prev_token, upon);
+  EXPECT_EQ(next.text_offset, 5);
+  EXPECT_TRUE(next.tokens.empty());
+  EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42),
+            R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]})");
+}
+
+TEST(OpenaiResponse, ATokenAfterBosLosesItsLeadingSpace) {
+  const tokenizer& tok = tok512();
+  EXPECT_EQ(token_before_output({"", {}, false}, tok), tok.bos_id());  // an empty text prompt is BOS alone
+  EXPECT_EQ(token_before_output({"Once", {}, false}, tok), tokenizer::no_token);
+  EXPECT_EQ(token_before_output({"", {tok.bos_id(), upon}, true}, tok), upon);
+  const response_context c{endpoint::completions, 7, 1700000001, &model, false, true, &tok};
+  const token_logprobs after_bos{{upon}, {-0.5f}, {{}}, tok.bos_id(), 0};
+  EXPECT_EQ(render_chunk(c, {0, "upon", engine::finish_reason::none, after_bos}, true),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","choices":[{"index":0,"text":"upon","logprobs":{"tokens":["upon"],)"
+            R"("token_logprobs":[-0.5],"top_logprobs":[{}],"text_offset":[0]},"finish_reason":null}]})");
 }
 
 TEST(OpenaiResponse, ModelsListTheServedModel) {
