@@ -198,13 +198,54 @@ void read_messages(reader& in, parsed_request& p) {
   p.prompts = {prompt_input{chat_prompt(turns), {}, false}};
 }
 
-void read_prompt(reader& in, parsed_request& p) {
+/// A list of token ids under `name`: integers, in the vocabulary when `tok` is given.
+void read_token_ids(reader& in, const char* name, const json& list, const tokenizer* tok, std::vector<int32_t>& out) {
+  const std::string quoted = "'" + std::string(name) + "'";
+  if (!list.is_array()) return in.fail(name, quoted + " must be a list of token ids");
+  for (const json& id : list) {
+    const bool fits = id.is_number_integer() && (id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
+                                                                         : id.get<int64_t>() >= INT32_MIN);
+    if (!fits) return in.fail(name, quoted + " must hold token ids (integers), got " + id.dump());
+    const auto token = static_cast<int32_t>(id.get<int64_t>());
+    if (tok && !tok->is_valid_id(token))
+      return in.fail(name, quoted + " holds token " + std::to_string(token) + ", outside the vocabulary [0, " +
+                               std::to_string(tok->vocab_size()) + ")");
+    out.push_back(token);
+  }
+}
+
+void add_token_prompt(reader& in, const json& ids, const tokenizer* tok, parsed_request& p) {
+  prompt_input prompt{"", {}, true};
+  read_token_ids(in, "prompt", ids, tok, prompt.tokens);
+  if (!in.error && prompt.tokens.empty()) return in.fail("prompt", "a 'prompt' of token ids is empty");
+  if (!in.error) p.prompts.push_back(std::move(prompt));
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of lists of token ids
+/// (strings and lists may mix). Token ids are given as the model reads them: no BOS is added.
+void read_prompt(reader& in, parsed_request& p, const tokenizer* tok) {
   const json& prompt = in.field("prompt");
   if (in.error) return;
-  if (prompt.is_array())
-    return in.fail("prompt", "a list of prompts or of token ids is not supported yet: send one string");
-  if (!prompt.is_string()) return in.fail("prompt", "'prompt' must be a string");
-  p.prompts = {prompt_input{prompt.get<std::string>(), {}, false}};
+  const char* shape = "'prompt' must be a string, or a non-empty list of strings, of token ids or of lists of token ids";
+  if (prompt.is_string()) {
+    p.prompts = {prompt_input{prompt.get<std::string>(), {}, false}};
+    return;
+  }
+  if (!prompt.is_array() || prompt.empty()) return in.fail("prompt", shape);
+  if (prompt.front().is_number()) return add_token_prompt(in, prompt, tok, p);
+  for (const json& one : prompt) {
+    if (one.is_string())
+      p.prompts.push_back(prompt_input{one.get<std::string>(), {}, false});
+    else if (one.is_array())
+      add_token_prompt(in, one, tok, p);
+    else
+      return in.fail("prompt", shape);
+    if (in.error) return;
+  }
+  if (num_choices(p) > engine::num_samples_max)
+    in.fail("prompt", "a request has at most " + std::to_string(engine::num_samples_max) + " choices; " +
+                          std::to_string(p.prompts.size()) + " prompts times n = " + std::to_string(p.n) + " make " +
+                          std::to_string(num_choices(p)));
 }
 
 std::optional<api_error> check_model(const reader& in, const served_model& model) {
@@ -352,7 +393,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (kind == endpoint::chat_completions)
     read_messages(in, p);
   else
-    read_prompt(in, p);
+    read_prompt(in, p, tok);
   if (in.error) return tl::unexpected(*in.error);
   return p;
 }

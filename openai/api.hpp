@@ -49,7 +49,8 @@ struct served_model {
   int64_t created = 0;             ///< unix seconds, reported by /v1/models
 };
 
-/// One prompt of a completion request: text, or token ids as given (no BOS added).
+/// One prompt of a completion request: text (BOS is added when it is encoded), or token ids as
+/// the model reads them (no BOS added).
 struct prompt_input {
   std::string text;
   std::vector<int32_t> tokens;

@@ -18,6 +18,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -306,6 +307,38 @@ TEST_F(Http, LogprobsAreTheSamplersAndTheGreedyTokenIsTheTopOne) {
   EXPECT_EQ(too_many.status, 400);
   EXPECT_NE(too_many.body.find("\"param\":\"logprobs\""), std::string::npos) << too_many.body;
   expect_good_answer("logprobs");
+}
+
+TEST_F(Http, EachPromptOfAListGivesItsNChoicesAndUsageSumsThem) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(tok.has_value());
+  const auto ids = tok->encode(prompt, true, false);  // what the text prompt becomes: BOS, then its tokens
+  ASSERT_TRUE(ids.has_value());
+  const nlohmann::json as_ids = *ids;
+  const std::string lists = R"({"prompt":[")" + prompt + R"(",)" + as_ids.dump() + R"(],"n":2,"max_tokens":20,"temperature":0)";
+  // {body, prompts, choices}: two prompts (text, ids) with n = 2, whole and streamed; one list of ids.
+  const std::vector<std::tuple<std::string, size_t, size_t>> cases{
+      {lists + "}", 2, 4},
+      {lists + R"(,"stream":true,"stream_options":{"include_usage":true}})", 2, 4},
+      {R"({"prompt":)" + as_ids.dump() + R"(,"max_tokens":20,"temperature":0})", 1, 1}};
+  for (const auto& [body, num_prompts, num_choices] : cases) {
+    const http_reply r = fetch("/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::vector<std::string> texts = choice_texts(r.body);
+    ASSERT_EQ(texts.size(), num_choices) << r.body;  // choice index = prompt index * n + i
+    for (const std::string& text : texts) EXPECT_EQ(text, greedy(20)) << body;
+    const nlohmann::json usage = answer_objects(r.body).back().at("usage");
+    EXPECT_EQ(usage["prompt_tokens"], num_prompts * ids->size()) << r.body;  // each prompt once
+    EXPECT_EQ(usage["completion_tokens"], texts.size() * 20) << r.body;
+  }
+  for (const std::string& bad : {std::string(R"({"prompt":[]})"), std::string(R"({"prompt":[1,512]})"),
+                                 std::string(R"({"prompt":["a",[1,-3]]})")}) {
+    const http_reply r = fetch("/v1/completions", bad);
+    EXPECT_EQ(r.status, 400) << bad;
+    EXPECT_NE(r.body.find("\"param\":\"prompt\""), std::string::npos) << r.body;
+  }
+  expect_good_answer("lists of prompts");
 }
 
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {

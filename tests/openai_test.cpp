@@ -87,8 +87,13 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
       {R"({"prompt":"x","logprobs":-1})", "logprobs"},
       {R"({"prompt":"x","logprobs":true})", "logprobs"},
       {R"({"prompt":"x","top_logprobs":2})", "top_logprobs"},
-      {R"({"prompt":["a","b"]})", "prompt"},
-      {R"({"prompt":[1,2]})", "prompt"},
+      {R"({"prompt":[]})", "prompt"},
+      {R"({"prompt":[[]]})", "prompt"},
+      {R"({"prompt":[1,"a"]})", "prompt"},
+      {R"({"prompt":["a",{}]})", "prompt"},
+      {R"({"prompt":[1,2.5]})", "prompt"},
+      {R"({"prompt":[[1],[4294967296]]})", "prompt"},
+      {R"({"prompt":["a","b"],"n":65})", "prompt"},
       {R"({"max_tokens":3})", "prompt"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
       {R"({"prompt":"x","stream":"yes"})", "stream"},
@@ -151,6 +156,40 @@ TEST(OpenaiRequest, SeveralChoicesWithoutASeedTakeTheGatewaysDraw) {
   const parsed_request one = parsed(endpoint::completions, R"({"prompt":"x"})");
   EXPECT_FALSE(needs_seed(one));
   EXPECT_FALSE(choice_requests(one, 7)[0].has_seed);
+}
+
+TEST(OpenaiRequest, PromptsAreAStringOrListsOfStringsOrTokenIdsEachGivingNChoices) {
+  const parsed_request p = parsed(endpoint::completions, R"({"prompt":["Once",[1,403],""],"n":2,"seed":9})");
+  ASSERT_EQ(p.prompts.size(), 3u);
+  EXPECT_EQ(p.prompts[0].text, "Once");
+  EXPECT_FALSE(p.prompts[0].is_tokens);
+  EXPECT_EQ(p.prompts[1].tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_TRUE(p.prompts[1].is_tokens);
+  EXPECT_EQ(p.prompts[2].text, "");
+  const std::vector<msg::completion_request> requests = choice_requests(p, 0);
+  ASSERT_EQ(requests.size(), 6u);  // choice k: prompt k / n, sample k % n
+  EXPECT_EQ(requests[2].prompt_tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(requests[2].prompt, "");
+  EXPECT_EQ(requests[2].seed, 9u);
+  EXPECT_EQ(requests[3].prompt_tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(requests[3].seed, engine::child_seed(9, 1));
+  EXPECT_EQ(requests[5].prompt, "");
+  EXPECT_TRUE(requests[5].prompt_tokens.empty());
+  const parsed_request ids = parsed(endpoint::completions, R"({"prompt":[1,403,407]})");
+  ASSERT_EQ(ids.prompts.size(), 1u);  // one list of ids is one prompt
+  EXPECT_EQ(ids.prompts[0].tokens, (std::vector<int32_t>{1, 403, 407}));
+}
+
+TEST(OpenaiRequest, TokenIdsOutsideTheVocabularyAre400sNamingTheParameter) {
+  const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
+  auto outside = parse_request(endpoint::completions, R"({"prompt":[[1,403],[1,512]]})", model, &tok);
+  ASSERT_FALSE(outside.has_value());
+  EXPECT_EQ(outside.error().param, "prompt");
+  EXPECT_EQ(outside.error().message, "'prompt' holds token 512, outside the vocabulary [0, 512)");
+  auto negative = parse_request(endpoint::completions, R"({"prompt":[-1]})", model, &tok);
+  ASSERT_FALSE(negative.has_value());
+  EXPECT_EQ(negative.error().message, "'prompt' holds token -1, outside the vocabulary [0, 512)");
+  EXPECT_TRUE(parse_request(endpoint::completions, R"({"prompt":[1,511]})", model, &tok).has_value());
 }
 
 TEST(OpenaiRequest, BodyProblemsAre400s) {

@@ -137,19 +137,32 @@ request_host running(request_host_options o, const placed_engines& where = decod
 
 }  // namespace
 
-TEST(RequestHostPrompt, TokenIdsTakeNoTextPromptAndNoStopStrings) {
-  const std::string why = "a request with prompt_tokens takes no text prompt and no stop strings";
+TEST(RequestHostPrompt, TokenIdsTakeNoTextPromptAndWithoutATokenizerNoStopStrings) {
   request_host_options text = options(true);
   text.params.prompt_tokens = {tokenizer::bos, once};
   request_host with_text(text);
-  EXPECT_EFFECTS(with_text, start(1000), send_error{error(errc::invalid_argument, why, 0)}, stop{});
+  EXPECT_EFFECTS(with_text, start(1000),
+                 send_error{error(errc::invalid_argument, "a request with prompt_tokens takes no text prompt", 0)}, stop{});
   EXPECT_TRUE(with_text.done());
 
   request_host_options stops = options(true, {"x"});
   stops.params.prompt.clear();
   stops.params.prompt_tokens = {tokenizer::bos, once};
+  stops.tok = nullptr;
   request_host with_stop(stops);
-  EXPECT_EFFECTS(with_stop, start(1000), send_error{error(errc::invalid_argument, why, 0)}, stop{});
+  EXPECT_EFFECTS(with_stop, start(1000),
+                 send_error{error(errc::invalid_argument,
+                                  "without a tokenizer a request takes prompt_tokens and no stop strings", 0)},
+                 stop{});
+}
+
+TEST(RequestHostPrompt, TokenIdsOutsideTheVocabularyAreRefusedWhenItIsKnown) {
+  request_host_options o = options(true);
+  o.params.prompt.clear();
+  o.params.prompt_tokens = {tokenizer::bos, 512};
+  request_host h(o);
+  EXPECT_EFFECTS(h, start(1000), send_error{error(errc::invalid_argument, tok()->check_ids({tokenizer::bos, 512}).error().message, 0)},
+                 stop{});
 }
 
 TEST(RequestHostPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizing) {
@@ -271,10 +284,23 @@ TEST(RequestHostRun, StopTokenIdsReachTheEngine) {
   EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
 }
 
-TEST(RequestHostRun, TokenIdsStreamWithoutText) {
+TEST(RequestHostRun, TokenIdsStreamTextWithATokenizerAndStopStringsApply) {
+  request_host_options o = options(true, {" a"});
+  o.params.prompt.clear();
+  o.params.prompt_tokens = {tokenizer::bos, once};
+  request_host h = running(o);
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upo", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, "n", {a}, {-0.25f})}, release_engines{},
+                 send_end{{id, stream_id, engine::finish_reason::stop, drawn_seed, 2, 2, 0, 1000, 1500, {500}, 0, 0,
+                           0, 2}},
+                 stop{});
+}
+
+TEST(RequestHostRun, TokenIdsStreamWithoutTextWithoutATokenizer) {
   request_host_options o = options(true);
   o.params.prompt.clear();
   o.params.prompt_tokens = {tokenizer::bos, once};
+  o.tok = nullptr;
   request_host h = running(o);
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f, engine::finish_reason::length), 1000, 2000),
                  send_chunk{chunk(0, "", {upon}, {-0.5f})},

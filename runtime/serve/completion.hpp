@@ -19,8 +19,9 @@ namespace troupe::serve {
 /// What a client asks for. Defaults follow vLLM's completion API.
 struct completion_request {
   std::string prompt;               ///< UTF-8 text; BOS is added, special tokens never parsed
-  /// Token ids instead of text (BOS included, as given): the completion then streams token ids
-  /// only, with no text, and stop strings are not allowed. Used by the simulator.
+  /// Token ids instead of text (BOS included, as given): the HTTP API's token prompts, and the
+  /// simulator's. Without a tokenizer at the request host (the simulator) the completion streams
+  /// token ids only, with no text, and stop strings are not allowed.
   std::vector<int32_t> prompt_tokens;
   int32_t max_tokens = 16;
   float temperature = 1.0f;

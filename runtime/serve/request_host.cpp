@@ -37,7 +37,6 @@ request_host::request_host(request_host_options options) : o_(std::move(options)
 /// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
 /// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
 expected<void> request_host::check_prompt_bytes() const {
-  if (!text_mode_) return {};  // token ids are checked by the engine (and need no tokenizer)
   const int32_t context = o_.context_tokens > 0 ? o_.context_tokens : model::header_value_max;
   const int64_t bytes_max = o_.tok->max_text_bytes(context);
   const int64_t bytes = static_cast<int64_t>(o_.params.prompt.size());
@@ -45,6 +44,25 @@ expected<void> request_host::check_prompt_bytes() const {
   return fail(errc::too_long, "the prompt is " + std::to_string(bytes) + " bytes; a " + std::to_string(context) +
                                   "-token context holds at most " + std::to_string(bytes_max) + " (" +
                                   std::to_string(o_.tok->max_token_length()) + " bytes per token at most)");
+}
+
+/// The prompt in tokens: the ids given (checked against the vocabulary when it is known), or
+/// the text, encoded once its size is checked. Without a tokenizer (the simulator's case) only
+/// ids and no stop strings.
+expected<std::vector<int32_t>> request_host::tokenize_prompt() {
+  const completion_request& p = o_.params;
+  const bool token_prompt = !p.prompt_tokens.empty();
+  if (token_prompt && !p.prompt.empty())
+    return fail(errc::invalid_argument, "a request with prompt_tokens takes no text prompt");
+  if (!text_mode_ && (!token_prompt || !p.stop.empty()))
+    return fail(errc::invalid_argument, "without a tokenizer a request takes prompt_tokens and no stop strings");
+  if (token_prompt) {
+    if (o_.tok)
+      if (auto ok = o_.tok->check_ids(p.prompt_tokens); !ok) return tl::unexpected(ok.error());
+    return std::move(o_.params.prompt_tokens);
+  }
+  if (auto fits = check_prompt_bytes(); !fits) return tl::unexpected(fits.error());
+  return o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false);
 }
 
 effects request_host::start(int64_t now_ns) {
@@ -56,17 +74,8 @@ effects request_host::start(int64_t now_ns) {
     fail_request(o_.refused->code, o_.refused->message, out);
     return out;
   }
-  if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
-    fail_request(errc::invalid_argument, "a request with prompt_tokens takes no text prompt and no stop strings", out);
-    return out;
-  }
-  text_mode_ = p.prompt_tokens.empty();
-  if (auto fits = check_prompt_bytes(); !fits) {
-    fail_request(fits.error().code, fits.error().message, out);
-    return out;
-  }
-  auto prompt = text_mode_ ? o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
-                           : expected<std::vector<int32_t>>(std::move(o_.params.prompt_tokens));
+  text_mode_ = o_.tok != nullptr;
+  auto prompt = tokenize_prompt();
   if (!prompt) {
     fail_request(prompt.error().code, prompt.error().message, out);
     return out;

@@ -6,7 +6,8 @@
 /// dispatcher over this host: STYLE.md, "An actor is a dispatcher over a pure host").
 ///
 /// What it decides:
-/// - the prompt: prompt_tokens exclude a text prompt and stop strings (invalid_argument); a
+/// - the prompt: prompt_tokens exclude a text prompt, and without a tokenizer stop strings
+///   (invalid_argument), and are checked against the tokenizer's vocabulary when it is known; a
 ///   text prompt longer in bytes than any tokenization of the context is refused (too_long)
 ///   before it is tokenized (encoding holds several words per byte); tokenizer errors pass on;
 /// - the engine request: the given seed or the drawn one, and `batch_tokens` (one message with
@@ -138,6 +139,7 @@ class request_host {
 
  private:
   [[nodiscard]] expected<void> check_prompt_bytes() const;
+  [[nodiscard]] expected<std::vector<int32_t>> tokenize_prompt();
   // What engines send, checked: an engine may be another process (issue 21, point 3).
   [[nodiscard]] expected<void> check_token(int32_t token, float logprob, int64_t num_before) const;
   [[nodiscard]] expected<void> check_top(const std::vector<sampling::token_logprob>& top) const;
@@ -154,7 +156,7 @@ class request_host {
 
   request_host_options o_;
   engine::request request_;  // built by start; moves out at submit unless text needs its prompt
-  bool text_mode_ = true;    // a text prompt (not prompt_tokens): detokenize the output
+  bool text_mode_ = true;    // a tokenizer is known: detokenize the output (whatever the prompt)
   std::optional<engine::output_stream> out_;  // made on the first token: stops are validated then
   placed_engines placed_;    // once the balancer answered with engines
   bool handed_over_ = false;  // the prefill engine is done with it
