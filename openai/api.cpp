@@ -99,7 +99,6 @@ void read_unsupported(reader& in, endpoint kind) {
   in.neutral_only("frequency_penalty", 0);
   in.neutral_only("repetition_penalty", 1);
   in.neutral_only("logit_bias", json::object());
-  in.neutral_only("stop_token_ids", json::array());
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
   in.neutral_only("tools", json::array());
@@ -394,6 +393,8 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
     read_messages(in, p);
   else
     read_prompt(in, p, tok);
+  if (const json& ids = in.field("stop_token_ids"); !in.error && !ids.is_null())
+    read_token_ids(in, "stop_token_ids", ids, tok, p.request.stop_token_ids);
   if (in.error) return tl::unexpected(*in.error);
   return p;
 }

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -339,6 +340,32 @@ TEST_F(Http, EachPromptOfAListGivesItsNChoicesAndUsageSumsThem) {
     EXPECT_NE(r.body.find("\"param\":\"prompt\""), std::string::npos) << r.body;
   }
   expect_good_answer("lists of prompts");
+}
+
+TEST_F(Http, AStopTokenIdEndsTheAnswerAtItsFirstOccurrence) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(tok.has_value());
+  const std::string greedy_body = R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0)";
+  const nlohmann::json tokens = joined_logprobs(fetch("/v1/completions", greedy_body + R"(,"logprobs":0})").body)["tokens"];
+  ASSERT_EQ(tokens.size(), 20u);
+  // The 5th token's id (an ordinary piece), and where it first comes.
+  const std::optional<int32_t> stop_id = tok->find_piece(tokens[4].get<std::string>());
+  ASSERT_TRUE(stop_id.has_value()) << tokens[4];
+  size_t first = 0;
+  while (tokens[first] != tokens[4]) first++;
+  std::string expected;
+  for (size_t i = 0; i <= first; i++) expected += tokens[i].get<std::string>();
+  const http_reply r =
+      fetch("/v1/completions", greedy_body + R"(,"stop_token_ids":[)" + std::to_string(*stop_id) + "]}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const nlohmann::json answer = nlohmann::json::parse(r.body);
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], "stop") << r.body;
+  EXPECT_EQ(answer["choices"][0]["text"], expected) << r.body;  // the stop token's text is kept
+  EXPECT_EQ(answer["usage"]["completion_tokens"], first + 1) << r.body;
+  const http_reply outside = fetch("/v1/completions", R"({"prompt":"x","stop_token_ids":[512]})");
+  EXPECT_EQ(outside.status, 400);
+  EXPECT_NE(outside.body.find("\"param\":\"stop_token_ids\""), std::string::npos) << outside.body;
 }
 
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {

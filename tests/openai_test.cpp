@@ -192,6 +192,24 @@ TEST(OpenaiRequest, TokenIdsOutsideTheVocabularyAre400sNamingTheParameter) {
   EXPECT_TRUE(parse_request(endpoint::completions, R"({"prompt":[1,511]})", model, &tok).has_value());
 }
 
+TEST(OpenaiRequest, StopTokenIdsAreCheckedAndReachEveryChoice) {
+  const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
+  auto p = parse_request(endpoint::completions, R"({"prompt":"x","stop_token_ids":[13,2],"n":2})", model, &tok);
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  for (const msg::completion_request& r : choice_requests(*p, 5))
+    EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
+  EXPECT_TRUE(parse_request(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"x"}],"stop_token_ids":[]})",
+                            model, &tok).has_value());
+  for (const std::string& bad : {R"({"prompt":"x","stop_token_ids":13})", R"({"prompt":"x","stop_token_ids":[1.5]})",
+                                 R"({"prompt":"x","stop_token_ids":["a"]})", R"({"prompt":"x","stop_token_ids":[512]})"}) {
+    auto e = parse_request(endpoint::completions, bad, model, &tok);
+    ASSERT_FALSE(e.has_value()) << bad;
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_EQ(e.error().param, "stop_token_ids") << bad;
+    EXPECT_NE(e.error().message.find("'stop_token_ids'"), std::string::npos) << e.error().message;
+  }
+}
+
 TEST(OpenaiRequest, BodyProblemsAre400s) {
   EXPECT_EQ(refused(endpoint::completions, "{\"prompt\": ").message.rfind("the request body is not valid JSON", 0), 0u);
   EXPECT_EQ(refused(endpoint::completions, "{\"prompt\":\"\xff\"}").message.rfind("the request body is not valid UTF-8", 0), 0u);
