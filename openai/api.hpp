@@ -13,7 +13,9 @@
 /// - Several choices (`n` > 1, several prompts) are several one-sample completion requests, each
 ///   seeded so that it replays alone (`choice_requests`); the gateway runs them side by side.
 /// - Range checks (temperature >= 0, top_p in (0, 1], ...) stay in the engine, which answers
-///   `invalid_argument` with a message naming the parameter; here only JSON types are checked.
+///   `invalid_argument` with a message naming the parameter; here only JSON types are checked,
+///   and the ranges of what never reaches the engine as given (`n`, `best_of`, `logprobs`,
+///   `top_logprobs`, token ids against the vocabulary).
 /// - Chat: stories260K has no chat format; its template is the messages' contents joined by a
 ///   newline (`chat_prompt`). The template inserts no special token, and user text is never
 ///   parsed into one (contract 4): `<s>` in a message is three ordinary characters.
