@@ -128,6 +128,7 @@ void deliver(client_t* self, const msg::completion_chunk& c, const chunk_callbac
   r.text += c.text;
   r.tokens.insert(r.tokens.end(), c.tokens.begin(), c.tokens.end());
   r.logprobs.insert(r.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+  r.top_logprobs.insert(r.top_logprobs.end(), c.top_logprobs.begin(), c.top_logprobs.end());
   if (on_chunk) on_chunk(c);
 }
 

@@ -26,6 +26,7 @@ struct completion {
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;  ///< per token (request's num_top_logprobs)
   msg::completion_end end;
 };
 

@@ -4,6 +4,9 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <random>
+#include <utility>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -24,16 +27,39 @@ void reply_error(http_response& res, const openai::api_error& e) {
   res.reply(e.status, "application/json", openai::render_error(e));
 }
 
-/// One completion's answer, written by its client actor's callbacks (one at a time: an actor
-/// handles one message at a time). The status is decided by the first event: a request refused
-/// before its first chunk (a bad parameter the engine found, a prompt too long, overload) gets
-/// its error status; once chunks flow the status is 200 and a later failure ends the stream
-/// with an error event.
+/// What came of one choice's completion so far.
+struct choice_state {
+  bool streamed = false;  ///< its first chunk is out
+  openai::token_logprobs next;  ///< where its next streamed tokens' texts start (logprobs)
+  std::optional<actors::completion> done;
+};
+
+/// One request's answer: its choices' completions (one client actor each), whose callbacks run
+/// on their actors' threads and take turns on `mutex`. The status is decided by the first
+/// event: a request refused before its first chunk (a bad parameter the engine found, a prompt
+/// too long, overload) gets its error status; once chunks flow the status is 200 and a later
+/// failure ends the stream with an error event. A failure of one choice cancels the others.
 struct answer {
+  std::mutex mutex;
   std::shared_ptr<http_response> response;
-  openai::response_context context;
+  std::shared_ptr<const tokenizer> tok;  ///< context.tok's owner
+  openai::response_context context;  // request_id: the first completion heard from
   bool stream = false;
-  bool started = false;  ///< the stream's head is out
+  int32_t n = 1;                    ///< choices per prompt
+  std::optional<uint64_t> seed;     ///< reported; a lone choice without a seed: its end's
+  bool named = false;               ///< context.request_id is set
+  bool started = false;             ///< the stream's head is out
+  bool over = false;                ///< answered (everything, or an error): later events are dropped
+  std::vector<choice_state> choices;
+  int32_t num_done = 0;
+  std::vector<actors::client_actor> clients;  ///< those spawned so far
+
+  void name(int64_t request_id) {
+    if (!std::exchange(named, true)) context.request_id = request_id;
+  }
+  void cancel_clients() const {
+    for (const actors::client_actor& client : clients) caf::anon_send(client, msg::cancel_request{});
+  }
 };
 
 }  // namespace
@@ -52,15 +78,18 @@ struct http_gateway::impl {
   openai::serving_state state = openai::serving_state::starting;  // guarded by serving_mutex
   actors::balancer_client_actor load_balancer;                   // guarded by serving_mutex
   actors::engine_list engines;                                   // guarded by serving_mutex
+  std::shared_ptr<const tokenizer> tok;                          // guarded by serving_mutex
   int64_t num_admitted = 0;                                      // guarded by serving_mutex
   /// The completions in flight by admission number, with their client actors once spawned.
-  std::map<int64_t, actors::client_actor> in_flight;  // guarded by serving_mutex
+  std::map<int64_t, std::vector<actors::client_actor>> in_flight;  // guarded by serving_mutex
+  std::mt19937_64 seeds{std::random_device{}()};  // guarded by serving_mutex
 
   /// One admitted completion: the balancer it goes to, and a ticket that counts it in flight
   /// until dropped (its response holds it until the last byte is written or the client left).
   struct admission {
     int64_t number = 0;
     actors::balancer_client_actor load_balancer;
+    std::shared_ptr<const tokenizer> tok;
     std::shared_ptr<const void> ticket;
   };
 
@@ -69,13 +98,18 @@ struct http_gateway::impl {
     std::lock_guard<std::mutex> lock(serving_mutex);
     if (state != openai::serving_state::ready) return tl::unexpected(openai::not_serving_error(state));
     const int64_t number = ++num_admitted;
-    in_flight.emplace(number, actors::client_actor{});
-    return admission{number, load_balancer, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
+    in_flight.emplace(number, std::vector<actors::client_actor>{});
+    return admission{number, load_balancer, tok, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
   }
-  /// The client actor of admitted completion `number`, which a drain that runs out of time cancels.
+  /// A client actor of admitted completion `number`, which a drain that runs out of time cancels.
   void enroll(int64_t number, const actors::client_actor& client) {
     std::lock_guard<std::mutex> lock(serving_mutex);
-    if (auto it = in_flight.find(number); it != in_flight.end()) it->second = client;
+    if (auto it = in_flight.find(number); it != in_flight.end()) it->second.push_back(client);
+  }
+  /// The seed of an answer of several choices that was given none.
+  uint64_t draw_seed() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    return seeds();
   }
   void leave(int64_t number) {
     std::lock_guard<std::mutex> lock(serving_mutex);
@@ -95,8 +129,10 @@ struct http_gateway::impl {
 
   void handle(const http_request& req, const std::shared_ptr<http_response>& res);
   void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res);
-  void write_chunk(answer& a, const msg::completion_chunk& chunk);
-  void write_end(answer& a, const expected<actors::completion>& outcome);
+  void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
+  void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
+  void finish_answer(answer& a);
+  void fail_answer(answer& a, const error& e);
   void handle_metrics(http_response& res);
 };
 
@@ -105,47 +141,100 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const http_req
   auto admitted = admit();
   if (!admitted) return reply_error(*res, admitted.error());
   res->hold(std::move(admitted->ticket));
-  auto parsed = openai::parse_request(kind, req.body, options.model);
+  auto parsed = openai::parse_request(kind, req.body, options.model, admitted->tok.get());
   if (!parsed) return reply_error(*res, parsed.error());
-  auto a = std::make_shared<answer>(
-      answer{res, {kind, 0, unix_seconds(), &options.model, parsed->include_usage}, parsed->request.stream});
-  actors::client_actor client = actors::spawn_client(
-      sys, admitted->load_balancer, parsed->request, [this, a](const msg::completion_chunk& c) { write_chunk(*a, c); },
-      [this, a](const expected<actors::completion>& outcome) { write_end(*a, outcome); }, options.timeouts);
-  enroll(admitted->number, client);
-  res->on_abandoned([client, number = admitted->number] {
+  const bool seeded = parsed->request.has_seed || openai::needs_seed(*parsed);
+  const uint64_t seed = parsed->request.has_seed ? parsed->request.seed : openai::needs_seed(*parsed) ? draw_seed() : 0;
+  std::vector<msg::completion_request> requests = openai::choice_requests(*parsed, seed);
+  auto a = std::make_shared<answer>();
+  a->response = res;
+  a->tok = admitted->tok;
+  a->context = {kind, 0, unix_seconds(), &options.model, parsed->include_usage, parsed->logprobs, a->tok.get()};
+  a->stream = parsed->request.stream;
+  a->n = parsed->n;
+  if (seeded) a->seed = seed;
+  a->choices.resize(requests.size());
+  for (size_t k = 0; k < requests.size(); k++)
+    a->choices[k].next.prev_token = openai::token_before_output(parsed->prompts[k / static_cast<size_t>(a->n)], *a->tok);
+  for (size_t k = 0; k < requests.size(); k++) {
+    const auto index = static_cast<int32_t>(k);
+    actors::client_actor client = actors::spawn_client(
+        sys, admitted->load_balancer, std::move(requests[k]),
+        [this, a, index](const msg::completion_chunk& c) { write_chunk(*a, index, c); },
+        [this, a, index](const expected<actors::completion>& outcome) { write_end(*a, index, outcome); },
+        options.timeouts);
+    enroll(admitted->number, client);
+    std::lock_guard<std::mutex> lock(a->mutex);
+    a->clients.push_back(client);
+    if (a->over) caf::anon_send(client, msg::cancel_request{});  // another choice failed already
+  }
+  res->on_abandoned([a, number = admitted->number] {
     spdlog::info("http: the client of completion {} went away: cancelling it", number);
-    caf::anon_send(client, msg::cancel_request{});
+    std::lock_guard<std::mutex> lock(a->mutex);
+    a->cancel_clients();
   });
 }
 
-void http_gateway::impl::write_chunk(answer& a, const msg::completion_chunk& chunk) {
+void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk) {
   if (!a.stream) return;  // the whole text comes with the end
-  a.context.request_id = chunk.request_id;
-  if (!a.started) a.response->begin_stream("text/event-stream");
-  a.response->write(openai::sse_event(openai::render_chunk(a.context, chunk.text, !a.started)));
-  a.started = true;
+  std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.over) return;
+  a.name(chunk.request_id);
+  if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
+  choice_state& choice = a.choices[static_cast<size_t>(index)];
+  openai::choice_output delta{index, chunk.text, engine::finish_reason::none, std::move(choice.next)};
+  delta.logprobs.tokens = chunk.tokens;
+  delta.logprobs.logprobs = chunk.logprobs;
+  delta.logprobs.top_logprobs = chunk.top_logprobs;
+  choice.next = openai::after(*a.tok, delta.logprobs);
+  a.response->write(openai::sse_event(openai::render_chunk(a.context, delta, !std::exchange(choice.streamed, true))));
 }
 
-void http_gateway::impl::write_end(answer& a, const expected<actors::completion>& outcome) {
-  if (!outcome && !a.started) return reply_error(*a.response, openai::error_from(outcome.error()));
-  if (outcome) {
-    // A cancelled request (its client went away, or a drain ran out of time) was not answered to its end.
-    if (outcome->end.finish_reason != engine::finish_reason::cancelled) record(outcome->end);
-    a.context.request_id = outcome->end.request_id;
+void http_gateway::impl::write_end(answer& a, int32_t index, const expected<actors::completion>& outcome) {
+  std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.over) return;
+  if (!outcome) return fail_answer(a, outcome.error());
+  const msg::completion_end& end = outcome->end;
+  // A cancelled request (its client went away, or a drain ran out of time) was not answered to its end.
+  if (end.finish_reason != engine::finish_reason::cancelled) record(end);
+  a.name(end.request_id);
+  if (!a.seed) a.seed = end.seed;
+  a.choices[static_cast<size_t>(index)].done = *outcome;
+  a.num_done++;
+  if (a.stream) {
+    if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
+    a.response->write(openai::sse_event(openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed)));
   }
-  if (!a.stream)
-    return a.response->reply(200, "application/json", openai::render_response(a.context, outcome->text, outcome->end));
-  if (!a.started) a.response->begin_stream("text/event-stream");
+  if (a.num_done == static_cast<int32_t>(a.choices.size())) finish_answer(a);
+}
+
+/// Every choice is done: the response, or the stream's usage and its end.
+void http_gateway::impl::finish_answer(answer& a) {
+  a.over = true;
+  std::vector<msg::completion_end> ends;
+  std::vector<openai::choice_output> outputs;
+  for (size_t k = 0; k < a.choices.size(); k++) {
+    const choice_state& choice = a.choices[k];
+    const actors::completion& done = *choice.done;
+    ends.push_back(done.end);
+    outputs.push_back({static_cast<int32_t>(k), done.text, done.end.finish_reason,
+                       {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0}});
+  }
+  const openai::usage_counts usage = openai::sum_usage(ends, a.n);
+  if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));
   std::string data;
-  if (outcome) {
-    data = openai::sse_event(openai::render_final_chunk(a.context, outcome->end));
-    if (a.context.include_usage) data += openai::sse_event(openai::render_usage_chunk(a.context, outcome->end));
-  } else {
-    data = openai::sse_event(openai::render_error(openai::error_from(outcome.error())));
-  }
+  if (a.context.include_usage) data = openai::sse_event(openai::render_usage_chunk(a.context, *a.seed, usage));
   data += openai::sse_done;
   a.response->end_stream(data);
+}
+
+/// A choice failed: the error (its status before the stream started, else an error event), and
+/// the other choices are cancelled.
+void http_gateway::impl::fail_answer(answer& a, const error& e) {
+  a.over = true;
+  a.cancel_clients();
+  if (!a.started) return reply_error(*a.response, openai::error_from(e));
+  a.response->end_stream(openai::sse_event(openai::render_error(openai::error_from(e))) + std::string(openai::sse_done));
 }
 
 void http_gateway::impl::handle_metrics(http_response& res) {
@@ -199,12 +288,15 @@ expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& s
 
 http_gateway::http_gateway(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
 
-void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines) {
+void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
+                         std::shared_ptr<const tokenizer> tok) {
+  TROUPE_ASSERT_MSG(tok, "the HTTP gateway needs the served model's tokenizer");
   TROUPE_ASSERT_MSG(load_balancer, "the HTTP gateway serves the load balancer's node");
   std::lock_guard<std::mutex> lock(impl_->serving_mutex);
   TROUPE_ASSERT_MSG(impl_->state == openai::serving_state::starting, "serve() is called once, before drain()");
   impl_->load_balancer = std::move(load_balancer);
   impl_->engines = std::move(engines);
+  impl_->tok = std::move(tok);
   impl_->state = openai::serving_state::ready;
 }
 
@@ -214,8 +306,8 @@ bool http_gateway::drain(std::chrono::milliseconds bound) {
   spdlog::info("http: draining: {} request(s) in flight", impl_->in_flight.size());
   if (impl_->idle.wait_for(lock, bound, [this] { return impl_->in_flight.empty(); })) return true;
   spdlog::warn("http: {} request(s) still in flight after {} ms: cancelling them", impl_->in_flight.size(), bound.count());
-  for (const auto& [number, client] : impl_->in_flight)
-    if (client) caf::anon_send(client, msg::cancel_request{});
+  for (const auto& [number, clients] : impl_->in_flight)
+    for (const actors::client_actor& client : clients) caf::anon_send(client, msg::cancel_request{});
   return false;
 }
 

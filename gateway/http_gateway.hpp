@@ -43,8 +43,10 @@ class http_gateway {
   /// until destroyed. Errors: invalid_argument for bad options, io_error naming the address that
   /// cannot be bound.
   [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, gateway_options options);
-  /// Ready: completions go to `load_balancer`; `engines` (this node's) are queried for /metrics.
-  void serve(actors::balancer_client_actor load_balancer, actors::engine_list engines);
+  /// Ready: completions go to `load_balancer`; `engines` (this node's) are queried for /metrics;
+  /// `tok` checks token ids and spells the tokens of logprobs.
+  void serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
+             std::shared_ptr<const tokenizer> tok);
   /// Draining: new completions are 503s; waits up to `bound` for those in flight (a stream until
   /// its last byte is written). True if none is left; else they are cancelled (they end at once,
   /// finish_reason "cancelled") and false.

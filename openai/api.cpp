@@ -5,6 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <cstdlib>
+
+#include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::openai {
@@ -91,19 +95,49 @@ class reader {
 };
 
 void read_unsupported(reader& in, endpoint kind) {
-  in.neutral_only("n", 1);
-  in.neutral_only("best_of", 1);
   in.neutral_only("presence_penalty", 0);
   in.neutral_only("frequency_penalty", 0);
   in.neutral_only("repetition_penalty", 1);
   in.neutral_only("logit_bias", json::object());
-  in.neutral_only("stop_token_ids", json::array());
-  in.neutral_only("top_logprobs", 0);
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
-  in.neutral_only("logprobs", kind == endpoint::chat_completions ? json(false) : json(nullptr));
   in.neutral_only("tools", json::array());
   in.neutral_only("response_format", json{{"type", "text"}});
+}
+
+/// `n` choices per prompt, and `best_of`, which only may equal it (no choice is dropped here).
+void read_choices(reader& in, parsed_request& p) {
+  in.integer("n", p.n);
+  if (!in.error && (p.n < 1 || p.n > engine::num_samples_max))
+    return in.fail("n", "'n' must be in [1, " + std::to_string(engine::num_samples_max) + "], got " + std::to_string(p.n));
+  int32_t best_of = p.n;
+  in.integer("best_of", best_of);
+  if (!in.error && best_of != p.n)
+    in.fail("best_of", "'best_of' must equal 'n' (" + std::to_string(p.n) + "): troupe returns every choice it generates");
+}
+
+/// An integer in [0, sampling::num_top_logprobs_max] under `name`; true if present and valid.
+bool read_num_top(reader& in, const char* name, int32_t& out) {
+  if (in.error || in.field(name).is_null()) return false;
+  in.integer(name, out);
+  if (!in.error && (out < 0 || out > sampling::num_top_logprobs_max))
+    in.fail(name, "'" + std::string(name) + "' must be in [0, " + std::to_string(sampling::num_top_logprobs_max) +
+                      "], got " + std::to_string(out));
+  return !in.error;
+}
+
+/// Completions: `logprobs: k` (alternatives per token). Chat: `logprobs: true`, and
+/// `top_logprobs: k`, which needs it.
+void read_logprobs(reader& in, endpoint kind, parsed_request& p) {
+  int32_t& k = p.request.num_top_logprobs;
+  if (kind == endpoint::completions) {
+    in.neutral_only("top_logprobs", 0);
+    p.logprobs = read_num_top(in, "logprobs", k);
+    return;
+  }
+  in.boolean("logprobs", p.logprobs);
+  if (read_num_top(in, "top_logprobs", k) && !p.logprobs)
+    in.fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
 }
 
 void read_sampling(reader& in, endpoint kind, msg::completion_request& r) {
@@ -146,7 +180,7 @@ std::optional<std::string> content_text(const json& content) {
   return text;
 }
 
-void read_messages(reader& in, msg::completion_request& r) {
+void read_messages(reader& in, parsed_request& p) {
   const json& messages = in.field("messages");
   if (in.error) return;
   if (!messages.is_array() || messages.empty())
@@ -160,16 +194,57 @@ void read_messages(reader& in, msg::completion_request& r) {
     if (!text) return in.fail("messages", "a message's 'content' must be a string or a list of text parts");
     turns.emplace_back(role, std::move(*text));
   }
-  r.prompt = chat_prompt(turns);
+  p.prompts = {prompt_input{chat_prompt(turns), {}, false}};
 }
 
-void read_prompt(reader& in, msg::completion_request& r) {
+/// A list of token ids under `name`: integers, in the vocabulary when `tok` is given.
+void read_token_ids(reader& in, const char* name, const json& list, const tokenizer* tok, std::vector<int32_t>& out) {
+  const std::string quoted = "'" + std::string(name) + "'";
+  if (!list.is_array()) return in.fail(name, quoted + " must be a list of token ids");
+  for (const json& id : list) {
+    const bool fits = id.is_number_integer() && (id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
+                                                                         : id.get<int64_t>() >= INT32_MIN);
+    if (!fits) return in.fail(name, quoted + " must hold token ids (integers), got " + id.dump());
+    const auto token = static_cast<int32_t>(id.get<int64_t>());
+    if (tok && !tok->is_valid_id(token))
+      return in.fail(name, quoted + " holds token " + std::to_string(token) + ", outside the vocabulary [0, " +
+                               std::to_string(tok->vocab_size()) + ")");
+    out.push_back(token);
+  }
+}
+
+void add_token_prompt(reader& in, const json& ids, const tokenizer* tok, parsed_request& p) {
+  prompt_input prompt{"", {}, true};
+  read_token_ids(in, "prompt", ids, tok, prompt.tokens);
+  if (!in.error && prompt.tokens.empty()) return in.fail("prompt", "a 'prompt' of token ids is empty");
+  if (!in.error) p.prompts.push_back(std::move(prompt));
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of lists of token ids
+/// (strings and lists may mix). Token ids are given as the model reads them: no BOS is added.
+void read_prompt(reader& in, parsed_request& p, const tokenizer* tok) {
   const json& prompt = in.field("prompt");
   if (in.error) return;
-  if (prompt.is_array())
-    return in.fail("prompt", "a list of prompts or of token ids is not supported yet: send one string");
-  if (!prompt.is_string()) return in.fail("prompt", "'prompt' must be a string");
-  r.prompt = prompt.get<std::string>();
+  const char* shape = "'prompt' must be a string, or a non-empty list of strings, of token ids or of lists of token ids";
+  if (prompt.is_string()) {
+    p.prompts = {prompt_input{prompt.get<std::string>(), {}, false}};
+    return;
+  }
+  if (!prompt.is_array() || prompt.empty()) return in.fail("prompt", shape);
+  if (prompt.front().is_number()) return add_token_prompt(in, prompt, tok, p);
+  for (const json& one : prompt) {
+    if (one.is_string())
+      p.prompts.push_back(prompt_input{one.get<std::string>(), {}, false});
+    else if (one.is_array())
+      add_token_prompt(in, one, tok, p);
+    else
+      return in.fail("prompt", shape);
+    if (in.error) return;
+  }
+  if (num_choices(p) > engine::num_samples_max)
+    in.fail("prompt", "a request has at most " + std::to_string(engine::num_samples_max) + " choices; " +
+                          std::to_string(p.prompts.size()) + " prompts times n = " + std::to_string(p.n) + " make " +
+                          std::to_string(num_choices(p)));
 }
 
 std::optional<api_error> check_model(const reader& in, const served_model& model) {
@@ -197,25 +272,89 @@ const char* object_name(const response_context& c, bool chunk) {
   return chunk ? "chat.completion.chunk" : "chat.completion";
 }
 
-/// One choice: the text under "text" (completions), "message" or "delta" (chat).
-ordered choice(const response_context& c, const ordered& text, const char* chat_key, const ordered& finish) {
+/// `f` as the shortest decimal that reads back as `f` (0.1f renders 0.1, not 0.10000000149).
+double shortest(float f) {
+  char text[32];
+  const auto written = std::to_chars(text, text + sizeof(text) - 1, f);
+  TROUPE_ASSERT(written.ec == std::errc());
+  *written.ptr = '\0';
+  return std::strtod(text, nullptr);
+}
+
+ordered bytes_json(std::string_view text) {
+  ordered j = ordered::array();
+  for (const char b : text) j.push_back(static_cast<unsigned char>(b));
+  return j;
+}
+
+/// OpenAI's legacy completions logprobs: parallel lists, alternatives as {text: logprob}.
+ordered completion_logprobs(const tokenizer& tok, const token_logprobs& part) {
+  ordered tokens = ordered::array(), logprobs = ordered::array(), tops = ordered::array(), offsets = ordered::array();
+  int32_t prev = part.prev_token;
+  int64_t offset = part.text_offset;
+  for (size_t i = 0; i < part.tokens.size(); i++) {
+    const std::string_view text = tok.piece(prev, part.tokens[i]);
+    tokens.push_back(utf8::sanitize(text));
+    logprobs.push_back(shortest(part.logprobs[i]));
+    ordered top = ordered::object();
+    for (const sampling::token_logprob& t : part.top_logprobs[i]) {
+      const std::string key = utf8::sanitize(tok.piece(prev, t.token));
+      if (!top.contains(key)) top[key] = shortest(t.logprob);  // two byte tokens may both read U+FFFD
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+    prev = part.tokens[i];
+  }
+  return ordered{{"tokens", tokens}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+/// A chat token entry: its text, logprob and raw bytes.
+ordered chat_token(const tokenizer& tok, int32_t prev, int32_t token, float logprob) {
+  const std::string_view text = tok.piece(prev, token);
+  return ordered{{"token", utf8::sanitize(text)}, {"logprob", shortest(logprob)}, {"bytes", bytes_json(text)}};
+}
+
+/// OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+ordered chat_logprobs(const tokenizer& tok, const token_logprobs& part) {
+  ordered content = ordered::array();
+  int32_t prev = part.prev_token;
+  for (size_t i = 0; i < part.tokens.size(); i++) {
+    ordered entry = chat_token(tok, prev, part.tokens[i], part.logprobs[i]);
+    entry["top_logprobs"] = ordered::array();
+    for (const sampling::token_logprob& t : part.top_logprobs[i])
+      entry["top_logprobs"].push_back(chat_token(tok, prev, t.token, t.logprob));
+    content.push_back(std::move(entry));
+    prev = part.tokens[i];
+  }
+  return ordered{{"content", content}};
+}
+
+/// One choice: the text under "text" (completions), "message" or "delta" (chat), and its
+/// logprobs when asked for (`part`; null on a stream's last chunk of a choice).
+ordered choice_json(const response_context& c, int32_t index, const ordered& text, const char* chat_key,
+                    engine::finish_reason finish, const token_logprobs* part = nullptr) {
   ordered j;
-  j["index"] = 0;
+  j["index"] = index;
   if (c.kind == endpoint::completions)
     j["text"] = text;
   else
     j[chat_key] = text;
   j["logprobs"] = nullptr;
-  j["finish_reason"] = finish;
+  if (c.logprobs && part) {
+    TROUPE_ASSERT(c.tok != nullptr);
+    j["logprobs"] = c.kind == endpoint::completions ? completion_logprobs(*c.tok, *part) : chat_logprobs(*c.tok, *part);
+  }
+  j["finish_reason"] = finish == engine::finish_reason::none ? ordered(nullptr) : ordered(engine::to_string(finish));
   return j;
 }
 
-ordered usage(const msg::completion_end& end) {
+ordered usage_json(const usage_counts& u) {
   ordered j;
-  j["prompt_tokens"] = end.num_prompt_tokens;
-  j["completion_tokens"] = end.num_generated_tokens;
-  j["total_tokens"] = end.num_prompt_tokens + end.num_generated_tokens;
-  j["prompt_tokens_details"] = ordered{{"cached_tokens", end.num_cached_tokens}};
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = ordered{{"cached_tokens", u.cached_tokens}};
   return j;
 }
 
@@ -230,7 +369,8 @@ std::string dumped(const ordered& j) { return j.dump(-1, ' ', false, ordered::er
 
 }  // namespace
 
-tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body, const served_model& model) {
+tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body, const served_model& model,
+                                                     const tokenizer* tok) {
   if (auto valid = utf8::validate(body); !valid)
     return tl::unexpected(invalid("", "the request body is not valid UTF-8: " + valid.error().message));
   json doc;
@@ -245,14 +385,40 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   parsed_request p;
   p.kind = kind;
   read_unsupported(in, kind);
+  read_choices(in, p);
+  read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);
   read_stream(in, p);
   if (kind == endpoint::chat_completions)
-    read_messages(in, p.request);
+    read_messages(in, p);
   else
-    read_prompt(in, p.request);
+    read_prompt(in, p, tok);
+  if (const json& ids = in.field("stop_token_ids"); !in.error && !ids.is_null())
+    read_token_ids(in, "stop_token_ids", ids, tok, p.request.stop_token_ids);
   if (in.error) return tl::unexpected(*in.error);
   return p;
+}
+
+int32_t num_choices(const parsed_request& p) { return static_cast<int32_t>(p.prompts.size()) * p.n; }
+
+bool needs_seed(const parsed_request& p) { return !p.request.has_seed && num_choices(p) > 1; }
+
+std::vector<msg::completion_request> choice_requests(const parsed_request& p, uint64_t seed) {
+  TROUPE_ASSERT(!p.prompts.empty());
+  std::vector<msg::completion_request> requests;
+  requests.reserve(static_cast<size_t>(num_choices(p)));
+  for (const prompt_input& prompt : p.prompts)
+    for (int32_t i = 0; i < p.n; i++) {
+      msg::completion_request r = p.request;
+      r.prompt = prompt.text;
+      r.prompt_tokens = prompt.tokens;
+      if (r.has_seed || needs_seed(p)) {
+        r.seed = engine::child_seed(r.has_seed ? r.seed : seed, i);
+        r.has_seed = true;
+      }
+      requests.push_back(std::move(r));
+    }
+  return requests;
 }
 
 std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages) {
@@ -285,37 +451,70 @@ std::string render_error(const api_error& e) {
   return dumped(ordered{{"error", inner}});
 }
 
-std::string render_response(const response_context& c, const std::string& text, const msg::completion_end& end) {
+int32_t token_before_output(const prompt_input& prompt, const tokenizer& tok) {
+  if (prompt.is_tokens) return prompt.tokens.empty() ? tokenizer::no_token : prompt.tokens.back();
+  return prompt.text.empty() ? tok.bos_id() : tokenizer::no_token;
+}
+
+token_logprobs after(const tokenizer& tok, const token_logprobs& part) {
+  token_logprobs next;
+  next.prev_token = part.prev_token;
+  next.text_offset = part.text_offset;
+  for (const int32_t token : part.tokens) {
+    next.text_offset += static_cast<int64_t>(tok.piece(next.prev_token, token).size());
+    next.prev_token = token;
+  }
+  return next;
+}
+
+usage_counts sum_usage(const std::vector<msg::completion_end>& ends, int32_t n) {
+  TROUPE_ASSERT(n >= 1);
+  usage_counts u;
+  for (size_t k = 0; k < ends.size(); k++) {
+    if (k % static_cast<size_t>(n) == 0) {  // a prompt's first choice
+      u.prompt_tokens += ends[k].num_prompt_tokens;
+      u.cached_tokens += ends[k].num_cached_tokens;
+    }
+    u.completion_tokens += ends[k].num_generated_tokens;
+  }
+  return u;
+}
+
+std::string render_response(const response_context& c, const std::vector<choice_output>& choices, uint64_t seed,
+                            const usage_counts& usage) {
   ordered j = head(c, object_name(c, false));
-  j["seed"] = end.seed;
-  const ordered content = c.kind == endpoint::completions ? ordered(text) : chat_text(text, true);
-  j["choices"] = ordered::array({choice(c, content, "message", engine::to_string(end.finish_reason))});
-  j["usage"] = usage(end);
-  return dumped(j);
-}
-
-std::string render_chunk(const response_context& c, const std::string& text, bool first) {
-  ordered j = head(c, object_name(c, true));
-  const ordered content = c.kind == endpoint::completions ? ordered(text) : chat_text(text, first);
-  j["choices"] = ordered::array({choice(c, content, "delta", nullptr)});
-  if (c.include_usage) j["usage"] = nullptr;
-  return dumped(j);
-}
-
-std::string render_final_chunk(const response_context& c, const msg::completion_end& end) {
-  ordered j = head(c, object_name(c, true));
-  j["seed"] = end.seed;
-  const ordered content = c.kind == endpoint::completions ? ordered("") : ordered::object();
-  j["choices"] = ordered::array({choice(c, content, "delta", engine::to_string(end.finish_reason))});
-  if (c.include_usage) j["usage"] = nullptr;
-  return dumped(j);
-}
-
-std::string render_usage_chunk(const response_context& c, const msg::completion_end& end) {
-  ordered j = head(c, object_name(c, true));
-  j["seed"] = end.seed;
+  j["seed"] = seed;
   j["choices"] = ordered::array();
-  j["usage"] = usage(end);
+  for (const choice_output& o : choices) {
+    const ordered content = c.kind == endpoint::completions ? ordered(o.text) : chat_text(o.text, true);
+    j["choices"].push_back(choice_json(c, o.index, content, "message", o.finish, &o.logprobs));
+  }
+  j["usage"] = usage_json(usage);
+  return dumped(j);
+}
+
+std::string render_chunk(const response_context& c, const choice_output& delta, bool first) {
+  ordered j = head(c, object_name(c, true));
+  const ordered content = c.kind == endpoint::completions ? ordered(delta.text) : chat_text(delta.text, first);
+  j["choices"] = ordered::array({choice_json(c, delta.index, content, "delta", delta.finish, &delta.logprobs)});
+  if (c.include_usage) j["usage"] = nullptr;
+  return dumped(j);
+}
+
+std::string render_final_chunk(const response_context& c, int32_t index, engine::finish_reason finish, uint64_t seed) {
+  ordered j = head(c, object_name(c, true));
+  j["seed"] = seed;
+  const ordered content = c.kind == endpoint::completions ? ordered("") : ordered::object();
+  j["choices"] = ordered::array({choice_json(c, index, content, "delta", finish)});
+  if (c.include_usage) j["usage"] = nullptr;
+  return dumped(j);
+}
+
+std::string render_usage_chunk(const response_context& c, uint64_t seed, const usage_counts& usage) {
+  ordered j = head(c, object_name(c, true));
+  j["seed"] = seed;
+  j["choices"] = ordered::array();
+  j["usage"] = usage_json(usage);
   return dumped(j);
 }
 

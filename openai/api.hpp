@@ -8,10 +8,14 @@
 ///
 /// Rules:
 /// - A parameter troupe cannot honour is refused with a 400 naming it, unless it has its
-///   neutral value (a penalty of 0, an empty logit_bias, n = 1, ...): never silently ignored.
+///   neutral value (a penalty of 0, an empty logit_bias, ...): never silently ignored.
 ///   Fields this API does not know are ignored (clients send `user` and the like).
+/// - Several choices (`n` > 1, several prompts) are several one-sample completion requests, each
+///   seeded so that it replays alone (`choice_requests`); the gateway runs them side by side.
 /// - Range checks (temperature >= 0, top_p in (0, 1], ...) stay in the engine, which answers
-///   `invalid_argument` with a message naming the parameter; here only JSON types are checked.
+///   `invalid_argument` with a message naming the parameter; here only JSON types are checked,
+///   and the ranges of what never reaches the engine as given (`n`, `best_of`, `logprobs`,
+///   `top_logprobs`, token ids against the vocabulary).
 /// - Chat: stories260K has no chat format; its template is the messages' contents joined by a
 ///   newline (`chat_prompt`). The template inserts no special token, and user text is never
 ///   parsed into one (contract 4): `<s>` in a message is three ordinary characters.
@@ -25,6 +29,7 @@
 
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::openai {
 
@@ -46,17 +51,44 @@ struct served_model {
   int64_t created = 0;             ///< unix seconds, reported by /v1/models
 };
 
+/// One prompt of a completion request: text (BOS is added when it is encoded), or token ids as
+/// the model reads them (no BOS added).
+struct prompt_input {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
 /// A parsed completion or chat completion request.
 struct parsed_request {
   endpoint kind = endpoint::completions;
-  msg::completion_request request;
+  msg::completion_request request;  ///< every parameter the choices share; no prompt (see `prompts`)
+  std::vector<prompt_input> prompts;  ///< one or more (a chat request: its template's text)
+  int32_t n = 1;                      ///< choices per prompt
+  bool logprobs = false;  ///< choices carry their tokens' logprobs (request.num_top_logprobs alternatives each)
   bool include_usage = false;  ///< stream_options.include_usage: a final chunk with usage
 };
 
+/// How many choices `p` answers with: n per prompt.
+[[nodiscard]] int32_t num_choices(const parsed_request& p);
+
+/// Whether the answer needs a seed from the gateway: several choices and no `seed` given (one
+/// choice without a seed lets the request actor draw it, and reports it).
+[[nodiscard]] bool needs_seed(const parsed_request& p);
+
+/// The completion requests of `p`, one per choice: choice k is prompt k / n, sample i = k % n,
+/// seeded `engine::child_seed(seed, i)`, so each choice replays alone as a one-choice request
+/// with that seed. `seed` is the request's own when it gave one, else the gateway's draw (used
+/// only when `needs_seed`).
+[[nodiscard]] std::vector<msg::completion_request> choice_requests(const parsed_request& p, uint64_t seed);
+
 /// Parses and checks `body` for `kind`. Errors: 400 malformed JSON, invalid UTF-8, a wrong
-/// type, a missing prompt/messages, an unsupported parameter (named); 404 unknown model.
+/// type, a value out of its range where it is checked here (named), a missing prompt/messages,
+/// an unsupported parameter (named); 404 unknown model. Token ids (`prompt`, `stop_token_ids`)
+/// are checked against `tok`'s vocabulary when it is given (else the engine checks them).
 [[nodiscard]] tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body,
-                                                                    const served_model& model);
+                                                                    const served_model& model,
+                                                                    const tokenizer* tok = nullptr);
 
 /// The prompt the chat template makes of `messages` (role, content) pairs.
 [[nodiscard]] std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages);
@@ -75,20 +107,61 @@ struct response_context {
   int64_t created = 0;     ///< unix seconds
   const served_model* model = nullptr;
   bool include_usage = false;
+  bool logprobs = false;          ///< choices carry `logprobs` (else null)
+  const tokenizer* tok = nullptr;  ///< spells the tokens of logprobs; needed with them
 };
 
-/// A whole (non-streamed) response: `text` and how it ended, with usage and the seed.
-[[nodiscard]] std::string render_response(const response_context& c, const std::string& text,
-                                          const msg::completion_end& end);
+/// Tokens of a choice (all of them, or a streamed part) with their logprobs, and what their
+/// texts depend on: a token's text is its piece after the token before it (tokenizer::piece),
+/// raw bytes that may be part of a UTF-8 character.
+struct token_logprobs {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;  ///< per token
+  int32_t prev_token = tokenizer::no_token;  ///< the token before the first
+  int64_t text_offset = 0;                   ///< bytes of the choice's token texts before the first
+};
 
-/// The JSON of one streamed chunk carrying `text` (`first`: a chat chunk also carries the role).
-[[nodiscard]] std::string render_chunk(const response_context& c, const std::string& text, bool first);
+/// The token before a choice's first: BOS when the prompt is BOS alone (an empty text), the
+/// last id of a token prompt; otherwise none (only BOS changes a piece).
+[[nodiscard]] int32_t token_before_output(const prompt_input& prompt, const tokenizer& tok);
 
-/// The JSON of the last streamed chunk with a choice: no text, the finish reason and the seed.
-[[nodiscard]] std::string render_final_chunk(const response_context& c, const msg::completion_end& end);
+/// Where the tokens after `part` start: its last token, and its end offset.
+[[nodiscard]] token_logprobs after(const tokenizer& tok, const token_logprobs& part);
+
+/// One choice's text (all of it in a response, the new part in a streamed chunk).
+struct choice_output {
+  int32_t index = 0;
+  std::string text;
+  engine::finish_reason finish = engine::finish_reason::none;  ///< none renders null
+  token_logprobs logprobs;  ///< rendered when the context asks for logprobs
+};
+
+/// Token counts of an answer, summed over its choices.
+struct usage_counts {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+/// The usage of an answer whose choice k ended with `ends[k]`, `n` choices per prompt: a
+/// prompt's tokens count once (its first choice's), every choice's generated tokens count.
+[[nodiscard]] usage_counts sum_usage(const std::vector<msg::completion_end>& ends, int32_t n);
+
+/// A whole (non-streamed) response: its choices, the seed that replays it, and the usage.
+[[nodiscard]] std::string render_response(const response_context& c, const std::vector<choice_output>& choices,
+                                          uint64_t seed, const usage_counts& usage);
+
+/// The JSON of one streamed chunk carrying new text of one choice (`first`: that choice's first
+/// chunk; a chat chunk then also carries the role).
+[[nodiscard]] std::string render_chunk(const response_context& c, const choice_output& delta, bool first);
+
+/// The JSON of the last streamed chunk of choice `index`: no text, its finish reason and the seed.
+[[nodiscard]] std::string render_final_chunk(const response_context& c, int32_t index,
+                                             engine::finish_reason finish, uint64_t seed);
 
 /// The JSON of the usage chunk (stream_options.include_usage): no choices.
-[[nodiscard]] std::string render_usage_chunk(const response_context& c, const msg::completion_end& end);
+[[nodiscard]] std::string render_usage_chunk(const response_context& c, uint64_t seed, const usage_counts& usage);
 
 /// `data: <json>\n\n`, and the end of a stream.
 [[nodiscard]] std::string sse_event(const std::string& json);

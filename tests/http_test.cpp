@@ -15,11 +15,16 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
@@ -123,6 +128,31 @@ std::vector<std::string> readme_curl_commands() {
   return commands;
 }
 
+/// The JSON objects of an answer: a response body, or each `data: {...}` event of a stream.
+std::vector<nlohmann::json> answer_objects(const std::string& body) {
+  if (body.rfind("data: ", 0) != 0) return {nlohmann::json::parse(body)};
+  std::vector<nlohmann::json> objects;
+  std::istringstream events(body);
+  for (std::string line; std::getline(events, line);)
+    if (line.rfind("data: {", 0) == 0) objects.push_back(nlohmann::json::parse(line.substr(6)));
+  return objects;
+}
+
+/// The texts of an answer's choices by index (completions or chat, streamed or not).
+std::vector<std::string> choice_texts(const std::string& body) {
+  std::vector<std::string> texts;
+  for (const nlohmann::json& j : answer_objects(body))
+    for (const nlohmann::json& c : j.at("choices")) {
+      const auto index = c.at("index").get<size_t>();
+      if (texts.size() <= index) texts.resize(index + 1);
+      const nlohmann::json& text = c.contains("text")      ? c["text"]
+                                   : c.contains("message") ? c["message"]["content"]
+                                                           : c["delta"].value("content", nlohmann::json(""));
+      texts[index] += text.get<std::string>();
+    }
+  return texts;
+}
+
 TEST_F(Http, ReadmeCurlExamplesWorkAsWritten) {
   ASSERT_NO_FATAL_FAILURE(start());
   const std::vector<std::string> commands = readme_curl_commands();
@@ -192,6 +222,152 @@ TEST_F(Http, ChatMarkersInUserTextAreOrdinaryText) {
   EXPECT_NE(r.body.find("\"prompt_tokens\":" + std::to_string(as_text->size()) + ","), std::string::npos) << r.body;
 }
 
+TEST_F(Http, ChoiceIOfNIsTheRequestSeededWithChildSeedIOnBothEndpoints) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const auto seeded = [](uint64_t seed) {
+    return R"("max_tokens":24,"temperature":1,"seed":)" + std::to_string(seed);
+  };
+  const std::string completion = R"({"prompt":"Once upon a time",)";
+  const std::string chat = R"({"messages":[{"role":"user","content":"Once upon a time"}],)";
+  for (const auto& [path, head] : {std::pair{"/v1/completions", completion}, std::pair{"/v1/chat/completions", chat}}) {
+    std::vector<std::string> alone;
+    for (int32_t i = 0; i < 3; i++) {
+      const http_reply r = fetch(path, head + seeded(engine::child_seed(42, i)) + "}");
+      ASSERT_EQ(r.status, 200) << r.body;
+      alone.push_back(choice_texts(r.body).at(0));
+    }
+    EXPECT_NE(alone[0], alone[1]);  // distinct seeds, distinct texts: the check can fail
+    const http_reply whole = fetch(path, head + seeded(42) + R"(,"n":3})");
+    ASSERT_EQ(whole.status, 200) << whole.body;
+    EXPECT_EQ(choice_texts(whole.body), alone) << whole.body;
+    EXPECT_EQ(answer_objects(whole.body).at(0)["seed"], 42) << whole.body;
+    const http_reply streamed = fetch(path, head + seeded(42) + R"(,"n":3,"best_of":3,"stream":true})");
+    ASSERT_EQ(streamed.status, 200) << streamed.body;
+    EXPECT_EQ(choice_texts(streamed.body), alone) << streamed.body;
+    EXPECT_EQ(streamed.body.substr(streamed.body.size() - 14), "data: [DONE]\n\n");
+  }
+  const http_reply best_of = fetch("/v1/completions", completion + R"("n":2,"best_of":3})");
+  EXPECT_EQ(best_of.status, 400);
+  EXPECT_NE(best_of.body.find("\"param\":\"best_of\""), std::string::npos) << best_of.body;
+}
+
+/// The logprobs of every choice-0 event of an answer, parts joined: the legacy completions lists.
+nlohmann::json joined_logprobs(const std::string& body) {
+  nlohmann::json all{{"tokens", nlohmann::json::array()}, {"token_logprobs", nlohmann::json::array()},
+                     {"top_logprobs", nlohmann::json::array()}, {"text_offset", nlohmann::json::array()}};
+  for (const nlohmann::json& j : answer_objects(body))
+    for (const nlohmann::json& c : j.at("choices"))
+      if (!c.at("logprobs").is_null())
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+          for (const nlohmann::json& v : c["logprobs"][key]) all[key].push_back(v);
+  return all;
+}
+
+TEST_F(Http, LogprobsAreTheSamplersAndTheGreedyTokenIsTheTopOne) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0,"logprobs":3)";
+  const http_reply whole = fetch("/v1/completions", body + "}");
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const nlohmann::json lp = joined_logprobs(whole.body);
+  ASSERT_EQ(lp["tokens"].size(), 20u) << whole.body;
+  std::string text;
+  for (size_t i = 0; i < 20; i++) {
+    const nlohmann::json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 3u) << top;
+    const std::string token = lp["tokens"][i].get<std::string>();
+    // Greedy: the chosen token is the most likely one, with the logprob the sampler reported for it.
+    EXPECT_EQ(top.at(token), lp["token_logprobs"][i]) << i << ": " << top;
+    for (const auto& [other, logprob] : top.items()) EXPECT_LE(logprob.get<double>(), top.at(token).get<double>()) << other;
+    EXPECT_EQ(lp["text_offset"][i], text.size());
+    text += token;
+  }
+  EXPECT_EQ(text, greedy(20));
+  EXPECT_EQ(choice_texts(whole.body).at(0), text);
+  // Streamed, the parts join into the same lists.
+  const http_reply streamed = fetch("/v1/completions", body + R"(,"stream":true})");
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(joined_logprobs(streamed.body), lp);
+
+  const http_reply chat = fetch("/v1/chat/completions", R"({"messages":[{"role":"user","content":"Once upon a time"}],)"
+                                                        R"("max_tokens":20,"temperature":0,"logprobs":true,"top_logprobs":2})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const nlohmann::json content = answer_objects(chat.body).at(0)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 20u) << chat.body;
+  std::string chat_bytes;
+  for (size_t i = 0; i < content.size(); i++) {
+    ASSERT_EQ(content[i]["top_logprobs"].size(), 2u);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["token"], content[i]["token"]);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["logprob"], content[i]["logprob"]);
+    EXPECT_EQ(content[i]["top_logprobs"][0]["bytes"], content[i]["bytes"]);
+    EXPECT_EQ(content[i]["logprob"], lp["token_logprobs"][i]);  // the chat prompt is the same text
+    for (const nlohmann::json& b : content[i]["bytes"]) chat_bytes += static_cast<char>(b.get<int>());
+  }
+  EXPECT_EQ(chat_bytes, text);
+
+  const http_reply too_many = fetch("/v1/completions", R"({"prompt":"x","logprobs":21})");
+  EXPECT_EQ(too_many.status, 400);
+  EXPECT_NE(too_many.body.find("\"param\":\"logprobs\""), std::string::npos) << too_many.body;
+  expect_good_answer("logprobs");
+}
+
+TEST_F(Http, EachPromptOfAListGivesItsNChoicesAndUsageSumsThem) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(tok.has_value());
+  const auto ids = tok->encode(prompt, true, false);  // what the text prompt becomes: BOS, then its tokens
+  ASSERT_TRUE(ids.has_value());
+  const nlohmann::json as_ids = *ids;
+  const std::string lists = R"({"prompt":[")" + prompt + R"(",)" + as_ids.dump() + R"(],"n":2,"max_tokens":20,"temperature":0)";
+  // {body, prompts, choices}: two prompts (text, ids) with n = 2, whole and streamed; one list of ids.
+  const std::vector<std::tuple<std::string, size_t, size_t>> cases{
+      {lists + "}", 2, 4},
+      {lists + R"(,"stream":true,"stream_options":{"include_usage":true}})", 2, 4},
+      {R"({"prompt":)" + as_ids.dump() + R"(,"max_tokens":20,"temperature":0})", 1, 1}};
+  for (const auto& [body, num_prompts, num_choices] : cases) {
+    const http_reply r = fetch("/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::vector<std::string> texts = choice_texts(r.body);
+    ASSERT_EQ(texts.size(), num_choices) << r.body;  // choice index = prompt index * n + i
+    for (const std::string& text : texts) EXPECT_EQ(text, greedy(20)) << body;
+    const nlohmann::json usage = answer_objects(r.body).back().at("usage");
+    EXPECT_EQ(usage["prompt_tokens"], num_prompts * ids->size()) << r.body;  // each prompt once
+    EXPECT_EQ(usage["completion_tokens"], texts.size() * 20) << r.body;
+  }
+  for (const std::string& bad : {std::string(R"({"prompt":[]})"), std::string(R"({"prompt":[1,512]})"),
+                                 std::string(R"({"prompt":["a",[1,-3]]})")}) {
+    const http_reply r = fetch("/v1/completions", bad);
+    EXPECT_EQ(r.status, 400) << bad;
+    EXPECT_NE(r.body.find("\"param\":\"prompt\""), std::string::npos) << r.body;
+  }
+  expect_good_answer("lists of prompts");
+}
+
+TEST_F(Http, AStopTokenIdEndsTheAnswerAtItsFirstOccurrence) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(tok.has_value());
+  const std::string greedy_body = R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0)";
+  const nlohmann::json tokens = joined_logprobs(fetch("/v1/completions", greedy_body + R"(,"logprobs":0})").body)["tokens"];
+  ASSERT_EQ(tokens.size(), 20u);
+  // The 5th token's id (an ordinary piece), and where it first comes.
+  const std::optional<int32_t> stop_id = tok->find_piece(tokens[4].get<std::string>());
+  ASSERT_TRUE(stop_id.has_value()) << tokens[4];
+  size_t first = 0;
+  while (tokens[first] != tokens[4]) first++;
+  std::string expected;
+  for (size_t i = 0; i <= first; i++) expected += tokens[i].get<std::string>();
+  const http_reply r =
+      fetch("/v1/completions", greedy_body + R"(,"stop_token_ids":[)" + std::to_string(*stop_id) + "]}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const nlohmann::json answer = nlohmann::json::parse(r.body);
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], "stop") << r.body;
+  EXPECT_EQ(answer["choices"][0]["text"], expected) << r.body;  // the stop token's text is kept
+  EXPECT_EQ(answer["usage"]["completion_tokens"], first + 1) << r.body;
+  const http_reply outside = fetch("/v1/completions", R"({"prompt":"x","stop_token_ids":[512]})");
+  EXPECT_EQ(outside.status, 400);
+  EXPECT_NE(outside.body.find("\"param\":\"stop_token_ids\""), std::string::npos) << outside.body;
+}
+
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
   ASSERT_NO_FATAL_FAILURE(start());
   struct error_case {
@@ -203,8 +379,9 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
       {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "'temperature' must be a number"},
       {"/v1/completions", R"({"prompt": "x", "top_p": 2})", 400, "top_p must be in (0, 1]"},
       {"/v1/completions", R"({"prompt": "x", "presence_penalty": 0.5})", 400, "'presence_penalty' is not supported yet"},
-      {"/v1/completions", R"({"prompt": "x", "n": 2})", 400, "'n' is not supported yet"},
+      {"/v1/completions", R"({"prompt": "x", "n": 0})", 400, "'n' must be in [1, 128], got 0"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 600})", 413, "exceeds the model's context of 512 tokens"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 600, "n": 3})", 413, "exceeds the model's context of 512 tokens"},
       {"/v1/completions", R"({"model": "gpt-4", "prompt": "x"})", 404, "the model 'gpt-4' does not exist"},
       {"/v1/completions", R"({"prompt": )", 400, "the request body is not valid JSON"},
       {"/v1/completions", "{\"prompt\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},

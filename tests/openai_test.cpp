@@ -3,6 +3,8 @@
 
 #include "openai/api.hpp"
 #include "openai/metrics.hpp"
+#include "runtime/engine/request.hpp"
+#include "tests/support/golden.hpp"
 
 namespace troupe::openai {
 namespace {
@@ -28,7 +30,9 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
                                   R"("ignore_eos":true,"priority":3,"stream":true,"stream_options":{"include_usage":true},)"
                                   R"("user":"ignored","presence_penalty":0,"n":1,"logit_bias":{}})");
   const msg::completion_request& r = p.request;
-  EXPECT_EQ(r.prompt, "Once upon");
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(p.prompts[0].text, "Once upon");
+  EXPECT_EQ(p.n, 1);
   EXPECT_EQ(r.max_tokens, 40);
   EXPECT_EQ(r.temperature, 0.5f);
   EXPECT_EQ(r.top_p, 0.9f);
@@ -58,9 +62,10 @@ TEST(OpenaiRequest, ChatJoinsContentsAndKeepsMarkersAsText) {
       endpoint::chat_completions,
       R"({"messages":[{"role":"system","content":"Tell a story."},{"role":"user","content":[{"type":"text","text":"<s>Once"},)"
       R"({"type":"text","text":"</s>"}]}],"max_completion_tokens":7})");
-  EXPECT_EQ(p.request.prompt, "Tell a story.\n<s>Once</s>");
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(p.prompts[0].text, "Tell a story.\n<s>Once</s>");
   EXPECT_EQ(p.request.max_tokens, 7);
-  EXPECT_TRUE(p.request.prompt_tokens.empty());  // text: the request actor encodes it, never as a control token
+  EXPECT_FALSE(p.prompts[0].is_tokens);  // text: the request actor encodes it, never as a control token
 }
 
 TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
@@ -73,10 +78,22 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
       {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
       {R"({"prompt":"x","frequency_penalty":1})", "frequency_penalty"},
       {R"({"prompt":"x","logit_bias":{"1":5}})", "logit_bias"},
-      {R"({"prompt":"x","n":2})", "n"},
-      {R"({"prompt":"x","logprobs":1})", "logprobs"},
-      {R"({"prompt":["a","b"]})", "prompt"},
-      {R"({"prompt":[1,2]})", "prompt"},
+      {R"({"prompt":"x","n":0})", "n"},
+      {R"({"prompt":"x","n":129})", "n"},
+      {R"({"prompt":"x","n":"2"})", "n"},
+      {R"({"prompt":"x","n":2,"best_of":3})", "best_of"},
+      {R"({"prompt":"x","best_of":2})", "best_of"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","logprobs":-1})", "logprobs"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","top_logprobs":2})", "top_logprobs"},
+      {R"({"prompt":[]})", "prompt"},
+      {R"({"prompt":[[]]})", "prompt"},
+      {R"({"prompt":[1,"a"]})", "prompt"},
+      {R"({"prompt":["a",{}]})", "prompt"},
+      {R"({"prompt":[1,2.5]})", "prompt"},
+      {R"({"prompt":[[1],[4294967296]]})", "prompt"},
+      {R"({"prompt":["a","b"],"n":65})", "prompt"},
       {R"({"max_tokens":3})", "prompt"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
       {R"({"prompt":"x","stream":"yes"})", "stream"},
@@ -89,6 +106,108 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
   }
   EXPECT_EQ(refused(endpoint::chat_completions, R"({"messages":[]})").param, "messages");
   EXPECT_EQ(refused(endpoint::chat_completions, R"({"messages":[{"role":"robot","content":"x"}]})").param, "messages");
+  const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("logprobs":1})").param, "logprobs");
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("top_logprobs":2})").param, "top_logprobs");  // needs logprobs
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("logprobs":true,"top_logprobs":21})").param, "top_logprobs");
+}
+
+TEST(OpenaiRequest, LogprobsAskTheEngineForTopLogprobs) {
+  const parsed_request legacy = parsed(endpoint::completions, R"({"prompt":"x","logprobs":5})");
+  EXPECT_TRUE(legacy.logprobs);
+  EXPECT_EQ(legacy.request.num_top_logprobs, 5);
+  const parsed_request chosen_only = parsed(endpoint::completions, R"({"prompt":"x","logprobs":0})");
+  EXPECT_TRUE(chosen_only.logprobs);
+  EXPECT_EQ(chosen_only.request.num_top_logprobs, 0);
+  EXPECT_FALSE(parsed(endpoint::completions, R"({"prompt":"x","logprobs":null})").logprobs);
+  const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
+  const parsed_request chat = parsed(endpoint::chat_completions, hi + R"("logprobs":true,"top_logprobs":20})");
+  EXPECT_TRUE(chat.logprobs);
+  EXPECT_EQ(chat.request.num_top_logprobs, 20);
+  EXPECT_FALSE(parsed(endpoint::chat_completions, hi + R"("logprobs":false})").logprobs);
+}
+
+TEST(OpenaiRequest, ChoiceIOfNIsTheRequestSeededWithChildSeedI) {
+  const parsed_request p = parsed(endpoint::completions, R"({"prompt":"Once","n":3,"best_of":3,"seed":42,"max_tokens":5})");
+  EXPECT_EQ(p.n, 3);
+  EXPECT_EQ(num_choices(p), 3);
+  EXPECT_FALSE(needs_seed(p));
+  const std::vector<msg::completion_request> requests = choice_requests(p, 0);
+  ASSERT_EQ(requests.size(), 3u);
+  for (int32_t i = 0; i < 3; i++) {
+    const msg::completion_request& r = requests[static_cast<size_t>(i)];
+    EXPECT_EQ(r.prompt, "Once");
+    EXPECT_EQ(r.max_tokens, 5);
+    EXPECT_TRUE(r.has_seed);
+    EXPECT_EQ(r.seed, engine::child_seed(42, i)) << i;
+  }
+  EXPECT_EQ(requests[0].seed, 42u);  // child 0 is the seed itself: n = 1 replays choice 0
+}
+
+TEST(OpenaiRequest, SeveralChoicesWithoutASeedTakeTheGatewaysDraw) {
+  const parsed_request several = parsed(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"Hi"}],"n":2})");
+  EXPECT_TRUE(needs_seed(several));
+  const std::vector<msg::completion_request> requests = choice_requests(several, 7);
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0].seed, 7u);
+  EXPECT_EQ(requests[1].seed, engine::child_seed(7, 1));
+  EXPECT_TRUE(requests[1].has_seed);
+  // One choice without a seed: the request actor draws it (and the answer reports it).
+  const parsed_request one = parsed(endpoint::completions, R"({"prompt":"x"})");
+  EXPECT_FALSE(needs_seed(one));
+  EXPECT_FALSE(choice_requests(one, 7)[0].has_seed);
+}
+
+TEST(OpenaiRequest, PromptsAreAStringOrListsOfStringsOrTokenIdsEachGivingNChoices) {
+  const parsed_request p = parsed(endpoint::completions, R"({"prompt":["Once",[1,403],""],"n":2,"seed":9})");
+  ASSERT_EQ(p.prompts.size(), 3u);
+  EXPECT_EQ(p.prompts[0].text, "Once");
+  EXPECT_FALSE(p.prompts[0].is_tokens);
+  EXPECT_EQ(p.prompts[1].tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_TRUE(p.prompts[1].is_tokens);
+  EXPECT_EQ(p.prompts[2].text, "");
+  const std::vector<msg::completion_request> requests = choice_requests(p, 0);
+  ASSERT_EQ(requests.size(), 6u);  // choice k: prompt k / n, sample k % n
+  EXPECT_EQ(requests[2].prompt_tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(requests[2].prompt, "");
+  EXPECT_EQ(requests[2].seed, 9u);
+  EXPECT_EQ(requests[3].prompt_tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(requests[3].seed, engine::child_seed(9, 1));
+  EXPECT_EQ(requests[5].prompt, "");
+  EXPECT_TRUE(requests[5].prompt_tokens.empty());
+  const parsed_request ids = parsed(endpoint::completions, R"({"prompt":[1,403,407]})");
+  ASSERT_EQ(ids.prompts.size(), 1u);  // one list of ids is one prompt
+  EXPECT_EQ(ids.prompts[0].tokens, (std::vector<int32_t>{1, 403, 407}));
+}
+
+TEST(OpenaiRequest, TokenIdsOutsideTheVocabularyAre400sNamingTheParameter) {
+  const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
+  auto outside = parse_request(endpoint::completions, R"({"prompt":[[1,403],[1,512]]})", model, &tok);
+  ASSERT_FALSE(outside.has_value());
+  EXPECT_EQ(outside.error().param, "prompt");
+  EXPECT_EQ(outside.error().message, "'prompt' holds token 512, outside the vocabulary [0, 512)");
+  auto negative = parse_request(endpoint::completions, R"({"prompt":[-1]})", model, &tok);
+  ASSERT_FALSE(negative.has_value());
+  EXPECT_EQ(negative.error().message, "'prompt' holds token -1, outside the vocabulary [0, 512)");
+  EXPECT_TRUE(parse_request(endpoint::completions, R"({"prompt":[1,511]})", model, &tok).has_value());
+}
+
+TEST(OpenaiRequest, StopTokenIdsAreCheckedAndReachEveryChoice) {
+  const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
+  auto p = parse_request(endpoint::completions, R"({"prompt":"x","stop_token_ids":[13,2],"n":2})", model, &tok);
+  ASSERT_TRUE(p.has_value()) << p.error().message;
+  for (const msg::completion_request& r : choice_requests(*p, 5))
+    EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
+  EXPECT_TRUE(parse_request(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"x"}],"stop_token_ids":[]})",
+                            model, &tok).has_value());
+  for (const std::string& bad : {R"({"prompt":"x","stop_token_ids":13})", R"({"prompt":"x","stop_token_ids":[1.5]})",
+                                 R"({"prompt":"x","stop_token_ids":["a"]})", R"({"prompt":"x","stop_token_ids":[512]})"}) {
+    auto e = parse_request(endpoint::completions, bad, model, &tok);
+    ASSERT_FALSE(e.has_value()) << bad;
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_EQ(e.error().param, "stop_token_ids") << bad;
+    EXPECT_NE(e.error().message.find("'stop_token_ids'"), std::string::npos) << e.error().message;
+  }
 }
 
 TEST(OpenaiRequest, BodyProblemsAre400s) {
@@ -154,7 +273,7 @@ msg::completion_end an_end_with_latencies() {
 
 TEST(OpenaiResponse, ACompletionRendersByteForByte) {
   const response_context c{endpoint::completions, 7, 1700000001, &model, false};
-  EXPECT_EQ(render_response(c, "Once \"upon\"", an_end()),
+  EXPECT_EQ(render_response(c, {{0, "Once \"upon\"", engine::finish_reason::length}}, 42, sum_usage({an_end()}, 1)),
             R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
             R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"text":"Once \"upon\"",)"
             R"("logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":3,)"
@@ -163,7 +282,7 @@ TEST(OpenaiResponse, ACompletionRendersByteForByte) {
 
 TEST(OpenaiResponse, AChatCompletionRendersByteForByte) {
   const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false};
-  EXPECT_EQ(render_response(c, "Hi", an_end()),
+  EXPECT_EQ(render_response(c, {{0, "Hi", engine::finish_reason::length}}, 42, sum_usage({an_end()}, 1)),
             R"({"id":"chatcmpl-7","object":"chat.completion","created":1700000001,"model":"stories260K",)"
             R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"message":{"role":"assistant",)"
             R"("content":"Hi"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,)"
@@ -174,25 +293,112 @@ TEST(OpenaiResponse, StreamedChatChunksRenderByteForByte) {
   const response_context c{endpoint::chat_completions, 7, 1700000001, &model, true};
   const std::string head =
       R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K","system_fingerprint":"troupe-test",)";
-  EXPECT_EQ(sse_event(render_chunk(c, "Hi", true)),
+  EXPECT_EQ(sse_event(render_chunk(c, {0, "Hi"}, true)),
             "data: " + head +
                 R"("choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":null})"
                 "\n\n");
-  EXPECT_EQ(render_chunk(c, " there", false),
+  EXPECT_EQ(render_chunk(c, {0, " there"}, false),
             head + R"("choices":[{"index":0,"delta":{"content":" there"},"logprobs":null,"finish_reason":null}],"usage":null})");
-  EXPECT_EQ(render_final_chunk(c, an_end()),
+  EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42),
             head + R"("seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}],"usage":null})");
-  EXPECT_EQ(render_usage_chunk(c, an_end()),
+  EXPECT_EQ(render_usage_chunk(c, 42, sum_usage({an_end()}, 1)),
             head + R"("seed":42,"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,)"
                    R"("prompt_tokens_details":{"cached_tokens":2}}})");
 }
 
 TEST(OpenaiResponse, StreamedCompletionChunksRenderByteForByte) {
   const response_context c{endpoint::completions, 3, 5, &model, false};
-  EXPECT_EQ(render_chunk(c, "a", true),
+  EXPECT_EQ(render_chunk(c, {0, "a"}, true),
             R"({"id":"cmpl-3","object":"text_completion","created":5,"model":"stories260K","system_fingerprint":"troupe-test",)"
             R"("choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null}]})");
   EXPECT_EQ(std::string(sse_done), "data: [DONE]\n\n");
+}
+
+TEST(OpenaiResponse, SeveralChoicesRenderInIndexOrderWithSummedUsage) {
+  const response_context c{endpoint::completions, 7, 1700000001, &model, false};
+  msg::completion_end stopped = an_end();  // 5 prompt tokens (2 cached), 3 generated
+  stopped.finish_reason = engine::finish_reason::stop;
+  stopped.num_generated_tokens = 1;
+  stopped.num_cached_tokens = 5;  // a later choice of the same prompt hits the prefix cache
+  EXPECT_EQ(render_response(c, {{0, "a", engine::finish_reason::length}, {1, "b", engine::finish_reason::stop}}, 42,
+                            sum_usage({an_end(), stopped}, 2)),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"text":"a","logprobs":null,)"
+            R"("finish_reason":"length"},{"index":1,"text":"b","logprobs":null,"finish_reason":"stop"}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":2}}})");
+  EXPECT_EQ(render_final_chunk(c, 1, engine::finish_reason::stop, 42),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":1,"text":"","logprobs":null,"finish_reason":"stop"}]})");
+}
+
+TEST(OpenaiResponse, UsageCountsEachPromptOnceAndEveryChoicesTokens) {
+  msg::completion_end a = an_end();  // 5 prompt tokens, 2 cached, 3 generated
+  msg::completion_end b = an_end();
+  b.num_prompt_tokens = 9;
+  b.num_cached_tokens = 0;
+  b.num_generated_tokens = 4;
+  const usage_counts u = sum_usage({a, a, b, b}, 2);  // prompts a and b, two choices each
+  EXPECT_EQ(u.prompt_tokens, 14);
+  EXPECT_EQ(u.cached_tokens, 2);
+  EXPECT_EQ(u.completion_tokens, 14);
+}
+
+// Token ids of tok512: " upon" = 407, " a" = 261; byte token <0xE2> = 3 + 0xE2 = 229.
+const tokenizer& tok512() {
+  static const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
+  return tok;
+}
+constexpr int32_t upon = 407, a = 261, byte_e2 = 229;
+
+token_logprobs upon_a() {
+  return {{upon, a}, {-0.5f, -0.1f}, {{{upon, -0.5f}, {a, -1.5f}}, {{a, -0.1f}, {byte_e2, -3.0f}}}, tokenizer::no_token, 0};
+}
+
+TEST(OpenaiResponse, CompletionLogprobsRenderInTheLegacyFormatByteForByte) {
+  const response_context c{endpoint::completions, 7, 1700000001, &model, false, true, &tok512()};
+  // A byte token alone is not UTF-8: its text reads U+FFFD; its offset counts its one byte.
+  EXPECT_EQ(render_response(c, {{0, " upon a", engine::finish_reason::length, upon_a()}}, 42, sum_usage({an_end()}, 1)),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"text":" upon a",)"
+            R"("logprobs":{"tokens":[" upon"," a"],"token_logprobs":[-0.5,-0.1],"top_logprobs":[{" upon":-0.5," a":-1.5},)"
+            R"({" a":-0.1,"�":-3.0}],"text_offset":[0,5]},"finish_reason":"length"}],"usage":{"prompt_tokens":5,)"
+            R"("completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}})");
+}
+
+TEST(OpenaiResponse, ChatLogprobsRenderWithBytesAndStreamPartByPart) {
+  const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false, true, &tok512()};
+  token_logprobs first = upon_a();
+  first.tokens.pop_back();
+  first.logprobs.pop_back();
+  first.top_logprobs.pop_back();
+  first.top_logprobs[0][1] = {byte_e2, -3.0f};
+  EXPECT_EQ(render_chunk(c, {0, " upon", engine::finish_reason::none, first}, true),
+            R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","choices":[{"index":0,"delta":{"role":"assistant","content":" upon"},)"
+            R"("logprobs":{"content":[{"token":" upon","logprob":-0.5,"bytes":[32,117,112,111,110],"top_logprobs":[)"
+            R"({"token":" upon","logprob":-0.5,"bytes":[32,117,112,111,110]},{"token":"�","logprob":-3.0,"bytes":[226]}]}]},)"
+            R"("finish_reason":null}]})");
+  // The next part starts after " upon": 5 bytes in, with " upon" before it.
+  const token_logprobs next = after(tok512(), first);
+  EXPECT_EQ(next.prev_token, upon);
+  EXPECT_EQ(next.text_offset, 5);
+  EXPECT_TRUE(next.tokens.empty());
+  EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42),
+            R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]})");
+}
+
+TEST(OpenaiResponse, ATokenAfterBosLosesItsLeadingSpace) {
+  const tokenizer& tok = tok512();
+  EXPECT_EQ(token_before_output({"", {}, false}, tok), tok.bos_id());  // an empty text prompt is BOS alone
+  EXPECT_EQ(token_before_output({"Once", {}, false}, tok), tokenizer::no_token);
+  EXPECT_EQ(token_before_output({"", {tok.bos_id(), upon}, true}, tok), upon);
+  const response_context c{endpoint::completions, 7, 1700000001, &model, false, true, &tok};
+  const token_logprobs after_bos{{upon}, {-0.5f}, {{}}, tok.bos_id(), 0};
+  EXPECT_EQ(render_chunk(c, {0, "upon", engine::finish_reason::none, after_bos}, true),
+            R"({"id":"cmpl-7","object":"text_completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","choices":[{"index":0,"text":"upon","logprobs":{"tokens":["upon"],)"
+            R"("token_logprobs":[-0.5],"top_logprobs":[{}],"text_offset":[0]},"finish_reason":null}]})");
 }
 
 TEST(OpenaiResponse, ModelsListTheServedModel) {

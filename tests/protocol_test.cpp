@@ -127,6 +127,7 @@ msg::completion_request full_completion_request() {
   r.has_seed = true;
   r.seed = 77;
   r.stop = {"a", "b"};
+  r.stop_token_ids = {2, 3};
   r.ignore_eos = true;
   r.priority = -2;
   r.num_top_logprobs = 3;
@@ -195,7 +196,7 @@ msg::completion_end full_end() {
 
 TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(full_completion_request());
-  expect_round_trip(msg::completion_chunk{3, 11, 2, "hi", {7, 8}, {-1.5f, -2.5f}});
+  expect_round_trip(msg::completion_chunk{3, 11, 2, "hi", {7, 8}, {-1.5f, -2.5f}, {{{7, -1.5f}}, {{8, -2.5f}, {9, -3.0f}}}});
   expect_round_trip(full_end());
   expect_round_trip(msg::completion_error{3, 11, errc::too_long, "m", 2});
   expect_round_trip(msg::cancel_request{12});

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -38,7 +39,9 @@ std::string describe(const effects& fx) {
     }
     void operator()(const send_chunk& c) {
       o << "chunk(r" << c.chunk.request_id << " s" << c.chunk.stream << " #" << c.chunk.sequence << " '"
-        << c.chunk.text << "' " << c.chunk.tokens.size() << " tokens)";
+        << c.chunk.text << "' " << c.chunk.tokens.size() << " tokens";
+      for (const auto& top : c.chunk.top_logprobs) o << " " << top.size() << " tops";
+      o << ")";
     }
     void operator()(const send_end& e) {
       const completion_end& x = e.end;
@@ -113,8 +116,11 @@ engine::sample_event token(int32_t t, float logprob, engine::finish_reason finis
   return {id, 0, {t, logprob, {}}, finish, 0, 0, 0};
 }
 
+/// A chunk whose tokens came with no top logprobs (none asked for).
 completion_chunk chunk(int32_t sequence, std::string text, std::vector<int32_t> tokens, std::vector<float> logprobs) {
-  return {id, stream_id, sequence, std::move(text), std::move(tokens), std::move(logprobs)};
+  const size_t num_tokens = tokens.size();
+  return {id, stream_id, sequence, std::move(text), std::move(tokens), std::move(logprobs),
+          std::vector<std::vector<sampling::token_logprob>>(num_tokens)};
 }
 
 completion_error error(errc code, std::string message, int32_t num_chunks) {
@@ -131,19 +137,32 @@ request_host running(request_host_options o, const placed_engines& where = decod
 
 }  // namespace
 
-TEST(RequestHostPrompt, TokenIdsTakeNoTextPromptAndNoStopStrings) {
-  const std::string why = "a request with prompt_tokens takes no text prompt and no stop strings";
+TEST(RequestHostPrompt, TokenIdsTakeNoTextPromptAndWithoutATokenizerNoStopStrings) {
   request_host_options text = options(true);
   text.params.prompt_tokens = {tokenizer::bos, once};
   request_host with_text(text);
-  EXPECT_EFFECTS(with_text, start(1000), send_error{error(errc::invalid_argument, why, 0)}, stop{});
+  EXPECT_EFFECTS(with_text, start(1000),
+                 send_error{error(errc::invalid_argument, "a request with prompt_tokens takes no text prompt", 0)}, stop{});
   EXPECT_TRUE(with_text.done());
 
   request_host_options stops = options(true, {"x"});
   stops.params.prompt.clear();
   stops.params.prompt_tokens = {tokenizer::bos, once};
+  stops.tok = nullptr;
   request_host with_stop(stops);
-  EXPECT_EFFECTS(with_stop, start(1000), send_error{error(errc::invalid_argument, why, 0)}, stop{});
+  EXPECT_EFFECTS(with_stop, start(1000),
+                 send_error{error(errc::invalid_argument,
+                                  "without a tokenizer a request takes prompt_tokens and no stop strings", 0)},
+                 stop{});
+}
+
+TEST(RequestHostPrompt, TokenIdsOutsideTheVocabularyAreRefusedWhenItIsKnown) {
+  request_host_options o = options(true);
+  o.params.prompt.clear();
+  o.params.prompt_tokens = {tokenizer::bos, 512};
+  request_host h(o);
+  EXPECT_EFFECTS(h, start(1000), send_error{error(errc::invalid_argument, tok()->check_ids({tokenizer::bos, 512}).error().message, 0)},
+                 stop{});
 }
 
 TEST(RequestHostPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizing) {
@@ -233,10 +252,55 @@ TEST(RequestHostRun, ABatchIsExpandedTokenByTokenAtTheTimesItsAgesGive) {
                  stop{});
 }
 
-TEST(RequestHostRun, TokenIdsStreamWithoutText) {
+TEST(RequestHostRun, TopLogprobsTravelWithTheirTokensStreamedOrBatched) {
+  request_host_options o = options(true);
+  o.params.num_top_logprobs = 2;
+  request_host streamed = running(o);
+  engine::sample_event s = token(upon, -0.5f);
+  s.sample.top_logprobs = {{upon, -0.5f}, {a, -1.5f}};
+  completion_chunk want = chunk(0, " upon", {upon}, {-0.5f});
+  want.top_logprobs = {{{upon, -0.5f}, {a, -1.5f}}};
+  EXPECT_EFFECTS(streamed, on_token(s, 0, 2000), send_chunk{want});
+
+  o.params.stream = false;
+  request_host batched = running(o);
+  engine::token_batch b{id, {upon, a}, {-0.5f, -0.25f}, {{{upon, -0.5f}, {a, -1.5f}}, {{a, -0.25f}, {time_, -2.0f}}},
+                        {0, 0}, engine::finish_reason::length, 0, 0, 0, 0};
+  want = chunk(0, " upon a", {upon, a}, {-0.5f, -0.25f});
+  want.top_logprobs = b.top_logprobs;
+  EXPECT_EFFECTS(batched, on_batch(b, 2000), send_chunk{want},
+                 send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 2, 1000, 1000, 1000, {0}, 0, 0,
+                           0, 1}},
+                 stop{});
+}
+
+TEST(RequestHostRun, StopTokenIdsReachTheEngine) {
+  request_host_options o = options(true);
+  o.params.stop_token_ids = {a, time_};
+  engine::request want = request_of(true);
+  want.stop_token_ids = {a, time_};
+  request_host h(o);
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+}
+
+TEST(RequestHostRun, TokenIdsStreamTextWithATokenizerAndStopStringsApply) {
+  request_host_options o = options(true, {" a"});
+  o.params.prompt.clear();
+  o.params.prompt_tokens = {tokenizer::bos, once};
+  request_host h = running(o);
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upo", {upon}, {-0.5f})});
+  EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, "n", {a}, {-0.25f})}, release_engines{},
+                 send_end{{id, stream_id, engine::finish_reason::stop, drawn_seed, 2, 2, 0, 1000, 1500, {500}, 0, 0,
+                           0, 2}},
+                 stop{});
+}
+
+TEST(RequestHostRun, TokenIdsStreamWithoutTextWithoutATokenizer) {
   request_host_options o = options(true);
   o.params.prompt.clear();
   o.params.prompt_tokens = {tokenizer::bos, once};
+  o.tok = nullptr;
   request_host h = running(o);
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f, engine::finish_reason::length), 1000, 2000),
                  send_chunk{chunk(0, "", {upon}, {-0.5f})},
@@ -267,6 +331,32 @@ TEST(RequestHostTrust, AnUnknownFinishReasonFailsTheRequest) {
   engine::token_batch b{id, {upon}, {-0.5f}, {{}}, {0}, unknown, 0, 0, 0, 0};
   EXPECT_EFFECTS(batched, on_batch(b, 2000), release_engines{},
                  send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 0)}, stop{});
+}
+
+TEST(RequestHostTrust, TopLogprobsBeyondTheAskOrOutsideTheVocabularyFailTheRequest) {
+  request_host_options o = options(true);
+  o.params.num_top_logprobs = 1;
+  request_host too_many = running(o);
+  engine::sample_event s = token(upon, -0.5f);
+  s.sample.top_logprobs = {{upon, -0.5f}, {a, -1.5f}};
+  EXPECT_EFFECTS(too_many, on_token(s, 0, 2000), release_engines{},
+                 send_error{error(errc::internal, "the engine sent 2 top logprobs; 1 were asked for", 0)}, stop{});
+
+  request_host outside = running(o);
+  s.sample.top_logprobs = {{512, -0.5f}};
+  EXPECT_EFFECTS(outside, on_token(s, 0, 2000), release_engines{},
+                 send_error{error(errc::internal,
+                                  "the engine sent a top logprob of token 512, outside the vocabulary [0, 512)", 0)},
+                 stop{});
+
+  o.params.stream = false;
+  request_host infinite = running(o);
+  engine::token_batch b{id, {upon}, {-0.5f}, {{{a, -std::numeric_limits<float>::infinity()}}}, {0},
+                        engine::finish_reason::length, 0, 0, 0, 0};
+  EXPECT_EFFECTS(infinite, on_batch(b, 2000), release_engines{},
+                 send_error{error(errc::internal, "the engine sent a top logprob of token " + std::to_string(a) +
+                                                      " that is not finite", 0)},
+                 stop{});
 }
 
 TEST(RequestHostTrust, ARejectionPassesItsCodeOnUnlessTheCodeIsUnknown) {

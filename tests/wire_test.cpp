@@ -92,6 +92,7 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.has_seed = true;
   c.seed = 0xfedcba9876543210ull;
   c.stop = {"a", "b"};
+  c.stop_token_ids = {2, 13};
   c.ignore_eos = true;
   c.priority = -3;
   c.num_top_logprobs = 2;
@@ -105,9 +106,9 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   EXPECT_EQ(r->id, 99u);
   const msg::completion_request& d = r->completion;
   EXPECT_EQ(std::tie(d.prompt, d.prompt_tokens, d.max_tokens, d.temperature, d.top_p, d.top_k, d.min_p, d.has_seed, d.seed,
-                     d.stop, d.ignore_eos, d.priority, d.num_top_logprobs, d.stream),
+                     d.stop, d.stop_token_ids, d.ignore_eos, d.priority, d.num_top_logprobs, d.stream),
             std::tie(c.prompt, c.prompt_tokens, c.max_tokens, c.temperature, c.top_p, c.top_k, c.min_p, c.has_seed, c.seed,
-                     c.stop, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
+                     c.stop, c.stop_token_ids, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
 }
 
 TEST(Wire, ACancelFrameIsItsBytesAndDecodesToItsId) {

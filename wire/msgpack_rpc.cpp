@@ -73,11 +73,11 @@ expected<void> read_stop(const msgpack::object& v, std::vector<std::string>& out
   return {};
 }
 
-expected<void> read_tokens(const msgpack::object& v, std::vector<int32_t>& out) {
-  if (v.type != msgpack::type::ARRAY) return wrong_type("prompt_tokens", "a list of token ids");
+expected<void> read_tokens(const msgpack::object& v, const char* name, std::vector<int32_t>& out) {
+  if (v.type != msgpack::type::ARRAY) return wrong_type(name, "a list of token ids");
   out.assign(v.via.array.size, 0);
   for (uint32_t i = 0; i < v.via.array.size; i++)
-    if (auto ok = read_int32(v.via.array.ptr[i], "prompt_tokens", out[i]); !ok) return wrong_type("prompt_tokens", "a list of token ids");
+    if (auto ok = read_int32(v.via.array.ptr[i], name, out[i]); !ok) return wrong_type(name, "a list of token ids");
   return {};
 }
 
@@ -89,7 +89,7 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
   using o = msgpack::object;
   static const std::vector<std::pair<std::string_view, field_reader>> fields{
       {"prompt", [](const o& v, r& x) { return read_string(v, "prompt", x.prompt); }},
-      {"prompt_tokens", [](const o& v, r& x) { return read_tokens(v, x.prompt_tokens); }},
+      {"prompt_tokens", [](const o& v, r& x) { return read_tokens(v, "prompt_tokens", x.prompt_tokens); }},
       {"max_tokens", [](const o& v, r& x) { return read_int32(v, "max_tokens", x.max_tokens); }},
       {"temperature", [](const o& v, r& x) { return read_float(v, "temperature", x.temperature); }},
       {"top_p", [](const o& v, r& x) { return read_float(v, "top_p", x.top_p); }},
@@ -103,6 +103,7 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
          return {};
        }},
       {"stop", [](const o& v, r& x) { return read_stop(v, x.stop); }},
+      {"stop_token_ids", [](const o& v, r& x) { return read_tokens(v, "stop_token_ids", x.stop_token_ids); }},
       {"ignore_eos", [](const o& v, r& x) { return read_bool(v, "ignore_eos", x.ignore_eos); }},
       {"priority", [](const o& v, r& x) { return read_int32(v, "priority", x.priority); }},
       {"num_top_logprobs", [](const o& v, r& x) { return read_int32(v, "num_top_logprobs", x.num_top_logprobs); }},
@@ -219,7 +220,7 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 14 : 13);
+  p.pack_map(c.has_seed ? 15 : 14);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
@@ -242,6 +243,8 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   }
   pack_text(p, "stop");
   p.pack(c.stop);
+  pack_text(p, "stop_token_ids");
+  p.pack(c.stop_token_ids);
   pack_text(p, "ignore_eos");
   p.pack(c.ignore_eos);
   pack_text(p, "priority");

@@ -152,7 +152,7 @@ int run_serve(const serve_options& o) {
                               " listening on " + node->host + ":" + std::to_string(*port) +
                               (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   if (*http) {
-    (*http)->serve(launched->load_balancer, launched->engines);
+    (*http)->serve(launched->load_balancer, launched->engines, launched->tok);
     launched->summary.push_back("HTTP gateway listening on http://" + http_address);
   }
   auto msgpack = start_msgpack(sys, o, *t, *launched);

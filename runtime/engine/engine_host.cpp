@@ -17,13 +17,6 @@ bool same_chunks(const std::vector<exec_chunk>& a, const std::vector<exec_chunk>
   return true;
 }
 
-bool same_top(const std::vector<sampling::token_logprob>& a, const std::vector<sampling::token_logprob>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); i++)
-    if (a[i].token != b[i].token || a[i].logprob != b[i].logprob) return false;
-  return true;
-}
-
 bool same_kv(const kv_data& a, const kv_data& b) {
   return std::tie(a.num_layers, a.kv_dim, a.num_tokens, a.keys, a.values) ==
          std::tie(b.num_layers, b.kv_dim, b.num_tokens, b.keys, b.values);
@@ -41,20 +34,16 @@ bool operator==(const send_plan& a, const send_plan& b) {
 bool operator==(const send_token& a, const send_token& b) {
   const sample_event& x = a.event;
   const sample_event& y = b.event;
-  return std::tie(x.request, x.sample_index, x.sample.token, x.sample.logprob, x.finish, x.num_cached_tokens,
-                  x.num_preemptions, x.num_recomputed_tokens, a.scheduled_at_ns) ==
-             std::tie(y.request, y.sample_index, y.sample.token, y.sample.logprob, y.finish, y.num_cached_tokens,
-                      y.num_preemptions, y.num_recomputed_tokens, b.scheduled_at_ns) &&
-         same_top(x.sample.top_logprobs, y.sample.top_logprobs);
+  return std::tie(x.request, x.sample_index, x.sample.token, x.sample.logprob, x.sample.top_logprobs, x.finish,
+                  x.num_cached_tokens, x.num_preemptions, x.num_recomputed_tokens, a.scheduled_at_ns) ==
+         std::tie(y.request, y.sample_index, y.sample.token, y.sample.logprob, y.sample.top_logprobs, y.finish,
+                  y.num_cached_tokens, y.num_preemptions, y.num_recomputed_tokens, b.scheduled_at_ns);
 }
 
 bool operator==(const token_batch& a, const token_batch& b) {
-  if (a.top_logprobs.size() != b.top_logprobs.size()) return false;
-  for (size_t i = 0; i < a.top_logprobs.size(); i++)
-    if (!same_top(a.top_logprobs[i], b.top_logprobs[i])) return false;
-  return std::tie(a.request, a.tokens, a.logprobs, a.age_ns, a.finish, a.num_cached_tokens, a.num_preemptions,
+  return std::tie(a.request, a.tokens, a.logprobs, a.top_logprobs, a.age_ns, a.finish, a.num_cached_tokens, a.num_preemptions,
                   a.num_recomputed_tokens, a.scheduled_age_ns) ==
-         std::tie(b.request, b.tokens, b.logprobs, b.age_ns, b.finish, b.num_cached_tokens, b.num_preemptions,
+         std::tie(b.request, b.tokens, b.logprobs, b.top_logprobs, b.age_ns, b.finish, b.num_cached_tokens, b.num_preemptions,
                   b.num_recomputed_tokens, b.scheduled_age_ns);
 }
 

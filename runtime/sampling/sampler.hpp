@@ -47,6 +47,10 @@ struct token_logprob {
   float logprob;
 };
 
+inline bool operator==(const token_logprob& a, const token_logprob& b) {
+  return a.token == b.token && a.logprob == b.logprob;
+}
+
 /// What one sampling step returns for one row.
 struct sample_result {
   int32_t token;  ///< the sampled token id

@@ -5,8 +5,8 @@
 namespace troupe::serve {
 
 bool operator==(const completion_chunk& a, const completion_chunk& b) {
-  return std::tie(a.request_id, a.stream, a.sequence, a.text, a.tokens, a.logprobs) ==
-         std::tie(b.request_id, b.stream, b.sequence, b.text, b.tokens, b.logprobs);
+  return std::tie(a.request_id, a.stream, a.sequence, a.text, a.tokens, a.logprobs, a.top_logprobs) ==
+         std::tie(b.request_id, b.stream, b.sequence, b.text, b.tokens, b.logprobs, b.top_logprobs);
 }
 
 bool operator==(const completion_end& a, const completion_end& b) {

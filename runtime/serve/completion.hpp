@@ -12,14 +12,16 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
+#include "runtime/sampling/sampler.hpp"
 
 namespace troupe::serve {
 
 /// What a client asks for. Defaults follow vLLM's completion API.
 struct completion_request {
   std::string prompt;               ///< UTF-8 text; BOS is added, special tokens never parsed
-  /// Token ids instead of text (BOS included, as given): the completion then streams token ids
-  /// only, with no text, and stop strings are not allowed. Used by the simulator.
+  /// Token ids instead of text (BOS included, as given): the HTTP API's token prompts, and the
+  /// simulator's. Without a tokenizer at the request host (the simulator) the completion streams
+  /// token ids only, with no text, and stop strings are not allowed.
   std::vector<int32_t> prompt_tokens;
   int32_t max_tokens = 16;
   float temperature = 1.0f;
@@ -29,9 +31,10 @@ struct completion_request {
   bool has_seed = false;            ///< false: the request actor draws one and reports it
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  ///< tokens that end the completion (kept in its tokens)
   bool ignore_eos = false;
   int32_t priority = 0;
-  int32_t num_top_logprobs = 0;
+  int32_t num_top_logprobs = 0;     ///< each token comes with this many top logprobs, in [0, 20]
   bool stream = true;               ///< false: one chunk with everything, just before the end
 };
 
@@ -43,6 +46,8 @@ struct completion_chunk {
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  /// Per token, the num_top_logprobs most likely tokens (raw logprobs, descending).
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs;
 };
 
 /// The last message of a completion that finished.

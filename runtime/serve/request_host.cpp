@@ -37,7 +37,6 @@ request_host::request_host(request_host_options options) : o_(std::move(options)
 /// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
 /// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
 expected<void> request_host::check_prompt_bytes() const {
-  if (!text_mode_) return {};  // token ids are checked by the engine (and need no tokenizer)
   const int32_t context = o_.context_tokens > 0 ? o_.context_tokens : model::header_value_max;
   const int64_t bytes_max = o_.tok->max_text_bytes(context);
   const int64_t bytes = static_cast<int64_t>(o_.params.prompt.size());
@@ -45,6 +44,25 @@ expected<void> request_host::check_prompt_bytes() const {
   return fail(errc::too_long, "the prompt is " + std::to_string(bytes) + " bytes; a " + std::to_string(context) +
                                   "-token context holds at most " + std::to_string(bytes_max) + " (" +
                                   std::to_string(o_.tok->max_token_length()) + " bytes per token at most)");
+}
+
+/// The prompt in tokens: the ids given (checked against the vocabulary when it is known), or
+/// the text, encoded once its size is checked. Without a tokenizer (the simulator's case) only
+/// ids and no stop strings.
+expected<std::vector<int32_t>> request_host::tokenize_prompt() {
+  const completion_request& p = o_.params;
+  const bool token_prompt = !p.prompt_tokens.empty();
+  if (token_prompt && !p.prompt.empty())
+    return fail(errc::invalid_argument, "a request with prompt_tokens takes no text prompt");
+  if (!text_mode_ && (!token_prompt || !p.stop.empty()))
+    return fail(errc::invalid_argument, "without a tokenizer a request takes prompt_tokens and no stop strings");
+  if (token_prompt) {
+    if (o_.tok)
+      if (auto ok = o_.tok->check_ids(p.prompt_tokens); !ok) return tl::unexpected(ok.error());
+    return std::move(o_.params.prompt_tokens);
+  }
+  if (auto fits = check_prompt_bytes(); !fits) return tl::unexpected(fits.error());
+  return o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false);
 }
 
 effects request_host::start(int64_t now_ns) {
@@ -56,17 +74,8 @@ effects request_host::start(int64_t now_ns) {
     fail_request(o_.refused->code, o_.refused->message, out);
     return out;
   }
-  if (!p.prompt_tokens.empty() && (!p.prompt.empty() || !p.stop.empty())) {
-    fail_request(errc::invalid_argument, "a request with prompt_tokens takes no text prompt and no stop strings", out);
-    return out;
-  }
-  text_mode_ = p.prompt_tokens.empty();
-  if (auto fits = check_prompt_bytes(); !fits) {
-    fail_request(fits.error().code, fits.error().message, out);
-    return out;
-  }
-  auto prompt = text_mode_ ? o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false)
-                           : expected<std::vector<int32_t>>(std::move(o_.params.prompt_tokens));
+  text_mode_ = o_.tok != nullptr;
+  auto prompt = tokenize_prompt();
   if (!prompt) {
     fail_request(prompt.error().code, prompt.error().message, out);
     return out;
@@ -86,6 +95,7 @@ effects request_host::start(int64_t now_ns) {
     }
   r.seed = p.has_seed ? p.seed : o_.drawn_seed;
   r.stop = p.stop;
+  r.stop_token_ids = p.stop_token_ids;
   r.ignore_eos = p.ignore_eos;
   r.priority = p.priority;
   // Nobody sees a non-streamed completion before its end; without stop strings nothing needs
@@ -143,10 +153,26 @@ expected<void> check_finish(engine::finish_reason finish) {
 
 }  // namespace
 
+/// The top logprobs of one token: as many as asked for at most, in the vocabulary, finite.
+expected<void> request_host::check_top(const std::vector<sampling::token_logprob>& top) const {
+  if (top.size() > static_cast<size_t>(o_.params.num_top_logprobs))
+    return fail(errc::internal, "the engine sent " + std::to_string(top.size()) + " top logprobs; " +
+                                    std::to_string(o_.params.num_top_logprobs) + " were asked for");
+  for (const sampling::token_logprob& t : top) {
+    if (!std::isfinite(t.logprob))
+      return fail(errc::internal, "the engine sent a top logprob of token " + std::to_string(t.token) + " that is not finite");
+    if (o_.tok && !o_.tok->is_valid_id(t.token))
+      return fail(errc::internal, "the engine sent a top logprob of token " + std::to_string(t.token) +
+                                      ", outside the vocabulary [0, " + std::to_string(o_.tok->vocab_size()) + ")");
+  }
+  return {};
+}
+
 expected<void> request_host::check_sampled(const engine::sample_event& s) const {
   if (auto ok = check_finish(s.finish); !ok) return ok;
   if (s.sample_index != 0)
     return fail(errc::internal, "the engine sent sample " + std::to_string(s.sample_index) + " of a one-sample request");
+  if (auto ok = check_top(s.sample.top_logprobs); !ok) return ok;
   return check_token(s.sample.token, s.sample.logprob, 0);
 }
 
@@ -163,8 +189,10 @@ expected<void> request_host::check_batch(const engine::token_batch& b) const {
   const auto negative = [](int64_t age) { return age < 0; };
   if (b.scheduled_age_ns < 0 || std::any_of(b.age_ns.begin(), b.age_ns.end(), negative))
     return fail(errc::internal, "the engine sent a batch with a negative age");
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    if (auto ok = check_top(b.top_logprobs[i]); !ok) return ok;
     if (auto ok = check_token(b.tokens[i], b.logprobs[i], static_cast<int64_t>(i)); !ok) return ok;
+  }
   return {};
 }
 
@@ -192,6 +220,7 @@ effects request_host::on_batch(const engine::token_batch& b, int64_t now_ns) {
   for (size_t i = 0; i < n && !done_; i++) {
     s.sample.token = b.tokens[i];
     s.sample.logprob = b.logprobs[i];
+    s.sample.top_logprobs = b.top_logprobs[i];
     if (i + 1 == n) {
       s.finish = b.finish;
       s.num_cached_tokens = b.num_cached_tokens;
@@ -222,6 +251,7 @@ void request_host::take_token(const engine::sample_event& s, int64_t scheduled_a
   pending_.text += d.text;
   pending_.tokens.push_back(s.sample.token);
   pending_.logprobs.push_back(s.sample.logprob);
+  pending_.top_logprobs.push_back(s.sample.top_logprobs);
   if (o_.params.stream) flush(out);
   if (d.stopped) {
     out.push_back(release_engines{});
@@ -298,6 +328,7 @@ void request_host::fail_request(errc code, const std::string& message, effects& 
 void request_host::check_invariants() const {
   TROUPE_ASSERT(num_chunks_ >= 0);
   TROUPE_ASSERT(pending_.tokens.size() == pending_.logprobs.size());
+  TROUPE_ASSERT(pending_.tokens.size() == pending_.top_logprobs.size());
   TROUPE_ASSERT(!o_.params.stream || pending_.tokens.empty());  // streamed: each token is sent at once
   const size_t gaps = end_.num_generated_tokens > 0 ? static_cast<size_t>(end_.num_generated_tokens) - 1 : 0;
   TROUPE_ASSERT(end_.itl_ns.size() == gaps);

@@ -6,7 +6,8 @@
 /// dispatcher over this host: STYLE.md, "An actor is a dispatcher over a pure host").
 ///
 /// What it decides:
-/// - the prompt: prompt_tokens exclude a text prompt and stop strings (invalid_argument); a
+/// - the prompt: prompt_tokens exclude a text prompt, and without a tokenizer stop strings
+///   (invalid_argument), and are checked against the tokenizer's vocabulary when it is known; a
 ///   text prompt longer in bytes than any tokenization of the context is refused (too_long)
 ///   before it is tokenized (encoding holds several words per byte); tokenizer errors pass on;
 /// - the engine request: the given seed or the drawn one, and `batch_tokens` (one message with
@@ -16,7 +17,8 @@
 ///   batch expanded token by token at the times its ages give, TTFT, inter-token gaps, queue
 ///   time and end-to-end time from the `now_ns` of the calls;
 /// - trust: a finish reason or error code from an engine (maybe another process) that this
-///   version does not know fails the request (internal) instead of being used;
+///   version does not know, or top logprobs beyond those asked for, outside the vocabulary or
+///   not finite, fail the request (internal) instead of being used;
 /// - ends: a completed stop string, a cancel, a rejection or a lost engine release the request
 ///   at its engines; a prefill engine that already handed the request over is no longer its
 ///   concern; a lost client releases it and ends without a word.
@@ -137,8 +139,10 @@ class request_host {
 
  private:
   [[nodiscard]] expected<void> check_prompt_bytes() const;
+  [[nodiscard]] expected<std::vector<int32_t>> tokenize_prompt();
   // What engines send, checked: an engine may be another process (issue 21, point 3).
   [[nodiscard]] expected<void> check_token(int32_t token, float logprob, int64_t num_before) const;
+  [[nodiscard]] expected<void> check_top(const std::vector<sampling::token_logprob>& top) const;
   [[nodiscard]] expected<void> check_sampled(const engine::sample_event& s) const;
   [[nodiscard]] expected<void> check_batch(const engine::token_batch& b) const;
   /// Whether `ok`; if not, the engines release the request and it fails with the message: the
@@ -152,7 +156,7 @@ class request_host {
 
   request_host_options o_;
   engine::request request_;  // built by start; moves out at submit unless text needs its prompt
-  bool text_mode_ = true;    // a text prompt (not prompt_tokens): detokenize the output
+  bool text_mode_ = true;    // a tokenizer is known: detokenize the output (whatever the prompt)
   std::optional<engine::output_stream> out_;  // made on the first token: stops are validated then
   placed_engines placed_;    // once the balancer answered with engines
   bool handed_over_ = false;  // the prefill engine is done with it

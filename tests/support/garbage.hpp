@@ -60,7 +60,7 @@ class garbage {
     switch (kind) {
       case 0: return caf::make_message(completion_request());
       case 1: return caf::make_message(msg::completion_chunk{i64(), u64(), i32(), str(), vec([&] { return token(); }),
-                                                            vec([&] { return f32(); })});
+                                                            vec([&] { return f32(); }), vec([&] { return top(); })});
       case 2: return caf::make_message(completion_end());
       case 3: return caf::make_message(msg::completion_error{i64(), u64(), enum_of<errc>(), str(), i32()});
       case 4: return caf::make_message(msg::cancel_request{i64()});
@@ -196,6 +196,7 @@ class garbage {
     r.has_seed = coin();
     r.seed = u64();
     if (coin()) r.stop = vec([&] { return str(); }, true);
+    if (coin()) r.stop_token_ids = vec([&] { return token(); });
     r.ignore_eos = coin();
     r.priority = i32();
     r.num_top_logprobs = coin() ? 0 : i32();
