@@ -393,6 +393,11 @@ TEST(EngineInput, CreateRejectsBadConfigurations) {
   c = {};
   c.scheduler.kv_watermark = 1;
   expect_bad(c, b.tok, "kv_watermark must be in [0, 1), got 1");
+  for (const int32_t slack : {-1, (1 << 20) + 1}) {
+    c = {};
+    c.scheduler.prefix_cache_slack_tokens = slack;
+    expect_bad(c, b.tok, "prefix_cache_slack_tokens must be in [0, 1048576], got " + std::to_string(slack));
+  }
 
   // The first 300 tokens of tok512.bin: a valid tokenizer for a different vocabulary.
   const std::string bytes = testing::read_file(testing::bundled_tokenizer());
