@@ -89,10 +89,25 @@ TEST(KvBlock, ConsistencyAndChecksum) {
   EXPECT_FALSE(is_consistent(kv_block{}));
 }
 
+TEST(KvBlock, ValidateNamesWhatIsWrong) {
+  const kv_block b = block_of(token_range(8, 1), 1);
+  EXPECT_TRUE(validate(b, block_size));
+  EXPECT_EQ(validate(b, 8).error().message, "a KV block must hold 8 tokens, got 4");
+  kv_block short_values = b;
+  short_values.values.pop_back();
+  const auto bad = validate(short_values, block_size);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, errc::invalid_argument);
+  EXPECT_EQ(bad.error().message,
+            "a KV block's dimensions do not match its data, or its hash is not its tokens' chain hash");
+}
+
 TEST(CacheClass, ParsesItsTwoNames) {
   EXPECT_EQ(parse_cache_class("chat").value(), cache_class::chat);
   EXPECT_EQ(parse_cache_class("agent").value(), cache_class::agent);
   EXPECT_STREQ(to_string(cache_class::agent), "agent");
+  EXPECT_TRUE(is_valid(cache_class::agent));
+  EXPECT_FALSE(is_valid(static_cast<cache_class>(2)));
   const auto bad = parse_cache_class("batch");
   ASSERT_FALSE(bad.has_value());
   EXPECT_EQ(bad.error().code, errc::invalid_argument);

@@ -3,6 +3,8 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include <string>
+
 #include "runtime/common/error.hpp"
 #include "runtime/kv/chain_hash.hpp"
 
@@ -22,6 +24,16 @@ bool is_consistent(const kv_block& block) {
     return false;
   if (block.keys.size() != n || block.values.size() != n) return false;
   return chain_hash(block.parent_hash, block.tokens.data(), static_cast<int32_t>(block.tokens.size())) == block.hash;
+}
+
+expected<void> validate(const kv_block& block, int32_t block_size) {
+  if (static_cast<int64_t>(block.tokens.size()) != block_size)
+    return fail(errc::invalid_argument, "a KV block must hold " + std::to_string(block_size) + " tokens, got " +
+                                            std::to_string(block.tokens.size()));
+  if (!is_consistent(block))
+    return fail(errc::invalid_argument,
+                "a KV block's dimensions do not match its data, or its hash is not its tokens' chain hash");
+  return {};
 }
 
 uint64_t checksum(const kv_block& block) {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/common/error.hpp"
+
 namespace troupe::kv {
 
 struct kv_block {
@@ -25,6 +27,10 @@ struct kv_block {
 /// Whether `block` is whole: tokens present, keys and values of (num_layers, tokens, kv_dim)
 /// floats each (no overflow), and `hash` the chain hash of its tokens after `parent_hash`.
 [[nodiscard]] bool is_consistent(const kv_block& block);
+
+/// `is_consistent` for a block from elsewhere (a message): errc::invalid_argument naming what
+/// is wrong — not `block_size` tokens, or dimensions, data and hash that do not agree.
+[[nodiscard]] expected<void> validate(const kv_block& block, int32_t block_size);
 
 /// XXH3 over every field in order (integers little-endian, then the token, key and value bytes):
 /// what the disk tier stores beside a block to detect a corrupted file.
