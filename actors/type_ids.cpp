@@ -3,6 +3,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 
+#include "actors/cache_tier_actor.hpp"
 #include "actors/cluster_messages.hpp"
 #include "actors/protocols.hpp"
 #include "messages/client.hpp"
@@ -36,6 +37,10 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::engine_lost>("troupe::engine_lost");
   cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
+  cfg.add_message_type<msg::tier_lookup>("troupe::tier_lookup");
+  cfg.add_message_type<msg::tier_put>("troupe::tier_put");
+  cfg.add_message_type<msg::tier_get>("troupe::tier_get");
+  cfg.add_message_type<msg::tier_got>("troupe::tier_got");
   // Handles that travel as a whole message (answers): typed handles are not built-in types.
   cfg.add_message_type<request_actor>("troupe::request_actor");
   cfg.add_message_type<executor_actor>("troupe::executor_actor");

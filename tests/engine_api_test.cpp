@@ -398,6 +398,11 @@ TEST(EngineInput, CreateRejectsBadConfigurations) {
     c.scheduler.step_time_correction_window = window;
     expect_bad(c, b.tok, "step_time_correction_window must be in [0, 4096] (0: off), got " + std::to_string(window));
   }
+  for (const int32_t slack : {-1, (1 << 20) + 1}) {
+    c = {};
+    c.scheduler.prefix_cache_slack_tokens = slack;
+    expect_bad(c, b.tok, "prefix_cache_slack_tokens must be in [0, 1048576], got " + std::to_string(slack));
+  }
 
   // The first 300 tokens of tok512.bin: a valid tokenizer for a different vocabulary.
   const std::string bytes = testing::read_file(testing::bundled_tokenizer());

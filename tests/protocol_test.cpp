@@ -14,10 +14,12 @@
 #include <caf/binary_serializer.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include "actors/cache_tier_actor.hpp"
 #include "actors/cluster_messages.hpp"
 #include "actors/protocols.hpp"
 #include "actors/type_ids.hpp"
 #include "tests/support/actor_config.hpp"
+#include "tests/support/kv_blocks.hpp"
 #include "messages/client.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
@@ -153,6 +155,8 @@ engine::request full_engine_request() {
 
 engine::kv_data full_kv() { return {2, 1, 1, {0.5f, 1.5f}, {-0.5f, -1.5f}}; }
 
+kv::kv_block full_kv_block() { return block_of(token_range(4, 1), 0, 4); }
+
 engine::exec_chunk full_chunk() {
   engine::exec_chunk c;
   c.seq = 3;
@@ -219,6 +223,10 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}};
   expect_round_trip(plan);
   expect_round_trip(engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, 12345});
+  expect_round_trip(msg::tier_lookup{{1, 2, 3, 4}});
+  expect_round_trip(msg::tier_put{full_kv_block(), kv::cache_class::agent});
+  expect_round_trip(msg::tier_get{0x1234});
+  expect_round_trip(msg::tier_got{true, full_kv_block()});
   expect_round_trip(some<actors::request_actor>());
   expect_round_trip(some<actors::executor_actor>());
   expect_round_trip(actors::engine_list{some<actors::engine_actor>(), other<actors::engine_actor>()});
@@ -227,7 +235,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 26u) << "actors/type_ids.cpp registers 26 types";
+  EXPECT_EQ(registered.size(), 30u) << "actors/type_ids.cpp registers 30 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 
@@ -243,6 +251,7 @@ TEST_F(Protocol, NestedStructsHaveEveryFieldSetToo) {
   expect_every_field_set(sampling::token_logprob{9, -0.25f}, "sampling::token_logprob");
   expect_every_field_set(sampling::sampling_params{0.7f, 0.5f, 3, 0.05f, 1}, "sampling::sampling_params");
   expect_every_field_set(kv::block_copy{1, 2}, "kv::block_copy");
+  expect_every_field_set(full_kv_block(), "kv::kv_block");
 }
 
 TEST_F(Protocol, TheCheckerNoticesAFieldLeftAtItsDefault) {

@@ -29,6 +29,8 @@ const std::map<std::string, std::set<std::string>>& allowed_folders() {
       {"runtime", {"runtime", "kernels"}},
       {"messages", {"messages", "runtime", "kernels"}},
       {"transport", {"transport", "runtime", "messages", "kernels"}},
+      // The cache tiers that do I/O (the disk tier's files); runtime/kv holds their pure parts.
+      {"tiers", {"tiers", "messages", "runtime", "kernels"}},
       // The OpenAI API and the Prometheus page as pure functions (no CAF, no sockets: see
       // OpenaiIncludesNoCafOrSockets); the gateway puts them behind HTTP threads and the actors.
       {"openai", {"openai", "messages", "runtime", "kernels"}},
@@ -43,9 +45,9 @@ const std::map<std::string, std::set<std::string>>& allowed_folders() {
       // which reach only runtime/). Its metrics and stream reader are pure (LoadgenMetricsAreClockFree).
       {"loadgen", {"loadgen", "sim", "runtime", "kernels"}},
       {"topology", {"topology", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"apps", {"apps", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"bench", {"bench", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"tests", {"tests", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"apps", {"apps", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"bench", {"bench", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"tests", {"tests", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
   };
   return allowed;
 }

@@ -578,6 +578,31 @@ TEST_F(SchedulerTest, PrefixHitOnAdmissionSharesBlocks) {
   EXPECT_EQ(sched_->num_prefix_hit_tokens(), 20);
 }
 
+TEST_F(SchedulerTest, TheHitRulesSlackKeepsTrailingTokensOutOfThePrefixCache) {
+  scheduler_config c{64, 8};
+  c.prefix_cache_slack_tokens = 4;
+  make(16, 4, c);
+  add(0, token_range(10, 10), 0);
+  step_plan p = schedule();
+  complete(p, {99});  // blocks 0 and 1 cached
+  // 11 tokens whose first 8 are cached: the pool hits 2 blocks, the rule allows at most
+  // 11 - 4 = 7 tokens, so 1 block.
+  add(1, concat(token_range(8, 10), {60, 61, 62}), 0);
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 10, 1, true}, {1, 4, 7, true}}));
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 4);
+  EXPECT_EQ(sched_->num_prefix_hit_tokens(), 4);
+  EXPECT_EQ(table(1), (ids{0, 3, 4}));
+  EXPECT_EQ(blocks_->refcount(0), 2);
+  EXPECT_EQ(blocks_->refcount(1), 1);
+  // 12 tokens: 12 - 4 = 8, so both blocks.
+  add(2, concat(token_range(8, 10), {70, 71, 72, 73}), 0);
+  p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 11, 1, true}, {1, 11, 1, true}, {2, 8, 4, true}}));
+  EXPECT_EQ(sched_->get(2).num_cached_tokens, 8);
+  EXPECT_EQ(table(2), (ids{0, 1, 5}));
+}
+
 TEST_F(SchedulerTest, ForkRunsWithACopyInTheNextPlan) {
   make(8, 4, 64, 8);
   add(0, token_range(6, 10), 0);

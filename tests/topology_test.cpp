@@ -220,6 +220,10 @@ TEST(Topology, EveryEngineKeyIsRead) {
   auto watermarked = parse(k_valid + "kv_watermark = 0.05\n");
   ASSERT_TRUE(watermarked) << watermarked.error().message;
   EXPECT_EQ(watermarked->engines[0].config.scheduler.kv_watermark, 0.05);
+  EXPECT_EQ(engine.config.scheduler.prefix_cache_slack_tokens, 0);
+  auto slack = parse(k_valid + "prefix_cache_slack_tokens = 6\n");
+  ASSERT_TRUE(slack) << slack.error().message;
+  EXPECT_EQ(slack->engines[0].config.scheduler.prefix_cache_slack_tokens, 6);
   EXPECT_EQ(engine.config.scheduler.policy.name, "priority");
   auto sjf = parse(k_valid + "scheduler = \"sjf\"\nsjf_aging_tokens = 64\n");
   ASSERT_TRUE(sjf) << sjf.error().message;
@@ -450,7 +454,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
                  "name, node, role, model, tokenizer, kv_blocks, block_size, "
                  "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, step_time_correction_window, "
-                 "calibration, kv_watermark, scheduler, sjf_aging_tokens, executor_threads, step_log)"},
+                 "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
+                 "step_log)"},
         bad_file{"unknown_node_key",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nip = \"1.2.3.4\"\nport = 1\n",
                  "topology.toml:4: node 'node0': unknown key 'ip'"},
@@ -582,6 +587,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:12: engine 'engine0': key 'step_time_correction_window' must be in 0..4096, got 5000"},
         bad_file{"kv_watermark_too_big", k_valid + "kv_watermark = 0.6\n",
                  "topology.toml:12: engine 'engine0': key 'kv_watermark' must be in 0..0.5, got 0.6"},
+        bad_file{"prefix_cache_slack_negative", k_valid + "prefix_cache_slack_tokens = -1\n",
+                 "topology.toml:12: engine 'engine0': key 'prefix_cache_slack_tokens' must be in 0..1048576, got -1"},
+        bad_file{"prefix_cache_slack_too_big", k_valid + "prefix_cache_slack_tokens = 1048577\n",
+                 "topology.toml:12: engine 'engine0': key 'prefix_cache_slack_tokens' must be in 0..1048576, got 1048577"},
+        bad_file{"prefix_cache_slack_not_an_integer", k_valid + "prefix_cache_slack_tokens = 1.5\n",
+                 "topology.toml:12: engine 'engine0': key 'prefix_cache_slack_tokens' must be an integer, got a float"},
         bad_file{"unknown_scheduler", k_valid + "scheduler = \"lifo\"\n",
                  "topology.toml:12: engine 'engine0': key 'scheduler': unknown scheduler 'lifo'; known: priority, fcfs, sjf"},
         bad_file{"sjf_aging_tokens_zero", k_valid + "scheduler = \"sjf\"\nsjf_aging_tokens = 0\n",

@@ -413,7 +413,7 @@ struct listener {
 }
 
 /// step_time_budget_ms and the calibration file that prices it (required with a budget), its
-/// online correction's step_time_correction_window, and kv_watermark.
+/// online correction's step_time_correction_window, kv_watermark and prefix_cache_slack_tokens.
 [[nodiscard]] expected<void> read_time_budget(const context& ctx, const toml::table& table, const scope& where,
                                               sched::scheduler_config& config) {
   auto budget = read_number(ctx, table, where, "step_time_budget_ms", 0, 0, 1e6);
@@ -430,6 +430,10 @@ struct listener {
   auto watermark = read_number(ctx, table, where, "kv_watermark", 0, 0, 0.5);
   if (!watermark) return tl::unexpected(watermark.error());
   config.kv_watermark = *watermark;
+  auto slack = read_int(ctx, table, where, "prefix_cache_slack_tokens", config.prefix_cache_slack_tokens, 0,
+                        sched::prefix_cache_slack_tokens_max);
+  if (!slack) return tl::unexpected(slack.error());
+  config.prefix_cache_slack_tokens = *slack;
   if (!table.contains("calibration")) {
     if (*budget == 0) return {};
     return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
@@ -497,7 +501,8 @@ struct listener {
           check_known_keys(ctx, table, where,
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
                             "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms",
-                            "step_time_correction_window", "calibration", "kv_watermark", "scheduler", "sjf_aging_tokens", "executor_threads", "step_log"});
+                            "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
+                            "scheduler", "sjf_aging_tokens", "executor_threads", "step_log"});
       !ok) {
     return tl::unexpected(ok.error());
   }

@@ -78,6 +78,9 @@
 ///                                      #   that prices the steps (resolved like model)
 ///   kv_watermark = 0.05                #   optional, 0..0.5, default 0 (off): share of the KV
 ///                                      #   pool admission keeps free (no-thrash admission)
+///   prefix_cache_slack_tokens = 6      #   optional, 0..1048576, default 0: trailing prompt
+///                                      #   tokens never served from the prefix cache (the hit
+///                                      #   rule's slack, runtime/kv/hit_rule.hpp)
 ///   scheduler = "priority"             #   optional: priority (default) | fcfs | sjf — the
 ///                                      #   order sequences are served in (runtime/sched/policy.hpp)
 ///   sjf_aging_tokens = 256             #   optional, 1..1048576, default 256: sjf's weight of

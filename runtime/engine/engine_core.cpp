@@ -31,7 +31,8 @@ expected<void> validate_stops(const request& r, const model::model_config& model
 }
 
 /// A time budget is 0 (off) or at least a nanosecond, the model that prices it is finite and
-/// non-negative, the KV watermark a share of the pool below 1, and the scheduling policy known.
+/// non-negative, the KV watermark a share of the pool below 1, the prefix cache's slack at most
+/// sched::prefix_cache_slack_tokens_max, and the scheduling policy known.
 expected<void> validate_budgets(const sched::scheduler_config& c) {
   if (auto p = sched::make_policy(c.policy); !p) return tl::unexpected(p.error());
   const double ms = c.step_time_budget_ms;
@@ -44,6 +45,9 @@ expected<void> validate_budgets(const sched::scheduler_config& c) {
                                             num(c.step_time_correction_window));
   if (!(c.kv_watermark >= 0 && c.kv_watermark < 1))
     return fail(errc::invalid_argument, "kv_watermark must be in [0, 1), got " + std::to_string(c.kv_watermark));
+  if (c.prefix_cache_slack_tokens < 0 || c.prefix_cache_slack_tokens > sched::prefix_cache_slack_tokens_max)
+    return fail(errc::invalid_argument, "prefix_cache_slack_tokens must be in [0, " + num(sched::prefix_cache_slack_tokens_max) +
+                                            "], got " + num(c.prefix_cache_slack_tokens));
   const cost::cost_params& p = c.step_cost;
   for (const double v : {p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns})
     if (!std::isfinite(v) || v < 0)

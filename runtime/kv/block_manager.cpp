@@ -1,7 +1,5 @@
 #include "runtime/kv/block_manager.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -72,8 +70,8 @@ int32_t block_manager::num_blocks_for(int32_t num_tokens) const {
                               config_.block_size);
 }
 
-uint64_t block_manager::chain_hash(uint64_t parent_hash, const int32_t* block_tokens) const {
-  return XXH3_64bits_withSeed(block_tokens, sizeof(int32_t) * config_.block_size, parent_hash);
+uint64_t block_manager::block_hash(uint64_t parent_hash, const int32_t* block_tokens) const {
+  return chain_hash(parent_hash, block_tokens, config_.block_size);
 }
 
 bool block_manager::cached_block_matches(block_id block, uint64_t parent_hash,
@@ -91,7 +89,7 @@ prefix_hit block_manager::find_prefix(const std::vector<int32_t>& tokens) const 
   uint64_t parent = root_hash_seed;
   for (size_t i = 0; i < num_blocks_max; ++i) {
     const int32_t* block_tokens = tokens.data() + i * config_.block_size;
-    const uint64_t hash = chain_hash(parent, block_tokens);
+    const uint64_t hash = block_hash(parent, block_tokens);
     const block_id found = hash_index_.find(hash);
     if (found == hash_index::none) break;
     if (!cached_block_matches(found, parent, block_tokens)) break;  // a collision
@@ -252,7 +250,7 @@ void block_manager::register_block(sequence_state& state, const std::vector<int3
   const size_t i = state.block_hashes.size();
   const uint64_t parent = i == 0 ? root_hash_seed : state.block_hashes.back();
   const int32_t* block_tokens = tokens.data() + i * config_.block_size;
-  const uint64_t hash = chain_hash(parent, block_tokens);
+  const uint64_t hash = block_hash(parent, block_tokens);
   const block_id block = state.block_table[i];
   state.block_hashes.push_back(hash);
   if (has_hash_[block]) {  // shared (fork or hit) and registered by another sequence
@@ -336,7 +334,7 @@ void block_manager::check_invariants() const {
   for (block_id b = 0; b < config_.num_blocks; ++b) {
     if (!has_hash_[b]) continue;
     const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
-    TROUPE_ASSERT_MSG(chain_hash(parent_hash_[b], stored) == block_hash_[b],
+    TROUPE_ASSERT_MSG(block_hash(parent_hash_[b], stored) == block_hash_[b],
                       "cached block's hash does not match its tokens");
   }
 }
@@ -421,7 +419,7 @@ void block_manager::check_block(block_id b) const {
   if (!has_hash_[b]) return;
   TROUPE_ASSERT_MSG(hash_index_.find(block_hash_[b]) == b, "a hashed block is not in the index");
   const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
-  TROUPE_ASSERT_MSG(chain_hash(parent_hash_[b], stored) == block_hash_[b],
+  TROUPE_ASSERT_MSG(block_hash(parent_hash_[b], stored) == block_hash_[b],
                     "cached block's hash does not match its tokens");
 }
 

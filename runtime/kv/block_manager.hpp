@@ -15,9 +15,7 @@
 /// Eviction is therefore exactly LRU over cached-but-free blocks. The queue is an intrusive
 /// doubly-linked list over block ids, so a prefix hit on a free block unlinks it in O(1).
 ///
-/// Prefix cache. The chain hash of full block i of a token list is
-/// `XXH3_64bits_withSeed(tokens of block i as int32 bytes, seed = hash of block i-1)`, with
-/// `root_hash_seed` for block 0. `commit` registers each block once it is fully computed. The
+/// Prefix cache. Blocks are named by their chain hash (kv/chain_hash.hpp). `commit` registers each block once it is fully computed. The
 /// index holds one block per hash: a second block committed with a hash already indexed stays
 /// unhashed. Every cached block also stores its own token ids and its parent's chain hash, and
 /// `find_prefix` accepts a block only if both equal the query's, so a single 64-bit collision
@@ -38,15 +36,13 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/kv/chain_hash.hpp"
 #include "runtime/kv/hash_index.hpp"
 
 namespace troupe::kv {
 
 using seq_id = int64_t;
 using block_id = int32_t;
-
-/// Seed of the chain hash of a sequence's first block ("troupe" in ASCII).
-inline constexpr uint64_t root_hash_seed = 0x74726f757065ULL;
 
 /// The pool's shape. `num_blocks * block_size` must fit in int32 (token counts are int32).
 struct block_manager_config {
@@ -157,7 +153,7 @@ class block_manager {
   explicit block_manager(const block_manager_config& config);
 
   [[nodiscard]] int32_t num_blocks_for(int32_t num_tokens) const;
-  [[nodiscard]] uint64_t chain_hash(uint64_t parent_hash, const int32_t* block_tokens) const;
+  [[nodiscard]] uint64_t block_hash(uint64_t parent_hash, const int32_t* block_tokens) const;
   [[nodiscard]] bool cached_block_matches(block_id block, uint64_t parent_hash,
                                           const int32_t* block_tokens) const;
   void check_hit(const prefix_hit& hit) const;

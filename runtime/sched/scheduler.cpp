@@ -9,7 +9,10 @@
 namespace troupe::sched {
 
 scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
-    : config_(config), blocks_(blocks), step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)),
+    : config_(config),
+      blocks_(blocks),
+      hit_rule_{blocks.block_size(), /*window_tokens=*/0, config.prefix_cache_slack_tokens},
+      step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)),
       corrected_budget_ns_(step_time_budget_ns_) {
   auto made = make_policy(config.policy);
   TROUPE_ASSERT_MSG(made.has_value(), "the engine validates the scheduling policy");
@@ -17,6 +20,7 @@ scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
   TROUPE_ASSERT(config.max_num_batched_tokens > 0);
   TROUPE_ASSERT(config.max_num_seqs > 0);
   TROUPE_ASSERT(std::isfinite(config.step_time_budget_ms) && config.step_time_budget_ms >= 0);
+  TROUPE_ASSERT(config.prefix_cache_slack_tokens >= 0);
 }
 
 sequence& scheduler::at(seq_id id) {
@@ -212,7 +216,7 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     if (std::find(s.tokens.begin(), s.tokens.end(), previous_sample) != s.tokens.end()) break;
     // Imported KV goes into fresh blocks: the transfer already paid for it.
     const int32_t imported = s.num_imported_tokens;
-    const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : blocks_.find_prefix(s.tokens);
+    const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : cached_prefix(s);
     const int32_t have = imported > 0 ? imported : hit.num_tokens;
     const int32_t num_new = prefill_chunk_tokens(s, have, static_cast<int32_t>(s.tokens.size()) - have, budget);
     if (num_new == 0) break;  // no time left for a new prompt's first chunk
@@ -236,6 +240,16 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     add_chunk(plan, s, num_new, budget, /*price=*/true);
     if (watermark) num_reserved += num_blocks_to_finish(s, blocks_.block_table(s.id).size());
   }
+}
+
+kv::prefix_hit scheduler::cached_prefix(const sequence& s) const {
+  kv::prefix_hit hit = blocks_.find_prefix(s.tokens);
+  // Full attention keeps no window state: the flag is moot.
+  const kv::cache_use use = kv::apply_hit_rule(hit_rule_, static_cast<int32_t>(s.tokens.size()), hit.num_tokens,
+                                               /*window_state_present=*/true);
+  hit.blocks.resize(static_cast<size_t>(use.num_reused_tokens / blocks_.block_size()));
+  hit.num_tokens = use.num_reused_tokens;
+  return hit;
 }
 
 void scheduler::preempt(seq_id victim, step_plan& plan) {

@@ -16,7 +16,9 @@
 /// arrival) frees its blocks and goes back to the waiting queue with every token it has so far; on
 /// readmission its KV is computed again (often largely from the prefix cache). Waiting
 /// sequences are admitted in (rank, arrival) order; admission stops at the first one that
-/// does not fit, so a large request is never overtaken forever. With a KV watermark
+/// does not fit, so a large request is never overtaken forever. An admitted sequence reuses the
+/// longest cached prefix the hit rule allows (kv/hit_rule.hpp, window 0, slack
+/// scheduler_config::prefix_cache_slack_tokens). With a KV watermark
 /// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs.
 ///
 /// Order: the scheduling policy (policy.hpp: `priority` by default, `fcfs`, `sjf`) ranks each
@@ -43,6 +45,7 @@
 #include "runtime/sched/previous_sample.hpp"
 #include "runtime/sched/scheduler_config.hpp"
 #include "runtime/kv/block_manager.hpp"
+#include "runtime/kv/hit_rule.hpp"
 
 namespace troupe::sched {
 
@@ -204,6 +207,8 @@ class scheduler {
   /// kv_watermark's admission test: the free blocks cover `s`'s whole prompt (after `hit`)
   /// and `num_reserved` more.
   [[nodiscard]] bool fits_whole_prompt(const sequence& s, const kv::prefix_hit& hit, int32_t num_reserved) const;
+  /// The prefix of `s` served from cache on admission: the pool's longest hit, cut to the hit rule.
+  [[nodiscard]] kv::prefix_hit cached_prefix(const sequence& s) const;
   void preempt(seq_id victim, step_plan& plan);
   /// Plans `num_tokens` of `s`; `price` adds them to the budget's predicted time (false for a
   /// decode row start_budget priced).
@@ -213,6 +218,7 @@ class scheduler {
 
   scheduler_config config_;
   kv::block_manager& blocks_;
+  kv::hit_rule_config hit_rule_;
   int64_t step_time_budget_ns_ = 0;  // 0: no time budget
   int64_t corrected_budget_ns_ = 0;  // step_time_budget_ns_ / the step-time factor, >= 1 when on
   std::map<seq_id, sequence> sequences_;

@@ -9,6 +9,9 @@
 
 namespace troupe::sched {
 
+/// The largest scheduler_config::prefix_cache_slack_tokens a configuration may ask for.
+inline constexpr int32_t prefix_cache_slack_tokens_max = 1 << 20;
+
 struct scheduler_config {
   int32_t max_num_batched_tokens = 512;  ///< token budget of one step (prefill + decode)
   int32_t max_num_seqs = 256;            ///< running sequences at most
@@ -31,6 +34,10 @@ struct scheduler_config {
   /// pool: a long prompt is not admitted just to be preempted when those ahead of it grow.
   double kv_watermark = 0;
   policy_options policy;  ///< the order sequences are served in (policy.hpp)
+  /// Trailing prompt tokens never served from the prefix cache, beyond the last one (the hit
+  /// rule's speculative slack, runtime/kv/hit_rule.hpp; the models here are full-attention, so
+  /// its window is 0). 0 = the longest cached prefix of whole blocks that leaves one token.
+  int32_t prefix_cache_slack_tokens = 0;
 };
 
 }  // namespace troupe::sched

@@ -1,0 +1,121 @@
+// The host-memory cache tier actor under CAF's test coordinator: lookups, puts and gets as
+// typed messages, LRU eviction through the actor, TTL expiry on the actor system's virtual
+// clock, and bad blocks refused at the door while the tier serves on.
+#include "actors/cache_tier_actor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include "messages/cache_tier.hpp"
+#include "tests/support/actor_config.hpp"
+#include "tests/support/kv_blocks.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int32_t block_size = 4;
+
+class CacheTierActor : public ::testing::Test {
+ protected:
+  caf::actor_system_config cfg_;
+  caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
+  caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
+  const std::vector<int32_t> tokens_ = token_range(13, 1);  // 3 full blocks and 1 token
+  actors::cache_tier_actor tier_;
+
+  void start(int64_t capacity_blocks) {
+    sched_.clock().current_time += 1h;  // away from 0
+    auto store = kv::tier_store::create({block_size, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
+    ASSERT_TRUE(store.has_value());
+    tier_ = actors::spawn_cache_tier(sys_, std::move(*store));
+    sched_.run();
+  }
+
+  void TearDown() override {
+    if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
+    sched_.run();
+  }
+
+  /// Sends `m` to the tier and runs until it answers: the answer, or the error's text.
+  template <class T, class M>
+  std::variant<T, std::string> ask(M m) {
+    auto out = std::make_shared<std::optional<std::variant<T, std::string>>>();
+    caf::actor_system& sys = sys_;
+    sys_.spawn([=, &sys](caf::event_based_actor* self) {
+      self->request(tier_, caf::infinite, m).then([=](T& x) { *out = std::move(x); },
+                                                 [=, &sys](caf::error& e) { *out = sys.render(e); });
+    });
+    sched_.run();
+    EXPECT_TRUE(out->has_value());
+    return out->value_or(std::string("no answer"));
+  }
+
+  int32_t lookup() { return std::get<int32_t>(ask<int32_t>(msg::tier_lookup{tokens_})); }
+  int64_t put(int32_t i, kv::cache_class cls = kv::cache_class::chat) {
+    return std::get<int64_t>(ask<int64_t>(msg::tier_put{block_of(tokens_, i, block_size), cls}));
+  }
+  msg::tier_got get(int32_t i) { return std::get<msg::tier_got>(ask<msg::tier_got>(msg::tier_get{block_of(tokens_, i, block_size).hash})); }
+};
+
+TEST_F(CacheTierActor, ServesLookupsPutsAndGetsAndEvictsTheLeastRecentlyUsed) {
+  start(2);
+  EXPECT_EQ(lookup(), 0);
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 0);
+  EXPECT_EQ(lookup(), 2);
+  const msg::tier_got got = get(0);  // a use: block 1 is now the least recent
+  ASSERT_TRUE(got.found);
+  EXPECT_TRUE(same_block(got.block, block_of(tokens_, 0, block_size)));
+  EXPECT_EQ(put(2), 1);  // evicts block 1
+  EXPECT_EQ(lookup(), 1);
+  EXPECT_FALSE(get(1).found);
+  EXPECT_TRUE(get(2).found);
+}
+
+TEST_F(CacheTierActor, BlocksExpireByClassOnTheActorSystemsClock) {
+  start(8);
+  EXPECT_EQ(put(0, kv::cache_class::agent), 0);
+  EXPECT_EQ(put(1, kv::cache_class::chat), 0);
+  sched_.clock().current_time += 3 * 24h - 1ns;
+  EXPECT_EQ(lookup(), 2);
+  sched_.clock().current_time += 1ns;  // the agent block's 3 days are over
+  EXPECT_EQ(lookup(), 0);
+  EXPECT_FALSE(get(0).found);
+  EXPECT_TRUE(get(1).found);  // chat: 7 days, and now used again
+  sched_.clock().current_time += 7 * 24h - 1ns;
+  EXPECT_TRUE(get(1).found);
+  sched_.clock().current_time += 7 * 24h;
+  EXPECT_FALSE(get(1).found);
+}
+
+TEST_F(CacheTierActor, RefusesBadBlocksAtTheDoorAndServesOn) {
+  start(8);
+  kv::kv_block short_values = block_of(tokens_, 0, block_size);
+  short_values.values.pop_back();
+  const auto bad = ask<int64_t>(msg::tier_put{short_values, kv::cache_class::chat});
+  ASSERT_TRUE(std::holds_alternative<std::string>(bad));
+  EXPECT_NE(std::get<std::string>(bad).find("dimensions do not match its data"), std::string::npos)
+      << std::get<std::string>(bad);
+  const auto wrong_size = ask<int64_t>(msg::tier_put{block_of(token_range(8, 1), 0, 8), kv::cache_class::chat});
+  ASSERT_TRUE(std::holds_alternative<std::string>(wrong_size));
+  EXPECT_NE(std::get<std::string>(wrong_size).find("a KV block must hold 4 tokens, got 8"), std::string::npos)
+      << std::get<std::string>(wrong_size);
+  const auto bad_class = ask<int64_t>(msg::tier_put{block_of(tokens_, 0, block_size), static_cast<kv::cache_class>(7)});
+  ASSERT_TRUE(std::holds_alternative<std::string>(bad_class));
+  EXPECT_NE(std::get<std::string>(bad_class).find("not a cache_class"), std::string::npos);
+  EXPECT_EQ(put(0), 0);  // still serving
+  EXPECT_EQ(lookup(), 1);
+}
+
+}  // namespace
+}  // namespace troupe::testing

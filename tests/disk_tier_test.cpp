@@ -1,0 +1,262 @@
+// The disk tier and its file format: the KvBlock Cap'n Proto codec (round trip, each kind of
+// damage), and tiers::disk_tier — blocks served back after a restart, a corrupted or truncated
+// file found by its checksum and removed (a miss), a full tier refusing new blocks. Files go
+// to a directory under the build tree, removed by each test.
+#include "tiers/disk_tier.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "messages/kv_block.hpp"
+#include "tests/support/kv_blocks.hpp"
+
+namespace troupe::tiers {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::block_of;
+using testing::same_block;
+using testing::token_range;
+
+constexpr int32_t block_size = 4;
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+expected<kv::kv_block> decode(const std::vector<uint8_t>& bytes) {
+  return msg::decode_kv_block(bytes.data(), bytes.size());
+}
+
+TEST(KvBlockCodec, RoundTripsEveryFieldAlignedOrNot) {
+  const kv::kv_block b = block_of(token_range(8, 1), 1, block_size);
+  const std::vector<uint8_t> bytes = msg::encode_kv_block(b);
+  EXPECT_EQ(bytes.size() % 8, 0u);
+  auto decoded = decode(bytes);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_TRUE(same_block(*decoded, b));
+  std::vector<uint8_t> shifted(bytes.size() + 1);  // at an odd address: decoded from a copy
+  std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+  auto unaligned = msg::decode_kv_block(shifted.data() + 1, bytes.size());
+  ASSERT_TRUE(unaligned) << unaligned.error().message;
+  EXPECT_TRUE(same_block(*unaligned, b));
+}
+
+TEST(KvBlockCodec, FindsEachKindOfDamage) {
+  const std::vector<uint8_t> bytes = msg::encode_kv_block(block_of(token_range(8, 1), 1, block_size));
+  const auto message = [](const std::vector<uint8_t>& damaged) {
+    auto d = decode(damaged);
+    EXPECT_FALSE(d.has_value());
+    if (d) return std::string();
+    EXPECT_EQ(d.error().code, errc::malformed_file);
+    return d.error().message;
+  };
+  EXPECT_EQ(message({}), "KV block: 0 bytes are not a Cap'n Proto message (not a whole number of words)");
+  EXPECT_EQ(message(std::vector<uint8_t>(bytes.begin(), bytes.end() - 3)),
+            "KV block: " + std::to_string(bytes.size() - 3) +
+                " bytes are not a Cap'n Proto message (not a whole number of words)");
+  const std::string truncated = message(std::vector<uint8_t>(bytes.begin(), bytes.end() - 8));
+  EXPECT_EQ(truncated.rfind("KV block: not a Cap'n Proto message: ", 0), 0u) << truncated;
+  std::vector<uint8_t> flipped = bytes;
+  flipped.back() ^= 0x40;  // the last value's top byte
+  EXPECT_EQ(message(flipped), "KV block: checksum mismatch");
+  std::vector<uint8_t> longer = bytes;
+  longer.resize(bytes.size() + 8, 0);
+  EXPECT_EQ(message(longer), "KV block: trailing bytes after the message");
+  EXPECT_FALSE(decode(std::vector<uint8_t>(64, 0xff)).has_value());
+}
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/disk_tier_test/" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    std::error_code ignored;  // the shared parent goes with the last test (only when empty)
+    fs::remove(fs::path(dir_).parent_path(), ignored);
+  }
+
+  disk_tier open(int64_t capacity_bytes = 1 << 20) {
+    auto tier = disk_tier::open({dir_, capacity_bytes, block_size});
+    EXPECT_TRUE(tier) << tier.error().message;
+    tier->check_invariants();
+    return std::move(*tier);
+  }
+
+  /// Puts blocks 0..n-1 of `tokens_`.
+  void put_blocks(disk_tier& tier, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+      auto ok = tier.put(block_of(tokens_, i, block_size));
+      ASSERT_TRUE(ok) << ok.error().message;
+      tier.check_invariants();
+    }
+  }
+
+  [[nodiscard]] kv::kv_block block(int32_t i) const { return block_of(tokens_, i, block_size); }
+
+  std::string dir_;
+  const std::vector<int32_t> tokens_ = token_range(13, 1);  // 3 full blocks and 1 token
+};
+
+TEST_F(DiskTierTest, StoresOneFilePerBlockAndServesItBack) {
+  disk_tier tier = open();
+  put_blocks(tier, 3);
+  EXPECT_EQ(tier.num_blocks(), 3);
+  int64_t bytes = 0;
+  for (int32_t i = 0; i < 3; ++i) {
+    const std::vector<uint8_t> file = read_bytes(tier.path_of(block(i).hash));
+    EXPECT_EQ(file, msg::encode_kv_block(block(i)));  // the file is the message, byte for byte
+    bytes += static_cast<int64_t>(file.size());
+    const auto got = tier.get(block(i).hash);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_TRUE(same_block(*got, block(i)));
+  }
+  EXPECT_EQ(tier.num_bytes(), bytes);
+  EXPECT_EQ(fs::path(tier.path_of(0x00ab)).filename().string(), "00000000000000ab.kvblock");
+  EXPECT_EQ(tier.longest_prefix(tokens_), 3);
+  EXPECT_FALSE(tier.get(12345).has_value());
+  auto again = tier.put(block(1));  // held: nothing written
+  EXPECT_TRUE(again);
+  EXPECT_EQ(tier.num_bytes(), bytes);
+  tier.check_invariants();
+}
+
+TEST_F(DiskTierTest, ReopenedAfterARestartServesTheSameBlocks) {
+  int64_t bytes = 0;
+  {
+    disk_tier tier = open();
+    put_blocks(tier, 3);
+    bytes = tier.num_bytes();
+  }
+  write_bytes(dir_ + "/0000000000000001.kvblock.tmp", {1, 2, 3});  // a write cut short
+  write_bytes(dir_ + "/notes.txt", {4, 5});                        // not the tier's
+  disk_tier tier = open();
+  EXPECT_EQ(tier.num_blocks(), 3);
+  EXPECT_EQ(tier.num_bytes(), bytes);
+  EXPECT_EQ(tier.num_corrupt_blocks(), 0);
+  EXPECT_EQ(tier.longest_prefix(tokens_), 3);
+  for (int32_t i = 0; i < 3; ++i) {
+    const auto got = tier.get(block(i).hash);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_TRUE(same_block(*got, block(i)));
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/0000000000000001.kvblock.tmp"));
+  EXPECT_TRUE(fs::exists(dir_ + "/notes.txt"));
+}
+
+TEST_F(DiskTierTest, ADamagedFileIsAMissAndIsRemoved) {
+  disk_tier tier = open();
+  put_blocks(tier, 3);
+  const std::string flipped = tier.path_of(block(1).hash);
+  std::vector<uint8_t> bytes = read_bytes(flipped);
+  bytes.back() ^= 0x40;
+  write_bytes(flipped, bytes);
+  const std::string truncated = tier.path_of(block(2).hash);
+  bytes = read_bytes(truncated);
+  write_bytes(truncated, std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(bytes.size() / 2)));
+  // The index still lists them (damage after open is found on reading), so the prefix
+  // lookup counts them until a read finds out.
+  EXPECT_FALSE(tier.get(block(2).hash).has_value());
+  EXPECT_FALSE(tier.get(block(1).hash).has_value());
+  tier.check_invariants();
+  EXPECT_FALSE(fs::exists(flipped));
+  EXPECT_FALSE(fs::exists(truncated));
+  EXPECT_EQ(tier.num_corrupt_blocks(), 2);
+  EXPECT_EQ(tier.num_blocks(), 1);
+  EXPECT_EQ(tier.longest_prefix(tokens_), 1);  // the prefix past block 0 is recomputed
+  EXPECT_TRUE(tier.get(block(0).hash).has_value());
+}
+
+TEST_F(DiskTierTest, DamageFoundAtOpenDropsTheFile) {
+  std::string truncated, sound;
+  {
+    disk_tier tier = open();
+    put_blocks(tier, 3);
+    truncated = tier.path_of(block(0).hash);
+    sound = tier.path_of(block(1).hash);
+  }
+  std::vector<uint8_t> bytes = read_bytes(truncated);
+  write_bytes(truncated, std::vector<uint8_t>(bytes.begin(), bytes.end() - 8));
+  // A sound block under another block's name is damage too.
+  const std::string misnamed = dir_ + "/00000000000000ab.kvblock";
+  fs::copy_file(sound, misnamed);
+  disk_tier tier = open();
+  EXPECT_EQ(tier.num_corrupt_blocks(), 2);
+  EXPECT_EQ(tier.num_blocks(), 2);
+  EXPECT_FALSE(fs::exists(truncated));
+  EXPECT_FALSE(fs::exists(misnamed));
+  EXPECT_EQ(tier.longest_prefix(tokens_), 0);  // block 0 is gone: no prefix
+  EXPECT_TRUE(tier.contains(block(1).hash));
+}
+
+TEST_F(DiskTierTest, AFullTierRefusesNewBlocksAndKeepsWhatItHas) {
+  const auto file_bytes = static_cast<int64_t>(msg::encode_kv_block(block(0)).size());
+  disk_tier tier = open(2 * file_bytes);  // room for two blocks exactly (all are one size)
+  put_blocks(tier, 2);
+  auto refused = tier.put(block(2));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, errc::overloaded);
+  EXPECT_EQ(refused.error().message, "the disk tier " + dir_ + " is full: " + std::to_string(2 * file_bytes) + " of " +
+                                         std::to_string(2 * file_bytes) + " bytes used, a block needs " +
+                                         std::to_string(file_bytes));
+  EXPECT_FALSE(fs::exists(tier.path_of(block(2).hash)));
+  EXPECT_EQ(tier.num_blocks(), 2);
+  EXPECT_TRUE(tier.put(block(1)));  // held already: no room needed
+  EXPECT_EQ(tier.longest_prefix(tokens_), 2);
+  EXPECT_TRUE(tier.get(block(0).hash).has_value());
+  tier.check_invariants();
+}
+
+TEST_F(DiskTierTest, OpenRejectsEachBadConfiguration) {
+  const auto message = [](const disk_tier_config& c) { return disk_tier::open(c).error().message; };
+  EXPECT_EQ(message({"", 1, 4}), "the disk tier's directory is empty");
+  EXPECT_EQ(message({dir_, 0, 4}), "capacity_bytes must be > 0, got 0");
+  EXPECT_EQ(message({dir_, 1, 0}), "block_size must be > 0, got 0");
+  fs::create_directories(dir_);
+  write_bytes(dir_ + "/file", {1});
+  auto under_a_file = disk_tier::open({dir_ + "/file/tier", 1, 4});
+  ASSERT_FALSE(under_a_file);
+  EXPECT_EQ(under_a_file.error().code, errc::io_error);
+  EXPECT_EQ(under_a_file.error().message.rfind("cannot create " + dir_ + "/file/tier: ", 0), 0u);
+}
+
+TEST_F(DiskTierTest, BlocksOfAnotherSizeAreLeftAlone) {
+  {
+    disk_tier tier = open();
+    put_blocks(tier, 1);
+  }
+  auto other = disk_tier::open({dir_, 1 << 20, 2 * block_size});
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->num_blocks(), 0);
+  EXPECT_EQ(other->num_corrupt_blocks(), 0);
+  EXPECT_TRUE(fs::exists(other->path_of(block(0).hash)));
+}
+
+TEST(DiskTierDeathTest, AnInconsistentBlockIsAProgrammerError) {
+  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/disk_tier_test/death";
+  auto tier = disk_tier::open({dir, 1 << 20, block_size});
+  ASSERT_TRUE(tier);
+  kv::kv_block bad = block_of(token_range(4, 1), 0, block_size);
+  bad.values.pop_back();
+  EXPECT_DEATH((void)tier->put(bad), "an inconsistent block");
+  fs::remove_all(dir);
+  std::error_code ignored;
+  fs::remove(fs::path(dir).parent_path(), ignored);
+}
+
+}  // namespace
+}  // namespace troupe::tiers

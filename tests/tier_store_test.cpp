@@ -1,0 +1,244 @@
+// kv::tier_store (a cache tier's bookkeeping) and the pieces it stands on: the chain hash as a
+// free function (pinned: disk files outlive the process), kv_block's checks and checksum, and
+// cache_class. Exact LRU orders, TTL expiry by class on a controlled clock, capacity; the
+// invariants are checked after every call.
+#include "runtime/kv/tier_store.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/kv/block_manager.hpp"
+#include "runtime/kv/chain_hash.hpp"
+#include "tests/support/kv_blocks.hpp"
+
+namespace troupe::kv {
+namespace {
+
+using hashes = std::vector<uint64_t>;
+
+constexpr int32_t block_size = 4;
+
+using testing::token_range;
+
+kv_block block_of(const std::vector<int32_t>& tokens, int32_t index) {
+  return testing::block_of(tokens, index, block_size);
+}
+
+tier_store make_tier(int64_t capacity, int64_t chat_ttl_ns = 7 * day_ns, int64_t agent_ttl_ns = 3 * day_ns) {
+  auto tier = tier_store::create({block_size, capacity, chat_ttl_ns, agent_ttl_ns});
+  EXPECT_TRUE(tier.has_value());
+  tier->check_invariants();
+  return std::move(*tier);
+}
+
+/// Puts and checks; returns the evicted blocks' hashes.
+hashes put(tier_store& tier, const kv_block& b, cache_class cls, int64_t now_ns) {
+  hashes evicted;
+  for (const kv_block& e : tier.put(b, cls, now_ns)) evicted.push_back(e.hash);
+  tier.check_invariants();
+  return evicted;
+}
+
+TEST(ChainHash, IsPinnedAndChainsBlockByBlock) {
+  const std::vector<int32_t> tokens = token_range(9, 1);  // 2 full blocks and 1 token
+  const hashes chain = chain_hashes(tokens, block_size);
+  ASSERT_EQ(chain.size(), 2u);
+  // Pinned: the disk tier names files by these, so a change would orphan every stored block.
+  EXPECT_EQ(chain[0], 0x50926bd005c9f7c0ULL);
+  EXPECT_EQ(chain[0], chain_hash(root_hash_seed, tokens.data(), block_size));
+  EXPECT_EQ(chain[1], chain_hash(chain[0], tokens.data() + block_size, block_size));
+  EXPECT_EQ(chain_hashes(token_range(4, 1), block_size), hashes{chain[0]});  // a prefix's chain is a prefix
+  EXPECT_NE(chain_hashes(token_range(8, 2), block_size)[0], chain[0]);
+  EXPECT_TRUE(chain_hashes(token_range(3, 1), block_size).empty());
+}
+
+TEST(ChainHash, IsThePoolsBlockName) {
+  // The pool finds a prompt's block by the free function's hash: a tier and the pool agree.
+  auto bm = block_manager::create({4, block_size});
+  ASSERT_TRUE(bm.has_value());
+  const std::vector<int32_t> prompt = token_range(9, 1);
+  bm->allocate(0, 9);
+  bm->commit(0, prompt, 9);
+  EXPECT_EQ(bm->find_prefix(prompt).blocks, (std::vector<block_id>{0, 1}));
+  bm->check_invariants();
+}
+
+TEST(KvBlock, ConsistencyAndChecksum) {
+  const std::vector<int32_t> tokens = token_range(8, 1);
+  kv_block b = block_of(tokens, 1);
+  EXPECT_TRUE(is_consistent(b));
+  EXPECT_EQ(b.num_bytes(), 4 * 4 + 2 * 24 * 4);
+  const uint64_t sum = checksum(b);
+  EXPECT_EQ(sum, checksum(block_of(tokens, 1)));
+  kv_block flipped = b;
+  flipped.values[23] = 0.5f;
+  EXPECT_TRUE(is_consistent(flipped));  // the data is not part of the name...
+  EXPECT_NE(checksum(flipped), sum);    // ...but is part of the checksum
+  kv_block renamed = b;
+  renamed.parent_hash = root_hash_seed;
+  EXPECT_FALSE(is_consistent(renamed));
+  kv_block short_keys = b;
+  short_keys.keys.pop_back();
+  EXPECT_FALSE(is_consistent(short_keys));
+  kv_block huge = b;
+  huge.num_layers = 1 << 30;
+  huge.kv_dim = 1 << 30;
+  EXPECT_FALSE(is_consistent(huge));
+  EXPECT_FALSE(is_consistent(kv_block{}));
+}
+
+TEST(KvBlock, ValidateNamesWhatIsWrong) {
+  const kv_block b = block_of(token_range(8, 1), 1);
+  EXPECT_TRUE(validate(b, block_size));
+  EXPECT_EQ(validate(b, 8).error().message, "a KV block must hold 8 tokens, got 4");
+  kv_block short_values = b;
+  short_values.values.pop_back();
+  const auto bad = validate(short_values, block_size);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, errc::invalid_argument);
+  EXPECT_EQ(bad.error().message,
+            "a KV block's dimensions do not match its data, or its hash is not its tokens' chain hash");
+}
+
+TEST(CacheClass, ParsesItsTwoNames) {
+  EXPECT_EQ(parse_cache_class("chat").value(), cache_class::chat);
+  EXPECT_EQ(parse_cache_class("agent").value(), cache_class::agent);
+  EXPECT_STREQ(to_string(cache_class::agent), "agent");
+  EXPECT_TRUE(is_valid(cache_class::agent));
+  EXPECT_FALSE(is_valid(static_cast<cache_class>(2)));
+  const auto bad = parse_cache_class("batch");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().code, errc::invalid_argument);
+  EXPECT_EQ(bad.error().message, "cache_class must be chat or agent, got 'batch'");
+}
+
+TEST(TierStore, CreateRejectsEachBadSize) {
+  const auto message = [](const tier_config& c) { return tier_store::create(c).error().message; };
+  EXPECT_EQ(message({0, 8, 1, 1}), "block_size must be > 0, got 0");
+  EXPECT_EQ(message({4, 0, 1, 1}), "capacity_blocks must be > 0, got 0");
+  EXPECT_EQ(message({4, 8, -1, 1}), "chat_ttl_ns must be > 0, got -1");
+  EXPECT_EQ(message({4, 8, 1, 0}), "agent_ttl_ns must be > 0, got 0");
+  const tier_config defaults;
+  EXPECT_EQ(defaults.agent_ttl_ns, 259'200'000'000'000);  // 3 days
+  EXPECT_EQ(defaults.chat_ttl_ns, 604'800'000'000'000);   // 7 days
+}
+
+TEST(TierStore, EvictsTheLeastRecentlyUsedWhenFull) {
+  tier_store tier = make_tier(3);
+  const std::vector<int32_t> tokens = token_range(20, 1);
+  const kv_block a = block_of(tokens, 0), b = block_of(tokens, 1), c = block_of(tokens, 2);
+  const kv_block d = block_of(tokens, 3), e = block_of(tokens, 4);
+  EXPECT_TRUE(put(tier, a, cache_class::chat, 0).empty());
+  EXPECT_TRUE(put(tier, b, cache_class::chat, 1).empty());
+  EXPECT_TRUE(put(tier, c, cache_class::chat, 2).empty());
+  EXPECT_EQ(tier.lru_order(), (hashes{a.hash, b.hash, c.hash}));
+  // A get is a use; the prefix lookup is not.
+  const kv_block* got = tier.get(a.hash, 3);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->keys, a.keys);
+  EXPECT_EQ(tier.longest_prefix(tokens, 3), 3);
+  EXPECT_EQ(tier.lru_order(), (hashes{b.hash, c.hash, a.hash}));
+  // Full: d evicts b, handed back whole for the next tier down.
+  const std::vector<kv_block> evicted = tier.put(d, cache_class::chat, 4);
+  tier.check_invariants();
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].hash, b.hash);
+  EXPECT_EQ(evicted[0].values, b.values);
+  EXPECT_EQ(tier.lru_order(), (hashes{c.hash, a.hash, d.hash}));
+  // A re-put of a held block evicts nothing and makes it the most recent.
+  EXPECT_TRUE(put(tier, c, cache_class::chat, 5).empty());
+  EXPECT_EQ(tier.lru_order(), (hashes{a.hash, d.hash, c.hash}));
+  EXPECT_EQ(put(tier, e, cache_class::chat, 6), (hashes{a.hash}));
+  EXPECT_EQ(tier.lru_order(), (hashes{d.hash, c.hash, e.hash}));
+  EXPECT_EQ(tier.num_blocks(), 3);
+  EXPECT_EQ(tier.num_evictions(), 2);
+  EXPECT_EQ(tier.num_hits(), 1);
+  EXPECT_EQ(tier.get(b.hash, 7), nullptr);  // gone
+  EXPECT_EQ(tier.num_hits(), 1);
+  EXPECT_EQ(tier.longest_prefix(tokens, 7), 0);  // block 0 was evicted: no prefix
+}
+
+TEST(TierStore, BlocksExpireByTheirClassesTtlOnTheCallersClock) {
+  tier_store tier = make_tier(8);
+  const std::vector<int32_t> agent_tokens = token_range(8, 1);
+  const std::vector<int32_t> chat_tokens = token_range(8, 100);
+  (void)put(tier, block_of(agent_tokens, 0), cache_class::agent, 0);
+  (void)put(tier, block_of(agent_tokens, 1), cache_class::agent, 0);
+  (void)put(tier, block_of(chat_tokens, 0), cache_class::chat, 0);
+  const int64_t three_days = 3 * day_ns;
+  EXPECT_EQ(tier.longest_prefix(agent_tokens, three_days - 1), 2);
+  EXPECT_EQ(tier.expire(three_days - 1), 0);
+  EXPECT_EQ(tier.longest_prefix(agent_tokens, three_days), 0);  // expired, not yet dropped
+  EXPECT_EQ(tier.num_blocks(), 3);
+  EXPECT_EQ(tier.expire(three_days), 2);
+  tier.check_invariants();
+  EXPECT_EQ(tier.num_blocks(), 1);
+  EXPECT_EQ(tier.longest_prefix(chat_tokens, three_days), 1);
+  EXPECT_NE(tier.get(block_of(chat_tokens, 0).hash, 7 * day_ns - 1), nullptr);  // a use: 7 days more
+  EXPECT_NE(tier.get(block_of(chat_tokens, 0).hash, 14 * day_ns - 2), nullptr);
+  EXPECT_EQ(tier.get(block_of(chat_tokens, 0).hash, 21 * day_ns - 2), nullptr);  // expired: dropped
+  tier.check_invariants();
+  EXPECT_EQ(tier.num_blocks(), 0);
+  EXPECT_EQ(tier.num_expirations(), 3);
+  EXPECT_EQ(tier.num_hits(), 2);
+}
+
+TEST(TierStore, TtlsAreConfigurableAndARePutTakesTheNewClass) {
+  tier_store tier = make_tier(8, /*chat_ttl_ns=*/100, /*agent_ttl_ns=*/10);
+  const kv_block b = block_of(token_range(4, 1), 0);
+  (void)put(tier, b, cache_class::agent, 0);
+  EXPECT_EQ(tier.expire(9), 0);
+  (void)put(tier, b, cache_class::chat, 9);  // used again as chat: alive until 109
+  EXPECT_EQ(tier.expire(108), 0);
+  EXPECT_EQ(tier.expire(109), 1);
+  EXPECT_EQ(tier.ttl_ns(cache_class::agent), 10);
+  EXPECT_EQ(tier.ttl_ns(cache_class::chat), 100);
+}
+
+TEST(TierStore, AFullTierDropsExpiredBlocksBeforeEvictingLiveOnes) {
+  tier_store tier = make_tier(2, /*chat_ttl_ns=*/100, /*agent_ttl_ns=*/10);
+  const std::vector<int32_t> tokens = token_range(12, 1);
+  const kv_block a = block_of(tokens, 0), b = block_of(tokens, 1), c = block_of(tokens, 2);
+  (void)put(tier, a, cache_class::chat, 0);
+  (void)put(tier, b, cache_class::agent, 1);  // expires at 11, though more recent than a
+  EXPECT_TRUE(put(tier, c, cache_class::chat, 11).empty());
+  EXPECT_EQ(tier.lru_order(), (hashes{a.hash, c.hash}));
+  EXPECT_EQ(tier.num_expirations(), 1);
+  EXPECT_EQ(tier.num_evictions(), 0);
+  // An expired copy of the block being put is replaced, not used again.
+  (void)put(tier, a, cache_class::agent, 100);  // a expired at 100
+  EXPECT_EQ(tier.lru_order(), (hashes{c.hash, a.hash}));
+  EXPECT_EQ(tier.num_expirations(), 2);
+}
+
+TEST(TierStore, LongestPrefixFollowsTheChainAndStopsAtAGap) {
+  tier_store tier = make_tier(8);
+  const std::vector<int32_t> tokens = token_range(13, 1);  // 3 full blocks and 1 token
+  (void)put(tier, block_of(tokens, 0), cache_class::chat, 0);
+  (void)put(tier, block_of(tokens, 2), cache_class::chat, 0);
+  EXPECT_EQ(tier.longest_prefix(tokens, 0), 1);  // block 1 is missing: block 2 cannot count
+  (void)put(tier, block_of(tokens, 1), cache_class::chat, 0);
+  EXPECT_EQ(tier.longest_prefix(tokens, 0), 3);
+  std::vector<int32_t> other = tokens;
+  other[5] = 99;  // block 1 differs: so does every later hash
+  EXPECT_EQ(tier.longest_prefix(other, 0), 1);
+  EXPECT_EQ(tier.longest_prefix({}, 0), 0);
+}
+
+TEST(TierStoreDeathTest, MisuseIsAProgrammerError) {
+  tier_store tier = make_tier(2);
+  const kv_block b = block_of(token_range(4, 1), 0);
+  (void)put(tier, b, cache_class::chat, 10);
+  EXPECT_DEATH((void)tier.get(b.hash, 9), "the tier's clock went backwards");
+  kv_block bad = b;
+  bad.keys.pop_back();
+  EXPECT_DEATH((void)tier.put(bad, cache_class::chat, 10), "an inconsistent block");
+  auto other = tier_store::create({8, 2, 1, 1});
+  ASSERT_TRUE(other.has_value());
+  EXPECT_DEATH((void)other->put(b, cache_class::chat, 0), "a block of another size");
+}
+
+}  // namespace
+}  // namespace troupe::kv
