@@ -197,6 +197,9 @@ TEST(EngineDeterminism, PrefixReuseSharesBlocksAndKeepsOutputs) {
 
   request second = make_request(2, second_prompt, 12, 1.0f, 22);
   second.sampling.num_top_logprobs = 5;
+  // Penalised: the executor gets the 48 cached prompt tokens in the chunk's context prefix.
+  second.sampling.repetition_penalty = 1.3f;
+  second.sampling.presence_penalty = 0.5f;
   ASSERT_TRUE(e->add_request(second).has_value());
   outputs got;
   testing::step_once(*e, got);

@@ -25,7 +25,8 @@ class step_executor {
   /// then what depends on the plans before it — the step number is the last one's + 1 (the
   /// first plan's is 0), a chunk's block-table update starts within the table held for its
   /// sequence and the table then covers the chunk, a `previous_sample` token has a previous
-  /// sample, a penalised chunk after the first continues the tokens held for its sequence. A plan from another process is checked with this before `execute`.
+  /// sample, a penalised chunk after the first continues the tokens held for its sequence. A
+  /// plan from another process is checked with this before `execute`.
   [[nodiscard]] expected<void> check(const exec_plan& plan) const;
 
   /// Runs one plan: block copies, one forward pass over every chunk's tokens, then sampling.
