@@ -411,6 +411,11 @@ TEST(EngineInput, CreateRejectsBadConfigurations) {
   c = {};
   c.scheduler.kv_watermark = 1;
   expect_bad(c, b.tok, "kv_watermark must be in [0, 1), got 1");
+  for (const int32_t window : {-1, 4097}) {
+    c = {};
+    c.scheduler.step_time_correction_window = window;
+    expect_bad(c, b.tok, "step_time_correction_window must be in [0, 4096] (0: off), got " + std::to_string(window));
+  }
 
   // The first 300 tokens of tok512.bin: a valid tokenizer for a different vocabulary.
   const std::string bytes = testing::read_file(testing::bundled_tokenizer());
