@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "messages/executor.hpp"  // inspect(sampling::token_logprob)
+#include "messages/sampling.hpp"
 #include "runtime/serve/completion.hpp"
 
 // The completion structs are runtime data (runtime/serve/completion.hpp); this is their wire
@@ -22,8 +22,9 @@ namespace troupe::serve {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
-  return f(x.prompt, x.prompt_tokens, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.has_seed, x.seed,
-           x.stop, x.stop_token_ids, x.ignore_eos, x.priority, x.num_top_logprobs, x.stream);
+  return f(x.prompt, x.prompt_tokens, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.presence_penalty,
+           x.frequency_penalty, x.repetition_penalty, x.logit_bias, x.has_seed, x.seed, x.stop, x.stop_token_ids,
+           x.ignore_eos, x.priority, x.num_top_logprobs, x.stream);
 }
 
 template <class Inspector>

@@ -6,26 +6,8 @@
 
 #include <string>
 
+#include "messages/sampling.hpp"
 #include "runtime/engine/step.hpp"
-
-namespace troupe::sampling {
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
-  return f(x.temperature, x.top_p, x.top_k, x.min_p, x.num_top_logprobs);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
-  return f(x.token, x.logprob);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, sample_result& x) {
-  return f(x.token, x.logprob, x.top_logprobs);
-}
-
-}  // namespace troupe::sampling
 
 namespace troupe::kv {
 
@@ -56,7 +38,7 @@ typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
   return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.num_samples, x.seed, x.sampling,
-           x.export_kv);
+           x.num_prompt_tokens, x.context_prefix, x.export_kv);
 }
 
 template <class Inspector>

@@ -1,7 +1,9 @@
 #include "openai/api.hpp"
 
+#include <charconv>
 #include <limits>
 #include <optional>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -81,6 +83,23 @@ class reader {
     }
   }
 
+  /// An object of token ids (decimal strings, as JSON keys must be) to numbers. Its ranges (ids in
+  /// the vocabulary, biases in [-100, 100], how many) are the engine's to check.
+  void logit_bias(std::vector<sampling::token_bias>& out) {
+    const char* name = "logit_bias";
+    const json& v = field(name);
+    if (error || v.is_null()) return;
+    if (!v.is_object()) return fail(name, "'logit_bias' must be an object of token ids to numbers");
+    for (const auto& [key, bias] : v.items()) {
+      int32_t token = 0;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
+      if (ec != std::errc() || end != key.data() + key.size() || key.empty())
+        return fail(name, "'logit_bias' keys must be token ids, integers that fit 32 bits; got \"" + key + "\"");
+      if (!bias.is_number()) return fail(name, "'logit_bias' values must be numbers; token " + key + " has " + bias.dump());
+      out.push_back({token, bias.get<float>()});
+    }
+  }
+
   /// A parameter troupe does not implement: accepted only absent, null or equal to `neutral`.
   void neutral_only(const char* name, const json& neutral) {
     const json& v = field(name);
@@ -95,10 +114,6 @@ class reader {
 };
 
 void read_unsupported(reader& in, endpoint kind) {
-  in.neutral_only("presence_penalty", 0);
-  in.neutral_only("frequency_penalty", 0);
-  in.neutral_only("repetition_penalty", 1);
-  in.neutral_only("logit_bias", json::object());
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
   in.neutral_only("tools", json::array());
@@ -152,6 +167,13 @@ void read_sampling(reader& in, endpoint kind, msg::completion_request& r) {
   in.stop(r.stop);
   in.boolean("ignore_eos", r.ignore_eos);
   in.integer("priority", r.priority);
+}
+
+void read_penalties(reader& in, msg::completion_request& r) {
+  in.number("presence_penalty", r.presence_penalty);
+  in.number("frequency_penalty", r.frequency_penalty);
+  in.number("repetition_penalty", r.repetition_penalty);
+  in.logit_bias(r.logit_bias);
 }
 
 void read_stream(reader& in, parsed_request& p) {
@@ -388,6 +410,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   read_choices(in, p);
   read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);
+  read_penalties(in, p.request);
   read_stream(in, p);
   if (kind == endpoint::chat_completions)
     read_messages(in, p);

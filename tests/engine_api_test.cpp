@@ -333,6 +333,24 @@ TEST(EngineInput, MalformedRequestsNameTheProblem) {
   r = valid_request();
   r.sampling.top_k = -1;
   expect_rejected(r, errc::invalid_argument, "top_k must be >= 0");
+  r = valid_request();
+  r.sampling.presence_penalty = 2.5f;
+  expect_rejected(r, errc::invalid_argument, "presence_penalty must be in [-2, 2], got 2.5");
+  r = valid_request();
+  r.sampling.frequency_penalty = -3.0f;
+  expect_rejected(r, errc::invalid_argument, "frequency_penalty must be in [-2, 2], got -3");
+  r = valid_request();
+  r.sampling.repetition_penalty = 0.0f;
+  expect_rejected(r, errc::invalid_argument, "repetition_penalty must be in (0, 10] (1 disables it), got 0");
+  r = valid_request();
+  r.sampling.logit_bias = {{512, 1.0f}};  // the bundled model's vocabulary: ids 0..511
+  expect_rejected(r, errc::invalid_argument, "logit_bias names token 512, outside the vocabulary [0, 512)");
+  r.sampling.logit_bias = {{3, 150.0f}};
+  expect_rejected(r, errc::invalid_argument, "logit_bias of token 3 must be in [-100, 100], got 150");
+  r.sampling.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+  expect_rejected(r, errc::invalid_argument, "logit_bias names token 3 twice");
+  r.sampling.logit_bias.assign(301, {3, 1.0f});
+  expect_rejected(r, errc::invalid_argument, "logit_bias may hold at most 300 tokens, got 301");
 
   r = valid_request();
   r.stop = {"ok", ""};

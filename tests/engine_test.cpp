@@ -78,6 +78,33 @@ TEST(EngineDeterminism, SeededSamplingDoesNotDependOnTheBatch) {
   EXPECT_GE(num_different, 48);
 }
 
+TEST(EngineDeterminism, PenalisedRequestsDoNotDependOnTheBatch) {
+  // Every other request of 64 greedy ones penalised: alone and batched give the same tokens,
+  // and the penalties change most of them.
+  std::vector<request> requests = batch_of_64(0.0f, 1.0f);
+  const std::vector<request> plain = requests;
+  for (size_t i = 1; i < requests.size(); i += 2) {
+    sampling::sampling_params& s = requests[i].sampling;
+    s.presence_penalty = 0.6f;
+    s.frequency_penalty = 0.4f;
+    s.repetition_penalty = 1.25f;
+    s.logit_bias = {{static_cast<int32_t>(300 + i), 1.5f}, {13, -100.0f}};
+  }
+  const outputs penalised = expect_batch_invariance(requests);
+  auto e = make_engine();
+  for (const request& r : plain) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs greedy = run_to_completion(*e);
+  int32_t num_different = 0;
+  for (size_t i = 0; i < requests.size(); i++) {
+    const testing::sample_key key{requests[i].id, 0};
+    if (i % 2 == 0)
+      testing::expect_same(penalised.at(key), greedy.at(key), "unpenalised request " + std::to_string(i));
+    else
+      num_different += penalised.at(key).tokens != greedy.at(key).tokens;
+  }
+  EXPECT_GE(num_different, 28);
+}
+
 TEST(EngineDeterminism, ChunkedPrefillGivesTheSameOutputs) {
   // One long prompt alone: with a budget of b tokens its prefill takes ceil(100 / b) steps,
   // the last of which samples the first token.
@@ -172,6 +199,9 @@ TEST(EngineDeterminism, PrefixReuseSharesBlocksAndKeepsOutputs) {
 
   request second = make_request(2, second_prompt, 12, 1.0f, 22);
   second.sampling.num_top_logprobs = 5;
+  // Penalised: the executor gets the 48 cached prompt tokens in the chunk's context prefix.
+  second.sampling.repetition_penalty = 1.3f;
+  second.sampling.presence_penalty = 0.5f;
   ASSERT_TRUE(e->add_request(second).has_value());
   outputs got;
   testing::step_once(*e, got);
@@ -238,9 +268,13 @@ TEST(EngineDeterminism, ForkStoresThePromptOnceAndEachSampleMatchesItsSeed) {
 }
 
 TEST(EngineDeterminism, ForkUnderMemoryPressureAndASmallRunningSet) {
-  // Children that find no room wait and recompute from the prefix cache; same outputs.
+  // Children that find no room wait and recompute from the prefix cache; same outputs. Each
+  // sample is penalised by its own tokens only.
   request r = make_request(3, varied_prompt(11), 30, 1.0f, 99);
   r.n = 8;
+  r.sampling.presence_penalty = 1.5f;
+  r.sampling.frequency_penalty = 0.5f;
+  r.sampling.repetition_penalty = 1.2f;
   engine_config tight;
   tight.block_size = 4;
   tight.num_kv_blocks = 40;
@@ -284,6 +318,12 @@ TEST(EngineDeterminism, OutputsEqualTheReferenceGenerator) {
     r.sampling.top_k = v.top_k;
     r.sampling.min_p = v.min_p;
     r.ignore_eos = v.ignore_eos;
+    if (i % 3 == 1) {  // penalties read each request's own tokens; the reference keeps its own
+      r.sampling.presence_penalty = 0.5f;
+      r.sampling.frequency_penalty = 0.3f;
+      r.sampling.repetition_penalty = 1.2f;
+    }
+    if (i % 4 == 3) r.sampling.logit_bias = {{261, -100.0f}, {400, 3.5f}};
     requests.push_back(r);
   }
   engine_config config;
@@ -313,8 +353,59 @@ TEST(EngineDeterminism, OutputsEqualTheReferenceGenerator) {
   EXPECT_EQ(got.at({0, 0}).tokens, golden_new);
 }
 
+TEST(EnginePenalties, GreedyFromBosWithABanOrPenaltiesGivesTheseTokensAsTheReferenceDoes) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  const std::vector<int32_t> golden = testing::golden("t0_n200").token_ids;  // greedy from BOS
+  const std::vector<int32_t> bos{tokenizer::bos};
+  // -100 on greedy's first token: the runner-up starts a different story.
+  request ban = make_request(1, bos, 24, 0.0f, 3);
+  ban.sampling.logit_bias = {{golden[1], -100.0f}};
+  // Greedy's 31st token (426) is its second use of that token; either penalty picks 335 there
+  // instead, and the two penalised texts part four tokens later.
+  request penalised = make_request(2, bos, 60, 0.0f, 3);
+  penalised.sampling.presence_penalty = 1.0f;
+  penalised.sampling.frequency_penalty = 0.5f;
+  request repetition = make_request(3, bos, 60, 0.0f, 3);
+  repetition.sampling.repetition_penalty = 1.5f;
+  const std::vector<int32_t> want_ban = {385, 328, 432, 261, 376, 298, 315, 421, 395, 317, 263, 377,
+                                         267, 265, 282, 295, 433, 335, 311, 357, 426, 338, 394, 261};
+  const std::vector<int32_t> shared = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401,
+                                       396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 335, 311, 374, 419};
+  std::vector<int32_t> want_penalised = shared;
+  want_penalised.insert(want_penalised.end(), {426, 385, 328, 432, 358, 394, 261, 370, 268, 414, 444, 373, 280,
+                                               415, 412, 315, 353, 265, 298, 420, 277, 264, 426, 359, 413, 286});
+  std::vector<int32_t> want_repetition = shared;
+  want_repetition.insert(want_repetition.end(), {269, 279, 380, 418, 422, 263, 389, 262, 427, 420, 283, 353, 312,
+                                                 344, 363, 328, 426, 385, 328, 432, 358, 394, 351, 329, 415, 417});
+  ASSERT_EQ(std::vector<int32_t>(golden.begin() + 1, golden.begin() + 31),
+            std::vector<int32_t>(shared.begin(), shared.begin() + 30));
+  EXPECT_EQ(golden[31], 426);
+
+  auto e = make_engine();
+  for (const request& r : {ban, penalised, repetition}) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs got = run_to_completion(*e);
+  EXPECT_NE(got.at({1, 0}).tokens[0], golden[1]);
+  EXPECT_EQ(got.at({1, 0}).tokens, want_ban);
+  EXPECT_EQ(got.at({2, 0}).tokens, want_penalised);
+  EXPECT_EQ(got.at({3, 0}).tokens, want_repetition);
+  model::transformer reference(b.ck);
+  for (const request& r : {ban, penalised, repetition}) {
+    generate::generate_params p;
+    p.prompt = r.prompt;
+    p.max_new_tokens = r.max_tokens;
+    p.sampling = r.sampling;
+    p.seed = r.seed;
+    auto want = generate::generate(reference, b.tok, p);
+    ASSERT_TRUE(want.has_value()) << want.error().message;
+    EXPECT_EQ(got.at({r.id, 0}).tokens, want->tokens) << "request " << r.id;
+    EXPECT_EQ(got.at({r.id, 0}).text, want->text) << "request " << r.id;
+    const std::vector<int32_t> unpenalised(golden.begin() + 1, golden.begin() + 1 + static_cast<int64_t>(want->tokens.size()));
+    EXPECT_NE(want->tokens, unpenalised) << "request " << r.id;
+  }
+}
+
 /// A mixed workload: n in {1, 2, 4}, greedy and sampled, stop strings, stop token ids,
-/// priorities, EOS handling on and off.
+/// priorities, EOS handling on and off, penalties and logit biases on and off.
 std::vector<request> mixed_workload() {
   std::vector<request> requests;
   for (int32_t i = 0; i < 24; i++) {
@@ -326,6 +417,13 @@ std::vector<request> mixed_workload() {
     r.sampling.num_top_logprobs = 3;
     if (i % 4 == 1) r.stop = {" the", "."};
     if (i % 6 == 2) r.stop_token_ids = {261};  // " a"
+    // Penalised requests among the others (forked ones too: each sample has its own tokens).
+    if (i % 3 == 1) {
+      r.sampling.presence_penalty = 0.6f;
+      r.sampling.frequency_penalty = 0.4f;
+    }
+    if (i % 4 == 0 || i % 4 == 2) r.sampling.repetition_penalty = 1.3f;
+    if (i % 5 == 4) r.sampling.logit_bias = {{13, -100.0f}, {400, 2.5f}};
     requests.push_back(std::move(r));
   }
   return requests;

@@ -25,7 +25,9 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/engine/request.hpp"
+#include "runtime/generate/reference_generator.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
+#include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
@@ -378,7 +380,10 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
   const std::vector<error_case> cases{
       {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "'temperature' must be a number"},
       {"/v1/completions", R"({"prompt": "x", "top_p": 2})", 400, "top_p must be in (0, 1]"},
-      {"/v1/completions", R"({"prompt": "x", "presence_penalty": 0.5})", 400, "'presence_penalty' is not supported yet"},
+      {"/v1/completions", R"({"prompt": "x", "presence_penalty": 3})", 400, "presence_penalty must be in [-2, 2], got 3"},
+      {"/v1/completions", R"({"prompt": "x", "logit_bias": {"512": 1}})", 400,
+       "logit_bias names token 512, outside the vocabulary [0, 512)"},
+      {"/v1/completions", R"({"prompt": "x", "logit_bias": {"a": 1}})", 400, "'logit_bias' keys must be token ids"},
       {"/v1/completions", R"({"prompt": "x", "n": 0})", 400, "'n' must be in [1, 128], got 0"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 600})", 413, "exceeds the model's context of 512 tokens"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 600, "n": 3})", 413, "exceeds the model's context of 512 tokens"},
@@ -396,6 +401,35 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
     EXPECT_NE(r.body.find(c.names), std::string::npos) << r.body;
     expect_good_answer(c.body.substr(0, 80));
   }
+}
+
+TEST_F(Http, PenaltiesAndALogitBiasGiveTheReferenceGeneratorsText) {
+  // The oracle: the reference generator in this process, greedy, with the same parameters and a
+  // ban on the first token greedy picks unbiased.
+  const bundled& b = model_and_tokenizer();
+  model::transformer reference(b.ck);
+  generate::generate_params p;
+  p.prompt = *b.tok.encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  p.max_new_tokens = 30;
+  p.sampling.temperature = 0.0f;
+  const auto unbiased = generate::generate(reference, b.tok, p);
+  ASSERT_TRUE(unbiased.has_value());
+  p.sampling.presence_penalty = 1.0f;
+  p.sampling.frequency_penalty = 0.5f;
+  p.sampling.repetition_penalty = 1.25f;
+  p.sampling.logit_bias = {{unbiased->tokens[0], -100.0f}};
+  const auto want = generate::generate(reference, b.tok, p);
+  ASSERT_TRUE(want.has_value());
+  ASSERT_NE(want->text, unbiased->text);
+
+  ASSERT_NO_FATAL_FAILURE(start());
+  const http_reply r = fetch("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":30,"temperature":0,)"
+                                                R"("presence_penalty":1,"frequency_penalty":0.5,"repetition_penalty":1.25,)"
+                                                R"("logit_bias":{")" + std::to_string(unbiased->tokens[0]) + R"(":-100}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string escaped = std::regex_replace(std::regex_replace(want->text, std::regex("\""), "\\\""),
+                                                 std::regex("\n"), "\\n");
+  EXPECT_NE(r.body.find("\"text\":\"" + escaped + "\""), std::string::npos) << r.body << "\nwant " << escaped;
 }
 
 TEST_F(Http, AFullEngineQueueIsA429) {

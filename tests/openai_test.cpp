@@ -28,7 +28,8 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
                                   R"({"model":"stories260K","prompt":"Once upon","max_tokens":40,"temperature":0.5,)"
                                   R"("top_p":0.9,"top_k":40,"min_p":0.05,"seed":18446744073709551615,"stop":["."],)"
                                   R"("ignore_eos":true,"priority":3,"stream":true,"stream_options":{"include_usage":true},)"
-                                  R"("user":"ignored","presence_penalty":0,"n":1,"logit_bias":{}})");
+                                  R"("user":"ignored","presence_penalty":0.5,"frequency_penalty":-1.25,)"
+                                  R"("repetition_penalty":1.5,"n":1,"logit_bias":{"5":-100,"300":2.5}})");
   const msg::completion_request& r = p.request;
   ASSERT_EQ(p.prompts.size(), 1u);
   EXPECT_EQ(p.prompts[0].text, "Once upon");
@@ -45,6 +46,11 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
   EXPECT_EQ(r.priority, 3);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(p.include_usage);
+  EXPECT_EQ(r.presence_penalty, 0.5f);
+  EXPECT_EQ(r.frequency_penalty, -1.25f);
+  EXPECT_EQ(r.repetition_penalty, 1.5f);
+  // JSON object order (keys sorted as strings); the sampler's result does not depend on it.
+  EXPECT_EQ(r.logit_bias, (std::vector<sampling::token_bias>{{300, 2.5f}, {5, -100.0f}}));
 }
 
 TEST(OpenaiRequest, DefaultsFollowTheApi) {
@@ -55,6 +61,10 @@ TEST(OpenaiRequest, DefaultsFollowTheApi) {
   EXPECT_FALSE(p.request.has_seed);
   EXPECT_FALSE(p.request.stream);
   EXPECT_EQ(p.request.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(p.request.presence_penalty, 0.0f);
+  EXPECT_EQ(p.request.frequency_penalty, 0.0f);
+  EXPECT_EQ(p.request.repetition_penalty, 1.0f);
+  EXPECT_TRUE(p.request.logit_bias.empty());
 }
 
 TEST(OpenaiRequest, ChatJoinsContentsAndKeepsMarkersAsText) {
@@ -75,9 +85,15 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
       {R"({"prompt":"x","max_tokens":4294967296})", "max_tokens"},
       {R"({"prompt":"x","seed":-1})", "seed"},
       {R"({"prompt":"x","stop":[1]})", "stop"},
-      {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
-      {R"({"prompt":"x","frequency_penalty":1})", "frequency_penalty"},
-      {R"({"prompt":"x","logit_bias":{"1":5}})", "logit_bias"},
+      {R"({"prompt":"x","presence_penalty":"high"})", "presence_penalty"},
+      {R"({"prompt":"x","frequency_penalty":[1]})", "frequency_penalty"},
+      {R"({"prompt":"x","repetition_penalty":true})", "repetition_penalty"},
+      {R"({"prompt":"x","logit_bias":[[1,5]]})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"one":5}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1.5":5}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"4294967296":5}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"":5}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1":"5"}})", "logit_bias"},
       {R"({"prompt":"x","n":0})", "n"},
       {R"({"prompt":"x","n":129})", "n"},
       {R"({"prompt":"x","n":"2"})", "n"},

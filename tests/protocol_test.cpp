@@ -117,6 +117,10 @@ class Protocol : public ::testing::Test {
   }
 };
 
+sampling::sampling_params full_sampling() {
+  return {0.7f, 0.5f, 3, 0.05f, 1, 0.25f, -0.5f, 1.5f, {{7, -100.0f}, {9, 2.5f}}};
+}
+
 msg::completion_request full_completion_request() {
   msg::completion_request r;
   r.prompt = "héllo";
@@ -126,6 +130,10 @@ msg::completion_request full_completion_request() {
   r.top_p = 0.9f;
   r.top_k = 4;
   r.min_p = 0.25f;
+  r.presence_penalty = 0.5f;
+  r.frequency_penalty = -1.0f;
+  r.repetition_penalty = 1.25f;
+  r.logit_bias = {{5, -100.0f}};
   r.has_seed = true;
   r.seed = 77;
   r.stop = {"a", "b"};
@@ -142,7 +150,7 @@ engine::request full_engine_request() {
   r.id = 5;
   r.prompt = {1, 300, 301};
   r.max_tokens = 9;
-  r.sampling = {0.7f, 0.8f, 5, 0.1f, 2};
+  r.sampling = full_sampling();
   r.seed = 1234567890123ull;
   r.n = 3;
   r.stop = {"x"};
@@ -166,7 +174,9 @@ engine::exec_chunk full_chunk() {
   c.block_table = {0, 5};
   c.num_samples = 2;
   c.seed = 11;
-  c.sampling = {0.7f, 0.5f, 3, 0.05f, 1};
+  c.sampling = full_sampling();
+  c.num_prompt_tokens = 8;
+  c.context_prefix = {1, 300};
   c.export_kv = true;
   return c;
 }
@@ -249,7 +259,8 @@ TEST_F(Protocol, NestedStructsHaveEveryFieldSetToo) {
   expect_every_field_set(engine::exec_failure{3, "nan"}, "engine::exec_failure");
   expect_every_field_set(sampling::sample_result{9, -0.25f, {{9, -0.25f}}}, "sampling::sample_result");
   expect_every_field_set(sampling::token_logprob{9, -0.25f}, "sampling::token_logprob");
-  expect_every_field_set(sampling::sampling_params{0.7f, 0.5f, 3, 0.05f, 1}, "sampling::sampling_params");
+  expect_every_field_set(full_sampling(), "sampling::sampling_params");
+  expect_every_field_set(sampling::token_bias{7, -100.0f}, "sampling::token_bias");
   expect_every_field_set(kv::block_copy{1, 2}, "kv::block_copy");
   expect_every_field_set(full_kv_block(), "kv::kv_block");
 }

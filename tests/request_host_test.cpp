@@ -184,6 +184,33 @@ TEST(RequestHostPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizin
                  stop{});
 }
 
+TEST(RequestHostPrompt, PenaltiesAndBiasesReachTheEngineRequestAndAreCheckedFirst) {
+  request_host_options o = options(true);
+  o.params.presence_penalty = 0.5f;
+  o.params.frequency_penalty = 0.25f;
+  o.params.repetition_penalty = 1.5f;
+  o.params.logit_bias = {{7, -100.0f}};
+  request_host h(o);
+  (void)h.start(1000);
+  engine::request want = request_of(true);
+  want.sampling.presence_penalty = 0.5f;
+  want.sampling.frequency_penalty = 0.25f;
+  want.sampling.repetition_penalty = 1.5f;
+  want.sampling.logit_bias = {{7, -100.0f}};
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+
+  o.params.logit_bias = {{512, 1.0f}};  // tok512: ids 0..511, checked before the request leaves
+  request_host outside(o);
+  EXPECT_EFFECTS(outside, start(1000),
+                 send_error{error(errc::invalid_argument, "logit_bias names token 512, outside the vocabulary [0, 512)", 0)},
+                 stop{});
+  o.params.logit_bias.clear();
+  o.params.presence_penalty = std::numeric_limits<float>::infinity();
+  request_host infinite(o);
+  EXPECT_EFFECTS(infinite, start(1000),
+                 send_error{error(errc::invalid_argument, "presence_penalty must be in [-2, 2], got inf", 0)}, stop{});
+}
+
 TEST(RequestHostPrompt, TokenizerErrorsPassOn) {
   request_host_options o = options(true);
   o.params.prompt = "ab\xff";

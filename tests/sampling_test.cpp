@@ -332,7 +332,7 @@ TEST(Sampler, SeedsPositionsAndKindsDrawDifferently) {
   std::vector<int32_t> by_kind[3], by_seed, by_position;
   for (int64_t position = 0; position < 64; ++position) {
     for (int k = 0; k < num_stream_kinds; ++k) {
-      by_kind[k].push_back(s.sample(logits.data(), 256, params, 42, position, k).token);
+      by_kind[k].push_back(s.sample(logits.data(), 256, params, 42, position, {}, k).token);
     }
     by_seed.push_back(s.sample(logits.data(), 256, params, 43, position).token);
   }
@@ -357,7 +357,7 @@ TEST(Sampler, DrawIsTheFixedPointCdfOfTheStream) {
     random_stream stream(seed, 3, stream_resample);
     const uint64_t u = stream.uniform_below(uint64_t{1} << 33);
     const int32_t predicted = u < (uint64_t{1} << 32) ? 0 : 1;
-    EXPECT_EQ(s.sample(logits.data(), 2, {}, seed, 3, stream_resample).token, predicted);
+    EXPECT_EQ(s.sample(logits.data(), 2, {}, seed, 3, {}, stream_resample).token, predicted);
     num_ones += predicted;
   }
   EXPECT_GT(num_ones, 60);
@@ -645,10 +645,136 @@ TEST(Sampler, MatchesNaiveModel) {
     const uint64_t seed = rng();
     const int64_t position = std::uniform_int_distribution<int64_t>(0, 1 << 20)(rng);
     const int k = trial % 3;
-    ASSERT_EQ(s.sample(logits.data(), vocab, params, seed, position, k).token,
+    ASSERT_EQ(s.sample(logits.data(), vocab, params, seed, position, {}, k).token,
               naive_sample(logits, params, seed, position, k))
         << "trial " << trial << " seed " << seed << " position " << position;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logit bias and penalties.
+// ---------------------------------------------------------------------------------------------
+
+/// Expects sampling `raw` with `params` and `context` to draw what sampling `adjusted` with
+/// `params` minus its bias and penalties draws, for many seeds at temperatures 0 and 1 (the
+/// filters and the CDF saw exactly `adjusted`), with the logprobs of `raw`.
+void expect_samples_as(const std::vector<float>& raw, const sampling_params& params, const token_context& context,
+                       const std::vector<float>& adjusted) {
+  const auto vocab = static_cast<int32_t>(raw.size());
+  sampling_params plain;
+  plain.num_top_logprobs = vocab;
+  sampler s;
+  int32_t num_different = 0;
+  for (const float temperature : {0.0f, 1.0f})
+    for (uint64_t seed = 0; seed < 500; ++seed) {
+      sampling_params p = params;
+      p.temperature = plain.temperature = temperature;
+      p.num_top_logprobs = vocab;
+      const sample_result got = s.sample(raw.data(), vocab, p, seed, 7, context);
+      const sample_result want = s.sample(adjusted.data(), vocab, plain, seed, 7);
+      const sample_result unadjusted = s.sample(raw.data(), vocab, plain, seed, 7);
+      ASSERT_EQ(got.token, want.token) << "seed " << seed << " temperature " << temperature;
+      num_different += got.token != unadjusted.token;
+      // Logprobs are the raw logits' (the unadjusted draw's top list holds every token).
+      ASSERT_EQ(got.top_logprobs.size(), unadjusted.top_logprobs.size());
+      for (size_t i = 0; i < got.top_logprobs.size(); ++i) {
+        EXPECT_EQ(got.top_logprobs[i].token, unadjusted.top_logprobs[i].token);
+        EXPECT_EQ(got.top_logprobs[i].logprob, unadjusted.top_logprobs[i].logprob);
+        if (got.top_logprobs[i].token == got.token) EXPECT_EQ(got.logprob, got.top_logprobs[i].logprob);
+      }
+    }
+  EXPECT_GT(num_different, 0) << "the adjustments changed no draw: a weak test";
+}
+
+TEST(Penalties, AdjustedLogitsAreTheHandComputedOnes) {
+  // Prompt {1, 3}, generated {4, 4, 2}. In vLLM's order, every value exact in float:
+  //   bias:        l0 = 2 - 1 = 1, l5 = -2 + 4 = 2
+  //   repetition:  (tokens 1, 2, 3, 4 occur) l1 = 1 / 2 = 0.5, l3 = 0.5 / 2 = 0.25,
+  //                l4 = 3 / 2 = 1.5, l2 = -1 * 2 = -2
+  //   frequency:   l4 = 1.5 - 0.5 * 2 = 0.5, l2 = -2 - 0.5 * 1 = -2.5
+  //   presence:    l4 = 0.5 - 0.25 = 0.25, l2 = -2.5 - 0.25 = -2.75
+  // Tokens 1 and 3 are prompt only: the repetition penalty alone touches them.
+  const std::vector<float> raw = {2.0f, 1.0f, -1.0f, 0.5f, 3.0f, -2.0f};
+  const std::vector<float> adjusted = {1.0f, 0.5f, -2.75f, 0.25f, 0.25f, 2.0f};
+  const std::vector<int32_t> tokens = {1, 3, 4, 4, 2};
+  sampling_params params;
+  params.repetition_penalty = 2.0f;
+  params.frequency_penalty = 0.5f;
+  params.presence_penalty = 0.25f;
+  params.logit_bias = {{5, 4.0f}, {0, -1.0f}};
+  const token_context context{tokens.data(), 5, 2};
+  expect_samples_as(raw, params, context, adjusted);
+  // Greedy: raw picks token 4, adjusted token 5; the logprob stays the raw one.
+  params.temperature = 0.0f;
+  const sample_result greedy = sample(raw.data(), 6, params, 1, 7, context);
+  EXPECT_EQ(greedy.token, 5);
+  EXPECT_FLOAT_EQ(greedy.logprob, static_cast<float>(log_softmax(raw)[5]));
+}
+
+TEST(Penalties, NegativePenaltiesAndARepetitionBelowOneFavourRepeats) {
+  // Prompt {0, 1}, generated {2}; repetition 0.5 doubles a positive logit and halves a negative
+  // one; presence -1 and frequency -0.25 raise the generated token 2:
+  //   l0 = (1 - 1) -> 0 * 0.5 = 0 (a logit of 0 stays 0)     l1 = 0.75 / 0.5 = 1.5
+  //   l2 = -0.5 * 0.5 + 0.25 * 1 + 1 = 1                     l3 = -1 (not in the context)
+  const std::vector<float> raw = {1.0f, 0.75f, -0.5f, -1.0f};
+  const std::vector<int32_t> tokens = {0, 1, 2};
+  sampling_params params;
+  params.repetition_penalty = 0.5f;
+  params.presence_penalty = -1.0f;
+  params.frequency_penalty = -0.25f;
+  params.logit_bias = {{0, -1.0f}};
+  expect_samples_as(raw, params, token_context{tokens.data(), 3, 2}, {0.0f, 1.5f, 1.0f, -1.0f});
+}
+
+TEST(Penalties, ABiasOfMinusOneHundredBansTheArgmax) {
+  const std::vector<float> logits = random_logits(5, 64);
+  const int32_t best = argmax(logits);
+  sampling_params params;
+  params.temperature = 0.0f;
+  params.logit_bias = {{best, -logit_bias_max}};
+  std::vector<float> others = logits;
+  others[static_cast<size_t>(best)] = -std::numeric_limits<float>::infinity();
+  for (uint64_t seed = 0; seed < 50; ++seed)
+    EXPECT_EQ(sample(logits.data(), 64, params, seed, 0).token, argmax(others));
+  params.logit_bias = {{3, logit_bias_max}};  // and +100 forces a token
+  EXPECT_EQ(sample(logits.data(), 64, params, 9, 0).token, 3);
+}
+
+TEST(Penalties, PenaltiesReadOnlyTheContextAndAnEmptyOneChangesNothing) {
+  const std::vector<float> logits = random_logits(8, 100);
+  sampling_params params;
+  params.presence_penalty = 2.0f;
+  params.frequency_penalty = 2.0f;
+  params.repetition_penalty = 3.0f;
+  sampling_params plain;
+  sampler s;
+  for (uint64_t seed = 0; seed < 100; ++seed)
+    EXPECT_TRUE(same_result(s.sample(logits.data(), 100, params, seed, 4), s.sample(logits.data(), 100, plain, seed, 4)));
+  // The argmax generated twice: greedy moves to the runner-up (every other logit is untouched).
+  const std::vector<int32_t> twice = {argmax(logits), argmax(logits)};
+  std::vector<float> others = logits;
+  others[static_cast<size_t>(argmax(logits))] = -std::numeric_limits<float>::infinity();
+  params.temperature = 0.0f;
+  EXPECT_EQ(s.sample(logits.data(), 100, params, 1, 4, {twice.data(), 2, 0}).token, argmax(others));
+  // The same two tokens as prompt: only the repetition penalty applies, and max / 3 still falls
+  // below the runner-up.
+  EXPECT_EQ(s.sample(logits.data(), 100, params, 1, 4, {twice.data(), 2, 2}).token, argmax(others));
+}
+
+TEST(Penalties, FiniteLogitsStayFinite) {
+  // -3e38 * 10 overflows to -inf, 3e38 / 0.001 to +inf: both are clamped to the float range, so
+  // a row the model made finite can always be sampled.
+  const float big = 3e38f;
+  const std::vector<float> logits = {-big, -big, -std::numeric_limits<float>::infinity()};
+  const std::vector<int32_t> tokens = {0, 1};
+  sampling_params params;
+  params.repetition_penalty = repetition_penalty_max;
+  const sample_result r = sample(logits.data(), 3, params, 1, 0, {tokens.data(), 2, 2});
+  EXPECT_TRUE(r.token == 0 || r.token == 1);
+  const std::vector<float> high = {big, 0.0f};
+  params.repetition_penalty = 0.001f;
+  params.temperature = 0.0f;
+  EXPECT_EQ(sample(high.data(), 2, params, 1, 0, {tokens.data(), 1, 1}).token, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,6 +816,58 @@ TEST(Validate, RejectsEachBadParameterByName) {
   }
 }
 
+TEST(Validate, RejectsEachBadPenaltyAndBiasByName) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {2.01f, -2.01f, nan, inf}) {
+    sampling_params p;
+    p.presence_penalty = v;
+    expect_invalid(p, "presence_penalty");
+    sampling_params q;
+    q.frequency_penalty = v;
+    expect_invalid(q, "frequency_penalty");
+  }
+  for (float r : {0.0f, -1.0f, 10.5f, nan, inf}) {
+    sampling_params p;
+    p.repetition_penalty = r;
+    expect_invalid(p, "repetition_penalty");
+  }
+  for (int32_t token : {-1, 100}) {  // validate(params, 100): ids 0..99
+    sampling_params p;
+    p.logit_bias = {{token, 1.0f}};
+    expect_invalid(p, "logit_bias names token " + std::to_string(token));
+  }
+  for (float bias : {100.5f, -101.0f, nan, inf}) {
+    sampling_params p;
+    p.logit_bias = {{7, bias}};
+    expect_invalid(p, "logit_bias of token 7");
+  }
+  sampling_params twice;
+  twice.logit_bias = {{5, 1.0f}, {9, 1.0f}, {5, -1.0f}};
+  expect_invalid(twice, "logit_bias names token 5 twice");
+  sampling_params too_many;
+  for (int32_t i = 0; i < 301; ++i) too_many.logit_bias.push_back({i % 100, 0.0f});
+  expect_invalid(too_many, "logit_bias may hold at most 300 tokens, got 301");
+}
+
+TEST(Validate, AcceptsTheEdgesOfEachPenaltyAndBias) {
+  sampling_params p;
+  p.presence_penalty = -presence_penalty_max;
+  p.frequency_penalty = frequency_penalty_max;
+  p.repetition_penalty = repetition_penalty_max;
+  for (int32_t i = 0; i < 100; ++i) p.logit_bias.push_back({99 - i, i % 2 == 0 ? logit_bias_max : -logit_bias_max});
+  EXPECT_TRUE(validate(p, 100).has_value());
+  p.repetition_penalty = 1e-6f;
+  p.presence_penalty = presence_penalty_max;
+  p.frequency_penalty = -frequency_penalty_max;
+  EXPECT_TRUE(validate(p, 100).has_value());
+  // 300 distinct tokens are allowed.
+  p.logit_bias.clear();
+  for (int32_t i = 0; i < 300; ++i) p.logit_bias.push_back({i, 0.5f});
+  EXPECT_TRUE(validate(p, 300).has_value());
+  EXPECT_EQ(validate(p, 299).error().message, "logit_bias names token 299, outside the vocabulary [0, 299)");
+}
+
 TEST(Validate, AcceptsTheEdgesOfEachRange) {
   sampling_params p;
   EXPECT_TRUE(validate(p, 100).has_value());
@@ -724,7 +902,14 @@ TEST(SamplerDeathTest, MisuseAsserts) {
   EXPECT_DEATH((void)sample(with_inf.data(), 2, {}, 1, 0), "\\+inf");
   EXPECT_DEATH((void)sample(all_ninf.data(), 2, {}, 1, 0), "every logit is -inf");
   EXPECT_DEATH((void)sample(fine.data(), 2, bad, 1, 0), "validate");
-  EXPECT_DEATH((void)sample(fine.data(), 2, {}, 1, 0, 3), "k must be 0, 1 or 2");
+  EXPECT_DEATH((void)sample(fine.data(), 2, {}, 1, 0, {}, 3), "k must be 0, 1 or 2");
+  sampling_params penalised;
+  penalised.presence_penalty = 1.0f;
+  const std::vector<int32_t> outside = {0, 2};
+  EXPECT_DEATH((void)sample(fine.data(), 2, penalised, 1, 0, token_context{outside.data(), 2, 0}),
+               "outside the vocabulary");
+  EXPECT_DEATH((void)sample(fine.data(), 2, penalised, 1, 0, token_context{outside.data(), 1, 2}),
+               "num_prompt_tokens");
 }
 
 }  // namespace

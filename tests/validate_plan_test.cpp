@@ -141,6 +141,30 @@ TEST(ValidatePlan, ChunkSamples) {
   EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7): top_k must be >= 0 (0 disables it), got -3");
 }
 
+TEST(ValidatePlan, PenaltyContext) {
+  exec_plan p = valid_plan();
+  p.chunks[0].context_prefix = {1};  // no penalty: no prefix
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) carries a context prefix, which only a penalised chunk "
+                         "with first_block 0 takes");
+  p.chunks[0].sampling.presence_penalty = 0.5f;
+  p.chunks[0].first_position = 2;  // the prefix must hold positions [0, 2)
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7): a context prefix of 1 tokens, not the 2 before its first "
+                         "position");
+  p.chunks[0].context_prefix = {1, 512};
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7): context token 1 = 512 is outside the vocabulary [0, 512)");
+  p.chunks[0].context_prefix = {1, 511};
+  p.chunks[0].num_prompt_tokens = 6;  // positions [2, 5): at most 5 prompt tokens before the sample
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7): 6 prompt tokens, outside [0, 5]");
+  p.chunks[0].num_prompt_tokens = 5;
+  EXPECT_EQ(error_of(p), "");
+  p.chunks[0].first_block = 1;  // a continuation: the executor holds the tokens before it
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) carries a context prefix, which only a penalised chunk "
+                         "with first_block 0 takes");
+  p.chunks[0].sampling.logit_bias = {{512, 1.0f}};
+  p.chunks[0].context_prefix.clear();
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7): logit_bias names token 512, outside the vocabulary [0, 512)");
+}
+
 TEST(ValidatePlan, TwoChunksOfOneSequence) {
   exec_plan p = valid_plan();
   p.chunks.push_back(valid_chunk(9));
@@ -204,6 +228,32 @@ TEST_F(StepExecutorCheck, APreviousSampleNeedsAPreviousStep) {
   exec_plan p = plan(1, {previous_sample}, 2);
   p.released = {7};
   EXPECT_EQ(error_of(p), "sequence 7: a previous_sample token but no previous step sampled it");
+}
+
+TEST_F(StepExecutorCheck, APenalisedChunkContinuesTheTokensHeldForItsSequence) {
+  exec_plan p = plan(0, {1, 300});
+  p.chunks[0].sampling.repetition_penalty = 1.5f;
+  p.chunks[0].num_prompt_tokens = 2;
+  EXPECT_EQ(error_of(p), "");
+  exec_plan on_later = plan(0, {1, 300});
+  (void)executor_.execute(on_later);  // no penalty: the executor keeps no tokens of it
+  exec_plan next = plan(1, {previous_sample}, 2);
+  next.chunks[0].first_block = 1;
+  next.chunks[0].block_table = {};
+  next.chunks[0].sampling.frequency_penalty = 1.0f;
+  EXPECT_EQ(error_of(next), "sequence 7: a penalised chunk from position 2 but the executor holds no tokens of it");
+  next.chunks[0].first_block = 0;  // resent whole: the prefix fills the tokens in
+  next.chunks[0].block_table = {0};
+  next.chunks[0].context_prefix = {1, 300};
+  EXPECT_EQ(error_of(next), "");
+  (void)executor_.execute(next);
+  exec_plan third = plan(2, {previous_sample}, 4);
+  third.chunks[0].first_block = 1;
+  third.chunks[0].block_table = {};
+  third.chunks[0].sampling.frequency_penalty = 1.0f;
+  EXPECT_EQ(error_of(third), "sequence 7: a penalised chunk from position 4 but the executor holds 3 tokens of it");
+  third.chunks[0].first_position = 3;
+  EXPECT_EQ(error_of(third), "");
 }
 
 TEST_F(StepExecutorCheck, ARefusedPlanChangesNothing) {

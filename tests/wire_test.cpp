@@ -89,6 +89,10 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.top_p = 0.25f;
   c.top_k = 7;
   c.min_p = 0.125f;
+  c.presence_penalty = -0.5f;
+  c.frequency_penalty = 1.75f;
+  c.repetition_penalty = 1.25f;
+  c.logit_bias = {{300, -100.0f}, {5, 2.5f}};
   c.has_seed = true;
   c.seed = 0xfedcba9876543210ull;
   c.stop = {"a", "b"};
@@ -109,6 +113,18 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
                      d.stop, d.stop_token_ids, d.ignore_eos, d.priority, d.num_top_logprobs, d.stream),
             std::tie(c.prompt, c.prompt_tokens, c.max_tokens, c.temperature, c.top_p, c.top_k, c.min_p, c.has_seed, c.seed,
                      c.stop, c.stop_token_ids, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
+  EXPECT_EQ(std::tie(d.presence_penalty, d.frequency_penalty, d.repetition_penalty, d.logit_bias),
+            std::tie(c.presence_penalty, c.frequency_penalty, c.repetition_penalty, c.logit_bias));
+}
+
+TEST(Wire, ALogitBiasMapTakesIntegerOrDecimalStringKeys) {
+  // {"id": 5, "logit_bias": {"13": -100, 7: 1.5}} (a JavaScript object's keys are strings)
+  const std::string body = b({0x82, 0xa2}) + "id" + b({0x05, 0xaa}) + "logit_bias" + b({0x82, 0xa2}) + "13" +
+                           b({0xd0, 0x9c, 0x07, 0xca, 0x3f, 0xc0, 0x00, 0x00});
+  auto frame = decode_frame(body);
+  ASSERT_TRUE(frame.has_value()) << frame.error().problem.message;
+  EXPECT_EQ(std::get<request>(*frame).completion.logit_bias,
+            (std::vector<sampling::token_bias>{{13, -100.0f}, {7, 1.5f}}));
 }
 
 TEST(Wire, ACancelFrameIsItsBytesAndDecodesToItsId) {
@@ -142,6 +158,14 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
       {b({0x82}) + id5 + b({0xaa}) + "max_tokens" + b({0xce, 0x80, 0, 0, 0}), 5, errc::invalid_argument,
        "'max_tokens' must be an integer in the range of a 32-bit int"},
       {b({0x82}) + id5 + b({0xa4}) + "stop" + b({0x91, 0x01}), 5, errc::invalid_argument, "'stop' must be a string or a list of strings"},
+      {b({0x82}) + id5 + b({0xb0}) + "presence_penalty" + b({0xc3}), 5, errc::invalid_argument,
+       "'presence_penalty' must be a number"},
+      {b({0x82}) + id5 + b({0xaa}) + "logit_bias" + b({0x91, 0x01}), 5, errc::invalid_argument,
+       "'logit_bias' must be a map of token ids (int32 or decimal strings) to numbers"},
+      {b({0x82}) + id5 + b({0xaa}) + "logit_bias" + b({0x81, 0xa1}) + "x" + b({0x01}), 5, errc::invalid_argument,
+       "'logit_bias' must be a map of token ids (int32 or decimal strings) to numbers"},
+      {b({0x82}) + id5 + b({0xaa}) + "logit_bias" + b({0x81, 0x01, 0xa1}) + "x", 5, errc::invalid_argument,
+       "'logit_bias' must be a number"},
       {b({0x82}) + id5 + b({0xa6}) + "prompt" + b({0xa2, 0xc3, 0x28}), 5, errc::invalid_utf8,
        "'prompt' is not valid UTF-8: "},
       {b({0x82}) + id5 + b({0x01, 0x02}), 5, errc::invalid_argument, "a request key is not a string"},

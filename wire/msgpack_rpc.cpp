@@ -1,8 +1,10 @@
 #include "wire/msgpack_rpc.hpp"
 
+#include <charconv>
 #include <exception>
 #include <functional>
 #include <limits>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -81,6 +83,33 @@ expected<void> read_tokens(const msgpack::object& v, const char* name, std::vect
   return {};
 }
 
+/// A logit_bias key: an int32, or its decimal string (what a JavaScript object's keys become).
+expected<int32_t> read_bias_token(const msgpack::object& key) {
+  int32_t token = 0;
+  if (key.type == msgpack::type::STR) {
+    const char* end = key.via.str.ptr + key.via.str.size;
+    const auto [at, ec] = std::from_chars(key.via.str.ptr, end, token);
+    if (ec == std::errc() && at == end && key.via.str.size > 0) return token;
+  } else if (read_int32(key, "logit_bias", token)) {
+    return token;
+  }
+  return wrong_type("logit_bias", "a map of token ids (int32 or decimal strings) to numbers");
+}
+
+/// `logit_bias`: a map of token ids to biases; ranges are the engine's to check.
+expected<void> read_logit_bias(const msgpack::object& v, std::vector<sampling::token_bias>& out) {
+  if (v.type != msgpack::type::MAP) return wrong_type("logit_bias", "a map of token ids (int32 or decimal strings) to numbers");
+  out.clear();
+  for (uint32_t i = 0; i < v.via.map.size; i++) {
+    auto token = read_bias_token(v.via.map.ptr[i].key);
+    if (!token) return tl::unexpected(token.error());
+    float bias = 0.0f;
+    if (auto ok = read_float(v.via.map.ptr[i].val, "logit_bias", bias); !ok) return ok;
+    out.push_back({*token, bias});
+  }
+  return {};
+}
+
 using field_reader = std::function<expected<void>(const msgpack::object&, msg::completion_request&)>;
 
 /// Every key a request may have but `id`, with how its value is read.
@@ -95,6 +124,10 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
       {"top_p", [](const o& v, r& x) { return read_float(v, "top_p", x.top_p); }},
       {"top_k", [](const o& v, r& x) { return read_int32(v, "top_k", x.top_k); }},
       {"min_p", [](const o& v, r& x) { return read_float(v, "min_p", x.min_p); }},
+      {"presence_penalty", [](const o& v, r& x) { return read_float(v, "presence_penalty", x.presence_penalty); }},
+      {"frequency_penalty", [](const o& v, r& x) { return read_float(v, "frequency_penalty", x.frequency_penalty); }},
+      {"repetition_penalty", [](const o& v, r& x) { return read_float(v, "repetition_penalty", x.repetition_penalty); }},
+      {"logit_bias", [](const o& v, r& x) { return read_logit_bias(v, x.logit_bias); }},
       {"seed",
        [](const o& v, r& x) -> expected<void> {
          if (v.type != msgpack::type::POSITIVE_INTEGER) return wrong_type("seed", "an integer from 0 to 2^64 - 1");
@@ -220,7 +253,7 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 15 : 14);
+  p.pack_map(c.has_seed ? 19 : 18);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
@@ -237,6 +270,18 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   p.pack_int32(c.top_k);
   pack_text(p, "min_p");
   p.pack_float(c.min_p);
+  pack_text(p, "presence_penalty");
+  p.pack_float(c.presence_penalty);
+  pack_text(p, "frequency_penalty");
+  p.pack_float(c.frequency_penalty);
+  pack_text(p, "repetition_penalty");
+  p.pack_float(c.repetition_penalty);
+  pack_text(p, "logit_bias");
+  p.pack_map(static_cast<uint32_t>(c.logit_bias.size()));
+  for (const sampling::token_bias& b : c.logit_bias) {
+    p.pack_int32(b.token);
+    p.pack_float(b.bias);
+  }
   if (c.has_seed) {
     pack_text(p, "seed");
     p.pack_uint64(c.seed);

@@ -240,6 +240,12 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   const sample_state& st = samples_.at(c.seq);
   const request& r = requests_.at(st.request).req;
   chunk.sampling = r.sampling;
+  chunk.num_prompt_tokens = s.num_prompt_tokens;
+  if (sampling::needs_context(r.sampling) && chunk.first_block == 0) {
+    // Admission waits for in-flight samples: every token before the chunk is known.
+    chunk.context_prefix.assign(s.tokens.begin(), s.tokens.begin() + c.first_position);
+    TROUPE_ASSERT(!has_token(chunk.context_prefix, previous_sample));
+  }
   if (c.samples) {
     chunk.seed = st.seed;
     chunk.num_samples = 1;

@@ -68,6 +68,14 @@ struct exec_chunk {
   int32_t num_samples = 0;
   uint64_t seed = 0;
   sampling::sampling_params sampling;
+  /// The penalties (sampling::needs_context) read the sequence's tokens so far: the executor
+  /// keeps them for such a sequence from its chunks' tokens, and these two fields fill in the
+  /// rest. The sequence's leading prompt tokens (generated ones follow):
+  int32_t num_prompt_tokens = 0;
+  /// With penalties and first_block = 0 (a sequence new to the executor, or readmitted after a
+  /// preemption): its tokens at positions [0, first_position), which no chunk showed it (prefix
+  /// cache hits, imported KV, a fork's parent). Empty otherwise.
+  std::vector<int32_t> context_prefix;
   /// After the forward pass, read positions [0, first_position + tokens.size()) back into the
   /// result (the last chunk of a prefill-only sequence).
   bool export_kv = false;

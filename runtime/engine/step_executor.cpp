@@ -36,6 +36,14 @@ expected<void> step_executor::check_chunk(const exec_chunk& chunk,
   if (slots < end)
     return fail(errc::invalid_argument, what + ": its block table holds " + std::to_string(slots) +
                                             " slots, not the " + std::to_string(end) + " its chunk needs");
+  if (sampling::needs_context(chunk.sampling) && chunk.first_block > 0) {
+    const auto context = contexts_.find(chunk.seq);
+    const int64_t known = gone || context == contexts_.end() ? -1 : static_cast<int64_t>(context->second.size());
+    if (known != chunk.first_position)
+      return fail(errc::invalid_argument, what + ": a penalised chunk from position " +
+                                              std::to_string(chunk.first_position) + " but the executor holds " +
+                                              (known < 0 ? "no tokens" : std::to_string(known) + " tokens") + " of it");
+  }
   const bool has_previous = !gone && last_sample_.count(chunk.seq) != 0;
   if (!has_previous && std::find(chunk.tokens.begin(), chunk.tokens.end(), previous_sample) != chunk.tokens.end())
     return fail(errc::invalid_argument, what + ": a previous_sample token but no previous step sampled it");
@@ -54,6 +62,17 @@ expected<void> step_executor::check(const exec_plan& plan) const {
   return {};
 }
 
+std::vector<int32_t>* step_executor::context_of(const exec_chunk& chunk) {
+  if (!sampling::needs_context(chunk.sampling)) {
+    contexts_.erase(chunk.seq);
+    return nullptr;
+  }
+  std::vector<int32_t>& context = contexts_[chunk.seq];
+  if (chunk.first_block == 0) context = chunk.context_prefix;
+  TROUPE_ASSERT(static_cast<int64_t>(context.size()) == chunk.first_position);
+  return &context;
+}
+
 void step_executor::build_rows(const exec_plan& plan) {
   rows_.clear();
   // Tables first: rows point into them, so none may grow after.
@@ -65,9 +84,11 @@ void step_executor::build_rows(const exec_plan& plan) {
   for (const exec_chunk& chunk : plan.chunks) {
     const int32_t end = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
     const std::vector<int32_t>& table = tables_.at(chunk.seq);
+    std::vector<int32_t>* context = context_of(chunk);
     for (int32_t p = chunk.first_position; p < end; p++) {
       int32_t token = chunk.tokens[p - chunk.first_position];
       if (token == previous_sample) token = last_sample_.at(chunk.seq);
+      if (context != nullptr) context->push_back(token);
       rows_.push_back(model::forward_row{token, p, table.data(),
                                          chunk.num_samples > 0 && p == end - 1});
     }
@@ -80,6 +101,7 @@ exec_result step_executor::execute(const exec_plan& plan) {
   for (kv::seq_id seq : plan.released) {
     last_sample_.erase(seq);
     tables_.erase(seq);
+    contexts_.erase(seq);
   }
   for (const kv_import& import : plan.imports) {
     const kv_data& kv = import.kv;
@@ -105,8 +127,12 @@ exec_result step_executor::execute(const exec_plan& plan) {
       samples.assign(static_cast<size_t>(chunk.num_samples), sampling::sample_result{0, 0.0f, {}});
       result.failures.push_back(exec_failure{chunk.seq, ok.error().message});
     } else {
+      sampling::token_context context;
+      if (const auto it = contexts_.find(chunk.seq); it != contexts_.end())
+        context = {it->second.data(), static_cast<int32_t>(it->second.size()), chunk.num_prompt_tokens};
       for (int32_t i = 0; i < chunk.num_samples; i++)
-        samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position));
+        samples.push_back(
+            sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position, context));
     }
     last_sample_[chunk.seq] = samples.front().token;
     result.samples.push_back(std::move(samples));

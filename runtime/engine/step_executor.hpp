@@ -2,7 +2,9 @@
 
 /// Executes step plans on the CPU: the model weights, the KV memory and the sampler of one
 /// replica. It resolves `previous_sample` tokens from its own last results, so a scheduler can
-/// plan step N+1 before step N has finished.
+/// plan step N+1 before step N has finished. For a sequence with penalties it keeps the tokens
+/// it has seen (exec_chunk::context_prefix, then every chunk's), so each sample is penalised by
+/// its own tokens only.
 
 #include <map>
 
@@ -23,7 +25,8 @@ class step_executor {
   /// then what depends on the plans before it — the step number is the last one's + 1 (the
   /// first plan's is 0), a chunk's block-table update starts within the table held for its
   /// sequence and the table then covers the chunk, a `previous_sample` token has a previous
-  /// sample. A plan from another process is checked with this before `execute`.
+  /// sample, a penalised chunk after the first continues the tokens held for its sequence. A
+  /// plan from another process is checked with this before `execute`.
   [[nodiscard]] expected<void> check(const exec_plan& plan) const;
 
   /// Runs one plan: block copies, one forward pass over every chunk's tokens, then sampling.
@@ -36,12 +39,15 @@ class step_executor {
   [[nodiscard]] plan_limits limits() const;
   [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted) const;
   void build_rows(const exec_plan& plan);
+  /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
+  [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
 
   model::transformer model_;
   model::kv_cache cache_;
   sampling::sampler sampler_;
   std::map<kv::seq_id, int32_t> last_sample_;  // the latest first-seed sample per sequence
   std::map<kv::seq_id, std::vector<int32_t>> tables_;  // live sequences' block tables (exec_chunk::first_block)
+  std::map<kv::seq_id, std::vector<int32_t>> contexts_;  // penalised sequences' tokens, positions [0, n)
   std::vector<model::forward_row> rows_;
   std::vector<float> logits_;  // (sampling chunks, vocab)
   int64_t last_step_ = -1;

@@ -55,6 +55,29 @@ expected<void> check_tokens(const exec_chunk& chunk, const plan_limits& limits, 
   return {};
 }
 
+/// The context fields: a prefix exactly where the executor needs one (exec_chunk::context_prefix),
+/// in the vocabulary, and a prompt length within the sampling chunk.
+expected<void> check_context(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
+  const bool penalised = sampling::needs_context(chunk.sampling);
+  const std::vector<int32_t>& prefix = chunk.context_prefix;
+  const auto size = static_cast<int64_t>(prefix.size());
+  if (!(penalised && chunk.first_block == 0)) {
+    if (size != 0)
+      return fail(errc::invalid_argument, what + " carries a context prefix, which only a penalised chunk with "
+                                                 "first_block 0 takes");
+    return {};
+  }
+  if (size != chunk.first_position)
+    return fail(errc::invalid_argument, what + ": a context prefix of " + num(size) + " tokens, not the " +
+                                            num(chunk.first_position) + " before its first position");
+  for (size_t i = 0; i < prefix.size(); i++)
+    if (prefix[i] < 0 || prefix[i] >= limits.vocab_size)
+      return fail(errc::invalid_argument, what + ": context token " + num(static_cast<int64_t>(i)) + " = " +
+                                              num(prefix[i]) + " is outside the vocabulary [0, " +
+                                              num(limits.vocab_size) + ")");
+  return {};
+}
+
 expected<void> check_chunk(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
   if (auto ok = check_tokens(chunk, limits, what); !ok) return ok;
   const int64_t blocks_max = (int64_t{limits.seq_len} + limits.block_size - 1) / limits.block_size;
@@ -67,9 +90,14 @@ expected<void> check_chunk(const exec_chunk& chunk, const plan_limits& limits, c
   if (chunk.num_samples < 0 || chunk.num_samples > num_samples_max)
     return fail(errc::invalid_argument, what + " asks for " + num(chunk.num_samples) + " samples, outside [0, " +
                                             num(num_samples_max) + "]");
+  if (auto ok = check_context(chunk, limits, what); !ok) return ok;
   if (chunk.num_samples == 0) return {};
   if (auto ok = sampling::validate(chunk.sampling, limits.vocab_size); !ok)
     return fail(errc::invalid_argument, what + ": " + ok.error().message);
+  const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size());
+  if (sampling::needs_context(chunk.sampling) && (chunk.num_prompt_tokens < 0 || chunk.num_prompt_tokens > end))
+    return fail(errc::invalid_argument, what + ": " + num(chunk.num_prompt_tokens) + " prompt tokens, outside [0, " +
+                                            num(end) + "]");
   return {};
 }
 

@@ -45,7 +45,9 @@ expected<generation> generate(model::transformer& model, const tokenizer& tok,
     const int32_t pos = static_cast<int32_t>(sequence.size()) - 1;
     model.forward({model::forward_row{sequence[pos], pos, table.data(), true}}, cache, logits);
     if (auto ok = sampling::check_logits(logits.data(), c.vocab_size); !ok) return tl::unexpected(ok.error());
-    const sampling::sample_result s = sampler.sample(logits.data(), c.vocab_size, p.sampling, p.seed, pos + 1);
+    const sampling::token_context context{sequence.data(), static_cast<int32_t>(sequence.size()),
+                                          static_cast<int32_t>(p.prompt.size())};
+    const sampling::sample_result s = sampler.sample(logits.data(), c.vocab_size, p.sampling, p.seed, pos + 1, context);
     sequence.push_back(s.token);
     out.tokens.push_back(s.token);
     out.logprobs.push_back(s.logprob);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 namespace troupe::sampling {
 
@@ -45,7 +46,59 @@ double raw_log_normalizer(const float* logits, int32_t vocab_size, float logit_m
   return static_cast<double>(logit_max) + std::log(sum);
 }
 
+/// `value` is a finite number in [-bound, bound]; the error names `name`.
+expected<void> check_symmetric(const char* name, float value, float bound) {
+  if (value >= -bound && value <= bound) return {};  // also rejects NaN
+  return fail(errc::invalid_argument, std::string(name) + " must be in [" + format_value(-bound) + ", " +
+                                          format_value(bound) + "], got " + format_value(value));
+}
+
+expected<void> validate_penalties(const sampling_params& params) {
+  if (auto ok = check_symmetric("presence_penalty", params.presence_penalty, presence_penalty_max); !ok) return ok;
+  if (auto ok = check_symmetric("frequency_penalty", params.frequency_penalty, frequency_penalty_max); !ok)
+    return ok;
+  if (!(params.repetition_penalty > 0.0f && params.repetition_penalty <= repetition_penalty_max))
+    return fail(errc::invalid_argument, "repetition_penalty must be in (0, " + format_value(repetition_penalty_max) +
+                                            "] (1 disables it), got " + format_value(params.repetition_penalty));
+  return {};
+}
+
+expected<void> validate_logit_bias(const std::vector<token_bias>& logit_bias, int32_t vocab_size) {
+  if (logit_bias.size() > num_logit_bias_max)
+    return fail(errc::invalid_argument, "logit_bias may hold at most " + std::to_string(num_logit_bias_max) +
+                                            " tokens, got " + std::to_string(logit_bias.size()));
+  std::vector<int32_t> tokens;
+  tokens.reserve(logit_bias.size());
+  for (const token_bias& b : logit_bias) {
+    if (b.token < 0 || b.token >= vocab_size)
+      return fail(errc::invalid_argument, "logit_bias names token " + std::to_string(b.token) +
+                                              ", outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    if (!(b.bias >= -logit_bias_max && b.bias <= logit_bias_max))
+      return fail(errc::invalid_argument, "logit_bias of token " + std::to_string(b.token) + " must be in [" +
+                                              format_value(-logit_bias_max) + ", " + format_value(logit_bias_max) +
+                                              "], got " + format_value(b.bias));
+    tokens.push_back(b.token);
+  }
+  std::sort(tokens.begin(), tokens.end());
+  if (auto twin = std::adjacent_find(tokens.begin(), tokens.end()); twin != tokens.end())
+    return fail(errc::invalid_argument, "logit_bias names token " + std::to_string(*twin) + " twice");
+  return {};
+}
+
 }  // namespace
+
+bool operator==(const token_bias& a, const token_bias& b) { return a.token == b.token && a.bias == b.bias; }
+
+bool operator==(const sampling_params& a, const sampling_params& b) {
+  return std::tie(a.temperature, a.top_p, a.top_k, a.min_p, a.num_top_logprobs, a.presence_penalty,
+                  a.frequency_penalty, a.repetition_penalty, a.logit_bias) ==
+         std::tie(b.temperature, b.top_p, b.top_k, b.min_p, b.num_top_logprobs, b.presence_penalty,
+                  b.frequency_penalty, b.repetition_penalty, b.logit_bias);
+}
+
+bool needs_context(const sampling_params& params) {
+  return params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f || params.repetition_penalty != 1.0f;
+}
 
 expected<void> validate(const sampling_params& params, int32_t vocab_size) {
   TROUPE_ASSERT(vocab_size > 0);
@@ -70,7 +123,8 @@ expected<void> validate(const sampling_params& params, int32_t vocab_size) {
                                             std::to_string(num_top_logprobs_max) + "], got " +
                                             std::to_string(params.num_top_logprobs));
   }
-  return {};
+  if (auto ok = validate_penalties(params); !ok) return ok;
+  return validate_logit_bias(params.logit_bias, vocab_size);
 }
 
 expected<void> check_logits(const float* logits, int32_t vocab_size) {
@@ -91,23 +145,68 @@ expected<void> check_logits(const float* logits, int32_t vocab_size) {
 
 sample_result sampler::sample(const float* logits, int32_t vocab_size,
                               const sampling_params& params, uint64_t seed, int64_t position,
-                              int k) {
+                              const token_context& context, int k) {
   TROUPE_ASSERT(logits != nullptr);
   TROUPE_ASSERT(vocab_size > 0);
   TROUPE_ASSERT_MSG(validate(params, vocab_size).has_value(),
                     "sampling params must pass validate() before sampling");
   random_stream stream(seed, position, k);
   const float temperature = std::max(params.temperature, temperature_min);
-  const float logit_max = compute_exps(logits, vocab_size, temperature);
-  const int32_t num_candidates = select_top(logits, vocab_size, params);
+  const float* adjusted = adjust(logits, vocab_size, params, context);
+  const float adjusted_max = compute_exps(adjusted, vocab_size, temperature);
+  const int32_t num_candidates = select_top(adjusted, vocab_size, params);
   const int32_t token = draw(num_candidates, vocab_size, params.min_p, stream);
   TROUPE_ASSERT(token >= 0 && token < vocab_size);
 
+  const float logit_max = adjusted == logits ? adjusted_max : *std::max_element(logits, logits + vocab_size);
   const double log_normalizer = raw_log_normalizer(logits, vocab_size, logit_max);
   sample_result result{token, static_cast<float>(logits[token] - log_normalizer), {}};
   result.top_logprobs =
       top_logprobs(logits, vocab_size, params.num_top_logprobs, log_normalizer);
   return result;
+}
+
+const float* sampler::adjust(const float* logits, int32_t vocab_size, const sampling_params& params,
+                             const token_context& context) {
+  const bool penalised = needs_context(params);
+  if (params.logit_bias.empty() && !penalised) return logits;
+  adjusted_.assign(logits, logits + vocab_size);
+  for (const token_bias& b : params.logit_bias) adjusted_[static_cast<size_t>(b.token)] += b.bias;
+  if (penalised) apply_penalties(vocab_size, params, context);
+  // A huge logit divided by a tiny repetition penalty can overflow: -inf stays reserved for
+  // the model's own "impossible", so at least one logit stays finite (check_logits).
+  constexpr float finite_max = std::numeric_limits<float>::max();
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    float& l = adjusted_[static_cast<size_t>(i)];
+    if (std::isfinite(logits[i]) && !std::isfinite(l)) l = l > 0.0f ? finite_max : -finite_max;
+  }
+  return adjusted_.data();
+}
+
+void sampler::apply_penalties(int32_t vocab_size, const sampling_params& params, const token_context& context) {
+  TROUPE_ASSERT(context.num_tokens == 0 || context.tokens != nullptr);
+  TROUPE_ASSERT(context.num_prompt_tokens >= 0 && context.num_prompt_tokens <= context.num_tokens);
+  counts_.resize(static_cast<size_t>(vocab_size), 0);
+  seen_.resize(static_cast<size_t>(vocab_size), 0);
+  for (int32_t p = 0; p < context.num_tokens; ++p) {
+    const int32_t t = context.tokens[p];
+    TROUPE_ASSERT_MSG(t >= 0 && t < vocab_size, "a context token outside the vocabulary");
+    seen_[static_cast<size_t>(t)] = 1;
+    if (p >= context.num_prompt_tokens) counts_[static_cast<size_t>(t)]++;
+  }
+  // Each distinct token once (seen_ goes back to 0 as it is adjusted); the tokens' adjustments
+  // are independent, so the order of this walk changes no bit.
+  const float r = params.repetition_penalty;
+  for (int32_t p = 0; p < context.num_tokens; ++p) {
+    const auto i = static_cast<size_t>(context.tokens[p]);
+    if (seen_[i] == 0) continue;
+    float& l = adjusted_[i];
+    l = l > 0.0f ? l / r : l * r;
+    l -= params.frequency_penalty * static_cast<float>(counts_[i]);
+    l -= params.presence_penalty * (counts_[i] > 0 ? 1.0f : 0.0f);
+    seen_[i] = 0;
+    counts_[i] = 0;
+  }
 }
 
 float sampler::compute_exps(const float* logits, int32_t vocab_size, float temperature) {
@@ -204,9 +303,9 @@ std::vector<token_logprob> sampler::top_logprobs(const float* logits, int32_t vo
 }
 
 sample_result sample(const float* logits, int32_t vocab_size, const sampling_params& params,
-                     uint64_t seed, int64_t position, int k) {
+                     uint64_t seed, int64_t position, const token_context& context, int k) {
   sampler one_off;
-  return one_off.sample(logits, vocab_size, params, seed, position, k);
+  return one_off.sample(logits, vocab_size, params, seed, position, context, k);
 }
 
 }  // namespace troupe::sampling

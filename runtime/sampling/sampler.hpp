@@ -1,12 +1,15 @@
 #pragma once
 
-/// The reproducible sampler: temperature, top-k, top-p and min-p over one row of logits, then one
-/// draw from an integer fixed-point CDF with the row's own (seed, position, k) random stream.
+/// The reproducible sampler: logit bias and penalties, then temperature, top-k, top-p and min-p
+/// over one row of logits, then one draw from an integer fixed-point CDF with the row's own
+/// (seed, position, k) random stream.
 ///
 /// Contract: the sampled token, its logprob and the top logprobs are a pure function of
-/// (logits, vocab_size, params, seed, position, k). Nothing depends on which other rows are
-/// sampled, in which order, or on the sampler object's history.
+/// (logits, vocab_size, params, context, seed, position, k), where the context is the sample's
+/// own tokens so far. Nothing depends on which other rows are sampled, in which order, or on the
+/// sampler object's history.
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +27,19 @@ inline constexpr int32_t num_top_logprobs_max = 20;
 /// about 2.2e-4 of the max (22 * temperature_min: exp(-22) > 2^-32) keeps a tiny nonzero weight.
 inline constexpr float temperature_min = 1e-5f;
 
+/// Bounds of the penalties and the logit bias (OpenAI's for presence, frequency and bias).
+inline constexpr float presence_penalty_max = 2.0f;    ///< presence_penalty in [-max, max]
+inline constexpr float frequency_penalty_max = 2.0f;   ///< frequency_penalty in [-max, max]
+inline constexpr float repetition_penalty_max = 10.0f;  ///< repetition_penalty in (0, max]
+inline constexpr float logit_bias_max = 100.0f;         ///< each bias in [-max, max]
+inline constexpr size_t num_logit_bias_max = 300;       ///< entries of a logit_bias
+
+/// A bias added to one token's logit.
+struct token_bias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+
 /// Per-request sampling parameters (the defaults sample the unfiltered distribution).
 struct sampling_params {
   float temperature = 1.0f;      ///< >= 0; clamped to at least `temperature_min`
@@ -31,6 +47,30 @@ struct sampling_params {
   int32_t top_k = 0;             ///< >= 0; 0 = off; larger than the vocabulary = off
   float min_p = 0.0f;            ///< in [0, 1]; 0 = off
   int32_t num_top_logprobs = 0;  ///< in [0, num_top_logprobs_max]
+  /// OpenAI's: subtracted once from the logit of every token the sample has generated so far.
+  float presence_penalty = 0.0f;  ///< in [-2, 2]; 0 = off
+  /// OpenAI's: subtracted from a token's logit once per time the sample has generated it.
+  float frequency_penalty = 0.0f;  ///< in [-2, 2]; 0 = off
+  /// vLLM's (and Hugging Face's): a token of the prompt or generated so far has a positive logit
+  /// divided by it, a negative one multiplied by it.
+  float repetition_penalty = 1.0f;  ///< in (0, repetition_penalty_max]; 1 = off
+  /// Added to the logits; distinct tokens, at most num_logit_bias_max, each in the vocabulary,
+  /// biases in [-100, 100] (-100 in practice bans a token, 100 forces it).
+  std::vector<token_bias> logit_bias;
+};
+
+bool operator==(const token_bias& a, const token_bias& b);
+bool operator==(const sampling_params& a, const sampling_params& b);
+
+/// Whether `params` read the sample's tokens so far (a penalty is on).
+[[nodiscard]] bool needs_context(const sampling_params& params);
+
+/// A sample's tokens before the one being drawn, for the penalties: its prompt, then what it
+/// generated. Ignored unless `needs_context(params)`.
+struct token_context {
+  const int32_t* tokens = nullptr;  ///< (num_tokens) in position order, each in the vocabulary
+  int32_t num_tokens = 0;
+  int32_t num_prompt_tokens = 0;    ///< the leading tokens that are prompt; <= num_tokens
 };
 
 /// Checks a request's parameters; the error names the parameter and the offending value.
@@ -68,11 +108,17 @@ class sampler {
   /// Samples one token from `logits` (vocab_size floats that pass `check_logits`).
   ///
   /// `seed` is the request's seed, `position` the sequence position the sampled token will
-  /// occupy, `k` the use of randomness at that position (`stream_sample`; `stream_resample` and
+  /// occupy, `context` the sample's own tokens so far (read by the penalties only), `k` the use
+  /// of randomness at that position (`stream_sample`; `stream_resample` and
   /// `stream_accept_coin` are reserved for speculative decoding, planned in issue 17). `params`
   /// must pass `validate`.
   ///
-  /// Pipeline: e_i = exp((l_i - l_max) / T), T = max(temperature, temperature_min), computed
+  /// Pipeline: first the logits l_i are adjusted, token by token in float, in vLLM's order:
+  /// l_i += bias_i (logit_bias); where i occurs in the context, l_i = l_i > 0 ? l_i / r : l_i * r
+  /// (repetition_penalty r); l_i -= frequency * c_i; l_i -= presence * (c_i > 0), with c_i the
+  /// times i occurs among the context's generated tokens; a finite logit the arithmetic pushed
+  /// past the float range is clamped back to +-FLT_MAX. Every step below ranks and weighs the
+  /// adjusted logits (the logprobs stay those of the raw ones). Then e_i = exp((l_i - l_max) / T), T = max(temperature, temperature_min), computed
   /// sequentially in index order; then top-k (the k largest logits, ties by lower id); then
   /// top-p (rank the survivors by logit descending, ties by lower id, keep the shortest prefix
   /// whose mass is >= top_p of the survivors' mass, at least one token); then min-p (keep
@@ -82,9 +128,15 @@ class sampler {
   /// cumulative weight exceeds u. A token whose weight rounds to 0 (e_i < 2^-32) is never drawn.
   [[nodiscard]] sample_result sample(const float* logits, int32_t vocab_size,
                                      const sampling_params& params, uint64_t seed,
-                                     int64_t position, int k = stream_sample);
+                                     int64_t position, const token_context& context = {},
+                                     int k = stream_sample);
 
  private:
+  /// The logits the filters see: `logits` itself when no bias or penalty is on, else adjusted_.
+  const float* adjust(const float* logits, int32_t vocab_size, const sampling_params& params,
+                      const token_context& context);
+  /// Applies the repetition, frequency and presence penalties to adjusted_.
+  void apply_penalties(int32_t vocab_size, const sampling_params& params, const token_context& context);
   /// Fills exps_ with exp((l_i - l_max) / T); returns l_max.
   float compute_exps(const float* logits, int32_t vocab_size, float temperature);
   /// Applies top-k and top-p; leaves the survivors' ids in order_[0, n) and returns n.
@@ -95,6 +147,9 @@ class sampler {
   std::vector<token_logprob> top_logprobs(const float* logits, int32_t vocab_size, int32_t num,
                                           double log_normalizer);
 
+  std::vector<float> adjusted_;   // (vocab) logits after bias and penalties
+  std::vector<int32_t> counts_;   // (vocab) times generated in the context; all 0 between calls
+  std::vector<uint8_t> seen_;     // (vocab) 1 if in the context; all 0 between calls
   std::vector<float> exps_;      // (vocab) exp((l_i - l_max) / T)
   std::vector<int32_t> order_;   // (vocab) token ids, a prefix ranked by logit
   std::vector<uint8_t> chosen_;  // (vocab) 1 if the token survived top-k and top-p
@@ -103,6 +158,7 @@ class sampler {
 /// One-off form of `sampler::sample` (allocates its scratch buffers on every call).
 [[nodiscard]] sample_result sample(const float* logits, int32_t vocab_size,
                                    const sampling_params& params, uint64_t seed,
-                                   int64_t position, int k = stream_sample);
+                                   int64_t position, const token_context& context = {},
+                                   int k = stream_sample);
 
 }  // namespace troupe::sampling

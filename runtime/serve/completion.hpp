@@ -28,6 +28,10 @@ struct completion_request {
   float top_p = 1.0f;
   int32_t top_k = 0;
   float min_p = 0.0f;
+  float presence_penalty = 0.0f;    ///< sampling::sampling_params documents these four
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::vector<sampling::token_bias> logit_bias;
   bool has_seed = false;            ///< false: the request actor draws one and reports it
   uint64_t seed = 0;
   std::vector<std::string> stop;

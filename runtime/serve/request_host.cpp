@@ -18,12 +18,10 @@ bool operator==(const ask_placement& a, const ask_placement& b) {
 bool operator==(const submit& a, const submit& b) {
   const engine::request& x = a.request;
   const engine::request& y = b.request;
-  return std::tie(x.id, x.prompt, x.max_tokens, x.sampling.temperature, x.sampling.top_p, x.sampling.top_k,
-                  x.sampling.min_p, x.sampling.num_top_logprobs, x.seed, x.n, x.stop, x.stop_token_ids,
-                  x.ignore_eos, x.priority, x.batch_tokens, a.to_prefill) ==
-         std::tie(y.id, y.prompt, y.max_tokens, y.sampling.temperature, y.sampling.top_p, y.sampling.top_k,
-                  y.sampling.min_p, y.sampling.num_top_logprobs, y.seed, y.n, y.stop, y.stop_token_ids,
-                  y.ignore_eos, y.priority, y.batch_tokens, b.to_prefill);
+  return std::tie(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids, x.ignore_eos,
+                  x.priority, x.batch_tokens, a.to_prefill) ==
+         std::tie(y.id, y.prompt, y.max_tokens, y.sampling, y.seed, y.n, y.stop, y.stop_token_ids, y.ignore_eos,
+                  y.priority, y.batch_tokens, b.to_prefill);
 }
 
 bool operator==(const send_chunk& a, const send_chunk& b) { return a.chunk == b.chunk; }
@@ -84,7 +82,9 @@ effects request_host::start(int64_t now_ns) {
   r.id = o_.id;
   r.prompt = std::move(*prompt);
   r.max_tokens = p.max_tokens;
-  r.sampling = {p.temperature, p.top_p, p.top_k, p.min_p, p.num_top_logprobs};
+  r.sampling = {p.temperature,      p.top_p,           p.top_k,
+                p.min_p,            p.num_top_logprobs, p.presence_penalty,
+                p.frequency_penalty, p.repetition_penalty, p.logit_bias};
   // Checked here too, before the request crosses to an engine on another node: CAF 0.17.6
   // serializes an infinite float in an endless loop (detail::pack754), stalling this node's
   // network thread. (Without a tokenizer, the simulator's case, the engine checks them.)

@@ -179,7 +179,12 @@ class garbage {
     return vec([&] { return static_cast<uint8_t>(rng_()); });
   }
 
-  sampling::sampling_params sampling() { return {f32(), f32(), i32(), f32(), i32()}; }
+  sampling::sampling_params sampling() {
+    return {f32(), f32(), i32(), f32(), i32(), f32(), f32(), f32(), logit_bias()};
+  }
+  std::vector<sampling::token_bias> logit_bias() {
+    return vec([&] { return sampling::token_bias{token(), f32()}; }, true);
+  }
   std::vector<sampling::token_logprob> top() {
     return vec([&] { return sampling::token_logprob{token(), f32()}; }, true);
   }
@@ -193,6 +198,10 @@ class garbage {
     r.top_p = coin() ? 1.0f : f32();
     r.top_k = i32();
     r.min_p = coin() ? 0.0f : f32();
+    r.presence_penalty = coin() ? 0.0f : f32();
+    r.frequency_penalty = coin() ? 0.0f : f32();
+    r.repetition_penalty = coin() ? 1.0f : f32();
+    if (coin()) r.logit_bias = logit_bias();
     r.has_seed = coin();
     r.seed = u64();
     if (coin()) r.stop = vec([&] { return str(); }, true);
@@ -279,6 +288,8 @@ class garbage {
     c.num_samples = coin() ? static_cast<int32_t>(below(3)) : i32();
     c.seed = u64();
     c.sampling = coin() ? sampling::sampling_params{} : sampling();
+    c.num_prompt_tokens = coin() ? static_cast<int32_t>(below(32)) : i32();
+    if (coin()) c.context_prefix = vec([&] { return token(); });
     c.export_kv = coin();
     return c;
   }
