@@ -228,9 +228,11 @@ bool released_by_owner(engine_actor_t* self, engine::request_id id) {
 
 msg::engine_report stats(engine_actor_t* self) {
   const engine::engine_host_stats s = self->state.host->stats(now_ns(self));
+  const cost::prediction_error& e = s.core.step_time_error;
   return msg::engine_report{s.core.num_steps,       s.core.num_generated_tokens, s.core.num_preemptions,
                             s.num_executor_failures, s.num_waiting,               s.num_requests,
-                            s.core.num_blocks_in_use, s.executor_busy_ns,        s.elapsed_ns};
+                            s.core.num_blocks_in_use, s.executor_busy_ns,        s.elapsed_ns,
+                            e.num_steps,             e.raw_mean(),                e.corrected_mean()};
 }
 
 engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options options) {

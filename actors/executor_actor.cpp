@@ -22,6 +22,10 @@ struct executor_state {
   static inline const char* name = "step_executor";
 };
 
+int64_t ns_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
 /// A plan the executor cannot run (it came from another process, or the engine is broken): an
 /// error reply, which the engine treats as the executor's failure, and nothing executed.
 caf::error refuse(const engine::exec_plan& plan, const error& why) {
@@ -46,15 +50,19 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         executor_state& s = self->state;
         if (auto ok = s.executor->check(plan); !ok) return refuse(plan, ok.error());
-        if (!s.step_log) return s.executor->execute(plan);
-        // The wall clock is read here, in the actor layer, only to log calibration samples. The
-        // result is sent inside the timed span: sending it is part of what each step costs the
-        // executor (~20 us on this 2-vCPU host, a third of a one-row decode step of the bundled model).
+        // The wall clock is read here, in the actor layer: the measured time corrects the
+        // engine's step-time model (runtime/cost/step_time_correction.hpp) and is logged as a
+        // calibration sample.
         const auto start = std::chrono::steady_clock::now();
+        engine::exec_result result = s.executor->execute(plan);
+        result.measured_ns = ns_since(start);
+        if (!s.step_log) return result;
+        // The logged time spans sending the result too: sending it is part of what each step
+        // costs the executor (~20 us on this 2-vCPU host, a third of a one-row decode step of
+        // the bundled model).
         auto promise = self->make_response_promise<engine::exec_result>();
-        promise.deliver(s.executor->execute(plan));
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
-        std::fputs(cost::step_log_line(cost::features_of(plan), ns.count()).c_str(), s.step_log.get());
+        promise.deliver(std::move(result));
+        std::fputs(cost::step_log_line(cost::features_of(plan), ns_since(start)).c_str(), s.step_log.get());
         std::fflush(s.step_log.get());  // complete lines even if the process is killed
         return promise;
       },

@@ -17,12 +17,19 @@ struct engine_report {
   int64_t num_blocks_in_use = 0; ///< KV blocks held by unfinished requests
   int64_t executor_busy_ns = 0;  ///< time with at least one step in flight
   int64_t elapsed_ns = 0;        ///< since the engine started
+  /// With a time budget and its online correction: the steps measured so far, and the mean
+  /// relative error of their predicted times by the cost model alone and corrected
+  /// (runtime/cost/step_time_correction.hpp).
+  int64_t num_timed_steps = 0;
+  double step_time_error_raw = 0;
+  double step_time_error_corrected = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
   return f(x.num_steps, x.num_generated_tokens, x.num_preemptions, x.num_executor_failures,
-           x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns);
+           x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns, x.num_timed_steps, x.step_time_error_raw,
+           x.step_time_error_corrected);
 }
 
 }  // namespace troupe::msg

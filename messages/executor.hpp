@@ -71,7 +71,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples, x.failures, x.exports);
+  return f(x.step, x.samples, x.failures, x.exports, x.measured_ns);
 }
 
 }  // namespace troupe::engine

@@ -96,8 +96,9 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
                          std::to_string(static_cast<int64_t>(f.num_tokens)) + " cost " + std::to_string(cost_ns));
         if (s.o.steps) s.o.steps->push_back(record_of(plan, s.o.replica, start_ns - s.o.origin_ns, cost_ns));
         auto promise = self->make_response_promise<engine::exec_result>();
-        s.pending.emplace(plan.step, std::make_pair(promise, s.real ? s.real->execute(plan)
-                                                                    : synthetic_result(plan, s.o.vocab_size)));
+        engine::exec_result result = s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size);
+        result.measured_ns = cost_ns;  // virtual time: the engine's correction replays
+        s.pending.emplace(plan.step, std::make_pair(promise, std::move(result)));
         self->delayed_send(self, s.busy_until - now, deliver_atom::value, plan.step);
         return promise;
       },

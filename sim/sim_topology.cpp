@@ -18,6 +18,7 @@
 
 #include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
+#include "runtime/cost/step_time_correction.hpp"
 #include "runtime/model/checkpoint.hpp"
 
 namespace troupe::sim {
@@ -278,6 +279,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
       {"step_time_budget_ms", false, 0, 1e6, into(t.engine.scheduler.step_time_budget_ms)},
+      {"step_time_correction_window", false, 0, cost::step_time_correction::window_max,
+       into(t.engine.scheduler.step_time_correction_window)},
       {"kv_watermark", false, 0, 0.5, into(t.engine.scheduler.kv_watermark)},
       {"scheduler", false, 0, 0, nullptr, [&](const std::string& s) { t.engine.scheduler.policy.name = s; }},
       {"sjf_aging_tokens", false, 1, 1 << 20, into(t.engine.scheduler.policy.sjf_aging_tokens)},

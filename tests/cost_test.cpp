@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/cost/calibration.hpp"
+#include "runtime/cost/step_time_correction.hpp"
 #include "runtime/cost/sweep.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/model/checkpoint.hpp"
@@ -264,6 +265,47 @@ TEST(CostFit, RejectsBadMeasurements) {
 }
 
 // --- step log -------------------------------------------------------------------------------
+
+/// A prefill step (8 tokens, 1 sample) and a decode step (1 token, 1 sample).
+step_features prefill_step() { return step_features{1, 8, 1, 36, 8}; }
+step_features decode_step() { return step_features{1, 1, 1, 9, 9}; }
+
+TEST(StepTimeCorrection, TheFactorIsTheLowerMedianOfTheShapesLastWindow) {
+  step_time_correction c(3);
+  EXPECT_EQ(c.factor(step_shape::prefill), 1.0);  // nothing measured: the model as fitted
+  c.observe(prefill_step(), 100, 200);
+  c.observe(prefill_step(), 100, 400);
+  EXPECT_EQ(c.factor(step_shape::prefill), 2.0);  // {2, 4}: the lower middle
+  c.observe(prefill_step(), 100, 300);
+  EXPECT_EQ(c.factor(step_shape::prefill), 3.0);  // {2, 4, 3}
+  c.observe(prefill_step(), 100, 1000);
+  EXPECT_EQ(c.factor(step_shape::prefill), 4.0);  // {4, 3, 10}: the 2 is out of the window
+  // No decode step yet: decode borrows the median of all recent steps.
+  EXPECT_EQ(c.factor(step_shape::decode), 4.0);
+  c.observe(decode_step(), 100, 50);
+  EXPECT_EQ(c.factor(step_shape::decode), 0.5);
+  EXPECT_EQ(c.factor(step_shape::prefill), 4.0);  // shapes keep their own windows
+  c.check_invariants();
+}
+
+TEST(StepTimeCorrection, ScoresEachStepWithTheCorrectionInForceBeforeIt) {
+  step_time_correction c(8);
+  c.observe(prefill_step(), 100, 200);  // raw and corrected (factor 1) both off by 50%
+  c.observe(prefill_step(), 100, 200);  // raw 50%, corrected by 2: exact
+  c.observe(prefill_step(), 0, 200);    // priced at 0: no ratio, not scored
+  EXPECT_EQ(c.error().num_steps, 2);
+  EXPECT_DOUBLE_EQ(c.error().raw_mean(), 0.5);
+  EXPECT_DOUBLE_EQ(c.error().corrected_mean(), 0.25);
+  EXPECT_EQ(c.factor(step_shape::prefill), 2.0);
+  c.check_invariants();
+}
+
+TEST(StepTimeCorrection, ShapesAreDecodeOnlyOrWithPrefill) {
+  EXPECT_EQ(shape_of(decode_step()), step_shape::decode);
+  EXPECT_EQ(shape_of(prefill_step()), step_shape::prefill);
+  EXPECT_EQ(shape_of(step_features{1, 4, 4, 40, 40}), step_shape::decode);  // four decode rows
+  EXPECT_EQ(shape_of(step_features{1, 5, 4, 41, 41}), step_shape::prefill);  // and a prompt token
+}
 
 TEST(StepLog, LinesRoundTrip) {
   EXPECT_EQ(step_log_line({1, 65, 64, 16'416, 16'480}, 182'034), "65,64,16416,16480,182034\n");

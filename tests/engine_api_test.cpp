@@ -393,6 +393,11 @@ TEST(EngineInput, CreateRejectsBadConfigurations) {
   c = {};
   c.scheduler.kv_watermark = 1;
   expect_bad(c, b.tok, "kv_watermark must be in [0, 1), got 1");
+  for (const int32_t window : {-1, 4097}) {
+    c = {};
+    c.scheduler.step_time_correction_window = window;
+    expect_bad(c, b.tok, "step_time_correction_window must be in [0, 4096] (0: off), got " + std::to_string(window));
+  }
   for (const int32_t slack : {-1, (1 << 20) + 1}) {
     c = {};
     c.scheduler.prefix_cache_slack_tokens = slack;

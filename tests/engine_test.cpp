@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "runtime/cost/cost_model.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/generate/reference_generator.hpp"
@@ -567,6 +569,63 @@ TEST(EngineCore, PlanningAgainBeforeAPreemptedSampleIsKnownAdmitsNothing) {
   EXPECT_FALSE((*core)->has_unfinished());
   EXPECT_EQ(out.at({1, 0}).tokens.size(), 3u);  // + the first token, returned by step 0
   EXPECT_EQ(out.at({2, 0}).tokens.size(), 11u);
+}
+
+/// Runs `r` alone on a core whose executor reports each step as taking `ratio` times what
+/// `config`'s cost model predicts; returns the steps' token counts, the tokens, and the stats.
+struct timed_run {
+  std::vector<int32_t> step_tokens;
+  std::vector<int32_t> tokens;
+  engine_stats stats;
+};
+timed_run run_with_measured_ratio(const engine_config& config, const request& r, double ratio) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  auto core = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  TROUPE_ASSERT(core.has_value());
+  step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
+  TROUPE_ASSERT((*core)->add_request(r).has_value());
+  timed_run run;
+  while ((*core)->has_unfinished()) {
+    auto plan = (*core)->plan_step();
+    TROUPE_ASSERT(plan.has_value());
+    const cost::step_features f = cost::features_of(*plan);
+    run.step_tokens.push_back(static_cast<int32_t>(f.num_tokens));
+    exec_result result = executor.execute(*plan);
+    result.measured_ns = std::llround(ratio * static_cast<double>(cost::predict_ns(config.scheduler.step_cost, f)));
+    for (const sample_event& ev : (*core)->complete_step(result)) run.tokens.push_back(ev.sample.token);
+    (*core)->check_invariants();
+  }
+  run.stats = (*core)->stats();
+  return run;
+}
+
+TEST(EngineCore, MeasuredStepTimesCorrectTheTimeBudgetAndChangeNoToken) {
+  // The fit of tests/chunk_budget_test.cpp: a chunk of q tokens from position c costs
+  // q² + (11 + 2c)q ns on top of a 1 µs step; the budget is 2 µs. Steps take half the
+  // predicted time. Step 0 (26 tokens, predicted 1962 ns, measured 981) sets the factor to
+  // 0.5, so the budget becomes 4 µs: at c = 26, q² + 63q <= 3000 -> 31 (2914), not the
+  // model's 13; then the last 3 tokens and the sample.
+  engine_config config;
+  config.scheduler.step_time_budget_ms = 0.002;
+  config.scheduler.step_cost = {1000, 10, 50, 2, 0};
+  config.scheduler.step_time_correction_window = 4;
+  request r = make_request(1, varied_prompt(7), 3, 1.0f, 5);
+  r.prompt.resize(60);
+  r.ignore_eos = true;
+  const timed_run corrected = run_with_measured_ratio(config, r, 0.5);
+  EXPECT_EQ(corrected.step_tokens, (std::vector<int32_t>{26, 31, 3, 1, 1}));
+  // Step 1 is predicted 1000 + 961 + 1953 = 3914 ns and takes 1957: the model alone is off by
+  // 100% on both, the corrected one only on step 0, before any measurement.
+  EXPECT_EQ(corrected.stats.step_time_error.num_steps, 5);
+  EXPECT_DOUBLE_EQ(corrected.stats.step_time_error.raw_mean(), 1.0);
+  EXPECT_DOUBLE_EQ(corrected.stats.step_time_error.corrected_mean(), 0.2);
+
+  config.scheduler.step_time_correction_window = 0;  // off: the model alone cuts the chunks
+  const timed_run model_only = run_with_measured_ratio(config, r, 0.5);
+  EXPECT_EQ(model_only.step_tokens, (std::vector<int32_t>{26, 13, 10, 8, 3, 1, 1}));
+  EXPECT_EQ(model_only.stats.step_time_error.num_steps, 0);
+  EXPECT_EQ(corrected.tokens, model_only.tokens);  // chunking never changes a token
+  EXPECT_EQ(corrected.tokens.size(), 3u);
 }
 
 }  // namespace

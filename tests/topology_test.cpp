@@ -241,6 +241,11 @@ TEST(Topology, ATimeBudgetIsPricedByItsCalibrationFile) {
   auto integer = parse(k_valid + "step_time_budget_ms = 3\ncalibration = \"calibration-cpu.toml\"\n");
   ASSERT_TRUE(integer) << integer.error().message;
   EXPECT_EQ(integer->engines[0].config.scheduler.step_time_budget_ms, 3);
+  EXPECT_EQ(integer->engines[0].config.scheduler.step_time_correction_window, 64);  // on by default
+  auto off = parse(k_valid + "step_time_budget_ms = 3\ncalibration = \"calibration-cpu.toml\"\n"
+                   "step_time_correction_window = 0\n");
+  ASSERT_TRUE(off) << off.error().message;
+  EXPECT_EQ(off->engines[0].config.scheduler.step_time_correction_window, 0);
 }
 
 TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
@@ -448,8 +453,9 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_engine_key", k_valid + "kv_block = 5\n",
                  "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
                  "name, node, role, model, tokenizer, kv_blocks, block_size, "
-                 "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, calibration, "
-                 "kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, step_log)"},
+                 "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, step_time_correction_window, "
+                 "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
+                 "step_log)"},
         bad_file{"unknown_node_key",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nip = \"1.2.3.4\"\nport = 1\n",
                  "topology.toml:4: node 'node0': unknown key 'ip'"},
@@ -577,6 +583,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:12: engine 'engine0': key 'step_time_budget_ms' must be in 0..1000000, got -1"},
         bad_file{"time_budget_not_a_number", k_valid + "step_time_budget_ms = \"fast\"\n",
                  "topology.toml:12: engine 'engine0': key 'step_time_budget_ms' must be a number, got a string"},
+        bad_file{"correction_window_too_big", k_valid + "step_time_correction_window = 5000\n",
+                 "topology.toml:12: engine 'engine0': key 'step_time_correction_window' must be in 0..4096, got 5000"},
         bad_file{"kv_watermark_too_big", k_valid + "kv_watermark = 0.6\n",
                  "topology.toml:12: engine 'engine0': key 'kv_watermark' must be in 0..0.5, got 0.6"},
         bad_file{"prefix_cache_slack_negative", k_valid + "prefix_cache_slack_tokens = -1\n",

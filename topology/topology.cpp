@@ -21,6 +21,7 @@
 
 #include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
+#include "runtime/cost/step_time_correction.hpp"
 
 namespace troupe::topology {
 
@@ -411,8 +412,8 @@ struct listener {
                    "key 'role' must be one of mixed, prefill, decode; got " + in_quotes(*role));
 }
 
-/// step_time_budget_ms and the calibration file that prices it (required with a budget),
-/// kv_watermark and prefix_cache_slack_tokens.
+/// step_time_budget_ms and the calibration file that prices it (required with a budget), its
+/// online correction's step_time_correction_window, kv_watermark and prefix_cache_slack_tokens.
 [[nodiscard]] expected<void> read_time_budget(const context& ctx, const toml::table& table, const scope& where,
                                               sched::scheduler_config& config) {
   auto budget = read_number(ctx, table, where, "step_time_budget_ms", 0, 0, 1e6);
@@ -422,6 +423,10 @@ struct listener {
                      "key 'step_time_budget_ms' must be 0 (off) or at least 0.000001");
   }
   config.step_time_budget_ms = *budget;
+  auto window = read_int(ctx, table, where, "step_time_correction_window", config.step_time_correction_window, 0,
+                         cost::step_time_correction::window_max);
+  if (!window) return tl::unexpected(window.error());
+  config.step_time_correction_window = *window;
   auto watermark = read_number(ctx, table, where, "kv_watermark", 0, 0, 0.5);
   if (!watermark) return tl::unexpected(watermark.error());
   config.kv_watermark = *watermark;
@@ -495,9 +500,9 @@ struct listener {
   if (auto ok =
           check_known_keys(ctx, table, where,
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
-                            "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms", "calibration",
-                            "kv_watermark", "prefix_cache_slack_tokens", "scheduler", "sjf_aging_tokens",
-                            "executor_threads", "step_log"});
+                            "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms",
+                            "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
+                            "scheduler", "sjf_aging_tokens", "executor_threads", "step_log"});
       !ok) {
     return tl::unexpected(ok.error());
   }

@@ -5,7 +5,8 @@
 /// squares to measured steps (`troupe calibrate`) and read back from a calibration file. Used
 /// by the simulator's executor, and by the scheduler to size prefill chunks under a step time
 /// budget (chunk_budget.hpp); the real executor logs each step's features for calibration.
-/// Online correction from measured steps is planned (issue 16). Pure: no clock, no I/O.
+/// The engine corrects it online from measured steps (step_time_correction.hpp). Pure: no
+/// clock, no I/O.
 
 #include <cstdint>
 #include <utility>

@@ -39,6 +39,10 @@ expected<void> validate_budgets(const sched::scheduler_config& c) {
   if (!std::isfinite(ms) || (ms != 0 && (ms < 1e-6 || ms > 1e6)))
     return fail(errc::invalid_argument,
                 "step_time_budget_ms must be 0 (off) or in [0.000001, 1000000], got " + std::to_string(ms));
+  if (c.step_time_correction_window < 0 || c.step_time_correction_window > cost::step_time_correction::window_max)
+    return fail(errc::invalid_argument, "step_time_correction_window must be in [0, " +
+                                            num(cost::step_time_correction::window_max) + "] (0: off), got " +
+                                            num(c.step_time_correction_window));
   if (!(c.kv_watermark >= 0 && c.kv_watermark < 1))
     return fail(errc::invalid_argument, "kv_watermark must be in [0, 1), got " + std::to_string(c.kv_watermark));
   if (c.prefix_cache_slack_tokens < 0 || c.prefix_cache_slack_tokens > sched::prefix_cache_slack_tokens_max)
@@ -108,7 +112,10 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
 engine_core::engine_core(const model::model_config& model, const engine_config& config,
                          std::unique_ptr<kv::block_manager> blocks)
     : model_(model), config_(config), blocks_(std::move(blocks)),
-      scheduler_(std::make_unique<sched::scheduler>(config.scheduler, *blocks_)) {}
+      scheduler_(std::make_unique<sched::scheduler>(config.scheduler, *blocks_)) {
+  if (config.scheduler.step_time_budget_ms > 0 && config.scheduler.step_time_correction_window > 0)
+    step_time_correction_.emplace(config.scheduler.step_time_correction_window);
+}
 
 kv::seq_id engine_core::new_sequence(request_id id, int32_t index, uint64_t seed) {
   const kv::seq_id seq = next_seq_++;
@@ -272,6 +279,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   f.num_samples.reserve(f.plan.chunks.size());
   f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
+  if (step_time_correction_) f.features = cost::features_of(plan);
   stats_.num_steps++;
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
   in_flight_.push_back(std::move(f));
@@ -282,6 +290,7 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
   const flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
+  if (step_time_correction_ && result.measured_ns > 0) correct_step_time(f.features, result.measured_ns);
   std::vector<int32_t> sampled;
   for (const auto& samples : result.samples) sampled.push_back(samples.front().token);
   scheduler_->complete(f.plan, sampled);
@@ -361,12 +370,18 @@ void engine_core::record(kv::seq_id seq, const sampling::sample_result& s, std::
   }
 }
 
+void engine_core::correct_step_time(const cost::step_features& features, int64_t measured_ns) {
+  step_time_correction_->observe(features, cost::predict_ns(config_.scheduler.step_cost, features), measured_ns);
+  scheduler_->set_step_time_factor(step_time_correction_->factor(cost::step_shape::prefill));
+}
+
 engine_stats engine_core::stats() const {
   engine_stats s = stats_;
   s.num_preemptions = scheduler_->num_preemptions();
   s.num_prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
   s.num_recomputed_tokens = scheduler_->num_recomputed_tokens();
   s.num_blocks_in_use = blocks_->num_used_blocks();
+  if (step_time_correction_) s.step_time_error = step_time_correction_->error();
   return s;
 }
 
@@ -386,6 +401,7 @@ void engine_core::check_invariants(bool deep) const {
   for (const auto& [seq, sent] : blocks_sent_) TROUPE_ASSERT_MSG(samples_.count(seq), "the executor's table of a gone sequence");
   for (const auto& [seq, kv] : pending_imports_) TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
+  if (step_time_correction_) step_time_correction_->check_invariants();
 }
 
 void engine_core::check_step() {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "runtime/cost/step_time_correction.hpp"
 #include "runtime/engine/engine_config.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/engine/step.hpp"
@@ -34,6 +35,9 @@ struct engine_stats {
   int64_t num_prefix_hit_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
   int64_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
   int32_t num_blocks_in_use = 0;
+  /// With the step-time correction on: how well the model, alone and corrected, predicted the
+  /// measured steps.
+  cost::prediction_error step_time_error;
 };
 
 /// One new token of one sample, and whether it ended the sample.
@@ -157,6 +161,7 @@ class engine_core {
     sched::step_plan plan;
     std::vector<size_t> num_samples;  ///< per plan chunk
     std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
+    cost::step_features features;   ///< with the step-time correction on: what the step computes
   };
 
   engine_core(const model::model_config& model, const engine_config& config,
@@ -175,11 +180,14 @@ class engine_core {
   /// A live sample is in its request's list and the scheduler, its executor table within its
   /// block table, its imported KV the size the scheduler expects; a gone one left nothing.
   void check_sample(kv::seq_id seq) const;
+  /// A step of `features` took `measured_ns`: corrects the scheduler's step-time model.
+  void correct_step_time(const cost::step_features& features, int64_t measured_ns);
 
   model::model_config model_;
   engine_config config_;
   std::unique_ptr<kv::block_manager> blocks_;
   std::unique_ptr<sched::scheduler> scheduler_;
+  std::optional<cost::step_time_correction> step_time_correction_;  // with a time budget
   std::map<request_id, request_state> requests_;
   std::map<kv::seq_id, sample_state> samples_;
   std::deque<flight> in_flight_;

@@ -97,6 +97,9 @@ struct exec_result {
   std::vector<exec_failure> failures;
   /// One entry per chunk with export_kv, in plan order.
   std::vector<kv_export> exports;
+  /// How long the executor took to run the plan (0: not measured). It corrects the step-time
+  /// model (cost/step_time_correction.hpp); the simulator's executor reports virtual time.
+  int64_t measured_ns = 0;
 };
 
 }  // namespace troupe::engine

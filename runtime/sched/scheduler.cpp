@@ -12,7 +12,8 @@ scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
     : config_(config),
       blocks_(blocks),
       hit_rule_{blocks.block_size(), /*window_tokens=*/0, config.prefix_cache_slack_tokens},
-      step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)) {
+      step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)),
+      corrected_budget_ns_(step_time_budget_ns_) {
   auto made = make_policy(config.policy);
   TROUPE_ASSERT_MSG(made.has_value(), "the engine validates the scheduling policy");
   policy_ = std::move(*made);
@@ -128,6 +129,13 @@ bool scheduler::plannable(const sequence& s) {
   return !s.hold && num_tokens < s.max_num_tokens && !(s.prefill_only && s.num_computed_tokens == num_tokens);
 }
 
+void scheduler::set_step_time_factor(double factor) {
+  TROUPE_ASSERT(std::isfinite(factor) && factor > 0);
+  if (step_time_budget_ns_ == 0) return;
+  const double corrected = std::round(static_cast<double>(step_time_budget_ns_) / factor);
+  corrected_budget_ns_ = static_cast<int64_t>(std::clamp(corrected, 1.0, 9e18));
+}
+
 scheduler::step_budget scheduler::start_budget() const {
   step_budget budget;
   budget.num_tokens = config_.max_num_batched_tokens;
@@ -146,7 +154,7 @@ int32_t scheduler::prefill_chunk_tokens(const sequence& s, int32_t first_positio
                                         const step_budget& budget) const {
   const int32_t cap = std::min(missing, budget.num_tokens);
   if (step_time_budget_ns_ == 0) return cap;
-  const int32_t n = cost::max_chunk_tokens(config_.step_cost, budget.planned, step_time_budget_ns_, first_position,
+  const int32_t n = cost::max_chunk_tokens(config_.step_cost, budget.planned, corrected_budget_ns_, first_position,
                                            cap, !s.prefill_only && cap == missing);
   // A step holding nothing else takes one token: a budget below a step's fixed cost slows
   // prefill down but cannot stall it.

@@ -138,6 +138,10 @@ class scheduler {
   /// each sampling chunk's placeholder becomes its sample (`sampled`: one per sampling chunk, in
   /// plan order). Plans complete in the order they were made.
   void complete(const step_plan& plan, const std::vector<int32_t>& sampled);
+  /// With a time budget: steps take `factor` (> 0) times what `step_cost` predicts, as the
+  /// engine measured (cost/step_time_correction.hpp). Chunks are then cut to the budget
+  /// divided by it: the corrected prediction stays within the budget.
+  void set_step_time_factor(double factor);
 
   /// Removes a sequence (finished or aborted) and frees its blocks.
   void remove(seq_id id);
@@ -184,7 +188,7 @@ class scheduler {
   struct step_budget {
     int32_t num_tokens = 0;  ///< of max_num_batched_tokens
     /// With a time budget: the step's decode rows (all priced up front) and the prefill chunks
-    /// planned so far, whose predicted time must stay within step_time_budget_ns_.
+    /// planned so far, whose predicted time must stay within corrected_budget_ns_.
     cost::step_features planned;
   };
   [[nodiscard]] static bool plannable(const sequence& s);
@@ -216,6 +220,7 @@ class scheduler {
   kv::block_manager& blocks_;
   kv::hit_rule_config hit_rule_;
   int64_t step_time_budget_ns_ = 0;  // 0: no time budget
+  int64_t corrected_budget_ns_ = 0;  // step_time_budget_ns_ / the step-time factor, >= 1 when on
   std::map<seq_id, sequence> sequences_;
   std::unique_ptr<policy> policy_;
   std::deque<seq_id> waiting_;  // (rank, arrival) order

@@ -23,6 +23,10 @@ struct scheduler_config {
   /// down but never stops it.
   double step_time_budget_ms = 0;
   cost::cost_params step_cost;  ///< the step-time model the budget is priced with
+  /// With a time budget: the engine corrects `step_cost` online by the running median of the
+  /// last this-many measured / predicted step times per step shape
+  /// (cost/step_time_correction.hpp); 0 = off, the model alone prices the budget.
+  int32_t step_time_correction_window = 64;
   /// Share of the KV pool that admission keeps free for the running sequences' growth (0 =
   /// off: a waiting sequence is admitted as soon as its first chunk's blocks are free). With
   /// it, while anything runs, a sequence is admitted only if the free blocks cover its whole

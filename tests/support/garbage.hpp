@@ -69,7 +69,7 @@ class garbage {
       case 7: return caf::make_message(sampled());
       case 8: return caf::make_message(sampled_batch());
       case 9: return caf::make_message(msg::release{i64()});
-      case 10: return caf::make_message(msg::engine_report{i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64()});
+      case 10: return caf::make_message(msg::engine_report{i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), f32(), f32()});
       case 11: return caf::make_message(msg::submit_completion{completion_request(), pick(pool_.receivers), u64()});
       case 12: return caf::make_message(msg::place_request{i64(), i32(), i32()});
       case 13: return caf::make_message(msg::placement{pick(pool_.engines), pick(pool_.engines), str(), str(), str(),
@@ -298,6 +298,7 @@ class garbage {
     r.samples = vec([&] { return vec([&] { return sampling::sample_result{token(), f32(), top()}; }, true); }, true);
     r.failures = vec([&] { return engine::exec_failure{i64(), str()}; }, true);
     r.exports = vec([&] { return engine::kv_export{i64(), kv_data()}; }, true);
+    r.measured_ns = i64();
     return r;
   }
 
