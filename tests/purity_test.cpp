@@ -178,6 +178,12 @@ TEST(Purity, MessagesIncludeNoCafOrCuda) {
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 
+TEST(Purity, TiersIncludeNoCafOrCuda) {
+  // The disk tier does file I/O and nothing else: actors wrap it.
+  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "tiers", caf_or_cuda);
+  EXPECT_TRUE(hits.empty()) << joined(hits);
+}
+
 TEST(Purity, OpenaiIncludesNoCafOrSockets) {
   auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "openai", "(caf/|httplib|sys/socket|thread|mutex|chrono)");
   EXPECT_TRUE(hits.empty()) << joined(hits);

@@ -34,9 +34,10 @@ struct scheduler_config {
   /// pool: a long prompt is not admitted just to be preempted when those ahead of it grow.
   double kv_watermark = 0;
   policy_options policy;  ///< the order sequences are served in (policy.hpp)
-  /// Trailing prompt tokens never served from the prefix cache, beyond the last one (the hit
+  /// Trailing tokens of a prompt always computed, never served from the prefix cache (the hit
   /// rule's speculative slack, runtime/kv/hit_rule.hpp; the models here are full-attention, so
-  /// its window is 0). 0 = the longest cached prefix of whole blocks that leaves one token.
+  /// its window is 0). The last token is computed whatever the slack: 0 = the longest cached
+  /// prefix of whole blocks that leaves it.
   int32_t prefix_cache_slack_tokens = 0;
 };
 
