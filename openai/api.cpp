@@ -94,7 +94,7 @@ class reader {
   const json& body_;
 };
 
-void read_unsupported(reader& in, endpoint kind) {
+void read_unsupported(reader& in) {
   in.neutral_only("presence_penalty", 0);
   in.neutral_only("frequency_penalty", 0);
   in.neutral_only("repetition_penalty", 1);
@@ -384,7 +384,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (auto wrong = check_model(in, model)) return tl::unexpected(*wrong);
   parsed_request p;
   p.kind = kind;
-  read_unsupported(in, kind);
+  read_unsupported(in);
   read_choices(in, p);
   read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);
