@@ -62,6 +62,25 @@ struct answer {
   }
 };
 
+/// The answer to `p` before any event: a state per choice (with the token before its first, for
+/// logprobs) and the seed it reports when known now.
+std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::response_context context,
+                                   std::shared_ptr<http_response> response, std::shared_ptr<const tokenizer> tok,
+                                   std::optional<uint64_t> seed) {
+  auto a = std::make_shared<answer>();
+  a->response = std::move(response);
+  a->tok = std::move(tok);
+  a->context = context;
+  a->context.tok = a->tok.get();
+  a->stream = p.request.stream;
+  a->n = p.n;
+  a->seed = seed;
+  a->choices.resize(static_cast<size_t>(openai::num_choices(p)));
+  for (size_t k = 0; k < a->choices.size(); k++)
+    a->choices[k].next.prev_token = openai::token_before_output(p.prompts[k / static_cast<size_t>(p.n)], *a->tok);
+  return a;
+}
+
 }  // namespace
 
 struct http_gateway::impl {
@@ -143,19 +162,13 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const http_req
   res->hold(std::move(admitted->ticket));
   auto parsed = openai::parse_request(kind, req.body, options.model, admitted->tok.get());
   if (!parsed) return reply_error(*res, parsed.error());
-  const bool seeded = parsed->request.has_seed || openai::needs_seed(*parsed);
-  const uint64_t seed = parsed->request.has_seed ? parsed->request.seed : openai::needs_seed(*parsed) ? draw_seed() : 0;
-  std::vector<msg::completion_request> requests = openai::choice_requests(*parsed, seed);
-  auto a = std::make_shared<answer>();
-  a->response = res;
-  a->tok = admitted->tok;
-  a->context = {kind, 0, unix_seconds(), &options.model, parsed->include_usage, parsed->logprobs, a->tok.get()};
-  a->stream = parsed->request.stream;
-  a->n = parsed->n;
-  if (seeded) a->seed = seed;
-  a->choices.resize(requests.size());
-  for (size_t k = 0; k < requests.size(); k++)
-    a->choices[k].next.prev_token = openai::token_before_output(parsed->prompts[k / static_cast<size_t>(a->n)], *a->tok);
+  // A lone choice without a seed reports the one its request actor draws.
+  std::optional<uint64_t> seed;
+  if (parsed->request.has_seed) seed = parsed->request.seed;
+  if (openai::needs_seed(*parsed)) seed = draw_seed();
+  std::vector<msg::completion_request> requests = openai::choice_requests(*parsed, seed.value_or(0));
+  const openai::response_context context{kind, 0, unix_seconds(), &options.model, parsed->include_usage, parsed->logprobs};
+  const std::shared_ptr<answer> a = new_answer(*parsed, context, res, admitted->tok, seed);
   for (size_t k = 0; k < requests.size(); k++) {
     const auto index = static_cast<int32_t>(k);
     actors::client_actor client = actors::spawn_client(

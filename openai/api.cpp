@@ -113,7 +113,7 @@ class reader {
   const json& body_;
 };
 
-void read_unsupported(reader& in, endpoint kind) {
+void read_unsupported(reader& in) {
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
   in.neutral_only("tools", json::array());
@@ -406,7 +406,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (auto wrong = check_model(in, model)) return tl::unexpected(*wrong);
   parsed_request p;
   p.kind = kind;
-  read_unsupported(in, kind);
+  read_unsupported(in);
   read_choices(in, p);
   read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);

@@ -187,9 +187,15 @@ TEST_F(Http, TheOfficialOpenaiClientStreamsTheGreedyAndTheSeededText) {
   // The API's top_p defaults to 1, generate's to 0.9.
   const std::string seeded = generated({"-t", "1", "-s", "42", "--top-p", "1", "-n", "40"});
   const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
+  // Choice i of n = 3 is the request seeded child_seed(42, i) alone.
+  std::string n;
+  for (int32_t i = 0; i < 3; i++)
+    n += std::string(i ? "," : "") + "\"" +
+         json(generated({"-t", "1", "-s", std::to_string(engine::child_seed(42, i)), "--top-p", "1", "-n", "40"})) + "\"";
   const std::string expected = "{\"completion\":\"" + json(greedy(40)) + "\",\"chat\":\"" + json(greedy(40)) +
                                "\",\"seeded\":[\"" + json(seeded) + "\",\"" + json(seeded) + "\"],\"underLoad\":\"" +
-                               json(seeded) + "\"}\n";
+                               json(seeded) + "\",\"n\":[" + n + "],\"logprobs\":{\"text\":\"" + json(greedy(40)) +
+                               "\",\"topIsChosen\":true}}\n";
   EXPECT_EQ(r.out, expected);
 }
 

@@ -10,9 +10,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <msgpack.hpp>
@@ -246,6 +248,36 @@ TEST_F(Msgpack, ACancelFrameEndsItsRequestAsCancelledAndItsKvBlocksAreFreed) {
   for (int i = 0; i < 500 && !released; i++)
     released = metric("troupe:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
   EXPECT_TRUE(released) << server_->err();
+}
+
+TEST_F(Msgpack, ChunksCarryTheTopLogprobsAskedForWithTheGreedyTokenFirst) {
+  frame_socket s(port_);
+  ASSERT_TRUE(s.connected());
+  msg::completion_request request;
+  request.prompt = prompt;
+  request.max_tokens = 8;
+  request.temperature = 0;
+  request.num_top_logprobs = 2;
+  s.send(wire::encode_request(5, request));
+  int32_t num_tokens = 0;
+  for (std::string f = s.read_frame(); text_field(f, "type") == "chunk"; f = s.read_frame()) {
+    const msgpack::object_handle h = msgpack::unpack(f.data() + wire::frame_header_bytes, f.size() - wire::frame_header_bytes);
+    std::map<std::string, msgpack::object> fields;
+    for (uint32_t i = 0; i < h.get().via.map.size; i++)
+      fields[h.get().via.map.ptr[i].key.as<std::string>()] = h.get().via.map.ptr[i].val;
+    const auto tokens = fields.at("tokens").as<std::vector<int32_t>>();
+    const auto logprobs = fields.at("logprobs").as<std::vector<float>>();
+    const auto tops = fields.at("top_logprobs").as<std::vector<std::vector<std::tuple<int32_t, float>>>>();
+    ASSERT_EQ(tops.size(), tokens.size());
+    for (size_t i = 0; i < tokens.size(); i++) {
+      ASSERT_EQ(tops[i].size(), 2u);
+      EXPECT_EQ(std::get<0>(tops[i][0]), tokens[i]);  // greedy: the chosen token is the most likely
+      EXPECT_EQ(std::get<1>(tops[i][0]), logprobs[i]);
+      EXPECT_GE(std::get<1>(tops[i][0]), std::get<1>(tops[i][1]));
+    }
+    num_tokens += static_cast<int32_t>(tokens.size());
+  }
+  EXPECT_EQ(num_tokens, 8);
 }
 
 }  // namespace

@@ -33,11 +33,12 @@ TEST(Wire, AnErrorFrameNamesItsCodeAndCarriesTheIdOrNil) {
 }
 
 TEST(Wire, AChunkFrameHasItsSequenceTextTokensAndFloat32Logprobs) {
-  const msg::completion_chunk chunk{9, 0, 1, "hi", {5, 300}, {-0.5f}};
-  EXPECT_EQ(encode_chunk(3, chunk), b({0, 0, 0, 61, 0x86, 0xa4}) + "type" + b({0xa5}) + "chunk" + b({0xa2}) + "id" +
+  const msg::completion_chunk chunk{9, 0, 1, "hi", {5, 300}, {-0.5f}, {{{5, -0.5f}}}};
+  EXPECT_EQ(encode_chunk(3, chunk), b({0, 0, 0, 83, 0x87, 0xa4}) + "type" + b({0xa5}) + "chunk" + b({0xa2}) + "id" +
                                         b({0x03, 0xa8}) + "sequence" + b({0x01, 0xa4}) + "text" + b({0xa2}) + "hi" +
                                         b({0xa6}) + "tokens" + b({0x92, 0x05, 0xcd, 0x01, 0x2c, 0xa8}) + "logprobs" +
-                                        b({0x91, 0xca, 0xbf, 0x00, 0x00, 0x00}));
+                                        b({0x91, 0xca, 0xbf, 0x00, 0x00, 0x00, 0xac}) + "top_logprobs" +
+                                        b({0x91, 0x91, 0x92, 0x05, 0xca, 0xbf, 0x00, 0x00, 0x00}));
 }
 
 TEST(Wire, AnEndFrameHasTheFinishReasonSeedUsageAndTimings) {

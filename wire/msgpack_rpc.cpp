@@ -311,7 +311,7 @@ std::string encode_cancel(uint64_t id) {
 std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
   msgpack::sbuffer body;
   packer p(body);
-  pack_head(p, 6, "chunk", id);
+  pack_head(p, 7, "chunk", id);
   pack_text(p, "sequence");
   p.pack_int32(chunk.sequence);
   pack_text(p, "text");
@@ -320,6 +320,16 @@ std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
   p.pack(chunk.tokens);
   pack_text(p, "logprobs");
   p.pack(chunk.logprobs);  // float32 each
+  pack_text(p, "top_logprobs");  // per token, [token, logprob] pairs
+  p.pack_array(static_cast<uint32_t>(chunk.top_logprobs.size()));
+  for (const std::vector<sampling::token_logprob>& top : chunk.top_logprobs) {
+    p.pack_array(static_cast<uint32_t>(top.size()));
+    for (const sampling::token_logprob& t : top) {
+      p.pack_array(2);
+      p.pack_int32(t.token);
+      p.pack_float(t.logprob);
+    }
+  }
   return framed(body);
 }
 

@@ -68,7 +68,7 @@ struct request_error {
 /// The cancel frame of request `id`: `{"type": "cancel", "id"}` (for clients and tests).
 [[nodiscard]] std::string encode_cancel(uint64_t id);
 
-/// A chunk frame: `{"type": "chunk", "id", "sequence", "text", "tokens", "logprobs"}`.
+/// A chunk frame: `{"type": "chunk", "id", "sequence", "text", "tokens", "logprobs", "top_logprobs"}`.
 [[nodiscard]] std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk);
 
 /// The end frame: `{"type": "end", "id", "request_id", "finish_reason", "seed", "usage": {...},

@@ -56,7 +56,8 @@ expected<std::vector<int32_t>> request_host::tokenize_prompt() {
     return fail(errc::invalid_argument, "without a tokenizer a request takes prompt_tokens and no stop strings");
   if (token_prompt) {
     if (o_.tok)
-      if (auto ok = o_.tok->check_ids(p.prompt_tokens); !ok) return tl::unexpected(ok.error());
+      if (auto ok = o_.tok->check_ids(p.prompt_tokens); !ok)
+        return fail(ok.error().code, "prompt_tokens: " + ok.error().message);
     return std::move(o_.params.prompt_tokens);
   }
   if (auto fits = check_prompt_bytes(); !fits) return tl::unexpected(fits.error());
