@@ -282,6 +282,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"step_time_correction_window", false, 0, cost::step_time_correction::window_max,
        into(t.engine.scheduler.step_time_correction_window)},
       {"kv_watermark", false, 0, 0.5, into(t.engine.scheduler.kv_watermark)},
+      {"prefix_cache_slack_tokens", false, 0, 1 << 20, into(t.engine.scheduler.prefix_cache_slack_tokens)},
       {"scheduler", false, 0, 0, nullptr, [&](const std::string& s) { t.engine.scheduler.policy.name = s; }},
       {"sjf_aging_tokens", false, 1, 1 << 20, into(t.engine.scheduler.policy.sjf_aging_tokens)},
       {"max_waiting", false, 1, big, into(t.max_waiting)}};

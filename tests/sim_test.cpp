@@ -565,6 +565,23 @@ TEST(SimTopology, AKvWatermarkIsReadAndBounded) {
             std::string::npos) << bad.error().message;
 }
 
+TEST(SimTopology, TheHitRulesSlackAndTheCorrectionWindowAreRead) {
+  const sim_topology defaults = parse_tiny("");
+  EXPECT_EQ(defaults.engine.scheduler.prefix_cache_slack_tokens, 0);
+  EXPECT_EQ(defaults.engine.scheduler.step_time_correction_window, 64);
+  std::string text = tiny_topology;
+  text.insert(text.find("[cost]"), "prefix_cache_slack_tokens = 6\nstep_time_correction_window = 0\n\n");
+  auto t = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->engine.scheduler.prefix_cache_slack_tokens, 6);
+  EXPECT_EQ(t->engine.scheduler.step_time_correction_window, 0);
+  text.replace(text.find("= 6"), 3, "= -1");
+  auto bad = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[engine] prefix_cache_slack_tokens = -1.000000 is outside"), std::string::npos)
+      << bad.error().message;
+}
+
 TEST(Simulation, RealTokensEqualTheReferenceGeneratorWithAndWithoutATimeBudget) {
   // 1.5 µs steps priced at 1 µs + 10 ns/token + 1 ns/attended position: prompts of up to 82
   // tokens are cut into chunks of at most 31 (10q + q(q+1)/2 <= 500), fewer later on.
