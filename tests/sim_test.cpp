@@ -575,7 +575,8 @@ TEST(SimTopology, TheHitRulesSlackAndTheCorrectionWindowAreRead) {
   ASSERT_TRUE(t) << t.error().message;
   EXPECT_EQ(t->engine.scheduler.prefix_cache_slack_tokens, 6);
   EXPECT_EQ(t->engine.scheduler.step_time_correction_window, 0);
-  text.replace(text.find("= 6"), 3, "= -1");
+  const std::string slack = "prefix_cache_slack_tokens = 6";
+  text.replace(text.find(slack), slack.size(), "prefix_cache_slack_tokens = -1");
   auto bad = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message.find("[engine] prefix_cache_slack_tokens = -1.000000 is outside"), std::string::npos)
