@@ -5,7 +5,7 @@
 // one with competing processes spinning on every core (started by this bench, killed when
 // the phase ends).
 //
-//   bench_correction [--requests N] [--budget-ms B] [--spinners K]
+//   bench_correction [--requests N] [--budget-ms B] [--spinners K] [--interval-ms I]
 //
 // A first run has the token budget alone (no time budget), for the decode inter-token latency
 // (ITL) while long prompts arrive, at the throughput each run reaches. Per phase it prints the
@@ -44,6 +44,7 @@ struct options {
   int32_t num_requests = 40;  // per phase
   double budget_ms = 2;
   int32_t num_spinners = static_cast<int32_t>(std::thread::hardware_concurrency());
+  int32_t interval_ms = 25;  // between two arrivals
 };
 
 /// Processes spinning on the CPU from construction to destruction.
@@ -78,16 +79,17 @@ struct served {
   double seconds = 0;
 };
 
-/// Sends `n` requests (a 384-token prompt, 24 new tokens, greedy), one every 25 ms, and
-/// waits for all of them.
-served send_requests(caf::actor_system& sys, const actors::balancer_actor& balancer, int32_t n, int32_t first) {
+/// Sends `n` requests (a 384-token prompt, 24 new tokens, greedy), one every `interval_ms`,
+/// and waits for all of them.
+served send_requests(caf::actor_system& sys, const actors::balancer_actor& balancer, int32_t n, int32_t first,
+                     int32_t interval_ms) {
   std::mutex mutex;
   std::condition_variable all_done;
   int32_t num_done = 0;
   served out;
   const auto start = std::chrono::steady_clock::now();
   for (int32_t i = 0; i < n; i++) {
-    std::this_thread::sleep_until(start + std::chrono::milliseconds(25 * i));
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(int64_t{interval_ms} * i));
     msg::completion_request r;
     for (int32_t t = 0; t < 384; t++) r.prompt_tokens.push_back(3 + ((first + i) * 7 + t * 13) % 500);
     r.max_tokens = 24;
@@ -175,13 +177,13 @@ void run_once(const options& o, const cost::cost_params& prior, double budget_ms
     return *r;
   };
   phase quiet{"quiet", 0, 0, report(), {}, {}};
-  quiet.clients = send_requests(sys, node->load_balancer, o.num_requests, 0);
+  quiet.clients = send_requests(sys, node->load_balancer, o.num_requests, 0, o.interval_ms);
   quiet.after = report();
   quiet.end_step = quiet.after.num_steps;
   phase loaded{"loaded", quiet.end_step, 0, quiet.after, {}, {}};
   {
     const spinners load(o.num_spinners);
-    loaded.clients = send_requests(sys, node->load_balancer, o.num_requests, o.num_requests);
+    loaded.clients = send_requests(sys, node->load_balancer, o.num_requests, o.num_requests, o.interval_ms);
     loaded.after = report();
   }
   loaded.end_step = loaded.after.num_steps;
@@ -208,12 +210,13 @@ int run(int argc, char** argv) {
     if (flag == "--requests") o.num_requests = std::stoi(argv[i + 1]);
     if (flag == "--budget-ms") o.budget_ms = std::stod(argv[i + 1]);
     if (flag == "--spinners") o.num_spinners = std::stoi(argv[i + 1]);
+    if (flag == "--interval-ms") o.interval_ms = std::stoi(argv[i + 1]);
   }
   auto prior = cost::read_calibration(std::string(TROUPE_SOURCE_DIR) + "/examples/calibration-cpu.toml");
   if (!prior) return std::fprintf(stderr, "%s\n", prior.error().message.c_str()), 1;
-  std::printf("%d requests per phase (384-token prompt, 24 new tokens, one every 25 ms), budget %.1f ms, "
+  std::printf("%d requests per phase (384-token prompt, 24 new tokens, one every %d ms), budget %.1f ms, "
               "%d spinning processes in the loaded phase\n",
-              o.num_requests, o.budget_ms, o.num_spinners);
+              o.num_requests, o.interval_ms, o.budget_ms, o.num_spinners);
   run_once(o, *prior, 0, 0);
   run_once(o, *prior, o.budget_ms, 0);
   run_once(o, *prior, o.budget_ms, 64);
