@@ -281,7 +281,8 @@ std::optional<api_error> check_model(const reader& in, const served_model& model
 ordered head(const response_context& c, const char* object) {
   const bool chat = c.kind == endpoint::chat_completions;
   ordered j;
-  j["id"] = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(c.request_id);
+  // Request ids are random 64-bit values: rendered unsigned, never "cmpl--123".
+  j["id"] = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(static_cast<uint64_t>(c.request_id));
   j["object"] = object;
   j["created"] = c.created;
   j["model"] = c.model->id;

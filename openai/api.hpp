@@ -103,7 +103,7 @@ struct parsed_request {
 /// What every response of one request shares.
 struct response_context {
   endpoint kind = endpoint::completions;
-  int64_t request_id = 0;  ///< ids are "cmpl-<id>" / "chatcmpl-<id>"
+  int64_t request_id = 0;  ///< ids are "cmpl-<id>" / "chatcmpl-<id>", the id's 64 bits unsigned
   int64_t created = 0;     ///< unix seconds
   const served_model* model = nullptr;
   bool include_usage = false;

@@ -296,6 +296,12 @@ TEST(OpenaiResponse, ACompletionRendersByteForByte) {
             R"("total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}})");
 }
 
+TEST(OpenaiResponse, ARequestIdWithTheTopBitSetRendersUnsigned) {
+  const response_context c{endpoint::completions, -2, 1, &model, false};
+  const std::string body = render_response(c, {{0, "x", engine::finish_reason::length}}, 42, sum_usage({an_end()}, 1));
+  EXPECT_EQ(body.rfind(R"({"id":"cmpl-18446744073709551614",)", 0), 0u) << body;
+}
+
 TEST(OpenaiResponse, AChatCompletionRendersByteForByte) {
   const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false};
   EXPECT_EQ(render_response(c, {{0, "Hi", engine::finish_reason::length}}, 42, sum_usage({an_end()}, 1)),
