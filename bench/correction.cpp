@@ -113,8 +113,6 @@ served send_requests(caf::actor_system& sys, const actors::balancer_actor& balan
 
 struct phase {
   const char* name;
-  int64_t first_step = 0;  // in the step log
-  int64_t end_step = 0;
   msg::engine_report before, after;
   served clients;
 };
@@ -144,7 +142,8 @@ void print_clients(const phase& p) {
 
 void print_prefill_steps(const phase& p, const std::vector<cost::step_sample>& log, double budget_ms) {
   std::vector<double> ms;
-  for (int64_t i = p.first_step; i < p.end_step && i < static_cast<int64_t>(log.size()); i++)
+  // The engine's step counts at the phase's ends index its steps in the executor's log.
+  for (int64_t i = p.before.num_steps; i < p.after.num_steps && i < static_cast<int64_t>(log.size()); i++)
     if (cost::shape_of(log[static_cast<size_t>(i)].first) == cost::step_shape::prefill)
       ms.push_back(log[static_cast<size_t>(i)].second / 1e6);
   int64_t over = 0;
@@ -176,17 +175,15 @@ void run_once(const options& o, const cost::cost_params& prior, double budget_ms
     TROUPE_ASSERT_MSG(r.has_value(), "the engine answers");
     return *r;
   };
-  phase quiet{"quiet", 0, 0, report(), {}, {}};
+  phase quiet{"quiet", report(), {}, {}};
   quiet.clients = send_requests(sys, node->load_balancer, o.num_requests, 0, o.interval_ms);
   quiet.after = report();
-  quiet.end_step = quiet.after.num_steps;
-  phase loaded{"loaded", quiet.end_step, 0, quiet.after, {}, {}};
+  phase loaded{"loaded", quiet.after, {}, {}};
   {
     const spinners load(o.num_spinners);
     loaded.clients = send_requests(sys, node->load_balancer, o.num_requests, o.num_requests, o.interval_ms);
     loaded.after = report();
   }
-  loaded.end_step = loaded.after.num_steps;
   topology::shutdown_node(sys, *node);
   auto log = cost::read_step_log(log_path);
   TROUPE_ASSERT_MSG(log.has_value(), "the executor logged its steps");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/kv/block_manager.hpp"
+#include "runtime/kv/kv_block.hpp"
 #include "runtime/sampling/sampler.hpp"
 #include "runtime/sched/previous_sample.hpp"
 
@@ -28,14 +29,8 @@ struct kv_data {
   std::vector<float> values;  ///< (num_layers, num_tokens, kv_dim)
 
   /// Whether the vectors hold exactly num_layers * num_tokens * kv_dim floats each.
-  /// (The sizes may come from another process: a product past 64 bits is inconsistent.)
   [[nodiscard]] bool consistent() const {
-    if (num_layers < 0 || num_tokens < 0 || kv_dim < 0) return false;
-    uint64_t n = 0;  // two 31-bit factors fit in 64 bits; the third may not
-    if (__builtin_mul_overflow(static_cast<uint64_t>(num_layers) * static_cast<uint64_t>(num_tokens),
-                               static_cast<uint64_t>(kv_dim), &n))
-      return false;
-    return keys.size() == n && values.size() == n;
+    return kv::holds_kv(num_layers, num_tokens, kv_dim, keys.size(), values.size());
   }
 };
 

@@ -16,13 +16,21 @@ int64_t kv_block::num_bytes() const {
   return static_cast<int64_t>(sizeof(int32_t) * tokens.size() + sizeof(float) * (keys.size() + values.size()));
 }
 
-bool is_consistent(const kv_block& block) {
-  if (block.tokens.empty() || block.num_layers < 0 || block.kv_dim < 0) return false;
-  uint64_t n = 0;  // two 31-bit factors fit in 64 bits; the third may not
-  if (__builtin_mul_overflow(static_cast<uint64_t>(block.num_layers) * block.tokens.size(),
-                             static_cast<uint64_t>(block.kv_dim), &n))
+bool holds_kv(int64_t num_layers, int64_t num_tokens, int64_t kv_dim, size_t num_keys, size_t num_values) {
+  if (num_layers < 0 || num_tokens < 0 || kv_dim < 0) return false;
+  uint64_t per_layer = 0;
+  uint64_t n = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(num_tokens), static_cast<uint64_t>(kv_dim), &per_layer) ||
+      __builtin_mul_overflow(per_layer, static_cast<uint64_t>(num_layers), &n))
     return false;
-  if (block.keys.size() != n || block.values.size() != n) return false;
+  return num_keys == n && num_values == n;
+}
+
+bool is_consistent(const kv_block& block) {
+  if (block.tokens.empty()) return false;
+  if (!holds_kv(block.num_layers, static_cast<int64_t>(block.tokens.size()), block.kv_dim, block.keys.size(),
+                block.values.size()))
+    return false;
   return chain_hash(block.parent_hash, block.tokens.data(), static_cast<int32_t>(block.tokens.size())) == block.hash;
 }
 

@@ -4,6 +4,7 @@
 /// name in the block-hash chain, the tokens that name it, and its keys and values for every
 /// layer. Plain data; the disk tier writes it with messages/kv_block.
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +24,12 @@ struct kv_block {
   /// Bytes of payload (tokens, keys, values) the block holds.
   [[nodiscard]] int64_t num_bytes() const;
 };
+
+/// Whether `num_keys` and `num_values` are each num_layers * num_tokens * kv_dim floats: the KV
+/// of num_tokens positions. The sizes may come from another process: a negative one, or a
+/// product past 64 bits, never matches.
+[[nodiscard]] bool holds_kv(int64_t num_layers, int64_t num_tokens, int64_t kv_dim, size_t num_keys,
+                            size_t num_values);
 
 /// Whether `block` is whole: tokens present, keys and values of (num_layers, tokens, kv_dim)
 /// floats each (no overflow), and `hash` the chain hash of its tokens after `parent_hash`.
