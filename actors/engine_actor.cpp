@@ -234,7 +234,8 @@ msg::engine_report stats(engine_actor_t* self) {
   return msg::engine_report{s.core.num_steps,       s.core.num_generated_tokens, s.core.num_preemptions,
                             s.num_executor_failures, s.num_waiting,               s.num_requests,
                             s.core.num_blocks_in_use, s.executor_busy_ns,        s.elapsed_ns,
-                            e.num_steps,             e.raw_mean(),                e.corrected_mean()};
+                            e.num_steps,             e.raw_mean(),                e.corrected_mean(),
+                            s.core.preempted_ns};
 }
 
 engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options options) {

@@ -23,13 +23,15 @@ struct engine_report {
   int64_t num_timed_steps = 0;
   double step_time_error_raw = 0;
   double step_time_error_corrected = 0;
+  /// Time lost to preemption so far (engine::engine_stats::preempted_ns).
+  int64_t preempted_ns = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
   return f(x.num_steps, x.num_generated_tokens, x.num_preemptions, x.num_executor_failures,
            x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns, x.num_timed_steps, x.step_time_error_raw,
-           x.step_time_error_corrected);
+           x.step_time_error_corrected, x.preempted_ns);
 }
 
 }  // namespace troupe::msg

@@ -201,6 +201,7 @@ summary_metrics summarize(const sim_result& r, const slo& slos) {
   m.output_token_throughput_per_s = static_cast<double>(tokens) / m.seconds;
   m.goodput_requests_per_s = static_cast<double>(num_good) / m.seconds;
   m.prefix_hit_rate = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
+  m.preempted_ms = static_cast<double>(r.preempted_ns) / 1e6;
   m.num_steps = static_cast<int64_t>(r.steps.size());
   return m;
 }
@@ -223,6 +224,7 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"prefix_hit_rate\": " + num(m.prefix_hit_rate) + ",\n";
   j += "  \"preemptions\": " + std::to_string(m.preemptions) + ",\n";
   j += "  \"recomputed_tokens\": " + std::to_string(m.recomputed_tokens) + ",\n";
+  j += "  \"preempted_ms\": " + num(m.preempted_ms) + ",\n";
   j += "  \"num_steps\": " + std::to_string(m.num_steps) + ",\n";
   j += "  \"batch_size_histogram\": " + batch_histogram_json(r.steps) + ",\n";
   j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";
@@ -235,7 +237,7 @@ std::string sweep_csv_header(const std::vector<std::string>& keys) {
   return out + ",num_requests,num_completed,simulated_seconds,request_throughput_per_s,"
                "output_token_throughput_per_s,goodput_requests_per_s,ttft_mean_ms,ttft_p50_ms,ttft_p99_ms,"
                "tpot_mean_ms,tpot_p50_ms,tpot_p99_ms,itl_p99_ms,e2e_p50_ms,e2e_p99_ms,prefix_hit_rate,preemptions,"
-               "recomputed_tokens,num_steps,event_log_sha256\n";
+               "recomputed_tokens,preempted_ms,num_steps,event_log_sha256\n";
 }
 
 std::string sweep_csv_row(size_t point, const std::vector<std::string>& values, const sim_result& r,
@@ -248,7 +250,7 @@ std::string sweep_csv_row(size_t point, const std::vector<std::string>& values, 
         num(m.request_throughput_per_s), num(m.output_token_throughput_per_s), num(m.goodput_requests_per_s),
         num(m.ttft_ms.mean), num(m.ttft_ms.median), num(m.ttft_ms.p99), num(m.tpot_ms.mean), num(m.tpot_ms.median),
         num(m.tpot_ms.p99), num(m.itl_ms.p99), num(m.e2e_ms.median), num(m.e2e_ms.p99), num(m.prefix_hit_rate),
-        std::to_string(m.preemptions), std::to_string(m.recomputed_tokens), std::to_string(m.num_steps),
+        std::to_string(m.preemptions), std::to_string(m.recomputed_tokens), num(m.preempted_ms), std::to_string(m.num_steps),
         r.event_log_sha256})
     out += "," + field;
   return out + "\n";

@@ -30,6 +30,7 @@ struct summary_metrics {
   double prefix_hit_rate = 0;
   int64_t preemptions = 0;
   int64_t recomputed_tokens = 0;
+  double preempted_ms = 0;  ///< time lost to preemption (sim_result::preempted_ns)
   int64_t num_steps = 0;
 };
 

@@ -140,6 +140,23 @@ void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
   }
 }
 
+/// The replicas' time lost to preemption, asked once the run has ended.
+int64_t preempted_ns(run_state& rs, caf::scheduler::test_coordinator& sched,
+                     const std::vector<actors::engine_actor>& engines) {
+  int64_t total = 0;
+  size_t num_answers = 0;
+  for (const actors::engine_actor& e : engines)
+    rs.sys.spawn([&, e](caf::event_based_actor* self) {
+      self->request(e, caf::infinite, actors::stats_atom::value).then([&](const msg::engine_report& r) {
+        total += r.preempted_ns;
+        num_answers++;
+      });
+    });
+  sched.run();
+  TROUPE_ASSERT_MSG(num_answers == engines.size(), "every live engine answers a stats query");
+  return total;
+}
+
 }  // namespace
 
 expected<sim_result> run_simulation(const sim_options& o) {
@@ -164,6 +181,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   auto d = sys.spawn(driver, &rs);
   run_to_end(rs, sched);
   const int64_t end_ns = since(rs, sched.clock().now());
+  const int64_t lost_ns = rs.violation.empty() ? preempted_ns(rs, sched, *engines) : 0;
   if (rs.violation.empty() && rs.num_finished != static_cast<int64_t>(o.workload.size()))
     rs.violation = std::to_string(o.workload.size() - rs.num_finished) + " request(s) never ended";
   caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
@@ -180,6 +198,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.num_replicas = o.topology.replicas;
   out.sample_every_ns = o.sample_every_ns;
   out.simulated_ns = end_ns;
+  out.preempted_ns = lost_ns;
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();
   return out;

@@ -43,6 +43,8 @@ struct sim_result {
   int32_t num_replicas = 0;
   int64_t sample_every_ns = 0;        ///< as in the options
   int64_t simulated_ns = 0;           ///< virtual time of the last event
+  /// Time lost to preemption, summed over the replicas (engine::engine_stats::preempted_ns).
+  int64_t preempted_ns = 0;
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;
 };

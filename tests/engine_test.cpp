@@ -618,6 +618,32 @@ TEST(EngineDeterminism, TwoStepsInFlightGiveTheSameOutputs) {
   EXPECT_GT(stats.num_discarded_tokens, 0);  // samples that ended while a step was in flight
 }
 
+TEST(EngineCore, TimeLostToPreemptionIsEachStepsRecomputedShare) {
+  // Every step is reported as taking 1 µs per token: the time lost is then exactly 1 µs per
+  // recomputed token.
+  const testing::bundled& b = testing::model_and_tokenizer();
+  engine_config config;
+  config.block_size = 4;
+  config.num_kv_blocks = 40;
+  config.scheduler.max_num_batched_tokens = 7;
+  config.scheduler.max_num_seqs = 10;
+  auto core = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  ASSERT_TRUE(core.has_value());
+  step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
+  for (const request& r : mixed_workload()) ASSERT_TRUE((*core)->add_request(r).has_value());
+  while ((*core)->has_unfinished()) {
+    auto plan = (*core)->plan_step();
+    ASSERT_TRUE(plan.has_value());
+    exec_result result = executor.execute(*plan);
+    result.measured_ns = 1000 * static_cast<int64_t>(cost::features_of(*plan).num_tokens);
+    (void)(*core)->complete_step(result);
+    (*core)->check_invariants();
+  }
+  const engine_stats stats = (*core)->stats();
+  EXPECT_GT(stats.num_recomputed_tokens, 0);
+  EXPECT_EQ(stats.preempted_ns, 1000 * stats.num_recomputed_tokens);
+}
+
 TEST(EngineCore, PlanningAgainBeforeAPreemptedSampleIsKnownAdmitsNothing) {
   // A (n = 2) fills 3 of 4 blocks and is held until its forked samples exist; B fills the
   // fourth. With step 0 in flight, B's decode needs a fifth block: B preempts itself, and the

@@ -220,6 +220,80 @@ TEST_F(SchedulerTest, AKvWatermarkKeepsALongPromptWaitingInsteadOfPreemptingIt) 
   EXPECT_EQ(schedule().chunks, (chunks{{1, 0, 8, false}}));
 }
 
+TEST_F(SchedulerTest, WithATimeBudgetAdmissionAlsoKeepsTheDecodersGrowthDuringThePrefill) {
+  // Blocks of 2 slots, 14 blocks, 10% kept (llround(1.4) = 1 block). Sequence 0 decodes; a
+  // 16-token prompt needs 8 blocks. At step 2, 0 holds 3 blocks (11 free) and needs none more
+  // for its known tokens: 8 + 1 <= 11 admits the prompt by the watermark alone. With the
+  // time budget, the prompt's chunks are priced as one at its end beside 0's decode row
+  // (position 5: 1000 + 10 + 50 + 2 * 6 = 1072 ns of 1240): q² + 41q <= 168 -> 3 tokens, so
+  // 16 tokens take 6 steps, in which 0 grows from 6 to 12 tokens: 3 more blocks, and
+  // 8 + 1 + 3 > 11 keeps the prompt waiting.
+  for (const bool time_budget : {false, true}) {
+    SCOPED_TRACE(time_budget);
+    scheduler_config c{64, 8};
+    c.kv_watermark = 0.1;
+    if (time_budget) {
+      c.step_time_budget_ms = 0.00124;
+      c.step_cost = {1000, 10, 50, 2, 0};
+    }
+    make(14, 2, c);
+    add(0, token_range(4, 10), 0);
+    step_plan p = schedule();
+    EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, true}}));
+    complete(p, {50});
+    add(1, token_range(16, 40), 0);
+    p = schedule();
+    EXPECT_EQ(table(0), (ids{0, 1, 2}));
+    if (time_budget) {
+      EXPECT_EQ(p.chunks, (chunks{{0, 4, 1, true}}));
+      EXPECT_EQ(sched_->num_waiting(), 1);
+    } else {
+      EXPECT_EQ(p.chunks, (chunks{{0, 4, 1, true}, {1, 0, 16, true}}));
+    }
+    complete(p, time_budget ? std::vector<int32_t>{51} : std::vector<int32_t>{51, 52});
+  }
+  // With nothing running the first chunk's blocks suffice again: alone, q² + 11q <= 240 -> 10.
+  sched_->remove(0);
+  EXPECT_EQ(schedule().chunks, (chunks{{1, 0, 10, false}}));
+}
+
+TEST_F(SchedulerTest, PreemptionTakesTheCheapestVictimThatCoversTheStep) {
+  // Blocks of 4 slots, 7 blocks, all held after the first step: 0 (4 tokens, block 0), 1 (8,
+  // blocks 1-2), 2 (16, blocks 3-6). Each decode row needs a new block: 3 short. Preempting 1
+  // frees 2 blocks and drops its own need: 3, enough, at a recompute cost of 8 tokens; 2 would
+  // cover it too, at 16. So 1 gives way, not the back of the running order.
+  make(7, 4, 64, 8);
+  add(0, token_range(4, 10), 0);
+  add(1, token_range(8, 20), 0);
+  add(2, token_range(16, 40), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{0, 0, 4, true}, {1, 0, 8, true}, {2, 0, 16, true}}));
+  complete(p, {1, 2, 3});
+  EXPECT_EQ(blocks_->num_free_blocks(), 0);
+  p = schedule();
+  EXPECT_EQ(p.preempted, (seqs{1}));
+  EXPECT_EQ(p.chunks, (chunks{{0, 4, 1, true}, {2, 16, 1, true}}));
+  EXPECT_EQ(table(0), (ids{0, 2}));  // 1's table came back tail first: 2, then 1
+  EXPECT_EQ(table(2), (ids{3, 4, 5, 6, 1}));
+  EXPECT_EQ(sched_->num_preemptions(), 1);
+  complete(p, {4, 5});
+}
+
+TEST_F(SchedulerTest, PreemptionStaysWithinThePolicysLastRankClass) {
+  // As above, but 1 has the better priority: only 2 (the last rank class) may give way.
+  make(7, 4, 64, 8);
+  add(0, token_range(4, 10), 0);
+  add(1, token_range(8, 20), -1);
+  add(2, token_range(16, 40), 0);
+  step_plan p = schedule();
+  EXPECT_EQ(p.chunks, (chunks{{1, 0, 8, true}, {0, 0, 4, true}, {2, 0, 16, true}}));
+  complete(p, {1, 2, 3});
+  p = schedule();
+  EXPECT_EQ(p.preempted, (seqs{2}));
+  EXPECT_EQ(p.chunks, (chunks{{1, 8, 1, true}, {0, 4, 1, true}}));
+  complete(p, {4, 5});
+}
+
 TEST_F(SchedulerTest, APrefillOnlySequenceComputesItsTokensAndSamplesNothing) {
   make(16, 4, 4, 8);
   sched_->add_prefill_only(0, token_range(6, 10), 0);

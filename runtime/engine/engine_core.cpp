@@ -297,6 +297,8 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   const flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (step_time_correction_ && result.measured_ns > 0) correct_step_time(f.features, result.measured_ns);
+  if (result.measured_ns > 0 && f.plan.num_recomputed_tokens > 0)
+    stats_.preempted_ns += result.measured_ns * f.plan.num_recomputed_tokens / f.plan.num_batched_tokens;
   std::vector<int32_t> sampled;
   for (const auto& samples : result.samples) sampled.push_back(samples.front().token);
   scheduler_->complete(f.plan, sampled);

@@ -34,6 +34,9 @@ struct engine_stats {
   int64_t num_preemptions = 0;
   int64_t num_prefix_hit_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
   int64_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
+  /// Time lost to preemption: of each measured step, the share of its tokens that were
+  /// computed again after a preemption dropped their KV (step_plan::num_recomputed_tokens).
+  int64_t preempted_ns = 0;
   int32_t num_blocks_in_use = 0;
   /// With the step-time correction on: how well the model, alone and corrected, predicted the
   /// measured steps.

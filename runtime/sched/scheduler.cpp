@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <utility>
 
 #include "runtime/cost/chunk_budget.hpp"
@@ -136,18 +137,44 @@ void scheduler::set_step_time_factor(double factor) {
   corrected_budget_ns_ = static_cast<int64_t>(std::clamp(corrected, 1.0, 9e18));
 }
 
-scheduler::step_budget scheduler::start_budget() const {
-  step_budget budget;
-  budget.num_tokens = config_.max_num_batched_tokens;
-  if (step_time_budget_ns_ == 0) return budget;
-  // Every decode row is priced in before any prefill chunk is cut, wherever it stands in the
-  // running order (a row whose sequence is preempted meanwhile stays priced: conservative).
+cost::step_features scheduler::decode_rows() const {
+  cost::step_features rows;
   for (const seq_id id : running_) {
     const sequence& s = get(id);
     if (plannable(s) && static_cast<int32_t>(s.tokens.size()) - s.num_computed_tokens == 1)
-      cost::add_features(budget.planned, cost::chunk_features(s.num_computed_tokens, 1, s.prefill_only ? 0 : 1));
+      cost::add_features(rows, cost::chunk_features(s.num_computed_tokens, 1, s.prefill_only ? 0 : 1));
   }
+  return rows;
+}
+
+scheduler::step_budget scheduler::start_budget() const {
+  step_budget budget;
+  budget.num_tokens = config_.max_num_batched_tokens;
+  // Every decode row is priced in before any prefill chunk is cut, wherever it stands in the
+  // running order (a row whose sequence is preempted meanwhile stays priced: conservative).
+  if (step_time_budget_ns_ > 0) budget.planned = decode_rows();
   return budget;
+}
+
+int32_t scheduler::num_growth_blocks(const sequence& s, int32_t have, const cost::step_features& rows) const {
+  const auto length = static_cast<int32_t>(s.tokens.size());
+  const int32_t missing = length - have;
+  // The prompt's last chunks are its smallest (each token attends to more): pricing every
+  // chunk like one at the prompt's end over-counts the steps, never under-counts them.
+  const int32_t last_chunk = std::max(
+      1, cost::max_chunk_tokens(config_.step_cost, rows, corrected_budget_ns_, length - 1,
+                                std::min(missing, config_.max_num_batched_tokens), /*samples_at_max=*/false));
+  const int64_t num_steps = (int64_t{missing} + last_chunk - 1) / last_chunk;
+  const int64_t size = blocks_.block_size();
+  int64_t n = 0;
+  for (const seq_id id : running_) {
+    const sequence& r = get(id);
+    const auto known = static_cast<int64_t>(r.tokens.size());
+    if (r.prefill_only || known - r.num_computed_tokens > 1) continue;  // not decoding
+    const int64_t grown = std::min<int64_t>(known + num_steps, std::max<int64_t>(known, r.max_num_tokens));
+    n += (grown + size - 1) / size - (known + size - 1) / size;
+  }
+  return static_cast<int32_t>(std::min<int64_t>(n, blocks_.num_blocks()));
 }
 
 int32_t scheduler::prefill_chunk_tokens(const sequence& s, int32_t first_position, int32_t missing,
@@ -162,27 +189,96 @@ int32_t scheduler::prefill_chunk_tokens(const sequence& s, int32_t first_positio
 }
 
 void scheduler::schedule_running(step_plan& plan, step_budget& budget) {
-  for (size_t i = 0; i < running_.size() && budget.num_tokens > 0; i++) {
+  size_t i = 0;
+  while (i < running_.size() && budget.num_tokens > 0) {
     sequence& s = at(running_[i]);
-    if (!plannable(s)) continue;
+    if (!plannable(s)) {
+      i++;
+      continue;
+    }
     const int32_t missing = static_cast<int32_t>(s.tokens.size()) - s.num_computed_tokens;
     TROUPE_ASSERT(missing > 0);
     const bool decode_row = missing == 1;  // priced by start_budget already
     const int32_t num_new = decode_row ? 1 : prefill_chunk_tokens(s, s.num_computed_tokens, missing, budget);
-    if (num_new == 0) continue;  // no time left for this prompt's next chunk
+    if (num_new == 0) {  // no time left for this prompt's next chunk
+      i++;
+      continue;
+    }
     bool preempted_self = false;
     while (!blocks_.can_allocate(s.id, s.num_computed_tokens + num_new, {})) {
-      const seq_id victim = running_.back();
+      const size_t victim = pick_victim(i, s.num_computed_tokens + num_new, budget.num_tokens);
+      preempted_self = victim == i;
       preempt(victim, plan);
-      if (victim == s.id) {
-        preempted_self = true;
-        break;
-      }
+      if (preempted_self) break;
     }
-    if (preempted_self) break;  // it was the back: nothing after it remains
+    if (preempted_self) continue;  // the next sequence now stands at i
     blocks_.allocate(s.id, s.num_computed_tokens + num_new, {});
     add_chunk(plan, s, num_new, budget, /*price=*/!decode_row);
+    i++;
   }
+}
+
+int32_t scheduler::num_blocks_freed(const sequence& v) const {
+  const std::vector<kv::block_id>& table = blocks_.block_table(v.id);
+  return static_cast<int32_t>(
+      std::count_if(table.begin(), table.end(), [&](kv::block_id b) { return blocks_.refcount(b) == 1; }));
+}
+
+double scheduler::recompute_cost(const sequence& v) const {
+  if (step_time_budget_ns_ == 0) return v.num_computed_tokens;
+  return static_cast<double>(
+      cost::predict_ns(config_.step_cost, cost::chunk_features(0, v.num_computed_tokens, /*num_samples=*/0)));
+}
+
+int64_t scheduler::num_blocks_wanted(size_t j, size_t position, int32_t num_tokens_total,
+                                     int32_t num_budget_tokens) const {
+  const sequence& v = get(running_[j]);
+  int64_t tokens = num_tokens_total;
+  if (j != position) {
+    if (!plannable(v)) return 0;
+    const int64_t missing = static_cast<int64_t>(v.tokens.size()) - v.num_computed_tokens;
+    tokens = v.num_computed_tokens + std::min<int64_t>(missing, num_budget_tokens);
+  }
+  const int64_t size = blocks_.block_size();
+  return std::max<int64_t>(0, (tokens + size - 1) / size - static_cast<int64_t>(blocks_.block_table(v.id).size()));
+}
+
+size_t scheduler::pick_victim(size_t position, int32_t num_tokens_total, int32_t num_budget_tokens) const {
+  std::vector<int64_t> wanted(running_.size() - position);
+  for (size_t j = position; j < running_.size(); j++)
+    wanted[j - position] = num_blocks_wanted(j, position, num_tokens_total, num_budget_tokens);
+  const int64_t free = blocks_.num_free_blocks();
+  const int64_t num_short =
+      std::max({int64_t{1}, wanted[0] - free, std::accumulate(wanted.begin(), wanted.end(), int64_t{0}) - free});
+  // Only the policy's last rank class gives way, and only sequences not planned yet this step
+  // (from `position` on). A victim frees its own blocks and drops its own demand this step.
+  // Among them: the cheapest that alone covers the step's shortfall, else the one covering the
+  // most of it per unit of cost. Ties go to the later one (the later arrival).
+  const int64_t last_rank = get(running_.back()).rank;
+  size_t best = running_.size();
+  bool best_enough = false;
+  double best_cost = 0;
+  int64_t best_gain = 0;
+  for (size_t j = running_.size(); j-- > position;) {
+    const sequence& v = get(running_[j]);
+    if (v.rank != last_rank) break;  // the running order is by rank: no more of the last class
+    const int64_t gain = num_blocks_freed(v) + wanted[j - position];
+    const double cost = recompute_cost(v);
+    const bool enough = gain >= num_short;
+    bool better = false;
+    if (best == running_.size()) better = true;
+    else if (enough != best_enough) better = enough;
+    else if (enough) better = cost < best_cost;
+    else better = static_cast<double>(gain) * best_cost > static_cast<double>(best_gain) * cost;
+    if (better) {
+      best = j;
+      best_enough = enough;
+      best_cost = cost;
+      best_gain = gain;
+    }
+  }
+  TROUPE_ASSERT_MSG(best < running_.size(), "the last rank class is never empty");
+  return best;
 }
 
 int32_t scheduler::num_blocks_to_finish(const sequence& s, size_t table_size) const {
@@ -221,7 +317,12 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     const int32_t num_new = prefill_chunk_tokens(s, have, static_cast<int32_t>(s.tokens.size()) - have, budget);
     if (num_new == 0) break;  // no time left for a new prompt's first chunk
     // With nothing running, nothing will free blocks to wait for: the first chunk suffices.
-    if (watermark && !running_.empty() && !fits_whole_prompt(s, hit, num_reserved)) break;
+    if (watermark && !running_.empty()) {
+      // With a time budget the prompt's prefill is predicted to take steps, while the running
+      // decoders each grow a token a step: their blocks for that are kept free too.
+      const int32_t growth = step_time_budget_ns_ > 0 ? num_growth_blocks(s, have, decode_rows()) : 0;
+      if (!fits_whole_prompt(s, hit, num_reserved + growth)) break;
+    }
     if (!blocks_.can_allocate(s.id, have + num_new, hit)) break;
     blocks_.allocate(s.id, have + num_new, hit);
     s.num_computed_tokens = have;
@@ -252,11 +353,11 @@ kv::prefix_hit scheduler::cached_prefix(const sequence& s) const {
   return hit;
 }
 
-void scheduler::preempt(seq_id victim, step_plan& plan) {
+void scheduler::preempt(size_t position, step_plan& plan) {
+  const seq_id victim = running_.at(position);
   sequence& v = at(victim);
   TROUPE_ASSERT(v.status == seq_status::running);
-  TROUPE_ASSERT(running_.back() == victim);
-  running_.pop_back();
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(position));
   blocks_.free(victim);
   v.num_lost_tokens = std::max(v.num_lost_tokens, v.num_computed_tokens);
   v.num_computed_tokens = 0;
@@ -281,6 +382,7 @@ void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, step
       std::max(0, std::min(s.num_computed_tokens + num_tokens, s.num_lost_tokens) - s.num_computed_tokens);
   s.num_recomputed_tokens += recomputed;
   num_recomputed_tokens_ += recomputed;
+  plan.num_recomputed_tokens += recomputed;
   budget.num_tokens -= num_tokens;
   s.num_computed_tokens += num_tokens;
   touch(s.id);

@@ -12,14 +12,20 @@
 ///
 /// Memory. Each chunk's KV slots are allocated through the block manager before the plan is
 /// returned. When a running sequence cannot get its slots, the scheduler preempts by
-/// recompute: the victim (the back of the running order: the policy's last, then the latest
-/// arrival) frees its blocks and goes back to the waiting queue with every token it has so far; on
-/// readmission its KV is computed again (often largely from the prefix cache). Waiting
+/// recompute: a victim frees its blocks and goes back to the waiting queue with every token it
+/// has so far; on readmission its KV is computed again (often largely from the prefix cache).
+/// Victims come from the policy's last rank class among the sequences not yet planned this step
+/// (the one being planned included): the cheapest to recompute that alone covers the step's
+/// shortfall of blocks (what it frees plus what it no longer needs this step), else the one
+/// covering the most per unit of recompute cost (the step-time model's price of its computed
+/// tokens with a time budget, their count without); ties go to the later arrival. Waiting
 /// sequences are admitted in (rank, arrival) order; admission stops at the first one that
 /// does not fit, so a large request is never overtaken forever. An admitted sequence reuses the
 /// longest cached prefix the hit rule allows (kv/hit_rule.hpp, window 0, slack
 /// scheduler_config::prefix_cache_slack_tokens). With a KV watermark
-/// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs.
+/// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs; with a
+/// time budget too, it also leaves the blocks the running decoders grow into during the
+/// prompt's predicted prefill (num_growth_blocks).
 ///
 /// Order: the scheduling policy (policy.hpp: `priority` by default, `fcfs`, `sjf`) ranks each
 /// sequence once, when it is queued; a smaller rank is served first. Ties break by arrival
@@ -67,6 +73,8 @@ struct step_plan {
   std::vector<seq_id> preempted;       ///< sequences preempted while planning this step
   std::vector<seq_id> imported;        ///< admitted with imported KV: write it before this step
   int32_t num_batched_tokens = 0;
+  /// Of num_batched_tokens, those computed again after a preemption dropped their KV.
+  int32_t num_recomputed_tokens = 0;
 
   [[nodiscard]] bool empty() const { return chunks.empty() && copies.empty(); }
 };
@@ -192,7 +200,13 @@ class scheduler {
     cost::step_features planned;
   };
   [[nodiscard]] static bool plannable(const sequence& s);
+  /// The features of this step's decode rows: every running sequence with one token to compute.
+  [[nodiscard]] cost::step_features decode_rows() const;
   [[nodiscard]] step_budget start_budget() const;
+  /// With a time budget and kv_watermark: the blocks the running decoders need for the tokens
+  /// they sample while `s`'s prompt (from `have` on) is prefilled — its predicted number of
+  /// steps, each chunk priced as one at the prompt's end beside the decode `rows`.
+  [[nodiscard]] int32_t num_growth_blocks(const sequence& s, int32_t have, const cost::step_features& rows) const;
   /// The next prefill chunk of `s` from `first_position` (`missing` tokens left): as many as
   /// the token budget and the time budget allow.
   [[nodiscard]] int32_t prefill_chunk_tokens(const sequence& s, int32_t first_position, int32_t missing,
@@ -209,7 +223,20 @@ class scheduler {
   [[nodiscard]] bool fits_whole_prompt(const sequence& s, const kv::prefix_hit& hit, int32_t num_reserved) const;
   /// The prefix of `s` served from cache on admission: the pool's longest hit, cut to the hit rule.
   [[nodiscard]] kv::prefix_hit cached_prefix(const sequence& s) const;
-  void preempt(seq_id victim, step_plan& plan);
+  /// Blocks that preempting `v` returns to the pool (those no other sequence shares).
+  [[nodiscard]] int32_t num_blocks_freed(const sequence& v) const;
+  /// What computing `v`'s KV again costs: the step-time model's price of its computed tokens
+  /// as one chunk with a time budget, their number without.
+  [[nodiscard]] double recompute_cost(const sequence& v) const;
+  /// New blocks the sequence at running position `j` wants this step: `num_tokens_total` slots
+  /// if it is the one at `position` being planned; after it, its next chunk (a decode row
+  /// exactly, a prompt's up to `num_budget_tokens` tokens).
+  [[nodiscard]] int64_t num_blocks_wanted(size_t j, size_t position, int32_t num_tokens_total,
+                                          int32_t num_budget_tokens) const;
+  /// The running position to preempt so that the sequence at `position` can hold
+  /// `num_tokens_total` slots (see the class comment); `position` itself may be the answer.
+  [[nodiscard]] size_t pick_victim(size_t position, int32_t num_tokens_total, int32_t num_budget_tokens) const;
+  void preempt(size_t position, step_plan& plan);
   /// Plans `num_tokens` of `s`; `price` adds them to the budget's predicted time (false for a
   /// decode row start_budget priced).
   void add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, step_budget& budget, bool price);
@@ -224,7 +251,7 @@ class scheduler {
   std::map<seq_id, sequence> sequences_;
   std::unique_ptr<policy> policy_;
   std::deque<seq_id> waiting_;  // (rank, arrival) order
-  std::deque<seq_id> running_;  // (rank, arrival) order; the back is the preemption victim
+  std::deque<seq_id> running_;  // (rank, arrival) order
   std::vector<kv::block_copy> pending_copies_;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;

@@ -32,6 +32,8 @@ struct scheduler_config {
   /// it, while anything runs, a sequence is admitted only if the free blocks cover its whole
   /// prompt, what the running sequences still need to finish theirs, and this share of the
   /// pool: a long prompt is not admitted just to be preempted when those ahead of it grow.
+  /// With a time budget as well, the free blocks must also cover the running decoders' growth
+  /// over the steps the prompt's prefill is predicted to take (the predicted-time check).
   double kv_watermark = 0;
   policy_options policy;  ///< the order sequences are served in (policy.hpp)
   /// Trailing tokens of a prompt always computed, never served from the prefix cache (the hit
