@@ -1,6 +1,7 @@
 #include "sim/cost_executor.hpp"
 
 #include <map>
+#include <utility>
 
 #include <caf/all.hpp>
 
@@ -98,6 +99,8 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         auto promise = self->make_response_promise<engine::exec_result>();
         engine::exec_result result = s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size);
         result.measured_ns = cost_ns;  // virtual time: the engine's correction replays
+        if (s.o.planted_batch_bug && result.samples.size() >= 3 && result.samples[0].size() == result.samples[1].size())
+          std::swap(result.samples[0], result.samples[1]);
         s.pending.emplace(plan.step, std::make_pair(promise, std::move(result)));
         self->delayed_send(self, s.busy_until - now, deliver_atom::value, plan.step);
         return promise;

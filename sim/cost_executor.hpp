@@ -38,6 +38,9 @@ struct cost_executor_options {
   std::vector<replica_sample>* samples = nullptr;
   int64_t sample_every_ns = 0;
   std::optional<cost::roofline_model> roofline;          ///< set: prices the steps instead of `cost`
+  /// Tests only (sim_options::planted_batch_bug): a step of three or more sampled rows hands
+  /// its first two rows each other's samples, a bug that makes tokens depend on the batch.
+  bool planted_batch_bug = false;
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

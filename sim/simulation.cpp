@@ -1,5 +1,8 @@
 #include "sim/simulation.hpp"
 
+#include <algorithm>
+#include <optional>
+
 #include <caf/all.hpp>
 
 #include "actors/client.hpp"
@@ -20,6 +23,8 @@ using arrive_atom = caf::atom_constant<caf::atom("arrive")>;
 /// Stream ids for derive_seed: stable names, so adding randomness elsewhere shifts nothing.
 constexpr uint64_t load_balancer_stream = 0x6c6f61645f62616cULL;  // "load_bal"
 constexpr uint64_t prompt_stream = 0x70726f6d70747321ULL;         // "prompts!"
+constexpr uint64_t delivery_stream = 0x64656c6976657279ULL;       // "delivery"
+constexpr uint64_t request_seed_stream = 0x72657173656564ULL;       // "reqseed"
 
 struct run_state {
   const sim_options& o;
@@ -32,6 +37,7 @@ struct run_state {
   caf::actor_clock::time_point start;
   int64_t num_finished = 0;
   std::string violation;
+  std::optional<random_source> delivery;  // with shuffle_delivery: picks the next ready actor
 };
 
 int64_t since(const run_state& rs, caf::actor_clock::time_point t) { return actors::ns_between(rs.start, t); }
@@ -73,7 +79,11 @@ void arrive(caf::event_based_actor* self, run_state& rs, int64_t index) {
   req.prompt_tokens = prompt_tokens(t, index, m.vocab_size, mooncake_block_tokens, derive_seed(rs.o.seed, prompt_stream));
   req.max_tokens = t.output_tokens;
   req.ignore_eos = true;
-  req.temperature = 0.0f;
+  req.temperature = rs.o.temperature;
+  if (rs.o.temperature > 0) {
+    req.has_seed = true;
+    req.seed = derive_seed(derive_seed(rs.o.seed, request_seed_stream), static_cast<uint64_t>(index));
+  }
   req.stream = false;  // the simulation reads only the end: one chunk instead of one per token
   r.prompt_tokens = static_cast<int32_t>(req.prompt_tokens.size());
   r.prompt = req.prompt_tokens;
@@ -116,7 +126,7 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     o.detached_executor = false;
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
-                            &rs.samples, rs.o.sample_every_ns, t.roofline};
+                            &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug};
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());
@@ -126,17 +136,36 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
 }
 
 /// Runs the clock until no timer is left; checks the clock only moves forward.
+/// Runs every ready actor until none is: first come first served, or with rs.delivery in a
+/// seeded random order (a drawn ready actor runs one message; its mailbox stays in order).
+void dispatch(run_state& rs, caf::scheduler::test_coordinator& sched) {
+  if (!rs.delivery) {
+    sched.run();
+    return;
+  }
+  while (!sched.jobs.empty()) {
+    const auto pick = static_cast<std::ptrdiff_t>(rs.delivery->uniform_below(sched.jobs.size()));
+    std::rotate(sched.jobs.begin(), sched.jobs.begin() + pick, sched.jobs.begin() + pick + 1);
+    sched.run_once();
+  }
+}
+
 void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
   auto last = sched.clock().now();
   int64_t rounds = 0;
   for (;;) {
-    sched.run();
+    dispatch(rs, sched);
     const auto now = sched.clock().now();
     if (now < last) rs.violation = "the virtual clock went back";
     last = now;
     if (!rs.violation.empty()) return;
     if (rs.o.on_progress && ++rounds % 4096 == 0) rs.o.on_progress(since(rs, now), rs.num_finished);
     if (!sched.trigger_timeout()) return;
+    // Shuffled: every timer due at this instant fires now, so what they start is ready at once
+    // and the drawn order interleaves it (first come first served runs each to quiescence).
+    if (rs.delivery)
+      while (sched.has_pending_timeout() && sched.clock().schedule().begin()->first <= sched.clock().now())
+        sched.trigger_timeout();
   }
 }
 
@@ -168,7 +197,8 @@ expected<sim_result> run_simulation(const sim_options& o) {
   // Start the virtual clock away from 0 (CAF treats a zero time point specially).
   sched.clock().current_time += std::chrono::hours(1);
   run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
-               sched.clock().now(), 0, {}};
+               sched.clock().now(), 0, {}, {}};
+  if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   auto engines = spawn_engines(rs);
   if (!engines) return tl::unexpected(engines.error());
   actors::load_balancer_options lb;

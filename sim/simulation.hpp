@@ -4,7 +4,8 @@
 /// CAF test coordinator — one thread, a virtual clock that jumps to the next timer — with the
 /// cost-model executor in place of the real one, fed by a workload of timed requests.
 ///
-/// The loop: dispatch every ready message, then advance the clock to the next timer; repeat
+/// The loop: dispatch every ready message (first come first served, or in a seeded random
+/// order: sim_options::shuffle_delivery), then advance the clock to the next timer; repeat
 /// until nothing is left. Every seed derives from the run seed and a stable name, so a run
 /// replays from one number. Invariants are checked after every engine step and at the end
 /// (every request ended exactly once, nothing lost, the clock never went back); a violation
@@ -34,6 +35,19 @@ struct sim_options {
   /// every interval of this many virtual ns; 0 = no samples. Sampling reads the engine's
   /// counters only: the run's events and its event-log hash are the same either way.
   int64_t sample_every_ns = 1'000'000'000;
+  /// Dispatch the messages ready at one virtual instant in a seeded random order (the run
+  /// seed's "delivery" stream) instead of first come first served: each actor still reads its
+  /// own mailbox in order, but which ready actor runs next is drawn, and every timer due at one
+  /// instant fires together (first come first served runs each timer's work to quiescence
+  /// before the next), so a run explores one of the interleavings a multi-threaded system
+  /// could take. Tokens must not depend on it.
+  bool shuffle_delivery = false;
+  /// The requests' temperature (0: greedy). Above 0 each request carries its own seed (from the
+  /// run seed), so its tokens are still a function of the request alone.
+  float temperature = 0.0f;
+  /// Tests only: plant a batch-dependence bug in the executors (cost_executor_options::
+  /// planted_batch_bug), for checking that the swarm finds such bugs.
+  bool planted_batch_bug = false;
 };
 
 struct sim_result {

@@ -136,6 +136,16 @@ TEST_F(Cli, RejectsSeedsOutsideUint64InsteadOfWrappingThem) {
   EXPECT_EQ(max.exit_code, 0) << max.err;
 }
 
+TEST_F(Cli, SimSwarmRunsCasesAndRefusesATopologyBesideIt) {
+  const cli_result ok = run({"sim", "--swarm", "3", "--seed", "5", "--no-progress"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("swarm: 3 case(s) from seed 5 passed:"), std::string::npos) << ok.out;
+  expect_rejected({"sim", "--swarm", "3", "-T", "x.toml"},
+                  "--swarm draws its own topologies and workloads: not with --topology, --trace or --sweep");
+  expect_rejected({"sim", "--swarm", "0"}, "--swarm: Value 0 not in range");
+  expect_rejected({"sim"}, "--topology is required (or --swarm N)");
+}
+
 TEST_F(Cli, SimSweepRunsEveryPointInParallelAndARerunIsByteIdentical) {
   const std::string topology = std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml";
   const auto sweep = [&](const std::string& out, const std::string& jobs) {

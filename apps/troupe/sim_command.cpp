@@ -25,6 +25,7 @@
 #include "sim/random.hpp"
 #include "sim/report.hpp"
 #include "sim/simulation.hpp"
+#include "sim/swarm.hpp"
 #include "sim/sweep.hpp"
 #include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
@@ -49,6 +50,7 @@ struct sim_cli_options {
   std::vector<std::string> set;     // --set KEY=VALUE
   std::vector<std::string> sweeps;  // --sweep KEY=V1,V2,...
   int32_t jobs = 0;                 // sweep processes at once; 0 = one per core
+  int64_t swarm = 0;                // --swarm N: swarm cases from --seed on
   sim::topology_overrides overrides;  // the TABLE.KEY settings among `set`
   // A sweep's point (in its own process): its number and values, written as DIR/row.csv.
   std::optional<std::pair<size_t, std::vector<std::string>>> point;
@@ -307,7 +309,41 @@ int run_sweep(const sim_cli_options& o) {
   return 0;
 }
 
+/// `--swarm N`: cases seed, seed + 1, ... (sim/swarm.hpp); stops at the first violation and
+/// prints the command that replays it.
+int run_swarm(const sim_cli_options& o) {
+  const std::string model = default_model_path();
+  int64_t num_requests = 0, num_preemptions = 0, num_replayed = 0;
+  for (int64_t i = 0; i < o.swarm; i++) {
+    const uint64_t seed = o.seed + static_cast<uint64_t>(i);
+    auto r = sim::run_swarm_case(seed, model, /*replay=*/i % 16 == 0);
+    if (!r) return fail_with(r.error());
+    if (!r->violation.empty()) {
+      std::fprintf(stderr, "\n");
+      spdlog::error("swarm case {}: {}", seed, r->violation);
+      std::printf("replay: troupe sim --swarm 1 --seed %llu\n", static_cast<unsigned long long>(seed));
+      return 1;
+    }
+    num_requests += r->num_requests;
+    num_preemptions += r->num_preemptions;
+    num_replayed += r->replayed;
+    if (o.progress) std::fprintf(stderr, "\r[swarm] %lld/%lld cases   ", static_cast<long long>(i + 1), static_cast<long long>(o.swarm));
+  }
+  if (o.progress) std::fprintf(stderr, "\n");
+  std::printf("swarm: %lld case(s) from seed %llu passed: %lld requests, %lld preemptions, %lld replayed\n",
+              static_cast<long long>(o.swarm), static_cast<unsigned long long>(o.seed), static_cast<long long>(num_requests),
+              static_cast<long long>(num_preemptions), static_cast<long long>(num_replayed));
+  return 0;
+}
+
 int run_sim_command(sim_cli_options& o) {
+  if (o.swarm > 0) {
+    if (!o.topology.empty() || !o.trace.empty() || !o.sweeps.empty())
+      return fail_with(error{errc::invalid_argument, "--swarm draws its own topologies and workloads: not with "
+                                                     "--topology, --trace or --sweep"});
+    return run_swarm(o);
+  }
+  if (o.topology.empty()) return fail_with(error{errc::invalid_argument, "--topology is required (or --swarm N)"});
   for (const std::string& s : o.set) {
     const size_t eq = s.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -322,7 +358,7 @@ int run_sim_command(sim_cli_options& o) {
 action add_sim(CLI::App& app) {
   auto o = std::make_shared<sim_cli_options>();
   CLI::App* cmd = app.add_subcommand("sim", "Simulate a workload on virtual time with the production actors");
-  cmd->add_option("--topology,-T", o->topology, "simulation topology (TOML, see docs/simulation.md)")->required();
+  cmd->add_option("--topology,-T", o->topology, "simulation topology (TOML, see docs/simulation.md); required but with --swarm");
   cmd->add_option("--trace", o->trace, "trace: Azure 2023, Mooncake, BurstGPT, Vidur or length-only (docs/simulation.md)");
   cmd->add_option("--format", o->format, "azure, mooncake, burstgpt, vidur or lengths (default: detected from the file)");
   cmd->add_option("--synthetic-requests", o->synthetic.num_requests, "synthetic workload: number of requests");
@@ -355,6 +391,10 @@ action add_sim(CLI::App& app) {
   cmd->add_option("--sweep", o->sweeps,
                   "KEY=V1,V2,...: run every combination of the swept settings (keys as --set); writes "
                   "DIR/sweep.csv and DIR/sweep.svg; repeatable");
+  cmd->add_option("--swarm", o->swarm,
+                  "run N swarm cases (seeds --seed, --seed + 1, ...): random small topologies and workloads, each "
+                  "first come first served and in a seeded random delivery order, compared (sim/swarm.hpp)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--jobs,-j", o->jobs, "sweep points run at once (0 = one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
