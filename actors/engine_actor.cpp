@@ -69,7 +69,8 @@ void perform(engine_actor_t* self, engine::effects fx, const request_actor& call
 void executor_failed(engine_actor_t* self, int64_t generation, const caf::error& reason) {
   if (generation != self->state.host->generation()) return;  // a replaced executor's failure
   const std::string why = "step executor failed: " + self->system().render(reason);
-  spdlog::error("engine: {}; failing {} request(s)", why, self->state.host->num_live());
+  spdlog::error("engine: {}; restarting it and resuming its {} request(s) by recompute", why,
+                self->state.host->num_live());
   perform(self, self->state.host->executor_failed(generation, why, now_ns(self)));
 }
 

@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <map>
+#include <set>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "runtime/engine/step_executor.hpp"
 #include "tests/support/effects_text.hpp"
+#include "tests/support/engine_harness.hpp"
 
 namespace troupe::engine {
 
@@ -263,29 +267,127 @@ TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
   EXPECT_EFFECTS(host->release(1, 9000), (effects{report_load{3, 2, 0, 0, 0}}));  // a release always counts
 }
 
-TEST(EngineHost, ExecutorFailureRejectsEveryUnfinishedRequestAndRebuildsTheCore) {
+/// What each request got on a host over the bundled model's real executor, whose executor
+/// fails (its plans in flight lost, a new one started) after each answered step in
+/// `fail_after`: its tokens (streamed or batched) and how it ended, or its rejection.
+struct real_run {
+  std::map<request_id, std::string> outcome;
+  engine_host_stats stats;
+};
+real_run run_real(const std::vector<request>& requests, const std::set<int>& fail_after) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  engine_host_options o;
+  o.model = b.ck.config();
+  o.bos_id = b.tok.bos_id();
+  o.eos_id = b.tok.eos_id();
+  o.config.num_kv_blocks = 64;
+  o.config.block_size = 4;
+  o.config.max_steps_in_flight = 2;
+  o.config.scheduler.max_num_batched_tokens = 16;
+  o.check_invariants_every = 1;
+  auto host = make_host(o);
+  auto executor = std::make_unique<step_executor>(b.ck, o.config.num_kv_blocks, o.config.block_size);
+  std::deque<send_plan> in_flight;
+  real_run run;
+  int64_t now = 0;
+  const auto take = [&](effects fx) {
+    for (effect& e : fx) {
+      if (auto* p = std::get_if<send_plan>(&e)) in_flight.push_back(std::move(*p));
+      if (auto* t = std::get_if<send_token>(&e)) {
+        std::string& out = run.outcome[t->event.request];
+        out += " " + std::to_string(t->event.sample.token);
+        if (t->event.finish != finish_reason::none) out += std::string(" ") + to_string(t->event.finish);
+      }
+      if (auto* t = std::get_if<send_batch>(&e))
+        for (int32_t token : t->batch.tokens) run.outcome[t->batch.request] += " " + std::to_string(token);
+      if (auto* r = std::get_if<reject>(&e)) run.outcome[r->id] += " rejected: " + r->message;
+      if (std::holds_alternative<restart_executor>(e)) {
+        in_flight.clear();  // the failed executor's plans are gone with it
+        executor = std::make_unique<step_executor>(b.ck, o.config.num_kv_blocks, o.config.block_size);
+      }
+    }
+  };
+  for (const request& r : requests) take(host->submit(r, ++now));
+  for (int answered = 0; !in_flight.empty(); answered++) {
+    if (fail_after.count(answered)) {
+      take(host->executor_failed(host->generation(), "step executor failed: injected", ++now));
+      continue;
+    }
+    send_plan p = std::move(in_flight.front());
+    in_flight.pop_front();
+    take(host->on_step_result(p.generation, executor->execute(p.plan), ++now));
+  }
+  EXPECT_EQ(host->num_live(), 0u);
+  run.stats = host->stats(++now);
+  return run;
+}
+
+std::vector<request> sampled_requests() {
+  std::vector<request> out;
+  for (int32_t i = 0; i < 4; i++) {
+    request r;
+    r.id = 10 + i;
+    r.prompt = testing::varied_prompt(i);
+    r.prompt.resize(static_cast<size_t>(3 + 5 * i));
+    r.max_tokens = 24;
+    r.sampling.temperature = 1.0f;
+    r.seed = 100 + static_cast<uint64_t>(i);
+    r.ignore_eos = true;
+    if (i == 1) r.sampling.presence_penalty = 1.5f;  // resumed tokens still count as generated
+    if (i == 2) r.sampling.frequency_penalty = 1.0f;
+    if (i == 3) r.batch_tokens = true;
+    out.push_back(r);
+  }
+  return out;
+}
+
+TEST(EngineHost, AnExecutorFailureResumesEveryRequestWithItsUndisturbedTokens) {
+  const real_run undisturbed = run_real(sampled_requests(), {});
+  ASSERT_EQ(undisturbed.outcome.size(), 4u);
+  for (const std::set<int>& failures : {std::set<int>{0}, std::set<int>{3}, std::set<int>{5, 11}}) {
+    const real_run failed = run_real(sampled_requests(), failures);
+    EXPECT_EQ(failed.outcome, undisturbed.outcome) << "failures after " << *failures.begin();
+    EXPECT_EQ(failed.stats.num_executor_failures, static_cast<int64_t>(failures.size()));
+    EXPECT_GT(failed.stats.num_resumed_requests, 0);
+  }
+}
+
+TEST(EngineHost, ARequestSurvivesTwoExecutorFailuresAndTheThirdFailsIt) {
+  std::vector<request> one = {sampled_requests()[0]};
+  const real_run run = run_real(one, {2, 4, 6});
+  EXPECT_EQ(run.stats.num_executor_failures, 3);
+  EXPECT_EQ(run.stats.num_resumed_requests, executor_failure_resumes_max);
+  const std::string& got = run.outcome.at(10);
+  EXPECT_NE(got.find("rejected: step executor failed: injected"), std::string::npos) << got;
+}
+
+TEST(EngineHost, AnExecutorFailureFailsARequestWithSeveralSamplesAndResumesTheOthers) {
+  std::vector<request> requests = sampled_requests();
+  requests[0].n = 2;
+  const real_run undisturbed = run_real(requests, {});
+  const real_run run = run_real(requests, {3});
+  EXPECT_EQ(run.outcome.at(10).substr(run.outcome.at(10).find("rejected")), "rejected: step executor failed: injected");
+  for (request_id id : {11, 12, 13}) EXPECT_EQ(run.outcome.at(id), undisturbed.outcome.at(id)) << id;
+  EXPECT_EQ(run.stats.num_resumed_requests, 3);
+}
+
+TEST(EngineHost, ExecutorFailureRebuildsTheCoreAndIgnoresTheOldGeneration) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   (void)ex.take_plans(host->submit(make_request(1, 4), 10));
-  (void)ex.take_plans(host->submit(make_request(2, 4, /*batch=*/true), 10));
   (void)ex.answer(*host, 20);
-  ASSERT_EQ(host->num_live(), 2u);
-  EXPECT_EQ(host->executor_failed(0, "step executor failed: boom", 30),
-            (effects{reject{1, errc::internal, "step executor failed: boom", false},
-                     reject{2, errc::internal, "step executor failed: boom", false}, restart_executor{}}));
+  ASSERT_EQ(host->num_live(), 1u);
+  const effects fx = ex.take_plans(host->executor_failed(0, "step executor failed: boom", 30));
+  ASSERT_FALSE(fx.empty());
+  EXPECT_TRUE(fx[0] == effect{restart_executor{}});
   EXPECT_EQ(host->generation(), 1);
-  EXPECT_EQ(host->num_live(), 0u);
-  EXPECT_FALSE(host->core().has_unfinished());
-  EXPECT_EQ(host->core().blocks().num_used_blocks(), 0);
+  EXPECT_EQ(host->num_live(), 1u);  // resumed on the new core
   EXPECT_EQ(host->stats(40).num_executor_failures, 1);
-  // The old executor's late reply and a second report of its failure change nothing.
-  EXPECT_EFFECTS(ex.answer(*host, 50), effects{});
+  EXPECT_EQ(host->stats(40).num_resumed_requests, 1);
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_EQ(ex.in_flight.back().generation, 1);  // its plans go to the new executor
+  // The old executor's late failure report changes nothing.
   EXPECT_EFFECTS(host->executor_failed(0, "again", 60), effects{});
-  // New work runs on the new executor.
-  effects fx = host->submit(make_request(3, 4), 70);
-  ASSERT_EQ(fx.size(), 3u);
-  EXPECT_EQ(std::get<send_plan>(fx[1]).generation, 1);
-  EXPECT_EQ(std::get<send_plan>(fx[2]).generation, 1);
 }
 
 }  // namespace

@@ -68,6 +68,10 @@ expected<void> validate_request(const request& r, const model::model_config& mod
                                               num(r.prompt[i]) + " is outside the vocabulary [0, " +
                                               num(model.vocab_size) + ")");
   if (r.max_tokens <= 0) return fail(errc::invalid_argument, "max_tokens must be > 0, got " + num(r.max_tokens));
+  if (r.num_resumed_tokens < 0 || r.num_resumed_tokens >= static_cast<int64_t>(r.prompt.size()) ||
+      (r.num_resumed_tokens > 0 && r.n != 1))
+    return fail(errc::invalid_argument, "num_resumed_tokens must be in [0, prompt size) and 0 unless n = 1, got " +
+                                            num(r.num_resumed_tokens));
   if (r.n < 1 || r.n > num_samples_max)
     return fail(errc::invalid_argument, "n must be in [1, " + num(num_samples_max) + "], got " + num(r.n));
   if (auto ok = validate_stops(r, model); !ok) return ok;
@@ -140,9 +144,31 @@ expected<void> engine_core::add_request(request r) {
   if (auto ok = check_new(r); !ok) return ok;
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
   const int32_t priority = r.priority;
+  const int32_t resumed = r.num_resumed_tokens;
   std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
-  scheduler_->add(record(std::move(r)), std::move(prompt), priority, limit);
+  scheduler_->add(record(std::move(r)), std::move(prompt), priority, limit, resumed);
   return {};
+}
+
+std::vector<request> engine_core::resumable_requests() const {
+  std::vector<std::pair<int64_t, request>> found;  // by arrival
+  for (const auto& [id, state] : requests_) {
+    if (state.req.n != 1 || state.live.size() != 1) continue;
+    const sched::sequence& s = scheduler_->get(state.live.front());
+    if (s.prefill_only) continue;
+    request r = state.req;
+    // What the client has: the known tokens, not the samples of steps still in flight.
+    r.prompt.assign(s.tokens.begin(), std::find(s.tokens.begin(), s.tokens.end(), sched::previous_sample));
+    const auto generated = static_cast<int32_t>(r.prompt.size()) - s.num_prompt_tokens;
+    r.max_tokens = state.req.max_tokens + state.req.num_resumed_tokens - generated;
+    r.num_resumed_tokens = generated;
+    TROUPE_ASSERT(r.max_tokens > 0 && generated >= 0);
+    found.emplace_back(s.arrival, std::move(r));
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<request> out;
+  for (auto& [arrival, r] : found) out.push_back(std::move(r));
+  return out;
 }
 
 expected<void> engine_core::add_prefill(request r) {

@@ -99,6 +99,14 @@ class engine_core {
   /// the wrong shape for this model and prompt (invalid_argument).
   [[nodiscard]] expected<void> add_prefilled(request r, kv_data kv);
 
+  /// The unfinished requests that can continue on a new core after the executor failed, in
+  /// arrival order: each n = 1 request that is not a prefill-only run, as a request whose prompt
+  /// is the original prompt plus every token it generated so far (the samples of steps still in
+  /// flight are dropped: the client never saw them), num_resumed_tokens those generated tokens,
+  /// and max_tokens what remains. Its seed and positions are unchanged, so the counter RNG
+  /// continues exactly where it was: the continuation equals the undisturbed run's.
+  [[nodiscard]] std::vector<request> resumable_requests() const;
+
   /// Requests whose prefill-only run completed since the last call, in completion order.
   [[nodiscard]] std::vector<prefilled_request> take_prefilled();
 

@@ -1,5 +1,6 @@
 #include "runtime/engine/engine_host.hpp"
 
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -262,18 +263,38 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
 }
 
 effects engine_host::executor_failed(int64_t generation, const std::string& why, int64_t now_ns) {
-  (void)now_ns;
   effects out;
   if (generation != generation_) return out;  // a replaced executor: handled already
   generation_++;
   num_executor_failures_++;
-  for (const auto& [id, live] : requests_) out.push_back(reject{id, errc::internal, why, false});
-  requests_.clear();
-  handoffs_.clear();
+  std::vector<request> resumable = core_->resumable_requests();
   auto core = engine_core::create(options_.model, options_.bos_id, options_.eos_id, options_.config);
   TROUPE_ASSERT_MSG(core.has_value(), "the options made a core before");
   core_ = std::move(*core);
   out.push_back(restart_executor{});
+  std::set<request_id> resumed;
+  for (request& r : resumable) {
+    live_request& live = requests_.at(r.id);
+    const request_id id = r.id;
+    if (live.num_resumes >= executor_failure_resumes_max) continue;
+    // It passed these checks on the first core; the same configuration admits it again.
+    const bool added = core_->add_request(std::move(r)).has_value();
+    TROUPE_ASSERT_MSG(added, "a resumed request fits its new core");
+    live.num_resumes++;
+    num_resumed_requests_++;
+    resumed.insert(id);
+  }
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    if (resumed.count(it->first)) {
+      ++it;
+      continue;
+    }
+    out.push_back(reject{it->first, errc::internal, why, false});
+    handoffs_.erase(it->first);
+    it = requests_.erase(it);
+  }
+  kick(out, now_ns);
+  note_change(out, now_ns);
   return out;
 }
 
@@ -303,6 +324,7 @@ engine_host_stats engine_host::stats(int64_t now_ns) const {
   s.num_waiting = core_->num_waiting();
   s.num_requests = static_cast<int64_t>(requests_.size());
   s.num_executor_failures = num_executor_failures_;
+  s.num_resumed_requests = num_resumed_requests_;
   s.executor_busy_ns = executor_busy_ns_;
   s.elapsed_ns = now_ns - started_ns_;
   return s;

@@ -16,8 +16,11 @@
 ///   its KV and the decode engine (and a UCX tag when the KV travels over UCX);
 /// - load reports: `report_load` at most once per interval and only after a change; a change
 ///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none;
-/// - executor failure: every unfinished request is rejected with `internal`, the core is
-///   rebuilt empty, and `restart_executor` asks for a new executor.
+/// - executor failure: the core is rebuilt, `restart_executor` asks for a new executor, and
+///   every unfinished n = 1 request resumes on the new core by recompute from its prompt plus
+///   the tokens it has sent (engine_core::resumable_requests: its stream continues with the
+///   undisturbed run's tokens); a request with n > 1, a prefill-only run, or one that has
+///   already survived `executor_failure_resumes_max` failures is rejected with `internal`.
 ///
 /// Identity: a request is named by its id; effects for it go to its request actor, which the
 /// actor learns from `watch_caller` (the caller of the admitting call is that request's actor)
@@ -37,6 +40,10 @@
 #include "runtime/engine/engine_core.hpp"
 
 namespace troupe::engine {
+
+/// Executor failures a request survives by resuming; the next one fails it (a request that
+/// crashes the executor must not crash it forever).
+inline constexpr int32_t executor_failure_resumes_max = 2;
 
 /// A decode engine, as numbered by the caller of engine_host.
 using peer_id = uint32_t;
@@ -145,6 +152,7 @@ struct engine_host_stats {
   int64_t num_waiting = 0;
   int64_t num_requests = 0;  ///< live requests
   int64_t num_executor_failures = 0;
+  int64_t num_resumed_requests = 0;  ///< resumed after executor failures (a request once per failure)
   int64_t executor_busy_ns = 0;
   int64_t elapsed_ns = 0;
 };
@@ -187,6 +195,7 @@ class engine_host {
   struct live_request {
     int64_t scheduled_at_ns = 0;  // host clock when first planned; 0 = not yet
     bool batch = false;           // request::batch_tokens: collect into `tokens`
+    int32_t num_resumes = 0;      // executor failures survived
     token_batch tokens;           // age_ns holds each token's sample time until sent
   };
   struct handoff_target {
@@ -221,6 +230,7 @@ class engine_host {
   std::optional<reporting> reporting_;
   int64_t num_received_ = 0;  // submits, prefills and hand-offs
   int64_t num_executor_failures_ = 0;
+  int64_t num_resumed_requests_ = 0;
   int64_t executor_busy_ns_ = 0;
   int64_t busy_since_ns_ = 0;
   int64_t started_ns_ = 0;

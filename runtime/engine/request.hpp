@@ -36,6 +36,10 @@ struct request {
   /// Deliver the tokens in one message when the request ends instead of one message each (a
   /// non-streamed completion with no stop strings and n = 1: nothing needs them earlier).
   bool batch_tokens = false;
+  /// Engine-internal (never on the wire): the prompt's last this-many tokens are what this
+  /// request generated before its executor failed (engine_core::resumable_requests). They count
+  /// as generated for the penalties, and max_tokens counts only what remains.
+  int32_t num_resumed_tokens = 0;
 };
 
 

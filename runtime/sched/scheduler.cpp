@@ -48,9 +48,10 @@ void scheduler::insert_ordered(std::deque<seq_id>& queue, seq_id id) {
   queue.insert(pos, id);
 }
 
-void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority,
-                    int32_t max_num_tokens) {
-  add_sequence(id, std::move(prompt), priority, max_num_tokens);
+void scheduler::add(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
+                    int32_t num_generated_tokens) {
+  TROUPE_ASSERT(num_generated_tokens >= 0 && num_generated_tokens < static_cast<int32_t>(prompt.size()));
+  add_sequence(id, std::move(prompt), priority, max_num_tokens).num_prompt_tokens -= num_generated_tokens;
 }
 
 void scheduler::add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority) {
