@@ -44,6 +44,7 @@ struct balanced_engine {
   balance::engine_kind kind = balance::engine_kind::mixed;
   int32_t max_num_seqs = 256;
   int64_t kv_capacity_tokens = 16384;
+  int32_t block_size = 16;  ///< its KV pool's (the prefix directory's blocks: balancer_host.hpp)
   std::string kv_host;  ///< its node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
 };
@@ -64,6 +65,7 @@ struct load_balancer_options {
   /// The routing policy (runtime/balance/router.hpp), one of balance::router_names(); a
   /// randomised one is seeded with child_seed(seed_base, 0), which no request's seed uses.
   std::string router = "least_loaded";
+  double prefix_weight = 0.5;  ///< prefix_affinity's weight (balance::router_options)
   /// Admission by rate (runtime/balance/admission.hpp): on average at most this many requests
   /// per second, bursts of up to `rate_limit_burst`; one more is answered `overloaded`. 0 = off.
   double rate_limit_per_s = 0;

@@ -108,7 +108,7 @@ TEST(SimTopology, BadFilesNameTheProblem) {
       {"[model]\nn_layers = 0\n", "tiny.toml:2: [model] n_layers = 0.000000 is outside"},
       {"[model\n", "tiny.toml:1:"},
       {std::string(tiny_topology) + "[load_balancer]\nrouter = \"fastest\"\n",
-       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two"},
+       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two, prefix_affinity"},
       {std::string(tiny_topology) + "[load_balancer]\npolicy = \"fcfs\"\n", "tiny.toml:24: [load_balancer]: unknown key 'policy'"},
       {std::string(tiny_topology) + "[load_balancer]\nrate_limit_per_s = -1\n",
        "tiny.toml:24: [load_balancer] rate_limit_per_s = -1.000000 is outside [0.000000, 1000000000.000000]"},
@@ -314,6 +314,38 @@ TEST(Simulation, TheTopologysRouterPlacesRequestsOnReplicas) {
   // least_loaded: every request finds both replicas idle and takes the lower index.
   EXPECT_EQ(samples_per_replica("least_loaded"), (std::vector<int64_t>{3 + 5 + 7 + 9, 0}));
   EXPECT_EQ(samples_per_replica("round_robin"), (std::vector<int64_t>{3 + 7, 5 + 9}));
+}
+
+/// Tokens generated per replica and the last two requests' cached prompt tokens, under `router`:
+/// the scenario of ActorsDeterministic.PrefixAffinitySendsAContinuationToTheEngineHoldingItsPrefix.
+/// Prompts X and Y (hash ids 1 and 2: 512 shared tokens each, then 88 of their own) arrive at
+/// once and generate 3 and 5 tokens; X's continuation (7 tokens) arrives after both ended, then
+/// Y's (9 tokens).
+std::pair<std::vector<int64_t>, std::vector<int32_t>> prefix_run(const std::string& router) {
+  std::string topology = tiny_topology;
+  topology.replace(topology.find("max_context = 512"), 17, "max_context = 1024");
+  topology.replace(topology.find("[engine]\n"), 9, "[engine]\nreplicas = 2\n");
+  topology += "[load_balancer]\nrouter = \"" + router + "\"\n";
+  auto t = parse_sim_topology(topology, "tiny.toml", TROUPE_SOURCE_DIR);
+  EXPECT_TRUE(t) << t.error().message;
+  const std::vector<trace_request> w = {
+      {0, 600, 3, {1}}, {0, 600, 5, {2}}, {100'000'000, 600, 7, {1}}, {200'000'000, 600, 9, {2}}};
+  auto r = run_simulation(options(*t, w, 7));
+  EXPECT_TRUE(r) << r.error().message;
+  std::vector<int64_t> tokens(2, 0);
+  for (const step_record& s : r->steps) tokens.at(static_cast<size_t>(s.replica)) += s.num_samples;
+  return {tokens, {r->requests[2].cached_tokens, r->requests[3].cached_tokens}};
+}
+
+TEST(Simulation, PrefixAffinitySendsAContinuationToTheReplicaHoldingItsPrefix) {
+  // As on real engines: least_loaded sends both continuations to the idle replica 0, where Y's
+  // prefix is not cached; prefix_affinity sends each to the replica holding its 512-token prefix.
+  using run = std::pair<std::vector<int64_t>, std::vector<int32_t>>;
+  EXPECT_EQ(prefix_run("least_loaded"), (run{{3 + 7 + 9, 5}, {512, 0}}));
+  EXPECT_EQ(prefix_run("prefix_affinity"), (run{{3 + 7, 5 + 9}, {512, 512}}));
+  auto bad = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, {{"load_balancer.prefix_weight", "-1"}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("prefix_weight"), std::string::npos) << bad.error().message;
 }
 
 TEST(Simulation, TheBalancersRateLimitRefusesRequestsOverItAsOverloaded) {

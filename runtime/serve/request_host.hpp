@@ -51,6 +51,9 @@ struct request_host_options {
   /// tok->max_text_bytes(context_tokens) is refused (too_long) before it is tokenized. 0 = not
   /// known here: the largest context a checkpoint may declare bounds it.
   int32_t context_tokens = 0;
+  /// The balancer's prefix directory's block size (balance::balancer_host::prefix_block_size):
+  /// ask_placement carries the prompt's chain hashes in blocks of it; 0 = none.
+  int32_t prefix_block_size = 0;
   /// The balancer refused the request at admission (its rate limit): it fails with this at start.
   std::optional<error> refused;
 };
@@ -60,6 +63,7 @@ struct ask_placement {
   int64_t request_id = 0;
   int32_t num_prompt_tokens = 0;
   int32_t max_tokens = 0;
+  std::vector<uint64_t> prefix_hashes;  ///< kv::chain_hashes(prompt, prefix_block_size)
 };
 
 /// Send the request to the placed prefill engine (which hands it to the decode engine) when
