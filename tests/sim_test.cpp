@@ -524,10 +524,12 @@ TEST(PrefixReuseBound, FollowsHashIdChainsExactly) {
   EXPECT_EQ(b.num_reusable_tokens, 1024 + 700);
 }
 
-/// Runs `workload` (shaped to the topology's context) on the 7B simulation topology; returns
-/// the simulated prefix hit rate after checking each request's share, and the workload's bound.
-std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> workload, int32_t check_every) {
-  auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml");
+/// Runs `workload` (shaped to the topology's context) on the 7B simulation topology with the
+/// settings `set`; returns the simulated prefix hit rate after checking each request's share,
+/// and the workload's bound.
+std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> workload, int32_t check_every,
+                                                   const topology_overrides& set = {}) {
+  auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml", set);
   EXPECT_TRUE(t) << t.error().message;
   workload_options shape;
   shape.max_context = t->model.seq_len;
@@ -565,6 +567,32 @@ TEST(Simulation, PrefixHitRateStaysUnderTheBoundOnTheFullMooncakeTrace) {
   std::printf("prefix hit rate %.4f, infinite-cache bound %.4f\n", rate, bound.rate());
   EXPECT_GT(rate, 0.0);
   EXPECT_LE(rate, bound.rate());
+}
+
+/// The hit rates of least_loaded and prefix_affinity on `trace` at 4 replicas of `kv_gib` GiB.
+void expect_prefix_affinity_hits_more(std::vector<trace_request> trace, const std::string& kv_gib) {
+  const topology_overrides four = {{"engine.replicas", "4"}, {"hardware.kv_memory_gib", kv_gib}};
+  topology_overrides affinity = four;
+  affinity.push_back({"load_balancer.router", "prefix_affinity"});
+  const auto [least, bound] = hit_rate_and_bound(trace, 0, four);
+  const double with_affinity = hit_rate_and_bound(std::move(trace), 0, affinity).first;
+  std::printf("prefix hit rate: least_loaded %.4f, prefix_affinity %.4f, bound %.4f\n", least, with_affinity,
+              bound.rate());
+  EXPECT_GT(with_affinity, least);
+  EXPECT_LE(with_affinity, bound.rate());
+}
+
+TEST(Simulation, PrefixAffinityHitsTheCacheMoreOnTheMooncakeHead) {
+  auto trace = read_trace(testing::test_data("traces/mooncake/conversation_trace_head300.jsonl"), trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  expect_prefix_affinity_hits_more(std::move(*trace), "400");
+}
+
+TEST(Simulation, PrefixAffinityHitsTheCacheMoreOnTheFullMooncakeTrace) {
+  TROUPE_SHARED_DATA_OR_SKIP(path, "traces/mooncake/conversation_trace.jsonl");
+  auto trace = read_trace(path, trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  expect_prefix_affinity_hits_more(std::move(*trace), "400");  // docs/simulation.md's study
 }
 
 TEST(SimTopology, ATimeBudgetIsPricedByTheSimulatedCostModel) {
