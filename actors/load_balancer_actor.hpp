@@ -7,7 +7,9 @@
 /// log line before anything is spawned. The request actor
 /// tokenizes the prompt and asks back where to run it (`place_request`); the answer follows
 /// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
-/// balanced on request count and KV tokens.
+/// balanced on request count and KV tokens, chosen among by the configured router (with
+/// `prefix_affinity`, the request actor sends its prompt's chain hashes along, and the host's
+/// prefix directory weighs each engine's cached prefix in).
 ///
 /// Its bookkeeping is a balance::balancer_host (runtime/balance/balancer_host.hpp); the actor
 /// keeps the engine and request-actor handles and spawns the request actors.

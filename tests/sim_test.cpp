@@ -460,10 +460,11 @@ TEST(Sweep, ThePlotHasALinePerCombinationOfTheOtherAxesReadingTheirColumns) {
   const std::string script = sweep_plot_script(axes);
   EXPECT_NE(script.find("G = 6\n"), std::string::npos);
   EXPECT_NE(script.find("title 'load_balancer.router=b engine.replicas=4'"), std::string::npos);
-  // goodput is column 3 keys + 7 = 10; p99 TTFT 13; p99 TPOT 16.
+  // goodput is column 3 keys + 7 = 10; p99 TTFT 13; p99 TPOT 16; prefix hit rate 20.
   EXPECT_NE(script.find("(int($1) % G == 5 ? $10 : 1/0):xtic(2)"), std::string::npos);
   EXPECT_NE(script.find("? $13 :"), std::string::npos);
   EXPECT_NE(script.find("? $16 :"), std::string::npos);
+  EXPECT_NE(script.find("? $20 :"), std::string::npos);
   const std::string header = sweep_csv_header({"time_scale", "load_balancer.router", "engine.replicas"});
   std::vector<std::string> columns;
   std::stringstream in(header.substr(0, header.size() - 1));
@@ -471,6 +472,7 @@ TEST(Sweep, ThePlotHasALinePerCombinationOfTheOtherAxesReadingTheirColumns) {
   EXPECT_EQ(columns.at(10 - 1), "goodput_requests_per_s");
   EXPECT_EQ(columns.at(13 - 1), "ttft_p99_ms");
   EXPECT_EQ(columns.at(16 - 1), "tpot_p99_ms");
+  EXPECT_EQ(columns.at(20 - 1), "prefix_hit_rate");
 }
 
 TEST(Simulation, HandComputedTimesWithKvReads) {

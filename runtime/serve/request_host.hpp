@@ -12,6 +12,9 @@
 ///   before it is tokenized (encoding holds several words per byte); tokenizer errors pass on;
 /// - the engine request: the given seed or the drawn one, and `batch_tokens` (one message with
 ///   every token) for a non-streamed request without stop strings;
+/// - the placement request: the prompt's length, and its chain hashes when the balancer keeps a
+///   prefix directory (`prefix_block_size` > 0): hashed here, in each request, not in the
+///   balancer that every request goes through;
 /// - tokens: detokenization and stop strings (engine::output_stream, made on the first token),
 ///   chunks numbered 0, 1, 2, … (one per token when streaming, one before the end otherwise), a
 ///   batch expanded token by token at the times its ages give, TTFT, inter-token gaps, queue
