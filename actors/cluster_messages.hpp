@@ -42,11 +42,14 @@ struct place_request {
   int64_t request_id = 0;
   int32_t num_prompt_tokens = 0;
   int32_t max_tokens = 0;
+  /// The prompt's chain hashes in blocks of the balancer's prefix block size, when its router
+  /// uses prefixes (runtime/balance/balancer_host.hpp); the balancer checks their count.
+  std::vector<uint64_t> prefix_hashes;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_request& x) {
-  return f(x.request_id, x.num_prompt_tokens, x.max_tokens);
+  return f(x.request_id, x.num_prompt_tokens, x.max_tokens, x.prefix_hashes);
 }
 
 /// Balancer -> request: the engines chosen, or why none (`error` non-empty, code "unavailable").

@@ -66,6 +66,7 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.host.params = std::move(req);
   ro.host.context_tokens = st.o.context_tokens;
   ro.host.refused = std::move(refused);
+  ro.host.prefix_block_size = st.host->prefix_block_size();
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
   ro.host.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
@@ -127,7 +128,7 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.error = "a place_request for " + std::to_string(p.num_prompt_tokens) + " prompt tokens";
     return out;
   }
-  auto chosen = st.host->place(it->second.key, p.num_prompt_tokens);
+  auto chosen = st.host->place(it->second.key, p.num_prompt_tokens, p.prefix_hashes);
   if (!chosen) {
     out.error = chosen.error().message;
     return out;
@@ -208,7 +209,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   std::vector<balance::engine_spec> specs;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
     const balanced_engine& e = st.o.engines[i];
-    specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, where(e)});
+    specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, e.block_size, where(e)});
     self->monitor(e.actor);
     if (st.o.report_interval_ms > 0)
       self->send(e.actor, msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(i),
@@ -218,7 +219,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
   if (st.o.rate_limit_per_s > 0) st.rate_limit.emplace(st.o.rate_limit_per_s, st.o.rate_limit_burst);
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
-                  balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0)});
+                  balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight});
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   guard_boundary(self);
   if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);

@@ -7,7 +7,9 @@
 /// log line before anything is spawned. The request actor
 /// tokenizes the prompt and asks back where to run it (`place_request`); the answer follows
 /// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
-/// balanced on request count and KV tokens.
+/// balanced on request count and KV tokens, chosen among by the configured router (with
+/// `prefix_affinity`, the request actor sends its prompt's chain hashes along, and the host's
+/// prefix directory weighs each engine's cached prefix in).
 ///
 /// Its bookkeeping is a balance::balancer_host (runtime/balance/balancer_host.hpp); the actor
 /// keeps the engine and request-actor handles and spawns the request actors.
@@ -44,6 +46,7 @@ struct balanced_engine {
   balance::engine_kind kind = balance::engine_kind::mixed;
   int32_t max_num_seqs = 256;
   int64_t kv_capacity_tokens = 16384;
+  int32_t block_size = 16;  ///< its KV pool's (the prefix directory's blocks: balancer_host.hpp)
   std::string kv_host;  ///< its node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
 };
@@ -64,6 +67,7 @@ struct load_balancer_options {
   /// The routing policy (runtime/balance/router.hpp), one of balance::router_names(); a
   /// randomised one is seeded with child_seed(seed_base, 0), which no request's seed uses.
   std::string router = "least_loaded";
+  double prefix_weight = 0.5;  ///< prefix_affinity's weight (balance::router_options)
   /// Admission by rate (runtime/balance/admission.hpp): on average at most this many requests
   /// per second, bursts of up to `rate_limit_burst`; one more is answered `overloaded`. 0 = off.
   double rate_limit_per_s = 0;

@@ -37,8 +37,9 @@ void stop(request_actor_t* self) {
 
 void perform(request_actor_t* self, serve::effects fx, msg::placement* offered = nullptr);
 
-void ask_placement(request_actor_t* self, const serve::ask_placement& a) {
-  self->request(self->state.balancer, caf::infinite, msg::place_request{a.request_id, a.num_prompt_tokens, a.max_tokens})
+void ask_placement(request_actor_t* self, serve::ask_placement& a) {
+  self->request(self->state.balancer, caf::infinite,
+                msg::place_request{a.request_id, a.num_prompt_tokens, a.max_tokens, std::move(a.prefix_hashes)})
       .then(
           [=](msg::placement& p) {
             serve::placed_engines view{p.error, static_cast<bool>(p.prefill), static_cast<bool>(p.decode),

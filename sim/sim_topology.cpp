@@ -289,7 +289,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   std::vector<field> balancer_fields = {
       {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }},
       {"rate_limit_per_s", false, 0, 1e9, into(t.rate_limit_per_s)},
-      {"rate_limit_burst", false, 1, 1e6, into(t.rate_limit_burst)}};
+      {"rate_limit_burst", false, 1, 1e6, into(t.rate_limit_burst)},
+      {"prefix_weight", false, 0, balance::prefix_weight_max, into(t.prefix_weight)}};
   std::vector<field> cost_fields = {
       {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
       {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
@@ -313,7 +314,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
                                          {"cost", &cost_fields, true}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
-  if (auto r = balance::make_router({t.router, 0}); !r)
+  if (auto r = balance::make_router({t.router, 0, t.prefix_weight}); !r)
     return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
                                           r.error().message);
   if (auto p = sched::make_policy(t.engine.scheduler.policy); !p)

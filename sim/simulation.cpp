@@ -203,8 +203,14 @@ expected<sim_result> run_simulation(const sim_options& o) {
   if (!engines) return tl::unexpected(engines.error());
   actors::load_balancer_options lb;
   lb.engines = actors::mixed_engines(*engines);
+  for (actors::balanced_engine& e : lb.engines) {  // what the balancer weighs load by
+    e.max_num_seqs = o.topology.engine.scheduler.max_num_seqs;
+    e.kv_capacity_tokens = static_cast<int64_t>(o.topology.engine.num_kv_blocks) * o.topology.engine.block_size;
+    e.block_size = o.topology.engine.block_size;
+  }
   lb.seed_base = derive_seed(o.seed, load_balancer_stream);
   lb.router = o.topology.router;
+  lb.prefix_weight = o.topology.prefix_weight;
   lb.rate_limit_per_s = o.topology.rate_limit_per_s;
   lb.rate_limit_burst = o.topology.rate_limit_burst;
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));

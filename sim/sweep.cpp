@@ -65,18 +65,18 @@ std::string sweep_plot_script(const std::vector<sweep_axis>& axes) {
   }
   const size_t k = axes.size();
   const std::string x = axes.empty() ? "point" : axes[0].key;
-  std::string s = "set terminal svg size 1500,450 dynamic\n"
+  std::string s = "set terminal svg size 2000,450 dynamic\n"
                   "set output 'sweep.svg'\n"
                   "set datafile separator ','\n"
                   "set termoption noenhanced\n"
-                  "set multiplot layout 1,3 title 'troupe sim --sweep'\n"
+                  "set multiplot layout 1,4 title 'troupe sim --sweep'\n"
                   "set xlabel '" + x + "'\n"
                   "set key top left\n"
                   "set offsets 0.25, 0.25, 0, 0\n"
                   "G = " + std::to_string(groups) + "\n";
   // Columns (1-based): point, the k keys, then sweep_csv_header's metrics.
   const std::pair<const char*, size_t> panels[] = {
-      {"goodput (requests/s)", k + 7}, {"p99 TTFT (ms)", k + 10}, {"p99 TPOT (ms)", k + 13}};
+      {"goodput (requests/s)", k + 7}, {"p99 TTFT (ms)", k + 10}, {"p99 TPOT (ms)", k + 13}, {"prefix hit rate", k + 17}};
   for (const auto& [title, column] : panels) {
     s += "set title '" + std::string(title) + "'\nplot";
     for (size_t g = 0; g < groups; g++)

@@ -24,7 +24,8 @@ struct sweep_axis {
                                                                        size_t max_points);
 
 /// A gnuplot script making sweep.svg from sweep.csv (sweep_csv_header's columns): goodput, p99
-/// TTFT and p99 TPOT against the first axis's values, one line per combination of the others.
+/// TTFT, p99 TPOT and the prefix hit rate against the first axis's values, one line per
+/// combination of the others.
 [[nodiscard]] std::string sweep_plot_script(const std::vector<sweep_axis>& axes);
 
 }  // namespace troupe::sim

@@ -765,7 +765,7 @@ TEST_F(ActorsDeterministic, ForgedReportsAndQueriesThroughTheFrontOrFromStranger
     self->send(as_any, full);
     self->send(as_any, actors::heartbeat_atom::value);
     for (auto refused : {self->request(as_any, caf::infinite, actors::engines_atom::value),
-                         self->request(as_any, caf::infinite, msg::place_request{7, 10, 10})})
+                         self->request(as_any, caf::infinite, msg::place_request{7, 10, 10, {}})})
       refused.then([](caf::message& m) { ADD_FAILURE() << "the front answered " << caf::to_string(m); },
                    [=](caf::error& e) {
                      EXPECT_EQ(e, caf::sec::unexpected_message);
@@ -774,7 +774,7 @@ TEST_F(ActorsDeterministic, ForgedReportsAndQueriesThroughTheFrontOrFromStranger
     // A stranger that knows the balancer itself (a cluster member): not the engine it names.
     self->send(lb_, full);
     self->send(lb_, actors::heartbeat_atom::value);
-    self->request(lb_, caf::infinite, msg::place_request{7, 10, 10}).then([=](msg::placement& p) {
+    self->request(lb_, caf::infinite, msg::place_request{7, 10, 10, {}}).then([=](msg::placement& p) {
       ++*num_refused;
       EXPECT_FALSE(p.decode);
       EXPECT_EQ(p.error, "a place_request from an actor that is not one of this balancer's request actors");
@@ -829,6 +829,63 @@ TEST_F(ActorsDeterministic, TheConfiguredRouterPlacesRequestsOnRealEngines) {
     EXPECT_EQ(report(e).num_generated_tokens, tokens[e]) << "engine " << e;
     expect_engine_idle(e);
   }
+}
+
+/// What engines generated (per engine) and the cached prompt tokens of two continuations.
+struct prefix_run {
+  std::vector<int64_t> tokens_per_engine;
+  std::vector<int32_t> cached_tokens;  // of the two continuations
+};
+
+TEST_F(ActorsDeterministic, PrefixAffinitySendsAContinuationToTheEngineHoldingItsPrefix) {
+  sched_.clock().current_time += 1h;
+  const std::string x = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+  const std::string y = "Tom had a big red ball. He liked to kick it high into the sky and watch it fall down.";
+  // Two fresh engines behind a balancer with `router`: prompts X and Y at once (3 and 5
+  // tokens), then X's continuation (7 tokens), then Y's (9), each after the one before ended.
+  auto run = [&](const std::string& router) {
+    actors::engine_list engines;
+    for (int i = 0; i < 2; i++) engines.push_back(engines_.emplace_back(spawn_engine_or_die(sys_, engine_opts(false))));
+    if (lb_) caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
+    actors::load_balancer_options o;
+    o.engines = actors::mixed_engines(engines);
+    o.tok = bundled_shared().tok;
+    o.router = router;
+    lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+    sched_.run();
+    std::vector<msg::completion_request> at_once = {make_completion(x, 3, 1), make_completion(y, 5, 2)};
+    std::vector<std::shared_ptr<client_log>> logs;
+    for (msg::completion_request& r : at_once) {
+      r.ignore_eos = true;
+      logs.push_back(submit(r));
+    }
+    run_ticking();
+    for (size_t i = 0; i < logs.size(); i++) {
+      EXPECT_TRUE(logs[i]->outcome && logs[i]->outcome->has_value()) << router;
+      if (logs[i]->outcome && logs[i]->outcome->has_value())
+        expect_matches(**logs[i]->outcome, reference(oracle_, at_once[i]), router);
+    }
+    prefix_run out;
+    for (auto [prompt, max_tokens] : {std::pair{x + " One day she saw a bird.", 7}, {y + " Then his dog came.", 9}}) {
+      msg::completion_request r = make_completion(prompt, max_tokens, 3);
+      r.ignore_eos = true;
+      out.cached_tokens.push_back(run_and_check(r, router).end.num_cached_tokens);
+    }
+    for (const actors::engine_actor& e : engines) {
+      out.tokens_per_engine.push_back(ask<msg::engine_report>(e, actors::stats_atom::value).num_generated_tokens);
+      EXPECT_EQ(ask<msg::engine_report>(e, actors::stats_atom::value).num_requests, 0);
+    }
+    return out;
+  };
+  // Both routers send X to engine 0 and Y (engine 0 being busy) to engine 1. least_loaded then
+  // sends both continuations to the idle engine 0, where Y's prefix is not cached;
+  // prefix_affinity sends each to the engine holding its prefix, which serves it from cache.
+  const prefix_run least = run("least_loaded");
+  EXPECT_EQ(least.tokens_per_engine, (std::vector<int64_t>{3 + 7 + 9, 5}));
+  EXPECT_EQ(least.cached_tokens, (std::vector<int32_t>{32, 0}));  // two full 16-token blocks of X
+  const prefix_run affinity = run("prefix_affinity");
+  EXPECT_EQ(affinity.tokens_per_engine, (std::vector<int64_t>{3 + 7, 5 + 9}));
+  EXPECT_EQ(affinity.cached_tokens, (std::vector<int32_t>{32, 32}));
 }
 
 TEST_F(ActorsDeterministic, ServingDrawsUnguessableRequestIds) {

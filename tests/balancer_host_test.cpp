@@ -10,7 +10,7 @@
 namespace troupe::balance {
 namespace {
 
-engine_spec spec(engine_kind kind, const std::string& name) { return engine_spec{kind, 10, 1000, name}; }
+engine_spec spec(engine_kind kind, const std::string& name) { return engine_spec{kind, 10, 1000, 16, name}; }
 
 /// (requests, kv tokens, queued prefill tokens, alive) of engine `i`.
 std::tuple<int64_t, int64_t, int64_t, bool> load_of(const balancer_host& h, size_t i) {
@@ -28,6 +28,50 @@ TEST(BalancerHost, PlacesWithItsRouterAndNumbersRequestsInPlacementOrder) {
   EXPECT_EQ(got, (std::vector<size_t>{0, 1, 2, 0}));  // load would have sent the fourth to m1
   EXPECT_TRUE(h.mark_lost(1));
   EXPECT_EQ(h.place(5, 100)->decode, 2u);
+  h.check_invariants();
+}
+
+TEST(BalancerHost, PrefixAffinityFindsThePromptsPlacedBeforeInItsDirectory) {
+  engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
+  m0.block_size = 8;  // the directory counts in the smallest block size: 4 tokens, 250 per engine
+  m1.block_size = 4;
+  balancer_host h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
+  ASSERT_EQ(h.prefix_block_size(), 4);
+  // Two prompts of two blocks at once: m0 (idle, the lower index), then m1 (m0 scores 0.108).
+  EXPECT_EQ(h.place(1, 8, {11, 12})->decode, 0u);
+  EXPECT_EQ(h.place(2, 8, {21, 22})->decode, 1u);
+  h.check_invariants();
+  EXPECT_EQ(h.prefixes().blocks_by_recency(0), (std::vector<uint64_t>{11, 12}));
+  EXPECT_EQ(h.prefixes().blocks_by_recency(1), (std::vector<uint64_t>{21, 22}));
+  EXPECT_TRUE(h.request_ended(1));
+  EXPECT_TRUE(h.request_ended(2));
+  // Both at 8/1000 now. Each prompt's continuation goes where its prefix is: 0.008 - 0.5 * 8/12.
+  EXPECT_EQ(h.place(3, 12, {21, 22, 23})->decode, 1u);
+  EXPECT_EQ(h.place(4, 12, {11, 12, 13})->decode, 0u);
+  EXPECT_EQ(h.prefixes().blocks_by_recency(1), (std::vector<uint64_t>{21, 22, 23}));
+  // A lost engine's prefixes are gone: the next continuation of 21 22 has nowhere else to go.
+  EXPECT_TRUE(h.mark_lost(1));
+  EXPECT_EQ(h.prefixes().num_blocks(1), 0);
+  EXPECT_EQ(h.place(5, 12, {21, 22, 24})->decode, 0u);
+  h.check_invariants();
+  // The hashes must cover the prompt's full blocks exactly (they come from the request actor).
+  auto bad = h.place(6, 12, {21});
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().code, errc::invalid_argument);
+  EXPECT_EQ(bad.error().message, "1 prefix hashes for a prompt of 12 tokens (expected 3)");
+  EXPECT_FALSE(h.place(7, 11, {1, 2, 3}).has_value());  // 11 tokens: two full blocks
+  EXPECT_TRUE(h.place(8, 11, {1, 2}).has_value());
+  h.check_invariants();
+}
+
+TEST(BalancerHost, ARouterWithoutPrefixesTakesNoHashes) {
+  balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
+  EXPECT_EQ(h.prefix_block_size(), 0);
+  auto bad = h.place(1, 32, {1, 2});
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().message, "2 prefix hashes for a prompt of 32 tokens (expected 0)");
+  EXPECT_EQ(h.num_placed(), 0u);
+  EXPECT_TRUE(h.place(2, 32).has_value());
   h.check_invariants();
 }
 

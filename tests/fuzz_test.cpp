@@ -349,7 +349,7 @@ TEST_F(CrashAttack, MessagesWithoutASenderAreRefusedByEveryActor) {
   q.id = 41;
   q.prompt = {tokenizer::bos, 400, 401};
   caf::anon_send(lb_, msg::submit_completion{c, actors::stream_receiver_actor{}});
-  caf::anon_send(caf::actor_cast<caf::actor>(lb_), msg::place_request{3, 10, 10});
+  caf::anon_send(caf::actor_cast<caf::actor>(lb_), msg::place_request{3, 10, 10, {}});
   caf::anon_send(engine_, msg::submit{q});
   caf::anon_send(engine_, msg::submit_prefill{q, engine_, "", 0});
   caf::anon_send(engine_, msg::kv_handoff{q, actors::request_actor{}, {}, 0});

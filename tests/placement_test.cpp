@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 namespace troupe::balance {
@@ -127,11 +128,12 @@ TEST(Placement, DeadEnginesAreRoutedAround) {
 }
 
 TEST(Router, AnUnknownPolicyIsAnErrorListingTheKnownOnes) {
-  EXPECT_EQ(router_names(), (std::vector<std::string>{"least_loaded", "round_robin", "power_of_two"}));
+  EXPECT_EQ(router_names(),
+            (std::vector<std::string>{"least_loaded", "round_robin", "power_of_two", "prefix_affinity"}));
   auto r = make_router({"fastest", 0});
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, errc::invalid_argument);
-  EXPECT_EQ(r.error().message, "unknown router 'fastest'; known: least_loaded, round_robin, power_of_two");
+  EXPECT_EQ(r.error().message, "unknown router 'fastest'; known: least_loaded, round_robin, power_of_two, prefix_affinity");
   EXPECT_EQ(router_options{}.policy, "least_loaded");
 }
 
@@ -155,7 +157,7 @@ TEST(Router, LeastLoadedIsTheDefaultPolicy) {
                                       engine(engine_kind::mixed, 2)};
   auto r = make("least_loaded");
   const candidates c = candidates_for(e, {}, 0, 10);
-  for (uint64_t n = 0; n < 3; n++) EXPECT_EQ(r->choose(e, c, n).decode, 1u);
+  for (uint64_t n = 0; n < 3; n++) EXPECT_EQ(r->choose(e, c, {n}).decode, 1u);
 }
 
 TEST(Router, RoundRobinTakesTheNextLiveCandidatePerRoleWhateverTheLoad) {
@@ -166,14 +168,14 @@ TEST(Router, RoundRobinTakesTheNextLiveCandidatePerRoleWhateverTheLoad) {
   auto r = make("round_robin");
   std::vector<std::pair<size_t, std::optional<size_t>>> got;
   for (uint64_t n = 0; n < 4; n++) {
-    const placement p = r->choose(e, candidates_for(e, one_tier, 0, 10), n);
+    const placement p = r->choose(e, candidates_for(e, one_tier, 0, 10), {n});
     got.emplace_back(p.decode, p.prefill);
   }
   using pick = std::pair<size_t, std::optional<size_t>>;
   EXPECT_EQ(got, (std::vector<pick>{{0, 1}, {2, 3}, {4, 1}, {0, 3}}));
   e[2].alive = false;  // after 0 comes 4 now; a one-token prompt leaves the prefill cursor alone
-  EXPECT_EQ(r->choose(e, candidates_for(e, one_tier, 0, 1), 4).decode, 4u);
-  const placement p = r->choose(e, candidates_for(e, one_tier, 0, 10), 5);
+  EXPECT_EQ(r->choose(e, candidates_for(e, one_tier, 0, 1), {4}).decode, 4u);
+  const placement p = r->choose(e, candidates_for(e, one_tier, 0, 10), {5});
   EXPECT_EQ(p.decode, 0u);
   EXPECT_EQ(p.prefill, std::optional<size_t>(1));
 }
@@ -193,14 +195,70 @@ TEST(Router, PowerOfTwoTakesTheLighterOfTwoCandidatesDrawnFromItsSeed) {
   const std::vector<size_t> prefill = {6, 5, 5, 5, 5, 5};
   auto r = make("power_of_two", 7);
   for (uint64_t n = 0; n < 6; n++) {
-    const placement p = r->choose(e, c, n);
+    const placement p = r->choose(e, c, {n});
     EXPECT_EQ(p.decode, decode[n]) << "request " << n;
     EXPECT_EQ(p.prefill, std::optional<size_t>(prefill[n])) << "request " << n;
   }
   // The same number gives the same choice (no hidden state); one candidate is taken as is.
-  EXPECT_EQ(make("power_of_two", 7)->choose(e, c, 3).decode, 3u);
+  EXPECT_EQ(make("power_of_two", 7)->choose(e, c, {3}).decode, 3u);
   const std::vector<engine_load> one = {engine(engine_kind::mixed, 99)};
-  EXPECT_EQ(r->choose(one, candidates_for(one, {}, 0, 10), 0).decode, 0u);
+  EXPECT_EQ(r->choose(one, candidates_for(one, {}, 0, 10), {0}).decode, 0u);
+}
+
+TEST(Router, PrefixAffinityWeighsTheCachedShareOfThePromptAgainstTheDecodeScore) {
+  // Decode scores 0.3, 0, 0.2; a 100-token prompt of which the engines hold 80, 0 and 100.
+  const std::vector<engine_load> e = {engine(engine_kind::mixed, 30), engine(engine_kind::mixed),
+                                      engine(engine_kind::mixed, 20)};
+  const candidates c = candidates_for(e, {}, 0, 100);
+  const route_request r{0, 100, {80, 0, 100}};
+  auto with = [&](double weight) {
+    auto made = make_router({"prefix_affinity", 0, weight});
+    EXPECT_TRUE(made.has_value());
+    EXPECT_TRUE((*made)->uses_prefixes());
+    const placement p = (*made)->choose(e, c, r);
+    EXPECT_FALSE(p.prefill.has_value());
+    return p.decode;
+  };
+  EXPECT_EQ(with(0.5), 2u);   // 0.3 - 0.4, 0, 0.2 - 0.5: the whole prompt cached wins
+  EXPECT_EQ(with(0.25), 2u);  // 0.1, 0, -0.05
+  EXPECT_EQ(with(0.1), 1u);   // 0.22, 0, 0.1: load wins
+  EXPECT_EQ(with(0), 1u);     // least_loaded
+  EXPECT_EQ(with(2.5), 2u);   // -1.7, 0, -2.3
+  // Nothing cached anywhere, equal loads: the lower index.
+  const std::vector<engine_load> idle = {engine(engine_kind::mixed), engine(engine_kind::mixed)};
+  EXPECT_EQ(make("prefix_affinity")->choose(idle, candidates_for(idle, {}, 0, 100), {0, 100, {0, 0}}).decode, 0u);
+  EXPECT_FALSE(make("least_loaded")->uses_prefixes());
+}
+
+TEST(Router, PrefixAffinityCountsPrefixesOnPrefillEnginesAndDecodesLeastLoaded) {
+  // Decode engines 0 (idle) and 1 (score 0.1, but holding the whole prompt: decode engines do
+  // not reuse prefixes); prefill engines 2 (300 queued, holds 400 of the 500 tokens) and 3 (100).
+  const std::vector<engine_load> e = {engine(engine_kind::decode), engine(engine_kind::decode, 10),
+                                      engine(engine_kind::prefill, 0, 0, 300), engine(engine_kind::prefill, 0, 0, 100)};
+  const candidates c = candidates_for(e, assign_tiers(2, 1), 0, 500);
+  const route_request r{0, 500, {0, 500, 400, 0}};
+  auto prefill_with = [&](double weight) {
+    const placement p = (*make_router({"prefix_affinity", 0, weight}))->choose(e, c, r);
+    EXPECT_EQ(p.decode, 0u);
+    return p.prefill;
+  };
+  EXPECT_EQ(prefill_with(1), std::optional<size_t>(2));     // -100 vs 100
+  EXPECT_EQ(prefill_with(0.5), std::optional<size_t>(2));   // 100 vs 100: the lower index
+  EXPECT_EQ(prefill_with(0.25), std::optional<size_t>(3));  // 200 vs 100
+}
+
+TEST(Router, APrefixWeightOutOfRangeIsAnError) {
+  for (double bad : {-1.0, 1e7, std::nan("")}) {
+    auto r = make_router({"prefix_affinity", 0, bad});
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_EQ(r.error().code, errc::invalid_argument);
+    EXPECT_EQ(r.error().message.rfind("prefix_weight must be a number in [0, 1000000], got ", 0), 0u)
+        << r.error().message;
+  }
+  EXPECT_EQ(make_router({"prefix_affinity", 0, -1}).error().message,
+            "prefix_weight must be a number in [0, 1000000], got -1");
+  EXPECT_TRUE(make_router({"prefix_affinity", 0, 0}).has_value());
+  EXPECT_TRUE(make_router({"prefix_affinity", 0, prefix_weight_max}).has_value());
 }
 
 TEST(TokenBucket, AdmitsABurstThenOneRequestPerInterval) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/kv/chain_hash.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/effects_text.hpp"
 
@@ -31,7 +32,9 @@ std::string describe(const effects& fx) {
   struct printer {
     std::ostream& o;
     void operator()(const ask_placement& a) {
-      o << "ask_placement(r" << a.request_id << " prompt " << a.num_prompt_tokens << " max " << a.max_tokens << ")";
+      o << "ask_placement(r" << a.request_id << " prompt " << a.num_prompt_tokens << " max " << a.max_tokens;
+      for (uint64_t hash : a.prefix_hashes) o << " " << hash;
+      o << ")";
     }
     void operator()(const submit& s) {
       o << "submit(r" << s.request.id << " prompt " << s.request.prompt.size() << " seed " << s.request.seed
@@ -210,6 +213,17 @@ TEST(RequestHostPrompt, PenaltiesAndBiasesReachTheEngineRequestAndAreCheckedFirs
   request_host infinite(o);
   EXPECT_EFFECTS(infinite, start(1000),
                  send_error{error(errc::invalid_argument, "presence_penalty must be in [-2, 2], got inf", 0)}, stop{});
+}
+
+TEST(RequestHostPrompt, ThePlacementCarriesThePromptsChainHashesWhenTheBalancerKeepsPrefixes) {
+  request_host_options o = options(true);
+  o.params.prompt.clear();
+  o.params.prompt_tokens = {tokenizer::bos, 10, 11, 12, 13, 14, 15, 16, 17};  // two full blocks of 4, one token
+  o.prefix_block_size = 4;
+  request_host h(o);
+  const int32_t* t = o.params.prompt_tokens.data();
+  const uint64_t first = kv::chain_hash(kv::root_hash_seed, t, 4);
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 9, 3, {first, kv::chain_hash(first, t + 4, 4)}});
 }
 
 TEST(RequestHostPrompt, TokenizerErrorsPassOn) {

@@ -108,7 +108,7 @@ TEST(SimTopology, BadFilesNameTheProblem) {
       {"[model]\nn_layers = 0\n", "tiny.toml:2: [model] n_layers = 0.000000 is outside"},
       {"[model\n", "tiny.toml:1:"},
       {std::string(tiny_topology) + "[load_balancer]\nrouter = \"fastest\"\n",
-       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two"},
+       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two, prefix_affinity"},
       {std::string(tiny_topology) + "[load_balancer]\npolicy = \"fcfs\"\n", "tiny.toml:24: [load_balancer]: unknown key 'policy'"},
       {std::string(tiny_topology) + "[load_balancer]\nrate_limit_per_s = -1\n",
        "tiny.toml:24: [load_balancer] rate_limit_per_s = -1.000000 is outside [0.000000, 1000000000.000000]"},
@@ -316,6 +316,38 @@ TEST(Simulation, TheTopologysRouterPlacesRequestsOnReplicas) {
   EXPECT_EQ(samples_per_replica("round_robin"), (std::vector<int64_t>{3 + 7, 5 + 9}));
 }
 
+/// Tokens generated per replica and the last two requests' cached prompt tokens, under `router`:
+/// the scenario of ActorsDeterministic.PrefixAffinitySendsAContinuationToTheEngineHoldingItsPrefix.
+/// Prompts X and Y (hash ids 1 and 2: 512 shared tokens each, then 88 of their own) arrive at
+/// once and generate 3 and 5 tokens; X's continuation (7 tokens) arrives after both ended, then
+/// Y's (9 tokens).
+std::pair<std::vector<int64_t>, std::vector<int32_t>> prefix_run(const std::string& router) {
+  std::string topology = tiny_topology;
+  topology.replace(topology.find("max_context = 512"), 17, "max_context = 1024");
+  topology.replace(topology.find("[engine]\n"), 9, "[engine]\nreplicas = 2\n");
+  topology += "[load_balancer]\nrouter = \"" + router + "\"\n";
+  auto t = parse_sim_topology(topology, "tiny.toml", TROUPE_SOURCE_DIR);
+  EXPECT_TRUE(t) << t.error().message;
+  const std::vector<trace_request> w = {
+      {0, 600, 3, {1}}, {0, 600, 5, {2}}, {100'000'000, 600, 7, {1}}, {200'000'000, 600, 9, {2}}};
+  auto r = run_simulation(options(*t, w, 7));
+  EXPECT_TRUE(r) << r.error().message;
+  std::vector<int64_t> tokens(2, 0);
+  for (const step_record& s : r->steps) tokens.at(static_cast<size_t>(s.replica)) += s.num_samples;
+  return {tokens, {r->requests[2].cached_tokens, r->requests[3].cached_tokens}};
+}
+
+TEST(Simulation, PrefixAffinitySendsAContinuationToTheReplicaHoldingItsPrefix) {
+  // As on real engines: least_loaded sends both continuations to the idle replica 0, where Y's
+  // prefix is not cached; prefix_affinity sends each to the replica holding its 512-token prefix.
+  using run = std::pair<std::vector<int64_t>, std::vector<int32_t>>;
+  EXPECT_EQ(prefix_run("least_loaded"), (run{{3 + 7 + 9, 5}, {512, 0}}));
+  EXPECT_EQ(prefix_run("prefix_affinity"), (run{{3 + 7, 5 + 9}, {512, 512}}));
+  auto bad = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, {{"load_balancer.prefix_weight", "-1"}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("prefix_weight"), std::string::npos) << bad.error().message;
+}
+
 TEST(Simulation, TheBalancersRateLimitRefusesRequestsOverItAsOverloaded) {
   // Ten requests at once, then one 1.5 s later; 2 requests/s with bursts of 4: the first four
   // are admitted, the next six refused, and the late one admitted.
@@ -428,10 +460,11 @@ TEST(Sweep, ThePlotHasALinePerCombinationOfTheOtherAxesReadingTheirColumns) {
   const std::string script = sweep_plot_script(axes);
   EXPECT_NE(script.find("G = 6\n"), std::string::npos);
   EXPECT_NE(script.find("title 'load_balancer.router=b engine.replicas=4'"), std::string::npos);
-  // goodput is column 3 keys + 7 = 10; p99 TTFT 13; p99 TPOT 16.
+  // goodput is column 3 keys + 7 = 10; p99 TTFT 13; p99 TPOT 16; prefix hit rate 20.
   EXPECT_NE(script.find("(int($1) % G == 5 ? $10 : 1/0):xtic(2)"), std::string::npos);
   EXPECT_NE(script.find("? $13 :"), std::string::npos);
   EXPECT_NE(script.find("? $16 :"), std::string::npos);
+  EXPECT_NE(script.find("? $20 :"), std::string::npos);
   const std::string header = sweep_csv_header({"time_scale", "load_balancer.router", "engine.replicas"});
   std::vector<std::string> columns;
   std::stringstream in(header.substr(0, header.size() - 1));
@@ -439,6 +472,7 @@ TEST(Sweep, ThePlotHasALinePerCombinationOfTheOtherAxesReadingTheirColumns) {
   EXPECT_EQ(columns.at(10 - 1), "goodput_requests_per_s");
   EXPECT_EQ(columns.at(13 - 1), "ttft_p99_ms");
   EXPECT_EQ(columns.at(16 - 1), "tpot_p99_ms");
+  EXPECT_EQ(columns.at(20 - 1), "prefix_hit_rate");
 }
 
 TEST(Simulation, HandComputedTimesWithKvReads) {
@@ -492,10 +526,12 @@ TEST(PrefixReuseBound, FollowsHashIdChainsExactly) {
   EXPECT_EQ(b.num_reusable_tokens, 1024 + 700);
 }
 
-/// Runs `workload` (shaped to the topology's context) on the 7B simulation topology; returns
-/// the simulated prefix hit rate after checking each request's share, and the workload's bound.
-std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> workload, int32_t check_every) {
-  auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml");
+/// Runs `workload` (shaped to the topology's context) on the 7B simulation topology with the
+/// settings `set`; returns the simulated prefix hit rate after checking each request's share,
+/// and the workload's bound.
+std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> workload, int32_t check_every,
+                                                   const topology_overrides& set = {}) {
+  auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml", set);
   EXPECT_TRUE(t) << t.error().message;
   workload_options shape;
   shape.max_context = t->model.seq_len;
@@ -533,6 +569,32 @@ TEST(Simulation, PrefixHitRateStaysUnderTheBoundOnTheFullMooncakeTrace) {
   std::printf("prefix hit rate %.4f, infinite-cache bound %.4f\n", rate, bound.rate());
   EXPECT_GT(rate, 0.0);
   EXPECT_LE(rate, bound.rate());
+}
+
+/// The hit rates of least_loaded and prefix_affinity on `trace` at 4 replicas of `kv_gib` GiB.
+void expect_prefix_affinity_hits_more(std::vector<trace_request> trace, const std::string& kv_gib) {
+  const topology_overrides four = {{"engine.replicas", "4"}, {"hardware.kv_memory_gib", kv_gib}};
+  topology_overrides affinity = four;
+  affinity.push_back({"load_balancer.router", "prefix_affinity"});
+  const auto [least, bound] = hit_rate_and_bound(trace, 0, four);
+  const double with_affinity = hit_rate_and_bound(std::move(trace), 0, affinity).first;
+  std::printf("prefix hit rate: least_loaded %.4f, prefix_affinity %.4f, bound %.4f\n", least, with_affinity,
+              bound.rate());
+  EXPECT_GT(with_affinity, least);
+  EXPECT_LE(with_affinity, bound.rate());
+}
+
+TEST(Simulation, PrefixAffinityHitsTheCacheMoreOnTheMooncakeHead) {
+  auto trace = read_trace(testing::test_data("traces/mooncake/conversation_trace_head300.jsonl"), trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  expect_prefix_affinity_hits_more(std::move(*trace), "400");
+}
+
+TEST(Simulation, PrefixAffinityHitsTheCacheMoreOnTheFullMooncakeTrace) {
+  TROUPE_SHARED_DATA_OR_SKIP(path, "traces/mooncake/conversation_trace.jsonl");
+  auto trace = read_trace(path, trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  expect_prefix_affinity_hits_more(std::move(*trace), "400");  // docs/simulation.md's study
 }
 
 TEST(SimTopology, ATimeBudgetIsPricedByTheSimulatedCostModel) {

@@ -253,7 +253,7 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
       "[cluster]\nname = \"c\"\nkv_transfer = \"ucx\"\n"
       "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = 7100\nkv_port = 9100\n"
       "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 65535\nkv_port = 1\n"
-      "[load_balancer]\nnode = \"node1\"\nmax_waiting = 3\nprefill_tiers = [1, 64, 4096]\nrouter = \"power_of_two\"\nrate_limit_per_s = 100\nrate_limit_burst = 5\n"
+      "[load_balancer]\nnode = \"node1\"\nmax_waiting = 3\nprefill_tiers = [1, 64, 4096]\nrouter = \"prefix_affinity\"\nprefix_weight = 2\nrate_limit_per_s = 100\nrate_limit_burst = 5\n"
       "report_interval_ms = 60000\nconnect_timeout_ms = 600000\nheartbeat_interval_ms = 60000\n"
       "heartbeat_timeout_ms = 600000\n" +
       k_engine0);
@@ -267,7 +267,8 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
   EXPECT_EQ(topo->nodes[1].kv_port, 1);
   EXPECT_EQ(topo->load_balancer.node, "node1");
   EXPECT_EQ(topo->load_balancer.max_waiting, 3);
-  EXPECT_EQ(topo->load_balancer.router, "power_of_two");
+  EXPECT_EQ(topo->load_balancer.router, "prefix_affinity");
+  EXPECT_EQ(topo->load_balancer.prefix_weight, 2.0);
   EXPECT_EQ(topo->load_balancer.rate_limit_per_s, 100);
   EXPECT_EQ(topo->load_balancer.rate_limit_burst, 5);
   EXPECT_EQ(topo->load_balancer.prefill_tier_bounds, (std::vector<int32_t>{1, 64, 4096}));
@@ -473,7 +474,7 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_balancer_key_lists_new_keys",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
-                 "node, max_waiting, prefill_tiers, router, rate_limit_per_s, rate_limit_burst, "
+                 "node, max_waiting, prefill_tiers, router, prefix_weight, rate_limit_per_s, rate_limit_burst, "
                  "report_interval_ms, connect_timeout_ms, "
                  "heartbeat_interval_ms, heartbeat_timeout_ms)"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
@@ -661,7 +662,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "got a float"},
         bad_file{"router_unknown", k_node0 + "[load_balancer]\nnode = \"node0\"\nrouter = \"fastest\"\n",
                  "topology.toml:7: load_balancer: key 'router': unknown router 'fastest'; known: "
-                 "least_loaded, round_robin, power_of_two"},
+                 "least_loaded, round_robin, power_of_two, prefix_affinity"},
+        bad_file{"prefix_weight_negative", k_node0 + "[load_balancer]\nnode = \"node0\"\nprefix_weight = -0.5\n",
+                 "topology.toml:7: load_balancer: key 'prefix_weight' must be in 0..1000000, got -0.5"},
+        bad_file{"prefix_weight_string", k_node0 + "[load_balancer]\nnode = \"node0\"\nprefix_weight = \"high\"\n",
+                 "topology.toml:7: load_balancer: key 'prefix_weight' must be a number, got a string"},
         bad_file{"rate_limit_negative", k_node0 + "[load_balancer]\nnode = \"node0\"\nrate_limit_per_s = -1\n",
                  "topology.toml:7: load_balancer: key 'rate_limit_per_s' must be in 0..1000000000, got -1"},
         bad_file{"rate_limit_burst_zero", k_node0 + "[load_balancer]\nnode = \"node0\"\nrate_limit_burst = 0\n",

@@ -112,6 +112,7 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
     b.kind = kind_of(e.role);
     b.max_num_seqs = e.config.scheduler.max_num_seqs;
     b.kv_capacity_tokens = static_cast<int64_t>(e.config.num_kv_blocks) * e.config.block_size;
+    b.block_size = e.config.block_size;
     b.kv_host = node.host;
     b.kv_port = node.kv_port;
     out.push_back(std::move(b));
@@ -181,6 +182,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.draw_request_id = actors::random_request_id;
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
   lb.router = t.load_balancer.router;
+  lb.prefix_weight = t.load_balancer.prefix_weight;
   lb.rate_limit_per_s = t.load_balancer.rate_limit_per_s;
   lb.rate_limit_burst = t.load_balancer.rate_limit_burst;
   lb.report_interval_ms = t.load_balancer.report_interval_ms;

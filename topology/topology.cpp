@@ -678,7 +678,7 @@ struct listener {
   }
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
-                                 {"node", "max_waiting", "prefill_tiers", "router", "rate_limit_per_s", "rate_limit_burst", "report_interval_ms",
+                                 {"node", "max_waiting", "prefill_tiers", "router", "prefix_weight", "rate_limit_per_s", "rate_limit_burst", "report_interval_ms",
                                   "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms"});
       !ok) {
     return tl::unexpected(ok.error());
@@ -696,6 +696,10 @@ struct listener {
   auto router = read_router(ctx, **table, where, balancer.router);
   if (!router) return tl::unexpected(router.error());
   balancer.router = std::move(*router);
+  auto prefix_weight =
+      read_number(ctx, **table, where, "prefix_weight", balancer.prefix_weight, 0, balance::prefix_weight_max);
+  if (!prefix_weight) return tl::unexpected(prefix_weight.error());
+  balancer.prefix_weight = *prefix_weight;
   auto rate = read_int(ctx, **table, where, "rate_limit_per_s", balancer.rate_limit_per_s, 0, 1000000000);
   if (!rate) return tl::unexpected(rate.error());
   balancer.rate_limit_per_s = *rate;

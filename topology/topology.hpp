@@ -49,7 +49,10 @@
 ///                                      #   lengths >= 1, at most 16; N bounds make N + 1 tiers
 ///                                      #   ([] = one tier)
 ///   router = "least_loaded"            #   optional, default shown: least_loaded |
-///                                      #   round_robin | power_of_two (docs/topology.md)
+///                                      #   round_robin | power_of_two | prefix_affinity
+///                                      #   (docs/topology.md)
+///   prefix_weight = 0.5                #   optional, 0..1e6, default 0.5: prefix_affinity's
+///                                      #   weight of a cached prefix against load
 ///   rate_limit_per_s = 0               #   optional, 0..1e9, default 0 (off): admit at most this
 ///                                      #   many requests per second on average; one more is
 ///                                      #   answered 'overloaded' (HTTP 429)
@@ -142,6 +145,7 @@ struct load_balancer_spec {
   /// tiers (tier i = prompts of <= bounds[i] tokens, the last tier = longer); empty = one tier.
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   std::string router = "least_loaded";  ///< one of balance::router_names()
+  double prefix_weight = 0.5;           ///< prefix_affinity's weight of a cached prefix vs load
   int32_t rate_limit_per_s = 0;   ///< admission: requests per second on average, 0 = no limit
   int32_t rate_limit_burst = 16;  ///< admission: requests at once after a quiet period
   int32_t report_interval_ms = 20;     ///< how often each engine sends its load report

@@ -1,5 +1,6 @@
 #include "runtime/balance/balancer_host.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace troupe::balance {
@@ -22,6 +23,14 @@ balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32
     engines_.push_back(std::move(e));
   }
   tiers_ = assign_tiers(num_prefill, static_cast<int32_t>(bounds_.size()) + 1);
+  if (router_->uses_prefixes()) {
+    prefix_block_size_ = engines_.front().spec.block_size;
+    for (const engine_entry& e : engines_) prefix_block_size_ = std::min(prefix_block_size_, e.spec.block_size);
+    TROUPE_ASSERT(prefix_block_size_ >= 1);
+    std::vector<int64_t> capacity_blocks;
+    for (const engine_entry& e : engines_) capacity_blocks.push_back(e.spec.kv_capacity_tokens / prefix_block_size_);
+    prefixes_.emplace(std::move(capacity_blocks));
+  }
   if (heartbeat_timeout_ns > 0) liveness_.emplace(engines_.size(), heartbeat_timeout_ns, now_ns);
 }
 
@@ -43,7 +52,13 @@ void balancer_host::charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_t
   refresh(e);
 }
 
-expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tokens) {
+expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tokens,
+                                         const std::vector<uint64_t>& prefix_hashes) {
+  const size_t num_blocks = prefix_block_size_ > 0 ? static_cast<size_t>(num_prompt_tokens / prefix_block_size_) : 0;
+  if (prefix_hashes.size() != num_blocks)
+    return fail(errc::invalid_argument, std::to_string(prefix_hashes.size()) + " prefix hashes for a prompt of " +
+                                            std::to_string(num_prompt_tokens) + " tokens (expected " +
+                                            std::to_string(num_blocks) + ")");
   std::vector<engine_load> loads;
   for (const engine_entry& e : engines_) loads.push_back(e.load);
   const candidates c = candidates_for(loads, tiers_, tier_of(num_prompt_tokens, bounds_), num_prompt_tokens);
@@ -53,7 +68,12 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
       if (!e.load.alive) why += "; " + e.spec.name + " is lost";
     return fail(errc::unavailable, std::move(why));
   }
-  const placement chosen = router_->choose(loads, c, num_routed_++);
+  route_request r{num_routed_++, num_prompt_tokens, {}};
+  if (prefixes_)
+    for (size_t i = 0; i < engines_.size(); i++)
+      r.cached_tokens.push_back(prefixes_->cached_blocks(i, prefix_hashes) * prefix_block_size_);
+  const placement chosen = router_->choose(loads, c, r);
+  if (prefixes_) prefixes_->record(chosen.prefill.value_or(chosen.decode), prefix_hashes);
   engine_entry& d = engines_[chosen.decode];
   d.load.num_requests++;
   routed_[key] = routed_request{chosen.decode, chosen.prefill};
@@ -94,7 +114,10 @@ void balancer_host::heard_from(size_t engine, int64_t now_ns) {
 std::vector<size_t> balancer_host::heartbeat(int64_t now_ns) {
   if (!liveness_) return {};
   std::vector<size_t> lost = liveness_->newly_lost(now_ns);
-  for (size_t i : lost) engines_[i].load.alive = false;
+  for (size_t i : lost) {
+    engines_[i].load.alive = false;
+    if (prefixes_) prefixes_->forget(i);
+  }
   return lost;
 }
 
@@ -103,6 +126,7 @@ bool balancer_host::mark_lost(size_t engine) {
   if (!e.load.alive) return false;
   e.load.alive = false;
   if (liveness_) liveness_->mark_lost(engine);
+  if (prefixes_) prefixes_->forget(engine);
   return true;
 }
 
@@ -127,6 +151,13 @@ void balancer_host::check_invariants() const {
     if (liveness_) TROUPE_ASSERT(e.load.alive != liveness_->is_lost(i));
   }
   if (liveness_) liveness_->check_invariants();
+  TROUPE_ASSERT(prefixes_.has_value() == (prefix_block_size_ > 0));
+  if (prefixes_) {
+    TROUPE_ASSERT(prefixes_->num_engines() == engines_.size());
+    for (size_t i = 0; i < engines_.size(); i++)
+      if (!engines_[i].load.alive) TROUPE_ASSERT(prefixes_->num_blocks(i) == 0);
+    prefixes_->check_invariants();
+  }
 }
 
 }  // namespace troupe::balance

@@ -16,6 +16,13 @@
 /// minus one token to the prefill engine's queue and the whole prompt to the decode engine's KV;
 /// a whole request charges both to one engine.
 ///
+/// Prefixes (a router that uses_prefixes, router.hpp): a prefix_directory over the engines, in
+/// blocks of the smallest engine block size (`prefix_block_size`), each engine's set bounded by
+/// its KV capacity in those blocks. Before choosing, each engine's cached prefix of the prompt
+/// is looked up; after, the prompt's chain is recorded on the engine that computes it (the
+/// prefill engine of a disaggregated request, else the decode engine). A lost engine's set is
+/// dropped.
+///
 /// Liveness (with a heartbeat timeout): every report and every pong is news from an engine;
 /// `heartbeat` returns the engines silent for longer than the timeout (balance::liveness). A
 /// lost engine (by heartbeat or DOWN: `mark_lost`) gets no new work; `placed_on` tells which
@@ -32,6 +39,7 @@
 
 #include "runtime/balance/liveness.hpp"
 #include "runtime/balance/placement.hpp"
+#include "runtime/balance/prefix_directory.hpp"
 #include "runtime/balance/router.hpp"
 
 namespace troupe::balance {
@@ -41,6 +49,7 @@ struct engine_spec {
   engine_kind kind = engine_kind::mixed;
   int32_t max_num_seqs = 256;
   int64_t kv_capacity_tokens = 16384;
+  int32_t block_size = 16;  ///< its KV pool's block size, tokens
   std::string name = "engine";  ///< in error messages, e.g. "engine 'e0' on node 'n0'"
 };
 
@@ -62,8 +71,11 @@ class balancer_host {
                 int64_t now_ns, const router_options& routing = {});
 
   /// Chooses engines for request `key` of `num_prompt_tokens` tokens and charges them; the
-  /// error (unavailable) names every lost engine.
-  [[nodiscard]] expected<placement> place(request_key key, int32_t num_prompt_tokens);
+  /// error (unavailable) names every lost engine. `prefix_hashes`: the prompt's chain hashes in
+  /// blocks of prefix_block_size() (kv::chain_hashes), exactly num_prompt_tokens / that many,
+  /// and none when prefix_block_size() is 0; another count is an error (invalid_argument).
+  [[nodiscard]] expected<placement> place(request_key key, int32_t num_prompt_tokens,
+                                          const std::vector<uint64_t>& prefix_hashes = {});
   /// The request `key` ended; false if it was never placed (or ended already).
   bool request_ended(request_key key);
   /// A load report from engine `engine` (false, and ignored: no such engine, or a negative
@@ -81,6 +93,11 @@ class balancer_host {
   [[nodiscard]] const engine_load& load(size_t engine) const { return engines_.at(engine).load; }
   [[nodiscard]] size_t num_engines() const { return engines_.size(); }
   [[nodiscard]] size_t num_placed() const { return routed_.size(); }
+  /// The block size of the prompts' chain hashes place() takes; 0 = it takes none (the router
+  /// does not use prefixes).
+  [[nodiscard]] int32_t prefix_block_size() const { return prefix_block_size_; }
+  /// The prefix directory; only when prefix_block_size() > 0.
+  [[nodiscard]] const prefix_directory& prefixes() const { return *prefixes_; }
   void check_invariants() const;
 
  private:
@@ -113,6 +130,8 @@ class balancer_host {
   std::map<request_key, routed_request> routed_;
   std::optional<liveness> liveness_;
   std::unique_ptr<router> router_;
+  int32_t prefix_block_size_ = 0;
+  std::optional<prefix_directory> prefixes_;
   uint64_t num_routed_ = 0;  // placements asked for so far: the next request's number
 };
 

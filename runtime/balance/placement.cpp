@@ -3,18 +3,6 @@
 #include <algorithm>
 
 namespace troupe::balance {
-namespace {
-
-/// The candidate with the lowest key, ties by lowest index (candidates are in index order).
-template <class Key>
-std::optional<size_t> argmin(const std::vector<engine_load>& engines, const std::vector<size_t>& among, Key&& key) {
-  std::optional<size_t> best;
-  for (size_t i : among)
-    if (!best || key(engines[i]) < key(engines[*best])) best = i;
-  return best;
-}
-
-}  // namespace
 
 double decode_score(const engine_load& e) {
   return static_cast<double>(e.num_requests) / std::max<int32_t>(1, e.max_num_seqs) +
@@ -68,8 +56,8 @@ candidates candidates_for(const std::vector<engine_load>& engines, const std::ve
 placement least_loaded(const std::vector<engine_load>& engines, const candidates& c) {
   TROUPE_ASSERT(!c.decode.empty());
   placement out;
-  out.decode = *argmin(engines, c.decode, decode_score);
-  out.prefill = argmin(engines, c.prefill, [](const engine_load& e) { return e.num_prefill_tokens; });
+  out.decode = *lowest(c.decode, [&](size_t i) { return decode_score(engines[i]); });
+  out.prefill = lowest(c.prefill, [&](size_t i) { return engines[i].num_prefill_tokens; });
   return out;
 }
 

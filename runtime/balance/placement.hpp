@@ -3,7 +3,7 @@
 /// Request placement across engines: the load balancer's policy as a pure function of what it
 /// believes about each engine (the seed brief's "Request load balancing": prefill requests
 /// bucketed by context length into tiers, decode requests spread to balance both request count
-/// and total cache length). Prefix-cache affinity is not part of it.
+/// and total cache length). Prefix-cache affinity is a router's (router.hpp, prefix_affinity).
 ///
 /// Prefill. Prompt lengths fall into tiers by `bounds` (N increasing bounds make N + 1 tiers;
 /// tier t holds prompts of at most bounds[t] tokens, the last tier the longer ones), so a short
@@ -75,6 +75,16 @@ struct candidates {
 /// How loaded an engine is as a decode target (lower is lighter):
 /// num_requests / max_num_seqs + num_kv_tokens / kv_capacity_tokens.
 [[nodiscard]] double decode_score(const engine_load& e);
+
+/// The engine of `among` (in index order) with the lowest `key(index)`, ties to the lowest
+/// index; empty when `among` is.
+template <class Key>
+[[nodiscard]] std::optional<size_t> lowest(const std::vector<size_t>& among, Key&& key) {
+  std::optional<size_t> best;
+  for (size_t i : among)
+    if (!best || key(i) < key(*best)) best = i;
+  return best;
+}
 
 /// The least-loaded placement among `c` (the default router, router.hpp): the decode candidate
 /// with the lowest decode_score, the prefill candidate with the fewest queued prefill tokens;

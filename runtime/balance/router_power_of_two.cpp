@@ -13,7 +13,8 @@ class power_of_two_router final : public router {
  public:
   explicit power_of_two_router(uint64_t seed) : seed_(seed) {}
 
-  placement choose(const std::vector<engine_load>& engines, const candidates& c, uint64_t number) override {
+  placement choose(const std::vector<engine_load>& engines, const candidates& c, const route_request& r) override {
+    const uint64_t number = r.number;
     placement out;
     out.decode = pick(engines, c.decode, number, role::decode, decode_score);
     if (!c.prefill.empty())

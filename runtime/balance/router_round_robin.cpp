@@ -16,7 +16,7 @@ size_t next_after(const std::vector<size_t>& among, const std::optional<size_t>&
 
 class round_robin_router final : public router {
  public:
-  placement choose(const std::vector<engine_load>&, const candidates& c, uint64_t) override {
+  placement choose(const std::vector<engine_load>&, const candidates& c, const route_request&) override {
     placement out;
     out.decode = next_after(c.decode, last_decode_);
     last_decode_ = out.decode;

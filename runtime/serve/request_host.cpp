@@ -5,14 +5,15 @@
 #include <tuple>
 #include <utility>
 
+#include "runtime/kv/chain_hash.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/sampling/sampler.hpp"
 
 namespace troupe::serve {
 
 bool operator==(const ask_placement& a, const ask_placement& b) {
-  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens) ==
-         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens);
+  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens, a.prefix_hashes) ==
+         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens, b.prefix_hashes);
 }
 
 bool operator==(const submit& a, const submit& b) {
@@ -106,7 +107,9 @@ effects request_host::start(int64_t now_ns) {
   end_.stream = o_.stream;
   end_.seed = r.seed;
   end_.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
-  out.push_back(ask_placement{r.id, end_.num_prompt_tokens, r.max_tokens});
+  std::vector<uint64_t> prefix_hashes;
+  if (o_.prefix_block_size > 0) prefix_hashes = kv::chain_hashes(r.prompt, o_.prefix_block_size);
+  out.push_back(ask_placement{r.id, end_.num_prompt_tokens, r.max_tokens, std::move(prefix_hashes)});
   return out;
 }
 

@@ -12,6 +12,9 @@
 ///   before it is tokenized (encoding holds several words per byte); tokenizer errors pass on;
 /// - the engine request: the given seed or the drawn one, and `batch_tokens` (one message with
 ///   every token) for a non-streamed request without stop strings;
+/// - the placement request: the prompt's length, and its chain hashes when the balancer keeps a
+///   prefix directory (`prefix_block_size` > 0): hashed here, in each request, not in the
+///   balancer that every request goes through;
 /// - tokens: detokenization and stop strings (engine::output_stream, made on the first token),
 ///   chunks numbered 0, 1, 2, … (one per token when streaming, one before the end otherwise), a
 ///   batch expanded token by token at the times its ages give, TTFT, inter-token gaps, queue
@@ -51,6 +54,9 @@ struct request_host_options {
   /// tok->max_text_bytes(context_tokens) is refused (too_long) before it is tokenized. 0 = not
   /// known here: the largest context a checkpoint may declare bounds it.
   int32_t context_tokens = 0;
+  /// The balancer's prefix directory's block size (balance::balancer_host::prefix_block_size):
+  /// ask_placement carries the prompt's chain hashes in blocks of it; 0 = none.
+  int32_t prefix_block_size = 0;
   /// The balancer refused the request at admission (its rate limit): it fails with this at start.
   std::optional<error> refused;
 };
@@ -60,6 +66,7 @@ struct ask_placement {
   int64_t request_id = 0;
   int32_t num_prompt_tokens = 0;
   int32_t max_tokens = 0;
+  std::vector<uint64_t> prefix_hashes;  ///< kv::chain_hashes(prompt, prefix_block_size)
 };
 
 /// Send the request to the placed prefill engine (which hands it to the decode engine) when

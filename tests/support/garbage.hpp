@@ -71,7 +71,7 @@ class garbage {
       case 9: return caf::make_message(msg::release{i64()});
       case 10: return caf::make_message(msg::engine_report{i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), f32(), f32()});
       case 11: return caf::make_message(msg::submit_completion{completion_request(), pick(pool_.receivers), u64()});
-      case 12: return caf::make_message(msg::place_request{i64(), i32(), i32()});
+      case 12: return caf::make_message(msg::place_request{i64(), i32(), i32(), {}});
       case 13: return caf::make_message(msg::placement{pick(pool_.engines), pick(pool_.engines), str(), str(), str(),
                                                        port(), str()});
       case 14: return caf::make_message(msg::submit_prefill{request(), pick(pool_.engines), str(), port()});
