@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config ccache
   libcaf-dev libucx-dev ucx-utils libmsgpack-cxx-dev capnproto libcapnp-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libtomlplusplus-dev libcli11-dev libxxhash-dev libexpected-dev libjemalloc-dev gnuplot-nox
+  libtomlplusplus-dev libcli11-dev libxxhash-dev libexpected-dev libjemalloc-dev libicu-dev gnuplot-nox
   libcpp-httplib-dev libboost-dev nlohmann-json3-dev curl prometheus chromium)
 # chromium: the web page's test drives it headless (through npm's playwright-core).
 # The HTTP test runs the official `openai` npm client (scripts/npm-deps.sh installs it): Debian's

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
 
@@ -213,6 +214,41 @@ TEST_F(Cli, ConvertWritesAGgufThatGeneratesTheGoldenTextAsModelAndTokenizer) {
   EXPECT_FALSE(fs::exists(dir_ / "j.gguf"));
   expect_rejected({"generate", "-m", write("cut.gguf", testing::read_file(out).substr(0, 5000)), "-z", out},
                   "cut.gguf': a string value claims 6 bytes, more than the file holds (at byte 4999)");
+}
+
+TEST_F(Cli, TokenizePrintsTheIdsOfStdinAsLlamaTokenizeDoes) {
+  const std::string gguf = write("small.gguf", testing::small_bpe_gguf());
+  const std::string text = write("text.txt", "abc ab");
+  cli_result r = testing::run_troupe({"tokenize", "-m", gguf, "--ids", "--no-special"}, dir_, text);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[257, 260]\n");
+  // The vocabulary asks for BOS (258, a control token: its piece is empty).
+  r = testing::run_troupe({"tokenize", "-m", gguf}, dir_, text);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "   258 -> ''\n   257 -> 'abc'\n   260 -> ' ab'\n");
+  r = testing::run_troupe({"tokenize", "-m", gguf, "--ids"}, dir_, write("empty.txt", ""));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[258]\n");
+}
+
+TEST_F(Cli, TokenizeRefusesAMissingFileANonGgufFileAndInvalidUtf8) {
+  const std::string gguf = write("small.gguf", testing::small_bpe_gguf());
+  const std::string missing = (dir_ / "none.gguf").string();
+  expect_rejected({"tokenize", "-m", missing}, "cannot open '" + missing + "'");
+  expect_rejected({"tokenize", "-m", testing::bundled_tokenizer()}, "not a GGUF file");
+  expect_rejected({"tokenize"}, "--model is required");
+  const cli_result r = testing::run_troupe({"tokenize", "-m", gguf, "--ids"}, dir_, write("bad.txt", "a\xFF" "b"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("invalid UTF-8 at byte offset 1"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, TokenizeGivesLlamaCppsIdsForGpt2) {
+  TROUPE_SHARED_DATA_OR_SKIP(path, "vocab/ggml-vocab-gpt-2.gguf");
+  const cli_result r =
+      testing::run_troupe({"tokenize", "-m", path, "--ids", "--no-special"}, dir_, write("t.txt", " Hello, world!"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[18435, 11, 995, 0]\n");  // the .out line of this text in llama.cpp's test
 }
 
 TEST_F(Cli, RejectsUnknownOption) {

@@ -143,8 +143,8 @@ ids_t naive_llama2c_encode(const tokenizer& tok, const std::string& text, const 
       const std::string merged = std::string(tok.piece_text(ids[i])) +
                                  std::string(tok.piece_text(ids[i + 1]));
       const auto id = lookup(merged);
-      if (id && tok.score(*id) > best_score) {
-        best_score = tok.score(*id);
+      if (id && tok.spm()->score(*id) > best_score) {
+        best_score = tok.spm()->score(*id);
         best_id = *id;
         best_idx = static_cast<std::int32_t>(i);
       }
@@ -195,8 +195,8 @@ TEST(TokenizerLoad, Tok512Accessors) {
   EXPECT_EQ(tok.piece_text(258), "<0xFF>");
   EXPECT_EQ(tok.piece_text(259), " t");
   EXPECT_EQ(tok.piece_text(485), "\xC3\xA9");  // é has a piece of its own
-  EXPECT_EQ(tok.score(260), -1.0f);
-  EXPECT_EQ(tok.score(274), -15.0f);
+  EXPECT_EQ(tok.spm()->score(260), -1.0f);
+  EXPECT_EQ(tok.spm()->score(274), -15.0f);
   EXPECT_EQ(tok.find_piece(" "), 410);
   EXPECT_EQ(tok.find_piece("he"), 260);
   EXPECT_EQ(tok.find_piece("<"), 504);
@@ -204,9 +204,10 @@ TEST(TokenizerLoad, Tok512Accessors) {
   EXPECT_EQ(tok.find_piece("\n<s>\n"), std::nullopt);
   EXPECT_EQ(tok.find_piece("<unk>"), std::nullopt);
   EXPECT_EQ(tok.find_piece("zzz"), std::nullopt);
-  EXPECT_TRUE(tokenizer::is_control(2));
-  EXPECT_TRUE(tokenizer::is_byte(3));
-  EXPECT_FALSE(tokenizer::is_byte(259));
+  EXPECT_TRUE(tok.is_control(2));
+  EXPECT_FALSE(tok.is_control(3));
+  EXPECT_TRUE(spm_vocab::is_byte(3));
+  EXPECT_FALSE(spm_vocab::is_byte(259));
 }
 
 TEST(TokenizerLoad, FromBytesMatchesLoad) {
@@ -216,7 +217,7 @@ TEST(TokenizerLoad, FromBytesMatchesLoad) {
   ASSERT_TRUE(from_memory) << from_memory.error().message;
   for (std::int32_t id = 0; id < 512; ++id) {
     ASSERT_EQ(from_memory->piece_text(id), from_file.piece_text(id)) << id;
-    ASSERT_EQ(from_memory->score(id), from_file.score(id)) << id;
+    ASSERT_EQ(from_memory->spm()->score(id), from_file.spm()->score(id)) << id;
   }
 }
 
@@ -330,7 +331,7 @@ TEST(TokenizerSpecial, Tok512TextNeverYieldsControlTokens) {
   EXPECT_EQ(encode_ok(tok, "<unk>", false), (ids_t{410, 504, 379, 433, 505}));
   for (const char* text : {"<s>", "</s>", "<unk>", "\n<s>\n", "\n</s>\n", "a<s>b</s>", "<0x41>"}) {
     const ids_t ids = encode_ok(tok, text, false);
-    for (const std::int32_t id : ids) EXPECT_FALSE(tokenizer::is_control(id)) << text;
+    for (const std::int32_t id : ids) EXPECT_FALSE(tok.is_control(id)) << text;
     EXPECT_EQ(tok.decode(ids), std::string(" ") + text);
   }
 }

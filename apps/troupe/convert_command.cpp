@@ -32,7 +32,10 @@ int run_convert(const convert_options& o) {
   if (!ck) return fail_with(ck.error());
   auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
   if (!tok) return fail_with(tok.error());
-  const std::string bytes = model::to_gguf(*ck, *tok, fs::path(o.model).stem().string());
+  if (!tok->spm())
+    return fail_with(error{errc::invalid_argument, "'" + o.tokenizer + "' is a byte-level BPE vocabulary; convert "
+                                                   "writes llama2.c (SentencePiece-style) tokenizers"});
+  const std::string bytes = model::to_gguf(*ck, *tok->spm(), fs::path(o.model).stem().string());
   const std::string tmp = o.out + ".partial";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
       {"certs", troupe::cli::add_certs(app)},
       {"bench", troupe::cli::add_bench(app)},
       {"convert", troupe::cli::add_convert(app)},
+      {"tokenize", troupe::cli::add_tokenize(app)},
   };
   try {
     app.parse(argc, argv);

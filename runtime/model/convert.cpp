@@ -14,7 +14,7 @@ enum token_type : int32_t { normal = 1, unknown = 2, control = 3, byte = 6 };
 
 }  // namespace
 
-std::string to_gguf(const checkpoint& ck, const tokenizer& tok, const std::string& name) {
+std::string to_gguf(const checkpoint& ck, const spm_vocab& tok, const std::string& name) {
   const model_config& c = ck.config();
   TROUPE_ASSERT(c.vocab_size == tok.vocab_size());
   using v = gguf_value;
@@ -23,16 +23,16 @@ std::string to_gguf(const checkpoint& ck, const tokenizer& tok, const std::strin
   for (int32_t id = 0; id < tok.vocab_size(); id++) {
     std::string piece(tok.piece_text(id));
     int32_t type = normal;
-    if (id == tokenizer::unk_id) {
+    if (id == spm_vocab::unk_id) {
       piece = "<unk>", type = unknown;
-    } else if (id == tokenizer::bos) {
+    } else if (id == spm_vocab::bos) {
       piece = "<s>", type = control;  // llama2.c's files spell them "\n<s>\n" and "\n</s>\n"
-    } else if (id == tokenizer::eos) {
+    } else if (id == spm_vocab::eos) {
       piece = "</s>", type = control;
-    } else if (tokenizer::is_byte(id)) {
+    } else if (spm_vocab::is_byte(id)) {
       type = byte;
     } else {
-      for (size_t at; (at = piece.find(' ')) != std::string::npos;) piece.replace(at, 1, tokenizer::sentencepiece_space);
+      for (size_t at; (at = piece.find(' ')) != std::string::npos;) piece.replace(at, 1, spm_vocab::sentencepiece_space);
     }
     tokens.push_back(v::of_string(std::move(piece)));
     scores.push_back(v::of_float(tok.score(id)));
@@ -55,9 +55,9 @@ std::string to_gguf(const checkpoint& ck, const tokenizer& tok, const std::strin
       {"tokenizer.ggml.tokens", v::of_array(gguf_type::string, std::move(tokens))},
       {"tokenizer.ggml.scores", v::of_array(gguf_type::f32, std::move(scores))},
       {"tokenizer.ggml.token_type", v::of_array(gguf_type::i32, std::move(types))},
-      {"tokenizer.ggml.unknown_token_id", u32(tokenizer::unk_id)},
-      {"tokenizer.ggml.bos_token_id", u32(tokenizer::bos)},
-      {"tokenizer.ggml.eos_token_id", u32(tokenizer::eos)},
+      {"tokenizer.ggml.unknown_token_id", u32(spm_vocab::unk_id)},
+      {"tokenizer.ggml.bos_token_id", u32(spm_vocab::bos)},
+      {"tokenizer.ggml.eos_token_id", u32(spm_vocab::eos)},
   };
   const weights& w = ck.w();
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv_dim = c.kv_dim(), vocab = c.vocab_size;

@@ -7,12 +7,13 @@
 #include <string>
 
 #include "runtime/model/checkpoint.hpp"
-#include "runtime/tokenizer/tokenizer.hpp"
+#include "runtime/tokenizer/spm_vocab.hpp"
 
 namespace troupe::model {
 
-/// The GGUF bytes of `ck` and `tok` (whose vocabulary sizes must agree); `name` goes to
+/// The GGUF bytes of `ck` and its SentencePiece-style vocabulary `tok` (whose vocabulary sizes
+/// must agree); `name` goes to
 /// general.name.
-[[nodiscard]] std::string to_gguf(const checkpoint& ck, const tokenizer& tok, const std::string& name);
+[[nodiscard]] std::string to_gguf(const checkpoint& ck, const spm_vocab& tok, const std::string& name);
 
 }  // namespace troupe::model

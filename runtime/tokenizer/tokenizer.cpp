@@ -1,199 +1,10 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 
-#include <algorithm>
-#include <array>
-#include <cstdio>
-#include <cstring>
-#include <queue>
-
-#include "runtime/common/byte_reader.hpp"
 #include "runtime/common/mapped_file.hpp"
 #include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe {
-namespace {
-
-/// llama2.c starts its best-merge search at -1e10 with a strict `>`: a piece scored at or below
-/// it never merges.
-constexpr float no_merge_score = -1e10f;
-
-constexpr std::array<char, 256> make_byte_chars() {
-  std::array<char, 256> chars{};
-  for (int byte = 0; byte < 256; ++byte) chars[byte] = static_cast<char>(byte);
-  return chars;
-}
-
-/// The one-byte strings byte tokens decode to (llama2.c's `byte_pieces`).
-constexpr std::array<char, 256> byte_chars = make_byte_chars();
-
-struct token_entry {
-  float score = 0.0f;
-  std::string piece;
-};
-
-tl::unexpected<error> truncated(const std::string& name, const byte_reader& in,
-                                const std::string& what) {
-  return fail(errc::malformed_file,
-              name + ": truncated: the file ends at byte " +
-                  std::to_string(in.offset() + in.remaining()) + " while reading " + what +
-                  " (is the file complete, and is vocab_size right?)");
-}
-
-expected<token_entry> read_token(byte_reader& in, std::int32_t id, std::int32_t max_token_length,
-                                 const std::string& name) {
-  const std::string which = "token " + std::to_string(id);
-  token_entry entry;
-  if (!in.read(entry.score)) return truncated(name, in, "the score of " + which);
-  std::int32_t length = 0;
-  if (!in.read(length)) return truncated(name, in, "the length of " + which);
-  if (length < 1 || length > max_token_length) {
-    return fail(errc::malformed_file, name + ": " + which + " has length " +
-                                          std::to_string(length) + ", outside [1, " +
-                                          std::to_string(max_token_length) +
-                                          "] (max_token_length)");
-  }
-  if (!in.read_bytes(static_cast<std::size_t>(length), entry.piece)) {
-    return truncated(name, in,
-                     "the " + std::to_string(length) + " bytes of " + which + "'s piece");
-  }
-  return entry;
-}
-
-std::string byte_token_spelling(int byte) {
-  char buffer[8];
-  std::snprintf(buffer, sizeof(buffer), "<0x%02X>", byte);
-  return buffer;
-}
-
-/// `text` with non-printable bytes written as \xNN, for error messages.
-std::string escaped(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7F) {
-      out += c;
-    } else {
-      char buffer[8];
-      std::snprintf(buffer, sizeof(buffer), "\\x%02X", static_cast<unsigned>(byte));
-      out += buffer;
-    }
-  }
-  return out;
-}
-
-// ---- encoding ------------------------------------------------------------------------------
-
-/// One character's piece, or one byte token per byte when the character has no piece.
-void append_character(const tokenizer& tok, std::string_view character,
-                      std::vector<std::int32_t>& ids) {
-  if (const std::optional<std::int32_t> id = tok.find_piece(character)) {
-    ids.push_back(*id);
-    return;
-  }
-  for (const char byte : character) {
-    ids.push_back(tokenizer::first_byte_id + static_cast<unsigned char>(byte));
-  }
-}
-
-/// The dummy prefix " " (only for non-empty text) and then one symbol per character.
-std::vector<std::int32_t> split_characters(const tokenizer& tok, std::string_view text) {
-  std::vector<std::int32_t> ids;
-  if (text.empty()) return ids;
-  ids.reserve(text.size() + 1);
-  append_character(tok, " ", ids);
-  std::size_t offset = 0;
-  while (offset < text.size()) {
-    const std::size_t length = utf8::sequence_length(static_cast<unsigned char>(text[offset]));
-    append_character(tok, text.substr(offset, length), ids);
-    offset += length;
-  }
-  return ids;
-}
-
-/// A node of the doubly linked symbol list; `id` is -1 once merged into its left neighbour.
-struct symbol {
-  std::int32_t id = -1;
-  std::int32_t prev = -1;  // index of the left neighbour, -1 at the front
-  std::int32_t next = -1;  // index of the right neighbour, -1 at the back
-};
-
-/// A possible merge of `left` with its right neighbour `right`, valid while both still hold
-/// the ids recorded here and are still adjacent.
-struct merge_candidate {
-  float score = 0.0f;
-  std::int32_t left = -1;
-  std::int32_t right = -1;
-  std::int32_t left_id = -1;
-  std::int32_t right_id = -1;
-  std::int32_t merged_id = -1;
-};
-
-/// Heap order: best score first; ties go to the leftmost pair, as llama2.c's strict `>` scan.
-/// Symbol indices grow left to right, so the smaller index is the leftmost pair.
-struct merge_ranks_lower {
-  bool operator()(const merge_candidate& a, const merge_candidate& b) const {
-    if (a.score != b.score) return a.score < b.score;
-    return a.left > b.left;
-  }
-};
-
-using merge_queue =
-    std::priority_queue<merge_candidate, std::vector<merge_candidate>, merge_ranks_lower>;
-
-void push_candidate(const tokenizer& tok, const std::vector<symbol>& symbols, std::int32_t left,
-                    merge_queue& queue, std::string& buffer) {
-  if (left < 0) return;
-  const std::int32_t right = symbols[left].next;
-  if (right < 0) return;
-  // Like llama2.c, concatenate the stored pieces: a byte token contributes "<0xXX>".
-  buffer.assign(tok.piece_text(symbols[left].id));
-  buffer.append(tok.piece_text(symbols[right].id));
-  const std::optional<std::int32_t> merged = tok.find_piece(buffer);
-  if (!merged) return;
-  const float score = tok.score(*merged);
-  if (!(score > no_merge_score)) return;  // also drops NaN, which never wins in llama2.c
-  queue.push({score, left, right, symbols[left].id, symbols[right].id, *merged});
-}
-
-bool is_current(const std::vector<symbol>& symbols, const merge_candidate& candidate) {
-  const symbol& left = symbols[candidate.left];
-  return left.id == candidate.left_id && left.next == candidate.right &&
-         symbols[candidate.right].id == candidate.right_id;
-}
-
-/// Repeatedly merges the best adjacent pair; the same result as llama2.c's rescan-everything
-/// loop, in O(n log n) instead of O(n^2) lookups.
-void merge_best_pairs(const tokenizer& tok, std::vector<std::int32_t>& ids) {
-  const auto num_symbols = static_cast<std::int32_t>(ids.size());
-  std::vector<symbol> symbols(ids.size());
-  for (std::int32_t i = 0; i < num_symbols; ++i) {
-    symbols[i] = {ids[i], i - 1, i + 1 < num_symbols ? i + 1 : -1};
-  }
-  merge_queue queue;
-  std::string buffer;
-  for (std::int32_t i = 0; i + 1 < num_symbols; ++i) push_candidate(tok, symbols, i, queue, buffer);
-  while (!queue.empty()) {
-    const merge_candidate best = queue.top();
-    queue.pop();
-    if (!is_current(symbols, best)) continue;
-    symbol& left = symbols[best.left];
-    symbol& right = symbols[best.right];
-    left.id = best.merged_id;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = best.left;
-    right = symbol{};
-    push_candidate(tok, symbols, left.prev, queue, buffer);
-    push_candidate(tok, symbols, best.left, queue, buffer);
-  }
-  ids.clear();
-  // Symbol 0 is never merged away (only right partners are), so the list starts there.
-  for (std::int32_t i = num_symbols > 0 ? 0 : -1; i >= 0; i = symbols[i].next) {
-    ids.push_back(symbols[i].id);
-  }
-}
-
-}  // namespace
 
 expected<tokenizer> tokenizer::load(const std::string& path, std::int32_t vocab_size) {
   auto file = mapped_file::open(path);  // a GGUF model's tensors are never read
@@ -204,140 +15,51 @@ expected<tokenizer> tokenizer::load(const std::string& path, std::int32_t vocab_
 expected<tokenizer> tokenizer::from_bytes(std::string_view bytes, std::int32_t vocab_size,
                                           std::string_view source_name) {
   const std::string name = "tokenizer file '" + std::string(source_name) + "'";
-  if (vocab_size < first_normal_id) {
-    return fail(errc::invalid_argument,
-                name + ": vocab_size must be at least 259, got " + std::to_string(vocab_size) +
-                    " (3 control + 256 byte tokens)");
-  }
   if (model::is_gguf(bytes)) return from_gguf(bytes, vocab_size, name);
-  byte_reader in(bytes);
-  tokenizer tok;
-  if (!in.read(tok.max_token_length_)) return truncated(name, in, "max_token_length");
-  if (tok.max_token_length_ <= 0) {
-    return fail(errc::malformed_file, name + ": max_token_length must be positive, got " +
-                                          std::to_string(tok.max_token_length_));
-  }
-  tok.pieces_.reserve(static_cast<std::size_t>(vocab_size));
-  tok.scores_.reserve(static_cast<std::size_t>(vocab_size));
-  for (std::int32_t id = 0; id < vocab_size; ++id) {
-    expected<token_entry> entry = read_token(in, id, tok.max_token_length_, name);
-    if (!entry) return tl::make_unexpected(entry.error());
-    tok.scores_.push_back(entry->score);
-    tok.pieces_.push_back(std::move(entry->piece));
-  }
-  if (in.remaining() != 0) {
-    return fail(errc::malformed_file,
-                name + ": " + std::to_string(in.remaining()) + " bytes follow the last of " +
-                    std::to_string(vocab_size) +
-                    " tokens; the file holds more tokens than vocab_size");
-  }
-  if (expected<void> ok = tok.check_byte_tokens(name); !ok) return tl::make_unexpected(ok.error());
-  tok.build_lookup();
-  tok.check_invariants();
-  return tok;
+  auto spm = spm_vocab::from_bytes(bytes, vocab_size, name);
+  if (!spm) return tl::make_unexpected(spm.error());
+  return tokenizer(std::move(*spm));
 }
 
 expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vocab_size, const std::string& name) {
-  auto f = model::parse_gguf(bytes, std::string(name));
+  auto f = model::parse_gguf(bytes, name);
   if (!f) return tl::make_unexpected(f.error());
   auto kind = f->get_string("tokenizer.ggml.model", name);
   if (!kind) return tl::make_unexpected(kind.error());
-  if (*kind != "llama")
-    return fail(errc::malformed_file, name + ": tokenizer.ggml.model '" + *kind +
-                                          "' is not supported (llama, SentencePiece-style, is)");
-  for (const auto& [key, id] : {std::pair<const char*, std::int32_t>{"tokenizer.ggml.unknown_token_id", unk_id},
-                                {"tokenizer.ggml.bos_token_id", bos},
-                                {"tokenizer.ggml.eos_token_id", eos}}) {
-    if (!f->metadata.count(key)) continue;
-    auto v = f->get_int(key, name);
-    if (!v) return tl::make_unexpected(v.error());
-    if (*v != id)
-      return fail(errc::malformed_file, name + ": " + key + " = " + std::to_string(*v) + "; troupe's llama tokenizer "
-                                            "needs " + std::to_string(id));
+  if (*kind == "llama") {
+    auto spm = spm_vocab::from_gguf(*f, vocab_size, name);
+    if (!spm) return tl::make_unexpected(spm.error());
+    return tokenizer(std::move(*spm));
   }
-  auto tokens = f->get_array("tokenizer.ggml.tokens", model::gguf_type::string, name);
-  if (!tokens) return tl::make_unexpected(tokens.error());
-  auto scores = f->get_array("tokenizer.ggml.scores", model::gguf_type::f32, name);
-  if (!scores) return tl::make_unexpected(scores.error());
-  if (static_cast<std::int64_t>((*tokens)->size()) != vocab_size || (*scores)->size() != (*tokens)->size())
-    return fail(errc::malformed_file, name + ": " + std::to_string((*tokens)->size()) + " tokens and " +
-                                          std::to_string((*scores)->size()) + " scores for a vocabulary of " +
-                                          std::to_string(vocab_size));
-  tokenizer tok;
-  for (std::size_t id = 0; id < (*tokens)->size(); ++id) {
-    std::string piece = (**tokens)[id].text;
-    if (piece.empty()) return fail(errc::malformed_file, name + ": token " + std::to_string(id) + " is empty");
-    for (std::size_t at; (at = piece.find(sentencepiece_space)) != std::string::npos;)
-      piece.replace(at, sentencepiece_space.size(), " ");
-    tok.max_token_length_ = std::max(tok.max_token_length_, static_cast<std::int32_t>(piece.size()));
-    tok.pieces_.push_back(std::move(piece));
-    tok.scores_.push_back(static_cast<float>((**scores)[id].number));
+  if (*kind == "gpt2") {
+    auto bpe = bpe_vocab::from_gguf(*f, vocab_size, name);
+    if (!bpe) return tl::make_unexpected(bpe.error());
+    return tokenizer(std::move(*bpe));
   }
-  if (expected<void> ok = tok.check_byte_tokens(name); !ok) return tl::make_unexpected(ok.error());
-  tok.build_lookup();
-  tok.check_invariants();
-  return tok;
+  return fail(errc::malformed_file, name + ": tokenizer.ggml.model '" + *kind +
+                                        "' is not supported (llama, SentencePiece-style, and gpt2, byte-level BPE, are)");
 }
 
-expected<void> tokenizer::check_byte_tokens(std::string_view source_name) const {
-  for (int byte = 0; byte < 256; ++byte) {
-    const std::int32_t id = first_byte_id + byte;
-    const std::string expected_piece = byte_token_spelling(byte);
-    if (pieces_[id] != expected_piece) {
-      return fail(errc::malformed_file, std::string(source_name) + ": token " +
-                                            std::to_string(id) + " must be the byte token " +
-                                            expected_piece + ", found '" +
-                                            escaped(pieces_[id]) + "'");
-    }
-  }
-  return {};
-}
-
-void tokenizer::build_lookup() {
-  sorted_normal_ids_.clear();
-  for (std::int32_t id = first_normal_id; id < vocab_size(); ++id) {
-    sorted_normal_ids_.push_back(id);
-  }
-  // Stable by id, so among repeated pieces the lowest id comes first and survives `unique`.
-  std::stable_sort(sorted_normal_ids_.begin(), sorted_normal_ids_.end(),
-                   [this](std::int32_t a, std::int32_t b) { return pieces_[a] < pieces_[b]; });
-  const auto last = std::unique(
-      sorted_normal_ids_.begin(), sorted_normal_ids_.end(),
-      [this](std::int32_t a, std::int32_t b) { return pieces_[a] == pieces_[b]; });
-  sorted_normal_ids_.erase(last, sorted_normal_ids_.end());
-}
-
-std::optional<std::int32_t> tokenizer::find_piece(std::string_view text) const {
-  const auto it = std::lower_bound(
-      sorted_normal_ids_.begin(), sorted_normal_ids_.end(), text,
-      [this](std::int32_t id, std::string_view key) { return pieces_[id] < key; });
-  if (it == sorted_normal_ids_.end() || pieces_[*it] != text) return std::nullopt;
-  return *it;
-}
-
-expected<std::vector<std::int32_t>> tokenizer::encode(std::string_view text, bool add_bos,
-                                                      bool add_eos) const {
-  if (expected<void> valid = utf8::validate(text); !valid) {
-    return tl::make_unexpected(valid.error());
-  }
-  std::vector<std::int32_t> body = split_characters(*this, text);
-  merge_best_pairs(*this, body);
+expected<std::vector<std::int32_t>> tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  if (expected<void> valid = utf8::validate(text); !valid) return tl::make_unexpected(valid.error());
   std::vector<std::int32_t> ids;
-  ids.reserve(body.size() + 2);
-  if (add_bos) ids.push_back(bos);
-  ids.insert(ids.end(), body.begin(), body.end());
-  if (add_eos) ids.push_back(eos);
+  if (add_bos) ids.push_back(bos_id());
+  if (const spm_vocab* s = spm()) {
+    const std::vector<std::int32_t> body = s->encode(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+  } else {
+    auto body = bpe()->encode(text);
+    if (!body) return tl::make_unexpected(body.error());
+    ids.insert(ids.end(), body->begin(), body->end());
+  }
+  if (add_eos) ids.push_back(eos_id());
   return ids;
 }
 
 std::string_view tokenizer::piece(std::int32_t prev_token, std::int32_t token) const {
   TROUPE_ASSERT_MSG(is_valid_id(token), "piece(): token id outside [0, vocab_size)");
-  if (is_control(token)) return {};
-  if (is_byte(token)) return {&byte_chars[static_cast<std::size_t>(token - first_byte_id)], 1};
-  std::string_view text = pieces_[token];
-  // SentencePiece's decoder drops the dummy-prefix space after BOS (llama2.c PR #89).
-  if (prev_token == bos && text.front() == ' ') text.remove_prefix(1);
-  return text;
+  if (const spm_vocab* s = spm()) return s->piece(prev_token, token);
+  return bpe()->piece(token);
 }
 
 std::string tokenizer::decode(const std::vector<std::int32_t>& ids) const {
@@ -353,43 +75,45 @@ std::string tokenizer::decode(const std::vector<std::int32_t>& ids) const {
 expected<void> tokenizer::check_ids(const std::vector<std::int32_t>& ids) const {
   for (std::size_t i = 0; i < ids.size(); ++i) {
     if (!is_valid_id(ids[i])) {
-      return fail(errc::invalid_argument,
-                  "token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                      " is outside [0, " + std::to_string(vocab_size()) + ")");
+      return fail(errc::invalid_argument, "token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                                              " is outside [0, " + std::to_string(vocab_size()) + ")");
     }
   }
   return {};
 }
 
-std::string_view tokenizer::piece_text(std::int32_t id) const {
-  TROUPE_ASSERT_MSG(is_valid_id(id), "piece_text(): token id outside [0, vocab_size)");
-  return pieces_[id];
+std::optional<std::int32_t> tokenizer::find_piece(std::string_view text) const {
+  if (const spm_vocab* s = spm()) return s->find_piece(text);
+  return bpe()->find_piece(text);
 }
 
-float tokenizer::score(std::int32_t id) const {
-  TROUPE_ASSERT_MSG(is_valid_id(id), "score(): token id outside [0, vocab_size)");
-  return scores_[id];
+std::string_view tokenizer::piece_text(std::int32_t id) const {
+  TROUPE_ASSERT_MSG(is_valid_id(id), "piece_text(): token id outside [0, vocab_size)");
+  if (const spm_vocab* s = spm()) return s->piece_text(id);
+  return bpe()->text(id);
+}
+
+bool tokenizer::is_control(std::int32_t id) const {
+  if (spm()) return spm_vocab::is_control(id);
+  const bpe_vocab::token_type type = bpe()->type(id);
+  return type == bpe_vocab::token_type::control || type == bpe_vocab::token_type::unknown;
+}
+
+std::int32_t tokenizer::vocab_size() const {
+  return std::visit([](const auto& v) { return v.vocab_size(); }, vocab_);
+}
+
+std::int32_t tokenizer::bos_id() const { return spm() ? spm_vocab::bos : bpe()->bos_id(); }
+std::int32_t tokenizer::eos_id() const { return spm() ? spm_vocab::eos : bpe()->eos_id(); }
+bool tokenizer::adds_bos() const { return spm() ? true : bpe()->adds_bos(); }
+
+std::int32_t tokenizer::max_token_length() const {
+  if (const spm_vocab* s = spm()) return s->max_token_length();
+  return bpe()->max_piece_bytes();
 }
 
 void tokenizer::check_invariants() const {
-  TROUPE_ASSERT(pieces_.size() == scores_.size());
-  TROUPE_ASSERT(vocab_size() >= first_normal_id);
-  TROUPE_ASSERT(max_token_length_ > 0);
-  for (const std::string& text : pieces_) {
-    TROUPE_ASSERT(!text.empty());
-    TROUPE_ASSERT(text.size() <= static_cast<std::size_t>(max_token_length_));
-  }
-  TROUPE_ASSERT(check_byte_tokens("check_invariants").has_value());
-  for (std::size_t i = 0; i < sorted_normal_ids_.size(); ++i) {
-    TROUPE_ASSERT(sorted_normal_ids_[i] >= first_normal_id);
-    TROUPE_ASSERT(i == 0 || pieces_[sorted_normal_ids_[i - 1]] < pieces_[sorted_normal_ids_[i]]);
-  }
-  for (std::int32_t id = first_normal_id; id < vocab_size(); ++id) {
-    const std::optional<std::int32_t> found = find_piece(pieces_[id]);
-    TROUPE_ASSERT(found.has_value());
-    TROUPE_ASSERT(*found <= id);
-    TROUPE_ASSERT(pieces_[*found] == pieces_[id]);
-  }
+  std::visit([](const auto& v) { v.check_invariants(); }, vocab_);
 }
 
 }  // namespace troupe

@@ -85,6 +85,29 @@ expected<void> validate(std::string_view text) {
   return {};
 }
 
+std::u32string decode(std::string_view text) {
+  std::u32string out;
+  out.reserve(text.size());
+  for (std::size_t offset = 0; offset < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[offset]);
+    const std::size_t length = sequence_length(lead);
+    TROUPE_ASSERT_MSG(offset + length <= text.size(), "decode() needs well-formed UTF-8");
+    // The lead byte keeps 7, 5, 4 or 3 payload bits; each continuation byte 6.
+    char32_t cp = length == 1 ? lead : lead & (0x7F >> length);
+    for (std::size_t i = 1; i < length; ++i) cp = (cp << 6) | (static_cast<unsigned char>(text[offset + i]) & 0x3F);
+    out.push_back(cp);
+    offset += length;
+  }
+  return out;
+}
+
+std::size_t encoded_length(char32_t cp) {
+  if (cp < 0x80) return 1;
+  if (cp < 0x800) return 2;
+  if (cp < 0x10000) return 3;
+  return 4;
+}
+
 std::size_t sequence_length(unsigned char lead) {
   const lead_info info = classify_lead(lead);
   TROUPE_ASSERT_MSG(info.length != 0, "sequence_length() needs the lead byte of valid UTF-8");

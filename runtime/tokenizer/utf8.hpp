@@ -35,6 +35,13 @@ inline constexpr std::string_view replacement_character = "\xEF\xBF\xBD";
 /// Appends code point `cp` (at most U+10FFFF, not a surrogate) to `out` as UTF-8.
 void append(std::string& out, uint32_t cp);
 
+/// The code points of well-formed UTF-8 `text` (check it with `validate` first; aborts on
+/// ill-formed text).
+[[nodiscard]] std::u32string decode(std::string_view text);
+
+/// The byte length of code point `cp`'s encoding (1 to 4).
+[[nodiscard]] std::size_t encoded_length(char32_t cp);
+
 /// The byte length of the sequence starting with `lead` in well-formed text (1 to 4).
 [[nodiscard]] std::size_t sequence_length(unsigned char lead);
 

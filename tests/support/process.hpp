@@ -44,14 +44,15 @@ struct cli_result {
 /// dies first (PR_SET_PDEATHSIG), so even a crashed test leaves no server running. A program
 /// that cannot be executed exits with status 127.
 inline pid_t spawn_program(const std::string& program, const std::vector<std::string>& args,
-                           const std::string& out_path, const std::string& err_path) {
+                           const std::string& out_path, const std::string& err_path,
+                           const std::string& in_path = "/dev/null") {
   std::vector<std::string> argv_strings{program};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);
   // Opened here, so the output files exist once this returns (the child only duplicates them).
-  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int in = ::open(in_path.c_str(), O_RDONLY | O_CLOEXEC);
   const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const pid_t parent = ::getpid();
@@ -182,13 +183,14 @@ inline int exit_code_within(pid_t pid, std::chrono::milliseconds bound) {
   return ends_within(pid, bound) ? wait_exit_code(pid) : -1;
 }
 
-/// Runs `program args...` to completion, capturing its output in files under `dir`.
+/// Runs `program args...` to completion, capturing its output in files under `dir`; stdin
+/// reads `in_path`.
 inline cli_result run_program(const std::string& program, const std::vector<std::string>& args,
-                              const std::filesystem::path& dir) {
+                              const std::filesystem::path& dir, const std::string& in_path = "/dev/null") {
   const std::string out_path = (dir / "stdout").string();
   const std::string err_path = (dir / "stderr").string();
   cli_result r;
-  const pid_t pid = spawn_program(program, args, out_path, err_path);
+  const pid_t pid = spawn_program(program, args, out_path, err_path, in_path);
   if (pid == 0) return r;
   process_guard guard(pid);  // anything it left running dies with it
   r.exit_code = wait_exit_code(pid);
@@ -198,8 +200,9 @@ inline cli_result run_program(const std::string& program, const std::vector<std:
 }
 
 /// Runs `troupe args...` (the build tree's binary) to completion, as run_program.
-inline cli_result run_troupe(const std::vector<std::string>& args, const std::filesystem::path& dir) {
-  return run_program(TROUPE_CLI_PATH, args, dir);
+inline cli_result run_troupe(const std::vector<std::string>& args, const std::filesystem::path& dir,
+                             const std::string& in_path = "/dev/null") {
+  return run_program(TROUPE_CLI_PATH, args, dir, in_path);
 }
 
 }  // namespace troupe::testing

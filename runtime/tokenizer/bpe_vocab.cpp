@@ -1,0 +1,267 @@
+#include "runtime/tokenizer/bpe_vocab.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/tokenizer/pair_merge.hpp"
+#include "runtime/tokenizer/utf8.hpp"
+
+namespace troupe {
+namespace {
+
+/// GPT-2's byte-to-unicode mapping: the code point that stands for each byte.
+constexpr std::array<char32_t, 256> make_byte_chars() {
+  std::array<char32_t, 256> chars{};
+  char32_t next_unprintable = 0x100;
+  for (int byte = 0; byte < 256; ++byte) {
+    const bool printable = (byte >= 0x21 && byte <= 0x7E) || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
+    chars[byte] = printable ? static_cast<char32_t>(byte) : next_unprintable++;
+  }
+  return chars;
+}
+constexpr std::array<char32_t, 256> byte_chars = make_byte_chars();
+constexpr char32_t max_byte_char = 0x100 + 68 - 1;  // the 68 unprintable bytes follow U+00FF
+
+/// The inverse mapping: the byte each code point up to max_byte_char stands for, -1 for none.
+constexpr std::array<std::int16_t, max_byte_char + 1> make_char_bytes() {
+  std::array<std::int16_t, max_byte_char + 1> bytes{};
+  for (auto& b : bytes) b = -1;
+  for (int byte = 0; byte < 256; ++byte) bytes[byte_chars[byte]] = static_cast<std::int16_t>(byte);
+  return bytes;
+}
+constexpr std::array<std::int16_t, max_byte_char + 1> char_bytes = make_char_bytes();
+
+std::string byte_char_text(unsigned char byte) {
+  std::string out;
+  utf8::append(out, byte_chars[byte]);
+  return out;
+}
+
+/// The bytes a normal token's text spells, or nullopt if a character is not a byte character.
+std::optional<std::string> decode_byte_chars(std::string_view text) {
+  if (!utf8::validate(text)) return std::nullopt;
+  std::string out;
+  for (const char32_t cp : utf8::decode(text)) {
+    if (cp > max_byte_char || char_bytes[cp] < 0) return std::nullopt;
+    out.push_back(static_cast<char>(char_bytes[cp]));
+  }
+  return out;
+}
+
+tl::unexpected<error> bad(const std::string& source, const std::string& what) {
+  return fail(errc::malformed_file, source + ": " + what);
+}
+
+std::string quoted(std::string_view text) {
+  std::string out = "'";
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\x%02X", static_cast<unsigned>(byte));
+      out += buffer;
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+}  // namespace
+
+expected<bpe_vocab> bpe_vocab::from_gguf(const model::gguf_file& f, std::int32_t vocab_size,
+                                         const std::string& source) {
+  bpe_vocab v;
+  auto pre = f.get_string("tokenizer.ggml.pre", source);
+  if (!pre) return tl::make_unexpected(pre.error());
+  auto kind = parse_pre_tokenizer(*pre, source);
+  if (!kind) return tl::make_unexpected(kind.error());
+  v.pre_ = *kind;
+  if (auto ok = v.read_tokens(f, vocab_size, source); !ok) return tl::make_unexpected(ok.error());
+  if (auto ok = v.read_merges(f, source); !ok) return tl::make_unexpected(ok.error());
+  if (auto ok = v.read_special_ids(f, source); !ok) return tl::make_unexpected(ok.error());
+  v.check_invariants();
+  return v;
+}
+
+expected<void> bpe_vocab::read_tokens(const model::gguf_file& f, std::int32_t vocab_size, const std::string& source) {
+  auto tokens = f.get_array("tokenizer.ggml.tokens", model::gguf_type::string, source);
+  if (!tokens) return tl::make_unexpected(tokens.error());
+  if (static_cast<std::int64_t>((*tokens)->size()) != vocab_size)
+    return bad(source, std::to_string((*tokens)->size()) + " tokens for a vocabulary of " + std::to_string(vocab_size));
+  const std::vector<model::gguf_value>* types = nullptr;
+  if (f.metadata.count("tokenizer.ggml.token_type")) {
+    auto t = f.get_array("tokenizer.ggml.token_type", model::gguf_type::i32, source);
+    if (!t) return tl::make_unexpected(t.error());
+    if ((*t)->size() != (*tokens)->size())
+      return bad(source, std::to_string((*t)->size()) + " token types for " + std::to_string((*tokens)->size()) + " tokens");
+    types = *t;
+  }
+  byte_ids_.fill(-1);
+  for (std::int32_t id = 0; id < vocab_size; ++id) {
+    const std::string& text = (**tokens)[static_cast<std::size_t>(id)].text;
+    const std::int64_t type = types ? (*types)[static_cast<std::size_t>(id)].integer : 1;
+    const std::string which = "token " + std::to_string(id) + " " + quoted(text);
+    if (text.empty()) return bad(source, "token " + std::to_string(id) + " is empty");
+    if (type < 0 || type > 6) return bad(source, which + " has token type " + std::to_string(type) + " (0 to 6 exist)");
+    if (!ids_by_text_.emplace(text, id).second) return bad(source, which + " repeats an earlier token");
+    types_.push_back(static_cast<token_type>(type));
+    std::string piece;
+    if (types_.back() == token_type::normal) {
+      std::optional<std::string> bytes = decode_byte_chars(text);
+      if (!bytes) return bad(source, which + " is a normal token but not spelled in byte characters");
+      piece = std::move(*bytes);
+    } else if (types_.back() == token_type::user_defined) {
+      piece = text;
+      user_defined_ids_.push_back(id);
+    }
+    max_piece_bytes_ = std::max(max_piece_bytes_, static_cast<std::int32_t>(piece.size()));
+    texts_.push_back(text);
+    pieces_.push_back(std::move(piece));
+  }
+  for (int byte = 0; byte < 256; ++byte) {
+    const auto it = ids_by_text_.find(byte_char_text(static_cast<unsigned char>(byte)));
+    if (it != ids_by_text_.end()) byte_ids_[byte] = it->second;
+  }
+  std::sort(user_defined_ids_.begin(), user_defined_ids_.end(), [this](std::int32_t a, std::int32_t b) {
+    return texts_[a].size() != texts_[b].size() ? texts_[a].size() > texts_[b].size() : a < b;
+  });
+  return {};
+}
+
+expected<void> bpe_vocab::read_merges(const model::gguf_file& f, const std::string& source) {
+  auto merges = f.get_array("tokenizer.ggml.merges", model::gguf_type::string, source);
+  if (!merges) return tl::make_unexpected(merges.error());
+  const auto id_of = [this](const std::string& text) {
+    const auto it = ids_by_text_.find(text);
+    return it == ids_by_text_.end() ? -1 : it->second;
+  };
+  for (std::size_t rank = 0; rank < (*merges)->size(); ++rank) {
+    const std::string& rule = (**merges)[rank].text;
+    const std::string which = "merge " + std::to_string(rank) + " " + quoted(rule);
+    // As llama.cpp: the first space after the first byte separates the two sides.
+    const std::size_t space = rule.find(' ', 1);
+    if (space == std::string::npos) return bad(source, which + " is not two tokens separated by a space");
+    const std::string left = rule.substr(0, space);
+    const std::string right = rule.substr(space + 1);
+    const std::int32_t left_id = id_of(left), right_id = id_of(right), merged_id = id_of(left + right);
+    if (left_id < 0) return bad(source, which + " names " + quoted(left) + ", which is not a token");
+    if (right_id < 0) return bad(source, which + " names " + quoted(right) + ", which is not a token");
+    if (merged_id < 0) return bad(source, which + " makes " + quoted(left + right) + ", which is not a token");
+    // A repeated rule keeps its first (best) rank, as llama.cpp's map insertion does.
+    merges_.try_emplace(pair_key(left_id, right_id), merge_rule{static_cast<std::int32_t>(rank), merged_id});
+  }
+  return {};
+}
+
+expected<void> bpe_vocab::read_special_ids(const model::gguf_file& f, const std::string& source) {
+  for (const auto& [key, target] : {std::pair<const char*, std::int32_t*>{"tokenizer.ggml.bos_token_id", &bos_id_},
+                                    {"tokenizer.ggml.eos_token_id", &eos_id_}}) {
+    auto v = f.get_int(key, source);
+    if (!v) return tl::make_unexpected(v.error());
+    if (*v < 0 || *v >= vocab_size())
+      return bad(source, std::string(key) + " = " + std::to_string(*v) + ", outside the vocabulary of " +
+                             std::to_string(vocab_size()));
+    *target = static_cast<std::int32_t>(*v);
+  }
+  if (f.metadata.count("tokenizer.ggml.add_bos_token")) {
+    const model::gguf_value& add = f.metadata.at("tokenizer.ggml.add_bos_token");
+    if (add.type != model::gguf_type::boolean) return bad(source, "tokenizer.ggml.add_bos_token is not a boolean");
+    adds_bos_ = add.boolean;
+  }
+  return {};
+}
+
+expected<std::vector<std::int32_t>> bpe_vocab::encode(std::string_view text) const {
+  // Cut out user-defined tokens: a row of text spans and token ids, refined token by token.
+  struct fragment {
+    std::size_t begin = 0, length = 0;
+    std::int32_t id = -1;  // -1: text still to encode
+  };
+  std::vector<fragment> fragments{{0, text.size(), -1}};
+  for (const std::int32_t id : user_defined_ids_) {
+    const std::string& needle = texts_[static_cast<std::size_t>(id)];
+    std::vector<fragment> next;
+    for (const fragment& frag : fragments) {
+      if (frag.id >= 0) {
+        next.push_back(frag);
+        continue;
+      }
+      const std::string_view span = text.substr(frag.begin, frag.length);
+      std::size_t from = 0;
+      for (std::size_t at; (at = span.find(needle, from)) != std::string_view::npos; from = at + needle.size()) {
+        if (at > from) next.push_back({frag.begin + from, at - from, -1});
+        next.push_back({frag.begin + at, needle.size(), id});
+      }
+      if (from < span.size()) next.push_back({frag.begin + from, span.size() - from, -1});
+    }
+    fragments = std::move(next);
+  }
+  std::vector<std::int32_t> ids;
+  for (const fragment& frag : fragments) {
+    if (frag.id >= 0) {
+      ids.push_back(frag.id);
+      continue;
+    }
+    const std::string_view span = text.substr(frag.begin, frag.length);
+    const std::u32string cps = utf8::decode(span);
+    std::size_t cp_at = 0, byte_at = frag.begin;
+    for (const std::size_t num_cps : split_words(pre_, cps)) {
+      std::size_t num_bytes = 0;
+      for (std::size_t i = 0; i < num_cps; ++i) num_bytes += utf8::encoded_length(cps[cp_at + i]);
+      if (auto ok = encode_word(text.substr(byte_at, num_bytes), byte_at, ids); !ok) return tl::make_unexpected(ok.error());
+      cp_at += num_cps;
+      byte_at += num_bytes;
+    }
+  }
+  return ids;
+}
+
+expected<void> bpe_vocab::encode_word(std::string_view word, std::size_t offset, std::vector<std::int32_t>& out) const {
+  std::vector<std::int32_t> symbols;
+  symbols.reserve(word.size());
+  for (std::size_t i = 0; i < word.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(word[i]);
+    if (byte_ids_[byte] < 0) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(byte));
+      return fail(errc::invalid_argument, "the vocabulary has no token for byte " + std::string(hex) +
+                                              " (at byte offset " + std::to_string(offset + i) + " of the text)");
+    }
+    symbols.push_back(byte_ids_[byte]);
+  }
+  merge_best_pairs(symbols, [this](std::int32_t left, std::int32_t right) -> std::optional<pair_merge> {
+    const auto it = merges_.find(pair_key(left, right));
+    if (it == merges_.end()) return std::nullopt;
+    return pair_merge{-static_cast<double>(it->second.rank), it->second.merged_id};  // rank 0 is best
+  });
+  out.insert(out.end(), symbols.begin(), symbols.end());
+  return {};
+}
+
+std::optional<std::int32_t> bpe_vocab::find_piece(std::string_view bytes) const {
+  std::string text;
+  for (const char c : bytes) utf8::append(text, byte_chars[static_cast<unsigned char>(c)]);
+  const auto it = ids_by_text_.find(text);
+  if (it == ids_by_text_.end() || type(it->second) != token_type::normal) return std::nullopt;
+  return it->second;
+}
+
+void bpe_vocab::check_invariants() const {
+  TROUPE_ASSERT(texts_.size() == pieces_.size());
+  TROUPE_ASSERT(texts_.size() == types_.size());
+  TROUPE_ASSERT(ids_by_text_.size() == texts_.size());
+  TROUPE_ASSERT(bos_id_ >= 0 && bos_id_ < vocab_size());
+  TROUPE_ASSERT(eos_id_ >= 0 && eos_id_ < vocab_size());
+  for (std::int32_t id = 0; id < vocab_size(); ++id) {
+    TROUPE_ASSERT(ids_by_text_.at(texts_[static_cast<std::size_t>(id)]) == id);
+    TROUPE_ASSERT(pieces_[static_cast<std::size_t>(id)].size() <= static_cast<std::size_t>(max_piece_bytes_));
+  }
+  for (int byte = 0; byte < 256; ++byte) {
+    if (byte_ids_[byte] >= 0) TROUPE_ASSERT(texts_[static_cast<std::size_t>(byte_ids_[byte])] == byte_char_text(static_cast<unsigned char>(byte)));
+  }
+  for (std::size_t i = 1; i < user_defined_ids_.size(); ++i)
+    TROUPE_ASSERT(texts_[user_defined_ids_[i - 1]].size() >= texts_[user_defined_ids_[i]].size());
+}
+
+}  // namespace troupe

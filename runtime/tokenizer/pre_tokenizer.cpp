@@ -1,0 +1,152 @@
+#include "runtime/tokenizer/pre_tokenizer.hpp"
+
+#include <array>
+#include <utility>
+
+#include "runtime/tokenizer/unicode_class.hpp"
+
+namespace troupe {
+namespace {
+
+constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 3> names = {{
+    {"gpt-2", pre_tokenizer::gpt2},
+    {"starcoder", pre_tokenizer::starcoder},
+    {"deepseek-coder", pre_tokenizer::deepseek_coder},
+}};
+
+/// One piece of text being split: code points [begin, end) of the whole text.
+struct piece_view {
+  std::u32string_view text;
+  std::size_t begin = 0;
+  std::size_t end = 0;
+
+  [[nodiscard]] bool holds(std::size_t pos) const { return pos >= begin && pos < end; }
+  /// The class of the code point at `pos`; outside the piece, none (all false).
+  [[nodiscard]] unicode::char_class at(std::size_t pos) const {
+    return holds(pos) ? unicode::classify(text[pos]) : unicode::char_class{};
+  }
+};
+
+bool is_other(const unicode::char_class& c) { return !c.is_whitespace && !c.is_letter && !c.is_number; }
+
+/// The length of the gpt-2 rule's match at `pos` (always >= 1: a code point no alternative
+/// takes is a word of its own).
+std::size_t gpt2_match(const piece_view& p, std::size_t pos) {
+  const char32_t c = p.text[pos];
+  if (c == U'\'' && p.holds(pos + 1)) {
+    const char32_t n = p.text[pos + 1];
+    if (n == U's' || n == U't' || n == U'm' || n == U'd') return 2;
+    if (p.holds(pos + 2)) {
+      const char32_t nn = p.text[pos + 2];
+      if ((n == U'r' && nn == U'e') || (n == U'v' && nn == U'e') || (n == U'l' && nn == U'l')) return 3;
+    }
+  }
+  // ` ?X+`: an optional space, then a run of one class, decided by the code point after it.
+  const std::size_t first = c == U' ' ? pos + 1 : pos;
+  const unicode::char_class head = p.at(first);
+  const auto run = [&](auto same) {
+    std::size_t end = first;
+    while (p.holds(end) && same(p.at(end))) ++end;
+    return end - pos;
+  };
+  if (head.is_letter) return run([](const unicode::char_class& k) { return k.is_letter; });
+  if (head.is_number) return run([](const unicode::char_class& k) { return k.is_number; });
+  if (p.holds(first) && is_other(head)) return run(is_other);
+  std::size_t num_spaces = 0;
+  while (p.at(pos + num_spaces).is_whitespace) ++num_spaces;
+  if (num_spaces > 1 && p.holds(pos + num_spaces)) return num_spaces - 1;  // \s+(?!\S)
+  return num_spaces > 0 ? num_spaces : 1;
+}
+
+/// A rule matching at one position: the length of its match there, 0 for none.
+using match_fn = std::size_t (*)(const piece_view&, std::size_t);
+
+std::size_t one_digit(const piece_view& p, std::size_t pos) { return p.at(pos).is_number ? 1 : 0; }
+
+std::size_t one_line_break(const piece_view& p, std::size_t pos) {
+  return p.text[pos] == U'\r' || p.text[pos] == U'\n' ? 1 : 0;
+}
+
+/// `\s?X+` where `is_x` picks X's class.
+template <bool unicode::char_class::*is_x>
+std::size_t optional_space_then_run(const piece_view& p, std::size_t pos) {
+  std::size_t first = pos;
+  if (p.at(pos).is_whitespace && p.at(pos + 1).*is_x) first = pos + 1;
+  std::size_t end = first;
+  while (p.at(end).*is_x) ++end;
+  return end - pos;  // 0 when the run is empty: then first == pos
+}
+
+bool is_cjk(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FA5) || (c >= 0x0800 && c <= 0x4E00) || (c >= 0xAC00 && c <= 0xD7FF);
+}
+
+std::size_t cjk_run(const piece_view& p, std::size_t pos) {
+  std::size_t end = pos;
+  while (p.holds(end) && is_cjk(p.text[end])) ++end;
+  return end - pos;
+}
+
+/// Splits every piece into the leftmost non-overlapping matches of `match` and the text
+/// between them (a regex iterator over the piece).
+std::vector<std::size_t> split_by_matches(std::u32string_view text, const std::vector<std::size_t>& pieces,
+                                          match_fn match) {
+  std::vector<std::size_t> out;
+  std::size_t begin = 0;
+  for (const std::size_t length : pieces) {
+    const piece_view p{text, begin, begin + length};
+    std::size_t gap_begin = begin;
+    for (std::size_t pos = begin; pos < p.end;) {
+      const std::size_t n = match(p, pos);
+      if (n == 0) {
+        ++pos;
+        continue;
+      }
+      if (pos > gap_begin) out.push_back(pos - gap_begin);
+      out.push_back(n);
+      pos += n;
+      gap_begin = pos;
+    }
+    if (p.end > gap_begin) out.push_back(p.end - gap_begin);
+    begin = p.end;
+  }
+  return out;
+}
+
+}  // namespace
+
+expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::string& source) {
+  std::string supported;
+  for (const auto& [known, kind] : names) {
+    if (known == name) return kind;
+    supported += (supported.empty() ? "" : ", ") + std::string(known);
+  }
+  return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + std::string(name) +
+                                        "' is not a supported pre-tokenizer (supported: " + supported + ")");
+}
+
+std::string_view pre_tokenizer_name(pre_tokenizer kind) {
+  for (const auto& [name, known] : names)
+    if (known == kind) return name;
+  TROUPE_ASSERT_MSG(false, "pre_tokenizer_name(): unknown kind");
+  return {};
+}
+
+std::vector<std::size_t> split_words(pre_tokenizer kind, std::u32string_view text) {
+  std::vector<std::size_t> pieces;
+  if (text.empty()) return pieces;
+  pieces.push_back(text.size());
+  std::vector<match_fn> rules;
+  switch (kind) {
+    case pre_tokenizer::gpt2: rules = {gpt2_match}; break;
+    case pre_tokenizer::starcoder: rules = {one_digit, gpt2_match}; break;
+    case pre_tokenizer::deepseek_coder:
+      rules = {one_line_break, optional_space_then_run<&unicode::char_class::is_letter>,
+               optional_space_then_run<&unicode::char_class::is_punctuation>, cjk_run, one_digit};
+      break;
+  }
+  for (const match_fn rule : rules) pieces = split_by_matches(text, pieces, rule);
+  return pieces;
+}
+
+}  // namespace troupe

@@ -1,0 +1,42 @@
+#pragma once
+
+/// The pre-tokenizers of byte-level BPE vocabularies: the rules that cut text into words before
+/// BPE merges run inside each word, chosen by a GGUF's `tokenizer.ggml.pre`, with llama.cpp's
+/// semantics (its `unicode_regex_split`).
+///
+/// A pre-tokenizer is a list of rules applied as successive splits: each rule runs over every
+/// piece the previous rules left and cuts it into its matches and the text between them (both
+/// kept), never looking across a piece's ends. The rules, in order:
+///
+/// - `gpt-2`: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+///   (leftmost alternative first; `(?!\S)` leaves the last space of a run before a non-space
+///   to begin the next word).
+/// - `starcoder`: `\p{N}` (each digit alone), then the gpt-2 rule.
+/// - `deepseek-coder`: `[\r\n]`, `\s?\p{L}+`, `\s?\p{P}+`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}`.
+///
+/// `\s`, `\p{L}`, `\p{N}`, `\p{P}` are as in unicode_class.hpp. Other `tokenizer.ggml.pre` values
+/// (llama3's, qwen2's, ...) are planned; they are refused by name.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe {
+
+enum class pre_tokenizer { gpt2, starcoder, deepseek_coder };
+
+/// The pre-tokenizer `tokenizer.ggml.pre` names. Errors: `errc::malformed_file` for any other
+/// name, naming it, `source` and the supported names.
+[[nodiscard]] expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::string& source);
+
+/// The `tokenizer.ggml.pre` name of `kind`.
+[[nodiscard]] std::string_view pre_tokenizer_name(pre_tokenizer kind);
+
+/// Cuts `text` (code points) into words: their lengths in code points, in order, each > 0,
+/// summing to text.size().
+[[nodiscard]] std::vector<std::size_t> split_words(pre_tokenizer kind, std::u32string_view text);
+
+}  // namespace troupe
