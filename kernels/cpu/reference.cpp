@@ -19,6 +19,24 @@ void matmul(float* out, const float* x, const float* w, int32_t rows, int32_t n,
   }
 }
 
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows) {
+  const int32_t gs = w.group_size, num_groups = w.n / gs;
+  for (int32_t r = 0; r < rows; r++) {
+    for (int32_t i = 0; i < w.d; i++) {
+      float val = 0.0f;
+      for (int32_t g = 0; g < num_groups; g++) {
+        const int8_t* x = xq + static_cast<int64_t>(r) * w.n + g * gs;       // (gs)
+        const int8_t* wi = w.q + static_cast<int64_t>(i) * w.n + g * gs;     // (gs)
+        int32_t dot = 0;
+        for (int32_t k = 0; k < gs; k++) dot += static_cast<int32_t>(x[k]) * static_cast<int32_t>(wi[k]);
+        val += static_cast<float>(dot) * w.s[static_cast<int64_t>(i) * num_groups + g] *
+               xs[static_cast<int64_t>(r) * num_groups + g];
+      }
+      out[static_cast<int64_t>(r) * w.d + i] = val;
+    }
+  }
+}
+
 void rmsnorm(float* out, const float* x, const float* weight, int32_t n) {
   float ss = 0.0f;
   for (int32_t j = 0; j < n; j++) ss += x[j] * x[j];
@@ -38,6 +56,10 @@ void softmax(float* x, int32_t n) {
     sum += x[i];
   }
   for (int32_t i = 0; i < n; i++) x[i] /= sum;
+}
+
+void shifted_exp(float* out, const float* x, int32_t n, float shift) {
+  for (int32_t i = 0; i < n; i++) out[i] = cpu::exp(x[i] - shift);
 }
 
 void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin) {
