@@ -6,7 +6,8 @@
 // samples the rows round-robin with seeds 0, 1, ... at one position; one run = `samples` calls,
 // timed as a whole; µs/sample = wall time / samples. Runs alternate between the two samplers
 // after a warm-up each, so a drift in machine load hits both alike; the figures are medians of
-// `runs` runs. The run also counts how many draws the two samplers agree on (they differ where
+// `runs` runs of wall time, and for the current sampler also of this thread's CPU time (what a
+// sample costs when the core is not shared). The run also counts how many draws the two samplers agree on (they differ where
 // the kernels' exp and glibc's expf round a weight differently, or top-p's exact integer mass
 // and the old double sum fall on different sides of the cut: rarely).
 //
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -114,12 +116,25 @@ std::vector<std::vector<float>> make_rows(int32_t vocab) {
   return rows;
 }
 
-/// µs per sample of `samples` calls of `sample_one(row, seed)`.
+/// Seconds of CPU time this thread has used: on a shared machine, wall time also counts the
+/// time other processes held the core.
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+struct timing {
+  double wall_us;  // per sample
+  double cpu_us;   // per sample
+};
+
+/// Wall and CPU µs per sample of `samples` calls of `sample_one(row, seed)`.
 template <class F>
-double time_per_sample(int samples, F&& sample_one) {
-  const double start = now_seconds();
+timing time_per_sample(int samples, F&& sample_one) {
+  const double start = now_seconds(), cpu_start = thread_cpu_seconds();
   for (int s = 0; s < samples; ++s) sample_one(s % 64, static_cast<uint64_t>(s));
-  return (now_seconds() - start) * 1e6 / samples;
+  return {(now_seconds() - start) * 1e6 / samples, (thread_cpu_seconds() - cpu_start) * 1e6 / samples};
 }
 
 void run_configuration(const configuration& c, int runs, int samples) {
@@ -135,16 +150,18 @@ void run_configuration(const configuration& c, int runs, int samples) {
   };
   (void)time_per_sample(samples, run_old);
   (void)time_per_sample(samples, run_new);
-  std::vector<double> old_us, new_us;
+  std::vector<double> old_us, new_us, new_cpu_us;
   for (int r = 0; r < runs; ++r) {
-    old_us.push_back(time_per_sample(samples, run_old));
-    new_us.push_back(time_per_sample(samples, run_new));
+    old_us.push_back(time_per_sample(samples, run_old).wall_us);
+    const timing t = time_per_sample(samples, run_new);
+    new_us.push_back(t.wall_us);
+    new_cpu_us.push_back(t.cpu_us);
   }
   int agree = 0;
   for (int s = 0; s < samples; ++s) agree += old_tokens[s] == new_tokens[s] ? 1 : 0;
-  const summary o = summarize(old_us), n = summarize(new_us);
-  std::printf("%-24s %6d %10.2f %10.2f %7.1fx %8.0f  %-4s %d/%d\n", c.name, c.vocab, o.median, n.median,
-              o.median / n.median, c.target_us, n.median <= c.target_us ? "met" : "MISS", agree, samples);
+  const summary o = summarize(old_us), n = summarize(new_us), cpu = summarize(new_cpu_us);
+  std::printf("%-26s %6d %10.2f %10.2f %7.1fx %8.0f  %-4s %10.2f  %d/%d\n", c.name, c.vocab, o.median, n.median,
+              o.median / n.median, c.target_us, n.median <= c.target_us ? "met" : "MISS", cpu.median, agree, samples);
 }
 
 int run(int argc, char** argv) {
@@ -164,8 +181,8 @@ int run(int argc, char** argv) {
   std::printf("$ %s\n", command_line(argc, argv).c_str());
   std::printf("µs per sample, medians of %d runs of %d samples; logits N(0, 3^2); no logprobs requested\n\n", runs,
               samples);
-  std::printf("%-24s %6s %10s %10s %8s %8s  %-4s %s\n", "parameters", "vocab", "full sort", "current", "speedup",
-              "target", "", "same token");
+  std::printf("%-26s %6s %10s %10s %8s %8s  %-4s %10s  %s\n", "parameters", "vocab", "full sort", "current",
+              "speedup", "target", "", "cpu µs", "same token");
   sampling_params plain;
   sampling_params top_p;
   top_p.temperature = 0.8f;

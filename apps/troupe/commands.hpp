@@ -87,5 +87,6 @@ action add_trace(CLI::App& app);
 action add_certs(CLI::App& app);
 action add_bench(CLI::App& app);
 action add_convert(CLI::App& app);
+action add_quantize(CLI::App& app);
 
 }  // namespace troupe::cli

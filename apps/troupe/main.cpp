@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
       {"certs", troupe::cli::add_certs(app)},
       {"bench", troupe::cli::add_bench(app)},
       {"convert", troupe::cli::add_convert(app)},
+      {"quantize", troupe::cli::add_quantize(app)},
   };
   try {
     app.parse(argc, argv);

@@ -173,7 +173,7 @@ v8f exp8(v8f x) {
   });
 }
 
-void softmax(float* x, int32_t n) {
+void softmax(float* x, int32_t n, exp_source exp) {
   float max_val = x[0];  // max is order-free: any grouping gives the reference's value
   int32_t i = 0;
   if (n >= tile_width) {
@@ -185,8 +185,12 @@ void softmax(float* x, int32_t n) {
     for (int l = 0; l < tile_width; l++) max_val = m[l] > max_val ? m[l] : max_val;
   }
   for (; i < n; i++) max_val = x[i] > max_val ? x[i] : max_val;
-  for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp8(load(x + i) - max_val));
-  for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
+  if (exp == exp_source::libm) {
+    for (i = 0; i < n; i++) x[i] = std::exp(x[i] - max_val);
+  } else {
+    for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp8(load(x + i) - max_val));
+    for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
+  }
   float sum = 0.0f;
   for (i = 0; i < n; i++) sum += x[i];  // in order, as the reference
   for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, load(x + i) / sum);
@@ -276,7 +280,7 @@ void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_
 }  // namespace
 
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape) {
+               int32_t num_positions, const attention_shape& shape, exp_source exp) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const int32_t hs = shape.head_size, bs = kv.block_size;
   const float scale = std::sqrt(static_cast<float>(hs));
@@ -288,7 +292,7 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
     for (int32_t t = 0; t < num_positions; t += bs)
       block_scores(sh + t, qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
                    std::min(bs, num_positions - t), scale);
-    softmax(sh, num_positions);
+    softmax(sh, num_positions, exp);
   }
   weighted_values(out, scores, kv, num_positions, shape);
 }

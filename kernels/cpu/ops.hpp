@@ -48,6 +48,12 @@ struct q80_matrix {
 /// q is (n), s is (n / group_size); group_size divides n.
 void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size);
 
+/// Which exp softmax and SwiGLU use: the kernels' own (exp.hpp: the same bits on every machine,
+/// vectorized or not) or the C library's expf, as llama2.c's runq.c does. Q8_0 models take the
+/// latter: their int8 rounding of activations turns exp's last-bit differences into different
+/// tokens, so matching runq.c needs its expf bit for bit.
+enum class exp_source { kernels, libm };
+
 /// Attention inputs of one layer for one sequence, read through its block table.
 struct paged_kv {
   /// (num_blocks, kv_dim, block_size) of this layer: transposed within a block, so one
@@ -80,7 +86,7 @@ void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix&
 void rmsnorm(float* out, const float* x, const float* weight, int32_t n);
 
 /// In-place softmax over x (n): max-subtract, exp, sequential sum, divide.
-void softmax(float* x, int32_t n);
+void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
 
 /// out (n) = exp(x - shift), element by element (the sampler's logprob normalizer); `out` may
 /// be `x`.
@@ -92,12 +98,12 @@ void shifted_exp(float* out, const float* x, int32_t n, float shift);
 void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin);
 
 /// hb (n) = silu(hb) ⊙ hb2.
-void swiglu(float* hb, const float* hb2, int32_t n);
+void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp = exp_source::kernels);
 
 /// out (n_heads * head_size) = GQA attention of q over positions 0..num_positions-1.
 /// `scores` is scratch of (n_heads, num_positions) floats.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape);
+               int32_t num_positions, const attention_shape& shape, exp_source exp = exp_source::kernels);
 
 }  // namespace reference
 
@@ -116,11 +122,11 @@ void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix&
 
 /// Same contract and bits as reference::attention; 8 positions' scores per register.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape);
+               int32_t num_positions, const attention_shape& shape, exp_source exp = exp_source::kernels);
 
-/// Same contract and bits as reference::softmax: vectorized max, exp and divide; the sum stays
-/// sequential.
-void softmax(float* x, int32_t n);
+/// Same contract and bits as reference::softmax: vectorized max, exp (the kernels' exp; libm's
+/// stays scalar) and divide; the sum stays sequential.
+void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
 
 /// Same contract and bits as reference::shifted_exp, 8 elements per register.
 void shifted_exp(float* out, const float* x, int32_t n, float shift);
