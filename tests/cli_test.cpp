@@ -198,6 +198,29 @@ TEST_F(Cli, SimSettingsAndSweepsRejectBadKeysAndValues) {
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "points"));  // nothing ran
 }
 
+TEST_F(Cli, Q80GreedyThroughTheActorsPrintsRunqsTextByteForByte) {
+  const std::string model = std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin";
+  for (const char* steps : {"200", "256"}) {
+    const cli_result r = run({"generate", "-m", model, "-t", "0", "-n", steps});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, testing::read_file(testing::test_data(std::string("stories260K/golden/runq_t0_n") + steps + ".txt")));
+    EXPECT_NE(r.err.find("(Q8_0, group size 4)"), std::string::npos) << r.err;  // the load is logged
+  }
+}
+
+TEST_F(Cli, QuantizeWritesTheQ80FileAndRefusesBadGroupSizes) {
+  const std::string out = (dir_ / "q.bin").string();
+  const cli_result q = run({"quantize", testing::bundled_model(), "-o", out, "--group-size", "4"});
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_EQ(testing::read_file(out), testing::read_file(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin"));
+  expect_rejected({"quantize", testing::bundled_model(), "-o", out, "--group-size", "4"},
+                  "exists; give --force to replace it");
+  expect_rejected({"quantize", testing::bundled_model(), "-o", (dir_ / "r.bin").string()},
+                  "group size 64 does not divide dim 64 and hidden_dim 172");
+  expect_rejected({"quantize", out, "-o", (dir_ / "s.bin").string(), "--group-size", "4"}, "is already Q8_0");
+  EXPECT_FALSE(fs::exists(dir_ / "r.bin"));
+}
+
 TEST_F(Cli, ConvertWritesAGgufThatGeneratesTheGoldenTextAsModelAndTokenizer) {
   const std::string out = (dir_ / "s.gguf").string();
   const cli_result c = run({"convert", testing::bundled_model(), "-t", testing::bundled_tokenizer(), "-o", out});

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -116,10 +117,26 @@ TEST(Kernels, FastSoftmaxEqualsReferenceBitForBit) {
   for (int32_t n : {1, 7, 8, 9, 16, 31, 133, 512}) {
     auto x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(n));
     for (auto& v : x) v *= 60.0f;
-    auto y = x;
-    reference::softmax(x.data(), n);
-    fast::softmax(y.data(), n);
-    EXPECT_TRUE(same_bits(x.data(), y.data(), x.size())) << n;
+    for (const exp_source exp : {exp_source::kernels, exp_source::libm}) {
+      auto want = x, got = x;
+      reference::softmax(want.data(), n, exp);
+      fast::softmax(got.data(), n, exp);
+      EXPECT_TRUE(same_bits(want.data(), got.data(), x.size())) << n;
+    }
+  }
+}
+
+TEST(Kernels, FastShiftedExpEqualsReferenceBitForBit) {
+  // The sampler's use: logit - max, with -inf logits and values below exp's clamp.
+  for (int32_t n : {1, 7, 8, 9, 16, 31, 133, 512}) {
+    auto x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(100 + n));
+    for (auto& v : x) v *= 60.0f;
+    x[static_cast<size_t>(n / 2)] = -std::numeric_limits<float>::infinity();
+    std::vector<float> want(x.size()), got(x.size());
+    reference::shifted_exp(want.data(), x.data(), n, 20.0f);
+    fast::shifted_exp(got.data(), x.data(), n, 20.0f);
+    EXPECT_TRUE(same_bits(want.data(), got.data(), x.size())) << n;
+    EXPECT_EQ(want[static_cast<size_t>(n / 2)], cpu::exp(-1000.0f));  // -inf clamps
   }
 }
 

@@ -651,6 +651,31 @@ TEST(Sampler, MatchesNaiveModel) {
   }
 }
 
+TEST(Sampler, MatchesNaiveModelAtLargeVocabularies) {
+  // The partial selection at real vocabulary sizes: many tokens per bucket, cuts inside a
+  // bucket, top-k beyond the tokens of nonzero weight (at T = 0).
+  std::mt19937 rng(2020);
+  sampler s;
+  const std::array<float, 4> spreads = {0.5f, 2.0f, 4.0f, 12.0f};
+  const std::array<int32_t, 5> top_ks = {0, 1, 40, 1000, 20000};
+  const std::array<float, 5> top_ps = {1.0f, 0.3f, 0.9f, 0.95f, 0.999f};
+  const std::array<float, 4> temperatures = {0.0f, 0.7f, 1.0f, 1.5f};
+  for (int trial = 0; trial < 80; ++trial) {
+    const int32_t vocab = trial % 2 == 0 ? 32000 : 4099;
+    std::normal_distribution<float> logit(0.0f, spreads[static_cast<size_t>(trial % 4)]);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& l : logits) l = logit(rng);
+    sampling_params params;
+    params.temperature = temperatures[static_cast<size_t>(trial / 4 % 4)];
+    params.top_k = top_ks[static_cast<size_t>(trial % 5)];
+    params.top_p = top_ps[static_cast<size_t>(trial / 5 % 5)];
+    params.min_p = trial % 7 == 0 ? 0.05f : 0.0f;
+    for (uint64_t seed = 0; seed < 4; ++seed)
+      ASSERT_EQ(s.sample(logits.data(), vocab, params, seed, 11).token, naive_sample(logits, params, seed, 11, 0))
+          << "trial " << trial << " seed " << seed;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Logit bias and penalties.
 // ---------------------------------------------------------------------------------------------

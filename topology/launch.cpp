@@ -1,6 +1,7 @@
 #include "topology/launch.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include <caf/all.hpp>
@@ -23,8 +24,13 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engin
                                    const launch_options& options, std::shared_ptr<const tokenizer>& tok,
                                    const std::shared_ptr<transport::ucx_transport>& ucx, uint64_t ucx_tag_base,
                                    int32_t& context_tokens) {
-  auto ck = model::checkpoint::load(e.model_path);
+  const auto load_start = std::chrono::steady_clock::now();
+  auto ck = model::checkpoint::load(e.model_path);  // weights pre-faulted: read from disk here
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
+  spdlog::info("engine '{}': loaded {} in {} ms{}", e.name, e.model_path,
+               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - load_start)
+                   .count(),
+               ck->q80() ? " (Q8_0, group size " + std::to_string(ck->q80()->group_size) + ")" : "");
   context_tokens = std::max(context_tokens, ck->config().seq_len);
   auto t = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!t) return fail(t.error().code, where(e) + t.error().message);

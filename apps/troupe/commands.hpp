@@ -88,5 +88,6 @@ action add_certs(CLI::App& app);
 action add_bench(CLI::App& app);
 action add_convert(CLI::App& app);
 action add_tokenize(CLI::App& app);
+action add_quantize(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -1,7 +1,9 @@
 // `troupe convert MODEL.bin --tokenizer TOK.bin -o OUT.gguf`: a llama2.c checkpoint and its
 // tokenizer as one GGUF file (runtime/model/convert.hpp), which troupe reads wherever a model
-// or tokenizer path goes and llama.cpp's tools read too. OUT is written to a temporary name
-// beside it and renamed, so a failed conversion leaves no partial file.
+// or tokenizer path goes and llama.cpp's tools read too.
+// `troupe quantize MODEL.bin -o OUT.bin --group-size 64`: a float32 llama2.c checkpoint as
+// llama2.c's version-2 Q8_0 checkpoint (runtime/model/quantize.hpp).
+// Both write OUT to a temporary name beside it and rename it, so a failure leaves no partial file.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "apps/troupe/commands.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/convert.hpp"
+#include "runtime/model/quantize.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::cli {
@@ -23,35 +26,68 @@ struct convert_options {
   bool force = false;
 };
 
-int run_convert(const convert_options& o) {
+/// Writes `bytes` to `out` through a temporary file beside it.
+expected<void> write_whole_file(const std::string& out, const std::string& bytes) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::exists(o.out, ec) && !o.force)
-    return fail_with(error{errc::invalid_argument, "'" + o.out + "' exists; give --force to replace it"});
-  auto ck = model::checkpoint::load(o.model);
-  if (!ck) return fail_with(ck.error());
-  auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
-  if (!tok) return fail_with(tok.error());
-  if (!tok->spm())
-    return fail_with(error{errc::invalid_argument, "'" + o.tokenizer + "' is a byte-level BPE vocabulary; convert "
-                                                   "writes llama2.c (SentencePiece-style) tokenizers"});
-  const std::string bytes = model::to_gguf(*ck, *tok->spm(), fs::path(o.model).stem().string());
-  const std::string tmp = o.out + ".partial";
+  const std::string tmp = out + ".partial";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!f) {
       fs::remove(tmp, ec);
-      return fail_with(error{errc::io_error, "cannot write '" + tmp + "'"});
+      return fail(errc::io_error, "cannot write '" + tmp + "'");
     }
   }
-  fs::rename(tmp, o.out, ec);
+  fs::rename(tmp, out, ec);
   if (ec) {
     fs::remove(tmp, ec);
-    return fail_with(error{errc::io_error, "cannot rename '" + tmp + "' to '" + o.out + "'"});
+    return fail(errc::io_error, "cannot rename '" + tmp + "' to '" + out + "'");
   }
+  return {};
+}
+
+expected<void> refuse_to_replace(const std::string& out, bool force) {
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec) && !force)
+    return fail(errc::invalid_argument, "'" + out + "' exists; give --force to replace it");
+  return {};
+}
+
+int run_convert(const convert_options& o) {
+  if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
+  auto ck = model::checkpoint::load(o.model);
+  if (!ck) return fail_with(ck.error());
+  if (ck->q80() != nullptr)
+    return fail_with(error{errc::invalid_argument, "'" + o.model + "' is Q8_0; convert reads float32 checkpoints"});
+  auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
+  if (!tok) return fail_with(tok.error());
+  if (!tok->spm())
+    return fail_with(error{errc::invalid_argument, "'" + o.tokenizer + "' is a byte-level BPE vocabulary; convert "
+                                                   "writes llama2.c (SentencePiece-style) tokenizers"});
+  const std::string bytes = model::to_gguf(*ck, *tok->spm(), std::filesystem::path(o.model).stem().string());
+  if (auto ok = write_whole_file(o.out, bytes); !ok) return fail_with(ok.error());
   spdlog::info("wrote {} ({} bytes: {} layers, vocabulary of {})", o.out, bytes.size(), ck->config().n_layers,
                tok->vocab_size());
+  return 0;
+}
+
+struct quantize_options {
+  std::string model;
+  std::string out;
+  int32_t group_size = 64;
+  bool force = false;
+};
+
+int run_quantize(const quantize_options& o) {
+  if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
+  auto ck = model::checkpoint::load(o.model);
+  if (!ck) return fail_with(ck.error());
+  auto bytes = model::to_q80(*ck, o.group_size);
+  if (!bytes) return fail_with(bytes.error());
+  if (auto ok = write_whole_file(o.out, *bytes); !ok) return fail_with(ok.error());
+  spdlog::info("wrote {} ({} bytes: Q8_0, group size {}, {} layers)", o.out, bytes->size(), o.group_size,
+               ck->config().n_layers);
   return 0;
 }
 
@@ -65,6 +101,16 @@ action add_convert(CLI::App& app) {
   cmd->add_option("--out,-o", o->out, "the GGUF file to write")->required();
   cmd->add_flag("--force", o->force, "replace OUT if it exists");
   return [o] { return run_convert(*o); };
+}
+
+action add_quantize(CLI::App& app) {
+  auto o = std::make_shared<quantize_options>();
+  CLI::App* cmd = app.add_subcommand("quantize", "Write a float32 llama2.c checkpoint as llama2.c's int8 (Q8_0) one");
+  cmd->add_option("model", o->model, "float32 llama2.c checkpoint (.bin) or GGUF")->required();
+  cmd->add_option("--out,-o", o->out, "the version-2 checkpoint to write")->required();
+  cmd->add_option("--group-size", o->group_size, "values per scale; must divide dim and hidden_dim (default 64)");
+  cmd->add_flag("--force", o->force, "replace OUT if it exists");
+  return [o] { return run_quantize(*o); };
 }
 
 }  // namespace troupe::cli

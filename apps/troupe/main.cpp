@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
       {"bench", troupe::cli::add_bench(app)},
       {"convert", troupe::cli::add_convert(app)},
       {"tokenize", troupe::cli::add_tokenize(app)},
+      {"quantize", troupe::cli::add_quantize(app)},
   };
   try {
     app.parse(argc, argv);

@@ -50,6 +50,23 @@ void matmul_block(float* out, const float* x, const packed_matrix& w, int32_t ti
 
 }  // namespace
 
+void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size) {
+  for (int32_t g = 0; g < n / group_size; g++) {
+    const float* xg = x + static_cast<int64_t>(g) * group_size;  // (group_size)
+    float x_max = 0.0f;
+    for (int32_t i = 0; i < group_size; i++) x_max = std::fabs(xg[i]) > x_max ? std::fabs(xg[i]) : x_max;
+    const float scale = x_max / 127.0f;
+    s[g] = scale;
+    for (int32_t i = 0; i < group_size; i++) {
+      // |x / scale| <= 127 up to rounding, so round() lands in [-127, 127]; the test keeps a
+      // NaN (a broken model) from becoming undefined behaviour.
+      const float rounded = scale > 0.0f ? std::round(xg[i] / scale) : 0.0f;
+      q[static_cast<int64_t>(g) * group_size + i] =
+          rounded >= -127.0f && rounded <= 127.0f ? static_cast<int8_t>(rounded) : int8_t{0};
+    }
+  }
+}
+
 packed_matrix pack_matrix(const float* w, int32_t d, int32_t n) {
   packed_matrix p;
   p.d = d;
@@ -104,6 +121,44 @@ void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows, th
   });
 }
 
+namespace {
+
+// Output row i of `num_rows` (<= 4) consecutive activation rows from `row`: each weight group is
+// loaded once for all of them; each (row, i) sum runs over the groups in order, as the reference.
+void matmul_q80_rows(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t row,
+                     int32_t num_rows, int32_t i) {
+  const int32_t gs = w.group_size, num_groups = w.n / gs;
+  float val[4] = {};
+  const int8_t* wi = w.q + static_cast<int64_t>(i) * w.n;  // (n)
+  const float* wsi = w.s + static_cast<int64_t>(i) * num_groups;  // (num_groups)
+  for (int32_t g = 0; g < num_groups; g++) {
+    const int8_t* wg = wi + g * gs;
+    for (int32_t r = 0; r < num_rows; r++) {
+      const int8_t* x = xq + static_cast<int64_t>(row + r) * w.n + g * gs;
+      int32_t dot = 0;
+      for (int32_t k = 0; k < gs; k++) dot += static_cast<int32_t>(x[k]) * static_cast<int32_t>(wg[k]);
+      val[r] += static_cast<float>(dot) * wsi[g] * xs[static_cast<int64_t>(row + r) * num_groups + g];
+    }
+  }
+  for (int32_t r = 0; r < num_rows; r++) out[static_cast<int64_t>(row + r) * w.d + i] = val[r];
+}
+
+}  // namespace
+
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows,
+                thread_pool* pool) {
+  const auto outputs = [&](int32_t, int64_t begin, int64_t end) {
+    for (int32_t row = 0; row < rows; row += 4)
+      for (int64_t i = begin; i < end; i++)
+        matmul_q80_rows(out, xq, xs, w, row, std::min(4, rows - row), static_cast<int32_t>(i));
+  };
+  const int64_t work = static_cast<int64_t>(rows) * w.n * w.d;
+  if (pool == nullptr || pool->num_threads() == 1 || work < parallel_matmul_min_work)
+    outputs(0, 0, w.d);
+  else
+    pool->parallel_for(w.d, outputs);
+}
+
 v8f exp8(v8f x) {
   using v8i = int32_t __attribute__((vector_size(32)));
   const v8f lo = v8f{} + detail::exp_lo;
@@ -118,7 +173,7 @@ v8f exp8(v8f x) {
   });
 }
 
-void softmax(float* x, int32_t n) {
+void softmax(float* x, int32_t n, exp_source exp) {
   float max_val = x[0];  // max is order-free: any grouping gives the reference's value
   int32_t i = 0;
   if (n >= tile_width) {
@@ -130,12 +185,22 @@ void softmax(float* x, int32_t n) {
     for (int l = 0; l < tile_width; l++) max_val = m[l] > max_val ? m[l] : max_val;
   }
   for (; i < n; i++) max_val = x[i] > max_val ? x[i] : max_val;
-  for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp8(load(x + i) - max_val));
-  for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
+  if (exp == exp_source::libm) {
+    for (i = 0; i < n; i++) x[i] = std::exp(x[i] - max_val);
+  } else {
+    for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp8(load(x + i) - max_val));
+    for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
+  }
   float sum = 0.0f;
   for (i = 0; i < n; i++) sum += x[i];  // in order, as the reference
   for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, load(x + i) / sum);
   for (; i < n; i++) x[i] /= sum;
+}
+
+void shifted_exp(float* out, const float* x, int32_t n, float shift) {
+  int32_t i = 0;
+  for (; i + tile_width <= n; i += tile_width) store(out + i, exp8(load(x + i) - shift));
+  for (; i < n; i++) out[i] = cpu::exp(x[i] - shift);
 }
 
 namespace {
@@ -215,7 +280,7 @@ void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_
 }  // namespace
 
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape) {
+               int32_t num_positions, const attention_shape& shape, exp_source exp) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const int32_t hs = shape.head_size, bs = kv.block_size;
   const float scale = std::sqrt(static_cast<float>(hs));
@@ -227,7 +292,7 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
     for (int32_t t = 0; t < num_positions; t += bs)
       block_scores(sh + t, qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
                    std::min(bs, num_positions - t), scale);
-    softmax(sh, num_positions);
+    softmax(sh, num_positions, exp);
   }
   weighted_values(out, scores, kv, num_positions, shape);
 }

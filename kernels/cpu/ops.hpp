@@ -33,6 +33,27 @@ struct packed_matrix {
 /// Packs `w` (d, n) into tiles; done once at model load.
 [[nodiscard]] packed_matrix pack_matrix(const float* w, int32_t d, int32_t n);
 
+/// A (d, n) weight matrix in llama2.c's Q8_0 layout (runq.c): int8 values, row-major, and one
+/// float scale per group of `group_size` consecutive values of a row; value = q * s[index / gs].
+struct q80_matrix {
+  const int8_t* q = nullptr;  ///< (d, n)
+  const float* s = nullptr;   ///< (d, n / group_size)
+  int32_t d = 0;
+  int32_t n = 0;
+  int32_t group_size = 0;  ///< divides n
+};
+
+/// Quantizes a row of activations x (n) as runq.c does, per group of `group_size`:
+/// scale = max|x| / 127, q = round(x / scale) half away from zero (scale 0 gives q 0).
+/// q is (n), s is (n / group_size); group_size divides n.
+void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size);
+
+/// Which exp softmax and SwiGLU use: the kernels' own (exp.hpp: the same bits on every machine,
+/// vectorized or not) or the C library's expf, as llama2.c's runq.c does. Q8_0 models take the
+/// latter: their int8 rounding of activations turns exp's last-bit differences into different
+/// tokens, so matching runq.c needs its expf bit for bit.
+enum class exp_source { kernels, libm };
+
 /// Attention inputs of one layer for one sequence, read through its block table.
 struct paged_kv {
   /// (num_blocks, kv_dim, block_size) of this layer: transposed within a block, so one
@@ -56,11 +77,20 @@ namespace reference {
 /// out (rows, d) = x (rows, n) · w (d, n)ᵀ; each output summed over j in order.
 void matmul(float* out, const float* x, const float* w, int32_t rows, int32_t n, int32_t d);
 
+/// out (rows, d) = x · wᵀ with x quantized by quantize_q80 (xq (rows, n), xs (rows, n / gs)), in
+/// runq.c's arithmetic: per group an exact int32 dot product, then, groups in order,
+/// out += ((float)dot * w_scale) * x_scale.
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows);
+
 /// out (n) = weight ⊙ x / rms(x), eps 1e-5 as llama2.c.
 void rmsnorm(float* out, const float* x, const float* weight, int32_t n);
 
 /// In-place softmax over x (n): max-subtract, exp, sequential sum, divide.
-void softmax(float* x, int32_t n);
+void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
+
+/// out (n) = exp(x - shift), element by element (the sampler's logprob normalizer); `out` may
+/// be `x`.
+void shifted_exp(float* out, const float* x, int32_t n, float shift);
 
 /// Rotates consecutive pairs of `vec` (n) by the angles of one position; cos/sin are
 /// (head_size / 2) for that position (llama2.c's convention: pair i uses angle index
@@ -68,12 +98,12 @@ void softmax(float* x, int32_t n);
 void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin);
 
 /// hb (n) = silu(hb) ⊙ hb2.
-void swiglu(float* hb, const float* hb2, int32_t n);
+void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp = exp_source::kernels);
 
 /// out (n_heads * head_size) = GQA attention of q over positions 0..num_positions-1.
 /// `scores` is scratch of (n_heads, num_positions) floats.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape);
+               int32_t num_positions, const attention_shape& shape, exp_source exp = exp_source::kernels);
 
 }  // namespace reference
 
@@ -84,13 +114,22 @@ namespace fast {
 void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows,
             thread_pool* pool = nullptr);
 
+/// Same contract and bits as reference::matmul_q80: four rows share each weight row's loads (an
+/// int32 dot product is exact in any order, and the float steps keep the group order); with a
+/// pool, output rows are split over its threads.
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows,
+                thread_pool* pool = nullptr);
+
 /// Same contract and bits as reference::attention; 8 positions' scores per register.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape);
+               int32_t num_positions, const attention_shape& shape, exp_source exp = exp_source::kernels);
 
-/// Same contract and bits as reference::softmax: vectorized max, exp and divide; the sum stays
-/// sequential.
-void softmax(float* x, int32_t n);
+/// Same contract and bits as reference::softmax: vectorized max, exp (the kernels' exp; libm's
+/// stays scalar) and divide; the sum stays sequential.
+void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
+
+/// Same contract and bits as reference::shifted_exp, 8 elements per register.
+void shifted_exp(float* out, const float* x, int32_t n, float shift);
 
 // A sequential reduction (rmsnorm) or element-wise loops the compiler already vectorizes
 // (rope, swiglu); a second copy would only be a place for the bits to drift.

@@ -19,6 +19,24 @@ void matmul(float* out, const float* x, const float* w, int32_t rows, int32_t n,
   }
 }
 
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows) {
+  const int32_t gs = w.group_size, num_groups = w.n / gs;
+  for (int32_t r = 0; r < rows; r++) {
+    for (int32_t i = 0; i < w.d; i++) {
+      float val = 0.0f;
+      for (int32_t g = 0; g < num_groups; g++) {
+        const int8_t* x = xq + static_cast<int64_t>(r) * w.n + g * gs;       // (gs)
+        const int8_t* wi = w.q + static_cast<int64_t>(i) * w.n + g * gs;     // (gs)
+        int32_t dot = 0;
+        for (int32_t k = 0; k < gs; k++) dot += static_cast<int32_t>(x[k]) * static_cast<int32_t>(wi[k]);
+        val += static_cast<float>(dot) * w.s[static_cast<int64_t>(i) * num_groups + g] *
+               xs[static_cast<int64_t>(r) * num_groups + g];
+      }
+      out[static_cast<int64_t>(r) * w.d + i] = val;
+    }
+  }
+}
+
 void rmsnorm(float* out, const float* x, const float* weight, int32_t n) {
   float ss = 0.0f;
   for (int32_t j = 0; j < n; j++) ss += x[j] * x[j];
@@ -28,16 +46,20 @@ void rmsnorm(float* out, const float* x, const float* weight, int32_t n) {
   for (int32_t j = 0; j < n; j++) out[j] = weight[j] * (ss * x[j]);
 }
 
-void softmax(float* x, int32_t n) {
+void softmax(float* x, int32_t n, exp_source exp) {
   float max_val = x[0];
   for (int32_t i = 1; i < n; i++)
     if (x[i] > max_val) max_val = x[i];
   float sum = 0.0f;
   for (int32_t i = 0; i < n; i++) {
-    x[i] = cpu::exp(x[i] - max_val);
+    x[i] = exp == exp_source::libm ? std::exp(x[i] - max_val) : cpu::exp(x[i] - max_val);
     sum += x[i];
   }
   for (int32_t i = 0; i < n; i++) x[i] /= sum;
+}
+
+void shifted_exp(float* out, const float* x, int32_t n, float shift) {
+  for (int32_t i = 0; i < n; i++) out[i] = cpu::exp(x[i] - shift);
 }
 
 void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin) {
@@ -50,16 +72,16 @@ void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const floa
   }
 }
 
-void swiglu(float* hb, const float* hb2, int32_t n) {
+void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
   for (int32_t i = 0; i < n; i++) {
     float val = hb[i];
-    val *= (1.0f / (1.0f + cpu::exp(-val)));
+    val *= (1.0f / (1.0f + (exp == exp_source::libm ? std::exp(-val) : cpu::exp(-val))));
     hb[i] = val * hb2[i];
   }
 }
 
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
-               int32_t num_positions, const attention_shape& shape) {
+               int32_t num_positions, const attention_shape& shape, exp_source exp) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const float scale = std::sqrt(static_cast<float>(shape.head_size));
   for (int32_t h = 0; h < shape.n_heads; h++) {
@@ -75,7 +97,7 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
       for (int32_t i = 0; i < shape.head_size; i++) score += qh[i] * k[static_cast<int64_t>(i) * kv.block_size];
       sh[t] = score / scale;
     }
-    softmax(sh, num_positions);
+    softmax(sh, num_positions, exp);
     float* oh = out + h * shape.head_size;  // (head_size)
     for (int32_t i = 0; i < shape.head_size; i++) oh[i] = 0.0f;
     for (int32_t t = 0; t < num_positions; t++) {

@@ -11,7 +11,7 @@
 
 namespace troupe {
 
-expected<mapped_file> mapped_file::open(const std::string& path) {
+expected<mapped_file> mapped_file::open(const std::string& path, bool prefault) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(errc::io_error, std::strerror(errno));
   struct stat st {};
@@ -21,7 +21,8 @@ expected<mapped_file> mapped_file::open(const std::string& path) {
   }
   mapped_file f;
   if (st.st_size > 0) {  // mmap refuses a length of 0
-    void* data = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    const int flags = MAP_PRIVATE | (prefault ? MAP_POPULATE : 0);
+    void* data = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, flags, fd, 0);
     const int mmap_errno = errno;
     ::close(fd);
     if (data == MAP_FAILED) return fail(errc::io_error, std::string("mmap: ") + std::strerror(mmap_errno));

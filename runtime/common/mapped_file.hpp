@@ -2,7 +2,8 @@
 
 /// A file mapped read-only into memory (model checkpoints, tokenizers, GGUF files): what is read
 /// is paged in, what is not costs nothing — a tokenizer taken from a multi-gigabyte GGUF model
-/// touches its metadata only.
+/// touches its metadata only. A model's weights are mapped with `prefault`: read into memory
+/// at open (MAP_POPULATE), so the first request does not page-fault them in one by one.
 
 #include <cstddef>
 #include <string>
@@ -16,7 +17,8 @@ class mapped_file {
  public:
   /// Maps `path`. Errors (io_error) carry only the reason — the system's ("No such file or
   /// directory"), "not a regular file", or "mmap: <reason>" — for the caller to name the file.
-  [[nodiscard]] static expected<mapped_file> open(const std::string& path);
+  /// With `prefault`, the whole file is read into memory (and mapped) before open returns.
+  [[nodiscard]] static expected<mapped_file> open(const std::string& path, bool prefault = false);
 
   mapped_file(mapped_file&& other) noexcept;
   mapped_file& operator=(mapped_file&& other) noexcept;

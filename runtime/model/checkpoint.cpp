@@ -69,8 +69,13 @@ struct tensor_view {
 
 struct checkpoint::mapping {
   std::optional<mapped_file> file;  // a llama2.c checkpoint: the weights are read in place
-  std::vector<float> owned;         // a GGUF's weights, converted to llama2.c's layout
+  std::vector<float> owned;         // a GGUF's weights, converted to llama2.c's layout; a
+                                    // version-2 file's dequantized token embedding
+  std::vector<float> scales;        // a version-2 file's group scales, copied (aligned)
+  std::optional<q80_weights> q80;   // a version-2 file's matrices
 };
+
+const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->q80 : nullptr; }
 
 namespace {
 
@@ -214,12 +219,15 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
 
 }  // namespace
 
-expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
-                                    const std::string& path) {
+namespace {
+
+/// The shape in a header's 7 int32 fields (llama2.c's order); a negative vocab_size means an
+/// unshared classifier where `negative_vocab_unshares` (the legacy format), an error otherwise.
+expected<model_config> header_config(const int32_t (&h)[7], bool negative_vocab_unshares, const std::string& path) {
   const char* names[7] = {"dim", "hidden_dim", "n_layers", "n_heads",
                           "n_kv_heads", "vocab_size", "seq_len"};
   for (int i = 0; i < 7; i++) {
-    const int64_t v = i == 5 ? std::abs(static_cast<int64_t>(h[i])) : h[i];
+    const int64_t v = i == 5 && negative_vocab_unshares ? std::abs(static_cast<int64_t>(h[i])) : h[i];
     if (v <= 0 || v > max_dimension)
       return fail(errc::malformed_file, where(path) + "header field " + names[i] + " = " +
                                             std::to_string(h[i]) + " is out of range (1.." +
@@ -227,14 +235,87 @@ expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
   }
   model_config c{h[0], h[1], h[2], h[3], h[4], std::abs(h[5]), h[6], h[5] > 0};
   if (auto ok = check_shape(c, path); !ok) return tl::unexpected(ok.error());
-  const int64_t expected_size = header_bytes + num_weight_floats(c) * 4;
-  if (file_size != expected_size)
-    return fail(errc::malformed_file,
-                where(path) + "size is " + std::to_string(file_size) + " bytes but its header (dim " +
-                    std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers, vocab " +
-                    std::to_string(c.vocab_size) + ") implies " + std::to_string(expected_size) +
-                    (file_size < expected_size ? " (truncated?)" : " (trailing data?)"));
   return c;
+}
+
+expected<void> check_file_size(const model_config& c, int64_t file_size, int64_t expected_size,
+                               const std::string& path) {
+  if (file_size == expected_size) return {};
+  return fail(errc::malformed_file,
+              where(path) + "size is " + std::to_string(file_size) + " bytes but its header (dim " +
+                  std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers, vocab " +
+                  std::to_string(c.vocab_size) + ") implies " + std::to_string(expected_size) +
+                  (file_size < expected_size ? " (truncated?)" : " (trailing data?)"));
+}
+
+/// Bytes of one Q8_0 tensor of `count` values: the int8 values, then a float scale per group.
+int64_t q80_tensor_bytes(int64_t count, int32_t group_size) { return count + count / group_size * 4; }
+
+/// The Q8_0 matrices of a version-2 file in file order: name, number of them (1 or n_layers),
+/// rows and columns of each.
+struct q80_tensor_kind {
+  const char* name;
+  std::vector<kernels::cpu::q80_matrix> q80_weights::*per_layer;  // nullptr: one tensor
+  int64_t count;
+  int32_t d;
+  int32_t n;
+};
+
+std::vector<q80_tensor_kind> q80_tensor_kinds(const model_config& c) {
+  std::vector<q80_tensor_kind> kinds = {
+      {"token_embedding", nullptr, 1, c.vocab_size, c.dim},
+      {"wq", &q80_weights::wq, c.n_layers, c.dim, c.dim},
+      {"wk", &q80_weights::wk, c.n_layers, c.kv_dim(), c.dim},
+      {"wv", &q80_weights::wv, c.n_layers, c.kv_dim(), c.dim},
+      {"wo", &q80_weights::wo, c.n_layers, c.dim, c.dim},
+      {"w1", &q80_weights::w1, c.n_layers, c.hidden_dim, c.dim},
+      {"w2", &q80_weights::w2, c.n_layers, c.dim, c.hidden_dim},
+      {"w3", &q80_weights::w3, c.n_layers, c.hidden_dim, c.dim}};
+  if (!c.shared_classifier) kinds.push_back({"wcls", nullptr, 1, c.vocab_size, c.dim});
+  return kinds;
+}
+
+int64_t q80_file_bytes(const model_config& c, int32_t group_size) {
+  int64_t n = q80_header_bytes + 4 * (2 * static_cast<int64_t>(c.n_layers) * c.dim + c.dim);  // the norms
+  for (const q80_tensor_kind& k : q80_tensor_kinds(c))
+    n += k.count * q80_tensor_bytes(static_cast<int64_t>(k.d) * k.n, group_size);
+  return n;
+}
+
+}  // namespace
+
+expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
+                                    const std::string& path) {
+  auto c = header_config(h, true, path);
+  if (!c) return c;
+  if (auto ok = check_file_size(*c, file_size, header_bytes + num_weight_floats(*c) * 4, path); !ok)
+    return tl::unexpected(ok.error());
+  return c;
+}
+
+expected<std::pair<model_config, int32_t>> parse_q80_header(std::string_view bytes, const std::string& path) {
+  TROUPE_ASSERT(bytes.size() >= static_cast<size_t>(q80_header_bytes));
+  int32_t version = 0, h[7], group_size = 0;
+  std::memcpy(&version, bytes.data() + 4, sizeof version);
+  if (version != 2)
+    return fail(errc::malformed_file, where(path) + "llama2.c checkpoint version " + std::to_string(version) +
+                                          " is not supported (troupe reads the legacy format and version 2, Q8_0)");
+  std::memcpy(h, bytes.data() + 8, sizeof h);
+  auto c = header_config(h, false, path);
+  if (!c) return tl::unexpected(c.error());
+  const auto shared = static_cast<uint8_t>(bytes[36]);
+  if (shared > 1)
+    return fail(errc::malformed_file, where(path) + "shared_classifier byte is " + std::to_string(shared) +
+                                          " (0 or 1)");
+  c->shared_classifier = shared == 1;
+  std::memcpy(&group_size, bytes.data() + 37, sizeof group_size);  // unaligned, as export.py packs it
+  if (group_size <= 0 || c->dim % group_size != 0 || c->hidden_dim % group_size != 0)
+    return fail(errc::malformed_file, where(path) + "group size " + std::to_string(group_size) +
+                                          " does not divide dim " + std::to_string(c->dim) + " and hidden_dim " +
+                                          std::to_string(c->hidden_dim));
+  if (auto ok = check_file_size(*c, static_cast<int64_t>(bytes.size()), q80_file_bytes(*c, group_size), path); !ok)
+    return tl::unexpected(ok.error());
+  return std::make_pair(*c, group_size);
 }
 
 expected<void> check_finite(const checkpoint& ck) {
@@ -244,17 +325,26 @@ expected<void> check_finite(const checkpoint& ck) {
   std::vector<tensor_view> tensors = {
       {"token_embedding", w.token_embedding, 0, c.vocab_size * dim},
       {"rms_att", w.rms_att, layers, dim},
-      {"wq", w.wq, layers, dim * dim},
-      {"wk", w.wk, layers, kv_dim * dim},
-      {"wv", w.wv, layers, kv_dim * dim},
-      {"wo", w.wo, layers, dim * dim},
       {"rms_ffn", w.rms_ffn, layers, dim},
-      {"w1", w.w1, layers, hidden * dim},
-      {"w2", w.w2, layers, dim * hidden},
-      {"w3", w.w3, layers, hidden * dim},
       {"rms_final", w.rms_final, 0, dim},
   };
-  if (!c.shared_classifier) tensors.push_back({"wcls", w.wcls, 0, c.vocab_size * dim});
+  if (const q80_weights* q = ck.q80()) {  // int8 values are finite: check the scales
+    for (const q80_tensor_kind& k : q80_tensor_kinds(c)) {
+      if (k.per_layer == nullptr) continue;  // the embedding is checked dequantized
+      const auto& first = ((*q).*k.per_layer).front();
+      tensors.push_back({k.name, first.s, layers, static_cast<int64_t>(k.d) * k.n / q->group_size});
+    }
+    if (!c.shared_classifier) tensors.push_back({"wcls", q->wcls.s, 0, c.vocab_size * dim / q->group_size});
+  } else {
+    tensors.insert(tensors.end(), {{"wq", w.wq, layers, dim * dim},
+                                   {"wk", w.wk, layers, kv_dim * dim},
+                                   {"wv", w.wv, layers, kv_dim * dim},
+                                   {"wo", w.wo, layers, dim * dim},
+                                   {"w1", w.w1, layers, hidden * dim},
+                                   {"w2", w.w2, layers, dim * hidden},
+                                   {"w3", w.w3, layers, hidden * dim}});
+    if (!c.shared_classifier) tensors.push_back({"wcls", w.wcls, 0, c.vocab_size * dim});
+  }
   for (const tensor_view& t : tensors) {
     const int64_t count = std::max<int64_t>(t.num_layers, 1) * t.layer_size;
     const int64_t i = first_non_finite(t.data, count);
@@ -264,14 +354,65 @@ expected<void> check_finite(const checkpoint& ck) {
     const std::string at = t.num_layers > 0 ? "layer " + std::to_string(i / t.layer_size) + ", element " +
                                                   std::to_string(i % t.layer_size)
                                             : "element " + std::to_string(i);
-    return fail(errc::malformed_file, where(ck.path()) + "weight tensor " + t.name + " holds " + value + " (" +
-                                          at + "); the file is corrupt or the model diverged");
+    return fail(errc::malformed_file, where(ck.path()) + "weight tensor " + t.name + (ck.q80() ? " (scales)" : "") +
+                                          " holds " + value + " (" + at + "); the file is corrupt or the model diverged");
   }
   return {};
 }
 
+namespace {
+
+/// Views of a version-2 file (`bytes`, already validated by parse_q80_header): the norms in
+/// place, the matrices into `q` with their scales copied into `scales` (a tensor's int8 values
+/// need not leave its scales float-aligned), the token embedding dequantized into `embedding`
+/// as runq.c does: x[i] = q[i] * s[i / group_size].
+weights q80_views(const model_config& c, int32_t group_size, std::string_view bytes, q80_weights& q,
+                  std::vector<float>& scales, std::vector<float>& embedding) {
+  const char* p = bytes.data() + q80_header_bytes;
+  const auto floats = [&p](int64_t count) {
+    const auto* f = reinterpret_cast<const float*>(p);
+    p += count * 4;
+    return f;
+  };
+  weights w;
+  w.rms_att = floats(static_cast<int64_t>(c.n_layers) * c.dim);
+  w.rms_ffn = floats(static_cast<int64_t>(c.n_layers) * c.dim);
+  w.rms_final = floats(c.dim);
+  q.group_size = group_size;
+  const std::vector<q80_tensor_kind> kinds = q80_tensor_kinds(c);
+  int64_t num_scales = 0;
+  for (const q80_tensor_kind& k : kinds) num_scales += k.count * k.d * k.n / group_size;
+  scales.resize(static_cast<size_t>(num_scales));
+  float* s = scales.data();
+  for (const q80_tensor_kind& k : kinds) {
+    for (int64_t l = 0; l < k.count; l++) {
+      const int64_t values = static_cast<int64_t>(k.d) * k.n, groups = values / group_size;
+      const kernels::cpu::q80_matrix m{reinterpret_cast<const int8_t*>(p), s, k.d, k.n, group_size};
+      std::memcpy(s, p + values, static_cast<size_t>(groups) * 4);
+      p += q80_tensor_bytes(values, group_size);
+      s += groups;
+      if (k.per_layer != nullptr)
+        (q.*k.per_layer).push_back(m);
+      else if (k.name == std::string_view("wcls"))
+        q.wcls = m;
+      else
+        q.token_embedding = m;
+    }
+  }
+  TROUPE_ASSERT(p == bytes.data() + bytes.size());
+  if (c.shared_classifier) q.wcls = q.token_embedding;
+  const int64_t num_values = static_cast<int64_t>(c.vocab_size) * c.dim;
+  embedding.resize(static_cast<size_t>(num_values));
+  for (int64_t i = 0; i < num_values; i++)
+    embedding[static_cast<size_t>(i)] = q.token_embedding.q[i] * q.token_embedding.s[i / group_size];
+  w.token_embedding = embedding.data();
+  return w;
+}
+
+}  // namespace
+
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
-  auto file = mapped_file::open(path);
+  auto file = mapped_file::open(path, options.prefault);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
   const std::string_view bytes = file->bytes();
   if (bytes.size() < static_cast<size_t>(header_bytes))
@@ -281,15 +422,24 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   auto map = std::make_shared<mapping>();
   checkpoint ck;
   ck.path_ = path;
-  const float* base = nullptr;
-  bool freq_cis = true;
+  uint32_t magic = 0;
+  std::memcpy(&magic, bytes.data(), sizeof magic);
   if (is_gguf(bytes)) {
     auto gguf = from_gguf(bytes, path);
     if (!gguf) return tl::unexpected(gguf.error());
     ck.config_ = gguf->first;
     map->owned = std::move(gguf->second);  // the weights, converted: the file is unmapped below
-    base = map->owned.data();
-    freq_cis = false;
+    ck.weights_ = views(ck.config_, map->owned.data(), false);
+  } else if (magic == q80_magic) {
+    if (bytes.size() < static_cast<size_t>(q80_header_bytes))
+      return fail(errc::malformed_file, where(path) + "only " + std::to_string(bytes.size()) +
+                                            " bytes; a version-2 checkpoint starts with a 256-byte header (truncated?)");
+    auto header = parse_q80_header(bytes, path);
+    if (!header) return tl::unexpected(header.error());
+    ck.config_ = header->first;
+    map->q80.emplace();
+    ck.weights_ = q80_views(ck.config_, header->second, bytes, *map->q80, map->scales, map->owned);
+    map->file = std::move(*file);  // the int8 values are read in place
   } else {
     int32_t header[7];
     std::memcpy(header, bytes.data(), sizeof(header));
@@ -297,9 +447,8 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     if (!config) return tl::unexpected(config.error());
     ck.config_ = *config;
     map->file = std::move(*file);
-    base = reinterpret_cast<const float*>(map->file->bytes().data() + header_bytes);
+    ck.weights_ = views(ck.config_, reinterpret_cast<const float*>(map->file->bytes().data() + header_bytes), true);
   }
-  ck.weights_ = views(ck.config_, base, freq_cis);
   ck.map_ = std::move(map);
   if (options.check_finite) {
     if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());

@@ -1,11 +1,17 @@
 #pragma once
 
-/// llama2.c checkpoints: the legacy format (7 int32 header, then float32 weights), memory-mapped.
+/// llama2.c checkpoints, memory-mapped: the legacy format (7 int32 header, then float32
+/// weights) and version 2 (runq.c's Q8_0: a 256-byte header, float32 norms, then each matrix as
+/// int8 values and one float32 scale per group).
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
+#include "kernels/cpu/ops.hpp"
 #include "runtime/common/error.hpp"
 
 namespace troupe::model {
@@ -29,7 +35,9 @@ struct model_config {
   [[nodiscard]] int32_t kv_dim() const { return n_kv_heads * head_size(); }
 };
 
-/// Pointers into the mapped file, in llama2.c's names and shapes.
+/// Pointers into the mapped file, in llama2.c's names and shapes. A version-2 (Q8_0) checkpoint
+/// has the norms and the token embedding (dequantized at load, as runq.c does) here and its
+/// matrices in `q80_weights`: wq .. w3 and wcls are then null.
 struct weights {
   const float* token_embedding = nullptr;  ///< (vocab_size, dim)
   const float* rms_att = nullptr;          ///< (layer, dim)
@@ -45,11 +53,27 @@ struct weights {
   const float* wcls = nullptr;             ///< (vocab_size, dim); == token_embedding if shared
 };
 
+/// The matrices of a version-2 checkpoint, one per layer, in the kernels' Q8_0 view.
+struct q80_weights {
+  int32_t group_size = 0;
+  kernels::cpu::q80_matrix token_embedding;  ///< (vocab_size, dim)
+  std::vector<kernels::cpu::q80_matrix> wq, wk, wv, wo, w1, w2, w3;  ///< (layer)
+  kernels::cpu::q80_matrix wcls;  ///< == token_embedding if shared
+};
+
+/// The version-2 header's magic number, "ak42" read as a little-endian uint32.
+inline constexpr uint32_t q80_magic = 0x616b3432;
+/// Bytes of the version-2 header (zero-padded).
+inline constexpr int64_t q80_header_bytes = 256;
+
 /// How `checkpoint::load` treats the weights' values.
 struct load_options {
   /// Scan every weight for NaN and infinities (one pass over the file, cheap next to reading it
   /// for the first forward pass). Off only in tests that need a poisoned model to run.
   bool check_finite = true;
+  /// Read the whole file into memory at load (MAP_POPULATE), so the first request does not
+  /// fault the weights in page by page. Off only to measure the difference (bench_warm_start).
+  bool prefault = true;
 };
 
 /// A loaded checkpoint: config plus weight views into a read-only memory map. Move-only; the
@@ -64,6 +88,8 @@ class checkpoint {
 
   [[nodiscard]] const model_config& config() const { return config_; }
   [[nodiscard]] const weights& w() const { return weights_; }
+  /// The Q8_0 matrices of a version-2 checkpoint; nullptr for float32 ones.
+  [[nodiscard]] const q80_weights* q80() const;
   [[nodiscard]] const std::string& path() const { return path_; }
 
  private:
@@ -77,6 +103,11 @@ class checkpoint {
 /// The first NaN or infinite value among `ck`'s weights, as an error naming the tensor, the layer
 /// (for per-layer tensors) and the element index within it; exposed for tests.
 [[nodiscard]] expected<void> check_finite(const checkpoint& ck);
+
+/// Validates a version-2 header (`bytes` is at least q80_header_bytes long and starts with
+/// q80_magic) against the file's size; returns the shape and the group size. Exposed for tests.
+[[nodiscard]] expected<std::pair<model_config, int32_t>> parse_q80_header(std::string_view bytes,
+                                                                          const std::string& path);
 
 /// Validates a header's values; exposed for tests. `file_size` in bytes.
 [[nodiscard]] expected<model_config> parse_header(const int32_t (&header)[7], int64_t file_size,

@@ -8,10 +8,13 @@ namespace troupe::model {
 namespace cpu = kernels::cpu;
 
 transformer::transformer(const checkpoint& ck, kernel_path path)
-    : ck_(ck), config_(ck.config()), path_(path) {
+    : ck_(ck),
+      config_(ck.config()),
+      path_(path),
+      exp_(ck.q80() ? cpu::exp_source::libm : cpu::exp_source::kernels) {
   const model_config& c = config_;
   const weights& w = ck_.w();
-  if (path_ == kernel_path::fast) {
+  if (path_ == kernel_path::fast && ck_.q80() == nullptr) {
     const int64_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
     for (int64_t l = 0; l < c.n_layers; l++) {
       layers_.push_back(layer_weights{
@@ -59,17 +62,46 @@ void transformer::reserve(int32_t rows) {
   hb2_.resize(n * config_.hidden_dim);
 }
 
-const cpu::packed_matrix* transformer::packed(int32_t layer,
-                                             cpu::packed_matrix layer_weights::*which) const {
-  return path_ == kernel_path::fast ? &(layers_[layer].*which) : nullptr;
+void transformer::matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows) {
+  const model_config& c = config_;
+  const weights& w = ck_.w();
+  const int64_t l = layer, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  if (const q80_weights* q = ck_.q80()) {
+    const std::vector<cpu::q80_matrix>* per_layer[] = {&q->wq, &q->wk, &q->wv, &q->wo, &q->w1, &q->w2, &q->w3};
+    matmul_q80(out, x, which == matrix::wcls ? q->wcls : (*per_layer[static_cast<int>(which)])[layer], rows);
+    return;
+  }
+  struct plain {
+    const float* w;
+    int64_t d, n;
+    cpu::packed_matrix layer_weights::*packed;
+  };
+  const plain views[] = {{w.wq + l * dim * dim, dim, dim, &layer_weights::wq},
+                         {w.wk + l * kv_dim * dim, kv_dim, dim, &layer_weights::wk},
+                         {w.wv + l * kv_dim * dim, kv_dim, dim, &layer_weights::wv},
+                         {w.wo + l * dim * dim, dim, dim, &layer_weights::wo},
+                         {w.w1 + l * hidden * dim, hidden, dim, &layer_weights::w1},
+                         {w.w2 + l * dim * hidden, dim, hidden, &layer_weights::w2},
+                         {w.w3 + l * hidden * dim, hidden, dim, &layer_weights::w3},
+                         {w.wcls, c.vocab_size, dim, nullptr}};
+  const plain& v = views[static_cast<int>(which)];
+  if (path_ == kernel_path::fast)
+    cpu::fast::matmul(out, x, v.packed ? layers_[layer].*v.packed : wcls_, rows, pool_);
+  else
+    cpu::reference::matmul(out, x, v.w, rows, static_cast<int32_t>(v.n), static_cast<int32_t>(v.d));
 }
 
-void transformer::matmul(float* out, const float* x, const float* w, const cpu::packed_matrix* wp,
-                         int32_t rows, int32_t n, int32_t d) const {
-  if (wp != nullptr)
-    cpu::fast::matmul(out, x, *wp, rows, pool_);
+void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& w, int32_t rows) {
+  const int32_t groups = w.n / w.group_size;
+  xq_.resize(std::max(xq_.size(), static_cast<size_t>(rows) * w.n));
+  xs_.resize(std::max(xs_.size(), static_cast<size_t>(rows) * groups));
+  for (int32_t r = 0; r < rows; r++)
+    cpu::quantize_q80(&xq_[static_cast<size_t>(r) * w.n], &xs_[static_cast<size_t>(r) * groups],
+                      x + static_cast<int64_t>(r) * w.n, w.n, w.group_size);
+  if (path_ == kernel_path::fast)
+    cpu::fast::matmul_q80(out, xq_.data(), xs_.data(), w, rows, pool_);
   else
-    cpu::reference::matmul(out, x, w, rows, n, d);
+    cpu::reference::matmul_q80(out, xq_.data(), xs_.data(), w, rows);
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
@@ -102,9 +134,9 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
     cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], w.rms_att + ld * dim, dim);
-  matmul(q_.data(), xb_.data(), w.wq + ld * dim * dim, packed(l, &layer_weights::wq), n, dim, dim);
-  matmul(k_.data(), xb_.data(), w.wk + ld * kv_dim * dim, packed(l, &layer_weights::wk), n, dim, kv_dim);
-  matmul(v_.data(), xb_.data(), w.wv + ld * kv_dim * dim, packed(l, &layer_weights::wv), n, dim, kv_dim);
+  matmul(q_.data(), xb_.data(), matrix::wq, l, n);
+  matmul(k_.data(), xb_.data(), matrix::wk, l, n);
+  matmul(v_.data(), xb_.data(), matrix::wv, l, n);
   for (int32_t r = 0; r < n; r++) {
     const forward_row& row = rows[r];
     const float* cos = &rope_cos_[static_cast<size_t>(row.position) * half];
@@ -125,16 +157,16 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     for (int64_t r = begin; r < end; r++) {
       const cpu::paged_kv kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
       if (path_ == kernel_path::fast)
-        cpu::fast::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape);
+        cpu::fast::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
       else
-        cpu::reference::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape);
+        cpu::reference::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
     }
   };
   if (pool_ != nullptr && n > 1)
     pool_->parallel_for(n, attend);
   else
     attend(0, 0, n);
-  matmul(xb2_.data(), xb_.data(), w.wo + ld * dim * dim, packed(l, &layer_weights::wo), n, dim, dim);
+  matmul(xb2_.data(), xb_.data(), matrix::wo, l, n);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb2_[i];
 }
 
@@ -145,10 +177,10 @@ void transformer::ffn_layer(int32_t n, int32_t l) {
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
     cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], w.rms_ffn + ld * dim, dim);
-  matmul(hb_.data(), xb_.data(), w.w1 + ld * hidden * dim, packed(l, &layer_weights::w1), n, dim, hidden);
-  matmul(hb2_.data(), xb_.data(), w.w3 + ld * hidden * dim, packed(l, &layer_weights::w3), n, dim, hidden);
-  cpu::reference::swiglu(hb_.data(), hb2_.data(), n * hidden);
-  matmul(xb_.data(), hb_.data(), w.w2 + ld * dim * hidden, packed(l, &layer_weights::w2), n, hidden, dim);
+  matmul(hb_.data(), xb_.data(), matrix::w1, l, n);
+  matmul(hb2_.data(), xb_.data(), matrix::w3, l, n);
+  cpu::reference::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
+  matmul(xb_.data(), hb_.data(), matrix::w2, l, n);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
 }
 
@@ -159,7 +191,7 @@ void transformer::classifier(const std::vector<forward_row>& rows, std::vector<f
     if (rows[r].want_logits)
       cpu::reference::rmsnorm(&xb_[static_cast<size_t>(m++) * c.dim], &x_[r * c.dim], ck_.w().rms_final, c.dim);
   logits.resize(static_cast<size_t>(m) * c.vocab_size);
-  if (m > 0) matmul(logits.data(), xb_.data(), ck_.w().wcls, path_ == kernel_path::fast ? &wcls_ : nullptr, m, c.dim, c.vocab_size);
+  if (m > 0) matmul(logits.data(), xb_.data(), matrix::wcls, 0, m);
 }
 
 }  // namespace troupe::model

@@ -23,7 +23,7 @@ struct forward_row {
   bool want_logits = false;              ///< compute this row's logits (last token of a chunk)
 };
 
-/// Runs a checkpoint. Owns packed weights, the RoPE table and scratch buffers; not thread-safe.
+/// Runs a checkpoint (float32, or Q8_0 as runq.c computes it). Owns packed weights, the RoPE table and scratch buffers; not thread-safe.
 class transformer {
  public:
   transformer(const checkpoint& ck, kernel_path path = kernel_path::fast);
@@ -46,12 +46,13 @@ class transformer {
     kernels::cpu::packed_matrix wq, wk, wv, wo, w1, w2, w3;
   };
 
-  /// The packed copy of one layer matrix on the fast path; nullptr on the reference path.
-  [[nodiscard]] const kernels::cpu::packed_matrix* packed(
-      int32_t layer, kernels::cpu::packed_matrix layer_weights::*which) const;
-  /// out (rows, d) = x (rows, n) · w (d, n)ᵀ, through `wp` when packed.
-  void matmul(float* out, const float* x, const float* w, const kernels::cpu::packed_matrix* wp,
-              int32_t rows, int32_t n, int32_t d) const;
+  /// The model's matrices, by name.
+  enum class matrix { wq, wk, wv, wo, w1, w2, w3, wcls };
+  /// out (rows, d) = x (rows, n) · w (d, n)ᵀ for matrix `which` of `layer` (any layer for
+  /// wcls): float32 through the packed copy on the fast path, or Q8_0 with x quantized per
+  /// group first (runq.c's arithmetic).
+  void matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows);
+  void matmul_q80(float* out, const float* x, const kernels::cpu::q80_matrix& w, int32_t rows);
   void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer);
   void ffn_layer(int32_t rows, int32_t layer);
   void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits);
@@ -60,6 +61,7 @@ class transformer {
   checkpoint ck_;  // keeps the mapped weights alive
   model_config config_;
   kernel_path path_;
+  kernels::cpu::exp_source exp_;  // libm's expf for Q8_0 (runq.c's arithmetic), else the kernels'
   std::vector<layer_weights> layers_;
   kernels::cpu::packed_matrix wcls_;
   std::vector<float> rope_cos_;  // (seq_len, head_size / 2)
@@ -75,6 +77,8 @@ class transformer {
   std::vector<float> hb_;      // (rows, hidden_dim)
   std::vector<float> hb2_;     // (rows, hidden_dim)
   std::vector<float> scores_;  // (threads, n_heads, seq_len)
+  std::vector<int8_t> xq_;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
+  std::vector<float> xs_;      // (rows, max(dim, hidden_dim) / group_size) their scales
   kernels::cpu::thread_pool* pool_ = nullptr;
 };
 

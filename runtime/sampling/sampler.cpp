@@ -1,12 +1,16 @@
 #include "runtime/sampling/sampler.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <tuple>
+#include <utility>
+
+#include "kernels/cpu/ops.hpp"
 
 namespace troupe::sampling {
 
@@ -36,12 +40,53 @@ uint64_t fixed_point_weight(float e) {
   return static_cast<uint64_t>(static_cast<double>(e) * two_pow_32);
 }
 
-/// log(sum_i exp(l_i)) of the raw logits, in double, summed in index order.
-double raw_log_normalizer(const float* logits, int32_t vocab_size, float logit_max) {
+/// Selection buckets. Bucket b holds the tokens whose temperature-scaled distance below the
+/// largest logit, d = (l_max - l) / T counted in quarter octaves of relative probability
+/// (e = 2^(-d/4)), lies in [b, b + 1); the last bucket holds every token with e <= 2^-44, whose
+/// top-p weight and draw weight are both 0 (it is left out of top-k and top-p: it changes
+/// neither the mass nor the draw). A token's bucket never decreases as its logit falls, and
+/// equal logits share a bucket, so buckets 0..b always hold a prefix of the ranking.
+constexpr int32_t negligible_bucket = 44 * 4;
+constexpr int32_t num_buckets = negligible_bucket + 1;
+constexpr float quarter_octaves_per_nat = 4.0f * 1.44269504088896341f;  // 4 / ln 2
+
+/// Top-p's 21.43 fixed-point weight of e in [0, 1]: floor(e * 2^43). Integer sums make the mass
+/// independent of summation order, so top-p needs no ranking beyond its cut; a vocabulary of at
+/// most 2^20 tokens (header_value_max) sums below 2^63.
+uint64_t top_p_weight(float e) {
+  constexpr double two_pow_43 = 8796093022208.0;
+  return static_cast<uint64_t>(static_cast<double>(e) * two_pow_43);
+}
+
+__extension__ using uint128 = unsigned __int128;
+
+/// The smallest integer >= fraction * total, exactly: fraction = q * 2^-shift with q < 2^24.
+uint64_t fraction_ceil(uint64_t total, float fraction) {
+  TROUPE_ASSERT(fraction > 0.0f && fraction < 1.0f);
+  int exponent = 0;
+  const float mantissa = std::frexp(fraction, &exponent);  // in [0.5, 1); exponent <= 0
+  const auto q = static_cast<uint64_t>(std::ldexp(mantissa, 24));
+  const int shift = 24 - exponent;
+  const uint128 product = static_cast<uint128>(q) * total;  // < 2^88
+  if (shift >= 128) return product > 0 ? 1 : 0;
+  const uint128 one = 1;
+  return static_cast<uint64_t>((product + (one << shift) - 1) >> shift);
+}
+
+/// log(sum_i exp(l_i)) of the raw logits: exp(l_i - l_max) by the kernels' exp into `scratch`,
+/// summed in double in eight interleaved partial sums (element i into sum i mod 8, the sums then
+/// added in order): a fixed order that depends on vocab_size only.
+double raw_log_normalizer(const float* logits, int32_t vocab_size, float logit_max, std::vector<float>& scratch) {
+  scratch.resize(static_cast<size_t>(vocab_size));
+  kernels::cpu::fast::shifted_exp(scratch.data(), logits, vocab_size, logit_max);
+  constexpr int32_t num_partial = 8;
+  double partial[num_partial] = {};
+  int32_t i = 0;
+  for (; i + num_partial <= vocab_size; i += num_partial)
+    for (int32_t j = 0; j < num_partial; ++j) partial[j] += scratch[static_cast<size_t>(i + j)];
+  for (int32_t j = 0; i < vocab_size; ++i, ++j) partial[j] += scratch[static_cast<size_t>(i)];
   double sum = 0.0;
-  for (int32_t i = 0; i < vocab_size; ++i) {
-    sum += std::exp(static_cast<double>(logits[i]) - static_cast<double>(logit_max));
-  }
+  for (double p : partial) sum += p;
   TROUPE_ASSERT(sum >= 1.0);  // the max term alone is exp(0) = 1
   return static_cast<double>(logit_max) + std::log(sum);
 }
@@ -153,13 +198,13 @@ sample_result sampler::sample(const float* logits, int32_t vocab_size,
   random_stream stream(seed, position, k);
   const float temperature = std::max(params.temperature, temperature_min);
   const float* adjusted = adjust(logits, vocab_size, params, context);
-  const float adjusted_max = compute_exps(adjusted, vocab_size, temperature);
-  const int32_t num_candidates = select_top(adjusted, vocab_size, params);
-  const int32_t token = draw(num_candidates, vocab_size, params.min_p, stream);
+  const float adjusted_max = max_logit(adjusted, vocab_size);
+  const int32_t num_candidates = select_top(adjusted, vocab_size, adjusted_max, temperature, params);
+  const int32_t token = draw(num_candidates, params.min_p, stream);
   TROUPE_ASSERT(token >= 0 && token < vocab_size);
 
   const float logit_max = adjusted == logits ? adjusted_max : *std::max_element(logits, logits + vocab_size);
-  const double log_normalizer = raw_log_normalizer(logits, vocab_size, logit_max);
+  const double log_normalizer = raw_log_normalizer(logits, vocab_size, logit_max, exps_);
   sample_result result{token, static_cast<float>(logits[token] - log_normalizer), {}};
   result.top_logprobs =
       top_logprobs(logits, vocab_size, params.num_top_logprobs, log_normalizer);
@@ -209,8 +254,7 @@ void sampler::apply_penalties(int32_t vocab_size, const sampling_params& params,
   }
 }
 
-float sampler::compute_exps(const float* logits, int32_t vocab_size, float temperature) {
-  TROUPE_ASSERT(temperature >= temperature_min);
+float sampler::max_logit(const float* logits, int32_t vocab_size) {
   float logit_max = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < vocab_size; ++i) {
     TROUPE_ASSERT_MSG(!std::isnan(logits[i]), "a logit is NaN");
@@ -218,71 +262,119 @@ float sampler::compute_exps(const float* logits, int32_t vocab_size, float tempe
     logit_max = std::max(logit_max, logits[i]);
   }
   TROUPE_ASSERT_MSG(std::isfinite(logit_max), "every logit is -inf");
-  exps_.resize(static_cast<size_t>(vocab_size));
-  // Subtract before dividing: (l - l_max) <= 0, so a tiny temperature gives -inf at worst,
-  // never inf - inf. The max itself gets exp(0) = 1 exactly.
-  for (int32_t i = 0; i < vocab_size; ++i) {
-    exps_[static_cast<size_t>(i)] = std::exp((logits[i] - logit_max) / temperature);
-  }
   return logit_max;
 }
 
-int32_t sampler::select_top(const float* logits, int32_t vocab_size,
-                            const sampling_params& params) {
-  order_.resize(static_cast<size_t>(vocab_size));
-  std::iota(order_.begin(), order_.end(), 0);
-  const ranks_above ranks{logits};
-  const bool top_k_on = params.top_k > 0 && params.top_k < vocab_size;
-  const bool top_p_on = params.top_p < 1.0f;
-  int32_t num_candidates = vocab_size;
-  if (top_k_on) {
-    // A strict total order makes the k-element prefix a unique set.
-    std::nth_element(order_.begin(), order_.begin() + params.top_k, order_.end(), ranks);
-    num_candidates = params.top_k;
+void sampler::compute_exps(const float* logits, int32_t num_candidates, float logit_max, float temperature) {
+  TROUPE_ASSERT(temperature >= temperature_min);
+  exps_.resize(order_.size());
+  // Subtract before dividing: (l - l_max) <= 0, so a tiny temperature gives -inf at worst,
+  // never inf - inf. The max itself gets exp(0) = 1 exactly.
+  for (int32_t i = 0; i < num_candidates; ++i) {
+    const auto id = static_cast<size_t>(order_[i]);
+    exps_[id] = std::exp((logits[id] - logit_max) / temperature);
   }
-  if (!top_p_on) return num_candidates;
-
-  std::sort(order_.begin(), order_.begin() + num_candidates, ranks);
-  // The mass and the running sum add the same terms in the same order, so the running sum ends
-  // exactly at `mass` >= top_p * mass: the loop below always stops within the candidates.
-  double mass = 0.0;
-  for (int32_t i = 0; i < num_candidates; ++i) mass += exps_[static_cast<size_t>(order_[i])];
-  const double target = static_cast<double>(params.top_p) * mass;
-  double cumulative = 0.0;
-  int32_t num_kept = 0;
-  while (num_kept < num_candidates) {
-    cumulative += exps_[static_cast<size_t>(order_[num_kept])];
-    ++num_kept;
-    if (cumulative >= target) break;
-  }
-  TROUPE_ASSERT(num_kept >= 1);
-  return num_kept;
 }
 
-int32_t sampler::draw(int32_t num_candidates, int32_t vocab_size, float min_p,
-                      random_stream& stream) {
-  TROUPE_ASSERT(num_candidates >= 1 && num_candidates <= vocab_size);
-  chosen_.assign(static_cast<size_t>(vocab_size), 0);
-  for (int32_t i = 0; i < num_candidates; ++i) chosen_[static_cast<size_t>(order_[i])] = 1;
-  // min-p keeps p_i >= min_p * p_max; with e_i = p_i / p_max that is e_i >= min_p.
-  const auto weight = [&](int32_t id) -> uint64_t {
-    const auto i = static_cast<size_t>(id);
-    if (chosen_[i] == 0 || exps_[i] < min_p) return 0;
-    return fixed_point_weight(exps_[i]);
-  };
-  // Sum of at most 2^31 weights of at most 2^32 each: fits in uint64.
+int32_t sampler::select_top(const float* logits, int32_t vocab_size, float logit_max, float temperature,
+                            const sampling_params& params) {
+  order_.resize(static_cast<size_t>(vocab_size));
+  const bool top_k_on = params.top_k > 0 && params.top_k < vocab_size;
+  const bool top_p_on = params.top_p < 1.0f;
+  if (!top_k_on && !top_p_on) {
+    std::iota(order_.begin(), order_.end(), 0);
+    compute_exps(logits, vocab_size, logit_max, temperature);
+    return vocab_size;
+  }
+  int32_t num_candidates = assign_buckets(logits, vocab_size, logit_max, temperature);
+  if (top_k_on && params.top_k < num_candidates) num_candidates = keep_top_k(logits, num_candidates, params.top_k);
+  compute_exps(logits, num_candidates, logit_max, temperature);  // top-k ranks logits, needs no e
+  if (top_p_on) num_candidates = keep_top_p(logits, num_candidates, params.top_p);
+  return num_candidates;
+}
+
+int32_t sampler::assign_buckets(const float* logits, int32_t vocab_size, float logit_max, float temperature) {
+  bucket_.resize(static_cast<size_t>(vocab_size));
+  const float scale = quarter_octaves_per_nat / temperature;
+  int32_t num = 0;
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    const float d = (logit_max - logits[i]) * scale;  // >= 0; inf for a -inf logit
+    const int32_t b = d < static_cast<float>(negligible_bucket) ? static_cast<int32_t>(d) : negligible_bucket;
+    bucket_[static_cast<size_t>(i)] = static_cast<uint8_t>(b);
+    order_[static_cast<size_t>(num)] = i;
+    num += b != negligible_bucket ? 1 : 0;
+  }
+  TROUPE_ASSERT(num >= 1);  // the max is in bucket 0
+  return num;
+}
+
+std::pair<int32_t*, int32_t*> sampler::split_at_bucket(int32_t num, int32_t bucket) {
+  int32_t* begin = order_.data();
+  int32_t* middle = std::partition(begin, begin + num, [&](int32_t id) { return bucket_[static_cast<size_t>(id)] < bucket; });
+  int32_t* end = std::partition(middle, begin + num, [&](int32_t id) { return bucket_[static_cast<size_t>(id)] == bucket; });
+  return {middle, end};
+}
+
+int32_t sampler::keep_top_k(const float* logits, int32_t num_candidates, int32_t top_k) {
+  TROUPE_ASSERT(top_k >= 1 && top_k < num_candidates);
+  std::array<int32_t, num_buckets> counts{};
+  for (int32_t i = 0; i < num_candidates; ++i) counts[bucket_[static_cast<size_t>(order_[i])]]++;
+  int32_t bucket = 0, num_above = 0;
+  while (num_above + counts[static_cast<size_t>(bucket)] < top_k) num_above += counts[static_cast<size_t>(bucket++)];
+  TROUPE_ASSERT(bucket < negligible_bucket);
+  // Buckets above the cut are kept whole; the cut bucket gives its best top_k - num_above. A
+  // strict total order makes that a unique set.
+  const auto [middle, end] = split_at_bucket(num_candidates, bucket);
+  TROUPE_ASSERT(middle - order_.data() == num_above);
+  std::nth_element(middle, middle + (top_k - num_above), end, ranks_above{logits});
+  return top_k;
+}
+
+int32_t sampler::keep_top_p(const float* logits, int32_t num_candidates, float top_p) {
+  std::array<uint64_t, num_buckets> masses{};
+  for (int32_t i = 0; i < num_candidates; ++i) {
+    const auto id = static_cast<size_t>(order_[i]);
+    masses[bucket_[id]] += top_p_weight(exps_[id]);
+  }
+  uint64_t mass = 0;
+  for (uint64_t m : masses) mass += m;
+  const uint64_t target = fraction_ceil(mass, top_p);  // >= 1: the max weighs 2^43
+  TROUPE_ASSERT(target >= 1 && target <= mass);
+  int32_t bucket = 0;
+  uint64_t cumulative = 0;
+  while (cumulative + masses[static_cast<size_t>(bucket)] < target) cumulative += masses[static_cast<size_t>(bucket++)];
+  // Buckets above the cut are kept whole (their mass falls short of the target); the cut
+  // bucket, ranked, gives the shortest prefix that reaches it.
+  const auto [middle, end] = split_at_bucket(num_candidates, bucket);
+  std::sort(middle, end, ranks_above{logits});
+  int32_t* kept_end = middle;
+  while (cumulative < target) {
+    TROUPE_ASSERT(kept_end != end);
+    cumulative += top_p_weight(exps_[static_cast<size_t>(*kept_end++)]);
+  }
+  return static_cast<int32_t>(kept_end - order_.data());
+}
+
+int32_t sampler::draw(int32_t num_candidates, float min_p, random_stream& stream) {
+  TROUPE_ASSERT(num_candidates >= 1 && static_cast<size_t>(num_candidates) <= order_.size());
+  weights_.resize(order_.size(), 0);
+  // min-p keeps p_i >= min_p * p_max; with e_i = p_i / p_max that is e_i >= min_p. Sum of at
+  // most 2^31 weights of at most 2^32 each: fits in uint64, in any order.
   uint64_t total = 0;
-  for (int32_t id = 0; id < vocab_size; ++id) total += weight(id);
+  for (int32_t i = 0; i < num_candidates; ++i) {
+    const auto id = static_cast<size_t>(order_[i]);
+    const uint64_t weight = exps_[id] < min_p ? 0 : fixed_point_weight(exps_[id]);
+    weights_[id] = weight;
+    total += weight;
+  }
   TROUPE_ASSERT_MSG(total > 0, "the most likely token must survive every filter");
 
   const uint64_t target = stream.uniform_below(total);
   uint64_t cumulative = 0;
-  for (int32_t id = 0; id < vocab_size; ++id) {
-    cumulative += weight(id);
-    if (target < cumulative) return id;
-  }
-  TROUPE_ASSERT_MSG(false, "target below total must fall inside the CDF");
-  return -1;
+  int32_t token = 0;
+  for (; target >= cumulative + weights_[static_cast<size_t>(token)]; ++token) cumulative += weights_[static_cast<size_t>(token)];
+  for (int32_t i = 0; i < num_candidates; ++i) weights_[static_cast<size_t>(order_[i])] = 0;
+  return token;
 }
 
 std::vector<token_logprob> sampler::top_logprobs(const float* logits, int32_t vocab_size,

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/common/error.hpp"
@@ -117,15 +118,24 @@ class sampler {
   /// l_i += bias_i (logit_bias); where i occurs in the context, l_i = l_i > 0 ? l_i / r : l_i * r
   /// (repetition_penalty r); l_i -= frequency * c_i; l_i -= presence * (c_i > 0), with c_i the
   /// times i occurs among the context's generated tokens; a finite logit the arithmetic pushed
-  /// past the float range is clamped back to +-FLT_MAX. Every step below ranks and weighs the
-  /// adjusted logits (the logprobs stay those of the raw ones). Then e_i = exp((l_i - l_max) / T), T = max(temperature, temperature_min), computed
-  /// sequentially in index order; then top-k (the k largest logits, ties by lower id); then
-  /// top-p (rank the survivors by logit descending, ties by lower id, keep the shortest prefix
-  /// whose mass is >= top_p of the survivors' mass, at least one token); then min-p (keep
-  /// p_i >= min_p * p_max, i.e. e_i >= min_p since e_max = 1). The survivors' e_i become 32.32
-  /// fixed-point weights w_i = floor(e_i * 2^32), i.e. p_i / p_max * 2^32, summed in uint64 in
-  /// ascending token order; u = uniform_below(sum of w) and the token is the first whose
-  /// cumulative weight exceeds u. A token whose weight rounds to 0 (e_i < 2^-32) is never drawn.
+  /// past the float range is clamped back to +-FLT_MAX.
+  /// Every step below ranks and weighs the adjusted logits (the logprobs stay those of the raw
+  /// ones). Then e_i = exp((l_i - l_max) / T), T = max(temperature, temperature_min) (std::exp
+  /// in float). Then top-k (the k largest
+  /// logits, ties by lower id); then top-p over the survivors, ranked by logit descending, ties by
+  /// lower id: keep the shortest prefix whose mass is >= top_p of the survivors' mass, where a
+  /// token's mass is the 21.43 fixed-point floor(e_i * 2^43) and the comparison is exact
+  /// integer arithmetic (at least one token); then min-p (keep p_i >= min_p * p_max, i.e.
+  /// e_i >= min_p since e_max = 1). The survivors' e_i become 32.32 fixed-point weights
+  /// w_i = floor(e_i * 2^32), i.e. p_i / p_max * 2^32, summed in uint64; u = uniform_below(sum
+  /// of w) and the token is the first, in ascending token order, whose cumulative weight exceeds
+  /// u. A token whose weight rounds to 0 (e_i < 2^-32) is never drawn.
+  ///
+  /// Cost: no full sort. Top-k and top-p bucket the tokens by e in quarter octaves (a function
+  /// of the logit, so buckets are slices of the ranking), keep the buckets above the cut whole
+  /// and rank only the bucket the cut falls in; e is computed for top-k's survivors only; the
+  /// CDF runs over the kept tokens. The returned logprob's normalizer sums the kernels'
+  /// vectorized exp (kernels/cpu/exp.hpp) in double, eight interleaved partial sums.
   [[nodiscard]] sample_result sample(const float* logits, int32_t vocab_size,
                                      const sampling_params& params, uint64_t seed,
                                      int64_t position, const token_context& context = {},
@@ -137,12 +147,25 @@ class sampler {
                       const token_context& context);
   /// Applies the repetition, frequency and presence penalties to adjusted_.
   void apply_penalties(int32_t vocab_size, const sampling_params& params, const token_context& context);
-  /// Fills exps_ with exp((l_i - l_max) / T); returns l_max.
-  float compute_exps(const float* logits, int32_t vocab_size, float temperature);
-  /// Applies top-k and top-p; leaves the survivors' ids in order_[0, n) and returns n.
-  int32_t select_top(const float* logits, int32_t vocab_size, const sampling_params& params);
-  /// Builds the fixed-point CDF over survivors that also pass min-p, and draws a token.
-  int32_t draw(int32_t num_candidates, int32_t vocab_size, float min_p, random_stream& stream);
+  /// The largest logit (asserting that none is NaN or +inf and one is finite).
+  static float max_logit(const float* logits, int32_t vocab_size);
+  /// Sets exps_[id] = exp((l_id - l_max) / T) for the ids in order_[0, num_candidates).
+  void compute_exps(const float* logits, int32_t num_candidates, float logit_max, float temperature);
+  /// Applies top-k and top-p; leaves the survivors' ids in order_[0, n), in no particular
+  /// order, and returns n (tokens of zero weight may be left out).
+  int32_t select_top(const float* logits, int32_t vocab_size, float logit_max, float temperature,
+                     const sampling_params& params);
+  /// Fills bucket_ and puts the ids outside the negligible bucket in order_[0, n); returns n.
+  int32_t assign_buckets(const float* logits, int32_t vocab_size, float logit_max, float temperature);
+  /// Reorders order_[0, num): buckets above `bucket` first, then `bucket`'s ids, then the rest;
+  /// returns where `bucket`'s ids begin and end.
+  std::pair<int32_t*, int32_t*> split_at_bucket(int32_t num, int32_t bucket);
+  /// Keeps the top_k best of order_[0, num_candidates) in order_[0, top_k); returns top_k.
+  int32_t keep_top_k(const float* logits, int32_t num_candidates, int32_t top_k);
+  /// Keeps the top-p prefix of order_[0, num_candidates) in order_[0, n); returns n.
+  int32_t keep_top_p(const float* logits, int32_t num_candidates, float top_p);
+  /// Builds the fixed-point CDF over the candidates that also pass min-p, and draws a token.
+  int32_t draw(int32_t num_candidates, float min_p, random_stream& stream);
   /// The `num` tokens with the highest raw logits, descending, ties by lower id.
   std::vector<token_logprob> top_logprobs(const float* logits, int32_t vocab_size, int32_t num,
                                           double log_normalizer);
@@ -150,9 +173,11 @@ class sampler {
   std::vector<float> adjusted_;   // (vocab) logits after bias and penalties
   std::vector<int32_t> counts_;   // (vocab) times generated in the context; all 0 between calls
   std::vector<uint8_t> seen_;     // (vocab) 1 if in the context; all 0 between calls
-  std::vector<float> exps_;      // (vocab) exp((l_i - l_max) / T)
-  std::vector<int32_t> order_;   // (vocab) token ids, a prefix ranked by logit
-  std::vector<uint8_t> chosen_;  // (vocab) 1 if the token survived top-k and top-p
+  std::vector<float> exps_;       // (vocab) exp((l_i - l_max) / T) of the candidates, then the
+                                  // raw logits' exp
+  std::vector<uint8_t> bucket_;   // (vocab) selection bucket of each token (sampler.cpp)
+  std::vector<int32_t> order_;    // (vocab) candidate token ids
+  std::vector<uint64_t> weights_; // (vocab) draw weights of the candidates; all 0 between calls
 };
 
 /// One-off form of `sampler::sample` (allocates its scratch buffers on every call).
