@@ -1,6 +1,7 @@
 #include "actors/cache_tier_actor.hpp"
 
 #include <optional>
+#include <string>
 #include <utility>
 
 #include <caf/all.hpp>
@@ -21,6 +22,11 @@ using cache_tier_pointer = cache_tier_actor::stateful_pointer<cache_tier_state>;
 
 int64_t now_ns(cache_tier_pointer self) { return ns_since_epoch(self->clock().now()); }
 
+msg::tier_report report(kv::tier_store& s, int64_t now) {
+  (void)s.expire(now);
+  return {s.num_blocks(), s.capacity_blocks(), s.num_hits(), s.num_evictions(), s.num_expirations()};
+}
+
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store) {
   self->state.store.emplace(std::move(store));
   guard_boundary(self);
@@ -38,6 +44,14 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         if (b == nullptr) return {};
         return msg::tier_got{true, *b};
       },
+      [=](msg::tier_fetch& q) -> caf::result<msg::tier_blocks> {
+        if (q.first_block < 0 || q.num_blocks_max < 0)
+          return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
+                                                                 " and num_blocks_max " + std::to_string(q.num_blocks_max) +
+                                                                 " must be >= 0");
+        return msg::tier_blocks{self->state.store->get_prefix(q.tokens, q.first_block, q.num_blocks_max, now_ns(self))};
+      },
+      [=](stats_atom) { return report(*self->state.store, now_ns(self)); },
   };
 }
 
