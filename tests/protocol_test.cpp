@@ -242,7 +242,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::tier_got{true, full_kv_block()});
   expect_round_trip(msg::tier_fetch{{1, 2, 3, 4}, 1, 2});
   expect_round_trip(msg::tier_blocks{{full_kv_block()}});
-  expect_round_trip(msg::tier_report{1, 2, 3, 4, 5});
+  expect_round_trip(msg::tier_report{1, 2, 3, 4, 5, 6, 7, 8, 9});
   expect_round_trip(some<actors::request_actor>());
   expect_round_trip(some<actors::executor_actor>());
   expect_round_trip(actors::engine_list{some<actors::engine_actor>(), other<actors::engine_actor>()});

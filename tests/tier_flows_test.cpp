@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -210,6 +211,27 @@ TEST_F(TierFlows, BlocksExpireByTheirRequestsClassOnTheActorSystemsClock) {
   EXPECT_EQ(c_again.end.num_cached_tokens, 64);  // from the host tier
   expect_same(a_again, a);
   expect_same(c_again, c);
+}
+
+TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
+  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/disk";
+  std::filesystem::remove_all(dir);
+  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});  // one prompt's blocks
+  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16});
+  ASSERT_TRUE(store.has_value() && disk.has_value());
+  start(5, actors::spawn_cache_tier(sys_, std::move(*store), std::move(*disk)));
+  const actors::completion a = complete(request(prompt_a, 7));
+  (void)complete(request(prompt_c, 9));                   // A's blocks demoted to the host tier
+  (void)complete(request(golden_prompt(3, 65), 11));      // C's too, pushing A's down to disk
+  EXPECT_EQ(tier_lookup(prompt_a), 0);                    // not in memory
+  const actors::completion a_again = complete(request(prompt_a, 7));
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);           // from disk, through the host tier
+  expect_same(a_again, a);
+  const msg::tier_report r = ask_idle<msg::tier_report>(sys_, sched_, tier_, actors::stats_atom::value);
+  EXPECT_EQ(r.num_disk_hits, 4);
+  EXPECT_EQ(r.num_disk_puts, 8);  // A's 4, then C's 4 when the second A's promotion demoted D's
+  EXPECT_EQ(r.num_disk_refused, 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(TierFlows, ATierThatNeverAnswersCostsOnlyTheWaitAndTheEngineServesOthersMeanwhile) {

@@ -253,6 +253,27 @@ TEST(TierStore, GetPrefixCopiesTheBlocksAfterAnEnginesOwnPrefixAndUsesThem) {
   tier.check_invariants();
 }
 
+TEST(TierStore, GetPrefixTakesTheBlocksItLacksFromTheTierBelow) {
+  tier_store tier = make_tier(8);
+  const std::vector<int32_t> tokens = token_range(17, 1);  // 4 full blocks and 1 token
+  (void)put(tier, block_of(tokens, 0), cache_class::chat, 0);
+  (void)put(tier, block_of(tokens, 2), cache_class::chat, 0);
+  std::vector<uint64_t> asked;
+  const tier_store::lower_tier lower = [&](uint64_t hash) -> std::optional<kv_block> {
+    asked.push_back(hash);
+    if (hash == block_of(tokens, 1).hash) return block_of(tokens, 1);
+    if (hash == block_of(tokens, 3).hash) return block_of(token_range(17, 50), 3);  // another chain's: refused
+    return std::nullopt;
+  };
+  const std::vector<kv_block> got = tier.get_prefix(tokens, 0, 4, 1, lower);
+  ASSERT_EQ(got.size(), 3u);  // 0 here, 1 below, 2 here; 3 below is not the query's block
+  for (int32_t i = 0; i < 3; i++) EXPECT_TRUE(testing::same_block(got[static_cast<size_t>(i)], block_of(tokens, i)));
+  EXPECT_EQ(asked, (hashes{block_of(tokens, 1).hash, block_of(tokens, 3).hash}));  // only for what it lacks
+  EXPECT_EQ(tier.num_hits(), 2);
+  EXPECT_EQ(tier.num_blocks(), 2);  // a block from below is not kept here
+  tier.check_invariants();
+}
+
 TEST(TierStoreDeathTest, MisuseIsAProgrammerError) {
   tier_store tier = make_tier(2);
   const kv_block b = block_of(token_range(4, 1), 0);

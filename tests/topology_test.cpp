@@ -287,6 +287,12 @@ TEST(Topology, AHostTierIsReadPerNodeAndSharedByEnginesOfOneShape) {
   ASSERT_TRUE(tier) << tier.error().message;
   EXPECT_EQ(tier->nodes[0].host_tier_blocks, 4096);
   EXPECT_EQ(tier->nodes[0].host_tier_fetch_timeout_ms, 1);
+  EXPECT_EQ(tier->nodes[0].disk_tier_dir, "");
+  auto disk = parse(k_node0 + "host_tier_blocks = 8\ndisk_tier_dir = \"kv-cache\"\ndisk_tier_mib = 4\n" + k_balancer +
+                    k_engine0);
+  ASSERT_TRUE(disk) << disk.error().message;
+  EXPECT_EQ(disk->nodes[0].disk_tier_dir, (fs::path(examples_dir) / "kv-cache").lexically_normal().string());
+  EXPECT_EQ(disk->nodes[0].disk_tier_mib, 4);
   // Without a tier, engines of one node may differ.
   auto mixed = parse(k_valid + engine_text("engine1", "mixed") + "block_size = 32\n");
   ASSERT_TRUE(mixed) << mixed.error().message;
@@ -484,7 +490,19 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_node_key_lists_kv_port",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkvport = 2\n",
                  "topology.toml:5: node 'node0': unknown key 'kvport' (expected one of: name, "
-                 "host, port, kv_port, certificate, key, host_tier_blocks, host_tier_fetch_timeout_ms)"},
+                 "host, port, kv_port, certificate, key, host_tier_blocks, host_tier_fetch_timeout_ms, "
+                 "disk_tier_dir, disk_tier_mib)"},
+        bad_file{"disk_tier_dir_without_mib",
+                 k_node0 + "host_tier_blocks = 8\ndisk_tier_dir = \"kv\"\n" + k_balancer + k_engine0,
+                 "topology.toml:6: node 'node0': disk_tier_dir and disk_tier_mib go together: set both or neither"},
+        bad_file{"disk_tier_mib_without_dir", k_node0 + "host_tier_blocks = 8\ndisk_tier_mib = 4\n" + k_balancer + k_engine0,
+                 "topology.toml:6: node 'node0': disk_tier_dir and disk_tier_mib go together: set both or neither"},
+        bad_file{"disk_tier_without_host_tier",
+                 k_node0 + "disk_tier_dir = \"kv\"\ndisk_tier_mib = 4\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': a disk tier holds what the host tier evicts: set host_tier_blocks too"},
+        bad_file{"disk_tier_mib_zero",
+                 k_node0 + "host_tier_blocks = 8\ndisk_tier_dir = \"kv\"\ndisk_tier_mib = 0\n" + k_balancer + k_engine0,
+                 "topology.toml:7: node 'node0': key 'disk_tier_mib' must be in 1..2147483647, got 0"},
         // The host tier.
         bad_file{"host_tier_blocks_negative", k_node0 + "host_tier_blocks = -1\n" + k_balancer + k_engine0,
                  "topology.toml:5: node 'node0': key 'host_tier_blocks' must be in 0..2147483647, got -1"},

@@ -65,7 +65,13 @@ expected<actors::cache_tier_actor> spawn_host_tier(caf::actor_system& sys, const
   config.capacity_blocks = node.host_tier_blocks;
   auto store = kv::tier_store::create(config);
   if (!store) return fail(store.error().code, "node '" + node.name + "': host tier: " + store.error().message);
-  return actors::spawn_cache_tier(sys, std::move(*store));
+  std::optional<tiers::disk_tier> disk;
+  if (!node.disk_tier_dir.empty()) {
+    auto opened = tiers::disk_tier::open({node.disk_tier_dir, int64_t{node.disk_tier_mib} << 20, config.block_size});
+    if (!opened) return fail(opened.error().code, "node '" + node.name + "': disk tier: " + opened.error().message);
+    disk = std::move(*opened);
+  }
+  return actors::spawn_cache_tier(sys, std::move(*store), std::move(disk));
 }
 
 balance::engine_kind kind_of(engine_role role) {
@@ -161,7 +167,10 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     return tl::unexpected(tier.error());
   } else if (*tier) {
     out.host_tier = *tier;
-    out.summary.push_back("host cache tier: " + std::to_string(node->host_tier_blocks) + " KV blocks");
+    out.summary.push_back("host cache tier: " + std::to_string(node->host_tier_blocks) + " KV blocks" +
+                          (node->disk_tier_dir.empty() ? std::string()
+                                                       : ", over a disk tier of " + std::to_string(node->disk_tier_mib) +
+                                                             " MiB in " + node->disk_tier_dir));
   }
   const node_resources shared{*node, out.ucx, out.host_tier};
   for (size_t i = 0; i < t.engines.size(); i++) {

@@ -282,12 +282,32 @@ struct scope {
   return {};
 }
 
+/// disk_tier_dir (relative to the file) and disk_tier_mib come together, below a host tier.
+[[nodiscard]] expected<void> read_disk_tier(const context& ctx, const toml::table& table, const scope& where,
+                                            node_spec& node) {
+  const bool has_dir = table.get("disk_tier_dir") != nullptr;
+  if (has_dir != (table.get("disk_tier_mib") != nullptr))
+    return malformed(ctx, line_of_key(table, has_dir ? "disk_tier_dir" : "disk_tier_mib"), where.label,
+                     "disk_tier_dir and disk_tier_mib go together: set both or neither");
+  if (!has_dir) return {};
+  if (node.host_tier_blocks == 0)
+    return malformed(ctx, line_of_key(table, "disk_tier_dir"), where.label,
+                     "a disk tier holds what the host tier evicts: set host_tier_blocks too");
+  auto dir = read_string(ctx, table, where, "disk_tier_dir");
+  if (!dir) return tl::unexpected(dir.error());
+  node.disk_tier_dir = (fs::path(ctx.base_dir) / *dir).lexically_normal().string();
+  auto mib = read_int(ctx, table, where, "disk_tier_mib", std::nullopt, 1);
+  if (!mib) return tl::unexpected(mib.error());
+  node.disk_tier_mib = *mib;
+  return {};
+}
+
 [[nodiscard]] expected<node_spec> read_node(const context& ctx, const toml::table& table,
                                             size_t index, bool tls) {
   const scope where{label_of("node", table, index), line_of(table)};
   if (auto ok = check_known_keys(ctx, table, where,
                                  {"name", "host", "port", "kv_port", "certificate", "key", "host_tier_blocks",
-                                  "host_tier_fetch_timeout_ms"});
+                                  "host_tier_fetch_timeout_ms", "disk_tier_dir", "disk_tier_mib"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -320,6 +340,7 @@ struct scope {
   auto fetch_timeout = read_int(ctx, table, where, "host_tier_fetch_timeout_ms", node.host_tier_fetch_timeout_ms, 1, 60000);
   if (!fetch_timeout) return tl::unexpected(fetch_timeout.error());
   node.host_tier_fetch_timeout_ms = *fetch_timeout;
+  if (auto ok = read_disk_tier(ctx, table, where, node); !ok) return tl::unexpected(ok.error());
   TROUPE_ASSERT(node.port >= 1);
   TROUPE_ASSERT(node.kv_port >= 1);
   return node;

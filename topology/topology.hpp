@@ -45,6 +45,8 @@
 ///                                      #   engines (which must then run one model and block size)
 ///   host_tier_fetch_timeout_ms = 50    #   optional, 1..60000, default 50: how long a request
 ///                                      #   waits for the tier's blocks before recomputing them
+///   disk_tier_dir = "kv-cache"         #   optional (with disk_tier_mib and host_tier_blocks): a
+///   disk_tier_mib = 1024               #   disk tier below the host tier, relative to the file
 ///
 ///   [load_balancer]                    # required table
 ///   node = "node0"                     #   required, names a [[node]]
@@ -120,6 +122,10 @@ struct node_spec {
   int32_t host_tier_blocks = 0;
   /// How long a request waits for the host tier's blocks before it recomputes them.
   int32_t host_tier_fetch_timeout_ms = 50;
+  /// The disk tier below the host tier (tiers/disk_tier.hpp): its directory (absolute) and
+  /// capacity; "" = none.
+  std::string disk_tier_dir;
+  int32_t disk_tier_mib = 0;
 };
 
 /// How a prefill engine ships a request's KV cache to the decode engine that continues it.

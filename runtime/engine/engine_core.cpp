@@ -512,6 +512,10 @@ void engine_core::check_tier_state() const {
   }
   for (size_t b = 0; b < promoted_.size(); b++)
     TROUPE_ASSERT_MSG(!promoted_[b] || blocks_->is_cached(static_cast<kv::block_id>(b)), "a promoted block lost its hash");
+  check_pending_promotions();
+}
+
+void engine_core::check_pending_promotions() const {
   for (const auto& [block, p] : pending_promotions_) {
     TROUPE_ASSERT_MSG(blocks_->is_cached(block), "a pending promotion into a block that was evicted");
     TROUPE_ASSERT(p.kv.num_tokens == config_.block_size && p.kv.consistent());
@@ -527,6 +531,7 @@ void engine_core::check_step() {
   TROUPE_ASSERT(requests_.size() <= samples_.size());
   TROUPE_ASSERT(blocks_sent_.size() <= samples_.size() && pending_imports_.size() <= samples_.size());
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
+  check_pending_promotions();
   if (++num_step_checks_ % full_check_interval == 0) check_invariants(/*deep=*/false);
 }
 

@@ -224,6 +224,8 @@ class engine_core {
   void note_tier_use(const exec_chunk& chunk, kv::cache_class cls);
   /// The host tier's bookkeeping: promoted and pending-promotion blocks are cached.
   void check_tier_state() const;
+  /// Each pending promotion's block is still cached, its KV one whole block (per step: few).
+  void check_pending_promotions() const;
   /// Whether `b` may join a promotion into the pool after `parent` (nullptr: the first).
   [[nodiscard]] bool promotable(const kv::kv_block& b, const kv::kv_block* parent) const;
   /// Adds the pending demotions and promotions to `plan` (demotions are read before any write).

@@ -101,7 +101,7 @@ const kv_block* tier_store::get(uint64_t hash, int64_t now_ns) {
 }
 
 std::vector<kv_block> tier_store::get_prefix(const std::vector<int32_t>& tokens, int32_t first_block,
-                                            int32_t num_blocks_max, int64_t now_ns) {
+                                            int32_t num_blocks_max, int64_t now_ns, const lower_tier& lower) {
   TROUPE_ASSERT(first_block >= 0 && num_blocks_max >= 0);
   advance_clock(now_ns);
   const std::vector<uint64_t> hashes = chain_hashes(tokens, config_.block_size);
@@ -110,9 +110,13 @@ std::vector<kv_block> tier_store::get_prefix(const std::vector<int32_t>& tokens,
   for (size_t i = size_t(first_block); i < end; i++) {
     const uint64_t parent = i == 0 ? root_hash_seed : hashes[i - 1];
     const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(i * size_t(config_.block_size));
-    const kv_block* b = get(hashes[i], now_ns);
-    if (b == nullptr || b->parent_hash != parent || !std::equal(b->tokens.begin(), b->tokens.end(), first)) break;
-    out.push_back(*b);
+    std::optional<kv_block> b;
+    if (const kv_block* held = get(hashes[i], now_ns)) b = *held;
+    else if (lower) b = lower(hashes[i]);
+    if (!b || b->parent_hash != parent || b->tokens.size() != size_t(config_.block_size) ||
+        !std::equal(b->tokens.begin(), b->tokens.end(), first))
+      break;
+    out.push_back(std::move(*b));
   }
   return out;
 }
