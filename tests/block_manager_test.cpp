@@ -286,6 +286,28 @@ TEST(BlockManager, AnInsertedBlockIsAFreeCachedBlockThatAPrefixHits) {
   bm.check_invariants();
 }
 
+TEST(BlockManager, RefreshMovesAHitsFreeBlocksToTheBackHeadLast) {
+  auto bm = make(5, 4);
+  const auto a = token_range(12, 0);  // 3 full blocks
+  allocate_new(bm, 1, 12);
+  bm.commit(1, a, 12);
+  bm.free(1);
+  EXPECT_EQ(bm.free_queue(), (ids{3, 4, 2, 1, 0}));
+  allocate_new(bm, 2, 4);  // takes 3; holds nothing of a
+  const prefix_hit hit = bm.find_prefix(concat(a, {7}));
+  ASSERT_EQ(hit.blocks, (ids{0, 1, 2}));
+  EXPECT_EQ(bm.refresh(prefix_hit{{0, 1}, 8}), 2);
+  EXPECT_EQ(bm.free_queue(), (ids{4, 2, 1, 0}));  // already tail first: 1 then 0 at the back
+  bm.check_invariants();
+  EXPECT_EQ(bm.refresh(hit), 3);
+  EXPECT_EQ(bm.free_queue(), (ids{4, 2, 1, 0}));
+  bm.allocate(3, 9, prefix_hit{{0}, 4});  // holds block 0, and takes 4 and 2 from the front
+  EXPECT_EQ(bm.free_queue(), (ids{1}));
+  EXPECT_EQ(bm.refresh(prefix_hit{{0, 1}, 8}), 1);  // block 0 is held: only block 1 moves
+  EXPECT_EQ(bm.free_queue(), (ids{1}));
+  bm.check_invariants();
+}
+
 TEST(BlockManager, HitBlocksInTheFreeQueueAreNotFreshBlocks) {
   auto bm = make(4, 4);
   const auto a = token_range(12, 0);

@@ -397,11 +397,37 @@ TEST(EngineHost, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
                  (effects{reject{1, errc::invalid_argument, "duplicate request id 1", true}}));
   EXPECT_EFFECTS(host->release(1, 200), effects{});
   EXPECT_EQ(host->stats(200).num_waiting, 0);
-  // The answer still fills the pool (the blocks came), but queues nothing.
+  // The answer is dropped: nothing queued, nothing promoted.
   EXPECT_EFFECTS(ex.take_plans(host->tier_answered(1, {tier_block(r.prompt, 0)}, 300)), effects{});
   EXPECT_TRUE(ex.in_flight.empty());
-  EXPECT_EQ(host->stats(300).core.num_promoted_blocks, 1);
+  EXPECT_EQ(host->stats(300).core.num_promoted_blocks, 0);
   EXPECT_EQ(host->num_live(), 0u);
+}
+
+TEST(EngineHost, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
+  auto host = make_host(tier_options(/*num_kv_blocks=*/4));
+  fake_executor ex;
+  const request a = tier_request(1);
+  (void)host->submit(a, 100);
+  (void)ex.take_plans(host->tier_answered(1, {}, 110));
+  (void)ex.answer(*host, 200);
+  (void)ex.answer(*host, 300);  // a used blocks 0, 1, 2: the free queue is 3, 2, 1, 0
+  request b = tier_request(2);
+  b.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};
+  (void)host->submit(b, 400);
+  (void)ex.take_plans(host->tier_answered(2, {}, 410));  // b takes 3, 2, 1: a's block 1 is evicted
+  (void)ex.answer(*host, 500);
+  (void)ex.answer(*host, 600);
+  EXPECT_EQ(host->num_live(), 0u);
+  // a's block 0 survived, at the front of the free queue: the tier is asked for block 1 only ...
+  EXPECT_EFFECTS(host->submit(tier_request(3), 700), (effects{watch_caller{3}, fetch_blocks{3, a.prompt, 1, 1}}));
+  // ... and promoting it must not evict block 0 (the queue's front) to make room.
+  (void)ex.take_plans(host->tier_answered(3, {tier_block(a.prompt, 1)}, 710));
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 8);
+  const engine_stats s = host->stats(710).core;
+  EXPECT_EQ(s.num_prefix_hit_tokens, 8);
+  EXPECT_EQ(s.num_host_hit_tokens, 4);
 }
 
 TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {

@@ -287,10 +287,11 @@ bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) 
          b.kv_dim == model_.kv_dim() && (parent == nullptr || b.parent_hash == parent->hash);
 }
 
-int32_t engine_core::promote(std::vector<kv::kv_block> blocks) {
+int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks) {
   TROUPE_ASSERT_MSG(config_.host_tier, "promote without a host tier");
   int32_t num_promoted = 0;
-  int32_t num_free = blocks_->num_free_blocks();  // beyond these, a pop would evict this call's own blocks
+  // Beyond these, a pop would evict the prefix being extended or this call's own blocks.
+  int32_t num_free = blocks_->num_free_blocks() - blocks_->refresh(blocks_->find_prefix(tokens));
   for (size_t i = 0; i < blocks.size(); i++) {
     kv::kv_block& b = blocks[i];
     if (!promotable(b, i == 0 ? nullptr : &blocks[i - 1])) break;

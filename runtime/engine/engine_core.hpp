@@ -115,13 +115,15 @@ class engine_core {
   /// Whether add_request / add_prefill would accept `r` (its checks, without queueing it).
   [[nodiscard]] expected<void> check_request(const request& r) const { return check_new(r); }
 
-  /// Host tier: puts `blocks` (from the tier, in chain order) into the prefix cache as free
-  /// cached blocks (block_manager::insert_cached), their KV written by the next plan before it
-  /// computes anything, so a request admitted after this call hits them like any cached block
-  /// and the hit rule applies as usual. Skips blocks cached already; stops at the first block
-  /// that is not whole (kv::validate), not of this model's shape or not the previous one's child,
-  /// and when no free block is left that this call did not fill. Returns how many it put.
-  int32_t promote(std::vector<kv::kv_block> blocks);
+  /// Host tier: puts `blocks` (from the tier, in chain order, following the pool's own prefix of
+  /// `tokens`) into the prefix cache as free cached blocks (block_manager::insert_cached), their
+  /// KV written by the next plan before it computes anything, so a request for `tokens` admitted
+  /// after this call hits them like any cached block and the hit rule applies as usual. The
+  /// pool's prefix of `tokens` is refreshed first (block_manager::refresh) so that the inserts
+  /// do not evict it. Skips blocks cached already; stops at the first block that is not whole
+  /// (kv::validate), not of this model's shape or not the previous one's child, and when no
+  /// free block is left but the prefix's and this call's. Returns how many it put.
+  int32_t promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks);
 
   /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
   [[nodiscard]] std::vector<demoted_block> take_demoted();

@@ -167,9 +167,11 @@ bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff
 
 effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns) {
   effects out;
-  if (!blocks.empty()) (void)core_->promote(std::move(blocks));  // wanted or not, they are fetched
   auto it = tier_waits_.find(id);
   if (it == tier_waits_.end()) return out;  // released, or its caller died, meanwhile
+  const request& r = it->second.req;
+  const std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (it->second.handoff ? 1 : 0));
+  if (!blocks.empty()) (void)core_->promote(tokens, std::move(blocks));
   tier_wait w = std::move(it->second);
   tier_waits_.erase(it);
   admit_waited(std::move(w), out, now_ns);

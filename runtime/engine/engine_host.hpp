@@ -199,8 +199,9 @@ class engine_host {
   /// The timer armed by arm_report_timer fired.
   [[nodiscard]] effects report_timer(int64_t now_ns);
   /// The host tier answered `fetch_blocks` for `id` with `blocks` (none: a miss, an error or no
-  /// answer in time): they are promoted into the pool, then the request — if it is still
-  /// wanted — is queued, so its prefill skips what the pool now holds (the hit rule applies).
+  /// answer in time). If the request still waits (not released meanwhile), they are promoted
+  /// into the pool after its own prefix (engine_core::promote) and the request is queued, so its
+  /// prefill skips what the pool now holds (the hit rule applies); else the answer is dropped.
   [[nodiscard]] effects tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns);
 
   [[nodiscard]] int64_t generation() const { return generation_; }

@@ -339,6 +339,18 @@ block_id block_manager::insert_cached(uint64_t parent_hash, const std::vector<in
   return block;
 }
 
+int32_t block_manager::refresh(const prefix_hit& hit) {
+  check_hit(hit);
+  int32_t num_free = 0;
+  for (auto b = hit.blocks.rbegin(); b != hit.blocks.rend(); ++b) {
+    if (refcount_[*b] != 0) continue;
+    free_queue_unlink(*b);
+    free_queue_push_back(*b);
+    num_free++;
+  }
+  return num_free;
+}
+
 std::vector<evicted_block> block_manager::take_evictions() {
   std::vector<evicted_block> out = std::move(evictions_);
   evictions_.clear();

@@ -122,6 +122,11 @@ class block_manager {
   /// hash not indexed yet (`has_block`). The caller writes the block's KV before a step reads it.
   [[nodiscard]] block_id insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens);
 
+  /// Moves the hit's blocks that are free to the back of the free queue (tail first, so its
+  /// head is evicted last), as if just freed: a prefix about to be extended is not evicted by
+  /// the allocations that extend it. Returns how many were free.
+  int32_t refresh(const prefix_hit& hit);
+
   /// The evictions since the last call, in order (always empty without record_evictions).
   [[nodiscard]] std::vector<evicted_block> take_evictions();
 
