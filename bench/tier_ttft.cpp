@@ -7,8 +7,9 @@
 // Each round uses two prompts of 480 random token ids (BOS first; 94% of the 512-token context):
 // A, then B (whose 31 blocks evict A's from a pool of 32), then A again, 1 new token each,
 // greedy. The node runs once with a host tier (`host_tier_blocks` = 256: B's allocation demotes
-// A's 30 cached blocks there and the second A gets 29 of them back, 464 tokens, all the hit rule
-// allows) and once without (the second A recomputes all 480). Reported: the second A's TTFT per
+// A's cached blocks there; the second A finds its first 2 blocks still in the pool and gets the
+// next 27 back from the tier, 464 tokens in all, what the hit rule allows) and once without (the
+// second A finds the same 2 blocks and recomputes the other 448 tokens). Reported: the second A's TTFT per
 // round and its mean both ways, the ratio, the cached tokens, and whether the tokens agree.
 
 #include <cstdio>
