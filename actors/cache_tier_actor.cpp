@@ -1,9 +1,12 @@
 #include "actors/cache_tier_actor.hpp"
 
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/boundary.hpp"
 #include "actors/clock.hpp"
@@ -14,6 +17,10 @@ namespace {
 
 struct cache_tier_state {
   std::optional<kv::tier_store> store;
+  std::optional<tiers::disk_tier> disk;
+  int64_t num_disk_puts = 0;     // evicted blocks written to the disk tier
+  int64_t num_disk_refused = 0;  // evicted blocks it refused (full, or an I/O error)
+  int64_t num_disk_hits = 0;     // blocks a fetch read back from it
   static inline const char* name = "cache_tier";
 };
 
@@ -21,8 +28,43 @@ using cache_tier_pointer = cache_tier_actor::stateful_pointer<cache_tier_state>;
 
 int64_t now_ns(cache_tier_pointer self) { return ns_since_epoch(self->clock().now()); }
 
-cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store) {
+msg::tier_report report(cache_tier_state& st, int64_t now) {
+  kv::tier_store& s = *st.store;
+  (void)s.expire(now);
+  const int64_t num_disk_blocks = st.disk ? st.disk->num_blocks() : 0;
+  return {s.num_blocks(),   s.capacity_blocks(),  s.num_hits(),       s.num_evictions(), s.num_expirations(),
+          num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits};
+}
+
+/// Host-tier evictions go down to the disk tier, if there is one; a refusal drops the block.
+void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evicted) {
+  if (!st.disk) return;
+  for (const kv::kv_block& b : evicted) {
+    const expected<void> ok = st.disk->put(b);
+    if (ok) {
+      st.num_disk_puts++;
+      continue;
+    }
+    if (st.num_disk_refused++ == 0)  // once: a full disk tier refuses every block
+      spdlog::warn("cache tier: the disk tier refused a block: {}", ok.error().message);
+  }
+}
+
+msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
+  kv::tier_store::lower_tier lower;
+  if (st.disk)
+    lower = [&st](uint64_t hash) {
+      std::optional<kv::kv_block> b = st.disk->get(hash);
+      if (b) st.num_disk_hits++;
+      return b;
+    };
+  return msg::tier_blocks{st.store->get_prefix(q.tokens, q.first_block, q.num_blocks_max, now, lower)};
+}
+
+cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,
+                                                    std::optional<tiers::disk_tier> disk) {
   self->state.store.emplace(std::move(store));
+  self->state.disk = std::move(disk);
   guard_boundary(self);
   return {
       [=](msg::tier_lookup& q) -> int32_t { return self->state.store->longest_prefix(q.tokens, now_ns(self)); },
@@ -31,20 +73,31 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         if (auto ok = kv::validate(p.block, s.block_size()); !ok)
           return caf::make_error(caf::sec::invalid_argument, ok.error().message);
         if (!kv::is_valid(p.cls)) return caf::make_error(caf::sec::invalid_argument, "not a cache_class");
-        return static_cast<int64_t>(s.put(std::move(p.block), p.cls, now_ns(self)).size());
+        const std::vector<kv::kv_block> evicted = s.put(std::move(p.block), p.cls, now_ns(self));
+        demote_to_disk(self->state, evicted);
+        return static_cast<int64_t>(evicted.size());
       },
       [=](msg::tier_get& g) -> msg::tier_got {
         const kv::kv_block* b = self->state.store->get(g.hash, now_ns(self));
         if (b == nullptr) return {};
         return msg::tier_got{true, *b};
       },
+      [=](msg::tier_fetch& q) -> caf::result<msg::tier_blocks> {
+        if (q.first_block < 0 || q.num_blocks_max < 0)
+          return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
+                                                                 " and num_blocks_max " + std::to_string(q.num_blocks_max) +
+                                                                 " must be >= 0");
+        return fetch(self->state, q, now_ns(self));
+      },
+      [=](stats_atom) { return report(self->state, now_ns(self)); },
   };
 }
 
 }  // namespace
 
-cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store) {
-  return sys.spawn(cache_tier_behavior, std::move(store));
+cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, std::optional<tiers::disk_tier> disk) {
+  if (disk) TROUPE_ASSERT_MSG(disk->block_size() == store.block_size(), "a disk tier of another block size");
+  return sys.spawn(cache_tier_behavior, std::move(store), std::move(disk));
 }
 
 }  // namespace troupe::actors

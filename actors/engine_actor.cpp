@@ -39,7 +39,9 @@ struct engine_state {
 using engine_actor_t = engine_actor::stateful_base<engine_state>;
 
 engine::engine_host_options host_options(const engine_options& o) {
-  return {o.checkpoint ? o.checkpoint->config() : o.model, o.bos_id, o.eos_id, o.config, o.max_waiting,
+  engine::engine_config config = o.config;
+  config.host_tier = static_cast<bool>(o.host_tier);
+  return {o.checkpoint ? o.checkpoint->config() : o.model, o.bos_id, o.eos_id, config, o.max_waiting,
           o.check_invariants_every, o.kv_sender != nullptr, o.kv_tag_base};
 }
 
@@ -109,6 +111,27 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   self->send(decode, std::move(m));
 }
 
+/// Asks the host tier for the blocks after the pool's prefix; no answer within the timeout (or an
+/// error) is an empty answer: the request recomputes those tokens.
+void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
+  const engine::request_id id = f.id;
+  self->request(self->state.options.host_tier, self->state.options.tier_fetch_timeout,
+                msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max})
+      .then([=](msg::tier_blocks& b) { perform(self, self->state.host->tier_answered(id, std::move(b.blocks), now_ns(self))); },
+            [=](caf::error& err) {
+              spdlog::debug("engine: the host tier did not serve request {}: {}", id, self->system().render(err));
+              perform(self, self->state.host->tier_answered(id, {}, now_ns(self)));
+            });
+}
+
+/// Stores demoted blocks in the host tier; its answers (blocks it evicted) are not awaited.
+void demote_to_tier(engine_actor_t* self, engine::demote_blocks& d) {
+  for (engine::demoted_block& b : d.blocks)
+    self->request(self->state.options.host_tier, caf::infinite, msg::tier_put{std::move(b.block), b.cls})
+        .then([](int64_t) {},
+              [=](caf::error& err) { spdlog::warn("engine: the host tier refused a block: {}", self->system().render(err)); });
+}
+
 /// Performs one effect of the host; `caller` is the actor the current call came from.
 struct performer {
   engine_actor_t* self;
@@ -145,6 +168,8 @@ struct performer {
   void operator()(engine::arm_report_timer& a) const {
     self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);
   }
+  void operator()(engine::fetch_blocks& f) const { fetch_from_tier(self, f); }
+  void operator()(engine::demote_blocks& d) const { demote_to_tier(self, d); }
   void operator()(engine::restart_executor&) const {
     self->demonitor(self->state.executor.address());
     self->send_exit(self->state.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
@@ -232,11 +257,30 @@ bool released_by_owner(engine_actor_t* self, engine::request_id id) {
 msg::engine_report stats(engine_actor_t* self) {
   const engine::engine_host_stats s = self->state.host->stats(now_ns(self));
   const cost::prediction_error& e = s.core.step_time_error;
-  return msg::engine_report{s.core.num_steps,       s.core.num_generated_tokens, s.core.num_preemptions,
-                            s.num_executor_failures, s.num_waiting,               s.num_requests,
-                            s.core.num_blocks_in_use, s.executor_busy_ns,        s.elapsed_ns,
-                            e.num_steps,             e.raw_mean(),                e.corrected_mean(),
-                            s.core.preempted_ns};
+  return msg::engine_report{s.core.num_steps,          s.core.num_generated_tokens, s.core.num_preemptions,
+                            s.num_executor_failures,    s.num_waiting,               s.num_requests,
+                            s.core.num_blocks_in_use,   s.executor_busy_ns,          s.elapsed_ns,
+                            e.num_steps,                e.raw_mean(),                e.corrected_mean(),
+                            s.core.num_prefix_hit_tokens, s.core.num_host_hit_tokens, s.core.num_demoted_blocks,
+                            s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
+                            0,                          s.core.preempted_ns};
+}
+
+/// The engine's report; with a host tier, completed by the tier's expirations when it answers
+/// (within the fetch timeout; the engine does not wait meanwhile).
+caf::result<msg::engine_report> report(engine_actor_t* self) {
+  const msg::engine_report r = stats(self);
+  if (!self->state.options.host_tier) return r;
+  auto promise = self->make_response_promise<msg::engine_report>();
+  self->request(self->state.options.host_tier, self->state.options.tier_fetch_timeout, stats_atom::value)
+      .then(
+          [=](msg::tier_report& t) mutable {
+            msg::engine_report out = r;
+            out.host_tier_expired_blocks = t.num_expirations;
+            promise.deliver(out);
+          },
+          [=](caf::error&) mutable { promise.deliver(r); });
+  return promise;
 }
 
 engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options options) {
@@ -270,7 +314,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         perform(self, self->state.host->report_to(r.engine_index, interval_ns, now_ns(self)));
       },
       [=](report_atom) { perform(self, self->state.host->report_timer(now_ns(self))); },
-      [=](stats_atom) { return stats(self); },
+      [=](stats_atom) { return report(self); },
       [=](executor_atom) { return self->state.executor; },
       [=](ping_atom) { return pong_atom::value; },  // the balancer's heartbeat
   };

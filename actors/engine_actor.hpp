@@ -15,14 +15,20 @@
 /// sends its balancer `load_report`s, at most one per interval and only after a change
 /// (an idle engine sets no timer).
 ///
+/// Host tier: given `host_tier`, blocks the pool evicts go to it (`tier_put`, answers not
+/// awaited) and a pool miss asks it (`tier_fetch`, a request with a timeout whose answer is a
+/// message like any other): the engine never blocks on the tier (actors/sync_guard.hpp).
+///
 /// Failure: if the executor fails (it replies with an error or dies), every unfinished request
 /// gets `rejected{internal}` (its KV is gone), the core is rebuilt empty and a new executor is
 /// spawned: the engine stays up for new work.
 
+#include <chrono>
 #include <functional>
 #include <memory>
 
 #include <caf/fwd.hpp>
+#include <caf/timespan.hpp>
 
 #include "actors/cluster_messages.hpp"
 #include "actors/protocols.hpp"
@@ -56,6 +62,11 @@ struct engine_options {
   /// and received from it; without one, KV travels inside the CAF handoff message.
   std::shared_ptr<transport::kv_sender> kv_sender;
   uint64_t kv_tag_base = 0;
+  /// The node's host-memory cache tier (issue 14, docs/kv-tiers.md); none: no tier. With one,
+  /// cached blocks the pool evicts are demoted to it and a request whose prompt the pool lacks
+  /// waits up to `tier_fetch_timeout` for the tier's blocks (then recomputes what is missing).
+  cache_tier_actor host_tier;
+  caf::timespan tier_fetch_timeout = std::chrono::milliseconds(50);
 };
 
 /// Spawns an engine and its executor. Fails (as a value) if the options are invalid or the

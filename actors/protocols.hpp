@@ -23,6 +23,7 @@
 #include "messages/client.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
+#include "messages/cache_tier.hpp"
 #include "messages/executor.hpp"
 
 namespace troupe::msg {
@@ -43,6 +44,15 @@ namespace troupe::actors {
 
 /// The step executor: runs the plans it is sent, in order.
 using executor_actor = caf::typed_actor<caf::replies_to<engine::exec_plan>::with<engine::exec_result>>;
+
+/// A cache tier (issue 14; actors/cache_tier_actor.hpp): the longest prefix it holds, store a
+/// block (answered with the number of blocks evicted), read one back, fetch the blocks that
+/// follow an engine's own prefix, its counters.
+using cache_tier_actor = caf::typed_actor<caf::replies_to<msg::tier_lookup>::with<int32_t>,
+                                          caf::replies_to<msg::tier_put>::with<int64_t>,
+                                          caf::replies_to<msg::tier_get>::with<msg::tier_got>,
+                                          caf::replies_to<msg::tier_fetch>::with<msg::tier_blocks>,
+                                          caf::replies_to<stats_atom>::with<msg::tier_report>>;
 
 /// What a completion's stream is sent to (the client, as the request actor sees it).
 using stream_receiver_actor = caf::typed_actor<caf::reacts_to<msg::completion_chunk>,

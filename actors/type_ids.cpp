@@ -3,7 +3,6 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 
-#include "actors/cache_tier_actor.hpp"
 #include "actors/cluster_messages.hpp"
 #include "actors/protocols.hpp"
 #include "messages/client.hpp"
@@ -41,6 +40,9 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::tier_put>("troupe::tier_put");
   cfg.add_message_type<msg::tier_get>("troupe::tier_get");
   cfg.add_message_type<msg::tier_got>("troupe::tier_got");
+  cfg.add_message_type<msg::tier_fetch>("troupe::tier_fetch");
+  cfg.add_message_type<msg::tier_blocks>("troupe::tier_blocks");
+  cfg.add_message_type<msg::tier_report>("troupe::tier_report");
   // Handles that travel as a whole message (answers): typed handles are not built-in types.
   cfg.add_message_type<request_actor>("troupe::request_actor");
   cfg.add_message_type<executor_actor>("troupe::executor_actor");

@@ -65,4 +65,48 @@ typename Inspector::result_type inspect(Inspector& f, tier_got& x) {
   return f(x.found, x.block);
 }
 
+/// -> tier: copies of the leading full blocks of `tokens` from block `first_block` on that the
+/// tier holds alive, at most `num_blocks_max` (kv::tier_store::get_prefix); each one sent is a
+/// use. Answered with a tier_blocks, or an error if a count is negative.
+struct tier_fetch {
+  std::vector<int32_t> tokens;
+  int32_t first_block = 0;
+  int32_t num_blocks_max = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tier_fetch& x) {
+  return f(x.tokens, x.first_block, x.num_blocks_max);
+}
+
+/// tier -> asker: the blocks a tier_fetch found, in chain order (none: a miss).
+struct tier_blocks {
+  std::vector<kv::kv_block> blocks;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tier_blocks& x) {
+  return f(x.blocks);
+}
+
+/// tier -> asker (stats_atom): the tier's counters, after dropping what has expired.
+struct tier_report {
+  int64_t num_blocks = 0;
+  int64_t capacity_blocks = 0;
+  int64_t num_hits = 0;         ///< blocks read back (tier_get, tier_fetch)
+  int64_t num_evictions = 0;    ///< blocks dropped for room (LRU)
+  int64_t num_expirations = 0;  ///< blocks dropped because their class's TTL passed
+  // The disk tier below it (0 without one):
+  int64_t num_disk_blocks = 0;
+  int64_t num_disk_puts = 0;     ///< evicted blocks written to it
+  int64_t num_disk_refused = 0;  ///< evicted blocks it refused (full, or an I/O error): dropped
+  int64_t num_disk_hits = 0;     ///< blocks a fetch read back from it
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tier_report& x) {
+  return f(x.num_blocks, x.capacity_blocks, x.num_hits, x.num_evictions, x.num_expirations, x.num_disk_blocks,
+           x.num_disk_puts, x.num_disk_refused, x.num_disk_hits);
+}
+
 }  // namespace troupe::msg

@@ -23,6 +23,18 @@ struct engine_report {
   int64_t num_timed_steps = 0;
   double step_time_error_raw = 0;
   double step_time_error_corrected = 0;
+  /// KV cache tiers (docs/kv-tiers.md): prompt tokens served from cache at admission, of them
+  /// those from blocks the host tier had just promoted (the rest are the pool's own), and the
+  /// blocks and bytes moved each way.
+  int64_t num_prefix_hit_tokens = 0;
+  int64_t num_host_hit_tokens = 0;
+  int64_t num_demoted_blocks = 0;  ///< pool -> host tier
+  int64_t num_demoted_bytes = 0;
+  int64_t num_promoted_blocks = 0;  ///< host tier -> pool
+  int64_t num_promoted_bytes = 0;
+  /// The engine's host tier (shared by the engines of its node): blocks its TTLs expired; 0
+  /// without a tier, or if the tier did not answer in time.
+  int64_t host_tier_expired_blocks = 0;
   /// Time lost to preemption so far (engine::engine_stats::preempted_ns).
   int64_t preempted_ns = 0;
 };
@@ -31,7 +43,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
   return f(x.num_steps, x.num_generated_tokens, x.num_preemptions, x.num_executor_failures,
            x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns, x.num_timed_steps, x.step_time_error_raw,
-           x.step_time_error_corrected, x.preempted_ns);
+           x.step_time_error_corrected, x.num_prefix_hit_tokens, x.num_host_hit_tokens, x.num_demoted_blocks,
+           x.num_demoted_bytes, x.num_promoted_blocks, x.num_promoted_bytes, x.host_tier_expired_blocks, x.preempted_ns);
 }
 
 }  // namespace troupe::msg

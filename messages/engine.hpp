@@ -15,7 +15,7 @@ namespace troupe::engine {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request& x) {
   return f(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids,
-           x.ignore_eos, x.priority, x.batch_tokens);
+           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class);
 }
 
 }  // namespace troupe::engine

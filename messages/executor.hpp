@@ -43,7 +43,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_plan& x) {
-  return f(x.step, x.imports, x.copies, x.chunks, x.released);
+  return f(x.step, x.imports, x.copies, x.chunks, x.released, x.demotions);
 }
 
 template <class Inspector>
@@ -53,7 +53,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples, x.failures, x.exports, x.measured_ns);
+  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.measured_ns);
 }
 
 }  // namespace troupe::engine

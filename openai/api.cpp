@@ -100,6 +100,17 @@ class reader {
     }
   }
 
+  /// "chat" or "agent" (troupe's extension: the KV cache tiers' lifetime class).
+  void cache_class(std::string& out) {
+    const char* name = "cache_class";
+    const json& v = field(name);
+    if (error || v.is_null()) return;
+    if (!v.is_string()) return fail(name, "'cache_class' must be \"chat\" or \"agent\"");
+    auto cls = kv::parse_cache_class(v.get<std::string>());
+    if (!cls) return fail(name, cls.error().message);
+    out = v.get<std::string>();
+  }
+
   /// A parameter troupe does not implement: accepted only absent, null or equal to `neutral`.
   void neutral_only(const char* name, const json& neutral) {
     const json& v = field(name);
@@ -167,6 +178,7 @@ void read_sampling(reader& in, endpoint kind, msg::completion_request& r) {
   in.stop(r.stop);
   in.boolean("ignore_eos", r.ignore_eos);
   in.integer("priority", r.priority);
+  in.cache_class(r.cache_class);
 }
 
 void read_penalties(reader& in, msg::completion_request& r) {

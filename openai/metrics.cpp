@@ -106,6 +106,11 @@ engine_gauges sum_reports(const std::vector<msg::engine_report>& reports, int64_
     g.num_waiting += r.num_waiting;
     g.num_kv_blocks_in_use += r.num_blocks_in_use;
     g.num_preemptions += r.num_preemptions;
+    g.num_pool_hit_tokens += r.num_prefix_hit_tokens - r.num_host_hit_tokens;
+    g.num_host_hit_tokens += r.num_host_hit_tokens;
+    g.num_demoted_bytes += r.num_demoted_bytes;
+    g.num_promoted_bytes += r.num_promoted_bytes;
+    g.num_host_expired_blocks = std::max(g.num_host_expired_blocks, r.host_tier_expired_blocks);
   }
   return g;
 }
@@ -125,6 +130,17 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
   p.counter("troupe:prompt_tokens_total", "Number of prefill tokens processed.", requests.num_prompt_tokens);
   p.counter("troupe:generation_tokens_total", "Number of generation tokens processed.", requests.num_generation_tokens);
   p.counter("troupe:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", requests.num_prefix_cache_hit_tokens);
+  p.family("troupe:kv_tier_hit_tokens_total", "counter", "Prompt tokens served from a KV cache tier at admission.");
+  p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_pool_hit_tokens)), "tier=\"pool\"");
+  p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_host_hit_tokens)), "tier=\"host\"");
+  p.family("troupe:kv_tier_moved_bytes_total", "counter", "KV bytes moved between the pool and the host tier.");
+  p.sample("troupe:kv_tier_moved_bytes_total", number(static_cast<double>(engines.num_demoted_bytes)),
+           "from=\"pool\",to=\"host\"");
+  p.sample("troupe:kv_tier_moved_bytes_total", number(static_cast<double>(engines.num_promoted_bytes)),
+           "from=\"host\",to=\"pool\"");
+  p.family("troupe:kv_tier_expired_blocks_total", "counter", "KV blocks a cache tier dropped when their TTL passed.");
+  p.sample("troupe:kv_tier_expired_blocks_total", number(static_cast<double>(engines.num_host_expired_blocks)),
+           "tier=\"host\"");
   p.family("troupe:request_success_total", "counter", "Count of successfully processed requests.");
   for (const auto& [reason, n] : requests.num_success_by_reason)
     p.sample("troupe:request_success_total", number(static_cast<double>(n)), "finished_reason=\"" + reason + "\"");

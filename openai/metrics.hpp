@@ -52,6 +52,15 @@ struct engine_gauges {
   int64_t num_kv_blocks_in_use = 0;
   int64_t num_kv_blocks_total = 0;
   int64_t num_preemptions = 0;
+  /// KV cache tiers (docs/kv-tiers.md): prompt tokens served from the pool and from blocks the
+  /// host tier promoted, and bytes moved pool -> host (demoted) and host -> pool (promoted).
+  int64_t num_pool_hit_tokens = 0;
+  int64_t num_host_hit_tokens = 0;
+  int64_t num_demoted_bytes = 0;
+  int64_t num_promoted_bytes = 0;
+  /// Blocks the host tier's TTLs expired. The engines of a node share its tier and each reports
+  /// the tier's count, so this is the largest report, not a sum: exact for one node's engines.
+  int64_t num_host_expired_blocks = 0;
 };
 
 /// Sums `reports`; `num_kv_blocks_total` is the engines' configured pool size.

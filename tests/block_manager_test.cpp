@@ -220,6 +220,94 @@ TEST(BlockManager, EvictsCachedFreeBlocksInExactLruOrder) {
   EXPECT_EQ(bm.free_queue(), (ids{3}));
 }
 
+TEST(BlockManager, RecordedEvictionsNameEachEvictedBlockInOrder) {
+  auto recording = block_manager::create({4, 4, /*record_evictions=*/true});
+  ASSERT_TRUE(recording.has_value());
+  block_manager& bm = *recording;
+  const auto a = token_range(8, 0);  // 2 full blocks
+  allocate_new(bm, 1, 8);
+  bm.commit(1, a, 8);
+  bm.free(1);
+  EXPECT_EQ(bm.free_queue(), (ids{2, 3, 1, 0}));
+  EXPECT_TRUE(bm.take_evictions().empty());
+  allocate_new(bm, 2, 16);  // takes 2, 3, then evicts a's blocks 1 and 0
+  const std::vector<evicted_block> evicted = bm.take_evictions();
+  ASSERT_EQ(evicted.size(), 2u);
+  const std::vector<uint64_t> hashes = chain_hashes(a, 4);
+  EXPECT_EQ(evicted[0].block, 1);
+  EXPECT_EQ(evicted[0].hash, hashes[1]);
+  EXPECT_EQ(evicted[0].parent_hash, hashes[0]);
+  EXPECT_EQ(evicted[0].tokens, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(evicted[1].block, 0);
+  EXPECT_EQ(evicted[1].hash, hashes[0]);
+  EXPECT_EQ(evicted[1].parent_hash, root_hash_seed);
+  EXPECT_EQ(evicted[1].tokens, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(bm.take_evictions().empty());  // taken once
+  bm.check_invariants();
+  // Without record_evictions nothing is kept.
+  auto quiet = make(1, 4);
+  allocate_new(quiet, 1, 4);
+  quiet.commit(1, token_range(4, 0), 4);
+  quiet.free(1);
+  allocate_new(quiet, 2, 4);
+  EXPECT_EQ(quiet.num_evictions(), 1);
+  EXPECT_TRUE(quiet.take_evictions().empty());
+}
+
+TEST(BlockManager, AnInsertedBlockIsAFreeCachedBlockThatAPrefixHits) {
+  auto recording = block_manager::create({3, 4, /*record_evictions=*/true});
+  ASSERT_TRUE(recording.has_value());
+  block_manager& bm = *recording;
+  const auto a = token_range(8, 0);
+  const auto query = concat(a, {7});
+  const std::vector<uint64_t> hashes = chain_hashes(a, 4);
+  EXPECT_EQ(bm.insert_cached(root_hash_seed, token_range(4, 0)), 0);
+  EXPECT_EQ(bm.insert_cached(hashes[0], token_range(4, 4)), 1);
+  EXPECT_TRUE(bm.has_block(hashes[0]) && bm.has_block(hashes[1]));
+  EXPECT_EQ(bm.free_queue(), (ids{2, 0, 1}));  // at the back: the most recently freed
+  EXPECT_EQ(bm.num_free_blocks(), 3);
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  bm.check_invariants();
+  const prefix_hit hit = bm.find_prefix(query);
+  EXPECT_EQ(hit.blocks, (ids{0, 1}));
+  bm.allocate(1, 9, hit);
+  EXPECT_EQ(bm.block_table(1), (ids{0, 1, 2}));
+  EXPECT_TRUE(bm.take_evictions().empty());
+  bm.free(1);
+  // A third insert takes the queue's front, evicting (and logging) a cached block.
+  EXPECT_EQ(bm.free_queue(), (ids{2, 1, 0}));
+  EXPECT_EQ(bm.insert_cached(root_hash_seed, token_range(4, 50)), 2);
+  EXPECT_TRUE(bm.take_evictions().empty());  // block 2 held no hash
+  EXPECT_EQ(bm.insert_cached(chain_hash(root_hash_seed, token_range(4, 50).data(), 4), token_range(4, 54)), 1);
+  const std::vector<evicted_block> evicted = bm.take_evictions();
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].block, 1);
+  EXPECT_EQ(evicted[0].hash, hashes[1]);
+  bm.check_invariants();
+}
+
+TEST(BlockManager, RefreshMovesAHitsFreeBlocksToTheBackHeadLast) {
+  auto bm = make(5, 4);
+  const auto a = token_range(12, 0);  // 3 full blocks
+  allocate_new(bm, 1, 12);
+  bm.commit(1, a, 12);
+  bm.free(1);
+  EXPECT_EQ(bm.free_queue(), (ids{3, 4, 2, 1, 0}));
+  allocate_new(bm, 2, 4);  // takes 3; holds nothing of a
+  const prefix_hit hit = bm.find_prefix(concat(a, {7}));
+  ASSERT_EQ(hit.blocks, (ids{0, 1, 2}));
+  EXPECT_EQ(bm.refresh(prefix_hit{{0, 1}, 8}), 2);
+  EXPECT_EQ(bm.free_queue(), (ids{4, 2, 1, 0}));  // already tail first: 1 then 0 at the back
+  bm.check_invariants();
+  EXPECT_EQ(bm.refresh(hit), 3);
+  EXPECT_EQ(bm.free_queue(), (ids{4, 2, 1, 0}));
+  bm.allocate(3, 9, prefix_hit{{0}, 4});  // holds block 0, and takes 4 and 2 from the front
+  EXPECT_EQ(bm.free_queue(), (ids{1}));
+  EXPECT_EQ(bm.refresh(prefix_hit{{0, 1}, 8}), 1);  // block 0 is held: only block 1 moves
+  EXPECT_EQ(bm.free_queue(), (ids{1}));
+  bm.check_invariants();
+}
+
 TEST(BlockManager, HitBlocksInTheFreeQueueAreNotFreshBlocks) {
   auto bm = make(4, 4);
   const auto a = token_range(12, 0);
@@ -350,6 +438,11 @@ TEST(BlockManagerDeathTest, ProgrammerErrorsAbort) {
   EXPECT_DEATH(bm.allocate(1, 9), "allocate without can_allocate");
   allocate_new(bm, 1, 4);
   EXPECT_DEATH(bm.allocate(1, 3), "never shrinks");
+  bm.commit(1, token_range(4, 0), 4);
+  EXPECT_DEATH((void)bm.insert_cached(root_hash_seed, token_range(4, 0)), "cached already");
+  EXPECT_DEATH((void)bm.insert_cached(root_hash_seed, token_range(3, 0)), "tokens.size");
+  allocate_new(bm, 2, 4);  // the pool is full
+  EXPECT_DEATH((void)bm.insert_cached(root_hash_seed, token_range(4, 9)), "KV pool exhausted");
 }
 
 TEST(BlockManagerDeathTest, StaleHitAborts) {

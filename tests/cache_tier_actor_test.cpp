@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,17 +34,29 @@ class CacheTierActor : public ::testing::Test {
   const std::vector<int32_t> tokens_ = token_range(13, 1);  // 3 full blocks and 1 token
   actors::cache_tier_actor tier_;
 
-  void start(int64_t capacity_blocks) {
+  const std::string dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/cache_tier_actor_test/" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+
+  /// A tier of `capacity_blocks`, over a disk tier of `disk_bytes` if > 0.
+  void start(int64_t capacity_blocks, int64_t disk_bytes = 0) {
     sched_.clock().current_time += 1h;  // away from 0
     auto store = kv::tier_store::create({block_size, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
     ASSERT_TRUE(store.has_value());
-    tier_ = actors::spawn_cache_tier(sys_, std::move(*store));
+    std::optional<tiers::disk_tier> disk;
+    if (disk_bytes > 0) {
+      std::filesystem::remove_all(dir_);
+      auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size});
+      ASSERT_TRUE(opened.has_value()) << opened.error().message;
+      disk = std::move(*opened);
+    }
+    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), std::move(disk));
     sched_.run();
   }
 
   void TearDown() override {
     if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
     sched_.run();
+    std::filesystem::remove_all(dir_);
   }
 
   /// Sends `m` to the tier and runs until it answers: the answer, or the error's text.
@@ -64,6 +77,10 @@ class CacheTierActor : public ::testing::Test {
   int64_t put(int32_t i, kv::cache_class cls = kv::cache_class::chat) {
     return std::get<int64_t>(ask<int64_t>(msg::tier_put{block_of(tokens_, i, block_size), cls}));
   }
+  std::vector<kv::kv_block> fetch(int32_t first, int32_t max) {
+    return std::get<msg::tier_blocks>(ask<msg::tier_blocks>(msg::tier_fetch{tokens_, first, max})).blocks;
+  }
+  msg::tier_report report() { return std::get<msg::tier_report>(ask<msg::tier_report>(actors::stats_atom::value)); }
   msg::tier_got get(int32_t i) { return std::get<msg::tier_got>(ask<msg::tier_got>(msg::tier_get{block_of(tokens_, i, block_size).hash})); }
 };
 
@@ -115,6 +132,53 @@ TEST_F(CacheTierActor, RefusesBadBlocksAtTheDoorAndServesOn) {
   EXPECT_NE(std::get<std::string>(bad_class).find("not a cache_class"), std::string::npos);
   EXPECT_EQ(put(0), 0);  // still serving
   EXPECT_EQ(lookup(), 1);
+}
+
+TEST_F(CacheTierActor, FetchesTheBlocksAfterAGivenOneAndRefusesNegativeCounts) {
+  start(8);
+  for (int32_t i = 0; i < 3; i++) EXPECT_EQ(put(i), 0);
+  const std::vector<kv::kv_block> got = fetch(1, 8);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(same_block(got[0], block_of(tokens_, 1, block_size)));
+  EXPECT_TRUE(same_block(got[1], block_of(tokens_, 2, block_size)));
+  EXPECT_EQ(fetch(0, 1).size(), 1u);
+  const auto bad = ask<msg::tier_blocks>(msg::tier_fetch{tokens_, -1, 2});
+  ASSERT_TRUE(std::holds_alternative<std::string>(bad));
+  EXPECT_NE(std::get<std::string>(bad).find("first_block -1 and num_blocks_max 2 must be >= 0"), std::string::npos);
+  const msg::tier_report r = report();
+  EXPECT_EQ(r.num_blocks, 3);
+  EXPECT_EQ(r.num_hits, 3);
+  EXPECT_EQ(r.num_disk_blocks, 0);
+}
+
+TEST_F(CacheTierActor, EvictionsGoToTheDiskTierAndAFetchReadsThemBack) {
+  start(2, /*disk_bytes=*/1 << 20);
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 0);
+  EXPECT_EQ(put(2), 1);  // block 0 goes down to disk
+  EXPECT_EQ(lookup(), 0);  // the host tier alone lacks block 0
+  const std::vector<kv::kv_block> got = fetch(0, 3);
+  ASSERT_EQ(got.size(), 3u);  // 0 from disk, 1 and 2 from memory
+  for (int32_t i = 0; i < 3; i++) EXPECT_TRUE(same_block(got[static_cast<size_t>(i)], block_of(tokens_, i, block_size)));
+  const msg::tier_report r = report();
+  EXPECT_EQ(r.num_evictions, 1);
+  EXPECT_EQ(r.num_disk_blocks, 1);
+  EXPECT_EQ(r.num_disk_puts, 1);
+  EXPECT_EQ(r.num_disk_hits, 1);
+  EXPECT_EQ(r.num_disk_refused, 0);
+}
+
+TEST_F(CacheTierActor, AFullDiskTierRefusesEvictionsAndTheTierServesOn) {
+  start(1, /*disk_bytes=*/1);  // no block fits
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 1);  // block 0 is refused by the disk tier: dropped
+  EXPECT_EQ(put(2), 1);
+  EXPECT_EQ(fetch(0, 3).size(), 0u);
+  EXPECT_EQ(fetch(2, 1).size(), 1u);
+  const msg::tier_report r = report();
+  EXPECT_EQ(r.num_disk_refused, 2);
+  EXPECT_EQ(r.num_disk_puts, 0);
+  EXPECT_EQ(r.num_disk_blocks, 0);
 }
 
 }  // namespace

@@ -316,6 +316,9 @@ TEST(EngineInput, MalformedRequestsNameTheProblem) {
     r.max_tokens = bad;
     expect_rejected(r, errc::invalid_argument, "max_tokens must be > 0, got " + std::to_string(bad));
   }
+  r = valid_request();
+  r.cache_class = static_cast<kv::cache_class>(2);  // from another process
+  expect_rejected(r, errc::invalid_argument, "cache_class 2 is not a class (chat = 0, agent = 1)");
   for (int32_t bad : {0, 129}) {
     r = valid_request();
     r.n = bad;

@@ -52,6 +52,15 @@ std::string describe(const effects& fx) {
     }
     void operator()(const arm_report_timer& a) { o << "timer(" << a.delay_ns << ")"; }
     void operator()(const restart_executor&) { o << "restart_executor"; }
+    void operator()(const fetch_blocks& f) {
+      o << "fetch(r" << f.id << ", " << f.tokens.size() << " tokens, from block " << f.first_block << ", at most "
+        << f.num_blocks_max << ")";
+    }
+    void operator()(const demote_blocks& d) {
+      o << "demote(";
+      for (const demoted_block& b : d.blocks) o << " " << b.block.hash << "/" << kv::to_string(b.cls);
+      o << " )";
+    }
   };
   return testing::effects_text<printer>(fx);
 }
@@ -120,6 +129,41 @@ exec_result fake_result(const exec_plan& plan, int32_t token) {
     kv.values = kv.keys;
     r.exports.push_back(kv_export{c.seq, std::move(kv)});
   }
+  for (const int32_t block : plan.demotions) {  // a block's KV says which block it was
+    kv_data kv{m.n_layers, m.kv_dim(), 4, {}, {}};
+    kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, static_cast<float>(block));
+    kv.values = kv.keys;
+    r.demoted.push_back(std::move(kv));
+  }
+  return r;
+}
+
+engine_host_options tier_options(int32_t num_kv_blocks = 32) {
+  engine_host_options o = tiny_options();
+  o.config.num_kv_blocks = num_kv_blocks;
+  o.config.host_tier = true;
+  return o;
+}
+
+/// Block `i` of `tokens` as the host tier would send it for the tiny model (blocks of 4).
+kv::kv_block tier_block(const std::vector<int32_t>& tokens, int32_t i) {
+  const model::model_config m = tiny_model();
+  kv::kv_block b;
+  b.tokens.assign(tokens.begin() + 4 * i, tokens.begin() + 4 * i + 4);
+  b.parent_hash = i == 0 ? kv::root_hash_seed : kv::chain_hashes(tokens, 4).at(static_cast<size_t>(i) - 1);
+  b.hash = kv::chain_hash(b.parent_hash, b.tokens.data(), 4);
+  b.num_layers = m.n_layers;
+  b.kv_dim = m.kv_dim();
+  b.keys.assign(static_cast<size_t>(m.n_layers) * 4 * m.kv_dim(), 0.5f + static_cast<float>(i));
+  b.values = b.keys;
+  return b;
+}
+
+/// A 9-token prompt: 2 full blocks of 4 and a last token.
+request tier_request(request_id id, kv::cache_class cls = kv::cache_class::chat) {
+  request r = make_request(id, 2);
+  r.prompt = {1, 5, 6, 7, 8, 9, 10, 11, 12};
+  r.cache_class = cls;
   return r;
 }
 
@@ -388,6 +432,132 @@ TEST(EngineHost, ExecutorFailureRebuildsTheCoreAndIgnoresTheOldGeneration) {
   EXPECT_EQ(ex.in_flight.back().generation, 1);  // its plans go to the new executor
   // The old executor's late failure report changes nothing.
   EXPECT_EFFECTS(host->executor_failed(0, "again", 60), effects{});
+}
+
+TEST(EngineHost, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPrefill) {
+  auto host = make_host(tier_options());
+  fake_executor ex;
+  const request r = tier_request(1);
+  // The pool holds none of the 2 blocks the hit rule allows: the request waits for the tier.
+  EXPECT_EFFECTS(host->submit(r, 100), (effects{watch_caller{1}, fetch_blocks{1, r.prompt, 0, 2}}));
+  EXPECT_EQ(host->stats(100).num_waiting, 1);
+  EXPECT_FALSE(host->is_live(1));
+  // The tier has both: promoted into the pool, then the request is queued and planned.
+  effects fx = ex.take_plans(host->tier_answered(1, {tier_block(r.prompt, 0), tier_block(r.prompt, 1)}, 200));
+  EXPECT_EFFECTS(fx, effects{});
+  ASSERT_EQ(ex.in_flight.size(), 2u);
+  const exec_plan& first = ex.in_flight.front().plan;
+  ASSERT_EQ(first.imports.size(), 2u);  // the promoted blocks' KV, written before the step
+  EXPECT_EQ(first.imports[0].block_table.size(), 1u);
+  ASSERT_EQ(first.chunks.size(), 1u);
+  EXPECT_EQ(first.chunks[0].first_position, 8);  // prefill skips the 8 promoted tokens
+  EXPECT_EQ(first.chunks[0].tokens, (std::vector<int32_t>{12}));
+  (void)ex.answer(*host, 300);
+  (void)ex.answer(*host, 400);
+  const engine_stats s = host->stats(400).core;
+  EXPECT_EQ(s.num_prefix_hit_tokens, 8);
+  EXPECT_EQ(s.num_host_hit_tokens, 8);
+  EXPECT_EQ(s.num_promoted_blocks, 2);
+  EXPECT_EQ(s.num_promoted_bytes, 2 * tier_block(r.prompt, 0).num_bytes());
+  // Now the pool has the prefix: the same prompt asks the tier nothing and hits the pool.
+  EXPECT_EFFECTS(ex.take_plans(host->submit(tier_request(2), 500)), (effects{watch_caller{2}}));
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 8);
+  EXPECT_TRUE(ex.in_flight.front().plan.imports.empty());
+}
+
+TEST(EngineHost, AMissAnErrorOrABadBlockFromTheTierMeansRecomputing) {
+  auto host = make_host(tier_options());
+  fake_executor ex;
+  const request r = tier_request(1);
+  (void)host->submit(r, 100);
+  kv::kv_block wrong_shape = tier_block(r.prompt, 0);
+  wrong_shape.kv_dim = 4;  // another model's block: consistent, but not this model's shape
+  wrong_shape.keys.resize(wrong_shape.keys.size() / 2);
+  wrong_shape.values.resize(wrong_shape.values.size() / 2);
+  EXPECT_EFFECTS(ex.take_plans(host->tier_answered(1, {wrong_shape, tier_block(r.prompt, 1)}, 200)), effects{});
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 0);
+  EXPECT_TRUE(ex.in_flight.front().plan.imports.empty());
+  EXPECT_EQ(host->stats(200).core.num_promoted_blocks, 0);
+  // A block that is not the previous one's child ends the chain there.
+  auto second = make_host(tier_options());
+  (void)second->submit(r, 100);
+  fake_executor ex2;
+  (void)ex2.take_plans(second->tier_answered(1, {tier_block(r.prompt, 0), tier_block({1, 2, 3, 4, 5, 6, 7, 8}, 1)}, 200));
+  EXPECT_EQ(second->stats(200).core.num_promoted_blocks, 1);
+  EXPECT_EQ(ex2.in_flight.front().plan.chunks[0].first_position, 4);
+}
+
+TEST(EngineHost, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
+  auto host = make_host(tier_options());
+  fake_executor ex;
+  const request r = tier_request(1);
+  (void)host->submit(r, 100);
+  // A duplicate id while it waits is refused to its caller.
+  EXPECT_EFFECTS(host->submit(tier_request(1), 150),
+                 (effects{reject{1, errc::invalid_argument, "duplicate request id 1", true}}));
+  EXPECT_EFFECTS(host->release(1, 200), effects{});
+  EXPECT_EQ(host->stats(200).num_waiting, 0);
+  // The answer is dropped: nothing queued, nothing promoted.
+  EXPECT_EFFECTS(ex.take_plans(host->tier_answered(1, {tier_block(r.prompt, 0)}, 300)), effects{});
+  EXPECT_TRUE(ex.in_flight.empty());
+  EXPECT_EQ(host->stats(300).core.num_promoted_blocks, 0);
+  EXPECT_EQ(host->num_live(), 0u);
+}
+
+TEST(EngineHost, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
+  auto host = make_host(tier_options(/*num_kv_blocks=*/4));
+  fake_executor ex;
+  const request a = tier_request(1);
+  (void)host->submit(a, 100);
+  (void)ex.take_plans(host->tier_answered(1, {}, 110));
+  (void)ex.answer(*host, 200);
+  (void)ex.answer(*host, 300);  // a used blocks 0, 1, 2: the free queue is 3, 2, 1, 0
+  request b = tier_request(2);
+  b.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};
+  (void)host->submit(b, 400);
+  (void)ex.take_plans(host->tier_answered(2, {}, 410));  // b takes 3, 2, 1: a's block 1 is evicted
+  (void)ex.answer(*host, 500);
+  (void)ex.answer(*host, 600);
+  EXPECT_EQ(host->num_live(), 0u);
+  // a's block 0 survived, at the front of the free queue: the tier is asked for block 1 only ...
+  EXPECT_EFFECTS(host->submit(tier_request(3), 700), (effects{watch_caller{3}, fetch_blocks{3, a.prompt, 1, 1}}));
+  // ... and promoting it must not evict block 0 (the queue's front) to make room.
+  (void)ex.take_plans(host->tier_answered(3, {tier_block(a.prompt, 1)}, 710));
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 8);
+  const engine_stats s = host->stats(710).core;
+  EXPECT_EQ(s.num_prefix_hit_tokens, 8);
+  EXPECT_EQ(s.num_host_hit_tokens, 4);
+}
+
+TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
+  auto host = make_host(tier_options(/*num_kv_blocks=*/3));  // one 9-token request fills the pool
+  fake_executor ex;
+  const request a = tier_request(1, kv::cache_class::agent);
+  (void)ex.take_plans(host->submit(a, 100));  // the tier is asked ...
+  (void)ex.take_plans(host->tier_answered(1, {}, 110));  // ... and has nothing
+  (void)ex.answer(*host, 200);
+  (void)ex.answer(*host, 300);  // a ends: its 2 full blocks stay cached
+  EXPECT_EQ(host->num_live(), 0u);
+  request b = tier_request(2);
+  b.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};  // shares no block with a
+  (void)ex.take_plans(host->submit(b, 400));
+  (void)ex.take_plans(host->tier_answered(2, {}, 410));  // b's plan evicts a's blocks
+  ASSERT_EQ(ex.in_flight.size(), 2u);
+  EXPECT_EQ(ex.in_flight.front().plan.demotions.size(), 2u);
+  const std::vector<uint64_t> hashes = kv::chain_hashes(a.prompt, 4);
+  demoted_block second{tier_block(a.prompt, 1), kv::cache_class::agent};
+  demoted_block first{tier_block(a.prompt, 0), kv::cache_class::agent};
+  // Tail first (the pool frees a sequence's blocks in reverse), read out by b's first step,
+  // whose result also brings b's first token.
+  const sample_event token{2, 0, sampling::sample_result{12, -0.25f, {}}, finish_reason::none, 0, 0, 0};
+  EXPECT_EFFECTS(ex.answer(*host, 500), (effects{demote_blocks{{second, first}}, send_token{token, 410}}));
+  const engine_stats s = host->stats(500).core;
+  EXPECT_EQ(s.num_demoted_blocks, 2);
+  EXPECT_EQ(s.num_demoted_bytes, 2 * first.block.num_bytes());
+  EXPECT_EQ(second.block.hash, hashes[1]);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
                                   R"("top_p":0.9,"top_k":40,"min_p":0.05,"seed":18446744073709551615,"stop":["."],)"
                                   R"("ignore_eos":true,"priority":3,"stream":true,"stream_options":{"include_usage":true},)"
                                   R"("user":"ignored","presence_penalty":0.5,"frequency_penalty":-1.25,)"
-                                  R"("repetition_penalty":1.5,"n":1,"logit_bias":{"5":-100,"300":2.5}})");
+                                  R"("repetition_penalty":1.5,"n":1,"logit_bias":{"5":-100,"300":2.5},"cache_class":"agent"})");
   const msg::completion_request& r = p.request;
   ASSERT_EQ(p.prompts.size(), 1u);
   EXPECT_EQ(p.prompts[0].text, "Once upon");
@@ -44,6 +44,7 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
   EXPECT_EQ(r.stop, std::vector<std::string>{"."});
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.priority, 3);
+  EXPECT_EQ(r.cache_class, "agent");
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(p.include_usage);
   EXPECT_EQ(r.presence_penalty, 0.5f);
@@ -94,6 +95,8 @@ TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
       {R"({"prompt":"x","logit_bias":{"4294967296":5}})", "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"":5}})", "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"1":"5"}})", "logit_bias"},
+      {R"({"prompt":"x","cache_class":"batch"})", "cache_class"},
+      {R"({"prompt":"x","cache_class":1})", "cache_class"},
       {R"({"prompt":"x","n":0})", "n"},
       {R"({"prompt":"x","n":129})", "n"},
       {R"({"prompt":"x","n":"2"})", "n"},
@@ -456,7 +459,14 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r.num_waiting = 1;
   r.num_blocks_in_use = 4;
   r.num_preemptions = 2;
-  const std::string page = render_metrics(m, sum_reports({r, r}, 16), "stories260K");
+  r.num_prefix_hit_tokens = 48;
+  r.num_host_hit_tokens = 32;
+  r.num_demoted_bytes = 1000;
+  r.num_promoted_bytes = 600;
+  msg::engine_report r2 = r;
+  r2.host_tier_expired_blocks = 5;  // the node's shared tier, as each engine reports it
+  r.host_tier_expired_blocks = 3;
+  const std::string page = render_metrics(m, sum_reports({r, r2}, 16), "stories260K");
   const std::string label = "{model_name=\"stories260K\"}";
   for (const std::string& line : std::vector<std::string>{
            "# TYPE troupe:num_requests_running gauge\ntroupe:num_requests_running" + label + " 4\n",
@@ -465,6 +475,12 @@ TEST(Metrics, ThePageRendersByteForByte) {
         "troupe:num_kv_blocks" + label + " 16\n", "troupe:num_preemptions_total" + label + " 4\n",
         "troupe:prompt_tokens_total" + label + " 5\n", "troupe:generation_tokens_total" + label + " 3\n",
         std::string("troupe:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n"),
+        std::string("# TYPE troupe:kv_tier_hit_tokens_total counter\n") +
+            "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"pool\"} 32\n" +
+            "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"host\"} 64\n",
+        std::string("troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"pool\",to=\"host\"} 2000\n") +
+            "troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"host\",to=\"pool\"} 1200\n",
+        std::string("troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"host\"} 5\n"),
         std::string("# TYPE troupe:time_to_first_token_seconds histogram\n") +
             "troupe:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=\"0.001\"} 0\n" +
             "troupe:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=\"0.005\"} 1\n",

@@ -140,6 +140,7 @@ msg::completion_request full_completion_request() {
   r.stop_token_ids = {2, 3};
   r.ignore_eos = true;
   r.priority = -2;
+  r.cache_class = "agent";
   r.num_top_logprobs = 3;
   r.stream = false;
   return r;
@@ -158,6 +159,7 @@ engine::request full_engine_request() {
   r.ignore_eos = true;
   r.priority = 4;
   r.batch_tokens = true;
+  r.cache_class = kv::cache_class::agent;
   return r;
 }
 
@@ -219,7 +221,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(full_sampled());
   expect_round_trip(full_sampled_batch());
   expect_round_trip(msg::release{8});
-  expect_round_trip(msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 11});
+  expect_round_trip(msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11});
   expect_round_trip(msg::submit_completion{full_completion_request(), some<actors::stream_receiver_actor>(), 11});
   expect_round_trip(msg::place_request{1, 2, 3, {4, 5}});
   expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err"});
@@ -230,13 +232,17 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30});
   expect_round_trip(msg::load_report{1, 2, 3, 4, 5});
   expect_round_trip(msg::engine_lost{some<actors::engine_actor>(), "silent"});
-  engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}};
+  engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}};
   expect_round_trip(plan);
-  expect_round_trip(engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, 12345});
+  expect_round_trip(
+      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, 12345});
   expect_round_trip(msg::tier_lookup{{1, 2, 3, 4}});
   expect_round_trip(msg::tier_put{full_kv_block(), kv::cache_class::agent});
   expect_round_trip(msg::tier_get{0x1234});
   expect_round_trip(msg::tier_got{true, full_kv_block()});
+  expect_round_trip(msg::tier_fetch{{1, 2, 3, 4}, 1, 2});
+  expect_round_trip(msg::tier_blocks{{full_kv_block()}});
+  expect_round_trip(msg::tier_report{1, 2, 3, 4, 5, 6, 7, 8, 9});
   expect_round_trip(some<actors::request_actor>());
   expect_round_trip(some<actors::executor_actor>());
   expect_round_trip(actors::engine_list{some<actors::engine_actor>(), other<actors::engine_actor>()});
@@ -245,7 +251,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 30u) << "actors/type_ids.cpp registers 30 types";
+  EXPECT_EQ(registered.size(), 33u) << "actors/type_ids.cpp registers 33 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 

@@ -37,14 +37,15 @@ const std::map<std::string, std::set<std::string>>& allowed_folders() {
       // The msgpack protocol's frames as pure functions (issue 13, point 2; see
       // WireIncludesNoCafOrSockets): requests and answers in msg:: terms, no actors.
       {"wire", {"wire", "messages", "runtime", "kernels"}},
-      {"actors", {"actors", "messages", "runtime", "kernels", "transport"}},
-      {"gateway", {"gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"sim", {"sim", "actors", "messages", "runtime", "kernels", "transport"}},
+      // The host cache tier actor owns the disk tier below it (actors/cache_tier_actor.hpp).
+      {"actors", {"actors", "tiers", "messages", "runtime", "kernels", "transport"}},
+      {"gateway", {"gateway", "wire", "openai", "actors", "tiers", "messages", "runtime", "kernels", "transport"}},
+      {"sim", {"sim", "actors", "tiers", "messages", "runtime", "kernels", "transport"}},
       // `troupe bench serve` (issue 13, point 4): a client of any OpenAI-compatible server, so
       // no actors; it reuses the simulator's trace readers and arrivals (sim/trace, sim/workload,
       // which reach only runtime/). Its metrics and stream reader are pure (LoadgenMetricsAreClockFree).
       {"loadgen", {"loadgen", "sim", "runtime", "kernels"}},
-      {"topology", {"topology", "actors", "messages", "runtime", "kernels", "transport"}},
+      {"topology", {"topology", "actors", "tiers", "messages", "runtime", "kernels", "transport"}},
       {"apps", {"apps", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
       {"bench", {"bench", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
       {"tests", {"tests", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},

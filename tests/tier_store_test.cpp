@@ -227,6 +227,53 @@ TEST(TierStore, LongestPrefixFollowsTheChainAndStopsAtAGap) {
   EXPECT_EQ(tier.longest_prefix({}, 0), 0);
 }
 
+TEST(TierStore, GetPrefixCopiesTheBlocksAfterAnEnginesOwnPrefixAndUsesThem) {
+  tier_store tier = make_tier(8);
+  const std::vector<int32_t> tokens = token_range(17, 1);  // 4 full blocks and 1 token
+  for (int32_t i = 0; i < 3; i++) (void)put(tier, block_of(tokens, i), cache_class::agent, 0);
+  const kv_block b1 = block_of(tokens, 1), b2 = block_of(tokens, 2);
+  EXPECT_EQ(tier.lru_order(), (hashes{block_of(tokens, 0).hash, b1.hash, b2.hash}));
+  // From block 1 on, at most 3: blocks 1 and 2 (block 3 is not held), each a use.
+  const std::vector<kv_block> got = tier.get_prefix(tokens, 1, 3, day_ns);
+  tier.check_invariants();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(testing::same_block(got[0], b1));
+  EXPECT_TRUE(testing::same_block(got[1], b2));
+  EXPECT_EQ(tier.lru_order(), (hashes{block_of(tokens, 0).hash, b1.hash, b2.hash}));
+  EXPECT_EQ(tier.num_hits(), 2);
+  // The use restarted the agent lifetime of blocks 1 and 2 only: at 3 days block 0 is gone.
+  EXPECT_EQ(tier.get_prefix(tokens, 0, 4, 3 * day_ns).size(), 0u);
+  EXPECT_EQ(tier.get_prefix(tokens, 1, 4, 3 * day_ns).size(), 2u);
+  EXPECT_EQ(tier.get_prefix(tokens, 1, 1, 3 * day_ns).size(), 1u);  // at most num_blocks_max
+  EXPECT_EQ(tier.get_prefix(tokens, 1, 0, 3 * day_ns).size(), 0u);
+  EXPECT_EQ(tier.get_prefix(tokens, 9, 4, 3 * day_ns).size(), 0u);  // past the token list
+  std::vector<int32_t> other = tokens;
+  other[0] = 99;  // block 0 differs: so does every later hash
+  EXPECT_EQ(tier.get_prefix(other, 1, 4, 3 * day_ns).size(), 0u);
+  tier.check_invariants();
+}
+
+TEST(TierStore, GetPrefixTakesTheBlocksItLacksFromTheTierBelow) {
+  tier_store tier = make_tier(8);
+  const std::vector<int32_t> tokens = token_range(17, 1);  // 4 full blocks and 1 token
+  (void)put(tier, block_of(tokens, 0), cache_class::chat, 0);
+  (void)put(tier, block_of(tokens, 2), cache_class::chat, 0);
+  std::vector<uint64_t> asked;
+  const tier_store::lower_tier lower = [&](uint64_t hash) -> std::optional<kv_block> {
+    asked.push_back(hash);
+    if (hash == block_of(tokens, 1).hash) return block_of(tokens, 1);
+    if (hash == block_of(tokens, 3).hash) return block_of(token_range(17, 50), 3);  // another chain's: refused
+    return std::nullopt;
+  };
+  const std::vector<kv_block> got = tier.get_prefix(tokens, 0, 4, 1, lower);
+  ASSERT_EQ(got.size(), 3u);  // 0 here, 1 below, 2 here; 3 below is not the query's block
+  for (int32_t i = 0; i < 3; i++) EXPECT_TRUE(testing::same_block(got[static_cast<size_t>(i)], block_of(tokens, i)));
+  EXPECT_EQ(asked, (hashes{block_of(tokens, 1).hash, block_of(tokens, 3).hash}));  // only for what it lacks
+  EXPECT_EQ(tier.num_hits(), 2);
+  EXPECT_EQ(tier.num_blocks(), 2);  // a block from below is not kept here
+  tier.check_invariants();
+}
+
 TEST(TierStoreDeathTest, MisuseIsAProgrammerError) {
   tier_store tier = make_tier(2);
   const kv_block b = block_of(token_range(4, 1), 0);

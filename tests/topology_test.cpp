@@ -278,6 +278,27 @@ TEST(Topology, EveryClusterNodeAndBalancerKeyIsRead) {
   EXPECT_EQ(topo->load_balancer.heartbeat_timeout_ms, 600000);
 }
 
+TEST(Topology, AHostTierIsReadPerNodeAndSharedByEnginesOfOneShape) {
+  auto none = parse(k_valid);
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_EQ(none->nodes[0].host_tier_blocks, 0);
+  EXPECT_EQ(none->nodes[0].host_tier_fetch_timeout_ms, 50);
+  auto tier = parse(k_node0 + "host_tier_blocks = 4096\nhost_tier_fetch_timeout_ms = 1\n" + k_balancer + k_engine0 +
+                    engine_text("engine1", "mixed"));
+  ASSERT_TRUE(tier) << tier.error().message;
+  EXPECT_EQ(tier->nodes[0].host_tier_blocks, 4096);
+  EXPECT_EQ(tier->nodes[0].host_tier_fetch_timeout_ms, 1);
+  EXPECT_EQ(tier->nodes[0].disk_tier_dir, "");
+  auto disk = parse(k_node0 + "host_tier_blocks = 8\ndisk_tier_dir = \"kv-cache\"\ndisk_tier_mib = 4\n" + k_balancer +
+                    k_engine0);
+  ASSERT_TRUE(disk) << disk.error().message;
+  EXPECT_EQ(disk->nodes[0].disk_tier_dir, (fs::path(examples_dir) / "kv-cache").lexically_normal().string());
+  EXPECT_EQ(disk->nodes[0].disk_tier_mib, 4);
+  // Without a tier, engines of one node may differ.
+  auto mixed = parse(k_valid + engine_text("engine1", "mixed") + "block_size = 32\n");
+  ASSERT_TRUE(mixed) << mixed.error().message;
+}
+
 TEST(Topology, KvTransferNamesItsKinds) {
   EXPECT_STREQ(to_string(kv_transfer_kind::caf), "caf");
   EXPECT_STREQ(to_string(kv_transfer_kind::ucx), "ucx");
@@ -470,7 +491,37 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_node_key_lists_kv_port",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkvport = 2\n",
                  "topology.toml:5: node 'node0': unknown key 'kvport' (expected one of: name, "
-                 "host, port, kv_port, certificate, key)"},
+                 "host, port, kv_port, certificate, key, host_tier_blocks, host_tier_fetch_timeout_ms, "
+                 "disk_tier_dir, disk_tier_mib)"},
+        bad_file{"disk_tier_dir_without_mib",
+                 k_node0 + "host_tier_blocks = 8\ndisk_tier_dir = \"kv\"\n" + k_balancer + k_engine0,
+                 "topology.toml:6: node 'node0': disk_tier_dir and disk_tier_mib go together: set both or neither"},
+        bad_file{"disk_tier_mib_without_dir", k_node0 + "host_tier_blocks = 8\ndisk_tier_mib = 4\n" + k_balancer + k_engine0,
+                 "topology.toml:6: node 'node0': disk_tier_dir and disk_tier_mib go together: set both or neither"},
+        bad_file{"disk_tier_without_host_tier",
+                 k_node0 + "disk_tier_dir = \"kv\"\ndisk_tier_mib = 4\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': a disk tier holds what the host tier evicts: set host_tier_blocks too"},
+        bad_file{"disk_tier_mib_zero",
+                 k_node0 + "host_tier_blocks = 8\ndisk_tier_dir = \"kv\"\ndisk_tier_mib = 0\n" + k_balancer + k_engine0,
+                 "topology.toml:7: node 'node0': key 'disk_tier_mib' must be in 1..2147483647, got 0"},
+        // The host tier.
+        bad_file{"host_tier_blocks_negative", k_node0 + "host_tier_blocks = -1\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'host_tier_blocks' must be in 0..2147483647, got -1"},
+        bad_file{"host_tier_blocks_too_big", k_node0 + "host_tier_blocks = 2147483648\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'host_tier_blocks' must be in 0..2147483647, got 2147483648"},
+        bad_file{"host_tier_blocks_not_an_integer", k_node0 + "host_tier_blocks = \"1GiB\"\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'host_tier_blocks' must be an integer, got a string"},
+        bad_file{"host_tier_fetch_timeout_zero",
+                 k_node0 + "host_tier_fetch_timeout_ms = 0\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'host_tier_fetch_timeout_ms' must be in 1..60000, got 0"},
+        bad_file{"host_tier_fetch_timeout_too_long",
+                 k_node0 + "host_tier_fetch_timeout_ms = 60001\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'host_tier_fetch_timeout_ms' must be in 1..60000, got 60001"},
+        bad_file{"host_tier_shared_by_engines_of_two_block_sizes",
+                 k_node0 + "host_tier_blocks = 64\n" + k_balancer + k_engine0 + engine_text("engine1", "mixed") +
+                     "block_size = 32\n",
+                 "topology.toml:13: engine 'engine1': node 'node0' has a host tier (host_tier_blocks), which its "
+                 "engines share: each must run the model and block_size of engine 'engine0' ("},
         bad_file{"unknown_balancer_key_lists_new_keys",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "

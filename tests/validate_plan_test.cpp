@@ -74,6 +74,11 @@ TEST(ValidatePlan, StepChunksAndCopies) {
   EXPECT_EQ(error_of(p), "plan 3: a copy of block 0 to -1 is outside the pool [0, 4)");
   p.copies.back() = kv::block_copy{4, 0};
   EXPECT_EQ(error_of(p), "plan 3: a copy of block 4 to 0 is outside the pool [0, 4)");
+  p = valid_plan();
+  p.demotions = {0, 4};
+  EXPECT_EQ(error_of(p), "plan 3, demotions: block 1 = 4 is outside the pool [0, 4)");
+  p.demotions = {-1};
+  EXPECT_EQ(error_of(p), "plan 3, demotions: block 0 = -1 is outside the pool [0, 4)");
 }
 
 TEST(ValidatePlan, Imports) {

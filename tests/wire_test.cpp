@@ -100,6 +100,7 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.stop_token_ids = {2, 13};
   c.ignore_eos = true;
   c.priority = -3;
+  c.cache_class = "agent";
   c.num_top_logprobs = 2;
   c.stream = false;
   const std::string f = encode_request(99, c);
@@ -114,8 +115,8 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
                      d.stop, d.stop_token_ids, d.ignore_eos, d.priority, d.num_top_logprobs, d.stream),
             std::tie(c.prompt, c.prompt_tokens, c.max_tokens, c.temperature, c.top_p, c.top_k, c.min_p, c.has_seed, c.seed,
                      c.stop, c.stop_token_ids, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
-  EXPECT_EQ(std::tie(d.presence_penalty, d.frequency_penalty, d.repetition_penalty, d.logit_bias),
-            std::tie(c.presence_penalty, c.frequency_penalty, c.repetition_penalty, c.logit_bias));
+  EXPECT_EQ(std::tie(d.presence_penalty, d.frequency_penalty, d.repetition_penalty, d.logit_bias, d.cache_class),
+            std::tie(c.presence_penalty, c.frequency_penalty, c.repetition_penalty, c.logit_bias, c.cache_class));
 }
 
 TEST(Wire, ALogitBiasMapTakesIntegerOrDecimalStringKeys) {
@@ -159,6 +160,9 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
       {b({0x82}) + id5 + b({0xaa}) + "max_tokens" + b({0xce, 0x80, 0, 0, 0}), 5, errc::invalid_argument,
        "'max_tokens' must be an integer in the range of a 32-bit int"},
       {b({0x82}) + id5 + b({0xa4}) + "stop" + b({0x91, 0x01}), 5, errc::invalid_argument, "'stop' must be a string or a list of strings"},
+      {b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0xa5}) + "batch", 5, errc::invalid_argument,
+       "cache_class must be chat or agent, got 'batch'"},
+      {b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0x01}), 5, errc::invalid_argument, "'cache_class' must be a string"},
       {b({0x82}) + id5 + b({0xb0}) + "presence_penalty" + b({0xc3}), 5, errc::invalid_argument,
        "'presence_penalty' must be a number"},
       {b({0x82}) + id5 + b({0xaa}) + "logit_bias" + b({0x91, 0x01}), 5, errc::invalid_argument,

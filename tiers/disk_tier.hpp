@@ -60,6 +60,7 @@ class disk_tier {
   [[nodiscard]] int64_t num_blocks() const { return static_cast<int64_t>(index_.size()); }
   [[nodiscard]] int64_t num_bytes() const { return num_bytes_; }
   [[nodiscard]] int64_t capacity_bytes() const { return config_.capacity_bytes; }
+  [[nodiscard]] int32_t block_size() const { return config_.block_size; }
   [[nodiscard]] int64_t num_corrupt_blocks() const { return num_corrupt_blocks_; }
   /// The file that holds (or would hold) block `hash`.
   [[nodiscard]] std::string path_of(uint64_t hash) const;

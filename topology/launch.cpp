@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/atoms.hpp"
+#include "actors/cache_tier_actor.hpp"
 #include "actors/connect.hpp"
 #include "actors/door.hpp"
 #include "actors/engine_actor.hpp"
@@ -20,10 +21,16 @@ namespace {
 
 std::string where(const engine_spec& e) { return "engine '" + e.name + "': "; }
 
+/// The node's shared resources an engine uses.
+struct node_resources {
+  const node_spec& node;
+  std::shared_ptr<transport::ucx_transport> ucx;
+  actors::cache_tier_actor host_tier;  ///< none without host_tier_blocks
+};
+
 expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engine_spec& e, int32_t max_waiting,
                                    const launch_options& options, std::shared_ptr<const tokenizer>& tok,
-                                   const std::shared_ptr<transport::ucx_transport>& ucx, uint64_t ucx_tag_base,
-                                   int32_t& context_tokens) {
+                                   const node_resources& shared, uint64_t ucx_tag_base, int32_t& context_tokens) {
   const auto load_start = std::chrono::steady_clock::now();
   auto ck = model::checkpoint::load(e.model_path);  // weights pre-faulted: read from disk here
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
@@ -44,11 +51,33 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engin
   o.executor_threads = e.executor_threads;
   o.step_log = e.step_log;
   o.detached_executor = options.detached_executors;
-  o.kv_sender = ucx;
+  o.kv_sender = shared.ucx;
   o.kv_tag_base = ucx_tag_base;
+  o.host_tier = shared.host_tier;
+  o.tier_fetch_timeout = std::chrono::milliseconds(shared.node.host_tier_fetch_timeout_ms);
   auto engine = actors::spawn_engine(sys, o);
   if (!engine) return fail(engine.error().code, where(e) + engine.error().message);
   return engine;
+}
+
+/// The node's host-memory tier, with the block size its engines share (topology.cpp checks
+/// that they do); none when the node has no host_tier_blocks or no engine.
+expected<actors::cache_tier_actor> spawn_host_tier(caf::actor_system& sys, const topology& t, const node_spec& node) {
+  const auto engine = std::find_if(t.engines.begin(), t.engines.end(),
+                                   [&](const engine_spec& e) { return e.node == node.name; });
+  if (node.host_tier_blocks == 0 || engine == t.engines.end()) return actors::cache_tier_actor{};
+  kv::tier_config config;
+  config.block_size = engine->config.block_size;
+  config.capacity_blocks = node.host_tier_blocks;
+  auto store = kv::tier_store::create(config);
+  if (!store) return fail(store.error().code, "node '" + node.name + "': host tier: " + store.error().message);
+  std::optional<tiers::disk_tier> disk;
+  if (!node.disk_tier_dir.empty()) {
+    auto opened = tiers::disk_tier::open({node.disk_tier_dir, int64_t{node.disk_tier_mib} << 20, config.block_size});
+    if (!opened) return fail(opened.error().code, "node '" + node.name + "': disk tier: " + opened.error().message);
+    disk = std::move(*opened);
+  }
+  return actors::spawn_cache_tier(sys, std::move(*store), std::move(disk));
 }
 
 balance::engine_kind kind_of(engine_role role) {
@@ -141,11 +170,21 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     if (!ucx) return fail(ucx.error().code, "node '" + node_name + "': " + ucx.error().message);
     out.ucx = std::move(*ucx);
   }
+  if (auto tier = spawn_host_tier(sys, t, *node); !tier) {
+    return tl::unexpected(tier.error());
+  } else if (*tier) {
+    out.host_tier = *tier;
+    out.summary.push_back("host cache tier: " + std::to_string(node->host_tier_blocks) + " KV blocks" +
+                          (node->disk_tier_dir.empty() ? std::string()
+                                                       : ", over a disk tier of " + std::to_string(node->disk_tier_mib) +
+                                                             " MiB in " + node->disk_tier_dir));
+  }
+  const node_resources shared{*node, out.ucx, out.host_tier};
   for (size_t i = 0; i < t.engines.size(); i++) {
     const engine_spec& e = t.engines[i];
     if (e.node != node_name) continue;
     // UCX tags: 40 bits of transfer counter under the engine's topology index, unique cluster-wide.
-    auto engine = launch_engine(sys, e, t.load_balancer.max_waiting, options, out.tok, out.ucx,
+    auto engine = launch_engine(sys, e, t.load_balancer.max_waiting, options, out.tok, shared,
                                 static_cast<uint64_t>(i + 1) << 40, context_tokens);
     if (!engine) {
       shutdown_node(sys, out);
@@ -245,6 +284,7 @@ void shutdown_node(caf::actor_system& sys, const launched_node& node) {
   actors::close_door(caf::actor_cast<caf::strong_actor_ptr>(node.node_actor));
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  if (node.host_tier) caf::anon_send_exit(node.host_tier, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
 }
 

@@ -33,6 +33,7 @@ struct launched_node {
   actors::balancer_client_actor front;   ///< the balancer's client surface: published where the balancer runs
   actors::node_actor node_actor;       ///< answers engines_atom with `engines`; published where the balancer is not
   std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
+  actors::cache_tier_actor host_tier;  ///< the node's host-memory KV tier ([[node]] host_tier_blocks), if any
   std::shared_ptr<const tokenizer> tok;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
 

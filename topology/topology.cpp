@@ -282,10 +282,32 @@ struct scope {
   return {};
 }
 
+/// disk_tier_dir (relative to the file) and disk_tier_mib come together, below a host tier.
+[[nodiscard]] expected<void> read_disk_tier(const context& ctx, const toml::table& table, const scope& where,
+                                            node_spec& node) {
+  const bool has_dir = table.get("disk_tier_dir") != nullptr;
+  if (has_dir != (table.get("disk_tier_mib") != nullptr))
+    return malformed(ctx, line_of_key(table, has_dir ? "disk_tier_dir" : "disk_tier_mib"), where.label,
+                     "disk_tier_dir and disk_tier_mib go together: set both or neither");
+  if (!has_dir) return {};
+  if (node.host_tier_blocks == 0)
+    return malformed(ctx, line_of_key(table, "disk_tier_dir"), where.label,
+                     "a disk tier holds what the host tier evicts: set host_tier_blocks too");
+  auto dir = read_string(ctx, table, where, "disk_tier_dir");
+  if (!dir) return tl::unexpected(dir.error());
+  node.disk_tier_dir = (fs::path(ctx.base_dir) / *dir).lexically_normal().string();
+  auto mib = read_int(ctx, table, where, "disk_tier_mib", std::nullopt, 1);
+  if (!mib) return tl::unexpected(mib.error());
+  node.disk_tier_mib = *mib;
+  return {};
+}
+
 [[nodiscard]] expected<node_spec> read_node(const context& ctx, const toml::table& table,
                                             size_t index, bool tls) {
   const scope where{label_of("node", table, index), line_of(table)};
-  if (auto ok = check_known_keys(ctx, table, where, {"name", "host", "port", "kv_port", "certificate", "key"});
+  if (auto ok = check_known_keys(ctx, table, where,
+                                 {"name", "host", "port", "kv_port", "certificate", "key", "host_tier_blocks",
+                                  "host_tier_fetch_timeout_ms", "disk_tier_dir", "disk_tier_mib"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -312,6 +334,13 @@ struct scope {
   if (!kv_port) return tl::unexpected(kv_port.error());
   node.kv_port = static_cast<uint16_t>(*kv_port);
   if (auto ok = read_node_credentials(ctx, table, where, tls, node); !ok) return tl::unexpected(ok.error());
+  auto tier_blocks = read_int(ctx, table, where, "host_tier_blocks", 0, 0);
+  if (!tier_blocks) return tl::unexpected(tier_blocks.error());
+  node.host_tier_blocks = *tier_blocks;
+  auto fetch_timeout = read_int(ctx, table, where, "host_tier_fetch_timeout_ms", node.host_tier_fetch_timeout_ms, 1, 60000);
+  if (!fetch_timeout) return tl::unexpected(fetch_timeout.error());
+  node.host_tier_fetch_timeout_ms = *fetch_timeout;
+  if (auto ok = read_disk_tier(ctx, table, where, node); !ok) return tl::unexpected(ok.error());
   TROUPE_ASSERT(node.port >= 1);
   TROUPE_ASSERT(node.kv_port >= 1);
   return node;
@@ -553,6 +582,28 @@ struct listener {
 }
 
 /// Every [[engine]]: at least one, unique names, known nodes, a workable mix of roles.
+/// The engines of a node with a host tier share it, and a block is named by its tokens alone:
+/// they must run one model with one block size, or one engine's KV would serve another's.
+[[nodiscard]] expected<void> check_shared_tiers(const context& ctx, const std::vector<const toml::table*>& tables,
+                                                const std::vector<engine_spec>& engines,
+                                                const std::vector<node_spec>& nodes) {
+  for (size_t j = 0; j < engines.size(); ++j) {
+    const auto node = std::find_if(nodes.begin(), nodes.end(), [&](const node_spec& n) { return n.name == engines[j].node; });
+    if (node == nodes.end() || node->host_tier_blocks == 0) continue;
+    for (size_t i = 0; i < j; ++i) {
+      const engine_spec& a = engines[i];
+      const engine_spec& b = engines[j];
+      if (a.node != b.node || (a.model_path == b.model_path && a.config.block_size == b.config.block_size)) continue;
+      return malformed(ctx, line_of(*tables[j]), "engine " + in_quotes(b.name),
+                       "node " + in_quotes(b.node) + " has a host tier (host_tier_blocks), which its engines share: "
+                       "each must run the model and block_size of engine " + in_quotes(a.name) + " (" + a.model_path +
+                       ", block_size " + std::to_string(a.config.block_size) + "), got " + b.model_path +
+                       ", block_size " + std::to_string(b.config.block_size));
+    }
+  }
+  return {};
+}
+
 [[nodiscard]] expected<std::vector<engine_spec>> read_engines(const context& ctx,
                                                               const toml::table& root,
                                                               const std::vector<node_spec>& nodes) {
@@ -577,6 +628,7 @@ struct listener {
   if (auto ok = check_roles(ctx, line_of(*tables->front()), engines); !ok) {
     return tl::unexpected(ok.error());
   }
+  if (auto ok = check_shared_tiers(ctx, *tables, engines, nodes); !ok) return tl::unexpected(ok.error());
   return engines;
 }
 

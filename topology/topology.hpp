@@ -40,6 +40,13 @@
 ///   kv_port = 8100                     #   optional, 1..65535, default port + 1000: the UCX
 ///                                      #   listener (kv_transfer = "ucx"); every (host, port)
 ///                                      #   and (host, kv_port) is unique across all nodes
+///   host_tier_blocks = 0               #   optional, >= 0, default 0 (none): a host-memory KV
+///                                      #   cache tier of this many blocks, shared by the node's
+///                                      #   engines (which must then run one model and block size)
+///   host_tier_fetch_timeout_ms = 50    #   optional, 1..60000, default 50: how long a request
+///                                      #   waits for the tier's blocks before recomputing them
+///   disk_tier_dir = "kv-cache"         #   optional (with disk_tier_mib and host_tier_blocks): a
+///   disk_tier_mib = 1024               #   disk tier below the host tier, relative to the file
 ///
 ///   [load_balancer]                    # required table
 ///   node = "node0"                     #   required, names a [[node]]
@@ -113,6 +120,15 @@ struct node_spec {
   uint16_t kv_port = 0;  ///< UCX listener on `host` (kv_transfer = ucx); parsed default port + 1000
   std::string certificate;  ///< PEM, absolute; set exactly when the topology has [tls]
   std::string key;          ///< the certificate's private key (PEM, absolute); set with `certificate`
+  /// The node's host-memory cache tier (docs/kv-tiers.md): capacity in KV blocks, shared by the
+  /// node's engines; 0 = none.
+  int32_t host_tier_blocks = 0;
+  /// How long a request waits for the host tier's blocks before it recomputes them.
+  int32_t host_tier_fetch_timeout_ms = 50;
+  /// The disk tier below the host tier (tiers/disk_tier.hpp): its directory (absolute) and
+  /// capacity; "" = none.
+  std::string disk_tier_dir;
+  int32_t disk_tier_mib = 0;
 };
 
 /// How a prefill engine ships a request's KV cache to the decode engine that continues it.

@@ -10,6 +10,7 @@
 
 #include <msgpack.hpp>
 
+#include "runtime/kv/cache_class.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::wire {
@@ -110,6 +111,15 @@ expected<void> read_logit_bias(const msgpack::object& v, std::vector<sampling::t
   return {};
 }
 
+/// "chat" or "agent" (kv::parse_cache_class).
+expected<void> read_cache_class(const msgpack::object& v, std::string& out) {
+  std::string name;
+  if (auto ok = read_string(v, "cache_class", name); !ok) return ok;
+  if (auto cls = kv::parse_cache_class(name); !cls) return tl::unexpected(cls.error());
+  out = std::move(name);
+  return {};
+}
+
 using field_reader = std::function<expected<void>(const msgpack::object&, msg::completion_request&)>;
 
 /// Every key a request may have but `id`, with how its value is read.
@@ -139,6 +149,7 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
       {"stop_token_ids", [](const o& v, r& x) { return read_tokens(v, "stop_token_ids", x.stop_token_ids); }},
       {"ignore_eos", [](const o& v, r& x) { return read_bool(v, "ignore_eos", x.ignore_eos); }},
       {"priority", [](const o& v, r& x) { return read_int32(v, "priority", x.priority); }},
+      {"cache_class", [](const o& v, r& x) { return read_cache_class(v, x.cache_class); }},
       {"num_top_logprobs", [](const o& v, r& x) { return read_int32(v, "num_top_logprobs", x.num_top_logprobs); }},
       {"stream", [](const o& v, r& x) { return read_bool(v, "stream", x.stream); }},
   };
@@ -253,7 +264,7 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 19 : 18);
+  p.pack_map(c.has_seed ? 20 : 19);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
@@ -294,6 +305,8 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   p.pack(c.ignore_eos);
   pack_text(p, "priority");
   p.pack_int32(c.priority);
+  pack_text(p, "cache_class");
+  pack_text(p, c.cache_class);
   pack_text(p, "num_top_logprobs");
   p.pack_int32(c.num_top_logprobs);
   pack_text(p, "stream");

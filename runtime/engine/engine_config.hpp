@@ -21,6 +21,10 @@ struct engine_config {
   std::vector<int32_t> eos_token_ids;
   /// Plans in flight at most: 1 = synchronous, 2 = plan step N+1 while N runs.
   int32_t max_steps_in_flight = 1;
+  /// A host-memory cache tier below the pool (issue 14, docs/kv-tiers.md): cached blocks the
+  /// pool evicts are read out for it (engine_core::take_demoted) and blocks it holds can be
+  /// promoted into the pool (engine_core::promote). Set by the engine actor when it has a tier.
+  bool host_tier = false;
 };
 
 }  // namespace troupe::engine

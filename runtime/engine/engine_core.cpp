@@ -75,6 +75,9 @@ expected<void> validate_request(const request& r, const model::model_config& mod
   if (r.n < 1 || r.n > num_samples_max)
     return fail(errc::invalid_argument, "n must be in [1, " + num(num_samples_max) + "], got " + num(r.n));
   if (auto ok = validate_stops(r, model); !ok) return ok;
+  if (!kv::is_valid(r.cache_class))
+    return fail(errc::invalid_argument, "cache_class " + num(static_cast<uint8_t>(r.cache_class)) +
+                                            " is not a class (chat = 0, agent = 1)");
   if (r.batch_tokens && (r.n != 1 || !r.stop.empty()))
     return fail(errc::invalid_argument, "batch_tokens needs n = 1 and no stop strings");
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
@@ -105,7 +108,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
   if (auto ok = validate_budgets(config.scheduler); !ok) return tl::unexpected(ok.error());
   if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 2)
     return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
-  auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size});
+  auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier});
   if (!blocks) return tl::unexpected(blocks.error());
   engine_config c = config;
   if (c.eos_token_ids.empty()) c.eos_token_ids = {eos_id, bos_id};
@@ -119,6 +122,10 @@ engine_core::engine_core(const model::model_config& model, const engine_config& 
       scheduler_(std::make_unique<sched::scheduler>(config.scheduler, *blocks_)) {
   if (config.scheduler.step_time_budget_ms > 0 && config.scheduler.step_time_correction_window > 0)
     step_time_correction_.emplace(config.scheduler.step_time_correction_window);
+  if (config.host_tier) {
+    block_class_.assign(static_cast<size_t>(config.num_kv_blocks), kv::cache_class::chat);
+    promoted_.assign(static_cast<size_t>(config.num_kv_blocks), 0);
+  }
 }
 
 kv::seq_id engine_core::new_sequence(request_id id, int32_t index, uint64_t seed) {
@@ -265,6 +272,7 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   sent = static_cast<int32_t>(table.size());
   const sample_state& st = samples_.at(c.seq);
   const request& r = requests_.at(st.request).req;
+  if (config_.host_tier) note_tier_use(chunk, r.cache_class);
   chunk.sampling = r.sampling;
   chunk.num_prompt_tokens = s.num_prompt_tokens;
   if (sampling::needs_context(r.sampling) && chunk.first_block == 0) {
@@ -288,6 +296,79 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   return chunk;
 }
 
+void engine_core::note_tier_use(const exec_chunk& chunk, kv::cache_class cls) {
+  for (const int32_t b : chunk.block_table) block_class_[static_cast<size_t>(b)] = cls;
+  if (chunk.first_block != 0) return;
+  // A sequence new to the executor: its leading cached blocks are its prefix hit.
+  const int32_t num_hit_blocks = chunk.first_position / config_.block_size;
+  for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(chunk.block_table.size()); i++) {
+    uint8_t& promoted = promoted_[static_cast<size_t>(chunk.block_table[static_cast<size_t>(i)])];
+    if (promoted) stats_.num_host_hit_tokens += config_.block_size;
+    promoted = 0;
+  }
+}
+
+bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) const {
+  return kv::validate(b, config_.block_size).has_value() && b.num_layers == model_.n_layers &&
+         b.kv_dim == model_.kv_dim() && (parent == nullptr || b.parent_hash == parent->hash);
+}
+
+int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks) {
+  TROUPE_ASSERT_MSG(config_.host_tier, "promote without a host tier");
+  int32_t num_promoted = 0;
+  // Beyond these, a pop would evict the prefix being extended or this call's own blocks.
+  int32_t num_free = blocks_->num_free_blocks() - blocks_->refresh(blocks_->find_prefix(tokens));
+  for (size_t i = 0; i < blocks.size(); i++) {
+    kv::kv_block& b = blocks[i];
+    if (!promotable(b, i == 0 ? nullptr : &blocks[i - 1])) break;
+    if (blocks_->has_block(b.hash)) continue;
+    if (num_free-- == 0) break;
+    const kv::block_id block = blocks_->insert_cached(b.parent_hash, b.tokens);
+    collect_evictions();
+    promoted_[static_cast<size_t>(block)] = 1;
+    stats_.num_promoted_blocks++;
+    stats_.num_promoted_bytes += b.num_bytes();
+    pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size,
+                                                           std::move(b.keys), std::move(b.values)}};
+    num_promoted++;
+  }
+  return num_promoted;
+}
+
+void engine_core::collect_evictions() {
+  for (kv::evicted_block& e : blocks_->take_evictions()) {
+    const size_t b = static_cast<size_t>(e.block);
+    promoted_[b] = 0;
+    const auto pending = pending_promotions_.find(e.block);
+    if (pending != pending_promotions_.end() && pending->second.hash == e.hash) {
+      pending_promotions_.erase(pending);
+      continue;
+    }
+    pending_demotions_.emplace_back(std::move(e), block_class_[b]);
+  }
+}
+
+void engine_core::add_tier_moves(exec_plan& plan, flight& f) {
+  collect_evictions();
+  for (auto& [e, cls] : pending_demotions_) {
+    plan.demotions.push_back(e.block);
+    kv::kv_block block;
+    block.hash = e.hash;
+    block.parent_hash = e.parent_hash;
+    block.tokens = std::move(e.tokens);
+    f.demoted.push_back(demoted_block{std::move(block), cls});
+  }
+  pending_demotions_.clear();
+  for (auto& [block, p] : pending_promotions_) plan.imports.push_back(kv_import{{block}, std::move(p.kv)});
+  pending_promotions_.clear();
+}
+
+std::vector<demoted_block> engine_core::take_demoted() {
+  std::vector<demoted_block> out = std::move(demoted_);
+  demoted_.clear();
+  return out;
+}
+
 std::optional<exec_plan> engine_core::plan_step() {
   if (num_in_flight() >= config_.max_steps_in_flight) return std::nullopt;
   flight f{scheduler_->schedule(), {}, {}};
@@ -298,6 +379,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   }
   exec_plan plan;
   plan.step = next_step_++;
+  if (config_.host_tier) add_tier_moves(plan, f);
   for (kv::seq_id seq : f.plan.imported) {
     auto it = pending_imports_.find(seq);
     TROUPE_ASSERT_MSG(it != pending_imports_.end(), "an imported sequence without its KV");
@@ -320,7 +402,7 @@ std::optional<exec_plan> engine_core::plan_step() {
 
 std::vector<sample_event> engine_core::complete_step(exec_result result) {
   TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
-  const flight f = std::move(in_flight_.front());
+  flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (step_time_correction_ && result.measured_ns > 0) correct_step_time(f.features, result.measured_ns);
   if (result.measured_ns > 0 && f.plan.num_recomputed_tokens > 0)
@@ -364,6 +446,19 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     end_sample(seq);
   }
   TROUPE_ASSERT(e == result.exports.size());
+  TROUPE_ASSERT_MSG(result.demoted.size() == f.demoted.size(), "a result without its plan's demoted blocks");
+  for (size_t d = 0; d < f.demoted.size(); d++) {
+    demoted_block out = std::move(f.demoted[d]);
+    kv_data& kv = result.demoted[d];
+    TROUPE_ASSERT(kv.num_tokens == config_.block_size && kv.consistent());
+    out.block.num_layers = kv.num_layers;
+    out.block.kv_dim = kv.kv_dim;
+    out.block.keys = std::move(kv.keys);
+    out.block.values = std::move(kv.values);
+    stats_.num_demoted_blocks++;
+    stats_.num_demoted_bytes += out.block.num_bytes();
+    demoted_.push_back(std::move(out));
+  }
   return events;
 }
 
@@ -436,6 +531,24 @@ void engine_core::check_invariants(bool deep) const {
   for (const auto& [seq, kv] : pending_imports_) TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
   if (step_time_correction_) step_time_correction_->check_invariants();
+  check_tier_state();
+}
+
+void engine_core::check_tier_state() const {
+  if (!config_.host_tier) {
+    TROUPE_ASSERT(pending_promotions_.empty() && pending_demotions_.empty() && demoted_.empty());
+    return;
+  }
+  for (size_t b = 0; b < promoted_.size(); b++)
+    TROUPE_ASSERT_MSG(!promoted_[b] || blocks_->is_cached(static_cast<kv::block_id>(b)), "a promoted block lost its hash");
+  check_pending_promotions();
+}
+
+void engine_core::check_pending_promotions() const {
+  for (const auto& [block, p] : pending_promotions_) {
+    TROUPE_ASSERT_MSG(blocks_->is_cached(block), "a pending promotion into a block that was evicted");
+    TROUPE_ASSERT(p.kv.num_tokens == config_.block_size && p.kv.consistent());
+  }
 }
 
 void engine_core::check_step() {
@@ -447,6 +560,7 @@ void engine_core::check_step() {
   TROUPE_ASSERT(requests_.size() <= samples_.size());
   TROUPE_ASSERT(blocks_sent_.size() <= samples_.size() && pending_imports_.size() <= samples_.size());
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
+  check_pending_promotions();
   if (++num_step_checks_ % full_check_interval == 0) check_invariants(/*deep=*/false);
 }
 

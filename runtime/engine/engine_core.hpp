@@ -20,6 +20,8 @@
 #include "runtime/engine/engine_config.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/engine/step.hpp"
+#include "runtime/kv/cache_class.hpp"
+#include "runtime/kv/kv_block.hpp"
 #include "runtime/model/transformer.hpp"
 #include "runtime/sched/scheduler.hpp"
 
@@ -37,6 +39,13 @@ struct engine_stats {
   /// Time lost to preemption: of each measured step, the share of its tokens that were
   /// computed again after a preemption dropped their KV (step_plan::num_recomputed_tokens).
   int64_t preempted_ns = 0;
+  /// Of num_prefix_hit_tokens, those served by blocks promoted from the host tier for this use
+  /// (a promoted block's first hit; later hits on it are the pool's).
+  int64_t num_host_hit_tokens = 0;
+  int64_t num_promoted_blocks = 0;  ///< host tier -> pool
+  int64_t num_promoted_bytes = 0;   ///< kv::kv_block::num_bytes of them
+  int64_t num_demoted_blocks = 0;   ///< pool -> host tier (read out by a completed step)
+  int64_t num_demoted_bytes = 0;
   int32_t num_blocks_in_use = 0;
   /// With the step-time correction on: how well the model, alone and corrected, predicted the
   /// measured steps.
@@ -66,6 +75,13 @@ struct prefilled_request {
 struct failed_request {
   request_id id = 0;
   error reason;  ///< errc::internal with the executor's message
+};
+
+/// A cached block the pool evicted, read out whole for the host tier, with the traffic class of
+/// the last request that used it (its lifetime there).
+struct demoted_block {
+  kv::kv_block block;
+  kv::cache_class cls = kv::cache_class::chat;
 };
 
 /// Checks a request against a model and an engine configuration (see engine_core::add_request).
@@ -106,6 +122,22 @@ class engine_core {
   /// and max_tokens what remains. Its seed and positions are unchanged, so the counter RNG
   /// continues exactly where it was: the continuation equals the undisturbed run's.
   [[nodiscard]] std::vector<request> resumable_requests() const;
+
+  /// Whether add_request / add_prefill would accept `r` (its checks, without queueing it).
+  [[nodiscard]] expected<void> check_request(const request& r) const { return check_new(r); }
+
+  /// Host tier: puts `blocks` (from the tier, in chain order, following the pool's own prefix of
+  /// `tokens`) into the prefix cache as free cached blocks (block_manager::insert_cached), their
+  /// KV written by the next plan before it computes anything, so a request for `tokens` admitted
+  /// after this call hits them like any cached block and the hit rule applies as usual. The
+  /// pool's prefix of `tokens` is refreshed first (block_manager::refresh) so that the inserts
+  /// do not evict it. Skips blocks cached already; stops at the first block that is not whole
+  /// (kv::validate), not of this model's shape or not the previous one's child, and when no
+  /// free block is left but the prefix's and this call's. Returns how many it put.
+  int32_t promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks);
+
+  /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
+  [[nodiscard]] std::vector<demoted_block> take_demoted();
 
   /// Requests whose prefill-only run completed since the last call, in completion order.
   [[nodiscard]] std::vector<prefilled_request> take_prefilled();
@@ -173,6 +205,12 @@ class engine_core {
     std::vector<size_t> num_samples;  ///< per plan chunk
     std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
     cost::step_features features;   ///< with the step-time correction on: what the step computes
+    std::vector<demoted_block> demoted;  ///< the plan's demotions, KV still empty
+  };
+  /// A promoted block's KV, to be written by the next plan.
+  struct promotion {
+    uint64_t hash = 0;
+    kv_data kv;
   };
 
   engine_core(const model::model_config& model, const engine_config& config,
@@ -191,6 +229,20 @@ class engine_core {
   /// A live sample is in its request's list and the scheduler, its executor table within its
   /// block table, its imported KV the size the scheduler expects; a gone one left nothing.
   void check_sample(kv::seq_id seq) const;
+  /// Moves the pool's evictions into pending_demotions_, except a block evicted before its
+  /// promoted KV was ever written: that write is dropped instead (the tier still has the block).
+  void collect_evictions();
+  /// A chunk's blocks were last used with `cls`; a new sequence's hit on promoted blocks counts
+  /// as host-tier hit tokens.
+  void note_tier_use(const exec_chunk& chunk, kv::cache_class cls);
+  /// The host tier's bookkeeping: promoted and pending-promotion blocks are cached.
+  void check_tier_state() const;
+  /// Each pending promotion's block is still cached, its KV one whole block (per step: few).
+  void check_pending_promotions() const;
+  /// Whether `b` may join a promotion into the pool after `parent` (nullptr: the first).
+  [[nodiscard]] bool promotable(const kv::kv_block& b, const kv::kv_block* parent) const;
+  /// Adds the pending demotions and promotions to `plan` (demotions are read before any write).
+  void add_tier_moves(exec_plan& plan, flight& f);
   /// A step of `features` took `measured_ns`: corrects the scheduler's step-time model.
   void correct_step_time(const cost::step_features& features, int64_t measured_ns);
 
@@ -207,6 +259,12 @@ class engine_core {
   std::map<kv::seq_id, int32_t> blocks_sent_;      // table entries the executor holds, per sequence
   std::vector<prefilled_request> prefilled_;       // for take_prefilled
   std::vector<failed_request> failed_;             // for take_failed
+  // Host tier (config_.host_tier):
+  std::vector<kv::cache_class> block_class_;       // (num_kv_blocks) class of each block's last request
+  std::vector<uint8_t> promoted_;                  // (num_kv_blocks) 1: promoted, not hit yet
+  std::map<kv::block_id, promotion> pending_promotions_;  // KV for the next plan's imports
+  std::vector<std::pair<kv::evicted_block, kv::cache_class>> pending_demotions_;  // for the next plan
+  std::vector<demoted_block> demoted_;             // for take_demoted
   kv::seq_id next_seq_ = 0;
   int64_t next_step_ = 0;
   int64_t num_step_checks_ = 0;

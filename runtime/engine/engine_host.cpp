@@ -2,6 +2,8 @@
 
 #include <set>
 #include <tuple>
+
+#include "runtime/kv/hit_rule.hpp"
 #include <utility>
 
 namespace troupe::engine {
@@ -71,6 +73,20 @@ bool operator==(const arm_report_timer& a, const arm_report_timer& b) { return a
 
 bool operator==(const restart_executor&, const restart_executor&) { return true; }
 
+bool operator==(const fetch_blocks& a, const fetch_blocks& b) {
+  return std::tie(a.id, a.tokens, a.first_block, a.num_blocks_max) == std::tie(b.id, b.tokens, b.first_block, b.num_blocks_max);
+}
+
+// Demoted blocks compare by name, class and payload size.
+bool operator==(const demote_blocks& a, const demote_blocks& b) {
+  if (a.blocks.size() != b.blocks.size()) return false;
+  for (size_t i = 0; i < a.blocks.size(); i++)
+    if (a.blocks[i].block.hash != b.blocks[i].block.hash || a.blocks[i].cls != b.blocks[i].cls ||
+        a.blocks[i].block.num_bytes() != b.blocks[i].block.num_bytes())
+      return false;
+  return true;
+}
+
 expected<std::unique_ptr<engine_host>> engine_host::create(engine_host_options options, int64_t now_ns) {
   auto core = engine_core::create(options.model, options.bos_id, options.eos_id, options.config);
   if (!core) return tl::unexpected(core.error());
@@ -84,20 +100,26 @@ engine_host::engine_host(engine_host_options options, std::unique_ptr<engine_cor
 /// Queues `r` through `add` (one of the core's add_* calls, which moves `r`); false (with a
 /// rejection to the caller) when it is refused. `samples` is false for a prefill-only request
 /// (its tokens come from the decode engine).
+/// `watched`: the request waited for the host tier; its caller is watched already and refusals
+/// go to it (the current call is the tier's answer).
 template <class Add>
-bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns) {
+bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns, bool watched) {
   const request_id id = r.id;
   // Tokens delivered in one message at the end: room for all of them reserved now.
   const int32_t batch_tokens = samples && r.batch_tokens ? r.max_tokens : 0;
-  if (core_->num_waiting() >= options_.max_waiting) {
+  if (!watched && num_queued() >= options_.max_waiting) {
     out.push_back(reject{id, errc::overloaded,
                          "the engine's waiting queue is full (" + std::to_string(options_.max_waiting) +
                              " requests); retry later",
                          true});
     return false;
   }
+  if (!watched && tier_waits_.count(id)) {
+    out.push_back(reject{id, errc::invalid_argument, "duplicate request id " + std::to_string(id), true});
+    return false;
+  }
   if (auto ok = add(); !ok) {
-    out.push_back(reject{id, ok.error().code, ok.error().message, true});
+    out.push_back(reject{id, ok.error().code, ok.error().message, !watched});
     return false;
   }
   live_request& live = requests_.emplace(id, live_request{0, batch_tokens > 0, {}}).first->second;
@@ -109,15 +131,70 @@ bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out,
     b.age_ns.reserve(batch_tokens);
   }
   // A request actor that dies without releasing its request must not keep it generating.
-  out.push_back(watch_caller{id});
+  if (!watched) out.push_back(watch_caller{id});
   kick(out, now_ns);
   note_change(out, now_ns);
   return true;
 }
 
+/// The request waits for the tier only if the tier may add to the pool's prefix: the pool holds
+/// fewer leading blocks than the hit rule lets a prompt of this length take from cache.
+bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out) {
+  if (!options_.config.host_tier) return false;
+  const request_id id = r.id;
+  std::optional<error> refused;
+  if (num_queued() >= options_.max_waiting)
+    refused = error{errc::overloaded, "the engine's waiting queue is full (" + std::to_string(options_.max_waiting) +
+                                          " requests); retry later"};
+  else if (tier_waits_.count(id))
+    refused = error{errc::invalid_argument, "duplicate request id " + std::to_string(id)};
+  else if (auto ok = core_->check_request(r); !ok)
+    refused = ok.error();
+  if (refused) {
+    out.push_back(reject{id, refused->code, refused->message, true});
+    return true;
+  }
+  std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (handoff ? 1 : 0));  // what the core prefills
+  const int32_t block_size = core_->config().block_size;
+  const int32_t num_pool_blocks = static_cast<int32_t>(core_->blocks().find_prefix(tokens).blocks.size());
+  const kv::hit_rule_config rule{block_size, 0, core_->config().scheduler.prefix_cache_slack_tokens};
+  const int32_t num_blocks_max = kv::max_reused_tokens(rule, static_cast<int32_t>(tokens.size())) / block_size;
+  if (num_pool_blocks >= num_blocks_max) return false;
+  out.push_back(watch_caller{id});
+  out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
+  tier_waits_.emplace(id, tier_wait{std::move(r), std::move(handoff)});
+  return true;
+}
+
+effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns) {
+  effects out;
+  auto it = tier_waits_.find(id);
+  if (it == tier_waits_.end()) return out;  // released, or its caller died, meanwhile
+  const request& r = it->second.req;
+  const std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (it->second.handoff ? 1 : 0));
+  if (!blocks.empty()) (void)core_->promote(tokens, std::move(blocks));
+  tier_wait w = std::move(it->second);
+  tier_waits_.erase(it);
+  admit_waited(std::move(w), out, now_ns);
+  return out;
+}
+
+void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns) {
+  request& r = w.req;
+  const request_id id = r.id;
+  if (!w.handoff) {
+    admit(r, true, [&] { return core_->add_request(std::move(r)); }, out, now_ns, /*watched=*/true);
+    return;
+  }
+  if (admit(r, false, [&] { return core_->add_prefill(std::move(r)); }, out, now_ns, /*watched=*/true))
+    handoffs_[id] = std::move(*w.handoff);
+}
+
 effects engine_host::submit(request r, int64_t now_ns) {
   num_received_++;
   effects out;
+  std::optional<handoff_target> none;
+  if (fetch_first(r, none, out)) return out;
   admit(r, true, [&] { return core_->add_request(std::move(r)); }, out, now_ns);
   return out;
 }
@@ -131,8 +208,10 @@ effects engine_host::submit_prefill(request r, std::optional<peer_id> decode, st
     out.push_back(reject{id, errc::invalid_argument, "a prefill request names no decode engine", true});
     return out;
   }
+  std::optional<handoff_target> target = handoff_target{*decode, std::move(kv_host), kv_port};
+  if (fetch_first(r, target, out)) return out;
   if (admit(r, false, [&] { return core_->add_prefill(std::move(r)); }, out, now_ns))
-    handoffs_[id] = handoff_target{*decode, std::move(kv_host), kv_port};
+    handoffs_[id] = std::move(*target);
   return out;
 }
 
@@ -246,6 +325,7 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
   if (generation != generation_) return out;  // a failed executor's late reply
   std::vector<sample_event> events = core_->complete_step(std::move(result));
   out.reserve(events.size() + 4);  // an effect per token, and a few more: one allocation per step
+  if (std::vector<demoted_block> d = core_->take_demoted(); !d.empty()) out.push_back(demote_blocks{std::move(d)});
   for (sample_event& e : events) on_sample(std::move(e), out, now_ns);
   for (failed_request& f : core_->take_failed()) {
     if (!requests_.count(f.id)) continue;
@@ -299,6 +379,7 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
 }
 
 void engine_host::drop(request_id id, effects& out, int64_t now_ns) {
+  tier_waits_.erase(id);
   (void)core_->remove_request(id);
   requests_.erase(id);
   handoffs_.erase(id);
@@ -314,14 +395,14 @@ effects engine_host::release(request_id id, int64_t now_ns) {
 
 effects engine_host::peer_down(request_id id, int64_t now_ns) {
   effects out;
-  if (requests_.count(id)) drop(id, out, now_ns);
+  if (requests_.count(id) || tier_waits_.count(id)) drop(id, out, now_ns);
   return out;
 }
 
 engine_host_stats engine_host::stats(int64_t now_ns) const {
   engine_host_stats s;
   s.core = core_->stats();
-  s.num_waiting = core_->num_waiting();
+  s.num_waiting = num_queued();
   s.num_requests = static_cast<int64_t>(requests_.size());
   s.num_executor_failures = num_executor_failures_;
   s.num_resumed_requests = num_resumed_requests_;

@@ -16,6 +16,11 @@
 ///   its KV and the decode engine (and a UCX tag when the KV travels over UCX);
 /// - load reports: `report_load` at most once per interval and only after a change; a change
 ///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none;
+/// - host tier (config.host_tier): a request whose prompt the pool holds less of than the hit
+///   rule allows waits outside the core while the tier is asked for the blocks that follow
+///   (`fetch_blocks`); its answer (`tier_answered`) promotes them and queues the request. The
+///   engine keeps stepping the others meanwhile. Blocks a step read out of the pool for the
+///   tier go to it as `demote_blocks`;
 /// - executor failure: the core is rebuilt, `restart_executor` asks for a new executor, and
 ///   every unfinished n = 1 request resumes on the new core by recompute from its prompt plus
 ///   the tokens it has sent (engine_core::resumable_requests: its stream continues with the
@@ -118,8 +123,23 @@ struct arm_report_timer {
 /// The executor failed: replace it (its KV is gone; the host is empty again).
 struct restart_executor {};
 
+/// Host tier: ask it for the blocks of `tokens` from block `first_block` on (at most
+/// `num_blocks_max`, msg::tier_fetch), and call `tier_answered(id, ...)` with what comes back —
+/// nothing if it does not answer within the fetch timeout.
+struct fetch_blocks {
+  request_id id = 0;
+  std::vector<int32_t> tokens;
+  int32_t first_block = 0;
+  int32_t num_blocks_max = 0;
+};
+
+/// Host tier: store these blocks (msg::tier_put each), without waiting for its answers.
+struct demote_blocks {
+  std::vector<demoted_block> blocks;
+};
+
 using effect = std::variant<send_plan, send_token, send_batch, reject, watch_caller, hand_off, report_load,
-                            arm_report_timer, restart_executor>;
+                            arm_report_timer, restart_executor, fetch_blocks, demote_blocks>;
 using effects = std::vector<effect>;
 
 bool operator==(const send_plan& a, const send_plan& b);
@@ -132,6 +152,8 @@ bool operator==(const hand_off& a, const hand_off& b);
 bool operator==(const report_load& a, const report_load& b);
 bool operator==(const arm_report_timer& a, const arm_report_timer& b);
 bool operator==(const restart_executor& a, const restart_executor& b);
+bool operator==(const fetch_blocks& a, const fetch_blocks& b);
+bool operator==(const demote_blocks& a, const demote_blocks& b);
 
 struct engine_host_options {
   model::model_config model;
@@ -184,6 +206,11 @@ class engine_host {
   [[nodiscard]] effects report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns);
   /// The timer armed by arm_report_timer fired.
   [[nodiscard]] effects report_timer(int64_t now_ns);
+  /// The host tier answered `fetch_blocks` for `id` with `blocks` (none: a miss, an error or no
+  /// answer in time). If the request still waits (not released meanwhile), they are promoted
+  /// into the pool after its own prefix (engine_core::promote) and the request is queued, so its
+  /// prefill skips what the pool now holds (the hit rule applies); else the answer is dropped.
+  [[nodiscard]] effects tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns);
 
   [[nodiscard]] int64_t generation() const { return generation_; }
   [[nodiscard]] bool is_live(request_id id) const { return requests_.count(id) != 0; }
@@ -212,8 +239,19 @@ class engine_host {
 
   engine_host(engine_host_options options, std::unique_ptr<engine_core> core, int64_t now_ns);
 
+  /// A request waiting for the host tier's answer (handoff: a prefill-only one).
+  struct tier_wait {
+    request req;
+    std::optional<handoff_target> handoff;
+  };
+
   template <class Add>
-  bool admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns);
+  bool admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns, bool watched = false);
+  /// Host tier: true if `r` was answered here — refused, or sent to wait for the tier.
+  bool fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out);
+  /// Queues a request whose tier answer came (its caller is watched already).
+  void admit_waited(tier_wait w, effects& out, int64_t now_ns);
+  [[nodiscard]] int64_t num_queued() const { return core_->num_waiting() + static_cast<int64_t>(tier_waits_.size()); }
   void kick(effects& out, int64_t now_ns);
   void note_change(effects& out, int64_t now_ns);
   void send_report(effects& out, int64_t now_ns);
@@ -226,6 +264,7 @@ class engine_host {
   int64_t generation_ = 0;
   std::map<request_id, live_request> requests_;
   std::map<request_id, handoff_target> handoffs_;
+  std::map<request_id, tier_wait> tier_waits_;  // waiting for the host tier's answer
   uint64_t next_ucx_tag_ = 0;
   std::optional<reporting> reporting_;
   int64_t num_received_ = 0;  // submits, prefills and hand-offs

@@ -10,6 +10,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
+#include "runtime/kv/cache_class.hpp"
 #include "runtime/sampling/sampler.hpp"
 
 namespace troupe::engine {
@@ -36,6 +37,9 @@ struct request {
   /// Deliver the tokens in one message when the request ends instead of one message each (a
   /// non-streamed completion with no stop strings and n = 1: nothing needs them earlier).
   bool batch_tokens = false;
+  /// The traffic class of the request's KV blocks: how long the cache tiers keep them
+  /// (runtime/kv/cache_class.hpp; chat 7 days, agent 3 by default).
+  kv::cache_class cache_class = kv::cache_class::chat;
   /// Engine-internal (never on the wire): the prompt's last this-many tokens are what this
   /// request generated before its executor failed (engine_core::resumable_requests). They count
   /// as generated for the penalties, and max_tokens counts only what remains.

@@ -78,10 +78,13 @@ struct exec_chunk {
 
 struct exec_plan {
   int64_t step = 0;                    ///< step number, increasing by one
-  std::vector<kv_import> imports;      ///< written first, before copies and the forward pass
+  std::vector<kv_import> imports;      ///< written first (after demotions), before copies and the forward pass
   std::vector<kv::block_copy> copies;  ///< copy-on-write copies before the forward pass
   std::vector<exec_chunk> chunks;
   std::vector<kv::seq_id> released;    ///< sequences gone: forget their previous samples
+  /// Blocks the pool evicted for a cache tier below (issue 14): their KV is read back into the
+  /// result (`exec_result::demoted`) first, before anything in this plan writes a block.
+  std::vector<int32_t> demotions;
 };
 
 /// A sampling chunk whose logits could not be sampled (sampling::check_logits failed: NaN or
@@ -100,6 +103,8 @@ struct exec_result {
   std::vector<exec_failure> failures;
   /// One entry per chunk with export_kv, in plan order.
   std::vector<kv_export> exports;
+  /// The KV of each block of exec_plan::demotions (block_size tokens), in plan order.
+  std::vector<kv_data> demoted;
   /// How long the executor took to run the plan (0: not measured). It corrects the step-time
   /// model (cost/step_time_correction.hpp); the simulator's executor reports virtual time.
   int64_t measured_ns = 0;

@@ -95,6 +95,18 @@ void step_executor::build_rows(const exec_plan& plan) {
   }
 }
 
+kv_data step_executor::read_block(int32_t block) const {
+  kv_data kv;
+  kv.num_layers = cache_.num_layers();
+  kv.kv_dim = cache_.kv_dim();
+  kv.num_tokens = cache_.block_size();
+  const size_t n = static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim;
+  kv.keys.resize(n);
+  kv.values.resize(n);
+  cache_.gather(&block, kv.num_tokens, kv.keys.data(), kv.values.data());
+  return kv;
+}
+
 exec_result step_executor::execute(const exec_plan& plan) {
   if (auto ok = check(plan); !ok) assertion_failed("check(plan)", __FILE__, __LINE__, ok.error().message.c_str());
   last_step_ = plan.step;
@@ -103,6 +115,8 @@ exec_result step_executor::execute(const exec_plan& plan) {
     tables_.erase(seq);
     contexts_.erase(seq);
   }
+  exec_result result;
+  for (const int32_t block : plan.demotions) result.demoted.push_back(read_block(block));
   for (const kv_import& import : plan.imports) {
     const kv_data& kv = import.kv;
     cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data());
@@ -111,7 +125,6 @@ exec_result step_executor::execute(const exec_plan& plan) {
   build_rows(plan);
   if (!rows_.empty()) model_.forward(rows_, cache_, logits_);
 
-  exec_result result;
   result.step = plan.step;
   const int32_t vocab = model_.config().vocab_size;
   size_t logits_row = 0;

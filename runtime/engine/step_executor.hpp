@@ -29,7 +29,7 @@ class step_executor {
   /// plan from another process is checked with this before `execute`.
   [[nodiscard]] expected<void> check(const exec_plan& plan) const;
 
-  /// Runs one plan: block copies, one forward pass over every chunk's tokens, then sampling.
+  /// Runs one plan: demoted blocks read out, imports written, block copies, one forward pass over every chunk's tokens, then sampling.
   /// The plan must pass `check` (an always-on assertion: our own engine made it).
   [[nodiscard]] exec_result execute(const exec_plan& plan);
 
@@ -39,6 +39,8 @@ class step_executor {
   [[nodiscard]] plan_limits limits() const;
   [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted) const;
   void build_rows(const exec_plan& plan);
+  /// A block's KV (num_layers, block_size, kv_dim), for a demotion.
+  [[nodiscard]] kv_data read_block(int32_t block) const;
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
 

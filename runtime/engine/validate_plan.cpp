@@ -108,6 +108,7 @@ expected<void> validate_plan(const exec_plan& plan, const plan_limits& limits) {
   const std::string step = "plan " + num(plan.step);
   if (plan.step < 0) return fail(errc::invalid_argument, "a plan's step must be >= 0, got " + num(plan.step));
   if (plan.chunks.empty()) return fail(errc::invalid_argument, step + " has no chunks: nothing to compute");
+  if (auto ok = check_blocks(plan.demotions, limits, step + ", demotions"); !ok) return ok;
   for (size_t i = 0; i < plan.imports.size(); i++)
     if (auto ok = check_import(plan.imports[i], limits, step + ", import " + num(static_cast<int64_t>(i))); !ok)
       return ok;

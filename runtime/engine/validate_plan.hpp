@@ -25,7 +25,7 @@ struct plan_limits {
 /// Checks `plan` on its own, without the state of the executor that will run it (the step order,
 /// tables it holds and previous samples are step_executor::check's): a non-negative step, one
 /// chunk or more (an engine never sends an empty plan);
-/// imports of the model's shape, within the context, on block tables that cover them; copies
+/// demotions of existing blocks; imports of the model's shape, within the context, on block tables that cover them; copies
 /// between existing blocks; chunks of distinct sequences, each with 1 or more tokens in the
 /// vocabulary (or `previous_sample`) at positions within the context, block tables of existing
 /// blocks no longer than a sequence can use, 0 to num_samples_max samples and valid sampling

@@ -184,6 +184,11 @@ block_id block_manager::pop_fresh_block() {
   const block_id block = free_next_[config_.num_blocks];
   free_queue_unlink(block);
   if (has_hash_[block]) {  // the least recently freed cached block: evict it
+    if (config_.record_evictions) {
+      const int32_t* tokens = &block_tokens_[static_cast<size_t>(block) * config_.block_size];
+      evictions_.push_back(evicted_block{block, block_hash_[block], parent_hash_[block],
+                                         std::vector<int32_t>(tokens, tokens + config_.block_size)});
+    }
     hash_index_.erase(block_hash_[block]);
     has_hash_[block] = 0;
     ++num_evictions_;
@@ -317,6 +322,39 @@ void block_manager::free(seq_id seq) {
   // Tail first: a sequence's last blocks are the least likely to be shared, so evict them first.
   for (auto b = table.rbegin(); b != table.rend(); ++b) release(*b);
   sequences_.erase(it);
+}
+
+block_id block_manager::insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens) {
+  TROUPE_ASSERT(tokens.size() == static_cast<size_t>(config_.block_size));
+  const uint64_t hash = block_hash(parent_hash, tokens.data());
+  TROUPE_ASSERT_MSG(!has_block(hash), "insert_cached: the block is cached already");
+  const block_id block = pop_fresh_block();
+  const bool indexed = hash_index_.insert(hash, block);
+  TROUPE_ASSERT(indexed);
+  has_hash_[block] = 1;
+  block_hash_[block] = hash;
+  parent_hash_[block] = parent_hash;
+  std::copy(tokens.begin(), tokens.end(), &block_tokens_[static_cast<size_t>(block) * config_.block_size]);
+  release(block);  // refcount 1 -> 0: the back of the free queue
+  return block;
+}
+
+int32_t block_manager::refresh(const prefix_hit& hit) {
+  check_hit(hit);
+  int32_t num_free = 0;
+  for (auto b = hit.blocks.rbegin(); b != hit.blocks.rend(); ++b) {
+    if (refcount_[*b] != 0) continue;
+    free_queue_unlink(*b);
+    free_queue_push_back(*b);
+    num_free++;
+  }
+  return num_free;
+}
+
+std::vector<evicted_block> block_manager::take_evictions() {
+  std::vector<evicted_block> out = std::move(evictions_);
+  evictions_.clear();
+  return out;
 }
 
 expected<void> block_manager::try_free(seq_id seq) {

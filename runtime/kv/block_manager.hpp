@@ -28,6 +28,12 @@
 /// until the next mutating call. Unknown ids in `free`/`fork`/`block_table` are programmer
 /// errors (assert); `try_free` is the checked variant for user-supplied ids.
 ///
+/// Tiers (issue 14). With `record_evictions`, every eviction is logged (`take_evictions`) with
+/// what a lower tier needs to keep the block: its chain hash, parent hash and tokens (its KV is
+/// the executor's, read out by block id before anything overwrites it). `insert_cached` is the
+/// way back up: a block from a lower tier becomes a free cached block at the back of the free
+/// queue, as if a sequence had just freed it, so a later `find_prefix` hits it.
+///
 /// Determinism: per-sequence state lives in a `std::map`; the hash index (kv::hash_index) is
 /// only looked up, never iterated to make a decision.
 
@@ -48,6 +54,16 @@ using block_id = int32_t;
 struct block_manager_config {
   int32_t num_blocks = 0;
   int32_t block_size = 16;
+  bool record_evictions = false;  ///< log evicted cached blocks for take_evictions (a tier below)
+};
+
+/// A cached block the pool evicted: its block id (whose KV is still intact until a step writes
+/// it) and its name in the chain.
+struct evicted_block {
+  block_id block = 0;
+  uint64_t hash = 0;
+  uint64_t parent_hash = 0;
+  std::vector<int32_t> tokens;  ///< (block_size)
 };
 
 /// The longest cached prefix of a token list: block ids in order, covering `num_tokens` tokens.
@@ -100,6 +116,20 @@ class block_manager {
   /// keeping their hashes until evicted. Asserts that `seq` exists.
   void free(seq_id seq);
 
+  /// Puts a block known to a lower tier into the prefix cache: pops the free queue's front
+  /// (evicting it if cached), registers it under chain_hash(parent_hash, tokens) and appends it
+  /// at the back of the free queue, refcount 0. Asserts a free block, `block_size` tokens and a
+  /// hash not indexed yet (`has_block`). The caller writes the block's KV before a step reads it.
+  [[nodiscard]] block_id insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens);
+
+  /// Moves the hit's blocks that are free to the back of the free queue (tail first, so its
+  /// head is evicted last), as if just freed: a prefix about to be extended is not evicted by
+  /// the allocations that extend it. Returns how many were free.
+  int32_t refresh(const prefix_hit& hit);
+
+  /// The evictions since the last call, in order (always empty without record_evictions).
+  [[nodiscard]] std::vector<evicted_block> take_evictions();
+
   /// `free` for ids that come from users: errc::not_found if `seq` does not exist.
   [[nodiscard]] expected<void> try_free(seq_id seq);
 
@@ -108,6 +138,8 @@ class block_manager {
   /// Token slots `seq`'s table covers.
   [[nodiscard]] int32_t num_tokens(seq_id seq) const;
   [[nodiscard]] int32_t refcount(block_id block) const;
+  /// Whether the index holds a block named `hash`.
+  [[nodiscard]] bool has_block(uint64_t hash) const { return hash_index_.find(hash) != hash_index::none; }
   /// Whether `block` carries a chain hash in the index (referenced or free).
   [[nodiscard]] bool is_cached(block_id block) const;
 
@@ -190,6 +222,7 @@ class block_manager {
   hash_index hash_index_;                  // chain hash -> block, for every block with has_hash_
   std::map<seq_id, sequence_state> sequences_;
   int64_t num_evictions_ = 0;
+  std::vector<evicted_block> evictions_;   // since take_evictions, with record_evictions
   // Changes since the last check_step: each changed block once (flagged in block_changed_),
   // and the sequences changed (repeats, and ids freed since, are fine). Past
   // num_changed_sequences_max the list is dropped and the next check_step checks everything.

@@ -1,5 +1,6 @@
 #include "runtime/kv/tier_store.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -97,6 +98,27 @@ const kv_block* tier_store::get(uint64_t hash, int64_t now_ns) {
   use(hash, it->second, it->second.cls, now_ns);
   num_hits_++;
   return &it->second.block;
+}
+
+std::vector<kv_block> tier_store::get_prefix(const std::vector<int32_t>& tokens, int32_t first_block,
+                                            int32_t num_blocks_max, int64_t now_ns, const lower_tier& lower) {
+  TROUPE_ASSERT(first_block >= 0 && num_blocks_max >= 0);
+  advance_clock(now_ns);
+  const std::vector<uint64_t> hashes = chain_hashes(tokens, config_.block_size);
+  const size_t end = std::min(hashes.size(), size_t(first_block) + size_t(num_blocks_max));
+  std::vector<kv_block> out;
+  for (size_t i = size_t(first_block); i < end; i++) {
+    const uint64_t parent = i == 0 ? root_hash_seed : hashes[i - 1];
+    const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(i * size_t(config_.block_size));
+    std::optional<kv_block> b;
+    if (const kv_block* held = get(hashes[i], now_ns)) b = *held;
+    else if (lower) b = lower(hashes[i]);
+    if (!b || b->parent_hash != parent || b->tokens.size() != size_t(config_.block_size) ||
+        !std::equal(b->tokens.begin(), b->tokens.end(), first))
+      break;
+    out.push_back(std::move(*b));
+  }
+  return out;
 }
 
 int64_t tier_store::expire(int64_t now_ns) {

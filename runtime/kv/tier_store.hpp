@@ -23,7 +23,9 @@
 /// Determinism: ordered containers only; ties cannot occur (recency is a counter).
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -58,6 +60,18 @@ class tier_store {
   /// The block named `hash`, used again (recency and expiry), or nullptr if absent or expired
   /// (an expired one is dropped). Valid until the next mutating call.
   [[nodiscard]] const kv_block* get(uint64_t hash, int64_t now_ns);
+
+  /// A tier below this one: the block named a hash, if it has it.
+  using lower_tier = std::function<std::optional<kv_block>(uint64_t hash)>;
+
+  /// Copies of the leading full blocks of `tokens` from block `first_block` on that the tier
+  /// holds alive — or, for a block it lacks, that `lower` (if any) has — at most
+  /// `num_blocks_max` of them, stopping at the first neither has; a block from this tier is a
+  /// use (`get`). A block counts only if its parent hash and tokens are the query's. What an
+  /// engine promotes into its pool after its own prefix of `first_block` blocks.
+  [[nodiscard]] std::vector<kv_block> get_prefix(const std::vector<int32_t>& tokens, int32_t first_block,
+                                                 int32_t num_blocks_max, int64_t now_ns,
+                                                 const lower_tier& lower = {});
 
   /// Drops every block expired at `now_ns`; returns how many.
   int64_t expire(int64_t now_ns);

@@ -38,6 +38,9 @@ struct completion_request {
   std::vector<int32_t> stop_token_ids;  ///< tokens that end the completion (kept in its tokens)
   bool ignore_eos = false;
   int32_t priority = 0;
+  /// The traffic class for the KV cache tiers' lifetimes: "chat" (the default) or "agent"
+  /// (kv::parse_cache_class; anything else is refused with invalid_argument).
+  std::string cache_class = "chat";
   int32_t num_top_logprobs = 0;     ///< each token comes with this many top logprobs, in [0, 20]
   bool stream = true;               ///< false: one chunk with everything, just before the end
 };

@@ -100,6 +100,12 @@ effects request_host::start(int64_t now_ns) {
   r.stop_token_ids = p.stop_token_ids;
   r.ignore_eos = p.ignore_eos;
   r.priority = p.priority;
+  auto cls = kv::parse_cache_class(p.cache_class);
+  if (!cls) {
+    fail_request(cls.error().code, cls.error().message, out);
+    return out;
+  }
+  r.cache_class = *cls;
   // Nobody sees a non-streamed completion before its end; without stop strings nothing needs
   // its tokens one by one either: one message instead of one per token.
   r.batch_tokens = !p.stream && r.stop.empty();

@@ -1,0 +1,142 @@
+// bench_tier_ttft: time to first token of a request whose prompt prefix comes back from the host
+// KV tier, against the same request recomputed, on the 25M-parameter synthetic shape
+// (bench/synthetic_model.hpp: prefill is measurable there) through the real actor system.
+//
+//   bench_tier_ttft [--rounds N] [--threads K]
+//
+// Each round uses two prompts of 480 random token ids (BOS first; 94% of the 512-token context):
+// A, then B (whose 31 blocks evict A's from a pool of 32), then A again, 1 new token each,
+// greedy. The node runs once with a host tier (`host_tier_blocks` = 256: B's allocation demotes
+// A's cached blocks there; the second A finds its first 2 blocks still in the pool and gets the
+// next 27 back from the tier, 464 tokens in all, what the hit rule allows) and once without (the
+// second A finds the same 2 blocks and recomputes the other 448 tokens). Reported: the second A's TTFT per
+// round and its mean both ways, the ratio, the cached tokens, and whether the tokens agree.
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include "actors/client.hpp"
+#include "actors/engine_actor.hpp"
+#include "actors/type_ids.hpp"
+#include "bench/figures.hpp"
+#include "bench/synthetic_model.hpp"
+#include "topology/launch.hpp"
+
+namespace troupe::bench {
+namespace {
+
+constexpr int32_t prompt_length = 480;
+
+struct options {
+  int32_t rounds = 3;
+  int32_t threads = 1;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+    if (a == "--rounds") o.rounds = std::stoi(next());
+    else if (a == "--threads") o.threads = std::stoi(next());
+    else std::fprintf(stderr, "unknown option %s\n", a.c_str()), std::exit(2);
+  }
+  return o;
+}
+
+/// Prompt `i`: BOS and prompt_length - 1 token ids drawn from [3, 512) with seed i.
+std::vector<int32_t> random_prompt(uint32_t i) {
+  std::mt19937 rng(i);
+  std::uniform_int_distribution<int32_t> id(3, 511);
+  std::vector<int32_t> p{1};
+  for (int32_t k = 1; k < prompt_length; k++) p.push_back(id(rng));
+  return p;
+}
+
+/// What the second A of a round saw.
+struct second_a {
+  double ttft_ms = 0;
+  int32_t num_cached_tokens = 0;
+  std::vector<int32_t> tokens;
+};
+
+actors::completion run_one(caf::actor_system& sys, const actors::balancer_client_actor& lb, const std::vector<int32_t>& prompt) {
+  msg::completion_request r;
+  r.prompt_tokens = prompt;
+  r.max_tokens = 1;
+  r.temperature = 0.0f;
+  r.ignore_eos = true;
+  auto c = actors::complete(sys, lb, r);
+  TROUPE_ASSERT_MSG(c.has_value(), "a benchmark request completes");
+  return std::move(*c);
+}
+
+std::vector<second_a> run_node(const topology::topology& t, const options& o) {
+  caf::actor_system_config cfg;
+  actors::configure_real_time(cfg);
+  caf::actor_system sys{cfg};
+  auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
+  TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
+  (void)run_one(sys, node->load_balancer, random_prompt(1000));  // warm-up: weights packed, pool allocated
+  std::vector<second_a> out;
+  for (int32_t round = 0; round < o.rounds; round++) {
+    const std::vector<int32_t> a = random_prompt(2 * static_cast<uint32_t>(round));
+    (void)run_one(sys, node->load_balancer, a);
+    (void)run_one(sys, node->load_balancer, random_prompt(2 * static_cast<uint32_t>(round) + 1));
+    const actors::completion again = run_one(sys, node->load_balancer, a);
+    out.push_back({again.end.ttft_ns / 1e6, again.end.num_cached_tokens, again.tokens});
+  }
+  const msg::engine_report r = *actors::query_engine(sys, node->engines[0]);
+  std::printf("  engine: %lld prefix-hit tokens (%lld from the host tier), %lld blocks demoted (%lld bytes), %lld promoted "
+              "(%lld bytes)\n",
+              static_cast<long long>(r.num_prefix_hit_tokens), static_cast<long long>(r.num_host_hit_tokens),
+              static_cast<long long>(r.num_demoted_blocks), static_cast<long long>(r.num_demoted_bytes),
+              static_cast<long long>(r.num_promoted_blocks), static_cast<long long>(r.num_promoted_bytes));
+  topology::shutdown_node(sys, *node);
+  return out;
+}
+
+double mean_ttft(const std::vector<second_a>& runs) {
+  double sum = 0;
+  for (const second_a& s : runs) sum += s.ttft_ms;
+  return sum / static_cast<double>(runs.size());
+}
+
+int run(int argc, char** argv) {
+  std::printf("$ %s\n", command_line(argc, argv).c_str());
+  const options o = parse(argc, argv);
+  const std::string model_path = "/tmp/troupe_bench_synthetic.bin";
+  write_synthetic_checkpoint(model_path, synthetic_shape{}, 1);
+  topology::topology t = topology::single_node(model_path, std::string(TROUPE_MODELS_DIR) + "/tok512.bin");
+  t.engines[0].config.num_kv_blocks = 32;  // one 481-token request (31 blocks) at a time
+  t.engines[0].executor_threads = o.threads;
+  std::printf("25M synthetic shape, prompts of %d tokens, a pool of 32 blocks of 16, %d kernel thread(s)\n",
+              prompt_length, o.threads);
+  std::printf("host tier of 256 blocks:\n");
+  t.nodes[0].host_tier_blocks = 256;
+  const std::vector<second_a> hit = run_node(t, o);
+  std::printf("no host tier:\n");
+  t.nodes[0].host_tier_blocks = 0;
+  const std::vector<second_a> recompute = run_node(t, o);
+  std::printf("\nround  TTFT host-tier hit (cached)   TTFT recompute (cached)   same token\n");
+  bool same = true;
+  for (size_t i = 0; i < hit.size(); i++) {
+    same = same && hit[i].tokens == recompute[i].tokens;
+    std::printf("%5zu  %12.2f ms (%4d)        %12.2f ms (%4d)       %s\n", i, hit[i].ttft_ms, hit[i].num_cached_tokens,
+                recompute[i].ttft_ms, recompute[i].num_cached_tokens, hit[i].tokens == recompute[i].tokens ? "yes" : "NO");
+  }
+  const double h = mean_ttft(hit), r = mean_ttft(recompute);
+  std::printf("mean   %12.2f ms                %12.2f ms          recompute / hit = %.2fx\n", h, r, r / h);
+  return same ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace troupe::bench
+
+int main(int argc, char** argv) { return troupe::bench::run(argc, argv); }

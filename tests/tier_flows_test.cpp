@@ -1,0 +1,274 @@
+// The host tier's flows in the real engine (issue 14), under CAF's test coordinator (one
+// thread, virtual clock, the executor on the scheduler): cached blocks the pool evicts are
+// demoted to the node's cache tier, a later request whose prefix the pool lost is served from
+// it (promoted into the pool before its prefill is planned), and every output is bit-identical
+// to the same seeded request on an engine without a tier. The tier's LRU order and its TTL by
+// traffic class act on the flows, and a tier that never answers only costs the wait.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include "actors/cache_tier_actor.hpp"
+#include "tests/support/actor_harness.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// The first `n` token ids of golden case `i` (BOS first). Cases 0, 3 and 5 differ within
+/// their first block of 16, so their prompts share no cached block.
+std::vector<int32_t> golden_prompt(size_t i, size_t n) {
+  static const std::vector<golden_case> cases = golden_cases();
+  const std::vector<int32_t>& ids = cases.at(i).token_ids;
+  return {ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n)};
+}
+
+// 65 tokens: 4 full blocks of 16 and one more token, so the hit rule lets 64 come from cache.
+const std::vector<int32_t> prompt_a = golden_prompt(0, 65);
+const std::vector<int32_t> prompt_c = golden_prompt(5, 65);
+
+/// A cache tier that takes every message and never answers (a stalled or partitioned tier).
+actors::cache_tier_actor spawn_silent_tier(caf::actor_system& sys) {
+  struct held {
+    std::vector<caf::typed_response_promise<msg::tier_blocks>> fetches;
+    std::vector<caf::typed_response_promise<int64_t>> puts;
+  };
+  auto h = std::make_shared<held>();
+  return sys.spawn([h](actors::cache_tier_actor::pointer self) -> actors::cache_tier_actor::behavior_type {
+    return {
+        [=](msg::tier_lookup&) -> caf::result<int32_t> { return 0; },
+        [=](msg::tier_put&) -> caf::result<int64_t> {
+          h->puts.push_back(self->make_response_promise<int64_t>());
+          return h->puts.back();
+        },
+        [=](msg::tier_get&) -> caf::result<msg::tier_got> { return msg::tier_got{}; },
+        [=](msg::tier_fetch&) -> caf::result<msg::tier_blocks> {
+          h->fetches.push_back(self->make_response_promise<msg::tier_blocks>());
+          return h->fetches.back();
+        },
+        [=](actors::stats_atom) -> caf::result<msg::tier_report> { return msg::tier_report{}; },
+    };
+  });
+}
+
+/// One engine behind a balancer on its own deterministic actor system: a test runs one with a
+/// tier and one without and compares them.
+class tier_bench {
+ public:
+  caf::actor_system_config cfg_;
+  caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
+  caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
+  actors::cache_tier_actor tier_;
+  actors::engine_actor engine_;
+  actors::balancer_actor lb_;
+
+  /// An engine with a pool of `pool_blocks` blocks of 16 behind a balancer, with `tier` as its
+  /// host tier (none: tiers off), checking its invariants after every step.
+  void start(int32_t pool_blocks, actors::cache_tier_actor tier) {
+    sched_.clock().current_time += 1h;  // away from 0
+    tier_ = std::move(tier);
+    actors::engine_options o = engine_opts(/*detached_executor=*/false, pool_blocks);
+    o.check_invariants_every = 1;
+    o.host_tier = tier_;
+    engine_ = spawn_engine_or_die(sys_, o);
+    lb_ = spawn_balancer(sys_, {engine_});
+    sched_.run();
+  }
+
+  actors::cache_tier_actor host_tier(int64_t capacity_blocks) {
+    auto store = kv::tier_store::create({16, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
+    EXPECT_TRUE(store.has_value());
+    return actors::spawn_cache_tier(sys_, std::move(*store));
+  }
+
+  ~tier_bench() {
+    caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(engine_, caf::exit_reason::user_shutdown);
+    if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
+    sched_.run();
+  }
+
+  /// A seeded sampling request (temperature 1) for 8 tokens, of traffic class `cls`.
+  static msg::completion_request request(const std::vector<int32_t>& prompt, uint64_t seed,
+                                         const std::string& cls = "chat") {
+    msg::completion_request r = make_completion("", 8, seed);
+    r.prompt_tokens = prompt;
+    r.ignore_eos = true;
+    r.cache_class = cls;
+    return r;
+  }
+
+  /// Sends `r` and runs until nothing is left; the completion.
+  actors::completion complete(const msg::completion_request& r) {
+    auto log = std::make_shared<client_log>();
+    spawn_logged_client(sys_, lb_, r, log);
+    sched_.run();
+    EXPECT_EQ(log->num_done, 1);
+    if (!log->outcome || !log->outcome->has_value()) {
+      ADD_FAILURE() << (log->outcome ? log->outcome->error().message : "no outcome");
+      return {};
+    }
+    return **log->outcome;
+  }
+
+  msg::engine_report report() { return ask_idle<msg::engine_report>(sys_, sched_, engine_, actors::stats_atom::value); }
+
+  int32_t tier_lookup(const std::vector<int32_t>& tokens) {
+    return ask_idle<int32_t>(sys_, sched_, tier_, msg::tier_lookup{tokens});
+  }
+};
+
+class TierFlows : public ::testing::Test, protected tier_bench {};
+
+void expect_same(const actors::completion& a, const actors::completion& b) {
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.logprobs, b.logprobs);
+  EXPECT_EQ(a.text, b.text);
+}
+
+/// The outputs of A, then Q (which evicts A's blocks from a pool of 9), then A again.
+struct three_runs {
+  actors::completion a, q, a_again;
+};
+
+TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) {
+  const std::vector<int32_t> prompt_q = golden_prompt(3, 130);  // 9 blocks with its 8 tokens
+  three_runs off;
+  {
+    tier_bench reference;  // the same requests with tiers off
+    reference.start(9, {});
+    off.a = reference.complete(request(prompt_a, 7));
+    off.q = reference.complete(request(prompt_q, 8));
+    off.a_again = reference.complete(request(prompt_a, 7));
+  }
+  start(9, host_tier(64));
+  const actors::completion a = complete(request(prompt_a, 7));
+  const actors::completion q = complete(request(prompt_q, 8));
+  EXPECT_EQ(tier_lookup(prompt_a), 4);  // Q took every block of A's: the tier has A's 4 full blocks
+  const actors::completion a_again = complete(request(prompt_a, 7));
+  expect_same(a, off.a);
+  expect_same(q, off.q);
+  expect_same(a_again, off.a_again);
+  expect_same(a_again, a);
+  // Prefill: tiers off, the second A computes its 65 prompt tokens again; with the host tier,
+  // 64 come from the promoted blocks and 1 is computed.
+  EXPECT_EQ(off.a_again.end.num_cached_tokens, 0);
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);
+  const msg::engine_report r = report();
+  EXPECT_EQ(r.num_prefix_hit_tokens, 64);
+  EXPECT_EQ(r.num_host_hit_tokens, 64);
+  EXPECT_EQ(r.num_promoted_blocks, 4);
+  // A's 4 blocks when Q took them, then 4 of Q's 8 cached blocks: 3 taken by the promotion
+  // (its first pop is Q's partial last block) and 1 by the second A's fresh block.
+  EXPECT_EQ(r.num_demoted_blocks, 8);
+  // One block: 16 token ids, and keys and values of (layers, 16 positions, kv_dim) floats.
+  const model::model_config& m = bundled_shared().ck->config();
+  const int64_t block_bytes = 16 * 4 + 2 * int64_t{m.n_layers} * 16 * m.kv_dim() * 4;
+  EXPECT_EQ(r.num_promoted_bytes, 4 * block_bytes);
+  EXPECT_EQ(r.num_demoted_bytes, 8 * block_bytes);
+  EXPECT_EQ(r.host_tier_expired_blocks, 0);
+}
+
+TEST_F(TierFlows, TheTiersLruOrderDecidesWhichPrefixComesBack) {
+  start(5, host_tier(4));  // a pool of one request, a tier of one prompt's 4 blocks
+  const actors::completion a = complete(request(prompt_a, 7));
+  const actors::completion c = complete(request(prompt_c, 9));  // evicts A's blocks: demoted
+  EXPECT_EQ(tier_lookup(prompt_a), 4);
+  const actors::completion a_again = complete(request(prompt_a, 7));  // A promoted; C's blocks demoted, evicting A's
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);
+  EXPECT_EQ(tier_lookup(prompt_a), 0);
+  EXPECT_EQ(tier_lookup(prompt_c), 4);
+  const actors::completion c_again = complete(request(prompt_c, 9));
+  EXPECT_EQ(c_again.end.num_cached_tokens, 64);
+  expect_same(a_again, a);
+  expect_same(c_again, c);
+  EXPECT_EQ(report().num_host_hit_tokens, 128);
+}
+
+TEST_F(TierFlows, BlocksExpireByTheirRequestsClassOnTheActorSystemsClock) {
+  const std::vector<int32_t> prompt_d = golden_prompt(3, 65);
+  start(5, host_tier(64));
+  const actors::completion a = complete(request(prompt_a, 7, "agent"));
+  const actors::completion c = complete(request(prompt_c, 9, "chat"));  // A's blocks demoted as agent's
+  (void)complete(request(prompt_d, 11, "chat"));                         // C's demoted as chat's
+  EXPECT_EQ(tier_lookup(prompt_a), 4);
+  EXPECT_EQ(tier_lookup(prompt_c), 4);
+  sched_.clock().current_time += 3 * 24h;  // agent's 3 days are over, chat's 7 are not
+  EXPECT_EQ(tier_lookup(prompt_a), 0);
+  EXPECT_EQ(tier_lookup(prompt_c), 4);
+  EXPECT_EQ(report().host_tier_expired_blocks, 4);
+  const actors::completion a_again = complete(request(prompt_a, 7, "agent"));
+  const actors::completion c_again = complete(request(prompt_c, 9, "chat"));
+  EXPECT_EQ(a_again.end.num_cached_tokens, 0);  // recomputed
+  EXPECT_EQ(c_again.end.num_cached_tokens, 64);  // from the host tier
+  expect_same(a_again, a);
+  expect_same(c_again, c);
+}
+
+TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
+  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/disk";
+  std::filesystem::remove_all(dir);
+  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});  // one prompt's blocks
+  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16});
+  ASSERT_TRUE(store.has_value() && disk.has_value());
+  start(5, actors::spawn_cache_tier(sys_, std::move(*store), std::move(*disk)));
+  const actors::completion a = complete(request(prompt_a, 7));
+  (void)complete(request(prompt_c, 9));                   // A's blocks demoted to the host tier
+  (void)complete(request(golden_prompt(3, 65), 11));      // C's too, pushing A's down to disk
+  EXPECT_EQ(tier_lookup(prompt_a), 0);                    // not in memory
+  const actors::completion a_again = complete(request(prompt_a, 7));
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);           // from disk, through the host tier
+  expect_same(a_again, a);
+  const msg::tier_report r = ask_idle<msg::tier_report>(sys_, sched_, tier_, actors::stats_atom::value);
+  EXPECT_EQ(r.num_disk_hits, 4);
+  EXPECT_EQ(r.num_disk_puts, 8);  // A's 4, then C's 4 when the second A's promotion demoted D's
+  EXPECT_EQ(r.num_disk_refused, 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(TierFlows, ATierThatNeverAnswersCostsOnlyTheWaitAndTheEngineServesOthersMeanwhile) {
+  actors::completion off;
+  {
+    tier_bench reference;
+    reference.start(9, {});
+    off = reference.complete(request(prompt_a, 7));
+  }
+  start(9, spawn_silent_tier(sys_));
+  auto waiting = std::make_shared<client_log>();
+  spawn_logged_client(sys_, lb_, request(prompt_a, 7), waiting);
+  sched_.run();
+  EXPECT_EQ(waiting->num_done, 0);  // waits for the tier (50 ms of virtual time)
+  // A one-block prompt has nothing to fetch: it runs to its end while the other waits.
+  const actors::completion short_one = complete(request(golden_prompt(3, 16), 3));
+  EXPECT_EQ(short_one.tokens.size(), 8u);
+  EXPECT_EQ(waiting->num_done, 0);
+  sched_.advance_time(50ms);  // the fetch times out: the prompt is recomputed
+  sched_.run();
+  ASSERT_EQ(waiting->num_done, 1);
+  ASSERT_TRUE(waiting->outcome->has_value()) << waiting->outcome->error().message;
+  const actors::completion& a = **waiting->outcome;
+  expect_same(a, off);
+  EXPECT_EQ(a.end.num_cached_tokens, 0);
+}
+
+TEST_F(TierFlows, AnUnknownCacheClassIsRefusedAtTheRequestsDoor) {
+  start(9, host_tier(64));
+  auto log = std::make_shared<client_log>();
+  spawn_logged_client(sys_, lb_, request(prompt_a, 7, "batch"), log);
+  sched_.run();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_FALSE(log->outcome->has_value());
+  EXPECT_EQ(log->outcome->error().code, errc::invalid_argument);
+  EXPECT_NE(log->outcome->error().message.find("batch"), std::string::npos) << log->outcome->error().message;
+}
+
+}  // namespace
+}  // namespace troupe::testing
