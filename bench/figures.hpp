@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,21 @@ namespace troupe::bench {
 /// Seconds since an arbitrary fixed point of the steady clock.
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Reads a bench's command line: calls `take(argument, next)` for each argument, where `next()`
+/// consumes and returns the argument after it ("0" when there is none). An argument `take` does
+/// not know (it returns false) ends the program with exit code 2, naming it.
+template <class Take>
+void parse_arguments(int argc, char** argv, Take take) {
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    const auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+    if (!take(a, next)) {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      std::exit(2);
+    }
+  }
 }
 
 /// Median, min and max of a handful of samples.

@@ -47,16 +47,15 @@ struct options {
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; i++) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+  parse_arguments(argc, argv, [&](const std::string& a, const auto& next) {
     if (a == "--synthetic") o.synthetic = true, o.tokens = 64;
     else if (a == "--clients") o.clients = {std::stoi(next())};
     else if (a == "--rate") o.rate = std::stod(next());
     else if (a == "--tokens") o.tokens = std::stoi(next());
     else if (a == "--threads") o.threads = std::stoi(next());
-    else std::fprintf(stderr, "unknown option %s\n", a.c_str()), std::exit(2);
-  }
+    else return false;
+    return true;
+  });
   return o;
 }
 

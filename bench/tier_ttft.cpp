@@ -40,13 +40,12 @@ struct options {
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; i++) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
+  parse_arguments(argc, argv, [&](const std::string& a, const auto& next) {
     if (a == "--rounds") o.rounds = std::stoi(next());
     else if (a == "--threads") o.threads = std::stoi(next());
-    else std::fprintf(stderr, "unknown option %s\n", a.c_str()), std::exit(2);
-  }
+    else return false;
+    return true;
+  });
   return o;
 }
 
