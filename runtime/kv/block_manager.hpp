@@ -144,6 +144,8 @@ class block_manager {
   [[nodiscard]] bool is_cached(block_id block) const;
 
   [[nodiscard]] int32_t block_size() const { return config_.block_size; }
+  /// Blocks that hold `num_tokens` (>= 0) tokens: the ceiling of num_tokens / block_size.
+  [[nodiscard]] int32_t num_blocks_for(int32_t num_tokens) const;
   [[nodiscard]] int32_t num_blocks() const { return config_.num_blocks; }
   /// Blocks with refcount 0, cached or not.
   [[nodiscard]] int32_t num_free_blocks() const { return num_free_blocks_; }
@@ -184,7 +186,6 @@ class block_manager {
 
   explicit block_manager(const block_manager_config& config);
 
-  [[nodiscard]] int32_t num_blocks_for(int32_t num_tokens) const;
   [[nodiscard]] uint64_t block_hash(uint64_t parent_hash, const int32_t* block_tokens) const;
   [[nodiscard]] bool cached_block_matches(block_id block, uint64_t parent_hash,
                                           const int32_t* block_tokens) const;

@@ -166,14 +166,13 @@ int32_t scheduler::num_growth_blocks(const sequence& s, int32_t have, const cost
       1, cost::max_chunk_tokens(config_.step_cost, rows, corrected_budget_ns_, length - 1,
                                 std::min(missing, config_.max_num_batched_tokens), /*samples_at_max=*/false));
   const int64_t num_steps = (int64_t{missing} + last_chunk - 1) / last_chunk;
-  const int64_t size = blocks_.block_size();
   int64_t n = 0;
   for (const seq_id id : running_) {
     const sequence& r = get(id);
-    const auto known = static_cast<int64_t>(r.tokens.size());
+    const auto known = static_cast<int32_t>(r.tokens.size());
     if (r.prefill_only || known - r.num_computed_tokens > 1) continue;  // not decoding
-    const int64_t grown = std::min<int64_t>(known + num_steps, std::max<int64_t>(known, r.max_num_tokens));
-    n += (grown + size - 1) / size - (known + size - 1) / size;
+    const auto grown = static_cast<int32_t>(std::min<int64_t>(known + num_steps, std::max(known, r.max_num_tokens)));
+    n += blocks_.num_blocks_for(grown) - blocks_.num_blocks_for(known);
   }
   return static_cast<int32_t>(std::min<int64_t>(n, blocks_.num_blocks()));
 }
@@ -234,14 +233,13 @@ double scheduler::recompute_cost(const sequence& v) const {
 int64_t scheduler::num_blocks_wanted(size_t j, size_t position, int32_t num_tokens_total,
                                      int32_t num_budget_tokens) const {
   const sequence& v = get(running_[j]);
-  int64_t tokens = num_tokens_total;
+  int32_t tokens = num_tokens_total;
   if (j != position) {
     if (!plannable(v)) return 0;
-    const int64_t missing = static_cast<int64_t>(v.tokens.size()) - v.num_computed_tokens;
-    tokens = v.num_computed_tokens + std::min<int64_t>(missing, num_budget_tokens);
+    const int32_t missing = static_cast<int32_t>(v.tokens.size()) - v.num_computed_tokens;
+    tokens = v.num_computed_tokens + std::min(missing, num_budget_tokens);
   }
-  const int64_t size = blocks_.block_size();
-  return std::max<int64_t>(0, (tokens + size - 1) / size - static_cast<int64_t>(blocks_.block_table(v.id).size()));
+  return std::max<int64_t>(0, int64_t{blocks_.num_blocks_for(tokens)} - static_cast<int64_t>(blocks_.block_table(v.id).size()));
 }
 
 size_t scheduler::pick_victim(size_t position, int32_t num_tokens_total, int32_t num_budget_tokens) const {
@@ -283,8 +281,7 @@ size_t scheduler::pick_victim(size_t position, int32_t num_tokens_total, int32_t
 }
 
 int32_t scheduler::num_blocks_to_finish(const sequence& s, size_t table_size) const {
-  const int64_t size = blocks_.block_size();
-  const int64_t whole = (static_cast<int64_t>(s.tokens.size()) + size - 1) / size;
+  const int64_t whole = blocks_.num_blocks_for(static_cast<int32_t>(s.tokens.size()));
   return static_cast<int32_t>(std::max<int64_t>(0, whole - static_cast<int64_t>(table_size)));
 }
 
@@ -321,6 +318,8 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     if (watermark && !running_.empty()) {
       // With a time budget the prompt's prefill is predicted to take steps, while the running
       // decoders each grow a token a step: their blocks for that are kept free too.
+      // (The rows are taken again for each candidate: one admitted with its whole prompt
+      // decodes from the next step on.)
       const int32_t growth = step_time_budget_ns_ > 0 ? num_growth_blocks(s, have, decode_rows()) : 0;
       if (!fits_whole_prompt(s, hit, num_reserved + growth)) break;
     }
