@@ -1,5 +1,6 @@
 #include "sim/cost_executor.hpp"
 
+#include <cmath>
 #include <map>
 #include <utility>
 
@@ -47,6 +48,20 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
+/// With synthetic tokens: each demoted block's KV as the executor reads it out, which is none
+/// (0 layers of 0 dims; engine_config::kv_values is false).
+void synthetic_demotions(const engine::exec_plan& plan, int32_t block_size, engine::exec_result& r) {
+  for (size_t i = 0; i < plan.demotions.size(); i++) r.demoted.push_back(engine::kv_data{0, 0, block_size, {}, {}});
+}
+
+/// The blocks a plan moves between the pool and the host tier: its demotions, and its imports'
+/// blocks (the simulator has no other import than a promotion).
+int64_t tier_blocks_moved(const engine::exec_plan& plan) {
+  int64_t n = static_cast<int64_t>(plan.demotions.size());
+  for (const engine::kv_import& i : plan.imports) n += static_cast<int64_t>(i.block_table.size());
+  return n;
+}
+
 /// What the report keeps of a step: its rows by kind, tokens and samples.
 step_record record_of(const engine::exec_plan& plan, int32_t replica, int64_t start_ns, int64_t duration_ns) {
   step_record r{replica, plan.step, start_ns, duration_ns, static_cast<int32_t>(plan.chunks.size()), 0, 0, 0};
@@ -87,7 +102,8 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         const cost::step_features f = cost::features_of(plan);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);
-        const int64_t cost_ns = s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f);
+        const int64_t cost_ns = (s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f)) +
+                                s.o.tier.price_ns(tier_blocks_moved(plan));
         s.busy_until = start + std::chrono::nanoseconds(cost_ns);
         const int64_t start_ns = actors::ns_since_epoch(start);
         sample_engine(self, engine, actors::ns_since_epoch(now) - s.o.origin_ns);
@@ -98,6 +114,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         if (s.o.steps) s.o.steps->push_back(record_of(plan, s.o.replica, start_ns - s.o.origin_ns, cost_ns));
         auto promise = self->make_response_promise<engine::exec_result>();
         engine::exec_result result = s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size);
+        if (!s.real) synthetic_demotions(plan, s.o.block_size, result);
         result.measured_ns = cost_ns;  // virtual time: the engine's correction replays
         if (s.o.planted_batch_bug && result.samples.size() >= 3 && result.samples[0].size() == result.samples[1].size())
           std::swap(result.samples[0], result.samples[1]);
@@ -114,6 +131,11 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
 }
 
 }  // namespace
+
+int64_t tier_transfer_cost::price_ns(int64_t num_blocks) const {
+  if (num_blocks == 0 || bytes_per_block == 0) return 0;
+  return latency_ns + static_cast<int64_t>(std::llround(static_cast<double>(num_blocks) * bytes_per_block / bandwidth_gb_s));
+}
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,
                                            cost_executor_options options) {

@@ -22,6 +22,17 @@
 
 namespace troupe::sim {
 
+/// The price of the blocks a step moves between the pool and the host tier (demotions read
+/// out, promoted blocks written): `latency_ns` once per step that moves any, plus their bytes
+/// over the bandwidth. Zero bytes per block: no tier, nothing priced.
+struct tier_transfer_cost {
+  double bytes_per_block = 0;
+  double bandwidth_gb_s = 1;  ///< 10^9 bytes/s = bytes per ns
+  int64_t latency_ns = 0;
+
+  [[nodiscard]] int64_t price_ns(int64_t num_blocks) const;
+};
+
 struct cost_executor_options {
   std::string name;                                      ///< in the event log, e.g. "engine0"
   cost::cost_params cost;
@@ -41,6 +52,7 @@ struct cost_executor_options {
   /// Tests only (sim_options::planted_batch_bug): a step of three or more sampled rows hands
   /// its first two rows each other's samples, a bug that makes tokens depend on the batch.
   bool planted_batch_bug = false;
+  tier_transfer_cost tier;
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

@@ -225,6 +225,9 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"preemptions\": " + std::to_string(m.preemptions) + ",\n";
   j += "  \"recomputed_tokens\": " + std::to_string(m.recomputed_tokens) + ",\n";
   j += "  \"preempted_ms\": " + num(m.preempted_ms) + ",\n";
+  j += "  \"host_tier\": {\"hit_tokens\": " + std::to_string(r.host_hit_tokens) +
+       ", \"demoted_blocks\": " + std::to_string(r.demoted_blocks) +
+       ", \"promoted_blocks\": " + std::to_string(r.promoted_blocks) + "},\n";
   j += "  \"num_steps\": " + std::to_string(m.num_steps) + ",\n";
   j += "  \"batch_size_histogram\": " + batch_histogram_json(r.steps) + ",\n";
   j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";

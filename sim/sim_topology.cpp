@@ -249,7 +249,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   if (auto ok = apply_overrides(root, set, source); !ok) return tl::unexpected(ok.error());
   for (const auto& [key, node] : root)
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
-                             key != "load_balancer"))
+                             key != "load_balancer" && key != "host_tier"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
   sim_topology t;
   model::model_config& m = t.model;
@@ -291,6 +291,10 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"rate_limit_per_s", false, 0, 1e9, into(t.rate_limit_per_s)},
       {"rate_limit_burst", false, 1, 1e6, into(t.rate_limit_burst)},
       {"prefix_weight", false, 0, balance::prefix_weight_max, into(t.prefix_weight)}};
+  std::vector<field> host_tier_fields = {
+      {"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
+      {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
+      {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)}};
   std::vector<field> cost_fields = {
       {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
       {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
@@ -312,7 +316,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"step_overhead_us", false, 0, 1e9, roofline_only(into(roofline.step_overhead_us))}};
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
-                                         {"cost", &cost_fields, true}})
+                                         {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
   if (auto r = balance::make_router({t.router, 0, t.prefix_weight}); !r)
     return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +

@@ -22,6 +22,17 @@ namespace troupe::sim {
 /// real: the bundled model computes real tokens while time stays virtual.
 enum class token_mode { synthetic, real };
 
+/// `[host_tier]`: a host-memory KV tier below each replica's pool (docs/kv-tiers.md), the
+/// production cache_tier actor on virtual time. Blocks moved between it and the pool (demoted
+/// after an eviction, promoted for a prefix hit) are priced into the step that moves them:
+/// `latency_us` once, plus their bytes (block_size * kv_bytes_per_token each) over
+/// `bandwidth_gb_s`.
+struct sim_host_tier {
+  int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
+  double bandwidth_gb_s = 25;    ///< host <-> accelerator copies, 10^9 bytes/s
+  double latency_us = 0;         ///< per step that moves blocks
+};
+
 struct sim_topology {
   std::string model_name;
   model::model_config model;            ///< seq_len = the modelled max context
@@ -41,6 +52,7 @@ struct sim_topology {
   /// `cost` is unused; absent: by the calibrated `cost`.
   std::optional<cost::roofline_model> roofline;
   token_mode tokens = token_mode::synthetic;
+  sim_host_tier host_tier;
 };
 
 /// `TABLE.KEY=VALUE` settings applied over a topology file before it is validated (`troupe sim

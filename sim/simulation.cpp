@@ -1,10 +1,12 @@
 #include "sim/simulation.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include <caf/all.hpp>
 
+#include "actors/cache_tier_actor.hpp"
 #include "actors/client.hpp"
 #include "actors/clock.hpp"
 #include "actors/engine_actor.hpp"
@@ -13,6 +15,7 @@
 #include "sim/cost_executor.hpp"
 #include "sim/event_log.hpp"
 #include "sim/random.hpp"
+#include "runtime/kv/tier_store.hpp"
 #include "sim/workload.hpp"
 
 namespace troupe::sim {
@@ -38,6 +41,7 @@ struct run_state {
   int64_t num_finished = 0;
   std::string violation;
   std::optional<random_source> delivery;  // with shuffle_delivery: picks the next ready actor
+  std::vector<actors::cache_tier_actor> tiers;  // with [host_tier]: one per replica
 };
 
 int64_t since(const run_state& rs, caf::actor_clock::time_point t) { return actors::ns_between(rs.start, t); }
@@ -108,6 +112,13 @@ caf::behavior driver(caf::event_based_actor* self, run_state* rs) {
   return {[=](arrive_atom, int64_t index) { arrive(self, *rs, index); }};
 }
 
+/// How the cost executor prices the blocks a step moves to or from the host tier.
+tier_transfer_cost tier_pricing(const sim_topology& t) {
+  if (t.host_tier.blocks == 0) return {};
+  return {static_cast<double>(t.engine.block_size) * static_cast<double>(t.kv_bytes_per_token),
+          t.host_tier.bandwidth_gb_s, static_cast<int64_t>(std::llround(t.host_tier.latency_us * 1e3))};
+}
+
 expected<actors::engine_list> spawn_engines(run_state& rs) {
   const sim_topology& t = rs.o.topology;
   std::shared_ptr<const model::checkpoint> ck;
@@ -124,9 +135,17 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     o.max_waiting = t.max_waiting;
     o.check_invariants_every = rs.o.check_invariants_every;
     o.detached_executor = false;
+    o.config.kv_values = ck != nullptr;  // synthetic tokens: the cost executor holds no KV values
+    if (t.host_tier.blocks > 0) {
+      auto store = kv::tier_store::create({t.engine.block_size, t.host_tier.blocks});
+      if (!store) return tl::unexpected(store.error());
+      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store));
+      rs.tiers.push_back(o.host_tier);
+    }
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
-                            &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug};
+                            &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug,
+                            tier_pricing(t)};
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());
@@ -169,15 +188,18 @@ void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
   }
 }
 
-/// The replicas' time lost to preemption, asked once the run has ended.
-int64_t preempted_ns(run_state& rs, caf::scheduler::test_coordinator& sched,
-                     const std::vector<actors::engine_actor>& engines) {
-  int64_t total = 0;
+/// The replicas' reports summed (the counters sim_result keeps), asked once the run has ended.
+msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator& sched,
+                                const std::vector<actors::engine_actor>& engines) {
+  msg::engine_report total;
   size_t num_answers = 0;
   for (const actors::engine_actor& e : engines)
     rs.sys.spawn([&, e](caf::event_based_actor* self) {
       self->request(e, caf::infinite, actors::stats_atom::value).then([&](const msg::engine_report& r) {
-        total += r.preempted_ns;
+        total.preempted_ns += r.preempted_ns;
+        total.num_host_hit_tokens += r.num_host_hit_tokens;
+        total.num_demoted_blocks += r.num_demoted_blocks;
+        total.num_promoted_blocks += r.num_promoted_blocks;
         num_answers++;
       });
     });
@@ -217,12 +239,13 @@ expected<sim_result> run_simulation(const sim_options& o) {
   auto d = sys.spawn(driver, &rs);
   run_to_end(rs, sched);
   const int64_t end_ns = since(rs, sched.clock().now());
-  const int64_t lost_ns = rs.violation.empty() ? preempted_ns(rs, sched, *engines) : 0;
+  const msg::engine_report totals = rs.violation.empty() ? final_totals(rs, sched, *engines) : msg::engine_report{};
   if (rs.violation.empty() && rs.num_finished != static_cast<int64_t>(o.workload.size()))
     rs.violation = std::to_string(o.workload.size() - rs.num_finished) + " request(s) never ended";
   caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(rs.load_balancer, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : *engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  for (const actors::cache_tier_actor& tier : rs.tiers) caf::anon_send_exit(tier, caf::exit_reason::user_shutdown);
   sched.run();
   if (!rs.violation.empty())
     return fail(errc::internal, "invariant violated: " + rs.violation + " (seed " + std::to_string(o.seed) +
@@ -234,7 +257,10 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.num_replicas = o.topology.replicas;
   out.sample_every_ns = o.sample_every_ns;
   out.simulated_ns = end_ns;
-  out.preempted_ns = lost_ns;
+  out.preempted_ns = totals.preempted_ns;
+  out.host_hit_tokens = totals.num_host_hit_tokens;
+  out.demoted_blocks = totals.num_demoted_blocks;
+  out.promoted_blocks = totals.num_promoted_blocks;
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();
   return out;

@@ -59,6 +59,11 @@ struct sim_result {
   int64_t simulated_ns = 0;           ///< virtual time of the last event
   /// Time lost to preemption, summed over the replicas (engine::engine_stats::preempted_ns).
   int64_t preempted_ns = 0;
+  /// With [host_tier]: prompt tokens served from blocks the host tier promoted, and blocks moved
+  /// each way, summed over the replicas (msg::engine_report).
+  int64_t host_hit_tokens = 0;
+  int64_t demoted_blocks = 0;
+  int64_t promoted_blocks = 0;
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;
 };

@@ -681,5 +681,109 @@ TEST(Simulation, RealTokensEqualTheReferenceGeneratorWithAndWithoutATimeBudget) 
   EXPECT_GT(num_steps[1], num_steps[0]);  // ... into more, smaller steps; the tokens stayed
 }
 
+TEST(SimTopology, AHostTierIsReadAndBounded) {
+  const sim_topology t = parse_tiny("\n[host_tier]\nblocks = 1000\nbandwidth_gb_s = 10\nlatency_us = 5\n");
+  EXPECT_EQ(t.host_tier.blocks, 1000);
+  EXPECT_EQ(t.host_tier.bandwidth_gb_s, 10);
+  EXPECT_EQ(t.host_tier.latency_us, 5);
+  EXPECT_EQ(parse_tiny().host_tier.blocks, 0);  // no table: no tier
+  const std::pair<std::string, std::string> cases[] = {
+      {"\n[host_tier]\nblocks = -1\n", "tiny.toml:25: [host_tier] blocks = -1.000000 is outside"},
+      {"\n[host_tier]\nbandwidth_gb_s = 0\n", "tiny.toml:25: [host_tier] bandwidth_gb_s = 0.000000 is outside"},
+      {"\n[host_tier]\nsize = 3\n", "tiny.toml:25: [host_tier]: unknown key 'size'"},
+  };
+  for (const auto& [extra, message] : cases) {
+    auto bad = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR);
+    ASSERT_FALSE(bad) << message;
+    EXPECT_NE(bad.error().message.find(message), std::string::npos) << bad.error().message;
+  }
+}
+
+/// Three requests a second apart on a pool of 32 blocks: r0 caches its 400-token prompt (25
+/// blocks), r1's different prompt evicts most of them, r2 repeats r0's prompt.
+sim_result evicting_run(const std::string& extra) {
+  auto t = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR,
+                              {{"hardware.kv_memory_gib", "0.0001220703125"}});  // 32 blocks of 16 x 256 bytes
+  EXPECT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->engine.num_kv_blocks, 32);
+  const int64_t s = 1'000'000'000;
+  sim_options o = options(*t, {trace_request{0, 400, 1, {1}}, trace_request{s, 400, 1, {2}}, trace_request{2 * s, 400, 1, {1}}}, 5);
+  o.check_invariants_every = 1;
+  auto r = run_simulation(o);
+  EXPECT_TRUE(r) << r.error().message;
+  return *r;
+}
+
+TEST(Simulation, AHostTierServesThePrefixThePoolEvicted) {
+  // Without a tier r2 finds the 7 of r0's blocks that r1 left in the pool.
+  const sim_result without = evicting_run("");
+  EXPECT_EQ(without.requests[2].cached_tokens, 112);
+  EXPECT_EQ(without.host_hit_tokens, 0);
+  EXPECT_EQ(without.demoted_blocks, 0);
+  // With a tier, r1's evictions (18 of r0's blocks) are demoted and r2 gets its whole prefix
+  // back: 24 blocks (the hit rule leaves the last token to compute), 7 from the pool and 17
+  // promoted; making room for them demotes 18 of r1's.
+  const std::string tier = "\n[host_tier]\nblocks = 1000\nlatency_us = 2\nbandwidth_gb_s = ";
+  const sim_result with = evicting_run(tier + "1\n");
+  EXPECT_EQ(with.requests[2].cached_tokens, 384);
+  EXPECT_EQ(with.host_hit_tokens, 17 * 16);
+  EXPECT_EQ(with.demoted_blocks, 36);
+  EXPECT_EQ(with.promoted_blocks, 17);
+  EXPECT_EQ(with.requests[0].first_token_ns - with.requests[0].arrival_ns, 86300);
+  EXPECT_EQ(with.requests[2].first_token_ns - with.requests[2].arrival_ns, 152900);
+  // The moves are priced: r2's first step carries 35 blocks of 4096 bytes, so twice the
+  // bandwidth brings its first token exactly 35 * 4096 / 2 ns sooner.
+  const sim_result faster = evicting_run(tier + "2\n");
+  EXPECT_EQ((with.requests[2].first_token_ns - faster.requests[2].first_token_ns), 35 * 4096 / 2);
+}
+
+/// What an infinite cache can serve of each request, summed: its prompt tokens an earlier
+/// request already covered along the same hash-id chain (prefix_reuse_bound, but where an
+/// earlier request covered only part of a trace block, up to that part), less the hit rule (at
+/// most L - 1 tokens of an L-token prompt come from cache), in whole blocks of `block_size`.
+int64_t bound_after_the_hit_rule(const std::vector<trace_request>& w, int32_t block_size) {
+  std::map<std::pair<int64_t, uint64_t>, std::pair<int64_t, int64_t>> chains;  // -> (node, tokens covered)
+  int64_t total = 0;
+  for (const trace_request& r : w) {
+    int64_t node = 0, reusable = 0;
+    bool reusing = true;
+    for (size_t b = 0; b < r.hash_ids.size(); b++) {
+      const int64_t covers = std::min<int64_t>(mooncake_block_tokens, r.input_tokens - static_cast<int64_t>(b) * mooncake_block_tokens);
+      auto [it, added] = chains.try_emplace({node, r.hash_ids[b]}, static_cast<int64_t>(chains.size()) + 1, 0);
+      if (reusing) reusable += std::min(it->second.second, covers);
+      reusing = reusing && it->second.second >= covers;
+      it->second.second = std::max(it->second.second, covers);
+      node = it->second.first;
+    }
+    total += std::min<int64_t>(reusable, r.input_tokens - 1) / block_size * block_size;
+  }
+  return total;
+}
+
+TEST(Simulation, UnboundedTiersReachTheInfiniteCacheBoundLessTheHitRule) {
+  auto trace = read_trace(testing::test_data("traces/mooncake/conversation_trace_head300.jsonl"), trace_format::mooncake);
+  ASSERT_TRUE(trace) << trace.error().message;
+  // One replica with a pool of two max-context sequences (it evicts all the time), a host tier
+  // that never does, and the requests far enough apart that none overlaps another.
+  auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-llama7b.toml",
+                             {{"hardware.kv_memory_gib", "8"}, {"host_tier.blocks", "100000000"}});
+  ASSERT_TRUE(t) << t.error().message;
+  workload_options shape;
+  shape.max_context = t->model.seq_len;
+  std::vector<trace_request> w = shape_workload(std::move(*trace), shape);
+  for (size_t i = 0; i < w.size(); i++) w[i].arrival_ns = static_cast<int64_t>(i) * 1'000'000'000'000;
+  const int64_t expected = bound_after_the_hit_rule(w, t->engine.block_size);
+  auto r = run_simulation(options(*t, w, 3));
+  ASSERT_TRUE(r) << r.error().message;
+  int64_t cached = 0;
+  for (const request_record& q : r->requests) cached += q.cached_tokens;
+  std::printf("cached %lld of the bound's %lld after the hit rule; host tier hits %lld, demoted %lld, promoted %lld\n",
+              static_cast<long long>(cached), static_cast<long long>(expected),
+              static_cast<long long>(r->host_hit_tokens), static_cast<long long>(r->demoted_blocks),
+              static_cast<long long>(r->promoted_blocks));
+  EXPECT_GT(r->host_hit_tokens, 0);
+  EXPECT_EQ(cached, expected);
+}
+
 }  // namespace
 }  // namespace troupe::sim

@@ -25,6 +25,10 @@ struct engine_config {
   /// pool evicts are read out for it (engine_core::take_demoted) and blocks it holds can be
   /// promoted into the pool (engine_core::promote). Set by the engine actor when it has a tier.
   bool host_tier = false;
+  /// Whether the executor holds the KV's values. False only for the simulator's cost executor
+  /// without a checkpoint (sim/cost_executor.hpp): the blocks it demotes carry their tokens and
+  /// hashes but no keys or values (0 layers of 0 dims), and such blocks may be promoted back.
+  bool kv_values = true;
 };
 
 }  // namespace troupe::engine

@@ -309,8 +309,9 @@ void engine_core::note_tier_use(const exec_chunk& chunk, kv::cache_class cls) {
 }
 
 bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) const {
-  return kv::validate(b, config_.block_size).has_value() && b.num_layers == model_.n_layers &&
-         b.kv_dim == model_.kv_dim() && (parent == nullptr || b.parent_hash == parent->hash);
+  const bool shaped = (b.num_layers == model_.n_layers && b.kv_dim == model_.kv_dim()) ||
+                      (!config_.kv_values && b.num_layers == 0 && b.kv_dim == 0);
+  return kv::validate(b, config_.block_size).has_value() && shaped && (parent == nullptr || b.parent_hash == parent->hash);
 }
 
 int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks) {
