@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +9,7 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::kernels::cpu {
 namespace {
@@ -25,8 +27,13 @@ bool same_bits(const float* a, const float* b, size_t n) {
 }
 
 TEST(Kernels, FastMatmulEqualsReferenceBitForBit) {
-  // Shapes that exercise partial tiles (d % 8 != 0) and every row-group tail (rows % 4).
-  const int32_t shapes[][3] = {{1, 64, 64}, {3, 64, 172}, {5, 172, 64}, {7, 13, 9}, {64, 64, 512}};
+  // Shapes that exercise partial tiles (d % 8 != 0), every row-group tail (rows % 4) and
+  // tiles left after the panels of 4 (d 100: 13 tiles; d 172: 22 tiles), on one thread and
+  // split among two (the work of the last shapes is above the split threshold).
+  const int32_t shapes[][3] = {{1, 64, 64},   {2, 64, 100},  {3, 64, 172},   {5, 172, 64},
+                               {6, 33, 172},  {7, 13, 9},    {64, 64, 512},  {2, 1024, 172},
+                               {7, 512, 100}, {1, 2048, 96}};
+  thread_pool pool(2);
   uint32_t seed = 1;
   for (const auto& s : shapes) {
     const int32_t rows = s[0], n = s[1], d = s[2];
@@ -34,8 +41,12 @@ TEST(Kernels, FastMatmulEqualsReferenceBitForBit) {
     const auto w = random_floats(static_cast<size_t>(d) * n, seed++);
     std::vector<float> ref(static_cast<size_t>(rows) * d), fst(ref.size());
     reference::matmul(ref.data(), x.data(), w.data(), rows, n, d);
-    fast::matmul(fst.data(), x.data(), pack_matrix(w.data(), d, n), rows);
+    const packed_matrix packed = pack_matrix(w.data(), d, n);
+    fast::matmul(fst.data(), x.data(), packed, rows);
     EXPECT_TRUE(same_bits(ref.data(), fst.data(), ref.size())) << rows << "x" << n << "x" << d;
+    std::fill(fst.begin(), fst.end(), 0.0f);
+    fast::matmul(fst.data(), x.data(), packed, rows, &pool);
+    EXPECT_TRUE(same_bits(ref.data(), fst.data(), ref.size())) << rows << "x" << n << "x" << d << " on 2 threads";
   }
 }
 
@@ -46,7 +57,7 @@ TEST(Kernels, MatmulRowIsBatchInvariant) {
   const auto packed = pack_matrix(w.data(), d, n);
   const auto batch = random_floats(static_cast<size_t>(37) * n, 8);
   std::vector<float> alone(d), all(static_cast<size_t>(37) * d);
-  for (int32_t rows : {1, 2, 3, 4, 5, 9, 37}) {
+  for (int32_t rows : {1, 2, 3, 4, 5, 6, 7, 9, 37}) {
     fast::matmul(all.data(), batch.data(), packed, rows);
     for (int32_t r = 0; r < rows; r++) {
       fast::matmul(alone.data(), batch.data() + static_cast<size_t>(r) * n, packed, 1);

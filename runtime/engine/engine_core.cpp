@@ -372,7 +372,7 @@ std::vector<demoted_block> engine_core::take_demoted() {
 
 std::optional<exec_plan> engine_core::plan_step() {
   if (num_in_flight() >= config_.max_steps_in_flight) return std::nullopt;
-  flight f{scheduler_->schedule(), {}, {}};
+  flight f{scheduler_->schedule(), {}, {}, {}, {}};
   for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());
