@@ -7,11 +7,14 @@
 // 2. Calibrated model: --calibration FILE, or `troupe calibrate -m CHECKPOINT --threads T`
 //    (the sweep of runtime/cost/sweep.hpp, median of 3 runs; ~8 minutes on this model here),
 //    kept with --calibration-out FILE.
-// 3. Memory bandwidth: the sum of three arrays of 512 MiB (reading, as a step streams its
-//    weights; STREAM's triad is printed beside it), on T threads, median of 7 runs. Compute:
+// 3. Memory bandwidth: what the executor's own matrix-vector product attains streaming a
+//    512 MiB packed weight matrix (fast::matmul, one row of input, T threads, median of 7
+//    runs) — the roofline's memory ceiling here, since a decode step is that product over every
+//    weight; the sum of three 512 MiB arrays and STREAM's triad are printed beside it. Compute:
 //    the FLOPs of the sweep's 256-token prefill step over its measured time — what the
 //    executor's kernels attain, the roofline's compute ceiling here (the vector unit's peak
-//    is several times higher and no kernel of ours comes near it).
+//    is several times higher and no kernel of ours comes near it). Both ceilings are what our
+//    kernels attain, not what the hardware could.
 // 4. The decode plans of that same sweep (1..64 rows at contexts 16..480) run on the real step
 //    executor (T threads), median of --repeats runs each, and each is priced by both models.
 //    The roofline has no step overhead here: it prices bytes and FLOPs only.
@@ -33,8 +36,10 @@
 #include <vector>
 
 #include "bench/figures.hpp"
+#include "bench/memory_bandwidth.hpp"
 #include "bench/synthetic_model.hpp"
 #include "bench/troupe_process.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/roofline.hpp"
@@ -56,45 +61,49 @@ struct options {
 
 const synthetic_shape shape{768, 2048, 12, 12, 12, 512, 512};
 
-/// Runs `body(thread index)` on `threads` threads at once and returns the wall time in seconds.
-template <class Body>
-double timed_on_threads(int32_t threads, const Body& body) {
-  std::vector<std::thread> pool;
-  const double start = now_seconds();
-  for (int32_t t = 0; t < threads; t++) pool.emplace_back([&body, t] { body(t); });
-  for (std::thread& t : pool) t.join();
-  return now_seconds() - start;
-}
-
-/// Memory bandwidth in bytes per second, median of 7 runs over three arrays of 512 MiB (64 Mi
-/// doubles each) split among the threads: `read` sums them (what a step's weight streaming
-/// does), `triad` computes STREAM's a[i] = b[i] + s * c[i] (24 bytes per element counted).
+/// Memory bandwidth in bytes per second, median of 7 runs each: `matmul` is the executor's
+/// fast::matmul of one input row against a packed 512 MiB weight matrix (d 65536, n 2048; what
+/// a decode step does to every weight); over three arrays of 512 MiB (64 Mi doubles each)
+/// split among the threads, `read` sums them and `triad` computes STREAM's a[i] = b[i] + s *
+/// c[i] (24 bytes per element counted).
 struct bandwidths {
+  double matmul = 0;
   double read = 0;
   double triad = 0;
 };
 
-bandwidths measure_bandwidth(int32_t threads) {
+double measure_matmul_bandwidth(kernels::cpu::thread_pool* pool) {
+  namespace cpu = kernels::cpu;
+  cpu::packed_matrix w;
+  w.d = 65536;
+  w.n = 2048;
+  w.tiles.assign(static_cast<size_t>(w.d) * w.n, 0.5f);  // touched: paged in before timing
+  std::vector<float> x(static_cast<size_t>(w.n), 1.0f), out(static_cast<size_t>(w.d));
+  std::vector<double> s;
+  for (int run = 0; run < 7; run++) {
+    const double start = now_seconds();
+    cpu::fast::matmul(out.data(), x.data(), w, 1, pool);
+    s.push_back(now_seconds() - start);
+  }
+  TROUPE_ASSERT(out[static_cast<size_t>(w.d) / 2] == 1024.0f);
+  return static_cast<double>(w.tiles.size() * sizeof(float)) / summarize(s).median;
+}
+
+bandwidths measure_bandwidth(int32_t threads, kernels::cpu::thread_pool* pool) {
   constexpr size_t n = size_t{64} << 20;
   std::vector<double> a(n, 0.0), b(n, 1.0), c(n, 2.0);  // touched: paged in before timing
-  std::vector<double> read_s, triad_s, sums(static_cast<size_t>(threads));
+  std::vector<double> read_s, triad_s;
+  double checksum = 0;
   for (int run = 0; run < 7; run++) {
-    read_s.push_back(timed_on_threads(threads, [&](int32_t t) {
-      const size_t begin = n * static_cast<size_t>(t) / threads, end = n * static_cast<size_t>(t + 1) / threads;
-      double s[8] = {};  // independent sums: loads, not the adds' latency, set the pace
-      for (const double* v : {a.data(), b.data(), c.data()})
-        for (size_t i = begin; i + 8 <= end; i += 8)
-          for (size_t k = 0; k < 8; k++) s[k] += v[i + k];
-      sums[static_cast<size_t>(t)] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
-    }));
+    read_s.push_back(timed_read({&a, &b, &c}, threads, checksum));
     triad_s.push_back(timed_on_threads(threads, [&](int32_t t) {
       const size_t begin = n * static_cast<size_t>(t) / threads, end = n * static_cast<size_t>(t + 1) / threads;
       for (size_t i = begin; i < end; i++) a[i] = b[i] + 3.0 * c[i];
     }));
   }
-  TROUPE_ASSERT(a[n / 2] == 7.0 && sums[0] > 0);
+  TROUPE_ASSERT(a[n / 2] == 7.0 && checksum > 0);
   const double bytes = 3.0 * sizeof(double) * n;
-  return {bytes / summarize(read_s).median, bytes / summarize(triad_s).median};
+  return {measure_matmul_bandwidth(pool), bytes / summarize(read_s).median, bytes / summarize(triad_s).median};
 }
 
 /// `troupe calibrate` on the checkpoint, into DIR/calibration.toml.
@@ -217,22 +226,23 @@ int run(const options& o) {
   const cost::cost_params& c = *calibrated;
   std::printf("calibrated: step %.0f ns + token %.1f ns + sampled row %.1f ns + attention token %.3f ns + KV read "
               "token %.3f ns\n", c.step_ns, c.token_ns, c.sampled_row_ns, c.attention_token_ns, c.kv_read_token_ns);
-  const bandwidths bw = measure_bandwidth(o.threads);
+  std::unique_ptr<kernels::cpu::thread_pool> pool;
+  if (o.threads > 1) pool = std::make_unique<kernels::cpu::thread_pool>(o.threads);
+  const bandwidths bw = measure_bandwidth(o.threads, pool.get());
 
   auto ck = model::checkpoint::load(checkpoint);
   TROUPE_ASSERT_MSG(ck.has_value(), "the synthetic checkpoint loads");
   const cost::sweep_grid grid = cost::make_sweep_grid(ck->config().seq_len, ck->config().vocab_size, 16);
-  std::unique_ptr<kernels::cpu::thread_pool> pool;
-  if (o.threads > 1) pool = std::make_unique<kernels::cpu::thread_pool>(o.threads);
   engine::step_executor executor(*ck, grid.num_kv_blocks, 16, model::kernel_path::fast, pool.get());
   int64_t step = 0;
   const engine::exec_plan& prefill = compute_bound_plan(grid);
   const double prefill_flops = cpu_roofline(ck->config(), 1, 1).price(cost::features_of(prefill)).flops;
   const double peak = prefill_flops / (measure_step_ns(executor, prefill, step, o.repeats) / 1e9);
-  std::printf("measured on %d thread(s): memory bandwidth %.2f GB/s reading (used), %.2f GB/s STREAM triad "
-              "(median of 7); attainable compute %.2f GFLOP/s (a 256-token prefill step, median of %d)\n",
-              o.threads, bw.read / 1e9, bw.triad / 1e9, peak / 1e9, o.repeats);
-  const cost::roofline_model roofline = cpu_roofline(ck->config(), peak, bw.read);
+  std::printf("measured on %d thread(s): memory bandwidth %.2f GB/s by the executor's matmul (used), %.2f GB/s "
+              "summing arrays, %.2f GB/s STREAM triad (median of 7); attainable compute %.2f GFLOP/s (a 256-token "
+              "prefill step, median of %d)\n",
+              o.threads, bw.matmul / 1e9, bw.read / 1e9, bw.triad / 1e9, peak / 1e9, o.repeats);
+  const cost::roofline_model roofline = cpu_roofline(ck->config(), peak, bw.matmul);
   std::printf("roofline: %.1f MB of weights per step, %.0f bytes of KV per position read\n",
               roofline.weight_bytes() / 1e6, roofline.kv_bytes_per_token());
 

@@ -1,0 +1,164 @@
+// bench_decode_bandwidth: is decode bound by memory bandwidth, and how much does batching buy
+// where it is? (issue 20, point 2)
+//
+//   bench_decode_bandwidth [--steps N] [--runs R] [--gb G]
+//
+// Writes a random-weight llama2.c checkpoint (dim 1536, hidden 4096, 12 heads, tok512's
+// vocabulary; as many layers as make its weights at least G GB, default 1.5, and at least 3x the
+// last-level cache this machine reports), then measures, in one run and for 1 thread and every
+// core:
+// - read bandwidth: summing an array of the weights' size (bench/memory_bandwidth.hpp), median
+//   of 5;
+// - single-stream decode: one request through the batched engine (fast kernels, greedy), the
+//   median time of its N + 1 steps (a one-token prompt: every step computes one row), as tokens
+//   per second and as the bandwidth it implies (weight bytes per step / step time);
+// - 64 concurrent streams: 64 such requests, every step computing 64 rows.
+// Each figure is the median of R runs (default 3). Targets (issue 20): single stream >= 85% of
+// the read bandwidth at the same thread count; 64 concurrent >= 8x single-stream tokens/s.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/figures.hpp"
+#include "bench/memory_bandwidth.hpp"
+#include "bench/synthetic_model.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+
+namespace troupe::bench {
+namespace {
+
+struct options {
+  int32_t steps = 8;
+  int32_t runs = 3;
+  double gb = 1.5;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  parse_arguments(argc, argv, [&](const std::string& a, const auto& next) {
+    if (a == "--steps") o.steps = std::stoi(next());
+    else if (a == "--runs") o.runs = std::stoi(next());
+    else if (a == "--gb") o.gb = std::stod(next());
+    else return false;
+    return true;
+  });
+  if (o.steps < 1 || o.runs < 1 || o.runs % 2 == 0 || o.gb <= 0) {
+    std::fprintf(stderr, "--steps >= 1, --runs odd and >= 1, --gb > 0\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+/// The largest cache glibc reports (sysconf: from CPUID, where the VM may show no sysfs cache
+/// entries), in bytes; 0 when it reports none.
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  for (int name : {_SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL4_CACHE_SIZE})
+    best = std::max<int64_t>(best, sysconf(name));
+  return best;
+}
+
+int64_t weight_bytes(const synthetic_shape& s) {
+  const int64_t dim = s.dim, kv_dim = dim / s.n_heads * s.n_kv_heads, hidden = s.hidden_dim;
+  const int64_t per_layer = 2 * dim * dim + 2 * kv_dim * dim + 3 * hidden * dim;
+  return (per_layer * s.n_layers + int64_t{s.vocab_size} * dim) * static_cast<int64_t>(sizeof(float));
+}
+
+/// Median seconds per step of `concurrency` one-token-prompt requests decoding `steps` tokens
+/// after their first, on a fresh batch of the engine (every step computes `concurrency` rows).
+double median_step_seconds(engine::engine& e, int32_t concurrency, int32_t steps, engine::request_id& next_id) {
+  for (int32_t i = 0; i < concurrency; i++) {
+    engine::request r;
+    r.id = next_id++;
+    r.prompt = {tokenizer::bos};
+    r.max_tokens = steps + 1;
+    r.sampling.temperature = 0.0f;
+    r.ignore_eos = true;
+    TROUPE_ASSERT_MSG(e.add_request(std::move(r)).has_value(), "the benchmark request is valid");
+  }
+  std::vector<double> seconds;
+  while (e.has_unfinished()) {
+    const double start = now_seconds();
+    const size_t produced = e.step().size();
+    seconds.push_back(now_seconds() - start);
+    TROUPE_ASSERT_MSG(static_cast<int32_t>(produced) == concurrency, "every step computes every request's row");
+  }
+  if (seconds.size() % 2 == 0) seconds.pop_back();
+  return summarize(seconds).median;
+}
+
+int run(int argc, char** argv) {
+  std::printf("$ %s\n", command_line(argc, argv).c_str());
+  const options o = parse(argc, argv);
+  const int64_t llc = last_level_cache_bytes();
+  synthetic_shape shape{1536, 4096, 1, 12, 12, 512, 512};
+  const double want = std::max(o.gb * 1e9, 3.0 * static_cast<double>(llc));
+  while (static_cast<double>(weight_bytes(shape)) < want) shape.n_layers++;
+  const int64_t bytes = weight_bytes(shape);
+  std::printf("last-level cache (sysconf): %.0f MiB; model: dim %d, hidden %d, %d layers, %d heads, vocab %d: "
+              "%.2f GB of float32 weights (>= %.2f GB and >= 3x the cache)\n",
+              static_cast<double>(llc) / (1 << 20), shape.dim, shape.hidden_dim, shape.n_layers, shape.n_heads,
+              shape.vocab_size, static_cast<double>(bytes) / 1e9, o.gb);
+  const std::string path = "/tmp/troupe_bench_decode_bandwidth_" + std::to_string(getpid()) + ".bin";
+  write_synthetic_checkpoint(path, shape, 1);
+  auto ck = model::checkpoint::load(path);
+  std::remove(path.c_str());  // mapped (or copied) by now
+  if (!ck) return std::fprintf(stderr, "%s\n", ck.error().message.c_str()), 1;
+  auto tok = tokenizer::load(std::string(TROUPE_MODELS_DIR) + "/tok512.bin", ck->config().vocab_size);
+  if (!tok) return std::fprintf(stderr, "%s\n", tok.error().message.c_str()), 1;
+
+  engine::engine_config c;
+  c.block_size = 16;
+  c.num_kv_blocks = 64 * ((o.steps + 2 + c.block_size - 1) / c.block_size);
+  c.scheduler.max_num_seqs = 64;
+  c.kernels = model::kernel_path::fast;
+  std::printf("%d decode steps per run (one-token prompts), median step time; median of %d runs\n\n", o.steps + 1,
+              o.runs);
+  std::printf("%7s %12s %16s %14s %10s %8s %16s %10s %8s %12s\n", "threads", "read GB/s", "1 stream tok/s",
+              "implied GB/s", "x read", "target", "64 streams tok/s", "x 1", "target", "64-row GFLOP/s");
+
+  const int32_t cores = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+  std::vector<double> array(static_cast<size_t>(bytes) / sizeof(double), 1.0);  // touched: paged in
+  for (int32_t threads : {1, cores}) {
+    if (threads == 1 && cores == 1) continue;
+    std::vector<double> reads;
+    double checksum = 0;
+    for (int i = 0; i < 5; i++) reads.push_back(static_cast<double>(bytes) / timed_read({&array}, threads, checksum));
+    TROUPE_ASSERT(checksum > 0);
+    const double read = summarize(reads).median;
+
+    kernels::cpu::thread_pool pool(threads);
+    auto e = engine::engine::create(*ck, *tok, c, threads > 1 ? &pool : nullptr);
+    TROUPE_ASSERT_MSG(e.has_value(), "the benchmark engine config is valid");
+    engine::request_id next_id = 0;
+    (void)median_step_seconds(**e, 1, 1, next_id);  // warm-up: weights packed and paged in
+    std::vector<double> single, many;
+    for (int i = 0; i < o.runs; i++) {
+      single.push_back(1.0 / median_step_seconds(**e, 1, o.steps, next_id));
+      many.push_back(64.0 / median_step_seconds(**e, 64, o.steps, next_id));
+    }
+    const double one = summarize(single).median, sixty_four = summarize(many).median;
+    const double implied = one * static_cast<double>(bytes);
+    const double flops = 2.0 * static_cast<double>(bytes) / sizeof(float) * sixty_four;
+    std::printf("%7d %12.2f %16.2f %14.2f %10.2f %8s %16.1f %10.2f %8s %12.1f\n", threads, read / 1e9, one,
+                implied / 1e9, implied / read, implied / read >= 0.85 ? ">=0.85 met" : ">=0.85 NOT met", sixty_four,
+                sixty_four / one, sixty_four / one >= 8 ? ">=8 met" : ">=8 NOT met", flops / 1e9);
+  }
+  std::printf("\n64-row GFLOP/s: 2 x parameters x 64-stream tokens/s. Where it is the kernels' attainable rate (a\n"
+              "256-token prefill's, bench_roofline) the 64-stream step is compute-bound, and x 1 cannot exceed\n"
+              "that rate / (2 x parameters x single-stream tokens/s).\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace troupe::bench
+
+int main(int argc, char** argv) { return troupe::bench::run(argc, argv); }
