@@ -4,6 +4,7 @@
 // caches, split among threads. Shared by bench_roofline and bench_decode_bandwidth.
 
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -21,21 +22,30 @@ double timed_on_threads(int32_t threads, const Body& body) {
   return now_seconds() - start;
 }
 
-/// Seconds to read every element of `arrays` once on `threads` threads (each sums its share of
-/// each array into 8 independent sums, so the loads and not the adds' latency set the pace).
-/// The sum goes to `checksum`, so the reads cannot be optimized away.
+/// Seconds to read every element of `arrays` once on `threads` threads: each sums its share of
+/// each array in 512-bit vector loads into 4 independent vector sums (so the loads, not the
+/// adds' latency, set the pace; the matmul's tiles are read the same way). The sum goes to
+/// `checksum`, so the reads cannot be optimized away.
 inline double timed_read(const std::vector<const std::vector<double>*>& arrays, int32_t threads, double& checksum) {
+  using v8d = double __attribute__((vector_size(64)));
   std::vector<double> sums(static_cast<size_t>(threads));
   const double seconds = timed_on_threads(threads, [&](int32_t t) {
-    double s[8] = {};
+    v8d s[4] = {};
     for (const std::vector<double>* v : arrays) {
-      const size_t n = v->size(), begin = n * static_cast<size_t>(t) / threads;
-      const size_t end = n * static_cast<size_t>(t + 1) / threads;
+      const size_t n = v->size(), begin = n * static_cast<size_t>(t) / threads / 32 * 32;
+      const size_t end = n * static_cast<size_t>(t + 1) / threads / 32 * 32;
       const double* p = v->data();
-      for (size_t i = begin; i + 8 <= end; i += 8)
-        for (size_t k = 0; k < 8; k++) s[k] += p[i + k];
+      for (size_t i = begin; i < end; i += 32)
+        for (size_t k = 0; k < 4; k++) {
+          v8d x;
+          std::memcpy(&x, p + i + 8 * k, sizeof(x));
+          s[k] += x;
+        }
     }
-    sums[static_cast<size_t>(t)] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+    double total = 0;
+    for (const v8d& x : s)
+      for (int k = 0; k < 8; k++) total += x[k];
+    sums[static_cast<size_t>(t)] = total;
   });
   checksum = 0;
   for (double s : sums) checksum += s;

@@ -19,15 +19,18 @@
 
 namespace troupe::kernels::cpu {
 
-/// Output columns per packed weight tile (one 256-bit register of floats).
+/// Lanes of the fast kernels' vectors (one 256-bit register of floats).
 inline constexpr int32_t tile_width = 8;
 
-/// A (d, n) row-major weight matrix repacked for the fast matmul: tiles of 8 output rows
-/// interleaved along n, so one load yields w[i..i+8][j]. Rows past d are zero padding.
+/// Output columns per packed weight tile of the fast matmul (one 512-bit register of floats).
+inline constexpr int32_t matmul_tile_width = 16;
+
+/// A (d, n) row-major weight matrix repacked for the fast matmul: tiles of 16 output rows
+/// interleaved along n, so one load yields w[i..i+16][j]. Rows past d are zero padding.
 struct packed_matrix {
   int32_t d = 0;  ///< output features
   int32_t n = 0;  ///< input features
-  std::vector<float> tiles;  ///< (ceil(d / 8), n, 8)
+  std::vector<float> tiles;  ///< (ceil(d / 16), n, 16)
 };
 
 /// Packs `w` (d, n) into tiles; done once at model load.
