@@ -152,7 +152,10 @@ TEST(Q80Kernels, FastMatmulEqualsReferenceBitForBit) {
   std::mt19937 rng(3);
   std::uniform_int_distribution<int> value(-127, 127);
   std::uniform_real_distribution<float> real(-2.0f, 2.0f);
-  for (const auto& [rows, d, n, gs] : std::vector<std::array<int32_t, 4>>{{1, 8, 16, 4}, {5, 33, 64, 64}, {9, 7, 96, 32}}) {
+  // Every row tail (rows % 4), partial tiles (d % 16), tiles left after the panels of 4 (d 100:
+  // 7 tiles) and products large enough to split among the pool's threads.
+  for (const auto& [rows, d, n, gs] : std::vector<std::array<int32_t, 4>>{
+           {1, 8, 16, 4}, {5, 33, 64, 64}, {9, 7, 96, 32}, {2, 100, 256, 64}, {3, 100, 2048, 64}, {6, 72, 1024, 32}}) {
     std::vector<int8_t> wq(static_cast<size_t>(d) * n);
     std::vector<float> ws(static_cast<size_t>(d) * n / gs), x(static_cast<size_t>(rows) * n);
     for (auto& v : wq) v = static_cast<int8_t>(value(rng));
@@ -167,9 +170,10 @@ TEST(Q80Kernels, FastMatmulEqualsReferenceBitForBit) {
     const kernels::cpu::q80_matrix w{wq.data(), ws.data(), d, n, gs};
     std::vector<float> want(static_cast<size_t>(rows) * d), got(want.size()), threaded(want.size());
     kernels::cpu::reference::matmul_q80(want.data(), xq.data(), xs.data(), w, rows);
-    kernels::cpu::fast::matmul_q80(got.data(), xq.data(), xs.data(), w, rows);
+    const kernels::cpu::packed_q80 packed = kernels::cpu::pack_q80(w);
+    kernels::cpu::fast::matmul_q80(got.data(), xq.data(), xs.data(), packed, rows);
     kernels::cpu::thread_pool pool(3);
-    kernels::cpu::fast::matmul_q80(threaded.data(), xq.data(), xs.data(), w, rows, &pool);
+    kernels::cpu::fast::matmul_q80(threaded.data(), xq.data(), xs.data(), packed, rows, &pool);
     EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << rows << " " << d;
     EXPECT_EQ(std::memcmp(want.data(), threaded.data(), want.size() * sizeof(float)), 0) << rows << " " << d;
   }

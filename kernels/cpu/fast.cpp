@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
 
@@ -65,6 +69,55 @@ void matmul_block(float* out, const float* x, const packed_matrix& w, int32_t ti
   }
 }
 
+using v16i = int32_t __attribute__((vector_size(64)));
+
+/// 16 int8 values at `p`, sign-extended to int32 lanes (GCC scalarizes __builtin_convertvector
+/// for this shape, so AVX-512's instruction is named where it exists).
+inline v16i widen16(const int8_t* p) {
+#ifdef __AVX512F__
+  return reinterpret_cast<v16i>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  using v16b = int8_t __attribute__((vector_size(16)));
+  v16b b;
+  std::memcpy(&b, p, sizeof(b));
+  return __builtin_convertvector(b, v16i);
+#endif
+}
+
+// The Q8_0 twin of matmul_block: per group, exact int32 dot products of 16 outputs at once
+// (int8 weights widened, times the row's int8 activation), then each output's float steps in the
+// reference's order: sum += float(dot) * weight scale * activation scale, group by group.
+template <int num_rows, int num_tiles>
+void matmul_q80_block(float* out, const int8_t* xq, const float* xs, const packed_q80& w, int32_t tile,
+                      int32_t row) {
+  const int32_t n = w.n, gs = w.group_size, groups = n / gs;
+  const int8_t* tiles = w.tiles.data() + static_cast<size_t>(tile) * n * matmul_tile_width;
+  const float* scales = w.scales.data() + static_cast<size_t>(tile) * groups * matmul_tile_width;
+  v16f acc[num_rows][num_tiles] = {};
+  for (int32_t g = 0; g < groups; g++) {
+    v16i dot[num_rows][num_tiles] = {};
+    for (int32_t j = g * gs; j < (g + 1) * gs; j++) {
+      for (int t = 0; t < num_tiles; t++) {
+        const int8_t* at = tiles + (static_cast<size_t>(t) * n + j) * matmul_tile_width;
+        if (num_rows > 1 && (j & 3) == 0) __builtin_prefetch(at + 4 * prefetch_floats);  // a line per 4 j
+        const v16i wv = widen16(at);
+        for (int r = 0; r < num_rows; r++) dot[r][t] += wv * static_cast<int32_t>(xq[static_cast<int64_t>(row + r) * n + j]);
+      }
+    }
+    for (int t = 0; t < num_tiles; t++) {
+      const v16f s = load16(scales + (static_cast<size_t>(t) * groups + g) * matmul_tile_width);
+      for (int r = 0; r < num_rows; r++)
+        acc[r][t] += __builtin_convertvector(dot[r][t], v16f) * s * xs[static_cast<int64_t>(row + r) * groups + g];
+    }
+  }
+  for (int t = 0; t < num_tiles; t++) {
+    const int32_t col = (tile + t) * matmul_tile_width;
+    const int32_t count = w.d - col < matmul_tile_width ? w.d - col : matmul_tile_width;
+    for (int r = 0; r < num_rows; r++)
+      store_first(out + static_cast<int64_t>(row + r) * w.d + col, acc[r][t], count);
+  }
+}
+
 }  // namespace
 
 void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size) {
@@ -99,17 +152,58 @@ packed_matrix pack_matrix(const float* w, int32_t d, int32_t n) {
   return p;
 }
 
+packed_q80 pack_q80(const q80_matrix& w) {
+  packed_q80 p;
+  p.d = w.d;
+  p.n = w.n;
+  p.group_size = w.group_size;
+  const int32_t num_tiles = (w.d + matmul_tile_width - 1) / matmul_tile_width, groups = w.n / w.group_size;
+  p.tiles.assign(static_cast<size_t>(num_tiles) * w.n * matmul_tile_width, 0);
+  p.scales.assign(static_cast<size_t>(num_tiles) * groups * matmul_tile_width, 0.0f);
+  for (int32_t i = 0; i < w.d; i++) {
+    const size_t t = static_cast<size_t>(i / matmul_tile_width), lane = static_cast<size_t>(i % matmul_tile_width);
+    for (int32_t j = 0; j < w.n; j++)
+      p.tiles[(t * w.n + j) * matmul_tile_width + lane] = w.q[static_cast<int64_t>(i) * w.n + j];
+    for (int32_t g = 0; g < groups; g++)
+      p.scales[(t * groups + g) * matmul_tile_width + lane] = w.s[static_cast<int64_t>(i) * groups + g];
+  }
+  return p;
+}
+
 namespace fast {
 
 namespace {
 
+// The two products' blocks, for the tile loop below: `block<R, T>(tile, row)` computes rows
+// row..row+R-1 against tiles tile..tile+T-1.
+struct f32_blocks {
+  float* out;
+  const float* x;
+  const packed_matrix& w;
+  template <int num_rows, int num_tiles>
+  void block(int32_t tile, int32_t row) const {
+    matmul_block<num_rows, num_tiles>(out, x, w, tile, row);
+  }
+};
+
+struct q80_blocks {
+  float* out;
+  const int8_t* xq;
+  const float* xs;
+  const packed_q80& w;
+  template <int num_rows, int num_tiles>
+  void block(int32_t tile, int32_t row) const {
+    matmul_q80_block<num_rows, num_tiles>(out, xq, xs, w, tile, row);
+  }
+};
+
 /// Rows `row`..`rows` (fewer than 4) against `num_tiles` tiles from `tile`, in one block.
-template <int num_tiles>
-void matmul_last_rows(float* out, const float* x, const packed_matrix& w, int32_t tile, int32_t row, int32_t rows) {
+template <int num_tiles, class Blocks>
+void last_rows(const Blocks& b, int32_t tile, int32_t row, int32_t rows) {
   switch (rows - row) {
-    case 3: matmul_block<3, num_tiles>(out, x, w, tile, row); break;
-    case 2: matmul_block<2, num_tiles>(out, x, w, tile, row); break;
-    case 1: matmul_block<1, num_tiles>(out, x, w, tile, row); break;
+    case 3: b.template block<3, num_tiles>(tile, row); break;
+    case 2: b.template block<2, num_tiles>(tile, row); break;
+    case 1: b.template block<1, num_tiles>(tile, row); break;
     default: break;
   }
 }
@@ -118,80 +212,52 @@ void matmul_last_rows(float* out, const float* x, const packed_matrix& w, int32_
 // from memory once per product and from cache by the batch's other rows, where rows outer read
 // every weight once per 4 rows (and once per row left over). Each output's sum runs over j in
 // the same order whatever the blocking, so the bits are those of the reference.
-void matmul_tiles(float* out, const float* x, const packed_matrix& w, int32_t rows, int32_t first_tile,
-                  int32_t end_tile) {
+template <class Blocks>
+void tile_loop(const Blocks& b, int32_t rows, int32_t first_tile, int32_t end_tile) {
   int32_t t = first_tile;
   for (; t + 4 <= end_tile; t += 4) {
     int32_t row = 0;
     for (; row + 4 <= rows; row += 4) {  // 4 x 2 blocks: 8 sums in registers
-      matmul_block<4, 2>(out, x, w, t, row);
-      matmul_block<4, 2>(out, x, w, t + 2, row);
+      b.template block<4, 2>(t, row);
+      b.template block<4, 2>(t + 2, row);
     }
-    matmul_last_rows<4>(out, x, w, t, row, rows);
+    last_rows<4>(b, t, row, rows);
   }
   for (; t < end_tile; t++) {
     int32_t row = 0;
-    for (; row + 4 <= rows; row += 4) matmul_block<4, 1>(out, x, w, t, row);
-    matmul_last_rows<1>(out, x, w, t, row, rows);
+    for (; row + 4 <= rows; row += 4) b.template block<4, 1>(t, row);
+    last_rows<1>(b, t, row, rows);
   }
 }
 
 // Below this many multiply-adds a product is done before the threads would have woken.
 constexpr int64_t parallel_matmul_min_work = int64_t{1} << 18;
 
-}  // namespace
-
-void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows, thread_pool* pool) {
-  const int32_t num_tiles = (w.d + matmul_tile_width - 1) / matmul_tile_width;
-  const int64_t work = static_cast<int64_t>(rows) * w.n * w.d;
+/// The tile loop over a product's `num_tiles` tiles, split among the pool's threads in panels
+/// of 4 tiles (so they stay whole) when the product is large enough.
+template <class Blocks>
+void run_tiles(const Blocks& b, int32_t rows, int32_t d, int32_t n, thread_pool* pool) {
+  const int32_t num_tiles = (d + matmul_tile_width - 1) / matmul_tile_width;
+  const int64_t work = static_cast<int64_t>(rows) * n * d;
   if (pool == nullptr || pool->num_threads() == 1 || work < parallel_matmul_min_work) {
-    matmul_tiles(out, x, w, rows, 0, num_tiles);
+    tile_loop(b, rows, 0, num_tiles);
     return;
   }
-  // Split in panels of 4 tiles so they stay whole.
   const int32_t num_panels = (num_tiles + 3) / 4;
   pool->parallel_for(num_panels, [&](int32_t, int64_t begin, int64_t end) {
-    matmul_tiles(out, x, w, rows, static_cast<int32_t>(4 * begin),
-                 std::min(num_tiles, static_cast<int32_t>(4 * end)));
+    tile_loop(b, rows, static_cast<int32_t>(4 * begin), std::min(num_tiles, static_cast<int32_t>(4 * end)));
   });
 }
 
-namespace {
-
-// Output row i of `num_rows` (<= 4) consecutive activation rows from `row`: each weight group is
-// loaded once for all of them; each (row, i) sum runs over the groups in order, as the reference.
-void matmul_q80_rows(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t row,
-                     int32_t num_rows, int32_t i) {
-  const int32_t gs = w.group_size, num_groups = w.n / gs;
-  float val[4] = {};
-  const int8_t* wi = w.q + static_cast<int64_t>(i) * w.n;  // (n)
-  const float* wsi = w.s + static_cast<int64_t>(i) * num_groups;  // (num_groups)
-  for (int32_t g = 0; g < num_groups; g++) {
-    const int8_t* wg = wi + g * gs;
-    for (int32_t r = 0; r < num_rows; r++) {
-      const int8_t* x = xq + static_cast<int64_t>(row + r) * w.n + g * gs;
-      int32_t dot = 0;
-      for (int32_t k = 0; k < gs; k++) dot += static_cast<int32_t>(x[k]) * static_cast<int32_t>(wg[k]);
-      val[r] += static_cast<float>(dot) * wsi[g] * xs[static_cast<int64_t>(row + r) * num_groups + g];
-    }
-  }
-  for (int32_t r = 0; r < num_rows; r++) out[static_cast<int64_t>(row + r) * w.d + i] = val[r];
-}
-
 }  // namespace
 
-void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows,
+void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows, thread_pool* pool) {
+  run_tiles(f32_blocks{out, x, w}, rows, w.d, w.n, pool);
+}
+
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const packed_q80& w, int32_t rows,
                 thread_pool* pool) {
-  const auto outputs = [&](int32_t, int64_t begin, int64_t end) {
-    for (int32_t row = 0; row < rows; row += 4)
-      for (int64_t i = begin; i < end; i++)
-        matmul_q80_rows(out, xq, xs, w, row, std::min(4, rows - row), static_cast<int32_t>(i));
-  };
-  const int64_t work = static_cast<int64_t>(rows) * w.n * w.d;
-  if (pool == nullptr || pool->num_threads() == 1 || work < parallel_matmul_min_work)
-    outputs(0, 0, w.d);
-  else
-    pool->parallel_for(w.d, outputs);
+  run_tiles(q80_blocks{out, xq, xs, w}, rows, w.d, w.n, pool);
 }
 
 v8f exp8(v8f x) {

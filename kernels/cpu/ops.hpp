@@ -46,6 +46,20 @@ struct q80_matrix {
   int32_t group_size = 0;  ///< divides n
 };
 
+/// A Q8_0 matrix repacked for fast::matmul_q80: tiles of 16 output rows, their int8 values
+/// interleaved along n (one load yields q[i..i+16][j]) and their scales along the groups. Rows
+/// past d are zero padding.
+struct packed_q80 {
+  int32_t d = 0;
+  int32_t n = 0;
+  int32_t group_size = 0;
+  std::vector<int8_t> tiles;  ///< (ceil(d / 16), n, 16)
+  std::vector<float> scales;  ///< (ceil(d / 16), n / group_size, 16)
+};
+
+/// Packs `w` into tiles; done once at model load.
+[[nodiscard]] packed_q80 pack_q80(const q80_matrix& w);
+
 /// Quantizes a row of activations x (n) as runq.c does, per group of `group_size`:
 /// scale = max|x| / 127, q = round(x / scale) half away from zero (scale 0 gives q 0).
 /// q is (n), s is (n / group_size); group_size divides n.
@@ -117,10 +131,11 @@ namespace fast {
 void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows,
             thread_pool* pool = nullptr);
 
-/// Same contract and bits as reference::matmul_q80: four rows share each weight row's loads (an
-/// int32 dot product is exact in any order, and the float steps keep the group order); with a
-/// pool, output rows are split over its threads.
-void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows,
+/// Same contract and bits as reference::matmul_q80, with `w` packed: 16 outputs per vector, the
+/// batch's rows sharing each tile's loads as in matmul (an int32 group dot product is exact in
+/// any order, and each output's float steps keep the group order); with a pool, large products
+/// split their output tiles over its threads.
+void matmul_q80(float* out, const int8_t* xq, const float* xs, const packed_q80& w, int32_t rows,
                 thread_pool* pool = nullptr);
 
 /// Same contract and bits as reference::attention; 8 positions' scores per register.

@@ -28,6 +28,13 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
     }
     wcls_ = cpu::pack_matrix(w.wcls, c.vocab_size, c.dim);
   }
+  if (const q80_weights* q = ck_.q80(); path_ == kernel_path::fast && q != nullptr) {
+    for (int32_t l = 0; l < c.n_layers; l++)
+      q80_layers_.push_back(q80_layer_weights{cpu::pack_q80(q->wq[l]), cpu::pack_q80(q->wk[l]), cpu::pack_q80(q->wv[l]),
+                                              cpu::pack_q80(q->wo[l]), cpu::pack_q80(q->w1[l]), cpu::pack_q80(q->w2[l]),
+                                              cpu::pack_q80(q->w3[l])});
+    q80_wcls_ = cpu::pack_q80(q->wcls);
+  }
   // RoPE angles exactly as llama2.c computes them per step, tabulated once.
   const int32_t half = c.head_size() / 2;
   rope_cos_.resize(static_cast<size_t>(c.seq_len) * half);
@@ -68,7 +75,15 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
   const int64_t l = layer, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
   if (const q80_weights* q = ck_.q80()) {
     const std::vector<cpu::q80_matrix>* per_layer[] = {&q->wq, &q->wk, &q->wv, &q->wo, &q->w1, &q->w2, &q->w3};
-    matmul_q80(out, x, which == matrix::wcls ? q->wcls : (*per_layer[static_cast<int>(which)])[layer], rows);
+    cpu::packed_q80 q80_layer_weights::*packed[] = {&q80_layer_weights::wq, &q80_layer_weights::wk,
+                                                    &q80_layer_weights::wv, &q80_layer_weights::wo,
+                                                    &q80_layer_weights::w1, &q80_layer_weights::w2,
+                                                    &q80_layer_weights::w3};
+    const bool cls = which == matrix::wcls;
+    const cpu::packed_q80* p = path_ != kernel_path::fast ? nullptr
+                               : cls                       ? &q80_wcls_
+                                                           : &(q80_layers_[layer].*packed[static_cast<int>(which)]);
+    matmul_q80(out, x, cls ? q->wcls : (*per_layer[static_cast<int>(which)])[layer], p, rows);
     return;
   }
   struct plain {
@@ -91,15 +106,16 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
     cpu::reference::matmul(out, x, v.w, rows, static_cast<int32_t>(v.n), static_cast<int32_t>(v.d));
 }
 
-void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& w, int32_t rows) {
+void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& w, const cpu::packed_q80* packed,
+                             int32_t rows) {
   const int32_t groups = w.n / w.group_size;
   xq_.resize(std::max(xq_.size(), static_cast<size_t>(rows) * w.n));
   xs_.resize(std::max(xs_.size(), static_cast<size_t>(rows) * groups));
   for (int32_t r = 0; r < rows; r++)
     cpu::quantize_q80(&xq_[static_cast<size_t>(r) * w.n], &xs_[static_cast<size_t>(r) * groups],
                       x + static_cast<int64_t>(r) * w.n, w.n, w.group_size);
-  if (path_ == kernel_path::fast)
-    cpu::fast::matmul_q80(out, xq_.data(), xs_.data(), w, rows, pool_);
+  if (packed != nullptr)
+    cpu::fast::matmul_q80(out, xq_.data(), xs_.data(), *packed, rows, pool_);
   else
     cpu::reference::matmul_q80(out, xq_.data(), xs_.data(), w, rows);
 }

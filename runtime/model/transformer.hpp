@@ -45,6 +45,9 @@ class transformer {
   struct layer_weights {
     kernels::cpu::packed_matrix wq, wk, wv, wo, w1, w2, w3;
   };
+  struct q80_layer_weights {
+    kernels::cpu::packed_q80 wq, wk, wv, wo, w1, w2, w3;
+  };
 
   /// The model's matrices, by name.
   enum class matrix { wq, wk, wv, wo, w1, w2, w3, wcls };
@@ -52,7 +55,9 @@ class transformer {
   /// wcls): float32 through the packed copy on the fast path, or Q8_0 with x quantized per
   /// group first (runq.c's arithmetic).
   void matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows);
-  void matmul_q80(float* out, const float* x, const kernels::cpu::q80_matrix& w, int32_t rows);
+  /// `packed`: w's packed copy (fast path) or nullptr (reference path).
+  void matmul_q80(float* out, const float* x, const kernels::cpu::q80_matrix& w,
+                  const kernels::cpu::packed_q80* packed, int32_t rows);
   void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer);
   void ffn_layer(int32_t rows, int32_t layer);
   void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits);
@@ -62,8 +67,10 @@ class transformer {
   model_config config_;
   kernel_path path_;
   kernels::cpu::exp_source exp_;  // libm's expf for Q8_0 (runq.c's arithmetic), else the kernels'
-  std::vector<layer_weights> layers_;
+  std::vector<layer_weights> layers_;  // float32 checkpoints on the fast path
   kernels::cpu::packed_matrix wcls_;
+  std::vector<q80_layer_weights> q80_layers_;  // Q8_0 checkpoints on the fast path
+  kernels::cpu::packed_q80 q80_wcls_;
   std::vector<float> rope_cos_;  // (seq_len, head_size / 2)
   std::vector<float> rope_sin_;  // (seq_len, head_size / 2)
 
