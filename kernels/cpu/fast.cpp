@@ -18,24 +18,19 @@ namespace {
 using v8f = float __attribute__((vector_size(32)));
 static_assert(sizeof(v8f) == tile_width * sizeof(float));
 
-inline v8f load(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-
 // The matmul's tiles: AVX-512 registers with -march supporting them, two or four narrower
 // ones otherwise.
 using v16f = float __attribute__((vector_size(64)));
 static_assert(sizeof(v16f) == matmul_tile_width * sizeof(float));
 
-inline v16f load16(const float* p) {
-  v16f v;
+template <class V = v8f>
+inline V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+
+inline void store(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline void store_first(float* p, v16f v, int32_t count) {
   std::memcpy(p, &v, static_cast<size_t>(count) * sizeof(float));
@@ -57,7 +52,7 @@ void matmul_block(float* out, const float* x, const packed_matrix& w, int32_t ti
     for (int t = 0; t < num_tiles; t++) {
       const float* at = tiles + (static_cast<size_t>(t) * n + j) * matmul_tile_width;
       if (num_rows > 1) __builtin_prefetch(at + prefetch_floats);  // a 64-byte line per j
-      const v16f wv = load16(at);  // w[cols][j]
+      const v16f wv = load<v16f>(at);  // w[cols][j]
       for (int r = 0; r < num_rows; r++) acc[r][t] += wv * x[static_cast<int64_t>(row + r) * n + j];
     }
   }
@@ -105,7 +100,7 @@ void matmul_q80_block(float* out, const int8_t* xq, const float* xs, const packe
       }
     }
     for (int t = 0; t < num_tiles; t++) {
-      const v16f s = load16(scales + (static_cast<size_t>(t) * groups + g) * matmul_tile_width);
+      const v16f s = load<v16f>(scales + (static_cast<size_t>(t) * groups + g) * matmul_tile_width);
       for (int r = 0; r < num_rows; r++)
         acc[r][t] += __builtin_convertvector(dot[r][t], v16f) * s * xs[static_cast<int64_t>(row + r) * groups + g];
     }
