@@ -265,7 +265,9 @@ TEST_F(CrashAttack, InfiniteFloatsAreRefusedBeforeTheyCrossANode) {
   run_ticking();
   ASSERT_TRUE(log->outcome.has_value() && !log->outcome->has_value());
   EXPECT_EQ(log->outcome->error().code, errc::invalid_argument);
-  EXPECT_EQ(log->outcome->error().message, sampling::validate({c.temperature, 1.0f, 0, 0.0f, 0}, 512).error().message);
+  sampling::sampling_params same;
+  same.temperature = c.temperature;
+  EXPECT_EQ(log->outcome->error().message, sampling::validate(same, 512).error().message);
   expect_engine_idle();
   expect_serves("after infinite floats");
 }
@@ -325,13 +327,13 @@ TEST_F(CrashAttack, AForgedPlanToTheExecutorGetsAnErrorAndChangesNothing) {
   c.seq = 1;
   c.tokens = {1, 300};
   c.block_table = {5000};  // beyond the pool
-  forge(engine::exec_plan{0, {}, {}, {c}, {}});
+  forge(engine::exec_plan{0, {}, {}, {c}, {}, {}});
   c.block_table = {0};
   c.tokens = {1, 99999};  // out of the vocabulary
-  forge(engine::exec_plan{0, {}, {}, {c}, {}});
+  forge(engine::exec_plan{0, {}, {}, {c}, {}, {}});
   c.tokens = {1, 300};
-  forge(engine::exec_plan{7, {}, {}, {c}, {}});  // not the next step
-  forge(engine::exec_plan{0, {}, {}, {c, c}, {}});  // one sequence twice
+  forge(engine::exec_plan{7, {}, {}, {c}, {}, {}});  // not the next step
+  forge(engine::exec_plan{0, {}, {}, {c, c}, {}, {}});  // one sequence twice
   ASSERT_EQ(answers->size(), 4u);
   const char* reasons[] = {"plan 0, chunk 0 (sequence 1): block 0 = 5000 is outside the pool [0, 1024)",
                            "plan 0, chunk 0 (sequence 1): token 1 = 99999 is outside the vocabulary [0, 512)",

@@ -122,7 +122,11 @@ inline generate::generation reference(model::transformer& t, const msg::completi
   generate::generate_params p;
   p.prompt = *prompt;
   p.max_new_tokens = r.max_tokens;
-  p.sampling = {r.temperature, r.top_p, r.top_k, r.min_p, r.num_top_logprobs};
+  p.sampling.temperature = r.temperature;
+  p.sampling.top_p = r.top_p;
+  p.sampling.top_k = r.top_k;
+  p.sampling.min_p = r.min_p;
+  p.sampling.num_top_logprobs = r.num_top_logprobs;
   p.seed = r.seed;
   p.ignore_eos = r.ignore_eos;
   auto out = generate::generate(t, tok, p);
