@@ -30,6 +30,7 @@
 #include "bench/memory_bandwidth.hpp"
 #include "bench/synthetic_model.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "runtime/cost/roofline.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/quantize.hpp"
@@ -69,10 +70,15 @@ int64_t last_level_cache_bytes() {
   return best;
 }
 
+/// The float32 weight bytes of a model of shape `s`, as the roofline model counts them.
 int64_t weight_bytes(const synthetic_shape& s) {
-  const int64_t dim = s.dim, kv_dim = dim / s.n_heads * s.n_kv_heads, hidden = s.hidden_dim;
-  const int64_t per_layer = 2 * dim * dim + 2 * kv_dim * dim + 3 * hidden * dim;
-  return (per_layer * s.n_layers + int64_t{s.vocab_size} * dim) * static_cast<int64_t>(sizeof(float));
+  const model::model_config config{s.dim, s.hidden_dim, s.n_layers, s.n_heads, s.n_kv_heads, s.vocab_size, s.seq_len, true};
+  cost::roofline_options ro;
+  ro.hardware = {1, 1, 1e18, 0};  // only the byte count is used
+  ro.weight_bytes_per_value = 4;
+  auto roofline = cost::roofline_model::make(config, ro);
+  TROUPE_ASSERT(roofline.has_value());
+  return static_cast<int64_t>(roofline->weight_bytes());
 }
 
 /// Median seconds per step of `concurrency` one-token-prompt requests decoding `steps` tokens

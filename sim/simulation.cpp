@@ -12,10 +12,10 @@
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 #include "actors/type_ids.hpp"
+#include "runtime/kv/tier_store.hpp"
 #include "sim/cost_executor.hpp"
 #include "sim/event_log.hpp"
 #include "sim/random.hpp"
-#include "runtime/kv/tier_store.hpp"
 #include "sim/workload.hpp"
 
 namespace troupe::sim {
@@ -219,7 +219,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   // Start the virtual clock away from 0 (CAF treats a zero time point specially).
   sched.clock().current_time += std::chrono::hours(1);
   run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
-               sched.clock().now(), 0, {}, {}};
+               sched.clock().now(), 0, {}, {}, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   auto engines = spawn_engines(rs);
   if (!engines) return tl::unexpected(engines.error());
