@@ -55,7 +55,8 @@ void start_executor(engine_actor_t* self) {
                              : spawn_executor(self->system(), engine,
                                               executor_settings{o.checkpoint, o.config.num_kv_blocks,
                                                                 o.config.block_size, o.config.kernels,
-                                                                o.executor_threads, o.detached_executor, o.step_log});
+                                                                o.executor_threads, o.detached_executor, o.step_log,
+                                                                o.config.speculation, o.draft_checkpoint});
   // Monitored, not linked: over a link, an executor killed with exit_reason::kill (which no exit
   // handler can intercept) would take its engine down. The executor monitors its engine in turn.
   self->monitor(self->state.executor);
@@ -263,7 +264,8 @@ msg::engine_report stats(engine_actor_t* self) {
                             e.num_steps,                e.raw_mean(),                e.corrected_mean(),
                             s.core.num_prefix_hit_tokens, s.core.num_host_hit_tokens, s.core.num_demoted_blocks,
                             s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
-                            0,                          s.core.preempted_ns};
+                            0,                          s.core.preempted_ns,         s.core.num_draft_slots,
+                            s.core.num_draft_rows,      s.core.num_accepted_drafts};
 }
 
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers

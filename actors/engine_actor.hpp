@@ -45,6 +45,8 @@ using executor_factory = std::function<executor_actor(caf::actor_system& sys, co
 
 struct engine_options {
   std::shared_ptr<const model::checkpoint> checkpoint;  ///< the model; may be null with make_executor
+  /// The draft model of a draft_model drafter (config.speculation), checked against the model.
+  std::shared_ptr<const model::checkpoint> draft_checkpoint;
   model::model_config model;        ///< the model's shape when there is no checkpoint (simulation)
   executor_factory make_executor;   ///< empty: the real step executor on `checkpoint`
   /// Check the engine core's invariants (block conservation, refcounts, queues) after every

@@ -22,6 +22,8 @@ struct executor_settings {
   int32_t num_threads = 1;  ///< > 1 adds a kernel thread pool of that many threads (the executor's included)
   bool detached = true;     ///< own thread (production); false: on the scheduler (deterministic tests)
   std::string step_log;     ///< append one line per executed step (features + measured ns); "" = off
+  spec::speculation_config speculation;               ///< the drafter of chunks with draft slots
+  std::shared_ptr<const model::checkpoint> draft;     ///< the draft_model drafter's model (checked)
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).

@@ -47,25 +47,6 @@ engine::engine_config bench_config() {
   return c;
 }
 
-/// 256 distinct prompts: [BOS] + a 31-token window of a greedy story, window i at offset i.
-std::vector<std::vector<int32_t>> make_prompts(model::transformer& t, const tokenizer& tok) {
-  generate::generate_params p;
-  p.prompt = {tokenizer::bos};
-  p.max_new_tokens = concurrency_max + prompt_tokens - 1;
-  p.sampling.temperature = 0.0f;
-  p.ignore_eos = true;
-  auto story = generate::generate(t, tok, p);
-  TROUPE_ASSERT_MSG(story.has_value(), "the story request is valid");
-  std::vector<std::vector<int32_t>> prompts;
-  for (int32_t i = 0; i < concurrency_max; i++) {
-    std::vector<int32_t> prompt{tokenizer::bos};
-    prompt.insert(prompt.end(), story->tokens.begin() + i, story->tokens.begin() + i + prompt_tokens - 1);
-    TROUPE_ASSERT(static_cast<int32_t>(prompt.size()) == prompt_tokens);
-    prompts.push_back(std::move(prompt));
-  }
-  return prompts;
-}
-
 struct engine_run {
   double tokens_per_second = 0;
   engine::engine_stats stats;
@@ -122,7 +103,7 @@ int run(int argc, char** argv) {
   auto tok = tokenizer::load(dir + "/tok512.bin", ck->config().vocab_size);
   if (!tok) return std::fprintf(stderr, "%s\n", tok.error().message.c_str()), 1;
   model::transformer t(*ck, model::kernel_path::fast);
-  const std::vector<std::vector<int32_t>> prompts = make_prompts(t, *tok);
+  const std::vector<std::vector<int32_t>> prompts = story_prompts(t, *tok, concurrency_max, prompt_tokens);
   print_header();
 
   (void)reference_tokens_per_second(t, *tok, prompts[0], new_tokens);

@@ -13,6 +13,8 @@
 #include "runtime/common/error.hpp"
 #include "runtime/common/stats.hpp"
 #include "runtime/generate/reference_generator.hpp"
+#include "runtime/model/transformer.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::bench {
 
@@ -34,6 +36,27 @@ void parse_arguments(int argc, char** argv, Take take) {
       std::exit(2);
     }
   }
+}
+
+/// `count` distinct prompts of `length` tokens: [BOS] + a window of the model's greedy story from
+/// BOS, window i at offset i.
+inline std::vector<std::vector<int32_t>> story_prompts(model::transformer& t, const tokenizer& tok, int32_t count,
+                                                       int32_t length) {
+  generate::generate_params p;
+  p.prompt = {tokenizer::bos};
+  p.max_new_tokens = count + length - 1;
+  p.sampling.temperature = 0.0f;
+  p.ignore_eos = true;
+  auto story = generate::generate(t, tok, p);
+  TROUPE_ASSERT_MSG(story.has_value(), "the story request is valid");
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t i = 0; i < count; i++) {
+    std::vector<int32_t> prompt{tokenizer::bos};
+    prompt.insert(prompt.end(), story->tokens.begin() + i, story->tokens.begin() + i + length - 1);
+    TROUPE_ASSERT(static_cast<int32_t>(prompt.size()) == length);
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
 }
 
 /// Median, min and max of a handful of samples.

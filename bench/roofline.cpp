@@ -106,22 +106,6 @@ bandwidths measure_bandwidth(int32_t threads, kernels::cpu::thread_pool* pool) {
   return {measure_matmul_bandwidth(pool), bytes / summarize(read_s).median, bytes / summarize(triad_s).median};
 }
 
-/// `troupe calibrate` on the checkpoint, into DIR/calibration.toml.
-expected<cost::cost_params> run_calibrate(const options& o, const fs::path& dir, const std::string& checkpoint) {
-  const std::string out = (dir / "calibration.toml").string();
-  std::printf("calibrating: troupe calibrate -m %s --threads %d --out %s (log: %s)\n", checkpoint.c_str(), o.threads,
-              out.c_str(), (dir / "calibrate.log").c_str());
-  std::fflush(stdout);
-  const pid_t pid = start_troupe({o.troupe, "calibrate", "-m", checkpoint, "--threads", std::to_string(o.threads),
-                                  "--out", out},
-                                 (dir / "calibrate.log").string());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return fail(errc::internal, "troupe calibrate failed; see " + (dir / "calibrate.log").string());
-  return cost::read_calibration(out);
-}
-
 /// The sweep's decode plans: every chunk one token that samples.
 std::vector<engine::exec_plan> decode_plans(const cost::sweep_grid& grid) {
   std::vector<engine::exec_plan> plans;
@@ -203,7 +187,7 @@ cost::roofline_model cpu_roofline(const model::model_config& config, double peak
 /// in --calibration-out when given).
 expected<cost::cost_params> calibrated_model(const options& o, const fs::path& dir, const std::string& checkpoint) {
   if (!o.calibration.empty()) return cost::read_calibration(o.calibration);
-  auto params = run_calibrate(o, dir, checkpoint);
+  auto params = run_calibrate(o.troupe, o.threads, dir, checkpoint);
   if (params && !o.calibration_out.empty()) fs::copy_file(dir / "calibration.toml", o.calibration_out,
                                                           fs::copy_options::overwrite_existing);
   return params;

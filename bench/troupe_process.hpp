@@ -1,20 +1,23 @@
 #pragma once
 
 // Shared by the bench_* programs that run the troupe binary (bench_cluster: nodes and
-// certificates; bench_kv_transfer: certificates): where that binary is, starting it, and
-// `troupe certs` into a scratch directory with the credentials of one of its names.
+// certificates; bench_kv_transfer: certificates; bench_roofline and bench_speculative: the
+// calibration sweep): where that binary is, starting it, `troupe calibrate`, and `troupe certs`
+// into a scratch directory with the credentials of one of its names.
 
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "actors/tls.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/cost/calibration.hpp"
 
 extern char** environ;
 
@@ -41,6 +44,24 @@ inline pid_t start_troupe(std::vector<std::string> args, const std::string& out)
   posix_spawn_file_actions_destroy(&actions);
   TROUPE_ASSERT_MSG(rc == 0, "cannot start troupe");
   return pid;
+}
+
+/// `troupe calibrate -m CHECKPOINT --threads T` (the sweep), into DIR/calibration.toml (its
+/// output in DIR/calibrate.log); returns the calibrated step-time model.
+inline expected<cost::cost_params> run_calibrate(const std::string& troupe, int32_t threads,
+                                                 const std::filesystem::path& dir, const std::string& checkpoint) {
+  const std::string out = (dir / "calibration.toml").string();
+  std::printf("calibrating: troupe calibrate -m %s --threads %d --out %s (log: %s)\n", checkpoint.c_str(), threads,
+              out.c_str(), (dir / "calibrate.log").c_str());
+  std::fflush(stdout);
+  const pid_t pid = start_troupe({troupe, "calibrate", "-m", checkpoint, "--threads", std::to_string(threads),
+                                  "--out", out},
+                                 (dir / "calibrate.log").string());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return fail(errc::internal, "troupe calibrate failed; see " + (dir / "calibrate.log").string());
+  return cost::read_calibration(out);
 }
 
 /// `troupe certs --out <dir>/certs --nodes <nodes> --client <clients>` (comma-separated names),

@@ -37,6 +37,10 @@ struct engine_report {
   int64_t host_tier_expired_blocks = 0;
   /// Time lost to preemption so far (engine::engine_stats::preempted_ns).
   int64_t preempted_ns = 0;
+  /// Speculative decoding: draft slots planned and drafts that stood (engine::engine_stats).
+  int64_t num_draft_slots = 0;
+  int64_t num_draft_rows = 0;
+  int64_t num_accepted_drafts = 0;
 };
 
 template <class Inspector>
@@ -44,7 +48,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
   return f(x.num_steps, x.num_generated_tokens, x.num_preemptions, x.num_executor_failures,
            x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns, x.num_timed_steps, x.step_time_error_raw,
            x.step_time_error_corrected, x.num_prefix_hit_tokens, x.num_host_hit_tokens, x.num_demoted_blocks,
-           x.num_demoted_bytes, x.num_promoted_blocks, x.num_promoted_bytes, x.host_tier_expired_blocks, x.preempted_ns);
+           x.num_demoted_bytes, x.num_promoted_blocks, x.num_promoted_bytes, x.host_tier_expired_blocks, x.preempted_ns,
+           x.num_draft_slots, x.num_draft_rows, x.num_accepted_drafts);
 }
 
 }  // namespace troupe::msg

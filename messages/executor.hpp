@@ -38,12 +38,12 @@ typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
   return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.num_samples, x.seed, x.sampling,
-           x.num_prompt_tokens, x.context_prefix, x.export_kv);
+           x.num_prompt_tokens, x.context_prefix, x.export_kv, x.speculative, x.num_draft_slots);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_plan& x) {
-  return f(x.step, x.imports, x.copies, x.chunks, x.released, x.demotions);
+  return f(x.step, x.imports, x.copies, x.chunks, x.released, x.demotions, x.draft_rows_ms);
 }
 
 template <class Inspector>
@@ -53,7 +53,8 @@ typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.measured_ns);
+  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.num_draft_rows, x.drafts_verified,
+           x.drafts_accepted, x.measured_ns);
 }
 
 }  // namespace troupe::engine

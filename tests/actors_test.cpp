@@ -277,6 +277,31 @@ TEST_F(ActorsDeterministic, GreedyAndLengthEndsMatchTheReference) {
   expect_engine_idle();
 }
 
+TEST_F(ActorsDeterministic, ASpeculatingEngineStreamsTheReferencesGreedyOutput) {
+  // n-gram drafts verified in the executor's step: several tokens a step reach each client as
+  // one stream, the last one with its finish (issue 17).
+  actors::engine_options o = engine_opts(false);
+  o.config.speculation.drafter = spec::drafter_kind::ngram;
+  o.config.speculation.num_speculative_tokens = 5;
+  start(o);
+  msg::completion_request long_one = make_completion("Once upon a time", 300, 7, 0.0f);
+  long_one.ignore_eos = true;
+  run_and_check(long_one, "long greedy");
+  std::vector<std::pair<std::shared_ptr<client_log>, msg::completion_request>> logs;
+  for (size_t i = 0; i < 6; i++) {
+    const msg::completion_request r = make_completion(story_window(i), 60 + 10 * static_cast<int32_t>(i), 30 + i, 0.0f);
+    logs.emplace_back(submit(r), r);
+  }
+  run_ticking();
+  for (const auto& [log, r] : logs) {
+    ASSERT_EQ(log->num_done, 1);
+    ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+    expect_matches(**log->outcome, reference(oracle_, r), "concurrent greedy");
+  }
+  EXPECT_GT(report().num_accepted_drafts, 0);
+  expect_engine_idle();
+}
+
 TEST_F(ActorsDeterministic, StopStringEndsTheStreamAndReleasesTheEngine) {
   start();
   msg::completion_request r = make_completion("Once upon a time", 80, 11, 0.0f);

@@ -477,7 +477,19 @@ INSTANTIATE_TEST_SUITE_P(
                  "name, node, role, model, tokenizer, kv_blocks, block_size, "
                  "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, step_time_correction_window, "
                  "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
-                 "step_log)"},
+                 "step_log, drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, draft_model, "
+                 "speculation_mode)"},
+        bad_file{"bad_speculation_mode", k_valid + "speculation_mode = \"sometimes\"\n",
+                 "topology.toml:12: engine 'engine0': key 'speculation_mode' must be fixed or budgeted; got "
+                 "'sometimes'"},
+        // Speculative decoding.
+        bad_file{"unknown_drafter", k_valid + "drafter = \"medusa\"\n",
+                 "topology.toml:12: engine 'engine0': key 'drafter': unknown drafter 'medusa' (expected none, ngram, "
+                 "layer_skip or draft_model)"},
+        bad_file{"draft_model_without_path", k_valid + "drafter = \"draft_model\"\n",
+                 "topology.toml:12: engine 'engine0': key 'drafter' = \"draft_model\" needs key 'draft_model'"},
+        bad_file{"too_many_drafts", k_valid + "drafter = \"ngram\"\nnum_speculative_tokens = 17\n",
+                 "num_speculative_tokens"},
         bad_file{"unknown_node_key",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nip = \"1.2.3.4\"\nport = 1\n",
                  "topology.toml:4: node 'node0': unknown key 'ip'"},

@@ -149,7 +149,7 @@ TEST(ValidatePlan, ChunkSamples) {
 TEST(ValidatePlan, PenaltyContext) {
   exec_plan p = valid_plan();
   p.chunks[0].context_prefix = {1};  // no penalty: no prefix
-  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) carries a context prefix, which only a penalised chunk "
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) carries a context prefix, which only a penalised or speculative chunk "
                          "with first_block 0 takes");
   p.chunks[0].sampling.presence_penalty = 0.5f;
   p.chunks[0].first_position = 2;  // the prefix must hold positions [0, 2)
@@ -163,7 +163,7 @@ TEST(ValidatePlan, PenaltyContext) {
   p.chunks[0].num_prompt_tokens = 5;
   EXPECT_EQ(error_of(p), "");
   p.chunks[0].first_block = 1;  // a continuation: the executor holds the tokens before it
-  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) carries a context prefix, which only a penalised chunk "
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) carries a context prefix, which only a penalised or speculative chunk "
                          "with first_block 0 takes");
   p.chunks[0].sampling.logit_bias = {{512, 1.0f}};
   p.chunks[0].context_prefix.clear();

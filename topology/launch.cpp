@@ -15,6 +15,7 @@
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 #include "actors/sync_guard.hpp"
+#include "runtime/engine/step_executor.hpp"
 
 namespace troupe::topology {
 namespace {
@@ -44,6 +45,13 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engin
   if (!tok) tok = std::make_shared<const tokenizer>(std::move(*t));
   actors::engine_options o;
   o.checkpoint = std::make_shared<const model::checkpoint>(std::move(*ck));
+  if (e.config.speculation.drafter == spec::drafter_kind::draft_model) {
+    auto draft = model::checkpoint::load(e.config.speculation.draft_model);
+    if (!draft) return fail(draft.error().code, where(e) + "draft model: " + draft.error().message);
+    if (auto ok = engine::step_executor::check_draft_model(o.checkpoint->config(), draft->config()); !ok)
+      return fail(ok.error().code, where(e) + ok.error().message);
+    o.draft_checkpoint = std::make_shared<const model::checkpoint>(std::move(*draft));
+  }
   o.bos_id = tok->bos_id();
   o.eos_id = tok->eos_id();
   o.config = e.config;

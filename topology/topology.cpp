@@ -494,6 +494,46 @@ struct listener {
   return {};
 }
 
+/// Speculative decoding: `drafter` (spec::parse_drafter), `num_speculative_tokens`,
+/// `ngram_min` / `ngram_max`, `draft_layers` and `draft_model` (a checkpoint path).
+[[nodiscard]] expected<void> read_speculation(const context& ctx, const toml::table& table, const scope& where,
+                                              spec::speculation_config& config) {
+  auto drafter = read_string(ctx, table, where, "drafter", std::string("none"));
+  if (!drafter) return tl::unexpected(drafter.error());
+  auto kind = spec::parse_drafter(*drafter);
+  if (!kind) return malformed(ctx, line_of_key(table, "drafter"), where.label, "key 'drafter': " + kind.error().message);
+  config.drafter = *kind;
+  auto k = read_int(ctx, table, where, "num_speculative_tokens", config.num_speculative_tokens, 1,
+                    spec::num_speculative_tokens_max);
+  if (!k) return tl::unexpected(k.error());
+  config.num_speculative_tokens = *k;
+  auto ngram_min = read_int(ctx, table, where, "ngram_min", config.ngram_min, 1, 64);
+  if (!ngram_min) return tl::unexpected(ngram_min.error());
+  auto ngram_max = read_int(ctx, table, where, "ngram_max", config.ngram_max, *ngram_min, 64);
+  if (!ngram_max) return tl::unexpected(ngram_max.error());
+  config.ngram_min = *ngram_min;
+  config.ngram_max = *ngram_max;
+  auto layers = read_int(ctx, table, where, "draft_layers", config.draft_layers, 1, 1024);
+  if (!layers) return tl::unexpected(layers.error());
+  config.draft_layers = *layers;
+  auto mode = read_string(ctx, table, where, "speculation_mode", std::string("fixed"));
+  if (!mode) return tl::unexpected(mode.error());
+  if (*mode != "fixed" && *mode != "budgeted")
+    return malformed(ctx, line_of_key(table, "speculation_mode"), where.label,
+                     "key 'speculation_mode' must be fixed or budgeted; got " + in_quotes(*mode));
+  config.budgeted = *mode == "budgeted";
+  if (table.contains("draft_model")) {
+    auto path = read_file_path(ctx, table, where, "draft_model");
+    if (!path) return tl::unexpected(path.error());
+    config.draft_model = *path;
+  }
+  if (config.drafter == spec::drafter_kind::draft_model && config.draft_model.empty())
+    return malformed(ctx, line_of_key(table, "drafter"), where.label,
+                     "key 'drafter' = \"draft_model\" needs key 'draft_model' (a llama2.c checkpoint with the "
+                     "model's vocabulary)");
+  return {};
+}
+
 /// The engine_config keys; defaults are engine_config's own.
 [[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
                                                 const scope& where, engine_spec& engine) {
@@ -516,6 +556,7 @@ struct listener {
   engine.executor_threads = *threads;
   if (auto ok = read_time_budget(ctx, table, where, config.scheduler); !ok) return ok;
   if (auto ok = read_scheduler_policy(ctx, table, where, config.scheduler.policy); !ok) return ok;
+  if (auto ok = read_speculation(ctx, table, where, config.speculation); !ok) return ok;
   auto step_log = read_string(ctx, table, where, "step_log", std::string());
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
@@ -531,7 +572,9 @@ struct listener {
                            {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
                             "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms",
                             "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
-                            "scheduler", "sjf_aging_tokens", "executor_threads", "step_log"});
+                            "scheduler", "sjf_aging_tokens", "executor_threads", "step_log", "drafter",
+                            "num_speculative_tokens", "ngram_min", "ngram_max", "draft_layers", "draft_model",
+                            "speculation_mode"});
       !ok) {
     return tl::unexpected(ok.error());
   }

@@ -12,6 +12,7 @@
 
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/spec/spec_config.hpp"
 
 namespace troupe::cli {
 
@@ -55,6 +56,20 @@ struct completion_flags {
 
   void add_to(CLI::App* cmd);
   [[nodiscard]] msg::completion_request to_request() const;
+};
+
+/// Speculative decoding flags of the commands that run a generated one-node topology.
+struct speculation_flags {
+  std::string drafter = "none";
+  int32_t num_speculative_tokens = 4;
+  int32_t draft_layers = 1;
+  std::string draft_model;
+  std::string mode = "fixed";
+
+  /// Adds them to `cmd`, in `group`; returns them.
+  std::vector<CLI::Option*> add_to(CLI::App* cmd, const std::string& group = "Speculative decoding");
+  /// Sets `config` (an engine's speculation) from them; a bad drafter name is an error.
+  [[nodiscard]] expected<void> apply(spec::speculation_config& config) const;
 };
 
 /// A chunk callback printing each chunk's text to stdout (flushed), preceded once by `echo`

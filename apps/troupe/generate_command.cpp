@@ -22,6 +22,7 @@ struct generate_options {
   std::string model = default_model_path();
   std::string tokenizer = default_tokenizer_path();
   completion_flags flags;
+  speculation_flags speculation;
   bool no_echo = false;
   bool reference = false;
   bool reference_kernels = false;
@@ -58,6 +59,7 @@ int run_reference(const generate_options& o) {
 int run_actors(const generate_options& o) {
   topology::topology t = topology::single_node(o.model, o.tokenizer);
   if (o.reference_kernels) t.engines[0].config.kernels = model::kernel_path::reference;
+  if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return fail_with(ok.error());
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg);
   caf::actor_system sys{cfg};
@@ -85,6 +87,7 @@ action add_generate(CLI::App& app) {
   cmd->add_option("--model,-m", o->model, "llama2.c checkpoint or GGUF model")->capture_default_str();
   cmd->add_option("--tokenizer,-z", o->tokenizer, "llama2.c tokenizer, or a GGUF file with one")->capture_default_str();
   o->flags.add_to(cmd);
+  o->speculation.add_to(cmd);
   cmd->add_flag("--no-echo", o->no_echo, "do not print the prompt before the completion");
   cmd->add_flag("--reference", o->reference, "run the single-sequence reference generator, not the actors");
   cmd->add_flag("--reference-kernels", o->reference_kernels, "run the readable reference kernels");

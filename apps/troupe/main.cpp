@@ -37,6 +37,34 @@ CLI::Validator seed_validator() {
       "UINT64");
 }
 
+std::vector<CLI::Option*> speculation_flags::add_to(CLI::App* cmd, const std::string& group) {
+  const std::vector<CLI::Option*> options{
+      cmd->add_option("--speculate", drafter, "drafter: none, ngram, layer_skip or draft_model"),
+      cmd->add_option("--num-speculative-tokens", num_speculative_tokens, "drafts verified per decode step")
+          ->check(CLI::Range(1, spec::num_speculative_tokens_max)),
+      cmd->add_option("--draft-layers", draft_layers, "layer_skip: the model's first layers that draft"),
+      cmd->add_option("--draft-model", draft_model, "draft_model: a llama2.c checkpoint with the model's vocabulary"),
+      cmd->add_option("--speculation-mode", mode,
+                      "fixed (every draft verified: batch-invariant) or budgeted (needs a calibration)")
+          ->check(CLI::IsMember({"fixed", "budgeted"})),
+  };
+  for (CLI::Option* o : options) o->capture_default_str()->group(group);
+  return options;
+}
+
+expected<void> speculation_flags::apply(spec::speculation_config& config) const {
+  auto kind = spec::parse_drafter(drafter);
+  if (!kind) return tl::unexpected(kind.error());
+  config.drafter = *kind;
+  config.num_speculative_tokens = num_speculative_tokens;
+  config.draft_layers = draft_layers;
+  config.draft_model = draft_model;
+  config.budgeted = mode == "budgeted";
+  if (config.drafter == spec::drafter_kind::draft_model && draft_model.empty())
+    return fail(errc::invalid_argument, "--speculate draft_model needs --draft-model");
+  return {};
+}
+
 void completion_flags::add_to(CLI::App* cmd) {
   cmd->add_option("--prompt,-i", prompt, "prompt text (UTF-8); empty starts from BOS");
   cmd->add_option("-n,--max-tokens", max_tokens, "tokens to generate")->capture_default_str();

@@ -35,6 +35,7 @@ struct serve_options {
   int32_t msgpack_port = -1;  ///< the msgpack gateway's port: -1 = none, 0 = any free one (printed)
   std::string msgpack_host = "127.0.0.1";
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
+  speculation_flags speculation;  ///< the generated node's
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
@@ -44,6 +45,7 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   topology::topology t = topology::single_node(o.model, o.tokenizer);
   t.nodes[0].host = o.host;
   t.nodes[0].port = o.port;
+  if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return tl::unexpected(ok.error());
   return t;
 }
 
@@ -178,14 +180,15 @@ int run_serve(const serve_options& o) {
 
 /// The flags of `serve` that replace the topology file by a generated one-node topology.
 std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o) {
-  const std::vector<CLI::Option*> flags{
+  std::vector<CLI::Option*> flags{
       cmd->add_option("--model,-m", o.model, "llama2.c checkpoint or GGUF model"),
       cmd->add_option("--tokenizer,-z", o.tokenizer, "llama2.c tokenizer, or a GGUF file with one"),
       cmd->add_option("--host", o.host, "address to listen on"),
       cmd->add_option("--port", o.port, "port to listen on; 0 = any free one (printed)"),
   };
-  for (CLI::Option* flag : flags)
-    flag->capture_default_str()->group("Instead of --topology: serve one generated node");
+  const char* group = "Instead of --topology: serve one generated node";
+  for (CLI::Option* flag : flags) flag->capture_default_str()->group(group);
+  for (CLI::Option* flag : o.speculation.add_to(cmd, group)) flags.push_back(flag);
   return flags;
 }
 

@@ -6,7 +6,8 @@ namespace troupe::engine {
 
 expected<std::unique_ptr<engine>> engine::create(const model::checkpoint& ck, const tokenizer& tok,
                                                  const engine_config& config,
-                                                 kernels::cpu::thread_pool* pool) {
+                                                 kernels::cpu::thread_pool* pool,
+                                                 const model::checkpoint* draft) {
   if (tok.vocab_size() != ck.config().vocab_size)
     return fail(errc::invalid_argument, "the tokenizer has " + std::to_string(tok.vocab_size()) +
                                             " tokens but the model's vocabulary has " +
@@ -15,14 +16,19 @@ expected<std::unique_ptr<engine>> engine::create(const model::checkpoint& ck, co
     return fail(errc::invalid_argument, "the synchronous engine runs one step at a time");
   auto core = engine_core::create(ck.config(), tok.bos_id(), tok.eos_id(), config);
   if (!core) return tl::unexpected(core.error());
-  return std::unique_ptr<engine>(new engine(ck, tok, config, std::move(*core), pool));
+  if (config.speculation.drafter == spec::drafter_kind::draft_model) {
+    if (draft == nullptr) return fail(errc::invalid_argument, "the draft_model drafter needs a draft model");
+    if (auto ok = step_executor::check_draft_model(ck.config(), draft->config()); !ok)
+      return tl::unexpected(ok.error());
+  }
+  return std::unique_ptr<engine>(new engine(ck, tok, config, std::move(*core), pool, draft));
 }
 
 engine::engine(const model::checkpoint& ck, const tokenizer& tok, const engine_config& config,
-               std::unique_ptr<engine_core> core, kernels::cpu::thread_pool* pool)
+               std::unique_ptr<engine_core> core, kernels::cpu::thread_pool* pool, const model::checkpoint* draft)
     : tokenizer_(tok),
       core_(std::move(core)),
-      executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool) {}
+      executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool, config.speculation, draft) {}
 
 template <class Add>
 expected<void> engine::add(request r, Add&& add_to_core) {

@@ -20,11 +20,13 @@ namespace troupe::engine {
 class engine {
  public:
   /// Validates `config` against the model (block count, budgets, vocabulary). `pool`
-  /// (borrowed, may be null) spreads each step over its threads.
+  /// (borrowed, may be null) spreads each step over its threads. `draft` (borrowed): the draft
+  /// model of a draft_model drafter (config.speculation).
   [[nodiscard]] static expected<std::unique_ptr<engine>> create(const model::checkpoint& ck,
                                                                 const tokenizer& tok,
                                                                 const engine_config& config,
-                                                                kernels::cpu::thread_pool* pool = nullptr);
+                                                                kernels::cpu::thread_pool* pool = nullptr,
+                                                                const model::checkpoint* draft = nullptr);
 
   /// Checks and queues a request (see engine_core::add_request for the errors).
   [[nodiscard]] expected<void> add_request(request r);
@@ -58,7 +60,7 @@ class engine {
   using sample_key = std::pair<request_id, int32_t>;  // (request, sample index)
 
   engine(const model::checkpoint& ck, const tokenizer& tok, const engine_config& config,
-         std::unique_ptr<engine_core> core, kernels::cpu::thread_pool* pool);
+         std::unique_ptr<engine_core> core, kernels::cpu::thread_pool* pool, const model::checkpoint* draft);
 
   /// What a request's output streams are made from.
   struct text_spec {

@@ -8,6 +8,7 @@
 
 #include "runtime/model/kernel_path.hpp"
 #include "runtime/sched/scheduler_config.hpp"
+#include "runtime/spec/spec_config.hpp"
 
 namespace troupe::engine {
 
@@ -29,6 +30,9 @@ struct engine_config {
   /// without a checkpoint (sim/cost_executor.hpp): the blocks it demotes carry their tokens and
   /// hashes but no keys or values (0 layers of 0 dims), and such blocks may be promoted back.
   bool kv_values = true;
+  /// Speculative decoding (runtime/spec/, docs/speculative.md): the drafter and how many
+  /// drafts each decode step verifies. The engine plans the draft slots; the executor drafts.
+  spec::speculation_config speculation;
 };
 
 }  // namespace troupe::engine

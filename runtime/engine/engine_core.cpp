@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/spec/planner.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::engine {
@@ -108,6 +109,15 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
   if (auto ok = validate_budgets(config.scheduler); !ok) return tl::unexpected(ok.error());
   if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 2)
     return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
+  if (auto ok = spec::validate(config.speculation, model.n_layers); !ok) return tl::unexpected(ok.error());
+  if (config.speculation.enabled() && config.speculation.budgeted &&
+      cost::predict_ns(config.scheduler.step_cost, cost::step_features{}) <= 0)
+    return fail(errc::invalid_argument, "budgeted speculation prices draft rows with the engine's step-time model: "
+                                        "give the engine a calibration (a `troupe calibrate` file)");
+  if (config.speculation.enabled() && config.scheduler.max_num_batched_tokens < 1 + config.speculation.num_speculative_tokens)
+    return fail(errc::invalid_argument, "max_num_batched_tokens (" + num(config.scheduler.max_num_batched_tokens) +
+                                            ") must hold a decode row and its " +
+                                            num(config.speculation.num_speculative_tokens) + " drafts");
   auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier});
   if (!blocks) return tl::unexpected(blocks.error());
   engine_config c = config;
@@ -153,8 +163,15 @@ expected<void> engine_core::add_request(request r) {
   const int32_t priority = r.priority;
   const int32_t resumed = r.num_resumed_tokens;
   std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
-  scheduler_->add(record(std::move(r)), std::move(prompt), priority, limit, resumed);
+  const kv::seq_id seq = record(std::move(r));
+  scheduler_->add(seq, std::move(prompt), priority, limit, resumed);
+  speculate(seq);
   return {};
+}
+
+void engine_core::speculate(kv::seq_id seq) {
+  // Forks inherit it from their parent (sched::scheduler::fork copies the sequence).
+  if (config_.speculation.enabled()) scheduler_->set_speculative_tokens(seq, config_.speculation.num_speculative_tokens);
 }
 
 std::vector<request> engine_core::resumable_requests() const {
@@ -202,6 +219,7 @@ expected<void> engine_core::add_prefilled(request r, kv_data kv) {
   std::vector<int32_t> prompt = std::move(r.prompt);
   const kv::seq_id seq = record(std::move(r));
   scheduler_->add_imported(seq, std::move(prompt), priority, limit, want);
+  speculate(seq);
   pending_imports_.emplace(seq, std::move(kv));
   return {};
 }
@@ -275,7 +293,9 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   if (config_.host_tier) note_tier_use(chunk, r.cache_class);
   chunk.sampling = r.sampling;
   chunk.num_prompt_tokens = s.num_prompt_tokens;
-  if (sampling::needs_context(r.sampling) && chunk.first_block == 0) {
+  chunk.speculative = config_.speculation.enabled();
+  chunk.num_draft_slots = c.num_draft_slots;
+  if (keeps_context(chunk) && chunk.first_block == 0) {
     // Admission waits for in-flight samples: every token before the chunk is known.
     chunk.context_prefix.assign(s.tokens.begin(), s.tokens.begin() + c.first_position);
     TROUPE_ASSERT(!has_token(chunk.context_prefix, previous_sample));
@@ -394,11 +414,27 @@ std::optional<exec_plan> engine_core::plan_step() {
   f.num_samples.reserve(f.plan.chunks.size());
   f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
+  if (config_.speculation.budgeted) price_draft_rows(plan);
   if (step_time_correction_) f.features = cost::features_of(plan);
   stats_.num_steps++;
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
   in_flight_.push_back(std::move(f));
   return plan;
+}
+
+void engine_core::price_draft_rows(exec_plan& plan) const {
+  int32_t slots = 0;
+  double context = 0;  // the speculating rows' mean position
+  int32_t rows = 0;
+  for (const exec_chunk& chunk : plan.chunks) {
+    if (chunk.num_draft_slots == 0) continue;
+    slots += chunk.num_draft_slots;
+    context += chunk.first_position;
+    rows++;
+  }
+  if (slots == 0) return;
+  plan.draft_rows_ms =
+      spec::draft_rows_curve(config_.scheduler.step_cost, cost::features_of(plan), slots, context / rows);
 }
 
 std::vector<sample_event> engine_core::complete_step(exec_result result) {
@@ -408,18 +444,51 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   if (step_time_correction_ && result.measured_ns > 0) correct_step_time(f.features, result.measured_ns);
   if (result.measured_ns > 0 && f.plan.num_recomputed_tokens > 0)
     stats_.preempted_ns += result.measured_ns * f.plan.num_recomputed_tokens / f.plan.num_batched_tokens;
+  stats_.num_draft_rows += result.num_draft_rows;
+  if (!result.drafts_verified.empty()) {
+    spec::reliability_table step;
+    step.verified = std::move(result.drafts_verified);
+    step.accepted = std::move(result.drafts_accepted);
+    stats_.draft_reliability.merge(step);
+  }
+  // A speculative row's samples are the drafts that stood, then the token after them.
   std::vector<int32_t> sampled;
-  for (const auto& samples : result.samples) sampled.push_back(samples.front().token);
-  scheduler_->complete(f.plan, sampled);
-  std::vector<sample_event> events;
+  std::vector<std::vector<int32_t>> accepted;
   size_t i = 0;
   for (size_t c = 0; c < f.plan.chunks.size(); c++) {
     if (f.num_samples[c] == 0) continue;
     const std::vector<sampling::sample_result>& samples = result.samples.at(i++);
-    TROUPE_ASSERT(samples.size() == f.num_samples[c]);
+    const int32_t slots = f.plan.chunks[c].num_draft_slots;
+    TROUPE_ASSERT_MSG(slots > 0 ? samples.size() >= 1 && samples.size() <= static_cast<size_t>(slots) + 1
+                                : samples.size() == f.num_samples[c],
+                      "a result with the wrong number of samples");
+    if (slots > 0) {
+      stats_.num_speculative_rows++;
+      stats_.num_draft_slots += slots;
+      stats_.num_accepted_drafts += static_cast<int64_t>(samples.size()) - 1;
+    }
+    sampled.push_back(slots > 0 ? samples.back().token : samples.front().token);
+    std::vector<int32_t>& stood = accepted.emplace_back();
+    if (slots > 0)
+      for (size_t j = 0; j + 1 < samples.size(); j++) stood.push_back(samples[j].token);
+  }
+  TROUPE_ASSERT(i == result.samples.size());
+  scheduler_->complete(f.plan, sampled, accepted);
+  // Rolled-back draft slots may have dropped blocks the executor holds: the next chunk resends
+  // the table from the first block that changed (exec_chunk::first_block).
+  for (const sched::scheduled_chunk& c : f.plan.chunks) {
+    if (c.num_draft_slots == 0 || !blocks_->contains(c.seq)) continue;
+    int32_t& sent = blocks_sent_[c.seq];
+    sent = std::min(sent, static_cast<int32_t>(blocks_->block_table(c.seq).size()));
+  }
+  std::vector<sample_event> events;
+  i = 0;
+  for (size_t c = 0; c < f.plan.chunks.size(); c++) {
+    if (f.num_samples[c] == 0) continue;
+    const std::vector<sampling::sample_result>& samples = result.samples.at(i++);
     const kv::seq_id seq = f.plan.chunks[c].seq;
     if (!samples_.count(seq)) {  // ended while this step was in flight
-      stats_.num_discarded_tokens++;
+      stats_.num_discarded_tokens += f.plan.chunks[c].num_draft_slots > 0 ? static_cast<int64_t>(samples.size()) : 1;
       continue;
     }
     auto failure = std::find_if(result.failures.begin(), result.failures.end(),
@@ -430,10 +499,19 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
       (void)remove_request(id);  // its other samples' later chunks are discarded above
       continue;
     }
+    if (f.plan.chunks[c].num_draft_slots > 0) {
+      // Token by token, as plain steps would have delivered them; an ending drops the rest.
+      for (const sampling::sample_result& s : samples) {
+        if (samples_.count(seq))
+          record(seq, s, events);
+        else
+          stats_.num_discarded_tokens++;
+      }
+      continue;
+    }
     if (samples.size() > 1) fork(seq, samples, events);
     record(seq, samples.front(), events);
   }
-  TROUPE_ASSERT(i == result.samples.size());
   size_t e = 0;
   for (size_t c = 0; c < f.plan.chunks.size(); c++) {
     if (!f.exports[c]) continue;

@@ -24,6 +24,7 @@
 #include "runtime/kv/kv_block.hpp"
 #include "runtime/model/transformer.hpp"
 #include "runtime/sched/scheduler.hpp"
+#include "runtime/spec/verify.hpp"
 
 namespace troupe::engine {
 
@@ -46,6 +47,11 @@ struct engine_stats {
   int64_t num_promoted_bytes = 0;   ///< kv::kv_block::num_bytes of them
   int64_t num_demoted_blocks = 0;   ///< pool -> host tier (read out by a completed step)
   int64_t num_demoted_bytes = 0;
+  int64_t num_draft_slots = 0;      ///< speculative decoding: drafts planned (verified if proposed)
+  int64_t num_draft_rows = 0;       ///< of them, drafts proposed and verified (a budgeted plan may skip some)
+  int64_t num_accepted_drafts = 0;  ///< of those, drafts that stood
+  int64_t num_speculative_rows = 0; ///< decode rows that had draft slots
+  spec::reliability_table draft_reliability;  ///< verified drafts' outcomes by confidence
   int32_t num_blocks_in_use = 0;
   /// With the step-time correction on: how well the model, alone and corrected, predicted the
   /// measured steps.
@@ -221,6 +227,10 @@ class engine_core {
   /// Records a checked new request and makes its first sequence (sample 0, the request's seed).
   [[nodiscard]] kv::seq_id record(request r);
   [[nodiscard]] kv::seq_id new_sequence(request_id id, int32_t index, uint64_t seed);
+  /// With speculation on: `seq` verifies the configured drafts per decode step.
+  void speculate(kv::seq_id seq);
+  /// Budgeted speculation: the plan's draft_rows_ms, priced by the step-time model.
+  void price_draft_rows(exec_plan& plan) const;
   [[nodiscard]] exec_chunk make_chunk(const sched::scheduled_chunk& c, flight& f);
   void fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,
             std::vector<sample_event>& events);

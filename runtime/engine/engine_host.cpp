@@ -303,7 +303,6 @@ void engine_host::on_sample(sample_event&& e, effects& out, int64_t now_ns) {
       out.push_back(send_batch{std::move(b)});
     }
   }
-  if (!core_->contains(id)) requests_.erase(it);
 }
 
 /// Ships each finished prefill's request and KV to its decode engine.
@@ -327,6 +326,10 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
   out.reserve(events.size() + 4);  // an effect per token, and a few more: one allocation per step
   if (std::vector<demoted_block> d = core_->take_demoted(); !d.empty()) out.push_back(demote_blocks{std::move(d)});
   for (sample_event& e : events) on_sample(std::move(e), out, now_ns);
+  // A request that ended in this step is dropped after all its events: one step may carry
+  // several tokens of a sample (speculative decoding) or several samples' ends.
+  for (const sample_event& e : events)
+    if (!core_->contains(e.request)) requests_.erase(e.request);
   for (failed_request& f : core_->take_failed()) {
     if (!requests_.count(f.id)) continue;
     out.push_back(reject{f.id, f.reason.code, std::move(f.reason.message), false});

@@ -74,7 +74,20 @@ struct exec_chunk {
   /// After the forward pass, read positions [0, first_position + tokens.size()) back into the
   /// result (the last chunk of a prefill-only sequence).
   bool export_kv = false;
+  /// Speculative decoding: the sequence's engine speculates, so the executor keeps its tokens
+  /// for the drafter as it does for the penalties (context_prefix with first_block = 0).
+  bool speculative = false;
+  /// A speculative decode row (one token, one sample): the executor drafts up to this many
+  /// tokens and verifies them in the same forward pass (runtime/spec/verify.hpp); the block
+  /// table covers their slots. Its samples entry then holds the drafts that stood and the
+  /// token after them: 1 to num_draft_slots + 1 samples.
+  int32_t num_draft_slots = 0;
 };
+
+/// Whether the executor keeps the sequence's tokens: a penalty reads them, or a drafter.
+[[nodiscard]] inline bool keeps_context(const exec_chunk& chunk) {
+  return chunk.speculative || sampling::needs_context(chunk.sampling);
+}
 
 struct exec_plan {
   int64_t step = 0;                    ///< step number, increasing by one
@@ -85,6 +98,10 @@ struct exec_plan {
   /// Blocks the pool evicted for a cache tier below (issue 14): their KV is read back into the
   /// result (`exec_result::demoted`) first, before anything in this plan writes a block.
   std::vector<int32_t> demotions;
+  /// Budgeted speculation (spec::speculation_config::budgeted): entry j is the step's predicted
+  /// time in ms with j draft rows added to its chunks' rows, for j = 0 .. the plan's draft
+  /// slots; the executor verifies the drafts the planner picks with it. Empty: every draft.
+  std::vector<double> draft_rows_ms;
 };
 
 /// A sampling chunk whose logits could not be sampled (sampling::check_logits failed: NaN or
@@ -105,6 +122,11 @@ struct exec_result {
   std::vector<kv_export> exports;
   /// The KV of each block of exec_plan::demotions (block_size tokens), in plan order.
   std::vector<kv_data> demoted;
+  /// Speculative decoding: draft rows the step verified (proposed, and chosen by a budgeted plan).
+  int64_t num_draft_rows = 0;
+  /// Its drafts' outcomes by confidence (spec::reliability_table's bins; empty when none).
+  std::vector<int64_t> drafts_verified;
+  std::vector<int64_t> drafts_accepted;
   /// How long the executor took to run the plan (0: not measured). It corrects the step-time
   /// model (cost/step_time_correction.hpp); the simulator's executor reports virtual time.
   int64_t measured_ns = 0;

@@ -4,14 +4,45 @@
 #include <string>
 
 #include "runtime/engine/request.hpp"
+#include "runtime/spec/planner.hpp"
 
 namespace troupe::engine {
 
 step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
                              int32_t block_size, model::kernel_path kernels,
-                             kernels::cpu::thread_pool* pool)
+                             kernels::cpu::thread_pool* pool, const spec::speculation_config& speculation,
+                             const model::checkpoint* draft)
     : model_(ck, kernels), cache_(ck.config(), num_kv_blocks, block_size) {
   model_.set_thread_pool(pool);
+  switch (speculation.drafter) {
+    case spec::drafter_kind::none:
+      break;
+    case spec::drafter_kind::ngram:
+      drafter_ = spec::make_ngram_drafter(speculation.ngram_min, speculation.ngram_max);
+      break;
+    case spec::drafter_kind::layer_skip:
+      drafter_ = spec::make_model_drafter(model_, cache_, speculation.draft_layers, /*follows=*/false);
+      break;
+    case spec::drafter_kind::draft_model:
+      TROUPE_ASSERT_MSG(draft != nullptr && check_draft_model(ck.config(), draft->config()).has_value(),
+                        "the caller loads and checks the draft model");
+      draft_model_.emplace(*draft, kernels);
+      draft_model_->set_thread_pool(pool);
+      draft_cache_.emplace(draft->config(), num_kv_blocks, block_size);
+      drafter_ = spec::make_model_drafter(*draft_model_, *draft_cache_, 0, /*follows=*/true);
+      break;
+  }
+}
+
+expected<void> step_executor::check_draft_model(const model::model_config& target, const model::model_config& draft) {
+  if (draft.vocab_size != target.vocab_size)
+    return fail(errc::invalid_argument, "the draft model's vocabulary has " + std::to_string(draft.vocab_size) +
+                                            " tokens, the target's " + std::to_string(target.vocab_size));
+  if (draft.seq_len < target.seq_len)
+    return fail(errc::invalid_argument, "the draft model's context (" + std::to_string(draft.seq_len) +
+                                            " positions) is shorter than the target's (" +
+                                            std::to_string(target.seq_len) + ")");
+  return {};
 }
 
 plan_limits step_executor::limits() const {
@@ -32,11 +63,13 @@ expected<void> step_executor::check_chunk(const exec_chunk& chunk,
                                             std::to_string(held) + " blocks of it");
   const int64_t slots = (int64_t{chunk.first_block} + static_cast<int64_t>(chunk.block_table.size())) *
                         cache_.block_size();
-  const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size());
+  const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size()) + chunk.num_draft_slots;
   if (slots < end)
     return fail(errc::invalid_argument, what + ": its block table holds " + std::to_string(slots) +
                                             " slots, not the " + std::to_string(end) + " its chunk needs");
-  if (sampling::needs_context(chunk.sampling) && chunk.first_block > 0) {
+  if (chunk.num_draft_slots > 0 && drafter_ == nullptr)
+    return fail(errc::invalid_argument, what + " has draft slots but this executor has no drafter");
+  if (keeps_context(chunk) && chunk.first_block > 0) {
     const auto context = contexts_.find(chunk.seq);
     const int64_t known = gone || context == contexts_.end() ? -1 : static_cast<int64_t>(context->second.size());
     if (known != chunk.first_position)
@@ -63,7 +96,7 @@ expected<void> step_executor::check(const exec_plan& plan) const {
 }
 
 std::vector<int32_t>* step_executor::context_of(const exec_chunk& chunk) {
-  if (!sampling::needs_context(chunk.sampling)) {
+  if (!keeps_context(chunk)) {
     contexts_.erase(chunk.seq);
     return nullptr;
   }
@@ -95,6 +128,73 @@ void step_executor::build_rows(const exec_plan& plan) {
   }
 }
 
+std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
+  std::vector<spec::draft> drafts(plan.chunks.size());
+  std::vector<spec::draft_input> inputs;
+  std::vector<size_t> drafting;  // chunk index of each input
+  for (size_t c = 0; c < plan.chunks.size(); c++) {
+    const exec_chunk& chunk = plan.chunks[c];
+    if (chunk.num_draft_slots == 0) continue;
+    const std::vector<int32_t>& context = contexts_.at(chunk.seq);
+    inputs.push_back(spec::draft_input{&context, chunk.num_prompt_tokens, chunk.num_draft_slots,
+                                       tables_.at(chunk.seq).data(), &chunk.sampling, chunk.seed});
+    drafting.push_back(c);
+  }
+  if (inputs.empty()) return drafts;
+  std::vector<spec::draft> proposed = drafter_->propose(inputs);
+  TROUPE_ASSERT(proposed.size() == inputs.size());
+  if (!plan.draft_rows_ms.empty()) {
+    // Budgeted: the drafts worth their rows, by the plan's step-time curve (its entry j: with
+    // j draft rows beside the step's own).
+    std::vector<std::vector<double>> confidences;
+    for (const spec::draft& d : proposed) confidences.push_back(d.confidence);
+    const auto num_ordinary = static_cast<int32_t>(inputs.size());
+    const spec::verification_plan chosen = spec::plan_budgeted(confidences, [&](int32_t rows) {
+      return plan.draft_rows_ms.at(static_cast<size_t>(rows - num_ordinary));
+    });
+    for (size_t i = 0; i < proposed.size(); i++) spec::keep_first(proposed[i], chosen.num_draft_rows[i]);
+  }
+  for (size_t i = 0; i < inputs.size(); i++) {
+    TROUPE_ASSERT(static_cast<int32_t>(proposed[i].tokens.size()) <= inputs[i].max_drafts);
+    drafts[drafting[i]] = std::move(proposed[i]);
+  }
+  // Each chunk's draft rows right after its own row, every one with logits.
+  std::vector<model::forward_row> rows;
+  rows.reserve(rows_.size() + inputs.size() * spec::num_speculative_tokens_max);
+  size_t next = 0;
+  for (size_t c = 0; c < plan.chunks.size(); c++) {
+    const exec_chunk& chunk = plan.chunks[c];
+    for (size_t t = 0; t < chunk.tokens.size(); t++) rows.push_back(rows_[next++]);
+    const int32_t* table = tables_.at(chunk.seq).data();
+    const int32_t end = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
+    for (size_t j = 0; j < drafts[c].tokens.size(); j++)
+      rows.push_back(model::forward_row{drafts[c].tokens[j], end + static_cast<int32_t>(j), table, true});
+  }
+  rows_ = std::move(rows);
+  return drafts;
+}
+
+std::vector<sampling::sample_result> step_executor::sample_chunk(const exec_chunk& chunk, const float* logits,
+                                                                 const spec::draft* d) {
+  const int32_t vocab = model_.config().vocab_size;
+  // The sampled token will sit right after the chunk's last token.
+  const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
+  sampling::token_context context;
+  const auto held = contexts_.find(chunk.seq);
+  if (held != contexts_.end())
+    context = {held->second.data(), static_cast<int32_t>(held->second.size()), chunk.num_prompt_tokens};
+  std::vector<sampling::sample_result> samples;
+  if (d != nullptr) {
+    samples = spec::verify(sampler_, logits, vocab, chunk.sampling, chunk.seed, position, context, *d);
+    // The drafts that stood are the sequence's next tokens; the last sample comes with the next chunk.
+    for (size_t j = 0; j + 1 < samples.size(); j++) held->second.push_back(samples[j].token);
+    return samples;
+  }
+  for (int32_t i = 0; i < chunk.num_samples; i++)
+    samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position, context));
+  return samples;
+}
+
 kv_data step_executor::read_block(int32_t block) const {
   kv_data kv;
   kv.num_layers = cache_.num_layers();
@@ -123,32 +223,43 @@ exec_result step_executor::execute(const exec_plan& plan) {
   }
   for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst);
   build_rows(plan);
+  const std::vector<spec::draft> drafts = add_drafts(plan);
+  for (const spec::draft& d : drafts) result.num_draft_rows += static_cast<int64_t>(d.tokens.size());
   if (!rows_.empty()) model_.forward(rows_, cache_, logits_);
+  if (drafter_ != nullptr) drafter_->follow(rows_);
 
   result.step = plan.step;
   const int32_t vocab = model_.config().vocab_size;
   size_t logits_row = 0;
-  for (const exec_chunk& chunk : plan.chunks) {
+  spec::reliability_table reliability;
+  for (size_t c = 0; c < plan.chunks.size(); c++) {
+    const exec_chunk& chunk = plan.chunks[c];
     if (chunk.num_samples == 0) continue;
-    const float* logits = logits_.data() + logits_row++ * vocab;
-    // The sampled token will sit right after the chunk's last token.
-    const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
+    const spec::draft* d = chunk.num_draft_slots > 0 ? &drafts[c] : nullptr;
+    const size_t num_rows = 1 + (d != nullptr ? d->tokens.size() : 0);
+    const float* logits = logits_.data() + logits_row * vocab;
+    logits_row += num_rows;
     std::vector<sampling::sample_result> samples;
-    if (auto ok = sampling::check_logits(logits, vocab); !ok) {
-      // Placeholders keep the result's shape (and a next plan's previous_sample resolvable);
-      // the engine fails the request instead of using them.
-      samples.assign(static_cast<size_t>(chunk.num_samples), sampling::sample_result{0, 0.0f, {}});
-      result.failures.push_back(exec_failure{chunk.seq, ok.error().message});
-    } else {
-      sampling::token_context context;
-      if (const auto it = contexts_.find(chunk.seq); it != contexts_.end())
-        context = {it->second.data(), static_cast<int32_t>(it->second.size()), chunk.num_prompt_tokens};
-      for (int32_t i = 0; i < chunk.num_samples; i++)
-        samples.push_back(
-            sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position, context));
+    for (size_t r = 0; r < num_rows && samples.empty(); r++) {
+      if (auto ok = sampling::check_logits(logits + r * vocab, vocab); !ok) {
+        // Placeholders keep the result's shape (and a next plan's previous_sample resolvable);
+        // the engine fails the request instead of using them.
+        samples.assign(static_cast<size_t>(chunk.num_samples), sampling::sample_result{0, 0.0f, {}});
+        result.failures.push_back(exec_failure{chunk.seq, ok.error().message});
+      }
     }
-    last_sample_[chunk.seq] = samples.front().token;
+    if (samples.empty()) {
+      samples = sample_chunk(chunk, logits, d);
+      // Drafts up to the first rejected one were verified; all but the last sample stood.
+      for (size_t j = 0; d != nullptr && j < d->confidence.size() && j < samples.size(); j++)
+        reliability.add(d->confidence[j], j + 1 < samples.size());
+    }
+    last_sample_[chunk.seq] = d != nullptr ? samples.back().token : samples.front().token;
     result.samples.push_back(std::move(samples));
+  }
+  if (!reliability.empty()) {
+    result.drafts_verified = std::move(reliability.verified);
+    result.drafts_accepted = std::move(reliability.accepted);
   }
   for (const exec_chunk& chunk : plan.chunks) {
     if (!chunk.export_kv) continue;

@@ -7,19 +7,31 @@
 /// its own tokens only.
 
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "runtime/engine/step.hpp"
 #include "runtime/engine/validate_plan.hpp"
 #include "runtime/model/transformer.hpp"
+#include "runtime/spec/drafter.hpp"
 
 namespace troupe::engine {
 
 class step_executor {
  public:
   /// `pool` (borrowed, may be null) spreads each step over its threads; same bits either way.
+  /// `speculation` names the drafter for chunks with draft slots; a draft_model drafter runs
+  /// `draft` (borrowed, kept alive by the caller; its vocabulary the target's — check with
+  /// check_draft_model), on its own KV pool of the same blocks.
   step_executor(const model::checkpoint& ck, int32_t num_kv_blocks, int32_t block_size,
                 model::kernel_path kernels = model::kernel_path::fast,
-                kernels::cpu::thread_pool* pool = nullptr);
+                kernels::cpu::thread_pool* pool = nullptr, const spec::speculation_config& speculation = {},
+                const model::checkpoint* draft = nullptr);
+
+  /// Whether `draft` can draft for `target`: the same vocabulary size and a context at least
+  /// as long.
+  [[nodiscard]] static expected<void> check_draft_model(const model::model_config& target,
+                                                        const model::model_config& draft);
 
   /// Whether this executor can run `plan` next: validate_plan against its model and KV pool,
   /// then what depends on the plans before it — the step number is the last one's + 1 (the
@@ -39,6 +51,12 @@ class step_executor {
   [[nodiscard]] plan_limits limits() const;
   [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted) const;
   void build_rows(const exec_plan& plan);
+  /// Drafts for the plan's chunks with draft slots (one entry per chunk, empty for the others)
+  /// and their rows inserted into rows_ after each chunk's own.
+  [[nodiscard]] std::vector<spec::draft> add_drafts(const exec_plan& plan);
+  /// The samples of one sampling chunk whose logits start at `logits` (1 + its drafts rows).
+  [[nodiscard]] std::vector<sampling::sample_result> sample_chunk(const exec_chunk& chunk, const float* logits,
+                                                                  const spec::draft* d);
   /// A block's KV (num_layers, block_size, kv_dim), for a demotion.
   [[nodiscard]] kv_data read_block(int32_t block) const;
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
@@ -47,6 +65,9 @@ class step_executor {
   model::transformer model_;
   model::kv_cache cache_;
   sampling::sampler sampler_;
+  std::optional<model::transformer> draft_model_;  // the draft_model drafter's
+  std::optional<model::kv_cache> draft_cache_;
+  std::unique_ptr<spec::drafter> drafter_;  // null without speculation
   std::map<kv::seq_id, int32_t> last_sample_;  // the latest first-seed sample per sequence
   std::map<kv::seq_id, std::vector<int32_t>> tables_;  // live sequences' block tables (exec_chunk::first_block)
   std::map<kv::seq_id, std::vector<int32_t>> contexts_;  // penalised sequences' tokens, positions [0, n)

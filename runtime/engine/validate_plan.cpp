@@ -1,9 +1,11 @@
 #include "runtime/engine/validate_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "runtime/engine/request.hpp"
+#include "runtime/spec/spec_config.hpp"
 
 namespace troupe::engine {
 namespace {
@@ -58,13 +60,12 @@ expected<void> check_tokens(const exec_chunk& chunk, const plan_limits& limits, 
 /// The context fields: a prefix exactly where the executor needs one (exec_chunk::context_prefix),
 /// in the vocabulary, and a prompt length within the sampling chunk.
 expected<void> check_context(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
-  const bool penalised = sampling::needs_context(chunk.sampling);
   const std::vector<int32_t>& prefix = chunk.context_prefix;
   const auto size = static_cast<int64_t>(prefix.size());
-  if (!(penalised && chunk.first_block == 0)) {
+  if (!(keeps_context(chunk) && chunk.first_block == 0)) {
     if (size != 0)
-      return fail(errc::invalid_argument, what + " carries a context prefix, which only a penalised chunk with "
-                                                 "first_block 0 takes");
+      return fail(errc::invalid_argument, what + " carries a context prefix, which only a penalised or speculative "
+                                                 "chunk with first_block 0 takes");
     return {};
   }
   if (size != chunk.first_position)
@@ -75,6 +76,36 @@ expected<void> check_context(const exec_chunk& chunk, const plan_limits& limits,
       return fail(errc::invalid_argument, what + ": context token " + num(static_cast<int64_t>(i)) + " = " +
                                               num(prefix[i]) + " is outside the vocabulary [0, " +
                                               num(limits.vocab_size) + ")");
+  return {};
+}
+
+/// Draft slots only on a speculative one-token row with one sample, within the context length.
+expected<void> check_draft_slots(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
+  const int32_t slots = chunk.num_draft_slots;
+  if (slots == 0) return {};
+  if (slots < 0 || slots > spec::num_speculative_tokens_max)
+    return fail(errc::invalid_argument, what + " has " + num(slots) + " draft slots, outside [0, " +
+                                            num(spec::num_speculative_tokens_max) + "]");
+  if (!chunk.speculative || chunk.tokens.size() != 1 || chunk.num_samples != 1)
+    return fail(errc::invalid_argument, what + " has draft slots but is not a speculative one-token row with one sample");
+  if (int64_t{chunk.first_position} + 1 + slots > limits.seq_len)
+    return fail(errc::invalid_argument, what + ": its drafts would pass the context length " + num(limits.seq_len));
+  return {};
+}
+
+/// A budgeted plan's curve: one positive, finite, non-decreasing time per draft-row count.
+expected<void> check_draft_rows_ms(const exec_plan& plan, const std::string& step) {
+  if (plan.draft_rows_ms.empty()) return {};
+  int64_t slots = 0;
+  for (const exec_chunk& chunk : plan.chunks) slots += chunk.num_draft_slots;
+  if (static_cast<int64_t>(plan.draft_rows_ms.size()) != slots + 1)
+    return fail(errc::invalid_argument, step + " prices " + num(static_cast<int64_t>(plan.draft_rows_ms.size())) +
+                                            " draft-row counts, not its " + num(slots) + " draft slots + 1");
+  for (size_t j = 0; j < plan.draft_rows_ms.size(); j++) {
+    const double ms = plan.draft_rows_ms[j];
+    if (!(std::isfinite(ms) && ms > 0 && (j == 0 || ms >= plan.draft_rows_ms[j - 1])))
+      return fail(errc::invalid_argument, step + ": draft_rows_ms must be positive, finite and non-decreasing");
+  }
   return {};
 }
 
@@ -91,6 +122,7 @@ expected<void> check_chunk(const exec_chunk& chunk, const plan_limits& limits, c
     return fail(errc::invalid_argument, what + " asks for " + num(chunk.num_samples) + " samples, outside [0, " +
                                             num(num_samples_max) + "]");
   if (auto ok = check_context(chunk, limits, what); !ok) return ok;
+  if (auto ok = check_draft_slots(chunk, limits, what); !ok) return ok;
   if (chunk.num_samples == 0) return {};
   if (auto ok = sampling::validate(chunk.sampling, limits.vocab_size); !ok)
     return fail(errc::invalid_argument, what + ": " + ok.error().message);
@@ -126,7 +158,7 @@ expected<void> validate_plan(const exec_plan& plan, const plan_limits& limits) {
   std::sort(seqs.begin(), seqs.end());
   if (auto twin = std::adjacent_find(seqs.begin(), seqs.end()); twin != seqs.end())
     return fail(errc::invalid_argument, step + " has two chunks of sequence " + num(*twin));
-  return {};
+  return check_draft_rows_ms(plan, step);
 }
 
 }  // namespace troupe::engine

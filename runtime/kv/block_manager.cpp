@@ -324,6 +324,23 @@ void block_manager::free(seq_id seq) {
   sequences_.erase(it);
 }
 
+void block_manager::truncate(seq_id seq, int32_t num_tokens_total) {
+  const auto it = sequences_.find(seq);
+  TROUPE_ASSERT_MSG(it != sequences_.end(), "truncate: unknown sequence id");
+  sequence_state& state = it->second;
+  TROUPE_ASSERT(num_tokens_total >= 0 && num_tokens_total <= state.num_tokens);
+  const auto keep = static_cast<size_t>(num_blocks_for(num_tokens_total));
+  TROUPE_ASSERT_MSG(state.block_hashes.size() <= keep, "truncate would drop a committed block");
+  while (state.block_table.size() > keep) {
+    const block_id b = state.block_table.back();
+    TROUPE_ASSERT_MSG(refcount_[b] == 1 && !has_hash_[b], "truncate drops only the sequence's own unhashed blocks");
+    state.block_table.pop_back();
+    release(b);
+  }
+  state.num_tokens = num_tokens_total;
+  mark_changed(seq);
+}
+
 block_id block_manager::insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens) {
   TROUPE_ASSERT(tokens.size() == static_cast<size_t>(config_.block_size));
   const uint64_t hash = block_hash(parent_hash, tokens.data());

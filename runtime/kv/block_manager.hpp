@@ -105,6 +105,11 @@ class block_manager {
   /// `tokens` fill completely and that is not registered yet.
   void commit(seq_id seq, const std::vector<int32_t>& tokens, int32_t num_computed_tokens);
 
+  /// Shrinks `seq`'s table to the blocks that hold `num_tokens_total` slots (<= what it holds):
+  /// speculative decoding's rollback of the slots its rejected drafts took. The dropped blocks
+  /// are the sequence's own (refcount 1) and carry no hash (only computed tokens are
+  /// committed); they join the free queue's back, last block first, as `free` would put them.
+  void truncate(seq_id seq, int32_t num_tokens_total);
   /// Whether `fork(parent, ...)` would find a block for the partial last block's copy.
   [[nodiscard]] bool can_fork(seq_id parent) const;
 

@@ -121,9 +121,11 @@ void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& 
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
-                          std::vector<float>& logits) {
+                          std::vector<float>& logits, int32_t num_layers) {
   const model_config& c = config_;
   TROUPE_ASSERT(cache.kv_dim() == c.kv_dim());
+  TROUPE_ASSERT(num_layers >= 0 && num_layers <= c.n_layers);
+  if (num_layers == 0) num_layers = c.n_layers;
   const int32_t n = static_cast<int32_t>(rows.size());
   reserve(n);
   for (int32_t r = 0; r < n; r++) {
@@ -134,7 +136,7 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
     std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(row.token) * c.dim, c.dim,
                 x_.data() + static_cast<int64_t>(r) * c.dim);
   }
-  for (int32_t l = 0; l < c.n_layers; l++) {
+  for (int32_t l = 0; l < num_layers; l++) {
     attention_layer(rows, cache, l);
     ffn_layer(n, l);
   }

@@ -39,7 +39,11 @@ class transformer {
   /// rows' K/V into `cache`, then fills `logits` with one (vocab_size) vector per row whose
   /// want_logits is set, in row order. A row's results depend only on its own sequence: they are
   /// bit-identical whatever else is in the batch (see kernels/cpu/ops.hpp).
-  void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits);
+  /// `num_layers` in [1, n_layers] (0: all) runs only the first layers, then the final norm and the
+  /// classifier: the layer-skip self-draft of speculative decoding (runtime/spec/drafter.hpp).
+  /// Those layers' K/V are the ones the whole model writes for the same rows.
+  void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
+               int32_t num_layers = 0);
 
  private:
   struct layer_weights {

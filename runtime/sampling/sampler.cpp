@@ -191,24 +191,53 @@ expected<void> check_logits(const float* logits, int32_t vocab_size) {
 sample_result sampler::sample(const float* logits, int32_t vocab_size,
                               const sampling_params& params, uint64_t seed, int64_t position,
                               const token_context& context, int k) {
+  random_stream stream(seed, position, k);
+  const float adjusted_max = select(logits, vocab_size, params, context);
+  const int32_t token = draw(weigh_candidates(params.min_p), stream);
+  TROUPE_ASSERT(token >= 0 && token < vocab_size);
+  const float logit_max = !adjusted_logits_ ? adjusted_max : *std::max_element(logits, logits + vocab_size);
+  return describe(logits, vocab_size, params, token, logit_max);
+}
+
+uint64_t sampler::weigh(const float* logits, int32_t vocab_size, const sampling_params& params,
+                        const token_context& context, std::vector<uint64_t>& weights) {
+  select(logits, vocab_size, params, context);
+  const uint64_t total = weigh_candidates(params.min_p);
+  weights.assign(static_cast<size_t>(vocab_size), 0);
+  for (int32_t i = 0; i < num_candidates_; ++i) {
+    const auto id = static_cast<size_t>(order_[i]);
+    weights[id] = weights_[id];
+    weights_[id] = 0;
+  }
+  return total;
+}
+
+sample_result sampler::describe(const float* logits, int32_t vocab_size, const sampling_params& params,
+                                int32_t token) {
+  TROUPE_ASSERT(token >= 0 && token < vocab_size);
+  return describe(logits, vocab_size, params, token, max_logit(logits, vocab_size));
+}
+
+sample_result sampler::describe(const float* logits, int32_t vocab_size, const sampling_params& params,
+                                int32_t token, float logit_max) {
+  const double log_normalizer = raw_log_normalizer(logits, vocab_size, logit_max, exps_);
+  sample_result result{token, static_cast<float>(logits[token] - log_normalizer), {}};
+  result.top_logprobs = top_logprobs(logits, vocab_size, params.num_top_logprobs, log_normalizer);
+  return result;
+}
+
+float sampler::select(const float* logits, int32_t vocab_size, const sampling_params& params,
+                      const token_context& context) {
   TROUPE_ASSERT(logits != nullptr);
   TROUPE_ASSERT(vocab_size > 0);
   TROUPE_ASSERT_MSG(validate(params, vocab_size).has_value(),
                     "sampling params must pass validate() before sampling");
-  random_stream stream(seed, position, k);
   const float temperature = std::max(params.temperature, temperature_min);
   const float* adjusted = adjust(logits, vocab_size, params, context);
+  adjusted_logits_ = adjusted != logits;
   const float adjusted_max = max_logit(adjusted, vocab_size);
-  const int32_t num_candidates = select_top(adjusted, vocab_size, adjusted_max, temperature, params);
-  const int32_t token = draw(num_candidates, params.min_p, stream);
-  TROUPE_ASSERT(token >= 0 && token < vocab_size);
-
-  const float logit_max = adjusted == logits ? adjusted_max : *std::max_element(logits, logits + vocab_size);
-  const double log_normalizer = raw_log_normalizer(logits, vocab_size, logit_max, exps_);
-  sample_result result{token, static_cast<float>(logits[token] - log_normalizer), {}};
-  result.top_logprobs =
-      top_logprobs(logits, vocab_size, params.num_top_logprobs, log_normalizer);
-  return result;
+  num_candidates_ = select_top(adjusted, vocab_size, adjusted_max, temperature, params);
+  return adjusted_max;
 }
 
 const float* sampler::adjust(const float* logits, int32_t vocab_size, const sampling_params& params,
@@ -355,25 +384,28 @@ int32_t sampler::keep_top_p(const float* logits, int32_t num_candidates, float t
   return static_cast<int32_t>(kept_end - order_.data());
 }
 
-int32_t sampler::draw(int32_t num_candidates, float min_p, random_stream& stream) {
-  TROUPE_ASSERT(num_candidates >= 1 && static_cast<size_t>(num_candidates) <= order_.size());
+uint64_t sampler::weigh_candidates(float min_p) {
+  TROUPE_ASSERT(num_candidates_ >= 1 && static_cast<size_t>(num_candidates_) <= order_.size());
   weights_.resize(order_.size(), 0);
   // min-p keeps p_i >= min_p * p_max; with e_i = p_i / p_max that is e_i >= min_p. Sum of at
   // most 2^31 weights of at most 2^32 each: fits in uint64, in any order.
   uint64_t total = 0;
-  for (int32_t i = 0; i < num_candidates; ++i) {
+  for (int32_t i = 0; i < num_candidates_; ++i) {
     const auto id = static_cast<size_t>(order_[i]);
     const uint64_t weight = exps_[id] < min_p ? 0 : fixed_point_weight(exps_[id]);
     weights_[id] = weight;
     total += weight;
   }
   TROUPE_ASSERT_MSG(total > 0, "the most likely token must survive every filter");
+  return total;
+}
 
+int32_t sampler::draw(uint64_t total, random_stream& stream) {
   const uint64_t target = stream.uniform_below(total);
   uint64_t cumulative = 0;
   int32_t token = 0;
   for (; target >= cumulative + weights_[static_cast<size_t>(token)]; ++token) cumulative += weights_[static_cast<size_t>(token)];
-  for (int32_t i = 0; i < num_candidates; ++i) weights_[static_cast<size_t>(order_[i])] = 0;
+  for (int32_t i = 0; i < num_candidates_; ++i) weights_[static_cast<size_t>(order_[i])] = 0;
   return token;
 }
 

@@ -111,7 +111,7 @@ class sampler {
   /// `seed` is the request's seed, `position` the sequence position the sampled token will
   /// occupy, `context` the sample's own tokens so far (read by the penalties only), `k` the use
   /// of randomness at that position (`stream_sample`; `stream_resample` and
-  /// `stream_accept_coin` are reserved for speculative decoding, planned in issue 17). `params`
+  /// `stream_accept_coin` are speculative decoding's, runtime/spec/verify.hpp). `params`
   /// must pass `validate`.
   ///
   /// Pipeline: first the logits l_i are adjusted, token by token in float, in vLLM's order:
@@ -141,7 +141,26 @@ class sampler {
                                      int64_t position, const token_context& context = {},
                                      int k = stream_sample);
 
+  /// The distribution `sample` draws from, without drawing: `weights` becomes (vocab_size)
+  /// 32.32 fixed-point weights, 0 for every token the filters drop; returns their sum (> 0).
+  /// sample(...) is the first token, in ascending order, whose cumulative weight exceeds
+  /// uniform_below(sum) of its stream. Speculative verification compares these (p and q).
+  uint64_t weigh(const float* logits, int32_t vocab_size, const sampling_params& params,
+                 const token_context& context, std::vector<uint64_t>& weights);
+
+  /// The sample_result `sample` returns when it draws `token`: its raw logprob and the row's
+  /// top logprobs (for a token chosen by speculative verification).
+  [[nodiscard]] sample_result describe(const float* logits, int32_t vocab_size, const sampling_params& params,
+                                       int32_t token);
+
  private:
+  /// describe with the row's largest raw logit known.
+  [[nodiscard]] sample_result describe(const float* logits, int32_t vocab_size, const sampling_params& params,
+                                       int32_t token, float logit_max);
+  /// Adjusts the logits and applies top-k / top-p: the survivors in order_[0, num_candidates_),
+  /// their exps_ set. Returns the largest adjusted logit.
+  float select(const float* logits, int32_t vocab_size, const sampling_params& params,
+               const token_context& context);
   /// The logits the filters see: `logits` itself when no bias or penalty is on, else adjusted_.
   const float* adjust(const float* logits, int32_t vocab_size, const sampling_params& params,
                       const token_context& context);
@@ -164,8 +183,10 @@ class sampler {
   int32_t keep_top_k(const float* logits, int32_t num_candidates, int32_t top_k);
   /// Keeps the top-p prefix of order_[0, num_candidates) in order_[0, n); returns n.
   int32_t keep_top_p(const float* logits, int32_t num_candidates, float top_p);
-  /// Builds the fixed-point CDF over the candidates that also pass min-p, and draws a token.
-  int32_t draw(int32_t num_candidates, float min_p, random_stream& stream);
+  /// Sets weights_ of the candidates (0 where min-p drops them); returns their sum.
+  uint64_t weigh_candidates(float min_p);
+  /// Draws from the weights_ of weigh_candidates (summing to `total`), then zeroes them.
+  int32_t draw(uint64_t total, random_stream& stream);
   /// The `num` tokens with the highest raw logits, descending, ties by lower id.
   std::vector<token_logprob> top_logprobs(const float* logits, int32_t vocab_size, int32_t num,
                                           double log_normalizer);
@@ -178,6 +199,8 @@ class sampler {
   std::vector<uint8_t> bucket_;   // (vocab) selection bucket of each token (sampler.cpp)
   std::vector<int32_t> order_;    // (vocab) candidate token ids
   std::vector<uint64_t> weights_; // (vocab) draw weights of the candidates; all 0 between calls
+  bool adjusted_logits_ = false;     // after select: a bias or penalty changed the logits
+  int32_t num_candidates_ = 0;       // after select: survivors of top-k / top-p in order_
 };
 
 /// One-off form of `sampler::sample` (allocates its scratch buffers on every call).

@@ -128,7 +128,8 @@ bool scheduler::plannable(const sequence& s) {
   // Held, or everything computed but the last sample (a limit reached), or a prefill-only
   // sequence fully computed (its export is in flight): nothing to plan.
   const auto num_tokens = static_cast<int32_t>(s.tokens.size());
-  return !s.hold && num_tokens < s.max_num_tokens && !(s.prefill_only && s.num_computed_tokens == num_tokens);
+  return !s.hold && !s.speculating && num_tokens < s.max_num_tokens &&
+         !(s.prefill_only && s.num_computed_tokens == num_tokens);
 }
 
 void scheduler::set_step_time_factor(double factor) {
@@ -204,16 +205,33 @@ void scheduler::schedule_running(step_plan& plan, step_budget& budget) {
       i++;
       continue;
     }
+    // Draft slots: within the sequence's limit (its tokens grow by 1 + accepted drafts). Their
+    // number depends on the sequence alone (a fixed-length run's tokens must not depend on the
+    // batch): a row whose drafts do not fit the step's token budget waits for the next step.
+    const int32_t num_drafts =
+        decode_row && !s.prefill_only
+            ? std::max(0, std::min(s.num_speculative_tokens, s.max_num_tokens - static_cast<int32_t>(s.tokens.size()) - 1))
+            : 0;
+    if (num_drafts > 0 && budget.num_tokens < 1 + num_drafts) {
+      i++;
+      continue;
+    }
+    const int32_t num_slots = s.num_computed_tokens + num_new + num_drafts;
     bool preempted_self = false;
-    while (!blocks_.can_allocate(s.id, s.num_computed_tokens + num_new, {})) {
-      const size_t victim = pick_victim(i, s.num_computed_tokens + num_new, budget.num_tokens);
+    while (!blocks_.can_allocate(s.id, num_slots, {})) {
+      const size_t victim = pick_victim(i, num_slots, budget.num_tokens);
       preempted_self = victim == i;
       preempt(victim, plan);
       if (preempted_self) break;
     }
     if (preempted_self) continue;  // the next sequence now stands at i
-    blocks_.allocate(s.id, s.num_computed_tokens + num_new, {});
+    blocks_.allocate(s.id, num_slots, {});
     add_chunk(plan, s, num_new, budget, /*price=*/!decode_row);
+    if (num_drafts > 0) {
+      plan.chunks.back().num_draft_slots = num_drafts;
+      budget.num_tokens -= num_drafts;
+      s.speculating = true;
+    }
     i++;
   }
 }
@@ -389,22 +407,43 @@ void scheduler::add_chunk(step_plan& plan, sequence& s, int32_t num_tokens, step
   if (samples) s.tokens.push_back(previous_sample);
 }
 
-void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& sampled) {
+void scheduler::complete(const step_plan& plan, const std::vector<int32_t>& sampled,
+                         const std::vector<std::vector<int32_t>>& accepted) {
+  TROUPE_ASSERT(accepted.empty() || accepted.size() == sampled.size());
+  static const std::vector<int32_t> none;
   size_t next_sample = 0;
   for (const scheduled_chunk& chunk : plan.chunks) {
-    const int32_t end = chunk.first_position + chunk.num_tokens;
+    int32_t end = chunk.first_position + chunk.num_tokens;
+    const std::vector<int32_t>& drafts = chunk.samples && !accepted.empty() ? accepted[next_sample] : none;
     const int32_t token = chunk.samples ? sampled.at(next_sample++) : 0;
+    TROUPE_ASSERT_MSG(static_cast<int32_t>(drafts.size()) <= chunk.num_draft_slots, "more drafts than draft slots");
     auto it = sequences_.find(chunk.seq);
     if (it == sequences_.end()) continue;  // removed while the step ran
     sequence& s = it->second;
     touch(s.id);
     if (chunk.samples) {
       TROUPE_ASSERT(s.tokens.at(end) == previous_sample);
-      s.tokens[end] = token;
+      if (chunk.num_draft_slots > 0) {
+        // Nothing was planned after a speculative row: the placeholder is the last token.
+        TROUPE_ASSERT(s.speculating && static_cast<int32_t>(s.tokens.size()) == end + 1);
+        s.speculating = false;
+        s.tokens.pop_back();
+        s.tokens.insert(s.tokens.end(), drafts.begin(), drafts.end());
+        s.tokens.push_back(token);
+      } else {
+        s.tokens[end] = token;
+      }
     }
     // A sequence preempted since holds no blocks; one preempted and readmitted cannot exist
     // here (a preempting step admits nobody, and admission waits for the samples).
-    if (s.status == seq_status::running && blocks_.contains(s.id)) blocks_.commit(s.id, s.tokens, end);
+    if (s.status != seq_status::running || !blocks_.contains(s.id)) continue;
+    if (chunk.num_draft_slots > 0) {
+      // The drafts that stood were computed with the chunk; the rest's slots go back.
+      end += static_cast<int32_t>(drafts.size());
+      s.num_computed_tokens = end;
+      blocks_.truncate(s.id, end);
+    }
+    blocks_.commit(s.id, s.tokens, end);
   }
   TROUPE_ASSERT_MSG(next_sample == sampled.size(), "one sampled token per sampling chunk");
 }

@@ -64,6 +64,10 @@ struct scheduled_chunk {
   int32_t first_position = 0;
   int32_t num_tokens = 0;
   bool samples = false;  ///< ends at the sequence's last known token: a new token is sampled
+  /// Speculative decoding: slots allocated after the chunk's one token for drafts the executor
+  /// verifies in the same step (sequence::num_speculative_tokens); rejected ones are rolled back
+  /// by `complete`.
+  int32_t num_draft_slots = 0;
 };
 
 /// What one step computes. Plain data: it crosses to an executor unchanged.
@@ -109,6 +113,11 @@ struct sequence {
   /// admitted (a preempted sequence recomputes everything, like any other).
   int32_t num_imported_tokens = 0;
   seq_status status = seq_status::waiting;
+  /// Drafts verified per decode step (speculative decoding), 0: none. A decode row then takes
+  /// 1 + k slots (fewer near max_num_tokens or the token budget) and the sequence is not planned
+  /// again until the step completes (`speculating`): how many tokens it produced is unknown.
+  int32_t num_speculative_tokens = 0;
+  bool speculating = false;
 };
 
 class scheduler {
@@ -138,6 +147,8 @@ class scheduler {
   /// child's last token is replaced by `last_token` (its own first sample).
   void fork(seq_id parent, seq_id child, int32_t last_token);
 
+  /// Sets the drafts a sequence verifies per decode step (sequence::num_speculative_tokens).
+  void set_speculative_tokens(seq_id id, int32_t k) { at(id).num_speculative_tokens = k; }
   /// Keeps a sequence out of plans (true) or lets it back in (false).
   void set_hold(seq_id id, bool hold) { at(id).hold = hold; }
 
@@ -146,8 +157,12 @@ class scheduler {
 
   /// Records that `plan` ran: its chunks' KV is computed (and offered to the prefix cache), and
   /// each sampling chunk's placeholder becomes its sample (`sampled`: one per sampling chunk, in
-  /// plan order). Plans complete in the order they were made.
-  void complete(const step_plan& plan, const std::vector<int32_t>& sampled);
+  /// plan order). Plans complete in the order they were made. `accepted` (empty, or one entry
+  /// per sampling chunk) holds the drafts that stood in a chunk with draft slots: they come
+  /// before its sample, their KV counts as computed, and the slots of the rejected ones are
+  /// released (kv::block_manager::truncate).
+  void complete(const step_plan& plan, const std::vector<int32_t>& sampled,
+                const std::vector<std::vector<int32_t>>& accepted = {});
   /// With a time budget: steps take `factor` (> 0) times what `step_cost` predicts, as the
   /// engine measured (cost/step_time_correction.hpp). Chunks are then cut to the budget
   /// divided by it: the corrected prediction stays within the budget.

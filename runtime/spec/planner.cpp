@@ -31,6 +31,16 @@ verification_plan priced(verification_plan plan, const step_time_curve& curve) {
   return plan;
 }
 
+/// `f` plus `rows` decode rows, each attending to and reading `context_tokens` + 1 positions.
+cost::step_features with_decode_rows(cost::step_features f, int32_t rows, double context_tokens) {
+  TROUPE_ASSERT(rows >= 0 && context_tokens >= 0);
+  f.num_tokens += rows;
+  f.num_sampled_rows += rows;
+  f.attention_tokens += rows * (context_tokens + 1);
+  f.kv_read_tokens += rows * (context_tokens + 1);
+  return f;
+}
+
 }  // namespace
 
 verification_plan plan_fixed(const std::vector<std::vector<double>>& confidences, const step_time_curve& curve) {
@@ -91,16 +101,17 @@ verification_plan plan_budgeted(const std::vector<std::vector<double>>& confiden
 }
 
 step_time_curve decode_curve(const cost::cost_params& params, double context_tokens) {
-  TROUPE_ASSERT(context_tokens >= 0);
   return [params, context_tokens](int32_t rows) {
-    TROUPE_ASSERT(rows >= 0);
-    cost::step_features f;  // num_steps = 1
-    f.num_tokens = rows;
-    f.num_sampled_rows = rows;
-    f.attention_tokens = rows * (context_tokens + 1);
-    f.kv_read_tokens = rows * (context_tokens + 1);
-    return static_cast<double>(cost::predict_ns(params, f)) / 1e6;
+    return static_cast<double>(cost::predict_ns(params, with_decode_rows({}, rows, context_tokens))) / 1e6;
   };
+}
+
+std::vector<double> draft_rows_curve(const cost::cost_params& params, const cost::step_features& base,
+                                     int32_t num_slots, double context_tokens) {
+  std::vector<double> ms;
+  for (int32_t j = 0; j <= num_slots; j++)
+    ms.push_back(static_cast<double>(cost::predict_ns(params, with_decode_rows(base, j, context_tokens))) / 1e6);
+  return ms;
 }
 
 }  // namespace troupe::spec

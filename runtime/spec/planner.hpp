@@ -48,4 +48,10 @@ struct verification_plan {
 /// `context_tokens` positions: each row is one token that attends to and reads the context.
 [[nodiscard]] step_time_curve decode_curve(const cost::cost_params& params, double context_tokens);
 
+/// A budgeted plan's engine::exec_plan::draft_rows_ms: entry j (0 .. num_slots) the cost
+/// model's time in ms of a step of `base` features plus j draft rows, each a decode row at a
+/// context of `context_tokens` positions.
+[[nodiscard]] std::vector<double> draft_rows_curve(const cost::cost_params& params, const cost::step_features& base,
+                                                   int32_t num_slots, double context_tokens);
+
 }  // namespace troupe::spec
