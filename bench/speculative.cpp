@@ -80,7 +80,7 @@ run_result run_once(const options& o, const model::checkpoint& ck, const model::
                     const engine::engine_config& config, const std::vector<std::vector<int32_t>>& prompts,
                     int32_t concurrency) {
   auto e = engine::engine::create(ck, tok, config, nullptr, &draft);
-  TROUPE_ASSERT_MSG(e.has_value(), "the benchmark engine config is valid");
+  TROUPE_ASSERT_MSG(e.has_value(), e ? "" : e.error().message.c_str());
   const double start = now_seconds();
   for (int32_t i = 0; i < concurrency; i++) {
     engine::request r;
@@ -169,8 +169,9 @@ int run(const options& o, int argc, char** argv) {
       if (v.drafter == spec::drafter_kind::none) none_rate = s.median;
       const double accepted =
           st.num_speculative_rows > 0 ? static_cast<double>(st.num_accepted_drafts) / st.num_speculative_rows : 0;
-      const double rows_per_step =
-          static_cast<double>(st.num_scheduled_tokens + st.num_draft_rows) / static_cast<double>(st.num_steps);
+      // Scheduled tokens count every draft slot; the forward pass ran only the proposed drafts.
+      const double rows_per_step = static_cast<double>(st.num_scheduled_tokens - st.num_draft_slots + st.num_draft_rows) /
+                                   static_cast<double>(st.num_steps);
       std::printf("%-22s %10d %12.0f %8.2f %10.2f %12.1f %7lld\n", v.name.c_str(), concurrency, s.median,
                   s.median / none_rate, accepted, rows_per_step, static_cast<long long>(st.num_steps));
       if (concurrency == 16 && v.drafter != spec::drafter_kind::none && !v.budgeted)

@@ -158,6 +158,10 @@ TEST(SpecReliability, BinsByTenthsOfConfidence) {
   u.merge(t);
   EXPECT_EQ(u.verified[9], 4);
   EXPECT_FALSE(u.empty());
+  // Calibration: a bin's observed acceptance once it has enough drafts, the raw value before.
+  EXPECT_DOUBLE_EQ(u.calibrate(0.97, 4), (2 + 0.5) / (4 + 1));
+  EXPECT_DOUBLE_EQ(u.calibrate(0.97, 5), 0.97);
+  EXPECT_DOUBLE_EQ(u.calibrate(0.35, 1), 0.35);  // an empty bin
 }
 
 TEST(SpecDrafter, NgramContinuesTheLatestEarlierOccurrence) {
@@ -328,6 +332,23 @@ TEST(SpecEngine, BudgetedVerifiesOnlyTheDraftsThatPay) {
   EXPECT_EQ(dear.num_draft_rows, 0);
   EXPECT_EQ(dear.num_accepted_drafts, 0);
   EXPECT_GT(dear.num_draft_slots, 0);  // planned, not verified
+  // A one-layer self-draft is sure of its drafts (confidence ~1 at temperature 0) but few stand:
+  // once the executor has seen that (its reliability table), the planner stops paying for them.
+  auto layer_skip = [&](bool budgeted) {
+    engine_config c = speculating(drafter_kind::layer_skip, 4);
+    c.speculation.draft_layers = 1;
+    c.speculation.budgeted = budgeted;
+    c.scheduler.step_cost = cost::cost_params{1e6, 1e5, 0, 0, 0};  // a row costs a tenth of a step
+    auto e = make_spec_engine(c);
+    for (const request& r : requests) EXPECT_TRUE(e->add_request(r).has_value());
+    expect_same_outputs(run_to_completion(*e), plain, budgeted ? "layer_skip budgeted" : "layer_skip");
+    return e->stats();
+  };
+  const engine::engine_stats skip_fixed = layer_skip(false);
+  const engine::engine_stats skip_budgeted = layer_skip(true);
+  EXPECT_LT(skip_fixed.num_accepted_drafts * 10, skip_fixed.num_draft_rows);  // under 10% stand
+  EXPECT_LT(skip_budgeted.num_draft_rows * 4, skip_fixed.num_draft_rows);
+  EXPECT_GE(skip_budgeted.num_draft_rows, reliability_table::calibration_min_verified);  // it had to learn
   // Budgeted without a step-time model to price rows with: a clear error.
   engine_config no_model = speculating(drafter_kind::ngram);
   no_model.speculation.budgeted = true;

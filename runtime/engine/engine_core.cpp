@@ -111,7 +111,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
     return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
   if (auto ok = spec::validate(config.speculation, model.n_layers); !ok) return tl::unexpected(ok.error());
   if (config.speculation.enabled() && config.speculation.budgeted &&
-      cost::predict_ns(config.scheduler.step_cost, cost::step_features{}) <= 0)
+      cost::predict_ns(config.scheduler.step_cost, cost::step_features{1, 1, 1, 1, 1}) <= 0)  // one decode row
     return fail(errc::invalid_argument, "budgeted speculation prices draft rows with the engine's step-time model: "
                                         "give the engine a calibration (a `troupe calibrate` file)");
   if (config.speculation.enabled() && config.scheduler.max_num_batched_tokens < 1 + config.speculation.num_speculative_tokens)

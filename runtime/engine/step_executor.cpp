@@ -146,8 +146,13 @@ std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
   if (!plan.draft_rows_ms.empty()) {
     // Budgeted: the drafts worth their rows, by the plan's step-time curve (its entry j: with
     // j draft rows beside the step's own).
+    // The drafters' confidences through the calibration this executor observed (a drafter's
+    // raw confidence can be far off: a one-layer self-draft is sure of tokens that rarely stand).
     std::vector<std::vector<double>> confidences;
-    for (const spec::draft& d : proposed) confidences.push_back(d.confidence);
+    for (const spec::draft& d : proposed) {
+      std::vector<double>& c = confidences.emplace_back();
+      for (const double raw : d.confidence) c.push_back(observed_.calibrate(raw));
+    }
     const auto num_ordinary = static_cast<int32_t>(inputs.size());
     const spec::verification_plan chosen = spec::plan_budgeted(confidences, [&](int32_t rows) {
       return plan.draft_rows_ms.at(static_cast<size_t>(rows - num_ordinary));
@@ -258,6 +263,7 @@ exec_result step_executor::execute(const exec_plan& plan) {
     result.samples.push_back(std::move(samples));
   }
   if (!reliability.empty()) {
+    observed_.merge(reliability);
     result.drafts_verified = std::move(reliability.verified);
     result.drafts_accepted = std::move(reliability.accepted);
   }

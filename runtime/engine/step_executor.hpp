@@ -68,6 +68,7 @@ class step_executor {
   std::optional<model::transformer> draft_model_;  // the draft_model drafter's
   std::optional<model::kv_cache> draft_cache_;
   std::unique_ptr<spec::drafter> drafter_;  // null without speculation
+  spec::reliability_table observed_;         // every verified draft so far: the budgeted planner's calibration
   std::map<kv::seq_id, int32_t> last_sample_;  // the latest first-seed sample per sequence
   std::map<kv::seq_id, std::vector<int32_t>> tables_;  // live sequences' block tables (exec_chunk::first_block)
   std::map<kv::seq_id, std::vector<int32_t>> contexts_;  // penalised sequences' tokens, positions [0, n)

@@ -62,11 +62,25 @@ int32_t draw_residual(const std::vector<uint64_t>& p, uint64_t p_total, const st
 
 bool exact_match(const sampling::sampling_params& params) { return params.temperature == 0.0f; }
 
-void reliability_table::add(double confidence, bool stood) {
+namespace {
+
+size_t bin_of(double confidence) {
   TROUPE_ASSERT(confidence >= 0 && confidence <= 1);
-  const int bin = std::min(num_bins - 1, static_cast<int>(confidence * num_bins));
-  verified[static_cast<size_t>(bin)]++;
-  accepted[static_cast<size_t>(bin)] += stood ? 1 : 0;
+  return static_cast<size_t>(std::min(reliability_table::num_bins - 1, static_cast<int>(confidence * reliability_table::num_bins)));
+}
+
+}  // namespace
+
+void reliability_table::add(double confidence, bool stood) {
+  const size_t bin = bin_of(confidence);
+  verified[bin]++;
+  accepted[bin] += stood ? 1 : 0;
+}
+
+double reliability_table::calibrate(double confidence, int64_t min_verified) const {
+  const size_t bin = bin_of(confidence);
+  if (verified[bin] < min_verified) return confidence;
+  return (static_cast<double>(accepted[bin]) + 0.5) / (static_cast<double>(verified[bin]) + 1.0);
 }
 
 void reliability_table::merge(const reliability_table& other) {

@@ -58,6 +58,10 @@ struct reliability_table {
   void add(double confidence, bool stood);
   /// Adds another table's counts (`other` has num_bins of each).
   void merge(const reliability_table& other);
+  /// The fitted calibration of `confidence`: its bin's observed acceptance, (accepted + 0.5) /
+  /// (verified + 1), once the bin has `min_verified` drafts; `confidence` itself before.
+  [[nodiscard]] double calibrate(double confidence, int64_t min_verified = calibration_min_verified) const;
+  static constexpr int64_t calibration_min_verified = 32;
   [[nodiscard]] bool empty() const;
 };
 
