@@ -11,6 +11,7 @@
 #include "messages/executor.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/engine/step_executor.hpp"
+#include "runtime/spec/planner.hpp"
 
 namespace troupe::sim {
 namespace {
@@ -30,22 +31,77 @@ struct cost_executor_state {
 using cost_executor_actor = actors::executor_actor::extend<caf::reacts_to<deliver_atom, int64_t>>;
 using cost_executor_t = cost_executor_actor::stateful_base<cost_executor_state>;
 
-/// Made-up samples: valid ids past the special tokens, a pure function of where they occur.
-engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t vocab_size) {
+/// A made-up token: a valid id past the special tokens, a pure function of where it occurs.
+int32_t synthetic_token(uint64_t seed, int64_t position, int32_t vocab_size) {
+  const uint64_t h = (seed ^ static_cast<uint64_t>(position) * 0x9E3779B97F4A7C15ULL) % (vocab_size - 3);
+  return static_cast<int32_t>(3 + h);
+}
+
+/// The modelled drafter's verified drafts per speculating chunk (plan order): every draft slot,
+/// or in budgeted mode those the planner picks with confidence `acceptance` each.
+std::vector<int32_t> modelled_draft_rows(const engine::exec_plan& plan, double acceptance) {
+  std::vector<std::vector<double>> confidences;
+  for (const engine::exec_chunk& c : plan.chunks)
+    if (c.num_draft_slots > 0) confidences.emplace_back(static_cast<size_t>(c.num_draft_slots), acceptance);
+  if (plan.draft_rows_ms.empty()) {
+    std::vector<int32_t> all;
+    for (const auto& c : confidences) all.push_back(static_cast<int32_t>(c.size()));
+    return all;
+  }
+  const auto num_ordinary = static_cast<int32_t>(confidences.size());
+  return spec::plan_budgeted(confidences, [&](int32_t rows) {
+           return plan.draft_rows_ms.at(static_cast<size_t>(rows - num_ordinary));
+         }).num_draft_rows;
+}
+
+/// Made-up samples. A speculating chunk's verified drafts stand one after another, each with
+/// probability `acceptance` (the request's seed and the draft's position draw it), and the
+/// step yields the ones that stood and one more token.
+engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t vocab_size, double acceptance) {
   engine::exec_result r;
   r.step = plan.step;
+  const std::vector<int32_t> draft_rows = modelled_draft_rows(plan, acceptance);
+  size_t next_draft = 0;
+  spec::reliability_table reliability;
   for (const engine::exec_chunk& c : plan.chunks) {
     if (c.num_samples == 0) continue;
     std::vector<sampling::sample_result> samples;
     const int64_t position = c.first_position + static_cast<int64_t>(c.tokens.size());
-    for (int32_t i = 0; i < c.num_samples; i++) {
-      const uint64_t h =
-          (engine::child_seed(c.seed, i) ^ static_cast<uint64_t>(position) * 0x9E3779B97F4A7C15ULL) % (vocab_size - 3);
-      samples.push_back(sampling::sample_result{static_cast<int32_t>(3 + h), 0.0f, {}});
+    for (int32_t i = 0; i < c.num_samples; i++)
+      samples.push_back(sampling::sample_result{synthetic_token(engine::child_seed(c.seed, i), position, vocab_size), 0.0f, {}});
+    if (c.num_draft_slots > 0) {
+      const int32_t verified = draft_rows.at(next_draft++);
+      r.num_draft_rows += verified;
+      for (int32_t j = 0; j < verified; j++) {
+        sampling::random_stream coin(c.seed, position + j, sampling::stream_accept_coin);
+        const bool stood = coin.next_float() < acceptance;
+        reliability.add(acceptance, stood);
+        if (!stood) break;
+        samples.push_back(sampling::sample_result{synthetic_token(c.seed, position + j + 1, vocab_size), 0.0f, {}});
+      }
     }
     r.samples.push_back(std::move(samples));
   }
+  if (!reliability.empty()) {
+    r.drafts_verified = std::move(reliability.verified);
+    r.drafts_accepted = std::move(reliability.accepted);
+  }
   return r;
+}
+
+/// The step's features with its verified draft rows added (each a decode row at its chunk's
+/// context), as the executor ran them.
+cost::step_features with_draft_rows(const engine::exec_plan& plan, int64_t num_draft_rows) {
+  cost::step_features f = cost::features_of(plan);
+  if (num_draft_rows == 0) return f;
+  double context = 0;
+  int32_t rows = 0;
+  for (const engine::exec_chunk& c : plan.chunks) {
+    if (c.num_draft_slots == 0) continue;
+    context += c.first_position;
+    rows++;
+  }
+  return spec::with_decode_rows(f, static_cast<int32_t>(num_draft_rows), context / rows);
 }
 
 /// With synthetic tokens: each demoted block's KV as the executor reads it out, which is none
@@ -92,18 +148,24 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
   cost_executor_state& st = self->state;
   st.o = std::move(options);
   if (st.o.checkpoint)
-    st.real = std::make_unique<engine::step_executor>(*st.o.checkpoint, st.o.num_kv_blocks, st.o.block_size);
+    st.real = std::make_unique<engine::step_executor>(*st.o.checkpoint, st.o.num_kv_blocks, st.o.block_size,
+                                                      model::kernel_path::fast, nullptr, st.o.speculation);
   st.busy_until = self->clock().now();
   self->monitor(engine);  // dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         cost_executor_state& s = self->state;
-        const cost::step_features f = cost::features_of(plan);
+        // The tokens first (free in virtual time): the step's price depends on its draft rows.
+        engine::exec_result result =
+            s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size, s.o.acceptance);
+        if (!s.real) synthetic_demotions(plan, s.o.block_size, result);
+        const cost::step_features f = with_draft_rows(plan, result.num_draft_rows);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);
         const int64_t cost_ns = (s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f)) +
-                                s.o.tier.price_ns(tier_blocks_moved(plan));
+                                s.o.tier.price_ns(tier_blocks_moved(plan)) +
+                                std::llround(s.o.draft_token_ns * static_cast<double>(result.num_draft_rows));
         s.busy_until = start + std::chrono::nanoseconds(cost_ns);
         const int64_t start_ns = actors::ns_since_epoch(start);
         sample_engine(self, engine, actors::ns_since_epoch(now) - s.o.origin_ns);
@@ -113,8 +175,6 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
                          std::to_string(static_cast<int64_t>(f.num_tokens)) + " cost " + std::to_string(cost_ns));
         if (s.o.steps) s.o.steps->push_back(record_of(plan, s.o.replica, start_ns - s.o.origin_ns, cost_ns));
         auto promise = self->make_response_promise<engine::exec_result>();
-        engine::exec_result result = s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size);
-        if (!s.real) synthetic_demotions(plan, s.o.block_size, result);
         result.measured_ns = cost_ns;  // virtual time: the engine's correction replays
         if (s.o.planted_batch_bug && result.samples.size() >= 3 && result.samples[0].size() == result.samples[1].size())
           std::swap(result.samples[0], result.samples[1]);

@@ -17,6 +17,7 @@
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/cost/roofline.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "runtime/spec/spec_config.hpp"
 #include "sim/event_log.hpp"
 #include "sim/records.hpp"
 
@@ -53,6 +54,11 @@ struct cost_executor_options {
   /// its first two rows each other's samples, a bug that makes tokens depend on the batch.
   bool planted_batch_bug = false;
   tier_transfer_cost tier;
+  /// The engines' speculation (the real executor's drafter with real tokens) and how the
+  /// simulator models it (sim_topology.hpp, `[speculation]`).
+  spec::speculation_config speculation;
+  double acceptance = 0.7;
+  double draft_token_ns = 0;
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

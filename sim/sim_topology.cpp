@@ -188,6 +188,26 @@ expected<void> finish_cost_model(sim_topology& t, const roofline_keys& k, const 
 }
 
 /// Cross-field checks and derived values, once every table is read.
+/// `[speculation]` drafter and mode into engine_config::speculation.
+expected<void> read_speculation(sim_topology& t, const std::string& drafter, const std::string& mode,
+                                const toml::table& root, const std::string& source) {
+  spec::speculation_config& s = t.engine.speculation;
+  auto kind = spec::parse_drafter(drafter);
+  if (!kind)
+    return fail(errc::malformed_file, at(source, *root["speculation"]["drafter"].node()) + "[speculation] drafter: " +
+                                          kind.error().message);
+  if (*kind == spec::drafter_kind::draft_model)
+    return fail(errc::malformed_file, at(source, *root["speculation"]["drafter"].node()) +
+                                          "[speculation] drafter: the simulator models draft_model drafts with "
+                                          "synthetic tokens only (use drafter = \"ngram\" and `acceptance`)");
+  if (mode != "fixed" && mode != "budgeted")
+    return fail(errc::malformed_file, at(source, *root["speculation"]["mode"].node()) +
+                                          "[speculation] mode must be fixed or budgeted, got '" + mode + "'");
+  s.drafter = *kind;
+  s.budgeted = mode == "budgeted";
+  return {};
+}
+
 expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& checkpoint, const std::string& calibration,
                                            const std::string& tokens, double kv_bytes_per_value,
                                            const std::string& source, bool cost_inline, const roofline_keys& roofline) {
@@ -232,6 +252,11 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
     return fail(errc::malformed_file, where + "[engine] step_time_budget_ms needs the calibrated cost model: the "
                                               "scheduler's budget solver prices steps with it, not with the roofline");
   t.engine.scheduler.step_cost = t.cost;  // the scheduler prices steps as the executor runs them
+  if (t.engine.speculation.budgeted && t.roofline)
+    return fail(errc::malformed_file, where + "[speculation] mode = \"budgeted\" needs the calibrated cost model: "
+                                              "the engine prices draft rows with it, not with the roofline");
+  if (auto ok = spec::validate(t.engine.speculation, t.model.n_layers); !ok)
+    return fail(errc::malformed_file, where + "[speculation] " + ok.error().message);
   return t;
 }
 
@@ -249,7 +274,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   if (auto ok = apply_overrides(root, set, source); !ok) return tl::unexpected(ok.error());
   for (const auto& [key, node] : root)
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
-                             key != "load_balancer" && key != "host_tier"))
+                             key != "load_balancer" && key != "host_tier" && key != "speculation"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
   sim_topology t;
   model::model_config& m = t.model;
@@ -295,6 +320,15 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
       {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
       {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)}};
+  std::string drafter = "none", spec_mode = "fixed";
+  std::vector<field> speculation_fields = {
+      {"drafter", false, 0, 0, nullptr, [&](const std::string& s) { drafter = s; }},
+      {"num_speculative_tokens", false, 1, spec::num_speculative_tokens_max,
+       into(t.engine.speculation.num_speculative_tokens)},
+      {"mode", false, 0, 0, nullptr, [&](const std::string& s) { spec_mode = s; }},
+      {"draft_layers", false, 1, 1024, into(t.engine.speculation.draft_layers)},
+      {"acceptance", false, 0, 1, into(t.speculation.acceptance)},
+      {"draft_token_ns", false, 0, 1e15, into(t.speculation.draft_token_ns)}};
   std::vector<field> cost_fields = {
       {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
       {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
@@ -316,8 +350,10 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"step_overhead_us", false, 0, 1e9, roofline_only(into(roofline.step_overhead_us))}};
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
-                                         {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false}})
+                                         {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false},
+                                         {"speculation", &speculation_fields, false}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_speculation(t, drafter, spec_mode, root, source); !ok) return tl::unexpected(ok.error());
   if (auto r = balance::make_router({t.router, 0, t.prefix_weight}); !r)
     return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
                                           r.error().message);

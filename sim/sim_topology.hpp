@@ -33,6 +33,19 @@ struct sim_host_tier {
   double latency_us = 0;         ///< per step that moves blocks
 };
 
+/// `[speculation]` (docs/speculative.md): the engines speculate with `drafter`
+/// (engine_config::speculation, also `num_speculative_tokens` and `mode`). With synthetic tokens
+/// the drafter is modelled: it proposes every draft slot, each with confidence `acceptance`, and
+/// a verified draft stands with probability `acceptance` given the ones before it stood (the
+/// mean a real run measures: accepted / verified in its reliability table), drawn from the
+/// request's seed and the draft's position. With real tokens the real drafter runs (ngram or
+/// layer_skip). Each proposed draft costs `draft_token_ns` of drafting; verification rows are
+/// priced by the step-time model like any row.
+struct sim_speculation {
+  double acceptance = 0.7;
+  double draft_token_ns = 0;
+};
+
 struct sim_topology {
   std::string model_name;
   model::model_config model;            ///< seq_len = the modelled max context
@@ -53,6 +66,7 @@ struct sim_topology {
   std::optional<cost::roofline_model> roofline;
   token_mode tokens = token_mode::synthetic;
   sim_host_tier host_tier;
+  sim_speculation speculation;  ///< with engine.speculation enabled
 };
 
 /// `TABLE.KEY=VALUE` settings applied over a topology file before it is validated (`troupe sim

@@ -145,7 +145,8 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
                             &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug,
-                            tier_pricing(t)};
+                            tier_pricing(t), t.engine.speculation, t.speculation.acceptance,
+                            t.speculation.draft_token_ns};
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());
@@ -200,6 +201,8 @@ msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator&
         total.num_host_hit_tokens += r.num_host_hit_tokens;
         total.num_demoted_blocks += r.num_demoted_blocks;
         total.num_promoted_blocks += r.num_promoted_blocks;
+        total.num_draft_rows += r.num_draft_rows;
+        total.num_accepted_drafts += r.num_accepted_drafts;
         num_answers++;
       });
     });
@@ -261,6 +264,8 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.host_hit_tokens = totals.num_host_hit_tokens;
   out.demoted_blocks = totals.num_demoted_blocks;
   out.promoted_blocks = totals.num_promoted_blocks;
+  out.draft_rows = totals.num_draft_rows;
+  out.accepted_drafts = totals.num_accepted_drafts;
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();
   return out;

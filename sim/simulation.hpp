@@ -64,6 +64,9 @@ struct sim_result {
   int64_t host_hit_tokens = 0;
   int64_t demoted_blocks = 0;
   int64_t promoted_blocks = 0;
+  /// With [speculation]: draft rows verified and drafts that stood, over the replicas.
+  int64_t draft_rows = 0;
+  int64_t accepted_drafts = 0;
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;
 };

@@ -787,3 +787,73 @@ TEST(Simulation, UnboundedTiersReachTheInfiniteCacheBoundLessTheHitRule) {
 
 }  // namespace
 }  // namespace troupe::sim
+
+namespace troupe::sim {
+namespace {
+
+/// Eight 64-token prompts generating 100 tokens each, all at once, with `extra` topology text.
+/// When the last request of `r` finished.
+int64_t last_finish_ns(const sim_result& r) {
+  int64_t last = 0;
+  for (const request_record& q : r.requests) last = std::max(last, q.finish_ns);
+  return last;
+}
+
+sim_result speculating_run(const std::string& extra, uint64_t seed = 3) {
+  std::vector<trace_request> w;
+  for (int i = 0; i < 8; i++) w.push_back(trace_request{0, 64, 100, {}});
+  sim_options o = options(parse_tiny(extra), w, seed);
+  o.check_invariants_every = 1;
+  auto r = run_simulation(o);
+  EXPECT_TRUE(r) << r.error().message;
+  for (const request_record& q : r->requests) EXPECT_EQ(q.output_tokens, 100);
+  return *r;
+}
+
+TEST(Simulation, SpeculationIsModelledByItsAcceptanceAndPricedByItsRows) {
+  const sim_result none = speculating_run("");
+  EXPECT_EQ(none.draft_rows, 0);
+  const std::string spec = "\n[speculation]\ndrafter = \"ngram\"\nnum_speculative_tokens = 4\nacceptance = ";
+  // Every draft stands: five tokens a step, after the prompt's step.
+  const sim_result sure = speculating_run(spec + "1\n");
+  EXPECT_EQ(sure.accepted_drafts, sure.draft_rows);
+  // After the prompt's token, 99 per request: 19 steps of 4 drafts + 1, then 3 drafts + 1.
+  EXPECT_EQ(sure.accepted_drafts, 8 * (19 * 4 + 3));
+  EXPECT_EQ(sure.steps.size() + 79 + 1, none.steps.size());  // 20 decode steps instead of 99
+  // Each step carries 5 rows a request (1000 + 40 x 110 ns against 1000 + 8 x 110): still sooner.
+  EXPECT_LT(last_finish_ns(sure), last_finish_ns(none));
+  // None stands: as many steps as without speculation, each dearer by its four draft rows.
+  const sim_result never = speculating_run(spec + "0\n");
+
+  EXPECT_EQ(never.accepted_drafts, 0);
+  // As many steps as plain decoding (give or take the prompt's: one step in flight, not two).
+  EXPECT_EQ(never.steps.size(), none.steps.size() - 1);
+  EXPECT_GT(last_finish_ns(never), last_finish_ns(none));
+  // In between: a share near the acceptance, and the same run replays to the same log.
+  const sim_result half = speculating_run(spec + "0.6\n");
+  EXPECT_GT(half.accepted_drafts, 0);
+  EXPECT_LT(half.accepted_drafts, half.draft_rows);
+  EXPECT_EQ(half.event_log_sha256, speculating_run(spec + "0.6\n").event_log_sha256);
+  // Budgeted: drafts of confidence 0 never pay for their rows.
+  const sim_result budgeted = speculating_run(spec + "0\nmode = \"budgeted\"\n");
+  EXPECT_EQ(budgeted.draft_rows, 0);
+  EXPECT_EQ(budgeted.steps.size(), never.steps.size());
+}
+
+TEST(SimTopology, BadSpeculationIsAClearError) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"\n[speculation]\ndrafter = \"draft_model\"\n", "the simulator models draft_model drafts with synthetic tokens only"},
+      {"\n[speculation]\ndrafter = \"medusa\"\n", "[speculation] drafter: unknown drafter 'medusa'"},
+      {"\n[speculation]\ndrafter = \"ngram\"\nmode = \"often\"\n", "[speculation] mode must be fixed or budgeted"},
+      {"\n[speculation]\nacceptance = 1.5\n", "[speculation] acceptance = 1.500000 is outside"},
+      {"\n[speculation]\nnum_speculative_tokens = 17\n", "num_speculative_tokens"},
+  };
+  for (const auto& [extra, message] : cases) {
+    auto bad = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR);
+    ASSERT_FALSE(bad) << message;
+    EXPECT_NE(bad.error().message.find(message), std::string::npos) << bad.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace troupe::sim

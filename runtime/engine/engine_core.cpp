@@ -391,7 +391,11 @@ std::vector<demoted_block> engine_core::take_demoted() {
 }
 
 std::optional<exec_plan> engine_core::plan_step() {
-  if (num_in_flight() >= config_.max_steps_in_flight) return std::nullopt;
+  // A speculating engine keeps one step in flight: the next plan needs to know how many tokens
+  // the last one yielded, and planning around the waiting sequences would split the batch into
+  // two halves taking turns (half the rows per step, each sequence every other step).
+  const int32_t max_in_flight = config_.speculation.enabled() ? 1 : config_.max_steps_in_flight;
+  if (num_in_flight() >= max_in_flight) return std::nullopt;
   flight f{scheduler_->schedule(), {}, {}, {}, {}};
   for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {

@@ -31,16 +31,6 @@ verification_plan priced(verification_plan plan, const step_time_curve& curve) {
   return plan;
 }
 
-/// `f` plus `rows` decode rows, each attending to and reading `context_tokens` + 1 positions.
-cost::step_features with_decode_rows(cost::step_features f, int32_t rows, double context_tokens) {
-  TROUPE_ASSERT(rows >= 0 && context_tokens >= 0);
-  f.num_tokens += rows;
-  f.num_sampled_rows += rows;
-  f.attention_tokens += rows * (context_tokens + 1);
-  f.kv_read_tokens += rows * (context_tokens + 1);
-  return f;
-}
-
 }  // namespace
 
 verification_plan plan_fixed(const std::vector<std::vector<double>>& confidences, const step_time_curve& curve) {
@@ -98,6 +88,15 @@ verification_plan plan_budgeted(const std::vector<std::vector<double>>& confiden
     n++;
   }
   return best;
+}
+
+cost::step_features with_decode_rows(cost::step_features f, int32_t rows, double context_tokens) {
+  TROUPE_ASSERT(rows >= 0 && context_tokens >= 0);
+  f.num_tokens += rows;
+  f.num_sampled_rows += rows;
+  f.attention_tokens += rows * (context_tokens + 1);
+  f.kv_read_tokens += rows * (context_tokens + 1);
+  return f;
 }
 
 step_time_curve decode_curve(const cost::cost_params& params, double context_tokens) {

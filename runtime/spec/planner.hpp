@@ -44,6 +44,9 @@ struct verification_plan {
 [[nodiscard]] verification_plan plan_budgeted(const std::vector<std::vector<double>>& confidences,
                                               const step_time_curve& curve);
 
+/// `f` plus `rows` decode rows, each attending to and reading `context_tokens` + 1 positions.
+[[nodiscard]] cost::step_features with_decode_rows(cost::step_features f, int32_t rows, double context_tokens);
+
 /// The step-time curve of the cost model for decode rows at an average context of
 /// `context_tokens` positions: each row is one token that attends to and reads the context.
 [[nodiscard]] step_time_curve decode_curve(const cost::cost_params& params, double context_tokens);
