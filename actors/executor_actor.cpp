@@ -12,6 +12,7 @@
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/cost_model.hpp"
+#include "runtime/spec/planner.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -63,9 +64,14 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
         // The logged time spans sending the result too: sending it is part of what each step
         // costs the executor (~20 us on this 2-vCPU host, a third of a one-row decode step of
         // the bundled model).
+        // The draft rows ran too; their outcomes follow as a comment line (docs/speculative.md).
+        const cost::step_features features = spec::features_with_drafts(plan, result.num_draft_rows);
+        const std::string drafts =
+            result.drafts_verified.empty() ? "" : cost::draft_log_line(result.drafts_verified, result.drafts_accepted);
         auto promise = self->make_response_promise<engine::exec_result>();
         promise.deliver(std::move(result));
-        std::fputs(cost::step_log_line(cost::features_of(plan), ns_since(start)).c_str(), s.step_log.get());
+        std::fputs(cost::step_log_line(features, ns_since(start)).c_str(), s.step_log.get());
+        std::fputs(drafts.c_str(), s.step_log.get());
         std::fflush(s.step_log.get());  // complete lines even if the process is killed
         return promise;
       },

@@ -89,21 +89,6 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
-/// The step's features with its verified draft rows added (each a decode row at its chunk's
-/// context), as the executor ran them.
-cost::step_features with_draft_rows(const engine::exec_plan& plan, int64_t num_draft_rows) {
-  cost::step_features f = cost::features_of(plan);
-  if (num_draft_rows == 0) return f;
-  double context = 0;
-  int32_t rows = 0;
-  for (const engine::exec_chunk& c : plan.chunks) {
-    if (c.num_draft_slots == 0) continue;
-    context += c.first_position;
-    rows++;
-  }
-  return spec::with_decode_rows(f, static_cast<int32_t>(num_draft_rows), context / rows);
-}
-
 /// With synthetic tokens: each demoted block's KV as the executor reads it out, which is none
 /// (0 layers of 0 dims; engine_config::kv_values is false).
 void synthetic_demotions(const engine::exec_plan& plan, int32_t block_size, engine::exec_result& r) {
@@ -160,7 +145,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         engine::exec_result result =
             s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size, s.o.acceptance);
         if (!s.real) synthetic_demotions(plan, s.o.block_size, result);
-        const cost::step_features f = with_draft_rows(plan, result.num_draft_rows);
+        const cost::step_features f = spec::features_with_drafts(plan, result.num_draft_rows);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);
         const int64_t cost_ns = (s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f)) +

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cost/calibration.hpp"
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/validate_plan.hpp"
@@ -141,6 +142,17 @@ TEST(SpecVerify, PointMassDraftsKeepTheDistributionToo) {
   const auto freq = first_token_frequencies(p_logits, nullptr, num_seeds, 1.0, &accepted);
   for (int32_t i = 0; i < vocab; i++) EXPECT_NEAR(freq[i], p[i], bound) << "token " << i;
   EXPECT_NEAR(accepted, p[3], bound);  // the draft 3 stands with probability p(3)
+}
+
+TEST(SpecReliability, TheStepLogCarriesTheDraftsAsCommentsCalibrationSkips) {
+  EXPECT_EQ(cost::draft_log_line({1, 0, 0, 0, 0, 0, 0, 0, 0, 4}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 3}),
+            "# drafts verified 1 0 0 0 0 0 0 0 0 4 stood 0 0 0 0 0 0 0 0 0 3\n");
+  const std::string log = std::string(cost::step_log_header) + "\n" + "5,1,20,16,9000\n" +
+                          cost::draft_log_line({0, 0, 0, 0, 0, 0, 0, 0, 0, 4}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 3}) +
+                          "1,1,8,8,3000\n";
+  auto samples = cost::parse_step_log(log, "steps.csv");
+  ASSERT_TRUE(samples) << samples.error().message;
+  EXPECT_EQ(samples->size(), 2u);
 }
 
 TEST(SpecReliability, BinsByTenthsOfConfidence) {
@@ -359,7 +371,7 @@ TEST(SpecEngine, BudgetedVerifiesOnlyTheDraftsThatPay) {
 }
 
 TEST(SpecEngine, ASeededRequestIsTheSameAloneAndInABatchOf64) {
-  for (const drafter_kind kind : {drafter_kind::ngram, drafter_kind::draft_model}) {
+  for (const drafter_kind kind : {drafter_kind::ngram, drafter_kind::layer_skip, drafter_kind::draft_model}) {
     std::vector<request> batch = requests_of(1.0f, 64, 40);
     for (request& r : batch) r.sampling.num_top_logprobs = 3;
     const outputs together = run(make_spec_engine(speculating(kind)), batch);
@@ -367,6 +379,41 @@ TEST(SpecEngine, ASeededRequestIsTheSameAloneAndInABatchOf64) {
       const outputs alone = run(make_spec_engine(speculating(kind)), {batch[i]});
       expect_same(together.at({batch[i].id, 0}), alone.at({batch[i].id, 0}), to_string(kind));
     }
+  }
+}
+
+TEST(SpecEngine, RollbackFuzzKeepsEveryInvariantAndGreedyOutputs) {
+  // Seeded random engines and workloads: pool sizes from "preempts constantly" to ample, k,
+  // drafter, forks, shared prefixes, penalties, temperatures; invariants after every step
+  // (run_to_completion), every block back at the end, greedy requests as plain decoding.
+  for (uint64_t seed = 1; seed <= 40; seed++) {
+    sampling::random_stream rng(seed, 0, 0);
+    const auto below = [&](uint64_t n) { return static_cast<int32_t>(rng.uniform_below(n)); };
+    engine_config config = speculating(below(2) == 0 ? drafter_kind::ngram : drafter_kind::layer_skip, 1 + below(8));
+    config.speculation.draft_layers = 1 + below(5);
+    config.block_size = 4 << below(3);
+    config.num_kv_blocks = (600 + below(1200)) / config.block_size;
+    config.scheduler.max_num_batched_tokens = 16 + below(200);
+    std::vector<request> requests;
+    const int32_t count = 4 + below(20);
+    for (int32_t i = 0; i < count; i++) {
+      request r = make_request(i, varied_prompt(below(8)), 8 + below(60), below(3) == 0 ? 0.0f : 0.9f, seed * 100 + i);
+      if (below(6) == 0) r.n = 2 + below(3);
+      if (below(4) == 0) r.sampling.repetition_penalty = 1.3f;
+      requests.push_back(std::move(r));
+    }
+    const std::string what = "seed " + std::to_string(seed);
+    auto e = make_spec_engine(config);
+    for (const request& r : requests) ASSERT_TRUE(e->add_request(r).has_value()) << what;
+    const outputs got = run_to_completion(*e);
+    EXPECT_EQ(e->blocks().num_used_blocks(), 0) << what;
+    engine_config plain_config = config;
+    plain_config.speculation = {};
+    std::vector<request> greedy;
+    for (const request& r : requests)
+      if (r.sampling.temperature == 0.0f) greedy.push_back(r);
+    const outputs plain = run(testing::make_engine(plain_config), greedy);
+    for (const auto& [key, s] : plain) expect_same(got.at(key), s, what + " request " + std::to_string(key.first));
   }
 }
 

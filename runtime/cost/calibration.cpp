@@ -219,6 +219,14 @@ std::string step_log_line(const step_features& features, int64_t ns) {
          format_count(features.attention_tokens) + "," + format_count(features.kv_read_tokens) + "," + std::to_string(ns) + "\n";
 }
 
+std::string draft_log_line(const std::vector<int64_t>& verified, const std::vector<int64_t>& stood) {
+  std::string s = "# drafts verified";
+  for (const int64_t v : verified) s += " " + std::to_string(v);
+  s += " stood";
+  for (const int64_t a : stood) s += " " + std::to_string(a);
+  return s + "\n";
+}
+
 expected<std::vector<step_sample>> parse_step_log(const std::string& text, const std::string& name) {
   const std::vector<std::string_view> lines = split_lines(text);
   size_t n = 0;
@@ -230,7 +238,7 @@ expected<std::vector<step_sample>> parse_step_log(const std::string& text, const
   std::vector<step_sample> samples;
   for (n++; n < lines.size(); n++) {
     const std::string_view line = trim(lines[n]);
-    if (line.empty()) continue;
+    if (line.empty() || line.front() == '#') continue;
     std::array<double, 5> v{};
     std::string_view rest = line;
     for (size_t f = 0; f < v.size(); f++) {

@@ -38,8 +38,13 @@ inline constexpr const char* step_log_header =
 /// One step log line for a step measured at `ns`, newline included.
 [[nodiscard]] std::string step_log_line(const step_features& features, int64_t ns);
 
-/// Parses a step log's text; `name` (the file) prefixes error messages. Empty lines are
-/// skipped; each step counts as one (num_steps = 1).
+/// A step log comment line after a speculative step: its drafts verified and stood by the
+/// drafters' confidence in tenths (spec::reliability_table), newline included:
+/// "# drafts verified v0 ... v9 stood a0 ... a9".
+[[nodiscard]] std::string draft_log_line(const std::vector<int64_t>& verified, const std::vector<int64_t>& stood);
+
+/// Parses a step log's text; `name` (the file) prefixes error messages. Empty lines and lines
+/// starting with '#' are skipped; each step counts as one (num_steps = 1).
 [[nodiscard]] expected<std::vector<step_sample>> parse_step_log(const std::string& text,
                                                                 const std::string& name);
 [[nodiscard]] expected<std::vector<step_sample>> read_step_log(const std::string& path);

@@ -170,8 +170,10 @@ expected<void> engine_core::add_request(request r) {
 }
 
 void engine_core::speculate(kv::seq_id seq) {
-  // Forks inherit it from their parent (sched::scheduler::fork copies the sequence).
-  if (config_.speculation.enabled()) scheduler_->set_speculative_tokens(seq, config_.speculation.num_speculative_tokens);
+  // A request with n > 1 speculates once it has forked (engine_core::fork): its first sample is
+  // n samples of one row, which a verification row cannot be.
+  if (!config_.speculation.enabled() || requests_.at(samples_.at(seq).request).req.n > 1) return;
+  scheduler_->set_speculative_tokens(seq, config_.speculation.num_speculative_tokens);
 }
 
 std::vector<request> engine_core::resumable_requests() const {
@@ -419,7 +421,10 @@ std::optional<exec_plan> engine_core::plan_step() {
   f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
   if (config_.speculation.budgeted) price_draft_rows(plan);
-  if (step_time_correction_) f.features = cost::features_of(plan);
+  if (step_time_correction_) {
+    f.features = cost::features_of(plan);
+    f.draft_context = spec::mean_draft_context(plan);
+  }
   stats_.num_steps++;
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
   in_flight_.push_back(std::move(f));
@@ -428,24 +433,19 @@ std::optional<exec_plan> engine_core::plan_step() {
 
 void engine_core::price_draft_rows(exec_plan& plan) const {
   int32_t slots = 0;
-  double context = 0;  // the speculating rows' mean position
-  int32_t rows = 0;
-  for (const exec_chunk& chunk : plan.chunks) {
-    if (chunk.num_draft_slots == 0) continue;
-    slots += chunk.num_draft_slots;
-    context += chunk.first_position;
-    rows++;
-  }
+  for (const exec_chunk& chunk : plan.chunks) slots += chunk.num_draft_slots;
   if (slots == 0) return;
-  plan.draft_rows_ms =
-      spec::draft_rows_curve(config_.scheduler.step_cost, cost::features_of(plan), slots, context / rows);
+  plan.draft_rows_ms = spec::draft_rows_curve(config_.scheduler.step_cost, cost::features_of(plan), slots,
+                                              spec::mean_draft_context(plan));
 }
 
 std::vector<sample_event> engine_core::complete_step(exec_result result) {
   TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
   flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  if (step_time_correction_ && result.measured_ns > 0) correct_step_time(f.features, result.measured_ns);
+  if (step_time_correction_ && result.measured_ns > 0)  // the draft rows ran too
+    correct_step_time(spec::with_decode_rows(f.features, static_cast<int32_t>(result.num_draft_rows), f.draft_context),
+                      result.measured_ns);
   if (result.measured_ns > 0 && f.plan.num_recomputed_tokens > 0)
     stats_.preempted_ns += result.measured_ns * f.plan.num_recomputed_tokens / f.plan.num_batched_tokens;
   stats_.num_draft_rows += result.num_draft_rows;
@@ -555,9 +555,11 @@ void engine_core::fork(kv::seq_id parent, const std::vector<sampling::sample_res
                        std::vector<sample_event>& events) {
   const sample_state p = samples_.at(parent);
   scheduler_->set_hold(parent, false);
+  const int32_t k = config_.speculation.enabled() ? config_.speculation.num_speculative_tokens : 0;
+  scheduler_->set_speculative_tokens(parent, k);  // forked: each sample speculates on its own
   for (int32_t index = 1; index < static_cast<int32_t>(samples.size()); index++) {
     const kv::seq_id child = new_sequence(p.request, index, child_seed(requests_.at(p.request).req.seed, index));
-    scheduler_->fork(parent, child, samples[index].token);
+    scheduler_->fork(parent, child, samples[index].token);  // the child inherits k
     record(child, samples[index], events);
   }
 }

@@ -211,6 +211,7 @@ class engine_core {
     std::vector<size_t> num_samples;  ///< per plan chunk
     std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
     cost::step_features features;   ///< with the step-time correction on: what the step computes
+    double draft_context = 0;       ///< ... and where its draft rows attend (spec::mean_draft_context)
     std::vector<demoted_block> demoted;  ///< the plan's demotions, KV still empty
   };
   /// A promoted block's KV, to be written by the next plan.
@@ -227,7 +228,8 @@ class engine_core {
   /// Records a checked new request and makes its first sequence (sample 0, the request's seed).
   [[nodiscard]] kv::seq_id record(request r);
   [[nodiscard]] kv::seq_id new_sequence(request_id id, int32_t index, uint64_t seed);
-  /// With speculation on: `seq` verifies the configured drafts per decode step.
+  /// With speculation on: `seq` verifies the configured drafts per decode step (a request with
+  /// n > 1 from its fork on).
   void speculate(kv::seq_id seq);
   /// Budgeted speculation: the plan's draft_rows_ms, priced by the step-time model.
   void price_draft_rows(exec_plan& plan) const;

@@ -99,6 +99,21 @@ cost::step_features with_decode_rows(cost::step_features f, int32_t rows, double
   return f;
 }
 
+double mean_draft_context(const engine::exec_plan& plan) {
+  double context = 0;
+  int32_t rows = 0;
+  for (const engine::exec_chunk& c : plan.chunks) {
+    if (c.num_draft_slots == 0) continue;
+    context += c.first_position;
+    rows++;
+  }
+  return rows > 0 ? context / rows : 0;
+}
+
+cost::step_features features_with_drafts(const engine::exec_plan& plan, int64_t num_draft_rows) {
+  return with_decode_rows(cost::features_of(plan), static_cast<int32_t>(num_draft_rows), mean_draft_context(plan));
+}
+
 step_time_curve decode_curve(const cost::cost_params& params, double context_tokens) {
   return [params, context_tokens](int32_t rows) {
     return static_cast<double>(cost::predict_ns(params, with_decode_rows({}, rows, context_tokens))) / 1e6;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "runtime/cost/cost_model.hpp"
+#include "runtime/engine/step.hpp"
 
 namespace troupe::spec {
 
@@ -46,6 +47,13 @@ struct verification_plan {
 
 /// `f` plus `rows` decode rows, each attending to and reading `context_tokens` + 1 positions.
 [[nodiscard]] cost::step_features with_decode_rows(cost::step_features f, int32_t rows, double context_tokens);
+
+/// The mean position of `plan`'s speculating chunks (0 without any): where its draft rows attend.
+[[nodiscard]] double mean_draft_context(const engine::exec_plan& plan);
+
+/// The features of a step that ran `plan` and verified `num_draft_rows` drafts: the plan's own,
+/// plus each draft row as a decode row at mean_draft_context.
+[[nodiscard]] cost::step_features features_with_drafts(const engine::exec_plan& plan, int64_t num_draft_rows);
 
 /// The step-time curve of the cost model for decode rows at an average context of
 /// `context_tokens` positions: each row is one token that attends to and reads the context.
