@@ -14,6 +14,7 @@
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/engine/engine.hpp"
+#include "runtime/engine/step_executor.hpp"
 #include "runtime/engine/validate_plan.hpp"
 #include "runtime/spec/drafter.hpp"
 #include "runtime/spec/spec_config.hpp"
@@ -248,6 +249,23 @@ TEST(SpecPlan, DraftSlotsOnlyOnASpeculativeOneTokenRow) {
   plan.chunks[0].first_block = 31;      // (a table update, so no context prefix is due)
   EXPECT_NE(validate_plan(plan, limits).error().message.find("context length"), std::string::npos)
       << validate_plan(plan, limits).error().message;
+}
+
+TEST(SpecPlan, AnExecutorWithoutADrafterRefusesDraftSlots) {
+  // A plan from another process asking for drafts this executor cannot make: a clear refusal
+  // (the executor actor answers it with an error), never an assertion.
+  engine::step_executor executor(model_and_tokenizer().ck, 16, 16);
+  engine::exec_plan plan;
+  engine::exec_chunk chunk;
+  chunk.tokens = {1};
+  chunk.block_table = {0};
+  chunk.num_samples = 1;
+  chunk.speculative = true;
+  chunk.num_draft_slots = 2;
+  plan.chunks.push_back(chunk);
+  EXPECT_EQ(executor.check(plan).error().message, "sequence 0 has draft slots but this executor has no drafter");
+  plan.chunks[0].num_draft_slots = 0;
+  EXPECT_TRUE(executor.check(plan).has_value());
 }
 
 // ---- whole engines on the bundled model -------------------------------------------------------
