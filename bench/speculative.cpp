@@ -100,7 +100,13 @@ run_result run_once(const options& o, const model::checkpoint& ck, const model::
 }
 
 void print_reliability(const std::string& name, const spec::reliability_table& t) {
-  std::printf("%-22s", name.c_str());
+  int64_t verified = 0, stood = 0;
+  for (int b = 0; b < spec::reliability_table::num_bins; b++) {
+    verified += t.verified[static_cast<size_t>(b)];
+    stood += t.accepted[static_cast<size_t>(b)];
+  }
+  // The simulator's acceptance model ([speculation] acceptance) fitted to this run.
+  std::printf("%-22s %10.3f", name.c_str(), verified > 0 ? static_cast<double>(stood) / static_cast<double>(verified) : 0.0);
   for (int b = 0; b < spec::reliability_table::num_bins; b++) {
     const int64_t n = t.verified[static_cast<size_t>(b)];
     if (n == 0) {
@@ -180,7 +186,8 @@ int run(const options& o, int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("reliability (16 concurrent, fixed): share of verified drafts that stood / drafts verified, by the\n"
-              "drafter's confidence in tenths\n%-22s", "drafter");
+              "drafter's confidence in tenths; `acceptance`: all verified drafts' share that stood, the simulator's\n"
+              "[speculation] acceptance fitted to this run\n%-22s %10s", "drafter", "acceptance");
   for (int b = 0; b < spec::reliability_table::num_bins; b++) std::printf("   [%.1f,%.1f)", b / 10.0, (b + 1) / 10.0);
   std::printf("\n");
   for (const auto& [name, table] : tables) print_reliability(name, table);
