@@ -7,7 +7,10 @@
 /// in parallel on a kernel thread pool when one is given, with the same result as in sequence.
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.hpp"
