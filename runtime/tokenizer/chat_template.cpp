@@ -24,6 +24,21 @@ std::vector<std::string_view> specials_of(chat_template t) {
   return {};
 }
 
+/// A turn of the templates other than Llama-2: markup, role, markup, content, markup; and the
+/// assistant's header that opens the generation.
+struct turn_markup {
+  std::string_view before_role, after_role, after_content, generation;
+};
+
+const turn_markup& markup_of(chat_template t) {
+  static const turn_markup plain{"", ": ", "\n", "assistant:"};
+  static const turn_markup chatml{"<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n"};
+  static const turn_markup llama3{"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
+                                  "<|start_header_id|>assistant<|end_header_id|>\n\n"};
+  TROUPE_ASSERT(t != chat_template::llama2);
+  return t == chat_template::chatml ? chatml : t == chat_template::llama3 ? llama3 : plain;
+}
+
 bool known_role(const std::string& role) {
   return role == "system" || role == "user" || role == "assistant" || role == "tool";
 }
@@ -105,39 +120,20 @@ expected<std::vector<segment>> render_chat(chat_template t, const std::vector<ch
     if (!known_role(messages[i].role))
       return fail(errc::invalid_argument, "message " + std::to_string(i) + " has role '" + messages[i].role +
                                               "' (expected system, user, assistant or tool)");
-  std::vector<segment> out;
-  switch (t) {
-    case chat_template::plain:
-      for (const chat_message& m : messages) {
-        out.push_back(markup(m.role + ": "));
-        out.push_back(content_of(m));
-        out.push_back(markup("\n"));
-      }
-      if (add_generation_prompt) out.push_back(markup("assistant:"));
-      return out;
-    case chat_template::chatml:
-      for (const chat_message& m : messages) {
-        out.push_back(markup("<|im_start|>" + m.role + "\n"));
-        out.push_back(content_of(m));
-        out.push_back(markup("<|im_end|>\n"));
-      }
-      if (add_generation_prompt) out.push_back(markup("<|im_start|>assistant\n"));
-      return out;
-    case chat_template::llama3:
-      for (const chat_message& m : messages) {
-        out.push_back(markup("<|start_header_id|>" + m.role + "<|end_header_id|>\n\n"));
-        out.push_back(content_of(m));
-        out.push_back(markup("<|eot_id|>"));
-      }
-      if (add_generation_prompt) out.push_back(markup("<|start_header_id|>assistant<|end_header_id|>\n\n"));
-      return out;
-    case chat_template::llama2: {
-      expected<void> status;
-      out = render_llama2_turns(messages, status);
-      if (!status) return tl::unexpected(status.error());
-      return out;
-    }
+  if (t == chat_template::llama2) {
+    expected<void> status;
+    std::vector<segment> out = render_llama2_turns(messages, status);
+    if (!status) return tl::unexpected(status.error());
+    return out;
   }
+  const turn_markup& m = markup_of(t);
+  std::vector<segment> out;
+  for (const chat_message& message : messages) {
+    out.push_back(markup(std::string(m.before_role) + message.role + std::string(m.after_role)));
+    out.push_back(content_of(message));
+    out.push_back(markup(std::string(m.after_content)));
+  }
+  if (add_generation_prompt) out.push_back(markup(std::string(m.generation)));
   return out;
 }
 
