@@ -48,10 +48,7 @@ std::vector<int32_t> modelled_draft_rows(const engine::exec_plan& plan, double a
     for (const auto& c : confidences) all.push_back(static_cast<int32_t>(c.size()));
     return all;
   }
-  const auto num_ordinary = static_cast<int32_t>(confidences.size());
-  return spec::plan_budgeted(confidences, [&](int32_t rows) {
-           return plan.draft_rows_ms.at(static_cast<size_t>(rows - num_ordinary));
-         }).num_draft_rows;
+  return spec::plan_budgeted(confidences, plan.draft_rows_ms).num_draft_rows;
 }
 
 /// Made-up samples. A speculating chunk's verified drafts stand one after another, each with

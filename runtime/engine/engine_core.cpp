@@ -420,23 +420,22 @@ std::optional<exec_plan> engine_core::plan_step() {
   f.num_samples.reserve(f.plan.chunks.size());
   f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
-  if (config_.speculation.budgeted) price_draft_rows(plan);
-  if (step_time_correction_) {
+  if (step_time_correction_ || config_.speculation.budgeted) {
     f.features = cost::features_of(plan);
     f.draft_context = spec::mean_draft_context(plan);
   }
+  if (config_.speculation.budgeted) price_draft_rows(plan, f);
   stats_.num_steps++;
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
   in_flight_.push_back(std::move(f));
   return plan;
 }
 
-void engine_core::price_draft_rows(exec_plan& plan) const {
+void engine_core::price_draft_rows(exec_plan& plan, const flight& f) const {
   int32_t slots = 0;
   for (const exec_chunk& chunk : plan.chunks) slots += chunk.num_draft_slots;
   if (slots == 0) return;
-  plan.draft_rows_ms = spec::draft_rows_curve(config_.scheduler.step_cost, cost::features_of(plan), slots,
-                                              spec::mean_draft_context(plan));
+  plan.draft_rows_ms = spec::draft_rows_curve(config_.scheduler.step_cost, f.features, slots, f.draft_context);
 }
 
 std::vector<sample_event> engine_core::complete_step(exec_result result) {

@@ -210,7 +210,7 @@ class engine_core {
     sched::step_plan plan;
     std::vector<size_t> num_samples;  ///< per plan chunk
     std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
-    cost::step_features features;   ///< with the step-time correction on: what the step computes
+    cost::step_features features;   ///< with the step-time correction or budgeted speculation: what the step computes
     double draft_context = 0;       ///< ... and where its draft rows attend (spec::mean_draft_context)
     std::vector<demoted_block> demoted;  ///< the plan's demotions, KV still empty
   };
@@ -231,8 +231,9 @@ class engine_core {
   /// With speculation on: `seq` verifies the configured drafts per decode step (a request with
   /// n > 1 from its fork on).
   void speculate(kv::seq_id seq);
-  /// Budgeted speculation: the plan's draft_rows_ms, priced by the step-time model.
-  void price_draft_rows(exec_plan& plan) const;
+  /// Budgeted speculation: the plan's draft_rows_ms, priced by the step-time model from the
+  /// features `f` holds for it.
+  void price_draft_rows(exec_plan& plan, const flight& f) const;
   [[nodiscard]] exec_chunk make_chunk(const sched::scheduled_chunk& c, flight& f);
   void fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,
             std::vector<sample_event>& events);

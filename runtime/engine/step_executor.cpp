@@ -153,10 +153,7 @@ std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
       std::vector<double>& c = confidences.emplace_back();
       for (const double raw : d.confidence) c.push_back(observed_.calibrate(raw));
     }
-    const auto num_ordinary = static_cast<int32_t>(inputs.size());
-    const spec::verification_plan chosen = spec::plan_budgeted(confidences, [&](int32_t rows) {
-      return plan.draft_rows_ms.at(static_cast<size_t>(rows - num_ordinary));
-    });
+    const spec::verification_plan chosen = spec::plan_budgeted(confidences, plan.draft_rows_ms);
     for (size_t i = 0; i < proposed.size(); i++) spec::keep_first(proposed[i], chosen.num_draft_rows[i]);
   }
   for (size_t i = 0; i < inputs.size(); i++) {

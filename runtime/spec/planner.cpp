@@ -114,6 +114,12 @@ cost::step_features features_with_drafts(const engine::exec_plan& plan, int64_t 
   return with_decode_rows(cost::features_of(plan), static_cast<int32_t>(num_draft_rows), mean_draft_context(plan));
 }
 
+verification_plan plan_budgeted(const std::vector<std::vector<double>>& confidences,
+                                const std::vector<double>& draft_rows_ms) {
+  const auto num_ordinary = static_cast<int32_t>(confidences.size());
+  return plan_budgeted(confidences, [&](int32_t rows) { return draft_rows_ms.at(static_cast<size_t>(rows - num_ordinary)); });
+}
+
 step_time_curve decode_curve(const cost::cost_params& params, double context_tokens) {
   return [params, context_tokens](int32_t rows) {
     return static_cast<double>(cost::predict_ns(params, with_decode_rows({}, rows, context_tokens))) / 1e6;

@@ -55,6 +55,12 @@ struct verification_plan {
 /// plus each draft row as a decode row at mean_draft_context.
 [[nodiscard]] cost::step_features features_with_drafts(const engine::exec_plan& plan, int64_t num_draft_rows);
 
+/// The budgeted plan of a step's speculating requests (`confidences`, plan order) on the curve
+/// the engine sent with it (engine::exec_plan::draft_rows_ms: entry j is the step with j draft
+/// rows beside its own rows, one ordinary row per request among them).
+[[nodiscard]] verification_plan plan_budgeted(const std::vector<std::vector<double>>& confidences,
+                                              const std::vector<double>& draft_rows_ms);
+
 /// The step-time curve of the cost model for decode rows at an average context of
 /// `context_tokens` positions: each row is one token that attends to and reads the context.
 [[nodiscard]] step_time_curve decode_curve(const cost::cost_params& params, double context_tokens);
