@@ -1,0 +1,188 @@
+#include "runtime/grammar/constraint.hpp"
+
+#include <algorithm>
+
+#include <xxhash.h>
+
+namespace troupe::grammar {
+
+bool operator==(const grammar_spec& a, const grammar_spec& b) {
+  return a.kind == b.kind && a.source == b.source && a.trigger_token_ids == b.trigger_token_ids;
+}
+
+const char* to_string(grammar_kind kind) {
+  switch (kind) {
+    case grammar_kind::none: return "none";
+    case grammar_kind::json_schema: return "json_schema";
+    case grammar_kind::regex: return "regex";
+    case grammar_kind::gbnf: return "gbnf";
+  }
+  return "unknown";
+}
+
+expected<void> validate(const grammar_spec& spec, int32_t vocab_size) {
+  if (static_cast<uint8_t>(spec.kind) > static_cast<uint8_t>(grammar_kind::gbnf))
+    return fail(errc::invalid_argument, "unknown grammar kind " + std::to_string(static_cast<int>(spec.kind)));
+  if (spec.kind == grammar_kind::none) {
+    if (!spec.source.empty() || !spec.trigger_token_ids.empty())
+      return fail(errc::invalid_argument, "trigger tokens or a grammar source need a grammar kind");
+    return {};
+  }
+  if (spec.source.empty()) return fail(errc::invalid_argument, std::string("the ") + to_string(spec.kind) + " is empty");
+  if (spec.source.size() > grammar_source_bytes_max)
+    return fail(errc::invalid_argument, std::string("the ") + to_string(spec.kind) + " has " +
+                                            std::to_string(spec.source.size()) + " bytes, more than the " +
+                                            std::to_string(grammar_source_bytes_max) + " accepted");
+  if (spec.trigger_token_ids.size() > num_trigger_tokens_max)
+    return fail(errc::invalid_argument, "at most " + std::to_string(num_trigger_tokens_max) + " trigger tokens");
+  for (const int32_t t : spec.trigger_token_ids)
+    if (t < 0 || t >= vocab_size)
+      return fail(errc::invalid_argument, "trigger token id " + std::to_string(t) + " is outside the vocabulary");
+  return {};
+}
+
+namespace {
+
+uint64_t hash_of(const grammar_spec& spec) {
+  XXH3_state_t* state = XXH3_createState();
+  TROUPE_ASSERT(state != nullptr);
+  XXH3_64bits_reset(state);
+  const auto kind = static_cast<uint8_t>(spec.kind);
+  XXH3_64bits_update(state, &kind, 1);
+  const uint64_t length = spec.source.size();
+  XXH3_64bits_update(state, &length, sizeof length);
+  XXH3_64bits_update(state, spec.source.data(), spec.source.size());
+  XXH3_64bits_update(state, spec.trigger_token_ids.data(), spec.trigger_token_ids.size() * sizeof(int32_t));
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h;
+}
+
+}  // namespace
+
+expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec) {
+  expected<grammar> g = fail(errc::invalid_argument, "no grammar");
+  switch (spec.kind) {
+    case grammar_kind::none: return fail(errc::invalid_argument, "no grammar to compile");
+    case grammar_kind::json_schema: g = parse_json_schema(spec.source); break;
+    case grammar_kind::regex: g = parse_regex(spec.source); break;
+    case grammar_kind::gbnf: g = parse_gbnf(spec.source); break;
+  }
+  if (!g) return tl::unexpected(g.error());
+  auto out = std::make_shared<compiled_grammar>();
+  out->spec = spec;
+  out->hash = hash_of(spec);
+  out->rules = std::make_shared<const grammar>(std::move(*g));
+  return std::shared_ptr<const compiled_grammar>(std::move(out));
+}
+
+expected<std::shared_ptr<const compiled_grammar>> grammar_cache::get(const grammar_spec& spec) {
+  uses_++;
+  const uint64_t h = hash_of(spec);
+  auto it = entries_.find(h);
+  if (it != entries_.end() && it->second.grammar->spec == spec) {
+    it->second.last_use = uses_;
+    num_hits_++;
+    return it->second.grammar;
+  }
+  auto g = compile(spec);
+  if (!g) return g;
+  if (entries_.size() >= capacity_ && it == entries_.end()) {
+    const auto oldest = std::min_element(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    entries_.erase(oldest);
+  }
+  entries_[h] = entry{*g, uses_};
+  return g;
+}
+
+vocabulary::vocabulary(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens)
+    : num_tokens_(static_cast<int32_t>(token_bytes.size())), bytes_(token_bytes), end_tokens_(std::move(end_tokens)) {
+  std::sort(end_tokens_.begin(), end_tokens_.end());
+  end_tokens_.erase(std::unique(end_tokens_.begin(), end_tokens_.end()), end_tokens_.end());
+  for (const int32_t t : end_tokens_) TROUPE_ASSERT(t >= 0 && t < num_tokens_);
+  trie_.emplace_back();
+  for (int32_t t = 0; t < num_tokens_; t++) {
+    const std::string& b = bytes_[static_cast<size_t>(t)];
+    if (b.empty()) continue;
+    int32_t at = 0;
+    for (const char c : b) {
+      const auto byte = static_cast<uint8_t>(c);
+      std::vector<std::pair<uint8_t, int32_t>>& kids = trie_[static_cast<size_t>(at)].children;
+      auto it = std::lower_bound(kids.begin(), kids.end(), std::make_pair(byte, int32_t{-1}));
+      if (it == kids.end() || it->first != byte) {
+        const int32_t fresh = static_cast<int32_t>(trie_.size());
+        kids.insert(it, {byte, fresh});
+        trie_.emplace_back();  // invalidates `kids`
+        at = fresh;
+      } else {
+        at = it->second;
+      }
+    }
+    trie_[static_cast<size_t>(at)].tokens.push_back(t);
+  }
+}
+
+matcher::matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab)
+    : grammar_(std::move(g)), vocab_(std::move(vocab)), automaton_(grammar_->rules) {}
+
+const token_mask& matcher::mask(int32_t state) {
+  TROUPE_ASSERT(state >= 0 && static_cast<size_t>(state) < automaton_.num_states());
+  if (masks_.size() <= static_cast<size_t>(state)) masks_.resize(static_cast<size_t>(state) + 1);
+  if (!masks_[static_cast<size_t>(state)].empty()) return masks_[static_cast<size_t>(state)];
+  token_mask bits(static_cast<size_t>(vocab_->size() + 31) / 32, 0);
+  const auto set = [&bits](int32_t t) { bits[static_cast<size_t>(t) / 32] |= 1u << (t % 32); };
+  if (automaton_.accepting(state))
+    for (const int32_t t : vocab_->end_tokens()) set(t);
+  // Walk the token trie alongside the automaton; a dead state prunes the whole subtree.
+  const std::vector<vocabulary::trie_node>& trie = vocab_->trie();
+  std::vector<std::pair<int32_t, int32_t>> work{{0, state}};  // (trie node, automaton state)
+  while (!work.empty()) {
+    const auto [at, s] = work.back();
+    work.pop_back();
+    for (const auto& [byte, child] : trie[static_cast<size_t>(at)].children) {
+      const int32_t next = automaton_.advance(s, byte);
+      if (next == automaton::dead) continue;
+      for (const int32_t t : trie[static_cast<size_t>(child)].tokens) set(t);
+      work.emplace_back(child, next);
+    }
+  }
+  num_masks_++;
+  masks_[static_cast<size_t>(state)] = std::move(bits);
+  return masks_[static_cast<size_t>(state)];
+}
+
+int32_t matcher::advance(int32_t state, int32_t token) {
+  if (std::binary_search(vocab_->end_tokens().begin(), vocab_->end_tokens().end(), token))
+    return automaton_.accepting(state) ? state : automaton::dead;
+  const std::string& b = vocab_->bytes(token);
+  if (b.empty()) return automaton::dead;
+  for (const char c : b) {
+    state = automaton_.advance(state, static_cast<uint8_t>(c));
+    if (state == automaton::dead) return state;
+  }
+  return state;
+}
+
+void matcher::check_invariants() const {
+  automaton_.check_invariants();
+  TROUPE_ASSERT(masks_.size() <= automaton_.num_states());
+  for (const token_mask& m : masks_) TROUPE_ASSERT(m.empty() || m.size() == static_cast<size_t>(vocab_->size() + 31) / 32);
+}
+
+void cursor::feed(int32_t token) {
+  num_fed_++;
+  if (!active_) {
+    const std::vector<int32_t>& triggers = matcher_->compiled().spec.trigger_token_ids;
+    active_ = std::find(triggers.begin(), triggers.end(), token) != triggers.end();
+    return;
+  }
+  state_ = matcher_->advance(state_, token);
+  // Tokens were drawn under this cursor's masks, so none can leave the grammar.
+  TROUPE_ASSERT_MSG(state_ != automaton::dead, "a grammar-constrained sequence left its grammar");
+}
+
+const token_mask* cursor::mask() { return active_ ? &matcher_->mask(state_) : nullptr; }
+
+}  // namespace troupe::grammar

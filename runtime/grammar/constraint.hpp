@@ -1,0 +1,152 @@
+#pragma once
+
+/// Grammar-constrained decoding, from a request's grammar to the token bitmask a sampler applies.
+///
+/// - `grammar_spec`: what a request asks for (plain data that crosses processes): a JSON
+///   Schema, a regular expression or a GBNF grammar, and optional trigger tokens.
+/// - `compiled_grammar`: the spec checked and compiled to a byte grammar (grammar.hpp); immutable
+///   and shared. `compile` is what the grammar actor runs before the request is admitted, so a
+///   bad grammar is an error before any step and no step ever waits for a compilation.
+/// - `vocabulary`: the bytes each token spells, in a trie, and the end tokens.
+/// - `matcher`: one executor's live copy of a compiled grammar: its automaton and, per state,
+///   the token mask (a token is allowed when the automaton survives all of its bytes; an end
+///   token only where the text so far is a complete match). Masks are computed once per
+///   automaton state by walking the token trie and reused by every later sequence in that state.
+/// - `cursor`: one sequence's position in its matcher. Before a trigger the mask is off; the
+///   step after a trigger token was generated the grammar applies to everything that follows.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.hpp"
+#include "runtime/grammar/automaton.hpp"
+
+namespace troupe::grammar {
+
+enum class grammar_kind : uint8_t { none, json_schema, regex, gbnf };
+
+/// The most bytes of grammar source a request may carry, and trigger tokens.
+inline constexpr size_t grammar_source_bytes_max = 64 * 1024;
+inline constexpr size_t num_trigger_tokens_max = 16;
+
+struct grammar_spec {
+  grammar_kind kind = grammar_kind::none;
+  std::string source;                       ///< the schema, pattern or GBNF text
+  std::vector<int32_t> trigger_token_ids;   ///< empty: the grammar applies from the first token
+};
+
+bool operator==(const grammar_spec& a, const grammar_spec& b);
+
+/// "json_schema", "regex", "gbnf" or "none".
+[[nodiscard]] const char* to_string(grammar_kind kind);
+
+/// Checks the spec's shape against a vocabulary of `vocab_size` tokens (sizes, trigger ids);
+/// `compile` checks the source itself.
+[[nodiscard]] expected<void> validate(const grammar_spec& spec, int32_t vocab_size);
+
+struct compiled_grammar {
+  grammar_spec spec;
+  uint64_t hash = 0;  ///< of the spec: equal specs share a matcher
+  std::shared_ptr<const grammar> rules;
+};
+
+/// Compiles a spec (validate it first): its errors name what is wrong and where.
+[[nodiscard]] expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec);
+
+/// The compiled grammars a process keeps, by spec hash, least recently used dropped first.
+class grammar_cache {
+ public:
+  explicit grammar_cache(size_t capacity = 64) : capacity_(capacity) {}
+  /// The cached compilation of `spec`, or a fresh one (errors are not cached).
+  [[nodiscard]] expected<std::shared_ptr<const compiled_grammar>> get(const grammar_spec& spec);
+  [[nodiscard]] size_t size() const { return entries_.size(); }
+  [[nodiscard]] int64_t num_hits() const { return num_hits_; }
+
+ private:
+  struct entry {
+    std::shared_ptr<const compiled_grammar> grammar;
+    int64_t last_use = 0;
+  };
+  size_t capacity_;
+  std::map<uint64_t, entry> entries_;
+  int64_t uses_ = 0;
+  int64_t num_hits_ = 0;
+};
+
+/// A vocabulary's token bytes, as a trie; tokens with no bytes (control tokens) are never
+/// allowed by a grammar, except the end tokens where the grammar accepts.
+class vocabulary {
+ public:
+  /// `token_bytes[id]`: what token id spells in the middle of a text ("" for a control token).
+  vocabulary(const std::vector<std::string>& token_bytes, std::vector<int32_t> end_tokens);
+
+  [[nodiscard]] int32_t size() const { return num_tokens_; }
+  [[nodiscard]] const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
+  [[nodiscard]] const std::string& bytes(int32_t token) const { return bytes_[static_cast<size_t>(token)]; }
+
+  struct trie_node {
+    std::vector<std::pair<uint8_t, int32_t>> children;  ///< (byte, node), by byte
+    std::vector<int32_t> tokens;                        ///< tokens spelled by the path here
+  };
+  [[nodiscard]] const std::vector<trie_node>& trie() const { return trie_; }
+
+ private:
+  int32_t num_tokens_ = 0;
+  std::vector<std::string> bytes_;
+  std::vector<int32_t> end_tokens_;
+  std::vector<trie_node> trie_;  // node 0: the root (the empty string)
+};
+
+/// A bitmask over the vocabulary: bit t of word t / 32 set = token t allowed.
+using token_mask = std::vector<uint32_t>;
+
+[[nodiscard]] inline bool allowed(const token_mask& mask, int32_t token) {
+  return (mask[static_cast<size_t>(token) / 32] >> (token % 32) & 1u) != 0;
+}
+
+class matcher {
+ public:
+  matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab);
+
+  /// The tokens allowed after text that led to `state` (computed once per state).
+  [[nodiscard]] const token_mask& mask(int32_t state);
+  /// The state after `token` (its bytes; an end token ends the text: dead unless accepting).
+  [[nodiscard]] int32_t advance(int32_t state, int32_t token);
+
+  [[nodiscard]] const compiled_grammar& compiled() const { return *grammar_; }
+  [[nodiscard]] const automaton& states() const { return automaton_; }
+  [[nodiscard]] size_t num_masks() const { return num_masks_; }
+  void check_invariants() const;
+
+ private:
+  std::shared_ptr<const compiled_grammar> grammar_;
+  std::shared_ptr<const vocabulary> vocab_;
+  automaton automaton_;
+  std::vector<token_mask> masks_;  // by state; empty = not computed yet
+  size_t num_masks_ = 0;
+};
+
+/// One sequence's place in a grammar: the tokens it generated so far are fed in order.
+class cursor {
+ public:
+  explicit cursor(matcher& m) : matcher_(&m), active_(m.compiled().spec.trigger_token_ids.empty()) {}
+
+  /// Feeds one generated token.
+  void feed(int32_t token);
+  /// The mask for the next token, or null while the grammar is not active (no trigger yet).
+  [[nodiscard]] const token_mask* mask();
+  [[nodiscard]] bool active() const { return active_; }
+  [[nodiscard]] int32_t state() const { return state_; }
+  [[nodiscard]] int64_t num_fed() const { return num_fed_; }
+
+ private:
+  matcher* matcher_;
+  bool active_;
+  int32_t state_ = automaton::initial();
+  int64_t num_fed_ = 0;
+};
+
+}  // namespace troupe::grammar
