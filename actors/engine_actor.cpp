@@ -16,6 +16,7 @@
 #include "actors/network_limits.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
+#include "actors/grammar_actor.hpp"
 #include "actors/kv_transfers.hpp"
 #include "messages/kv_payload.hpp"
 #include "runtime/engine/engine_host.hpp"
@@ -33,6 +34,7 @@ struct engine_state {
   std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
   std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
   balancer_actor balancer;
+  grammar_actor grammars;  // compiles requests' grammars before they are admitted
   static inline const char* name = "engine";
 };
 
@@ -56,7 +58,8 @@ void start_executor(engine_actor_t* self) {
                                               executor_settings{o.checkpoint, o.config.num_kv_blocks,
                                                                 o.config.block_size, o.config.kernels,
                                                                 o.executor_threads, o.detached_executor, o.step_log,
-                                                                o.config.speculation, o.draft_checkpoint});
+                                                                o.config.speculation, o.draft_checkpoint,
+                                                                o.vocabulary});
   // Monitored, not linked: over a link, an executor killed with exit_reason::kill (which no exit
   // handler can intercept) would take its engine down. The executor monitors its engine in turn.
   self->monitor(self->state.executor);
@@ -191,6 +194,42 @@ bool validate_caller(const request_actor& caller, engine::request_id id) {
   return false;
 }
 
+/// How long a request waits for its grammar's compilation (in this process) before it fails.
+constexpr auto grammar_compile_timeout = std::chrono::seconds(30);
+
+/// Refuses a request before the host saw it; `uncounted`: the host has not counted it received
+/// yet (a submit, which the host counts itself when it gets it).
+void refuse_request(engine_actor_t* self, const request_actor& to, engine::request_id id, errc code,
+                    const std::string& why, bool uncounted) {
+  if (uncounted) self->state.host->note_received();
+  self->send(to, msg::rejected{id, code, why});
+}
+
+/// Runs `admit(r)` once `r`'s grammar is compiled (at once without one); a grammar that does not
+/// compile, or an engine without a vocabulary, rejects the request to `to` instead.
+template <class Admit>
+void with_grammar(engine_actor_t* self, engine::request r, const request_actor& to, bool uncounted, Admit admit) {
+  if (r.grammar.kind == grammar::grammar_kind::none) return admit(std::move(r));
+  const engine::request_id id = r.id;
+  if (!self->state.options.vocabulary)
+    return refuse_request(self, to, id, errc::invalid_argument, "this engine has no tokenizer to apply grammars with",
+                          uncounted);
+  if (auto ok = grammar::validate(r.grammar, self->state.options.vocabulary->size()); !ok)
+    return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
+  const grammar::grammar_spec spec = r.grammar;
+  self->request(self->state.grammars, grammar_compile_timeout, compile_atom::value, spec)
+      .then(
+          [=, r = std::move(r)](compiled_grammar_ref& c) mutable {
+            if (!c.grammar) return refuse_request(self, to, id, errc::invalid_argument, c.error, uncounted);
+            r.compiled_grammar = std::move(c.grammar);
+            admit(std::move(r));
+          },
+          [=](caf::error& err) {
+            refuse_request(self, to, id, errc::internal, "compiling the grammar failed: " + self->system().render(err),
+                           uncounted);
+          });
+}
+
 void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   engine_state& st = self->state;
   const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
@@ -214,9 +253,10 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
     return;
   }
   if (!validate_caller(h.request_actor, h.request.id)) return;
-  const int64_t now = now_ns(self);
-  perform(self, self->state.host->import(std::move(h.request), payload->request_id, std::move(payload->kv), now),
-          h.request_actor);
+  const request_actor to = h.request_actor;
+  with_grammar(self, std::move(h.request), to, /*uncounted=*/false, [=, kv = std::move(payload->kv), from = payload->request_id](engine::request r) mutable {
+    perform(self, self->state.host->import(std::move(r), from, std::move(kv), now_ns(self)), to);
+  });
 }
 
 void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
@@ -293,13 +333,17 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   st.host = std::move(*host);
   st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
   start_executor(self);
+  if (st.options.vocabulary)  // it goes down with its engine
+    st.grammars = spawn_grammar_actor(self->system(), caf::actor_cast<caf::actor>(self));
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   guard_boundary(self);
   return {
       [=](msg::submit& s) {
         const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
         if (!validate_caller(caller, s.request.id)) return self->state.host->note_received();
-        return perform(self, self->state.host->submit(std::move(s.request), now_ns(self)), caller);
+        with_grammar(self, std::move(s.request), caller, /*uncounted=*/true, [=](engine::request r) {
+          perform(self, self->state.host->submit(std::move(r), now_ns(self)), caller);
+        });
       },
       [=](msg::submit_prefill& s) { submit_prefill(self, s); },
       [=](msg::kv_handoff& h) { on_handoff(self, h); },

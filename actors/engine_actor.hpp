@@ -68,6 +68,9 @@ struct engine_options {
   /// cached blocks the pool evicts are demoted to it and a request whose prompt the pool lacks
   /// waits up to `tier_fetch_timeout` for the tier's blocks (then recomputes what is missing).
   cache_tier_actor host_tier;
+  /// Grammar-constrained decoding: the tokens' bytes (grammar::vocabulary_of the model's
+  /// tokenizer). Without it, a request with a grammar is rejected.
+  std::shared_ptr<const grammar::vocabulary> vocabulary;
   caf::timespan tier_fetch_timeout = std::chrono::milliseconds(50);
 };
 

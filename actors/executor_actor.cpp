@@ -41,7 +41,8 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
   if (settings.num_threads > 1) st.pool = std::make_unique<kernels::cpu::thread_pool>(settings.num_threads);
   st.executor = std::make_unique<engine::step_executor>(*settings.checkpoint, settings.num_kv_blocks,
                                                         settings.block_size, settings.kernels, st.pool.get(),
-                                                        settings.speculation, settings.draft.get());
+                                                        settings.speculation, settings.draft.get(),
+                                                        settings.vocabulary);
   if (!settings.step_log.empty()) {
     st.step_log.reset(std::fopen(settings.step_log.c_str(), "a"));
     if (st.step_log && std::ftell(st.step_log.get()) == 0) std::fprintf(st.step_log.get(), "%s\n", cost::step_log_header);

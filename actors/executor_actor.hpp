@@ -24,6 +24,7 @@ struct executor_settings {
   std::string step_log;     ///< append one line per executed step (features + measured ns); "" = off
   spec::speculation_config speculation;               ///< the drafter of chunks with draft slots
   std::shared_ptr<const model::checkpoint> draft;     ///< the draft_model drafter's model (checked)
+  std::shared_ptr<const grammar::vocabulary> vocabulary;  ///< for grammar masks; null: no grammars
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).

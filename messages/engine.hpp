@@ -10,12 +10,23 @@
 #include "messages/executor.hpp"
 #include "runtime/engine/request.hpp"
 
+namespace troupe::grammar {
+
+/// `kind` is checked by grammar::validate where a request enters an engine.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, grammar_spec& x) {
+  return f(x.kind, x.source, x.trigger_token_ids);
+}
+
+}  // namespace troupe::grammar
+
 namespace troupe::engine {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request& x) {
+  // compiled_grammar stays behind: the receiving engine compiles the spec again.
   return f(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids,
-           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class);
+           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class, x.grammar);
 }
 
 }  // namespace troupe::engine

@@ -16,7 +16,8 @@
 namespace troupe::openai {
 namespace {
 
-using json = nlohmann::json;
+// Requests keep their keys' order: a JSON schema's properties are generated in the order given.
+using json = nlohmann::ordered_json;
 using ordered = nlohmann::ordered_json;
 
 api_error invalid(std::string param, std::string message) {
@@ -128,7 +129,37 @@ void read_unsupported(reader& in) {
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
   in.neutral_only("tools", json::array());
-  in.neutral_only("response_format", json{{"type", "text"}});
+}
+
+/// The output's grammar: OpenAI's `response_format` (json_object, json_schema) or vLLM's
+/// `guided_json`, `guided_regex`, `guided_grammar` (GBNF) — at most one of them.
+void read_grammar(reader& in, msg::completion_request& r) {
+  const auto set = [&](const char* name, const char* kind, std::string source) {
+    if (!r.grammar_kind.empty()) return in.fail(name, "give at most one of response_format, guided_json, guided_regex, guided_grammar");
+    r.grammar_kind = kind;
+    r.grammar = std::move(source);
+  };
+  const json& format = in.field("response_format");
+  if (!in.error && !format.is_null() && format != json{{"type", "text"}}) {
+    const json type = format.is_object() && format.contains("type") ? format["type"] : json();
+    if (type == "json_object") {
+      set("response_format", "json_schema", R"({"type": "object"})");
+    } else if (type == "json_schema" && format.contains("json_schema") && format["json_schema"].is_object() &&
+               format["json_schema"].contains("schema")) {
+      set("response_format", "json_schema", format["json_schema"]["schema"].dump());
+    } else {
+      return in.fail("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                        "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}");
+    }
+  }
+  const json& schema = in.field("guided_json");
+  if (!in.error && !schema.is_null()) set("guided_json", "json_schema", schema.is_string() ? schema.get<std::string>() : schema.dump());
+  for (const auto& [name, kind] : {std::pair{"guided_regex", "regex"}, std::pair{"guided_grammar", "gbnf"}}) {
+    const json& v = in.field(name);
+    if (in.error || v.is_null()) continue;
+    if (!v.is_string()) return in.fail(name, "'" + std::string(name) + "' must be a string");
+    set(name, kind, v.get<std::string>());
+  }
 }
 
 /// `n` choices per prompt, and `best_of`, which only may equal it (no choice is dropped here).
@@ -424,6 +455,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);
   read_penalties(in, p.request);
+  read_grammar(in, p.request);
   read_stream(in, p);
   if (kind == endpoint::chat_completions)
     read_messages(in, p);

@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <regex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -520,6 +521,14 @@ TEST_F(ActorsDeterministic, BadRequestsGetClearErrors) {
       // ... while 3584 bytes are tokenized and refused by the engine in tokens.
       {"3584-byte prompt", with([](auto& r) { r.prompt = std::string(3584, 'a'); }), errc::too_long,
        "exceeds the model's context of 512"},
+      {"unknown grammar kind", with([](auto& r) { r.grammar_kind = "xml"; r.grammar = "<a/>"; }), errc::invalid_argument,
+       "grammar kind 'xml' is not one of json_schema, regex, gbnf"},
+      {"bad regex", with([](auto& r) { r.grammar_kind = "regex"; r.grammar = "a{3,1}"; }), errc::invalid_argument,
+       "a repeat {3,1} needs 0 <= min <= max"},
+      {"bad schema", with([](auto& r) { r.grammar_kind = "json_schema"; r.grammar = R"({"type": "object", "if": {}})"; }),
+       errc::invalid_argument, "#: the JSON Schema keyword 'if' is not supported"},
+      {"grammar with ignore_eos", with([](auto& r) { r.grammar_kind = "regex"; r.grammar = "a"; r.ignore_eos = true; }),
+       errc::invalid_argument, "ignore_eos cannot be combined with a grammar"},
   };
   std::vector<std::shared_ptr<client_log>> logs;
   for (const bad_case& c : cases) logs.push_back(submit(c.request));
@@ -535,6 +544,27 @@ TEST_F(ActorsDeterministic, BadRequestsGetClearErrors) {
   }
   expect_engine_idle();
   EXPECT_EQ(report().num_steps, 0);
+}
+
+TEST_F(ActorsDeterministic, AGrammarRequestIsCompiledBeforeAdmissionAndItsOutputMatches) {
+  start();
+  msg::completion_request r = make_completion("Once upon a time", 120, 5, 1.0f);
+  r.grammar_kind = "regex";
+  r.grammar = " (He|She) had [1-9] (dogs|cats)[.]";
+  std::vector<std::shared_ptr<client_log>> logs;
+  for (int i = 0; i < 4; i++) {  // the same grammar four times: compiled once, cached
+    r.seed = 5 + static_cast<uint64_t>(i);
+    logs.push_back(submit(r));
+  }
+  run_ticking();
+  for (const auto& log : logs) {
+    ASSERT_EQ(log->num_done, 1);
+    ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+    const actors::completion& c = **log->outcome;
+    EXPECT_TRUE(std::regex_match(c.text, std::regex(r.grammar))) << c.text;
+    EXPECT_EQ(c.end.finish_reason, engine::finish_reason::stop);
+  }
+  expect_engine_idle();
 }
 
 TEST_F(ActorsDeterministic, AnEmptyPromptGeneratesFromBos) {
@@ -628,7 +658,7 @@ TEST_F(ActorsDeterministic, ADecodeEngineLostDuringPrefillFailsItsRequestOnly) {
   EXPECT_EQ(log->outcome->error().code, errc::unavailable);
   EXPECT_NE(log->outcome->error().message.find("engine 'engine1' on node 'local'"), std::string::npos)
       << log->outcome->error().message;
-  num_idle_actors_ -= 2;  // engine1 and its executor are gone
+  num_idle_actors_ -= 3;  // engine1, its executor and its grammar actor are gone
   expect_engine_idle(0);  // the prefill engine let go of the request and its blocks
   // A later request goes to the surviving decode engine.
   const actors::completion c = run_and_check(make_completion("Ben had a red ball", 25, 22), "after the loss");

@@ -113,7 +113,7 @@ class ActorsThreaded : public ::testing::Test {
     sys_ = std::make_unique<caf::actor_system>(configure(cfg_, /*deterministic=*/false));
     for (int i = 0; i < num_engines; i++) engines_.push_back(spawn_engine_or_die(*sys_, o));
     lb_ = spawn_balancer(*sys_, engines_, kinds);
-    num_idle_actors_ = static_cast<size_t>(num_engines) * 2 + 1;  // engines, executors, balancer
+    num_idle_actors_ = static_cast<size_t>(num_engines) * 3 + 1;  // engines, executors, grammar actors, balancer
   }
 
   void TearDown() override {

@@ -4,12 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <algorithm>
+#include <cctype>
+#include <optional>
 #include <random>
 #include <regex>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/grammar/grammar.hpp"
+#include "tests/support/engine_harness.hpp"
 
 namespace troupe::grammar {
 namespace {
@@ -162,21 +168,33 @@ TEST(JsonSchema, NumbersRefsAnyOfAndAnyValue) {
   ASSERT_TRUE(any.has_value());
   EXPECT_TRUE(accepts(*any, R"([1,{"a":[true,null,"x"]},-2.5])"));
   EXPECT_FALSE(accepts(*any, R"([1,])"));
+  auto object = parse_json_schema(R"({"type": "object"})");  // response_format json_object
+  ASSERT_TRUE(object.has_value());
+  EXPECT_TRUE(accepts(*object, R"({"a": [1], "b": {}})"));
+  EXPECT_FALSE(accepts(*object, R"([1])"));
+  auto closed = parse_json_schema(R"({"type": "object", "additionalProperties": false})");
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_TRUE(accepts(*closed, "{}"));
+  EXPECT_FALSE(accepts(*closed, R"({"a":1})"));
 }
 
 TEST(JsonSchema, UnsupportedKeywordsAndBadSchemasAreErrors) {
-  EXPECT_EQ(parse_json_schema(R"({"type": "string", "format": "date"})").error().message,
+  const auto error_of = [](const std::string& schema) {
+    auto g = parse_json_schema(schema);
+    return g ? std::string("no error") : g.error().message;
+  };
+  EXPECT_EQ(error_of(R"({"type": "string", "format": "date"})"),
             "#: the JSON Schema keyword 'format' is not supported");
-  EXPECT_EQ(parse_json_schema(R"({"properties": {"a": {"type": "integer", "minimum": 0}}})").error().message,
+  EXPECT_EQ(error_of(R"({"properties": {"a": {"type": "integer", "minimum": 0}}})"),
             "#/properties/a: the JSON Schema keyword 'minimum' is not supported");
-  EXPECT_EQ(parse_json_schema(R"({"type": "decimal"})").error().message, "#/type: unknown type 'decimal'");
-  EXPECT_EQ(parse_json_schema(R"({"required": ["x"], "properties": {}})").error().message,
+  EXPECT_EQ(error_of(R"({"type": "decimal"})"), "#/type: unknown type 'decimal'");
+  EXPECT_EQ(error_of(R"({"required": ["x"], "properties": {}})"),
             "#/required: \"x\" is not one of the properties");
-  EXPECT_EQ(parse_json_schema(R"({"$ref": "#/nowhere"})").error().message, "$ref '#/nowhere' points at nothing in the schema");
-  EXPECT_EQ(parse_json_schema(R"({"type": "object", "additionalProperties": true})").error().message,
-            "#/additionalProperties: only false is supported (no extra properties)");
-  EXPECT_EQ(parse_json_schema("{\"type\": ").error().message.substr(0, 32), "the JSON schema is not valid JSO");
-  EXPECT_EQ(parse_json_schema("false").error().message, "#: the schema false matches nothing");
+  EXPECT_EQ(error_of(R"({"$ref": "#/nowhere"})"), "$ref '#/nowhere' points at nothing in the schema");
+  EXPECT_EQ(error_of(R"({"properties": {}, "additionalProperties": true})"),
+            "#/additionalProperties: with properties, only false is supported (no extra properties)");
+  EXPECT_EQ(error_of("{\"type\": ").substr(0, 32), "the JSON schema is not valid JSO");
+  EXPECT_EQ(error_of("false"), "#: the schema false matches nothing");
 }
 
 /// A toy vocabulary: single bytes, a few multi-byte pieces, a control token and EOS.
@@ -286,6 +304,199 @@ TEST(GrammarSpec, ValidateAndCache) {
   ASSERT_TRUE(cache.get(grammar_spec{grammar_kind::regex, "c+", {}}).has_value());
   EXPECT_EQ(cache.size(), 2u);  // a, the least recently used, was dropped
   EXPECT_NE(cache.get(a)->get(), first->get());
+}
+
+// ---- the engine on the bundled model ------------------------------------------------------
+
+using testing::outputs;
+
+engine::request grammar_request(engine::request_id id, int32_t seed, grammar_kind kind, const std::string& source,
+                                int32_t max_tokens = 400) {
+  engine::request r = testing::make_request(id, testing::varied_prompt(seed), max_tokens, 1.0f, 9000 + seed);
+  r.grammar = grammar_spec{kind, source, {}};
+  return r;
+}
+
+/// Runs `requests` together in one engine; every sample must end by the grammar (stop).
+outputs run_all(const std::vector<engine::request>& requests, const engine::engine_config& config = {}) {
+  auto e = testing::make_engine(config);
+  for (const engine::request& r : requests) {
+    auto ok = e->add_request(r);
+    EXPECT_TRUE(ok.has_value()) << ok.error().message;
+  }
+  outputs out = testing::run_to_completion(*e);
+  EXPECT_EQ(e->blocks().num_used_blocks(), 0);
+  return out;
+}
+
+const char* person_schema = R"({"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 10},
+    "age": {"type": "integer"},
+    "happy": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
+  "required": ["name", "age", "happy"]})";
+
+/// Checks `text` against person_schema independently of the grammar: JSON that validates.
+void expect_valid_person(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << "not JSON: " << text << " (" << e.what() << ")";
+    return;
+  }
+  ASSERT_TRUE(j.is_object()) << text;
+  ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << text;
+  EXPECT_LE(j["name"].get<std::string>().size(), 10u * 4) << text;
+  ASSERT_TRUE(j.contains("age") && j["age"].is_number_integer()) << text;
+  ASSERT_TRUE(j.contains("happy") && j["happy"].is_boolean()) << text;
+  for (const auto& [key, v] : j.items()) EXPECT_TRUE(key == "name" || key == "age" || key == "happy" || key == "tags") << text;
+  if (j.contains("tags")) {
+    ASSERT_TRUE(j["tags"].is_array()) << text;
+    EXPECT_LE(j["tags"].size(), 3u) << text;
+    for (const auto& t : j["tags"]) EXPECT_TRUE(t.is_string()) << text;
+  }
+}
+
+TEST(GrammarEngine, EveryOutputUnderAJsonSchemaValidates) {
+  std::vector<engine::request> requests;
+  for (int32_t seed = 0; seed < 100; seed++) requests.push_back(grammar_request(seed, seed, grammar_kind::json_schema, person_schema));
+  const outputs out = run_all(requests);
+  ASSERT_EQ(out.size(), 100u);
+  for (const auto& [key, s] : out) {
+    EXPECT_EQ(s.finish, engine::finish_reason::stop) << s.text;
+    expect_valid_person(s.text);
+  }
+}
+
+TEST(GrammarEngine, EveryOutputUnderARegexMatchesIt) {
+  const std::string pattern = "(Once|One day), [a-z]{1,8} (ran|saw) [0-9]{1,2}( times)?!";
+  std::vector<engine::request> requests;
+  for (int32_t seed = 0; seed < 100; seed++) requests.push_back(grammar_request(seed, seed, grammar_kind::regex, pattern));
+  const std::regex reference(pattern);
+  for (const auto& [key, s] : run_all(requests)) {
+    EXPECT_EQ(s.finish, engine::finish_reason::stop) << s.text;
+    EXPECT_TRUE(std::regex_match(s.text, reference)) << s.text;
+  }
+}
+
+/// A recursive-descent check of the arithmetic grammar's language, independent of it.
+struct arithmetic {
+  const std::string& s;
+  size_t i = 0;
+  bool number() {
+    const size_t start = i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) i++;
+    return i > start && i - start <= 3 && (s[start] != '0' || i - start == 1);
+  }
+  bool op() { return i < s.size() && std::string("+-*/").find(s[i]) != std::string::npos && ++i; }
+  void space() {
+    if (i < s.size() && s[i] == ' ') i++;
+  }
+  bool term() {
+    if (i < s.size() && s[i] == '(') {
+      i++;
+      if (!number()) return false;
+      while (i < s.size() && s[i] != ')')
+        if (!op() || !number()) return false;
+      return i < s.size() && s[i++] == ')';
+    }
+    return number();
+  }
+  bool expression() {
+    if (!term()) return false;
+    while (i < s.size()) {
+      space();
+      if (!op()) return false;
+      space();
+      if (!term()) return false;
+    }
+    return true;
+  }
+};
+
+TEST(GrammarEngine, EveryOutputUnderAGbnfArithmeticGrammarParses) {
+  const std::string gbnf = R"g(root ::= term (ws op ws term){0,3}
+term ::= num | "(" num (op num){0,2} ")"
+num ::= [1-9] [0-9]{0,2} | "0"
+op ::= [-+*/]
+ws ::= " "?
+)g";
+  std::vector<engine::request> requests;
+  for (int32_t seed = 0; seed < 100; seed++) requests.push_back(grammar_request(seed, seed, grammar_kind::gbnf, gbnf));
+  for (const auto& [key, s] : run_all(requests)) {
+    EXPECT_EQ(s.finish, engine::finish_reason::stop) << s.text;
+    arithmetic parser{s.text};
+    EXPECT_TRUE(parser.expression()) << s.text;
+  }
+}
+
+TEST(GrammarEngine, BatchInvarianceHoldsWithGrammars) {
+  std::vector<engine::request> requests;
+  for (int32_t i = 0; i < 6; i++) {
+    engine::request r = i % 2 == 0 ? grammar_request(i, i, grammar_kind::json_schema, person_schema)
+                                   : testing::make_request(i, testing::varied_prompt(i), 40, 1.0f, 77 + i);
+    requests.push_back(r);
+  }
+  testing::expect_same(run_all(requests), testing::run_each_alone(requests), "grammar batch vs alone");
+}
+
+TEST(GrammarEngine, ASpeculatingEngineGivesGrammarRequestsNoDraftsAndTheSameOutput) {
+  engine::engine_config spec;
+  spec.speculation.drafter = spec::drafter_kind::ngram;
+  spec.speculation.num_speculative_tokens = 3;
+  std::vector<engine::request> requests;
+  for (int32_t i = 0; i < 4; i++) requests.push_back(grammar_request(i, i, grammar_kind::json_schema, person_schema));
+  testing::expect_same(run_all(requests, spec), run_all(requests), "speculating vs plain engine");
+}
+
+TEST(GrammarEngine, OutputBeforeATriggerIsFreeAndAfterItFollowsTheGrammar) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  const std::optional<int32_t> period = b.tok.find_piece(".");
+  ASSERT_TRUE(period.has_value());
+  for (int32_t seed = 0; seed < 20; seed++) {
+    engine::request free = testing::make_request(seed, testing::varied_prompt(seed), 80, 1.0f, 300 + seed);
+    free.ignore_eos = true;
+    engine::request triggered = free;
+    triggered.ignore_eos = false;
+    triggered.grammar = grammar_spec{grammar_kind::regex, " [0-9]{3}", {*period}};
+    const outputs unconstrained = run_all({free});
+    const outputs constrained = run_all({triggered});
+    const std::vector<int32_t>& want = unconstrained.begin()->second.tokens;
+    const testing::sample_output& got = constrained.begin()->second;
+    const auto at = std::find(got.tokens.begin(), got.tokens.end(), *period);
+    if (at == got.tokens.end()) {  // no trigger: free text all along (it may end at EOS)
+      EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), want.begin())) << seed;
+      continue;
+    }
+    const size_t n = static_cast<size_t>(at - got.tokens.begin()) + 1;
+    EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.begin() + static_cast<std::ptrdiff_t>(n), want.begin())) << seed;
+    const std::vector<int32_t> after(got.tokens.begin() + static_cast<std::ptrdiff_t>(n), got.tokens.end());
+    std::string text;
+    for (const int32_t t : after)
+      if (!b.tok.is_control(t)) text += b.tok.piece(tokenizer::no_token, t);
+    EXPECT_TRUE(std::regex_match(text, std::regex(" [0-9]{3}"))) << seed << ": '" << text << "'";
+    EXPECT_EQ(got.finish, engine::finish_reason::stop) << seed;
+  }
+}
+
+TEST(GrammarEngine, BadGrammarsAreClearErrorsBeforeAdmission) {
+  auto e = testing::make_engine();
+  const auto error_of = [&](engine::request r) {
+    auto ok = e->add_request(std::move(r));
+    return ok ? std::string("admitted") : ok.error().message;
+  };
+  EXPECT_EQ(error_of(grammar_request(1, 1, grammar_kind::regex, "(a")), "regex line 1, column 3: expected ')', found the end");
+  EXPECT_EQ(error_of(grammar_request(2, 2, grammar_kind::json_schema, R"({"type": "strin"})")), "#/type: unknown type 'strin'");
+  EXPECT_EQ(error_of(grammar_request(3, 3, grammar_kind::gbnf, "root ::= foo")),
+            "the grammar uses rule 'foo' but never defines it");
+  engine::request eos = grammar_request(4, 4, grammar_kind::regex, "a");
+  eos.ignore_eos = true;
+  EXPECT_EQ(error_of(eos), "ignore_eos cannot be combined with a grammar: a complete match allows only end tokens");
+  engine::request trigger = grammar_request(5, 5, grammar_kind::regex, "a");
+  trigger.grammar.trigger_token_ids = {512};
+  EXPECT_EQ(error_of(trigger), "trigger token id 512 is outside the vocabulary");
+  EXPECT_FALSE(e->has_unfinished());
 }
 
 }  // namespace

@@ -23,6 +23,32 @@ api_error refused(endpoint kind, const std::string& body) {
   return p ? api_error{} : p.error();
 }
 
+TEST(OpenaiRequest, GrammarsComeFromResponseFormatOrTheGuidedParameters) {
+  const msg::completion_request schema =
+      parsed(endpoint::chat_completions,
+             R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema",)"
+             R"("json_schema":{"name":"p","schema":{"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}}}}}})")
+          .request;
+  EXPECT_EQ(schema.grammar_kind, "json_schema");
+  EXPECT_EQ(schema.grammar, R"({"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}}})");  // order kept
+  const msg::completion_request object =
+      parsed(endpoint::completions, R"({"prompt":"x","response_format":{"type":"json_object"}})").request;
+  EXPECT_EQ(object.grammar_kind, "json_schema");
+  EXPECT_EQ(object.grammar, R"({"type": "object"})");
+  EXPECT_EQ(parsed(endpoint::completions, R"({"prompt":"x","response_format":{"type":"text"}})").request.grammar_kind, "");
+  const msg::completion_request regex = parsed(endpoint::completions, R"({"prompt":"x","guided_regex":"[0-9]+"})").request;
+  EXPECT_EQ(regex.grammar_kind, "regex");
+  EXPECT_EQ(regex.grammar, "[0-9]+");
+  const msg::completion_request gbnf = parsed(endpoint::completions, R"({"prompt":"x","guided_grammar":"root ::= \"a\""})").request;
+  EXPECT_EQ(gbnf.grammar_kind, "gbnf");
+  EXPECT_EQ(gbnf.grammar, "root ::= \"a\"");
+  EXPECT_EQ(parsed(endpoint::completions, R"({"prompt":"x","guided_json":{"type":"null"}})").request.grammar, R"({"type":"null"})");
+  EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","guided_regex":"a","guided_grammar":"root ::= \"a\""})").message,
+            "give at most one of response_format, guided_json, guided_regex, guided_grammar");
+  EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","response_format":{"type":"xml"}})").param, "response_format");
+  EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","guided_regex":5})").message, "'guided_regex' must be a string");
+}
+
 TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
   const parsed_request p = parsed(endpoint::completions,
                                   R"({"model":"stories260K","prompt":"Once upon","max_tokens":40,"temperature":0.5,)"
@@ -50,8 +76,8 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
   EXPECT_EQ(r.presence_penalty, 0.5f);
   EXPECT_EQ(r.frequency_penalty, -1.25f);
   EXPECT_EQ(r.repetition_penalty, 1.5f);
-  // JSON object order (keys sorted as strings); the sampler's result does not depend on it.
-  EXPECT_EQ(r.logit_bias, (std::vector<sampling::token_bias>{{300, 2.5f}, {5, -100.0f}}));
+  // The request's order (requests are read keeping it); the sampler's result does not depend on it.
+  EXPECT_EQ(r.logit_bias, (std::vector<sampling::token_bias>{{5, -100.0f}, {300, 2.5f}}));
 }
 
 TEST(OpenaiRequest, DefaultsFollowTheApi) {

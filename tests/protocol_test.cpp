@@ -143,6 +143,9 @@ msg::completion_request full_completion_request() {
   r.cache_class = "agent";
   r.num_top_logprobs = 3;
   r.stream = false;
+  r.grammar_kind = "regex";
+  r.grammar = "[a-z]+";
+  r.grammar_trigger_token_ids = {7};
   return r;
 }
 
@@ -160,6 +163,7 @@ engine::request full_engine_request() {
   r.priority = 4;
   r.batch_tokens = true;
   r.cache_class = kv::cache_class::agent;
+  r.grammar = grammar::grammar_spec{grammar::grammar_kind::gbnf, "root ::= \"a\"", {9}};
   return r;
 }
 

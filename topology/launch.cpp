@@ -42,8 +42,9 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engin
   context_tokens = std::max(context_tokens, ck->config().seq_len);
   auto t = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!t) return fail(t.error().code, where(e) + t.error().message);
-  if (!tok) tok = std::make_shared<const tokenizer>(std::move(*t));
   actors::engine_options o;
+  o.vocabulary = grammar::vocabulary_of(*t, engine::end_token_ids(e.config, t->bos_id(), t->eos_id()));
+  if (!tok) tok = std::make_shared<const tokenizer>(std::move(*t));
   o.checkpoint = std::make_shared<const model::checkpoint>(std::move(*ck));
   if (e.config.speculation.drafter == spec::drafter_kind::draft_model) {
     auto draft = model::checkpoint::load(e.config.speculation.draft_model);

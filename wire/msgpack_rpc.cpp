@@ -152,6 +152,10 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
       {"cache_class", [](const o& v, r& x) { return read_cache_class(v, x.cache_class); }},
       {"num_top_logprobs", [](const o& v, r& x) { return read_int32(v, "num_top_logprobs", x.num_top_logprobs); }},
       {"stream", [](const o& v, r& x) { return read_bool(v, "stream", x.stream); }},
+      {"grammar_kind", [](const o& v, r& x) { return read_string(v, "grammar_kind", x.grammar_kind); }},
+      {"grammar", [](const o& v, r& x) { return read_string(v, "grammar", x.grammar); }},
+      {"grammar_trigger_token_ids",
+       [](const o& v, r& x) { return read_tokens(v, "grammar_trigger_token_ids", x.grammar_trigger_token_ids); }},
   };
   return fields;
 }
@@ -264,7 +268,7 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 20 : 19);
+  p.pack_map(c.has_seed ? 23 : 22);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
@@ -311,6 +315,12 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   p.pack_int32(c.num_top_logprobs);
   pack_text(p, "stream");
   p.pack(c.stream);
+  pack_text(p, "grammar_kind");
+  pack_text(p, c.grammar_kind);
+  pack_text(p, "grammar");
+  pack_text(p, c.grammar);
+  pack_text(p, "grammar_trigger_token_ids");
+  p.pack(c.grammar_trigger_token_ids);
   return framed(body);
 }
 

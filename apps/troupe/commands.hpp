@@ -53,6 +53,9 @@ struct completion_flags {
   uint64_t seed = 0;
   bool seed_given = false;
   std::vector<std::string> stop;
+  std::string json_schema;   ///< grammar-constrained output (docs/grammars.md): at most one
+  std::string regex;
+  std::string grammar_file;  ///< GBNF
 
   void add_to(CLI::App* cmd);
   [[nodiscard]] msg::completion_request to_request() const;

@@ -2,6 +2,8 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -76,6 +78,14 @@ void completion_flags::add_to(CLI::App* cmd) {
       ->check(seed_validator())
       ->each([this](const std::string&) { seed_given = true; });
   cmd->add_option("--stop", stop, "stop string (repeatable); not part of the output");
+  auto* schema = cmd->add_option("--json-schema", json_schema, "the output is JSON valid under this JSON Schema (text)")
+                     ->group("Constrained output");
+  auto* re = cmd->add_option("--regex", regex, "the output matches this regular expression")->group("Constrained output");
+  auto* gbnf = cmd->add_option("--grammar-file", grammar_file, "the output follows this GBNF grammar file")
+                   ->check(CLI::ExistingFile)
+                   ->group("Constrained output");
+  schema->excludes(re)->excludes(gbnf);
+  re->excludes(gbnf);
 }
 
 msg::completion_request completion_flags::to_request() const {
@@ -89,6 +99,17 @@ msg::completion_request completion_flags::to_request() const {
   r.has_seed = seed_given;
   r.seed = seed;
   r.stop = stop;
+  if (!json_schema.empty()) {
+    r.grammar_kind = "json_schema";
+    r.grammar = json_schema;
+  } else if (!regex.empty()) {
+    r.grammar_kind = "regex";
+    r.grammar = regex;
+  } else if (!grammar_file.empty()) {
+    r.grammar_kind = "gbnf";
+    std::ifstream in(grammar_file, std::ios::binary);  // checked to exist; unreadable: an empty grammar, refused
+    r.grammar.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   return r;
 }
 

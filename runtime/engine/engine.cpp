@@ -28,11 +28,18 @@ engine::engine(const model::checkpoint& ck, const tokenizer& tok, const engine_c
                std::unique_ptr<engine_core> core, kernels::cpu::thread_pool* pool, const model::checkpoint* draft)
     : tokenizer_(tok),
       core_(std::move(core)),
-      executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool, config.speculation, draft) {}
+      executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool, config.speculation, draft,
+                grammar::vocabulary_of(tok, core_->config().eos_token_ids)) {}
 
 template <class Add>
 expected<void> engine::add(request r, Add&& add_to_core) {
   const request_id id = r.id;
+  if (r.grammar.kind != grammar::grammar_kind::none && r.compiled_grammar == nullptr) {
+    if (auto ok = grammar::validate(r.grammar, tokenizer_.vocab_size()); !ok) return ok;
+    auto compiled = grammars_.get(r.grammar);
+    if (!compiled) return tl::unexpected(compiled.error());
+    r.compiled_grammar = std::move(*compiled);
+  }
   text_spec spec{r.prompt, r.stop};
   if (auto ok = add_to_core(std::move(r)); !ok) return ok;
   texts_.emplace(id, std::move(spec));

@@ -79,6 +79,7 @@ class engine {
   const tokenizer& tokenizer_;
   std::unique_ptr<engine_core> core_;
   step_executor executor_;
+  grammar::grammar_cache grammars_;                 // requests' grammars, compiled on add
   std::map<request_id, text_spec> texts_;          // live requests
   std::map<sample_key, output_stream> streams_;    // live samples that produced a token
   std::vector<failed_request> failed_;             // for take_failed

@@ -35,4 +35,9 @@ struct engine_config {
   spec::speculation_config speculation;
 };
 
+/// The tokens that end a sample: `config.eos_token_ids`, or the tokenizer's EOS and BOS.
+[[nodiscard]] inline std::vector<int32_t> end_token_ids(const engine_config& config, int32_t bos_id, int32_t eos_id) {
+  return config.eos_token_ids.empty() ? std::vector<int32_t>{eos_id, bos_id} : config.eos_token_ids;
+}
+
 }  // namespace troupe::engine

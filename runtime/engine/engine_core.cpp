@@ -57,6 +57,15 @@ expected<void> validate_budgets(const sched::scheduler_config& c) {
   return {};
 }
 
+/// A request that samples under a grammar comes with it compiled (engine_host's caller, or
+/// engine::add_request, compiles it; a prefill-only request never samples).
+expected<void> check_compiled(const request& r) {
+  if (r.grammar.kind != grammar::grammar_kind::none &&
+      (r.compiled_grammar == nullptr || !(r.compiled_grammar->spec == r.grammar)))
+    return fail(errc::internal, "the request's grammar was not compiled before admission");
+  return {};
+}
+
 }  // namespace
 
 expected<void> validate_request(const request& r, const model::model_config& model,
@@ -81,6 +90,9 @@ expected<void> validate_request(const request& r, const model::model_config& mod
                                             " is not a class (chat = 0, agent = 1)");
   if (r.batch_tokens && (r.n != 1 || !r.stop.empty()))
     return fail(errc::invalid_argument, "batch_tokens needs n = 1 and no stop strings");
+  if (auto ok = grammar::validate(r.grammar, model.vocab_size); !ok) return ok;
+  if (r.grammar.kind != grammar::grammar_kind::none && r.ignore_eos)
+    return fail(errc::invalid_argument, "ignore_eos cannot be combined with a grammar: a complete match allows only end tokens");
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (total > model.seq_len)
     return fail(errc::too_long, "prompt (" + num(static_cast<int64_t>(r.prompt.size())) +
@@ -121,7 +133,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
   auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier});
   if (!blocks) return tl::unexpected(blocks.error());
   engine_config c = config;
-  if (c.eos_token_ids.empty()) c.eos_token_ids = {eos_id, bos_id};
+  c.eos_token_ids = end_token_ids(config, bos_id, eos_id);
   return std::unique_ptr<engine_core>(
       new engine_core(model, c, std::make_unique<kv::block_manager>(std::move(*blocks))));
 }
@@ -159,6 +171,7 @@ kv::seq_id engine_core::record(request r) {
 
 expected<void> engine_core::add_request(request r) {
   if (auto ok = check_new(r); !ok) return ok;
+  if (auto ok = check_compiled(r); !ok) return ok;
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
   const int32_t priority = r.priority;
   const int32_t resumed = r.num_resumed_tokens;
@@ -172,7 +185,9 @@ expected<void> engine_core::add_request(request r) {
 void engine_core::speculate(kv::seq_id seq) {
   // A request with n > 1 speculates once it has forked (engine_core::fork): its first sample is
   // n samples of one row, which a verification row cannot be.
-  if (!config_.speculation.enabled() || requests_.at(samples_.at(seq).request).req.n > 1) return;
+  // A grammar row takes no drafts (exec_chunk::grammar): no slots for them either.
+  const request& r = requests_.at(samples_.at(seq).request).req;
+  if (!config_.speculation.enabled() || r.n > 1 || r.grammar.kind != grammar::grammar_kind::none) return;
   scheduler_->set_speculative_tokens(seq, config_.speculation.num_speculative_tokens);
 }
 
@@ -209,6 +224,7 @@ expected<void> engine_core::add_prefill(request r) {
 
 expected<void> engine_core::add_prefilled(request r, kv_data kv) {
   if (auto ok = check_new(r); !ok) return ok;
+  if (auto ok = check_compiled(r); !ok) return ok;
   const int32_t want = static_cast<int32_t>(r.prompt.size()) - 1;
   if (!kv.consistent() || kv.num_layers != model_.n_layers || kv.kv_dim != model_.kv_dim() || kv.num_tokens != want ||
       want < 1)
@@ -294,6 +310,7 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   const request& r = requests_.at(st.request).req;
   if (config_.host_tier) note_tier_use(chunk, r.cache_class);
   chunk.sampling = r.sampling;
+  chunk.grammar = r.compiled_grammar;
   chunk.num_prompt_tokens = s.num_prompt_tokens;
   chunk.speculative = config_.speculation.enabled();
   chunk.num_draft_slots = c.num_draft_slots;

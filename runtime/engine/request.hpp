@@ -5,11 +5,13 @@
 /// via `output_stream`.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
+#include "runtime/grammar/constraint.hpp"
 #include "runtime/kv/cache_class.hpp"
 #include "runtime/sampling/sampler.hpp"
 
@@ -40,6 +42,12 @@ struct request {
   /// The traffic class of the request's KV blocks: how long the cache tiers keep them
   /// (runtime/kv/cache_class.hpp; chat 7 days, agent 3 by default).
   kv::cache_class cache_class = kv::cache_class::chat;
+  /// Grammar-constrained decoding (docs/grammars.md): the output must match it; end tokens
+  /// only where it is complete. Compiled before admission into `compiled_grammar`.
+  grammar::grammar_spec grammar;
+  /// Engine-internal (never on the wire): `grammar` compiled (by the grammar actor, or the
+  /// synchronous engine's cache); engine_core refuses a grammar request without it.
+  std::shared_ptr<const grammar::compiled_grammar> compiled_grammar;
   /// Engine-internal (never on the wire): the prompt's last this-many tokens are what this
   /// request generated before its executor failed (engine_core::resumable_requests). They count
   /// as generated for the penalties, and max_tokens counts only what remains.

@@ -5,9 +5,11 @@
 /// sampling parameters and seeds), so a plan can cross a process boundary unchanged.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "runtime/grammar/constraint.hpp"
 #include "runtime/kv/block_manager.hpp"
 #include "runtime/kv/kv_block.hpp"
 #include "runtime/sampling/sampler.hpp"
@@ -82,11 +84,17 @@ struct exec_chunk {
   /// table covers their slots. Its samples entry then holds the drafts that stood and the
   /// token after them: 1 to num_draft_slots + 1 samples.
   int32_t num_draft_slots = 0;
+  /// Grammar-constrained decoding (runtime/grammar/constraint.hpp): the request's compiled
+  /// grammar, on every chunk of its sequences. The executor keeps the sequence's tokens and
+  /// masks each sample with the grammar's state after the generated ones (those from
+  /// num_prompt_tokens on). A grammar row takes no drafts. Engine-process only: it is not
+  /// serialized (messages/executor.hpp), as an executor always runs beside its engine.
+  std::shared_ptr<const grammar::compiled_grammar> grammar;
 };
 
-/// Whether the executor keeps the sequence's tokens: a penalty reads them, or a drafter.
+/// Whether the executor keeps the sequence's tokens: a penalty reads them, a drafter or a grammar.
 [[nodiscard]] inline bool keeps_context(const exec_chunk& chunk) {
-  return chunk.speculative || sampling::needs_context(chunk.sampling);
+  return chunk.speculative || chunk.grammar != nullptr || sampling::needs_context(chunk.sampling);
 }
 
 struct exec_plan {

@@ -1,6 +1,8 @@
 #include "runtime/engine/step_executor.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 #include <string>
 
 #include "runtime/engine/request.hpp"
@@ -11,8 +13,9 @@ namespace troupe::engine {
 step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
                              int32_t block_size, model::kernel_path kernels,
                              kernels::cpu::thread_pool* pool, const spec::speculation_config& speculation,
-                             const model::checkpoint* draft)
-    : model_(ck, kernels), cache_(ck.config(), num_kv_blocks, block_size) {
+                             const model::checkpoint* draft, std::shared_ptr<const grammar::vocabulary> vocabulary)
+    : model_(ck, kernels), cache_(ck.config(), num_kv_blocks, block_size), vocabulary_(std::move(vocabulary)) {
+  TROUPE_ASSERT(vocabulary_ == nullptr || vocabulary_->size() == ck.config().vocab_size);
   model_.set_thread_pool(pool);
   switch (speculation.drafter) {
     case spec::drafter_kind::none:
@@ -67,6 +70,8 @@ expected<void> step_executor::check_chunk(const exec_chunk& chunk,
   if (slots < end)
     return fail(errc::invalid_argument, what + ": its block table holds " + std::to_string(slots) +
                                             " slots, not the " + std::to_string(end) + " its chunk needs");
+  if (chunk.grammar != nullptr && vocabulary_ == nullptr)
+    return fail(errc::invalid_argument, what + " has a grammar but this executor has no vocabulary to mask with");
   if (chunk.num_draft_slots > 0 && drafter_ == nullptr)
     return fail(errc::invalid_argument, what + " has draft slots but this executor has no drafter");
   if (keeps_context(chunk) && chunk.first_block > 0) {
@@ -101,7 +106,10 @@ std::vector<int32_t>* step_executor::context_of(const exec_chunk& chunk) {
     return nullptr;
   }
   std::vector<int32_t>& context = contexts_[chunk.seq];
-  if (chunk.first_block == 0) context = chunk.context_prefix;
+  if (chunk.first_block == 0) {
+    context = chunk.context_prefix;
+    cursors_.erase(chunk.seq);  // replayed from the context on its next sample
+  }
   TROUPE_ASSERT(static_cast<int64_t>(context.size()) == chunk.first_position);
   return &context;
 }
@@ -134,7 +142,7 @@ std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
   std::vector<size_t> drafting;  // chunk index of each input
   for (size_t c = 0; c < plan.chunks.size(); c++) {
     const exec_chunk& chunk = plan.chunks[c];
-    if (chunk.num_draft_slots == 0) continue;
+    if (chunk.num_draft_slots == 0 || chunk.grammar != nullptr) continue;  // a grammar row: no drafts
     const std::vector<int32_t>& context = contexts_.at(chunk.seq);
     inputs.push_back(spec::draft_input{&context, chunk.num_prompt_tokens, chunk.num_draft_slots,
                                        tables_.at(chunk.seq).data(), &chunk.sampling, chunk.seed});
@@ -176,8 +184,8 @@ std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
   return drafts;
 }
 
-std::vector<sampling::sample_result> step_executor::sample_chunk(const exec_chunk& chunk, const float* logits,
-                                                                 const spec::draft* d) {
+expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const exec_chunk& chunk,
+                                                                           const float* logits, const spec::draft* d) {
   const int32_t vocab = model_.config().vocab_size;
   // The sampled token will sit right after the chunk's last token.
   const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
@@ -185,6 +193,13 @@ std::vector<sampling::sample_result> step_executor::sample_chunk(const exec_chun
   const auto held = contexts_.find(chunk.seq);
   if (held != contexts_.end())
     context = {held->second.data(), static_cast<int32_t>(held->second.size()), chunk.num_prompt_tokens};
+  const grammar::token_mask* mask = grammar_mask(chunk, context);
+  if (mask != nullptr) {
+    int32_t t = 0;
+    while (t < vocab && !(grammar::allowed(*mask, t) && std::isfinite(logits[t]))) t++;
+    if (t == vocab) return fail(errc::internal, "the grammar allows no token the model gives a finite logit here");
+    context.allowed = mask->data();
+  }
   std::vector<sampling::sample_result> samples;
   if (d != nullptr) {
     samples = spec::verify(sampler_, logits, vocab, chunk.sampling, chunk.seed, position, context, *d);
@@ -195,6 +210,26 @@ std::vector<sampling::sample_result> step_executor::sample_chunk(const exec_chun
   for (int32_t i = 0; i < chunk.num_samples; i++)
     samples.push_back(sampler_.sample(logits, vocab, chunk.sampling, child_seed(chunk.seed, i), position, context));
   return samples;
+}
+
+const grammar::token_mask* step_executor::grammar_mask(const exec_chunk& chunk, const sampling::token_context& context) {
+  if (chunk.grammar == nullptr) return nullptr;
+  std::unique_ptr<grammar::matcher>& m = matchers_[chunk.grammar->hash];
+  if (m == nullptr) m = std::make_unique<grammar::matcher>(chunk.grammar, vocabulary_);
+  TROUPE_ASSERT(m->compiled().spec == chunk.grammar->spec);
+  grammar::cursor& c = cursors_.try_emplace(chunk.seq, *m).first->second;
+  for (int64_t p = context.num_prompt_tokens + c.num_fed(); p < context.num_tokens; p++) c.feed(context.tokens[p]);
+  return c.mask();
+}
+
+void step_executor::release_grammar(kv::seq_id seq) {
+  cursors_.erase(seq);
+  constexpr size_t num_idle_matchers_max = 16;  // kept warm for the next request with the same grammar
+  if (matchers_.size() <= num_idle_matchers_max) return;
+  std::set<const grammar::matcher*> in_use;
+  for (const auto& [s, c] : cursors_) in_use.insert(&c.owner());
+  for (auto it = matchers_.begin(); it != matchers_.end() && matchers_.size() > num_idle_matchers_max;)
+    it = in_use.count(it->second.get()) != 0 ? std::next(it) : matchers_.erase(it);
 }
 
 kv_data step_executor::read_block(int32_t block) const {
@@ -216,6 +251,7 @@ exec_result step_executor::execute(const exec_plan& plan) {
     last_sample_.erase(seq);
     tables_.erase(seq);
     contexts_.erase(seq);
+    release_grammar(seq);
   }
   exec_result result;
   for (const int32_t block : plan.demotions) result.demoted.push_back(read_block(block));
@@ -241,20 +277,21 @@ exec_result step_executor::execute(const exec_plan& plan) {
     const size_t num_rows = 1 + (d != nullptr ? d->tokens.size() : 0);
     const float* logits = logits_.data() + logits_row * vocab;
     logits_row += num_rows;
+    expected<void> ok;
+    for (size_t r = 0; r < num_rows && ok; r++) ok = sampling::check_logits(logits + r * vocab, vocab);
+    expected<std::vector<sampling::sample_result>> drawn = tl::unexpected(error{});
+    if (ok) drawn = sample_chunk(chunk, logits, d);
     std::vector<sampling::sample_result> samples;
-    for (size_t r = 0; r < num_rows && samples.empty(); r++) {
-      if (auto ok = sampling::check_logits(logits + r * vocab, vocab); !ok) {
-        // Placeholders keep the result's shape (and a next plan's previous_sample resolvable);
-        // the engine fails the request instead of using them.
-        samples.assign(static_cast<size_t>(chunk.num_samples), sampling::sample_result{0, 0.0f, {}});
-        result.failures.push_back(exec_failure{chunk.seq, ok.error().message});
-      }
-    }
-    if (samples.empty()) {
-      samples = sample_chunk(chunk, logits, d);
+    if (ok && drawn) {
+      samples = std::move(*drawn);
       // Drafts up to the first rejected one were verified; all but the last sample stood.
       for (size_t j = 0; d != nullptr && j < d->confidence.size() && j < samples.size(); j++)
         reliability.add(d->confidence[j], j + 1 < samples.size());
+    } else {
+      // Placeholders keep the result's shape (and a next plan's previous_sample resolvable);
+      // the engine fails the request instead of using them.
+      samples.assign(static_cast<size_t>(chunk.num_samples), sampling::sample_result{0, 0.0f, {}});
+      result.failures.push_back(exec_failure{chunk.seq, (ok ? drawn.error() : ok.error()).message});
     }
     last_sample_[chunk.seq] = d != nullptr ? samples.back().token : samples.front().token;
     result.samples.push_back(std::move(samples));

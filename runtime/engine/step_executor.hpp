@@ -23,10 +23,13 @@ class step_executor {
   /// `speculation` names the drafter for chunks with draft slots; a draft_model drafter runs
   /// `draft` (borrowed, kept alive by the caller; its vocabulary the target's — check with
   /// check_draft_model), on its own KV pool of the same blocks.
+  /// `vocabulary` (may be null: chunks with a grammar are then refused by `check`) spells the
+  /// tokens for grammar masks.
   step_executor(const model::checkpoint& ck, int32_t num_kv_blocks, int32_t block_size,
                 model::kernel_path kernels = model::kernel_path::fast,
                 kernels::cpu::thread_pool* pool = nullptr, const spec::speculation_config& speculation = {},
-                const model::checkpoint* draft = nullptr);
+                const model::checkpoint* draft = nullptr,
+                std::shared_ptr<const grammar::vocabulary> vocabulary = nullptr);
 
   /// Whether `draft` can draft for `target`: the same vocabulary size and a context at least
   /// as long.
@@ -55,12 +58,18 @@ class step_executor {
   /// and their rows inserted into rows_ after each chunk's own.
   [[nodiscard]] std::vector<spec::draft> add_drafts(const exec_plan& plan);
   /// The samples of one sampling chunk whose logits start at `logits` (1 + its drafts rows).
-  [[nodiscard]] std::vector<sampling::sample_result> sample_chunk(const exec_chunk& chunk, const float* logits,
-                                                                  const spec::draft* d);
+  /// Fails (errc::internal) where the grammar leaves no token with a finite logit.
+  [[nodiscard]] expected<std::vector<sampling::sample_result>> sample_chunk(const exec_chunk& chunk,
+                                                                            const float* logits, const spec::draft* d);
   /// A block's KV (num_layers, block_size, kv_dim), for a demotion.
   [[nodiscard]] kv_data read_block(int32_t block) const;
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
+  /// The grammar mask of a grammar chunk's next sample, its cursor fed the generated tokens of
+  /// `context` it has not seen; null for other chunks and before a trigger.
+  [[nodiscard]] const grammar::token_mask* grammar_mask(const exec_chunk& chunk, const sampling::token_context& context);
+  /// Forgets a released sequence's grammar cursor; drops matchers no cursor uses beyond a few.
+  void release_grammar(kv::seq_id seq);
 
   model::transformer model_;
   model::kv_cache cache_;
@@ -72,6 +81,9 @@ class step_executor {
   std::map<kv::seq_id, int32_t> last_sample_;  // the latest first-seed sample per sequence
   std::map<kv::seq_id, std::vector<int32_t>> tables_;  // live sequences' block tables (exec_chunk::first_block)
   std::map<kv::seq_id, std::vector<int32_t>> contexts_;  // penalised sequences' tokens, positions [0, n)
+  std::shared_ptr<const grammar::vocabulary> vocabulary_;
+  std::map<uint64_t, std::unique_ptr<grammar::matcher>> matchers_;  // by compiled grammar hash
+  std::map<kv::seq_id, grammar::cursor> cursors_;                   // grammar sequences' places
   std::vector<model::forward_row> rows_;
   std::vector<float> logits_;  // (sampling chunks, vocab)
   int64_t last_step_ = -1;

@@ -4,6 +4,8 @@
 
 #include <xxhash.h>
 
+#include "runtime/tokenizer/tokenizer.hpp"
+
 namespace troupe::grammar {
 
 bool operator==(const grammar_spec& a, const grammar_spec& b) {
@@ -18,6 +20,13 @@ const char* to_string(grammar_kind kind) {
     case grammar_kind::gbnf: return "gbnf";
   }
   return "unknown";
+}
+
+expected<grammar_kind> parse_kind(const std::string& name) {
+  if (name.empty() || name == "none") return grammar_kind::none;
+  for (const grammar_kind k : {grammar_kind::json_schema, grammar_kind::regex, grammar_kind::gbnf})
+    if (name == to_string(k)) return k;
+  return fail(errc::invalid_argument, "grammar kind '" + name + "' is not one of json_schema, regex, gbnf");
 }
 
 expected<void> validate(const grammar_spec& spec, int32_t vocab_size) {
@@ -122,6 +131,13 @@ vocabulary::vocabulary(const std::vector<std::string>& token_bytes, std::vector<
     }
     trie_[static_cast<size_t>(at)].tokens.push_back(t);
   }
+}
+
+std::shared_ptr<const vocabulary> vocabulary_of(const tokenizer& tok, std::vector<int32_t> end_tokens) {
+  std::vector<std::string> bytes(static_cast<size_t>(tok.vocab_size()));
+  for (int32_t t = 0; t < tok.vocab_size(); t++)
+    if (!tok.is_control(t)) bytes[static_cast<size_t>(t)] = std::string(tok.piece(tokenizer::no_token, t));
+  return std::make_shared<const vocabulary>(bytes, std::move(end_tokens));
 }
 
 matcher::matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab)

@@ -24,6 +24,10 @@
 #include "runtime/common/error.hpp"
 #include "runtime/grammar/automaton.hpp"
 
+namespace troupe {
+class tokenizer;
+}
+
 namespace troupe::grammar {
 
 enum class grammar_kind : uint8_t { none, json_schema, regex, gbnf };
@@ -42,6 +46,8 @@ bool operator==(const grammar_spec& a, const grammar_spec& b);
 
 /// "json_schema", "regex", "gbnf" or "none".
 [[nodiscard]] const char* to_string(grammar_kind kind);
+/// The kind named by `name` ("" is none); an unknown name is an error listing the kinds.
+[[nodiscard]] expected<grammar_kind> parse_kind(const std::string& name);
 
 /// Checks the spec's shape against a vocabulary of `vocab_size` tokens (sizes, trigger ids);
 /// `compile` checks the source itself.
@@ -100,6 +106,10 @@ class vocabulary {
   std::vector<trie_node> trie_;  // node 0: the root (the empty string)
 };
 
+/// A tokenizer's vocabulary: each ordinary token's bytes in the middle of a text, control
+/// tokens none; `end_tokens` (the engine's end-of-sequence ids) allowed where a grammar accepts.
+[[nodiscard]] std::shared_ptr<const vocabulary> vocabulary_of(const tokenizer& tok, std::vector<int32_t> end_tokens);
+
 /// A bitmask over the vocabulary: bit t of word t / 32 set = token t allowed.
 using token_mask = std::vector<uint32_t>;
 
@@ -141,6 +151,7 @@ class cursor {
   [[nodiscard]] bool active() const { return active_; }
   [[nodiscard]] int32_t state() const { return state_; }
   [[nodiscard]] int64_t num_fed() const { return num_fed_; }
+  [[nodiscard]] const matcher& owner() const { return *matcher_; }
 
  private:
   matcher* matcher_;

@@ -180,7 +180,9 @@ class schema_compiler {
   }
 
   expected<element> object(const json& s, const std::string& path);
-  element any();
+  element any();         // any JSON value
+  element any_object();  // any JSON object
+  element any_string();  // any JSON string
 
   const json& root_;
   builder b_;
@@ -189,6 +191,7 @@ class schema_compiler {
   std::map<std::string, int32_t> refs_;     // $ref pointer -> its rule
   std::map<std::string, int32_t> pending_;  // $refs whose rule has no body yet
   int32_t any_ = -1;
+  int32_t any_object_ = -1;
 };
 
 element schema_compiler::primitive(const std::string& name) {
@@ -222,8 +225,10 @@ element schema_compiler::primitive(const std::string& name) {
 }
 
 expected<element> schema_compiler::object(const json& s, const std::string& path) {
-  if (s.contains("additionalProperties") && s["additionalProperties"] != json(false))
-    return fail(errc::invalid_argument, path + "/additionalProperties: only false is supported (no extra properties)");
+  const bool closed = s.contains("additionalProperties") && s["additionalProperties"] == json(false);
+  if (!s.contains("properties") && !closed) return any_object();  // {"type": "object"}: any object
+  if (s.contains("additionalProperties") && !closed)
+    return fail(errc::invalid_argument, path + "/additionalProperties: with properties, only false is supported (no extra properties)");
   const json properties = s.contains("properties") ? s["properties"] : json::object();
   if (!properties.is_object()) return fail(errc::invalid_argument, path + "/properties: an object");
   std::set<std::string> required;
@@ -261,17 +266,27 @@ expected<element> schema_compiler::object(const json& s, const std::string& path
   return b_.group({b_.literal("{"), ws(), start, b_.literal("}")});
 }
 
+element schema_compiler::any_object() {
+  if (any_object_ >= 0) return builder::ref(any_object_);
+  any_object_ = b_.fresh("object");
+  const element member = b_.group({any_string(), ws(), b_.literal(":"), ws(), any(), ws()});
+  const element members = b_.group({member, *b_.repeat(b_.group({b_.literal(","), ws(), member}), 0, -1)});
+  b_.add(any_object_, {b_.literal("{"), ws(), *b_.repeat(members, 0, 1), b_.literal("}")});
+  return builder::ref(any_object_);
+}
+
+element schema_compiler::any_string() {
+  return b_.group({b_.literal("\""), *b_.repeat(primitive("char"), 0, -1), b_.literal("\"")});
+}
+
 element schema_compiler::any() {
   if (any_ >= 0) return builder::ref(any_);
   any_ = b_.fresh("value");
   const element value = builder::ref(any_);
-  const element str = b_.group({b_.literal("\""), *b_.repeat(primitive("char"), 0, -1), b_.literal("\"")});
-  const element member = b_.group({str, ws(), b_.literal(":"), ws(), value, ws()});
-  const element members = b_.group({member, *b_.repeat(b_.group({b_.literal(","), ws(), member}), 0, -1)});
   const element items = b_.group({value, ws(), *b_.repeat(b_.group({b_.literal(","), ws(), value, ws()}), 0, -1)});
-  b_.add(any_, {b_.literal("{"), ws(), *b_.repeat(members, 0, 1), b_.literal("}")});
+  b_.add(any_, {any_object()});
   b_.add(any_, {b_.literal("["), ws(), *b_.repeat(items, 0, 1), b_.literal("]")});
-  b_.add(any_, {str});
+  b_.add(any_, {any_string()});
   b_.add(any_, {primitive("number")});
   b_.add(any_, {b_.literal("true")});
   b_.add(any_, {b_.literal("false")});

@@ -243,7 +243,7 @@ float sampler::select(const float* logits, int32_t vocab_size, const sampling_pa
 const float* sampler::adjust(const float* logits, int32_t vocab_size, const sampling_params& params,
                              const token_context& context) {
   const bool penalised = needs_context(params);
-  if (params.logit_bias.empty() && !penalised) return logits;
+  if (params.logit_bias.empty() && !penalised && context.allowed == nullptr) return logits;
   adjusted_.assign(logits, logits + vocab_size);
   for (const token_bias& b : params.logit_bias) adjusted_[static_cast<size_t>(b.token)] += b.bias;
   if (penalised) apply_penalties(vocab_size, params, context);
@@ -254,6 +254,10 @@ const float* sampler::adjust(const float* logits, int32_t vocab_size, const samp
     float& l = adjusted_[static_cast<size_t>(i)];
     if (std::isfinite(logits[i]) && !std::isfinite(l)) l = l > 0.0f ? finite_max : -finite_max;
   }
+  // A grammar's mask last: a disallowed token weighs exactly 0, whatever its bias.
+  if (context.allowed != nullptr)
+    for (int32_t i = 0; i < vocab_size; ++i)
+      if ((context.allowed[i / 32] >> (i % 32) & 1u) == 0) adjusted_[static_cast<size_t>(i)] = -std::numeric_limits<float>::infinity();
   return adjusted_.data();
 }
 

@@ -67,11 +67,15 @@ bool operator==(const sampling_params& a, const sampling_params& b);
 [[nodiscard]] bool needs_context(const sampling_params& params);
 
 /// A sample's tokens before the one being drawn, for the penalties: its prompt, then what it
-/// generated. Ignored unless `needs_context(params)`.
+/// generated (ignored unless `needs_context(params)`); and the grammar mask of the draw.
 struct token_context {
   const int32_t* tokens = nullptr;  ///< (num_tokens) in position order, each in the vocabulary
   int32_t num_tokens = 0;
   int32_t num_prompt_tokens = 0;    ///< the leading tokens that are prompt; <= num_tokens
+  /// A grammar's token bitmask (bit t % 32 of word t / 32 set: token t may be drawn), or null.
+  /// Applied after bias and penalties: a masked token's logit becomes -inf, so it weighs 0 in
+  /// every filter and the CDF. The caller makes sure some allowed token has a finite logit.
+  const uint32_t* allowed = nullptr;
 };
 
 /// Checks a request's parameters; the error names the parameter and the offending value.

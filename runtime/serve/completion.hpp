@@ -43,6 +43,11 @@ struct completion_request {
   std::string cache_class = "chat";
   int32_t num_top_logprobs = 0;     ///< each token comes with this many top logprobs, in [0, 20]
   bool stream = true;               ///< false: one chunk with everything, just before the end
+  /// Grammar-constrained decoding (docs/grammars.md): "" (none), "json_schema", "regex" or
+  /// "gbnf", with its source; trigger tokens arm it only once one of them was generated.
+  std::string grammar_kind;
+  std::string grammar;
+  std::vector<int32_t> grammar_trigger_token_ids;
 };
 
 /// New text of a completion, with the tokens that made it.

@@ -20,9 +20,9 @@ bool operator==(const submit& a, const submit& b) {
   const engine::request& x = a.request;
   const engine::request& y = b.request;
   return std::tie(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids, x.ignore_eos,
-                  x.priority, x.batch_tokens, a.to_prefill) ==
+                  x.priority, x.batch_tokens, x.grammar, a.to_prefill) ==
          std::tie(y.id, y.prompt, y.max_tokens, y.sampling, y.seed, y.n, y.stop, y.stop_token_ids, y.ignore_eos,
-                  y.priority, y.batch_tokens, b.to_prefill);
+                  y.priority, y.batch_tokens, y.grammar, b.to_prefill);
 }
 
 bool operator==(const send_chunk& a, const send_chunk& b) { return a.chunk == b.chunk; }
@@ -106,6 +106,17 @@ effects request_host::start(int64_t now_ns) {
     return out;
   }
   r.cache_class = *cls;
+  auto kind = grammar::parse_kind(p.grammar_kind);
+  if (!kind) {
+    fail_request(kind.error().code, kind.error().message, out);
+    return out;
+  }
+  r.grammar = grammar::grammar_spec{*kind, p.grammar, p.grammar_trigger_token_ids};
+  if (o_.tok)
+    if (auto ok = grammar::validate(r.grammar, o_.tok->vocab_size()); !ok) {
+      fail_request(ok.error().code, ok.error().message, out);
+      return out;
+    }
   // Nobody sees a non-streamed completion before its end; without stop strings nothing needs
   // its tokens one by one either: one message instead of one per token.
   r.batch_tokens = !p.stream && r.stop.empty();

@@ -44,6 +44,7 @@ inline const shared_model& bundled_shared() {
 inline actors::engine_options engine_opts(bool detached_executor, int32_t num_kv_blocks = 1024) {
   actors::engine_options o;
   o.checkpoint = bundled_shared().ck;
+  o.vocabulary = grammar::vocabulary_of(*bundled_shared().tok, {bundled_shared().tok->eos_id(), bundled_shared().tok->bos_id()});
   o.config.num_kv_blocks = num_kv_blocks;
   o.detached_executor = detached_executor;
   return o;
