@@ -283,6 +283,27 @@ TEST(TokenMask, TriggerTokensArmTheGrammar) {
   EXPECT_FALSE(allowed(*c.mask(), token_of(*vocab, "ab")));
 }
 
+TEST(GrammarSpec, HostileNestingIsAnErrorNotACrash) {
+  const std::string deep(20000, '(');
+  EXPECT_EQ(parse_gbnf("root ::= " + deep).error().message,
+            "grammar line 1, column 74: expected groups nested at most 64 deep, found '('");
+  EXPECT_EQ(parse_regex(deep).error().message, "regex line 1, column 65: expected groups nested at most 64 deep, found '('");
+  std::string schema;
+  for (int i = 0; i < 10000; i++) schema += R"({"items":)";
+  schema += "{}";
+  for (int i = 0; i < 10000; i++) schema += "}";
+  auto g = parse_json_schema(schema);
+  ASSERT_FALSE(g.has_value());
+  EXPECT_NE(g.error().message.find(": subschemas nested more than 64 deep"), std::string::npos) << g.error().message.substr(0, 200);
+  // Sizes: a 64 KiB source is the most a request may carry (validate), and it compiles quickly.
+  std::string wide = "root ::= ";
+  while (wide.size() < grammar_source_bytes_max - 16) wide += "\"abcdefgh\" | ";
+  wide += "\"z\"";
+  auto big = parse_gbnf(wide);
+  ASSERT_TRUE(big.has_value()) << big.error().message;
+  EXPECT_TRUE(accepts(*big, "abcdefgh"));
+}
+
 TEST(GrammarSpec, ValidateAndCache) {
   EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "", {}}, 10).error().message, "the regex is empty");
   EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "a", {10}}, 10).error().message,

@@ -193,7 +193,9 @@ expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const
   const auto held = contexts_.find(chunk.seq);
   if (held != contexts_.end())
     context = {held->second.data(), static_cast<int32_t>(held->second.size()), chunk.num_prompt_tokens};
-  const grammar::token_mask* mask = grammar_mask(chunk, context);
+  auto masked = grammar_mask(chunk, context);
+  if (!masked) return tl::unexpected(masked.error());
+  const grammar::token_mask* mask = *masked;
   if (mask != nullptr) {
     int32_t t = 0;
     while (t < vocab && !(grammar::allowed(*mask, t) && std::isfinite(logits[t]))) t++;
@@ -212,14 +214,25 @@ expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const
   return samples;
 }
 
-const grammar::token_mask* step_executor::grammar_mask(const exec_chunk& chunk, const sampling::token_context& context) {
+expected<const grammar::token_mask*> step_executor::grammar_mask(const exec_chunk& chunk,
+                                                                 const sampling::token_context& context) {
   if (chunk.grammar == nullptr) return nullptr;
-  std::unique_ptr<grammar::matcher>& m = matchers_[chunk.grammar->hash];
+  const uint64_t hash = chunk.grammar->hash;
+  std::unique_ptr<grammar::matcher>& m = matchers_[hash];
   if (m == nullptr) m = std::make_unique<grammar::matcher>(chunk.grammar, vocabulary_);
   TROUPE_ASSERT(m->compiled().spec == chunk.grammar->spec);
   grammar::cursor& c = cursors_.try_emplace(chunk.seq, *m).first->second;
   for (int64_t p = context.num_prompt_tokens + c.num_fed(); p < context.num_tokens; p++) c.feed(context.tokens[p]);
-  return c.mask();
+  const grammar::token_mask* mask = c.mask();
+  if (m->states().num_states() <= grammar::automaton_states_max) return mask;
+  // Over its budget: this sequence fails and the matcher goes; the others on it replay their
+  // tokens into a fresh one on their next sample.
+  const grammar::matcher* dropped = m.get();
+  for (auto it = cursors_.begin(); it != cursors_.end();)
+    it = &it->second.owner() == dropped ? cursors_.erase(it) : std::next(it);
+  matchers_.erase(hash);
+  return fail(errc::internal, "the grammar's automaton grew past " + std::to_string(grammar::automaton_states_max) +
+                                  " states; simplify the grammar");
 }
 
 void step_executor::release_grammar(kv::seq_id seq) {

@@ -66,8 +66,10 @@ class step_executor {
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
   /// The grammar mask of a grammar chunk's next sample, its cursor fed the generated tokens of
-  /// `context` it has not seen; null for other chunks and before a trigger.
-  [[nodiscard]] const grammar::token_mask* grammar_mask(const exec_chunk& chunk, const sampling::token_context& context);
+  /// `context` it has not seen; null for other chunks and before a trigger. Fails when the
+  /// grammar's automaton outgrows grammar::automaton_states_max.
+  [[nodiscard]] expected<const grammar::token_mask*> grammar_mask(const exec_chunk& chunk,
+                                                                  const sampling::token_context& context);
   /// Forgets a released sequence's grammar cursor; drops matchers no cursor uses beyond a few.
   void release_grammar(kv::seq_id seq);
 

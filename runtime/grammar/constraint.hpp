@@ -110,6 +110,11 @@ class vocabulary {
 /// tokens none; `end_tokens` (the engine's end-of-sequence ids) allowed where a grammar accepts.
 [[nodiscard]] std::shared_ptr<const vocabulary> vocabulary_of(const tokenizer& tok, std::vector<int32_t> end_tokens);
 
+/// The most automaton states a matcher may grow to (each costs about 1 KiB once it has
+/// transitions): a grammar whose state space explodes fails the request that crossed the bound
+/// instead of exhausting the executor's memory.
+inline constexpr size_t automaton_states_max = size_t{1} << 18;
+
 /// A bitmask over the vocabulary: bit t of word t / 32 set = token t allowed.
 using token_mask = std::vector<uint32_t>;
 

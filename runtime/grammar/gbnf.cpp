@@ -99,9 +99,12 @@ class gbnf_parser {
       return b_.char_class({}, true);
     }
     if (c == '(') {
+      if (depth_ == nesting_max) return in_.failure("groups nested at most " + std::to_string(nesting_max) + " deep");
       in_.next();
       skip_space(true);
+      depth_++;
       auto alternatives = parse_alternatives(true);
+      depth_--;
       if (!alternatives) return tl::unexpected(alternatives.error());
       if (!in_.consume(")")) return in_.failure("')'");
       return b_.choice(*alternatives);
@@ -147,6 +150,7 @@ class gbnf_parser {
   syntax in_;
   builder b_;
   bool has_root_ = false;
+  int32_t depth_ = 0;  // open groups
 };
 
 }  // namespace

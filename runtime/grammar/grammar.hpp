@@ -46,6 +46,9 @@ struct code_range {
 
 /// The most repetitions a bounded repeat ({m,n}) may spell out: each costs a rule.
 inline constexpr int32_t repeat_max = 1000;
+/// The deepest nesting of groups (GBNF, regex) or subschemas (JSON Schema) a parser follows:
+/// the parsers recurse, and a hostile source must not exhaust the stack.
+inline constexpr int32_t nesting_max = 64;
 
 /// Builds a grammar rule by rule. Items are written as one element each (a byte range or a
 /// rule); sequences, classes and repeats are folded into fresh helper rules.

@@ -72,7 +72,17 @@ class schema_compiler {
   /// A shared rule for "integer", "number" or "char" (one JSON string character).
   element primitive(const std::string& name);
 
+  /// A subschema, nested at most nesting_max deep.
   expected<element> value(const json& s, const std::string& path) {
+    if (depth_ == nesting_max)
+      return fail(errc::invalid_argument, path + ": subschemas nested more than " + std::to_string(nesting_max) + " deep");
+    depth_++;
+    auto v = value_at_depth(s, path);
+    depth_--;
+    return v;
+  }
+
+  expected<element> value_at_depth(const json& s, const std::string& path) {
     if (s.is_boolean()) {
       if (s.get<bool>()) return any();
       return fail(errc::invalid_argument, path + ": the schema false matches nothing");
@@ -192,6 +202,7 @@ class schema_compiler {
   std::map<std::string, int32_t> pending_;  // $refs whose rule has no body yet
   int32_t any_ = -1;
   int32_t any_object_ = -1;
+  int32_t depth_ = 0;  // subschemas being compiled
 };
 
 element schema_compiler::primitive(const std::string& name) {

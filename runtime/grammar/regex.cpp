@@ -48,11 +48,14 @@ class regex_parser {
   }
 
   expected<element> parse_group() {
+    if (depth_ == nesting_max) return in_.failure("groups nested at most " + std::to_string(nesting_max) + " deep");
     in_.next();  // '('
     if (in_.consume("?")) {
       if (!in_.consume(":")) return in_.failure("'?:' (lookaround and named groups are not supported)");
     }
+    depth_++;
     auto alternatives = parse_alternatives();
+    depth_--;
     if (!alternatives) return tl::unexpected(alternatives.error());
     if (!in_.consume(")")) return in_.failure("')'");
     return b_.choice(*alternatives);
@@ -108,6 +111,7 @@ class regex_parser {
 
   syntax in_;
   builder b_;
+  int32_t depth_ = 0;  // open groups
 };
 
 }  // namespace
