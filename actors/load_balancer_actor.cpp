@@ -65,6 +65,7 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.host.tok = st.o.tok;
   ro.host.params = std::move(req);
   ro.host.context_tokens = st.o.context_tokens;
+  ro.host.chat = st.o.chat;
   ro.host.refused = std::move(refused);
   ro.host.prefix_block_size = st.host->prefix_block_size();
   // A seed for every request, derived from the balancer's base: a whole run replays from one

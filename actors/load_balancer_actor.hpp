@@ -76,6 +76,7 @@ struct load_balancer_options {
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)
   int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_host_options::context_tokens)
+  chat_template chat = chat_template::bare;  ///< renders chat requests (request_host_options::chat)
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.
   int32_t max_pending_per_client = 256;

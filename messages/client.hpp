@@ -16,13 +16,22 @@
 #include "messages/sampling.hpp"
 #include "runtime/serve/completion.hpp"
 
+namespace troupe {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chat_message& x) {
+  return f(x.role, x.content);
+}
+
+}  // namespace troupe
+
 // The completion structs are runtime data (runtime/serve/completion.hpp); this is their wire
 // mapping, found by argument-dependent lookup in their namespace.
 namespace troupe::serve {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
-  return f(x.prompt, x.prompt_tokens, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.presence_penalty,
+  return f(x.prompt, x.prompt_tokens, x.messages, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.presence_penalty,
            x.frequency_penalty, x.repetition_penalty, x.logit_bias, x.has_seed, x.seed, x.stop, x.stop_token_ids,
            x.ignore_eos, x.priority, x.cache_class, x.num_top_logprobs, x.stream, x.grammar_kind, x.grammar,
            x.grammar_trigger_token_ids);

@@ -250,16 +250,18 @@ void read_messages(reader& in, parsed_request& p) {
   if (in.error) return;
   if (!messages.is_array() || messages.empty())
     return in.fail("messages", "'messages' must be a non-empty list of {\"role\", \"content\"} objects");
-  std::vector<std::pair<std::string, std::string>> turns;
+  std::vector<chat_message>& turns = p.request.messages;
+  std::string joined;  // the contents, for token_before_output
   for (const json& m : messages) {
     const std::string role = m.is_object() && m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
     if (role != "system" && role != "developer" && role != "user" && role != "assistant")
       return in.fail("messages", "each message needs a 'role' of system, developer, user or assistant");
     std::optional<std::string> text = content_text(m.contains("content") ? m["content"] : json());
     if (!text) return in.fail("messages", "a message's 'content' must be a string or a list of text parts");
-    turns.emplace_back(role, std::move(*text));
+    joined += *text;
+    turns.push_back(chat_message{role == "developer" ? "system" : role, std::move(*text)});  // OpenAI's newer name
   }
-  p.prompts = {prompt_input{chat_prompt(turns), {}, false}};
+  p.prompts = {prompt_input{std::move(joined), {}, false, /*is_chat=*/true}};
 }
 
 /// A list of token ids under `name`: integers, in the vocabulary when `tok` is given.
@@ -478,7 +480,7 @@ std::vector<msg::completion_request> choice_requests(const parsed_request& p, ui
   for (const prompt_input& prompt : p.prompts)
     for (int32_t i = 0; i < p.n; i++) {
       msg::completion_request r = p.request;
-      r.prompt = prompt.text;
+      if (!prompt.is_chat) r.prompt = prompt.text;  // a chat travels as its messages
       r.prompt_tokens = prompt.tokens;
       if (r.has_seed || needs_seed(p)) {
         r.seed = engine::child_seed(r.has_seed ? r.seed : seed, i);
@@ -487,15 +489,6 @@ std::vector<msg::completion_request> choice_requests(const parsed_request& p, ui
       requests.push_back(std::move(r));
     }
   return requests;
-}
-
-std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages) {
-  std::string prompt;
-  for (const auto& turn : messages) {  // stories260K's template: roles are not rendered
-    if (!prompt.empty()) prompt += '\n';
-    prompt += turn.second;
-  }
-  return prompt;
 }
 
 api_error error_from(const error& e) {

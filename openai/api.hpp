@@ -16,9 +16,10 @@
 ///   `invalid_argument` with a message naming the parameter; here only JSON types are checked,
 ///   and the ranges of what never reaches the engine as given (`n`, `best_of`, `logprobs`,
 ///   `top_logprobs`, token ids against the vocabulary).
-/// - Chat: stories260K has no chat format; its template is the messages' contents joined by a
-///   newline (`chat_prompt`). The template inserts no special token, and user text is never
-///   parsed into one (contract 4): `<s>` in a message is three ordinary characters.
+/// - Chat: the messages travel as such (completion_request::messages); the request actor renders
+///   them with the served chat template (runtime/tokenizer/chat_template.hpp; stories260K's is
+///   `bare`, the contents joined by newlines) into template and user segments. Only template
+///   segments become special tokens (contract 4): `<s>` in a message is three ordinary characters.
 
 #include <cstdint>
 #include <string>
@@ -54,9 +55,10 @@ struct served_model {
 /// One prompt of a completion request: text (BOS is added when it is encoded), or token ids as
 /// the model reads them (no BOS added).
 struct prompt_input {
-  std::string text;
+  std::string text;  ///< the prompt; a chat's: its contents concatenated (token_before_output reads it)
   std::vector<int32_t> tokens;
   bool is_tokens = false;
+  bool is_chat = false;  ///< the prompt is completion_request::messages
 };
 
 /// A parsed completion or chat completion request.
@@ -89,9 +91,6 @@ struct parsed_request {
 [[nodiscard]] tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body,
                                                                     const served_model& model,
                                                                     const tokenizer* tok = nullptr);
-
-/// The prompt the chat template makes of `messages` (role, content) pairs.
-[[nodiscard]] std::string chat_prompt(const std::vector<std::pair<std::string, std::string>>& messages);
 
 /// The HTTP status and OpenAI error for an engine or client error: invalid_argument and
 /// invalid_utf8 400, not_found 404, too_long 413, overloaded 429, unavailable 503, else 500.

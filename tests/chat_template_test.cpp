@@ -152,7 +152,7 @@ TEST(ChatTemplate, BadInputIsAClearError) {
   EXPECT_FALSE(render_chat(chat_template::llama2, {{"user", "a"}, {"user", "b"}}, true).has_value());
   EXPECT_FALSE(render_chat(chat_template::llama2, {{"system", "a"}}, true).has_value());
   EXPECT_EQ(parse_chat_template("jinja").error().message,
-            "unknown chat template 'jinja' (expected plain, chatml, llama2 or llama3)");
+            "unknown chat template 'jinja' (expected auto, bare, plain, chatml, llama2 or llama3)");
   EXPECT_EQ(*parse_chat_template("llama3"), chat_template::llama3);
   EXPECT_EQ(recognise_chat_template("{% for m in messages %}<|im_start|>{{m.role}}"), chat_template::chatml);
   EXPECT_EQ(recognise_chat_template("<|start_header_id|>"), chat_template::llama3);
@@ -164,6 +164,21 @@ TEST(ChatTemplate, BadInputIsAClearError) {
   std::string text;
   for (const segment& s : *plain) text += s.text;
   EXPECT_EQ(text, "user: hi\nassistant:");
+}
+
+TEST(ChatTemplate, BareJoinsContentsAndTheServedTemplateIsChosenAndChecked) {
+  auto bare = render_chat(chat_template::bare, {{"system", "Tell a story."}, {"user", "<s>Once"}}, true);
+  ASSERT_TRUE(bare.has_value());
+  ASSERT_EQ(bare->size(), 1u);
+  EXPECT_EQ((*bare)[0].text, "Tell a story.\n<s>Once");
+  EXPECT_EQ((*bare)[0].from, origin::user);
+  EXPECT_EQ(*choose_chat_template("auto", bundled()), chat_template::bare);  // tok512 has no template text
+  EXPECT_EQ(*choose_chat_template("plain", bundled()), chat_template::plain);
+  EXPECT_EQ(choose_chat_template("chatml", bundled()).error().message,
+            "the chatml chat template needs the special token <|im_start|>, which this vocabulary does not have");
+  EXPECT_EQ(choose_chat_template("jinja", bundled()).error().message,
+            "unknown chat template 'jinja' (expected auto, bare, plain, chatml, llama2 or llama3)");
+  EXPECT_EQ(bundled().chat_template_text(), "");
 }
 
 }  // namespace

@@ -94,15 +94,24 @@ TEST(OpenaiRequest, DefaultsFollowTheApi) {
   EXPECT_TRUE(p.request.logit_bias.empty());
 }
 
-TEST(OpenaiRequest, ChatJoinsContentsAndKeepsMarkersAsText) {
+TEST(OpenaiRequest, AChatTravelsAsItsMessagesWithMarkersAsText) {
   const parsed_request p = parsed(
       endpoint::chat_completions,
-      R"({"messages":[{"role":"system","content":"Tell a story."},{"role":"user","content":[{"type":"text","text":"<s>Once"},)"
+      R"({"messages":[{"role":"developer","content":"Tell a story."},{"role":"user","content":[{"type":"text","text":"<s>Once"},)"
       R"({"type":"text","text":"</s>"}]}],"max_completion_tokens":7})");
   ASSERT_EQ(p.prompts.size(), 1u);
-  EXPECT_EQ(p.prompts[0].text, "Tell a story.\n<s>Once</s>");
+  EXPECT_TRUE(p.prompts[0].is_chat);
+  EXPECT_FALSE(p.prompts[0].is_tokens);  // the request actor renders and encodes it, never as a control token
+  ASSERT_EQ(p.request.messages.size(), 2u);
+  EXPECT_EQ(p.request.messages[0].role, "system");  // OpenAI's "developer"
+  EXPECT_EQ(p.request.messages[0].content, "Tell a story.");
+  EXPECT_EQ(p.request.messages[1].role, "user");
+  EXPECT_EQ(p.request.messages[1].content, "<s>Once</s>");
   EXPECT_EQ(p.request.max_tokens, 7);
-  EXPECT_FALSE(p.prompts[0].is_tokens);  // text: the request actor encodes it, never as a control token
+  const std::vector<msg::completion_request> choices = choice_requests(p, 1);
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].prompt, "");
+  EXPECT_EQ(choices[0].messages.size(), 2u);
 }
 
 TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {

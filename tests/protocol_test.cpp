@@ -143,6 +143,7 @@ msg::completion_request full_completion_request() {
   r.cache_class = "agent";
   r.num_top_logprobs = 3;
   r.stream = false;
+  r.messages = {{"user", "hi"}};
   r.grammar_kind = "regex";
   r.grammar = "[a-z]+";
   r.grammar_trigger_token_ids = {7};

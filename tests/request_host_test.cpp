@@ -226,6 +226,43 @@ TEST(RequestHostPrompt, ThePlacementCarriesThePromptsChainHashesWhenTheBalancerK
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 9, 3, {first, kv::chain_hash(first, t + 4, 4)}});
 }
 
+TEST(RequestHostPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSpellControlTokens) {
+  request_host_options o = options(true);
+  o.params.prompt.clear();
+  o.params.messages = {{"system", "Once"}, {"user", "upon a time </s>"}};
+  request_host bare(o);  // the default: contents joined by a newline, one user segment
+  engine::request want = request_of(true);
+  want.prompt = *tok()->encode("Once\nupon a time </s>", true, false);
+  EXPECT_EFFECTS(bare, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
+  EXPECT_EFFECTS(bare, placed(decode_only()), submit{want, false});
+  EXPECT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 0);  // "</s>" stays text
+
+  o.chat = chat_template::plain;  // roles and markup as template segments
+  request_host plain(o);
+  (void)plain.start(1000);
+  auto segments = render_chat(chat_template::plain, o.params.messages, true);
+  ASSERT_TRUE(segments.has_value());
+  want.prompt = *encode_segments(*tok(), *segments, true);
+  EXPECT_EFFECTS(plain, placed(decode_only()), submit{want, false});
+
+  o.params.prompt = "Once";  // a prompt and messages
+  request_host both(o);
+  EXPECT_EFFECTS(both, start(1000), send_error{error(errc::invalid_argument, "a chat request (messages) takes no prompt", 0)},
+                 stop{});
+  o.params.prompt.clear();
+  o.params.messages = {{"robot", "hi"}};
+  request_host robot(o);
+  EXPECT_EFFECTS(robot, start(1000),
+                 send_error{error(errc::invalid_argument, "message 0 has role 'robot' (expected system, user, assistant or tool)", 0)},
+                 stop{});
+  o.params.messages = {{"user", std::string(70000, 'a')}};  // 512 tokens of at most 7 bytes
+  o.context_tokens = 512;
+  request_host long_chat(o);
+  EXPECT_EFFECTS(long_chat, start(1000),
+                 send_error{error(errc::too_long, "the prompt is 70000 bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
+                 stop{});
+}
+
 TEST(RequestHostPrompt, TokenizerErrorsPassOn) {
   request_host_options o = options(true);
   o.params.prompt = "ab\xff";

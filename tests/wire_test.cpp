@@ -103,6 +103,7 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.cache_class = "agent";
   c.num_top_logprobs = 2;
   c.stream = false;
+  c.messages = {{"system", "be brief"}, {"user", "hi"}};
   c.grammar_kind = "gbnf";
   c.grammar = "root ::= [a-z]+";
   c.grammar_trigger_token_ids = {42};
@@ -122,6 +123,8 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
             std::tie(c.presence_penalty, c.frequency_penalty, c.repetition_penalty, c.logit_bias, c.cache_class));
   EXPECT_EQ(std::tie(d.grammar_kind, d.grammar, d.grammar_trigger_token_ids),
             std::tie(c.grammar_kind, c.grammar, c.grammar_trigger_token_ids));
+  ASSERT_EQ(d.messages.size(), 2u);
+  EXPECT_EQ(std::tie(d.messages[1].role, d.messages[1].content), std::tie(c.messages[1].role, c.messages[1].content));
 }
 
 TEST(Wire, ALogitBiasMapTakesIntegerOrDecimalStringKeys) {
@@ -168,6 +171,9 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
       {b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0xa5}) + "batch", 5, errc::invalid_argument,
        "cache_class must be chat or agent, got 'batch'"},
       {b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0x01}), 5, errc::invalid_argument, "'cache_class' must be a string"},
+      // {"messages": [{"content": "x"}]}: no role
+      {b({0x82}) + id5 + b({0xa8}) + "messages" + b({0x91, 0x81, 0xa7}) + "content" + b({0xa1}) + "x", 5,
+       errc::invalid_argument, "'messages' must be an array of {role, content} maps of strings"},
       {b({0x82}) + id5 + b({0xb0}) + "presence_penalty" + b({0xc3}), 5, errc::invalid_argument,
        "'presence_penalty' must be a number"},
       {b({0x82}) + id5 + b({0xaa}) + "logit_bias" + b({0x91, 0x01}), 5, errc::invalid_argument,

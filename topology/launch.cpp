@@ -16,6 +16,7 @@
 #include "actors/load_balancer_actor.hpp"
 #include "actors/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
+#include "runtime/tokenizer/chat_template.hpp"
 
 namespace troupe::topology {
 namespace {
@@ -243,6 +244,12 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
   lb.max_pending_per_client = t.limits.max_pending_per_client;
+  auto chat = choose_chat_template(t.load_balancer.chat_template, *out.tok);
+  if (!chat) {
+    shutdown_node(sys, out);
+    return fail(chat.error().code, "[load_balancer] chat_template: " + chat.error().message);
+  }
+  lb.chat = *chat;
   // Engines on other nodes may have a longer context than those loaded here: then the bound is
   // the largest context any checkpoint may declare.
   const bool all_local = std::all_of(t.engines.begin(), t.engines.end(),

@@ -5,6 +5,8 @@
 
 #include "topology/topology.hpp"
 
+#include "runtime/tokenizer/chat_template.hpp"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -773,7 +775,7 @@ struct listener {
   }
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
-                                 {"node", "max_waiting", "prefill_tiers", "router", "prefix_weight", "rate_limit_per_s", "rate_limit_burst", "report_interval_ms",
+                                 {"node", "max_waiting", "prefill_tiers", "router", "prefix_weight", "rate_limit_per_s", "rate_limit_burst", "chat_template", "report_interval_ms",
                                   "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms"});
       !ok) {
     return tl::unexpected(ok.error());
@@ -801,6 +803,12 @@ struct listener {
   auto burst = read_int(ctx, **table, where, "rate_limit_burst", balancer.rate_limit_burst, 1, 1000000);
   if (!burst) return tl::unexpected(burst.error());
   balancer.rate_limit_burst = *burst;
+  auto chat = read_string(ctx, **table, where, "chat_template", balancer.chat_template);
+  if (!chat) return tl::unexpected(chat.error());
+  if (*chat != "auto" && !parse_chat_template(*chat))
+    return malformed(ctx, line_of_key(**table, "chat_template"), where.label,
+                     "key 'chat_template' must be one of auto, bare, plain, chatml, llama2, llama3; got " + in_quotes(*chat));
+  balancer.chat_template = *chat;
   auto report_interval =
       read_int(ctx, **table, where, "report_interval_ms", balancer.report_interval_ms, 1, 60000);
   if (!report_interval) return tl::unexpected(report_interval.error());

@@ -64,6 +64,9 @@
 ///                                      #   many requests per second on average; one more is
 ///                                      #   answered 'overloaded' (HTTP 429)
 ///   rate_limit_burst = 16              #   optional, 1..1e6, default 16: requests admitted at once
+///   chat_template = "auto"             #   optional, default shown: how chat requests become
+///                                      #   prompts: auto (the GGUF's recognised template, else
+///                                      #   bare) | bare | plain | chatml | llama2 | llama3
 ///   report_interval_ms = 20            #   optional, 1..60000, default 20: engine load reports
 ///   connect_timeout_ms = 10000         #   optional, 1..600000, default 10000: how long a node
 ///                                      #   keeps trying to reach the nodes it needs at start-up
@@ -164,6 +167,7 @@ struct load_balancer_spec {
   double prefix_weight = 0.5;           ///< prefix_affinity's weight of a cached prefix vs load
   int32_t rate_limit_per_s = 0;   ///< admission: requests per second on average, 0 = no limit
   int32_t rate_limit_burst = 16;  ///< admission: requests at once after a quiet period
+  std::string chat_template = "auto";  ///< "auto" or a chat_template name (checked at launch)
   int32_t report_interval_ms = 20;     ///< how often each engine sends its load report
   int32_t connect_timeout_ms = 10000;  ///< how long a node keeps trying to reach its peers
   int32_t heartbeat_interval_ms = 1000;  ///< how often the balancer pings every engine

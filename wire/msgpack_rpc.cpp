@@ -111,6 +111,29 @@ expected<void> read_logit_bias(const msgpack::object& v, std::vector<sampling::t
   return {};
 }
 
+/// `messages`: an array of {"role": str, "content": str} maps (role required).
+expected<void> read_messages(const msgpack::object& v, std::vector<chat_message>& out) {
+  const auto bad = [] { return wrong_type("messages", "an array of {role, content} maps of strings"); };
+  if (v.type != msgpack::type::ARRAY) return bad();
+  for (uint32_t i = 0; i < v.via.array.size; i++) {
+    const msgpack::object& m = v.via.array.ptr[i];
+    if (m.type != msgpack::type::MAP) return bad();
+    chat_message message;
+    bool has_role = false;
+    for (uint32_t j = 0; j < m.via.map.size; j++) {
+      const msgpack::object_kv& kv = m.via.map.ptr[j];
+      if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) return bad();
+      const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
+      if (key != "role" && key != "content") return bad();
+      has_role = has_role || key == "role";
+      (key == "role" ? message.role : message.content).assign(kv.val.via.str.ptr, kv.val.via.str.size);
+    }
+    if (!has_role) return bad();
+    out.push_back(std::move(message));
+  }
+  return {};
+}
+
 /// "chat" or "agent" (kv::parse_cache_class).
 expected<void> read_cache_class(const msgpack::object& v, std::string& out) {
   std::string name;
@@ -129,6 +152,7 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
   static const std::vector<std::pair<std::string_view, field_reader>> fields{
       {"prompt", [](const o& v, r& x) { return read_string(v, "prompt", x.prompt); }},
       {"prompt_tokens", [](const o& v, r& x) { return read_tokens(v, "prompt_tokens", x.prompt_tokens); }},
+      {"messages", [](const o& v, r& x) { return read_messages(v, x.messages); }},
       {"max_tokens", [](const o& v, r& x) { return read_int32(v, "max_tokens", x.max_tokens); }},
       {"temperature", [](const o& v, r& x) { return read_float(v, "temperature", x.temperature); }},
       {"top_p", [](const o& v, r& x) { return read_float(v, "top_p", x.top_p); }},
@@ -268,13 +292,22 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 23 : 22);
+  p.pack_map(c.has_seed ? 24 : 23);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
   p.pack(c.prompt);
   pack_text(p, "prompt_tokens");
   p.pack(c.prompt_tokens);
+  pack_text(p, "messages");
+  p.pack_array(static_cast<uint32_t>(c.messages.size()));
+  for (const chat_message& m : c.messages) {
+    p.pack_map(2);
+    pack_text(p, "role");
+    pack_text(p, m.role);
+    pack_text(p, "content");
+    pack_text(p, m.content);
+  }
   pack_text(p, "max_tokens");
   p.pack_int32(c.max_tokens);
   pack_text(p, "temperature");

@@ -13,6 +13,7 @@
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
 #include "runtime/sampling/sampler.hpp"
+#include "runtime/tokenizer/chat_template.hpp"
 
 namespace troupe::serve {
 
@@ -23,6 +24,9 @@ struct completion_request {
   /// simulator's. Without a tokenizer at the request host (the simulator) the completion streams
   /// token ids only, with no text, and stop strings are not allowed.
   std::vector<int32_t> prompt_tokens;
+  /// A chat instead of a prompt: rendered by the server's chat template (request_host_options::
+  /// chat) into template and user segments, so no message can spell a control token.
+  std::vector<chat_message> messages;
   int32_t max_tokens = 16;
   float temperature = 1.0f;
   float top_p = 1.0f;

@@ -8,6 +8,7 @@
 #include "runtime/kv/chain_hash.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/sampling/sampler.hpp"
+#include "runtime/tokenizer/segments.hpp"
 
 namespace troupe::serve {
 
@@ -35,10 +36,9 @@ request_host::request_host(request_host_options options) : o_(std::move(options)
 
 /// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
 /// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
-expected<void> request_host::check_prompt_bytes() const {
+expected<void> request_host::check_prompt_bytes(int64_t bytes) const {
   const int32_t context = o_.context_tokens > 0 ? o_.context_tokens : model::header_value_max;
   const int64_t bytes_max = o_.tok->max_text_bytes(context);
-  const int64_t bytes = static_cast<int64_t>(o_.params.prompt.size());
   if (bytes <= bytes_max) return {};
   return fail(errc::too_long, "the prompt is " + std::to_string(bytes) + " bytes; a " + std::to_string(context) +
                                   "-token context holds at most " + std::to_string(bytes_max) + " (" +
@@ -61,8 +61,21 @@ expected<std::vector<int32_t>> request_host::tokenize_prompt() {
         return fail(ok.error().code, "prompt_tokens: " + ok.error().message);
     return std::move(o_.params.prompt_tokens);
   }
-  if (auto fits = check_prompt_bytes(); !fits) return tl::unexpected(fits.error());
+  if (!p.messages.empty()) {
+    if (token_prompt || !p.prompt.empty()) return fail(errc::invalid_argument, "a chat request (messages) takes no prompt");
+    return render_messages();
+  }
+  if (auto fits = check_prompt_bytes(static_cast<int64_t>(p.prompt.size())); !fits) return tl::unexpected(fits.error());
   return o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false);
+}
+
+expected<std::vector<int32_t>> request_host::render_messages() const {
+  int64_t bytes = 0;
+  for (const chat_message& m : o_.params.messages) bytes += static_cast<int64_t>(m.content.size());
+  if (auto fits = check_prompt_bytes(bytes); !fits) return tl::unexpected(fits.error());
+  auto segments = render_chat(o_.chat, o_.params.messages, /*add_generation_prompt=*/true);
+  if (!segments) return tl::unexpected(segments.error());
+  return encode_segments(*o_.tok, *segments, /*add_bos=*/true, nullptr);
 }
 
 effects request_host::start(int64_t now_ns) {
@@ -98,6 +111,10 @@ effects request_host::start(int64_t now_ns) {
   r.seed = p.has_seed ? p.seed : o_.drawn_seed;
   r.stop = p.stop;
   r.stop_token_ids = p.stop_token_ids;
+  if (!p.messages.empty())  // the template's end of turn, by id (EOS ends a sample anyway)
+    for (const int32_t id : chat_stop_ids(o_.chat, *o_.tok))
+      if (id != o_.tok->eos_id() && std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), id) == r.stop_token_ids.end())
+        r.stop_token_ids.push_back(id);
   r.ignore_eos = p.ignore_eos;
   r.priority = p.priority;
   auto cls = kv::parse_cache_class(p.cache_class);

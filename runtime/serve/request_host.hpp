@@ -59,6 +59,8 @@ struct request_host_options {
   int32_t prefix_block_size = 0;
   /// The balancer refused the request at admission (its rate limit): it fails with this at start.
   std::optional<error> refused;
+  /// How a chat's messages become the prompt (completion_request::messages).
+  chat_template chat = chat_template::bare;
 };
 
 /// Ask the balancer where the request runs (msg::place_request); its answer goes to `placed`.
@@ -145,7 +147,9 @@ class request_host {
   void check_invariants() const;
 
  private:
-  [[nodiscard]] expected<void> check_prompt_bytes() const;
+  [[nodiscard]] expected<void> check_prompt_bytes(int64_t bytes) const;
+  /// A chat's prompt: its messages rendered by the chat template and encoded by provenance.
+  [[nodiscard]] expected<std::vector<int32_t>> render_messages() const;
   [[nodiscard]] expected<std::vector<int32_t>> tokenize_prompt();
   // What engines send, checked: an engine may be another process (issue 21, point 3).
   [[nodiscard]] expected<void> check_token(int32_t token, float logprob, int64_t num_before) const;

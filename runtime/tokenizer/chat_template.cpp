@@ -6,7 +6,8 @@
 namespace troupe {
 namespace {
 
-constexpr std::array<std::pair<chat_template, const char*>, 4> names{{
+constexpr std::array<std::pair<chat_template, const char*>, 5> names{{
+    {chat_template::bare, "bare"},
     {chat_template::plain, "plain"},
     {chat_template::chatml, "chatml"},
     {chat_template::llama2, "llama2"},
@@ -16,6 +17,7 @@ constexpr std::array<std::pair<chat_template, const char*>, 4> names{{
 /// The special tokens each template writes.
 std::vector<std::string_view> specials_of(chat_template t) {
   switch (t) {
+    case chat_template::bare:
     case chat_template::plain: return {};
     case chat_template::chatml: return {"<|im_start|>", "<|im_end|>"};
     case chat_template::llama2: return {"<s>", "</s>"};
@@ -35,7 +37,7 @@ const turn_markup& markup_of(chat_template t) {
   static const turn_markup chatml{"<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n"};
   static const turn_markup llama3{"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
                                   "<|start_header_id|>assistant<|end_header_id|>\n\n"};
-  TROUPE_ASSERT(t != chat_template::llama2);
+  TROUPE_ASSERT(t != chat_template::llama2 && t != chat_template::bare);
   return t == chat_template::chatml ? chatml : t == chat_template::llama3 ? llama3 : plain;
 }
 
@@ -94,7 +96,21 @@ const char* to_string(chat_template t) {
 expected<chat_template> parse_chat_template(const std::string& name) {
   for (const auto& [k, n] : names)
     if (name == n) return k;
-  return fail(errc::invalid_argument, "unknown chat template '" + name + "' (expected plain, chatml, llama2 or llama3)");
+  return fail(errc::invalid_argument,
+              "unknown chat template '" + name + "' (expected auto, bare, plain, chatml, llama2 or llama3)");
+}
+
+expected<chat_template> choose_chat_template(const std::string& name, const tokenizer& tok) {
+  chat_template t = chat_template::bare;
+  if (name == "auto") {
+    t = recognise_chat_template(tok.chat_template_text()).value_or(chat_template::bare);
+  } else {
+    auto named = parse_chat_template(name);
+    if (!named) return named;
+    t = *named;
+  }
+  if (auto ok = check_chat_template(t, tok); !ok) return tl::unexpected(ok.error());
+  return t;
 }
 
 std::optional<chat_template> recognise_chat_template(std::string_view jinja) {
@@ -120,6 +136,11 @@ expected<std::vector<segment>> render_chat(chat_template t, const std::vector<ch
     if (!known_role(messages[i].role))
       return fail(errc::invalid_argument, "message " + std::to_string(i) + " has role '" + messages[i].role +
                                               "' (expected system, user, assistant or tool)");
+  if (t == chat_template::bare) {
+    std::string text;
+    for (const chat_message& message : messages) text += (text.empty() ? "" : "\n") + message.content;
+    return std::vector<segment>{segment{std::move(text), origin::user}};
+  }
   if (t == chat_template::llama2) {
     expected<void> status;
     std::vector<segment> out = render_llama2_turns(messages, status);
@@ -143,6 +164,7 @@ std::vector<std::int32_t> chat_stop_ids(chat_template t, const tokenizer& tok) {
   switch (t) {
     case chat_template::chatml: return {id("<|im_end|>")};
     case chat_template::llama3: return {id("<|eot_id|>")};
+    case chat_template::bare:
     case chat_template::plain:
     case chat_template::llama2: return {tok.eos_id()};
   }

@@ -18,16 +18,22 @@
 
 namespace troupe {
 
-enum class chat_template { plain, chatml, llama2, llama3 };
+/// `bare` is for base models (the bundled stories260K): the messages' contents joined by newlines
+/// as one user segment, no roles, no markup — what a completion of that text would see.
+enum class chat_template { bare, plain, chatml, llama2, llama3 };
 
 struct chat_message {
   std::string role;  ///< system, user, assistant or tool
   std::string content;
 };
 
-/// "plain", "chatml", "llama2" or "llama3".
+/// "bare", "plain", "chatml", "llama2" or "llama3".
 [[nodiscard]] const char* to_string(chat_template t);
 [[nodiscard]] expected<chat_template> parse_chat_template(const std::string& name);
+
+/// The template a model is served with: `name` ("auto" picks the GGUF's recognised template,
+/// else `bare`); checked against the vocabulary (check_chat_template).
+[[nodiscard]] expected<chat_template> choose_chat_template(const std::string& name, const tokenizer& tok);
 
 /// The built-in template a GGUF `tokenizer.chat_template` (Jinja) text is, by the markers it
 /// uses (<|im_start|>; <|start_header_id|>; [INST]), or nothing.

@@ -1,5 +1,7 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 
+#include <optional>
+
 #include "runtime/common/mapped_file.hpp"
 #include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/utf8.hpp"
@@ -26,15 +28,19 @@ expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vo
   if (!f) return tl::make_unexpected(f.error());
   auto kind = f->get_string("tokenizer.ggml.model", name);
   if (!kind) return tl::make_unexpected(kind.error());
+  std::optional<tokenizer> out;
   if (*kind == "llama") {
     auto spm = spm_vocab::from_gguf(*f, vocab_size, name);
     if (!spm) return tl::make_unexpected(spm.error());
-    return tokenizer(std::move(*spm));
-  }
-  if (*kind == "gpt2") {
+    out.emplace(tokenizer(std::move(*spm)));
+  } else if (*kind == "gpt2") {
     auto bpe = bpe_vocab::from_gguf(*f, vocab_size, name);
     if (!bpe) return tl::make_unexpected(bpe.error());
-    return tokenizer(std::move(*bpe));
+    out.emplace(tokenizer(std::move(*bpe)));
+  }
+  if (out) {
+    if (auto jinja = f->get_string("tokenizer.chat_template", name)) out->chat_template_text_ = std::move(*jinja);
+    return std::move(*out);
   }
   return fail(errc::malformed_file, name + ": tokenizer.ggml.model '" + *kind +
                                         "' is not supported (llama, SentencePiece-style, and gpt2, byte-level BPE, are)");

@@ -98,6 +98,9 @@ class tokenizer {
 
   [[nodiscard]] bool is_valid_id(std::int32_t id) const { return id >= 0 && id < vocab_size(); }
 
+  /// A GGUF file's `tokenizer.chat_template` (Jinja) text; empty when there is none.
+  [[nodiscard]] const std::string& chat_template_text() const { return chat_template_text_; }
+
   /// The SentencePiece-style implementation, or nullptr for a BPE vocabulary.
   [[nodiscard]] const spm_vocab* spm() const { return std::get_if<spm_vocab>(&vocab_); }
   /// The byte-level BPE implementation, or nullptr.
@@ -112,6 +115,7 @@ class tokenizer {
                                                      const std::string& name);
 
   std::variant<spm_vocab, bpe_vocab> vocab_;
+  std::string chat_template_text_;
 };
 
 }  // namespace troupe
