@@ -61,15 +61,44 @@ TEST(PreTokenizer, DeepseekCoderKeepsMatchesAndTheTextBetweenThem) {
   EXPECT_EQ(words(pre_tokenizer::deepseek_coder, "한국어 text"), (strings{"한국어", " text"}));
 }
 
+// Expected splits: Python's `re` running the same rules (\p{L} as [^\W\d_], \p{N} as \d, which
+// agree on these texts), written down by hand.
+TEST(PreTokenizer, Llama3TakesUpToThreeDigitsAndALeadingNonLetterWithAWord) {
+  EXPECT_EQ(words(pre_tokenizer::llama3, "I'm  12345 $x\n\n  y"),
+            (strings{"I", "'m", " ", " ", "123", "45", " $", "x", "\n\n", " ", " y"}));
+  EXPECT_EQ(words(pre_tokenizer::llama3, "Hello WORLD'S end!!\r\n\tok"),
+            (strings{"Hello", " WORLD", "'S", " end", "!!\r\n", "\tok"}));
+  EXPECT_EQ(words(pre_tokenizer::llama3, "a_b  __init__ 3.14159"),
+            (strings{"a", "_b", " ", " __", "init", "__", " ", "3", ".", "141", "59"}));
+  EXPECT_EQ(words(pre_tokenizer::llama3, "¿Qué tal? 你好 ...\n"), (strings{"¿Qué", " tal", "?", " 你好", " ...\n"}));
+  EXPECT_EQ(words(pre_tokenizer::llama3, "x\n \n y  "), (strings{"x", "\n \n", " y", "  "}));
+}
+
+TEST(PreTokenizer, Qwen2IsLlama3WithOneDigitPerWord) {
+  EXPECT_EQ(words(pre_tokenizer::qwen2, "I'm  12345 $x"),
+            (strings{"I", "'m", " ", " ", "1", "2", "3", "4", "5", " $", "x"}));
+  EXPECT_EQ(words(pre_tokenizer::qwen2, "a_b  __init__ 3.14159"),
+            (strings{"a", "_b", " ", " __", "init", "__", " ", "3", ".", "1", "4", "1", "5", "9"}));
+}
+
+TEST(PreTokenizer, BloomCutsAtSpacesAndSentencePunctuation) {
+  EXPECT_EQ(words(pre_tokenizer::bloom, "Hello, world! (ok)  end。"),
+            (strings{"Hello", ",", " world", "! (", "ok", ") ", " end", "。"}));  // the text between matches: one word
+}
+
 TEST(PreTokenizer, UnknownNamesAreRefusedListingTheSupportedOnes) {
   EXPECT_EQ(*parse_pre_tokenizer("starcoder", "f"), pre_tokenizer::starcoder);
+  EXPECT_EQ(*parse_pre_tokenizer("llama-bpe", "f"), pre_tokenizer::llama3);
+  EXPECT_EQ(*parse_pre_tokenizer("deepseek-r1-qwen", "f"), pre_tokenizer::qwen2);
+  EXPECT_EQ(*parse_pre_tokenizer("command-r", "f"), pre_tokenizer::starcoder);
+  EXPECT_EQ(*parse_pre_tokenizer("olmo", "f"), pre_tokenizer::gpt2);
   EXPECT_EQ(pre_tokenizer_name(pre_tokenizer::deepseek_coder), "deepseek-coder");
-  auto bad = parse_pre_tokenizer("llama-bpe", "f");
+  EXPECT_EQ(pre_tokenizer_name(pre_tokenizer::llama3), "llama3");
+  auto bad = parse_pre_tokenizer("tekken", "f");
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().code, errc::malformed_file);
-  EXPECT_EQ(bad.error().message,
-            "f: tokenizer.ggml.pre 'llama-bpe' is not a supported pre-tokenizer (supported: gpt-2, starcoder, "
-            "deepseek-coder)");
+  const std::string listed = "f: tokenizer.ggml.pre 'tekken' is not a supported pre-tokenizer (supported: gpt-2, default, phi-2";
+  EXPECT_EQ(bad.error().message.substr(0, listed.size()), listed);
 }
 
 tokenizer small_tokenizer() {
@@ -93,6 +122,30 @@ TEST(Bpe, MergesByRankInsideEachWord) {
   EXPECT_EQ(tok.find_piece(" ab"), 260);
   EXPECT_EQ(tok.find_piece("<us>"), std::nullopt);  // user-defined, not ordinary
   EXPECT_EQ(tok.max_token_length(), 4);             // "<us>"; the control token decodes to ""
+}
+
+std::function<void(gguf_metadata&)> with_merges(std::vector<std::string> merges) {
+  return [merges](gguf_metadata& meta) {
+    std::vector<v> items;
+    for (const std::string& m : merges) items.push_back(v::of_string(m));
+    testing::set_key(meta, "tokenizer.ggml.merges", v::of_array(model::gguf_type::string, items));
+  };
+}
+
+TEST(Bpe, Llama3TakesAWordThatIsATokenWholeWhateverTheMerges) {
+  // Only "a b" merges: "abc" is a token no merge reaches. llama.cpp's ignore_merges (llama3)
+  // takes the whole word; gpt-2 merges what it can.
+  const auto load = [](const char* pre) {
+    auto tok = tokenizer::from_bytes(small_bpe_gguf([&](gguf_metadata& m) {
+                                       with_merges({"a b"})(m);
+                                       testing::set_key(m, "tokenizer.ggml.pre", v::of_string(pre));
+                                     }),
+                                     261, "small.gguf");
+    EXPECT_TRUE(tok) << tok.error().message;
+    return std::move(*tok);
+  };
+  EXPECT_EQ(*load("llama-bpe").encode("abc abd", false, false), (ids_t{257, ' ', 256, 'd'}));
+  EXPECT_EQ(*load("gpt-2").encode("abc abd", false, false), (ids_t{256, 'c', ' ', 256, 'd'}));
 }
 
 TEST(Bpe, UserDefinedTokensAreCutOutFirstAndControlTokensNeverComeFromText) {
@@ -151,14 +204,6 @@ std::string load_error(const std::function<void(gguf_metadata&)>& edit, std::int
   return tok.error().message;
 }
 
-std::function<void(gguf_metadata&)> with_merges(std::vector<std::string> merges) {
-  return [merges](gguf_metadata& meta) {
-    std::vector<v> items;
-    for (const std::string& m : merges) items.push_back(v::of_string(m));
-    testing::set_key(meta, "tokenizer.ggml.merges", v::of_array(model::gguf_type::string, items));
-  };
-}
-
 std::function<void(gguf_metadata&)> with_extra_token(const std::string& text, int type) {
   return [=](gguf_metadata& meta) {
     for (auto& [key, value] : meta) {
@@ -176,9 +221,10 @@ TEST(BpeLoad, EveryClassOfBadVocabularyIsAnErrorNamingIt) {
             prefix + "merge 2 'ab xyz' names 'xyz', which is not a token");
   EXPECT_EQ(load_error(with_merges({"q ab"})), prefix + "merge 0 'q ab' makes 'qab', which is not a token");
   EXPECT_EQ(load_error(with_merges({"a b", "abc"})), prefix + "merge 1 'abc' is not two tokens separated by a space");
-  EXPECT_EQ(load_error([](gguf_metadata& m) { testing::set_key(m, "tokenizer.ggml.pre", v::of_string("qwen2")); }),
-            prefix + "tokenizer.ggml.pre 'qwen2' is not a supported pre-tokenizer (supported: gpt-2, starcoder, "
-                     "deepseek-coder)");
+  const std::string refused = prefix + "tokenizer.ggml.pre 'tekken' is not a supported pre-tokenizer (supported: gpt-2, default,";
+  EXPECT_EQ(load_error([](gguf_metadata& m) { testing::set_key(m, "tokenizer.ggml.pre", v::of_string("tekken")); })
+                .substr(0, refused.size()),
+            refused);
   EXPECT_NE(load_error([](gguf_metadata& m) { testing::erase_key(m, "tokenizer.ggml.pre"); })
                 .find("no metadata key 'tokenizer.ggml.pre'"),
             std::string::npos);

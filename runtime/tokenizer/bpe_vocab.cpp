@@ -218,6 +218,13 @@ expected<std::vector<std::int32_t>> bpe_vocab::encode(std::string_view text) con
 }
 
 expected<void> bpe_vocab::encode_word(std::string_view word, std::size_t offset, std::vector<std::int32_t>& out) const {
+  // llama.cpp's ignore_merges (the llama3 pre-tokenizer): a word that is a token is that token,
+  // whatever the merges would make of it.
+  if (pre_ == pre_tokenizer::llama3)
+    if (const std::optional<std::int32_t> whole = find_piece(word)) {
+      out.push_back(*whole);
+      return {};
+    }
   std::vector<std::int32_t> symbols;
   symbols.reserve(word.size());
   for (std::size_t i = 0; i < word.size(); ++i) {

@@ -8,10 +8,43 @@
 namespace troupe {
 namespace {
 
-constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 3> names = {{
+/// llama.cpp's `tokenizer.ggml.pre` names, grouped by the rules they share (llama-vocab.cpp).
+/// The first name of each kind is its canonical one (pre_tokenizer_name).
+constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 34> names = {{
     {"gpt-2", pre_tokenizer::gpt2},
+    {"default", pre_tokenizer::gpt2},
+    {"phi-2", pre_tokenizer::gpt2},
+    {"mpt", pre_tokenizer::gpt2},
+    {"olmo", pre_tokenizer::gpt2},
+    {"jais", pre_tokenizer::gpt2},
+    {"roberta-bpe", pre_tokenizer::gpt2},
+    {"gigachat", pre_tokenizer::gpt2},
+    {"jina-es", pre_tokenizer::gpt2},
+    {"jina-de", pre_tokenizer::gpt2},
+    {"jina-v1-en", pre_tokenizer::gpt2},
+    {"jina-v2-es", pre_tokenizer::gpt2},
+    {"jina-v2-de", pre_tokenizer::gpt2},
+    {"jina-v2-code", pre_tokenizer::gpt2},
     {"starcoder", pre_tokenizer::starcoder},
+    {"refact", pre_tokenizer::starcoder},
+    {"command-r", pre_tokenizer::starcoder},
+    {"smollm", pre_tokenizer::starcoder},
+    {"codeshell", pre_tokenizer::starcoder},
+    {"exaone", pre_tokenizer::starcoder},
+    {"minerva-7b", pre_tokenizer::starcoder},
     {"deepseek-coder", pre_tokenizer::deepseek_coder},
+    {"llama3", pre_tokenizer::llama3},
+    {"llama-v3", pre_tokenizer::llama3},
+    {"llama-bpe", pre_tokenizer::llama3},
+    {"falcon3", pre_tokenizer::llama3},
+    {"dbrx", pre_tokenizer::llama3},
+    {"smaug-bpe", pre_tokenizer::llama3},
+    {"chatglm-bpe", pre_tokenizer::llama3},
+    {"qwen2", pre_tokenizer::qwen2},
+    {"deepseek-r1-qwen", pre_tokenizer::qwen2},
+    {"stablelm2", pre_tokenizer::qwen2},
+    {"megrez", pre_tokenizer::qwen2},
+    {"bloom", pre_tokenizer::bloom},
 }};
 
 /// One piece of text being split: code points [begin, end) of the whole text.
@@ -56,6 +89,70 @@ std::size_t gpt2_match(const piece_view& p, std::size_t pos) {
   while (p.at(pos + num_spaces).is_whitespace) ++num_spaces;
   if (num_spaces > 1 && p.holds(pos + num_spaces)) return num_spaces - 1;  // \s+(?!\S)
   return num_spaces > 0 ? num_spaces : 1;
+}
+
+bool is_line_break(char32_t c) { return c == U'\r' || c == U'\n'; }
+
+/// The whitespace alternatives the llama3 rule shares: `\s*[\r\n]+|\s+(?!\S)|\s+`, and a
+/// code point no alternative takes as a word of its own.
+std::size_t llama3_spaces(const piece_view& p, std::size_t pos) {
+  std::size_t num_spaces = 0;
+  std::size_t after_line_break = 0;  // the end of the run's last \r or \n
+  while (p.at(pos + num_spaces).is_whitespace) {
+    if (is_line_break(p.text[pos + num_spaces])) after_line_break = num_spaces + 1;
+    ++num_spaces;
+  }
+  if (after_line_break > 0) return after_line_break;
+  if (num_spaces > 1 && p.holds(pos + num_spaces)) return num_spaces - 1;
+  return num_spaces > 0 ? num_spaces : 1;
+}
+
+/// The llama3 rule, with `\p{N}{1,max_digits}` (llama3: 3; qwen2: 1):
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+/// \s*[\r\n]+|\s+(?!\S)|\s+`, as llama.cpp's unicode_regex_split_custom_llama3 runs it.
+template <std::size_t max_digits>
+std::size_t llama3_match(const piece_view& p, std::size_t pos) {
+  const char32_t c = p.text[pos];
+  if (c == U'\'' && p.holds(pos + 1)) {  // contractions, either case
+    const char32_t n = p.text[pos + 1] | 0x20;
+    if (n == U's' || n == U't' || n == U'm' || n == U'd') return 2;
+    if (p.holds(pos + 2)) {
+      const char32_t nn = p.text[pos + 2] | 0x20;
+      if ((n == U'r' && nn == U'e') || (n == U'v' && nn == U'e') || (n == U'l' && nn == U'l')) return 3;
+    }
+  }
+  const unicode::char_class here = p.at(pos);
+  if (!is_line_break(c) && !here.is_number && (here.is_letter || p.at(pos + 1).is_letter)) {
+    std::size_t end = pos + 1;
+    while (p.at(end).is_letter) ++end;
+    return end - pos;
+  }
+  if (here.is_number) {
+    std::size_t end = pos;
+    while (end - pos < max_digits && p.at(end).is_number) ++end;
+    return end - pos;
+  }
+  const std::size_t first = c == U' ' ? pos + 1 : pos;
+  if (p.holds(first) && is_other(p.at(first))) {
+    std::size_t end = first;
+    while (p.holds(end) && is_other(p.at(end))) ++end;
+    while (p.holds(end) && is_line_break(p.text[end])) ++end;
+    return end - pos;
+  }
+  return llama3_spaces(p, pos);
+}
+
+/// BLOOM's ` ?[^(\s|.,!?…。，、।۔،)]+`: an optional space, then a run outside that class.
+std::size_t bloom_match(const piece_view& p, std::size_t pos) {
+  static constexpr std::u32string_view stops = U"(|.,!?\u2026\u3002\uFF0C\u3001\u0964\u06D4\u060C)";
+  const auto inside = [&](std::size_t i) {
+    return p.holds(i) && !p.at(i).is_whitespace && stops.find(p.text[i]) == std::u32string_view::npos;
+  };
+  const std::size_t first = p.text[pos] == U' ' ? pos + 1 : pos;
+  if (!inside(first)) return 0;
+  std::size_t end = first;
+  while (inside(end)) ++end;
+  return end - pos;
 }
 
 /// A rule matching at one position: the length of its match there, 0 for none.
@@ -121,6 +218,7 @@ expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::st
     if (known == name) return kind;
     supported += (supported.empty() ? "" : ", ") + std::string(known);
   }
+  // Not yet: falcon, deepseek-llm, tekken, chameleon, poro-chat, gpt3-finnish, viking.
   return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + std::string(name) +
                                         "' is not a supported pre-tokenizer (supported: " + supported + ")");
 }
@@ -144,6 +242,9 @@ std::vector<std::size_t> split_words(pre_tokenizer kind, std::u32string_view tex
       rules = {one_line_break, optional_space_then_run<&unicode::char_class::is_letter>,
                optional_space_then_run<&unicode::char_class::is_punctuation>, cjk_run, one_digit};
       break;
+    case pre_tokenizer::llama3: rules = {llama3_match<3>}; break;
+    case pre_tokenizer::qwen2: rules = {llama3_match<1>}; break;
+    case pre_tokenizer::bloom: rules = {bloom_match}; break;
   }
   for (const match_fn rule : rules) pieces = split_by_matches(text, pieces, rule);
   return pieces;

@@ -13,9 +13,18 @@
 ///   to begin the next word).
 /// - `starcoder`: `\p{N}` (each digit alone), then the gpt-2 rule.
 /// - `deepseek-coder`: `[\r\n]`, `\s?\p{L}+`, `\s?\p{P}+`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}`.
+/// - `llama3`: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+///   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+/// - `qwen2`: the llama3 rule with `\p{N}` (one digit per word).
+/// - `bloom`: ` ?[^(\s|.,!?…。，、।۔،)]+`.
 ///
-/// `\s`, `\p{L}`, `\p{N}`, `\p{P}` are as in unicode_class.hpp. Other `tokenizer.ggml.pre` values
-/// (llama3's, qwen2's, ...) are planned; they are refused by name.
+/// Each kind answers to the names llama.cpp gives it (`llama-bpe`, `falcon3`, `dbrx`,
+/// `smaug-bpe` and `chatglm-bpe` are llama3; `deepseek-r1-qwen`, `stablelm2` and `megrez` are
+/// qwen2; `refact`, `command-r`, `smollm`, `codeshell`, `exaone` and `minerva-7b` are starcoder;
+/// `default`, `phi-2`, `mpt`, `olmo`, `jais`, `roberta-bpe`, `gigachat` and the `jina-*` names are
+/// gpt-2). `\s`, `\p{L}`, `\p{N}`, `\p{P}` are as in unicode_class.hpp. The remaining
+/// `tokenizer.ggml.pre` values (falcon, deepseek-llm, tekken, chameleon, poro-chat,
+/// gpt3-finnish, viking) are planned; they are refused by name.
 
 #include <cstddef>
 #include <string>
@@ -26,7 +35,7 @@
 
 namespace troupe {
 
-enum class pre_tokenizer { gpt2, starcoder, deepseek_coder };
+enum class pre_tokenizer { gpt2, starcoder, deepseek_coder, llama3, qwen2, bloom };
 
 /// The pre-tokenizer `tokenizer.ggml.pre` names. Errors: `errc::malformed_file` for any other
 /// name, naming it, `source` and the supported names.
