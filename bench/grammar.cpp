@@ -70,12 +70,12 @@ int run(int argc, char** argv) {
       {grammar::grammar_kind::json_schema,
        R"({"type":"object","properties":{"name":{"type":"string","maxLength":24},"age":{"type":"integer"},)"
        R"("tags":{"type":"array","items":{"type":"string","maxLength":12},"maxItems":4}},"required":["name","age"]})",
-       {}},
-      {grammar::grammar_kind::regex, "(Once|One day), [a-z ]{1,40} (ran|saw) [0-9]{1,3}( times)?!", {}},
+       {}, {}},
+      {grammar::grammar_kind::regex, "(Once|One day), [a-z ]{1,40} (ran|saw) [0-9]{1,3}( times)?!", {}, {}},
       {grammar::grammar_kind::gbnf,
        "root ::= term (ws op ws term){0,8}\nterm ::= num | \"(\" num (op num){0,3} \")\"\n"
        "num ::= [1-9] [0-9]{0,4} | \"0\"\nop ::= [-+*/]\nws ::= \" \"?\n",
-       {}},
+       {}, {}},
   };
   // One decode step of the bundled model, for scale.
   auto ck = model::checkpoint::load(std::string(TROUPE_MODELS_DIR) + "/stories260K.bin");

@@ -15,7 +15,7 @@ namespace troupe::grammar {
 /// `kind` is checked by grammar::validate where a request enters an engine.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, grammar_spec& x) {
-  return f(x.kind, x.source, x.trigger_token_ids);
+  return f(x.kind, x.source, x.trigger_token_ids, x.trigger_strings);
 }
 
 }  // namespace troupe::grammar

@@ -160,6 +160,16 @@ void read_grammar(reader& in, msg::completion_request& r) {
     if (!v.is_string()) return in.fail(name, "'" + std::string(name) + "' must be a string");
     set(name, kind, v.get<std::string>());
   }
+  // troupe's extension: the grammar applies only after one of these (docs/grammars.md).
+  const json& words = in.field("grammar_trigger_strings");
+  if (!in.error && !words.is_null()) {
+    const char* name = "grammar_trigger_strings";
+    if (!words.is_array()) return in.fail(name, "'grammar_trigger_strings' must be a list of strings");
+    for (const json& w : words) {
+      if (!w.is_string()) return in.fail(name, "'grammar_trigger_strings' must be a list of strings");
+      r.grammar_trigger_strings.push_back(w.get<std::string>());
+    }
+  }
 }
 
 /// `n` choices per prompt, and `best_of`, which only may equal it (no choice is dropped here).
@@ -465,6 +475,8 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
     read_prompt(in, p, tok);
   if (const json& ids = in.field("stop_token_ids"); !in.error && !ids.is_null())
     read_token_ids(in, "stop_token_ids", ids, tok, p.request.stop_token_ids);
+  if (const json& ids = in.field("grammar_trigger_token_ids"); !in.error && !ids.is_null())
+    read_token_ids(in, "grammar_trigger_token_ids", ids, tok, p.request.grammar_trigger_token_ids);
   if (in.error) return tl::unexpected(*in.error);
   return p;
 }

@@ -214,7 +214,7 @@ int32_t token_of(const vocabulary& v, const std::string& piece) {
 
 TEST(TokenMask, AllowsExactlyTheTokensTheGrammarCanTake) {
   auto vocab = toy_vocabulary();
-  auto compiled = compile(grammar_spec{grammar_kind::gbnf, R"(root ::= "{\"" [a-z]+ "\":" ("true" | [0-9]+) "}")", {}});
+  auto compiled = compile(grammar_spec{grammar_kind::gbnf, R"(root ::= "{\"" [a-z]+ "\":" ("true" | [0-9]+) "}")", {}, {}});
   ASSERT_TRUE(compiled.has_value()) << compiled.error().message;
   matcher m(*compiled, vocab);
   cursor c(m);
@@ -241,9 +241,9 @@ TEST(TokenMask, NeverEmptyOnAnyValidPrefix) {
   // something, and the walk ends only with an end token.
   auto vocab = toy_vocabulary();
   const std::vector<grammar_spec> specs = {
-      {grammar_kind::json_schema, R"({"type":"object","properties":{"a":{"type":"string","maxLength":3},"b":{"type":"array","items":{"type":"integer"},"maxItems":2}},"required":["a","b"]})", {}},
-      {grammar_kind::regex, "(ab|c)+[0-9]{1,3}", {}},
-      {grammar_kind::gbnf, "root ::= (\"x\" root \"y\")? \"z\"", {}},
+      {grammar_kind::json_schema, R"({"type":"object","properties":{"a":{"type":"string","maxLength":3},"b":{"type":"array","items":{"type":"integer"},"maxItems":2}},"required":["a","b"]})", {}, {}},
+      {grammar_kind::regex, "(ab|c)+[0-9]{1,3}", {}, {}},
+      {grammar_kind::gbnf, "root ::= (\"x\" root \"y\")? \"z\"", {}, {}},
   };
   std::mt19937 rng(7);
   for (const grammar_spec& spec : specs) {
@@ -270,7 +270,7 @@ TEST(TokenMask, NeverEmptyOnAnyValidPrefix) {
 TEST(TokenMask, TriggerTokensArmTheGrammar) {
   auto vocab = toy_vocabulary();
   const int32_t trigger = token_of(*vocab, " {");
-  auto compiled = compile(grammar_spec{grammar_kind::regex, "[0-9]+", {trigger}});
+  auto compiled = compile(grammar_spec{grammar_kind::regex, "[0-9]+", {trigger}, {}});
   ASSERT_TRUE(compiled.has_value());
   matcher m(*compiled, vocab);
   cursor c(m);
@@ -281,6 +281,42 @@ TEST(TokenMask, TriggerTokensArmTheGrammar) {
   ASSERT_NE(c.mask(), nullptr);
   EXPECT_TRUE(allowed(*c.mask(), token_of(*vocab, "12")));
   EXPECT_FALSE(allowed(*c.mask(), token_of(*vocab, "ab")));
+}
+
+TEST(TokenMask, ATriggerStringArmsTheGrammarEvenInsideAToken) {
+  auto vocab = toy_vocabulary();
+  auto compiled = compile(grammar_spec{grammar_kind::regex, "[0-9]+", {}, {"a"}});
+  ASSERT_TRUE(compiled.has_value());
+  matcher m(*compiled, vocab);
+  cursor c(m);
+  // Before the trigger: free, except tokens that complete "a" and go on with a non-digit.
+  const token_mask* before = c.mask();
+  ASSERT_NE(before, nullptr);
+  EXPECT_FALSE(c.active());
+  EXPECT_FALSE(allowed(*before, token_of(*vocab, "ab")));  // "a" then "b": the grammar would reject "b"
+  EXPECT_TRUE(allowed(*before, token_of(*vocab, "a")));
+  EXPECT_TRUE(allowed(*before, token_of(*vocab, "x")));
+  EXPECT_TRUE(allowed(*before, token_of(*vocab, "true")));
+  EXPECT_TRUE(allowed(*before, 1));  // free text may end
+  c.feed(token_of(*vocab, "x"));
+  EXPECT_FALSE(c.active());
+  c.feed(token_of(*vocab, "a"));
+  ASSERT_TRUE(c.active());
+  EXPECT_TRUE(allowed(*c.mask(), token_of(*vocab, "12")));
+  EXPECT_FALSE(allowed(*c.mask(), token_of(*vocab, "x")));
+  EXPECT_FALSE(allowed(*c.mask(), 1));  // nothing after the trigger yet: not a match
+  // A token that ends a trigger and goes on: the grammar takes the rest of its bytes.
+  auto two = compile(grammar_spec{grammar_kind::regex, "2[0-9]*", {}, {"1"}});
+  ASSERT_TRUE(two.has_value());
+  matcher m2(*two, vocab);
+  cursor c2(m2);
+  EXPECT_TRUE(allowed(*c2.mask(), token_of(*vocab, "12")));  // "1" then "2": the grammar's first byte
+  c2.feed(token_of(*vocab, "12"));
+  ASSERT_TRUE(c2.active());
+  EXPECT_TRUE(allowed(*c2.mask(), 1));  // "2" is a complete match
+  EXPECT_TRUE(allowed(*c2.mask(), token_of(*vocab, "7")));
+  EXPECT_FALSE(allowed(*c2.mask(), token_of(*vocab, "x")));
+  m2.check_invariants();
 }
 
 TEST(GrammarSpec, HostileNestingIsAnErrorNotACrash) {
@@ -305,24 +341,26 @@ TEST(GrammarSpec, HostileNestingIsAnErrorNotACrash) {
 }
 
 TEST(GrammarSpec, ValidateAndCache) {
-  EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "", {}}, 10).error().message, "the regex is empty");
-  EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "a", {10}}, 10).error().message,
+  EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "", {}, {}}, 10).error().message, "the regex is empty");
+  EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "a", {10}, {}}, 10).error().message,
             "trigger token id 10 is outside the vocabulary");
-  EXPECT_EQ(validate(grammar_spec{grammar_kind::none, "a", {}}, 10).error().message,
-            "trigger tokens or a grammar source need a grammar kind");
-  EXPECT_EQ(validate(grammar_spec{grammar_kind::gbnf, std::string(grammar_source_bytes_max + 1, 'x'), {}}, 10).error().message,
+  EXPECT_EQ(validate(grammar_spec{grammar_kind::none, "a", {}, {}}, 10).error().message,
+            "triggers or a grammar source need a grammar kind");
+  EXPECT_EQ(validate(grammar_spec{grammar_kind::regex, "a", {}, {""}}, 10).error().message,
+            "a trigger string must have 1 to 256 bytes");
+  EXPECT_EQ(validate(grammar_spec{grammar_kind::gbnf, std::string(grammar_source_bytes_max + 1, 'x'), {}, {}}, 10).error().message,
             "the gbnf has 65537 bytes, more than the 65536 accepted");
-  EXPECT_TRUE(validate(grammar_spec{grammar_kind::gbnf, "root ::= \"a\"", {3}}, 10).has_value());
+  EXPECT_TRUE(validate(grammar_spec{grammar_kind::gbnf, "root ::= \"a\"", {3}, {}}, 10).has_value());
   grammar_cache cache(2);
-  const grammar_spec a{grammar_kind::regex, "a+", {}};
-  const grammar_spec b{grammar_kind::regex, "b+", {}};
+  const grammar_spec a{grammar_kind::regex, "a+", {}, {}};
+  const grammar_spec b{grammar_kind::regex, "b+", {}, {}};
   auto first = cache.get(a);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(cache.get(a)->get(), first->get());
   EXPECT_EQ(cache.num_hits(), 1);
-  EXPECT_FALSE(cache.get(grammar_spec{grammar_kind::regex, "(", {}}).has_value());
+  EXPECT_FALSE(cache.get(grammar_spec{grammar_kind::regex, "(", {}, {}}).has_value());
   ASSERT_TRUE(cache.get(b).has_value());
-  ASSERT_TRUE(cache.get(grammar_spec{grammar_kind::regex, "c+", {}}).has_value());
+  ASSERT_TRUE(cache.get(grammar_spec{grammar_kind::regex, "c+", {}, {}}).has_value());
   EXPECT_EQ(cache.size(), 2u);  // a, the least recently used, was dropped
   EXPECT_NE(cache.get(a)->get(), first->get());
 }
@@ -334,7 +372,7 @@ using testing::outputs;
 engine::request grammar_request(engine::request_id id, int32_t seed, grammar_kind kind, const std::string& source,
                                 int32_t max_tokens = 400) {
   engine::request r = testing::make_request(id, testing::varied_prompt(seed), max_tokens, 1.0f, 9000 + seed);
-  r.grammar = grammar_spec{kind, source, {}};
+  r.grammar = grammar_spec{kind, source, {}, {}};
   return r;
 }
 
@@ -480,7 +518,7 @@ TEST(GrammarEngine, OutputBeforeATriggerIsFreeAndAfterItFollowsTheGrammar) {
     free.ignore_eos = true;
     engine::request triggered = free;
     triggered.ignore_eos = false;
-    triggered.grammar = grammar_spec{grammar_kind::regex, " [0-9]{3}", {*period}};
+    triggered.grammar = grammar_spec{grammar_kind::regex, " [0-9]{3}", {*period}, {}};
     const outputs unconstrained = run_all({free});
     const outputs constrained = run_all({triggered});
     const std::vector<int32_t>& want = unconstrained.begin()->second.tokens;
@@ -499,6 +537,21 @@ TEST(GrammarEngine, OutputBeforeATriggerIsFreeAndAfterItFollowsTheGrammar) {
     EXPECT_TRUE(std::regex_match(text, std::regex(" [0-9]{3}"))) << seed << ": '" << text << "'";
     EXPECT_EQ(got.finish, engine::finish_reason::stop) << seed;
   }
+}
+
+TEST(GrammarEngine, ATriggerStringLeavesTheTextBeforeItFreeAndTheRestFollowsTheGrammar) {
+  int32_t num_triggered = 0;
+  for (int32_t seed = 0; seed < 20; seed++) {
+    engine::request r = testing::make_request(seed, testing::varied_prompt(seed), 80, 1.0f, 300 + seed);
+    r.grammar = grammar_spec{grammar_kind::regex, " [0-9]{3}", {}, {"."}};
+    const testing::sample_output& got = run_all({r}).begin()->second;
+    const size_t at = got.text.find('.');
+    if (at == std::string::npos) continue;  // never triggered: free text all along
+    num_triggered++;
+    EXPECT_TRUE(std::regex_match(got.text.substr(at + 1), std::regex(" [0-9]{3}"))) << seed << ": " << got.text;
+    EXPECT_EQ(got.finish, engine::finish_reason::stop) << seed;
+  }
+  EXPECT_GT(num_triggered, 10);  // stories have periods
 }
 
 TEST(GrammarEngine, BadGrammarsAreClearErrorsBeforeAdmission) {

@@ -47,6 +47,13 @@ TEST(OpenaiRequest, GrammarsComeFromResponseFormatOrTheGuidedParameters) {
             "give at most one of response_format, guided_json, guided_regex, guided_grammar");
   EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","response_format":{"type":"xml"}})").param, "response_format");
   EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","guided_regex":5})").message, "'guided_regex' must be a string");
+  const msg::completion_request lazy = parsed(endpoint::completions,
+                                              R"({"prompt":"x","guided_regex":"[0-9]+","grammar_trigger_strings":["<n>"],)"
+                                              R"("grammar_trigger_token_ids":[13]})")
+                                           .request;
+  EXPECT_EQ(lazy.grammar_trigger_strings, std::vector<std::string>{"<n>"});
+  EXPECT_EQ(lazy.grammar_trigger_token_ids, std::vector<int32_t>{13});
+  EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","grammar_trigger_strings":"<n>"})").param, "grammar_trigger_strings");
 }
 
 TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {

@@ -147,6 +147,7 @@ msg::completion_request full_completion_request() {
   r.grammar_kind = "regex";
   r.grammar = "[a-z]+";
   r.grammar_trigger_token_ids = {7};
+  r.grammar_trigger_strings = {"<tool>"};
   return r;
 }
 
@@ -164,7 +165,7 @@ engine::request full_engine_request() {
   r.priority = 4;
   r.batch_tokens = true;
   r.cache_class = kv::cache_class::agent;
-  r.grammar = grammar::grammar_spec{grammar::grammar_kind::gbnf, "root ::= \"a\"", {9}};
+  r.grammar = grammar::grammar_spec{grammar::grammar_kind::gbnf, "root ::= \"a\"", {9}, {"<call>"}};
   return r;
 }
 

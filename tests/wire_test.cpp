@@ -107,6 +107,7 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.grammar_kind = "gbnf";
   c.grammar = "root ::= [a-z]+";
   c.grammar_trigger_token_ids = {42};
+  c.grammar_trigger_strings = {"<call>"};
   const std::string f = encode_request(99, c);
   ASSERT_EQ(frame_length(f.substr(0, 4)), f.size() - 4);
   auto frame = decode_frame(std::string_view(f).substr(4));
@@ -121,8 +122,8 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
                      c.stop, c.stop_token_ids, c.ignore_eos, c.priority, c.num_top_logprobs, c.stream));
   EXPECT_EQ(std::tie(d.presence_penalty, d.frequency_penalty, d.repetition_penalty, d.logit_bias, d.cache_class),
             std::tie(c.presence_penalty, c.frequency_penalty, c.repetition_penalty, c.logit_bias, c.cache_class));
-  EXPECT_EQ(std::tie(d.grammar_kind, d.grammar, d.grammar_trigger_token_ids),
-            std::tie(c.grammar_kind, c.grammar, c.grammar_trigger_token_ids));
+  EXPECT_EQ(std::tie(d.grammar_kind, d.grammar, d.grammar_trigger_token_ids, d.grammar_trigger_strings),
+            std::tie(c.grammar_kind, c.grammar, c.grammar_trigger_token_ids, c.grammar_trigger_strings));
   ASSERT_EQ(d.messages.size(), 2u);
   EXPECT_EQ(std::tie(d.messages[1].role, d.messages[1].content), std::tie(c.messages[1].role, c.messages[1].content));
 }

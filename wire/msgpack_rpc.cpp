@@ -61,16 +61,16 @@ expected<void> read_string(const msgpack::object& v, std::string_view key, std::
   return {};
 }
 
-/// `stop`: a string or a list of strings.
-expected<void> read_stop(const msgpack::object& v, std::vector<std::string>& out) {
+/// `stop`, `grammar_trigger_strings`: a string or a list of strings.
+expected<void> read_strings(const msgpack::object& v, const char* name, std::vector<std::string>& out) {
   if (v.type == msgpack::type::STR) {
     out.assign(1, std::string(v.via.str.ptr, v.via.str.size));
     return {};
   }
-  if (v.type != msgpack::type::ARRAY) return wrong_type("stop", "a string or a list of strings");
+  if (v.type != msgpack::type::ARRAY) return wrong_type(name, "a string or a list of strings");
   out.clear();
   for (uint32_t i = 0; i < v.via.array.size; i++) {
-    if (v.via.array.ptr[i].type != msgpack::type::STR) return wrong_type("stop", "a string or a list of strings");
+    if (v.via.array.ptr[i].type != msgpack::type::STR) return wrong_type(name, "a string or a list of strings");
     out.emplace_back(v.via.array.ptr[i].via.str.ptr, v.via.array.ptr[i].via.str.size);
   }
   return {};
@@ -169,7 +169,7 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
          x.seed = v.via.u64;
          return {};
        }},
-      {"stop", [](const o& v, r& x) { return read_stop(v, x.stop); }},
+      {"stop", [](const o& v, r& x) { return read_strings(v, "stop", x.stop); }},
       {"stop_token_ids", [](const o& v, r& x) { return read_tokens(v, "stop_token_ids", x.stop_token_ids); }},
       {"ignore_eos", [](const o& v, r& x) { return read_bool(v, "ignore_eos", x.ignore_eos); }},
       {"priority", [](const o& v, r& x) { return read_int32(v, "priority", x.priority); }},
@@ -180,6 +180,8 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
       {"grammar", [](const o& v, r& x) { return read_string(v, "grammar", x.grammar); }},
       {"grammar_trigger_token_ids",
        [](const o& v, r& x) { return read_tokens(v, "grammar_trigger_token_ids", x.grammar_trigger_token_ids); }},
+      {"grammar_trigger_strings",
+       [](const o& v, r& x) { return read_strings(v, "grammar_trigger_strings", x.grammar_trigger_strings); }},
   };
   return fields;
 }
@@ -292,7 +294,7 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 24 : 23);
+  p.pack_map(c.has_seed ? 25 : 24);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
@@ -354,6 +356,8 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   pack_text(p, c.grammar);
   pack_text(p, "grammar_trigger_token_ids");
   p.pack(c.grammar_trigger_token_ids);
+  pack_text(p, "grammar_trigger_strings");
+  p.pack(c.grammar_trigger_strings);
   return framed(body);
 }
 

@@ -9,7 +9,8 @@
 namespace troupe::grammar {
 
 bool operator==(const grammar_spec& a, const grammar_spec& b) {
-  return a.kind == b.kind && a.source == b.source && a.trigger_token_ids == b.trigger_token_ids;
+  return a.kind == b.kind && a.source == b.source && a.trigger_token_ids == b.trigger_token_ids &&
+         a.trigger_strings == b.trigger_strings;
 }
 
 const char* to_string(grammar_kind kind) {
@@ -33,8 +34,8 @@ expected<void> validate(const grammar_spec& spec, int32_t vocab_size) {
   if (static_cast<uint8_t>(spec.kind) > static_cast<uint8_t>(grammar_kind::gbnf))
     return fail(errc::invalid_argument, "unknown grammar kind " + std::to_string(static_cast<int>(spec.kind)));
   if (spec.kind == grammar_kind::none) {
-    if (!spec.source.empty() || !spec.trigger_token_ids.empty())
-      return fail(errc::invalid_argument, "trigger tokens or a grammar source need a grammar kind");
+    if (!spec.source.empty() || !spec.trigger_token_ids.empty() || !spec.trigger_strings.empty())
+      return fail(errc::invalid_argument, "triggers or a grammar source need a grammar kind");
     return {};
   }
   if (spec.source.empty()) return fail(errc::invalid_argument, std::string("the ") + to_string(spec.kind) + " is empty");
@@ -47,6 +48,11 @@ expected<void> validate(const grammar_spec& spec, int32_t vocab_size) {
   for (const int32_t t : spec.trigger_token_ids)
     if (t < 0 || t >= vocab_size)
       return fail(errc::invalid_argument, "trigger token id " + std::to_string(t) + " is outside the vocabulary");
+  if (spec.trigger_strings.size() > num_trigger_strings_max)
+    return fail(errc::invalid_argument, "at most " + std::to_string(num_trigger_strings_max) + " trigger strings");
+  for (const std::string& t : spec.trigger_strings)
+    if (t.empty() || t.size() > trigger_string_bytes_max)
+      return fail(errc::invalid_argument, "a trigger string must have 1 to " + std::to_string(trigger_string_bytes_max) + " bytes");
   return {};
 }
 
@@ -62,6 +68,11 @@ uint64_t hash_of(const grammar_spec& spec) {
   XXH3_64bits_update(state, &length, sizeof length);
   XXH3_64bits_update(state, spec.source.data(), spec.source.size());
   XXH3_64bits_update(state, spec.trigger_token_ids.data(), spec.trigger_token_ids.size() * sizeof(int32_t));
+  for (const std::string& t : spec.trigger_strings) {
+    const uint64_t n = t.size();
+    XXH3_64bits_update(state, &n, sizeof n);
+    XXH3_64bits_update(state, t.data(), t.size());
+  }
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return h;
@@ -140,8 +151,52 @@ std::shared_ptr<const vocabulary> vocabulary_of(const tokenizer& tok, std::vecto
   return std::make_shared<const vocabulary>(bytes, std::move(end_tokens));
 }
 
+trigger_matcher::trigger_matcher(std::string trigger) : trigger_(std::move(trigger)), fallback_(trigger_.size(), 0) {
+  TROUPE_ASSERT(!trigger_.empty());
+  for (size_t i = 1, k = 0; i < trigger_.size(); i++) {
+    while (k > 0 && trigger_[i] != trigger_[k]) k = static_cast<size_t>(fallback_[k - 1]);
+    if (trigger_[i] == trigger_[k]) k++;
+    fallback_[i] = static_cast<int32_t>(k);
+  }
+}
+
+int32_t trigger_matcher::next(int32_t state, uint8_t byte) const {
+  if (state == length()) state = fallback_[static_cast<size_t>(state) - 1];
+  while (state > 0 && static_cast<uint8_t>(trigger_[static_cast<size_t>(state)]) != byte)
+    state = fallback_[static_cast<size_t>(state) - 1];
+  return static_cast<uint8_t>(trigger_[static_cast<size_t>(state)]) == byte ? state + 1 : 0;
+}
+
 matcher::matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab)
-    : grammar_(std::move(g)), vocab_(std::move(vocab)), automaton_(grammar_->rules) {}
+    : grammar_(std::move(g)), vocab_(std::move(vocab)), automaton_(grammar_->rules) {
+  for (const std::string& t : grammar_->spec.trigger_strings) triggers_.emplace_back(t);
+}
+
+int32_t matcher::advance_bytes(int32_t state, std::string_view bytes) {
+  for (const char c : bytes) {
+    if (state == automaton::dead) return state;
+    state = automaton_.advance(state, static_cast<uint8_t>(c));
+  }
+  return state;
+}
+
+const std::vector<matcher::completion>& matcher::completions(size_t trigger, int32_t state) {
+  const auto [it, fresh] = completions_.try_emplace({trigger, state});
+  if (!fresh) return it->second;
+  const trigger_matcher& m = triggers_.at(trigger);
+  for (int32_t t = 0; t < vocab_->size(); t++) {
+    int32_t s = state;
+    const std::string& b = vocab_->bytes(t);
+    for (size_t i = 0; i < b.size(); i++) {
+      s = m.next(s, static_cast<uint8_t>(b[i]));
+      if (s == m.length()) {
+        it->second.push_back({t, static_cast<int32_t>(i + 1)});
+        break;
+      }
+    }
+  }
+  return it->second;
+}
 
 const token_mask& matcher::mask(int32_t state) {
   TROUPE_ASSERT(state >= 0 && static_cast<size_t>(state) < automaton_.num_states());
@@ -174,11 +229,7 @@ int32_t matcher::advance(int32_t state, int32_t token) {
     return automaton_.accepting(state) ? state : automaton::dead;
   const std::string& b = vocab_->bytes(token);
   if (b.empty()) return automaton::dead;
-  for (const char c : b) {
-    state = automaton_.advance(state, static_cast<uint8_t>(c));
-    if (state == automaton::dead) return state;
-  }
-  return state;
+  return advance_bytes(state, b);
 }
 
 void matcher::check_invariants() const {
@@ -187,18 +238,53 @@ void matcher::check_invariants() const {
   for (const token_mask& m : masks_) TROUPE_ASSERT(m.empty() || m.size() == static_cast<size_t>(vocab_->size() + 31) / 32);
 }
 
+cursor::cursor(matcher& m)
+    : matcher_(&m),
+      active_(m.compiled().spec.trigger_token_ids.empty() && m.compiled().spec.trigger_strings.empty()),
+      trigger_states_(m.triggers().size(), 0) {}
+
 void cursor::feed(int32_t token) {
   num_fed_++;
-  if (!active_) {
-    const std::vector<int32_t>& triggers = matcher_->compiled().spec.trigger_token_ids;
-    active_ = std::find(triggers.begin(), triggers.end(), token) != triggers.end();
+  if (active_) {
+    state_ = matcher_->advance(state_, token);
+    // Tokens were drawn under this cursor's masks, so none can leave the grammar.
+    TROUPE_ASSERT_MSG(state_ != automaton::dead, "a grammar-constrained sequence left its grammar");
     return;
   }
-  state_ = matcher_->advance(state_, token);
-  // Tokens were drawn under this cursor's masks, so none can leave the grammar.
-  TROUPE_ASSERT_MSG(state_ != automaton::dead, "a grammar-constrained sequence left its grammar");
+  const std::vector<int32_t>& ids = matcher_->compiled().spec.trigger_token_ids;
+  if (std::find(ids.begin(), ids.end(), token) != ids.end()) {
+    active_ = true;
+    return;
+  }
+  // The earliest trigger string to end in this token's bytes arms the grammar, which then
+  // takes the token's bytes after it.
+  const std::string& bytes = matcher_->vocab().bytes(token);
+  for (size_t i = 0; i < bytes.size(); i++) {
+    for (size_t k = 0; k < trigger_states_.size(); k++) {
+      trigger_states_[k] = matcher_->triggers()[k].next(trigger_states_[k], static_cast<uint8_t>(bytes[i]));
+      if (trigger_states_[k] != matcher_->triggers()[k].length()) continue;
+      active_ = true;
+      state_ = matcher_->advance_bytes(state_, std::string_view(bytes).substr(i + 1));
+      TROUPE_ASSERT_MSG(state_ != automaton::dead, "the bytes after a grammar's trigger left the grammar");
+      return;
+    }
+  }
 }
 
-const token_mask* cursor::mask() { return active_ ? &matcher_->mask(state_) : nullptr; }
+const token_mask* cursor::mask() {
+  if (active_) return &matcher_->mask(state_);
+  if (trigger_states_.empty()) return nullptr;
+  // Free text, except tokens whose bytes after a trigger string the grammar rejects.
+  const vocabulary& v = matcher_->vocab();
+  before_trigger_.assign(static_cast<size_t>(v.size() + 31) / 32, ~0u);
+  for (size_t k = 0; k < trigger_states_.size(); k++) {
+    for (const matcher::completion& c : matcher_->completions(k, trigger_states_[k])) {
+      const std::string_view after = std::string_view(v.bytes(c.token)).substr(static_cast<size_t>(c.offset));
+      if (matcher_->advance_bytes(automaton::initial(), after) == automaton::dead)
+        before_trigger_[static_cast<size_t>(c.token) / 32] &= ~(1u << (c.token % 32));
+    }
+  }
+  return &before_trigger_;
+}
 
 }  // namespace troupe::grammar

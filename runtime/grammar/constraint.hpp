@@ -19,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/common/error.hpp"
@@ -32,14 +34,22 @@ namespace troupe::grammar {
 
 enum class grammar_kind : uint8_t { none, json_schema, regex, gbnf };
 
-/// The most bytes of grammar source a request may carry, and trigger tokens.
+/// The most bytes of grammar source a request may carry, trigger tokens, trigger strings and
+/// bytes per trigger string.
 inline constexpr size_t grammar_source_bytes_max = 64 * 1024;
 inline constexpr size_t num_trigger_tokens_max = 16;
+inline constexpr size_t num_trigger_strings_max = 16;
+inline constexpr size_t trigger_string_bytes_max = 256;
 
+/// Triggers: with none the grammar applies from the first token. With some, the output is free
+/// until one appears; the grammar then applies to everything after it — after a trigger token,
+/// or after a trigger string's last byte, even inside the token that completed it (a token
+/// whose bytes after a trigger string the grammar would reject is never drawn).
 struct grammar_spec {
   grammar_kind kind = grammar_kind::none;
   std::string source;                       ///< the schema, pattern or GBNF text
-  std::vector<int32_t> trigger_token_ids;   ///< empty: the grammar applies from the first token
+  std::vector<int32_t> trigger_token_ids;
+  std::vector<std::string> trigger_strings;  ///< matched on the output's bytes
 };
 
 bool operator==(const grammar_spec& a, const grammar_spec& b);
@@ -122,6 +132,19 @@ using token_mask = std::vector<uint32_t>;
   return (mask[static_cast<size_t>(token) / 32] >> (token % 32) & 1u) != 0;
 }
 
+/// Knuth-Morris-Pratt over one trigger string: the state is how many of its bytes end the text.
+class trigger_matcher {
+ public:
+  explicit trigger_matcher(std::string trigger);
+  /// The state after `byte`; length() means the trigger just ended.
+  [[nodiscard]] int32_t next(int32_t state, uint8_t byte) const;
+  [[nodiscard]] int32_t length() const { return static_cast<int32_t>(trigger_.size()); }
+
+ private:
+  std::string trigger_;
+  std::vector<int32_t> fallback_;  // (length) KMP failure function
+};
+
 class matcher {
  public:
   matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab);
@@ -130,6 +153,20 @@ class matcher {
   [[nodiscard]] const token_mask& mask(int32_t state);
   /// The state after `token` (its bytes; an end token ends the text: dead unless accepting).
   [[nodiscard]] int32_t advance(int32_t state, int32_t token);
+
+  /// The state after `bytes` from `state` (dead once dead).
+  [[nodiscard]] int32_t advance_bytes(int32_t state, std::string_view bytes);
+
+  /// Trigger strings: where token `t` completes trigger `i` from KMP state `s`, the offset of
+  /// the byte after the trigger's end in t (first completion); tokens that do not complete it
+  /// are absent. Computed once per (i, s).
+  struct completion {
+    int32_t token;
+    int32_t offset;
+  };
+  [[nodiscard]] const std::vector<completion>& completions(size_t trigger, int32_t state);
+  [[nodiscard]] const std::vector<trigger_matcher>& triggers() const { return triggers_; }
+  [[nodiscard]] const vocabulary& vocab() const { return *vocab_; }
 
   [[nodiscard]] const compiled_grammar& compiled() const { return *grammar_; }
   [[nodiscard]] const automaton& states() const { return automaton_; }
@@ -142,16 +179,19 @@ class matcher {
   automaton automaton_;
   std::vector<token_mask> masks_;  // by state; empty = not computed yet
   size_t num_masks_ = 0;
+  std::vector<trigger_matcher> triggers_;
+  std::map<std::pair<size_t, int32_t>, std::vector<completion>> completions_;
 };
 
 /// One sequence's place in a grammar: the tokens it generated so far are fed in order.
 class cursor {
  public:
-  explicit cursor(matcher& m) : matcher_(&m), active_(m.compiled().spec.trigger_token_ids.empty()) {}
+  explicit cursor(matcher& m);
 
   /// Feeds one generated token.
   void feed(int32_t token);
-  /// The mask for the next token, or null while the grammar is not active (no trigger yet).
+  /// The mask for the next token: the grammar's once active; before that null (free text), or
+  /// with trigger strings every token but those whose bytes after a trigger the grammar rejects.
   [[nodiscard]] const token_mask* mask();
   [[nodiscard]] bool active() const { return active_; }
   [[nodiscard]] int32_t state() const { return state_; }
@@ -163,6 +203,8 @@ class cursor {
   bool active_;
   int32_t state_ = automaton::initial();
   int64_t num_fed_ = 0;
+  std::vector<int32_t> trigger_states_;  // per trigger string, while not active
+  token_mask before_trigger_;            // mask() before a trigger string: scratch
 };
 
 }  // namespace troupe::grammar

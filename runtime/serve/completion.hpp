@@ -52,6 +52,7 @@ struct completion_request {
   std::string grammar_kind;
   std::string grammar;
   std::vector<int32_t> grammar_trigger_token_ids;
+  std::vector<std::string> grammar_trigger_strings;
 };
 
 /// New text of a completion, with the tokens that made it.

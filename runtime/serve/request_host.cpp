@@ -128,7 +128,7 @@ effects request_host::start(int64_t now_ns) {
     fail_request(kind.error().code, kind.error().message, out);
     return out;
   }
-  r.grammar = grammar::grammar_spec{*kind, p.grammar, p.grammar_trigger_token_ids};
+  r.grammar = grammar::grammar_spec{*kind, p.grammar, p.grammar_trigger_token_ids, p.grammar_trigger_strings};
   if (o_.tok)
     if (auto ok = grammar::validate(r.grammar, o_.tok->vocab_size()); !ok) {
       fail_request(ok.error().code, ok.error().message, out);
