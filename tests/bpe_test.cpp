@@ -146,6 +146,8 @@ TEST(Bpe, Llama3TakesAWordThatIsATokenWholeWhateverTheMerges) {
   };
   EXPECT_EQ(*load("llama-bpe").encode("abc abd", false, false), (ids_t{257, ' ', 256, 'd'}));
   EXPECT_EQ(*load("gpt-2").encode("abc abd", false, false), (ids_t{256, 'c', ' ', 256, 'd'}));
+  // dbrx splits as llama3 does but merges as usual (llama.cpp sets ignore_merges by name).
+  EXPECT_EQ(*load("dbrx").encode("abc abd", false, false), (ids_t{256, 'c', ' ', 256, 'd'}));
 }
 
 TEST(Bpe, UserDefinedTokensAreCutOutFirstAndControlTokensNeverComeFromText) {

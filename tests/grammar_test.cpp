@@ -544,7 +544,8 @@ TEST(GrammarEngine, ATriggerStringLeavesTheTextBeforeItFreeAndTheRestFollowsTheG
   for (int32_t seed = 0; seed < 20; seed++) {
     engine::request r = testing::make_request(seed, testing::varied_prompt(seed), 80, 1.0f, 300 + seed);
     r.grammar = grammar_spec{grammar_kind::regex, " [0-9]{3}", {}, {"."}};
-    const testing::sample_output& got = run_all({r}).begin()->second;
+    const outputs out = run_all({r});
+    const testing::sample_output& got = out.begin()->second;
     const size_t at = got.text.find('.');
     if (at == std::string::npos) continue;  // never triggered: free text all along
     num_triggered++;

@@ -77,6 +77,7 @@ expected<bpe_vocab> bpe_vocab::from_gguf(const model::gguf_file& f, std::int32_t
   auto kind = parse_pre_tokenizer(*pre, source);
   if (!kind) return tl::make_unexpected(kind.error());
   v.pre_ = *kind;
+  v.ignore_merges_ = ignores_merges(*pre);
   if (auto ok = v.read_tokens(f, vocab_size, source); !ok) return tl::make_unexpected(ok.error());
   if (auto ok = v.read_merges(f, source); !ok) return tl::make_unexpected(ok.error());
   if (auto ok = v.read_special_ids(f, source); !ok) return tl::make_unexpected(ok.error());
@@ -218,9 +219,9 @@ expected<std::vector<std::int32_t>> bpe_vocab::encode(std::string_view text) con
 }
 
 expected<void> bpe_vocab::encode_word(std::string_view word, std::size_t offset, std::vector<std::int32_t>& out) const {
-  // llama.cpp's ignore_merges (the llama3 pre-tokenizer): a word that is a token is that token,
-  // whatever the merges would make of it.
-  if (pre_ == pre_tokenizer::llama3)
+  // llama.cpp's ignore_merges (ignores_merges): a word that is a token is that token, whatever
+  // the merges would make of it.
+  if (ignore_merges_)
     if (const std::optional<std::int32_t> whole = find_piece(word)) {
       out.push_back(*whole);
       return {};

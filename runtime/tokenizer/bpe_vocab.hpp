@@ -101,6 +101,7 @@ class bpe_vocab {
   std::int32_t eos_id_ = -1;
   bool adds_bos_ = false;
   pre_tokenizer pre_ = pre_tokenizer::gpt2;
+  bool ignore_merges_ = false;  // ignores_merges(tokenizer.ggml.pre)
   std::int32_t max_piece_bytes_ = 0;
 };
 

@@ -10,7 +10,7 @@ namespace {
 
 /// llama.cpp's `tokenizer.ggml.pre` names, grouped by the rules they share (llama-vocab.cpp).
 /// The first name of each kind is its canonical one (pre_tokenizer_name).
-constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 34> names = {{
+constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 38> names = {{
     {"gpt-2", pre_tokenizer::gpt2},
     {"default", pre_tokenizer::gpt2},
     {"phi-2", pre_tokenizer::gpt2},
@@ -37,6 +37,10 @@ constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 34> names = {{
     {"llama-v3", pre_tokenizer::llama3},
     {"llama-bpe", pre_tokenizer::llama3},
     {"falcon3", pre_tokenizer::llama3},
+    {"falcon-h1", pre_tokenizer::llama3},
+    {"pixtral", pre_tokenizer::llama3},
+    {"midm-2.0", pre_tokenizer::llama3},
+    {"lfm2", pre_tokenizer::llama3},
     {"dbrx", pre_tokenizer::llama3},
     {"smaug-bpe", pre_tokenizer::llama3},
     {"chatglm-bpe", pre_tokenizer::llama3},
@@ -221,6 +225,12 @@ expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::st
   // Not yet: falcon, deepseek-llm, tekken, chameleon, poro-chat, gpt3-finnish, viking.
   return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + std::string(name) +
                                         "' is not a supported pre-tokenizer (supported: " + supported + ")");
+}
+
+bool ignores_merges(std::string_view name) {
+  for (const std::string_view n : {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"})
+    if (n == name) return true;
+  return false;
 }
 
 std::string_view pre_tokenizer_name(pre_tokenizer kind) {

@@ -18,8 +18,8 @@
 /// - `qwen2`: the llama3 rule with `\p{N}` (one digit per word).
 /// - `bloom`: ` ?[^(\s|.,!?…。，、।۔،)]+`.
 ///
-/// Each kind answers to the names llama.cpp gives it (`llama-bpe`, `falcon3`, `dbrx`,
-/// `smaug-bpe` and `chatglm-bpe` are llama3; `deepseek-r1-qwen`, `stablelm2` and `megrez` are
+/// Each kind answers to the names llama.cpp gives it (`llama-v3`, `llama-bpe`, `falcon3`,
+/// `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `dbrx`, `smaug-bpe` and `chatglm-bpe` are llama3; `deepseek-r1-qwen`, `stablelm2` and `megrez` are
 /// qwen2; `refact`, `command-r`, `smollm`, `codeshell`, `exaone` and `minerva-7b` are starcoder;
 /// `default`, `phi-2`, `mpt`, `olmo`, `jais`, `roberta-bpe`, `gigachat` and the `jina-*` names are
 /// gpt-2). `\s`, `\p{L}`, `\p{N}`, `\p{P}` are as in unicode_class.hpp. The remaining
@@ -40,6 +40,11 @@ enum class pre_tokenizer { gpt2, starcoder, deepseek_coder, llama3, qwen2, bloom
 /// The pre-tokenizer `tokenizer.ggml.pre` names. Errors: `errc::malformed_file` for any other
 /// name, naming it, `source` and the supported names.
 [[nodiscard]] expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::string& source);
+
+/// Whether a vocabulary with this `tokenizer.ggml.pre` takes a word that is a token whole, before
+/// any merge (llama.cpp's ignore_merges: llama3, llama-v3, llama-bpe, falcon3, falcon-h1,
+/// pixtral, midm-2.0, lfm2).
+[[nodiscard]] bool ignores_merges(std::string_view name);
 
 /// The `tokenizer.ggml.pre` name of `kind`.
 [[nodiscard]] std::string_view pre_tokenizer_name(pre_tokenizer kind);
