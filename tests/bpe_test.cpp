@@ -86,6 +86,20 @@ TEST(PreTokenizer, BloomCutsAtSpacesAndSentencePunctuation) {
             (strings{"Hello", ",", " world", "! (", "ok", ") ", " end", "。"}));  // the text between matches: one word
 }
 
+TEST(PreTokenizer, TekkenSplitsCaseRunsDigitsAndSlashes) {
+  EXPECT_EQ(words(pre_tokenizer::tekken, "HELLOworld helloWorld ABc"), (strings{"HELLOworld", " hello", "World", " ABc"}));
+  EXPECT_EQ(words(pre_tokenizer::tekken, "I'm 2024 a/b//\n\nÉcole éÉ"),
+            (strings{"I", "'m", " ", "2", "0", "2", "4", " a", "/b", "//\n\n", "École", " éÉ"}));
+  EXPECT_EQ(words(pre_tokenizer::tekken, "x_Y  (z) ..\r\n/ ok"), (strings{"x", "_Y", " ", " (", "z", ")", " ..\r\n/", " ok"}));
+}
+
+TEST(PreTokenizer, DeepseekLlmKeepsCasedScriptsPunctuationAndTrailingSpaces) {
+  EXPECT_EQ(words(pre_tokenizer::deepseek_llm, "Hello, world! 123\n你好 ok  "),
+            (strings{"Hello", ",", " world", "!", " ", "123", "\n", "你好", " ok", "  "}));
+  EXPECT_EQ(words(pre_tokenizer::deepseek_llm, "Привет мир"), (strings{"Привет", " мир"}));
+  EXPECT_EQ(words(pre_tokenizer::deepseek_llm, "é—x"), (strings{"é", "—", "x"}));  // U+2014 is in neither class
+}
+
 TEST(PreTokenizer, UnknownNamesAreRefusedListingTheSupportedOnes) {
   EXPECT_EQ(*parse_pre_tokenizer("starcoder", "f"), pre_tokenizer::starcoder);
   EXPECT_EQ(*parse_pre_tokenizer("llama-bpe", "f"), pre_tokenizer::llama3);
@@ -94,10 +108,14 @@ TEST(PreTokenizer, UnknownNamesAreRefusedListingTheSupportedOnes) {
   EXPECT_EQ(*parse_pre_tokenizer("olmo", "f"), pre_tokenizer::gpt2);
   EXPECT_EQ(pre_tokenizer_name(pre_tokenizer::deepseek_coder), "deepseek-coder");
   EXPECT_EQ(pre_tokenizer_name(pre_tokenizer::llama3), "llama3");
-  auto bad = parse_pre_tokenizer("tekken", "f");
+  EXPECT_EQ(*parse_pre_tokenizer("tekken", "f"), pre_tokenizer::tekken);
+  EXPECT_EQ(*parse_pre_tokenizer("deepseek-llm", "f"), pre_tokenizer::deepseek_llm);
+  EXPECT_TRUE(ignores_merges("tekken"));
+  EXPECT_FALSE(ignores_merges("dbrx"));
+  auto bad = parse_pre_tokenizer("falcon", "f");
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().code, errc::malformed_file);
-  const std::string listed = "f: tokenizer.ggml.pre 'tekken' is not a supported pre-tokenizer (supported: gpt-2, default, phi-2";
+  const std::string listed = "f: tokenizer.ggml.pre 'falcon' is not a supported pre-tokenizer (supported: gpt-2, default, phi-2";
   EXPECT_EQ(bad.error().message.substr(0, listed.size()), listed);
 }
 
@@ -223,8 +241,8 @@ TEST(BpeLoad, EveryClassOfBadVocabularyIsAnErrorNamingIt) {
             prefix + "merge 2 'ab xyz' names 'xyz', which is not a token");
   EXPECT_EQ(load_error(with_merges({"q ab"})), prefix + "merge 0 'q ab' makes 'qab', which is not a token");
   EXPECT_EQ(load_error(with_merges({"a b", "abc"})), prefix + "merge 1 'abc' is not two tokens separated by a space");
-  const std::string refused = prefix + "tokenizer.ggml.pre 'tekken' is not a supported pre-tokenizer (supported: gpt-2, default,";
-  EXPECT_EQ(load_error([](gguf_metadata& m) { testing::set_key(m, "tokenizer.ggml.pre", v::of_string("tekken")); })
+  const std::string refused = prefix + "tokenizer.ggml.pre 'falcon' is not a supported pre-tokenizer (supported: gpt-2, default,";
+  EXPECT_EQ(load_error([](gguf_metadata& m) { testing::set_key(m, "tokenizer.ggml.pre", v::of_string("falcon")); })
                 .substr(0, refused.size()),
             refused);
   EXPECT_NE(load_error([](gguf_metadata& m) { testing::erase_key(m, "tokenizer.ggml.pre"); })

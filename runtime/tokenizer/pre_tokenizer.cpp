@@ -10,7 +10,7 @@ namespace {
 
 /// llama.cpp's `tokenizer.ggml.pre` names, grouped by the rules they share (llama-vocab.cpp).
 /// The first name of each kind is its canonical one (pre_tokenizer_name).
-constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 38> names = {{
+constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 40> names = {{
     {"gpt-2", pre_tokenizer::gpt2},
     {"default", pre_tokenizer::gpt2},
     {"phi-2", pre_tokenizer::gpt2},
@@ -49,6 +49,8 @@ constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 38> names = {{
     {"stablelm2", pre_tokenizer::qwen2},
     {"megrez", pre_tokenizer::qwen2},
     {"bloom", pre_tokenizer::bloom},
+    {"tekken", pre_tokenizer::tekken},
+    {"deepseek-llm", pre_tokenizer::deepseek_llm},
 }};
 
 /// One piece of text being split: code points [begin, end) of the whole text.
@@ -146,6 +148,105 @@ std::size_t llama3_match(const piece_view& p, std::size_t pos) {
   return llama3_spaces(p, pos);
 }
 
+bool is_ascii_lower(char32_t c) { return c >= U'a' && c <= U'z'; }
+bool is_ascii_upper(char32_t c) { return c >= U'A' && c <= U'Z'; }
+
+/// Tekken's letter alternatives after an optional `[^\r\n\p{L}\p{N}]` at `q`: `X*Y+ | X+Y*` with
+/// X a letter not in a-z and Y a letter not in A-Z (regex backtracking spelt out: the longest
+/// X run that still leaves a Y); the end, or `q` for no match.
+std::size_t tekken_letters(const piece_view& p, std::size_t q) {
+  const auto is_x = [&](std::size_t i) { return p.at(i).is_letter && !is_ascii_lower(p.text[i]); };
+  const auto is_y = [&](std::size_t i) { return p.at(i).is_letter && !is_ascii_upper(p.text[i]); };
+  std::size_t x_end = q;
+  while (is_x(x_end)) ++x_end;
+  for (std::size_t y = x_end + 1; y-- > q;) {  // X*Y+: the longest X* whose next code point is a Y
+    if (!is_y(y)) continue;
+    std::size_t end = y;
+    while (is_y(end)) ++end;
+    return end;
+  }
+  if (x_end == q) return q;
+  std::size_t end = x_end;  // X+Y*
+  while (is_y(end)) ++end;
+  return end;
+}
+
+/// Tekken's rule (Mistral's, as llama.cpp writes it): `[^\r\n\p{L}\p{N}]?X*Y+ |
+/// [^\r\n\p{L}\p{N}]?X+Y* | \p{N} | ?[^\s\p{L}\p{N}]+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+`.
+std::size_t tekken_match(const piece_view& p, std::size_t pos) {
+  const char32_t c = p.text[pos];
+  const unicode::char_class here = p.at(pos);
+  const std::size_t q = here.is_letter || is_line_break(c) || here.is_number ? pos : pos + 1;
+  if (q == pos || p.holds(q)) {
+    const std::size_t end = tekken_letters(p, q);
+    if (end > q) return end - pos;
+  }
+  if (here.is_number) return 1;
+  const std::size_t first = c == U' ' ? pos + 1 : pos;
+  if (p.holds(first) && is_other(p.at(first))) {
+    std::size_t end = first;
+    while (p.holds(end) && is_other(p.at(end))) ++end;
+    while (p.holds(end) && (is_line_break(p.text[end]) || p.text[end] == U'/')) ++end;
+    return end - pos;
+  }
+  return llama3_spaces(p, pos);
+}
+
+/// deepseek-llm's cased letters (llama.cpp's class, as code point ranges).
+constexpr std::pair<char32_t, char32_t> deepseek_letters[] = {
+    {0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA}, {0x1BC, 0x1BF},
+    {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377}, {0x37B, 0x37D}, {0x37F, 0x37F},
+    {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481},
+    {0x48A, 0x52F}, {0x531, 0x556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD}, {0x1C90, 0x1CBA},
+    {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15},
+    {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59},
+    {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC},
+    {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB},
+    {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102}, {0x2107, 0x2107},
+    {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
+    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F},
+    {0x2145, 0x2149}, {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4},
+    {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3}, {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F},
+    {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF}, {0xFB00, 0xFB06}, {0xFB13, 0xFB17},
+    {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
+};
+
+/// deepseek-llm's punctuation: ASCII's and its full-width forms, quotation marks, CJK's.
+constexpr std::pair<char32_t, char32_t> deepseek_punctuation[] = {
+    {0x21, 0x2F}, {0x3A, 0x7E}, {0x2018, 0x201F}, {0x3000, 0x3002}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E},
+};
+
+template <std::size_t N>
+bool in_ranges(const std::pair<char32_t, char32_t> (&ranges)[N], char32_t c) {
+  for (const auto& [lo, hi] : ranges)
+    if (c >= lo && c <= hi) return true;
+  return false;
+}
+
+/// `\s?[class]+`, the class a set of ranges.
+template <const auto& ranges>
+std::size_t optional_space_then_class(const piece_view& p, std::size_t pos) {
+  const auto inside = [&](std::size_t i) { return p.holds(i) && in_ranges(ranges, p.text[i]); };
+  const std::size_t first = p.at(pos).is_whitespace && inside(pos + 1) ? pos + 1 : pos;
+  std::size_t end = first;
+  while (inside(end)) ++end;
+  return end - pos;  // 0 when the run is empty: then first == pos
+}
+
+/// `\s+$`: whitespace that runs to the end of the piece.
+std::size_t trailing_spaces(const piece_view& p, std::size_t pos) {
+  std::size_t end = pos;
+  while (p.at(end).is_whitespace) ++end;
+  return end > pos && end == p.end ? end - pos : 0;
+}
+
+std::size_t digit_run(const piece_view& p, std::size_t pos) {
+  std::size_t end = pos;
+  while (p.at(end).is_number) ++end;
+  return end - pos;
+}
+
 /// BLOOM's ` ?[^(\s|.,!?…。，、।۔،)]+`: an optional space, then a run outside that class.
 std::size_t bloom_match(const piece_view& p, std::size_t pos) {
   static constexpr std::u32string_view stops = U"(|.,!?\u2026\u3002\uFF0C\u3001\u0964\u06D4\u060C)";
@@ -222,13 +323,14 @@ expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::st
     if (known == name) return kind;
     supported += (supported.empty() ? "" : ", ") + std::string(known);
   }
-  // Not yet: falcon, deepseek-llm, tekken, chameleon, poro-chat, gpt3-finnish, viking.
+  // Not yet: falcon, chameleon, poro-chat, gpt3-finnish, viking and the newer ones.
   return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + std::string(name) +
                                         "' is not a supported pre-tokenizer (supported: " + supported + ")");
 }
 
 bool ignores_merges(std::string_view name) {
-  for (const std::string_view n : {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"})
+  for (const std::string_view n :
+       {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken"})
     if (n == name) return true;
   return false;
 }
@@ -255,6 +357,11 @@ std::vector<std::size_t> split_words(pre_tokenizer kind, std::u32string_view tex
     case pre_tokenizer::llama3: rules = {llama3_match<3>}; break;
     case pre_tokenizer::qwen2: rules = {llama3_match<1>}; break;
     case pre_tokenizer::bloom: rules = {bloom_match}; break;
+    case pre_tokenizer::tekken: rules = {tekken_match}; break;
+    case pre_tokenizer::deepseek_llm:
+      rules = {one_line_break, optional_space_then_class<deepseek_letters>,
+               optional_space_then_class<deepseek_punctuation>, trailing_spaces, cjk_run, digit_run};
+      break;
   }
   for (const match_fn rule : rules) pieces = split_by_matches(text, pieces, rule);
   return pieces;

@@ -17,14 +17,20 @@
 ///   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
 /// - `qwen2`: the llama3 rule with `\p{N}` (one digit per word).
 /// - `bloom`: ` ?[^(\s|.,!?…。，、।۔،)]+`.
+/// - `tekken` (Mistral Nemo): `[^\r\n\p{L}\p{N}]?X*Y+|[^\r\n\p{L}\p{N}]?X+Y*|\p{N}|
+///   ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+` with X a letter not in a-z, Y one not
+///   in A-Z (llama.cpp's form of `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}]*[\p{Ll}\p{Lm}\p{Lo}]+|...`).
+/// - `deepseek-llm`: `[\r\n]`, `\s?[cased letters]+` (Latin, Greek, Cyrillic, Armenian,
+///   Georgian, Cherokee, Glagolitic, Coptic, ... as llama.cpp lists them), `\s?[!-/:-~！-／：-～‘-‟　-。]+`,
+///   `\s+$`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}+`.
 ///
 /// Each kind answers to the names llama.cpp gives it (`llama-v3`, `llama-bpe`, `falcon3`,
 /// `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `dbrx`, `smaug-bpe` and `chatglm-bpe` are llama3; `deepseek-r1-qwen`, `stablelm2` and `megrez` are
 /// qwen2; `refact`, `command-r`, `smollm`, `codeshell`, `exaone` and `minerva-7b` are starcoder;
 /// `default`, `phi-2`, `mpt`, `olmo`, `jais`, `roberta-bpe`, `gigachat` and the `jina-*` names are
 /// gpt-2). `\s`, `\p{L}`, `\p{N}`, `\p{P}` are as in unicode_class.hpp. The remaining
-/// `tokenizer.ggml.pre` values (falcon, deepseek-llm, tekken, chameleon, poro-chat,
-/// gpt3-finnish, viking) are planned; they are refused by name.
+/// `tokenizer.ggml.pre` values (falcon, chameleon, poro-chat, gpt3-finnish, viking, and the
+/// newer kinds llama.cpp keeps adding) are planned; they are refused by name.
 
 #include <cstddef>
 #include <string>
@@ -35,7 +41,7 @@
 
 namespace troupe {
 
-enum class pre_tokenizer { gpt2, starcoder, deepseek_coder, llama3, qwen2, bloom };
+enum class pre_tokenizer { gpt2, starcoder, deepseek_coder, llama3, qwen2, bloom, tekken, deepseek_llm };
 
 /// The pre-tokenizer `tokenizer.ggml.pre` names. Errors: `errc::malformed_file` for any other
 /// name, naming it, `source` and the supported names.
@@ -43,7 +49,7 @@ enum class pre_tokenizer { gpt2, starcoder, deepseek_coder, llama3, qwen2, bloom
 
 /// Whether a vocabulary with this `tokenizer.ggml.pre` takes a word that is a token whole, before
 /// any merge (llama.cpp's ignore_merges: llama3, llama-v3, llama-bpe, falcon3, falcon-h1,
-/// pixtral, midm-2.0, lfm2).
+/// pixtral, midm-2.0, lfm2, tekken).
 [[nodiscard]] bool ignores_merges(std::string_view name);
 
 /// The `tokenizer.ggml.pre` name of `kind`.
