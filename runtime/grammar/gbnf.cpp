@@ -84,7 +84,7 @@ class gbnf_parser {
       if (c == '|' || c == ')' || c == '\n') return seq;
       auto item = parse_item();
       if (!item) return tl::unexpected(item.error());
-      auto repeated = parse_postfix(*item);
+      auto repeated = in_.parse_repeats(b_, *item, /*lazy=*/false);
       if (!repeated) return tl::unexpected(repeated.error());
       seq.push_back(*repeated);
     }
@@ -129,23 +129,6 @@ class gbnf_parser {
     return b_.literal(text);
   }
 
-  expected<element> parse_postfix(element item) {
-    for (;;) {
-      if (in_.done()) return item;
-      const char c = in_.peek();
-      expected<element> next = item;
-      if (c == '*' || c == '+' || c == '?') {
-        in_.next();
-        next = b_.repeat(item, c == '+' ? 1 : 0, c == '?' ? 1 : -1);
-      } else if (c == '{') {
-        next = in_.parse_braces(b_, item);
-      } else {
-        return item;
-      }
-      if (!next) return next;
-      item = *next;
-    }
-  }
 
   syntax in_;
   builder b_;

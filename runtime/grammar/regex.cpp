@@ -40,7 +40,7 @@ class regex_parser {
     while (!in_.done() && in_.peek() != '|' && in_.peek() != ')' && !at_end_anchor()) {
       auto item = parse_atom();
       if (!item) return tl::unexpected(item.error());
-      auto repeated = parse_quantifiers(*item);
+      auto repeated = in_.parse_repeats(b_, *item, /*lazy=*/true);
       if (!repeated) return tl::unexpected(repeated.error());
       seq.push_back(*repeated);
     }
@@ -90,24 +90,6 @@ class regex_parser {
     return b_.literal(text);
   }
 
-  expected<element> parse_quantifiers(element item) {
-    for (;;) {
-      if (in_.done()) return item;
-      const char c = in_.peek();
-      expected<element> next = item;
-      if (c == '*' || c == '+' || c == '?') {
-        in_.next();
-        next = b_.repeat(item, c == '+' ? 1 : 0, c == '?' ? 1 : -1);
-      } else if (c == '{') {
-        next = in_.parse_braces(b_, item);
-      } else {
-        return item;
-      }
-      if (!next) return next;
-      item = *next;
-      in_.consume("?");  // lazy: the same set of matches
-    }
-  }
 
   syntax in_;
   builder b_;

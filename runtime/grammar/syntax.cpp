@@ -130,6 +130,25 @@ expected<int32_t> syntax::parse_count() {
   return static_cast<int32_t>(v);
 }
 
+expected<element> syntax::parse_repeats(builder& b, element item, bool lazy) {
+  for (;;) {
+    if (done()) return item;
+    const char c = peek();
+    expected<element> next = item;
+    if (c == '*' || c == '+' || c == '?') {
+      this->next();
+      next = b.repeat(item, c == '+' ? 1 : 0, c == '?' ? 1 : -1);
+    } else if (c == '{') {
+      next = parse_braces(b, item);
+    } else {
+      return item;
+    }
+    if (!next) return next;
+    item = *next;
+    if (lazy) consume("?");
+  }
+}
+
 expected<element> syntax::parse_braces(builder& b, element item) {
   next();  // '{'
   auto min = parse_count();

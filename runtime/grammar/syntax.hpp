@@ -38,11 +38,15 @@ class syntax {
   [[nodiscard]] expected<uint32_t> parse_char();
   /// A class `[...]` (the cursor on '['): ranges, `^` negation, and \d \w \s inside.
   [[nodiscard]] expected<element> parse_class(builder& b);
-  /// `{m}`, `{m,}` or `{m,n}` after `item` (the cursor on '{').
-  [[nodiscard]] expected<element> parse_braces(builder& b, element item);
+  /// The repeats after `item`: any run of `* + ? {m} {m,} {m,n}`, each applied to the result of
+  /// the ones before; `lazy` (regex): a `?` right after a repeat is accepted and changes nothing
+  /// (a lazy repeat matches the same set of texts).
+  [[nodiscard]] expected<element> parse_repeats(builder& b, element item, bool lazy);
 
  private:
   expected<int32_t> parse_count();
+  /// `{m}`, `{m,}` or `{m,n}` after `item` (the cursor on '{').
+  expected<element> parse_braces(builder& b, element item);
   expected<uint32_t> parse_hex(int digits);
 
   const std::string& text_;
