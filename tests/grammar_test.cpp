@@ -20,28 +20,28 @@
 namespace troupe::grammar {
 namespace {
 
-/// Whether the automaton of `g` accepts `text` exactly (complete match).
-bool accepts(const grammar& g, const std::string& text) {
+/// How `g`'s automaton ends after `text`: alive (a prefix of something it accepts) and accepting.
+struct outcome {
+  bool alive = false;
+  bool accepting = false;
+};
+
+outcome run_text(const grammar& g, const std::string& text) {
   automaton a(std::make_shared<const grammar>(g));
   int32_t s = automaton::initial();
   for (const char c : text) {
     s = a.advance(s, static_cast<uint8_t>(c));
-    if (s == automaton::dead) return false;
+    if (s == automaton::dead) return {};
   }
   a.check_invariants();
-  return a.accepting(s);
+  return {true, a.accepting(s)};
 }
 
-/// Whether `text` is a prefix of something the automaton accepts (it stays alive).
-bool alive(const grammar& g, const std::string& text) {
-  automaton a(std::make_shared<const grammar>(g));
-  int32_t s = automaton::initial();
-  for (const char c : text) {
-    s = a.advance(s, static_cast<uint8_t>(c));
-    if (s == automaton::dead) return false;
-  }
-  return true;
-}
+/// Whether the automaton of `g` accepts `text` exactly (complete match).
+bool accepts(const grammar& g, const std::string& text) { return run_text(g, text).accepting; }
+
+/// Whether `text` is a prefix of something the automaton accepts.
+bool alive(const grammar& g, const std::string& text) { return run_text(g, text).alive; }
 
 grammar gbnf(const std::string& text) {
   auto g = parse_gbnf(text);
