@@ -500,6 +500,31 @@ TEST(GrammarEngine, BatchInvarianceHoldsWithGrammars) {
   testing::expect_same(run_all(requests), testing::run_each_alone(requests), "grammar batch vs alone");
 }
 
+TEST(GrammarEngine, ForksAndPreemptionsReplayEachSamplesGrammarStateFromItsTokens) {
+  // n = 3 forks after the first sample; a pool of 40 blocks of 8 forces preemptions, whose
+  // readmitted sequences (and the fork's children) rebuild their cursors from their tokens.
+  std::vector<engine::request> requests;
+  for (int32_t i = 0; i < 8; i++) {
+    engine::request r = grammar_request(i, i, grammar_kind::json_schema, person_schema, 150);
+    r.n = 3;
+    requests.push_back(r);
+  }
+  engine::engine_config roomy;
+  roomy.block_size = 8;
+  const outputs want = run_all(requests, roomy);
+  engine::engine_config tight = roomy;
+  tight.num_kv_blocks = 40;
+  tight.scheduler.max_num_batched_tokens = 48;
+  auto e = testing::make_engine(tight);
+  for (const engine::request& r : requests) ASSERT_TRUE(e->add_request(r).has_value());
+  const outputs got = testing::run_to_completion(*e);
+  EXPECT_GT(e->stats().num_preemptions, 0);
+  ASSERT_EQ(got.size(), 24u);
+  testing::expect_same(got, want, "preempted vs roomy");
+  for (const auto& [key, s] : got)
+    if (s.finish == engine::finish_reason::stop) expect_valid_person(s.text);
+}
+
 TEST(GrammarEngine, ASpeculatingEngineGivesGrammarRequestsNoDraftsAndTheSameOutput) {
   engine::engine_config spec;
   spec.speculation.drafter = spec::drafter_kind::ngram;
