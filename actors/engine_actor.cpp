@@ -40,6 +40,16 @@ struct engine_state {
 
 using engine_actor_t = engine_actor::stateful_base<engine_state>;
 
+}  // namespace
+
+executor_settings executor_settings_of(const engine_options& o) {
+  return executor_settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,  o.config.kernels,
+                           o.executor_threads, o.detached_executor,    o.step_log,           o.config.speculation,
+                           o.draft_checkpoint, o.vocabulary};
+}
+
+namespace {
+
 engine::engine_host_options host_options(const engine_options& o) {
   engine::engine_config config = o.config;
   config.host_tier = static_cast<bool>(o.host_tier);
@@ -52,14 +62,8 @@ int64_t now_ns(engine_actor_t* self) { return ns_since_epoch(self->clock().now()
 void start_executor(engine_actor_t* self) {
   const engine_options& o = self->state.options;
   const engine_actor engine = caf::actor_cast<engine_actor>(self);
-  self->state.executor = o.make_executor
-                             ? o.make_executor(self->system(), engine)
-                             : spawn_executor(self->system(), engine,
-                                              executor_settings{o.checkpoint, o.config.num_kv_blocks,
-                                                                o.config.block_size, o.config.kernels,
-                                                                o.executor_threads, o.detached_executor, o.step_log,
-                                                                o.config.speculation, o.draft_checkpoint,
-                                                                o.vocabulary});
+  self->state.executor = o.make_executor ? o.make_executor(self->system(), engine)
+                                         : spawn_executor(self->system(), engine, executor_settings_of(o));
   // Monitored, not linked: over a link, an executor killed with exit_reason::kill (which no exit
   // handler can intercept) would take its engine down. The executor monitors its engine in turn.
   self->monitor(self->state.executor);

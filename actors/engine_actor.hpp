@@ -31,6 +31,7 @@
 #include <caf/timespan.hpp>
 
 #include "actors/cluster_messages.hpp"
+#include "actors/executor_actor.hpp"
 #include "actors/protocols.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
@@ -73,6 +74,10 @@ struct engine_options {
   std::shared_ptr<const grammar::vocabulary> vocabulary;
   caf::timespan tier_fetch_timeout = std::chrono::milliseconds(50);
 };
+
+/// The settings of the real step executor `options` describe (what a wrapping executor, such
+/// as a test's failing one, spawns inside).
+[[nodiscard]] executor_settings executor_settings_of(const engine_options& options);
 
 /// Spawns an engine and its executor. Fails (as a value) if the options are invalid or the
 /// step_log file cannot be opened for appending (io_error naming it).

@@ -463,6 +463,26 @@ TEST_F(ActorsDeterministic, AnInjectedExecutorFailureMidBatchResumesItsRequestsW
   EXPECT_EQ(report().num_executor_failures, 1);
 }
 
+TEST_F(ActorsDeterministic, AGrammarRequestResumedAfterAnExecutorFailureStillFollowsItsGrammar) {
+  start(with_failing_executor(engine_opts(false)));
+  const actors::executor_actor executor = ask<actors::executor_actor>(engines_[0], actors::executor_atom::value);
+  ASSERT_TRUE(executor);
+  msg::completion_request r = make_completion("The sun was shining", 120, 31, 1.0f);
+  r.grammar_kind = "regex";
+  r.grammar = " (the|a) [a-z]{3,9}( [a-z]{2,9}){6,12}[.]";
+  auto log = submit(r);
+  run_until([&] { return log->tokens().size() >= 4; });
+  caf::anon_send(caf::actor_cast<failing_executor_actor>(executor), fail_next_plan_atom::value, std::string("boom"));
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  // The replacement executor rebuilt the sequence's grammar state from its resumed tokens.
+  EXPECT_TRUE(std::regex_match((*log->outcome)->text, std::regex(r.grammar))) << (*log->outcome)->text;
+  EXPECT_EQ((*log->outcome)->end.finish_reason, engine::finish_reason::stop);
+  EXPECT_EQ(report().num_executor_failures, 1);
+  expect_engine_idle();
+}
+
 TEST_F(ActorsDeterministic, AKilledExecutorIsReplacedAndItsRequestResumes) {
   start();
   const actors::executor_actor executor = ask<actors::executor_actor>(engines_[0], actors::executor_atom::value);

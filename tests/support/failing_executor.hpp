@@ -50,9 +50,7 @@ inline failing_executor_actor::behavior_type failing_executor(
 
 /// `o` with its executor replaced by a failing one wrapping the real executor `o` describes.
 inline actors::engine_options with_failing_executor(actors::engine_options o) {
-  const actors::executor_settings settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,
-                                           o.config.kernels,   o.executor_threads,     o.detached_executor,
-                                           o.step_log};
+  const actors::executor_settings settings = actors::executor_settings_of(o);
   o.make_executor = [settings](caf::actor_system& sys, const actors::engine_actor& engine) -> actors::executor_actor {
     return sys.spawn(failing_executor, engine, settings);
   };
