@@ -217,10 +217,12 @@ expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const
 expected<const grammar::token_mask*> step_executor::grammar_mask(const exec_chunk& chunk,
                                                                  const sampling::token_context& context) {
   if (chunk.grammar == nullptr) return nullptr;
-  const uint64_t hash = chunk.grammar->hash;
-  std::unique_ptr<grammar::matcher>& m = matchers_[hash];
+  // By compiled grammar: the grammar actor hands equal specs the same one while it caches it,
+  // and a matcher keeps its grammar alive, so the key cannot be reused for another. (Not by the
+  // spec's 64-bit hash: a request could be crafted to collide with another's.)
+  const grammar::compiled_grammar* key = chunk.grammar.get();
+  std::unique_ptr<grammar::matcher>& m = matchers_[key];
   if (m == nullptr) m = std::make_unique<grammar::matcher>(chunk.grammar, vocabulary_);
-  TROUPE_ASSERT(m->compiled().spec == chunk.grammar->spec);
   grammar::cursor& c = cursors_.try_emplace(chunk.seq, *m).first->second;
   for (int64_t p = context.num_prompt_tokens + c.num_fed(); p < context.num_tokens; p++) c.feed(context.tokens[p]);
   const grammar::token_mask* mask = c.mask();
@@ -230,7 +232,7 @@ expected<const grammar::token_mask*> step_executor::grammar_mask(const exec_chun
   const grammar::matcher* dropped = m.get();
   for (auto it = cursors_.begin(); it != cursors_.end();)
     it = &it->second.owner() == dropped ? cursors_.erase(it) : std::next(it);
-  matchers_.erase(hash);
+  matchers_.erase(key);
   return fail(errc::internal, "the grammar's automaton grew past " + std::to_string(grammar::automaton_states_max) +
                                   " states; simplify the grammar");
 }

@@ -84,7 +84,8 @@ class step_executor {
   std::map<kv::seq_id, std::vector<int32_t>> tables_;  // live sequences' block tables (exec_chunk::first_block)
   std::map<kv::seq_id, std::vector<int32_t>> contexts_;  // penalised sequences' tokens, positions [0, n)
   std::shared_ptr<const grammar::vocabulary> vocabulary_;
-  std::map<uint64_t, std::unique_ptr<grammar::matcher>> matchers_;  // by compiled grammar hash
+  // By compiled grammar (identity: a cache lookup, no decision depends on the order).
+  std::map<const grammar::compiled_grammar*, std::unique_ptr<grammar::matcher>> matchers_;
   std::map<kv::seq_id, grammar::cursor> cursors_;                   // grammar sequences' places
   std::vector<model::forward_row> rows_;
   std::vector<float> logits_;  // (sampling chunks, vocab)

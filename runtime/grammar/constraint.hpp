@@ -65,7 +65,7 @@ bool operator==(const grammar_spec& a, const grammar_spec& b);
 
 struct compiled_grammar {
   grammar_spec spec;
-  uint64_t hash = 0;  ///< of the spec: equal specs share a matcher
+  uint64_t hash = 0;  ///< of the spec: the grammar cache's key (spec equality checked on a hit)
   std::shared_ptr<const grammar> rules;
 };
 
