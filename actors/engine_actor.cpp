@@ -223,7 +223,7 @@ void with_grammar(engine_actor_t* self, engine::request r, const request_actor& 
   const grammar::grammar_spec spec = r.grammar;
   self->request(self->state.grammars, grammar_compile_timeout, compile_atom::value, spec)
       .then(
-          [=, r = std::move(r)](compiled_grammar_ref& c) mutable {
+          [=, r = std::move(r), admit = std::move(admit)](compiled_grammar_ref& c) mutable {
             if (!c.grammar) return refuse_request(self, to, id, errc::invalid_argument, c.error, uncounted);
             r.compiled_grammar = std::move(c.grammar);
             admit(std::move(r));
@@ -258,9 +258,11 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   }
   if (!validate_caller(h.request_actor, h.request.id)) return;
   const request_actor to = h.request_actor;
-  with_grammar(self, std::move(h.request), to, /*uncounted=*/false, [=, kv = std::move(payload->kv), from = payload->request_id](engine::request r) mutable {
-    perform(self, self->state.host->import(std::move(r), from, std::move(kv), now_ns(self)), to);
-  });
+  const engine::request_id from = payload->request_id;
+  with_grammar(self, std::move(h.request), to, /*uncounted=*/false,
+               [=, kv = std::move(payload->kv)](engine::request r) mutable {
+                 perform(self, self->state.host->import(std::move(r), from, std::move(kv), now_ns(self)), to);
+               });
 }
 
 void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
