@@ -80,7 +80,10 @@ uint64_t hash_of(const grammar_spec& spec) {
 
 }  // namespace
 
-expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec) {
+namespace {
+
+/// `compile` with the spec's hash already known.
+expected<std::shared_ptr<const compiled_grammar>> compile_hashed(const grammar_spec& spec, uint64_t hash) {
   expected<grammar> g = fail(errc::invalid_argument, "no grammar");
   switch (spec.kind) {
     case grammar_kind::none: return fail(errc::invalid_argument, "no grammar to compile");
@@ -91,9 +94,15 @@ expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& sp
   if (!g) return tl::unexpected(g.error());
   auto out = std::make_shared<compiled_grammar>();
   out->spec = spec;
-  out->hash = hash_of(spec);
+  out->hash = hash;
   out->rules = std::make_shared<const grammar>(std::move(*g));
   return std::shared_ptr<const compiled_grammar>(std::move(out));
+}
+
+}  // namespace
+
+expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec) {
+  return compile_hashed(spec, hash_of(spec));
 }
 
 expected<std::shared_ptr<const compiled_grammar>> grammar_cache::get(const grammar_spec& spec) {
@@ -105,7 +114,7 @@ expected<std::shared_ptr<const compiled_grammar>> grammar_cache::get(const gramm
     num_hits_++;
     return it->second.grammar;
   }
-  auto g = compile(spec);
+  auto g = compile_hashed(spec, h);
   if (!g) return g;
   if (entries_.size() >= capacity_ && it == entries_.end()) {
     const auto oldest = std::min_element(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {

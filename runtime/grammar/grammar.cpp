@@ -201,50 +201,36 @@ expected<grammar> builder::finish(int32_t root) && {
 
 namespace {
 
-/// Rules that can match the empty string (a fixed point).
-std::vector<bool> nullable_rules(const grammar& g) {
-  std::vector<bool> nullable(static_cast<size_t>(g.num_rules()), false);
+/// The rules with an alternative whose every element passes (a fixed point): a byte passes
+/// when `bytes_pass`, a rule when it is already in the set.
+std::vector<bool> rules_where_all_pass(const grammar& g, bool bytes_pass) {
+  std::vector<bool> in(static_cast<size_t>(g.num_rules()), false);
+  const auto passes = [&](const element& e) {
+    return (e.type == element::kind::bytes && bytes_pass) ||
+           (e.type == element::kind::rule && in[static_cast<size_t>(e.rule)]);
+  };
   for (bool changed = true; changed;) {
     changed = false;
     for (int32_t r = 0; r < g.num_rules(); r++) {
-      if (nullable[static_cast<size_t>(r)]) continue;
+      if (in[static_cast<size_t>(r)]) continue;
       for (const int32_t start : g.alternatives[static_cast<size_t>(r)]) {
         int32_t p = start;
-        while (g.elements[static_cast<size_t>(p)].type == element::kind::rule &&
-               nullable[static_cast<size_t>(g.elements[static_cast<size_t>(p)].rule)])
-          p++;
+        while (passes(g.elements[static_cast<size_t>(p)])) p++;
         if (g.elements[static_cast<size_t>(p)].type == element::kind::end) {
-          nullable[static_cast<size_t>(r)] = changed = true;
+          in[static_cast<size_t>(r)] = changed = true;
           break;
         }
       }
     }
   }
-  return nullable;
+  return in;
 }
 
-/// Rules whose language is not empty (a fixed point).
-std::vector<bool> productive_rules(const grammar& g) {
-  std::vector<bool> productive(static_cast<size_t>(g.num_rules()), false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (int32_t r = 0; r < g.num_rules(); r++) {
-      if (productive[static_cast<size_t>(r)]) continue;
-      for (const int32_t start : g.alternatives[static_cast<size_t>(r)]) {
-        int32_t p = start;
-        while (g.elements[static_cast<size_t>(p)].type == element::kind::bytes ||
-               (g.elements[static_cast<size_t>(p)].type == element::kind::rule &&
-                productive[static_cast<size_t>(g.elements[static_cast<size_t>(p)].rule)]))
-          p++;
-        if (g.elements[static_cast<size_t>(p)].type == element::kind::end) {
-          productive[static_cast<size_t>(r)] = changed = true;
-          break;
-        }
-      }
-    }
-  }
-  return productive;
-}
+/// Rules that can match the empty string.
+std::vector<bool> nullable_rules(const grammar& g) { return rules_where_all_pass(g, false); }
+
+/// Rules whose language is not empty.
+std::vector<bool> productive_rules(const grammar& g) { return rules_where_all_pass(g, true); }
 
 /// The rules each rule can begin with before consuming a byte.
 std::vector<std::vector<int32_t>> leftmost_rules(const grammar& g, const std::vector<bool>& nullable) {
