@@ -126,6 +126,8 @@ caf::result<caf::message> drop_foreign(caf::scheduled_actor*, caf::message_view&
 void deliver(client_t* self, const msg::completion_chunk& c, const chunk_callback& on_chunk) {
   completion& r = self->state.result;
   r.text += c.text;
+  r.reasoning_text += c.reasoning_text;
+  r.tool_calls.insert(r.tool_calls.end(), c.tool_calls.begin(), c.tool_calls.end());
   r.tokens.insert(r.tokens.end(), c.tokens.begin(), c.tokens.end());
   r.logprobs.insert(r.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
   r.top_logprobs.insert(r.top_logprobs.end(), c.top_logprobs.begin(), c.top_logprobs.end());

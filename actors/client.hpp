@@ -23,7 +23,9 @@ namespace troupe::actors {
 
 /// A finished completion: all text and tokens, and how it ended.
 struct completion {
-  std::string text;
+  std::string text;            ///< a chat answer's content
+  std::string reasoning_text;  ///< a chat answer's reasoning (serve::output_channels)
+  std::vector<serve::tool_call> tool_calls;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<sampling::token_logprob>> top_logprobs;  ///< per token (request's num_top_logprobs)

@@ -66,6 +66,7 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.host.params = std::move(req);
   ro.host.context_tokens = st.o.context_tokens;
   ro.host.chat = st.o.chat;
+  ro.host.tags = st.o.tags;
   ro.host.refused = std::move(refused);
   ro.host.prefix_block_size = st.host->prefix_block_size();
   // A seed for every request, derived from the balancer's base: a whole run replays from one

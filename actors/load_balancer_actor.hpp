@@ -34,6 +34,7 @@
 
 #include "actors/protocols.hpp"
 #include "runtime/balance/placement.hpp"
+#include "runtime/serve/output_channels.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::actors {
@@ -77,6 +78,7 @@ struct load_balancer_options {
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)
   int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_host_options::context_tokens)
   chat_template chat = chat_template::bare;  ///< renders chat requests (request_host_options::chat)
+  serve::output_tags tags;  ///< split chat answers (request_host_options::tags)
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.
   int32_t max_pending_per_client = 256;

@@ -31,6 +31,7 @@ void reply_error(http_response& res, const openai::api_error& e) {
 struct choice_state {
   bool streamed = false;  ///< its first chunk is out
   openai::token_logprobs next;  ///< where its next streamed tokens' texts start (logprobs)
+  int32_t num_tool_calls = 0;   ///< streamed so far
   std::optional<actors::completion> done;
 };
 
@@ -195,7 +196,14 @@ void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::comple
   a.name(chunk.request_id);
   if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
   choice_state& choice = a.choices[static_cast<size_t>(index)];
-  openai::choice_output delta{index, chunk.text, engine::finish_reason::none, std::move(choice.next)};
+  openai::choice_output delta;
+  delta.index = index;
+  delta.text = chunk.text;
+  delta.logprobs = std::move(choice.next);
+  delta.reasoning = chunk.reasoning_text;
+  delta.tool_calls = chunk.tool_calls;
+  delta.num_earlier_tool_calls = choice.num_tool_calls;
+  choice.num_tool_calls += static_cast<int32_t>(chunk.tool_calls.size());
   delta.logprobs.tokens = chunk.tokens;
   delta.logprobs.logprobs = chunk.logprobs;
   delta.logprobs.top_logprobs = chunk.top_logprobs;
@@ -212,11 +220,13 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
   if (end.finish_reason != engine::finish_reason::cancelled) record(end);
   a.name(end.request_id);
   if (!a.seed) a.seed = end.seed;
-  a.choices[static_cast<size_t>(index)].done = *outcome;
+  choice_state& choice = a.choices[static_cast<size_t>(index)];
+  choice.done = *outcome;
   a.num_done++;
   if (a.stream) {
     if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
-    a.response->write(openai::sse_event(openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed)));
+    a.response->write(openai::sse_event(
+        openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed, choice.num_tool_calls > 0)));
   }
   if (a.num_done == static_cast<int32_t>(a.choices.size())) finish_answer(a);
 }
@@ -231,7 +241,8 @@ void http_gateway::impl::finish_answer(answer& a) {
     const actors::completion& done = *choice.done;
     ends.push_back(done.end);
     outputs.push_back({static_cast<int32_t>(k), done.text, done.end.finish_reason,
-                       {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0}});
+                       {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0},
+                       done.reasoning_text, done.tool_calls});
   }
   const openai::usage_counts usage = openai::sum_usage(ends, a.n);
   if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));

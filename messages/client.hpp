@@ -38,8 +38,14 @@ typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tool_call& x) {
+  return f(x.name, x.arguments);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_chunk& x) {
-  return f(x.request_id, x.stream, x.sequence, x.text, x.tokens, x.logprobs, x.top_logprobs);
+  return f(x.request_id, x.stream, x.sequence, x.text, x.tokens, x.logprobs, x.top_logprobs, x.reasoning_text,
+           x.tool_calls);
 }
 
 template <class Inspector>

@@ -411,7 +411,7 @@ ordered chat_logprobs(const tokenizer& tok, const token_logprobs& part) {
 /// One choice: the text under "text" (completions), "message" or "delta" (chat), and its
 /// logprobs when asked for (`part`; null on a stream's last chunk of a choice).
 ordered choice_json(const response_context& c, int32_t index, const ordered& text, const char* chat_key,
-                    engine::finish_reason finish, const token_logprobs* part = nullptr) {
+                    engine::finish_reason finish, const token_logprobs* part = nullptr, bool called_tools = false) {
   ordered j;
   j["index"] = index;
   if (c.kind == endpoint::completions)
@@ -423,7 +423,12 @@ ordered choice_json(const response_context& c, int32_t index, const ordered& tex
     TROUPE_ASSERT(c.tok != nullptr);
     j["logprobs"] = c.kind == endpoint::completions ? completion_logprobs(*c.tok, *part) : chat_logprobs(*c.tok, *part);
   }
-  j["finish_reason"] = finish == engine::finish_reason::none ? ordered(nullptr) : ordered(engine::to_string(finish));
+  if (finish == engine::finish_reason::none)
+    j["finish_reason"] = nullptr;
+  else if (finish == engine::finish_reason::stop && called_tools)
+    j["finish_reason"] = "tool_calls";  // OpenAI's: the answer ended calling tools
+  else
+    j["finish_reason"] = engine::to_string(finish);
   return j;
 }
 
@@ -436,10 +441,32 @@ ordered usage_json(const usage_counts& u) {
   return j;
 }
 
-ordered chat_text(const std::string& text, bool with_role) {
+/// A chat choice's message (`streamed`: a delta): its role (in a whole message, and in a
+/// stream's first delta), content, reasoning_content and tool_calls (those two when there are
+/// any). A message of tool calls only has null content, as OpenAI's; a delta leaves out the
+/// empty content beside reasoning or calls.
+ordered chat_message_json(const response_context& c, const choice_output& o, bool with_role, bool streamed) {
   ordered j = ordered::object();
   if (with_role) j["role"] = "assistant";
-  j["content"] = text;
+  const bool other = !o.reasoning.empty() || !o.tool_calls.empty();
+  if (!o.text.empty() || !other)
+    j["content"] = o.text;
+  else if (!streamed)
+    j["content"] = o.tool_calls.empty() ? ordered("") : ordered(nullptr);
+  if (!o.reasoning.empty()) j["reasoning_content"] = o.reasoning;
+  if (o.tool_calls.empty()) return j;
+  ordered calls = ordered::array();
+  for (size_t k = 0; k < o.tool_calls.size(); k++) {
+    const int32_t number = o.num_earlier_tool_calls + static_cast<int32_t>(k);
+    ordered call;
+    if (streamed) call["index"] = number;
+    call["id"] = "call_" + std::to_string(static_cast<uint64_t>(c.request_id)) + "_" + std::to_string(o.index) + "_" +
+                 std::to_string(number);
+    call["type"] = "function";
+    call["function"] = ordered{{"name", o.tool_calls[k].name}, {"arguments", o.tool_calls[k].arguments}};
+    calls.push_back(std::move(call));
+  }
+  j["tool_calls"] = std::move(calls);
   return j;
 }
 
@@ -559,8 +586,8 @@ std::string render_response(const response_context& c, const std::vector<choice_
   j["seed"] = seed;
   j["choices"] = ordered::array();
   for (const choice_output& o : choices) {
-    const ordered content = c.kind == endpoint::completions ? ordered(o.text) : chat_text(o.text, true);
-    j["choices"].push_back(choice_json(c, o.index, content, "message", o.finish, &o.logprobs));
+    const ordered content = c.kind == endpoint::completions ? ordered(o.text) : chat_message_json(c, o, true, false);
+    j["choices"].push_back(choice_json(c, o.index, content, "message", o.finish, &o.logprobs, !o.tool_calls.empty()));
   }
   j["usage"] = usage_json(usage);
   return dumped(j);
@@ -568,17 +595,18 @@ std::string render_response(const response_context& c, const std::vector<choice_
 
 std::string render_chunk(const response_context& c, const choice_output& delta, bool first) {
   ordered j = head(c, object_name(c, true));
-  const ordered content = c.kind == endpoint::completions ? ordered(delta.text) : chat_text(delta.text, first);
+  const ordered content = c.kind == endpoint::completions ? ordered(delta.text) : chat_message_json(c, delta, first, true);
   j["choices"] = ordered::array({choice_json(c, delta.index, content, "delta", delta.finish, &delta.logprobs)});
   if (c.include_usage) j["usage"] = nullptr;
   return dumped(j);
 }
 
-std::string render_final_chunk(const response_context& c, int32_t index, engine::finish_reason finish, uint64_t seed) {
+std::string render_final_chunk(const response_context& c, int32_t index, engine::finish_reason finish, uint64_t seed,
+                               bool called_tools) {
   ordered j = head(c, object_name(c, true));
   j["seed"] = seed;
   const ordered content = c.kind == endpoint::completions ? ordered("") : ordered::object();
-  j["choices"] = ordered::array({choice_json(c, index, content, "delta", finish)});
+  j["choices"] = ordered::array({choice_json(c, index, content, "delta", finish, nullptr, called_tools)});
   if (c.include_usage) j["usage"] = nullptr;
   return dumped(j);
 }

@@ -134,6 +134,12 @@ struct choice_output {
   std::string text;
   engine::finish_reason finish = engine::finish_reason::none;  ///< none renders null
   token_logprobs logprobs;  ///< rendered when the context asks for logprobs
+  /// A chat answer's reasoning (rendered as `reasoning_content`, as vLLM and llama.cpp do) and
+  /// tool calls (`tool_calls`, ids "call_<request id>_<choice>_<k>"; a choice that called a tool
+  /// and stopped finishes with "tool_calls").
+  std::string reasoning;
+  std::vector<serve::tool_call> tool_calls;
+  int32_t num_earlier_tool_calls = 0;  ///< streamed: the choice's calls in earlier chunks (k starts there)
 };
 
 /// Token counts of an answer, summed over its choices.
@@ -155,9 +161,10 @@ struct usage_counts {
 /// chunk; a chat chunk then also carries the role).
 [[nodiscard]] std::string render_chunk(const response_context& c, const choice_output& delta, bool first);
 
-/// The JSON of the last streamed chunk of choice `index`: no text, its finish reason and the seed.
+/// The JSON of the last streamed chunk of choice `index`: no text, its finish reason ("tool_calls"
+/// for a stop after `called_tools`) and the seed.
 [[nodiscard]] std::string render_final_chunk(const response_context& c, int32_t index,
-                                             engine::finish_reason finish, uint64_t seed);
+                                             engine::finish_reason finish, uint64_t seed, bool called_tools = false);
 
 /// The JSON of the usage chunk (stream_options.include_usage): no choices.
 [[nodiscard]] std::string render_usage_chunk(const response_context& c, uint64_t seed, const usage_counts& usage);

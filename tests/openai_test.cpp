@@ -373,6 +373,42 @@ TEST(OpenaiResponse, StreamedChatChunksRenderByteForByte) {
                    R"("prompt_tokens_details":{"cached_tokens":2}}})");
 }
 
+TEST(OpenaiResponse, AChatAnswersReasoningAndToolCallsRenderAsOpenAiAndVllmDo) {
+  const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false};
+  choice_output o{0, "", engine::finish_reason::stop};
+  o.reasoning = "think";
+  o.tool_calls = {{"get_weather", R"({"city":"Paris"})"}};
+  EXPECT_EQ(render_response(c, {o}, 42, sum_usage({an_end()}, 1)),
+            R"({"id":"chatcmpl-7","object":"chat.completion","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"message":{"role":"assistant",)"
+            R"("content":null,"reasoning_content":"think","tool_calls":[{"id":"call_7_0_0","type":"function",)"
+            R"("function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},"logprobs":null,)"
+            R"("finish_reason":"tool_calls"}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,)"
+            R"("prompt_tokens_details":{"cached_tokens":2}}})");
+  // Reasoning without calls: the content stays a string; a length finish stays "length".
+  choice_output r{0, "", engine::finish_reason::length};
+  r.reasoning = "hm";
+  EXPECT_NE(render_response(c, {r}, 42, sum_usage({an_end()}, 1))
+                .find(R"("message":{"role":"assistant","content":"","reasoning_content":"hm"},"logprobs":null,"finish_reason":"length")"),
+            std::string::npos);
+
+  const response_context s{endpoint::chat_completions, 7, 1700000001, &model, false};
+  const std::string head =
+      R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K","system_fingerprint":"troupe-test",)";
+  choice_output d{1, ""};
+  d.reasoning = "so";
+  EXPECT_EQ(render_chunk(s, d, false),
+            head + R"("choices":[{"index":1,"delta":{"reasoning_content":"so"},"logprobs":null,"finish_reason":null}]})");
+  d.reasoning.clear();
+  d.tool_calls = {{"f", "{}"}};
+  d.num_earlier_tool_calls = 2;  // the choice's third call
+  EXPECT_EQ(render_chunk(s, d, false),
+            head + R"("choices":[{"index":1,"delta":{"tool_calls":[{"index":2,"id":"call_7_1_2","type":"function",)"
+                   R"("function":{"name":"f","arguments":"{}"}}]},"logprobs":null,"finish_reason":null}]})");
+  EXPECT_EQ(render_final_chunk(s, 1, engine::finish_reason::stop, 42, true),
+            head + R"("seed":42,"choices":[{"index":1,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}]})");
+}
+
 TEST(OpenaiResponse, StreamedCompletionChunksRenderByteForByte) {
   const response_context c{endpoint::completions, 3, 5, &model, false};
   EXPECT_EQ(render_chunk(c, {0, "a"}, true),

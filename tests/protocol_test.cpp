@@ -220,7 +220,8 @@ msg::completion_end full_end() {
 
 TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(full_completion_request());
-  expect_round_trip(msg::completion_chunk{3, 11, 2, "hi", {7, 8}, {-1.5f, -2.5f}, {{{7, -1.5f}}, {{8, -2.5f}, {9, -3.0f}}}});
+  expect_round_trip(msg::completion_chunk{3, 11, 2, "hi", {7, 8}, {-1.5f, -2.5f}, {{{7, -1.5f}}, {{8, -2.5f}, {9, -3.0f}}},
+                                             "hm", {{"f", R"({"a":1})"}}});
   expect_round_trip(full_end());
   expect_round_trip(msg::completion_error{3, 11, errc::too_long, "m", 2});
   expect_round_trip(msg::cancel_request{12});

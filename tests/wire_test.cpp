@@ -41,6 +41,19 @@ TEST(Wire, AChunkFrameHasItsSequenceTextTokensAndFloat32Logprobs) {
                                         b({0x91, 0x91, 0x92, 0x05, 0xca, 0xbf, 0x00, 0x00, 0x00}));
 }
 
+TEST(Wire, AChatChunkCarriesItsReasoningAndToolCallsOnlyWhenItHasThem) {
+  msg::completion_chunk chunk;
+  chunk.sequence = 1;
+  chunk.reasoning_text = "hm";
+  chunk.tool_calls = {{"f", "{}"}};
+  const std::string frame = encode_chunk(3, chunk);
+  // 9 keys (0x89): the 7 of every chunk, then "reasoning" and "tool_calls" [{name, arguments}].
+  EXPECT_EQ(static_cast<unsigned char>(frame[4]), 0x89);
+  const std::string tail = b({0xa9}) + "reasoning" + b({0xa2}) + "hm" + b({0xaa}) + "tool_calls" + b({0x91, 0x82, 0xa4}) +
+                           "name" + b({0xa1}) + "f" + b({0xa9}) + "arguments" + b({0xa2}) + "{}";
+  EXPECT_EQ(frame.substr(frame.size() - tail.size()), tail);
+}
+
 TEST(Wire, AnEndFrameHasTheFinishReasonSeedUsageAndTimings) {
   msg::completion_end end;
   end.request_id = 12;

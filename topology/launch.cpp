@@ -250,6 +250,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     return fail(chat.error().code, "[load_balancer] chat_template: " + chat.error().message);
   }
   lb.chat = *chat;
+  lb.tags = serve::output_tags::of(*out.tok);
   // Engines on other nodes may have a longer context than those loaded here: then the bound is
   // the largest context any checkpoint may declare.
   const bool all_local = std::all_of(t.engines.begin(), t.engines.end(),

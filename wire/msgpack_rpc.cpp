@@ -371,7 +371,9 @@ std::string encode_cancel(uint64_t id) {
 std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
   msgpack::sbuffer body;
   packer p(body);
-  pack_head(p, 7, "chunk", id);
+  const bool reasoning = !chunk.reasoning_text.empty();
+  const bool calls = !chunk.tool_calls.empty();
+  pack_head(p, 7 + (reasoning ? 1 : 0) + (calls ? 1 : 0), "chunk", id);
   pack_text(p, "sequence");
   p.pack_int32(chunk.sequence);
   pack_text(p, "text");
@@ -388,6 +390,21 @@ std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
       p.pack_array(2);
       p.pack_int32(t.token);
       p.pack_float(t.logprob);
+    }
+  }
+  if (reasoning) {
+    pack_text(p, "reasoning");
+    p.pack(chunk.reasoning_text);
+  }
+  if (calls) {
+    pack_text(p, "tool_calls");  // [{name, arguments}], arguments as JSON text
+    p.pack_array(static_cast<uint32_t>(chunk.tool_calls.size()));
+    for (const serve::tool_call& c : chunk.tool_calls) {
+      p.pack_map(2);
+      pack_text(p, "name");
+      p.pack(c.name);
+      pack_text(p, "arguments");
+      p.pack(c.arguments);
     }
   }
   return framed(body);

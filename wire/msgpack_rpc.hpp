@@ -68,7 +68,8 @@ struct request_error {
 /// The cancel frame of request `id`: `{"type": "cancel", "id"}` (for clients and tests).
 [[nodiscard]] std::string encode_cancel(uint64_t id);
 
-/// A chunk frame: `{"type": "chunk", "id", "sequence", "text", "tokens", "logprobs", "top_logprobs"}`.
+/// A chunk frame: `{"type": "chunk", "id", "sequence", "text", "tokens", "logprobs", "top_logprobs"}`,
+/// and a chat answer's `"reasoning"` (text) and `"tool_calls"` ([{"name", "arguments"}]) when it has any.
 [[nodiscard]] std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk);
 
 /// The end frame: `{"type": "end", "id", "request_id", "finish_reason", "seed", "usage": {...},

@@ -24,6 +24,11 @@ output_stream::delta output_stream::push(int32_t token) {
   return append(detokenizer_.push(token), false);
 }
 
+output_stream::delta output_stream::push_text(const std::string& text) {
+  TROUPE_ASSERT_MSG(!stopped_, "push after the stream ended");
+  return append(text, false);
+}
+
 output_stream::delta output_stream::finish() {
   if (stopped_) return {};
   delta d = append(detokenizer_.finish(), true);

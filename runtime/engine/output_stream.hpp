@@ -28,6 +28,10 @@ class output_stream {
   /// Appends one generated token.
   [[nodiscard]] delta push(int32_t token);
 
+  /// Appends text that no token of this stream spelled (a chat answer's failed tool call,
+  /// serve::output_channels): searched for stop strings like the tokens' text.
+  [[nodiscard]] delta push_text(const std::string& text);
+
   /// Ends the stream: flushes held-back text (an incomplete UTF-8 tail becomes U+FFFD).
   [[nodiscard]] delta finish();
 

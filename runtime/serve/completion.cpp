@@ -4,9 +4,15 @@
 
 namespace troupe::serve {
 
+bool operator==(const tool_call& a, const tool_call& b) {
+  return std::tie(a.name, a.arguments) == std::tie(b.name, b.arguments);
+}
+
 bool operator==(const completion_chunk& a, const completion_chunk& b) {
-  return std::tie(a.request_id, a.stream, a.sequence, a.text, a.tokens, a.logprobs, a.top_logprobs) ==
-         std::tie(b.request_id, b.stream, b.sequence, b.text, b.tokens, b.logprobs, b.top_logprobs);
+  return std::tie(a.request_id, a.stream, a.sequence, a.text, a.tokens, a.logprobs, a.top_logprobs, a.reasoning_text,
+                  a.tool_calls) ==
+         std::tie(b.request_id, b.stream, b.sequence, b.text, b.tokens, b.logprobs, b.top_logprobs, b.reasoning_text,
+                  b.tool_calls);
 }
 
 bool operator==(const completion_end& a, const completion_end& b) {

@@ -55,6 +55,12 @@ struct completion_request {
   std::vector<std::string> grammar_trigger_strings;
 };
 
+/// A function call a chat answer made (OpenAI's tool_calls[].function; serve::output_channels).
+struct tool_call {
+  std::string name;
+  std::string arguments;  ///< JSON text
+};
+
 /// New text of a completion, with the tokens that made it.
 struct completion_chunk {
   int64_t request_id = 0;
@@ -65,6 +71,10 @@ struct completion_chunk {
   std::vector<float> logprobs;
   /// Per token, the num_top_logprobs most likely tokens (raw logprobs, descending).
   std::vector<std::vector<sampling::token_logprob>> top_logprobs;
+  /// A chat answer's reasoning and tool calls, parsed out of its text by the tags' token ids
+  /// (serve::output_channels): `text` is then the answer's content only.
+  std::string reasoning_text;
+  std::vector<tool_call> tool_calls;
 };
 
 /// The last message of a completion that finished.
@@ -94,6 +104,7 @@ struct completion_error {
   int32_t num_chunks = 0;           ///< chunks sent before this message
 };
 
+bool operator==(const tool_call& a, const tool_call& b);
 bool operator==(const completion_chunk& a, const completion_chunk& b);
 bool operator==(const completion_end& a, const completion_end& b);
 bool operator==(const completion_error& a, const completion_error& b);

@@ -284,14 +284,16 @@ void request_host::take_token(const engine::sample_event& s, int64_t scheduled_a
     end_.num_recomputed_tokens = s.num_recomputed_tokens;
     end_.queue_ns = scheduled_at_ns - arrival_ns_;
   }
-  if (!out_ && text_mode_) out_.emplace(*o_.tok, request_.prompt, request_.stop);
-  const engine::output_stream::delta d = text_mode_ ? out_->push(s.sample.token) : engine::output_stream::delta{};
-  pending_.text += d.text;
+  if (!out_ && text_mode_)
+    out_.emplace(*o_.tok, request_.prompt, request_.stop, o_.params.messages.empty() ? output_tags{} : o_.tags);
+  output_channels::delta d = text_mode_ ? out_->push(s.sample.token) : output_channels::delta{};
+  const bool stopped = d.stopped;
+  take_text(std::move(d));
   pending_.tokens.push_back(s.sample.token);
   pending_.logprobs.push_back(s.sample.logprob);
   pending_.top_logprobs.push_back(s.sample.top_logprobs);
   if (o_.params.stream) flush(out);
-  if (d.stopped) {
+  if (stopped) {
     out.push_back(release_engines{});
     finish(engine::finish_reason::stop, now_ns, out);
   } else if (s.finish != engine::finish_reason::none) {
@@ -337,9 +339,17 @@ effects request_host::client_lost() {
   return {release_engines{}, stop{}};
 }
 
+void request_host::take_text(output_channels::delta d) {
+  pending_.text += d.content;
+  pending_.reasoning_text += d.reasoning;
+  for (tool_call& c : d.tool_calls) pending_.tool_calls.push_back(std::move(c));
+}
+
 /// Sends what is pending as one chunk, if anything is.
 void request_host::flush(effects& out) {
-  if (pending_.text.empty() && pending_.tokens.empty()) return;
+  if (pending_.text.empty() && pending_.tokens.empty() && pending_.reasoning_text.empty() &&
+      pending_.tool_calls.empty())
+    return;
   pending_.request_id = o_.id;
   pending_.stream = o_.stream;
   pending_.sequence = num_chunks_++;
@@ -347,7 +357,7 @@ void request_host::flush(effects& out) {
 }
 
 void request_host::finish(engine::finish_reason reason, int64_t now_ns, effects& out) {
-  if (out_) pending_.text += out_->finish().text;
+  if (out_) take_text(out_->finish());
   flush(out);
   end_.finish_reason = reason;
   end_.num_chunks = num_chunks_;

@@ -16,6 +16,7 @@
 ///   prefix directory (`prefix_block_size` > 0): hashed here, in each request, not in the
 ///   balancer that every request goes through;
 /// - tokens: detokenization and stop strings (engine::output_stream, made on the first token),
+///   a chat's reasoning and tool calls split from its content by tag token (output_channels),
 ///   chunks numbered 0, 1, 2, … (one per token when streaming, one before the end otherwise), a
 ///   batch expanded token by token at the times its ages give, TTFT, inter-token gaps, queue
 ///   time and end-to-end time from the `now_ns` of the calls;
@@ -40,6 +41,7 @@
 #include "runtime/engine/engine_host.hpp"
 #include "runtime/engine/output_stream.hpp"
 #include "runtime/serve/completion.hpp"
+#include "runtime/serve/output_channels.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::serve {
@@ -61,6 +63,9 @@ struct request_host_options {
   std::optional<error> refused;
   /// How a chat's messages become the prompt (completion_request::messages).
   chat_template chat = chat_template::bare;
+  /// The vocabulary's think and tool-call tags (output_tags::of, found once per tokenizer): a
+  /// chat's answer is split by them (output_channels); a plain completion's never is.
+  output_tags tags;
 };
 
 /// Ask the balancer where the request runs (msg::place_request); its answer goes to `placed`.
@@ -161,6 +166,8 @@ class request_host {
   [[nodiscard]] bool accept(const expected<void>& ok, effects& out);
   void take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
                   effects& out);
+  /// Adds a delta's text, reasoning and tool calls to the pending chunk.
+  void take_text(output_channels::delta d);
   void flush(effects& out);
   void finish(engine::finish_reason reason, int64_t now_ns, effects& out);
   void fail_request(errc code, const std::string& message, effects& out);
@@ -168,7 +175,7 @@ class request_host {
   request_host_options o_;
   engine::request request_;  // built by start; moves out at submit unless text needs its prompt
   bool text_mode_ = true;    // a tokenizer is known: detokenize the output (whatever the prompt)
-  std::optional<engine::output_stream> out_;  // made on the first token: stops are validated then
+  std::optional<output_channels> out_;  // made on the first token: stops are validated then
   placed_engines placed_;    // once the balancer answered with engines
   bool handed_over_ = false;  // the prefill engine is done with it
   int64_t arrival_ns_ = 0;

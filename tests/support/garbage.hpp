@@ -60,7 +60,8 @@ class garbage {
     switch (kind) {
       case 0: return caf::make_message(completion_request());
       case 1: return caf::make_message(msg::completion_chunk{i64(), u64(), i32(), str(), vec([&] { return token(); }),
-                                                            vec([&] { return f32(); }), vec([&] { return top(); })});
+                                                            vec([&] { return f32(); }), vec([&] { return top(); }), str(),
+                                                            vec([&] { return serve::tool_call{str(), str()}; })});
       case 2: return caf::make_message(completion_end());
       case 3: return caf::make_message(msg::completion_error{i64(), u64(), enum_of<errc>(), str(), i32()});
       case 4: return caf::make_message(msg::cancel_request{i64()});

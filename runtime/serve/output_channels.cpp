@@ -1,0 +1,154 @@
+#include "runtime/serve/output_channels.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+namespace troupe::serve {
+namespace {
+
+/// Whether `id` may be a tag: a control token or a BPE vocabulary's user-defined one.
+bool is_added(const tokenizer& tok, std::int32_t id) {
+  if (tok.is_control(id)) return true;
+  const bpe_vocab* bpe = tok.bpe();
+  return bpe != nullptr && bpe->type(id) == bpe_vocab::token_type::user_defined;
+}
+
+/// The pair of added tokens spelled `open` and `close` (the lowest ids), or (-1, -1).
+std::pair<std::int32_t, std::int32_t> find_pair(const tokenizer& tok, std::string_view open, std::string_view close) {
+  std::int32_t o = -1, c = -1;
+  for (std::int32_t id = 0; id < tok.vocab_size(); id++) {
+    if (!is_added(tok, id)) continue;
+    const std::string_view text = tok.piece_text(id);
+    if (o < 0 && text == open) o = id;
+    if (c < 0 && text == close) c = id;
+  }
+  if (o < 0 || c < 0) return {-1, -1};
+  return {o, c};
+}
+
+/// Whether the JSON-like `text` nests arrays and objects at most `max_depth` deep (brackets in
+/// strings do not count): the model's output can be anything (a grammar can force "[[[[…"), and
+/// a JSON value serializes recursively.
+bool nesting_within(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if (c == ']' || c == '}') {
+      depth--;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool operator==(const output_tags& a, const output_tags& b) {
+  return std::tie(a.think_open, a.think_close, a.tool_open, a.tool_close) ==
+         std::tie(b.think_open, b.think_close, b.tool_open, b.tool_close);
+}
+
+output_tags output_tags::of(const tokenizer& tok) {
+  output_tags t;
+  std::tie(t.think_open, t.think_close) = find_pair(tok, "<think>", "</think>");
+  std::tie(t.tool_open, t.tool_close) = find_pair(tok, "<tool_call>", "</tool_call>");
+  return t;
+}
+
+std::optional<tool_call> parse_tool_call(const std::string& text) {
+  if (!nesting_within(text, max_tool_call_nesting)) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  const auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return std::nullopt;
+  tool_call call{name->get<std::string>(), "{}"};
+  if (const auto args = j.find("arguments"); args != j.end()) {
+    if (args->is_string())
+      call.arguments = args->get<std::string>();
+    else if (args->is_object())
+      call.arguments = args->dump();
+    else
+      return std::nullopt;
+  }
+  return call;
+}
+
+output_channels::output_channels(const tokenizer& tok, const std::vector<std::int32_t>& prompt,
+                                 std::vector<std::string> stop_strings, output_tags tags)
+    : tags_(tags), content_(tok, prompt, std::move(stop_strings)), reasoning_(tok), tool_(tok) {
+  if (!prompt.empty() && tags_.think_open >= 0 && prompt.back() == tags_.think_open) at_ = channel::reasoning;
+}
+
+void output_channels::add_content(delta& d, const engine::output_stream::delta& c) {
+  d.content += c.text;
+  if (c.stopped) d.stopped = stopped_ = true;
+}
+
+void output_channels::close_tool_call(delta& d) {
+  tool_text_ += tool_.finish();
+  if (std::optional<tool_call> call = parse_tool_call(tool_text_))
+    d.tool_calls.push_back(std::move(*call));
+  else
+    add_content(d, content_.push_text(tool_text_));  // not a call: what the model said stays
+  tool_text_.clear();
+  at_ = channel::content;
+}
+
+output_channels::delta output_channels::push(std::int32_t token) {
+  TROUPE_ASSERT_MSG(!stopped_, "push after the answer ended");
+  delta d;
+  if (at_ == channel::content && token == tags_.think_open && token >= 0) {
+    at_ = channel::reasoning;
+  } else if (at_ == channel::reasoning && token == tags_.think_close) {
+    d.reasoning += reasoning_.finish();
+    at_ = channel::content;
+  } else if (at_ == channel::content && token == tags_.tool_open && token >= 0) {
+    at_ = channel::tool;
+  } else if (at_ == channel::tool && token == tags_.tool_close) {
+    close_tool_call(d);
+  } else if (at_ == channel::reasoning) {
+    d.reasoning += reasoning_.push(token);
+  } else if (at_ == channel::tool) {
+    tool_text_ += tool_.push(token);
+  } else {
+    add_content(d, content_.push(token));
+  }
+  return d;
+}
+
+output_channels::delta output_channels::finish() {
+  delta d;
+  if (stopped_) return d;
+  if (at_ == channel::reasoning) d.reasoning += reasoning_.finish();
+  if (at_ == channel::tool) {  // the answer ended inside the call: it is no call
+    tool_text_ += tool_.finish();
+    add_content(d, content_.push_text(std::exchange(tool_text_, std::string())));
+  }
+  add_content(d, content_.finish());
+  stopped_ = true;
+  return d;
+}
+
+void output_channels::check_invariants() const {
+  content_.check_invariants();
+  reasoning_.check_invariants();
+  tool_.check_invariants();
+  TROUPE_ASSERT(at_ == channel::tool || tool_text_.empty());
+  TROUPE_ASSERT(tags_.think_open >= 0 || at_ != channel::reasoning);
+  TROUPE_ASSERT(tags_.tool_open >= 0 || at_ != channel::tool);
+}
+
+}  // namespace troupe::serve

@@ -1,0 +1,88 @@
+#pragma once
+
+/// A chat answer parsed by token id (seed §5, issue 19 point 3): the model's reasoning between
+/// `<think>` and `</think>`, its tool calls between `<tool_call>` and `</tool_call>`, and the
+/// rest as the answer's content. The tags are found as tokens of the vocabulary (control or
+/// user-defined, spelled exactly so), and only those token ids switch channels: text that merely
+/// spells "<think>" from ordinary tokens stays content, and the tag tokens themselves are not
+/// shown. Without the tag tokens (the bundled stories260K) every token is content, as before.
+///
+/// - Reasoning: a prompt that ends with the think tag (templates that open the model's thinking,
+///   as DeepSeek-R1's do) starts in reasoning.
+/// - Tool calls: Hermes' (Qwen's) form, a JSON object {"name": ..., "arguments": ...} between the
+///   tags; `arguments` becomes JSON text (an object is serialized, a string taken as it is). A
+///   call that is not such an object, or that the answer ends inside, is given back as content
+///   (its text without the tags), so nothing the model said is lost.
+/// - Stop strings are looked for in the content only (engine::output_stream); the stop token ids
+///   end the answer whatever channel it is in.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/output_stream.hpp"
+#include "runtime/serve/completion.hpp"
+#include "runtime/tokenizer/stream_detokenizer.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+
+namespace troupe::serve {
+
+/// The tag tokens of a vocabulary; -1: the vocabulary has no such pair.
+struct output_tags {
+  std::int32_t think_open = -1;
+  std::int32_t think_close = -1;
+  std::int32_t tool_open = -1;
+  std::int32_t tool_close = -1;
+
+  /// The pairs `tok` has as control or user-defined tokens (a pair counts only whole).
+  [[nodiscard]] static output_tags of(const tokenizer& tok);
+  [[nodiscard]] bool any() const { return think_open >= 0 || tool_open >= 0; }
+};
+
+bool operator==(const output_tags& a, const output_tags& b);
+
+class output_channels {
+ public:
+  /// `prompt` primes the content's detokenizer (engine::output_stream) and, by its last token,
+  /// picks the first channel.
+  output_channels(const tokenizer& tok, const std::vector<std::int32_t>& prompt, std::vector<std::string> stop_strings,
+                  output_tags tags);
+
+  struct delta {
+    std::string content;
+    std::string reasoning;
+    std::vector<tool_call> tool_calls;
+    bool stopped = false;  ///< a stop string completed in the content
+  };
+
+  /// Appends one generated token.
+  [[nodiscard]] delta push(std::int32_t token);
+  /// Ends the answer: flushes held-back text; an unclosed tool call becomes content.
+  [[nodiscard]] delta finish();
+
+  void check_invariants() const;
+
+ private:
+  enum class channel { content, reasoning, tool };
+
+  /// Closes the tool call in progress: a call, or its text as content when it is not one.
+  void close_tool_call(delta& d);
+  void add_content(delta& d, const engine::output_stream::delta& c);
+
+  output_tags tags_;
+  channel at_ = channel::content;
+  engine::output_stream content_;
+  stream_detokenizer reasoning_;
+  stream_detokenizer tool_;
+  std::string tool_text_;  // the call in progress
+  bool stopped_ = false;
+};
+
+/// The most levels of arrays and objects a tool call's JSON may nest; deeper text is no call.
+inline constexpr int max_tool_call_nesting = 64;
+
+/// The call a tool-call tag pair enclosed, when `text` is one (see above).
+[[nodiscard]] std::optional<tool_call> parse_tool_call(const std::string& text);
+
+}  // namespace troupe::serve
