@@ -100,6 +100,35 @@ TEST(PreTokenizer, DeepseekLlmKeepsCasedScriptsPunctuationAndTrailingSpaces) {
   EXPECT_EQ(words(pre_tokenizer::deepseek_llm, "é—x"), (strings{"é", "—", "x"}));  // U+2014 is in neither class
 }
 
+// The expected splits of these rules were derived with Python's `re` running llama.cpp's regexes in
+// order (ASCII text: \p{L} = [A-Za-z], \p{N} = [0-9], \p{P} = the ASCII punctuation).
+TEST(PreTokenizer, DefaultAndFalconCutPunctuationRunsFirstThenDigitsByThree) {
+  EXPECT_EQ(words(pre_tokenizer::default_bpe, "Hello, world!! x+=12345 $a|b  ok"),
+            (strings{"Hello", ",", " world", "!!", " x", "+=", "123", "45", " ", "$", "a", "|", "b", " ", " ok"}));
+  EXPECT_EQ(words(pre_tokenizer::default_bpe, "it's 1234567 a`b"),
+            (strings{"it", "'", "s", " ", "123", "456", "7", " a", "`", "b"}));  // ` is no \p{P}: the gpt-2 rule takes it
+  EXPECT_EQ(words(pre_tokenizer::falcon, "Hello, world!! x+=12345 $a|b  ok"),
+            (strings{"Hello", ",", " world", "!!", " x", "+=", "123", "45", " ", "$", "a", "|", "b", " ", " ok"}));
+  EXPECT_EQ(words(pre_tokenizer::falcon, "it's 1234567 a`b"), (strings{"it", "'", "s", " ", "123", "456", "7", " a", "`", "b"}));
+}
+
+TEST(PreTokenizer, VikingIsBloomThenEachDigit) {
+  EXPECT_EQ(words(pre_tokenizer::viking, "Hello 2024, world! x1y22"),
+            (strings{"Hello", " ", "2", "0", "2", "4", ",", " world", "!", " x", "1", "y", "2", "2"}));
+}
+
+TEST(PreTokenizer, SeedCoderIsQwen2WithoutLineBreaksAfterPunctuation) {
+  EXPECT_EQ(words(pre_tokenizer::seed_coder, "Hi!!\n\nthere ..\n ok 123 it's"),
+            (strings{"Hi", "!!", "\n\n", "there", " ..", "\n", " ok", " ", "1", "2", "3", " it", "'s"}));
+  EXPECT_EQ(words(pre_tokenizer::qwen2, "Hi!!\n\nthere"), (strings{"Hi", "!!\n\n", "there"}));
+}
+
+TEST(PreTokenizer, Gpt4oIsTekkenWithContractionsAndThreeDigits) {
+  EXPECT_EQ(words(pre_tokenizer::gpt4o, "HELLOworld's I'M 12345 helloWorld's a/b//\n\n x"),
+            (strings{"HELLOworld's", " I'M", " ", "123", "45", " hello", "World's", " a", "/b", "//\n\n", " x"}));
+  EXPECT_EQ(words(pre_tokenizer::gpt4o, "ABCdef DEFg'LL x'd 7"), (strings{"ABCdef", " DEFg'LL", " x'd", " ", "7"}));
+}
+
 TEST(PreTokenizer, UnknownNamesAreRefusedListingTheSupportedOnes) {
   EXPECT_EQ(*parse_pre_tokenizer("starcoder", "f"), pre_tokenizer::starcoder);
   EXPECT_EQ(*parse_pre_tokenizer("llama-bpe", "f"), pre_tokenizer::llama3);
@@ -112,10 +141,18 @@ TEST(PreTokenizer, UnknownNamesAreRefusedListingTheSupportedOnes) {
   EXPECT_EQ(*parse_pre_tokenizer("deepseek-llm", "f"), pre_tokenizer::deepseek_llm);
   EXPECT_TRUE(ignores_merges("tekken"));
   EXPECT_FALSE(ignores_merges("dbrx"));
-  auto bad = parse_pre_tokenizer("falcon", "f");
+  EXPECT_EQ(*parse_pre_tokenizer("default", "f"), pre_tokenizer::default_bpe);
+  EXPECT_EQ(*parse_pre_tokenizer("poro-chat", "f"), pre_tokenizer::bloom);
+  EXPECT_EQ(*parse_pre_tokenizer("gpt3-finnish", "f"), pre_tokenizer::bloom);
+  EXPECT_EQ(*parse_pre_tokenizer("llama4", "f"), pre_tokenizer::gpt4o);
+  EXPECT_EQ(*parse_pre_tokenizer("bailingmoe", "f"), pre_tokenizer::qwen2);
+  EXPECT_EQ(pre_tokenizer_name(pre_tokenizer::gpt4o), "gpt-4o");
+  EXPECT_EQ(pre_tokenizer_name(pre_tokenizer::viking), "viking");
+  EXPECT_FALSE(parse_pre_tokenizer("", "f"));
+  auto bad = parse_pre_tokenizer("chameleon", "f");
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().code, errc::malformed_file);
-  const std::string listed = "f: tokenizer.ggml.pre 'falcon' is not a supported pre-tokenizer (supported: gpt-2, default, phi-2";
+  const std::string listed = "f: tokenizer.ggml.pre 'chameleon' is not a supported pre-tokenizer (supported: gpt-2, phi-2, mpt";
   EXPECT_EQ(bad.error().message.substr(0, listed.size()), listed);
 }
 
@@ -241,8 +278,8 @@ TEST(BpeLoad, EveryClassOfBadVocabularyIsAnErrorNamingIt) {
             prefix + "merge 2 'ab xyz' names 'xyz', which is not a token");
   EXPECT_EQ(load_error(with_merges({"q ab"})), prefix + "merge 0 'q ab' makes 'qab', which is not a token");
   EXPECT_EQ(load_error(with_merges({"a b", "abc"})), prefix + "merge 1 'abc' is not two tokens separated by a space");
-  const std::string refused = prefix + "tokenizer.ggml.pre 'falcon' is not a supported pre-tokenizer (supported: gpt-2, default,";
-  EXPECT_EQ(load_error([](gguf_metadata& m) { testing::set_key(m, "tokenizer.ggml.pre", v::of_string("falcon")); })
+  const std::string refused = prefix + "tokenizer.ggml.pre 'chameleon' is not a supported pre-tokenizer (supported: gpt-2, phi-2,";
+  EXPECT_EQ(load_error([](gguf_metadata& m) { testing::set_key(m, "tokenizer.ggml.pre", v::of_string("chameleon")); })
                 .substr(0, refused.size()),
             refused);
   EXPECT_NE(load_error([](gguf_metadata& m) { testing::erase_key(m, "tokenizer.ggml.pre"); })

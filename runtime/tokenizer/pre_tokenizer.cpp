@@ -10,9 +10,8 @@ namespace {
 
 /// llama.cpp's `tokenizer.ggml.pre` names, grouped by the rules they share (llama-vocab.cpp).
 /// The first name of each kind is its canonical one (pre_tokenizer_name).
-constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 40> names = {{
+constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 60> names = {{
     {"gpt-2", pre_tokenizer::gpt2},
-    {"default", pre_tokenizer::gpt2},
     {"phi-2", pre_tokenizer::gpt2},
     {"mpt", pre_tokenizer::gpt2},
     {"olmo", pre_tokenizer::gpt2},
@@ -25,6 +24,13 @@ constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 40> names = {{
     {"jina-v2-es", pre_tokenizer::gpt2},
     {"jina-v2-de", pre_tokenizer::gpt2},
     {"jina-v2-code", pre_tokenizer::gpt2},
+    {"a.x-4.0", pre_tokenizer::gpt2},
+    {"mellum", pre_tokenizer::gpt2},
+    {"exaone4", pre_tokenizer::gpt2},
+    {"trillion", pre_tokenizer::gpt2},
+    {"granite-docling", pre_tokenizer::gpt2},
+    {"default", pre_tokenizer::default_bpe},
+    {"falcon", pre_tokenizer::falcon},
     {"starcoder", pre_tokenizer::starcoder},
     {"refact", pre_tokenizer::starcoder},
     {"command-r", pre_tokenizer::starcoder},
@@ -44,12 +50,26 @@ constexpr std::array<std::pair<std::string_view, pre_tokenizer>, 40> names = {{
     {"dbrx", pre_tokenizer::llama3},
     {"smaug-bpe", pre_tokenizer::llama3},
     {"chatglm-bpe", pre_tokenizer::llama3},
+    {"glm4", pre_tokenizer::llama3},
     {"qwen2", pre_tokenizer::qwen2},
     {"deepseek-r1-qwen", pre_tokenizer::qwen2},
+    {"kormo", pre_tokenizer::qwen2},
     {"stablelm2", pre_tokenizer::qwen2},
     {"megrez", pre_tokenizer::qwen2},
+    {"hunyuan", pre_tokenizer::qwen2},
+    {"grok-2", pre_tokenizer::qwen2},
+    {"bailingmoe", pre_tokenizer::qwen2},
+    {"bailingmoe2", pre_tokenizer::qwen2},
+    {"llada-moe", pre_tokenizer::qwen2},
+    {"seed-coder", pre_tokenizer::seed_coder},
     {"bloom", pre_tokenizer::bloom},
+    {"poro-chat", pre_tokenizer::bloom},
+    {"gpt3-finnish", pre_tokenizer::bloom},
+    {"viking", pre_tokenizer::viking},
     {"tekken", pre_tokenizer::tekken},
+    {"gpt-4o", pre_tokenizer::gpt4o},
+    {"llama4", pre_tokenizer::gpt4o},
+    {"minimax-m2", pre_tokenizer::gpt4o},
     {"deepseek-llm", pre_tokenizer::deepseek_llm},
 }};
 
@@ -113,20 +133,26 @@ std::size_t llama3_spaces(const piece_view& p, std::size_t pos) {
   return num_spaces > 0 ? num_spaces : 1;
 }
 
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)` at `pos`: its length, 0 for none.
+std::size_t contraction(const piece_view& p, std::size_t pos) {
+  if (!p.holds(pos + 1) || p.text[pos] != U'\'') return 0;
+  const char32_t n = p.text[pos + 1] | 0x20;
+  if (n == U's' || n == U't' || n == U'm' || n == U'd') return 2;
+  if (p.holds(pos + 2)) {
+    const char32_t nn = p.text[pos + 2] | 0x20;
+    if ((n == U'r' && nn == U'e') || (n == U'v' && nn == U'e') || (n == U'l' && nn == U'l')) return 3;
+  }
+  return 0;
+}
+
 /// The llama3 rule, with `\p{N}{1,max_digits}` (llama3: 3; qwen2: 1):
 /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-/// \s*[\r\n]+|\s+(?!\S)|\s+`, as llama.cpp's unicode_regex_split_custom_llama3 runs it.
-template <std::size_t max_digits>
+/// \s*[\r\n]+|\s+(?!\S)|\s+`, as llama.cpp's unicode_regex_split_custom_llama3 runs it; without
+/// `line_breaks_after_other` the other-run takes no `[\r\n]*` (seed-coder's).
+template <std::size_t max_digits, bool line_breaks_after_other = true>
 std::size_t llama3_match(const piece_view& p, std::size_t pos) {
   const char32_t c = p.text[pos];
-  if (c == U'\'' && p.holds(pos + 1)) {  // contractions, either case
-    const char32_t n = p.text[pos + 1] | 0x20;
-    if (n == U's' || n == U't' || n == U'm' || n == U'd') return 2;
-    if (p.holds(pos + 2)) {
-      const char32_t nn = p.text[pos + 2] | 0x20;
-      if ((n == U'r' && nn == U'e') || (n == U'v' && nn == U'e') || (n == U'l' && nn == U'l')) return 3;
-    }
-  }
+  if (const std::size_t n = contraction(p, pos)) return n;
   const unicode::char_class here = p.at(pos);
   if (!is_line_break(c) && !here.is_number && (here.is_letter || p.at(pos + 1).is_letter)) {
     std::size_t end = pos + 1;
@@ -142,7 +168,7 @@ std::size_t llama3_match(const piece_view& p, std::size_t pos) {
   if (p.holds(first) && is_other(p.at(first))) {
     std::size_t end = first;
     while (p.holds(end) && is_other(p.at(end))) ++end;
-    while (p.holds(end) && is_line_break(p.text[end])) ++end;
+    while (line_breaks_after_other && p.holds(end) && is_line_break(p.text[end])) ++end;
     return end - pos;
   }
   return llama3_spaces(p, pos);
@@ -172,16 +198,23 @@ std::size_t tekken_letters(const piece_view& p, std::size_t q) {
 }
 
 /// Tekken's rule (Mistral's, as llama.cpp writes it): `[^\r\n\p{L}\p{N}]?X*Y+ |
-/// [^\r\n\p{L}\p{N}]?X+Y* | \p{N} | ?[^\s\p{L}\p{N}]+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+`.
+/// [^\r\n\p{L}\p{N}]?X+Y* | \p{N} | ?[^\s\p{L}\p{N}]+[\r\n/]* | \s*[\r\n]+ | \s+(?!\S) | \s+`;
+/// gpt-4o's (`gpt4o`) lets each letter alternative end with a contraction
+/// (`(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?`) and takes `\p{N}{1,3}`.
+template <bool gpt4o>
 std::size_t tekken_match(const piece_view& p, std::size_t pos) {
   const char32_t c = p.text[pos];
   const unicode::char_class here = p.at(pos);
   const std::size_t q = here.is_letter || is_line_break(c) || here.is_number ? pos : pos + 1;
   if (q == pos || p.holds(q)) {
     const std::size_t end = tekken_letters(p, q);
-    if (end > q) return end - pos;
+    if (end > q) return end - pos + (gpt4o ? contraction(p, end) : 0);
   }
-  if (here.is_number) return 1;
+  if (here.is_number) {
+    std::size_t end = pos + 1;
+    while (gpt4o && end - pos < 3 && p.at(end).is_number) ++end;
+    return end - pos;
+  }
   const std::size_t first = c == U' ' ? pos + 1 : pos;
   if (p.holds(first) && is_other(p.at(first))) {
     std::size_t end = first;
@@ -260,6 +293,28 @@ std::size_t bloom_match(const piece_view& p, std::size_t pos) {
   return end - pos;
 }
 
+/// `[\p{P}\$\+<=>\^~\|]+` (llama.cpp's default rule) and, with `with_backtick`, falcon's
+/// `[\p{P}\$\+<=>\^~\|`]+`.
+template <bool with_backtick>
+std::size_t punctuation_run(const piece_view& p, std::size_t pos) {
+  static constexpr std::u32string_view symbols = U"$+<=>^~|";
+  const auto inside = [&](std::size_t i) {
+    if (!p.holds(i)) return false;
+    const char32_t c = p.text[i];
+    return p.at(i).is_punctuation || symbols.find(c) != std::u32string_view::npos || (with_backtick && c == U'`');
+  };
+  std::size_t end = pos;
+  while (inside(end)) ++end;
+  return end - pos;
+}
+
+/// `[0-9][0-9][0-9]`.
+std::size_t three_ascii_digits(const piece_view& p, std::size_t pos) {
+  for (std::size_t i = pos; i < pos + 3; i++)
+    if (!p.holds(i) || p.text[i] < U'0' || p.text[i] > U'9') return 0;
+  return 3;
+}
+
 /// A rule matching at one position: the length of its match there, 0 for none.
 using match_fn = std::size_t (*)(const piece_view&, std::size_t);
 
@@ -323,7 +378,7 @@ expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::st
     if (known == name) return kind;
     supported += (supported.empty() ? "" : ", ") + std::string(known);
   }
-  // Not yet: falcon, chameleon, poro-chat, gpt3-finnish, viking and the newer ones.
+  // Not yet: chameleon, deepseek-v3, superbpe, kimi-k2, afmoe and the newer ones.
   return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + std::string(name) +
                                         "' is not a supported pre-tokenizer (supported: " + supported + ")");
 }
@@ -349,6 +404,8 @@ std::vector<std::size_t> split_words(pre_tokenizer kind, std::u32string_view tex
   std::vector<match_fn> rules;
   switch (kind) {
     case pre_tokenizer::gpt2: rules = {gpt2_match}; break;
+    case pre_tokenizer::default_bpe: rules = {punctuation_run<false>, gpt2_match, digit_run, three_ascii_digits}; break;
+    case pre_tokenizer::falcon: rules = {punctuation_run<true>, gpt2_match, three_ascii_digits}; break;
     case pre_tokenizer::starcoder: rules = {one_digit, gpt2_match}; break;
     case pre_tokenizer::deepseek_coder:
       rules = {one_line_break, optional_space_then_run<&unicode::char_class::is_letter>,
@@ -356,8 +413,11 @@ std::vector<std::size_t> split_words(pre_tokenizer kind, std::u32string_view tex
       break;
     case pre_tokenizer::llama3: rules = {llama3_match<3>}; break;
     case pre_tokenizer::qwen2: rules = {llama3_match<1>}; break;
+    case pre_tokenizer::seed_coder: rules = {llama3_match<1, false>}; break;
     case pre_tokenizer::bloom: rules = {bloom_match}; break;
-    case pre_tokenizer::tekken: rules = {tekken_match}; break;
+    case pre_tokenizer::viking: rules = {bloom_match, one_digit}; break;
+    case pre_tokenizer::tekken: rules = {tekken_match<false>}; break;
+    case pre_tokenizer::gpt4o: rules = {tekken_match<true>}; break;
     case pre_tokenizer::deepseek_llm:
       rules = {one_line_break, optional_space_then_class<deepseek_letters>,
                optional_space_then_class<deepseek_punctuation>, trailing_spaces, cjk_run, digit_run};

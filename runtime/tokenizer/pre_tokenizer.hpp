@@ -16,21 +16,33 @@
 /// - `llama3`: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 ///   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
 /// - `qwen2`: the llama3 rule with `\p{N}` (one digit per word).
+/// - `default` (llama.cpp's rule for that name): `[\p{P}\$\+<=>\^~\|]+`, then the gpt-2 rule,
+///   `\p{N}+`, `[0-9][0-9][0-9]`.
+/// - `falcon`: `[\p{P}\$\+<=>\^~\|`]+`, then the gpt-2 rule, `[0-9][0-9][0-9]`.
+/// - `seed-coder`: the qwen2 rule whose other-run takes no line breaks after it
+///   (` ?[^\s\p{L}\p{N}\r\n]+`).
 /// - `bloom`: ` ?[^(\s|.,!?…。，、।۔،)]+`.
+/// - `viking`: the bloom rule, then `\p{N}`.
 /// - `tekken` (Mistral Nemo): `[^\r\n\p{L}\p{N}]?X*Y+|[^\r\n\p{L}\p{N}]?X+Y*|\p{N}|
 ///   ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+` with X a letter not in a-z, Y one not
 ///   in A-Z (llama.cpp's form of `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}]*[\p{Ll}\p{Lm}\p{Lo}]+|...`).
+/// - `gpt-4o`: the tekken rule whose letter alternatives may end with a contraction
+///   (`(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?`), with `\p{N}{1,3}`.
 /// - `deepseek-llm`: `[\r\n]`, `\s?[cased letters]+` (Latin, Greek, Cyrillic, Armenian,
 ///   Georgian, Cherokee, Glagolitic, Coptic, ... as llama.cpp lists them), `\s?[!-/:-~！-／：-～‘-‟　-。]+`,
 ///   `\s+$`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}+`.
 ///
 /// Each kind answers to the names llama.cpp gives it (`llama-v3`, `llama-bpe`, `falcon3`,
-/// `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `dbrx`, `smaug-bpe` and `chatglm-bpe` are llama3; `deepseek-r1-qwen`, `stablelm2` and `megrez` are
-/// qwen2; `refact`, `command-r`, `smollm`, `codeshell`, `exaone` and `minerva-7b` are starcoder;
-/// `default`, `phi-2`, `mpt`, `olmo`, `jais`, `roberta-bpe`, `gigachat` and the `jina-*` names are
-/// gpt-2). `\s`, `\p{L}`, `\p{N}`, `\p{P}` are as in unicode_class.hpp. The remaining
-/// `tokenizer.ggml.pre` values (falcon, chameleon, poro-chat, gpt3-finnish, viking, and the
-/// newer kinds llama.cpp keeps adding) are planned; they are refused by name.
+/// `falcon-h1`, `pixtral`, `midm-2.0`, `lfm2`, `dbrx`, `smaug-bpe`, `chatglm-bpe` and `glm4` are
+/// llama3; `deepseek-r1-qwen`, `kormo`, `stablelm2`, `megrez`, `hunyuan`, `grok-2`,
+/// `bailingmoe`, `bailingmoe2` and `llada-moe` are qwen2 (bailingmoe's `\s*[\r\n]` matches what
+/// `\s*[\r\n]+` does); `refact`, `command-r`, `smollm`, `codeshell`, `exaone` and `minerva-7b` are
+/// starcoder; `phi-2`, `mpt`, `olmo`, `jais`, `roberta-bpe`, `gigachat`, `a.x-4.0`, `mellum`,
+/// `exaone4`, `trillion`, `granite-docling` and the `jina-*` names are gpt-2; `poro-chat` and
+/// `gpt3-finnish` are bloom; `llama4` and `minimax-m2` are gpt-4o). `\s`, `\p{L}`, `\p{N}`,
+/// `\p{P}` are as in unicode_class.hpp. The remaining `tokenizer.ggml.pre` values (chameleon,
+/// deepseek-v3, hunyuan-dense, superbpe, kimi-k2, afmoe, exaone-moe and the kinds llama.cpp keeps
+/// adding) are planned; they are refused by name, as is a vocabulary without the key.
 
 #include <cstddef>
 #include <string>
@@ -41,7 +53,10 @@
 
 namespace troupe {
 
-enum class pre_tokenizer { gpt2, starcoder, deepseek_coder, llama3, qwen2, bloom, tekken, deepseek_llm };
+enum class pre_tokenizer {
+  gpt2, default_bpe, falcon, starcoder, deepseek_coder, llama3, qwen2, seed_coder, bloom, viking, tekken, gpt4o,
+  deepseek_llm
+};
 
 /// The pre-tokenizer `tokenizer.ggml.pre` names. Errors: `errc::malformed_file` for any other
 /// name, naming it, `source` and the supported names.
