@@ -35,6 +35,9 @@ struct engine_state {
   std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
   balancer_actor balancer;
   grammar_actor grammars;  // compiles requests' grammars before they are admitted
+  /// Requests waiting for their grammar, by their request actor: a release from it drops one
+  /// before admission (the compile's answer then finds it gone).
+  std::map<engine::request_id, caf::actor_addr> compiling;
   static inline const char* name = "engine";
 };
 
@@ -221,14 +224,29 @@ void with_grammar(engine_actor_t* self, engine::request r, const request_actor& 
   if (auto ok = grammar::validate(r.grammar, self->state.options.vocabulary->size()); !ok)
     return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
   const grammar::grammar_spec spec = r.grammar;
+  self->state.compiling[id] = to.address();
+  // Whether the request still waits (not released meanwhile); if not, it is forgotten here.
+  const auto still_waiting = [=] {
+    auto& compiling = self->state.compiling;
+    const auto it = compiling.find(id);
+    if (it == compiling.end() || it->second != to.address()) {
+      if (uncounted) self->state.host->note_received();
+      spdlog::debug("engine: request {} was released while its grammar compiled: dropped", id);
+      return false;
+    }
+    compiling.erase(it);
+    return true;
+  };
   self->request(self->state.grammars, grammar_compile_timeout, compile_atom::value, spec)
       .then(
           [=, r = std::move(r), admit = std::move(admit)](compiled_grammar_ref& c) mutable {
+            if (!still_waiting()) return;
             if (!c.grammar) return refuse_request(self, to, id, errc::invalid_argument, c.error, uncounted);
             r.compiled_grammar = std::move(c.grammar);
             admit(std::move(r));
           },
           [=](caf::error& err) {
+            if (!still_waiting()) return;
             refuse_request(self, to, id, errc::internal, "compiling the grammar failed: " + self->system().render(err),
                            uncounted);
           });
@@ -357,6 +375,10 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         if (auto h = self->state.kv->arrived(a)) accept_handoff(self, *h);
       },
       [=](msg::release& r) {
+        auto& compiling = self->state.compiling;
+        if (auto it = compiling.find(r.request_id);
+            it != compiling.end() && it->second == caf::actor_cast<caf::actor_addr>(self->current_sender()))
+          compiling.erase(it);  // still compiling: never admitted
         if (released_by_owner(self, r.request_id)) perform(self, self->state.host->release(r.request_id, now_ns(self)));
       },
       [=](msg::report_to& r) {

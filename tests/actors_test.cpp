@@ -587,6 +587,34 @@ TEST_F(ActorsDeterministic, AGrammarRequestIsCompiledBeforeAdmissionAndItsOutput
   expect_engine_idle();
 }
 
+TEST_F(ActorsDeterministic, ARequestReleasedWhileItsGrammarCompilesIsNeverAdmitted) {
+  start();
+  engine::request r;
+  r.id = 77;
+  r.prompt = {tokenizer::bos, 403};
+  r.max_tokens = 50;
+  r.grammar.kind = grammar::grammar_kind::regex;
+  r.grammar.source = " (He|She) had [1-9] (dogs|cats)[.]";
+  auto num_heard = std::make_shared<int>(0);
+  // A request actor that submits and releases at once: the release reaches the engine before
+  // the grammar actor's answer does.
+  const caf::actor fake = sys_.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    self->set_default_handler([=](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> {
+      ++*num_heard;
+      return caf::message{};
+    });
+    self->send(engines_[0], msg::submit{r});
+    self->send(engines_[0], msg::release{r.id});
+    return {[](actors::ping_atom) {}};
+  });
+  run_ticking();
+  EXPECT_EQ(*num_heard, 0);  // no token and no rejection: the request is gone
+  EXPECT_EQ(report().num_steps, 0);
+  caf::anon_send_exit(fake, caf::exit_reason::user_shutdown);
+  sched_.run();
+  expect_engine_idle();
+}
+
 TEST_F(ActorsDeterministic, AnEmptyPromptGeneratesFromBos) {
   // Decision: the request actor always adds BOS, so "" is the valid request "start a story from
   // BOS" (as llama2.c with no prompt), not an error.
