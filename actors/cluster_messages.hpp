@@ -45,11 +45,15 @@ struct place_request {
   /// The prompt's chain hashes in blocks of the balancer's prefix block size, when its router
   /// uses prefixes (runtime/balance/balancer_host.hpp); the balancer checks their count.
   std::vector<uint64_t> prefix_hashes;
+  /// A request placed again: the engine it lost (its DOWN message or the balancer's
+  /// engine_lost), which the balancer counts lost before it chooses (the two DOWN messages
+  /// race).
+  actors::engine_actor lost;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_request& x) {
-  return f(x.request_id, x.num_prompt_tokens, x.max_tokens, x.prefix_hashes);
+  return f(x.request_id, x.num_prompt_tokens, x.max_tokens, x.prefix_hashes, x.lost);
 }
 
 /// Balancer -> request: the engines chosen, or why none (`error` non-empty, code "unavailable").

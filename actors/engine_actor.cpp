@@ -117,7 +117,9 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
                                      " bytes, [limits] max_message_mib); raise it or use kv_transfer = \"ucx\""});
     return;
   }
-  if (h.ucx_tag != 0) self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id);
+  if (h.ucx_tag != 0)
+    self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id,
+                         caf::actor_cast<engine_actor>(self));
   self->send(to, msg::prefilled{id});
   self->send(decode, std::move(m));
 }
@@ -372,7 +374,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       [=](msg::submit_prefill& s) { submit_prefill(self, s); },
       [=](msg::kv_handoff& h) { on_handoff(self, h); },
       [=](msg::kv_arrived& a) {
-        if (auto h = self->state.kv->arrived(a)) accept_handoff(self, *h);
+        if (auto h = self->state.kv->arrived(a, caf::actor_cast<engine_actor>(self))) accept_handoff(self, *h);
       },
       [=](msg::release& r) {
         auto& compiling = self->state.compiling;

@@ -27,17 +27,19 @@ class kv_transfers {
   [[nodiscard]] bool enabled() const { return sender_ != nullptr; }
 
   /// Prefill side: sends `payload` to host:port under `tag`; a failure is told to `request`
-  /// (`rejected{unavailable}` for request `id`, naming the address).
+  /// (`rejected{unavailable}` for request `id`, naming the address) as from `engine` (a request
+  /// actor takes word only from the engines serving it).
   void send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> payload,
-            const request_actor& request, int64_t id);
+            const request_actor& request, int64_t id, const engine_actor& engine);
 
   /// Decode side: parks `h` (tagged, payload not inline) until its payload arrives; `engine`
   /// then gets `kv_arrived` for its tag.
   void await(msg::kv_handoff h, const engine_actor& engine);
 
   /// The parked hand-off `a` is for, with its payload moved in; nothing for an unknown tag.
-  /// A failed transfer is told to the request actor (`rejected{unavailable}`) and gives nothing.
-  [[nodiscard]] std::optional<msg::kv_handoff> arrived(msg::kv_arrived& a);
+  /// A failed transfer is told to the request actor (`rejected{unavailable}`, as from `engine`)
+  /// and gives nothing.
+  [[nodiscard]] std::optional<msg::kv_handoff> arrived(msg::kv_arrived& a, const engine_actor& engine);
 
  private:
   std::shared_ptr<transport::kv_sender> sender_;

@@ -115,6 +115,8 @@ caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_
   return route(self, req, std::move(client), stream, client_node);
 }
 
+void tell_lost(load_balancer_t* self, size_t index, const std::string& why);
+
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   load_balancer_state& st = self->state;
   msg::placement out;
@@ -130,6 +132,9 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.error = "a place_request for " + std::to_string(p.num_prompt_tokens) + " prompt tokens";
     return out;
   }
+  if (p.lost)  // its request actor saw it go: lost here too before anything is placed
+    for (size_t i = 0; i < st.o.engines.size(); i++)
+      if (st.o.engines[i].actor == p.lost && st.host->mark_lost(i)) tell_lost(self, i, "its request actor saw it go");
   auto chosen = st.host->place(it->second.key, p.num_prompt_tokens, p.prefix_hashes);
   if (!chosen) {
     out.error = chosen.error().message;

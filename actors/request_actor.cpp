@@ -37,9 +37,23 @@ void stop(request_actor_t* self) {
 
 void perform(request_actor_t* self, serve::effects fx, msg::placement* offered = nullptr);
 
+/// Forgets the placement (placed again): its engines' monitors go, and the lost one's handle
+/// is returned for the balancer.
+engine_actor forget_placement(request_actor_t* self, serve::engine_role lost) {
+  msg::placement& p = self->state.placed;
+  engine_actor gone = lost == serve::engine_role::decode ? p.decode : p.prefill;
+  if (p.prefill) self->demonitor(p.prefill.address());
+  if (p.decode) self->demonitor(p.decode.address());
+  p = msg::placement{};
+  return gone;
+}
+
 void ask_placement(request_actor_t* self, serve::ask_placement& a) {
+  engine_actor lost;
+  if (a.again) lost = forget_placement(self, a.lost);
   self->request(self->state.balancer, caf::infinite,
-                msg::place_request{a.request_id, a.num_prompt_tokens, a.max_tokens, std::move(a.prefix_hashes)})
+                msg::place_request{a.request_id, a.num_prompt_tokens, a.max_tokens, std::move(a.prefix_hashes),
+                                   std::move(lost)})
       .then(
           [=](msg::placement& p) {
             serve::placed_engines view{p.error, static_cast<bool>(p.prefill), static_cast<bool>(p.decode),
@@ -106,9 +120,16 @@ engine::token_batch to_batch(msg::sampled_batch& b) {
           b.finish, b.num_cached_tokens, b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns};
 }
 
-/// Whether a message from an engine about request `id` is for this request: one for another
-/// is dropped with a warning (it cannot be this request's answer).
+/// Whether a message from an engine about request `id` is for this request: one for another,
+/// or from an engine not serving it now (one it lost, which froze and woke: its work went to
+/// another engine), is dropped with a warning (it cannot be this request's answer).
 bool addressed_here(request_actor_t* self, int64_t id, const char* what) {
+  const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  const msg::placement& p = self->state.placed;
+  if (from != p.decode.address() && from != p.prefill.address()) {
+    spdlog::warn("request {}: dropped {} from an engine that does not serve it", self->state.host->id(), what);
+    return false;
+  }
   if (id == self->state.host->id()) return true;
   spdlog::warn("request {}: dropped {} for request {}", self->state.host->id(), what, id);
   return false;
@@ -124,8 +145,12 @@ request_actor::behavior_type handlers(request_actor_t* self) {
         if (addressed_here(self, b.request_id, "a batch of tokens"))
           perform(self, self->state.host->on_batch(to_batch(b), now_ns(self)));
       },
-      [=](msg::rejected& r) { perform(self, self->state.host->rejected(r.code, r.message)); },
-      [=](msg::prefilled&) { self->state.host->prefilled(); },
+      [=](msg::rejected& r) {
+        if (addressed_here(self, r.request_id, "a rejection")) perform(self, self->state.host->rejected(r.code, r.message));
+      },
+      [=](msg::prefilled& p) {
+        if (addressed_here(self, p.request_id, "a prefill's end")) self->state.host->prefilled();
+      },
       [=](msg::engine_lost& l) { on_engine_lost(self, l.engine.address(), l.reason); },
       [=](msg::cancel_request&) {
         // Only its client may stop it: the request actor's handle is no capability to cancel.

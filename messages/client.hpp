@@ -52,7 +52,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_end& x) {
   return f(x.request_id, x.stream, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
            x.queue_ns, x.ttft_ns, x.e2e_ns, x.itl_ns, x.num_cached_tokens, x.num_preemptions,
-           x.num_recomputed_tokens, x.num_chunks);
+           x.num_recomputed_tokens, x.num_chunks, x.num_failovers);
 }
 
 template <class Inspector>

@@ -379,7 +379,17 @@ TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKe
   EXPECT_GT(after[2].num_generated_tokens, before_later.at(2).num_generated_tokens);
 }
 
-TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt) {
+/// Every request succeeded with its undisturbed output (check_survivors), and some were placed
+/// again after losing their engine.
+void expect_all_failed_over(const std::vector<expected<actors::completion>>& outcomes, size_t num_failed) {
+  EXPECT_EQ(num_failed, 0u);
+  int32_t num_failovers = 0;
+  for (const auto& o : outcomes)
+    if (o) num_failovers += o->end.num_failovers;
+  EXPECT_GT(num_failovers, 0) << "no request was on the disturbed node";
+}
+
+TEST_F(Cluster, KillingADecodeNodeMidStreamLosesNoRequestAndChangesNoOutput) {
   start("caf");
   // 16 long requests, streaming; wait until each has produced a token, then kill node2.
   std::vector<msg::completion_request> requests;
@@ -388,11 +398,8 @@ TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt)
     requests.back().ignore_eos = true;
   }
   const auto outcomes = streams_with_node2_disturbed(requests, SIGKILL);
-  const size_t num_failed = check_survivors(requests, outcomes, [](const error& e) {
-    EXPECT_NE(e.message.find("engine 'decode2' on node 'node2'"), std::string::npos) << e.message;
-  });
-  EXPECT_GT(num_failed, 0u);
-  EXPECT_LT(num_failed, requests.size());
+  // Those on decode2 were placed again on decode1 and recomputed from what their clients had.
+  expect_all_failed_over(outcomes, check_survivors(requests, outcomes, [](const error&) {}));
 
   // Later requests: all succeed, on decode1.
   std::vector<msg::completion_request> later;
@@ -404,7 +411,7 @@ TEST_F(Cluster, KillingADecodeNodeFailsOnlyItsRequestsAndLaterOnesRouteAroundIt)
                nodes_.end());
 }
 
-TEST_F(Cluster, FreezingADecodeNodeFailsItsRequestsWithinTheHeartbeatBound) {
+TEST_F(Cluster, FreezingADecodeNodeHasItsRequestsPlacedAgainWithinTheHeartbeatBound) {
   start("caf", "heartbeat_interval_ms = 250\nheartbeat_timeout_ms = 3000\n");
   // On every way out of this test: resume node2 (TearDown stops it with SIGTERM).
   struct resume_guard {
@@ -417,12 +424,7 @@ TEST_F(Cluster, FreezingADecodeNodeFailsItsRequestsWithinTheHeartbeatBound) {
     requests.back().ignore_eos = true;
   }
   const auto outcomes = streams_with_node2_disturbed(requests, SIGSTOP);
-  const size_t num_failed = check_survivors(requests, outcomes, [](const error& e) {
-    EXPECT_EQ(e.message,
-              "engine 'decode2' on node 'node2' serving this request is lost: no answer to the heartbeat for 3000 ms");
-  });
-  EXPECT_GT(num_failed, 0u);
-  EXPECT_LT(num_failed, requests.size());
+  expect_all_failed_over(outcomes, check_survivors(requests, outcomes, [](const error&) {}));
   // Later requests: all succeed, on decode1.
   std::vector<msg::completion_request> later;
   for (size_t i = 0; i < 4; i++) later.push_back(make_completion(story_window(40 + i), 20, 950 + i, 1.0f, 0.9f));

@@ -34,6 +34,7 @@ std::string describe(const effects& fx) {
     void operator()(const ask_placement& a) {
       o << "ask_placement(r" << a.request_id << " prompt " << a.num_prompt_tokens << " max " << a.max_tokens;
       for (uint64_t hash : a.prefix_hashes) o << " " << hash;
+      if (a.again) o << (a.lost == engine_role::decode ? " lost decode" : " lost prefill");
       o << ")";
     }
     void operator()(const submit& s) {
@@ -487,19 +488,57 @@ TEST(RequestHostEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
                  stop{});
 }
 
-TEST(RequestHostEnd, ALostEngineFailsTheRequestUnlessItIsAPrefillEngineThatHandedOver) {
+TEST(RequestHostEnd, WithoutFailoversALostEngineFailsTheRequestUnlessItIsAPrefillEngineThatHandedOver) {
   const std::string lost = " serving this request is lost: node down";
-  request_host before = running(options(true), prefill_and_decode());
+  request_host_options o = options(true);
+  o.max_failovers = 0;
+  request_host before = running(o, prefill_and_decode());
   EXPECT_EFFECTS(before, engine_lost(engine_role::prefill, "node down"), release_engines{},
                  send_error{error(errc::unavailable, "engine 'prefill0' on node 'n0'" + lost, 0)}, stop{});
 
-  request_host after = running(options(true), prefill_and_decode());
+  request_host after = running(o, prefill_and_decode());
   after.prefilled();
   EXPECT_NO_EFFECTS(after, engine_lost(engine_role::prefill, "node down"));
   EXPECT_FALSE(after.done());
   EXPECT_EFFECTS(after, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   EXPECT_EFFECTS(after, engine_lost(engine_role::decode, "node down"), release_engines{},
                  send_error{error(errc::unavailable, "engine 'decode0' on node 'n1'" + lost, 1)}, stop{});
+}
+
+TEST(RequestHostEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatTheClientHas) {
+  request_host_options o = options(true);
+  o.params.max_tokens = 4;
+  o.max_failovers = 2;
+  request_host h = running(o, prefill_and_decode());
+  engine::request want = request_of(true);
+  want.max_tokens = 4;
+  // The prefill engine is lost before it handed over: placed again, from the start.
+  EXPECT_EFFECTS(h, engine_lost(engine_role::prefill, "node down"), release_engines{},
+                 ask_placement{id, 2, 4, {}, true, engine_role::prefill});
+  EXPECT_EQ(h.num_failovers(), 1);
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  // The decode engine is lost after one token: the new one recomputes it and goes on after it.
+  EXPECT_EFFECTS(h, engine_lost(engine_role::decode, "node down"), release_engines{},
+                 ask_placement{id, 3, 3, {}, true, engine_role::decode});
+  want.prompt = {tokenizer::bos, once, upon};
+  want.num_resumed_tokens = 1;
+  want.max_tokens = 3;
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
+  // A placement that finds no engine fails it (the balancer's error names the lost ones).
+  request_host none = running(o);
+  EXPECT_EFFECTS(none, engine_lost(engine_role::decode, "node down"), release_engines{},
+                 ask_placement{id, 2, 4, {}, true, engine_role::decode});
+  EXPECT_EFFECTS(none, placed({"no live engine can serve the request", false, false, "", ""}),
+                 send_error{error(errc::unavailable, "no live engine can serve the request", 0)}, stop{});
+  // Past max_failovers it fails, saying so.
+  EXPECT_EFFECTS(h, engine_lost(engine_role::decode, "node down"), release_engines{},
+                 send_error{error(errc::unavailable,
+                                  "engine 'decode0' on node 'n0' serving this request is lost: node down (placed again 2 "
+                                  "times already)",
+                                  2)},
+                 stop{});
 }
 
 TEST(RequestHostEnd, ALostClientReleasesTheEnginesAndStopsWithoutAWord) {

@@ -413,7 +413,7 @@ std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
 std::string encode_end(uint64_t id, const msg::completion_end& end) {
   msgpack::sbuffer body;
   packer p(body);
-  pack_head(p, 7, "end", id);
+  pack_head(p, end.num_failovers > 0 ? 8 : 7, "end", id);
   pack_text(p, "request_id");
   p.pack_int64(end.request_id);
   pack_text(p, "finish_reason");
@@ -438,6 +438,10 @@ std::string encode_end(uint64_t id, const msg::completion_end& end) {
   p.pack_int64(end.e2e_ns);
   pack_text(p, "itl_ns");
   p.pack(end.itl_ns);
+  if (end.num_failovers > 0) {  // placed again after losing its engine, this many times
+    pack_text(p, "failovers");
+    p.pack_int32(end.num_failovers);
+  }
   return framed(body);
 }
 

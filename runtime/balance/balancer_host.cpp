@@ -68,6 +68,7 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
       if (!e.load.alive) why += "; " + e.spec.name + " is lost";
     return fail(errc::unavailable, std::move(why));
   }
+  request_ended(key);  // placed again (its engine was lost): the first placement ends
   route_request r{num_routed_++, num_prompt_tokens, {}};
   if (prefixes_)
     for (size_t i = 0; i < engines_.size(); i++)

@@ -73,7 +73,8 @@ class balancer_host {
   /// Chooses engines for request `key` of `num_prompt_tokens` tokens and charges them; the
   /// error (unavailable) names every lost engine. `prefix_hashes`: the prompt's chain hashes in
   /// blocks of prefix_block_size() (kv::chain_hashes), exactly num_prompt_tokens / that many,
-  /// and none when prefix_block_size() is 0; another count is an error (invalid_argument).
+  /// and none when prefix_block_size() is 0; another count is an error (invalid_argument). A key
+  /// placed before (a request whose engine was lost) is placed anew: its first placement ends.
   [[nodiscard]] expected<placement> place(request_key key, int32_t num_prompt_tokens,
                                           const std::vector<uint64_t>& prefix_hashes = {});
   /// The request `key` ended; false if it was never placed (or ended already).

@@ -234,9 +234,10 @@ expected<void> engine_core::add_prefilled(request r, kv_data kv) {
                     " x " + num(model_.kv_dim()));
   const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
   const int32_t priority = r.priority;
+  const int32_t resumed = r.num_resumed_tokens;
   std::vector<int32_t> prompt = std::move(r.prompt);
   const kv::seq_id seq = record(std::move(r));
-  scheduler_->add_imported(seq, std::move(prompt), priority, limit, want);
+  scheduler_->add_imported(seq, std::move(prompt), priority, limit, want, resumed);
   speculate(seq);
   pending_imports_.emplace(seq, std::move(kv));
   return {};

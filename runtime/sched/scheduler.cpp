@@ -60,9 +60,12 @@ void scheduler::add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t
 }
 
 void scheduler::add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
-                             int32_t num_imported_tokens) {
+                             int32_t num_imported_tokens, int32_t num_generated_tokens) {
   TROUPE_ASSERT(num_imported_tokens > 0 && num_imported_tokens < static_cast<int32_t>(prompt.size()));
-  add_sequence(id, std::move(prompt), priority, max_num_tokens).num_imported_tokens = num_imported_tokens;
+  TROUPE_ASSERT(num_generated_tokens >= 0 && num_generated_tokens < static_cast<int32_t>(prompt.size()));
+  sequence& s = add_sequence(id, std::move(prompt), priority, max_num_tokens);
+  s.num_imported_tokens = num_imported_tokens;
+  s.num_prompt_tokens -= num_generated_tokens;
 }
 
 sequence& scheduler::add_sequence(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens) {

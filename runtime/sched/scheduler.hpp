@@ -138,8 +138,9 @@ class scheduler {
   /// Queues a sequence whose first `num_imported_tokens` tokens' KV is imported: on admission it
   /// gets fresh blocks (no prefix lookup), those tokens count as computed and the plan lists it
   /// in `imported`. At least one prompt token remains to compute (its logits give the sample).
+  /// The prompt's last `num_generated_tokens` tokens count as generated, as in `add`.
   void add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
-                    int32_t num_imported_tokens);
+                    int32_t num_imported_tokens, int32_t num_generated_tokens = 0);
 
   /// Creates `child` as a copy of `parent` sharing its KV (fork for n > 1 samples): running
   /// with the parent's computed blocks if the parent runs, the running set is below

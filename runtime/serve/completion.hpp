@@ -93,6 +93,9 @@ struct completion_end {
   int32_t num_preemptions = 0;
   int32_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
   int32_t num_chunks = 0;           ///< chunks sent before this message
+  /// Times the request was placed again after losing its engine (request_host::engine_lost),
+  /// each time recomputed from its prompt and the tokens already sent.
+  int32_t num_failovers = 0;
 };
 
 /// The last message of a completion that failed.

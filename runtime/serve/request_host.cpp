@@ -13,17 +13,17 @@
 namespace troupe::serve {
 
 bool operator==(const ask_placement& a, const ask_placement& b) {
-  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens, a.prefix_hashes) ==
-         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens, b.prefix_hashes);
+  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens, a.prefix_hashes, a.again, a.lost) ==
+         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens, b.prefix_hashes, b.again, b.lost);
 }
 
 bool operator==(const submit& a, const submit& b) {
   const engine::request& x = a.request;
   const engine::request& y = b.request;
   return std::tie(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids, x.ignore_eos,
-                  x.priority, x.batch_tokens, x.grammar, a.to_prefill) ==
+                  x.priority, x.batch_tokens, x.grammar, x.num_resumed_tokens, a.to_prefill) ==
          std::tie(y.id, y.prompt, y.max_tokens, y.sampling, y.seed, y.n, y.stop, y.stop_token_ids, y.ignore_eos,
-                  y.priority, y.batch_tokens, y.grammar, b.to_prefill);
+                  y.priority, y.batch_tokens, y.grammar, y.num_resumed_tokens, b.to_prefill);
 }
 
 bool operator==(const send_chunk& a, const send_chunk& b) { return a.chunk == b.chunk; }
@@ -160,8 +160,12 @@ effects request_host::placed(const placed_engines& p) {
     return out;
   }
   placed_ = p;
-  // Only detokenization needs the prompt here afterwards: without it, the request moves out.
-  engine::request r = text_mode_ ? request_ : std::move(request_);
+  engine::request r = request_;  // kept: a lost engine places it again
+  if (!generated_.empty()) {  // resumed after the tokens the client has
+    r.prompt.insert(r.prompt.end(), generated_.begin(), generated_.end());
+    r.num_resumed_tokens = static_cast<int32_t>(generated_.size());
+    r.max_tokens -= r.num_resumed_tokens;
+  }
   out.push_back(submit{std::move(r), p.has_prefill});
   return out;
 }
@@ -236,7 +240,7 @@ expected<void> request_host::check_batch(const engine::token_batch& b) const {
 
 bool request_host::accept(const expected<void>& ok, effects& out) {
   if (ok) return true;
-  out.push_back(release_engines{});
+  out.emplace_back(std::in_place_type<release_engines>);
   fail_request(ok.error().code, ok.error().message, out);
   return false;
 }
@@ -290,6 +294,7 @@ void request_host::take_token(const engine::sample_event& s, int64_t scheduled_a
   const bool stopped = d.stopped;
   take_text(std::move(d));
   pending_.tokens.push_back(s.sample.token);
+  generated_.push_back(s.sample.token);
   pending_.logprobs.push_back(s.sample.logprob);
   pending_.top_logprobs.push_back(s.sample.top_logprobs);
   if (o_.params.stream) flush(out);
@@ -319,10 +324,30 @@ effects request_host::engine_lost(engine_role role, const std::string& why) {
   TROUPE_ASSERT(role == engine_role::prefill ? placed_.has_prefill : placed_.has_decode);
   if (role == engine_role::prefill && handed_over_) return {};  // it finished its part
   effects out{release_engines{}};
-  fail_request(errc::unavailable,
-       (role == engine_role::prefill ? placed_.prefill_name : placed_.decode_name) +
-           " serving this request is lost: " + why,
-       out);
+  const std::string lost = (role == engine_role::prefill ? placed_.prefill_name : placed_.decode_name) +
+                           " serving this request is lost: " + why;
+  if (num_failovers_ >= o_.max_failovers) {
+    fail_request(errc::unavailable,
+                 lost + (o_.max_failovers > 0 ? " (placed again " + std::to_string(num_failovers_) + " times already)" : ""),
+                 out);
+    return out;
+  }
+  // Placed again: the prompt plus what the client has (request_host::placed).
+  num_failovers_++;
+  placed_ = {};
+  handed_over_ = false;
+  std::vector<int32_t> prompt = request_.prompt;
+  prompt.insert(prompt.end(), generated_.begin(), generated_.end());
+  std::vector<uint64_t> prefix_hashes;
+  if (o_.prefix_block_size > 0) prefix_hashes = kv::chain_hashes(prompt, o_.prefix_block_size);
+  ask_placement again;
+  again.request_id = o_.id;
+  again.num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  again.max_tokens = request_.max_tokens - static_cast<int32_t>(generated_.size());
+  again.prefix_hashes = std::move(prefix_hashes);
+  again.again = true;
+  again.lost = role;
+  out.emplace_back(std::move(again));
   return out;
 }
 
@@ -361,6 +386,7 @@ void request_host::finish(engine::finish_reason reason, int64_t now_ns, effects&
   flush(out);
   end_.finish_reason = reason;
   end_.num_chunks = num_chunks_;
+  end_.num_failovers = num_failovers_;
   end_.e2e_ns = now_ns - arrival_ns_;
   out.push_back(send_end{end_});
   out.push_back(stop{});
@@ -380,6 +406,8 @@ void request_host::check_invariants() const {
   TROUPE_ASSERT(!o_.params.stream || pending_.tokens.empty());  // streamed: each token is sent at once
   const size_t gaps = end_.num_generated_tokens > 0 ? static_cast<size_t>(end_.num_generated_tokens) - 1 : 0;
   TROUPE_ASSERT(end_.itl_ns.size() == gaps);
+  TROUPE_ASSERT(generated_.size() == static_cast<size_t>(end_.num_generated_tokens));
+  TROUPE_ASSERT(num_failovers_ >= 0 && num_failovers_ <= o_.max_failovers);
   TROUPE_ASSERT(!placed_.has_prefill || placed_.has_decode);
   TROUPE_ASSERT(!out_ || text_mode_);
   if (out_) out_->check_invariants();

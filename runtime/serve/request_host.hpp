@@ -23,9 +23,15 @@
 /// - trust: a finish reason or error code from an engine (maybe another process) that this
 ///   version does not know, or top logprobs beyond those asked for, outside the vocabulary or
 ///   not finite, fail the request (internal) instead of being used;
-/// - ends: a completed stop string, a cancel, a rejection or a lost engine release the request
-///   at its engines; a prefill engine that already handed the request over is no longer its
-///   concern; a lost client releases it and ends without a word.
+/// - ends: a completed stop string, a cancel or a rejection release the request at its engines;
+///   a lost client releases it and ends without a word;
+/// - failover: a lost engine (its process died or froze) that still served the request (a
+///   prefill engine that already handed it over no longer does) has the request placed again,
+///   at most `max_failovers` times: the other engine releases it, the balancer is asked anew
+///   (told which engine was lost), and the new engine recomputes the prompt plus the tokens the
+///   client already has (engine::request::num_resumed_tokens), so the continuation is the one
+///   the lost engine would have produced and the client's stream goes on with no token missing
+///   or repeated. Past the bound, or when nothing can serve it, the request fails (unavailable).
 ///
 /// Every ending call ends with `stop`; the actor then quits and calls the host no more.
 /// Identity: the actor keeps every handle (client, balancer, engines) and tells the host which
@@ -63,10 +69,15 @@ struct request_host_options {
   std::optional<error> refused;
   /// How a chat's messages become the prompt (completion_request::messages).
   chat_template chat = chat_template::bare;
+  /// Times a request is placed again after losing its engine before it fails (0: never).
+  int32_t max_failovers = 3;
   /// The vocabulary's think and tool-call tags (output_tags::of, found once per tokenizer): a
   /// chat's answer is split by them (output_channels); a plain completion's never is.
   output_tags tags;
 };
+
+/// Which placed engine a call is about.
+enum class engine_role { prefill, decode };
 
 /// Ask the balancer where the request runs (msg::place_request); its answer goes to `placed`.
 struct ask_placement {
@@ -74,6 +85,10 @@ struct ask_placement {
   int32_t num_prompt_tokens = 0;
   int32_t max_tokens = 0;
   std::vector<uint64_t> prefix_hashes;  ///< kv::chain_hashes(prompt, prefix_block_size)
+  /// Placed again: the placed engine of role `lost` was lost (the actor names it to the balancer
+  /// and forgets the old placement).
+  bool again = false;
+  engine_role lost = engine_role::decode;
 };
 
 /// Send the request to the placed prefill engine (which hands it to the decode engine) when
@@ -121,9 +136,6 @@ struct placed_engines {
   std::string decode_name;
 };
 
-/// Which placed engine a call is about.
-enum class engine_role { prefill, decode };
-
 class request_host {
  public:
   explicit request_host(request_host_options options);
@@ -142,6 +154,7 @@ class request_host {
   [[nodiscard]] effects rejected(errc code, const std::string& message);
   /// The placed engine of `role` is lost (`why`).
   [[nodiscard]] effects engine_lost(engine_role role, const std::string& why);
+  [[nodiscard]] int32_t num_failovers() const { return num_failovers_; }
   /// The client cancels: the stream ends with finish_reason cancelled.
   [[nodiscard]] effects cancel(int64_t now_ns);
   /// Nobody listens any more: the engines free the request's blocks.
@@ -173,7 +186,9 @@ class request_host {
   void fail_request(errc code, const std::string& message, effects& out);
 
   request_host_options o_;
-  engine::request request_;  // built by start; moves out at submit unless text needs its prompt
+  engine::request request_;  // built by start; kept to place it again after a lost engine
+  std::vector<int32_t> generated_;  // the tokens the client has: a new engine resumes after them
+  int32_t num_failovers_ = 0;
   bool text_mode_ = true;    // a tokenizer is known: detokenize the output (whatever the prompt)
   std::optional<output_channels> out_;  // made on the first token: stops are validated then
   placed_engines placed_;    // once the balancer answered with engines
