@@ -735,6 +735,27 @@ TEST_F(ActorsDeterministic, AnEngineLostMidStreamHasItsRequestsResumedElsewhereW
   engines_.erase(engines_.begin());
 }
 
+TEST_F(ActorsDeterministic, ADecodeEngineLostMidStreamHasItsRequestPrefilledAgainAfterItsTokens) {
+  start_disaggregated();
+  msg::completion_request r = make_completion("A big red ball", 50, 8, 1.0f);
+  r.ignore_eos = true;
+  auto log = submit(r);  // prefill0, then decode engine 1 (both decode engines idle: the first)
+  run_until([&] { return log->tokens().size() >= 7; });
+  caf::anon_send_exit(engines_[1], caf::exit_reason::kill);
+  run_ticking();
+  ASSERT_EQ(log->num_done, 1);
+  ASSERT_TRUE(log->outcome->has_value()) << log->outcome->error().message;
+  EXPECT_EQ((*log->outcome)->tokens, reference(oracle_, r).tokens);
+  EXPECT_EQ((*log->outcome)->end.num_failovers, 1);
+  // The prompt and the tokens already sent were prefilled again and handed to engine 2.
+  EXPECT_GT(report(2).num_generated_tokens, 0);
+  EXPECT_LT(report(2).num_generated_tokens, 50);
+  num_idle_actors_ -= 3;
+  expect_engine_idle(0);
+  expect_engine_idle(2);
+  engines_.erase(engines_.begin() + 1);
+}
+
 TEST_F(ActorsDeterministic, CancellingADisaggregatedRequestFreesBothEngines) {
   start_disaggregated();
   msg::completion_request r = make_completion("A big red ball", 300, 5);
