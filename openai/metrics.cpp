@@ -95,6 +95,7 @@ void request_metrics::record(const msg::completion_end& end) {
   num_prompt_tokens += end.num_prompt_tokens;
   num_generation_tokens += end.num_generated_tokens;
   num_prefix_cache_hit_tokens += end.num_cached_tokens;
+  num_failovers += end.num_failovers;
   num_success_by_reason[engine::to_string(end.finish_reason)]++;
 }
 
@@ -130,6 +131,8 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
   p.counter("troupe:prompt_tokens_total", "Number of prefill tokens processed.", requests.num_prompt_tokens);
   p.counter("troupe:generation_tokens_total", "Number of generation tokens processed.", requests.num_generation_tokens);
   p.counter("troupe:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", requests.num_prefix_cache_hit_tokens);
+  p.counter("troupe:request_failovers_total", "Times a request was placed again after losing its engine.",
+            requests.num_failovers);
   p.family("troupe:kv_tier_hit_tokens_total", "counter", "Prompt tokens served from a KV cache tier at admission.");
   p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_pool_hit_tokens)), "tier=\"pool\"");
   p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_host_hit_tokens)), "tier=\"host\"");

@@ -41,6 +41,7 @@ struct request_metrics {
   int64_t num_prompt_tokens = 0;
   int64_t num_generation_tokens = 0;
   int64_t num_prefix_cache_hit_tokens = 0;
+  int64_t num_failovers = 0;  ///< times an answered request was placed again after losing its engine
   std::map<std::string, int64_t> num_success_by_reason;  ///< "stop", "length", ...
   int64_t num_in_flight = 0;  ///< completions the gateway is serving now (set when scraped)
 };

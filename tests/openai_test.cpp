@@ -530,7 +530,9 @@ TEST(Metrics, ARequestMovesEachHistogramOnce) {
 
 TEST(Metrics, ThePageRendersByteForByte) {
   request_metrics m;
-  m.record(an_end_with_latencies());
+  msg::completion_end failed_over = an_end_with_latencies();
+  failed_over.num_failovers = 2;
+  m.record(failed_over);
   m.num_in_flight = 7;
   msg::engine_report r;
   r.num_requests = 3;
@@ -552,6 +554,7 @@ TEST(Metrics, ThePageRendersByteForByte) {
         "troupe:kv_cache_usage_perc" + label + " 0.5\n",
         "troupe:num_kv_blocks" + label + " 16\n", "troupe:num_preemptions_total" + label + " 4\n",
         "troupe:prompt_tokens_total" + label + " 5\n", "troupe:generation_tokens_total" + label + " 3\n",
+        "# TYPE troupe:request_failovers_total counter\ntroupe:request_failovers_total" + label + " 2\n",
         std::string("troupe:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n"),
         std::string("# TYPE troupe:kv_tier_hit_tokens_total counter\n") +
             "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"pool\"} 32\n" +
