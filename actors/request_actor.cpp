@@ -126,7 +126,7 @@ engine::token_batch to_batch(msg::sampled_batch& b) {
 bool addressed_here(request_actor_t* self, int64_t id, const char* what) {
   const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
   const msg::placement& p = self->state.placed;
-  if (from != p.decode.address() && from != p.prefill.address()) {
+  if (!from || (from != p.decode.address() && from != p.prefill.address())) {  // anonymous: nobody's
     spdlog::warn("request {}: dropped {} from an engine that does not serve it", self->state.host->id(), what);
     return false;
   }

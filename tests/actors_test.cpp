@@ -865,7 +865,7 @@ actors::stream_receiver_actor spawn_receiver(caf::actor_system& sys, std::shared
   });
 }
 
-TEST_F(ActorsDeterministic, ForgedCancelsAndReleasesFromOtherActorsDoNotStopTheStream) {
+TEST_F(ActorsDeterministic, ForgedCancelsReleasesTokensAndRejectionsFromOtherActorsDoNotChangeTheStream) {
   start();
   msg::completion_request r = make_completion("A big red ball", 40, 5);
   r.ignore_eos = true;
@@ -882,12 +882,20 @@ TEST_F(ActorsDeterministic, ForgedCancelsAndReleasesFromOtherActorsDoNotStopTheS
   // With the right id: a cancel to the request actor, a release to the engine, from the
   // stranger and with no sender at all.
   const int64_t id = log->request_id;
+  // And tokens, a rejection and an end in the engine's name, from the stranger and from nobody:
+  // a request actor takes them only from the engines serving it.
+  const msg::sampled forged_token{id, 0, 7, -0.5f, {}, engine::finish_reason::stop, 0, 0, 0, 0};
+  const msg::rejected forged_rejection{id, errc::internal, "forged"};
   sys_.spawn([=](caf::event_based_actor* self) {
     self->send(*request, msg::cancel_request{id});
     self->send(engines_[0], msg::release{id});
+    self->send(*request, forged_token);
+    self->send(*request, forged_rejection);
   });
   caf::anon_send(*request, msg::cancel_request{id});
   caf::anon_send(engines_[0], msg::release{id});
+  caf::anon_send(*request, forged_token);
+  caf::anon_send(*request, forged_rejection);
   run_ticking();
   ASSERT_FALSE(log->error) << log->error->message;
   ASSERT_TRUE(log->end);
