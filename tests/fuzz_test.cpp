@@ -216,6 +216,8 @@ TEST_F(Fuzz, EveryMessageTypeToEveryActorKindLeavesTheServerServing) {
 
 // ---- the crash attacks of issue 21, each now refused ------------------------------------------
 
+/// A request's engine turned broken or impostor: what it sends comes in its name (send_as),
+/// since a request actor takes word only from the engines serving it.
 class CrashAttack : public Fuzz {
  protected:
   /// Request `id` (200 tokens at most), run until its first token reached its recorder.
@@ -245,7 +247,7 @@ class CrashAttack : public Fuzz {
 
 TEST_F(CrashAttack, AnOutOfVocabularyTokenToARequestFailsOnlyThatRequest) {
   auto [r, rec] = started_request(7);
-  caf::anon_send(r, msg::sampled{7, 0, 100000, -1.0f, {}, engine::finish_reason::none, 0, 0, 0, 0});
+  caf::send_as(engine_, r, msg::sampled{7, 0, 100000, -1.0f, {}, engine::finish_reason::none, 0, 0, 0, 0});
   run_ticking();
   expect_failed(*rec, "the engine sent token 100000, outside the vocabulary [0, 512)");
   expect_engine_idle();  // the request released its engine
@@ -256,7 +258,7 @@ TEST_F(CrashAttack, AnOutOfVocabularyTokenToARequestFailsOnlyThatRequest) {
 // another node, it would stall this node's network thread. Neither direction relays one.
 TEST_F(CrashAttack, InfiniteFloatsAreRefusedBeforeTheyCrossANode) {
   auto [r, rec] = started_request(7);
-  caf::anon_send(r, msg::sampled{7, 0, 5, -std::numeric_limits<float>::infinity(), {}, {}, 0, 0, 0, 0});
+  caf::send_as(engine_, r, msg::sampled{7, 0, 5, -std::numeric_limits<float>::infinity(), {}, {}, 0, 0, 0, 0});
   run_ticking();
   expect_failed(*rec, "the engine sent token 5 with a logprob that is not finite");
   msg::completion_request c = make_completion("Once upon a time", 20, 7);
@@ -274,9 +276,9 @@ TEST_F(CrashAttack, InfiniteFloatsAreRefusedBeforeTheyCrossANode) {
 
 TEST_F(CrashAttack, AnEmptyOrRaggedBatchToARequestFailsOnlyThatRequest) {
   auto [a, empty] = started_request(7);
-  caf::anon_send(a, msg::sampled_batch{7, {}, {}, {}, {}, engine::finish_reason::length, 0, 0, 0, 0});
+  caf::send_as(engine_, a, msg::sampled_batch{7, {}, {}, {}, {}, engine::finish_reason::length, 0, 0, 0, 0});
   auto [b, ragged] = started_request(8);
-  caf::anon_send(b, msg::sampled_batch{8, {5, 6}, {-1.0f}, {{}, {}}, {1, 1}, engine::finish_reason::length, 0, 0, 0, 0});
+  caf::send_as(engine_, b, msg::sampled_batch{8, {5, 6}, {-1.0f}, {{}, {}}, {1, 1}, engine::finish_reason::length, 0, 0, 0, 0});
   run_ticking();
   expect_failed(*empty, "the engine sent an empty batch of tokens");
   expect_failed(*ragged, "the engine sent a batch of 2 tokens with 1 logprobs, 2 top-logprob lists and 2 ages");
@@ -292,7 +294,7 @@ TEST_F(CrashAttack, ABatchPastAStopStringEndsTheRequestAtTheStop) {
   const size_t n = ids->size();
   auto [r, rec] = started_request(7, /*stop=*/true);
   const size_t before = rec->tokens.size();
-  caf::anon_send(r, msg::sampled_batch{7, *ids, std::vector<float>(n, -1.0f),
+  caf::send_as(engine_, r, msg::sampled_batch{7, *ids, std::vector<float>(n, -1.0f),
                                        std::vector<std::vector<sampling::token_logprob>>(n),
                                        std::vector<int64_t>(n, 0), engine::finish_reason::length, 0, 0, 0, 0});
   run_ticking();
@@ -305,7 +307,7 @@ TEST_F(CrashAttack, ABatchPastAStopStringEndsTheRequestAtTheStop) {
 
 TEST_F(CrashAttack, ATokenForAnotherRequestIsDroppedAndTheAnswerIsUnchanged) {
   auto [r, rec] = started_request(7);
-  caf::anon_send(r, msg::sampled{12345, 0, 100000, 0.0f, {}, engine::finish_reason::length, 0, 0, 0, 0});
+  caf::send_as(engine_, r, msg::sampled{12345, 0, 100000, 0.0f, {}, engine::finish_reason::length, 0, 0, 0, 0});
   run_ticking();
   ASSERT_TRUE(rec->end.has_value());
   EXPECT_FALSE(rec->error.has_value());
