@@ -162,7 +162,7 @@ effects request_host::placed(const placed_engines& p) {
   placed_ = p;
   engine::request r = request_;  // kept: a lost engine places it again
   if (!generated_.empty()) {  // resumed after the tokens the client has
-    r.prompt.insert(r.prompt.end(), generated_.begin(), generated_.end());
+    r.prompt = resumed_prompt();
     r.num_resumed_tokens = static_cast<int32_t>(generated_.size());
     r.max_tokens -= r.num_resumed_tokens;
   }
@@ -336,8 +336,7 @@ effects request_host::engine_lost(engine_role role, const std::string& why) {
   num_failovers_++;
   placed_ = {};
   handed_over_ = false;
-  std::vector<int32_t> prompt = request_.prompt;
-  prompt.insert(prompt.end(), generated_.begin(), generated_.end());
+  const std::vector<int32_t> prompt = resumed_prompt();
   std::vector<uint64_t> prefix_hashes;
   if (o_.prefix_block_size > 0) prefix_hashes = kv::chain_hashes(prompt, o_.prefix_block_size);
   ask_placement again;
@@ -362,6 +361,12 @@ effects request_host::client_lost() {
   TROUPE_ASSERT(!done_);
   done_ = true;
   return {release_engines{}, stop{}};
+}
+
+std::vector<int32_t> request_host::resumed_prompt() const {
+  std::vector<int32_t> prompt = request_.prompt;
+  prompt.insert(prompt.end(), generated_.begin(), generated_.end());
+  return prompt;
 }
 
 void request_host::take_text(output_channels::delta d) {

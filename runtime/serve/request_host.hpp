@@ -179,6 +179,8 @@ class request_host {
   [[nodiscard]] bool accept(const expected<void>& ok, effects& out);
   void take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
                   effects& out);
+  /// The prompt a new engine resumes from after a failover: the prompt and the tokens sent.
+  [[nodiscard]] std::vector<int32_t> resumed_prompt() const;
   /// Adds a delta's text, reasoning and tool calls to the pending chunk.
   void take_text(output_channels::delta d);
   void flush(effects& out);
