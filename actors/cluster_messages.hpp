@@ -21,9 +21,10 @@ namespace troupe::msg {
 /// with no sender. It keys its routing table by connection handle (the socket fd) and cleans a
 /// closed connection up later, through its message queue; when a new client's connection reuses
 /// the fd before that cleanup, the cleanup erases the new connection's fd -> node entry, and
-/// every later message on it is deserialized with last hop "none" (null sender proxy). A handle
-/// in the payload is deserialized with its own node id, and replies to it are routed by node,
-/// which that cleanup leaves intact.
+/// every later message on it is deserialized with last hop "none" (null sender proxy). The same
+/// cleanup erased the node's route, so nothing could answer it either: every troupe process
+/// now holds a closed socket's number until that cleanup (actors/network_limits.cpp,
+/// held_sockets), and the handle in the payload stays as the second line of defence.
 struct submit_completion {
   completion_request request;
   actors::stream_receiver_actor reply_to;  ///< the client actor: chunks, the end or the error go here

@@ -1,9 +1,11 @@
 #include "actors/network_limits.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -11,11 +13,17 @@
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <caf/actor_system_config.hpp>
 #include <caf/io/basp/header.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/network/native_socket.hpp>
 #include <caf/timespan.hpp>
 #include <spdlog/spdlog.h>
 
@@ -142,6 +150,89 @@ close_function libc_close() {
   return f;
 }
 
+/// The numbers of closed BASP connections, held until CAF has cleaned the connection up.
+///
+/// CAF 0.17.6's BASP broker names a connection by its socket's number and cleans a closed one
+/// up later, through its message queue (after every message received before the close is
+/// delivered). Linux gives a new socket the lowest free number, so a connection accepted in
+/// between can get the closed one's number; the late cleanup then erases the new connection's
+/// route and state (basp_broker::connection_cleanup -> routing_table::erase_direct), and the
+/// node can no longer answer that peer: a client's request was lost with no error (its
+/// `troupe client` waited out the first-token timeout). So a connected socket CAF closes is
+/// replaced by /dev/null under the same number (dup3: the connection closes at once, the number
+/// stays taken) and the number is released when CAF's cleanup of that connection has run.
+/// Numbers whose cleanup never comes (a system shut down) are released oldest first beyond a
+/// bound, so a process cannot run out of descriptors through them.
+class held_sockets {
+ public:
+  /// CAF closes `fd`: true if its number is now held (the caller must not close it).
+  bool hold(int fd) {
+    if (!is_connected_socket(fd)) return false;
+    std::lock_guard lock(mutex_);
+    if (cleaned_.erase(fd) != 0) return false;  // the cleanup came first: nothing to wait for
+    if (placeholder_ < 0) placeholder_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (placeholder_ < 0 || ::dup3(placeholder_, fd, O_CLOEXEC) < 0) return false;
+    held_.push_back(fd);
+    while (held_.size() > bound()) release_locked(held_.front());
+    return true;
+  }
+
+  /// CAF's cleanup of connection `fd` has run: releases its number, or remembers that the
+  /// cleanup came before the close.
+  void cleaned_up(int fd) {
+    std::lock_guard lock(mutex_);
+    if (!release_locked(fd) && is_connected_socket(fd)) {
+      cleaned_.insert(fd);
+      while (cleaned_.size() > bound()) cleaned_.erase(cleaned_.begin());
+    }
+  }
+
+  /// `fd` is a new socket (accepted): an earlier cleanup of that number is not its own.
+  void reused(int fd) {
+    std::lock_guard lock(mutex_);
+    cleaned_.erase(fd);
+  }
+
+  [[nodiscard]] size_t size() {
+    std::lock_guard lock(mutex_);
+    return held_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  int placeholder_ = -1;
+  std::deque<int> held_;  // oldest first
+  std::set<int> cleaned_;
+
+  static bool is_connected_socket(int fd) {
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening == 0;
+  }
+
+  /// At most an eighth of the descriptor limit, and at most 256.
+  static size_t bound() {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 256;
+    return std::max<size_t>(1, std::min<size_t>(256, static_cast<size_t>(limit.rlim_cur) / 8));
+  }
+
+  bool release_locked(int fd) {
+    auto it = std::find(held_.begin(), held_.end(), fd);
+    if (it == held_.end()) return false;
+    held_.erase(it);
+    libc_close()(fd);
+    return true;
+  }
+};
+
+held_sockets& held() {
+  static held_sockets* h = new held_sockets;  // never destroyed: CAF may close sockets at exit
+  return *h;
+}
+
 }  // namespace
 
 void apply_network_limits(caf::actor_system_config& cfg, const network_limits& limits) {
@@ -168,6 +259,8 @@ network_limits current_network_limits() {
 
 void guard_listening_port(uint16_t port) { connections().guard(port); }
 
+size_t num_held_socket_numbers() { return held().size(); }
+
 }  // namespace troupe::actors
 
 // CAF 0.17.6 accepts every connection at a published port (policy::tcp::try_accept calls
@@ -181,6 +274,7 @@ extern "C" int accept(int listener, sockaddr* addr, socklen_t* len) {
   using troupe::actors::accept_function;
   static const accept_function libc_accept = troupe::actors::next_function<accept_function>("accept");
   const int fd = libc_accept(listener, addr, len);
+  if (fd >= 0) troupe::actors::held().reused(fd);
   if (fd < 0 || !troupe::actors::connections().guards(listener)) return fd;
   if (troupe::actors::connections().admit(fd, troupe::actors::peer_address(fd))) return fd;
   troupe::actors::libc_close()(fd);
@@ -218,3 +312,27 @@ bool valid(const header& hdr) {
 }
 
 }  // namespace caf::io::basp
+
+// The two ends of held_sockets (above): CAF closes every socket through close_socket and cleans
+// every BASP connection up through connection_cleanup, both called through the PLT, so these
+// definitions take their place. tests/limits_test.cpp (...SocketNumber...) fails without them.
+namespace caf::io {
+
+void network::close_socket(native_socket fd) {
+  if (troupe::actors::held().hold(fd)) {
+    troupe::actors::connections().closing(fd);  // the connection is closed: uncounted
+    return;
+  }
+  ::close(fd);
+}
+
+void basp_broker::connection_cleanup(connection_handle hdl, sec code) {
+  using function = void (*)(basp_broker*, connection_handle, sec);
+  static const function caf_cleanup = reinterpret_cast<function>(
+      ::dlsym(RTLD_NEXT, "_ZN3caf2io11basp_broker18connection_cleanupENS0_17connection_handleENS_3secE"));
+  TROUPE_ASSERT_MSG(caf_cleanup != nullptr, "libcaf_io's caf::io::basp_broker::connection_cleanup not found");
+  caf_cleanup(this, hdl, code);
+  troupe::actors::held().cleaned_up(static_cast<int>(hdl.id()));
+}
+
+}  // namespace caf::io

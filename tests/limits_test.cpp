@@ -8,25 +8,34 @@
 //   while a peer sending heartbeats stays connected;
 // - connections beyond max_connections_per_host (or max_connections in all) are closed at once;
 // - a client process may have only so many requests in flight; the balancer's own node is
-//   exempt, and a finished request makes room again.
+//   exempt, and a finished request makes room again;
+// - a closed connection's socket number is not given to a new connection before CAF has cleaned
+//   the closed one up (CAF 0.17.6's late cleanup erased the new connection's route).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <variant>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/io/network/native_socket.hpp>
+#include <caf/meta/load_callback.hpp>
 
 #include "actors/clock.hpp"
 #include "actors/connect.hpp"
@@ -126,6 +135,55 @@ actors::engine_actor spawn_silent_engine(caf::actor_system& sys) {
         [](actors::ping_atom) { return actors::pong_atom::value; },
     };
   });
+}
+
+/// A message whose deserialization waits until the test lets it go: while it waits, CAF's BASP
+/// broker delivers nothing received after it, nor cleans up a connection closed after it.
+struct held_in_transit {
+  int32_t value = 0;
+};
+
+struct transit_gate {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool entered = false;
+  bool open = false;
+
+  /// Waits (at most 30 s) until `flag` is set.
+  bool wait_for(const bool& flag) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, 30s, [&] { return flag; });
+  }
+  void set(bool& flag) {
+    std::lock_guard lock(mutex);
+    flag = true;
+    changed.notify_all();
+  }
+};
+
+transit_gate& gate() {
+  static transit_gate g;
+  return g;
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, held_in_transit& x) {
+  return f(x.value, caf::meta::load_callback([]() -> caf::error {
+             gate().set(gate().entered);
+             gate().wait_for(gate().open);
+             return caf::none;
+           }));
+}
+
+/// Waits (at most `bound`) until `done()` holds, checking as other threads make progress.
+template <class Predicate>
+bool eventually(Predicate done, std::chrono::milliseconds bound = 30s) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 /// A server system (the given limits, optionally TLS) and a peer system that reaches it.
@@ -364,6 +422,80 @@ TEST_F(Limits, AClientProcessHasAtMostMaxPendingRequestsInFlightAndTheBalancersN
   for (const caf::actor& a : {caf::actor_cast<caf::actor>(front), caf::actor_cast<caf::actor>(lb),
                               caf::actor_cast<caf::actor>(engine)})
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+TEST(SocketNumbers, ASocketCafClosesKeepsItsNumberAndThePeerSeesTheCloseAtOnce) {
+  int ends[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, ends), 0);
+  const size_t before = actors::num_held_socket_numbers();
+  caf::io::network::close_socket(ends[0]);
+  EXPECT_EQ(actors::num_held_socket_numbers(), before + 1);
+  struct stat st {};
+  ASSERT_EQ(::fstat(ends[0], &st), 0) << "the number was released";
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "the number still names the socket";
+  char byte = 0;
+  EXPECT_EQ(::read(ends[1], &byte, 1), 0) << "the peer did not see the connection close";
+  const int next = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_NE(next, ends[0]);
+  ::close(next);
+  ::close(ends[1]);
+  // A listening socket or a file is closed as it is.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  caf::io::network::close_socket(listener);
+  EXPECT_EQ(actors::num_held_socket_numbers(), before + 1);
+  EXPECT_EQ(::fcntl(listener, F_GETFD), -1) << "a listening socket was held";
+}
+
+TEST_F(Limits, ANewConnectionNeverTakesAClosedOnesNumberBeforeCafHasCleanedThatOneUp) {
+  server_cfg_.add_message_type<held_in_transit>("troupe_test_held_in_transit");
+  // BASP workers deserialize off the broker's thread (with none free, the broker itself would
+  // wait in the message, and accept nothing meanwhile).
+  server_cfg_.set("middleman.workers", size_t{4});
+  start_server(actors::network_limits{});
+  const caf::actor echo = server_->spawn([]() -> caf::behavior {
+    return {[](held_in_transit&) {}, [](actors::ping_atom) { return actors::pong_atom::value; }};
+  });
+  auto port = actors::publish_actor(*server_, caf::actor_cast<caf::strong_actor_ptr>(echo), {}, 0, "127.0.0.1");
+  ASSERT_TRUE(port.has_value()) << port.error().message;
+  const size_t held_before = actors::num_held_socket_numbers();
+  auto peer = [&](caf::actor_system_config& cfg) {
+    configure(cfg, false);
+    cfg.add_message_type<held_in_transit>("troupe_test_held_in_transit");
+    EXPECT_TRUE(actors::configure_network(cfg, {}, actors::network_limits{}).has_value());
+    return std::make_unique<caf::actor_system>(cfg);
+  };
+  // 1. A message whose deserialization waits: the broker's queue stops behind it.
+  caf::actor_system_config x_cfg;
+  auto x = peer(x_cfg);
+  auto x_echo = actors::reach_any(*x, "127.0.0.1", *port, actors::reach_options{});
+  ASSERT_TRUE(x_echo.has_value()) << x_echo.error().message;
+  caf::anon_send(caf::actor_cast<caf::actor>(x_echo->actor), held_in_transit{7});
+  ASSERT_TRUE(gate().wait_for(gate().entered)) << "the message never reached the server";
+  // 2. A connection opens and closes: its cleanup waits in that queue, its number stays taken.
+  //    (The next node's system is made first: its own files would take the freed numbers.)
+  caf::actor_system_config z_cfg;
+  auto z = peer(z_cfg);
+  {
+    raw_connection y(*port);
+    ASSERT_EQ(y.greeted_within(10s), std::optional<bool>(true));
+  }
+  EXPECT_TRUE(eventually([&] { return actors::num_held_socket_numbers() == held_before + 1; }))
+      << "the server did not hold the closed connection's number";
+  // 3. A new node connects and asks; then the queue moves on, the closed connection's cleanup
+  //    runs, and the new node still gets its answer (it lost its route when it had the closed
+  //    one's number).
+  auto z_echo = actors::reach_any(*z, "127.0.0.1", *port, actors::reach_options{});
+  ASSERT_TRUE(z_echo.has_value()) << z_echo.error().message;
+  caf::scoped_actor asker{*z};
+  bool answered = false;
+  auto pending = asker->request(caf::actor_cast<caf::actor>(z_echo->actor), 20s, actors::ping_atom::value);
+  gate().set(gate().open);
+  std::move(pending).receive([&](actors::pong_atom) { answered = true; }, [](caf::error&) {});
+  EXPECT_TRUE(answered) << "the new node's request was not answered";
+  EXPECT_TRUE(eventually([&] { return actors::num_held_socket_numbers() <= held_before; }))
+      << "the number was not released after CAF's cleanup";
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace
