@@ -13,6 +13,7 @@ using report_atom = caf::atom_constant<caf::atom("report")>;    ///< an engine's
 using ping_atom = caf::atom_constant<caf::atom("ping")>;          ///< -> pong_atom: are you alive?
 using pong_atom = caf::atom_constant<caf::atom("pong")>;          ///< the answer to ping_atom
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;  ///< time to ping every peer
+using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;  ///< time to reach lost nodes again
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;    ///< a client's deadline may have passed
 
 }  // namespace troupe::actors

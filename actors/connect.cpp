@@ -17,12 +17,6 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds poll_interval{100};
 
-/// The actor that opens connections: CAF's OpenSSL middleman when TLS is configured, else the
-/// plain one. Both speak the same protocol (`caf::io::middleman_actor`).
-caf::io::middleman_actor network_actor(caf::actor_system& sys) {
-  return uses_tls(sys) ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
-}
-
 /// CAF's reason for a failed connection, in words; a handshake cut short is named for what
 /// usually causes it.
 std::string describe(caf::actor_system& sys, const caf::error& err) {
@@ -57,6 +51,10 @@ std::optional<expected<reached_actor>> ask_middleman(caf::scoped_actor& self, co
 }  // namespace
 
 bool uses_tls(const caf::actor_system& sys) { return sys.has_openssl_manager(); }
+
+caf::io::middleman_actor network_actor(caf::actor_system& sys) {
+  return uses_tls(sys) ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+}
 
 expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
                                  std::set<std::string> interface, uint16_t port, const std::string& host) {

@@ -17,6 +17,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/fwd.hpp>
+#include <caf/io/middleman_actor.hpp>
 
 #include "runtime/common/error.hpp"
 
@@ -30,6 +31,11 @@ struct reach_options {
 
 /// Whether `sys` publishes and reaches over TLS (configure_network loaded CAF's OpenSSL manager).
 [[nodiscard]] bool uses_tls(const caf::actor_system& sys);
+
+/// The actor that opens connections: CAF's OpenSSL middleman when TLS is configured, else the
+/// plain one. Both speak the same protocol (`caf::io::middleman_actor`: an actor may ask it
+/// with `connect_atom` without blocking).
+[[nodiscard]] caf::io::middleman_actor network_actor(caf::actor_system& sys);
 
 /// Listens at host:port (0 = any free port) for connections that may reach `whom`; returns the
 /// bound port. Error: io_error with CAF's reason (the caller names the address).

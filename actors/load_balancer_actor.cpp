@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -11,6 +12,7 @@
 #include "actors/boundary.hpp"
 #include "actors/door.hpp"
 #include "actors/clock.hpp"
+#include "actors/connect.hpp"
 #include "actors/random.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
@@ -37,6 +39,8 @@ struct load_balancer_state {
   std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
   std::map<caf::node_id, int32_t> in_flight_by_node;  // live requests per other client process
   balance::request_key next_key = 0;
+  bool rejoin_armed = false;             // a rejoin_atom is on its way
+  std::set<std::string> rejoining;       // "host:port" of nodes being reached again
   static inline const char* name = "load_balancer";
 };
 
@@ -152,6 +156,19 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   return out;
 }
 
+/// Schedules the next try to reach lost engines' nodes again, unless one is scheduled, none
+/// is lost whose node can be reached, or rejoining is off.
+void arm_rejoin(load_balancer_t* self) {
+  load_balancer_state& st = self->state;
+  if (st.o.rejoin_interval_ms <= 0 || st.rejoin_armed) return;
+  for (size_t i = 0; i < st.o.engines.size(); i++) {
+    if (st.host->load(i).alive || st.o.engines[i].node_port == 0) continue;
+    st.rejoin_armed = true;
+    self->delayed_send(self, std::chrono::milliseconds(st.o.rejoin_interval_ms), rejoin_atom::value);
+    return;
+  }
+}
+
 /// Engine `index` was just lost (`why`): every request placed on it is told.
 void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
   const balanced_engine& e = self->state.o.engines[index];
@@ -160,6 +177,67 @@ void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
     if (!self->state.host->placed_on(live.key, index)) continue;
     if (auto request = caf::actor_cast<request_actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
   }
+  arm_rejoin(self);
+}
+
+/// The node at host:port listed `engines`: its lost engines of the topology are these now
+/// (a restarted node's new actors; a frozen node that woke up lists the same ones).
+void take_back(load_balancer_t* self, const std::string& host, uint16_t port, const engine_list& engines) {
+  load_balancer_state& st = self->state;
+  for (size_t i = 0; i < st.o.engines.size(); i++) {
+    balanced_engine& e = st.o.engines[i];
+    if (st.host->load(i).alive || e.node_host != host || e.node_port != port) continue;
+    if (e.index_on_node >= engines.size() || !engines[e.index_on_node]) {
+      spdlog::warn("load balancer: the node of {} came back with {} engine(s), not it", where(e), engines.size());
+      continue;
+    }
+    if (engines[e.index_on_node] != e.actor) {
+      e.actor = engines[e.index_on_node];
+      self->monitor(e.actor);
+    }
+    st.host->rejoined(i, ns_since_epoch(self->clock().now()));
+    if (st.o.report_interval_ms > 0)
+      self->send(e.actor, msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(i),
+                                         st.o.report_interval_ms});
+    spdlog::info("load balancer: {} answers again: taken into service", where(e));
+  }
+}
+
+/// Reaches the node at host:port (a try of at most rejoin_interval_ms) and takes its engines
+/// back; a failed try changes nothing (the next one comes with the next rejoin_atom).
+void reach_again(load_balancer_t* self, const std::string& host, uint16_t port) {
+  const std::string address = host + ":" + std::to_string(port);
+  if (!self->state.rejoining.insert(address).second) return;  // a try is under way
+  const auto bound = std::chrono::milliseconds(self->state.o.rejoin_interval_ms);
+  const auto done = [=] { self->state.rejoining.erase(address); };
+  self->request(network_actor(self->system()), bound, caf::connect_atom::value, host, port)
+      .then(
+          [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& interface) {
+            if (!ptr || !self->system().assignable(interface, self->system().message_types<node_actor>())) {
+              spdlog::warn("load balancer: {} publishes no troupe node now", address);
+              return done();
+            }
+            self->request(caf::actor_cast<node_actor>(ptr), bound, engines_atom::value)
+                .then(
+                    [=](engine_list& engines) {
+                      done();
+                      take_back(self, host, port, engines);
+                    },
+                    [=](caf::error&) { done(); });
+          },
+          [=](caf::error&) { done(); });
+}
+
+/// A rejoin_atom: every lost engine's node is reached again (each node once).
+void on_rejoin(load_balancer_t* self) {
+  load_balancer_state& st = self->state;
+  st.rejoin_armed = false;
+  std::set<std::pair<std::string, uint16_t>> nodes;
+  for (size_t i = 0; i < st.o.engines.size(); i++)
+    if (!st.host->load(i).alive && st.o.engines[i].node_port != 0)
+      nodes.emplace(st.o.engines[i].node_host, st.o.engines[i].node_port);
+  for (const auto& [host, port] : nodes) reach_again(self, host, port);
+  arm_rejoin(self);
 }
 
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
@@ -242,6 +320,10 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
         // Its own timer only: each forged one would start another heartbeat chain, forever.
         if (self->current_sender() == self->ctrl()) return on_heartbeat(self);
         spdlog::warn("load balancer: dropped a heartbeat from another actor (it runs its own)");
+      },
+      [=](rejoin_atom) {
+        if (self->current_sender() == self->ctrl()) return on_rejoin(self);
+        spdlog::warn("load balancer: dropped a rejoin tick from another actor (it runs its own)");
       },
   };
 }

@@ -50,6 +50,12 @@ struct balanced_engine {
   int32_t block_size = 16;  ///< its KV pool's (the prefix directory's blocks: balancer_host.hpp)
   std::string kv_host;  ///< its node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
+  /// Where its node publishes its node actor (`node_port` 0: nowhere, e.g. the balancer's own
+  /// node), and its place in that node's engine list: once lost, the balancer reaches that
+  /// address again every `rejoin_interval_ms` and takes a restarted node's engine into service.
+  std::string node_host;
+  uint16_t node_port = 0;
+  size_t index_on_node = 0;
 };
 
 /// Mixed engines with equal default capacities (one-node setups, the simulator).
@@ -76,6 +82,9 @@ struct load_balancer_options {
   int32_t report_interval_ms = 20;  ///< engines' load reports at most this often
   int32_t heartbeat_interval_ms = 0;   ///< ping every engine this often; 0 = no heartbeat
   int32_t heartbeat_timeout_ms = 5000;  ///< an engine silent this long is lost (> 0)
+  /// How often a lost engine's node (balanced_engine::node_port) is reached for again; a try
+  /// gives up after as long. 0 = lost engines stay lost.
+  int32_t rejoin_interval_ms = 1000;
   int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_host_options::context_tokens)
   chat_template chat = chat_template::bare;  ///< renders chat requests (request_host_options::chat)
   serve::output_tags tags;  ///< split chat answers (request_host_options::tags)

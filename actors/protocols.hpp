@@ -94,7 +94,8 @@ using balancer_client_actor =
 /// heartbeat timer. Never published: it checks the sender of each of these messages.
 using balancer_actor = balancer_client_actor::extend<caf::replies_to<msg::place_request>::with<msg::placement>,
                                                      caf::reacts_to<msg::load_report>,
-                                                     caf::reacts_to<heartbeat_atom>>;
+                                                     caf::reacts_to<heartbeat_atom>,
+                                                     caf::reacts_to<rejoin_atom>>;
 
 }  // namespace troupe::actors
 

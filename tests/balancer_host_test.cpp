@@ -165,6 +165,28 @@ TEST(BalancerHost, ALostEngineGetsNoWorkAndTheErrorNamesIt) {
   h.check_invariants();
 }
 
+TEST(BalancerHost, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfresh) {
+  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, /*heartbeat_timeout_ns=*/100, 0);
+  ASSERT_TRUE(h.place(1, 8).has_value());  // least loaded, ties to the first: m0
+  EXPECT_TRUE(h.on_report(0, engine_report{0, 1, 0, 0}, 10));
+  EXPECT_FALSE(h.rejoined(0, 20)) << "a live engine does not rejoin";
+  EXPECT_TRUE(h.mark_lost(0));
+  auto again = h.place(1, 8);  // its request placed anew, on m1
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->decode, 1u);
+  EXPECT_TRUE(h.rejoined(0, 50));
+  EXPECT_EQ(load_of(h, 0), (L{0, 0, 0, true}));
+  auto next = h.place(2, 8);  // m1 carries one request, the new m0 none
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->decode, 0u);
+  // The new incarnation counts its work from 0: its first report covers that placement.
+  EXPECT_TRUE(h.on_report(0, engine_report{1, 1, 8, 0}, 60));
+  EXPECT_EQ(load_of(h, 0), (L{1, 8, 0, true}));
+  EXPECT_EQ(h.heartbeat(101), (std::vector<size_t>{1}));  // m1 silent since the start
+  EXPECT_EQ(h.heartbeat(161), (std::vector<size_t>{0}));  // the new m0 silent since its report
+  h.check_invariants();
+}
+
 TEST(BalancerHost, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers) {
   balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
                   {}, /*heartbeat_timeout_ns=*/100, /*now_ns=*/0);

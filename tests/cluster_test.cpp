@@ -411,6 +411,41 @@ TEST_F(Cluster, KillingADecodeNodeMidStreamLosesNoRequestAndChangesNoOutput) {
                nodes_.end());
 }
 
+TEST_F(Cluster, AKilledDecodeNodeRestartedIsTakenIntoServiceAgain) {
+  start("caf", "rejoin_interval_ms = 100\n");
+  ASSERT_EQ(::kill(pid_of("node2"), SIGKILL), 0);
+  EXPECT_EQ(wait_exit_code(pid_of("node2")), 128 + SIGKILL);
+  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
+               nodes_.end());
+  // While it is gone, decode1 serves everything.
+  std::vector<msg::completion_request> meanwhile;
+  for (size_t i = 0; i < 4; i++) meanwhile.push_back(make_completion(story_window(i), 20, 600 + i, 1.0f, 0.9f));
+  expect_all_match(meanwhile, run_all(meanwhile), "while node2 is gone");
+  // node2 again, a new process at the same address.
+  const std::string topo = (dir_ / "cluster.toml").string();
+  const std::string out = (dir_ / "node2-again.out").string();
+  const std::string err = (dir_ / "node2-again.err").string();
+  const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", topo, "--node", "node2"}, out, err);
+  ASSERT_NE(pid, 0);
+  nodes_.emplace_back("node2", process_guard(pid));
+  ASSERT_TRUE(file_contains_within(out, "node actor listening on 127.0.0.1:" + std::to_string(port(2)), 120s))
+      << read_file(err);
+  // The balancer reaches it within a few rejoin intervals; until then decode1 serves. Rounds
+  // of requests until the new decode2 has generated tokens (a 60 s hang guard).
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  int64_t on_decode2 = 0;
+  for (size_t round = 0; on_decode2 == 0 && std::chrono::steady_clock::now() < deadline; round++) {
+    std::vector<msg::completion_request> requests;
+    for (size_t i = 0; i < 8; i++)
+      requests.push_back(make_completion(story_window(10 + i), 12, 700 + 10 * round + i, 1.0f, 0.9f));
+    expect_all_match(requests, run_all(requests), "round " + std::to_string(round));
+    const std::vector<msg::engine_report> r = reports();
+    ASSERT_EQ(r.size(), 3u);
+    on_decode2 = r[2].num_generated_tokens;
+  }
+  EXPECT_GT(on_decode2, 0) << "the restarted decode2 got no work";
+}
+
 TEST_F(Cluster, FreezingADecodeNodeHasItsRequestsPlacedAgainWithinTheHeartbeatBound) {
   start("caf", "heartbeat_interval_ms = 250\nheartbeat_timeout_ms = 3000\n");
   // On every way out of this test: resume node2 (TearDown stops it with SIGTERM).

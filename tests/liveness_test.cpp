@@ -31,6 +31,21 @@ TEST(Liveness, LostIsFinalAndALateAnswerChangesNothing) {
   EXPECT_TRUE(l.newly_lost(20000 * ms).empty());
 }
 
+TEST(Liveness, ARejoinedPeerIsLiveFromItsReturnAndCanBeLostAgain) {
+  liveness l(2, 5000 * ms, 0);
+  EXPECT_EQ(l.newly_lost(5001 * ms), (std::vector<size_t>{0, 1}));
+  l.rejoined(1, 8000 * ms);
+  EXPECT_FALSE(l.is_lost(1));
+  EXPECT_TRUE(l.is_lost(0));
+  EXPECT_TRUE(l.newly_lost(13000 * ms).empty()) << "silent since its return for exactly the timeout";
+  l.heard_from(1, 12000 * ms);
+  EXPECT_EQ(l.newly_lost(17001 * ms), (std::vector<size_t>{1}));
+  l.mark_lost(0);  // lost twice over: no change
+  l.rejoined(0, 20000 * ms);
+  EXPECT_FALSE(l.is_lost(0));
+  l.check_invariants();
+}
+
 TEST(Liveness, AnOlderAnswerDoesNotMoveTheLastHeardBack) {
   liveness l(1, 5000 * ms, 0);
   l.heard_from(0, 4000 * ms);

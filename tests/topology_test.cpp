@@ -539,7 +539,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
                  "node, max_waiting, prefill_tiers, router, prefix_weight, rate_limit_per_s, rate_limit_burst, "
                  "chat_template, report_interval_ms, connect_timeout_ms, "
-                 "heartbeat_interval_ms, heartbeat_timeout_ms)"},
+                 "heartbeat_interval_ms, heartbeat_timeout_ms, rejoin_interval_ms)"},
         bad_file{"bad_chat_template", k_node0 + "[load_balancer]\nnode = \"node0\"\nchat_template = \"jinja\"\n",
                  "topology.toml:7: load_balancer: key 'chat_template' must be one of auto, bare, plain, chatml, llama2, "
                  "llama3; got 'jinja'"},

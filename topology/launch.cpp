@@ -151,7 +151,12 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
     }
     const node_spec& node = *t.find_node(e.node);
     actors::balanced_engine b;
-    b.actor = it->second.at(next[e.node]++);
+    b.index_on_node = next[e.node]++;
+    b.actor = it->second.at(b.index_on_node);
+    if (e.node != node_name) {  // another process: reachable again after a restart
+      b.node_host = node.host;
+      b.node_port = node.port;
+    }
     b.name = e.name;
     b.node = e.node;
     b.kind = kind_of(e.role);
@@ -243,6 +248,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.report_interval_ms = t.load_balancer.report_interval_ms;
   lb.heartbeat_interval_ms = t.load_balancer.heartbeat_interval_ms;
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
+  lb.rejoin_interval_ms = t.load_balancer.rejoin_interval_ms;
   lb.max_pending_per_client = t.limits.max_pending_per_client;
   auto chat = choose_chat_template(t.load_balancer.chat_template, *out.tok);
   if (!chat) {

@@ -736,8 +736,8 @@ struct listener {
   return bounds;
 }
 
-/// heartbeat_interval_ms and heartbeat_timeout_ms into `balancer`; a timeout must exceed the
-/// interval (else a healthy engine is lost between two pings).
+/// heartbeat_interval_ms, heartbeat_timeout_ms and rejoin_interval_ms into `balancer`; a timeout
+/// must exceed the interval (else a healthy engine is lost between two pings).
 [[nodiscard]] expected<void> read_heartbeat(const context& ctx, const toml::table& table, const scope& where,
                                             load_balancer_spec& balancer) {
   auto interval = read_int(ctx, table, where, "heartbeat_interval_ms", balancer.heartbeat_interval_ms, 1, 60000);
@@ -750,8 +750,11 @@ struct listener {
                      "key 'heartbeat_timeout_ms' must exceed heartbeat_interval_ms (" + std::to_string(*interval) +
                          "), got " + std::to_string(*timeout));
   }
+  auto rejoin = read_int(ctx, table, where, "rejoin_interval_ms", balancer.rejoin_interval_ms, 0, 600000);
+  if (!rejoin) return tl::unexpected(rejoin.error());
   balancer.heartbeat_interval_ms = *interval;
   balancer.heartbeat_timeout_ms = *timeout;
+  balancer.rejoin_interval_ms = *rejoin;
   return {};
 }
 
@@ -776,7 +779,7 @@ struct listener {
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
                                  {"node", "max_waiting", "prefill_tiers", "router", "prefix_weight", "rate_limit_per_s", "rate_limit_burst", "chat_template", "report_interval_ms",
-                                  "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms"});
+                                  "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms", "rejoin_interval_ms"});
       !ok) {
     return tl::unexpected(ok.error());
   }

@@ -74,6 +74,9 @@
 ///                                      #   balancer pings every engine
 ///   heartbeat_timeout_ms = 5000        #   optional, 1..600000, > heartbeat_interval_ms,
 ///                                      #   default 5000: an engine silent this long is lost
+///   rejoin_interval_ms = 1000          #   optional, 0..600000, default 1000: how often the
+///                                      #   balancer reaches a lost engine's node again (a
+///                                      #   restarted node's engines rejoin); 0 = never
 ///
 ///   [[engine]]                         # one or more
 ///   name = "engine0"                   #   required, unique, non-empty
@@ -172,6 +175,7 @@ struct load_balancer_spec {
   int32_t connect_timeout_ms = 10000;  ///< how long a node keeps trying to reach its peers
   int32_t heartbeat_interval_ms = 1000;  ///< how often the balancer pings every engine
   int32_t heartbeat_timeout_ms = 5000;   ///< an engine silent this long is lost (> the interval)
+  int32_t rejoin_interval_ms = 1000;     ///< how often a lost engine's node is reached again; 0 = never
 };
 
 /// [limits]: what a peer of the CAF port can make a node hold (docs/security.md "Limits").

@@ -131,6 +131,20 @@ bool balancer_host::mark_lost(size_t engine) {
   return true;
 }
 
+bool balancer_host::rejoined(size_t engine, int64_t now_ns) {
+  engine_entry& e = engines_.at(engine);
+  if (e.load.alive) return false;
+  e.load.alive = true;
+  e.report = engine_report{};
+  e.num_sent = 0;
+  e.unseen.clear();
+  e.unseen_kv_tokens = 0;
+  e.unseen_prefill_tokens = 0;
+  refresh(e);
+  if (liveness_) liveness_->rejoined(engine, now_ns);
+  return true;
+}
+
 bool balancer_host::placed_on(request_key key, size_t engine) const {
   auto it = routed_.find(key);
   return it != routed_.end() && (it->second.decode == engine || it->second.prefill == engine);

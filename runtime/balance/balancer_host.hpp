@@ -26,7 +26,8 @@
 /// Liveness (with a heartbeat timeout): every report and every pong is news from an engine;
 /// `heartbeat` returns the engines silent for longer than the timeout (balance::liveness). A
 /// lost engine (by heartbeat or DOWN: `mark_lost`) gets no new work; `placed_on` tells which
-/// live requests must hear of it.
+/// live requests must hear of it. A lost engine whose process was restarted is taken into
+/// service again (`rejoined`) with what the balancer knew of the old one forgotten.
 ///
 /// Requests are named by opaque keys the caller chooses. Pure: no CAF, no clock (`now_ns`).
 
@@ -89,6 +90,11 @@ class balancer_host {
   [[nodiscard]] std::vector<size_t> heartbeat(int64_t now_ns);
   /// Engine `engine` is lost (its DOWN message); false if it was already.
   bool mark_lost(size_t engine);
+  /// Lost engine `engine` is back, a new incarnation heard from at `now_ns`: it gets work again,
+  /// its load estimate starts afresh (no report, nothing unseen) and its cached prefixes are
+  /// none. Requests still counted there (placed before the loss, not yet placed again) stay
+  /// counted until they end. False (and nothing changes) if it is not lost.
+  bool rejoined(size_t engine, int64_t now_ns);
 
   [[nodiscard]] bool placed_on(request_key key, size_t engine) const;
   [[nodiscard]] const engine_load& load(size_t engine) const { return engines_.at(engine).load; }

@@ -21,6 +21,12 @@ void liveness::mark_lost(size_t peer) {
   lost_[peer] = true;
 }
 
+void liveness::rejoined(size_t peer, int64_t now_ns) {
+  TROUPE_ASSERT(peer < num_peers() && lost_[peer]);
+  lost_[peer] = false;
+  last_heard_ns_[peer] = now_ns;
+}
+
 std::vector<size_t> liveness::newly_lost(int64_t now_ns) {
   std::vector<size_t> out;
   for (size_t i = 0; i < num_peers(); i++) {

@@ -7,8 +7,9 @@
 /// The balancer pings every live peer each `interval_ns` and calls `heard_from` whenever a
 /// peer answers (or sends anything else). A peer is lost once it has been silent for longer
 /// than `timeout_ns` since the later of its last answer and the tracker's start; `newly_lost`
-/// reports each lost peer exactly once, in index order. Lost is final: a peer that answers
-/// again later stays lost (the work placed there has already been failed).
+/// reports each lost peer exactly once, in index order. A lost peer that answers again stays
+/// lost (the work placed there has been placed elsewhere): only `rejoined`, for a new
+/// incarnation of it (a restarted process), makes it live again.
 ///
 /// Pure: no clock of its own (every call takes `now_ns`), no CAF.
 
@@ -28,6 +29,9 @@ class liveness {
 
   /// Marks `peer` lost for another reason (its DOWN message): `newly_lost` skips it.
   void mark_lost(size_t peer);
+
+  /// Lost peer `peer` is back (a new incarnation), heard from at `now_ns`.
+  void rejoined(size_t peer, int64_t now_ns);
 
   /// The peers silent for longer than the timeout at `now_ns` and not lost before, in index
   /// order; each is lost from now on.
