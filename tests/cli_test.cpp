@@ -369,6 +369,20 @@ TEST_F(Cli, PlaintextOffLoopbackIsRefusedUnlessInsecureWhichIsLoggedLoudly) {
   EXPECT_NE(r.err.find("cannot listen on 192.0.2.1:"), std::string::npos) << r.err;
 }
 
+TEST_F(Cli, UpRestartsACrashingNodeAtMostMaxRestartsTimesThenFails) {
+  // The node fails every time (192.0.2.1 is no local address): two restarts, then up gives up.
+  const std::string topology = write("crashing.toml", one_node("192.0.2.1", "", ""));
+  expect_rejected({"up", topology, "--max-restarts", "-1"}, "--max-restarts");
+  expect_rejected({"up", topology, "--restart-backoff-ms", "0"}, "--restart-backoff-ms");
+  const cli_result r = run({"up", topology, "--insecure", "--node-log-level", "warn", "--max-restarts", "2",
+                            "--restart-backoff-ms", "10"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  for (const char* line : {"up: node n0 exited with status 2; restarting it in 10 ms (restart 1 of 2)",
+                           "up: node n0 exited with status 2; restarting it in 20 ms (restart 2 of 2)",
+                           "up: node n0 exited with status 2; not restarted (2 restart(s) in a row, --max-restarts)"})
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << "\n" << r.err;
+}
+
 TEST_F(Cli, ANodeWhoseTlsFilesDoNotFitIsRefusedNamingTheFile) {
   const fs::path certs = dir_ / "certs";
   ASSERT_EQ(run({"certs", "--out", certs.string(), "--nodes", "n0,n1"}).exit_code, 0);

@@ -86,7 +86,8 @@ class Cluster : public ::testing::Test {
   int port(int node) const { return ports_[node]; }
   int kv_port(int node) const { return ports_[3 + node]; }
 
-  std::string topology(const std::string& kv_transfer) {
+  /// The three-node topology; `balancer_lines` are added to the [load_balancer] table.
+  std::string topology(const std::string& kv_transfer, const std::string& balancer_lines = "") {
     const std::string models = TROUPE_MODELS_DIR;
     const std::string path = (dir_ / "cluster.toml").string();
     std::ofstream f(path);
@@ -98,7 +99,7 @@ class Cluster : public ::testing::Test {
         << "\nkv_port = " << kv_port(n) << "\n";
       if (tls_) f << "certificate = \"" << cert(name) << "\"\nkey = \"" << cert(name, "-key.pem") << "\"\n";
     }
-    f << "\n[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n";
+    f << "\n[load_balancer]\nnode = \"node0\"\n" << balancer_lines << "connect_timeout_ms = 30000\n";
     const char* engines[][3] = {{"prefill0", "node1", "prefill"}, {"decode1", "node1", "decode"},
                                 {"decode2", "node2", "decode"}};
     for (const auto& e : engines)
@@ -110,13 +111,7 @@ class Cluster : public ::testing::Test {
   /// Starts the three node processes (decode nodes first) and connects to the balancer;
   /// `balancer_lines` are added to the [load_balancer] table.
   void start(const std::string& kv_transfer, const std::string& balancer_lines = "") {
-    std::string topo = topology(kv_transfer);
-    if (!balancer_lines.empty()) {
-      std::ifstream in(topo);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      text.insert(text.find("connect_timeout_ms"), balancer_lines);
-      std::ofstream(topo) << text;
-    }
+    const std::string topo = topology(kv_transfer, balancer_lines);
     for (const char* name : {"node1", "node2", "node0"}) {
       const std::string out = (dir_ / (std::string(name) + ".out")).string();
       const std::string err = (dir_ / (std::string(name) + ".err")).string();
@@ -233,6 +228,22 @@ class Cluster : public ::testing::Test {
     std::vector<msg::engine_report> out;
     for (const actors::engine_actor& e : engines) out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
     return out;
+  }
+
+  /// Rounds of 8 short requests (seeds from `first_seed`) until decode2 has generated tokens, or
+  /// a 60 s hang guard; every answer must equal the reference. Returns decode2's tokens.
+  int64_t rounds_until_decode2_works(uint64_t first_seed) {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    int64_t on_decode2 = 0;
+    for (size_t round = 0; on_decode2 == 0 && std::chrono::steady_clock::now() < deadline; round++) {
+      std::vector<msg::completion_request> requests;
+      for (size_t i = 0; i < 8; i++)
+        requests.push_back(make_completion(story_window(10 + i), 12, first_seed + 10 * round + i, 1.0f, 0.9f));
+      expect_all_match(requests, run_all(requests), "round " + std::to_string(round));
+      const std::vector<msg::engine_report> r = reports();
+      if (r.size() == 3) on_decode2 = r[2].num_generated_tokens;
+    }
+    return on_decode2;
   }
 
   /// Runs `requests` concurrently; returns their outcomes in order.
@@ -430,20 +441,54 @@ TEST_F(Cluster, AKilledDecodeNodeRestartedIsTakenIntoServiceAgain) {
   nodes_.emplace_back("node2", process_guard(pid));
   ASSERT_TRUE(file_contains_within(out, "node actor listening on 127.0.0.1:" + std::to_string(port(2)), 120s))
       << read_file(err);
-  // The balancer reaches it within a few rejoin intervals; until then decode1 serves. Rounds
-  // of requests until the new decode2 has generated tokens (a 60 s hang guard).
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  int64_t on_decode2 = 0;
-  for (size_t round = 0; on_decode2 == 0 && std::chrono::steady_clock::now() < deadline; round++) {
-    std::vector<msg::completion_request> requests;
-    for (size_t i = 0; i < 8; i++)
-      requests.push_back(make_completion(story_window(10 + i), 12, 700 + 10 * round + i, 1.0f, 0.9f));
-    expect_all_match(requests, run_all(requests), "round " + std::to_string(round));
-    const std::vector<msg::engine_report> r = reports();
-    ASSERT_EQ(r.size(), 3u);
-    on_decode2 = r[2].num_generated_tokens;
-  }
-  EXPECT_GT(on_decode2, 0) << "the restarted decode2 got no work";
+  // The balancer reaches it within a few rejoin intervals; until then decode1 serves.
+  EXPECT_GT(rounds_until_decode2_works(700), 0) << "the restarted decode2 got no work";
+}
+
+TEST_F(Cluster, UpRestartsACrashedNodeWithBackoffAndTheBalancerTakesItBack) {
+  const std::string topo = topology("caf", "rejoin_interval_ms = 100\n");
+  const std::string log = (dir_ / "up.err").string();
+  const pid_t up = spawn_troupe({"up", topo, "--node-log-level", "warn", "--restart-backoff-ms", "50",
+                                 "--max-restarts", "2"},
+                                (dir_ / "up.out").string(), log);
+  ASSERT_NE(up, 0);
+  const process_guard guard(up);
+  connect((dir_ / "up.out").string(), log);
+  // Where the `nth` line of `file` that starts with `head` goes on (npos: no such line yet).
+  const auto nth_line = [](const std::string& file, const std::string& head, size_t nth) {
+    const std::string text = read_file(file);
+    size_t at = std::string::npos;
+    for (size_t i = 0, from = 0; i < nth; i++, from = at + 1)
+      if ((at = text.find(head, from)) == std::string::npos) return std::string::npos;
+    return at + head.size();
+  };
+  // node2's pid, from up's log.
+  const std::string started = "up: node node2 started (pid ";
+  const auto pid_in = [&](size_t nth) -> pid_t {
+    const size_t at = nth_line(log, started, nth);
+    return at == std::string::npos ? 0 : static_cast<pid_t>(std::stol(read_file(log).substr(at)));
+  };
+  const pid_t first = pid_in(1);
+  ASSERT_GT(first, 0) << read_file(log);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_TRUE(file_contains_within(log, "up: node node2 was killed by signal 9; restarting it in 50 ms (restart 1 of 2)",
+                                   60s))
+      << read_file(log);
+  // The new node2 process listens (its second such line in the nodes' output).
+  const std::string listening = "node actor listening on 127.0.0.1:" + std::to_string(port(2));
+  bool restarted = false;
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!(restarted = nth_line((dir_ / "up.out").string(), listening, 2) != std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  ASSERT_TRUE(restarted) << read_file(log);
+  EXPECT_GT(pid_in(2), 0);
+  EXPECT_NE(pid_in(2), first);
+  EXPECT_GT(rounds_until_decode2_works(800), 0) << "the restarted decode2 got no work";
+  lb_ = nullptr;
+  sys_.reset();
+  ASSERT_EQ(::kill(up, SIGINT), 0);
+  EXPECT_EQ(wait_exit_code(up), 0) << read_file(log);
 }
 
 TEST_F(Cluster, FreezingADecodeNodeHasItsRequestsPlacedAgainWithinTheHeartbeatBound) {

@@ -1,15 +1,22 @@
 // `troupe up FILE`: start every node of a topology on this machine, each as its own
 // `troupe node` process (engine nodes first, the balancer's node last, since it connects to the
-// others), and stop them all cleanly on SIGINT/SIGTERM. A node process that exits on its own is
-// reported; the others keep running (the cluster routes around a lost node) until none is left.
+// others), and stop them all cleanly on SIGINT/SIGTERM. A node process that crashes (killed by
+// a signal, or a non-zero exit) is reported and started again after a backoff that doubles with
+// each restart (--restart-backoff-ms, capped at 30 s; the count starts over once a node has run
+// for a minute), at most --max-restarts times in a row; meanwhile the cluster routes around it,
+// and its balancer takes it into service again once it answers. A node that exits with status 0
+// stays stopped. up ends when no node is running or waiting for a restart.
 //
 // Nothing outlives it: the nodes stay in up's process group (a signal to the group reaches
 // them all) and get SIGTERM when up dies, however it dies (PR_SET_PDEATHSIG); up itself stops
 // its nodes when the process that started it exits (a test, a script), unless --detach.
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +40,29 @@ struct up_options {
   std::string log_level = "info";
   bool detach = false;  // keep running when the starting process exits
   bool insecure = false;  // passed on to every node: plaintext on a non-loopback address
+  int32_t max_restarts = 5;  // in a row, per node; 0 = never restart
+  int32_t restart_backoff_ms = 1000;  // before the first restart; doubled for each next one
+};
+
+using steady = std::chrono::steady_clock;
+
+/// The wait before restart number `n` (0-based) of a node: the first backoff doubled n times,
+/// at most 30 s.
+std::chrono::milliseconds backoff(const up_options& o, int32_t n) {
+  const int64_t cap = 30000;
+  int64_t ms = o.restart_backoff_ms;
+  for (int32_t i = 0; i < n && ms < cap; i++) ms *= 2;
+  return std::chrono::milliseconds(std::min(ms, std::max<int64_t>(cap, o.restart_backoff_ms)));
+}
+
+/// A node that ran this long before it crashed starts its restart count over.
+constexpr auto stable_run = std::chrono::minutes(1);
+
+/// What up knows of one node process.
+struct node_process {
+  std::string name;
+  steady::time_point started;
+  int32_t restarts = 0;  // in a row
 };
 
 std::string describe(int status) {
@@ -81,29 +111,43 @@ int run_up(const up_options& o) {
   for (const topology::node_spec& n : t->nodes)
     if (n.name != t->load_balancer.node) order.push_back(n.name);
   order.push_back(t->load_balancer.node);
-  std::map<pid_t, std::string> running;
+  std::map<pid_t, node_process> running;
+  std::multimap<steady::time_point, node_process> restarts;  // crashed nodes, by when they start again
   auto stop_all = [&] {
-    for (const auto& [pid, name] : running) kill(pid, SIGTERM);
+    for (const auto& [pid, node] : running) kill(pid, SIGTERM);
     for (int status = 0; !running.empty();) {
       const pid_t pid = waitpid(-1, &status, 0);
       if (pid < 0) break;
       running.erase(pid);
     }
   };
+  auto start = [&](node_process node) -> expected<void> {
+    auto pid = start_node(o, node.name, default_mask);
+    if (!pid) return tl::unexpected(pid.error());
+    node.started = steady::now();
+    spdlog::info("up: node {} started (pid {})", node.name, *pid);
+    running[*pid] = std::move(node);
+    return {};
+  };
   for (const std::string& name : order) {
-    auto pid = start_node(o, name, default_mask);
-    if (!pid) {
+    if (auto ok = start(node_process{name, {}, 0}); !ok) {
       stop_all();
-      return fail_with(pid.error());
+      return fail_with(ok.error());
     }
-    running[*pid] = name;
-    spdlog::info("up: node {} started (pid {})", name, *pid);
   }
   bool failed = false;
   for (;;) {
+    // Wait for a signal, or until the next restart is due.
     int sig = 0;
-    sigwait(&waited, &sig);
-    if (sig != SIGCHLD) {
+    if (restarts.empty()) {
+      sigwait(&waited, &sig);
+    } else {
+      const auto left = std::max(steady::duration::zero(), restarts.begin()->first - steady::now());
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      const timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      sig = sigtimedwait(&waited, nullptr, &timeout);  // -1: timed out (or interrupted)
+    }
+    if (sig == SIGINT || sig == SIGTERM) {
       spdlog::info("up: signal {}: stopping {} node(s)", sig, running.size());
       stop_all();
       return failed ? 2 : 0;
@@ -112,11 +156,34 @@ int run_up(const up_options& o) {
     for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;) {
       auto it = running.find(pid);
       if (it == running.end()) continue;
-      spdlog::error("up: node {} {}", it->second, describe(status));
-      failed = failed || !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      node_process node = std::move(it->second);
       running.erase(it);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        spdlog::info("up: node {} {}", node.name, describe(status));
+        continue;
+      }
+      if (steady::now() - node.started >= stable_run) node.restarts = 0;
+      if (node.restarts >= o.max_restarts) {
+        spdlog::error("up: node {} {}; not restarted ({} restart(s) in a row, --max-restarts)", node.name,
+                      describe(status), node.restarts);
+        failed = true;
+        continue;
+      }
+      const auto wait = backoff(o, node.restarts);
+      node.restarts++;
+      spdlog::error("up: node {} {}; restarting it in {} ms (restart {} of {})", node.name, describe(status),
+                    wait.count(), node.restarts, o.max_restarts);
+      restarts.emplace(steady::now() + wait, std::move(node));
     }
-    if (running.empty()) return failed ? 2 : 0;
+    while (!restarts.empty() && restarts.begin()->first <= steady::now()) {
+      node_process node = std::move(restarts.begin()->second);
+      restarts.erase(restarts.begin());
+      if (auto ok = start(node); !ok) {
+        spdlog::error("up: {}", ok.error().message);
+        failed = true;
+      }
+    }
+    if (running.empty() && restarts.empty()) return failed ? 2 : 0;
   }
 }
 
@@ -130,6 +197,12 @@ action add_up(CLI::App& app) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   cmd->add_flag("--insecure", o->insecure,
                 "allow unauthenticated plaintext CAF ports on non-loopback addresses (a topology without [tls])");
+  cmd->add_option("--max-restarts", o->max_restarts,
+                  "restart a crashed node at most this many times in a row (0: never)")
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--restart-backoff-ms", o->restart_backoff_ms,
+                  "wait before restarting a crashed node, doubled for each next restart (at most 30 s)")
+      ->check(CLI::Range(1, 600000));
   cmd->add_flag("--detach", o->detach,
                 "keep running when the process that started this one exits (default: stop the nodes then)");
   return [o] { return run_up(*o); };
