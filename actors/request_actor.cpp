@@ -151,7 +151,15 @@ request_actor::behavior_type handlers(request_actor_t* self) {
       [=](msg::prefilled& p) {
         if (addressed_here(self, p.request_id, "a prefill's end")) self->state.host->prefilled();
       },
-      [=](msg::engine_lost& l) { on_engine_lost(self, l.engine.address(), l.reason); },
+      [=](msg::engine_lost& l) {
+        // Only its balancer's word: a forged one would make it recompute elsewhere, or fail.
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.balancer.address()) {
+          spdlog::warn("request {}: dropped word of a lost engine that did not come from its balancer",
+                       self->state.host->id());
+          return;
+        }
+        on_engine_lost(self, l.engine.address(), l.reason);
+      },
       [=](msg::cancel_request&) {
         // Only its client may stop it: the request actor's handle is no capability to cancel.
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.client.address()) {

@@ -886,19 +886,25 @@ TEST_F(ActorsDeterministic, ForgedCancelsReleasesTokensAndRejectionsFromOtherAct
   // a request actor takes them only from the engines serving it.
   const msg::sampled forged_token{id, 0, 7, -0.5f, {}, engine::finish_reason::stop, 0, 0, 0, 0};
   const msg::rejected forged_rejection{id, errc::internal, "forged"};
+  // And word that its engine is lost, which only the balancer gives: it would make the request
+  // recompute elsewhere (and fail after max_failovers), here with no engine left to go to.
+  const msg::engine_lost forged_loss{engines_[0], "forged"};
   sys_.spawn([=](caf::event_based_actor* self) {
     self->send(*request, msg::cancel_request{id});
     self->send(engines_[0], msg::release{id});
     self->send(*request, forged_token);
     self->send(*request, forged_rejection);
+    self->send(*request, forged_loss);
   });
   caf::anon_send(*request, msg::cancel_request{id});
   caf::anon_send(engines_[0], msg::release{id});
   caf::anon_send(*request, forged_token);
   caf::anon_send(*request, forged_rejection);
+  caf::anon_send(*request, forged_loss);
   run_ticking();
   ASSERT_FALSE(log->error) << log->error->message;
   ASSERT_TRUE(log->end);
+  EXPECT_EQ(log->end->num_failovers, 0);
   EXPECT_EQ(log->end->finish_reason, engine::finish_reason::length);
   EXPECT_EQ(log->tokens, reference(oracle_, r).tokens);
   caf::anon_send_exit(owner, caf::exit_reason::user_shutdown);
