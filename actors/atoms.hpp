@@ -14,6 +14,7 @@ using ping_atom = caf::atom_constant<caf::atom("ping")>;          ///< -> pong_a
 using pong_atom = caf::atom_constant<caf::atom("pong")>;          ///< the answer to ping_atom
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;  ///< time to ping every peer
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;  ///< time to reach lost nodes again
+using drain_atom = caf::atom_constant<caf::atom("drain")>;  ///< an engine's node is shutting down
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;    ///< a client's deadline may have passed
 
 }  // namespace troupe::actors

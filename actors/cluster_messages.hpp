@@ -143,11 +143,12 @@ struct load_report {
   int64_t num_requests = 0;            ///< unfinished requests
   int64_t num_kv_tokens = 0;           ///< KV slots held by unfinished requests
   int64_t num_queued_prefill_tokens = 0;  ///< prompt tokens not computed yet
+  bool draining = false;  ///< its node is shutting down: it takes no new work
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_report& x) {
-  return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens);
+  return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens, x.draining);
 }
 
 /// Balancer -> request: `engine`, placed to serve the request, is lost (its node died, became
@@ -160,6 +161,19 @@ struct engine_lost {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_lost& x) {
   return f(x.engine, x.reason);
+}
+
+/// Engine -> request: the engine drained (its node is shutting down, and the grace period
+/// ended): the request is dropped there and must be placed again (`reason` says why). Taken
+/// only from an engine that serves the request.
+struct forwarded {
+  int64_t request_id = 0;
+  std::string reason;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forwarded& x) {
+  return f(x.request_id, x.reason);
 }
 
 }  // namespace troupe::msg

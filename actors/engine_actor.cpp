@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include <caf/all.hpp>
@@ -38,6 +39,8 @@ struct engine_state {
   /// Requests waiting for their grammar, by their request actor: a release from it drops one
   /// before admission (the compile's answer then finds it gone).
   std::map<engine::request_id, caf::actor_addr> compiling;
+  /// A drain's answer, given once nothing is left here (the number of requests forwarded).
+  std::optional<caf::typed_response_promise<int32_t>> drained;
   static inline const char* name = "engine";
 };
 
@@ -176,13 +179,17 @@ struct performer {
   void operator()(engine::hand_off& h) const { hand_off(self, h); }
   void operator()(engine::report_load& l) const {
     self->send(self->state.balancer, msg::load_report{l.engine_index, l.num_received, l.num_requests,
-                                                      l.num_kv_tokens, l.num_queued_prefill_tokens});
+                                                      l.num_kv_tokens, l.num_queued_prefill_tokens, l.draining});
   }
   void operator()(engine::arm_report_timer& a) const {
     self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);
   }
   void operator()(engine::fetch_blocks& f) const { fetch_from_tier(self, f); }
   void operator()(engine::demote_blocks& d) const { demote_to_tier(self, d); }
+  void operator()(engine::forward& f) const {
+    self->send(f.to_caller ? caller : client_of(self, f.id),
+               msg::forwarded{f.id, "its engine drained (the node is shutting down): placed again"});
+  }
   void operator()(engine::restart_executor&) const {
     self->demonitor(self->state.executor.address());
     self->send_exit(self->state.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
@@ -193,6 +200,26 @@ struct performer {
 void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller) {
   const no_blocking_scope guard("the engine's effects");
   for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
+  engine_state& st = self->state;
+  if (st.drained && st.host->drained() && st.compiling.empty()) {
+    st.drained->deliver(static_cast<int32_t>(st.host->num_forwarded()));
+    st.drained.reset();
+  }
+}
+
+/// The node shuts down: no new work from now on; after `grace_ms` every request still here is
+/// forwarded. Answered once nothing is left. Only from this node (the node process): the
+/// handle travels to the balancer's node, and no other node may take this one's engines away.
+caf::result<int32_t> drain(engine_actor_t* self, int32_t grace_ms) {
+  engine_state& st = self->state;
+  if (!self->current_sender() || self->current_sender()->node() != self->node())
+    return caf::make_error(caf::sec::invalid_argument, "an engine is drained only by its own node");
+  if (st.drained) return caf::make_error(caf::sec::invalid_argument, "the engine is draining already");
+  st.drained = self->make_response_promise<int32_t>();
+  auto answer = *st.drained;
+  self->delayed_send(self, std::chrono::milliseconds(std::max(0, grace_ms)), drain_atom::value);
+  perform(self, st.host->drain(now_ns(self)));
+  return answer;
 }
 
 /// Work nobody can receive (a remote message without its sender: see msg::submit_completion)
@@ -393,6 +420,11 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       [=](stats_atom) { return report(self); },
       [=](executor_atom) { return self->state.executor; },
       [=](ping_atom) { return pong_atom::value; },  // the balancer's heartbeat
+      [=](drain_atom, int32_t grace_ms) { return drain(self, grace_ms); },
+      [=](drain_atom) {  // the grace period ended
+        if (self->current_sender() != self->ctrl()) return;  // its own timer only
+        perform(self, self->state.host->forward_all(now_ns(self)));
+      },
   };
 }
 

@@ -191,6 +191,7 @@ void take_back(load_balancer_t* self, const std::string& host, uint16_t port, co
       spdlog::warn("load balancer: the node of {} came back with {} engine(s), not it", where(e), engines.size());
       continue;
     }
+    if (engines[e.index_on_node] == e.actor && st.host->load(i).draining) continue;  // still shutting down
     if (engines[e.index_on_node] != e.actor) {
       e.actor = engines[e.index_on_node];
       self->monitor(e.actor);
@@ -282,7 +283,8 @@ void on_report(load_balancer_t* self, const msg::load_report& r) {
                  r.engine_index);
     return;
   }
-  const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens};
+  const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens,
+                                      r.draining};
   if (!self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now())))
     spdlog::warn("load balancer: ignored a load report for engine {} with a negative count", r.engine_index);
 }

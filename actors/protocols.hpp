@@ -38,6 +38,7 @@ struct kv_arrived;
 struct report_to;
 struct load_report;
 struct engine_lost;
+struct forwarded;
 }  // namespace troupe::msg
 
 namespace troupe::actors {
@@ -68,7 +69,8 @@ using client_actor = stream_receiver_actor::extend<caf::reacts_to<msg::cancel_re
 /// loss of an engine from the balancer.
 using request_actor = caf::typed_actor<caf::reacts_to<msg::sampled>, caf::reacts_to<msg::sampled_batch>,
                                        caf::reacts_to<msg::rejected>, caf::reacts_to<msg::prefilled>,
-                                       caf::reacts_to<msg::engine_lost>, caf::reacts_to<msg::cancel_request>>;
+                                       caf::reacts_to<msg::engine_lost>, caf::reacts_to<msg::cancel_request>,
+                                       caf::reacts_to<msg::forwarded>>;
 
 /// The engine: work from request actors and prefill engines, KV from the UCX thread, release
 /// and reporting orders, queries. `report_atom` is its own report timer.
@@ -76,7 +78,8 @@ using engine_actor = caf::typed_actor<
     caf::reacts_to<msg::submit>, caf::reacts_to<msg::submit_prefill>, caf::reacts_to<msg::kv_handoff>,
     caf::reacts_to<msg::kv_arrived>, caf::reacts_to<msg::release>, caf::reacts_to<msg::report_to>,
     caf::reacts_to<report_atom>, caf::replies_to<stats_atom>::with<msg::engine_report>,
-    caf::replies_to<executor_atom>::with<executor_actor>, caf::replies_to<ping_atom>::with<pong_atom>>;
+    caf::replies_to<executor_atom>::with<executor_actor>, caf::replies_to<ping_atom>::with<pong_atom>,
+    caf::replies_to<drain_atom, int32_t>::with<int32_t>, caf::reacts_to<drain_atom>>;
 
 using engine_list = std::vector<engine_actor>;
 

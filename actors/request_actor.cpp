@@ -151,6 +151,12 @@ request_actor::behavior_type handlers(request_actor_t* self) {
       [=](msg::prefilled& p) {
         if (addressed_here(self, p.request_id, "a prefill's end")) self->state.host->prefilled();
       },
+      [=](msg::forwarded& f) {
+        // From an engine serving it only (addressed_here): the engine drained, and the request
+        // goes elsewhere just as from a lost engine.
+        if (addressed_here(self, f.request_id, "a forward"))
+          on_engine_lost(self, caf::actor_cast<caf::actor_addr>(self->current_sender()), f.reason);
+      },
       [=](msg::engine_lost& l) {
         // Only its balancer's word: a forged one would make it recompute elsewhere, or fail.
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.balancer.address()) {

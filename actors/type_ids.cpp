@@ -34,6 +34,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::report_to>("troupe::report_to");
   cfg.add_message_type<msg::load_report>("troupe::load_report");
   cfg.add_message_type<msg::engine_lost>("troupe::engine_lost");
+  cfg.add_message_type<msg::forwarded>("troupe::forwarded");
   cfg.add_message_type<engine::exec_plan>("troupe::exec_plan");
   cfg.add_message_type<engine::exec_result>("troupe::exec_result");
   cfg.add_message_type<msg::tier_lookup>("troupe::tier_lookup");

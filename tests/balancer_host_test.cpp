@@ -187,6 +187,21 @@ TEST(BalancerHost, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfresh)
   h.check_invariants();
 }
 
+TEST(BalancerHost, ADrainingEngineGetsNoNewWorkEvenFromAReorderedReportAndTheErrorSaysSo) {
+  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
+  EXPECT_TRUE(h.on_report(0, engine_report{5, 0, 0, 0, false}, 10));
+  EXPECT_TRUE(h.on_report(0, engine_report{3, 0, 0, 0, true}, 20));  // older, but draining counts
+  EXPECT_TRUE(h.load(0).draining);
+  EXPECT_TRUE(h.load(0).alive);
+  for (request_key k = 1; k <= 3; k++) EXPECT_EQ(h.place(k, 8)->decode, 1u);
+  EXPECT_TRUE(h.on_report(1, engine_report{3, 3, 24, 0, true}, 30));
+  auto none = h.place(4, 8);
+  ASSERT_FALSE(none.has_value());
+  EXPECT_EQ(none.error().code, errc::unavailable);
+  EXPECT_EQ(none.error().message, "no live engine can serve the request; m0 is draining; m1 is draining");
+  h.check_invariants();
+}
+
 TEST(BalancerHost, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers) {
   balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
                   {}, /*heartbeat_timeout_ns=*/100, /*now_ns=*/0);

@@ -91,7 +91,8 @@ class Cluster : public ::testing::Test {
     const std::string models = TROUPE_MODELS_DIR;
     const std::string path = (dir_ / "cluster.toml").string();
     std::ofstream f(path);
-    f << "[cluster]\nname = \"test\"\nkv_transfer = \"" << kv_transfer << "\"\n";
+    // A short drain: nodes stopped with SIGTERM (TearDown) forward what they still run soon.
+    f << "[cluster]\nname = \"test\"\nkv_transfer = \"" << kv_transfer << "\"\ndrain_grace_ms = 100\n";
     if (tls_) f << "\n[tls]\nca = \"" << cert("ca") << "\"\n";
     for (int n = 0; n < 3; n++) {
       const std::string name = "node" + std::to_string(n);
@@ -398,6 +399,25 @@ void expect_all_failed_over(const std::vector<expected<actors::completion>>& out
   for (const auto& o : outcomes)
     if (o) num_failovers += o->end.num_failovers;
   EXPECT_GT(num_failovers, 0) << "no request was on the disturbed node";
+}
+
+TEST_F(Cluster, DrainingADecodeNodeForwardsItsRequestsWithUnchangedOutputAndItExitsZero) {
+  start("caf");
+  // 16 long requests, streaming; once each has a token, node2 gets SIGTERM: its requests run on
+  // for the grace period (100 ms), then go to decode1, and node2 exits.
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 16; i++) {
+    requests.push_back(make_completion(story_window(i), 400, 1500 + i, 1.0f, 0.9f));
+    requests.back().ignore_eos = true;
+  }
+  const auto outcomes = streams_with_node2_disturbed(requests, SIGTERM);
+  expect_all_failed_over(outcomes, check_survivors(requests, outcomes, [](const error&) {}));
+  EXPECT_EQ(wait_exit_code(pid_of("node2")), 0) << read_file((dir_ / "node2.err").string());
+  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
+               nodes_.end());
+  std::vector<msg::completion_request> later;
+  for (size_t i = 0; i < 4; i++) later.push_back(make_completion(story_window(30 + i), 20, 1800 + i, 1.0f, 0.9f));
+  expect_all_match(later, run_all(later), "after the drain");
 }
 
 TEST_F(Cluster, KillingADecodeNodeMidStreamLosesNoRequestAndChangesNoOutput) {

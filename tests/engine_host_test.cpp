@@ -48,8 +48,9 @@ std::string describe(const effects& fx) {
     }
     void operator()(const report_load& r) {
       o << "report(e" << r.engine_index << " received " << r.num_received << " requests " << r.num_requests << " kv "
-        << r.num_kv_tokens << " prefill " << r.num_queued_prefill_tokens << ")";
+        << r.num_kv_tokens << " prefill " << r.num_queued_prefill_tokens << (r.draining ? " draining" : "") << ")";
     }
+    void operator()(const forward& f) { o << "forward(r" << f.id << (f.to_caller ? " to caller" : "") << ")"; }
     void operator()(const arm_report_timer& a) { o << "timer(" << a.delay_ns << ")"; }
     void operator()(const restart_executor&) { o << "restart_executor"; }
     void operator()(const fetch_blocks& f) {
@@ -279,6 +280,48 @@ TEST(EngineHost, HandsAPrefilledRequestAndItsKvToTheDecodeEngine) {
   ASSERT_EQ(dx.in_flight.size(), 2u);  // the last prompt token, and the next step ahead
   EXPECT_EQ(dx.in_flight.front().plan.imports.size(), 1u);
   EXPECT_EQ(dx.in_flight.front().plan.chunks[0].first_position, 4);  // only the last prompt token
+}
+
+/// The effects of type T in `fx`.
+template <class T>
+std::vector<T> effects_of(const effects& fx) {
+  std::vector<T> out;
+  for (const effect& e : fx)
+    if (const T* t = std::get_if<T>(&e)) out.push_back(*t);
+  return out;
+}
+
+TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterWork) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  EXPECT_EFFECTS(host->report_to(0, 1000, 0), (effects{report_load{0, 0, 0, 0, 0}}));
+  ex.take_plans(host->submit(make_request(1, 2), 10));
+  ex.take_plans(host->submit(make_request(2, 6), 20));
+  // The drain reports at once, inside the interval: draining, both requests live.
+  const std::vector<report_load> reports = effects_of<report_load>(ex.take_plans(host->drain(30)));
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_TRUE(reports[0].draining);
+  EXPECT_EQ(reports[0].num_requests, 2);
+  EXPECT_TRUE(host->draining());
+  EXPECT_FALSE(host->drained());
+  EXPECT_EFFECTS(host->drain(35), effects{});  // once
+  // The requests run on: r1 ends with its 2 tokens.
+  for (int64_t t = 40; host->is_live(1); t += 10) ex.answer(*host, t);
+  EXPECT_TRUE(host->is_live(2));
+  // The grace period ends: r2 is forwarded, and nothing is left.
+  const effects fx = ex.take_plans(host->forward_all(200));
+  EXPECT_EQ(effects_of<forward>(fx), (std::vector<forward>{forward{2, false}}));
+  EXPECT_TRUE(host->drained());
+  EXPECT_EQ(host->num_forwarded(), 1);
+  // Steps still in flight send r2 nothing more.
+  while (!ex.in_flight.empty()) EXPECT_TRUE(effects_of<send_token>(ex.answer(*host, 300)).empty());
+  // Work that arrives now goes back to its caller at once, of every kind.
+  EXPECT_EQ(host->submit(make_request(3, 2), 400), (effects{forward{3, true}}));
+  EXPECT_EQ(host->submit_prefill(make_request(4, 2), peer_id{1}, "", 0, 400), (effects{forward{4, true}}));
+  kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};
+  EXPECT_EQ(host->import(make_request(5, 4), 5, kv, 400), (effects{forward{5, true}}));
+  EXPECT_EQ(host->num_forwarded(), 4);
+  EXPECT_TRUE(host->drained());
 }
 
 TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {

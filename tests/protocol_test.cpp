@@ -241,8 +241,9 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::kv_handoff{full_engine_request(), some<actors::request_actor>(), {1, 2, 3}, 7});
   expect_round_trip(msg::kv_arrived{7, {1, 2}, "lost"});
   expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30});
-  expect_round_trip(msg::load_report{1, 2, 3, 4, 5});
+  expect_round_trip(msg::load_report{1, 2, 3, 4, 5, true});
   expect_round_trip(msg::engine_lost{some<actors::engine_actor>(), "silent"});
+  expect_round_trip(msg::forwarded{3, "drained"});
   engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}, {1.5, 2.5}};
   expect_round_trip(plan);
   expect_round_trip(
@@ -262,7 +263,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 33u) << "actors/type_ids.cpp registers 33 types";
+  EXPECT_EQ(registered.size(), 34u) << "actors/type_ids.cpp registers 34 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 

@@ -499,7 +499,13 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:3: cluster: unknown key 'size'"},
         bad_file{"unknown_cluster_key_lists_kv_transfer", "[cluster]\nkv = \"ucx\"\n" + k_valid,
                  "topology.toml:2: cluster: unknown key 'kv' (expected one of: name, "
-                 "kv_transfer)"},
+                 "kv_transfer, drain_grace_ms)"},
+        bad_file{"drain_grace_out_of_range", "[cluster]\ndrain_grace_ms = -1\n" + k_valid,
+                 "topology.toml:2: cluster: key 'drain_grace_ms'"},
+        bad_file{"rejoin_interval_out_of_range",
+                 k_valid.substr(0, k_valid.find("[load_balancer]")) + "[load_balancer]\nrejoin_interval_ms = 600001\n" +
+                     k_valid.substr(k_valid.find("[load_balancer]") + 16),
+                 "key 'rejoin_interval_ms'"},
         bad_file{"unknown_node_key_lists_kv_port",
                  "[[node]]\nname = \"node0\"\nhost = \"h\"\nport = 1\nkvport = 2\n",
                  "topology.toml:5: node 'node0': unknown key 'kvport' (expected one of: name, "

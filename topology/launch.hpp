@@ -7,6 +7,7 @@
 /// the balancer, at its port).
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,14 @@ struct launched_node {
 
 /// The topology's [limits] for the CAF port (configure_network applies them process-wide).
 [[nodiscard]] actors::network_limits node_network_limits(const topology& t);
+
+/// Drains `node`'s engines before it stops: they take no new work (the balancer learns it from
+/// their next load report), their requests run on for `grace_ms`, and what is left then goes
+/// back to its request actors, which place it on other engines. Returns the number of requests
+/// forwarded, when every engine is empty; or earlier, when `stop_now()` turns true (a second
+/// signal), or `grace_ms` + 10 s passed (an engine that never answers).
+int64_t drain_node(caf::actor_system& sys, const launched_node& node, int32_t grace_ms,
+                   const std::function<bool()>& stop_now);
 
 /// Sends every actor of `node` an exit and waits until the system has no actors left.
 void shutdown_node(caf::actor_system& sys, const launched_node& node);

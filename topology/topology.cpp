@@ -845,7 +845,7 @@ struct listener {
   if (!table) return tl::unexpected(table.error());
   if (*table == nullptr) return {};
   const scope where{"cluster", line_of(**table)};
-  if (auto ok = check_known_keys(ctx, **table, where, {"name", "kv_transfer"}); !ok) {
+  if (auto ok = check_known_keys(ctx, **table, where, {"name", "kv_transfer", "drain_grace_ms"}); !ok) {
     return tl::unexpected(ok.error());
   }
   auto name = read_string(ctx, **table, where, "name", result.cluster_name);
@@ -854,6 +854,9 @@ struct listener {
   auto kv_transfer = read_kv_transfer(ctx, **table, where);
   if (!kv_transfer) return tl::unexpected(kv_transfer.error());
   result.kv_transfer = *kv_transfer;
+  auto grace = read_int(ctx, **table, where, "drain_grace_ms", result.drain_grace_ms, 0, 3600000);
+  if (!grace) return tl::unexpected(grace.error());
+  result.drain_grace_ms = *grace;
   return {};
 }
 

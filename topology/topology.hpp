@@ -11,6 +11,9 @@
 ///   name = "single-node"               #   optional string, default "troupe"
 ///   kv_transfer = "caf"                #   optional: caf (default) | ucx: how prefill engines
 ///                                      #   ship KV to decode engines (CAF messages or UCX)
+///   drain_grace_ms = 30000             #   optional, 0..3600000, default 30000: on SIGTERM a
+///                                      #   node's engines take no new work and their requests
+///                                      #   run on this long, then go to other engines
 ///
 ///   [limits]                           # optional table (docs/security.md "Limits")
 ///   max_message_mib = 64               #   optional, 1..4095, default 64: the largest CAF message
@@ -199,6 +202,7 @@ struct http_spec {
 struct topology {
   std::string cluster_name = "troupe";
   kv_transfer_kind kv_transfer = kv_transfer_kind::caf;
+  int32_t drain_grace_ms = 30000;  ///< a stopping node's grace period before it forwards requests
   std::vector<node_spec> nodes;
   std::vector<engine_spec> engines;
   load_balancer_spec load_balancer;

@@ -35,6 +35,7 @@ struct serve_options {
   int32_t msgpack_port = -1;  ///< the msgpack gateway's port: -1 = none, 0 = any free one (printed)
   std::string msgpack_host = "127.0.0.1";
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
+  int32_t drain_grace_ms = -1;  ///< -1 = the topology's [cluster] drain_grace_ms
   speculation_flags speculation;  ///< the generated node's
 };
 
@@ -171,7 +172,16 @@ int run_serve(const serve_options& o) {
   std::fflush(stdout);
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
-  spdlog::info("signal {}: shutting down", sig);
+  const int32_t grace_ms = o.drain_grace_ms >= 0 ? o.drain_grace_ms : t->drain_grace_ms;
+  if (!launched->engines.empty() && grace_ms > 0) {
+    spdlog::info("signal {}: draining: this node takes no new work; its requests run on for up to {} ms, then go "
+                 "to other engines (a second signal stops at once)",
+                 sig, grace_ms);
+    const int64_t forwarded = topology::drain_node(sys, *launched, grace_ms, [&] { return signals.again(); });
+    spdlog::info("drained: {} request(s) forwarded to other engines; shutting down", forwarded);
+  } else {
+    spdlog::info("signal {}: shutting down", sig);
+  }
   stop_gateways(*http, *http_at, *msgpack);
   actors::unpublish_actor(sys, launched->entry().address(), *port);
   topology::shutdown_node(sys, *launched);
@@ -211,6 +221,10 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   cmd->add_option("--msgpack-host", o->msgpack_host, "address of the msgpack protocol")->capture_default_str();
   cmd->add_flag("--insecure", o->insecure,
                 "allow an unauthenticated plaintext CAF port on a non-loopback address (a topology without [tls])");
+  cmd->add_option("--drain-grace-ms", o->drain_grace_ms,
+                  "on SIGINT/SIGTERM, let this node's requests run this long before they go to other engines "
+                  "(default: the topology's [cluster] drain_grace_ms, 30000; 0 = stop at once)")
+      ->check(CLI::Range(0, 3600000));
   if (required) {
     topology->required();
     node->required();

@@ -14,7 +14,8 @@
 namespace troupe::cli {
 
 /// Blocks SIGINT and SIGTERM in every thread (construct it before CAF starts any) and waits for
-/// the first one on its own thread: `stopped()` turns true then, and `wait()` returns it.
+/// them on its own thread: `stopped()` turns true at the first, and `wait()` returns it;
+/// `again()` turns true at the second (a drain in progress then stops at once).
 class signal_waiter {
  public:
   signal_waiter() {
@@ -25,16 +26,26 @@ class signal_waiter {
     thread_ = std::thread([this] {
       int sig = 0;
       sigwait(&set_, &sig);
-      std::lock_guard<std::mutex> lock(mutex_);
-      signal_ = sig;
-      stopped_ = true;
-      arrived_.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (closing_) return;  // the destructor's wake-up call
+        signal_ = sig;
+        stopped_ = true;
+        arrived_.notify_all();
+      }
+      sigwait(&set_, &sig);
+      again_ = true;
     });
   }
 
   ~signal_waiter() {
-    // No signal came: wake the thread with one aimed at it alone (it stays blocked elsewhere).
-    if (!stopped_) pthread_kill(thread_.native_handle(), SIGTERM);
+    // Wake the thread, waiting for its first or its second signal, with one aimed at it alone
+    // (signals stay blocked elsewhere).
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+    }
+    if (!again_) pthread_kill(thread_.native_handle(), SIGTERM);
     thread_.join();
   }
 
@@ -43,6 +54,8 @@ class signal_waiter {
 
   /// True once a signal arrived.
   [[nodiscard]] const std::atomic<bool>& stopped() const { return stopped_; }
+  /// True once a second signal arrived.
+  [[nodiscard]] bool again() const { return again_; }
 
   /// Blocks until a signal arrives (or returns the one that already did).
   int wait() {
@@ -57,6 +70,8 @@ class signal_waiter {
   std::condition_variable arrived_;
   int signal_ = 0;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> again_{false};
+  bool closing_ = false;  // under mutex_
   std::thread thread_;
 };
 

@@ -65,7 +65,10 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
   if (c.decode.empty()) {
     std::string why = "no live engine can serve the request";
     for (const engine_entry& e : engines_)
-      if (!e.load.alive) why += "; " + e.spec.name + " is lost";
+      if (!e.load.alive)
+        why += "; " + e.spec.name + " is lost";
+      else if (e.load.draining)
+        why += "; " + e.spec.name + " is draining";
     return fail(errc::unavailable, std::move(why));
   }
   request_ended(key);  // placed again (its engine was lost): the first placement ends
@@ -102,6 +105,7 @@ bool balancer_host::on_report(int32_t engine, const engine_report& r, int64_t no
     return false;
   engine_entry& e = engines_[static_cast<size_t>(engine)];
   if (liveness_) liveness_->heard_from(static_cast<size_t>(engine), now_ns);
+  if (r.draining) e.load.draining = true;
   if (r.num_received < e.report.num_received) return true;  // reordered: keep the newer
   e.report = r;
   refresh(e);
@@ -135,6 +139,7 @@ bool balancer_host::rejoined(size_t engine, int64_t now_ns) {
   engine_entry& e = engines_.at(engine);
   if (e.load.alive) return false;
   e.load.alive = true;
+  e.load.draining = false;
   e.report = engine_report{};
   e.num_sent = 0;
   e.unseen.clear();

@@ -60,6 +60,7 @@ struct engine_report {
   int64_t num_requests = 0;
   int64_t num_kv_tokens = 0;
   int64_t num_queued_prefill_tokens = 0;
+  bool draining = false;  ///< its node is shutting down: no new work for it from now on
 };
 
 using request_key = uint64_t;
@@ -81,7 +82,8 @@ class balancer_host {
   /// The request `key` ended; false if it was never placed (or ended already).
   bool request_ended(request_key key);
   /// A load report from engine `engine` (false, and ignored: no such engine, or a negative
-  /// count). Counts as news for the heartbeat.
+  /// count). Counts as news for the heartbeat. One that says `draining` ends the engine's new
+  /// work for good (even a reordered one: draining does not stop).
   bool on_report(int32_t engine, const engine_report& r, int64_t now_ns);
   /// Engine `engine` answered a ping.
   void heard_from(size_t engine, int64_t now_ns);

@@ -39,7 +39,7 @@ candidates candidates_for(const std::vector<engine_load>& engines, const std::ve
   candidates c;
   std::vector<size_t> live_prefill;
   for (size_t i = 0; i < engines.size(); i++) {
-    if (!engines[i].alive) continue;
+    if (!engines[i].alive || engines[i].draining) continue;
     if (prefill_rank[i] < 0) {
       c.decode.push_back(i);
       continue;

@@ -38,6 +38,7 @@ enum class engine_kind { mixed, prefill, decode };
 struct engine_load {
   engine_kind kind = engine_kind::mixed;
   bool alive = true;
+  bool draining = false;  ///< its node is shutting down: alive, but it takes no new work
   int32_t max_num_seqs = 256;
   int64_t kv_capacity_tokens = 16384;
   int64_t num_requests = 0;        ///< live requests decoding (or running whole) there

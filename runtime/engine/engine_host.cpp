@@ -65,9 +65,12 @@ bool operator==(const hand_off& a, const hand_off& b) {
 }
 
 bool operator==(const report_load& a, const report_load& b) {
-  return std::tie(a.engine_index, a.num_received, a.num_requests, a.num_kv_tokens, a.num_queued_prefill_tokens) ==
-         std::tie(b.engine_index, b.num_received, b.num_requests, b.num_kv_tokens, b.num_queued_prefill_tokens);
+  return std::tie(a.engine_index, a.num_received, a.num_requests, a.num_kv_tokens, a.num_queued_prefill_tokens,
+                  a.draining) == std::tie(b.engine_index, b.num_received, b.num_requests, b.num_kv_tokens,
+                                          b.num_queued_prefill_tokens, b.draining);
 }
+
+bool operator==(const forward& a, const forward& b) { return a.id == b.id && a.to_caller == b.to_caller; }
 
 bool operator==(const arm_report_timer& a, const arm_report_timer& b) { return a.delay_ns == b.delay_ns; }
 
@@ -190,9 +193,17 @@ void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns) {
     handoffs_[id] = std::move(*w.handoff);
 }
 
+bool engine_host::forwarded_at_once(request_id id, effects& out) {
+  if (!forwarding_) return false;
+  out.push_back(forward{id, true});
+  num_forwarded_++;
+  return true;
+}
+
 effects engine_host::submit(request r, int64_t now_ns) {
   num_received_++;
   effects out;
+  if (forwarded_at_once(r.id, out)) return out;
   std::optional<handoff_target> none;
   if (fetch_first(r, none, out)) return out;
   admit(r, true, [&] { return core_->add_request(std::move(r)); }, out, now_ns);
@@ -204,6 +215,7 @@ effects engine_host::submit_prefill(request r, std::optional<peer_id> decode, st
   num_received_++;
   effects out;
   const request_id id = r.id;
+  if (forwarded_at_once(id, out)) return out;
   if (!decode) {
     out.push_back(reject{id, errc::invalid_argument, "a prefill request names no decode engine", true});
     return out;
@@ -218,6 +230,7 @@ effects engine_host::submit_prefill(request r, std::optional<peer_id> decode, st
 effects engine_host::import(request r, request_id payload_id, kv_data kv, int64_t now_ns) {
   effects out;
   const request_id id = r.id;
+  if (forwarded_at_once(id, out)) return out;
   if (payload_id != id) {
     out.push_back(reject{id, errc::invalid_argument,
                          "a KV payload for request " + std::to_string(payload_id) + " arrived for request " +
@@ -245,7 +258,7 @@ void engine_host::send_report(effects& out, int64_t now_ns) {
   const engine_stats s = core_->stats();
   out.push_back(report_load{reporting_->engine_index, num_received_, static_cast<int64_t>(requests_.size()),
                             static_cast<int64_t>(s.num_blocks_in_use) * core_->config().block_size,
-                            core_->num_queued_prompt_tokens()});
+                            core_->num_queued_prompt_tokens(), draining_});
 }
 
 /// Something changed: report now, or once the interval since the last report has passed.
@@ -388,6 +401,28 @@ void engine_host::drop(request_id id, effects& out, int64_t now_ns) {
   handoffs_.erase(id);
   kick(out, now_ns);
   note_change(out, now_ns);
+}
+
+effects engine_host::drain(int64_t now_ns) {
+  effects out;
+  if (draining_) return out;
+  draining_ = true;
+  if (reporting_) send_report(out, now_ns);  // the balancer stops placing here at once
+  return out;
+}
+
+effects engine_host::forward_all(int64_t now_ns) {
+  effects out = drain(now_ns);
+  forwarding_ = true;
+  std::set<request_id> ids;
+  for (const auto& [id, live] : requests_) ids.insert(id);
+  for (const auto& [id, wait] : tier_waits_) ids.insert(id);
+  for (const request_id id : ids) {
+    out.push_back(forward{id, false});
+    num_forwarded_++;
+    drop(id, out, now_ns);
+  }
+  return out;
 }
 
 effects engine_host::release(request_id id, int64_t now_ns) {

@@ -25,7 +25,12 @@
 ///   every unfinished n = 1 request resumes on the new core by recompute from its prompt plus
 ///   the tokens it has sent (engine_core::resumable_requests: its stream continues with the
 ///   undisturbed run's tokens); a request with n > 1, a prefill-only run, or one that has
-///   already survived `executor_failure_resumes_max` failures is rejected with `internal`.
+///   already survived `executor_failure_resumes_max` failures is rejected with `internal`;
+/// - drain (the node shuts down): `drain` marks the load reports `draining` (the balancer sends
+///   no new work) while live requests run on; `forward_all`, when the grace period ends, drops
+///   every request still here with a `forward` to its request actor, which places it again
+///   elsewhere (recomputed there from its prompt plus the tokens its client has), and forwards
+///   any later work at once.
 ///
 /// Identity: a request is named by its id; effects for it go to its request actor, which the
 /// actor learns from `watch_caller` (the caller of the admitting call is that request's actor)
@@ -113,6 +118,14 @@ struct report_load {
   int64_t num_requests = 0;
   int64_t num_kv_tokens = 0;
   int64_t num_queued_prefill_tokens = 0;
+  bool draining = false;
+};
+
+/// The engine drained: request `id` is dropped here and must be placed again (msg::forwarded
+/// to its request actor; `to_caller`: the caller of this call is that actor).
+struct forward {
+  request_id id = 0;
+  bool to_caller = false;
 };
 
 /// Call `report_timer` after `delay_ns`.
@@ -139,7 +152,7 @@ struct demote_blocks {
 };
 
 using effect = std::variant<send_plan, send_token, send_batch, reject, watch_caller, hand_off, report_load,
-                            arm_report_timer, restart_executor, fetch_blocks, demote_blocks>;
+                            arm_report_timer, restart_executor, fetch_blocks, demote_blocks, forward>;
 using effects = std::vector<effect>;
 
 bool operator==(const send_plan& a, const send_plan& b);
@@ -150,6 +163,7 @@ bool operator==(const reject& a, const reject& b);
 bool operator==(const watch_caller& a, const watch_caller& b);
 bool operator==(const hand_off& a, const hand_off& b);
 bool operator==(const report_load& a, const report_load& b);
+bool operator==(const forward& a, const forward& b);
 bool operator==(const arm_report_timer& a, const arm_report_timer& b);
 bool operator==(const restart_executor& a, const restart_executor& b);
 bool operator==(const fetch_blocks& a, const fetch_blocks& b);
@@ -212,6 +226,18 @@ class engine_host {
   /// prefill skips what the pool now holds (the hit rule applies); else the answer is dropped.
   [[nodiscard]] effects tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns);
 
+  /// Drain, first half: the node is shutting down. Load reports say `draining` from now on (one
+  /// goes out at once) so the balancer sends no new work; live requests run on.
+  [[nodiscard]] effects drain(int64_t now_ns);
+  /// Drain, second half (the grace period ended): every request still here is dropped with a
+  /// `forward` to its request actor, which places it again, and so is any work that arrives
+  /// from now on. Implies drain().
+  [[nodiscard]] effects forward_all(int64_t now_ns);
+  /// Draining, and nothing is left here.
+  [[nodiscard]] bool drained() const { return draining_ && requests_.empty() && tier_waits_.empty(); }
+  [[nodiscard]] bool draining() const { return draining_; }
+  [[nodiscard]] int64_t num_forwarded() const { return num_forwarded_; }
+
   [[nodiscard]] int64_t generation() const { return generation_; }
   [[nodiscard]] bool is_live(request_id id) const { return requests_.count(id) != 0; }
   [[nodiscard]] size_t num_live() const { return requests_.size(); }
@@ -258,6 +284,8 @@ class engine_host {
   void on_sample(sample_event&& e, effects& out, int64_t now_ns);
   void hand_off_prefilled(effects& out);
   void drop(request_id id, effects& out, int64_t now_ns);
+  /// After forward_all: new work `id` is forwarded to its caller at once (true).
+  bool forwarded_at_once(request_id id, effects& out);
 
   engine_host_options options_;
   std::unique_ptr<engine_core> core_;
@@ -270,6 +298,9 @@ class engine_host {
   int64_t num_received_ = 0;  // submits, prefills and hand-offs
   int64_t num_executor_failures_ = 0;
   int64_t num_resumed_requests_ = 0;
+  bool draining_ = false;    // drain(): no new work wanted
+  bool forwarding_ = false;  // forward_all(): nothing stays
+  int64_t num_forwarded_ = 0;
   int64_t executor_busy_ns_ = 0;
   int64_t busy_since_ns_ = 0;
   int64_t started_ns_ = 0;
