@@ -42,6 +42,16 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 
+/// Every request succeeded with its undisturbed output (check_survivors), and some were placed
+/// again after losing their engine.
+void expect_all_failed_over(const std::vector<expected<actors::completion>>& outcomes, size_t num_failed) {
+  EXPECT_EQ(num_failed, 0u);
+  int32_t num_failovers = 0;
+  for (const auto& o : outcomes)
+    if (o) num_failovers += o->end.num_failovers;
+  EXPECT_GT(num_failovers, 0) << "no request was on the disturbed node";
+}
+
 class Cluster : public ::testing::Test {
  protected:
   fs::path dir_;
@@ -231,6 +241,31 @@ class Cluster : public ::testing::Test {
     return out;
   }
 
+  /// node2 ended with `exit_code`; TearDown no longer stops it.
+  void expect_node2_ended(int exit_code) {
+    EXPECT_EQ(wait_exit_code(pid_of("node2")), exit_code) << read_file((dir_ / "node2.err").string());
+    nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
+                 nodes_.end());
+  }
+
+  /// 16 long streamed requests (seeds from `first_seed`); once each has a token node2 gets
+  /// `signal`. Every request completes with the undisturbed output, some after being placed
+  /// again; node2 ends with `exit_code`; 4 later requests (seeds from `later_seed`) succeed.
+  void node2_disturbed_losing_nothing(int signal, int exit_code, uint64_t first_seed, uint64_t later_seed) {
+    std::vector<msg::completion_request> requests;
+    for (size_t i = 0; i < 16; i++) {
+      requests.push_back(make_completion(story_window(i), 400, first_seed + i, 1.0f, 0.9f));
+      requests.back().ignore_eos = true;
+    }
+    const auto outcomes = streams_with_node2_disturbed(requests, signal);
+    expect_all_failed_over(outcomes, check_survivors(requests, outcomes, [](const error&) {}));
+    expect_node2_ended(exit_code);
+    std::vector<msg::completion_request> later;
+    for (size_t i = 0; i < 4; i++)
+      later.push_back(make_completion(story_window(30 + i), 20, later_seed + i, 1.0f, 0.9f));
+    expect_all_match(later, run_all(later), "after signal " + std::to_string(signal));
+  }
+
   /// Rounds of 8 short requests (seeds from `first_seed`) until decode2 has generated tokens, or
   /// a 60 s hang guard; every answer must equal the reference. Returns decode2's tokens.
   int64_t rounds_until_decode2_works(uint64_t first_seed) {
@@ -391,63 +426,23 @@ TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKe
   EXPECT_GT(after[2].num_generated_tokens, before_later.at(2).num_generated_tokens);
 }
 
-/// Every request succeeded with its undisturbed output (check_survivors), and some were placed
-/// again after losing their engine.
-void expect_all_failed_over(const std::vector<expected<actors::completion>>& outcomes, size_t num_failed) {
-  EXPECT_EQ(num_failed, 0u);
-  int32_t num_failovers = 0;
-  for (const auto& o : outcomes)
-    if (o) num_failovers += o->end.num_failovers;
-  EXPECT_GT(num_failovers, 0) << "no request was on the disturbed node";
-}
 
 TEST_F(Cluster, DrainingADecodeNodeForwardsItsRequestsWithUnchangedOutputAndItExitsZero) {
   start("caf");
-  // 16 long requests, streaming; once each has a token, node2 gets SIGTERM: its requests run on
-  // for the grace period (100 ms), then go to decode1, and node2 exits.
-  std::vector<msg::completion_request> requests;
-  for (size_t i = 0; i < 16; i++) {
-    requests.push_back(make_completion(story_window(i), 400, 1500 + i, 1.0f, 0.9f));
-    requests.back().ignore_eos = true;
-  }
-  const auto outcomes = streams_with_node2_disturbed(requests, SIGTERM);
-  expect_all_failed_over(outcomes, check_survivors(requests, outcomes, [](const error&) {}));
-  EXPECT_EQ(wait_exit_code(pid_of("node2")), 0) << read_file((dir_ / "node2.err").string());
-  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
-               nodes_.end());
-  std::vector<msg::completion_request> later;
-  for (size_t i = 0; i < 4; i++) later.push_back(make_completion(story_window(30 + i), 20, 1800 + i, 1.0f, 0.9f));
-  expect_all_match(later, run_all(later), "after the drain");
+  // SIGTERM: node2's requests run on for the grace period (100 ms), then go to decode1.
+  node2_disturbed_losing_nothing(SIGTERM, 0, 1500, 1800);
 }
 
 TEST_F(Cluster, KillingADecodeNodeMidStreamLosesNoRequestAndChangesNoOutput) {
   start("caf");
-  // 16 long requests, streaming; wait until each has produced a token, then kill node2.
-  std::vector<msg::completion_request> requests;
-  for (size_t i = 0; i < 16; i++) {
-    requests.push_back(make_completion(story_window(i), 400, 500 + i, 1.0f, 0.9f));
-    requests.back().ignore_eos = true;
-  }
-  const auto outcomes = streams_with_node2_disturbed(requests, SIGKILL);
-  // Those on decode2 were placed again on decode1 and recomputed from what their clients had.
-  expect_all_failed_over(outcomes, check_survivors(requests, outcomes, [](const error&) {}));
-
-  // Later requests: all succeed, on decode1.
-  std::vector<msg::completion_request> later;
-  for (size_t i = 0; i < 8; i++) later.push_back(make_completion(story_window(30 + i), 20, 800 + i, 1.0f, 0.9f));
-  expect_all_match(later, run_all(later), "after the loss");
-  // node2 is gone: stop only the others in TearDown.
-  EXPECT_EQ(wait_exit_code(pid_of("node2")), 128 + SIGKILL);
-  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
-               nodes_.end());
+  // kill -9: node2's requests are placed again on decode1, recomputed from what their clients had.
+  node2_disturbed_losing_nothing(SIGKILL, 128 + SIGKILL, 500, 800);
 }
 
 TEST_F(Cluster, AKilledDecodeNodeRestartedIsTakenIntoServiceAgain) {
   start("caf", "rejoin_interval_ms = 100\n");
   ASSERT_EQ(::kill(pid_of("node2"), SIGKILL), 0);
-  EXPECT_EQ(wait_exit_code(pid_of("node2")), 128 + SIGKILL);
-  nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(), [](const auto& n) { return n.first == "node2"; }),
-               nodes_.end());
+  expect_node2_ended(128 + SIGKILL);
   // While it is gone, decode1 serves everything.
   std::vector<msg::completion_request> meanwhile;
   for (size_t i = 0; i < 4; i++) meanwhile.push_back(make_completion(story_window(i), 20, 600 + i, 1.0f, 0.9f));
