@@ -172,6 +172,9 @@ int run_serve(const serve_options& o) {
   std::fflush(stdout);
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
   const int sig = signals.wait();
+  // First the gateways (they refuse new requests with 503 "draining" and let theirs finish),
+  // then the engines (requests of other clients: run on for the grace period, then forwarded).
+  stop_gateways(*http, *http_at, *msgpack);
   const int32_t grace_ms = o.drain_grace_ms >= 0 ? o.drain_grace_ms : t->drain_grace_ms;
   if (!launched->engines.empty() && grace_ms > 0) {
     spdlog::info("signal {}: draining: this node takes no new work; its requests run on for up to {} ms, then go "
@@ -182,7 +185,6 @@ int run_serve(const serve_options& o) {
   } else {
     spdlog::info("signal {}: shutting down", sig);
   }
-  stop_gateways(*http, *http_at, *msgpack);
   actors::unpublish_actor(sys, launched->entry().address(), *port);
   topology::shutdown_node(sys, *launched);
   return 0;
