@@ -491,12 +491,7 @@ TEST_F(Cluster, UpRestartsACrashedNodeWithBackoffAndTheBalancerTakesItBack) {
       << read_file(log);
   // The new node2 process listens (its second such line in the nodes' output).
   const std::string listening = "node actor listening on 127.0.0.1:" + std::to_string(port(2));
-  bool restarted = false;
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (!(restarted = nth_line((dir_ / "up.out").string(), listening, 2) != std::string::npos) &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
-  ASSERT_TRUE(restarted) << read_file(log);
+  ASSERT_TRUE(file_contains_within((dir_ / "up.out").string(), listening, 120s, 2)) << read_file(log);
   EXPECT_GT(pid_in(2), 0);
   EXPECT_NE(pid_in(2), first);
   EXPECT_GT(rounds_until_decode2_works(800), 0) << "the restarted decode2 got no work";

@@ -49,10 +49,10 @@ using steady = std::chrono::steady_clock;
 /// The wait before restart number `n` (0-based) of a node: the first backoff doubled n times,
 /// at most 30 s.
 std::chrono::milliseconds backoff(const up_options& o, int32_t n) {
-  const int64_t cap = 30000;
+  const int64_t cap = 30000;  // a first backoff above it stays as it is
   int64_t ms = o.restart_backoff_ms;
-  for (int32_t i = 0; i < n && ms < cap; i++) ms *= 2;
-  return std::chrono::milliseconds(std::min(ms, std::max<int64_t>(cap, o.restart_backoff_ms)));
+  for (int32_t i = 0; i < n && ms < cap; i++) ms = std::min(ms * 2, cap);
+  return std::chrono::milliseconds(ms);
 }
 
 /// A node that ran this long before it crashed starts its restart count over.

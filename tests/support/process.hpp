@@ -102,9 +102,18 @@ inline bool ends_within(pid_t pid, std::chrono::milliseconds bound) {
   return ended;
 }
 
-/// Whether file `path` contains `needle` within `bound`. Event-driven: woken by inotify on each
-/// write to the file (the watch is set before the first read, so no write is missed), no polling.
-inline bool file_contains_within(const std::string& path, const std::string& needle, std::chrono::milliseconds bound) {
+/// The number of times `needle` occurs in `text`, not overlapping.
+inline size_t occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) n++;
+  return n;
+}
+
+/// Whether file `path` contains `needle` (at least `times` times) within `bound`. Event-driven:
+/// woken by inotify on each write to the file (the watch is set before the first read, so no
+/// write is missed), no polling.
+inline bool file_contains_within(const std::string& path, const std::string& needle, std::chrono::milliseconds bound,
+                                 size_t times = 1) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
   const int fd = ::inotify_init1(IN_CLOEXEC);
   if (fd < 0 || ::inotify_add_watch(fd, path.c_str(), IN_MODIFY | IN_CLOSE_WRITE) < 0) {
@@ -114,7 +123,7 @@ inline bool file_contains_within(const std::string& path, const std::string& nee
   }
   bool found = false;
   for (;;) {
-    found = read_file(path).find(needle) != std::string::npos;
+    found = occurrences(read_file(path), needle) >= times;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (found || left.count() <= 0) break;
     pollfd p{fd, POLLIN, 0};
