@@ -165,15 +165,19 @@ typename Inspector::result_type inspect(Inspector& f, engine_lost& x) {
 
 /// Engine -> request: the engine drained (its node is shutting down, and the grace period
 /// ended): the request is dropped there and must be placed again (`reason` says why). Taken
-/// only from an engine that serves the request.
+/// only from an engine that serves the request. `kv_payload`, when not empty, is a Cap'n Proto
+/// KvPayload (messages/kv_payload.hpp) with the KV the request had computed there: the next
+/// engine takes it as a decode engine takes a prefill's (msg::kv_handoff) instead of
+/// recomputing it.
 struct forwarded {
   int64_t request_id = 0;
   std::string reason;
+  std::vector<uint8_t> kv_payload;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forwarded& x) {
-  return f(x.request_id, x.reason);
+  return f(x.request_id, x.reason, x.kv_payload);
 }
 
 }  // namespace troupe::msg

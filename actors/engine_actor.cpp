@@ -39,8 +39,9 @@ struct engine_state {
   /// Requests waiting for their grammar, by their request actor: a release from it drops one
   /// before admission (the compile's answer then finds it gone).
   std::map<engine::request_id, caf::actor_addr> compiling;
-  /// A drain's answer, given once nothing is left here (the number of requests forwarded).
-  std::optional<caf::typed_response_promise<int32_t>> drained;
+  /// A drain's answer, given once nothing is left here: the number of requests forwarded, and of
+  /// them those forwarded with their KV.
+  std::optional<caf::typed_response_promise<int32_t, int32_t>> drained;
   static inline const char* name = "engine";
 };
 
@@ -99,9 +100,6 @@ void send_plan(engine_actor_t* self, engine::send_plan& p) {
             [=](caf::error& err) { executor_failed(self, generation, err); });
 }
 
-/// What a KV hand-off message carries besides the KV payload, generously: the request (its
-/// prompt tokens, at 4 bytes each, are bounded by the context), handles and BASP framing.
-constexpr uint64_t kv_handoff_overhead_bytes = 1u << 20;
 
 /// Ships a prefilled request and its KV to its decode engine (the KV over UCX when tagged).
 void hand_off(engine_actor_t* self, engine::hand_off& h) {
@@ -111,8 +109,8 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
   // Over CAF to another process, a message larger than the peer accepts would close the whole
   // connection between the two nodes ([limits] max_message_mib): this request fails instead.
-  const uint64_t limit = current_network_limits().max_message_bytes;
-  if (h.ucx_tag == 0 && decode.node() != self->node() && m.payload.size() + kv_handoff_overhead_bytes > limit) {
+  if (h.ucx_tag == 0 && !fits_between(decode.node(), self->node(), m.payload.size())) {
+    const uint64_t limit = current_network_limits().max_message_bytes;
     self->send(to, msg::rejected{id, errc::invalid_argument,
                                  "the prompt's KV cache is " + std::to_string(m.payload.size()) +
                                      " bytes, more than a CAF message between nodes may carry (" +
@@ -125,6 +123,23 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
                          caf::actor_cast<engine_actor>(self));
   self->send(to, msg::prefilled{id});
   self->send(decode, std::move(m));
+}
+
+/// Sends a drained request back to its request actor, with its KV when it has some and it fits
+/// in a CAF message to that actor's node (else the next engine recomputes it).
+void forward(engine_actor_t* self, engine::forward& f, const request_actor& caller) {
+  const request_actor to = f.to_caller ? caller : client_of(self, f.id);
+  msg::forwarded m{f.id, "its engine drained (the node is shutting down): placed again", {}};
+  if (f.kv) {
+    m.kv_payload = msg::encode_kv_payload(f.id, *f.kv);
+    if (!fits_between(to.node(), self->node(), m.kv_payload.size())) {
+      spdlog::warn("engine: request {} is forwarded without its KV: {} bytes are more than a CAF message between "
+                   "nodes may carry ([limits] max_message_mib)",
+                   f.id, m.kv_payload.size());
+      m.kv_payload.clear();
+    }
+  }
+  self->send(to, std::move(m));
 }
 
 /// Asks the host tier for the blocks after the pool's prefix; no answer within the timeout (or an
@@ -186,10 +201,7 @@ struct performer {
   }
   void operator()(engine::fetch_blocks& f) const { fetch_from_tier(self, f); }
   void operator()(engine::demote_blocks& d) const { demote_to_tier(self, d); }
-  void operator()(engine::forward& f) const {
-    self->send(f.to_caller ? caller : client_of(self, f.id),
-               msg::forwarded{f.id, "its engine drained (the node is shutting down): placed again"});
-  }
+  void operator()(engine::forward& f) const { forward(self, f, caller); }
   void operator()(engine::restart_executor&) const {
     self->demonitor(self->state.executor.address());
     self->send_exit(self->state.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
@@ -202,7 +214,8 @@ void perform(engine_actor_t* self, engine::effects fx, const request_actor& call
   for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
   engine_state& st = self->state;
   if (st.drained && st.host->drained() && st.compiling.empty()) {
-    st.drained->deliver(static_cast<int32_t>(st.host->num_forwarded()));
+    st.drained->deliver(static_cast<int32_t>(st.host->num_forwarded()),
+                        static_cast<int32_t>(st.host->num_forwarded_with_kv()));
     st.drained.reset();
   }
 }
@@ -210,12 +223,12 @@ void perform(engine_actor_t* self, engine::effects fx, const request_actor& call
 /// The node shuts down: no new work from now on; after `grace_ms` every request still here is
 /// forwarded. Answered once nothing is left. Only from this node (the node process): the
 /// handle travels to the balancer's node, and no other node may take this one's engines away.
-caf::result<int32_t> drain(engine_actor_t* self, int32_t grace_ms) {
+caf::result<int32_t, int32_t> drain(engine_actor_t* self, int32_t grace_ms) {
   engine_state& st = self->state;
   if (!self->current_sender() || self->current_sender()->node() != self->node())
     return caf::make_error(caf::sec::invalid_argument, "an engine is drained only by its own node");
   if (st.drained) return caf::make_error(caf::sec::invalid_argument, "the engine is draining already");
-  st.drained = self->make_response_promise<int32_t>();
+  st.drained = self->make_response_promise<int32_t, int32_t>();
   auto answer = *st.drained;
   self->delayed_send(self, std::chrono::milliseconds(std::max(0, grace_ms)), drain_atom::value);
   perform(self, st.host->drain(now_ns(self)));

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <caf/actor_system_config.hpp>
+#include <caf/node_id.hpp>
 #include <caf/io/basp/header.hpp>
 #include <caf/io/basp_broker.hpp>
 #include <caf/io/network/native_socket.hpp>
@@ -255,6 +256,10 @@ void apply_network_limits(caf::actor_system_config& cfg, const network_limits& l
 network_limits current_network_limits() {
   return {max_message_bytes.load(), idle_timeout_ms.load(), tls_handshake_timeout_ms.load(), max_connections.load(),
           max_connections_per_host.load()};
+}
+
+bool fits_between(const caf::node_id& to, const caf::node_id& from, uint64_t payload_bytes) {
+  return to == from || payload_bytes + kv_message_overhead_bytes <= max_message_bytes.load();
 }
 
 void guard_listening_port(uint16_t port) { connections().guard(port); }

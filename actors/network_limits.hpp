@@ -41,6 +41,15 @@ void apply_network_limits(caf::actor_system_config& cfg, const network_limits& l
 /// The process-wide bounds in force (the defaults until apply_network_limits is called).
 [[nodiscard]] network_limits current_network_limits();
 
+/// What a KV message carries besides its KV payload, generously: the request (its prompt
+/// tokens, at 4 bytes each, are bounded by the context), handles and BASP framing.
+inline constexpr uint64_t kv_message_overhead_bytes = 1u << 20;
+
+/// Whether a message with a KV payload of `payload_bytes` may go from node `from` to node `to`:
+/// always within a node; between nodes only within max_message_bytes (a larger one would close
+/// the whole connection between the two nodes).
+[[nodiscard]] bool fits_between(const caf::node_id& to, const caf::node_id& from, uint64_t payload_bytes);
+
 /// Counts the connections accepted at `port` (one of this process's published ports) against
 /// max_connections and max_connections_per_host. actors::publish_actor calls it.
 void guard_listening_port(uint16_t port);

@@ -79,7 +79,7 @@ using engine_actor = caf::typed_actor<
     caf::reacts_to<msg::kv_arrived>, caf::reacts_to<msg::release>, caf::reacts_to<msg::report_to>,
     caf::reacts_to<report_atom>, caf::replies_to<stats_atom>::with<msg::engine_report>,
     caf::replies_to<executor_atom>::with<executor_actor>, caf::replies_to<ping_atom>::with<pong_atom>,
-    caf::replies_to<drain_atom, int32_t>::with<int32_t>, caf::reacts_to<drain_atom>>;
+    caf::replies_to<drain_atom, int32_t>::with<int32_t, int32_t>, caf::reacts_to<drain_atom>>;
 
 using engine_list = std::vector<engine_actor>;
 

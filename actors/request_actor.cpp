@@ -8,6 +8,8 @@
 #include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "actors/cluster_messages.hpp"
+#include "actors/network_limits.hpp"
+#include "messages/kv_payload.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -72,6 +74,17 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
   self->state.placed = std::move(*offered);
   const msg::placement& placed = self->state.placed;
   self->monitor(placed.decode);
+  if (s.kv) {  // forwarded with its KV: straight to the decode engine, as a prefill engine would
+    const int64_t id = s.request.id;
+    std::vector<uint8_t> payload = msg::encode_kv_payload(id, *s.kv);
+    if (fits_between(placed.decode.node(), self->node(), payload.size())) {
+      self->send(placed.decode, msg::kv_handoff{std::move(s.request), self, std::move(payload), 0});
+      return;
+    }
+    spdlog::warn("request {}: its KV ({} bytes) is more than a CAF message to its new engine may carry; "
+                 "that engine recomputes it",
+                 id, payload.size());
+  }
   if (!s.to_prefill) {
     self->send(placed.decode, msg::submit{std::move(s.request)});
     return;
@@ -135,6 +148,27 @@ bool addressed_here(request_actor_t* self, int64_t id, const char* what) {
   return false;
 }
 
+/// From an engine serving it only (addressed_here): the engine drained, and the request goes
+/// elsewhere as from a lost engine, with the KV the engine sent (if it decodes as this request's;
+/// else it is recomputed).
+void on_forwarded(request_actor_t* self, msg::forwarded& f) {
+  if (!addressed_here(self, f.request_id, "a forward")) return;
+  std::optional<engine::kv_data> kv;
+  if (!f.kv_payload.empty()) {
+    auto payload = msg::decode_kv_payload(f.kv_payload);
+    if (payload && payload->request_id == f.request_id)
+      kv = std::move(payload->kv);
+    else
+      spdlog::warn("request {}: the KV its engine forwarded is not usable ({}); recomputed instead", f.request_id,
+                   payload ? "another request's" : payload.error().message);
+  }
+  const msg::placement& p = self->state.placed;
+  const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  const serve::engine_role role =
+      p.prefill && from == p.prefill.address() ? serve::engine_role::prefill : serve::engine_role::decode;
+  perform(self, self->state.host->forwarded(role, f.reason, std::move(kv)));
+}
+
 request_actor::behavior_type handlers(request_actor_t* self) {
   return {
       [=](msg::sampled& s) {
@@ -151,12 +185,7 @@ request_actor::behavior_type handlers(request_actor_t* self) {
       [=](msg::prefilled& p) {
         if (addressed_here(self, p.request_id, "a prefill's end")) self->state.host->prefilled();
       },
-      [=](msg::forwarded& f) {
-        // From an engine serving it only (addressed_here): the engine drained, and the request
-        // goes elsewhere just as from a lost engine.
-        if (addressed_here(self, f.request_id, "a forward"))
-          on_engine_lost(self, caf::actor_cast<caf::actor_addr>(self->current_sender()), f.reason);
-      },
+      [=](msg::forwarded& f) { on_forwarded(self, f); },
       [=](msg::engine_lost& l) {
         // Only its balancer's word: a forged one would make it recompute elsewhere, or fail.
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.balancer.address()) {

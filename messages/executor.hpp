@@ -36,6 +36,11 @@ typename Inspector::result_type inspect(Inspector& f, kv_export& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_readout& x) {
+  return f(x.block_table, x.num_tokens);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
   return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.num_samples, x.seed, x.sampling,
            x.num_prompt_tokens, x.context_prefix, x.export_kv, x.speculative, x.num_draft_slots);
@@ -43,7 +48,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_plan& x) {
-  return f(x.step, x.imports, x.copies, x.chunks, x.released, x.demotions, x.draft_rows_ms);
+  return f(x.step, x.imports, x.copies, x.chunks, x.released, x.demotions, x.readouts, x.draft_rows_ms);
 }
 
 template <class Inspector>
@@ -53,7 +58,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.num_draft_rows, x.drafts_verified,
+  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.read_out, x.num_draft_rows, x.drafts_verified,
            x.drafts_accepted, x.measured_ns);
 }
 

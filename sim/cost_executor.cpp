@@ -86,10 +86,11 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
-/// With synthetic tokens: each demoted block's KV as the executor reads it out, which is none
-/// (0 layers of 0 dims; engine_config::kv_values is false).
-void synthetic_demotions(const engine::exec_plan& plan, int32_t block_size, engine::exec_result& r) {
+/// With synthetic tokens: each demoted block's and readout's KV as the executor reads it out,
+/// which is none (0 layers of 0 dims; engine_config::kv_values is false).
+void synthetic_reads(const engine::exec_plan& plan, int32_t block_size, engine::exec_result& r) {
   for (size_t i = 0; i < plan.demotions.size(); i++) r.demoted.push_back(engine::kv_data{0, 0, block_size, {}, {}});
+  for (const engine::kv_readout& x : plan.readouts) r.read_out.push_back(engine::kv_data{0, 0, x.num_tokens, {}, {}});
 }
 
 /// The blocks a plan moves between the pool and the host tier: its demotions, and its imports'
@@ -141,7 +142,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         // The tokens first (free in virtual time): the step's price depends on its draft rows.
         engine::exec_result result =
             s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size, s.o.acceptance);
-        if (!s.real) synthetic_demotions(plan, s.o.block_size, result);
+        if (!s.real) synthetic_reads(plan, s.o.block_size, result);
         const cost::step_features f = spec::features_with_drafts(plan, result.num_draft_rows);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -429,8 +430,16 @@ TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKe
 
 TEST_F(Cluster, DrainingADecodeNodeForwardsItsRequestsWithUnchangedOutputAndItExitsZero) {
   start("caf");
-  // SIGTERM: node2's requests run on for the grace period (100 ms), then go to decode1.
+  // SIGTERM: node2's requests run on for the grace period (100 ms), then go to decode1 with
+  // their KV (decode1 computes none of it again).
   node2_disturbed_losing_nothing(SIGTERM, 0, 1500, 1800);
+  const std::string out = read_file((dir_ / "node2.out").string());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("node2: drained: ([0-9]+) request\\(s\\) forwarded to other "
+                                                   "engines, ([0-9]+) with their KV")))
+      << out;
+  EXPECT_GT(std::stoi(m[1]), 0);
+  EXPECT_EQ(m[2], m[1]) << "every request decoding on node2 had KV to take along";
 }
 
 TEST_F(Cluster, KillingADecodeNodeMidStreamLosesNoRequestAndChangesNoOutput) {

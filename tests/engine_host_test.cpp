@@ -116,7 +116,7 @@ request make_request(request_id id, int32_t max_tokens, bool batch = false) {
   return r;
 }
 
-/// The executor's answer to `plan`: every sample is `token`, every export a zero KV.
+/// The executor's answer to `plan`: every sample is `token`, every export a KV of 0.5s.
 exec_result fake_result(const exec_plan& plan, int32_t token) {
   exec_result r;
   r.step = plan.step;
@@ -135,6 +135,12 @@ exec_result fake_result(const exec_plan& plan, int32_t token) {
     kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, static_cast<float>(block));
     kv.values = kv.keys;
     r.demoted.push_back(std::move(kv));
+  }
+  for (const kv_readout& x : plan.readouts) {  // a readout's KV says which block it began with
+    kv_data kv{m.n_layers, m.kv_dim(), x.num_tokens, {}, {}};
+    kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, static_cast<float>(x.block_table[0]));
+    kv.values = kv.keys;
+    r.read_out.push_back(std::move(kv));
   }
   return r;
 }
@@ -308,18 +314,36 @@ TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterW
   // The requests run on: r1 ends with its 2 tokens.
   for (int64_t t = 40; host->is_live(1); t += 10) ex.answer(*host, t);
   EXPECT_TRUE(host->is_live(2));
-  // The grace period ends: r2 is forwarded, and nothing is left.
+  // The grace period ends: r2 leaves with its KV, read out by the next plan.
+  const int64_t num_plans_before = static_cast<int64_t>(ex.in_flight.size());
   const effects fx = ex.take_plans(host->forward_all(200));
-  EXPECT_EQ(effects_of<forward>(fx), (std::vector<forward>{forward{2, false}}));
-  EXPECT_TRUE(host->drained());
+  EXPECT_TRUE(effects_of<forward>(fx).empty());
+  EXPECT_FALSE(host->drained());
   EXPECT_EQ(host->num_forwarded(), 1);
-  // Steps still in flight send r2 nothing more.
-  while (!ex.in_flight.empty()) EXPECT_TRUE(effects_of<send_token>(ex.answer(*host, 300)).empty());
+  // Steps still in flight send r2 nothing more; the one after them reads its KV out: the 6
+  // prompt tokens and the tokens sampled before (in flight or not), all in blocks 0 and 1.
+  std::vector<forward> forwards;
+  int64_t num_answers = 0;
+  while (!ex.in_flight.empty()) {
+    const effects out = ex.answer(*host, 300);
+    num_answers++;
+    EXPECT_TRUE(effects_of<send_token>(out).empty());
+    for (const forward& f : effects_of<forward>(out)) forwards.push_back(f);
+  }
+  EXPECT_EQ(num_answers, num_plans_before + 1);
+  ASSERT_EQ(forwards.size(), 1u);
+  EXPECT_EQ(forwards[0].id, 2);
+  ASSERT_TRUE(forwards[0].kv.has_value());
+  EXPECT_GE(forwards[0].kv->num_tokens, 6);
+  EXPECT_TRUE(forwards[0].kv->consistent());
+  EXPECT_EQ(host->num_forwarded_with_kv(), 1);
+  EXPECT_EQ(host->num_forwarded_kv_tokens(), forwards[0].kv->num_tokens);
+  EXPECT_TRUE(host->drained());
   // Work that arrives now goes back to its caller at once, of every kind.
-  EXPECT_EQ(host->submit(make_request(3, 2), 400), (effects{forward{3, true}}));
-  EXPECT_EQ(host->submit_prefill(make_request(4, 2), peer_id{1}, "", 0, 400), (effects{forward{4, true}}));
+  EXPECT_EQ(host->submit(make_request(3, 2), 400), (effects{forward{3, true, std::nullopt}}));
+  EXPECT_EQ(host->submit_prefill(make_request(4, 2), peer_id{1}, "", 0, 400), (effects{forward{4, true, std::nullopt}}));
   kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};
-  EXPECT_EQ(host->import(make_request(5, 4), 5, kv, 400), (effects{forward{5, true}}));
+  EXPECT_EQ(host->import(make_request(5, 4), 5, kv, 400), (effects{forward{5, true, std::nullopt}}));
   EXPECT_EQ(host->num_forwarded(), 4);
   EXPECT_TRUE(host->drained());
 }

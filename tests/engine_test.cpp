@@ -491,6 +491,110 @@ TEST(EngineDisaggregation, PrefillHereDecodeThereMatchesTheWholeRunBitForBit) {
   EXPECT_GT(stats.num_preemptions, 0);  // imported KV recomputed after a preemption: same bits
 }
 
+/// Drain with KV (engine_core::export_request): requests leave a core mid-decode, with steps
+/// still in flight, and continue on another engine from the KV read out; each one's tokens, those
+/// delivered before and after, equal the undisturbed run's bit for bit.
+TEST(EngineDrain, RequestsExportedMidDecodeContinueElsewhereBitForBit) {
+  std::vector<request> requests;
+  for (int32_t i = 0; i < 6; i++) {
+    request r = make_request(i + 1, varied_prompt(i + 2), 24, i % 3 == 0 ? 0.0f : 0.9f, 300 + i);
+    if (i % 2 == 1) r.sampling.repetition_penalty = 1.3f;  // reads the generated tokens too
+    requests.push_back(r);
+  }
+  const outputs want = run_each_alone(requests);
+  const testing::bundled& b = testing::model_and_tokenizer();
+  engine_config config;
+  config.block_size = 4;
+  config.max_steps_in_flight = 2;
+  auto core = engine_core::create(b.ck.config(), tokenizer::bos, tokenizer::eos, config);
+  ASSERT_TRUE(core.has_value()) << core.error().message;
+  step_executor ex(b.ck, config.num_kv_blocks, config.block_size, config.kernels);
+  for (const request& r : requests) ASSERT_TRUE((*core)->add_request(r).has_value());
+  std::map<request_id, std::vector<int32_t>> delivered;
+  std::map<request_id, std::vector<float>> logprobs;
+  std::deque<exec_plan> in_flight;
+  const auto plan_all = [&] {
+    while (auto p = (*core)->plan_step()) in_flight.push_back(std::move(*p));
+  };
+  const auto complete_one = [&] {
+    ASSERT_FALSE(in_flight.empty());
+    exec_result r = ex.execute(in_flight.front());
+    in_flight.pop_front();
+    for (const sample_event& e : (*core)->complete_step(std::move(r))) {
+      EXPECT_EQ(e.finish, finish_reason::none) << "request " << e.request << " ended before its export";
+      delivered[e.request].push_back(e.sample.token);
+      logprobs[e.request].push_back(e.sample.logprob);
+    }
+    (*core)->check_invariants();
+  };
+  // Until each request has sampled a few tokens, then export them all with two steps in flight.
+  plan_all();
+  while (delivered.size() < requests.size() ||
+         std::any_of(delivered.begin(), delivered.end(), [](const auto& d) { return d.second.size() < 5; })) {
+    complete_one();
+    plan_all();
+  }
+  ASSERT_EQ(in_flight.size(), 2u);
+  for (const request& r : requests) ASSERT_TRUE((*core)->export_request(r.id).has_value()) << r.id;
+  EXPECT_EQ((*core)->export_request(requests[0].id).error().code, errc::not_found);
+  (*core)->check_invariants();
+  const std::map<request_id, std::vector<int32_t>> before = delivered;
+  plan_all();  // the readout plan, once a slot frees up
+  while (!in_flight.empty()) {
+    complete_one();
+    plan_all();
+  }
+  EXPECT_EQ(delivered, before) << "a token after the export";
+  std::vector<exported_request> exported = (*core)->take_exported();
+  ASSERT_EQ(exported.size(), requests.size());
+  EXPECT_FALSE((*core)->has_unfinished());
+  EXPECT_EQ((*core)->blocks().num_used_blocks(), 0);
+  // Each continues on a fresh engine from its prompt plus its delivered tokens.
+  auto next = make_engine();
+  for (exported_request& x : exported) {
+    const request& original = requests.at(static_cast<size_t>(x.id - 1));
+    request r = original;
+    const std::vector<int32_t>& got = delivered.at(x.id);
+    r.prompt.insert(r.prompt.end(), got.begin(), got.end());
+    r.num_resumed_tokens = static_cast<int32_t>(got.size());
+    r.max_tokens -= r.num_resumed_tokens;
+    const int32_t num_kv_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
+    ASSERT_GE(x.kv.num_tokens, num_kv_tokens) << x.id;
+    ASSERT_TRUE(next->add_prefilled(r, kv_prefix(x.kv, num_kv_tokens)).has_value()) << x.id;
+  }
+  const outputs rest = run_to_completion(*next);
+  for (const request& r : requests) {
+    const testing::sample_output& w = want.at({r.id, 0});
+    std::vector<int32_t> tokens = delivered.at(r.id);
+    std::vector<float> lp = logprobs.at(r.id);
+    const testing::sample_output& after = rest.at({r.id, 0});
+    tokens.insert(tokens.end(), after.tokens.begin(), after.tokens.end());
+    lp.insert(lp.end(), after.logprobs.begin(), after.logprobs.end());
+    EXPECT_EQ(tokens, w.tokens) << "request " << r.id;
+    ASSERT_EQ(lp.size(), w.logprobs.size()) << "request " << r.id;
+    for (size_t i = 0; i < lp.size(); i++) EXPECT_TRUE(testing::same_bits(lp[i], w.logprobs[i])) << r.id << " " << i;
+    EXPECT_EQ(after.finish, w.finish) << "request " << r.id;
+  }
+}
+
+TEST(EngineDrain, OnlyARequestWithOneSampleAndComputedKvLeavesWithIt) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  engine_config config;
+  auto core = engine_core::create(b.ck.config(), tokenizer::bos, tokenizer::eos, config);
+  ASSERT_TRUE(core.has_value());
+  request forked = make_request(1, varied_prompt(3), 8, 0.9f, 1);
+  forked.n = 2;
+  ASSERT_TRUE((*core)->add_request(forked).has_value());
+  ASSERT_TRUE((*core)->add_prefill(make_request(2, varied_prompt(4), 8, 0.9f, 2)).has_value());
+  ASSERT_TRUE((*core)->add_request(make_request(3, varied_prompt(5), 8, 0.9f, 3)).has_value());
+  EXPECT_EQ((*core)->export_request(1).error().message, "request 1 has more than one sample: it leaves without its KV");
+  EXPECT_EQ((*core)->export_request(2).error().message, "request 2 is a prefill-only run");
+  EXPECT_EQ((*core)->export_request(3).error().message, "request 3 has no KV computed yet");  // not planned
+  EXPECT_EQ((*core)->export_request(9).error().message, "no unfinished request with id 9");
+  EXPECT_TRUE((*core)->contains(1) && (*core)->contains(2) && (*core)->contains(3));  // left here
+  (*core)->check_invariants();
+}
+
 TEST(EngineDisaggregation, BadImportsAreRefused) {
   auto d = make_engine();
   const request r = make_request(1, varied_prompt(3), 8, 0.0f, 1);

@@ -407,7 +407,7 @@ TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
     // Another node may not drain the engine (nor end its grace period): only its own node.
     std::string refusal;
     self->request(engines[0], 10s, actors::drain_atom::value, int32_t{0})
-        .receive([&](int32_t) { refusal = "drained"; }, [&](caf::error& e) { refusal = peer.render(e); });
+        .receive([&](int32_t, int32_t) { refusal = "drained"; }, [&](caf::error& e) { refusal = peer.render(e); });
     EXPECT_NE(refusal.find("an engine is drained only by its own node"), std::string::npos) << refusal;
     self->send(engines[0], actors::drain_atom::value);
     const caf::actor sink = spawn_sink(peer);

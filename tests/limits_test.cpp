@@ -133,7 +133,7 @@ actors::engine_actor spawn_silent_engine(caf::actor_system& sys) {
         [](actors::stats_atom) { return msg::engine_report{}; },
         [](actors::executor_atom) { return actors::executor_actor{}; },
         [](actors::ping_atom) { return actors::pong_atom::value; },
-        [](actors::drain_atom, int32_t) { return int32_t{0}; },
+        [](actors::drain_atom, int32_t) { return caf::result<int32_t, int32_t>(0, 0); },
         [](actors::drain_atom) {},
     };
   });

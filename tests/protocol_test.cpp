@@ -243,11 +243,11 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30});
   expect_round_trip(msg::load_report{1, 2, 3, 4, 5, true});
   expect_round_trip(msg::engine_lost{some<actors::engine_actor>(), "silent"});
-  expect_round_trip(msg::forwarded{3, "drained"});
-  engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}, {1.5, 2.5}};
+  expect_round_trip(msg::forwarded{3, "drained", {1, 2, 3}});
+  engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}, {{{5, 6}, 20}}, {1.5, 2.5}};
   expect_round_trip(plan);
   expect_round_trip(
-      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, 6, {1, 2}, {0, 1}, 12345});
+      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, {full_kv()}, 6, {1, 2}, {0, 1}, 12345});
   expect_round_trip(msg::tier_lookup{{1, 2, 3, 4}});
   expect_round_trip(msg::tier_put{full_kv_block(), kv::cache_class::agent});
   expect_round_trip(msg::tier_get{0x1234});

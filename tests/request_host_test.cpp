@@ -541,6 +541,38 @@ TEST(RequestHostEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatTheCl
                  stop{});
 }
 
+TEST(RequestHostEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDecodeEngine) {
+  request_host_options o = options(true);
+  o.params.max_tokens = 4;
+  request_host h = running(o, prefill_and_decode());
+  h.prefilled();
+  EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+  // The decode engine drained with 4 positions of KV (it had sampled a token the client never got).
+  const engine::kv_data kv{1, 2, 4, {0, 1, 2, 3, 4, 5, 6, 7}, {10, 11, 12, 13, 14, 15, 16, 17}};
+  EXPECT_EFFECTS(h, forwarded(engine_role::decode, "drained", kv), release_engines{},
+                 ask_placement{id, 3, 3, {}, true, engine_role::decode});
+  // Placed on a prefill and a decode engine: the decode engine takes it with the KV of the
+  // resumed prompt {BOS, once, upon} but its last token, and the prefill engine has no part.
+  engine::request want = request_of(true);
+  want.prompt = {tokenizer::bos, once, upon};
+  want.num_resumed_tokens = 1;
+  want.max_tokens = 3;
+  const engine::kv_data two{1, 2, 2, {0, 1, 2, 3}, {10, 11, 12, 13}};
+  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, false, two});
+  EXPECT_NO_EFFECTS(h, engine_lost(engine_role::prefill, "node down"));
+  EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
+
+  // KV that does not cover the resumed prompt, or is torn, is not used: the new engine recomputes.
+  for (const engine::kv_data& unusable : {engine::kv_data{1, 2, 1, {0, 1}, {10, 11}}, engine::kv_data{1, 2, 4, {0}, {1}}}) {
+    request_host g = running(o, prefill_and_decode());
+    g.prefilled();
+    EXPECT_EFFECTS(g, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
+    EXPECT_EFFECTS(g, forwarded(engine_role::decode, "drained", unusable), release_engines{},
+                   ask_placement{id, 3, 3, {}, true, engine_role::decode});
+    EXPECT_EFFECTS(g, placed(prefill_and_decode()), submit{want, true, std::nullopt});
+  }
+}
+
 TEST(RequestHostEnd, ALostClientReleasesTheEnginesAndStopsWithoutAWord) {
   request_host h = running(options(true));
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});

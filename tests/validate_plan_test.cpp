@@ -68,7 +68,17 @@ TEST(ValidatePlan, StepChunksAndCopies) {
   EXPECT_EQ(error_of(p), "a plan's step must be >= 0, got -1");
   p = valid_plan();
   p.chunks.clear();
-  EXPECT_EQ(error_of(p), "plan 3 has no chunks: nothing to compute");
+  EXPECT_EQ(error_of(p), "plan 3 has no chunks and no readouts: nothing to do");
+  p.readouts.push_back(kv_readout{{3, 2}, 20});  // a plan that only reads KV out
+  EXPECT_EQ(error_of(p), "");
+  p.readouts.back().num_tokens = 0;
+  EXPECT_EQ(error_of(p), "plan 3, readout 0 reads 0 tokens, outside [1, 64]");
+  p.readouts.back().num_tokens = 65;
+  EXPECT_EQ(error_of(p), "plan 3, readout 0 reads 65 tokens, outside [1, 64]");
+  p.readouts.back().num_tokens = 33;
+  EXPECT_EQ(error_of(p), "plan 3, readout 0: a block table of 2 blocks does not cover 33 tokens");
+  p.readouts.back() = kv_readout{{3, 4}, 20};
+  EXPECT_EQ(error_of(p), "plan 3, readout 0: block 1 = 4 is outside the pool [0, 4)");
   p = valid_plan();
   p.copies.push_back(kv::block_copy{0, -1});
   EXPECT_EQ(error_of(p), "plan 3: a copy of block 0 to -1 is outside the pool [0, 4)");

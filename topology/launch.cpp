@@ -301,20 +301,21 @@ actors::network_limits node_network_limits(const topology& t) {
   return out;
 }
 
-int64_t drain_node(caf::actor_system& sys, const launched_node& node, int32_t grace_ms,
-                   const std::function<bool()>& stop_now) {
-  if (node.engines.empty()) return 0;
+drain_counts drain_node(caf::actor_system& sys, const launched_node& node, int32_t grace_ms,
+                        const std::function<bool()>& stop_now) {
+  drain_counts out;
+  if (node.engines.empty()) return out;
   actors::check_may_block("draining a node");
   caf::scoped_actor self{sys};
   for (const actors::engine_actor& e : node.engines) self->send(e, actors::drain_atom::value, grace_ms);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms) + std::chrono::seconds(10);
-  int64_t forwarded = 0;
   size_t pending = node.engines.size();
   while (pending > 0 && !stop_now() && std::chrono::steady_clock::now() < deadline) {
     // The engines answer the drain (sent, not requested) with an asynchronous message.
     self->receive(
-        [&](int32_t n) {
-          forwarded += n;
+        [&](int32_t n, int32_t with_kv) {
+          out.forwarded += n;
+          out.with_kv += with_kv;
           pending--;
         },
                   [&](caf::error& err) {
@@ -324,7 +325,7 @@ int64_t drain_node(caf::actor_system& sys, const launched_node& node, int32_t gr
                   caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
   if (pending > 0) spdlog::warn("{} engine(s) still had requests when the node stopped", pending);
-  return forwarded;
+  return out;
 }
 
 void shutdown_node(caf::actor_system& sys, const launched_node& node) {

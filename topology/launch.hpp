@@ -70,11 +70,16 @@ struct launched_node {
 
 /// Drains `node`'s engines before it stops: they take no new work (the balancer learns it from
 /// their next load report), their requests run on for `grace_ms`, and what is left then goes
-/// back to its request actors, which place it on other engines. Returns the number of requests
-/// forwarded, when every engine is empty; or earlier, when `stop_now()` turns true (a second
-/// signal), or `grace_ms` + 10 s passed (an engine that never answers).
-int64_t drain_node(caf::actor_system& sys, const launched_node& node, int32_t grace_ms,
-                   const std::function<bool()>& stop_now);
+/// back to its request actors, which place it on other engines (with its KV where it has some:
+/// engine::engine_host::forward_all). Returns the requests forwarded, when every engine is
+/// empty; or earlier, when `stop_now()` turns true (a second signal), or `grace_ms` + 10 s
+/// passed (an engine that never answers).
+struct drain_counts {
+  int64_t forwarded = 0;
+  int64_t with_kv = 0;  ///< of them, forwarded with their KV (the rest are recomputed)
+};
+drain_counts drain_node(caf::actor_system& sys, const launched_node& node, int32_t grace_ms,
+                        const std::function<bool()>& stop_now);
 
 /// Sends every actor of `node` an exit and waits until the system has no actors left.
 void shutdown_node(caf::actor_system& sys, const launched_node& node);

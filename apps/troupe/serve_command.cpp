@@ -180,8 +180,10 @@ int run_serve(const serve_options& o) {
     spdlog::info("signal {}: draining: this node takes no new work; its requests run on for up to {} ms, then go "
                  "to other engines (a second signal stops at once)",
                  sig, grace_ms);
-    const int64_t forwarded = topology::drain_node(sys, *launched, grace_ms, [&] { return signals.again(); });
-    spdlog::info("drained: {} request(s) forwarded to other engines; shutting down", forwarded);
+    const topology::drain_counts n = topology::drain_node(sys, *launched, grace_ms, [&] { return signals.again(); });
+    std::printf("%s: drained: %lld request(s) forwarded to other engines, %lld with their KV\n", node_name.c_str(),
+                static_cast<long long>(n.forwarded), static_cast<long long>(n.with_kv));
+    std::fflush(stdout);
   } else {
     spdlog::info("signal {}: shutting down", sig);
   }

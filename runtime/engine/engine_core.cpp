@@ -272,6 +272,31 @@ expected<std::vector<int32_t>> engine_core::remove_request(request_id id) {
   return indices;
 }
 
+expected<void> engine_core::export_request(request_id id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return fail(errc::not_found, "no unfinished request with id " + num(id));
+  const request_state& rs = it->second;
+  if (rs.req.n != 1 || rs.live.size() != 1)
+    return fail(errc::invalid_argument, "request " + num(id) + " has more than one sample: it leaves without its KV");
+  const kv::seq_id seq = rs.live.front();
+  const sched::sequence& s = scheduler_->get(seq);
+  if (s.prefill_only) return fail(errc::invalid_argument, "request " + num(id) + " is a prefill-only run");
+  static const std::vector<kv::block_id> none;
+  const std::vector<kv::block_id>& table = blocks_->contains(seq) ? blocks_->block_table(seq) : none;
+  const int32_t num_tokens =
+      std::min(s.num_computed_tokens, static_cast<int32_t>(table.size()) * config_.block_size);
+  if (num_tokens <= 0) return fail(errc::invalid_argument, "request " + num(id) + " has no KV computed yet");
+  pending_readouts_.emplace_back(id, kv_readout{std::vector<int32_t>(table.begin(), table.end()), num_tokens});
+  end_sample(seq);
+  return {};
+}
+
+std::vector<exported_request> engine_core::take_exported() {
+  std::vector<exported_request> out = std::move(exported_);
+  exported_.clear();
+  return out;
+}
+
 bool engine_core::finish_sample(request_id id, int32_t sample_index) {
   const auto seq = sequence_of(id, sample_index);
   if (!seq) return false;
@@ -416,14 +441,19 @@ std::optional<exec_plan> engine_core::plan_step() {
   // two halves taking turns (half the rows per step, each sequence every other step).
   const int32_t max_in_flight = config_.speculation.enabled() ? 1 : config_.max_steps_in_flight;
   if (num_in_flight() >= max_in_flight) return std::nullopt;
-  flight f{scheduler_->schedule(), {}, {}, {}, {}};
+  flight f{scheduler_->schedule(), {}, {}, {}, {}, {}};
   for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());
-    return std::nullopt;
+    if (pending_readouts_.empty()) return std::nullopt;
   }
   exec_plan plan;
   plan.step = next_step_++;
+  for (auto& [id, readout] : pending_readouts_) {
+    f.readouts.push_back(id);
+    plan.readouts.push_back(std::move(readout));
+  }
+  pending_readouts_.clear();
   if (config_.host_tier) add_tier_moves(plan, f);
   for (kv::seq_id seq : f.plan.imported) {
     auto it = pending_imports_.find(seq);
@@ -438,7 +468,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   f.num_samples.reserve(f.plan.chunks.size());
   f.exports.reserve(f.plan.chunks.size());
   for (const sched::scheduled_chunk& c : f.plan.chunks) plan.chunks.push_back(make_chunk(c, f));
-  if (step_time_correction_ || config_.speculation.budgeted) {
+  if ((step_time_correction_ || config_.speculation.budgeted) && !plan.chunks.empty()) {
     f.features = cost::features_of(plan);
     f.draft_context = spec::mean_draft_context(plan);
   }
@@ -460,7 +490,7 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
   flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  if (step_time_correction_ && result.measured_ns > 0)  // the draft rows ran too
+  if (step_time_correction_ && result.measured_ns > 0 && !f.plan.chunks.empty())  // the draft rows ran too
     correct_step_time(spec::with_decode_rows(f.features, static_cast<int32_t>(result.num_draft_rows), f.draft_context),
                       result.measured_ns);
   if (result.measured_ns > 0 && f.plan.num_recomputed_tokens > 0)
@@ -546,6 +576,11 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     end_sample(seq);
   }
   TROUPE_ASSERT(e == result.exports.size());
+  TROUPE_ASSERT_MSG(result.read_out.size() == f.readouts.size(), "a result without its plan's readouts");
+  for (size_t r = 0; r < f.readouts.size(); r++) {
+    TROUPE_ASSERT(result.read_out[r].consistent());
+    exported_.push_back(exported_request{f.readouts[r], std::move(result.read_out[r])});
+  }
   TROUPE_ASSERT_MSG(result.demoted.size() == f.demoted.size(), "a result without its plan's demoted blocks");
   for (size_t d = 0; d < f.demoted.size(); d++) {
     demoted_block out = std::move(f.demoted[d]);
@@ -631,6 +666,8 @@ void engine_core::check_invariants(bool deep) const {
   for (const auto& [seq, st] : samples_) check_sample(seq);
   for (const auto& [seq, sent] : blocks_sent_) TROUPE_ASSERT_MSG(samples_.count(seq), "the executor's table of a gone sequence");
   for (const auto& [seq, kv] : pending_imports_) TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
+  for (const auto& [id, readout] : pending_readouts_)
+    TROUPE_ASSERT_MSG(!requests_.count(id) && readout.num_tokens > 0, "a readout of a request still here");
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
   if (step_time_correction_) step_time_correction_->check_invariants();
   check_tier_state();

@@ -76,6 +76,13 @@ struct prefilled_request {
   kv_data kv;
 };
 
+/// A request that left this core with its KV (engine_core::export_request): the KV of its
+/// sequence's first kv.num_tokens positions, read out once the steps before had computed them.
+struct exported_request {
+  request_id id = 0;
+  kv_data kv;
+};
+
 /// A request the engine failed on its own (its logits could not be sampled): every sample of it
 /// has ended; nothing more comes for it.
 struct failed_request {
@@ -145,6 +152,17 @@ class engine_core {
   /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
   [[nodiscard]] std::vector<demoted_block> take_demoted();
 
+  /// Drain: the one-sample request `id` leaves this core now, as remove_request does, and the
+  /// KV its sequence has computed (or is computing in a step in flight) is read out by the next
+  /// plan before anything writes the blocks it freed (exec_plan::readouts); take_exported hands
+  /// it out once that step completed. Errors: an unknown id (not_found); a request with n > 1,
+  /// a prefill-only run, or one with no KV computed yet, e.g. waiting or preempted
+  /// (invalid_argument): those are left here.
+  [[nodiscard]] expected<void> export_request(request_id id);
+
+  /// Requests whose KV export_request read out in steps completed since the last call.
+  [[nodiscard]] std::vector<exported_request> take_exported();
+
   /// Requests whose prefill-only run completed since the last call, in completion order.
   [[nodiscard]] std::vector<prefilled_request> take_prefilled();
 
@@ -213,6 +231,7 @@ class engine_core {
     cost::step_features features;   ///< with the step-time correction or budgeted speculation: what the step computes
     double draft_context = 0;       ///< ... and where its draft rows attend (spec::mean_draft_context)
     std::vector<demoted_block> demoted;  ///< the plan's demotions, KV still empty
+    std::vector<request_id> readouts;    ///< the request of each of the plan's readouts
   };
   /// A promoted block's KV, to be written by the next plan.
   struct promotion {
@@ -272,6 +291,8 @@ class engine_core {
   std::map<kv::seq_id, int32_t> blocks_sent_;      // table entries the executor holds, per sequence
   std::vector<prefilled_request> prefilled_;       // for take_prefilled
   std::vector<failed_request> failed_;             // for take_failed
+  std::vector<std::pair<request_id, kv_readout>> pending_readouts_;  // exported, for the next plan
+  std::vector<exported_request> exported_;         // for take_exported
   // Host tier (config_.host_tier):
   std::vector<kv::cache_class> block_class_;       // (num_kv_blocks) class of each block's last request
   std::vector<uint8_t> promoted_;                  // (num_kv_blocks) 1: promoted, not hit yet

@@ -70,7 +70,10 @@ bool operator==(const report_load& a, const report_load& b) {
                                           b.num_queued_prefill_tokens, b.draining);
 }
 
-bool operator==(const forward& a, const forward& b) { return a.id == b.id && a.to_caller == b.to_caller; }
+bool operator==(const forward& a, const forward& b) {
+  return a.id == b.id && a.to_caller == b.to_caller && a.kv.has_value() == b.kv.has_value() &&
+         (!a.kv || same_kv(*a.kv, *b.kv));
+}
 
 bool operator==(const arm_report_timer& a, const arm_report_timer& b) { return a.delay_ns == b.delay_ns; }
 
@@ -195,7 +198,7 @@ void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns) {
 
 bool engine_host::forwarded_at_once(request_id id, effects& out) {
   if (!forwarding_) return false;
-  out.push_back(forward{id, true});
+  out.push_back(forward{id, true, std::nullopt});
   num_forwarded_++;
   return true;
 }
@@ -343,6 +346,7 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
   // several tokens of a sample (speculative decoding) or several samples' ends.
   for (const sample_event& e : events)
     if (!core_->contains(e.request)) requests_.erase(e.request);
+  forward_exported(out);
   for (failed_request& f : core_->take_failed()) {
     if (!requests_.count(f.id)) continue;
     out.push_back(reject{f.id, f.reason.code, std::move(f.reason.message), false});
@@ -368,6 +372,8 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
   TROUPE_ASSERT_MSG(core.has_value(), "the options made a core before");
   core_ = std::move(*core);
   out.push_back(restart_executor{});
+  for (const request_id id : exporting_) out.push_back(forward{id, false, std::nullopt});  // their KV is gone
+  exporting_.clear();
   std::set<request_id> resumed;
   for (request& r : resumable) {
     live_request& live = requests_.at(r.id);
@@ -396,6 +402,7 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
 
 void engine_host::drop(request_id id, effects& out, int64_t now_ns) {
   tier_waits_.erase(id);
+  exporting_.erase(id);
   (void)core_->remove_request(id);
   requests_.erase(id);
   handoffs_.erase(id);
@@ -418,11 +425,28 @@ effects engine_host::forward_all(int64_t now_ns) {
   for (const auto& [id, live] : requests_) ids.insert(id);
   for (const auto& [id, wait] : tier_waits_) ids.insert(id);
   for (const request_id id : ids) {
-    out.push_back(forward{id, false});
     num_forwarded_++;
+    // Its KV goes along if it has any: the forward waits for the step that reads it out.
+    if (!handoffs_.count(id) && core_->export_request(id)) {
+      requests_.erase(id);
+      exporting_.insert(id);
+      continue;
+    }
+    out.push_back(forward{id, false, std::nullopt});
     drop(id, out, now_ns);
   }
+  kick(out, now_ns);
+  note_change(out, now_ns);
   return out;
+}
+
+void engine_host::forward_exported(effects& out) {
+  for (exported_request& e : core_->take_exported()) {
+    if (!exporting_.erase(e.id)) continue;  // released meanwhile
+    num_forwarded_with_kv_++;
+    num_forwarded_kv_tokens_ += e.kv.num_tokens;
+    out.push_back(forward{e.id, false, std::move(e.kv)});
+  }
 }
 
 effects engine_host::release(request_id id, int64_t now_ns) {
@@ -433,7 +457,7 @@ effects engine_host::release(request_id id, int64_t now_ns) {
 
 effects engine_host::peer_down(request_id id, int64_t now_ns) {
   effects out;
-  if (requests_.count(id) || tier_waits_.count(id)) drop(id, out, now_ns);
+  if (requests_.count(id) || tier_waits_.count(id) || exporting_.count(id)) drop(id, out, now_ns);
   return out;
 }
 

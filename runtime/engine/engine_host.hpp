@@ -29,8 +29,10 @@
 /// - drain (the node shuts down): `drain` marks the load reports `draining` (the balancer sends
 ///   no new work) while live requests run on; `forward_all`, when the grace period ends, drops
 ///   every request still here with a `forward` to its request actor, which places it again
-///   elsewhere (recomputed there from its prompt plus the tokens its client has), and forwards
-///   any later work at once.
+///   elsewhere, and forwards any later work at once. A one-sample request that has KV computed
+///   leaves with it (engine_core::export_request: its `forward` goes out when the step that reads
+///   the KV out completes, or without the KV if the executor fails first); the others are
+///   recomputed from their prompt plus the tokens their client has.
 ///
 /// Identity: a request is named by its id; effects for it go to its request actor, which the
 /// actor learns from `watch_caller` (the caller of the admitting call is that request's actor)
@@ -43,6 +45,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -122,10 +125,12 @@ struct report_load {
 };
 
 /// The engine drained: request `id` is dropped here and must be placed again (msg::forwarded
-/// to its request actor; `to_caller`: the caller of this call is that actor).
+/// to its request actor; `to_caller`: the caller of this call is that actor), with the KV of its
+/// first kv->num_tokens positions when it has one (its next engine then computes none of them).
 struct forward {
   request_id id = 0;
   bool to_caller = false;
+  std::optional<kv_data> kv;
 };
 
 /// Call `report_timer` after `delay_ns`.
@@ -234,9 +239,14 @@ class engine_host {
   /// from now on. Implies drain().
   [[nodiscard]] effects forward_all(int64_t now_ns);
   /// Draining, and nothing is left here.
-  [[nodiscard]] bool drained() const { return draining_ && requests_.empty() && tier_waits_.empty(); }
+  [[nodiscard]] bool drained() const {
+    return draining_ && requests_.empty() && tier_waits_.empty() && exporting_.empty();
+  }
   [[nodiscard]] bool draining() const { return draining_; }
+  /// Requests forwarded so far, and of them those that took their KV along (and its tokens).
   [[nodiscard]] int64_t num_forwarded() const { return num_forwarded_; }
+  [[nodiscard]] int64_t num_forwarded_with_kv() const { return num_forwarded_with_kv_; }
+  [[nodiscard]] int64_t num_forwarded_kv_tokens() const { return num_forwarded_kv_tokens_; }
 
   [[nodiscard]] int64_t generation() const { return generation_; }
   [[nodiscard]] bool is_live(request_id id) const { return requests_.count(id) != 0; }
@@ -286,6 +296,8 @@ class engine_host {
   void drop(request_id id, effects& out, int64_t now_ns);
   /// After forward_all: new work `id` is forwarded to its caller at once (true).
   bool forwarded_at_once(request_id id, effects& out);
+  /// Forwards the requests whose KV the core read out.
+  void forward_exported(effects& out);
 
   engine_host_options options_;
   std::unique_ptr<engine_core> core_;
@@ -301,6 +313,9 @@ class engine_host {
   bool draining_ = false;    // drain(): no new work wanted
   bool forwarding_ = false;  // forward_all(): nothing stays
   int64_t num_forwarded_ = 0;
+  int64_t num_forwarded_with_kv_ = 0;
+  int64_t num_forwarded_kv_tokens_ = 0;
+  std::set<request_id> exporting_;  // forwarded with their KV once the core read it out
   int64_t executor_busy_ns_ = 0;
   int64_t busy_since_ns_ = 0;
   int64_t started_ns_ = 0;

@@ -4,6 +4,7 @@
 /// sampled. Everything the executor needs travels in the plan (tokens, positions, block tables,
 /// sampling parameters and seeds), so a plan can cross a process boundary unchanged.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,27 @@ struct kv_export {
   kv::seq_id seq = 0;
   kv_data kv;
 };
+
+/// KV to read back out of the pool (a drained request forwarded with its KV): positions
+/// [0, num_tokens) of the blocks of `block_table`, read before anything in the plan writes a
+/// block, so the blocks may already be free (and reused by this very plan).
+struct kv_readout {
+  std::vector<int32_t> block_table;  ///< covers at least num_tokens slots
+  int32_t num_tokens = 0;            ///< > 0
+};
+
+/// The first `num_tokens` positions of `kv` (at most kv.num_tokens), in the same layout.
+[[nodiscard]] inline kv_data kv_prefix(const kv_data& kv, int32_t num_tokens) {
+  kv_data out{kv.num_layers, kv.kv_dim, std::min(num_tokens, kv.num_tokens), {}, {}};
+  const size_t row = static_cast<size_t>(kv.kv_dim);
+  for (int32_t l = 0; l < kv.num_layers; l++) {
+    const size_t from = static_cast<size_t>(l) * static_cast<size_t>(kv.num_tokens) * row;
+    const size_t n = static_cast<size_t>(out.num_tokens) * row;
+    out.keys.insert(out.keys.end(), kv.keys.begin() + from, kv.keys.begin() + from + n);
+    out.values.insert(out.values.end(), kv.values.begin() + from, kv.values.begin() + from + n);
+  }
+  return out;
+}
 
 /// One sequence's tokens in a step.
 struct exec_chunk {
@@ -106,6 +128,9 @@ struct exec_plan {
   /// Blocks the pool evicted for a cache tier below (issue 14): their KV is read back into the
   /// result (`exec_result::demoted`) first, before anything in this plan writes a block.
   std::vector<int32_t> demotions;
+  /// KV read back into the result (`exec_result::read_out`) first, like the demotions. A plan
+  /// with readouts may have no chunks.
+  std::vector<kv_readout> readouts;
   /// Budgeted speculation (spec::speculation_config::budgeted): entry j is the step's predicted
   /// time in ms with j draft rows added to its chunks' rows, for j = 0 .. the plan's draft
   /// slots; the executor verifies the drafts the planner picks with it. Empty: every draft.
@@ -130,6 +155,8 @@ struct exec_result {
   std::vector<kv_export> exports;
   /// The KV of each block of exec_plan::demotions (block_size tokens), in plan order.
   std::vector<kv_data> demoted;
+  /// The KV of each of exec_plan::readouts, in plan order.
+  std::vector<kv_data> read_out;
   /// Speculative decoding: draft rows the step verified (proposed, and chosen by a budgeted plan).
   int64_t num_draft_rows = 0;
   /// Its drafts' outcomes by confidence (spec::reliability_table's bins; empty when none).

@@ -247,15 +247,15 @@ void step_executor::release_grammar(kv::seq_id seq) {
     it = in_use.count(it->second.get()) != 0 ? std::next(it) : matchers_.erase(it);
 }
 
-kv_data step_executor::read_block(int32_t block) const {
+kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) const {
   kv_data kv;
   kv.num_layers = cache_.num_layers();
   kv.kv_dim = cache_.kv_dim();
-  kv.num_tokens = cache_.block_size();
+  kv.num_tokens = num_tokens;
   const size_t n = static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim;
   kv.keys.resize(n);
   kv.values.resize(n);
-  cache_.gather(&block, kv.num_tokens, kv.keys.data(), kv.values.data());
+  cache_.gather(block_table, kv.num_tokens, kv.keys.data(), kv.values.data());
   return kv;
 }
 
@@ -269,7 +269,8 @@ exec_result step_executor::execute(const exec_plan& plan) {
     release_grammar(seq);
   }
   exec_result result;
-  for (const int32_t block : plan.demotions) result.demoted.push_back(read_block(block));
+  for (const kv_readout& r : plan.readouts) result.read_out.push_back(read_kv(r.block_table.data(), r.num_tokens));
+  for (const int32_t block : plan.demotions) result.demoted.push_back(read_kv(&block, cache_.block_size()));
   for (const kv_import& import : plan.imports) {
     const kv_data& kv = import.kv;
     cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data());
@@ -318,16 +319,8 @@ exec_result step_executor::execute(const exec_plan& plan) {
   }
   for (const exec_chunk& chunk : plan.chunks) {
     if (!chunk.export_kv) continue;
-    kv_export out;
-    out.seq = chunk.seq;
-    out.kv.num_layers = cache_.num_layers();
-    out.kv.kv_dim = cache_.kv_dim();
-    out.kv.num_tokens = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
-    const size_t n = static_cast<size_t>(out.kv.num_layers) * out.kv.num_tokens * out.kv.kv_dim;
-    out.kv.keys.resize(n);
-    out.kv.values.resize(n);
-    cache_.gather(tables_.at(chunk.seq).data(), out.kv.num_tokens, out.kv.keys.data(), out.kv.values.data());
-    result.exports.push_back(std::move(out));
+    const int32_t num_tokens = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());
+    result.exports.push_back(kv_export{chunk.seq, read_kv(tables_.at(chunk.seq).data(), num_tokens)});
   }
   return result;
 }

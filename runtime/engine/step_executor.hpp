@@ -61,8 +61,9 @@ class step_executor {
   /// Fails (errc::internal) where the grammar leaves no token with a finite logit.
   [[nodiscard]] expected<std::vector<sampling::sample_result>> sample_chunk(const exec_chunk& chunk,
                                                                             const float* logits, const spec::draft* d);
-  /// A block's KV (num_layers, block_size, kv_dim), for a demotion.
-  [[nodiscard]] kv_data read_block(int32_t block) const;
+  /// Positions [0, num_tokens) of the blocks of `block_table` (a demotion's one block, a readout,
+  /// a prefill's export).
+  [[nodiscard]] kv_data read_kv(const int32_t* block_table, int32_t num_tokens) const;
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
   /// The grammar mask of a grammar chunk's next sample, its cursor fed the generated tokens of

@@ -42,6 +42,16 @@ expected<void> check_import(const kv_import& import, const plan_limits& limits, 
   return check_blocks(import.block_table, limits, what);
 }
 
+expected<void> check_readout(const kv_readout& r, const plan_limits& limits, const std::string& what) {
+  if (r.num_tokens <= 0 || r.num_tokens > limits.seq_len)
+    return fail(errc::invalid_argument,
+                what + " reads " + num(r.num_tokens) + " tokens, outside [1, " + num(limits.seq_len) + "]");
+  if (static_cast<int64_t>(r.block_table.size()) * limits.block_size < r.num_tokens)
+    return fail(errc::invalid_argument, what + ": a block table of " + num(static_cast<int64_t>(r.block_table.size())) +
+                                            " blocks does not cover " + num(r.num_tokens) + " tokens");
+  return check_blocks(r.block_table, limits, what);
+}
+
 expected<void> check_tokens(const exec_chunk& chunk, const plan_limits& limits, const std::string& what) {
   if (chunk.tokens.empty()) return fail(errc::invalid_argument, what + " has no tokens");
   const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size());
@@ -139,8 +149,12 @@ expected<void> validate_plan(const exec_plan& plan, const plan_limits& limits) {
   TROUPE_ASSERT(limits.vocab_size > 0 && limits.seq_len > 0 && limits.num_blocks > 0 && limits.block_size > 0);
   const std::string step = "plan " + num(plan.step);
   if (plan.step < 0) return fail(errc::invalid_argument, "a plan's step must be >= 0, got " + num(plan.step));
-  if (plan.chunks.empty()) return fail(errc::invalid_argument, step + " has no chunks: nothing to compute");
+  if (plan.chunks.empty() && plan.readouts.empty())
+    return fail(errc::invalid_argument, step + " has no chunks and no readouts: nothing to do");
   if (auto ok = check_blocks(plan.demotions, limits, step + ", demotions"); !ok) return ok;
+  for (size_t i = 0; i < plan.readouts.size(); i++)
+    if (auto ok = check_readout(plan.readouts[i], limits, step + ", readout " + num(static_cast<int64_t>(i))); !ok)
+      return ok;
   for (size_t i = 0; i < plan.imports.size(); i++)
     if (auto ok = check_import(plan.imports[i], limits, step + ", import " + num(static_cast<int64_t>(i))); !ok)
       return ok;

@@ -24,8 +24,8 @@ struct plan_limits {
 
 /// Checks `plan` on its own, without the state of the executor that will run it (the step order,
 /// tables it holds and previous samples are step_executor::check's): a non-negative step, one
-/// chunk or more (an engine never sends an empty plan);
-/// demotions of existing blocks; imports of the model's shape, within the context, on block tables that cover them; copies
+/// chunk or more, or a readout (an engine never sends an empty plan); demotions of existing
+/// blocks; readouts of 1 to seq_len tokens on block tables of existing blocks that cover them; imports of the model's shape, within the context, on block tables that cover them; copies
 /// between existing blocks; chunks of distinct sequences, each with 1 or more tokens in the
 /// vocabulary (or `previous_sample`) at positions within the context, block tables of existing
 /// blocks no longer than a sequence can use, 0 to num_samples_max samples and valid sampling

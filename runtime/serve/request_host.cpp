@@ -22,8 +22,11 @@ bool operator==(const submit& a, const submit& b) {
   const engine::request& y = b.request;
   return std::tie(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids, x.ignore_eos,
                   x.priority, x.batch_tokens, x.grammar, x.num_resumed_tokens, a.to_prefill) ==
-         std::tie(y.id, y.prompt, y.max_tokens, y.sampling, y.seed, y.n, y.stop, y.stop_token_ids, y.ignore_eos,
-                  y.priority, y.batch_tokens, y.grammar, y.num_resumed_tokens, b.to_prefill);
+             std::tie(y.id, y.prompt, y.max_tokens, y.sampling, y.seed, y.n, y.stop, y.stop_token_ids, y.ignore_eos,
+                      y.priority, y.batch_tokens, y.grammar, y.num_resumed_tokens, b.to_prefill) &&
+         a.kv.has_value() == b.kv.has_value() &&
+         (!a.kv || std::tie(a.kv->num_layers, a.kv->kv_dim, a.kv->num_tokens, a.kv->keys, a.kv->values) ==
+                       std::tie(b.kv->num_layers, b.kv->kv_dim, b.kv->num_tokens, b.kv->keys, b.kv->values));
 }
 
 bool operator==(const send_chunk& a, const send_chunk& b) { return a.chunk == b.chunk; }
@@ -166,7 +169,15 @@ effects request_host::placed(const placed_engines& p) {
     r.num_resumed_tokens = static_cast<int32_t>(generated_.size());
     r.max_tokens -= r.num_resumed_tokens;
   }
-  out.push_back(submit{std::move(r), p.has_prefill});
+  // Forwarded with its KV: the new engine needs that of the resumed prompt but its last token.
+  std::optional<engine::kv_data> kv = std::exchange(forwarded_kv_, std::nullopt);
+  const int32_t num_kv_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
+  if (kv && num_kv_tokens > 0 && kv->num_tokens >= num_kv_tokens) {
+    handed_over_ = true;  // no prefill engine takes part
+    out.push_back(submit{std::move(r), false, engine::kv_prefix(*kv, num_kv_tokens)});
+    return out;
+  }
+  out.push_back(submit{std::move(r), p.has_prefill, std::nullopt});
   return out;
 }
 
@@ -347,6 +358,12 @@ effects request_host::engine_lost(engine_role role, const std::string& why) {
   again.again = true;
   again.lost = role;
   out.emplace_back(std::move(again));
+  return out;
+}
+
+effects request_host::forwarded(engine_role role, const std::string& why, std::optional<engine::kv_data> kv) {
+  effects out = engine_lost(role, why);
+  if (!done_ && kv && kv->consistent()) forwarded_kv_ = std::move(kv);
   return out;
 }
 

@@ -32,6 +32,10 @@
 ///   client already has (engine::request::num_resumed_tokens), so the continuation is the one
 ///   the lost engine would have produced and the client's stream goes on with no token missing
 ///   or repeated. Past the bound, or when nothing can serve it, the request fails (unavailable).
+///   A request its engine forwarded (the engine drained) is placed again the same way; when the
+///   engine sent the KV it had computed, the new engine gets the part of it the resumed prompt
+///   needs (engine::kv_prefix) with the request and computes only the prompt's last token, on
+///   the decode engine of a prefill/decode placement.
 ///
 /// Every ending call ends with `stop`; the actor then quits and calls the host no more.
 /// Identity: the actor keeps every handle (client, balancer, engines) and tells the host which
@@ -92,10 +96,12 @@ struct ask_placement {
 };
 
 /// Send the request to the placed prefill engine (which hands it to the decode engine) when
-/// `to_prefill`, else to the decode engine.
+/// `to_prefill`, else to the decode engine: with `kv` (the KV of the prompt's first
+/// prompt.size() - 1 positions, from the engine that drained) as a hand-off (msg::kv_handoff).
 struct submit {
   engine::request request;
   bool to_prefill = false;
+  std::optional<engine::kv_data> kv;
 };
 
 struct send_chunk {
@@ -154,6 +160,9 @@ class request_host {
   [[nodiscard]] effects rejected(errc code, const std::string& message);
   /// The placed engine of `role` is lost (`why`).
   [[nodiscard]] effects engine_lost(engine_role role, const std::string& why);
+  /// The placed engine of `role` drained and forwarded the request (`why`), with the KV of its
+  /// first kv->num_tokens positions when it has one.
+  [[nodiscard]] effects forwarded(engine_role role, const std::string& why, std::optional<engine::kv_data> kv);
   [[nodiscard]] int32_t num_failovers() const { return num_failovers_; }
   /// The client cancels: the stream ends with finish_reason cancelled.
   [[nodiscard]] effects cancel(int64_t now_ns);
@@ -191,6 +200,7 @@ class request_host {
   engine::request request_;  // built by start; kept to place it again after a lost engine
   std::vector<int32_t> generated_;  // the tokens the client has: a new engine resumes after them
   int32_t num_failovers_ = 0;
+  std::optional<engine::kv_data> forwarded_kv_;  // from a drained engine, for the next placement
   bool text_mode_ = true;    // a tokenizer is known: detokenize the output (whatever the prompt)
   std::optional<output_channels> out_;  // made on the first token: stops are validated then
   placed_engines placed_;    // once the balancer answered with engines

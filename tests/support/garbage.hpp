@@ -302,6 +302,10 @@ class garbage {
     p.copies = vec([&] { return kv::block_copy{i32(), i32()}; });
     p.chunks = vec([&] { return exec_chunk(); }, true);
     p.released = vec([&] { return i64(); });
+    p.readouts = vec([&] {
+      return engine::kv_readout{vec([&] { return coin() ? static_cast<int32_t>(below(1100)) : i32(); }),
+                                coin() ? static_cast<int32_t>(below(64)) : i32()};
+    });
     return p;
   }
 
@@ -311,6 +315,7 @@ class garbage {
     r.samples = vec([&] { return vec([&] { return sampling::sample_result{token(), f32(), top()}; }, true); }, true);
     r.failures = vec([&] { return engine::exec_failure{i64(), str()}; }, true);
     r.exports = vec([&] { return engine::kv_export{i64(), kv_data()}; }, true);
+    r.read_out = vec([&] { return kv_data(); }, true);
     r.measured_ns = i64();
     return r;
   }
