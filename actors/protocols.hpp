@@ -83,9 +83,12 @@ using engine_actor = caf::typed_actor<
 
 using engine_list = std::vector<engine_actor>;
 
-/// The node actor of a node without the balancer: lists its engines for the balancer's node.
-/// What such a node publishes: a surface for cluster members (docs/security.md).
-using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_list>>;
+/// The node actor of a node without the balancer: lists its engines for the balancer's node, and
+/// drains the node when asked by `troupe drain` (the node's name, a grace period in ms or -1 for
+/// the topology's; answered with the grace period it drains with). What such a node publishes:
+/// a surface for cluster members (docs/security.md).
+using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_list>,
+                                    caf::replies_to<drain_atom, std::string, int32_t>::with<int32_t>>;
 
 /// The load balancer as clients see it: submit a completion, get its request actor. The only
 /// interface a node publishes where the balancer runs (spawn_balancer_front in

@@ -30,7 +30,8 @@ TEST(Connect, ReachChecksThePublishedInterface) {
   auto server = networked(server_cfg);
   // A node actor, as a node without the balancer publishes it.
   const actors::node_actor node = server->spawn([]() -> actors::node_actor::behavior_type {
-    return {[](actors::engines_atom) { return actors::engine_list{}; }};
+    return {[](actors::engines_atom) { return actors::engine_list{}; },
+            [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto port = actors::publish_actor(*server, node, 0, "127.0.0.1");
   ASSERT_TRUE(port.has_value()) << port.error().message;

@@ -329,10 +329,10 @@ TEST_F(CrashAttack, AForgedPlanToTheExecutorGetsAnErrorAndChangesNothing) {
   c.seq = 1;
   c.tokens = {1, 300};
   c.block_table = {5000};  // beyond the pool
-  forge(engine::exec_plan{0, {}, {}, {c}, {}, {}});
+  forge(engine::exec_plan{0, {}, {}, {c}, {}, {}, {}});
   c.block_table = {0};
   c.tokens = {1, 99999};  // out of the vocabulary
-  forge(engine::exec_plan{0, {}, {}, {c}, {}, {}});
+  forge(engine::exec_plan{0, {}, {}, {c}, {}, {}, {}});
   c.tokens = {1, 300};
   forge(engine::exec_plan{7, {}, {}, {c}, {}, {}});  // not the next step
   forge(engine::exec_plan{0, {}, {}, {c, c}, {}, {}});  // one sequence twice
@@ -381,7 +381,8 @@ TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
   auto port = server.middleman().publish(lb, 0, "127.0.0.1", true);
   ASSERT_TRUE(port) << server.render(port.error());
   const actors::node_actor node = server.spawn([engine]() -> actors::node_actor::behavior_type {
-    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; }};
+    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; },
+            [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto node_port = server.middleman().publish(node, 0, "127.0.0.1", true);
   ASSERT_TRUE(node_port) << server.render(node_port.error());

@@ -300,7 +300,8 @@ TEST_F(Limits, APeerThatSendsNothingIsDisconnectedAfterTheIdleBoundAndOneWithHea
   start_server(limits);
   const actors::engine_actor engine = spawn_silent_engine(*server_);
   const actors::node_actor node = server_->spawn([engine]() -> actors::node_actor::behavior_type {
-    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; }};
+    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; },
+            [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto port = actors::publish_actor(*server_, node, 0, "127.0.0.1");
   ASSERT_TRUE(port.has_value()) << port.error().message;
@@ -342,7 +343,8 @@ TEST_F(Limits, ConnectionsOverMaxConnectionsPerHostOrInAllAreClosedAtOnceAndAClo
   start_server(limits);
   const actors::engine_actor engine = spawn_silent_engine(*server_);
   const actors::node_actor node = server_->spawn([engine]() -> actors::node_actor::behavior_type {
-    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; }};
+    return {[engine](actors::engines_atom) { return actors::engine_list{engine}; },
+            [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto port = actors::publish_actor(*server_, node, 0, "127.0.0.1");
   ASSERT_TRUE(port.has_value()) << port.error().message;

@@ -170,6 +170,20 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
   return out;
 }
 
+/// A drain request from `troupe drain` to node `node_name`, for `name` with `grace_ms`.
+caf::result<int32_t> drain_request(const std::function<expected<int32_t>(int32_t)>& drain, const std::string& node_name,
+                                   const std::string& name, int32_t grace_ms) {
+  if (name != node_name)
+    return caf::make_error(caf::sec::invalid_argument, "this is node '" + node_name + "', not '" + name + "'");
+  if (grace_ms < -1)
+    return caf::make_error(caf::sec::invalid_argument,
+                           "a grace period is >= 0 ms (or -1: the topology's), got " + std::to_string(grace_ms));
+  if (!drain) return caf::make_error(caf::sec::invalid_argument, "node '" + node_name + "' takes no drain requests");
+  auto grace = drain(grace_ms);
+  if (!grace) return caf::make_error(caf::sec::invalid_argument, grace.error().message);
+  return *grace;
+}
+
 }  // namespace
 
 expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
@@ -214,13 +228,23 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   }
   if (t.load_balancer.node != node_name) {
     const actors::engine_list engines = out.engines;
+    const auto drain = options.drain;
     // Published behind a door (actors/door.hpp): no peer can stop it with an exit or a link.
-    const actors::node_actor lister = sys.spawn([engines]() -> actors::node_actor::behavior_type {
-      return {[engines](actors::engines_atom) { return engines; }};
+    const actors::node_actor lister = sys.spawn([engines, drain, node_name]() -> actors::node_actor::behavior_type {
+      return {
+          [engines](actors::engines_atom) { return engines; },
+          [drain, node_name](actors::drain_atom, const std::string& name, int32_t grace_ms) -> caf::result<int32_t> {
+            return drain_request(drain, node_name, name, grace_ms);
+          },
+      };
     });
     out.node_actor = caf::actor_cast<actors::node_actor>(actors::spawn_door(
         sys, caf::actor_cast<caf::strong_actor_ptr>(lister), sys.message_types<actors::node_actor>(),
-        [](const caf::type_erased_tuple& m) { return m.match_elements<actors::engines_atom>(); }, "node actor"));
+        [](const caf::type_erased_tuple& m) {
+          return m.match_elements<actors::engines_atom>() ||
+                 m.match_elements<actors::drain_atom, std::string, int32_t>();
+        },
+        "node actor"));
     return out;
   }
   auto engines = cluster_engines(sys, t, node_name, out, options.stop);

@@ -24,6 +24,10 @@ struct launch_options {
   bool detached_executors = true;  ///< false under the deterministic test scheduler
   uint64_t seed_base = 0;          ///< the load balancer's seed base (see load_balancer_options)
   const std::atomic<bool>* stop = nullptr;  ///< set (a signal): stop reaching other nodes, fail `cancelled`
+  /// A node without the balancer: `troupe drain` asked it to drain with this grace period (ms;
+  /// -1: the topology's). Returns the grace period it drains with, or why it does not. Called on
+  /// an actor thread; empty: the node actor refuses drain requests.
+  std::function<expected<int32_t>(int32_t grace_ms)> drain = nullptr;
 };
 
 /// What a node runs.

@@ -29,18 +29,6 @@ struct client_options {
   completion_flags flags;
 };
 
-expected<std::pair<std::string, uint16_t>> parse_address(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return fail(errc::invalid_argument, "--connect wants HOST:PORT, got '" + address + "'");
-  const std::string port = address.substr(colon + 1);
-  char* end = nullptr;
-  const long value = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || value < 1 || value > 65535)
-    return fail(errc::invalid_argument, "--connect: port '" + port + "' is not in 1..65535");
-  return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(value));
-}
-
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
 }
@@ -83,7 +71,20 @@ int run_client(const client_options& o) {
   return 0;
 }
 
-/// --ca, --certificate and --key (PEM files, all three or none): connect with mutual TLS.
+}  // namespace
+
+expected<std::pair<std::string, uint16_t>> parse_address(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return fail(errc::invalid_argument, "--connect wants HOST:PORT, got '" + address + "'");
+  const std::string port = address.substr(colon + 1);
+  char* end = nullptr;
+  const long value = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || value < 1 || value > 65535)
+    return fail(errc::invalid_argument, "--connect: port '" + port + "' is not in 1..65535");
+  return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(value));
+}
+
 void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls) {
   const std::vector<CLI::Option*> flags{
       cmd->add_option("--ca", tls.ca, "the cluster CA certificate (PEM): connect with mutual TLS"),
@@ -96,8 +97,6 @@ void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls) {
       if (other != flag) flag->needs(other);
   }
 }
-
-}  // namespace
 
 action add_client(CLI::App& app) {
   auto o = std::make_shared<client_options>();

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <caf/fwd.hpp>
 
+#include "actors/tls.hpp"
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
 #include "runtime/spec/spec_config.hpp"
@@ -91,6 +92,15 @@ void raise_open_file_limit();
 /// Sends CAF's own printing (`aout`) to stderr: stdout carries only completion text.
 void keep_stdout_for_text(caf::actor_system& sys);
 
+/// HOST:PORT of --connect, checked (a port in 1..65535).
+[[nodiscard]] expected<std::pair<std::string, uint16_t>> parse_address(const std::string& address);
+
+/// "60s", "500ms", "2m" or a bare number of seconds, in milliseconds (within an int32).
+[[nodiscard]] expected<int32_t> parse_duration_ms(const std::string& text);
+
+/// --ca, --certificate and --key (PEM files, all three or none): connect with mutual TLS.
+void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls);
+
 /// A seed for this process's load balancer: drawn here, outside the deterministic core.
 uint64_t draw_seed_base();
 
@@ -99,6 +109,7 @@ action add_serve(CLI::App& app);
 action add_node(CLI::App& app);
 action add_up(CLI::App& app);
 action add_client(CLI::App& app);
+action add_drain(CLI::App& app);
 action add_calibrate(CLI::App& app);
 action add_sim(CLI::App& app);
 action add_trace(CLI::App& app);

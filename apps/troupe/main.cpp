@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
       {"node", troupe::cli::add_node(app)},
       {"up", troupe::cli::add_up(app)},
       {"client", troupe::cli::add_client(app)},
+      {"drain", troupe::cli::add_drain(app)},
       {"calibrate", troupe::cli::add_calibrate(app)},
       {"sim", troupe::cli::add_sim(app)},
       {"trace", troupe::cli::add_trace(app)},

@@ -140,7 +140,13 @@ int run_serve(const serve_options& o) {
                 http_address.c_str());
     std::fflush(stdout);
   }
-  auto launched = topology::launch_node(sys, *t, node_name, {true, draw_seed_base(), &signals.stopped()});
+  const int32_t default_grace_ms = o.drain_grace_ms >= 0 ? o.drain_grace_ms : t->drain_grace_ms;
+  topology::launch_options lo{true, draw_seed_base(), &signals.stopped()};
+  lo.drain = [&signals, default_grace_ms](int32_t grace_ms) -> expected<int32_t> {
+    if (!signals.request_drain(grace_ms)) return fail(errc::invalid_argument, "the node is stopping already");
+    return grace_ms >= 0 ? grace_ms : default_grace_ms;
+  };
+  auto launched = topology::launch_node(sys, *t, node_name, lo);
   if (!launched && launched.error().code == errc::cancelled) {  // SIGINT/SIGTERM during start-up
     spdlog::warn("{}", launched.error().message);
     return leave(sys, 0);
@@ -175,11 +181,12 @@ int run_serve(const serve_options& o) {
   // First the gateways (they refuse new requests with 503 "draining" and let theirs finish),
   // then the engines (requests of other clients: run on for the grace period, then forwarded).
   stop_gateways(*http, *http_at, *msgpack);
-  const int32_t grace_ms = o.drain_grace_ms >= 0 ? o.drain_grace_ms : t->drain_grace_ms;
+  const std::optional<int32_t> requested = signals.requested_grace_ms();  // by `troupe drain`
+  const int32_t grace_ms = requested && *requested >= 0 ? *requested : default_grace_ms;
   if (!launched->engines.empty() && grace_ms > 0) {
-    spdlog::info("signal {}: draining: this node takes no new work; its requests run on for up to {} ms, then go "
+    spdlog::info("{}: draining: this node takes no new work; its requests run on for up to {} ms, then go "
                  "to other engines (a second signal stops at once)",
-                 sig, grace_ms);
+                 requested ? "troupe drain" : "signal " + std::to_string(sig), grace_ms);
     const topology::drain_counts n = topology::drain_node(sys, *launched, grace_ms, [&] { return signals.again(); });
     std::printf("%s: drained: %lld request(s) forwarded to other engines, %lld with their KV\n", node_name.c_str(),
                 static_cast<long long>(n.forwarded), static_cast<long long>(n.with_kv));

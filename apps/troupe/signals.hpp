@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace troupe::cli {
@@ -24,17 +25,19 @@ class signal_waiter {
     sigaddset(&set_, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     thread_ = std::thread([this] {
-      int sig = 0;
-      sigwait(&set_, &sig);
-      {
+      for (;;) {
+        int sig = 0;
+        sigwait(&set_, &sig);
         std::lock_guard<std::mutex> lock(mutex_);
         if (closing_) return;  // the destructor's wake-up call
+        if (signal_ != 0) {    // the second (a drain request may have been the first)
+          again_ = true;
+          return;
+        }
         signal_ = sig;
         stopped_ = true;
         arrived_.notify_all();
       }
-      sigwait(&set_, &sig);
-      again_ = true;
     });
   }
 
@@ -57,6 +60,23 @@ class signal_waiter {
   /// True once a second signal arrived.
   [[nodiscard]] bool again() const { return again_; }
 
+  /// A drain request (`troupe drain`) stops the wait as SIGTERM would, with `grace_ms` (-1: the
+  /// topology's); false if a signal or request came first.
+  bool request_drain(int32_t grace_ms) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (signal_ != 0) return false;
+    signal_ = SIGTERM;
+    requested_grace_ms_ = grace_ms;
+    stopped_ = true;
+    arrived_.notify_all();
+    return true;
+  }
+  /// The grace period of the drain request that stopped the wait (none: a signal did).
+  [[nodiscard]] std::optional<int32_t> requested_grace_ms() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return requested_grace_ms_;
+  }
+
   /// Blocks until a signal arrives (or returns the one that already did).
   int wait() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -69,6 +89,7 @@ class signal_waiter {
   std::mutex mutex_;
   std::condition_variable arrived_;
   int signal_ = 0;
+  std::optional<int32_t> requested_grace_ms_;  // under mutex_
   std::atomic<bool> stopped_{false};
   std::atomic<bool> again_{false};
   bool closing_ = false;  // under mutex_
