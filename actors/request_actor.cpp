@@ -53,6 +53,7 @@ engine_actor forget_placement(request_actor_t* self, serve::engine_role lost) {
 void ask_placement(request_actor_t* self, serve::ask_placement& a) {
   engine_actor lost;
   if (a.again) lost = forget_placement(self, a.lost);
+  if (a.drained) lost = nullptr;  // it forwarded the request: draining, not lost
   self->request(self->state.balancer, caf::infinite,
                 msg::place_request{a.request_id, a.num_prompt_tokens, a.max_tokens, std::move(a.prefix_hashes),
                                    std::move(lost)})

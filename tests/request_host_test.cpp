@@ -550,7 +550,7 @@ TEST(RequestHostEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDe
   // The decode engine drained with 4 positions of KV (it had sampled a token the client never got).
   const engine::kv_data kv{1, 2, 4, {0, 1, 2, 3, 4, 5, 6, 7}, {10, 11, 12, 13, 14, 15, 16, 17}};
   EXPECT_EFFECTS(h, forwarded(engine_role::decode, "drained", kv), release_engines{},
-                 ask_placement{id, 3, 3, {}, true, engine_role::decode});
+                 ask_placement{id, 3, 3, {}, true, engine_role::decode, true});
   // Placed on a prefill and a decode engine: the decode engine takes it with the KV of the
   // resumed prompt {BOS, once, upon} but its last token, and the prefill engine has no part.
   engine::request want = request_of(true);
@@ -568,7 +568,7 @@ TEST(RequestHostEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDe
     g.prefilled();
     EXPECT_EFFECTS(g, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
     EXPECT_EFFECTS(g, forwarded(engine_role::decode, "drained", unusable), release_engines{},
-                   ask_placement{id, 3, 3, {}, true, engine_role::decode});
+                   ask_placement{id, 3, 3, {}, true, engine_role::decode, true});
     EXPECT_EFFECTS(g, placed(prefill_and_decode()), submit{want, true, std::nullopt});
   }
 }

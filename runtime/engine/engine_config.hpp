@@ -30,6 +30,10 @@ struct engine_config {
   /// without a checkpoint (sim/cost_executor.hpp): the blocks it demotes carry their tokens and
   /// hashes but no keys or values (0 layers of 0 dims), and such blocks may be promoted back.
   bool kv_values = true;
+  /// Drain (engine_host::forward_all): a request forwarded takes the KV it has computed along
+  /// (with kv_values only). False: every one is recomputed on its next engine (bench_drain runs
+  /// both side by side; not a topology key).
+  bool drain_with_kv = true;
   /// Speculative decoding (runtime/spec/, docs/speculative.md): the drafter and how many
   /// drafts each decode step verifies. The engine plans the draft slots; the executor drafts.
   spec::speculation_config speculation;

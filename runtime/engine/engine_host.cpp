@@ -427,7 +427,8 @@ effects engine_host::forward_all(int64_t now_ns) {
   for (const request_id id : ids) {
     num_forwarded_++;
     // Its KV goes along if it has any: the forward waits for the step that reads it out.
-    if (!handoffs_.count(id) && core_->export_request(id)) {
+    const engine_config& c = options_.config;
+    if (c.drain_with_kv && c.kv_values && !handoffs_.count(id) && core_->export_request(id)) {
       requests_.erase(id);
       exporting_.insert(id);
       continue;

@@ -13,8 +13,8 @@
 namespace troupe::serve {
 
 bool operator==(const ask_placement& a, const ask_placement& b) {
-  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens, a.prefix_hashes, a.again, a.lost) ==
-         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens, b.prefix_hashes, b.again, b.lost);
+  return std::tie(a.request_id, a.num_prompt_tokens, a.max_tokens, a.prefix_hashes, a.again, a.lost, a.drained) ==
+         std::tie(b.request_id, b.num_prompt_tokens, b.max_tokens, b.prefix_hashes, b.again, b.lost, b.drained);
 }
 
 bool operator==(const submit& a, const submit& b) {
@@ -331,6 +331,10 @@ effects request_host::rejected(errc code, const std::string& message) {
 }
 
 effects request_host::engine_lost(engine_role role, const std::string& why) {
+  return place_again(role, why, /*drained=*/false);
+}
+
+effects request_host::place_again(engine_role role, const std::string& why, bool drained) {
   TROUPE_ASSERT(!done_);
   TROUPE_ASSERT(role == engine_role::prefill ? placed_.has_prefill : placed_.has_decode);
   if (role == engine_role::prefill && handed_over_) return {};  // it finished its part
@@ -357,12 +361,13 @@ effects request_host::engine_lost(engine_role role, const std::string& why) {
   again.prefix_hashes = std::move(prefix_hashes);
   again.again = true;
   again.lost = role;
+  again.drained = drained;
   out.emplace_back(std::move(again));
   return out;
 }
 
 effects request_host::forwarded(engine_role role, const std::string& why, std::optional<engine::kv_data> kv) {
-  effects out = engine_lost(role, why);
+  effects out = place_again(role, why, /*drained=*/true);
   if (!done_ && kv && kv->consistent()) forwarded_kv_ = std::move(kv);
   return out;
 }

@@ -90,9 +90,11 @@ struct ask_placement {
   int32_t max_tokens = 0;
   std::vector<uint64_t> prefix_hashes;  ///< kv::chain_hashes(prompt, prefix_block_size)
   /// Placed again: the placed engine of role `lost` was lost (the actor names it to the balancer
-  /// and forgets the old placement).
+  /// and forgets the old placement), or forwarded the request (`drained`: it is not named; it
+  /// reports itself draining, and the balancer must not count it lost).
   bool again = false;
   engine_role lost = engine_role::decode;
+  bool drained = false;
 };
 
 /// Send the request to the placed prefill engine (which hands it to the decode engine) when
@@ -190,6 +192,9 @@ class request_host {
                   effects& out);
   /// The prompt a new engine resumes from after a failover: the prompt and the tokens sent.
   [[nodiscard]] std::vector<int32_t> resumed_prompt() const;
+  /// The placed engine of `role` can no longer serve the request (`why`): placed again, or
+  /// failed past max_failovers; `drained`: it forwarded the request (not lost).
+  [[nodiscard]] effects place_again(engine_role role, const std::string& why, bool drained);
   /// Adds a delta's text, reasoning and tool calls to the pending chunk.
   void take_text(output_channels::delta d);
   void flush(effects& out);
