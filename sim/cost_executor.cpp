@@ -1,5 +1,6 @@
 #include "sim/cost_executor.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <utility>
@@ -23,6 +24,7 @@ struct cost_executor_state {
   std::unique_ptr<engine::step_executor> real;  // real tokens only
   caf::actor_clock::time_point busy_until;
   int64_t sampled_interval = -1;  // the last interval of sample_every_ns with a sample
+  bool ran_a_plan = false;        // for executor_faults::planted_restart_bug
   std::map<int64_t, std::pair<caf::typed_response_promise<engine::exec_result>, engine::exec_result>> pending;
   static inline const char* name = "cost_executor";
 };
@@ -101,6 +103,13 @@ int64_t tier_blocks_moved(const engine::exec_plan& plan) {
   return n;
 }
 
+/// Counts a plan; whether it is one the faults crash.
+bool crashes_now(executor_faults& f) {
+  if (!std::binary_search(f.crash_at.begin(), f.crash_at.end(), ++f.num_plans)) return false;
+  f.num_crashes++;
+  return true;
+}
+
 /// What the report keeps of a step: its rows by kind, tokens and samples.
 step_record record_of(const engine::exec_plan& plan, int32_t replica, int64_t start_ns, int64_t duration_ns) {
   step_record r{replica, plan.step, start_ns, duration_ns, static_cast<int32_t>(plan.chunks.size()), 0, 0, 0};
@@ -139,6 +148,15 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         cost_executor_state& s = self->state;
+        if (s.o.faults && crashes_now(*s.o.faults)) {
+          if (s.o.log)
+            s.o.log->write(std::to_string(actors::ns_since_epoch(self->clock().now())) + " " + s.o.name +
+                           " executor crash at step " + std::to_string(plan.step));
+          // Dead, like a crashed process: plans already sent to it are never run.
+          const caf::error crash = caf::make_error(caf::sec::runtime_error, "injected executor crash (simulated fault)");
+          self->quit(crash);
+          return crash;
+        }
         // The tokens first (free in virtual time): the step's price depends on its draft rows.
         engine::exec_result result =
             s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size, s.o.acceptance);
@@ -161,6 +179,12 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         result.measured_ns = cost_ns;  // virtual time: the engine's correction replays
         if (s.o.planted_batch_bug && result.samples.size() >= 3 && result.samples[0].size() == result.samples[1].size())
           std::swap(result.samples[0], result.samples[1]);
+        if (s.o.faults && s.o.faults->planted_restart_bug && s.o.faults->num_crashes > 0 && !s.ran_a_plan &&
+            !result.samples.empty() && !result.samples[0].empty()) {
+          int32_t& token = result.samples[0][0].token;
+          token = (token + 1) % s.o.vocab_size;
+        }
+        s.ran_a_plan = true;
         s.pending.emplace(plan.step, std::make_pair(promise, std::move(result)));
         self->delayed_send(self, s.busy_until - now, deliver_atom::value, plan.step);
         return promise;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <caf/fwd.hpp>
 
@@ -32,6 +33,19 @@ struct tier_transfer_cost {
   int64_t latency_ns = 0;
 
   [[nodiscard]] int64_t price_ns(int64_t num_blocks) const;
+};
+
+/// Seeded executor crashes of one engine (sim_options::executor_crashes), shared by every
+/// executor the engine has had: the plan numbered `crash_at[i]` among all they received (from 1)
+/// fails instead of running, as if the executor's process had died; the engine starts a new
+/// executor and resumes its requests by recompute.
+struct executor_faults {
+  std::vector<int64_t> crash_at;  ///< sorted
+  int64_t num_plans = 0;
+  int64_t num_crashes = 0;
+  /// Tests only (sim_options::planted_restart_bug): the first plan an executor runs after a crash
+  /// hands its first sampled row the next token id instead of its own, a bug only faults show.
+  bool planted_restart_bug = false;
 };
 
 struct cost_executor_options {
@@ -59,6 +73,7 @@ struct cost_executor_options {
   spec::speculation_config speculation;
   double acceptance = 0.7;
   double draft_token_ns = 0;
+  std::shared_ptr<executor_faults> faults;  ///< null: no crashes
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

@@ -146,7 +146,10 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
                             &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug,
                             tier_pricing(t), t.engine.speculation, t.speculation.acceptance,
-                            t.speculation.draft_token_ns};
+                            t.speculation.draft_token_ns, nullptr};
+    if (static_cast<size_t>(i) < rs.o.executor_crashes.size() && !rs.o.executor_crashes[static_cast<size_t>(i)].empty())
+      c.faults = std::make_shared<executor_faults>(
+          executor_faults{rs.o.executor_crashes[static_cast<size_t>(i)], 0, 0, rs.o.planted_restart_bug});
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());

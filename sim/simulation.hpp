@@ -48,6 +48,13 @@ struct sim_options {
   /// Tests only: plant a batch-dependence bug in the executors (cost_executor_options::
   /// planted_batch_bug), for checking that the swarm finds such bugs.
   bool planted_batch_bug = false;
+  /// Fault injection (issue 15, point 3): entry i lists the plans of replica i's executors that
+  /// crash (executor_faults::crash_at, sorted); the engine restarts its executor and resumes its
+  /// requests by recompute, so no token may change. Missing or empty: none.
+  std::vector<std::vector<int64_t>> executor_crashes;
+  /// Tests only: plant executor_faults::planted_restart_bug, for checking that the swarm finds a
+  /// bug only faults expose.
+  bool planted_restart_bug = false;
 };
 
 struct sim_result {

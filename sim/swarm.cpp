@@ -1,5 +1,6 @@
 #include "sim/swarm.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -66,6 +67,17 @@ expected<swarm_case> make_swarm_case(uint64_t seed, const std::string& checkpoin
   c.options.temperature = rng.uniform() < 0.5 ? 0.0f : 1.0f;
   c.options.seed = seed;
   c.options.sample_every_ns = 0;
+  // Faults from a stream of their own: the rest of the case is the same with or without them.
+  random_source faults(derive_seed(seed, 0x6661756c7473ULL));  // "faults"
+  std::string crashes;
+  if (faults.uniform() < 0.5)
+    for (int32_t r = 0; r < t.replicas; r++) {
+      std::vector<int64_t>& at = c.executor_crashes.emplace_back();
+      for (int32_t k = between(faults, 0, 2); k > 0; k--) at.push_back(between(faults, 1, 40));
+      std::sort(at.begin(), at.end());
+      at.erase(std::unique(at.begin(), at.end()), at.end());
+      for (const int64_t plan : at) crashes += " e" + std::to_string(r) + "@" + std::to_string(plan);
+    }
   c.description = std::to_string(t.replicas) + " replica(s), block " + std::to_string(e.block_size) + " x " +
                   std::to_string(e.num_kv_blocks) + ", budget " + std::to_string(e.scheduler.max_num_batched_tokens) +
                   " tokens / " + std::to_string(e.scheduler.step_time_budget_ms) + " ms, " +
@@ -73,15 +85,16 @@ expected<swarm_case> make_swarm_case(uint64_t seed, const std::string& checkpoin
                   ", watermark " + std::to_string(e.scheduler.kv_watermark) + ", slack " +
                   std::to_string(e.scheduler.prefix_cache_slack_tokens) + ", " + std::to_string(e.max_steps_in_flight) +
                   " in flight, " + std::to_string(num_requests) + " requests at temperature " +
-                  std::to_string(c.options.temperature);
+                  std::to_string(c.options.temperature) + ", executor crashes:" + (crashes.empty() ? " none" : crashes);
   return c;
 }
 
 expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoint_path, bool replay,
-                                      bool planted_batch_bug) {
+                                      planted_bug bug) {
   auto c = make_swarm_case(seed, checkpoint_path);
   if (!c) return tl::unexpected(c.error());
-  c->options.planted_batch_bug = planted_batch_bug;
+  c->options.planted_batch_bug = bug == planted_bug::batch_dependence;
+  c->options.planted_restart_bug = bug == planted_bug::restart;
   swarm_result out;
   out.num_requests = static_cast<int64_t>(c->options.workload.size());
   const auto violated = [&](const std::string& what) {
@@ -92,13 +105,16 @@ expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoi
   if (!fifo) return violated("first come first served: " + fifo.error().message);
   sim_options shuffled_options = c->options;
   shuffled_options.shuffle_delivery = true;
+  shuffled_options.executor_crashes = c->executor_crashes;
+  for (const auto& at : c->executor_crashes) out.num_crashes += static_cast<int64_t>(at.size());
   auto shuffled = run_simulation(shuffled_options);
   if (!shuffled) return violated("shuffled delivery: " + shuffled.error().message);
   for (const request_record& r : fifo->requests) out.num_preemptions += r.preemptions;
   for (size_t i = 0; i < fifo->requests.size(); i++) {
     const std::string want = outcome(fifo->requests[i]), got = outcome(shuffled->requests[i]);
     if (want != got)
-      return violated("request " + std::to_string(i) + " differs with shuffled delivery: '" + want + "' vs '" + got + "'");
+      return violated("request " + std::to_string(i) + " differs with shuffled delivery" +
+                      (out.num_crashes > 0 ? " and executor crashes" : "") + ": '" + want + "' vs '" + got + "'");
     if (fifo->requests[i].finish != "length")
       return violated("request " + std::to_string(i) + " ended '" + fifo->requests[i].finish + "', not by length");
   }

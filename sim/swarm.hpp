@@ -1,14 +1,16 @@
 #pragma once
 
 /// Swarm testing (FoundationDB / TigerBeetle style): many short seeded simulations, each with a
-/// random small topology and workload, run twice — first come first served, and with the ready
-/// actors dispatched in a seeded random order (sim_options::shuffle_delivery) — under the
-/// simulator's per-step invariant checks. A case fails when a run violates an invariant or a
-/// request's finish or tokens differ between the two orders: the determinism contract says a
-/// request's tokens depend on the request alone. Every case replays from its seed.
+/// random small topology and workload, run twice — first come first served without faults, and
+/// with the ready actors dispatched in a seeded random order (sim_options::shuffle_delivery)
+/// and, in half the cases, executor crashes at drawn plans (sim_options::executor_crashes, at
+/// most two per replica: a request survives two) — under the simulator's per-step invariant
+/// checks. A case fails when a run violates an invariant or a request's finish or tokens differ
+/// between the two runs: the determinism contract says a request's tokens depend on the request
+/// alone, wherever and however often it ran. Every case replays from its seed.
 ///
-/// Planned (issue 15): fault injection (executor crash, node loss, drain, KV transfer failure,
-/// message delay), disaggregated and multi-node topologies, the liveness phase.
+/// Planned (issue 15): the other faults (node loss, drain, KV transfer failure, message delay),
+/// disaggregated and multi-node topologies, the liveness phase.
 
 #include <cstdint>
 #include <string>
@@ -20,7 +22,8 @@ namespace troupe::sim {
 
 /// One swarm case: what `run_swarm_case` runs, drawn from its seed.
 struct swarm_case {
-  sim_options options;     ///< shuffle_delivery off; the second run turns it on
+  sim_options options;     ///< shuffle_delivery off, no faults; the second run turns them on
+  std::vector<std::vector<int64_t>> executor_crashes;  ///< the second run's (sim_options::executor_crashes)
   std::string description;  ///< the drawn settings, one line
 };
 
@@ -36,12 +39,19 @@ struct swarm_result {
   std::string violation;   ///< empty: the case passed
   int64_t num_requests = 0;
   int64_t num_preemptions = 0;  ///< in the first-come-first-served run
+  int64_t num_crashes = 0;      ///< executor crashes drawn for the second run
   bool replayed = false;   ///< the shuffled run ran twice and its event-log hash repeated
 };
 
-/// Runs case `seed` in both orders (and, when `replay`, the shuffled one twice) and compares.
-/// `planted_batch_bug` (tests only) plants sim_options::planted_batch_bug in both runs.
+/// Tests only: a bug to plant in both runs of a case, to check that the swarm finds it.
+enum class planted_bug {
+  none,
+  batch_dependence,  ///< sim_options::planted_batch_bug
+  restart,           ///< sim_options::planted_restart_bug (shows only in cases with crashes)
+};
+
+/// Runs case `seed` in both orders (and, when `replay`, the second run twice) and compares.
 [[nodiscard]] expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoint_path, bool replay,
-                                                    bool planted_batch_bug = false);
+                                                    planted_bug bug = planted_bug::none);
 
 }  // namespace troupe::sim

@@ -1,12 +1,15 @@
 // Swarm testing (sim/swarm.hpp): shuffled delivery explores other interleavings and changes no
-// token; 1,000 swarm cases pass (in four shards, so ctest runs them side by side); a planted
-// batch-dependence bug is found within 1,000 cases and its case replays.
+// token; executor crashes change none either; 1,000 swarm cases pass (in four shards, so ctest
+// runs them side by side); a planted batch-dependence bug and a planted bug that only executor
+// crashes expose are each found within 1,000 cases, and their cases replay.
 #include "sim/swarm.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "tests/support/golden.hpp"
 
@@ -51,29 +54,64 @@ TEST(Swarm, AMissingModelIsAClearError) {
   EXPECT_NE(c.error().message.find("/nonexistent/model.bin"), std::string::npos) << c.error().message;
 }
 
+/// Engines log each executor crash as an error: thousands in a swarm.
+class quiet_engines {
+ public:
+  quiet_engines() { spdlog::set_level(spdlog::level::critical); }
+  ~quiet_engines() { spdlog::set_level(spdlog::level::info); }
+};
+
+TEST(Swarm, ExecutorCrashesChangeNoTokenAndReplay) {
+  const quiet_engines quiet;
+  auto c = make_swarm_case(7, testing::bundled_model());
+  ASSERT_TRUE(c) << c.error().message;
+  c->options.topology.replicas = 2;
+  c->options.workload.clear();
+  for (int32_t i = 0; i < 12; i++) c->options.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
+  c->options.temperature = 1.0f;
+  auto clean = run_simulation(c->options);
+  sim_options faulty = c->options;
+  faulty.executor_crashes = {{2, 9}, {5}};
+  auto a = run_simulation(faulty);
+  auto b = run_simulation(faulty);
+  ASSERT_TRUE(clean && a && b);
+  EXPECT_NE(clean->event_log_sha256, a->event_log_sha256);  // the crashes happened ...
+  EXPECT_EQ(a->event_log_sha256, b->event_log_sha256);      // ... and replay from the seed
+  for (size_t i = 0; i < clean->requests.size(); i++) {
+    EXPECT_EQ(clean->requests[i].tokens, a->requests[i].tokens) << "request " << i;
+    EXPECT_EQ(a->requests[i].finish, "length") << "request " << i;
+  }
+}
+
 class SwarmShard : public ::testing::TestWithParam<int> {};
 
 TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
+  const quiet_engines quiet;
   const uint64_t first = 1 + 250 * static_cast<uint64_t>(GetParam());
-  int64_t num_preemptions = 0, num_replayed = 0;
+  int64_t num_preemptions = 0, num_replayed = 0, num_crashes = 0;
   for (uint64_t seed = first; seed < first + 250; seed++) {
     auto r = run_swarm_case(seed, testing::bundled_model(), /*replay=*/seed % 16 == 0);
     ASSERT_TRUE(r) << r.error().message;
     ASSERT_EQ(r->violation, "") << "replay: troupe sim --swarm 1 --seed " << seed;
     num_preemptions += r->num_preemptions;
     num_replayed += r->replayed;
+    num_crashes += r->num_crashes;
   }
   EXPECT_GT(num_preemptions, 0);  // small pools do preempt
+  EXPECT_GT(num_crashes, 50);     // half the cases draw crashes
   EXPECT_GE(num_replayed, 15);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds1To1000, SwarmShard, ::testing::Values(0, 1, 2, 3));
 
-TEST(Swarm, FindsAPlantedBatchDependenceBugAndReplaysIt) {
+/// The first case of 1..1000 in which the swarm finds `bug`, and its violation; expects one, and
+/// that the case reproduces it exactly and passes without the bug.
+void expect_found_and_replayed(planted_bug bug, const std::string& violation_part) {
+  const quiet_engines quiet;
   uint64_t found = 0;
   std::string violation;
   for (uint64_t seed = 1; seed <= 1000 && found == 0; seed++) {
-    auto r = run_swarm_case(seed, testing::bundled_model(), false, /*planted_batch_bug=*/true);
+    auto r = run_swarm_case(seed, testing::bundled_model(), false, bug);
     ASSERT_TRUE(r) << r.error().message;
     if (!r->violation.empty()) {
       found = seed;
@@ -81,13 +119,21 @@ TEST(Swarm, FindsAPlantedBatchDependenceBugAndReplaysIt) {
     }
   }
   ASSERT_NE(found, 0u) << "the planted bug went unnoticed for 1,000 cases";
-  EXPECT_NE(violation.find("differs with shuffled delivery"), std::string::npos) << violation;
-  auto again = run_swarm_case(found, testing::bundled_model(), false, true);
+  EXPECT_NE(violation.find(violation_part), std::string::npos) << violation;
+  auto again = run_swarm_case(found, testing::bundled_model(), false, bug);
   ASSERT_TRUE(again);
   EXPECT_EQ(again->violation, violation);  // the replay reproduces it exactly
-  auto clean = run_swarm_case(found, testing::bundled_model(), false, false);
+  auto clean = run_swarm_case(found, testing::bundled_model(), false);
   ASSERT_TRUE(clean);
   EXPECT_EQ(clean->violation, "");  // and without the bug the case passes
+}
+
+TEST(Swarm, FindsAPlantedBatchDependenceBugAndReplaysIt) {
+  expect_found_and_replayed(planted_bug::batch_dependence, "differs with shuffled delivery");
+}
+
+TEST(Swarm, FindsAPlantedBugOnlyExecutorCrashesExposeAndReplaysIt) {
+  expect_found_and_replayed(planted_bug::restart, "differs with shuffled delivery and executor crashes");
 }
 
 }  // namespace

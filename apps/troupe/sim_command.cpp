@@ -313,12 +313,20 @@ int run_sweep(const sim_cli_options& o) {
 /// prints the command that replays it.
 int run_swarm(const sim_cli_options& o) {
   const std::string model = default_model_path();
-  int64_t num_requests = 0, num_preemptions = 0, num_replayed = 0;
+  int64_t num_requests = 0, num_preemptions = 0, num_replayed = 0, num_crashes = 0;
+  // Engines log each injected executor crash as an error; the swarm reports them itself.
+  struct quiet_engines {
+    spdlog::level::level_enum level = spdlog::get_level();
+    quiet_engines() { spdlog::set_level(std::max(level, spdlog::level::critical)); }
+    ~quiet_engines() { spdlog::set_level(level); }
+  };
+  std::optional<quiet_engines> quiet(std::in_place);
   for (int64_t i = 0; i < o.swarm; i++) {
     const uint64_t seed = o.seed + static_cast<uint64_t>(i);
     auto r = sim::run_swarm_case(seed, model, /*replay=*/i % 16 == 0);
     if (!r) return fail_with(r.error());
     if (!r->violation.empty()) {
+      quiet.reset();
       std::fprintf(stderr, "\n");
       spdlog::error("swarm case {}: {}", seed, r->violation);
       std::printf("replay: troupe sim --swarm 1 --seed %llu\n", static_cast<unsigned long long>(seed));
@@ -327,12 +335,15 @@ int run_swarm(const sim_cli_options& o) {
     num_requests += r->num_requests;
     num_preemptions += r->num_preemptions;
     num_replayed += r->replayed;
+    num_crashes += r->num_crashes;
     if (o.progress) std::fprintf(stderr, "\r[swarm] %lld/%lld cases   ", static_cast<long long>(i + 1), static_cast<long long>(o.swarm));
   }
   if (o.progress) std::fprintf(stderr, "\n");
-  std::printf("swarm: %lld case(s) from seed %llu passed: %lld requests, %lld preemptions, %lld replayed\n",
+  std::printf("swarm: %lld case(s) from seed %llu passed: %lld requests, %lld preemptions, %lld executor crashes, %lld "
+              "replayed\n",
               static_cast<long long>(o.swarm), static_cast<unsigned long long>(o.seed), static_cast<long long>(num_requests),
-              static_cast<long long>(num_preemptions), static_cast<long long>(num_replayed));
+              static_cast<long long>(num_preemptions), static_cast<long long>(num_crashes),
+              static_cast<long long>(num_replayed));
   return 0;
 }
 
