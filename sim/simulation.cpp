@@ -42,6 +42,9 @@ struct run_state {
   std::string violation;
   std::optional<random_source> delivery;  // with shuffle_delivery: picks the next ready actor
   std::vector<actors::cache_tier_actor> tiers;  // with [host_tier]: one per replica
+  actors::engine_list engines;                  // for sim_options::drains
+  int64_t num_forwarded = 0;                    // their answers
+  int64_t num_forwarded_with_kv = 0;
 };
 
 int64_t since(const run_state& rs, caf::actor_clock::time_point t) { return actors::ns_between(rs.start, t); }
@@ -105,11 +108,26 @@ void arrive(caf::event_based_actor* self, run_state& rs, int64_t index) {
                        no_timeouts);
 }
 
+/// Drains replica `replica` now (sim_options::drains), with no grace period.
+void drain(caf::event_based_actor* self, run_state& rs, int32_t replica) {
+  rs.log.write(std::to_string(since(rs, self->clock().now())) + " drain engine" + std::to_string(replica));
+  self->request(rs.engines.at(static_cast<size_t>(replica)), caf::infinite, actors::drain_atom::value, int32_t{0})
+      .then([&rs](int32_t forwarded, int32_t with_kv) {
+        rs.num_forwarded += forwarded;
+        rs.num_forwarded_with_kv += with_kv;
+      });
+}
+
 caf::behavior driver(caf::event_based_actor* self, run_state* rs) {
   for (size_t i = 0; i < rs->o.workload.size(); i++)
     self->delayed_send(self, std::chrono::nanoseconds(rs->o.workload[i].arrival_ns), arrive_atom::value,
                        static_cast<int64_t>(i));
-  return {[=](arrive_atom, int64_t index) { arrive(self, *rs, index); }};
+  for (const engine_drain& d : rs->o.drains)
+    self->delayed_send(self, std::chrono::nanoseconds(d.at_ns), actors::drain_atom::value, d.replica);
+  return {
+      [=](arrive_atom, int64_t index) { arrive(self, *rs, index); },
+      [=](actors::drain_atom, int32_t replica) { drain(self, *rs, replica); },
+  };
 }
 
 /// How the cost executor prices the blocks a step moves to or from the host tier.
@@ -217,6 +235,11 @@ msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator&
 }  // namespace
 
 expected<sim_result> run_simulation(const sim_options& o) {
+  for (const engine_drain& drained : o.drains)  // before any actor exists: a failed run must not leave one
+    if (drained.replica < 0 || drained.replica >= o.topology.replicas || drained.at_ns < 0)
+      return fail(errc::invalid_argument, "a drain of replica " + std::to_string(drained.replica) + " at " +
+                                              std::to_string(drained.at_ns) + " ns: the run has " +
+                                              std::to_string(o.topology.replicas) + " replica(s)");
   caf::actor_system_config cfg;
   actors::register_message_types(cfg);
   cfg.set("scheduler.policy", caf::atom("testing"));
@@ -242,6 +265,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   lb.rate_limit_per_s = o.topology.rate_limit_per_s;
   lb.rate_limit_burst = o.topology.rate_limit_burst;
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
+  rs.engines = *engines;
   auto d = sys.spawn(driver, &rs);
   run_to_end(rs, sched);
   const int64_t end_ns = since(rs, sched.clock().now());
@@ -269,6 +293,8 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.promoted_blocks = totals.num_promoted_blocks;
   out.draft_rows = totals.num_draft_rows;
   out.accepted_drafts = totals.num_accepted_drafts;
+  out.num_forwarded = rs.num_forwarded;
+  out.num_forwarded_with_kv = rs.num_forwarded_with_kv;
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();
   return out;

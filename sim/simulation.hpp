@@ -23,6 +23,14 @@
 
 namespace troupe::sim {
 
+/// Fault injection: replica `replica` is drained at virtual time `at_ns` (from the run's start)
+/// with no grace period: it takes no new work and its requests go to the other replicas at once,
+/// with the KV they have computed (engine::engine_host::forward_all).
+struct engine_drain {
+  int32_t replica = 0;
+  int64_t at_ns = 0;
+};
+
 struct sim_options {
   sim_topology topology;
   std::vector<trace_request> workload;
@@ -55,6 +63,8 @@ struct sim_options {
   /// Tests only: plant executor_faults::planted_restart_bug, for checking that the swarm finds a
   /// bug only faults expose.
   bool planted_restart_bug = false;
+  /// Fault injection (issue 15, point 3): engines drained mid-run. The tokens may not change.
+  std::vector<engine_drain> drains;
 };
 
 struct sim_result {
@@ -74,6 +84,9 @@ struct sim_result {
   /// With [speculation]: draft rows verified and drafts that stood, over the replicas.
   int64_t draft_rows = 0;
   int64_t accepted_drafts = 0;
+  /// With drains: the requests the drained engines forwarded, and of them those with their KV.
+  int64_t num_forwarded = 0;
+  int64_t num_forwarded_with_kv = 0;
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;
 };

@@ -78,6 +78,11 @@ expected<swarm_case> make_swarm_case(uint64_t seed, const std::string& checkpoin
       at.erase(std::unique(at.begin(), at.end()), at.end());
       for (const int64_t plan : at) crashes += " e" + std::to_string(r) + "@" + std::to_string(plan);
     }
+  std::string drains;
+  if (t.replicas >= 2 && faults.uniform() < 0.5) {
+    c.drains.push_back(engine_drain{between(faults, 0, t.replicas - 1), 5'000 * between(faults, 0, 12)});
+    drains = " e" + std::to_string(c.drains.back().replica) + "@" + std::to_string(c.drains.back().at_ns) + "ns";
+  }
   c.description = std::to_string(t.replicas) + " replica(s), block " + std::to_string(e.block_size) + " x " +
                   std::to_string(e.num_kv_blocks) + ", budget " + std::to_string(e.scheduler.max_num_batched_tokens) +
                   " tokens / " + std::to_string(e.scheduler.step_time_budget_ms) + " ms, " +
@@ -85,7 +90,8 @@ expected<swarm_case> make_swarm_case(uint64_t seed, const std::string& checkpoin
                   ", watermark " + std::to_string(e.scheduler.kv_watermark) + ", slack " +
                   std::to_string(e.scheduler.prefix_cache_slack_tokens) + ", " + std::to_string(e.max_steps_in_flight) +
                   " in flight, " + std::to_string(num_requests) + " requests at temperature " +
-                  std::to_string(c.options.temperature) + ", executor crashes:" + (crashes.empty() ? " none" : crashes);
+                  std::to_string(c.options.temperature) + ", executor crashes:" + (crashes.empty() ? " none" : crashes) +
+                  ", drains:" + (drains.empty() ? " none" : drains);
   return c;
 }
 
@@ -106,15 +112,19 @@ expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoi
   sim_options shuffled_options = c->options;
   shuffled_options.shuffle_delivery = true;
   shuffled_options.executor_crashes = c->executor_crashes;
+  shuffled_options.drains = c->drains;
   for (const auto& at : c->executor_crashes) out.num_crashes += static_cast<int64_t>(at.size());
+  out.num_drains = static_cast<int64_t>(c->drains.size());
   auto shuffled = run_simulation(shuffled_options);
   if (!shuffled) return violated("shuffled delivery: " + shuffled.error().message);
   for (const request_record& r : fifo->requests) out.num_preemptions += r.preemptions;
+  out.num_forwarded_with_kv = shuffled->num_forwarded_with_kv;
   for (size_t i = 0; i < fifo->requests.size(); i++) {
     const std::string want = outcome(fifo->requests[i]), got = outcome(shuffled->requests[i]);
     if (want != got)
       return violated("request " + std::to_string(i) + " differs with shuffled delivery" +
-                      (out.num_crashes > 0 ? " and executor crashes" : "") + ": '" + want + "' vs '" + got + "'");
+                      (out.num_crashes > 0 ? " and executor crashes" : "") + (out.num_drains > 0 ? " and a drain" : "") +
+                      ": '" + want + "' vs '" + got + "'");
     if (fifo->requests[i].finish != "length")
       return violated("request " + std::to_string(i) + " ended '" + fifo->requests[i].finish + "', not by length");
   }

@@ -4,12 +4,14 @@
 /// random small topology and workload, run twice — first come first served without faults, and
 /// with the ready actors dispatched in a seeded random order (sim_options::shuffle_delivery)
 /// and, in half the cases, executor crashes at drawn plans (sim_options::executor_crashes, at
-/// most two per replica: a request survives two) — under the simulator's per-step invariant
+/// most two per replica: a request survives two), and in half the cases with two or more
+/// replicas one drained engine (sim_options::drains: its requests move with their KV) — under
+/// the simulator's per-step invariant
 /// checks. A case fails when a run violates an invariant or a request's finish or tokens differ
 /// between the two runs: the determinism contract says a request's tokens depend on the request
 /// alone, wherever and however often it ran. Every case replays from its seed.
 ///
-/// Planned (issue 15): the other faults (node loss, drain, KV transfer failure, message delay),
+/// Planned (issue 15): the other faults (node loss, KV transfer failure, message delay),
 /// disaggregated and multi-node topologies, the liveness phase.
 
 #include <cstdint>
@@ -24,6 +26,7 @@ namespace troupe::sim {
 struct swarm_case {
   sim_options options;     ///< shuffle_delivery off, no faults; the second run turns them on
   std::vector<std::vector<int64_t>> executor_crashes;  ///< the second run's (sim_options::executor_crashes)
+  std::vector<engine_drain> drains;                     ///< the second run's (sim_options::drains)
   std::string description;  ///< the drawn settings, one line
 };
 
@@ -40,6 +43,8 @@ struct swarm_result {
   int64_t num_requests = 0;
   int64_t num_preemptions = 0;  ///< in the first-come-first-served run
   int64_t num_crashes = 0;      ///< executor crashes drawn for the second run
+  int64_t num_drains = 0;       ///< engines drained in the second run
+  int64_t num_forwarded_with_kv = 0;  ///< requests they forwarded with their KV
   bool replayed = false;   ///< the shuffled run ran twice and its event-log hash repeated
 };
 

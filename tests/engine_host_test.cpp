@@ -319,7 +319,7 @@ TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterW
   const effects fx = ex.take_plans(host->forward_all(200));
   EXPECT_TRUE(effects_of<forward>(fx).empty());
   EXPECT_FALSE(host->drained());
-  EXPECT_EQ(host->num_forwarded(), 1);
+  EXPECT_EQ(host->num_forwarded(), 0);  // not yet: its KV is read out first
   // Steps still in flight send r2 nothing more; the one after them reads its KV out: the 6
   // prompt tokens and the tokens sampled before (in flight or not), all in blocks 0 and 1.
   std::vector<forward> forwards;
@@ -346,6 +346,25 @@ TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterW
   EXPECT_EQ(host->import(make_request(5, 4), 5, kv, 400), (effects{forward{5, true, std::nullopt}}));
   EXPECT_EQ(host->num_forwarded(), 4);
   EXPECT_TRUE(host->drained());
+}
+
+TEST(EngineHost, ADrainedRequestWhoseKvIsLostOrReleasedMeanwhileIsForwardedWithoutItOrNotAtAll) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  ex.take_plans(host->submit(make_request(1, 8), 10));
+  ex.take_plans(host->submit(make_request(2, 8), 20));
+  while (host->core().stats().num_generated_tokens < 4) ex.answer(*host, 30);
+  // Both leave with their KV once the readout step completes; r2's request actor releases it first.
+  EXPECT_TRUE(effects_of<forward>(ex.take_plans(host->forward_all(100))).empty());
+  EXPECT_TRUE(host->release(2, 110).empty());
+  // The executor fails before the readout completes: r1 goes without its KV (it is gone), r2 not at all.
+  const effects fx = ex.take_plans(host->executor_failed(host->generation(), "step executor failed: boom", 120));
+  EXPECT_EQ(effects_of<forward>(fx), (std::vector<forward>{forward{1, false, std::nullopt}}));
+  EXPECT_TRUE(host->drained());
+  EXPECT_EQ(host->num_forwarded(), 1);
+  EXPECT_EQ(host->num_forwarded_with_kv(), 0);
+  // The old executor's late answers change nothing.
+  while (!ex.in_flight.empty()) EXPECT_TRUE(ex.answer(*host, 130).empty());
 }
 
 TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {

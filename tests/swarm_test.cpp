@@ -83,12 +83,37 @@ TEST(Swarm, ExecutorCrashesChangeNoTokenAndReplay) {
   }
 }
 
+TEST(Swarm, ADrainedEngineHandsItsRequestsOnWithTheirKvAndNoTokenChanges) {
+  const quiet_engines quiet;
+  auto c = make_swarm_case(7, testing::bundled_model());
+  ASSERT_TRUE(c) << c.error().message;
+  c->options.topology.replicas = 2;
+  c->options.workload.clear();
+  for (int32_t i = 0; i < 12; i++) c->options.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
+  c->options.temperature = 1.0f;
+  auto clean = run_simulation(c->options);
+  sim_options drained = c->options;
+  drained.drains = {engine_drain{0, 12'000}};
+  drained.shuffle_delivery = true;
+  auto a = run_simulation(drained);
+  ASSERT_TRUE(clean && a) << (a ? "" : a.error().message);
+  EXPECT_GT(a->num_forwarded_with_kv, 0);
+  for (size_t i = 0; i < clean->requests.size(); i++) {
+    EXPECT_EQ(clean->requests[i].tokens, a->requests[i].tokens) << "request " << i;
+    EXPECT_EQ(a->requests[i].finish, "length") << "request " << i;
+  }
+  drained.drains = {engine_drain{2, 0}};
+  auto bad = run_simulation(drained);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "a drain of replica 2 at 0 ns: the run has 2 replica(s)");
+}
+
 class SwarmShard : public ::testing::TestWithParam<int> {};
 
 TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
   const quiet_engines quiet;
   const uint64_t first = 1 + 250 * static_cast<uint64_t>(GetParam());
-  int64_t num_preemptions = 0, num_replayed = 0, num_crashes = 0;
+  int64_t num_preemptions = 0, num_replayed = 0, num_crashes = 0, num_drains = 0, num_forwarded_with_kv = 0;
   for (uint64_t seed = first; seed < first + 250; seed++) {
     auto r = run_swarm_case(seed, testing::bundled_model(), /*replay=*/seed % 16 == 0);
     ASSERT_TRUE(r) << r.error().message;
@@ -96,9 +121,13 @@ TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
     num_preemptions += r->num_preemptions;
     num_replayed += r->replayed;
     num_crashes += r->num_crashes;
+    num_drains += r->num_drains;
+    num_forwarded_with_kv += r->num_forwarded_with_kv;
   }
   EXPECT_GT(num_preemptions, 0);  // small pools do preempt
   EXPECT_GT(num_crashes, 50);     // half the cases draw crashes
+  EXPECT_GT(num_drains, 20);      // a quarter or so drain an engine ...
+  EXPECT_GT(num_forwarded_with_kv, 0);  // ... some of whose requests take their KV along
   EXPECT_GE(num_replayed, 15);
 }
 

@@ -373,6 +373,7 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
   core_ = std::move(*core);
   out.push_back(restart_executor{});
   for (const request_id id : exporting_) out.push_back(forward{id, false, std::nullopt});  // their KV is gone
+  num_forwarded_ += static_cast<int64_t>(exporting_.size());
   exporting_.clear();
   std::set<request_id> resumed;
   for (request& r : resumable) {
@@ -425,7 +426,6 @@ effects engine_host::forward_all(int64_t now_ns) {
   for (const auto& [id, live] : requests_) ids.insert(id);
   for (const auto& [id, wait] : tier_waits_) ids.insert(id);
   for (const request_id id : ids) {
-    num_forwarded_++;
     // Its KV goes along if it has any: the forward waits for the step that reads it out.
     const engine_config& c = options_.config;
     if (c.drain_with_kv && c.kv_values && !handoffs_.count(id) && core_->export_request(id)) {
@@ -434,6 +434,7 @@ effects engine_host::forward_all(int64_t now_ns) {
       continue;
     }
     out.push_back(forward{id, false, std::nullopt});
+    num_forwarded_++;
     drop(id, out, now_ns);
   }
   kick(out, now_ns);
@@ -444,6 +445,7 @@ effects engine_host::forward_all(int64_t now_ns) {
 void engine_host::forward_exported(effects& out) {
   for (exported_request& e : core_->take_exported()) {
     if (!exporting_.erase(e.id)) continue;  // released meanwhile
+    num_forwarded_++;
     num_forwarded_with_kv_++;
     num_forwarded_kv_tokens_ += e.kv.num_tokens;
     out.push_back(forward{e.id, false, std::move(e.kv)});
