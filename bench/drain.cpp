@@ -19,7 +19,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -58,15 +57,6 @@ options parse(int argc, char** argv) {
     return true;
   });
   return o;
-}
-
-/// Prompt `i`: BOS and `length` - 1 token ids drawn from [3, 512) with seed i.
-std::vector<int32_t> random_prompt(uint32_t i, int32_t length) {
-  std::mt19937 rng(i);
-  std::uniform_int_distribution<int32_t> id(3, 511);
-  std::vector<int32_t> p{1};
-  for (int32_t k = 1; k < length; k++) p.push_back(id(rng));
-  return p;
 }
 
 /// What the clients saw, shared with their callbacks.

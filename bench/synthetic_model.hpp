@@ -50,4 +50,14 @@ inline void write_synthetic_checkpoint(const std::string& path, const synthetic_
   std::fclose(f);
 }
 
+/// Prompt `i` for the synthetic shape: BOS and `length` - 1 token ids drawn from [3, 512) with
+/// seed i.
+inline std::vector<int32_t> random_prompt(uint32_t i, int32_t length) {
+  std::mt19937 rng(i);
+  std::uniform_int_distribution<int32_t> id(3, 511);
+  std::vector<int32_t> p{1};
+  for (int32_t k = 1; k < length; k++) p.push_back(id(rng));
+  return p;
+}
+
 }  // namespace troupe::bench

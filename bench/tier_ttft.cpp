@@ -14,7 +14,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -49,14 +48,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// Prompt `i`: BOS and prompt_length - 1 token ids drawn from [3, 512) with seed i.
-std::vector<int32_t> random_prompt(uint32_t i) {
-  std::mt19937 rng(i);
-  std::uniform_int_distribution<int32_t> id(3, 511);
-  std::vector<int32_t> p{1};
-  for (int32_t k = 1; k < prompt_length; k++) p.push_back(id(rng));
-  return p;
-}
 
 /// What the second A of a round saw.
 struct second_a {
@@ -82,12 +73,12 @@ std::vector<second_a> run_node(const topology::topology& t, const options& o) {
   caf::actor_system sys{cfg};
   auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
-  (void)run_one(sys, node->load_balancer, random_prompt(1000));  // warm-up: weights packed, pool allocated
+  (void)run_one(sys, node->load_balancer, random_prompt(1000, prompt_length));  // warm-up: weights packed, pool allocated
   std::vector<second_a> out;
   for (int32_t round = 0; round < o.rounds; round++) {
-    const std::vector<int32_t> a = random_prompt(2 * static_cast<uint32_t>(round));
+    const std::vector<int32_t> a = random_prompt(2 * static_cast<uint32_t>(round), prompt_length);
     (void)run_one(sys, node->load_balancer, a);
-    (void)run_one(sys, node->load_balancer, random_prompt(2 * static_cast<uint32_t>(round) + 1));
+    (void)run_one(sys, node->load_balancer, random_prompt(2 * static_cast<uint32_t>(round) + 1, prompt_length));
     const actors::completion again = run_one(sys, node->load_balancer, a);
     out.push_back({again.end.ttft_ns / 1e6, again.end.num_cached_tokens, again.tokens});
   }

@@ -16,15 +16,22 @@
 namespace troupe::sim {
 namespace {
 
-TEST(ShuffledDelivery, ChangesTheInterleavingButNoToken) {
+/// Case 7's topology with 2 replicas and 12 sampled requests arriving 4 at a time, 5 µs apart.
+sim_options twelve_requests_on_two_replicas() {
   auto c = make_swarm_case(7, testing::bundled_model());
-  ASSERT_TRUE(c) << c.error().message;
-  c->options.topology.replicas = 2;
-  c->options.workload.clear();
-  for (int32_t i = 0; i < 12; i++) c->options.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
-  c->options.temperature = 1.0f;
-  auto fifo = run_simulation(c->options);
-  sim_options shuffled = c->options;
+  EXPECT_TRUE(c) << c.error().message;
+  sim_options o = c->options;
+  o.topology.replicas = 2;
+  o.workload.clear();
+  for (int32_t i = 0; i < 12; i++) o.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
+  o.temperature = 1.0f;
+  return o;
+}
+
+TEST(ShuffledDelivery, ChangesTheInterleavingButNoToken) {
+  const sim_options o = twelve_requests_on_two_replicas();
+  auto fifo = run_simulation(o);
+  sim_options shuffled = o;
   shuffled.shuffle_delivery = true;
   auto a = run_simulation(shuffled);
   auto b = run_simulation(shuffled);
@@ -63,14 +70,9 @@ class quiet_engines {
 
 TEST(Swarm, ExecutorCrashesChangeNoTokenAndReplay) {
   const quiet_engines quiet;
-  auto c = make_swarm_case(7, testing::bundled_model());
-  ASSERT_TRUE(c) << c.error().message;
-  c->options.topology.replicas = 2;
-  c->options.workload.clear();
-  for (int32_t i = 0; i < 12; i++) c->options.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
-  c->options.temperature = 1.0f;
-  auto clean = run_simulation(c->options);
-  sim_options faulty = c->options;
+  const sim_options o = twelve_requests_on_two_replicas();
+  auto clean = run_simulation(o);
+  sim_options faulty = o;
   faulty.executor_crashes = {{2, 9}, {5}};
   auto a = run_simulation(faulty);
   auto b = run_simulation(faulty);
@@ -85,14 +87,9 @@ TEST(Swarm, ExecutorCrashesChangeNoTokenAndReplay) {
 
 TEST(Swarm, ADrainedEngineHandsItsRequestsOnWithTheirKvAndNoTokenChanges) {
   const quiet_engines quiet;
-  auto c = make_swarm_case(7, testing::bundled_model());
-  ASSERT_TRUE(c) << c.error().message;
-  c->options.topology.replicas = 2;
-  c->options.workload.clear();
-  for (int32_t i = 0; i < 12; i++) c->options.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
-  c->options.temperature = 1.0f;
-  auto clean = run_simulation(c->options);
-  sim_options drained = c->options;
+  const sim_options o = twelve_requests_on_two_replicas();
+  auto clean = run_simulation(o);
+  sim_options drained = o;
   drained.drains = {engine_drain{0, 12'000}};
   drained.shuffle_delivery = true;
   auto a = run_simulation(drained);

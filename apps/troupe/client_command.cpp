@@ -51,12 +51,7 @@ int run_client(const client_options& o) {
   auto address = parse_address(o.connect);
   if (!address) return fail_with(address.error());
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
-  if (auto ok = actors::configure_network(cfg, o.tls); !ok) return fail_with(ok.error());
-  if (!o.tls.enabled() && !topology::is_loopback(address->first))
-    spdlog::warn("connecting to {} in plaintext: without --ca/--certificate/--key nothing is authenticated or "
-                 "encrypted",
-                 address->first);
+  if (auto ok = configure_client(cfg, o.tls, address->first); !ok) return fail_with(ok.error());
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto lb = connect(sys, address->first, address->second, o);
@@ -83,6 +78,17 @@ expected<std::pair<std::string, uint16_t>> parse_address(const std::string& addr
   if (port.empty() || *end != '\0' || value < 1 || value > 65535)
     return fail(errc::invalid_argument, "--connect: port '" + port + "' is not in 1..65535");
   return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(value));
+}
+
+expected<void> configure_client(caf::actor_system_config& cfg, const actors::tls_credentials& tls,
+                                const std::string& host) {
+  actors::configure_real_time(cfg);
+  if (auto ok = actors::configure_network(cfg, tls); !ok) return ok;
+  if (!tls.enabled() && !topology::is_loopback(host))
+    spdlog::warn("connecting to {} in plaintext: without --ca/--certificate/--key nothing is authenticated or "
+                 "encrypted",
+                 host);
+  return {};
 }
 
 void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls) {

@@ -98,6 +98,11 @@ void keep_stdout_for_text(caf::actor_system& sys);
 /// "60s", "500ms", "2m" or a bare number of seconds, in milliseconds (within an int32).
 [[nodiscard]] expected<int32_t> parse_duration_ms(const std::string& text);
 
+/// A client process's actor system configuration (real time, the network with `tls`); warns
+/// when it will talk to a host that is not loopback in plaintext.
+[[nodiscard]] expected<void> configure_client(caf::actor_system_config& cfg, const actors::tls_credentials& tls,
+                                              const std::string& host);
+
 /// --ca, --certificate and --key (PEM files, all three or none): connect with mutual TLS.
 void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls);
 

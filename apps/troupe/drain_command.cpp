@@ -19,7 +19,6 @@
 #include "actors/tls.hpp"
 #include "actors/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
-#include "topology/topology.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -77,12 +76,7 @@ int run_drain(const drain_options& o) {
     grace_ms = *g;
   }
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
-  if (auto ok = actors::configure_network(cfg, o.tls); !ok) return fail_with(ok.error());
-  if (!o.tls.enabled() && !topology::is_loopback(address->first))
-    spdlog::warn("connecting to {} in plaintext: without --ca/--certificate/--key nothing is authenticated or "
-                 "encrypted",
-                 address->first);
+  if (auto ok = configure_client(cfg, o.tls, address->first); !ok) return fail_with(ok.error());
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   actors::reach_options ro;
