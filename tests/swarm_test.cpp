@@ -105,6 +105,21 @@ TEST(Swarm, ADrainedEngineHandsItsRequestsOnWithTheirKvAndNoTokenChanges) {
   EXPECT_EQ(bad.error().message, "a drain of replica 2 at 0 ns: the run has 2 replica(s)");
 }
 
+TEST(Swarm, ADrainWithNowhereToForwardEndsItsRequestsUnavailableInsteadOfHanging) {
+  const quiet_engines quiet;
+  sim_options o = twelve_requests_on_two_replicas();
+  o.topology.replicas = 1;
+  o.drains = {engine_drain{0, 6'000}};
+  auto r = run_simulation(o);  // fails if a request never ends
+  ASSERT_TRUE(r) << r.error().message;
+  int32_t num_unavailable = 0;
+  for (const request_record& q : r->requests) {
+    EXPECT_TRUE(q.finish == "length" || q.finish == "unavailable") << q.index << ": " << q.finish;
+    num_unavailable += q.finish == "unavailable";
+  }
+  EXPECT_GT(num_unavailable, 0);
+}
+
 class SwarmShard : public ::testing::TestWithParam<int> {};
 
 TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
