@@ -50,11 +50,14 @@ struct place_request {
   /// engine_lost), which the balancer counts lost before it chooses (the two DOWN messages
   /// race).
   actors::engine_actor lost;
+  /// `lost` is not lost but draining: it forwarded the request. The balancer places nothing
+  /// more there (its load report saying so may still be on the way).
+  bool drained = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, place_request& x) {
-  return f(x.request_id, x.num_prompt_tokens, x.max_tokens, x.prefix_hashes, x.lost);
+  return f(x.request_id, x.num_prompt_tokens, x.max_tokens, x.prefix_hashes, x.lost, x.drained);
 }
 
 /// Balancer -> request: the engines chosen, or why none (`error` non-empty, code "unavailable").

@@ -15,6 +15,7 @@
 #include "actors/boundary.hpp"
 #include "actors/sync_guard.hpp"
 #include "actors/network_limits.hpp"
+#include "actors/network_model.hpp"
 #include "actors/clock.hpp"
 #include "actors/executor_actor.hpp"
 #include "actors/grammar_actor.hpp"
@@ -46,6 +47,12 @@ struct engine_state {
 };
 
 using engine_actor_t = engine_actor::stateful_base<engine_state>;
+
+/// Sends to another node: over the simulator's network when there is one (engine_options::network).
+template <class Handle, class Message>
+void post(engine_actor_t* self, const Handle& to, Message&& m, int64_t bytes = 0) {
+  send_over(self, self->state.options.network.get(), to, std::forward<Message>(m), bytes);
+}
 
 }  // namespace
 
@@ -111,7 +118,7 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   // connection between the two nodes ([limits] max_message_mib): this request fails instead.
   if (h.ucx_tag == 0 && !fits_between(decode.node(), self->node(), m.payload.size())) {
     const uint64_t limit = current_network_limits().max_message_bytes;
-    self->send(to, msg::rejected{id, errc::invalid_argument,
+    post(self, to, msg::rejected{id, errc::invalid_argument,
                                  "the prompt's KV cache is " + std::to_string(m.payload.size()) +
                                      " bytes, more than a CAF message between nodes may carry (" +
                                      std::to_string(limit) +
@@ -121,8 +128,10 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   if (h.ucx_tag != 0)
     self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id,
                          caf::actor_cast<engine_actor>(self));
-  self->send(to, msg::prefilled{id});
-  self->send(decode, std::move(m));
+  kv_in_transit(self, self->state.options.network.get(), m.payload);
+  const auto bytes = static_cast<int64_t>(m.payload.size());
+  post(self, to, msg::prefilled{id});
+  post(self, decode, std::move(m), bytes);
 }
 
 /// Sends a drained request back to its request actor, with its KV when it has some and it fits
@@ -139,7 +148,9 @@ void forward(engine_actor_t* self, engine::forward& f, const request_actor& call
       m.kv_payload.clear();
     }
   }
-  self->send(to, std::move(m));
+  kv_in_transit(self, self->state.options.network.get(), m.kv_payload);
+  const auto bytes = static_cast<int64_t>(m.kv_payload.size());
+  post(self, to, std::move(m), bytes);
 }
 
 /// Asks the host tier for the blocks after the pool's prefix; no answer within the timeout (or an
@@ -170,21 +181,21 @@ struct performer {
   void operator()(engine::send_plan& p) const { send_plan(self, p); }
   void operator()(engine::send_token& t) const {
     engine::sample_event& s = t.event;
-    self->send(client_of(self, s.request),
+    post(self, client_of(self, s.request),
                msg::sampled{s.request, s.sample_index, s.sample.token, s.sample.logprob,
                             std::move(s.sample.top_logprobs), s.finish, s.num_cached_tokens,
                             s.num_preemptions, s.num_recomputed_tokens, t.scheduled_at_ns});
   }
   void operator()(engine::send_batch& e) const {
     engine::token_batch& b = e.batch;
-    self->send(client_of(self, b.request),
+    post(self, client_of(self, b.request),
                msg::sampled_batch{b.request, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs),
                                   std::move(b.age_ns), b.finish, b.num_cached_tokens,
                                   b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns});
   }
   void operator()(engine::reject& r) const {
     if (!r.to_caller) spdlog::error("engine: request {} failed: {}", r.id, r.message);
-    self->send(r.to_caller ? caller : client_of(self, r.id), msg::rejected{r.id, r.code, r.message});
+    post(self, r.to_caller ? caller : client_of(self, r.id), msg::rejected{r.id, r.code, r.message});
   }
   void operator()(engine::watch_caller& w) const {
     self->state.clients[w.id] = caller;
@@ -193,7 +204,7 @@ struct performer {
   }
   void operator()(engine::hand_off& h) const { hand_off(self, h); }
   void operator()(engine::report_load& l) const {
-    self->send(self->state.balancer, msg::load_report{l.engine_index, l.num_received, l.num_requests,
+    post(self, self->state.balancer, msg::load_report{l.engine_index, l.num_received, l.num_requests,
                                                       l.num_kv_tokens, l.num_queued_prefill_tokens, l.draining});
   }
   void operator()(engine::arm_report_timer& a) const {
@@ -243,6 +254,21 @@ bool validate_caller(const request_actor& caller, engine::request_id id) {
   return false;
 }
 
+/// Whether request `id` from `from` is here already: the same request arriving twice, which
+/// happens when a prefill engine is lost while its hand-off is on the way, and the request
+/// actor places the request again on the same decode engine. The second copy is dropped (the
+/// first serves it; a rejection would end the request).
+bool here_already(engine_actor_t* self, engine::request_id id, const request_actor& from) {
+  const engine_state& st = self->state;
+  const auto client = st.clients.find(id);
+  const auto compiling = st.compiling.find(id);
+  if ((!st.host->is_live(id) || client == st.clients.end() || client->second != from) &&
+      (compiling == st.compiling.end() || compiling->second != from.address()))
+    return false;
+  spdlog::debug("engine: request {} arrived twice (a hand-off and its placement again); the second is dropped", id);
+  return true;
+}
+
 /// How long a request waits for its grammar's compilation (in this process) before it fails.
 constexpr auto grammar_compile_timeout = std::chrono::seconds(30);
 
@@ -251,7 +277,7 @@ constexpr auto grammar_compile_timeout = std::chrono::seconds(30);
 void refuse_request(engine_actor_t* self, const request_actor& to, engine::request_id id, errc code,
                     const std::string& why, bool uncounted) {
   if (uncounted) self->state.host->note_received();
-  self->send(to, msg::rejected{id, code, why});
+  post(self, to, msg::rejected{id, code, why});
 }
 
 /// Runs `admit(r)` once `r`'s grammar is compiled (at once without one); a grammar that does not
@@ -309,15 +335,21 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
                  caller);
 }
 
-/// Decode engine: a request and its KV bytes, decoded and queued.
+/// Decode engine: a request and its KV bytes, decoded and queued. KV that does not decode (the
+/// transfer broke off, or the bytes are damaged) is recomputed here: the request is not lost,
+/// and its tokens do not change.
 void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
+  if (!validate_caller(h.request_actor, h.request.id) || here_already(self, h.request.id, h.request_actor)) return;
+  const request_actor to = h.request_actor;
   auto payload = msg::decode_kv_payload(h.payload);
   if (!payload) {
-    self->send(h.request_actor, msg::rejected{h.request.id, payload.error().code, payload.error().message});
+    spdlog::warn("engine: the KV of request {} did not arrive intact ({}); recomputed instead", h.request.id,
+                 payload.error().message);
+    with_grammar(self, std::move(h.request), to, /*uncounted=*/false, [=](engine::request r) {
+      perform(self, self->state.host->recompute_handoff(std::move(r), now_ns(self)), to);
+    });
     return;
   }
-  if (!validate_caller(h.request_actor, h.request.id)) return;
-  const request_actor to = h.request_actor;
   const engine::request_id from = payload->request_id;
   with_grammar(self, std::move(h.request), to, /*uncounted=*/false,
                [=, kv = std::move(payload->kv)](engine::request r) mutable {
@@ -329,7 +361,7 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   self->state.host->note_received();
   if (h.ucx_tag == 0) return accept_handoff(self, h);
   if (!self->state.kv->enabled()) {
-    self->send(h.request_actor, msg::rejected{h.request.id, errc::internal,
+    post(self, h.request_actor, msg::rejected{h.request.id, errc::internal,
                                               "KV sent over UCX to an engine without a UCX transport"});
     return;
   }
@@ -371,7 +403,8 @@ msg::engine_report stats(engine_actor_t* self) {
                             s.core.num_prefix_hit_tokens, s.core.num_host_hit_tokens, s.core.num_demoted_blocks,
                             s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
                             0,                          s.core.preempted_ns,         s.core.num_draft_slots,
-                            s.core.num_draft_rows,      s.core.num_accepted_drafts};
+                            s.core.num_draft_rows,      s.core.num_accepted_drafts,
+                            self->state.host->num_handoffs_recomputed()};
 }
 
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers
@@ -406,7 +439,8 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   return {
       [=](msg::submit& s) {
         const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
-        if (!validate_caller(caller, s.request.id)) return self->state.host->note_received();
+        if (!validate_caller(caller, s.request.id) || here_already(self, s.request.id, caller))
+          return self->state.host->note_received();
         with_grammar(self, std::move(s.request), caller, /*uncounted=*/true, [=](engine::request r) {
           perform(self, self->state.host->submit(std::move(r), now_ns(self)), caller);
         });

@@ -41,6 +41,8 @@
 
 namespace troupe::actors {
 
+class network_model;  // actors/network_model.hpp
+
 /// Makes the step executor of an engine (the simulator plugs its cost-model executor in here).
 using executor_factory = std::function<executor_actor(caf::actor_system& sys, const engine_actor& engine)>;
 
@@ -73,6 +75,10 @@ struct engine_options {
   /// tokenizer). Without it, a request with a grammar is rejected.
   std::shared_ptr<const grammar::vocabulary> vocabulary;
   caf::timespan tier_fetch_timeout = std::chrono::milliseconds(50);
+  /// The simulator's network (actors/network_model.hpp): what this engine sends to other nodes
+  /// (tokens, hand-offs and forwards with their KV, load reports) arrives when it says. Null in
+  /// production.
+  std::shared_ptr<network_model> network;
 };
 
 /// The settings of the real step executor `options` describe (what a wrapping executor, such

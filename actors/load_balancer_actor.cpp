@@ -73,6 +73,7 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   ro.host.tags = st.o.tags;
   ro.host.refused = std::move(refused);
   ro.host.prefix_block_size = st.host->prefix_block_size();
+  ro.network = st.o.network;
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
   ro.host.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
@@ -136,9 +137,14 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.error = "a place_request for " + std::to_string(p.num_prompt_tokens) + " prompt tokens";
     return out;
   }
-  if (p.lost)  // its request actor saw it go: lost here too before anything is placed
-    for (size_t i = 0; i < st.o.engines.size(); i++)
-      if (st.o.engines[i].actor == p.lost && st.host->mark_lost(i)) tell_lost(self, i, "its request actor saw it go");
+  // Its request actor saw it go (or drain): so here too, before anything is placed.
+  for (size_t i = 0; p.lost && i < st.o.engines.size(); i++) {
+    if (st.o.engines[i].actor != p.lost) continue;
+    if (p.drained)
+      st.host->mark_draining(i);
+    else if (st.host->mark_lost(i))
+      tell_lost(self, i, "its request actor saw it go");
+  }
   auto chosen = st.host->place(it->second.key, p.num_prompt_tokens, p.prefix_hashes);
   if (!chosen) {
     out.error = chosen.error().message;

@@ -39,6 +39,8 @@
 
 namespace troupe::actors {
 
+class network_model;  // actors/network_model.hpp
+
 /// One engine the balancer may place requests on.
 struct balanced_engine {
   engine_actor actor;
@@ -91,6 +93,9 @@ struct load_balancer_options {
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.
   int32_t max_pending_per_client = 256;
+  /// The simulator's network (actors/network_model.hpp), handed to every request actor. Null in
+  /// production.
+  std::shared_ptr<network_model> network;
 };
 
 balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);

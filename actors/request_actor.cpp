@@ -9,6 +9,7 @@
 #include "actors/clock.hpp"
 #include "actors/cluster_messages.hpp"
 #include "actors/network_limits.hpp"
+#include "actors/network_model.hpp"
 #include "messages/kv_payload.hpp"
 
 namespace troupe::actors {
@@ -17,6 +18,7 @@ namespace {
 struct request_state {
   stream_receiver_actor client;
   balancer_actor balancer;
+  std::shared_ptr<network_model> network;  // request_options::network
   std::optional<serve::request_host> host;  // the request's policy (runtime/serve/request_host)
   msg::placement placed;  // the engines serving it, once the balancer answered
   static inline const char* name = "request";
@@ -25,6 +27,12 @@ struct request_state {
 using request_actor_t = request_actor::stateful_base<request_state>;
 
 int64_t now_ns(request_actor_t* self) { return ns_since_epoch(self->clock().now()); }
+
+/// Sends to an engine (another node): over the simulator's network when there is one.
+template <class Message>
+void post(request_actor_t* self, const engine_actor& to, Message&& m, int64_t bytes = 0) {
+  send_over(self, self->state.network.get(), to, std::forward<Message>(m), bytes);
+}
 
 /// Ends the actor. Its monitors go first: CAF 0.17 keeps a monitor (and the weak reference in
 /// it, which keeps this actor's memory allocated) in the monitored actor until that one dies,
@@ -53,10 +61,9 @@ engine_actor forget_placement(request_actor_t* self, serve::engine_role lost) {
 void ask_placement(request_actor_t* self, serve::ask_placement& a) {
   engine_actor lost;
   if (a.again) lost = forget_placement(self, a.lost);
-  if (a.drained) lost = nullptr;  // it forwarded the request: draining, not lost
   self->request(self->state.balancer, caf::infinite,
                 msg::place_request{a.request_id, a.num_prompt_tokens, a.max_tokens, std::move(a.prefix_hashes),
-                                   std::move(lost)})
+                                   std::move(lost), a.drained})
       .then(
           [=](msg::placement& p) {
             serve::placed_engines view{p.error, static_cast<bool>(p.prefill), static_cast<bool>(p.decode),
@@ -79,7 +86,9 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
     const int64_t id = s.request.id;
     std::vector<uint8_t> payload = msg::encode_kv_payload(id, *s.kv);
     if (fits_between(placed.decode.node(), self->node(), payload.size())) {
-      self->send(placed.decode, msg::kv_handoff{std::move(s.request), self, std::move(payload), 0});
+      kv_in_transit(self, self->state.network.get(), payload);
+      const auto bytes = static_cast<int64_t>(payload.size());
+      post(self, placed.decode, msg::kv_handoff{std::move(s.request), self, std::move(payload), 0}, bytes);
       return;
     }
     spdlog::warn("request {}: its KV ({} bytes) is more than a CAF message to its new engine may carry; "
@@ -87,11 +96,11 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
                  id, payload.size());
   }
   if (!s.to_prefill) {
-    self->send(placed.decode, msg::submit{std::move(s.request)});
+    post(self, placed.decode, msg::submit{std::move(s.request)});
     return;
   }
   self->monitor(placed.prefill);
-  self->send(placed.prefill, msg::submit_prefill{std::move(s.request), placed.decode, placed.kv_host, placed.kv_port});
+  post(self, placed.prefill, msg::submit_prefill{std::move(s.request), placed.decode, placed.kv_host, placed.kv_port});
 }
 
 /// Performs one effect of the host; `offered` is the placement the current call is about.
@@ -105,8 +114,8 @@ struct performer {
   void operator()(serve::send_error& e) const { self->send(self->state.client, std::move(e.error)); }
   void operator()(serve::release_engines&) const {
     const msg::placement& p = self->state.placed;
-    if (p.prefill) self->send(p.prefill, msg::release{self->state.host->id()});
-    if (p.decode) self->send(p.decode, msg::release{self->state.host->id()});
+    if (p.prefill) post(self, p.prefill, msg::release{self->state.host->id()});
+    if (p.decode) post(self, p.decode, msg::release{self->state.host->id()});
   }
   void operator()(serve::stop&) const { stop(self); }
 };
@@ -211,6 +220,7 @@ request_actor::behavior_type request_behavior(request_actor_t* self, request_opt
   request_state& st = self->state;
   st.client = std::move(options.client);
   st.balancer = std::move(options.balancer);
+  st.network = std::move(options.network);
   st.host.emplace(std::move(options.host));
   guard_boundary(self);
   // The balancer refuses requests without a client; a null handle here would crash monitor()

@@ -31,6 +31,18 @@ TEST(BalancerHost, PlacesWithItsRouterAndNumbersRequestsInPlacementOrder) {
   h.check_invariants();
 }
 
+TEST(BalancerHost, AnEngineKnownToDrainGetsNoNewWorkBeforeItsReportSaysSo) {
+  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0,
+                  router_options{"round_robin", 0});
+  EXPECT_EQ(h.place(1, 100)->decode, 0u);
+  h.mark_draining(1);  // a request it forwarded says so; its report may still be on the way
+  EXPECT_TRUE(h.load(1).alive);
+  EXPECT_TRUE(h.load(1).draining);
+  EXPECT_EQ(h.place(2, 100)->decode, 0u);
+  EXPECT_EQ(h.place(3, 100)->decode, 0u);
+  h.check_invariants();
+}
+
 TEST(BalancerHost, PrefixAffinityFindsThePromptsPlacedBeforeInItsDirectory) {
   engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
   m0.block_size = 8;  // the directory counts in the smallest block size: 4 tokens, 250 per engine

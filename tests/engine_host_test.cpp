@@ -297,6 +297,39 @@ std::vector<T> effects_of(const effects& fx) {
   return out;
 }
 
+TEST(EngineHost, AHandOffWhoseKvIsBrokenIsComputedWholeHere) {
+  auto decode = make_host(tiny_options());
+  fake_executor dx;
+  const request r = make_request(1, 4);
+  EXPECT_EFFECTS(dx.take_plans(decode->recompute_handoff(r, 40)), (effects{watch_caller{1}}));
+  ASSERT_FALSE(dx.in_flight.empty());
+  EXPECT_TRUE(dx.in_flight.front().plan.imports.empty());
+  EXPECT_EQ(dx.in_flight.front().plan.chunks[0].first_position, 0);  // the whole prompt
+  EXPECT_EQ(decode->num_handoffs_recomputed(), 1);
+}
+
+TEST(EngineHost, AnExecutorFailurePrefillsAPrefillOnlyRequestAgainAndHandsItOffAsBefore) {
+  auto prefill = make_host(tiny_options());
+  fake_executor ex;
+  (void)ex.take_plans(prefill->submit_prefill(make_request(1, 4), peer_id{2}, "", 0, 10));
+  const effects fx = ex.take_plans(prefill->executor_failed(prefill->generation(), "step executor failed: boom", 20));
+  EXPECT_TRUE(effects_of<reject>(fx).empty());
+  EXPECT_EQ(prefill->num_live(), 1u);
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_TRUE(ex.in_flight.back().plan.chunks[0].export_kv);  // a prefill-only run again
+  kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};
+  effects handed;
+  while (!ex.in_flight.empty()) {
+    const effects got = ex.answer(*prefill, 30);
+    handed.insert(handed.end(), got.begin(), got.end());
+  }
+  const std::vector<hand_off> h = effects_of<hand_off>(handed);
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].decode, peer_id{2});
+  EXPECT_EQ(h[0].prefilled.req.prompt, make_request(1, 4).prompt);
+}
+
+
 TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterWork) {
   auto host = make_host(tiny_options());
   fake_executor ex;

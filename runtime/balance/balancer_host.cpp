@@ -112,6 +112,8 @@ bool balancer_host::on_report(int32_t engine, const engine_report& r, int64_t no
   return true;
 }
 
+void balancer_host::mark_draining(size_t engine) { engines_.at(engine).load.draining = true; }
+
 void balancer_host::heard_from(size_t engine, int64_t now_ns) {
   if (liveness_) liveness_->heard_from(engine, now_ns);
 }

@@ -92,6 +92,9 @@ class balancer_host {
   [[nodiscard]] std::vector<size_t> heartbeat(int64_t now_ns);
   /// Engine `engine` is lost (its DOWN message); false if it was already.
   bool mark_lost(size_t engine);
+  /// Engine `engine` is draining (it forwarded a request): no new work for it, as after a report
+  /// that says so.
+  void mark_draining(size_t engine);
   /// Lost engine `engine` is back, a new incarnation heard from at `now_ns`: it gets work again,
   /// its load estimate starts afresh (no report, nothing unseen) and its cached prefixes are
   /// none. Requests still counted there (placed before the loss, not yet placed again) stay

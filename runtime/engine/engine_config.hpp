@@ -28,7 +28,8 @@ struct engine_config {
   bool host_tier = false;
   /// Whether the executor holds the KV's values. False only for the simulator's cost executor
   /// without a checkpoint (sim/cost_executor.hpp): the blocks it demotes carry their tokens and
-  /// hashes but no keys or values (0 layers of 0 dims), and such blocks may be promoted back.
+  /// hashes but no keys or values (0 layers of 0 dims), such blocks may be promoted back, and a
+  /// prefill engine's hand-off of that shape is imported (add_prefilled).
   bool kv_values = true;
   /// Drain (engine_host::forward_all): a request forwarded takes the KV it has computed along
   /// (with kv_values only). False: every one is recomputed on its next engine (bench_drain runs

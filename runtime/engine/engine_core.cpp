@@ -191,12 +191,15 @@ void engine_core::speculate(kv::seq_id seq) {
   scheduler_->set_speculative_tokens(seq, config_.speculation.num_speculative_tokens);
 }
 
-std::vector<request> engine_core::resumable_requests() const {
-  std::vector<std::pair<int64_t, request>> found;  // by arrival
+std::vector<engine_core::resumable_request> engine_core::resumable_requests() const {
+  std::vector<std::pair<int64_t, resumable_request>> found;  // by arrival
   for (const auto& [id, state] : requests_) {
     if (state.req.n != 1 || state.live.size() != 1) continue;
     const sched::sequence& s = scheduler_->get(state.live.front());
-    if (s.prefill_only) continue;
+    if (s.prefill_only) {
+      found.emplace_back(s.arrival, resumable_request{state.req, true});
+      continue;
+    }
     request r = state.req;
     // What the client has: the known tokens, not the samples of steps still in flight.
     r.prompt.assign(s.tokens.begin(), std::find(s.tokens.begin(), s.tokens.end(), sched::previous_sample));
@@ -204,10 +207,10 @@ std::vector<request> engine_core::resumable_requests() const {
     r.max_tokens = state.req.max_tokens + state.req.num_resumed_tokens - generated;
     r.num_resumed_tokens = generated;
     TROUPE_ASSERT(r.max_tokens > 0 && generated >= 0);
-    found.emplace_back(s.arrival, std::move(r));
+    found.emplace_back(s.arrival, resumable_request{std::move(r), false});
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<request> out;
+  std::vector<resumable_request> out;
   for (auto& [arrival, r] : found) out.push_back(std::move(r));
   return out;
 }
@@ -226,8 +229,10 @@ expected<void> engine_core::add_prefilled(request r, kv_data kv) {
   if (auto ok = check_new(r); !ok) return ok;
   if (auto ok = check_compiled(r); !ok) return ok;
   const int32_t want = static_cast<int32_t>(r.prompt.size()) - 1;
-  if (!kv.consistent() || kv.num_layers != model_.n_layers || kv.kv_dim != model_.kv_dim() || kv.num_tokens != want ||
-      want < 1)
+  // Without KV values (the simulator's synthetic tokens) the KV is its shape alone: 0 x 0.
+  const bool shaped = (kv.num_layers == model_.n_layers && kv.kv_dim == model_.kv_dim()) ||
+                      (!config_.kv_values && kv.num_layers == 0 && kv.kv_dim == 0);
+  if (!kv.consistent() || !shaped || kv.num_tokens != want || want < 1)
     return fail(errc::invalid_argument,
                 "imported KV does not fit: " + num(kv.num_layers) + " layers x " + num(kv.num_tokens) + " tokens x " +
                     num(kv.kv_dim) + " dims, the model and prompt need " + num(model_.n_layers) + " x " + num(want) +
@@ -441,7 +446,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   // two halves taking turns (half the rows per step, each sequence every other step).
   const int32_t max_in_flight = config_.speculation.enabled() ? 1 : config_.max_steps_in_flight;
   if (num_in_flight() >= max_in_flight) return std::nullopt;
-  flight f{scheduler_->schedule(), {}, {}, {}, {}, {}};
+  flight f{scheduler_->schedule(), {}, {}, {}, {}, {}, {}};
   for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());

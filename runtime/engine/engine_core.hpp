@@ -129,12 +129,17 @@ class engine_core {
   [[nodiscard]] expected<void> add_prefilled(request r, kv_data kv);
 
   /// The unfinished requests that can continue on a new core after the executor failed, in
-  /// arrival order: each n = 1 request that is not a prefill-only run, as a request whose prompt
-  /// is the original prompt plus every token it generated so far (the samples of steps still in
-  /// flight are dropped: the client never saw them), num_resumed_tokens those generated tokens,
-  /// and max_tokens what remains. Its seed and positions are unchanged, so the counter RNG
-  /// continues exactly where it was: the continuation equals the undisturbed run's.
-  [[nodiscard]] std::vector<request> resumable_requests() const;
+  /// arrival order: each n = 1 request, as a request whose prompt is the original prompt plus
+  /// every token it generated so far (the samples of steps still in flight are dropped: the
+  /// client never saw them), num_resumed_tokens those generated tokens, and max_tokens what
+  /// remains. Its seed and positions are unchanged, so the counter RNG continues exactly where
+  /// it was: the continuation equals the undisturbed run's. A prefill-only run (add_prefill) is
+  /// its request as it came, to be prefilled again.
+  struct resumable_request {
+    request req;
+    bool prefill_only = false;
+  };
+  [[nodiscard]] std::vector<resumable_request> resumable_requests() const;
 
   /// Whether add_request / add_prefill would accept `r` (its checks, without queueing it).
   [[nodiscard]] expected<void> check_request(const request& r) const { return check_new(r); }

@@ -128,7 +128,7 @@ bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out,
     out.push_back(reject{id, ok.error().code, ok.error().message, !watched});
     return false;
   }
-  live_request& live = requests_.emplace(id, live_request{0, batch_tokens > 0, {}}).first->second;
+  live_request& live = requests_.emplace(id, live_request{0, batch_tokens > 0, 0, {}}).first->second;
   if (live.batch) {
     token_batch& b = live.tokens;
     b.tokens.reserve(batch_tokens);
@@ -205,6 +205,10 @@ bool engine_host::forwarded_at_once(request_id id, effects& out) {
 
 effects engine_host::submit(request r, int64_t now_ns) {
   num_received_++;
+  return compute_whole(std::move(r), now_ns);
+}
+
+effects engine_host::compute_whole(request r, int64_t now_ns) {
   effects out;
   if (forwarded_at_once(r.id, out)) return out;
   std::optional<handoff_target> none;
@@ -243,6 +247,11 @@ effects engine_host::import(request r, request_id payload_id, kv_data kv, int64_
   }
   admit(r, true, [&] { return core_->add_prefilled(std::move(r), std::move(kv)); }, out, now_ns);
   return out;
+}
+
+effects engine_host::recompute_handoff(request r, int64_t now_ns) {
+  num_handoffs_recomputed_++;
+  return compute_whole(std::move(r), now_ns);
 }
 
 void engine_host::kick(effects& out, int64_t now_ns) {
@@ -367,7 +376,7 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
   if (generation != generation_) return out;  // a replaced executor: handled already
   generation_++;
   num_executor_failures_++;
-  std::vector<request> resumable = core_->resumable_requests();
+  std::vector<engine_core::resumable_request> resumable = core_->resumable_requests();
   auto core = engine_core::create(options_.model, options_.bos_id, options_.eos_id, options_.config);
   TROUPE_ASSERT_MSG(core.has_value(), "the options made a core before");
   core_ = std::move(*core);
@@ -376,12 +385,12 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
   num_forwarded_ += static_cast<int64_t>(exporting_.size());
   exporting_.clear();
   std::set<request_id> resumed;
-  for (request& r : resumable) {
+  for (auto& [r, prefill_only] : resumable) {
     live_request& live = requests_.at(r.id);
     const request_id id = r.id;
     if (live.num_resumes >= executor_failure_resumes_max) continue;
     // It passed these checks on the first core; the same configuration admits it again.
-    const bool added = core_->add_request(std::move(r)).has_value();
+    const bool added = (prefill_only ? core_->add_prefill(std::move(r)) : core_->add_request(std::move(r))).has_value();
     TROUPE_ASSERT_MSG(added, "a resumed request fits its new core");
     live.num_resumes++;
     num_resumed_requests_++;

@@ -213,6 +213,9 @@ class engine_host {
   void note_received() { num_received_++; }
   /// A handed-off request with its decoded KV payload (`payload_id`: the id inside the payload).
   [[nodiscard]] effects import(request r, request_id payload_id, kv_data kv, int64_t now_ns);
+  /// A handed-off request whose KV did not arrive intact (counted received already): computed
+  /// here from its prompt, as a submitted one is.
+  [[nodiscard]] effects recompute_handoff(request r, int64_t now_ns);
   /// The executor's answer to a plan of `generation` (an older generation's is ignored).
   [[nodiscard]] effects on_step_result(int64_t generation, exec_result result, int64_t now_ns);
   /// The request actor ends the request early; it may have ended already.
@@ -246,6 +249,8 @@ class engine_host {
   /// Requests forwarded so far, and of them those that took their KV along (and its tokens).
   [[nodiscard]] int64_t num_forwarded() const { return num_forwarded_; }
   [[nodiscard]] int64_t num_forwarded_with_kv() const { return num_forwarded_with_kv_; }
+  /// Hand-offs recomputed because their KV did not arrive intact (recompute_handoff).
+  [[nodiscard]] int64_t num_handoffs_recomputed() const { return num_handoffs_recomputed_; }
   [[nodiscard]] int64_t num_forwarded_kv_tokens() const { return num_forwarded_kv_tokens_; }
 
   [[nodiscard]] int64_t generation() const { return generation_; }
@@ -296,6 +301,8 @@ class engine_host {
   void drop(request_id id, effects& out, int64_t now_ns);
   /// After forward_all: new work `id` is forwarded to its caller at once (true).
   bool forwarded_at_once(request_id id, effects& out);
+  /// Queues `r` to be computed here from its prompt (a submit, or a hand-off without its KV).
+  effects compute_whole(request r, int64_t now_ns);
   /// Forwards the requests whose KV the core read out.
   void forward_exported(effects& out);
 
@@ -314,6 +321,7 @@ class engine_host {
   bool forwarding_ = false;  // forward_all(): nothing stays
   int64_t num_forwarded_ = 0;
   int64_t num_forwarded_with_kv_ = 0;
+  int64_t num_handoffs_recomputed_ = 0;
   int64_t num_forwarded_kv_tokens_ = 0;
   std::set<request_id> exporting_;  // forwarded with their KV once the core read it out
   int64_t executor_busy_ns_ = 0;
