@@ -88,10 +88,14 @@ engine::exec_result synthetic_result(const engine::exec_plan& plan, int32_t voca
   return r;
 }
 
-/// With synthetic tokens: each demoted block's and readout's KV as the executor reads it out,
-/// which is none (0 layers of 0 dims; engine_config::kv_values is false).
+/// With synthetic tokens: each demoted block's, prefill export's and readout's KV as the executor
+/// reads it out, which is none (0 layers of 0 dims; engine_config::kv_values is false).
 void synthetic_reads(const engine::exec_plan& plan, int32_t block_size, engine::exec_result& r) {
   for (size_t i = 0; i < plan.demotions.size(); i++) r.demoted.push_back(engine::kv_data{0, 0, block_size, {}, {}});
+  for (const engine::exec_chunk& c : plan.chunks)
+    if (c.export_kv)
+      r.exports.push_back(engine::kv_export{
+          c.seq, engine::kv_data{0, 0, c.first_position + static_cast<int32_t>(c.tokens.size()), {}, {}}});
   for (const engine::kv_readout& x : plan.readouts) r.read_out.push_back(engine::kv_data{0, 0, x.num_tokens, {}, {}});
 }
 
@@ -103,9 +107,9 @@ int64_t tier_blocks_moved(const engine::exec_plan& plan) {
   return n;
 }
 
-/// Counts a plan; whether it is one the faults crash.
-bool crashes_now(executor_faults& f) {
-  if (!std::binary_search(f.crash_at.begin(), f.crash_at.end(), ++f.num_plans)) return false;
+/// Counts a plan; whether it is one the faults crash (at `now_ns`).
+bool crashes_now(executor_faults& f, int64_t now_ns) {
+  if (!std::binary_search(f.crash_at.begin(), f.crash_at.end(), ++f.num_plans) || now_ns >= f.until_ns) return false;
   f.num_crashes++;
   return true;
 }
@@ -148,7 +152,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
         cost_executor_state& s = self->state;
-        if (s.o.faults && crashes_now(*s.o.faults)) {
+        if (s.o.faults && crashes_now(*s.o.faults, actors::ns_since_epoch(self->clock().now()))) {
           if (s.o.log)
             s.o.log->write(std::to_string(actors::ns_since_epoch(self->clock().now())) + " " + s.o.name +
                            " executor crash at step " + std::to_string(plan.step));

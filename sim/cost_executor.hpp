@@ -41,6 +41,9 @@ struct tier_transfer_cost {
 /// executor and resumes its requests by recompute.
 struct executor_faults {
   std::vector<int64_t> crash_at;  ///< sorted
+  /// Crashes only before this virtual time (actors::ns_since_epoch): a plan due to crash later
+  /// runs (sim_options::faults_until_ns).
+  int64_t until_ns = INT64_MAX;
   int64_t num_plans = 0;
   int64_t num_crashes = 0;
   /// Tests only (sim_options::planted_restart_bug): the first plan an executor runs after a crash

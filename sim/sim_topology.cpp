@@ -274,7 +274,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   if (auto ok = apply_overrides(root, set, source); !ok) return tl::unexpected(ok.error());
   for (const auto& [key, node] : root)
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
-                             key != "load_balancer" && key != "host_tier" && key != "speculation"))
+                             key != "load_balancer" && key != "host_tier" && key != "speculation" &&
+                             key != "network"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
   sim_topology t;
   model::model_config& m = t.model;
@@ -300,6 +301,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   std::vector<field> hardware_fields = {{"kv_memory_gib", true, 1e-6, 1e6, into(t.kv_memory_gib)}};
   std::vector<field> engine_fields = {
       {"replicas", false, 1, 4096, into(t.replicas)},
+      {"prefill_replicas", false, 0, 4095, into(t.prefill_replicas)},
       {"block_size", false, 1, 1024, into(t.engine.block_size)},
       {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
       {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
@@ -320,6 +322,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
       {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
       {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)}};
+  std::vector<field> network_fields = {{"latency_us", false, 0, 1e9, into(t.network.latency_us)},
+                                       {"bandwidth_gb_s", false, 0, 1e9, into(t.network.bandwidth_gb_s)}};
   std::string drafter = "none", spec_mode = "fixed";
   std::vector<field> speculation_fields = {
       {"drafter", false, 0, 0, nullptr, [&](const std::string& s) { drafter = s; }},
@@ -351,9 +355,14 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
                                          {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false},
-                                         {"speculation", &speculation_fields, false}})
+                                         {"speculation", &speculation_fields, false},
+                                         {"network", &network_fields, false}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_speculation(t, drafter, spec_mode, root, source); !ok) return tl::unexpected(ok.error());
+  if (t.prefill_replicas >= t.replicas)
+    return fail(errc::malformed_file, at(source, *root["engine"]["prefill_replicas"].node()) +
+                                          "[engine] prefill_replicas must leave at least one decode replica: " +
+                                          std::to_string(t.prefill_replicas) + " of " + std::to_string(t.replicas));
   if (auto r = balance::make_router({t.router, 0, t.prefix_weight}); !r)
     return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
                                           r.error().message);

@@ -15,6 +15,7 @@
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/cost/roofline.hpp"
 #include "runtime/engine/engine_core.hpp"
+#include "sim/network.hpp"
 
 namespace troupe::sim {
 
@@ -54,6 +55,9 @@ struct sim_topology {
   std::string checkpoint_path;          ///< real mode: the model that computes tokens
   std::string tokenizer_path;           ///< real mode
   int32_t replicas = 1;
+  /// [engine] prefill_replicas: the first this many replicas are prefill engines and the rest
+  /// decode engines (disaggregated, docs/cluster.md); 0 = every replica is mixed.
+  int32_t prefill_replicas = 0;
   engine::engine_config engine;         ///< num_kv_blocks derived from the memory
   int32_t max_waiting = 1 << 20;
   std::string router = "least_loaded";  ///< [load_balancer] router: one of balance::router_names()
@@ -67,6 +71,9 @@ struct sim_topology {
   token_mode tokens = token_mode::synthetic;
   sim_host_tier host_tier;
   sim_speculation speculation;  ///< with engine.speculation enabled
+  /// [network]: every engine a node of its own (sim/network.hpp); all zero: no network (what
+  /// crosses nodes arrives at once).
+  sim_network_links network;
 };
 
 /// `TABLE.KEY=VALUE` settings applied over a topology file before it is validated (`troupe sim

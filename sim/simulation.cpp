@@ -15,6 +15,7 @@
 #include "runtime/kv/tier_store.hpp"
 #include "sim/cost_executor.hpp"
 #include "sim/event_log.hpp"
+#include "sim/network.hpp"
 #include "sim/random.hpp"
 #include "sim/workload.hpp"
 
@@ -28,6 +29,7 @@ constexpr uint64_t load_balancer_stream = 0x6c6f61645f62616cULL;  // "load_bal"
 constexpr uint64_t prompt_stream = 0x70726f6d70747321ULL;         // "prompts!"
 constexpr uint64_t delivery_stream = 0x64656c6976657279ULL;       // "delivery"
 constexpr uint64_t request_seed_stream = 0x72657173656564ULL;       // "reqseed"
+constexpr uint64_t network_stream = 0x6e6574776f726bULL;            // "network"
 
 struct run_state {
   const sim_options& o;
@@ -42,9 +44,11 @@ struct run_state {
   std::string violation;
   std::optional<random_source> delivery;  // with shuffle_delivery: picks the next ready actor
   std::vector<actors::cache_tier_actor> tiers;  // with [host_tier]: one per replica
-  actors::engine_list engines;                  // for sim_options::drains
-  int64_t num_forwarded = 0;                    // their answers
+  actors::engine_list engines;                  // for sim_options::drains and losses
+  std::vector<bool> lost;                       // by replica: killed (sim_options::losses)
+  int64_t num_forwarded = 0;                    // the drains' answers
   int64_t num_forwarded_with_kv = 0;
+  std::shared_ptr<sim_network> network;         // with a [network] or network faults
 };
 
 int64_t since(const run_state& rs, caf::actor_clock::time_point t) { return actors::ns_between(rs.start, t); }
@@ -108,26 +112,48 @@ void arrive(caf::event_based_actor* self, run_state& rs, int64_t index) {
                        no_timeouts);
 }
 
-/// Drains replica `replica` now (sim_options::drains), with no grace period.
-void drain(caf::event_based_actor* self, run_state& rs, int32_t replica) {
-  rs.log.write(std::to_string(since(rs, self->clock().now())) + " drain engine" + std::to_string(replica));
-  self->request(rs.engines.at(static_cast<size_t>(replica)), caf::infinite, actors::drain_atom::value, int32_t{0})
-      .then([&rs](int32_t forwarded, int32_t with_kv) {
-        rs.num_forwarded += forwarded;
-        rs.num_forwarded_with_kv += with_kv;
-      });
+/// Drains replica `replica` now (sim_options::drains) with a grace period of `grace_ms`. A lost
+/// replica answers nothing: its drain is moot.
+void drain(caf::event_based_actor* self, run_state& rs, int32_t replica, int32_t grace_ms) {
+  rs.log.write(std::to_string(since(rs, self->clock().now())) + " drain engine" + std::to_string(replica) +
+               " grace " + std::to_string(grace_ms) + "ms");
+  self->request(rs.engines.at(static_cast<size_t>(replica)), caf::infinite, actors::drain_atom::value, grace_ms)
+      .then(
+          [&rs](int32_t forwarded, int32_t with_kv) {
+            rs.num_forwarded += forwarded;
+            rs.num_forwarded_with_kv += with_kv;
+          },
+          [](caf::error&) {});
 }
+
+/// Kills replica `replica` now (sim_options::losses), as if its node died.
+void lose(caf::event_based_actor* self, run_state& rs, int32_t replica) {
+  rs.log.write(std::to_string(since(rs, self->clock().now())) + " lose engine" + std::to_string(replica));
+  rs.lost.at(static_cast<size_t>(replica)) = true;
+  self->send_exit(rs.engines.at(static_cast<size_t>(replica)), caf::exit_reason::kill);
+}
+
+using lose_atom = caf::atom_constant<caf::atom("lose")>;
 
 caf::behavior driver(caf::event_based_actor* self, run_state* rs) {
   for (size_t i = 0; i < rs->o.workload.size(); i++)
     self->delayed_send(self, std::chrono::nanoseconds(rs->o.workload[i].arrival_ns), arrive_atom::value,
                        static_cast<int64_t>(i));
   for (const engine_drain& d : rs->o.drains)
-    self->delayed_send(self, std::chrono::nanoseconds(d.at_ns), actors::drain_atom::value, d.replica);
+    self->delayed_send(self, std::chrono::nanoseconds(d.at_ns), actors::drain_atom::value, d.replica, d.grace_ms);
+  for (const engine_loss& l : rs->o.losses)
+    self->delayed_send(self, std::chrono::nanoseconds(l.at_ns), lose_atom::value, l.replica);
   return {
       [=](arrive_atom, int64_t index) { arrive(self, *rs, index); },
-      [=](actors::drain_atom, int32_t replica) { drain(self, *rs, replica); },
+      [=](actors::drain_atom, int32_t replica, int32_t grace_ms) { drain(self, *rs, replica, grace_ms); },
+      [=](lose_atom, int32_t replica) { lose(self, *rs, replica); },
   };
+}
+
+/// sim_options::faults_until_ns on the virtual clock.
+int64_t faults_until(const run_state& rs) {
+  const int64_t origin = actors::ns_since_epoch(rs.start);
+  return rs.o.faults_until_ns >= INT64_MAX - origin ? INT64_MAX : origin + rs.o.faults_until_ns;
 }
 
 /// How the cost executor prices the blocks a step moves to or from the host tier.
@@ -166,9 +192,10 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
                             tier_pricing(t), t.engine.speculation, t.speculation.acceptance,
                             t.speculation.draft_token_ns, nullptr};
     if (static_cast<size_t>(i) < rs.o.executor_crashes.size() && !rs.o.executor_crashes[static_cast<size_t>(i)].empty())
-      c.faults = std::make_shared<executor_faults>(
-          executor_faults{rs.o.executor_crashes[static_cast<size_t>(i)], 0, 0, rs.o.planted_restart_bug});
+      c.faults = std::make_shared<executor_faults>(executor_faults{rs.o.executor_crashes[static_cast<size_t>(i)],
+                                                                   faults_until(rs), 0, 0, rs.o.planted_restart_bug});
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
+    o.network = rs.network;
     auto engine = actors::spawn_engine(rs.sys, o);
     if (!engine) return tl::unexpected(engine.error());
     engines.push_back(*engine);
@@ -214,9 +241,11 @@ void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
 msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator& sched,
                                 const std::vector<actors::engine_actor>& engines) {
   msg::engine_report total;
-  size_t num_answers = 0;
-  for (const actors::engine_actor& e : engines)
-    rs.sys.spawn([&, e](caf::event_based_actor* self) {
+  size_t num_answers = 0, num_live = 0;
+  for (size_t i = 0; i < engines.size(); i++) {
+    if (rs.lost[i]) continue;
+    num_live++;
+    rs.sys.spawn([&, e = engines[i]](caf::event_based_actor* self) {
       self->request(e, caf::infinite, actors::stats_atom::value).then([&](const msg::engine_report& r) {
         total.preempted_ns += r.preempted_ns;
         total.num_host_hit_tokens += r.num_host_hit_tokens;
@@ -224,22 +253,42 @@ msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator&
         total.num_promoted_blocks += r.num_promoted_blocks;
         total.num_draft_rows += r.num_draft_rows;
         total.num_accepted_drafts += r.num_accepted_drafts;
+        total.num_handoffs_recomputed += r.num_handoffs_recomputed;
         num_answers++;
       });
     });
+  }
   sched.run();
-  TROUPE_ASSERT_MSG(num_answers == engines.size(), "every live engine answers a stats query");
+  TROUPE_ASSERT_MSG(num_answers == num_live, "every live engine answers a stats query");
   return total;
+}
+
+/// The faults' replicas and times, checked before any actor exists (a failed run must leave none).
+expected<void> validate_faults(const sim_options& o) {
+  const auto check = [&](const char* what, int32_t replica, int64_t at_ns) -> expected<void> {
+    if (replica >= 0 && replica < o.topology.replicas && at_ns >= 0) return {};
+    return fail(errc::invalid_argument, std::string(what) + " of replica " + std::to_string(replica) + " at " +
+                                            std::to_string(at_ns) + " ns: the run has " +
+                                            std::to_string(o.topology.replicas) + " replica(s)");
+  };
+  for (const engine_drain& d : o.drains) {
+    if (auto ok = check("a drain", d.replica, d.at_ns); !ok) return ok;
+    if (d.grace_ms < 0) return fail(errc::invalid_argument, "a drain's grace period is negative");
+  }
+  for (const engine_loss& l : o.losses)
+    if (auto ok = check("a loss", l.replica, l.at_ns); !ok) return ok;
+  const sim_network_faults& f = o.network_faults;
+  if (!(f.delay_probability >= 0 && f.delay_probability <= 1 && f.kv_break_probability >= 0 &&
+        f.kv_break_probability <= 1 && f.max_delay_ns >= 0))
+    return fail(errc::invalid_argument, "network fault probabilities lie in [0, 1] and delays are not negative");
+  if (o.faults_until_ns < 0) return fail(errc::invalid_argument, "faults_until_ns is negative");
+  return {};
 }
 
 }  // namespace
 
 expected<sim_result> run_simulation(const sim_options& o) {
-  for (const engine_drain& drained : o.drains)  // before any actor exists: a failed run must not leave one
-    if (drained.replica < 0 || drained.replica >= o.topology.replicas || drained.at_ns < 0)
-      return fail(errc::invalid_argument, "a drain of replica " + std::to_string(drained.replica) + " at " +
-                                              std::to_string(drained.at_ns) + " ns: the run has " +
-                                              std::to_string(o.topology.replicas) + " replica(s)");
+  if (auto ok = validate_faults(o); !ok) return tl::unexpected(ok.error());
   caf::actor_system_config cfg;
   actors::register_message_types(cfg);
   cfg.set("scheduler.policy", caf::atom("testing"));
@@ -250,11 +299,22 @@ expected<sim_result> run_simulation(const sim_options& o) {
   run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
                sched.clock().now(), 0, {}, {}, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
+  const sim_network_links& links = o.topology.network;
+  if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || o.network_faults.any()) {
+    sim_network_faults faults = o.network_faults;
+    faults.until_ns = faults_until(rs);
+    rs.network = std::make_shared<sim_network>(links, faults, derive_seed(o.seed, network_stream));
+  }
+  rs.lost.assign(static_cast<size_t>(o.topology.replicas), false);
   auto engines = spawn_engines(rs);
   if (!engines) return tl::unexpected(engines.error());
   actors::load_balancer_options lb;
   lb.engines = actors::mixed_engines(*engines);
-  for (actors::balanced_engine& e : lb.engines) {  // what the balancer weighs load by
+  for (size_t i = 0; i < lb.engines.size(); i++) {  // what the balancer weighs load by
+    actors::balanced_engine& e = lb.engines[i];
+    if (o.topology.prefill_replicas > 0)
+      e.kind = static_cast<int32_t>(i) < o.topology.prefill_replicas ? balance::engine_kind::prefill
+                                                                      : balance::engine_kind::decode;
     e.max_num_seqs = o.topology.engine.scheduler.max_num_seqs;
     e.kv_capacity_tokens = static_cast<int64_t>(o.topology.engine.num_kv_blocks) * o.topology.engine.block_size;
     e.block_size = o.topology.engine.block_size;
@@ -264,6 +324,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   lb.prefix_weight = o.topology.prefix_weight;
   lb.rate_limit_per_s = o.topology.rate_limit_per_s;
   lb.rate_limit_burst = o.topology.rate_limit_burst;
+  lb.network = rs.network;
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   rs.engines = *engines;
   auto d = sys.spawn(driver, &rs);
@@ -295,6 +356,8 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.accepted_drafts = totals.num_accepted_drafts;
   out.num_forwarded = rs.num_forwarded;
   out.num_forwarded_with_kv = rs.num_forwarded_with_kv;
+  if (rs.network) out.network = rs.network->counts();
+  out.handoffs_recomputed = totals.num_handoffs_recomputed;
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();
   return out;

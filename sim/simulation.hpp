@@ -24,9 +24,19 @@
 namespace troupe::sim {
 
 /// Fault injection: replica `replica` is drained at virtual time `at_ns` (from the run's start)
-/// with no grace period: it takes no new work and its requests go to the other replicas at once,
-/// with the KV they have computed (engine::engine_host::forward_all).
+/// with a grace period of `grace_ms`: it takes no new work at once, its requests run on for the
+/// grace period, and those still unfinished then go to the other replicas with the KV they have
+/// computed (engine::engine_host::forward_all).
 struct engine_drain {
+  int32_t replica = 0;
+  int64_t at_ns = 0;
+  int32_t grace_ms = 0;
+};
+
+/// Fault injection: replica `replica` is lost at virtual time `at_ns` (its node died: the engine
+/// is killed). Its requests are placed again and recomputed from their prompt and the tokens
+/// their clients have; the balancer places nothing there any more.
+struct engine_loss {
   int32_t replica = 0;
   int64_t at_ns = 0;
 };
@@ -65,6 +75,14 @@ struct sim_options {
   bool planted_restart_bug = false;
   /// Fault injection (issue 15, point 3): engines drained mid-run. The tokens may not change.
   std::vector<engine_drain> drains;
+  /// Fault injection: engines lost mid-run. The tokens of the requests that survive may not change.
+  std::vector<engine_loss> losses;
+  /// Fault injection on the network (sim/network.hpp; its until_ns is set from faults_until_ns);
+  /// any of them, or a topology's [network], puts every engine on a node of its own.
+  sim_network_faults network_faults;
+  /// Executor crashes and network faults happen only before this virtual time (from the run's
+  /// start): the swarm's liveness phase runs without them.
+  int64_t faults_until_ns = INT64_MAX;
 };
 
 struct sim_result {
@@ -87,6 +105,10 @@ struct sim_result {
   /// With drains: the requests the drained engines forwarded, and of them those with their KV.
   int64_t num_forwarded = 0;
   int64_t num_forwarded_with_kv = 0;
+  /// With a network: what it carried (sim/network.hpp), and the hand-offs the receiving engines
+  /// recomputed because their KV broke off.
+  sim_network_counts network;
+  int64_t handoffs_recomputed = 0;
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;
 };

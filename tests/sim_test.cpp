@@ -699,6 +699,39 @@ TEST(SimTopology, AHostTierIsReadAndBounded) {
   }
 }
 
+TEST(SimTopology, DisaggregationAndANetworkAreReadAndBounded) {
+  const topology_overrides pd = {{"engine.replicas", "3"}, {"engine.prefill_replicas", "1"}};
+  auto t = parse_sim_topology(std::string(tiny_topology) + "\n[network]\nlatency_us = 20\nbandwidth_gb_s = 0.5\n",
+                              "tiny.toml", TROUPE_SOURCE_DIR, pd);
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->prefill_replicas, 1);
+  EXPECT_EQ(t->network.latency_us, 20);
+  EXPECT_EQ(t->network.bandwidth_gb_s, 0.5);
+  EXPECT_EQ(parse_tiny().prefill_replicas, 0);  // none: every replica mixed, ...
+  EXPECT_EQ(parse_tiny().network.latency_us, 0);  // ... and no network
+  // Synthetic tokens: every request ends by length, later than without the network.
+  std::vector<trace_request> w;
+  for (int32_t i = 0; i < 6; i++) w.push_back(trace_request{i * 100'000, 40 + i, 8, {}});
+  auto near = run_simulation(options(
+      *parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, pd), w, 3));
+  auto far = run_simulation(options(*t, w, 3));
+  ASSERT_TRUE(near && far);
+  for (const request_record& r : far->requests) EXPECT_EQ(r.finish, "length") << r.index;
+  EXPECT_GT(far->requests.back().finish_ns, near->requests.back().finish_ns);
+  EXPECT_GT(far->network.messages, 0);
+  EXPECT_EQ(near->network.messages, 0);
+  const std::pair<topology_overrides, std::string> cases[] = {
+      {{{"engine.prefill_replicas", "1"}}, "[engine] prefill_replicas must leave at least one decode replica: 1 of 1"},
+      {{{"network.latency_us", "-1"}}, "[network] latency_us = -1.000000 is outside"},
+      {{{"network.jitter_us", "3"}}, "[network]: unknown key 'jitter_us'"},
+  };
+  for (const auto& [set, message] : cases) {
+    auto bad = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, set);
+    ASSERT_FALSE(bad) << message;
+    EXPECT_NE(bad.error().message.find(message), std::string::npos) << bad.error().message;
+  }
+}
+
 /// Three requests a second apart on a pool of 32 blocks: r0 caches its 400-token prompt (25
 /// blocks), r1's different prompt evicts most of them, r2 repeats r0's prompt.
 sim_result evicting_run(const std::string& extra) {

@@ -1,12 +1,16 @@
 // Swarm testing (sim/swarm.hpp): shuffled delivery explores other interleavings and changes no
-// token; executor crashes change none either; 1,000 swarm cases pass (in four shards, so ctest
-// runs them side by side); a planted batch-dependence bug and a planted bug that only executor
-// crashes expose are each found within 1,000 cases, and their cases replay.
+// token; executor crashes, drains with and without grace, lost engines, disaggregation, network
+// latency, delayed messages and broken KV transfers change none either; 1,000 swarm cases pass
+// (in four shards, so ctest runs them side by side); a planted batch-dependence bug and a
+// planted bug that only executor crashes expose are each found within 1,000 cases, and their
+// cases replay.
 #include "sim/swarm.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iostream>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -16,14 +20,17 @@
 namespace troupe::sim {
 namespace {
 
-/// Case 7's topology with 2 replicas and 12 sampled requests arriving 4 at a time, 5 µs apart.
+/// Case 7's topology with 2 mixed replicas, no network, and 12 sampled requests arriving 4 at a
+/// time, half a millisecond apart (a request takes a few ms).
 sim_options twelve_requests_on_two_replicas() {
   auto c = make_swarm_case(7, testing::bundled_model());
   EXPECT_TRUE(c) << c.error().message;
   sim_options o = c->options;
   o.topology.replicas = 2;
+  o.topology.prefill_replicas = 0;
+  o.topology.network = {};
   o.workload.clear();
-  for (int32_t i = 0; i < 12; i++) o.workload.push_back(trace_request{i / 4 * 5000, 5 + 3 * i, 20, {}});
+  for (int32_t i = 0; i < 12; i++) o.workload.push_back(trace_request{i / 4 * swarm_instant_ns, 5 + 3 * i, 20, {}});
   o.temperature = 1.0f;
   return o;
 }
@@ -90,7 +97,7 @@ TEST(Swarm, ADrainedEngineHandsItsRequestsOnWithTheirKvAndNoTokenChanges) {
   const sim_options o = twelve_requests_on_two_replicas();
   auto clean = run_simulation(o);
   sim_options drained = o;
-  drained.drains = {engine_drain{0, 12'000}};
+  drained.drains = {engine_drain{0, 1'200'000}};
   drained.shuffle_delivery = true;
   auto a = run_simulation(drained);
   ASSERT_TRUE(clean && a) << (a ? "" : a.error().message);
@@ -109,7 +116,7 @@ TEST(Swarm, ADrainWithNowhereToForwardEndsItsRequestsUnavailableInsteadOfHanging
   const quiet_engines quiet;
   sim_options o = twelve_requests_on_two_replicas();
   o.topology.replicas = 1;
-  o.drains = {engine_drain{0, 6'000}};
+  o.drains = {engine_drain{0, 600'000}};
   auto r = run_simulation(o);  // fails if a request never ends
   ASSERT_TRUE(r) << r.error().message;
   int32_t num_unavailable = 0;
@@ -120,27 +127,122 @@ TEST(Swarm, ADrainWithNowhereToForwardEndsItsRequestsUnavailableInsteadOfHanging
   EXPECT_GT(num_unavailable, 0);
 }
 
+/// Every request of `faulty` ended by length with the tokens it has in `clean`.
+void expect_same_tokens(const sim_result& clean, const sim_result& faulty) {
+  ASSERT_EQ(clean.requests.size(), faulty.requests.size());
+  for (size_t i = 0; i < clean.requests.size(); i++) {
+    EXPECT_EQ(clean.requests[i].tokens, faulty.requests[i].tokens) << "request " << i;
+    EXPECT_EQ(faulty.requests[i].finish, "length") << "request " << i;
+  }
+}
+
+TEST(Swarm, AGracePeriodLetsRequestsFinishWhereTheyRunAndNoTokenChanges) {
+  const quiet_engines quiet;
+  const sim_options o = twelve_requests_on_two_replicas();
+  auto clean = run_simulation(o);
+  sim_options drained = o;
+  drained.drains = {engine_drain{0, 1'200'000, 0}};
+  auto at_once = run_simulation(drained);
+  drained.drains[0].grace_ms = 3;
+  auto graced = run_simulation(drained);
+  ASSERT_TRUE(clean && at_once && graced);
+  expect_same_tokens(*clean, *at_once);
+  expect_same_tokens(*clean, *graced);
+  EXPECT_GT(at_once->num_forwarded, graced->num_forwarded);  // some finished within the grace period
+  drained.drains[0].grace_ms = 100;  // longer than every request: none is forwarded
+  auto patient = run_simulation(drained);
+  ASSERT_TRUE(patient);
+  expect_same_tokens(*clean, *patient);
+  EXPECT_EQ(patient->num_forwarded, 0);
+}
+
+TEST(Swarm, ALostEnginesRequestsAreRecomputedElsewhereAndNoTokenChanges) {
+  const quiet_engines quiet;
+  const sim_options o = twelve_requests_on_two_replicas();
+  auto clean = run_simulation(o);
+  sim_options lossy = o;
+  lossy.losses = {engine_loss{0, 1'200'000}};
+  lossy.shuffle_delivery = true;
+  auto a = run_simulation(lossy);
+  auto b = run_simulation(lossy);
+  ASSERT_TRUE(clean && a && b) << (a ? "" : a.error().message);
+  expect_same_tokens(*clean, *a);
+  EXPECT_EQ(a->event_log_sha256, b->event_log_sha256);
+  const auto steps_of_replica_0 = [](const sim_result& r) {
+    return std::count_if(r.steps.begin(), r.steps.end(), [](const step_record& s) { return s.replica == 0; });
+  };
+  EXPECT_LT(steps_of_replica_0(*a), steps_of_replica_0(*clean));  // it stopped, and the rest ran elsewhere
+  lossy.losses = {engine_loss{0, 0}, engine_loss{1, 0}};  // nowhere left: unavailable, no hang
+  auto none_left = run_simulation(lossy);
+  ASSERT_TRUE(none_left) << none_left.error().message;
+  for (const request_record& q : none_left->requests) EXPECT_EQ(q.finish, "unavailable") << q.index;
+  lossy.losses = {engine_loss{5, 0}};
+  auto bad = run_simulation(lossy);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "a loss of replica 5 at 0 ns: the run has 2 replica(s)");
+}
+
+TEST(Swarm, DisaggregationAndANetworkChangeNoToken) {
+  const quiet_engines quiet;
+  const sim_options o = twelve_requests_on_two_replicas();
+  auto clean = run_simulation(o);
+  sim_options pd = o;
+  pd.topology.replicas = 3;
+  pd.topology.prefill_replicas = 1;
+  pd.topology.network = {20, 0.5};
+  pd.shuffle_delivery = true;
+  auto a = run_simulation(pd);
+  ASSERT_TRUE(clean && a) << (a ? "" : a.error().message);
+  expect_same_tokens(*clean, *a);
+  EXPECT_GT(a->network.kv_bytes, 0);  // hand-offs carried KV from the prefill engine
+  EXPECT_GT(a->simulated_ns, clean->simulated_ns);  // the network costs time
+  EXPECT_EQ(a->handoffs_recomputed, 0);
+  // Every KV transfer breaks off: the decode engines recompute, and still no token changes.
+  pd.network_faults.kv_break_probability = 1;
+  pd.network_faults.delay_probability = 0.5;
+  pd.network_faults.max_delay_ns = 1'000'000;
+  auto broken = run_simulation(pd);
+  ASSERT_TRUE(broken) << broken.error().message;
+  expect_same_tokens(*clean, *broken);
+  EXPECT_GT(broken->network.kv_broken, 0);
+  EXPECT_EQ(broken->handoffs_recomputed, broken->network.kv_broken);
+  EXPECT_GT(broken->network.delayed, 0);
+  // Faults only until a time: none after it.
+  pd.faults_until_ns = 0;
+  auto healed = run_simulation(pd);
+  ASSERT_TRUE(healed);
+  EXPECT_EQ(healed->network.kv_broken, 0);
+  EXPECT_EQ(healed->network.delayed, 0);
+  pd.network_faults.kv_break_probability = 2;
+  auto bad = run_simulation(pd);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "network fault probabilities lie in [0, 1] and delays are not negative");
+}
+
 class SwarmShard : public ::testing::TestWithParam<int> {};
 
 TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
   const quiet_engines quiet;
   const uint64_t first = 1 + 250 * static_cast<uint64_t>(GetParam());
-  int64_t num_preemptions = 0, num_replayed = 0, num_crashes = 0, num_drains = 0, num_forwarded_with_kv = 0;
+  swarm_totals t;
   for (uint64_t seed = first; seed < first + 250; seed++) {
     auto r = run_swarm_case(seed, testing::bundled_model(), /*replay=*/seed % 16 == 0);
     ASSERT_TRUE(r) << r.error().message;
     ASSERT_EQ(r->violation, "") << "replay: troupe sim --swarm 1 --seed " << seed;
-    num_preemptions += r->num_preemptions;
-    num_replayed += r->replayed;
-    num_crashes += r->num_crashes;
-    num_drains += r->num_drains;
-    num_forwarded_with_kv += r->num_forwarded_with_kv;
+    t.add(*r);
   }
-  EXPECT_GT(num_preemptions, 0);  // small pools do preempt
-  EXPECT_GT(num_crashes, 50);     // half the cases draw crashes
-  EXPECT_GT(num_drains, 20);      // a quarter or so drain an engine ...
-  EXPECT_GT(num_forwarded_with_kv, 0);  // ... some of whose requests take their KV along
-  EXPECT_GE(num_replayed, 15);
+  std::cout << "seeds " << first << "-" << first + 249 << ": " << t.summary() << "\n";
+  EXPECT_GT(t.num_preemptions, 0);  // small pools do preempt
+  EXPECT_GT(t.num_crashes, 50);     // half the cases draw crashes
+  EXPECT_GT(t.num_drains, 20);      // a quarter or so drain an engine ...
+  EXPECT_GT(t.num_forwarded_with_kv, 0);  // ... some of whose requests take their KV along
+  EXPECT_GT(t.num_losses, 20);      // a fifth or so lose one
+  EXPECT_GT(t.num_delayed_messages, 0);  // half the cases hold messages back ...
+  EXPECT_GT(t.num_kv_broken, 0);         // ... and break KV transfers off
+  EXPECT_GT(t.num_handoffs_recomputed, 0);  // broken hand-offs are recomputed by their receivers
+  EXPECT_LE(t.num_handoffs_recomputed, t.num_kv_broken);  // (broken forwards by their request actors)
+  EXPECT_GE(t.num_liveness_requests, 250);  // the liveness phase: 1-4 requests per case
+  EXPECT_GE(t.num_replayed, 15);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds1To1000, SwarmShard, ::testing::Values(0, 1, 2, 3));

@@ -313,7 +313,7 @@ int run_sweep(const sim_cli_options& o) {
 /// prints the command that replays it.
 int run_swarm(const sim_cli_options& o) {
   const std::string model = default_model_path();
-  int64_t num_requests = 0, num_preemptions = 0, num_replayed = 0, num_crashes = 0, num_drains = 0, num_with_kv = 0;
+  sim::swarm_totals totals;
   // Engines log each injected executor crash as an error; the swarm reports them itself.
   struct quiet_engines {
     spdlog::level::level_enum level = spdlog::get_level();
@@ -332,20 +332,12 @@ int run_swarm(const sim_cli_options& o) {
       std::printf("replay: troupe sim --swarm 1 --seed %llu\n", static_cast<unsigned long long>(seed));
       return 1;
     }
-    num_requests += r->num_requests;
-    num_preemptions += r->num_preemptions;
-    num_replayed += r->replayed;
-    num_crashes += r->num_crashes;
-    num_drains += r->num_drains;
-    num_with_kv += r->num_forwarded_with_kv;
+    totals.add(*r);
     if (o.progress) std::fprintf(stderr, "\r[swarm] %lld/%lld cases   ", static_cast<long long>(i + 1), static_cast<long long>(o.swarm));
   }
   if (o.progress) std::fprintf(stderr, "\n");
-  std::printf("swarm: %lld case(s) from seed %llu passed: %lld requests, %lld preemptions, %lld executor crashes, %lld "
-              "drains (%lld requests forwarded with their KV), %lld replayed\n",
-              static_cast<long long>(o.swarm), static_cast<unsigned long long>(o.seed), static_cast<long long>(num_requests),
-              static_cast<long long>(num_preemptions), static_cast<long long>(num_crashes),
-              static_cast<long long>(num_drains), static_cast<long long>(num_with_kv), static_cast<long long>(num_replayed));
+  std::printf("swarm: %lld case(s) from seed %llu passed: %s\n", static_cast<long long>(o.swarm),
+              static_cast<unsigned long long>(o.seed), totals.summary().c_str());
   return 0;
 }
 
