@@ -215,7 +215,7 @@ client_actor::behavior_type client_behavior(client_t* self, balancer_client_acto
             if (self->state.pending_cancel) self->send(r, *self->state.pending_cancel);
           },
           [=](caf::error& err) {
-            done(self, on_done, fail(errc::internal, "load balancer unreachable: " + self->system().render(err)));
+            done(self, on_done, fail(errc::unavailable, "load balancer unreachable: " + self->system().render(err)));
           });
   self->set_down_handler([=](caf::down_msg& dm) {
     // Across nodes the request actor's down message can overtake its last messages (CAF's
@@ -223,13 +223,19 @@ client_actor::behavior_type client_behavior(client_t* self, balancer_client_acto
     // incomplete by protocol: wait for the end under the between-tokens bound (none: nothing
     // can overtake in one process, the simulator's case, so the request is lost now).
     if (self->state.ending) return;  // already waiting for counted chunks
-    const std::string why = "the request was lost: " + self->system().render(dm.reason);
+    // The request actor lives on the balancer's node: unreachable means that node is gone (or
+    // cut off), which the cluster cannot recover from for this client (docs/cluster.md).
+    const bool node_lost = dm.reason == caf::exit_reason::remote_link_unreachable;
+    const errc code = node_lost ? errc::unavailable : errc::internal;
+    const std::string why = node_lost ? "the load balancer's node is unreachable (it stopped or the connection broke); "
+                                        "the request is lost"
+                                      : "the request was lost: " + self->system().render(dm.reason);
     if (timeouts.between_tokens.count() == 0) {
-      done(self, on_done, fail(errc::internal, why));
+      done(self, on_done, fail(code, why));
       return;
     }
     self->state.lost = why + " (its end did not arrive within " + ms(timeouts.between_tokens) + ")";
-    expect_within(self, timeouts.between_tokens, *self->state.lost, errc::internal);
+    expect_within(self, timeouts.between_tokens, *self->state.lost, code);
   });
   // CAF 0.17.6 can misroute a message meant for an actor of another process after a connection
   // closes and its file descriptor is reused (see msg::submit_completion): such a message must
