@@ -118,6 +118,7 @@ struct roofline_keys {
   std::optional<double> peak_tflops, memory_bandwidth_gb_s, memory_gb, interconnect_gb_s;
   double tensor_parallel = 1;
   double step_overhead_us = 0;
+  double overlap = 1;
   double weight_bytes_per_value = 2;  // [model]
   bool any_given = false;             // a roofline-only key is in [cost]
 };
@@ -148,6 +149,7 @@ expected<cost::roofline_model> make_roofline(const sim_topology& t, const roofli
   o.hardware = hw;
   o.tensor_parallel = static_cast<int32_t>(k.tensor_parallel);
   o.step_overhead_ns = k.step_overhead_us * 1e3;
+  o.overlap = k.overlap;
   o.weight_bytes_per_value = k.weight_bytes_per_value;
   o.kv_bytes_per_value = kv_bytes_per_value;
   o.kv_memory_bytes = t.kv_memory_gib * 1073741824.0;
@@ -165,7 +167,7 @@ expected<void> finish_cost_model(sim_topology& t, const roofline_keys& k, const 
   if (k.model == "calibrated") {
     if (k.any_given)
       return fail(errc::malformed_file, where + "[cost] preset, peak_tflops, memory_bandwidth_gb_s, memory_gb, "
-                                                "interconnect_gb_s, tensor_parallel and step_overhead_us belong to "
+                                                "interconnect_gb_s, tensor_parallel, step_overhead_us and overlap belong to "
                                                 "model = \"roofline\"");
     if (calibration.empty() == !cost_inline)
       return fail(errc::malformed_file, where + "[cost] needs either calibration = FILE or step_ns, token_ns, "
@@ -351,7 +353,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"memory_gb", false, 1e-6, 1e9, roofline_only(into(roofline.memory_gb))},
       {"interconnect_gb_s", false, 1e-6, 1e9, roofline_only(into(roofline.interconnect_gb_s))},
       {"tensor_parallel", false, 1, 1024, roofline_only(into(roofline.tensor_parallel))},
-      {"step_overhead_us", false, 0, 1e9, roofline_only(into(roofline.step_overhead_us))}};
+      {"step_overhead_us", false, 0, 1e9, roofline_only(into(roofline.step_overhead_us))},
+      {"overlap", false, 0, 1, roofline_only(into(roofline.overlap))}};
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
                                          {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false},

@@ -82,6 +82,26 @@ TEST(Roofline, TensorParallelSplitsTheWorkAndPaysTheAllReduces) {
   EXPECT_EQ(r.predict_ns(f), std::llround(b.memory_ns + b.communication_ns));
 }
 
+TEST(Roofline, OverlapHidesThatShareOfTheShorterTerm) {
+  const step_features f = decode(99, 8);
+  roofline_options o = preset_options("h100-sxm", 1'000);
+  const roofline_breakdown full = roofline_model::make(llama7b(), o).value().price(f);
+  ASSERT_TRUE(full.memory_bound());
+  EXPECT_EQ(full.total_ns(), full.memory_ns + 1'000);  // the classic roofline: the max
+  for (const double overlap : {0.0, 0.25}) {
+    o.overlap = overlap;
+    const roofline_model r = roofline_model::make(llama7b(), o).value();
+    const roofline_breakdown b = r.price(f);
+    EXPECT_EQ(b.compute_ns, full.compute_ns);
+    EXPECT_EQ(b.memory_ns, full.memory_ns);
+    EXPECT_EQ(b.total_ns(), full.memory_ns + (1 - overlap) * full.compute_ns + 1'000) << overlap;
+    EXPECT_EQ(r.predict_ns(f), std::llround(b.total_ns()));
+  }
+  // overlap 0: the two terms one after the other.
+  o.overlap = 0;
+  EXPECT_EQ(roofline_model::make(llama7b(), o).value().price(f).total_ns(), full.memory_ns + full.compute_ns + 1'000);
+}
+
 TEST(Roofline, PresetsCarryTheirDatasheetFigures) {
   const auto& presets = hardware_presets();
   ASSERT_EQ(presets.size(), 4u);
@@ -119,6 +139,11 @@ TEST(Roofline, InvalidOptionsAreErrors) {
   o = preset_options("h100-sxm");
   o.tensor_parallel = 0;
   EXPECT_EQ(error_of(o), "roofline: tensor_parallel must be >= 1, got 0");
+  for (const double overlap : {-0.1, 1.5, std::nan("")}) {
+    o = preset_options("h100-sxm");
+    o.overlap = overlap;
+    EXPECT_EQ(error_of(o).rfind("roofline: overlap must be in [0, 1], got ", 0), 0u) << overlap;
+  }
 }
 
 }  // namespace
@@ -159,6 +184,10 @@ TEST(RooflineTopology, ExplicitNumbersAndPresets) {
   EXPECT_EQ(t->roofline->weight_bytes(), 155'648.0);
   EXPECT_EQ(t->roofline->kv_bytes_per_token(), 2.0 * 2 * 32 * 2);
   EXPECT_EQ(t->roofline->options().step_overhead_ns, 1000.0);
+  EXPECT_EQ(t->roofline->options().overlap, 1.0);
+  t = parse_sim_topology(std::string(tiny_roofline) + "overlap = 0.4\n", "tiny.toml", "");
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->roofline->options().overlap, 0.4);
   // A preset, one figure overridden.
   std::string text = tiny_roofline;
   text = text.substr(0, text.find("peak_tflops")) + "preset = \"h100-sxm\"\nmemory_bandwidth_gb_s = 2000\n";
@@ -188,6 +217,9 @@ TEST(RooflineTopology, BadKeysNameTheProblem) {
       {base + "tensor_parallel = 2\n", "tensor_parallel = 2 needs an interconnect bandwidth"},
       {head + "model = \"roofline\"\npeak_tflops = -1\n", "[cost] peak_tflops = -1.000000 is outside"},
       {head + "model = \"roofline\"\npreset = \"l4\"\nmemory_gb = 0.001\n", "do not fit in 1 x 0.00 GB of device memory"},
+      {base + "overlap = 1.5\n", "[cost] overlap = 1.500000 is outside"},
+      {head + "step_ns = 1\ntoken_ns = 1\nsampled_row_ns = 1\nattention_token_ns = 1\noverlap = 0.5\n",
+       "step_overhead_us and overlap belong to model = \"roofline\""},
   };
   for (const auto& [text, message] : cases) {
     auto t = parse_sim_topology(text, "tiny.toml", "");

@@ -33,6 +33,8 @@ expected<void> validate(const roofline_options& o) {
     return fail(errc::invalid_argument, "roofline: interconnect bandwidth must be >= 0");
   if (!std::isfinite(o.step_overhead_ns) || o.step_overhead_ns < 0)
     return fail(errc::invalid_argument, "roofline: the step overhead must be >= 0");
+  if (!(o.overlap >= 0 && o.overlap <= 1))
+    return fail(errc::invalid_argument, "roofline: overlap must be in [0, 1], got " + std::to_string(o.overlap));
   if (!std::isfinite(o.kv_memory_bytes) || o.kv_memory_bytes < 0)
     return fail(errc::invalid_argument, "roofline: the KV pool size must be >= 0");
   if (o.tensor_parallel < 1)
@@ -77,7 +79,8 @@ expected<hardware_preset> find_hardware_preset(std::string_view name) {
 }
 
 double roofline_breakdown::total_ns() const {
-  return std::max(compute_ns, memory_ns) + communication_ns + overhead_ns;
+  return std::max(compute_ns, memory_ns) + (1 - overlap) * std::min(compute_ns, memory_ns) + communication_ns +
+         overhead_ns;
 }
 
 expected<roofline_model> roofline_model::make(const model::model_config& m, const roofline_options& o) {
@@ -114,6 +117,7 @@ roofline_breakdown roofline_model::price(const step_features& f) const {
   if (allreduce_bytes_per_token_ > 0)
     b.communication_ns = allreduce_bytes_per_token_ * f.num_tokens / options_.hardware.interconnect_bytes_per_s * 1e9;
   b.overhead_ns = options_.step_overhead_ns * f.num_steps;
+  b.overlap = options_.overlap;
   return b;
 }
 

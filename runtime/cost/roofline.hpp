@@ -7,8 +7,9 @@
 ///
 /// A step on a tensor-parallel group of `tensor_parallel` devices takes
 ///
-///     max(flops / (tp * peak_flops), bytes / (tp * memory_bandwidth))
+///     max(compute, memory) + (1 - overlap) * min(compute, memory)
 ///       + all-reduce bytes / interconnect_bandwidth + step_overhead
+///     compute = flops / (tp * peak_flops), memory = bytes / (tp * memory_bandwidth)
 ///
 /// where, for one step (a sum of steps scales the weights and the overhead by num_steps):
 ///   flops = 2 * matmul_params * num_tokens             (every row through every layer)
@@ -20,7 +21,9 @@
 ///   weight_bytes  = (matmul_params + vocab * dim) * weight_bytes_per_value
 ///   all-reduce bytes = 2 all-reduces per layer of num_tokens * dim activations (in the
 ///         weights' datatype), of which a ring moves 2 (tp - 1) / tp per device; 0 at tp = 1.
-/// Memory traffic and compute overlap perfectly (the max) and nothing else is modelled:
+/// With overlap = 1 (the default, and the classic roofline) memory traffic and compute overlap
+/// perfectly (the max); a device that computes and streams weights in turn (one CPU core) has a
+/// lower overlap, measured (bench_roofline). Nothing else is modelled:
 /// kernels reach the datasheet's peaks, there is no launch gap but the fixed overhead, and the
 /// embedding lookup, norms and activations are free. It is a lower bound on a step's time.
 /// Pure: no clock, no I/O.
@@ -65,6 +68,9 @@ struct roofline_options {
   double weight_bytes_per_value = 2;   ///< 2 = fp16/bf16 weights
   double kv_bytes_per_value = 2;       ///< 2 = fp16 KV cache
   double kv_memory_bytes = 0;          ///< the replica's KV pool: with the weights, must fit in memory
+  /// The share of the shorter of compute and memory time hidden under the longer, in [0, 1]:
+  /// 1 = perfect overlap (the classic roofline), 0 = one after the other.
+  double overlap = 1;
 };
 
 /// The time of a step, term by term.
@@ -75,8 +81,9 @@ struct roofline_breakdown {
   double memory_ns = 0;
   double communication_ns = 0;
   double overhead_ns = 0;
+  double overlap = 1;           ///< roofline_options::overlap
   [[nodiscard]] bool memory_bound() const { return memory_ns >= compute_ns; }
-  /// max(compute, memory) + communication + overhead.
+  /// max(compute, memory) + (1 - overlap) x min(compute, memory) + communication + overhead.
   [[nodiscard]] double total_ns() const;
 };
 
