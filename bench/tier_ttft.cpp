@@ -9,18 +9,26 @@
 // greedy. The node runs once with a host tier (`host_tier_blocks` = 256: B's allocation demotes
 // A's cached blocks there; the second A finds its first 2 blocks still in the pool and gets the
 // next 27 back from the tier, 464 tokens in all, what the hit rule allows) and once without (the
-// second A finds the same 2 blocks and recomputes the other 448 tokens). Reported: the second A's TTFT per
-// round and its mean both ways, the ratio, the cached tokens, and whether the tokens agree.
+// second A finds the same 2 blocks and recomputes the other 448 tokens), and once with a host
+// tier of 1 block over a disk tier (the blocks the host tier evicts are written to files; the
+// second A reads them back from there). Reported: the second A's TTFT per round and its mean
+// all three ways, the ratios, the cached tokens, and whether the tokens agree.
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
 
 #include "actors/client.hpp"
+#include "actors/cache_tier_actor.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/type_ids.hpp"
 #include "bench/figures.hpp"
@@ -29,6 +37,8 @@
 
 namespace troupe::bench {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr int32_t prompt_length = 480;
 
@@ -82,6 +92,17 @@ std::vector<second_a> run_node(const topology::topology& t, const options& o) {
     const actors::completion again = run_one(sys, node->load_balancer, a);
     out.push_back({again.end.ttft_ns / 1e6, again.end.num_cached_tokens, again.tokens});
   }
+  if (node->host_tier) {
+    caf::scoped_actor self{sys};
+    self->request(node->host_tier, std::chrono::seconds(10), actors::stats_atom::value)
+        .receive(
+            [](const msg::tier_report& tr) {
+              std::printf("  host tier: %lld hits; its disk tier: %lld blocks written, %lld read back\n",
+                          static_cast<long long>(tr.num_hits), static_cast<long long>(tr.num_disk_puts),
+                          static_cast<long long>(tr.num_disk_hits));
+            },
+            [](const caf::error&) { std::printf("  host tier: no statistics\n"); });
+  }
   const msg::engine_report r = *actors::query_engine(sys, node->engines[0]);
   std::printf("  engine: %lld prefix-hit tokens (%lld from the host tier), %lld blocks demoted (%lld bytes), %lld promoted "
               "(%lld bytes)\n",
@@ -111,18 +132,32 @@ int run(int argc, char** argv) {
   std::printf("host tier of 256 blocks:\n");
   t.nodes[0].host_tier_blocks = 256;
   const std::vector<second_a> hit = run_node(t, o);
+  // A host tier of one block over a disk tier: what the host tier evicts is written to disk,
+  // and the second A reads all but the last demoted block back from there.
+  const fs::path disk_dir = fs::temp_directory_path() / ("troupe_bench_tier_ttft_" + std::to_string(::getpid()));
+  std::printf("host tier of 1 block over a disk tier of 256 MiB (%s):\n", disk_dir.c_str());
+  t.nodes[0].host_tier_blocks = 1;
+  t.nodes[0].disk_tier_dir = disk_dir.string();
+  t.nodes[0].disk_tier_mib = 256;
+  const std::vector<second_a> disk = run_node(t, o);
+  fs::remove_all(disk_dir);
   std::printf("no host tier:\n");
   t.nodes[0].host_tier_blocks = 0;
+  t.nodes[0].disk_tier_dir.clear();
+  t.nodes[0].disk_tier_mib = 0;
   const std::vector<second_a> recompute = run_node(t, o);
-  std::printf("\nround  TTFT host-tier hit (cached)   TTFT recompute (cached)   same token\n");
+  std::printf("\nround  TTFT host-tier hit (cached)   TTFT disk-tier hit (cached)   TTFT recompute (cached)   same token\n");
   bool same = true;
   for (size_t i = 0; i < hit.size(); i++) {
-    same = same && hit[i].tokens == recompute[i].tokens;
-    std::printf("%5zu  %12.2f ms (%4d)        %12.2f ms (%4d)       %s\n", i, hit[i].ttft_ms, hit[i].num_cached_tokens,
-                recompute[i].ttft_ms, recompute[i].num_cached_tokens, hit[i].tokens == recompute[i].tokens ? "yes" : "NO");
+    const bool agree = hit[i].tokens == recompute[i].tokens && disk[i].tokens == recompute[i].tokens;
+    same = same && agree;
+    std::printf("%5zu  %12.2f ms (%4d)        %12.2f ms (%4d)            %12.2f ms (%4d)       %s\n", i, hit[i].ttft_ms,
+                hit[i].num_cached_tokens, disk[i].ttft_ms, disk[i].num_cached_tokens, recompute[i].ttft_ms,
+                recompute[i].num_cached_tokens, agree ? "yes" : "NO");
   }
-  const double h = mean_ttft(hit), r = mean_ttft(recompute);
-  std::printf("mean   %12.2f ms                %12.2f ms          recompute / hit = %.2fx\n", h, r, r / h);
+  const double h = mean_ttft(hit), d = mean_ttft(disk), r = mean_ttft(recompute);
+  std::printf("mean   %12.2f ms                %12.2f ms                     %12.2f ms\n", h, d, r);
+  std::printf("recompute / host hit = %.2fx, recompute / disk hit = %.2fx, disk / host = %.2fx\n", r / h, r / d, d / h);
   return same ? 0 : 1;
 }
 
