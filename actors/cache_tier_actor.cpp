@@ -17,8 +17,9 @@ namespace {
 
 struct cache_tier_state {
   std::optional<kv::tier_store> store;
-  std::optional<tiers::disk_tier> disk;
-  int64_t num_disk_puts = 0;     // evicted blocks written to the disk tier
+  std::shared_ptr<kv::lower_tier> disk;  // the lower tier, if any
+  lower_read_cost read_cost;
+  int64_t num_disk_puts = 0;     // evicted blocks written to the lower tier
   int64_t num_disk_refused = 0;  // evicted blocks it refused (full, or an I/O error)
   int64_t num_disk_hits = 0;     // blocks a fetch read back from it
   static inline const char* name = "cache_tier";
@@ -36,7 +37,7 @@ msg::tier_report report(cache_tier_state& st, int64_t now) {
           num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits};
 }
 
-/// Host-tier evictions go down to the disk tier, if there is one; a refusal drops the block.
+/// Host-tier evictions go down to the lower tier, if there is one; a refusal drops the block.
 void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evicted) {
   if (!st.disk) return;
   for (const kv::kv_block& b : evicted) {
@@ -46,7 +47,7 @@ void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evict
       continue;
     }
     if (st.num_disk_refused++ == 0)  // once: a full disk tier refuses every block
-      spdlog::warn("cache tier: the disk tier refused a block: {}", ok.error().message);
+      spdlog::warn("cache tier: the tier below refused a block: {}", ok.error().message);
   }
 }
 
@@ -62,9 +63,10 @@ msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
 }
 
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,
-                                                    std::optional<tiers::disk_tier> disk) {
+                                                    std::shared_ptr<kv::lower_tier> lower, lower_read_cost read_cost) {
   self->state.store.emplace(std::move(store));
-  self->state.disk = std::move(disk);
+  self->state.disk = std::move(lower);
+  self->state.read_cost = std::move(read_cost);
   guard_boundary(self);
   return {
       [=](msg::tier_lookup& q) -> int32_t { return self->state.store->longest_prefix(q.tokens, now_ns(self)); },
@@ -87,7 +89,16 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
           return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
                                                                  " and num_blocks_max " + std::to_string(q.num_blocks_max) +
                                                                  " must be >= 0");
-        return fetch(self->state, q, now_ns(self));
+        const int64_t hits_before = self->state.num_disk_hits;
+        msg::tier_blocks blocks = fetch(self->state, q, now_ns(self));
+        const int64_t num_read = self->state.num_disk_hits - hits_before;
+        if (num_read == 0 || !self->state.read_cost) return blocks;
+        // Answered when the modelled reads end: the response, scheduled on the clock.
+        const caf::mailbox_element* asked = self->current_mailbox_element();
+        self->clock().schedule_message(self->clock().now() + self->state.read_cost(num_read), self->current_sender(),
+                                       caf::make_mailbox_element(self->ctrl(), asked->mid.response_id(), {},
+                                                                 std::move(blocks)));
+        return caf::delegated<msg::tier_blocks>{};
       },
       [=](stats_atom) { return report(self->state, now_ns(self)); },
   };
@@ -95,9 +106,10 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
 
 }  // namespace
 
-cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, std::optional<tiers::disk_tier> disk) {
-  if (disk) TROUPE_ASSERT_MSG(disk->block_size() == store.block_size(), "a disk tier of another block size");
-  return sys.spawn(cache_tier_behavior, std::move(store), std::move(disk));
+cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, std::shared_ptr<kv::lower_tier> lower,
+                                  lower_read_cost read_cost) {
+  if (lower) TROUPE_ASSERT_MSG(lower->block_size() == store.block_size(), "a lower tier of another block size");
+  return sys.spawn(cache_tier_behavior, std::move(store), std::move(lower), std::move(read_cost));
 }
 
 }  // namespace troupe::actors

@@ -228,6 +228,9 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"host_tier\": {\"hit_tokens\": " + std::to_string(r.host_hit_tokens) +
        ", \"demoted_blocks\": " + std::to_string(r.demoted_blocks) +
        ", \"promoted_blocks\": " + std::to_string(r.promoted_blocks) + "},\n";
+  j += "  \"disk_tier\": {\"written_blocks\": " + std::to_string(r.disk_written_blocks) +
+       ", \"refused_blocks\": " + std::to_string(r.disk_refused_blocks) +
+       ", \"hit_blocks\": " + std::to_string(r.disk_hit_blocks) + "},\n";
   j += "  \"speculation\": {\"draft_rows\": " + std::to_string(r.draft_rows) +
        ", \"accepted_drafts\": " + std::to_string(r.accepted_drafts) + "},\n";
   j += "  \"num_steps\": " + std::to_string(m.num_steps) + ",\n";

@@ -276,7 +276,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   if (auto ok = apply_overrides(root, set, source); !ok) return tl::unexpected(ok.error());
   for (const auto& [key, node] : root)
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
-                             key != "load_balancer" && key != "host_tier" && key != "speculation" &&
+                             key != "load_balancer" && key != "host_tier" && key != "disk_tier" && key != "speculation" &&
                              key != "network"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
   sim_topology t;
@@ -323,7 +323,12 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   std::vector<field> host_tier_fields = {
       {"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
       {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
-      {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)}};
+      {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)},
+      {"fetch_timeout_ms", false, 1, 60000, into(t.host_tier.fetch_timeout_ms)}};
+  std::vector<field> disk_tier_fields = {
+      {"blocks", false, 0, 1e15, into(t.disk_tier.blocks)},
+      {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.disk_tier.bandwidth_gb_s)},
+      {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};
   std::vector<field> network_fields = {{"latency_us", false, 0, 1e9, into(t.network.latency_us)},
                                        {"bandwidth_gb_s", false, 0, 1e9, into(t.network.bandwidth_gb_s)}};
   std::string drafter = "none", spec_mode = "fixed";
@@ -358,10 +363,14 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
                                          {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
                                          {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false},
+                                         {"disk_tier", &disk_tier_fields, false},
                                          {"speculation", &speculation_fields, false},
                                          {"network", &network_fields, false}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_speculation(t, drafter, spec_mode, root, source); !ok) return tl::unexpected(ok.error());
+  if (t.disk_tier.blocks > 0 && t.host_tier.blocks == 0)
+    return fail(errc::malformed_file, at(source, *root["disk_tier"]["blocks"].node()) +
+                                          "[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0");
   if (t.prefill_replicas >= t.replicas)
     return fail(errc::malformed_file, at(source, *root["engine"]["prefill_replicas"].node()) +
                                           "[engine] prefill_replicas must leave at least one decode replica: " +

@@ -32,6 +32,20 @@ struct sim_host_tier {
   int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
   double bandwidth_gb_s = 25;    ///< host <-> accelerator copies, 10^9 bytes/s
   double latency_us = 0;         ///< per step that moves blocks
+  /// How long an engine waits for the tier's answer before it computes the prefix itself (as
+  /// `[[node]] host_tier_fetch_timeout_ms`).
+  int32_t fetch_timeout_ms = 50;
+};
+
+/// `[disk_tier]` (needs `[host_tier]`): a modelled device below each replica's host tier
+/// (sim/modelled_tier.hpp), which takes the blocks the host tier evicts and refuses more when
+/// full, as the disk tier does. A fetch that reads n blocks from it is answered `latency_us`
+/// + n blocks' bytes / `bandwidth_gb_s` later (then the blocks move to the pool as host-tier
+/// blocks do).
+struct sim_disk_tier {
+  int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
+  double bandwidth_gb_s = 3;     ///< device reads, 10^9 bytes/s
+  double latency_us = 100;       ///< per fetch that reads from it
 };
 
 /// `[speculation]` (docs/speculative.md): the engines speculate with `drafter`
@@ -70,6 +84,7 @@ struct sim_topology {
   std::optional<cost::roofline_model> roofline;
   token_mode tokens = token_mode::synthetic;
   sim_host_tier host_tier;
+  sim_disk_tier disk_tier;
   sim_speculation speculation;  ///< with engine.speculation enabled
   /// [network]: every engine a node of its own (sim/network.hpp); all zero: no network (what
   /// crosses nodes arrives at once).

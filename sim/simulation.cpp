@@ -13,8 +13,10 @@
 #include "actors/load_balancer_actor.hpp"
 #include "actors/type_ids.hpp"
 #include "runtime/kv/tier_store.hpp"
+#include "messages/cache_tier.hpp"
 #include "sim/cost_executor.hpp"
 #include "sim/event_log.hpp"
+#include "sim/modelled_tier.hpp"
 #include "sim/network.hpp"
 #include "sim/random.hpp"
 #include "sim/workload.hpp"
@@ -183,7 +185,18 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     if (t.host_tier.blocks > 0) {
       auto store = kv::tier_store::create({t.engine.block_size, t.host_tier.blocks});
       if (!store) return tl::unexpected(store.error());
-      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store));
+      std::shared_ptr<kv::lower_tier> disk;
+      actors::lower_read_cost read_cost;
+      if (t.disk_tier.blocks > 0) {
+        disk = std::make_shared<modelled_tier>(t.engine.block_size, t.disk_tier.blocks);
+        const double block_bytes = static_cast<double>(t.engine.block_size) * static_cast<double>(t.kv_bytes_per_token);
+        read_cost = [block_bytes, d = t.disk_tier](int64_t num_blocks) {
+          return caf::timespan(std::llround(d.latency_us * 1e3 + static_cast<double>(num_blocks) * block_bytes /
+                                                                       d.bandwidth_gb_s));  // GB/s = bytes/ns
+        };
+      }
+      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store), std::move(disk), std::move(read_cost));
+      o.tier_fetch_timeout = std::chrono::milliseconds(t.host_tier.fetch_timeout_ms);
       rs.tiers.push_back(o.host_tier);
     }
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
@@ -235,6 +248,25 @@ void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
       while (sched.has_pending_timeout() && sched.clock().schedule().begin()->first <= sched.clock().now())
         sched.trigger_timeout();
   }
+}
+
+/// The host tiers' reports summed (the disk counters sim_result keeps), asked once the run has
+/// ended.
+msg::tier_report final_tier_totals(run_state& rs, caf::scheduler::test_coordinator& sched) {
+  msg::tier_report total;
+  size_t num_answers = 0;
+  for (const actors::cache_tier_actor& tier : rs.tiers)
+    rs.sys.spawn([&, tier](caf::event_based_actor* self) {
+      self->request(tier, caf::infinite, actors::stats_atom::value).then([&](const msg::tier_report& r) {
+        total.num_disk_puts += r.num_disk_puts;
+        total.num_disk_refused += r.num_disk_refused;
+        total.num_disk_hits += r.num_disk_hits;
+        num_answers++;
+      });
+    });
+  sched.run();
+  TROUPE_ASSERT_MSG(num_answers == rs.tiers.size(), "every host tier answers a stats query");
+  return total;
 }
 
 /// The replicas' reports summed (the counters sim_result keeps), asked once the run has ended.
@@ -297,7 +329,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   // Start the virtual clock away from 0 (CAF treats a zero time point specially).
   sched.clock().current_time += std::chrono::hours(1);
   run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
-               sched.clock().now(), 0, {}, {}, {}};
+               sched.clock().now(), 0, {}, {}, {}, {}, {}, 0, 0, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   const sim_network_links& links = o.topology.network;
   if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || o.network_faults.any()) {
@@ -331,6 +363,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   run_to_end(rs, sched);
   const int64_t end_ns = since(rs, sched.clock().now());
   const msg::engine_report totals = rs.violation.empty() ? final_totals(rs, sched, *engines) : msg::engine_report{};
+  const msg::tier_report tier_totals = rs.violation.empty() ? final_tier_totals(rs, sched) : msg::tier_report{};
   if (rs.violation.empty() && rs.num_finished != static_cast<int64_t>(o.workload.size()))
     rs.violation = std::to_string(o.workload.size() - rs.num_finished) + " request(s) never ended";
   caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
@@ -352,6 +385,9 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.host_hit_tokens = totals.num_host_hit_tokens;
   out.demoted_blocks = totals.num_demoted_blocks;
   out.promoted_blocks = totals.num_promoted_blocks;
+  out.disk_written_blocks = tier_totals.num_disk_puts;
+  out.disk_refused_blocks = tier_totals.num_disk_refused;
+  out.disk_hit_blocks = tier_totals.num_disk_hits;
   out.draft_rows = totals.num_draft_rows;
   out.accepted_drafts = totals.num_accepted_drafts;
   out.num_forwarded = rs.num_forwarded;

@@ -99,6 +99,11 @@ struct sim_result {
   int64_t host_hit_tokens = 0;
   int64_t demoted_blocks = 0;
   int64_t promoted_blocks = 0;
+  /// With [disk_tier]: blocks the host tiers wrote down to it, blocks it refused (full), and
+  /// blocks fetches read back from it, summed over the replicas (msg::tier_report).
+  int64_t disk_written_blocks = 0;
+  int64_t disk_refused_blocks = 0;
+  int64_t disk_hit_blocks = 0;
   /// With [speculation]: draft rows verified and drafts that stood, over the replicas.
   int64_t draft_rows = 0;
   int64_t accepted_drafts = 0;

@@ -17,6 +17,7 @@
 
 #include "messages/cache_tier.hpp"
 #include "tests/support/actor_config.hpp"
+#include "tiers/disk_tier.hpp"
 #include "tests/support/kv_blocks.hpp"
 
 namespace troupe::testing {
@@ -42,12 +43,12 @@ class CacheTierActor : public ::testing::Test {
     sched_.clock().current_time += 1h;  // away from 0
     auto store = kv::tier_store::create({block_size, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
     ASSERT_TRUE(store.has_value());
-    std::optional<tiers::disk_tier> disk;
+    std::shared_ptr<kv::lower_tier> disk;
     if (disk_bytes > 0) {
       std::filesystem::remove_all(dir_);
       auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size});
       ASSERT_TRUE(opened.has_value()) << opened.error().message;
-      disk = std::move(*opened);
+      disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
     }
     tier_ = actors::spawn_cache_tier(sys_, std::move(*store), std::move(disk));
     sched_.run();

@@ -191,6 +191,9 @@ TEST_F(Cli, SimSettingsAndSweepsRejectBadKeysAndValues) {
   expect_rejected(with({"--sweep", "time_scale=1,fast"}), "time_scale takes a number, got 'fast'");
   expect_rejected(with({"--sweep", "engine.replicas=1,0"}), "[engine] replicas = 0.000000 is outside");
   expect_rejected(with({"--sweep", "load_balancer.router=least_loaded,best"}), "unknown router 'best'");
+  // Each value alone is valid; one combination is not (a disk tier needs a host tier).
+  expect_rejected(with({"--sweep", "host_tier.blocks=0,100", "--sweep", "disk_tier.blocks=0,1000"}),
+                  "sweep point host_tier.blocks=0, disk_tier.blocks=1000: ");
   expect_rejected(with({"--sweep", "seed=1,2", "--trace-out", "t.json"}), "not with --sweep");
   expect_rejected(with({"--set", "replicas"}), "--set takes KEY=VALUE, got 'replicas'");
   expect_rejected(with({"--set", "max_requests=-"}), "max_requests takes an integer, got '-'");

@@ -651,6 +651,38 @@ TEST(EngineHost, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
   EXPECT_EQ(s.num_host_hit_tokens, 4);
 }
 
+TEST(EngineHost, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNow) {
+  auto host = make_host(tier_options(/*num_kv_blocks=*/4));
+  fake_executor ex;
+  const request a = tier_request(1);
+  (void)host->submit(a, 100);
+  (void)ex.take_plans(host->tier_answered(1, {}, 110));
+  (void)ex.answer(*host, 200);
+  (void)ex.answer(*host, 300);
+  request b = tier_request(2);
+  b.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};
+  (void)host->submit(b, 400);
+  (void)ex.take_plans(host->tier_answered(2, {}, 410));  // evicts a's block 1
+  (void)ex.answer(*host, 500);
+  (void)ex.answer(*host, 600);
+  // c (a's prompt) finds a's block 0 in the pool and asks the tier for block 1 ...
+  EXPECT_EFFECTS(host->submit(tier_request(3), 700), (effects{watch_caller{3}, fetch_blocks{3, a.prompt, 1, 1}}));
+  // ... while d's allocation evicts that block 0 (the free queue's front).
+  request d = tier_request(4);
+  d.prompt = {1, 2, 3, 4, 13, 14, 15, 16, 17};
+  (void)host->submit(d, 710);
+  (void)ex.take_plans(host->tier_answered(4, {}, 720));
+  (void)ex.answer(*host, 800);
+  (void)ex.answer(*host, 900);
+  // Block 1 alone would not chain to anything in the pool: the tier is asked again from block 0.
+  EXPECT_EFFECTS(host->tier_answered(3, {tier_block(a.prompt, 1)}, 1000), (effects{fetch_blocks{3, a.prompt, 0, 2}}));
+  EXPECT_EQ(host->stats(1000).core.num_promoted_blocks, 0);
+  (void)ex.take_plans(host->tier_answered(3, {tier_block(a.prompt, 0), tier_block(a.prompt, 1)}, 1100));
+  ASSERT_FALSE(ex.in_flight.empty());
+  EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 8);
+  EXPECT_EQ(host->stats(1100).core.num_host_hit_tokens, 8);
+}
+
 TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
   auto host = make_host(tier_options(/*num_kv_blocks=*/3));  // one 9-token request fills the pool
   fake_executor ex;

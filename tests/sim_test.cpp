@@ -770,6 +770,49 @@ TEST(Simulation, AHostTierServesThePrefixThePoolEvicted) {
   EXPECT_EQ((with.requests[2].first_token_ns - faster.requests[2].first_token_ns), 35 * 4096 / 2);
 }
 
+TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
+  // A host tier of 4 blocks over a modelled disk: of r0's 18 blocks r1 evicted, the host tier
+  // keeps the last 4 demoted and writes the others down; r2 still gets its whole prefix back,
+  // 4 blocks from the host tier and the 13 it lacks read from the disk.
+  const auto with_disk = [](const std::string& disk_keys) {
+    return evicting_run("\n[host_tier]\nblocks = 4\nlatency_us = 2\nbandwidth_gb_s = 1\n[disk_tier]\n" + disk_keys);
+  };
+  const sim_result disk = with_disk("blocks = 1000\nlatency_us = 100\nbandwidth_gb_s = 1\n");
+  EXPECT_EQ(disk.requests[2].cached_tokens, 384);
+  EXPECT_EQ(disk.host_hit_tokens, 17 * 16);  // the engine counts them all as the host tier's
+  EXPECT_EQ(disk.promoted_blocks, 17);
+  EXPECT_EQ(disk.disk_written_blocks, 32);   // 36 demoted, the last 4 kept in the host tier
+  EXPECT_EQ(disk.disk_hit_blocks, 13);
+  EXPECT_EQ(disk.disk_refused_blocks, 0);
+  for (const request_record& r : disk.requests) EXPECT_EQ(r.finish, "length");
+  // The reads are priced on the fetch's answer: 100 us more latency, or twice the bandwidth
+  // (13 blocks of 4096 bytes at 1 byte/ns), move r2's first token by exactly that much.
+  const sim_result slower = with_disk("blocks = 1000\nlatency_us = 200\nbandwidth_gb_s = 1\n");
+  EXPECT_EQ(slower.requests[2].first_token_ns - disk.requests[2].first_token_ns, 100'000);
+  const sim_result faster = with_disk("blocks = 1000\nlatency_us = 100\nbandwidth_gb_s = 2\n");
+  EXPECT_EQ(disk.requests[2].first_token_ns - faster.requests[2].first_token_ns, 13 * 4096 / 2);
+  // A full disk refuses (counted) and the tiers serve on: r2 computes what was refused.
+  const sim_result full = with_disk("blocks = 2\n");
+  EXPECT_EQ(full.disk_written_blocks, 2);
+  EXPECT_EQ(full.disk_refused_blocks, 30);
+  EXPECT_LT(full.requests[2].cached_tokens, 384);
+  for (const request_record& r : full.requests) EXPECT_EQ(r.finish, "length");
+  // A fetch answered after the engine stopped waiting (50 ms): r2 computes the prefix itself,
+  // finding only the pool's 7 blocks.
+  const sim_result late = with_disk("blocks = 1000\nlatency_us = 60000\n");
+  EXPECT_EQ(late.requests[2].cached_tokens, 112);
+  const nlohmann::json summary = nlohmann::json::parse(summary_json(disk, {}, 5));
+  EXPECT_EQ(summary["disk_tier"]["hit_blocks"], 13);
+  EXPECT_EQ(summary["disk_tier"]["written_blocks"], 32);
+  EXPECT_EQ(summary["disk_tier"]["refused_blocks"], 0);
+  // A disk tier needs a host tier above it.
+  auto bad = parse_sim_topology(std::string(tiny_topology) + "\n[disk_tier]\nblocks = 10\n", "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0"),
+            std::string::npos)
+      << bad.error().message;
+}
+
 /// What an infinite cache can serve of each request, summed: its prompt tokens an earlier
 /// request already covered along the same hash-id chain (prefix_reuse_bound, but where an
 /// earlier request covered only part of a trace block, up to that part), less the hit rule (at

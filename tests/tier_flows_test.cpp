@@ -17,6 +17,7 @@
 
 #include "actors/cache_tier_actor.hpp"
 #include "tests/support/actor_harness.hpp"
+#include "tiers/disk_tier.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -219,7 +220,7 @@ TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
   auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});  // one prompt's blocks
   auto disk = tiers::disk_tier::open({dir, 1 << 30, 16});
   ASSERT_TRUE(store.has_value() && disk.has_value());
-  start(5, actors::spawn_cache_tier(sys_, std::move(*store), std::move(*disk)));
+  start(5, actors::spawn_cache_tier(sys_, std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
   const actors::completion a = complete(request(prompt_a, 7));
   (void)complete(request(prompt_c, 9));                   // A's blocks demoted to the host tier
   (void)complete(request(golden_prompt(3, 65), 11));      // C's too, pushing A's down to disk

@@ -28,6 +28,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/kv/kv_block.hpp"
+#include "runtime/kv/lower_tier.hpp"
 
 namespace troupe::tiers {
 
@@ -37,7 +38,7 @@ struct disk_tier_config {
   int32_t block_size = 16;  ///< tokens per block: files of another size are not this tier's
 };
 
-class disk_tier {
+class disk_tier final : public kv::lower_tier {
  public:
   /// Opens (creating) the directory and rebuilds the index. Errors: invalid_argument for an
   /// empty directory name or a size <= 0; io_error naming the path if the directory cannot be
@@ -46,21 +47,21 @@ class disk_tier {
 
   /// Writes `block` (consistent, of block_size tokens: asserted). Already held: nothing to do.
   /// Errors: overloaded when the tier is full, io_error if the file cannot be written.
-  [[nodiscard]] expected<void> put(const kv::kv_block& block);
+  [[nodiscard]] expected<void> put(const kv::kv_block& block) override;
 
   /// The block named `hash`, read back from its file; nullopt if absent, or if the file is
   /// damaged (then removed, counted in num_corrupt_blocks).
-  [[nodiscard]] std::optional<kv::kv_block> get(uint64_t hash);
+  [[nodiscard]] std::optional<kv::kv_block> get(uint64_t hash) override;
 
   /// How many leading full blocks of `tokens` the tier holds (stored tokens and parent hashes
   /// compared, as the pool does).
   [[nodiscard]] int32_t longest_prefix(const std::vector<int32_t>& tokens) const;
 
   [[nodiscard]] bool contains(uint64_t hash) const { return index_.count(hash) != 0; }
-  [[nodiscard]] int64_t num_blocks() const { return static_cast<int64_t>(index_.size()); }
+  [[nodiscard]] int64_t num_blocks() const override { return static_cast<int64_t>(index_.size()); }
   [[nodiscard]] int64_t num_bytes() const { return num_bytes_; }
   [[nodiscard]] int64_t capacity_bytes() const { return config_.capacity_bytes; }
-  [[nodiscard]] int32_t block_size() const { return config_.block_size; }
+  [[nodiscard]] int32_t block_size() const override { return config_.block_size; }
   [[nodiscard]] int64_t num_corrupt_blocks() const { return num_corrupt_blocks_; }
   /// The file that holds (or would hold) block `hash`.
   [[nodiscard]] std::string path_of(uint64_t hash) const;

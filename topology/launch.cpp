@@ -17,6 +17,7 @@
 #include "actors/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/tokenizer/chat_template.hpp"
+#include "tiers/disk_tier.hpp"
 
 namespace troupe::topology {
 namespace {
@@ -81,11 +82,11 @@ expected<actors::cache_tier_actor> spawn_host_tier(caf::actor_system& sys, const
   config.capacity_blocks = node.host_tier_blocks;
   auto store = kv::tier_store::create(config);
   if (!store) return fail(store.error().code, "node '" + node.name + "': host tier: " + store.error().message);
-  std::optional<tiers::disk_tier> disk;
+  std::shared_ptr<kv::lower_tier> disk;
   if (!node.disk_tier_dir.empty()) {
     auto opened = tiers::disk_tier::open({node.disk_tier_dir, int64_t{node.disk_tier_mib} << 20, config.block_size});
     if (!opened) return fail(opened.error().code, "node '" + node.name + "': disk tier: " + opened.error().message);
-    disk = std::move(*opened);
+    disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
   }
   return actors::spawn_cache_tier(sys, std::move(*store), std::move(disk));
 }

@@ -240,13 +240,18 @@ int run_sweep(const sim_cli_options& o) {
   if (!o.trace_out.empty() || !o.event_log.empty())
     return fail_with(error{errc::invalid_argument, "--trace-out and --event-log are per run: not with --sweep "
                                                    "(each point's report is in DIR/points/N)"});
-  // Every value must be a valid setting, checked before anything runs.
-  for (const sim::sweep_axis& a : axes)
-    for (const std::string& v : a.values) {
-      sim_cli_options probe = o;
-      if (auto ok = apply_setting(probe, a.key, v); !ok) return fail_with(ok.error());
-      if (auto t = sim::load_sim_topology(probe.topology, probe.overrides); !t) return fail_with(t.error());
+  // Every point must be a valid topology (values that only work together included), checked
+  // before anything runs.
+  for (const std::vector<std::string>& values : *grid) {
+    sim_cli_options probe = o;
+    std::string where;
+    for (size_t i = 0; i < axes.size(); i++) {
+      if (auto ok = apply_setting(probe, axes[i].key, values[i]); !ok) return fail_with(ok.error());
+      where += (where.empty() ? "" : ", ") + axes[i].key + "=" + values[i];
     }
+    if (auto t = sim::load_sim_topology(probe.topology, probe.overrides); !t)
+      return fail_with(error{t.error().code, "sweep point " + where + ": " + t.error().message});
+  }
   const std::filesystem::path out(o.out);
   std::error_code ec;
   std::filesystem::create_directories(out / "points", ec);

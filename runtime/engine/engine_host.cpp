@@ -161,15 +161,19 @@ bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff
     return true;
   }
   std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (handoff ? 1 : 0));  // what the core prefills
-  const int32_t block_size = core_->config().block_size;
-  const int32_t num_pool_blocks = static_cast<int32_t>(core_->blocks().find_prefix(tokens).blocks.size());
-  const kv::hit_rule_config rule{block_size, 0, core_->config().scheduler.prefix_cache_slack_tokens};
-  const int32_t num_blocks_max = kv::max_reused_tokens(rule, static_cast<int32_t>(tokens.size())) / block_size;
+  const auto [num_pool_blocks, num_blocks_max] = cached_prefix(tokens);
   if (num_pool_blocks >= num_blocks_max) return false;
   out.push_back(watch_caller{id});
   out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
-  tier_waits_.emplace(id, tier_wait{std::move(r), std::move(handoff)});
+  tier_waits_.emplace(id, tier_wait{std::move(r), std::move(handoff), num_pool_blocks});
   return true;
+}
+
+std::pair<int32_t, int32_t> engine_host::cached_prefix(const std::vector<int32_t>& tokens) const {
+  const int32_t block_size = core_->config().block_size;
+  const kv::hit_rule_config rule{block_size, 0, core_->config().scheduler.prefix_cache_slack_tokens};
+  return {static_cast<int32_t>(core_->blocks().find_prefix(tokens).blocks.size()),
+          kv::max_reused_tokens(rule, static_cast<int32_t>(tokens.size())) / block_size};
 }
 
 effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns) {
@@ -177,7 +181,17 @@ effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> bloc
   auto it = tier_waits_.find(id);
   if (it == tier_waits_.end()) return out;  // released, or its caller died, meanwhile
   const request& r = it->second.req;
-  const std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (it->second.handoff ? 1 : 0));
+  std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (it->second.handoff ? 1 : 0));
+  // While the tier answered (a disk read takes a while), the pool may have evicted leading
+  // blocks the answer extends: the blocks would not chain. Ask again from where the pool ends
+  // now (the evicted blocks were demoted to the tier). Each time asks from an earlier block, so
+  // this ends.
+  const auto [num_pool_blocks, num_blocks_max] = cached_prefix(tokens);
+  if (!blocks.empty() && num_pool_blocks < it->second.first_block) {
+    it->second.first_block = num_pool_blocks;
+    out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
+    return out;
+  }
   if (!blocks.empty()) (void)core_->promote(tokens, std::move(blocks));
   tier_wait w = std::move(it->second);
   tier_waits_.erase(it);

@@ -1,0 +1,29 @@
+#include "sim/modelled_tier.hpp"
+
+#include <string>
+
+#include "runtime/common/error.hpp"
+
+namespace troupe::sim {
+
+modelled_tier::modelled_tier(int32_t block_size, int64_t capacity_blocks)
+    : block_size_(block_size), capacity_blocks_(capacity_blocks) {
+  TROUPE_ASSERT(block_size > 0 && capacity_blocks > 0);
+}
+
+expected<void> modelled_tier::put(const kv::kv_block& block) {
+  TROUPE_ASSERT(static_cast<int32_t>(block.tokens.size()) == block_size_);
+  if (blocks_.count(block.hash) != 0) return {};
+  if (num_blocks() >= capacity_blocks_)
+    return fail(errc::overloaded, "the modelled disk tier is full (" + std::to_string(capacity_blocks_) + " blocks)");
+  blocks_.emplace(block.hash, block);
+  return {};
+}
+
+std::optional<kv::kv_block> modelled_tier::get(uint64_t hash) {
+  const auto it = blocks_.find(hash);
+  if (it == blocks_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace troupe::sim
