@@ -625,20 +625,22 @@ TEST(EngineHost, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
   EXPECT_EQ(host->num_live(), 0u);
 }
 
+/// Runs the 2-token request `r` to its end from `at`, the tier having nothing for it.
+void run_past_the_tier(engine_host& host, fake_executor& ex, const request& r, int64_t at) {
+  (void)host.submit(r, at);
+  (void)ex.take_plans(host.tier_answered(r.id, {}, at + 10));
+  (void)ex.answer(host, at + 100);
+  (void)ex.answer(host, at + 200);
+}
+
 TEST(EngineHost, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
   auto host = make_host(tier_options(/*num_kv_blocks=*/4));
   fake_executor ex;
   const request a = tier_request(1);
-  (void)host->submit(a, 100);
-  (void)ex.take_plans(host->tier_answered(1, {}, 110));
-  (void)ex.answer(*host, 200);
-  (void)ex.answer(*host, 300);  // a used blocks 0, 1, 2: the free queue is 3, 2, 1, 0
+  run_past_the_tier(*host, ex, a, 100);  // a used blocks 0, 1, 2: the free queue is 3, 2, 1, 0
   request b = tier_request(2);
   b.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};
-  (void)host->submit(b, 400);
-  (void)ex.take_plans(host->tier_answered(2, {}, 410));  // b takes 3, 2, 1: a's block 1 is evicted
-  (void)ex.answer(*host, 500);
-  (void)ex.answer(*host, 600);
+  run_past_the_tier(*host, ex, b, 400);  // b takes 3, 2, 1: a's block 1 is evicted
   EXPECT_EQ(host->num_live(), 0u);
   // a's block 0 survived, at the front of the free queue: the tier is asked for block 1 only ...
   EXPECT_EFFECTS(host->submit(tier_request(3), 700), (effects{watch_caller{3}, fetch_blocks{3, a.prompt, 1, 1}}));
@@ -655,25 +657,16 @@ TEST(EngineHost, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNow)
   auto host = make_host(tier_options(/*num_kv_blocks=*/4));
   fake_executor ex;
   const request a = tier_request(1);
-  (void)host->submit(a, 100);
-  (void)ex.take_plans(host->tier_answered(1, {}, 110));
-  (void)ex.answer(*host, 200);
-  (void)ex.answer(*host, 300);
+  run_past_the_tier(*host, ex, a, 100);
   request b = tier_request(2);
   b.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};
-  (void)host->submit(b, 400);
-  (void)ex.take_plans(host->tier_answered(2, {}, 410));  // evicts a's block 1
-  (void)ex.answer(*host, 500);
-  (void)ex.answer(*host, 600);
+  run_past_the_tier(*host, ex, b, 400);  // evicts a's block 1
   // c (a's prompt) finds a's block 0 in the pool and asks the tier for block 1 ...
   EXPECT_EFFECTS(host->submit(tier_request(3), 700), (effects{watch_caller{3}, fetch_blocks{3, a.prompt, 1, 1}}));
   // ... while d's allocation evicts that block 0 (the free queue's front).
   request d = tier_request(4);
   d.prompt = {1, 2, 3, 4, 13, 14, 15, 16, 17};
-  (void)host->submit(d, 710);
-  (void)ex.take_plans(host->tier_answered(4, {}, 720));
-  (void)ex.answer(*host, 800);
-  (void)ex.answer(*host, 900);
+  run_past_the_tier(*host, ex, d, 710);
   // Block 1 alone would not chain to anything in the pool: the tier is asked again from block 0.
   EXPECT_EFFECTS(host->tier_answered(3, {tier_block(a.prompt, 1)}, 1000), (effects{fetch_blocks{3, a.prompt, 0, 2}}));
   EXPECT_EQ(host->stats(1000).core.num_promoted_blocks, 0);

@@ -75,6 +75,15 @@ class quiet_engines {
   ~quiet_engines() { spdlog::set_level(spdlog::level::info); }
 };
 
+/// Every request of `faulty` ended by length with the tokens it has in `clean`.
+void expect_same_tokens(const sim_result& clean, const sim_result& faulty) {
+  ASSERT_EQ(clean.requests.size(), faulty.requests.size());
+  for (size_t i = 0; i < clean.requests.size(); i++) {
+    EXPECT_EQ(clean.requests[i].tokens, faulty.requests[i].tokens) << "request " << i;
+    EXPECT_EQ(faulty.requests[i].finish, "length") << "request " << i;
+  }
+}
+
 TEST(Swarm, ExecutorCrashesChangeNoTokenAndReplay) {
   const quiet_engines quiet;
   const sim_options o = twelve_requests_on_two_replicas();
@@ -86,10 +95,7 @@ TEST(Swarm, ExecutorCrashesChangeNoTokenAndReplay) {
   ASSERT_TRUE(clean && a && b);
   EXPECT_NE(clean->event_log_sha256, a->event_log_sha256);  // the crashes happened ...
   EXPECT_EQ(a->event_log_sha256, b->event_log_sha256);      // ... and replay from the seed
-  for (size_t i = 0; i < clean->requests.size(); i++) {
-    EXPECT_EQ(clean->requests[i].tokens, a->requests[i].tokens) << "request " << i;
-    EXPECT_EQ(a->requests[i].finish, "length") << "request " << i;
-  }
+  expect_same_tokens(*clean, *a);
 }
 
 TEST(Swarm, ADrainedEngineHandsItsRequestsOnWithTheirKvAndNoTokenChanges) {
@@ -102,10 +108,7 @@ TEST(Swarm, ADrainedEngineHandsItsRequestsOnWithTheirKvAndNoTokenChanges) {
   auto a = run_simulation(drained);
   ASSERT_TRUE(clean && a) << (a ? "" : a.error().message);
   EXPECT_GT(a->num_forwarded_with_kv, 0);
-  for (size_t i = 0; i < clean->requests.size(); i++) {
-    EXPECT_EQ(clean->requests[i].tokens, a->requests[i].tokens) << "request " << i;
-    EXPECT_EQ(a->requests[i].finish, "length") << "request " << i;
-  }
+  expect_same_tokens(*clean, *a);
   drained.drains = {engine_drain{2, 0}};
   auto bad = run_simulation(drained);
   ASSERT_FALSE(bad);
@@ -125,15 +128,6 @@ TEST(Swarm, ADrainWithNowhereToForwardEndsItsRequestsUnavailableInsteadOfHanging
     num_unavailable += q.finish == "unavailable";
   }
   EXPECT_GT(num_unavailable, 0);
-}
-
-/// Every request of `faulty` ended by length with the tokens it has in `clean`.
-void expect_same_tokens(const sim_result& clean, const sim_result& faulty) {
-  ASSERT_EQ(clean.requests.size(), faulty.requests.size());
-  for (size_t i = 0; i < clean.requests.size(); i++) {
-    EXPECT_EQ(clean.requests[i].tokens, faulty.requests[i].tokens) << "request " << i;
-    EXPECT_EQ(faulty.requests[i].finish, "length") << "request " << i;
-  }
 }
 
 TEST(Swarm, AGracePeriodLetsRequestsFinishWhereTheyRunAndNoTokenChanges) {
