@@ -92,9 +92,9 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         const int64_t hits_before = self->state.num_disk_hits;
         msg::tier_blocks blocks = fetch(self->state, q, now_ns(self));
         const int64_t num_read = self->state.num_disk_hits - hits_before;
-        if (num_read == 0 || !self->state.read_cost) return blocks;
-        // Answered when the modelled reads end: the response, scheduled on the clock.
         const caf::mailbox_element* asked = self->current_mailbox_element();
+        if (num_read == 0 || !self->state.read_cost || !asked->mid.is_request()) return blocks;
+        // Answered when the modelled reads end: the response, scheduled on the clock.
         self->clock().schedule_message(self->clock().now() + self->state.read_cost(num_read), self->current_sender(),
                                        caf::make_mailbox_element(self->ctrl(), asked->mid.response_id(), {},
                                                                  std::move(blocks)));
