@@ -1,6 +1,7 @@
 #include "actors/cache_tier_actor.hpp"
 
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,13 +54,20 @@ void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evict
 
 msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
   kv::tier_store::lower_tier lower;
+  std::set<uint64_t> read_below;
   if (st.disk)
-    lower = [&st](uint64_t hash) {
+    lower = [&st, &read_below](uint64_t hash) {
       std::optional<kv::kv_block> b = st.disk->get(hash);
-      if (b) st.num_disk_hits++;
+      if (b) {
+        st.num_disk_hits++;
+        read_below.insert(hash);
+      }
       return b;
     };
-  return msg::tier_blocks{st.store->get_prefix(q.tokens, q.first_block, q.num_blocks_max, now, lower)};
+  msg::tier_blocks out{st.store->get_prefix(q.tokens, q.first_block, q.num_blocks_max, now, lower), {}};
+  if (!read_below.empty())
+    for (const kv::kv_block& b : out.blocks) out.from_lower.push_back(read_below.count(b.hash) != 0 ? 1 : 0);
+  return out;
 }
 
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,

@@ -159,7 +159,10 @@ void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
   const engine::request_id id = f.id;
   self->request(self->state.options.host_tier, self->state.options.tier_fetch_timeout,
                 msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max})
-      .then([=](msg::tier_blocks& b) { perform(self, self->state.host->tier_answered(id, std::move(b.blocks), now_ns(self))); },
+      .then([=](msg::tier_blocks& b) {
+              if (!b.from_lower.empty() && b.from_lower.size() != b.blocks.size()) b.from_lower.clear();  // counts only
+              perform(self, self->state.host->tier_answered(id, std::move(b.blocks), now_ns(self), std::move(b.from_lower)));
+            },
             [=](caf::error& err) {
               spdlog::debug("engine: the host tier did not serve request {}: {}", id, self->system().render(err));
               perform(self, self->state.host->tier_answered(id, {}, now_ns(self)));
@@ -404,7 +407,7 @@ msg::engine_report stats(engine_actor_t* self) {
                             s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
                             0,                          s.core.preempted_ns,         s.core.num_draft_slots,
                             s.core.num_draft_rows,      s.core.num_accepted_drafts,
-                            self->state.host->num_handoffs_recomputed()};
+                            self->state.host->num_handoffs_recomputed(), s.core.num_disk_hit_tokens};
 }
 
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers

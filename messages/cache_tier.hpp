@@ -82,11 +82,13 @@ typename Inspector::result_type inspect(Inspector& f, tier_fetch& x) {
 /// tier -> asker: the blocks a tier_fetch found, in chain order (none: a miss).
 struct tier_blocks {
   std::vector<kv::kv_block> blocks;
+  /// Per block, 1 if the tier read it from the tier below (the disk tier); empty: none.
+  std::vector<uint8_t> from_lower;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_blocks& x) {
-  return f(x.blocks);
+  return f(x.blocks, x.from_lower);
 }
 
 /// tier -> asker (stats_atom): the tier's counters, after dropping what has expired.

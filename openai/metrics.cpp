@@ -108,7 +108,8 @@ engine_gauges sum_reports(const std::vector<msg::engine_report>& reports, int64_
     g.num_kv_blocks_in_use += r.num_blocks_in_use;
     g.num_preemptions += r.num_preemptions;
     g.num_pool_hit_tokens += r.num_prefix_hit_tokens - r.num_host_hit_tokens;
-    g.num_host_hit_tokens += r.num_host_hit_tokens;
+    g.num_host_hit_tokens += r.num_host_hit_tokens - r.num_disk_hit_tokens;
+    g.num_disk_hit_tokens += r.num_disk_hit_tokens;
     g.num_demoted_bytes += r.num_demoted_bytes;
     g.num_promoted_bytes += r.num_promoted_bytes;
     g.num_host_expired_blocks = std::max(g.num_host_expired_blocks, r.host_tier_expired_blocks);
@@ -136,6 +137,7 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
   p.family("troupe:kv_tier_hit_tokens_total", "counter", "Prompt tokens served from a KV cache tier at admission.");
   p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_pool_hit_tokens)), "tier=\"pool\"");
   p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_host_hit_tokens)), "tier=\"host\"");
+  p.sample("troupe:kv_tier_hit_tokens_total", number(static_cast<double>(engines.num_disk_hit_tokens)), "tier=\"disk\"");
   p.family("troupe:kv_tier_moved_bytes_total", "counter", "KV bytes moved between the pool and the host tier.");
   p.sample("troupe:kv_tier_moved_bytes_total", number(static_cast<double>(engines.num_demoted_bytes)),
            "from=\"pool\",to=\"host\"");

@@ -53,10 +53,12 @@ struct engine_gauges {
   int64_t num_kv_blocks_in_use = 0;
   int64_t num_kv_blocks_total = 0;
   int64_t num_preemptions = 0;
-  /// KV cache tiers (docs/kv-tiers.md): prompt tokens served from the pool and from blocks the
-  /// host tier promoted, and bytes moved pool -> host (demoted) and host -> pool (promoted).
+  /// KV cache tiers (docs/kv-tiers.md): prompt tokens served from the pool, from blocks the
+  /// host tier promoted out of its memory and out of the disk tier below it, and bytes moved
+  /// pool -> host (demoted) and host -> pool (promoted).
   int64_t num_pool_hit_tokens = 0;
   int64_t num_host_hit_tokens = 0;
+  int64_t num_disk_hit_tokens = 0;
   int64_t num_demoted_bytes = 0;
   int64_t num_promoted_bytes = 0;
   /// Blocks the host tier's TTLs expired. The engines of a node share its tier and each reports

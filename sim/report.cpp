@@ -230,7 +230,8 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
        ", \"promoted_blocks\": " + std::to_string(r.promoted_blocks) + "},\n";
   j += "  \"disk_tier\": {\"written_blocks\": " + std::to_string(r.disk_written_blocks) +
        ", \"refused_blocks\": " + std::to_string(r.disk_refused_blocks) +
-       ", \"hit_blocks\": " + std::to_string(r.disk_hit_blocks) + "},\n";
+       ", \"hit_blocks\": " + std::to_string(r.disk_hit_blocks) +
+       ", \"hit_tokens\": " + std::to_string(r.disk_hit_tokens) + "},\n";
   j += "  \"speculation\": {\"draft_rows\": " + std::to_string(r.draft_rows) +
        ", \"accepted_drafts\": " + std::to_string(r.accepted_drafts) + "},\n";
   j += "  \"num_steps\": " + std::to_string(m.num_steps) + ",\n";

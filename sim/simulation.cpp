@@ -281,6 +281,7 @@ msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator&
       self->request(e, caf::infinite, actors::stats_atom::value).then([&](const msg::engine_report& r) {
         total.preempted_ns += r.preempted_ns;
         total.num_host_hit_tokens += r.num_host_hit_tokens;
+        total.num_disk_hit_tokens += r.num_disk_hit_tokens;
         total.num_demoted_blocks += r.num_demoted_blocks;
         total.num_promoted_blocks += r.num_promoted_blocks;
         total.num_draft_rows += r.num_draft_rows;
@@ -388,6 +389,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.disk_written_blocks = tier_totals.num_disk_puts;
   out.disk_refused_blocks = tier_totals.num_disk_refused;
   out.disk_hit_blocks = tier_totals.num_disk_hits;
+  out.disk_hit_tokens = totals.num_disk_hit_tokens;
   out.draft_rows = totals.num_draft_rows;
   out.accepted_drafts = totals.num_accepted_drafts;
   out.num_forwarded = rs.num_forwarded;

@@ -104,6 +104,8 @@ struct sim_result {
   int64_t disk_written_blocks = 0;
   int64_t disk_refused_blocks = 0;
   int64_t disk_hit_blocks = 0;
+  /// Of host_hit_tokens, those served by blocks read from the disk tier.
+  int64_t disk_hit_tokens = 0;
   /// With [speculation]: draft rows verified and drafts that stood, over the replicas.
   int64_t draft_rows = 0;
   int64_t accepted_drafts = 0;

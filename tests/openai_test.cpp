@@ -541,6 +541,7 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r.num_preemptions = 2;
   r.num_prefix_hit_tokens = 48;
   r.num_host_hit_tokens = 32;
+  r.num_disk_hit_tokens = 8;  // of the 32
   r.num_demoted_bytes = 1000;
   r.num_promoted_bytes = 600;
   msg::engine_report r2 = r;
@@ -558,7 +559,8 @@ TEST(Metrics, ThePageRendersByteForByte) {
         std::string("troupe:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n"),
         std::string("# TYPE troupe:kv_tier_hit_tokens_total counter\n") +
             "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"pool\"} 32\n" +
-            "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"host\"} 64\n",
+            "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"host\"} 48\n" +
+            "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"disk\"} 16\n",
         std::string("troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"pool\",to=\"host\"} 2000\n") +
             "troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"host\",to=\"pool\"} 1200\n",
         std::string("troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"host\"} 5\n"),

@@ -783,6 +783,7 @@ TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   EXPECT_EQ(disk.promoted_blocks, 17);
   EXPECT_EQ(disk.disk_written_blocks, 32);   // 36 demoted, the last 4 kept in the host tier
   EXPECT_EQ(disk.disk_hit_blocks, 13);
+  EXPECT_EQ(disk.disk_hit_tokens, 13 * 16);  // of host_hit_tokens
   EXPECT_EQ(disk.disk_refused_blocks, 0);
   for (const request_record& r : disk.requests) EXPECT_EQ(r.finish, "length");
   // The reads are priced on the fetch's answer: 100 us more latency, or twice the bandwidth
@@ -805,6 +806,7 @@ TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   EXPECT_EQ(summary["disk_tier"]["hit_blocks"], 13);
   EXPECT_EQ(summary["disk_tier"]["written_blocks"], 32);
   EXPECT_EQ(summary["disk_tier"]["refused_blocks"], 0);
+  EXPECT_EQ(summary["disk_tier"]["hit_tokens"], 13 * 16);
   // A disk tier needs a host tier above it.
   auto bad = parse_sim_topology(std::string(tiny_topology) + "\n[disk_tier]\nblocks = 10\n", "tiny.toml", TROUPE_SOURCE_DIR);
   ASSERT_FALSE(bad);

@@ -232,6 +232,9 @@ TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
   EXPECT_EQ(r.num_disk_hits, 4);
   EXPECT_EQ(r.num_disk_puts, 8);  // A's 4, then C's 4 when the second A's promotion demoted D's
   EXPECT_EQ(r.num_disk_refused, 0);
+  const msg::engine_report e = report();  // the engine counts the disk's share of its tier hits
+  EXPECT_EQ(e.num_host_hit_tokens, 64);
+  EXPECT_EQ(e.num_disk_hit_tokens, 64);
   std::filesystem::remove_all(dir);
 }
 

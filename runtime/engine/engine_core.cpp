@@ -374,6 +374,7 @@ void engine_core::note_tier_use(const exec_chunk& chunk, kv::cache_class cls) {
   for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(chunk.block_table.size()); i++) {
     uint8_t& promoted = promoted_[static_cast<size_t>(chunk.block_table[static_cast<size_t>(i)])];
     if (promoted) stats_.num_host_hit_tokens += config_.block_size;
+    if (promoted == 2) stats_.num_disk_hit_tokens += config_.block_size;
     promoted = 0;
   }
 }
@@ -384,7 +385,8 @@ bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) 
   return kv::validate(b, config_.block_size).has_value() && shaped && (parent == nullptr || b.parent_hash == parent->hash);
 }
 
-int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks) {
+int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks,
+                             const std::vector<uint8_t>& from_lower) {
   TROUPE_ASSERT_MSG(config_.host_tier, "promote without a host tier");
   int32_t num_promoted = 0;
   // Beyond these, a pop would evict the prefix being extended or this call's own blocks.
@@ -396,7 +398,7 @@ int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv:
     if (num_free-- == 0) break;
     const kv::block_id block = blocks_->insert_cached(b.parent_hash, b.tokens);
     collect_evictions();
-    promoted_[static_cast<size_t>(block)] = 1;
+    promoted_[static_cast<size_t>(block)] = i < from_lower.size() && from_lower[i] != 0 ? 2 : 1;
     stats_.num_promoted_blocks++;
     stats_.num_promoted_bytes += b.num_bytes();
     pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size,

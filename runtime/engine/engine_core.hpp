@@ -43,6 +43,8 @@ struct engine_stats {
   /// Of num_prefix_hit_tokens, those served by blocks promoted from the host tier for this use
   /// (a promoted block's first hit; later hits on it are the pool's).
   int64_t num_host_hit_tokens = 0;
+  /// Of num_host_hit_tokens, those whose blocks the host tier read from the disk tier below it.
+  int64_t num_disk_hit_tokens = 0;
   int64_t num_promoted_blocks = 0;  ///< host tier -> pool
   int64_t num_promoted_bytes = 0;   ///< kv::kv_block::num_bytes of them
   int64_t num_demoted_blocks = 0;   ///< pool -> host tier (read out by a completed step)
@@ -152,7 +154,10 @@ class engine_core {
   /// do not evict it. Skips blocks cached already; stops at the first block that is not whole
   /// (kv::validate), not of this model's shape or not the previous one's child, and when no
   /// free block is left but the prefix's and this call's. Returns how many it put.
-  int32_t promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks);
+  /// `from_lower` (per block, or empty) marks blocks the host tier read from the tier below:
+  /// their hits count in num_disk_hit_tokens too.
+  int32_t promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks,
+                  const std::vector<uint8_t>& from_lower = {});
 
   /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
   [[nodiscard]] std::vector<demoted_block> take_demoted();
@@ -300,7 +305,7 @@ class engine_core {
   std::vector<exported_request> exported_;         // for take_exported
   // Host tier (config_.host_tier):
   std::vector<kv::cache_class> block_class_;       // (num_kv_blocks) class of each block's last request
-  std::vector<uint8_t> promoted_;                  // (num_kv_blocks) 1: promoted, not hit yet
+  std::vector<uint8_t> promoted_;                  // (num_kv_blocks) promoted, not hit yet: 1 from the host tier, 2 from below it
   std::map<kv::block_id, promotion> pending_promotions_;  // KV for the next plan's imports
   std::vector<std::pair<kv::evicted_block, kv::cache_class>> pending_demotions_;  // for the next plan
   std::vector<demoted_block> demoted_;             // for take_demoted

@@ -176,7 +176,8 @@ std::pair<int32_t, int32_t> engine_host::cached_prefix(const std::vector<int32_t
           kv::max_reused_tokens(rule, static_cast<int32_t>(tokens.size())) / block_size};
 }
 
-effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns) {
+effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns,
+                                   std::vector<uint8_t> from_lower) {
   effects out;
   auto it = tier_waits_.find(id);
   if (it == tier_waits_.end()) return out;  // released, or its caller died, meanwhile
@@ -192,7 +193,7 @@ effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> bloc
     out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
     return out;
   }
-  if (!blocks.empty()) (void)core_->promote(tokens, std::move(blocks));
+  if (!blocks.empty()) (void)core_->promote(tokens, std::move(blocks), from_lower);
   tier_wait w = std::move(it->second);
   tier_waits_.erase(it);
   admit_waited(std::move(w), out, now_ns);

@@ -232,7 +232,9 @@ class engine_host {
   /// answer in time). If the request still waits (not released meanwhile), they are promoted
   /// into the pool after its own prefix (engine_core::promote) and the request is queued, so its
   /// prefill skips what the pool now holds (the hit rule applies); else the answer is dropped.
-  [[nodiscard]] effects tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns);
+  /// `from_lower` (per block, or empty) marks the blocks the tier read from the tier below.
+  [[nodiscard]] effects tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns,
+                                      std::vector<uint8_t> from_lower = {});
 
   /// Drain, first half: the node is shutting down. Load reports say `draining` from now on (one
   /// goes out at once) so the balancer sends no new work; live requests run on.
