@@ -18,7 +18,7 @@ namespace {
 
 struct cache_tier_state {
   std::optional<kv::tier_store> store;
-  std::shared_ptr<kv::lower_tier> disk;  // the lower tier, if any
+  std::shared_ptr<kv::lower_tier> lower;  // the tier below, if any
   lower_read_cost read_cost;
   int64_t num_disk_puts = 0;     // evicted blocks written to the lower tier
   int64_t num_disk_refused = 0;  // evicted blocks it refused (full, or an I/O error)
@@ -33,16 +33,16 @@ int64_t now_ns(cache_tier_pointer self) { return ns_since_epoch(self->clock().no
 msg::tier_report report(cache_tier_state& st, int64_t now) {
   kv::tier_store& s = *st.store;
   (void)s.expire(now);
-  const int64_t num_disk_blocks = st.disk ? st.disk->num_blocks() : 0;
+  const int64_t num_disk_blocks = st.lower ? st.lower->num_blocks() : 0;
   return {s.num_blocks(),   s.capacity_blocks(),  s.num_hits(),       s.num_evictions(), s.num_expirations(),
           num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits};
 }
 
 /// Host-tier evictions go down to the lower tier, if there is one; a refusal drops the block.
 void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evicted) {
-  if (!st.disk) return;
+  if (!st.lower) return;
   for (const kv::kv_block& b : evicted) {
-    const expected<void> ok = st.disk->put(b);
+    const expected<void> ok = st.lower->put(b);
     if (ok) {
       st.num_disk_puts++;
       continue;
@@ -55,9 +55,9 @@ void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evict
 msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
   kv::tier_store::lower_tier lower;
   std::set<uint64_t> read_below;
-  if (st.disk)
+  if (st.lower)
     lower = [&st, &read_below](uint64_t hash) {
-      std::optional<kv::kv_block> b = st.disk->get(hash);
+      std::optional<kv::kv_block> b = st.lower->get(hash);
       if (b) {
         st.num_disk_hits++;
         read_below.insert(hash);
@@ -73,7 +73,7 @@ msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,
                                                     std::shared_ptr<kv::lower_tier> lower, lower_read_cost read_cost) {
   self->state.store.emplace(std::move(store));
-  self->state.disk = std::move(lower);
+  self->state.lower = std::move(lower);
   self->state.read_cost = std::move(read_cost);
   guard_boundary(self);
   return {
@@ -99,7 +99,7 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
                                                                  " must be >= 0");
         const int64_t hits_before = self->state.num_disk_hits;
         msg::tier_blocks blocks = fetch(self->state, q, now_ns(self));
-        const int64_t num_read = self->state.num_disk_hits - hits_before;
+        const int64_t num_read = self->state.num_disk_hits - hits_before;  // every read costs, kept or not
         const caf::mailbox_element* asked = self->current_mailbox_element();
         if (num_read == 0 || !self->state.read_cost || !asked->mid.is_request()) return blocks;
         // Answered when the modelled reads end: the response, scheduled on the clock.
