@@ -676,6 +676,38 @@ TEST(EngineHost, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNow)
   EXPECT_EQ(host->stats(1100).core.num_host_hit_tokens, 8);
 }
 
+TEST(EngineHost, ATiersBlocksWaitForTheirRequestsAdmissionSoEarlierAdmissionsDoNotEvictThem) {
+  engine_host_options o = tier_options(/*num_kv_blocks=*/4);
+  o.config.scheduler.max_num_seqs = 1;  // one request runs, the others queue
+  auto host = make_host(std::move(o));
+  fake_executor ex;
+  request x = make_request(1, 3);  // 5 + 3 tokens: 2 blocks while it runs
+  x.prompt = {1, 28, 29, 30, 31};
+  (void)ex.take_plans(host->submit(x, 100));
+  (void)ex.take_plans(host->tier_answered(1, {}, 110));
+  request y = tier_request(2);  // 9 + 2 tokens: 3 blocks, queued behind x
+  y.prompt = {1, 20, 21, 22, 23, 24, 25, 26, 27};
+  (void)ex.take_plans(host->submit(y, 120));
+  (void)ex.take_plans(host->tier_answered(2, {}, 130));
+  // c's prefix comes from the tier while x runs and y waits: c queues behind y with it.
+  const request c = tier_request(3);
+  EXPECT_EFFECTS(host->submit(c, 140), (effects{watch_caller{3}, fetch_blocks{3, c.prompt, 0, 2}}));
+  (void)ex.take_plans(host->tier_answered(3, {tier_block(c.prompt, 0), tier_block(c.prompt, 1)}, 150));
+  // Nothing is promoted yet: inserted now, y's admission would evict both blocks first.
+  EXPECT_EQ(host->stats(150).core.num_promoted_blocks, 0);
+  EXPECT_EQ(host->core().num_staged_promotions(), 1u);
+  int64_t now = 200;
+  while (!ex.in_flight.empty()) (void)ex.answer(*host, now += 100);
+  EXPECT_EQ(host->num_live(), 0u);
+  EXPECT_EQ(host->core().num_staged_promotions(), 0u);
+  const engine_stats s = host->stats(now).core;
+  // Both went in when c's admission was first tried (y had ended), and c was admitted on them:
+  // its prefill computed its last token alone.
+  EXPECT_EQ(s.num_promoted_blocks, 2);
+  EXPECT_EQ(s.num_host_hit_tokens, 8);
+  EXPECT_EQ(s.num_prefix_hit_tokens, 8);
+}
+
 TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
   auto host = make_host(tier_options(/*num_kv_blocks=*/3));  // one 9-token request fills the pool
   fake_executor ex;

@@ -147,6 +147,10 @@ engine_core::engine_core(const model::model_config& model, const engine_config& 
   if (config.host_tier) {
     block_class_.assign(static_cast<size_t>(config.num_kv_blocks), kv::cache_class::chat);
     promoted_.assign(static_cast<size_t>(config.num_kv_blocks), 0);
+    scheduler_->set_admission_hook([this](kv::seq_id seq) {
+      if (const auto it = staged_promotions_.find(seq); it != staged_promotions_.end())
+        (void)promote(it->second.tokens, it->second.blocks, it->second.from_lower);
+    });
   }
 }
 
@@ -262,6 +266,7 @@ void engine_core::end_sample(kv::seq_id seq) {
   scheduler_->remove(seq);
   samples_.erase(seq);
   pending_imports_.erase(seq);
+  staged_promotions_.erase(seq);
   blocks_sent_.erase(seq);
   released_.push_back(seq);
 }
@@ -385,24 +390,36 @@ bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) 
   return kv::validate(b, config_.block_size).has_value() && shaped && (parent == nullptr || b.parent_hash == parent->hash);
 }
 
-int32_t engine_core::promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks,
+void engine_core::stage_promotion(request_id id, staged_promotion staged) {
+  TROUPE_ASSERT_MSG(config_.host_tier, "a promotion without a host tier");
+  const request_state& rs = requests_.at(id);
+  TROUPE_ASSERT(rs.live.size() == 1 && scheduler_->get(rs.live.front()).status == sched::seq_status::waiting);
+  if (!staged.blocks.empty()) staged_promotions_[rs.live.front()] = std::move(staged);
+}
+
+int32_t engine_core::promote(const std::vector<int32_t>& tokens, const std::vector<kv::kv_block>& blocks,
                              const std::vector<uint8_t>& from_lower) {
   TROUPE_ASSERT_MSG(config_.host_tier, "promote without a host tier");
   int32_t num_promoted = 0;
+  const kv::prefix_hit prefix = blocks_->find_prefix(tokens);
   // Beyond these, a pop would evict the prefix being extended or this call's own blocks.
-  int32_t num_free = blocks_->num_free_blocks() - blocks_->refresh(blocks_->find_prefix(tokens));
+  int32_t num_free = blocks_->num_free_blocks() - blocks_->refresh(prefix);
+  // What the next block must extend: a block the pool lost meanwhile would leave the rest
+  // unreachable by lookups.
+  uint64_t end = prefix.blocks.empty() ? kv::root_hash_seed
+                                       : kv::chain_hashes(tokens, config_.block_size).at(prefix.blocks.size() - 1);
   for (size_t i = 0; i < blocks.size(); i++) {
-    kv::kv_block& b = blocks[i];
+    const kv::kv_block& b = blocks[i];
     if (!promotable(b, i == 0 ? nullptr : &blocks[i - 1])) break;
     if (blocks_->has_block(b.hash)) continue;
-    if (num_free-- == 0) break;
+    if (b.parent_hash != end || num_free-- == 0) break;
+    end = b.hash;
     const kv::block_id block = blocks_->insert_cached(b.parent_hash, b.tokens);
     collect_evictions();
     promoted_[static_cast<size_t>(block)] = i < from_lower.size() && from_lower[i] != 0 ? 2 : 1;
     stats_.num_promoted_blocks++;
     stats_.num_promoted_bytes += b.num_bytes();
-    pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size,
-                                                           std::move(b.keys), std::move(b.values)}};
+    pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size, b.keys, b.values}};
     num_promoted++;
   }
   return num_promoted;
@@ -449,6 +466,9 @@ std::optional<exec_plan> engine_core::plan_step() {
   const int32_t max_in_flight = config_.speculation.enabled() ? 1 : config_.max_steps_in_flight;
   if (num_in_flight() >= max_in_flight) return std::nullopt;
   flight f{scheduler_->schedule(), {}, {}, {}, {}, {}, {}};
+  // A staged promotion goes once its sequence is admitted (its blocks are in its table).
+  for (auto it = staged_promotions_.begin(); it != staged_promotions_.end();)
+    it = scheduler_->get(it->first).status == sched::seq_status::waiting ? std::next(it) : staged_promotions_.erase(it);
   for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());
@@ -673,6 +693,8 @@ void engine_core::check_invariants(bool deep) const {
   for (const auto& [seq, st] : samples_) check_sample(seq);
   for (const auto& [seq, sent] : blocks_sent_) TROUPE_ASSERT_MSG(samples_.count(seq), "the executor's table of a gone sequence");
   for (const auto& [seq, kv] : pending_imports_) TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
+  for (const auto& [seq, staged] : staged_promotions_)
+    TROUPE_ASSERT_MSG(samples_.count(seq) && !staged.blocks.empty(), "a staged promotion of a gone sequence");
   for (const auto& [id, readout] : pending_readouts_)
     TROUPE_ASSERT_MSG(!requests_.count(id) && readout.num_tokens > 0, "a readout of a request still here");
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
@@ -682,7 +704,8 @@ void engine_core::check_invariants(bool deep) const {
 
 void engine_core::check_tier_state() const {
   if (!config_.host_tier) {
-    TROUPE_ASSERT(pending_promotions_.empty() && pending_demotions_.empty() && demoted_.empty());
+    TROUPE_ASSERT(pending_promotions_.empty() && pending_demotions_.empty() && demoted_.empty() &&
+                  staged_promotions_.empty());
     return;
   }
   for (size_t b = 0; b < promoted_.size(); b++)
@@ -704,7 +727,8 @@ void engine_core::check_step() {
   // maps keyed by sample hold no more entries than there are samples.
   TROUPE_ASSERT(samples_.size() == static_cast<size_t>(scheduler_->num_waiting() + scheduler_->num_running()));
   TROUPE_ASSERT(requests_.size() <= samples_.size());
-  TROUPE_ASSERT(blocks_sent_.size() <= samples_.size() && pending_imports_.size() <= samples_.size());
+  TROUPE_ASSERT(blocks_sent_.size() <= samples_.size() && pending_imports_.size() <= samples_.size() &&
+                staged_promotions_.size() <= samples_.size());
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
   check_pending_promotions();
   if (++num_step_checks_ % full_check_interval == 0) check_invariants(/*deep=*/false);
@@ -716,6 +740,7 @@ void engine_core::check_sample(kv::seq_id seq) const {
     TROUPE_ASSERT_MSG(!scheduler_->contains(seq), "a sequence of a gone sample");
     TROUPE_ASSERT_MSG(!blocks_sent_.count(seq), "the executor's table of a gone sequence");
     TROUPE_ASSERT_MSG(!pending_imports_.count(seq), "imported KV of a gone sequence");
+    TROUPE_ASSERT_MSG(!staged_promotions_.count(seq), "a staged promotion of a gone sequence");
     return;
   }
   TROUPE_ASSERT(scheduler_->contains(seq));
@@ -727,6 +752,8 @@ void engine_core::check_sample(kv::seq_id seq) const {
     TROUPE_ASSERT(sent->second <= static_cast<int32_t>(blocks_->block_table(seq).size()));
   if (const auto kv = pending_imports_.find(seq); kv != pending_imports_.end())
     TROUPE_ASSERT(scheduler_->get(seq).num_imported_tokens == kv->second.num_tokens);
+  if (staged_promotions_.count(seq))
+    TROUPE_ASSERT_MSG(scheduler_->get(seq).status == sched::seq_status::waiting, "a staged promotion of an admitted sequence");
 }
 
 }  // namespace troupe::engine

@@ -103,6 +103,15 @@ struct demoted_block {
 [[nodiscard]] expected<void> validate_request(const request& r, const model::model_config& model,
                                               const engine_config& config);
 
+/// A cache tier's answer for a request: `blocks` in chain order, following the pool's own prefix
+/// of `tokens` (the prompt part the request computes); `from_lower` (per block, or empty) marks
+/// the blocks the host tier read from the tier below.
+struct staged_promotion {
+  std::vector<int32_t> tokens;
+  std::vector<kv::kv_block> blocks;
+  std::vector<uint8_t> from_lower;
+};
+
 class engine_core {
  public:
   /// Validates `config` against the model shape.
@@ -146,18 +155,16 @@ class engine_core {
   /// Whether add_request / add_prefill would accept `r` (its checks, without queueing it).
   [[nodiscard]] expected<void> check_request(const request& r) const { return check_new(r); }
 
-  /// Host tier: puts `blocks` (from the tier, in chain order, following the pool's own prefix of
-  /// `tokens`) into the prefix cache as free cached blocks (block_manager::insert_cached), their
-  /// KV written by the next plan before it computes anything, so a request for `tokens` admitted
-  /// after this call hits them like any cached block and the hit rule applies as usual. The
-  /// pool's prefix of `tokens` is refreshed first (block_manager::refresh) so that the inserts
-  /// do not evict it. Skips blocks cached already; stops at the first block that is not whole
-  /// (kv::validate), not of this model's shape or not the previous one's child, and when no
-  /// free block is left but the prefix's and this call's. Returns how many it put.
-  /// `from_lower` (per block, or empty) marks blocks the host tier read from the tier below:
-  /// their hits count in num_disk_hit_tokens too.
-  int32_t promote(const std::vector<int32_t>& tokens, std::vector<kv::kv_block> blocks,
-                  const std::vector<uint8_t>& from_lower = {});
+  /// Host tier: the tier's blocks for the request `id` wait here until the request's
+  /// admission is tried (sched::scheduler::set_admission_hook), and are promoted into the pool
+  /// then (`promote`), each time it is tried until it is admitted: blocks promoted on arrival
+  /// would be evicted by the admissions queued before it when the engine is loaded. `id` was
+  /// just added (add_request or add_prefill) and waits; its staged blocks go when it is admitted
+  /// or ends. `from_lower` (per block, or empty) marks blocks the host tier read from the tier
+  /// below: their hits count in num_disk_hit_tokens too.
+  void stage_promotion(request_id id, staged_promotion staged);
+  /// Requests whose staged promotion waits for their admission.
+  [[nodiscard]] size_t num_staged_promotions() const { return staged_promotions_.size(); }
 
   /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
   [[nodiscard]] std::vector<demoted_block> take_demoted();
@@ -271,6 +278,17 @@ class engine_core {
   /// A live sample is in its request's list and the scheduler, its executor table within its
   /// block table, its imported KV the size the scheduler expects; a gone one left nothing.
   void check_sample(kv::seq_id seq) const;
+  /// Host tier: puts `blocks` (from the tier, in chain order, following the pool's own prefix of
+  /// `tokens`) into the prefix cache as free cached blocks (block_manager::insert_cached), their
+  /// KV written by the next plan before it computes anything, so a request for `tokens` admitted
+  /// after this call hits them like any cached block and the hit rule applies as usual. The
+  /// pool's prefix of `tokens` is refreshed first (block_manager::refresh) so that the inserts
+  /// do not evict it. Skips blocks cached already; stops at the first block that is not whole
+  /// (kv::validate), not of this model's shape, not the previous one's child or not extending
+  /// the pool's prefix (the pool evicted a leading block meanwhile), and when no free block is
+  /// left but the prefix's and this call's. Returns how many it put.
+  int32_t promote(const std::vector<int32_t>& tokens, const std::vector<kv::kv_block>& blocks,
+                  const std::vector<uint8_t>& from_lower = {});
   /// Moves the pool's evictions into pending_demotions_, except a block evicted before its
   /// promoted KV was ever written: that write is dropped instead (the tier still has the block).
   void collect_evictions();
@@ -307,6 +325,7 @@ class engine_core {
   std::vector<kv::cache_class> block_class_;       // (num_kv_blocks) class of each block's last request
   std::vector<uint8_t> promoted_;                  // (num_kv_blocks) promoted, not hit yet: 1 from the host tier, 2 from below it
   std::map<kv::block_id, promotion> pending_promotions_;  // KV for the next plan's imports
+  std::map<kv::seq_id, staged_promotion> staged_promotions_;  // waiting sequences' tier blocks
   std::vector<std::pair<kv::evicted_block, kv::cache_class>> pending_demotions_;  // for the next plan
   std::vector<demoted_block> demoted_;             // for take_demoted
   kv::seq_id next_seq_ = 0;

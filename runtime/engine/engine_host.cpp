@@ -193,21 +193,25 @@ effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> bloc
     out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
     return out;
   }
-  if (!blocks.empty()) (void)core_->promote(tokens, std::move(blocks), from_lower);
   tier_wait w = std::move(it->second);
   tier_waits_.erase(it);
-  admit_waited(std::move(w), out, now_ns);
+  admit_waited(std::move(w), out, now_ns, staged_promotion{std::move(tokens), std::move(blocks), std::move(from_lower)});
   return out;
 }
 
-void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns) {
+void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns, staged_promotion answer) {
   request& r = w.req;
   const request_id id = r.id;
+  // The tier's blocks wait in the core for the request's admission (engine_core::stage_promotion).
+  auto added = [&](expected<void> ok) {
+    if (ok) core_->stage_promotion(id, std::move(answer));
+    return ok;
+  };
   if (!w.handoff) {
-    admit(r, true, [&] { return core_->add_request(std::move(r)); }, out, now_ns, /*watched=*/true);
+    admit(r, true, [&] { return added(core_->add_request(std::move(r))); }, out, now_ns, /*watched=*/true);
     return;
   }
-  if (admit(r, false, [&] { return core_->add_prefill(std::move(r)); }, out, now_ns, /*watched=*/true))
+  if (admit(r, false, [&] { return added(core_->add_prefill(std::move(r))); }, out, now_ns, /*watched=*/true))
     handoffs_[id] = std::move(*w.handoff);
 }
 

@@ -18,8 +18,9 @@
 ///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none;
 /// - host tier (config.host_tier): a request whose prompt the pool holds less of than the hit
 ///   rule allows waits outside the core while the tier is asked for the blocks that follow
-///   (`fetch_blocks`); its answer (`tier_answered`) promotes them and queues the request. The
-///   engine keeps stepping the others meanwhile. Blocks a step read out of the pool for the
+///   (`fetch_blocks`); its answer (`tier_answered`) queues the request with the blocks, which
+///   enter the pool when its admission is tried (engine_core::stage_promotion). The engine
+///   keeps stepping the others meanwhile. Blocks a step read out of the pool for the
 ///   tier go to it as `demote_blocks`;
 /// - executor failure: the core is rebuilt, `restart_executor` asks for a new executor, and
 ///   every unfinished n = 1 request resumes on the new core by recompute from its prompt plus
@@ -229,9 +230,10 @@ class engine_host {
   /// The timer armed by arm_report_timer fired.
   [[nodiscard]] effects report_timer(int64_t now_ns);
   /// The host tier answered `fetch_blocks` for `id` with `blocks` (none: a miss, an error or no
-  /// answer in time). If the request still waits (not released meanwhile), they are promoted
-  /// into the pool after its own prefix (engine_core::promote) and the request is queued, so its
-  /// prefill skips what the pool now holds (the hit rule applies); else the answer is dropped.
+  /// answer in time). If the request still waits (not released meanwhile), it is queued and
+  /// the blocks are promoted into the pool after its own prefix when its admission is tried
+  /// (engine_core::stage_promotion), so its prefill skips what the pool then holds (the hit rule
+  /// applies); else the answer is dropped.
   /// `from_lower` (per block, or empty) marks the blocks the tier read from the tier below.
   [[nodiscard]] effects tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns,
                                       std::vector<uint8_t> from_lower = {});
@@ -295,8 +297,9 @@ class engine_host {
   bool admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns, bool watched = false);
   /// Host tier: true if `r` was answered here — refused, or sent to wait for the tier.
   bool fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out);
-  /// Queues a request whose tier answer came (its caller is watched already).
-  void admit_waited(tier_wait w, effects& out, int64_t now_ns);
+  /// Queues a request whose tier answer came (its caller is watched already), the answer's
+  /// blocks staged in the core for its admission.
+  void admit_waited(tier_wait w, effects& out, int64_t now_ns, staged_promotion answer);
   [[nodiscard]] int64_t num_queued() const { return core_->num_waiting() + static_cast<int64_t>(tier_waits_.size()); }
   void kick(effects& out, int64_t now_ns);
   void note_change(effects& out, int64_t now_ns);

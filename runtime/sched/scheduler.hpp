@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -152,6 +153,11 @@ class scheduler {
   void set_speculative_tokens(seq_id id, int32_t k) { at(id).num_speculative_tokens = k; }
   /// Keeps a sequence out of plans (true) or lets it back in (false).
   void set_hold(seq_id id, bool hold) { at(id).hold = hold; }
+  /// Called with a waiting sequence (not an imported one) right before its admission is tried,
+  /// before its prefix is looked up: the engine promotes the blocks a cache tier fetched for it
+  /// then, so that nothing admitted before it evicts them (engine_core::stage_promotion). The
+  /// hook may insert cached blocks into the pool; it must not touch the scheduler.
+  void set_admission_hook(std::function<void(seq_id)> hook) { admission_hook_ = std::move(hook); }
 
   /// Plans the next step (allocating its KV slots; preempting if memory runs out).
   [[nodiscard]] step_plan schedule();
@@ -279,6 +285,7 @@ class scheduler {
   // bound the list is dropped and the next check_step checks everything.
   std::vector<seq_id> touched_;
   bool touched_dropped_ = false;
+  std::function<void(seq_id)> admission_hook_;
 };
 
 }  // namespace troupe::sched
