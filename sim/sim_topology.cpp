@@ -301,6 +301,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"max_context", false, 2, big, into(m.seq_len)},      {"kv_bytes_per_value", false, 0.125, 8, into(kv_bytes_per_value)},
       {"weight_bytes_per_value", false, 0.125, 8, into(roofline.weight_bytes_per_value)}};
   std::vector<field> hardware_fields = {{"kv_memory_gib", true, 1e-6, 1e6, into(t.kv_memory_gib)}};
+  std::string preemption = "recompute";
   std::vector<field> engine_fields = {
       {"replicas", false, 1, 4096, into(t.replicas)},
       {"prefill_replicas", false, 0, 4095, into(t.prefill_replicas)},
@@ -314,7 +315,9 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"prefix_cache_slack_tokens", false, 0, 1 << 20, into(t.engine.scheduler.prefix_cache_slack_tokens)},
       {"scheduler", false, 0, 0, nullptr, [&](const std::string& s) { t.engine.scheduler.policy.name = s; }},
       {"sjf_aging_tokens", false, 1, 1 << 20, into(t.engine.scheduler.policy.sjf_aging_tokens)},
-      {"max_waiting", false, 1, big, into(t.max_waiting)}};
+      {"max_waiting", false, 1, big, into(t.max_waiting)},
+      {"preemption", false, 0, 0, nullptr, [&](const std::string& s) { preemption = s; }},
+      {"swap_bandwidth_gb_s", false, 1e-6, 1e6, into(t.engine.swap_bandwidth_gb_s)}};
   std::vector<field> balancer_fields = {
       {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }},
       {"rate_limit_per_s", false, 0, 1e9, into(t.rate_limit_per_s)},
@@ -368,6 +371,15 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                                          {"network", &network_fields, false}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_speculation(t, drafter, spec_mode, root, source); !ok) return tl::unexpected(ok.error());
+  const std::optional<engine::preemption_mode> mode = engine::preemption_mode_named(preemption);
+  if (!mode)
+    return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) +
+                                          "[engine] preemption must be recompute, swap or cost; got '" + preemption + "'");
+  t.engine.preemption = *mode;
+  if (*mode != engine::preemption_mode::recompute && t.host_tier.blocks == 0)
+    return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) +
+                                          "[engine] preemption = '" + preemption +
+                                          "' swaps to the host tier: it needs [host_tier] blocks > 0");
   if (t.disk_tier.blocks > 0 && t.host_tier.blocks == 0)
     return fail(errc::malformed_file, at(source, *root["disk_tier"]["blocks"].node()) +
                                           "[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0");

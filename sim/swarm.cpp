@@ -27,6 +27,18 @@ std::string outcome(const request_record& r) {
   return s;
 }
 
+/// Draws the cache tiers from their own stream (the rest of the case is the same without them):
+/// half the cases give each replica a host tier of 4 to 64 blocks, and half of those swap the
+/// victims of preemption back in from it (engine_config::preemption).
+std::string draw_tiers(uint64_t seed, sim_topology& t) {
+  random_source tiers(seed);
+  if (tiers.uniform() < 0.5) return "";
+  t.host_tier.blocks = between(tiers, 4, 64);
+  const bool swap = tiers.uniform() < 0.5;
+  t.engine.preemption = swap ? engine::preemption_mode::swap : engine::preemption_mode::recompute;
+  return "host tier " + std::to_string(t.host_tier.blocks) + (swap ? " (swap)" : "") + ", ";
+}
+
 /// Draws case `c`'s faults from their own stream (the rest of the case is the same with or
 /// without them): executor crashes in half the cases (at most two per replica), a drain with a
 /// grace period of 0, 1 or 3 ms in half the cases with 2+ replicas, an engine loss in two
@@ -115,6 +127,7 @@ expected<swarm_case> make_swarm_case(uint64_t seed, const std::string& checkpoin
   }
   e.max_steps_in_flight = between(rng, 1, 2);
   t.router = pick(rng, balance::router_names());
+  const std::string tiers = draw_tiers(derive_seed(seed, 0x7469657273ULL), t);  // "tiers"
   c.options.topology = t;
   const int32_t num_requests = between(rng, 2, 16), num_late = between(rng, 1, 4);
   for (int32_t i = 0; i < num_requests; i++)
@@ -137,7 +150,7 @@ expected<swarm_case> make_swarm_case(uint64_t seed, const std::string& checkpoin
                   (t.network.latency_us > 0 ? "network " + std::to_string(t.network.latency_us) + " us " +
                                                   std::to_string(t.network.bandwidth_gb_s) + " GB/s, "
                                             : "") +
-                  "block " + std::to_string(e.block_size) + " x " + std::to_string(e.num_kv_blocks) + ", budget " +
+                  tiers + "block " + std::to_string(e.block_size) + " x " + std::to_string(e.num_kv_blocks) + ", budget " +
                   std::to_string(e.scheduler.max_num_batched_tokens) + " tokens / " +
                   std::to_string(e.scheduler.step_time_budget_ms) + " ms, " +
                   std::to_string(e.scheduler.max_num_seqs) + " seqs, " + e.scheduler.policy.name + ", " + t.router +
@@ -176,6 +189,7 @@ expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoi
   auto shuffled = run_simulation(shuffled_options);
   if (!shuffled) return violated("shuffled delivery: " + shuffled.error().message);
   for (const request_record& r : fifo->requests) out.num_preemptions += r.preemptions;
+  out.num_host_hit_tokens = fifo->host_hit_tokens;
   out.num_forwarded_with_kv = shuffled->num_forwarded_with_kv;
   out.num_delayed_messages = shuffled->network.delayed;
   out.num_kv_broken = shuffled->network.kv_broken;
@@ -214,12 +228,14 @@ void swarm_totals::add(const swarm_result& r) {
   num_handoffs_recomputed += r.num_handoffs_recomputed;
   num_liveness_requests += r.num_liveness_requests;
   num_replayed += r.replayed;
+  num_host_hit_tokens += r.num_host_hit_tokens;
 }
 
 std::string swarm_totals::summary() const {
   return std::to_string(num_requests) + " requests (" +
          std::to_string(num_liveness_requests) + " in liveness phases), " + std::to_string(num_preemptions) +
-         " preemptions, " + std::to_string(num_crashes) + " executor crashes, " + std::to_string(num_drains) +
+         " preemptions, " + std::to_string(num_host_hit_tokens) + " prompt tokens from host tiers, " +
+         std::to_string(num_crashes) + " executor crashes, " + std::to_string(num_drains) +
          " drains (" + std::to_string(num_forwarded_with_kv) + " requests forwarded with their KV), " +
          std::to_string(num_losses) + " lost engines, " + std::to_string(num_delayed_messages) +
          " delayed messages, " + std::to_string(num_kv_broken) + " broken KV transfers (" +

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
@@ -706,6 +707,97 @@ TEST(EngineHost, ATiersBlocksWaitForTheirRequestsAdmissionSoEarlierAdmissionsDoN
   EXPECT_EQ(s.num_promoted_blocks, 2);
   EXPECT_EQ(s.num_host_hit_tokens, 8);
   EXPECT_EQ(s.num_prefix_hit_tokens, 8);
+}
+
+/// Runs requests 1 (9 + 12 tokens: 6 blocks) and 2 (9 + 4: 4 blocks) on a pool of 7 blocks
+/// of 4 under `mode`: 2 is preempted when both need their fourth block, and 1's growth evicts
+/// 2 of 2's 3 cached blocks. The tier has nothing at arrival; a swap-in gets what the test's
+/// tier has of the asked blocks. Returns the first position of 2's readmitted prefill and the
+/// core's counters.
+struct swap_run {
+  std::vector<fetch_blocks> swap_ins;
+  int32_t readmitted_at = -1;
+  engine_stats stats;
+};
+swap_run run_into_a_preemption(preemption_mode mode, double token_ns = 0) {
+  engine_host_options o = tier_options(/*num_kv_blocks=*/7);
+  o.config.scheduler.max_num_seqs = 2;
+  o.config.scheduler.step_cost.token_ns = token_ns;
+  o.config.preemption = mode;
+  auto host = make_host(std::move(o));
+  fake_executor ex;
+  request a = make_request(1, 16);
+  a.prompt = {1, 28, 29, 30, 31, 27, 26, 25, 24};
+  request b4 = tier_request(2);
+  b4.max_tokens = 8;
+  (void)ex.take_plans(host->submit(a, 100));
+  (void)ex.take_plans(host->tier_answered(1, {}, 110));
+  (void)ex.take_plans(host->submit(b4, 120));
+  (void)ex.take_plans(host->tier_answered(2, {}, 130));
+  swap_run run;
+  int64_t now = 200;
+  while (!ex.in_flight.empty()) {
+    for (const exec_chunk& c : ex.in_flight.front().plan.chunks)
+      if (c.seq == 1 && c.first_block == 0 && c.first_position > 0) run.readmitted_at = c.first_position;
+    for (effect& e : ex.answer(*host, now += 100)) {
+      auto* f = std::get_if<fetch_blocks>(&e);
+      if (f == nullptr) continue;
+      run.swap_ins.push_back(*f);
+      std::vector<kv::kv_block> blocks;
+      for (int32_t i = f->first_block; i < f->first_block + f->num_blocks_max; i++) blocks.push_back(tier_block(f->tokens, i));
+      (void)ex.take_plans(host->tier_answered(f->id, std::move(blocks), now + 10));
+    }
+  }
+  EXPECT_EQ(host->num_live(), 0u);
+  run.stats = host->stats(now).core;
+  return run;
+}
+
+TEST(EngineHost, ASwappingVictimOfPreemptionFetchesWhatThePoolLostWhenItIsReadmitted) {
+  const swap_run recompute = run_into_a_preemption(preemption_mode::recompute);
+  EXPECT_EQ(recompute.stats.num_preemptions, 1);
+  EXPECT_TRUE(recompute.swap_ins.empty());
+  EXPECT_EQ(recompute.readmitted_at, 4);  // the one block of 2's the pool kept
+  const swap_run swap = run_into_a_preemption(preemption_mode::swap);
+  EXPECT_EQ(swap.stats.num_preemptions, 1);
+  EXPECT_EQ(swap.stats.num_swap_ins, 1);
+  // 2 has 13 tokens (9 + 4 sampled): the hit rule allows 3 blocks. Asked while 1 still ran,
+  // the pool had 2 of them; 1's growth then took the second, so the answer's block 2 no longer
+  // extends the pool's prefix, and the tier is asked again from block 1 at 2's admission.
+  ASSERT_EQ(swap.swap_ins.size(), 2u);
+  const std::vector<int32_t>& tokens = swap.swap_ins[0].tokens;
+  ASSERT_EQ(tokens.size(), 13u);
+  EXPECT_EQ(swap.swap_ins[0], (fetch_blocks{2, tokens, 2, 1}));
+  EXPECT_EQ(swap.swap_ins[1], (fetch_blocks{2, tokens, 1, 2}));
+  EXPECT_EQ(swap.readmitted_at, 12);  // 1 block from the pool, 2 from the tier
+  EXPECT_EQ(swap.stats.num_promoted_blocks, 2);
+  EXPECT_EQ(swap.stats.num_host_hit_tokens, 8);
+  // `cost`: recomputing 8 tokens at 1 ns each is cheaper than copying their 1,024 bytes of KV at
+  // 8 GB/s (128 ns); at 1 µs a token it is not.
+  const swap_run cheap = run_into_a_preemption(preemption_mode::cost, 1);
+  EXPECT_TRUE(cheap.swap_ins.empty());
+  EXPECT_EQ(cheap.readmitted_at, 4);
+  const swap_run dear = run_into_a_preemption(preemption_mode::cost, 1000);
+  EXPECT_EQ(dear.swap_ins.size(), 2u);
+  EXPECT_EQ(dear.readmitted_at, 12);
+}
+
+TEST(EngineHost, PreemptionByCostNeedsAStepCostModelAndTheSwapBandwidthIsChecked) {
+  engine_host_options o = tier_options();
+  o.config.preemption = preemption_mode::cost;
+  auto uncalibrated = engine_host::create(o, 0);
+  ASSERT_FALSE(uncalibrated.has_value());
+  EXPECT_EQ(uncalibrated.error().message,
+            "preemption 'cost' prices recomputing with the engine's step-time model: give the engine a calibration "
+            "(a `troupe calibrate` file)");
+  for (const double bad : {0.0, -1.0, 2e6, std::nan("")}) {
+    engine_host_options b = tier_options();
+    b.config.swap_bandwidth_gb_s = bad;
+    auto host = engine_host::create(b, 0);
+    ASSERT_FALSE(host.has_value()) << bad;
+    EXPECT_EQ(host.error().code, errc::invalid_argument);
+    EXPECT_NE(host.error().message.find("swap_bandwidth_gb_s must be in (0, 1000000]"), std::string::npos);
+  }
 }
 
 TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {

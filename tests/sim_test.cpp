@@ -627,6 +627,31 @@ TEST(SimTopology, AKvWatermarkIsReadAndBounded) {
             std::string::npos) << bad.error().message;
 }
 
+TEST(SimTopology, PreemptionSwapsToTheHostTier) {
+  EXPECT_EQ(parse_tiny("").engine.preemption, engine::preemption_mode::recompute);
+  std::string text = tiny_topology;
+  text.insert(text.find("[cost]"), "[host_tier]\nblocks = 64\n\n");
+  const std::string seqs = "max_num_seqs = 64\n";
+  std::string engine = text;
+  engine.insert(engine.find(seqs) + seqs.size(), "preemption = \"swap\"\nswap_bandwidth_gb_s = 4\n");
+  auto t = parse_sim_topology(engine, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->engine.preemption, engine::preemption_mode::swap);
+  EXPECT_EQ(t->engine.swap_bandwidth_gb_s, 4);
+  std::string unknown = text;
+  unknown.insert(unknown.find(seqs) + seqs.size(), "preemption = \"drop\"\n");
+  auto bad = parse_sim_topology(unknown, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[engine] preemption must be recompute, swap or cost; got 'drop'"),
+            std::string::npos) << bad.error().message;
+  std::string no_tier = tiny_topology;
+  no_tier.insert(no_tier.find(seqs) + seqs.size(), "preemption = \"swap\"\n");
+  auto untiered = parse_sim_topology(no_tier, "tiny.toml", TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(untiered);
+  EXPECT_NE(untiered.error().message.find("swaps to the host tier: it needs [host_tier] blocks > 0"), std::string::npos)
+      << untiered.error().message;
+}
+
 TEST(SimTopology, TheHitRulesSlackAndTheCorrectionWindowAreRead) {
   const sim_topology defaults = parse_tiny("");
   EXPECT_EQ(defaults.engine.scheduler.prefix_cache_slack_tokens, 0);

@@ -73,10 +73,13 @@ class tier_bench {
 
   /// An engine with a pool of `pool_blocks` blocks of 16 behind a balancer, with `tier` as its
   /// host tier (none: tiers off), checking its invariants after every step.
-  void start(int32_t pool_blocks, actors::cache_tier_actor tier) {
+  /// `mode`: what a victim of preemption does (engine_config::preemption).
+  void start(int32_t pool_blocks, actors::cache_tier_actor tier,
+             engine::preemption_mode mode = engine::preemption_mode::recompute) {
     sched_.clock().current_time += 1h;  // away from 0
     tier_ = std::move(tier);
     actors::engine_options o = engine_opts(/*detached_executor=*/false, pool_blocks);
+    o.config.preemption = mode;
     o.check_invariants_every = 1;
     o.host_tier = tier_;
     engine_ = spawn_engine_or_die(sys_, o);
@@ -108,16 +111,24 @@ class tier_bench {
   }
 
   /// Sends `r` and runs until nothing is left; the completion.
-  actors::completion complete(const msg::completion_request& r) {
-    auto log = std::make_shared<client_log>();
-    spawn_logged_client(sys_, lb_, r, log);
-    sched_.run();
-    EXPECT_EQ(log->num_done, 1);
-    if (!log->outcome || !log->outcome->has_value()) {
-      ADD_FAILURE() << (log->outcome ? log->outcome->error().message : "no outcome");
-      return {};
+  actors::completion complete(const msg::completion_request& r) { return complete_together({r}).at(0); }
+
+  /// Sends every request of `rs` at once and runs until nothing is left; their completions.
+  std::vector<actors::completion> complete_together(const std::vector<msg::completion_request>& rs) {
+    std::vector<std::shared_ptr<client_log>> logs;
+    for (const msg::completion_request& r : rs) {
+      logs.push_back(std::make_shared<client_log>());
+      spawn_logged_client(sys_, lb_, r, logs.back());
     }
-    return **log->outcome;
+    sched_.run();
+    std::vector<actors::completion> out;
+    for (const auto& log : logs) {
+      EXPECT_EQ(log->num_done, 1);
+      if (!log->outcome || !log->outcome->has_value())
+        ADD_FAILURE() << (log->outcome ? log->outcome->error().message : "no outcome");
+      out.push_back(log->outcome && log->outcome->has_value() ? **log->outcome : actors::completion{});
+    }
+    return out;
   }
 
   msg::engine_report report() { return ask_idle<msg::engine_report>(sys_, sched_, engine_, actors::stats_atom::value); }
@@ -261,6 +272,38 @@ TEST_F(TierFlows, ATierThatNeverAnswersCostsOnlyTheWaitAndTheEngineServesOthersM
   const actors::completion& a = **waiting->outcome;
   expect_same(a, off);
   EXPECT_EQ(a.end.num_cached_tokens, 0);
+}
+
+TEST_F(TierFlows, AVictimOfPreemptionSwappedInFromTheHostTierContinuesBitIdentically) {
+  // Two 33-token prompts on a pool of 8 blocks of 16: both run until they need a fifth block,
+  // then the second is preempted; the first's growth takes a block the victim left cached
+  // (demoted to the tier), and the victim, readmitted, is swapped in from there.
+  msg::completion_request first = request(golden_prompt(0, 33), 7);
+  first.max_tokens = 64;
+  msg::completion_request second = request(golden_prompt(5, 33), 9);
+  second.max_tokens = 40;
+  std::vector<actors::completion> off;
+  {
+    tier_bench reference;  // tiers off: the victim recomputes
+    reference.start(8, {});
+    off = reference.complete_together({first, second});
+  }
+  start(8, host_tier(64), engine::preemption_mode::swap);
+  const std::vector<actors::completion> swapped = complete_together({first, second});
+  ASSERT_EQ(off.size(), 2u);
+  ASSERT_EQ(swapped.size(), 2u);
+  expect_same(swapped[0], off[0]);
+  expect_same(swapped[1], off[1]);
+  EXPECT_EQ(off[1].end.num_preemptions, 1);
+  EXPECT_EQ(swapped[1].end.num_preemptions, 1);
+  // The victim had 63 tokens (33 + 30 sampled): the hit rule allows 3 blocks. The pool kept 2;
+  // the third (demoted when the first request's growth took it) comes back from the tier, so 14
+  // tokens are computed again instead of 30.
+  EXPECT_EQ(off[1].end.num_recomputed_tokens, 30);
+  EXPECT_EQ(swapped[1].end.num_recomputed_tokens, 14);
+  const msg::engine_report r = report();
+  EXPECT_EQ(r.num_promoted_blocks, 1);
+  EXPECT_EQ(r.num_host_hit_tokens, 16);
 }
 
 TEST_F(TierFlows, AnUnknownCacheClassIsRefusedAtTheRequestsDoor) {

@@ -299,6 +299,18 @@ TEST(Topology, AHostTierIsReadPerNodeAndSharedByEnginesOfOneShape) {
   ASSERT_TRUE(mixed) << mixed.error().message;
 }
 
+TEST(Topology, PreemptionSwapsToTheNodesHostTier) {
+  auto plain = parse(k_valid);
+  ASSERT_TRUE(plain) << plain.error().message;
+  EXPECT_EQ(plain->engines[0].config.preemption, engine::preemption_mode::recompute);
+  EXPECT_EQ(plain->engines[0].config.swap_bandwidth_gb_s, 8);
+  auto swap = parse(k_node0 + "host_tier_blocks = 64\n" + k_balancer + k_engine0 +
+                    "preemption = \"swap\"\nswap_bandwidth_gb_s = 2.5\n");
+  ASSERT_TRUE(swap) << swap.error().message;
+  EXPECT_EQ(swap->engines[0].config.preemption, engine::preemption_mode::swap);
+  EXPECT_EQ(swap->engines[0].config.swap_bandwidth_gb_s, 2.5);
+}
+
 TEST(Topology, KvTransferNamesItsKinds) {
   EXPECT_STREQ(to_string(kv_transfer_kind::caf), "caf");
   EXPECT_STREQ(to_string(kv_transfer_kind::ucx), "ucx");
@@ -478,7 +490,18 @@ INSTANTIATE_TEST_SUITE_P(
                  "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, step_time_correction_window, "
                  "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
                  "step_log, drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, draft_model, "
-                 "speculation_mode)"},
+                 "speculation_mode, preemption, swap_bandwidth_gb_s)"},
+        // Preemption.
+        bad_file{"unknown_preemption", k_valid + "preemption = \"drop\"\n",
+                 "topology.toml:12: engine 'engine0': key 'preemption' must be recompute, swap or cost; got 'drop'"},
+        bad_file{"preemption_cost_without_calibration", k_valid + "preemption = \"cost\"\n",
+                 "topology.toml:12: engine 'engine0': key 'preemption' = \"cost\" needs key 'calibration' (a "
+                 "`troupe calibrate` file that prices recomputing)"},
+        bad_file{"preemption_swap_without_a_host_tier", k_valid + "preemption = \"swap\"\n",
+                 "topology.toml:12: engine 'engine0': key 'preemption' swaps to the host tier: node 'node0' needs one "
+                 "(host_tier_blocks)"},
+        bad_file{"swap_bandwidth_zero", k_valid + "swap_bandwidth_gb_s = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'swap_bandwidth_gb_s' must be in 1e-06..1000000, got 0"},
         bad_file{"bad_speculation_mode", k_valid + "speculation_mode = \"sometimes\"\n",
                  "topology.toml:12: engine 'engine0': key 'speculation_mode' must be fixed or budgeted; got "
                  "'sometimes'"},

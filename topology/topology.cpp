@@ -536,6 +536,27 @@ struct listener {
   return {};
 }
 
+/// preemption ("recompute", "swap" or "cost", which needs a calibration to price recomputing)
+/// and swap_bandwidth_gb_s (the copy speed `cost` prices a swap at).
+[[nodiscard]] expected<void> read_preemption(const context& ctx, const toml::table& table, const scope& where,
+                                             engine::engine_config& config) {
+  auto mode = read_string(ctx, table, where, "preemption", std::string("recompute"));
+  if (!mode) return tl::unexpected(mode.error());
+  const std::optional<engine::preemption_mode> named = engine::preemption_mode_named(*mode);
+  if (!named)
+    return malformed(ctx, line_of_key(table, "preemption"), where.label,
+                     "key 'preemption' must be recompute, swap or cost; got " + in_quotes(*mode));
+  config.preemption = *named;
+  if (config.preemption == engine::preemption_mode::cost && !table.contains("calibration"))
+    return malformed(ctx, line_of_key(table, "preemption"), where.label,
+                     "key 'preemption' = \"cost\" needs key 'calibration' (a `troupe calibrate` file that prices "
+                     "recomputing)");
+  auto bandwidth = read_number(ctx, table, where, "swap_bandwidth_gb_s", config.swap_bandwidth_gb_s, 1e-6, 1e6);
+  if (!bandwidth) return tl::unexpected(bandwidth.error());
+  config.swap_bandwidth_gb_s = *bandwidth;
+  return {};
+}
+
 /// The engine_config keys; defaults are engine_config's own.
 [[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
                                                 const scope& where, engine_spec& engine) {
@@ -559,6 +580,7 @@ struct listener {
   if (auto ok = read_time_budget(ctx, table, where, config.scheduler); !ok) return ok;
   if (auto ok = read_scheduler_policy(ctx, table, where, config.scheduler.policy); !ok) return ok;
   if (auto ok = read_speculation(ctx, table, where, config.speculation); !ok) return ok;
+  if (auto ok = read_preemption(ctx, table, where, config); !ok) return ok;
   auto step_log = read_string(ctx, table, where, "step_log", std::string());
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
@@ -576,7 +598,7 @@ struct listener {
                             "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
                             "scheduler", "sjf_aging_tokens", "executor_threads", "step_log", "drafter",
                             "num_speculative_tokens", "ngram_min", "ngram_max", "draft_layers", "draft_model",
-                            "speculation_mode"});
+                            "speculation_mode", "preemption", "swap_bandwidth_gb_s"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -634,6 +656,11 @@ struct listener {
                                                 const std::vector<node_spec>& nodes) {
   for (size_t j = 0; j < engines.size(); ++j) {
     const auto node = std::find_if(nodes.begin(), nodes.end(), [&](const node_spec& n) { return n.name == engines[j].node; });
+    if ((node == nodes.end() || node->host_tier_blocks == 0) &&
+        engines[j].config.preemption != engine::preemption_mode::recompute)
+      return malformed(ctx, line_of_key(*tables[j], "preemption"), "engine " + in_quotes(engines[j].name),
+                       "key 'preemption' swaps to the host tier: node " + in_quotes(engines[j].node) +
+                           " needs one (host_tier_blocks)");
     if (node == nodes.end() || node->host_tier_blocks == 0) continue;
     for (size_t i = 0; i < j; ++i) {
       const engine_spec& a = engines[i];

@@ -105,6 +105,10 @@
 ///   sjf_aging_tokens = 256             #   optional, 1..1048576, default 256: sjf's weight of
 ///                                      #   one later arrival, in tokens of predicted work
 ///   executor_threads = 1               #   optional, 1..64, default 1
+///   preemption = "swap"                #   optional: recompute (default) | swap | cost — a
+///                                      #   readmitted victim fetches the blocks it lost from
+///                                      #   the node's host tier (cost: when cheaper by the
+///                                      #   calibration; swap_bandwidth_gb_s, default 8, prices it)
 ///
 /// Unknown keys are errors everywhere (a typo must not silently fall back to a default). At
 /// least one engine must be able to prefill (mixed or prefill), and prefill engines need a

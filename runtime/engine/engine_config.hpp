@@ -4,6 +4,8 @@
 /// from TOML without the engine (topology/ needs no engine_core).
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "runtime/model/kernel_path.hpp"
@@ -11,6 +13,22 @@
 #include "runtime/spec/spec_config.hpp"
 
 namespace troupe::engine {
+
+/// What the readmission of a preempted sequence does about the KV it lost (docs/kv-tiers.md,
+/// "Swap"). The pool keeps a victim's full blocks cached and demotes those it evicts to the
+/// host tier, like any cached block; with `swap` the readmission fetches from the host tier the
+/// blocks the pool no longer holds, with `cost` only when copying them at
+/// `swap_bandwidth_gb_s` is predicted faster than recomputing them by the step cost model. It
+/// needs a host tier (without one a victim recomputes) and one sample (n = 1).
+enum class preemption_mode { recompute, swap, cost };
+
+/// The mode named `name` in topology files ("recompute", "swap", "cost"); nullopt if none.
+[[nodiscard]] inline std::optional<preemption_mode> preemption_mode_named(std::string_view name) {
+  if (name == "recompute") return preemption_mode::recompute;
+  if (name == "swap") return preemption_mode::swap;
+  if (name == "cost") return preemption_mode::cost;
+  return std::nullopt;
+}
 
 struct engine_config {
   int32_t num_kv_blocks = 1024;  ///< KV pool size in blocks
@@ -38,6 +56,8 @@ struct engine_config {
   /// Speculative decoding (runtime/spec/, docs/speculative.md): the drafter and how many
   /// drafts each decode step verifies. The engine plans the draft slots; the executor drafts.
   spec::speculation_config speculation;
+  preemption_mode preemption = preemption_mode::recompute;
+  double swap_bandwidth_gb_s = 8;  ///< preemption `cost`: host tier -> pool copy speed, in (0, 1e6]
 };
 
 /// The tokens that end a sample: `config.eos_token_ids`, or the tokenizer's EOS and BOS.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/cost/chunk_budget.hpp"
 #include "runtime/spec/planner.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
@@ -122,6 +123,13 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
   if (config.max_steps_in_flight < 1 || config.max_steps_in_flight > 2)
     return fail(errc::invalid_argument, "max_steps_in_flight must be 1 or 2, got " + num(config.max_steps_in_flight));
   if (auto ok = spec::validate(config.speculation, model.n_layers); !ok) return tl::unexpected(ok.error());
+  if (!(config.swap_bandwidth_gb_s > 0 && config.swap_bandwidth_gb_s <= 1e6))
+    return fail(errc::invalid_argument,
+                "swap_bandwidth_gb_s must be in (0, 1000000], got " + std::to_string(config.swap_bandwidth_gb_s));
+  if (config.preemption == preemption_mode::cost &&
+      cost::predict_ns(config.scheduler.step_cost, cost::chunk_features(0, 1, 0)) <= 0)  // one prefill token
+    return fail(errc::invalid_argument, "preemption 'cost' prices recomputing with the engine's step-time model: "
+                                        "give the engine a calibration (a `troupe calibrate` file)");
   if (config.speculation.enabled() && config.speculation.budgeted &&
       cost::predict_ns(config.scheduler.step_cost, cost::step_features{1, 1, 1, 1, 1}) <= 0)  // one decode row
     return fail(errc::invalid_argument, "budgeted speculation prices draft rows with the engine's step-time model: "
@@ -147,10 +155,7 @@ engine_core::engine_core(const model::model_config& model, const engine_config& 
   if (config.host_tier) {
     block_class_.assign(static_cast<size_t>(config.num_kv_blocks), kv::cache_class::chat);
     promoted_.assign(static_cast<size_t>(config.num_kv_blocks), 0);
-    scheduler_->set_admission_hook([this](kv::seq_id seq) {
-      if (const auto it = staged_promotions_.find(seq); it != staged_promotions_.end())
-        (void)promote(it->second.tokens, it->second.blocks, it->second.from_lower);
-    });
+    scheduler_->set_admission_hook([this](kv::seq_id seq) { return before_admission(seq); });
   }
 }
 
@@ -267,6 +272,8 @@ void engine_core::end_sample(kv::seq_id seq) {
   samples_.erase(seq);
   pending_imports_.erase(seq);
   staged_promotions_.erase(seq);
+  swap_asked_.erase(seq);
+  swap_waiting_.erase(seq);
   blocks_sent_.erase(seq);
   released_.push_back(seq);
 }
@@ -390,6 +397,78 @@ bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) 
   return kv::validate(b, config_.block_size).has_value() && shaped && (parent == nullptr || b.parent_hash == parent->hash);
 }
 
+bool engine_core::before_admission(kv::seq_id seq) {
+  if (swap_waiting_.count(seq)) return false;
+  const sched::sequence& s = scheduler_->get(seq);
+  if (const auto it = staged_promotions_.find(seq); it != staged_promotions_.end()) {
+    // The blocks extend the prefix the pool had when the tier was asked; if it lost some, ask
+    // again from where it ends now (each time from an earlier block, so this ends).
+    if (cached_prefix(it->second.tokens).first < it->second.first_block) {
+      staged_promotions_.erase(it);
+      return !ask_tier(seq);
+    }
+    (void)promote(it->second.tokens, it->second.blocks, it->second.from_lower);
+    return true;
+  }
+  if (config_.preemption == preemption_mode::recompute || s.num_preemptions == 0 || s.prefill_only ||
+      swap_asked_.count(seq) || requests_.at(samples_.at(seq).request).live.size() != 1)  // an answer names a request
+    return true;
+  const auto [have, allowed] = cached_prefix(s.tokens);
+  if (config_.preemption == preemption_mode::cost && have < allowed && !swap_cheaper(have, allowed - have)) return true;
+  if (!ask_tier(seq)) return true;
+  swap_asked_.insert(seq);  // once per readmission: an answer without the blocks means recomputing them
+  stats_.num_swap_ins++;
+  return false;
+}
+
+bool engine_core::ask_tier(kv::seq_id seq) {
+  const std::vector<int32_t>& tokens = scheduler_->get(seq).tokens;
+  const auto [have, allowed] = cached_prefix(tokens);
+  if (have >= allowed) return false;
+  swap_waiting_[seq] = have;
+  // The blocks the pool evicted so far go to the tier first (take_swap_ins).
+  collect_evictions();
+  swap_ins_.push_back(swap_in{samples_.at(seq).request, tokens, have, allowed - have, num_demotions_logged_});
+  return true;
+}
+
+bool engine_core::swap_cheaper(int32_t first_block, int32_t num_blocks) const {
+  const int64_t bs = config_.block_size;
+  const double recompute_ns = static_cast<double>(
+      cost::predict_ns(config_.scheduler.step_cost, cost::chunk_features(first_block * bs, num_blocks * bs, 0)));
+  const double bytes = 2.0 * model_.n_layers * static_cast<double>(num_blocks * bs) * model_.kv_dim() * sizeof(float);
+  return bytes / config_.swap_bandwidth_gb_s < recompute_ns;  // GB/s = bytes per ns
+}
+
+std::pair<int32_t, int32_t> engine_core::cached_prefix(const std::vector<int32_t>& tokens) const {
+  const int32_t block_size = config_.block_size;
+  const kv::hit_rule_config rule{block_size, 0, config_.scheduler.prefix_cache_slack_tokens};
+  return {static_cast<int32_t>(blocks_->find_prefix(tokens).blocks.size()),
+          kv::max_reused_tokens(rule, static_cast<int32_t>(tokens.size())) / block_size};
+}
+
+std::vector<swap_in> engine_core::take_swap_ins() {
+  std::vector<swap_in> out;
+  std::vector<swap_in> held;
+  for (swap_in& s : swap_ins_) (s.after_demotions <= num_demotions_taken_ ? out : held).push_back(std::move(s));
+  swap_ins_ = std::move(held);
+  return out;
+}
+
+bool engine_core::swap_answered(request_id id, std::vector<kv::kv_block> blocks, std::vector<uint8_t> from_lower) {
+  const auto r = requests_.find(id);
+  if (r == requests_.end() || r->second.live.size() != 1) return false;
+  const kv::seq_id seq = r->second.live.front();
+  const auto waiting = swap_waiting_.find(seq);
+  if (waiting == swap_waiting_.end()) return false;
+  const int32_t first_block = waiting->second;
+  swap_waiting_.erase(waiting);
+  if (!blocks.empty())
+    staged_promotions_[seq] =
+        staged_promotion{scheduler_->get(seq).tokens, std::move(blocks), std::move(from_lower), first_block};
+  return true;
+}
+
 void engine_core::stage_promotion(request_id id, staged_promotion staged) {
   TROUPE_ASSERT_MSG(config_.host_tier, "a promotion without a host tier");
   const request_state& rs = requests_.at(id);
@@ -435,6 +514,7 @@ void engine_core::collect_evictions() {
       continue;
     }
     pending_demotions_.emplace_back(std::move(e), block_class_[b]);
+    num_demotions_logged_++;
   }
 }
 
@@ -456,6 +536,7 @@ void engine_core::add_tier_moves(exec_plan& plan, flight& f) {
 std::vector<demoted_block> engine_core::take_demoted() {
   std::vector<demoted_block> out = std::move(demoted_);
   demoted_.clear();
+  num_demotions_taken_ += static_cast<int64_t>(out.size());
   return out;
 }
 
@@ -469,6 +550,8 @@ std::optional<exec_plan> engine_core::plan_step() {
   // A staged promotion goes once its sequence is admitted (its blocks are in its table).
   for (auto it = staged_promotions_.begin(); it != staged_promotions_.end();)
     it = scheduler_->get(it->first).status == sched::seq_status::waiting ? std::next(it) : staged_promotions_.erase(it);
+  for (auto it = swap_asked_.begin(); it != swap_asked_.end();)  // a later preemption may swap again
+    it = scheduler_->get(*it).status == sched::seq_status::waiting ? std::next(it) : swap_asked_.erase(it);
   for (kv::seq_id seq : f.plan.preempted) blocks_sent_.erase(seq);  // readmitted with a new table
   if (f.plan.chunks.empty()) {
     TROUPE_ASSERT(f.plan.copies.empty());
@@ -695,6 +778,9 @@ void engine_core::check_invariants(bool deep) const {
   for (const auto& [seq, kv] : pending_imports_) TROUPE_ASSERT_MSG(samples_.count(seq), "imported KV of a gone sequence");
   for (const auto& [seq, staged] : staged_promotions_)
     TROUPE_ASSERT_MSG(samples_.count(seq) && !staged.blocks.empty(), "a staged promotion of a gone sequence");
+  for (const kv::seq_id seq : swap_asked_) TROUPE_ASSERT_MSG(samples_.count(seq), "a swap-in of a gone sequence");
+  for (const auto& [seq, first_block] : swap_waiting_)
+    TROUPE_ASSERT_MSG(samples_.count(seq) && first_block >= 0, "a tier fetch of a gone sequence");
   for (const auto& [id, readout] : pending_readouts_)
     TROUPE_ASSERT_MSG(!requests_.count(id) && readout.num_tokens > 0, "a readout of a request still here");
   TROUPE_ASSERT(in_flight_.size() <= static_cast<size_t>(config_.max_steps_in_flight));
@@ -705,11 +791,13 @@ void engine_core::check_invariants(bool deep) const {
 void engine_core::check_tier_state() const {
   if (!config_.host_tier) {
     TROUPE_ASSERT(pending_promotions_.empty() && pending_demotions_.empty() && demoted_.empty() &&
-                  staged_promotions_.empty());
+                  staged_promotions_.empty() && swap_asked_.empty() && swap_waiting_.empty() && swap_ins_.empty());
     return;
   }
   for (size_t b = 0; b < promoted_.size(); b++)
     TROUPE_ASSERT_MSG(!promoted_[b] || blocks_->is_cached(static_cast<kv::block_id>(b)), "a promoted block lost its hash");
+  TROUPE_ASSERT(num_demotions_taken_ + static_cast<int64_t>(demoted_.size() + pending_demotions_.size()) <=
+                num_demotions_logged_);
   check_pending_promotions();
 }
 
@@ -740,7 +828,8 @@ void engine_core::check_sample(kv::seq_id seq) const {
     TROUPE_ASSERT_MSG(!scheduler_->contains(seq), "a sequence of a gone sample");
     TROUPE_ASSERT_MSG(!blocks_sent_.count(seq), "the executor's table of a gone sequence");
     TROUPE_ASSERT_MSG(!pending_imports_.count(seq), "imported KV of a gone sequence");
-    TROUPE_ASSERT_MSG(!staged_promotions_.count(seq), "a staged promotion of a gone sequence");
+    TROUPE_ASSERT_MSG(!staged_promotions_.count(seq) && !swap_asked_.count(seq) && !swap_waiting_.count(seq),
+                      "a staged promotion of a gone sequence");
     return;
   }
   TROUPE_ASSERT(scheduler_->contains(seq));
@@ -752,8 +841,9 @@ void engine_core::check_sample(kv::seq_id seq) const {
     TROUPE_ASSERT(sent->second <= static_cast<int32_t>(blocks_->block_table(seq).size()));
   if (const auto kv = pending_imports_.find(seq); kv != pending_imports_.end())
     TROUPE_ASSERT(scheduler_->get(seq).num_imported_tokens == kv->second.num_tokens);
-  if (staged_promotions_.count(seq))
+  if (staged_promotions_.count(seq) || swap_asked_.count(seq) || swap_waiting_.count(seq))
     TROUPE_ASSERT_MSG(scheduler_->get(seq).status == sched::seq_status::waiting, "a staged promotion of an admitted sequence");
+  if (swap_waiting_.count(seq)) TROUPE_ASSERT(!staged_promotions_.count(seq));
 }
 
 }  // namespace troupe::engine

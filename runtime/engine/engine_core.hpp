@@ -12,6 +12,7 @@
 
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -53,6 +54,7 @@ struct engine_stats {
   int64_t num_draft_rows = 0;       ///< of them, drafts proposed and verified (a budgeted plan may skip some)
   int64_t num_accepted_drafts = 0;  ///< of those, drafts that stood
   int64_t num_speculative_rows = 0; ///< decode rows that had draft slots
+  int64_t num_swap_ins = 0;         ///< readmitted victims of preemption that asked the host tier
   spec::reliability_table draft_reliability;  ///< verified drafts' outcomes by confidence
   int32_t num_blocks_in_use = 0;
   /// With the step-time correction on: how well the model, alone and corrected, predicted the
@@ -103,13 +105,27 @@ struct demoted_block {
 [[nodiscard]] expected<void> validate_request(const request& r, const model::model_config& model,
                                               const engine_config& config);
 
-/// A cache tier's answer for a request: `blocks` in chain order, following the pool's own prefix
-/// of `tokens` (the prompt part the request computes); `from_lower` (per block, or empty) marks
-/// the blocks the host tier read from the tier below.
+/// A cache tier's answer for a request: `blocks` in chain order from block `first_block` of
+/// `tokens` (the prompt part the request computes), where the pool's own prefix ended when the
+/// tier was asked; `from_lower` (per block, or empty) marks the blocks the host tier read from
+/// the tier below.
 struct staged_promotion {
   std::vector<int32_t> tokens;
   std::vector<kv::kv_block> blocks;
   std::vector<uint8_t> from_lower;
+  int32_t first_block = 0;  ///< blocks[0] is this block of `tokens`
+};
+
+/// Host tier: a readmitted victim of preemption asks the tier for the blocks of `tokens` from
+/// `first_block` on, at most `num_blocks_max` (engine_config::preemption).
+struct swap_in {
+  request_id id = 0;
+  std::vector<int32_t> tokens;
+  int32_t first_block = 0;
+  int32_t num_blocks_max = 0;
+  /// Asked once the pool's demotions up to this one were taken (take_demoted) and so sent to
+  /// the tier before the fetch: the blocks asked for may be among them.
+  int64_t after_demotions = 0;
 };
 
 class engine_core {
@@ -157,7 +173,10 @@ class engine_core {
 
   /// Host tier: the tier's blocks for the request `id` wait here until the request's
   /// admission is tried (sched::scheduler::set_admission_hook), and are promoted into the pool
-  /// then (`promote`), each time it is tried until it is admitted: blocks promoted on arrival
+  /// then (`promote`), each time it is tried until it is admitted. If the pool no longer holds
+  /// the prefix they extend (it evicted a leading block meanwhile), the request waits at the
+  /// queue's head while the tier is asked again from where the pool ends (take_swap_ins,
+  /// swap_answered). Staged on arrival, blocks promoted then blocks promoted on arrival
   /// would be evicted by the admissions queued before it when the engine is loaded. `id` was
   /// just added (add_request or add_prefill) and waits; its staged blocks go when it is admitted
   /// or ends. `from_lower` (per block, or empty) marks blocks the host tier read from the tier
@@ -165,6 +184,18 @@ class engine_core {
   void stage_promotion(request_id id, staged_promotion staged);
   /// Requests whose staged promotion waits for their admission.
   [[nodiscard]] size_t num_staged_promotions() const { return staged_promotions_.size(); }
+  /// The fetches asked since the last call by waiting sequences at their admission: a
+  /// readmitted victim of preemption (swap, engine_config::preemption) or a staged promotion the
+  /// pool outran. Each waits at the queue's head until `swap_answered`. A fetch is handed out
+  /// only after the demotions queued before it (take_demoted), so the caller, sending both to
+  /// the tier in order, never asks for a block it has not sent yet.
+  [[nodiscard]] std::vector<swap_in> take_swap_ins();
+  /// The tier's answer to request `id`'s fetch (no blocks: a miss, an error or no answer in
+  /// time): its blocks are staged for the sequence's admission, which may go ahead now. False if
+  /// `id` waits for no fetch (it ended, or the core was rebuilt, meanwhile).
+  bool swap_answered(request_id id, std::vector<kv::kv_block> blocks, std::vector<uint8_t> from_lower);
+  /// The pool's leading blocks of `tokens` and, by the hit rule, how many may come from cache.
+  [[nodiscard]] std::pair<int32_t, int32_t> cached_prefix(const std::vector<int32_t>& tokens) const;
 
   /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
   [[nodiscard]] std::vector<demoted_block> take_demoted();
@@ -289,6 +320,15 @@ class engine_core {
   /// left but the prefix's and this call's. Returns how many it put.
   int32_t promote(const std::vector<int32_t>& tokens, const std::vector<kv::kv_block>& blocks,
                   const std::vector<uint8_t>& from_lower = {});
+  /// The scheduler's admission hook: promotes `seq`'s staged blocks, or holds it (false) while
+  /// the tier is asked for what the pool lost: of a readmitted victim (engine_config::preemption)
+  /// or of the prefix its staged blocks extend.
+  [[nodiscard]] bool before_admission(kv::seq_id seq);
+  /// Asks the tier for the blocks of `seq`'s tokens the pool lacks (false: the pool has all the
+  /// hit rule allows, nothing asked).
+  bool ask_tier(kv::seq_id seq);
+  /// Preemption `cost`: copying these blocks is predicted faster than recomputing them.
+  [[nodiscard]] bool swap_cheaper(int32_t first_block, int32_t num_blocks) const;
   /// Moves the pool's evictions into pending_demotions_, except a block evicted before its
   /// promoted KV was ever written: that write is dropped instead (the tier still has the block).
   void collect_evictions();
@@ -326,6 +366,11 @@ class engine_core {
   std::vector<uint8_t> promoted_;                  // (num_kv_blocks) promoted, not hit yet: 1 from the host tier, 2 from below it
   std::map<kv::block_id, promotion> pending_promotions_;  // KV for the next plan's imports
   std::map<kv::seq_id, staged_promotion> staged_promotions_;  // waiting sequences' tier blocks
+  std::set<kv::seq_id> swap_asked_;  // readmitted victims that asked the tier (until admitted)
+  std::map<kv::seq_id, int32_t> swap_waiting_;  // waiting for a tier's answer: the first block asked
+  std::vector<swap_in> swap_ins_;      // for take_swap_ins
+  int64_t num_demotions_logged_ = 0;  // blocks queued for demotion (collect_evictions)
+  int64_t num_demotions_taken_ = 0;   // ... and handed out by take_demoted
   std::vector<std::pair<kv::evicted_block, kv::cache_class>> pending_demotions_;  // for the next plan
   std::vector<demoted_block> demoted_;             // for take_demoted
   kv::seq_id next_seq_ = 0;

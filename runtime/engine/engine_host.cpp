@@ -161,7 +161,7 @@ bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff
     return true;
   }
   std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (handoff ? 1 : 0));  // what the core prefills
-  const auto [num_pool_blocks, num_blocks_max] = cached_prefix(tokens);
+  const auto [num_pool_blocks, num_blocks_max] = core_->cached_prefix(tokens);
   if (num_pool_blocks >= num_blocks_max) return false;
   out.push_back(watch_caller{id});
   out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
@@ -169,33 +169,24 @@ bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff
   return true;
 }
 
-std::pair<int32_t, int32_t> engine_host::cached_prefix(const std::vector<int32_t>& tokens) const {
-  const int32_t block_size = core_->config().block_size;
-  const kv::hit_rule_config rule{block_size, 0, core_->config().scheduler.prefix_cache_slack_tokens};
-  return {static_cast<int32_t>(core_->blocks().find_prefix(tokens).blocks.size()),
-          kv::max_reused_tokens(rule, static_cast<int32_t>(tokens.size())) / block_size};
-}
-
 effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns,
                                    std::vector<uint8_t> from_lower) {
   effects out;
   auto it = tier_waits_.find(id);
-  if (it == tier_waits_.end()) return out;  // released, or its caller died, meanwhile
-  const request& r = it->second.req;
-  std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (it->second.handoff ? 1 : 0));
-  // While the tier answered (a disk read takes a while), the pool may have evicted leading
-  // blocks the answer extends: the blocks would not chain. Ask again from where the pool ends
-  // now (the evicted blocks were demoted to the tier). Each time asks from an earlier block, so
-  // this ends.
-  const auto [num_pool_blocks, num_blocks_max] = cached_prefix(tokens);
-  if (!blocks.empty() && num_pool_blocks < it->second.first_block) {
-    it->second.first_block = num_pool_blocks;
-    out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
+  if (it == tier_waits_.end()) {  // a fetch the core asked for, or released (its caller died) meanwhile
+    if (core_->swap_answered(id, std::move(blocks), std::move(from_lower))) kick(out, now_ns);
     return out;
   }
+  const request& r = it->second.req;
+  std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (it->second.handoff ? 1 : 0));
+  // If the pool evicted leading blocks of the prefix the answer extends meanwhile (a disk read
+  // takes a while; the request may wait long in the queue), the core asks the tier again from
+  // where the pool ends when the request's admission is tried (engine_core::stage_promotion).
   tier_wait w = std::move(it->second);
   tier_waits_.erase(it);
-  admit_waited(std::move(w), out, now_ns, staged_promotion{std::move(tokens), std::move(blocks), std::move(from_lower)});
+  const int32_t first_block = w.first_block;
+  admit_waited(std::move(w), out, now_ns,
+               staged_promotion{std::move(tokens), std::move(blocks), std::move(from_lower), first_block});
   return out;
 }
 
@@ -282,6 +273,8 @@ void engine_host::kick(effects& out, int64_t now_ns) {
     }
     out.push_back(send_plan{std::move(*plan), generation_});
   }
+  for (swap_in& s : core_->take_swap_ins())
+    out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max});
 }
 
 void engine_host::send_report(effects& out, int64_t now_ns) {

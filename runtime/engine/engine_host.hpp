@@ -290,8 +290,6 @@ class engine_host {
     std::optional<handoff_target> handoff;
     int32_t first_block = 0;  ///< the pool held this many leading blocks when the fetch went out
   };
-  /// The pool's leading blocks of `tokens` and, by the hit rule, how many may come from cache.
-  [[nodiscard]] std::pair<int32_t, int32_t> cached_prefix(const std::vector<int32_t>& tokens) const;
 
   template <class Add>
   bool admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns, bool watched = false);

@@ -331,7 +331,7 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     if (std::find(s.tokens.begin(), s.tokens.end(), previous_sample) != s.tokens.end()) break;
     // Imported KV goes into fresh blocks: the transfer already paid for it.
     const int32_t imported = s.num_imported_tokens;
-    if (imported == 0 && admission_hook_) admission_hook_(s.id);
+    if (imported == 0 && admission_hook_ && !admission_hook_(s.id)) break;
     const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : cached_prefix(s);
     const int32_t have = imported > 0 ? imported : hit.num_tokens;
     const int32_t num_new = prefill_chunk_tokens(s, have, static_cast<int32_t>(s.tokens.size()) - have, budget);

@@ -155,9 +155,11 @@ class scheduler {
   void set_hold(seq_id id, bool hold) { at(id).hold = hold; }
   /// Called with a waiting sequence (not an imported one) right before its admission is tried,
   /// before its prefix is looked up: the engine promotes the blocks a cache tier fetched for it
-  /// then, so that nothing admitted before it evicts them (engine_core::stage_promotion). The
-  /// hook may insert cached blocks into the pool; it must not touch the scheduler.
-  void set_admission_hook(std::function<void(seq_id)> hook) { admission_hook_ = std::move(hook); }
+  /// then, so that nothing admitted before it evicts them (engine_core::stage_promotion). False
+  /// holds the queue's head, like a sequence that does not fit (a victim of preemption waiting
+  /// for its swapped-out blocks). The hook may insert cached blocks into the pool; it must not
+  /// touch the scheduler.
+  void set_admission_hook(std::function<bool(seq_id)> hook) { admission_hook_ = std::move(hook); }
 
   /// Plans the next step (allocating its KV slots; preempting if memory runs out).
   [[nodiscard]] step_plan schedule();
@@ -285,7 +287,7 @@ class scheduler {
   // bound the list is dropped and the next check_step checks everything.
   std::vector<seq_id> touched_;
   bool touched_dropped_ = false;
-  std::function<void(seq_id)> admission_hook_;
+  std::function<bool(seq_id)> admission_hook_;
 };
 
 }  // namespace troupe::sched
