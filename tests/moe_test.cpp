@@ -1,13 +1,34 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
+#include "runtime/generate/reference_generator.hpp"
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/model/moe_split.hpp"
+#include "runtime/model/transformer.hpp"
+#include "runtime/moe/expert_shard.hpp"
 #include "runtime/moe/placement.hpp"
 #include "runtime/moe/routing.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
+#include "tests/support/golden.hpp"
+#include "tests/support/process.hpp"
 
 namespace troupe::moe {
 namespace {
+
+namespace fs = std::filesystem;
+using model::checkpoint;
+using model::kernel_path;
+using model::transformer;
 
 // ---- routing ----------------------------------------------------------------------------------
 
@@ -97,6 +118,430 @@ TEST(Plan, SplitsAReplicatedExpertsRowsByRowIndexAndCombinesByExpertThenRow) {
                                      0.25f * 101 + 0.75f * 201, 0,           // row 1: e1, e2
                                      1.0f * 2 + 0.0f * 102, 0,               // row 2: e0, e1
                                      0.5f * 103 + 0.5f * 203, 0}));          // row 3: e1, e2
+}
+
+// ---- the MoE checkpoints of stories260K ---------------------------------------------------------
+
+/// stories260K split four ways: with the all router, a random top-2 router and a skewed one,
+/// written once per test process.
+class Moe : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("troupe_moe_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    auto ck = checkpoint::load(testing::bundled_model());
+    ASSERT_TRUE(ck) << ck.error().message;
+    dense_ = new checkpoint(std::move(*ck));
+    all_ = new checkpoint(split("all.bin", {}));
+    random_ = new checkpoint(split("random.bin", random_options()));
+    skewed_ = new checkpoint(split("skewed.bin", skewed_options()));
+    auto tok = tokenizer::load(testing::bundled_tokenizer(), dense_->config().vocab_size);
+    ASSERT_TRUE(tok) << tok.error().message;
+    tokenizer_ = new tokenizer(std::move(*tok));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete skewed_;
+    delete random_;
+    delete all_;
+    delete dense_;
+    fs::remove_all(dir_);
+  }
+
+  static model::moe_split_options random_options() {
+    model::moe_split_options o;
+    o.top_k = 2;
+    o.router = model::router_init::random;
+    o.seed = 7;
+    return o;
+  }
+  static model::moe_split_options skewed_options() {
+    model::moe_split_options o = random_options();
+    o.router = model::router_init::skewed;
+    return o;
+  }
+
+  static std::string write(const std::string& name, const std::string& bytes) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+  static checkpoint split(const std::string& name, const model::moe_split_options& o) {
+    auto bytes = model::to_moe(*dense_, o);
+    EXPECT_TRUE(bytes) << bytes.error().message;
+    auto ck = checkpoint::load(write(name, *bytes));
+    EXPECT_TRUE(ck) << ck.error().message;
+    return std::move(*ck);
+  }
+
+  static fs::path dir_;
+  static checkpoint* dense_;
+  static checkpoint* all_;
+  static checkpoint* random_;
+  static checkpoint* skewed_;
+  static tokenizer* tokenizer_;
+};
+
+fs::path Moe::dir_;
+checkpoint* Moe::dense_ = nullptr;
+checkpoint* Moe::all_ = nullptr;
+checkpoint* Moe::random_ = nullptr;
+checkpoint* Moe::skewed_ = nullptr;
+tokenizer* Moe::tokenizer_ = nullptr;
+
+TEST_F(Moe, SplitCutsEachFfnIntoConsecutiveHiddenUnits) {
+  const model::model_config& c = all_->config();
+  EXPECT_EQ(c.hidden_dim, 43);  // 172 / 4
+  EXPECT_EQ(c.dim, 64);
+  EXPECT_EQ(c.n_layers, 5);
+  const model::moe_weights* m = all_->moe();
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->n_experts, 4);
+  EXPECT_EQ(m->top_k, 4);
+  EXPECT_EQ(m->router, router_kind::all);
+  EXPECT_EQ(all_->w().w1, nullptr);
+  const model::weights& d = dense_->w();
+  // Layer 3, expert 2, hidden unit 5 is dense hidden unit 2·43 + 5 = 91.
+  const int64_t at = m->expert_offset(c, 3, 2), dense_layer = 3 * 172 * 64;
+  for (int32_t j = 0; j < 64; j++) {
+    EXPECT_EQ(m->w1[at + 5 * 64 + j], d.w1[dense_layer + 91 * 64 + j]);
+    EXPECT_EQ(m->w3[at + 5 * 64 + j], d.w3[dense_layer + 91 * 64 + j]);
+    EXPECT_EQ(m->w2[at + j * 43 + 5], d.w2[dense_layer + j * 172 + 91]);  // w2 (dim, hidden)
+  }
+  EXPECT_EQ(std::memcmp(all_->w().wq, d.wq, 5 * 64 * 64 * sizeof(float)), 0);
+  const model::moe_weights* r = random_->moe();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->top_k, 2);
+  EXPECT_EQ(r->router, router_kind::top_k);
+}
+
+/// Logits at each position of the 200-token greedy golden run (teacher-forced: the golden ids
+/// are the inputs), one (vocab) vector per position.
+std::vector<float> logits_along_golden(transformer& t) {
+  const testing::golden_case golden = testing::golden("t0_n200");
+  const model::model_config& c = t.config();
+  model::kv_cache cache(c, c.seq_len / 16, 16);
+  std::vector<int32_t> table(static_cast<size_t>(c.seq_len / 16));
+  for (size_t i = 0; i < table.size(); i++) table[i] = static_cast<int32_t>(i);
+  std::vector<float> all, logits;
+  for (int32_t pos = 0; pos < 200; pos++) {
+    t.forward({model::forward_row{golden.token_ids[static_cast<size_t>(pos)], pos, table.data(), true}}, cache, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+// The split sums each FFN's w2 products in four runs of 43 and then adds the four, where the dense
+// model sums all 172 in one run: the same terms in another order. That costs a few ulps per layer;
+// at logits of up to 22 (one ulp: 1.9e-6) the largest difference over the run is 1.62e-5, about
+// 8 ulps (4.8e-6 at position 0, before attention spreads it), so the bound is 2e-5, not 1e-5.
+TEST_F(Moe, AllRouterSplitMatchesTheDenseLogitsAtEveryPositionOfTheGreedyRun) {
+  for (auto path : {kernel_path::reference, kernel_path::fast}) {
+    transformer dense(*dense_, path), moe(*all_, path);
+    const std::vector<float> a = logits_along_golden(dense), b = logits_along_golden(moe);
+    ASSERT_EQ(a.size(), 200u * 512u);
+    ASSERT_EQ(b.size(), a.size());
+    float max_difference = 0.0f, max_logit = 0.0f;
+    for (size_t i = 0; i < a.size(); i++) {
+      max_difference = std::max(max_difference, std::fabs(a[i] - b[i]));
+      max_logit = std::max(max_logit, std::fabs(a[i]));
+    }
+    EXPECT_LT(max_difference, 2e-5f);
+    EXPECT_LT(max_difference, 1e-6f * max_logit);  // relative to the largest logit
+    std::printf("all-experts split of stories260K (%s path): max |logit difference| over 200 positions = %.3g "
+                "(max |logit| %.3g)\n",
+                path == kernel_path::fast ? "fast" : "reference", static_cast<double>(max_difference),
+                static_cast<double>(max_logit));
+  }
+}
+
+TEST_F(Moe, AllRouterSplitGreedyTextEqualsTheDenseGolden) {
+  const std::pair<const char*, const char*> runs[] = {{"t0_n200", "llama2c_test_all__t0_n200.txt"},
+                                                      {"t0_default256", "llama2c_doc__t0_default256.txt"}};
+  for (const auto& [name, file] : runs) {
+    const testing::golden_case golden = testing::golden(name);
+    const std::string text = testing::read_file(testing::test_data(std::string("stories260K/golden/") + file));
+    const std::vector<int32_t> ids(golden.token_ids.begin() + 1, golden.token_ids.end());
+    for (auto path : {kernel_path::reference, kernel_path::fast}) {
+      transformer t(*all_, path);
+      generate::generate_params p;
+      p.prompt = {tokenizer::bos};
+      p.max_new_tokens = static_cast<int32_t>(ids.size());
+      p.sampling.temperature = 0.0f;
+      auto out = generate::generate(t, *tokenizer_, p);
+      ASSERT_TRUE(out) << out.error().message;
+      EXPECT_EQ(out->text, text) << name;
+      EXPECT_EQ(out->tokens, ids) << name;
+    }
+  }
+}
+
+// ---- placement invariance ---------------------------------------------------------------------
+
+/// A dispatch that counts the rows each expert computes, then hands the requests on: any
+/// implementation of the interface can stand between the model and the shards.
+class counting_dispatch final : public expert_dispatch {
+ public:
+  counting_dispatch(expert_dispatch& inner, int32_t n_experts) : inner_(inner), rows_(static_cast<size_t>(n_experts), 0) {}
+  [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
+  [[nodiscard]] std::vector<expert_reply> compute(const std::vector<expert_request>& requests) override {
+    for (const expert_request& q : requests)
+      for (const expert_batch& b : q.batches) rows_[static_cast<size_t>(b.expert)] += static_cast<int64_t>(b.rows.size());
+    return inner_.compute(requests);
+  }
+  [[nodiscard]] const std::vector<int64_t>& rows() const { return rows_; }
+
+ private:
+  expert_dispatch& inner_;
+  std::vector<int64_t> rows_;
+};
+
+/// What a model computes for a fixed workload: three sequences prefilled in one step, then 30
+/// decode steps of all three at once (greedy), then three seeded sampled requests. Returns
+/// every logit, then the sampled tokens as floats.
+std::vector<float> workload(transformer& t, const tokenizer& tok) {
+  const model::model_config& c = t.config();
+  model::kv_cache cache(c, 3 * 8, 16);
+  const int32_t tables[3][8] = {{0, 1, 2, 3, 4, 5, 6, 7}, {15, 14, 13, 12, 11, 10, 9, 8}, {16, 18, 20, 22, 17, 19, 21, 23}};
+  std::vector<std::vector<int32_t>> seqs;
+  for (const char* prompt : {"Once upon a time", "The little dog ran to the big red", "Lily"})
+    seqs.push_back(*tok.encode(prompt, /*add_bos=*/true, /*add_eos=*/false));
+  std::vector<model::forward_row> rows;
+  for (size_t s = 0; s < seqs.size(); s++)
+    for (size_t p = 0; p < seqs[s].size(); p++)
+      rows.push_back({seqs[s][p], static_cast<int32_t>(p), tables[s], p + 1 == seqs[s].size()});
+  std::vector<float> all, logits;
+  for (int32_t step = 0; step < 30; step++) {
+    t.forward(rows, cache, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+    rows.clear();
+    for (size_t s = 0; s < seqs.size(); s++) {
+      const float* l = &logits[s * c.vocab_size];
+      seqs[s].push_back(static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l));
+      rows.push_back({seqs[s].back(), static_cast<int32_t>(seqs[s].size() - 1), tables[s], true});
+    }
+  }
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    generate::generate_params p;
+    p.prompt = *tok.encode("Tom and Sue", true, false);
+    p.max_new_tokens = 40;
+    p.sampling.temperature = 1.0f;
+    p.seed = seed;
+    auto out = generate::generate(t, tok, p);
+    EXPECT_TRUE(out) << out.error().message;
+    for (int32_t id : out->tokens) all.push_back(static_cast<float>(id));
+  }
+  return all;
+}
+
+/// The workload through `placement`'s shards in this process; `rows` gets each expert's row count.
+std::vector<float> workload_on(const checkpoint& ck, const expert_placement& placement, const tokenizer& tok,
+                               std::vector<int64_t>* rows = nullptr) {
+  in_process_dispatch shards(ck, placement, kernel_path::fast);
+  counting_dispatch counted(shards, placement.n_experts());
+  transformer t(ck);
+  t.set_expert_dispatch(placement, counted);
+  std::vector<float> out = workload(t, tok);
+  if (rows != nullptr) *rows = counted.rows();
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(Moe, SparseMoeGivesTheSameBitsWhateverThePlacement) {
+  for (const checkpoint* ck : {random_, skewed_}) {
+    const int32_t layers = ck->config().n_layers, experts = ck->moe()->n_experts;
+    transformer default_model(*ck);  // one shard, made by the model itself
+    const std::vector<float> expected = workload(default_model, *tokenizer_);
+    std::vector<int64_t> rows;
+    EXPECT_TRUE(same_bits(workload_on(*ck, expert_placement::round_robin(layers, experts, 1), *tokenizer_, &rows), expected));
+    EXPECT_TRUE(same_bits(workload_on(*ck, expert_placement::round_robin(layers, experts, 4), *tokenizer_), expected));
+    // Replicas of the hot experts (the most-routed) on every other shard of three.
+    const std::vector<int32_t> hot = model::hot_experts(skewed_options());
+    expert_placement replicated = expert_placement::round_robin(layers, experts, 3);
+    for (int32_t l = 0; l < layers; l++)
+      for (int32_t e : hot)
+        for (int32_t s = 0; s < 3; s++)
+          if (replicated.can_add_replica(l, e, s)) replicated.add_replica(l, e, s);
+    // And every expert everywhere: each expert's rows split three ways.
+    expert_placement everywhere = expert_placement::round_robin(layers, experts, 3);
+    for (int32_t l = 0; l < layers; l++)
+      for (int32_t e = 0; e < experts; e++)
+        for (int32_t s = 0; s < 3; s++)
+          if (everywhere.can_add_replica(l, e, s)) everywhere.add_replica(l, e, s);
+    EXPECT_TRUE(same_bits(workload_on(*ck, replicated, *tokenizer_), expected));
+    EXPECT_TRUE(same_bits(workload_on(*ck, everywhere, *tokenizer_), expected));
+    // Top-2 of 4: every row of every layer went to exactly two experts.
+    int64_t total = 0;
+    for (int64_t n : rows) total += n;
+    EXPECT_EQ(total % (2 * layers), 0);
+  }
+}
+
+TEST_F(Moe, SkewedRouterSendsMostRowsToItsHotExpert) {
+  const std::vector<int32_t> hot = model::hot_experts(skewed_options());
+  ASSERT_EQ(hot.size(), 1u);
+  const int32_t layers = skewed_->config().n_layers;
+  std::vector<int64_t> skewed, random;
+  workload_on(*skewed_, expert_placement::round_robin(layers, 4, 2), *tokenizer_, &skewed);
+  workload_on(*random_, expert_placement::round_robin(layers, 4, 2), *tokenizer_, &random);
+  int64_t total = 0;
+  for (int64_t n : skewed) total += n;
+  const int64_t rows = total / 2;  // (row, layer) pairs: each goes to two experts
+  std::printf("rows per expert (hot expert %d): skewed %lld %lld %lld %lld, random %lld %lld %lld %lld\n", hot[0],
+              static_cast<long long>(skewed[0]), static_cast<long long>(skewed[1]), static_cast<long long>(skewed[2]),
+              static_cast<long long>(skewed[3]), static_cast<long long>(random[0]), static_cast<long long>(random[1]),
+              static_cast<long long>(random[2]), static_cast<long long>(random[3]));
+  EXPECT_EQ(skewed[static_cast<size_t>(hot[0])], rows);  // every row's top 2 holds the hot expert
+  EXPECT_EQ(skewed, (std::vector<int64_t>{890, 158, 311, 421}));
+  EXPECT_EQ(random, (std::vector<int64_t>{661, 486, 683, 610}));
+}
+
+// ---- the shard's door -------------------------------------------------------------------------
+
+TEST_F(Moe, ShardRejectsMalformedRequests) {
+  expert_shard shard(*random_, {{0, 1}, {2, 3}}, kernel_path::fast);
+  EXPECT_TRUE(shard.holds({2, 3}));
+  EXPECT_FALSE(shard.holds({2, 1}));
+  expert_request good{2, 64, {4, 9}, std::vector<float>(2 * 64, 0.5f), {{3, {4, 9}}}};
+  auto ok = shard.compute(good);
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(ok->output.size(), 2u * 64u);
+  const auto rejected = [&shard](expert_request q, const std::string& message) {
+    auto r = shard.compute(q);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code, errc::invalid_argument);
+    EXPECT_NE(r.error().message.find(message), std::string::npos) << r.error().message;
+  };
+  expert_request q = good;
+  q.layer = 5;
+  rejected(q, "layer 5 is out of range (0..4)");
+  q = good;
+  q.batches[0].expert = 1;
+  rejected(q, "does not hold expert 1 of layer 2");
+  q = good;
+  q.rows = {9, 4};
+  rejected(q, "rows are not increasing");
+  q = good;
+  q.input.pop_back();
+  rejected(q, "input holds 127 values for 2 rows of dim 64");
+  q = good;
+  q.batches[0].rows = {4, 5};
+  rejected(q, "names a row the request does not carry");
+  q = good;
+  q.dim = 32;
+  rejected(q, "dim 32, the model's is 64");
+}
+
+// ---- the MoE file format ----------------------------------------------------------------------
+
+class BadMoeCheckpoint : public Moe {
+ protected:
+  /// The all-router file with int32 header field `index` (0 = magic) set to `value`.
+  static std::string with_field(int32_t index, int32_t value) {
+    std::string bytes = testing::read_file((dir_ / "all.bin").string());
+    std::memcpy(&bytes[static_cast<size_t>(index) * 4], &value, 4);
+    return bytes;
+  }
+  static void expect_malformed(const std::string& name, const std::string& bytes, const std::string& message) {
+    auto ck = checkpoint::load(write(name, bytes));
+    ASSERT_FALSE(ck) << name;
+    EXPECT_EQ(ck.error().code, errc::malformed_file);
+    EXPECT_NE(ck.error().message.find(name), std::string::npos) << ck.error().message;  // names the file
+    EXPECT_NE(ck.error().message.find(message), std::string::npos) << ck.error().message;
+  }
+};
+
+TEST_F(BadMoeCheckpoint, HeaderFieldsAndSize) {
+  const std::string bytes = testing::read_file((dir_ / "all.bin").string());
+  expect_malformed("truncated.bin", bytes.substr(0, bytes.size() - 4), "(truncated?)");
+  expect_malformed("long.bin", bytes + "xxxx", "(trailing data?)");
+  expect_malformed("short.bin", bytes.substr(0, 100), "starts with a 256-byte header");
+  expect_malformed("version.bin", with_field(1, 2), "MoE checkpoint version 2 is not supported");
+  expect_malformed("dim.bin", with_field(2, 0), "header field dim = 0 is out of range");
+  expect_malformed("vocab.bin", with_field(7, -512), "header field vocab_size = -512 is out of range");
+  expect_malformed("shared.bin", with_field(9, 2), "header field shared_classifier = 2 is out of range (0 or 1)");
+  expect_malformed("experts0.bin", with_field(10, 0), "header field n_experts = 0 is out of range (1..1024)");
+  expect_malformed("experts2000.bin", with_field(10, 2000), "header field n_experts = 2000 is out of range");
+  expect_malformed("wide.bin", [] { std::string b = with_field(10, 1000); std::memcpy(&b[12], "\x00\x08\x00\x00", 4); return b; }(),
+                   "1000 experts of hidden_dim 2048 exceed 1048576 hidden units per layer");
+  expect_malformed("topk0.bin", with_field(11, 0), "header field top_k = 0 is out of range (1..n_experts)");
+  expect_malformed("topk5.bin", with_field(11, 5), "header field top_k = 5 is out of range (1..n_experts)");
+  expect_malformed("router.bin", with_field(12, 2), "header field router = 2 is out of range");
+  expect_malformed("allk2.bin", with_field(11, 2), "router 'all' with top_k 2 of 4 experts");
+  expect_malformed("pad.bin", with_field(20, 1), "header byte 80 is not zero (bytes 52..255 are reserved)");
+  // A wrong n_experts that is in range: the size no longer fits.
+  expect_malformed("experts2.bin", [] { std::string b = with_field(10, 2); std::memcpy(&b[44], "\x02\x00\x00\x00", 4); return b; }(),
+                   "implies");
+}
+
+TEST_F(BadMoeCheckpoint, NonFiniteExpertWeightIsNamed) {
+  std::string bytes = testing::read_file((dir_ / "random.bin").string());
+  const model::model_config& c = random_->config();
+  const model::moe_weights& m = *random_->moe();
+  // Element 7 of layer 1 of w2: its offset among the weights (the token embedding comes first).
+  const int64_t at = (m.w2 - random_->w().token_embedding) + m.expert_offset(c, 1, 0) + 7;
+  const float nan = std::nanf("");
+  std::memcpy(&bytes[static_cast<size_t>(model::moe_header_bytes + at * 4)], &nan, 4);
+  auto ck = checkpoint::load(write("nan.bin", bytes));
+  ASSERT_FALSE(ck);
+  EXPECT_NE(ck.error().message.find("weight tensor w2 holds NaN (layer 1, element 7)"), std::string::npos)
+      << ck.error().message;
+}
+
+TEST_F(Moe, SplitRefusesBadOptions) {
+  const auto refused = [](const checkpoint& ck, const model::moe_split_options& o, const std::string& message) {
+    auto bytes = model::to_moe(ck, o);
+    ASSERT_FALSE(bytes);
+    EXPECT_EQ(bytes.error().code, errc::invalid_argument);
+    EXPECT_NE(bytes.error().message.find(message), std::string::npos) << bytes.error().message;
+  };
+  model::moe_split_options o;
+  o.n_experts = 3;
+  refused(*dense_, o, "n_experts 3 must be in 1..1024 and divide hidden_dim 172");
+  o.n_experts = 4;
+  o.top_k = 2;
+  refused(*dense_, o, "the 'all' router routes to every expert: top_k 2 needs a random or skewed router");
+  o = random_options();
+  o.top_k = 5;
+  refused(*dense_, o, "top_k 5 is out of range (1..n_experts 4)");
+  o = skewed_options();
+  o.num_hot_experts = 4;
+  refused(*dense_, o, "hot experts 4 must be in 1..n_experts - 1");
+  o = skewed_options();
+  o.skew = -1.0f;
+  refused(*dense_, o, "must be finite and >= 0");
+  refused(*all_, {}, "is already a mixture of experts");
+  auto q80 = checkpoint::load(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin");
+  ASSERT_TRUE(q80) << q80.error().message;
+  refused(*q80, {}, "is Q8_0");
+}
+
+TEST_F(Moe, ReferenceAndFastPathsGiveIdenticalBits) {
+  transformer ref(*random_, kernel_path::reference), fast(*random_, kernel_path::fast);
+  EXPECT_TRUE(same_bits(workload(ref, *tokenizer_), workload(fast, *tokenizer_)));
+}
+
+TEST_F(Moe, CliSplitsAndGeneratesTheDenseGoldenText) {
+  const std::string out = (dir_ / "cli.bin").string();
+  const testing::cli_result s = testing::run_troupe({"moe-split", testing::bundled_model(), "-o", out, "--experts", "4"}, dir_);
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_NE(s.err.find("4 experts of 43 hidden units, router all, top-k 4, 5 layers"), std::string::npos) << s.err;
+  EXPECT_EQ(testing::read_file(out), testing::read_file((dir_ / "all.bin").string()));
+  const testing::cli_result r = testing::run_troupe({"generate", "-m", out, "-t", "0", "-n", "200"}, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, testing::read_file(testing::test_data("stories260K/golden/llama2c_test_all__t0_n200.txt")) + "\n");
+  EXPECT_NE(r.err.find("(mixture of experts: 4 experts, top-k 4)"), std::string::npos) << r.err;
+  const testing::cli_result k = testing::run_troupe(
+      {"moe-split", testing::bundled_model(), "-o", (dir_ / "k.bin").string(), "--top-k", "2"}, dir_);
+  EXPECT_EQ(k.exit_code, 2);
+  EXPECT_NE(k.err.find("needs a random or skewed router"), std::string::npos) << k.err;
+  EXPECT_FALSE(fs::exists(dir_ / "k.bin"));
+  const testing::cli_result q = testing::run_troupe({"quantize", out, "-o", (dir_ / "q.bin").string(), "--group-size", "4"}, dir_);
+  EXPECT_EQ(q.exit_code, 2);
+  EXPECT_NE(q.err.find("is a mixture of experts"), std::string::npos) << q.err;
 }
 
 }  // namespace

@@ -40,7 +40,10 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engin
   spdlog::info("engine '{}': loaded {} in {} ms{}", e.name, e.model_path,
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - load_start)
                    .count(),
-               ck->q80() ? " (Q8_0, group size " + std::to_string(ck->q80()->group_size) + ")" : "");
+               ck->q80()   ? " (Q8_0, group size " + std::to_string(ck->q80()->group_size) + ")"
+               : ck->moe() ? " (mixture of experts: " + std::to_string(ck->moe()->n_experts) + " experts, top-k " +
+                                 std::to_string(ck->moe()->top_k) + ")"
+                           : "");
   context_tokens = std::max(context_tokens, ck->config().seq_len);
   auto t = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!t) return fail(t.error().code, where(e) + t.error().message);

@@ -123,5 +123,6 @@ action add_bench(CLI::App& app);
 action add_convert(CLI::App& app);
 action add_tokenize(CLI::App& app);
 action add_quantize(CLI::App& app);
+action add_moe_split(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -3,7 +3,9 @@
 // or tokenizer path goes and llama.cpp's tools read too.
 // `troupe quantize MODEL.bin -o OUT.bin --group-size 64`: a float32 llama2.c checkpoint as
 // llama2.c's version-2 Q8_0 checkpoint (runtime/model/quantize.hpp).
-// Both write OUT to a temporary name beside it and rename it, so a failure leaves no partial file.
+// `troupe moe-split MODEL.bin -o OUT.bin --experts 4 [--top-k 2 --router random|skewed]`: a dense
+// float32 checkpoint as a mixture of experts (runtime/model/moe_split.hpp, docs/moe.md).
+// All write OUT to a temporary name beside it and rename it, so a failure leaves no partial file.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include "apps/troupe/commands.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/convert.hpp"
+#include "runtime/model/moe_split.hpp"
 #include "runtime/model/quantize.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
@@ -58,8 +61,9 @@ int run_convert(const convert_options& o) {
   if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
   auto ck = model::checkpoint::load(o.model);
   if (!ck) return fail_with(ck.error());
-  if (ck->q80() != nullptr)
-    return fail_with(error{errc::invalid_argument, "'" + o.model + "' is Q8_0; convert reads float32 checkpoints"});
+  if (ck->q80() != nullptr || ck->moe() != nullptr)
+    return fail_with(error{errc::invalid_argument, "'" + o.model + "' is " + (ck->q80() ? "Q8_0" : "a mixture of experts") +
+                                                   "; convert reads dense float32 checkpoints"});
   auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
   if (!tok) return fail_with(tok.error());
   if (!tok->spm())
@@ -91,7 +95,49 @@ int run_quantize(const quantize_options& o) {
   return 0;
 }
 
+struct moe_split_options {
+  std::string model;
+  std::string out;
+  std::string router = "all";
+  model::moe_split_options split;
+  bool force = false;
+};
+
+int run_moe_split(moe_split_options o) {
+  if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
+  auto ck = model::checkpoint::load(o.model);
+  if (!ck) return fail_with(ck.error());
+  o.split.router = o.router == "all" ? model::router_init::all
+                   : o.router == "random" ? model::router_init::random
+                                          : model::router_init::skewed;
+  auto bytes = model::to_moe(*ck, o.split);
+  if (!bytes) return fail_with(bytes.error());
+  if (auto ok = write_whole_file(o.out, *bytes); !ok) return fail_with(ok.error());
+  spdlog::info("wrote {} ({} bytes: {} experts of {} hidden units, router {}, top-k {}, {} layers)", o.out,
+               bytes->size(), o.split.n_experts, ck->config().hidden_dim / o.split.n_experts, o.router,
+               o.split.top_k == 0 ? o.split.n_experts : o.split.top_k, ck->config().n_layers);
+  return 0;
+}
+
 }  // namespace
+
+action add_moe_split(CLI::App& app) {
+  auto o = std::make_shared<moe_split_options>();
+  CLI::App* cmd = app.add_subcommand("moe-split", "Split a dense float32 checkpoint's FFNs into a mixture of experts");
+  cmd->add_option("model", o->model, "dense float32 llama2.c checkpoint (.bin) or GGUF")->required();
+  cmd->add_option("--out,-o", o->out, "the MoE checkpoint to write")->required();
+  cmd->add_option("--experts", o->split.n_experts, "experts per layer; must divide hidden_dim (default 4)");
+  cmd->add_option("--router", o->router,
+                  "all: every expert, gate 1 (the dense model); random: seeded top-k router; skewed: random with a "
+                  "bias towards --hot-experts experts (default all)")
+      ->check(CLI::IsMember({"all", "random", "skewed"}));
+  cmd->add_option("--top-k", o->split.top_k, "experts per token (default: all of them)");
+  cmd->add_option("--seed", o->split.seed, "the random and skewed routers' seed (default 0)");
+  cmd->add_option("--hot-experts", o->split.num_hot_experts, "skewed: how many experts are favoured (default 1)");
+  cmd->add_option("--skew", o->split.skew, "skewed: the bias added to a hot expert's logit (default 4)");
+  cmd->add_flag("--force", o->force, "replace OUT if it exists");
+  return [o] { return run_moe_split(*o); };
+}
 
 action add_convert(CLI::App& app) {
   auto o = std::make_shared<convert_options>();

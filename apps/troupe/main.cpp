@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
       {"convert", troupe::cli::add_convert(app)},
       {"tokenize", troupe::cli::add_tokenize(app)},
       {"quantize", troupe::cli::add_quantize(app)},
+      {"moe-split", troupe::cli::add_moe_split(app)},
   };
   try {
     app.parse(argc, argv);

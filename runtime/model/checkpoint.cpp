@@ -17,8 +17,9 @@ namespace {
 constexpr int64_t header_bytes = 7 * sizeof(int32_t);
 constexpr int32_t max_dimension = header_value_max;
 
-/// Number of float32 weights the legacy format stores for `c` (freq_cis tables included).
-int64_t num_weight_floats(const model_config& c) {
+/// Number of float32 weights a file stores for `c`: the legacy format's (freq_cis tables
+/// included) for `n_experts` 0, else the MoE format's (router and experts for the FFN).
+int64_t num_weight_floats(const model_config& c, int64_t n_experts = 0) {
   const int64_t dim = c.dim, hidden = c.hidden_dim, layers = c.n_layers;
   const int64_t kv_dim = c.kv_dim(), vocab = c.vocab_size, head_size = c.head_size();
   int64_t n = vocab * dim;                       // token_embedding
@@ -26,9 +27,14 @@ int64_t num_weight_floats(const model_config& c) {
   n += layers * dim * dim * 2;                   // wq, wo
   n += layers * kv_dim * dim * 2;                // wk, wv
   n += layers * dim;                             // rms_ffn
-  n += layers * hidden * dim * 3;                // w1, w2, w3
+  if (n_experts == 0) {
+    n += layers * hidden * dim * 3;              // w1, w2, w3
+    n += static_cast<int64_t>(c.seq_len) * head_size;  // freq_cis_real + freq_cis_imag (unused)
+  } else {
+    n += layers * n_experts * (dim + 1);         // router_weight, router_bias
+    n += layers * n_experts * hidden * dim * 3;  // each expert's w1, w2, w3
+  }
   n += dim;                                      // rms_final
-  n += static_cast<int64_t>(c.seq_len) * head_size;  // freq_cis_real + freq_cis_imag (unused)
   if (!c.shared_classifier) n += vocab * dim;    // wcls
   return n;
 }
@@ -95,8 +101,9 @@ expected<void> check_shape(const model_config& c, const std::string& path) {
 }
 
 /// Views of llama2.c's weight layout starting at `p` (the legacy file's freq_cis tables, unused,
-/// between rms_final and wcls when `freq_cis`).
-weights views(const model_config& c, const float* p, bool freq_cis) {
+/// between rms_final and wcls when `freq_cis`). With `moe` (its counts set), the MoE format's:
+/// the router and the experts in place of w1, w2, w3, their views set in `moe`.
+weights views(const model_config& c, const float* p, bool freq_cis, moe_weights* moe = nullptr) {
   const int64_t dim = c.dim, layers = c.n_layers, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
   auto take = [&p](int64_t count) {
     const float* q = p;
@@ -111,9 +118,18 @@ weights views(const model_config& c, const float* p, bool freq_cis) {
   w.wv = take(layers * kv_dim * dim);
   w.wo = take(layers * dim * dim);
   w.rms_ffn = take(layers * dim);
-  w.w1 = take(layers * hidden * dim);
-  w.w2 = take(layers * dim * hidden);
-  w.w3 = take(layers * hidden * dim);
+  if (moe != nullptr) {
+    const int64_t experts = moe->n_experts;
+    moe->router_weight = take(layers * experts * dim);
+    moe->router_bias = take(layers * experts);
+    moe->w1 = take(layers * experts * hidden * dim);
+    moe->w2 = take(layers * experts * dim * hidden);
+    moe->w3 = take(layers * experts * hidden * dim);
+  } else {
+    w.w1 = take(layers * hidden * dim);
+    w.w2 = take(layers * dim * hidden);
+    w.w3 = take(layers * hidden * dim);
+  }
   w.rms_final = take(dim);
   if (freq_cis) take(static_cast<int64_t>(c.seq_len) * c.head_size());  // RoPE is computed
   w.wcls = c.shared_classifier ? w.token_embedding : take(c.vocab_size * dim);
@@ -318,6 +334,50 @@ expected<std::pair<model_config, int32_t>> parse_q80_header(std::string_view byt
   return std::make_pair(*c, group_size);
 }
 
+expected<std::pair<model_config, moe_weights>> parse_moe_header(std::string_view bytes, const std::string& path) {
+  TROUPE_ASSERT(bytes.size() >= static_cast<size_t>(moe_header_bytes));
+  int32_t f[12];  // version, the 7 shape fields, shared_classifier, n_experts, top_k, router
+  std::memcpy(f, bytes.data() + 4, sizeof f);
+  if (f[0] != moe_version)
+    return fail(errc::malformed_file, where(path) + "MoE checkpoint version " + std::to_string(f[0]) +
+                                          " is not supported (troupe reads version " + std::to_string(moe_version) + ")");
+  int32_t h[7];
+  std::copy_n(f + 1, 7, h);
+  auto c = header_config(h, false, path);
+  if (!c) return tl::unexpected(c.error());
+  const auto out_of_range = [&path](const char* field, int32_t value, const std::string& range) {
+    return fail(errc::malformed_file, where(path) + "header field " + field + " = " + std::to_string(value) +
+                                          " is out of range (" + range + ")");
+  };
+  if (f[8] != 0 && f[8] != 1) return out_of_range("shared_classifier", f[8], "0 or 1");
+  c->shared_classifier = f[8] == 1;
+  moe_weights m;
+  m.n_experts = f[9];
+  if (m.n_experts < 1 || m.n_experts > moe_experts_max)
+    return out_of_range("n_experts", m.n_experts, "1.." + std::to_string(moe_experts_max));
+  if (static_cast<int64_t>(m.n_experts) * c->hidden_dim > max_dimension)
+    return fail(errc::malformed_file, where(path) + std::to_string(m.n_experts) + " experts of hidden_dim " +
+                                          std::to_string(c->hidden_dim) + " exceed " + std::to_string(max_dimension) +
+                                          " hidden units per layer");
+  m.top_k = f[10];
+  if (m.top_k < 1 || m.top_k > m.n_experts) return out_of_range("top_k", m.top_k, "1..n_experts");
+  if (f[11] != 0 && f[11] != 1) return out_of_range("router", f[11], "0 = top_k or 1 = all");
+  m.router = static_cast<moe::router_kind>(f[11]);
+  if (m.router == moe::router_kind::all && m.top_k != m.n_experts)
+    return fail(errc::malformed_file, where(path) + "router 'all' with top_k " + std::to_string(m.top_k) +
+                                          " of " + std::to_string(m.n_experts) + " experts (it routes to every expert)");
+  constexpr size_t used = 4 + sizeof f;
+  for (size_t i = used; i < static_cast<size_t>(moe_header_bytes); i++)
+    if (bytes[i] != 0)
+      return fail(errc::malformed_file, where(path) + "header byte " + std::to_string(i) + " is not zero (bytes " +
+                                            std::to_string(used) + ".." + std::to_string(moe_header_bytes - 1) +
+                                            " are reserved)");
+  const int64_t size = moe_header_bytes + 4 * num_weight_floats(*c, m.n_experts);
+  if (auto ok = check_file_size(*c, static_cast<int64_t>(bytes.size()), size, path); !ok)
+    return tl::unexpected(ok.error());
+  return std::make_pair(*c, m);
+}
+
 expected<void> check_finite(const checkpoint& ck) {
   const model_config& c = ck.config();
   const weights& w = ck.w();
@@ -335,6 +395,18 @@ expected<void> check_finite(const checkpoint& ck) {
       tensors.push_back({k.name, first.s, layers, static_cast<int64_t>(k.d) * k.n / q->group_size});
     }
     if (!c.shared_classifier) tensors.push_back({"wcls", q->wcls.s, 0, c.vocab_size * dim / q->group_size});
+  } else if (const moe_weights* m = ck.moe()) {
+    const int64_t experts = m->n_experts;
+    tensors.insert(tensors.end(), {{"wq", w.wq, layers, dim * dim},
+                                   {"wk", w.wk, layers, kv_dim * dim},
+                                   {"wv", w.wv, layers, kv_dim * dim},
+                                   {"wo", w.wo, layers, dim * dim},
+                                   {"router_weight", m->router_weight, layers, experts * dim},
+                                   {"router_bias", m->router_bias, layers, experts},
+                                   {"w1", m->w1, layers, experts * hidden * dim},
+                                   {"w2", m->w2, layers, experts * dim * hidden},
+                                   {"w3", m->w3, layers, experts * hidden * dim}});
+    if (!c.shared_classifier) tensors.push_back({"wcls", w.wcls, 0, c.vocab_size * dim});
   } else {
     tensors.insert(tensors.end(), {{"wq", w.wq, layers, dim * dim},
                                    {"wk", w.wk, layers, kv_dim * dim},
@@ -440,6 +512,17 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     map->q80.emplace();
     ck.weights_ = q80_views(ck.config_, header->second, bytes, *map->q80, map->scales, map->owned);
     map->file = std::move(*file);  // the int8 values are read in place
+  } else if (magic == moe_magic) {
+    if (bytes.size() < static_cast<size_t>(moe_header_bytes))
+      return fail(errc::malformed_file, where(path) + "only " + std::to_string(bytes.size()) +
+                                            " bytes; an MoE checkpoint starts with a 256-byte header (truncated?)");
+    auto header = parse_moe_header(bytes, path);
+    if (!header) return tl::unexpected(header.error());
+    ck.config_ = header->first;
+    ck.moe_ = header->second;
+    map->file = std::move(*file);
+    ck.weights_ = views(ck.config_, reinterpret_cast<const float*>(map->file->bytes().data() + moe_header_bytes),
+                        false, &*ck.moe_);
   } else {
     int32_t header[7];
     std::memcpy(header, bytes.data(), sizeof(header));

@@ -1,11 +1,13 @@
 #pragma once
 
 /// llama2.c checkpoints, memory-mapped: the legacy format (7 int32 header, then float32
-/// weights) and version 2 (runq.c's Q8_0: a 256-byte header, float32 norms, then each matrix as
-/// int8 values and one float32 scale per group).
+/// weights), version 2 (runq.c's Q8_0: a 256-byte header, float32 norms, then each matrix as
+/// int8 values and one float32 scale per group), and troupe's mixture-of-experts format (a
+/// 256-byte header extending llama2.c's, then float32 weights; docs/moe.md).
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -13,6 +15,7 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/moe/routing.hpp"
 
 namespace troupe::model {
 
@@ -61,6 +64,33 @@ struct q80_weights {
   kernels::cpu::q80_matrix wcls;  ///< == token_embedding if shared
 };
 
+/// The FFN of a mixture-of-experts checkpoint: a router and `n_experts` SwiGLU experts per
+/// layer, each of model_config::hidden_dim hidden units. Its `weights` have no w1, w2, w3.
+struct moe_weights {
+  int32_t n_experts = 0;
+  int32_t top_k = 0;  ///< experts per row; n_experts for router_kind::all
+  moe::router_kind router = moe::router_kind::top_k;
+  const float* router_weight = nullptr;  ///< (layer, n_experts, dim)
+  const float* router_bias = nullptr;    ///< (layer, n_experts): added to the router's logits
+  const float* w1 = nullptr;             ///< (layer, n_experts, hidden_dim, dim)
+  const float* w2 = nullptr;             ///< (layer, n_experts, dim, hidden_dim)
+  const float* w3 = nullptr;             ///< (layer, n_experts, hidden_dim, dim)
+
+  /// Offset of (layer, expert)'s matrix in w1, w2 or w3 (all three are hidden_dim × dim).
+  [[nodiscard]] int64_t expert_offset(const model_config& c, int32_t layer, int32_t expert) const {
+    return (static_cast<int64_t>(layer) * n_experts + expert) * c.hidden_dim * c.dim;
+  }
+};
+
+/// The MoE header's magic number, "tmoe" read as a little-endian uint32.
+inline constexpr uint32_t moe_magic = 0x656f6d74;
+/// The MoE format's version (the int32 after the magic).
+inline constexpr int32_t moe_version = 1;
+/// Bytes of the MoE header (zero-padded).
+inline constexpr int64_t moe_header_bytes = 256;
+/// The most experts a layer may have.
+inline constexpr int32_t moe_experts_max = 1024;
+
 /// The version-2 header's magic number, "ak42" read as a little-endian uint32.
 inline constexpr uint32_t q80_magic = 0x616b3432;
 /// Bytes of the version-2 header (zero-padded).
@@ -90,6 +120,8 @@ class checkpoint {
   [[nodiscard]] const weights& w() const { return weights_; }
   /// The Q8_0 matrices of a version-2 checkpoint; nullptr for float32 ones.
   [[nodiscard]] const q80_weights* q80() const;
+  /// The experts of a mixture-of-experts checkpoint; nullptr for dense ones.
+  [[nodiscard]] const moe_weights* moe() const { return moe_ ? &*moe_ : nullptr; }
   [[nodiscard]] const std::string& path() const { return path_; }
 
  private:
@@ -97,6 +129,7 @@ class checkpoint {
   std::string path_;
   model_config config_;
   weights weights_;
+  std::optional<moe_weights> moe_;
   std::shared_ptr<const mapping> map_;
 };
 
@@ -108,6 +141,12 @@ class checkpoint {
 /// q80_magic) against the file's size; returns the shape and the group size. Exposed for tests.
 [[nodiscard]] expected<std::pair<model_config, int32_t>> parse_q80_header(std::string_view bytes,
                                                                           const std::string& path);
+
+/// Validates an MoE header (`bytes` is at least moe_header_bytes long and starts with moe_magic)
+/// against the file's size; returns the shape and the experts' counts and router (no weights).
+/// Exposed for tests.
+[[nodiscard]] expected<std::pair<model_config, moe_weights>> parse_moe_header(std::string_view bytes,
+                                                                             const std::string& path);
 
 /// Validates a header's values; exposed for tests. `file_size` in bytes.
 [[nodiscard]] expected<model_config> parse_header(const int32_t (&header)[7], int64_t file_size,

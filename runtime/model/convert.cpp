@@ -17,6 +17,7 @@ enum token_type : int32_t { normal = 1, unknown = 2, control = 3, byte = 6 };
 std::string to_gguf(const checkpoint& ck, const spm_vocab& tok, const std::string& name) {
   const model_config& c = ck.config();
   TROUPE_ASSERT(c.vocab_size == tok.vocab_size());
+  TROUPE_ASSERT_MSG(ck.moe() == nullptr, "GGUF export writes dense checkpoints");
   using v = gguf_value;
   const auto u32 = [](int64_t x) { return v::of_int(gguf_type::u32, x); };
   std::vector<gguf_value> tokens, scores, types;

@@ -11,7 +11,7 @@
 
 namespace troupe::model {
 
-/// The GGUF bytes of `ck` and its SentencePiece-style vocabulary `tok` (whose vocabulary sizes
+/// The GGUF bytes of `ck` (dense, not an MoE) and its SentencePiece-style vocabulary `tok` (whose vocabulary sizes
 /// must agree); `name` goes to
 /// general.name.
 [[nodiscard]] std::string to_gguf(const checkpoint& ck, const spm_vocab& tok, const std::string& name);

@@ -13,9 +13,9 @@
 
 namespace troupe::model {
 
-/// The version-2 bytes of `ck`. Errors (invalid_argument): `ck` is already Q8_0; the group size
-/// is not positive or does not divide both dim and hidden_dim (runq.c quantizes activations in
-/// groups too and would silently drop a remainder).
+/// The version-2 bytes of `ck`. Errors (invalid_argument): `ck` is already Q8_0 or is a mixture
+/// of experts; the group size is not positive or does not divide both dim and hidden_dim (runq.c
+/// quantizes activations in groups too and would silently drop a remainder).
 [[nodiscard]] expected<std::string> to_q80(const checkpoint& ck, int32_t group_size);
 
 }  // namespace troupe::model

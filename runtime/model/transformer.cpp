@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+
+#include "runtime/moe/expert_shard.hpp"
 
 namespace troupe::model {
 
@@ -16,15 +19,21 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
   const weights& w = ck_.w();
   if (path_ == kernel_path::fast && ck_.q80() == nullptr) {
     const int64_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+    const moe_weights* m = ck_.moe();
     for (int64_t l = 0; l < c.n_layers; l++) {
-      layers_.push_back(layer_weights{
-          cpu::pack_matrix(w.wq + l * dim * dim, c.dim, c.dim),
-          cpu::pack_matrix(w.wk + l * kv_dim * dim, c.kv_dim(), c.dim),
-          cpu::pack_matrix(w.wv + l * kv_dim * dim, c.kv_dim(), c.dim),
-          cpu::pack_matrix(w.wo + l * dim * dim, c.dim, c.dim),
-          cpu::pack_matrix(w.w1 + l * hidden * dim, c.hidden_dim, c.dim),
-          cpu::pack_matrix(w.w2 + l * dim * hidden, c.dim, c.hidden_dim),
-          cpu::pack_matrix(w.w3 + l * hidden * dim, c.hidden_dim, c.dim)});
+      layer_weights lw{cpu::pack_matrix(w.wq + l * dim * dim, c.dim, c.dim),
+                       cpu::pack_matrix(w.wk + l * kv_dim * dim, c.kv_dim(), c.dim),
+                       cpu::pack_matrix(w.wv + l * kv_dim * dim, c.kv_dim(), c.dim),
+                       cpu::pack_matrix(w.wo + l * dim * dim, c.dim, c.dim),
+                       {}, {}, {}, {}};
+      if (m == nullptr) {
+        lw.w1 = cpu::pack_matrix(w.w1 + l * hidden * dim, c.hidden_dim, c.dim);
+        lw.w2 = cpu::pack_matrix(w.w2 + l * dim * hidden, c.dim, c.hidden_dim);
+        lw.w3 = cpu::pack_matrix(w.w3 + l * hidden * dim, c.hidden_dim, c.dim);
+      } else if (m->router == moe::router_kind::top_k) {
+        lw.router = cpu::pack_matrix(m->router_weight + l * m->n_experts * dim, m->n_experts, c.dim);
+      }
+      layers_.push_back(std::move(lw));
     }
     wcls_ = cpu::pack_matrix(w.wcls, c.vocab_size, c.dim);
   }
@@ -34,6 +43,11 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
                                               cpu::pack_q80(q->wo[l]), cpu::pack_q80(q->w1[l]), cpu::pack_q80(q->w2[l]),
                                               cpu::pack_q80(q->w3[l])});
     q80_wcls_ = cpu::pack_q80(q->wcls);
+  }
+  if (const moe_weights* m = ck_.moe()) {
+    placement_ = moe::expert_placement::round_robin(c.n_layers, m->n_experts, 1);
+    own_dispatch_ = std::make_unique<moe::in_process_dispatch>(ck_, placement_, path_);
+    dispatch_ = own_dispatch_.get();
   }
   // RoPE angles exactly as llama2.c computes them per step, tabulated once.
   const int32_t half = c.head_size() / 2;
@@ -56,6 +70,17 @@ void transformer::set_thread_pool(cpu::thread_pool* pool) {
   scores_.resize(threads * config_.n_heads * config_.seq_len);
 }
 
+void transformer::set_expert_dispatch(const moe::expert_placement& placement, moe::expert_dispatch& dispatch) {
+  const moe_weights* m = ck_.moe();
+  TROUPE_ASSERT_MSG(m != nullptr, "only an MoE checkpoint has experts to dispatch");
+  placement.check_invariants();
+  TROUPE_ASSERT(placement.n_layers() == config_.n_layers && placement.n_experts() == m->n_experts);
+  TROUPE_ASSERT(placement.num_shards() == dispatch.num_shards());
+  placement_ = placement;
+  dispatch_ = &dispatch;
+  own_dispatch_.reset();
+}
+
 void transformer::reserve(int32_t rows) {
   const size_t n = static_cast<size_t>(rows);
   if (x_.size() >= n * config_.dim) return;
@@ -67,11 +92,13 @@ void transformer::reserve(int32_t rows) {
   v_.resize(n * config_.kv_dim());
   hb_.resize(n * config_.hidden_dim);
   hb2_.resize(n * config_.hidden_dim);
+  if (const moe_weights* m = ck_.moe()) router_logits_.resize(n * m->n_experts);
 }
 
 void transformer::matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows) {
   const model_config& c = config_;
   const weights& w = ck_.w();
+  const moe_weights* m = ck_.moe();
   const int64_t l = layer, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
   if (const q80_weights* q = ck_.q80()) {
     const std::vector<cpu::q80_matrix>* per_layer[] = {&q->wq, &q->wk, &q->wv, &q->wo, &q->w1, &q->w2, &q->w3};
@@ -98,7 +125,9 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
                          {w.w1 + l * hidden * dim, hidden, dim, &layer_weights::w1},
                          {w.w2 + l * dim * hidden, dim, hidden, &layer_weights::w2},
                          {w.w3 + l * hidden * dim, hidden, dim, &layer_weights::w3},
-                         {w.wcls, c.vocab_size, dim, nullptr}};
+                         {w.wcls, c.vocab_size, dim, nullptr},
+                         {m ? m->router_weight + l * m->n_experts * dim : nullptr, m ? m->n_experts : 0, dim,
+                          &layer_weights::router}};
   const plain& v = views[static_cast<int>(which)];
   if (path_ == kernel_path::fast)
     cpu::fast::matmul(out, x, v.packed ? layers_[layer].*v.packed : wcls_, rows, pool_);
@@ -189,6 +218,7 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
 }
 
 void transformer::ffn_layer(int32_t n, int32_t l) {
+  if (ck_.moe() != nullptr) return moe_ffn_layer(n, l);
   const model_config& c = config_;
   const weights& w = ck_.w();
   const int32_t dim = c.dim, hidden = c.hidden_dim;
@@ -199,6 +229,25 @@ void transformer::ffn_layer(int32_t n, int32_t l) {
   matmul(hb2_.data(), xb_.data(), matrix::w3, l, n);
   cpu::reference::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
   matmul(xb_.data(), hb_.data(), matrix::w2, l, n);
+  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
+}
+
+void transformer::moe_ffn_layer(int32_t n, int32_t l) {
+  const model_config& c = config_;
+  const moe_weights& m = *ck_.moe();
+  const int32_t dim = c.dim, experts = m.n_experts;
+  const int64_t ld = l;
+  for (int32_t r = 0; r < n; r++)
+    cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], ck_.w().rms_ffn + ld * dim, dim);
+  if (m.router == moe::router_kind::top_k) {
+    matmul(router_logits_.data(), xb_.data(), matrix::router, l, n);
+    const float* bias = m.router_bias + ld * experts;  // (n_experts)
+    for (int32_t r = 0; r < n; r++)
+      for (int32_t e = 0; e < experts; e++) router_logits_[static_cast<size_t>(r) * experts + e] += bias[e];
+  }
+  const moe::routing routes = moe::route(router_logits_.data(), n, experts, m.top_k, m.router, exp_);
+  const moe::dispatch_plan plan = moe::plan_dispatch(placement_, l, routes, xb_.data(), dim);
+  moe::combine(plan, dispatch_->compute(plan.requests), xb_.data(), n, dim);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
 }
 

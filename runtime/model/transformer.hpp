@@ -3,12 +3,15 @@
 /// The Llama forward pass over a batch of rows, reading and writing KV through block tables.
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
 #include "runtime/model/kernel_path.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/kv_cache.hpp"
+#include "runtime/moe/expert_dispatch.hpp"
+#include "runtime/moe/placement.hpp"
 
 namespace troupe::model {
 
@@ -23,7 +26,8 @@ struct forward_row {
   bool want_logits = false;              ///< compute this row's logits (last token of a chunk)
 };
 
-/// Runs a checkpoint (float32, or Q8_0 as runq.c computes it). Owns packed weights, the RoPE table and scratch buffers; not thread-safe.
+/// Runs a checkpoint (float32, or Q8_0 as runq.c computes it, or a float32 mixture of experts).
+/// Owns packed weights, the RoPE table and scratch buffers; not thread-safe.
 class transformer {
  public:
   transformer(const checkpoint& ck, kernel_path path = kernel_path::fast);
@@ -33,6 +37,12 @@ class transformer {
   /// Spreads each step over `pool`'s threads (borrowed; nullptr = this thread only). Results
   /// are bit-identical for every pool size.
   void set_thread_pool(kernels::cpu::thread_pool* pool);
+
+  /// An MoE checkpoint's experts: computed by `dispatch` (borrowed; it must outlive the
+  /// transformer's use of it), whose shards hold them as `placement` says. Until this is called,
+  /// one in-process shard holds every expert. Results are bit-identical for every placement and
+  /// dispatch (runtime/moe/placement.hpp).
+  void set_expert_dispatch(const moe::expert_placement& placement, moe::expert_dispatch& dispatch);
 
   /// Computes one step for `rows` (any mix of sequences). Rows of one sequence must appear in
   /// increasing position order and each row's block table must cover its position. Writes the
@@ -47,14 +57,15 @@ class transformer {
 
  private:
   struct layer_weights {
-    kernels::cpu::packed_matrix wq, wk, wv, wo, w1, w2, w3;
+    kernels::cpu::packed_matrix wq, wk, wv, wo, w1, w2, w3;  // an MoE's: no w1, w2, w3
+    kernels::cpu::packed_matrix router;                      // an MoE's with a top-k router
   };
   struct q80_layer_weights {
     kernels::cpu::packed_q80 wq, wk, wv, wo, w1, w2, w3;
   };
 
   /// The model's matrices, by name.
-  enum class matrix { wq, wk, wv, wo, w1, w2, w3, wcls };
+  enum class matrix { wq, wk, wv, wo, w1, w2, w3, wcls, router };
   /// out (rows, d) = x (rows, n) · w (d, n)ᵀ for matrix `which` of `layer` (any layer for
   /// wcls): float32 through the packed copy on the fast path, or Q8_0 with x quantized per
   /// group first (runq.c's arithmetic).
@@ -64,6 +75,8 @@ class transformer {
                   const kernels::cpu::packed_q80* packed, int32_t rows);
   void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer);
   void ffn_layer(int32_t rows, int32_t layer);
+  /// The MoE FFN: route the rows, send each shard its rows, combine by expert id, then row.
+  void moe_ffn_layer(int32_t rows, int32_t layer);
   void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits);
   void reserve(int32_t rows);
 
@@ -77,6 +90,9 @@ class transformer {
   kernels::cpu::packed_q80 q80_wcls_;
   std::vector<float> rope_cos_;  // (seq_len, head_size / 2)
   std::vector<float> rope_sin_;  // (seq_len, head_size / 2)
+  moe::expert_placement placement_;                          // an MoE's
+  std::unique_ptr<moe::expert_dispatch> own_dispatch_;       // one shard with every expert
+  moe::expert_dispatch* dispatch_ = nullptr;                 // own_dispatch_ or a borrowed one
 
   // Scratch, sized for the largest batch seen so far.
   std::vector<float> x_;       // (rows, dim) residual stream
@@ -87,6 +103,7 @@ class transformer {
   std::vector<float> v_;       // (rows, kv_dim)
   std::vector<float> hb_;      // (rows, hidden_dim)
   std::vector<float> hb2_;     // (rows, hidden_dim)
+  std::vector<float> router_logits_;  // (rows, n_experts) (an MoE's)
   std::vector<float> scores_;  // (threads, n_heads, seq_len)
   std::vector<int8_t> xq_;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
   std::vector<float> xs_;      // (rows, max(dim, hidden_dim) / group_size) their scales

@@ -1,0 +1,77 @@
+#pragma once
+
+/// An expert shard in this process: some (layer, expert)s of an MoE checkpoint, each a SwiGLU
+/// FFN, answering expert_requests (expert_dispatch.hpp). `in_process_dispatch` runs a placement's
+/// shards one after the other: the reference for any other dispatch.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "runtime/common/error.hpp"
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/model/kernel_path.hpp"
+#include "runtime/moe/expert_dispatch.hpp"
+#include "runtime/moe/placement.hpp"
+
+namespace troupe::moe {
+
+/// A (layer, expert) pair.
+struct expert_id {
+  int32_t layer = 0;
+  int32_t expert = 0;
+
+  friend bool operator<(const expert_id& a, const expert_id& b) {
+    return std::pair(a.layer, a.expert) < std::pair(b.layer, b.expert);
+  }
+  friend bool operator==(const expert_id& a, const expert_id& b) {
+    return a.layer == b.layer && a.expert == b.expert;
+  }
+};
+
+/// The experts it holds of an MoE checkpoint (float32), with their packed weights on the fast
+/// path. Not thread-safe (scratch buffers).
+class expert_shard {
+ public:
+  /// Holds `experts` (distinct) of `ck`, which must be an MoE checkpoint.
+  expert_shard(const model::checkpoint& ck, std::vector<expert_id> experts, model::kernel_path path);
+
+  [[nodiscard]] bool holds(expert_id id) const;
+
+  /// Each batch's expert outputs: w2 · (silu(w1 · x) ⊙ (w3 · x)) for each of its rows' inputs x.
+  /// Checks the request first, as a shard taking requests from another process must
+  /// (invalid_argument): the layer, its experts (held, increasing), the rows (increasing, each
+  /// batch's among the request's) and the input's size.
+  [[nodiscard]] expected<expert_reply> compute(const expert_request& request);
+
+ private:
+  struct held_expert {
+    expert_id id;
+    kernels::cpu::packed_matrix w1, w2, w3;  // fast path only
+  };
+  [[nodiscard]] const held_expert* find(expert_id id) const;
+  [[nodiscard]] expected<void> check(const expert_request& request) const;
+  void run_expert(const held_expert& e, int32_t num_rows, float* out);
+
+  model::checkpoint ck_;  // keeps the mapped weights alive
+  model::kernel_path path_;
+  std::vector<held_expert> experts_;  // increasing id
+  std::vector<float> x_;    // (rows, dim) one batch's inputs
+  std::vector<float> hb_;   // (rows, hidden_dim)
+  std::vector<float> hb2_;  // (rows, hidden_dim)
+};
+
+/// A placement's shards, all in this process, computed in shard order.
+class in_process_dispatch final : public expert_dispatch {
+ public:
+  in_process_dispatch(const model::checkpoint& ck, const expert_placement& placement, model::kernel_path path);
+
+  [[nodiscard]] int32_t num_shards() const override { return static_cast<int32_t>(shards_.size()); }
+  [[nodiscard]] std::vector<expert_reply> compute(const std::vector<expert_request>& requests) override;
+
+ private:
+  std::vector<expert_shard> shards_;
+};
+
+}  // namespace troupe::moe
