@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,59 @@ TEST(Plan, SplitsAReplicatedExpertsRowsByRowIndexAndCombinesByExpertThenRow) {
                                      0.25f * 101 + 0.75f * 201, 0,           // row 1: e1, e2
                                      1.0f * 2 + 0.0f * 102, 0,               // row 2: e0, e1
                                      0.5f * 103 + 0.5f * 203, 0}));          // row 3: e1, e2
+}
+
+/// A naive model of plan + combine: per row, Σ gate × output over its choices in expert id order.
+/// Expert e's output for row r is `fake_output(e, r, d)`; a shard computes it from the request.
+float fake_output(int32_t expert, int32_t row, int32_t d, const float* input, int32_t dim) {
+  return input[static_cast<int64_t>(row) * dim + d] * static_cast<float>(expert + 1) + 0.1f * static_cast<float>(d);
+}
+
+TEST(Plan, RandomRoutingsAndPlacementsCombineToTheNaiveSumBitForBit) {
+  std::mt19937_64 rng(20261204);  // fixed: a failure names its trial
+  for (int32_t trial = 0; trial < 300; trial++) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int32_t experts = 1 + static_cast<int32_t>(rng() % 8), top_k = 1 + static_cast<int32_t>(rng() % experts);
+    const int32_t shards = 1 + static_cast<int32_t>(rng() % 5), rows = static_cast<int32_t>(rng() % 20), dim = 3;
+    expert_placement p = expert_placement::round_robin(2, experts, shards);
+    for (int32_t i = 0; i < 6; i++) {
+      const auto l = static_cast<int32_t>(rng() % 2), e = static_cast<int32_t>(rng() % experts);
+      const auto s = static_cast<int32_t>(rng() % shards);
+      if (p.can_add_replica(l, e, s)) p.add_replica(l, e, s);
+    }
+    routing r{rows, top_k, {}};
+    std::vector<float> input(static_cast<size_t>(rows) * dim);
+    for (float& v : input) v = static_cast<float>(rng() % 1000) / 7.0f;
+    for (int32_t row = 0; row < rows; row++) {
+      std::vector<int32_t> ids(static_cast<size_t>(experts));
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::sort(ids.begin(), ids.begin() + top_k);
+      for (int32_t i = 0; i < top_k; i++) r.choices.push_back({ids[i], static_cast<float>(rng() % 100) / 33.0f});
+    }
+    const int32_t layer = static_cast<int32_t>(rng() % 2);
+    const dispatch_plan plan = plan_dispatch(p, layer, r, input.data(), dim);
+    std::vector<expert_reply> replies(static_cast<size_t>(shards));
+    for (int32_t s = 0; s < shards; s++) {
+      const expert_request& q = plan.requests[static_cast<size_t>(s)];
+      for (const expert_batch& b : q.batches) {
+        ASSERT_TRUE(p.holds(s, layer, b.expert));
+        for (int32_t row : b.rows) {
+          const auto at = std::lower_bound(q.rows.begin(), q.rows.end(), row) - q.rows.begin();
+          ASSERT_LT(static_cast<size_t>(at), q.rows.size());
+          for (int32_t d = 0; d < dim; d++)
+            replies[static_cast<size_t>(s)].output.push_back(fake_output(b.expert, 0, d, &q.input[static_cast<size_t>(at) * dim], dim));
+        }
+      }
+    }
+    std::vector<float> got(input.size(), -1.0f), want(input.size(), 0.0f);
+    combine(plan, replies, got.data(), rows, dim);
+    for (int32_t row = 0; row < rows; row++)
+      for (int32_t i = 0; i < top_k; i++)
+        for (int32_t d = 0; d < dim; d++)
+          want[static_cast<size_t>(row) * dim + d] += r.row(row)[i].gate * fake_output(r.row(row)[i].expert, row, d, input.data(), dim);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
 }
 
 // ---- the MoE checkpoints of stories260K ---------------------------------------------------------
