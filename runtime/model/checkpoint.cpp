@@ -395,26 +395,23 @@ expected<void> check_finite(const checkpoint& ck) {
       tensors.push_back({k.name, first.s, layers, static_cast<int64_t>(k.d) * k.n / q->group_size});
     }
     if (!c.shared_classifier) tensors.push_back({"wcls", q->wcls.s, 0, c.vocab_size * dim / q->group_size});
-  } else if (const moe_weights* m = ck.moe()) {
-    const int64_t experts = m->n_experts;
-    tensors.insert(tensors.end(), {{"wq", w.wq, layers, dim * dim},
-                                   {"wk", w.wk, layers, kv_dim * dim},
-                                   {"wv", w.wv, layers, kv_dim * dim},
-                                   {"wo", w.wo, layers, dim * dim},
-                                   {"router_weight", m->router_weight, layers, experts * dim},
-                                   {"router_bias", m->router_bias, layers, experts},
-                                   {"w1", m->w1, layers, experts * hidden * dim},
-                                   {"w2", m->w2, layers, experts * dim * hidden},
-                                   {"w3", m->w3, layers, experts * hidden * dim}});
-    if (!c.shared_classifier) tensors.push_back({"wcls", w.wcls, 0, c.vocab_size * dim});
   } else {
     tensors.insert(tensors.end(), {{"wq", w.wq, layers, dim * dim},
                                    {"wk", w.wk, layers, kv_dim * dim},
                                    {"wv", w.wv, layers, kv_dim * dim},
-                                   {"wo", w.wo, layers, dim * dim},
-                                   {"w1", w.w1, layers, hidden * dim},
-                                   {"w2", w.w2, layers, dim * hidden},
-                                   {"w3", w.w3, layers, hidden * dim}});
+                                   {"wo", w.wo, layers, dim * dim}});
+    if (const moe_weights* m = ck.moe()) {
+      const int64_t experts = m->n_experts;
+      tensors.insert(tensors.end(), {{"router_weight", m->router_weight, layers, experts * dim},
+                                     {"router_bias", m->router_bias, layers, experts},
+                                     {"w1", m->w1, layers, experts * hidden * dim},
+                                     {"w2", m->w2, layers, experts * dim * hidden},
+                                     {"w3", m->w3, layers, experts * hidden * dim}});
+    } else {
+      tensors.insert(tensors.end(), {{"w1", w.w1, layers, hidden * dim},
+                                     {"w2", w.w2, layers, dim * hidden},
+                                     {"w3", w.w3, layers, hidden * dim}});
+    }
     if (!c.shared_classifier) tensors.push_back({"wcls", w.wcls, 0, c.vocab_size * dim});
   }
   for (const tensor_view& t : tensors) {
