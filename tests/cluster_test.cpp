@@ -97,6 +97,9 @@ class Cluster : public ::testing::Test {
   int port(int node) const { return ports_[node]; }
   int kv_port(int node) const { return ports_[3 + node]; }
 
+  /// Lines added to node1's and node2's [[node]] tables and to every [[engine]] table.
+  std::string node_lines_, engine_lines_;
+
   /// The three-node topology; `balancer_lines` are added to the [load_balancer] table.
   std::string topology(const std::string& kv_transfer, const std::string& balancer_lines = "") {
     const std::string models = TROUPE_MODELS_DIR;
@@ -110,13 +113,15 @@ class Cluster : public ::testing::Test {
       f << "\n[[node]]\nname = \"" << name << "\"\nhost = \"127.0.0.1\"\nport = " << port(n)
         << "\nkv_port = " << kv_port(n) << "\n";
       if (tls_) f << "certificate = \"" << cert(name) << "\"\nkey = \"" << cert(name, "-key.pem") << "\"\n";
+      if (n > 0) f << node_lines_;
     }
     f << "\n[load_balancer]\nnode = \"node0\"\n" << balancer_lines << "connect_timeout_ms = 30000\n";
     const char* engines[][3] = {{"prefill0", "node1", "prefill"}, {"decode1", "node1", "decode"},
                                 {"decode2", "node2", "decode"}};
     for (const auto& e : engines)
       f << "\n[[engine]]\nname = \"" << e[0] << "\"\nnode = \"" << e[1] << "\"\nrole = \"" << e[2]
-        << "\"\nmodel = \"" << models << "/stories260K.bin\"\ntokenizer = \"" << models << "/tok512.bin\"\n";
+        << "\"\nmodel = \"" << models << "/stories260K.bin\"\ntokenizer = \"" << models << "/tok512.bin\"\n"
+        << engine_lines_;
     return path;
   }
 
@@ -382,6 +387,29 @@ TEST_F(Cluster, SixtyFourRequestsDisaggregatedOverMutualTlsEqualTheSingleNodeAns
   EXPECT_NE(read_file((dir_ / "node0.out").string()).find("listening on 127.0.0.1:" + std::to_string(port(0)) +
                                                           " (mutual TLS)"),
             std::string::npos);
+}
+
+TEST_F(Cluster, HostTiersServeThePrefixesPoolsEvictedAndChangeNoOutput) {
+  // A host tier on node1 (prefill0 and decode1) and node2 (decode2); pools of 24 blocks of 16.
+  node_lines_ = "host_tier_blocks = 512\n";
+  engine_lines_ = "kv_blocks = 24\n";
+  start("caf");
+  // Six prompts of 97 tokens (6 blocks each: together more than a pool), twice.
+  static const std::vector<golden_case> cases = golden_cases();
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 6; i++) {
+    const std::vector<int32_t>& ids = cases.at(i % cases.size()).token_ids;
+    std::vector<int32_t> window(ids.begin(), ids.begin() + 97);
+    window.at(5) = static_cast<int32_t>(300 + i);  // different from block 0 on: no prefix shared
+    requests.push_back(make_completion(bundled_shared().tok->decode(window), 20, 9100 + i, 1.0f, 0.9f));
+  }
+  expect_all_match(requests, run_all(requests), "first round");
+  expect_all_match(requests, run_all(requests), "second round");
+  const std::vector<msg::engine_report> r = reports();
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_GT(r[0].num_demoted_blocks, 0);  // prefill0's pool evicted prompts of the first round ...
+  EXPECT_GT(r[0].num_host_hit_tokens, 0);  // ... which the second round took back from node1's tier
+  EXPECT_EQ(r[0].num_generated_tokens, 0);
 }
 
 TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKeepsServing) {

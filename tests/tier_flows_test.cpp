@@ -69,13 +69,15 @@ class tier_bench {
   caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
   actors::cache_tier_actor tier_;
   actors::engine_actor engine_;
+  actors::engine_actor decode_;  // disaggregated: the decode engine (engine_ prefills)
   actors::balancer_actor lb_;
 
   /// An engine with a pool of `pool_blocks` blocks of 16 behind a balancer, with `tier` as its
   /// host tier (none: tiers off), checking its invariants after every step.
-  /// `mode`: what a victim of preemption does (engine_config::preemption).
+  /// `mode`: what a victim of preemption does (engine_config::preemption). `disaggregated`: a
+  /// prefill engine (engine_) and a decode engine (decode_), both over the tier as on one node.
   void start(int32_t pool_blocks, actors::cache_tier_actor tier,
-             engine::preemption_mode mode = engine::preemption_mode::recompute) {
+             engine::preemption_mode mode = engine::preemption_mode::recompute, bool disaggregated = false) {
     sched_.clock().current_time += 1h;  // away from 0
     tier_ = std::move(tier);
     actors::engine_options o = engine_opts(/*detached_executor=*/false, pool_blocks);
@@ -83,7 +85,12 @@ class tier_bench {
     o.check_invariants_every = 1;
     o.host_tier = tier_;
     engine_ = spawn_engine_or_die(sys_, o);
-    lb_ = spawn_balancer(sys_, {engine_});
+    if (disaggregated) {
+      decode_ = spawn_engine_or_die(sys_, o);
+      lb_ = spawn_balancer(sys_, {engine_, decode_}, {balance::engine_kind::prefill, balance::engine_kind::decode});
+    } else {
+      lb_ = spawn_balancer(sys_, {engine_});
+    }
     sched_.run();
   }
 
@@ -96,6 +103,7 @@ class tier_bench {
   ~tier_bench() {
     caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(engine_, caf::exit_reason::user_shutdown);
+    if (decode_) caf::anon_send_exit(decode_, caf::exit_reason::user_shutdown);
     if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
     sched_.run();
   }
@@ -131,7 +139,10 @@ class tier_bench {
     return out;
   }
 
-  msg::engine_report report() { return ask_idle<msg::engine_report>(sys_, sched_, engine_, actors::stats_atom::value); }
+  msg::engine_report report() { return report_of(engine_); }
+  msg::engine_report report_of(const actors::engine_actor& e) {
+    return ask_idle<msg::engine_report>(sys_, sched_, e, actors::stats_atom::value);
+  }
 
   int32_t tier_lookup(const std::vector<int32_t>& tokens) {
     return ask_idle<int32_t>(sys_, sched_, tier_, msg::tier_lookup{tokens});
@@ -304,6 +315,36 @@ TEST_F(TierFlows, AVictimOfPreemptionSwappedInFromTheHostTierContinuesBitIdentic
   const msg::engine_report r = report();
   EXPECT_EQ(r.num_promoted_blocks, 1);
   EXPECT_EQ(r.num_host_hit_tokens, 16);
+}
+
+TEST_F(TierFlows, ADisaggregatedPairTakesThePrefixFromTheHostTierWithTheSameOutputs) {
+  // A, then Q evicting A's blocks from the prefill engine's pool of 9, then A again, each
+  // prefilled by one engine and decoded by the other, with tiers off and over one host tier.
+  const std::vector<int32_t> prompt_q = golden_prompt(3, 130);
+  three_runs off;
+  {
+    tier_bench reference;
+    reference.start(9, {}, engine::preemption_mode::recompute, /*disaggregated=*/true);
+    off.a = reference.complete(request(prompt_a, 7));
+    off.q = reference.complete(request(prompt_q, 8));
+    off.a_again = reference.complete(request(prompt_a, 7));
+  }
+  start(9, host_tier(64), engine::preemption_mode::recompute, /*disaggregated=*/true);
+  const actors::completion a = complete(request(prompt_a, 7));
+  const actors::completion q = complete(request(prompt_q, 8));
+  const actors::completion a_again = complete(request(prompt_a, 7));
+  expect_same(a, off.a);
+  expect_same(q, off.q);
+  expect_same(a_again, off.a_again);
+  expect_same(a_again, a);
+  // The prefill engine computes the prompt but its last token (64 tokens): the hit rule lets 3
+  // of those 4 blocks come from cache, promoted from the tier. (The completion's
+  // num_cached_tokens is the decode engine's admission, which imports the KV: 0.)
+  const msg::engine_report prefill = report();
+  EXPECT_EQ(prefill.num_generated_tokens, 0);
+  EXPECT_EQ(prefill.num_host_hit_tokens, 48);
+  EXPECT_EQ(prefill.num_promoted_blocks, 3);
+  EXPECT_EQ(report_of(decode_).num_generated_tokens, 3 * 8);
 }
 
 TEST_F(TierFlows, AnUnknownCacheClassIsRefusedAtTheRequestsDoor) {
