@@ -560,7 +560,7 @@ TEST(EngineDrain, RequestsExportedMidDecodeContinueElsewhereBitForBit) {
     r.max_tokens -= r.num_resumed_tokens;
     const int32_t num_kv_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
     ASSERT_GE(x.kv.num_tokens, num_kv_tokens) << x.id;
-    ASSERT_TRUE(next->add_prefilled(r, kv_prefix(x.kv, num_kv_tokens)).has_value()) << x.id;
+    ASSERT_TRUE(next->add_prefilled(r, kv_slice(x.kv, 0, num_kv_tokens)).has_value()) << x.id;
   }
   const outputs rest = run_to_completion(*next);
   for (const request& r : requests) {

@@ -314,23 +314,27 @@ TEST_F(SchedulerTest, APrefillOnlySequenceComputesItsTokensAndSamplesNothing) {
   EXPECT_TRUE(blocks_->is_cached(0));  // its full block stays in the prefix cache
 }
 
-TEST_F(SchedulerTest, ImportedKvIsAdmittedIntoFreshBlocksAndListedInThePlan) {
+TEST_F(SchedulerTest, ImportedKvSharesTheCachedPrefixAndIsListedInThePlan) {
   make(16, 4, 16, 8);
   add(0, token_range(9, 10), 0);  // caches blocks 0 and 1 for tokens 10..17
   complete(schedule(), {90});
   sched_->add_imported(1, token_range(9, 10), 0, 20, 8);  // same prompt, KV of 8 tokens imported
+  sched_->add_imported(2, token_range(9, 40), 0, 20, 8);  // another prompt: nothing cached
   sched_->check_invariants();
   EXPECT_EQ(sched_->get(1).num_computed_tokens, 0);
-  step_plan p = schedule();  // 0 decodes; 1 skips the prefix cache and computes its last token
-  EXPECT_EQ(p.chunks, (chunks{{0, 9, 1, true}, {1, 8, 1, true}}));
-  EXPECT_EQ(p.imported, (seqs{1}));
-  EXPECT_EQ(table(1), (ids{3, 4, 5}));
-  EXPECT_EQ(sched_->get(1).num_cached_tokens, 0);
+  step_plan p = schedule();  // 0 decodes; 1 and 2 compute their last token
+  EXPECT_EQ(p.chunks, (chunks{{0, 9, 1, true}, {1, 8, 1, true}, {2, 8, 1, true}}));
+  EXPECT_EQ(p.imported, (seqs{1, 2}));
+  EXPECT_EQ(table(1), (ids{0, 1, 3}));  // the cached blocks shared; the imported KV goes past them
+  EXPECT_EQ(sched_->get(1).num_cached_tokens, 8);
+  EXPECT_EQ(table(2), (ids{4, 5, 6}));  // fresh blocks for all of it
+  EXPECT_EQ(sched_->get(2).num_cached_tokens, 0);
   EXPECT_EQ(sched_->get(1).num_imported_tokens, 0);
-  complete(p, {91, 92});
+  complete(p, {91, 92, 93});
+  sched_->check_invariants();
   p = schedule();
   EXPECT_TRUE(p.imported.empty());
-  EXPECT_EQ(p.chunks, (chunks{{0, 10, 1, true}, {1, 9, 1, true}}));
+  EXPECT_EQ(p.chunks, (chunks{{0, 10, 1, true}, {1, 9, 1, true}, {2, 9, 1, true}}));
 }
 
 TEST_F(SchedulerTest, DecodesComeBeforePrefillsAndNewAdmissions) {

@@ -347,6 +347,28 @@ TEST_F(TierFlows, ADisaggregatedPairTakesThePrefixFromTheHostTierWithTheSameOutp
   EXPECT_EQ(report_of(decode_).num_generated_tokens, 3 * 8);
 }
 
+TEST_F(TierFlows, ADecodeEngineSharesThePrefixItHoldsWithAnImportedRequest) {
+  // No tier: A, then A again with another seed, prefilled by one engine and decoded by the
+  // other. The decode engine still holds the first A's 4 full blocks: the second import shares
+  // them and writes nothing (its 64 imported tokens are those blocks).
+  actors::completion mixed_a, mixed_b;
+  {
+    tier_bench reference;  // one engine that does both
+    reference.start(32, {});
+    mixed_a = reference.complete(request(prompt_a, 7));
+    mixed_b = reference.complete(request(prompt_a, 8));
+  }
+  start(32, {}, engine::preemption_mode::recompute, /*disaggregated=*/true);
+  const actors::completion a = complete(request(prompt_a, 7));
+  const actors::completion b = complete(request(prompt_a, 8));
+  expect_same(a, mixed_a);
+  expect_same(b, mixed_b);
+  EXPECT_EQ(a.end.num_cached_tokens, 0);
+  EXPECT_EQ(b.end.num_cached_tokens, 64);  // the decode engine's admission shared its blocks
+  EXPECT_EQ(report_of(decode_).num_prefix_hit_tokens, 64);
+  EXPECT_EQ(report().num_prefix_hit_tokens, 48);  // the prefill engine's own hit (64 tokens, rule: 3 blocks)
+}
+
 TEST_F(TierFlows, AnUnknownCacheClassIsRefusedAtTheRequestsDoor) {
   start(9, host_tier(64));
   auto log = std::make_shared<client_log>();

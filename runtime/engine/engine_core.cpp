@@ -568,7 +568,13 @@ std::optional<exec_plan> engine_core::plan_step() {
   for (kv::seq_id seq : f.plan.imported) {
     auto it = pending_imports_.find(seq);
     TROUPE_ASSERT_MSG(it != pending_imports_.end(), "an imported sequence without its KV");
-    plan.imports.push_back(kv_import{blocks_->block_table(seq), std::move(it->second)});
+    // The pool's cached blocks the admission shared hold this KV already: the rest is written.
+    const int32_t shared = scheduler_->get(seq).num_cached_tokens;
+    TROUPE_ASSERT(shared % config_.block_size == 0 && shared <= it->second.num_tokens);
+    const std::vector<int32_t>& table = blocks_->block_table(seq);
+    if (shared < it->second.num_tokens)
+      plan.imports.push_back(kv_import{std::vector<int32_t>(table.begin() + shared / config_.block_size, table.end()),
+                                       kv_slice(it->second, shared, it->second.num_tokens - shared)});
     pending_imports_.erase(it);
   }
   plan.copies = f.plan.copies;

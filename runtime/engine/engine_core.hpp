@@ -149,7 +149,8 @@ class engine_core {
   [[nodiscard]] expected<void> add_prefill(request r);
 
   /// Decode half: queues `r` with the KV of its first prompt.size() - 1 positions computed
-  /// elsewhere. On admission the KV is written into fresh blocks (the plan's `imports`) and the
+  /// elsewhere. On admission the leading blocks of it the prefix cache holds are shared and the
+  /// rest is written into fresh blocks (the plan's `imports`), and the
   /// last prompt token is computed here, so sampling — forks included — happens exactly as for
   /// a request that ran whole: outputs are bit-identical. Errors: those of add_request, and KV of
   /// the wrong shape for this model and prompt (invalid_argument).

@@ -57,12 +57,13 @@ struct kv_readout {
   int32_t num_tokens = 0;            ///< > 0
 };
 
-/// The first `num_tokens` positions of `kv` (at most kv.num_tokens), in the same layout.
-[[nodiscard]] inline kv_data kv_prefix(const kv_data& kv, int32_t num_tokens) {
-  kv_data out{kv.num_layers, kv.kv_dim, std::min(num_tokens, kv.num_tokens), {}, {}};
+/// Positions [first, first + num_tokens) of `kv` (clipped to kv.num_tokens), in the same layout.
+[[nodiscard]] inline kv_data kv_slice(const kv_data& kv, int32_t first, int32_t num_tokens) {
+  first = std::min(std::max(first, 0), kv.num_tokens);
+  kv_data out{kv.num_layers, kv.kv_dim, std::min(num_tokens, kv.num_tokens - first), {}, {}};
   const size_t row = static_cast<size_t>(kv.kv_dim);
   for (int32_t l = 0; l < kv.num_layers; l++) {
-    const size_t from = static_cast<size_t>(l) * static_cast<size_t>(kv.num_tokens) * row;
+    const size_t from = (static_cast<size_t>(l) * static_cast<size_t>(kv.num_tokens) + static_cast<size_t>(first)) * row;
     const size_t n = static_cast<size_t>(out.num_tokens) * row;
     out.keys.insert(out.keys.end(), kv.keys.begin() + from, kv.keys.begin() + from + n);
     out.values.insert(out.values.end(), kv.values.begin() + from, kv.values.begin() + from + n);

@@ -329,10 +329,15 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     // A sequence preempted while its sample was in flight is admitted once the sample is
     // known; until then it holds the queue's head like one that does not fit.
     if (std::find(s.tokens.begin(), s.tokens.end(), previous_sample) != s.tokens.end()) break;
-    // Imported KV goes into fresh blocks: the transfer already paid for it.
+    // Imported KV counts as computed; the leading blocks of it this pool has cached are shared
+    // (the engine imports only the rest), so a decode engine reuses the prefixes it holds.
     const int32_t imported = s.num_imported_tokens;
     if (imported == 0 && admission_hook_ && !admission_hook_(s.id)) break;
-    const kv::prefix_hit hit = imported > 0 ? kv::prefix_hit{} : cached_prefix(s);
+    kv::prefix_hit hit = cached_prefix(s);
+    if (hit.num_tokens > imported && imported > 0) {
+      hit.blocks.resize(static_cast<size_t>(imported / blocks_.block_size()));
+      hit.num_tokens = static_cast<int32_t>(hit.blocks.size()) * blocks_.block_size();
+    }
     const int32_t have = imported > 0 ? imported : hit.num_tokens;
     const int32_t num_new = prefill_chunk_tokens(s, have, static_cast<int32_t>(s.tokens.size()) - have, budget);
     if (num_new == 0) break;  // no time left for a new prompt's first chunk

@@ -137,8 +137,9 @@ class scheduler {
   void add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority);
 
   /// Queues a sequence whose first `num_imported_tokens` tokens' KV is imported: on admission it
-  /// gets fresh blocks (no prefix lookup), those tokens count as computed and the plan lists it
-  /// in `imported`. At least one prompt token remains to compute (its logits give the sample).
+  /// shares the leading blocks of them the prefix cache holds (num_cached_tokens, whole blocks)
+  /// and gets fresh blocks for the rest, those tokens count as computed and the plan lists it
+  /// in `imported` (the engine writes the imported KV past the shared blocks). At least one prompt token remains to compute (its logits give the sample).
   /// The prompt's last `num_generated_tokens` tokens count as generated, as in `add`.
   void add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
                     int32_t num_imported_tokens, int32_t num_generated_tokens = 0);

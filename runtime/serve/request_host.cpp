@@ -174,7 +174,7 @@ effects request_host::placed(const placed_engines& p) {
   const int32_t num_kv_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
   if (kv && num_kv_tokens > 0 && kv->num_tokens >= num_kv_tokens) {
     handed_over_ = true;  // no prefill engine takes part
-    out.push_back(submit{std::move(r), false, engine::kv_prefix(*kv, num_kv_tokens)});
+    out.push_back(submit{std::move(r), false, engine::kv_slice(*kv, 0, num_kv_tokens)});
     return out;
   }
   out.push_back(submit{std::move(r), p.has_prefill, std::nullopt});

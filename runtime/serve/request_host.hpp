@@ -34,7 +34,7 @@
 ///   or repeated. Past the bound, or when nothing can serve it, the request fails (unavailable).
 ///   A request its engine forwarded (the engine drained) is placed again the same way; when the
 ///   engine sent the KV it had computed, the new engine gets the part of it the resumed prompt
-///   needs (engine::kv_prefix) with the request and computes only the prompt's last token, on
+///   needs (engine::kv_slice) with the request and computes only the prompt's last token, on
 ///   the decode engine of a prefill/decode placement.
 ///
 /// Every ending call ends with `stop`; the actor then quits and calls the host no more.
