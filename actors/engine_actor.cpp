@@ -407,7 +407,8 @@ msg::engine_report stats(engine_actor_t* self) {
                             s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
                             0,                          s.core.preempted_ns,         s.core.num_draft_slots,
                             s.core.num_draft_rows,      s.core.num_accepted_drafts,
-                            self->state.host->num_handoffs_recomputed(), s.core.num_disk_hit_tokens};
+                            self->state.host->num_handoffs_recomputed(), s.core.num_disk_hit_tokens,
+                            s.core.num_swap_in_tokens};
 }
 
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers

@@ -46,6 +46,9 @@ struct engine_report {
   int64_t num_handoffs_recomputed = 0;
   /// Of num_host_hit_tokens, those whose blocks the host tier read from the disk tier below it.
   int64_t num_disk_hit_tokens = 0;
+  /// Tokens readmitted victims of preemption took back from the host tier (swap-ins; not in
+  /// num_host_hit_tokens).
+  int64_t num_swap_in_tokens = 0;
 };
 
 template <class Inspector>
@@ -54,7 +57,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
            x.num_waiting, x.num_requests, x.num_blocks_in_use, x.executor_busy_ns, x.elapsed_ns, x.num_timed_steps, x.step_time_error_raw,
            x.step_time_error_corrected, x.num_prefix_hit_tokens, x.num_host_hit_tokens, x.num_demoted_blocks,
            x.num_demoted_bytes, x.num_promoted_blocks, x.num_promoted_bytes, x.host_tier_expired_blocks, x.preempted_ns,
-           x.num_draft_slots, x.num_draft_rows, x.num_accepted_drafts, x.num_handoffs_recomputed, x.num_disk_hit_tokens);
+           x.num_draft_slots, x.num_draft_rows, x.num_accepted_drafts, x.num_handoffs_recomputed, x.num_disk_hit_tokens,
+           x.num_swap_in_tokens);
 }
 
 }  // namespace troupe::msg

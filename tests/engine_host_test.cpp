@@ -771,7 +771,8 @@ TEST(EngineHost, ASwappingVictimOfPreemptionFetchesWhatThePoolLostWhenItIsReadmi
   EXPECT_EQ(swap.swap_ins[1], (fetch_blocks{2, tokens, 1, 2}));
   EXPECT_EQ(swap.readmitted_at, 12);  // 1 block from the pool, 2 from the tier
   EXPECT_EQ(swap.stats.num_promoted_blocks, 2);
-  EXPECT_EQ(swap.stats.num_host_hit_tokens, 8);
+  EXPECT_EQ(swap.stats.num_swap_in_tokens, 8);
+  EXPECT_EQ(swap.stats.num_host_hit_tokens, 0);  // first admissions only
   // `cost`: recomputing 8 tokens at 1 ns each is cheaper than copying their 1,024 bytes of KV at
   // 8 GB/s (128 ns); at 1 µs a token it is not.
   const swap_run cheap = run_into_a_preemption(preemption_mode::cost, 1);

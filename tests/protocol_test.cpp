@@ -233,7 +233,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(full_sampled_batch());
   expect_round_trip(msg::release{8});
   expect_round_trip(
-      msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11, 21, 22, 23, 24, 25});
+      msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11, 21, 22, 23, 24, 25, 26});
   expect_round_trip(msg::submit_completion{full_completion_request(), some<actors::stream_receiver_actor>(), 11});
   expect_round_trip(msg::place_request{1, 2, 3, {4, 5}, some<actors::engine_actor>(), true});
   expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err"});

@@ -381,12 +381,16 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
 void engine_core::note_tier_use(const exec_chunk& chunk, kv::cache_class cls) {
   for (const int32_t b : chunk.block_table) block_class_[static_cast<size_t>(b)] = cls;
   if (chunk.first_block != 0) return;
-  // A sequence new to the executor: its leading cached blocks are its prefix hit.
+  // A sequence new to the executor: its leading cached blocks are its prefix hit (at its first
+  // admission; a readmitted victim of preemption's are counted apart, as num_prefix_hit_tokens
+  // counts first admissions only).
+  const bool readmitted = scheduler_->get(chunk.seq).num_preemptions > 0;
   const int32_t num_hit_blocks = chunk.first_position / config_.block_size;
   for (int32_t i = 0; i < num_hit_blocks && i < static_cast<int32_t>(chunk.block_table.size()); i++) {
     uint8_t& promoted = promoted_[static_cast<size_t>(chunk.block_table[static_cast<size_t>(i)])];
-    if (promoted) stats_.num_host_hit_tokens += config_.block_size;
-    if (promoted == 2) stats_.num_disk_hit_tokens += config_.block_size;
+    if (promoted && readmitted) stats_.num_swap_in_tokens += config_.block_size;
+    if (promoted && !readmitted) stats_.num_host_hit_tokens += config_.block_size;
+    if (promoted == 2 && !readmitted) stats_.num_disk_hit_tokens += config_.block_size;
     promoted = 0;
   }
 }

@@ -55,6 +55,9 @@ struct engine_stats {
   int64_t num_accepted_drafts = 0;  ///< of those, drafts that stood
   int64_t num_speculative_rows = 0; ///< decode rows that had draft slots
   int64_t num_swap_ins = 0;         ///< readmitted victims of preemption that asked the host tier
+  /// Tokens of blocks promoted from the host tier that readmitted victims of preemption took
+  /// (not in num_host_hit_tokens, which counts first admissions as num_prefix_hit_tokens does).
+  int64_t num_swap_in_tokens = 0;
   spec::reliability_table draft_reliability;  ///< verified drafts' outcomes by confidence
   int32_t num_blocks_in_use = 0;
   /// With the step-time correction on: how well the model, alone and corrected, predicted the
