@@ -39,10 +39,10 @@ msg::tier_report report(cache_tier_state& st, int64_t now) {
 }
 
 /// Host-tier evictions go down to the lower tier, if there is one; a refusal drops the block.
-void demote_to_disk(cache_tier_state& st, const std::vector<kv::kv_block>& evicted) {
+void demote_to_disk(cache_tier_state& st, const std::vector<kv::evicted_tier_block>& evicted) {
   if (!st.lower) return;
-  for (const kv::kv_block& b : evicted) {
-    const expected<void> ok = st.lower->put(b);
+  for (const kv::evicted_tier_block& e : evicted) {
+    const expected<void> ok = st.lower->put(e.block);
     if (ok) {
       st.num_disk_puts++;
       continue;
@@ -83,7 +83,7 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         if (auto ok = kv::validate(p.block, s.block_size()); !ok)
           return caf::make_error(caf::sec::invalid_argument, ok.error().message);
         if (!kv::is_valid(p.cls)) return caf::make_error(caf::sec::invalid_argument, "not a cache_class");
-        const std::vector<kv::kv_block> evicted = s.put(std::move(p.block), p.cls, now_ns(self));
+        const std::vector<kv::evicted_tier_block> evicted = s.put(std::move(p.block), p.cls, now_ns(self));
         demote_to_disk(self->state, evicted);
         return static_cast<int64_t>(evicted.size());
       },

@@ -36,7 +36,7 @@ tier_store make_tier(int64_t capacity, int64_t chat_ttl_ns = 7 * day_ns, int64_t
 /// Puts and checks; returns the evicted blocks' hashes.
 hashes put(tier_store& tier, const kv_block& b, cache_class cls, int64_t now_ns) {
   hashes evicted;
-  for (const kv_block& e : tier.put(b, cls, now_ns)) evicted.push_back(e.hash);
+  for (const evicted_tier_block& e : tier.put(b, cls, now_ns)) evicted.push_back(e.block.hash);
   tier.check_invariants();
   return evicted;
 }
@@ -141,11 +141,12 @@ TEST(TierStore, EvictsTheLeastRecentlyUsedWhenFull) {
   EXPECT_EQ(tier.longest_prefix(tokens, 3), 3);
   EXPECT_EQ(tier.lru_order(), (hashes{b.hash, c.hash, a.hash}));
   // Full: d evicts b, handed back whole for the next tier down.
-  const std::vector<kv_block> evicted = tier.put(d, cache_class::chat, 4);
+  const std::vector<evicted_tier_block> evicted = tier.put(d, cache_class::chat, 4);
   tier.check_invariants();
   ASSERT_EQ(evicted.size(), 1u);
-  EXPECT_EQ(evicted[0].hash, b.hash);
-  EXPECT_EQ(evicted[0].values, b.values);
+  EXPECT_EQ(evicted[0].block.hash, b.hash);
+  EXPECT_EQ(evicted[0].block.values, b.values);
+  EXPECT_EQ(evicted[0].cls, cache_class::chat);
   EXPECT_EQ(tier.lru_order(), (hashes{c.hash, a.hash, d.hash}));
   // A re-put of a held block evicts nothing and makes it the most recent.
   EXPECT_TRUE(put(tier, c, cache_class::chat, 5).empty());
@@ -211,6 +212,23 @@ TEST(TierStore, AFullTierDropsExpiredBlocksBeforeEvictingLiveOnes) {
   (void)put(tier, a, cache_class::agent, 100);  // a expired at 100
   EXPECT_EQ(tier.lru_order(), (hashes{c.hash, a.hash}));
   EXPECT_EQ(tier.num_expirations(), 2);
+}
+
+TEST(TierStore, AnEvictedBlockCarriesTheClassOfItsLastUse) {
+  tier_store tier = make_tier(1);
+  const std::vector<int32_t> tokens = token_range(12, 1);
+  const kv_block a = block_of(tokens, 0), b = block_of(tokens, 1), c = block_of(tokens, 2);
+  (void)put(tier, a, cache_class::agent, 0);
+  std::vector<evicted_tier_block> evicted = tier.put(b, cache_class::chat, 1);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].block.hash, a.hash);
+  EXPECT_EQ(evicted[0].cls, cache_class::agent);
+  (void)put(tier, b, cache_class::agent, 2);  // used again as agent
+  evicted = tier.put(c, cache_class::chat, 3);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].block.hash, b.hash);
+  EXPECT_EQ(evicted[0].cls, cache_class::agent);
+  tier.check_invariants();
 }
 
 TEST(TierStore, LongestPrefixFollowsTheChainAndStopsAtAGap) {

@@ -20,29 +20,33 @@
 /// leading ones present and alive; a block counts only if its stored tokens and parent hash
 /// equal the query's, so a single 64-bit collision cannot produce a wrong hit (as in the pool).
 ///
+/// The recency and expiry bookkeeping is kv/lru_ttl.hpp's.
 /// Determinism: ordered containers only; ties cannot occur (recency is a counter).
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
-#include <utility>
 #include <vector>
 
 #include "runtime/common/error.hpp"
 #include "runtime/kv/cache_class.hpp"
 #include "runtime/kv/kv_block.hpp"
+#include "runtime/kv/lru_ttl.hpp"
 
 namespace troupe::kv {
-
-inline constexpr int64_t day_ns = int64_t{24} * 3600 * 1000 * 1000 * 1000;
 
 struct tier_config {
   int32_t block_size = 16;
   int64_t capacity_blocks = 0;
   int64_t chat_ttl_ns = 7 * day_ns;   ///< the seed's chat lifetime
   int64_t agent_ttl_ns = 3 * day_ns;  ///< the seed's agent lifetime
+};
+
+/// A block a put evicted, with the class of its last use (the tier below keeps it as that class).
+struct evicted_tier_block {
+  kv_block block;
+  cache_class cls = cache_class::chat;
 };
 
 class tier_store {
@@ -55,7 +59,7 @@ class tier_store {
 
   /// Stores `block` (whole, of block_size tokens: asserted) with class `cls`; a block already
   /// held is only used again. Returns the blocks evicted to make room, least recent first.
-  [[nodiscard]] std::vector<kv_block> put(kv_block block, cache_class cls, int64_t now_ns);
+  [[nodiscard]] std::vector<evicted_tier_block> put(kv_block block, cache_class cls, int64_t now_ns);
 
   /// The block named `hash`, used again (recency and expiry), or nullptr if absent or expired
   /// (an expired one is dropped). Valid until the next mutating call.
@@ -76,16 +80,16 @@ class tier_store {
   /// Drops every block expired at `now_ns`; returns how many.
   int64_t expire(int64_t now_ns);
 
-  [[nodiscard]] bool contains(uint64_t hash) const { return entries_.count(hash) != 0; }
-  [[nodiscard]] int64_t num_blocks() const { return static_cast<int64_t>(entries_.size()); }
+  [[nodiscard]] bool contains(uint64_t hash) const { return blocks_.count(hash) != 0; }
+  [[nodiscard]] int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   [[nodiscard]] int64_t capacity_blocks() const { return config_.capacity_blocks; }
   [[nodiscard]] int32_t block_size() const { return config_.block_size; }
-  [[nodiscard]] int64_t ttl_ns(cache_class cls) const;
+  [[nodiscard]] int64_t ttl_ns(cache_class cls) const { return lives_.ttl_ns(cls); }
   [[nodiscard]] int64_t num_hits() const { return num_hits_; }
   [[nodiscard]] int64_t num_evictions() const { return num_evictions_; }
   [[nodiscard]] int64_t num_expirations() const { return num_expirations_; }
   /// Held blocks' hashes, least recently used first (O(num_blocks), for tests and debugging).
-  [[nodiscard]] std::vector<uint64_t> lru_order() const;
+  [[nodiscard]] std::vector<uint64_t> lru_order() const { return lives_.lru_order(); }
 
   /// Aborts unless: the index, the recency order and the expiry order hold the same blocks,
   /// each entry's expiry is its last use + its class's TTL, each block is whole and its hash is
@@ -93,30 +97,15 @@ class tier_store {
   void check_invariants() const;
 
  private:
-  struct entry {
-    kv_block block;
-    cache_class cls = cache_class::chat;
-    int64_t last_use_ns = 0;
-    int64_t expiry_ns = 0;
-    uint64_t recency = 0;  ///< key in recency_; larger = more recent
-  };
+  explicit tier_store(const tier_config& config)
+      : config_(config), lives_(config.chat_ttl_ns, config.agent_ttl_ns) {}
 
-  explicit tier_store(const tier_config& config) : config_(config) {}
-
-  void advance_clock(int64_t now_ns);
-  /// Makes a held block the most recent, alive for `cls`'s TTL from `now_ns`.
-  void use(uint64_t hash, entry& e, cache_class cls, int64_t now_ns);
-  /// Sets a new entry's (or a just-unfiled one's) class, use time and positions.
-  void file(uint64_t hash, entry& e, cache_class cls, int64_t now_ns);
-  /// Removes `hash` from all three structures and returns its block.
+  /// Removes `hash` from the blocks and their lifetimes and returns its block.
   kv_block remove(uint64_t hash);
 
   tier_config config_;
-  std::map<uint64_t, entry> entries_;                  // chain hash -> block
-  std::map<uint64_t, uint64_t> recency_;               // recency -> hash; begin() = least recent
-  std::set<std::pair<int64_t, uint64_t>> expiries_;    // (expiry_ns, hash); begin() = first to expire
-  uint64_t next_recency_ = 0;
-  int64_t now_ns_ = 0;  // the latest time seen
+  std::map<uint64_t, kv_block> blocks_;  // chain hash -> block
+  lru_ttl lives_;                        // their last uses: recency and expiry orders
   int64_t num_hits_ = 0;
   int64_t num_evictions_ = 0;
   int64_t num_expirations_ = 0;
