@@ -38,11 +38,12 @@ msg::tier_report report(cache_tier_state& st, int64_t now) {
           num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits};
 }
 
-/// Host-tier evictions go down to the lower tier, if there is one; a refusal drops the block.
-void demote_to_disk(cache_tier_state& st, const std::vector<kv::evicted_tier_block>& evicted) {
+/// Host-tier evictions go down to the lower tier, if there is one, each with the class of its
+/// last use; a refusal drops the block.
+void demote_to_disk(cache_tier_state& st, const std::vector<kv::evicted_tier_block>& evicted, int64_t now) {
   if (!st.lower) return;
   for (const kv::evicted_tier_block& e : evicted) {
-    const expected<void> ok = st.lower->put(e.block);
+    const expected<int64_t> ok = st.lower->put(e.block, e.cls, now);
     if (ok) {
       st.num_disk_puts++;
       continue;
@@ -56,8 +57,8 @@ msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
   kv::tier_store::lower_tier lower;
   std::set<uint64_t> read_below;
   if (st.lower)
-    lower = [&st, &read_below](uint64_t hash) {
-      std::optional<kv::kv_block> b = st.lower->get(hash);
+    lower = [&st, &read_below](uint64_t hash, int64_t at_ns) {
+      std::optional<kv::kv_block> b = st.lower->get(hash, at_ns);
       if (b) {
         st.num_disk_hits++;
         read_below.insert(hash);
@@ -83,8 +84,9 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         if (auto ok = kv::validate(p.block, s.block_size()); !ok)
           return caf::make_error(caf::sec::invalid_argument, ok.error().message);
         if (!kv::is_valid(p.cls)) return caf::make_error(caf::sec::invalid_argument, "not a cache_class");
-        const std::vector<kv::evicted_tier_block> evicted = s.put(std::move(p.block), p.cls, now_ns(self));
-        demote_to_disk(self->state, evicted);
+        const int64_t now = now_ns(self);
+        const std::vector<kv::evicted_tier_block> evicted = s.put(std::move(p.block), p.cls, now);
+        demote_to_disk(self->state, evicted, now);
         return static_cast<int64_t>(evicted.size());
       },
       [=](msg::tier_get& g) -> msg::tier_got {

@@ -4,9 +4,10 @@
 /// protocol, on the actor system's clock (wall time in production, virtual time under the test
 /// coordinator, so days of TTL pass in a test). A dispatcher: each handler validates what came
 /// in and calls the store. With a lower tier below it (the disk tier, or the simulator's
-/// modelled device), the blocks the store evicts are written there (a block the lower tier
-/// refuses — full, an I/O error — is dropped) and a fetch reads from there the blocks the store
-/// lacks. The disk's file I/O runs in this actor, never in an engine (which does not wait for a
+/// modelled device), the blocks the store evicts are written there with the class of their
+/// last use, at this actor's time (a block the lower tier refuses — one it cannot hold, an I/O
+/// error — is dropped) and a fetch reads from there, at its time, the blocks the store lacks.
+/// The disk's file I/O runs in this actor, never in an engine (which does not wait for a
 /// tier's answers). With a `lower_read_cost` (the simulator's), a fetch that read blocks from
 /// the lower tier is answered that much later on the actor system's clock.
 

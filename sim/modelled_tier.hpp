@@ -1,9 +1,11 @@
 #pragma once
 
 /// The simulator's model of a device below the host tier (`[disk_tier]`, docs/simulation.md):
-/// a kv::lower_tier holding up to `capacity_blocks` blocks in memory, refusing more when full
-/// as the disk tier does (tiers/disk_tier.hpp). What reading from it costs is modelled by the
-/// host tier actor's `lower_read_cost` (latency + bytes / bandwidth on virtual time), not here.
+/// a kv::lower_tier holding up to `capacity_blocks` blocks in memory. Unlike the disk tier
+/// (tiers/disk_tier.hpp, which evicts by LRU and TTL), it keeps what it holds for the whole
+/// run and refuses more when full: classes and times are taken and ignored, and the capacity
+/// sweeps of docs/simulation.md measure that device. What reading from it costs is modelled
+/// by the host tier actor's `lower_read_cost` (latency + bytes / bandwidth on virtual time).
 
 #include <cstdint>
 #include <map>
@@ -18,8 +20,9 @@ class modelled_tier final : public kv::lower_tier {
   modelled_tier(int32_t block_size, int64_t capacity_blocks);
 
   [[nodiscard]] int32_t block_size() const override { return block_size_; }
-  [[nodiscard]] expected<void> put(const kv::kv_block& block) override;
-  [[nodiscard]] std::optional<kv::kv_block> get(uint64_t hash) override;
+  /// Keeps `block` (never evicts: 0); overloaded when full.
+  [[nodiscard]] expected<int64_t> put(const kv::kv_block& block, kv::cache_class cls, int64_t now_ns) override;
+  [[nodiscard]] std::optional<kv::kv_block> get(uint64_t hash, int64_t now_ns) override;
   [[nodiscard]] int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
 
  private:

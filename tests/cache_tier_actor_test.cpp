@@ -1,21 +1,27 @@
 // The host-memory cache tier actor under CAF's test coordinator: lookups, puts and gets as
 // typed messages, LRU eviction through the actor, TTL expiry on the actor system's virtual
-// clock, and bad blocks refused at the door while the tier serves on.
+// clock, and bad blocks refused at the door while the tier serves on; over a disk tier, the
+// evicted blocks written there, the disk tier's own LRU and TTL on the same clock, and a disk
+// tier too small for a block refusing while the tier serves on.
 #include "actors/cache_tier_actor.hpp"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include "actors/clock.hpp"
 #include "messages/cache_tier.hpp"
+#include "messages/kv_block.hpp"
 #include "tests/support/actor_config.hpp"
 #include "tiers/disk_tier.hpp"
 #include "tests/support/kv_blocks.hpp"
@@ -34,6 +40,7 @@ class CacheTierActor : public ::testing::Test {
   caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
   const std::vector<int32_t> tokens_ = token_range(13, 1);  // 3 full blocks and 1 token
   actors::cache_tier_actor tier_;
+  std::shared_ptr<tiers::disk_tier> disk_;  // the tier's lower tier, if any (read by the tests)
 
   const std::string dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/cache_tier_actor_test/" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -43,14 +50,13 @@ class CacheTierActor : public ::testing::Test {
     sched_.clock().current_time += 1h;  // away from 0
     auto store = kv::tier_store::create({block_size, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
     ASSERT_TRUE(store.has_value());
-    std::shared_ptr<kv::lower_tier> disk;
     if (disk_bytes > 0) {
       std::filesystem::remove_all(dir_);
-      auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size});
+      auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size}, actors::ns_since_epoch(sched_.clock().now()));
       ASSERT_TRUE(opened.has_value()) << opened.error().message;
-      disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
+      disk_ = std::make_shared<tiers::disk_tier>(std::move(*opened));
     }
-    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), std::move(disk));
+    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), disk_);
     sched_.run();
   }
 
@@ -169,8 +175,42 @@ TEST_F(CacheTierActor, EvictionsGoToTheDiskTierAndAFetchReadsThemBack) {
   EXPECT_EQ(r.num_disk_refused, 0);
 }
 
-TEST_F(CacheTierActor, AFullDiskTierRefusesEvictionsAndTheTierServesOn) {
-  start(1, /*disk_bytes=*/1);  // no block fits
+TEST_F(CacheTierActor, AFullDiskTierEvictsItsLeastRecentlyUsedBlock) {
+  const auto block_bytes = static_cast<int64_t>(msg::encode_kv_block(block_of(tokens_, 0, block_size)).size());
+  start(1, /*disk_bytes=*/2 * block_bytes);  // room for two blocks on disk
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 1);  // 0 goes down
+  EXPECT_EQ(put(2), 1);  // 1 goes down: the disk tier is full
+  EXPECT_EQ(put(0), 1);  // 2 goes down: the disk tier evicts 0, its least recently used
+  EXPECT_EQ(disk_->lru_order(), (std::vector<uint64_t>{block_of(tokens_, 1, block_size).hash,
+                                                       block_of(tokens_, 2, block_size).hash}));
+  EXPECT_FALSE(std::filesystem::exists(disk_->path_of(block_of(tokens_, 0, block_size).hash)));
+  EXPECT_EQ(disk_->num_evictions(), 1);
+  EXPECT_EQ(fetch(0, 3).size(), 3u);  // 0 from memory, 1 and 2 from disk
+  const msg::tier_report r = report();
+  EXPECT_EQ(r.num_disk_blocks, 2);
+  EXPECT_EQ(r.num_disk_puts, 3);
+  EXPECT_EQ(r.num_disk_hits, 2);
+  EXPECT_EQ(r.num_disk_refused, 0);
+}
+
+TEST_F(CacheTierActor, DemotedBlocksExpireOnTheDiskTierByTheirClass) {
+  start(1, /*disk_bytes=*/1 << 20);
+  EXPECT_EQ(put(0, kv::cache_class::agent), 0);
+  EXPECT_EQ(put(1), 1);  // 0 goes down as agent
+  EXPECT_EQ(put(2), 1);  // 1 goes down as chat
+  sched_.clock().current_time += 3 * 24h;  // the agent block's 3 days are over, on disk too
+  EXPECT_EQ(fetch(0, 3).size(), 0u);
+  EXPECT_EQ(disk_->num_expirations(), 1);
+  EXPECT_FALSE(std::filesystem::exists(disk_->path_of(block_of(tokens_, 0, block_size).hash)));
+  EXPECT_EQ(fetch(1, 2).size(), 2u);  // 1 from disk (chat: 7 days), 2 from memory
+  const msg::tier_report r = report();
+  EXPECT_EQ(r.num_disk_blocks, 1);
+  EXPECT_EQ(r.num_disk_hits, 1);
+}
+
+TEST_F(CacheTierActor, ADiskTierTooSmallForABlockRefusesEvictionsAndTheTierServesOn) {
+  start(1, /*disk_bytes=*/1);  // no block fits even in the empty disk tier: a refusal
   EXPECT_EQ(put(0), 0);
   EXPECT_EQ(put(1), 1);  // block 0 is refused by the disk tier: dropped
   EXPECT_EQ(put(2), 1);

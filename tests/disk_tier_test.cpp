@@ -1,11 +1,15 @@
 // The disk tier and its file format: the KvBlock Cap'n Proto codec (round trip, each kind of
 // damage), and tiers::disk_tier — blocks served back after a restart, a corrupted or truncated
-// file found by its checksum and removed (a miss), a full tier refusing new blocks. Files go
-// to a directory under the build tree, removed by each test.
+// file found by its checksum and removed (a miss), a full tier evicting the least recently used
+// block files, blocks expiring by the class of their last use on a test's clock, a reopened
+// tier evicting in its files' order of use, a block bigger than the tier refused. Files go to
+// a directory under the build tree, removed by each test.
 #include "tiers/disk_tier.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +26,8 @@ namespace fs = std::filesystem;
 using testing::block_of;
 using testing::same_block;
 using testing::token_range;
+using kv::cache_class;
+using kv::day_ns;
 
 constexpr int32_t block_size = 4;
 
@@ -90,23 +96,36 @@ class DiskTierTest : public ::testing::Test {
     fs::remove(fs::path(dir_).parent_path(), ignored);
   }
 
-  disk_tier open(int64_t capacity_bytes = 1 << 20) {
-    auto tier = disk_tier::open({dir_, capacity_bytes, block_size});
+  disk_tier open(int64_t capacity_bytes = 1 << 20, int64_t now_ns = 0) {
+    auto tier = disk_tier::open({dir_, capacity_bytes, block_size}, now_ns);
     EXPECT_TRUE(tier) << tier.error().message;
     tier->check_invariants();
     return std::move(*tier);
   }
 
-  /// Puts blocks 0..n-1 of `tokens_`.
+  /// Puts blocks 0..n-1 of `tokens_` as chat, block i at time i.
   void put_blocks(disk_tier& tier, int32_t n) {
     for (int32_t i = 0; i < n; ++i) {
-      auto ok = tier.put(block_of(tokens_, i, block_size));
+      auto ok = tier.put(block_of(tokens_, i, block_size), cache_class::chat, i);
       ASSERT_TRUE(ok) << ok.error().message;
+      EXPECT_EQ(*ok, 0);
       tier.check_invariants();
     }
   }
 
+  /// Puts `b` and checks; returns how many blocks it evicted.
+  static int64_t put(disk_tier& tier, const kv::kv_block& b, cache_class cls, int64_t now_ns) {
+    auto evicted = tier.put(b, cls, now_ns);
+    EXPECT_TRUE(evicted) << evicted.error().message;
+    tier.check_invariants();
+    return evicted.value_or(-1);
+  }
+
   [[nodiscard]] kv::kv_block block(int32_t i) const { return block_of(tokens_, i, block_size); }
+  /// Block i of a second chain, for a fourth block.
+  [[nodiscard]] kv::kv_block other(int32_t i) const { return block_of(token_range(8, 100), i, block_size); }
+  /// Every block file is the same size (the same dimensions): capacities are counted in them.
+  [[nodiscard]] int64_t file_bytes() const { return static_cast<int64_t>(msg::encode_kv_block(block(0)).size()); }
 
   std::string dir_;
   const std::vector<int32_t> tokens_ = token_range(13, 1);  // 3 full blocks and 1 token
@@ -121,16 +140,17 @@ TEST_F(DiskTierTest, StoresOneFilePerBlockAndServesItBack) {
     const std::vector<uint8_t> file = read_bytes(tier.path_of(block(i).hash));
     EXPECT_EQ(file, msg::encode_kv_block(block(i)));  // the file is the message, byte for byte
     bytes += static_cast<int64_t>(file.size());
-    const auto got = tier.get(block(i).hash);
+    const auto got = tier.get(block(i).hash, 3);
     ASSERT_TRUE(got.has_value());
     EXPECT_TRUE(same_block(*got, block(i)));
   }
   EXPECT_EQ(tier.num_bytes(), bytes);
   EXPECT_EQ(fs::path(tier.path_of(0x00ab)).filename().string(), "00000000000000ab.kvblock");
-  EXPECT_EQ(tier.longest_prefix(tokens_), 3);
-  EXPECT_FALSE(tier.get(12345).has_value());
-  auto again = tier.put(block(1));  // held: nothing written
-  EXPECT_TRUE(again);
+  EXPECT_EQ(tier.longest_prefix(tokens_, 3), 3);
+  EXPECT_FALSE(tier.get(12345, 3).has_value());
+  auto again = tier.put(block(1), cache_class::chat, 3);  // held: nothing written
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, 0);
   EXPECT_EQ(tier.num_bytes(), bytes);
   tier.check_invariants();
 }
@@ -148,9 +168,9 @@ TEST_F(DiskTierTest, ReopenedAfterARestartServesTheSameBlocks) {
   EXPECT_EQ(tier.num_blocks(), 3);
   EXPECT_EQ(tier.num_bytes(), bytes);
   EXPECT_EQ(tier.num_corrupt_blocks(), 0);
-  EXPECT_EQ(tier.longest_prefix(tokens_), 3);
+  EXPECT_EQ(tier.longest_prefix(tokens_, 3), 3);
   for (int32_t i = 0; i < 3; ++i) {
-    const auto got = tier.get(block(i).hash);
+    const auto got = tier.get(block(i).hash, 3);
     ASSERT_TRUE(got.has_value());
     EXPECT_TRUE(same_block(*got, block(i)));
   }
@@ -170,15 +190,15 @@ TEST_F(DiskTierTest, ADamagedFileIsAMissAndIsRemoved) {
   write_bytes(truncated, std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(bytes.size() / 2)));
   // The index still lists them (damage after open is found on reading), so the prefix
   // lookup counts them until a read finds out.
-  EXPECT_FALSE(tier.get(block(2).hash).has_value());
-  EXPECT_FALSE(tier.get(block(1).hash).has_value());
+  EXPECT_FALSE(tier.get(block(2).hash, 3).has_value());
+  EXPECT_FALSE(tier.get(block(1).hash, 3).has_value());
   tier.check_invariants();
   EXPECT_FALSE(fs::exists(flipped));
   EXPECT_FALSE(fs::exists(truncated));
   EXPECT_EQ(tier.num_corrupt_blocks(), 2);
   EXPECT_EQ(tier.num_blocks(), 1);
-  EXPECT_EQ(tier.longest_prefix(tokens_), 1);  // the prefix past block 0 is recomputed
-  EXPECT_TRUE(tier.get(block(0).hash).has_value());
+  EXPECT_EQ(tier.longest_prefix(tokens_, 3), 1);  // the prefix past block 0 is recomputed
+  EXPECT_TRUE(tier.get(block(0).hash, 3).has_value());
 }
 
 TEST_F(DiskTierTest, DamageFoundAtOpenDropsTheFile) {
@@ -199,36 +219,140 @@ TEST_F(DiskTierTest, DamageFoundAtOpenDropsTheFile) {
   EXPECT_EQ(tier.num_blocks(), 2);
   EXPECT_FALSE(fs::exists(truncated));
   EXPECT_FALSE(fs::exists(misnamed));
-  EXPECT_EQ(tier.longest_prefix(tokens_), 0);  // block 0 is gone: no prefix
+  EXPECT_EQ(tier.longest_prefix(tokens_, 0), 0);  // block 0 is gone: no prefix
   EXPECT_TRUE(tier.contains(block(1).hash));
 }
 
-TEST_F(DiskTierTest, AFullTierRefusesNewBlocksAndKeepsWhatItHas) {
-  const auto file_bytes = static_cast<int64_t>(msg::encode_kv_block(block(0)).size());
-  disk_tier tier = open(2 * file_bytes);  // room for two blocks exactly (all are one size)
-  put_blocks(tier, 2);
-  auto refused = tier.put(block(2));
+TEST_F(DiskTierTest, AFullTierEvictsTheLeastRecentlyUsedBlockFiles) {
+  disk_tier tier = open(3 * file_bytes());  // room for three blocks exactly
+  put_blocks(tier, 3);                      // 0, 1, 2 at times 0, 1, 2
+  ASSERT_TRUE(tier.get(block(0).hash, 3).has_value());  // a use: 0 is the most recent
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{block(1).hash, block(2).hash, block(0).hash}));
+  EXPECT_EQ(put(tier, other(0), cache_class::chat, 4), 1);  // evicts 1
+  EXPECT_FALSE(tier.contains(block(1).hash));
+  EXPECT_FALSE(fs::exists(tier.path_of(block(1).hash)));
+  for (const kv::kv_block& kept : {block(0), block(2), other(0)}) EXPECT_TRUE(fs::exists(tier.path_of(kept.hash)));
+  EXPECT_EQ(tier.num_bytes(), 3 * file_bytes());
+  EXPECT_EQ(tier.num_evictions(), 1);
+  EXPECT_EQ(put(tier, block(2), cache_class::chat, 5), 0);  // held: a use, nothing evicted
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{block(0).hash, other(0).hash, block(2).hash}));
+  EXPECT_EQ(put(tier, block(1), cache_class::chat, 6), 1);  // evicts 0
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{other(0).hash, block(2).hash, block(1).hash}));
+  EXPECT_FALSE(fs::exists(tier.path_of(block(0).hash)));
+  EXPECT_FALSE(tier.get(block(0).hash, 7).has_value());
+  EXPECT_EQ(tier.longest_prefix(tokens_, 7), 0);  // block 0 is gone: no prefix
+  EXPECT_EQ(tier.num_evictions(), 2);
+  EXPECT_EQ(tier.num_expirations(), 0);
+}
+
+TEST_F(DiskTierTest, ABlockBiggerThanTheWholeTierIsRefusedAndChangesNothing) {
+  disk_tier tier = open(file_bytes() - 1);
+  auto refused = tier.put(block(0), cache_class::chat, 0);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code, errc::overloaded);
-  EXPECT_EQ(refused.error().message, "the disk tier " + dir_ + " is full: " + std::to_string(2 * file_bytes) + " of " +
-                                         std::to_string(2 * file_bytes) + " bytes used, a block needs " +
-                                         std::to_string(file_bytes));
-  EXPECT_FALSE(fs::exists(tier.path_of(block(2).hash)));
-  EXPECT_EQ(tier.num_blocks(), 2);
-  EXPECT_TRUE(tier.put(block(1)));  // held already: no room needed
-  EXPECT_EQ(tier.longest_prefix(tokens_), 2);
-  EXPECT_TRUE(tier.get(block(0).hash).has_value());
+  EXPECT_EQ(refused.error().message, "the disk tier " + dir_ + " cannot hold a block of " +
+                                         std::to_string(file_bytes()) + " bytes: its capacity is " +
+                                         std::to_string(file_bytes() - 1) + " bytes");
+  EXPECT_FALSE(fs::exists(tier.path_of(block(0).hash)));
+  EXPECT_EQ(tier.num_blocks(), 0);
+  EXPECT_EQ(tier.num_bytes(), 0);
+  EXPECT_EQ(tier.num_evictions(), 0);
   tier.check_invariants();
 }
 
+TEST_F(DiskTierTest, BlocksExpireByTheClassOfTheirLastUse) {
+  disk_tier tier = open();
+  const std::vector<int32_t> agent_tokens = token_range(8, 100);
+  EXPECT_EQ(put(tier, block_of(agent_tokens, 0, block_size), cache_class::agent, 0), 0);
+  EXPECT_EQ(put(tier, block_of(agent_tokens, 1, block_size), cache_class::agent, 0), 0);
+  EXPECT_EQ(put(tier, block(0), cache_class::chat, 0), 0);
+  EXPECT_EQ(put(tier, block(1), cache_class::agent, 0), 0);
+  EXPECT_EQ(put(tier, block(1), cache_class::chat, day_ns), 0);  // used again as chat: 7 days from day 1
+  const int64_t three_days = 3 * day_ns;
+  EXPECT_EQ(tier.longest_prefix(agent_tokens, three_days - 1), 2);
+  EXPECT_EQ(tier.longest_prefix(agent_tokens, three_days), 0);  // expired, not yet removed
+  EXPECT_EQ(tier.num_blocks(), 4);
+  EXPECT_EQ(tier.expire(three_days), 2);  // 3 days pass: the agent blocks go, the chat blocks stay
+  EXPECT_FALSE(fs::exists(tier.path_of(block_of(agent_tokens, 0, block_size).hash)));
+  EXPECT_FALSE(fs::exists(tier.path_of(block_of(agent_tokens, 1, block_size).hash)));
+  EXPECT_EQ(tier.num_blocks(), 2);
+  EXPECT_EQ(tier.num_bytes(), 2 * file_bytes());
+  EXPECT_EQ(tier.longest_prefix(tokens_, three_days), 2);
+  // A get keeps the block's own class: chat, 7 more days from each use.
+  EXPECT_TRUE(tier.get(block(0).hash, 7 * day_ns - 1).has_value());
+  EXPECT_EQ(tier.longest_prefix(tokens_, 8 * day_ns - 1), 2);  // block 1: alive until day 8
+  EXPECT_EQ(tier.longest_prefix(tokens_, 8 * day_ns), 1);
+  EXPECT_FALSE(tier.get(block(1).hash, 8 * day_ns).has_value());  // expired: removed
+  EXPECT_FALSE(fs::exists(tier.path_of(block(1).hash)));
+  EXPECT_TRUE(tier.get(block(0).hash, 14 * day_ns - 2).has_value());
+  EXPECT_FALSE(tier.get(block(0).hash, 21 * day_ns - 2).has_value());
+  EXPECT_EQ(tier.num_blocks(), 0);
+  EXPECT_EQ(tier.num_expirations(), 4);
+  EXPECT_EQ(tier.num_evictions(), 0);
+  tier.check_invariants();
+}
+
+TEST_F(DiskTierTest, ExpiredBlocksMakeRoomBeforeTheLeastRecentlyUsed) {
+  auto opened = disk_tier::open({dir_, 2 * file_bytes(), block_size, /*chat_ttl_ns=*/100, /*agent_ttl_ns=*/10}, 0);
+  ASSERT_TRUE(opened) << opened.error().message;
+  disk_tier& tier = *opened;
+  EXPECT_EQ(put(tier, block(0), cache_class::chat, 0), 0);
+  EXPECT_EQ(put(tier, block(1), cache_class::agent, 1), 0);  // expires at 11, though more recent than 0
+  EXPECT_EQ(put(tier, block(2), cache_class::chat, 11), 0);  // 1 expired: no eviction
+  EXPECT_EQ(tier.num_expirations(), 1);
+  EXPECT_EQ(tier.num_evictions(), 0);
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{block(0).hash, block(2).hash}));
+  EXPECT_EQ(put(tier, block(1), cache_class::chat, 100), 0);  // 0 expired at 100: it makes the room
+  EXPECT_EQ(tier.num_expirations(), 2);
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{block(2).hash, block(1).hash}));
+  EXPECT_EQ(put(tier, block(0), cache_class::chat, 101), 1);  // none expired: 2 is evicted
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{block(1).hash, block(0).hash}));
+  EXPECT_EQ(tier.num_evictions(), 1);
+}
+
+TEST_F(DiskTierTest, AReopenedTierEvictsInItsFilesOrderOfUse) {
+  {
+    disk_tier tier = open();
+    put_blocks(tier, 3);
+    // The files' stamps say: written in the order 0, 1, 2, a day ago (a test cannot wait for
+    // the file system's clock to tick between writes), 1 and 2 in the same instant.
+    const fs::file_time_type day_ago = fs::last_write_time(tier.path_of(block(0).hash)) - std::chrono::hours(24);
+    fs::last_write_time(tier.path_of(block(0).hash), day_ago - std::chrono::hours(2));
+    fs::last_write_time(tier.path_of(block(1).hash), day_ago - std::chrono::hours(1));
+    fs::last_write_time(tier.path_of(block(2).hash), day_ago - std::chrono::hours(1));
+    ASSERT_TRUE(tier.get(block(0).hash, 3).has_value());  // a use: touches its file
+  }
+  // Reopened at another clock's time 10 with room for one block: 1 and 2 (same stamp: by name,
+  // which is by hash), then 0; each starts a chat lifetime at open.
+  disk_tier tier = open(file_bytes(), 10);
+  const uint64_t first = std::min(block(1).hash, block(2).hash);
+  const uint64_t second = std::max(block(1).hash, block(2).hash);
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{first, second, block(0).hash}));
+  EXPECT_EQ(tier.num_bytes(), 3 * file_bytes());  // found beyond the capacity: counted
+  EXPECT_EQ(tier.longest_prefix(tokens_, 10 + 7 * day_ns - 1), 3);
+  EXPECT_EQ(tier.longest_prefix(tokens_, 10 + 7 * day_ns), 0);
+  EXPECT_TRUE(tier.get(first, 11).has_value());  // a use (a lookup is not: the tier's time was 10)
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{second, block(0).hash, first}));
+  EXPECT_EQ(put(tier, other(0), cache_class::chat, 12), 3);  // down to the capacity: all three go
+  EXPECT_EQ(tier.lru_order(), (std::vector<uint64_t>{other(0).hash}));
+  for (int32_t i = 0; i < 3; ++i) EXPECT_FALSE(fs::exists(tier.path_of(block(i).hash)));
+  EXPECT_EQ(tier.num_bytes(), file_bytes());
+  EXPECT_EQ(tier.num_evictions(), 3);
+}
+
 TEST_F(DiskTierTest, OpenRejectsEachBadConfiguration) {
-  const auto message = [](const disk_tier_config& c) { return disk_tier::open(c).error().message; };
+  const auto message = [](const disk_tier_config& c) { return disk_tier::open(c, 0).error().message; };
   EXPECT_EQ(message({"", 1, 4}), "the disk tier's directory is empty");
   EXPECT_EQ(message({dir_, 0, 4}), "capacity_bytes must be > 0, got 0");
   EXPECT_EQ(message({dir_, 1, 0}), "block_size must be > 0, got 0");
+  EXPECT_EQ(message({dir_, 1, 4, 0, 1}), "chat_ttl_ns must be > 0, got 0");
+  EXPECT_EQ(message({dir_, 1, 4, 1, -1}), "agent_ttl_ns must be > 0, got -1");
+  const disk_tier_config defaults;
+  EXPECT_EQ(defaults.chat_ttl_ns, 604'800'000'000'000);   // 7 days
+  EXPECT_EQ(defaults.agent_ttl_ns, 259'200'000'000'000);  // 3 days
   fs::create_directories(dir_);
   write_bytes(dir_ + "/file", {1});
-  auto under_a_file = disk_tier::open({dir_ + "/file/tier", 1, 4});
+  auto under_a_file = disk_tier::open({dir_ + "/file/tier", 1, 4}, 0);
   ASSERT_FALSE(under_a_file);
   EXPECT_EQ(under_a_file.error().code, errc::io_error);
   EXPECT_EQ(under_a_file.error().message.rfind("cannot create " + dir_ + "/file/tier: ", 0), 0u);
@@ -239,7 +363,7 @@ TEST_F(DiskTierTest, BlocksOfAnotherSizeAreLeftAlone) {
     disk_tier tier = open();
     put_blocks(tier, 1);
   }
-  auto other = disk_tier::open({dir_, 1 << 20, 2 * block_size});
+  auto other = disk_tier::open({dir_, 1 << 20, 2 * block_size}, 0);
   ASSERT_TRUE(other);
   EXPECT_EQ(other->num_blocks(), 0);
   EXPECT_EQ(other->num_corrupt_blocks(), 0);
@@ -248,11 +372,12 @@ TEST_F(DiskTierTest, BlocksOfAnotherSizeAreLeftAlone) {
 
 TEST(DiskTierDeathTest, AnInconsistentBlockIsAProgrammerError) {
   const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/disk_tier_test/death";
-  auto tier = disk_tier::open({dir, 1 << 20, block_size});
+  auto tier = disk_tier::open({dir, 1 << 20, block_size}, 5);
   ASSERT_TRUE(tier);
   kv::kv_block bad = block_of(token_range(4, 1), 0, block_size);
   bad.values.pop_back();
-  EXPECT_DEATH((void)tier->put(bad), "an inconsistent block");
+  EXPECT_DEATH((void)tier->put(bad, cache_class::chat, 5), "an inconsistent block");
+  EXPECT_DEATH((void)tier->get(1, 4), "the tier's clock went backwards");
   fs::remove_all(dir);
   std::error_code ignored;
   fs::remove(fs::path(dir).parent_path(), ignored);

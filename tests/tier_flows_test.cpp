@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/cache_tier_actor.hpp"
+#include "actors/clock.hpp"
+#include "messages/kv_block.hpp"
+#include "runtime/kv/chain_hash.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tiers/disk_tier.hpp"
 
@@ -240,7 +244,7 @@ TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
   const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/disk";
   std::filesystem::remove_all(dir);
   auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});  // one prompt's blocks
-  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16});
+  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
   ASSERT_TRUE(store.has_value() && disk.has_value());
   start(5, actors::spawn_cache_tier(sys_, std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
   const actors::completion a = complete(request(prompt_a, 7));
@@ -257,6 +261,45 @@ TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
   const msg::engine_report e = report();  // the engine counts the disk's share of its tier hits
   EXPECT_EQ(e.num_host_hit_tokens, 64);
   EXPECT_EQ(e.num_disk_hit_tokens, 64);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(TierFlows, AFullDiskTierEvictsItsLeastRecentlyUsedBlocksAndServesOn) {
+  // The flow above over a disk tier of one prompt's 4 block files: A's blocks are read back
+  // from disk, then C's, written down after them, evict them there.
+  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/full_disk";
+  std::filesystem::remove_all(dir);
+  const model::model_config& m = bundled_shared().ck->config();
+  kv::kv_block shape;  // every block file of this model has one size
+  shape.tokens.assign(16, 0);
+  shape.parent_hash = kv::root_hash_seed;
+  shape.hash = kv::chain_hash(shape.parent_hash, shape.tokens.data(), 16);
+  shape.num_layers = m.n_layers;
+  shape.kv_dim = m.kv_dim();
+  shape.keys.assign(size_t(m.n_layers) * 16 * size_t(m.kv_dim()), 0.0f);
+  shape.values = shape.keys;
+  const auto file_bytes = static_cast<int64_t>(msg::encode_kv_block(shape).size());
+  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});
+  auto opened = tiers::disk_tier::open({dir, 4 * file_bytes, 16}, actors::ns_since_epoch(sched_.clock().now()));
+  ASSERT_TRUE(store.has_value() && opened.has_value());
+  const auto disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
+  start(5, actors::spawn_cache_tier(sys_, std::move(*store), disk));
+  const actors::completion a = complete(request(prompt_a, 7));
+  (void)complete(request(prompt_c, 9));
+  (void)complete(request(golden_prompt(3, 65), 11));  // A's blocks down to disk
+  const actors::completion a_again = complete(request(prompt_a, 7));
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);  // from disk, then C's blocks go down
+  expect_same(a_again, a);
+  disk->check_invariants();
+  const std::vector<uint64_t> lru = disk->lru_order();
+  const std::vector<uint64_t> c_hashes = kv::chain_hashes(prompt_c, 16);
+  EXPECT_EQ(std::set<uint64_t>(lru.begin(), lru.end()), std::set<uint64_t>(c_hashes.begin(), c_hashes.end()));
+  EXPECT_EQ(disk->num_evictions(), 4);  // A's 4
+  EXPECT_EQ(disk->num_bytes(), 4 * file_bytes);
+  const msg::tier_report r = ask_idle<msg::tier_report>(sys_, sched_, tier_, actors::stats_atom::value);
+  EXPECT_EQ(r.num_disk_puts, 8);
+  EXPECT_EQ(r.num_disk_refused, 0);
+  EXPECT_EQ(r.num_disk_blocks, 4);
   std::filesystem::remove_all(dir);
 }
 

@@ -277,7 +277,8 @@ TEST(TierStore, GetPrefixTakesTheBlocksItLacksFromTheTierBelow) {
   (void)put(tier, block_of(tokens, 0), cache_class::chat, 0);
   (void)put(tier, block_of(tokens, 2), cache_class::chat, 0);
   std::vector<uint64_t> asked;
-  const tier_store::lower_tier lower = [&](uint64_t hash) -> std::optional<kv_block> {
+  const tier_store::lower_tier lower = [&](uint64_t hash, int64_t now_ns) -> std::optional<kv_block> {
+    EXPECT_EQ(now_ns, 1);  // the fetch's time
     asked.push_back(hash);
     if (hash == block_of(tokens, 1).hash) return block_of(tokens, 1);
     if (hash == block_of(tokens, 3).hash) return block_of(token_range(17, 50), 3);  // another chain's: refused

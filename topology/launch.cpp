@@ -10,6 +10,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/cache_tier_actor.hpp"
+#include "actors/clock.hpp"
 #include "actors/connect.hpp"
 #include "actors/door.hpp"
 #include "actors/engine_actor.hpp"
@@ -87,7 +88,9 @@ expected<actors::cache_tier_actor> spawn_host_tier(caf::actor_system& sys, const
   if (!store) return fail(store.error().code, "node '" + node.name + "': host tier: " + store.error().message);
   std::shared_ptr<kv::lower_tier> disk;
   if (!node.disk_tier_dir.empty()) {
-    auto opened = tiers::disk_tier::open({node.disk_tier_dir, int64_t{node.disk_tier_mib} << 20, config.block_size});
+    // On the host tier's clock (the actor system's): the blocks found start their lifetimes now.
+    auto opened = tiers::disk_tier::open({node.disk_tier_dir, int64_t{node.disk_tier_mib} << 20, config.block_size},
+                                         actors::ns_since_epoch(sys.clock().now()));
     if (!opened) return fail(opened.error().code, "node '" + node.name + "': disk tier: " + opened.error().message);
     disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
   }

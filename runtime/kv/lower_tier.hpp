@@ -3,12 +3,15 @@
 /// A tier below the host tier (docs/kv-tiers.md): the blocks the host tier evicts go down to
 /// it, and a fetch reads from it the blocks the host tier lacks. The disk tier
 /// (tiers/disk_tier.hpp) is one; the simulator models a device with another
-/// (sim/modelled_tier.hpp). Like the disk tier, a full lower tier refuses new blocks.
+/// (sim/modelled_tier.hpp). Time comes from the caller (`now_ns`, never backwards): the host
+/// tier actor passes its clock's. What a full tier does is the implementation's: the disk tier
+/// evicts (LRU, TTL by class), the modelled device refuses.
 
 #include <cstdint>
 #include <optional>
 
 #include "runtime/common/error.hpp"
+#include "runtime/kv/cache_class.hpp"
 #include "runtime/kv/kv_block.hpp"
 
 namespace troupe::kv {
@@ -24,11 +27,12 @@ class lower_tier {
 
   /// Tokens per block: blocks of another size are not this tier's.
   [[nodiscard]] virtual int32_t block_size() const = 0;
-  /// Keeps `block` (consistent, of block_size tokens). Already held: nothing to do. Errors:
-  /// overloaded when the tier is full (nothing changes), io_error.
-  [[nodiscard]] virtual expected<void> put(const kv_block& block) = 0;
-  /// The block named `hash`, or nullopt.
-  [[nodiscard]] virtual std::optional<kv_block> get(uint64_t hash) = 0;
+  /// Keeps `block` (consistent, of block_size tokens), used at `now_ns` with class `cls`; a
+  /// block already held is only used again. Returns how many blocks it evicted to make room.
+  /// Errors: overloaded when the block cannot be kept (nothing changes), io_error.
+  [[nodiscard]] virtual expected<int64_t> put(const kv_block& block, cache_class cls, int64_t now_ns) = 0;
+  /// The block named `hash` if held (alive) at `now_ns`, or nullopt.
+  [[nodiscard]] virtual std::optional<kv_block> get(uint64_t hash, int64_t now_ns) = 0;
   [[nodiscard]] virtual int64_t num_blocks() const = 0;
 };
 

@@ -84,7 +84,7 @@ std::vector<kv_block> tier_store::get_prefix(const std::vector<int32_t>& tokens,
     const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(i * size_t(config_.block_size));
     std::optional<kv_block> b;
     if (const kv_block* held = get(hashes[i], now_ns)) b = *held;
-    else if (lower) b = lower(hashes[i]);
+    else if (lower) b = lower(hashes[i], now_ns);
     if (!b || b->parent_hash != parent || b->tokens.size() != size_t(config_.block_size) ||
         !std::equal(b->tokens.begin(), b->tokens.end(), first))
       break;

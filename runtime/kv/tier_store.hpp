@@ -20,7 +20,7 @@
 /// leading ones present and alive; a block counts only if its stored tokens and parent hash
 /// equal the query's, so a single 64-bit collision cannot produce a wrong hit (as in the pool).
 ///
-/// The recency and expiry bookkeeping is kv/lru_ttl.hpp's.
+/// The recency and expiry bookkeeping is kv/lru_ttl.hpp's, shared with the disk tier.
 /// Determinism: ordered containers only; ties cannot occur (recency is a counter).
 
 #include <cstdint>
@@ -65,8 +65,9 @@ class tier_store {
   /// (an expired one is dropped). Valid until the next mutating call.
   [[nodiscard]] const kv_block* get(uint64_t hash, int64_t now_ns);
 
-  /// A tier below this one: the block named a hash, if it has it.
-  using lower_tier = std::function<std::optional<kv_block>(uint64_t hash)>;
+  /// A tier below this one: the block named a hash, if it has it alive at `now_ns` (the
+  /// fetch's own time; a read is a use there too).
+  using lower_tier = std::function<std::optional<kv_block>(uint64_t hash, int64_t now_ns)>;
 
   /// Copies of the leading full blocks of `tokens` from block `first_block` on that the tier
   /// holds alive — or, for a block it lacks, that `lower` (if any) has — at most
