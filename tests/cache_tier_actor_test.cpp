@@ -52,7 +52,8 @@ class CacheTierActor : public ::testing::Test {
     ASSERT_TRUE(store.has_value());
     if (disk_bytes > 0) {
       std::filesystem::remove_all(dir_);
-      auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size}, actors::ns_since_epoch(sched_.clock().now()));
+      const int64_t now_ns = actors::ns_since_epoch(sched_.clock().now());
+      auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size}, now_ns);
       ASSERT_TRUE(opened.has_value()) << opened.error().message;
       disk_ = std::make_shared<tiers::disk_tier>(std::move(*opened));
     }

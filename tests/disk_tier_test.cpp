@@ -2,8 +2,9 @@
 // damage), and tiers::disk_tier — blocks served back after a restart, a corrupted or truncated
 // file found by its checksum and removed (a miss), a full tier evicting the least recently used
 // block files, blocks expiring by the class of their last use on a test's clock, a reopened
-// tier evicting in its files' order of use, a block bigger than the tier refused. Files go to
-// a directory under the build tree, removed by each test.
+// tier evicting in its files' order of use, a block bigger than the tier refused, and random
+// puts, gets and expiries against a naive model of the rule. Files go to a directory under the
+// build tree, removed by each test.
 #include "tiers/disk_tier.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -338,6 +340,102 @@ TEST_F(DiskTierTest, AReopenedTierEvictsInItsFilesOrderOfUse) {
   for (int32_t i = 0; i < 3; ++i) EXPECT_FALSE(fs::exists(tier.path_of(block(i).hash)));
   EXPECT_EQ(tier.num_bytes(), file_bytes());
   EXPECT_EQ(tier.num_evictions(), 3);
+}
+
+/// A naive model of the disk tier's rule: the held blocks with their last use, class and use
+/// sequence, searched linearly.
+struct naive_tier {
+  struct held {
+    uint64_t hash;
+    cache_class cls;
+    int64_t last_use_ns;
+    uint64_t seq;  // larger = more recent
+  };
+  int64_t capacity_blocks;
+  int64_t chat_ttl_ns, agent_ttl_ns;
+  std::vector<held> blocks;
+  uint64_t next_seq = 0;
+
+  [[nodiscard]] bool alive(const held& h, int64_t now) const {
+    return now < h.last_use_ns + (h.cls == cache_class::agent ? agent_ttl_ns : chat_ttl_ns);
+  }
+  held* find(uint64_t hash) {
+    for (held& h : blocks)
+      if (h.hash == hash) return &h;
+    return nullptr;
+  }
+  void erase(uint64_t hash) {
+    blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [&](const held& h) { return h.hash == hash; }),
+                 blocks.end());
+  }
+  int64_t expire(int64_t now) {
+    const auto n = static_cast<int64_t>(blocks.size());
+    blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [&](const held& h) { return !alive(h, now); }),
+                 blocks.end());
+    return n - static_cast<int64_t>(blocks.size());
+  }
+  int64_t put(uint64_t hash, cache_class cls, int64_t now) {
+    if (held* h = find(hash); h && alive(*h, now)) {
+      *h = {hash, cls, now, next_seq++};
+      return 0;
+    }
+    (void)expire(now);
+    int64_t evicted = 0;
+    const auto by_seq = [](const held& a, const held& b) { return a.seq < b.seq; };
+    for (; static_cast<int64_t>(blocks.size()) >= capacity_blocks; evicted++)
+      erase(std::min_element(blocks.begin(), blocks.end(), by_seq)->hash);
+    blocks.push_back({hash, cls, now, next_seq++});
+    return evicted;
+  }
+  bool get(uint64_t hash, int64_t now) {
+    held* h = find(hash);
+    if (h == nullptr) return false;
+    if (!alive(*h, now)) {
+      erase(hash);
+      return false;
+    }
+    h->last_use_ns = now;
+    h->seq = next_seq++;
+    return true;
+  }
+  [[nodiscard]] std::vector<uint64_t> lru_order() const {
+    std::vector<held> sorted = blocks;
+    std::sort(sorted.begin(), sorted.end(), [](const held& a, const held& b) { return a.seq < b.seq; });
+    std::vector<uint64_t> order;
+    for (const held& h : sorted) order.push_back(h.hash);
+    return order;
+  }
+};
+
+TEST_F(DiskTierTest, MatchesANaiveModelOverRandomPutsGetsAndExpiries) {
+  const std::vector<int32_t> tokens = token_range(8 * block_size, 1);  // 8 blocks
+  std::vector<kv::kv_block> pool;
+  for (int32_t i = 0; i < 8; ++i) pool.push_back(block_of(tokens, i, block_size));
+  for (const uint64_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    fs::remove_all(dir_);
+    auto opened = disk_tier::open({dir_, 3 * file_bytes(), block_size, /*chat_ttl_ns=*/50, /*agent_ttl_ns=*/20}, 0);
+    ASSERT_TRUE(opened) << opened.error().message;
+    disk_tier& tier = *opened;
+    naive_tier model{3, 50, 20, {}, 0};
+    std::mt19937_64 rng(seed);
+    int64_t now = 0;
+    for (int32_t step = 0; step < 300; ++step) {
+      now += static_cast<int64_t>(rng() % 8);
+      const kv::kv_block& b = pool[rng() % pool.size()];
+      const cache_class cls = rng() % 2 == 0 ? cache_class::chat : cache_class::agent;
+      switch (rng() % 3) {
+        case 0: ASSERT_EQ(put(tier, b, cls, now), model.put(b.hash, cls, now)) << "step " << step; break;
+        case 1: ASSERT_EQ(tier.get(b.hash, now).has_value(), model.get(b.hash, now)) << "step " << step; break;
+        default: ASSERT_EQ(tier.expire(now), model.expire(now)) << "step " << step; break;
+      }
+      tier.check_invariants();
+      ASSERT_EQ(tier.lru_order(), model.lru_order()) << "step " << step;
+      ASSERT_EQ(tier.num_bytes(), tier.num_blocks() * file_bytes());
+    }
+    EXPECT_GT(tier.num_evictions(), 0);  // the run reached both paths
+    EXPECT_GT(tier.num_expirations(), 0);
+  }
 }
 
 TEST_F(DiskTierTest, OpenRejectsEachBadConfiguration) {

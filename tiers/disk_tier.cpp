@@ -81,7 +81,8 @@ expected<disk_tier> disk_tier::open(const disk_tier_config& config, int64_t now_
     return fail(errc::invalid_argument, "capacity_bytes must be > 0, got " + std::to_string(config.capacity_bytes));
   if (config.block_size <= 0)
     return fail(errc::invalid_argument, "block_size must be > 0, got " + std::to_string(config.block_size));
-  if (auto ok = kv::lru_ttl::check_ttls(config.chat_ttl_ns, config.agent_ttl_ns); !ok) return tl::unexpected(ok.error());
+  if (auto ok = kv::lru_ttl::check_ttls(config.chat_ttl_ns, config.agent_ttl_ns); !ok)
+    return tl::unexpected(ok.error());
   std::error_code ec;
   fs::create_directories(config.directory, ec);
   if (ec) return fail(errc::io_error, "cannot create " + config.directory + ": " + ec.message());

@@ -5,7 +5,8 @@
 namespace troupe::kv {
 
 expected<void> lru_ttl::check_ttls(int64_t chat_ttl_ns, int64_t agent_ttl_ns) {
-  if (chat_ttl_ns <= 0) return fail(errc::invalid_argument, "chat_ttl_ns must be > 0, got " + std::to_string(chat_ttl_ns));
+  if (chat_ttl_ns <= 0)
+    return fail(errc::invalid_argument, "chat_ttl_ns must be > 0, got " + std::to_string(chat_ttl_ns));
   if (agent_ttl_ns <= 0)
     return fail(errc::invalid_argument, "agent_ttl_ns must be > 0, got " + std::to_string(agent_ttl_ns));
   return {};
