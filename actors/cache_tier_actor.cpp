@@ -33,9 +33,11 @@ int64_t now_ns(cache_tier_pointer self) { return ns_since_epoch(self->clock().no
 msg::tier_report report(cache_tier_state& st, int64_t now) {
   kv::tier_store& s = *st.store;
   (void)s.expire(now);
+  if (st.lower) (void)st.lower->expire(now);
   const int64_t num_disk_blocks = st.lower ? st.lower->num_blocks() : 0;
   return {s.num_blocks(),   s.capacity_blocks(),  s.num_hits(),       s.num_evictions(), s.num_expirations(),
-          num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits};
+          num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits,
+          st.lower ? st.lower->num_expirations() : 0};
 }
 
 /// Host-tier evictions go down to the lower tier, if there is one, each with the class of its

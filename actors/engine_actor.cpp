@@ -422,6 +422,7 @@ caf::result<msg::engine_report> report(engine_actor_t* self) {
           [=](msg::tier_report& t) mutable {
             msg::engine_report out = r;
             out.host_tier_expired_blocks = t.num_expirations;
+            out.disk_tier_expired_blocks = t.num_disk_expirations;
             promise.deliver(out);
           },
           [=](caf::error&) mutable { promise.deliver(r); });

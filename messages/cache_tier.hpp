@@ -103,12 +103,13 @@ struct tier_report {
   int64_t num_disk_puts = 0;     ///< evicted blocks written to it
   int64_t num_disk_refused = 0;  ///< evicted blocks it refused (full, or an I/O error): dropped
   int64_t num_disk_hits = 0;     ///< blocks a fetch read back from it
+  int64_t num_disk_expirations = 0;  ///< blocks it dropped because their class's TTL passed
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_report& x) {
   return f(x.num_blocks, x.capacity_blocks, x.num_hits, x.num_evictions, x.num_expirations, x.num_disk_blocks,
-           x.num_disk_puts, x.num_disk_refused, x.num_disk_hits);
+           x.num_disk_puts, x.num_disk_refused, x.num_disk_hits, x.num_disk_expirations);
 }
 
 }  // namespace troupe::msg

@@ -113,6 +113,7 @@ engine_gauges sum_reports(const std::vector<msg::engine_report>& reports, int64_
     g.num_demoted_bytes += r.num_demoted_bytes;
     g.num_promoted_bytes += r.num_promoted_bytes;
     g.num_host_expired_blocks = std::max(g.num_host_expired_blocks, r.host_tier_expired_blocks);
+    g.num_disk_expired_blocks = std::max(g.num_disk_expired_blocks, r.disk_tier_expired_blocks);
   }
   return g;
 }
@@ -146,6 +147,8 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
   p.family("troupe:kv_tier_expired_blocks_total", "counter", "KV blocks a cache tier dropped when their TTL passed.");
   p.sample("troupe:kv_tier_expired_blocks_total", number(static_cast<double>(engines.num_host_expired_blocks)),
            "tier=\"host\"");
+  p.sample("troupe:kv_tier_expired_blocks_total", number(static_cast<double>(engines.num_disk_expired_blocks)),
+           "tier=\"disk\"");
   p.family("troupe:request_success_total", "counter", "Count of successfully processed requests.");
   for (const auto& [reason, n] : requests.num_success_by_reason)
     p.sample("troupe:request_success_total", number(static_cast<double>(n)), "finished_reason=\"" + reason + "\"");

@@ -24,6 +24,9 @@ class modelled_tier final : public kv::lower_tier {
   [[nodiscard]] expected<int64_t> put(const kv::kv_block& block, kv::cache_class cls, int64_t now_ns) override;
   [[nodiscard]] std::optional<kv::kv_block> get(uint64_t hash, int64_t now_ns) override;
   [[nodiscard]] int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
+  /// Blocks never expire here.
+  int64_t expire(int64_t /*now_ns*/) override { return 0; }
+  [[nodiscard]] int64_t num_expirations() const override { return 0; }
 
  private:
   int32_t block_size_;

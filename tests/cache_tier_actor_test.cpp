@@ -208,6 +208,7 @@ TEST_F(CacheTierActor, DemotedBlocksExpireOnTheDiskTierByTheirClass) {
   const msg::tier_report r = report();
   EXPECT_EQ(r.num_disk_blocks, 1);
   EXPECT_EQ(r.num_disk_hits, 1);
+  EXPECT_EQ(r.num_disk_expirations, 1);
 }
 
 TEST_F(CacheTierActor, ADiskTierTooSmallForABlockRefusesEvictionsAndTheTierServesOn) {

@@ -73,7 +73,7 @@ class disk_tier final : public kv::lower_tier {
   [[nodiscard]] std::optional<kv::kv_block> get(uint64_t hash, int64_t now_ns) override;
 
   /// Removes every block expired at `now_ns`; returns how many.
-  int64_t expire(int64_t now_ns);
+  int64_t expire(int64_t now_ns) override;
 
   /// How many leading full blocks of `tokens` the tier holds alive at `now_ns` (stored tokens
   /// and parent hashes compared, as the pool does). Not a use.
@@ -86,7 +86,7 @@ class disk_tier final : public kv::lower_tier {
   [[nodiscard]] int32_t block_size() const override { return config_.block_size; }
   [[nodiscard]] int64_t num_corrupt_blocks() const { return num_corrupt_blocks_; }
   [[nodiscard]] int64_t num_evictions() const { return num_evictions_; }
-  [[nodiscard]] int64_t num_expirations() const { return num_expirations_; }
+  [[nodiscard]] int64_t num_expirations() const override { return num_expirations_; }
   /// Held blocks' hashes, least recently used first (the next to evict first).
   [[nodiscard]] std::vector<uint64_t> lru_order() const { return lives_.lru_order(); }
   /// The file that holds (or would hold) block `hash`.

@@ -34,6 +34,10 @@ class lower_tier {
   /// The block named `hash` if held (alive) at `now_ns`, or nullopt.
   [[nodiscard]] virtual std::optional<kv_block> get(uint64_t hash, int64_t now_ns) = 0;
   [[nodiscard]] virtual int64_t num_blocks() const = 0;
+  /// Drops every block expired at `now_ns`; returns how many.
+  virtual int64_t expire(int64_t now_ns) = 0;
+  /// Blocks dropped so far because their class's TTL passed.
+  [[nodiscard]] virtual int64_t num_expirations() const = 0;
 };
 
 }  // namespace troupe::kv
