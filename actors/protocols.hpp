@@ -25,6 +25,7 @@
 #include "messages/engine.hpp"
 #include "messages/cache_tier.hpp"
 #include "messages/executor.hpp"
+#include "messages/expert.hpp"
 
 namespace troupe::msg {
 // Defined in actors/cluster_messages.hpp (included at the end): they carry the handles declared here.
@@ -54,6 +55,10 @@ using cache_tier_actor = caf::typed_actor<caf::replies_to<msg::tier_lookup>::wit
                                           caf::replies_to<msg::tier_get>::with<msg::tier_got>,
                                           caf::replies_to<msg::tier_fetch>::with<msg::tier_blocks>,
                                           caf::replies_to<stats_atom>::with<msg::tier_report>>;
+
+/// An expert shard (issue 18; actors/expert_shard_actor.hpp): computes the rows one MoE layer of
+/// a step routed to its experts.
+using expert_shard_actor = caf::typed_actor<caf::replies_to<moe::expert_request>::with<moe::expert_reply>>;
 
 /// What a completion's stream is sent to (the client, as the request actor sees it).
 using stream_receiver_actor = caf::typed_actor<caf::reacts_to<msg::completion_chunk>,

@@ -9,6 +9,7 @@
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
+#include "messages/expert.hpp"
 
 namespace troupe::actors {
 
@@ -44,6 +45,8 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::tier_fetch>("troupe::tier_fetch");
   cfg.add_message_type<msg::tier_blocks>("troupe::tier_blocks");
   cfg.add_message_type<msg::tier_report>("troupe::tier_report");
+  cfg.add_message_type<moe::expert_request>("troupe::expert_request");
+  cfg.add_message_type<moe::expert_reply>("troupe::expert_reply");
   // Handles that travel as a whole message (answers): typed handles are not built-in types.
   cfg.add_message_type<request_actor>("troupe::request_actor");
   cfg.add_message_type<executor_actor>("troupe::executor_actor");

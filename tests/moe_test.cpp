@@ -9,18 +9,24 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <caf/all.hpp>
+
+#include "actors/expert_shard_actor.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/moe_split.hpp"
 #include "runtime/model/transformer.hpp"
 #include "runtime/moe/expert_shard.hpp"
 #include "runtime/moe/placement.hpp"
+#include "runtime/moe/rebalance.hpp"
 #include "runtime/moe/routing.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
+#include "tests/support/actor_config.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
 
@@ -31,6 +37,7 @@ namespace fs = std::filesystem;
 using model::checkpoint;
 using model::kernel_path;
 using model::transformer;
+using actors::expert_shard_actor;
 
 // ---- routing ----------------------------------------------------------------------------------
 
@@ -77,6 +84,71 @@ TEST(Placement, RoundRobinAndReplicas) {
   p.check_invariants();
 }
 
+// ---- load, moe_lb, rebalance --------------------------------------------------------------------
+
+/// A window's load: rows[layer][expert].
+expert_load load_of(const std::vector<std::vector<int64_t>>& rows) {
+  expert_load load(static_cast<int32_t>(rows.size()), static_cast<int32_t>(rows[0].size()));
+  for (size_t l = 0; l < rows.size(); l++)
+    for (size_t e = 0; e < rows[l].size(); e++) load.add(static_cast<int32_t>(l), static_cast<int32_t>(e), rows[l][e]);
+  return load;
+}
+
+TEST(Rebalance, ReplicaRowsSplitAsPlanDispatchDoes) {
+  EXPECT_EQ(replica_rows(10, 3, 0), 3);
+  EXPECT_EQ(replica_rows(10, 3, 1), 3);
+  EXPECT_EQ(replica_rows(10, 3, 2), 4);
+  EXPECT_EQ(replica_rows(1, 2, 0), 0);
+  EXPECT_EQ(replica_rows(1, 2, 1), 1);
+}
+
+TEST(Rebalance, MoeLbIsTheSumOfEachLayersBusiestShardOverTheSumOfItsMeans) {
+  // Layer 0: rows 12 2 1 1 on round robin over two shards: shard 0 has 12 + 1, shard 1 has 2 + 1.
+  // Layer 1: 4 4 4 4: 8 and 8.
+  const expert_load load = load_of({{12, 2, 1, 1}, {4, 4, 4, 4}});
+  const shard_load shards = expected_shard_load(expert_placement::round_robin(2, 4, 2), load);
+  EXPECT_EQ(shards.rows(0, 0), 13);
+  EXPECT_EQ(shards.rows(0, 1), 3);
+  EXPECT_EQ(shards.rows(1, 0), 8);
+  EXPECT_EQ(shards.rows(1, 1), 8);
+  EXPECT_DOUBLE_EQ(moe_lb(shards), (13.0 + 8.0) / (8.0 + 8.0));
+  EXPECT_DOUBLE_EQ(moe_lb(shard_load(2, 3)), 1.0);  // no rows
+  // A replicated expert's rows split as plan_dispatch splits them: 12 as 6 + 6.
+  expert_placement p = expert_placement::round_robin(2, 4, 2);
+  p.add_replica(0, 0, 1);
+  const shard_load replicated = expected_shard_load(p, load);
+  EXPECT_EQ(replicated.rows(0, 0), 7);
+  EXPECT_EQ(replicated.rows(0, 1), 9);
+}
+
+TEST(Rebalance, ReplicatesTheHotExpertAndPacksLargestFirst) {
+  // Layer 0: the mean per shard is 8; expert 0's 12 rows exceed it: two replicas of 6. Packed 6
+  // (shard 0), 6 (shard 1), 2 (tie: shard 0), 1 (shard 1), 1 (tie at 8: shard 0 is full at 3).
+  // Layer 1: no rows; every replica is packed on the lowest shard with room.
+  const expert_load load = load_of({{12, 2, 1, 1}, {0, 0, 0, 0}});
+  auto p = rebalance(load, /*num_shards=*/2, /*capacity=*/3);
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(*p, expert_placement::of_replicas(2, 4, 2, {{0, 1}, {0}, {1}, {1}, {0}, {0}, {0}, {1}}));
+  EXPECT_DOUBLE_EQ(moe_lb(expected_shard_load(*p, load)), 1.0);
+  EXPECT_DOUBLE_EQ(moe_lb(expected_shard_load(expert_placement::round_robin(2, 4, 2), load)), 13.0 / 8.0);
+  // Capacity 2: no slot for a replica; the packing keeps to two experts per shard.
+  auto tight = rebalance(load, 2, 2);
+  ASSERT_TRUE(tight) << tight.error().message;
+  EXPECT_EQ(*tight, expert_placement::of_replicas(2, 4, 2, {{0}, {1}, {1}, {0}, {0}, {0}, {1}, {1}}));
+  // The same window gives the same placement.
+  EXPECT_EQ(*rebalance(load, 2, 3), *p);
+}
+
+TEST(Rebalance, RefusesShardsThatCannotHoldEveryExpert) {
+  const expert_load load = load_of({{1, 1, 1, 1}});
+  auto small = rebalance(load, 1, 3);
+  ASSERT_FALSE(small);
+  EXPECT_EQ(small.error().code, errc::invalid_argument);
+  EXPECT_EQ(small.error().message, "rebalance: 1 shards of capacity 3 cannot hold 4 experts per layer");
+  EXPECT_FALSE(rebalance(load, 0, 4));
+  EXPECT_FALSE(rebalance(load, 4, 0));
+}
+
 TEST(Plan, SplitsAReplicatedExpertsRowsByRowIndexAndCombinesByExpertThenRow) {
   // 4 rows, 3 experts, top 2. Expert 1 has replicas on shards 0 and 1.
   expert_placement p = expert_placement::round_robin(1, 3, 2);  // e0 -> s0, e1 -> s1, e2 -> s0
@@ -120,6 +192,12 @@ TEST(Plan, SplitsAReplicatedExpertsRowsByRowIndexAndCombinesByExpertThenRow) {
                                      0.25f * 101 + 0.75f * 201, 0,           // row 1: e1, e2
                                      1.0f * 2 + 0.0f * 102, 0,               // row 2: e0, e1
                                      0.5f * 103 + 0.5f * 203, 0}));          // row 3: e1, e2
+  // Turn 1: the halves swap replicas, rows 0, 1 to shard 1 and rows 2, 3 to shard 0.
+  const dispatch_plan turned = plan_dispatch(p, 0, r, input, dim, 1);
+  ASSERT_EQ(turned.requests[0].batches.size(), 3u);
+  EXPECT_EQ(turned.requests[0].batches[1].rows, (std::vector<int32_t>{2, 3}));
+  ASSERT_EQ(turned.requests[1].batches.size(), 1u);
+  EXPECT_EQ(turned.requests[1].batches[0].rows, (std::vector<int32_t>{0, 1}));
 }
 
 /// A naive model of plan + combine: per row, Σ gate × output over its choices in expert id order.
@@ -151,7 +229,7 @@ TEST(Plan, RandomRoutingsAndPlacementsCombineToTheNaiveSumBitForBit) {
       for (int32_t i = 0; i < top_k; i++) r.choices.push_back({ids[i], static_cast<float>(rng() % 100) / 33.0f});
     }
     const int32_t layer = static_cast<int32_t>(rng() % 2);
-    const dispatch_plan plan = plan_dispatch(p, layer, r, input.data(), dim);
+    const dispatch_plan plan = plan_dispatch(p, layer, r, input.data(), dim, static_cast<int64_t>(rng() % 7));
     std::vector<expert_reply> replies(static_cast<size_t>(shards));
     for (int32_t s = 0; s < shards; s++) {
       const expert_request& q = plan.requests[static_cast<size_t>(s)];
@@ -333,22 +411,33 @@ TEST_F(Moe, AllRouterSplitGreedyTextEqualsTheDenseGolden) {
 
 // ---- placement invariance ---------------------------------------------------------------------
 
-/// A dispatch that counts the rows each expert computes, then hands the requests on: any
-/// implementation of the interface can stand between the model and the shards.
+/// A dispatch that counts the rows each expert and each shard computes, then hands the requests
+/// on: any implementation of the interface can stand between the model and the shards.
 class counting_dispatch final : public expert_dispatch {
  public:
-  counting_dispatch(expert_dispatch& inner, int32_t n_experts) : inner_(inner), rows_(static_cast<size_t>(n_experts), 0) {}
+  counting_dispatch(expert_dispatch& inner, const expert_placement& placement)
+      : inner_(inner), experts_(placement.n_layers(), placement.n_experts()),
+        shards_(placement.n_layers(), placement.num_shards()) {}
   [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
-  [[nodiscard]] std::vector<expert_reply> compute(const std::vector<expert_request>& requests) override {
-    for (const expert_request& q : requests)
-      for (const expert_batch& b : q.batches) rows_[static_cast<size_t>(b.expert)] += static_cast<int64_t>(b.rows.size());
+  [[nodiscard]] expected<std::vector<expert_reply>> compute(const std::vector<expert_request>& requests) override {
+    experts_.add(requests);
+    shards_.add(requests);
     return inner_.compute(requests);
   }
-  [[nodiscard]] const std::vector<int64_t>& rows() const { return rows_; }
+  /// Each expert's rows over every layer.
+  [[nodiscard]] std::vector<int64_t> rows() const {
+    std::vector<int64_t> out(static_cast<size_t>(experts_.n_experts()), 0);
+    for (int32_t l = 0; l < experts_.n_layers(); l++)
+      for (int32_t e = 0; e < experts_.n_experts(); e++) out[static_cast<size_t>(e)] += experts_.rows(l, e);
+    return out;
+  }
+  [[nodiscard]] const expert_load& experts() const { return experts_; }
+  [[nodiscard]] const shard_load& shards() const { return shards_; }
 
  private:
   expert_dispatch& inner_;
-  std::vector<int64_t> rows_;
+  expert_load experts_;
+  shard_load shards_;
 };
 
 /// What a model computes for a fixed workload: three sequences prefilled in one step, then 30
@@ -389,16 +478,30 @@ std::vector<float> workload(transformer& t, const tokenizer& tok) {
   return all;
 }
 
-/// The workload through `placement`'s shards in this process; `rows` gets each expert's row count.
-std::vector<float> workload_on(const checkpoint& ck, const expert_placement& placement, const tokenizer& tok,
-                               std::vector<int64_t>* rows = nullptr) {
-  in_process_dispatch shards(ck, placement, kernel_path::fast);
-  counting_dispatch counted(shards, placement.n_experts());
+/// What the workload's dispatch counted.
+struct measured_load {
+  std::vector<int64_t> rows;  ///< (n_experts) over every layer
+  expert_load experts;
+  shard_load shards;
+};
+
+/// The workload through `shards`, which hold the experts as `placement` says; `measured` gets
+/// what they computed.
+std::vector<float> workload_through(const checkpoint& ck, const expert_placement& placement, expert_dispatch& shards,
+                                    const tokenizer& tok, std::optional<measured_load>* measured = nullptr) {
+  counting_dispatch counted(shards, placement);
   transformer t(ck);
   t.set_expert_dispatch(placement, counted);
   std::vector<float> out = workload(t, tok);
-  if (rows != nullptr) *rows = counted.rows();
+  if (measured != nullptr) measured->emplace(measured_load{counted.rows(), counted.experts(), counted.shards()});
   return out;
+}
+
+/// The workload through `placement`'s shards in this process.
+std::vector<float> workload_on(const checkpoint& ck, const expert_placement& placement, const tokenizer& tok,
+                               std::optional<measured_load>* measured = nullptr) {
+  in_process_dispatch shards(ck, placement, kernel_path::fast);
+  return workload_through(ck, placement, shards, tok, measured);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -410,8 +513,8 @@ TEST_F(Moe, SparseMoeGivesTheSameBitsWhateverThePlacement) {
     const int32_t layers = ck->config().n_layers, experts = ck->moe()->n_experts;
     transformer default_model(*ck);  // one shard, made by the model itself
     const std::vector<float> expected = workload(default_model, *tokenizer_);
-    std::vector<int64_t> rows;
-    EXPECT_TRUE(same_bits(workload_on(*ck, expert_placement::round_robin(layers, experts, 1), *tokenizer_, &rows), expected));
+    std::optional<measured_load> measured;
+    EXPECT_TRUE(same_bits(workload_on(*ck, expert_placement::round_robin(layers, experts, 1), *tokenizer_, &measured), expected));
     EXPECT_TRUE(same_bits(workload_on(*ck, expert_placement::round_robin(layers, experts, 4), *tokenizer_), expected));
     // Replicas of the hot experts (the most-routed) on every other shard of three.
     const std::vector<int32_t> hot = model::hot_experts(skewed_options());
@@ -430,7 +533,7 @@ TEST_F(Moe, SparseMoeGivesTheSameBitsWhateverThePlacement) {
     EXPECT_TRUE(same_bits(workload_on(*ck, everywhere, *tokenizer_), expected));
     // Top-2 of 4: every row of every layer went to exactly two experts.
     int64_t total = 0;
-    for (int64_t n : rows) total += n;
+    for (int64_t n : measured->rows) total += n;
     EXPECT_EQ(total % (2 * layers), 0);
   }
 }
@@ -439,9 +542,11 @@ TEST_F(Moe, SkewedRouterSendsMostRowsToItsHotExpert) {
   const std::vector<int32_t> hot = model::hot_experts(skewed_options());
   ASSERT_EQ(hot.size(), 1u);
   const int32_t layers = skewed_->config().n_layers;
-  std::vector<int64_t> skewed, random;
-  workload_on(*skewed_, expert_placement::round_robin(layers, 4, 2), *tokenizer_, &skewed);
-  workload_on(*random_, expert_placement::round_robin(layers, 4, 2), *tokenizer_, &random);
+  std::optional<measured_load> skewed_load, random_load;
+  workload_on(*skewed_, expert_placement::round_robin(layers, 4, 2), *tokenizer_, &skewed_load);
+  workload_on(*random_, expert_placement::round_robin(layers, 4, 2), *tokenizer_, &random_load);
+  const std::vector<int64_t>& skewed = skewed_load->rows;
+  const std::vector<int64_t>& random = random_load->rows;
   int64_t total = 0;
   for (int64_t n : skewed) total += n;
   const int64_t rows = total / 2;  // (row, layer) pairs: each goes to two experts
@@ -452,6 +557,32 @@ TEST_F(Moe, SkewedRouterSendsMostRowsToItsHotExpert) {
   EXPECT_EQ(skewed[static_cast<size_t>(hot[0])], rows);  // every row's top 2 holds the hot expert
   EXPECT_EQ(skewed, (std::vector<int64_t>{890, 158, 311, 421}));
   EXPECT_EQ(random, (std::vector<int64_t>{661, 486, 683, 610}));
+}
+
+// Four shards, two experts per layer per shard. Round robin puts one expert of each layer on
+// each shard: the hot expert's shard computes every row of its layer, twice the mean (top 2 of
+// 4). Rebalanced from the window's counts, the hot expert gets a second replica and the others
+// are packed around them. The skewed router's window (the workload): moe_lb 2.0 before, 1.07
+// after, measured from the shards' requests of a second run; the text is the same bits.
+TEST_F(Moe, RebalancingTheSkewedRoutersLoadBringsMoeLbFromTwoToNearOne) {
+  const int32_t layers = skewed_->config().n_layers;
+  const expert_placement before = expert_placement::round_robin(layers, 4, 4);
+  std::optional<measured_load> window, next;
+  const std::vector<float> expected = workload_on(*skewed_, before, *tokenizer_, &window);
+  auto after = rebalance(window->experts, /*num_shards=*/4, /*capacity=*/2);
+  ASSERT_TRUE(after) << after.error().message;
+  EXPECT_TRUE(same_bits(workload_on(*skewed_, *after, *tokenizer_, &next), expected));
+  const double lb_before = moe_lb(window->shards), lb_after = moe_lb(next->shards);
+  const double lb_after_expected = moe_lb(expected_shard_load(*after, window->experts));
+  std::printf("skewed router, 4 shards of capacity 2: moe_lb before %.4f (round robin), after %.4f "
+              "(rebalanced; %.4f expected from the window)\n",
+              lb_before, lb_after, lb_after_expected);
+  EXPECT_DOUBLE_EQ(lb_before, moe_lb(expected_shard_load(before, window->experts)));  // no replicas: exact
+  EXPECT_GE(lb_before, 1.5);
+  EXPECT_LE(lb_after, 1.15);
+  EXPECT_LE(lb_after_expected, 1.15);
+  const std::vector<int32_t> hot = model::hot_experts(skewed_options());
+  for (int32_t l = 0; l < layers; l++) EXPECT_EQ(after->replicas(l, hot[0]).size(), 2u) << "layer " << l;
 }
 
 // ---- the shard's door -------------------------------------------------------------------------
@@ -597,6 +728,85 @@ TEST_F(Moe, CliSplitsAndGeneratesTheDenseGoldenText) {
   const testing::cli_result q = testing::run_troupe({"quantize", out, "-o", (dir_ / "q.bin").string(), "--group-size", "4"}, dir_);
   EXPECT_EQ(q.exit_code, 2);
   EXPECT_NE(q.err.find("is a mixture of experts"), std::string::npos) << q.err;
+}
+
+// ---- expert shards as actors -------------------------------------------------------------------
+
+/// A threaded actor system with troupe's messages: actor_dispatch blocks its caller on the shards.
+class MoeActors : public Moe {
+ protected:
+  caf::actor_system_config cfg_;
+  caf::actor_system sys_{troupe::testing::configure(cfg_, /*deterministic=*/false)};
+};
+
+constexpr caf::timespan shard_timeout = std::chrono::seconds(30);  // a bound, not a measurement
+
+TEST_F(MoeActors, ShardActorsGiveTheSameBitsAsInProcessShards) {
+  const int32_t layers = skewed_->config().n_layers;
+  const std::vector<int32_t> hot = model::hot_experts(skewed_options());
+  expert_placement replicated = expert_placement::round_robin(layers, 4, 4);  // the hot expert on all four
+  for (int32_t l = 0; l < layers; l++)
+    for (int32_t s = 0; s < 4; s++)
+      if (replicated.can_add_replica(l, hot[0], s)) replicated.add_replica(l, hot[0], s);
+  for (const checkpoint* ck : {random_, skewed_}) {
+    transformer default_model(*ck);
+    const std::vector<float> expected = workload(default_model, *tokenizer_);
+    for (const expert_placement& p : {expert_placement::round_robin(layers, 4, 1),
+                                      expert_placement::round_robin(layers, 4, 4), replicated}) {
+      actors::actor_dispatch shards(sys_, actors::spawn_expert_shards(sys_, *ck, p, kernel_path::fast), shard_timeout);
+      EXPECT_TRUE(same_bits(workload_through(*ck, p, shards, *tokenizer_), expected)) << p.num_shards() << " shards";
+    }
+  }
+}
+
+TEST_F(MoeActors, ShardActorAnswersAMalformedRequestWithAnErrorAndKeepsServing) {
+  const expert_shard_actor shard = actors::spawn_expert_shard(sys_, *random_, {{0, 1}}, kernel_path::fast);
+  caf::scoped_actor self{sys_};
+  std::string why;
+  self->request(shard, shard_timeout, expert_request{7, 64, {}, {}, {{1, {}}}})
+      .receive([&](expert_reply&) { why = "answered"; }, [&](caf::error& err) { why = sys_.render(err); });
+  EXPECT_NE(why.find("expert request: layer 7 is out of range (0..4)"), std::string::npos) << why;
+  std::vector<float> input(2 * 64);
+  for (size_t i = 0; i < input.size(); i++) input[i] = 0.01f * static_cast<float>(i % 37) - 0.2f;
+  const expert_request good{0, 64, {3, 9}, input, {{1, {3, 9}}}};
+  expert_shard in_process(*random_, {{0, 1}}, kernel_path::fast);
+  const expected<expert_reply> want = in_process.compute(good);
+  ASSERT_TRUE(want) << want.error().message;
+  std::vector<float> got;
+  self->request(shard, shard_timeout, good)
+      .receive([&](expert_reply& r) { got = r.output; }, [&](caf::error& err) { ADD_FAILURE() << sys_.render(err); });
+  EXPECT_TRUE(same_bits(got, want->output));
+}
+
+/// Faulty peers: one answers every request with an empty reply, one never answers.
+expert_shard_actor::behavior_type short_answers() {
+  return {[](expert_request&) { return expert_reply{}; }};
+}
+
+expert_shard_actor::behavior_type silent() {
+  return {[](expert_request&) { return caf::delegated<expert_reply>{}; }};  // to no one
+}
+
+TEST_F(MoeActors, AShardThatAnswersWrongOrNotAtAllFailsTheForwardPass) {
+  const expert_placement p = expert_placement::round_robin(random_->config().n_layers, 4, 2);
+  const std::vector<expert_shard_actor> good = actors::spawn_expert_shards(sys_, *random_, p, kernel_path::fast);
+  const std::pair<expert_shard_actor, std::string> faulty[] = {
+      {sys_.spawn(short_answers), "expert shard 1: answered 0 values where layer "},
+      {sys_.spawn(silent), "request_timeout"}};
+  for (const auto& [shard, why] : faulty) {
+    actors::actor_dispatch dispatch(sys_, {good[0], shard}, std::chrono::milliseconds(200));
+    transformer t(*random_);
+    t.set_expert_dispatch(p, dispatch);
+    generate::generate_params params;
+    params.prompt = *tokenizer_->encode("Once upon a time", true, false);
+    params.max_new_tokens = 20;
+    auto out = generate::generate(t, *tokenizer_, params);
+    ASSERT_FALSE(out);
+    EXPECT_EQ(out.error().code, errc::unavailable);
+    EXPECT_EQ(out.error().message.rfind("expert shard 1: ", 0), 0u) << out.error().message;
+    EXPECT_NE(out.error().message.find(why), std::string::npos) << out.error().message;
+    ASSERT_TRUE(t.expert_error().has_value());
+  }
 }
 
 }  // namespace

@@ -38,12 +38,14 @@ expected<generation> generate(model::transformer& model, const tokenizer& tok,
   std::vector<int32_t> sequence = p.prompt;
   for (int32_t pos = 0; pos + 1 < static_cast<int32_t>(p.prompt.size()); pos++) {
     model.forward({model::forward_row{sequence[pos], pos, table.data(), false}}, cache, logits);
+    if (model.expert_error()) return tl::unexpected(*model.expert_error());
     (void)detokenizer.push(sequence[pos]);
   }
   (void)detokenizer.push(sequence.back());
   while (static_cast<int32_t>(out.tokens.size()) < p.max_new_tokens) {
     const int32_t pos = static_cast<int32_t>(sequence.size()) - 1;
     model.forward({model::forward_row{sequence[pos], pos, table.data(), true}}, cache, logits);
+    if (model.expert_error()) return tl::unexpected(*model.expert_error());
     if (auto ok = sampling::check_logits(logits.data(), c.vocab_size); !ok) return tl::unexpected(ok.error());
     const sampling::token_context context{sequence.data(), static_cast<int32_t>(sequence.size()),
                                           static_cast<int32_t>(p.prompt.size())};

@@ -157,6 +157,7 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
   if (num_layers == 0) num_layers = c.n_layers;
   const int32_t n = static_cast<int32_t>(rows.size());
   reserve(n);
+  expert_error_.reset();
   for (int32_t r = 0; r < n; r++) {
     const forward_row& row = rows[r];
     TROUPE_ASSERT_MSG(row.token >= 0 && row.token < c.vocab_size, "token id out of range");
@@ -165,11 +166,12 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
     std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(row.token) * c.dim, c.dim,
                 x_.data() + static_cast<int64_t>(r) * c.dim);
   }
-  for (int32_t l = 0; l < num_layers; l++) {
+  for (int32_t l = 0; l < num_layers && !expert_error_; l++) {
     attention_layer(rows, cache, l);
     ffn_layer(n, l);
   }
   classifier(rows, logits);
+  num_forwards_++;
 }
 
 void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache& cache,
@@ -246,8 +248,13 @@ void transformer::moe_ffn_layer(int32_t n, int32_t l) {
       for (int32_t e = 0; e < experts; e++) router_logits_[static_cast<size_t>(r) * experts + e] += bias[e];
   }
   const moe::routing routes = moe::route(router_logits_.data(), n, experts, m.top_k, m.router, exp_);
-  const moe::dispatch_plan plan = moe::plan_dispatch(placement_, l, routes, xb_.data(), dim);
-  moe::combine(plan, dispatch_->compute(plan.requests), xb_.data(), n, dim);
+  const moe::dispatch_plan plan = moe::plan_dispatch(placement_, l, routes, xb_.data(), dim, num_forwards_);
+  expected<std::vector<moe::expert_reply>> replies = dispatch_->compute(plan.requests);
+  if (!replies) {
+    expert_error_ = replies.error();
+    return;
+  }
+  moe::combine(plan, *replies, xb_.data(), n, dim);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
@@ -55,6 +56,11 @@ class transformer {
   void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
                int32_t num_layers = 0);
 
+  /// Why the last forward's experts could not be computed (a dispatch that refused or timed out:
+  /// shards in other actors or processes), if so. That forward stopped at the failed layer: its
+  /// logits and the K/V it wrote are meaningless.
+  [[nodiscard]] const std::optional<error>& expert_error() const { return expert_error_; }
+
  private:
   struct layer_weights {
     kernels::cpu::packed_matrix wq, wk, wv, wo, w1, w2, w3;  // an MoE's: no w1, w2, w3
@@ -93,6 +99,8 @@ class transformer {
   moe::expert_placement placement_;                          // an MoE's
   std::unique_ptr<moe::expert_dispatch> own_dispatch_;       // one shard with every expert
   moe::expert_dispatch* dispatch_ = nullptr;                 // own_dispatch_ or a borrowed one
+  std::optional<error> expert_error_;                        // the last forward's failed dispatch
+  int64_t num_forwards_ = 0;  // the turn of an MoE's replicas (moe::plan_dispatch)
 
   // Scratch, sized for the largest batch seen so far.
   std::vector<float> x_;       // (rows, dim) residual stream

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/common/error.hpp"
+
 namespace troupe::moe {
 
 /// The rows of a step that one expert computes in a request.
@@ -37,14 +39,17 @@ struct expert_reply {
 /// Delivers one layer's requests to the shards: requests[s] goes to shard s and replies[s]
 /// answers it; a request without batches is not delivered and its reply is empty. Shards may
 /// compute concurrently or remotely: the caller's combine does not depend on when replies came.
+/// A dispatch that can fail (a shard in another actor or process that refuses, or does not
+/// answer in time) answers an error, and the step's forward pass is then void.
 class expert_dispatch {
  public:
   virtual ~expert_dispatch() = default;
 
   [[nodiscard]] virtual int32_t num_shards() const = 0;
 
-  /// The replies to `requests` (num_shards() of them), in shard order.
-  [[nodiscard]] virtual std::vector<expert_reply> compute(const std::vector<expert_request>& requests) = 0;
+  /// The replies to `requests` (num_shards() of them), in shard order, each the size its
+  /// request's batches name; or why not.
+  [[nodiscard]] virtual expected<std::vector<expert_reply>> compute(const std::vector<expert_request>& requests) = 0;
 };
 
 }  // namespace troupe::moe

@@ -104,17 +104,21 @@ expected<expert_reply> expert_shard::compute(const expert_request& q) {
   return reply;
 }
 
-in_process_dispatch::in_process_dispatch(const model::checkpoint& ck, const expert_placement& placement,
-                                         model::kernel_path path) {
+std::vector<std::vector<expert_id>> experts_by_shard(const expert_placement& placement) {
   placement.check_invariants();
   std::vector<std::vector<expert_id>> held(static_cast<size_t>(placement.num_shards()));
   for (int32_t l = 0; l < placement.n_layers(); l++)
     for (int32_t e = 0; e < placement.n_experts(); e++)
       for (int32_t s : placement.replicas(l, e)) held[static_cast<size_t>(s)].push_back({l, e});
-  for (std::vector<expert_id>& experts : held) shards_.emplace_back(ck, std::move(experts), path);
+  return held;
 }
 
-std::vector<expert_reply> in_process_dispatch::compute(const std::vector<expert_request>& requests) {
+in_process_dispatch::in_process_dispatch(const model::checkpoint& ck, const expert_placement& placement,
+                                         model::kernel_path path) {
+  for (std::vector<expert_id>& experts : experts_by_shard(placement)) shards_.emplace_back(ck, std::move(experts), path);
+}
+
+expected<std::vector<expert_reply>> in_process_dispatch::compute(const std::vector<expert_request>& requests) {
   TROUPE_ASSERT(requests.size() == shards_.size());
   std::vector<expert_reply> replies(requests.size());
   for (size_t s = 0; s < requests.size(); s++) {

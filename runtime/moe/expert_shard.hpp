@@ -62,13 +62,16 @@ class expert_shard {
   std::vector<float> hb2_;  // (rows, hidden_dim)
 };
 
+/// The experts each shard of `placement` holds (num_shards lists, each increasing).
+[[nodiscard]] std::vector<std::vector<expert_id>> experts_by_shard(const expert_placement& placement);
+
 /// A placement's shards, all in this process, computed in shard order.
 class in_process_dispatch final : public expert_dispatch {
  public:
   in_process_dispatch(const model::checkpoint& ck, const expert_placement& placement, model::kernel_path path);
 
   [[nodiscard]] int32_t num_shards() const override { return static_cast<int32_t>(shards_.size()); }
-  [[nodiscard]] std::vector<expert_reply> compute(const std::vector<expert_request>& requests) override;
+  [[nodiscard]] expected<std::vector<expert_reply>> compute(const std::vector<expert_request>& requests) override;
 
  private:
   std::vector<expert_shard> shards_;

@@ -1,6 +1,7 @@
 #include "runtime/moe/placement.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "runtime/common/error.hpp"
 
@@ -16,6 +17,20 @@ expert_placement expert_placement::round_robin(int32_t n_layers, int32_t n_exper
   p.replicas_.resize(static_cast<size_t>(n_layers) * n_experts);
   for (int32_t l = 0; l < n_layers; l++)
     for (int32_t e = 0; e < n_experts; e++) p.replicas_[static_cast<size_t>(l) * n_experts + e] = {e % num_shards};
+  p.check_invariants();
+  return p;
+}
+
+expert_placement expert_placement::of_replicas(int32_t n_layers, int32_t n_experts, int32_t num_shards,
+                                               std::vector<std::vector<int32_t>> replicas) {
+  TROUPE_ASSERT(n_layers >= 1 && n_experts >= 1);
+  TROUPE_ASSERT(num_shards >= 1);
+  expert_placement p;
+  p.n_layers_ = n_layers;
+  p.n_experts_ = n_experts;
+  p.num_shards_ = num_shards;
+  p.replicas_ = std::move(replicas);
+  for (std::vector<int32_t>& r : p.replicas_) std::sort(r.begin(), r.end());
   p.check_invariants();
   return p;
 }
@@ -85,8 +100,9 @@ void gather_input(expert_request& request, const float* input, int32_t dim) {
 }  // namespace
 
 dispatch_plan plan_dispatch(const expert_placement& placement, int32_t layer, const routing& routing,
-                            const float* input, int32_t dim) {
+                            const float* input, int32_t dim, int64_t turn) {
   TROUPE_ASSERT(dim >= 1);
+  TROUPE_ASSERT(turn >= 0);
   dispatch_plan plan;
   plan.requests.resize(static_cast<size_t>(placement.num_shards()));
   for (expert_request& q : plan.requests) q.layer = layer, q.dim = dim;
@@ -99,7 +115,7 @@ dispatch_plan plan_dispatch(const expert_placement& placement, int32_t layer, co
     for (int64_t i = 0; i < m; i++) {
       const int64_t begin = i * n / m, end = (i + 1) * n / m;
       if (begin == end) continue;
-      const int32_t shard = shards[static_cast<size_t>(i)];
+      const int32_t shard = shards[static_cast<size_t>((i + turn) % m)];
       expert_batch batch{e, {}};
       for (int64_t j = begin; j < end; j++) {
         const routed_row& r = rows[static_cast<size_t>(j)];

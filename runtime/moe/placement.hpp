@@ -23,6 +23,10 @@ class expert_placement {
 
   /// `num_shards` shards; expert e of every layer on shard e % num_shards alone.
   [[nodiscard]] static expert_placement round_robin(int32_t n_layers, int32_t n_experts, int32_t num_shards);
+  /// `num_shards` shards; `replicas[layer · n_experts + expert]` lists the shards of each expert
+  /// (any order; sorted here). The invariants are asserted.
+  [[nodiscard]] static expert_placement of_replicas(int32_t n_layers, int32_t n_experts, int32_t num_shards,
+                                                    std::vector<std::vector<int32_t>> replicas);
 
   [[nodiscard]] int32_t n_layers() const { return n_layers_; }
   [[nodiscard]] int32_t n_experts() const { return n_experts_; }
@@ -38,6 +42,11 @@ class expert_placement {
   void add_replica(int32_t layer, int32_t expert, int32_t shard);
 
   void check_invariants() const;
+
+  friend bool operator==(const expert_placement& a, const expert_placement& b) {
+    return a.n_layers_ == b.n_layers_ && a.n_experts_ == b.n_experts_ && a.num_shards_ == b.num_shards_ &&
+           a.replicas_ == b.replicas_;
+  }
 
  private:
   int32_t n_layers_ = 0;
@@ -62,11 +71,13 @@ struct dispatch_plan {
 };
 
 /// Splits `routing` of `layer` over the shards of `placement`. `input` (routing.num_rows, dim)
-/// are the rows' FFN inputs. An expert's rows, in increasing row index, go to its replicas in
-/// equal contiguous parts (replica i of m gets rows [i·n/m, (i+1)·n/m) of its n), so the split is a
-/// function of the row indices alone.
+/// are the rows' FFN inputs. An expert's n rows, in increasing row index, are cut into m equal
+/// contiguous parts for its m replicas (part i: rows [i·n/m, (i+1)·n/m)), and part i goes to
+/// replica (i + turn) mod m. A caller passing its step count as `turn` gives each replica the
+/// larger parts in turn (a one-row step's row goes to each replica in turn), so a window's rows
+/// spread evenly; the split never changes the combined bits.
 [[nodiscard]] dispatch_plan plan_dispatch(const expert_placement& placement, int32_t layer, const routing& routing,
-                                          const float* input, int32_t dim);
+                                          const float* input, int32_t dim, int64_t turn = 0);
 
 /// out (num_rows, dim) = Σ gate × expert output for each row, added in `plan.entries` order (by
 /// expert id, then row). `replies` answer `plan.requests`, shard by shard; their sizes are

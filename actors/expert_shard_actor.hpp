@@ -1,0 +1,56 @@
+#pragma once
+
+/// Expert shards as actors (issue 18; docs/moe.md): each holds some (layer, expert)s of an MoE
+/// checkpoint and answers the expert_request of one MoE layer of a step with its expert_reply.
+/// A request is checked where it enters (moe::expert_shard::compute): a malformed one, from a
+/// peer in another process, is answered with an error and the shard keeps serving.
+///
+/// `actor_dispatch` is the model's side: an moe::expert_dispatch whose shards are these actors.
+/// It blocks its caller until every shard answered, at most `timeout`: the forward pass cannot go
+/// on without the experts' outputs, as it cannot without its own kernels. A shard never waits on
+/// anyone, so the wait cannot deadlock; a shard that refuses, answers a reply of the wrong size or
+/// does not answer in time fails the forward pass (model::transformer::expert_error). It calls
+/// check_may_block (actors/sync_guard.hpp), so today it runs a forward pass on a thread of its own
+/// (tests, `generate`), not inside the step executor's plan handler: plugging it in there means
+/// exempting that bounded wait from the executor's no_blocking_scope (docs/moe.md, planned).
+
+#include <vector>
+
+#include <caf/fwd.hpp>
+#include <caf/timespan.hpp>
+
+#include "actors/protocols.hpp"
+#include "runtime/model/checkpoint.hpp"
+#include "runtime/model/kernel_path.hpp"
+#include "runtime/moe/expert_dispatch.hpp"
+#include "runtime/moe/expert_shard.hpp"
+#include "runtime/moe/placement.hpp"
+
+namespace troupe::actors {
+
+/// Spawns a shard holding `experts` (distinct) of `ck`, an MoE checkpoint.
+expert_shard_actor spawn_expert_shard(caf::actor_system& sys, const model::checkpoint& ck,
+                                      std::vector<moe::expert_id> experts, model::kernel_path path);
+
+/// Spawns the shards of `placement`, shard s holding the experts the placement gives it.
+std::vector<expert_shard_actor> spawn_expert_shards(caf::actor_system& sys, const model::checkpoint& ck,
+                                                    const moe::expert_placement& placement, model::kernel_path path);
+
+/// An expert_dispatch over shard actors (header comment): sends every non-empty request at once,
+/// then collects the replies, each within `timeout` of its sending.
+class actor_dispatch final : public moe::expert_dispatch {
+ public:
+  actor_dispatch(caf::actor_system& sys, std::vector<expert_shard_actor> shards, caf::timespan timeout);
+
+  [[nodiscard]] int32_t num_shards() const override { return static_cast<int32_t>(shards_.size()); }
+  /// The replies, or `unavailable` naming the first shard (by id) that failed and why.
+  [[nodiscard]] expected<std::vector<moe::expert_reply>> compute(
+      const std::vector<moe::expert_request>& requests) override;
+
+ private:
+  caf::actor_system& sys_;
+  std::vector<expert_shard_actor> shards_;
+  caf::timespan timeout_;
+};
+
+}  // namespace troupe::actors
