@@ -1,5 +1,8 @@
 #include "actors/expert_shard_actor.hpp"
 
+#include <algorithm>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,7 +33,50 @@ expert_shard_actor::behavior_type expert_shard_behavior(expert_shard_pointer sel
         if (!reply) return caf::make_error(caf::sec::invalid_argument, reply.error().message);
         return std::move(*reply);
       },
+      [=](msg::fetch_experts& f) -> caf::result<msg::expert_set> {
+        msg::expert_set out;
+        for (const moe::expert_id& id : f.experts) {
+          expected<moe::expert_weights> w = self->state.shard->weights(id);
+          if (!w) return caf::make_error(caf::sec::invalid_argument, w.error().message);
+          out.experts.push_back(std::move(*w));
+        }
+        return out;
+      },
+      [=](msg::expert_set& s) -> caf::result<int32_t> {
+        for (moe::expert_weights& w : s.experts)
+          if (auto ok = self->state.shard->add(std::move(w)); !ok)  // checks the weights first
+            return caf::make_error(caf::sec::invalid_argument, ok.error().message);
+        return self->state.shard->num_experts();
+      },
+      [=](msg::drop_experts& d) -> caf::result<int32_t> {
+        for (const moe::expert_id& id : d.experts)
+          if (auto ok = self->state.shard->drop(id); !ok)
+            return caf::make_error(caf::sec::invalid_argument, ok.error().message);
+        return self->state.shard->num_experts();
+      },
   };
+}
+
+/// Asks `shard` one question and waits for the answer, at most `timeout`.
+template <class Answer, class Question>
+expected<Answer> ask(caf::actor_system& sys, const expert_shard_actor& shard, caf::timespan timeout,
+                     Question question, int32_t shard_id) {
+  check_may_block("waiting on an expert shard (actor_dispatch)");
+  caf::scoped_actor self{sys};
+  expected<Answer> answer = fail(errc::internal, "no answer");
+  self->request(shard, timeout, std::move(question))
+      .receive([&](Answer& a) { answer = std::move(a); },
+               [&](caf::error& err) {
+                 answer = fail(errc::unavailable, "expert shard " + std::to_string(shard_id) + ": " + sys.render(err));
+               });
+  return answer;
+}
+
+/// The experts of `a` that `b` lacks (both increasing), increasing.
+std::vector<moe::expert_id> held_only_by(const std::vector<moe::expert_id>& a, const std::vector<moe::expert_id>& b) {
+  std::vector<moe::expert_id> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
 }
 
 /// How many output values `request`'s reply must hold.
@@ -88,6 +134,55 @@ expected<std::vector<moe::expert_reply>> actor_dispatch::compute(const std::vect
         [&, s = s](caf::error& err) { fail_shard(s, sys_.render(err)); });
   if (failed) return tl::unexpected(*failed);
   return replies;
+}
+
+void actor_dispatch::check_placements(const moe::expert_placement& from, const moe::expert_placement& to) const {
+  TROUPE_ASSERT(from.num_shards() == num_shards() && to.num_shards() == num_shards());
+  TROUPE_ASSERT(from.n_layers() == to.n_layers() && from.n_experts() == to.n_experts());
+}
+
+expected<void> actor_dispatch::add_replicas(const moe::expert_placement& from, const moe::expert_placement& to) {
+  check_placements(from, to);
+  const auto held_from = moe::experts_by_shard(from), held_to = moe::experts_by_shard(to);
+  std::map<int32_t, msg::fetch_experts> fetches;  // by source: the lowest shard holding each under `from`
+  for (size_t s = 0; s < held_to.size(); s++)
+    for (const moe::expert_id& id : held_only_by(held_to[s], held_from[s]))
+      fetches[from.replicas(id.layer, id.expert).front()].experts.push_back(id);
+  std::map<moe::expert_id, moe::expert_weights> fetched;
+  for (auto& [source, fetch] : fetches) {
+    std::sort(fetch.experts.begin(), fetch.experts.end());
+    fetch.experts.erase(std::unique(fetch.experts.begin(), fetch.experts.end()), fetch.experts.end());
+    const std::vector<moe::expert_id> asked = fetch.experts;
+    auto set = ask<msg::expert_set>(sys_, shards_[static_cast<size_t>(source)], timeout_, std::move(fetch), source);
+    if (!set) return tl::unexpected(set.error());
+    if (set->experts.size() != asked.size())
+      return fail(errc::unavailable, "expert shard " + std::to_string(source) + " sent " +
+                                         std::to_string(set->experts.size()) + " experts for " +
+                                         std::to_string(asked.size()) + " asked");
+    for (size_t i = 0; i < asked.size(); i++) fetched[asked[i]] = std::move(set->experts[i]);  // ids: checked by add
+  }
+  for (size_t s = 0; s < held_to.size(); s++) {
+    msg::expert_set give;
+    for (const moe::expert_id& id : held_only_by(held_to[s], held_from[s])) give.experts.push_back(fetched.at(id));
+    if (give.experts.empty()) continue;
+    const auto shard = static_cast<int32_t>(s);
+    if (auto held = ask<int32_t>(sys_, shards_[s], timeout_, std::move(give), shard); !held)
+      return tl::unexpected(held.error());
+  }
+  return {};
+}
+
+expected<void> actor_dispatch::drop_replicas(const moe::expert_placement& from, const moe::expert_placement& to) {
+  check_placements(from, to);
+  const auto held_from = moe::experts_by_shard(from), held_to = moe::experts_by_shard(to);
+  for (size_t s = 0; s < held_from.size(); s++) {
+    msg::drop_experts drop{held_only_by(held_from[s], held_to[s])};
+    if (drop.experts.empty()) continue;
+    const auto shard = static_cast<int32_t>(s);
+    if (auto held = ask<int32_t>(sys_, shards_[s], timeout_, std::move(drop), shard); !held)
+      return tl::unexpected(held.error());
+  }
+  return {};
 }
 
 }  // namespace troupe::actors

@@ -47,7 +47,20 @@ class actor_dispatch final : public moe::expert_dispatch {
   [[nodiscard]] expected<std::vector<moe::expert_reply>> compute(
       const std::vector<moe::expert_request>& requests) override;
 
+  /// Moving from placement `from` to `to` (of these shards), first half: gives each shard the
+  /// experts `to` adds to it, their weights fetched from the lowest shard holding them under
+  /// `from`. The shards keep serving `from`'s requests meanwhile (holding more experts changes
+  /// none), so this may run on another thread while steps go on; the caller then switches the
+  /// model to `to` between two steps (model::transformer::set_expert_dispatch), and a step in
+  /// flight finishes on `from`. Each message is bounded by the timeout; on an error, some shards
+  /// may hold experts of `to` already, which is harmless.
+  [[nodiscard]] expected<void> add_replicas(const moe::expert_placement& from, const moe::expert_placement& to);
+  /// Second half, after the switch: each shard drops the experts it holds under `from` only.
+  [[nodiscard]] expected<void> drop_replicas(const moe::expert_placement& from, const moe::expert_placement& to);
+
  private:
+  void check_placements(const moe::expert_placement& from, const moe::expert_placement& to) const;
+
   caf::actor_system& sys_;
   std::vector<expert_shard_actor> shards_;
   caf::timespan timeout_;

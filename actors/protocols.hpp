@@ -57,8 +57,12 @@ using cache_tier_actor = caf::typed_actor<caf::replies_to<msg::tier_lookup>::wit
                                           caf::replies_to<stats_atom>::with<msg::tier_report>>;
 
 /// An expert shard (issue 18; actors/expert_shard_actor.hpp): computes the rows one MoE layer of
-/// a step routed to its experts.
-using expert_shard_actor = caf::typed_actor<caf::replies_to<moe::expert_request>::with<moe::expert_reply>>;
+/// a step routed to its experts; sends copies of its experts' weights, takes more, drops some
+/// (answered with the number it holds).
+using expert_shard_actor = caf::typed_actor<caf::replies_to<moe::expert_request>::with<moe::expert_reply>,
+                                            caf::replies_to<msg::fetch_experts>::with<msg::expert_set>,
+                                            caf::replies_to<msg::expert_set>::with<int32_t>,
+                                            caf::replies_to<msg::drop_experts>::with<int32_t>>;
 
 /// What a completion's stream is sent to (the client, as the request actor sees it).
 using stream_receiver_actor = caf::typed_actor<caf::reacts_to<msg::completion_chunk>,

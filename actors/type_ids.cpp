@@ -47,6 +47,9 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::tier_report>("troupe::tier_report");
   cfg.add_message_type<moe::expert_request>("troupe::expert_request");
   cfg.add_message_type<moe::expert_reply>("troupe::expert_reply");
+  cfg.add_message_type<msg::fetch_experts>("troupe::fetch_experts");
+  cfg.add_message_type<msg::expert_set>("troupe::expert_set");
+  cfg.add_message_type<msg::drop_experts>("troupe::drop_experts");
   // Handles that travel as a whole message (answers): typed handles are not built-in types.
   cfg.add_message_type<request_actor>("troupe::request_actor");
   cfg.add_message_type<executor_actor>("troupe::executor_actor");

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -442,8 +444,10 @@ class counting_dispatch final : public expert_dispatch {
 
 /// What a model computes for a fixed workload: three sequences prefilled in one step, then 30
 /// decode steps of all three at once (greedy), then three seeded sampled requests. Returns
-/// every logit, then the sampled tokens as floats.
-std::vector<float> workload(transformer& t, const tokenizer& tok) {
+/// every logit, then the sampled tokens as floats. `between_steps(step)` runs after each of the
+/// first 30 steps but the last.
+std::vector<float> workload(transformer& t, const tokenizer& tok,
+                            const std::function<void(int32_t step)>& between_steps = {}) {
   const model::model_config& c = t.config();
   model::kv_cache cache(c, 3 * 8, 16);
   const int32_t tables[3][8] = {{0, 1, 2, 3, 4, 5, 6, 7}, {15, 14, 13, 12, 11, 10, 9, 8}, {16, 18, 20, 22, 17, 19, 21, 23}};
@@ -456,6 +460,7 @@ std::vector<float> workload(transformer& t, const tokenizer& tok) {
       rows.push_back({seqs[s][p], static_cast<int32_t>(p), tables[s], p + 1 == seqs[s].size()});
   std::vector<float> all, logits;
   for (int32_t step = 0; step < 30; step++) {
+    if (step > 0 && between_steps) between_steps(step - 1);
     t.forward(rows, cache, logits);
     all.insert(all.end(), logits.begin(), logits.end());
     rows.clear();
@@ -778,13 +783,20 @@ TEST_F(MoeActors, ShardActorAnswersAMalformedRequestWithAnErrorAndKeepsServing) 
   EXPECT_TRUE(same_bits(got, want->output));
 }
 
+/// A faulty peer: `compute` answers expert requests; it holds no experts to move.
+template <class Compute>
+expert_shard_actor::behavior_type faulty_shard(Compute compute) {
+  return {compute, [](msg::fetch_experts&) { return msg::expert_set{}; }, [](msg::expert_set&) { return int32_t{0}; },
+          [](msg::drop_experts&) { return int32_t{0}; }};
+}
+
 /// Faulty peers: one answers every request with an empty reply, one never answers.
 expert_shard_actor::behavior_type short_answers() {
-  return {[](expert_request&) { return expert_reply{}; }};
+  return faulty_shard([](expert_request&) { return expert_reply{}; });
 }
 
 expert_shard_actor::behavior_type silent() {
-  return {[](expert_request&) { return caf::delegated<expert_reply>{}; }};  // to no one
+  return faulty_shard([](expert_request&) { return caf::delegated<expert_reply>{}; });  // to no one
 }
 
 TEST_F(MoeActors, AShardThatAnswersWrongOrNotAtAllFailsTheForwardPass) {
@@ -807,6 +819,85 @@ TEST_F(MoeActors, AShardThatAnswersWrongOrNotAtAllFailsTheForwardPass) {
     EXPECT_NE(out.error().message.find(why), std::string::npos) << out.error().message;
     ASSERT_TRUE(t.expert_error().has_value());
   }
+}
+
+TEST_F(MoeActors, ShardsHandOverExpertWeightsAndCheckThem) {
+  const expert_shard_actor a = actors::spawn_expert_shard(sys_, *random_, {{0, 1}, {2, 3}}, kernel_path::fast);
+  const expert_shard_actor b = actors::spawn_expert_shard(sys_, *random_, {{0, 0}}, kernel_path::fast);
+  caf::scoped_actor self{sys_};
+  const auto error_of = [&](auto question) {
+    std::string why = "answered";
+    self->request(b, shard_timeout, std::move(question))
+        .receive([](int32_t) {}, [&](caf::error& err) { why = sys_.render(err); });
+    return why;
+  };
+  msg::expert_set set;
+  self->request(a, shard_timeout, msg::fetch_experts{{{2, 3}}})
+      .receive([&](msg::expert_set& s) { set = std::move(s); }, [&](caf::error& err) { ADD_FAILURE() << sys_.render(err); });
+  ASSERT_EQ(set.experts.size(), 1u);
+  msg::expert_set bad = set;
+  bad.experts[0].w2.pop_back();
+  EXPECT_NE(error_of(bad).find("expert weights (layer 2, expert 3): w1, w2, w3 hold 2752, 2751, 2752 values, not 2752 each"),
+            std::string::npos);
+  bad = set;
+  bad.experts[0].w3[5] = std::nanf("");
+  EXPECT_NE(error_of(bad).find("a weight is not finite"), std::string::npos);
+  bad = set;
+  bad.experts[0].layer = 9;
+  EXPECT_NE(error_of(bad).find("no such expert in the model"), std::string::npos);
+  EXPECT_NE(error_of(msg::drop_experts{{{4, 0}}}).find("does not hold expert 0 of layer 4"), std::string::npos);
+  EXPECT_EQ(error_of(set), "answered");  // now b holds (2, 3): the same bits as a's
+  EXPECT_NE(error_of(set).find("held already"), std::string::npos);
+  const expert_request q{2, 64, {0}, std::vector<float>(64, 0.25f), {{3, {0}}}};
+  std::vector<float> from_a, from_b;
+  for (auto [shard, out] : {std::pair{a, &from_a}, std::pair{b, &from_b}})
+    self->request(shard, shard_timeout, q)
+        .receive([out = out](expert_reply& r) { *out = r.output; }, [&](caf::error& err) { ADD_FAILURE() << sys_.render(err); });
+  ASSERT_EQ(from_a.size(), 64u);
+  EXPECT_TRUE(same_bits(from_a, from_b));
+  EXPECT_EQ(error_of(msg::drop_experts{{{2, 3}, {0, 0}}}), "answered");
+}
+
+// Requests stream across a reassignment: after decode step 10 the placement is rebalanced from
+// the load counted so far, the new replicas' weights move between the shard actors on another
+// thread while the steps go on, the model switches at the first step boundary after they arrived
+// (at step 20 at the latest), and the shards then drop what they no longer hold. Every logit and
+// token is the same as without a reassignment, and the sampled requests after the switch run on
+// the new placement alone.
+TEST_F(MoeActors, ExpertsMoveBetweenShardsWhileRequestsStreamAndNothingChanges) {
+  const int32_t layers = skewed_->config().n_layers;
+  transformer default_model(*skewed_);
+  const std::vector<float> without_moves = workload(default_model, *tokenizer_);
+  const expert_placement from = expert_placement::round_robin(layers, 4, 4);
+  std::optional<expert_placement> to;
+  actors::actor_dispatch shards(sys_, actors::spawn_expert_shards(sys_, *skewed_, from, kernel_path::fast),
+                                shard_timeout);
+  counting_dispatch counted(shards, from);
+  transformer t(*skewed_);
+  t.set_expert_dispatch(from, counted);
+  std::future<expected<void>> moving;
+  int32_t switched_after = -1;
+  const auto between_steps = [&](int32_t step) {
+    if (step == 10) {
+      auto p = rebalance(counted.experts(), 4, 2);
+      ASSERT_TRUE(p) << p.error().message;
+      to = *p;
+      moving = std::async(std::launch::async, [&] { return shards.add_replicas(from, *to); });
+    }
+    if (!moving.valid() || (step < 20 && moving.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) return;
+    const expected<void> moved = moving.get();
+    ASSERT_TRUE(moved) << moved.error().message;
+    t.set_expert_dispatch(*to, counted);
+    switched_after = step;
+    const expected<void> dropped = shards.drop_replicas(from, *to);
+    ASSERT_TRUE(dropped) << dropped.error().message;
+  };
+  EXPECT_TRUE(same_bits(workload(t, *tokenizer_, between_steps), without_moves));
+  std::printf("experts moved on another thread; the model switched placement after decode step %d\n", switched_after);
+  EXPECT_GE(switched_after, 10);
+  EXPECT_LE(switched_after, 20);
+  ASSERT_TRUE(to.has_value());
+  EXPECT_FALSE(*to == from);
 }
 
 }  // namespace

@@ -259,6 +259,9 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::tier_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   expect_round_trip(moe::expert_request{2, 3, {1, 4}, {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}, {{1, {4}}, {3, {1, 4}}}});
   expect_round_trip(moe::expert_reply{{0.25f, -0.5f}});
+  expect_round_trip(msg::fetch_experts{{{1, 2}, {3, 0}}});
+  expect_round_trip(msg::expert_set{{moe::expert_weights{1, 2, {0.5f}, {1.5f}, {2.5f}}}});
+  expect_round_trip(msg::drop_experts{{{1, 2}}});
   expect_round_trip(some<actors::request_actor>());
   expect_round_trip(some<actors::executor_actor>());
   expect_round_trip(actors::engine_list{some<actors::engine_actor>(), other<actors::engine_actor>()});
@@ -267,7 +270,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 36u) << "actors/type_ids.cpp registers 36 types";
+  EXPECT_EQ(registered.size(), 39u) << "actors/type_ids.cpp registers 39 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 
@@ -286,6 +289,8 @@ TEST_F(Protocol, NestedStructsHaveEveryFieldSetToo) {
   expect_every_field_set(kv::block_copy{1, 2}, "kv::block_copy");
   expect_every_field_set(full_kv_block(), "kv::kv_block");
   expect_every_field_set(moe::expert_batch{3, {1, 4}}, "moe::expert_batch");
+  expect_every_field_set(moe::expert_id{1, 2}, "moe::expert_id");
+  expect_every_field_set(moe::expert_weights{1, 2, {0.5f}, {1.5f}, {2.5f}}, "moe::expert_weights");
 }
 
 TEST_F(Protocol, TheCheckerNoticesAFieldLeftAtItsDefault) {

@@ -1,6 +1,7 @@
 #include "runtime/moe/expert_shard.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -18,15 +19,80 @@ expert_shard::expert_shard(const model::checkpoint& ck, std::vector<expert_id> e
   for (const expert_id& id : experts) {
     TROUPE_ASSERT(id.layer >= 0 && id.layer < c.n_layers);
     TROUPE_ASSERT(id.expert >= 0 && id.expert < m->n_experts);
-    held_expert e{id, {}, {}, {}};
-    if (path_ == model::kernel_path::fast) {
-      const int64_t at = m->expert_offset(c, id.layer, id.expert);
-      e.w1 = cpu::pack_matrix(m->w1 + at, c.hidden_dim, c.dim);
-      e.w2 = cpu::pack_matrix(m->w2 + at, c.dim, c.hidden_dim);
-      e.w3 = cpu::pack_matrix(m->w3 + at, c.hidden_dim, c.dim);
-    }
-    experts_.push_back(std::move(e));
+    experts_.push_back(make_held(id, {}));
   }
+}
+
+const float* expert_shard::matrix(const held_expert& e, int which) const {
+  const model::model_config& c = ck_.config();
+  TROUPE_ASSERT(which >= 0 && which < 3);
+  if (!e.owned.empty()) return e.owned.data() + static_cast<int64_t>(which) * c.hidden_dim * c.dim;
+  const model::moe_weights& m = *ck_.moe();
+  const float* base = which == 0 ? m.w1 : which == 1 ? m.w2 : m.w3;
+  return base + m.expert_offset(c, e.id.layer, e.id.expert);
+}
+
+expert_shard::held_expert expert_shard::make_held(expert_id id, std::vector<float> owned) const {
+  const model::model_config& c = ck_.config();
+  held_expert e{id, std::move(owned), {}, {}, {}};
+  if (path_ == model::kernel_path::fast) {
+    e.w1 = cpu::pack_matrix(matrix(e, 0), c.hidden_dim, c.dim);
+    e.w2 = cpu::pack_matrix(matrix(e, 1), c.dim, c.hidden_dim);
+    e.w3 = cpu::pack_matrix(matrix(e, 2), c.hidden_dim, c.dim);
+  }
+  return e;
+}
+
+expected<expert_weights> expert_shard::weights(expert_id id) const {
+  const held_expert* e = find(id);
+  if (e == nullptr)
+    return fail(errc::not_found, "this shard does not hold expert " + std::to_string(id.expert) + " of layer " +
+                                     std::to_string(id.layer));
+  const size_t size = static_cast<size_t>(ck_.config().hidden_dim) * ck_.config().dim;
+  expert_weights w{id.layer, id.expert, {}, {}, {}};
+  for (auto [which, out] : {std::pair{0, &w.w1}, std::pair{1, &w.w2}, std::pair{2, &w.w3}})
+    out->assign(matrix(*e, which), matrix(*e, which) + size);
+  return w;
+}
+
+expected<void> expert_shard::check_weights(const expert_weights& w) const {
+  const model::model_config& c = ck_.config();
+  const auto bad = [&](const std::string& what) {
+    return fail(errc::invalid_argument, "expert weights (layer " + std::to_string(w.layer) + ", expert " +
+                                            std::to_string(w.expert) + "): " + what);
+  };
+  if (w.layer < 0 || w.layer >= c.n_layers || w.expert < 0 || w.expert >= ck_.moe()->n_experts)
+    return bad("no such expert in the model");
+  if (holds({w.layer, w.expert})) return bad("held already");
+  const size_t size = static_cast<size_t>(c.hidden_dim) * c.dim;
+  if (w.w1.size() != size || w.w2.size() != size || w.w3.size() != size)
+    return bad("w1, w2, w3 hold " + std::to_string(w.w1.size()) + ", " + std::to_string(w.w2.size()) + ", " +
+               std::to_string(w.w3.size()) + " values, not " + std::to_string(size) + " each");
+  for (const std::vector<float>* m : {&w.w1, &w.w2, &w.w3})
+    if (!std::all_of(m->begin(), m->end(), [](float v) { return std::isfinite(v); })) return bad("a weight is not finite");
+  return {};
+}
+
+expected<void> expert_shard::add(expert_weights w) {
+  if (auto ok = check_weights(w); !ok) return ok;
+  std::vector<float> owned = std::move(w.w1);
+  owned.insert(owned.end(), w.w2.begin(), w.w2.end());
+  owned.insert(owned.end(), w.w3.begin(), w.w3.end());
+  const expert_id id{w.layer, w.expert};
+  held_expert e = make_held(id, std::move(owned));
+  const auto at = std::lower_bound(experts_.begin(), experts_.end(), id,
+                                   [](const held_expert& h, const expert_id& key) { return h.id < key; });
+  experts_.insert(at, std::move(e));
+  return {};
+}
+
+expected<void> expert_shard::drop(expert_id id) {
+  const held_expert* e = find(id);
+  if (e == nullptr)
+    return fail(errc::not_found, "this shard does not hold expert " + std::to_string(id.expert) + " of layer " +
+                                     std::to_string(id.layer));
+  experts_.erase(experts_.begin() + (e - experts_.data()));
+  return {};
 }
 
 const expert_shard::held_expert* expert_shard::find(expert_id id) const {
@@ -65,20 +131,18 @@ expected<void> expert_shard::check(const expert_request& q) const {
 
 void expert_shard::run_expert(const held_expert& e, int32_t n, float* out) {
   const model::model_config& c = ck_.config();
-  const model::moe_weights& m = *ck_.moe();
-  const int64_t at = m.expert_offset(c, e.id.layer, e.id.expert);
   if (path_ == model::kernel_path::fast) {
     cpu::fast::matmul(hb_.data(), x_.data(), e.w1, n);
     cpu::fast::matmul(hb2_.data(), x_.data(), e.w3, n);
   } else {
-    cpu::reference::matmul(hb_.data(), x_.data(), m.w1 + at, n, c.dim, c.hidden_dim);
-    cpu::reference::matmul(hb2_.data(), x_.data(), m.w3 + at, n, c.dim, c.hidden_dim);
+    cpu::reference::matmul(hb_.data(), x_.data(), matrix(e, 0), n, c.dim, c.hidden_dim);
+    cpu::reference::matmul(hb2_.data(), x_.data(), matrix(e, 2), n, c.dim, c.hidden_dim);
   }
   cpu::reference::swiglu(hb_.data(), hb2_.data(), n * c.hidden_dim);  // float32: the kernels' exp
   if (path_ == model::kernel_path::fast)
     cpu::fast::matmul(out, hb_.data(), e.w2, n);
   else
-    cpu::reference::matmul(out, hb_.data(), m.w2 + at, n, c.hidden_dim, c.dim);
+    cpu::reference::matmul(out, hb_.data(), matrix(e, 1), n, c.hidden_dim, c.dim);
 }
 
 expected<expert_reply> expert_shard::compute(const expert_request& q) {

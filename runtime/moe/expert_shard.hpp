@@ -30,14 +30,34 @@ struct expert_id {
   }
 };
 
+/// One expert's weights as they travel between shards when experts move (float32, row-major).
+struct expert_weights {
+  int32_t layer = 0;
+  int32_t expert = 0;
+  std::vector<float> w1;  ///< (hidden_dim, dim)
+  std::vector<float> w2;  ///< (dim, hidden_dim)
+  std::vector<float> w3;  ///< (hidden_dim, dim)
+};
+
 /// The experts it holds of an MoE checkpoint (float32), with their packed weights on the fast
-/// path. Not thread-safe (scratch buffers).
+/// path: the checkpoint's own, or weights another shard sent (`add`). Not thread-safe (scratch
+/// buffers).
 class expert_shard {
  public:
   /// Holds `experts` (distinct) of `ck`, which must be an MoE checkpoint.
   expert_shard(const model::checkpoint& ck, std::vector<expert_id> experts, model::kernel_path path);
 
   [[nodiscard]] bool holds(expert_id id) const;
+  [[nodiscard]] int32_t num_experts() const { return static_cast<int32_t>(experts_.size()); }
+
+  /// A copy of a held expert's weights (to send to another shard); not_found if not held.
+  [[nodiscard]] expected<expert_weights> weights(expert_id id) const;
+  /// Holds one more expert, from weights another shard sent. Checks them first, as they may come
+  /// from another process (invalid_argument): the layer and expert in range and not held yet,
+  /// each matrix's size, every value finite.
+  [[nodiscard]] expected<void> add(expert_weights weights);
+  /// Stops holding `id`; not_found if it is not held.
+  [[nodiscard]] expected<void> drop(expert_id id);
 
   /// Each batch's expert outputs: w2 · (silu(w1 · x) ⊙ (w3 · x)) for each of its rows' inputs x.
   /// Checks the request first, as a shard taking requests from another process must
@@ -48,8 +68,13 @@ class expert_shard {
  private:
   struct held_expert {
     expert_id id;
+    std::vector<float> owned;  // (3, hidden_dim · dim): w1, w2, w3 of an added expert; empty: the checkpoint's
     kernels::cpu::packed_matrix w1, w2, w3;  // fast path only
   };
+  /// `e`'s matrix `which` (0: w1 (hidden_dim, dim), 1: w2 (dim, hidden_dim), 2: w3 (hidden_dim, dim)).
+  [[nodiscard]] const float* matrix(const held_expert& e, int which) const;
+  [[nodiscard]] held_expert make_held(expert_id id, std::vector<float> owned) const;
+  [[nodiscard]] expected<void> check_weights(const expert_weights& w) const;
   [[nodiscard]] const held_expert* find(expert_id id) const;
   [[nodiscard]] expected<void> check(const expert_request& request) const;
   void run_expert(const held_expert& e, int32_t num_rows, float* out);
