@@ -25,6 +25,7 @@
 #include "runtime/model/transformer.hpp"
 #include "runtime/moe/expert_shard.hpp"
 #include "runtime/moe/placement.hpp"
+#include "runtime/moe/reassignment.hpp"
 #include "runtime/moe/rebalance.hpp"
 #include "runtime/moe/routing.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
@@ -149,6 +150,48 @@ TEST(Rebalance, RefusesShardsThatCannotHoldEveryExpert) {
   EXPECT_EQ(small.error().message, "rebalance: 1 shards of capacity 3 cannot hold 4 experts per layer");
   EXPECT_FALSE(rebalance(load, 0, 4));
   EXPECT_FALSE(rebalance(load, 4, 0));
+}
+
+/// One layer's requests on `p` for rows routed to experts 0..3: 12, 2, 1 and 1 rows (dim 1).
+std::vector<expert_request> skewed_requests(const expert_placement& p, int64_t turn) {
+  routing r{16, 1, {}};
+  for (int32_t row = 0; row < 16; row++) r.choices.push_back({row < 12 ? 0 : row < 14 ? 1 : row - 12, 1.0f});
+  const std::vector<float> input(16, 1.0f);
+  return plan_dispatch(p, 0, r, input.data(), 1, turn).requests;
+}
+
+TEST(Reassignment, ProposesTheRebalancedPlacementAtTheEndOfAnImbalancedWindowOnce) {
+  const expert_placement from = expert_placement::round_robin(1, 4, 2);
+  auto r = reassigner::create(from, {/*window_steps=*/2, /*capacity=*/3, /*moe_lb_max=*/1.15});
+  ASSERT_TRUE(r) << r.error().message;
+  const auto step = [&](const expert_placement& p, int64_t turn) {
+    r->add(skewed_requests(p, turn));
+    return r->end_step();
+  };
+  EXPECT_FALSE(step(from, 0).has_value());  // one step of two
+  std::optional<window_report> first = step(from, 1);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->first_step, 0);
+  EXPECT_DOUBLE_EQ(first->moe_lb, 13.0 / 8.0);  // shard 0: 12 + 1 rows of 16 per step
+  const expert_placement to = expert_placement::of_replicas(1, 4, 2, {{0, 1}, {0}, {1}, {1}});
+  ASSERT_TRUE(first->next.has_value());
+  EXPECT_EQ(*first->next, to);
+  EXPECT_TRUE(r->move_pending());
+  (void)step(from, 2);
+  std::optional<window_report> waiting = step(from, 3);  // still imbalanced, but a move is pending
+  ASSERT_TRUE(waiting.has_value());
+  EXPECT_EQ(waiting->first_step, 2);
+  EXPECT_FALSE(waiting->next.has_value());
+  r->switch_to(to);
+  EXPECT_EQ(r->current(), to);
+  (void)step(to, 4);
+  std::optional<window_report> after = step(to, 5);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_DOUBLE_EQ(after->moe_lb, 1.0);  // 6 + 2 and 6 + 1 + 1 rows
+  EXPECT_FALSE(after->next.has_value());
+  EXPECT_FALSE(reassigner::create(from, {0, 3, 1.15}));
+  EXPECT_FALSE(reassigner::create(from, {2, 1, 1.15}));  // 2 shards of 1 for 4 experts
+  EXPECT_FALSE(reassigner::create(from, {2, 3, 0.5}));
 }
 
 TEST(Plan, SplitsAReplicatedExpertsRowsByRowIndexAndCombinesByExpertThenRow) {
@@ -413,17 +456,19 @@ TEST_F(Moe, AllRouterSplitGreedyTextEqualsTheDenseGolden) {
 
 // ---- placement invariance ---------------------------------------------------------------------
 
-/// A dispatch that counts the rows each expert and each shard computes, then hands the requests
-/// on: any implementation of the interface can stand between the model and the shards.
+/// A dispatch that counts the rows each expert and each shard computes (and shows them to
+/// `reassigner`, if given), then hands the requests on: any implementation of the interface can
+/// stand between the model and the shards.
 class counting_dispatch final : public expert_dispatch {
  public:
-  counting_dispatch(expert_dispatch& inner, const expert_placement& placement)
-      : inner_(inner), experts_(placement.n_layers(), placement.n_experts()),
+  counting_dispatch(expert_dispatch& inner, const expert_placement& placement, reassigner* reassigner = nullptr)
+      : inner_(inner), reassigner_(reassigner), experts_(placement.n_layers(), placement.n_experts()),
         shards_(placement.n_layers(), placement.num_shards()) {}
   [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
   [[nodiscard]] expected<std::vector<expert_reply>> compute(const std::vector<expert_request>& requests) override {
     experts_.add(requests);
     shards_.add(requests);
+    if (reassigner_ != nullptr) reassigner_->add(requests);
     return inner_.compute(requests);
   }
   /// Each expert's rows over every layer.
@@ -438,6 +483,7 @@ class counting_dispatch final : public expert_dispatch {
 
  private:
   expert_dispatch& inner_;
+  reassigner* reassigner_;
   expert_load experts_;
   shard_load shards_;
 };
@@ -858,46 +904,65 @@ TEST_F(MoeActors, ShardsHandOverExpertWeightsAndCheckThem) {
   EXPECT_EQ(error_of(msg::drop_experts{{{2, 3}, {0, 0}}}), "answered");
 }
 
-// Requests stream across a reassignment: after decode step 10 the placement is rebalanced from
-// the load counted so far, the new replicas' weights move between the shard actors on another
-// thread while the steps go on, the model switches at the first step boundary after they arrived
-// (at step 20 at the latest), and the shards then drop what they no longer hold. Every logit and
-// token is the same as without a reassignment, and the sampled requests after the switch run on
-// the new placement alone.
+// Requests stream across reassignments: a reassigner measures windows of 5 steps; when one
+// proposes a placement, the new replicas' weights move between the shard actors on another thread
+// while the steps go on, the model switches at the first step boundary after they arrived (5
+// steps after the proposal at the latest), and the shards then drop what they no longer hold.
+// Every logit and token is the same as without a reassignment, including the sampled requests run
+// afterwards on the last placement alone. How many moves happen and the later windows' moe_lb
+// depend on when the weights arrive (printed); the first window's is exactly 2.
 TEST_F(MoeActors, ExpertsMoveBetweenShardsWhileRequestsStreamAndNothingChanges) {
   const int32_t layers = skewed_->config().n_layers;
   transformer default_model(*skewed_);
   const std::vector<float> without_moves = workload(default_model, *tokenizer_);
   const expert_placement from = expert_placement::round_robin(layers, 4, 4);
-  std::optional<expert_placement> to;
+  auto r = reassigner::create(from, {/*window_steps=*/5, /*capacity=*/2, /*moe_lb_max=*/1.15});
+  ASSERT_TRUE(r) << r.error().message;
   actors::actor_dispatch shards(sys_, actors::spawn_expert_shards(sys_, *skewed_, from, kernel_path::fast),
                                 shard_timeout);
-  counting_dispatch counted(shards, from);
+  counting_dispatch counted(shards, from, &*r);
   transformer t(*skewed_);
   t.set_expert_dispatch(from, counted);
+  std::optional<expert_placement> to;  // of the move in flight
   std::future<expected<void>> moving;
-  int32_t switched_after = -1;
+  std::vector<window_report> windows;
+  std::vector<int32_t> switched_after;
   const auto between_steps = [&](int32_t step) {
-    if (step == 10) {
-      auto p = rebalance(counted.experts(), 4, 2);
-      ASSERT_TRUE(p) << p.error().message;
-      to = *p;
-      moving = std::async(std::launch::async, [&] { return shards.add_replicas(from, *to); });
+    if (std::optional<window_report> window = r->end_step()) {
+      windows.push_back(*window);
+      if (window->next) {
+        to = window->next;
+        moving = std::async(std::launch::async, [&shards, now = r->current(), next = *to] {
+          return shards.add_replicas(now, next);
+        });
+      }
     }
-    if (!moving.valid() || (step < 20 && moving.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) return;
+    // Switch at the first boundary after the weights arrived, or wait for them 5 steps on.
+    const int64_t proposed_after = windows.empty() ? 0 : windows.back().first_step + 4;
+    if (!moving.valid() || (step < proposed_after + 5 && moving.wait_for(std::chrono::seconds(0)) != std::future_status::ready))
+      return;
     const expected<void> moved = moving.get();
     ASSERT_TRUE(moved) << moved.error().message;
+    const expert_placement before = r->current();
     t.set_expert_dispatch(*to, counted);
-    switched_after = step;
-    const expected<void> dropped = shards.drop_replicas(from, *to);
+    r->switch_to(*to);
+    switched_after.push_back(step);
+    const expected<void> dropped = shards.drop_replicas(before, *to);
     ASSERT_TRUE(dropped) << dropped.error().message;
   };
   EXPECT_TRUE(same_bits(workload(t, *tokenizer_, between_steps), without_moves));
-  std::printf("experts moved on another thread; the model switched placement after decode step %d\n", switched_after);
-  EXPECT_GE(switched_after, 10);
-  EXPECT_LE(switched_after, 20);
-  ASSERT_TRUE(to.has_value());
-  EXPECT_FALSE(*to == from);
+  for (const window_report& w : windows)
+    std::printf("window from step %lld: moe_lb %.4f%s\n", static_cast<long long>(w.first_step), w.moe_lb,
+                w.next ? " -> a rebalanced placement proposed" : "");
+  for (int32_t step : switched_after)
+    std::printf("experts moved on another thread; the model switched placement after step %d\n", step);
+  ASSERT_GE(windows.size(), 4u);
+  EXPECT_DOUBLE_EQ(windows[0].moe_lb, 2.0);  // round robin: the hot expert's shard computes every row
+  ASSERT_TRUE(windows[0].next.has_value());
+  ASSERT_FALSE(switched_after.empty());
+  EXPECT_GE(switched_after[0], 4);
+  EXPECT_LE(switched_after[0], 9);
+  EXPECT_LT(windows.back().moe_lb, windows[0].moe_lb);
 }
 
 }  // namespace
