@@ -1,8 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +34,7 @@
 #include "tests/support/actor_config.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/shard_hosts.hpp"
 
 namespace troupe::moe {
 namespace {
@@ -972,55 +970,6 @@ TEST_F(MoeActors, ExpertsMoveBetweenShardsWhileRequestsStreamAndNothingChanges) 
 
 // ---- expert shards in two other processes ------------------------------------------------------
 
-/// A process hosting shard actors: forked before this process starts an actor system, it spawns
-/// the shards of `placement` with `shard % 2 == half`, publishes each on a free port of 127.0.0.1,
-/// writes the ports to `pipe_out` and waits to be killed.
-[[noreturn]] void host_shards(const checkpoint& ck, const expert_placement& placement, int32_t half, int pipe_out) {
-  caf::actor_system_config cfg;
-  troupe::testing::configure(cfg, /*deterministic=*/false);
-  if (!actors::configure_network(cfg, {})) _exit(3);
-  caf::actor_system sys{cfg};
-  const std::vector<expert_shard_actor> shards = actors::spawn_expert_shards(sys, ck, placement, kernel_path::fast);
-  for (size_t s = static_cast<size_t>(half); s < shards.size(); s += 2) {
-    const expected<uint16_t> port = actors::publish_actor(sys, shards[s], 0, "127.0.0.1");
-    if (!port || ::write(pipe_out, &*port, sizeof(uint16_t)) != sizeof(uint16_t)) _exit(4);
-  }
-  for (;;) ::pause();
-}
-
-/// Two forked shard hosts, killed and reaped when it goes.
-class shard_hosts {
- public:
-  shard_hosts(const checkpoint& ck, const expert_placement& placement) {
-    for (int32_t half = 0; half < 2; half++) {
-      int fds[2];
-      TROUPE_ASSERT(::pipe(fds) == 0);
-      const pid_t pid = ::fork();
-      TROUPE_ASSERT(pid >= 0);
-      if (pid == 0) host_shards(ck, placement, half, fds[1]);
-      ::close(fds[1]);
-      pids_.push_back(pid);
-      pipes_.push_back(fds[0]);
-    }
-  }
-  ~shard_hosts() {
-    for (pid_t pid : pids_) ::kill(pid, SIGKILL);
-    for (pid_t pid : pids_) ::waitpid(pid, nullptr, 0);
-    for (int fd : pipes_) ::close(fd);
-  }
-  /// The port of the next shard host `half` published, waiting at most 30 s.
-  [[nodiscard]] std::optional<uint16_t> next_port(int32_t half) const {
-    pollfd p{pipes_[static_cast<size_t>(half)], POLLIN, 0};
-    uint16_t port = 0;
-    if (::poll(&p, 1, 30000) != 1 || ::read(p.fd, &port, sizeof port) != sizeof port) return std::nullopt;
-    return port;
-  }
-
- private:
-  std::vector<pid_t> pids_;
-  std::vector<int> pipes_;
-};
-
 // Four shards, the even ones in one forked process and the odd ones in another, reached over
 // CAF's network layer: the requests, replies and moved weights cross processes as registered
 // messages. The workload gives the same bits as the model's own shard on a placement with the
@@ -1032,22 +981,16 @@ TEST_F(Moe, ShardsInTwoOtherProcessesGiveTheSameBitsBeforeAndAfterAMove) {
   for (int32_t l = 0; l < layers; l++)
     for (int32_t s = 0; s < 4; s++)
       if (replicated.can_add_replica(l, hot[0], s)) replicated.add_replica(l, hot[0], s);
-  const shard_hosts hosts(*skewed_, replicated);  // forked before this process starts CAF's threads
+  const troupe::testing::shard_hosts hosts(*skewed_, replicated);  // forked before this process starts CAF's threads
   caf::actor_system_config cfg;
   troupe::testing::configure(cfg, /*deterministic=*/false);
   ASSERT_TRUE(actors::configure_network(cfg, {}));
   caf::actor_system sys{cfg};
-  std::vector<expert_shard_actor> remote(4);
-  for (int32_t s = 0; s < 4; s++) {
-    const std::optional<uint16_t> port = hosts.next_port(s % 2);
-    ASSERT_TRUE(port.has_value()) << "shard host " << s % 2 << " published no port";
-    auto shard = actors::reach<expert_shard_actor>(sys, "127.0.0.1", *port, {});
-    ASSERT_TRUE(shard) << shard.error().message;
-    remote[static_cast<size_t>(s)] = *shard;
-  }
+  auto remote = hosts.reach(sys, 4);
+  ASSERT_TRUE(remote) << remote.error().message;
   transformer default_model(*skewed_);
   const std::vector<float> want = workload(default_model, *tokenizer_);
-  actors::actor_dispatch shards(sys, remote, shard_timeout);
+  actors::actor_dispatch shards(sys, *remote, shard_timeout);
   std::optional<measured_load> measured;
   EXPECT_TRUE(same_bits(workload_through(*skewed_, replicated, shards, *tokenizer_, &measured), want));
   auto rebalanced = rebalance(measured->experts, 4, 2);
