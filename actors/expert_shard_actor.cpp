@@ -144,30 +144,22 @@ void actor_dispatch::check_placements(const moe::expert_placement& from, const m
 expected<void> actor_dispatch::add_replicas(const moe::expert_placement& from, const moe::expert_placement& to) {
   check_placements(from, to);
   const auto held_from = moe::experts_by_shard(from), held_to = moe::experts_by_shard(to);
-  std::map<int32_t, msg::fetch_experts> fetches;  // by source: the lowest shard holding each under `from`
+  std::map<moe::expert_id, std::vector<int32_t>> gained_by;  // expert -> the shards `to` adds it to
   for (size_t s = 0; s < held_to.size(); s++)
     for (const moe::expert_id& id : held_only_by(held_to[s], held_from[s]))
-      fetches[from.replicas(id.layer, id.expert).front()].experts.push_back(id);
-  std::map<moe::expert_id, moe::expert_weights> fetched;
-  for (auto& [source, fetch] : fetches) {
-    std::sort(fetch.experts.begin(), fetch.experts.end());
-    fetch.experts.erase(std::unique(fetch.experts.begin(), fetch.experts.end()), fetch.experts.end());
-    const std::vector<moe::expert_id> asked = fetch.experts;
-    auto set = ask<msg::expert_set>(sys_, shards_[static_cast<size_t>(source)], timeout_, std::move(fetch), source);
+      gained_by[id].push_back(static_cast<int32_t>(s));
+  // An expert travels alone, so a message holds one expert's weights.
+  for (const auto& [id, shards] : gained_by) {
+    const int32_t source = from.replicas(id.layer, id.expert).front();
+    auto set = ask<msg::expert_set>(sys_, shards_[static_cast<size_t>(source)], timeout_, msg::fetch_experts{{id}},
+                                    source);
     if (!set) return tl::unexpected(set.error());
-    if (set->experts.size() != asked.size())
-      return fail(errc::unavailable, "expert shard " + std::to_string(source) + " sent " +
-                                         std::to_string(set->experts.size()) + " experts for " +
-                                         std::to_string(asked.size()) + " asked");
-    for (size_t i = 0; i < asked.size(); i++) fetched[asked[i]] = std::move(set->experts[i]);  // ids: checked by add
-  }
-  for (size_t s = 0; s < held_to.size(); s++) {
-    msg::expert_set give;
-    for (const moe::expert_id& id : held_only_by(held_to[s], held_from[s])) give.experts.push_back(fetched.at(id));
-    if (give.experts.empty()) continue;
-    const auto shard = static_cast<int32_t>(s);
-    if (auto held = ask<int32_t>(sys_, shards_[s], timeout_, std::move(give), shard); !held)
-      return tl::unexpected(held.error());
+    if (set->experts.size() != 1 || set->experts[0].layer != id.layer || set->experts[0].expert != id.expert)
+      return fail(errc::unavailable, "expert shard " + std::to_string(source) + " did not send expert " +
+                                         std::to_string(id.expert) + " of layer " + std::to_string(id.layer));
+    for (const int32_t s : shards)
+      if (auto held = ask<int32_t>(sys_, shards_[static_cast<size_t>(s)], timeout_, *set, s); !held)
+        return tl::unexpected(held.error());
   }
   return {};
 }

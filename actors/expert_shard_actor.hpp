@@ -49,7 +49,7 @@ class actor_dispatch final : public moe::expert_dispatch {
 
   /// Moving from placement `from` to `to` (of these shards), first half: gives each shard the
   /// experts `to` adds to it, their weights fetched from the lowest shard holding them under
-  /// `from`. The shards keep serving `from`'s requests meanwhile (holding more experts changes
+  /// `from`, one expert per message (whole: within the network's max_message_bytes between nodes). The shards keep serving `from`'s requests meanwhile (holding more experts changes
   /// none), so this may run on another thread while steps go on; the caller then switches the
   /// model to `to` between two steps (model::transformer::set_expert_dispatch), and a step in
   /// flight finishes on `from`. Each message is bounded by the timeout; on an error, some shards

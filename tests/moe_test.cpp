@@ -930,10 +930,12 @@ TEST_F(MoeActors, ExpertsMoveBetweenShardsWhileRequestsStreamAndNothingChanges) 
   std::future<expected<void>> moving;
   std::vector<window_report> windows;
   std::vector<int32_t> switched_after;
+  int32_t proposed_after = 0;
   const auto between_steps = [&](int32_t step) {
     if (std::optional<window_report> window = r->end_step()) {
       windows.push_back(*window);
       if (window->next) {
+        proposed_after = step;
         to = window->next;
         moving = std::async(std::launch::async, [&shards, now = r->current(), next = *to] {
           return shards.add_replicas(now, next);
@@ -941,7 +943,6 @@ TEST_F(MoeActors, ExpertsMoveBetweenShardsWhileRequestsStreamAndNothingChanges) 
       }
     }
     // Switch at the first boundary after the weights arrived, or wait for them 5 steps on.
-    const int64_t proposed_after = windows.empty() ? 0 : windows.back().first_step + 4;
     if (!moving.valid() || (step < proposed_after + 5 && moving.wait_for(std::chrono::seconds(0)) != std::future_status::ready))
       return;
     const expected<void> moved = moving.get();
