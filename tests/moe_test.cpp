@@ -675,6 +675,28 @@ TEST_F(Moe, ShardRejectsMalformedRequests) {
   rejected(q, "dim 32, the model's is 64");
 }
 
+TEST_F(Moe, AnAddedExpertComputesTheCheckpointsBitsOnBothPathsAndDropsCleanly) {
+  std::vector<float> input(3 * 64);
+  for (size_t i = 0; i < input.size(); i++) input[i] = 0.02f * static_cast<float>(i % 29) - 0.3f;
+  const expert_request q{4, 64, {0, 2, 5}, input, {{2, {0, 5}}}};
+  for (auto path : {kernel_path::reference, kernel_path::fast}) {
+    expert_shard source(*random_, {{4, 2}}, path), target(*random_, {}, path);
+    expected<expert_weights> w = source.weights({4, 2});
+    ASSERT_TRUE(w) << w.error().message;
+    EXPECT_EQ(w->w1.size(), 43u * 64u);
+    EXPECT_EQ(target.compute(q).error().message, "expert request: this shard does not hold expert 2 of layer 4");
+    ASSERT_TRUE(target.add(*w));
+    EXPECT_EQ(target.num_experts(), 1);
+    EXPECT_EQ(target.add(*w).error().message, "expert weights (layer 4, expert 2): held already");
+    const expected<expert_reply> want = source.compute(q), got = target.compute(q);
+    ASSERT_TRUE(want && got);
+    EXPECT_TRUE(same_bits(got->output, want->output));
+    ASSERT_TRUE(target.drop({4, 2}));
+    EXPECT_EQ(target.drop({4, 2}).error().code, errc::not_found);
+    EXPECT_FALSE(target.compute(q));
+  }
+}
+
 // ---- the MoE file format ----------------------------------------------------------------------
 
 class BadMoeCheckpoint : public Moe {
