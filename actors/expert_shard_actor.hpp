@@ -11,7 +11,7 @@
 /// anyone, so the wait cannot deadlock; a shard that refuses, answers a reply of the wrong size or
 /// does not answer in time fails the forward pass (model::transformer::expert_error). It calls
 /// check_may_block (actors/sync_guard.hpp), so today it runs a forward pass on a thread of its own
-/// (tests, `generate`), not inside the step executor's plan handler: plugging it in there means
+/// (tests, bench_moe), not inside the step executor's plan handler: plugging it in there means
 /// exempting that bounded wait from the executor's no_blocking_scope (docs/moe.md, planned).
 
 #include <vector>
