@@ -20,6 +20,7 @@
 
 #include "actors/expert_shard_actor.hpp"
 #include "actors/tls.hpp"
+#include "actors/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "messages/expert.hpp"
 #include "runtime/model/checkpoint.hpp"
@@ -27,7 +28,7 @@
 #include "runtime/model/transformer.hpp"
 #include "runtime/moe/expert_shard.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
-#include "tests/support/shard_hosts.hpp"
+#include "topology/expert_shard_hosts.hpp"
 
 namespace troupe::bench {
 namespace {
@@ -126,9 +127,9 @@ int run(int argc, char** argv) {
   if (!tok) return std::fprintf(stderr, "%s\n", tok.error().message.c_str()), 1;
   const moe::expert_placement placement = hot_everywhere(ck->config().n_layers, model::hot_experts(o)[0]);
 
-  const testing::shard_hosts hosts(*ck, placement);  // forked before this process starts CAF
+  const topology::shard_hosts hosts(*ck, placement);  // forked before this process starts CAF
   caf::actor_system_config cfg;
-  testing::configure(cfg, /*deterministic=*/false);
+  actors::configure_real_time(cfg);
   if (!actors::configure_network(cfg, {})) return std::fprintf(stderr, "network configuration failed\n"), 1;
   caf::actor_system sys{cfg};
   auto remote = hosts.reach(sys, 4);

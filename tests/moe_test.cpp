@@ -21,6 +21,7 @@
 #include "actors/connect.hpp"
 #include "actors/expert_shard_actor.hpp"
 #include "actors/tls.hpp"
+#include "topology/expert_shard_hosts.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/moe_split.hpp"
@@ -34,7 +35,6 @@
 #include "tests/support/actor_config.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
-#include "tests/support/shard_hosts.hpp"
 
 namespace troupe::moe {
 namespace {
@@ -1004,7 +1004,7 @@ TEST_F(Moe, ShardsInTwoOtherProcessesGiveTheSameBitsBeforeAndAfterAMove) {
   for (int32_t l = 0; l < layers; l++)
     for (int32_t s = 0; s < 4; s++)
       if (replicated.can_add_replica(l, hot[0], s)) replicated.add_replica(l, hot[0], s);
-  const troupe::testing::shard_hosts hosts(*skewed_, replicated);  // forked before this process starts CAF's threads
+  const topology::shard_hosts hosts(*skewed_, replicated);  // forked before this process starts CAF's threads
   caf::actor_system_config cfg;
   troupe::testing::configure(cfg, /*deterministic=*/false);
   ASSERT_TRUE(actors::configure_network(cfg, {}));

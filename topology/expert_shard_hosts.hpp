@@ -1,7 +1,9 @@
 #pragma once
 
-// Expert shards in two other processes, for tests and benchmarks: forked before the caller starts
-// an actor system, each hosts half of a placement's shard actors, published on 127.0.0.1.
+/// Expert shards in two other processes, forked (tests/moe_test.cpp, bench_moe): each hosts half
+/// of a placement's shard actors, published on 127.0.0.1. A stand-in until topology files start
+/// shard hosts as nodes (`[[expert_shard]]`, docs/moe.md); fork before the caller starts an actor
+/// system (the children have only the forking thread).
 
 #include <poll.h>
 #include <signal.h>
@@ -18,9 +20,9 @@
 #include "actors/tls.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/moe/placement.hpp"
-#include "tests/support/actor_config.hpp"
+#include "actors/type_ids.hpp"
 
-namespace troupe::testing {
+namespace troupe::topology {
 
 /// A process hosting shard actors: forked before this process starts an actor system, it spawns
 /// the shards of `placement` with `shard % 2 == half`, publishes each on a free port of 127.0.0.1,
@@ -28,7 +30,7 @@ namespace troupe::testing {
 [[noreturn]] inline void host_shards(const model::checkpoint& ck, const moe::expert_placement& placement, int32_t half,
                                      int pipe_out) {
   caf::actor_system_config cfg;
-  configure(cfg, /*deterministic=*/false);
+  actors::configure_real_time(cfg);
   if (!actors::configure_network(cfg, {})) _exit(3);
   caf::actor_system sys{cfg};
   const std::vector<actors::expert_shard_actor> shards =
@@ -83,4 +85,4 @@ class shard_hosts {
   std::vector<int> pipes_;
 };
 
-}  // namespace troupe::testing
+}  // namespace troupe::topology
