@@ -59,7 +59,7 @@ void post(engine_actor_t* self, const Handle& to, Message&& m, int64_t bytes = 0
 executor_settings executor_settings_of(const engine_options& o) {
   return executor_settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,  o.config.kernels,
                            o.executor_threads, o.detached_executor,    o.step_log,           o.config.speculation,
-                           o.draft_checkpoint, o.vocabulary};
+                           o.draft_checkpoint, o.vocabulary,           nullptr,              {}};
 }
 
 namespace {

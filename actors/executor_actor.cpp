@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -21,6 +23,7 @@ struct executor_state {
   std::unique_ptr<kernels::cpu::thread_pool> pool;  // declared first: outlives the executor
   std::unique_ptr<engine::step_executor> executor;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_log{nullptr, &std::fclose};
+  std::shared_ptr<actor_dispatch> experts;  // an MoE's shard actors, if any
   static inline const char* name = "step_executor";
 };
 
@@ -43,6 +46,11 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
                                                         settings.block_size, settings.kernels, st.pool.get(),
                                                         settings.speculation, settings.draft.get(),
                                                         settings.vocabulary);
+  if (settings.experts) {
+    TROUPE_ASSERT_MSG(settings.detached, "an executor on expert shard actors waits on them: it runs detached");
+    st.experts = settings.experts;
+    st.executor->set_expert_dispatch(settings.expert_placement, *st.experts);
+  }
   if (!settings.step_log.empty()) {
     st.step_log.reset(std::fopen(settings.step_log.c_str(), "a"));
     if (st.step_log && std::ftell(st.step_log.get()) == 0) std::fprintf(st.step_log.get(), "%s\n", cost::step_log_header);
@@ -52,14 +60,18 @@ executor_actor::behavior_type executor_behavior(executor_actor::stateful_pointer
   guard_boundary(self);
   return {
       [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
-        const no_blocking_scope guard("the step executor's plan handler");
         executor_state& s = self->state;
+        // With shard actors the forward pass waits on them: bounded, and they never wait back.
+        std::optional<no_blocking_scope> guard;
+        if (!s.experts) guard.emplace("the step executor's plan handler");
         if (auto ok = s.executor->check(plan); !ok) return refuse(plan, ok.error());
         // The wall clock is read here, in the actor layer: the measured time corrects the
         // engine's step-time model (runtime/cost/step_time_correction.hpp) and is logged as a
         // calibration sample.
         const auto start = std::chrono::steady_clock::now();
         engine::exec_result result = s.executor->execute(plan);
+        if (const std::optional<error>& failed = s.executor->expert_error())
+          return caf::make_error(caf::sec::runtime_error, "step " + std::to_string(plan.step) + ": " + failed->message);
         result.measured_ns = ns_since(start);
         if (!s.step_log) return result;
         // The logged time spans sending the result too: sending it is part of what each step

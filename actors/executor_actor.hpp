@@ -8,6 +8,7 @@
 
 #include <caf/fwd.hpp>
 
+#include "actors/expert_shard_actor.hpp"
 #include "actors/protocols.hpp"
 #include "runtime/engine/step_executor.hpp"
 
@@ -25,6 +26,12 @@ struct executor_settings {
   spec::speculation_config speculation;               ///< the drafter of chunks with draft slots
   std::shared_ptr<const model::checkpoint> draft;     ///< the draft_model drafter's model (checked)
   std::shared_ptr<const grammar::vocabulary> vocabulary;  ///< for grammar masks; null: no grammars
+  /// An MoE's experts on shard actors (actors/expert_shard_actor.hpp), which hold them as
+  /// `expert_placement` says; null: in-process shards. Each forward pass waits on the shards (a
+  /// bounded wait on actors that never wait back), so the executor must be detached; a shard that
+  /// fails fails the step, which the engine handles as the executor's failure.
+  std::shared_ptr<actor_dispatch> experts;
+  moe::expert_placement expert_placement;
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).

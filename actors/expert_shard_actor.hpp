@@ -10,9 +10,8 @@
 /// on without the experts' outputs, as it cannot without its own kernels. A shard never waits on
 /// anyone, so the wait cannot deadlock; a shard that refuses, answers a reply of the wrong size or
 /// does not answer in time fails the forward pass (model::transformer::expert_error). It calls
-/// check_may_block (actors/sync_guard.hpp), so today it runs a forward pass on a thread of its own
-/// (tests, bench_moe), not inside the step executor's plan handler: plugging it in there means
-/// exempting that bounded wait from the executor's no_blocking_scope (docs/moe.md, planned).
+/// check_may_block (actors/sync_guard.hpp): a step executor on shard actors runs its plans
+/// without the no_blocking_scope (executor_settings::experts).
 
 #include <vector>
 

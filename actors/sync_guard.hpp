@@ -7,6 +7,10 @@
 /// inside one of their handlers would stall every request of the engine for as long as the
 /// other side takes, and deadlock when the other side waits back.
 ///
+/// One exception: a step executor on expert-shard actors (executor_settings::experts) runs its
+/// plans without the scope, because its forward pass waits on the shards, as it waits on its
+/// kernels: a bounded wait on actors that never wait back (actors/expert_shard_actor.hpp).
+///
 /// While a `no_blocking_scope` is alive on a thread — the engine performs its effects, or the
 /// executor runs a plan, inside one — every helper of this project that blocks the calling
 /// thread on another actor calls `check_may_block` first, which aborts with both names. Always

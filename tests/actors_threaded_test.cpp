@@ -6,11 +6,15 @@
 // under ThreadSanitizer too (see tests/tsan.supp).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -22,11 +26,14 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.hpp"
+#include "actors/executor_actor.hpp"
+#include "actors/expert_shard_actor.hpp"
 #include "actors/sync_guard.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
+#include "runtime/model/moe_split.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/failing_executor.hpp"
 
@@ -361,6 +368,116 @@ TEST_F(ActorsThreaded, CancelledAndKilledClientsReleaseTheirRequests) {
     ASSERT_TRUE(out.has_value()) << out.error().message;
     expect_matches(*out, reference(oracle_, r), "after the cancels");
   }
+}
+
+/// stories260K split into 4 experts with the skewed router (top 2 of 4; docs/moe.md).
+std::shared_ptr<const model::checkpoint> skewed_moe() {
+  model::moe_split_options o;
+  o.top_k = 2;
+  o.router = model::router_init::skewed;
+  o.seed = 7;
+  auto bytes = model::to_moe(*bundled_shared().ck, o);
+  if (!bytes) return nullptr;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("troupe_threaded_moe_" + std::to_string(::getpid()) + ".bin")).string();
+  std::ofstream(path, std::ios::binary) << *bytes;
+  auto ck = model::checkpoint::load(path);
+  std::filesystem::remove(path);  // the mapping stays
+  return ck ? std::make_shared<const model::checkpoint>(std::move(*ck)) : nullptr;
+}
+
+/// Engine options whose executors compute `moe`'s experts through `shards` (made with the first
+/// executor by `make_shards`, on the engine's actor system) as `placement` says.
+actors::engine_options on_shard_actors(
+    const std::shared_ptr<const model::checkpoint>& moe, const moe::expert_placement& placement,
+    std::function<std::vector<actors::expert_shard_actor>(caf::actor_system&)> make_shards, caf::timespan timeout) {
+  actors::engine_options o = engine_opts(true);
+  o.checkpoint = moe;
+  auto shards = std::make_shared<std::shared_ptr<actors::actor_dispatch>>();
+  o.make_executor = [o, shards, placement, make_shards, timeout](caf::actor_system& sys,
+                                                                  const actors::engine_actor& engine) {
+    if (!*shards) *shards = std::make_shared<actors::actor_dispatch>(sys, make_shards(sys), timeout);
+    actors::executor_settings s = actors::executor_settings_of(o);
+    s.experts = *shards;
+    s.expert_placement = placement;
+    return actors::spawn_executor(sys, engine, s);
+  };
+  return o;
+}
+
+/// Round robin over four shards, the hot expert (0) on all four.
+moe::expert_placement hot_on_four(int32_t n_layers) {
+  moe::expert_placement p = moe::expert_placement::round_robin(n_layers, 4, 4);
+  for (int32_t l = 0; l < n_layers; l++)
+    for (int32_t s = 0; s < 4; s++)
+      if (p.can_add_replica(l, 0, s)) p.add_replica(l, 0, s);
+  return p;
+}
+
+// An MoE engine whose step executor computes the experts on four shard actors: concurrent seeded
+// requests get the reference generator's outputs on the same model with its own in-process
+// shard, bit for bit.
+TEST_F(ActorsThreaded, AnMoeEngineOnExpertShardActorsGetsTheReferenceOutputs) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  const moe::expert_placement placement = hot_on_four(moe->config().n_layers);
+  start(on_shard_actors(
+      moe, placement,
+      [moe, placement](caf::actor_system& sys) {
+        return actors::spawn_expert_shards(sys, *moe, placement, model::kernel_path::fast);
+      },
+      30s));
+  num_idle_actors_ += 4;  // the shards
+  model::transformer moe_oracle(*moe);
+  constexpr size_t n = 12;
+  auto track = std::make_shared<tracker>(n);
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < n; i++) {
+    requests.push_back(make_completion(story_window(i), 40, 70 + i));
+    track->spawn(*sys_, lb_, i, requests.back());
+  }
+  ASSERT_TRUE(track->wait_all_done(n));
+  const std::vector<tracker::entry> entries = track->snapshot();
+  for (size_t i = 0; i < n; i++) {
+    ASSERT_TRUE(entries[i].outcome->has_value()) << entries[i].outcome->error().message;
+    expect_matches(**entries[i].outcome, reference(moe_oracle, requests[i]), "MoE request " + std::to_string(i));
+  }
+  expect_eventually_idle();
+  EXPECT_EQ(report().num_executor_failures, 0);
+}
+
+actors::expert_shard_actor::behavior_type silent_shard() {
+  return {[](moe::expert_request&) { return caf::delegated<moe::expert_reply>{}; },  // never answered
+          [](msg::fetch_experts&) { return msg::expert_set{}; }, [](msg::expert_set&) { return int32_t{0}; },
+          [](msg::drop_experts&) { return int32_t{0}; }};
+}
+
+// One of the four shards never answers: each step that needs it fails after the dispatch's bound,
+// the engine restarts its executor and resumes the request as after any executor failure, and
+// after the last resume the request ends with an error; nothing hangs.
+TEST_F(ActorsThreaded, AnMoeEngineWithASilentShardFailsItsStepsAndEndsTheRequest) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  const moe::expert_placement placement = hot_on_four(moe->config().n_layers);
+  start(on_shard_actors(
+      moe, placement,
+      [moe, placement](caf::actor_system& sys) {
+        std::vector<actors::expert_shard_actor> shards =
+            actors::spawn_expert_shards(sys, *moe, placement, model::kernel_path::fast);
+        shards[1] = sys.spawn(silent_shard);
+        return shards;
+      },
+      100ms));
+  num_idle_actors_ += 4;
+  auto track = std::make_shared<tracker>(1);
+  track->spawn(*sys_, lb_, 0, make_completion(story_window(0), 40, 5));
+  ASSERT_TRUE(track->wait_all_done(1));
+  const std::vector<tracker::entry> entries = track->snapshot();
+  ASSERT_FALSE(entries[0].outcome->has_value());
+  EXPECT_NE(entries[0].outcome->error().message.find("expert shard 1: system_error(request_timeout)"), std::string::npos)
+      << entries[0].outcome->error().message;
+  expect_eventually_idle();
+  EXPECT_GE(report().num_executor_failures, 1);
 }
 
 TEST_F(ActorsThreaded, ADetachedExecutorFailureResumesEveryRequestWithItsUndisturbedOutput) {

@@ -280,6 +280,7 @@ exec_result step_executor::execute(const exec_plan& plan) {
   const std::vector<spec::draft> drafts = add_drafts(plan);
   for (const spec::draft& d : drafts) result.num_draft_rows += static_cast<int64_t>(d.tokens.size());
   if (!rows_.empty()) model_.forward(rows_, cache_, logits_);
+  if (model_.expert_error()) return result;  // void: the caller fails the step
   if (drafter_ != nullptr) drafter_->follow(rows_);
 
   result.step = plan.step;

@@ -50,6 +50,15 @@ class step_executor {
 
   [[nodiscard]] const model::model_config& config() const { return model_.config(); }
 
+  /// An MoE model's experts through `dispatch` (borrowed; shards elsewhere), which hold them as
+  /// `placement` says (model::transformer::set_expert_dispatch).
+  void set_expert_dispatch(const moe::expert_placement& placement, moe::expert_dispatch& dispatch) {
+    model_.set_expert_dispatch(placement, dispatch);
+  }
+  /// Why the last `execute`'s experts could not be computed, if so: its result is then void
+  /// (nothing sampled) and the step failed; the KV it wrote is meaningless.
+  [[nodiscard]] const std::optional<error>& expert_error() const { return model_.expert_error(); }
+
  private:
   [[nodiscard]] plan_limits limits() const;
   [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted) const;
