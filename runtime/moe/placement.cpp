@@ -10,15 +10,10 @@ namespace troupe::moe {
 expert_placement expert_placement::round_robin(int32_t n_layers, int32_t n_experts, int32_t num_shards) {
   TROUPE_ASSERT(n_layers >= 1 && n_experts >= 1);
   TROUPE_ASSERT(num_shards >= 1);
-  expert_placement p;
-  p.n_layers_ = n_layers;
-  p.n_experts_ = n_experts;
-  p.num_shards_ = num_shards;
-  p.replicas_.resize(static_cast<size_t>(n_layers) * n_experts);
-  for (int32_t l = 0; l < n_layers; l++)
-    for (int32_t e = 0; e < n_experts; e++) p.replicas_[static_cast<size_t>(l) * n_experts + e] = {e % num_shards};
-  p.check_invariants();
-  return p;
+  std::vector<std::vector<int32_t>> replicas(static_cast<size_t>(n_layers) * n_experts);
+  for (size_t i = 0; i < replicas.size(); i++)  // expert i % n_experts of layer i / n_experts
+    replicas[i] = {static_cast<int32_t>(i % static_cast<size_t>(n_experts)) % num_shards};
+  return of_replicas(n_layers, n_experts, num_shards, std::move(replicas));
 }
 
 expert_placement expert_placement::of_replicas(int32_t n_layers, int32_t n_experts, int32_t num_shards,
