@@ -114,6 +114,7 @@ engine_gauges sum_reports(const std::vector<msg::engine_report>& reports, int64_
     g.num_promoted_bytes += r.num_promoted_bytes;
     g.num_host_expired_blocks = std::max(g.num_host_expired_blocks, r.host_tier_expired_blocks);
     g.num_disk_expired_blocks = std::max(g.num_disk_expired_blocks, r.disk_tier_expired_blocks);
+    g.num_swap_in_tokens += r.num_swap_in_tokens;
   }
   return g;
 }
@@ -144,6 +145,8 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
            "from=\"pool\",to=\"host\"");
   p.sample("troupe:kv_tier_moved_bytes_total", number(static_cast<double>(engines.num_promoted_bytes)),
            "from=\"host\",to=\"pool\"");
+  p.counter("troupe:kv_swap_in_tokens_total", "Tokens readmitted victims of preemption took back from the host tier.",
+            engines.num_swap_in_tokens);
   p.family("troupe:kv_tier_expired_blocks_total", "counter", "KV blocks a cache tier dropped when their TTL passed.");
   p.sample("troupe:kv_tier_expired_blocks_total", number(static_cast<double>(engines.num_host_expired_blocks)),
            "tier=\"host\"");

@@ -65,6 +65,7 @@ struct engine_gauges {
   /// the tier's count, so this is the largest report, not a sum: exact for one node's engines.
   int64_t num_host_expired_blocks = 0;
   int64_t num_disk_expired_blocks = 0;  ///< the same for the disk tier below the host tier
+  int64_t num_swap_in_tokens = 0;       ///< tokens readmitted victims of preemption took from the host tier
 };
 
 /// Sums `reports`; `num_kv_blocks_total` is the engines' configured pool size.

@@ -548,6 +548,8 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r2.host_tier_expired_blocks = 5;  // the node's shared tier, as each engine reports it
   r.host_tier_expired_blocks = 3;
   r2.disk_tier_expired_blocks = 2;
+  r2.num_swap_in_tokens = 16;
+  r.num_swap_in_tokens = 32;
   r.disk_tier_expired_blocks = 2;
   const std::string page = render_metrics(m, sum_reports({r, r2}, 16), "stories260K");
   const std::string label = "{model_name=\"stories260K\"}";
@@ -565,6 +567,7 @@ TEST(Metrics, ThePageRendersByteForByte) {
             "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"disk\"} 16\n",
         std::string("troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"pool\",to=\"host\"} 2000\n") +
             "troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"host\",to=\"pool\"} 1200\n",
+        "# TYPE troupe:kv_swap_in_tokens_total counter\ntroupe:kv_swap_in_tokens_total" + label + " 48\n",
         std::string("troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"host\"} 5\n") +
             "troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"disk\"} 2\n",
         std::string("# TYPE troupe:time_to_first_token_seconds histogram\n") +
