@@ -407,9 +407,11 @@ bool engine_core::before_admission(kv::seq_id seq) {
   if (const auto it = staged_promotions_.find(seq); it != staged_promotions_.end()) {
     // The blocks extend the prefix the pool had when the tier was asked; if it lost some, ask
     // again from where it ends now (each time from an earlier block, so this ends).
-    if (cached_prefix(it->second.tokens).first < it->second.first_block) {
+    const auto [have, allowed] = cached_prefix(it->second.tokens);
+    if (have < it->second.first_block) {  // then have < allowed: the blocks asked were allowed
       staged_promotions_.erase(it);
-      return !ask_tier(seq);
+      ask_tier(seq, have, allowed);
+      return false;
     }
     (void)promote(it->second.tokens, it->second.blocks, it->second.from_lower);
     return true;
@@ -418,22 +420,21 @@ bool engine_core::before_admission(kv::seq_id seq) {
       swap_asked_.count(seq) || requests_.at(samples_.at(seq).request).live.size() != 1)  // an answer names a request
     return true;
   const auto [have, allowed] = cached_prefix(s.tokens);
-  if (config_.preemption == preemption_mode::cost && have < allowed && !swap_cheaper(have, allowed - have)) return true;
-  if (!ask_tier(seq)) return true;
+  if (have >= allowed || (config_.preemption == preemption_mode::cost && !swap_cheaper(have, allowed - have)))
+    return true;
+  ask_tier(seq, have, allowed);
   swap_asked_.insert(seq);  // once per readmission: an answer without the blocks means recomputing them
   stats_.num_swap_ins++;
   return false;
 }
 
-bool engine_core::ask_tier(kv::seq_id seq) {
-  const std::vector<int32_t>& tokens = scheduler_->get(seq).tokens;
-  const auto [have, allowed] = cached_prefix(tokens);
-  if (have >= allowed) return false;
+void engine_core::ask_tier(kv::seq_id seq, int32_t have, int32_t allowed) {
+  TROUPE_ASSERT(have < allowed);
   swap_waiting_[seq] = have;
   // The blocks the pool evicted so far go to the tier first (take_swap_ins).
   collect_evictions();
-  swap_ins_.push_back(swap_in{samples_.at(seq).request, tokens, have, allowed - have, num_demotions_logged_});
-  return true;
+  swap_ins_.push_back(swap_in{samples_.at(seq).request, scheduler_->get(seq).tokens, have, allowed - have,
+                              num_demotions_logged_});
 }
 
 bool engine_core::swap_cheaper(int32_t first_block, int32_t num_blocks) const {

@@ -328,9 +328,9 @@ class engine_core {
   /// the tier is asked for what the pool lost: of a readmitted victim (engine_config::preemption)
   /// or of the prefix its staged blocks extend.
   [[nodiscard]] bool before_admission(kv::seq_id seq);
-  /// Asks the tier for the blocks of `seq`'s tokens the pool lacks (false: the pool has all the
-  /// hit rule allows, nothing asked).
-  bool ask_tier(kv::seq_id seq);
+  /// Asks the tier for the blocks of `seq`'s tokens the pool lacks: it holds `have` leading
+  /// blocks of them, fewer than the `allowed` the hit rule lets come from cache (cached_prefix).
+  void ask_tier(kv::seq_id seq, int32_t have, int32_t allowed);
   /// Preemption `cost`: copying these blocks is predicted faster than recomputing them.
   [[nodiscard]] bool swap_cheaper(int32_t first_block, int32_t num_blocks) const;
   /// Moves the pool's evictions into pending_demotions_, except a block evicted before its
