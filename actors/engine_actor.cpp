@@ -59,7 +59,7 @@ void post(engine_actor_t* self, const Handle& to, Message&& m, int64_t bytes = 0
 executor_settings executor_settings_of(const engine_options& o) {
   return executor_settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,  o.config.kernels,
                            o.executor_threads, o.detached_executor,    o.step_log,           o.config.speculation,
-                           o.draft_checkpoint, o.vocabulary,           nullptr,              {}};
+                           o.draft_checkpoint, o.vocabulary,           o.experts,            o.expert_placement};
 }
 
 namespace {
@@ -489,6 +489,22 @@ expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options
     return fail(errc::invalid_argument, "an engine needs a checkpoint or an executor factory");
   if (auto host = engine::engine_host::create(host_options(o), 0); !host) return tl::unexpected(host.error());
   if (o.executor_threads < 1) return fail(errc::invalid_argument, "executor_threads must be >= 1");
+  if (o.experts && !o.detached_executor)
+    return fail(errc::invalid_argument,
+                "an executor on expert shard actors waits on them: it must be detached (its own thread)");
+  if (o.experts && (!o.checkpoint || !o.checkpoint->moe()))
+    return fail(errc::invalid_argument, "expert shard actors serve a mixture-of-experts model; the checkpoint is not one");
+  if (o.experts) {
+    const model::model_config& c = o.checkpoint->config();
+    const moe::expert_placement& p = o.expert_placement;
+    if (p.n_layers() != c.n_layers || p.n_experts() != o.checkpoint->moe()->n_experts ||
+        p.num_shards() != o.experts->num_shards())
+      return fail(errc::invalid_argument,
+                  "the expert placement (" + std::to_string(p.n_layers()) + " layers, " + std::to_string(p.n_experts()) +
+                      " experts, " + std::to_string(p.num_shards()) + " shards) does not fit the model (" +
+                      std::to_string(c.n_layers) + " layers, " + std::to_string(o.checkpoint->moe()->n_experts) +
+                      " experts) and its " + std::to_string(o.experts->num_shards()) + " shard actors");
+  }
   if (!o.step_log.empty()) {  // the executor opens it again; fail here, where it can be reported
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{std::fopen(o.step_log.c_str(), "a"), &std::fclose};
     if (!log)

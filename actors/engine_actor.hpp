@@ -79,6 +79,10 @@ struct engine_options {
   /// (tokens, hand-offs and forwards with their KV, load reports) arrives when it says. Null in
   /// production.
   std::shared_ptr<network_model> network;
+  /// An MoE's experts on shard actors (executor_settings::experts), which hold them as
+  /// `expert_placement` says; null: in the executor's own process. Needs a detached executor.
+  std::shared_ptr<actor_dispatch> experts;
+  moe::expert_placement expert_placement;
 };
 
 /// The settings of the real step executor `options` describe (what a wrapping executor, such

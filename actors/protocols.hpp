@@ -91,12 +91,15 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<drain_atom, int32_t>::with<int32_t, int32_t>, caf::reacts_to<drain_atom>>;
 
 using engine_list = std::vector<engine_actor>;
+using expert_shard_list = std::vector<expert_shard_actor>;
 
 /// The node actor of a node without the balancer: lists its engines for the balancer's node, and
 /// drains the node when asked by `troupe drain` (the node's name, a grace period in ms or -1 for
 /// the topology's; answered with the grace period it drains with). What such a node publishes:
-/// a surface for cluster members (docs/security.md).
+/// a surface for cluster members (docs/security.md). A shard host lists its expert shards
+/// (topology [[expert_shard]], docs/moe.md) for the nodes of their engines.
 using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_list>,
+                                    caf::replies_to<expert_shards_atom>::with<expert_shard_list>,
                                     caf::replies_to<drain_atom, std::string, int32_t>::with<int32_t>>;
 
 /// The load balancer as clients see it: submit a completion, get its request actor. The only

@@ -54,6 +54,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<request_actor>("troupe::request_actor");
   cfg.add_message_type<executor_actor>("troupe::executor_actor");
   cfg.add_message_type<engine_list>("troupe::engine_list");
+  cfg.add_message_type<expert_shard_list>("troupe::expert_shard_list");
 }
 
 void configure_real_time(caf::actor_system_config& cfg) {

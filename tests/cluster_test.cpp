@@ -327,11 +327,12 @@ class Cluster : public ::testing::Test {
   }
 
   void expect_all_match(const std::vector<msg::completion_request>& requests,
-                        const std::vector<expected<actors::completion>>& got, const std::string& what) {
+                        const std::vector<expected<actors::completion>>& got, const std::string& what,
+                        model::transformer* oracle = nullptr) {
     ASSERT_EQ(got.size(), requests.size());
     for (size_t i = 0; i < requests.size(); i++) {
       ASSERT_TRUE(got[i].has_value()) << what << " request " << i << ": " << got[i].error().message;
-      expect_matches(*got[i], reference(oracle_, requests[i]), what + " request " + std::to_string(i));
+      expect_matches(*got[i], reference(oracle ? *oracle : oracle_, requests[i]), what + " request " + std::to_string(i));
     }
   }
 
@@ -410,6 +411,76 @@ TEST_F(Cluster, HostTiersServeThePrefixesPoolsEvictedAndChangeNoOutput) {
   EXPECT_GT(r[0].num_demoted_blocks, 0);  // prefill0's pool evicted prompts of the first round ...
   EXPECT_GT(r[0].num_host_hit_tokens, 0);  // ... which the second round took back from node1's tier
   EXPECT_EQ(r[0].num_generated_tokens, 0);
+}
+
+TEST_F(Cluster, AnMoesExpertsOnAShardHostGiveTheTokensOfTheModelAlone) {
+  // A sparse MoE of stories260K (4 experts, top-2) served by node0, whose experts are on three
+  // shards: [2, 3] in node0's process and [0, 1], [1, 3] on node1, a shard host (experts 1 and
+  // 3 have replicas). Every answer equals the model run alone in this process.
+  const std::string models = TROUPE_MODELS_DIR;
+  const std::string moe = (dir_ / "sparse.bin").string();
+  const cli_result split = run_troupe({"moe-split", models + "/stories260K.bin", "-o", moe, "--experts", "4", "--router",
+                                       "random", "--top-k", "2", "--seed", "7"},
+                                      dir_);
+  ASSERT_EQ(split.exit_code, 0) << split.err;
+  const std::string topo = (dir_ / "moe.toml").string();
+  {
+    std::ofstream f(topo);
+    for (int n = 0; n < 2; n++)
+      f << "[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n) << "\n\n";
+    f << "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n\n[[engine]]\nname = \"moe0\"\nnode = \"node0\"\n"
+      << "model = \"" << moe << "\"\ntokenizer = \"" << models << "/tok512.bin\"\n";
+    for (const auto& [node, experts] : {std::pair{"node1", "[0, 1]"}, {"node0", "[2, 3]"}, {"node1", "[1, 3]"}})
+      f << "\n[[expert_shard]]\nengine = \"moe0\"\nnode = \"" << node << "\"\nexperts = " << experts << "\n";
+  }
+  for (const char* name : {"node1", "node0"}) {
+    const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", topo, "--node", name},
+                                   (dir_ / (std::string(name) + ".out")).string(),
+                                   (dir_ / (std::string(name) + ".err")).string());
+    ASSERT_NE(pid, 0);
+    nodes_.emplace_back(name, process_guard(pid));
+  }
+  connect((dir_ / "node0.out").string(), (dir_ / "node0.err").string());
+  auto ck = model::checkpoint::load(moe);
+  ASSERT_TRUE(ck) << ck.error().message;
+  model::transformer alone(*ck);
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 8; i++) requests.push_back(make_completion(story_window(i), 24, 9300 + i, 1.0f, 0.9f));
+  requests.push_back(make_completion(story_window(8), 24, 9308, 0.0f, 1.0f));  // and one greedy
+  expect_all_match(requests, run_all(requests), "sparse MoE on shards", &alone);
+  const std::string node1_out = read_file((dir_ / "node1.out").string());
+  EXPECT_NE(node1_out.find("node1: expert shard of engine moe0: experts [1, 3] of every layer (hosted for another node)"),
+            std::string::npos)
+      << node1_out;
+}
+
+TEST_F(Cluster, ExpertShardsThatDoNotFitTheirModelAreRefusedAtStartUpNamingTheEntry) {
+  const std::string models = TROUPE_MODELS_DIR;
+  const std::string moe = (dir_ / "sparse.bin").string();
+  ASSERT_EQ(run_troupe({"moe-split", models + "/stories260K.bin", "-o", moe, "--experts", "4", "--router", "random",
+                        "--top-k", "2", "--seed", "7"},
+                       dir_)
+                .exit_code,
+            0);
+  const struct {
+    std::string model, shards, error;
+  } cases[] = {
+      {models + "/stories260K.bin", "[0, 1]",
+       "expert_shard #1 (engine 'moe0', node 'node0'): the engine's model " + models +
+           "/stories260K.bin is not a mixture of experts (troupe moe-split makes one)"},
+      {moe, "[0, 4]", "expert_shard #1 (engine 'moe0', node 'node0'): expert 4 does not exist: the model has 4 experts (0..3)"},
+      {moe, "[0, 1, 3]", "engine 'moe0': expert 2 is on none of its [[expert_shard]] entries: together they must hold all 4 experts"},
+  };
+  for (const auto& c : cases) {
+    const std::string topo = (dir_ / "bad.toml").string();
+    std::ofstream(topo) << "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = " << port(0)
+                        << "\n[load_balancer]\nnode = \"node0\"\n[[engine]]\nname = \"moe0\"\nnode = \"node0\"\nmodel = \""
+                        << c.model << "\"\ntokenizer = \"" << models << "/tok512.bin\"\n[[expert_shard]]\nengine = \"moe0\"\n"
+                        << "node = \"node0\"\nexperts = " << c.shards << "\n";
+    const cli_result r = run_troupe({"node", "--topology", topo, "--node", "node0"}, dir_);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(c.error), std::string::npos) << r.err;
+  }
 }
 
 TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKeepsServing) {

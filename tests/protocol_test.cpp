@@ -265,12 +265,13 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(some<actors::request_actor>());
   expect_round_trip(some<actors::executor_actor>());
   expect_round_trip(actors::engine_list{some<actors::engine_actor>(), other<actors::engine_actor>()});
+  expect_round_trip(actors::expert_shard_list{some<actors::expert_shard_actor>(), other<actors::expert_shard_actor>()});
 
   std::set<std::string> registered;
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 39u) << "actors/type_ids.cpp registers 39 types";
+  EXPECT_EQ(registered.size(), 40u) << "actors/type_ids.cpp registers 40 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 

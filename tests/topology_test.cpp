@@ -311,6 +311,37 @@ TEST(Topology, PreemptionSwapsToTheNodesHostTier) {
   EXPECT_EQ(swap->engines[0].config.swap_bandwidth_gb_s, 2.5);
 }
 
+namespace {
+
+/// A second node (4 lines), for a shard host.
+const std::string k_node1 = "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 7101\n";
+
+/// An [[expert_shard]] of engine0 on `node` (4 lines: experts on the last).
+std::string shard_text(const std::string& node, const std::string& experts) {
+  return "[[expert_shard]]\nengine = \"engine0\"\nnode = \"" + node + "\"\nexperts = " + experts + "\n";
+}
+
+}  // namespace
+
+TEST(Topology, ExpertShardsAreReadInFileOrderOnTheEnginesNodeOrAShardHost) {
+  auto plain = parse(k_valid);
+  ASSERT_TRUE(plain) << plain.error().message;
+  EXPECT_TRUE(plain->expert_shards.empty());
+  EXPECT_EQ(plain->engines[0].expert_timeout_ms, 10000);
+  auto topo = parse(k_node0 + k_node1 + k_balancer + k_engine0 + "expert_timeout_ms = 250\n" +
+                    shard_text("node1", "[0, 1]") + shard_text("node0", "[1, 2, 3]"));
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->engines[0].expert_timeout_ms, 250);
+  ASSERT_EQ(topo->expert_shards.size(), 2u);
+  EXPECT_EQ(topo->expert_shards[0].engine, "engine0");
+  EXPECT_EQ(topo->expert_shards[0].node, "node1");
+  EXPECT_EQ(topo->expert_shards[0].experts, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(topo->expert_shards[1].node, "node0");
+  EXPECT_EQ(topo->expert_shards[1].experts, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(topo->find_engine("engine0"), &topo->engines[0]);
+  EXPECT_EQ(topo->find_engine("engine1"), nullptr);
+}
+
 TEST(Topology, KvTransferNamesItsKinds) {
   EXPECT_STREQ(to_string(kv_transfer_kind::caf), "caf");
   EXPECT_STREQ(to_string(kv_transfer_kind::ucx), "ucx");
@@ -490,7 +521,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, step_time_correction_window, "
                  "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
                  "step_log, drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, draft_model, "
-                 "speculation_mode, preemption, swap_bandwidth_gb_s)"},
+                 "speculation_mode, preemption, swap_bandwidth_gb_s, expert_timeout_ms)"},
         // Preemption.
         bad_file{"unknown_preemption", k_valid + "preemption = \"drop\"\n",
                  "topology.toml:12: engine 'engine0': key 'preemption' must be recompute, swap or cost; got 'drop'"},
@@ -574,7 +605,39 @@ INSTANTIATE_TEST_SUITE_P(
                  "llama3; got 'jinja'"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
                  "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, limits, http, node, "
-                 "load_balancer, engine)"},
+                 "load_balancer, engine, expert_shard)"},
+        // [[expert_shard]] (k_valid is lines 1-11, so a shard appended starts at line 12).
+        bad_file{"expert_shard_unknown_key", k_valid + shard_text("node0", "[0]") + "replicas = 2\n",
+                 "topology.toml:16: expert_shard #1: unknown key 'replicas' (expected one of: engine, node, experts)"},
+        bad_file{"expert_shard_unknown_engine",
+                 k_valid + "[[expert_shard]]\nengine = \"engine9\"\nnode = \"node0\"\nexperts = [0]\n",
+                 "topology.toml:13: expert_shard #1: key 'engine' names unknown engine 'engine9'"},
+        bad_file{"expert_shard_unknown_node", k_valid + shard_text("node9", "[0]"),
+                 "topology.toml:14: expert_shard #1: key 'node' names unknown node 'node9'"},
+        bad_file{"expert_shard_missing_experts",
+                 k_valid + "[[expert_shard]]\nengine = \"engine0\"\nnode = \"node0\"\n",
+                 "topology.toml:12: expert_shard #1: missing required key 'experts'"},
+        bad_file{"expert_shard_no_experts", k_valid + shard_text("node0", "[]"),
+                 "topology.toml:15: expert_shard #1: key 'experts' must name at least one expert"},
+        bad_file{"expert_shard_experts_not_increasing", k_valid + shard_text("node0", "[2, 1]"),
+                 "topology.toml:15: expert_shard #1: key 'experts' element 2 must be greater than the one before "
+                 "(strictly increasing), got 1 after 2"},
+        bad_file{"expert_shard_expert_out_of_range", k_valid + shard_text("node0", "[1024]"),
+                 "topology.toml:15: expert_shard #1: key 'experts' element 1 must be in 0..1023, got 1024"},
+        bad_file{"expert_shard_experts_not_an_array", k_valid + shard_text("node0", "3"),
+                 "topology.toml:15: expert_shard #1: key 'experts' must be an array of integers, got an integer"},
+        bad_file{"expert_shard_on_the_balancers_node",
+                 k_node0 + k_node1 + "[load_balancer]\nnode = \"node1\"\n" + k_engine0 + shard_text("node1", "[0]"),
+                 "topology.toml:18: expert_shard #1: node 'node1' is not engine 'engine0''s node ('node0') and runs "
+                 "the load balancer: shards of another node's engine need a shard host, a node with neither"},
+        bad_file{"expert_shard_on_another_engines_node",
+                 k_node0 + k_node1 + k_balancer + k_engine0 +
+                     "[[engine]]\nname = \"engine1\"\nnode = \"node1\"\nmodel = \"../models/stories260K.bin\"\n"
+                     "tokenizer = \"../models/tok512.bin\"\n" + shard_text("node1", "[0]"),
+                 "topology.toml:23: expert_shard #1: node 'node1' is not engine 'engine0''s node ('node0') and runs "
+                 "engine 'engine1': shards of another node's engine need a shard host, a node with neither"},
+        bad_file{"expert_timeout_zero", k_valid + "expert_timeout_ms = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'expert_timeout_ms' must be in 1..600000, got 0"},
         bad_file{"unknown_http_key", "[http]\nport = 8000\naddress = \"x\"\n" + k_valid,
                  "topology.toml:3: http: unknown key 'address' (expected one of: port, host, drain_timeout_ms)"},
         bad_file{"http_port_missing", "[http]\nhost = \"127.0.0.1\"\n" + k_valid,
@@ -809,7 +872,7 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"prefill_tiers_seventeen_bounds",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tiers = [1, 2, 3, 4, 5, "
                            "6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]\n",
-                 "topology.toml:7: load_balancer: key 'prefill_tiers' has 17 bounds, at most 16 "
+                 "topology.toml:7: load_balancer: key 'prefill_tiers' has 17 elements, at most 16 "
                  "allowed"},
         bad_file{"max_waiting_zero",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nmax_waiting = 0\n",

@@ -32,49 +32,6 @@ struct node_resources {
   actors::cache_tier_actor host_tier;  ///< none without host_tier_blocks
 };
 
-expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const engine_spec& e, int32_t max_waiting,
-                                   const launch_options& options, std::shared_ptr<const tokenizer>& tok,
-                                   const node_resources& shared, uint64_t ucx_tag_base, int32_t& context_tokens) {
-  const auto load_start = std::chrono::steady_clock::now();
-  auto ck = model::checkpoint::load(e.model_path);  // weights pre-faulted: read from disk here
-  if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
-  spdlog::info("engine '{}': loaded {} in {} ms{}", e.name, e.model_path,
-               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - load_start)
-                   .count(),
-               ck->q80()   ? " (Q8_0, group size " + std::to_string(ck->q80()->group_size) + ")"
-               : ck->moe() ? " (mixture of experts: " + std::to_string(ck->moe()->n_experts) + " experts, top-k " +
-                                 std::to_string(ck->moe()->top_k) + ")"
-                           : "");
-  context_tokens = std::max(context_tokens, ck->config().seq_len);
-  auto t = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
-  if (!t) return fail(t.error().code, where(e) + t.error().message);
-  actors::engine_options o;
-  o.vocabulary = grammar::vocabulary_of(*t, engine::end_token_ids(e.config, t->bos_id(), t->eos_id()));
-  if (!tok) tok = std::make_shared<const tokenizer>(std::move(*t));
-  o.checkpoint = std::make_shared<const model::checkpoint>(std::move(*ck));
-  if (e.config.speculation.drafter == spec::drafter_kind::draft_model) {
-    auto draft = model::checkpoint::load(e.config.speculation.draft_model);
-    if (!draft) return fail(draft.error().code, where(e) + "draft model: " + draft.error().message);
-    if (auto ok = engine::step_executor::check_draft_model(o.checkpoint->config(), draft->config()); !ok)
-      return fail(ok.error().code, where(e) + ok.error().message);
-    o.draft_checkpoint = std::make_shared<const model::checkpoint>(std::move(*draft));
-  }
-  o.bos_id = tok->bos_id();
-  o.eos_id = tok->eos_id();
-  o.config = e.config;
-  o.max_waiting = max_waiting;
-  o.executor_threads = e.executor_threads;
-  o.step_log = e.step_log;
-  o.detached_executor = options.detached_executors;
-  o.kv_sender = shared.ucx;
-  o.kv_tag_base = ucx_tag_base;
-  o.host_tier = shared.host_tier;
-  o.tier_fetch_timeout = std::chrono::milliseconds(shared.node.host_tier_fetch_timeout_ms);
-  auto engine = actors::spawn_engine(sys, o);
-  if (!engine) return fail(engine.error().code, where(e) + engine.error().message);
-  return engine;
-}
-
 /// The node's host-memory tier, with the block size its engines share (topology.cpp checks
 /// that they do); none when the node has no host_tier_blocks or no engine.
 expected<actors::cache_tier_actor> spawn_host_tier(caf::actor_system& sys, const topology& t, const node_spec& node) {
@@ -106,31 +63,185 @@ balance::engine_kind kind_of(engine_role role) {
   return balance::engine_kind::mixed;
 }
 
-/// The engines published by `node` (its node actor's answer), trying until the deadline: the
-/// other nodes may still be starting, or be frozen (then the handshake never completes).
-expected<actors::engine_list> reach_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms,
-                                             const std::atomic<bool>* stop) {
+/// What `node`'s node actor answers to `Atom` (its engines, or the expert shards it hosts: `what`
+/// names them in errors), trying until the deadline: the other node may still be starting, or be
+/// frozen (then the handshake never completes).
+template <class Answer, class Atom>
+expected<Answer> ask_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms,
+                          const std::atomic<bool>* stop, const std::string& what) {
   const std::string address = node.host + ":" + std::to_string(node.port);
   actors::reach_options ro;
   ro.timeout = std::chrono::milliseconds(timeout_ms);
   ro.stop = stop;
-  spdlog::info("reaching node '{}' at {} (up to {} ms)", node.name, address, timeout_ms);
+  spdlog::info("reaching node '{}' at {} for its {} (up to {} ms)", node.name, address, what, timeout_ms);
   auto remote = actors::reach<actors::node_actor>(sys, node.host, node.port, ro);
   if (!remote && remote.error().code == errc::cancelled)
     return fail(errc::cancelled, "start-up stopped by a signal while reaching node '" + node.name + "' at " + address);
   if (!remote)
     return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
                                        std::to_string(timeout_ms) + " ms: " + remote.error().message);
-  actors::check_may_block("listing a node's engines");
+  actors::check_may_block("asking another node for its engines or expert shards");
   caf::scoped_actor self{sys};
-  expected<actors::engine_list> out = fail(errc::unavailable, "no answer");
-  self->request(*remote, std::chrono::milliseconds(timeout_ms), actors::engines_atom::value)
-      .receive([&](actors::engine_list& engines) { out = std::move(engines); },
+  expected<Answer> out = fail(errc::unavailable, "no answer");
+  self->request(*remote, std::chrono::milliseconds(timeout_ms), Atom::value)
+      .receive([&](Answer& answer) { out = std::move(answer); },
                [&](caf::error& err) {
                  out = fail(errc::unavailable,
-                            "node '" + node.name + "' at " + address + " did not list its engines: " + sys.render(err));
+                            "node '" + node.name + "' at " + address + " did not list its " + what + ": " + sys.render(err));
                });
   return out;
+}
+
+/// The experts `shard` holds: its experts in each of the model's `n_layers` layers.
+std::vector<moe::expert_id> experts_of(const expert_shard_spec& shard, int32_t n_layers) {
+  std::vector<moe::expert_id> out;
+  for (int32_t layer = 0; layer < n_layers; layer++)
+    for (int32_t expert : shard.experts) out.push_back({layer, expert});
+  return out;
+}
+
+/// "expert_shard #i (engine 'e', node 'n')", 1-based as in the topology's errors.
+std::string shard_label(const topology& t, size_t index) {
+  const expert_shard_spec& s = t.expert_shards[index];
+  return "expert_shard #" + std::to_string(index + 1) + " (engine '" + s.engine + "', node '" + s.node + "')";
+}
+
+/// The shard's experts exist in `ck`, its engine's model, which must be an MoE.
+expected<void> check_shard(const topology& t, size_t index, const model::checkpoint& ck) {
+  const expert_shard_spec& s = t.expert_shards[index];
+  if (!ck.moe())
+    return fail(errc::invalid_argument, shard_label(t, index) + ": the engine's model " + ck.path() +
+                                            " is not a mixture of experts (troupe moe-split makes one)");
+  if (s.experts.back() >= ck.moe()->n_experts)
+    return fail(errc::invalid_argument, shard_label(t, index) + ": expert " + std::to_string(s.experts.back()) +
+                                            " does not exist: the model has " +
+                                            std::to_string(ck.moe()->n_experts) + " experts (0.." +
+                                            std::to_string(ck.moe()->n_experts - 1) + ")");
+  return {};
+}
+
+/// The shards a shard host runs for other nodes' engines, in topology order (each engine's
+/// model loaded once).
+expected<actors::expert_shard_list> spawn_hosted_shards(caf::actor_system& sys, const topology& t,
+                                                        const std::string& node_name) {
+  actors::expert_shard_list out;
+  std::map<std::string, model::checkpoint> models;  // by engine
+  for (size_t i = 0; i < t.expert_shards.size(); i++) {
+    const expert_shard_spec& s = t.expert_shards[i];
+    const engine_spec& e = *t.find_engine(s.engine);
+    if (s.node != node_name || e.node == node_name) continue;
+    auto it = models.find(e.name);
+    if (it == models.end()) {
+      auto ck = model::checkpoint::load(e.model_path);
+      if (!ck) return fail(ck.error().code, shard_label(t, i) + ": " + ck.error().message);
+      it = models.emplace(e.name, std::move(*ck)).first;
+    }
+    if (auto ok = check_shard(t, i, it->second); !ok) return tl::unexpected(ok.error());
+    out.push_back(actors::spawn_expert_shard(sys, it->second, experts_of(s, it->second.config().n_layers),
+                                             e.config.kernels));
+  }
+  return out;
+}
+
+/// Engine `e`'s expert shards (topology [[expert_shard]]): those on its node spawned here (into
+/// `spawned`), those on shard hosts reached, and the placement they make. Every expert must be on
+/// some shard.
+expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, const engine_spec& e,
+                                  const std::atomic<bool>* stop, actors::engine_options& o,
+                                  actors::expert_shard_list& spawned) {
+  const model::checkpoint& ck = *o.checkpoint;
+  actors::expert_shard_list shards;
+  std::map<std::string, actors::expert_shard_list> hosted;  // by shard host
+  std::map<std::string, size_t> next;                       // per shard host: its next shard's index
+  std::vector<std::vector<int32_t>> holders;                // per expert: the shards holding it
+  for (size_t i = 0; i < t.expert_shards.size(); i++) {
+    const expert_shard_spec& s = t.expert_shards[i];
+    const size_t index_on_node = s.node == e.node ? 0 : next[s.node]++;  // counts every engine's shards there
+    if (s.engine != e.name) continue;
+    if (auto ok = check_shard(t, i, ck); !ok) return ok;
+    if (s.node == e.node) {
+      shards.push_back(actors::spawn_expert_shard(sys, ck, experts_of(s, ck.config().n_layers), e.config.kernels));
+      spawned.push_back(shards.back());
+    } else {
+      auto it = hosted.find(s.node);
+      if (it == hosted.end()) {
+        auto listed = ask_node<actors::expert_shard_list, actors::expert_shards_atom>(
+            sys, *t.find_node(s.node), t.load_balancer.connect_timeout_ms, stop, "expert shards");
+        if (!listed) return fail(listed.error().code, shard_label(t, i) + ": " + listed.error().message);
+        it = hosted.emplace(s.node, std::move(*listed)).first;
+      }
+      if (index_on_node >= it->second.size())
+        return fail(errc::invalid_argument, shard_label(t, i) + ": node '" + s.node + "' hosts " +
+                                                std::to_string(it->second.size()) +
+                                                " expert shard(s), fewer than the topology places there: a different "
+                                                "topology file?");
+      shards.push_back(it->second[index_on_node]);
+    }
+    holders.resize(static_cast<size_t>(ck.moe()->n_experts));
+    for (int32_t expert : s.experts) holders[static_cast<size_t>(expert)].push_back(static_cast<int32_t>(shards.size() - 1));
+  }
+  if (shards.empty()) return {};
+  for (size_t expert = 0; expert < holders.size(); expert++)
+    if (holders[expert].empty())
+      return fail(errc::invalid_argument, where(e) + "expert " + std::to_string(expert) +
+                                              " is on none of its [[expert_shard]] entries: together they must hold "
+                                              "all " + std::to_string(holders.size()) + " experts");
+  if (!o.detached_executor)
+    return fail(errc::invalid_argument, where(e) + "expert shards need an executor on its own thread");
+  const int32_t n_layers = ck.config().n_layers;
+  std::vector<std::vector<int32_t>> replicas;
+  for (int32_t layer = 0; layer < n_layers; layer++) replicas.insert(replicas.end(), holders.begin(), holders.end());
+  o.expert_placement = moe::expert_placement::of_replicas(n_layers, ck.moe()->n_experts,
+                                                          static_cast<int32_t>(shards.size()), std::move(replicas));
+  o.experts = std::make_shared<actors::actor_dispatch>(sys, std::move(shards),
+                                                       std::chrono::milliseconds(e.expert_timeout_ms));
+  return {};
+}
+
+/// Engine `e` of `t`, its executor and its expert shards on this node (into `spawned`).
+expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topology& t, const engine_spec& e,
+                                   const launch_options& options, std::shared_ptr<const tokenizer>& tok,
+                                   const node_resources& shared, uint64_t ucx_tag_base, int32_t& context_tokens,
+                                   actors::expert_shard_list& spawned) {
+  const auto load_start = std::chrono::steady_clock::now();
+  auto ck = model::checkpoint::load(e.model_path);  // weights pre-faulted: read from disk here
+  if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
+  spdlog::info("engine '{}': loaded {} in {} ms{}", e.name, e.model_path,
+               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - load_start)
+                   .count(),
+               ck->q80()   ? " (Q8_0, group size " + std::to_string(ck->q80()->group_size) + ")"
+               : ck->moe() ? " (mixture of experts: " + std::to_string(ck->moe()->n_experts) + " experts, top-k " +
+                                 std::to_string(ck->moe()->top_k) + ")"
+                           : "");
+  context_tokens = std::max(context_tokens, ck->config().seq_len);
+  auto loaded = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
+  if (!loaded) return fail(loaded.error().code, where(e) + loaded.error().message);
+  actors::engine_options o;
+  o.vocabulary = grammar::vocabulary_of(*loaded, engine::end_token_ids(e.config, loaded->bos_id(), loaded->eos_id()));
+  if (!tok) tok = std::make_shared<const tokenizer>(std::move(*loaded));
+  o.checkpoint = std::make_shared<const model::checkpoint>(std::move(*ck));
+  if (e.config.speculation.drafter == spec::drafter_kind::draft_model) {
+    auto draft = model::checkpoint::load(e.config.speculation.draft_model);
+    if (!draft) return fail(draft.error().code, where(e) + "draft model: " + draft.error().message);
+    if (auto ok = engine::step_executor::check_draft_model(o.checkpoint->config(), draft->config()); !ok)
+      return fail(ok.error().code, where(e) + ok.error().message);
+    o.draft_checkpoint = std::make_shared<const model::checkpoint>(std::move(*draft));
+  }
+  o.bos_id = tok->bos_id();
+  o.eos_id = tok->eos_id();
+  o.config = e.config;
+  o.max_waiting = t.load_balancer.max_waiting;
+  o.executor_threads = e.executor_threads;
+  o.step_log = e.step_log;
+  o.detached_executor = options.detached_executors;
+  o.kv_sender = shared.ucx;
+  o.kv_tag_base = ucx_tag_base;
+  o.host_tier = shared.host_tier;
+  o.tier_fetch_timeout = std::chrono::milliseconds(shared.node.host_tier_fetch_timeout_ms);
+  if (auto ok = plug_expert_shards(sys, t, e, options.stop, o, spawned); !ok) return tl::unexpected(ok.error());
+  auto engine = actors::spawn_engine(sys, o);
+  if (!engine) return fail(engine.error().code, where(e) + engine.error().message);
+  return engine;
 }
 
 /// Every engine of the topology for the balancer: this node's, and the other nodes' reached
@@ -148,7 +259,8 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
   for (const engine_spec& e : t.engines) {
     auto it = by_node.find(e.node);
     if (it == by_node.end()) {
-      auto remote = reach_node(sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms, stop);
+      auto remote = ask_node<actors::engine_list, actors::engines_atom>(sys, *t.find_node(e.node),
+                                                                         t.load_balancer.connect_timeout_ms, stop, "engines");
       if (!remote) return tl::unexpected(remote.error());
       if (remote->size() != num_placed[e.node])
         return fail(errc::invalid_argument, "node '" + e.node + "' runs " + std::to_string(remote->size()) +
@@ -215,13 +327,27 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
                                                        : ", over a disk tier of " + std::to_string(node->disk_tier_mib) +
                                                              " MiB in " + node->disk_tier_dir));
   }
+  auto hosted = spawn_hosted_shards(sys, t, node_name);
+  if (!hosted) {
+    shutdown_node(sys, out);
+    return tl::unexpected(hosted.error());
+  }
+  out.expert_shards = *hosted;
+  for (size_t i = 0; i < t.expert_shards.size(); i++) {
+    const expert_shard_spec& s = t.expert_shards[i];
+    if (s.node != node_name) continue;
+    std::string experts;
+    for (int32_t x : s.experts) experts += (experts.empty() ? "" : ", ") + std::to_string(x);
+    out.summary.push_back("expert shard of engine " + s.engine + ": experts [" + experts + "] of every layer" +
+                          (t.find_engine(s.engine)->node == node_name ? "" : " (hosted for another node)"));
+  }
   const node_resources shared{*node, out.ucx, out.host_tier};
   for (size_t i = 0; i < t.engines.size(); i++) {
     const engine_spec& e = t.engines[i];
     if (e.node != node_name) continue;
     // UCX tags: 40 bits of transfer counter under the engine's topology index, unique cluster-wide.
-    auto engine = launch_engine(sys, e, t.load_balancer.max_waiting, options, out.tok, shared,
-                                static_cast<uint64_t>(i + 1) << 40, context_tokens);
+    auto engine = launch_engine(sys, t, e, options, out.tok, shared, static_cast<uint64_t>(i + 1) << 40,
+                                context_tokens, out.expert_shards);
     if (!engine) {
       shutdown_node(sys, out);
       return tl::unexpected(engine.error());
@@ -235,11 +361,13 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   }
   if (t.load_balancer.node != node_name) {
     const actors::engine_list engines = out.engines;
+    const actors::expert_shard_list shards = *hosted;
     const auto drain = options.drain;
     // Published behind a door (actors/door.hpp): no peer can stop it with an exit or a link.
-    const actors::node_actor lister = sys.spawn([engines, drain, node_name]() -> actors::node_actor::behavior_type {
+    const actors::node_actor lister = sys.spawn([engines, shards, drain, node_name]() -> actors::node_actor::behavior_type {
       return {
           [engines](actors::engines_atom) { return engines; },
+          [shards](actors::expert_shards_atom) { return shards; },
           [drain, node_name](actors::drain_atom, const std::string& name, int32_t grace_ms) -> caf::result<int32_t> {
             return drain_request(drain, node_name, name, grace_ms);
           },
@@ -248,7 +376,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     out.node_actor = caf::actor_cast<actors::node_actor>(actors::spawn_door(
         sys, caf::actor_cast<caf::strong_actor_ptr>(lister), sys.message_types<actors::node_actor>(),
         [](const caf::type_erased_tuple& m) {
-          return m.match_elements<actors::engines_atom>() ||
+          return m.match_elements<actors::engines_atom>() || m.match_elements<actors::expert_shards_atom>() ||
                  m.match_elements<actors::drain_atom, std::string, int32_t>();
         },
         "node actor"));
@@ -366,6 +494,7 @@ void shutdown_node(caf::actor_system& sys, const launched_node& node) {
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   if (node.host_tier) caf::anon_send_exit(node.host_tier, caf::exit_reason::user_shutdown);
+  for (const actors::expert_shard_actor& s : node.expert_shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
 }
 

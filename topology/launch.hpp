@@ -39,6 +39,9 @@ struct launched_node {
   actors::node_actor node_actor;       ///< answers engines_atom with `engines`; published where the balancer is not
   std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
   actors::cache_tier_actor host_tier;  ///< the node's host-memory KV tier ([[node]] host_tier_blocks), if any
+  /// Every expert shard it runs ([[expert_shard]]): a shard host's for other nodes' engines, in
+  /// topology order (what its node actor lists), then those of its own engines.
+  actors::expert_shard_list expert_shards;
   std::shared_ptr<const tokenizer> tok;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
 

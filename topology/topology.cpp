@@ -24,6 +24,7 @@
 #include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/step_time_correction.hpp"
+#include "runtime/model/checkpoint.hpp"
 
 namespace troupe::topology {
 
@@ -52,6 +53,11 @@ const node_spec* topology::find_node(std::string_view name) const {
   auto it = std::find_if(nodes.begin(), nodes.end(),
                          [&](const node_spec& node) { return node.name == name; });
   return it == nodes.end() ? nullptr : &*it;
+}
+
+const engine_spec* topology::find_engine(std::string_view name) const {
+  auto it = std::find_if(engines.begin(), engines.end(), [&](const engine_spec& e) { return e.name == name; });
+  return it == engines.end() ? nullptr : &*it;
 }
 
 namespace {
@@ -581,6 +587,9 @@ struct listener {
   if (auto ok = read_scheduler_policy(ctx, table, where, config.scheduler.policy); !ok) return ok;
   if (auto ok = read_speculation(ctx, table, where, config.speculation); !ok) return ok;
   if (auto ok = read_preemption(ctx, table, where, config); !ok) return ok;
+  auto expert_timeout = read_int(ctx, table, where, "expert_timeout_ms", engine.expert_timeout_ms, 1, 600000);
+  if (!expert_timeout) return tl::unexpected(expert_timeout.error());
+  engine.expert_timeout_ms = *expert_timeout;
   auto step_log = read_string(ctx, table, where, "step_log", std::string());
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
@@ -598,7 +607,7 @@ struct listener {
                             "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
                             "scheduler", "sjf_aging_tokens", "executor_threads", "step_log", "drafter",
                             "num_speculative_tokens", "ngram_min", "ngram_max", "draft_layers", "draft_model",
-                            "speculation_mode", "preemption", "swap_bandwidth_gb_s"});
+                            "speculation_mode", "preemption", "swap_bandwidth_gb_s", "expert_timeout_ms"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -704,6 +713,7 @@ struct listener {
   return engines;
 }
 
+
 /// A table `[key]` of the root, or nullptr when absent.
 [[nodiscard]] expected<const toml::table*> read_table(const context& ctx, const toml::table& root,
                                                       std::string_view key) {
@@ -717,50 +727,53 @@ struct listener {
   return node->as_table();
 }
 
-/// `prefill_tiers`: an array of strictly increasing integers >= 1, at most
-/// num_prefill_tier_bounds_max of them; absent = `fallback`.
-[[nodiscard]] expected<std::vector<int32_t>> read_tier_bounds(const context& ctx,
-                                                              const toml::table& table,
-                                                              const scope& where,
-                                                              std::vector<int32_t> fallback) {
-  const toml::node* node = table.get("prefill_tiers");
-  if (node == nullptr) return fallback;
+/// `key`: an array of at most `max_count` strictly increasing integers in [min, max]; absent =
+/// `fallback` (none: the key is required).
+[[nodiscard]] expected<std::vector<int32_t>> read_increasing_ints(const context& ctx, const toml::table& table,
+                                                                  const scope& where, std::string_view key,
+                                                                  std::optional<std::vector<int32_t>> fallback,
+                                                                  int64_t min, int64_t max, size_t max_count) {
+  TROUPE_ASSERT(min <= max && max <= int32_max);
+  const toml::node* node = table.get(key);
+  if (node == nullptr) {
+    if (fallback) return *fallback;
+    return malformed(ctx, where.line, where.label, "missing required key " + in_quotes(key));
+  }
   const toml::array* array = node->as_array();
   if (array == nullptr) {
     return malformed(ctx, line_of(*node), where.label,
-                     "key 'prefill_tiers' must be an array of integers, got " +
+                     "key " + in_quotes(key) + " must be an array of integers, got " +
                          std::string(type_name(node->type())));
   }
-  if (array->size() > num_prefill_tier_bounds_max) {
+  if (array->size() > max_count) {
     return malformed(ctx, line_of(*node), where.label,
-                     "key 'prefill_tiers' has " + std::to_string(array->size()) +
-                         " bounds, at most " + std::to_string(num_prefill_tier_bounds_max) +
-                         " allowed");
+                     "key " + in_quotes(key) + " has " + std::to_string(array->size()) + " elements, at most " +
+                         std::to_string(max_count) + " allowed");
   }
-  std::vector<int32_t> bounds;
+  std::vector<int32_t> values;
   for (size_t i = 0; i < array->size(); ++i) {
     const toml::node& element = *array->get(i);
-    const std::string what = "key 'prefill_tiers' element " + std::to_string(i + 1);
+    const std::string what = "key " + in_quotes(key) + " element " + std::to_string(i + 1);
     const auto* value = element.as_integer();
     if (value == nullptr) {
       return malformed(ctx, line_of(element), where.label,
                        what + " must be an integer, got " + type_name(element.type()));
     }
-    const int64_t bound = value->get();
-    if (bound < 1 || bound > int32_max) {
+    const int64_t number = value->get();
+    if (number < min || number > max) {
       return malformed(ctx, line_of(element), where.label,
-                       what + " must be in 1.." + std::to_string(int32_max) + ", got " +
-                           std::to_string(bound));
+                       what + " must be in " + std::to_string(min) + ".." + std::to_string(max) + ", got " +
+                           std::to_string(number));
     }
-    if (!bounds.empty() && bound <= bounds.back()) {
+    if (!values.empty() && number <= values.back()) {
       return malformed(ctx, line_of(element), where.label,
                        what + " must be greater than the one before (strictly increasing), got " +
-                           std::to_string(bound) + " after " + std::to_string(bounds.back()));
+                           std::to_string(number) + " after " + std::to_string(values.back()));
     }
-    bounds.push_back(static_cast<int32_t>(bound));
+    values.push_back(static_cast<int32_t>(number));
   }
-  TROUPE_ASSERT(bounds.size() == array->size());
-  return bounds;
+  TROUPE_ASSERT(values.size() == array->size());
+  return values;
 }
 
 /// heartbeat_interval_ms, heartbeat_timeout_ms and rejoin_interval_ms into `balancer`; a timeout
@@ -817,7 +830,8 @@ struct listener {
   auto max_waiting = read_int(ctx, **table, where, "max_waiting", balancer.max_waiting, 1);
   if (!max_waiting) return tl::unexpected(max_waiting.error());
   balancer.max_waiting = *max_waiting;
-  auto bounds = read_tier_bounds(ctx, **table, where, balancer.prefill_tier_bounds);
+  auto bounds = read_increasing_ints(ctx, **table, where, "prefill_tiers", balancer.prefill_tier_bounds, 1, int32_max,
+                                     num_prefill_tier_bounds_max);
   if (!bounds) return tl::unexpected(bounds.error());
   balancer.prefill_tier_bounds = std::move(*bounds);
   auto router = read_router(ctx, **table, where, balancer.router);
@@ -978,8 +992,55 @@ struct listener {
   return {};
 }
 
+/// Every [[expert_shard]], after the engines and the load balancer: known engine and node, and a
+/// node that is the engine's own or a shard host. A shard host runs no engine and not the
+/// balancer, so that it waits on nobody at start-up while the engines' nodes wait on it.
+[[nodiscard]] expected<std::vector<expert_shard_spec>> read_expert_shards(const context& ctx, const toml::table& root,
+                                                                          const topology& t) {
+  auto tables = read_tables(ctx, root, "expert_shard");
+  if (!tables) return tl::unexpected(tables.error());
+  std::vector<expert_shard_spec> shards;
+  for (size_t i = 0; i < tables->size(); ++i) {
+    const toml::table& table = *(*tables)[i];
+    const scope where{"expert_shard #" + std::to_string(i + 1), line_of(table)};
+    if (auto ok = check_known_keys(ctx, table, where, {"engine", "node", "experts"}); !ok)
+      return tl::unexpected(ok.error());
+    expert_shard_spec shard;
+    auto engine = read_string(ctx, table, where, "engine");
+    if (!engine) return tl::unexpected(engine.error());
+    const engine_spec* e = t.find_engine(*engine);
+    if (e == nullptr)
+      return malformed(ctx, line_of_key(table, "engine"), where.label,
+                       "key 'engine' names unknown engine " + in_quotes(*engine));
+    shard.engine = *engine;
+    auto node = read_node_reference(ctx, table, where, t.nodes);
+    if (!node) return tl::unexpected(node.error());
+    shard.node = *node;
+    if (shard.node != e->node) {
+      const auto runs_engine = std::find_if(t.engines.begin(), t.engines.end(),
+                                            [&](const engine_spec& other) { return other.node == shard.node; });
+      if (runs_engine != t.engines.end() || shard.node == t.load_balancer.node)
+        return malformed(ctx, line_of_key(table, "node"), where.label,
+                         "node " + in_quotes(shard.node) + " is not engine " + in_quotes(e->name) + "'s node (" +
+                             in_quotes(e->node) + ") and runs " +
+                             (runs_engine != t.engines.end() ? "engine " + in_quotes(runs_engine->name)
+                                                              : std::string("the load balancer")) +
+                             ": shards of another node's engine need a shard host, a node with neither");
+    }
+    auto experts = read_increasing_ints(ctx, table, where, "experts", std::nullopt, 0, model::moe_experts_max - 1,
+                                        static_cast<size_t>(model::moe_experts_max));
+    if (!experts) return tl::unexpected(experts.error());
+    if (experts->empty())
+      return malformed(ctx, line_of_key(table, "experts"), where.label, "key 'experts' must name at least one expert");
+    shard.experts = std::move(*experts);
+    shards.push_back(std::move(shard));
+  }
+  return shards;
+}
+
 [[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
-  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "limits", "http", "node", "load_balancer", "engine"});
+  if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "limits", "http", "node", "load_balancer", "engine",
+                                                         "expert_shard"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -997,6 +1058,9 @@ struct listener {
   if (!engines) return tl::unexpected(engines.error());
   result.engines = std::move(*engines);
   TROUPE_ASSERT(result.find_node(result.load_balancer.node) != nullptr);
+  auto shards = read_expert_shards(ctx, root, result);
+  if (!shards) return tl::unexpected(shards.error());
+  result.expert_shards = std::move(*shards);
   if (auto ok = read_http(ctx, root, result); !ok) return tl::unexpected(ok.error());
   return result;
 }

@@ -109,6 +109,21 @@
 ///                                      #   readmitted victim fetches the blocks it lost from
 ///                                      #   the node's host tier (cost: when cheaper by the
 ///                                      #   calibration; swap_bandwidth_gb_s, default 8, prices it)
+///   expert_timeout_ms = 10000          #   optional, 1..600000, default 10000: how long an MoE
+///                                      #   layer waits for its expert shards' answers
+///
+///   [[expert_shard]]                   # zero or more (docs/moe.md): expert-shard actors that
+///                                      #   compute an MoE engine's experts; without any, the
+///                                      #   engine computes them in its own process
+///   engine = "engine0"                 #   required, names an [[engine]] (its model must be an
+///                                      #   MoE: checked at launch)
+///   node = "node0"                     #   required: the engine's node (the shard runs in its
+///                                      #   process) or a shard host, a node that runs no engine
+///                                      #   and not the load balancer
+///   experts = [0, 1]                   #   required, strictly increasing, each 0..1023 (and below
+///                                      #   the model's expert count): the experts it holds in
+///                                      #   every layer; an expert on several shards has replicas.
+///                                      #   An engine's shards together hold every expert
 ///
 /// Unknown keys are errors everywhere (a typo must not silently fall back to a default). At
 /// least one engine must be able to prefill (mixed or prefill), and prefill engines need a
@@ -164,6 +179,14 @@ struct engine_spec {
   engine::engine_config config;
   int32_t executor_threads = 1;
   std::string step_log;        ///< the executor logs every step here (troupe calibrate --log); "" = off
+  int32_t expert_timeout_ms = 10000;  ///< how long an MoE layer waits for its expert shards
+};
+
+/// An expert-shard actor holding some experts of an MoE engine's model, in every layer.
+struct expert_shard_spec {
+  std::string engine;            ///< names an engine_spec
+  std::string node;              ///< the engine's node, or a shard host (no engines, not the balancer's)
+  std::vector<int32_t> experts;  ///< strictly increasing, >= 0; below the model's count (checked at launch)
 };
 
 /// Where the load balancer runs, how much it queues, and how the cluster reports to it.
@@ -209,6 +232,7 @@ struct topology {
   int32_t drain_grace_ms = 30000;  ///< a stopping node's grace period before it forwards requests
   std::vector<node_spec> nodes;
   std::vector<engine_spec> engines;
+  std::vector<expert_shard_spec> expert_shards;  ///< in file order
   load_balancer_spec load_balancer;
   std::string tls_ca;  ///< [tls] ca: the cluster CA certificate (PEM, absolute); "" = no [tls]
   limits_spec limits;
@@ -216,6 +240,8 @@ struct topology {
 
   /// The node called `name`, or nullptr.
   [[nodiscard]] const node_spec* find_node(std::string_view name) const;
+  /// The engine called `name`, or nullptr.
+  [[nodiscard]] const engine_spec* find_engine(std::string_view name) const;
 };
 
 /// How a topology's CAF ports are protected, given whether `--insecure` was passed.
