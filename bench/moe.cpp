@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "runtime/model/moe_split.hpp"
 #include "runtime/model/transformer.hpp"
 #include "runtime/moe/expert_shard.hpp"
+#include "runtime/moe/reassignment.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "topology/expert_shard_hosts.hpp"
 
@@ -37,10 +39,19 @@ constexpr int32_t num_sequences = 8;
 constexpr int32_t num_decode_steps = 60;
 constexpr int num_runs = 5;
 
+/// What a run shows the dispatch it runs on: the decode steps start (after the prefill step),
+/// and each decode step ends.
+class observed_dispatch : public moe::expert_dispatch {
+ public:
+  virtual void decode_starts() {}
+  virtual void step_ends() {}
+};
+
 /// Counts the messages a dispatch's requests and replies make, and their serialized bytes.
-class metered_dispatch final : public moe::expert_dispatch {
+class metered_dispatch final : public observed_dispatch {
  public:
   metered_dispatch(caf::actor_system& sys, moe::expert_dispatch& inner) : sys_(sys), inner_(inner) {}
+  void decode_starts() override { num_messages = num_bytes = 0; }
   [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
   [[nodiscard]] expected<std::vector<moe::expert_reply>> compute(const std::vector<moe::expert_request>& requests) override {
     expected<std::vector<moe::expert_reply>> replies = inner_.compute(requests);
@@ -65,9 +76,32 @@ class metered_dispatch final : public moe::expert_dispatch {
   moe::expert_dispatch& inner_;
 };
 
-/// One run's decode tok/s through `dispatch`; `meter` counts the decode steps' messages.
+/// Shows a reassigner (runtime/moe/reassignment.hpp) every decode step's layers: one window of
+/// the run's decode steps.
+class reassigning_dispatch final : public observed_dispatch {
+ public:
+  reassigning_dispatch(moe::expert_dispatch& inner, moe::reassigner& reassigner) : inner_(inner), reassigner_(reassigner) {}
+  [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
+  [[nodiscard]] expected<std::vector<moe::expert_reply>> compute(const std::vector<moe::expert_request>& requests) override {
+    if (decoding_) reassigner_.add(requests);
+    return inner_.compute(requests);
+  }
+  void decode_starts() override { decoding_ = true; }
+  void step_ends() override {
+    if (auto w = reassigner_.end_step()) window = std::move(*w);
+  }
+  std::optional<moe::window_report> window;  // the last one
+
+ private:
+  moe::expert_dispatch& inner_;
+  moe::reassigner& reassigner_;
+  bool decoding_ = false;
+};
+
+/// One run's decode tok/s through `dispatch`; `observer` (the dispatch itself, or one it calls)
+/// sees the decode steps.
 double decode_rate(const model::checkpoint& ck, const moe::expert_placement& placement, moe::expert_dispatch& dispatch,
-                   const tokenizer& tok, metered_dispatch* meter = nullptr) {
+                   const tokenizer& tok, observed_dispatch* observer = nullptr) {
   model::transformer t(ck);
   t.set_expert_dispatch(placement, dispatch);
   const model::model_config& c = ck.config();
@@ -84,7 +118,7 @@ double decode_rate(const model::checkpoint& ck, const moe::expert_placement& pla
   }
   std::vector<float> logits;
   t.forward(rows, cache, logits);
-  if (meter != nullptr) meter->num_messages = meter->num_bytes = 0;
+  if (observer != nullptr) observer->decode_starts();
   const double start = now_seconds();
   for (int32_t step = 0; step < num_decode_steps; step++) {
     rows.clear();
@@ -95,6 +129,7 @@ double decode_rate(const model::checkpoint& ck, const moe::expert_placement& pla
     }
     t.forward(rows, cache, logits);
     if (t.expert_error()) return std::fprintf(stderr, "%s\n", t.expert_error()->message.c_str()), 0.0;
+    if (observer != nullptr) observer->step_ends();
   }
   return num_sequences * num_decode_steps / (now_seconds() - start);
 }
@@ -105,6 +140,22 @@ moe::expert_placement hot_everywhere(int32_t n_layers, int32_t hot) {
     for (int32_t s = 0; s < 4; s++)
       if (p.can_add_replica(l, hot, s)) p.add_replica(l, hot, s);
   return p;
+}
+
+/// The window of decode steps on `placement` (in-process shards), as a reassigner of capacity 2
+/// per shard measures it, with the placement it proposes.
+expected<moe::window_report> measure_window(const model::checkpoint& ck, const moe::expert_placement& placement,
+                                            const tokenizer& tok) {
+  moe::reassignment_options options;
+  options.window_steps = num_decode_steps;
+  options.capacity = 2;
+  auto reassigner = moe::reassigner::create(placement, options);
+  if (!reassigner) return tl::unexpected(reassigner.error());
+  moe::in_process_dispatch shards(ck, placement, model::kernel_path::fast);
+  reassigning_dispatch d(shards, *reassigner);
+  (void)decode_rate(ck, placement, d, tok, &d);
+  if (!d.window) return fail(errc::internal, "the decode steps made no window");
+  return *d.window;
 }
 
 int run(int argc, char** argv) {
@@ -158,6 +209,21 @@ int run(int argc, char** argv) {
   std::printf("\nexpert messages per decode step (requests + replies, every setup): %.1f, %.0f bytes serialized\n",
               static_cast<double>(meter.num_messages) / num_decode_steps,
               static_cast<double>(meter.num_bytes) / num_decode_steps);
+
+  // Reassignment: the decode steps on round robin (no replicas), the reassigner's proposal for
+  // that window, and the same steps on the proposal.
+  const moe::expert_placement round_robin = moe::expert_placement::round_robin(ck->config().n_layers, 4, 4);
+  auto before = measure_window(*ck, round_robin, *tok);
+  if (!before) return std::fprintf(stderr, "%s\n", before.error().message.c_str()), 1;
+  if (!before->next) return std::fprintf(stderr, "the reassigner proposed no placement (moe_lb %.4f)\n", before->moe_lb), 1;
+  auto after = measure_window(*ck, *before->next, *tok);
+  if (!after) return std::fprintf(stderr, "%s\n", after.error().message.c_str()), 1;
+  std::printf("\nreassignment under the skewed router (4 shards, capacity 2 experts per layer each; moe_lb = max/mean\n"
+              "shard load over the %d decode steps):\n", num_decode_steps);
+  std::printf("  moe_lb before %.4f (round robin; target >= 1.5: %s), after %.4f (the reassigner's placement;\n"
+              "  target <= 1.15: %s)\n",
+              before->moe_lb, before->moe_lb >= 1.5 ? "met" : "not met", after->moe_lb,
+              after->moe_lb <= 1.15 ? "met" : "not met");
   return 0;
 }
 

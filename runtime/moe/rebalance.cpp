@@ -122,10 +122,17 @@ struct replica_item {
   int32_t index = 0;
 };
 
-/// Packs `layer`'s replicas, most rows first, onto the least-loaded shard with room (rebalance's
-/// second half); fills replicas[layer · n_experts + expert].
-void pack_layer(const expert_load& load, int32_t layer, const std::vector<int32_t>& count, int32_t num_shards,
-                int32_t capacity, std::vector<std::vector<int32_t>>& replicas) {
+/// A layer's replicas packed onto shards: the shards holding each expert, and the most rows any
+/// shard computes.
+struct packed_layer {
+  std::vector<std::vector<int32_t>> shards_of;  // by expert
+  int64_t max_rows = 0;
+};
+
+/// Packs `layer`'s replicas (`count` per expert), most rows first, onto the least-loaded shard
+/// with room that lacks the expert (a replica finding none is dropped).
+packed_layer pack_layer(const expert_load& load, int32_t layer, const std::vector<int32_t>& count, int32_t num_shards,
+                        int32_t capacity) {
   const int32_t n_experts = load.n_experts();
   std::vector<replica_item> items;
   for (int32_t e = 0; e < n_experts; e++)
@@ -134,10 +141,12 @@ void pack_layer(const expert_load& load, int32_t layer, const std::vector<int32_
   std::sort(items.begin(), items.end(), [](const replica_item& a, const replica_item& b) {
     return std::tuple(-a.rows, a.expert, a.index) < std::tuple(-b.rows, b.expert, b.index);
   });
+  packed_layer out;
+  out.shards_of.resize(static_cast<size_t>(n_experts));
   std::vector<int64_t> rows_on(static_cast<size_t>(num_shards), 0);
   std::vector<int32_t> used(static_cast<size_t>(num_shards), 0);
   for (const replica_item& item : items) {
-    std::vector<int32_t>& shards = replicas[static_cast<size_t>(layer) * n_experts + item.expert];
+    std::vector<int32_t>& shards = out.shards_of[static_cast<size_t>(item.expert)];
     int32_t best = -1;
     for (int32_t s = 0; s < num_shards; s++) {
       const bool has_room = used[static_cast<size_t>(s)] < capacity &&
@@ -149,6 +158,36 @@ void pack_layer(const expert_load& load, int32_t layer, const std::vector<int32_
     rows_on[static_cast<size_t>(best)] += item.rows;
     used[static_cast<size_t>(best)]++;
   }
+  out.max_rows = *std::max_element(rows_on.begin(), rows_on.end());
+  return out;
+}
+
+/// `layer`'s packing: replica_counts' replicas, then, while slots are free, the one more replica
+/// (of any expert) whose packing lowers the busiest shard's rows the most (a tie: the lower
+/// expert id); it stops when no replica lowers them.
+packed_layer best_packing(const expert_load& load, int32_t layer, int32_t num_shards, int32_t capacity) {
+  std::vector<int32_t> count = replica_counts(load, layer, num_shards, capacity);
+  packed_layer best = pack_layer(load, layer, count, num_shards, capacity);
+  int64_t free_slots = static_cast<int64_t>(num_shards) * capacity;
+  for (int32_t c : count) free_slots -= c;
+  for (; free_slots > 0; free_slots--) {
+    int32_t chosen = -1;
+    packed_layer better;
+    for (int32_t e = 0; e < load.n_experts(); e++) {
+      if (count[static_cast<size_t>(e)] >= num_shards) continue;
+      count[static_cast<size_t>(e)]++;
+      packed_layer p = pack_layer(load, layer, count, num_shards, capacity);
+      count[static_cast<size_t>(e)]--;
+      if (p.max_rows < (chosen < 0 ? best.max_rows : better.max_rows)) {
+        chosen = e;
+        better = std::move(p);
+      }
+    }
+    if (chosen < 0) break;
+    count[static_cast<size_t>(chosen)]++;
+    best = std::move(better);
+  }
+  return best;
 }
 
 }  // namespace
@@ -162,8 +201,11 @@ expected<expert_placement> rebalance(const expert_load& load, int32_t num_shards
                                             std::to_string(capacity) + " cannot hold " +
                                             std::to_string(load.n_experts()) + " experts per layer");
   std::vector<std::vector<int32_t>> replicas(static_cast<size_t>(load.n_layers()) * load.n_experts());
-  for (int32_t l = 0; l < load.n_layers(); l++)
-    pack_layer(load, l, replica_counts(load, l, num_shards, capacity), num_shards, capacity, replicas);
+  for (int32_t l = 0; l < load.n_layers(); l++) {
+    packed_layer p = best_packing(load, l, num_shards, capacity);
+    for (int32_t e = 0; e < load.n_experts(); e++)
+      replicas[static_cast<size_t>(l) * load.n_experts() + e] = std::move(p.shards_of[static_cast<size_t>(e)]);
+  }
   return expert_placement::of_replicas(load.n_layers(), load.n_experts(), num_shards, std::move(replicas));
 }
 

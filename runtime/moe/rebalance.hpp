@@ -78,7 +78,8 @@ class shard_load {
 /// gets another replica (at most one per shard, within the layer's num_shards × capacity slots);
 /// then replicas, most rows first, each go to the shard with the fewest rows of the layer that has
 /// a free slot and lacks that expert (a replica finding none is dropped: the expert keeps the
-/// others). invalid_argument when the shards cannot hold each expert once
+/// others); then, while slots are free, the one more replica (of any expert) whose repacking
+/// lowers the layer's busiest shard the most is kept, until none lowers it. invalid_argument when the shards cannot hold each expert once
 /// (num_shards × capacity < n_experts) or a count is below 1.
 [[nodiscard]] expected<expert_placement> rebalance(const expert_load& load, int32_t num_shards, int32_t capacity);
 
