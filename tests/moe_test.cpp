@@ -197,6 +197,38 @@ TEST(Reassignment, ProposesTheRebalancedPlacementAtTheEndOfAnImbalancedWindowOnc
   EXPECT_FALSE(reassigner::create(from, {2, 3, 0.5}));
 }
 
+TEST(Rebalance, CountedRowsSplitOverTheShardsAsPlanDispatchSplitsTheRequests) {
+  // Expert 0 (12 rows) on shards 0, 1 and 2 splits 4 + 4 + 4; expert 1's 2 rows on shards 0 and 1
+  // split 1 + 1; expert 2 (1 row) is on shard 2, expert 3 (1 row) on shard 0: 6, 5 and 5 rows.
+  expert_placement p = expert_placement::round_robin(1, 4, 3);
+  p.add_replica(0, 0, 1);
+  p.add_replica(0, 0, 2);
+  p.add_replica(0, 1, 0);
+  EXPECT_EQ(layer_shard_rows(p, 0, {12, 2, 1, 1}, 0), (std::vector<int64_t>{6, 5, 5}));
+  for (int64_t turn = 0; turn < 6; turn++) {
+    shard_load listed(1, 3);
+    listed.add(skewed_requests(p, turn));
+    const std::vector<int64_t> counted = layer_shard_rows(p, 0, {12, 2, 1, 1}, turn);
+    for (int32_t s = 0; s < 3; s++) EXPECT_EQ(counted[static_cast<size_t>(s)], listed.rows(0, s)) << turn;
+  }
+}
+
+TEST(Reassignment, CountedRowsGiveTheSameWindowsAsTheRequests) {
+  const expert_placement from = expert_placement::round_robin(1, 4, 2);
+  auto listed = reassigner::create(from, {2, 3, 1.15});
+  auto counted = reassigner::create(from, {2, 3, 1.15});
+  ASSERT_TRUE(listed && counted);
+  for (int64_t turn = 0; turn < 4; turn++) {
+    listed->add(skewed_requests(from, turn));
+    EXPECT_EQ(counted->add(0, {12, 2, 1, 1}, turn), (std::vector<int64_t>{13, 3}));  // 12 + 1 and 2 + 1
+    const std::optional<window_report> a = listed->end_step(), b = counted->end_step();
+    ASSERT_EQ(a.has_value(), b.has_value());
+    if (!a) continue;
+    EXPECT_DOUBLE_EQ(a->moe_lb, b->moe_lb);
+    EXPECT_EQ(a->next, b->next);
+  }
+}
+
 TEST(Plan, SplitsAReplicatedExpertsRowsByRowIndexAndCombinesByExpertThenRow) {
   // 4 rows, 3 experts, top 2. Expert 1 has replicas on shards 0 and 1.
   expert_placement p = expert_placement::round_robin(1, 3, 2);  // e0 -> s0, e1 -> s1, e2 -> s0

@@ -28,6 +28,13 @@ void reassigner::add(const std::vector<expert_request>& requests) {
   shards_.add(requests);
 }
 
+std::vector<int64_t> reassigner::add(int32_t layer, const std::vector<int64_t>& expert_rows, int64_t turn) {
+  std::vector<int64_t> shard_rows = layer_shard_rows(current_, layer, expert_rows, turn);
+  for (int32_t e = 0; e < current_.n_experts(); e++) experts_.add(layer, e, expert_rows[static_cast<size_t>(e)]);
+  for (int32_t s = 0; s < current_.num_shards(); s++) shards_.add(layer, s, shard_rows[static_cast<size_t>(s)]);
+  return shard_rows;
+}
+
 std::optional<window_report> reassigner::end_step() {
   num_steps_++;
   if (num_steps_ - window_first_step_ < options_.window_steps) return std::nullopt;

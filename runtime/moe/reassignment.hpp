@@ -42,6 +42,10 @@ class reassigner {
 
   /// Counts one dispatched layer of the current step (requests[s]: shard s's).
   void add(const std::vector<expert_request>& requests);
+  /// Counts one layer of the current step from its rows per expert (a model of the routing, as
+  /// the simulator has), split over the current placement's shards as plan_dispatch would split
+  /// them at `turn`; returns that split, the layer's rows per shard (layer_shard_rows).
+  std::vector<int64_t> add(int32_t layer, const std::vector<int64_t>& expert_rows, int64_t turn);
   /// Ends a step; at the end of a window, its report (and the next window starts).
   [[nodiscard]] std::optional<window_report> end_step();
   /// The caller runs on `placement` from the next step on; the window restarts.

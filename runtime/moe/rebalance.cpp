@@ -66,15 +66,30 @@ int64_t replica_rows(int64_t n, int64_t m, int64_t i) {
   return (i + 1) * n / m - i * n / m;
 }
 
+std::vector<int64_t> layer_shard_rows(const expert_placement& placement, int32_t layer,
+                                      const std::vector<int64_t>& expert_rows, int64_t turn) {
+  TROUPE_ASSERT(expert_rows.size() == static_cast<size_t>(placement.n_experts()));
+  TROUPE_ASSERT(turn >= 0);
+  std::vector<int64_t> out(static_cast<size_t>(placement.num_shards()), 0);
+  for (int32_t e = 0; e < placement.n_experts(); e++) {
+    const std::vector<int32_t>& shards = placement.replicas(layer, e);
+    const auto m = static_cast<int64_t>(shards.size());
+    for (int64_t i = 0; i < m; i++)
+      out[static_cast<size_t>(shards[static_cast<size_t>((i + turn) % m)])] +=
+          replica_rows(expert_rows[static_cast<size_t>(e)], m, i);
+  }
+  return out;
+}
+
 shard_load expected_shard_load(const expert_placement& placement, const expert_load& load) {
   TROUPE_ASSERT(placement.n_layers() == load.n_layers() && placement.n_experts() == load.n_experts());
   shard_load out(placement.n_layers(), placement.num_shards());
-  for (int32_t l = 0; l < placement.n_layers(); l++)
-    for (int32_t e = 0; e < placement.n_experts(); e++) {
-      const std::vector<int32_t>& shards = placement.replicas(l, e);
-      const auto m = static_cast<int64_t>(shards.size());
-      for (int64_t i = 0; i < m; i++) out.add(l, shards[static_cast<size_t>(i)], replica_rows(load.rows(l, e), m, i));
-    }
+  std::vector<int64_t> rows(static_cast<size_t>(placement.n_experts()));
+  for (int32_t l = 0; l < placement.n_layers(); l++) {
+    for (int32_t e = 0; e < placement.n_experts(); e++) rows[static_cast<size_t>(e)] = load.rows(l, e);
+    const std::vector<int64_t> shards = layer_shard_rows(placement, l, rows, 0);
+    for (int32_t s = 0; s < placement.num_shards(); s++) out.add(l, s, shards[static_cast<size_t>(s)]);
+  }
   return out;
 }
 

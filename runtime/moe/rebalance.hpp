@@ -65,8 +65,14 @@ class shard_load {
 /// The rows of replica i of m of an expert with n rows: plan_dispatch's split, [i·n/m, (i+1)·n/m).
 [[nodiscard]] int64_t replica_rows(int64_t n, int64_t m, int64_t i);
 
+/// The rows each shard of `placement` computes in `layer` when expert e has `expert_rows[e]` rows:
+/// plan_dispatch's split (part i of an expert's m replicas, replica_rows(n, m, i), goes to replica
+/// (i + turn) mod m), counted instead of listed. (num_shards)
+[[nodiscard]] std::vector<int64_t> layer_shard_rows(const expert_placement& placement, int32_t layer,
+                                                    const std::vector<int64_t>& expert_rows, int64_t turn);
+
 /// What each shard of `placement` computes for `load`, the window's rows split as plan_dispatch
-/// splits a step's (a window of many steps, whose splits turn, comes close to it).
+/// splits a step's at turn 0 (a window of many steps, whose splits turn, comes close to it).
 [[nodiscard]] shard_load expected_shard_load(const expert_placement& placement, const expert_load& load);
 
 /// Σ_layers max_shard rows / Σ_layers mean_shard rows (header comment); 1 when no rows.
