@@ -168,11 +168,15 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         const cost::step_features f = spec::features_with_drafts(plan, result.num_draft_rows);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);
-        const int64_t cost_ns = (s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f)) +
+        int64_t cost_ns = (s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f)) +
                                 s.o.tier.price_ns(tier_blocks_moved(plan)) +
                                 std::llround(s.o.draft_token_ns * static_cast<double>(result.num_draft_rows));
-        s.busy_until = start + std::chrono::nanoseconds(cost_ns);
         const int64_t start_ns = actors::ns_since_epoch(start);
+        if (s.o.moe) {
+          cost_ns += s.o.moe->price_step(static_cast<int64_t>(f.num_tokens), start_ns - s.o.origin_ns, cost_ns);
+          s.o.moe->check_invariants();
+        }
+        s.busy_until = start + std::chrono::nanoseconds(cost_ns);
         sample_engine(self, engine, actors::ns_since_epoch(now) - s.o.origin_ns);
         if (s.o.log)
           s.o.log->write(std::to_string(start_ns) + " " + s.o.name + " step " + std::to_string(plan.step) +

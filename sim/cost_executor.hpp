@@ -20,6 +20,7 @@
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/spec/spec_config.hpp"
 #include "sim/event_log.hpp"
+#include "sim/moe_traffic.hpp"
 #include "sim/records.hpp"
 
 namespace troupe::sim {
@@ -77,6 +78,9 @@ struct cost_executor_options {
   double acceptance = 0.7;
   double draft_token_ns = 0;
   std::shared_ptr<executor_faults> faults;  ///< null: no crashes
+  /// [moe]: the replica's MoE layers, shared by every executor it has had (their placement and
+  /// windows outlive a crash); each step's MoE time is added to its price. Null: a dense model.
+  std::shared_ptr<moe_traffic> moe;
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

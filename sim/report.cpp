@@ -206,6 +206,30 @@ summary_metrics summarize(const sim_result& r, const slo& slos) {
   return m;
 }
 
+std::optional<moe_metrics> summarize_moe(const sim_result& r) {
+  if (!r.moe) return std::nullopt;
+  int64_t step_ns = 0;
+  for (const step_record& s : r.steps) step_ns += s.duration_ns;
+  const double steps = std::max<double>(1.0, static_cast<double>(step_ns));
+  moe_metrics m;
+  m.num_windows = static_cast<int64_t>(r.moe->window_moe_lb.size());
+  m.moe_lb = stats::summarize(r.moe->window_moe_lb);
+  m.num_reassignments = r.moe->num_reassignments;
+  m.migration_ms = ms(r.moe->migration_ns);
+  m.step_share = static_cast<double>(r.moe->compute_ns + r.moe->communication_ns) / steps;
+  m.communication_share = static_cast<double>(r.moe->communication_ns) / steps;
+  return m;
+}
+
+std::string moe_report_line(const sim_result& r) {
+  const std::optional<moe_metrics> m = summarize_moe(r);
+  if (!m) return "";
+  return "moe: " + std::to_string(m->num_windows) + " windows, moe_lb mean " + num(m->moe_lb.mean) + " p99 " +
+         num(m->moe_lb.p99) + ", " + std::to_string(m->num_reassignments) + " reassignments (migration " +
+         num(m->migration_ms) + " ms), MoE " + num(100 * m->step_share) + "% of step time (communication " +
+         num(100 * m->communication_share) + "%)";
+}
+
 std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   const summary_metrics m = summarize(r, slos);
   std::string j = "{\n";
@@ -234,6 +258,12 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
        ", \"hit_tokens\": " + std::to_string(r.disk_hit_tokens) + "},\n";
   j += "  \"speculation\": {\"draft_rows\": " + std::to_string(r.draft_rows) +
        ", \"accepted_drafts\": " + std::to_string(r.accepted_drafts) + "},\n";
+  if (const std::optional<moe_metrics> moe = summarize_moe(r))
+    j += "  \"moe\": {\"windows\": " + std::to_string(moe->num_windows) + ", \"moe_lb\": {\"mean\": " +
+         num(moe->moe_lb.mean) + ", \"p99\": " + num(moe->moe_lb.p99) + "}, \"reassignments\": " +
+         std::to_string(moe->num_reassignments) + ", \"migration_ms\": " + num(moe->migration_ms) +
+         ", \"step_share\": " + num(moe->step_share) + ", \"communication_share\": " +
+         num(moe->communication_share) + "},\n";
   j += "  \"num_steps\": " + std::to_string(m.num_steps) + ",\n";
   j += "  \"batch_size_histogram\": " + batch_histogram_json(r.steps) + ",\n";
   j += "  \"event_log_sha256\": \"" + r.event_log_sha256 + "\"\n}\n";

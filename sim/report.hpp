@@ -3,6 +3,7 @@
 /// Simulation outputs: per-request CSV, summary JSON (latency percentiles, throughput, goodput
 /// under SLOs, prefix-hit rate, preemptions, batch-size histogram) and plots made by gnuplot.
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,22 @@ struct summary_metrics {
 };
 
 [[nodiscard]] summary_metrics summarize(const sim_result& r, const slo& slos);
+
+/// With [moe]: what summary.json's "moe" object and the text report say of the MoE layers.
+struct moe_metrics {
+  int64_t num_windows = 0;
+  stats::summary moe_lb;           ///< over the windows of every replica
+  int64_t num_reassignments = 0;
+  double migration_ms = 0;
+  double step_share = 0;           ///< MoE time (compute and communication) / the steps' time
+  double communication_share = 0;  ///< dispatch and combine / the steps' time
+};
+
+/// The MoE figures of a run with [moe]; nullopt without.
+[[nodiscard]] std::optional<moe_metrics> summarize_moe(const sim_result& r);
+
+/// One line for the text report: "moe: N windows, moe_lb mean M p99 P, ..." ("" without [moe]).
+[[nodiscard]] std::string moe_report_line(const sim_result& r);
 
 /// The summary as JSON text (fixed key order, fixed number format: byte-identical for identical
 /// results).

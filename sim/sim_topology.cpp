@@ -189,6 +189,35 @@ expected<void> finish_cost_model(sim_topology& t, const roofline_keys& k, const 
   return {};
 }
 
+/// The [moe] keys that need the model's shape or other keys, as read.
+struct moe_keys {
+  std::string policy = "none";
+  double drift_every_s = 0;
+  double link_latency_us = 0;
+  std::optional<double> dispatch_bytes_per_row, expert_bytes;
+  double moe_lb_max = 1.15;
+};
+
+/// `[moe]` once the model's shape is known: the policy, the defaults from the shape, the checks.
+expected<void> finish_moe(sim_topology& t, const moe_keys& k, double weight_bytes_per_value, const toml::table& root,
+                          const std::string& source) {
+  if (!root["moe"].as_table()) return {};
+  const std::string where = at(source, *root["moe"].node()) + "[moe] ";
+  moe_settings& m = t.moe;
+  if (k.policy != "none" && k.policy != "periodic")
+    return fail(errc::malformed_file, where + "policy must be none or periodic, got '" + k.policy + "'");
+  m.policy = k.policy == "periodic" ? moe_policy::periodic : moe_policy::none;
+  m.moe_lb_max = k.moe_lb_max;  // read by periodic alone (kept with none, so that a sweep can switch policies)
+  m.n_layers = t.model.n_layers;
+  m.drift_every_ns = std::llround(k.drift_every_s * 1e9);
+  m.link_latency_ns = k.link_latency_us * 1e3;
+  // Defaults from the shape: bf16-sized activations; an expert's three matrices (w1, w2, w3).
+  m.dispatch_bytes_per_row = k.dispatch_bytes_per_row.value_or(2.0 * t.model.dim);
+  m.expert_bytes = k.expert_bytes.value_or(3.0 * t.model.dim * t.model.hidden_dim * weight_bytes_per_value);
+  if (auto ok = validate(m); !ok) return fail(errc::malformed_file, where + ok.error().message);
+  return {};
+}
+
 /// Cross-field checks and derived values, once every table is read.
 /// `[speculation]` drafter and mode into engine_config::speculation.
 expected<void> read_speculation(sim_topology& t, const std::string& drafter, const std::string& mode,
@@ -277,7 +306,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   for (const auto& [key, node] : root)
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
                              key != "load_balancer" && key != "host_tier" && key != "disk_tier" && key != "speculation" &&
-                             key != "network"))
+                             key != "network" && key != "moe"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
   sim_topology t;
   model::model_config& m = t.model;
@@ -334,6 +363,22 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};
   std::vector<field> network_fields = {{"latency_us", false, 0, 1e9, into(t.network.latency_us)},
                                        {"bandwidth_gb_s", false, 0, 1e9, into(t.network.bandwidth_gb_s)}};
+  moe_keys moe;
+  std::vector<field> moe_fields = {
+      {"n_experts", true, 1, 1024, into(t.moe.n_experts)},
+      {"top_k", true, 1, 1024, into(t.moe.top_k)},
+      {"num_shards", true, 1, 4096, into(t.moe.num_shards)},
+      {"capacity", true, 1, 1024, into(t.moe.capacity)},
+      {"expert_row_ns", true, 0, 1e12, into(t.moe.expert_row_ns)},
+      {"zipf_exponent", false, 0, 16, into(t.moe.zipf_exponent)},
+      {"drift_every_s", false, 0, 1e9, into(moe.drift_every_s)},
+      {"dispatch_bytes_per_row", false, 0, 1e12, into(moe.dispatch_bytes_per_row)},
+      {"link_bandwidth_gb_s", false, 1e-6, 1e9, into(t.moe.link_bandwidth_gb_s)},
+      {"link_latency_us", false, 0, 1e9, into(moe.link_latency_us)},
+      {"expert_bytes", false, 0, 1e15, into(moe.expert_bytes)},
+      {"policy", false, 0, 0, nullptr, [&](const std::string& s) { moe.policy = s; }},
+      {"window_steps", false, 1, 1e9, into(t.moe.window_steps)},
+      {"moe_lb_max", false, 1, 1e6, into(moe.moe_lb_max)}};
   std::string drafter = "none", spec_mode = "fixed";
   std::vector<field> speculation_fields = {
       {"drafter", false, 0, 0, nullptr, [&](const std::string& s) { drafter = s; }},
@@ -368,7 +413,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                                          {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false},
                                          {"disk_tier", &disk_tier_fields, false},
                                          {"speculation", &speculation_fields, false},
-                                         {"network", &network_fields, false}})
+                                         {"network", &network_fields, false}, {"moe", &moe_fields, false}})
     if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_speculation(t, drafter, spec_mode, root, source); !ok) return tl::unexpected(ok.error());
   const std::optional<engine::preemption_mode> mode = engine::preemption_mode_named(preemption);
@@ -400,8 +445,12 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
     return fail(errc::malformed_file, at(source, *cost) + "[cost] needs all four of step_ns, token_ns, "
                                                           "sampled_row_ns and attention_token_ns "
                                                           "(kv_read_token_ns is optional)");
-  return finish_sim_topology(std::move(t), checkpoint.empty() ? "" : resolve(base_dir, checkpoint), calibration,
-                             tokens, kv_bytes_per_value, source, inline_params == 4, roofline);
+  auto finished = finish_sim_topology(std::move(t), checkpoint.empty() ? "" : resolve(base_dir, checkpoint),
+                                      calibration, tokens, kv_bytes_per_value, source, inline_params == 4, roofline);
+  if (!finished) return finished;
+  if (auto ok = finish_moe(*finished, moe, roofline.weight_bytes_per_value, root, source); !ok)
+    return tl::unexpected(ok.error());
+  return finished;
 }
 
 expected<sim_topology> load_sim_topology(const std::string& path, const topology_overrides& set) {

@@ -15,6 +15,7 @@
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/cost/roofline.hpp"
 #include "runtime/engine/engine_core.hpp"
+#include "sim/moe_traffic.hpp"
 #include "sim/network.hpp"
 
 namespace troupe::sim {
@@ -89,6 +90,9 @@ struct sim_topology {
   /// [network]: every engine a node of its own (sim/network.hpp); all zero: no network (what
   /// crosses nodes arrives at once).
   sim_network_links network;
+  /// [moe]: every layer's FFN is a mixture of experts priced by sim/moe_traffic.hpp on top of the
+  /// [cost] model's price (which then stands for the rest of the step); absent: not enabled().
+  moe_settings moe;
 };
 
 /// `TABLE.KEY=VALUE` settings applied over a topology file before it is validated (`troupe sim

@@ -32,6 +32,8 @@ constexpr uint64_t prompt_stream = 0x70726f6d70747321ULL;         // "prompts!"
 constexpr uint64_t delivery_stream = 0x64656c6976657279ULL;       // "delivery"
 constexpr uint64_t request_seed_stream = 0x72657173656564ULL;       // "reqseed"
 constexpr uint64_t network_stream = 0x6e6574776f726bULL;            // "network"
+constexpr uint64_t moe_popularity_stream = 0x6d6f65706f70ULL;       // "moepop"
+constexpr uint64_t moe_draw_stream = 0x6d6f6564726177ULL;           // "moedraw"
 
 struct run_state {
   const sim_options& o;
@@ -51,6 +53,7 @@ struct run_state {
   int64_t num_forwarded = 0;                    // the drains' answers
   int64_t num_forwarded_with_kv = 0;
   std::shared_ptr<sim_network> network;         // with a [network] or network faults
+  std::vector<std::shared_ptr<moe_traffic>> moe;  // with [moe]: one per replica
 };
 
 int64_t since(const run_state& rs, caf::actor_clock::time_point t) { return actors::ns_between(rs.start, t); }
@@ -203,10 +206,17 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
                             &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug,
                             tier_pricing(t), t.engine.speculation, t.speculation.acceptance,
-                            t.speculation.draft_token_ns, nullptr};
+                            t.speculation.draft_token_ns, nullptr, nullptr};
     if (static_cast<size_t>(i) < rs.o.executor_crashes.size() && !rs.o.executor_crashes[static_cast<size_t>(i)].empty())
       c.faults = std::make_shared<executor_faults>(executor_faults{rs.o.executor_crashes[static_cast<size_t>(i)],
                                                                    faults_until(rs), 0, 0, rs.o.planted_restart_bug});
+    if (t.moe.enabled()) {
+      auto moe = moe_traffic::create(t.moe, derive_seed(rs.o.seed, moe_popularity_stream),
+                                     derive_seed(derive_seed(rs.o.seed, moe_draw_stream), static_cast<uint64_t>(i)));
+      if (!moe) return tl::unexpected(moe.error());
+      c.moe = std::make_shared<moe_traffic>(std::move(*moe));
+      rs.moe.push_back(c.moe);
+    }
     o.make_executor = [c](caf::actor_system& sys, const actors::engine_actor& engine) { return spawn_cost_executor(sys, engine, c); };
     o.network = rs.network;
     auto engine = actors::spawn_engine(rs.sys, o);
@@ -330,7 +340,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   // Start the virtual clock away from 0 (CAF treats a zero time point specially).
   sched.clock().current_time += std::chrono::hours(1);
   run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
-               sched.clock().now(), 0, {}, {}, {}, {}, {}, 0, 0, {}};
+               sched.clock().now(), 0, {}, {}, {}, {}, {}, 0, 0, {}, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   const sim_network_links& links = o.topology.network;
   if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || o.network_faults.any()) {
@@ -396,6 +406,11 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.num_forwarded_with_kv = rs.num_forwarded_with_kv;
   if (rs.network) out.network = rs.network->counts();
   out.handoffs_recomputed = totals.num_handoffs_recomputed;
+  if (!rs.moe.empty()) {
+    std::vector<moe_counts> per_replica;
+    for (const std::shared_ptr<moe_traffic>& m : rs.moe) per_replica.push_back(m->counts());
+    out.moe = merge(per_replica);
+  }
   out.num_events = rs.log.num_lines();
   out.event_log_sha256 = rs.log.digest();
   return out;

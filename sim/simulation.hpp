@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,8 @@ struct sim_result {
   /// recomputed because their KV broke off.
   sim_network_counts network;
   int64_t handoffs_recomputed = 0;
+  /// With [moe]: every replica's windows and MoE times (sim/moe_traffic.hpp).
+  std::optional<moe_counts> moe;
   int64_t num_events = 0;             ///< lines in the event log
   std::string event_log_sha256;
 };
