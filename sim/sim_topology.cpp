@@ -195,7 +195,6 @@ struct moe_keys {
   double drift_every_s = 0;
   double link_latency_us = 0;
   std::optional<double> dispatch_bytes_per_row, expert_bytes;
-  double moe_lb_max = 1.15;
 };
 
 /// `[moe]` once the model's shape is known: the policy, the defaults from the shape, the checks.
@@ -207,7 +206,6 @@ expected<void> finish_moe(sim_topology& t, const moe_keys& k, double weight_byte
   if (k.policy != "none" && k.policy != "periodic")
     return fail(errc::malformed_file, where + "policy must be none or periodic, got '" + k.policy + "'");
   m.policy = k.policy == "periodic" ? moe_policy::periodic : moe_policy::none;
-  m.moe_lb_max = k.moe_lb_max;  // read by periodic alone (kept with none, so that a sweep can switch policies)
   m.n_layers = t.model.n_layers;
   m.drift_every_ns = std::llround(k.drift_every_s * 1e9);
   m.link_latency_ns = k.link_latency_us * 1e3;
@@ -378,7 +376,8 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
       {"expert_bytes", false, 0, 1e15, into(moe.expert_bytes)},
       {"policy", false, 0, 0, nullptr, [&](const std::string& s) { moe.policy = s; }},
       {"window_steps", false, 1, 1e9, into(t.moe.window_steps)},
-      {"moe_lb_max", false, 1, 1e6, into(moe.moe_lb_max)}};
+      // Read by periodic alone; allowed with none, so that a sweep can switch policies.
+      {"moe_lb_max", false, 1, 1e6, into(t.moe.moe_lb_max)}};
   std::string drafter = "none", spec_mode = "fixed";
   std::vector<field> speculation_fields = {
       {"drafter", false, 0, 0, nullptr, [&](const std::string& s) { drafter = s; }},
