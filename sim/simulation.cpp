@@ -291,6 +291,7 @@ msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator&
       self->request(e, caf::infinite, actors::stats_atom::value).then([&](const msg::engine_report& r) {
         total.preempted_ns += r.preempted_ns;
         total.num_host_hit_tokens += r.num_host_hit_tokens;
+        total.num_swap_in_tokens += r.num_swap_in_tokens;
         total.num_disk_hit_tokens += r.num_disk_hit_tokens;
         total.num_demoted_blocks += r.num_demoted_blocks;
         total.num_promoted_blocks += r.num_promoted_blocks;
@@ -394,6 +395,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.simulated_ns = end_ns;
   out.preempted_ns = totals.preempted_ns;
   out.host_hit_tokens = totals.num_host_hit_tokens;
+  out.swap_in_tokens = totals.num_swap_in_tokens;
   out.demoted_blocks = totals.num_demoted_blocks;
   out.promoted_blocks = totals.num_promoted_blocks;
   out.disk_written_blocks = tier_totals.num_disk_puts;

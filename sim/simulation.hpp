@@ -98,6 +98,9 @@ struct sim_result {
   /// With [host_tier]: prompt tokens served from blocks the host tier promoted, and blocks moved
   /// each way, summed over the replicas (msg::engine_report).
   int64_t host_hit_tokens = 0;
+  /// Tokens readmitted victims of preemption took back from the host tier (msg::engine_report::
+  /// num_swap_in_tokens; not in host_hit_tokens).
+  int64_t swap_in_tokens = 0;
   int64_t demoted_blocks = 0;
   int64_t promoted_blocks = 0;
   /// With [disk_tier]: blocks the host tiers wrote down to it, blocks it refused (full), and

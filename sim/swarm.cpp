@@ -190,6 +190,7 @@ expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoi
   if (!shuffled) return violated("shuffled delivery: " + shuffled.error().message);
   for (const request_record& r : fifo->requests) out.num_preemptions += r.preemptions;
   out.num_host_hit_tokens = fifo->host_hit_tokens;
+  out.num_swap_in_tokens = fifo->swap_in_tokens;
   out.num_forwarded_with_kv = shuffled->num_forwarded_with_kv;
   out.num_delayed_messages = shuffled->network.delayed;
   out.num_kv_broken = shuffled->network.kv_broken;
@@ -229,12 +230,14 @@ void swarm_totals::add(const swarm_result& r) {
   num_liveness_requests += r.num_liveness_requests;
   num_replayed += r.replayed;
   num_host_hit_tokens += r.num_host_hit_tokens;
+  num_swap_in_tokens += r.num_swap_in_tokens;
 }
 
 std::string swarm_totals::summary() const {
   return std::to_string(num_requests) + " requests (" +
          std::to_string(num_liveness_requests) + " in liveness phases), " + std::to_string(num_preemptions) +
-         " preemptions, " + std::to_string(num_host_hit_tokens) + " prompt tokens from host tiers, " +
+         " preemptions, " + std::to_string(num_host_hit_tokens) + " prompt tokens from host tiers (and " +
+         std::to_string(num_swap_in_tokens) + " swapped back in), " +
          std::to_string(num_crashes) + " executor crashes, " + std::to_string(num_drains) +
          " drains (" + std::to_string(num_forwarded_with_kv) + " requests forwarded with their KV), " +
          std::to_string(num_losses) + " lost engines, " + std::to_string(num_delayed_messages) +

@@ -68,6 +68,7 @@ struct swarm_result {
   int64_t num_handoffs_recomputed = 0;  ///< hand-offs their engines recomputed for that
   int64_t num_liveness_requests = 0;
   int64_t num_host_hit_tokens = 0;  ///< prompt tokens served by host tiers in the first run
+  int64_t num_swap_in_tokens = 0;   ///< tokens victims of preemption took back from host tiers (first run)
   bool replayed = false;   ///< the shuffled run ran twice and its event-log hash repeated
 };
 
@@ -75,7 +76,8 @@ struct swarm_result {
 struct swarm_totals {
   int64_t num_requests = 0, num_preemptions = 0, num_crashes = 0, num_drains = 0,
           num_forwarded_with_kv = 0, num_losses = 0, num_delayed_messages = 0, num_kv_broken = 0,
-          num_handoffs_recomputed = 0, num_liveness_requests = 0, num_replayed = 0, num_host_hit_tokens = 0;
+          num_handoffs_recomputed = 0, num_liveness_requests = 0, num_replayed = 0, num_host_hit_tokens = 0,
+          num_swap_in_tokens = 0;
 
   void add(const swarm_result& r);
   /// One line: "R requests (L in liveness phases), P preemptions, ...".
