@@ -39,8 +39,8 @@ struct sim_host_tier {
 };
 
 /// `[disk_tier]` (needs `[host_tier]`): a modelled device below each replica's host tier
-/// (sim/modelled_tier.hpp), which takes the blocks the host tier evicts and refuses more when
-/// full, as the disk tier does. A fetch that reads n blocks from it is answered `latency_us`
+/// (sim/modelled_tier.hpp), which takes the blocks the host tier evicts and, when full,
+/// evicts its least recently used ones, as the disk tier does. A fetch that reads n blocks from it is answered `latency_us`
 /// + n blocks' bytes / `bandwidth_gb_s` later (then the blocks move to the pool as host-tier
 /// blocks do).
 struct sim_disk_tier {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/generate/reference_generator.hpp"
+#include "sim/modelled_tier.hpp"
 #include "sim/report.hpp"
 #include "sim/sha256.hpp"
 #include "sim/sim_topology.hpp"
@@ -795,6 +796,27 @@ TEST(Simulation, AHostTierServesThePrefixThePoolEvicted) {
   EXPECT_EQ((with.requests[2].first_token_ns - faster.requests[2].first_token_ns), 35 * 4096 / 2);
 }
 
+TEST(ModelledTier, EvictsTheLeastRecentlyUsedAndExpiresByClassAsTheDiskTierDoes) {
+  modelled_tier tier(2, 2);
+  const auto block = [](uint64_t hash) { return kv::kv_block{hash, 0, {1, 2}, 0, 0, {}, {}}; };
+  EXPECT_EQ(tier.put(block(1), kv::cache_class::chat, 0).value(), 0);
+  EXPECT_EQ(tier.put(block(2), kv::cache_class::agent, 10).value(), 0);
+  ASSERT_TRUE(tier.get(1, 20));  // 1 is now the most recent: 2 goes first
+  EXPECT_EQ(tier.put(block(3), kv::cache_class::chat, 30).value(), 1);
+  tier.check_invariants();
+  EXPECT_FALSE(tier.get(2, 40));
+  EXPECT_EQ(tier.num_blocks(), 2);
+  EXPECT_EQ(tier.num_evictions(), 1);
+  // 3 lives 7 days from its put (chat); 1 from its get, with the class of its put (chat): at
+  // 3's last moment 1 has expired.
+  const int64_t last = 30 + 7 * kv::day_ns - 1;
+  EXPECT_TRUE(tier.get(3, last));
+  EXPECT_EQ(tier.expire(last), 1);
+  EXPECT_EQ(tier.num_expirations(), 1);
+  EXPECT_EQ(tier.num_blocks(), 1);
+  tier.check_invariants();
+}
+
 TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   // A host tier of 4 blocks over a modelled disk: of r0's 18 blocks r1 evicted, the host tier
   // keeps the last 4 demoted and writes the others down; r2 still gets its whole prefix back,
@@ -817,10 +839,11 @@ TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   EXPECT_EQ(slower.requests[2].first_token_ns - disk.requests[2].first_token_ns, 100'000);
   const sim_result faster = with_disk("blocks = 1000\nlatency_us = 100\nbandwidth_gb_s = 2\n");
   EXPECT_EQ(disk.requests[2].first_token_ns - faster.requests[2].first_token_ns, 13 * 4096 / 2);
-  // A full disk refuses (counted) and the tiers serve on: r2 computes what was refused.
+  // A full disk evicts its least recently used blocks (as the disk tier does) and the tiers
+  // serve on: r2 computes what the disk no longer holds.
   const sim_result full = with_disk("blocks = 2\n");
-  EXPECT_EQ(full.disk_written_blocks, 2);
-  EXPECT_EQ(full.disk_refused_blocks, 30);
+  EXPECT_EQ(full.disk_written_blocks, 32);
+  EXPECT_EQ(full.disk_refused_blocks, 0);
   EXPECT_LT(full.requests[2].cached_tokens, 384);
   for (const request_record& r : full.requests) EXPECT_EQ(r.finish, "length");
   // A fetch answered after the engine stopped waiting (50 ms): r2 computes the prefix itself,
