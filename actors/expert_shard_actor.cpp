@@ -148,18 +148,26 @@ expected<void> actor_dispatch::add_replicas(const moe::expert_placement& from, c
   for (size_t s = 0; s < held_to.size(); s++)
     for (const moe::expert_id& id : held_only_by(held_to[s], held_from[s]))
       gained_by[id].push_back(static_cast<int32_t>(s));
+  std::vector<msg::drop_experts> added(shards_.size());  // by shard: what this call gave it
+  const auto undo = [&](const error& why) -> expected<void> {
+    for (size_t s = 0; s < added.size(); s++)
+      if (!added[s].experts.empty()) (void)ask<int32_t>(sys_, shards_[s], timeout_, added[s], static_cast<int32_t>(s));
+    return tl::unexpected(why);
+  };
   // An expert travels alone, so a message holds one expert's weights.
   for (const auto& [id, shards] : gained_by) {
     const int32_t source = from.replicas(id.layer, id.expert).front();
     auto set = ask<msg::expert_set>(sys_, shards_[static_cast<size_t>(source)], timeout_, msg::fetch_experts{{id}},
                                     source);
-    if (!set) return tl::unexpected(set.error());
+    if (!set) return undo(set.error());
     if (set->experts.size() != 1 || set->experts[0].layer != id.layer || set->experts[0].expert != id.expert)
-      return fail(errc::unavailable, "expert shard " + std::to_string(source) + " did not send expert " +
-                                         std::to_string(id.expert) + " of layer " + std::to_string(id.layer));
-    for (const int32_t s : shards)
+      return undo(error{errc::unavailable, "expert shard " + std::to_string(source) + " did not send expert " +
+                                               std::to_string(id.expert) + " of layer " + std::to_string(id.layer)});
+    for (const int32_t s : shards) {
       if (auto held = ask<int32_t>(sys_, shards_[static_cast<size_t>(s)], timeout_, *set, s); !held)
-        return tl::unexpected(held.error());
+        return undo(held.error());
+      added[static_cast<size_t>(s)].experts.push_back(id);
+    }
   }
   return {};
 }

@@ -51,8 +51,10 @@ class actor_dispatch final : public moe::expert_dispatch {
   /// `from`, one expert per message (whole: within the network's max_message_bytes between nodes). The shards keep serving `from`'s requests meanwhile (holding more experts changes
   /// none), so this may run on another thread while steps go on; the caller then switches the
   /// model to `to` between two steps (model::transformer::set_expert_dispatch), and a step in
-  /// flight finishes on `from`. Each message is bounded by the timeout; on an error, some shards
-  /// may hold experts of `to` already, which is harmless.
+  /// flight finishes on `from`. Each message is bounded by the timeout; on an error, the experts
+  /// this call gave shards are dropped again (best effort: a shard that does not answer keeps
+  /// them, which changes no result but makes a later move adding them there fail), so that a
+  /// later move may try again.
   [[nodiscard]] expected<void> add_replicas(const moe::expert_placement& from, const moe::expert_placement& to);
   /// Second half, after the switch: each shard drops the experts it holds under `from` only.
   [[nodiscard]] expected<void> drop_replicas(const moe::expert_placement& from, const moe::expert_placement& to);
