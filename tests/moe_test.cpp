@@ -195,6 +195,35 @@ TEST(Reassignment, ProposesTheRebalancedPlacementAtTheEndOfAnImbalancedWindowOnc
   EXPECT_FALSE(reassigner::create(from, {0, 3, 1.15}));
   EXPECT_FALSE(reassigner::create(from, {2, 1, 1.15}));  // 2 shards of 1 for 4 experts
   EXPECT_FALSE(reassigner::create(from, {2, 3, 0.5}));
+  EXPECT_FALSE(reassigner::create(from, {2, 3, 1.15, 0}));
+}
+
+// A move that failed is cancelled: the placement stays, and the next imbalanced window proposes
+// the same placement again (it is measured on the same load).
+TEST(Reassignment, ProposesAgainAfterAFailedMove) {
+  const expert_placement from = expert_placement::round_robin(1, 4, 2);
+  auto r = reassigner::create(from, {/*window_steps=*/1, /*capacity=*/3, /*moe_lb_max=*/1.15, /*move_steps_max=*/1});
+  ASSERT_TRUE(r) << r.error().message;
+  r->add(skewed_requests(from, 0));
+  std::optional<window_report> first = r->end_step();
+  ASSERT_TRUE(first.has_value() && first->next.has_value());
+  EXPECT_FALSE(r->move_overdue());
+  r->add(skewed_requests(from, 1));
+  std::optional<window_report> pending = r->end_step();
+  ASSERT_TRUE(pending.has_value());
+  EXPECT_FALSE(pending->next.has_value());
+  EXPECT_TRUE(r->move_overdue());  // one step after the proposal: the caller waits for the move now
+  r->cancel_move();
+  EXPECT_FALSE(r->move_pending());
+  EXPECT_FALSE(r->move_overdue());
+  EXPECT_EQ(r->current(), from);
+  r->add(skewed_requests(from, 2));
+  std::optional<window_report> again = r->end_step();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_DOUBLE_EQ(again->moe_lb, 13.0 / 8.0);
+  ASSERT_TRUE(again->next.has_value());
+  EXPECT_EQ(*again->next, *first->next);
+  EXPECT_TRUE(r->move_pending());
 }
 
 TEST(Rebalance, CountedRowsSplitOverTheShardsAsPlanDispatchSplitsTheRequests) {
@@ -491,19 +520,17 @@ TEST_F(Moe, AllRouterSplitGreedyTextEqualsTheDenseGolden) {
 
 // ---- placement invariance ---------------------------------------------------------------------
 
-/// A dispatch that counts the rows each expert and each shard computes (and shows them to
-/// `reassigner`, if given), then hands the requests on: any implementation of the interface can
-/// stand between the model and the shards.
+/// A dispatch that counts the rows each expert and each shard computes, then hands the requests
+/// on: any implementation of the interface can stand between the model and the shards.
 class counting_dispatch final : public expert_dispatch {
  public:
-  counting_dispatch(expert_dispatch& inner, const expert_placement& placement, reassigner* reassigner = nullptr)
-      : inner_(inner), reassigner_(reassigner), experts_(placement.n_layers(), placement.n_experts()),
+  counting_dispatch(expert_dispatch& inner, const expert_placement& placement)
+      : inner_(inner), experts_(placement.n_layers(), placement.n_experts()),
         shards_(placement.n_layers(), placement.num_shards()) {}
   [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
   [[nodiscard]] expected<std::vector<expert_reply>> compute(const std::vector<expert_request>& requests) override {
     experts_.add(requests);
     shards_.add(requests);
-    if (reassigner_ != nullptr) reassigner_->add(requests);
     return inner_.compute(requests);
   }
   /// Each expert's rows over every layer.
@@ -518,7 +545,6 @@ class counting_dispatch final : public expert_dispatch {
 
  private:
   expert_dispatch& inner_;
-  reassigner* reassigner_;
   expert_load experts_;
   shard_load shards_;
 };
@@ -977,7 +1003,7 @@ TEST_F(MoeActors, ExpertsMoveBetweenShardsWhileRequestsStreamAndNothingChanges) 
   ASSERT_TRUE(r) << r.error().message;
   actors::actor_dispatch shards(sys_, actors::spawn_expert_shards(sys_, *skewed_, from, kernel_path::fast),
                                 shard_timeout);
-  counting_dispatch counted(shards, from, &*r);
+  counted_dispatch counted(shards, *r);
   transformer t(*skewed_);
   t.set_expert_dispatch(from, counted);
   std::optional<expert_placement> to;  // of the move in flight

@@ -6,11 +6,11 @@ namespace troupe::moe {
 
 expected<reassigner> reassigner::create(const expert_placement& current, const reassignment_options& o) {
   current.check_invariants();
-  if (o.window_steps < 1 || o.capacity < 1 || !(o.moe_lb_max >= 1.0))
+  if (o.window_steps < 1 || o.capacity < 1 || o.move_steps_max < 1 || !(o.moe_lb_max >= 1.0))
     return fail(errc::invalid_argument, "reassignment: window_steps " + std::to_string(o.window_steps) +
-                                            " and capacity " + std::to_string(o.capacity) +
-                                            " must be at least 1, moe_lb_max " + std::to_string(o.moe_lb_max) +
-                                            " at least 1.0");
+                                            ", capacity " + std::to_string(o.capacity) + " and move_steps_max " +
+                                            std::to_string(o.move_steps_max) + " must be at least 1, moe_lb_max " +
+                                            std::to_string(o.moe_lb_max) + " at least 1.0");
   if (static_cast<int64_t>(current.num_shards()) * o.capacity < current.n_experts())
     return fail(errc::invalid_argument, "reassignment: " + std::to_string(current.num_shards()) +
                                             " shards of capacity " + std::to_string(o.capacity) + " cannot hold " +
@@ -45,6 +45,7 @@ std::optional<window_report> reassigner::end_step() {
     if (moe_lb(expected_shard_load(*next, experts_)) < report.moe_lb) {
       report.next = std::move(*next);
       move_pending_ = true;
+      proposed_step_ = num_steps_;
     }
   }
   restart_window();
@@ -58,6 +59,11 @@ void reassigner::switch_to(const expert_placement& placement) {
   current_ = placement;
   move_pending_ = false;
   restart_window();
+}
+
+void reassigner::cancel_move() {
+  TROUPE_ASSERT_MSG(move_pending_, "no move to cancel");
+  move_pending_ = false;
 }
 
 void reassigner::restart_window() {

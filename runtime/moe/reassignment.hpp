@@ -6,7 +6,9 @@
 /// (rebalance.hpp) on the placement it ran on and, when that is above `moe_lb_max` and no move is
 /// pending, rebalance's placement for the window if it would do better. The caller moves the
 /// experts (actors::actor_dispatch::add_replicas), switches at a step boundary and says so
-/// (`switch_to`); until then no other placement is proposed. Pure: steps are counted, not timed.
+/// (`switch_to`), or says the move failed (`cancel_move`: it stays, and a later window may propose
+/// again); until then no other placement is proposed. Pure: steps are counted, not timed.
+/// `counted_dispatch` shows a model's dispatched layers to a reassigner on their way to the shards.
 
 #include <cstdint>
 #include <optional>
@@ -23,6 +25,10 @@ struct reassignment_options {
   int32_t window_steps = 10;  ///< steps per window, >= 1
   int32_t capacity = 2;       ///< experts per layer a shard holds (rebalance), >= 1
   double moe_lb_max = 1.15;   ///< propose a placement only for a window above this, >= 1
+  /// Steps a proposed move may take (its weights copied while steps go on); then it is overdue
+  /// and the caller waits for it before the next step, so the switch comes at most this many
+  /// steps (plus those already in flight) after the proposal, however slow the copy. >= 1.
+  int32_t move_steps_max = 4;
 };
 
 /// One window's measurement and the decision.
@@ -39,6 +45,10 @@ class reassigner {
 
   [[nodiscard]] const expert_placement& current() const { return current_; }
   [[nodiscard]] bool move_pending() const { return move_pending_; }
+  /// A move is pending since at least options.move_steps_max steps.
+  [[nodiscard]] bool move_overdue() const {
+    return move_pending_ && num_steps_ - proposed_step_ >= options_.move_steps_max;
+  }
 
   /// Counts one dispatched layer of the current step (requests[s]: shard s's).
   void add(const std::vector<expert_request>& requests);
@@ -50,6 +60,8 @@ class reassigner {
   [[nodiscard]] std::optional<window_report> end_step();
   /// The caller runs on `placement` from the next step on; the window restarts.
   void switch_to(const expert_placement& placement);
+  /// The pending move failed: the caller stays on current(), and a later window may propose again.
+  void cancel_move();
 
  private:
   reassigner(const expert_placement& current, const reassignment_options& options);
@@ -61,7 +73,25 @@ class reassigner {
   shard_load shards_;
   int64_t num_steps_ = 0;         // since creation
   int64_t window_first_step_ = 0;
+  int64_t proposed_step_ = 0;  // num_steps_ when the pending move was proposed
   bool move_pending_ = false;
+};
+
+/// An expert_dispatch that counts each layer's requests into `counted` (reassigner::add), then
+/// hands them to `inner`. Both are borrowed.
+class counted_dispatch final : public expert_dispatch {
+ public:
+  counted_dispatch(expert_dispatch& inner, reassigner& counted) : inner_(inner), counted_(counted) {}
+
+  [[nodiscard]] int32_t num_shards() const override { return inner_.num_shards(); }
+  [[nodiscard]] expected<std::vector<expert_reply>> compute(const std::vector<expert_request>& requests) override {
+    counted_.add(requests);
+    return inner_.compute(requests);
+  }
+
+ private:
+  expert_dispatch& inner_;
+  reassigner& counted_;
 };
 
 }  // namespace troupe::moe
