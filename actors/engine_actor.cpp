@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include <caf/all.hpp>
@@ -59,7 +60,7 @@ void post(engine_actor_t* self, const Handle& to, Message&& m, int64_t bytes = 0
 executor_settings executor_settings_of(const engine_options& o) {
   return executor_settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,  o.config.kernels,
                            o.executor_threads, o.detached_executor,    o.step_log,           o.config.speculation,
-                           o.draft_checkpoint, o.vocabulary,           o.experts,            o.expert_placement};
+                           o.draft_checkpoint, o.vocabulary,           o.experts,            o.expert_reassignment};
 }
 
 namespace {
@@ -408,7 +409,8 @@ msg::engine_report stats(engine_actor_t* self) {
                             0,                          s.core.preempted_ns,         s.core.num_draft_slots,
                             s.core.num_draft_rows,      s.core.num_accepted_drafts,
                             self->state.host->num_handoffs_recomputed(), s.core.num_disk_hit_tokens,
-                            s.core.num_swap_in_tokens};
+                            s.core.num_swap_in_tokens,  0,                           s.experts.moe_lb_last_window,
+                            s.experts.num_windows,      s.experts.num_moves};
 }
 
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers
@@ -482,6 +484,31 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
 
 }  // namespace
 
+namespace {
+
+/// The expert shards and their reassignment fit the model and the executor (experts, reassignment).
+expected<void> check_expert_options(const engine_options& o) {
+  if (!o.experts) {
+    if (o.expert_reassignment) return fail(errc::invalid_argument, "expert reassignment needs expert shard actors");
+    return {};
+  }
+  const model::moe_weights* moe = o.checkpoint ? o.checkpoint->moe() : nullptr;
+  if (moe == nullptr) return fail(errc::invalid_argument, "expert shard actors need an MoE checkpoint");
+  if (!o.detached_executor)
+    return fail(errc::invalid_argument, "an executor on expert shard actors waits on them: it must be detached");
+  const moe::expert_placement placement = o.experts->current();
+  if (placement.n_layers() != o.checkpoint->config().n_layers || placement.n_experts() != moe->n_experts)
+    return fail(errc::invalid_argument, "the expert placement has " + std::to_string(placement.n_layers()) +
+                                            " layers of " + std::to_string(placement.n_experts()) +
+                                            " experts; the model " + std::to_string(o.checkpoint->config().n_layers) +
+                                            " of " + std::to_string(moe->n_experts));
+  if (!o.expert_reassignment) return {};
+  if (auto r = moe::reassigner::create(placement, *o.expert_reassignment); !r) return tl::unexpected(r.error());
+  return {};
+}
+
+}  // namespace
+
 expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options& options) {
   engine_options o = options;
   o.config.max_steps_in_flight = 2;
@@ -489,22 +516,7 @@ expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options
     return fail(errc::invalid_argument, "an engine needs a checkpoint or an executor factory");
   if (auto host = engine::engine_host::create(host_options(o), 0); !host) return tl::unexpected(host.error());
   if (o.executor_threads < 1) return fail(errc::invalid_argument, "executor_threads must be >= 1");
-  if (o.experts && !o.detached_executor)
-    return fail(errc::invalid_argument,
-                "an executor on expert shard actors waits on them: it must be detached (its own thread)");
-  if (o.experts && (!o.checkpoint || !o.checkpoint->moe()))
-    return fail(errc::invalid_argument, "expert shard actors serve a mixture-of-experts model; the checkpoint is not one");
-  if (o.experts) {
-    const model::model_config& c = o.checkpoint->config();
-    const moe::expert_placement& p = o.expert_placement;
-    if (p.n_layers() != c.n_layers || p.n_experts() != o.checkpoint->moe()->n_experts ||
-        p.num_shards() != o.experts->num_shards())
-      return fail(errc::invalid_argument,
-                  "the expert placement (" + std::to_string(p.n_layers()) + " layers, " + std::to_string(p.n_experts()) +
-                      " experts, " + std::to_string(p.num_shards()) + " shards) does not fit the model (" +
-                      std::to_string(c.n_layers) + " layers, " + std::to_string(o.checkpoint->moe()->n_experts) +
-                      " experts) and its " + std::to_string(o.experts->num_shards()) + " shard actors");
-  }
+  if (auto ok = check_expert_options(o); !ok) return tl::unexpected(ok.error());
   if (!o.step_log.empty()) {  // the executor opens it again; fail here, where it can be reported
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{std::fopen(o.step_log.c_str(), "a"), &std::fclose};
     if (!log)

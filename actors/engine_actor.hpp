@@ -26,6 +26,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <caf/fwd.hpp>
 #include <caf/timespan.hpp>
@@ -79,10 +80,12 @@ struct engine_options {
   /// (tokens, hand-offs and forwards with their KV, load reports) arrives when it says. Null in
   /// production.
   std::shared_ptr<network_model> network;
-  /// An MoE's experts on shard actors (executor_settings::experts), which hold them as
-  /// `expert_placement` says; null: in the executor's own process. Needs a detached executor.
-  std::shared_ptr<actor_dispatch> experts;
-  moe::expert_placement expert_placement;
+  /// An MoE checkpoint's experts on shard actors (executor_settings::experts; the executor must
+  /// be detached), shared by the engine's successive executors; null: in-process shards. With
+  /// `expert_reassignment`, the executor moves them when a window of steps proposes a better
+  /// placement (docs/moe.md), and the engine reports the windows' moe_lb and the moves.
+  std::shared_ptr<expert_shards> experts;
+  std::optional<moe::reassignment_options> expert_reassignment;
 };
 
 /// The settings of the real step executor `options` describe (what a wrapping executor, such

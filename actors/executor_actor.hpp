@@ -5,12 +5,14 @@
 /// model runs on its own thread, never on CAF's scheduler threads.
 
 #include <memory>
+#include <optional>
 
 #include <caf/fwd.hpp>
 
-#include "actors/expert_shard_actor.hpp"
+#include "actors/expert_placement_actor.hpp"
 #include "actors/protocols.hpp"
 #include "runtime/engine/step_executor.hpp"
+#include "runtime/moe/reassignment.hpp"
 
 namespace troupe::actors {
 
@@ -26,12 +28,16 @@ struct executor_settings {
   spec::speculation_config speculation;               ///< the drafter of chunks with draft slots
   std::shared_ptr<const model::checkpoint> draft;     ///< the draft_model drafter's model (checked)
   std::shared_ptr<const grammar::vocabulary> vocabulary;  ///< for grammar masks; null: no grammars
-  /// An MoE's experts on shard actors (actors/expert_shard_actor.hpp), which hold them as
-  /// `expert_placement` says; null: in-process shards. Each forward pass waits on the shards (a
-  /// bounded wait on actors that never wait back), so the executor must be detached; a shard that
-  /// fails fails the step, which the engine handles as the executor's failure.
-  std::shared_ptr<actor_dispatch> experts;
-  moe::expert_placement expert_placement;
+  /// An MoE's experts on shard actors and the placement they serve
+  /// (actors/expert_placement_actor.hpp); null: in-process shards. Each forward pass waits on the
+  /// shards (a bounded wait on actors that never wait back), so the executor must be detached; a
+  /// shard that fails fails the step, which the engine handles as the executor's failure.
+  std::shared_ptr<expert_shards> experts;
+  /// With `experts`: count each window of steps' expert load (moe::reassigner, options checked
+  /// by spawn_engine) and move the experts when a window proposes a better placement: a placement
+  /// actor copies them while steps go on, and the executor switches between two steps. Each
+  /// result carries the window's moe_lb and the moves (exec_result). None: the placement stays.
+  std::optional<moe::reassignment_options> reassignment;
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).

@@ -51,6 +51,11 @@ struct engine_report {
   int64_t num_swap_in_tokens = 0;
   /// Blocks the disk tier below the host tier dropped by TTL (asked of the tier with the report).
   int64_t disk_tier_expired_blocks = 0;
+  /// An MoE engine reassigning its experts (docs/moe.md): the latest window's moe_lb (0 before
+  /// the first), the windows measured and the placements switched to.
+  double moe_lb_last_window = 0;
+  int64_t num_moe_windows = 0;
+  int64_t num_expert_moves = 0;
 };
 
 template <class Inspector>
@@ -60,7 +65,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
            x.step_time_error_corrected, x.num_prefix_hit_tokens, x.num_host_hit_tokens, x.num_demoted_blocks,
            x.num_demoted_bytes, x.num_promoted_blocks, x.num_promoted_bytes, x.host_tier_expired_blocks, x.preempted_ns,
            x.num_draft_slots, x.num_draft_rows, x.num_accepted_drafts, x.num_handoffs_recomputed, x.num_disk_hit_tokens,
-           x.num_swap_in_tokens, x.disk_tier_expired_blocks);
+           x.num_swap_in_tokens, x.disk_tier_expired_blocks, x.moe_lb_last_window, x.num_moe_windows,
+           x.num_expert_moves);
 }
 
 }  // namespace troupe::msg

@@ -59,7 +59,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
   return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.read_out, x.num_draft_rows, x.drafts_verified,
-           x.drafts_accepted, x.measured_ns);
+           x.drafts_accepted, x.measured_ns, x.moe_lb, x.num_expert_moves);
 }
 
 }  // namespace troupe::engine

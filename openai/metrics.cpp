@@ -115,6 +115,9 @@ engine_gauges sum_reports(const std::vector<msg::engine_report>& reports, int64_
     g.num_host_expired_blocks = std::max(g.num_host_expired_blocks, r.host_tier_expired_blocks);
     g.num_disk_expired_blocks = std::max(g.num_disk_expired_blocks, r.disk_tier_expired_blocks);
     g.num_swap_in_tokens += r.num_swap_in_tokens;
+    g.moe_lb = std::max(g.moe_lb, r.moe_lb_last_window);
+    g.num_moe_windows += r.num_moe_windows;
+    g.num_expert_moves += r.num_expert_moves;
   }
   return g;
 }
@@ -152,6 +155,16 @@ std::string render_metrics(const request_metrics& requests, const engine_gauges&
            "tier=\"host\"");
   p.sample("troupe:kv_tier_expired_blocks_total", number(static_cast<double>(engines.num_disk_expired_blocks)),
            "tier=\"disk\"");
+  if (engines.num_moe_windows > 0) {  // only once an MoE engine measured its expert placement
+    p.scalar("troupe:moe_lb", "gauge",
+             "MoE load imbalance of the latest window of steps (busiest expert shard / mean; 1 is balanced), the "
+             "largest over the engines.",
+             number(engines.moe_lb));
+    p.counter("troupe:moe_windows_total", "Windows of steps whose expert load the MoE engines measured.",
+              engines.num_moe_windows);
+    p.counter("troupe:expert_moves_total", "Times an MoE engine moved its experts to a new placement.",
+              engines.num_expert_moves);
+  }
   p.family("troupe:request_success_total", "counter", "Count of successfully processed requests.");
   for (const auto& [reason, n] : requests.num_success_by_reason)
     p.sample("troupe:request_success_total", number(static_cast<double>(n)), "finished_reason=\"" + reason + "\"");

@@ -66,6 +66,11 @@ struct engine_gauges {
   int64_t num_host_expired_blocks = 0;
   int64_t num_disk_expired_blocks = 0;  ///< the same for the disk tier below the host tier
   int64_t num_swap_in_tokens = 0;       ///< tokens readmitted victims of preemption took from the host tier
+  /// MoE engines reassigning their experts (docs/moe.md): the largest of their latest windows'
+  /// moe_lb (the most imbalanced engine), and the windows and moves summed.
+  double moe_lb = 0;
+  int64_t num_moe_windows = 0;
+  int64_t num_expert_moves = 0;
 };
 
 /// Sums `reports`; `num_kv_blocks_total` is the engines' configured pool size.

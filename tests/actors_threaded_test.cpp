@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -113,11 +114,16 @@ class ActorsThreaded : public ::testing::Test {
   actors::balancer_actor lb_;
   size_t num_idle_actors_ = 0;
 
-  /// `kinds` as in spawn_balancer.
-  void start(actors::engine_options o = engine_opts(true), int num_engines = 1,
-             const std::vector<balance::engine_kind>& kinds = {}) {
+  /// The threaded actor system (a test that needs it before its engines calls this first).
+  void start_system() {
     cfg_.set("scheduler.max-threads", 4);
     sys_ = std::make_unique<caf::actor_system>(configure(cfg_, /*deterministic=*/false));
+  }
+
+  /// `kinds` as in spawn_balancer; the system is started here unless start_system() was called.
+  void start(actors::engine_options o = engine_opts(true), int num_engines = 1,
+             const std::vector<balance::engine_kind>& kinds = {}) {
+    if (!sys_) start_system();
     for (int i = 0; i < num_engines; i++) engines_.push_back(spawn_engine_or_die(*sys_, o));
     lb_ = spawn_balancer(*sys_, engines_, kinds);
     num_idle_actors_ = static_cast<size_t>(num_engines) * 3 + 1;  // engines, executors, grammar actors, balancer
@@ -171,6 +177,24 @@ class ActorsThreaded : public ::testing::Test {
       if (idle) return;
     }
     ADD_FAILURE() << "not idle after 10 s: " << sys_->registry().running() << " actors running";
+  }
+
+  /// `n` concurrent seeded requests get the reference generator's outputs on `moe` with its own
+  /// in-process shard, bit for bit.
+  void expect_moe_reference_outputs(const model::checkpoint& moe, size_t n) {
+    model::transformer moe_oracle(moe);
+    auto track = std::make_shared<tracker>(n);
+    std::vector<msg::completion_request> requests;
+    for (size_t i = 0; i < n; i++) {
+      requests.push_back(make_completion(story_window(i), 40, 70 + i));
+      track->spawn(*sys_, lb_, i, requests.back());
+    }
+    ASSERT_TRUE(track->wait_all_done(n));
+    const std::vector<tracker::entry> entries = track->snapshot();
+    for (size_t i = 0; i < n; i++) {
+      ASSERT_TRUE(entries[i].outcome->has_value()) << entries[i].outcome->error().message;
+      expect_matches(**entries[i].outcome, reference(moe_oracle, requests[i]), "MoE request " + std::to_string(i));
+    }
   }
 
   /// 64 different prompts and seeds, submitted at once from 8 threads: on each, 7 event-based
@@ -393,13 +417,14 @@ actors::engine_options on_shard_actors(
     std::function<std::vector<actors::expert_shard_actor>(caf::actor_system&)> make_shards, caf::timespan timeout) {
   actors::engine_options o = engine_opts(true);
   o.checkpoint = moe;
-  auto shards = std::make_shared<std::shared_ptr<actors::actor_dispatch>>();
+  auto shards = std::make_shared<std::shared_ptr<actors::expert_shards>>();
   o.make_executor = [o, shards, placement, make_shards, timeout](caf::actor_system& sys,
                                                                   const actors::engine_actor& engine) {
-    if (!*shards) *shards = std::make_shared<actors::actor_dispatch>(sys, make_shards(sys), timeout);
+    if (!*shards)
+      *shards = std::make_shared<actors::expert_shards>(
+          std::make_shared<actors::actor_dispatch>(sys, make_shards(sys), timeout), placement);
     actors::executor_settings s = actors::executor_settings_of(o);
     s.experts = *shards;
-    s.expert_placement = placement;
     return actors::spawn_executor(sys, engine, s);
   };
   return o;
@@ -428,20 +453,7 @@ TEST_F(ActorsThreaded, AnMoeEngineOnExpertShardActorsGetsTheReferenceOutputs) {
       },
       30s));
   num_idle_actors_ += 4;  // the shards
-  model::transformer moe_oracle(*moe);
-  constexpr size_t n = 12;
-  auto track = std::make_shared<tracker>(n);
-  std::vector<msg::completion_request> requests;
-  for (size_t i = 0; i < n; i++) {
-    requests.push_back(make_completion(story_window(i), 40, 70 + i));
-    track->spawn(*sys_, lb_, i, requests.back());
-  }
-  ASSERT_TRUE(track->wait_all_done(n));
-  const std::vector<tracker::entry> entries = track->snapshot();
-  for (size_t i = 0; i < n; i++) {
-    ASSERT_TRUE(entries[i].outcome->has_value()) << entries[i].outcome->error().message;
-    expect_matches(**entries[i].outcome, reference(moe_oracle, requests[i]), "MoE request " + std::to_string(i));
-  }
+  expect_moe_reference_outputs(*moe, 12);
   expect_eventually_idle();
   EXPECT_EQ(report().num_executor_failures, 0);
 }
@@ -478,6 +490,169 @@ TEST_F(ActorsThreaded, AnMoeEngineWithASilentShardFailsItsStepsAndEndsTheRequest
       << entries[0].outcome->error().message;
   expect_eventually_idle();
   EXPECT_GE(report().num_executor_failures, 1);
+}
+
+/// Engine options on `moe`'s experts in four shard actors spawned on `sys`, round robin (the hot
+/// expert alone on shard 0), reassigned in windows of `window_steps` steps; `wrap` may stand in
+/// front of each shard.
+actors::engine_options reassigning_moe(
+    caf::actor_system& sys, const std::shared_ptr<const model::checkpoint>& moe, double moe_lb_max,
+    const std::function<actors::expert_shard_actor(caf::actor_system&, actors::expert_shard_actor)>& wrap = {},
+    int32_t window_steps = 8) {
+  const moe::expert_placement from = moe::expert_placement::round_robin(moe->config().n_layers, 4, 4);
+  std::vector<actors::expert_shard_actor> shards = actors::spawn_expert_shards(sys, *moe, from, model::kernel_path::fast);
+  if (wrap)
+    for (actors::expert_shard_actor& shard : shards) shard = wrap(sys, shard);
+  actors::engine_options o = engine_opts(true);
+  o.checkpoint = moe;
+  o.experts = std::make_shared<actors::expert_shards>(
+      std::make_shared<actors::actor_dispatch>(sys, std::move(shards), 30s), from);
+  o.expert_reassignment = moe::reassignment_options{window_steps, /*capacity=*/2, moe_lb_max};
+  return o;
+}
+
+void print_moe_report(const msg::engine_report& r) {
+  std::printf("windows: %lld; moe_lb of the last: %.4f; expert moves: %lld\n",
+              static_cast<long long>(r.num_moe_windows), r.moe_lb_last_window,
+              static_cast<long long>(r.num_expert_moves));
+}
+
+// An MoE engine on four shard actors measures its windows of steps without moving anything (the
+// threshold is out of reach): the hot expert alone on shard 0 computes every row of its layer,
+// so each window's moe_lb is exactly 2. The requests get the reference outputs.
+TEST_F(ActorsThreaded, AnMoeEngineMeasuresEachWindowsExpertLoad) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  start_system();
+  start(reassigning_moe(*sys_, moe, /*moe_lb_max=*/1e9));
+  num_idle_actors_ += 4 + 1;  // the shards, the placement actor
+  expect_moe_reference_outputs(*moe, 12);
+  expect_eventually_idle();
+  const msg::engine_report r = report();
+  print_moe_report(r);
+  EXPECT_GE(r.num_moe_windows, 4);
+  EXPECT_DOUBLE_EQ(r.moe_lb_last_window, 2.0);
+  EXPECT_EQ(r.num_expert_moves, 0);
+  EXPECT_EQ(r.num_executor_failures, 0);
+}
+
+// The same stream with reassignment on: the first window (moe_lb 2) proposes the rebalanced
+// placement, its experts move between the shards while the steps go on, the executor switches
+// between two steps, and the shards drop the rest. Every request's tokens are still the reference
+// ones (the run without a move), and the later windows are better balanced (below the threshold
+// of 1.5, so exactly one move).
+TEST_F(ActorsThreaded, AnMoeEngineMovesItsExpertsMidStreamAndNoTokenChanges) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  start_system();
+  start(reassigning_moe(*sys_, moe, /*moe_lb_max=*/1.5));
+  num_idle_actors_ += 4 + 1;
+  expect_moe_reference_outputs(*moe, 12);
+  expect_eventually_idle();
+  const msg::engine_report r = report();
+  print_moe_report(r);
+  EXPECT_GE(r.num_moe_windows, 4);
+  EXPECT_EQ(r.num_expert_moves, 1);
+  EXPECT_LT(r.moe_lb_last_window, 1.5);
+  EXPECT_GE(r.moe_lb_last_window, 1.0);
+  EXPECT_EQ(r.num_executor_failures, 0);
+}
+
+/// A shard that serves `real`'s experts but refuses to take more (a copy fails).
+actors::expert_shard_actor::behavior_type refusing_new_experts(actors::expert_shard_actor::pointer self,
+                                                              actors::expert_shard_actor real) {
+  return {[=](moe::expert_request& q) { return self->delegate(real, std::move(q)); },
+          [=](msg::fetch_experts& f) { return self->delegate(real, std::move(f)); },
+          [](msg::expert_set&) -> caf::result<int32_t> {
+            return caf::make_error(caf::sec::invalid_argument, "no room for more experts");
+          },
+          [=](msg::drop_experts& d) { return self->delegate(real, std::move(d)); }};
+}
+
+// The shards refuse every new replica: each proposed move fails (logged), the executor stays on
+// round robin (every window's moe_lb is still exactly 2) and serves every request as before.
+TEST_F(ActorsThreaded, AnMoeEngineWhoseExpertsCannotMoveServesOnTheOldPlacement) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  start_system();
+  start(reassigning_moe(*sys_, moe, /*moe_lb_max=*/1.5,
+                        [](caf::actor_system& sys, actors::expert_shard_actor real) {
+                          return sys.spawn(refusing_new_experts, real);
+                        }));
+  num_idle_actors_ += 8 + 1;  // the shards and their fronts, the placement actor
+  expect_moe_reference_outputs(*moe, 12);
+  expect_eventually_idle();
+  const msg::engine_report r = report();
+  print_moe_report(r);
+  EXPECT_GE(r.num_moe_windows, 4);
+  EXPECT_DOUBLE_EQ(r.moe_lb_last_window, 2.0);
+  EXPECT_EQ(r.num_expert_moves, 0);
+  EXPECT_EQ(r.num_executor_failures, 0);
+}
+
+// Expert options that do not fit are refused when the engine is spawned, with what is wrong.
+TEST_F(ActorsThreaded, AnEngineRefusesExpertOptionsThatDoNotFit) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  start_system();
+  const auto error_of = [&](const actors::engine_options& o) {
+    auto engine = actors::spawn_engine(*sys_, o);
+    if (engine) caf::anon_send_exit(*engine, caf::exit_reason::user_shutdown);
+    return engine ? std::string("spawned") : engine.error().message;
+  };
+  actors::engine_options o = reassigning_moe(*sys_, moe, 1.5);
+  actors::engine_options dense = o;
+  dense.checkpoint = bundled_shared().ck;
+  EXPECT_EQ(error_of(dense), "expert shard actors need an MoE checkpoint");
+  actors::engine_options attached = o;
+  attached.detached_executor = false;
+  EXPECT_EQ(error_of(attached), "an executor on expert shard actors waits on them: it must be detached");
+  actors::engine_options one_layer = o;
+  const moe::expert_placement placement = moe::expert_placement::round_robin(1, 4, 4);
+  one_layer.experts = std::make_shared<actors::expert_shards>(
+      std::make_shared<actors::actor_dispatch>(*sys_, std::vector<actors::expert_shard_actor>(4, actors::expert_shard_actor{}), 1s),
+      placement);
+  EXPECT_EQ(error_of(one_layer), "the expert placement has 1 layers of 4 experts; the model 5 of 4");
+  actors::engine_options no_shards = o;
+  no_shards.experts = nullptr;
+  EXPECT_EQ(error_of(no_shards), "expert reassignment needs expert shard actors");
+  actors::engine_options small = o;
+  small.expert_reassignment->capacity = 0;
+  EXPECT_NE(error_of(small).find("reassignment: window_steps 8, capacity 0"), std::string::npos) << error_of(small);
+}
+
+/// A shard that refuses the first experts it is given (a copy fails there), then takes them.
+actors::expert_shard_actor::behavior_type refusing_once(actors::expert_shard_actor::pointer self,
+                                                       actors::expert_shard_actor real) {
+  auto refused = std::make_shared<bool>(false);
+  return {[=](moe::expert_request& q) { return self->delegate(real, std::move(q)); },
+          [=](msg::fetch_experts& f) { return self->delegate(real, std::move(f)); },
+          [=](msg::expert_set& e) -> caf::result<int32_t> {
+            if (std::exchange(*refused, true)) return self->delegate(real, std::move(e));
+            return caf::make_error(caf::sec::invalid_argument, "not yet");
+          },
+          [=](msg::drop_experts& d) { return self->delegate(real, std::move(d)); }};
+}
+
+// Each shard refuses the first experts it is given: a copy fails on a shard after others took
+// their experts, which are dropped again, so a later proposal of the same placement can move
+// (without the drop the shards would refuse those experts as held already, every time).
+TEST_F(ActorsThreaded, AnMoeEngineMovesItsExpertsAfterCopiesThatFailedHalfway) {
+  const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
+  ASSERT_NE(moe, nullptr);
+  start_system();
+  start(reassigning_moe(*sys_, moe, /*moe_lb_max=*/1.5,
+                        [](caf::actor_system& sys, actors::expert_shard_actor real) {
+                          return sys.spawn(refusing_once, real);
+                        },
+                        /*window_steps=*/2));
+  num_idle_actors_ += 8 + 1;
+  expect_moe_reference_outputs(*moe, 12);
+  expect_eventually_idle();
+  const msg::engine_report r = report();
+  print_moe_report(r);
+  EXPECT_GE(r.num_expert_moves, 1);
+  EXPECT_EQ(r.num_executor_failures, 0);
 }
 
 TEST_F(ActorsThreaded, ADetachedExecutorFailureResumesEveryRequestWithItsUndisturbedOutput) {

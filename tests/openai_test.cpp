@@ -551,6 +551,13 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r2.num_swap_in_tokens = 16;
   r.num_swap_in_tokens = 32;
   r.disk_tier_expired_blocks = 2;
+  // Without an MoE engine's windows the page has no MoE lines.
+  EXPECT_EQ(render_metrics(m, sum_reports({r, r2}, 16), "stories260K").find("moe"), std::string::npos);
+  r.moe_lb_last_window = 1.25;
+  r.num_moe_windows = 3;
+  r.num_expert_moves = 1;
+  r2.moe_lb_last_window = 2;  // the larger: the most imbalanced engine
+  r2.num_moe_windows = 4;
   const std::string page = render_metrics(m, sum_reports({r, r2}, 16), "stories260K");
   const std::string label = "{model_name=\"stories260K\"}";
   for (const std::string& line : std::vector<std::string>{
@@ -568,6 +575,9 @@ TEST(Metrics, ThePageRendersByteForByte) {
         std::string("troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"pool\",to=\"host\"} 2000\n") +
             "troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"host\",to=\"pool\"} 1200\n",
         "# TYPE troupe:kv_swap_in_tokens_total counter\ntroupe:kv_swap_in_tokens_total" + label + " 48\n",
+        "# TYPE troupe:moe_lb gauge\ntroupe:moe_lb" + label + " 2\n",
+        "# TYPE troupe:moe_windows_total counter\ntroupe:moe_windows_total" + label + " 7\n",
+        "# TYPE troupe:expert_moves_total counter\ntroupe:expert_moves_total" + label + " 1\n",
         std::string("troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"host\"} 5\n") +
             "troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"disk\"} 2\n",
         std::string("# TYPE troupe:time_to_first_token_seconds histogram\n") +

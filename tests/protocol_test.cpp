@@ -234,7 +234,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(full_sampled_batch());
   expect_round_trip(msg::release{8});
   expect_round_trip(
-      msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11, 21, 22, 23, 24, 25, 26, 27});
+      msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11, 21, 22, 23, 24, 25, 26, 27, 1.5, 28, 29});
   expect_round_trip(msg::submit_completion{full_completion_request(), some<actors::stream_receiver_actor>(), 11});
   expect_round_trip(msg::place_request{1, 2, 3, {4, 5}, some<actors::engine_actor>(), true});
   expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err"});
@@ -249,7 +249,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}, {{{5, 6}, 20}}, {1.5, 2.5}};
   expect_round_trip(plan);
   expect_round_trip(
-      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, {full_kv()}, 6, {1, 2}, {0, 1}, 12345});
+      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, {full_kv()}, 6, {1, 2}, {0, 1}, 12345, 1.25, 3});
   expect_round_trip(msg::tier_lookup{{1, 2, 3, 4}});
   expect_round_trip(msg::tier_put{full_kv_block(), kv::cache_class::agent});
   expect_round_trip(msg::tier_get{0x1234});

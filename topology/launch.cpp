@@ -14,6 +14,7 @@
 #include "actors/connect.hpp"
 #include "actors/door.hpp"
 #include "actors/engine_actor.hpp"
+#include "actors/expert_placement_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 #include "actors/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
@@ -191,10 +192,10 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
   const int32_t n_layers = ck.config().n_layers;
   std::vector<std::vector<int32_t>> replicas;
   for (int32_t layer = 0; layer < n_layers; layer++) replicas.insert(replicas.end(), holders.begin(), holders.end());
-  o.expert_placement = moe::expert_placement::of_replicas(n_layers, ck.moe()->n_experts,
-                                                          static_cast<int32_t>(shards.size()), std::move(replicas));
-  o.experts = std::make_shared<actors::actor_dispatch>(sys, std::move(shards),
-                                                       std::chrono::milliseconds(e.expert_timeout_ms));
+  const auto num_shards = static_cast<int32_t>(shards.size());
+  o.experts = std::make_shared<actors::expert_shards>(
+      std::make_shared<actors::actor_dispatch>(sys, std::move(shards), std::chrono::milliseconds(e.expert_timeout_ms)),
+      moe::expert_placement::of_replicas(n_layers, ck.moe()->n_experts, num_shards, std::move(replicas)));
   return {};
 }
 

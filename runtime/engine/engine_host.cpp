@@ -359,6 +359,7 @@ void engine_host::hand_off_prefilled(effects& out) {
 effects engine_host::on_step_result(int64_t generation, exec_result result, int64_t now_ns) {
   effects out;
   if (generation != generation_) return out;  // a failed executor's late reply
+  count_expert_placement(result);
   std::vector<sample_event> events = core_->complete_step(std::move(result));
   out.reserve(events.size() + 4);  // an effect per token, and a few more: one allocation per step
   if (std::vector<demoted_block> d = core_->take_demoted(); !d.empty()) out.push_back(demote_blocks{std::move(d)});
@@ -381,6 +382,16 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
   if (core_->num_in_flight() == 0) executor_busy_ns_ += now_ns - busy_since_ns_;
   kick(out, now_ns);
   return out;
+}
+
+void engine_host::count_expert_placement(const exec_result& result) {
+  TROUPE_ASSERT_MSG(result.moe_lb == 0 || result.moe_lb >= 1, "moe_lb is at least 1 (0: no window ended)");
+  TROUPE_ASSERT(result.num_expert_moves >= 0);
+  if (result.moe_lb > 0) {
+    experts_.num_windows++;
+    experts_.moe_lb_last_window = result.moe_lb;
+  }
+  experts_.num_moves += result.num_expert_moves;
 }
 
 effects engine_host::executor_failed(int64_t generation, const std::string& why, int64_t now_ns) {
@@ -492,6 +503,7 @@ engine_host_stats engine_host::stats(int64_t now_ns) const {
   s.num_requests = static_cast<int64_t>(requests_.size());
   s.num_executor_failures = num_executor_failures_;
   s.num_resumed_requests = num_resumed_requests_;
+  s.experts = experts_;
   s.executor_busy_ns = executor_busy_ns_;
   s.elapsed_ns = now_ns - started_ns_;
   return s;

@@ -189,8 +189,17 @@ struct engine_host_options {
 };
 
 /// Counters for the engine's stats answer.
+/// An MoE executor's expert placement (exec_result::moe_lb, num_expert_moves), over the
+/// engine's life: executor restarts do not reset it.
+struct expert_placement_stats {
+  int64_t num_windows = 0;        ///< windows of steps measured
+  double moe_lb_last_window = 0;  ///< the latest window's moe_lb; 0 before the first
+  int64_t num_moves = 0;          ///< placements switched to
+};
+
 struct engine_host_stats {
   engine_stats core;
+  expert_placement_stats experts;
   int64_t num_waiting = 0;
   int64_t num_requests = 0;  ///< live requests
   int64_t num_executor_failures = 0;
@@ -300,6 +309,8 @@ class engine_host {
   void admit_waited(tier_wait w, effects& out, int64_t now_ns, staged_promotion answer);
   [[nodiscard]] int64_t num_queued() const { return core_->num_waiting() + static_cast<int64_t>(tier_waits_.size()); }
   void kick(effects& out, int64_t now_ns);
+  /// Adds a result's expert-placement figures to experts_.
+  void count_expert_placement(const exec_result& result);
   void note_change(effects& out, int64_t now_ns);
   void send_report(effects& out, int64_t now_ns);
   void on_sample(sample_event&& e, effects& out, int64_t now_ns);
@@ -323,6 +334,7 @@ class engine_host {
   int64_t num_received_ = 0;  // submits, prefills and hand-offs
   int64_t num_executor_failures_ = 0;
   int64_t num_resumed_requests_ = 0;
+  expert_placement_stats experts_;
   bool draining_ = false;    // drain(): no new work wanted
   bool forwarding_ = false;  // forward_all(): nothing stays
   int64_t num_forwarded_ = 0;

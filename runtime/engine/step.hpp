@@ -166,6 +166,11 @@ struct exec_result {
   /// How long the executor took to run the plan (0: not measured). It corrects the step-time
   /// model (cost/step_time_correction.hpp); the simulator's executor reports virtual time.
   int64_t measured_ns = 0;
+  /// An MoE executor reassigning its experts (docs/moe.md): the moe_lb of the window of steps
+  /// this step ended (0: it ended none), and how many placements it switched to since its
+  /// previous result (between the two steps).
+  double moe_lb = 0;
+  int32_t num_expert_moves = 0;
 };
 
 }  // namespace troupe::engine
