@@ -52,7 +52,8 @@ struct engine_report {
   /// Blocks the disk tier below the host tier dropped by TTL (asked of the tier with the report).
   int64_t disk_tier_expired_blocks = 0;
   /// An MoE engine reassigning its experts (docs/moe.md): the latest window's moe_lb (0 before
-  /// the first), the windows measured and the placements switched to.
+  /// the first), the windows measured and the placements switched to (a switch counts with the
+  /// result of the step after it).
   double moe_lb_last_window = 0;
   int64_t num_moe_windows = 0;
   int64_t num_expert_moves = 0;

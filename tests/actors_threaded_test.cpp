@@ -410,23 +410,15 @@ std::shared_ptr<const model::checkpoint> skewed_moe() {
   return ck ? std::make_shared<const model::checkpoint>(std::move(*ck)) : nullptr;
 }
 
-/// Engine options whose executors compute `moe`'s experts through `shards` (made with the first
-/// executor by `make_shards`, on the engine's actor system) as `placement` says.
-actors::engine_options on_shard_actors(
-    const std::shared_ptr<const model::checkpoint>& moe, const moe::expert_placement& placement,
-    std::function<std::vector<actors::expert_shard_actor>(caf::actor_system&)> make_shards, caf::timespan timeout) {
+/// Engine options whose executors compute `moe`'s experts on `shards`, which hold them as
+/// `placement` says (the actors are spawned on the engine's system).
+actors::engine_options on_shard_actors(caf::actor_system& sys, const std::shared_ptr<const model::checkpoint>& moe,
+                                       const moe::expert_placement& placement,
+                                       std::vector<actors::expert_shard_actor> shards, caf::timespan timeout) {
   actors::engine_options o = engine_opts(true);
   o.checkpoint = moe;
-  auto shards = std::make_shared<std::shared_ptr<actors::expert_shards>>();
-  o.make_executor = [o, shards, placement, make_shards, timeout](caf::actor_system& sys,
-                                                                  const actors::engine_actor& engine) {
-    if (!*shards)
-      *shards = std::make_shared<actors::expert_shards>(
-          std::make_shared<actors::actor_dispatch>(sys, make_shards(sys), timeout), placement);
-    actors::executor_settings s = actors::executor_settings_of(o);
-    s.experts = *shards;
-    return actors::spawn_executor(sys, engine, s);
-  };
+  o.experts = std::make_shared<actors::expert_shards>(
+      std::make_shared<actors::actor_dispatch>(sys, std::move(shards), timeout), placement);
   return o;
 }
 
@@ -446,12 +438,9 @@ TEST_F(ActorsThreaded, AnMoeEngineOnExpertShardActorsGetsTheReferenceOutputs) {
   const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
   ASSERT_NE(moe, nullptr);
   const moe::expert_placement placement = hot_on_four(moe->config().n_layers);
-  start(on_shard_actors(
-      moe, placement,
-      [moe, placement](caf::actor_system& sys) {
-        return actors::spawn_expert_shards(sys, *moe, placement, model::kernel_path::fast);
-      },
-      30s));
+  start_system();
+  start(on_shard_actors(*sys_, moe, placement,
+                        actors::spawn_expert_shards(*sys_, *moe, placement, model::kernel_path::fast), 30s));
   num_idle_actors_ += 4;  // the shards
   expect_moe_reference_outputs(*moe, 12);
   expect_eventually_idle();
@@ -471,15 +460,11 @@ TEST_F(ActorsThreaded, AnMoeEngineWithASilentShardFailsItsStepsAndEndsTheRequest
   const std::shared_ptr<const model::checkpoint> moe = skewed_moe();
   ASSERT_NE(moe, nullptr);
   const moe::expert_placement placement = hot_on_four(moe->config().n_layers);
-  start(on_shard_actors(
-      moe, placement,
-      [moe, placement](caf::actor_system& sys) {
-        std::vector<actors::expert_shard_actor> shards =
-            actors::spawn_expert_shards(sys, *moe, placement, model::kernel_path::fast);
-        shards[1] = sys.spawn(silent_shard);
-        return shards;
-      },
-      100ms));
+  start_system();
+  std::vector<actors::expert_shard_actor> shards =
+      actors::spawn_expert_shards(*sys_, *moe, placement, model::kernel_path::fast);
+  shards[1] = sys_->spawn(silent_shard);
+  start(on_shard_actors(*sys_, moe, placement, std::move(shards), 100ms));
   num_idle_actors_ += 4;
   auto track = std::make_shared<tracker>(1);
   track->spawn(*sys_, lb_, 0, make_completion(story_window(0), 40, 5));
@@ -503,10 +488,7 @@ actors::engine_options reassigning_moe(
   std::vector<actors::expert_shard_actor> shards = actors::spawn_expert_shards(sys, *moe, from, model::kernel_path::fast);
   if (wrap)
     for (actors::expert_shard_actor& shard : shards) shard = wrap(sys, shard);
-  actors::engine_options o = engine_opts(true);
-  o.checkpoint = moe;
-  o.experts = std::make_shared<actors::expert_shards>(
-      std::make_shared<actors::actor_dispatch>(sys, std::move(shards), 30s), from);
+  actors::engine_options o = on_shard_actors(sys, moe, from, std::move(shards), 30s);
   o.expert_reassignment = moe::reassignment_options{window_steps, /*capacity=*/2, moe_lb_max};
   return o;
 }
