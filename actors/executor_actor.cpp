@@ -69,6 +69,7 @@ void switch_placement(executor_pointer self, const expert_move& move) {
   s.reassigner->switch_to(move.to);
   s.experts->switch_to(move.to);
   s.num_moves_unreported++;
+  spdlog::info("step executor: the experts moved to the placement the last window proposed");
   self->send(s.placer, drop_replicas_atom::value, move);
 }
 

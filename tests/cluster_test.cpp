@@ -159,6 +159,42 @@ class Cluster : public ::testing::Test {
     lb_ = *lb;
   }
 
+  /// Starts an MoE topology's node processes in dir_ and connects: node0 runs the balancer and
+  /// engine moe0 (stories260K split 4 ways, top 2, seed 7, with `router_args`; `engine_lines` added
+  /// to its table), node1 is a shard host; `shards` lists each [[expert_shard]]'s node and
+  /// experts. node0 logs at `node0_log_level`. Returns the MoE checkpoint's path.
+  std::string start_moe(const std::vector<std::string>& router_args, const std::string& engine_lines,
+                        const std::vector<std::pair<std::string, std::string>>& shards,
+                        const std::string& node0_log_level = "warn") {
+    const std::string models = TROUPE_MODELS_DIR;
+    const std::string moe = (dir_ / "moe.bin").string();
+    std::vector<std::string> split = {"moe-split", models + "/stories260K.bin", "-o", moe, "--experts", "4",
+                                      "--top-k", "2", "--seed", "7"};
+    split.insert(split.end(), router_args.begin(), router_args.end());
+    const cli_result r = run_troupe(split, dir_);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string topo = (dir_ / "moe.toml").string();
+    {
+      std::ofstream f(topo);
+      for (int n = 0; n < 2; n++)
+        f << "[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n) << "\n\n";
+      f << "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n\n[[engine]]\nname = \"moe0\"\n"
+        << "node = \"node0\"\nmodel = \"" << moe << "\"\ntokenizer = \"" << models << "/tok512.bin\"\n" << engine_lines;
+      for (const auto& [node, experts] : shards)
+        f << "\n[[expert_shard]]\nengine = \"moe0\"\nnode = \"" << node << "\"\nexperts = " << experts << "\n";
+    }
+    for (const char* name : {"node1", "node0"}) {
+      const std::string level = std::string(name) == "node0" ? node0_log_level : "warn";
+      const pid_t pid = spawn_troupe({"--log-level", level, "node", "--topology", topo, "--node", name},
+                                     (dir_ / (std::string(name) + ".out")).string(),
+                                     (dir_ / (std::string(name) + ".err")).string());
+      EXPECT_NE(pid, 0);
+      nodes_.emplace_back(name, process_guard(pid));
+    }
+    connect((dir_ / "node0.out").string(), (dir_ / "node0.err").string());
+    return moe;
+  }
+
   pid_t pid_of(const std::string& name) const {
     for (const auto& [n, node] : nodes_)
       if (n == name) return node.pid();
@@ -417,30 +453,7 @@ TEST_F(Cluster, AnMoesExpertsOnAShardHostGiveTheTokensOfTheModelAlone) {
   // A sparse MoE of stories260K (4 experts, top-2) served by node0, whose experts are on three
   // shards: [2, 3] in node0's process and [0, 1], [1, 3] on node1, a shard host (experts 1 and
   // 3 have replicas). Every answer equals the model run alone in this process.
-  const std::string models = TROUPE_MODELS_DIR;
-  const std::string moe = (dir_ / "sparse.bin").string();
-  const cli_result split = run_troupe({"moe-split", models + "/stories260K.bin", "-o", moe, "--experts", "4", "--router",
-                                       "random", "--top-k", "2", "--seed", "7"},
-                                      dir_);
-  ASSERT_EQ(split.exit_code, 0) << split.err;
-  const std::string topo = (dir_ / "moe.toml").string();
-  {
-    std::ofstream f(topo);
-    for (int n = 0; n < 2; n++)
-      f << "[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n) << "\n\n";
-    f << "[load_balancer]\nnode = \"node0\"\nconnect_timeout_ms = 30000\n\n[[engine]]\nname = \"moe0\"\nnode = \"node0\"\n"
-      << "model = \"" << moe << "\"\ntokenizer = \"" << models << "/tok512.bin\"\n";
-    for (const auto& [node, experts] : {std::pair{"node1", "[0, 1]"}, {"node0", "[2, 3]"}, {"node1", "[1, 3]"}})
-      f << "\n[[expert_shard]]\nengine = \"moe0\"\nnode = \"" << node << "\"\nexperts = " << experts << "\n";
-  }
-  for (const char* name : {"node1", "node0"}) {
-    const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", topo, "--node", name},
-                                   (dir_ / (std::string(name) + ".out")).string(),
-                                   (dir_ / (std::string(name) + ".err")).string());
-    ASSERT_NE(pid, 0);
-    nodes_.emplace_back(name, process_guard(pid));
-  }
-  connect((dir_ / "node0.out").string(), (dir_ / "node0.err").string());
+  const std::string moe = start_moe({"--router", "random"}, "", {{"node1", "[0, 1]"}, {"node0", "[2, 3]"}, {"node1", "[1, 3]"}});
   auto ck = model::checkpoint::load(moe);
   ASSERT_TRUE(ck) << ck.error().message;
   model::transformer alone(*ck);
@@ -452,6 +465,24 @@ TEST_F(Cluster, AnMoesExpertsOnAShardHostGiveTheTokensOfTheModelAlone) {
   EXPECT_NE(node1_out.find("node1: expert shard of engine moe0: experts [1, 3] of every layer (hosted for another node)"),
             std::string::npos)
       << node1_out;
+}
+
+TEST_F(Cluster, AnMoesExpertsMoveAcrossProcessesUnderASkewedRouterAndNoTokenChanges) {
+  // The skewed router sends every row to its hot expert, which only shard 0 (on the shard host)
+  // holds: windows of 4 steps are imbalanced and the executor moves experts between node0's
+  // process and node1 while 12 requests stream. Every answer equals the model run alone.
+  const std::string moe =
+      start_moe({"--router", "skewed", "--hot-experts", "1", "--skew", "4"}, "expert_window_steps = 4\n",
+                {{"node1", "[0, 1]"}, {"node0", "[2, 3]"}}, "info");
+  auto ck = model::checkpoint::load(moe);
+  ASSERT_TRUE(ck) << ck.error().message;
+  model::transformer alone(*ck);
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 12; i++) requests.push_back(make_completion(story_window(i), 40, 9400 + i, 1.0f, 0.9f));
+  expect_all_match(requests, run_all(requests), "skewed MoE moving its experts", &alone);
+  const std::string log = read_file((dir_ / "node0.err").string());
+  EXPECT_NE(log.find("step executor: the experts moved to the placement the last window proposed"), std::string::npos)
+      << log;
 }
 
 TEST_F(Cluster, ExpertShardsThatDoNotFitTheirModelAreRefusedAtStartUpNamingTheEntry) {

@@ -339,6 +339,17 @@ TEST(Topology, ExpertShardsAreReadInFileOrderOnTheEnginesNodeOrAShardHost) {
   EXPECT_EQ(topo->expert_shards[1].node, "node0");
   EXPECT_EQ(topo->expert_shards[1].experts, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(topo->find_engine("engine0"), &topo->engines[0]);
+  EXPECT_EQ(topo->engines[0].expert_window_steps, 0);  // reassignment off
+  EXPECT_EQ(topo->engines[0].expert_capacity, 0);
+  EXPECT_EQ(topo->engines[0].expert_moe_lb_max, 1.15);
+  EXPECT_EQ(topo->engines[0].expert_move_steps_max, 4);
+  auto moving = parse(k_valid + "expert_window_steps = 8\nexpert_capacity = 3\nexpert_moe_lb_max = 1.3\n"
+                      "expert_move_steps_max = 2\n" + shard_text("node0", "[0, 1, 2, 3]"));
+  ASSERT_TRUE(moving) << moving.error().message;
+  EXPECT_EQ(moving->engines[0].expert_window_steps, 8);
+  EXPECT_EQ(moving->engines[0].expert_capacity, 3);
+  EXPECT_EQ(moving->engines[0].expert_moe_lb_max, 1.3);
+  EXPECT_EQ(moving->engines[0].expert_move_steps_max, 2);
   EXPECT_EQ(topo->find_engine("engine1"), nullptr);
 }
 
@@ -521,7 +532,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "max_num_batched_tokens, max_num_seqs, step_time_budget_ms, step_time_correction_window, "
                  "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
                  "step_log, drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, draft_model, "
-                 "speculation_mode, preemption, swap_bandwidth_gb_s, expert_timeout_ms)"},
+                 "speculation_mode, preemption, swap_bandwidth_gb_s, expert_timeout_ms, expert_window_steps, expert_capacity, "
+                 "expert_moe_lb_max, expert_move_steps_max)"},
         // Preemption.
         bad_file{"unknown_preemption", k_valid + "preemption = \"drop\"\n",
                  "topology.toml:12: engine 'engine0': key 'preemption' must be recompute, swap or cost; got 'drop'"},
@@ -636,6 +648,15 @@ INSTANTIATE_TEST_SUITE_P(
                      "tokenizer = \"../models/tok512.bin\"\n" + shard_text("node1", "[0]"),
                  "topology.toml:23: expert_shard #1: node 'node1' is not engine 'engine0''s node ('node0') and runs "
                  "engine 'engine1': shards of another node's engine need a shard host, a node with neither"},
+        bad_file{"expert_window_without_shards", k_valid + "expert_window_steps = 8\n",
+                 "topology.toml:12: engine 'engine0': key 'expert_window_steps' moves experts between expert shards: "
+                 "the engine has no [[expert_shard]] entries"},
+        bad_file{"expert_moe_lb_max_below_one", k_valid + "expert_moe_lb_max = 0.9\n",
+                 "topology.toml:12: engine 'engine0': key 'expert_moe_lb_max' must be in 1..1000, got 0.9"},
+        bad_file{"expert_move_steps_zero", k_valid + "expert_move_steps_max = 0\n",
+                 "topology.toml:12: engine 'engine0': key 'expert_move_steps_max' must be in 1..1000000, got 0"},
+        bad_file{"expert_capacity_too_big", k_valid + "expert_capacity = 1025\n",
+                 "topology.toml:12: engine 'engine0': key 'expert_capacity' must be in 0..1024, got 1025"},
         bad_file{"expert_timeout_zero", k_valid + "expert_timeout_ms = 0\n",
                  "topology.toml:12: engine 'engine0': key 'expert_timeout_ms' must be in 1..600000, got 0"},
         bad_file{"unknown_http_key", "[http]\nport = 8000\naddress = \"x\"\n" + k_valid,

@@ -193,6 +193,17 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
   std::vector<std::vector<int32_t>> replicas;
   for (int32_t layer = 0; layer < n_layers; layer++) replicas.insert(replicas.end(), holders.begin(), holders.end());
   const auto num_shards = static_cast<int32_t>(shards.size());
+  if (e.expert_window_steps > 0) {
+    moe::reassignment_options r;
+    r.window_steps = e.expert_window_steps;
+    r.capacity = e.expert_capacity;
+    if (r.capacity == 0)
+      for (const expert_shard_spec& s : t.expert_shards)
+        if (s.engine == e.name) r.capacity = std::max(r.capacity, static_cast<int32_t>(s.experts.size()) + 1);
+    r.moe_lb_max = e.expert_moe_lb_max;
+    r.move_steps_max = e.expert_move_steps_max;
+    o.expert_reassignment = r;
+  }
   o.experts = std::make_shared<actors::expert_shards>(
       std::make_shared<actors::actor_dispatch>(sys, std::move(shards), std::chrono::milliseconds(e.expert_timeout_ms)),
       moe::expert_placement::of_replicas(n_layers, ck.moe()->n_experts, num_shards, std::move(replicas)));

@@ -590,6 +590,18 @@ struct listener {
   auto expert_timeout = read_int(ctx, table, where, "expert_timeout_ms", engine.expert_timeout_ms, 1, 600000);
   if (!expert_timeout) return tl::unexpected(expert_timeout.error());
   engine.expert_timeout_ms = *expert_timeout;
+  auto window = read_int(ctx, table, where, "expert_window_steps", engine.expert_window_steps, 0, 1000000);
+  if (!window) return tl::unexpected(window.error());
+  engine.expert_window_steps = *window;
+  auto capacity = read_int(ctx, table, where, "expert_capacity", engine.expert_capacity, 0, model::moe_experts_max);
+  if (!capacity) return tl::unexpected(capacity.error());
+  engine.expert_capacity = *capacity;
+  auto lb_max = read_number(ctx, table, where, "expert_moe_lb_max", engine.expert_moe_lb_max, 1, 1000);
+  if (!lb_max) return tl::unexpected(lb_max.error());
+  engine.expert_moe_lb_max = *lb_max;
+  auto move_steps = read_int(ctx, table, where, "expert_move_steps_max", engine.expert_move_steps_max, 1, 1000000);
+  if (!move_steps) return tl::unexpected(move_steps.error());
+  engine.expert_move_steps_max = *move_steps;
   auto step_log = read_string(ctx, table, where, "step_log", std::string());
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
@@ -607,7 +619,8 @@ struct listener {
                             "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
                             "scheduler", "sjf_aging_tokens", "executor_threads", "step_log", "drafter",
                             "num_speculative_tokens", "ngram_min", "ngram_max", "draft_layers", "draft_model",
-                            "speculation_mode", "preemption", "swap_bandwidth_gb_s", "expert_timeout_ms"});
+                            "speculation_mode", "preemption", "swap_bandwidth_gb_s", "expert_timeout_ms",
+                            "expert_window_steps", "expert_capacity", "expert_moe_lb_max", "expert_move_steps_max"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -999,6 +1012,8 @@ struct listener {
                                                                           const topology& t) {
   auto tables = read_tables(ctx, root, "expert_shard");
   if (!tables) return tl::unexpected(tables.error());
+  auto engine_tables = read_tables(ctx, root, "engine");  // read before: no error here
+  TROUPE_ASSERT(engine_tables && engine_tables->size() == t.engines.size());
   std::vector<expert_shard_spec> shards;
   for (size_t i = 0; i < tables->size(); ++i) {
     const toml::table& table = *(*tables)[i];
@@ -1034,6 +1049,14 @@ struct listener {
       return malformed(ctx, line_of_key(table, "experts"), where.label, "key 'experts' must name at least one expert");
     shard.experts = std::move(*experts);
     shards.push_back(std::move(shard));
+  }
+  for (size_t i = 0; i < t.engines.size(); ++i) {
+    const engine_spec& e = t.engines[i];
+    if (e.expert_window_steps == 0) continue;
+    if (std::none_of(shards.begin(), shards.end(), [&](const expert_shard_spec& s) { return s.engine == e.name; }))
+      return malformed(ctx, line_of_key(*(*engine_tables)[i], "expert_window_steps"), "engine " + in_quotes(e.name),
+                       "key 'expert_window_steps' moves experts between expert shards: the engine has no "
+                       "[[expert_shard]] entries");
   }
   return shards;
 }

@@ -111,6 +111,16 @@
 ///                                      #   calibration; swap_bandwidth_gb_s, default 8, prices it)
 ///   expert_timeout_ms = 10000          #   optional, 1..600000, default 10000: how long an MoE
 ///                                      #   layer waits for its expert shards' answers
+///   expert_window_steps = 0            #   optional, 0..1000000, default 0 (off): with expert
+///                                      #   shards, move experts when a window of this many steps
+///                                      #   is imbalanced (docs/moe.md "Reassignment")
+///   expert_capacity = 0                #   optional, 0..1024, default 0 (the most experts any of
+///                                      #   its shards holds, plus one): experts per layer a
+///                                      #   shard may hold after a move
+///   expert_moe_lb_max = 1.15           #   optional, 1..1000, default 1.15: move only for a
+///                                      #   window whose moe_lb is above it
+///   expert_move_steps_max = 4          #   optional, 1..1000000, default 4: steps a move's copy
+///                                      #   may take before the executor waits for it
 ///
 ///   [[expert_shard]]                   # zero or more (docs/moe.md): expert-shard actors that
 ///                                      #   compute an MoE engine's experts; without any, the
@@ -180,6 +190,12 @@ struct engine_spec {
   int32_t executor_threads = 1;
   std::string step_log;        ///< the executor logs every step here (troupe calibrate --log); "" = off
   int32_t expert_timeout_ms = 10000;  ///< how long an MoE layer waits for its expert shards
+  /// Reassignment of its expert shards' experts (moe::reassignment_options): off with 0 window
+  /// steps; capacity 0 = the most experts any of its shards holds, plus one.
+  int32_t expert_window_steps = 0;
+  int32_t expert_capacity = 0;
+  double expert_moe_lb_max = 1.15;
+  int32_t expert_move_steps_max = 4;
 };
 
 /// An expert-shard actor holding some experts of an MoE engine's model, in every layer.
