@@ -11,33 +11,12 @@
 #include "sim/sim_topology.hpp"
 #include "sim/simulation.hpp"
 #include "sim/workload.hpp"
+#include "tests/support/tiny_sim_topology.hpp"
 
 namespace troupe::sim {
 namespace {
 
-const char* tiny_topology = R"([model]
-name = "tiny"
-n_layers = 2
-dim = 64
-n_heads = 8
-n_kv_heads = 4
-vocab_size = 512
-max_context = 512
-
-[hardware]
-kv_memory_gib = 0.01
-
-[engine]
-block_size = 16
-max_num_batched_tokens = 256
-max_num_seqs = 64
-
-[cost]
-step_ns = 1000
-token_ns = 10
-sampled_row_ns = 100
-attention_token_ns = 1
-)";
+constexpr const char* tiny_topology = troupe::testing::tiny_sim_topology;
 
 /// Every token to every expert (top_k = n_experts): each of the 2 shards computes 2 rows per token
 /// per layer, whatever the draws.

@@ -23,6 +23,7 @@
 #include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/tiny_sim_topology.hpp"
 
 namespace troupe::sim {
 namespace {
@@ -44,29 +45,7 @@ TEST(Sha256, KnownAnswers) {  // FIPS 180-4 examples
   EXPECT_EQ(pieces.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
-const char* tiny_topology = R"([model]
-name = "tiny"
-n_layers = 2
-dim = 64
-n_heads = 8
-n_kv_heads = 4
-vocab_size = 512
-max_context = 512
-
-[hardware]
-kv_memory_gib = 0.01
-
-[engine]
-block_size = 16
-max_num_batched_tokens = 256
-max_num_seqs = 64
-
-[cost]
-step_ns = 1000
-token_ns = 10
-sampled_row_ns = 100
-attention_token_ns = 1
-)";
+constexpr const char* tiny_topology = troupe::testing::tiny_sim_topology;
 
 sim_options options(const sim_topology& t, std::vector<trace_request> workload, uint64_t seed) {
   sim_options o;
