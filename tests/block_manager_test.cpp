@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -16,6 +17,7 @@ struct block_manager_tamper {
   std::vector<block_id>& prev() { return bm.free_prev_; }
   std::vector<int32_t>& refcount() { return bm.refcount_; }
   int32_t& num_free() { return bm.num_free_blocks_; }
+  void flip_last_cache_event() { bm.cache_log_.back().cached = !bm.cache_log_.back().cached; }
 };
 
 namespace {
@@ -286,6 +288,75 @@ TEST(BlockManager, AnInsertedBlockIsAFreeCachedBlockThatAPrefixHits) {
   bm.check_invariants();
 }
 
+/// `hashes` ascending (cache_events' order).
+std::vector<uint64_t> sorted(std::vector<uint64_t> hashes) {
+  std::sort(hashes.begin(), hashes.end());
+  return hashes;
+}
+
+TEST(BlockManager, CacheEventsAreTheNetChangeOfTheCachedHashesBetweenTakes) {
+  auto bm = make(4, 4);
+  const auto a = token_range(8, 0), b = token_range(16, 100), c = token_range(4, 200);
+  const std::vector<uint64_t> ha = chain_hashes(a, 4), hb = chain_hashes(b, 4);
+  const uint64_t hc = chain_hashes(c, 4)[0];
+  allocate_new(bm, 1, 8);
+  bm.commit(1, a, 8);  // blocks 0 1 cached as a's
+  cache_events e = bm.take_cache_events();
+  EXPECT_EQ(e.added, sorted(ha));
+  EXPECT_TRUE(e.removed.empty());
+  EXPECT_FALSE(e.overflowed);
+  EXPECT_TRUE(bm.take_cache_events().added.empty());  // taken once
+  bm.free(1);
+  allocate_new(bm, 2, 16);  // takes 2 3, then evicts a's blocks 1 0
+  bm.commit(2, b, 16);
+  bm.check_invariants();
+  e = bm.take_cache_events();
+  EXPECT_EQ(e.added, sorted(hb));
+  EXPECT_EQ(e.removed, sorted(ha));
+  // Cached and evicted between two takes: in neither list. free(2) queues 0 1 3 2.
+  bm.free(2);
+  allocate_new(bm, 3, 4);  // block 0: evicts b's last block
+  bm.commit(3, c, 4);
+  bm.free(3);  // the queue: 1 3 2 0
+  allocate_new(bm, 4, 16);  // evicts b's blocks 2 1 0 and c's
+  bm.check_invariants();
+  e = bm.take_cache_events();
+  EXPECT_TRUE(e.added.empty());
+  EXPECT_EQ(e.removed, sorted(hb));
+  EXPECT_TRUE(bm.cached_hashes().empty());
+  // A block from a lower tier enters the cache too.
+  bm.free(4);
+  bm.insert_cached(root_hash_seed, c);
+  e = bm.take_cache_events();
+  EXPECT_EQ(e.added, (std::vector<uint64_t>{hc}));
+  EXPECT_TRUE(e.removed.empty());
+  EXPECT_EQ(bm.cached_hashes(), (std::vector<uint64_t>{hc}));
+  bm.check_invariants();
+}
+
+TEST(BlockManager, PastTwiceThePoolInEventsTheLogIsDroppedAndTheTakeSaysOverflowed) {
+  auto bm = make(2, 4);  // at most 4 events kept
+  const auto a = token_range(8, 0), b = token_range(8, 100);
+  allocate_new(bm, 1, 8);
+  bm.commit(1, a, 8);  // 2 events
+  bm.free(1);
+  allocate_new(bm, 2, 8);  // 2 evictions: 4 events, the bound
+  bm.check_invariants();
+  bm.commit(2, b, 8);  // 2 more: over
+  bm.check_invariants();
+  cache_events e = bm.take_cache_events();
+  EXPECT_TRUE(e.overflowed);
+  EXPECT_TRUE(e.added.empty() && e.removed.empty());
+  EXPECT_EQ(bm.cached_hashes(), sorted(chain_hashes(b, 4)));  // what the consumer starts over from
+  // Taken: logging starts afresh.
+  bm.free(2);
+  allocate_new(bm, 3, 4);  // evicts b's last block (the queue's front)
+  e = bm.take_cache_events();
+  EXPECT_FALSE(e.overflowed);
+  EXPECT_EQ(e.removed, (std::vector<uint64_t>{chain_hashes(b, 4)[1]}));
+  bm.check_invariants();
+}
+
 TEST(BlockManager, RefreshMovesAHitsFreeBlocksToTheBackHeadLast) {
   auto bm = make(5, 4);
   const auto a = token_range(12, 0);  // 3 full blocks
@@ -501,6 +572,15 @@ TEST(BlockManagerDeathTest, TheStructuralCheckCatchesEachCorruption) {
     block_manager_tamper{bm}.num_free() = 4;
     EXPECT_DEATH(bm.check_structure(), "free block count is off");
   }
+}
+
+TEST(BlockManagerDeathTest, TheInvariantCheckCatchesACacheLogThatDisagreesWithTheIndex) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto bm = make(4, 4);
+  allocate_new(bm, 1, 8);
+  bm.commit(1, token_range(8, 0), 8);
+  block_manager_tamper{bm}.flip_last_cache_event();  // says block 1's hash left the index
+  EXPECT_DEATH(bm.check_invariants(), "the cache log disagrees with the index");
 }
 
 TEST(BlockManagerDeathTest, TheStepCheckCatchesCorruptionOfWhatChanged) {

@@ -191,6 +191,7 @@ block_id block_manager::pop_fresh_block() {
     }
     hash_index_.erase(block_hash_[block]);
     has_hash_[block] = 0;
+    log_cache_event(block_hash_[block], false);
     ++num_evictions_;
   }
   refcount_[block] = 1;
@@ -264,13 +265,31 @@ void block_manager::register_block(sequence_state& state, const std::vector<int3
     return;
   }
   // One block per hash: a duplicate of an indexed block stays unhashed.
-  if (!hash_index_.insert(hash, block)) return;
+  if (hash_index_.find(hash) != hash_index::none) return;
+  cache_block(block, hash, parent, block_tokens);
+}
+
+void block_manager::cache_block(block_id block, uint64_t hash, uint64_t parent_hash, const int32_t* block_tokens) {
+  TROUPE_ASSERT(!has_hash_[block]);
+  const bool indexed = hash_index_.insert(hash, block);
+  TROUPE_ASSERT_MSG(indexed, "a chain hash is indexed once");
   mark_changed(block);
   has_hash_[block] = 1;
   block_hash_[block] = hash;
-  parent_hash_[block] = parent;
+  parent_hash_[block] = parent_hash;
   std::copy(block_tokens, block_tokens + config_.block_size,
             &block_tokens_[static_cast<size_t>(block) * config_.block_size]);
+  log_cache_event(hash, true);
+}
+
+void block_manager::log_cache_event(uint64_t hash, bool cached) {
+  if (cache_log_overflowed_) return;
+  if (cache_log_.size() == 2 * static_cast<size_t>(config_.num_blocks)) {
+    cache_log_overflowed_ = true;
+    cache_log_.clear();
+    return;
+  }
+  cache_log_.push_back(cache_event{hash, cached});
 }
 
 void block_manager::commit(seq_id seq, const std::vector<int32_t>& tokens,
@@ -346,12 +365,7 @@ block_id block_manager::insert_cached(uint64_t parent_hash, const std::vector<in
   const uint64_t hash = block_hash(parent_hash, tokens.data());
   TROUPE_ASSERT_MSG(!has_block(hash), "insert_cached: the block is cached already");
   const block_id block = pop_fresh_block();
-  const bool indexed = hash_index_.insert(hash, block);
-  TROUPE_ASSERT(indexed);
-  has_hash_[block] = 1;
-  block_hash_[block] = hash;
-  parent_hash_[block] = parent_hash;
-  std::copy(tokens.begin(), tokens.end(), &block_tokens_[static_cast<size_t>(block) * config_.block_size]);
+  cache_block(block, hash, parent_hash, tokens.data());
   release(block);  // refcount 1 -> 0: the back of the free queue
   return block;
 }
@@ -374,6 +388,36 @@ std::vector<evicted_block> block_manager::take_evictions() {
   return out;
 }
 
+cache_events block_manager::take_cache_events() {
+  cache_events out;
+  out.overflowed = cache_log_overflowed_;
+  // Per hash its first and last event: the events of one hash alternate (the index holds a hash
+  // at most once), so it was cached before the first if that one removed it, and is cached
+  // after the last if that one added it.
+  std::map<uint64_t, std::pair<bool, bool>> first_last;  // hash -> (first cached, last cached)
+  for (const cache_event& e : cache_log_) {
+    auto [it, fresh] = first_last.try_emplace(e.hash, e.cached, e.cached);
+    if (!fresh) it->second.second = e.cached;
+  }
+  for (const auto& [hash, events] : first_last) {
+    const bool before = !events.first, after = events.second;
+    if (before == after) continue;
+    (after ? out.added : out.removed).push_back(hash);
+  }
+  cache_log_.clear();
+  cache_log_overflowed_ = false;
+  return out;
+}
+
+std::vector<uint64_t> block_manager::cached_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(hash_index_.size());
+  for (block_id b = 0; b < config_.num_blocks; ++b)
+    if (has_hash_[b]) out.push_back(block_hash_[b]);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 expected<void> block_manager::try_free(seq_id seq) {
   if (!contains(seq)) return fail(errc::not_found, "unknown sequence id " + std::to_string(seq));
   free(seq);
@@ -386,6 +430,7 @@ void block_manager::check_invariants() const {
   check_structure();
   check_free_queue();
   check_hash_index();
+  check_cache_log();
   for (block_id b = 0; b < config_.num_blocks; ++b) {
     if (!has_hash_[b]) continue;
     const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
@@ -526,6 +571,22 @@ void block_manager::check_hash_index() const {
     TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
     TROUPE_ASSERT_MSG(has_hash_[b] && block_hash_[b] == hash, "index entry without its block");
   });
+}
+
+/// The log is within its bound (empty once dropped), each hash's events alternate, and a hash's
+/// last event says whether the index holds it now.
+void block_manager::check_cache_log() const {
+  TROUPE_ASSERT(cache_log_.size() <= 2 * static_cast<size_t>(config_.num_blocks));
+  TROUPE_ASSERT(!cache_log_overflowed_ || cache_log_.empty());
+  std::map<uint64_t, bool> last;  // hash -> its last event cached it
+  for (const cache_event& e : cache_log_) {
+    auto [it, fresh] = last.try_emplace(e.hash, e.cached);
+    if (fresh) continue;
+    TROUPE_ASSERT_MSG(it->second != e.cached, "a hash's cache events do not alternate");
+    it->second = e.cached;
+  }
+  for (const auto& [hash, cached] : last)
+    TROUPE_ASSERT_MSG(cached == has_block(hash), "the cache log disagrees with the index");
 }
 
 /// Tables cover num_tokens slots exactly; registered hashes cover only full blocks.

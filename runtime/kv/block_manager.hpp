@@ -34,6 +34,14 @@
 /// way back up: a block from a lower tier becomes a free cached block at the back of the free
 /// queue, as if a sequence had just freed it, so a later `find_prefix` hits it.
 ///
+/// Cache events (issue 14, the balancer's prefix directory). Every chain hash entering the
+/// index (`commit`, `insert_cached`) or leaving it (an eviction) is logged; `take_cache_events`
+/// returns the net change since the last take — a hash cached and evicted in between appears in
+/// neither list — so a consumer that applies each take to its copy of the cached hashes holds
+/// exactly `cached_hashes()`. The log is bounded: past 2 × num_blocks events (a snapshot is no
+/// larger than that) it is dropped and the take says `overflowed`; the consumer then starts over
+/// from `cached_hashes()`.
+///
 /// Determinism: per-sequence state lives in a `std::map`; the hash index (kv::hash_index) is
 /// only looked up, never iterated to make a decision.
 
@@ -64,6 +72,15 @@ struct evicted_block {
   uint64_t hash = 0;
   uint64_t parent_hash = 0;
   std::vector<int32_t> tokens;  ///< (block_size)
+};
+
+/// The prefix cache's net change since the last take_cache_events: hashes now cached that were
+/// not, and hashes cached then that are not now (disjoint, each ascending). `overflowed`: the
+/// log outgrew its bound and was dropped; both lists are empty and only cached_hashes() tells.
+struct cache_events {
+  std::vector<uint64_t> added;
+  std::vector<uint64_t> removed;
+  bool overflowed = false;
 };
 
 /// The longest cached prefix of a token list: block ids in order, covering `num_tokens` tokens.
@@ -135,6 +152,11 @@ class block_manager {
   /// The evictions since the last call, in order (always empty without record_evictions).
   [[nodiscard]] std::vector<evicted_block> take_evictions();
 
+  /// The cache events since the last call (see the header comment); starts the log over.
+  [[nodiscard]] cache_events take_cache_events();
+  /// Every chain hash the index holds, ascending.
+  [[nodiscard]] std::vector<uint64_t> cached_hashes() const;
+
   /// `free` for ids that come from users: errc::not_found if `seq` does not exist.
   [[nodiscard]] expected<void> try_free(seq_id seq);
 
@@ -203,6 +225,9 @@ class block_manager {
   void acquire(block_id block);
   void release(block_id block);
   void register_block(sequence_state& state, const std::vector<int32_t>& tokens);
+  /// Indexes `block` under `hash` (not indexed yet) with its parent and tokens.
+  void cache_block(block_id block, uint64_t hash, uint64_t parent_hash, const int32_t* block_tokens);
+  void log_cache_event(uint64_t hash, bool cached);
 
   void mark_changed(block_id block);
   void mark_changed(seq_id seq);
@@ -214,6 +239,7 @@ class block_manager {
   void check_refcounts() const;
   void check_hash_index() const;
   void check_sequences() const;
+  void check_cache_log() const;
 
   block_manager_config config_;
   std::vector<int32_t> refcount_;          // (num_blocks)
@@ -229,6 +255,12 @@ class block_manager {
   std::map<seq_id, sequence_state> sequences_;
   int64_t num_evictions_ = 0;
   std::vector<evicted_block> evictions_;   // since take_evictions, with record_evictions
+  struct cache_event {
+    uint64_t hash = 0;
+    bool cached = false;  // entered the index (else left it)
+  };
+  std::vector<cache_event> cache_log_;     // since take_cache_events, at most 2 * num_blocks
+  bool cache_log_overflowed_ = false;      // dropped since take_cache_events: nothing more is logged
   // Changes since the last check_step: each changed block once (flagged in block_changed_),
   // and the sequences changed (repeats, and ids freed since, are fine). Past
   // num_changed_sequences_max the list is dropped and the next check_step checks everything.
