@@ -127,19 +127,25 @@ typename Inspector::result_type inspect(Inspector& f, kv_arrived& x) {
   return f(x.tag, x.bytes, x.error);
 }
 
-/// Balancer -> engine: report your load to `balancer` at most every `interval_ms`.
+/// Balancer -> engine: report your load to `balancer` at most every `interval_ms`; with
+/// `cache_events`, also your pool's cached chain hashes, starting with a snapshot (sent again
+/// when the balancer lost track of them: the next report is a snapshot).
 struct report_to {
   actors::balancer_actor balancer;
   int32_t engine_index = 0;
   int32_t interval_ms = 20;
+  bool cache_events = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, report_to& x) {
-  return f(x.balancer, x.engine_index, x.interval_ms);
+  return f(x.balancer, x.engine_index, x.interval_ms, x.cache_events);
 }
 
-/// Engine -> balancer: a load report.
+/// Engine -> balancer: a load report. With cache events (report_to), report `cache_seq` also
+/// says which chain hashes its pool holds: all of them (`cache_snapshot`) or the change since
+/// report cache_seq - 1 (runtime/engine/engine_host.hpp, report_load). The balancer bounds the
+/// counts by the engine's capacity in blocks and asks again when a report went missing.
 struct load_report {
   int32_t engine_index = 0;
   int64_t num_received = 0;            ///< requests and handoffs received so far
@@ -147,11 +153,16 @@ struct load_report {
   int64_t num_kv_tokens = 0;           ///< KV slots held by unfinished requests
   int64_t num_queued_prefill_tokens = 0;  ///< prompt tokens not computed yet
   bool draining = false;  ///< its node is shutting down: it takes no new work
+  uint64_t cache_seq = 0;  ///< 0: no cache events in this report
+  bool cache_snapshot = false;
+  std::vector<uint64_t> cached_added{};
+  std::vector<uint64_t> cached_removed{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_report& x) {
-  return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens, x.draining);
+  return f(x.engine_index, x.num_received, x.num_requests, x.num_kv_tokens, x.num_queued_prefill_tokens, x.draining,
+           x.cache_seq, x.cache_snapshot, x.cached_added, x.cached_removed);
 }
 
 /// Balancer -> request: `engine`, placed to serve the request, is lost (its node died, became

@@ -208,8 +208,10 @@ struct performer {
   }
   void operator()(engine::hand_off& h) const { hand_off(self, h); }
   void operator()(engine::report_load& l) const {
-    post(self, self->state.balancer, msg::load_report{l.engine_index, l.num_received, l.num_requests,
-                                                      l.num_kv_tokens, l.num_queued_prefill_tokens, l.draining});
+    post(self, self->state.balancer,
+         msg::load_report{l.engine_index, l.num_received, l.num_requests, l.num_kv_tokens,
+                          l.num_queued_prefill_tokens, l.draining, l.cache_seq, l.cache_snapshot,
+                          std::move(l.cached_added), std::move(l.cached_removed)});
   }
   void operator()(engine::arm_report_timer& a) const {
     self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);
@@ -468,7 +470,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)
         self->state.balancer = std::move(r.balancer);
         const int64_t interval_ns = int64_t{std::max(1, r.interval_ms)} * 1000000;
-        perform(self, self->state.host->report_to(r.engine_index, interval_ns, now_ns(self)));
+        perform(self, self->state.host->report_to(r.engine_index, interval_ns, now_ns(self), r.cache_events));
       },
       [=](report_atom) { perform(self, self->state.host->report_timer(now_ns(self))); },
       [=](stats_atom) { return report(self); },

@@ -186,6 +186,16 @@ void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
   arm_rejoin(self);
 }
 
+/// Asks engine `index` for load reports (with its pool's cache events when the host wants them:
+/// a snapshot first); none without a report interval.
+void ask_reports(load_balancer_t* self, size_t index) {
+  const load_balancer_state& st = self->state;
+  if (st.o.report_interval_ms <= 0) return;
+  self->send(st.o.engines[index].actor,
+             msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index), st.o.report_interval_ms,
+                            st.host->wants_cache_events(index)});
+}
+
 /// The node at host:port listed `engines`: its lost engines of the topology are these now
 /// (a restarted node's new actors; a frozen node that woke up lists the same ones).
 void take_back(load_balancer_t* self, const std::string& host, uint16_t port, const engine_list& engines) {
@@ -203,9 +213,7 @@ void take_back(load_balancer_t* self, const std::string& host, uint16_t port, co
       self->monitor(e.actor);
     }
     st.host->rejoined(i, ns_since_epoch(self->clock().now()));
-    if (st.o.report_interval_ms > 0)
-      self->send(e.actor, msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(i),
-                                         st.o.report_interval_ms});
+    ask_reports(self, i);
     spdlog::info("load balancer: {} answers again: taken into service", where(e));
   }
 }
@@ -280,7 +288,7 @@ void on_heartbeat(load_balancer_t* self) {
 
 /// A load report counts only from the engine it names: a forged one could starve an engine of
 /// work for good, or pile it all on one.
-void on_report(load_balancer_t* self, const msg::load_report& r) {
+void on_report(load_balancer_t* self, msg::load_report& r) {
   const std::vector<balanced_engine>& engines = self->state.o.engines;
   const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
   if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size() ||
@@ -291,8 +299,17 @@ void on_report(load_balancer_t* self, const msg::load_report& r) {
   }
   const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens,
                                       r.draining};
-  if (!self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now())))
-    spdlog::warn("load balancer: ignored a load report for engine {} with a negative count", r.engine_index);
+  const balance::pool_events cache{r.cache_seq, r.cache_snapshot, std::move(r.cached_added),
+                                   std::move(r.cached_removed)};
+  switch (self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()), cache)) {
+    case balance::report_outcome::ignored:
+      spdlog::warn("load balancer: ignored a load report for engine {} with a count out of range", r.engine_index);
+      return;
+    case balance::report_outcome::resync:
+      return ask_reports(self, static_cast<size_t>(r.engine_index));
+    case balance::report_outcome::taken:
+      return;
+  }
 }
 
 balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load_balancer_options options) {
@@ -304,15 +321,13 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
     const balanced_engine& e = st.o.engines[i];
     specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, e.block_size, where(e)});
     self->monitor(e.actor);
-    if (st.o.report_interval_ms > 0)
-      self->send(e.actor, msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(i),
-                                         st.o.report_interval_ms});
   }
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
   if (st.o.rate_limit_per_s > 0) st.rate_limit.emplace(st.o.rate_limit_per_s, st.o.rate_limit_burst);
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
                   balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight});
+  for (size_t i = 0; i < st.o.engines.size(); i++) ask_reports(self, i);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   guard_boundary(self);
   if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);
@@ -323,7 +338,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
         return admit_request(self, s.request, std::move(client), s.stream);
       },
       [=](const msg::place_request& p) { return place(self, p); },
-      [=](const msg::load_report& r) { on_report(self, r); },
+      [=](msg::load_report& r) { on_report(self, r); },
       [=](heartbeat_atom) {
         // Its own timer only: each forged one would start another heartbeat chain, forever.
         if (self->current_sender() == self->ctrl()) return on_heartbeat(self);

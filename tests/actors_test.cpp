@@ -1047,6 +1047,57 @@ TEST_F(ActorsDeterministic, PrefixAffinitySendsAContinuationToTheEngineHoldingIt
   EXPECT_EQ(affinity.cached_tokens, (std::vector<int32_t>{32, 32}));
 }
 
+TEST_F(ActorsDeterministic, PrefixAffinityCreditsAnEngineOnlyWithWhatItsPoolStillHolds) {
+  sched_.clock().current_time += 1h;
+  // Engine 1's pool has 8 blocks (128 tokens): one long generation there evicts all it held.
+  actors::engine_list engines;
+  engines.push_back(engines_.emplace_back(spawn_engine_or_die(sys_, engine_opts(false))));
+  engines.push_back(engines_.emplace_back(spawn_engine_or_die(sys_, engine_opts(false, 8))));
+  actors::load_balancer_options o;
+  o.engines = actors::mixed_engines(engines);
+  o.engines[1].kv_capacity_tokens = 8 * 16;
+  o.tok = bundled_shared().tok;
+  o.router = "prefix_affinity";
+  lb_ = actors::spawn_load_balancer(sys_, std::move(o));
+  sched_.run();
+  // Two requests at once: the first goes to engine 0, the second (engine 0 being busy) to 1.
+  auto at_once = [&](std::vector<std::pair<std::string, int32_t>> prompts) {
+    std::vector<msg::completion_request> requests;
+    std::vector<std::shared_ptr<client_log>> logs;
+    for (auto& [prompt, max_tokens] : prompts) {
+      requests.push_back(make_completion(prompt, max_tokens, 1));
+      requests.back().ignore_eos = true;
+      logs.push_back(submit(requests.back()));
+    }
+    run_ticking();
+    for (size_t i = 0; i < logs.size(); i++) {
+      ASSERT_TRUE(logs[i]->outcome && logs[i]->outcome->has_value()) << prompts[i].first;
+      expect_matches(**logs[i]->outcome, reference(oracle_, requests[i]), prompts[i].first);
+    }
+    sched_.advance_time(100ms);  // the engines' last reports (on a timer) reach the balancer
+    run_ticking();
+  };
+  auto generated = [&](size_t engine) { return report(engine).num_generated_tokens; };
+  const std::string y = "Tom had a big red ball. He liked to kick it high into the sky and watch it fall down.";
+  const std::string q = "The sun was hot and the grass was green, so the little cat";
+  at_once({{"Once upon a time, there was a little girl named Lily.", 3}, {y, 5}});
+  ASSERT_EQ(generated(1), 5);  // Y is on engine 1, whose pool keeps its blocks
+  // Q's 100 generated tokens fill engine 1's pool: Y's blocks are evicted there.
+  at_once({{"Lily saw a bird.", 2}, {q, 100}});
+  ASSERT_EQ(generated(1), 5 + 100);
+  // Y's continuation: engine 1's pool no longer holds Y's prefix, so nothing credits it there;
+  // both engines idle, it goes to engine 0 (the lower index), which computes it all.
+  msg::completion_request y_more = make_completion(y + " Then his dog came.", 4, 2);
+  y_more.ignore_eos = true;
+  EXPECT_EQ(run_and_check(y_more, "Y's continuation").end.num_cached_tokens, 0);
+  EXPECT_EQ(generated(0), 3 + 2 + 4);
+  // Q's continuation: engine 1's pool still holds Q's first block, which credits engine 1.
+  msg::completion_request q_more = make_completion(q + " sat in the shade.", 4, 3);
+  q_more.ignore_eos = true;
+  EXPECT_EQ(run_and_check(q_more, "Q's continuation").end.num_cached_tokens, 16);
+  EXPECT_EQ(generated(1), 5 + 100 + 4);
+}
+
 TEST_F(ActorsDeterministic, ServingDrawsUnguessableRequestIds) {
   actors::load_balancer_options o;
   EXPECT_FALSE(o.draw_request_id) << "sequential unless a caller draws ids";

@@ -49,7 +49,11 @@ std::string describe(const effects& fx) {
     }
     void operator()(const report_load& r) {
       o << "report(e" << r.engine_index << " received " << r.num_received << " requests " << r.num_requests << " kv "
-        << r.num_kv_tokens << " prefill " << r.num_queued_prefill_tokens << (r.draining ? " draining" : "") << ")";
+        << r.num_kv_tokens << " prefill " << r.num_queued_prefill_tokens << (r.draining ? " draining" : "");
+      if (r.cache_seq > 0)
+        o << " cache #" << r.cache_seq << (r.cache_snapshot ? " snapshot" : "") << " +" << r.cached_added.size()
+          << " -" << r.cached_removed.size();
+      o << ")";
     }
     void operator()(const forward& f) { o << "forward(r" << f.id << (f.to_caller ? " to caller" : "") << ")"; }
     void operator()(const arm_report_timer& a) { o << "timer(" << a.delay_ns << ")"; }
@@ -429,6 +433,37 @@ TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
   EXPECT_TRUE(ex.in_flight.empty());
   EXPECT_EFFECTS(host->peer_down(1, 9000), effects{});
   EXPECT_EFFECTS(host->release(1, 9000), (effects{report_load{3, 2, 0, 0, 0}}));  // a release always counts
+}
+
+TEST(EngineHost, ReportsCarryThePoolsCachedHashesFromASnapshotOn) {
+  auto host = make_host(tiny_options());
+  fake_executor ex;
+  const uint64_t h0 = kv::chain_hashes({1, 5, 6, 7}, 4)[0];  // the prompt's one full block
+  // With cache events, reporting starts with a snapshot: the pool holds nothing.
+  EXPECT_EFFECTS(host->report_to(0, 1000, 0, true), (effects{report_load{0, 0, 0, 0, 0, false, 1, true, {}, {}}}));
+  ex.take_plans(host->submit(make_request(1, 1), 10));
+  while (!ex.in_flight.empty()) ex.answer(*host, 20);
+  EXPECT_FALSE(host->is_live(1));
+  // The next report: the change since the snapshot.
+  EXPECT_EFFECTS(host->report_timer(1000), (effects{report_load{0, 1, 0, 0, 0, false, 2, false, {h0}, {}}}));
+  // Asked again (a balancer that lost track): a snapshot at once.
+  EXPECT_EFFECTS(host->report_to(0, 1000, 1500, true), (effects{report_load{0, 1, 0, 0, 0, false, 3, true, {h0}, {}}}));
+  // An executor failure empties the pool: the next report is a snapshot of the new one.
+  ex.take_plans(host->submit(make_request(2, 4), 1600));
+  const effects failed = ex.take_plans(host->executor_failed(host->generation(), "boom", 1700));
+  EXPECT_TRUE(effects_of<report_load>(failed).empty());
+  ex.in_flight.clear();  // the old executor's plans are lost
+  const std::vector<report_load> after = effects_of<report_load>(host->report_timer(2500));
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].cache_seq, 4u);
+  EXPECT_TRUE(after[0].cache_snapshot);
+  EXPECT_TRUE(after[0].cached_added.empty());
+  // Without cache events (report_to's default) the reports carry none.
+  const std::vector<report_load> plain = effects_of<report_load>(host->report_to(0, 1000, 3000, false));
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain[0].cache_seq, 0u);
+  EXPECT_FALSE(plain[0].cache_snapshot);
+  EXPECT_TRUE(plain[0].cached_added.empty() && plain[0].cached_removed.empty());
 }
 
 /// What each request got on a host over the bundled model's real executor, whose executor

@@ -242,8 +242,8 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::prefilled{6});
   expect_round_trip(msg::kv_handoff{full_engine_request(), some<actors::request_actor>(), {1, 2, 3}, 7});
   expect_round_trip(msg::kv_arrived{7, {1, 2}, "lost"});
-  expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30});
-  expect_round_trip(msg::load_report{1, 2, 3, 4, 5, true});
+  expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30, true});
+  expect_round_trip(msg::load_report{1, 2, 3, 4, 5, true, 7, true, {8, 9}, {10}});
   expect_round_trip(msg::engine_lost{some<actors::engine_actor>(), "silent"});
   expect_round_trip(msg::forwarded{3, "drained", {1, 2, 3}});
   engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}, {{{5, 6}, 20}}, {1.5, 2.5}};

@@ -77,7 +77,6 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
     for (size_t i = 0; i < engines_.size(); i++)
       r.cached_tokens.push_back(prefixes_->cached_blocks(i, prefix_hashes) * prefix_block_size_);
   const placement chosen = router_->choose(loads, c, r);
-  if (prefixes_) prefixes_->record(chosen.prefill.value_or(chosen.decode), prefix_hashes);
   engine_entry& d = engines_[chosen.decode];
   d.load.num_requests++;
   routed_[key] = routed_request{chosen.decode, chosen.prefill};
@@ -88,6 +87,8 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
   } else {
     charge(d, tokens, tokens);
   }
+  const size_t computes = chosen.prefill.value_or(chosen.decode);
+  if (prefixes_) prefixes_->record(computes, prefix_hashes, engines_[computes].num_sent);
   return chosen;
 }
 
@@ -99,17 +100,35 @@ bool balancer_host::request_ended(request_key key) {
   return true;
 }
 
-bool balancer_host::on_report(int32_t engine, const engine_report& r, int64_t now_ns) {
-  if (engine < 0 || static_cast<size_t>(engine) >= engines_.size()) return false;
+report_outcome balancer_host::on_report(int32_t engine, const engine_report& r, int64_t now_ns,
+                                        const pool_events& cache) {
+  if (engine < 0 || static_cast<size_t>(engine) >= engines_.size()) return report_outcome::ignored;
+  const auto i = static_cast<size_t>(engine);
   if (r.num_received < 0 || r.num_requests < 0 || r.num_kv_tokens < 0 || r.num_queued_prefill_tokens < 0)
-    return false;
-  engine_entry& e = engines_[static_cast<size_t>(engine)];
-  if (liveness_) liveness_->heard_from(static_cast<size_t>(engine), now_ns);
+    return report_outcome::ignored;
+  const bool has_cache = cache.seq > 0 && wants_cache_events(i);
+  if (has_cache && !cache_events_fit(i, cache)) return report_outcome::ignored;
+  engine_entry& e = engines_[i];
+  if (liveness_) liveness_->heard_from(i, now_ns);
   if (r.draining) e.load.draining = true;
-  if (r.num_received < e.report.num_received) return true;  // reordered: keep the newer
+  // Reordered: keep the newer (its cache events, skipped, leave a gap the next report shows).
+  if (r.num_received < e.report.num_received) return report_outcome::taken;
   e.report = r;
   refresh(e);
-  return true;
+  if (!has_cache || !e.load.alive) return report_outcome::taken;
+  const pool_sync sync = prefixes_->apply(i, cache);
+  prefixes_->covered(i, r.num_received);
+  return sync == pool_sync::ask_snapshot ? report_outcome::resync : report_outcome::taken;
+}
+
+bool balancer_host::cache_events_fit(size_t engine, const pool_events& r) const {
+  const int64_t capacity = prefixes_->capacity_blocks(engine);
+  return static_cast<int64_t>(r.added.size()) <= capacity && static_cast<int64_t>(r.removed.size()) <= capacity &&
+         (!r.snapshot || r.removed.empty());
+}
+
+bool balancer_host::wants_cache_events(size_t engine) const {
+  return prefixes_.has_value() && engines_.at(engine).spec.block_size == prefix_block_size_;
 }
 
 void balancer_host::mark_draining(size_t engine) { engines_.at(engine).load.draining = true; }
@@ -177,7 +196,8 @@ void balancer_host::check_invariants() const {
   if (prefixes_) {
     TROUPE_ASSERT(prefixes_->num_engines() == engines_.size());
     for (size_t i = 0; i < engines_.size(); i++)
-      if (!engines_[i].load.alive) TROUPE_ASSERT(prefixes_->num_blocks(i) == 0);
+      if (!engines_[i].load.alive)
+        TROUPE_ASSERT(prefixes_->num_placed_blocks(i) == 0 && prefixes_->num_pool_blocks(i) == 0);
     prefixes_->check_invariants();
   }
 }

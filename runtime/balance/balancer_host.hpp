@@ -20,8 +20,12 @@
 /// blocks of the smallest engine block size (`prefix_block_size`), each engine's set bounded by
 /// its KV capacity in those blocks. Before choosing, each engine's cached prefix of the prompt
 /// is looked up; after, the prompt's chain is recorded on the engine that computes it (the
-/// prefill engine of a disaggregated request, else the decode engine). A lost engine's set is
-/// dropped.
+/// prefill engine of a disaggregated request, else the decode engine) as that engine's work
+/// item. An engine whose block size is the directory's reports its pool's cached hashes
+/// (`wants_cache_events`); a live engine's report applies them, checked where they enter (no
+/// more than its capacity in blocks each way, none removed by a snapshot), and then covers the
+/// placed prompts it has received. A report that leaves the directory out of sync asks the
+/// caller for a snapshot (report_outcome::resync). A lost engine's set is dropped.
 ///
 /// Liveness (with a heartbeat timeout): every report and every pong is news from an engine;
 /// `heartbeat` returns the engines silent for longer than the timeout (balance::liveness). A
@@ -63,6 +67,13 @@ struct engine_report {
   bool draining = false;  ///< its node is shutting down: no new work for it from now on
 };
 
+/// What became of a load report.
+enum class report_outcome {
+  ignored,  ///< no such engine, or a count out of range
+  taken,
+  resync,   ///< taken, and the engine's cache events are out of sync: ask it for a snapshot
+};
+
 using request_key = uint64_t;
 
 class balancer_host {
@@ -81,10 +92,16 @@ class balancer_host {
                                           const std::vector<uint64_t>& prefix_hashes = {});
   /// The request `key` ended; false if it was never placed (or ended already).
   bool request_ended(request_key key);
-  /// A load report from engine `engine` (false, and ignored: no such engine, or a negative
-  /// count). Counts as news for the heartbeat. One that says `draining` ends the engine's new
-  /// work for good (even a reordered one: draining does not stop).
-  bool on_report(int32_t engine, const engine_report& r, int64_t now_ns);
+  /// A load report from engine `engine`, with its pool's cache events (seq 0: none); ignored:
+  /// no such engine, a negative count, or cache events beyond the engine's capacity. Counts as
+  /// news for the heartbeat. One that says `draining` ends the engine's new work for good (even
+  /// a reordered one: draining does not stop). Its cache events count only from a live engine
+  /// that wants_cache_events.
+  [[nodiscard]] report_outcome on_report(int32_t engine, const engine_report& r, int64_t now_ns,
+                                         const pool_events& cache = {});
+  /// Whether engine `engine`'s reports are to carry its pool's cache events: the router uses
+  /// prefixes and the engine's block size is prefix_block_size().
+  [[nodiscard]] bool wants_cache_events(size_t engine) const;
   /// Engine `engine` answered a ping.
   void heard_from(size_t engine, int64_t now_ns);
   /// The engines silent past the heartbeat timeout and not lost before, in index order: lost
@@ -134,6 +151,8 @@ class balancer_host {
   };
 
   static void refresh(engine_entry& e);
+  /// Whether `r`'s cache events stay within engine `engine`'s capacity (they come from another process).
+  [[nodiscard]] bool cache_events_fit(size_t engine, const pool_events& r) const;
   static void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens);
 
   std::vector<engine_entry> engines_;

@@ -234,6 +234,9 @@ class engine_core {
 
   /// Requests failed by complete_step since the last call, in the order they failed.
   [[nodiscard]] std::vector<failed_request> take_failed();
+  /// The pool's cache events since the last call (kv::block_manager::take_cache_events): what
+  /// the balancer's prefix directory learns from the load reports.
+  [[nodiscard]] kv::cache_events take_cache_events() { return blocks_->take_cache_events(); }
 
   [[nodiscard]] bool has_unfinished() const { return !requests_.empty(); }
   [[nodiscard]] bool contains(request_id id) const { return requests_.count(id) != 0; }

@@ -66,8 +66,9 @@ bool operator==(const hand_off& a, const hand_off& b) {
 
 bool operator==(const report_load& a, const report_load& b) {
   return std::tie(a.engine_index, a.num_received, a.num_requests, a.num_kv_tokens, a.num_queued_prefill_tokens,
-                  a.draining) == std::tie(b.engine_index, b.num_received, b.num_requests, b.num_kv_tokens,
-                                          b.num_queued_prefill_tokens, b.draining);
+                  a.draining, a.cache_seq, a.cache_snapshot, a.cached_added, a.cached_removed) ==
+         std::tie(b.engine_index, b.num_received, b.num_requests, b.num_kv_tokens, b.num_queued_prefill_tokens,
+                  b.draining, b.cache_seq, b.cache_snapshot, b.cached_added, b.cached_removed);
 }
 
 bool operator==(const forward& a, const forward& b) {
@@ -280,9 +281,24 @@ void engine_host::kick(effects& out, int64_t now_ns) {
 void engine_host::send_report(effects& out, int64_t now_ns) {
   reporting_->last_ns = now_ns;
   const engine_stats s = core_->stats();
-  out.push_back(report_load{reporting_->engine_index, num_received_, static_cast<int64_t>(requests_.size()),
-                            static_cast<int64_t>(s.num_blocks_in_use) * core_->config().block_size,
-                            core_->num_queued_prompt_tokens(), draining_});
+  report_load r{reporting_->engine_index, num_received_, static_cast<int64_t>(requests_.size()),
+                static_cast<int64_t>(s.num_blocks_in_use) * core_->config().block_size,
+                core_->num_queued_prompt_tokens(), draining_};
+  if (reporting_->cache_events) add_cache_events(r);
+  out.push_back(std::move(r));
+}
+
+void engine_host::add_cache_events(report_load& r) {
+  kv::cache_events events = core_->take_cache_events();
+  r.cache_seq = ++num_cache_reports_;
+  r.cache_snapshot = reporting_->snapshot_due || events.overflowed;
+  reporting_->snapshot_due = false;
+  if (r.cache_snapshot) {
+    r.cached_added = core_->blocks().cached_hashes();
+    return;
+  }
+  r.cached_added = std::move(events.added);
+  r.cached_removed = std::move(events.removed);
 }
 
 /// Something changed: report now, or once the interval since the last report has passed.
@@ -296,11 +312,13 @@ void engine_host::note_change(effects& out, int64_t now_ns) {
   out.push_back(arm_report_timer{reporting_->last_ns + reporting_->interval_ns - now_ns});
 }
 
-effects engine_host::report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns) {
+effects engine_host::report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns, bool cache_events) {
   TROUPE_ASSERT(interval_ns > 0);
   if (!reporting_) reporting_.emplace();
   reporting_->engine_index = engine_index;
   reporting_->interval_ns = interval_ns;
+  reporting_->cache_events = cache_events;
+  reporting_->snapshot_due = cache_events;
   effects out;
   send_report(out, now_ns);
   return out;
@@ -403,6 +421,7 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
   auto core = engine_core::create(options_.model, options_.bos_id, options_.eos_id, options_.config);
   TROUPE_ASSERT_MSG(core.has_value(), "the options made a core before");
   core_ = std::move(*core);
+  if (reporting_) reporting_->snapshot_due = true;  // the balancer knows the old pool's hashes
   out.push_back(restart_executor{});
   for (const request_id id : exporting_) out.push_back(forward{id, false, std::nullopt});  // their KV is gone
   num_forwarded_ += static_cast<int64_t>(exporting_.size());

@@ -15,7 +15,9 @@
 /// - hand-off (prefill engine): a finished prefill becomes one `hand_off` carrying the request,
 ///   its KV and the decode engine (and a UCX tag when the KV travels over UCX);
 /// - load reports: `report_load` at most once per interval and only after a change; a change
-///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none;
+///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none; when
+///   report_to asks for cache events, each also carries the pool's cached chain hashes (a
+///   numbered change or a snapshot, report_load) for the balancer's prefix directory;
 /// - host tier (config.host_tier): a request whose prompt the pool holds less of than the hit
 ///   rule allows waits outside the core while the tier is asked for the blocks that follow
 ///   (`fetch_blocks`); its answer (`tier_answered`) queues the request with the blocks, which
@@ -115,7 +117,12 @@ struct hand_off {
   uint64_t ucx_tag = 0;
 };
 
-/// A load report for the balancer (msg::load_report).
+/// A load report for the balancer (msg::load_report). With cache events (report_to), it also
+/// tells the pool's cached chain hashes: report `cache_seq` (1, 2, ... counted over the host's
+/// life) is a snapshot (`cached_added` holds every hash the pool holds) or the change since
+/// report cache_seq - 1. A snapshot goes out first, after report_to asks again (a balancer that
+/// lost track), after an executor failure (a new, empty pool) and when the pool's event log
+/// overflowed.
 struct report_load {
   int32_t engine_index = 0;
   int64_t num_received = 0;
@@ -123,6 +130,10 @@ struct report_load {
   int64_t num_kv_tokens = 0;
   int64_t num_queued_prefill_tokens = 0;
   bool draining = false;
+  uint64_t cache_seq = 0;  ///< 0: no cache events in this report
+  bool cache_snapshot = false;
+  std::vector<uint64_t> cached_added{};    ///< ascending
+  std::vector<uint64_t> cached_removed{};  ///< ascending; empty in a snapshot
 };
 
 /// The engine drained: request `id` is dropped here and must be placed again (msg::forwarded
@@ -234,8 +245,10 @@ class engine_host {
   [[nodiscard]] effects peer_down(request_id id, int64_t now_ns);
   /// The executor of `generation` failed (`why`); an older generation's failure is ignored.
   [[nodiscard]] effects executor_failed(int64_t generation, const std::string& why, int64_t now_ns);
-  /// Start reporting load as engine `engine_index`, at most once per `interval_ns` (reports now).
-  [[nodiscard]] effects report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns);
+  /// Start reporting load as engine `engine_index`, at most once per `interval_ns` (reports now);
+  /// `cache_events`: with the pool's cache events, starting from a snapshot (report_load).
+  [[nodiscard]] effects report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns,
+                                  bool cache_events = false);
   /// The timer armed by arm_report_timer fired.
   [[nodiscard]] effects report_timer(int64_t now_ns);
   /// The host tier answered `fetch_blocks` for `id` with `blocks` (none: a miss, an error or no
@@ -289,6 +302,8 @@ class engine_host {
     int64_t interval_ns = 0;
     int64_t last_ns = 0;
     bool due = false;  // a timer is armed
+    bool cache_events = false;
+    bool snapshot_due = false;  // the next report's cache events are a snapshot
   };
 
   engine_host(engine_host_options options, std::unique_ptr<engine_core> core, int64_t now_ns);
@@ -313,6 +328,8 @@ class engine_host {
   void count_expert_placement(const exec_result& result);
   void note_change(effects& out, int64_t now_ns);
   void send_report(effects& out, int64_t now_ns);
+  /// The pool's cache events since the last report into `r` (report_load).
+  void add_cache_events(report_load& r);
   void on_sample(sample_event&& e, effects& out, int64_t now_ns);
   void hand_off_prefilled(effects& out);
   void drop(request_id id, effects& out, int64_t now_ns);
@@ -332,6 +349,7 @@ class engine_host {
   uint64_t next_ucx_tag_ = 0;
   std::optional<reporting> reporting_;
   int64_t num_received_ = 0;  // submits, prefills and hand-offs
+  uint64_t num_cache_reports_ = 0;  // reports with cache events sent: the last one's cache_seq
   int64_t num_executor_failures_ = 0;
   int64_t num_resumed_requests_ = 0;
   expert_placement_stats experts_;
