@@ -48,9 +48,14 @@ caf::error refuse(const engine::exec_plan& plan, const error& why) {
 
 /// The experts of an MoE on shard actors, counted into a reassigner with `reassignment`.
 void use_expert_shards(executor_pointer self, std::shared_ptr<expert_shards> experts,
-                       const std::optional<moe::reassignment_options>& reassignment) {
+                       const std::optional<moe::reassignment_options>& reassignment, const engine_actor& engine) {
   executor_state& st = self->state;
   st.experts = std::move(experts);
+  // After a failed dispatch (this executor replaces the one it failed): the shards found again,
+  // as a restarted shard host's are, on their initial placement. Shards spawned here go with the
+  // engine.
+  if (auto found = st.experts->refresh(caf::actor_cast<caf::actor>(engine)); !found)
+    spdlog::warn("step executor: the expert shards were not found again: {}", found.error().message);
   const moe::expert_placement current = st.experts->current();
   if (!reassignment) return st.executor->set_expert_dispatch(current, st.experts->dispatch());
   auto reassigner = moe::reassigner::create(current, *reassignment);
@@ -116,7 +121,7 @@ executor_actor::behavior_type executor_behavior(executor_pointer self, engine_ac
   TROUPE_ASSERT_MSG(!settings.reassignment || settings.experts, "only experts on shard actors move");
   if (settings.experts) {
     TROUPE_ASSERT_MSG(settings.detached, "an executor on expert shard actors waits on them: it runs detached");
-    use_expert_shards(self, settings.experts, settings.reassignment);
+    use_expert_shards(self, settings.experts, settings.reassignment, engine);
   }
   if (!settings.step_log.empty()) {
     st.step_log.reset(std::fopen(settings.step_log.c_str(), "a"));
@@ -138,8 +143,10 @@ executor_actor::behavior_type executor_behavior(executor_pointer self, engine_ac
         // calibration sample.
         const auto start = std::chrono::steady_clock::now();
         engine::exec_result result = s.executor->execute(plan);
-        if (const std::optional<error>& failed = s.executor->expert_error())
+        if (const std::optional<error>& failed = s.executor->expert_error()) {
+          s.experts->mark_stale();
           return caf::make_error(caf::sec::runtime_error, "step " + std::to_string(plan.step) + ": " + failed->message);
+        }
         result.measured_ns = ns_since(start);
         if (s.reassigner) end_step(self, result);
         if (!s.step_log) return result;

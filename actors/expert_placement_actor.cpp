@@ -9,8 +9,8 @@
 
 namespace troupe::actors {
 
-expert_shards::expert_shards(std::shared_ptr<actor_dispatch> dispatch, moe::expert_placement initial)
-    : dispatch_(std::move(dispatch)), current_(std::move(initial)) {
+expert_shards::expert_shards(std::shared_ptr<actor_dispatch> dispatch, moe::expert_placement initial, finder find)
+    : dispatch_(std::move(dispatch)), initial_(initial), find_(std::move(find)), current_(std::move(initial)) {
   TROUPE_ASSERT(dispatch_ != nullptr);
   current_.check_invariants();
   TROUPE_ASSERT(current_.num_shards() == dispatch_->num_shards());
@@ -26,6 +26,28 @@ void expert_shards::switch_to(moe::expert_placement placement) {
   const std::lock_guard<std::mutex> lock(mutex_);
   TROUPE_ASSERT(placement.num_shards() == current_.num_shards());
   current_ = std::move(placement);
+}
+
+void expert_shards::mark_stale() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  stale_ = true;
+}
+
+expected<void> expert_shards::refresh(const caf::actor& owner) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!stale_ || !find_) return {};
+  }
+  auto found = find_(owner);
+  if (!found) return tl::unexpected(found.error());
+  if (found->size() != static_cast<size_t>(dispatch_->num_shards()))
+    return fail(errc::unavailable, "found " + std::to_string(found->size()) + " expert shards, not " +
+                                       std::to_string(dispatch_->num_shards()));
+  dispatch_->replace_shards(std::move(*found));
+  const std::lock_guard<std::mutex> lock(mutex_);
+  current_ = initial_;
+  stale_ = false;
+  return {};
 }
 
 namespace {

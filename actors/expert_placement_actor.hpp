@@ -17,6 +17,7 @@
 /// In-process only: the moves carry placements by value and `expert_shards` is shared memory, so
 /// these messages are not registered for the network.
 
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -35,18 +36,30 @@ namespace troupe::actors {
 /// a restart, the placement the last switch left the shards in) and records each switch.
 class expert_shards {
  public:
+  /// How to find the shards again after a dispatch failed (a shard host restarted): the shard
+  /// actors, in order, holding `initial`'s experts again; shards it spawns go with `owner`.
+  using finder = std::function<expected<std::vector<expert_shard_actor>>(const caf::actor& owner)>;
+
   /// `initial`'s shards must be `dispatch`'s (asserted).
-  expert_shards(std::shared_ptr<actor_dispatch> dispatch, moe::expert_placement initial);
+  expert_shards(std::shared_ptr<actor_dispatch> dispatch, moe::expert_placement initial, finder find = nullptr);
 
   [[nodiscard]] actor_dispatch& dispatch() const { return *dispatch_; }
   [[nodiscard]] moe::expert_placement current() const;
   /// The shards serve `placement` from now on (the executor switched to it).
   void switch_to(moe::expert_placement placement);
+  /// A dispatch on them failed: the next executor asks the finder for them again.
+  void mark_stale();
+  /// After a failure, with a finder: the shards found again serve the initial placement from now
+  /// on. Otherwise nothing. Blocks while the finder reaches the shards (bounded by it).
+  [[nodiscard]] expected<void> refresh(const caf::actor& owner);
 
  private:
   std::shared_ptr<actor_dispatch> dispatch_;
+  const moe::expert_placement initial_;
+  const finder find_;
   mutable std::mutex mutex_;  // the executor and its placement actor run on different threads
   moe::expert_placement current_;
+  bool stale_ = false;
 };
 
 /// A move between two placements of the same shards.

@@ -24,8 +24,13 @@ struct expert_shard_state {
 using expert_shard_pointer = expert_shard_actor::stateful_pointer<expert_shard_state>;
 
 expert_shard_actor::behavior_type expert_shard_behavior(expert_shard_pointer self, const model::checkpoint& ck,
-                                                        std::vector<moe::expert_id> experts, model::kernel_path path) {
+                                                        std::vector<moe::expert_id> experts, model::kernel_path path,
+                                                        const caf::actor& owner) {
   self->state.shard.emplace(ck, std::move(experts), path);
+  if (owner) {  // it goes with its owner
+    self->monitor(owner);
+    self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
+  }
   guard_boundary(self);
   return {
       [=](moe::expert_request& q) -> caf::result<moe::expert_reply> {
@@ -89,8 +94,9 @@ size_t num_outputs(const moe::expert_request& request) {
 }  // namespace
 
 expert_shard_actor spawn_expert_shard(caf::actor_system& sys, const model::checkpoint& ck,
-                                      std::vector<moe::expert_id> experts, model::kernel_path path) {
-  return sys.spawn(expert_shard_behavior, ck, std::move(experts), path);
+                                      std::vector<moe::expert_id> experts, model::kernel_path path,
+                                      const caf::actor& owner) {
+  return sys.spawn(expert_shard_behavior, ck, std::move(experts), path, owner);
 }
 
 std::vector<expert_shard_actor> spawn_expert_shards(caf::actor_system& sys, const model::checkpoint& ck,
@@ -107,14 +113,26 @@ actor_dispatch::actor_dispatch(caf::actor_system& sys, std::vector<expert_shard_
   TROUPE_ASSERT(timeout_ > caf::timespan{0});
 }
 
+std::vector<expert_shard_actor> actor_dispatch::shards() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return shards_;
+}
+
+void actor_dispatch::replace_shards(std::vector<expert_shard_actor> shards) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  TROUPE_ASSERT(shards.size() == shards_.size());
+  shards_ = std::move(shards);
+}
+
 expected<std::vector<moe::expert_reply>> actor_dispatch::compute(const std::vector<moe::expert_request>& requests) {
-  TROUPE_ASSERT(requests.size() == shards_.size());
+  const std::vector<expert_shard_actor> actors = shards();  // the ones this call talks to
+  TROUPE_ASSERT(requests.size() == actors.size());
   check_may_block("waiting on expert shards (actor_dispatch)");
   caf::scoped_actor self{sys_};
-  using response = decltype(self->request(shards_[0], timeout_, requests[0]));
+  using response = decltype(self->request(actors[0], timeout_, requests[0]));
   std::vector<std::pair<size_t, response>> pending;  // every request out before the first wait
   for (size_t s = 0; s < requests.size(); s++)
-    if (!requests[s].empty()) pending.emplace_back(s, self->request(shards_[s], timeout_, requests[s]));
+    if (!requests[s].empty()) pending.emplace_back(s, self->request(actors[s], timeout_, requests[s]));
   std::vector<moe::expert_reply> replies(requests.size());
   std::optional<error> failed;  // the first shard's, by id
   const auto fail_shard = [&failed](size_t s, const std::string& why) {
@@ -148,23 +166,24 @@ expected<void> actor_dispatch::add_replicas(const moe::expert_placement& from, c
   for (size_t s = 0; s < held_to.size(); s++)
     for (const moe::expert_id& id : held_only_by(held_to[s], held_from[s]))
       gained_by[id].push_back(static_cast<int32_t>(s));
-  std::vector<msg::drop_experts> added(shards_.size());  // by shard: what this call gave it
+  const std::vector<expert_shard_actor> actors = shards();  // the ones this call talks to
+  std::vector<msg::drop_experts> added(actors.size());  // by shard: what this call gave it
   const auto undo = [&](const error& why) -> expected<void> {
     for (size_t s = 0; s < added.size(); s++)
-      if (!added[s].experts.empty()) (void)ask<int32_t>(sys_, shards_[s], timeout_, added[s], static_cast<int32_t>(s));
+      if (!added[s].experts.empty()) (void)ask<int32_t>(sys_, actors[s], timeout_, added[s], static_cast<int32_t>(s));
     return tl::unexpected(why);
   };
   // An expert travels alone, so a message holds one expert's weights.
   for (const auto& [id, shards] : gained_by) {
     const int32_t source = from.replicas(id.layer, id.expert).front();
-    auto set = ask<msg::expert_set>(sys_, shards_[static_cast<size_t>(source)], timeout_, msg::fetch_experts{{id}},
+    auto set = ask<msg::expert_set>(sys_, actors[static_cast<size_t>(source)], timeout_, msg::fetch_experts{{id}},
                                     source);
     if (!set) return undo(set.error());
     if (set->experts.size() != 1 || set->experts[0].layer != id.layer || set->experts[0].expert != id.expert)
       return undo(error{errc::unavailable, "expert shard " + std::to_string(source) + " did not send expert " +
                                                std::to_string(id.expert) + " of layer " + std::to_string(id.layer)});
     for (const int32_t s : shards) {
-      if (auto held = ask<int32_t>(sys_, shards_[static_cast<size_t>(s)], timeout_, *set, s); !held)
+      if (auto held = ask<int32_t>(sys_, actors[static_cast<size_t>(s)], timeout_, *set, s); !held)
         return undo(held.error());
       added[static_cast<size_t>(s)].experts.push_back(id);
     }
@@ -174,12 +193,13 @@ expected<void> actor_dispatch::add_replicas(const moe::expert_placement& from, c
 
 expected<void> actor_dispatch::drop_replicas(const moe::expert_placement& from, const moe::expert_placement& to) {
   check_placements(from, to);
+  const std::vector<expert_shard_actor> actors = shards();  // the ones this call talks to
   const auto held_from = moe::experts_by_shard(from), held_to = moe::experts_by_shard(to);
   for (size_t s = 0; s < held_from.size(); s++) {
     msg::drop_experts drop{held_only_by(held_from[s], held_to[s])};
     if (drop.experts.empty()) continue;
     const auto shard = static_cast<int32_t>(s);
-    if (auto held = ask<int32_t>(sys_, shards_[s], timeout_, std::move(drop), shard); !held)
+    if (auto held = ask<int32_t>(sys_, actors[s], timeout_, std::move(drop), shard); !held)
       return tl::unexpected(held.error());
   }
   return {};

@@ -13,6 +13,7 @@
 /// check_may_block (actors/sync_guard.hpp): a step executor on shard actors runs its plans
 /// without the no_blocking_scope (executor_settings::experts).
 
+#include <mutex>
 #include <vector>
 
 #include <caf/fwd.hpp>
@@ -27,9 +28,11 @@
 
 namespace troupe::actors {
 
-/// Spawns a shard holding `experts` (distinct) of `ck`, an MoE checkpoint.
+/// Spawns a shard holding `experts` (distinct) of `ck`, an MoE checkpoint; with an `owner`, it
+/// quits when the owner goes down.
 expert_shard_actor spawn_expert_shard(caf::actor_system& sys, const model::checkpoint& ck,
-                                      std::vector<moe::expert_id> experts, model::kernel_path path);
+                                      std::vector<moe::expert_id> experts, model::kernel_path path,
+                                      const caf::actor& owner = {});
 
 /// Spawns the shards of `placement`, shard s holding the experts the placement gives it.
 std::vector<expert_shard_actor> spawn_expert_shards(caf::actor_system& sys, const model::checkpoint& ck,
@@ -41,7 +44,11 @@ class actor_dispatch final : public moe::expert_dispatch {
  public:
   actor_dispatch(caf::actor_system& sys, std::vector<expert_shard_actor> shards, caf::timespan timeout);
 
-  [[nodiscard]] int32_t num_shards() const override { return static_cast<int32_t>(shards_.size()); }
+  [[nodiscard]] int32_t num_shards() const override { return static_cast<int32_t>(shards().size()); }
+  /// The shard actors, in order.
+  [[nodiscard]] std::vector<expert_shard_actor> shards() const;
+  /// The same shards' actors found again (a restarted shard host's): calls from now on go to them.
+  void replace_shards(std::vector<expert_shard_actor> shards);
   /// The replies, or `unavailable` naming the first shard (by id) that failed and why.
   [[nodiscard]] expected<std::vector<moe::expert_reply>> compute(
       const std::vector<moe::expert_request>& requests) override;
@@ -63,6 +70,7 @@ class actor_dispatch final : public moe::expert_dispatch {
   void check_placements(const moe::expert_placement& from, const moe::expert_placement& to) const;
 
   caf::actor_system& sys_;
+  mutable std::mutex mutex_;  // the executor and its placement actor call from their threads
   std::vector<expert_shard_actor> shards_;
   caf::timespan timeout_;
 };

@@ -485,6 +485,32 @@ TEST_F(Cluster, AnMoesExpertsMoveAcrossProcessesUnderASkewedRouterAndNoTokenChan
       << log;
 }
 
+TEST_F(Cluster, AnMoeEngineFindsARestartedShardHostAgainAndNoTokenChanges) {
+  // The shard host is killed and started again (new shard actors at the same address): the first
+  // step that reaches for its old shards fails (within expert_timeout_ms), and the executor that
+  // replaces the failed one finds the shards again, on their initial placement, and the requests
+  // resumed by recompute give the model's own tokens.
+  const std::string moe = start_moe({"--router", "random"}, "expert_timeout_ms = 2000\n",
+                                    {{"node1", "[0, 1]"}, {"node0", "[2, 3]"}, {"node1", "[1, 3]"}});
+  auto ck = model::checkpoint::load(moe);
+  ASSERT_TRUE(ck) << ck.error().message;
+  model::transformer alone(*ck);
+  std::vector<msg::completion_request> before, after;
+  for (size_t i = 0; i < 4; i++) before.push_back(make_completion(story_window(i), 16, 9500 + i, 1.0f, 0.9f));
+  expect_all_match(before, run_all(before), "before the shard host's restart", &alone);
+  ASSERT_EQ(::kill(pid_of("node1"), SIGKILL), 0);
+  expect_node_ended("node1", 128 + SIGKILL);
+  const std::string out = (dir_ / "node1-again.out").string();
+  const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", (dir_ / "moe.toml").string(), "--node",
+                                  "node1"},
+                                 out, (dir_ / "node1-again.err").string());
+  ASSERT_NE(pid, 0);
+  nodes_.emplace_back("node1", process_guard(pid));
+  ASSERT_TRUE(file_contains_within(out, "node actor listening on 127.0.0.1:" + std::to_string(port(1)), 120s));
+  for (size_t i = 0; i < 6; i++) after.push_back(make_completion(story_window(10 + i), 16, 9600 + i, 1.0f, 0.9f));
+  expect_all_match(after, run_all(after), "after the shard host's restart", &alone);
+}
+
 TEST_F(Cluster, ExpertShardsThatDoNotFitTheirModelAreRefusedAtStartUpNamingTheEntry) {
   const std::string models = TROUPE_MODELS_DIR;
   const std::string moe = (dir_ / "sparse.bin").string();

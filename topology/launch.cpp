@@ -144,44 +144,61 @@ expected<actors::expert_shard_list> spawn_hosted_shards(caf::actor_system& sys, 
   return out;
 }
 
-/// Engine `e`'s expert shards (topology [[expert_shard]]): those on its node spawned here (into
-/// `spawned`), those on shard hosts reached, and the placement they make. Every expert must be on
-/// some shard.
-expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, const engine_spec& e,
-                                  const std::atomic<bool>* stop, actors::engine_options& o,
-                                  actors::expert_shard_list& spawned) {
-  const model::checkpoint& ck = *o.checkpoint;
+/// Engine `e`'s expert shard actors in topology order: those on its node spawned here (into
+/// `spawned`; going with `owner` if given), those on shard hosts reached through their node
+/// actors (up to the balancer's connect_timeout_ms each).
+expected<actors::expert_shard_list> find_engine_shards(caf::actor_system& sys, const topology& t, const engine_spec& e,
+                                                       const model::checkpoint& ck, const std::atomic<bool>* stop,
+                                                       const caf::actor& owner, actors::expert_shard_list& spawned) {
   actors::expert_shard_list shards;
   std::map<std::string, actors::expert_shard_list> hosted;  // by shard host
   std::map<std::string, size_t> next;                       // per shard host: its next shard's index
-  std::vector<std::vector<int32_t>> holders;                // per expert: the shards holding it
   for (size_t i = 0; i < t.expert_shards.size(); i++) {
     const expert_shard_spec& s = t.expert_shards[i];
     const size_t index_on_node = s.node == e.node ? 0 : next[s.node]++;  // counts every engine's shards there
     if (s.engine != e.name) continue;
-    if (auto ok = check_shard(t, i, ck); !ok) return ok;
     if (s.node == e.node) {
-      shards.push_back(actors::spawn_expert_shard(sys, ck, experts_of(s, ck.config().n_layers), e.config.kernels));
+      shards.push_back(
+          actors::spawn_expert_shard(sys, ck, experts_of(s, ck.config().n_layers), e.config.kernels, owner));
       spawned.push_back(shards.back());
-    } else {
-      auto it = hosted.find(s.node);
-      if (it == hosted.end()) {
-        auto listed = ask_node<actors::expert_shard_list, actors::expert_shards_atom>(
-            sys, *t.find_node(s.node), t.load_balancer.connect_timeout_ms, stop, "expert shards");
-        if (!listed) return fail(listed.error().code, shard_label(t, i) + ": " + listed.error().message);
-        it = hosted.emplace(s.node, std::move(*listed)).first;
-      }
-      if (index_on_node >= it->second.size())
-        return fail(errc::invalid_argument, shard_label(t, i) + ": node '" + s.node + "' hosts " +
-                                                std::to_string(it->second.size()) +
-                                                " expert shard(s), fewer than the topology places there: a different "
-                                                "topology file?");
-      shards.push_back(it->second[index_on_node]);
+      continue;
     }
-    holders.resize(static_cast<size_t>(ck.moe()->n_experts));
-    for (int32_t expert : s.experts) holders[static_cast<size_t>(expert)].push_back(static_cast<int32_t>(shards.size() - 1));
+    auto it = hosted.find(s.node);
+    if (it == hosted.end()) {
+      auto listed = ask_node<actors::expert_shard_list, actors::expert_shards_atom>(
+          sys, *t.find_node(s.node), t.load_balancer.connect_timeout_ms, stop, "expert shards");
+      if (!listed) return fail(listed.error().code, shard_label(t, i) + ": " + listed.error().message);
+      it = hosted.emplace(s.node, std::move(*listed)).first;
+    }
+    if (index_on_node >= it->second.size())
+      return fail(errc::invalid_argument, shard_label(t, i) + ": node '" + s.node + "' hosts " +
+                                              std::to_string(it->second.size()) +
+                                              " expert shard(s), fewer than the topology places there: a different "
+                                              "topology file?");
+    shards.push_back(it->second[index_on_node]);
   }
-  if (shards.empty()) return {};
+  return shards;
+}
+
+/// Engine `e`'s expert shards (topology [[expert_shard]]), found as find_engine_shards does, the
+/// placement they make (every expert must be on some shard), its reassignment options, and how
+/// to find them again after a failure (a shard host restarted: its new shards are reached, and
+/// the local ones spawned afresh, so that all hold the initial placement again).
+expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, const engine_spec& e,
+                                  const std::atomic<bool>* stop, actors::engine_options& o,
+                                  actors::expert_shard_list& spawned) {
+  const model::checkpoint& ck = *o.checkpoint;
+  std::vector<std::vector<int32_t>> holders(static_cast<size_t>(ck.moe() ? ck.moe()->n_experts : 0));  // per expert
+  int32_t num_shards = 0, most_held = 0;
+  for (size_t i = 0; i < t.expert_shards.size(); i++) {
+    const expert_shard_spec& s = t.expert_shards[i];
+    if (s.engine != e.name) continue;
+    if (auto ok = check_shard(t, i, ck); !ok) return ok;
+    for (int32_t expert : s.experts) holders[static_cast<size_t>(expert)].push_back(num_shards);
+    most_held = std::max(most_held, static_cast<int32_t>(s.experts.size()));
+    num_shards++;
+  }
+  if (num_shards == 0) return {};
   for (size_t expert = 0; expert < holders.size(); expert++)
     if (holders[expert].empty())
       return fail(errc::invalid_argument, where(e) + "expert " + std::to_string(expert) +
@@ -189,24 +206,34 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
                                               "all " + std::to_string(holders.size()) + " experts");
   if (!o.detached_executor)
     return fail(errc::invalid_argument, where(e) + "expert shards need an executor on its own thread");
+  auto local = std::make_shared<actors::expert_shard_list>();  // the engine's shards on its node, now
+  auto shards = find_engine_shards(sys, t, e, ck, stop, caf::actor{}, *local);
+  if (!shards) return tl::unexpected(shards.error());
+  spawned.insert(spawned.end(), local->begin(), local->end());
   const int32_t n_layers = ck.config().n_layers;
   std::vector<std::vector<int32_t>> replicas;
   for (int32_t layer = 0; layer < n_layers; layer++) replicas.insert(replicas.end(), holders.begin(), holders.end());
-  const auto num_shards = static_cast<int32_t>(shards.size());
   if (e.expert_window_steps > 0) {
     moe::reassignment_options r;
     r.window_steps = e.expert_window_steps;
-    r.capacity = e.expert_capacity;
-    if (r.capacity == 0)
-      for (const expert_shard_spec& s : t.expert_shards)
-        if (s.engine == e.name) r.capacity = std::max(r.capacity, static_cast<int32_t>(s.experts.size()) + 1);
+    r.capacity = e.expert_capacity > 0 ? e.expert_capacity : most_held + 1;
     r.moe_lb_max = e.expert_moe_lb_max;
     r.move_steps_max = e.expert_move_steps_max;
     o.expert_reassignment = r;
   }
+  // Finding them again runs on the executor's thread; the topology and model are held by value.
+  auto find = [&sys, topo = std::make_shared<const topology>(t), name = e.name, model = o.checkpoint,
+               local](const caf::actor& owner) -> expected<actors::expert_shard_list> {
+    actors::expert_shard_list fresh;
+    auto found = find_engine_shards(sys, *topo, *topo->find_engine(name), *model, nullptr, owner, fresh);
+    for (const actors::expert_shard_actor& s : found ? *local : fresh) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+    if (found) *local = std::move(fresh);
+    return found;
+  };
   o.experts = std::make_shared<actors::expert_shards>(
-      std::make_shared<actors::actor_dispatch>(sys, std::move(shards), std::chrono::milliseconds(e.expert_timeout_ms)),
-      moe::expert_placement::of_replicas(n_layers, ck.moe()->n_experts, num_shards, std::move(replicas)));
+      std::make_shared<actors::actor_dispatch>(sys, std::move(*shards), std::chrono::milliseconds(e.expert_timeout_ms)),
+      moe::expert_placement::of_replicas(n_layers, ck.moe()->n_experts, num_shards, std::move(replicas)),
+      std::move(find));
   return {};
 }
 
