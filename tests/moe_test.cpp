@@ -358,7 +358,7 @@ TEST(Plan, RandomRoutingsAndPlacementsCombineToTheNaiveSumBitForBit) {
       for (int32_t i = 0; i < top_k; i++)
         for (int32_t d = 0; d < dim; d++)
           want[static_cast<size_t>(row) * dim + d] += r.row(row)[i].gate * fake_output(r.row(row)[i].expert, row, d, input.data(), dim);
-    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    ASSERT_TRUE(got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);  // no rows: nothing
   }
 }
 
@@ -931,11 +931,12 @@ expert_shard_actor::behavior_type silent() {
 TEST_F(MoeActors, AShardThatAnswersWrongOrNotAtAllFailsTheForwardPass) {
   const expert_placement p = expert_placement::round_robin(random_->config().n_layers, 4, 2);
   const std::vector<expert_shard_actor> good = actors::spawn_expert_shards(sys_, *random_, p, kernel_path::fast);
-  const std::pair<expert_shard_actor, std::string> faulty[] = {
-      {sys_.spawn(short_answers), "expert shard 1: answered 0 values where layer "},
-      {sys_.spawn(silent), "request_timeout"}};
-  for (const auto& [shard, why] : faulty) {
-    actors::actor_dispatch dispatch(sys_, {good[0], shard}, std::chrono::milliseconds(200));
+  // The short answer comes at once: its bound only has to outlast a slow (sanitizer) build.
+  const std::tuple<expert_shard_actor, std::string, caf::timespan> faulty[] = {
+      {sys_.spawn(short_answers), "expert shard 1: answered 0 values where layer ", std::chrono::seconds(30)},
+      {sys_.spawn(silent), "request_timeout", std::chrono::milliseconds(200)}};
+  for (const auto& [shard, why, timeout] : faulty) {
+    actors::actor_dispatch dispatch(sys_, {good[0], shard}, timeout);
     transformer t(*random_);
     t.set_expert_dispatch(p, dispatch);
     generate::generate_params params;
