@@ -11,7 +11,7 @@
 #include "sim/sim_topology.hpp"
 #include "sim/simulation.hpp"
 #include "sim/workload.hpp"
-#include "tests/support/tiny_sim_topology.hpp"
+#include "tests/support/sim_fixtures.hpp"
 
 namespace troupe::sim {
 namespace {
@@ -201,13 +201,7 @@ TEST(MoePricing, PeriodicMovesAfterTheMigrationWhileTheOldPlacementServes) {
   EXPECT_EQ(bad.error().message, "2 shards of capacity 1 cannot hold 4 experts per layer");
 }
 
-sim_options options(const sim_topology& t, std::vector<trace_request> workload, uint64_t seed) {
-  sim_options o;
-  o.topology = t;
-  o.workload = std::move(workload);
-  o.seed = seed;
-  return o;
-}
+using troupe::testing::sim_run_options;
 
 TEST(MoeSimulation, HandComputedTimesWithEveryTokenOnEveryExpert) {
   // The dense run of Simulation.HandComputedTimes: steps of 1396 (prefill of 16), 1127 and 1128
@@ -216,7 +210,7 @@ TEST(MoeSimulation, HandComputedTimesWithEveryTokenOnEveryExpert) {
   // decode: 2 x (20 + 2 x (500 + 200)) = 2840.
   auto t = parse(every_expert_moe);
   ASSERT_TRUE(t) << t.error().message;
-  auto r = run_simulation(options(*t, {trace_request{0, 16, 3, {}}}, 7));
+  auto r = run_simulation(sim_run_options(*t, {trace_request{0, 16, 3, {}}}, 7));
   ASSERT_TRUE(r) << r.error().message;
   const request_record& q = r->requests.at(0);
   EXPECT_EQ(q.finish, "length");
@@ -261,9 +255,9 @@ std::vector<trace_request> moe_workload() {
 TEST(MoeSimulation, SameSeedGivesTheSameSummaryAndAnotherSeedOtherDraws) {
   auto t = parse(drifting_moe("periodic"));
   ASSERT_TRUE(t) << t.error().message;
-  auto a = run_simulation(options(*t, moe_workload(), 5));
-  auto b = run_simulation(options(*t, moe_workload(), 5));
-  auto c = run_simulation(options(*t, moe_workload(), 6));
+  auto a = run_simulation(sim_run_options(*t, moe_workload(), 5));
+  auto b = run_simulation(sim_run_options(*t, moe_workload(), 5));
+  auto c = run_simulation(sim_run_options(*t, moe_workload(), 6));
   ASSERT_TRUE(a && b && c);
   EXPECT_EQ(summary_json(*a, {}, 5), summary_json(*b, {}, 5));
   EXPECT_EQ(a->event_log_sha256, b->event_log_sha256);
@@ -279,7 +273,7 @@ TEST(MoeSimulation, PeriodicReassignmentBeatsNoneOnASkewedDriftingRouter) {
   for (int i = 0; i < 2; i++) {
     auto t = parse(drifting_moe(policies[i]));
     ASSERT_TRUE(t) << t.error().message;
-    auto r = run_simulation(options(*t, moe_workload(), 1));
+    auto r = run_simulation(sim_run_options(*t, moe_workload(), 1));
     ASSERT_TRUE(r) << r.error().message;
     dense_metrics[i] = summarize(*r, {});
     moe[i] = *summarize_moe(*r);

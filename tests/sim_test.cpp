@@ -23,7 +23,7 @@
 #include "sim/trace_events.hpp"
 #include "sim/workload.hpp"
 #include "tests/support/golden.hpp"
-#include "tests/support/tiny_sim_topology.hpp"
+#include "tests/support/sim_fixtures.hpp"
 
 namespace troupe::sim {
 namespace {
@@ -47,13 +47,7 @@ TEST(Sha256, KnownAnswers) {  // FIPS 180-4 examples
 
 constexpr const char* tiny_topology = troupe::testing::tiny_sim_topology;
 
-sim_options options(const sim_topology& t, std::vector<trace_request> workload, uint64_t seed) {
-  sim_options o;
-  o.topology = t;
-  o.workload = std::move(workload);
-  o.seed = seed;
-  return o;
-}
+using troupe::testing::sim_run_options;
 
 sim_topology parse_tiny(const std::string& extra = "") {
   auto t = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR);
@@ -114,7 +108,7 @@ TEST(Simulation, HandComputedTimes) {
   // 1/attended token. Step 0 prefills 16 tokens (attention 16*17/2 = 136): 1396 ns. Step 1
   // (planned while 0 runs) decodes position 16 (attention 17): 1127 ns, done at 2523. Step 2,
   // planned when step 0 completes, decodes position 17 (attention 18): 1128 ns, done at 3651.
-  const sim_options o = options(parse_tiny(), {trace_request{0, 16, 3, {}}}, 7);
+  const sim_options o = sim_run_options(parse_tiny(), {trace_request{0, 16, 3, {}}}, 7);
   auto r = run_simulation(o);
   ASSERT_TRUE(r) << r.error().message;
   const request_record& q = r->requests.at(0);
@@ -138,7 +132,7 @@ TEST(Simulation, HandComputedTimes) {
 
 TEST(Simulation, TraceEventsOfAHandComputedRunAreExact) {
   // The run of HandComputedTimes (steps at 0, 1396 and 2523 ns) as a Chrome/Perfetto trace.
-  sim_options o = options(parse_tiny(), {trace_request{0, 16, 3, {}}}, 7);
+  sim_options o = sim_run_options(parse_tiny(), {trace_request{0, 16, 3, {}}}, 7);
   o.sample_every_ns = 0;
   auto r = run_simulation(o);
   ASSERT_TRUE(r) << r.error().message;
@@ -179,7 +173,7 @@ sim_options busy_run(int64_t sample_every_ns) {
   topology.replace(topology.find("0.01"), 4, "0.003");
   auto t = parse_sim_topology(topology, "tiny.toml", TROUPE_SOURCE_DIR);
   EXPECT_TRUE(t) << t.error().message;
-  sim_options o = options(*t, synthetic_workload(s), 9);
+  sim_options o = sim_run_options(*t, synthetic_workload(s), 9);
   o.sample_every_ns = sample_every_ns;
   return o;
 }
@@ -283,7 +277,7 @@ std::vector<int64_t> samples_per_replica(const std::string& router) {
   EXPECT_TRUE(t) << t.error().message;
   std::vector<trace_request> w;
   for (int32_t i = 0; i < 4; i++) w.push_back(trace_request{i * 100'000'000, 16, 3 + 2 * i, {}});
-  auto r = run_simulation(options(*t, w, 7));
+  auto r = run_simulation(sim_run_options(*t, w, 7));
   EXPECT_TRUE(r) << r.error().message;
   std::vector<int64_t> out(2, 0);
   for (const step_record& s : r->steps) out.at(static_cast<size_t>(s.replica)) += s.num_samples;
@@ -310,7 +304,7 @@ std::pair<std::vector<int64_t>, std::vector<int32_t>> prefix_run(const std::stri
   EXPECT_TRUE(t) << t.error().message;
   const std::vector<trace_request> w = {
       {0, 600, 3, {1}}, {0, 600, 5, {2}}, {100'000'000, 600, 7, {1}}, {200'000'000, 600, 9, {2}}};
-  auto r = run_simulation(options(*t, w, 7));
+  auto r = run_simulation(sim_run_options(*t, w, 7));
   EXPECT_TRUE(r) << r.error().message;
   std::vector<int64_t> tokens(2, 0);
   for (const step_record& s : r->steps) tokens.at(static_cast<size_t>(s.replica)) += s.num_samples;
@@ -336,7 +330,7 @@ TEST(Simulation, TheBalancersRateLimitRefusesRequestsOverItAsOverloaded) {
   ASSERT_TRUE(t) << t.error().message;
   std::vector<trace_request> w(10, trace_request{0, 16, 3, {}});
   w.push_back(trace_request{1'500'000'000, 16, 3, {}});
-  auto r = run_simulation(options(*t, w, 7));
+  auto r = run_simulation(sim_run_options(*t, w, 7));
   ASSERT_TRUE(r) << r.error().message;
   std::vector<std::string> finish;
   for (const request_record& q : r->requests) finish.push_back(q.finish);
@@ -352,7 +346,7 @@ std::vector<int64_t> finish_order_under(sim::topology_overrides set) {
   set.push_back({"engine.max_num_seqs", "1"});
   auto t = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, set);
   EXPECT_TRUE(t) << t.error().message;
-  auto r = run_simulation(options(*t, {{0, 16, 40, {}}, {1000, 16, 30, {}}, {2000, 16, 20, {}}, {3000, 16, 10, {}}}, 7));
+  auto r = run_simulation(sim_run_options(*t, {{0, 16, 40, {}}, {1000, 16, 30, {}}, {2000, 16, 20, {}}, {3000, 16, 10, {}}}, 7));
   EXPECT_TRUE(r) << r.error().message;
   std::vector<request_record> done = r->requests;
   std::stable_sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.finish_ns < b.finish_ns; });
@@ -458,7 +452,7 @@ TEST(Sweep, ThePlotHasALinePerCombinationOfTheOtherAxesReadingTheirColumns) {
 TEST(Simulation, HandComputedTimesWithKvReads) {
   // As above plus 2 ns per KV position a chunk reads: step 0 reads 16 (+32 ns: 1428), step 1
   // reads 17 (+34: 1161, done at 2589), step 2 reads 18 (+36: 1164, done at 3753).
-  const sim_options o = options(parse_tiny("kv_read_token_ns = 2\n"), {trace_request{0, 16, 3, {}}}, 7);
+  const sim_options o = sim_run_options(parse_tiny("kv_read_token_ns = 2\n"), {trace_request{0, 16, 3, {}}}, 7);
   auto r = run_simulation(o);
   ASSERT_TRUE(r) << r.error().message;
   const request_record& q = r->requests.at(0);
@@ -476,7 +470,7 @@ TEST(Simulation, SameSeedReplaysBitForBitAndAnotherSeedDiffers) {
   s.output_mean = 40;
   s.seed = 11;
   const sim_topology t = parse_tiny();
-  const sim_options o = options(t, synthetic_workload(s), 5);
+  const sim_options o = sim_run_options(t, synthetic_workload(s), 5);
   auto a = run_simulation(o);
   auto b = run_simulation(o);
   ASSERT_TRUE(a && b);
@@ -484,7 +478,7 @@ TEST(Simulation, SameSeedReplaysBitForBitAndAnotherSeedDiffers) {
   EXPECT_EQ(summary_json(*a, {}, 5), summary_json(*b, {}, 5));
   EXPECT_GT(a->num_events, 600);
   s.seed = 12;  // a different run seed draws a different workload
-  const sim_options other = options(t, synthetic_workload(s), 6);
+  const sim_options other = sim_run_options(t, synthetic_workload(s), 6);
   auto c = run_simulation(other);
   ASSERT_TRUE(c);
   EXPECT_NE(a->event_log_sha256, c->event_log_sha256);
@@ -515,7 +509,7 @@ std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> wo
   EXPECT_TRUE(t) << t.error().message;
   workload_options shape;
   shape.max_context = t->model.seq_len;
-  sim_options o = options(*t, shape_workload(std::move(workload), shape), 3);
+  sim_options o = sim_run_options(*t, shape_workload(std::move(workload), shape), 3);
   o.check_invariants_every = check_every;
   auto r = run_simulation(o);
   EXPECT_TRUE(r) << r.error().message;
@@ -667,7 +661,7 @@ TEST(Simulation, RealTokensEqualTheReferenceGeneratorWithAndWithoutATimeBudget) 
             "[cost]\ntokens = \"real\"\nstep_ns = 1000\ntoken_ns = 10\nsampled_row_ns = 100\nattention_token_ns = 1\n",
         "real.toml", TROUPE_SOURCE_DIR);
     ASSERT_TRUE(t) << t.error().message;
-    auto r = run_simulation(options(*t, workload, 3));
+    auto r = run_simulation(sim_run_options(*t, workload, 3));
     ASSERT_TRUE(r) << r.error().message;
     hashes.push_back(r->event_log_sha256);
     num_steps.push_back(static_cast<int64_t>(r->steps.size()));
@@ -717,9 +711,9 @@ TEST(SimTopology, DisaggregationAndANetworkAreReadAndBounded) {
   // Synthetic tokens: every request ends by length, later than without the network.
   std::vector<trace_request> w;
   for (int32_t i = 0; i < 6; i++) w.push_back(trace_request{i * 100'000, 40 + i, 8, {}});
-  auto near = run_simulation(options(
+  auto near = run_simulation(sim_run_options(
       *parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, pd), w, 3));
-  auto far = run_simulation(options(*t, w, 3));
+  auto far = run_simulation(sim_run_options(*t, w, 3));
   ASSERT_TRUE(near && far);
   for (const request_record& r : far->requests) EXPECT_EQ(r.finish, "length") << r.index;
   EXPECT_GT(far->requests.back().finish_ns, near->requests.back().finish_ns);
@@ -745,7 +739,7 @@ sim_result evicting_run(const std::string& extra) {
   EXPECT_TRUE(t) << t.error().message;
   EXPECT_EQ(t->engine.num_kv_blocks, 32);
   const int64_t s = 1'000'000'000;
-  sim_options o = options(*t, {trace_request{0, 400, 1, {1}}, trace_request{s, 400, 1, {2}}, trace_request{2 * s, 400, 1, {1}}}, 5);
+  sim_options o = sim_run_options(*t, {trace_request{0, 400, 1, {1}}, trace_request{s, 400, 1, {2}}, trace_request{2 * s, 400, 1, {1}}}, 5);
   o.check_invariants_every = 1;
   auto r = run_simulation(o);
   EXPECT_TRUE(r) << r.error().message;
@@ -878,7 +872,7 @@ TEST(Simulation, UnboundedTiersReachTheInfiniteCacheBoundLessTheHitRule) {
   std::vector<trace_request> w = shape_workload(std::move(*trace), shape);
   for (size_t i = 0; i < w.size(); i++) w[i].arrival_ns = static_cast<int64_t>(i) * 1'000'000'000'000;
   const int64_t expected = bound_after_the_hit_rule(w, t->engine.block_size);
-  auto r = run_simulation(options(*t, w, 3));
+  auto r = run_simulation(sim_run_options(*t, w, 3));
   ASSERT_TRUE(r) << r.error().message;
   int64_t cached = 0;
   for (const request_record& q : r->requests) cached += q.cached_tokens;
@@ -907,7 +901,7 @@ int64_t last_finish_ns(const sim_result& r) {
 sim_result speculating_run(const std::string& extra, uint64_t seed = 3) {
   std::vector<trace_request> w;
   for (int i = 0; i < 8; i++) w.push_back(trace_request{0, 64, 100, {}});
-  sim_options o = options(parse_tiny(extra), w, seed);
+  sim_options o = sim_run_options(parse_tiny(extra), w, seed);
   o.check_invariants_every = 1;
   auto r = run_simulation(o);
   EXPECT_TRUE(r) << r.error().message;

@@ -204,8 +204,6 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
       return fail(errc::invalid_argument, where(e) + "expert " + std::to_string(expert) +
                                               " is on none of its [[expert_shard]] entries: together they must hold "
                                               "all " + std::to_string(holders.size()) + " experts");
-  if (!o.detached_executor)
-    return fail(errc::invalid_argument, where(e) + "expert shards need an executor on its own thread");
   auto local = std::make_shared<actors::expert_shard_list>();  // the engine's shards on its node, now
   auto shards = find_engine_shards(sys, t, e, ck, stop, caf::actor{}, *local);
   if (!shards) return tl::unexpected(shards.error());
