@@ -10,6 +10,7 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;        ///< -> msg::e
 using executor_atom = caf::atom_constant<caf::atom("executor")>;  ///< -> the current executor
 using engines_atom = caf::atom_constant<caf::atom("engines")>;    ///< -> engine_list (actors/protocols.hpp)
 using expert_shards_atom = caf::atom_constant<caf::atom("xshards")>;  ///< -> expert_shard_list
+using host_tier_atom = caf::atom_constant<caf::atom("hosttier")>;  ///< -> a node's cache_tier_actor
 using report_atom = caf::atom_constant<caf::atom("report")>;    ///< an engine's load report is due
 using ping_atom = caf::atom_constant<caf::atom("ping")>;          ///< -> pong_atom: are you alive?
 using pong_atom = caf::atom_constant<caf::atom("pong")>;          ///< the answer to ping_atom

@@ -16,8 +16,20 @@
 namespace troupe::actors {
 namespace {
 
+/// Where the tier reports its hashes (msg::tier_report_to), and when.
+struct tier_reporting {
+  balancer_actor balancer;
+  int32_t tier_index = 0;
+  int64_t interval_ns = 0;
+  int64_t last_ns = 0;  // the last report's time
+  bool armed = false;   // a report_atom is on its way
+  bool snapshot_due = true;
+  uint64_t seq = 0;  // reports sent
+};
+
 struct cache_tier_state {
   std::optional<kv::tier_store> store;
+  std::optional<tier_reporting> reporting;
   std::shared_ptr<kv::lower_tier> lower;  // the tier below, if any
   lower_read_cost read_cost;
   int64_t num_disk_puts = 0;     // evicted blocks written to the lower tier
@@ -73,6 +85,40 @@ msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
   return out;
 }
 
+/// Reports the store's hashes to the balancer: a snapshot when due (first, when asked again, after
+/// the event log overflowed), else the change since the last report if there is one. Blocks
+/// past their TTL are dropped first; ones that expire later are reported with the next change.
+void send_events(cache_tier_pointer self) {
+  cache_tier_state& st = self->state;
+  tier_reporting& r = *st.reporting;
+  const int64_t now = now_ns(self);
+  (void)st.store->expire(now);
+  kv::cache_events events = st.store->take_events();
+  const bool snapshot = r.snapshot_due || events.overflowed;
+  if (!snapshot && events.added.empty() && events.removed.empty()) return;
+  msg::tier_events out{r.tier_index, ++r.seq, snapshot, {}, {}};
+  if (snapshot) {
+    out.added = st.store->hashes();
+  } else {
+    out.added = std::move(events.added);
+    out.removed = std::move(events.removed);
+  }
+  r.snapshot_due = false;
+  r.last_ns = now;
+  self->send(r.balancer, std::move(out));
+}
+
+/// The store may have changed: report now, or once the interval since the last report passed.
+void note_change(cache_tier_pointer self) {
+  if (!self->state.reporting) return;
+  tier_reporting& r = *self->state.reporting;
+  if (r.armed) return;
+  const int64_t since = now_ns(self) - r.last_ns;
+  if (since >= r.interval_ns) return send_events(self);
+  r.armed = true;
+  self->delayed_send(self, caf::timespan{r.interval_ns - since}, report_atom::value);
+}
+
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,
                                                     std::shared_ptr<kv::lower_tier> lower, lower_read_cost read_cost) {
   self->state.store.emplace(std::move(store));
@@ -89,10 +135,12 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         const int64_t now = now_ns(self);
         const std::vector<kv::evicted_tier_block> evicted = s.put(std::move(p.block), p.cls, now);
         demote_to_disk(self->state, evicted, now);
+        note_change(self);
         return static_cast<int64_t>(evicted.size());
       },
       [=](msg::tier_get& g) -> msg::tier_got {
         const kv::kv_block* b = self->state.store->get(g.hash, now_ns(self));
+        note_change(self);  // an expired block may have gone
         if (b == nullptr) return {};
         return msg::tier_got{true, *b};
       },
@@ -103,6 +151,7 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
                                                                  " must be >= 0");
         const int64_t hits_before = self->state.num_disk_hits;
         msg::tier_blocks blocks = fetch(self->state, q, now_ns(self));
+        note_change(self);  // expired blocks may have gone
         const int64_t num_read = self->state.num_disk_hits - hits_before;  // every read costs, kept or not
         const caf::mailbox_element* asked = self->current_mailbox_element();
         if (num_read == 0 || !self->state.read_cost || !asked->mid.is_request()) return blocks;
@@ -112,7 +161,30 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
                                                                  std::move(blocks)));
         return caf::delegated<msg::tier_blocks>{};
       },
-      [=](stats_atom) { return report(self->state, now_ns(self)); },
+      [=](stats_atom) {
+        msg::tier_report out = report(self->state, now_ns(self));
+        note_change(self);  // expired blocks may have gone
+        return out;
+      },
+      [=](msg::tier_report_to& r) {
+        // From the balancer's node; checked all the same: the handle and the interval.
+        if (!r.balancer || r.interval_ms < 1 || r.interval_ms > 60000) {
+          spdlog::warn("cache tier: a report_to without a balancer or with an interval outside 1..60000 ms: ignored");
+          return;
+        }
+        if (!self->state.reporting) self->state.reporting.emplace();
+        tier_reporting& to = *self->state.reporting;  // asked again: numbered on; a report_atom armed still comes
+        to.balancer = std::move(r.balancer);
+        to.tier_index = r.tier_index;
+        to.interval_ns = int64_t{r.interval_ms} * 1000000;
+        to.snapshot_due = true;
+        send_events(self);
+      },
+      [=](report_atom) {
+        if (!self->state.reporting) return;
+        self->state.reporting->armed = false;
+        send_events(self);
+      },
   };
 }
 

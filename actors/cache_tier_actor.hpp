@@ -10,6 +10,12 @@
 /// The disk's file I/O runs in this actor, never in an engine (which does not wait for a
 /// tier's answers). With a `lower_read_cost` (the simulator's), a fetch that read blocks from
 /// the lower tier is answered that much later on the actor system's clock.
+///
+/// Reports (msg::tier_report_to, from the balancer): the chain hashes the store holds go to the
+/// balancer's prefix directory as msg::tier_events — a snapshot first (and whenever asked
+/// again, or after the store's event log overflowed), then the net change since the last
+/// report, at most every interval and only when there is one (blocks past their TTL are dropped
+/// first). What the disk tier below holds is not reported.
 
 #include <cstdint>
 #include <functional>

@@ -69,11 +69,14 @@ struct placement {
   std::string kv_host;         ///< the decode node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
   std::string error;
+  /// The cache tier (an index of report_to::cache_tiers) the engine computing the prompt is to
+  /// fetch its prefix from; -1: its own node's (balance::placement::cache_tier).
+  int32_t cache_tier = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
-  return f(x.prefill, x.decode, x.prefill_name, x.decode_name, x.kv_host, x.kv_port, x.error);
+  return f(x.prefill, x.decode, x.prefill_name, x.decode_name, x.kv_host, x.kv_port, x.error, x.cache_tier);
 }
 
 /// Request -> prefill engine: compute the prompt's KV, then hand the request to `decode`.
@@ -129,17 +132,33 @@ typename Inspector::result_type inspect(Inspector& f, kv_arrived& x) {
 
 /// Balancer -> engine: report your load to `balancer` at most every `interval_ms`; with
 /// `cache_events`, also your pool's cached chain hashes, starting with a snapshot (sent again
-/// when the balancer lost track of them: the next report is a snapshot).
+/// when the balancer lost track of them: the next report is a snapshot). `cache_tiers`: the
+/// cluster's cache tiers in the balancer's order, which a placement's `cache_tier` indexes.
 struct report_to {
   actors::balancer_actor balancer;
   int32_t engine_index = 0;
   int32_t interval_ms = 20;
   bool cache_events = false;
+  std::vector<actors::cache_tier_actor> cache_tiers{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, report_to& x) {
-  return f(x.balancer, x.engine_index, x.interval_ms, x.cache_events);
+  return f(x.balancer, x.engine_index, x.interval_ms, x.cache_events, x.cache_tiers);
+}
+
+/// Balancer -> cache tier: report the chain hashes you hold to `balancer` (msg::tier_events) at
+/// most every `interval_ms`, starting with a snapshot (sent again when asked again: the
+/// balancer lost track of them).
+struct tier_report_to {
+  actors::balancer_actor balancer;
+  int32_t tier_index = 0;
+  int32_t interval_ms = 20;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tier_report_to& x) {
+  return f(x.balancer, x.tier_index, x.interval_ms);
 }
 
 /// Engine -> balancer: a load report. With cache events (report_to), report `cache_seq` also

@@ -37,6 +37,7 @@ struct engine_state {
   std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
   std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
   balancer_actor balancer;
+  std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancer's order (report_to)
   grammar_actor grammars;  // compiles requests' grammars before they are admitted
   /// Requests waiting for their grammar, by their request actor: a release from it drops one
   /// before admission (the compile's answer then finds it gone).
@@ -67,7 +68,8 @@ namespace {
 
 engine::engine_host_options host_options(const engine_options& o) {
   engine::engine_config config = o.config;
-  config.host_tier = static_cast<bool>(o.host_tier);
+  config.host_tier = static_cast<bool>(o.host_tier) || o.cluster_tiers;
+  config.own_tier = static_cast<bool>(o.host_tier);
   return {o.checkpoint ? o.checkpoint->config() : o.model, o.bos_id, o.eos_id, config, o.max_waiting,
           o.check_invariants_every, o.kv_sender != nullptr, o.kv_tag_base};
 }
@@ -154,11 +156,24 @@ void forward(engine_actor_t* self, engine::forward& f, const request_actor& call
   post(self, to, std::move(m), bytes);
 }
 
-/// Asks the host tier for the blocks after the pool's prefix; no answer within the timeout (or an
-/// error) is an empty answer: the request recomputes those tokens.
+/// A request's tier as the balancer named it, if this engine knows that tier; else -1 (its own).
+void check_cache_tier(engine_actor_t* self, engine::request& r) {
+  if (r.cache_tier < 0 || static_cast<size_t>(r.cache_tier) >= self->state.cache_tiers.size() ||
+      !self->state.cache_tiers[static_cast<size_t>(r.cache_tier)])
+    r.cache_tier = -1;
+}
+
+/// Asks a cache tier (the request's, else the node's own) for the blocks after the pool's prefix;
+/// no answer within the timeout (or an error) is an empty answer: the request recomputes those
+/// tokens.
 void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
   const engine::request_id id = f.id;
-  self->request(self->state.options.host_tier, self->state.options.tier_fetch_timeout,
+  engine_state& st = self->state;
+  const cache_tier_actor tier =
+      f.cache_tier >= 0 && static_cast<size_t>(f.cache_tier) < st.cache_tiers.size() ? st.cache_tiers[f.cache_tier]
+                                                                                    : st.options.host_tier;
+  if (!tier) return perform(self, st.host->tier_answered(id, {}, now_ns(self)));  // none to ask: a miss
+  self->request(tier, self->state.options.tier_fetch_timeout,
                 msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max})
       .then([=](msg::tier_blocks& b) {
               if (!b.from_lower.empty() && b.from_lower.size() != b.blocks.size()) b.from_lower.clear();  // counts only
@@ -330,6 +345,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   engine_state& st = self->state;
   const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
   if (s.decode && !validate_caller(caller, s.request.id)) return st.host->note_received();
+  check_cache_tier(self, s.request);
   std::optional<engine::peer_id> decode;
   if (s.decode) {  // decode engines are few: numbered in order of appearance
     auto it = std::find(st.decodes.begin(), st.decodes.end(), s.decode);
@@ -346,6 +362,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
 /// and its tokens do not change.
 void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   if (!validate_caller(h.request_actor, h.request.id) || here_already(self, h.request.id, h.request_actor)) return;
+  check_cache_tier(self, h.request);
   const request_actor to = h.request_actor;
   auto payload = msg::decode_kv_payload(h.payload);
   if (!payload) {
@@ -450,6 +467,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
         if (!validate_caller(caller, s.request.id) || here_already(self, s.request.id, caller))
           return self->state.host->note_received();
+        check_cache_tier(self, s.request);
         with_grammar(self, std::move(s.request), caller, /*uncounted=*/true, [=](engine::request r) {
           perform(self, self->state.host->submit(std::move(r), now_ns(self)), caller);
         });
@@ -469,6 +487,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       [=](msg::report_to& r) {
         if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)
         self->state.balancer = std::move(r.balancer);
+        self->state.cache_tiers = std::move(r.cache_tiers);
         const int64_t interval_ns = int64_t{std::max(1, r.interval_ms)} * 1000000;
         perform(self, self->state.host->report_to(r.engine_index, interval_ns, now_ns(self), r.cache_events));
       },

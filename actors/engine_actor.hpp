@@ -16,7 +16,9 @@
 /// (an idle engine sets no timer).
 ///
 /// Host tier: given `host_tier`, blocks the pool evicts go to it (`tier_put`, answers not
-/// awaited) and a pool miss asks it (`tier_fetch`, a request with a timeout whose answer is a
+/// awaited) and a pool miss asks it — or the tier of another node the request's placement
+/// names (engine::request::cache_tier, an index of the balancer's list in report_to; an index
+/// it does not know is ignored) — (`tier_fetch`, a request with a timeout whose answer is a
 /// message like any other): the engine never blocks on the tier (actors/sync_guard.hpp).
 ///
 /// Failure: if the executor fails (it replies with an error or dies), every unfinished request
@@ -72,6 +74,10 @@ struct engine_options {
   /// cached blocks the pool evicts are demoted to it and a request whose prompt the pool lacks
   /// waits up to `tier_fetch_timeout` for the tier's blocks (then recomputes what is missing).
   cache_tier_actor host_tier;
+  /// Whether other nodes of the cluster have cache tiers: then, with or without its own, the
+  /// engine fetches a request's prefix from the tier its placement names (the balancer's list,
+  /// msg::report_to::cache_tiers; engine::request::cache_tier), up to `tier_fetch_timeout`.
+  bool cluster_tiers = false;
   /// Grammar-constrained decoding: the tokens' bytes (grammar::vocabulary_of the model's
   /// tokenizer). Without it, a request with a grammar is rejected.
   std::shared_ptr<const grammar::vocabulary> vocabulary;

@@ -1,5 +1,6 @@
 #include "actors/load_balancer_actor.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -33,6 +34,7 @@ struct live_request {
 /// Actor handles only: the bookkeeping is the host's (runtime/balance/balancer_host.hpp).
 struct load_balancer_state {
   load_balancer_options o;
+  std::vector<cache_tier_actor> tiers;  // the engines' nodes' cache tiers, each once, in engine order
   std::optional<balance::balancer_host> host;
   std::optional<balance::token_bucket> rate_limit;
   int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
@@ -159,6 +161,7 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
     out.prefill = st.o.engines[*chosen->prefill].actor;
     out.prefill_name = where(st.o.engines[*chosen->prefill]);
   }
+  if (chosen->cache_tier) out.cache_tier = static_cast<int32_t>(*chosen->cache_tier);
   return out;
 }
 
@@ -193,7 +196,36 @@ void ask_reports(load_balancer_t* self, size_t index) {
   if (st.o.report_interval_ms <= 0) return;
   self->send(st.o.engines[index].actor,
              msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index), st.o.report_interval_ms,
-                            st.host->wants_cache_events(index)});
+                            st.host->wants_cache_events(index), st.tiers});
+}
+
+/// Asks cache tier `index` for its hashes (a snapshot first), if the host wants them.
+void ask_tier_reports(load_balancer_t* self, size_t index) {
+  const load_balancer_state& st = self->state;
+  if (st.o.report_interval_ms <= 0 || !st.host->wants_tier_events(index)) return;
+  self->send(st.tiers[index],
+             msg::tier_report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index), st.o.report_interval_ms});
+}
+
+/// A cache tier's hashes count only from the tier they name.
+void on_tier_events(load_balancer_t* self, msg::tier_events& r) {
+  const std::vector<cache_tier_actor>& tiers = self->state.tiers;
+  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  if (r.tier_index < 0 || static_cast<size_t>(r.tier_index) >= tiers.size() ||
+      tiers[static_cast<size_t>(r.tier_index)].address() != sender) {
+    spdlog::warn("load balancer: dropped a cache tier report for tier {} that did not come from that tier", r.tier_index);
+    return;
+  }
+  const balance::pool_events events{r.seq, r.snapshot, std::move(r.added), std::move(r.removed)};
+  switch (self->state.host->on_tier_report(r.tier_index, events)) {
+    case balance::report_outcome::ignored:
+      spdlog::warn("load balancer: ignored a report of cache tier {} with a count out of range", r.tier_index);
+      return;
+    case balance::report_outcome::resync:
+      return ask_tier_reports(self, static_cast<size_t>(r.tier_index));
+    case balance::report_outcome::taken:
+      return;
+  }
 }
 
 /// The node at host:port listed `engines`: its lost engines of the topology are these now
@@ -266,6 +298,10 @@ void on_down(load_balancer_t* self, const caf::down_msg& dm) {
     st.placed.erase(it);
     return;
   }
+  for (size_t t = 0; t < st.tiers.size(); t++)
+    if (st.tiers[t].address() == dm.source && st.host->cache_tier_lost(t))
+      spdlog::warn("load balancer: cache tier {} is lost ({}); its prefixes no longer count", t,
+                   self->system().render(dm.reason));
   for (size_t i = 0; i < st.o.engines.size(); i++)
     if (st.o.engines[i].actor.address() == dm.source && st.host->mark_lost(i))
       tell_lost(self, i, self->system().render(dm.reason));
@@ -317,17 +353,30 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   load_balancer_state& st = self->state;
   st.o = std::move(options);
   std::vector<balance::engine_spec> specs;
+  std::vector<balance::cache_tier_spec> tier_specs;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
     const balanced_engine& e = st.o.engines[i];
-    specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, e.block_size, where(e)});
+    int32_t tier = -1;
+    if (e.host_tier) {
+      const auto found = std::find(st.tiers.begin(), st.tiers.end(), e.host_tier);
+      tier = static_cast<int32_t>(found - st.tiers.begin());
+      if (found == st.tiers.end()) {
+        st.tiers.push_back(e.host_tier);
+        tier_specs.push_back(balance::cache_tier_spec{std::max<int64_t>(0, e.host_tier_blocks), std::max(1, e.block_size)});
+        self->monitor(e.host_tier);
+      }
+    }
+    specs.push_back(balance::engine_spec{e.kind, e.max_num_seqs, e.kv_capacity_tokens, e.block_size, where(e), tier});
     self->monitor(e.actor);
   }
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
   if (st.o.rate_limit_per_s > 0) st.rate_limit.emplace(st.o.rate_limit_per_s, st.o.rate_limit_burst);
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
-                  balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight});
+                  balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight},
+                  std::move(tier_specs));
   for (size_t i = 0; i < st.o.engines.size(); i++) ask_reports(self, i);
+  for (size_t t = 0; t < st.tiers.size(); t++) ask_tier_reports(self, t);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   guard_boundary(self);
   if (st.o.heartbeat_interval_ms > 0) self->send(self, heartbeat_atom::value);
@@ -339,6 +388,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
       },
       [=](const msg::place_request& p) { return place(self, p); },
       [=](msg::load_report& r) { on_report(self, r); },
+      [=](msg::tier_events& r) { on_tier_events(self, r); },
       [=](heartbeat_atom) {
         // Its own timer only: each forged one would start another heartbeat chain, forever.
         if (self->current_sender() == self->ctrl()) return on_heartbeat(self);

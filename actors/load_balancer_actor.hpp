@@ -14,6 +14,12 @@
 /// Its bookkeeping is a balance::balancer_host (runtime/balance/balancer_host.hpp); the actor
 /// keeps the engine and request-actor handles and spawns the request actors.
 ///
+/// Cache tiers: the engines' nodes' host tiers (balanced_engine::host_tier), each once, are
+/// numbered in engine order; every engine gets that list with its report_to. With a router that
+/// uses prefixes, each tier of the directory's block size is asked to report its hashes
+/// (msg::tier_report_to; taken only from the tier they name) and monitored (a dead tier holds
+/// nothing); a placement may name the tier its computing engine is to fetch the prefix from.
+///
 /// What it knows about engines: the live requests it placed (exact: it monitors every request
 /// actor) and each engine's load reports (every `report_interval_ms` at most, so token counts
 /// lag by one interval plus a network hop; what it placed since a report is added on top). It
@@ -58,6 +64,11 @@ struct balanced_engine {
   std::string node_host;
   uint16_t node_port = 0;
   size_t index_on_node = 0;
+  /// Its node's host-memory cache tier (none: invalid) and that tier's capacity in blocks (of
+  /// `block_size`). Engines of one node share it; the balancer's prefix directory keeps its
+  /// hashes and a placement may name it for an engine on another node (balancer_host.hpp).
+  cache_tier_actor host_tier;
+  int64_t host_tier_blocks = 0;
 };
 
 /// Mixed engines with equal default capacities (one-node setups, the simulator).

@@ -37,6 +37,7 @@ struct prefilled;
 struct kv_handoff;
 struct kv_arrived;
 struct report_to;
+struct tier_report_to;
 struct load_report;
 struct engine_lost;
 struct forwarded;
@@ -49,12 +50,14 @@ using executor_actor = caf::typed_actor<caf::replies_to<engine::exec_plan>::with
 
 /// A cache tier (issue 14; actors/cache_tier_actor.hpp): the longest prefix it holds, store a
 /// block (answered with the number of blocks evicted), read one back, fetch the blocks that
-/// follow an engine's own prefix, its counters.
+/// follow an engine's own prefix, its counters; report its hashes to the balancer's prefix
+/// directory (`report_atom` is its own report timer).
 using cache_tier_actor = caf::typed_actor<caf::replies_to<msg::tier_lookup>::with<int32_t>,
                                           caf::replies_to<msg::tier_put>::with<int64_t>,
                                           caf::replies_to<msg::tier_get>::with<msg::tier_got>,
                                           caf::replies_to<msg::tier_fetch>::with<msg::tier_blocks>,
-                                          caf::replies_to<stats_atom>::with<msg::tier_report>>;
+                                          caf::replies_to<stats_atom>::with<msg::tier_report>,
+                                          caf::reacts_to<msg::tier_report_to>, caf::reacts_to<report_atom>>;
 
 /// An expert shard (issue 18; actors/expert_shard_actor.hpp): computes the rows one MoE layer of
 /// a step routed to its experts; sends copies of its experts' weights, takes more, drops some
@@ -97,9 +100,11 @@ using expert_shard_list = std::vector<expert_shard_actor>;
 /// drains the node when asked by `troupe drain` (the node's name, a grace period in ms or -1 for
 /// the topology's; answered with the grace period it drains with). What such a node publishes:
 /// a surface for cluster members (docs/security.md). A shard host lists its expert shards
-/// (topology [[expert_shard]], docs/moe.md) for the nodes of their engines.
+/// (topology [[expert_shard]], docs/moe.md) for the nodes of their engines. A node with a host
+/// tier names it for the balancer's prefix directory (an invalid handle: none).
 using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_list>,
                                     caf::replies_to<expert_shards_atom>::with<expert_shard_list>,
+                                    caf::replies_to<host_tier_atom>::with<cache_tier_actor>,
                                     caf::replies_to<drain_atom, std::string, int32_t>::with<int32_t>>;
 
 /// The load balancer as clients see it: submit a completion, get its request actor. The only
@@ -108,10 +113,11 @@ using node_actor = caf::typed_actor<caf::replies_to<engines_atom>::with<engine_l
 using balancer_client_actor =
     caf::typed_actor<caf::replies_to<msg::submit_completion>::with<request_actor>>;
 
-/// The whole load balancer: placement for request actors, load reports from engines, its
-/// heartbeat timer. Never published: it checks the sender of each of these messages.
+/// The whole load balancer: placement for request actors, load reports from engines and cache
+/// tiers, its heartbeat timer. Never published: it checks the sender of each of these messages.
 using balancer_actor = balancer_client_actor::extend<caf::replies_to<msg::place_request>::with<msg::placement>,
                                                      caf::reacts_to<msg::load_report>,
+                                                     caf::reacts_to<msg::tier_events>,
                                                      caf::reacts_to<heartbeat_atom>,
                                                      caf::reacts_to<rejoin_atom>>;
 

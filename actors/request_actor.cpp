@@ -82,6 +82,7 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
   self->state.placed = std::move(*offered);
   const msg::placement& placed = self->state.placed;
   self->monitor(placed.decode);
+  s.request.cache_tier = placed.cache_tier;  // where its engine fetches the prompt's prefix from
   if (s.kv) {  // forwarded with its KV: straight to the decode engine, as a prefill engine would
     const int64_t id = s.request.id;
     std::vector<uint8_t> payload = msg::encode_kv_payload(id, *s.kv);

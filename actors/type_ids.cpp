@@ -33,6 +33,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::kv_handoff>("troupe::kv_handoff");
   cfg.add_message_type<msg::kv_arrived>("troupe::kv_arrived");
   cfg.add_message_type<msg::report_to>("troupe::report_to");
+  cfg.add_message_type<msg::tier_report_to>("troupe::tier_report_to");
   cfg.add_message_type<msg::load_report>("troupe::load_report");
   cfg.add_message_type<msg::engine_lost>("troupe::engine_lost");
   cfg.add_message_type<msg::forwarded>("troupe::forwarded");
@@ -45,6 +46,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::tier_fetch>("troupe::tier_fetch");
   cfg.add_message_type<msg::tier_blocks>("troupe::tier_blocks");
   cfg.add_message_type<msg::tier_report>("troupe::tier_report");
+  cfg.add_message_type<msg::tier_events>("troupe::tier_events");
   cfg.add_message_type<moe::expert_request>("troupe::expert_request");
   cfg.add_message_type<moe::expert_reply>("troupe::expert_reply");
   cfg.add_message_type<msg::fetch_experts>("troupe::fetch_experts");
@@ -55,6 +57,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<executor_actor>("troupe::executor_actor");
   cfg.add_message_type<engine_list>("troupe::engine_list");
   cfg.add_message_type<expert_shard_list>("troupe::expert_shard_list");
+  cfg.add_message_type<cache_tier_actor>("troupe::cache_tier_actor");
 }
 
 void configure_real_time(caf::actor_system_config& cfg) {

@@ -112,4 +112,21 @@ typename Inspector::result_type inspect(Inspector& f, tier_report& x) {
            x.num_disk_puts, x.num_disk_refused, x.num_disk_hits, x.num_disk_expirations);
 }
 
+/// tier -> balancer (msg::tier_report_to): the chain hashes the tier holds, all of them
+/// (`snapshot`) or the change since report `seq` - 1 (kv::tier_store::take_events), for the
+/// prefix directory (runtime/balance/prefix_directory.hpp). `tier_index` is the balancer's
+/// number of the tier.
+struct tier_events {
+  int32_t tier_index = 0;
+  uint64_t seq = 0;  ///< 1, 2, ...
+  bool snapshot = false;
+  std::vector<uint64_t> added;
+  std::vector<uint64_t> removed;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tier_events& x) {
+  return f(x.tier_index, x.seq, x.snapshot, x.added, x.removed);
+}
+
 }  // namespace troupe::msg

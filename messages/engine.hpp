@@ -26,7 +26,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request& x) {
   // compiled_grammar stays behind: the receiving engine compiles the spec again.
   return f(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids,
-           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class, x.grammar, x.num_resumed_tokens);
+           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class, x.grammar, x.num_resumed_tokens, x.cache_tier);
 }
 
 }  // namespace troupe::engine

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -129,6 +130,59 @@ TEST(BalancerHost, AnEngineOfAnotherBlockSizeIsCreditedWithItsPlacedPromptsOnly)
   balancer_host plain({m0}, {}, 0, 0);  // no prefixes at all
   EXPECT_FALSE(plain.wants_cache_events(0));
   EXPECT_EQ(plain.on_report(0, engine_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
+  h.check_invariants();
+}
+
+TEST(BalancerHost, ACacheTiersPrefixCountsForEveryEngineAndThePlacementNamesTheTierToFetchFrom) {
+  // m0 has no tier, m1 and m2 share tier 0 (one node), m3 has tier 1; tier 2 is of another
+  // block size (it reports nothing).
+  engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
+  engine_spec m2 = spec(engine_kind::mixed, "m2"), m3 = spec(engine_kind::mixed, "m3");
+  m1.cache_tier = 0;
+  m2.cache_tier = 0;
+  m3.cache_tier = 1;
+  balancer_host h({m0, m1, m2, m3}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5},
+                  {cache_tier_spec{4, 16}, cache_tier_spec{4, 16}, cache_tier_spec{4, 8}});
+  ASSERT_EQ(h.num_cache_tiers(), 3u);
+  EXPECT_TRUE(h.wants_tier_events(0));
+  EXPECT_FALSE(h.wants_tier_events(2));
+  ASSERT_EQ(h.on_tier_report(1, pool_events{1, true, {11, 12, 13}, {}}), report_outcome::taken);
+  ASSERT_EQ(h.on_tier_report(0, pool_events{1, true, {11}, {}}), report_outcome::taken);
+  // Every engine counts tier 1's 3 blocks: the tie goes to m0, which fetches from tier 1.
+  auto p = h.place(1, 64, {11, 12, 13, 14});
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->decode, 0u);
+  EXPECT_EQ(p->cache_tier, std::optional<size_t>(1));
+  // m0 is busier now: m1 (its own tier holds 1 block, tier 1 holds 3) is told tier 1.
+  p = h.place(2, 64, {11, 12, 13, 14});
+  EXPECT_EQ(p->decode, 1u);
+  EXPECT_EQ(p->cache_tier, std::optional<size_t>(1));
+  // m2 and m3 idle; the prefix only in m3's own tier: m2 (lower index) is told tier 1, m3 would not be.
+  p = h.place(3, 64, {11, 12, 13, 14});
+  EXPECT_EQ(p->decode, 2u);
+  EXPECT_EQ(p->cache_tier, std::optional<size_t>(1));
+  p = h.place(4, 64, {11, 12, 13, 14});
+  EXPECT_EQ(p->decode, 3u);
+  EXPECT_EQ(p->cache_tier, std::nullopt);  // its own tier holds the most: it asks that anyway
+  // A prefix no tier holds names none.
+  EXPECT_EQ(h.place(5, 64, {21, 22, 23, 24})->cache_tier, std::nullopt);
+  h.check_invariants();
+  // Reports that do not count: no such tier, one that does not report, over its capacity, a
+  // removal in a snapshot, seq 0; a gap asks for a snapshot.
+  EXPECT_EQ(h.on_tier_report(3, pool_events{2, true, {}, {}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_tier_report(-1, pool_events{2, true, {}, {}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_tier_report(2, pool_events{1, true, {1}, {}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_tier_report(1, pool_events{2, true, {1, 2, 3, 4, 5}, {}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_tier_report(1, pool_events{2, true, {1}, {2}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_tier_report(1, pool_events{0, true, {1}, {}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_tier_report(1, pool_events{3, false, {14}, {}}), report_outcome::resync);
+  EXPECT_EQ(h.prefixes().tier_cached_blocks(1, {11}), 0);
+  // A lost tier holds nothing and its reports are ignored.
+  EXPECT_EQ(h.on_tier_report(1, pool_events{4, true, {11, 12, 13}, {}}), report_outcome::taken);
+  EXPECT_TRUE(h.cache_tier_lost(1));
+  EXPECT_FALSE(h.cache_tier_lost(1));
+  EXPECT_EQ(h.on_tier_report(1, pool_events{5, true, {11}, {}}), report_outcome::ignored);
+  EXPECT_EQ(h.prefixes().tier_cached_blocks(1, {11}), 0);
   h.check_invariants();
 }
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -121,6 +122,58 @@ TEST_F(CacheTierActor, BlocksExpireByClassOnTheActorSystemsClock) {
   EXPECT_TRUE(get(1).found);
   sched_.clock().current_time += 7 * 24h;
   EXPECT_FALSE(get(1).found);
+}
+
+TEST_F(CacheTierActor, ReportsItsHashesToTheBalancerASnapshotFirstThenTheChangesAtMostEveryInterval) {
+  start(2);
+  EXPECT_EQ(put(0), 0);
+  const auto log = std::make_shared<std::vector<msg::tier_events>>();
+  const caf::actor balancer = sys_.spawn([log]() -> caf::behavior {
+    return {[log](msg::tier_events& e) { log->push_back(std::move(e)); }};
+  });
+  const auto report_to = [&](int32_t interval_ms) {
+    caf::anon_send(tier_, msg::tier_report_to{caf::actor_cast<actors::balancer_actor>(balancer), 5, interval_ms});
+    sched_.run();
+  };
+  const auto hash = [&](int32_t i) { return block_of(tokens_, i, block_size).hash; };
+  const auto sorted = [](std::vector<uint64_t> h) {
+    std::sort(h.begin(), h.end());
+    return h;
+  };
+  const auto expect_events = [&](size_t i, uint64_t seq, bool snapshot, const std::vector<uint64_t>& added,
+                                 const std::vector<uint64_t>& removed) {
+    ASSERT_GT(log->size(), i);
+    const msg::tier_events& e = (*log)[i];
+    EXPECT_EQ(e.tier_index, 5);
+    EXPECT_EQ(e.seq, seq);
+    EXPECT_EQ(e.snapshot, snapshot);
+    EXPECT_EQ(e.added, added);
+    EXPECT_EQ(e.removed, removed);
+  };
+  report_to(0);  // no interval: ignored
+  report_to(60001);
+  EXPECT_TRUE(log->empty());
+  report_to(20);
+  ASSERT_EQ(log->size(), 1u);
+  expect_events(0, 1, true, {hash(0)}, {});
+  // Changes within the interval wait for its end, then go as one net change.
+  EXPECT_EQ(put(1), 0);
+  EXPECT_EQ(put(2), 1);  // evicts block 0
+  EXPECT_EQ(log->size(), 1u);
+  sched_.advance_time(20ms);
+  sched_.run();
+  ASSERT_EQ(log->size(), 2u);
+  expect_events(1, 2, false, sorted({hash(1), hash(2)}), {hash(0)});
+  // Uses are no change: nothing is sent.
+  EXPECT_TRUE(get(1).found);
+  sched_.advance_time(20ms);
+  sched_.run();
+  EXPECT_EQ(log->size(), 2u);
+  // Asked again (the balancer lost track): a snapshot, numbered on.
+  report_to(20);
+  ASSERT_EQ(log->size(), 3u);
+  expect_events(2, 3, true, sorted({hash(1), hash(2)}), {});
+  caf::anon_send_exit(balancer, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(CacheTierActor, RefusesBadBlocksAtTheDoorAndServesOn) {

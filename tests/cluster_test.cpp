@@ -128,7 +128,11 @@ class Cluster : public ::testing::Test {
   /// Starts the three node processes (decode nodes first) and connects to the balancer;
   /// `balancer_lines` are added to the [load_balancer] table.
   void start(const std::string& kv_transfer, const std::string& balancer_lines = "") {
-    const std::string topo = topology(kv_transfer, balancer_lines);
+    start_topology(topology(kv_transfer, balancer_lines));
+  }
+
+  /// Starts node1, node2 and node0 of the topology file `topo` and connects to the balancer.
+  void start_topology(const std::string& topo) {
     for (const char* name : {"node1", "node2", "node0"}) {
       const std::string out = (dir_ / (std::string(name) + ".out")).string();
       const std::string err = (dir_ / (std::string(name) + ".err")).string();
@@ -447,6 +451,45 @@ TEST_F(Cluster, HostTiersServeThePrefixesPoolsEvictedAndChangeNoOutput) {
   EXPECT_GT(r[0].num_demoted_blocks, 0);  // prefill0's pool evicted prompts of the first round ...
   EXPECT_GT(r[0].num_host_hit_tokens, 0);  // ... which the second round took back from node1's tier
   EXPECT_EQ(r[0].num_generated_tokens, 0);
+}
+
+TEST_F(Cluster, AnEngineOnANodeWithoutATierFetchesThePrefixFromAnotherNodesTier) {
+  // node1: engine e1 over a host tier; node2: engine e2, no tier, one sequence at a time, first
+  // in the balancer's order (ties go to it); a prefix-affinity balancer on node0.
+  const std::string models = TROUPE_MODELS_DIR;
+  const std::string topo = (dir_ / "tiers.toml").string();
+  {
+    std::ofstream f(topo);
+    f << "[cluster]\nname = \"tiers\"\ndrain_grace_ms = 100\n";
+    for (int n = 0; n < 3; n++)
+      f << "\n[[node]]\nname = \"node" << n << "\"\nhost = \"127.0.0.1\"\nport = " << port(n)
+        << (n == 1 ? "\nhost_tier_blocks = 512\n" : "\n");
+    f << "\n[load_balancer]\nnode = \"node0\"\nrouter = \"prefix_affinity\"\nconnect_timeout_ms = 30000\n";
+    for (const char* e : {"e2\"\nnode = \"node2\"\nmax_num_seqs = 1", "e1\"\nnode = \"node1\""})
+      f << "\n[[engine]]\nname = \"" << e << "\nmodel = \"" << models << "/stories260K.bin\"\ntokenizer = \"" << models
+        << "/tok512.bin\"\nkv_blocks = 24\n";
+  }
+  start_topology(topo);
+  // Six prompts of 97 tokens (6 full blocks), no block shared. At once: e2 takes one and is then
+  // the busier; e1 computes the others, more than its pool holds, and its evictions go to its tier.
+  static const std::vector<golden_case> cases = golden_cases();
+  std::vector<msg::completion_request> requests;
+  for (size_t i = 0; i < 6; i++) {
+    const std::vector<int32_t>& ids = cases.at(i % cases.size()).token_ids;
+    std::vector<int32_t> window(ids.begin(), ids.begin() + 97);
+    window.at(5) = static_cast<int32_t>(300 + i);
+    requests.push_back(make_completion(bundled_shared().tok->decode(window), 20, 9200 + i, 1.0f, 0.9f));
+  }
+  expect_all_match(requests, run_all(requests), "first round");
+  // Again, one at a time: a prompt only node1's tier holds counts for both engines, the tie goes
+  // to e2, and its placement names node1's tier, which e2 fetches the prefix from.
+  for (size_t i = 0; i < requests.size(); i++)
+    expect_all_match({requests[i]}, run_all({requests[i]}), "second round, request " + std::to_string(i));
+  const std::vector<msg::engine_report> r = reports();
+  ASSERT_EQ(r.size(), 2u);  // e1 (node1), e2 (node2)
+  EXPECT_GT(r[0].num_demoted_blocks, 0);
+  EXPECT_EQ(r[1].num_demoted_blocks, 0);  // no tier of its own
+  EXPECT_GT(r[1].num_host_hit_tokens, 0) << "e2 took no prefix from node1's tier";
 }
 
 TEST_F(Cluster, AnMoesExpertsOnAShardHostGiveTheTokensOfTheModelAlone) {

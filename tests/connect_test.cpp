@@ -32,6 +32,7 @@ TEST(Connect, ReachChecksThePublishedInterface) {
   const actors::node_actor node = server->spawn([]() -> actors::node_actor::behavior_type {
     return {[](actors::engines_atom) { return actors::engine_list{}; },
             [](actors::expert_shards_atom) { return actors::expert_shard_list{}; },
+            [](actors::host_tier_atom) { return actors::cache_tier_actor{}; },
             [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto port = actors::publish_actor(*server, node, 0, "127.0.0.1");

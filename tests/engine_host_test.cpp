@@ -621,6 +621,25 @@ TEST(EngineHost, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPrefi
   EXPECT_TRUE(ex.in_flight.front().plan.imports.empty());
 }
 
+TEST(EngineHost, WithoutATierOfItsOwnAnEngineFetchesOnlyFromTheTierARequestNames) {
+  engine_host_options o = tier_options();
+  o.config.own_tier = false;  // tiers on other nodes only: it demotes nothing
+  auto host = make_host(o);
+  fake_executor ex;
+  // No tier named: recomputed, no fetch.
+  EXPECT_EFFECTS(ex.take_plans(host->submit(tier_request(1), 100)), (effects{watch_caller{1}}));
+  // Tier 3 named: the request waits for its blocks, and the fetch says which tier.
+  request r = tier_request(2);
+  r.prompt.back() = 13;  // another request's prefix may not be in the pool yet: the same blocks
+  r.cache_tier = 3;
+  const effects fx = host->submit(r, 200);
+  ASSERT_EQ(fx.size(), 2u);
+  const auto* fetch = std::get_if<fetch_blocks>(&fx[1]);
+  ASSERT_NE(fetch, nullptr);
+  EXPECT_EQ(fetch->cache_tier, 3);
+  EXPECT_EQ(fetch->id, 2);
+}
+
 TEST(EngineHost, AMissAnErrorOrABadBlockFromTheTierMeansRecomputing) {
   auto host = make_host(tier_options());
   fake_executor ex;

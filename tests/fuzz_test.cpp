@@ -383,6 +383,7 @@ TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
   const actors::node_actor node = server.spawn([engine]() -> actors::node_actor::behavior_type {
     return {[engine](actors::engines_atom) { return actors::engine_list{engine}; },
             [](actors::expert_shards_atom) { return actors::expert_shard_list{}; },
+            [](actors::host_tier_atom) { return actors::cache_tier_actor{}; },
             [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto node_port = server.middleman().publish(node, 0, "127.0.0.1", true);

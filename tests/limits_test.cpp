@@ -302,6 +302,7 @@ TEST_F(Limits, APeerThatSendsNothingIsDisconnectedAfterTheIdleBoundAndOneWithHea
   const actors::node_actor node = server_->spawn([engine]() -> actors::node_actor::behavior_type {
     return {[engine](actors::engines_atom) { return actors::engine_list{engine}; },
             [](actors::expert_shards_atom) { return actors::expert_shard_list{}; },
+            [](actors::host_tier_atom) { return actors::cache_tier_actor{}; },
             [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto port = actors::publish_actor(*server_, node, 0, "127.0.0.1");
@@ -346,6 +347,7 @@ TEST_F(Limits, ConnectionsOverMaxConnectionsPerHostOrInAllAreClosedAtOnceAndAClo
   const actors::node_actor node = server_->spawn([engine]() -> actors::node_actor::behavior_type {
     return {[engine](actors::engines_atom) { return actors::engine_list{engine}; },
             [](actors::expert_shards_atom) { return actors::expert_shard_list{}; },
+            [](actors::host_tier_atom) { return actors::cache_tier_actor{}; },
             [](actors::drain_atom, const std::string&, int32_t) { return int32_t{0}; }};
   });
   auto port = actors::publish_actor(*server_, node, 0, "127.0.0.1");

@@ -121,5 +121,31 @@ TEST(PrefixDirectory, AGapOrAChangeThatDoesNotFitDropsThePoolsSetUntilASnapshotC
   EXPECT_EQ(d.cached_blocks(0, {2}), 1);
 }
 
+TEST(PrefixDirectory, ACacheTiersReportsAreItsSetByTheSameRulesAndNothingIsPlacedOnIt) {
+  prefix_directory d({4}, {3, 0});
+  EXPECT_EQ(d.num_tiers(), 2u);
+  EXPECT_EQ(d.tier_cached_blocks(0, {1, 2}), 0);  // no report yet
+  ASSERT_EQ(d.apply_tier(0, pool_events{1, true, {1, 2}, {}}), pool_sync::in_sync);
+  ASSERT_EQ(d.apply_tier(0, pool_events{2, false, {3}, {2}}), pool_sync::in_sync);
+  d.check_invariants();
+  EXPECT_EQ(d.tier_cached_blocks(0, {1, 3}), 2);
+  EXPECT_EQ(d.tier_cached_blocks(0, {1, 2}), 1);
+  EXPECT_EQ(d.cached_blocks(0, {1, 3}), 0);  // the engine's set is its own
+  EXPECT_EQ(d.num_tier_blocks(0), 2);
+  // A gap, then a snapshot; a tier over its capacity; a lost tier.
+  EXPECT_EQ(d.apply_tier(0, pool_events{4, false, {5}, {}}), pool_sync::ask_snapshot);
+  EXPECT_FALSE(d.tier_in_sync(0));
+  EXPECT_EQ(d.tier_cached_blocks(0, {1}), 0);
+  EXPECT_EQ(d.apply_tier(0, pool_events{5, false, {6}, {}}), pool_sync::awaiting_snapshot);
+  EXPECT_EQ(d.apply_tier(0, pool_events{6, true, {1, 2, 3}, {}}), pool_sync::in_sync);
+  EXPECT_EQ(d.apply_tier(0, pool_events{7, false, {4}, {}}), pool_sync::ask_snapshot);
+  EXPECT_EQ(d.apply_tier(1, pool_events{1, false, {}, {}}), pool_sync::ask_snapshot);  // a change before any snapshot
+  ASSERT_EQ(d.apply_tier(0, pool_events{8, true, {1}, {}}), pool_sync::in_sync);
+  d.forget_tier(0);
+  d.check_invariants();
+  EXPECT_EQ(d.tier_cached_blocks(0, {1}), 0);
+  EXPECT_FALSE(d.tier_in_sync(0));
+}
+
 }  // namespace
 }  // namespace troupe::balance

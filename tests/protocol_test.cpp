@@ -168,6 +168,7 @@ engine::request full_engine_request() {
   r.cache_class = kv::cache_class::agent;
   r.grammar = grammar::grammar_spec{grammar::grammar_kind::gbnf, "root ::= \"a\"", {9}, {"<call>"}};
   r.num_resumed_tokens = 1;
+  r.cache_tier = 2;
   return r;
 }
 
@@ -237,12 +238,14 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
       msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11, 21, 22, 23, 24, 25, 26, 27, 1.5, 28, 29});
   expect_round_trip(msg::submit_completion{full_completion_request(), some<actors::stream_receiver_actor>(), 11});
   expect_round_trip(msg::place_request{1, 2, 3, {4, 5}, some<actors::engine_actor>(), true});
-  expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err"});
+  expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err", 1});
   expect_round_trip(msg::submit_prefill{full_engine_request(), some<actors::engine_actor>(), "host", 4});
   expect_round_trip(msg::prefilled{6});
   expect_round_trip(msg::kv_handoff{full_engine_request(), some<actors::request_actor>(), {1, 2, 3}, 7});
   expect_round_trip(msg::kv_arrived{7, {1, 2}, "lost"});
-  expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30, true});
+  expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30, true,
+                                   {some<actors::cache_tier_actor>(), other<actors::cache_tier_actor>()}});
+  expect_round_trip(msg::tier_report_to{some<actors::balancer_actor>(), 2, 30});
   expect_round_trip(msg::load_report{1, 2, 3, 4, 5, true, 7, true, {8, 9}, {10}});
   expect_round_trip(msg::engine_lost{some<actors::engine_actor>(), "silent"});
   expect_round_trip(msg::forwarded{3, "drained", {1, 2, 3}});
@@ -257,6 +260,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::tier_fetch{{1, 2, 3, 4}, 1, 2});
   expect_round_trip(msg::tier_blocks{{full_kv_block(), full_kv_block()}, {0, 1}});
   expect_round_trip(msg::tier_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  expect_round_trip(msg::tier_events{1, 2, true, {3, 4}, {5}});
   expect_round_trip(moe::expert_request{2, 3, {1, 4}, {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}, {{1, {4}}, {3, {1, 4}}}});
   expect_round_trip(moe::expert_reply{{0.25f, -0.5f}});
   expect_round_trip(msg::fetch_experts{{{1, 2}, {3, 0}}});
@@ -266,12 +270,13 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(some<actors::executor_actor>());
   expect_round_trip(actors::engine_list{some<actors::engine_actor>(), other<actors::engine_actor>()});
   expect_round_trip(actors::expert_shard_list{some<actors::expert_shard_actor>(), other<actors::expert_shard_actor>()});
+  expect_round_trip(some<actors::cache_tier_actor>());
 
   std::set<std::string> registered;
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 40u) << "actors/type_ids.cpp registers 40 types";
+  EXPECT_EQ(registered.size(), 43u) << "actors/type_ids.cpp registers 43 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 

@@ -95,11 +95,12 @@ TEST_F(PublishedSurface, TheBalancersNodePublishesOnlySubmitCompletion) {
   EXPECT_NE(reached.actor->id(), node_.load_balancer.id());
 }
 
-TEST_F(PublishedSurface, ANodeWithoutTheBalancerPublishesOnlyItsEngineAndShardListsAndItsDrain) {
+TEST_F(PublishedSurface, ANodeWithoutTheBalancerPublishesOnlyItsEngineShardAndTierListsAndItsDrain) {
   const actors::reached_actor reached = publish_and_reach(two_nodes(), "n1");
   ASSERT_TRUE(reached.actor);
   const std::set<std::string> node_surface = {"caf::replies_to<drain,@str,@i32>::with<@i32>",
                                               "caf::replies_to<engines>::with<troupe::engine_list>",
+                                              "caf::replies_to<hosttier>::with<troupe::cache_tier_actor>",
                                               "caf::replies_to<xshards>::with<troupe::expert_shard_list>"};
   EXPECT_EQ(peer_->message_types<actors::node_actor>(), node_surface);
   EXPECT_EQ(reached.interface, node_surface);

@@ -60,6 +60,8 @@ actors::cache_tier_actor spawn_silent_tier(caf::actor_system& sys) {
           return h->fetches.back();
         },
         [=](actors::stats_atom) -> caf::result<msg::tier_report> { return msg::tier_report{}; },
+        [=](msg::tier_report_to&) {},
+        [=](actors::report_atom) {},
     };
   });
 }
@@ -125,12 +127,14 @@ class tier_bench {
   /// Sends `r` and runs until nothing is left; the completion.
   actors::completion complete(const msg::completion_request& r) { return complete_together({r}).at(0); }
 
-  /// Sends every request of `rs` at once and runs until nothing is left; their completions.
-  std::vector<actors::completion> complete_together(const std::vector<msg::completion_request>& rs) {
+  /// Sends every request of `rs` at once (to `lb`, by default the bench's balancer) and runs
+  /// until nothing is left; their completions.
+  std::vector<actors::completion> complete_together(const std::vector<msg::completion_request>& rs,
+                                                    actors::balancer_actor lb = {}) {
     std::vector<std::shared_ptr<client_log>> logs;
     for (const msg::completion_request& r : rs) {
       logs.push_back(std::make_shared<client_log>());
-      spawn_logged_client(sys_, lb_, r, logs.back());
+      spawn_logged_client(sys_, lb ? lb : lb_, r, logs.back());
     }
     sched_.run();
     std::vector<actors::completion> out;
@@ -389,6 +393,53 @@ TEST_F(TierFlows, ADisaggregatedPairTakesThePrefixFromTheHostTierWithTheSameOutp
   EXPECT_EQ(prefill.num_host_hit_tokens, 48);
   EXPECT_EQ(prefill.num_promoted_blocks, 3);
   EXPECT_EQ(report_of(decode_).num_generated_tokens, 3 * 8);
+}
+
+TEST_F(TierFlows, AnEngineWithoutATierFetchesThePrefixFromTheTierOfAnotherNodeThatTheBalancerNames) {
+  // A, then Q evicting A's blocks to the tier of the first engine's node. Then another node's
+  // engine, which has no tier of its own, and a prefix-affinity balancer over both: the tier
+  // reports A's 4 blocks, both engines count them as cached, the tie goes to the other engine
+  // (index 0), and the placement names the first node's tier, from which it fetches them.
+  const std::vector<int32_t> prompt_q = golden_prompt(3, 130);
+  three_runs off;
+  {
+    tier_bench reference;
+    reference.start(9, {});
+    off.a = reference.complete(request(prompt_a, 7));
+    off.q = reference.complete(request(prompt_q, 8));
+    off.a_again = reference.complete(request(prompt_a, 7));
+  }
+  start(9, host_tier(64));
+  const actors::completion a = complete(request(prompt_a, 7));
+  const actors::completion q = complete(request(prompt_q, 8));
+  ASSERT_EQ(tier_lookup(prompt_a), 4);
+  actors::engine_options o = engine_opts(/*detached_executor=*/false, 9);
+  o.check_invariants_every = 1;
+  o.cluster_tiers = true;
+  const actors::engine_actor other = spawn_engine_or_die(sys_, o);
+  actors::load_balancer_options lo;
+  lo.engines = actors::mixed_engines({other, engine_});
+  lo.engines[1].host_tier = tier_;
+  lo.engines[1].host_tier_blocks = 64;
+  lo.router = "prefix_affinity";
+  lo.tok = bundled_shared().tok;
+  lo.context_tokens = bundled_shared().ck->config().seq_len;
+  const actors::balancer_actor both = actors::spawn_load_balancer(sys_, std::move(lo));
+  sched_.run();  // the reports: the first engine's pool (Q's blocks), the tier's (A's)
+  const actors::completion a_again = complete_together({request(prompt_a, 7)}, both).at(0);
+  expect_same(a, off.a);
+  expect_same(q, off.q);
+  expect_same(a_again, off.a_again);
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);
+  const msg::engine_report r = report_of(other);
+  EXPECT_EQ(r.num_generated_tokens, 8);
+  EXPECT_EQ(r.num_host_hit_tokens, 64);
+  EXPECT_EQ(r.num_promoted_blocks, 4);
+  EXPECT_EQ(r.num_demoted_blocks, 0);  // no tier of its own to demote to
+  EXPECT_EQ(report().num_generated_tokens, 16);  // A and Q only
+  caf::anon_send_exit(both, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
+  sched_.run();
 }
 
 TEST_F(TierFlows, ADecodeEngineSharesThePrefixItHoldsWithAnImportedRequest) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -291,6 +292,51 @@ TEST(TierStore, GetPrefixTakesTheBlocksItLacksFromTheTierBelow) {
   EXPECT_EQ(tier.num_hits(), 2);
   EXPECT_EQ(tier.num_blocks(), 2);  // a block from below is not kept here
   tier.check_invariants();
+}
+
+TEST(TierStore, ItsEventsAreTheNetChangeOfItsHashesSinceTheLastTake) {
+  tier_store tier = make_tier(2, /*chat_ttl_ns=*/100);
+  const std::vector<int32_t> tokens = token_range(16, 1);
+  const kv_block a = block_of(tokens, 0), b = block_of(tokens, 1), c = block_of(tokens, 2), d = block_of(tokens, 3);
+  const auto sorted = [](hashes h) {
+    std::sort(h.begin(), h.end());
+    return h;
+  };
+  (void)put(tier, a, cache_class::chat, 0);
+  (void)put(tier, b, cache_class::chat, 1);
+  cache_events e = tier.take_events();
+  EXPECT_EQ(e.added, sorted({a.hash, b.hash}));
+  EXPECT_TRUE(e.removed.empty());
+  EXPECT_FALSE(e.overflowed);
+  // c evicts a; a re-put of c and a get are uses, not changes.
+  (void)put(tier, c, cache_class::chat, 2);
+  (void)put(tier, c, cache_class::chat, 3);
+  ASSERT_NE(tier.get(b.hash, 4), nullptr);
+  e = tier.take_events();
+  EXPECT_EQ(e.added, hashes{c.hash});
+  EXPECT_EQ(e.removed, hashes{a.hash});
+  // c out and in again within one take: neither list (4 events: the log's bound, 2 × capacity).
+  (void)put(tier, d, cache_class::chat, 5);  // evicts c, the least recently used (b was got at 4)
+  EXPECT_EQ(tier.hashes(), sorted({b.hash, d.hash}));
+  (void)put(tier, c, cache_class::chat, 6);  // evicts b
+  e = tier.take_events();
+  EXPECT_FALSE(e.overflowed);
+  EXPECT_EQ(e.added, hashes{d.hash});
+  EXPECT_EQ(e.removed, hashes{b.hash});
+  // Both expire (TTL 100).
+  EXPECT_EQ(tier.expire(200), 2);
+  tier.check_invariants();
+  e = tier.take_events();
+  EXPECT_TRUE(e.added.empty());
+  EXPECT_EQ(e.removed, sorted({c.hash, d.hash}));
+  EXPECT_TRUE(tier.hashes().empty());
+  // Past 2 × capacity events the log is dropped: the take says so, and the hashes are the truth.
+  for (int32_t i = 0; i < 4; i++) (void)put(tier, block_of(tokens, i), cache_class::chat, 300 + i);
+  e = tier.take_events();
+  EXPECT_TRUE(e.overflowed);
+  EXPECT_TRUE(e.added.empty() && e.removed.empty());
+  EXPECT_EQ(tier.hashes(), sorted({c.hash, d.hash}));
+  EXPECT_FALSE(tier.take_events().overflowed);
 }
 
 TEST(TierStoreDeathTest, MisuseIsAProgrammerError) {

@@ -274,6 +274,11 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   o.kv_sender = shared.ucx;
   o.kv_tag_base = ucx_tag_base;
   o.host_tier = shared.host_tier;
+  // Another node's tier may hold a prefix the balancer sends this engine to fetch.
+  o.cluster_tiers = std::any_of(t.nodes.begin(), t.nodes.end(), [&](const node_spec& n) {
+    return n.name != e.node && n.host_tier_blocks > 0 &&
+           std::any_of(t.engines.begin(), t.engines.end(), [&](const engine_spec& other) { return other.node == n.name; });
+  });
   o.tier_fetch_timeout = std::chrono::milliseconds(shared.node.host_tier_fetch_timeout_ms);
   if (auto ok = plug_expert_shards(sys, t, e, options.stop, o, spawned); !ok) return tl::unexpected(ok.error());
   auto engine = actors::spawn_engine(sys, o);
@@ -291,6 +296,8 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
   for (const engine_spec& e : t.engines) num_placed[e.node]++;
   std::map<std::string, actors::engine_list> by_node;
   by_node[node_name] = local.engines;
+  std::map<std::string, actors::cache_tier_actor> tier_of_node;  // nodes with a host tier
+  tier_of_node[node_name] = local.host_tier;
   std::map<std::string, size_t> next;  // per node: the index of its next engine
   std::vector<actors::balanced_engine> out;
   for (const engine_spec& e : t.engines) {
@@ -304,6 +311,12 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
                                                 " engine(s) but the topology places " +
                                                 std::to_string(num_placed[e.node]) + " there: a different topology file?");
       it = by_node.emplace(e.node, std::move(*remote)).first;
+      if (t.find_node(e.node)->host_tier_blocks > 0) {
+        auto tier = ask_node<actors::cache_tier_actor, actors::host_tier_atom>(
+            sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms, stop, "host tier");
+        if (!tier) return tl::unexpected(tier.error());
+        tier_of_node[e.node] = *tier;
+      }
     }
     const node_spec& node = *t.find_node(e.node);
     actors::balanced_engine b;
@@ -321,6 +334,8 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
     b.block_size = e.config.block_size;
     b.kv_host = node.host;
     b.kv_port = node.kv_port;
+    b.host_tier = tier_of_node[e.node];
+    b.host_tier_blocks = node.host_tier_blocks;
     out.push_back(std::move(b));
   }
   return out;
@@ -399,12 +414,14 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   if (t.load_balancer.node != node_name) {
     const actors::engine_list engines = out.engines;
     const actors::expert_shard_list shards = *hosted;
+    const actors::cache_tier_actor tier = out.host_tier;
     const auto drain = options.drain;
     // Published behind a door (actors/door.hpp): no peer can stop it with an exit or a link.
-    const actors::node_actor lister = sys.spawn([engines, shards, drain, node_name]() -> actors::node_actor::behavior_type {
+    const actors::node_actor lister = sys.spawn([engines, shards, tier, drain, node_name]() -> actors::node_actor::behavior_type {
       return {
           [engines](actors::engines_atom) { return engines; },
           [shards](actors::expert_shards_atom) { return shards; },
+          [tier](actors::host_tier_atom) { return tier; },
           [drain, node_name](actors::drain_atom, const std::string& name, int32_t grace_ms) -> caf::result<int32_t> {
             return drain_request(drain, node_name, name, grace_ms);
           },
@@ -414,6 +431,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
         sys, caf::actor_cast<caf::strong_actor_ptr>(lister), sys.message_types<actors::node_actor>(),
         [](const caf::type_erased_tuple& m) {
           return m.match_elements<actors::engines_atom>() || m.match_elements<actors::expert_shards_atom>() ||
+                 m.match_elements<actors::host_tier_atom>() ||
                  m.match_elements<actors::drain_atom, std::string, int32_t>();
         },
         "node actor"));

@@ -6,7 +6,8 @@
 namespace troupe::balance {
 
 balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds,
-                             int64_t heartbeat_timeout_ns, int64_t now_ns, const router_options& routing)
+                             int64_t heartbeat_timeout_ns, int64_t now_ns, const router_options& routing,
+                             std::vector<cache_tier_spec> cache_tiers)
     : bounds_(std::move(tier_bounds)) {
   TROUPE_ASSERT(!engines.empty() && heartbeat_timeout_ns >= 0);
   auto r = make_router(routing);
@@ -19,8 +20,13 @@ balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32
     e.load.max_num_seqs = spec.max_num_seqs;
     e.load.kv_capacity_tokens = spec.kv_capacity_tokens;
     if (spec.kind == engine_kind::prefill) num_prefill++;
+    TROUPE_ASSERT(spec.cache_tier >= -1 && spec.cache_tier < static_cast<int64_t>(cache_tiers.size()));
     e.spec = std::move(spec);
     engines_.push_back(std::move(e));
+  }
+  for (const cache_tier_spec& t : cache_tiers) {
+    TROUPE_ASSERT(t.capacity_blocks >= 0 && t.block_size >= 1);
+    cache_tiers_.push_back(cache_tier_entry{t, true});
   }
   tiers_ = assign_tiers(num_prefill, static_cast<int32_t>(bounds_.size()) + 1);
   if (router_->uses_prefixes()) {
@@ -29,7 +35,10 @@ balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32
     TROUPE_ASSERT(prefix_block_size_ >= 1);
     std::vector<int64_t> capacity_blocks;
     for (const engine_entry& e : engines_) capacity_blocks.push_back(e.spec.kv_capacity_tokens / prefix_block_size_);
-    prefixes_.emplace(std::move(capacity_blocks));
+    std::vector<int64_t> tier_capacity_blocks;  // a tier of another block size never reports: 0
+    for (const cache_tier_entry& t : cache_tiers_)
+      tier_capacity_blocks.push_back(t.spec.block_size == prefix_block_size_ ? t.spec.capacity_blocks : 0);
+    prefixes_.emplace(std::move(capacity_blocks), std::move(tier_capacity_blocks));
   }
   if (heartbeat_timeout_ns > 0) liveness_.emplace(engines_.size(), heartbeat_timeout_ns, now_ns);
 }
@@ -73,10 +82,20 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
   }
   request_ended(key);  // placed again (its engine was lost): the first placement ends
   route_request r{num_routed_++, num_prompt_tokens, {}};
-  if (prefixes_)
-    for (size_t i = 0; i < engines_.size(); i++)
-      r.cached_tokens.push_back(prefixes_->cached_blocks(i, prefix_hashes) * prefix_block_size_);
-  const placement chosen = router_->choose(loads, c, r);
+  std::vector<int64_t> pool_blocks, tier_blocks;  // each engine's pool's prefix, each tier's
+  std::optional<size_t> best_tier;                // the tier with the longest (ties: the lowest)
+  if (prefixes_) {
+    for (size_t t = 0; t < cache_tiers_.size(); t++) {
+      tier_blocks.push_back(prefixes_->tier_cached_blocks(t, prefix_hashes));
+      if (tier_blocks[t] > 0 && (!best_tier || tier_blocks[t] > tier_blocks[*best_tier])) best_tier = t;
+    }
+    const int64_t best_tier_blocks = best_tier ? tier_blocks[*best_tier] : 0;
+    for (size_t i = 0; i < engines_.size(); i++) {
+      pool_blocks.push_back(prefixes_->cached_blocks(i, prefix_hashes));
+      r.cached_tokens.push_back(std::max(pool_blocks[i], best_tier_blocks) * prefix_block_size_);
+    }
+  }
+  placement chosen = router_->choose(loads, c, r);
   engine_entry& d = engines_[chosen.decode];
   d.load.num_requests++;
   routed_[key] = routed_request{chosen.decode, chosen.prefill};
@@ -89,6 +108,10 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
   }
   const size_t computes = chosen.prefill.value_or(chosen.decode);
   if (prefixes_) prefixes_->record(computes, prefix_hashes, engines_[computes].num_sent);
+  if (best_tier && tier_blocks[*best_tier] > pool_blocks[computes]) {
+    const int32_t own = engines_[computes].spec.cache_tier;  // asked anyway: named only if another has more
+    if (own < 0 || tier_blocks[static_cast<size_t>(own)] < tier_blocks[*best_tier]) chosen.cache_tier = best_tier;
+  }
   return chosen;
 }
 
@@ -107,7 +130,7 @@ report_outcome balancer_host::on_report(int32_t engine, const engine_report& r, 
   if (r.num_received < 0 || r.num_requests < 0 || r.num_kv_tokens < 0 || r.num_queued_prefill_tokens < 0)
     return report_outcome::ignored;
   const bool has_cache = cache.seq > 0 && wants_cache_events(i);
-  if (has_cache && !cache_events_fit(i, cache)) return report_outcome::ignored;
+  if (has_cache && !events_fit(prefixes_->capacity_blocks(i), cache)) return report_outcome::ignored;
   engine_entry& e = engines_[i];
   if (liveness_) liveness_->heard_from(i, now_ns);
   if (r.draining) e.load.draining = true;
@@ -121,8 +144,28 @@ report_outcome balancer_host::on_report(int32_t engine, const engine_report& r, 
   return sync == pool_sync::ask_snapshot ? report_outcome::resync : report_outcome::taken;
 }
 
-bool balancer_host::cache_events_fit(size_t engine, const pool_events& r) const {
-  const int64_t capacity = prefixes_->capacity_blocks(engine);
+report_outcome balancer_host::on_tier_report(int32_t tier, const pool_events& cache) {
+  if (tier < 0 || static_cast<size_t>(tier) >= cache_tiers_.size()) return report_outcome::ignored;
+  const auto t = static_cast<size_t>(tier);
+  if (!cache_tiers_[t].alive || !wants_tier_events(t) || cache.seq == 0 ||
+      !events_fit(prefixes_->tier_capacity_blocks(t), cache))
+    return report_outcome::ignored;
+  return prefixes_->apply_tier(t, cache) == pool_sync::ask_snapshot ? report_outcome::resync : report_outcome::taken;
+}
+
+bool balancer_host::wants_tier_events(size_t tier) const {
+  return prefixes_.has_value() && cache_tiers_.at(tier).spec.block_size == prefix_block_size_;
+}
+
+bool balancer_host::cache_tier_lost(size_t tier) {
+  cache_tier_entry& t = cache_tiers_.at(tier);
+  if (!t.alive) return false;
+  t.alive = false;
+  if (prefixes_) prefixes_->forget_tier(tier);
+  return true;
+}
+
+bool balancer_host::events_fit(int64_t capacity, const pool_events& r) {
   return static_cast<int64_t>(r.added.size()) <= capacity && static_cast<int64_t>(r.removed.size()) <= capacity &&
          (!r.snapshot || r.removed.empty());
 }
@@ -195,6 +238,9 @@ void balancer_host::check_invariants() const {
   TROUPE_ASSERT(prefixes_.has_value() == (prefix_block_size_ > 0));
   if (prefixes_) {
     TROUPE_ASSERT(prefixes_->num_engines() == engines_.size());
+    TROUPE_ASSERT(prefixes_->num_tiers() == cache_tiers_.size());
+    for (size_t t = 0; t < cache_tiers_.size(); t++)
+      if (!cache_tiers_[t].alive || !wants_tier_events(t)) TROUPE_ASSERT(prefixes_->num_tier_blocks(t) == 0);
     for (size_t i = 0; i < engines_.size(); i++)
       if (!engines_[i].load.alive)
         TROUPE_ASSERT(prefixes_->num_placed_blocks(i) == 0 && prefixes_->num_pool_blocks(i) == 0);

@@ -27,6 +27,14 @@
 /// placed prompts it has received. A report that leaves the directory out of sync asks the
 /// caller for a snapshot (report_outcome::resync). A lost engine's set is dropped.
 ///
+/// Cache tiers (a node's host-memory tier; `cache_tier_spec`): each of the directory's block
+/// size reports its hashes (`on_tier_report`, checked like an engine's cache events). Any engine
+/// can fetch from any tier, so a tier's prefix counts for every engine: an engine's cached
+/// prefix is the longer of its pool's and the longest any tier holds (ties: the lowest tier).
+/// When that tier's is longer than the computing engine's pool's and than its own node's tier's
+/// (which it asks anyway), the placement names it (`placement::cache_tier`): the engine fetches
+/// from there. A lost tier (`cache_tier_lost`) holds nothing and reports no more.
+///
 /// Liveness (with a heartbeat timeout): every report and every pong is news from an engine;
 /// `heartbeat` returns the engines silent for longer than the timeout (balance::liveness). A
 /// lost engine (by heartbeat or DOWN: `mark_lost`) gets no new work; `placed_on` tells which
@@ -56,6 +64,13 @@ struct engine_spec {
   int64_t kv_capacity_tokens = 16384;
   int32_t block_size = 16;  ///< its KV pool's block size, tokens
   std::string name = "engine";  ///< in error messages, e.g. "engine 'e0' on node 'n0'"
+  int32_t cache_tier = -1;  ///< its node's cache tier (an index of the cache tiers), -1: none
+};
+
+/// One cache tier as configured (a node's host-memory tier).
+struct cache_tier_spec {
+  int64_t capacity_blocks = 0;  ///< of its own block size
+  int32_t block_size = 16;
 };
 
 /// An engine's load report (msg::load_report without its transport fields).
@@ -81,7 +96,7 @@ class balancer_host {
   /// `tier_bounds`: placement.hpp's prompt-length tiers; `heartbeat_timeout_ns` 0 = no heartbeat;
   /// `routing.policy` must be one of router_names() (checked where it is read).
   balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds, int64_t heartbeat_timeout_ns,
-                int64_t now_ns, const router_options& routing = {});
+                int64_t now_ns, const router_options& routing = {}, std::vector<cache_tier_spec> cache_tiers = {});
 
   /// Chooses engines for request `key` of `num_prompt_tokens` tokens and charges them; the
   /// error (unavailable) names every lost engine. `prefix_hashes`: the prompt's chain hashes in
@@ -102,6 +117,15 @@ class balancer_host {
   /// Whether engine `engine`'s reports are to carry its pool's cache events: the router uses
   /// prefixes and the engine's block size is prefix_block_size().
   [[nodiscard]] bool wants_cache_events(size_t engine) const;
+  /// A report of cache tier `tier`'s hashes; ignored: no such tier, a lost one, one that is not
+  /// to report (wants_tier_events), or counts beyond its capacity.
+  [[nodiscard]] report_outcome on_tier_report(int32_t tier, const pool_events& cache);
+  /// Whether cache tier `tier` is to report its hashes: the router uses prefixes and its block
+  /// size is prefix_block_size().
+  [[nodiscard]] bool wants_tier_events(size_t tier) const;
+  /// Cache tier `tier` is lost: it holds nothing from now on; false if it was already.
+  bool cache_tier_lost(size_t tier);
+  [[nodiscard]] size_t num_cache_tiers() const { return cache_tiers_.size(); }
   /// Engine `engine` answered a ping.
   void heard_from(size_t engine, int64_t now_ns);
   /// The engines silent past the heartbeat timeout and not lost before, in index order: lost
@@ -150,12 +174,18 @@ class balancer_host {
     std::optional<size_t> prefill;
   };
 
+  struct cache_tier_entry {
+    cache_tier_spec spec;
+    bool alive = true;
+  };
+
   static void refresh(engine_entry& e);
-  /// Whether `r`'s cache events stay within engine `engine`'s capacity (they come from another process).
-  [[nodiscard]] bool cache_events_fit(size_t engine, const pool_events& r) const;
+  /// Whether `r`'s counts stay within `capacity_blocks` each way (no removals in a snapshot).
+  [[nodiscard]] static bool events_fit(int64_t capacity_blocks, const pool_events& r);
   static void charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens);
 
   std::vector<engine_entry> engines_;
+  std::vector<cache_tier_entry> cache_tiers_;
   std::vector<int32_t> bounds_;
   std::vector<std::vector<bool>> tiers_;  // assign_tiers over the prefill engines
   std::map<request_key, routed_request> routed_;

@@ -58,6 +58,9 @@ struct engine_load {
 struct placement {
   std::optional<size_t> prefill;  ///< empty: the request runs whole on `decode`
   size_t decode = 0;
+  /// The cache tier the engine that computes the prompt is to fetch its prefix from (the
+  /// balancer's, balancer_host.hpp; routers leave it empty): empty = its own node's tier, if any.
+  std::optional<size_t> cache_tier;
 };
 
 /// The engines a request may go to, each list in engine order: the live engines that can decode

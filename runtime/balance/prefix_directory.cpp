@@ -6,15 +6,26 @@
 
 namespace troupe::balance {
 
-prefix_directory::prefix_directory(std::vector<int64_t> capacity_blocks) {
+prefix_directory::prefix_directory(std::vector<int64_t> capacity_blocks, std::vector<int64_t> tier_capacity_blocks) {
   for (int64_t capacity : capacity_blocks) {
     TROUPE_ASSERT(capacity >= 0);
     engines_.emplace_back().capacity_blocks = capacity;
   }
+  for (int64_t capacity : tier_capacity_blocks) {
+    TROUPE_ASSERT(capacity >= 0);
+    tiers_.emplace_back().capacity_blocks = capacity;
+  }
 }
 
 int64_t prefix_directory::cached_blocks(size_t engine, const std::vector<uint64_t>& chain) const {
-  const engine_set& e = engines_.at(engine);
+  return held_prefix(engines_.at(engine), chain);
+}
+
+int64_t prefix_directory::tier_cached_blocks(size_t tier, const std::vector<uint64_t>& chain) const {
+  return held_prefix(tiers_.at(tier), chain);
+}
+
+int64_t prefix_directory::held_prefix(const engine_set& e, const std::vector<uint64_t>& chain) {
   int64_t found = 0;
   for (uint64_t hash : chain) {
     if (e.pool.count(hash) == 0 && e.where.count(hash) == 0) break;
@@ -59,7 +70,14 @@ pool_sync prefix_directory::lose_sync(engine_set& e) {
 }
 
 pool_sync prefix_directory::apply(size_t engine, const pool_events& events) {
-  engine_set& e = engines_.at(engine);
+  return apply_to(engines_.at(engine), events);
+}
+
+pool_sync prefix_directory::apply_tier(size_t tier, const pool_events& events) {
+  return apply_to(tiers_.at(tier), events);
+}
+
+pool_sync prefix_directory::apply_to(engine_set& e, const pool_events& events) {
   TROUPE_ASSERT(events.seq > 0);
   TROUPE_ASSERT(static_cast<int64_t>(events.added.size()) <= e.capacity_blocks);
   TROUPE_ASSERT(static_cast<int64_t>(events.removed.size()) <= e.capacity_blocks);
@@ -82,8 +100,11 @@ pool_sync prefix_directory::apply(size_t engine, const pool_events& events) {
   return pool_sync::in_sync;
 }
 
-void prefix_directory::forget(size_t engine) {
-  engine_set& e = engines_.at(engine);
+void prefix_directory::forget(size_t engine) { clear(engines_.at(engine)); }
+
+void prefix_directory::forget_tier(size_t tier) { clear(tiers_.at(tier)); }
+
+void prefix_directory::clear(engine_set& e) {
   e.by_recency.clear();
   e.where.clear();
   e.pool.clear();
@@ -107,21 +128,27 @@ std::vector<uint64_t> prefix_directory::blocks_by_recency(size_t engine) const {
 }
 
 void prefix_directory::check_invariants() const {
-  for (const engine_set& e : engines_) {
-    TROUPE_ASSERT(e.capacity_blocks >= 0);
-    TROUPE_ASSERT(static_cast<int64_t>(e.by_recency.size()) <= e.capacity_blocks);
-    TROUPE_ASSERT(static_cast<int64_t>(e.pool.size()) <= e.capacity_blocks);
-    TROUPE_ASSERT(e.in_sync || (e.pool.empty() && e.seq == 0));
-    TROUPE_ASSERT(!(e.in_sync && e.snapshot_asked));
-    TROUPE_ASSERT(e.where.size() == e.by_recency.size());
-    int64_t newer = std::numeric_limits<int64_t>::max();  // placements' numbers never rise towards the back
-    for (auto it = e.by_recency.begin(); it != e.by_recency.end(); ++it) {
-      TROUPE_ASSERT(it->work_item <= newer);
-      newer = it->work_item;
-      auto entry = e.where.find(it->hash);
-      TROUPE_ASSERT(entry != e.where.end());
-      TROUPE_ASSERT(entry->second == it);
-    }
+  for (const engine_set& e : engines_) check_set(e);
+  for (const engine_set& t : tiers_) {
+    check_set(t);
+    TROUPE_ASSERT_MSG(t.by_recency.empty(), "a prompt placed on a tier");
+  }
+}
+
+void prefix_directory::check_set(const engine_set& e) {
+  TROUPE_ASSERT(e.capacity_blocks >= 0);
+  TROUPE_ASSERT(static_cast<int64_t>(e.by_recency.size()) <= e.capacity_blocks);
+  TROUPE_ASSERT(static_cast<int64_t>(e.pool.size()) <= e.capacity_blocks);
+  TROUPE_ASSERT(e.in_sync || (e.pool.empty() && e.seq == 0));
+  TROUPE_ASSERT(!(e.in_sync && e.snapshot_asked));
+  TROUPE_ASSERT(e.where.size() == e.by_recency.size());
+  int64_t newer = std::numeric_limits<int64_t>::max();  // placements' numbers never rise towards the back
+  for (auto it = e.by_recency.begin(); it != e.by_recency.end(); ++it) {
+    TROUPE_ASSERT(it->work_item <= newer);
+    newer = it->work_item;
+    auto entry = e.where.find(it->hash);
+    TROUPE_ASSERT(entry != e.where.end());
+    TROUPE_ASSERT(entry->second == it);
   }
 }
 

@@ -24,8 +24,13 @@
 ///   placed prompts stay until evicted: the approximation the directory falls back to, which
 ///   misses the pool's own evictions and the prompts it refused.
 ///
-/// A lost engine's set is dropped whole (`forget`). The host and disk tiers' contents are not
-/// here (docs/kv-tiers.md: planned).
+/// A lost engine's set is dropped whole (`forget`).
+///
+/// Cache tiers (a node's host-memory tier: actors/cache_tier_actor) have a set each too, of the
+/// reported part only (a tier is never placed on): their reports (kv::tier_store's events) keep
+/// it current by the same rules (`apply_tier`: snapshot, numbered changes, sync lost on a gap or
+/// a change that does not fit, a snapshot asked for once). Any engine can fetch from any tier,
+/// so a tier's prefix is what every engine could start from (balancer_host.hpp).
 ///
 /// Deterministic: the hash containers are only looked up, never iterated into a decision;
 /// eviction order is the list's.
@@ -56,8 +61,9 @@ enum class pool_sync {
 
 class prefix_directory {
  public:
-  /// One set per engine; engine i holds at most `capacity_blocks[i]` (>= 0) blocks.
-  explicit prefix_directory(std::vector<int64_t> capacity_blocks);
+  /// One set per engine; engine i holds at most `capacity_blocks[i]` (>= 0) blocks; likewise
+  /// one per cache tier.
+  explicit prefix_directory(std::vector<int64_t> capacity_blocks, std::vector<int64_t> tier_capacity_blocks = {});
 
   /// How many leading blocks of `chain` (a prompt's chain hashes, in order) engine `engine`
   /// holds, by its pool's report or a placed prompt: the first missing hash ends the prefix.
@@ -75,7 +81,18 @@ class prefix_directory {
   /// Engine `engine` holds nothing (it is lost), and is not in sync.
   void forget(size_t engine);
 
+  /// How many leading blocks of `chain` cache tier `tier` holds, by its reports.
+  [[nodiscard]] int64_t tier_cached_blocks(size_t tier, const std::vector<uint64_t>& chain) const;
+  /// Cache tier `tier` reported `events` (as `apply`).
+  [[nodiscard]] pool_sync apply_tier(size_t tier, const pool_events& events);
+  /// Cache tier `tier` holds nothing (it is lost), and is not in sync.
+  void forget_tier(size_t tier);
+
   [[nodiscard]] size_t num_engines() const { return engines_.size(); }
+  [[nodiscard]] size_t num_tiers() const { return tiers_.size(); }
+  [[nodiscard]] int64_t tier_capacity_blocks(size_t tier) const { return tiers_.at(tier).capacity_blocks; }
+  [[nodiscard]] bool tier_in_sync(size_t tier) const { return tiers_.at(tier).in_sync; }
+  [[nodiscard]] int64_t num_tier_blocks(size_t tier) const { return static_cast<int64_t>(tiers_.at(tier).pool.size()); }
   [[nodiscard]] int64_t capacity_blocks(size_t engine) const { return engines_.at(engine).capacity_blocks; }
   [[nodiscard]] bool in_sync(size_t engine) const { return engines_.at(engine).in_sync; }
   /// Blocks of the placed prompts that still count.
@@ -103,9 +120,14 @@ class prefix_directory {
 
   /// Drops the pool's part; the caller is to ask for a snapshot unless one was asked already.
   static pool_sync lose_sync(engine_set& e);
+  static int64_t held_prefix(const engine_set& e, const std::vector<uint64_t>& chain);
+  static pool_sync apply_to(engine_set& e, const pool_events& events);
+  static void clear(engine_set& e);
+  static void check_set(const engine_set& e);
   static void drop_oldest_placed(engine_set& e);
 
   std::vector<engine_set> engines_;
+  std::vector<engine_set> tiers_;  // the pool part only: nothing is placed on a tier
 };
 
 }  // namespace troupe::balance

@@ -42,8 +42,12 @@ struct engine_config {
   int32_t max_steps_in_flight = 1;
   /// A host-memory cache tier below the pool (issue 14, docs/kv-tiers.md): cached blocks the
   /// pool evicts are read out for it (engine_core::take_demoted) and blocks it holds can be
-  /// promoted into the pool (engine_core::promote). Set by the engine actor when it has a tier.
+  /// promoted into the pool (engine_core::promote). Set by the engine actor when it can reach a
+  /// tier: its own node's, or another node's the balancer names (request::cache_tier).
   bool host_tier = false;
+  /// With host_tier: whether the engine's own node has a tier, which it demotes evicted blocks
+  /// to and fetches from by default. False: it fetches only from a tier a request names.
+  bool own_tier = true;
   /// Whether the executor holds the KV's values. False only for the simulator's cost executor
   /// without a checkpoint (sim/cost_executor.hpp): the blocks it demotes carry their tokens and
   /// hashes but no keys or values (0 layers of 0 dims), such blocks may be promoted back, and a

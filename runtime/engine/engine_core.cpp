@@ -138,7 +138,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
     return fail(errc::invalid_argument, "max_num_batched_tokens (" + num(config.scheduler.max_num_batched_tokens) +
                                             ") must hold a decode row and its " +
                                             num(config.speculation.num_speculative_tokens) + " drafts");
-  auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier});
+  auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier && config.own_tier});
   if (!blocks) return tl::unexpected(blocks.error());
   engine_config c = config;
   c.eos_token_ids = end_token_ids(config, bos_id, eos_id);
@@ -410,7 +410,7 @@ bool engine_core::before_admission(kv::seq_id seq) {
     const auto [have, allowed] = cached_prefix(it->second.tokens);
     if (have < it->second.first_block) {  // then have < allowed: the blocks asked were allowed
       staged_promotions_.erase(it);
-      ask_tier(seq, have, allowed);
+      ask_tier(seq, have, allowed, requests_.at(samples_.at(seq).request).req.cache_tier);  // where it was asked
       return false;
     }
     (void)promote(it->second.tokens, it->second.blocks, it->second.from_lower);
@@ -422,19 +422,19 @@ bool engine_core::before_admission(kv::seq_id seq) {
   const auto [have, allowed] = cached_prefix(s.tokens);
   if (have >= allowed || (config_.preemption == preemption_mode::cost && !swap_cheaper(have, allowed - have)))
     return true;
-  ask_tier(seq, have, allowed);
+  ask_tier(seq, have, allowed, -1);  // the victim's blocks were demoted to the engine's own tier
   swap_asked_.insert(seq);  // once per readmission: an answer without the blocks means recomputing them
   stats_.num_swap_ins++;
   return false;
 }
 
-void engine_core::ask_tier(kv::seq_id seq, int32_t have, int32_t allowed) {
+void engine_core::ask_tier(kv::seq_id seq, int32_t have, int32_t allowed, int32_t cache_tier) {
   TROUPE_ASSERT(have < allowed);
   swap_waiting_[seq] = have;
   // The blocks the pool evicted so far go to the tier first (take_swap_ins).
   collect_evictions();
   swap_ins_.push_back(swap_in{samples_.at(seq).request, scheduler_->get(seq).tokens, have, allowed - have,
-                              num_demotions_logged_});
+                              num_demotions_logged_, cache_tier});
 }
 
 bool engine_core::swap_cheaper(int32_t first_block, int32_t num_blocks) const {

@@ -129,6 +129,9 @@ struct swap_in {
   /// Asked once the pool's demotions up to this one were taken (take_demoted) and so sent to
   /// the tier before the fetch: the blocks asked for may be among them.
   int64_t after_demotions = 0;
+  /// The tier to ask (request::cache_tier): a staged promotion asked again asks the tier its
+  /// request named; a swap asks the engine's own (-1), where the victim's blocks were demoted.
+  int32_t cache_tier = -1;
 };
 
 class engine_core {
@@ -333,7 +336,8 @@ class engine_core {
   [[nodiscard]] bool before_admission(kv::seq_id seq);
   /// Asks the tier for the blocks of `seq`'s tokens the pool lacks: it holds `have` leading
   /// blocks of them, fewer than the `allowed` the hit rule lets come from cache (cached_prefix).
-  void ask_tier(kv::seq_id seq, int32_t have, int32_t allowed);
+  /// `cache_tier`: which tier (swap_in::cache_tier).
+  void ask_tier(kv::seq_id seq, int32_t have, int32_t allowed, int32_t cache_tier);
   /// Preemption `cost`: copying these blocks is predicted faster than recomputing them.
   [[nodiscard]] bool swap_cheaper(int32_t first_block, int32_t num_blocks) const;
   /// Moves the pool's evictions into pending_demotions_, except a block evicted before its

@@ -81,7 +81,8 @@ bool operator==(const arm_report_timer& a, const arm_report_timer& b) { return a
 bool operator==(const restart_executor&, const restart_executor&) { return true; }
 
 bool operator==(const fetch_blocks& a, const fetch_blocks& b) {
-  return std::tie(a.id, a.tokens, a.first_block, a.num_blocks_max) == std::tie(b.id, b.tokens, b.first_block, b.num_blocks_max);
+  return std::tie(a.id, a.tokens, a.first_block, a.num_blocks_max, a.cache_tier) ==
+         std::tie(b.id, b.tokens, b.first_block, b.num_blocks_max, b.cache_tier);
 }
 
 // Demoted blocks compare by name, class and payload size.
@@ -147,7 +148,9 @@ bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out,
 /// The request waits for the tier only if the tier may add to the pool's prefix: the pool holds
 /// fewer leading blocks than the hit rule lets a prompt of this length take from cache.
 bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out) {
-  if (!options_.config.host_tier) return false;
+  // A tier to ask: the one the request names (the balancer's, checked by the engine actor), or
+  // the engine's own.
+  if (!options_.config.host_tier || (r.cache_tier < 0 && !options_.config.own_tier)) return false;
   const request_id id = r.id;
   std::optional<error> refused;
   if (num_queued() >= options_.max_waiting)
@@ -165,7 +168,7 @@ bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff
   const auto [num_pool_blocks, num_blocks_max] = core_->cached_prefix(tokens);
   if (num_pool_blocks >= num_blocks_max) return false;
   out.push_back(watch_caller{id});
-  out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks});
+  out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks, r.cache_tier});
   tier_waits_.emplace(id, tier_wait{std::move(r), std::move(handoff), num_pool_blocks});
   return true;
 }
@@ -275,7 +278,7 @@ void engine_host::kick(effects& out, int64_t now_ns) {
     out.push_back(send_plan{std::move(*plan), generation_});
   }
   for (swap_in& s : core_->take_swap_ins())
-    out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max});
+    out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max, s.cache_tier});
 }
 
 void engine_host::send_report(effects& out, int64_t now_ns) {

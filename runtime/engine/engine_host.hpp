@@ -161,6 +161,7 @@ struct fetch_blocks {
   std::vector<int32_t> tokens;
   int32_t first_block = 0;
   int32_t num_blocks_max = 0;
+  int32_t cache_tier = -1;  ///< which tier (request::cache_tier): -1 = the engine's own node's
 };
 
 /// Host tier: store these blocks (msg::tier_put each), without waiting for its answers.

@@ -54,6 +54,9 @@ struct request {
   /// for the penalties, the grammar and the sampler's counter, and max_tokens counts only what
   /// remains, so the continuation is the one the first engine would have produced.
   int32_t num_resumed_tokens = 0;
+  /// The cache tier (an index of the balancer's list, msg::report_to::cache_tiers) to fetch the
+  /// prompt's prefix from when the pool lacks it; -1: the engine's own node's tier, if any.
+  int32_t cache_tier = -1;
 };
 
 

@@ -31,6 +31,7 @@ block_manager::block_manager(const block_manager_config& config)
       free_prev_(static_cast<size_t>(config.num_blocks) + 1),
       free_next_(static_cast<size_t>(config.num_blocks) + 1),
       hash_index_(config.num_blocks),
+      cache_log_(2 * static_cast<size_t>(config.num_blocks)),
       block_changed_(static_cast<size_t>(config.num_blocks), 0) {
   const block_id sentinel = config.num_blocks;
   free_prev_[sentinel] = sentinel;
@@ -191,7 +192,7 @@ block_id block_manager::pop_fresh_block() {
     }
     hash_index_.erase(block_hash_[block]);
     has_hash_[block] = 0;
-    log_cache_event(block_hash_[block], false);
+    cache_log_.log(block_hash_[block], false);
     ++num_evictions_;
   }
   refcount_[block] = 1;
@@ -279,17 +280,7 @@ void block_manager::cache_block(block_id block, uint64_t hash, uint64_t parent_h
   parent_hash_[block] = parent_hash;
   std::copy(block_tokens, block_tokens + config_.block_size,
             &block_tokens_[static_cast<size_t>(block) * config_.block_size]);
-  log_cache_event(hash, true);
-}
-
-void block_manager::log_cache_event(uint64_t hash, bool cached) {
-  if (cache_log_overflowed_) return;
-  if (cache_log_.size() == 2 * static_cast<size_t>(config_.num_blocks)) {
-    cache_log_overflowed_ = true;
-    cache_log_.clear();
-    return;
-  }
-  cache_log_.push_back(cache_event{hash, cached});
+  cache_log_.log(hash, true);
 }
 
 void block_manager::commit(seq_id seq, const std::vector<int32_t>& tokens,
@@ -388,26 +379,7 @@ std::vector<evicted_block> block_manager::take_evictions() {
   return out;
 }
 
-cache_events block_manager::take_cache_events() {
-  cache_events out;
-  out.overflowed = cache_log_overflowed_;
-  // Per hash its first and last event: the events of one hash alternate (the index holds a hash
-  // at most once), so it was cached before the first if that one removed it, and is cached
-  // after the last if that one added it.
-  std::map<uint64_t, std::pair<bool, bool>> first_last;  // hash -> (first cached, last cached)
-  for (const cache_event& e : cache_log_) {
-    auto [it, fresh] = first_last.try_emplace(e.hash, e.cached, e.cached);
-    if (!fresh) it->second.second = e.cached;
-  }
-  for (const auto& [hash, events] : first_last) {
-    const bool before = !events.first, after = events.second;
-    if (before == after) continue;
-    (after ? out.added : out.removed).push_back(hash);
-  }
-  cache_log_.clear();
-  cache_log_overflowed_ = false;
-  return out;
-}
+cache_events block_manager::take_cache_events() { return cache_log_.take(); }
 
 std::vector<uint64_t> block_manager::cached_hashes() const {
   std::vector<uint64_t> out;
@@ -430,7 +402,7 @@ void block_manager::check_invariants() const {
   check_structure();
   check_free_queue();
   check_hash_index();
-  check_cache_log();
+  cache_log_.check_invariants([this](uint64_t hash) { return has_block(hash); });
   for (block_id b = 0; b < config_.num_blocks; ++b) {
     if (!has_hash_[b]) continue;
     const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
@@ -571,22 +543,6 @@ void block_manager::check_hash_index() const {
     TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
     TROUPE_ASSERT_MSG(has_hash_[b] && block_hash_[b] == hash, "index entry without its block");
   });
-}
-
-/// The log is within its bound (empty once dropped), each hash's events alternate, and a hash's
-/// last event says whether the index holds it now.
-void block_manager::check_cache_log() const {
-  TROUPE_ASSERT(cache_log_.size() <= 2 * static_cast<size_t>(config_.num_blocks));
-  TROUPE_ASSERT(!cache_log_overflowed_ || cache_log_.empty());
-  std::map<uint64_t, bool> last;  // hash -> its last event cached it
-  for (const cache_event& e : cache_log_) {
-    auto [it, fresh] = last.try_emplace(e.hash, e.cached);
-    if (fresh) continue;
-    TROUPE_ASSERT_MSG(it->second != e.cached, "a hash's cache events do not alternate");
-    it->second = e.cached;
-  }
-  for (const auto& [hash, cached] : last)
-    TROUPE_ASSERT_MSG(cached == has_block(hash), "the cache log disagrees with the index");
 }
 
 /// Tables cover num_tokens slots exactly; registered hashes cover only full blocks.

@@ -35,12 +35,10 @@
 /// queue, as if a sequence had just freed it, so a later `find_prefix` hits it.
 ///
 /// Cache events (issue 14, the balancer's prefix directory). Every chain hash entering the
-/// index (`commit`, `insert_cached`) or leaving it (an eviction) is logged; `take_cache_events`
-/// returns the net change since the last take — a hash cached and evicted in between appears in
-/// neither list — so a consumer that applies each take to its copy of the cached hashes holds
-/// exactly `cached_hashes()`. The log is bounded: past 2 × num_blocks events (a snapshot is no
-/// larger than that) it is dropped and the take says `overflowed`; the consumer then starts over
-/// from `cached_hashes()`.
+/// index (`commit`, `insert_cached`) or leaving it (an eviction) is logged (kv::cache_event_log,
+/// bounded by 2 × num_blocks events); `take_cache_events` returns the net change since the last
+/// take, so a consumer that applies each take to its copy of the cached hashes holds exactly
+/// `cached_hashes()` (after an overflow it starts over from `cached_hashes()`).
 ///
 /// Determinism: per-sequence state lives in a `std::map`; the hash index (kv::hash_index) is
 /// only looked up, never iterated to make a decision.
@@ -50,6 +48,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/kv/cache_event_log.hpp"
 #include "runtime/kv/chain_hash.hpp"
 #include "runtime/kv/hash_index.hpp"
 
@@ -72,15 +71,6 @@ struct evicted_block {
   uint64_t hash = 0;
   uint64_t parent_hash = 0;
   std::vector<int32_t> tokens;  ///< (block_size)
-};
-
-/// The prefix cache's net change since the last take_cache_events: hashes now cached that were
-/// not, and hashes cached then that are not now (disjoint, each ascending). `overflowed`: the
-/// log outgrew its bound and was dropped; both lists are empty and only cached_hashes() tells.
-struct cache_events {
-  std::vector<uint64_t> added;
-  std::vector<uint64_t> removed;
-  bool overflowed = false;
 };
 
 /// The longest cached prefix of a token list: block ids in order, covering `num_tokens` tokens.
@@ -227,7 +217,6 @@ class block_manager {
   void register_block(sequence_state& state, const std::vector<int32_t>& tokens);
   /// Indexes `block` under `hash` (not indexed yet) with its parent and tokens.
   void cache_block(block_id block, uint64_t hash, uint64_t parent_hash, const int32_t* block_tokens);
-  void log_cache_event(uint64_t hash, bool cached);
 
   void mark_changed(block_id block);
   void mark_changed(seq_id seq);
@@ -239,7 +228,6 @@ class block_manager {
   void check_refcounts() const;
   void check_hash_index() const;
   void check_sequences() const;
-  void check_cache_log() const;
 
   block_manager_config config_;
   std::vector<int32_t> refcount_;          // (num_blocks)
@@ -255,12 +243,7 @@ class block_manager {
   std::map<seq_id, sequence_state> sequences_;
   int64_t num_evictions_ = 0;
   std::vector<evicted_block> evictions_;   // since take_evictions, with record_evictions
-  struct cache_event {
-    uint64_t hash = 0;
-    bool cached = false;  // entered the index (else left it)
-  };
-  std::vector<cache_event> cache_log_;     // since take_cache_events, at most 2 * num_blocks
-  bool cache_log_overflowed_ = false;      // dropped since take_cache_events: nothing more is logged
+  cache_event_log cache_log_;              // since take_cache_events
   // Changes since the last check_step: each changed block once (flagged in block_changed_),
   // and the sequences changed (repeats, and ids freed since, are fine). Past
   // num_changed_sequences_max the list is dropped and the next check_step checks everything.
