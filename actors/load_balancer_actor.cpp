@@ -217,7 +217,7 @@ void on_tier_events(load_balancer_t* self, msg::tier_events& r) {
     return;
   }
   const balance::pool_events events{r.seq, r.snapshot, std::move(r.added), std::move(r.removed)};
-  switch (self->state.host->on_tier_report(r.tier_index, events)) {
+  switch (self->state.host->on_tier_report(r.tier_index, events, r.lower)) {
     case balance::report_outcome::ignored:
       spdlog::warn("load balancer: ignored a report of cache tier {} with a count out of range", r.tier_index);
       return;
@@ -362,7 +362,8 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
       tier = static_cast<int32_t>(found - st.tiers.begin());
       if (found == st.tiers.end()) {
         st.tiers.push_back(e.host_tier);
-        tier_specs.push_back(balance::cache_tier_spec{std::max<int64_t>(0, e.host_tier_blocks), std::max(1, e.block_size)});
+        tier_specs.push_back(balance::cache_tier_spec{std::max<int64_t>(0, e.host_tier_blocks), std::max(1, e.block_size),
+                                                      std::max<int64_t>(0, e.disk_tier_blocks_max)});
         self->monitor(e.host_tier);
       }
     }

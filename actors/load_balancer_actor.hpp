@@ -69,6 +69,7 @@ struct balanced_engine {
   /// hashes and a placement may name it for an engine on another node (balancer_host.hpp).
   cache_tier_actor host_tier;
   int64_t host_tier_blocks = 0;
+  int64_t disk_tier_blocks_max = 0;  ///< at most this many blocks in the disk tier below it (0: none)
 };
 
 /// Mixed engines with equal default capacities (one-node setups, the simulator).

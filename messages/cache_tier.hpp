@@ -115,18 +115,20 @@ typename Inspector::result_type inspect(Inspector& f, tier_report& x) {
 /// tier -> balancer (msg::tier_report_to): the chain hashes the tier holds, all of them
 /// (`snapshot`) or the change since report `seq` - 1 (kv::tier_store::take_events), for the
 /// prefix directory (runtime/balance/prefix_directory.hpp). `tier_index` is the balancer's
-/// number of the tier.
+/// number of the tier. `lower`: the hashes of the disk tier below it (a stream of its own,
+/// numbered apart), relayed by the host tier.
 struct tier_events {
   int32_t tier_index = 0;
   uint64_t seq = 0;  ///< 1, 2, ...
   bool snapshot = false;
   std::vector<uint64_t> added;
   std::vector<uint64_t> removed;
+  bool lower = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_events& x) {
-  return f(x.tier_index, x.seq, x.snapshot, x.added, x.removed);
+  return f(x.tier_index, x.seq, x.snapshot, x.added, x.removed, x.lower);
 }
 
 }  // namespace troupe::msg

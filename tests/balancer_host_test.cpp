@@ -186,6 +186,24 @@ TEST(BalancerHost, ACacheTiersPrefixCountsForEveryEngineAndThePlacementNamesTheT
   h.check_invariants();
 }
 
+TEST(BalancerHost, ADiskTiersHashesCountForItsHostTierWithinTheirOwnCapacity) {
+  engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
+  m1.cache_tier = 0;
+  balancer_host h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5}, {cache_tier_spec{1, 16, 3}});
+  ASSERT_EQ(h.on_tier_report(0, pool_events{1, true, {11}, {}}), report_outcome::taken);
+  // The disk level: within its own capacity of 3, which is not the host level's 1.
+  EXPECT_EQ(h.on_tier_report(0, pool_events{1, true, {12, 13, 14, 15}, {}}, true), report_outcome::ignored);
+  ASSERT_EQ(h.on_tier_report(0, pool_events{1, true, {12, 13}, {}}, true), report_outcome::taken);
+  EXPECT_EQ(h.prefixes().tier_cached_blocks(0, {11, 12, 13, 14}), 3);
+  const auto p = h.place(1, 64, {11, 12, 13, 14});
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->decode, 0u);  // a tie: m0, which fetches from m1's node's tier (and so its disk)
+  EXPECT_EQ(p->cache_tier, std::optional<size_t>(0));
+  EXPECT_EQ(h.on_tier_report(0, pool_events{3, false, {}, {12}}, true), report_outcome::resync);
+  EXPECT_EQ(h.prefixes().tier_cached_blocks(0, {11, 12, 13, 14}), 1);
+  h.check_invariants();
+}
+
 TEST(BalancerHost, ARouterWithoutPrefixesTakesNoHashes) {
   balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
   EXPECT_EQ(h.prefix_block_size(), 0);

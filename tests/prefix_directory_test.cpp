@@ -147,5 +147,28 @@ TEST(PrefixDirectory, ACacheTiersReportsAreItsSetByTheSameRulesAndNothingIsPlace
   EXPECT_FALSE(d.tier_in_sync(0));
 }
 
+TEST(PrefixDirectory, ATiersPrefixRunsThroughItsHostAndLowerLevelsTogether) {
+  prefix_directory d({4}, {2}, {8});
+  EXPECT_EQ(d.tier_capacity_blocks(0, true), 8);
+  // Blocks 1 and 3 in host memory, 2 and 4 on disk: a fetch reads through, so the prefix is 4.
+  ASSERT_EQ(d.apply_tier(0, pool_events{1, true, {1, 3}, {}}), pool_sync::in_sync);
+  ASSERT_EQ(d.apply_tier(0, pool_events{1, true, {2, 4}, {}}, /*lower=*/true), pool_sync::in_sync);
+  d.check_invariants();
+  EXPECT_EQ(d.tier_cached_blocks(0, {1, 2, 3, 4, 5}), 4);
+  EXPECT_EQ(d.num_tier_blocks(0), 2);
+  EXPECT_EQ(d.num_tier_blocks(0, true), 2);
+  // Each level is numbered and resynchronised apart: a gap in the disk's drops only the disk's.
+  EXPECT_EQ(d.apply_tier(0, pool_events{3, false, {5}, {}}, true), pool_sync::ask_snapshot);
+  EXPECT_TRUE(d.tier_in_sync(0));
+  EXPECT_FALSE(d.tier_in_sync(0, true));
+  EXPECT_EQ(d.tier_cached_blocks(0, {1, 2, 3}), 1);
+  ASSERT_EQ(d.apply_tier(0, pool_events{2, false, {2}, {1}}), pool_sync::in_sync);
+  EXPECT_EQ(d.tier_cached_blocks(0, {1, 2, 3}), 0);
+  d.forget_tier(0);
+  d.check_invariants();
+  EXPECT_EQ(d.num_tier_blocks(0), 0);
+  EXPECT_EQ(d.num_tier_blocks(0, true), 0);
+}
+
 }  // namespace
 }  // namespace troupe::balance

@@ -260,7 +260,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::tier_fetch{{1, 2, 3, 4}, 1, 2});
   expect_round_trip(msg::tier_blocks{{full_kv_block(), full_kv_block()}, {0, 1}});
   expect_round_trip(msg::tier_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
-  expect_round_trip(msg::tier_events{1, 2, true, {3, 4}, {5}});
+  expect_round_trip(msg::tier_events{1, 2, true, {3, 4}, {5}, true});
   expect_round_trip(moe::expert_request{2, 3, {1, 4}, {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}, {{1, {4}}, {3, {1, 4}}}});
   expect_round_trip(moe::expert_reply{{0.25f, -0.5f}});
   expect_round_trip(msg::fetch_experts{{{1, 2}, {3, 0}}});

@@ -336,6 +336,8 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
     b.kv_port = node.kv_port;
     b.host_tier = tier_of_node[e.node];
     b.host_tier_blocks = node.host_tier_blocks;
+    if (!node.disk_tier_dir.empty())  // a block holds at least its token ids
+      b.disk_tier_blocks_max = (int64_t{node.disk_tier_mib} << 20) / (int64_t{e.config.block_size} * 4);
     out.push_back(std::move(b));
   }
   return out;

@@ -35,10 +35,13 @@ balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32
     TROUPE_ASSERT(prefix_block_size_ >= 1);
     std::vector<int64_t> capacity_blocks;
     for (const engine_entry& e : engines_) capacity_blocks.push_back(e.spec.kv_capacity_tokens / prefix_block_size_);
-    std::vector<int64_t> tier_capacity_blocks;  // a tier of another block size never reports: 0
-    for (const cache_tier_entry& t : cache_tiers_)
-      tier_capacity_blocks.push_back(t.spec.block_size == prefix_block_size_ ? t.spec.capacity_blocks : 0);
-    prefixes_.emplace(std::move(capacity_blocks), std::move(tier_capacity_blocks));
+    std::vector<int64_t> tier_capacity_blocks, lower_capacity_blocks;  // a tier of another block size never reports: 0
+    for (const cache_tier_entry& t : cache_tiers_) {
+      const bool reports = t.spec.block_size == prefix_block_size_;
+      tier_capacity_blocks.push_back(reports ? t.spec.capacity_blocks : 0);
+      lower_capacity_blocks.push_back(reports ? t.spec.lower_capacity_blocks : 0);
+    }
+    prefixes_.emplace(std::move(capacity_blocks), std::move(tier_capacity_blocks), std::move(lower_capacity_blocks));
   }
   if (heartbeat_timeout_ns > 0) liveness_.emplace(engines_.size(), heartbeat_timeout_ns, now_ns);
 }
@@ -144,13 +147,14 @@ report_outcome balancer_host::on_report(int32_t engine, const engine_report& r, 
   return sync == pool_sync::ask_snapshot ? report_outcome::resync : report_outcome::taken;
 }
 
-report_outcome balancer_host::on_tier_report(int32_t tier, const pool_events& cache) {
+report_outcome balancer_host::on_tier_report(int32_t tier, const pool_events& cache, bool lower) {
   if (tier < 0 || static_cast<size_t>(tier) >= cache_tiers_.size()) return report_outcome::ignored;
   const auto t = static_cast<size_t>(tier);
   if (!cache_tiers_[t].alive || !wants_tier_events(t) || cache.seq == 0 ||
-      !events_fit(prefixes_->tier_capacity_blocks(t), cache))
+      !events_fit(prefixes_->tier_capacity_blocks(t, lower), cache))
     return report_outcome::ignored;
-  return prefixes_->apply_tier(t, cache) == pool_sync::ask_snapshot ? report_outcome::resync : report_outcome::taken;
+  return prefixes_->apply_tier(t, cache, lower) == pool_sync::ask_snapshot ? report_outcome::resync
+                                                                           : report_outcome::taken;
 }
 
 bool balancer_host::wants_tier_events(size_t tier) const {
@@ -240,7 +244,8 @@ void balancer_host::check_invariants() const {
     TROUPE_ASSERT(prefixes_->num_engines() == engines_.size());
     TROUPE_ASSERT(prefixes_->num_tiers() == cache_tiers_.size());
     for (size_t t = 0; t < cache_tiers_.size(); t++)
-      if (!cache_tiers_[t].alive || !wants_tier_events(t)) TROUPE_ASSERT(prefixes_->num_tier_blocks(t) == 0);
+      if (!cache_tiers_[t].alive || !wants_tier_events(t))
+        TROUPE_ASSERT(prefixes_->num_tier_blocks(t) == 0 && prefixes_->num_tier_blocks(t, true) == 0);
     for (size_t i = 0; i < engines_.size(); i++)
       if (!engines_[i].load.alive)
         TROUPE_ASSERT(prefixes_->num_placed_blocks(i) == 0 && prefixes_->num_pool_blocks(i) == 0);

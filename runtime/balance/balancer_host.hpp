@@ -28,7 +28,8 @@
 /// caller for a snapshot (report_outcome::resync). A lost engine's set is dropped.
 ///
 /// Cache tiers (a node's host-memory tier; `cache_tier_spec`): each of the directory's block
-/// size reports its hashes (`on_tier_report`, checked like an engine's cache events). Any engine
+/// size reports its hashes and its disk tier's (`on_tier_report`, checked like an engine's
+/// cache events; a fetch from the host tier reads through to its disk tier). Any engine
 /// can fetch from any tier, so a tier's prefix counts for every engine: an engine's cached
 /// prefix is the longer of its pool's and the longest any tier holds (ties: the lowest tier).
 /// When that tier's is longer than the computing engine's pool's and than its own node's tier's
@@ -71,6 +72,7 @@ struct engine_spec {
 struct cache_tier_spec {
   int64_t capacity_blocks = 0;  ///< of its own block size
   int32_t block_size = 16;
+  int64_t lower_capacity_blocks = 0;  ///< its disk tier's, at most (0: none)
 };
 
 /// An engine's load report (msg::load_report without its transport fields).
@@ -117,9 +119,10 @@ class balancer_host {
   /// Whether engine `engine`'s reports are to carry its pool's cache events: the router uses
   /// prefixes and the engine's block size is prefix_block_size().
   [[nodiscard]] bool wants_cache_events(size_t engine) const;
-  /// A report of cache tier `tier`'s hashes; ignored: no such tier, a lost one, one that is not
-  /// to report (wants_tier_events), or counts beyond its capacity.
-  [[nodiscard]] report_outcome on_tier_report(int32_t tier, const pool_events& cache);
+  /// A report of cache tier `tier`'s hashes, or (`lower`) its disk tier's; ignored: no such
+  /// tier, a lost one, one that is not to report (wants_tier_events), or counts beyond the
+  /// level's capacity.
+  [[nodiscard]] report_outcome on_tier_report(int32_t tier, const pool_events& cache, bool lower = false);
   /// Whether cache tier `tier` is to report its hashes: the router uses prefixes and its block
   /// size is prefix_block_size().
   [[nodiscard]] bool wants_tier_events(size_t tier) const;

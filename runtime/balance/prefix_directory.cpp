@@ -6,14 +6,18 @@
 
 namespace troupe::balance {
 
-prefix_directory::prefix_directory(std::vector<int64_t> capacity_blocks, std::vector<int64_t> tier_capacity_blocks) {
+prefix_directory::prefix_directory(std::vector<int64_t> capacity_blocks, std::vector<int64_t> tier_capacity_blocks,
+                                   std::vector<int64_t> lower_capacity_blocks) {
+  TROUPE_ASSERT(lower_capacity_blocks.empty() || lower_capacity_blocks.size() == tier_capacity_blocks.size());
+  lower_capacity_blocks.resize(tier_capacity_blocks.size(), 0);
   for (int64_t capacity : capacity_blocks) {
     TROUPE_ASSERT(capacity >= 0);
     engines_.emplace_back().capacity_blocks = capacity;
   }
-  for (int64_t capacity : tier_capacity_blocks) {
-    TROUPE_ASSERT(capacity >= 0);
-    tiers_.emplace_back().capacity_blocks = capacity;
+  for (size_t t = 0; t < tier_capacity_blocks.size(); t++) {
+    TROUPE_ASSERT(tier_capacity_blocks[t] >= 0 && lower_capacity_blocks[t] >= 0);
+    tiers_.emplace_back().capacity_blocks = tier_capacity_blocks[t];
+    lower_tiers_.emplace_back().capacity_blocks = lower_capacity_blocks[t];
   }
 }
 
@@ -22,7 +26,14 @@ int64_t prefix_directory::cached_blocks(size_t engine, const std::vector<uint64_
 }
 
 int64_t prefix_directory::tier_cached_blocks(size_t tier, const std::vector<uint64_t>& chain) const {
-  return held_prefix(tiers_.at(tier), chain);
+  const engine_set& host = tiers_.at(tier);
+  const engine_set& lower = lower_tiers_.at(tier);
+  int64_t found = 0;
+  for (uint64_t hash : chain) {
+    if (host.pool.count(hash) == 0 && lower.pool.count(hash) == 0) break;
+    found++;
+  }
+  return found;
 }
 
 int64_t prefix_directory::held_prefix(const engine_set& e, const std::vector<uint64_t>& chain) {
@@ -73,8 +84,8 @@ pool_sync prefix_directory::apply(size_t engine, const pool_events& events) {
   return apply_to(engines_.at(engine), events);
 }
 
-pool_sync prefix_directory::apply_tier(size_t tier, const pool_events& events) {
-  return apply_to(tiers_.at(tier), events);
+pool_sync prefix_directory::apply_tier(size_t tier, const pool_events& events, bool lower) {
+  return apply_to(lower ? lower_tiers_.at(tier) : tiers_.at(tier), events);
 }
 
 pool_sync prefix_directory::apply_to(engine_set& e, const pool_events& events) {
@@ -102,7 +113,10 @@ pool_sync prefix_directory::apply_to(engine_set& e, const pool_events& events) {
 
 void prefix_directory::forget(size_t engine) { clear(engines_.at(engine)); }
 
-void prefix_directory::forget_tier(size_t tier) { clear(tiers_.at(tier)); }
+void prefix_directory::forget_tier(size_t tier) {
+  clear(tiers_.at(tier));
+  clear(lower_tiers_.at(tier));
+}
 
 void prefix_directory::clear(engine_set& e) {
   e.by_recency.clear();
@@ -129,10 +143,12 @@ std::vector<uint64_t> prefix_directory::blocks_by_recency(size_t engine) const {
 
 void prefix_directory::check_invariants() const {
   for (const engine_set& e : engines_) check_set(e);
-  for (const engine_set& t : tiers_) {
-    check_set(t);
-    TROUPE_ASSERT_MSG(t.by_recency.empty(), "a prompt placed on a tier");
-  }
+  TROUPE_ASSERT(lower_tiers_.size() == tiers_.size());
+  for (const std::vector<engine_set>* levels : {&tiers_, &lower_tiers_})
+    for (const engine_set& t : *levels) {
+      check_set(t);
+      TROUPE_ASSERT_MSG(t.by_recency.empty(), "a prompt placed on a tier");
+    }
 }
 
 void prefix_directory::check_set(const engine_set& e) {

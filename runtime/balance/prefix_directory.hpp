@@ -26,11 +26,13 @@
 ///
 /// A lost engine's set is dropped whole (`forget`).
 ///
-/// Cache tiers (a node's host-memory tier: actors/cache_tier_actor) have a set each too, of the
-/// reported part only (a tier is never placed on): their reports (kv::tier_store's events) keep
-/// it current by the same rules (`apply_tier`: snapshot, numbered changes, sync lost on a gap or
-/// a change that does not fit, a snapshot asked for once). Any engine can fetch from any tier,
-/// so a tier's prefix is what every engine could start from (balancer_host.hpp).
+/// Cache tiers (a node's host-memory tier: actors/cache_tier_actor) have two sets each, of the
+/// reported part only (a tier is never placed on): the host tier's own hashes and its lower
+/// (disk) tier's, each kept current by its reports by the same rules (`apply_tier`: snapshot,
+/// numbered changes, sync lost on a gap or a change that does not fit, a snapshot asked for
+/// once). A fetch from a host tier reads through to its disk tier, so a tier's prefix is the
+/// leading run of hashes in either set. Any engine can fetch from any tier, so a tier's prefix
+/// is what every engine could start from (balancer_host.hpp).
 ///
 /// Deterministic: the hash containers are only looked up, never iterated into a decision;
 /// eviction order is the list's.
@@ -62,8 +64,9 @@ enum class pool_sync {
 class prefix_directory {
  public:
   /// One set per engine; engine i holds at most `capacity_blocks[i]` (>= 0) blocks; likewise
-  /// one per cache tier.
-  explicit prefix_directory(std::vector<int64_t> capacity_blocks, std::vector<int64_t> tier_capacity_blocks = {});
+  /// two per cache tier (its host level and its lower level; none given: 0).
+  explicit prefix_directory(std::vector<int64_t> capacity_blocks, std::vector<int64_t> tier_capacity_blocks = {},
+                            std::vector<int64_t> lower_capacity_blocks = {});
 
   /// How many leading blocks of `chain` (a prompt's chain hashes, in order) engine `engine`
   /// holds, by its pool's report or a placed prompt: the first missing hash ends the prefix.
@@ -81,18 +84,22 @@ class prefix_directory {
   /// Engine `engine` holds nothing (it is lost), and is not in sync.
   void forget(size_t engine);
 
-  /// How many leading blocks of `chain` cache tier `tier` holds, by its reports.
+  /// How many leading blocks of `chain` cache tier `tier` holds in either level, by its reports.
   [[nodiscard]] int64_t tier_cached_blocks(size_t tier, const std::vector<uint64_t>& chain) const;
-  /// Cache tier `tier` reported `events` (as `apply`).
-  [[nodiscard]] pool_sync apply_tier(size_t tier, const pool_events& events);
-  /// Cache tier `tier` holds nothing (it is lost), and is not in sync.
+  /// Cache tier `tier` reported `events` of its host level, or of its lower level (as `apply`).
+  [[nodiscard]] pool_sync apply_tier(size_t tier, const pool_events& events, bool lower = false);
+  /// Cache tier `tier` holds nothing at either level (it is lost), and is not in sync.
   void forget_tier(size_t tier);
 
   [[nodiscard]] size_t num_engines() const { return engines_.size(); }
   [[nodiscard]] size_t num_tiers() const { return tiers_.size(); }
-  [[nodiscard]] int64_t tier_capacity_blocks(size_t tier) const { return tiers_.at(tier).capacity_blocks; }
-  [[nodiscard]] bool tier_in_sync(size_t tier) const { return tiers_.at(tier).in_sync; }
-  [[nodiscard]] int64_t num_tier_blocks(size_t tier) const { return static_cast<int64_t>(tiers_.at(tier).pool.size()); }
+  [[nodiscard]] int64_t tier_capacity_blocks(size_t tier, bool lower = false) const {
+    return level(tier, lower).capacity_blocks;
+  }
+  [[nodiscard]] bool tier_in_sync(size_t tier, bool lower = false) const { return level(tier, lower).in_sync; }
+  [[nodiscard]] int64_t num_tier_blocks(size_t tier, bool lower = false) const {
+    return static_cast<int64_t>(level(tier, lower).pool.size());
+  }
   [[nodiscard]] int64_t capacity_blocks(size_t engine) const { return engines_.at(engine).capacity_blocks; }
   [[nodiscard]] bool in_sync(size_t engine) const { return engines_.at(engine).in_sync; }
   /// Blocks of the placed prompts that still count.
@@ -124,10 +131,14 @@ class prefix_directory {
   static pool_sync apply_to(engine_set& e, const pool_events& events);
   static void clear(engine_set& e);
   static void check_set(const engine_set& e);
+  [[nodiscard]] const engine_set& level(size_t tier, bool lower) const {
+    return lower ? lower_tiers_.at(tier) : tiers_.at(tier);
+  }
   static void drop_oldest_placed(engine_set& e);
 
   std::vector<engine_set> engines_;
-  std::vector<engine_set> tiers_;  // the pool part only: nothing is placed on a tier
+  std::vector<engine_set> tiers_;        // the pool part only: nothing is placed on a tier
+  std::vector<engine_set> lower_tiers_;  // their lower levels, likewise
 };
 
 }  // namespace troupe::balance
