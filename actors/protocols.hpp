@@ -24,6 +24,7 @@
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/cache_tier.hpp"
+#include "messages/disk_tier.hpp"
 #include "messages/executor.hpp"
 #include "messages/expert.hpp"
 
@@ -58,6 +59,12 @@ using cache_tier_actor = caf::typed_actor<caf::replies_to<msg::tier_lookup>::wit
                                           caf::replies_to<msg::tier_fetch>::with<msg::tier_blocks>,
                                           caf::replies_to<stats_atom>::with<msg::tier_report>,
                                           caf::reacts_to<msg::tier_report_to>, caf::reacts_to<report_atom>>;
+
+/// The disk tier below a host tier (issue 14; actors/disk_tier_actor.hpp): keep a block the
+/// host tier evicted, read back the leading run of the blocks named, its counters.
+using disk_tier_actor = caf::typed_actor<caf::replies_to<msg::disk_put>::with<msg::disk_stored>,
+                                         caf::replies_to<msg::disk_fetch>::with<msg::disk_blocks>,
+                                         caf::replies_to<stats_atom>::with<msg::disk_report>>;
 
 /// An expert shard (issue 18; actors/expert_shard_actor.hpp): computes the rows one MoE layer of
 /// a step routed to its experts; sends copies of its experts' weights, takes more, drops some

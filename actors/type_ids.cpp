@@ -47,6 +47,11 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<msg::tier_blocks>("troupe::tier_blocks");
   cfg.add_message_type<msg::tier_report>("troupe::tier_report");
   cfg.add_message_type<msg::tier_events>("troupe::tier_events");
+  cfg.add_message_type<msg::disk_put>("troupe::disk_put");
+  cfg.add_message_type<msg::disk_stored>("troupe::disk_stored");
+  cfg.add_message_type<msg::disk_fetch>("troupe::disk_fetch");
+  cfg.add_message_type<msg::disk_blocks>("troupe::disk_blocks");
+  cfg.add_message_type<msg::disk_report>("troupe::disk_report");
   cfg.add_message_type<moe::expert_request>("troupe::expert_request");
   cfg.add_message_type<moe::expert_reply>("troupe::expert_reply");
   cfg.add_message_type<msg::fetch_experts>("troupe::fetch_experts");
