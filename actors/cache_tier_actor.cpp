@@ -1,7 +1,7 @@
 #include "actors/cache_tier_actor.hpp"
 
+#include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +12,8 @@
 #include "actors/boundary.hpp"
 #include "actors/clock.hpp"
 #include "messages/cache_tier.hpp"
+#include "messages/disk_tier.hpp"
+#include "runtime/kv/split_fetch.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -30,11 +32,10 @@ struct tier_reporting {
 struct cache_tier_state {
   std::optional<kv::tier_store> store;
   std::optional<tier_reporting> reporting;
-  std::shared_ptr<kv::lower_tier> lower;  // the tier below, if any
-  lower_read_cost read_cost;
-  int64_t num_disk_puts = 0;     // evicted blocks written to the lower tier
-  int64_t num_disk_refused = 0;  // evicted blocks it refused (full, or an I/O error)
-  int64_t num_disk_hits = 0;     // blocks a fetch read back from it
+  disk_tier_actor disk;          // the tier below, if any
+  caf::timespan disk_timeout{};  // how long a fetch or a stats query waits for it
+  msg::disk_report last_disk;    // its counters when it last answered a stats query
+  bool disk_failure_logged = false;
   static inline const char* name = "cache_tier";
 };
 
@@ -42,47 +43,53 @@ using cache_tier_pointer = cache_tier_actor::stateful_pointer<cache_tier_state>;
 
 int64_t now_ns(cache_tier_pointer self) { return ns_since_epoch(self->clock().now()); }
 
-msg::tier_report report(cache_tier_state& st, int64_t now) {
+/// The store's counters and `disk`, the disk tier actor's.
+msg::tier_report report(cache_tier_state& st, int64_t now, const msg::disk_report& disk) {
   kv::tier_store& s = *st.store;
   (void)s.expire(now);
-  if (st.lower) (void)st.lower->expire(now);
-  const int64_t num_disk_blocks = st.lower ? st.lower->num_blocks() : 0;
-  return {s.num_blocks(),   s.capacity_blocks(),  s.num_hits(),       s.num_evictions(), s.num_expirations(),
-          num_disk_blocks, st.num_disk_puts,     st.num_disk_refused, st.num_disk_hits,
-          st.lower ? st.lower->num_expirations() : 0};
+  return {s.num_blocks(),    s.capacity_blocks(), s.num_hits(),       s.num_evictions(), s.num_expirations(),
+          disk.num_blocks,   disk.num_stored,     disk.num_refused,   disk.num_hits,     disk.num_expirations};
 }
 
-/// Host-tier evictions go down to the lower tier, if there is one, each with the class of its
-/// last use; a refusal drops the block.
-void demote_to_disk(cache_tier_state& st, const std::vector<kv::evicted_tier_block>& evicted, int64_t now) {
-  if (!st.lower) return;
-  for (const kv::evicted_tier_block& e : evicted) {
-    const expected<int64_t> ok = st.lower->put(e.block, e.cls, now);
-    if (ok) {
-      st.num_disk_puts++;
-      continue;
-    }
-    if (st.num_disk_refused++ == 0)  // once: a full disk tier refuses every block
-      spdlog::warn("cache tier: the tier below refused a block: {}", ok.error().message);
-  }
+/// Host-tier evictions go down to the disk tier actor, if there is one, each with the class of
+/// its last use; not waited for (it counts what it keeps and refuses; a refusal drops the block).
+void demote_to_disk(cache_tier_pointer self, std::vector<kv::evicted_tier_block> evicted) {
+  if (!self->state.disk) return;
+  for (kv::evicted_tier_block& e : evicted)
+    self->request(self->state.disk, caf::infinite, msg::disk_put{std::move(e.block), e.cls})
+        .then([](const msg::disk_stored&) {},
+              [=](caf::error& err) {
+                if (std::exchange(self->state.disk_failure_logged, true)) return;  // once
+                spdlog::warn("cache tier: the disk tier did not take a block: {}", self->system().render(err));
+              });
 }
 
-msg::tier_blocks fetch(cache_tier_state& st, msg::tier_fetch& q, int64_t now) {
-  kv::tier_store::lower_tier lower;
-  std::set<uint64_t> read_below;
-  if (st.lower)
-    lower = [&st, &read_below](uint64_t hash, int64_t at_ns) {
-      std::optional<kv::kv_block> b = st.lower->get(hash, at_ns);
-      if (b) {
-        st.num_disk_hits++;
-        read_below.insert(hash);
-      }
-      return b;
-    };
-  msg::tier_blocks out{st.store->get_prefix(q.tokens, q.first_block, q.num_blocks_max, now, lower), {}};
-  if (!read_below.empty())
-    for (const kv::kv_block& b : out.blocks) out.from_lower.push_back(read_below.count(b.hash) != 0 ? 1 : 0);
-  return out;
+msg::tier_blocks answer(kv::fetched_blocks f) { return {std::move(f.blocks), std::move(f.from_lower)}; }
+
+/// The blocks of `q` the store holds and, for those it lacks, the disk tier actor's
+/// (kv/split_fetch.hpp): answered at once when it needs none of them, else when the disk tier
+/// answers — with the store's leading blocks alone if it fails or does not answer in time.
+/// The question reaches the disk tier actor after every eviction sent to it before: CAF
+/// delivers one sender's messages to one receiver in order, so a block just evicted is found.
+caf::result<msg::tier_blocks> fetch(cache_tier_pointer self, msg::tier_fetch& q) {
+  cache_tier_state& st = self->state;
+  const int64_t now = now_ns(self);
+  if (!st.disk) return msg::tier_blocks{st.store->get_prefix(q.tokens, q.first_block, q.num_blocks_max, now), {}};
+  const int32_t block_size = st.store->block_size();
+  auto split = std::make_shared<kv::split_fetch>(
+      kv::begin_split_fetch(*st.store, std::move(q.tokens), q.first_block, q.num_blocks_max, now));
+  if (split->lacking.empty()) return answer(kv::finish_split_fetch(std::move(*split), {}, block_size));
+  auto promise = self->make_response_promise<msg::tier_blocks>();
+  self->request(st.disk, st.disk_timeout, msg::disk_fetch{split->lacking})
+      .then(
+          [=](msg::disk_blocks& d) mutable {
+            promise.deliver(answer(kv::finish_split_fetch(std::move(*split), std::move(d.blocks), block_size)));
+          },
+          [=](caf::error& err) mutable {
+            spdlog::debug("cache tier: the disk tier did not serve a fetch: {}", self->system().render(err));
+            promise.deliver(answer(kv::finish_split_fetch(std::move(*split), {}, block_size)));
+          });
+  return promise;
 }
 
 /// Reports the store's hashes to the balancer: a snapshot when due (first, when asked again, after
@@ -119,11 +126,34 @@ void note_change(cache_tier_pointer self) {
   self->delayed_send(self, caf::timespan{r.interval_ns - since}, report_atom::value);
 }
 
+/// The report now, with `disk`'s counters; expired blocks may have gone (reported).
+msg::tier_report report_now(cache_tier_pointer self, const msg::disk_report& disk) {
+  msg::tier_report out = report(self->state, now_ns(self), disk);
+  note_change(self);
+  return out;
+}
+
+/// The report, with the disk tier actor's counters if there is one: asked after the evictions
+/// sent before it (in order: see fetch), so they are counted; the last ones it gave if it fails
+/// or does not answer in time.
+caf::result<msg::tier_report> stats(cache_tier_pointer self) {
+  if (!self->state.disk) return report_now(self, {});
+  auto promise = self->make_response_promise<msg::tier_report>();
+  self->request(self->state.disk, self->state.disk_timeout, stats_atom::value)
+      .then(
+          [=](msg::disk_report& d) mutable {
+            self->state.last_disk = d;
+            promise.deliver(report_now(self, d));
+          },
+          [=](caf::error&) mutable { promise.deliver(report_now(self, self->state.last_disk)); });
+  return promise;
+}
+
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,
-                                                    std::shared_ptr<kv::lower_tier> lower, lower_read_cost read_cost) {
+                                                    disk_tier_actor disk, caf::timespan disk_timeout) {
   self->state.store.emplace(std::move(store));
-  self->state.lower = std::move(lower);
-  self->state.read_cost = std::move(read_cost);
+  self->state.disk = std::move(disk);
+  self->state.disk_timeout = disk_timeout;
   guard_boundary(self);
   return {
       [=](msg::tier_lookup& q) -> int32_t { return self->state.store->longest_prefix(q.tokens, now_ns(self)); },
@@ -132,11 +162,11 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         if (auto ok = kv::validate(p.block, s.block_size()); !ok)
           return caf::make_error(caf::sec::invalid_argument, ok.error().message);
         if (!kv::is_valid(p.cls)) return caf::make_error(caf::sec::invalid_argument, "not a cache_class");
-        const int64_t now = now_ns(self);
-        const std::vector<kv::evicted_tier_block> evicted = s.put(std::move(p.block), p.cls, now);
-        demote_to_disk(self->state, evicted, now);
+        std::vector<kv::evicted_tier_block> evicted = s.put(std::move(p.block), p.cls, now_ns(self));
+        const auto num_evicted = static_cast<int64_t>(evicted.size());
+        demote_to_disk(self, std::move(evicted));
         note_change(self);
-        return static_cast<int64_t>(evicted.size());
+        return num_evicted;
       },
       [=](msg::tier_get& g) -> msg::tier_got {
         const kv::kv_block* b = self->state.store->get(g.hash, now_ns(self));
@@ -149,23 +179,11 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
           return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
                                                                  " and num_blocks_max " + std::to_string(q.num_blocks_max) +
                                                                  " must be >= 0");
-        const int64_t hits_before = self->state.num_disk_hits;
-        msg::tier_blocks blocks = fetch(self->state, q, now_ns(self));
-        note_change(self);  // expired blocks may have gone
-        const int64_t num_read = self->state.num_disk_hits - hits_before;  // every read costs, kept or not
-        const caf::mailbox_element* asked = self->current_mailbox_element();
-        if (num_read == 0 || !self->state.read_cost || !asked->mid.is_request()) return blocks;
-        // Answered when the modelled reads end: the response, scheduled on the clock.
-        self->clock().schedule_message(self->clock().now() + self->state.read_cost(num_read), self->current_sender(),
-                                       caf::make_mailbox_element(self->ctrl(), asked->mid.response_id(), {},
-                                                                 std::move(blocks)));
-        return caf::delegated<msg::tier_blocks>{};
-      },
-      [=](stats_atom) {
-        msg::tier_report out = report(self->state, now_ns(self));
+        caf::result<msg::tier_blocks> out = fetch(self, q);
         note_change(self);  // expired blocks may have gone
         return out;
       },
+      [=](stats_atom) { return stats(self); },
       [=](msg::tier_report_to& r) {
         // From the balancer's node; checked all the same: the handle and the interval.
         if (!r.balancer || r.interval_ms < 1 || r.interval_ms > 60000) {
@@ -190,10 +208,9 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
 
 }  // namespace
 
-cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, std::shared_ptr<kv::lower_tier> lower,
-                                  lower_read_cost read_cost) {
-  if (lower) TROUPE_ASSERT_MSG(lower->block_size() == store.block_size(), "a lower tier of another block size");
-  return sys.spawn(cache_tier_behavior, std::move(store), std::move(lower), std::move(read_cost));
+cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, disk_tier_actor disk,
+                                  caf::timespan disk_timeout) {
+  return sys.spawn(cache_tier_behavior, std::move(store), std::move(disk), disk_timeout);
 }
 
 }  // namespace troupe::actors

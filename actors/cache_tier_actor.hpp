@@ -3,13 +3,14 @@
 /// The host-memory cache tier actor (issue 14): a kv::tier_store behind the cache_tier_actor
 /// protocol, on the actor system's clock (wall time in production, virtual time under the test
 /// coordinator, so days of TTL pass in a test). A dispatcher: each handler validates what came
-/// in and calls the store. With a lower tier below it (the disk tier, or the simulator's
-/// modelled device), the blocks the store evicts are written there with the class of their
-/// last use, at this actor's time (a block the lower tier refuses — one it cannot hold, an I/O
-/// error — is dropped) and a fetch reads from there, at its time, the blocks the store lacks.
-/// The disk's file I/O runs in this actor, never in an engine (which does not wait for a
-/// tier's answers). With a `lower_read_cost` (the simulator's), a fetch that read blocks from
-/// the lower tier is answered that much later on the actor system's clock.
+/// in and calls the store. With a disk tier actor below it (actors/disk_tier_actor.hpp: the
+/// disk tier, or the simulator's modelled device), it never touches the device itself: the
+/// blocks the store evicts are sent down with the class of their last use and not waited for
+/// (the disk tier actor counts what it keeps and refuses), and a fetch that lacks blocks asks
+/// the disk tier actor for them (kv/split_fetch.hpp) and answers when it does — or, when it
+/// fails or does not answer within `disk_timeout`, with the blocks the store holds. The store
+/// serves lookups, puts and other fetches meanwhile. A stats query asks the disk tier actor for
+/// its counters the same way (with the last ones it gave when it does not answer).
 ///
 /// Reports (msg::tier_report_to, from the balancer): the chain hashes the store holds go to the
 /// balancer's prefix directory as msg::tier_events — a snapshot first (and whenever asked
@@ -17,24 +18,20 @@
 /// report, at most every interval and only when there is one (blocks past their TTL are dropped
 /// first). What the disk tier below holds is not reported.
 
-#include <cstdint>
-#include <functional>
-#include <memory>
+#include <chrono>
 
 #include <caf/fwd.hpp>
+#include <caf/timespan.hpp>
 
 #include "actors/protocols.hpp"
 #include "runtime/kv/tier_store.hpp"
-#include "runtime/kv/lower_tier.hpp"
 
 namespace troupe::actors {
 
-/// How long reading `num_blocks` blocks from the lower tier takes (the simulator's model of a
-/// device); empty: the time the reads take.
-using lower_read_cost = std::function<caf::timespan(int64_t num_blocks)>;
-
-/// Spawns a tier owning `store` and, if given, the lower tier below it (of the same block size).
-cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store,
-                                  std::shared_ptr<kv::lower_tier> lower = nullptr, lower_read_cost read_cost = {});
+/// Spawns a tier owning `store` over `disk`, if given (of the same block size), which a fetch
+/// or a stats query waits for at most `disk_timeout` (by default 4/5 of the engines' default
+/// fetch timeout, `host_tier_fetch_timeout_ms`: the rest is for the answer to reach them).
+cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, disk_tier_actor disk = {},
+                                  caf::timespan disk_timeout = std::chrono::milliseconds(40));
 
 }  // namespace troupe::actors

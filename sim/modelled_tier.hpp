@@ -4,8 +4,9 @@
 /// a kv::lower_tier holding up to `capacity_blocks` blocks in memory, evicting as the disk tier
 /// does (tiers/disk_tier.hpp): least recently used first, and by TTL per traffic class on the
 /// caller's clock (kv::lru_ttl, with the disk tier's default lifetimes: 7 days chat, 3 agent).
-/// What reading from it costs is modelled by the host tier actor's `lower_read_cost` (latency
-/// + bytes / bandwidth on virtual time).
+/// It sits behind the production disk tier actor (actors/disk_tier_actor.hpp), whose
+/// `lower_read_cost` models what reading from it costs (latency + bytes / bandwidth on virtual
+/// time).
 
 #include <cstdint>
 #include <map>

@@ -40,9 +40,10 @@ struct sim_host_tier {
 
 /// `[disk_tier]` (needs `[host_tier]`): a modelled device below each replica's host tier
 /// (sim/modelled_tier.hpp), which takes the blocks the host tier evicts and, when full,
-/// evicts its least recently used ones, as the disk tier does. A fetch that reads n blocks from it is answered `latency_us`
-/// + n blocks' bytes / `bandwidth_gb_s` later (then the blocks move to the pool as host-tier
-/// blocks do).
+/// evicts its least recently used ones, as the disk tier does, behind the production disk tier
+/// actor. A fetch that reads n blocks from it is answered `latency_us` + n blocks' bytes /
+/// `bandwidth_gb_s` later (then the blocks move to the pool as host-tier blocks do); the host
+/// tier waits for that at most 4/5 of `[host_tier] fetch_timeout_ms`.
 struct sim_disk_tier {
   int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
   double bandwidth_gb_s = 3;     ///< device reads, 10^9 bytes/s

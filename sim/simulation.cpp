@@ -9,6 +9,7 @@
 #include "actors/cache_tier_actor.hpp"
 #include "actors/client.hpp"
 #include "actors/clock.hpp"
+#include "actors/disk_tier_actor.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
 #include "actors/type_ids.hpp"
@@ -48,6 +49,7 @@ struct run_state {
   std::string violation;
   std::optional<random_source> delivery;  // with shuffle_delivery: picks the next ready actor
   std::vector<actors::cache_tier_actor> tiers;  // with [host_tier]: one per replica
+  std::vector<actors::disk_tier_actor> disks;   // with [disk_tier]: one below each host tier
   actors::engine_list engines;                  // for sim_options::drains and losses
   std::vector<bool> lost;                       // by replica: killed (sim_options::losses)
   int64_t num_forwarded = 0;                    // the drains' answers
@@ -188,18 +190,20 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
     if (t.host_tier.blocks > 0) {
       auto store = kv::tier_store::create({t.engine.block_size, t.host_tier.blocks});
       if (!store) return tl::unexpected(store.error());
-      std::shared_ptr<kv::lower_tier> disk;
-      actors::lower_read_cost read_cost;
+      actors::disk_tier_actor disk;
       if (t.disk_tier.blocks > 0) {
-        disk = std::make_shared<modelled_tier>(t.engine.block_size, t.disk_tier.blocks);
         const double block_bytes = static_cast<double>(t.engine.block_size) * static_cast<double>(t.kv_bytes_per_token);
-        read_cost = [block_bytes, d = t.disk_tier](int64_t num_blocks) {
+        actors::lower_read_cost read_cost = [block_bytes, d = t.disk_tier](int64_t num_blocks) {
           return caf::timespan(std::llround(d.latency_us * 1e3 + static_cast<double>(num_blocks) * block_bytes /
                                                                        d.bandwidth_gb_s));  // GB/s = bytes/ns
         };
+        disk = actors::spawn_disk_tier(rs.sys, std::make_shared<modelled_tier>(t.engine.block_size, t.disk_tier.blocks),
+                                       std::move(read_cost));
+        rs.disks.push_back(disk);
       }
-      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store), std::move(disk), std::move(read_cost));
       o.tier_fetch_timeout = std::chrono::milliseconds(t.host_tier.fetch_timeout_ms);
+      // As a node does (topology/launch.cpp): the disk tier waited for 4/5 of the fetch timeout.
+      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store), disk, o.tier_fetch_timeout * 4 / 5);
       rs.tiers.push_back(o.host_tier);
     }
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
@@ -341,7 +345,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   // Start the virtual clock away from 0 (CAF treats a zero time point specially).
   sched.clock().current_time += std::chrono::hours(1);
   run_state rs{o, sys, {}, event_log(o.event_log_file), std::vector<request_record>(o.workload.size()), {}, {},
-               sched.clock().now(), 0, {}, {}, {}, {}, {}, 0, 0, {}, {}};
+               sched.clock().now(), 0, {}, {}, {}, {}, {}, {}, 0, 0, {}, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   const sim_network_links& links = o.topology.network;
   if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || o.network_faults.any()) {
@@ -382,6 +386,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   caf::anon_send_exit(rs.load_balancer, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : *engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   for (const actors::cache_tier_actor& tier : rs.tiers) caf::anon_send_exit(tier, caf::exit_reason::user_shutdown);
+  for (const actors::disk_tier_actor& disk : rs.disks) caf::anon_send_exit(disk, caf::exit_reason::user_shutdown);
   sched.run();
   if (!rs.violation.empty())
     return fail(errc::internal, "invariant violated: " + rs.violation + " (seed " + std::to_string(o.seed) +

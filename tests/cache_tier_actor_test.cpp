@@ -21,6 +21,7 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/clock.hpp"
+#include "actors/disk_tier_actor.hpp"
 #include "messages/cache_tier.hpp"
 #include "messages/kv_block.hpp"
 #include "tests/support/actor_config.hpp"
@@ -34,6 +35,37 @@ using namespace std::chrono_literals;
 
 constexpr int32_t block_size = 4;
 
+/// What a disk tier actor that never answers was sent (a stalled disk, or one on a partitioned
+/// node), and the answers it holds back.
+struct silent_disk {
+  std::vector<uint64_t> puts;                 // the blocks' hashes
+  std::vector<std::vector<uint64_t>> fetches;  // the hashes asked for
+  int32_t num_stats = 0;
+  std::vector<caf::response_promise> held;
+};
+
+actors::disk_tier_actor spawn_silent_disk(caf::actor_system& sys, std::shared_ptr<silent_disk> log) {
+  return sys.spawn([log](actors::disk_tier_actor::pointer self) -> actors::disk_tier_actor::behavior_type {
+    return {
+        [=](msg::disk_put& p) -> caf::result<msg::disk_stored> {
+          log->puts.push_back(p.block.hash);
+          log->held.push_back(self->make_response_promise());
+          return caf::delegated<msg::disk_stored>{};
+        },
+        [=](msg::disk_fetch& f) -> caf::result<msg::disk_blocks> {
+          log->fetches.push_back(f.hashes);
+          log->held.push_back(self->make_response_promise());
+          return caf::delegated<msg::disk_blocks>{};
+        },
+        [=](actors::stats_atom) -> caf::result<msg::disk_report> {
+          log->num_stats++;
+          log->held.push_back(self->make_response_promise());
+          return caf::delegated<msg::disk_report>{};
+        },
+    };
+  });
+}
+
 class CacheTierActor : public ::testing::Test {
  protected:
   caf::actor_system_config cfg_;
@@ -42,6 +74,7 @@ class CacheTierActor : public ::testing::Test {
   const std::vector<int32_t> tokens_ = token_range(13, 1);  // 3 full blocks and 1 token
   actors::cache_tier_actor tier_;
   std::shared_ptr<tiers::disk_tier> disk_;  // the tier's lower tier, if any (read by the tests)
+  actors::disk_tier_actor disk_tier_;       // the actor owning it (or a stand-in)
 
   const std::string dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/cache_tier_actor_test/" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -57,26 +90,44 @@ class CacheTierActor : public ::testing::Test {
       auto opened = tiers::disk_tier::open({dir_, disk_bytes, block_size}, now_ns);
       ASSERT_TRUE(opened.has_value()) << opened.error().message;
       disk_ = std::make_shared<tiers::disk_tier>(std::move(*opened));
+      disk_tier_ = actors::spawn_disk_tier(sys_, disk_);
     }
-    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), disk_);
+    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), disk_tier_);
     sched_.run();
+  }
+
+  /// A tier of `capacity_blocks` over `disk`, waiting for it the default 40 ms.
+  void start_over(int64_t capacity_blocks, actors::disk_tier_actor disk) {
+    disk_tier_ = std::move(disk);
+    start(capacity_blocks);
   }
 
   void TearDown() override {
     if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
+    if (disk_tier_) caf::anon_send_exit(disk_tier_, caf::exit_reason::user_shutdown);
     sched_.run();
     std::filesystem::remove_all(dir_);
   }
 
-  /// Sends `m` to the tier and runs until it answers: the answer, or the error's text.
+  template <class T>
+  using answer = std::shared_ptr<std::optional<std::variant<T, std::string>>>;
+
+  /// Sends `m` to the tier without running anything: its answer, or the error's text, once it comes.
   template <class T, class M>
-  std::variant<T, std::string> ask(M m) {
+  answer<T> ask_later(M m) {
     auto out = std::make_shared<std::optional<std::variant<T, std::string>>>();
     caf::actor_system& sys = sys_;
     sys_.spawn([=, &sys](caf::event_based_actor* self) {
       self->request(tier_, caf::infinite, m).then([=](T& x) { *out = std::move(x); },
                                                  [=, &sys](caf::error& e) { *out = sys.render(e); });
     });
+    return out;
+  }
+
+  /// Sends `m` to the tier and runs until it answers: the answer, or the error's text.
+  template <class T, class M>
+  std::variant<T, std::string> ask(M m) {
+    const answer<T> out = ask_later<T>(std::move(m));
     sched_.run();
     EXPECT_TRUE(out->has_value());
     return out->value_or(std::string("no answer"));
@@ -90,6 +141,7 @@ class CacheTierActor : public ::testing::Test {
     return std::get<msg::tier_blocks>(ask<msg::tier_blocks>(msg::tier_fetch{tokens_, first, max})).blocks;
   }
   msg::tier_report report() { return std::get<msg::tier_report>(ask<msg::tier_report>(actors::stats_atom::value)); }
+  kv::kv_block block(int32_t i) const { return block_of(tokens_, i, block_size); }
   msg::tier_got get(int32_t i) { return std::get<msg::tier_got>(ask<msg::tier_got>(msg::tier_get{block_of(tokens_, i, block_size).hash})); }
 };
 
@@ -275,6 +327,95 @@ TEST_F(CacheTierActor, ADiskTierTooSmallForABlockRefusesEvictionsAndTheTierServe
   EXPECT_EQ(r.num_disk_refused, 2);
   EXPECT_EQ(r.num_disk_puts, 0);
   EXPECT_EQ(r.num_disk_blocks, 0);
+}
+
+}  // namespace
+}  // namespace troupe::testing
+
+namespace troupe::testing {
+namespace {
+
+TEST_F(CacheTierActor, ServesWhatItHoldsWhileTheDiskTierNeverAnswers) {
+  auto disk = std::make_shared<silent_disk>();
+  start_over(2, spawn_silent_disk(sys_, disk));
+  EXPECT_EQ(put(2), 0);
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 1);  // block 2 goes down, unanswered: the put is answered all the same
+  EXPECT_EQ(disk->puts, (std::vector<uint64_t>{block(2).hash}));
+  const answer<msg::tier_blocks> waiting = ask_later<msg::tier_blocks>(msg::tier_fetch{tokens_, 0, 3});
+  sched_.run();
+  EXPECT_FALSE(waiting->has_value());  // 0 and 1 are here; 2 is asked of the disk tier
+  EXPECT_EQ(disk->fetches, (std::vector<std::vector<uint64_t>>{{block(2).hash}}));
+  // The disk tier's I/O is not this actor's: meanwhile it answers what it holds at once.
+  const std::vector<kv::kv_block> held = fetch(0, 2);
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_TRUE(same_block(held[1], block(1)));
+  EXPECT_EQ(lookup(), 2);
+  EXPECT_TRUE(get(0).found);
+  sched_.advance_time(40ms - 1ns);
+  sched_.run();
+  EXPECT_FALSE(waiting->has_value());
+  sched_.advance_time(1ns);  // the disk tier's time is up: what the host tier holds
+  sched_.run();
+  ASSERT_TRUE(waiting->has_value());
+  const msg::tier_blocks& got = std::get<msg::tier_blocks>(**waiting);
+  ASSERT_EQ(got.blocks.size(), 2u);
+  EXPECT_TRUE(same_block(got.blocks[0], block(0)));
+  EXPECT_TRUE(same_block(got.blocks[1], block(1)));
+  EXPECT_TRUE(got.from_lower.empty());
+  // A report waits as long, then carries the disk tier's last counters (none yet).
+  const answer<msg::tier_report> stats = ask_later<msg::tier_report>(actors::stats_atom::value);
+  sched_.run();
+  EXPECT_FALSE(stats->has_value());
+  EXPECT_EQ(disk->num_stats, 1);
+  sched_.advance_time(40ms);
+  sched_.run();
+  ASSERT_TRUE(stats->has_value());
+  const msg::tier_report& r = std::get<msg::tier_report>(**stats);
+  EXPECT_EQ(r.num_blocks, 2);
+  EXPECT_EQ(r.num_evictions, 1);
+  EXPECT_EQ(r.num_hits, 5);  // 0 and 1 by each fetch, 0 by the get
+  EXPECT_EQ(r.num_disk_puts, 0);
+  EXPECT_EQ(r.num_disk_blocks, 0);
+}
+
+TEST_F(CacheTierActor, ServesWhatItHoldsWhenTheDiskTierIsGone) {
+  start(2, /*disk_bytes=*/1 << 20);
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 0);
+  EXPECT_EQ(put(2), 1);  // block 0 goes down to disk
+  EXPECT_EQ(report().num_disk_puts, 1);
+  caf::anon_send_exit(disk_tier_, caf::exit_reason::user_shutdown);
+  sched_.run();
+  EXPECT_EQ(put(0), 1);  // block 1 goes down to no one: dropped
+  const std::vector<kv::kv_block> got = fetch(0, 3);  // 0 here, 1 asked of no one: answered at once
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(same_block(got[0], block(0)));
+  EXPECT_EQ(fetch(2, 1).size(), 1u);
+  const msg::tier_report r = report();  // at once, with the disk tier's last counters
+  EXPECT_EQ(r.num_blocks, 2);
+  EXPECT_EQ(r.num_evictions, 2);
+  EXPECT_EQ(r.num_disk_puts, 1);
+  EXPECT_EQ(r.num_disk_blocks, 1);
+}
+
+TEST_F(CacheTierActor, ABlockEvictedAndFetchedAtOnceIsReadBackFromTheDiskTier) {
+  start(2, /*disk_bytes=*/1 << 20);
+  EXPECT_EQ(put(0), 0);
+  EXPECT_EQ(put(1), 0);
+  // One asker sends the put that evicts block 0 and, without waiting, a fetch of it: the host
+  // tier sends the block down and then asks for it, and the disk tier gets them in that order.
+  auto got = std::make_shared<std::optional<msg::tier_blocks>>();
+  sys_.spawn([=, tier = tier_, b2 = block(2), tokens = tokens_](caf::event_based_actor* self) {
+    self->request(tier, caf::infinite, msg::tier_put{b2, kv::cache_class::chat}).then([](int64_t) {});
+    self->request(tier, caf::infinite, msg::tier_fetch{tokens, 0, 3}).then([=](msg::tier_blocks& b) { *got = std::move(b); });
+  });
+  sched_.run();
+  ASSERT_TRUE(got->has_value());
+  ASSERT_EQ((*got)->blocks.size(), 3u);
+  for (int32_t i = 0; i < 3; i++) EXPECT_TRUE(same_block((*got)->blocks[static_cast<size_t>(i)], block(i)));
+  EXPECT_EQ((*got)->from_lower, (std::vector<uint8_t>{1, 0, 0}));
+  EXPECT_EQ(report().num_disk_hits, 1);
 }
 
 }  // namespace

@@ -819,10 +819,13 @@ TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   EXPECT_EQ(full.disk_refused_blocks, 0);
   EXPECT_LT(full.requests[2].cached_tokens, 384);
   for (const request_record& r : full.requests) EXPECT_EQ(r.finish, "length");
-  // A fetch answered after the engine stopped waiting (50 ms): r2 computes the prefix itself,
-  // finding only the pool's 7 blocks.
+  // A read slower than the host tier waits for the disk tier (4/5 of the engine's 50 ms), or
+  // than the engine waits: the host tier answers with the 4 blocks it holds and r2 computes the
+  // 13 the disk had, finding the pool's 7 blocks and those 4.
+  const sim_result slow = with_disk("blocks = 1000\nlatency_us = 45000\n");
+  EXPECT_EQ(slow.requests[2].cached_tokens, 112 + 4 * 16);
   const sim_result late = with_disk("blocks = 1000\nlatency_us = 60000\n");
-  EXPECT_EQ(late.requests[2].cached_tokens, 112);
+  EXPECT_EQ(late.requests[2].cached_tokens, 112 + 4 * 16);
   const nlohmann::json summary = nlohmann::json::parse(summary_json(disk, {}, 5));
   EXPECT_EQ(summary["disk_tier"]["hit_blocks"], 13);
   EXPECT_EQ(summary["disk_tier"]["written_blocks"], 32);

@@ -18,6 +18,7 @@
 
 #include "actors/cache_tier_actor.hpp"
 #include "actors/clock.hpp"
+#include "actors/disk_tier_actor.hpp"
 #include "messages/kv_block.hpp"
 #include "runtime/kv/chain_hash.hpp"
 #include "tests/support/actor_harness.hpp"
@@ -74,6 +75,7 @@ class tier_bench {
   caf::actor_system sys_{configure(cfg_, /*deterministic=*/true)};
   caf::scheduler::test_coordinator& sched_{dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())};
   actors::cache_tier_actor tier_;
+  actors::disk_tier_actor disk_tier_;  // below tier_, if any
   actors::engine_actor engine_;
   actors::engine_actor decode_;  // disaggregated: the decode engine (engine_ prefills)
   actors::balancer_actor lb_;
@@ -106,11 +108,18 @@ class tier_bench {
     return actors::spawn_cache_tier(sys_, std::move(*store));
   }
 
+  /// A host tier owning `store` over a disk tier actor owning `disk`.
+  actors::cache_tier_actor host_tier_over(kv::tier_store store, std::shared_ptr<kv::lower_tier> disk) {
+    disk_tier_ = actors::spawn_disk_tier(sys_, std::move(disk));
+    return actors::spawn_cache_tier(sys_, std::move(store), disk_tier_);
+  }
+
   ~tier_bench() {
     caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(engine_, caf::exit_reason::user_shutdown);
     if (decode_) caf::anon_send_exit(decode_, caf::exit_reason::user_shutdown);
     if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
+    if (disk_tier_) caf::anon_send_exit(disk_tier_, caf::exit_reason::user_shutdown);
     sched_.run();
   }
 
@@ -250,7 +259,7 @@ TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
   auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});  // one prompt's blocks
   auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
   ASSERT_TRUE(store.has_value() && disk.has_value());
-  start(5, actors::spawn_cache_tier(sys_, std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
+  start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
   const actors::completion a = complete(request(prompt_a, 7));
   (void)complete(request(prompt_c, 9));                   // A's blocks demoted to the host tier
   (void)complete(request(golden_prompt(3, 65), 11));      // C's too, pushing A's down to disk
@@ -287,7 +296,7 @@ TEST_F(TierFlows, AFullDiskTierEvictsItsLeastRecentlyUsedBlocksAndServesOn) {
   auto opened = tiers::disk_tier::open({dir, 4 * file_bytes, 16}, actors::ns_since_epoch(sched_.clock().now()));
   ASSERT_TRUE(store.has_value() && opened.has_value());
   const auto disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
-  start(5, actors::spawn_cache_tier(sys_, std::move(*store), disk));
+  start(5, host_tier_over(std::move(*store), disk));
   const actors::completion a = complete(request(prompt_a, 7));
   (void)complete(request(prompt_c, 9));
   (void)complete(request(golden_prompt(3, 65), 11));  // A's blocks down to disk

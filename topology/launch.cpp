@@ -12,6 +12,7 @@
 #include "actors/cache_tier_actor.hpp"
 #include "actors/clock.hpp"
 #include "actors/connect.hpp"
+#include "actors/disk_tier_actor.hpp"
 #include "actors/door.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/expert_placement_actor.hpp"
@@ -33,26 +34,38 @@ struct node_resources {
   actors::cache_tier_actor host_tier;  ///< none without host_tier_blocks
 };
 
+/// A node's cache tier actors: the host-memory tier and the disk tier below it, if any.
+struct host_tiers {
+  actors::cache_tier_actor host;
+  actors::disk_tier_actor disk;
+};
+
 /// The node's host-memory tier, with the block size its engines share (topology.cpp checks
-/// that they do); none when the node has no host_tier_blocks or no engine.
-expected<actors::cache_tier_actor> spawn_host_tier(caf::actor_system& sys, const topology& t, const node_spec& node) {
+/// that they do), over a disk tier actor of its own with disk_tier_dir (detached as the
+/// executors are: its file I/O then blocks no thread of CAF's scheduler), which the host tier
+/// waits for at most 4/5 of the engines' fetch timeout, leaving the rest for what it holds to
+/// reach them in time; none when the node has no host_tier_blocks or no engine.
+expected<host_tiers> spawn_host_tier(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                     bool detached) {
   const auto engine = std::find_if(t.engines.begin(), t.engines.end(),
                                    [&](const engine_spec& e) { return e.node == node.name; });
-  if (node.host_tier_blocks == 0 || engine == t.engines.end()) return actors::cache_tier_actor{};
+  if (node.host_tier_blocks == 0 || engine == t.engines.end()) return host_tiers{};
   kv::tier_config config;
   config.block_size = engine->config.block_size;
   config.capacity_blocks = node.host_tier_blocks;
   auto store = kv::tier_store::create(config);
   if (!store) return fail(store.error().code, "node '" + node.name + "': host tier: " + store.error().message);
-  std::shared_ptr<kv::lower_tier> disk;
+  host_tiers out;
   if (!node.disk_tier_dir.empty()) {
-    // On the host tier's clock (the actor system's): the blocks found start their lifetimes now.
+    // On the actor system's clock (the tier actors'): the blocks found start their lifetimes now.
     auto opened = tiers::disk_tier::open({node.disk_tier_dir, int64_t{node.disk_tier_mib} << 20, config.block_size},
                                          actors::ns_since_epoch(sys.clock().now()));
     if (!opened) return fail(opened.error().code, "node '" + node.name + "': disk tier: " + opened.error().message);
-    disk = std::make_shared<tiers::disk_tier>(std::move(*opened));
+    out.disk = actors::spawn_disk_tier(sys, std::make_shared<tiers::disk_tier>(std::move(*opened)), {}, detached);
   }
-  return actors::spawn_cache_tier(sys, std::move(*store), std::move(disk));
+  const auto disk_timeout = std::chrono::microseconds(int64_t{node.host_tier_fetch_timeout_ms} * 800);
+  out.host = actors::spawn_cache_tier(sys, std::move(*store), out.disk, disk_timeout);
+  return out;
 }
 
 balance::engine_kind kind_of(engine_role role) {
@@ -372,10 +385,11 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     if (!ucx) return fail(ucx.error().code, "node '" + node_name + "': " + ucx.error().message);
     out.ucx = std::move(*ucx);
   }
-  if (auto tier = spawn_host_tier(sys, t, *node); !tier) {
+  if (auto tier = spawn_host_tier(sys, t, *node, options.detached_executors); !tier) {
     return tl::unexpected(tier.error());
-  } else if (*tier) {
-    out.host_tier = *tier;
+  } else if (tier->host) {
+    out.host_tier = tier->host;
+    out.disk_tier = tier->disk;
     out.summary.push_back("host cache tier: " + std::to_string(node->host_tier_blocks) + " KV blocks" +
                           (node->disk_tier_dir.empty() ? std::string()
                                                        : ", over a disk tier of " + std::to_string(node->disk_tier_mib) +
@@ -551,6 +565,7 @@ void shutdown_node(caf::actor_system& sys, const launched_node& node) {
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   if (node.host_tier) caf::anon_send_exit(node.host_tier, caf::exit_reason::user_shutdown);
+  if (node.disk_tier) caf::anon_send_exit(node.disk_tier, caf::exit_reason::user_shutdown);
   for (const actors::expert_shard_actor& s : node.expert_shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
 }

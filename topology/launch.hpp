@@ -21,7 +21,7 @@
 namespace troupe::topology {
 
 struct launch_options {
-  bool detached_executors = true;  ///< false under the deterministic test scheduler
+  bool detached_executors = true;  ///< and disk tier actor; false under the deterministic test scheduler
   uint64_t seed_base = 0;          ///< the load balancer's seed base (see load_balancer_options)
   const std::atomic<bool>* stop = nullptr;  ///< set (a signal): stop reaching other nodes, fail `cancelled`
   /// A node without the balancer: `troupe drain` asked it to drain with this grace period (ms;
@@ -39,6 +39,7 @@ struct launched_node {
   actors::node_actor node_actor;       ///< answers engines_atom with `engines`; published where the balancer is not
   std::shared_ptr<transport::ucx_transport> ucx;  ///< KV transport of this node's engines, if any
   actors::cache_tier_actor host_tier;  ///< the node's host-memory KV tier ([[node]] host_tier_blocks), if any
+  actors::disk_tier_actor disk_tier;   ///< the disk tier below it ([[node]] disk_tier_dir), if any
   /// Every expert shard it runs ([[expert_shard]]): a shard host's for other nodes' engines, in
   /// topology order (what its node actor lists), then those of its own engines.
   actors::expert_shard_list expert_shards;
