@@ -27,6 +27,10 @@ struct tier_reporting {
   bool armed = false;   // a report_atom is on its way
   bool snapshot_due = true;
   uint64_t seq = 0;  // reports sent
+  // The disk tier's hashes, relayed as a stream of their own (msg::tier_events::lower):
+  bool lower_snapshot_due = true;
+  bool lower_asked = false;  // its answer is on its way
+  uint64_t lower_seq = 0;
 };
 
 struct cache_tier_state {
@@ -92,13 +96,45 @@ caf::result<msg::tier_blocks> fetch(cache_tier_pointer self, msg::tier_fetch& q)
   return promise;
 }
 
+/// Asks the disk tier for the hashes it started and stopped holding (a snapshot when due: first,
+/// when asked again, after an answer that never came) and relays them to the balancer, numbered
+/// apart from the store's. One ask at a time; what changes meanwhile goes with the next.
+void relay_disk_events(cache_tier_pointer self) {
+  cache_tier_state& st = self->state;
+  tier_reporting& r = *st.reporting;
+  if (!st.disk || r.lower_asked) return;
+  r.lower_asked = true;
+  self->request(st.disk, st.disk_timeout, report_atom::value, r.lower_snapshot_due)
+      .then(
+          [=](msg::tier_events& e) {
+            tier_reporting& to = *self->state.reporting;
+            to.lower_asked = false;
+            if (e.snapshot) to.lower_snapshot_due = false;
+            if (e.snapshot || !e.added.empty() || !e.removed.empty()) {
+              e.tier_index = to.tier_index;
+              e.seq = ++to.lower_seq;
+              e.lower = true;
+              self->send(to.balancer, std::move(e));
+            }
+            if (to.lower_snapshot_due) relay_disk_events(self);  // asked again meanwhile
+          },
+          [=](caf::error&) {
+            tier_reporting& to = *self->state.reporting;
+            to.lower_asked = false;
+            to.lower_snapshot_due = true;  // what it took for this answer is lost
+          });
+}
+
 /// Reports the store's hashes to the balancer: a snapshot when due (first, when asked again, after
-/// the event log overflowed), else the change since the last report if there is one. Blocks
-/// past their TTL are dropped first; ones that expire later are reported with the next change.
+/// the event log overflowed), else the change since the last report if there is one; and the
+/// disk tier's (relay_disk_events). Blocks past their TTL are dropped first; ones that expire
+/// later are reported with the next change.
 void send_events(cache_tier_pointer self) {
   cache_tier_state& st = self->state;
   tier_reporting& r = *st.reporting;
   const int64_t now = now_ns(self);
+  r.last_ns = now;
+  relay_disk_events(self);
   (void)st.store->expire(now);
   kv::cache_events events = st.store->take_events();
   const bool snapshot = r.snapshot_due || events.overflowed;
@@ -111,7 +147,6 @@ void send_events(cache_tier_pointer self) {
     out.removed = std::move(events.removed);
   }
   r.snapshot_due = false;
-  r.last_ns = now;
   self->send(r.balancer, std::move(out));
 }
 
@@ -196,6 +231,7 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         to.tier_index = r.tier_index;
         to.interval_ns = int64_t{r.interval_ms} * 1000000;
         to.snapshot_due = true;
+        to.lower_snapshot_due = true;
         send_events(self);
       },
       [=](report_atom) {

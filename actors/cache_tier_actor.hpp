@@ -16,7 +16,8 @@
 /// balancer's prefix directory as msg::tier_events — a snapshot first (and whenever asked
 /// again, or after the store's event log overflowed), then the net change since the last
 /// report, at most every interval and only when there is one (blocks past their TTL are dropped
-/// first). What the disk tier below holds is not reported.
+/// first). With a disk tier below it, the disk tier actor's hashes are asked for each time and
+/// relayed as a stream of their own (msg::tier_events::lower), one ask at a time.
 
 #include <chrono>
 

@@ -72,6 +72,24 @@ msg::disk_report report(disk_tier_pointer self) {
   return {st.lower->num_blocks(), st.num_stored, st.num_refused, st.num_hits, st.lower->num_expirations()};
 }
 
+/// The hashes it started and stopped holding since the last ask, or (`snapshot`, or its log
+/// overflowed) all it holds, expired blocks dropped first; numbered by the host tier.
+msg::tier_events events(disk_tier_pointer self, bool snapshot) {
+  kv::lower_tier& lower = *self->state.lower;
+  (void)lower.expire(now_ns(self));
+  kv::cache_events e = lower.take_events();
+  msg::tier_events out;
+  out.lower = true;
+  out.snapshot = snapshot || e.overflowed;
+  if (out.snapshot) {
+    out.added = lower.hashes();
+  } else {
+    out.added = std::move(e.added);
+    out.removed = std::move(e.removed);
+  }
+  return out;
+}
+
 disk_tier_actor::behavior_type disk_tier_behavior(disk_tier_pointer self, std::shared_ptr<kv::lower_tier> lower,
                                                   lower_read_cost read_cost) {
   self->state.lower = std::move(lower);
@@ -81,6 +99,7 @@ disk_tier_actor::behavior_type disk_tier_behavior(disk_tier_pointer self, std::s
       [=](const msg::disk_put& p) { return put(self, p); },
       [=](const msg::disk_fetch& f) { return fetch(self, f); },
       [=](stats_atom) { return report(self); },
+      [=](report_atom, bool snapshot) { return events(self, snapshot); },
   };
 }
 

@@ -61,10 +61,13 @@ using cache_tier_actor = caf::typed_actor<caf::replies_to<msg::tier_lookup>::wit
                                           caf::reacts_to<msg::tier_report_to>, caf::reacts_to<report_atom>>;
 
 /// The disk tier below a host tier (issue 14; actors/disk_tier_actor.hpp): keep a block the
-/// host tier evicted, read back the leading run of the blocks named, its counters.
+/// host tier evicted, read back the leading run of the blocks named, its counters, the hashes
+/// it started and stopped holding since it was last asked (all it holds: a snapshot, when
+/// asked for one or when its log overflowed), which its host tier relays to the balancer.
 using disk_tier_actor = caf::typed_actor<caf::replies_to<msg::disk_put>::with<msg::disk_stored>,
                                          caf::replies_to<msg::disk_fetch>::with<msg::disk_blocks>,
-                                         caf::replies_to<stats_atom>::with<msg::disk_report>>;
+                                         caf::replies_to<stats_atom>::with<msg::disk_report>,
+                                         caf::replies_to<report_atom, bool>::with<msg::tier_events>>;
 
 /// An expert shard (issue 18; actors/expert_shard_actor.hpp): computes the rows one MoE layer of
 /// a step routed to its experts; sends copies of its experts' weights, takes more, drops some

@@ -30,6 +30,8 @@ class modelled_tier final : public kv::lower_tier {
   [[nodiscard]] int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
   int64_t expire(int64_t now_ns) override;
   [[nodiscard]] int64_t num_expirations() const override { return num_expirations_; }
+  [[nodiscard]] kv::cache_events take_events() override { return lives_.take_events(); }
+  [[nodiscard]] std::vector<uint64_t> hashes() const override { return lives_.hashes(); }
   [[nodiscard]] int64_t num_evictions() const { return num_evictions_; }
 
   /// Aborts unless the blocks and their lifetimes agree and the capacity holds.

@@ -62,6 +62,10 @@ actors::disk_tier_actor spawn_silent_disk(caf::actor_system& sys, std::shared_pt
           log->held.push_back(self->make_response_promise());
           return caf::delegated<msg::disk_report>{};
         },
+        [=](actors::report_atom, bool) -> caf::result<msg::tier_events> {
+          log->held.push_back(self->make_response_promise());
+          return caf::delegated<msg::tier_events>{};
+        },
     };
   });
 }

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -97,6 +98,41 @@ class DiskTierActor : public ::testing::Test {
   msg::disk_report report() { return std::get<msg::disk_report>(ask<msg::disk_report>(actors::stats_atom::value)); }
   int64_t block_bytes() const { return static_cast<int64_t>(msg::encode_kv_block(block(0)).size()); }
 };
+
+TEST_F(DiskTierActor, TellsTheHashesItStartedAndStoppedHoldingOrAllOfThem) {
+  start(2 * block_bytes());
+  const auto events = [&](bool snapshot) {
+    auto out = std::make_shared<msg::tier_events>();
+    const actors::disk_tier_actor disk = actor_;
+    sys_.spawn([=](caf::event_based_actor* self) {
+      self->request(disk, caf::infinite, actors::report_atom::value, snapshot).then([=](msg::tier_events& e) {
+        *out = std::move(e);
+      });
+    });
+    sched_.run();
+    return *out;
+  };
+  const auto sorted = [](std::vector<uint64_t> h) {
+    std::sort(h.begin(), h.end());
+    return h;
+  };
+  (void)put(0);
+  (void)put(1);
+  msg::tier_events e = events(false);
+  EXPECT_TRUE(e.lower);
+  EXPECT_FALSE(e.snapshot);
+  EXPECT_EQ(e.added, sorted({hash(0), hash(1)}));
+  EXPECT_TRUE(e.removed.empty());
+  (void)put(2);  // evicts 0
+  e = events(false);
+  EXPECT_EQ(e.added, std::vector<uint64_t>{hash(2)});
+  EXPECT_EQ(e.removed, std::vector<uint64_t>{hash(0)});
+  EXPECT_TRUE(events(false).added.empty());  // nothing since
+  e = events(true);
+  EXPECT_TRUE(e.snapshot);
+  EXPECT_EQ(e.added, sorted({hash(1), hash(2)}));
+  EXPECT_TRUE(e.removed.empty());
+}
 
 TEST_F(DiskTierActor, AnswersPutsFetchesAndItsReportExactly) {
   start(2 * block_bytes());  // room for two block files

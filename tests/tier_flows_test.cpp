@@ -451,6 +451,47 @@ TEST_F(TierFlows, AnEngineWithoutATierFetchesThePrefixFromTheTierOfAnotherNodeTh
   sched_.run();
 }
 
+TEST_F(TierFlows, AnEngineWithoutATierFetchesThroughAnotherNodesTierThePrefixOnlyItsDiskTierHolds) {
+  // As HostTierEvictionsGoToTheDiskTier...: A's blocks end on disk below the first node's tier.
+  // The tier relays its disk tier's hashes: the balancer counts A's prefix as that tier's, and
+  // the other node's engine fetches it through the host tier from disk.
+  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/disk_directory";
+  std::filesystem::remove_all(dir);
+  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});
+  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
+  ASSERT_TRUE(store.has_value() && disk.has_value());
+  start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
+  const actors::completion a = complete(request(prompt_a, 7));
+  (void)complete(request(prompt_c, 9));
+  (void)complete(request(golden_prompt(3, 65), 11));
+  ASSERT_EQ(tier_lookup(prompt_a), 0);  // not in memory: on disk
+  actors::engine_options o = engine_opts(/*detached_executor=*/false, 9);
+  o.check_invariants_every = 1;
+  o.cluster_tiers = true;
+  const actors::engine_actor other = spawn_engine_or_die(sys_, o);
+  actors::load_balancer_options lo;
+  lo.engines = actors::mixed_engines({other, engine_});
+  lo.engines[1].host_tier = tier_;
+  lo.engines[1].host_tier_blocks = 4;
+  lo.engines[1].disk_tier_blocks_max = 1024;
+  lo.router = "prefix_affinity";
+  lo.tok = bundled_shared().tok;
+  lo.context_tokens = bundled_shared().ck->config().seq_len;
+  const actors::balancer_actor both = actors::spawn_load_balancer(sys_, std::move(lo));
+  sched_.run();
+  const actors::completion a_again = complete_together({request(prompt_a, 7)}, both).at(0);
+  expect_same(a_again, a);
+  EXPECT_EQ(a_again.end.num_cached_tokens, 64);
+  const msg::engine_report r = report_of(other);
+  EXPECT_EQ(r.num_generated_tokens, 8);
+  EXPECT_EQ(r.num_host_hit_tokens, 64);
+  EXPECT_EQ(r.num_disk_hit_tokens, 64);
+  caf::anon_send_exit(both, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
+  sched_.run();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(TierFlows, ADecodeEngineSharesThePrefixItHoldsWithAnImportedRequest) {
   // No tier: A, then A again with another seed, prefilled by one engine and decoded by the
   // other. The decode engine still holds the first A's 4 full blocks: the second import shares

@@ -337,100 +337,20 @@ TEST(TierStore, ItsEventsAreTheNetChangeOfItsHashesSinceTheLastTake) {
   EXPECT_TRUE(e.added.empty());
   EXPECT_EQ(e.removed, sorted({c.hash, d.hash}));
   EXPECT_TRUE(tier.hashes().empty());
-  // Past 2 × capacity events the log is dropped: the take says so, and the hashes are the truth.
-  for (int32_t i = 0; i < 4; i++) (void)put(tier, block_of(tokens, i), cache_class::chat, 300 + i);
+  // Past 2 × (the blocks held + 8) events, here 20, the log is dropped: the take says so, and
+  // the hashes are the truth. 11 puts into a tier of 2 are 2 + 9 × 2 = 20 events; 12 are 24.
+  const std::vector<int32_t> many = token_range(96, 100);
+  for (int32_t i = 0; i < 11; i++) (void)put(tier, block_of(many, i), cache_class::chat, 300 + i);
+  e = tier.take_events();
+  EXPECT_FALSE(e.overflowed);
+  EXPECT_EQ(e.added, sorted({block_of(many, 9).hash, block_of(many, 10).hash}));
+  EXPECT_TRUE(e.removed.empty());
+  for (int32_t i = 11; i < 23; i++) (void)put(tier, block_of(many, i), cache_class::chat, 300 + i);
   e = tier.take_events();
   EXPECT_TRUE(e.overflowed);
   EXPECT_TRUE(e.added.empty() && e.removed.empty());
-  EXPECT_EQ(tier.hashes(), sorted({c.hash, d.hash}));
+  EXPECT_EQ(tier.hashes(), sorted({block_of(many, 21).hash, block_of(many, 22).hash}));
   EXPECT_FALSE(tier.take_events().overflowed);
-}
-
-TEST(SplitFetch, AsksBelowOnlyForWhatTheStoreLacksAndPutsTheChainTogether) {
-  tier_store tier = make_tier(8);
-  const std::vector<int32_t> tokens = token_range(21, 1);  // 5 full blocks and 1 token
-  std::vector<kv_block> b;
-  for (int32_t i = 0; i < 5; i++) b.push_back(block_of(tokens, i));
-  (void)put(tier, b[0], cache_class::chat, 0);
-  (void)put(tier, b[2], cache_class::chat, 0);
-  const auto begin = [&] { return begin_split_fetch(tier, tokens, 0, 4, 1); };  // blocks 0 to 3
-  const split_fetch f = begin();
-  tier.check_invariants();
-  EXPECT_EQ(f.first_lacking, 1);
-  ASSERT_EQ(f.leading.size(), 1u);
-  EXPECT_TRUE(testing::same_block(f.leading[0], b[0]));
-  EXPECT_EQ(f.lacking, (hashes{b[1].hash, b[3].hash}));  // not 2 (held), not 4 (past num_blocks_max)
-  EXPECT_EQ(tier.num_hits(), 2);  // blocks 0 and 2, used at the fetch's time
-  // The tier below has both: the whole chain, the blocks from below marked.
-  const fetched_blocks all = finish_split_fetch(f, {b[1], b[3]}, block_size);
-  ASSERT_EQ(all.blocks.size(), 4u);
-  for (size_t i = 0; i < 4; i++) EXPECT_TRUE(testing::same_block(all.blocks[i], b[i])) << i;
-  EXPECT_EQ(all.from_lower, (std::vector<uint8_t>{0, 1, 0, 1}));
-  // Only block 1: the chain ends before block 3.
-  const fetched_blocks some = finish_split_fetch(begin(), {b[1]}, block_size);
-  ASSERT_EQ(some.blocks.size(), 3u);
-  EXPECT_EQ(some.from_lower, (std::vector<uint8_t>{0, 1, 0}));
-  // No answer: the store's leading block alone, nothing marked.
-  const fetched_blocks none = finish_split_fetch(begin(), {}, block_size);
-  ASSERT_EQ(none.blocks.size(), 1u);
-  EXPECT_TRUE(none.from_lower.empty());
-  // A damaged block, or another chain's, from below ends the chain where it stands.
-  kv_block damaged = b[1];
-  damaged.values.pop_back();
-  EXPECT_EQ(finish_split_fetch(begin(), {damaged, b[3]}, block_size).blocks.size(), 1u);
-  EXPECT_EQ(finish_split_fetch(begin(), {block_of(token_range(21, 50), 1), b[3]}, block_size).blocks.size(), 1u);
-  // A range the store holds whole, or one past the token list: nothing to ask.
-  EXPECT_TRUE(begin_split_fetch(tier, tokens, 2, 1, 1).lacking.empty());
-  EXPECT_TRUE(begin_split_fetch(tier, tokens, 9, 4, 1).lacking.empty());
-  tier.check_invariants();
-}
-
-TEST(SplitFetch, ReturnsGetPrefixsBlocksOverASynchronousLowerTier) {
-  // A naive model: the same contents in a store fetched with get_prefix over a lower tier
-  // answering at once, and in one fetched in two halves with the lower tier's answer between.
-  const std::vector<int32_t> tokens = token_range(8 * block_size + 2, 1);  // 8 full blocks
-  const std::vector<int32_t> other = token_range(8 * block_size, 500);
-  for (uint64_t seed = 1; seed <= 300; seed++) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    std::mt19937_64 rng(seed);
-    tier_store sync = make_tier(16), split = make_tier(16);
-    std::map<uint64_t, kv_block> below;
-    for (int32_t i = 0; i < 8; i++) {
-      const kv_block b = block_of(tokens, i);
-      const uint64_t where = rng() % 4;  // bit 0: in the store, bit 1: below
-      if (where & 1) {
-        (void)put(sync, b, cache_class::chat, 0);
-        (void)put(split, b, cache_class::chat, 0);
-      }
-      if (where & 2) below[b.hash] = rng() % 8 == 0 ? block_of(other, i) : b;  // now and then not the query's
-    }
-    const auto first = static_cast<int32_t>(rng() % 9), max = static_cast<int32_t>(rng() % 10);
-    std::set<uint64_t> read_below;
-    const tier_store::lower_tier lower = [&](uint64_t hash, int64_t) -> std::optional<kv_block> {
-      const auto it = below.find(hash);
-      if (it == below.end()) return std::nullopt;
-      read_below.insert(hash);
-      return it->second;
-    };
-    const std::vector<kv_block> want = sync.get_prefix(tokens, first, max, 1, lower);
-    std::vector<uint8_t> want_from_lower;
-    for (const kv_block& b : want) want_from_lower.push_back(read_below.count(b.hash) != 0 ? 1 : 0);
-    if (std::count(want_from_lower.begin(), want_from_lower.end(), 1) == 0) want_from_lower.clear();
-    split_fetch f = begin_split_fetch(split, tokens, first, max, 1);
-    std::vector<kv_block> answer;  // the leading run of the hashes asked that the tier below has
-    for (uint64_t hash : f.lacking) {
-      const auto it = below.find(hash);
-      if (it == below.end()) break;
-      answer.push_back(it->second);
-    }
-    const fetched_blocks got = finish_split_fetch(std::move(f), std::move(answer), block_size);
-    ASSERT_EQ(got.blocks.size(), want.size());
-    for (size_t i = 0; i < want.size(); i++) EXPECT_TRUE(testing::same_block(got.blocks[i], want[i])) << i;
-    EXPECT_EQ(got.from_lower, want_from_lower);
-    EXPECT_GE(split.num_hits(), sync.num_hits());  // past the first block it lacks, it uses all it holds
-    sync.check_invariants();
-    split.check_invariants();
-  }
 }
 
 TEST(TierStoreDeathTest, MisuseIsAProgrammerError) {

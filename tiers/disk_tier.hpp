@@ -87,6 +87,8 @@ class disk_tier final : public kv::lower_tier {
   [[nodiscard]] int64_t num_corrupt_blocks() const { return num_corrupt_blocks_; }
   [[nodiscard]] int64_t num_evictions() const { return num_evictions_; }
   [[nodiscard]] int64_t num_expirations() const override { return num_expirations_; }
+  [[nodiscard]] kv::cache_events take_events() override { return lives_.take_events(); }
+  [[nodiscard]] std::vector<uint64_t> hashes() const override { return lives_.hashes(); }
   /// Held blocks' hashes, least recently used first (the next to evict first).
   [[nodiscard]] std::vector<uint64_t> lru_order() const { return lives_.lru_order(); }
   /// The file that holds (or would hold) block `hash`.

@@ -9,7 +9,7 @@ namespace troupe::kv {
 
 void cache_event_log::log(uint64_t hash, bool held) {
   if (overflowed_) return;
-  if (log_.size() == max_events_) {
+  if (log_.size() >= max_events_) {
     overflowed_ = true;
     log_.clear();
     return;
@@ -38,7 +38,6 @@ cache_events cache_event_log::take() {
 }
 
 void cache_event_log::check_invariants(const std::function<bool(uint64_t)>& holds) const {
-  TROUPE_ASSERT(log_.size() <= max_events_);
   TROUPE_ASSERT(!overflowed_ || log_.empty());
   std::map<uint64_t, bool> last;  // hash -> its last event added it
   for (const event& e : log_) {

@@ -33,6 +33,9 @@ class cache_event_log {
   /// `hash` entered the cache (`held`) or left it. A hash's events alternate (a cache holds a
   /// hash at most once): checked by check_invariants.
   void log(uint64_t hash, bool held);
+  /// Changes the bound (a cache whose size is not fixed: kv::lru_ttl); it applies from the
+  /// next event on.
+  void set_max_events(size_t max_events) { max_events_ = max_events; }
   /// The net change since the last take; the log starts empty again.
   [[nodiscard]] cache_events take();
 

@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "runtime/common/error.hpp"
 #include "runtime/kv/cache_class.hpp"
+#include "runtime/kv/cache_event_log.hpp"
 #include "runtime/kv/kv_block.hpp"
 
 namespace troupe::kv {
@@ -38,6 +40,10 @@ class lower_tier {
   virtual int64_t expire(int64_t now_ns) = 0;
   /// Blocks dropped so far because their class's TTL passed.
   [[nodiscard]] virtual int64_t num_expirations() const = 0;
+  /// The hashes it started and stopped holding since the last take (kv::lru_ttl's log), and all
+  /// it holds, ascending: what its host tier reports to the balancer's prefix directory.
+  [[nodiscard]] virtual cache_events take_events() = 0;
+  [[nodiscard]] virtual std::vector<uint64_t> hashes() const = 0;
 };
 
 }  // namespace troupe::kv

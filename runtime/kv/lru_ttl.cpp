@@ -31,6 +31,9 @@ void lru_ttl::use(uint64_t hash, cache_class cls, int64_t now_ns) {
   if (!is_new) {
     recency_.erase(l.recency);
     expiries_.erase({l.expiry_ns, hash});
+  } else {
+    events_.set_max_events(2 * (lives_.size() + 8));
+    events_.log(hash, true);
   }
   l.cls = cls;
   l.last_use_ns = now_ns;
@@ -43,9 +46,18 @@ void lru_ttl::use(uint64_t hash, cache_class cls, int64_t now_ns) {
 void lru_ttl::remove(uint64_t hash) {
   const auto it = lives_.find(hash);
   TROUPE_ASSERT_MSG(it != lives_.end(), "removing a block the tier does not hold");
+  events_.set_max_events(2 * (lives_.size() + 8));  // the blocks held with this one
+  events_.log(hash, false);
   recency_.erase(it->second.recency);
   expiries_.erase({it->second.expiry_ns, hash});
   lives_.erase(it);
+}
+
+std::vector<uint64_t> lru_ttl::hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(lives_.size());
+  for (const auto& [hash, l] : lives_) out.push_back(hash);
+  return out;
 }
 
 bool lru_ttl::is_alive(uint64_t hash, int64_t now_ns) const {
@@ -87,6 +99,7 @@ void lru_ttl::check_invariants() const {
     TROUPE_ASSERT_MSG(r != recency_.end() && r->second == hash, "the recency order lost a block");
     TROUPE_ASSERT_MSG(expiries_.count({l.expiry_ns, hash}) == 1, "the expiry order lost a block");
   }
+  events_.check_invariants([this](uint64_t hash) { return contains(hash); });
 }
 
 }  // namespace troupe::kv

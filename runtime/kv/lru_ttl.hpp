@@ -9,6 +9,10 @@
 /// recent end and restarts its lifetime with the class of that use. A tier that needs room
 /// drops `first_expired` blocks, then `least_recent` ones.
 ///
+/// Events. Every hash it starts or stops holding is logged (kv::cache_event_log, bounded by
+/// 2 × (the blocks held + 8) events, so a log nobody takes stays small): `take_events` is the
+/// net change since the last take — what a tier reports to the balancer's prefix directory.
+///
 /// Time. Every call that needs it takes `now_ns` from the caller; it never goes backwards
 /// (assert). Determinism: ordered containers only; recency is a counter, so no ties; expiry
 /// ties break by hash.
@@ -22,6 +26,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/kv/cache_class.hpp"
+#include "runtime/kv/cache_event_log.hpp"
 
 namespace troupe::kv {
 
@@ -52,6 +57,10 @@ class lru_ttl {
   [[nodiscard]] std::optional<uint64_t> least_recent() const;
   /// The block that expired first, if one has expired at `now_ns`.
   [[nodiscard]] std::optional<uint64_t> first_expired(int64_t now_ns) const;
+  /// The hashes it started and stopped holding since the last take.
+  [[nodiscard]] cache_events take_events() { return events_.take(); }
+  /// Held blocks' hashes, ascending.
+  [[nodiscard]] std::vector<uint64_t> hashes() const;
   /// Held blocks, least recently used first (O(size), for tests and debugging).
   [[nodiscard]] std::vector<uint64_t> lru_order() const;
   [[nodiscard]] int64_t size() const { return static_cast<int64_t>(lives_.size()); }
@@ -77,6 +86,7 @@ class lru_ttl {
   std::map<uint64_t, uint64_t> recency_;             // recency -> hash; begin() = least recent
   std::set<std::pair<int64_t, uint64_t>> expiries_;  // (expiry_ns, hash); begin() = first to expire
   uint64_t next_recency_ = 0;
+  cache_event_log events_{16};  // hashes in and out since take_events
   int64_t now_ns_ = 0;  // the latest time seen
 };
 

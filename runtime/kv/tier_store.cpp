@@ -33,7 +33,6 @@ kv_block tier_store::remove(uint64_t hash) {
   lives_.remove(hash);
   kv_block block = std::move(it->second);
   blocks_.erase(it);
-  events_.log(hash, false);
   return block;
 }
 
@@ -56,7 +55,6 @@ std::vector<evicted_tier_block> tier_store::put(kv_block block, cache_class cls,
   const uint64_t hash = block.hash;
   blocks_.emplace(hash, std::move(block));
   lives_.use(hash, cls, now_ns);
-  events_.log(hash, true);
   return evicted;
 }
 
@@ -106,13 +104,6 @@ int64_t tier_store::expire(int64_t now_ns) {
   return n;
 }
 
-std::vector<uint64_t> tier_store::hashes() const {
-  std::vector<uint64_t> out;
-  out.reserve(blocks_.size());
-  for (const auto& [hash, block] : blocks_) out.push_back(hash);
-  return out;
-}
-
 void tier_store::check_invariants() const {
   TROUPE_ASSERT_MSG(num_blocks() <= config_.capacity_blocks, "the tier is over capacity");
   lives_.check_invariants();
@@ -124,7 +115,6 @@ void tier_store::check_invariants() const {
     TROUPE_ASSERT_MSG(is_consistent(block), "a held block is inconsistent");
   }
   TROUPE_ASSERT(num_hits_ >= 0 && num_evictions_ >= 0 && num_expirations_ >= 0);
-  events_.check_invariants([this](uint64_t hash) { return contains(hash); });
 }
 
 }  // namespace troupe::kv

@@ -20,10 +20,10 @@
 /// leading ones present and alive; a block counts only if its stored tokens and parent hash
 /// equal the query's, so a single 64-bit collision cannot produce a wrong hit (as in the pool).
 ///
-/// Events. Every hash entering or leaving the tier is logged (kv::cache_event_log, bounded by
-/// 2 × capacity_blocks events): `take_events` is the net change since the last take, what the
-/// tier reports to the balancer's prefix directory; after an overflow the full list is `hashes`.
-/// A block expired but not dropped yet is still listed: `expire` first.
+/// Events. Every hash entering or leaving the tier is logged (kv::lru_ttl's log): `take_events`
+/// is the net change since the last take, what the tier reports to the balancer's prefix
+/// directory; after an overflow the full list is `hashes`. A block expired but not dropped yet
+/// is still listed: `expire` first.
 ///
 /// The recency and expiry bookkeeping is kv/lru_ttl.hpp's, shared with the disk tier.
 /// Determinism: ordered containers only; ties cannot occur (recency is a counter).
@@ -36,7 +36,6 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/kv/cache_class.hpp"
-#include "runtime/kv/cache_event_log.hpp"
 #include "runtime/kv/kv_block.hpp"
 #include "runtime/kv/lru_ttl.hpp"
 
@@ -96,9 +95,9 @@ class tier_store {
   [[nodiscard]] int64_t num_evictions() const { return num_evictions_; }
   [[nodiscard]] int64_t num_expirations() const { return num_expirations_; }
   /// The hashes that entered and left the tier since the last take (the prefix directory's).
-  [[nodiscard]] cache_events take_events() { return events_.take(); }
+  [[nodiscard]] cache_events take_events() { return lives_.take_events(); }
   /// Held blocks' hashes, ascending.
-  [[nodiscard]] std::vector<uint64_t> hashes() const;
+  [[nodiscard]] std::vector<uint64_t> hashes() const { return lives_.hashes(); }
   /// Held blocks' hashes, least recently used first (O(num_blocks), for tests and debugging).
   [[nodiscard]] std::vector<uint64_t> lru_order() const { return lives_.lru_order(); }
 
@@ -109,9 +108,7 @@ class tier_store {
 
  private:
   explicit tier_store(const tier_config& config)
-      : config_(config),
-        lives_(config.chat_ttl_ns, config.agent_ttl_ns),
-        events_(2 * static_cast<size_t>(config.capacity_blocks)) {}
+      : config_(config), lives_(config.chat_ttl_ns, config.agent_ttl_ns) {}
 
   /// Removes `hash` from the blocks and their lifetimes and returns its block.
   kv_block remove(uint64_t hash);
@@ -119,7 +116,6 @@ class tier_store {
   tier_config config_;
   std::map<uint64_t, kv_block> blocks_;  // chain hash -> block
   lru_ttl lives_;                        // their last uses: recency and expiry orders
-  cache_event_log events_;               // hashes in and out since take_events
   int64_t num_hits_ = 0;
   int64_t num_evictions_ = 0;
   int64_t num_expirations_ = 0;
