@@ -25,6 +25,7 @@
 #include "messages/cache_tier.hpp"
 #include "messages/kv_block.hpp"
 #include "tests/support/actor_config.hpp"
+#include "tests/support/ask_later.hpp"
 #include "tiers/disk_tier.hpp"
 #include "tests/support/kv_blocks.hpp"
 
@@ -114,27 +115,18 @@ class CacheTierActor : public ::testing::Test {
   }
 
   template <class T>
-  using answer = std::shared_ptr<std::optional<std::variant<T, std::string>>>;
+  using answer = later_answer<T>;
 
-  /// Sends `m` to the tier without running anything: its answer, or the error's text, once it comes.
+  /// Sends `m` without running anything: its answer, or the error's text, once it comes.
   template <class T, class M>
   answer<T> ask_later(M m) {
-    auto out = std::make_shared<std::optional<std::variant<T, std::string>>>();
-    caf::actor_system& sys = sys_;
-    sys_.spawn([=, &sys](caf::event_based_actor* self) {
-      self->request(tier_, caf::infinite, m).then([=](T& x) { *out = std::move(x); },
-                                                 [=, &sys](caf::error& e) { *out = sys.render(e); });
-    });
-    return out;
+    return testing::ask_later<T>(sys_, tier_, std::move(m));
   }
 
-  /// Sends `m` to the tier and runs until it answers: the answer, or the error's text.
+  /// Sends `m` and runs until nothing is left: the answer, or the error's text.
   template <class T, class M>
   std::variant<T, std::string> ask(M m) {
-    const answer<T> out = ask_later<T>(std::move(m));
-    sched_.run();
-    EXPECT_TRUE(out->has_value());
-    return out->value_or(std::string("no answer"));
+    return ask_now<T>(sys_, sched_, tier_, std::move(m));
   }
 
   int32_t lookup() { return std::get<int32_t>(ask<int32_t>(msg::tier_lookup{tokens_})); }

@@ -24,6 +24,7 @@
 #include "messages/disk_tier.hpp"
 #include "messages/kv_block.hpp"
 #include "tests/support/actor_config.hpp"
+#include "tests/support/ask_later.hpp"
 #include "tests/support/kv_blocks.hpp"
 #include "tiers/disk_tier.hpp"
 
@@ -64,27 +65,18 @@ class DiskTierActor : public ::testing::Test {
   }
 
   template <class T>
-  using answer = std::shared_ptr<std::optional<std::variant<T, std::string>>>;
+  using answer = later_answer<T>;
 
-  /// Sends `m` to the actor without running anything: its answer, or the error's text, once it comes.
+  /// Sends `m` without running anything: its answer, or the error's text, once it comes.
   template <class T, class M>
   answer<T> ask_later(M m) {
-    auto out = std::make_shared<std::optional<std::variant<T, std::string>>>();
-    caf::actor_system& sys = sys_;
-    sys_.spawn([=, &sys](caf::event_based_actor* self) {
-      self->request(actor_, caf::infinite, m).then([=](T& x) { *out = std::move(x); },
-                                                  [=, &sys](caf::error& e) { *out = sys.render(e); });
-    });
-    return out;
+    return testing::ask_later<T>(sys_, actor_, std::move(m));
   }
 
   /// Sends `m` and runs until nothing is left: the answer, or the error's text.
   template <class T, class M>
   std::variant<T, std::string> ask(M m) {
-    const answer<T> out = ask_later<T>(std::move(m));
-    sched_.run();
-    EXPECT_TRUE(out->has_value());
-    return out->value_or(std::string("no answer"));
+    return ask_now<T>(sys_, sched_, actor_, std::move(m));
   }
 
   kv::kv_block block(int32_t i) const { return block_of(tokens_, i, block_size); }
@@ -102,15 +94,7 @@ class DiskTierActor : public ::testing::Test {
 TEST_F(DiskTierActor, TellsTheHashesItStartedAndStoppedHoldingOrAllOfThem) {
   start(2 * block_bytes());
   const auto events = [&](bool snapshot) {
-    auto out = std::make_shared<msg::tier_events>();
-    const actors::disk_tier_actor disk = actor_;
-    sys_.spawn([=](caf::event_based_actor* self) {
-      self->request(disk, caf::infinite, actors::report_atom::value, snapshot).then([=](msg::tier_events& e) {
-        *out = std::move(e);
-      });
-    });
-    sched_.run();
-    return *out;
+    return std::get<msg::tier_events>(ask_now<msg::tier_events>(sys_, sched_, actor_, actors::report_atom::value, snapshot));
   };
   const auto sorted = [](std::vector<uint64_t> h) {
     std::sort(h.begin(), h.end());

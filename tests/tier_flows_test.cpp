@@ -79,6 +79,8 @@ class tier_bench {
   actors::engine_actor engine_;
   actors::engine_actor decode_;  // disaggregated: the decode engine (engine_ prefills)
   actors::balancer_actor lb_;
+  actors::engine_actor another_;      // start_another_node's
+  actors::balancer_actor another_lb_;
 
   /// An engine with a pool of `pool_blocks` blocks of 16 behind a balancer, with `tier` as its
   /// host tier (none: tiers off), checking its invariants after every step.
@@ -115,6 +117,8 @@ class tier_bench {
   }
 
   ~tier_bench() {
+    if (another_lb_) caf::anon_send_exit(another_lb_, caf::exit_reason::user_shutdown);
+    if (another_) caf::anon_send_exit(another_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(lb_, caf::exit_reason::user_shutdown);
     caf::anon_send_exit(engine_, caf::exit_reason::user_shutdown);
     if (decode_) caf::anon_send_exit(decode_, caf::exit_reason::user_shutdown);
@@ -156,6 +160,31 @@ class tier_bench {
     return out;
   }
 
+  /// Another node's engine, with no tier of its own, and a prefix-affinity balancer over it
+  /// (index 0: ties go to it) and engine_, whose node's tier is tier_ (of `tier_blocks`, over a
+  /// disk tier of at most `disk_blocks_max` blocks); run until their first reports are in.
+  struct another_node {
+    actors::engine_actor engine;
+    actors::balancer_actor balancer;
+  };
+  another_node start_another_node(int64_t tier_blocks, int64_t disk_blocks_max) {
+    actors::engine_options o = engine_opts(/*detached_executor=*/false, 9);
+    o.check_invariants_every = 1;
+    o.cluster_tiers = true;
+    another_ = spawn_engine_or_die(sys_, o);
+    actors::load_balancer_options lo;
+    lo.engines = actors::mixed_engines({another_, engine_});
+    lo.engines[1].host_tier = tier_;
+    lo.engines[1].host_tier_blocks = tier_blocks;
+    lo.engines[1].disk_tier_blocks_max = disk_blocks_max;
+    lo.router = "prefix_affinity";
+    lo.tok = bundled_shared().tok;
+    lo.context_tokens = bundled_shared().ck->config().seq_len;
+    another_lb_ = actors::spawn_load_balancer(sys_, std::move(lo));
+    sched_.run();
+    return {another_, another_lb_};
+  }
+
   msg::engine_report report() { return report_of(engine_); }
   msg::engine_report report_of(const actors::engine_actor& e) {
     return ask_idle<msg::engine_report>(sys_, sched_, e, actors::stats_atom::value);
@@ -179,16 +208,21 @@ struct three_runs {
   actors::completion a, q, a_again;
 };
 
+/// A, Q, then A again (seeds 7, 8, 7) on an engine with a pool of 9 and tiers off (`disaggregated`:
+/// a prefill and a decode engine): what the same requests over tiers must give.
+three_runs with_tiers_off(const std::vector<int32_t>& prompt_q, bool disaggregated = false) {
+  tier_bench reference;
+  reference.start(9, {}, engine::preemption_mode::recompute, disaggregated);
+  three_runs off;
+  off.a = reference.complete(tier_bench::request(prompt_a, 7));
+  off.q = reference.complete(tier_bench::request(prompt_q, 8));
+  off.a_again = reference.complete(tier_bench::request(prompt_a, 7));
+  return off;
+}
+
 TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) {
   const std::vector<int32_t> prompt_q = golden_prompt(3, 130);  // 9 blocks with its 8 tokens
-  three_runs off;
-  {
-    tier_bench reference;  // the same requests with tiers off
-    reference.start(9, {});
-    off.a = reference.complete(request(prompt_a, 7));
-    off.q = reference.complete(request(prompt_q, 8));
-    off.a_again = reference.complete(request(prompt_a, 7));
-  }
+  const three_runs off = with_tiers_off(prompt_q);
   start(9, host_tier(64));
   const actors::completion a = complete(request(prompt_a, 7));
   const actors::completion q = complete(request(prompt_q, 8));
@@ -378,14 +412,7 @@ TEST_F(TierFlows, ADisaggregatedPairTakesThePrefixFromTheHostTierWithTheSameOutp
   // A, then Q evicting A's blocks from the prefill engine's pool of 9, then A again, each
   // prefilled by one engine and decoded by the other, with tiers off and over one host tier.
   const std::vector<int32_t> prompt_q = golden_prompt(3, 130);
-  three_runs off;
-  {
-    tier_bench reference;
-    reference.start(9, {}, engine::preemption_mode::recompute, /*disaggregated=*/true);
-    off.a = reference.complete(request(prompt_a, 7));
-    off.q = reference.complete(request(prompt_q, 8));
-    off.a_again = reference.complete(request(prompt_a, 7));
-  }
+  const three_runs off = with_tiers_off(prompt_q, /*disaggregated=*/true);
   start(9, host_tier(64), engine::preemption_mode::recompute, /*disaggregated=*/true);
   const actors::completion a = complete(request(prompt_a, 7));
   const actors::completion q = complete(request(prompt_q, 8));
@@ -410,45 +437,23 @@ TEST_F(TierFlows, AnEngineWithoutATierFetchesThePrefixFromTheTierOfAnotherNodeTh
   // reports A's 4 blocks, both engines count them as cached, the tie goes to the other engine
   // (index 0), and the placement names the first node's tier, from which it fetches them.
   const std::vector<int32_t> prompt_q = golden_prompt(3, 130);
-  three_runs off;
-  {
-    tier_bench reference;
-    reference.start(9, {});
-    off.a = reference.complete(request(prompt_a, 7));
-    off.q = reference.complete(request(prompt_q, 8));
-    off.a_again = reference.complete(request(prompt_a, 7));
-  }
+  const three_runs off = with_tiers_off(prompt_q);
   start(9, host_tier(64));
   const actors::completion a = complete(request(prompt_a, 7));
   const actors::completion q = complete(request(prompt_q, 8));
   ASSERT_EQ(tier_lookup(prompt_a), 4);
-  actors::engine_options o = engine_opts(/*detached_executor=*/false, 9);
-  o.check_invariants_every = 1;
-  o.cluster_tiers = true;
-  const actors::engine_actor other = spawn_engine_or_die(sys_, o);
-  actors::load_balancer_options lo;
-  lo.engines = actors::mixed_engines({other, engine_});
-  lo.engines[1].host_tier = tier_;
-  lo.engines[1].host_tier_blocks = 64;
-  lo.router = "prefix_affinity";
-  lo.tok = bundled_shared().tok;
-  lo.context_tokens = bundled_shared().ck->config().seq_len;
-  const actors::balancer_actor both = actors::spawn_load_balancer(sys_, std::move(lo));
-  sched_.run();  // the reports: the first engine's pool (Q's blocks), the tier's (A's)
-  const actors::completion a_again = complete_together({request(prompt_a, 7)}, both).at(0);
+  const another_node n = start_another_node(64, 0);  // the reports: the pool's (Q's blocks), the tier's (A's)
+  const actors::completion a_again = complete_together({request(prompt_a, 7)}, n.balancer).at(0);
   expect_same(a, off.a);
   expect_same(q, off.q);
   expect_same(a_again, off.a_again);
   EXPECT_EQ(a_again.end.num_cached_tokens, 64);
-  const msg::engine_report r = report_of(other);
+  const msg::engine_report r = report_of(n.engine);
   EXPECT_EQ(r.num_generated_tokens, 8);
   EXPECT_EQ(r.num_host_hit_tokens, 64);
   EXPECT_EQ(r.num_promoted_blocks, 4);
   EXPECT_EQ(r.num_demoted_blocks, 0);  // no tier of its own to demote to
   EXPECT_EQ(report().num_generated_tokens, 16);  // A and Q only
-  caf::anon_send_exit(both, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
-  sched_.run();
 }
 
 TEST_F(TierFlows, AnEngineWithoutATierFetchesThroughAnotherNodesTierThePrefixOnlyItsDiskTierHolds) {
@@ -465,30 +470,14 @@ TEST_F(TierFlows, AnEngineWithoutATierFetchesThroughAnotherNodesTierThePrefixOnl
   (void)complete(request(prompt_c, 9));
   (void)complete(request(golden_prompt(3, 65), 11));
   ASSERT_EQ(tier_lookup(prompt_a), 0);  // not in memory: on disk
-  actors::engine_options o = engine_opts(/*detached_executor=*/false, 9);
-  o.check_invariants_every = 1;
-  o.cluster_tiers = true;
-  const actors::engine_actor other = spawn_engine_or_die(sys_, o);
-  actors::load_balancer_options lo;
-  lo.engines = actors::mixed_engines({other, engine_});
-  lo.engines[1].host_tier = tier_;
-  lo.engines[1].host_tier_blocks = 4;
-  lo.engines[1].disk_tier_blocks_max = 1024;
-  lo.router = "prefix_affinity";
-  lo.tok = bundled_shared().tok;
-  lo.context_tokens = bundled_shared().ck->config().seq_len;
-  const actors::balancer_actor both = actors::spawn_load_balancer(sys_, std::move(lo));
-  sched_.run();
-  const actors::completion a_again = complete_together({request(prompt_a, 7)}, both).at(0);
+  const another_node n = start_another_node(4, 1024);
+  const actors::completion a_again = complete_together({request(prompt_a, 7)}, n.balancer).at(0);
   expect_same(a_again, a);
   EXPECT_EQ(a_again.end.num_cached_tokens, 64);
-  const msg::engine_report r = report_of(other);
+  const msg::engine_report r = report_of(n.engine);
   EXPECT_EQ(r.num_generated_tokens, 8);
   EXPECT_EQ(r.num_host_hit_tokens, 64);
   EXPECT_EQ(r.num_disk_hit_tokens, 64);
-  caf::anon_send_exit(both, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
-  sched_.run();
   std::filesystem::remove_all(dir);
 }
 
