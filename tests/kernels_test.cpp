@@ -151,5 +151,61 @@ TEST(Kernels, FastShiftedExpEqualsReferenceBitForBit) {
   }
 }
 
+TEST(Kernels, FastLibmScaledExpEqualsReferenceBitForBit) {
+  // The sampler's use, (logit - max) / temperature, over lengths around the vector width: -inf
+  // logits, arguments past the underflow thresholds, and a max that is itself a logit (exp(0)).
+  for (int32_t n : {1, 7, 8, 9, 16, 31, 133, 512}) {
+    for (const float temperature : {1e-5f, 0.7f, 1.0f, 3.0f}) {
+      auto x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(200 + n));
+      for (auto& v : x) v *= 80.0f;
+      x[static_cast<size_t>(n / 2)] = -std::numeric_limits<float>::infinity();
+      const float max = *std::max_element(x.begin(), x.end());
+      std::vector<float> want(x.size()), got(x.size());
+      reference::libm_scaled_exp(want.data(), x.data(), n, max, temperature);
+      fast::libm_scaled_exp(got.data(), x.data(), n, max, temperature);
+      EXPECT_TRUE(same_bits(want.data(), got.data(), x.size())) << n << " " << temperature;
+      fast::libm_scaled_exp(x.data(), x.data(), n, max, temperature);  // in place
+      EXPECT_TRUE(same_bits(want.data(), x.data(), x.size())) << n << " " << temperature;
+    }
+  }
+  // Outside the sampler's use (positive arguments, NaN) it is std::exp all the same.
+  const std::vector<float> odd = {1.0f, 88.0f, 89.0f, std::numeric_limits<float>::quiet_NaN(), -1.0f, 0.5f, -200.0f, 3.0f};
+  std::vector<float> want(odd.size()), got(odd.size());
+  reference::libm_scaled_exp(want.data(), odd.data(), 8, 0.0f, 1.0f);
+  fast::libm_scaled_exp(got.data(), odd.data(), 8, 0.0f, 1.0f);
+  EXPECT_TRUE(same_bits(want.data(), got.data(), odd.size()));
+}
+
+TEST(Kernels, FastLibmScaledExpEqualsStdExpOnEveryNonPositiveFloat) {
+  // Exhaustive over the arguments the sampler can pass: +0 and every float from -0 down to -inf
+  // (2^31 values). The vectorized path reproduces glibc's expf operation for operation; this is
+  // what proves it returns the same bits. Down to glibc's underflow bound (-103.97, about 2^30
+  // floats) each against std::exp; below it std::exp is 0 (checked for every 1024th float and
+  // -inf), and so must the kernel be, for every float.
+  if (!fast::libm_exp_vectorized()) GTEST_SKIP() << "no AVX2 and FMA: fast::libm_scaled_exp is std::exp itself";
+  const float underflow_below = -0x1.9fe368p6f;
+  uint32_t underflow_bits = 0;  // the first float whose std::exp is 0
+  std::memcpy(&underflow_bits, &underflow_below, sizeof underflow_bits);
+  constexpr uint64_t negative_zero = 0x80000000u, negative_infinity = 0xff800000u;
+  constexpr uint32_t chunk = 1u << 16;
+  std::vector<float> x(chunk), want(chunk), got(chunk);
+  const auto check = [&](uint64_t first_bits, uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i) {
+      const auto bits = static_cast<uint32_t>(first_bits + i);
+      std::memcpy(&x[i], &bits, sizeof(float));
+      const bool sampled = first_bits + i <= underflow_bits || i % 1024 == 0 || first_bits + i == negative_infinity;
+      want[i] = sampled ? std::exp(x[i]) : 0.0f;
+    }
+    fast::libm_scaled_exp(got.data(), x.data(), static_cast<int32_t>(count), 0.0f, 1.0f);
+    if (same_bits(want.data(), got.data(), count)) return true;
+    for (uint32_t i = 0; i < count; ++i)
+      if (!same_bits(&want[i], &got[i], 1)) ADD_FAILURE() << "exp(" << x[i] << "): want " << want[i] << ", got " << got[i];
+    return false;
+  };
+  ASSERT_TRUE(check(0, 1));  // +0
+  for (uint64_t bits = negative_zero; bits <= negative_infinity; bits += chunk)
+    ASSERT_TRUE(check(bits, static_cast<uint32_t>(std::min<uint64_t>(chunk, negative_infinity + 1 - bits))));
+}
+
 }  // namespace
 }  // namespace troupe::kernels::cpu

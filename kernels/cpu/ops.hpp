@@ -109,6 +109,11 @@ void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
 /// be `x`.
 void shifted_exp(float* out, const float* x, int32_t n, float shift);
 
+/// out (n) = std::exp((x - shift) / divisor) in float, element by element: the C library's expf
+/// (the sampler's relative probabilities e = exp((l - l_max) / T), whose every bit picks seeded
+/// draws); `out` may be `x`.
+void libm_scaled_exp(float* out, const float* x, int32_t n, float shift, float divisor);
+
 /// Rotates consecutive pairs of `vec` (n) by the angles of one position; cos/sin are
 /// (head_size / 2) for that position (llama2.c's convention: pair i uses angle index
 /// (i mod head_size) / 2).
@@ -148,6 +153,14 @@ void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
 
 /// Same contract and bits as reference::shifted_exp, 8 elements per register.
 void shifted_exp(float* out, const float* x, int32_t n, float shift);
+
+/// Same contract and bits as reference::libm_scaled_exp: 8 elements per pass where the CPU has
+/// AVX2 and FMA and the arguments are <= 0, as the sampler's are (libm_exp.cpp); std::exp
+/// otherwise.
+void libm_scaled_exp(float* out, const float* x, int32_t n, float shift, float divisor);
+
+/// Whether fast::libm_scaled_exp runs vectorized on this CPU.
+[[nodiscard]] bool libm_exp_vectorized();
 
 // A sequential reduction (rmsnorm) or element-wise loops the compiler already vectorizes
 // (rope, swiglu); a second copy would only be a place for the bits to drift.

@@ -62,6 +62,10 @@ void shifted_exp(float* out, const float* x, int32_t n, float shift) {
   for (int32_t i = 0; i < n; i++) out[i] = cpu::exp(x[i] - shift);
 }
 
+void libm_scaled_exp(float* out, const float* x, int32_t n, float shift, float divisor) {
+  for (int32_t i = 0; i < n; i++) out[i] = std::exp((x[i] - shift) / divisor);
+}
+
 void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin) {
   for (int32_t i = 0; i < n; i += 2) {
     const int32_t f = (i % head_size) / 2;
