@@ -1,9 +1,9 @@
 #pragma once
 
-/// exp(x) for float, one formula for the scalar and the 8-lane path (Cephes' expf: range
-/// reduction by ln 2, a degree-6 polynomial, scaling by 2^n; about 1 ulp). The two perform the
+/// exp(x) for float, one formula for the scalar and the vector paths (Cephes' expf: range
+/// reduction by ln 2, a degree-6 polynomial, scaling by 2^n; about 1 ulp). They perform the
 /// same IEEE operations in the same order, so they return the same bits — which lets the
-/// vectorized softmax stay bit-identical to the reference one. Inputs are clamped to
+/// vectorized softmax and shifted_exp stay bit-identical to the reference ones. Inputs are clamped to
 /// [-87.3, 88.3], where the result is a normal float.
 
 #include <cstdint>

@@ -22,6 +22,7 @@ static_assert(sizeof(v8f) == tile_width * sizeof(float));
 // ones otherwise.
 using v16f = float __attribute__((vector_size(64)));
 static_assert(sizeof(v16f) == matmul_tile_width * sizeof(float));
+using v8i = int32_t __attribute__((vector_size(32)));
 
 template <class V = v8f>
 inline V load(const float* p) {
@@ -255,15 +256,17 @@ void matmul_q80(float* out, const int8_t* xq, const float* xs, const packed_q80&
   run_tiles(q80_blocks{out, xq, xs, w}, rows, w.d, w.n, pool);
 }
 
-v8f exp8(v8f x) {
-  using v8i = int32_t __attribute__((vector_size(32)));
-  const v8f lo = v8f{} + detail::exp_lo;
-  const v8f hi = v8f{} + detail::exp_hi;
+/// The kernels' exp of each lane of a float vector V (VI: its int32 twin): cpu::exp's
+/// operations, lane by lane.
+template <class V, class VI>
+V exp_lanes(V x) {
+  const V lo = V{} + detail::exp_lo;
+  const V hi = V{} + detail::exp_hi;
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  return detail::exp_formula(x, [](v8f n) {
-    const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8f scale;
+  return detail::exp_formula(x, [](V n) {
+    const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
+    V scale;
     std::memcpy(&scale, &bits, sizeof(scale));
     return scale;
   });
@@ -284,7 +287,7 @@ void softmax(float* x, int32_t n, exp_source exp) {
   if (exp == exp_source::libm) {
     for (i = 0; i < n; i++) x[i] = std::exp(x[i] - max_val);
   } else {
-    for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp8(load(x + i) - max_val));
+    for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp_lanes<v8f, v8i>(load(x + i) - max_val));
     for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
   }
   float sum = 0.0f;
@@ -295,7 +298,11 @@ void softmax(float* x, int32_t n, exp_source exp) {
 
 void shifted_exp(float* out, const float* x, int32_t n, float shift) {
   int32_t i = 0;
-  for (; i + tile_width <= n; i += tile_width) store(out + i, exp8(load(x + i) - shift));
+  constexpr int32_t width = sizeof(v16f) / sizeof(float);
+  for (; i + width <= n; i += width) {
+    const v16f e = exp_lanes<v16f, v16i>(load<v16f>(x + i) - shift);
+    std::memcpy(out + i, &e, sizeof(e));
+  }
   for (; i < n; i++) out[i] = cpu::exp(x[i] - shift);
 }
 

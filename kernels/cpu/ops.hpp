@@ -151,7 +151,7 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
 /// stays scalar) and divide; the sum stays sequential.
 void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);
 
-/// Same contract and bits as reference::shifted_exp, 8 elements per register.
+/// Same contract and bits as reference::shifted_exp, 16 elements per vector.
 void shifted_exp(float* out, const float* x, int32_t n, float shift);
 
 /// Same contract and bits as reference::libm_scaled_exp: 8 elements per pass where the CPU has
