@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -24,7 +25,8 @@ std::string format_value(double value) {
 }
 
 /// Strict total order "ranks above": larger logit first, equal logits by lower id.
-/// Every ranking in this file uses it, so no result depends on sort stability.
+/// Every ranking in this file uses it (weigh_kept's test too), so no result depends on sort
+/// stability.
 struct ranks_above {
   const float* logits;
   bool operator()(int32_t a, int32_t b) const {
@@ -43,9 +45,9 @@ uint64_t fixed_point_weight(float e) {
 /// Selection buckets. Bucket b holds the tokens whose temperature-scaled distance below the
 /// largest logit, d = (l_max - l) / T counted in quarter octaves of relative probability
 /// (e = 2^(-d/4)), lies in [b, b + 1); the last bucket holds every token with e <= 2^-44, whose
-/// top-p weight and draw weight are both 0 (it is left out of top-k and top-p: it changes
-/// neither the mass nor the draw). A token's bucket never decreases as its logit falls, and
-/// equal logits share a bucket, so buckets 0..b always hold a prefix of the ranking.
+/// top-p weight and draw weight are both 0 (no cut falls in it: it changes neither the mass
+/// nor the draw). A token's bucket never decreases as its logit falls, and equal logits share a
+/// bucket, so buckets 0..b always hold a prefix of the ranking.
 constexpr int32_t negligible_bucket = 44 * 4;
 constexpr int32_t num_buckets = negligible_bucket + 1;
 constexpr float quarter_octaves_per_nat = 4.0f * 1.44269504088896341f;  // 4 / ln 2
@@ -57,6 +59,24 @@ uint64_t top_p_weight(float e) {
   constexpr double two_pow_43 = 8796093022208.0;
   return static_cast<uint64_t>(static_cast<double>(e) * two_pow_43);
 }
+
+/// `e` where `keep`, else +0: a mask rather than a branch, so that loops over it vectorize.
+float masked(float e, bool keep) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &e, sizeof bits);
+  bits &= -static_cast<uint32_t>(keep);
+  std::memcpy(&e, &bits, sizeof e);
+  return e;
+}
+
+/// select_top's answer when every token is kept.
+constexpr int32_t all_kept = -1;
+
+/// max_logit's running maxima: GCC/Clang vectors of 16 lanes (one AVX-512 register, or two or
+/// four narrower ones).
+constexpr int32_t num_lanes = 16;
+using v16f = float __attribute__((vector_size(num_lanes * sizeof(float))));
+using v16i = int32_t __attribute__((vector_size(num_lanes * sizeof(int32_t))));
 
 __extension__ using uint128 = unsigned __int128;
 
@@ -193,23 +213,17 @@ sample_result sampler::sample(const float* logits, int32_t vocab_size,
                               const token_context& context, int k) {
   random_stream stream(seed, position, k);
   const float adjusted_max = select(logits, vocab_size, params, context);
-  const int32_t token = draw(weigh_candidates(params.min_p), stream);
+  const int32_t token = draw(stream);
   TROUPE_ASSERT(token >= 0 && token < vocab_size);
-  const float logit_max = !adjusted_logits_ ? adjusted_max : *std::max_element(logits, logits + vocab_size);
+  const float logit_max = !adjusted_logits_ ? adjusted_max : max_logit(logits, vocab_size);
   return describe(logits, vocab_size, params, token, logit_max);
 }
 
 uint64_t sampler::weigh(const float* logits, int32_t vocab_size, const sampling_params& params,
                         const token_context& context, std::vector<uint64_t>& weights) {
   select(logits, vocab_size, params, context);
-  const uint64_t total = weigh_candidates(params.min_p);
-  weights.assign(static_cast<size_t>(vocab_size), 0);
-  for (int32_t i = 0; i < num_candidates_; ++i) {
-    const auto id = static_cast<size_t>(order_[i]);
-    weights[id] = weights_[id];
-    weights_[id] = 0;
-  }
-  return total;
+  weights.assign(weights_.begin(), weights_.end());
+  return total_weight_;
 }
 
 sample_result sampler::describe(const float* logits, int32_t vocab_size, const sampling_params& params,
@@ -236,7 +250,8 @@ float sampler::select(const float* logits, int32_t vocab_size, const sampling_pa
   const float* adjusted = adjust(logits, vocab_size, params, context);
   adjusted_logits_ = adjusted != logits;
   const float adjusted_max = max_logit(adjusted, vocab_size);
-  num_candidates_ = select_top(adjusted, vocab_size, adjusted_max, temperature, params);
+  const int32_t last_kept = select_top(adjusted, vocab_size, adjusted_max, temperature, params);
+  weigh_kept(adjusted, vocab_size, last_kept, params.min_p);
   return adjusted_max;
 }
 
@@ -288,87 +303,111 @@ void sampler::apply_penalties(int32_t vocab_size, const sampling_params& params,
 }
 
 float sampler::max_logit(const float* logits, int32_t vocab_size) {
-  float logit_max = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < vocab_size; ++i) {
+  constexpr float infinity = std::numeric_limits<float>::infinity();
+  v16f lane_max = v16f{} - infinity;
+  v16i bad = {};  // lanes that saw a NaN or +inf
+  int32_t i = 0;
+  for (; i + num_lanes <= vocab_size; i += num_lanes) {
+    v16f v;
+    std::memcpy(&v, logits + i, sizeof v);
+    lane_max = v > lane_max ? v : lane_max;
+    bad |= (v != v) | (v == infinity);
+  }
+  float logit_max = -infinity;
+  bool any_bad = false;
+  for (int32_t lane = 0; lane < num_lanes; ++lane) {
+    logit_max = std::max(logit_max, lane_max[lane]);
+    any_bad |= bad[lane] != 0;
+  }
+  // The rest one by one; all of them again after a NaN or +inf, whose assertion names it.
+  for (i = any_bad ? 0 : i; i < vocab_size; ++i) {
     TROUPE_ASSERT_MSG(!std::isnan(logits[i]), "a logit is NaN");
-    TROUPE_ASSERT_MSG(logits[i] != std::numeric_limits<float>::infinity(), "a logit is +inf");
+    TROUPE_ASSERT_MSG(logits[i] != infinity, "a logit is +inf");
     logit_max = std::max(logit_max, logits[i]);
   }
   TROUPE_ASSERT_MSG(std::isfinite(logit_max), "every logit is -inf");
-  return logit_max;
+  // -0 and +0 tie: the first of them, as one sequential pass finds.
+  return logit_max != 0.0f ? logit_max : *std::find(logits, logits + vocab_size, 0.0f);
 }
 
-void sampler::compute_exps(const float* logits, int32_t num_candidates, float logit_max, float temperature) {
-  TROUPE_ASSERT(temperature >= temperature_min);
-  exps_.resize(order_.size());
-  // Subtract before dividing: (l - l_max) <= 0, so a tiny temperature gives -inf at worst,
-  // never inf - inf. The max itself gets exp(0) = 1 exactly.
-  for (int32_t i = 0; i < num_candidates; ++i) {
-    const auto id = static_cast<size_t>(order_[i]);
-    exps_[id] = std::exp((logits[id] - logit_max) / temperature);
-  }
+void sampler::compute_exps(const float* logits, const int32_t* ids, int32_t num, float logit_max, float temperature) {
+  gathered_.resize(static_cast<size_t>(num));
+  for (int32_t k = 0; k < num; ++k) gathered_[static_cast<size_t>(k)] = logits[ids[k]];
+  kernels::cpu::fast::libm_scaled_exp(gathered_.data(), gathered_.data(), num, logit_max, temperature);
+  for (int32_t k = 0; k < num; ++k) exps_[static_cast<size_t>(ids[k])] = gathered_[static_cast<size_t>(k)];
 }
 
 int32_t sampler::select_top(const float* logits, int32_t vocab_size, float logit_max, float temperature,
                             const sampling_params& params) {
-  order_.resize(static_cast<size_t>(vocab_size));
+  exps_.resize(static_cast<size_t>(vocab_size));
   const bool top_k_on = params.top_k > 0 && params.top_k < vocab_size;
   const bool top_p_on = params.top_p < 1.0f;
-  if (!top_k_on && !top_p_on) {
-    std::iota(order_.begin(), order_.end(), 0);
-    compute_exps(logits, vocab_size, logit_max, temperature);
-    return vocab_size;
+  if (top_k_on || top_p_on) assign_buckets(logits, vocab_size, logit_max, temperature);
+  TROUPE_ASSERT(temperature >= temperature_min);
+  // e_i = exp((l_i - l_max) / T) by std::exp's bits, vectorized (kernels/cpu/libm_exp.cpp).
+  // Subtracting before dividing keeps the argument <= 0: a tiny temperature gives -inf at
+  // worst, never inf - inf; the max itself gets exp(0) = 1 exactly.
+  if (top_k_on && keep_top_k(logits, vocab_size, params.top_k)) {
+    // Top-k ranks logits: e only for its survivors.
+    compute_exps(logits, order_.data(), params.top_k, logit_max, temperature);
+    return top_p_on ? keep_top_p(logits, order_.data(), params.top_k, params.top_p)
+                    : order_[static_cast<size_t>(params.top_k - 1)];
   }
-  int32_t num_candidates = assign_buckets(logits, vocab_size, logit_max, temperature);
-  if (top_k_on && params.top_k < num_candidates) num_candidates = keep_top_k(logits, num_candidates, params.top_k);
-  compute_exps(logits, num_candidates, logit_max, temperature);  // top-k ranks logits, needs no e
-  if (top_p_on) num_candidates = keep_top_p(logits, num_candidates, params.top_p);
-  return num_candidates;
+  kernels::cpu::fast::libm_scaled_exp(exps_.data(), logits, vocab_size, logit_max, temperature);
+  return top_p_on ? keep_top_p(logits, nullptr, vocab_size, params.top_p) : all_kept;
 }
 
-int32_t sampler::assign_buckets(const float* logits, int32_t vocab_size, float logit_max, float temperature) {
+void sampler::assign_buckets(const float* logits, int32_t vocab_size, float logit_max, float temperature) {
   bucket_.resize(static_cast<size_t>(vocab_size));
+  uint8_t* bucket = bucket_.data();
   const float scale = quarter_octaves_per_nat / temperature;
-  int32_t num = 0;
   for (int32_t i = 0; i < vocab_size; ++i) {
     const float d = (logit_max - logits[i]) * scale;  // >= 0; inf for a -inf logit
-    const int32_t b = d < static_cast<float>(negligible_bucket) ? static_cast<int32_t>(d) : negligible_bucket;
-    bucket_[static_cast<size_t>(i)] = static_cast<uint8_t>(b);
-    order_[static_cast<size_t>(num)] = i;
-    num += b != negligible_bucket ? 1 : 0;
+    bucket[i] = static_cast<uint8_t>(d < static_cast<float>(negligible_bucket) ? static_cast<int32_t>(d) : negligible_bucket);
   }
-  TROUPE_ASSERT(num >= 1);  // the max is in bucket 0
-  return num;
 }
 
-std::pair<int32_t*, int32_t*> sampler::split_at_bucket(int32_t num, int32_t bucket) {
-  int32_t* begin = order_.data();
-  int32_t* middle = std::partition(begin, begin + num, [&](int32_t id) { return bucket_[static_cast<size_t>(id)] < bucket; });
-  int32_t* end = std::partition(middle, begin + num, [&](int32_t id) { return bucket_[static_cast<size_t>(id)] == bucket; });
-  return {middle, end};
+void sampler::collect_bucket_range(int32_t vocab_size, int32_t first, int32_t last, std::vector<int32_t>& ids) const {
+  TROUPE_ASSERT(0 <= first && first <= last && last < num_buckets);
+  const uint8_t* bucket = bucket_.data();
+  const auto offset = [&](int32_t i) { return static_cast<uint8_t>(bucket[i] - first); };  // in range: <= last - first
+  // Most blocks hold no such token: a vectorized minimum skips them.
+  constexpr int32_t block = 64;
+  for (int32_t begin = 0; begin < vocab_size; begin += block) {
+    const int32_t end = std::min(vocab_size, begin + block);
+    uint8_t lowest = std::numeric_limits<uint8_t>::max();
+    for (int32_t i = begin; i < end; ++i) lowest = std::min(lowest, offset(i));
+    if (lowest > last - first) continue;
+    for (int32_t i = begin; i < end; ++i)
+      if (offset(i) <= last - first) ids.push_back(i);
+  }
 }
 
-int32_t sampler::keep_top_k(const float* logits, int32_t num_candidates, int32_t top_k) {
-  TROUPE_ASSERT(top_k >= 1 && top_k < num_candidates);
+bool sampler::keep_top_k(const float* logits, int32_t vocab_size, int32_t top_k) {
   std::array<int32_t, num_buckets> counts{};
-  for (int32_t i = 0; i < num_candidates; ++i) counts[bucket_[static_cast<size_t>(order_[i])]]++;
+  for (int32_t i = 0; i < vocab_size; ++i) counts[bucket_[static_cast<size_t>(i)]]++;
+  if (top_k >= vocab_size - counts[negligible_bucket]) return false;  // drops no weight
   int32_t bucket = 0, num_above = 0;
   while (num_above + counts[static_cast<size_t>(bucket)] < top_k) num_above += counts[static_cast<size_t>(bucket++)];
   TROUPE_ASSERT(bucket < negligible_bucket);
-  // Buckets above the cut are kept whole; the cut bucket gives its best top_k - num_above. A
-  // strict total order makes that a unique set.
-  const auto [middle, end] = split_at_bucket(num_candidates, bucket);
-  TROUPE_ASSERT(middle - order_.data() == num_above);
-  std::nth_element(middle, middle + (top_k - num_above), end, ranks_above{logits});
-  return top_k;
+  // Buckets above the cut are kept whole; the cut bucket gives its best top_k - num_above, the
+  // last of them at top_k - 1. A strict total order makes that a unique set.
+  order_.clear();
+  collect_bucket_range(vocab_size, 0, bucket, order_);
+  const auto middle = std::partition(order_.begin(), order_.end(),
+                                     [&](int32_t id) { return bucket_[static_cast<size_t>(id)] < bucket; });
+  TROUPE_ASSERT(middle - order_.begin() == num_above);
+  std::nth_element(middle, order_.begin() + (top_k - 1), order_.end(), ranks_above{logits});
+  return true;
 }
 
-int32_t sampler::keep_top_p(const float* logits, int32_t num_candidates, float top_p) {
+int32_t sampler::keep_top_p(const float* logits, const int32_t* ids, int32_t num, float top_p) {
+  const auto for_each_candidate = [&](auto&& f) {
+    for (int32_t k = 0; k < num; ++k) f(ids != nullptr ? ids[k] : k);
+  };
   std::array<uint64_t, num_buckets> masses{};
-  for (int32_t i = 0; i < num_candidates; ++i) {
-    const auto id = static_cast<size_t>(order_[i]);
-    masses[bucket_[id]] += top_p_weight(exps_[id]);
-  }
+  for_each_candidate([&](int32_t id) { masses[bucket_[static_cast<size_t>(id)]] += top_p_weight(exps_[static_cast<size_t>(id)]); });
+  TROUPE_ASSERT(masses[negligible_bucket] == 0);
   uint64_t mass = 0;
   for (uint64_t m : masses) mass += m;
   const uint64_t target = fraction_ceil(mass, top_p);  // >= 1: the max weighs 2^43
@@ -378,38 +417,62 @@ int32_t sampler::keep_top_p(const float* logits, int32_t num_candidates, float t
   while (cumulative + masses[static_cast<size_t>(bucket)] < target) cumulative += masses[static_cast<size_t>(bucket++)];
   // Buckets above the cut are kept whole (their mass falls short of the target); the cut
   // bucket, ranked, gives the shortest prefix that reaches it.
-  const auto [middle, end] = split_at_bucket(num_candidates, bucket);
-  std::sort(middle, end, ranks_above{logits});
-  int32_t* kept_end = middle;
-  while (cumulative < target) {
-    TROUPE_ASSERT(kept_end != end);
-    cumulative += top_p_weight(exps_[static_cast<size_t>(*kept_end++)]);
+  cut_bucket_.clear();
+  if (ids == nullptr) {
+    collect_bucket_range(num, bucket, bucket, cut_bucket_);
+  } else {
+    for_each_candidate([&](int32_t id) {
+      if (bucket_[static_cast<size_t>(id)] == bucket) cut_bucket_.push_back(id);
+    });
   }
-  return static_cast<int32_t>(kept_end - order_.data());
+  std::sort(cut_bucket_.begin(), cut_bucket_.end(), ranks_above{logits});
+  for (const int32_t id : cut_bucket_) {
+    cumulative += top_p_weight(exps_[static_cast<size_t>(id)]);
+    if (cumulative >= target) return id;
+  }
+  TROUPE_ASSERT_MSG(false, "the cut bucket's mass reaches the target");
+  return all_kept;
 }
 
-uint64_t sampler::weigh_candidates(float min_p) {
-  TROUPE_ASSERT(num_candidates_ >= 1 && static_cast<size_t>(num_candidates_) <= order_.size());
-  weights_.resize(order_.size(), 0);
+void sampler::weigh_kept(const float* logits, int32_t vocab_size, int32_t last_kept, float min_p) {
+  // A token is kept iff it ranks at or above `last_kept`: every filter keeps a prefix of the
+  // ranking. The e of a token below it may be stale (top-k computes its survivors' only): it
+  // is masked off before any use.
+  const float cut_logit = last_kept == all_kept ? -std::numeric_limits<float>::infinity() : logits[last_kept];
+  const int32_t cut_id = last_kept == all_kept ? vocab_size : last_kept;
+  weights_.resize(static_cast<size_t>(vocab_size));
+  const float* exps = exps_.data();
+  uint64_t* weights = weights_.data();
   // min-p keeps p_i >= min_p * p_max; with e_i = p_i / p_max that is e_i >= min_p. Sum of at
   // most 2^31 weights of at most 2^32 each: fits in uint64, in any order.
   uint64_t total = 0;
-  for (int32_t i = 0; i < num_candidates_; ++i) {
-    const auto id = static_cast<size_t>(order_[i]);
-    const uint64_t weight = exps_[id] < min_p ? 0 : fixed_point_weight(exps_[id]);
-    weights_[id] = weight;
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    const float l = logits[i], e = exps[i];
+    const bool kept = (l > cut_logit) | ((l == cut_logit) & (i <= cut_id));
+    const uint64_t weight = fixed_point_weight(masked(e, kept & (e >= min_p)));
+    weights[i] = weight;
     total += weight;
   }
   TROUPE_ASSERT_MSG(total > 0, "the most likely token must survive every filter");
-  return total;
+  total_weight_ = total;
 }
 
-int32_t sampler::draw(uint64_t total, random_stream& stream) {
-  const uint64_t target = stream.uniform_below(total);
-  uint64_t cumulative = 0;
+int32_t sampler::draw(random_stream& stream) const {
+  uint64_t target = stream.uniform_below(total_weight_);
+  const auto vocab_size = static_cast<int32_t>(weights_.size());
+  // Whole blocks first; integer sums, so skipping by blocks changes no result.
+  constexpr int32_t block = 64;
   int32_t token = 0;
-  for (; target >= cumulative + weights_[static_cast<size_t>(token)]; ++token) cumulative += weights_[static_cast<size_t>(token)];
-  for (int32_t i = 0; i < num_candidates_; ++i) weights_[static_cast<size_t>(order_[i])] = 0;
+  for (; token + block <= vocab_size; token += block) {
+    uint64_t block_weight = 0;
+    for (int32_t j = 0; j < block; ++j) block_weight += weights_[static_cast<size_t>(token + j)];
+    if (target < block_weight) break;
+    target -= block_weight;
+  }
+  for (; target >= weights_[static_cast<size_t>(token)]; ++token) {
+    target -= weights_[static_cast<size_t>(token)];
+    TROUPE_ASSERT(token + 1 < vocab_size);
+  }
   return token;
 }
 

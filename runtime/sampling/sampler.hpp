@@ -125,7 +125,8 @@ class sampler {
   /// past the float range is clamped back to +-FLT_MAX.
   /// Every step below ranks and weighs the adjusted logits (the logprobs stay those of the raw
   /// ones). Then e_i = exp((l_i - l_max) / T), T = max(temperature, temperature_min) (std::exp
-  /// in float). Then top-k (the k largest
+  /// in float, glibc's bits; computed by kernels::cpu::fast::libm_scaled_exp, which returns
+  /// them). Then top-k (the k largest
   /// logits, ties by lower id); then top-p over the survivors, ranked by logit descending, ties by
   /// lower id: keep the shortest prefix whose mass is >= top_p of the survivors' mass, where a
   /// token's mass is the 21.43 fixed-point floor(e_i * 2^43) and the comparison is exact
@@ -135,10 +136,14 @@ class sampler {
   /// of w) and the token is the first, in ascending token order, whose cumulative weight exceeds
   /// u. A token whose weight rounds to 0 (e_i < 2^-32) is never drawn.
   ///
-  /// Cost: no full sort. Top-k and top-p bucket the tokens by e in quarter octaves (a function
-  /// of the logit, so buckets are slices of the ranking), keep the buckets above the cut whole
-  /// and rank only the bucket the cut falls in; e is computed for top-k's survivors only; the
-  /// CDF runs over the kept tokens. The returned logprob's normalizer sums the kernels'
+  /// Cost: no full sort, and every pass over the vocabulary but one vectorized. Top-k and top-p
+  /// bucket the tokens by e in quarter octaves (a function of the logit, so buckets are slices
+  /// of the ranking): top-k counts tokens per bucket, top-p sums masses per bucket (the scalar
+  /// pass); the buckets above the cut are kept whole and only the bucket the cut falls in is
+  /// ranked. Each filter keeps a prefix of the ranking, so the kept set is "ranks at or above
+  /// the last kept token" and the weights are one vectorized pass. e is computed for top-k's
+  /// survivors only (for every token without top-k, 8 per pass); the CDF walk skips blocks of
+  /// 64 tokens by their integer sums. The returned logprob's normalizer sums the kernels'
   /// vectorized exp (kernels/cpu/exp.hpp) in double, eight interleaved partial sums.
   [[nodiscard]] sample_result sample(const float* logits, int32_t vocab_size,
                                      const sampling_params& params, uint64_t seed,
@@ -161,8 +166,8 @@ class sampler {
   /// describe with the row's largest raw logit known.
   [[nodiscard]] sample_result describe(const float* logits, int32_t vocab_size, const sampling_params& params,
                                        int32_t token, float logit_max);
-  /// Adjusts the logits and applies top-k / top-p: the survivors in order_[0, num_candidates_),
-  /// their exps_ set. Returns the largest adjusted logit.
+  /// Adjusts the logits, applies top-k, top-p and min-p and sets weights_ and total_weight_.
+  /// Returns the largest adjusted logit.
   float select(const float* logits, int32_t vocab_size, const sampling_params& params,
                const token_context& context);
   /// The logits the filters see: `logits` itself when no bias or penalty is on, else adjusted_.
@@ -170,27 +175,32 @@ class sampler {
                       const token_context& context);
   /// Applies the repetition, frequency and presence penalties to adjusted_.
   void apply_penalties(int32_t vocab_size, const sampling_params& params, const token_context& context);
-  /// The largest logit (asserting that none is NaN or +inf and one is finite).
+  /// The largest logit, the first of equal ones (asserting that none is NaN or +inf and one is
+  /// finite).
   static float max_logit(const float* logits, int32_t vocab_size);
-  /// Sets exps_[id] = exp((l_id - l_max) / T) for the ids in order_[0, num_candidates).
-  void compute_exps(const float* logits, int32_t num_candidates, float logit_max, float temperature);
-  /// Applies top-k and top-p; leaves the survivors' ids in order_[0, n), in no particular
-  /// order, and returns n (tokens of zero weight may be left out).
+  /// Sets exps_[id] = exp((l_id - l_max) / T) for the `num` tokens `ids` (as select_top does
+  /// for all of them).
+  void compute_exps(const float* logits, const int32_t* ids, int32_t num, float logit_max, float temperature);
+  /// Applies top-k and top-p and sets exps_ of at least the tokens they keep. Every filter keeps
+  /// a prefix of the ranking: returns its last token, or all_kept (sampler.cpp) for all of them.
   int32_t select_top(const float* logits, int32_t vocab_size, float logit_max, float temperature,
                      const sampling_params& params);
-  /// Fills bucket_ and puts the ids outside the negligible bucket in order_[0, n); returns n.
-  int32_t assign_buckets(const float* logits, int32_t vocab_size, float logit_max, float temperature);
-  /// Reorders order_[0, num): buckets above `bucket` first, then `bucket`'s ids, then the rest;
-  /// returns where `bucket`'s ids begin and end.
-  std::pair<int32_t*, int32_t*> split_at_bucket(int32_t num, int32_t bucket);
-  /// Keeps the top_k best of order_[0, num_candidates) in order_[0, top_k); returns top_k.
-  int32_t keep_top_k(const float* logits, int32_t num_candidates, int32_t top_k);
-  /// Keeps the top-p prefix of order_[0, num_candidates) in order_[0, n); returns n.
-  int32_t keep_top_p(const float* logits, int32_t num_candidates, float top_p);
-  /// Sets weights_ of the candidates (0 where min-p drops them); returns their sum.
-  uint64_t weigh_candidates(float min_p);
-  /// Draws from the weights_ of weigh_candidates (summing to `total`), then zeroes them.
-  int32_t draw(uint64_t total, random_stream& stream);
+  /// Fills bucket_.
+  void assign_buckets(const float* logits, int32_t vocab_size, float logit_max, float temperature);
+  /// Appends to `ids`, ascending, the tokens whose bucket is in [first, last].
+  void collect_bucket_range(int32_t vocab_size, int32_t first, int32_t last, std::vector<int32_t>& ids) const;
+  /// Puts the top_k best tokens in order_[0, top_k), the last-ranked of them at top_k - 1, and
+  /// returns true; returns false when top-k would drop no token of nonzero weight.
+  bool keep_top_k(const float* logits, int32_t vocab_size, int32_t top_k);
+  /// Top-p over the tokens ids[0, num) (every token when `ids` is null), whose exps_ are set:
+  /// returns the last token of the shortest prefix of their ranking that reaches top_p of their
+  /// mass.
+  int32_t keep_top_p(const float* logits, const int32_t* ids, int32_t num, float top_p);
+  /// Sets weights_ (0 for the tokens ranked below `last_kept` and where min-p drops them) and
+  /// total_weight_.
+  void weigh_kept(const float* logits, int32_t vocab_size, int32_t last_kept, float min_p);
+  /// Draws a token from weights_.
+  int32_t draw(random_stream& stream) const;
   /// The `num` tokens with the highest raw logits, descending, ties by lower id.
   std::vector<token_logprob> top_logprobs(const float* logits, int32_t vocab_size, int32_t num,
                                           double log_normalizer);
@@ -198,13 +208,15 @@ class sampler {
   std::vector<float> adjusted_;   // (vocab) logits after bias and penalties
   std::vector<int32_t> counts_;   // (vocab) times generated in the context; all 0 between calls
   std::vector<uint8_t> seen_;     // (vocab) 1 if in the context; all 0 between calls
-  std::vector<float> exps_;       // (vocab) exp((l_i - l_max) / T) of the candidates, then the
-                                  // raw logits' exp
+  std::vector<float> exps_;       // (vocab) exp((l_i - l_max) / T) where select_top set it, then
+                                  // the raw logits' exp
   std::vector<uint8_t> bucket_;   // (vocab) selection bucket of each token (sampler.cpp)
-  std::vector<int32_t> order_;    // (vocab) candidate token ids
-  std::vector<uint64_t> weights_; // (vocab) draw weights of the candidates; all 0 between calls
-  bool adjusted_logits_ = false;     // after select: a bias or penalty changed the logits
-  int32_t num_candidates_ = 0;       // after select: survivors of top-k / top-p in order_
+  std::vector<int32_t> order_;    // (<= vocab) top-k's survivors; then top_logprobs' ranking
+  std::vector<float> gathered_;   // (<= vocab) top-k's survivors' logits, then their e
+  std::vector<int32_t> cut_bucket_;  // (<= vocab) the bucket top-p's cut falls in
+  std::vector<uint64_t> weights_; // (vocab) draw weights, 0 for every token the filters drop
+  uint64_t total_weight_ = 0;     // after select: the sum of weights_
+  bool adjusted_logits_ = false;  // after select: a bias or penalty changed the logits
 };
 
 /// One-off form of `sampler::sample` (allocates its scratch buffers on every call).
