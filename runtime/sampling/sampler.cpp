@@ -60,6 +60,26 @@ uint64_t top_p_weight(float e) {
   return static_cast<uint64_t>(static_cast<double>(e) * two_pow_43);
 }
 
+/// Top-p's mass per bucket of the tokens ids[0, num) (every token when `ids` is null).
+std::array<uint64_t, num_buckets> bucket_masses(const uint8_t* bucket, const float* exps, const int32_t* ids,
+                                                int32_t num) {
+  const auto id_at = [&](int32_t k) { return ids != nullptr ? ids[k] : k; };
+  // Two histograms, even and odd candidates, so that consecutive tokens of one bucket do not
+  // wait on each other's store (a fifth faster here); integer sums: the split changes no bit.
+  std::array<uint64_t, num_buckets> masses{}, odd_masses{};
+  const auto add = [&](std::array<uint64_t, num_buckets>& to, int32_t id) {
+    to[bucket[id]] += top_p_weight(exps[id]);
+  };
+  int32_t k = 0;
+  for (; k + 2 <= num; k += 2) {
+    add(masses, id_at(k));
+    add(odd_masses, id_at(k + 1));
+  }
+  if (k < num) add(masses, id_at(k));
+  for (int32_t b = 0; b < num_buckets; ++b) masses[static_cast<size_t>(b)] += odd_masses[static_cast<size_t>(b)];
+  return masses;
+}
+
 /// `e` where `keep`, else +0: a mask rather than a branch, so that loops over it vectorize.
 float masked(float e, bool keep) {
   uint32_t bits = 0;
@@ -339,11 +359,11 @@ void sampler::compute_exps(const float* logits, const int32_t* ids, int32_t num,
 
 int32_t sampler::select_top(const float* logits, int32_t vocab_size, float logit_max, float temperature,
                             const sampling_params& params) {
+  TROUPE_ASSERT(temperature >= temperature_min);
   exps_.resize(static_cast<size_t>(vocab_size));
   const bool top_k_on = params.top_k > 0 && params.top_k < vocab_size;
   const bool top_p_on = params.top_p < 1.0f;
   if (top_k_on || top_p_on) assign_buckets(logits, vocab_size, logit_max, temperature);
-  TROUPE_ASSERT(temperature >= temperature_min);
   // e_i = exp((l_i - l_max) / T) by std::exp's bits, vectorized (kernels/cpu/libm_exp.cpp).
   // Subtracting before dividing keeps the argument <= 0: a tiny temperature gives -inf at
   // worst, never inf - inf; the max itself gets exp(0) = 1 exactly.
@@ -402,21 +422,8 @@ bool sampler::keep_top_k(const float* logits, int32_t vocab_size, int32_t top_k)
 }
 
 int32_t sampler::keep_top_p(const float* logits, const int32_t* ids, int32_t num, float top_p) {
-  const auto id_at = [&](int32_t k) { return ids != nullptr ? ids[k] : k; };
-  // Two histograms, even and odd candidates, so that consecutive tokens of one bucket do not
-  // wait on each other's store (a fifth faster here); integer sums: the split changes no bit.
-  std::array<uint64_t, num_buckets> masses{}, odd_masses{};
-  const auto add = [&](std::array<uint64_t, num_buckets>& to, int32_t id) {
-    to[bucket_[static_cast<size_t>(id)]] += top_p_weight(exps_[static_cast<size_t>(id)]);
-  };
-  int32_t k = 0;
-  for (; k + 2 <= num; k += 2) {
-    add(masses, id_at(k));
-    add(odd_masses, id_at(k + 1));
-  }
-  if (k < num) add(masses, id_at(k));
-  for (int32_t b = 0; b < num_buckets; ++b) masses[static_cast<size_t>(b)] += odd_masses[static_cast<size_t>(b)];
-  TROUPE_ASSERT(masses[negligible_bucket] == 0);
+  const std::array<uint64_t, num_buckets> masses = bucket_masses(bucket_.data(), exps_.data(), ids, num);
+  TROUPE_ASSERT(masses[negligible_bucket] == 0);  // so no cut falls in it
   uint64_t mass = 0;
   for (uint64_t m : masses) mass += m;
   const uint64_t target = fraction_ceil(mass, top_p);  // >= 1: the max weighs 2^43
@@ -430,7 +437,7 @@ int32_t sampler::keep_top_p(const float* logits, const int32_t* ids, int32_t num
   if (ids == nullptr) {
     collect_bucket_range(num, bucket, bucket, cut_bucket_);
   } else {
-    for (k = 0; k < num; ++k)
+    for (int32_t k = 0; k < num; ++k)
       if (bucket_[static_cast<size_t>(ids[k])] == bucket) cut_bucket_.push_back(ids[k]);
   }
   std::sort(cut_bucket_.begin(), cut_bucket_.end(), ranks_above{logits});
