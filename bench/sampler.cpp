@@ -7,8 +7,8 @@
 // timed as a whole; µs/sample = wall time / samples. Runs alternate between the two samplers
 // after a warm-up each, so a drift in machine load hits both alike; the figures are medians of
 // `runs` runs of wall time, and for the current sampler also of this thread's CPU time (what a
-// sample costs when the core is not shared). The run also counts how many draws the two samplers agree on (they differ where
-// the kernels' exp and glibc's expf round a weight differently, or top-p's exact integer mass
+// sample costs when the core is not shared). The run also counts how many draws the two samplers
+// agree on (both weigh by glibc's expf bits; they differ only where top-p's exact integer mass
 // and the old double sum fall on different sides of the cut: rarely).
 //
 //   build/bench/bench_sampler [--runs 5] [--samples 2000]
