@@ -18,7 +18,8 @@
 
 #include "kernels/cpu/ops.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+// glibc >= 2.27 on x86-64 (another C library's expf may round differently).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 27)
 #include <immintrin.h>
 #define TROUPE_LIBM_EXP_AVX2 1
 #endif
