@@ -34,6 +34,14 @@ struct node_resources {
   actors::cache_tier_actor host_tier;  ///< none without host_tier_blocks
 };
 
+/// The first engine of `node` when the node runs a host tier (host_tier_blocks and an engine:
+/// the tier takes that engine's block size), else null.
+const engine_spec* host_tier_engine(const topology& t, const node_spec& node) {
+  const auto engine = std::find_if(t.engines.begin(), t.engines.end(),
+                                   [&](const engine_spec& e) { return e.node == node.name; });
+  return node.host_tier_blocks == 0 || engine == t.engines.end() ? nullptr : &*engine;
+}
+
 /// A node's cache tier actors: the host-memory tier and the disk tier below it, if any.
 struct host_tiers {
   actors::cache_tier_actor host;
@@ -47,9 +55,8 @@ struct host_tiers {
 /// reach them in time; none when the node has no host_tier_blocks or no engine.
 expected<host_tiers> spawn_host_tier(caf::actor_system& sys, const topology& t, const node_spec& node,
                                      bool detached) {
-  const auto engine = std::find_if(t.engines.begin(), t.engines.end(),
-                                   [&](const engine_spec& e) { return e.node == node.name; });
-  if (node.host_tier_blocks == 0 || engine == t.engines.end()) return host_tiers{};
+  const engine_spec* engine = host_tier_engine(t, node);
+  if (engine == nullptr) return host_tiers{};
   kv::tier_config config;
   config.block_size = engine->config.block_size;
   config.capacity_blocks = node.host_tier_blocks;
@@ -289,8 +296,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   o.host_tier = shared.host_tier;
   // Another node's tier may hold a prefix the balancer sends this engine to fetch.
   o.cluster_tiers = std::any_of(t.nodes.begin(), t.nodes.end(), [&](const node_spec& n) {
-    return n.name != e.node && n.host_tier_blocks > 0 &&
-           std::any_of(t.engines.begin(), t.engines.end(), [&](const engine_spec& other) { return other.node == n.name; });
+    return n.name != e.node && host_tier_engine(t, n) != nullptr;
   });
   o.tier_fetch_timeout = std::chrono::milliseconds(shared.node.host_tier_fetch_timeout_ms);
   if (auto ok = plug_expert_shards(sys, t, e, options.stop, o, spawned); !ok) return tl::unexpected(ok.error());
@@ -314,24 +320,24 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
   std::map<std::string, size_t> next;  // per node: the index of its next engine
   std::vector<actors::balanced_engine> out;
   for (const engine_spec& e : t.engines) {
+    const node_spec& node = *t.find_node(e.node);
     auto it = by_node.find(e.node);
     if (it == by_node.end()) {
-      auto remote = ask_node<actors::engine_list, actors::engines_atom>(sys, *t.find_node(e.node),
-                                                                         t.load_balancer.connect_timeout_ms, stop, "engines");
+      auto remote = ask_node<actors::engine_list, actors::engines_atom>(sys, node, t.load_balancer.connect_timeout_ms,
+                                                                         stop, "engines");
       if (!remote) return tl::unexpected(remote.error());
       if (remote->size() != num_placed[e.node])
         return fail(errc::invalid_argument, "node '" + e.node + "' runs " + std::to_string(remote->size()) +
                                                 " engine(s) but the topology places " +
                                                 std::to_string(num_placed[e.node]) + " there: a different topology file?");
       it = by_node.emplace(e.node, std::move(*remote)).first;
-      if (t.find_node(e.node)->host_tier_blocks > 0) {
-        auto tier = ask_node<actors::cache_tier_actor, actors::host_tier_atom>(
-            sys, *t.find_node(e.node), t.load_balancer.connect_timeout_ms, stop, "host tier");
+      if (host_tier_engine(t, node) != nullptr) {
+        auto tier = ask_node<actors::cache_tier_actor, actors::host_tier_atom>(sys, node, t.load_balancer.connect_timeout_ms,
+                                                                               stop, "host tier");
         if (!tier) return tl::unexpected(tier.error());
         tier_of_node[e.node] = *tier;
       }
     }
-    const node_spec& node = *t.find_node(e.node);
     actors::balanced_engine b;
     b.index_on_node = next[e.node]++;
     b.actor = it->second.at(b.index_on_node);
