@@ -1,10 +1,10 @@
 #include "actors/type_ids.hpp"
 
 #include <caf/actor_system_config.hpp>
-#include <caf/atom.hpp>
 
 #include "actors/cluster_messages.hpp"
 #include "actors/protocols.hpp"
+#include "actors/scheduler.hpp"
 #include "messages/client.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
@@ -65,9 +65,9 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<cache_tier_actor>("troupe::cache_tier_actor");
 }
 
-void configure_real_time(caf::actor_system_config& cfg) {
+void configure_real_time(caf::actor_system_config& cfg, int32_t compute_threads) {
   register_message_types(cfg);
-  cfg.set("scheduler.policy", caf::atom("sharing"));
+  use_scheduler(cfg, plan_scheduler(hardware_cores(), compute_threads));
 }
 
 }  // namespace troupe::actors

@@ -100,7 +100,7 @@ run_result run_config(const config& c, const std::vector<msg::completion_request
   std::vector<pid_t> pids;
   for (size_t n = c.nodes.size(); n-- > 0;) pids.push_back(start_node(o.troupe, topo, "node" + std::to_string(n), dir));
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 0);
   const actors::tls_credentials tls = c.tls ? credentials_of(certs, "bench") : actors::tls_credentials{};
   TROUPE_ASSERT_MSG(actors::configure_network(cfg, tls).has_value(), "bad TLS files");
   run_result r;

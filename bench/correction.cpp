@@ -156,7 +156,7 @@ void print_prefill_steps(const phase& p, const std::vector<cost::step_sample>& l
 /// One run: `budget_ms` 0 is the token budget alone.
 void run_once(const options& o, const cost::cost_params& prior, double budget_ms, int32_t window) {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 1);
   caf::actor_system sys{cfg};
   const std::string log_path = "/tmp/troupe_bench_correction_steps.csv";
   std::remove(log_path.c_str());

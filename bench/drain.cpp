@@ -92,7 +92,7 @@ double rate(const streams& s, steady::time_point from, steady::time_point to) {
 
 outcome run_mode(const topology::topology& t, const options& o) {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, topology::node_compute_threads(t, t.nodes[0].name));
   caf::actor_system sys{cfg};
   auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");

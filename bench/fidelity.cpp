@@ -48,7 +48,7 @@ struct timing {
 std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::trace_request>& workload, uint64_t seed,
                              const std::string& step_log = "") {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 1);
   caf::actor_system sys{cfg};
   topology::topology top = topology::single_node(t.checkpoint_path, std::string(TROUPE_MODELS_DIR) + "/tok512.bin");
   top.engines[0].config = t.engine;

@@ -202,7 +202,7 @@ int run(int argc, char** argv) {
   const std::string dir = TROUPE_MODELS_DIR;
   topology::topology top = topology::single_node(dir + "/stories260K.bin", dir + "/tok512.bin");
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, topology::node_compute_threads(top, top.nodes[0].name));
   caf::actor_system sys{cfg};
   auto node = topology::launch_node(sys, top, top.nodes[0].name, {true, 1});
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");

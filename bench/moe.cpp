@@ -180,7 +180,7 @@ int run(int argc, char** argv) {
 
   const topology::shard_hosts hosts(*ck, placement);  // forked before this process starts CAF
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 1);
   if (!actors::configure_network(cfg, {})) return std::fprintf(stderr, "network configuration failed\n"), 1;
   caf::actor_system sys{cfg};
   auto remote = hosts.reach(sys, 4);

@@ -82,7 +82,7 @@ int run_round(caf::actor_system& sys, const actors::balancer_client_actor& lb, c
 
 int run(const options& o) {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 1);
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   std::optional<topology::launched_node> node;

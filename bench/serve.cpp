@@ -63,7 +63,7 @@ options parse(int argc, char** argv) {
 double serve_once(const topology::topology& t, const std::vector<std::vector<int32_t>>& prompts, const tokenizer& tok,
                   int32_t n, const options& o) {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, topology::node_compute_threads(t, t.nodes[0].name));
   caf::actor_system sys{cfg};
   auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");

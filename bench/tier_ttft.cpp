@@ -79,7 +79,7 @@ actors::completion run_one(caf::actor_system& sys, const actors::balancer_client
 
 std::vector<second_a> run_node(const topology::topology& t, const options& o) {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, topology::node_compute_threads(t, t.nodes[0].name));
   caf::actor_system sys{cfg};
   auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");

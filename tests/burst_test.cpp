@@ -44,7 +44,7 @@ class Burst : public ::testing::Test {
   fs::path dir_;
 
   void SetUp() override {
-    actors::configure_real_time(cfg_);
+    actors::configure_real_time(cfg_, 1);
     cfg_.load<caf::io::middleman>();
     sys_ = std::make_unique<caf::actor_system>(cfg_);
     engine_ = spawn_engine_or_die(*sys_, engine_opts(true));
@@ -85,7 +85,7 @@ class Burst : public ::testing::Test {
 
   /// A separate actor system with its own middleman: another node on loopback.
   static std::unique_ptr<caf::actor_system> remote_node(caf::actor_system_config& cfg) {
-    actors::configure_real_time(cfg);
+    actors::configure_real_time(cfg, 1);
     cfg.load<caf::io::middleman>();
     cfg.set("scheduler.max-threads", 2);
     return std::make_unique<caf::actor_system>(cfg);

@@ -368,7 +368,7 @@ TEST_F(CrashAttack, MessagesWithoutASenderAreRefusedByEveryActor) {
 
 TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
   caf::actor_system_config server_cfg;
-  actors::configure_real_time(server_cfg);
+  actors::configure_real_time(server_cfg, 1);
   server_cfg.load<caf::io::middleman>();
   caf::actor_system server{server_cfg};
   // The executor on the scheduler, not detached: a detached actor whose handle went to another
@@ -391,7 +391,7 @@ TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
   spdlog::set_level(spdlog::level::err);
   {
     caf::actor_system_config peer_cfg;
-    actors::configure_real_time(peer_cfg);
+    actors::configure_real_time(peer_cfg, 1);
     peer_cfg.load<caf::io::middleman>();
     caf::actor_system peer{peer_cfg};
     auto remote = peer.middleman().remote_actor<actors::balancer_actor>("127.0.0.1", *port);

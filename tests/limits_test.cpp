@@ -203,7 +203,7 @@ class Limits : public ::testing::Test {
 
   void start_server(const actors::network_limits& limits, const actors::tls_credentials& tls = {}) {
     configure(server_cfg_, /*deterministic=*/false);
-    actors::configure_real_time(server_cfg_);
+    actors::configure_real_time(server_cfg_, 1);
     ASSERT_TRUE(actors::configure_network(server_cfg_, tls, limits).has_value());
     server_ = std::make_unique<caf::actor_system>(server_cfg_);
   }

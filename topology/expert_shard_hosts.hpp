@@ -30,7 +30,7 @@ namespace troupe::topology {
 [[noreturn]] inline void host_shards(const model::checkpoint& ck, const moe::expert_placement& placement, int32_t half,
                                      int pipe_out) {
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 0);
   if (!actors::configure_network(cfg, {})) _exit(3);
   caf::actor_system sys{cfg};
   const std::vector<actors::expert_shard_actor> shards =

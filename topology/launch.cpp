@@ -527,6 +527,13 @@ actors::tls_credentials node_credentials(const topology& t, const std::string& n
   return {t.tls_ca, spec->certificate, spec->key};
 }
 
+int32_t node_compute_threads(const topology& t, const std::string& node_name) {
+  int32_t n = 0;
+  for (const engine_spec& e : t.engines)
+    if (e.node == node_name) n += e.executor_threads;
+  return n;
+}
+
 actors::network_limits node_network_limits(const topology& t) {
   actors::network_limits out;
   out.max_message_bytes = static_cast<uint32_t>(t.limits.max_message_mib) << 20;

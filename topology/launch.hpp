@@ -76,6 +76,10 @@ struct launched_node {
 /// The topology's [limits] for the CAF port (configure_network applies them process-wide).
 [[nodiscard]] actors::network_limits node_network_limits(const topology& t);
 
+/// The cores the node's step executors keep busy: the sum of its engines' executor_threads
+/// (actors::configure_real_time sizes the actor scheduler around them).
+[[nodiscard]] int32_t node_compute_threads(const topology& t, const std::string& node_name);
+
 /// Drains `node`'s engines before it stops: they take no new work (the balancer learns it from
 /// their next load report), their requests run on for `grace_ms`, and what is left then goes
 /// back to its request actors, which place it on other engines (with its KV where it has some:

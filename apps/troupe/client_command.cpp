@@ -82,7 +82,7 @@ expected<std::pair<std::string, uint16_t>> parse_address(const std::string& addr
 
 expected<void> configure_client(caf::actor_system_config& cfg, const actors::tls_credentials& tls,
                                 const std::string& host) {
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, 0);
   if (auto ok = actors::configure_network(cfg, tls); !ok) return ok;
   if (!tls.enabled() && !topology::is_loopback(host))
     spdlog::warn("connecting to {} in plaintext: without --ca/--certificate/--key nothing is authenticated or "

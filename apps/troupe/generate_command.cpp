@@ -61,7 +61,7 @@ int run_actors(const generate_options& o) {
   if (o.reference_kernels) t.engines[0].config.kernels = model::kernel_path::reference;
   if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return fail_with(ok.error());
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, topology::node_compute_threads(t, "local"));
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto node = topology::launch_node(sys, t, "local", {true, draw_seed_base()});

@@ -122,7 +122,7 @@ int run_serve(const serve_options& o) {
   if (!security) return fail_with(security.error());
   signal_waiter signals;
   caf::actor_system_config cfg;
-  actors::configure_real_time(cfg);
+  actors::configure_real_time(cfg, topology::node_compute_threads(*t, node_name));
   if (auto ok = actors::configure_network(cfg, topology::node_credentials(*t, node_name),
                                            topology::node_network_limits(*t));
       !ok)
