@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -76,6 +77,7 @@ double serve_once(const topology::topology& t, const std::vector<std::vector<int
   }
   const msg::engine_report before = *actors::query_engine(sys, node->engines[0]);
   std::mutex mutex;
+  std::condition_variable all_ended;
   std::vector<msg::completion_end> ends;
   int32_t num_failed = 0;
   std::mt19937_64 rng(7);
@@ -90,15 +92,13 @@ double serve_once(const topology::topology& t, const std::vector<std::vector<int
     actors::spawn_client(sys, node->load_balancer, r, {}, [&](const expected<actors::completion>& c) {
       std::lock_guard<std::mutex> lock(mutex);
       if (c) ends.push_back(c->end); else num_failed++;
+      if (static_cast<int32_t>(ends.size()) + num_failed == n) all_ended.notify_one();
     });
     if (o.rate > 0) std::this_thread::sleep_for(std::chrono::duration<double>(gap(rng)));
   }
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (static_cast<int32_t>(ends.size()) + num_failed == n) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    all_ended.wait(lock, [&] { return static_cast<int32_t>(ends.size()) + num_failed == n; });
   }
   const double seconds = now_seconds() - start;
   const msg::engine_report after = *actors::query_engine(sys, node->engines[0]);

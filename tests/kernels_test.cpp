@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -48,6 +49,60 @@ TEST(Kernels, FastMatmulEqualsReferenceBitForBit) {
     fast::matmul(fst.data(), x.data(), packed, rows, &pool);
     EXPECT_TRUE(same_bits(ref.data(), fst.data(), ref.size())) << rows << "x" << n << "x" << d << " on 2 threads";
   }
+}
+
+/// How many times parallel_for ran each index of [0, n) on `pool`, and whether every call named
+/// a worker index within the pool.
+std::vector<int32_t> coverage(thread_pool& pool, int64_t n, bool& workers_in_range) {
+  std::vector<std::atomic<int32_t>> counts(static_cast<size_t>(n));
+  std::atomic<bool> in_range{true};
+  pool.parallel_for(n, [&](int32_t worker, int64_t begin, int64_t end) {
+    if (worker < 0 || worker >= pool.num_threads() || begin > end) in_range = false;
+    for (int64_t i = begin; i < end; i++) counts[static_cast<size_t>(i)]++;
+  });
+  workers_in_range = in_range;
+  std::vector<int32_t> out;
+  for (const auto& c : counts) out.push_back(c.load());
+  return out;
+}
+
+TEST(ThreadPool, EveryIndexRunsExactlyOnceWhateverThePoolAndItsWaiting) {
+  for (int32_t threads : {1, 2, 3, 4})
+    for (int32_t spin : {0, thread_pool::default_spin_checks}) {
+      thread_pool pool(threads, spin);
+      ASSERT_EQ(pool.num_threads(), threads);
+      for (int64_t n : {0, 1, 2, 3, 7, 8, 9, 17, 100, 4097}) {
+        bool workers_in_range = false;
+        const std::vector<int32_t> counts = coverage(pool, n, workers_in_range);
+        EXPECT_TRUE(workers_in_range) << threads << " threads, n " << n;
+        EXPECT_EQ(counts, std::vector<int32_t>(static_cast<size_t>(n), 1)) << threads << " threads, n " << n;
+      }
+    }
+}
+
+TEST(ThreadPool, ThousandsOfSmallCallsInARowEachCoverTheirRangeOnce) {
+  // Calls microseconds apart, as a step makes them: workers still busy with one call's last
+  // chunk, or waking late, must not take a chunk of the next. Run it under ThreadSanitizer too.
+  for (int32_t spin : {0, thread_pool::default_spin_checks}) {
+    thread_pool pool(3, spin);
+    std::vector<int64_t> sums(5000, 0);
+    for (size_t call = 0; call < sums.size(); call++) {
+      const int64_t n = 1 + static_cast<int64_t>(call % 13);
+      std::vector<int64_t> parts(static_cast<size_t>(n), 0);
+      pool.parallel_for(n, [&](int32_t, int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; i++) parts[static_cast<size_t>(i)] = i + 1;
+      });
+      for (int64_t p : parts) sums[call] += p;
+      ASSERT_EQ(sums[call], n * (n + 1) / 2) << "call " << call;
+    }
+  }
+}
+
+TEST(ThreadPool, EndsWithItsWorkersAsleepOrWatching) {
+  { thread_pool idle(4, 0); }  // workers asleep from the start
+  thread_pool busy(4);
+  bool workers_in_range = false;
+  EXPECT_EQ(coverage(busy, 64, workers_in_range), std::vector<int32_t>(64, 1));  // then watching
 }
 
 TEST(Kernels, MatmulRowIsBatchInvariant) {

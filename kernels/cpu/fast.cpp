@@ -226,8 +226,10 @@ void tile_loop(const Blocks& b, int32_t rows, int32_t first_tile, int32_t end_ti
   }
 }
 
-// Below this many multiply-adds a product is done before the threads would have woken.
-constexpr int64_t parallel_matmul_min_work = int64_t{1} << 18;
+// Below this many multiply-adds (~2 us on one core) a product is done before its chunks would
+// have been handed out and collected (~1 us with the pool's workers watching: thread_pool.hpp;
+// the threshold was 2^18 while starting them meant waking them).
+constexpr int64_t parallel_matmul_min_work = int64_t{1} << 15;
 
 /// The tile loop over a product's `num_tiles` tiles, split among the pool's threads in panels
 /// of 4 tiles (so they stay whole) when the product is large enough.
