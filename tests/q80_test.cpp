@@ -150,12 +150,15 @@ TEST(Q80, BatchedInTheEngineEachRequestEqualsItselfAloneAndTheGolden) {
 
 TEST(Q80Kernels, FastMatmulEqualsReferenceBitForBit) {
   std::mt19937 rng(3);
-  std::uniform_int_distribution<int> value(-127, 127);
+  std::uniform_int_distribution<int> value(-128, 127);  // a file's weights may hold -128
   std::uniform_real_distribution<float> real(-2.0f, 2.0f);
   // Every row tail (rows % 4), partial tiles (d % 16), tiles left after the panels of 4 (d 100:
   // 7 tiles) and products large enough to split among the pool's threads.
   for (const auto& [rows, d, n, gs] : std::vector<std::array<int32_t, 4>>{
-           {1, 8, 16, 4}, {5, 33, 64, 64}, {9, 7, 96, 32}, {2, 100, 256, 64}, {3, 100, 2048, 64}, {6, 72, 1024, 32}}) {
+           {1, 8, 16, 4}, {5, 33, 64, 64}, {9, 7, 96, 32}, {2, 100, 256, 64}, {3, 100, 2048, 64}, {6, 72, 1024, 32},
+           // groups that are no multiple of 4 (with AVX-512 VNNI: the plain tiles, not the quads),
+           // and 8-row blocks plus a tail
+           {3, 20, 6, 2}, {10, 40, 36, 6}, {17, 48, 64, 4}}) {
     std::vector<int8_t> wq(static_cast<size_t>(d) * n);
     std::vector<float> ws(static_cast<size_t>(d) * n / gs), x(static_cast<size_t>(rows) * n);
     for (auto& v : wq) v = static_cast<int8_t>(value(rng));

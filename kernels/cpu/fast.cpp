@@ -6,6 +6,7 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include <cstdint>
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -80,9 +81,53 @@ inline v16i widen16(const int8_t* p) {
 #endif
 }
 
-// The Q8_0 twin of matmul_block: per group, exact int32 dot products of 16 outputs at once
-// (int8 weights widened, times the row's int8 activation), then each output's float steps in the
-// reference's order: sum += float(dot) * weight scale * activation scale, group by group.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool have_vnni = true;
+#else
+constexpr bool have_vnni = false;
+#endif
+
+/// One group's exact int32 dot products of 16 outputs at once, for each of the block's rows and
+/// tiles: int8 weights widened, times the row's int8 activation, one j at a time.
+template <int num_rows, int num_tiles>
+void q80_group_dots(v16i (&dot)[num_rows][num_tiles], const int8_t* xq, const int8_t* tiles, int32_t n, int32_t row,
+                    int32_t begin, int32_t end) {
+  for (int32_t j = begin; j < end; j++) {
+    for (int t = 0; t < num_tiles; t++) {
+      const int8_t* at = tiles + (static_cast<size_t>(t) * n + j) * matmul_tile_width;
+      if (num_rows > 1 && (j & 3) == 0) __builtin_prefetch(at + 4 * prefetch_floats);  // a line per 4 j
+      const v16i wv = widen16(at);
+      for (int r = 0; r < num_rows; r++) dot[r][t] += wv * static_cast<int32_t>(xq[static_cast<int64_t>(row + r) * n + j]);
+    }
+  }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/// The same dot products from quad-packed tiles, 4 j per instruction: VNNI multiplies unsigned
+/// by signed bytes, so the activations go in as x + 128 (the sign bit flipped) and the caller
+/// takes 128 x the group's weight sum back off. Integer sums are exact in any order.
+template <int num_rows, int num_tiles>
+void q80_group_dots_vnni(v16i (&dot)[num_rows][num_tiles], const int8_t* xq, const int8_t* tiles, int32_t n,
+                         int32_t row, int32_t begin, int32_t end) {
+  for (int32_t j = begin; j < end; j += 4) {
+    for (int t = 0; t < num_tiles; t++) {
+      const int8_t* at = tiles + (static_cast<size_t>(t) * n + j) * matmul_tile_width;
+      if (num_rows > 1) __builtin_prefetch(at + 4 * prefetch_floats);  // a line per 4 j
+      const __m512i wv = _mm512_loadu_si512(at);
+      for (int r = 0; r < num_rows; r++) {
+        uint32_t x4;
+        std::memcpy(&x4, xq + static_cast<int64_t>(row + r) * n + j, sizeof(x4));
+        const __m512i xu = _mm512_set1_epi32(static_cast<int32_t>(x4 ^ 0x80808080u));
+        dot[r][t] = reinterpret_cast<v16i>(_mm512_dpbusd_epi32(reinterpret_cast<__m512i>(dot[r][t]), xu, wv));
+      }
+    }
+  }
+}
+#endif
+
+// The Q8_0 twin of matmul_block: per group, exact int32 dot products of 16 outputs at once,
+// then each output's float steps in the reference's order: sum += float(dot) * weight scale *
+// activation scale, group by group.
 template <int num_rows, int num_tiles>
 void matmul_q80_block(float* out, const int8_t* xq, const float* xs, const packed_q80& w, int32_t tile,
                       int32_t row) {
@@ -92,14 +137,18 @@ void matmul_q80_block(float* out, const int8_t* xq, const float* xs, const packe
   v16f acc[num_rows][num_tiles] = {};
   for (int32_t g = 0; g < groups; g++) {
     v16i dot[num_rows][num_tiles] = {};
-    for (int32_t j = g * gs; j < (g + 1) * gs; j++) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (w.quads) {
+      q80_group_dots_vnni(dot, xq, tiles, n, row, g * gs, (g + 1) * gs);
+      const int32_t* sums = w.sums.data() + static_cast<size_t>(tile) * groups * matmul_tile_width;
       for (int t = 0; t < num_tiles; t++) {
-        const int8_t* at = tiles + (static_cast<size_t>(t) * n + j) * matmul_tile_width;
-        if (num_rows > 1 && (j & 3) == 0) __builtin_prefetch(at + 4 * prefetch_floats);  // a line per 4 j
-        const v16i wv = widen16(at);
-        for (int r = 0; r < num_rows; r++) dot[r][t] += wv * static_cast<int32_t>(xq[static_cast<int64_t>(row + r) * n + j]);
+        v16i sum;
+        std::memcpy(&sum, sums + (static_cast<size_t>(t) * groups + g) * matmul_tile_width, sizeof(sum));
+        for (int r = 0; r < num_rows; r++) dot[r][t] -= sum * 128;
       }
-    }
+    } else
+#endif
+      q80_group_dots(dot, xq, tiles, n, row, g * gs, (g + 1) * gs);
     for (int t = 0; t < num_tiles; t++) {
       const v16f s = load<v16f>(scales + (static_cast<size_t>(t) * groups + g) * matmul_tile_width);
       for (int r = 0; r < num_rows; r++)
@@ -153,13 +202,22 @@ packed_q80 pack_q80(const q80_matrix& w) {
   p.d = w.d;
   p.n = w.n;
   p.group_size = w.group_size;
+  p.quads = have_vnni && w.n % 4 == 0 && w.group_size % 4 == 0;
   const int32_t num_tiles = (w.d + matmul_tile_width - 1) / matmul_tile_width, groups = w.n / w.group_size;
   p.tiles.assign(static_cast<size_t>(num_tiles) * w.n * matmul_tile_width, 0);
   p.scales.assign(static_cast<size_t>(num_tiles) * groups * matmul_tile_width, 0.0f);
+  if (p.quads) p.sums.assign(p.scales.size(), 0);
   for (int32_t i = 0; i < w.d; i++) {
     const size_t t = static_cast<size_t>(i / matmul_tile_width), lane = static_cast<size_t>(i % matmul_tile_width);
-    for (int32_t j = 0; j < w.n; j++)
-      p.tiles[(t * w.n + j) * matmul_tile_width + lane] = w.q[static_cast<int64_t>(i) * w.n + j];
+    for (int32_t j = 0; j < w.n; j++) {
+      const int8_t q = w.q[static_cast<int64_t>(i) * w.n + j];
+      const size_t quad = static_cast<size_t>(j & ~3), in_quad = static_cast<size_t>(j & 3);
+      if (p.quads)
+        p.tiles[(t * w.n + quad) * matmul_tile_width + lane * 4 + in_quad] = q;
+      else
+        p.tiles[(t * w.n + j) * matmul_tile_width + lane] = q;
+      if (p.quads) p.sums[(t * groups + j / w.group_size) * matmul_tile_width + lane] += q;
+    }
     for (int32_t g = 0; g < groups; g++)
       p.scales[(t * groups + g) * matmul_tile_width + lane] = w.s[static_cast<int64_t>(i) * groups + g];
   }

@@ -49,12 +49,19 @@ struct q80_matrix {
 /// A Q8_0 matrix repacked for fast::matmul_q80: tiles of 16 output rows, their int8 values
 /// interleaved along n (one load yields q[i..i+16][j]) and their scales along the groups. Rows
 /// past d are zero padding.
+///
+/// With `quads` (built with AVX-512 VNNI, and n and the group size multiples of 4), each tile
+/// holds 4 consecutive j per output instead: (ceil(d / 16), n / 4, 16, 4), so one load yields
+/// q[i..i+16][j..j+4] for one VNNI dot-product instruction, and `sums` holds each output's sum
+/// of its weights per group, which undoes the instruction's unsigned activations (x + 128).
 struct packed_q80 {
   int32_t d = 0;
   int32_t n = 0;
   int32_t group_size = 0;
-  std::vector<int8_t> tiles;  ///< (ceil(d / 16), n, 16)
+  bool quads = false;
+  std::vector<int8_t> tiles;  ///< (ceil(d / 16), n, 16), or with quads (ceil(d / 16), n / 4, 16, 4)
   std::vector<float> scales;  ///< (ceil(d / 16), n / group_size, 16)
+  std::vector<int32_t> sums;  ///< with quads: (ceil(d / 16), n / group_size, 16)
 };
 
 /// Packs `w` into tiles; done once at model load.
