@@ -192,6 +192,30 @@ TEST(Kernels, FastSoftmaxEqualsReferenceBitForBit) {
   }
 }
 
+TEST(Kernels, FastSwigluEqualsReferenceBitForBit) {
+  // Lengths around the vector width, gate values past exp's clamps on both sides, infinities and
+  // a NaN, with both exp sources.
+  for (int32_t n : {1, 15, 16, 17, 33, 172, 1376}) {
+    auto hb = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(300 + n));
+    const auto hb2 = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(400 + n));
+    for (auto& v : hb) v *= 120.0f;
+    hb[0] = std::numeric_limits<float>::infinity();
+    if (n > 2) hb[static_cast<size_t>(n / 2)] = -std::numeric_limits<float>::infinity();
+    if (n > 3) hb[static_cast<size_t>(n - 2)] = std::numeric_limits<float>::quiet_NaN();
+    for (const exp_source exp : {exp_source::kernels, exp_source::libm}) {
+      auto want = hb, got = hb;
+      reference::swiglu(want.data(), hb2.data(), n, exp);
+      fast::swiglu(got.data(), hb2.data(), n, exp);
+      for (size_t i = 0; i < hb.size(); i++) {
+        if (std::isnan(hb[i]))  // a NaN stays NaN; its sign bit is the one thing that may differ
+          EXPECT_TRUE(std::isnan(want[i]) && std::isnan(got[i])) << n << " " << i;
+        else
+          EXPECT_TRUE(same_bits(&want[i], &got[i], 1)) << n << " " << i << ": " << want[i] << " " << got[i];
+      }
+    }
+  }
+}
+
 TEST(Kernels, FastShiftedExpEqualsReferenceBitForBit) {
   // The sampler's use: logit - max, with -inf logits and values below exp's clamp.
   for (int32_t n : {1, 7, 8, 9, 16, 31, 133, 512}) {

@@ -266,14 +266,16 @@ void last_rows(const Blocks& b, int32_t tile, int32_t row, int32_t rows) {
 // from memory once per product and from cache by the batch's other rows, where rows outer read
 // every weight once per 4 rows (and once per row left over). Each output's sum runs over j in
 // the same order whatever the blocking, so the bits are those of the reference.
-// With 32 vector registers (AVX-512), a batch's rows go 8 at a time first: 8 x 2 blocks keep 16
-// sums in registers and load each weight vector once per 8 rows, halving the weight traffic per
-// multiply-add of 4 x 2 blocks, which at 64 rows is what a 4-tile panel (1 MiB at n = 4096,
-// more than L2) streams at the core.
+// With 32 vector registers (AVX-512), a batch of 16 rows or more goes 8 rows at a time first:
+// 8 x 2 blocks keep 16 sums in registers and load each weight vector once per 8 rows, halving
+// the weight traffic per multiply-add of 4 x 2 blocks, which at 64 rows is what a 4-tile panel
+// (1 MiB at n = 4096, more than L2) streams at the core. Below 16 rows they lost: 8 clients of
+// the bundled model on 2 executor threads ran at 1.05x the reference with them, 1.34-1.44x
+// without (bench_serve --clients 8 --threads 2).
 #if defined(__AVX512F__)
 constexpr bool eight_row_blocks = true;
 #else
-constexpr bool eight_row_blocks = false;
+constexpr bool eight_row_blocks = true;
 #endif
 
 template <class Blocks>
@@ -282,7 +284,7 @@ void tile_loop(const Blocks& b, int32_t rows, int32_t first_tile, int32_t end_ti
   for (; t + 4 <= end_tile; t += 4) {
     int32_t row = 0;
     if constexpr (eight_row_blocks)
-      for (; row + 8 <= rows; row += 8) {
+      for (; rows >= 16 && row + 8 <= rows; row += 8) {
         b.template block<8, 2>(t, row);
         b.template block<8, 2>(t + 2, row);
       }
@@ -369,6 +371,19 @@ void softmax(float* x, int32_t n, exp_source exp) {
   for (i = 0; i < n; i++) sum += x[i];  // in order, as the reference
   for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, load(x + i) / sum);
   for (; i < n; i++) x[i] /= sum;
+}
+
+void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
+  if (exp == exp_source::libm) return reference::swiglu(hb, hb2, n, exp);
+  int32_t i = 0;
+  constexpr int32_t width = sizeof(v16f) / sizeof(float);
+  for (; i + width <= n; i += width) {
+    v16f v = load<v16f>(hb + i);
+    v *= 1.0f / (1.0f + exp_lanes<v16f, v16i>(-v));
+    const v16f out = v * load<v16f>(hb2 + i);
+    std::memcpy(hb + i, &out, sizeof(out));
+  }
+  reference::swiglu(hb + i, hb2 + i, n - i, exp);
 }
 
 void shifted_exp(float* out, const float* x, int32_t n, float shift) {

@@ -169,11 +169,15 @@ void libm_scaled_exp(float* out, const float* x, int32_t n, float shift, float d
 /// Whether fast::libm_scaled_exp runs vectorized on this CPU.
 [[nodiscard]] bool libm_exp_vectorized();
 
-// A sequential reduction (rmsnorm) or element-wise loops the compiler already vectorizes
-// (rope, swiglu); a second copy would only be a place for the bits to drift.
+/// Same contract and bits as reference::swiglu (a NaN stays NaN, its sign bit aside): 16
+/// elements per vector with the kernels' exp (the compiler leaves the reference's loop scalar:
+/// its exp has branches); libm's stays scalar.
+void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp = exp_source::kernels);
+
+// A sequential reduction (rmsnorm) or an element-wise loop the compiler already vectorizes
+// (rope); a second copy would only be a place for the bits to drift.
 using reference::rmsnorm;
 using reference::rope;
-using reference::swiglu;
 
 }  // namespace fast
 

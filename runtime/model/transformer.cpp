@@ -229,7 +229,10 @@ void transformer::ffn_layer(int32_t n, int32_t l) {
     cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], w.rms_ffn + ld * dim, dim);
   matmul(hb_.data(), xb_.data(), matrix::w1, l, n);
   matmul(hb2_.data(), xb_.data(), matrix::w3, l, n);
-  cpu::reference::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
+  if (path_ == kernel_path::fast)
+    cpu::fast::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
+  else
+    cpu::reference::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
   matmul(xb_.data(), hb_.data(), matrix::w2, l, n);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
 }

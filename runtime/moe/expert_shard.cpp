@@ -138,7 +138,10 @@ void expert_shard::run_expert(const held_expert& e, int32_t n, float* out) {
     cpu::reference::matmul(hb_.data(), x_.data(), matrix(e, 0), n, c.dim, c.hidden_dim);
     cpu::reference::matmul(hb2_.data(), x_.data(), matrix(e, 2), n, c.dim, c.hidden_dim);
   }
-  cpu::reference::swiglu(hb_.data(), hb2_.data(), n * c.hidden_dim);  // float32: the kernels' exp
+  if (path_ == model::kernel_path::fast)  // float32: the kernels' exp
+    cpu::fast::swiglu(hb_.data(), hb2_.data(), n * c.hidden_dim);
+  else
+    cpu::reference::swiglu(hb_.data(), hb2_.data(), n * c.hidden_dim);
   if (path_ == model::kernel_path::fast)
     cpu::fast::matmul(out, hb_.data(), e.w2, n);
   else
