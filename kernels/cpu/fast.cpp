@@ -211,12 +211,13 @@ packed_q80 pack_q80(const q80_matrix& w) {
     const size_t t = static_cast<size_t>(i / matmul_tile_width), lane = static_cast<size_t>(i % matmul_tile_width);
     for (int32_t j = 0; j < w.n; j++) {
       const int8_t q = w.q[static_cast<int64_t>(i) * w.n + j];
-      const size_t quad = static_cast<size_t>(j & ~3), in_quad = static_cast<size_t>(j & 3);
-      if (p.quads)
-        p.tiles[(t * w.n + quad) * matmul_tile_width + lane * 4 + in_quad] = q;
-      else
+      if (!p.quads) {
         p.tiles[(t * w.n + j) * matmul_tile_width + lane] = q;
-      if (p.quads) p.sums[(t * groups + j / w.group_size) * matmul_tile_width + lane] += q;
+        continue;
+      }
+      const size_t quad = static_cast<size_t>(j & ~3), in_quad = static_cast<size_t>(j & 3);
+      p.tiles[(t * w.n + quad) * matmul_tile_width + lane * 4 + in_quad] = q;
+      p.sums[(t * groups + j / w.group_size) * matmul_tile_width + lane] += q;
     }
     for (int32_t g = 0; g < groups; g++)
       p.scales[(t * groups + g) * matmul_tile_width + lane] = w.s[static_cast<int64_t>(i) * groups + g];
@@ -275,7 +276,7 @@ void last_rows(const Blocks& b, int32_t tile, int32_t row, int32_t rows) {
 #if defined(__AVX512F__)
 constexpr bool eight_row_blocks = true;
 #else
-constexpr bool eight_row_blocks = true;
+constexpr bool eight_row_blocks = false;
 #endif
 
 template <class Blocks>
