@@ -33,7 +33,9 @@ TEST(Kernels, FastMatmulEqualsReferenceBitForBit) {
   // split among two (the work of the last shapes is above the split threshold).
   const int32_t shapes[][3] = {{1, 64, 64},   {2, 64, 100},  {3, 64, 172},   {5, 172, 64},
                                {6, 33, 172},  {7, 13, 9},    {64, 64, 512},  {2, 1024, 172},
-                               {7, 512, 100}, {1, 2048, 96}};
+                               {7, 512, 100}, {1, 2048, 96},
+                               // one panel, split by groups of 4 rows (the last with the rest)
+                               {8, 512, 64},  {19, 256, 40},  {37, 128, 64}};
   thread_pool pool(2);
   uint32_t seed = 1;
   for (const auto& s : shapes) {

@@ -279,13 +279,14 @@ constexpr bool eight_row_blocks = true;
 constexpr bool eight_row_blocks = false;
 #endif
 
+/// Rows first_row..rows against tiles first_tile..end_tile.
 template <class Blocks>
-void tile_loop(const Blocks& b, int32_t rows, int32_t first_tile, int32_t end_tile) {
+void tile_loop(const Blocks& b, int32_t first_row, int32_t rows, int32_t first_tile, int32_t end_tile) {
   int32_t t = first_tile;
   for (; t + 4 <= end_tile; t += 4) {
-    int32_t row = 0;
+    int32_t row = first_row;
     if constexpr (eight_row_blocks)
-      for (; rows >= 16 && row + 8 <= rows; row += 8) {
+      for (; rows - first_row >= 16 && row + 8 <= rows; row += 8) {
         b.template block<8, 2>(t, row);
         b.template block<8, 2>(t + 2, row);
       }
@@ -296,7 +297,7 @@ void tile_loop(const Blocks& b, int32_t rows, int32_t first_tile, int32_t end_ti
     last_rows<4>(b, t, row, rows);
   }
   for (; t < end_tile; t++) {
-    int32_t row = 0;
+    int32_t row = first_row;
     for (; row + 4 <= rows; row += 4) b.template block<4, 1>(t, row);
     last_rows<1>(b, t, row, rows);
   }
@@ -307,19 +308,29 @@ void tile_loop(const Blocks& b, int32_t rows, int32_t first_tile, int32_t end_ti
 // the threshold was 2^18 while starting them meant waking them).
 constexpr int64_t parallel_matmul_min_work = int64_t{1} << 15;
 
-/// The tile loop over a product's `num_tiles` tiles, split among the pool's threads in panels
-/// of 4 tiles (so they stay whole) when the product is large enough.
+/// The tile loop over a product's `num_tiles` tiles, split among the pool's threads when the
+/// product is large enough: in panels of 4 tiles (so they stay whole), or, where there are fewer
+/// panels than threads (a narrow matrix: d <= 64 is one panel) and at least 8 rows, in groups of
+/// 4 rows that read the whole matrix each.
 template <class Blocks>
 void run_tiles(const Blocks& b, int32_t rows, int32_t d, int32_t n, thread_pool* pool) {
   const int32_t num_tiles = (d + matmul_tile_width - 1) / matmul_tile_width;
   const int64_t work = static_cast<int64_t>(rows) * n * d;
   if (pool == nullptr || pool->num_threads() == 1 || work < parallel_matmul_min_work) {
-    tile_loop(b, rows, 0, num_tiles);
+    tile_loop(b, 0, rows, 0, num_tiles);
     return;
   }
   const int32_t num_panels = (num_tiles + 3) / 4;
+  if (num_panels < pool->num_threads() && rows >= 8) {
+    const int32_t groups = rows / 4;  // the last takes the rows left over
+    pool->parallel_for(groups, [&](int32_t, int64_t begin, int64_t end) {
+      tile_loop(b, static_cast<int32_t>(4 * begin), end == groups ? rows : static_cast<int32_t>(4 * end), 0,
+                num_tiles);
+    });
+    return;
+  }
   pool->parallel_for(num_panels, [&](int32_t, int64_t begin, int64_t end) {
-    tile_loop(b, rows, static_cast<int32_t>(4 * begin), std::min(num_tiles, static_cast<int32_t>(4 * end)));
+    tile_loop(b, 0, rows, static_cast<int32_t>(4 * begin), std::min(num_tiles, static_cast<int32_t>(4 * end)));
   });
 }
 
