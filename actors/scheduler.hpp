@@ -29,7 +29,8 @@ scheduler_plan plan_scheduler(int32_t num_cores, int32_t compute_threads);
 /// Installs `plan` in `cfg` (before the actor system is made from it).
 void use_scheduler(caf::actor_system_config& cfg, const scheduler_plan& plan);
 
-/// std::thread::hardware_concurrency, at least 1.
+/// The cores this process may run on (its CPU affinity on Linux; else
+/// std::thread::hardware_concurrency), at least 1.
 int32_t hardware_cores();
 
 }  // namespace troupe::actors

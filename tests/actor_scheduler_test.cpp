@@ -3,6 +3,10 @@
 // under ThreadSanitizer too: the watch reads the queue's length without the queue's lock.
 #include <gtest/gtest.h>
 
+#ifdef __linux__
+#include <sched.h>
+#endif
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -33,6 +37,27 @@ TEST(ActorScheduler, WorkersGetTheCoresTheExecutorsLeaveAndWatchOnlyWithACoreEac
   EXPECT_EQ(plan_scheduler(8, -3).num_workers, 8);  // a negative count is none
   EXPECT_GE(hardware_cores(), 1);
 }
+
+#ifdef __linux__
+TEST(ActorScheduler, CountsTheCoresTheProcessMayRunOn) {
+  // Pinned to one core (as by taskset or a cpuset), the plan gives one worker that never watches.
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &before)) first++;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int32_t pinned = hardware_cores();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(hardware_cores(), CPU_COUNT(&before));
+  const scheduler_plan p = plan_scheduler(pinned, 1);
+  EXPECT_EQ(p.num_workers, 1);
+  EXPECT_EQ(p.spin_ns, 0);
+}
+#endif
 
 /// Counts `rounds` round trips between two actors, answered to a scoped actor (a thread outside
 /// the scheduler) after each hundred: jobs enqueued by workers and from outside.
