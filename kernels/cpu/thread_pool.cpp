@@ -32,7 +32,10 @@ template <class Done>
 bool thread_pool::watch(const Done& done) const {
   for (int32_t i = 0; i < spin_checks_; i++) {
     if (done()) return true;
-    pause();
+    if (i % 1024 == 1023)
+      std::this_thread::yield();
+    else
+      pause();
   }
   return done();
 }
