@@ -17,6 +17,8 @@
 #include <caf/resumable.hpp>
 #include <caf/scheduler/coordinator.hpp>
 
+#include "kernels/cpu/cpu_relax.hpp"
+
 namespace troupe::actors {
 namespace {
 
@@ -117,21 +119,13 @@ private:
     for (;;) {
       for (int i = 0; i < 64; i++) {
         if (data.size.load(std::memory_order_acquire) > 0) return;
-        pause();
+        kernels::cpu::cpu_relax();
       }
       if (std::chrono::steady_clock::now() >= until) return;
       // Gives the core to a thread the OS placed on it with this one (an executor, when the
       // system has put both on one core): with none waiting it returns at once.
       std::this_thread::yield();
     }
-  }
-
-  static void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
   }
 };
 

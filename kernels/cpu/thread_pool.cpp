@@ -2,18 +2,9 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/cpu_relax.hpp"
+
 namespace troupe::kernels::cpu {
-namespace {
-
-inline void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 thread_pool::thread_pool(int32_t num_threads, int32_t spin_checks) : spin_checks_(spin_checks) {
   for (int32_t w = 1; w < num_threads; w++) workers_.emplace_back([this, w] { work(w); });
@@ -35,7 +26,7 @@ bool thread_pool::watch(const Done& done) const {
     if (i % 1024 == 1023)
       std::this_thread::yield();
     else
-      pause();
+      cpu_relax();
   }
   return done();
 }
