@@ -10,10 +10,11 @@ TROUPE := $(BUILD)/apps/troupe
 run: build
 	scripts/run-demo.sh $(TROUPE)
 
-# Skipped tests (data absent from a user's clone, no GPU) are listed with their reasons.
+# Skipped tests (data absent from a user's clone, no GPU) are listed with their reasons, then
+# failed ones with the lines where they failed (last, where a log's tail shows them).
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS); status=$$?; \
-	  scripts/skipped-tests.sh $(BUILD); exit $$status
+	  scripts/skipped-tests.sh $(BUILD); scripts/failed-tests.sh $(BUILD); exit $$status
 
 deps:
 	@scripts/install-deps.sh
