@@ -12,7 +12,7 @@ awk '
   inside {
     if ($0 ~ /Failure$|^\[  FAILED  \]|[Ss]egmentation|Aborted|timed out|Timeout/) failing = 1
     else if ($0 ~ /^\[/) failing = 0
-    if (failing && n < 8 && $0 !~ /^-+$/) lines[name, n++] = $0
+    if (failing && n < 12 && $0 !~ /^-+$/) lines[name, n++] = $0
     tail[name] = $0
     next
   }

@@ -75,7 +75,7 @@ class Cluster : public ::testing::Test {
     sys_.reset();
     for (const auto& [name, node] : nodes_) ::kill(node.pid(), SIGTERM);
     for (const auto& [name, node] : nodes_)
-      EXPECT_EQ(wait_exit_code(node.pid()), 0) << "node " << name << " did not stop cleanly";
+      EXPECT_EQ(wait_exit_code(node.pid()), 0) << "node " << name << " did not stop cleanly: " << last_log_line(name);
     fs::remove_all(dir_);
   }
 
@@ -297,6 +297,26 @@ class Cluster : public ::testing::Test {
     return out;
   }
 
+  /// The last line node `name` wrote to its stderr.
+  std::string last_log_line(const std::string& name) const {
+    const std::string err = read_file((dir_ / (name + ".err")).string());
+    const size_t end = err.find_last_not_of('\n');
+    if (end == std::string::npos) return "(empty)";
+    const size_t newline = err.rfind('\n', end);
+    const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+    return err.substr(begin, end + 1 - begin);
+  }
+
+  /// One line on what the engines hold and each node's last log line, for a failure message.
+  std::string state() {
+    std::ostringstream out;
+    out << "engines (steps/generated/requests/waiting):";
+    for (const msg::engine_report& r : reports())
+      out << " " << r.num_steps << "/" << r.num_generated_tokens << "/" << r.num_requests << "/" << r.num_waiting;
+    for (const auto& [name, node] : nodes_) out << "; " << name << ".err: " << last_log_line(name);
+    return out.str();
+  }
+
   /// Node `name` ended with `exit_code`; TearDown no longer stops it.
   void expect_node_ended(const std::string& name, int exit_code) {
     EXPECT_EQ(wait_exit_code(pid_of(name)), exit_code) << read_file((dir_ / (name + ".err")).string());
@@ -353,7 +373,12 @@ class Cluster : public ::testing::Test {
         cv->notify_all();
       });
     std::unique_lock<std::mutex> lock(*mutex);
-    EXPECT_TRUE(cv->wait_for(lock, 120s, [&] { return *num_done == requests.size(); })) << "requests hang";
+    if (!cv->wait_for(lock, 120s, [&] { return *num_done == requests.size(); })) {
+      const size_t done = *num_done;
+      lock.unlock();
+      ADD_FAILURE() << "requests hang: " << done << " of " << requests.size() << " ended in 120 s; " << state();
+      lock.lock();
+    }
     std::vector<expected<actors::completion>> out;
     for (auto& o : outcomes) out.push_back(o.value_or(fail(errc::internal, "no outcome")));
     return out;
