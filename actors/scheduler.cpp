@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <mutex>
@@ -210,28 +211,45 @@ std::string read_small_file(const std::string& path) {
   return text;
 }
 
-/// The fewest cores a CPU quota of this process's cgroup or of one above it allows (cgroup v2's
-/// cpu.max, v1's cfs_quota_us); 0 when none is set or none can be read.
-int32_t cgroup_quota_cores() {
+/// Calls f(dir) for the cgroup path `dir` and every path above it, up to "" (the root).
+template <class F>
+void for_each_ancestor(std::string dir, const F& f) {
+  for (;;) {
+    if (dir == "/") dir.clear();
+    f(dir);
+    if (dir.empty()) return;
+    dir = dir.substr(0, dir.rfind('/'));
+  }
+}
+
+}  // namespace
+
+int32_t cgroup_quota_cores(const std::string& root, const std::string& self_cgroup) {
   int32_t cores = 0;
   const auto take = [&](int32_t c) {
     if (c > 0) cores = cores == 0 ? c : std::min(cores, c);
   };
-  std::ifstream self("/proc/self/cgroup");
+  std::istringstream self(self_cgroup);
   for (std::string line; std::getline(self, line);) {
-    if (line.rfind("0::", 0) != 0) continue;
-    // cgroup v2: this process's group and every group above it, up to the mount's root.
-    for (std::string dir = line.substr(3);; dir = dir.substr(0, dir.rfind('/'))) {
-      take(quota_cores(read_small_file("/sys/fs/cgroup" + dir + "/cpu.max")));
-      if (dir.empty() || dir == "/") break;
+    // "hierarchy:controllers:path"; v2's is "0::path".
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+    if (controllers.empty()) {
+      for_each_ancestor(path, [&](const std::string& dir) {
+        take(quota_cores(read_small_file(root + dir + "/cpu.max")));
+      });
+      continue;
     }
+    if (("," + controllers + ",").find(",cpu,") == std::string::npos) continue;
+    for (const std::string mount : {root + "/cpu", root + "/" + controllers})
+      for_each_ancestor(path, [&](const std::string& dir) {
+        const std::string quota = read_small_file(mount + dir + "/cpu.cfs_quota_us");
+        if (!quota.empty()) take(quota_cores(quota + " " + read_small_file(mount + dir + "/cpu.cfs_period_us")));
+      });
   }
-  const std::string v1 = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
-  if (!v1.empty()) take(quota_cores(v1 + " " + read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us")));
   return cores;
 }
-
-}  // namespace
 
 int32_t hardware_cores() {
   int32_t cores = 0;
@@ -244,7 +262,9 @@ int32_t hardware_cores() {
   if (cores <= 0) cores = static_cast<int32_t>(std::thread::hardware_concurrency());
   // A container's CPU quota (docker --cpus, a CI runner's) leaves fewer cores' worth of time than
   // it shows: workers watching on cores the quota does not pay for would throttle the executors.
-  const int32_t quota = cgroup_quota_cores();
+  std::ifstream self("/proc/self/cgroup");
+  const std::string self_cgroup{std::istreambuf_iterator<char>(self), std::istreambuf_iterator<char>()};
+  const int32_t quota = cgroup_quota_cores("/sys/fs/cgroup", self_cgroup);
   if (quota > 0) cores = cores > 0 ? std::min(cores, quota) : quota;
   return std::max(1, cores);
 }

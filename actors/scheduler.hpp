@@ -52,6 +52,11 @@ void use_scheduler(caf::actor_system_config& cfg, const scheduler_plan& plan);
 /// least 1.
 int32_t hardware_cores();
 
+/// The fewest whole cores a CPU quota allows to the cgroup `self_cgroup` names (the text of
+/// /proc/self/cgroup) or to one above it, with the cgroup file systems mounted at `root`
+/// (/sys/fs/cgroup): v2's cpu.max, v1's cpu.cfs_quota_us / cpu.cfs_period_us; 0 for none.
+int32_t cgroup_quota_cores(const std::string& root, const std::string& self_cgroup);
+
 /// The whole cores a cgroup CPU quota allows, rounded up, from cpu.max's text ("200000 100000"
 /// -> 2, "150000 100000" -> 2); 0 for no quota ("max 100000") or text that is not one.
 int32_t quota_cores(const std::string& cpu_max);

@@ -3,13 +3,20 @@
 // under ThreadSanitizer too: the watch reads the queue's length without the queue's lock.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #ifdef __linux__
 #include <sched.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -64,6 +71,33 @@ TEST(ActorScheduler, ACgroupQuotaIsCountedInWholeCoresRoundedUp) {
   EXPECT_EQ(quota_cores("100000"), 0);
 }
 
+/// Writes `text` to `path`, making its folders.
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path) << text << "\n";
+}
+
+TEST(ActorScheduler, TheTightestCgroupQuotaOnTheWayToTheRootCounts) {
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("troupe_cgroup_test_" + std::to_string(::getpid()));
+  // cgroup v2: the process's group sets none, its parent 3 cores' worth, the root none.
+  write_file(root / "cpu.max", "max 100000");
+  write_file(root / "a" / "cpu.max", "300000 100000");
+  write_file(root / "a" / "b" / "cpu.max", "max 100000");
+  EXPECT_EQ(cgroup_quota_cores(root.string(), "0::/a/b\n"), 3);
+  EXPECT_EQ(cgroup_quota_cores(root.string(), "0::/\n"), 0);
+  EXPECT_EQ(cgroup_quota_cores(root.string(), "0::/missing/group\n"), 0);
+  // cgroup v1, the cpu controller mounted with cpuacct: 1.5 cores' worth, rounded up.
+  write_file(root / "cpu,cpuacct" / "cpu.cfs_quota_us", "-1");
+  write_file(root / "cpu,cpuacct" / "x" / "cpu.cfs_quota_us", "150000");
+  write_file(root / "cpu,cpuacct" / "x" / "cpu.cfs_period_us", "100000");
+  EXPECT_EQ(cgroup_quota_cores(root.string(), "4:memory:/m\n3:cpu,cpuacct:/x\n"), 2);
+  // Both, and lines that are not cgroups: the tightest.
+  EXPECT_EQ(cgroup_quota_cores(root.string(), "garbage\n3:cpu,cpuacct:/x\n0::/a/b\n"), 2);
+  EXPECT_EQ(cgroup_quota_cores(root.string(), "3:cpuacct:/x\n"), 0);  // not the cpu controller
+  std::filesystem::remove_all(root);
+}
+
 #ifdef __linux__
 TEST(ActorScheduler, CountsTheCoresTheProcessMayRunOn) {
   // Pinned to one core (as by taskset or a cpuset), the plan gives one worker that never watches.
@@ -78,7 +112,11 @@ TEST(ActorScheduler, CountsTheCoresTheProcessMayRunOn) {
   const int32_t pinned = hardware_cores();
   ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
   EXPECT_EQ(pinned, 1);
-  EXPECT_EQ(hardware_cores(), CPU_COUNT(&before));
+  // Unpinned: the affinity's cores, fewer under a container's CPU quota.
+  std::ifstream self("/proc/self/cgroup");
+  const std::string self_cgroup{std::istreambuf_iterator<char>(self), std::istreambuf_iterator<char>()};
+  const int32_t quota = cgroup_quota_cores("/sys/fs/cgroup", self_cgroup);
+  EXPECT_EQ(hardware_cores(), quota > 0 ? std::min(quota, CPU_COUNT(&before)) : CPU_COUNT(&before));
   const scheduler_plan p = plan_scheduler(pinned, 1);
   EXPECT_EQ(p.num_workers, 2);
   EXPECT_EQ(p.max_watching, 0);
