@@ -124,18 +124,21 @@ TEST(Kernels, MatmulRowIsBatchInvariant) {
 }
 
 TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
-  const attention_shape shape{8, 4, 8};
-  const int32_t block_size = 16, kv_dim = 32, num_blocks = 6;
-  const auto keys = random_floats(static_cast<size_t>(num_blocks) * block_size * kv_dim, 11);
-  const auto values = random_floats(keys.size(), 12);
-  const int32_t table[num_blocks] = {4, 1, 5, 0, 2, 3};
-  const paged_kv kv{keys.data(), values.data(), table, block_size, kv_dim};  // random: layout moot
-  const auto q = random_floats(64, 13);
-  for (int32_t positions : {1, 15, 16, 17, 90}) {
-    std::vector<float> ref(64), fst(64), scores(static_cast<size_t>(shape.n_heads) * positions);
-    reference::attention(ref.data(), q.data(), scores.data(), kv, positions, shape);
-    fast::attention(fst.data(), q.data(), scores.data(), kv, positions, shape);
-    EXPECT_TRUE(same_bits(ref.data(), fst.data(), 64)) << positions;
+  // 8 heads (softmax sums 8 at a time), 12 (8 + 4) and 13 (8 + 4 + 1); kv_dim 32 in each.
+  for (const attention_shape shape : {attention_shape{8, 4, 8}, attention_shape{12, 4, 8}, attention_shape{13, 1, 32}}) {
+    const int32_t block_size = 16, kv_dim = 32, num_blocks = 6, dim = shape.n_heads * shape.head_size;
+    const auto keys = random_floats(static_cast<size_t>(num_blocks) * block_size * kv_dim, 11);
+    const auto values = random_floats(keys.size(), 12);
+    const int32_t table[num_blocks] = {4, 1, 5, 0, 2, 3};
+    const paged_kv kv{keys.data(), values.data(), table, block_size, kv_dim};  // random: layout moot
+    const auto q = random_floats(static_cast<size_t>(dim), 13);
+    for (int32_t positions : {1, 15, 16, 17, 90}) {
+      std::vector<float> ref(static_cast<size_t>(dim)), fst(static_cast<size_t>(dim)),
+          scores(static_cast<size_t>(shape.n_heads) * positions);
+      reference::attention(ref.data(), q.data(), scores.data(), kv, positions, shape);
+      fast::attention(fst.data(), q.data(), scores.data(), kv, positions, shape);
+      EXPECT_TRUE(same_bits(ref.data(), fst.data(), dim)) << shape.n_heads << " heads, " << positions << " positions";
+    }
   }
 }
 

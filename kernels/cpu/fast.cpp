@@ -361,8 +361,12 @@ V exp_lanes(V x) {
   });
 }
 
-void softmax(float* x, int32_t n, exp_source exp) {
-  float max_val = x[0];  // max is order-free: any grouping gives the reference's value
+namespace {
+
+/// x[i] = exp(x[i] - max x) in place, as the reference (max is order-free: any grouping gives
+/// the reference's value).
+void exp_minus_max(float* x, int32_t n, exp_source exp) {
+  float max_val = x[0];
   int32_t i = 0;
   if (n >= tile_width) {
     v8f m = load(x);
@@ -379,10 +383,41 @@ void softmax(float* x, int32_t n, exp_source exp) {
     for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp_lanes<v8f, v8i>(load(x + i) - max_val));
     for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
   }
-  float sum = 0.0f;
-  for (i = 0; i < n; i++) sum += x[i];  // in order, as the reference
-  for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, load(x + i) / sum);
+}
+
+void divide(float* x, int32_t n, float sum) {
+  int32_t i = 0;
+  for (; i + tile_width <= n; i += tile_width) store(x + i, load(x + i) / sum);
   for (; i < n; i++) x[i] /= sum;
+}
+
+/// Divides each of `num_rows` rows of n floats (row r at x + r * n) by its sum, each sum in
+/// order as the reference's, num_rows chains of adds side by side: each add waits on its own
+/// row's last, not on every row's.
+template <int num_rows>
+void divide_by_sums_in_order(float* x, int32_t n) {
+  float s[num_rows] = {};
+  for (int32_t i = 0; i < n; i++)
+    for (int r = 0; r < num_rows; r++) s[r] += x[static_cast<int64_t>(r) * n + i];
+  for (int r = 0; r < num_rows; r++) divide(x + static_cast<int64_t>(r) * n, n, s[r]);
+}
+
+/// softmax of each of `num_rows` rows of n floats (row r at x + r * n): fast::softmax's bits,
+/// with the rows' sequential sums (latency-bound: one add per ~4 cycles) computed 8 or 4 at a
+/// time.
+void softmax_rows(float* x, int32_t num_rows, int32_t n, exp_source exp) {
+  for (int32_t r = 0; r < num_rows; r++) exp_minus_max(x + static_cast<int64_t>(r) * n, n, exp);
+  int32_t r = 0;
+  for (; r + 8 <= num_rows; r += 8) divide_by_sums_in_order<8>(x + static_cast<int64_t>(r) * n, n);
+  for (; r + 4 <= num_rows; r += 4) divide_by_sums_in_order<4>(x + static_cast<int64_t>(r) * n, n);
+  for (; r < num_rows; r++) divide_by_sums_in_order<1>(x + static_cast<int64_t>(r) * n, n);
+}
+
+}  // namespace
+
+void softmax(float* x, int32_t n, exp_source exp) {
+  exp_minus_max(x, n, exp);
+  divide_by_sums_in_order<1>(x, n);
 }
 
 void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
@@ -497,8 +532,8 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
     for (int32_t t = 0; t < num_positions; t += bs)
       block_scores(sh + t, qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
                    std::min(bs, num_positions - t), scale);
-    softmax(sh, num_positions, exp);
   }
+  softmax_rows(scores, shape.n_heads, num_positions, exp);
   weighted_values(out, scores, kv, num_positions, shape);
 }
 
