@@ -366,21 +366,25 @@ namespace {
 /// x[i] = exp(x[i] - max x) in place, as the reference (max is order-free: any grouping gives
 /// the reference's value).
 void exp_minus_max(float* x, int32_t n, exp_source exp) {
+  constexpr int32_t width = sizeof(v16f) / sizeof(float);
   float max_val = x[0];
   int32_t i = 0;
-  if (n >= tile_width) {
-    v8f m = load(x);
-    for (i = tile_width; i + tile_width <= n; i += tile_width) {
-      const v8f v = load(x + i);
+  if (n >= width) {
+    v16f m = load<v16f>(x);
+    for (i = width; i + width <= n; i += width) {
+      const v16f v = load<v16f>(x + i);
       m = v > m ? v : m;
     }
-    for (int l = 0; l < tile_width; l++) max_val = m[l] > max_val ? m[l] : max_val;
+    for (int l = 0; l < width; l++) max_val = m[l] > max_val ? m[l] : max_val;
   }
   for (; i < n; i++) max_val = x[i] > max_val ? x[i] : max_val;
   if (exp == exp_source::libm) {
     for (i = 0; i < n; i++) x[i] = std::exp(x[i] - max_val);
   } else {
-    for (i = 0; i + tile_width <= n; i += tile_width) store(x + i, exp_lanes<v8f, v8i>(load(x + i) - max_val));
+    for (i = 0; i + width <= n; i += width) {
+      const v16f e = exp_lanes<v16f, v16i>(load<v16f>(x + i) - max_val);
+      std::memcpy(x + i, &e, sizeof(e));
+    }
     for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
   }
 }
