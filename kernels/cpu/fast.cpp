@@ -477,10 +477,20 @@ void block_scores(float* sh, const float* qh, const float* kb, int32_t hs, int32
   }
 }
 
-// out[h] = Σ_t a[h][t] v[t] for up to 8 heads of head_size 8 at once, one register each, t in
-// order (the reference's order per element).
+// out[h] = Σ_t a[h][t] v[t] for `num_heads` heads (at most 8; all 8 when the template's
+// `all_eight`, so the head loop unrolls) of head_size 8 at once, one register each, t in order
+// (the reference's order per element). Each head's scores row and value offset are found once,
+// not per position.
+template <bool all_eight>
 void weighted_values_8(float* out, const float* scores, const paged_kv& kv, int32_t num_positions,
                        int32_t first_head, int32_t num_heads, int32_t kv_mul) {
+  const int32_t heads = all_eight ? tile_width : num_heads;
+  const float* a[tile_width];
+  int32_t offset[tile_width];
+  for (int32_t j = 0; j < heads; j++) {
+    a[j] = scores + static_cast<int64_t>(first_head + j) * num_positions;
+    offset[j] = (first_head + j) / kv_mul * tile_width;
+  }
   v8f acc[tile_width] = {};
   const int32_t bs = kv.block_size;
   for (int32_t t = 0; t < num_positions; t += bs) {
@@ -488,13 +498,10 @@ void weighted_values_8(float* out, const float* scores, const paged_kv& kv, int3
     const int32_t count = std::min(bs, num_positions - t);
     for (int32_t s = 0; s < count; s++) {
       const float* v = vb + static_cast<int64_t>(s) * kv.kv_dim;
-      for (int32_t j = 0; j < num_heads; j++) {
-        const int32_t h = first_head + j;
-        acc[j] += scores[static_cast<int64_t>(h) * num_positions + t + s] * load(v + (h / kv_mul) * tile_width);
-      }
+      for (int32_t j = 0; j < heads; j++) acc[j] += a[j][t + s] * load(v + offset[j]);
     }
   }
-  for (int32_t j = 0; j < num_heads; j++) store(out + (first_head + j) * tile_width, acc[j]);
+  for (int32_t j = 0; j < heads; j++) store(out + (first_head + j) * tile_width, acc[j]);
 }
 
 void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_t num_positions,
@@ -502,8 +509,12 @@ void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const int32_t hs = shape.head_size;
   if (hs == tile_width) {
-    for (int32_t h = 0; h < shape.n_heads; h += tile_width)
-      weighted_values_8(out, scores, kv, num_positions, h, std::min(tile_width, shape.n_heads - h), kv_mul);
+    for (int32_t h = 0; h < shape.n_heads; h += tile_width) {
+      if (shape.n_heads - h >= tile_width)
+        weighted_values_8<true>(out, scores, kv, num_positions, h, tile_width, kv_mul);
+      else
+        weighted_values_8<false>(out, scores, kv, num_positions, h, shape.n_heads - h, kv_mul);
+    }
     return;
   }
   std::memset(out, 0, static_cast<size_t>(shape.n_heads) * hs * sizeof(float));
