@@ -23,7 +23,6 @@ static_assert(sizeof(v8f) == tile_width * sizeof(float));
 // ones otherwise.
 using v16f = float __attribute__((vector_size(64)));
 static_assert(sizeof(v16f) == matmul_tile_width * sizeof(float));
-using v8i = int32_t __attribute__((vector_size(32)));
 
 template <class V = v8f>
 inline V load(const float* p) {
@@ -361,6 +360,16 @@ V exp_lanes(V x) {
   });
 }
 
+void shifted_exp(float* out, const float* x, int32_t n, float shift) {
+  int32_t i = 0;
+  constexpr int32_t width = sizeof(v16f) / sizeof(float);
+  for (; i + width <= n; i += width) {
+    const v16f e = exp_lanes<v16f, v16i>(load<v16f>(x + i) - shift);
+    std::memcpy(out + i, &e, sizeof(e));
+  }
+  for (; i < n; i++) out[i] = cpu::exp(x[i] - shift);
+}
+
 namespace {
 
 /// x[i] = exp(x[i] - max x) in place, as the reference (max is order-free: any grouping gives
@@ -378,15 +387,10 @@ void exp_minus_max(float* x, int32_t n, exp_source exp) {
     for (int l = 0; l < width; l++) max_val = m[l] > max_val ? m[l] : max_val;
   }
   for (; i < n; i++) max_val = x[i] > max_val ? x[i] : max_val;
-  if (exp == exp_source::libm) {
+  if (exp == exp_source::libm)
     for (i = 0; i < n; i++) x[i] = std::exp(x[i] - max_val);
-  } else {
-    for (i = 0; i + width <= n; i += width) {
-      const v16f e = exp_lanes<v16f, v16i>(load<v16f>(x + i) - max_val);
-      std::memcpy(x + i, &e, sizeof(e));
-    }
-    for (; i < n; i++) x[i] = cpu::exp(x[i] - max_val);
-  }
+  else
+    shifted_exp(x, x, n, max_val);  // element by element: in place is fine
 }
 
 void divide(float* x, int32_t n, float sum) {
@@ -435,16 +439,6 @@ void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
     std::memcpy(hb + i, &out, sizeof(out));
   }
   reference::swiglu(hb + i, hb2 + i, n - i, exp);
-}
-
-void shifted_exp(float* out, const float* x, int32_t n, float shift) {
-  int32_t i = 0;
-  constexpr int32_t width = sizeof(v16f) / sizeof(float);
-  for (; i + width <= n; i += width) {
-    const v16f e = exp_lanes<v16f, v16i>(load<v16f>(x + i) - shift);
-    std::memcpy(out + i, &e, sizeof(e));
-  }
-  for (; i < n; i++) out[i] = cpu::exp(x[i] - shift);
 }
 
 namespace {
