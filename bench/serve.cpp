@@ -2,14 +2,17 @@
 // request actors -> engine -> step executor on its own thread), next to the single-stream
 // reference generator measured in the same run.
 //
-//   bench_serve [--synthetic] [--clients N] [--rate R] [--tokens T] [--threads K]
+//   bench_serve [--synthetic] [--clients N] [--rate R] [--tokens T] [--threads K] [--runs R]
 //
 // N clients (default: 1 and 64, one run each) each send one request: a 32-token prompt
 // (a window of a greedy story, distinct per client), T new tokens (default 200; 64 with
 // --synthetic), greedy, EOS ignored. Arrivals: all at once, or Poisson at R requests/s (seeded).
 // Reported: TTFT, TPOT (per request: (E2E - TTFT) / (tokens - 1)), ITL (every gap), E2E — mean,
 // p50, p90, p99 in ms; request and token throughput; executor busy fraction (time with a step in
-// flight / wall time of the run). Ratios use the reference generator's single-stream tok/s.
+// flight / wall time of the run). Ratios use the reference generator's single-stream tok/s. With
+// --runs R (default 1; odd, rounded up) each client count is served R times, each run right after a fresh
+// reference measurement, and the median of the R side-by-side ratios is printed: the host is
+// shared and its speed drifts between seconds, so a ratio of two figures taken far apart is noise.
 
 #include <algorithm>
 #include <chrono>
@@ -44,6 +47,7 @@ struct options {
   double rate = 0;  // requests per second; 0 = all at once
   int32_t tokens = 200;
   int32_t threads = 1;
+  int32_t runs = 1;
 };
 
 options parse(int argc, char** argv) {
@@ -54,6 +58,7 @@ options parse(int argc, char** argv) {
     else if (a == "--rate") o.rate = std::stod(next());
     else if (a == "--tokens") o.tokens = std::stoi(next());
     else if (a == "--threads") o.threads = std::stoi(next());
+    else if (a == "--runs") o.runs = std::max(1, std::stoi(next())) | 1;  // odd: the median is a run
     else return false;
     return true;
   });
@@ -166,8 +171,19 @@ int run(int argc, char** argv) {
   top.engines[0].executor_threads = o.threads;
   top.engines[0].config.num_kv_blocks = 64 * ((prompt_tokens + o.tokens + 15) / 16);
   for (int32_t n : o.clients) {
-    const double rate = serve_once(top, prompts, *tok, std::min<int32_t>(n, 64), o);
-    std::printf("  => %.2fx the reference's single-stream tok/s\n", rate / reference);
+    std::vector<double> ratios;
+    for (int32_t run = 0; run < o.runs; run++) {
+      const double side_by_side = run == 0 ? reference : reference_tokens_per_second(t, *tok, prompts[0], o.tokens);
+      const double rate = serve_once(top, prompts, *tok, std::min<int32_t>(n, 64), o);
+      ratios.push_back(rate / side_by_side);
+      std::printf("  => %.2fx the reference's single-stream tok/s (%.0f, measured just before)\n", ratios.back(),
+                  side_by_side);
+    }
+    if (o.runs > 1) {
+      const summary r = summarize(ratios);
+      std::printf("%d client(s), %d runs: median %.2fx the reference (min %.2f, max %.2f)\n", n, o.runs, r.median,
+                  r.min, r.max);
+    }
   }
   return 0;
 }

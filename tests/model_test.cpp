@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "runtime/model/checkpoint.hpp"
+#include "runtime/model/row_groups.hpp"
 #include "runtime/model/transformer.hpp"
 #include "tests/support/golden.hpp"
 
@@ -191,6 +192,73 @@ TEST(Transformer, ThreadPoolGivesIdenticalBits) {
   ASSERT_EQ(a.size(), static_cast<size_t>(num_seqs) * 512);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+// Rows are (token, position, table, want_logits); costs are 1 + position.
+std::vector<std::vector<int32_t>> groups_of(const std::vector<forward_row>& rows, int32_t max_groups) {
+  return independent_row_groups(rows, 4, max_groups, [&](int32_t r) { return 1.0 + rows[r].position; });
+}
+
+TEST(RowGroups, DecodeRowsOfDistinctSequencesAreIndependentAndBalancedByCost) {
+  const std::vector<int32_t> a{0, 1}, b{2, 3}, c{4}, d{5, 6};
+  // Costs 6, 8, 2, 5: the largest set first, each to the lightest group (ties: the lowest index).
+  const std::vector<forward_row> rows{{1, 5, a.data(), true}, {1, 7, b.data(), true}, {1, 1, c.data(), true},
+                                      {1, 4, d.data(), true}};
+  EXPECT_EQ(groups_of(rows, 2), (std::vector<std::vector<int32_t>>{{1, 2}, {0, 3}}));
+  EXPECT_EQ(groups_of(rows, 3), (std::vector<std::vector<int32_t>>{{1}, {0}, {2, 3}}));
+  EXPECT_EQ(groups_of(rows, 8), (std::vector<std::vector<int32_t>>{{1}, {0}, {3}, {2}}));
+  EXPECT_EQ(groups_of(rows, 1), (std::vector<std::vector<int32_t>>{{0, 1, 2, 3}}));
+}
+
+TEST(RowGroups, RowsThatReadABlockAnotherRowWritesStayTogether) {
+  // A prefill chunk across two blocks (rows 0-5), a decode row of another sequence (6), and a
+  // sequence (rows 7, 8) whose first block is the chunk's first block, filled in this very step.
+  const std::vector<int32_t> chunk{10, 11}, other{12, 13}, shares{10, 14};
+  std::vector<forward_row> rows;
+  for (int32_t p = 0; p < 6; p++) rows.push_back({1, p, chunk.data(), p == 5});
+  rows.push_back({1, 6, other.data(), true});
+  rows.push_back({1, 4, shares.data(), false});
+  rows.push_back({1, 5, shares.data(), true});
+  EXPECT_EQ(groups_of(rows, 2), (std::vector<std::vector<int32_t>>{{0, 1, 2, 3, 4, 5, 7, 8}, {6}}));
+  // One sequence's decode rows at positions in one block depend on each other too.
+  const std::vector<int32_t> longer{12, 13, 15};
+  const std::vector<forward_row> verify{{1, 8, longer.data(), false}, {1, 9, longer.data(), true}};
+  EXPECT_EQ(groups_of(verify, 2), (std::vector<std::vector<int32_t>>{{0, 1}}));
+}
+
+// The split step (independent sets on separate threads) against one thread, on a batch whose
+// sets are of every kind: prefill chunks, decode rows, and a sequence reading a block another
+// one fills in the same step. Float32 and Q8_0.
+void expect_split_bits_equal(const std::string& model) {
+  auto ck = checkpoint::load(model);
+  ASSERT_TRUE(ck) << ck.error().message;
+  kernels::cpu::thread_pool pool(2);
+  transformer alone(*ck), threaded(*ck);
+  threaded.set_thread_pool(&pool);
+  const int32_t block_size = 4;
+  kv_cache cache_a(alone.config(), 64, block_size), cache_b(threaded.config(), 64, block_size);
+  std::vector<std::vector<int32_t>> tables;
+  for (int32_t s = 0; s < 8; s++) tables.push_back({4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3});
+  tables.push_back({4, 40, 41});  // reads sequence 1's first block, which the first step fills
+  for (int32_t step = 0; step < 2; step++) {
+    std::vector<forward_row> rows;
+    for (int32_t s = 0; s < 8; s++) {
+      const int32_t first = step == 0 ? 0 : 3 + s, last = 2 + s;  // a chunk, then one decode row
+      for (int32_t p = first; p <= last + step; p++)
+        rows.push_back({(5 * s + 3 * p) % 512, p, tables[s].data(), p == last + step});
+    }
+    if (step == 0) rows.push_back({17, 4, tables[8].data(), true});
+    std::vector<float> a, b;
+    alone.forward(rows, cache_a, a);
+    threaded.forward(rows, cache_b, b);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
+  }
+}
+
+TEST(Transformer, SplittingAStepByIndependentRowsGivesIdenticalBits) {
+  expect_split_bits_equal(testing::bundled_model());
+  expect_split_bits_equal(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "runtime/model/row_groups.hpp"
 #include "runtime/moe/expert_shard.hpp"
 
 namespace troupe::model {
@@ -61,13 +62,20 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
       rope_sin_[static_cast<size_t>(pos) * half + f] = std::sin(val);
     }
   }
-  scores_.resize(static_cast<size_t>(c.n_heads) * c.seq_len);
+  const int64_t dim = c.dim, per_layer = 2 * dim * dim + 2 * int64_t{c.kv_dim()} * dim + 3 * dim * c.hidden_dim;
+  matrix_bytes_ = (c.n_layers * per_layer + int64_t{c.vocab_size} * dim) * (ck_.q80() ? 1 : 4);  // Q8_0: + scales
+  set_thread_pool(nullptr);
 }
 
 void transformer::set_thread_pool(cpu::thread_pool* pool) {
   pool_ = pool;
   const size_t threads = pool ? static_cast<size_t>(pool->num_threads()) : 1;
-  scores_.resize(threads * config_.n_heads * config_.seq_len);
+  scratch_.resize(threads);
+  for (scratch& s : scratch_) s.scores.resize(threads * config_.n_heads * config_.seq_len);
+}
+
+bool transformer::splits_rows() const {
+  return pool_ != nullptr && pool_->num_threads() > 1 && ck_.moe() == nullptr && matrix_bytes_ <= max_split_matrix_bytes;
 }
 
 void transformer::set_expert_dispatch(const moe::expert_placement& placement, moe::expert_dispatch& dispatch) {
@@ -81,21 +89,22 @@ void transformer::set_expert_dispatch(const moe::expert_placement& placement, mo
   own_dispatch_.reset();
 }
 
-void transformer::reserve(int32_t rows) {
+void transformer::reserve(scratch& s, int32_t rows) const {
   const size_t n = static_cast<size_t>(rows);
-  if (x_.size() >= n * config_.dim) return;
-  x_.resize(n * config_.dim);
-  xb_.resize(n * config_.dim);
-  xb2_.resize(n * config_.dim);
-  q_.resize(n * config_.dim);
-  k_.resize(n * config_.kv_dim());
-  v_.resize(n * config_.kv_dim());
-  hb_.resize(n * config_.hidden_dim);
-  hb2_.resize(n * config_.hidden_dim);
-  if (const moe_weights* m = ck_.moe()) router_logits_.resize(n * m->n_experts);
+  if (s.x.size() >= n * config_.dim) return;
+  s.x.resize(n * config_.dim);
+  s.xb.resize(n * config_.dim);
+  s.xb2.resize(n * config_.dim);
+  s.q.resize(n * config_.dim);
+  s.k.resize(n * config_.kv_dim());
+  s.v.resize(n * config_.kv_dim());
+  s.hb.resize(n * config_.hidden_dim);
+  s.hb2.resize(n * config_.hidden_dim);
+  if (const moe_weights* m = ck_.moe()) s.router_logits.resize(n * m->n_experts);
 }
 
-void transformer::matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows) {
+void transformer::matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows, scratch& s,
+                         cpu::thread_pool* pool) {
   const model_config& c = config_;
   const weights& w = ck_.w();
   const moe_weights* m = ck_.moe();
@@ -110,7 +119,7 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
     const cpu::packed_q80* p = path_ != kernel_path::fast ? nullptr
                                : cls                       ? &q80_wcls_
                                                            : &(q80_layers_[layer].*packed[static_cast<int>(which)]);
-    matmul_q80(out, x, cls ? q->wcls : (*per_layer[static_cast<int>(which)])[layer], p, rows);
+    matmul_q80(out, x, cls ? q->wcls : (*per_layer[static_cast<int>(which)])[layer], p, rows, s, pool);
     return;
   }
   struct plain {
@@ -130,23 +139,23 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
                           &layer_weights::router}};
   const plain& v = views[static_cast<int>(which)];
   if (path_ == kernel_path::fast)
-    cpu::fast::matmul(out, x, v.packed ? layers_[layer].*v.packed : wcls_, rows, pool_);
+    cpu::fast::matmul(out, x, v.packed ? layers_[layer].*v.packed : wcls_, rows, pool);
   else
     cpu::reference::matmul(out, x, v.w, rows, static_cast<int32_t>(v.n), static_cast<int32_t>(v.d));
 }
 
 void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& w, const cpu::packed_q80* packed,
-                             int32_t rows) {
+                             int32_t rows, scratch& s, cpu::thread_pool* pool) {
   const int32_t groups = w.n / w.group_size;
-  xq_.resize(std::max(xq_.size(), static_cast<size_t>(rows) * w.n));
-  xs_.resize(std::max(xs_.size(), static_cast<size_t>(rows) * groups));
+  s.xq.resize(std::max(s.xq.size(), static_cast<size_t>(rows) * w.n));
+  s.xs.resize(std::max(s.xs.size(), static_cast<size_t>(rows) * groups));
   for (int32_t r = 0; r < rows; r++)
-    cpu::quantize_q80(&xq_[static_cast<size_t>(r) * w.n], &xs_[static_cast<size_t>(r) * groups],
+    cpu::quantize_q80(&s.xq[static_cast<size_t>(r) * w.n], &s.xs[static_cast<size_t>(r) * groups],
                       x + static_cast<int64_t>(r) * w.n, w.n, w.group_size);
   if (packed != nullptr)
-    cpu::fast::matmul_q80(out, xq_.data(), xs_.data(), *packed, rows, pool_);
+    cpu::fast::matmul_q80(out, s.xq.data(), s.xs.data(), *packed, rows, pool);
   else
-    cpu::reference::matmul_q80(out, xq_.data(), xs_.data(), w, rows);
+    cpu::reference::matmul_q80(out, s.xq.data(), s.xs.data(), w, rows);
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
@@ -155,120 +164,165 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
   TROUPE_ASSERT(cache.kv_dim() == c.kv_dim());
   TROUPE_ASSERT(num_layers >= 0 && num_layers <= c.n_layers);
   if (num_layers == 0) num_layers = c.n_layers;
-  const int32_t n = static_cast<int32_t>(rows.size());
-  reserve(n);
-  expert_error_.reset();
-  for (int32_t r = 0; r < n; r++) {
-    const forward_row& row = rows[r];
+  for (const forward_row& row : rows) {
     TROUPE_ASSERT_MSG(row.token >= 0 && row.token < c.vocab_size, "token id out of range");
     TROUPE_ASSERT_MSG(row.position >= 0 && row.position < c.seq_len, "position out of range");
     TROUPE_ASSERT(row.block_table != nullptr);
-    std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(row.token) * c.dim, c.dim,
-                x_.data() + static_cast<int64_t>(r) * c.dim);
   }
-  for (int32_t l = 0; l < num_layers && !expert_error_; l++) {
-    attention_layer(rows, cache, l);
-    ffn_layer(n, l);
+  expert_error_.reset();
+  std::vector<std::vector<int32_t>> groups;
+  if (splits_rows() && rows.size() > 1) {
+    // A row's work: its matrices' multiply-adds, and attention's two (q.k, weights.v) per
+    // feature and earlier position, in every layer.
+    const double per_position = 2.0 * c.dim * c.n_layers;
+    const double matrices = static_cast<double>(matrix_bytes_ / (ck_.q80() ? 1 : 4));
+    groups = independent_row_groups(rows, cache.block_size(), pool_->num_threads(), [&](int32_t r) {
+      return matrices + per_position * (rows[r].position + 1);
+    });
   }
-  classifier(rows, logits);
+  if (groups.size() < 2) {
+    run(rows, cache, logits, num_layers, scratch_[0], pool_);
+  } else {
+    const size_t num_groups = groups.size();
+    group_rows_.resize(num_groups);
+    group_logits_.resize(num_groups);
+    for (size_t g = 0; g < num_groups; g++) {
+      group_rows_[g].clear();
+      for (int32_t r : groups[g]) group_rows_[g].push_back(rows[r]);
+    }
+    pool_->parallel_for(static_cast<int64_t>(num_groups), [&](int32_t, int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; g++)
+        run(group_rows_[g], cache, group_logits_[g], num_layers, scratch_[g], nullptr);
+    });
+    // Each group's logits go back to their rows' places among the rows that want logits.
+    std::vector<int32_t> logits_slot(rows.size(), -1);
+    int32_t m = 0;
+    for (size_t r = 0; r < rows.size(); r++)
+      if (rows[r].want_logits) logits_slot[r] = m++;
+    logits.resize(static_cast<size_t>(m) * c.vocab_size);
+    for (size_t g = 0; g < num_groups; g++) {
+      const float* from = group_logits_[g].data();
+      for (int32_t r : groups[g]) {
+        if (logits_slot[r] < 0) continue;
+        std::copy_n(from, c.vocab_size, logits.data() + static_cast<size_t>(logits_slot[r]) * c.vocab_size);
+        from += c.vocab_size;
+      }
+    }
+  }
   num_forwards_++;
 }
 
-void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache& cache,
-                                  int32_t l) {
+void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
+                      int32_t num_layers, scratch& s, cpu::thread_pool* pool) {
+  const model_config& c = config_;
+  const int32_t n = static_cast<int32_t>(rows.size());
+  reserve(s, n);
+  for (int32_t r = 0; r < n; r++)
+    std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(rows[r].token) * c.dim, c.dim,
+                s.x.data() + static_cast<int64_t>(r) * c.dim);
+  for (int32_t l = 0; l < num_layers && !expert_error_; l++) {
+    attention_layer(rows, cache, l, s, pool);
+    ffn_layer(n, l, s, pool);
+  }
+  classifier(rows, logits, s, pool);
+}
+
+void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t l, scratch& s,
+                                  cpu::thread_pool* pool) {
   const model_config& c = config_;
   const weights& w = ck_.w();
   const int32_t n = static_cast<int32_t>(rows.size());
   const int32_t dim = c.dim, kv_dim = c.kv_dim(), half = c.head_size() / 2;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
-    cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], w.rms_att + ld * dim, dim);
-  matmul(q_.data(), xb_.data(), matrix::wq, l, n);
-  matmul(k_.data(), xb_.data(), matrix::wk, l, n);
-  matmul(v_.data(), xb_.data(), matrix::wv, l, n);
+    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_att + ld * dim, dim);
+  matmul(s.q.data(), s.xb.data(), matrix::wq, l, n, s, pool);
+  matmul(s.k.data(), s.xb.data(), matrix::wk, l, n, s, pool);
+  matmul(s.v.data(), s.xb.data(), matrix::wv, l, n, s, pool);
   for (int32_t r = 0; r < n; r++) {
     const forward_row& row = rows[r];
     const float* cos = &rope_cos_[static_cast<size_t>(row.position) * half];
     const float* sin = &rope_sin_[static_cast<size_t>(row.position) * half];
-    cpu::reference::rope(&q_[r * dim], dim, c.head_size(), cos, sin);
-    cpu::reference::rope(&k_[r * kv_dim], kv_dim, c.head_size(), cos, sin);
+    cpu::reference::rope(&s.q[r * dim], dim, c.head_size(), cos, sin);
+    cpu::reference::rope(&s.k[r * kv_dim], kv_dim, c.head_size(), cos, sin);
     const int64_t slot = static_cast<int64_t>(row.block_table[row.position / cache.block_size()]) *
                              cache.block_size() + row.position % cache.block_size();
     // Keys are transposed within a block: feature d of slot s at (block, d, s).
     const int64_t block = slot / cache.block_size(), in_block = slot % cache.block_size();
     float* key = cache.keys(l) + block * kv_dim * cache.block_size() + in_block;
-    for (int32_t d = 0; d < kv_dim; d++) key[static_cast<int64_t>(d) * cache.block_size()] = k_[r * kv_dim + d];
-    std::copy_n(&v_[r * kv_dim], kv_dim, cache.values(l) + slot * kv_dim);
+    for (int32_t d = 0; d < kv_dim; d++) key[static_cast<int64_t>(d) * cache.block_size()] = s.k[r * kv_dim + d];
+    std::copy_n(&s.v[r * kv_dim], kv_dim, cache.values(l) + slot * kv_dim);
   }
   const cpu::attention_shape shape{c.n_heads, c.n_kv_heads, c.head_size()};
   auto attend = [&](int32_t worker, int64_t begin, int64_t end) {
-    float* scores = scores_.data() + static_cast<size_t>(worker) * c.n_heads * c.seq_len;
+    float* scores = s.scores.data() + static_cast<size_t>(worker) * c.n_heads * c.seq_len;
     for (int64_t r = begin; r < end; r++) {
       const cpu::paged_kv kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
       if (path_ == kernel_path::fast)
-        cpu::fast::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
+        cpu::fast::attention(&s.xb[r * dim], &s.q[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
       else
-        cpu::reference::attention(&xb_[r * dim], &q_[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
+        cpu::reference::attention(&s.xb[r * dim], &s.q[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
     }
   };
-  if (pool_ != nullptr && n > 1)
-    pool_->parallel_for(n, attend);
+  if (pool != nullptr && n > 1)
+    pool->parallel_for(n, attend);
   else
     attend(0, 0, n);
-  matmul(xb2_.data(), xb_.data(), matrix::wo, l, n);
-  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb2_[i];
+  matmul(s.xb2.data(), s.xb.data(), matrix::wo, l, n, s, pool);
+  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb2[i];
 }
 
-void transformer::ffn_layer(int32_t n, int32_t l) {
-  if (ck_.moe() != nullptr) return moe_ffn_layer(n, l);
+void transformer::ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_pool* pool) {
+  if (ck_.moe() != nullptr) return moe_ffn_layer(n, l, s, pool);
   const model_config& c = config_;
   const weights& w = ck_.w();
   const int32_t dim = c.dim, hidden = c.hidden_dim;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
-    cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], w.rms_ffn + ld * dim, dim);
-  matmul(hb_.data(), xb_.data(), matrix::w1, l, n);
-  matmul(hb2_.data(), xb_.data(), matrix::w3, l, n);
+    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_ffn + ld * dim, dim);
+  matmul(s.hb.data(), s.xb.data(), matrix::w1, l, n, s, pool);
+  matmul(s.hb2.data(), s.xb.data(), matrix::w3, l, n, s, pool);
   if (path_ == kernel_path::fast)
-    cpu::fast::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
+    cpu::fast::swiglu(s.hb.data(), s.hb2.data(), n * hidden, exp_);
   else
-    cpu::reference::swiglu(hb_.data(), hb2_.data(), n * hidden, exp_);
-  matmul(xb_.data(), hb_.data(), matrix::w2, l, n);
-  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
+    cpu::reference::swiglu(s.hb.data(), s.hb2.data(), n * hidden, exp_);
+  matmul(s.xb.data(), s.hb.data(), matrix::w2, l, n, s, pool);
+  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb[i];
 }
 
-void transformer::moe_ffn_layer(int32_t n, int32_t l) {
+void transformer::moe_ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_pool* pool) {
   const model_config& c = config_;
   const moe_weights& m = *ck_.moe();
   const int32_t dim = c.dim, experts = m.n_experts;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
-    cpu::reference::rmsnorm(&xb_[r * dim], &x_[r * dim], ck_.w().rms_ffn + ld * dim, dim);
+    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], ck_.w().rms_ffn + ld * dim, dim);
   if (m.router == moe::router_kind::top_k) {
-    matmul(router_logits_.data(), xb_.data(), matrix::router, l, n);
+    matmul(s.router_logits.data(), s.xb.data(), matrix::router, l, n, s, pool);
     const float* bias = m.router_bias + ld * experts;  // (n_experts)
     for (int32_t r = 0; r < n; r++)
-      for (int32_t e = 0; e < experts; e++) router_logits_[static_cast<size_t>(r) * experts + e] += bias[e];
+      for (int32_t e = 0; e < experts; e++) s.router_logits[static_cast<size_t>(r) * experts + e] += bias[e];
   }
-  const moe::routing routes = moe::route(router_logits_.data(), n, experts, m.top_k, m.router, exp_);
-  const moe::dispatch_plan plan = moe::plan_dispatch(placement_, l, routes, xb_.data(), dim, num_forwards_);
+  const moe::routing routes = moe::route(s.router_logits.data(), n, experts, m.top_k, m.router, exp_);
+  const moe::dispatch_plan plan = moe::plan_dispatch(placement_, l, routes, s.xb.data(), dim, num_forwards_);
   expected<std::vector<moe::expert_reply>> replies = dispatch_->compute(plan.requests);
   if (!replies) {
     expert_error_ = replies.error();
     return;
   }
-  moe::combine(plan, *replies, xb_.data(), n, dim);
-  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) x_[i] += xb_[i];
+  moe::combine(plan, *replies, s.xb.data(), n, dim);
+  for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb[i];
 }
 
-void transformer::classifier(const std::vector<forward_row>& rows, std::vector<float>& logits) {
+void transformer::classifier(const std::vector<forward_row>& rows, std::vector<float>& logits, scratch& s,
+                             cpu::thread_pool* pool) {
   const model_config& c = config_;
-  int32_t m = 0;  // rows that want logits, packed to the front of xb_
+  int32_t m = 0;  // rows that want logits, packed to the front of s.xb
   for (size_t r = 0; r < rows.size(); r++)
     if (rows[r].want_logits)
-      cpu::reference::rmsnorm(&xb_[static_cast<size_t>(m++) * c.dim], &x_[r * c.dim], ck_.w().rms_final, c.dim);
+      cpu::reference::rmsnorm(&s.xb[static_cast<size_t>(m++) * c.dim], &s.x[r * c.dim], ck_.w().rms_final, c.dim);
   logits.resize(static_cast<size_t>(m) * c.vocab_size);
-  if (m > 0) matmul(logits.data(), xb_.data(), matrix::wcls, 0, m);
+  if (m > 0) matmul(logits.data(), s.xb.data(), matrix::wcls, 0, m, s, pool);
 }
 
 }  // namespace troupe::model

@@ -36,8 +36,17 @@ class transformer {
   [[nodiscard]] const model_config& config() const { return config_; }
 
   /// Spreads each step over `pool`'s threads (borrowed; nullptr = this thread only). Results
-  /// are bit-identical for every pool size.
+  /// are bit-identical for every pool size. Two ways: each kernel call's outputs are shared out
+  /// (matmul tiles, attention rows), or — when every matrix together fits a core's L2 cache
+  /// (`max_split_matrix_bytes`; a dense model, not an MoE) and the step's rows fall into
+  /// independent sets (runtime/model/row_groups.hpp) — each thread runs a whole forward pass over
+  /// its share of the sets. A small model's kernel calls are a few microseconds each, so the
+  /// second saves two synchronizations per call (~40 per step) for reading the weights once per
+  /// thread, which a cache-resident model pays nothing for.
   void set_thread_pool(kernels::cpu::thread_pool* pool);
+
+  /// The largest model (the bytes of its matrices) whose steps are split by independent rows.
+  static constexpr int64_t max_split_matrix_bytes = int64_t{2} << 20;
 
   /// An MoE checkpoint's experts: computed by `dispatch` (borrowed; it must outlive the
   /// transformer's use of it), whose shards hold them as `placement` says. Until this is called,
@@ -70,21 +79,45 @@ class transformer {
     kernels::cpu::packed_q80 wq, wk, wv, wo, w1, w2, w3;
   };
 
+  /// One forward pass's buffers, sized for the largest batch it has run.
+  struct scratch {
+    std::vector<float> x;       // (rows, dim) residual stream
+    std::vector<float> xb;      // (rows, dim)
+    std::vector<float> xb2;     // (rows, dim)
+    std::vector<float> q;       // (rows, dim)
+    std::vector<float> k;       // (rows, kv_dim)
+    std::vector<float> v;       // (rows, kv_dim)
+    std::vector<float> hb;      // (rows, hidden_dim)
+    std::vector<float> hb2;     // (rows, hidden_dim)
+    std::vector<float> router_logits;  // (rows, n_experts) (an MoE's)
+    std::vector<float> scores;  // (threads, n_heads, seq_len)
+    std::vector<int8_t> xq;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
+    std::vector<float> xs;      // (rows, max(dim, hidden_dim) / group_size) their scales
+  };
+
   /// The model's matrices, by name.
   enum class matrix { wq, wk, wv, wo, w1, w2, w3, wcls, router };
+  /// Whether a step's independent rows run as separate passes, one per thread (see forward()).
+  [[nodiscard]] bool splits_rows() const;
+  /// One forward pass over `rows` with `s`'s buffers, its kernels spread over `pool` (or not).
+  void run(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits, int32_t num_layers,
+           scratch& s, kernels::cpu::thread_pool* pool);
   /// out (rows, d) = x (rows, n) · w (d, n)ᵀ for matrix `which` of `layer` (any layer for
   /// wcls): float32 through the packed copy on the fast path, or Q8_0 with x quantized per
   /// group first (runq.c's arithmetic).
-  void matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows);
+  void matmul(float* out, const float* x, matrix which, int32_t layer, int32_t rows, scratch& s,
+              kernels::cpu::thread_pool* pool);
   /// `packed`: w's packed copy (fast path) or nullptr (reference path).
   void matmul_q80(float* out, const float* x, const kernels::cpu::q80_matrix& w,
-                  const kernels::cpu::packed_q80* packed, int32_t rows);
-  void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer);
-  void ffn_layer(int32_t rows, int32_t layer);
+                  const kernels::cpu::packed_q80* packed, int32_t rows, scratch& s, kernels::cpu::thread_pool* pool);
+  void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer, scratch& s,
+                       kernels::cpu::thread_pool* pool);
+  void ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);
   /// The MoE FFN: route the rows, send each shard its rows, combine by expert id, then row.
-  void moe_ffn_layer(int32_t rows, int32_t layer);
-  void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits);
-  void reserve(int32_t rows);
+  void moe_ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);
+  void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits, scratch& s,
+                  kernels::cpu::thread_pool* pool);
+  void reserve(scratch& s, int32_t rows) const;
 
   checkpoint ck_;  // keeps the mapped weights alive
   model_config config_;
@@ -101,21 +134,14 @@ class transformer {
   moe::expert_dispatch* dispatch_ = nullptr;                 // own_dispatch_ or a borrowed one
   std::optional<error> expert_error_;                        // the last forward's failed dispatch
   int64_t num_forwards_ = 0;  // the turn of an MoE's replicas (moe::plan_dispatch)
+  int64_t matrix_bytes_ = 0;  // the bytes of every matrix a token's forward reads
 
-  // Scratch, sized for the largest batch seen so far.
-  std::vector<float> x_;       // (rows, dim) residual stream
-  std::vector<float> xb_;      // (rows, dim)
-  std::vector<float> xb2_;     // (rows, dim)
-  std::vector<float> q_;       // (rows, dim)
-  std::vector<float> k_;       // (rows, kv_dim)
-  std::vector<float> v_;       // (rows, kv_dim)
-  std::vector<float> hb_;      // (rows, hidden_dim)
-  std::vector<float> hb2_;     // (rows, hidden_dim)
-  std::vector<float> router_logits_;  // (rows, n_experts) (an MoE's)
-  std::vector<float> scores_;  // (threads, n_heads, seq_len)
-  std::vector<int8_t> xq_;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
-  std::vector<float> xs_;      // (rows, max(dim, hidden_dim) / group_size) their scales
   kernels::cpu::thread_pool* pool_ = nullptr;
+  std::vector<scratch> scratch_;  // [0]: a whole batch's; [g]: group g's when rows are split
+  // A split step's groups: their rows, their rows' indices in the step, their logits.
+  std::vector<std::vector<forward_row>> group_rows_;
+  std::vector<std::vector<int32_t>> group_index_;
+  std::vector<std::vector<float>> group_logits_;
 };
 
 }  // namespace troupe::model
