@@ -7,7 +7,7 @@
 /// a chunked body: each `write` appends to the connection's output queue and posts one wake-up to
 /// the loop unless a write is in flight (whose end takes up what was queued meanwhile), so a
 /// burst of chunks costs one write per connection, not one thread hand-off per chunk (what one
-/// blocking server thread per stream costs; docs/BENCHMARKS.md).
+/// blocking server thread per stream costs; docs/BENCHMARKS-history.md).
 ///
 /// Supported: request bodies with Content-Length or chunked (`Expect: 100-continue` answered),
 /// keep-alive, pipelined requests answered in order. Refused: request heads over 64 KiB (431),

@@ -92,12 +92,15 @@ run grammar $bench/bench_grammar
 run speculative $bench/bench_speculative
 run speculative-synthetic $bench/bench_speculative --synthetic --runs 1
 # The simulator and its fidelity.
-run sim-azure-unchecked $troupe sim -T examples/sim-llama7b.toml --trace "$azure" --seed 1 --check-every 0
-run sim-azure $troupe sim -T examples/sim-llama7b.toml --trace "$azure" --seed 1
+# (each run's report, summary.json included, in OUT/sim-NAME/)
+run sim-azure-unchecked $troupe sim -T examples/sim-llama7b.toml --trace "$azure" --seed 1 --check-every 0 \
+  -o "$out/sim-azure-unchecked"
+run sim-azure $troupe sim -T examples/sim-llama7b.toml --trace "$azure" --seed 1 -o "$out/sim-azure"
 sed 's/^replicas = 1$/replicas = 16/' examples/sim-llama7b.toml > "$out/sim-llama7b-16.toml"
-run sim-azure-16-replicas $troupe sim -T "$out/sim-llama7b-16.toml" --trace "$azure" --seed 1 --time-scale 16
-run sim-mooncake $troupe sim -T examples/sim-llama7b.toml --trace "$mooncake" --seed 3
-run fidelity $bench/bench_fidelity
+run sim-azure-16-replicas $troupe sim -T "$out/sim-llama7b-16.toml" --trace "$azure" --seed 1 --time-scale 16 \
+  -o "$out/sim-azure-16-replicas"
+run sim-mooncake $troupe sim -T examples/sim-llama7b.toml --trace "$mooncake" --seed 3 -o "$out/sim-mooncake"
+for i in 1 2 3; do run fidelity $bench/bench_fidelity; done
 run correction $bench/bench_correction
 run correction-quiet $bench/bench_correction --requests 200 --spinners 0 --interval-ms 16
 # Several processes, the network, the gateways.
