@@ -156,6 +156,28 @@ TEST(CostFit, RecoversParametersApproximatelyFromNoisySamples) {
   EXPECT_GT(r->rms_error_ns, 0);
 }
 
+TEST(CostFit, PricesTheSamplesTotalTimeExactlyWhenTheStepsAreNoisy) {
+  // Multiplicative noise with a long right tail (a step now and then slowed by other work), as
+  // on a shared host. Weighing each step by its measured time alone counts the slow ones less
+  // and prices the total low (by ~5% on a busy engine's log); weighing it by its predicted time
+  // does not.
+  const cost_params truth{25'000, 1'300, 2'100, 3.25, 1.5};
+  std::vector<step_sample> samples;
+  int32_t i = 0;
+  for (const step_features& f : grid_features()) {
+    const int32_t k = i++ * 7919 % 10;
+    samples.push_back({f, exact_ns(truth, f) * (k == 0 ? 2.0 : k < 4 ? 0.9 : 1.0)});
+  }
+  auto r = fit(samples);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  double predicted = 0, measured = 0;
+  for (const auto& [f, y] : samples) {
+    predicted += exact_ns(r->params, f);
+    measured += y;
+  }
+  EXPECT_NEAR(predicted / measured, 1.0, 1e-9);
+}
+
 TEST(CostFit, IsDeterministic) {
   std::vector<step_sample> samples;
   int32_t i = 0;
@@ -185,17 +207,23 @@ TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
   EXPECT_GE(p.token_ns, 0);
   EXPECT_GE(p.attention_token_ns, 0);
   EXPECT_GE(p.kv_read_token_ns, 0);
-  // Optimality (KKT) of the objective Σ (predicted - y)² / y: its gradient vanishes along
-  // every free parameter, and moving a clamped one up from 0 would not reduce it.
-  double grad[5] = {}, scale[5] = {};
+  // The fit is the fixed point of the reweighted passes: the optimum of
+  // Σ (predicted - y)² / predicted' with predicted' its own prediction. Its optimality (KKT): the
+  // gradient Σ x_j (predicted - y) / predicted vanishes along every free parameter, and moving a
+  // clamped one up from 0 would not reduce the objective. Then the predicted total is the
+  // measured one (Σ_j p_j grad_j = Σ (predicted - y)).
+  double grad[5] = {}, scale[5] = {}, total_predicted = 0, total_measured = 0;
   for (const auto& [f, y] : samples) {
     const double x[5] = {f.num_steps, f.num_tokens, f.num_sampled_rows, f.attention_tokens, f.kv_read_tokens};
-    const double residual = (exact_ns(p, f) - y) / y;
+    const double predicted = exact_ns(p, f);
+    total_predicted += predicted;
+    total_measured += y;
     for (int j = 0; j < 5; j++) {
-      grad[j] += residual * x[j];
+      grad[j] += (predicted - y) / predicted * x[j];
       scale[j] += std::abs(x[j]);
     }
   }
+  EXPECT_NEAR(total_predicted / total_measured, 1.0, 1e-9);
   const double params[5] = {p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns};
   for (int j = 0; j < 5; j++) {
     if (params[j] > 0)

@@ -19,6 +19,9 @@ using wide = long double;
 constexpr const char* feature_names[num_params] = {"num_steps", "num_tokens", "num_sampled_rows",
                                                    "attention_tokens", "kv_read_tokens"};
 
+// Passes of the reweighted fit at most (it settles in a handful on real step logs).
+constexpr int max_passes = 50;
+
 // Below this pivot (1 - R² of a unit-norm feature regressed on the ones before it) the
 // feature is taken to be a combination of the others: the samples do not determine its cost.
 constexpr wide singular_pivot = 1e-9L;
@@ -62,16 +65,18 @@ expected<void> validate(const std::vector<step_sample>& samples) {
   return {};
 }
 
-/// A sample's row weight: rows and targets are multiplied by 1/sqrt(measured), so the fit
-/// minimizes Σ (predicted - measured)² / measured.
-wide weight_of(const step_sample& s) { return 1 / std::sqrt(static_cast<wide>(s.second)); }
+/// Each sample's variance, up to a common factor: its measured time in the first pass, its
+/// predicted time in the passes after (see fit()).
+using variances = std::vector<wide>;
 
-expected<normal_equations> build(const std::vector<step_sample>& samples) {
+/// Rows and targets are multiplied by 1/sqrt(variance), so the fit minimizes
+/// Σ (predicted - measured)² / variance.
+expected<normal_equations> build(const std::vector<step_sample>& samples, const variances& var) {
   normal_equations ne;
   std::array<wide, num_params> sum_sq{};
-  for (const step_sample& s : samples) {
-    const vec x = as_vec(s.first);
-    const wide w = weight_of(s);
+  for (size_t i = 0; i < samples.size(); i++) {
+    const vec x = as_vec(samples[i].first);
+    const wide w = 1 / std::sqrt(var[i]);
     for (int j = 0; j < num_params; j++) sum_sq[j] += (x[j] * w) * (x[j] * w);
   }
   for (int j = 0; j < num_params; j++) {
@@ -80,10 +85,10 @@ expected<normal_equations> build(const std::vector<step_sample>& samples) {
                                               " is zero in every sample; its cost cannot be fitted");
     ne.scale[j] = static_cast<double>(std::sqrt(sum_sq[j]));
   }
-  for (const step_sample& s : samples) {
-    const vec x = as_vec(s.first);
-    const wide w = weight_of(s);
-    const wide target = static_cast<wide>(s.second) * w;
+  for (size_t i = 0; i < samples.size(); i++) {
+    const vec x = as_vec(samples[i].first);
+    const wide w = 1 / std::sqrt(var[i]);
+    const wide target = static_cast<wide>(samples[i].second) * w;
     std::array<wide, num_params> u{};
     for (int j = 0; j < num_params; j++) u[j] = static_cast<wide>(x[j]) * w / ne.scale[j];
     for (int j = 0; j < num_params; j++) {
@@ -131,12 +136,12 @@ std::pair<vec, int> solve_subset(const normal_equations& ne, unsigned mask) {
   return {p, -1};
 }
 
-/// Σ (predicted - measured)² / measured: the objective the fit minimizes.
-wide weighted_residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p) {
+/// Σ (predicted - measured)² / variance: the objective of one pass.
+wide weighted_residual_sum_of_squares(const std::vector<step_sample>& samples, const vec& p, const variances& var) {
   wide rss = 0;
-  for (const step_sample& s : samples) {
-    const wide r = static_cast<wide>(dot(p, as_vec(s.first))) - s.second;
-    rss += r * r / s.second;
+  for (size_t i = 0; i < samples.size(); i++) {
+    const wide r = static_cast<wide>(dot(p, as_vec(samples[i].first))) - samples[i].second;
+    rss += r * r / var[i];
   }
   return rss;
 }
@@ -160,14 +165,14 @@ bool non_negative(const vec& p) {
 /// support, so trying every support and keeping the feasible one with the least residual is
 /// exact. Principal submatrices of a positive definite matrix are positive definite, so every
 /// subset solves. Ties keep the larger mask (iterated first).
-vec best_non_negative(const std::vector<step_sample>& samples, const normal_equations& ne) {
+vec best_non_negative(const std::vector<step_sample>& samples, const normal_equations& ne, const variances& var) {
   vec best{};  // mask 0: every parameter 0, always feasible
-  wide best_rss = weighted_residual_sum_of_squares(samples, best);
+  wide best_rss = weighted_residual_sum_of_squares(samples, best, var);
   for (unsigned mask = (1u << num_params) - 1; mask > 0; mask--) {
     auto [p, singular] = solve_subset(ne, mask);
     TROUPE_ASSERT_MSG(singular < 0, "a principal submatrix of a nonsingular gram matrix is singular");
     if (!non_negative(p)) continue;
-    const wide rss = weighted_residual_sum_of_squares(samples, p);
+    const wide rss = weighted_residual_sum_of_squares(samples, p, var);
     if (rss < best_rss) {
       best = p;
       best_rss = rss;
@@ -203,16 +208,31 @@ int64_t predict_ns(const cost_params& params, const step_features& features) {
 
 expected<fit_result> fit(const std::vector<step_sample>& samples) {
   if (auto ok = validate(samples); !ok) return tl::unexpected(ok.error());
-  auto ne = build(samples);
-  if (!ne) return tl::unexpected(ne.error());
-  auto [p, singular] = solve_subset(*ne, (1u << num_params) - 1);
-  if (singular >= 0)
-    return fail(errc::invalid_argument,
-                std::string("the samples do not determine the cost parameters: feature ") +
-                    feature_names[singular] +
-                    " is (nearly) a linear combination of the features before it; vary the "
-                    "steps' tokens, samples, context and batch size independently");
-  if (!non_negative(p)) p = best_non_negative(samples, *ne);
+  variances var(samples.size());
+  for (size_t i = 0; i < samples.size(); i++) var[i] = samples[i].second;
+  vec p{};
+  for (int pass = 0; pass < max_passes; pass++) {
+    auto ne = build(samples, var);
+    if (!ne) return tl::unexpected(ne.error());
+    auto [q, singular] = solve_subset(*ne, (1u << num_params) - 1);
+    if (singular >= 0)
+      return fail(errc::invalid_argument,
+                  std::string("the samples do not determine the cost parameters: feature ") +
+                      feature_names[singular] +
+                      " is (nearly) a linear combination of the features before it; vary the "
+                      "steps' tokens, samples, context and batch size independently");
+    if (!non_negative(q)) q = best_non_negative(samples, *ne, var);
+    bool settled = pass > 0;
+    for (int j = 0; j < num_params; j++) settled = settled && std::abs(q[j] - p[j]) <= 1e-12 * std::abs(p[j]);
+    p = q;
+    if (settled) break;
+    // The next pass weighs each step by its predicted time (a step measured slow by chance no
+    // longer counts less than one measured fast); a step predicted at 0 keeps its measured time.
+    for (size_t i = 0; i < samples.size(); i++) {
+      const double predicted = dot(p, as_vec(samples[i].first));
+      var[i] = predicted > 0 ? predicted : samples[i].second;
+    }
+  }
 
   fit_result r;
   r.params = as_params(p);
