@@ -19,8 +19,9 @@ using wide = long double;
 constexpr const char* feature_names[num_params] = {"num_steps", "num_tokens", "num_sampled_rows",
                                                    "attention_tokens", "kv_read_tokens"};
 
-// Passes of the reweighted fit at most (it settles in a handful on real step logs).
-constexpr int max_passes = 50;
+// Passes of the reweighted fit at most. To a relative change of 1e-12 the shipped CPU step log
+// settles in 23, the tests' samples in 2-11; a fit stopped here is within ~1e-9 of its limit.
+constexpr int max_passes = 100;
 
 // Below this pivot (1 - R² of a unit-norm feature regressed on the ones before it) the
 // feature is taken to be a combination of the others: the samples do not determine its cost.

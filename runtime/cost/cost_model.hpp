@@ -70,10 +70,11 @@ struct fit_result {
 /// (relative least squares: they hold little of the total time and underprice the decode batches
 /// that hold much of it) decide the fit alone. The time a step is weighed by is its measured
 /// time in a first pass, then its predicted time, refitted until the parameters settle
-/// (iteratively reweighted least squares): weighing by the measured time counts a step measured
-/// slow by chance less than one measured fast, so with noisy steps the first pass prices the
-/// total low (by 4-6% on a busy engine's log, and the simulator calibrated on it ran that much
-/// fast), while at the settled fit the predicted total equals the measured one.
+/// (iteratively reweighted least squares, at most 100 passes): weighing by the measured time
+/// counts a step measured slow by chance less than one measured fast, so with noisy steps the
+/// first pass prices the total low (by 4-6% on a busy engine's log, and the simulator calibrated
+/// on it ran that much fast), while at the settled fit the predicted total equals the measured
+/// one.
 /// Constrained to non-negative parameters (a negative cost per token is never physical and
 /// would predict negative times for small steps). Each pass's unconstrained solution comes from
 /// the 5x5 normal equations with each feature scaled to unit norm, solved by Cholesky; when

@@ -63,19 +63,23 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
     }
   }
   const int64_t dim = c.dim, per_layer = 2 * dim * dim + 2 * int64_t{c.kv_dim()} * dim + 3 * dim * c.hidden_dim;
-  matrix_bytes_ = (c.n_layers * per_layer + int64_t{c.vocab_size} * dim) * (ck_.q80() ? 1 : 4);  // Q8_0: + scales
+  matrix_weights_ = c.n_layers * per_layer + int64_t{c.vocab_size} * dim;
   set_thread_pool(nullptr);
 }
 
 void transformer::set_thread_pool(cpu::thread_pool* pool) {
   pool_ = pool;
   const size_t threads = pool ? static_cast<size_t>(pool->num_threads()) : 1;
+  // Scratch 0 serves a whole step, whose attention rows every thread shares out; the others
+  // serve one group of a split step each, run by one thread.
   scratch_.resize(threads);
-  for (scratch& s : scratch_) s.scores.resize(threads * config_.n_heads * config_.seq_len);
+  for (size_t g = 0; g < threads; g++)
+    scratch_[g].scores.resize((g == 0 ? threads : 1) * config_.n_heads * config_.seq_len);
 }
 
 bool transformer::splits_rows() const {
-  return pool_ != nullptr && pool_->num_threads() > 1 && ck_.moe() == nullptr && matrix_bytes_ <= max_split_matrix_bytes;
+  const int64_t bytes = matrix_weights_ * (ck_.q80() ? 1 : 4);  // Q8_0: and a scale per group
+  return pool_ != nullptr && pool_->num_threads() > 1 && ck_.moe() == nullptr && bytes <= max_split_matrix_bytes;
 }
 
 void transformer::set_expert_dispatch(const moe::expert_placement& placement, moe::expert_dispatch& dispatch) {
@@ -175,7 +179,7 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
     // A row's work: its matrices' multiply-adds, and attention's two (q.k, weights.v) per
     // feature and earlier position, in every layer.
     const double per_position = 2.0 * c.dim * c.n_layers;
-    const double matrices = static_cast<double>(matrix_bytes_ / (ck_.q80() ? 1 : 4));
+    const auto matrices = static_cast<double>(matrix_weights_);
     groups = independent_row_groups(rows, cache.block_size(), pool_->num_threads(), [&](int32_t r) {
       return matrices + per_position * (rows[r].position + 1);
     });

@@ -90,7 +90,7 @@ class transformer {
     std::vector<float> hb;      // (rows, hidden_dim)
     std::vector<float> hb2;     // (rows, hidden_dim)
     std::vector<float> router_logits;  // (rows, n_experts) (an MoE's)
-    std::vector<float> scores;  // (threads, n_heads, seq_len)
+    std::vector<float> scores;  // (threads, n_heads, seq_len); (n_heads, seq_len) for a group
     std::vector<int8_t> xq;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
     std::vector<float> xs;      // (rows, max(dim, hidden_dim) / group_size) their scales
   };
@@ -134,13 +134,12 @@ class transformer {
   moe::expert_dispatch* dispatch_ = nullptr;                 // own_dispatch_ or a borrowed one
   std::optional<error> expert_error_;                        // the last forward's failed dispatch
   int64_t num_forwards_ = 0;  // the turn of an MoE's replicas (moe::plan_dispatch)
-  int64_t matrix_bytes_ = 0;  // the bytes of every matrix a token's forward reads
+  int64_t matrix_weights_ = 0;  // the weights of every matrix a token's forward reads
 
   kernels::cpu::thread_pool* pool_ = nullptr;
   std::vector<scratch> scratch_;  // [0]: a whole batch's; [g]: group g's when rows are split
-  // A split step's groups: their rows, their rows' indices in the step, their logits.
+  // A split step's groups: their rows and their logits.
   std::vector<std::vector<forward_row>> group_rows_;
-  std::vector<std::vector<int32_t>> group_index_;
   std::vector<std::vector<float>> group_logits_;
 };
 
