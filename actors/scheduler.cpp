@@ -17,6 +17,7 @@
 #include <string>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <caf/actor_system_config.hpp>
 #include <caf/policy/unprofiled.hpp>
@@ -242,7 +243,10 @@ int32_t cgroup_quota_cores(const std::string& root, const std::string& self_cgro
       continue;
     }
     if (("," + controllers + ",").find(",cpu,") == std::string::npos) continue;
-    for (const std::string mount : {root + "/cpu", root + "/" + controllers})
+    // v1 mounts the controller at cpu/, or under its joint name (cpu,cpuacct/), or both.
+    std::vector<std::string> mounts{root + "/cpu"};
+    if (controllers != "cpu") mounts.push_back(root + "/" + controllers);
+    for (const std::string& mount : mounts)
       for_each_ancestor(path, [&](const std::string& dir) {
         const std::string quota = read_small_file(mount + dir + "/cpu.cfs_quota_us");
         if (!quota.empty()) take(quota_cores(quota + " " + read_small_file(mount + dir + "/cpu.cfs_period_us")));
