@@ -5,10 +5,9 @@
 #include <optional>
 #include <system_error>
 
-#include <nlohmann/json.hpp>
-
-#include <charconv>
 #include <cstdlib>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/utf8.hpp"
@@ -22,6 +21,34 @@ using ordered = nlohmann::ordered_json;
 
 api_error invalid(std::string param, std::string message) {
   return api_error{400, std::move(message), "invalid_request_error", std::move(param), ""};
+}
+
+/// A client's JSON value as an error message quotes it (troupe::echo).
+std::string echo(const json& value) { return troupe::echo(value.dump()); }
+
+/// Thrown by the parser's callback at a container nested deeper than json_depth_max.
+struct too_deep {};
+
+/// Parses `body`, refusing nesting deeper than json_depth_max before the document exists: every
+/// later use of a JSON value (copy, dump, compare) recurses once per level, and 400,000 levels
+/// exhaust the stack. The parser itself keeps its own stack, and the callback sees each
+/// container's depth as it opens (the outermost at depth 0).
+tl::expected<json, api_error> parse_body(std::string_view body) {
+  const json::parser_callback_t bounded = [](int depth, json::parse_event_t event, json&) {
+    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    if (opens && depth >= json_depth_max) throw too_deep{};
+    return true;
+  };
+  try {
+    return json::parse(body, bounded);
+  } catch (const too_deep&) {
+    return tl::unexpected(invalid("", "the request body nests objects and lists deeper than " +
+                                          std::to_string(json_depth_max) + " levels"));
+  } catch (const json::exception& e) {
+    // nlohmann's message quotes what it last read (a token, a number), which may be the whole
+    // body; its own text is under 200 bytes.
+    return tl::unexpected(invalid("", "the request body is not valid JSON: " + troupe::echo(e.what(), 200 + echo_bytes_max)));
+  }
 }
 
 /// Reads typed fields of a request object; the first problem is kept in `error` and every later
@@ -95,8 +122,8 @@ class reader {
       int32_t token = 0;
       const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
       if (ec != std::errc() || end != key.data() + key.size() || key.empty())
-        return fail(name, "'logit_bias' keys must be token ids, integers that fit 32 bits; got \"" + key + "\"");
-      if (!bias.is_number()) return fail(name, "'logit_bias' values must be numbers; token " + key + " has " + bias.dump());
+        return fail(name, "'logit_bias' keys must be token ids, integers that fit 32 bits; got \"" + troupe::echo(key) + "\"");
+      if (!bias.is_number()) return fail(name, "'logit_bias' values must be numbers; token " + key + " has " + echo(bias));
       out.push_back({token, bias.get<float>()});
     }
   }
@@ -281,7 +308,7 @@ void read_token_ids(reader& in, const char* name, const json& list, const tokeni
   for (const json& id : list) {
     const bool fits = id.is_number_integer() && (id.is_number_unsigned() ? id.get<uint64_t>() <= INT32_MAX
                                                                          : id.get<int64_t>() >= INT32_MIN);
-    if (!fits) return in.fail(name, quoted + " must hold token ids (integers), got " + id.dump());
+    if (!fits) return in.fail(name, quoted + " must hold token ids (integers), got " + echo(id));
     const auto token = static_cast<int32_t>(id.get<int64_t>());
     if (tok && !tok->is_valid_id(token))
       return in.fail(name, quoted + " holds token " + std::to_string(token) + ", outside the vocabulary [0, " +
@@ -324,12 +351,27 @@ void read_prompt(reader& in, parsed_request& p, const tokenizer* tok) {
                           std::to_string(num_choices(p)));
 }
 
+/// Refuses choices whose prompts together exceed choice_prompt_bytes_max: n copies of one long
+/// prompt would each be copied, sent and tokenized.
+void check_choice_bytes(reader& in, const parsed_request& p) {
+  if (in.error) return;
+  int64_t bytes = 0;
+  for (const prompt_input& prompt : p.prompts)
+    bytes += static_cast<int64_t>(prompt.text.size() + prompt.tokens.size() * sizeof(int32_t));
+  for (const chat_message& m : p.request.messages) bytes += static_cast<int64_t>(m.role.size());
+  const int64_t total = bytes * p.n;
+  if (total > choice_prompt_bytes_max)
+    in.fail("n", "the prompts of a request's choices carry at most " + std::to_string(choice_prompt_bytes_max) +
+                     " bytes together; " + std::to_string(bytes) + " bytes times n = " + std::to_string(p.n) + " make " +
+                     std::to_string(total));
+}
+
 std::optional<api_error> check_model(const reader& in, const served_model& model) {
   const json& name = in.field("model");
   if (name.is_null()) return std::nullopt;
   if (!name.is_string()) return invalid("model", "'model' must be a string");
   if (name.get<std::string>() == model.id) return std::nullopt;
-  return api_error{404, "the model '" + name.get<std::string>() + "' does not exist; this server serves '" + model.id + "'",
+  return api_error{404, "the model '" + troupe::echo(name.get_ref<const std::string&>()) + "' does not exist; this server serves '" + model.id + "'",
                    "not_found_error", "model", "model_not_found"};
 }
 
@@ -478,12 +520,9 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
                                                      const tokenizer* tok) {
   if (auto valid = utf8::validate(body); !valid)
     return tl::unexpected(invalid("", "the request body is not valid UTF-8: " + valid.error().message));
-  json doc;
-  try {
-    doc = json::parse(body);
-  } catch (const json::exception& e) {
-    return tl::unexpected(invalid("", std::string("the request body is not valid JSON: ") + e.what()));
-  }
+  auto parsed = parse_body(body);
+  if (!parsed) return tl::unexpected(parsed.error());
+  const json& doc = *parsed;
   if (!doc.is_object()) return tl::unexpected(invalid("", "the request body must be a JSON object"));
   reader in(doc);
   if (auto wrong = check_model(in, model)) return tl::unexpected(*wrong);
@@ -500,6 +539,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
     read_messages(in, p);
   else
     read_prompt(in, p, tok);
+  check_choice_bytes(in, p);
   if (const json& ids = in.field("stop_token_ids"); !in.error && !ids.is_null())
     read_token_ids(in, "stop_token_ids", ids, tok, p.request.stop_token_ids);
   if (const json& ids = in.field("grammar_trigger_token_ids"); !in.error && !ids.is_null())

@@ -36,6 +36,14 @@ namespace troupe::openai {
 
 enum class endpoint { completions, chat_completions };
 
+/// The deepest nesting of objects and lists a request body may have: a deeper one is refused
+/// while it is parsed, before any other use (every use of a JSON value recurses per level).
+inline constexpr int json_depth_max = 64;
+
+/// The most prompt bytes a request's choices may carry together (prompts x n): each choice is
+/// a request of its own that copies and tokenizes its prompt.
+inline constexpr int64_t choice_prompt_bytes_max = int64_t{4} << 20;
+
 /// An error response: the HTTP status and the fields of `{"error": {...}}`.
 struct api_error {
   int status = 400;
@@ -84,7 +92,8 @@ struct parsed_request {
 /// only when `needs_seed`).
 [[nodiscard]] std::vector<msg::completion_request> choice_requests(const parsed_request& p, uint64_t seed);
 
-/// Parses and checks `body` for `kind`. Errors: 400 malformed JSON, invalid UTF-8, a wrong
+/// Parses and checks `body` for `kind`. Errors: 400 malformed JSON, JSON nested deeper than
+/// json_depth_max, choices' prompts over choice_prompt_bytes_max, invalid UTF-8, a wrong
 /// type, a value out of its range where it is checked here (named), a missing prompt/messages,
 /// an unsupported parameter (named); 404 unknown model. Token ids (`prompt`, `stop_token_ids`)
 /// are checked against `tok`'s vocabulary when it is given (else the engine checks them).

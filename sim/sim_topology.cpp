@@ -79,7 +79,7 @@ expected<void> read_table(const toml::table& root, const char* table_name, const
     const std::string name(key.str());
     auto f = std::find_if(fields.begin(), fields.end(), [&](const field& x) { return name == x.name; });
     if (f == fields.end())
-      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "]: unknown key '" + name + "'");
+      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "]: unknown key '" + echo(name) + "'");
     seen.insert(name);
     if (f->set_text) {
       if (!node.is_string())
@@ -204,7 +204,7 @@ expected<void> finish_moe(sim_topology& t, const moe_keys& k, double weight_byte
   const std::string where = at(source, *root["moe"].node()) + "[moe] ";
   moe_settings& m = t.moe;
   if (k.policy != "none" && k.policy != "periodic")
-    return fail(errc::malformed_file, where + "policy must be none or periodic, got '" + k.policy + "'");
+    return fail(errc::malformed_file, where + "policy must be none or periodic, got '" + echo(k.policy) + "'");
   m.policy = k.policy == "periodic" ? moe_policy::periodic : moe_policy::none;
   m.n_layers = t.model.n_layers;
   m.drift_every_ns = std::llround(k.drift_every_s * 1e9);
@@ -231,7 +231,7 @@ expected<void> read_speculation(sim_topology& t, const std::string& drafter, con
                                           "synthetic tokens only (use drafter = \"ngram\" and `acceptance`)");
   if (mode != "fixed" && mode != "budgeted")
     return fail(errc::malformed_file, at(source, *root["speculation"]["mode"].node()) +
-                                          "[speculation] mode must be fixed or budgeted, got '" + mode + "'");
+                                          "[speculation] mode must be fixed or budgeted, got '" + echo(mode) + "'");
   s.drafter = *kind;
   s.budgeted = mode == "budgeted";
   return {};
@@ -305,7 +305,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
     if (!node.is_table() || (key != "model" && key != "hardware" && key != "engine" && key != "cost" &&
                              key != "load_balancer" && key != "host_tier" && key != "disk_tier" && key != "speculation" &&
                              key != "network" && key != "moe"))
-      return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + std::string(key.str()) + "'");
+      return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + echo(key.str()) + "'");
   sim_topology t;
   model::model_config& m = t.model;
   double kv_bytes_per_value = 2;
@@ -418,11 +418,11 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   const std::optional<engine::preemption_mode> mode = engine::preemption_mode_named(preemption);
   if (!mode)
     return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) +
-                                          "[engine] preemption must be recompute, swap or cost; got '" + preemption + "'");
+                                          "[engine] preemption must be recompute, swap or cost; got '" + echo(preemption) + "'");
   t.engine.preemption = *mode;
   if (*mode != engine::preemption_mode::recompute && t.host_tier.blocks == 0)
     return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) +
-                                          "[engine] preemption = '" + preemption +
+                                          "[engine] preemption = '" + echo(preemption) +
                                           "' swaps to the host tier: it needs [host_tier] blocks > 0");
   if (t.disk_tier.blocks > 0 && t.host_tier.blocks == 0)
     return fail(errc::malformed_file, at(source, *root["disk_tier"]["blocks"].node()) +

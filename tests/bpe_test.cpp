@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/tokenizer/pre_tokenizer.hpp"
+#include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/stream_detokenizer.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "runtime/tokenizer/utf8.hpp"
@@ -205,14 +206,23 @@ TEST(Bpe, Llama3TakesAWordThatIsATokenWholeWhateverTheMerges) {
   EXPECT_EQ(*load("dbrx").encode("abc abd", false, false), (ids_t{256, 'c', ' ', 256, 'd'}));
 }
 
-TEST(Bpe, UserDefinedTokensAreCutOutFirstAndControlTokensNeverComeFromText) {
+// Issue 47 (provenance): text used to have its user-defined tokens cut out first, as llama.cpp
+// does, so a request could spell `<think>` or `<tool_call>` into those ids (this test's first
+// line got {'a', 259, 'b', 259}). Only a template's text names them now.
+TEST(Bpe, NeitherUserDefinedNorControlTokensComeFromText) {
   const tokenizer tok = small_tokenizer();
-  EXPECT_EQ(*tok.encode("a<us>b<us>", false, false), (ids_t{'a', 259, 'b', 259}));
+  EXPECT_EQ(*tok.encode("a<us>b<us>", false, false), (ids_t{'a', '<', 'u', 's', '>', 'b', '<', 'u', 's', '>'}));
+  EXPECT_EQ(*encode_segments(tok, {segment{"a<us>b<us>", origin::template_text}}, false), (ids_t{'a', 259, 'b', 259}));
+  EXPECT_EQ(*encode_segments(tok, {segment{"a<us>b<us>", origin::user}}, false),
+            (ids_t{'a', '<', 'u', 's', '>', 'b', '<', 'u', 's', '>'}));
   EXPECT_EQ(tok.decode({'a', 259}), "a<us>");
   // The control token's text encodes as ordinary pieces and decodes to "" from its id.
   EXPECT_EQ(*tok.encode("<|end|>", false, false), (ids_t{'<', '|', 'e', 'n', 'd', '|', '>'}));
   EXPECT_TRUE(tok.is_control(258));
   EXPECT_FALSE(tok.is_control(259));
+  EXPECT_TRUE(tok.is_special(258));
+  EXPECT_TRUE(tok.is_special(259));
+  EXPECT_FALSE(tok.is_special('a'));
   EXPECT_EQ(tok.decode({258, 'a', 258}), "a");
   EXPECT_EQ(tok.bos_id(), 258);
   EXPECT_EQ(tok.eos_id(), 258);

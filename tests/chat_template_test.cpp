@@ -91,9 +91,10 @@ TEST(Provenance, AFuzzOfHostileUserTextNeverYieldsASpecialToken) {
       }
       num_valid++;
       EXPECT_EQ(*sequential, *parallel) << "seed " << seed;
-      // Every control token comes from a template segment: count them against the markup's.
+      // Every special token (control or user-defined, `<us>`) comes from a template segment:
+      // count them against the markup's.
       const auto num_control = std::count_if(sequential->begin(), sequential->end(),
-                                             [&](std::int32_t id) { return tok->is_control(id); });
+                                             [&](std::int32_t id) { return tok->is_special(id); });
       const auto want = std::count_if(segments.begin(), segments.end(),
                                       [](const segment& s) { return s.from == origin::template_text; });
       EXPECT_EQ(num_control, want) << "seed " << seed;

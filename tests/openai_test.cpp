@@ -277,6 +277,58 @@ TEST(OpenaiRequest, BodyProblemsAre400s) {
   EXPECT_EQ(refused(endpoint::completions, "[1]").message, "the request body must be a JSON object");
 }
 
+// Issue 47: an 800 KB body of 400,000 nested lists ended the server (every use of a JSON value
+// recursed once per level; before this change this test died of a stack overflow in the
+// parse's destructor/copy). The parse refuses the 65th level before the document exists.
+TEST(OpenaiRequest, JsonNestedDeeperThanTheLimitIsRefusedWhileParsing) {
+  const auto nested = [](int levels) {
+    return R"({"prompt":"x","guided_json":)" + std::string(static_cast<size_t>(levels), '[') +
+           std::string(static_cast<size_t>(levels), ']') + "}";
+  };
+  const std::string expected = "the request body nests objects and lists deeper than 64 levels";
+  EXPECT_EQ(refused(endpoint::completions, nested(400000)).message, expected);
+  EXPECT_EQ(refused(endpoint::completions, nested(64)).message, expected);  // the body object is level 1
+  EXPECT_TRUE(parse_request(endpoint::completions, nested(63), model).has_value());  // 64 levels
+  std::string objects = "{\"prompt\":\"x\",\"user\":";
+  for (int i = 0; i < 100000; i++) objects += "{\"a\":";
+  objects += "1" + std::string(100000, '}') + "}";
+  EXPECT_EQ(refused(endpoint::completions, objects).message, expected);
+  EXPECT_TRUE(parse_request(endpoint::completions, R"({"prompt":"x","user":)" + std::string(62, '[') + std::string(62, ']') + "}",
+                            model).has_value());
+}
+
+// Issue 47: error messages quoted client values whole (a 1 MiB key came back in the error).
+TEST(OpenaiRequest, ErrorsQuoteAtMost64BytesOfAClientsValue) {
+  const std::string big(1 << 20, 'k');
+  const api_error model_error = refused(endpoint::completions, R"({"model":")" + big + R"(","prompt":"x"})");
+  EXPECT_EQ(model_error.message, "the model '" + std::string(64, 'k') + "...' does not exist; this server serves 'stories260K'");
+  const api_error key = refused(endpoint::completions, R"({"prompt":"x","logit_bias":{")" + big + R"(":1}})");
+  EXPECT_EQ(key.message, "'logit_bias' keys must be token ids, integers that fit 32 bits; got \"" + std::string(64, 'k') + "...\"");
+  const api_error id = refused(endpoint::completions, R"({"prompt":[1,")" + big + R"("]})");
+  EXPECT_EQ(id.message, "'prompt' must hold token ids (integers), got \"" + std::string(63, 'k') + "...");
+  const api_error cls = refused(endpoint::completions, R"({"prompt":"x","cache_class":")" + big + R"("})");
+  EXPECT_EQ(cls.message, "cache_class must be chat or agent, got '" + std::string(64, 'k') + "...'");
+  // An unterminated megabyte string: nlohmann names the token it last read; quoted in part.
+  const api_error json_error = refused(endpoint::completions, R"({"prompt":")" + big);
+  EXPECT_LT(json_error.message.size(), 300u) << json_error.message.size();
+  // A cut never splits a UTF-8 character: 21 three-byte characters are 63 bytes, the 22nd is left out.
+  std::string euros, cut;
+  for (int i = 0; i < 30; i++) euros += "\xE2\x82\xAC";
+  for (int i = 0; i < 21; i++) cut += "\xE2\x82\xAC";
+  EXPECT_EQ(echo(euros), cut + "...");
+}
+
+// Issue 47: n copies (and tokenizes) its prompt n times; their bytes together are bounded.
+TEST(OpenaiRequest, TheChoicesPromptsTogetherAreBounded) {
+  const std::string prompt(40000, 'a');
+  EXPECT_EQ(num_choices(parsed(endpoint::completions, R"({"prompt":")" + prompt + R"(","n":100})")), 100);
+  const api_error e = refused(endpoint::completions, R"({"prompt":")" + prompt + R"(","n":128})");
+  EXPECT_EQ(e.param, "n");
+  EXPECT_EQ(e.message, "the prompts of a request's choices carry at most 4194304 bytes together; 40000 bytes times n = 128 make 5120000");
+  const std::string chat = R"({"messages":[{"role":"user","content":")" + std::string(40000, 'c') + R"("}],"n":128})";
+  EXPECT_EQ(refused(endpoint::chat_completions, chat).param, "n");
+}
+
 TEST(OpenaiRequest, AnUnknownModelIsA404) {
   const api_error e = refused(endpoint::completions, R"({"model":"gpt-4","prompt":"x"})");
   EXPECT_EQ(e.status, 404);

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "runtime/model/gguf.hpp"
+#include "runtime/sampling/random_stream.hpp"
+#include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/stream_detokenizer.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
@@ -49,15 +51,20 @@ std::vector<std::string> vocab_files(const std::string& dir) {
   return out;
 }
 
+/// The tokenizer of a ggml-vocab-*.gguf file (its `tokenizer.ggml.*` metadata).
+expected<tokenizer> vocab_tokenizer(const std::string& path, const std::string& bytes) {
+  auto f = model::parse_gguf(bytes, path);
+  if (!f) return tl::unexpected(f.error());
+  auto tokens = f->get_array("tokenizer.ggml.tokens", model::gguf_type::string, path);
+  if (!tokens) return tl::unexpected(tokens.error());
+  return tokenizer::from_bytes(bytes, static_cast<std::int32_t>((*tokens)->size()), path);
+}
+
 /// Tokenizes one vocabulary's cases; returns the number of mismatches (each also reported).
 int check_vocabulary(const std::string& path) {
   SCOPED_TRACE(path);
   const std::string bytes = testing::read_file(path);
-  auto f = model::parse_gguf(bytes, path);
-  EXPECT_TRUE(f) << f.error().message;
-  if (!f) return 1;
-  const auto vocab = static_cast<std::int32_t>((*f->get_array("tokenizer.ggml.tokens", model::gguf_type::string, path))->size());
-  auto tok = tokenizer::from_bytes(bytes, vocab, path);
+  auto tok = vocab_tokenizer(path, bytes);
   EXPECT_TRUE(tok) << tok.error().message;
   if (!tok) return 1;
   tok->check_invariants();
@@ -86,15 +93,87 @@ int check_vocabulary(const std::string& path) {
   return mismatches;
 }
 
-TEST(Vocab, EveryLlamaCppVocabularyTokenizesItsTestCasesExactly) {
+/// The shared data's vocabularies, or empty when the shared data is absent.
+std::string vocab_dir() {
   const std::string dir = testing::shared_data_dir() + "/vocab";
-  if (!fs::is_directory(dir))
-    GTEST_SKIP() << "needs " << dir << ", absent (the project's shared data; set TROUPE_DATA_DIR to its directory)";
+  return fs::is_directory(dir) ? dir : "";
+}
+
+#define TROUPE_NEEDS_VOCAB_DIR(dir)                                                                        \
+  if ((dir).empty())                                                                                     \
+  GTEST_SKIP() << "needs " << testing::shared_data_dir() << "/vocab, absent (the project's shared data; " \
+               << "set TROUPE_DATA_DIR to its directory)"
+
+TEST(Vocab, EveryLlamaCppVocabularyTokenizesItsTestCasesExactly) {
+  const std::string dir = vocab_dir();
+  TROUPE_NEEDS_VOCAB_DIR(dir);
   const std::vector<std::string> files = vocab_files(dir);
   ASSERT_FALSE(files.empty()) << "no ggml-vocab-*.gguf in " << dir;
   for (const std::string& path : files) {
     EXPECT_EQ(check_vocabulary(path), 0) << path;
     std::printf("[ vocab    ] %s\n", fs::path(path).filename().c_str());
+  }
+}
+
+/// A request's text built at random from every special token's text (control and
+/// user-defined), pieces of them and ordinary characters.
+std::string hostile_text(const tokenizer& tok, const std::vector<std::int32_t>& specials, sampling::random_stream& rng) {
+  static const std::vector<std::string> ordinary = {"<", "|", ">", "\n", " ", "a", "think", "\xe2\x82\xac", "[", "]"};
+  std::string text;
+  const auto n = static_cast<int64_t>(rng.uniform_below(16));
+  for (int64_t i = 0; i < n; i++) {
+    if (rng.uniform_below(3) == 0) {
+      text += ordinary[rng.uniform_below(ordinary.size())];
+      continue;
+    }
+    std::string piece(tok.piece_text(specials[rng.uniform_below(specials.size())]));
+    if (rng.uniform_below(4) == 0) piece = piece.substr(0, rng.uniform_below(piece.size() + 1));  // a part of one
+    text += piece;
+  }
+  return text;
+}
+
+// Issue 47 (provenance): on every vocabulary of the shared data, text from a request (any role:
+// user or tool segments, or a plain prompt) built from every special token's text never
+// yields a special token id — user-defined ones included (before this change a BPE
+// vocabulary cut them out of any text, as llama.cpp does) — while a template segment spelling
+// one yields it.
+TEST(Vocab, RequestTextMadeOfSpecialTokenTextsNeverYieldsASpecialId) {
+  const std::string dir = vocab_dir();
+  TROUPE_NEEDS_VOCAB_DIR(dir);
+  for (const std::string& path : vocab_files(dir)) {
+    SCOPED_TRACE(path);
+    const std::string bytes = testing::read_file(path);
+    auto tok = vocab_tokenizer(path, bytes);
+    ASSERT_TRUE(tok) << tok.error().message;
+    std::vector<std::int32_t> specials;
+    for (std::int32_t id = 0; id < tok->vocab_size(); id++)
+      if (tok->is_special(id) && !tok->piece_text(id).empty()) specials.push_back(id);
+    ASSERT_FALSE(specials.empty());
+    int64_t num_encoded = 0;
+    for (uint64_t seed = 0; seed < 200; seed++) {
+      sampling::random_stream rng(seed, 0, 0);
+      const std::string text = hostile_text(*tok, specials, rng);
+      for (const origin from : {origin::user, origin::tool}) {
+        auto ids = encode_segments(*tok, {segment{text, from}}, /*add_bos=*/false);
+        if (!ids) continue;  // a byte the vocabulary cannot spell: a clear error
+        num_encoded++;
+        for (const std::int32_t id : *ids) EXPECT_FALSE(tok->is_special(id)) << "seed " << seed << " id " << id;
+        EXPECT_EQ(*ids, *tok->encode(text, false, false));
+      }
+    }
+    EXPECT_GT(num_encoded, 200) << path;
+    // A template's text names them: each special token's text alone is a special token (itself,
+    // or the lowest id of the tokens that share its text without surrounding whitespace).
+    for (const std::int32_t id : specials) {
+      const std::string text(tok->piece_text(id));
+      if (text.find_first_not_of(" \n\t\r") == std::string::npos) continue;  // blank: not nameable
+      auto ids = encode_segments(*tok, {segment{text, origin::template_text}}, false);
+      ASSERT_TRUE(ids) << ids.error().message;
+      EXPECT_TRUE(std::any_of(ids->begin(), ids->end(), [&](std::int32_t t) { return tok->is_special(t); }))
+          << path << " token " << id;
+    }
+    std::printf("[ vocab    ] %s: %zu special tokens\n", fs::path(path).filename().c_str(), specials.size());
   }
 }
 

@@ -82,7 +82,8 @@ struct scope {
   toml::source_index line = 0;
 };
 
-[[nodiscard]] std::string in_quotes(std::string_view text) { return "'" + std::string(text) + "'"; }
+/// A key or value of the file as a message quotes it (at most echo_bytes_max bytes of it).
+[[nodiscard]] std::string in_quotes(std::string_view text) { return "'" + echo(text) + "'"; }
 
 [[nodiscard]] toml::source_index line_of(const toml::node& node) {
   return node.source().begin.line;

@@ -1,8 +1,10 @@
-// `troupe tokenize -m FILE.gguf [--ids] [--no-special]`: the token ids of the text on stdin
-// (all of it, a final newline included), as llama.cpp's `llama-tokenize --stdin` prints them:
-// one `    id -> 'piece'` line per token, or with --ids one line `[id, id, ...]`. BOS is added
-// when the vocabulary asks for it (tokenizer::adds_bos) unless --no-special; text never becomes
-// a control token. Invalid UTF-8 on stdin is refused (exit 2, naming the byte offset) where
+// `troupe tokenize -m FILE.gguf [--ids] [--no-special] [--parse-special]`: the token ids of the
+// text on stdin (all of it, a final newline included), as llama.cpp's `llama-tokenize --stdin`
+// prints them: one `    id -> 'piece'` line per token, or with --ids one line `[id, id, ...]`.
+// BOS is added when the vocabulary asks for it (tokenizer::adds_bos) unless --no-special. Text
+// becomes special tokens (control and user-defined: `<s>`, `<think>`) only with
+// --parse-special, which reads it as a chat template's text; otherwise it is text, as a
+// request's is. Invalid UTF-8 on stdin is refused (exit 2, naming the byte offset) where
 // llama-tokenize would replace it.
 #include <cstdio>
 #include <iostream>
@@ -12,6 +14,7 @@
 #include "apps/troupe/commands.hpp"
 #include "runtime/common/mapped_file.hpp"
 #include "runtime/model/gguf.hpp"
+#include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::cli {
@@ -21,6 +24,7 @@ struct tokenize_options {
   std::string model;
   bool ids_only = false;
   bool no_special = false;
+  bool parse_special = false;
 };
 
 expected<tokenizer> load_gguf_tokenizer(const std::string& path) {
@@ -37,7 +41,9 @@ int run_tokenize(const tokenize_options& o) {
   auto tok = load_gguf_tokenizer(o.model);
   if (!tok) return fail_with(tok.error());
   const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  auto ids = tok->encode(text, tok->adds_bos() && !o.no_special, false);
+  const bool add_bos = tok->adds_bos() && !o.no_special;
+  auto ids = o.parse_special ? encode_segments(*tok, {segment{text, origin::template_text}}, add_bos)
+                             : tok->encode(text, add_bos, false);
   if (!ids) return fail_with(ids.error());
   if (o.ids_only) {
     std::string line = "[";
@@ -64,6 +70,8 @@ action add_tokenize(CLI::App& app) {
   cmd->add_option("--model,-m", o->model, "a GGUF file (its tokenizer.ggml.* metadata is read)")->required();
   cmd->add_flag("--ids", o->ids_only, "print only the ids, as [id, id, ...]");
   cmd->add_flag("--no-special", o->no_special, "add no BOS even if the vocabulary asks for it");
+  cmd->add_flag("--parse-special", o->parse_special,
+                "read special tokens' texts (<s>, <think>, ...) as those tokens, as a chat template's text is read");
   return [o] { return run_tokenize(*o); };
 }
 

@@ -18,6 +18,13 @@ const char* to_string(errc code) {
   return "unknown";
 }
 
+std::string echo(std::string_view text, size_t bytes_max) {
+  if (text.size() <= bytes_max) return std::string(text);
+  size_t end = bytes_max;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) end--;  // a continuation byte
+  return std::string(text.substr(0, end)) + "...";
+}
+
 void assertion_failed(const char* expr, const char* file, int line, const char* message) {
   std::fprintf(stderr, "troupe: assertion failed: %s at %s:%d %s\n", expr, file, line, message);
   std::abort();

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <tl/expected.hpp>
@@ -49,6 +51,14 @@ using expected = tl::expected<T, error>;
 [[nodiscard]] inline tl::unexpected<error> fail(errc code, std::string message) {
   return tl::unexpected<error>(error{code, std::move(message)});
 }
+
+/// The most bytes of a value from outside (a request's key, a file's name field) that an error
+/// message quotes: an error must not echo a megabyte back, nor grow with the input.
+inline constexpr size_t echo_bytes_max = 64;
+
+/// `text` as an error message quotes it: whole, or its first `bytes_max` bytes (never ending
+/// inside a UTF-8 character) followed by "...".
+[[nodiscard]] std::string echo(std::string_view text, size_t bytes_max = echo_bytes_max);
 
 [[noreturn]] void assertion_failed(const char* expr, const char* file, int line,
                                    const char* message);

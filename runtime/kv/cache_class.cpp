@@ -16,7 +16,7 @@ const char* to_string(cache_class c) {
 expected<cache_class> parse_cache_class(std::string_view name) {
   for (const cache_class c : {cache_class::chat, cache_class::agent})
     if (name == to_string(c)) return c;
-  return fail(errc::invalid_argument, "cache_class must be chat or agent, got '" + std::string(name) + "'");
+  return fail(errc::invalid_argument, "cache_class must be chat or agent, got '" + echo(name) + "'");
 }
 
 }  // namespace troupe::kv

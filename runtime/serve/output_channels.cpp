@@ -9,18 +9,11 @@
 namespace troupe::serve {
 namespace {
 
-/// Whether `id` may be a tag: a control token or a BPE vocabulary's user-defined one.
-bool is_added(const tokenizer& tok, std::int32_t id) {
-  if (tok.is_control(id)) return true;
-  const bpe_vocab* bpe = tok.bpe();
-  return bpe != nullptr && bpe->type(id) == bpe_vocab::token_type::user_defined;
-}
-
 /// The pair of added tokens spelled `open` and `close` (the lowest ids), or (-1, -1).
 std::pair<std::int32_t, std::int32_t> find_pair(const tokenizer& tok, std::string_view open, std::string_view close) {
   std::int32_t o = -1, c = -1;
   for (std::int32_t id = 0; id < tok.vocab_size(); id++) {
-    if (!is_added(tok, id)) continue;
+    if (!tok.is_special(id)) continue;
     const std::string_view text = tok.piece_text(id);
     if (o < 0 && text == open) o = id;
     if (c < 0 && text == close) c = id;

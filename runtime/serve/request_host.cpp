@@ -72,12 +72,18 @@ expected<std::vector<int32_t>> request_host::tokenize_prompt() {
   return o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false);
 }
 
+/// A chat's prompt: its messages rendered with the template, each checked for size twice: the
+/// messages as sent (before rendering them), then everything the template made of them (its
+/// markup per message counts too: many empty messages make a long prompt).
 expected<std::vector<int32_t>> request_host::render_messages() const {
   int64_t bytes = 0;
-  for (const chat_message& m : o_.params.messages) bytes += static_cast<int64_t>(m.content.size());
+  for (const chat_message& m : o_.params.messages) bytes += static_cast<int64_t>(m.role.size() + m.content.size());
   if (auto fits = check_prompt_bytes(bytes); !fits) return tl::unexpected(fits.error());
   auto segments = render_chat(o_.chat, o_.params.messages, /*add_generation_prompt=*/true);
   if (!segments) return tl::unexpected(segments.error());
+  int64_t rendered_bytes = 0;
+  for (const segment& s : *segments) rendered_bytes += static_cast<int64_t>(s.text.size());
+  if (auto fits = check_prompt_bytes(rendered_bytes); !fits) return tl::unexpected(fits.error());
   return encode_segments(*o_.tok, *segments, /*add_bos=*/true, nullptr);
 }
 

@@ -114,7 +114,7 @@ expected<void> bpe_vocab::read_tokens(const model::gguf_file& f, std::int32_t vo
       piece = std::move(*bytes);
     } else if (types_.back() == token_type::user_defined) {
       piece = text;
-      user_defined_ids_.push_back(id);
+      if (!is_tag_text(text)) user_defined_ids_.push_back(id);
     }
     max_piece_bytes_ = std::max(max_piece_bytes_, static_cast<std::int32_t>(piece.size()));
     texts_.push_back(text);
@@ -173,8 +173,18 @@ expected<void> bpe_vocab::read_special_ids(const model::gguf_file& f, const std:
   return {};
 }
 
+bool bpe_vocab::is_tag_text(std::string_view text) {
+  if (text.find_first_not_of(" \t\n\r") == std::string_view::npos) return false;  // whitespace
+  return !utf8::validate(text) || utf8::decode(text).size() > 1;                    // not one character
+}
+
+bool bpe_vocab::is_tag(std::int32_t id) const {
+  return type(id) == token_type::user_defined && is_tag_text(text(id));
+}
+
 expected<std::vector<std::int32_t>> bpe_vocab::encode(std::string_view text) const {
-  // Cut out user-defined tokens: a row of text spans and token ids, refined token by token.
+  // Cut out the user-defined tokens that are text (not tags): a row of text spans and token ids,
+  // refined token by token.
   struct fragment {
     std::size_t begin = 0, length = 0;
     std::int32_t id = -1;  // -1: text still to encode
@@ -270,6 +280,7 @@ void bpe_vocab::check_invariants() const {
   }
   for (std::size_t i = 1; i < user_defined_ids_.size(); ++i)
     TROUPE_ASSERT(texts_[user_defined_ids_[i - 1]].size() >= texts_[user_defined_ids_[i]].size());
+  for (const std::int32_t id : user_defined_ids_) TROUPE_ASSERT(!is_tag(id));
 }
 
 }  // namespace troupe

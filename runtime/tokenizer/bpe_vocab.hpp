@@ -8,12 +8,16 @@
 /// order (so a space is `Ġ`, U+0120). `tokenizer.ggml.merges` lists merge rules "A B", best
 /// first; the index is the rank.
 ///
-/// Encoding: (1) user-defined tokens (`token_type` 4) are cut out of the text first, longest
+/// Encoding: (1) user-defined tokens (`token_type` 4) that are text — one character, or only
+/// whitespace (deepseek-coder's `ü`, a run of spaces) — are cut out of the text first, longest
 /// first (equal lengths: lowest id first), at every leftmost occurrence, and become their ids;
 /// (2) the pre-tokenizer named by `tokenizer.ggml.pre` splits the rest into words
 /// (pre_tokenizer.hpp); (3) each word starts as one symbol per byte and the adjacent pair with
 /// the best-ranked rule merges, leftmost on ties, until none does. Control and unknown tokens
-/// never come from text. Unlike llama.cpp, a byte whose character is not in the vocabulary (in
+/// never come from text, nor do the other user-defined tokens, *tags* (`<think>`,
+/// `<tool_call>`, `[TOOL_CALLS]`): only a chat template's own text names them (segments.hpp).
+/// llama.cpp cuts tags out of any text; troupe does not, so a request cannot forge them
+/// (contract 4; a tag typed by a user is encoded as its characters). Unlike llama.cpp, a byte whose character is not in the vocabulary (in
 /// starcoder's: 0xC0, 0xC1, 0xF1, 0xF5..0xFF) is an error rather than silently dropped.
 ///
 /// Decoding: a normal token yields its bytes (the inverse mapping), a user-defined one its text
@@ -58,6 +62,9 @@ class bpe_vocab {
   /// The token's text as stored in the file.
   [[nodiscard]] std::string_view text(std::int32_t id) const { return texts_[static_cast<std::size_t>(id)]; }
   [[nodiscard]] token_type type(std::int32_t id) const { return types_[static_cast<std::size_t>(id)]; }
+  /// Whether `id` is a tag: a user-defined token whose text is more than one character and not
+  /// only whitespace. Tags never come from `encode`.
+  [[nodiscard]] bool is_tag(std::int32_t id) const;
   /// The normal token that decodes to `bytes`.
   [[nodiscard]] std::optional<std::int32_t> find_piece(std::string_view bytes) const;
 
@@ -83,12 +90,12 @@ class bpe_vocab {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
   }
 
+  /// Whether a user-defined token spelled `text` is a tag (see is_tag).
+  [[nodiscard]] static bool is_tag_text(std::string_view text);
   [[nodiscard]] expected<void> read_tokens(const model::gguf_file& f, std::int32_t vocab_size, const std::string& source);
   [[nodiscard]] expected<void> read_merges(const model::gguf_file& f, const std::string& source);
   [[nodiscard]] expected<void> read_special_ids(const model::gguf_file& f, const std::string& source);
   [[nodiscard]] expected<void> encode_word(std::string_view word, std::size_t offset, std::vector<std::int32_t>& out) const;
-  void encode_text(std::string_view text, std::size_t offset, std::vector<std::int32_t>& out,
-                   expected<void>& status) const;
 
   std::vector<std::string> texts_;   // (vocab_size) as in the file
   std::vector<std::string> pieces_;  // (vocab_size) decoded bytes
@@ -96,7 +103,7 @@ class bpe_vocab {
   std::unordered_map<std::string, std::int32_t> ids_by_text_;  // lookups only, never iterated
   std::unordered_map<std::uint64_t, merge_rule> merges_;       // (left, right) -> rule; lookups only
   std::array<std::int32_t, 256> byte_ids_{};                   // the token of each byte's character, or -1
-  std::vector<std::int32_t> user_defined_ids_;                 // longest text first, then lowest id
+  std::vector<std::int32_t> user_defined_ids_;                 // the non-tags: longest text first, then lowest id
   std::int32_t bos_id_ = -1;
   std::int32_t eos_id_ = -1;
   bool adds_bos_ = false;

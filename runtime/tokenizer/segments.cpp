@@ -45,7 +45,7 @@ special_tokens special_tokens::of(const tokenizer& tok) {
   special_tokens s;
   for (std::int32_t id = 0; id < tok.vocab_size(); id++) {
     const std::string_view text = trimmed(tok.piece_text(id));
-    if (tok.is_control(id) && !text.empty()) s.by_text.emplace_back(text, id);
+    if (tok.is_special(id) && !text.empty()) s.by_text.emplace_back(text, id);
   }
   std::sort(s.by_text.begin(), s.by_text.end(), [](const auto& a, const auto& b) {
     if (a.first.size() != b.first.size()) return a.first.size() > b.first.size();

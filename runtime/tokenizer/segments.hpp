@@ -31,9 +31,10 @@ struct segment {
   origin from = origin::user;
 };
 
-/// The vocabulary's control tokens a template may name, by their text without surrounding
+/// The vocabulary's special tokens a template may name, by their text without surrounding
 /// whitespace (llama2.c's tokenizer files store BOS as "\n<s>\n"), longest first, then lowest
-/// id: every control token with a non-empty text.
+/// id: every special token (tokenizer::is_special: control or user-defined) with a non-empty
+/// text.
 struct special_tokens {
   std::vector<std::pair<std::string, std::int32_t>> by_text;
   [[nodiscard]] static special_tokens of(const tokenizer& tok);
@@ -44,7 +45,7 @@ struct special_tokens {
 /// Encodes `segments` in order, BOS first with `add_bos`. A template segment is cut at every
 /// occurrence of a special token's text (at each position the longest that matches); those
 /// occurrences become the tokens, and the text around them, like every user or tool segment as
-/// a whole, is encoded with `tok.encode(text, false, false)` — which never yields a control
+/// a whole, is encoded with `tok.encode(text, false, false)` — which never yields a special
 /// token. Each text piece is encoded on its own (a SentencePiece vocabulary's leading space is
 /// added per piece), so the pieces are independent: with `pool` they are encoded in parallel,
 /// and the result is the same as without. Errors: the first piece's (in order) that fails,

@@ -105,6 +105,10 @@ bool tokenizer::is_control(std::int32_t id) const {
   return type == bpe_vocab::token_type::control || type == bpe_vocab::token_type::unknown;
 }
 
+bool tokenizer::is_special(std::int32_t id) const {
+  return is_control(id) || (bpe() && bpe()->is_tag(id));
+}
+
 std::int32_t tokenizer::vocab_size() const {
   return std::visit([](const auto& v) { return v.vocab_size(); }, vocab_);
 }

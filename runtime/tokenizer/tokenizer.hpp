@@ -8,8 +8,9 @@
 /// - `bpe_vocab` (bpe_vocab.hpp): GGUF "gpt2" byte-level BPE vocabularies with the
 ///   pre-tokenizers of pre_tokenizer.hpp.
 ///
-/// Common to both: invalid UTF-8 text is refused; user text never becomes a control token (BOS,
-/// EOS, `<unk>`, a BPE vocabulary's control tokens); `decode()` returns valid UTF-8 (each maximal
+/// Common to both: invalid UTF-8 text is refused; text never becomes a special token (BOS,
+/// EOS, `<unk>`, a BPE vocabulary's control tokens and tags such as `<think>`: only a chat
+/// template's own text names them, segments.hpp); `decode()` returns valid UTF-8 (each maximal
 /// ill-formed subpart becomes U+FFFD, see utf8.hpp), and `piece()` gives the raw bytes of one
 /// token for streaming (stream_detokenizer.hpp holds a character split across tokens).
 
@@ -79,6 +80,10 @@ class tokenizer {
 
   /// Whether `id` is a control (or unknown) token: it decodes to "" and never comes from text.
   [[nodiscard]] bool is_control(std::int32_t id) const;
+  /// Whether `id` is a special token: a control token, or a BPE vocabulary's tag (a user-defined
+  /// token such as `<think>` or `<tool_call>`, bpe_vocab::is_tag). Neither comes from `encode`;
+  /// a template's text names them.
+  [[nodiscard]] bool is_special(std::int32_t id) const;
 
   [[nodiscard]] std::int32_t vocab_size() const;
   [[nodiscard]] std::int32_t bos_id() const;
