@@ -487,6 +487,26 @@ TEST(GrammarLimits, AMatcherPastItsLimitFailsItsCursorsWithTheError) {
   m.check_invariants();
 }
 
+TEST(GrammarLimits, TheWorkOfOneTokenMaskIsBoundedWithExactCounts) {
+  // The first mask of root ::= "a" x walks the toy vocabulary's trie: "a" builds the state after
+  // it (5 stack tops: the return into root, x's four alternatives), "ab" the accepting one (2:
+  // the end of x's "b", the end of root); every other first byte is dead at once (0).
+  auto vocab = toy_vocabulary();
+  const grammar_spec spec{grammar_kind::gbnf, "root ::= \"a\" x\nx ::= \"b\" | \"c\" | \"d\" | \"e\"", {}, {}};
+  grammar_limits limits;
+  limits.num_stacks_per_mask_max = 7;
+  matcher seven(compile(spec, limits).value(), vocab);
+  const auto mask = seven.mask(automaton::initial());
+  ASSERT_TRUE(mask.has_value()) << mask.error().message;
+  EXPECT_TRUE(allowed(**mask, token_of(*vocab, "ab")));
+  EXPECT_EQ(seven.states().num_visits(), 1 + 7);  // the compile's first state, then the mask's
+  limits.num_stacks_per_mask_max = 6;
+  matcher six(compile(spec, limits).value(), vocab);
+  EXPECT_EQ(six.mask(automaton::initial()).error().message,
+            "the grammar's automaton visited more than 6 stack tops for one token mask (num_stacks_per_mask_max); "
+            "simplify the grammar");
+}
+
 TEST(GrammarLimits, TheCacheIsBoundedInBytes) {
   const grammar_spec a{grammar_kind::regex, "[a-z]{0,100}", {}, {}};
   const grammar_spec b{grammar_kind::regex, "[0-9]{0,100}", {}, {}};

@@ -75,6 +75,7 @@ expected<int32_t> automaton::build(std::vector<std::pair<int32_t, int32_t>> work
     const auto [p, up] = work.back();
     work.pop_back();
     if (!seen.insert(key(p, up)).second) continue;
+    num_visits_++;
     if (static_cast<int64_t>(seen.size()) > limits_.num_stacks_per_state_max)
       return fail(errc::invalid_argument,
                   "the grammar's automaton needs more than " + std::to_string(limits_.num_stacks_per_state_max) +

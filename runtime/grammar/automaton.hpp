@@ -52,6 +52,8 @@ class automaton {
 
   [[nodiscard]] size_t num_states() const { return states_.size(); }
   [[nodiscard]] size_t num_nodes() const { return nodes_.size(); }
+  /// Stack tops visited so far, by every state built (the work done).
+  [[nodiscard]] int64_t num_visits() const { return num_visits_; }
   /// An estimate of the memory held (what matcher_memory_bytes_max bounds).
   [[nodiscard]] int64_t memory_bytes() const { return memory_bytes_; }
   [[nodiscard]] const grammar_limits& limits() const { return limits_; }
@@ -88,6 +90,7 @@ class automaton {
   std::shared_ptr<const grammar> grammar_;
   grammar_limits limits_;
   int64_t memory_bytes_ = 0;
+  int64_t num_visits_ = 0;
   std::vector<node> nodes_;
   std::unordered_map<uint64_t, int32_t> node_ids_;  // (pos, parent) -> node (lookups only)
   std::vector<state> states_;

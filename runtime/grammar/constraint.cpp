@@ -255,6 +255,7 @@ expected<const token_mask*> matcher::mask(int32_t state) {
                                             std::to_string(memory_bytes()) + " bytes, more than the " +
                                             std::to_string(bytes_max) +
                                             " allowed (matcher_memory_bytes_max); simplify the grammar");
+  const int64_t visits_max = automaton_.num_visits() + automaton_.limits().num_stacks_per_mask_max;
   token_mask bits(static_cast<size_t>(vocab_->size() + 31) / 32, 0);
   const auto set = [&bits](int32_t t) { bits[static_cast<size_t>(t) / 32] |= 1u << (t % 32); };
   if (automaton_.accepting(state))
@@ -268,6 +269,11 @@ expected<const token_mask*> matcher::mask(int32_t state) {
     for (const auto& [byte, child] : trie[static_cast<size_t>(at)].children) {
       const auto next = automaton_.advance(s, byte);
       if (!next) return tl::unexpected(next.error());
+      if (automaton_.num_visits() > visits_max)
+        return fail(errc::invalid_argument,
+                    "the grammar's automaton visited more than " +
+                        std::to_string(automaton_.limits().num_stacks_per_mask_max) +
+                        " stack tops for one token mask (num_stacks_per_mask_max); simplify the grammar");
       if (*next == automaton::dead) continue;
       for (const int32_t t : trie[static_cast<size_t>(child)].tokens) set(t);
       work.emplace_back(child, *next);

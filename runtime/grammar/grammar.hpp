@@ -59,6 +59,9 @@ struct grammar_limits {
   /// Stack tops (a grammar position with its caller stack) an automaton visits to build one
   /// state: bounds the work of one byte and the size of one state.
   int64_t num_stacks_per_state_max = 65'536;
+  /// Stack tops visited while computing one token mask (the trie walk builds the states its
+  /// tokens reach): bounds the work a grammar adds to one step.
+  int64_t num_stacks_per_mask_max = 1'048'576;
   /// One matcher's automaton (nodes, states, transitions) and token masks together.
   int64_t matcher_memory_bytes_max = int64_t{256} << 20;
   size_t num_cached_max = 64;  ///< compiled grammars a grammar cache keeps
