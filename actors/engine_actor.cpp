@@ -459,7 +459,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
   start_executor(self);
   if (st.options.vocabulary)  // it goes down with its engine
-    st.grammars = spawn_grammar_actor(self->system(), caf::actor_cast<caf::actor>(self));
+    st.grammars = spawn_grammar_actor(self->system(), caf::actor_cast<caf::actor>(self), st.options.config.grammar);
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   guard_boundary(self);
   return {

@@ -11,8 +11,8 @@ struct grammar_state {
 };
 
 grammar_actor::behavior_type grammar_behavior(grammar_actor::stateful_pointer<grammar_state> self, caf::actor owner,
-                                              size_t capacity) {
-  self->state.cache = grammar::grammar_cache(capacity);
+                                              const grammar::grammar_limits& limits) {
+  self->state.cache = grammar::grammar_cache(limits);
   self->monitor(owner);
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   return {
@@ -26,8 +26,9 @@ grammar_actor::behavior_type grammar_behavior(grammar_actor::stateful_pointer<gr
 
 }  // namespace
 
-grammar_actor spawn_grammar_actor(caf::actor_system& sys, const caf::actor& owner, size_t capacity) {
-  return sys.spawn(grammar_behavior, owner, capacity);
+grammar_actor spawn_grammar_actor(caf::actor_system& sys, const caf::actor& owner,
+                                  const grammar::grammar_limits& limits) {
+  return sys.spawn(grammar_behavior, owner, limits);
 }
 
 }  // namespace troupe::actors

@@ -31,9 +31,10 @@ struct compiled_grammar_ref {
 using grammar_actor =
     caf::typed_actor<caf::replies_to<compile_atom, grammar::grammar_spec>::with<compiled_grammar_ref>>;
 
-/// Spawns a grammar actor for `owner` (it quits when the owner goes down), keeping up to
-/// `capacity` compiled grammars.
-grammar_actor spawn_grammar_actor(caf::actor_system& sys, const caf::actor& owner, size_t capacity = 64);
+/// Spawns a grammar actor for `owner` (it quits when the owner goes down) that compiles and
+/// caches within `limits`.
+grammar_actor spawn_grammar_actor(caf::actor_system& sys, const caf::actor& owner,
+                                  const grammar::grammar_limits& limits = {});
 
 }  // namespace troupe::actors
 

@@ -9,6 +9,11 @@
 // pass (a fresh matcher: every new automaton state walks the token trie once), then the same
 // walks again (warm: every state's mask is cached), in microseconds; and the ratio to one
 // decode step of the bundled model (one row, greedy, median of the reference generator).
+//
+// First, without the vocabulary: how long refusing a grammar past its limits takes (issue 47),
+// median of --rejections compiles each (grammar_limits' defaults): the 33-byte regex recipe
+// that once stalled every request, the same nesting in GBNF rules, and ten `{0,1000}` repeats
+// (past num_rules_max). Tests assert the limits and the errors; the time is only printed here.
 
 #include <cstdio>
 #include <filesystem>
@@ -37,27 +42,63 @@ pass walk(grammar::matcher& m, int64_t num_tokens, uint32_t seed) {
   const double start = now_seconds();
   grammar::cursor c(m);
   for (int64_t t = 0; t < num_tokens; t++) {
-    const grammar::token_mask* mask = c.mask();
+    const auto masked = c.mask();
+    TROUPE_ASSERT_MSG(masked.has_value(), "the bench's grammars stay within their limits");
+    const grammar::token_mask* mask = *masked;
     choices.clear();
     for (size_t w = 0; w < mask->size(); w++)
       for (uint32_t bits = (*mask)[w]; bits != 0; bits &= bits - 1)
         choices.push_back(static_cast<int32_t>(w * 32) + __builtin_ctz(bits));
     TROUPE_ASSERT_MSG(!choices.empty(), "a grammar's mask is never empty");
     const int32_t token = choices[rng() % choices.size()];
-    c.feed(token);
+    const bool fed = c.feed(token).has_value();
+    TROUPE_ASSERT(fed);
     if (m.states().accepting(c.state()) && !m.states().can_continue(c.state())) c = grammar::cursor(m);
   }
   return {(now_seconds() - start) * 1e6 / static_cast<double>(num_tokens), num_tokens};
 }
 
+/// Prints the median time `compile` takes to refuse each hostile grammar, of `num_runs` runs.
+void print_rejections(int num_runs) {
+  std::string ten_repeats;
+  for (int i = 0; i < 10; i++) ten_repeats += "a{0,1000}";
+  const std::vector<std::pair<const char*, grammar::grammar_spec>> hostile = {
+      {"regex recipe", {grammar::grammar_kind::regex, "a{0,1000}{0,1000}{0,1000}{0,1000}", {}, {}}},
+      {"gbnf nesting",
+       {grammar::grammar_kind::gbnf,
+        "root ::= c{0,1000}\nc ::= b{0,1000}\nb ::= a{0,1000}\na ::= \"a\"{0,1000}", {}, {}}},
+      {"10 repeats", {grammar::grammar_kind::regex, ten_repeats, {}, {}}},
+  };
+  std::printf("refusing hostile grammars at compile, median of %d:\n", num_runs);
+  for (const auto& [name, spec] : hostile) {
+    std::vector<double> ms;
+    std::string message;
+    for (int r = 0; r < num_runs; r++) {
+      const double start = now_seconds();
+      const auto compiled = grammar::compile(spec);
+      ms.push_back((now_seconds() - start) * 1e3);
+      TROUPE_ASSERT_MSG(!compiled.has_value(), "a hostile grammar is refused");
+      message = compiled.error().message;
+    }
+    const summary s = summarize(ms);
+    std::printf("  %-13s %8.2f ms (min %.2f, max %.2f): %s\n", name, s.median, s.min, s.max, message.c_str());
+  }
+}
+
 int run(int argc, char** argv) {
   std::printf("$ %s\n", command_line(argc, argv).c_str());
   int64_t num_tokens = 4000;
+  int num_rejections = 11;
   parse_arguments(argc, argv, [&](const std::string& a, auto next) {
-    if (a != "--tokens") return false;
-    num_tokens = std::max<int64_t>(1, std::stoll(next()));
+    if (a == "--tokens") {
+      num_tokens = std::max<int64_t>(1, std::stoll(next()));
+      return true;
+    }
+    if (a != "--rejections") return false;
+    num_rejections = std::max(1, std::stoi(next())) | 1;  // odd: the median is a sample
     return true;
   });
+  print_rejections(num_rejections);
   const std::string vocab_path = std::string(TROUPE_SHARED_DATA_DIR) + "/vocab/ggml-vocab-llama-spm.gguf";
   if (!std::filesystem::exists(vocab_path)) {
     std::printf("skipped: %s is absent (../shared/data exists only beside troupe's own checkouts)\n", vocab_path.c_str());

@@ -548,6 +548,9 @@ TEST_F(ActorsDeterministic, BadRequestsGetClearErrors) {
        errc::invalid_argument, "#: the JSON Schema keyword 'if' is not supported"},
       {"grammar with ignore_eos", with([](auto& r) { r.grammar_kind = "regex"; r.grammar = "a"; r.ignore_eos = true; }),
        errc::invalid_argument, "ignore_eos cannot be combined with a grammar"},
+      // Issue 47: admitted before, and its first automaton state stalled the executor's step.
+      {"the 33-byte regex recipe", with([](auto& r) { r.grammar_kind = "regex"; r.grammar = "a{0,1000}{0,1000}{0,1000}{0,1000}"; }),
+       errc::invalid_argument, "needs more than 65536 stacks for one state (num_stacks_per_state_max)"},
   };
   std::vector<std::shared_ptr<client_log>> logs;
   for (const bad_case& c : cases) logs.push_back(submit(c.request));

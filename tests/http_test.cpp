@@ -644,5 +644,34 @@ TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
       << bad_table.err;
 }
 
+TEST_F(Http, TheStallingRegexRecipeIsA400NamingTheLimitWhileAnotherStreamGoesOn) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  // Issue 47: before grammar_limits the recipe was admitted and the executor built its
+  // automaton's first state inside a step, without bound: the engine stalled and both requests
+  // here ran into curl's --max-time (exit 28). Now its compile refuses it; the other client's
+  // stream, sent at the same time, gives the greedy text.
+  std::ofstream(dir_ / "other.json") << R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0,"stream":true})";
+  std::ofstream(dir_ / "recipe.json") << R"({"prompt":"x","guided_regex":"a{0,1000}{0,1000}{0,1000}{0,1000}"})";
+  const std::string post = curl_path + " -s -S --max-time 60 -H 'Content-Type: application/json' -w '\\n%{http_code}' ";
+  const cli_result both = run_program(
+      "/bin/bash",
+      {"-c", "cd '" + dir_.string() + "' || exit 1; " + post + "--data-binary @other.json " + url_ + "/v1/completions > other.out & " + post +
+                 "--data-binary @recipe.json " + url_ + "/v1/completions > recipe.out; wait $! && wait"},
+      dir_);
+  EXPECT_EQ(both.exit_code, 0) << both.err;
+  const std::string recipe = read_file(dir_ / "recipe.out");
+  const size_t recipe_end = recipe.rfind('\n');
+  ASSERT_NE(recipe_end, std::string::npos) << recipe;
+  EXPECT_EQ(recipe.substr(recipe_end + 1), "400") << recipe;
+  EXPECT_NE(recipe.find("needs more than 65536 stacks for one state (num_stacks_per_state_max)"), std::string::npos)
+      << recipe;
+  const std::string other = read_file(dir_ / "other.out");
+  const size_t other_end = other.rfind('\n');
+  ASSERT_NE(other_end, std::string::npos) << other;
+  EXPECT_EQ(other.substr(other_end + 1), "200") << other;
+  EXPECT_EQ(choice_texts(other.substr(0, other_end)), std::vector<std::string>{greedy(20)}) << other;
+  expect_good_answer("the recipe");
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -311,6 +311,27 @@ TEST(Topology, PreemptionSwapsToTheNodesHostTier) {
   EXPECT_EQ(swap->engines[0].config.swap_bandwidth_gb_s, 2.5);
 }
 
+TEST(Topology, GrammarLimitsAreEngineKeys) {
+  auto plain = parse(k_valid);
+  ASSERT_TRUE(plain) << plain.error().message;
+  const grammar::grammar_limits& defaults = plain->engines[0].config.grammar;
+  EXPECT_EQ(defaults.num_rules_max, 10000);
+  EXPECT_EQ(defaults.num_stacks_per_state_max, 65536);
+  EXPECT_EQ(defaults.matcher_memory_bytes_max, int64_t{256} << 20);
+  EXPECT_EQ(defaults.cache_memory_bytes_max, int64_t{64} << 20);
+  auto set = parse(k_valid + "grammar_rules_max = 500\ngrammar_stacks_per_state_max = 4096\ngrammar_matcher_mib = 32\n"
+                             "grammar_cache_mib = 0\n");
+  ASSERT_TRUE(set) << set.error().message;
+  const grammar::grammar_limits& limits = set->engines[0].config.grammar;
+  EXPECT_EQ(limits.num_rules_max, 500);
+  EXPECT_EQ(limits.num_elements_max, 5000);
+  EXPECT_EQ(limits.num_stacks_per_state_max, 4096);
+  EXPECT_EQ(limits.matcher_memory_bytes_max, int64_t{32} << 20);
+  EXPECT_EQ(limits.cache_memory_bytes_max, 0);
+  EXPECT_EQ(parse(k_valid + "grammar_stacks_per_state_max = 0\n").error().message,
+            "topology.toml:12: engine 'engine0': key 'grammar_stacks_per_state_max' must be in 1..16777216, got 0");
+}
+
 namespace {
 
 /// A second node (4 lines), for a shard host.
@@ -533,7 +554,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "calibration, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, executor_threads, "
                  "step_log, drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, draft_model, "
                  "speculation_mode, preemption, swap_bandwidth_gb_s, expert_timeout_ms, expert_window_steps, expert_capacity, "
-                 "expert_moe_lb_max, expert_move_steps_max)"},
+                 "expert_moe_lb_max, expert_move_steps_max, grammar_rules_max, grammar_stacks_per_state_max, "
+                 "grammar_matcher_mib, grammar_cache_mib)"},
         // Preemption.
         bad_file{"unknown_preemption", k_valid + "preemption = \"drop\"\n",
                  "topology.toml:12: engine 'engine0': key 'preemption' must be recompute, swap or cost; got 'drop'"},

@@ -564,6 +564,30 @@ struct listener {
   return {};
 }
 
+/// What a request's grammar may cost on this engine (grammar::grammar_limits, docs/grammars.md):
+/// grammar_rules_max (elements: ten per rule), grammar_stacks_per_state_max, grammar_matcher_mib
+/// and grammar_cache_mib.
+[[nodiscard]] expected<void> read_grammar_limits(const context& ctx, const toml::table& table, const scope& where,
+                                                 grammar::grammar_limits& limits) {
+  auto rules = read_int(ctx, table, where, "grammar_rules_max", limits.num_rules_max, 1, 1000000);
+  if (!rules) return tl::unexpected(rules.error());
+  limits.num_rules_max = *rules;
+  limits.num_elements_max = int64_t{10} * *rules;
+  auto stacks = read_int(ctx, table, where, "grammar_stacks_per_state_max",
+                         static_cast<int32_t>(limits.num_stacks_per_state_max), 1, 16777216);
+  if (!stacks) return tl::unexpected(stacks.error());
+  limits.num_stacks_per_state_max = *stacks;
+  auto matcher = read_int(ctx, table, where, "grammar_matcher_mib",
+                          static_cast<int32_t>(limits.matcher_memory_bytes_max >> 20), 1, 65536);
+  if (!matcher) return tl::unexpected(matcher.error());
+  limits.matcher_memory_bytes_max = int64_t{*matcher} << 20;
+  auto cache = read_int(ctx, table, where, "grammar_cache_mib", static_cast<int32_t>(limits.cache_memory_bytes_max >> 20),
+                        0, 65536);
+  if (!cache) return tl::unexpected(cache.error());
+  limits.cache_memory_bytes_max = int64_t{*cache} << 20;
+  return {};
+}
+
 /// The engine_config keys; defaults are engine_config's own.
 [[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
                                                 const scope& where, engine_spec& engine) {
@@ -588,6 +612,7 @@ struct listener {
   if (auto ok = read_scheduler_policy(ctx, table, where, config.scheduler.policy); !ok) return ok;
   if (auto ok = read_speculation(ctx, table, where, config.speculation); !ok) return ok;
   if (auto ok = read_preemption(ctx, table, where, config); !ok) return ok;
+  if (auto ok = read_grammar_limits(ctx, table, where, config.grammar); !ok) return ok;
   auto expert_timeout = read_int(ctx, table, where, "expert_timeout_ms", engine.expert_timeout_ms, 1, 600000);
   if (!expert_timeout) return tl::unexpected(expert_timeout.error());
   engine.expert_timeout_ms = *expert_timeout;
@@ -621,7 +646,9 @@ struct listener {
                             "scheduler", "sjf_aging_tokens", "executor_threads", "step_log", "drafter",
                             "num_speculative_tokens", "ngram_min", "ngram_max", "draft_layers", "draft_model",
                             "speculation_mode", "preemption", "swap_bandwidth_gb_s", "expert_timeout_ms",
-                            "expert_window_steps", "expert_capacity", "expert_moe_lb_max", "expert_move_steps_max"});
+                            "expert_window_steps", "expert_capacity", "expert_moe_lb_max", "expert_move_steps_max",
+                            "grammar_rules_max", "grammar_stacks_per_state_max", "grammar_matcher_mib",
+                            "grammar_cache_mib"});
       !ok) {
     return tl::unexpected(ok.error());
   }

@@ -121,6 +121,14 @@
 ///                                      #   window whose moe_lb is above it
 ///   expert_move_steps_max = 4          #   optional, 1..1000000, default 4: steps a move's copy
 ///                                      #   may take before the executor waits for it
+///   grammar_rules_max = 10000          #   optional, 1..1000000, default 10000: rules a
+///                                      #   request's grammar may compile to (elements: 10x)
+///   grammar_stacks_per_state_max = 65536  # optional, 1..16777216, default 65536: stack tops
+///                                      #   to build one grammar-automaton state
+///   grammar_matcher_mib = 256          #   optional, 1..65536, default 256: one grammar
+///                                      #   matcher's automaton and masks
+///   grammar_cache_mib = 64             #   optional, 0..65536, default 64: compiled grammars
+///                                      #   the engine's grammar actor keeps (docs/grammars.md)
 ///
 ///   [[expert_shard]]                   # zero or more (docs/moe.md): expert-shard actors that
 ///                                      #   compute an MoE engine's experts; without any, the

@@ -29,7 +29,8 @@ engine::engine(const model::checkpoint& ck, const tokenizer& tok, const engine_c
     : tokenizer_(tok),
       core_(std::move(core)),
       executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool, config.speculation, draft,
-                grammar::vocabulary_of(tok, core_->config().eos_token_ids)) {}
+                grammar::vocabulary_of(tok, core_->config().eos_token_ids)),
+      grammars_(config.grammar) {}
 
 template <class Add>
 expected<void> engine::add(request r, Add&& add_to_core) {

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/grammar/grammar.hpp"
 #include "runtime/model/kernel_path.hpp"
 #include "runtime/sched/scheduler_config.hpp"
 #include "runtime/spec/spec_config.hpp"
@@ -62,6 +63,8 @@ struct engine_config {
   spec::speculation_config speculation;
   preemption_mode preemption = preemption_mode::recompute;
   double swap_bandwidth_gb_s = 8;  ///< preemption `cost`: host tier -> pool copy speed, in (0, 1e6]
+  /// What requests' grammars may cost: compile, automaton and cache bounds (docs/grammars.md).
+  grammar::grammar_limits grammar;
 };
 
 /// The tokens that end a sample: `config.eos_token_ids`, or the tokenizer's EOS and BOS.

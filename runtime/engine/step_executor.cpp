@@ -224,17 +224,20 @@ expected<const grammar::token_mask*> step_executor::grammar_mask(const exec_chun
   std::unique_ptr<grammar::matcher>& m = matchers_[key];
   if (m == nullptr) m = std::make_unique<grammar::matcher>(chunk.grammar, vocabulary_);
   grammar::cursor& c = cursors_.try_emplace(chunk.seq, *m).first->second;
-  for (int64_t p = context.num_prompt_tokens + c.num_fed(); p < context.num_tokens; p++) c.feed(context.tokens[p]);
-  const grammar::token_mask* mask = c.mask();
-  if (m->states().num_states() <= grammar::automaton_states_max) return mask;
-  // Over its budget: this sequence fails and the matcher goes; the others on it replay their
-  // tokens into a fresh one on their next sample.
+  expected<void> fed;
+  for (int64_t p = context.num_prompt_tokens + c.num_fed(); p < context.num_tokens && fed; p++)
+    fed = c.feed(context.tokens[p]);
+  expected<const grammar::token_mask*> mask = tl::unexpected(error{});
+  if (fed) mask = c.mask();
+  if (mask) return mask;
+  if (!fed) mask = tl::unexpected(fed.error());
+  // Past a limit (grammar_limits): this sequence fails and the matcher goes; the others on it
+  // replay their tokens into a fresh one on their next sample.
   const grammar::matcher* dropped = m.get();
   for (auto it = cursors_.begin(); it != cursors_.end();)
     it = &it->second.owner() == dropped ? cursors_.erase(it) : std::next(it);
   matchers_.erase(key);
-  return fail(errc::internal, "the grammar's automaton grew past " + std::to_string(grammar::automaton_states_max) +
-                                  " states; simplify the grammar");
+  return mask;
 }
 
 void step_executor::release_grammar(kv::seq_id seq) {

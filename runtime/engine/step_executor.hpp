@@ -77,7 +77,7 @@ class step_executor {
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
   /// The grammar mask of a grammar chunk's next sample, its cursor fed the generated tokens of
   /// `context` it has not seen; null for other chunks and before a trigger. Fails when the
-  /// grammar's automaton outgrows grammar::automaton_states_max.
+  /// grammar's matcher crosses a limit (grammar::grammar_limits; the matcher is dropped).
   [[nodiscard]] expected<const grammar::token_mask*> grammar_mask(const exec_chunk& chunk,
                                                                   const sampling::token_context& context);
   /// Forgets a released sequence's grammar cursor; drops matchers no cursor uses beyond a few.

@@ -1,12 +1,15 @@
 #include "runtime/grammar/automaton.hpp"
 
 #include <algorithm>
+#include <string>
 #include <unordered_set>
 
 namespace troupe::grammar {
 namespace {
 
 constexpr int32_t unknown = -2;
+/// What memory_bytes counts for a node: the node and its entry in the interning map.
+constexpr int64_t node_bytes = 24;
 
 uint64_t key(int32_t pos, int32_t parent) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent + 1);
@@ -14,18 +17,28 @@ uint64_t key(int32_t pos, int32_t parent) {
 
 }  // namespace
 
-automaton::automaton(std::shared_ptr<const grammar> g) : grammar_(std::move(g)) {
+automaton::automaton(std::shared_ptr<const grammar> g, const grammar_limits& limits)
+    : grammar_(std::move(g)), limits_(limits) {
   TROUPE_ASSERT(grammar_ != nullptr && grammar_->num_rules() > 0);
-  std::vector<int32_t> leaves;
-  bool accepting = false;
-  for (const int32_t start : grammar_->alternatives[0]) expand(start, -1, leaves, accepting);
-  const int32_t first = intern_state(std::move(leaves), accepting);
-  TROUPE_ASSERT(first == initial());
+}
+
+expected<automaton> automaton::start(std::shared_ptr<const grammar> g, const grammar_limits& limits) {
+  automaton a(std::move(g), limits);
+  std::vector<std::pair<int32_t, int32_t>> work;
+  for (const int32_t start : a.grammar_->alternatives[0]) work.emplace_back(start, -1);
+  auto first = a.build(std::move(work));
+  if (!first) return tl::unexpected(first.error());
+  // A grammar that passed `check` matches some text, so its first state is never dead.
+  TROUPE_ASSERT(*first == initial());
+  return a;
 }
 
 int32_t automaton::intern_node(int32_t pos, int32_t parent) {
   const auto [it, fresh] = node_ids_.emplace(key(pos, parent), static_cast<int32_t>(nodes_.size()));
-  if (fresh) nodes_.push_back(node{pos, parent});
+  if (fresh) {
+    nodes_.push_back(node{pos, parent});
+    memory_bytes_ += node_bytes;
+  }
   return it->second;
 }
 
@@ -35,18 +48,39 @@ int32_t automaton::intern_state(std::vector<int32_t> leaves, bool accepting) {
   std::vector<int32_t> k = leaves;
   if (accepting) k.push_back(-1);
   const auto [it, fresh] = state_ids_.emplace(std::move(k), static_cast<int32_t>(states_.size()));
-  if (fresh) states_.push_back(state{std::move(leaves), accepting, nullptr});
+  if (fresh) {
+    // The leaves twice: the state's and the interning map's key.
+    memory_bytes_ += static_cast<int64_t>(sizeof(state) + 2 * leaves.size() * sizeof(int32_t));
+    states_.emplace_back(std::move(leaves), accepting);
+  }
   return it->second;
 }
 
-void automaton::expand(int32_t pos, int32_t parent, std::vector<int32_t>& leaves, bool& accepting) {
+expected<void> automaton::check_memory() const {
+  if (memory_bytes_ <= limits_.matcher_memory_bytes_max) return {};
+  return fail(errc::invalid_argument, "the grammar's automaton grew to " + std::to_string(memory_bytes_) +
+                                          " bytes, more than the " + std::to_string(limits_.matcher_memory_bytes_max) +
+                                          " allowed (matcher_memory_bytes_max); simplify the grammar");
+}
+
+expected<int32_t> automaton::build(std::vector<std::pair<int32_t, int32_t>> work) {
+  if (auto ok = check_memory(); !ok) return tl::unexpected(ok.error());
   // A worklist, not recursion: popping through many finished rules must not grow the C stack.
-  std::vector<std::pair<int32_t, int32_t>> work{{pos, parent}};
-  std::unordered_set<uint64_t> seen;  // membership only
+  // Work is pushed in reverse so that alternatives are visited in order.
+  std::reverse(work.begin(), work.end());
+  std::vector<int32_t> leaves;
+  bool accepting = false;
+  std::unordered_set<uint64_t> seen;  // stack tops visited (membership only)
   while (!work.empty()) {
     const auto [p, up] = work.back();
     work.pop_back();
     if (!seen.insert(key(p, up)).second) continue;
+    num_visits_++;
+    if (static_cast<int64_t>(seen.size()) > limits_.num_stacks_per_state_max)
+      return fail(errc::invalid_argument,
+                  "the grammar's automaton needs more than " + std::to_string(limits_.num_stacks_per_state_max) +
+                      " stacks for one state (num_stacks_per_state_max): its repeats or recursion are ambiguous; "
+                      "simplify the grammar");
     const element& e = grammar_->elements[static_cast<size_t>(p)];
     switch (e.type) {
       case element::kind::bytes:
@@ -68,39 +102,37 @@ void automaton::expand(int32_t pos, int32_t parent, std::vector<int32_t>& leaves
       }
     }
   }
+  if (leaves.empty() && !accepting) return dead;
+  const int32_t s = intern_state(std::move(leaves), accepting);
+  if (auto ok = check_memory(); !ok) return tl::unexpected(ok.error());
+  return s;
 }
 
-int32_t automaton::advance(int32_t s, uint8_t byte) {
+expected<int32_t> automaton::advance(int32_t s, uint8_t byte) {
   TROUPE_ASSERT(s >= 0 && static_cast<size_t>(s) < states_.size());
   if (states_[static_cast<size_t>(s)].next == nullptr) {
-    states_[static_cast<size_t>(s)].next = std::make_unique<std::array<int32_t, 256>>();
+    states_[static_cast<size_t>(s)].next = std::make_unique<transitions>();
     states_[static_cast<size_t>(s)].next->fill(unknown);
+    memory_bytes_ += static_cast<int64_t>(sizeof(transitions));
   }
-  int32_t known = (*states_[static_cast<size_t>(s)].next)[byte];
+  const int32_t known = (*states_[static_cast<size_t>(s)].next)[byte];
   if (known != unknown) return known;
-  std::vector<int32_t> leaves;
-  bool accepting = false;
-  const std::vector<int32_t> from = states_[static_cast<size_t>(s)].leaves;  // copy: states_ may grow
-  for (const int32_t leaf : from) {
+  std::vector<std::pair<int32_t, int32_t>> work;
+  for (const int32_t leaf : states_[static_cast<size_t>(s)].leaves) {
     const node n = nodes_[static_cast<size_t>(leaf)];
     const element& e = grammar_->elements[static_cast<size_t>(n.pos)];
-    if (byte >= e.lo && byte <= e.hi) expand(n.pos + 1, n.parent, leaves, accepting);
+    if (byte >= e.lo && byte <= e.hi) work.emplace_back(n.pos + 1, n.parent);
   }
-  known = leaves.empty() && !accepting ? dead : intern_state(std::move(leaves), accepting);
-  (*states_[static_cast<size_t>(s)].next)[byte] = known;
-  return known;
-}
-
-size_t automaton::memory_bytes() const {
-  size_t bytes = nodes_.size() * (sizeof(node) + 2 * sizeof(uint64_t));
-  for (const state& s : states_)
-    bytes += sizeof(state) + s.leaves.size() * sizeof(int32_t) * 2 + (s.next ? sizeof(*s.next) : 0);
-  return bytes;
+  auto next = build(std::move(work));
+  if (!next) return next;
+  (*states_[static_cast<size_t>(s)].next)[byte] = *next;
+  return next;
 }
 
 void automaton::check_invariants() const {
   TROUPE_ASSERT(state_ids_.size() == states_.size());
   TROUPE_ASSERT(node_ids_.size() == nodes_.size());
+  TROUPE_ASSERT(memory_bytes_ >= static_cast<int64_t>(nodes_.size()) * node_bytes);
   for (const state& s : states_) {
     TROUPE_ASSERT(std::is_sorted(s.leaves.begin(), s.leaves.end()));
     for (const int32_t leaf : s.leaves) {

@@ -82,27 +82,55 @@ uint64_t hash_of(const grammar_spec& spec) {
 
 namespace {
 
+/// What a grammar's rules and spec hold, roughly.
+int64_t memory_bytes_of(const grammar_spec& spec, const grammar& g) {
+  int64_t bytes = static_cast<int64_t>(sizeof(compiled_grammar) + sizeof(grammar) + spec.source.size());
+  for (const std::string& t : spec.trigger_strings) bytes += static_cast<int64_t>(t.size());
+  bytes += static_cast<int64_t>(spec.trigger_token_ids.size() * sizeof(int32_t));
+  for (size_t r = 0; r < g.names.size(); r++)
+    bytes += static_cast<int64_t>(sizeof(std::string) + g.names[r].size() + sizeof(std::vector<int32_t>) +
+                                  g.alternatives[r].size() * sizeof(int32_t));
+  return bytes + static_cast<int64_t>(g.elements.size() * sizeof(element));
+}
+
 /// `compile` with the spec's hash already known.
-expected<std::shared_ptr<const compiled_grammar>> compile_hashed(const grammar_spec& spec, uint64_t hash) {
+expected<std::shared_ptr<const compiled_grammar>> compile_hashed(const grammar_spec& spec, uint64_t hash,
+                                                                 const grammar_limits& limits) {
   expected<grammar> g = fail(errc::invalid_argument, "no grammar");
   switch (spec.kind) {
     case grammar_kind::none: return fail(errc::invalid_argument, "no grammar to compile");
-    case grammar_kind::json_schema: g = parse_json_schema(spec.source); break;
-    case grammar_kind::regex: g = parse_regex(spec.source); break;
-    case grammar_kind::gbnf: g = parse_gbnf(spec.source); break;
+    case grammar_kind::json_schema: g = parse_json_schema(spec.source, limits); break;
+    case grammar_kind::regex: g = parse_regex(spec.source, limits); break;
+    case grammar_kind::gbnf: g = parse_gbnf(spec.source, limits); break;
   }
   if (!g) return tl::unexpected(g.error());
   auto out = std::make_shared<compiled_grammar>();
   out->spec = spec;
   out->hash = hash;
+  out->memory_bytes = memory_bytes_of(spec, *g);
   out->rules = std::make_shared<const grammar>(std::move(*g));
+  auto start = automaton::start(out->rules, limits);
+  if (!start) return tl::unexpected(start.error());
+  out->memory_bytes += start->memory_bytes();
+  out->start = std::make_shared<const automaton>(std::move(*start));
   return std::shared_ptr<const compiled_grammar>(std::move(out));
 }
 
 }  // namespace
 
-expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec) {
-  return compile_hashed(spec, hash_of(spec));
+expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec, const grammar_limits& limits) {
+  return compile_hashed(spec, hash_of(spec), limits);
+}
+
+void grammar_cache::make_room(int64_t num_bytes) {
+  while (!entries_.empty() && (entries_.size() >= limits_.num_cached_max ||
+                               memory_bytes_ + num_bytes > limits_.cache_memory_bytes_max)) {
+    const auto oldest = std::min_element(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    memory_bytes_ -= oldest->second.grammar->memory_bytes;
+    entries_.erase(oldest);
+  }
 }
 
 expected<std::shared_ptr<const compiled_grammar>> grammar_cache::get(const grammar_spec& spec) {
@@ -114,15 +142,17 @@ expected<std::shared_ptr<const compiled_grammar>> grammar_cache::get(const gramm
     num_hits_++;
     return it->second.grammar;
   }
-  auto g = compile_hashed(spec, h);
+  auto g = compile_hashed(spec, h, limits_);
   if (!g) return g;
-  if (entries_.size() >= capacity_ && it == entries_.end()) {
-    const auto oldest = std::min_element(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
-      return a.second.last_use < b.second.last_use;
-    });
-    entries_.erase(oldest);
+  if (it != entries_.end()) {  // a hash collision: the newer spec takes the slot
+    memory_bytes_ -= it->second.grammar->memory_bytes;
+    entries_.erase(it);
   }
-  entries_[h] = entry{*g, uses_};
+  const int64_t bytes = (*g)->memory_bytes;
+  if (limits_.num_cached_max == 0 || bytes > limits_.cache_memory_bytes_max) return g;
+  make_room(bytes);
+  entries_.emplace(h, entry{*g, uses_});
+  memory_bytes_ += bytes;
   return g;
 }
 
@@ -177,14 +207,16 @@ int32_t trigger_matcher::next(int32_t state, uint8_t byte) const {
 }
 
 matcher::matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab)
-    : grammar_(std::move(g)), vocab_(std::move(vocab)), automaton_(grammar_->rules) {
+    : grammar_(std::move(g)), vocab_(std::move(vocab)), automaton_(*grammar_->start) {
   for (const std::string& t : grammar_->spec.trigger_strings) triggers_.emplace_back(t);
 }
 
-int32_t matcher::advance_bytes(int32_t state, std::string_view bytes) {
+expected<int32_t> matcher::advance_bytes(int32_t state, std::string_view bytes) {
   for (const char c : bytes) {
     if (state == automaton::dead) return state;
-    state = automaton_.advance(state, static_cast<uint8_t>(c));
+    auto next = automaton_.advance(state, static_cast<uint8_t>(c));
+    if (!next) return next;
+    state = *next;
   }
   return state;
 }
@@ -207,10 +239,23 @@ const std::vector<matcher::completion>& matcher::completions(size_t trigger, int
   return it->second;
 }
 
-const token_mask& matcher::mask(int32_t state) {
+int64_t matcher::memory_bytes() const {
+  const int64_t mask_bytes = static_cast<int64_t>(vocab_->size() + 31) / 32 * static_cast<int64_t>(sizeof(uint32_t));
+  return automaton_.memory_bytes() + static_cast<int64_t>(num_masks_) * mask_bytes +
+         static_cast<int64_t>(masks_.size() * sizeof(token_mask));
+}
+
+expected<const token_mask*> matcher::mask(int32_t state) {
   TROUPE_ASSERT(state >= 0 && static_cast<size_t>(state) < automaton_.num_states());
   if (masks_.size() <= static_cast<size_t>(state)) masks_.resize(static_cast<size_t>(state) + 1);
-  if (!masks_[static_cast<size_t>(state)].empty()) return masks_[static_cast<size_t>(state)];
+  if (!masks_[static_cast<size_t>(state)].empty()) return &masks_[static_cast<size_t>(state)];
+  const int64_t bytes_max = automaton_.limits().matcher_memory_bytes_max;
+  if (memory_bytes() > bytes_max)
+    return fail(errc::invalid_argument, "the grammar's automaton and token masks grew to " +
+                                            std::to_string(memory_bytes()) + " bytes, more than the " +
+                                            std::to_string(bytes_max) +
+                                            " allowed (matcher_memory_bytes_max); simplify the grammar");
+  const int64_t visits_max = automaton_.num_visits() + automaton_.limits().num_stacks_per_mask_max;
   token_mask bits(static_cast<size_t>(vocab_->size() + 31) / 32, 0);
   const auto set = [&bits](int32_t t) { bits[static_cast<size_t>(t) / 32] |= 1u << (t % 32); };
   if (automaton_.accepting(state))
@@ -222,18 +267,24 @@ const token_mask& matcher::mask(int32_t state) {
     const auto [at, s] = work.back();
     work.pop_back();
     for (const auto& [byte, child] : trie[static_cast<size_t>(at)].children) {
-      const int32_t next = automaton_.advance(s, byte);
-      if (next == automaton::dead) continue;
+      const auto next = automaton_.advance(s, byte);
+      if (!next) return tl::unexpected(next.error());
+      if (automaton_.num_visits() > visits_max)
+        return fail(errc::invalid_argument,
+                    "the grammar's automaton visited more than " +
+                        std::to_string(automaton_.limits().num_stacks_per_mask_max) +
+                        " stack tops for one token mask (num_stacks_per_mask_max); simplify the grammar");
+      if (*next == automaton::dead) continue;
       for (const int32_t t : trie[static_cast<size_t>(child)].tokens) set(t);
-      work.emplace_back(child, next);
+      work.emplace_back(child, *next);
     }
   }
   num_masks_++;
   masks_[static_cast<size_t>(state)] = std::move(bits);
-  return masks_[static_cast<size_t>(state)];
+  return &masks_[static_cast<size_t>(state)];
 }
 
-int32_t matcher::advance(int32_t state, int32_t token) {
+expected<int32_t> matcher::advance(int32_t state, int32_t token) {
   if (std::binary_search(vocab_->end_tokens().begin(), vocab_->end_tokens().end(), token))
     return automaton_.accepting(state) ? state : automaton::dead;
   const std::string& b = vocab_->bytes(token);
@@ -252,18 +303,21 @@ cursor::cursor(matcher& m)
       active_(m.compiled().spec.trigger_token_ids.empty() && m.compiled().spec.trigger_strings.empty()),
       trigger_states_(m.triggers().size(), 0) {}
 
-void cursor::feed(int32_t token) {
-  num_fed_++;
+expected<void> cursor::feed(int32_t token) {
   if (active_) {
-    state_ = matcher_->advance(state_, token);
+    auto next = matcher_->advance(state_, token);
+    if (!next) return tl::unexpected(next.error());
     // Tokens were drawn under this cursor's masks, so none can leave the grammar.
-    TROUPE_ASSERT_MSG(state_ != automaton::dead, "a grammar-constrained sequence left its grammar");
-    return;
+    TROUPE_ASSERT_MSG(*next != automaton::dead, "a grammar-constrained sequence left its grammar");
+    state_ = *next;
+    num_fed_++;
+    return {};
   }
+  num_fed_++;
   const std::vector<int32_t>& ids = matcher_->compiled().spec.trigger_token_ids;
   if (std::find(ids.begin(), ids.end(), token) != ids.end()) {
     active_ = true;
-    return;
+    return {};
   }
   // The earliest trigger string to end in this token's bytes arms the grammar, which then
   // takes the token's bytes after it.
@@ -272,16 +326,19 @@ void cursor::feed(int32_t token) {
     for (size_t k = 0; k < trigger_states_.size(); k++) {
       trigger_states_[k] = matcher_->triggers()[k].next(trigger_states_[k], static_cast<uint8_t>(bytes[i]));
       if (trigger_states_[k] != matcher_->triggers()[k].length()) continue;
+      auto next = matcher_->advance_bytes(state_, std::string_view(bytes).substr(i + 1));
+      if (!next) return tl::unexpected(next.error());
+      TROUPE_ASSERT_MSG(*next != automaton::dead, "the bytes after a grammar's trigger left the grammar");
       active_ = true;
-      state_ = matcher_->advance_bytes(state_, std::string_view(bytes).substr(i + 1));
-      TROUPE_ASSERT_MSG(state_ != automaton::dead, "the bytes after a grammar's trigger left the grammar");
-      return;
+      state_ = *next;
+      return {};
     }
   }
+  return {};
 }
 
-const token_mask* cursor::mask() {
-  if (active_) return &matcher_->mask(state_);
+expected<const token_mask*> cursor::mask() {
+  if (active_) return matcher_->mask(state_);
   if (trigger_states_.empty()) return nullptr;
   // Free text, except tokens whose bytes after a trigger string the grammar rejects.
   const vocabulary& v = matcher_->vocab();
@@ -289,8 +346,9 @@ const token_mask* cursor::mask() {
   for (size_t k = 0; k < trigger_states_.size(); k++) {
     for (const matcher::completion& c : matcher_->completions(k, trigger_states_[k])) {
       const std::string_view after = std::string_view(v.bytes(c.token)).substr(static_cast<size_t>(c.offset));
-      if (matcher_->advance_bytes(automaton::initial(), after) == automaton::dead)
-        before_trigger_[static_cast<size_t>(c.token) / 32] &= ~(1u << (c.token % 32));
+      const auto end = matcher_->advance_bytes(automaton::initial(), after);
+      if (!end) return tl::unexpected(end.error());
+      if (*end == automaton::dead) before_trigger_[static_cast<size_t>(c.token) / 32] &= ~(1u << (c.token % 32));
     }
   }
   return &before_trigger_;

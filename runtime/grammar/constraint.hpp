@@ -4,9 +4,10 @@
 ///
 /// - `grammar_spec`: what a request asks for (plain data that crosses processes): a JSON
 ///   Schema, a regular expression or a GBNF grammar, and optional trigger tokens.
-/// - `compiled_grammar`: the spec checked and compiled to a byte grammar (grammar.hpp); immutable
-///   and shared. `compile` is what the grammar actor runs before the request is admitted, so a
-///   bad grammar is an error before any step and no step ever waits for a compilation.
+/// - `compiled_grammar`: the spec checked and compiled to a byte grammar (grammar.hpp) and its
+///   automaton's initial state; immutable and shared. `compile` is what the grammar actor runs
+///   before the request is admitted, so a bad grammar, or one past a limit (grammar_limits),
+///   is an error before any step and no step ever waits for a compilation.
 /// - `vocabulary`: the bytes each token spells, in a trie, and the end tokens.
 /// - `matcher`: one executor's live copy of a compiled grammar: its automaton and, per state,
 ///   the token mask (a token is allowed when the automaton survives all of its bytes; an end
@@ -67,18 +68,27 @@ struct compiled_grammar {
   grammar_spec spec;
   uint64_t hash = 0;  ///< of the spec: the grammar cache's key (spec equality checked on a hit)
   std::shared_ptr<const grammar> rules;
+  /// The automaton with its initial state built (within the limits it was compiled under):
+  /// each matcher starts from a copy.
+  std::shared_ptr<const automaton> start;
+  int64_t memory_bytes = 0;  ///< an estimate of the memory the above hold
 };
 
-/// Compiles a spec (validate it first): its errors name what is wrong and where.
-[[nodiscard]] expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec);
+/// Compiles a spec (validate it first) and builds its automaton's initial state: its errors
+/// name what is wrong and where, or the limit the grammar crosses.
+[[nodiscard]] expected<std::shared_ptr<const compiled_grammar>> compile(const grammar_spec& spec,
+                                                                        const grammar_limits& limits = {});
 
-/// The compiled grammars a process keeps, by spec hash, least recently used dropped first.
+/// The compiled grammars a process keeps, by spec hash, least recently used dropped first once
+/// there are more than limits.num_cached_max of them or they hold more than
+/// limits.cache_memory_bytes_max bytes (a grammar larger than that alone is not kept).
 class grammar_cache {
  public:
-  explicit grammar_cache(size_t capacity = 64) : capacity_(capacity) {}
+  explicit grammar_cache(const grammar_limits& limits = {}) : limits_(limits) {}
   /// The cached compilation of `spec`, or a fresh one (errors are not cached).
   [[nodiscard]] expected<std::shared_ptr<const compiled_grammar>> get(const grammar_spec& spec);
   [[nodiscard]] size_t size() const { return entries_.size(); }
+  [[nodiscard]] int64_t memory_bytes() const { return memory_bytes_; }
   [[nodiscard]] int64_t num_hits() const { return num_hits_; }
 
  private:
@@ -86,8 +96,12 @@ class grammar_cache {
     std::shared_ptr<const compiled_grammar> grammar;
     int64_t last_use = 0;
   };
-  size_t capacity_;
+  /// Drops least recently used entries until `num_bytes` more fit beside one more entry.
+  void make_room(int64_t num_bytes);
+
+  grammar_limits limits_;
   std::map<uint64_t, entry> entries_;
+  int64_t memory_bytes_ = 0;  // the entries' memory_bytes
   int64_t uses_ = 0;
   int64_t num_hits_ = 0;
 };
@@ -120,11 +134,6 @@ class vocabulary {
 /// tokens none; `end_tokens` (the engine's end-of-sequence ids) allowed where a grammar accepts.
 [[nodiscard]] std::shared_ptr<const vocabulary> vocabulary_of(const tokenizer& tok, std::vector<int32_t> end_tokens);
 
-/// The most automaton states a matcher may grow to (each costs about 1 KiB once it has
-/// transitions): a grammar whose state space explodes fails the request that crossed the bound
-/// instead of exhausting the executor's memory.
-inline constexpr size_t automaton_states_max = size_t{1} << 18;
-
 /// A bitmask over the vocabulary: bit t of word t / 32 set = token t allowed.
 using token_mask = std::vector<uint32_t>;
 
@@ -145,17 +154,21 @@ class trigger_matcher {
   std::vector<int32_t> fallback_;  // (length) KMP failure function
 };
 
+/// Every method that may build automaton states fails once the automaton or the masks cross a
+/// limit (automaton.hpp, grammar_limits::matcher_memory_bytes_max); the owner then drops the
+/// matcher and fails the request that crossed it.
 class matcher {
  public:
+  /// Starts from a copy of `g->start`: building the initial state was the compile's work.
   matcher(std::shared_ptr<const compiled_grammar> g, std::shared_ptr<const vocabulary> vocab);
 
   /// The tokens allowed after text that led to `state` (computed once per state).
-  [[nodiscard]] const token_mask& mask(int32_t state);
+  [[nodiscard]] expected<const token_mask*> mask(int32_t state);
   /// The state after `token` (its bytes; an end token ends the text: dead unless accepting).
-  [[nodiscard]] int32_t advance(int32_t state, int32_t token);
+  [[nodiscard]] expected<int32_t> advance(int32_t state, int32_t token);
 
   /// The state after `bytes` from `state` (dead once dead).
-  [[nodiscard]] int32_t advance_bytes(int32_t state, std::string_view bytes);
+  [[nodiscard]] expected<int32_t> advance_bytes(int32_t state, std::string_view bytes);
 
   /// Trigger strings: where token `t` completes trigger `i` from KMP state `s`, the offset of
   /// the byte after the trigger's end in t (first completion); tokens that do not complete it
@@ -171,6 +184,8 @@ class matcher {
   [[nodiscard]] const compiled_grammar& compiled() const { return *grammar_; }
   [[nodiscard]] const automaton& states() const { return automaton_; }
   [[nodiscard]] size_t num_masks() const { return num_masks_; }
+  /// The automaton's memory and the masks'.
+  [[nodiscard]] int64_t memory_bytes() const;
   void check_invariants() const;
 
  private:
@@ -188,11 +203,12 @@ class cursor {
  public:
   explicit cursor(matcher& m);
 
-  /// Feeds one generated token.
-  void feed(int32_t token);
+  /// Feeds one generated token; fails where the matcher crosses a limit.
+  [[nodiscard]] expected<void> feed(int32_t token);
   /// The mask for the next token: the grammar's once active; before that null (free text), or
   /// with trigger strings every token but those whose bytes after a trigger the grammar rejects.
-  [[nodiscard]] const token_mask* mask();
+  /// Fails where the matcher crosses a limit.
+  [[nodiscard]] expected<const token_mask*> mask();
   [[nodiscard]] bool active() const { return active_; }
   [[nodiscard]] int32_t state() const { return state_; }
   [[nodiscard]] int64_t num_fed() const { return num_fed_; }

@@ -13,7 +13,7 @@ bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) !
 
 class gbnf_parser {
  public:
-  explicit gbnf_parser(const std::string& text) : in_(text, "grammar") {}
+  gbnf_parser(const std::string& text, const grammar_limits& limits) : in_(text, "grammar"), b_(limits) {}
 
   expected<grammar> parse() {
     skip_space(true);
@@ -82,6 +82,7 @@ class gbnf_parser {
       if (in_.done()) return seq;
       const char c = in_.peek();
       if (c == '|' || c == ')' || c == '\n') return seq;
+      if (auto ok = b_.status(); !ok) return tl::unexpected(ok.error());
       auto item = parse_item();
       if (!item) return tl::unexpected(item.error());
       auto repeated = in_.parse_repeats(b_, *item, /*lazy=*/false);
@@ -138,9 +139,9 @@ class gbnf_parser {
 
 }  // namespace
 
-expected<grammar> parse_gbnf(const std::string& text) {
+expected<grammar> parse_gbnf(const std::string& text, const grammar_limits& limits) {
   if (auto ok = utf8::validate(text); !ok) return fail(errc::invalid_utf8, "grammar: " + ok.error().message);
-  return gbnf_parser(text).parse();
+  return gbnf_parser(text, limits).parse();
 }
 
 }  // namespace troupe::grammar

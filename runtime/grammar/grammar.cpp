@@ -113,7 +113,19 @@ int32_t builder::fresh(const std::string& base) {
   return static_cast<int32_t>(names_.size() - 1);
 }
 
+expected<void> builder::room_for(int64_t num_rules, int64_t num_elements) const {
+  const int64_t rules = static_cast<int64_t>(names_.size()) + num_rules;
+  if (rules > limits_.num_rules_max)
+    return fail(errc::invalid_argument, "the grammar needs more than " + std::to_string(limits_.num_rules_max) +
+                                            " rules (num_rules_max; each repeat {m,n} costs n - m of them)");
+  if (num_elements_ + num_elements > limits_.num_elements_max)
+    return fail(errc::invalid_argument, "the grammar needs more than " + std::to_string(limits_.num_elements_max) +
+                                            " elements (num_elements_max)");
+  return {};
+}
+
 void builder::add(int32_t rule, const std::vector<element>& sequence) {
+  num_elements_ += static_cast<int64_t>(sequence.size()) + 1;
   rules_[static_cast<size_t>(rule)].push_back(sequence);
   defined_[static_cast<size_t>(rule)] = true;
 }
@@ -154,6 +166,10 @@ expected<element> builder::repeat(element item, int32_t min, int32_t max) {
                                             "} needs 0 <= min <= max");
   if (min > repeat_max || max > repeat_max)
     return fail(errc::invalid_argument, "a repeat count above " + std::to_string(repeat_max) + " is not supported");
+  // What the repeat creates: a star or max - min nested options (2 alternatives each), and the
+  // group of min items and the tail.
+  const int64_t num_rules = max < 0 ? 1 : max - min;
+  if (auto ok = room_for(num_rules + 1, num_rules * 4 + min + 2); !ok) return tl::unexpected(ok.error());
   std::vector<element> seq(static_cast<size_t>(min), item);
   if (max < 0) {  // star ::= item star | ""
     const int32_t star = fresh("star");
@@ -174,6 +190,7 @@ expected<element> builder::repeat(element item, int32_t min, int32_t max) {
 }
 
 expected<grammar> builder::finish(int32_t root) && {
+  if (auto ok = status(); !ok) return tl::unexpected(ok.error());
   for (size_t r = 0; r < names_.size(); r++)
     if (!defined_[r]) return fail(errc::invalid_argument, "the grammar uses rule '" + names_[r] + "' but never defines it");
   // Renumber so that `root` is rule 0.

@@ -46,14 +46,41 @@ struct code_range {
 
 /// The most repetitions a bounded repeat ({m,n}) may spell out: each costs a rule.
 inline constexpr int32_t repeat_max = 1000;
+
+/// What one grammar may cost, from its compile to the automaton that runs it. Sources are
+/// bounded in bytes (grammar_source_bytes_max), but a few bytes can ask for much more: each
+/// `{0,1000}` makes 1,000 rules, and ambiguous repeats or recursion (`a{0,1000}{0,1000}...`,
+/// `x ::= "a" | x x`) give an automaton state a number of stacks that grows with every level.
+/// Past a limit the request that asked fails with an error naming the limit; no other request
+/// pays for it.
+struct grammar_limits {
+  int32_t num_rules_max = 10'000;          ///< rules (with helper rules) one compile may create
+  int64_t num_elements_max = 100'000;      ///< grammar elements one compile may create
+  /// Stack tops (a grammar position with its caller stack) an automaton visits to build one
+  /// state: bounds the work of one byte and the size of one state.
+  int64_t num_stacks_per_state_max = 65'536;
+  /// Stack tops visited while computing one token mask (the trie walk builds the states its
+  /// tokens reach): bounds the work a grammar adds to one step.
+  int64_t num_stacks_per_mask_max = 1'048'576;
+  /// One matcher's automaton (nodes, states, transitions) and token masks together.
+  int64_t matcher_memory_bytes_max = int64_t{256} << 20;
+  size_t num_cached_max = 64;  ///< compiled grammars a grammar cache keeps
+  /// Bytes of the compiled grammars a grammar cache keeps (each one's memory_bytes).
+  int64_t cache_memory_bytes_max = int64_t{64} << 20;
+};
 /// The deepest nesting of groups (GBNF, regex) or subschemas (JSON Schema) a parser follows:
 /// the parsers recurse, and a hostile source must not exhaust the stack.
 inline constexpr int32_t nesting_max = 64;
 
 /// Builds a grammar rule by rule. Items are written as one element each (a byte range or a
-/// rule); sequences, classes and repeats are folded into fresh helper rules.
+/// rule); sequences, classes and repeats are folded into fresh helper rules. The rules and
+/// elements it creates are bounded by grammar_limits: `repeat` refuses one that would cross a
+/// bound, anything else that crosses one is remembered and reported by `status` and `finish`
+/// (parsers check `status` once per item, so they overshoot by at most one item's worth).
 class builder {
  public:
+  explicit builder(const grammar_limits& limits = {}) : limits_(limits) {}
+
   /// The rule named `name`, created (without alternatives) on first use.
   int32_t rule(const std::string& name);
   /// A fresh helper rule named after `base`.
@@ -75,7 +102,10 @@ class builder {
   /// One element for a choice between sequences.
   [[nodiscard]] element choice(const std::vector<std::vector<element>>& alternatives);
 
-  /// The grammar with rule `root` first; fails with `check`'s errors.
+  /// An error naming the limit once the rules or elements created so far exceed it.
+  [[nodiscard]] expected<void> status() const { return room_for(0, 0); }
+
+  /// The grammar with rule `root` first; fails with `status`'s and `check`'s errors.
   [[nodiscard]] expected<grammar> finish(int32_t root) &&;
 
   static element bytes(uint8_t lo, uint8_t hi) { return {element::kind::bytes, lo, hi, 0}; }
@@ -84,8 +114,14 @@ class builder {
  private:
   std::vector<std::string> names_;
   std::vector<std::vector<std::vector<element>>> rules_;
+  /// An error naming the limit where `num_rules` more rules and `num_elements` more elements
+  /// would exceed one.
+  [[nodiscard]] expected<void> room_for(int64_t num_rules, int64_t num_elements) const;
+
+  grammar_limits limits_;
   std::vector<bool> defined_;
   int32_t num_fresh_ = 0;
+  int64_t num_elements_ = 0;  // in rules_, each alternative's end included
 };
 
 /// Checks a grammar (see the header comment); errors name the rule.
@@ -101,18 +137,24 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<element>>&
 
 /// Parses GBNF, llama.cpp's grammar format (`root ::= ...`; literals, classes, `.`, groups,
 /// `* + ? {m} {m,} {m,n}`, `#` comments). Errors give the line and what was expected.
-[[nodiscard]] expected<grammar> parse_gbnf(const std::string& text);
+[[nodiscard]] expected<grammar> parse_gbnf(const std::string& text, const grammar_limits& limits = {});
 
 /// Compiles a regular expression that must match the whole output: literals, `.`, classes
 /// (with `\d \w \s` and their negations), groups `( )` and `(?: )`, `|`, `* + ? {m} {m,} {m,n}`
 /// (a lazy `?` after them is accepted: it changes no match's set); `^` / `$` only at the ends.
 /// Backreferences and lookaround are errors.
-[[nodiscard]] expected<grammar> parse_regex(const std::string& pattern);
+[[nodiscard]] expected<grammar> parse_regex(const std::string& pattern, const grammar_limits& limits = {});
 
 /// Compiles a JSON Schema (docs/grammars.md lists the keywords) to a grammar of the JSON texts
 /// that validate against it, in compact form with at most one space between tokens. A keyword
 /// that constrains values but is not supported is an error naming it and its path, never
-/// ignored; annotations (title, description, examples, ...) are ignored.
-[[nodiscard]] expected<grammar> parse_json_schema(const std::string& schema);
+/// ignored; annotations (title, description, examples, ...) are ignored. The schema's JSON may
+/// nest at most nesting_max deep: checked by a scan of its text before it is parsed, since
+/// parsing, copying and printing JSON recurse once per level.
+[[nodiscard]] expected<grammar> parse_json_schema(const std::string& schema, const grammar_limits& limits = {});
+
+/// An error where the JSON text `text` nests arrays and objects more than `depth_max` deep;
+/// a linear scan that recurses nowhere (the text need not be valid JSON).
+[[nodiscard]] expected<void> check_json_depth(const std::string& text, int32_t depth_max);
 
 }  // namespace troupe::grammar

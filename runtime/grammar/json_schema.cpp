@@ -29,7 +29,7 @@ const std::set<std::string>& supported() {
 
 class schema_compiler {
  public:
-  explicit schema_compiler(const json& root) : root_(root) {}
+  schema_compiler(const json& root, const grammar_limits& limits) : root_(root), b_(limits) {}
 
   expected<grammar> compile() {
     const int32_t root = b_.rule("root");
@@ -72,17 +72,9 @@ class schema_compiler {
   /// A shared rule for "integer", "number" or "char" (one JSON string character).
   element primitive(const std::string& name);
 
-  /// A subschema, nested at most nesting_max deep.
+  /// A subschema. The recursion is as deep as the schema's JSON, which check_json_depth bounded.
   expected<element> value(const json& s, const std::string& path) {
-    if (depth_ == nesting_max)
-      return fail(errc::invalid_argument, path + ": subschemas nested more than " + std::to_string(nesting_max) + " deep");
-    depth_++;
-    auto v = value_at_depth(s, path);
-    depth_--;
-    return v;
-  }
-
-  expected<element> value_at_depth(const json& s, const std::string& path) {
+    if (auto ok = b_.status(); !ok) return tl::unexpected(ok.error());
     if (s.is_boolean()) {
       if (s.get<bool>()) return any();
       return fail(errc::invalid_argument, path + ": the schema false matches nothing");
@@ -202,7 +194,6 @@ class schema_compiler {
   std::map<std::string, int32_t> pending_;  // $refs whose rule has no body yet
   int32_t any_ = -1;
   int32_t any_object_ = -1;
-  int32_t depth_ = 0;  // subschemas being compiled
 };
 
 element schema_compiler::primitive(const std::string& name) {
@@ -307,15 +298,38 @@ element schema_compiler::any() {
 
 }  // namespace
 
-expected<grammar> parse_json_schema(const std::string& schema) {
+expected<void> check_json_depth(const std::string& text, int32_t depth_max) {
+  int32_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); i++) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') i++;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > depth_max)
+        return fail(errc::invalid_argument, "the JSON nests arrays and objects more than " + std::to_string(depth_max) +
+                                                " deep at byte " + std::to_string(i));
+    } else if (c == ']' || c == '}') {
+      depth--;  // unbalanced text is the parser's to report
+    }
+  }
+  return {};
+}
+
+expected<grammar> parse_json_schema(const std::string& schema, const grammar_limits& limits) {
   if (auto ok = utf8::validate(schema); !ok) return fail(errc::invalid_utf8, "JSON schema: " + ok.error().message);
+  if (auto ok = check_json_depth(schema, nesting_max); !ok)
+    return fail(errc::invalid_argument, "JSON schema: " + ok.error().message + " (nesting_max)");
   json root;
   try {
     root = json::parse(schema);
   } catch (const json::parse_error& e) {
     return fail(errc::invalid_argument, std::string("the JSON schema is not valid JSON: ") + e.what());
   }
-  return schema_compiler(root).compile();
+  return schema_compiler(root, limits).compile();
 }
 
 }  // namespace troupe::grammar

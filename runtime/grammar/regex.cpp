@@ -9,7 +9,7 @@ namespace {
 
 class regex_parser {
  public:
-  explicit regex_parser(const std::string& pattern) : in_(pattern, "regex") {}
+  regex_parser(const std::string& pattern, const grammar_limits& limits) : in_(pattern, "regex"), b_(limits) {}
 
   expected<grammar> parse() {
     in_.consume("^");
@@ -38,6 +38,7 @@ class regex_parser {
   expected<std::vector<element>> parse_sequence() {
     std::vector<element> seq;
     while (!in_.done() && in_.peek() != '|' && in_.peek() != ')' && !at_end_anchor()) {
+      if (auto ok = b_.status(); !ok) return tl::unexpected(ok.error());
       auto item = parse_atom();
       if (!item) return tl::unexpected(item.error());
       auto repeated = in_.parse_repeats(b_, *item, /*lazy=*/true);
@@ -98,9 +99,9 @@ class regex_parser {
 
 }  // namespace
 
-expected<grammar> parse_regex(const std::string& pattern) {
+expected<grammar> parse_regex(const std::string& pattern, const grammar_limits& limits) {
   if (auto ok = utf8::validate(pattern); !ok) return fail(errc::invalid_utf8, "regex: " + ok.error().message);
-  return regex_parser(pattern).parse();
+  return regex_parser(pattern, limits).parse();
 }
 
 }  // namespace troupe::grammar
