@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -22,6 +23,58 @@
 namespace troupe::cli {
 namespace {
 
+/// What one client may make the HTTP and msgpack gateways hold (gateway::edge_limits; its
+/// requests in flight per address are the topology's [limits] max_pending_per_client).
+struct gateway_flags {
+  gateway::edge_limits limits;
+  int64_t output_mib = limits.output_bytes_max >> 20;
+  int64_t idle_timeout_ms = limits.idle_timeout.count();
+  int64_t header_timeout_ms = limits.header_timeout.count();
+  int64_t body_timeout_ms = limits.body_timeout.count();
+  int64_t write_timeout_ms = limits.write_timeout.count();
+
+  void add_to(CLI::App* cmd) {
+    const char* group = "Gateway limits (per gateway; docs/security.md)";
+    const std::vector<CLI::Option*> flags{
+        cmd->add_option("--gateway-max-connections", limits.max_connections, "open connections in all")
+            ->check(CLI::Range(1, 1 << 20)),
+        cmd->add_option("--gateway-max-connections-per-address", limits.max_connections_per_address,
+                        "open connections from one client address")
+            ->check(CLI::Range(1, 1 << 20)),
+        cmd->add_option("--gateway-max-in-flight-per-connection", limits.max_in_flight_per_connection,
+                        "msgpack requests in flight on one connection")
+            ->check(CLI::Range(1, 1 << 20)),
+        cmd->add_option("--gateway-output-mib", output_mib,
+                        "output a client leaves unread before its requests are cancelled and its connection closed")
+            ->check(CLI::Range(1, 4096)),
+        cmd->add_option("--gateway-idle-timeout-ms", idle_timeout_ms, "a connection with nothing in flight closes after this")
+            ->check(CLI::Range(1, 86400000)),
+        cmd->add_option("--gateway-header-timeout-ms", header_timeout_ms,
+                        "an HTTP request head (a msgpack frame) must arrive within this of its first byte")
+            ->check(CLI::Range(1, 3600000)),
+        cmd->add_option("--gateway-body-timeout-ms", body_timeout_ms, "an HTTP request body must arrive within this of its head")
+            ->check(CLI::Range(1, 3600000)),
+        cmd->add_option("--gateway-write-timeout-ms", write_timeout_ms,
+                        "a write to a client that makes no progress this long closes its connection")
+            ->check(CLI::Range(1, 3600000)),
+        cmd->add_option("--gateway-priority-min", limits.priority_min,
+                        "the most urgent priority a client may ask for; a smaller one is raised to it"),
+    };
+    for (CLI::Option* flag : flags) flag->capture_default_str()->group(group);
+  }
+  /// The limits, requests in flight per address from the topology.
+  [[nodiscard]] gateway::edge_limits resolve(const topology::topology& t) const {
+    gateway::edge_limits l = limits;
+    l.max_in_flight_per_address = t.limits.max_pending_per_client;
+    l.output_bytes_max = output_mib << 20;
+    l.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
+    l.header_timeout = std::chrono::milliseconds(header_timeout_ms);
+    l.body_timeout = std::chrono::milliseconds(body_timeout_ms);
+    l.write_timeout = std::chrono::milliseconds(write_timeout_ms);
+    return l;
+  }
+};
+
 struct serve_options {
   std::string topology = default_topology_path();
   std::string node;
@@ -37,6 +90,7 @@ struct serve_options {
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
   int32_t drain_grace_ms = -1;  ///< -1 = the topology's [cluster] drain_grace_ms
   speculation_flags speculation;  ///< the generated node's
+  gateway_flags gateway;          ///< both gateways' limits
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
@@ -68,13 +122,14 @@ expected<std::optional<topology::http_spec>> http_address(const serve_options& o
 
 /// The HTTP gateway at `http` (null if none), listening before the node is launched: /health
 /// says "starting" until `serve` hands it the balancer. /metrics reports this node's engines.
-expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys,
+expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys, const serve_options& o,
                                                             const std::optional<topology::http_spec>& http,
                                                             const topology::topology& t, const std::string& node_name) {
   if (!http) return nullptr;
   gateway::gateway_options g;
   g.host = http->host;
   g.port = http->port;
+  g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
   for (const topology::engine_spec& e : t.engines)
@@ -82,14 +137,16 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   return gateway::http_gateway::start(sys, std::move(g));
 }
 
-/// On a stop: the HTTP gateway drains (503s for new completions, those in flight end within
-/// the drain timeout), then both gateways stop.
+/// On a stop, both gateways at once: the HTTP gateway drains (503s for new completions, those
+/// in flight end within the drain timeout) and stops; the msgpack gateway reads no new frames
+/// and its requests in flight end within the same timeout.
 void stop_gateways(std::unique_ptr<gateway::http_gateway>& http, const std::optional<topology::http_spec>& address,
                    std::unique_ptr<gateway::msgpack_gateway>& msgpack) {
+  std::thread msgpack_stop([&msgpack] { msgpack.reset(); });
   if (http && !http->drain(std::chrono::milliseconds(address->drain_timeout_ms)))
     spdlog::warn("http: the drain timeout ({} ms) passed: the requests left were cancelled", address->drain_timeout_ms);
   http.reset();
-  msgpack.reset();  // no new msgpack frames; requests in flight end first
+  msgpack_stop.join();
 }
 
 /// The msgpack gateway `o` asks for (null if none), in front of this node's balancer.
@@ -102,6 +159,8 @@ expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_sys
   gateway::msgpack_options m;
   m.host = o.msgpack_host;
   m.port = static_cast<uint16_t>(o.msgpack_port);
+  m.limits = o.gateway.resolve(t);
+  m.drain_timeout = std::chrono::milliseconds(t.http.value_or(topology::http_spec{}).drain_timeout_ms);
   return gateway::msgpack_gateway::start(sys, node.load_balancer, std::move(m));
 }
 
@@ -132,7 +191,7 @@ int run_serve(const serve_options& o) {
   log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
-  auto http = start_http(sys, *http_at, *t, node_name);
+  auto http = start_http(sys, o, *http_at, *t, node_name);
   if (!http) return leave(sys, fail_with(http.error()));
   const std::string http_address = *http ? (*http_at)->host + ":" + std::to_string((*http)->port()) : "";
   if (*http) {
@@ -236,6 +295,7 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                   "on SIGINT/SIGTERM, let this node's requests run this long before they go to other engines "
                   "(default: the topology's [cluster] drain_grace_ms, 30000; 0 = stop at once)")
       ->check(CLI::Range(0, 3600000));
+  o->gateway.add_to(cmd);
   if (required) {
     topology->required();
     node->required();
