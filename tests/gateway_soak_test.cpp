@@ -215,5 +215,53 @@ TEST(GatewaySoak, HonestClientsGetTheGoldenTextWhileHostileOnesAreCappedAndSigte
   fs::remove_all(dir);
 }
 
+/// The msgpack port of a `troupe serve -T topology --msgpack-port 0 extra...` started in `dir`.
+int msgpack_port_of(server_process& server) {
+  const std::string out = server.read_until("msgpack gateway listening on ");
+  std::smatch m;
+  return std::regex_search(out, m, std::regex("msgpack gateway listening on 127.0.0.1:([0-9]+)")) ? std::stoi(m[1]) : -1;
+}
+
+/// Whether the `n`th connection from 127.0.0.2 to `port` is refused while the first n - 1 stay
+/// open, the refusal naming `per_address`.
+void expect_nth_refused(int port, int n, int per_address) {
+  std::vector<int> open;
+  for (int i = 1; i < n; i++) open.push_back(connect_from(2, port));
+  const int refused = connect_from(2, port);
+  EXPECT_EQ(read_frame(refused), wire::encode_error(std::nullopt, {errc::overloaded, "too many connections: at most 512 in all and " +
+                                                                   std::to_string(per_address) + " per address "
+                                                                   "(--gateway-max-connections[-per-address])"}));
+  for (const int fd : open) ::close(fd);
+  ::close(refused);
+}
+
+/// A one-node topology in `dir` with `table` before it (its node port a free one); its path.
+std::string topology_with(const fs::path& dir, const std::string& table) {
+  fs::create_directories(dir);
+  const std::string models = TROUPE_MODELS_DIR, path = (dir / "topology.toml").string();
+  std::ofstream(path) << table << "\n[[node]]\nname = \"n0\"\nhost = \"127.0.0.1\"\nport = " << free_port()
+                      << "\n\n[load_balancer]\nnode = \"n0\"\n\n[[engine]]\nname = \"e0\"\nnode = \"n0\"\n"
+                      << "model = \"" << models << "/stories260K.bin\"\ntokenizer = \"" << models << "/tok512.bin\"\n";
+  return path;
+}
+
+// The topology's [gateway] table sets the gateways' limits, and a flag wins over it.
+TEST(GatewaySoak, TheTopologysGatewayTableSetsTheLimitsAndAFlagWinsOverIt) {
+  const fs::path dir = fs::temp_directory_path() / ("troupe_gateway_table_" + std::to_string(::getpid()));
+  const std::string table = "[gateway]\nmax_connections_per_address = 1\n";
+  {
+    server_process server(dir / "a", {"serve", "-T", topology_with(dir / "a", table), "--msgpack-port", "0"});
+    const int port = msgpack_port_of(server);
+    ASSERT_GT(port, 0) << server.err();
+    expect_nth_refused(port, 2, 1);
+  }
+  server_process server(dir / "b", {"serve", "-T", topology_with(dir / "b", table), "--msgpack-port", "0",
+                                    "--gateway-max-connections-per-address", "2"});
+  const int port = msgpack_port_of(server);
+  ASSERT_GT(port, 0) << server.err();
+  expect_nth_refused(port, 3, 2);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace troupe::testing

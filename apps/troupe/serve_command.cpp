@@ -4,7 +4,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -23,54 +25,72 @@
 namespace troupe::cli {
 namespace {
 
-/// What one client may make the HTTP and msgpack gateways hold (gateway::edge_limits; its
-/// requests in flight per address are the topology's [limits] max_pending_per_client).
+/// What one client may make the HTTP and msgpack gateways hold (gateway::edge_limits): the
+/// defaults, the topology's [gateway] over them, the flags given over that; requests in flight
+/// per address are the topology's [limits] max_pending_per_client.
 struct gateway_flags {
-  gateway::edge_limits limits;
-  int64_t output_mib = limits.output_bytes_max >> 20;
-  int64_t idle_timeout_ms = limits.idle_timeout.count();
-  int64_t header_timeout_ms = limits.header_timeout.count();
-  int64_t body_timeout_ms = limits.body_timeout.count();
-  int64_t write_timeout_ms = limits.write_timeout.count();
+  /// One integer flag: the key of [gateway] it overrides and how it sets the limits.
+  struct flag {
+    const char* name;
+    const char* description;
+    int64_t min, max;
+    std::optional<int32_t> topology::gateway_spec::*key;
+    void (*set)(gateway::edge_limits&, int64_t);
+    int64_t value = 0;  ///< the flag's, or the default (shown in --help)
+    CLI::Option* option = nullptr;
+  };
+  std::vector<flag> flags;
 
-  void add_to(CLI::App* cmd) {
-    const char* group = "Gateway limits (per gateway; docs/security.md)";
-    const std::vector<CLI::Option*> flags{
-        cmd->add_option("--gateway-max-connections", limits.max_connections, "open connections in all")
-            ->check(CLI::Range(1, 1 << 20)),
-        cmd->add_option("--gateway-max-connections-per-address", limits.max_connections_per_address,
-                        "open connections from one client address")
-            ->check(CLI::Range(1, 1 << 20)),
-        cmd->add_option("--gateway-max-in-flight-per-connection", limits.max_in_flight_per_connection,
-                        "msgpack requests in flight on one connection")
-            ->check(CLI::Range(1, 1 << 20)),
-        cmd->add_option("--gateway-output-mib", output_mib,
-                        "output a client leaves unread before its requests are cancelled and its connection closed")
-            ->check(CLI::Range(1, 4096)),
-        cmd->add_option("--gateway-idle-timeout-ms", idle_timeout_ms, "a connection with nothing in flight closes after this")
-            ->check(CLI::Range(1, 86400000)),
-        cmd->add_option("--gateway-header-timeout-ms", header_timeout_ms,
-                        "an HTTP request head (a msgpack frame) must arrive within this of its first byte")
-            ->check(CLI::Range(1, 3600000)),
-        cmd->add_option("--gateway-body-timeout-ms", body_timeout_ms, "an HTTP request body must arrive within this of its head")
-            ->check(CLI::Range(1, 3600000)),
-        cmd->add_option("--gateway-write-timeout-ms", write_timeout_ms,
-                        "a write to a client that makes no progress this long closes its connection")
-            ->check(CLI::Range(1, 3600000)),
-        cmd->add_option("--gateway-priority-min", limits.priority_min,
-                        "the most urgent priority a client may ask for; a smaller one is raised to it"),
+  gateway_flags() {
+    using g = topology::gateway_spec;
+    using l = gateway::edge_limits;
+    using ms = std::chrono::milliseconds;
+    const int64_t int32_min = std::numeric_limits<int32_t>::min(), int32_max = std::numeric_limits<int32_t>::max();
+    flags = {
+        {"--gateway-max-connections", "open connections in all", 1, 1 << 20, &g::max_connections,
+         [](l& x, int64_t v) { x.max_connections = static_cast<int32_t>(v); }},
+        {"--gateway-max-connections-per-address", "open connections from one client address", 1, 1 << 20,
+         &g::max_connections_per_address, [](l& x, int64_t v) { x.max_connections_per_address = static_cast<int32_t>(v); }},
+        {"--gateway-max-in-flight-per-connection", "msgpack requests in flight on one connection", 1, 1 << 20,
+         &g::max_in_flight_per_connection, [](l& x, int64_t v) { x.max_in_flight_per_connection = static_cast<int32_t>(v); }},
+        {"--gateway-output-mib", "output a client leaves unread before its requests are cancelled and it is closed", 1,
+         4096, &g::output_mib, [](l& x, int64_t v) { x.output_bytes_max = v << 20; }},
+        {"--gateway-idle-timeout-ms", "a connection with nothing in flight closes after this", 1, 86400000,
+         &g::idle_timeout_ms, [](l& x, int64_t v) { x.idle_timeout = ms(v); }},
+        {"--gateway-header-timeout-ms", "an HTTP request head (a msgpack frame) must arrive within this of its first byte",
+         1, 3600000, &g::header_timeout_ms, [](l& x, int64_t v) { x.header_timeout = ms(v); }},
+        {"--gateway-body-timeout-ms", "an HTTP request body must arrive within this of its head", 1, 3600000,
+         &g::body_timeout_ms, [](l& x, int64_t v) { x.body_timeout = ms(v); }},
+        {"--gateway-write-timeout-ms", "a write to a client that makes no progress this long closes its connection", 1,
+         3600000, &g::write_timeout_ms, [](l& x, int64_t v) { x.write_timeout = ms(v); }},
+        {"--gateway-priority-min", "the most urgent priority a client may ask for; a smaller one is raised to it",
+         int32_min, int32_max, &g::priority_min, [](l& x, int64_t v) { x.priority_min = static_cast<int32_t>(v); }},
     };
-    for (CLI::Option* flag : flags) flag->capture_default_str()->group(group);
+    const l defaults;
+    const int64_t shown[] = {defaults.max_connections, defaults.max_connections_per_address,
+                             defaults.max_in_flight_per_connection, defaults.output_bytes_max >> 20,
+                             defaults.idle_timeout.count(), defaults.header_timeout.count(),
+                             defaults.body_timeout.count(), defaults.write_timeout.count(), defaults.priority_min};
+    for (size_t i = 0; i < flags.size(); i++) flags[i].value = shown[i];
   }
-  /// The limits, requests in flight per address from the topology.
+  void add_to(CLI::App* cmd) {
+    for (flag& f : flags)
+      f.option = cmd->add_option(f.name, f.value, std::string(f.description) + " (overrides the topology's [gateway])")
+                     ->check(CLI::Range(f.min, f.max))
+                     ->capture_default_str()
+                     ->group("Gateway limits (per gateway; docs/security.md)");
+  }
+  /// The limits for topology `t`.
   [[nodiscard]] gateway::edge_limits resolve(const topology::topology& t) const {
-    gateway::edge_limits l = limits;
+    gateway::edge_limits l;
+    for (const flag& f : flags) {
+      const std::optional<int32_t>& key = t.gateway.*f.key;
+      if (f.option && f.option->count() > 0)
+        f.set(l, f.value);
+      else if (key)
+        f.set(l, *key);
+    }
     l.max_in_flight_per_address = t.limits.max_pending_per_client;
-    l.output_bytes_max = output_mib << 20;
-    l.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
-    l.header_timeout = std::chrono::milliseconds(header_timeout_ms);
-    l.body_timeout = std::chrono::milliseconds(body_timeout_ms);
-    l.write_timeout = std::chrono::milliseconds(write_timeout_ms);
     return l;
   }
 };
