@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -281,7 +281,7 @@ void http_gateway::impl::handle_metrics(http_response& res) {
   std::vector<msg::engine_report> reports;
   for (const actors::engine_actor& engine : queried) {
     auto report = actors::query_engine(sys, engine, options.engine_query_timeout);
-    if (!report) return reply_error(res, {503, report.error().message, "server_error", "", "unavailable"});
+    if (!report) return reply_error(res, openai::error_from({errc::unavailable, report.error().message}));
     reports.push_back(*report);
   }
   const openai::engine_gauges gauges = openai::sum_reports(reports, options.num_kv_blocks_total);
