@@ -549,22 +549,26 @@ expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options
 
 /// Asks `engine` with `atom` and waits for its answer of type T.
 template <class T, class Atom>
-expected<T> ask(caf::actor_system& sys, const engine_actor& engine, Atom atom) {
+expected<T> ask(caf::actor_system& sys, const engine_actor& engine, Atom atom, std::chrono::milliseconds timeout) {
   check_may_block("asking an engine (query_engine / query_executor)");
   caf::scoped_actor self{sys};
   expected<T> out = fail(errc::internal, "no answer");
-  self->request(engine, std::chrono::seconds(30), atom)
+  self->request(engine, timeout, atom)
       .receive([&](T& answer) { out = std::move(answer); },
-               [&](caf::error& e) { out = fail(errc::internal, "engine query failed: " + sys.render(e)); });
+               [&](caf::error& e) {
+                 out = fail(errc::internal, "engine query failed (" + std::to_string(timeout.count()) +
+                                                " ms at most): " + sys.render(e));
+               });
   return out;
 }
 
-expected<msg::engine_report> query_engine(caf::actor_system& sys, const engine_actor& engine) {
-  return ask<msg::engine_report>(sys, engine, stats_atom::value);
+expected<msg::engine_report> query_engine(caf::actor_system& sys, const engine_actor& engine,
+                                          std::chrono::milliseconds timeout) {
+  return ask<msg::engine_report>(sys, engine, stats_atom::value, timeout);
 }
 
 expected<executor_actor> query_executor(caf::actor_system& sys, const engine_actor& engine) {
-  return ask<executor_actor>(sys, engine, executor_atom::value);
+  return ask<executor_actor>(sys, engine, executor_atom::value, std::chrono::seconds(30));
 }
 
 }  // namespace troupe::actors

@@ -102,8 +102,10 @@ struct engine_options {
 /// step_log file cannot be opened for appending (io_error naming it).
 [[nodiscard]] expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options& options);
 
-/// Blocking query of an engine's counters (tests, benchmarks, `troupe serve` on exit).
-[[nodiscard]] expected<msg::engine_report> query_engine(caf::actor_system& sys, const engine_actor& engine);
+/// Blocking query of an engine's counters (tests, benchmarks, `troupe serve` on exit, the HTTP
+/// gateway's /metrics), waiting `timeout` at most (an error naming it after).
+[[nodiscard]] expected<msg::engine_report> query_engine(caf::actor_system& sys, const engine_actor& engine,
+                                                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 /// The engine's current executor (tests send it commands when they plugged in their own).
 [[nodiscard]] expected<executor_actor> query_executor(caf::actor_system& sys, const engine_actor& engine);

@@ -1,7 +1,9 @@
 #pragma once
 
-/// A queue between client actors and a gateway's thread: actor callbacks push (never wait), the
-/// gateway thread pops (waiting). Used by both gateways (http_gateway, msgpack_gateway).
+/// A queue of tasks for the HTTP server's worker threads: the loop pushes (never waits), a
+/// worker pops (waiting). Unbounded, and bounded by what pushes: one task per request read, and
+/// a connection has one request answered at a time (the connections are capped: edge_limits).
+/// The msgpack gateway's output queue counts its bytes instead (msgpack_gateway.cpp).
 
 #include <condition_variable>
 #include <deque>

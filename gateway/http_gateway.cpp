@@ -1,7 +1,9 @@
 #include "gateway/http_gateway.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -85,10 +87,12 @@ std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::resp
 }  // namespace
 
 struct http_gateway::impl {
-  impl(caf::actor_system& s, gateway_options o) : sys(s), options(std::move(o)) {}
+  impl(caf::actor_system& s, gateway_options o)
+      : sys(s), options(std::move(o)), requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address) {}
 
   caf::actor_system& sys;
   gateway_options options;
+  address_counts requests;  ///< completions in flight by client address
   std::unique_ptr<http_server> server;
   std::mutex metrics_mutex;
   openai::request_metrics metrics;  // guarded by metrics_mutex
@@ -158,11 +162,16 @@ struct http_gateway::impl {
 
 void http_gateway::impl::handle_completion(openai::endpoint kind, const http_request& req,
                                            const std::shared_ptr<http_response>& res) {
+  std::shared_ptr<const void> counted = requests.enter(req.peer);
+  if (!counted) return reply_error(*res, {429, too_many_in_flight(options.limits), "rate_limit_error", "", "overloaded"});
+  res->hold(std::move(counted));
   auto admitted = admit();
   if (!admitted) return reply_error(*res, admitted.error());
   res->hold(std::move(admitted->ticket));
   auto parsed = openai::parse_request(kind, req.body, options.model, admitted->tok.get());
   if (!parsed) return reply_error(*res, parsed.error());
+  // A client asks for its priority; it gets no more urgent one than its allowance.
+  parsed->request.priority = std::max(parsed->request.priority, options.limits.priority_min);
   // A lone choice without a seed reports the one its request actor draws.
   std::optional<uint64_t> seed;
   if (parsed->request.has_seed) seed = parsed->request.seed;
@@ -271,8 +280,8 @@ void http_gateway::impl::handle_metrics(http_response& res) {
   }
   std::vector<msg::engine_report> reports;
   for (const actors::engine_actor& engine : queried) {
-    auto report = actors::query_engine(sys, engine);
-    if (!report) return reply_error(res, openai::error_from(report.error()));
+    auto report = actors::query_engine(sys, engine, options.engine_query_timeout);
+    if (!report) return reply_error(res, openai::error_from({errc::unavailable, report.error().message}));
     reports.push_back(*report);
   }
   const openai::engine_gauges gauges = openai::sum_reports(reports, options.num_kv_blocks_total);
@@ -301,7 +310,8 @@ void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<h
 expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, gateway_options options) {
   auto state = std::make_unique<impl>(sys, std::move(options));
   impl& s = *state;
-  http_server_options o{s.options.host, s.options.port, s.options.body_bytes_max, s.options.num_threads};
+  http_server_options o{s.options.host, s.options.port, s.options.body_bytes_max, s.options.num_threads, s.options.limits,
+                        s.options.stop_timeout};
   auto server = http_server::start(std::move(o), [&s](const http_request& req, const std::shared_ptr<http_response>& res) {
     s.handle(req, res);
   });

@@ -6,7 +6,8 @@
 /// render its chunks and its end and queue them on the request's connection; the server's loop
 /// writes them. No actor waits on a socket and no thread waits per request. A request whose
 /// HTTP client goes away is cancelled (the engine frees its KV blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-/// GET /health, GET /metrics.
+/// GET /health, GET /metrics. A completion's `priority` below limits.priority_min is raised to
+/// it (a client cannot put its requests before everyone else's).
 ///
 /// Life: `start` listens at once (GET /health: 503 starting; completions: 503), `serve` hands
 /// it the load balancer once the node is up (200 ready), `drain` refuses new completions with
@@ -22,6 +23,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/client.hpp"
+#include "gateway/edge_limits.hpp"
 #include "openai/api.hpp"
 #include "runtime/common/error.hpp"
 
@@ -35,6 +37,15 @@ struct gateway_options {
   size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
   int32_t num_threads = 4;          ///< threads running request handlers (a /metrics scrape blocks one)
   actors::client_timeouts timeouts;
+  /// Connections, deadlines, output and requests in flight per client address (a 429 past
+  /// max_in_flight_per_address), and the priority floor of its requests (edge_limits).
+  edge_limits limits;
+  /// How long /metrics waits for each engine's counters; one that does not answer in time makes
+  /// the scrape a 503 naming it.
+  std::chrono::milliseconds engine_query_timeout{2000};
+  /// After a drain, how long the responses left may take to be written before their
+  /// connections close.
+  std::chrono::milliseconds stop_timeout{2000};
 };
 
 class http_gateway {

@@ -24,6 +24,8 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "gateway/blocking_queue.hpp"
 #include "gateway/listen.hpp"
 
@@ -39,8 +41,8 @@ namespace {
 constexpr uint32_t head_bytes_max = 64 << 10;
 /// What one read asks of the socket.
 constexpr size_t read_bytes = 16 << 10;
-/// How long a stopping server waits for the responses in progress to be written.
-constexpr std::chrono::seconds stop_wait{10};
+/// How long accepting pauses when the process is out of descriptors.
+constexpr std::chrono::milliseconds accept_backoff{100};
 
 std::string lower(std::string_view text) {
   std::string out(text);
@@ -61,19 +63,33 @@ std::string chunk_of(std::string_view bytes) {
   return chunk;
 }
 
+/// Where a connection is in reading its next request; each but `answering` has a deadline.
+enum class reading { idle, head, body, answering };
+
 }  // namespace
 
 /// One client connection. The loop thread owns the socket, the input and the parser; responses
 /// append to `out` from any thread under `mutex`.
 struct http_connection {
-  http_connection(tcp::socket s, uint64_t number, http_server::impl* owner)
-      : socket(std::move(s)), id(number), server(owner) {}
+  http_connection(tcp::socket s, uint64_t number, http_server::impl* owner, std::string address,
+                  std::shared_ptr<const void> counted)
+      : socket(std::move(s)), id(number), server(owner), peer(std::move(address)), open(std::move(counted)) {
+    read_deadline.emplace(socket->get_executor());
+    write_deadline.emplace(socket->get_executor());
+  }
 
   // The loop thread's alone. The socket is dropped when the connection closes, so none outlives
   // the server's io_context.
   std::optional<tcp::socket> socket;
   const uint64_t id;
   http_server::impl* const server;
+  const std::string peer;            ///< the client's address
+  std::shared_ptr<const void> open;  ///< counts it among the open connections, until it closes
+  std::optional<asio::steady_timer> read_deadline;   ///< dropped with the socket
+  std::optional<asio::steady_timer> write_deadline;  ///< dropped with the socket
+  reading phase = reading::answering;  ///< what read_deadline is armed for
+  uint64_t num_read_deadlines = 0;     ///< tells a stale deadline from the one armed
+  uint64_t num_writes = 0;             ///< tells a stale write deadline from the one armed
   boost::beast::flat_buffer in;
   std::optional<beast_http::request_parser<beast_http::string_body>> parser;
   bool head_checked = false;  ///< the parser's head was looked at (limits, Expect)
@@ -88,6 +104,7 @@ struct http_connection {
   bool write_posted = false;  ///< a wake-up to write `out` is posted to the loop
   bool writing = false;       ///< a write is in flight: its end takes up what `out` gained
   bool gone = false;          ///< closed: nothing more is queued or sent
+  bool overflowed = false;    ///< `out` passed output_bytes_max: closing, nothing more is queued
 };
 
 struct http_server::impl {
@@ -98,6 +115,9 @@ struct http_server::impl {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   asio::steady_timer stop_timer{io};
+  asio::steady_timer accept_timer{io};
+  bool starved = false;  ///< accepting failed (out of descriptors): said once, retried after a pause
+  address_counts open_connections{options.limits.max_connections, options.limits.max_connections_per_address};
   uint16_t port = 0;
   std::thread loop;
   std::vector<std::thread> workers;
@@ -114,7 +134,22 @@ struct http_server::impl {
     asio::post(io, [this, c] { write_out(c); });
   }
 
+  /// `c` has queued more than output_bytes_max for a client that does not read: it closes
+  /// (called with c's mutex held, as `wake`).
+  void overflow(const std::shared_ptr<http_connection>& c) {
+    if (std::exchange(c->overflowed, true)) return;
+    asio::post(io, [this, c] {
+      spdlog::warn("http: closing a connection from {}: over {} bytes queued unread (--gateway-output-mib)", c->peer,
+                   options.limits.output_bytes_max);
+      close_connection(c);
+    });
+  }
+
   void accept();
+  void accept_later(error_code ec);
+  void admit(tcp::socket socket);
+  void expect(const std::shared_ptr<http_connection>& c, reading next);
+  void on_read_deadline(const std::shared_ptr<http_connection>& c, reading missed);
   void read(const std::shared_ptr<http_connection>& c);
   void parse_requests(const std::shared_ptr<http_connection>& c);
   void dispatch(const std::shared_ptr<http_connection>& c, http_request req, bool close_after);
@@ -130,7 +165,11 @@ struct http_server::impl {
 bool http_response::queue(std::string_view bytes, bool last) {
   http_connection& c = *connection_;
   std::lock_guard<std::mutex> lock(c.mutex);
-  if (c.gone || c.current.get() != this || c.current_done) return false;
+  if (c.gone || c.overflowed || c.current.get() != this || c.current_done) return false;
+  if (!c.out.empty() && static_cast<int64_t>(c.out.size() + bytes.size()) > c.server->options.limits.output_bytes_max) {
+    c.server->overflow(connection_);
+    return false;
+  }
   c.out.append(bytes);
   c.current_done = last;
   c.server->wake(connection_);
@@ -207,14 +246,71 @@ void http_response::finish(bool abandoned) {
 void http_server::impl::accept() {
   acceptor.async_accept([this](error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // stopping
-    if (!ec) {
-      socket.set_option(tcp::no_delay(true), ec);
-      auto c = std::make_shared<http_connection>(std::move(socket), ++num_accepted, this);
-      connections.emplace(c->id, c);
-      read(c);
-    }
-    accept();  // a failed accept (e.g. out of descriptors) is retried with the next client
+    if (ec) return accept_later(ec);
+    starved = false;
+    admit(std::move(socket));
+    accept();
   });
+}
+
+/// A failed accept (out of descriptors, most likely) is tried again after `accept_backoff`: the
+/// client stays in the backlog, and the loop does not spin on it.
+void http_server::impl::accept_later(error_code ec) {
+  if (!std::exchange(starved, true))
+    spdlog::warn("http: cannot accept a connection ({}): retrying every {} ms", ec.message(), accept_backoff.count());
+  accept_timer.expires_after(accept_backoff);
+  accept_timer.async_wait([this](error_code e) {
+    if (!e && acceptor.is_open()) accept();
+  });
+}
+
+/// A new connection, if its address and the server have room; else a 503 (if the socket takes
+/// it at once) and it is closed.
+void http_server::impl::admit(tcp::socket socket) {
+  error_code ec;
+  const tcp::endpoint remote = socket.remote_endpoint(ec);
+  const std::string peer = ec ? std::string() : remote.address().to_string();
+  std::shared_ptr<const void> counted = open_connections.enter(peer);
+  if (!counted) {
+    const std::string why = "too many connections: at most " + std::to_string(options.limits.max_connections) +
+                            " in all and " + std::to_string(options.limits.max_connections_per_address) + " per address";
+    send_now(socket.native_handle(), "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                     "Content-Length: " + std::to_string(why.size()) + "\r\nConnection: close\r\n\r\n" + why);
+    socket.close(ec);
+    return;
+  }
+  socket.set_option(tcp::no_delay(true), ec);
+  auto c = std::make_shared<http_connection>(std::move(socket), ++num_accepted, this, peer, std::move(counted));
+  connections.emplace(c->id, c);
+  expect(c, reading::idle);
+  read(c);
+}
+
+/// Arms `c`'s read deadline for `next`: idle_timeout for the next request's first byte,
+/// header_timeout from it for the head, body_timeout from the head for the body; none while a
+/// request is answered.
+void http_server::impl::expect(const std::shared_ptr<http_connection>& c, reading next) {
+  if (c->phase == next || !c->socket) return;
+  c->phase = next;
+  const uint64_t number = ++c->num_read_deadlines;
+  if (next == reading::answering) return (void)c->read_deadline->cancel();
+  const edge_limits& l = options.limits;
+  c->read_deadline->expires_after(next == reading::idle ? l.idle_timeout : next == reading::head ? l.header_timeout : l.body_timeout);
+  c->read_deadline->async_wait([this, c, next, number](error_code ec) {
+    if (!ec && c->socket && c->num_read_deadlines == number) on_read_deadline(c, next);
+  });
+}
+
+/// The client took too long: an idle connection closes, a late head or body is answered 408.
+void http_server::impl::on_read_deadline(const std::shared_ptr<http_connection>& c, reading missed) {
+  const edge_limits& l = options.limits;
+  if (missed == reading::idle) return close_connection(c);
+  const bool head = missed == reading::head;
+  spdlog::info("http: a request {} from {} took over {} ms: 408", head ? "head" : "body", c->peer,
+               (head ? l.header_timeout : l.body_timeout).count());
+  refuse(c, 408, std::string("the request ") + (head ? "head" : "body") + " took over " +
+                     std::to_string((head ? l.header_timeout : l.body_timeout).count()) + " ms (--gateway-" +
+                     (head ? "header" : "body") + "-timeout-ms)");
 }
 
 /// Reads whatever the client sends, always: requests (pipelined ones wait in `in` until their
@@ -223,6 +319,7 @@ void http_server::impl::read(const std::shared_ptr<http_connection>& c) {
   c->socket->async_read_some(c->in.prepare(read_bytes), [this, c](error_code ec, size_t n) {
     if (!c->socket) return;  // closed meanwhile
     if (ec) return close_connection(c);  // the client closed its end, or the socket failed
+    if (c->phase == reading::idle) expect(c, reading::head);
     c->in.commit(n);
     if (c->discarding) c->in.consume(c->in.size());
     if (c->in.size() > head_bytes_max + options.body_bytes_max + read_bytes) return close_connection(c);
@@ -266,6 +363,7 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
         req.target = text(head.target());
         req.path = req.target.substr(0, req.target.find('?'));
         req.content_length = static_cast<int64_t>(*length);
+        req.peer = c->peer;
         req.body_too_large = true;  // the body is not read: the connection closes after the answer
         c->parser.reset();
         c->in.consume(c->in.size());
@@ -273,8 +371,9 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
         return dispatch(c, std::move(req), true);
       }
       parser.body_limit(options.body_bytes_max);
-      const auto expect = head[beast_http::field::expect];
-      if (!parser.is_done() && lower(text(expect)) == "100-continue") {
+      if (!parser.is_done()) expect(c, reading::body);
+      const auto continues = head[beast_http::field::expect];
+      if (!parser.is_done() && lower(text(continues)) == "100-continue") {
         std::lock_guard<std::mutex> lock(c->mutex);
         c->out += "HTTP/1.1 100 Continue\r\n\r\n";
         wake(c);
@@ -293,10 +392,12 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
     req.headers.emplace_back(lower(text(field.name_string())), text(field.value()));
   req.body = std::move(message.body());
   req.content_length = static_cast<int64_t>(req.body.size());
+  req.peer = c->peer;
   dispatch(c, std::move(req), !message.keep_alive());
 }
 
 void http_server::impl::dispatch(const std::shared_ptr<http_connection>& c, http_request req, bool close_after) {
+  expect(c, reading::answering);
   auto response = std::make_shared<http_response>(c, close_after || stopping);
   {
     std::lock_guard<std::mutex> lock(c->mutex);
@@ -312,6 +413,7 @@ void http_server::impl::refuse(const std::shared_ptr<http_connection>& c, int st
   c->parser.reset();
   c->in.consume(c->in.size());
   c->discarding = true;
+  expect(c, reading::answering);
   auto response = std::make_shared<http_response>(c, true);
   {
     std::lock_guard<std::mutex> lock(c->mutex);
@@ -333,6 +435,15 @@ void http_server::impl::write_out(const std::shared_ptr<http_connection>& c) {
     c->sending.swap(c->out);
   }
   asio::async_write(*c->socket, asio::buffer(c->sending), [this, c](error_code ec, size_t) { written(c, ec); });
+  // A client that does not read stalls the write: past write_timeout the connection closes.
+  const uint64_t number = ++c->num_writes;
+  c->write_deadline->expires_after(options.limits.write_timeout);
+  c->write_deadline->async_wait([this, c, number](error_code ec) {
+    if (ec || !c->socket || c->num_writes != number) return;
+    spdlog::info("http: closing a connection from {}: a write took over {} ms (--gateway-write-timeout-ms)", c->peer,
+                 options.limits.write_timeout.count());
+    close_connection(c);
+  });
 }
 
 /// A write ended: more was queued meanwhile (write it), or the response is over (finish it, then
@@ -340,6 +451,8 @@ void http_server::impl::write_out(const std::shared_ptr<http_connection>& c) {
 void http_server::impl::written(const std::shared_ptr<http_connection>& c, error_code ec) {
   if (!c->socket) return;  // closed meanwhile
   if (ec) return close_connection(c);  // the client is gone
+  ++c->num_writes;  // its deadline is stale now
+  c->write_deadline->cancel();
   std::unique_lock<std::mutex> lock(c->mutex);
   c->writing = false;
   if (!c->out.empty()) {
@@ -353,6 +466,7 @@ void http_server::impl::written(const std::shared_ptr<http_connection>& c, error
   lock.unlock();
   done->finish(false);
   if (close) return close_connection(c);
+  expect(c, c->in.size() > 0 ? reading::head : reading::idle);
   parse_requests(c);  // a pipelined request may be waiting
 }
 
@@ -371,6 +485,9 @@ void http_server::impl::close_connection(const std::shared_ptr<http_connection>&
   error_code ignored;
   c->socket->close(ignored);  // the read (and any write) in flight ends with operation_aborted
   c->socket.reset();
+  c->read_deadline.reset();  // their waits end with operation_aborted
+  c->write_deadline.reset();
+  c->open.reset();
   c->parser.reset();
   connections.erase(c->id);
   if (unfinished) unfinished->finish(abandoned);
@@ -378,10 +495,11 @@ void http_server::impl::close_connection(const std::shared_ptr<http_connection>&
 }
 
 /// No new connection, idle ones closed; the others once their responses are written, or when
-/// `stop_wait` is over. The loop ends when none is left.
+/// `stop_timeout` is over. The loop ends when none is left.
 void http_server::impl::stop() {
   error_code ignored;
   acceptor.close(ignored);
+  accept_timer.cancel();
   std::vector<std::shared_ptr<http_connection>> idle;
   for (const auto& [id, c] : connections) {
     std::lock_guard<std::mutex> lock(c->mutex);
@@ -389,7 +507,7 @@ void http_server::impl::stop() {
   }
   for (const auto& c : idle) close_connection(c);
   if (connections.empty()) return;
-  stop_timer.expires_after(stop_wait);
+  stop_timer.expires_after(options.stop_timeout);
   stop_timer.async_wait([this](error_code ec) {
     if (ec) return;  // cancelled: every connection closed in time
     while (!connections.empty()) close_connection(connections.begin()->second);
@@ -400,6 +518,7 @@ void http_server::impl::stop() {
 
 expected<std::unique_ptr<http_server>> http_server::start(http_server_options options, http_handler handler) {
   if (options.num_workers < 1) return fail(errc::invalid_argument, "the HTTP server needs at least one worker thread");
+  if (auto ok = check_edge_limits(options.limits); !ok) return tl::unexpected(ok.error());
   auto state = std::make_unique<impl>(std::move(options), std::move(handler));
   impl& s = *state;
   const int fd = listen_on(s.options.host, s.options.port);

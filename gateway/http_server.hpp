@@ -15,7 +15,16 @@
 /// closed. A Content-Length over the limit is not read: the handler answers it
 /// (`body_too_large`) and the connection closes. A client that closes its connection while its
 /// response runs "abandons" it (the handler's callback is told once).
+///
+/// Bounds (edge_limits, docs/security.md "Limits at the edges"): connections in all and per
+/// client address (one more is answered 503 if its socket takes it at once, and closed); a
+/// connection waiting for its next request closes after idle_timeout, a request head must
+/// arrive within header_timeout of its first byte and its body within body_timeout of the head
+/// (else 408 and close); a write that takes over write_timeout closes the connection, and so does
+/// output queued past output_bytes_max (a client that does not read): its response is abandoned.
+/// Out of descriptors, accepting waits 100 ms between tries.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "gateway/edge_limits.hpp"
 #include "runtime/common/error.hpp"
 
 namespace troupe::gateway {
@@ -37,6 +47,7 @@ struct http_request {
   std::string body;
   int64_t content_length = 0;
   bool body_too_large = false;  ///< Content-Length over the limit: the body was not read
+  std::string peer;             ///< the client's address (what edge_limits count by)
 };
 
 struct http_connection;
@@ -84,6 +95,9 @@ struct http_server_options {
   uint16_t port = 0;  ///< 0: any free port
   size_t body_bytes_max = 1 << 20;
   int32_t num_workers = 4;  ///< threads running handlers (a handler may block, e.g. /metrics)
+  edge_limits limits;       ///< max_in_flight_per_* and priority_min are the handler's to apply
+  /// A stopping server lets the responses in progress be written this long, then closes.
+  std::chrono::milliseconds stop_timeout{10000};
 };
 
 class http_server {
@@ -91,7 +105,8 @@ class http_server {
   /// Listens on host:port and serves with `handler` until destroyed. Errors: io_error naming the
   /// address that cannot be bound, invalid_argument for bad options.
   [[nodiscard]] static expected<std::unique_ptr<http_server>> start(http_server_options options, http_handler handler);
-  /// Stops accepting, lets the responses in progress end and be written (10 s at most), closes.
+  /// Stops accepting, lets the responses in progress end and be written (stop_timeout at most),
+  /// closes.
   ~http_server();
   http_server(const http_server&) = delete;
   http_server& operator=(const http_server&) = delete;

@@ -1,5 +1,6 @@
 #include "gateway/listen.hpp"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -27,6 +28,20 @@ int listen_on(const std::string& host, uint16_t port) {
   }
   ::freeaddrinfo(found);
   return fd;
+}
+
+std::string peer_address(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* host = addr.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
+                                                : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
+  return ::inet_ntop(addr.ss_family, host, text, sizeof text) ? std::string(text) : std::string();
+}
+
+void send_now(int fd, const std::string& bytes) {
+  [[maybe_unused]] const ssize_t sent = ::send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 uint16_t bound_port(int fd) {

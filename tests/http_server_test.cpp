@@ -15,19 +15,17 @@
 #include <string>
 
 #include "gateway/http_server.hpp"
+#include "tests/support/loopback_socket.hpp"
 
 namespace troupe::gateway {
 namespace {
 
-/// A blocking client socket to 127.0.0.1:port.
+/// A blocking client socket from 127.0.0.`source` to 127.0.0.1:port (a read waits 30 s at most:
+/// a test of today's code fails instead of hanging).
 class client {
  public:
-  explicit client(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  explicit client(uint16_t port, int source = 1) : fd_(testing::loopback_socket(source)) {
+    connected_ = testing::connect_loopback(fd_, port);
   }
   ~client() { close(); }
   [[nodiscard]] bool connected() const { return connected_; }
@@ -79,9 +77,10 @@ void answer(const http_request& req, const std::shared_ptr<http_response>& res) 
   res->reply(404, "text/plain", "no " + req.target);
 }
 
-std::unique_ptr<http_server> start(http_handler handler = answer) {
+std::unique_ptr<http_server> start(http_handler handler = answer, edge_limits limits = {}) {
   http_server_options o;
   o.body_bytes_max = 16;
+  o.limits = limits;
   auto server = http_server::start(o, std::move(handler));
   EXPECT_TRUE(server.has_value()) << server.error().message;
   return server ? std::move(*server) : nullptr;
@@ -183,6 +182,99 @@ TEST(HttpServer, AClientLeavingMidStreamAbandonsTheResponseAndItsTokenIsLetGo) {
   }  // the client closes
   ASSERT_EQ(abandoned.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_TRUE(watched.expired());
+}
+
+// Connections are capped per client address and in all: one more is answered 503 and closed,
+// while another address still gets in. Before: no cap (every connection was served).
+TEST(HttpServer, ConnectionsAreCappedPerAddressAndInAll) {
+  edge_limits l;
+  l.max_connections = 3;
+  l.max_connections_per_address = 2;
+  auto server = start(answer, l);
+  ASSERT_TRUE(server);
+  client a(server->port(), 2), b(server->port(), 2), refused(server->port(), 2);
+  const std::string why = "too many connections: at most 3 in all and 2 per address";
+  const std::string answer_503 = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+                                 std::to_string(why.size()) + "\r\nConnection: close\r\n\r\n" + why;
+  EXPECT_EQ(refused.read_to_end(), answer_503);
+  client other(server->port(), 3);
+  other.send("GET /hello HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(other.read_until("hi"), "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi");
+  client fourth(server->port(), 4);  // 3 open in all
+  EXPECT_EQ(fourth.read_to_end(), answer_503);
+  a.close();  // its place frees once the server saw it go
+  std::string served;
+  for (int i = 0; i < 1000 && served.find("hi") == std::string::npos; i++) {
+    client again(server->port(), 4);
+    again.send("GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n");
+    served = again.read_to_end();
+  }
+  EXPECT_NE(served.find("\r\n\r\nhi"), std::string::npos);
+}
+
+// A request head must arrive within header_timeout of its first byte and its body within
+// body_timeout of the head (else 408 and the connection closes); a connection waiting for its
+// next request closes after idle_timeout. Before: each waited forever.
+TEST(HttpServer, ALateHeadOrBodyIsA408AndAnIdleConnectionCloses) {
+  edge_limits l;
+  l.header_timeout = std::chrono::milliseconds(100);
+  l.body_timeout = std::chrono::milliseconds(100);
+  l.idle_timeout = std::chrono::milliseconds(100);
+  auto server = start(answer, l);
+  ASSERT_TRUE(server);
+  const auto late = [](const std::string& what, const std::string& flag) {
+    const std::string why = "the request " + what + " took over 100 ms (--gateway-" + flag + "-timeout-ms)";
+    return "HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+           std::to_string(why.size()) + "\r\nConnection: close\r\n\r\n" + why;
+  };
+  client head(server->port());
+  head.send("GET /hello HTTP/1.1\r\nHost: x\r\n");
+  EXPECT_EQ(head.read_to_end(), late("head", "header"));
+  client body(server->port());
+  body.send("POST /echo HTTP/1.1\r\nContent-Length: 4\r\n\r\nab");
+  EXPECT_EQ(body.read_to_end(), late("body", "body"));
+  client idle(server->port());
+  idle.send("GET /hello HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(idle.read_to_end(), "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi");
+}
+
+/// Streams `num_chunks` chunks of `chunk_bytes` (no end) until a write is refused; `abandoned`
+/// is set when the client is dropped.
+http_handler stream_without_end(int num_chunks, size_t chunk_bytes, std::promise<void>& abandoned) {
+  return [=, &abandoned](const http_request&, const std::shared_ptr<http_response>& res) {
+    res->on_abandoned([&abandoned] { abandoned.set_value(); });
+    res->begin_stream("text/event-stream");
+    for (int i = 0; i < num_chunks && res->write(std::string(chunk_bytes, 'x')); i++) {
+    }
+  };
+}
+
+// Output queued for a client that does not read is capped: past output_bytes_max the connection
+// closes and its response is abandoned (its request is cancelled). Before: 16 MiB queued, never
+// abandoned (the wait below ran out).
+TEST(HttpServer, OutputLeftUnreadPastTheCapAbandonsTheResponse) {
+  edge_limits l;
+  l.output_bytes_max = 1 << 20;
+  std::promise<void> abandoned;
+  auto server = start(stream_without_end(256, 64 << 10, abandoned), l);
+  ASSERT_TRUE(server);
+  client c(server->port());
+  c.send("GET /stream HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(abandoned.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+}
+
+// A write that takes over write_timeout (a client that stopped reading) closes the connection
+// and abandons its response. Before: the write waited forever.
+TEST(HttpServer, AWriteStalledPastTheWriteTimeoutAbandonsTheResponse) {
+  edge_limits l;
+  l.write_timeout = std::chrono::milliseconds(100);
+  l.output_bytes_max = int64_t{1} << 30;
+  std::promise<void> abandoned;
+  auto server = start(stream_without_end(1, size_t{64} << 20, abandoned), l);  // more than the sockets hold
+  ASSERT_TRUE(server);
+  client c(server->port());
+  c.send("GET /stream HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(abandoned.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
 }
 
 }  // namespace

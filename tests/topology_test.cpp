@@ -204,6 +204,41 @@ TEST(Topology, EveryLimitsKeyIsReadAtItsBounds) {
   EXPECT_EQ(upper->limits.tls_handshake_timeout_ms, 600000);
 }
 
+// [gateway] (issue 47): each key read at its bounds; one left out keeps the gateway's default
+// (nullopt), and an unknown key or a value out of range names itself.
+TEST(Topology, GatewayKeysAreReadAtTheirBoundsAndLeftOutOnesKeepTheGatewaysDefaults) {
+  auto none = parse(k_valid);
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_FALSE(none->gateway.max_connections.has_value());
+  EXPECT_FALSE(none->gateway.priority_min.has_value());
+  auto low = parse("[gateway]\nmax_connections = 1\nmax_connections_per_address = 1\nmax_in_flight_per_connection = 1\n"
+                   "output_mib = 1\nidle_timeout_ms = 1\nheader_timeout_ms = 1\nbody_timeout_ms = 1\n"
+                   "write_timeout_ms = 1\npriority_min = -2147483648\n" + k_valid);
+  ASSERT_TRUE(low) << low.error().message;
+  EXPECT_EQ(low->gateway.max_connections, 1);
+  EXPECT_EQ(low->gateway.max_connections_per_address, 1);
+  EXPECT_EQ(low->gateway.max_in_flight_per_connection, 1);
+  EXPECT_EQ(low->gateway.output_mib, 1);
+  EXPECT_EQ(low->gateway.idle_timeout_ms, 1);
+  EXPECT_EQ(low->gateway.header_timeout_ms, 1);
+  EXPECT_EQ(low->gateway.body_timeout_ms, 1);
+  EXPECT_EQ(low->gateway.write_timeout_ms, 1);
+  EXPECT_EQ(low->gateway.priority_min, -2147483648LL);
+  auto high = parse("[gateway]\nmax_connections = 1048576\noutput_mib = 4096\nidle_timeout_ms = 86400000\n"
+                    "write_timeout_ms = 3600000\n" + k_valid);
+  ASSERT_TRUE(high) << high.error().message;
+  EXPECT_EQ(high->gateway.max_connections, 1048576);
+  EXPECT_EQ(high->gateway.output_mib, 4096);
+  EXPECT_FALSE(high->gateway.max_connections_per_address.has_value());
+  auto over = parse("[gateway]\noutput_mib = 4097\n" + k_valid);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().message, "topology.toml:2: gateway: key 'output_mib' must be in 1..4096, got 4097");
+  auto unknown = parse("[gateway]\nmax_conections = 1\n" + k_valid);
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().message.find("topology.toml:2: gateway: unknown key 'max_conections'"), std::string::npos)
+      << unknown.error().message;
+}
+
 TEST(Topology, EveryEngineKeyIsRead) {
   auto topo = parse(k_valid +
                     "role = \"mixed\"\nkv_blocks = 7\nblock_size = 1024\n"
@@ -639,7 +674,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "llama3; got 'jinja'"},
         bad_file{"unknown_top_level_key", k_valid + "[nodes]\n",
                  "topology.toml:12: unknown key 'nodes' (expected one of: cluster, tls, limits, http, node, "
-                 "load_balancer, engine, expert_shard)"},
+                 "load_balancer, engine, expert_shard, gateway)"},
         // [[expert_shard]] (k_valid is lines 1-11, so a shard appended starts at line 12).
         bad_file{"expert_shard_unknown_key", k_valid + shard_text("node0", "[0]") + "replicas = 2\n",
                  "topology.toml:16: expert_shard #1: unknown key 'replicas' (expected one of: engine, node, experts)"},

@@ -224,5 +224,21 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
   }
 }
 
+// An error frame echoes at most 64 bytes of a client's key or value (cut at a character's
+// start), not a whole 1 MiB key. Before: the message held the 1 MiB key ("unknown key 'xxx…'",
+// 1048590 bytes).
+TEST(Wire, AnErrorEchoesAtMost64BytesOfTheClientsKeyOrValue) {
+  const std::string id5 = b({0xa2}) + "id" + b({0x05});
+  const std::string key(1 << 20, 'k');
+  auto r = decode_frame(b({0x82}) + id5 + b({0xdb, 0x00, 0x10, 0x00, 0x00}) + key + b({0x00}));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().problem.message, "unknown key '" + std::string(64, 'k') + "...'");
+  // 63 ASCII bytes and a 2-byte character: the cut falls before the character.
+  const std::string value = std::string(63, 'v') + "\xc3\xa9" + std::string(100, 'v');
+  r = decode_frame(b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0xd9, static_cast<int>(value.size())}) + value);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().problem.message, "cache_class must be chat or agent, got '" + std::string(63, 'v') + "...'");
+}
+
 }  // namespace
 }  // namespace troupe::wire

@@ -993,6 +993,45 @@ struct listener {
   return {};
 }
 
+/// The optional [gateway] table: what one client may make the gateways hold. A key left out
+/// keeps the gateway's default.
+[[nodiscard]] expected<void> read_gateway(const context& ctx, const toml::table& root, gateway_spec& gateway) {
+  auto table = read_table(ctx, root, "gateway");
+  if (!table) return tl::unexpected(table.error());
+  if (*table == nullptr) return {};
+  const scope where{"gateway", line_of(**table)};
+  if (auto ok = check_known_keys(ctx, **table, where,
+                                 {"max_connections", "max_connections_per_address", "max_in_flight_per_connection",
+                                  "output_mib", "idle_timeout_ms", "header_timeout_ms", "body_timeout_ms",
+                                  "write_timeout_ms", "priority_min"});
+      !ok) {
+    return tl::unexpected(ok.error());
+  }
+  struct bounded_key {
+    std::string_view name;
+    std::optional<int32_t>& field;
+    int64_t min, max;
+  };
+  const bounded_key keys[] = {
+      {"max_connections", gateway.max_connections, 1, 1 << 20},
+      {"max_connections_per_address", gateway.max_connections_per_address, 1, 1 << 20},
+      {"max_in_flight_per_connection", gateway.max_in_flight_per_connection, 1, 1 << 20},
+      {"output_mib", gateway.output_mib, 1, 4096},
+      {"idle_timeout_ms", gateway.idle_timeout_ms, 1, 86400000},
+      {"header_timeout_ms", gateway.header_timeout_ms, 1, 3600000},
+      {"body_timeout_ms", gateway.body_timeout_ms, 1, 3600000},
+      {"write_timeout_ms", gateway.write_timeout_ms, 1, 3600000},
+      {"priority_min", gateway.priority_min, std::numeric_limits<int32_t>::min(), int32_max},
+  };
+  for (const bounded_key& k : keys) {
+    if (!(*table)->contains(k.name)) continue;
+    auto value = read_int(ctx, **table, where, k.name, std::nullopt, k.min, k.max);
+    if (!value) return tl::unexpected(value.error());
+    k.field = *value;
+  }
+  return {};
+}
+
 /// Letters, digits, '.', '-' and ':' (IPv6): what a host name or an IP address is made of.
 [[nodiscard]] bool is_host_text(std::string_view host) {
   return std::all_of(host.begin(), host.end(), [](char c) {
@@ -1091,7 +1130,7 @@ struct listener {
 
 [[nodiscard]] expected<topology> read_topology(const context& ctx, const toml::table& root) {
   if (auto ok = check_known_keys(ctx, root, scope{}, {"cluster", "tls", "limits", "http", "node", "load_balancer", "engine",
-                                                         "expert_shard"});
+                                                         "expert_shard", "gateway"});
       !ok) {
     return tl::unexpected(ok.error());
   }
@@ -1099,6 +1138,7 @@ struct listener {
   if (auto ok = read_cluster(ctx, root, result); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_tls(ctx, root, result); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_limits(ctx, root, result.limits); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_gateway(ctx, root, result.gateway); !ok) return tl::unexpected(ok.error());
   auto nodes = read_nodes(ctx, root, !result.tls_ca.empty());
   if (!nodes) return tl::unexpected(nodes.error());
   result.nodes = std::move(*nodes);

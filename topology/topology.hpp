@@ -28,6 +28,20 @@
 ///                                      #   accepts at its port; one more is closed at once
 ///   max_connections_per_host = 64      #   optional, > 0, default 64: the same from one address
 ///
+///   [gateway]                          # optional table: what one client may make the HTTP and
+///                                      #   msgpack gateways hold (docs/security.md "Limits at the
+///                                      #   edges"); each key optional, default the gateway's;
+///                                      #   `troupe serve --gateway-*` flags win over it
+///   max_connections = 512              #   1..2^20: open connections in all
+///   max_connections_per_address = 64   #   1..2^20: from one client address
+///   max_in_flight_per_connection = 64  #   1..2^20: msgpack requests in flight on a connection
+///   output_mib = 16                    #   1..4096: output left unread before the connection closes
+///   idle_timeout_ms = 60000            #   1..86400000: nothing in flight, silent this long: closed
+///   header_timeout_ms = 10000          #   1..3600000: an HTTP head / msgpack frame from its first byte
+///   body_timeout_ms = 30000            #   1..3600000: an HTTP body from its head
+///   write_timeout_ms = 30000           #   1..3600000: a write without progress closes the connection
+///   priority_min = 0                   #   any int32: a request's priority below it is raised to it
+///
 ///   [http]                             # optional table: the HTTP gateway (docs/http.md) on the
 ///                                      #   load balancer's node; `--http-port` overrides it
 ///   port = 8000                        #   required, 0..65535 (0: any free port, printed); not
@@ -242,6 +256,20 @@ struct limits_spec {
   int32_t max_connections_per_host = 64;  ///< connections a node accepts from one address, >= 1
 };
 
+/// [gateway]: what one client may make the HTTP and msgpack gateways hold (gateway::edge_limits,
+/// docs/security.md "Limits at the edges"). A key left out keeps the gateway's default.
+struct gateway_spec {
+  std::optional<int32_t> max_connections;
+  std::optional<int32_t> max_connections_per_address;
+  std::optional<int32_t> max_in_flight_per_connection;
+  std::optional<int32_t> output_mib;
+  std::optional<int32_t> idle_timeout_ms;
+  std::optional<int32_t> header_timeout_ms;
+  std::optional<int32_t> body_timeout_ms;
+  std::optional<int32_t> write_timeout_ms;
+  std::optional<int32_t> priority_min;
+};
+
 /// [http]: the OpenAI-compatible HTTP gateway on the load balancer's node (docs/http.md).
 struct http_spec {
   std::string host = "127.0.0.1";     ///< a host name or IP address
@@ -260,6 +288,7 @@ struct topology {
   load_balancer_spec load_balancer;
   std::string tls_ca;  ///< [tls] ca: the cluster CA certificate (PEM, absolute); "" = no [tls]
   limits_spec limits;
+  gateway_spec gateway;
   std::optional<http_spec> http;  ///< [http]; none: no HTTP gateway unless `--http-port` asks
 
   /// The node called `name`, or nullptr.

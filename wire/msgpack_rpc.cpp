@@ -18,10 +18,20 @@ namespace {
 
 using packer = msgpack::packer<msgpack::sbuffer>;
 
-std::string quoted(std::string_view key) { return "'" + std::string(key) + "'"; }
+/// The most of a client's key an error message echoes.
+constexpr size_t echo_bytes_max = 64;
+
+/// `key` in quotes for an error message: its first 64 bytes (cut at a UTF-8 character's start)
+/// and "..." if it is longer, so an error frame does not echo a 1 MiB key back.
+std::string echoed(std::string_view key) {
+  if (key.size() <= echo_bytes_max) return "'" + std::string(key) + "'";
+  size_t n = echo_bytes_max;
+  while (n > 0 && (static_cast<unsigned char>(key[n]) & 0xC0) == 0x80) n--;
+  return "'" + std::string(key.substr(0, n)) + "...'";
+}
 
 tl::unexpected<error> wrong_type(std::string_view key, const char* what) {
-  return fail(errc::invalid_argument, quoted(key) + " must be " + what);
+  return fail(errc::invalid_argument, echoed(key) + " must be " + what);
 }
 
 expected<int64_t> read_integer(const msgpack::object& v, std::string_view key, int64_t lo, int64_t hi) {
@@ -138,7 +148,7 @@ expected<void> read_messages(const msgpack::object& v, std::vector<chat_message>
 expected<void> read_cache_class(const msgpack::object& v, std::string& out) {
   std::string name;
   if (auto ok = read_string(v, "cache_class", name); !ok) return ok;
-  if (auto cls = kv::parse_cache_class(name); !cls) return tl::unexpected(cls.error());
+  if (!kv::parse_cache_class(name)) return fail(errc::invalid_argument, "cache_class must be chat or agent, got " + echoed(name));
   out = std::move(name);
   return {};
 }
@@ -205,7 +215,7 @@ expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request&
   for (const auto& [name, read] : request_fields())
     if (name == key) return read(kv.val, out);
   if (!utf8::validate(key)) return fail(errc::invalid_argument, "a request key is not valid UTF-8");
-  return fail(errc::invalid_argument, "unknown key " + quoted(key));
+  return fail(errc::invalid_argument, "unknown key " + echoed(key));
 }
 
 /// The value of the "type" key, if the map has one; an error naming it if it is not "cancel".

@@ -4,7 +4,10 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -22,6 +25,76 @@
 namespace troupe::cli {
 namespace {
 
+/// What one client may make the HTTP and msgpack gateways hold (gateway::edge_limits): the
+/// defaults, the topology's [gateway] over them, the flags given over that; requests in flight
+/// per address are the topology's [limits] max_pending_per_client.
+struct gateway_flags {
+  /// One integer flag: the key of [gateway] it overrides and how it sets the limits.
+  struct flag {
+    const char* name;
+    const char* description;
+    int64_t min, max;
+    std::optional<int32_t> topology::gateway_spec::*key;
+    void (*set)(gateway::edge_limits&, int64_t);
+    int64_t value = 0;  ///< the flag's, or the default (shown in --help)
+    CLI::Option* option = nullptr;
+  };
+  std::vector<flag> flags;
+
+  gateway_flags() {
+    using g = topology::gateway_spec;
+    using l = gateway::edge_limits;
+    using ms = std::chrono::milliseconds;
+    const int64_t int32_min = std::numeric_limits<int32_t>::min(), int32_max = std::numeric_limits<int32_t>::max();
+    flags = {
+        {"--gateway-max-connections", "open connections in all", 1, 1 << 20, &g::max_connections,
+         [](l& x, int64_t v) { x.max_connections = static_cast<int32_t>(v); }},
+        {"--gateway-max-connections-per-address", "open connections from one client address", 1, 1 << 20,
+         &g::max_connections_per_address, [](l& x, int64_t v) { x.max_connections_per_address = static_cast<int32_t>(v); }},
+        {"--gateway-max-in-flight-per-connection", "msgpack requests in flight on one connection", 1, 1 << 20,
+         &g::max_in_flight_per_connection, [](l& x, int64_t v) { x.max_in_flight_per_connection = static_cast<int32_t>(v); }},
+        {"--gateway-output-mib", "output a client leaves unread before its requests are cancelled and it is closed", 1,
+         4096, &g::output_mib, [](l& x, int64_t v) { x.output_bytes_max = v << 20; }},
+        {"--gateway-idle-timeout-ms", "a connection with nothing in flight closes after this", 1, 86400000,
+         &g::idle_timeout_ms, [](l& x, int64_t v) { x.idle_timeout = ms(v); }},
+        {"--gateway-header-timeout-ms", "an HTTP request head (a msgpack frame) must arrive within this of its first byte",
+         1, 3600000, &g::header_timeout_ms, [](l& x, int64_t v) { x.header_timeout = ms(v); }},
+        {"--gateway-body-timeout-ms", "an HTTP request body must arrive within this of its head", 1, 3600000,
+         &g::body_timeout_ms, [](l& x, int64_t v) { x.body_timeout = ms(v); }},
+        {"--gateway-write-timeout-ms", "a write to a client that makes no progress this long closes its connection", 1,
+         3600000, &g::write_timeout_ms, [](l& x, int64_t v) { x.write_timeout = ms(v); }},
+        {"--gateway-priority-min", "the most urgent priority a client may ask for; a smaller one is raised to it",
+         int32_min, int32_max, &g::priority_min, [](l& x, int64_t v) { x.priority_min = static_cast<int32_t>(v); }},
+    };
+    const l defaults;
+    const int64_t shown[] = {defaults.max_connections, defaults.max_connections_per_address,
+                             defaults.max_in_flight_per_connection, defaults.output_bytes_max >> 20,
+                             defaults.idle_timeout.count(), defaults.header_timeout.count(),
+                             defaults.body_timeout.count(), defaults.write_timeout.count(), defaults.priority_min};
+    for (size_t i = 0; i < flags.size(); i++) flags[i].value = shown[i];
+  }
+  void add_to(CLI::App* cmd) {
+    for (flag& f : flags)
+      f.option = cmd->add_option(f.name, f.value, std::string(f.description) + " (overrides the topology's [gateway])")
+                     ->check(CLI::Range(f.min, f.max))
+                     ->capture_default_str()
+                     ->group("Gateway limits (per gateway; docs/security.md)");
+  }
+  /// The limits for topology `t`.
+  [[nodiscard]] gateway::edge_limits resolve(const topology::topology& t) const {
+    gateway::edge_limits l;
+    for (const flag& f : flags) {
+      const std::optional<int32_t>& key = t.gateway.*f.key;
+      if (f.option && f.option->count() > 0)
+        f.set(l, f.value);
+      else if (key)
+        f.set(l, *key);
+    }
+    l.max_in_flight_per_address = t.limits.max_pending_per_client;
+    return l;
+  }
+};
+
 struct serve_options {
   std::string topology = default_topology_path();
   std::string node;
@@ -37,6 +110,7 @@ struct serve_options {
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
   int32_t drain_grace_ms = -1;  ///< -1 = the topology's [cluster] drain_grace_ms
   speculation_flags speculation;  ///< the generated node's
+  gateway_flags gateway;          ///< both gateways' limits
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
@@ -68,13 +142,14 @@ expected<std::optional<topology::http_spec>> http_address(const serve_options& o
 
 /// The HTTP gateway at `http` (null if none), listening before the node is launched: /health
 /// says "starting" until `serve` hands it the balancer. /metrics reports this node's engines.
-expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys,
+expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys, const serve_options& o,
                                                             const std::optional<topology::http_spec>& http,
                                                             const topology::topology& t, const std::string& node_name) {
   if (!http) return nullptr;
   gateway::gateway_options g;
   g.host = http->host;
   g.port = http->port;
+  g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
   for (const topology::engine_spec& e : t.engines)
@@ -82,14 +157,16 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   return gateway::http_gateway::start(sys, std::move(g));
 }
 
-/// On a stop: the HTTP gateway drains (503s for new completions, those in flight end within
-/// the drain timeout), then both gateways stop.
+/// On a stop, both gateways at once: the HTTP gateway drains (503s for new completions, those
+/// in flight end within the drain timeout) and stops; the msgpack gateway reads no new frames
+/// and its requests in flight end within the same timeout.
 void stop_gateways(std::unique_ptr<gateway::http_gateway>& http, const std::optional<topology::http_spec>& address,
                    std::unique_ptr<gateway::msgpack_gateway>& msgpack) {
+  std::thread msgpack_stop([&msgpack] { msgpack.reset(); });
   if (http && !http->drain(std::chrono::milliseconds(address->drain_timeout_ms)))
     spdlog::warn("http: the drain timeout ({} ms) passed: the requests left were cancelled", address->drain_timeout_ms);
   http.reset();
-  msgpack.reset();  // no new msgpack frames; requests in flight end first
+  msgpack_stop.join();
 }
 
 /// The msgpack gateway `o` asks for (null if none), in front of this node's balancer.
@@ -102,6 +179,8 @@ expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_sys
   gateway::msgpack_options m;
   m.host = o.msgpack_host;
   m.port = static_cast<uint16_t>(o.msgpack_port);
+  m.limits = o.gateway.resolve(t);
+  m.drain_timeout = std::chrono::milliseconds(t.http.value_or(topology::http_spec{}).drain_timeout_ms);
   return gateway::msgpack_gateway::start(sys, node.load_balancer, std::move(m));
 }
 
@@ -132,7 +211,7 @@ int run_serve(const serve_options& o) {
   log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
-  auto http = start_http(sys, *http_at, *t, node_name);
+  auto http = start_http(sys, o, *http_at, *t, node_name);
   if (!http) return leave(sys, fail_with(http.error()));
   const std::string http_address = *http ? (*http_at)->host + ":" + std::to_string((*http)->port()) : "";
   if (*http) {
@@ -236,6 +315,7 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                   "on SIGINT/SIGTERM, let this node's requests run this long before they go to other engines "
                   "(default: the topology's [cluster] drain_grace_ms, 30000; 0 = stop at once)")
       ->check(CLI::Range(0, 3600000));
+  o->gateway.add_to(cmd);
   if (required) {
     topology->required();
     node->required();

@@ -53,6 +53,7 @@ class server_process {
     if (fd_ >= 0) ::close(fd_);
   }
   [[nodiscard]] bool started() const { return server_.pid() != 0; }
+  [[nodiscard]] pid_t pid() const { return server_.pid(); }
   /// Stdout up to and including the line containing `needle`.
   std::string read_until(const std::string& needle) { return read_until_line(fd_, needle); }
   /// SIGTERM, then the exit code.
