@@ -18,17 +18,9 @@ namespace {
 
 using packer = msgpack::packer<msgpack::sbuffer>;
 
-/// The most of a client's key an error message echoes.
-constexpr size_t echo_bytes_max = 64;
-
-/// `key` in quotes for an error message: its first 64 bytes (cut at a UTF-8 character's start)
-/// and "..." if it is longer, so an error frame does not echo a 1 MiB key back.
-std::string echoed(std::string_view key) {
-  if (key.size() <= echo_bytes_max) return "'" + std::string(key) + "'";
-  size_t n = echo_bytes_max;
-  while (n > 0 && (static_cast<unsigned char>(key[n]) & 0xC0) == 0x80) n--;
-  return "'" + std::string(key.substr(0, n)) + "...'";
-}
+/// `key` in quotes for an error message, at most echo_bytes_max bytes of it (troupe::echo), so
+/// an error frame does not echo a 1 MiB key back.
+std::string echoed(std::string_view key) { return "'" + echo(key) + "'"; }
 
 tl::unexpected<error> wrong_type(std::string_view key, const char* what) {
   return fail(errc::invalid_argument, echoed(key) + " must be " + what);
@@ -148,7 +140,7 @@ expected<void> read_messages(const msgpack::object& v, std::vector<chat_message>
 expected<void> read_cache_class(const msgpack::object& v, std::string& out) {
   std::string name;
   if (auto ok = read_string(v, "cache_class", name); !ok) return ok;
-  if (!kv::parse_cache_class(name)) return fail(errc::invalid_argument, "cache_class must be chat or agent, got " + echoed(name));
+  if (auto cls = kv::parse_cache_class(name); !cls) return tl::unexpected(cls.error());
   out = std::move(name);
   return {};
 }
