@@ -163,7 +163,7 @@ expected<void> finish_cost_model(sim_topology& t, const roofline_keys& k, const 
                                  bool cost_inline, double kv_bytes_per_value, const std::string& where) {
   if (k.model != "calibrated" && k.model != "roofline")
     return fail(errc::malformed_file, where + "[cost] model must be \"calibrated\" or \"roofline\", got \"" +
-                                          k.model + "\"");
+                                          echo(k.model) + "\"");
   if (k.model == "calibrated") {
     if (k.any_given)
       return fail(errc::malformed_file, where + "[cost] preset, peak_tflops, memory_bandwidth_gb_s, memory_gb, "
@@ -242,7 +242,7 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
                                            const std::string& source, bool cost_inline, const roofline_keys& roofline) {
   const std::string where = source + ": ";
   if (tokens != "synthetic" && tokens != "real")
-    return fail(errc::malformed_file, where + "[cost] tokens must be \"synthetic\" or \"real\", got \"" + tokens + "\"");
+    return fail(errc::malformed_file, where + "[cost] tokens must be \"synthetic\" or \"real\", got \"" + echo(tokens) + "\"");
   t.tokens = tokens == "real" ? token_mode::real : token_mode::synthetic;
   if (!checkpoint.empty()) {
     if (t.model.dim || t.model.n_layers || t.model.n_heads || t.model.n_kv_heads || t.model.vocab_size || t.model.seq_len)

@@ -319,6 +319,26 @@ TEST(TokenMask, ATriggerStringArmsTheGrammarEvenInsideAToken) {
   m2.check_invariants();
 }
 
+// Issue 47 (found by EdgeFuzz.GrammarSourcesCompileOrFailAndTheirAutomataStayWithinBudget): a
+// number too large for a 64-bit integer made nlohmann throw out_of_range, which only parse
+// errors were caught for, out of the grammar compile (the grammar actor would have died). And
+// errors quote at most echo_bytes_max bytes of the schema's names.
+TEST(GrammarSpec, OutOfRangeNumbersAndLongNamesInASchemaAreBoundedErrors) {
+  const std::string digits(400, '9');
+  auto huge = parse_json_schema(R"({"type":"string","maxLength":)" + digits + "}");
+  ASSERT_FALSE(huge.has_value());
+  EXPECT_EQ(huge.error().message.rfind("the JSON schema is not valid JSON: [json.exception.out_of_range.406] number overflow", 0), 0u)
+      << huge.error().message;
+  EXPECT_LE(huge.error().message.size(), std::string("the JSON schema is not valid JSON: ").size() + 264 + 3);
+  const std::string name(100000, 'n');
+  auto unknown = parse_json_schema(R"({")" + name + R"(":1})");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error().message, "#: the JSON Schema keyword '" + std::string(64, 'n') + "...' is not supported");
+  auto undefined = parse_gbnf("root ::= " + name);
+  ASSERT_FALSE(undefined.has_value());
+  EXPECT_LT(undefined.error().message.size(), 200u) << undefined.error().message.substr(0, 200);
+}
+
 TEST(GrammarSpec, HostileNestingIsAnErrorNotACrash) {
   const std::string deep(20000, '(');
   EXPECT_EQ(parse_gbnf("root ::= " + deep).error().message,

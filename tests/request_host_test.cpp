@@ -260,7 +260,21 @@ TEST(RequestHostPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSp
   o.context_tokens = 512;
   request_host long_chat(o);
   EXPECT_EFFECTS(long_chat, start(1000),
-                 send_error{error(errc::too_long, "the prompt is 70000 bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
+                 send_error{error(errc::too_long, "the prompt is 70004 bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
+                 stop{});
+  // Issue 47: only the contents counted, so many short messages made a prompt of the template's
+  // markup past the context. 600 messages of 5 bytes (role and content) fit; rendered, they don't.
+  o.chat = chat_template::plain;
+  o.params.messages.assign(600, chat_message{"user", "a"});
+  auto rendered = render_chat(chat_template::plain, o.params.messages, true);
+  ASSERT_TRUE(rendered.has_value());
+  int64_t rendered_bytes = 0;
+  for (const segment& s : *rendered) rendered_bytes += static_cast<int64_t>(s.text.size());
+  ASSERT_GT(rendered_bytes, 3584);
+  request_host many(o);
+  EXPECT_EFFECTS(many, start(1000),
+                 send_error{error(errc::too_long, "the prompt is " + std::to_string(rendered_bytes) +
+                                                      " bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
                  stop{});
 }
 

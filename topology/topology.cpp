@@ -230,7 +230,7 @@ struct scope {
   std::error_code ec;
   fs::path resolved = fs::absolute(fs::path(ctx.base_dir) / *raw, ec).lexically_normal();
   const toml::source_index line = line_of_key(table, key);
-  const std::string tried = resolved.string() + " (from " + in_quotes(*raw) + ")";
+  const std::string tried = echo(resolved.string(), echo_path_bytes_max) + " (from '" + echo(*raw, echo_path_bytes_max) + "')";
   if (ec) {
     return malformed(ctx, line, where.label,
                      "key " + in_quotes(key) + ": cannot resolve " + tried + ": " + ec.message());

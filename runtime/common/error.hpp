@@ -56,6 +56,9 @@ using expected = tl::expected<T, error>;
 /// message quotes: an error must not echo a megabyte back, nor grow with the input.
 inline constexpr size_t echo_bytes_max = 64;
 
+/// The most bytes of a file path an error message quotes (a path in a file or a request).
+inline constexpr size_t echo_path_bytes_max = 512;
+
 /// `text` as an error message quotes it: whole, or its first `bytes_max` bytes (never ending
 /// inside a UTF-8 character) followed by "...".
 [[nodiscard]] std::string echo(std::string_view text, size_t bytes_max = echo_bytes_max);

@@ -27,7 +27,7 @@ expected<grammar_kind> parse_kind(const std::string& name) {
   if (name.empty() || name == "none") return grammar_kind::none;
   for (const grammar_kind k : {grammar_kind::json_schema, grammar_kind::regex, grammar_kind::gbnf})
     if (name == to_string(k)) return k;
-  return fail(errc::invalid_argument, "grammar kind '" + name + "' is not one of json_schema, regex, gbnf");
+  return fail(errc::invalid_argument, "grammar kind '" + echo(name) + "' is not one of json_schema, regex, gbnf");
 }
 
 expected<void> validate(const grammar_spec& spec, int32_t vocab_size) {

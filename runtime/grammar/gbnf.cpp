@@ -51,9 +51,9 @@ class gbnf_parser {
     auto name = parse_name();
     if (!name) return tl::unexpected(name.error());
     skip_space(false);
-    if (!in_.consume("::=")) return in_.failure("'::=' after '" + *name + "'");
+    if (!in_.consume("::=")) return in_.failure("'::=' after '" + echo(*name) + "'");
     const int32_t r = b_.rule(*name);
-    if (b_.defined(r)) return in_.failure("a new rule, not a second definition of '" + *name + "'");
+    if (b_.defined(r)) return in_.failure("a new rule, not a second definition of '" + echo(*name) + "'");
     if (*name == "root") has_root_ = true;
     skip_space(true);
     auto alternatives = parse_alternatives(false);

@@ -192,7 +192,7 @@ expected<element> builder::repeat(element item, int32_t min, int32_t max) {
 expected<grammar> builder::finish(int32_t root) && {
   if (auto ok = status(); !ok) return tl::unexpected(ok.error());
   for (size_t r = 0; r < names_.size(); r++)
-    if (!defined_[r]) return fail(errc::invalid_argument, "the grammar uses rule '" + names_[r] + "' but never defines it");
+    if (!defined_[r]) return fail(errc::invalid_argument, "the grammar uses rule '" + echo(names_[r]) + "' but never defines it");
   // Renumber so that `root` is rule 0.
   std::vector<int32_t> order(names_.size());
   for (size_t r = 0; r < order.size(); r++) order[r] = static_cast<int32_t>(r);
@@ -301,10 +301,10 @@ expected<void> check(const grammar& g) {
   // An unproductive rule would let the output start something it can never finish.
   for (int32_t r = 1; r < g.num_rules(); r++)
     if (!productive[static_cast<size_t>(r)])
-      return fail(errc::invalid_argument, "rule '" + g.names[static_cast<size_t>(r)] + "' can never finish matching");
+      return fail(errc::invalid_argument, "rule '" + echo(g.names[static_cast<size_t>(r)]) + "' can never finish matching");
   const int32_t cycle = left_cycle(leftmost_rules(g, nullable_rules(g)));
   if (cycle >= 0)
-    return fail(errc::invalid_argument, "rule '" + g.names[static_cast<size_t>(cycle)] +
+    return fail(errc::invalid_argument, "rule '" + echo(g.names[static_cast<size_t>(cycle)]) +
                                             "' is left-recursive (it can reach itself before matching any "
                                             "text, e.g. by repeating something that can match nothing)");
   return {};

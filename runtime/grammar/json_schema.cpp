@@ -51,12 +51,12 @@ class schema_compiler {
  private:
   expected<const json*> resolve(const std::string& pointer) const {
     if (pointer.rfind("#/", 0) != 0)
-      return fail(errc::invalid_argument, "$ref '" + pointer + "': only references inside the schema (#/...) are supported");
+      return fail(errc::invalid_argument, "$ref '" + echo(pointer) + "': only references inside the schema (#/...) are supported");
     try {
       const json& target = root_.at(json::json_pointer(pointer.substr(1)));
       return &target;
     } catch (const json::exception&) {
-      return fail(errc::invalid_argument, "$ref '" + pointer + "' points at nothing in the schema");
+      return fail(errc::invalid_argument, "$ref '" + echo(pointer) + "' points at nothing in the schema");
     }
   }
 
@@ -82,7 +82,7 @@ class schema_compiler {
     if (!s.is_object()) return fail(errc::invalid_argument, path + ": a schema must be an object or a boolean");
     for (const auto& [key, unused] : s.items()) {
       if (annotations().count(key) == 0 && supported().count(key) == 0)
-        return fail(errc::invalid_argument, path + ": the JSON Schema keyword '" + key + "' is not supported");
+        return fail(errc::invalid_argument, path + ": the JSON Schema keyword '" + echo(key) + "' is not supported");
     }
     if (s.contains("$ref")) return reference(s, path);
     if (s.contains("const")) return b_.literal(s["const"].dump());
@@ -143,7 +143,7 @@ class schema_compiler {
     if (type == "number") return primitive("number");
     if (type == "boolean") return b_.choice({{b_.literal("true")}, {b_.literal("false")}});
     if (type == "null") return b_.literal("null");
-    return fail(errc::invalid_argument, path + "/type: unknown type '" + type + "'");
+    return fail(errc::invalid_argument, path + "/type: unknown type '" + echo(type) + "'");
   }
 
   expected<int32_t> count(const json& s, const char* key, int32_t fallback, const std::string& path) {
@@ -238,7 +238,7 @@ expected<element> schema_compiler::object(const json& s, const std::string& path
     if (!s["required"].is_array()) return fail(errc::invalid_argument, path + "/required: a list of names");
     for (const json& r : s["required"]) {
       if (!r.is_string() || !properties.contains(r.get<std::string>()))
-        return fail(errc::invalid_argument, path + "/required: " + r.dump() + " is not one of the properties");
+        return fail(errc::invalid_argument, path + "/required: " + echo(r.dump()) + " is not one of the properties");
       required.insert(r.get<std::string>());
     }
   }
@@ -247,7 +247,7 @@ expected<element> schema_compiler::object(const json& s, const std::string& path
   std::vector<element> members;
   std::vector<bool> is_required;
   for (const auto& [name, schema] : properties.items()) {
-    auto v = value(schema, path + "/properties/" + name);
+    auto v = value(schema, path + "/properties/" + echo(name));
     if (!v) return v;
     members.push_back(b_.group({b_.literal(json(name).dump()), ws(), b_.literal(":"), ws(), *v, ws()}));
     is_required.push_back(required.count(name) != 0);
@@ -326,8 +326,8 @@ expected<grammar> parse_json_schema(const std::string& schema, const grammar_lim
   json root;
   try {
     root = json::parse(schema);
-  } catch (const json::parse_error& e) {
-    return fail(errc::invalid_argument, std::string("the JSON schema is not valid JSON: ") + e.what());
+  } catch (const json::exception& e) {  // a parse error, or a number out of range (the edge fuzz found it escaping)
+    return fail(errc::invalid_argument, "the JSON schema is not valid JSON: " + echo(e.what(), 200 + echo_bytes_max));
   }
   return schema_compiler(root, limits).compile();
 }

@@ -39,7 +39,7 @@ int64_t num_weight_floats(const model_config& c, int64_t n_experts = 0) {
   return n;
 }
 
-std::string where(const std::string& path) { return "model file '" + path + "': "; }
+std::string where(const std::string& path) { return "model file '" + echo(path, echo_path_bytes_max) + "': "; }
 
 /// Whether a float's exponent bits are all ones (NaN or an infinity). A bit test, so the scan
 /// below vectorizes and is not slowed by -ffast-math assumptions.
@@ -147,7 +147,7 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
   auto arch = f->get_string("general.architecture", path);
   if (!arch) return tl::unexpected(arch.error());
   if (*arch != "llama")
-    return fail(errc::malformed_file, where(path) + "architecture '" + *arch + "' is not supported (llama is)");
+    return fail(errc::malformed_file, where(path) + "architecture '" + echo(*arch) + "' is not supported (llama is)");
   model_config c;
   const std::pair<const char*, int32_t*> fields[] = {
       {"llama.embedding_length", &c.dim},          {"llama.feed_forward_length", &c.hidden_dim},

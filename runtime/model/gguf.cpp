@@ -314,10 +314,10 @@ expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source
     if (!key) return tl::unexpected(key.error());
     auto type = in.scalar<uint32_t>("a metadata type");
     if (!type) return tl::unexpected(type.error());
-    if (!known_type(*type)) return in.bad("metadata key '" + *key + "' has unknown type " + std::to_string(*type));
+    if (!known_type(*type)) return in.bad("metadata key '" + echo(*key) + "' has unknown type " + std::to_string(*type));
     auto value = in.value(static_cast<gguf_type>(*type), 0);
     if (!value) return tl::unexpected(value.error());
-    if (!f.metadata.emplace(*key, std::move(*value)).second) return in.bad("metadata key '" + *key + "' appears twice");
+    if (!f.metadata.emplace(*key, std::move(*value)).second) return in.bad("metadata key '" + echo(*key) + "' appears twice");
   }
   if (auto it = f.metadata.find("general.alignment"); it != f.metadata.end()) {
     const gguf_value& a = it->second;
@@ -332,18 +332,18 @@ expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source
     auto name = in.string("a tensor name");
     if (!name) return tl::unexpected(name.error());
     t.name = std::move(*name);
-    if (!names.insert(t.name).second) return in.bad("tensor '" + t.name + "' appears twice");
+    if (!names.insert(t.name).second) return in.bad("tensor '" + echo(t.name) + "' appears twice");
     auto n_dims = in.scalar<uint32_t>("a tensor's dimension count");
     if (!n_dims) return tl::unexpected(n_dims.error());
     if (*n_dims < 1 || *n_dims > max_dims)
-      return in.bad("tensor '" + t.name + "' has " + std::to_string(*n_dims) + " dimensions (1 to 4 allowed)");
+      return in.bad("tensor '" + echo(t.name) + "' has " + std::to_string(*n_dims) + " dimensions (1 to 4 allowed)");
     int64_t elements = 1;
     for (uint32_t d = 0; d < *n_dims; d++) {
       auto dim = in.scalar<uint64_t>("a tensor dimension");
       if (!dim) return tl::unexpected(dim.error());
       if (*dim < 1 || *dim > static_cast<uint64_t>(max_tensor_elements) ||
           elements > max_tensor_elements / static_cast<int64_t>(*dim))
-        return in.bad("tensor '" + t.name + "' has an empty or too large dimension");
+        return in.bad("tensor '" + echo(t.name) + "' has an empty or too large dimension");
       elements *= static_cast<int64_t>(*dim);
       t.dims.push_back(static_cast<int64_t>(*dim));
     }
@@ -354,19 +354,19 @@ expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source
       case ggml_type::f16: t.num_bytes = static_cast<uint64_t>(elements) * 2; break;
       case ggml_type::q8_0:
         if (t.dims[0] % q8_0_block != 0)
-          return in.bad("Q8_0 tensor '" + t.name + "' has rows of " + std::to_string(t.dims[0]) +
+          return in.bad("Q8_0 tensor '" + echo(t.name) + "' has rows of " + std::to_string(t.dims[0]) +
                         " values, not a multiple of 32");
         t.num_bytes = static_cast<uint64_t>(elements / q8_0_block) * q8_0_block_bytes;
         break;
       default:
-        return in.bad("tensor '" + t.name + "' has ggml type " + std::to_string(*type) +
+        return in.bad("tensor '" + echo(t.name) + "' has ggml type " + std::to_string(*type) +
                       ", which troupe does not read (F32, F16 and Q8_0 are supported)");
     }
     t.type = static_cast<ggml_type>(*type);
     auto offset = in.scalar<uint64_t>("a tensor offset");
     if (!offset) return tl::unexpected(offset.error());
     if (*offset % f.alignment != 0)
-      return in.bad("tensor '" + t.name + "' starts at data offset " + std::to_string(*offset) +
+      return in.bad("tensor '" + echo(t.name) + "' starts at data offset " + std::to_string(*offset) +
                     ", not a multiple of the alignment " + std::to_string(f.alignment));
     t.offset = *offset;
     f.tensors.push_back(std::move(t));
@@ -375,7 +375,7 @@ expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source
   const uint64_t data_size = bytes.size() >= f.data_offset ? bytes.size() - f.data_offset : 0;
   for (const gguf_tensor& t : f.tensors)
     if (t.offset > data_size || t.num_bytes > data_size - t.offset)
-      return fail(errc::malformed_file, "GGUF file '" + source + "': tensor '" + t.name + "' (" +
+      return fail(errc::malformed_file, "GGUF file '" + source + "': tensor '" + echo(t.name) + "' (" +
                                             std::to_string(t.num_bytes) + " bytes at data offset " +
                                             std::to_string(t.offset) + ") runs past the end of the file (truncated?)");
   return f;

@@ -52,9 +52,10 @@ tl::unexpected<error> bad(const std::string& source, const std::string& what) {
   return fail(errc::malformed_file, source + ": " + what);
 }
 
+/// A token's text in an error: control bytes escaped, at most echo_bytes_max bytes of it.
 std::string quoted(std::string_view text) {
   std::string out = "'";
-  for (const char c : text) {
+  for (const char c : echo(text)) {
     const auto byte = static_cast<unsigned char>(c);
     if (byte < 0x20 || byte == 0x7F) {
       char buffer[8];

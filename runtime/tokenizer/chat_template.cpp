@@ -97,7 +97,7 @@ expected<chat_template> parse_chat_template(const std::string& name) {
   for (const auto& [k, n] : names)
     if (name == n) return k;
   return fail(errc::invalid_argument,
-              "unknown chat template '" + name + "' (expected auto, bare, plain, chatml, llama2 or llama3)");
+              "unknown chat template '" + echo(name) + "' (expected auto, bare, plain, chatml, llama2 or llama3)");
 }
 
 expected<chat_template> choose_chat_template(const std::string& name, const tokenizer& tok) {
@@ -134,7 +134,7 @@ expected<std::vector<segment>> render_chat(chat_template t, const std::vector<ch
   if (messages.empty()) return fail(errc::invalid_argument, "a chat needs at least one message");
   for (std::size_t i = 0; i < messages.size(); i++)
     if (!known_role(messages[i].role))
-      return fail(errc::invalid_argument, "message " + std::to_string(i) + " has role '" + messages[i].role +
+      return fail(errc::invalid_argument, "message " + std::to_string(i) + " has role '" + echo(messages[i].role) +
                                               "' (expected system, user, assistant or tool)");
   if (t == chat_template::bare) {
     std::string text;

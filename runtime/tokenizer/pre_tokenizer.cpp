@@ -379,7 +379,7 @@ expected<pre_tokenizer> parse_pre_tokenizer(std::string_view name, const std::st
     supported += (supported.empty() ? "" : ", ") + std::string(known);
   }
   // Not yet: chameleon, deepseek-v3, superbpe, kimi-k2, afmoe and the newer ones.
-  return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + std::string(name) +
+  return fail(errc::malformed_file, source + ": tokenizer.ggml.pre '" + echo(name) +
                                         "' is not a supported pre-tokenizer (supported: " + supported + ")");
 }
 

@@ -42,7 +42,7 @@ expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vo
     if (auto jinja = f->get_string("tokenizer.chat_template", name)) out->chat_template_text_ = std::move(*jinja);
     return std::move(*out);
   }
-  return fail(errc::malformed_file, name + ": tokenizer.ggml.model '" + *kind +
+  return fail(errc::malformed_file, name + ": tokenizer.ggml.model '" + echo(*kind) +
                                         "' is not supported (llama, SentencePiece-style, and gpt2, byte-level BPE, are)");
 }
 
