@@ -527,6 +527,13 @@ actors::tls_credentials node_credentials(const topology& t, const std::string& n
   return {t.tls_ca, spec->certificate, spec->key};
 }
 
+actors::peer_rules node_peer_rules(const topology& t, const std::string& node_name) {
+  actors::peer_rules rules;
+  for (const node_spec& n : t.nodes) rules.node_names.push_back(n.name);
+  rules.accept_clients = node_name == t.load_balancer.node;
+  return rules;
+}
+
 int32_t node_compute_threads(const topology& t, const std::string& node_name) {
   int32_t n = 0;
   for (const engine_spec& e : t.engines)
