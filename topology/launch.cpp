@@ -387,7 +387,11 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
                                        [&](const engine_spec& e) { return e.node == node_name; });
   if (t.kv_transfer == kv_transfer_kind::ucx && has_engines) {
-    auto ucx = transport::ucx_transport::create({node->host, node->kv_port});
+    // KV payloads within [limits] max_message_mib, from the topology's nodes only (issue 47).
+    transport::ucx_options ucx_options{node->host, node->kv_port};
+    ucx_options.max_message_bytes = node_network_limits(t).max_message_bytes;
+    for (const node_spec& n : t.nodes) ucx_options.allowed_peers.push_back(n.host);
+    auto ucx = transport::ucx_transport::create(ucx_options);
     if (!ucx) return fail(ucx.error().code, "node '" + node_name + "': " + ucx.error().message);
     out.ucx = std::move(*ucx);
   }
