@@ -11,6 +11,7 @@
 
 #include "actors/boundary.hpp"
 #include "actors/clock.hpp"
+#include "actors/sender_check.hpp"
 #include "messages/cache_tier.hpp"
 #include "messages/disk_tier.hpp"
 #include "runtime/kv/split_fetch.hpp"
@@ -40,6 +41,9 @@ struct cache_tier_state {
   caf::timespan disk_timeout{};  // how long a fetch or a stats query waits for it
   msg::disk_report last_disk;    // its counters when it last answered a stats query
   bool disk_failure_logged = false;
+  /// Who may send what (sender_rules): its own node; the balancer it reports to (the partner,
+  /// monitored); the engines on the nodes that balancer named, for fetches.
+  sender_guard senders{sender_policy{"cache tier"}, {}};
   static inline const char* name = "cache_tier";
 };
 
@@ -107,6 +111,7 @@ void relay_disk_events(cache_tier_pointer self) {
   self->request(st.disk, st.disk_timeout, report_atom::value, r.lower_snapshot_due)
       .then(
           [=](msg::tier_events& e) {
+            if (!self->state.reporting) return;  // its balancer went down meanwhile
             tier_reporting& to = *self->state.reporting;
             to.lower_asked = false;
             if (e.snapshot) to.lower_snapshot_due = false;
@@ -119,6 +124,7 @@ void relay_disk_events(cache_tier_pointer self) {
             if (to.lower_snapshot_due) relay_disk_events(self);  // asked again meanwhile
           },
           [=](caf::error&) {
+            if (!self->state.reporting) return;
             tier_reporting& to = *self->state.reporting;
             to.lower_asked = false;
             to.lower_snapshot_due = true;  // what it took for this answer is lost
@@ -184,15 +190,62 @@ caf::result<msg::tier_report> stats(cache_tier_pointer self) {
   return promise;
 }
 
+/// The current message's sender may send `what` (needing `need`), else the error to answer.
+std::optional<caf::error> refused(cache_tier_pointer self, std::string_view what, sender_need need) {
+  return self->state.senders.refusal(self, what, need);
+}
+
+/// Reports go to `r.balancer` from now on if the sender may ask: the first to ask (pinned: only
+/// it, or actors of this node, may ask again, until it goes down), and only for itself, so that
+/// nobody redirects the hashes elsewhere. Its engines' nodes may fetch from now on.
+void report_to(cache_tier_pointer self, msg::tier_report_to& r) {
+  cache_tier_state& st = self->state;
+  // The handle and the interval are checked all the same.
+  if (!r.balancer || r.interval_ms < 1 || r.interval_ms > 60000) {
+    spdlog::warn("cache tier: a report_to without a balancer or with an interval outside 1..60000 ms: ignored");
+    return;
+  }
+  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  if (sender != r.balancer.address()) {
+    spdlog::warn("cache tier: a report_to naming another actor than its sender: ignored");
+    return;
+  }
+  const bool had_partner = st.senders.policy.has_partner();
+  if (!st.senders.check(self, "tier_report_to", sender_need::partner, true)) return;
+  if (!had_partner) self->monitor(r.balancer);  // pinned: let go when it goes down
+  st.senders.policy.set_partner_nodes(std::move(r.engine_nodes));
+  if (!st.reporting) st.reporting.emplace();
+  tier_reporting& to = *st.reporting;  // asked again: numbered on; a report_atom armed still comes
+  to.balancer = std::move(r.balancer);
+  to.tier_index = r.tier_index;
+  to.interval_ns = int64_t{r.interval_ms} * 1000000;
+  to.snapshot_due = true;
+  to.lower_snapshot_due = true;
+  send_events(self);
+}
+
 cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv::tier_store store,
-                                                    disk_tier_actor disk, caf::timespan disk_timeout) {
+                                                    disk_tier_actor disk, caf::timespan disk_timeout, caf::node_id home) {
+  self->state.senders.home = std::move(home);
   self->state.store.emplace(std::move(store));
   self->state.disk = std::move(disk);
   self->state.disk_timeout = disk_timeout;
   guard_boundary(self);
+  self->set_down_handler([=](caf::down_msg& down) {  // its pinned balancer's
+    cache_tier_state& st = self->state;
+    if (actor_identity(down.source) != st.senders.policy.partner_actor()) return;
+    spdlog::info("cache tier: the balancer it reported to went down; it waits for the next one");
+    st.senders.policy.drop_partner();
+    if (st.reporting && st.reporting->balancer.address() == down.source)
+      st.reporting.reset();  // a report_atom armed still comes and finds none
+  });
   return {
-      [=](msg::tier_lookup& q) -> int32_t { return self->state.store->longest_prefix(q.tokens, now_ns(self)); },
+      [=](msg::tier_lookup& q) -> caf::result<int32_t> {
+        if (auto no = refused(self, "tier_lookup", sender_need::own_node)) return *no;
+        return self->state.store->longest_prefix(q.tokens, now_ns(self));
+      },
       [=](msg::tier_put& p) -> caf::result<int64_t> {
+        if (auto no = refused(self, "tier_put", sender_need::own_node)) return *no;
         kv::tier_store& s = *self->state.store;
         if (auto ok = kv::validate(p.block, s.block_size()); !ok)
           return caf::make_error(caf::sec::invalid_argument, ok.error().message);
@@ -203,13 +256,15 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         note_change(self);
         return num_evicted;
       },
-      [=](msg::tier_get& g) -> msg::tier_got {
+      [=](msg::tier_get& g) -> caf::result<msg::tier_got> {
+        if (auto no = refused(self, "tier_get", sender_need::own_node)) return *no;
         const kv::kv_block* b = self->state.store->get(g.hash, now_ns(self));
         note_change(self);  // an expired block may have gone
-        if (b == nullptr) return {};
+        if (b == nullptr) return msg::tier_got{};
         return msg::tier_got{true, *b};
       },
       [=](msg::tier_fetch& q) -> caf::result<msg::tier_blocks> {
+        if (auto no = refused(self, "tier_fetch", sender_need::partner_node)) return *no;
         if (q.first_block < 0 || q.num_blocks_max < 0)
           return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
                                                                  " and num_blocks_max " + std::to_string(q.num_blocks_max) +
@@ -218,24 +273,13 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
         note_change(self);  // expired blocks may have gone
         return out;
       },
-      [=](stats_atom) { return stats(self); },
-      [=](msg::tier_report_to& r) {
-        // From the balancer's node; checked all the same: the handle and the interval.
-        if (!r.balancer || r.interval_ms < 1 || r.interval_ms > 60000) {
-          spdlog::warn("cache tier: a report_to without a balancer or with an interval outside 1..60000 ms: ignored");
-          return;
-        }
-        if (!self->state.reporting) self->state.reporting.emplace();
-        tier_reporting& to = *self->state.reporting;  // asked again: numbered on; a report_atom armed still comes
-        to.balancer = std::move(r.balancer);
-        to.tier_index = r.tier_index;
-        to.interval_ns = int64_t{r.interval_ms} * 1000000;
-        to.snapshot_due = true;
-        to.lower_snapshot_due = true;
-        send_events(self);
+      [=](stats_atom) -> caf::result<msg::tier_report> {
+        if (auto no = refused(self, "stats", sender_need::own_node)) return *no;
+        return stats(self);
       },
+      [=](msg::tier_report_to& r) { report_to(self, r); },
       [=](report_atom) {
-        if (!self->state.reporting) return;
+        if (self->current_sender() != self->ctrl() || !self->state.reporting) return;  // its own timer only
         self->state.reporting->armed = false;
         send_events(self);
       },
@@ -245,8 +289,8 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
 }  // namespace
 
 cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, disk_tier_actor disk,
-                                  caf::timespan disk_timeout) {
-  return sys.spawn(cache_tier_behavior, std::move(store), std::move(disk), disk_timeout);
+                                  caf::timespan disk_timeout, const caf::node_id& home) {
+  return sys.spawn(cache_tier_behavior, std::move(store), std::move(disk), disk_timeout, home);
 }
 
 }  // namespace troupe::actors

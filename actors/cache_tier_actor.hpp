@@ -18,10 +18,18 @@
 /// report, at most every interval and only when there is one (blocks past their TTL are dropped
 /// first). With a disk tier below it, the disk tier actor's hashes are asked for each time and
 /// relayed as a stream of their own (msg::tier_events::lower), one ask at a time.
+///
+/// Senders (issue 47; runtime/common/sender_policy.hpp): lookups, puts, gets and stats only
+/// from actors of its own node (its engines); `tier_report_to` from its own node or, remote, from
+/// the first balancer that sends one for itself (kept, and monitored: when it goes down the
+/// tier stops reporting and waits for the next); fetches also from actors of that balancer's
+/// node and of the engine nodes its report_to names. Others get an invalid_argument error (a
+/// report_to is dropped), the first refusal logged as a warning.
 
 #include <chrono>
 
 #include <caf/fwd.hpp>
+#include <caf/node_id.hpp>
 #include <caf/timespan.hpp>
 
 #include "actors/protocols.hpp"
@@ -32,7 +40,10 @@ namespace troupe::actors {
 /// Spawns a tier owning `store` over `disk`, if given (of the same block size), which a fetch
 /// or a stats query waits for at most `disk_timeout` (by default 4/5 of the engines' default
 /// fetch timeout, `host_tier_fetch_timeout_ms`: the rest is for the answer to reach them).
+/// `home`: the node whose actors it serves (empty: the actor system's; a test gives another so
+/// that its actors count as remote).
 cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, disk_tier_actor disk = {},
-                                  caf::timespan disk_timeout = std::chrono::milliseconds(40));
+                                  caf::timespan disk_timeout = std::chrono::milliseconds(40),
+                                  const caf::node_id& home = caf::node_id{});
 
 }  // namespace troupe::actors

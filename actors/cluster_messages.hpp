@@ -149,16 +149,18 @@ typename Inspector::result_type inspect(Inspector& f, report_to& x) {
 
 /// Balancer -> cache tier: report the chain hashes you hold to `balancer` (msg::tier_events) at
 /// most every `interval_ms`, starting with a snapshot (sent again when asked again: the
-/// balancer lost track of them).
+/// balancer lost track of them). `engine_nodes`: the nodes of its engines (CAF node ids,
+/// rendered), whose actors may fetch from the tier (actors/cache_tier_actor.hpp).
 struct tier_report_to {
   actors::balancer_actor balancer;
   int32_t tier_index = 0;
   int32_t interval_ms = 20;
+  std::vector<std::string> engine_nodes{};
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_report_to& x) {
-  return f(x.balancer, x.tier_index, x.interval_ms);
+  return f(x.balancer, x.tier_index, x.interval_ms, x.engine_nodes);
 }
 
 /// Engine -> balancer: a load report. With cache events (report_to), report `cache_seq` also

@@ -9,6 +9,7 @@
 
 #include "actors/boundary.hpp"
 #include "actors/clock.hpp"
+#include "actors/sender_check.hpp"
 #include "messages/disk_tier.hpp"
 
 namespace troupe::actors {
@@ -20,6 +21,7 @@ struct disk_tier_state {
   int64_t num_stored = 0;
   int64_t num_refused = 0;
   int64_t num_hits = 0;
+  sender_guard senders{sender_policy{"disk tier"}, {}};  // its host tier, on its own node, only
   static inline const char* name = "disk_tier";
 };
 
@@ -91,25 +93,40 @@ msg::tier_events events(disk_tier_pointer self, bool snapshot) {
 }
 
 disk_tier_actor::behavior_type disk_tier_behavior(disk_tier_pointer self, std::shared_ptr<kv::lower_tier> lower,
-                                                  lower_read_cost read_cost) {
+                                                  lower_read_cost read_cost, caf::node_id home) {
+  self->state.senders.home = std::move(home);
   self->state.lower = std::move(lower);
   self->state.read_cost = std::move(read_cost);
   guard_boundary(self);
+  // Every message comes from the host tier above it, an actor of its own node.
+  const auto refused = [=](std::string_view what) { return self->state.senders.refusal(self, what, sender_need::own_node); };
   return {
-      [=](const msg::disk_put& p) { return put(self, p); },
-      [=](const msg::disk_fetch& f) { return fetch(self, f); },
-      [=](stats_atom) { return report(self); },
-      [=](report_atom, bool snapshot) { return events(self, snapshot); },
+      [=](const msg::disk_put& p) -> caf::result<msg::disk_stored> {
+        if (auto no = refused("disk_put")) return *no;
+        return put(self, p);
+      },
+      [=](const msg::disk_fetch& f) -> caf::result<msg::disk_blocks> {
+        if (auto no = refused("disk_fetch")) return *no;
+        return fetch(self, f);
+      },
+      [=](stats_atom) -> caf::result<msg::disk_report> {
+        if (auto no = refused("stats")) return *no;
+        return report(self);
+      },
+      [=](report_atom, bool snapshot) -> caf::result<msg::tier_events> {
+        if (auto no = refused("report")) return *no;
+        return events(self, snapshot);
+      },
   };
 }
 
 }  // namespace
 
 disk_tier_actor spawn_disk_tier(caf::actor_system& sys, std::shared_ptr<kv::lower_tier> lower,
-                                lower_read_cost read_cost, bool detached) {
+                                lower_read_cost read_cost, bool detached, const caf::node_id& home) {
   TROUPE_ASSERT_MSG(lower != nullptr, "a disk tier actor needs a tier");
-  if (detached) return sys.spawn<caf::detached>(disk_tier_behavior, std::move(lower), std::move(read_cost));
-  return sys.spawn(disk_tier_behavior, std::move(lower), std::move(read_cost));
+  if (detached) return sys.spawn<caf::detached>(disk_tier_behavior, std::move(lower), std::move(read_cost), home);
+  return sys.spawn(disk_tier_behavior, std::move(lower), std::move(read_cost), home);
 }
 
 }  // namespace troupe::actors

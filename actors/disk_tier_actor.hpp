@@ -27,6 +27,7 @@
 #include <memory>
 
 #include <caf/fwd.hpp>
+#include <caf/node_id.hpp>
 #include <caf/timespan.hpp>
 
 #include "actors/protocols.hpp"
@@ -39,8 +40,11 @@ namespace troupe::actors {
 using lower_read_cost = std::function<caf::timespan(int64_t num_blocks)>;
 
 /// Spawns the actor owning `lower` (not null: asserted); `detached`: on a thread of its own
-/// (never under the test coordinator, whose virtual time it would not share).
+/// (never under the test coordinator, whose virtual time it would not share). It serves actors
+/// of its `home` node only (empty: the actor system's; a test gives another so that its actors
+/// count as remote), answering others with an error (issue 47, runtime/common/sender_policy.hpp).
 disk_tier_actor spawn_disk_tier(caf::actor_system& sys, std::shared_ptr<kv::lower_tier> lower,
-                                lower_read_cost read_cost = {}, bool detached = false);
+                                lower_read_cost read_cost = {}, bool detached = false,
+                                const caf::node_id& home = caf::node_id{});
 
 }  // namespace troupe::actors

@@ -23,6 +23,7 @@
 #include "actors/kv_transfers.hpp"
 #include "messages/kv_payload.hpp"
 #include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/resumed.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -332,6 +333,10 @@ void with_grammar(engine_actor_t* self, engine::request r, const request_actor& 
             if (!still_waiting()) return;
             if (!c.grammar) return refuse_request(self, to, id, errc::invalid_argument, c.error, uncounted);
             r.compiled_grammar = std::move(c.grammar);
+            // Resumed tokens (a drained or lost engine's) come from a peer: checked here, never
+            // in the executor's step, where a forged one aborted it.
+            if (auto ok = engine::check_resumed(r, self->state.options.vocabulary); !ok)
+              return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
             admit(std::move(r));
           },
           [=](caf::error& err) {

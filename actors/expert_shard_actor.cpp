@@ -8,8 +8,11 @@
 #include <utility>
 
 #include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/boundary.hpp"
+#include "actors/sender_check.hpp"
 #include "actors/sync_guard.hpp"
 #include "messages/expert.hpp"
 
@@ -18,15 +21,47 @@ namespace {
 
 struct expert_shard_state {
   std::optional<moe::expert_shard> shard;
+  /// Who may send (spawn_expert_shard): its own node, and the node of the first sender (its
+  /// engine's), pinned while that node stays connected.
+  sender_guard senders{sender_policy{"expert shard"}, {}};
+  caf::node_id pinned;  // that node
   static inline const char* name = "expert_shard";
 };
 
 using expert_shard_pointer = expert_shard_actor::stateful_pointer<expert_shard_state>;
 
+/// A sender of another node was refused: if CAF's middleman has no connection to the pinned node
+/// any more (its engine's node restarted: a new node id), the pin is let go, and the next sender
+/// is served.
+void forget_if_gone(expert_shard_pointer self) {
+  const caf::node_id pinned = self->state.pinned;
+  if (!pinned || pinned == self->node() || !self->system().has_middleman()) return;
+  self->request(self->system().middleman().actor_handle(), caf::infinite, caf::get_atom::value, pinned)
+      .then([](const caf::node_id&, const std::string&, uint16_t) {},  // still connected: kept
+            [=](caf::error&) {
+              if (self->state.pinned != pinned) return;
+              spdlog::info("expert shard: the node it served is gone; the next node to send is served");
+              self->state.senders.policy.drop_partner();
+              self->state.pinned = caf::node_id{};
+            });
+}
+
+/// The current message's sender may send `what`, else the error to answer: an actor of the
+/// shard's node or of the pinned one (the first sender's).
+std::optional<caf::error> refused(expert_shard_pointer self, std::string_view what) {
+  expert_shard_state& st = self->state;
+  const bool had_partner = st.senders.policy.has_partner();
+  std::optional<caf::error> no = st.senders.refusal(self, what, sender_need::partner_node, true);
+  if (!had_partner && st.senders.policy.has_partner()) st.pinned = self->current_sender()->node();
+  if (no) forget_if_gone(self);
+  return no;
+}
+
 expert_shard_actor::behavior_type expert_shard_behavior(expert_shard_pointer self, const model::checkpoint& ck,
                                                         std::vector<moe::expert_id> experts, model::kernel_path path,
-                                                        const caf::actor& owner) {
+                                                        const caf::actor& owner, caf::node_id home) {
   self->state.shard.emplace(ck, std::move(experts), path);
+  self->state.senders.home = std::move(home);
   if (owner) {  // it goes with its owner
     self->monitor(owner);
     self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
@@ -34,11 +69,13 @@ expert_shard_actor::behavior_type expert_shard_behavior(expert_shard_pointer sel
   guard_boundary(self);
   return {
       [=](moe::expert_request& q) -> caf::result<moe::expert_reply> {
+        if (auto no = refused(self, "expert_request")) return *no;
         expected<moe::expert_reply> reply = self->state.shard->compute(q);  // checks the request first
         if (!reply) return caf::make_error(caf::sec::invalid_argument, reply.error().message);
         return std::move(*reply);
       },
       [=](msg::fetch_experts& f) -> caf::result<msg::expert_set> {
+        if (auto no = refused(self, "fetch_experts")) return *no;
         msg::expert_set out;
         for (const moe::expert_id& id : f.experts) {
           expected<moe::expert_weights> w = self->state.shard->weights(id);
@@ -48,12 +85,14 @@ expert_shard_actor::behavior_type expert_shard_behavior(expert_shard_pointer sel
         return out;
       },
       [=](msg::expert_set& s) -> caf::result<int32_t> {
+        if (auto no = refused(self, "expert_set")) return *no;
         for (moe::expert_weights& w : s.experts)
           if (auto ok = self->state.shard->add(std::move(w)); !ok)  // checks the weights first
             return caf::make_error(caf::sec::invalid_argument, ok.error().message);
         return self->state.shard->num_experts();
       },
       [=](msg::drop_experts& d) -> caf::result<int32_t> {
+        if (auto no = refused(self, "drop_experts")) return *no;
         for (const moe::expert_id& id : d.experts)
           if (auto ok = self->state.shard->drop(id); !ok)
             return caf::make_error(caf::sec::invalid_argument, ok.error().message);
@@ -95,8 +134,8 @@ size_t num_outputs(const moe::expert_request& request) {
 
 expert_shard_actor spawn_expert_shard(caf::actor_system& sys, const model::checkpoint& ck,
                                       std::vector<moe::expert_id> experts, model::kernel_path path,
-                                      const caf::actor& owner) {
-  return sys.spawn(expert_shard_behavior, ck, std::move(experts), path, owner);
+                                      const caf::actor& owner, const caf::node_id& home) {
+  return sys.spawn(expert_shard_behavior, ck, std::move(experts), path, owner, home);
 }
 
 std::vector<expert_shard_actor> spawn_expert_shards(caf::actor_system& sys, const model::checkpoint& ck,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <caf/fwd.hpp>
+#include <caf/node_id.hpp>
 #include <caf/timespan.hpp>
 
 #include "actors/protocols.hpp"
@@ -29,10 +30,14 @@
 namespace troupe::actors {
 
 /// Spawns a shard holding `experts` (distinct) of `ck`, an MoE checkpoint; with an `owner`, it
-/// quits when the owner goes down.
+/// quits when the owner goes down. It serves (issue 47; runtime/common/sender_policy.hpp) actors
+/// of its `home` node (empty: the actor system's; a test gives another so that its actors count
+/// as remote) and of the node of the first actor that sends it anything — its engine's, which
+/// reached it through its node actor — until CAF has no connection to that node any more
+/// (checked when another node's actor is refused); others get an invalid_argument error.
 expert_shard_actor spawn_expert_shard(caf::actor_system& sys, const model::checkpoint& ck,
                                       std::vector<moe::expert_id> experts, model::kernel_path path,
-                                      const caf::actor& owner = {});
+                                      const caf::actor& owner = {}, const caf::node_id& home = caf::node_id{});
 
 /// Spawns the shards of `placement`, shard s holding the experts the placement gives it.
 std::vector<expert_shard_actor> spawn_expert_shards(caf::actor_system& sys, const model::checkpoint& ck,

@@ -203,8 +203,14 @@ void ask_reports(load_balancer_t* self, size_t index) {
 void ask_tier_reports(load_balancer_t* self, size_t index) {
   const load_balancer_state& st = self->state;
   if (st.o.report_interval_ms <= 0 || !st.host->wants_tier_events(index)) return;
-  self->send(st.tiers[index],
-             msg::tier_report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index), st.o.report_interval_ms});
+  std::vector<std::string> engine_nodes;  // who may fetch from the tier: each node once
+  for (const balanced_engine& e : st.o.engines) {
+    std::string node = caf::to_string(e.actor.node());
+    if (std::find(engine_nodes.begin(), engine_nodes.end(), node) == engine_nodes.end())
+      engine_nodes.push_back(std::move(node));
+  }
+  self->send(st.tiers[index], msg::tier_report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index),
+                                                  st.o.report_interval_ms, std::move(engine_nodes)});
 }
 
 /// A cache tier's hashes count only from the tier they name.

@@ -1,11 +1,16 @@
 #include "actors/tls.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <utility>
+
+#include <sys/stat.h>
 
 #include <dlfcn.h>
 
@@ -17,6 +22,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/network_limits.hpp"
@@ -42,7 +48,74 @@ bool handshake_expired(const SSL* ssl) {
   return now_ms + 1 - first_seen > timeout;
 }
 
+/// The peer rules in force (troupe::actors::set_peer_rules), read by the verify callback on
+/// CAF's multiplexer threads.
+struct installed_rules {
+  std::mutex mutex;
+  troupe::actors::peer_rules rules;
+};
+
+installed_rules& peer_rules_in_force() {
+  static installed_rules* r = new installed_rules;  // never destroyed: handshakes may run at exit
+  return *r;
+}
+
+/// CN, then the DNS subject alternative names, of `cert`.
+std::vector<std::string> names_of(X509* cert) {
+  std::vector<std::string> out;
+  char cn[256];
+  const int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
+  if (n > 0) out.emplace_back(cn, static_cast<size_t>(n));
+  auto* sans = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); i++) {
+    const GENERAL_NAME* g = sk_GENERAL_NAME_value(sans, i);
+    if (g->type != GEN_DNS) continue;
+    const ASN1_IA5STRING* dns = g->d.dNSName;
+    out.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(dns)),
+                     static_cast<size_t>(ASN1_STRING_length(dns)));
+  }
+  GENERAL_NAMES_free(sans);
+  return out;
+}
+
+troupe::actors::peer_certificate peer_of(X509* cert) {
+  const bool node = X509_check_purpose(cert, X509_PURPOSE_SSL_SERVER, 0) == 1;
+  ERR_clear_error();
+  return {node, names_of(cert)};
+}
+
+/// The verify callback CAF does not set: the chain verified, the peer's own certificate (depth
+/// 0) must pass check_peer under the rules in force.
+int verify_peer(int preverify_ok, X509_STORE_CTX* ctx) {
+  if (preverify_ok != 1 || X509_STORE_CTX_get_error_depth(ctx) != 0) return preverify_ok;
+  const auto* ssl = static_cast<const SSL*>(X509_STORE_CTX_get_ex_data(ctx, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  const troupe::actors::peer_certificate peer = peer_of(X509_STORE_CTX_get_current_cert(ctx));
+  installed_rules& in_force = peer_rules_in_force();
+  troupe::expected<void> ok;
+  {
+    const std::lock_guard<std::mutex> lock(in_force.mutex);
+    ok = troupe::actors::check_peer(peer, ssl != nullptr && SSL_is_server(ssl) == 1, in_force.rules);
+  }
+  if (ok) return 1;
+  spdlog::warn("TLS: refused a peer: {}", ok.error().message);
+  X509_STORE_CTX_set_error(ctx, X509_V_ERR_APPLICATION_VERIFICATION);
+  return 0;
+}
+
 }  // namespace
+
+// CAF 0.17.6's OpenSSL module makes a context per connection and calls
+// SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr): no hook
+// for a callback. This definition takes the place of libssl's for CAF (the executable's symbol
+// comes first, as for SSL_get_error below) and passes troupe's callback, verify_peer, where a
+// peer is verified and no callback was given. tests/limits_test.cpp
+// (...RefusesClientCertificatesAndNodeCertificatesOfOtherNames) fails without it.
+extern "C" void SSL_CTX_set_verify(SSL_CTX* ctx, int mode, SSL_verify_cb callback) {
+  using function = void (*)(SSL_CTX*, int, SSL_verify_cb);
+  static const function libssl = reinterpret_cast<function>(::dlsym(RTLD_NEXT, "SSL_CTX_set_verify"));
+  TROUPE_ASSERT_MSG(libssl != nullptr, "libssl's SSL_CTX_set_verify not found");
+  libssl(ctx, mode, (mode & SSL_VERIFY_PEER) != 0 && callback == nullptr ? verify_peer : callback);
+}
 
 // Two fixes to CAF 0.17.6's OpenSSL module, made where it asks libssl what an SSL call's result
 // means. This definition takes the place of libssl's for CAF (the executable's symbol comes
@@ -114,6 +187,15 @@ expected<x509_ptr> read_certificate(const std::string& what, const std::string& 
 expected<pkey_ptr> read_key(const std::string& path) {
   auto f = open_file("key", path);
   if (!f) return tl::unexpected(f.error());
+  struct stat st {};
+  if (::fstat(::fileno(f->get()), &st) != 0)
+    return fail(errc::io_error, "cannot stat TLS key " + path + ": " + std::strerror(errno));
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return fail(errc::invalid_argument, "TLS key " + path + " is accessible by group or others (mode " + mode +
+                                            "): a private key must be its owner's alone; run chmod 600 " + path);
+  }
   // An empty passphrase callback: an encrypted key fails here instead of prompting on a terminal.
   auto no_passphrase = [](char*, int, int, void*) { return 0; };
   pkey_ptr key{PEM_read_PrivateKey(f->get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free};
@@ -153,6 +235,37 @@ expected<void> check_credentials(const tls_credentials& tls) {
                 "TLS key " + tls.key + " does not belong to the certificate " + tls.certificate);
   }
   return verify_signed_by(cert->get(), ca->get(), tls);
+}
+
+expected<void> check_peer(const peer_certificate& peer, bool accepted, const peer_rules& rules) {
+  const std::string which = "certificate '" + (peer.names.empty() ? std::string("(no name)") : peer.names[0]) + "'";
+  if (!peer.node) {
+    if (!accepted)
+      return fail(errc::invalid_argument, "the server presented a client " + which + ": only nodes listen");
+    if (!rules.accept_clients)
+      return fail(errc::invalid_argument, "a client " + which +
+                                              " connected to a node that only other nodes reach (clients connect to "
+                                              "the balancer's node)");
+    return {};
+  }
+  if (rules.node_names.empty()) return {};
+  for (const std::string& name : peer.names)
+    if (std::find(rules.node_names.begin(), rules.node_names.end(), name) != rules.node_names.end()) return {};
+  std::string nodes;
+  for (const std::string& n : rules.node_names) nodes += (nodes.empty() ? "" : ", ") + n;
+  return fail(errc::invalid_argument, "the node " + which + " names no node of the topology (" + nodes + ")");
+}
+
+expected<peer_certificate> read_peer_certificate(const std::string& path) {
+  auto cert = read_certificate("certificate", path);
+  if (!cert) return tl::unexpected(cert.error());
+  return peer_of(cert->get());
+}
+
+void set_peer_rules(peer_rules rules) {
+  installed_rules& in_force = peer_rules_in_force();
+  const std::lock_guard<std::mutex> lock(in_force.mutex);
+  in_force.rules = std::move(rules);
 }
 
 expected<void> configure_network(caf::actor_system_config& cfg, const tls_credentials& tls,

@@ -28,6 +28,7 @@
 #include "tests/support/ask_later.hpp"
 #include "tiers/disk_tier.hpp"
 #include "tests/support/kv_blocks.hpp"
+#include "tests/support/other_node.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -84,11 +85,16 @@ class CacheTierActor : public ::testing::Test {
   const std::string dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/cache_tier_actor_test/" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
 
+  caf::node_id home_;        // the tier's home node (empty: this process)
+  int32_t num_held_ = 0;     // blocks 0.. the store holds when the tier starts
+
   /// A tier of `capacity_blocks`, over a disk tier of `disk_bytes` if > 0.
   void start(int64_t capacity_blocks, int64_t disk_bytes = 0) {
     sched_.clock().current_time += 1h;  // away from 0
     auto store = kv::tier_store::create({block_size, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
     ASSERT_TRUE(store.has_value());
+    for (int32_t i = 0; i < num_held_; i++)
+      (void)store->put(block(i), kv::cache_class::chat, actors::ns_since_epoch(sched_.clock().now()));
     if (disk_bytes > 0) {
       std::filesystem::remove_all(dir_);
       const int64_t now_ns = actors::ns_since_epoch(sched_.clock().now());
@@ -97,7 +103,7 @@ class CacheTierActor : public ::testing::Test {
       disk_ = std::make_shared<tiers::disk_tier>(std::move(*opened));
       disk_tier_ = actors::spawn_disk_tier(sys_, disk_);
     }
-    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), disk_tier_);
+    tier_ = actors::spawn_cache_tier(sys_, std::move(*store), disk_tier_, std::chrono::milliseconds(40), home_);
     sched_.run();
   }
 
@@ -180,7 +186,7 @@ TEST_F(CacheTierActor, ReportsItsHashesToTheBalancerASnapshotFirstThenTheChanges
     return {[log](msg::tier_events& e) { log->push_back(std::move(e)); }};
   });
   const auto report_to = [&](int32_t interval_ms) {
-    caf::anon_send(tier_, msg::tier_report_to{caf::actor_cast<actors::balancer_actor>(balancer), 5, interval_ms});
+    caf::send_as(balancer, tier_, msg::tier_report_to{caf::actor_cast<actors::balancer_actor>(balancer), 5, interval_ms});
     sched_.run();
   };
   const auto hash = [&](int32_t i) { return block_of(tokens_, i, block_size).hash; };
@@ -222,6 +228,62 @@ TEST_F(CacheTierActor, ReportsItsHashesToTheBalancerASnapshotFirstThenTheChanges
   ASSERT_EQ(log->size(), 3u);
   expect_events(2, 3, true, sorted({hash(1), hash(2)}), {});
   caf::anon_send_exit(balancer, caf::exit_reason::user_shutdown);
+}
+
+// Issue 47: any actor holding the tier's handle could ask it to report its hashes, then read the
+// blocks (the tokens of others' prompts) with tier_get, and store any KV with tier_put. Now its
+// blocks serve its own node's engines only, its hashes go to the first balancer that asks for
+// itself alone, and fetches come from that balancer's node or the engine nodes it names. The
+// tier's home is another node here, so every actor of the test is remote.
+TEST_F(CacheTierActor, ServesOtherNodesOnlyTheFirstBalancersReportsAndItsNodesFetches) {
+  home_ = other_node();
+  num_held_ = 2;
+  start(4);
+  const auto expect_refused = [](const auto& answer, const std::string& why) {
+    ASSERT_TRUE(std::holds_alternative<std::string>(answer)) << "answered; expected: " << why;
+    EXPECT_NE(std::get<std::string>(answer).find(why), std::string::npos) << std::get<std::string>(answer);
+  };
+  const std::string own_only = ": only actors of its own node may send it";
+  expect_refused(ask<msg::tier_got>(msg::tier_get{block(0).hash}), own_only);  // before: found, with its tokens
+  expect_refused(ask<int64_t>(msg::tier_put{block(2), kv::cache_class::chat}), own_only);
+  expect_refused(ask<int32_t>(msg::tier_lookup{tokens_}), own_only);
+  expect_refused(ask<msg::tier_report>(actors::stats_atom::value), own_only);
+  expect_refused(ask<msg::tier_blocks>(msg::tier_fetch{tokens_, 0, 4}), own_only);  // no balancer yet
+
+  using log_t = std::vector<msg::tier_events>;
+  const auto spawn_balancer = [&](std::shared_ptr<log_t> log) {
+    return caf::actor_cast<actors::balancer_actor>(sys_.spawn([log]() -> caf::behavior {
+      return {[log](msg::tier_events& e) { log->push_back(std::move(e)); }};
+    }));
+  };
+  const auto first_log = std::make_shared<log_t>(), second_log = std::make_shared<log_t>();
+  const actors::balancer_actor first = spawn_balancer(first_log), second = spawn_balancer(second_log);
+  const auto report_to = [&](const actors::balancer_actor& from, const actors::balancer_actor& to) {
+    caf::send_as(from, tier_, msg::tier_report_to{to, 0, 20});
+    sched_.run();
+  };
+  caf::anon_send(tier_, msg::tier_report_to{first, 0, 20});  // no sender: dropped
+  report_to(second, first);  // for another actor: dropped (nobody redirects the hashes)
+  sched_.run();
+  EXPECT_TRUE(first_log->empty());
+  report_to(first, first);  // the first to ask for itself: reported to, and kept
+  ASSERT_EQ(first_log->size(), 1u);
+  EXPECT_EQ((*first_log)[0].added.size(), 2u);
+  report_to(second, second);  // another balancer: refused while the first is up
+  EXPECT_TRUE(second_log->empty());
+  // Fetches from the first balancer's node (this process) are served now.
+  const auto fetched = ask<msg::tier_blocks>(msg::tier_fetch{tokens_, 0, 4});
+  ASSERT_TRUE(std::holds_alternative<msg::tier_blocks>(fetched)) << std::get<std::string>(fetched);
+  EXPECT_EQ(std::get<msg::tier_blocks>(fetched).blocks.size(), 2u);
+  expect_refused(ask<msg::tier_got>(msg::tier_get{block(0).hash}), own_only);  // blocks by hash: never
+  // The first balancer goes down: the next one to ask is reported to.
+  caf::anon_send_exit(first, caf::exit_reason::user_shutdown);
+  sched_.run();
+  report_to(second, second);
+  ASSERT_EQ(second_log->size(), 1u);
+  EXPECT_TRUE((*second_log)[0].snapshot);
+  EXPECT_EQ(first_log->size(), 1u);
+  caf::anon_send_exit(second, caf::exit_reason::user_shutdown);
 }
 
 TEST_F(CacheTierActor, RefusesBadBlocksAtTheDoorAndServesOn) {

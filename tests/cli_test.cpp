@@ -304,7 +304,13 @@ TEST_F(Cli, CertsMakesACaAndAKeyPairPerNodeAndClientKeysPrivate) {
   const cli_result r = run({"certs", "--out", out.string(), "--nodes", "a,b", "--client", "alice", "--clients", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(mode_of(out), 0700u);
-  for (const char* name : {"ca", "a", "b", "alice", "client0", "client1"}) {
+  // The CA's key is not among the files nodes are given (issue 47): a directory of its own.
+  EXPECT_FALSE(fs::exists(out / "ca-key.pem"));
+  EXPECT_EQ(mode_of(out / "ca-private"), 0700u);
+  EXPECT_EQ(mode_of(out / "ca-private" / "ca-key.pem"), 0600u);
+  EXPECT_EQ(mode_of(out / "ca.pem"), 0644u);
+  EXPECT_NE(r.out.find("its key to " + (out / "ca-private" / "ca-key.pem").string()), std::string::npos) << r.out;
+  for (const char* name : {"a", "b", "alice", "client0", "client1"}) {
     SCOPED_TRACE(name);
     EXPECT_EQ(mode_of(out / (std::string(name) + ".pem")), 0644u);
     EXPECT_EQ(mode_of(out / (std::string(name) + "-key.pem")), 0600u);
@@ -313,7 +319,13 @@ TEST_F(Cli, CertsMakesACaAndAKeyPairPerNodeAndClientKeysPrivate) {
     EXPECT_EQ(testing::read_file((out / (std::string(name) + "-key.pem")).string()).rfind("-----BEGIN PRIVATE KEY-----", 0),
               0u);
   }
-  EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 12);
+  EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator()), 12);  // ca-private/ included
+  // --ca-key-out puts it elsewhere.
+  const cli_result elsewhere = run({"certs", "--out", (dir_ / "certs2").string(), "--nodes", "a", "--ca-key-out",
+                                    (dir_ / "the-ca-key.pem").string()});
+  ASSERT_EQ(elsewhere.exit_code, 0) << elsewhere.err;
+  EXPECT_EQ(mode_of(dir_ / "the-ca-key.pem"), 0600u);
+  EXPECT_FALSE(fs::exists(dir_ / "certs2" / "ca-private"));
   // What to paste into the topology.
   EXPECT_NE(r.out.find("[tls]\nca = \"" + (out / "ca.pem").string() + "\"\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("# in [[node]] name = \"b\":\ncertificate = \"" + (out / "b.pem").string() + "\"\nkey = \"" +

@@ -63,7 +63,7 @@ class Cluster : public ::testing::Test {
   std::unique_ptr<caf::actor_system> sys_;
   actors::balancer_client_actor lb_;
   model::transformer oracle_{*bundled_shared().ck};
-  bool tls_ = false;  // use_tls(): the topology has [tls], this test connects as client 'tester'
+  bool tls_ = false;  // use_tls(): the topology has [tls]; this test connects with node0's certificate
 
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("troupe_cluster_test_" + std::to_string(::getpid()));
@@ -148,8 +148,11 @@ class Cluster : public ::testing::Test {
   /// next to other tests); `log` is shown if it never listens.
   void connect(const std::string& out, const std::string& log) {
     configure(cfg_, /*deterministic=*/false);
+    // The test reads node1's and node2's node actors (reports()), which only nodes may reach
+    // (issue 47: those nodes refuse client certificates): it connects with node0's certificate.
+    // Clients ('tester') are troupe client processes.
     const actors::tls_credentials tls =
-        tls_ ? actors::tls_credentials{cert("ca"), cert("tester"), cert("tester", "-key.pem")} : actors::tls_credentials{};
+        tls_ ? actors::tls_credentials{cert("ca"), cert("node0"), cert("node0", "-key.pem")} : actors::tls_credentials{};
     const auto network = actors::configure_network(cfg_, tls);
     ASSERT_TRUE(network) << network.error().message;
     sys_ = std::make_unique<caf::actor_system>(cfg_);

@@ -26,6 +26,7 @@
 #include "tests/support/actor_config.hpp"
 #include "tests/support/ask_later.hpp"
 #include "tests/support/kv_blocks.hpp"
+#include "tests/support/other_node.hpp"
 #include "tiers/disk_tier.hpp"
 
 namespace troupe::testing {
@@ -47,14 +48,15 @@ class DiskTierActor : public ::testing::Test {
   const std::string dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/disk_tier_actor_test/" +
                            ::testing::UnitTest::GetInstance()->current_test_info()->name();
 
-  /// The actor over a disk tier of `capacity_bytes`, reads costing `read_cost` if given.
-  void start(int64_t capacity_bytes, actors::lower_read_cost read_cost = {}) {
+  /// The actor over a disk tier of `capacity_bytes`, reads costing `read_cost` if given, at home
+  /// on `home` (empty: this process).
+  void start(int64_t capacity_bytes, actors::lower_read_cost read_cost = {}, const caf::node_id& home = {}) {
     sched_.clock().current_time += 1h;  // away from 0
     std::filesystem::remove_all(dir_);
     auto opened = tiers::disk_tier::open({dir_, capacity_bytes, block_size}, actors::ns_since_epoch(sched_.clock().now()));
     ASSERT_TRUE(opened.has_value()) << opened.error().message;
     disk_ = std::make_shared<tiers::disk_tier>(std::move(*opened));
-    actor_ = actors::spawn_disk_tier(sys_, disk_, std::move(read_cost));
+    actor_ = actors::spawn_disk_tier(sys_, disk_, std::move(read_cost), false, home);
     sched_.run();
   }
 
@@ -90,6 +92,25 @@ class DiskTierActor : public ::testing::Test {
   msg::disk_report report() { return std::get<msg::disk_report>(ask<msg::disk_report>(actors::stats_atom::value)); }
   int64_t block_bytes() const { return static_cast<int64_t>(msg::encode_kv_block(block(0)).size()); }
 };
+
+// Only the host tier above it, on its own node, may use it; before issue 47 an actor of any node
+// holding its handle could store, read and list blocks (each ask below was answered).
+TEST_F(DiskTierActor, ServesOnlyActorsOfItsOwnNode) {
+  start(2 * block_bytes(), {}, other_node());
+  ASSERT_TRUE(disk_->put(block(0), kv::cache_class::chat, actors::ns_since_epoch(sched_.clock().now())));
+  const std::string refused = " from ";  // "disk tier: refused <what> from <actor> on node <node>: only ..."
+  const auto expect_refused = [&](const auto& answer, const std::string& what) {
+    ASSERT_TRUE(std::holds_alternative<std::string>(answer)) << what << " was answered";
+    const std::string& why = std::get<std::string>(answer);
+    EXPECT_NE(why.find("disk tier: refused " + what + refused), std::string::npos) << why;
+    EXPECT_NE(why.find(": only actors of its own node may send it"), std::string::npos) << why;
+  };
+  expect_refused(ask<msg::disk_stored>(msg::disk_put{block(1), kv::cache_class::chat}), "disk_put");
+  expect_refused(ask<msg::disk_blocks>(msg::disk_fetch{{hash(0)}}), "disk_fetch");
+  expect_refused(ask<msg::disk_report>(actors::stats_atom::value), "stats");
+  expect_refused(ask_now<msg::tier_events>(sys_, sched_, actor_, actors::report_atom::value, true), "report");
+  EXPECT_EQ(disk_->num_blocks(), 1);  // nothing stored, and it serves on
+}
 
 TEST_F(DiskTierActor, TellsTheHashesItStartedAndStoppedHoldingOrAllOfThem) {
   start(2 * block_bytes());

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -207,12 +208,16 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
   const std::string good = bundled_gguf_bytes();
   auto f = parse_gguf(good, "x");
   ASSERT_TRUE(f);
-  // Re-encode the bundled model's file with one metadata entry changed or one tensor dropped.
-  const auto rewrite = [&](const std::string& key, std::optional<gguf_value> value, const std::string& drop = "") {
+  // Re-encode the bundled model's file with metadata entries changed (nullopt: removed) or one
+  // tensor dropped.
+  using changes = std::vector<std::pair<std::string, std::optional<gguf_value>>>;
+  const auto rewrite_all = [&](const changes& changed, const std::string& drop = "") {
     std::vector<std::pair<std::string, gguf_value>> meta;
     for (const auto& [k, v] : f->metadata)
-      if (k != key) meta.emplace_back(k, v);
-    if (value) meta.emplace_back(key, *value);
+      if (std::none_of(changed.begin(), changed.end(), [&k = k](const auto& c) { return c.first == k; }))
+        meta.emplace_back(k, v);
+    for (const auto& [key, value] : changed)
+      if (value) meta.emplace_back(key, *value);
     std::vector<std::vector<float>> data;
     std::vector<gguf_tensor_data> tensors;
     for (const gguf_tensor& t : f->tensors) {
@@ -223,6 +228,16 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
     for (size_t i = 0; i < tensors.size(); i++) tensors[i].data = data[i].data();
     return write_gguf(meta, tensors);
   };
+  const auto rewrite = [&](const std::string& key, std::optional<gguf_value> value, const std::string& drop = "") {
+    return rewrite_all({{key, value}}, drop);
+  };
+  // A 9 KB file whose metadata claims 2^20 layers of width 2^20: today's loader reserved the
+  // 6 * 2^60 floats that implies before reading a tensor ("C++ exception with description
+  // "vector::reserve" thrown in the test body").
+  const auto huge = gguf_value::of_int(gguf_type::u32, 1 << 20);
+  const std::string claims_too_much =
+      rewrite_all({{"llama.embedding_length", huge}, {"llama.block_count", huge}, {"llama.feed_forward_length", huge},
+                   {"llama.rope.dimension_count", std::nullopt}});
   const std::tuple<std::string, std::string, const char*> cases[] = {
       {"arch", rewrite("general.architecture", gguf_value::of_string("gpt2")), "architecture 'gpt2' is not supported"},
       {"eps", rewrite("llama.attention.layer_norm_rms_epsilon", gguf_value::of_float(1e-6f)),
@@ -232,6 +247,7 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
       {"missing", rewrite("", std::nullopt, "blk.3.ffn_up.weight"), "no tensor 'blk.3.ffn_up.weight'"},
       {"heads", rewrite("llama.attention.head_count", gguf_value::of_int(gguf_type::u32, 5)),
        "dim 64 is not a multiple of n_heads 5"},
+      {"huge", claims_too_much, "layers, feed_forward_length 1048576) implies more weights than its "},
   };
   for (const auto& [name, bytes, message] : cases) {
     const std::string path = write_temp(name + ".gguf", bytes);

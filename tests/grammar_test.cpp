@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/engine/resumed.hpp"
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/grammar/grammar.hpp"
 #include "tests/support/engine_harness.hpp"
@@ -265,6 +266,38 @@ TEST(TokenMask, NeverEmptyOnAnyValidPrefix) {
     }
     m.check_invariants();
   }
+}
+
+// Issue 47: tokens a request resumes with (after a drain or a lost engine) come from a peer and
+// are replayed through the automaton where the request enters, never first in a step.
+TEST(TokenMask, ResumedTokensMustBeInTheVocabularyAndFitTheGrammar) {
+  auto vocab = toy_vocabulary();
+  auto digits = compile(grammar_spec{grammar_kind::regex, "[0-9]+", {}, {}});
+  ASSERT_TRUE(digits.has_value());
+  const int32_t d12 = token_of(*vocab, "12"), d7 = token_of(*vocab, "7"), ab = token_of(*vocab, "ab");
+  const auto error_of = [&](const std::shared_ptr<const compiled_grammar>& g, const std::vector<int32_t>& tokens) {
+    auto ok = engine::check_generated(g, vocab, tokens, 1);  // tokens[0] is the prompt
+    return ok ? std::string("fits") : ok.error().message;
+  };
+  EXPECT_EQ(error_of(*digits, {ab, d12, d7, 1}), "fits");  // 127, then EOS where it accepts
+  EXPECT_EQ(error_of(*digits, {ab}), "fits");               // nothing resumed
+  EXPECT_EQ(error_of(*digits, {ab, d12, ab}), "resumed token 1 (" + std::to_string(ab) +
+                                                  ") leaves the request's grammar: it cannot have been generated under it");
+  EXPECT_EQ(error_of(*digits, {ab, 1}),
+            "resumed token 0 (1) leaves the request's grammar: it cannot have been generated under it");  // EOS first
+  const std::string size = std::to_string(vocab->size());
+  EXPECT_EQ(error_of(*digits, {ab, vocab->size()}),
+            "resumed token 0 (" + size + ") is outside the vocabulary [0, " + size + ")");
+  EXPECT_EQ(error_of(*digits, {ab, -1}), "resumed token 0 (-1) is outside the vocabulary [0, " + size + ")");
+  // Before a trigger string the text is free; after it, the grammar holds.
+  auto triggered = compile(grammar_spec{grammar_kind::regex, "[0-9]+", {}, {"a"}});
+  ASSERT_TRUE(triggered.has_value());
+  const int32_t x = token_of(*vocab, "x"), a = token_of(*vocab, "a");
+  EXPECT_EQ(error_of(*triggered, {ab, x, a, d7}), "fits");
+  EXPECT_EQ(error_of(*triggered, {ab, x, a, x}), "resumed token 2 (" + std::to_string(x) +
+                                                      ") leaves the request's grammar: it cannot have been generated under it");
+  EXPECT_EQ(error_of(*triggered, {ab, ab}), "resumed token 0 (" + std::to_string(ab) +
+                                                ") leaves the request's grammar: it cannot have been generated under it");
 }
 
 TEST(TokenMask, TriggerTokensArmTheGrammar) {
@@ -776,6 +809,43 @@ TEST(GrammarEngine, ATriggerStringLeavesTheTextBeforeItFreeAndTheRestFollowsTheG
     EXPECT_EQ(got.finish, engine::finish_reason::stop) << seed;
   }
   EXPECT_GT(num_triggered, 10);  // stories have periods
+}
+
+// Issue 47: a request resumed with a token its grammar rejects (forged by a peer) used to be
+// admitted, and the step executor's cursor then aborted the process ("a grammar-constrained
+// sequence left its grammar") on every engine the request went to. Now it fails alone, at
+// admission, and the engine serves on.
+TEST(GrammarEngine, AResumedTokenOutsideTheGrammarFailsItsRequestAloneAtAdmission) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  const std::shared_ptr<const vocabulary> vocab = vocabulary_of(b.tok, {});
+  int32_t letters = -1, other = -1;  // a token of [a-z]+, and one with a byte outside it
+  for (int32_t t = 0; t < vocab->size(); t++) {
+    const std::string& bytes = vocab->bytes(t);
+    if (bytes.empty()) continue;
+    const bool lower = std::all_of(bytes.begin(), bytes.end(), [](char c) { return c >= 'a' && c <= 'z'; });
+    if (lower && letters < 0) letters = t;
+    if (!lower && other < 0) other = t;
+  }
+  ASSERT_GE(letters, 0);
+  ASSERT_GE(other, 0);
+  auto e = testing::make_engine();
+  const auto resumed = [&](engine::request_id id, std::vector<int32_t> tokens) {
+    engine::request r = grammar_request(id, static_cast<int32_t>(id), grammar_kind::regex, "[a-z]+", 24);
+    r.prompt.insert(r.prompt.end(), tokens.begin(), tokens.end());
+    r.num_resumed_tokens = static_cast<int32_t>(tokens.size());
+    r.max_tokens -= r.num_resumed_tokens;
+    return r;
+  };
+  auto forged = e->add_request(resumed(1, {letters, other}));
+  ASSERT_FALSE(forged.has_value()) << "admitted";
+  EXPECT_EQ(forged.error().code, errc::invalid_argument);
+  EXPECT_EQ(forged.error().message, "resumed token 1 (" + std::to_string(other) +
+                                        ") leaves the request's grammar: it cannot have been generated under it");
+  auto honest = e->add_request(resumed(2, {letters}));
+  ASSERT_TRUE(honest.has_value()) << honest.error().message;
+  const outputs out = testing::run_to_completion(*e);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_FALSE(out.begin()->second.tokens.empty());
 }
 
 TEST(GrammarEngine, BadGrammarsAreClearErrorsBeforeAdmission) {

@@ -208,11 +208,11 @@ class Limits : public ::testing::Test {
     server_ = std::make_unique<caf::actor_system>(server_cfg_);
   }
 
-  /// Certificates of a development CA for "server" and a client "peer".
+  /// Certificates of a development CA for the nodes "server" and "intruder" and a client "peer".
   actors::tls_credentials make_certificates(const std::string& who) {
     if (!fs::exists(dir_ / "certs")) {
-      const cli_result r =
-          run_troupe({"certs", "--out", (dir_ / "certs").string(), "--nodes", "server", "--client", "peer"}, dir_);
+      const cli_result r = run_troupe(
+          {"certs", "--out", (dir_ / "certs").string(), "--nodes", "server,intruder", "--client", "peer"}, dir_);
       EXPECT_EQ(r.exit_code, 0) << r.err;
     }
     const std::string base = (dir_ / "certs" / who).string();
@@ -255,6 +255,74 @@ TEST_F(Limits, AHeaderAnnouncingFourGibibytesClosesItsConnectionAndTheNodeServes
     EXPECT_EQ(out->tokens, reference(oracle, r).tokens);
   }
   topology::shutdown_node(*server_, *node);
+}
+
+/// Reaches the actor published at `port` over TLS with `who`'s certificate: "reached", or why not.
+std::string reach_as(const actors::tls_credentials& tls, uint16_t port) {
+  caf::actor_system_config cfg;
+  configure(cfg, false);
+  if (auto ok = actors::configure_network(cfg, tls); !ok) return ok.error().message;
+  caf::actor_system client{cfg};
+  actors::reach_options once;
+  once.retry = false;
+  auto reached = actors::reach_any(client, "127.0.0.1", port, once);
+  return reached ? "reached" : reached.error().message;
+}
+
+// Issue 47: a client certificate was a node certificate (the same EKUs from the same CA) and any
+// name was accepted. Now `troupe certs` gives clients client use only, and the verify callback
+// troupe installs under CAF (SSL_CTX_set_verify) refuses, at a node only nodes reach, client
+// certificates and node certificates named after no node of the topology. Before: all three
+// reached the node.
+TEST_F(Limits, ANodeThatOnlyNodesReachRefusesClientCertificatesAndNodeCertificatesOfOtherNames) {
+  const auto server = make_certificates("server");
+  auto node_cert = actors::read_peer_certificate(server.certificate);
+  auto client_cert = actors::read_peer_certificate(make_certificates("peer").certificate);
+  ASSERT_TRUE(node_cert && client_cert);
+  EXPECT_TRUE(node_cert->node);
+  EXPECT_EQ(node_cert->names, (std::vector<std::string>{"server", "server"}));  // CN, DNS name
+  EXPECT_FALSE(client_cert->node);
+  actors::set_peer_rules({{"server"}, /*accept_clients=*/false});
+  start_server({}, server);
+  const caf::actor silent = server_->spawn([]() -> caf::behavior { return {[](int32_t) {}}; });
+  auto port = actors::publish_actor(*server_, silent, 0, "127.0.0.1");
+  ASSERT_TRUE(port.has_value()) << port.error().message;
+  EXPECT_EQ(reach_as(server, *port), "reached");  // a node of the topology
+  EXPECT_NE(reach_as(make_certificates("peer"), *port), "reached");
+  EXPECT_NE(reach_as(make_certificates("intruder"), *port), "reached");
+  actors::set_peer_rules({{"server"}, /*accept_clients=*/true});  // the balancer's node
+  EXPECT_EQ(reach_as(make_certificates("peer"), *port), "reached");
+  EXPECT_NE(reach_as(make_certificates("intruder"), *port), "reached");
+  actors::set_peer_rules({});
+  caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(Limits, APrivateKeyOthersCanReadIsRefusedNamingTheChmod) {
+  actors::tls_credentials tls = make_certificates("server");
+  ASSERT_TRUE(actors::check_credentials(tls).has_value());
+  fs::permissions(tls.key, fs::perms::group_read | fs::perms::others_read, fs::perm_options::add);
+  auto refused = actors::check_credentials(tls);  // before issue 47: accepted
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().message, "TLS key " + tls.key + " is accessible by group or others (mode 0644): a "
+                                     "private key must be its owner's alone; run chmod 600 " + tls.key);
+}
+
+TEST(PeerRules, NodesAreNamedAfterTheTopologyAndClientsReachOnlyNodesThatAcceptThem) {
+  const actors::peer_certificate node{true, {"n1", "n1"}}, stranger{true, {"x"}}, client{false, {"alice"}};
+  const actors::peer_rules balancer_node{{"n0", "n1"}, true}, other_node{{"n0", "n1"}, false};
+  const auto verdict = [](const actors::peer_certificate& p, bool accepted, const actors::peer_rules& r) {
+    auto ok = actors::check_peer(p, accepted, r);
+    return ok ? std::string("accepted") : ok.error().message;
+  };
+  for (bool accepted : {true, false}) {
+    EXPECT_EQ(verdict(node, accepted, other_node), "accepted");
+    EXPECT_EQ(verdict(stranger, accepted, other_node), "the node certificate 'x' names no node of the topology (n0, n1)");
+    EXPECT_EQ(verdict(stranger, accepted, actors::peer_rules{}), "accepted");  // a client process: no topology
+  }
+  EXPECT_EQ(verdict(client, true, balancer_node), "accepted");
+  EXPECT_EQ(verdict(client, true, other_node), "a client certificate 'alice' connected to a node that only other "
+                                               "nodes reach (clients connect to the balancer's node)");
+  EXPECT_EQ(verdict(client, false, balancer_node), "the server presented a client certificate 'alice': only nodes listen");
 }
 
 TEST_F(Limits, ATlsHandshakeThatNeverCompletesIsClosedAfterTheBound) {

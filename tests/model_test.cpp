@@ -165,6 +165,19 @@ TEST(CheckpointHeader, InconsistentShapes) {
   EXPECT_FALSE(c->shared_classifier);
 }
 
+TEST(CheckpointHeader, SizesThatOverflowInt64AreRefused) {
+  // Every field within 1..2^20, but the weights come to 2^64 + 4,194,304 bytes: in int64 that
+  // wrapped to a 4 MB file, which today's check passed and whose load read far past the mapping
+  // (today: "Value of: crafted, Actual: true").
+  const int32_t h[7] = {1 << 20, 65538, 1001623, 1 << 19, 1 << 19, 47943, 1 << 19};
+  auto crafted = parse_header(h, 4194332, "m.bin");
+  ASSERT_FALSE(crafted);
+  EXPECT_EQ(crafted.error().code, errc::malformed_file);
+  EXPECT_EQ(crafted.error().message,
+            "model file 'm.bin': size is 4194332 bytes but its header (dim 1048576, 1001623 layers, hidden_dim "
+            "65538, vocab 47943) implies more than 2^63 bytes (a crafted or corrupt header)");
+}
+
 }  // namespace
 }  // namespace troupe::model
 

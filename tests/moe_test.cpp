@@ -34,6 +34,7 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/actor_config.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/other_node.hpp"
 #include "tests/support/process.hpp"
 
 namespace troupe::moe {
@@ -986,6 +987,26 @@ TEST_F(MoeActors, ShardsHandOverExpertWeightsAndCheckThem) {
   ASSERT_EQ(from_a.size(), 64u);
   EXPECT_TRUE(same_bits(from_a, from_b));
   EXPECT_EQ(error_of(msg::drop_experts{{{2, 3}, {0, 0}}}), "answered");
+}
+
+// Issue 47: a shard took drop_experts, expert_set and fetch_experts from anyone. Now it serves
+// its own node and the node of the first actor that sends it anything (its engine's). Its home
+// is another node here, so the test's actors are remote: a message without a sender is refused,
+// the first sender's node is served. (Refusing another node's actors: SenderPolicy.*.)
+TEST_F(MoeActors, AShardServesItsOwnNodeAndTheFirstNodeToUseIt) {
+  const expert_shard_actor shard =
+      actors::spawn_expert_shard(sys_, *random_, {{0, 1}}, kernel_path::fast, caf::actor{}, testing::other_node());
+  caf::anon_send(shard, msg::drop_experts{{{0, 1}}});  // before: dropped the expert
+  caf::scoped_actor self{sys_};
+  msg::expert_set held;
+  self->request(shard, shard_timeout, msg::fetch_experts{{{0, 1}}})
+      .receive([&](msg::expert_set& s) { held = std::move(s); }, [&](caf::error& err) { ADD_FAILURE() << sys_.render(err); });
+  ASSERT_EQ(held.experts.size(), 1u);  // still there: the anonymous drop was refused
+  caf::scoped_actor other{sys_};       // another actor of the first sender's node
+  int32_t left = -1;
+  other->request(shard, shard_timeout, msg::drop_experts{{{0, 1}}})
+      .receive([&](int32_t n) { left = n; }, [&](caf::error& err) { ADD_FAILURE() << sys_.render(err); });
+  EXPECT_EQ(left, 0);
 }
 
 // Requests stream across reassignments: a reassigner measures windows of 5 steps; when one

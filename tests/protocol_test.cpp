@@ -245,7 +245,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::kv_arrived{7, {1, 2}, "lost"});
   expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30, true,
                                    {some<actors::cache_tier_actor>(), other<actors::cache_tier_actor>()}});
-  expect_round_trip(msg::tier_report_to{some<actors::balancer_actor>(), 2, 30});
+  expect_round_trip(msg::tier_report_to{some<actors::balancer_actor>(), 2, 30, {"node-a", "node-b"}});
   expect_round_trip(msg::load_report{1, 2, 3, 4, 5, true, 7, true, {8, 9}, {10}});
   expect_round_trip(msg::engine_lost{some<actors::engine_actor>(), "silent"});
   expect_round_trip(msg::forwarded{3, "drained", {1, 2, 3}});

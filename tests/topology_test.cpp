@@ -517,8 +517,10 @@ TEST(Topology, WithoutTlsThereAreNoCredentials) {
 TEST(PortSecurity, LoopbackIs127Slash8LocalhostAndIpv6One) {
   for (const char* host : {"127.0.0.1", "127.1.2.3", "127.255.255.255", "localhost", "::1"})
     EXPECT_TRUE(is_loopback(host)) << host;
+  for (const char* host : {"0:0:0:0:0:0:0:1", "::ffff:127.0.0.2"}) EXPECT_TRUE(is_loopback(host)) << host;
+  // A name that starts like an address is a name (today: "127.evil.example" was loopback).
   for (const char* host : {"0.0.0.0", "10.0.0.1", "128.0.0.1", "1127.0.0.1", "localhost.example.com", "::", "",
-                           "node1"})
+                           "node1", "127.evil.example", "127.0.0.1.nip.io", "127.", "127.0.0.1 ", "::ffff:10.0.0.1"})
     EXPECT_FALSE(is_loopback(host)) << host;
 }
 

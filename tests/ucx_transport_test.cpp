@@ -196,6 +196,59 @@ TEST(UcxTransport, SendToADeadPortFailsNamingTheAddress) {
   EXPECT_EQ(*bytes, pattern(10, 2));
 }
 
+// Issue 47: the receive buffer was sized from the sender's announced length (any length was
+// allocated). Now a message over max_message_bytes is refused, nothing allocated for it, and the
+// transport serves on.
+TEST(UcxTransport, AMessageOverTheBoundIsRefusedAndTheNextArrives) {
+  ucx_options bounded;
+  bounded.max_message_bytes = 1 * mib;
+  auto created = ucx_transport::create(bounded);
+  ASSERT_TRUE(created.has_value()) << created.error().message;
+  auto receiver = std::move(*created);
+  auto sender = make_transport();
+  ASSERT_TRUE(sender);
+  auto big = receive_async(*receiver, 5);
+  auto sent_big = send_async(*sender, receiver->port(), 5, pattern(2 * mib, 5));
+  auto refused = await(big);
+  ASSERT_FALSE(refused.has_value()) << "received " << refused->size() << " bytes";
+  EXPECT_EQ(refused.error().code, troupe::errc::invalid_argument);
+  EXPECT_EQ(refused.error().message, "UCX: receive of tag 5 refused: the message of 2097152 bytes exceeds the largest "
+                                     "this node takes, 1048576 ([limits] max_message_mib)");
+  (void)await(sent_big);  // the sender may or may not learn of it
+  auto at_bound = receive_async(*receiver, 6);
+  auto sent = send_async(*sender, receiver->port(), 6, pattern(1 * mib, 6));
+  auto bytes = await(at_bound);
+  ASSERT_TRUE(bytes.has_value()) << bytes.error().message;
+  EXPECT_TRUE(*bytes == pattern(1 * mib, 6));
+  EXPECT_TRUE(await(sent).has_value());
+}
+
+// Issue 47: the listener accepted any peer. With allowed_peers it takes only those hosts.
+TEST(UcxTransport, AListenerWithAllowedPeersRejectsOtherHosts) {
+  ucx_options elsewhere_only;
+  elsewhere_only.allowed_peers = {"10.255.255.1"};  // the sender below connects from 127.0.0.1
+  auto created = ucx_transport::create(elsewhere_only);
+  ASSERT_TRUE(created.has_value()) << created.error().message;
+  auto guarded = std::move(*created);
+  ucx_options loopback_only;
+  loopback_only.allowed_peers = {"127.0.0.1"};
+  auto open = ucx_transport::create(loopback_only);
+  ASSERT_TRUE(open.has_value()) << open.error().message;
+  auto sender = make_transport();
+  ASSERT_TRUE(sender);
+  auto never = receive_async(*guarded, 3);
+  auto send_rejected = send_async(*sender, guarded->port(), 3, pattern(100, 3));
+  EXPECT_FALSE(await(send_rejected).has_value()) << "the send to a listener that rejects its host succeeded";
+  EXPECT_NE(never.wait_for(std::chrono::milliseconds(200)), std::future_status::ready);
+  auto received = receive_async(**open, 4);
+  auto sent = send_async(*sender, (*open)->port(), 4, pattern(100, 4));
+  EXPECT_TRUE(await(sent).has_value());
+  auto bytes = await(received);
+  ASSERT_TRUE(bytes.has_value()) << bytes.error().message;
+  EXPECT_EQ(*bytes, pattern(100, 4));
+  guarded.reset();  // cancels the pending receive before its future goes
+}
+
 TEST(UcxTransport, DestructionCancelsAPendingReceiveExactlyOnce) {
   auto receiver = make_transport();
   ASSERT_TRUE(receiver);

@@ -387,7 +387,11 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
                                        [&](const engine_spec& e) { return e.node == node_name; });
   if (t.kv_transfer == kv_transfer_kind::ucx && has_engines) {
-    auto ucx = transport::ucx_transport::create({node->host, node->kv_port});
+    // KV payloads within [limits] max_message_mib, from the topology's nodes only (issue 47).
+    transport::ucx_options ucx_options{node->host, node->kv_port};
+    ucx_options.max_message_bytes = node_network_limits(t).max_message_bytes;
+    for (const node_spec& n : t.nodes) ucx_options.allowed_peers.push_back(n.host);
+    auto ucx = transport::ucx_transport::create(ucx_options);
     if (!ucx) return fail(ucx.error().code, "node '" + node_name + "': " + ucx.error().message);
     out.ucx = std::move(*ucx);
   }
@@ -525,6 +529,13 @@ actors::tls_credentials node_credentials(const topology& t, const std::string& n
   TROUPE_ASSERT(spec != nullptr);
   if (t.tls_ca.empty()) return {};
   return {t.tls_ca, spec->certificate, spec->key};
+}
+
+actors::peer_rules node_peer_rules(const topology& t, const std::string& node_name) {
+  actors::peer_rules rules;
+  for (const node_spec& n : t.nodes) rules.node_names.push_back(n.name);
+  rules.accept_clients = node_name == t.load_balancer.node;
+  return rules;
 }
 
 int32_t node_compute_threads(const topology& t, const std::string& node_name) {

@@ -73,6 +73,11 @@ struct launched_node {
 /// when the topology has no [tls].
 [[nodiscard]] actors::tls_credentials node_credentials(const topology& t, const std::string& node_name);
 
+/// Whom node `node_name` accepts on its TLS connections (actors::set_peer_rules): node
+/// certificates named after the topology's nodes, and client certificates only on the
+/// balancer's node (clients submit there; every other node is reached by nodes alone).
+[[nodiscard]] actors::peer_rules node_peer_rules(const topology& t, const std::string& node_name);
+
 /// The topology's [limits] for the CAF port (configure_network applies them process-wide).
 [[nodiscard]] actors::network_limits node_network_limits(const topology& t);
 

@@ -8,6 +8,8 @@
 #include "runtime/tokenizer/chat_template.hpp"
 
 #include <toml++/toml.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <array>
@@ -1159,7 +1161,13 @@ struct listener {
 }  // namespace
 
 bool is_loopback(std::string_view host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  if (host == "localhost") return true;
+  const std::string text(host);  // inet_pton reads a C string, the whole of it
+  in_addr v4{};
+  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, text.c_str(), &v6) != 1) return false;
+  return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
 }
 
 expected<port_security> check_port_security(const topology& t, bool insecure) {

@@ -304,7 +304,8 @@ enum class port_security {
   plaintext_insecure,  ///< no [tls], some node elsewhere, started with --insecure
 };
 
-/// Whether `host` is a loopback address: 127.0.0.0/8, ::1 or localhost.
+/// Whether `host` is a loopback address: an IPv4 address in 127.0.0.0/8, ::1 (or an IPv4-mapped
+/// ::ffff:127.x.y.z), or the name localhost. Parsed as an address: "127.evil.example" is not.
 [[nodiscard]] bool is_loopback(std::string_view host);
 
 /// The rule for starting a node (or `up`): TLS when the topology has [tls]; without it,

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -101,6 +102,7 @@ class ucx_transport::impl {
   struct in_flight {
     std::string what;  ///< for error messages: "send to host:port" / "receive of tag N"
     std::vector<uint8_t> bytes;
+    uint64_t refused_length = 0;  ///< a receive of a message longer than max_message_bytes: its length
     send_callback send_done;
     receive_callback receive_done;
     void* request = nullptr;  ///< UCX request, nullptr when UCX completed at once
@@ -109,6 +111,8 @@ class ucx_transport::impl {
   };
 
   troupe::expected<void> open_context(const std::string& tls);
+  troupe::expected<void> resolve_allowed(const std::vector<std::string>& hosts);
+  [[nodiscard]] bool allowed(ucp_conn_request_h request) const;
   troupe::expected<void> open_listener(const std::string& host, uint16_t port);
 
   void run();
@@ -155,6 +159,8 @@ class ucx_transport::impl {
   std::vector<std::function<void()>> completions_;
 
   std::thread thread_;
+  uint64_t max_message_bytes_ = 0;
+  std::vector<in_addr_t> allowed_peers_;  // network byte order; empty: any
 };
 
 // ---- set-up and teardown ---------------------------------------------------------------------
@@ -163,8 +169,29 @@ troupe::expected<void> ucx_transport::impl::open(const ucx_options& options) {
   if (options.host.empty()) {
     return troupe::fail(troupe::errc::invalid_argument, "UCX: listen host must not be empty");
   }
+  max_message_bytes_ = options.max_message_bytes;
+  if (auto resolved = resolve_allowed(options.allowed_peers); !resolved) return resolved;
   if (auto opened = open_context(options.tls); !opened) return opened;
   return open_listener(options.host, options.port);
+}
+
+troupe::expected<void> ucx_transport::impl::resolve_allowed(const std::vector<std::string>& hosts) {
+  for (const std::string& host : hosts) {
+    auto address = resolve(host, 0);
+    if (!address) return tl::unexpected(address.error());
+    allowed_peers_.push_back(address->sin_addr.s_addr);
+  }
+  return {};
+}
+
+/// Whether a connection request comes from an allowed peer's IPv4 address (any, with no list).
+bool ucx_transport::impl::allowed(ucp_conn_request_h request) const {
+  if (allowed_peers_.empty()) return true;
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) != UCS_OK || attr.client_address.ss_family != AF_INET) return false;
+  const auto* from = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
+  return std::find(allowed_peers_.begin(), allowed_peers_.end(), from->sin_addr.s_addr) != allowed_peers_.end();
 }
 
 troupe::expected<void> ucx_transport::impl::open_context(const std::string& tls) {
@@ -374,7 +401,13 @@ void ucx_transport::impl::finish(in_flight& op) {
   }
   TROUPE_ASSERT(op.receive_done);
   troupe::expected<std::vector<uint8_t>> result = std::move(op.bytes);
-  if (op.status != UCS_OK) result = troupe::fail(code, std::move(message));
+  if (op.refused_length > 0)
+    result = troupe::fail(troupe::errc::invalid_argument,
+                          "UCX: " + op.what + " refused: the message of " + std::to_string(op.refused_length) +
+                              " bytes exceeds the largest this node takes, " + std::to_string(max_message_bytes_) +
+                              " ([limits] max_message_mib)");
+  else if (op.status != UCS_OK)
+    result = troupe::fail(code, std::move(message));
   completions_.push_back(
       [done = std::move(op.receive_done), result = std::move(result)]() mutable {
         done(std::move(result));
@@ -440,6 +473,12 @@ void ucx_transport::impl::on_connection_request(ucp_conn_request_h request, void
 }
 
 void ucx_transport::impl::accept(ucp_conn_request_h request) {
+  if (!allowed(request)) {
+    std::fprintf(stderr, "troupe: UCX: rejected a connection on port %u from a host that is not a node of the "
+                         "topology\n", static_cast<unsigned>(port_));
+    (void)ucp_listener_reject(listener_, request);
+    return;
+  }
   auto peer = std::make_unique<endpoint>();
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -521,13 +560,16 @@ bool ucx_transport::impl::match_waiting_receives() {
 void ucx_transport::impl::receive_probed(queued_op op, ucp_tag_message_h message, size_t length) {
   auto& flight = *in_flight_.emplace_back(std::make_unique<in_flight>());
   flight.what = "receive of tag " + std::to_string(op.tag);
-  flight.bytes.resize(length);
+  if (length > max_message_bytes_)
+    flight.refused_length = length;  // received into no buffer: UCX discards it as truncated
+  else
+    flight.bytes.resize(length);
   flight.receive_done = std::move(op.receive_done);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.recv = &impl::on_receive_done;
   param.user_data = &flight;
-  submitted(flight, ucp_tag_msg_recv_nbx(worker_, flight.bytes.data(), length, message, &param));
+  submitted(flight, ucp_tag_msg_recv_nbx(worker_, flight.bytes.data(), flight.bytes.size(), message, &param));
 }
 
 /// Every callback still owed fires (cancelled), then all endpoints close; runs on the thread.

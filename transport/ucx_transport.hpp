@@ -21,6 +21,15 @@ struct ucx_options {
   std::string host = "127.0.0.1";   ///< address the listener binds to
   uint16_t port = 0;                ///< 0 = pick a free port (see `ucx_transport::port()`)
   std::string tls = "tcp,shm,self"; ///< UCX_TLS for this context; "" = UCX_TLS env or default
+  /// The largest message it receives: one announced longer is refused (its bytes discarded,
+  /// nothing allocated for them) and its receive fails with invalid_argument (issue 47: the
+  /// receive buffer was sized from the sender's announced length). A node's is its [limits]
+  /// max_message_mib, the bound on every KV payload between nodes.
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+  /// The hosts (names or IPv4 addresses, resolved at create) whose connections the listener
+  /// accepts; others are rejected and logged (issue 47). Empty: any. A node's: the topology's
+  /// nodes' hosts.
+  std::vector<std::string> allowed_peers;
 };
 
 /// A `kv_sender` over UCX; its callbacks (send_callback, receive_callback) run on the progress

@@ -1,9 +1,12 @@
-// `troupe certs --out DIR --nodes a,b,c [--client NAME]... [--clients N]`: a development CA and a
-// certificate and key per node and client, made with OpenSSL's library, for a topology's [tls]
-// table (docs/security.md). EC P-256 keys; X.509 v3 certificates signed with SHA-256, each for
-// both TLS server and client use (a node listens and connects), its name as CN and DNS name.
-// DIR must not exist: it is created 0700, keys are written 0600 with O_EXCL, certificates 0644.
-// ca-key.pem is written too: whoever holds it can make certificates the cluster accepts.
+// `troupe certs --out DIR --nodes a,b,c [--client NAME]... [--clients N] [--ca-key-out PATH]`: a
+// development CA and a certificate and key per node and client, made with OpenSSL's library, for
+// a topology's [tls] table (docs/security.md). EC P-256 keys; X.509 v3 certificates signed with
+// SHA-256, its name as CN and DNS name. A node's certificate is for TLS server and client use (a
+// node listens and connects), a client's for client use only: the nodes' verify callback tells
+// them apart (actors/tls.hpp, peer_rules). DIR must not exist: it is created 0700, keys are
+// written 0600 with O_EXCL, certificates 0644. The CA's key — whoever holds it can make
+// certificates the cluster accepts — is kept out of DIR, which holds what nodes are given: it
+// goes to --ca-key-out, by default DIR/ca-private/ca-key.pem (a 0700 directory of its own).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,6 +38,7 @@ struct certs_options {
   std::vector<std::string> clients;
   int32_t num_clients = 0;  ///< adds client0 .. client<N-1>
   int32_t days = 365;
+  std::string ca_key_out;  ///< where the CA's key goes; empty: DIR/ca-private/ca-key.pem
 };
 
 using pkey_ptr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
@@ -100,14 +104,15 @@ expected<void> set_random_serial(X509* cert) {
   return {};
 }
 
-/// The extensions of the CA (`issuer` == nullptr) or of a node/client certificate.
-expected<void> add_extensions(X509* cert, X509* issuer, const std::string& name) {
+/// The extensions of the CA (`issuer` == nullptr) or of a node's certificate (TLS server and
+/// client use) or a client's (`node` false: client use only).
+expected<void> add_extensions(X509* cert, X509* issuer, const std::string& name, bool node) {
   const std::vector<std::pair<int, std::string>> ca = {{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
                                                        {NID_key_usage, "critical,keyCertSign,cRLSign"},
                                                        {NID_subject_key_identifier, "hash"}};
   const std::vector<std::pair<int, std::string>> leaf = {{NID_basic_constraints, "critical,CA:FALSE"},
                                                          {NID_key_usage, "critical,digitalSignature"},
-                                                         {NID_ext_key_usage, "serverAuth,clientAuth"},
+                                                         {NID_ext_key_usage, node ? "serverAuth,clientAuth" : "clientAuth"},
                                                          {NID_subject_alt_name, "DNS:" + name},
                                                          {NID_subject_key_identifier, "hash"},
                                                          {NID_authority_key_identifier, "keyid:always"}};
@@ -117,9 +122,10 @@ expected<void> add_extensions(X509* cert, X509* issuer, const std::string& name)
 }
 
 /// A certificate for `key` named `name`, signed by `issuer_key` as `issuer`; self-signed (the
-/// CA) when `issuer` is nullptr. Valid from an hour ago (clock skew) for `days` days.
+/// CA) when `issuer` is nullptr; a node's or (`node` false) a client's. Valid from an hour ago
+/// (clock skew) for `days` days.
 expected<x509_ptr> new_certificate(const std::string& name, EVP_PKEY* key, X509* issuer, EVP_PKEY* issuer_key,
-                                   int32_t days) {
+                                   int32_t days, bool node = true) {
   x509_ptr cert{X509_new(), &X509_free};
   if (!cert || X509_set_version(cert.get(), 2) != 1) return openssl_failure("cannot create a certificate");
   if (auto ok = set_random_serial(cert.get()); !ok) return tl::unexpected(ok.error());
@@ -130,7 +136,7 @@ expected<x509_ptr> new_certificate(const std::string& name, EVP_PKEY* key, X509*
       X509_set_pubkey(cert.get(), key) != 1 || !X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600) ||
       !X509_gmtime_adj(X509_getm_notAfter(cert.get()), static_cast<long>(days) * 86400))
     return openssl_failure("cannot fill in the certificate of '" + name + "'");
-  if (auto ok = add_extensions(cert.get(), issuer, name); !ok) return tl::unexpected(ok.error());
+  if (auto ok = add_extensions(cert.get(), issuer, name, node); !ok) return tl::unexpected(ok.error());
   if (X509_sign(cert.get(), issuer_key, EVP_sha256()) == 0)
     return openssl_failure("cannot sign the certificate of '" + name + "'");
   return cert;
@@ -151,36 +157,46 @@ expected<void> write_pem(const fs::path& path, mode_t mode, Write write) {
   return {};
 }
 
+/// Writes private key `key` to `path` (0600).
+expected<void> write_key(const fs::path& path, EVP_PKEY* key) {
+  return write_pem(path, 0600, [&](FILE* f) { return PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr); });
+}
+
 /// Writes `name`.pem (0644) and `name`-key.pem (0600) into `dir`.
 expected<void> write_pair(const fs::path& dir, const std::string& name, X509* cert, EVP_PKEY* key) {
   auto wrote_cert = write_pem(dir / (name + ".pem"), 0644, [&](FILE* f) { return PEM_write_X509(f, cert); });
   if (!wrote_cert) return wrote_cert;
-  return write_pem(dir / (name + "-key.pem"), 0600, [&](FILE* f) {
-    return PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
-  });
+  return write_key(dir / (name + "-key.pem"), key);
 }
 
-/// A fresh CA, then a key and a certificate it signs for every name, all written into `dir`.
-expected<void> make_all(const fs::path& dir, const std::vector<std::string>& names, int32_t days) {
+/// A fresh CA (its certificate into `dir`, its key to `ca_key`), then a key and a certificate
+/// it signs for every node and client, written into `dir`.
+expected<void> make_all(const fs::path& dir, const fs::path& ca_key_path, const std::vector<std::string>& nodes,
+                        const std::vector<std::string>& clients, int32_t days) {
   auto ca_key = new_key();
   if (!ca_key) return tl::unexpected(ca_key.error());
   auto ca = new_certificate("troupe development CA", ca_key->get(), nullptr, ca_key->get(), days);
   if (!ca) return tl::unexpected(ca.error());
-  if (auto ok = write_pair(dir, "ca", ca->get(), ca_key->get()); !ok) return ok;
-  for (const std::string& name : names) {
-    auto key = new_key();
-    if (!key) return tl::unexpected(key.error());
-    auto cert = new_certificate(name, key->get(), ca->get(), ca_key->get(), days);
-    if (!cert) return tl::unexpected(cert.error());
-    if (auto ok = write_pair(dir, name, cert->get(), key->get()); !ok) return ok;
+  if (auto ok = write_pem(dir / "ca.pem", 0644, [&](FILE* f) { return PEM_write_X509(f, ca->get()); }); !ok) return ok;
+  if (auto ok = write_key(ca_key_path, ca_key->get()); !ok) return ok;
+  for (const auto* group : {&nodes, &clients}) {
+    for (const std::string& name : *group) {
+      auto key = new_key();
+      if (!key) return tl::unexpected(key.error());
+      auto cert = new_certificate(name, key->get(), ca->get(), ca_key->get(), days, group == &nodes);
+      if (!cert) return tl::unexpected(cert.error());
+      if (auto ok = write_pair(dir, name, cert->get(), key->get()); !ok) return ok;
+    }
   }
   return {};
 }
 
 /// What to put in the topology and on the client's command line.
-void print_usage(const fs::path& dir, const certs_options& o, const std::vector<std::string>& clients) {
-  std::printf("wrote %s: ca.pem (the cluster CA), ca-key.pem (its key: whoever holds it can join the cluster)\n\n",
-              dir.c_str());
+void print_usage(const fs::path& dir, const fs::path& ca_key, const certs_options& o,
+                 const std::vector<std::string>& clients) {
+  std::printf("wrote %s: ca.pem (the cluster CA), and its key to %s (whoever holds it can join the cluster: keep it "
+              "off the nodes)\n\n",
+              dir.c_str(), ca_key.c_str());
   std::printf("[tls]\nca = \"%s\"\n", (dir / "ca.pem").c_str());
   for (const std::string& node : o.nodes)
     std::printf("# in [[node]] name = \"%s\":\ncertificate = \"%s\"\nkey = \"%s\"\n", node.c_str(),
@@ -203,11 +219,18 @@ int run_certs(const certs_options& o) {
                                                                  "new directory (remove it or choose another)"});
   if (::mkdir(dir.c_str(), 0700) != 0)
     return fail_with({errc::io_error, "cannot create directory " + o.out + ": " + std::strerror(errno)});
-  if (auto ok = make_all(dir, names, o.days); !ok) {
-    fs::remove_all(dir, ec);  // ours: created above
+  // The CA's key in a private directory of its own inside DIR unless told where.
+  const fs::path ca_key = o.ca_key_out.empty() ? dir / "ca-private" / "ca-key.pem" : fs::absolute(o.ca_key_out, ec);
+  if (o.ca_key_out.empty() && ::mkdir(ca_key.parent_path().c_str(), 0700) != 0) {
+    fs::remove_all(dir, ec);
+    return fail_with({errc::io_error, "cannot create directory " + ca_key.parent_path().string() + ": " +
+                                          std::strerror(errno)});
+  }
+  if (auto ok = make_all(dir, ca_key, o.nodes, clients, o.days); !ok) {
+    fs::remove_all(dir, ec);  // ours: created above (a --ca-key-out file is never replaced: O_EXCL)
     return fail_with(ok.error());
   }
-  print_usage(dir, o, clients);
+  print_usage(dir, ca_key, o, clients);
   return 0;
 }
 
@@ -225,6 +248,8 @@ action add_certs(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--clients", o->num_clients, "also make N client certificates, client0 .. client<N-1>")
       ->check(CLI::Range(0, 1000));
+  cmd->add_option("--ca-key-out", o->ca_key_out,
+                  "where to write the CA's private key (a new file; default: DIR/ca-private/ca-key.pem)");
   cmd->add_option("--days", o->days, "validity of every certificate, in days")
       ->check(CLI::Range(1, 3650))
       ->capture_default_str();

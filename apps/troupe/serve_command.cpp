@@ -202,6 +202,7 @@ int run_serve(const serve_options& o) {
   signal_waiter signals;
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg, topology::node_compute_threads(*t, node_name));
+  actors::set_peer_rules(topology::node_peer_rules(*t, node_name));  // applies once TLS is on
   if (auto ok = actors::configure_network(cfg, topology::node_credentials(*t, node_name),
                                            topology::node_network_limits(*t));
       !ok)

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "runtime/engine/resumed.hpp"
+
 namespace troupe::engine {
 
 expected<std::unique_ptr<engine>> engine::create(const model::checkpoint& ck, const tokenizer& tok,
@@ -41,6 +43,8 @@ expected<void> engine::add(request r, Add&& add_to_core) {
     if (!compiled) return tl::unexpected(compiled.error());
     r.compiled_grammar = std::move(*compiled);
   }
+  if (r.num_resumed_tokens > 0 && r.compiled_grammar != nullptr)  // rare: the vocabulary is spelled out for it
+    if (auto ok = check_resumed(r, grammar::vocabulary_of(tokenizer_, core_->config().eos_token_ids)); !ok) return ok;
   text_spec spec{r.prompt, r.stop};
   if (auto ok = add_to_core(std::move(r)); !ok) return ok;
   texts_.emplace(id, std::move(spec));

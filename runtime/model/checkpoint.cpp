@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -17,26 +18,55 @@ namespace {
 constexpr int64_t header_bytes = 7 * sizeof(int32_t);
 constexpr int32_t max_dimension = header_value_max;
 
+/// A count summed from products of header fields in int64, overflow remembered: a crafted
+/// header's products exceed 2^63 and, wrapped, could match a small file's size.
+class checked_count {
+ public:
+  /// Adds the product of `factors`.
+  checked_count& add(std::initializer_list<int64_t> factors) {
+    int64_t product = 1;
+    for (int64_t f : factors) overflow_ |= __builtin_mul_overflow(product, f, &product);
+    overflow_ |= __builtin_add_overflow(total_, product, &total_);
+    return *this;
+  }
+  /// The sum, or nullopt where a product or the sum overflowed.
+  [[nodiscard]] std::optional<int64_t> value() const {
+    return overflow_ ? std::nullopt : std::optional<int64_t>(total_);
+  }
+
+ private:
+  int64_t total_ = 0;
+  bool overflow_ = false;
+};
+
 /// Number of float32 weights a file stores for `c`: the legacy format's (freq_cis tables
-/// included) for `n_experts` 0, else the MoE format's (router and experts for the FFN).
-int64_t num_weight_floats(const model_config& c, int64_t n_experts = 0) {
+/// included) for `n_experts` 0, else the MoE format's (router and experts for the FFN); nullopt
+/// where the count overflows int64.
+std::optional<int64_t> num_weight_floats(const model_config& c, int64_t n_experts = 0) {
   const int64_t dim = c.dim, hidden = c.hidden_dim, layers = c.n_layers;
   const int64_t kv_dim = c.kv_dim(), vocab = c.vocab_size, head_size = c.head_size();
-  int64_t n = vocab * dim;                       // token_embedding
-  n += layers * dim;                             // rms_att
-  n += layers * dim * dim * 2;                   // wq, wo
-  n += layers * kv_dim * dim * 2;                // wk, wv
-  n += layers * dim;                             // rms_ffn
+  checked_count n;
+  n.add({vocab, dim});                           // token_embedding
+  n.add({layers, dim});                          // rms_att
+  n.add({layers, dim, dim, 2});                  // wq, wo
+  n.add({layers, kv_dim, dim, 2});               // wk, wv
+  n.add({layers, dim});                          // rms_ffn
   if (n_experts == 0) {
-    n += layers * hidden * dim * 3;              // w1, w2, w3
-    n += static_cast<int64_t>(c.seq_len) * head_size;  // freq_cis_real + freq_cis_imag (unused)
+    n.add({layers, hidden, dim, 3});             // w1, w2, w3
+    n.add({c.seq_len, head_size});               // freq_cis_real + freq_cis_imag (unused)
   } else {
-    n += layers * n_experts * (dim + 1);         // router_weight, router_bias
-    n += layers * n_experts * hidden * dim * 3;  // each expert's w1, w2, w3
+    n.add({layers, n_experts, dim + 1});         // router_weight, router_bias
+    n.add({layers, n_experts, hidden, dim, 3});  // each expert's w1, w2, w3
   }
-  n += dim;                                      // rms_final
-  if (!c.shared_classifier) n += vocab * dim;    // wcls
-  return n;
+  n.add({dim});                                  // rms_final
+  if (!c.shared_classifier) n.add({vocab, dim});  // wcls
+  return n.value();
+}
+
+/// Bytes of a file of `header` bytes then `floats` float32 weights; nullopt on overflow.
+std::optional<int64_t> float_file_bytes(int64_t header, std::optional<int64_t> floats) {
+  if (!floats) return std::nullopt;
+  return checked_count{}.add({header}).add({*floats, 4}).value();
 }
 
 std::string where(const std::string& path) { return "model file '" + echo(path, echo_path_bytes_max) + "': "; }
@@ -198,8 +228,16 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
   c.vocab_size = static_cast<int32_t>(embedding->dims[1]);
   c.shared_classifier = f->tensor("output.weight") == nullptr;
 
+  // Each weight takes at least 34/32 bytes of the file (Q8_0): more than its size can hold
+  // cannot be there; reserving for it first would allocate what the header claims.
+  const std::optional<int64_t> floats = num_weight_floats(c);
+  if (!floats || *floats > static_cast<int64_t>(bytes.size()))
+    return fail(errc::malformed_file, where(path) + "its metadata (dim " + std::to_string(c.dim) + ", " +
+                                          std::to_string(c.n_layers) + " layers, feed_forward_length " +
+                                          std::to_string(c.hidden_dim) + ") implies more weights than its " +
+                                          std::to_string(bytes.size()) + " bytes can hold");
   std::vector<float> out;
-  out.reserve(static_cast<size_t>(num_weight_floats(c)));
+  out.reserve(static_cast<size_t>(*floats));
   // Appends tensor `name` (ggml dims `dims`, dims[0] contiguous), which must exist with that shape.
   auto append = [&](const std::string& name, std::vector<int64_t> dims) -> expected<void> {
     const gguf_tensor* t = f->tensor(name);
@@ -254,14 +292,20 @@ expected<model_config> header_config(const int32_t (&h)[7], bool negative_vocab_
   return c;
 }
 
-expected<void> check_file_size(const model_config& c, int64_t file_size, int64_t expected_size,
+/// Whether a file of `file_size` bytes has the `expected_size` its header implies (nullopt:
+/// the header's sizes overflow int64, which no file matches).
+expected<void> check_file_size(const model_config& c, int64_t file_size, std::optional<int64_t> expected_size,
                                const std::string& path) {
-  if (file_size == expected_size) return {};
+  if (expected_size == file_size) return {};
+  const std::string shape = "its header (dim " + std::to_string(c.dim) + ", " + std::to_string(c.n_layers) +
+                            " layers, hidden_dim " + std::to_string(c.hidden_dim) + ", vocab " +
+                            std::to_string(c.vocab_size) + ") implies ";
+  if (!expected_size)
+    return fail(errc::malformed_file, where(path) + "size is " + std::to_string(file_size) + " bytes but " + shape +
+                                          "more than 2^63 bytes (a crafted or corrupt header)");
   return fail(errc::malformed_file,
-              where(path) + "size is " + std::to_string(file_size) + " bytes but its header (dim " +
-                  std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers, vocab " +
-                  std::to_string(c.vocab_size) + ") implies " + std::to_string(expected_size) +
-                  (file_size < expected_size ? " (truncated?)" : " (trailing data?)"));
+              where(path) + "size is " + std::to_string(file_size) + " bytes but " + shape +
+                  std::to_string(*expected_size) + (file_size < *expected_size ? " (truncated?)" : " (trailing data?)"));
 }
 
 /// Bytes of one Q8_0 tensor of `count` values: the int8 values, then a float scale per group.
@@ -291,11 +335,13 @@ std::vector<q80_tensor_kind> q80_tensor_kinds(const model_config& c) {
   return kinds;
 }
 
-int64_t q80_file_bytes(const model_config& c, int32_t group_size) {
-  int64_t n = q80_header_bytes + 4 * (2 * static_cast<int64_t>(c.n_layers) * c.dim + c.dim);  // the norms
-  for (const q80_tensor_kind& k : q80_tensor_kinds(c))
-    n += k.count * q80_tensor_bytes(static_cast<int64_t>(k.d) * k.n, group_size);
-  return n;
+/// Bytes of a version-2 file for `c`; nullopt where the count overflows int64.
+std::optional<int64_t> q80_file_bytes(const model_config& c, int32_t group_size) {
+  checked_count n;
+  n.add({q80_header_bytes}).add({4, 2, c.n_layers, c.dim}).add({4, c.dim});  // the header, the norms
+  for (const q80_tensor_kind& k : q80_tensor_kinds(c))  // d * n <= 2^40: one tensor's bytes fit
+    n.add({k.count, q80_tensor_bytes(static_cast<int64_t>(k.d) * k.n, group_size)});
+  return n.value();
 }
 
 }  // namespace
@@ -304,7 +350,7 @@ expected<model_config> parse_header(const int32_t (&h)[7], int64_t file_size,
                                     const std::string& path) {
   auto c = header_config(h, true, path);
   if (!c) return c;
-  if (auto ok = check_file_size(*c, file_size, header_bytes + num_weight_floats(*c) * 4, path); !ok)
+  if (auto ok = check_file_size(*c, file_size, float_file_bytes(header_bytes, num_weight_floats(*c)), path); !ok)
     return tl::unexpected(ok.error());
   return c;
 }
@@ -372,7 +418,7 @@ expected<std::pair<model_config, moe_weights>> parse_moe_header(std::string_view
       return fail(errc::malformed_file, where(path) + "header byte " + std::to_string(i) + " is not zero (bytes " +
                                             std::to_string(used) + ".." + std::to_string(moe_header_bytes - 1) +
                                             " are reserved)");
-  const int64_t size = moe_header_bytes + 4 * num_weight_floats(*c, m.n_experts);
+  const std::optional<int64_t> size = float_file_bytes(moe_header_bytes, num_weight_floats(*c, m.n_experts));
   if (auto ok = check_file_size(*c, static_cast<int64_t>(bytes.size()), size, path); !ok)
     return tl::unexpected(ok.error());
   return std::make_pair(*c, m);
