@@ -17,13 +17,11 @@ expected<void> check_generated(std::shared_ptr<const grammar::compiled_grammar> 
     if (t < 0 || t >= vocab->size())
       return fail(errc::invalid_argument,
                   which + " is outside the vocabulary [0, " + std::to_string(vocab->size()) + ")");
-    const grammar::token_mask* mask = c.mask();
-    if (m.states().num_states() > grammar::automaton_states_max)
-      return fail(errc::invalid_argument, "the resumed tokens grow the grammar's automaton past " +
-                                              std::to_string(grammar::automaton_states_max) + " states");
-    if (mask != nullptr && !grammar::allowed(*mask, t))
+    auto mask = c.mask();  // past a grammar limit: an error for this request (grammar_limits)
+    if (!mask) return fail(mask.error().code, "the resumed tokens: " + mask.error().message);
+    if (*mask != nullptr && !grammar::allowed(**mask, t))
       return fail(errc::invalid_argument, which + " leaves the request's grammar: it cannot have been generated under it");
-    c.feed(t);  // allowed by its mask: it stays in the grammar
+    if (auto fed = c.feed(t); !fed) return fail(fed.error().code, "the resumed tokens: " + fed.error().message);
   }
   return {};
 }

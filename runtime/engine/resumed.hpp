@@ -17,7 +17,8 @@ namespace troupe::engine {
 /// Whether `tokens[first..]` could have been generated under `g` over `vocab`: each in the
 /// vocabulary and allowed, in turn, by the mask the step executor would have sampled it under
 /// (cursor::mask: the grammar's, an end token only where it accepts; before a trigger, free
-/// text), within grammar::automaton_states_max. Error (invalid_argument): the first that is not.
+/// text), within the grammar's limits (grammar_limits). Error: the first token that is not
+/// (invalid_argument), or the limit the replay crossed.
 [[nodiscard]] expected<void> check_generated(std::shared_ptr<const grammar::compiled_grammar> g,
                                              std::shared_ptr<const grammar::vocabulary> vocab,
                                              const std::vector<int32_t>& tokens, size_t first);
