@@ -454,7 +454,7 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
 
 expected<sim_topology> load_sim_topology(const std::string& path, const topology_overrides& set) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return fail(errc::io_error, "cannot read simulation topology '" + path + "'");
+  if (!fs::is_regular_file(path, ec)) return fail(errc::io_error, "cannot read simulation topology '" + echo(path, echo_path_bytes_max) + "'");
   std::ifstream in(path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return parse_sim_topology(text, path, fs::path(path).parent_path().string(), set);

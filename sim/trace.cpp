@@ -346,7 +346,7 @@ expected<std::string> read_trace_text(const std::string& path) {
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
                                                              &std::fclose);
   if (!file)
-    return fail(errc::io_error, "cannot open trace '" + path + "': " + std::strerror(errno));
+    return fail(errc::io_error, "cannot open trace '" + echo(path, echo_path_bytes_max) + "': " + std::strerror(errno));
   std::string text;
   char buffer[1 << 16];
   for (;;) {
@@ -355,7 +355,7 @@ expected<std::string> read_trace_text(const std::string& path) {
     if (n < sizeof(buffer)) break;
   }
   if (std::ferror(file.get()))
-    return fail(errc::io_error, "cannot read trace '" + path + "': " + std::strerror(errno));
+    return fail(errc::io_error, "cannot read trace '" + echo(path, echo_path_bytes_max) + "': " + std::strerror(errno));
   return text;
 }
 

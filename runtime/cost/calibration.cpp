@@ -68,10 +68,10 @@ std::string format_count(double v) {
 expected<std::string> read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    return fail(errc::io_error, std::string(what) + " '" + path + "': cannot open: " + std::strerror(errno));
+    return fail(errc::io_error, std::string(what) + " '" + echo(path, echo_path_bytes_max) + "': cannot open: " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) return fail(errc::io_error, std::string(what) + " '" + path + "': cannot read");
+  if (in.bad()) return fail(errc::io_error, std::string(what) + " '" + echo(path, echo_path_bytes_max) + "': cannot read");
   return text.str();
 }
 

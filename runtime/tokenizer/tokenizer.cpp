@@ -10,7 +10,7 @@ namespace troupe {
 
 expected<tokenizer> tokenizer::load(const std::string& path, std::int32_t vocab_size) {
   auto file = mapped_file::open(path);  // a GGUF model's tensors are never read
-  if (!file) return fail(errc::io_error, "cannot open tokenizer file '" + path + "': " + file.error().message);
+  if (!file) return fail(errc::io_error, "cannot open tokenizer file '" + echo(path, echo_path_bytes_max) + "': " + file.error().message);
   return from_bytes(file->bytes(), vocab_size, path);
 }
 
