@@ -32,6 +32,7 @@
 #include "sim/sim_topology.hpp"
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/engine_harness.hpp"
+#include "tests/support/fuzz_env.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/loopback_socket.hpp"
 #include "tests/support/mutator.hpp"
@@ -42,11 +43,6 @@ namespace troupe::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-uint64_t env_or(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
 
 uint64_t fuzz_seed() { return env_or("TROUPE_FUZZ_SEED", 1); }
 uint64_t fuzz_rounds() { return env_or("TROUPE_FUZZ_ROUNDS", 400); }

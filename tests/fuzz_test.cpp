@@ -24,17 +24,13 @@
 
 #include "actors/request_actor.hpp"
 #include "tests/support/actor_harness.hpp"
+#include "tests/support/fuzz_env.hpp"
 #include "tests/support/garbage.hpp"
 
 namespace troupe::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-uint64_t env_or(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
-}
 
 /// An actor that takes anything and answers nothing: a sender for forged messages, a client
 /// for request actors, and a handle of every type in the pool.

@@ -93,20 +93,8 @@ int check_vocabulary(const std::string& path) {
   return mismatches;
 }
 
-/// The shared data's vocabularies, or empty when the shared data is absent.
-std::string vocab_dir() {
-  const std::string dir = testing::shared_data_dir() + "/vocab";
-  return fs::is_directory(dir) ? dir : "";
-}
-
-#define TROUPE_NEEDS_VOCAB_DIR(dir)                                                                        \
-  if ((dir).empty())                                                                                     \
-  GTEST_SKIP() << "needs " << testing::shared_data_dir() << "/vocab, absent (the project's shared data; " \
-               << "set TROUPE_DATA_DIR to its directory)"
-
 TEST(Vocab, EveryLlamaCppVocabularyTokenizesItsTestCasesExactly) {
-  const std::string dir = vocab_dir();
-  TROUPE_NEEDS_VOCAB_DIR(dir);
+  TROUPE_SHARED_DATA_OR_SKIP(dir, "vocab");
   const std::vector<std::string> files = vocab_files(dir);
   ASSERT_FALSE(files.empty()) << "no ggml-vocab-*.gguf in " << dir;
   for (const std::string& path : files) {
@@ -139,8 +127,7 @@ std::string hostile_text(const tokenizer& tok, const std::vector<std::int32_t>& 
 // vocabulary cut them out of any text, as llama.cpp does) — while a template segment spelling
 // one yields it.
 TEST(Vocab, RequestTextMadeOfSpecialTokenTextsNeverYieldsASpecialId) {
-  const std::string dir = vocab_dir();
-  TROUPE_NEEDS_VOCAB_DIR(dir);
+  TROUPE_SHARED_DATA_OR_SKIP(dir, "vocab");
   for (const std::string& path : vocab_files(dir)) {
     SCOPED_TRACE(path);
     const std::string bytes = testing::read_file(path);
