@@ -17,6 +17,9 @@
 
 namespace troupe::gateway {
 
+/// How long a gateway's accepting pauses when the process is out of descriptors (both gateways).
+inline constexpr std::chrono::milliseconds accept_backoff{100};
+
 struct edge_limits {
   int32_t max_connections = 512;               ///< open connections in all; one more is closed at once
   int32_t max_connections_per_address = 64;    ///< open connections from one client address

@@ -41,8 +41,6 @@ namespace {
 constexpr uint32_t head_bytes_max = 64 << 10;
 /// What one read asks of the socket.
 constexpr size_t read_bytes = 16 << 10;
-/// How long accepting pauses when the process is out of descriptors.
-constexpr std::chrono::milliseconds accept_backoff{100};
 
 std::string lower(std::string_view text) {
   std::string out(text);

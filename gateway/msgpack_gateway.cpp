@@ -32,8 +32,6 @@ using steady = std::chrono::steady_clock;
 
 /// How long a stopping gateway waits for the ends of the requests it cancelled.
 constexpr std::chrono::seconds stop_grace{2};
-/// How long accepting pauses when the process is out of descriptors.
-constexpr std::chrono::milliseconds accept_backoff{100};
 
 /// Whether `fd` has bytes (or its end, or an error) to read within `wait`.
 bool readable_within(int fd, std::chrono::milliseconds wait) {
