@@ -32,7 +32,7 @@
 #include <caf/node_id.hpp>
 #include <caf/timespan.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "runtime/kv/tier_store.hpp"
 
 namespace troupe::actors {

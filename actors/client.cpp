@@ -9,10 +9,10 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/atoms.hpp"
-#include "actors/boundary.hpp"
-#include "actors/cluster_messages.hpp"
-#include "actors/random.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/cluster_messages.hpp"
+#include "actors/system/random.hpp"
 
 namespace troupe::actors {
 namespace {

@@ -15,7 +15,7 @@
 
 #include <caf/fwd.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
 

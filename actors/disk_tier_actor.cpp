@@ -7,9 +7,9 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/boundary.hpp"
-#include "actors/clock.hpp"
-#include "actors/sender_check.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/clock.hpp"
+#include "actors/system/sender_check.hpp"
 #include "messages/disk_tier.hpp"
 
 namespace troupe::actors {

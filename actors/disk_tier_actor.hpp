@@ -1,6 +1,6 @@
 #pragma once
 
-/// The disk tier actor (issue 14): a kv::lower_tier — the disk tier (tiers/disk_tier.hpp) or the
+/// The disk tier actor (issue 14): a kv::lower_tier — the disk tier (actors/edge/disk_tier.hpp) or the
 /// simulator's modelled device (sim/modelled_tier.hpp) — behind the disk_tier_actor protocol
 /// (messages/disk_tier.hpp), below a host tier actor (actors/cache_tier_actor.hpp), on the actor
 /// system's clock (wall time in production, virtual time under the test coordinator). Its file
@@ -30,7 +30,7 @@
 #include <caf/node_id.hpp>
 #include <caf/timespan.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "runtime/kv/lower_tier.hpp"
 
 namespace troupe::actors {

@@ -12,12 +12,12 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/atoms.hpp"
-#include "actors/boundary.hpp"
-#include "actors/sync_guard.hpp"
-#include "actors/network_limits.hpp"
-#include "actors/network_model.hpp"
-#include "actors/clock.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/sync_guard.hpp"
+#include "actors/system/network_limits.hpp"
+#include "actors/system/network_model.hpp"
+#include "actors/system/clock.hpp"
 #include "actors/executor_actor.hpp"
 #include "actors/grammar_actor.hpp"
 #include "actors/kv_transfers.hpp"

@@ -19,7 +19,7 @@
 /// awaited) and a pool miss asks it — or the tier of another node the request's placement
 /// names (engine::request::cache_tier, an index of the balancer's list in report_to; an index
 /// it does not know is ignored) — (`tier_fetch`, a request with a timeout whose answer is a
-/// message like any other): the engine never blocks on the tier (actors/sync_guard.hpp).
+/// message like any other): the engine never blocks on the tier (actors/system/sync_guard.hpp).
 ///
 /// Failure: if the executor fails (it replies with an error or dies), every unfinished request
 /// gets `rejected{internal}` (its KV is gone), the core is rebuilt empty and a new executor is
@@ -33,18 +33,18 @@
 #include <caf/fwd.hpp>
 #include <caf/timespan.hpp>
 
-#include "actors/cluster_messages.hpp"
+#include "actors/system/cluster_messages.hpp"
 #include "actors/executor_actor.hpp"
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/engine_core.hpp"
-#include "transport/kv_sender.hpp"
+#include "actors/kv_sender.hpp"
 
 namespace troupe::actors {
 
-class network_model;  // actors/network_model.hpp
+class network_model;  // actors/system/network_model.hpp
 
 /// Makes the step executor of an engine (the simulator plugs its cost-model executor in here).
 using executor_factory = std::function<executor_actor(caf::actor_system& sys, const engine_actor& engine)>;
@@ -82,7 +82,7 @@ struct engine_options {
   /// tokenizer). Without it, a request with a grammar is rejected.
   std::shared_ptr<const grammar::vocabulary> vocabulary;
   caf::timespan tier_fetch_timeout = std::chrono::milliseconds(50);
-  /// The simulator's network (actors/network_model.hpp): what this engine sends to other nodes
+  /// The simulator's network (actors/system/network_model.hpp): what this engine sends to other nodes
   /// (tokens, hand-offs and forwards with their KV, load reports) arrives when it says. Null in
   /// production.
   std::shared_ptr<network_model> network;

@@ -9,9 +9,9 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/boundary.hpp"
-#include "actors/sync_guard.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/sync_guard.hpp"
+#include "actors/system/type_ids.hpp"
 #include "messages/executor.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/cost_model.hpp"

@@ -10,7 +10,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/expert_placement_actor.hpp"
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/moe/reassignment.hpp"
 

@@ -5,7 +5,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/boundary.hpp"
+#include "actors/system/boundary.hpp"
 
 namespace troupe::actors {
 

@@ -11,9 +11,9 @@
 #include <caf/io/middleman.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/boundary.hpp"
-#include "actors/sender_check.hpp"
-#include "actors/sync_guard.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/sender_check.hpp"
+#include "actors/system/sync_guard.hpp"
 #include "messages/expert.hpp"
 
 namespace troupe::actors {

@@ -10,7 +10,7 @@
 /// on without the experts' outputs, as it cannot without its own kernels. A shard never waits on
 /// anyone, so the wait cannot deadlock; a shard that refuses, answers a reply of the wrong size or
 /// does not answer in time fails the forward pass (model::transformer::expert_error). It calls
-/// check_may_block (actors/sync_guard.hpp): a step executor on shard actors runs its plans
+/// check_may_block (actors/system/sync_guard.hpp): a step executor on shard actors runs its plans
 /// without the no_blocking_scope (executor_settings::experts).
 
 #include <mutex>
@@ -20,7 +20,7 @@
 #include <caf/node_id.hpp>
 #include <caf/timespan.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/kernel_path.hpp"
 #include "runtime/moe/expert_dispatch.hpp"

@@ -14,7 +14,7 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "actors/atoms.hpp"
+#include "actors/system/atoms.hpp"
 #include "messages/engine.hpp"  // grammar_spec's inspect
 #include "runtime/grammar/constraint.hpp"
 

@@ -1,6 +1,6 @@
 #pragma once
 
-/// An engine's KV hand-offs over its KV transport (transport/kv_sender.hpp, UCX in a cluster):
+/// An engine's KV hand-offs over its KV transport (actors/kv_sender.hpp, UCX in a cluster):
 /// the prefill side sends a payload under a tag, the decode side parks the hand-off until the
 /// payload of its tag arrives. The transport's callbacks run on its own thread and only post
 /// messages (CAF's anon_send is thread-safe): a failed send tells the request actor, an arrival
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/protocols.hpp"
-#include "transport/kv_sender.hpp"
+#include "actors/system/protocols.hpp"
+#include "actors/kv_sender.hpp"
 
 namespace troupe::actors {
 

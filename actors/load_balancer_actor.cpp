@@ -9,15 +9,15 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/atoms.hpp"
-#include "actors/boundary.hpp"
-#include "actors/door.hpp"
-#include "actors/clock.hpp"
-#include "actors/connect.hpp"
-#include "actors/random.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/door.hpp"
+#include "actors/system/clock.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/random.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
-#include "actors/cluster_messages.hpp"
+#include "actors/system/cluster_messages.hpp"
 #include "runtime/balance/admission.hpp"
 #include "runtime/balance/balancer_host.hpp"
 #include "runtime/engine/request.hpp"

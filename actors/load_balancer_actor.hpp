@@ -38,14 +38,14 @@
 
 #include <caf/fwd.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "runtime/balance/placement.hpp"
 #include "runtime/serve/output_channels.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::actors {
 
-class network_model;  // actors/network_model.hpp
+class network_model;  // actors/system/network_model.hpp
 
 /// One engine the balancer may place requests on.
 struct balanced_engine {
@@ -105,14 +105,14 @@ struct load_balancer_options {
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.
   int32_t max_pending_per_client = 256;
-  /// The simulator's network (actors/network_model.hpp), handed to every request actor. Null in
+  /// The simulator's network (actors/system/network_model.hpp), handed to every request actor. Null in
   /// production.
   std::shared_ptr<network_model> network;
 };
 
 balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options options);
 
-/// A request id from the kernel's CSPRNG (actors/random.hpp), all 64 bits.
+/// A request id from the kernel's CSPRNG (actors/system/random.hpp), all 64 bits.
 [[nodiscard]] int64_t random_request_id();
 
 /// The balancer's client surface: what a node publishes where the balancer runs. It accepts
@@ -120,7 +120,7 @@ balancer_actor spawn_load_balancer(caf::actor_system& sys, load_balancer_options
 /// from the balancer straight to the client, and the balancer sees the client as the sender).
 /// Load reports, placement, the heartbeat and control messages sent to it are dropped with a
 /// log line at debug level (a flood of them must not fill the log), and a request among them
-/// is answered with CAF's `unexpected_message` error. It is a door (actors/door.hpp): exits and
+/// is answered with CAF's `unexpected_message` error. It is a door (actors/system/door.hpp): exits and
 /// links are dropped too, so no client can stop it; end it with close_door. docs/security.md
 /// says what this surface does not prevent.
 [[nodiscard]] balancer_client_actor spawn_balancer_front(caf::actor_system& sys, balancer_actor balancer);

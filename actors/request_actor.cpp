@@ -5,11 +5,11 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/boundary.hpp"
-#include "actors/clock.hpp"
-#include "actors/cluster_messages.hpp"
-#include "actors/network_limits.hpp"
-#include "actors/network_model.hpp"
+#include "actors/system/boundary.hpp"
+#include "actors/system/clock.hpp"
+#include "actors/system/cluster_messages.hpp"
+#include "actors/system/network_limits.hpp"
+#include "actors/system/network_model.hpp"
 #include "messages/kv_payload.hpp"
 
 namespace troupe::actors {

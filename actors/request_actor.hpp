@@ -13,19 +13,19 @@
 
 #include <caf/fwd.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "messages/client.hpp"
 #include "runtime/serve/request_host.hpp"
 
 namespace troupe::actors {
 
-class network_model;  // actors/network_model.hpp
+class network_model;  // actors/system/network_model.hpp
 
 struct request_options {
   stream_receiver_actor client;
   balancer_actor balancer;  ///< answers place_request
   serve::request_host_options host;  ///< the request itself: id, stream, parameters, tokenizer, seed
-  /// The simulator's network (actors/network_model.hpp): what it sends its engines (submissions,
+  /// The simulator's network (actors/system/network_model.hpp): what it sends its engines (submissions,
   /// hand-offs with KV, releases) arrives when it says. Null in production.
   std::shared_ptr<network_model> network;
 };

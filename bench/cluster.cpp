@@ -25,9 +25,9 @@
 #include <caf/all.hpp>
 
 #include "actors/client.hpp"
-#include "actors/connect.hpp"
-#include "actors/tls.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/tls.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "bench/troupe_process.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"

@@ -31,7 +31,7 @@
 
 #include "actors/client.hpp"
 #include "actors/engine_actor.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/step_time_correction.hpp"

@@ -26,10 +26,10 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/scoped_actor.hpp>
 
-#include "actors/atoms.hpp"
+#include "actors/system/atoms.hpp"
 #include "actors/client.hpp"
 #include "actors/engine_actor.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "bench/synthetic_model.hpp"
 #include "topology/launch.hpp"

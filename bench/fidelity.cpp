@@ -29,7 +29,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include "actors/client.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "runtime/common/stats.hpp"
 #include "runtime/cost/calibration.hpp"

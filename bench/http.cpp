@@ -30,10 +30,10 @@
 #include <caf/actor_system_config.hpp>
 
 #include "actors/client.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
-#include "gateway/http_gateway.hpp"
-#include "openai/api.hpp"
+#include "actors/edge/http_gateway.hpp"
+#include "runtime/openai/api.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::bench {

@@ -10,7 +10,7 @@
 // The two CAF paths run side by side. Each process runs one actor system per path, configured as
 // a troupe process is: actors::configure_network without credentials (plaintext) or with them
 // (mutual TLS), and the same network_limits (max_message_bytes above the largest payload); the
-// receiver publishes and the sender reaches with actors/connect.hpp. One system per path, not
+// receiver publishes and the sender reaches with actors/system/connect.hpp. One system per path, not
 // one system with two ports: CAF keeps one route per pair of actor systems, so a second
 // connection between the same two systems carries nothing (strace: the messages to both
 // handles took the plaintext connection, and "TLS" measured plaintext). The sender alternates
@@ -40,12 +40,12 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
-#include "actors/connect.hpp"
-#include "actors/network_limits.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/network_limits.hpp"
+#include "actors/system/tls.hpp"
 #include "bench/figures.hpp"
 #include "bench/troupe_process.hpp"
-#include "transport/ucx_transport.hpp"
+#include "actors/edge/ucx_transport.hpp"
 
 struct troupe_bench_payload {
   std::vector<uint8_t> bytes;

@@ -20,8 +20,8 @@
 #include <caf/binary_serializer.hpp>
 
 #include "actors/expert_shard_actor.hpp"
-#include "actors/tls.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/tls.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "messages/expert.hpp"
 #include "runtime/model/checkpoint.hpp"

@@ -25,7 +25,7 @@
 #include <caf/io/middleman.hpp>
 
 #include "actors/client.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::bench {

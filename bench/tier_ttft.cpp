@@ -30,7 +30,7 @@
 #include "actors/client.hpp"
 #include "actors/cache_tier_actor.hpp"
 #include "actors/engine_actor.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "bench/synthetic_model.hpp"
 #include "topology/launch.hpp"

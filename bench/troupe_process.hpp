@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/tls.hpp"
+#include "actors/system/tls.hpp"
 #include "runtime/common/error.hpp"
 #include "runtime/cost/calibration.hpp"
 

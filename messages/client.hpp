@@ -4,7 +4,7 @@
 /// chunks, and its end or its error. Language-neutral fields only (strings, numbers; the enums
 /// `errc` and `finish_reason` travel as their underlying integers and a receiver checks them with
 /// `is_valid`), so a non-C++ protocol can carry the same structs (the msgpack protocol does:
-/// wire/msgpack_rpc, docs/msgpack.md).
+/// messages/msgpack_rpc, docs/msgpack.md).
 ///
 /// End of stream is decided by the protocol, not by time: chunks are numbered 0, 1, 2, … and the
 /// end (or the error) says how many were sent, so a client that sees its request actor go down

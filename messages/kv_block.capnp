@@ -1,4 +1,4 @@
-# One cached KV block as the disk tier stores it, one block per file (tiers/disk_tier): its name
+# One cached KV block as the disk tier stores it, one block per file (actors/edge/disk_tier): its name
 # in the block-hash chain (runtime/kv/chain_hash.hpp), its tokens, its keys and values for every
 # layer, and an XXH3 checksum over all of them (kv::checksum) that finds a corrupted or
 # truncated file. Floats are IEEE-754 binary32, little-endian, row-major.

@@ -7,8 +7,8 @@
 
 #include <caf/all.hpp>
 
-#include "actors/atoms.hpp"
-#include "actors/clock.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/clock.hpp"
 #include "messages/executor.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/engine/step_executor.hpp"

@@ -13,7 +13,7 @@
 
 #include <caf/fwd.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/cost/roofline.hpp"

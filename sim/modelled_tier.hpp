@@ -2,7 +2,7 @@
 
 /// The simulator's model of a device below the host tier (`[disk_tier]`, docs/simulation.md):
 /// a kv::lower_tier holding up to `capacity_blocks` blocks in memory, evicting as the disk tier
-/// does (tiers/disk_tier.hpp): least recently used first, and by TTL per traffic class on the
+/// does (actors/edge/disk_tier.hpp): least recently used first, and by TTL per traffic class on the
 /// caller's clock (kv::lru_ttl, with the disk tier's default lifetimes: 7 days chat, 3 agent).
 /// It sits behind the production disk tier actor (actors/disk_tier_actor.hpp), whose
 /// `lower_read_cost` models what reading from it costs (latency + bytes / bandwidth on virtual

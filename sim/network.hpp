@@ -13,7 +13,7 @@
 
 #include <caf/actor_addr.hpp>
 
-#include "actors/network_model.hpp"
+#include "actors/system/network_model.hpp"
 #include "sim/random.hpp"
 
 namespace troupe::sim {

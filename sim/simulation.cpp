@@ -8,11 +8,11 @@
 
 #include "actors/cache_tier_actor.hpp"
 #include "actors/client.hpp"
-#include "actors/clock.hpp"
+#include "actors/system/clock.hpp"
 #include "actors/disk_tier_actor.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "runtime/kv/tier_store.hpp"
 #include "messages/cache_tier.hpp"
 #include "sim/cost_executor.hpp"

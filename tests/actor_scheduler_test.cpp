@@ -1,4 +1,4 @@
-// The wall-clock actor scheduler (actors/scheduler.hpp): how it is sized around the step
+// The wall-clock actor scheduler (actors/system/scheduler.hpp): how it is sized around the step
 // executors, and that it runs actors to the end with and without the idle workers' watch. Run it
 // under ThreadSanitizer too: the watch reads the queue's length without the queue's lock.
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@
 
 #include <caf/all.hpp>
 
-#include "actors/scheduler.hpp"
+#include "actors/system/scheduler.hpp"
 
 namespace troupe::actors {
 namespace {

@@ -25,8 +25,8 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
-#include "actors/atoms.hpp"
-#include "actors/cluster_messages.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/cluster_messages.hpp"
 #include "actors/load_balancer_actor.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"

@@ -26,10 +26,10 @@
 
 #include <caf/all.hpp>
 
-#include "actors/atoms.hpp"
+#include "actors/system/atoms.hpp"
 #include "actors/executor_actor.hpp"
 #include "actors/expert_shard_actor.hpp"
-#include "actors/sync_guard.hpp"
+#include "actors/system/sync_guard.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"

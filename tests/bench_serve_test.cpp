@@ -20,10 +20,10 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "loadgen/dataset.hpp"
-#include "loadgen/metrics.hpp"
-#include "loadgen/runner.hpp"
-#include "loadgen/stream.hpp"
+#include "apps/loadgen/dataset.hpp"
+#include "apps/loadgen/metrics.hpp"
+#include "apps/loadgen/runner.hpp"
+#include "apps/loadgen/stream.hpp"
 #include "sim/random.hpp"
 #include "sim/workload.hpp"
 #include "tests/support/golden.hpp"

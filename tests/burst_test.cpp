@@ -18,7 +18,7 @@
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
 
-#include "actors/cluster_messages.hpp"
+#include "actors/system/cluster_messages.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 

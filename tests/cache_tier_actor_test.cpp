@@ -20,13 +20,13 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
-#include "actors/clock.hpp"
+#include "actors/system/clock.hpp"
 #include "actors/disk_tier_actor.hpp"
 #include "messages/cache_tier.hpp"
 #include "messages/kv_block.hpp"
 #include "tests/support/actor_config.hpp"
 #include "tests/support/ask_later.hpp"
-#include "tiers/disk_tier.hpp"
+#include "actors/edge/disk_tier.hpp"
 #include "tests/support/kv_blocks.hpp"
 #include "tests/support/other_node.hpp"
 

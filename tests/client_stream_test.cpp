@@ -15,8 +15,8 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/client.hpp"
-#include "actors/cluster_messages.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/cluster_messages.hpp"
+#include "actors/system/type_ids.hpp"
 #include "tests/support/actor_config.hpp"
 
 namespace troupe::testing {

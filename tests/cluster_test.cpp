@@ -30,9 +30,9 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
-#include "actors/atoms.hpp"
-#include "actors/connect.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/tls.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 

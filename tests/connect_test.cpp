@@ -1,4 +1,4 @@
-// Reaching a published actor as a typed interface (actors/connect.hpp): the published actor's
+// Reaching a published actor as a typed interface (actors/system/connect.hpp): the published actor's
 // interface is checked, so a client pointed at a node that runs no balancer is told so instead
 // of sending messages nobody handles.
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
-#include "actors/connect.hpp"
-#include "actors/protocols.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/protocols.hpp"
 #include "tests/support/actor_config.hpp"
 
 namespace troupe::testing {

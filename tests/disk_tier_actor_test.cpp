@@ -20,14 +20,14 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
-#include "actors/clock.hpp"
+#include "actors/system/clock.hpp"
 #include "messages/disk_tier.hpp"
 #include "messages/kv_block.hpp"
 #include "tests/support/actor_config.hpp"
 #include "tests/support/ask_later.hpp"
 #include "tests/support/kv_blocks.hpp"
 #include "tests/support/other_node.hpp"
-#include "tiers/disk_tier.hpp"
+#include "actors/edge/disk_tier.hpp"
 
 namespace troupe::testing {
 namespace {

@@ -5,7 +5,7 @@
 // tier evicting in its files' order of use, a block bigger than the tier refused, and random
 // puts, gets and expiries against a naive model of the rule. Files go to a directory under the
 // build tree, removed by each test.
-#include "tiers/disk_tier.hpp"
+#include "actors/edge/disk_tier.hpp"
 
 #include <gtest/gtest.h>
 

@@ -22,8 +22,8 @@
 
 #include <unistd.h>
 
-#include "gateway/http_server.hpp"
-#include "openai/api.hpp"
+#include "actors/edge/http_server.hpp"
+#include "runtime/openai/api.hpp"
 #include "runtime/grammar/automaton.hpp"
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/model/checkpoint.hpp"
@@ -37,7 +37,7 @@
 #include "tests/support/loopback_socket.hpp"
 #include "tests/support/mutator.hpp"
 #include "topology/topology.hpp"
-#include "wire/msgpack_rpc.hpp"
+#include "messages/msgpack_rpc.hpp"
 
 namespace troupe::testing {
 namespace {

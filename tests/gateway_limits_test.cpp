@@ -1,4 +1,4 @@
-// The msgpack gateway's bounds (gateway/edge_limits.hpp, docs/security.md "Limits at the edges")
+// The msgpack gateway's bounds (actors/edge/edge_limits.hpp, docs/security.md "Limits at the edges")
 // in process, in front of a fake load balancer: connections capped in all and per client address
 // (threads with them), a frame's deadline, the idle deadline, an announced length that is never
 // allocated ahead of its bytes, output left unread (its requests cancelled, the connection
@@ -34,15 +34,15 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "actors/atoms.hpp"
-#include "actors/protocols.hpp"
-#include "gateway/http_gateway.hpp"
-#include "gateway/msgpack_gateway.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/protocols.hpp"
+#include "actors/edge/http_gateway.hpp"
+#include "actors/edge/msgpack_gateway.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/actor_config.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/loopback_socket.hpp"
-#include "wire/msgpack_rpc.hpp"
+#include "messages/msgpack_rpc.hpp"
 
 namespace troupe::gateway {
 namespace {

@@ -34,7 +34,7 @@
 #include "tests/support/loopback_socket.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
-#include "wire/msgpack_rpc.hpp"
+#include "messages/msgpack_rpc.hpp"
 
 namespace troupe::testing {
 namespace {

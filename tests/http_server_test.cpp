@@ -1,4 +1,4 @@
-// gateway/http_server over real loopback sockets: exact response bytes (whole and streamed),
+// actors/edge/http_server over real loopback sockets: exact response bytes (whole and streamed),
 // pipelined requests answered in order (a chunked request body among them), Expect: 100-continue,
 // the requests it refuses (400, 431, 413, a body over the limit), and a client leaving
 // mid-stream, which abandons the response.
@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "gateway/http_server.hpp"
+#include "actors/edge/http_server.hpp"
 #include "tests/support/loopback_socket.hpp"
 
 namespace troupe::gateway {

@@ -37,10 +37,10 @@
 #include <caf/io/network/native_socket.hpp>
 #include <caf/meta/load_callback.hpp>
 
-#include "actors/clock.hpp"
-#include "actors/connect.hpp"
-#include "actors/network_limits.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/clock.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/network_limits.hpp"
+#include "actors/system/tls.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 #include "topology/launch.hpp"

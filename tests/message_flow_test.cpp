@@ -16,7 +16,7 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/system/protocols.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/failing_executor.hpp"
 

@@ -18,9 +18,9 @@
 
 #include <caf/all.hpp>
 
-#include "actors/connect.hpp"
+#include "actors/system/connect.hpp"
 #include "actors/expert_shard_actor.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/tls.hpp"
 #include "topology/expert_shard_hosts.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"

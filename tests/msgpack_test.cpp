@@ -22,7 +22,7 @@
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
-#include "wire/msgpack_rpc.hpp"
+#include "messages/msgpack_rpc.hpp"
 
 namespace troupe::testing {
 namespace {

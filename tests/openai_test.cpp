@@ -1,8 +1,8 @@
 // The OpenAI API's parsing and rendering, and the Prometheus page: exact requests, exact bytes.
 #include <gtest/gtest.h>
 
-#include "openai/api.hpp"
-#include "openai/metrics.hpp"
+#include "runtime/openai/api.hpp"
+#include "runtime/openai/metrics.hpp"
 #include "runtime/engine/request.hpp"
 #include "tests/support/golden.hpp"
 

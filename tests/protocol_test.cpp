@@ -15,9 +15,9 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/cache_tier_actor.hpp"
-#include "actors/cluster_messages.hpp"
-#include "actors/protocols.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/cluster_messages.hpp"
+#include "actors/system/protocols.hpp"
+#include "actors/system/type_ids.hpp"
 #include "tests/support/actor_config.hpp"
 #include "tests/support/kv_blocks.hpp"
 #include "messages/client.hpp"
@@ -281,7 +281,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   // CAF adds its own types and std::vector<T> of each registered T: troupe's are "troupe::*".
   for (const auto& [rtti, name] : cfg_.type_names_by_rtti)
     if (name.rfind("troupe::", 0) == 0) registered.insert(name);
-  EXPECT_EQ(registered.size(), 48u) << "actors/type_ids.cpp registers 48 types";
+  EXPECT_EQ(registered.size(), 48u) << "actors/system/type_ids.cpp registers 48 types";
   EXPECT_EQ(tested_, registered) << "a registered message type has no round trip here (or one is gone)";
 }
 

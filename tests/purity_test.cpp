@@ -1,6 +1,7 @@
 // Layering, measured on the include graph (DESIGN.md, "Layers and what may include what"):
-// every top-level folder has an allow-list of folders its files may reach, following quoted
-// includes transitively, and a violation is reported with the chain that leads to it. The pure
+// every layer (a top-level folder, or one two levels down: actors/system, actors/edge,
+// apps/loadgen) has an allow-list of layers its files may reach, following quoted includes
+// transitively, and a violation is reported with the chain that leads to it. The pure
 // core stays pure: no runtime/, messages/ or kernels/cpu file includes CAF, and runtime/ and
 // messages/ include no CUDA headers either.
 #include <gtest/gtest.h>
@@ -21,49 +22,49 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Folder -> the folders its files may reach (itself included), transitively. Derived from
-/// DESIGN.md's layer diagram and the current tree.
-const std::map<std::string, std::set<std::string>>& allowed_folders() {
+/// Layer -> the layers its files may reach (itself included), transitively. A layer is a
+/// top-level folder, or a folder two levels down where this map names one (actors/system,
+/// actors/edge, apps/loadgen): a file belongs to the deepest layer that holds it. Derived from
+/// DESIGN.md's layer diagram ("Layers and what may include what"), bottom to top.
+const std::map<std::string, std::set<std::string>>& allowed_layers() {
   static const std::map<std::string, std::set<std::string>> allowed{
       {"kernels", {"kernels"}},
+      // runtime/openai: the OpenAI API and the Prometheus page as pure functions.
       {"runtime", {"runtime", "kernels"}},
+      // The wire formats: CAF inspect() overloads, Cap'n Proto payloads, msgpack frames.
       {"messages", {"messages", "runtime", "kernels"}},
-      {"transport", {"transport", "runtime", "messages", "kernels"}},
-      // The cache tiers that do I/O (the disk tier's files); runtime/kv holds their pure parts.
-      {"tiers", {"tiers", "messages", "runtime", "kernels"}},
-      // The OpenAI API and the Prometheus page as pure functions (no CAF, no sockets: see
-      // OpenaiIncludesNoCafOrSockets); the gateway puts them behind HTTP threads and the actors.
-      {"openai", {"openai", "messages", "runtime", "kernels"}},
-      // The msgpack protocol's frames as pure functions (issue 13, point 2; see
-      // WireIncludesNoCafOrSockets): requests and answers in msg:: terms, no actors.
-      {"wire", {"wire", "messages", "runtime", "kernels"}},
-      // The host cache tier actor owns the disk tier below it (actors/cache_tier_actor.hpp).
-      {"actors", {"actors", "tiers", "messages", "runtime", "kernels", "transport"}},
-      {"gateway", {"gateway", "wire", "openai", "actors", "tiers", "messages", "runtime", "kernels", "transport"}},
-      {"sim", {"sim", "actors", "tiers", "messages", "runtime", "kernels", "transport"}},
-      // `troupe bench serve` (issue 13, point 4): a client of any OpenAI-compatible server, so
-      // no actors; it reuses the simulator's trace readers and arrivals (sim/trace, sim/workload,
-      // which reach only runtime/). Its metrics and stream reader are pure (LoadgenMetricsAreClockFree).
-      {"loadgen", {"loadgen", "sim", "runtime", "kernels"}},
-      {"topology", {"topology", "actors", "tiers", "messages", "runtime", "kernels", "transport"}},
-      {"apps", {"apps", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"bench", {"bench", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
-      {"tests", {"tests", "tiers", "topology", "loadgen", "sim", "gateway", "wire", "openai", "actors", "messages", "runtime", "kernels", "transport"}},
+      // What every actor stands on: scheduler, TLS, connection limits, typed protocols and
+      // their type ids, clocks, the door and connect.
+      {"actors/system", {"actors/system", "messages", "runtime", "kernels"}},
+      {"actors", {"actors", "actors/system", "messages", "runtime", "kernels"}},
+      // The edges: HTTP and msgpack gateways, the UCX transport, the disk tier's files. No actor
+      // and nothing in the simulator reaches them; topology/ and apps/ wire them in.
+      {"actors/edge", {"actors/edge", "actors", "actors/system", "messages", "runtime", "kernels"}},
+      {"sim", {"sim", "actors", "actors/system", "messages", "runtime", "kernels"}},
+      {"topology", {"topology", "actors/edge", "actors", "actors/system", "messages", "runtime", "kernels"}},
+      // `troupe bench serve`: a client of any OpenAI-compatible server, so no actors; it reuses
+      // the simulator's trace readers and arrivals (sim/trace, sim/workload reach only runtime/).
+      {"apps/loadgen", {"apps/loadgen", "sim", "runtime", "kernels"}},
+      {"apps", {"apps", "apps/loadgen", "topology", "sim", "actors/edge", "actors", "actors/system", "messages", "runtime", "kernels"}},
+      {"bench", {"bench", "apps/loadgen", "topology", "sim", "actors/edge", "actors", "actors/system", "messages", "runtime", "kernels"}},
+      {"tests", {"tests", "apps/loadgen", "topology", "sim", "actors/edge", "actors", "actors/system", "messages", "runtime", "kernels"}},
   };
   return allowed;
 }
 
-/// Files a folder must never reach even though their folder is allowed: the engine talks to a
-/// KV transport through transport/kv_sender.hpp; UCX itself is wired in by topology/.
-const std::map<std::string, std::set<std::string>>& forbidden_files() {
-  static const std::map<std::string, std::set<std::string>> forbidden{
-      {"actors", {"transport/ucx_transport.hpp"}},
-      {"sim", {"transport/ucx_transport.hpp"}},
-  };
-  return forbidden;
-}
+std::string top_folder(const std::string& relative) { return relative.substr(0, relative.find('/')); }
 
-std::string folder_of(const std::string& relative) { return relative.substr(0, relative.find('/')); }
+/// The layer of a file (a path relative to the root): its first two folders where they name
+/// a layer, else its top-level folder.
+std::string layer_of(const std::string& relative) {
+  const size_t first = relative.find('/');
+  const size_t second = first == std::string::npos ? first : relative.find('/', first + 1);
+  if (second != std::string::npos) {
+    const std::string two = relative.substr(0, second);
+    if (allowed_layers().count(two) != 0) return two;
+  }
+  return top_folder(relative);
+}
 
 bool is_source(const fs::path& p) {
   const std::string ext = p.extension().string();
@@ -81,7 +82,7 @@ std::vector<std::string> quoted_includes(const fs::path& root, const std::string
   while (std::getline(in, line)) {
     if (!std::regex_search(line, m, include_re)) continue;
     const std::string name = m[1];
-    if (allowed_folders().count(folder_of(name)) != 0) {
+    if (allowed_layers().count(top_folder(name)) != 0) {
       out.push_back(name);
     } else {
       const fs::path sibling = fs::path(file).parent_path() / name;
@@ -95,25 +96,25 @@ std::vector<std::string> quoted_includes(const fs::path& root, const std::string
 /// ("runtime/a.hpp -> runtime/b.hpp -> messages/c.hpp"), one per (file, bad target).
 std::vector<std::string> layering_violations(const fs::path& root) {
   std::vector<std::string> out;
-  for (const auto& [folder, allowed] : allowed_folders()) {
-    if (!fs::exists(root / folder)) continue;
-    const std::set<std::string> no_files =
-        forbidden_files().count(folder) ? forbidden_files().at(folder) : std::set<std::string>{};
-    for (const auto& entry : fs::recursive_directory_iterator(root / folder)) {
+  std::set<std::string> tops;
+  for (const auto& [layer, allowed] : allowed_layers()) tops.insert(top_folder(layer));
+  for (const std::string& top : tops) {
+    if (!fs::exists(root / top)) continue;
+    for (const auto& entry : fs::recursive_directory_iterator(root / top)) {
       if (!entry.is_regular_file() || !is_source(entry.path())) continue;
       const std::string start = fs::relative(entry.path(), root).generic_string();
+      const std::set<std::string>& allowed = allowed_layers().at(layer_of(start));
       // Breadth-first: the first chain found to each file is a shortest one.
       std::map<std::string, std::string> parent{{start, ""}};
       std::deque<std::string> queue{start};
       while (!queue.empty()) {
         const std::string file = queue.front();
         queue.pop_front();
-        const bool bad = allowed.count(folder_of(file)) == 0 || no_files.count(file) != 0;
-        if (bad) {
+        if (allowed.count(layer_of(file)) == 0) {
           std::string chain = file;
           for (std::string p = parent[file]; !p.empty(); p = parent[p]) chain = p + " -> " + chain;
           out.push_back(chain);
-          continue;  // one report per bad target; what it includes is its own folder's business
+          continue;  // one report per bad target; what it includes is its own layer's business
         }
         for (const std::string& next : quoted_includes(root, file))
           if (parent.emplace(next, file).second) queue.push_back(next);
@@ -156,17 +157,33 @@ TEST(Purity, EveryFolderIncludesOnlyWhatItsAllowListNames) {
   EXPECT_TRUE(bad.empty()) << joined(bad);
 }
 
-TEST(Purity, TheLayeringCheckReportsATransitiveChainInAFixtureTree) {
-  // A check that cannot fail is a defect: tests/data/purity_bad has runtime/ reach messages/
-  // through two includes, and actors/ reach the UCX transport through one of its own headers.
+TEST(Purity, TheLayeringCheckReportsAPlantedUpwardIncludeInEachLayer) {
+  // A check that cannot fail is a defect: tests/data/purity_bad plants one upward include in
+  // every layer that has a layer above it (runtime/ reaches messages/ through two includes).
   const std::vector<std::string> bad = layering_violations(fs::path(TROUPE_TEST_DATA_DIR) / "purity_bad");
   EXPECT_EQ(bad, (std::vector<std::string>{
-                     "actors/engine.hpp -> actors/wiring.hpp -> transport/ucx_transport.hpp",
-                     "actors/wiring.hpp -> transport/ucx_transport.hpp",
+                     "actors/edge/ucx_transport.hpp -> topology/launch.hpp",
+                     "actors/engine.hpp -> actors/wiring.hpp -> actors/edge/ucx_transport.hpp",
+                     "actors/system/type_ids.hpp -> actors/engine.hpp",
+                     "actors/wiring.hpp -> actors/edge/ucx_transport.hpp",
+                     "apps/loadgen/runner.hpp -> actors/system/clock.hpp",
+                     "kernels/cpu/ops.hpp -> runtime/common/ok.hpp",
+                     "messages/codec.hpp -> actors/system/clock.hpp",
                      "runtime/common/shared.hpp -> messages/wire.hpp",
                      "runtime/engine/step.hpp -> runtime/common/shared.hpp -> messages/wire.hpp",
+                     "sim/network.hpp -> actors/edge/ucx_transport.hpp",
+                     "topology/launch.hpp -> apps/troupe/commands.hpp",
                  }))
       << joined(bad);
+}
+
+TEST(Purity, ALayerTwoLevelsDownIsItsOwnLayer) {
+  EXPECT_EQ(layer_of("actors/system/tls.hpp"), "actors/system");
+  EXPECT_EQ(layer_of("actors/edge/web/index.html"), "actors/edge");
+  EXPECT_EQ(layer_of("actors/engine_actor.hpp"), "actors");
+  EXPECT_EQ(layer_of("apps/loadgen/runner.cpp"), "apps/loadgen");
+  EXPECT_EQ(layer_of("apps/troupe/main.cpp"), "apps");
+  EXPECT_EQ(layer_of("runtime/openai/api.hpp"), "runtime");
 }
 
 TEST(Purity, RuntimeIncludesNoCafOrCuda) {
@@ -179,27 +196,30 @@ TEST(Purity, MessagesIncludeNoCafOrCuda) {
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 
-TEST(Purity, TiersIncludeNoCafOrCuda) {
-  // The disk tier does file I/O and nothing else: actors wrap it.
-  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "tiers", caf_or_cuda);
+TEST(Purity, TheDiskTierIncludesNoCafOrCuda) {
+  // The disk tier does file I/O and nothing else: the disk tier actor wraps it.
+  std::vector<std::string> hits;
+  for (const char* name : {"disk_tier.hpp", "disk_tier.cpp"})
+    forbidden_includes_in_file(fs::path(TROUPE_SOURCE_DIR) / "actors" / "edge" / name, caf_or_cuda, hits);
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 
 TEST(Purity, OpenaiIncludesNoCafOrSockets) {
-  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "openai", "(caf/|httplib|sys/socket|thread|mutex|chrono)");
+  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "runtime" / "openai", "(caf/|httplib|sys/socket|thread|mutex|chrono)");
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 
-TEST(Purity, WireIncludesNoCafOrSockets) {
-  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "wire", "(caf/|sys/socket|thread|mutex|chrono)");
+TEST(Purity, MessagesIncludeNoSocketsThreadsOrClocks) {
+  // The msgpack protocol's frames (messages/msgpack_rpc) are pure functions like the other codecs.
+  auto hits = forbidden_system_includes(fs::path(TROUPE_SOURCE_DIR) / "messages", "(caf/|sys/socket|thread|mutex|chrono)");
   EXPECT_TRUE(hits.empty()) << joined(hits);
 }
 
 TEST(Purity, LoadgenMetricsAreClockFree) {
-  // Only loadgen/runner.* has threads, sockets and a clock: the figures are computed from
+  // Only apps/loadgen/runner.* has threads, sockets and a clock: the figures are computed from
   // timestamps given to them, so tests can script the times exactly.
   std::vector<std::string> hits;
-  const fs::path dir = fs::path(TROUPE_SOURCE_DIR) / "loadgen";
+  const fs::path dir = fs::path(TROUPE_SOURCE_DIR) / "apps" / "loadgen";
   for (const auto& entry : fs::directory_iterator(dir))
     if (entry.path().stem() != "runner" && is_source(entry.path()))
       forbidden_includes_in_file(entry.path(), "(caf/|httplib|sys/socket|thread|mutex|chrono)", hits);

@@ -13,8 +13,8 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
-#include "actors/connect.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/tls.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "topology/launch.hpp"
 
@@ -83,7 +83,7 @@ TEST_F(PublishedSurface, TheBalancersNodePublishesOnlySubmitCompletion) {
   const actors::reached_actor reached = publish_and_reach(t, "local");
   ASSERT_TRUE(reached.actor);
   // Exactly one message type, the client's: no placement, load report, heartbeat or engine list.
-  // (CAF names each signature by the types' registered names, actors/type_ids.cpp.)
+  // (CAF names each signature by the types' registered names, actors/system/type_ids.cpp.)
   const std::set<std::string> client_surface = {"caf::replies_to<troupe::submit_completion>::with<troupe::request_actor>"};
   EXPECT_EQ(peer_->message_types<actors::balancer_client_actor>(), client_surface);
   EXPECT_EQ(reached.interface, client_surface);
@@ -109,7 +109,7 @@ TEST_F(PublishedSurface, ANodeWithoutTheBalancerPublishesOnlyItsEngineShardAndTi
   EXPECT_FALSE(node_.front);
 }
 
-// What a node publishes is a door (actors/door.hpp): a peer's kill, a link to it from an actor
+// What a node publishes is a door (actors/system/door.hpp): a peer's kill, a link to it from an actor
 // that then dies, and a request outside the interface leave it serving. (Before, one
 // `anon_send_exit(front, kill)` from any client stopped the node accepting completions.)
 TEST_F(PublishedSurface, NoPeerCanStopTheFrontWithAKillOrALink) {

@@ -17,12 +17,12 @@
 #include <caf/scheduler/test_coordinator.hpp>
 
 #include "actors/cache_tier_actor.hpp"
-#include "actors/clock.hpp"
+#include "actors/system/clock.hpp"
 #include "actors/disk_tier_actor.hpp"
 #include "messages/kv_block.hpp"
 #include "runtime/kv/chain_hash.hpp"
 #include "tests/support/actor_harness.hpp"
-#include "tiers/disk_tier.hpp"
+#include "actors/edge/disk_tier.hpp"
 
 namespace troupe::testing {
 namespace {

@@ -1,7 +1,7 @@
 // ucx_transport over loopback: payload sizes, receive-before/after-send, dead peers, a second
 // process, and bad input. Timeouts here only guard against hangs; nothing asserts on speed.
 
-#include "transport/ucx_transport.hpp"
+#include "actors/edge/ucx_transport.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,11 +1,11 @@
-// The msgpack protocol's frames (wire/msgpack_rpc, docs/msgpack.md) byte for byte: the expected
+// The msgpack protocol's frames (messages/msgpack_rpc, docs/msgpack.md) byte for byte: the expected
 // bytes are written by hand from the msgpack spec, not produced by msgpack-c.
 #include <gtest/gtest.h>
 
 #include <initializer_list>
 #include <string>
 
-#include "wire/msgpack_rpc.hpp"
+#include "messages/msgpack_rpc.hpp"
 
 namespace troupe::wire {
 namespace {

@@ -1,9 +1,9 @@
 #pragma once
 
 /// Expert shards in two other processes, forked (tests/moe_test.cpp, bench_moe): each hosts half
-/// of a placement's shard actors, published on 127.0.0.1. A stand-in until topology files start
-/// shard hosts as nodes (`[[expert_shard]]`, docs/moe.md); fork before the caller starts an actor
-/// system (the children have only the forking thread).
+/// of a placement's shard actors, published on 127.0.0.1: a test and bench fixture (topology files
+/// start shard hosts as nodes with `[[expert_shard]]`, docs/moe.md); fork before the caller starts
+/// an actor system (the children have only the forking thread).
 
 #include <poll.h>
 #include <signal.h>
@@ -15,12 +15,12 @@
 
 #include <caf/all.hpp>
 
-#include "actors/connect.hpp"
+#include "actors/system/connect.hpp"
 #include "actors/expert_shard_actor.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/tls.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/moe/placement.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 
 namespace troupe::topology {
 

@@ -8,19 +8,19 @@
 #include <caf/io/all.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/atoms.hpp"
+#include "actors/system/atoms.hpp"
 #include "actors/cache_tier_actor.hpp"
-#include "actors/clock.hpp"
-#include "actors/connect.hpp"
+#include "actors/system/clock.hpp"
+#include "actors/system/connect.hpp"
 #include "actors/disk_tier_actor.hpp"
-#include "actors/door.hpp"
+#include "actors/system/door.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/expert_placement_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
-#include "actors/sync_guard.hpp"
+#include "actors/system/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/tokenizer/chat_template.hpp"
-#include "tiers/disk_tier.hpp"
+#include "actors/edge/disk_tier.hpp"
 
 namespace troupe::topology {
 namespace {
@@ -442,7 +442,7 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
     const actors::expert_shard_list shards = *hosted;
     const actors::cache_tier_actor tier = out.host_tier;
     const auto drain = options.drain;
-    // Published behind a door (actors/door.hpp): no peer can stop it with an exit or a link.
+    // Published behind a door (actors/system/door.hpp): no peer can stop it with an exit or a link.
     const actors::node_actor lister = sys.spawn([engines, shards, tier, drain, node_name]() -> actors::node_actor::behavior_type {
       return {
           [engines](actors::engines_atom) { return engines; },

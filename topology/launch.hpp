@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "actors/protocols.hpp"
-#include "actors/tls.hpp"
+#include "actors/system/protocols.hpp"
+#include "actors/system/tls.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
-#include "transport/ucx_transport.hpp"
+#include "actors/edge/ucx_transport.hpp"
 #include "topology/topology.hpp"
 
 namespace troupe::topology {

@@ -185,7 +185,7 @@ struct node_spec {
   int32_t host_tier_blocks = 0;
   /// How long a request waits for the host tier's blocks before it recomputes them.
   int32_t host_tier_fetch_timeout_ms = 50;
-  /// The disk tier below the host tier (tiers/disk_tier.hpp): its directory (absolute) and
+  /// The disk tier below the host tier (actors/edge/disk_tier.hpp): its directory (absolute) and
   /// capacity; "" = none.
   std::string disk_tier_dir;
   int32_t disk_tier_mib = 0;

@@ -13,9 +13,9 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/troupe/commands.hpp"
-#include "loadgen/dataset.hpp"
-#include "loadgen/metrics.hpp"
-#include "loadgen/runner.hpp"
+#include "apps/loadgen/dataset.hpp"
+#include "apps/loadgen/metrics.hpp"
+#include "apps/loadgen/runner.hpp"
 
 namespace troupe::cli {
 namespace {

@@ -3,7 +3,7 @@
 // a topology's [tls] table (docs/security.md). EC P-256 keys; X.509 v3 certificates signed with
 // SHA-256, its name as CN and DNS name. A node's certificate is for TLS server and client use (a
 // node listens and connects), a client's for client use only: the nodes' verify callback tells
-// them apart (actors/tls.hpp, peer_rules). DIR must not exist: it is created 0700, keys are
+// them apart (actors/system/tls.hpp, peer_rules). DIR must not exist: it is created 0700, keys are
 // written 0600 with O_EXCL, certificates 0644. The CA's key — whoever holds it can make
 // certificates the cluster accepts — is kept out of DIR, which holds what nodes are given: it
 // goes to --ca-key-out, by default DIR/ca-private/ca-key.pem (a 0700 directory of its own).

@@ -9,9 +9,9 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/client.hpp"
-#include "actors/connect.hpp"
-#include "actors/tls.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/tls.hpp"
+#include "actors/system/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "topology/topology.hpp"
 

@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <caf/fwd.hpp>
 
-#include "actors/tls.hpp"
+#include "actors/system/tls.hpp"
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
 #include "runtime/spec/spec_config.hpp"

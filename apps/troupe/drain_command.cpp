@@ -13,11 +13,11 @@
 #include <caf/scoped_actor.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/atoms.hpp"
-#include "actors/connect.hpp"
-#include "actors/protocols.hpp"
-#include "actors/tls.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/protocols.hpp"
+#include "actors/system/tls.hpp"
+#include "actors/system/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 
 namespace troupe::cli {

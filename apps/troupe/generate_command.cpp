@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/client.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"

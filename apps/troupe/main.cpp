@@ -9,7 +9,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "actors/connect.hpp"
+#include "actors/system/connect.hpp"
 #include "apps/troupe/commands.hpp"
 
 namespace troupe::cli {

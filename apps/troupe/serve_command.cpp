@@ -13,13 +13,13 @@
 #include <caf/actor_system_config.hpp>
 #include <spdlog/spdlog.h>
 
-#include "actors/connect.hpp"
-#include "actors/tls.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/connect.hpp"
+#include "actors/system/tls.hpp"
+#include "actors/system/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
 #include "apps/troupe/signals.hpp"
-#include "gateway/http_gateway.hpp"
-#include "gateway/msgpack_gateway.hpp"
+#include "actors/edge/http_gateway.hpp"
+#include "actors/edge/msgpack_gateway.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::cli {

@@ -10,7 +10,7 @@
 /// tier reports to), taken from the first message that may set it (`pin`) and kept until the
 /// actor layer reports it gone; and actors of the partner's node or of the nodes the partner
 /// named (the engines that may fetch from a cache tier). Pure: the actor layer
-/// (actors/sender_check.hpp) says where a message came from; node and actor identities are
+/// (actors/system/sender_check.hpp) says where a message came from; node and actor identities are
 /// opaque strings (CAF's, rendered). CAF 0.17 does not authenticate them: a peer that writes
 /// BASP itself can pose as another actor (docs/security.md, "Residual risks").
 

@@ -2,7 +2,7 @@
 
 /// A tier below the host tier (docs/kv-tiers.md): the blocks the host tier evicts go down to
 /// it, and a fetch reads from it the blocks the host tier lacks. The disk tier
-/// (tiers/disk_tier.hpp) is one; the simulator models a device with another
+/// (actors/edge/disk_tier.hpp) is one; the simulator models a device with another
 /// (sim/modelled_tier.hpp). Time comes from the caller (`now_ns`, never backwards): the disk
 /// tier actor that owns it (actors/disk_tier_actor.hpp) passes its clock's. What a full tier does is the implementation's: the disk tier
 /// evicts (LRU, TTL by class), the modelled device refuses.

@@ -1,7 +1,7 @@
 #pragma once
 
 /// The recency and expiry orders of a cache tier's blocks (issue 14), shared by the host tier's
-/// store (kv/tier_store.hpp) and the disk tier (tiers/disk_tier.hpp) so that both evict alike.
+/// store (kv/tier_store.hpp) and the disk tier (actors/edge/disk_tier.hpp) so that both evict alike.
 /// It holds no blocks, only their names (chain hashes) and lifetimes; the tier owns the data.
 ///
 /// Rule. Each block has the class (kv/cache_class.hpp) and time of its last use; it is alive

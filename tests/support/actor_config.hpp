@@ -6,7 +6,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 
 namespace troupe::testing {
 

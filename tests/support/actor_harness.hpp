@@ -20,7 +20,7 @@
 #include "actors/client.hpp"
 #include "actors/engine_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
-#include "actors/type_ids.hpp"
+#include "actors/system/type_ids.hpp"
 #include "runtime/generate/reference_generator.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "tests/support/actor_config.hpp"

@@ -16,8 +16,8 @@
 
 #include <caf/all.hpp>
 
-#include "actors/atoms.hpp"
-#include "actors/cluster_messages.hpp"
+#include "actors/system/atoms.hpp"
+#include "actors/system/cluster_messages.hpp"
 #include "messages/control.hpp"
 #include "messages/engine.hpp"
 #include "messages/executor.hpp"
@@ -42,7 +42,7 @@ struct model_shape {
 
 class garbage {
  public:
-  /// Message kinds: the 26 types of actors/type_ids.cpp in registration order, then 7 atoms.
+  /// Message kinds: the 26 types of actors/system/type_ids.cpp in registration order, then 7 atoms.
   static constexpr int num_types = 26;
   static constexpr int num_kinds = num_types + 7;
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "wire/msgpack_rpc.hpp"
+#include "messages/msgpack_rpc.hpp"
 
 namespace troupe::testing {
 

@@ -1,2 +1,2 @@
 #pragma once
-#include "transport/ucx_transport.hpp"
+#include "actors/edge/ucx_transport.hpp"

@@ -1,0 +1,352 @@
+#include "actors/edge/http_gateway.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/engine_actor.hpp"
+#include "actors/edge/http_server.hpp"
+#include "actors/edge/index_html.hpp"  // generated from actors/edge/web/index.html
+#include "runtime/openai/metrics.hpp"
+
+namespace troupe::gateway {
+namespace {
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void reply_error(http_response& res, const openai::api_error& e) {
+  res.reply(e.status, "application/json", openai::render_error(e));
+}
+
+/// What came of one choice's completion so far.
+struct choice_state {
+  bool streamed = false;  ///< its first chunk is out
+  openai::token_logprobs next;  ///< where its next streamed tokens' texts start (logprobs)
+  int32_t num_tool_calls = 0;   ///< streamed so far
+  std::optional<actors::completion> done;
+};
+
+/// One request's answer: its choices' completions (one client actor each), whose callbacks run
+/// on their actors' threads and take turns on `mutex`. The status is decided by the first
+/// event: a request refused before its first chunk (a bad parameter the engine found, a prompt
+/// too long, overload) gets its error status; once chunks flow the status is 200 and a later
+/// failure ends the stream with an error event. A failure of one choice cancels the others.
+struct answer {
+  std::mutex mutex;
+  std::shared_ptr<http_response> response;
+  std::shared_ptr<const tokenizer> tok;  ///< context.tok's owner
+  openai::response_context context;  // request_id: the first completion heard from
+  bool stream = false;
+  int32_t n = 1;                    ///< choices per prompt
+  std::optional<uint64_t> seed;     ///< reported; a lone choice without a seed: its end's
+  bool named = false;               ///< context.request_id is set
+  bool started = false;             ///< the stream's head is out
+  bool over = false;                ///< answered (everything, or an error): later events are dropped
+  std::vector<choice_state> choices;
+  int32_t num_done = 0;
+  std::vector<actors::client_actor> clients;  ///< those spawned so far
+
+  void name(int64_t request_id) {
+    if (!std::exchange(named, true)) context.request_id = request_id;
+  }
+  void cancel_clients() const {
+    for (const actors::client_actor& client : clients) caf::anon_send(client, msg::cancel_request{});
+  }
+};
+
+/// The answer to `p` before any event: a state per choice (with the token before its first, for
+/// logprobs) and the seed it reports when known now.
+std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::response_context context,
+                                   std::shared_ptr<http_response> response, std::shared_ptr<const tokenizer> tok,
+                                   std::optional<uint64_t> seed) {
+  auto a = std::make_shared<answer>();
+  a->response = std::move(response);
+  a->tok = std::move(tok);
+  a->context = context;
+  a->context.tok = a->tok.get();
+  a->stream = p.request.stream;
+  a->n = p.n;
+  a->seed = seed;
+  a->choices.resize(static_cast<size_t>(openai::num_choices(p)));
+  for (size_t k = 0; k < a->choices.size(); k++)
+    a->choices[k].next.prev_token = openai::token_before_output(p.prompts[k / static_cast<size_t>(p.n)], *a->tok);
+  return a;
+}
+
+}  // namespace
+
+struct http_gateway::impl {
+  impl(caf::actor_system& s, gateway_options o)
+      : sys(s), options(std::move(o)), requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address) {}
+
+  caf::actor_system& sys;
+  gateway_options options;
+  address_counts requests;  ///< completions in flight by client address
+  std::unique_ptr<http_server> server;
+  std::mutex metrics_mutex;
+  openai::request_metrics metrics;  // guarded by metrics_mutex
+
+  std::mutex serving_mutex;
+  std::condition_variable idle;  ///< in_flight became empty
+  openai::serving_state state = openai::serving_state::starting;  // guarded by serving_mutex
+  actors::balancer_client_actor load_balancer;                   // guarded by serving_mutex
+  actors::engine_list engines;                                   // guarded by serving_mutex
+  std::shared_ptr<const tokenizer> tok;                          // guarded by serving_mutex
+  int64_t num_admitted = 0;                                      // guarded by serving_mutex
+  /// The completions in flight by admission number, with their client actors once spawned.
+  std::map<int64_t, std::vector<actors::client_actor>> in_flight;  // guarded by serving_mutex
+  std::mt19937_64 seeds{std::random_device{}()};  // guarded by serving_mutex
+
+  /// One admitted completion: the balancer it goes to, and a ticket that counts it in flight
+  /// until dropped (its response holds it until the last byte is written or the client left).
+  struct admission {
+    int64_t number = 0;
+    actors::balancer_client_actor load_balancer;
+    std::shared_ptr<const tokenizer> tok;
+    std::shared_ptr<const void> ticket;
+  };
+
+  /// Admits one more completion, or answers the 503 of a gateway that is starting or draining.
+  tl::expected<admission, openai::api_error> admit() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    if (state != openai::serving_state::ready) return tl::unexpected(openai::not_serving_error(state));
+    const int64_t number = ++num_admitted;
+    in_flight.emplace(number, std::vector<actors::client_actor>{});
+    return admission{number, load_balancer, tok, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
+  }
+  /// A client actor of admitted completion `number`, which a drain that runs out of time cancels.
+  void enroll(int64_t number, const actors::client_actor& client) {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    if (auto it = in_flight.find(number); it != in_flight.end()) it->second.push_back(client);
+  }
+  /// The seed of an answer of several choices that was given none.
+  uint64_t draw_seed() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    return seeds();
+  }
+  void leave(int64_t number) {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    const size_t erased = in_flight.erase(number);
+    TROUPE_ASSERT(erased == 1);
+    if (in_flight.empty()) idle.notify_all();
+  }
+  openai::serving_state current_state() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    return state;
+  }
+
+  void record(const msg::completion_end& end) {
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    metrics.record(end);
+  }
+
+  void handle(const http_request& req, const std::shared_ptr<http_response>& res);
+  void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res);
+  void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
+  void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
+  void finish_answer(answer& a);
+  void fail_answer(answer& a, const error& e);
+  void handle_metrics(http_response& res);
+};
+
+void http_gateway::impl::handle_completion(openai::endpoint kind, const http_request& req,
+                                           const std::shared_ptr<http_response>& res) {
+  std::shared_ptr<const void> counted = requests.enter(req.peer);
+  if (!counted) return reply_error(*res, {429, too_many_in_flight(options.limits), "rate_limit_error", "", "overloaded"});
+  res->hold(std::move(counted));
+  auto admitted = admit();
+  if (!admitted) return reply_error(*res, admitted.error());
+  res->hold(std::move(admitted->ticket));
+  auto parsed = openai::parse_request(kind, req.body, options.model, admitted->tok.get());
+  if (!parsed) return reply_error(*res, parsed.error());
+  // A client asks for its priority; it gets no more urgent one than its allowance.
+  parsed->request.priority = std::max(parsed->request.priority, options.limits.priority_min);
+  // A lone choice without a seed reports the one its request actor draws.
+  std::optional<uint64_t> seed;
+  if (parsed->request.has_seed) seed = parsed->request.seed;
+  if (openai::needs_seed(*parsed)) seed = draw_seed();
+  std::vector<msg::completion_request> requests = openai::choice_requests(*parsed, seed.value_or(0));
+  const openai::response_context context{kind, 0, unix_seconds(), &options.model, parsed->include_usage, parsed->logprobs};
+  const std::shared_ptr<answer> a = new_answer(*parsed, context, res, admitted->tok, seed);
+  for (size_t k = 0; k < requests.size(); k++) {
+    const auto index = static_cast<int32_t>(k);
+    actors::client_actor client = actors::spawn_client(
+        sys, admitted->load_balancer, std::move(requests[k]),
+        [this, a, index](const msg::completion_chunk& c) { write_chunk(*a, index, c); },
+        [this, a, index](const expected<actors::completion>& outcome) { write_end(*a, index, outcome); },
+        options.timeouts);
+    enroll(admitted->number, client);
+    std::lock_guard<std::mutex> lock(a->mutex);
+    a->clients.push_back(client);
+    if (a->over) caf::anon_send(client, msg::cancel_request{});  // another choice failed already
+  }
+  res->on_abandoned([a, number = admitted->number] {
+    spdlog::info("http: the client of completion {} went away: cancelling it", number);
+    std::lock_guard<std::mutex> lock(a->mutex);
+    a->cancel_clients();
+  });
+}
+
+void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk) {
+  if (!a.stream) return;  // the whole text comes with the end
+  std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.over) return;
+  a.name(chunk.request_id);
+  if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
+  choice_state& choice = a.choices[static_cast<size_t>(index)];
+  openai::choice_output delta;
+  delta.index = index;
+  delta.text = chunk.text;
+  delta.logprobs = std::move(choice.next);
+  delta.reasoning = chunk.reasoning_text;
+  delta.tool_calls = chunk.tool_calls;
+  delta.num_earlier_tool_calls = choice.num_tool_calls;
+  choice.num_tool_calls += static_cast<int32_t>(chunk.tool_calls.size());
+  delta.logprobs.tokens = chunk.tokens;
+  delta.logprobs.logprobs = chunk.logprobs;
+  delta.logprobs.top_logprobs = chunk.top_logprobs;
+  choice.next = openai::after(*a.tok, delta.logprobs);
+  a.response->write(openai::sse_event(openai::render_chunk(a.context, delta, !std::exchange(choice.streamed, true))));
+}
+
+void http_gateway::impl::write_end(answer& a, int32_t index, const expected<actors::completion>& outcome) {
+  std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.over) return;
+  if (!outcome) return fail_answer(a, outcome.error());
+  const msg::completion_end& end = outcome->end;
+  // A cancelled request (its client went away, or a drain ran out of time) was not answered to its end.
+  if (end.finish_reason != engine::finish_reason::cancelled) record(end);
+  a.name(end.request_id);
+  if (!a.seed) a.seed = end.seed;
+  choice_state& choice = a.choices[static_cast<size_t>(index)];
+  choice.done = *outcome;
+  a.num_done++;
+  if (a.stream) {
+    if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
+    a.response->write(openai::sse_event(
+        openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed, choice.num_tool_calls > 0)));
+  }
+  if (a.num_done == static_cast<int32_t>(a.choices.size())) finish_answer(a);
+}
+
+/// Every choice is done: the response, or the stream's usage and its end.
+void http_gateway::impl::finish_answer(answer& a) {
+  a.over = true;
+  std::vector<msg::completion_end> ends;
+  std::vector<openai::choice_output> outputs;
+  for (size_t k = 0; k < a.choices.size(); k++) {
+    const choice_state& choice = a.choices[k];
+    const actors::completion& done = *choice.done;
+    ends.push_back(done.end);
+    outputs.push_back({static_cast<int32_t>(k), done.text, done.end.finish_reason,
+                       {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0},
+                       done.reasoning_text, done.tool_calls});
+  }
+  const openai::usage_counts usage = openai::sum_usage(ends, a.n);
+  if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));
+  std::string data;
+  if (a.context.include_usage) data = openai::sse_event(openai::render_usage_chunk(a.context, *a.seed, usage));
+  data += openai::sse_done;
+  a.response->end_stream(data);
+}
+
+/// A choice failed: the error (its status before the stream started, else an error event), and
+/// the other choices are cancelled.
+void http_gateway::impl::fail_answer(answer& a, const error& e) {
+  a.over = true;
+  a.cancel_clients();
+  if (!a.started) return reply_error(*a.response, openai::error_from(e));
+  a.response->end_stream(openai::sse_event(openai::render_error(openai::error_from(e))) + std::string(openai::sse_done));
+}
+
+void http_gateway::impl::handle_metrics(http_response& res) {
+  actors::engine_list queried;
+  int64_t num_in_flight = 0;
+  {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    queried = engines;
+    num_in_flight = static_cast<int64_t>(in_flight.size());
+  }
+  std::vector<msg::engine_report> reports;
+  for (const actors::engine_actor& engine : queried) {
+    auto report = actors::query_engine(sys, engine, options.engine_query_timeout);
+    if (!report) return reply_error(res, openai::error_from({errc::unavailable, report.error().message}));
+    reports.push_back(*report);
+  }
+  const openai::engine_gauges gauges = openai::sum_reports(reports, options.num_kv_blocks_total);
+  std::lock_guard<std::mutex> lock(metrics_mutex);
+  metrics.num_in_flight = num_in_flight;
+  res.reply(200, "text/plain; version=0.0.4", openai::render_metrics(metrics, gauges, options.model.id));
+}
+
+void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<http_response>& res) {
+  if (req.body_too_large)
+    return reply_error(*res, {400, "the request body has " + std::to_string(req.content_length) + " bytes; the limit is " +
+                                       std::to_string(options.body_bytes_max), "invalid_request_error", "", ""});
+  const std::string route = req.method + " " + req.path;
+  if (route == "POST /v1/completions") return handle_completion(openai::endpoint::completions, req, res);
+  if (route == "POST /v1/chat/completions") return handle_completion(openai::endpoint::chat_completions, req, res);
+  if (route == "GET /v1/models") return res->reply(200, "application/json", openai::render_models(options.model));
+  if (route == "GET /") return res->reply(200, "text/html; charset=utf-8", index_html);
+  if (route == "GET /metrics") return handle_metrics(*res);
+  if (route == "GET /health") {
+    const openai::serving_state now = current_state();
+    return res->reply(openai::health_status(now), "application/json", openai::render_health(now));
+  }
+  reply_error(*res, {404, "no route for " + route, "not_found_error", "", ""});
+}
+
+expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, gateway_options options) {
+  auto state = std::make_unique<impl>(sys, std::move(options));
+  impl& s = *state;
+  http_server_options o{s.options.host, s.options.port, s.options.body_bytes_max, s.options.num_threads, s.options.limits,
+                        s.options.stop_timeout};
+  auto server = http_server::start(std::move(o), [&s](const http_request& req, const std::shared_ptr<http_response>& res) {
+    s.handle(req, res);
+  });
+  if (!server) return tl::unexpected(server.error());
+  s.server = std::move(*server);
+  return std::unique_ptr<http_gateway>(new http_gateway(std::move(state)));
+}
+
+http_gateway::http_gateway(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+
+void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
+                         std::shared_ptr<const tokenizer> tok) {
+  TROUPE_ASSERT_MSG(tok, "the HTTP gateway needs the served model's tokenizer");
+  TROUPE_ASSERT_MSG(load_balancer, "the HTTP gateway serves the load balancer's node");
+  std::lock_guard<std::mutex> lock(impl_->serving_mutex);
+  TROUPE_ASSERT_MSG(impl_->state == openai::serving_state::starting, "serve() is called once, before drain()");
+  impl_->load_balancer = std::move(load_balancer);
+  impl_->engines = std::move(engines);
+  impl_->tok = std::move(tok);
+  impl_->state = openai::serving_state::ready;
+}
+
+bool http_gateway::drain(std::chrono::milliseconds bound) {
+  std::unique_lock<std::mutex> lock(impl_->serving_mutex);
+  impl_->state = openai::serving_state::draining;
+  spdlog::info("http: draining: {} request(s) in flight", impl_->in_flight.size());
+  if (impl_->idle.wait_for(lock, bound, [this] { return impl_->in_flight.empty(); })) return true;
+  spdlog::warn("http: {} request(s) still in flight after {} ms: cancelling them", impl_->in_flight.size(), bound.count());
+  for (const auto& [number, clients] : impl_->in_flight)
+    for (const actors::client_actor& client : clients) caf::anon_send(client, msg::cancel_request{});
+  return false;
+}
+
+http_gateway::~http_gateway() { impl_->server.reset(); }
+
+uint16_t http_gateway::port() const { return impl_->server->port(); }
+
+}  // namespace troupe::gateway

@@ -1,0 +1,461 @@
+#include "messages/msgpack_rpc.hpp"
+
+#include <charconv>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "runtime/kv/cache_class.hpp"
+#include "runtime/tokenizer/utf8.hpp"
+
+namespace troupe::wire {
+namespace {
+
+using packer = msgpack::packer<msgpack::sbuffer>;
+
+/// `key` in quotes for an error message, at most echo_bytes_max bytes of it (troupe::echo), so
+/// an error frame does not echo a 1 MiB key back.
+std::string echoed(std::string_view key) { return "'" + echo(key) + "'"; }
+
+tl::unexpected<error> wrong_type(std::string_view key, const char* what) {
+  return fail(errc::invalid_argument, echoed(key) + " must be " + what);
+}
+
+expected<int64_t> read_integer(const msgpack::object& v, std::string_view key, int64_t lo, int64_t hi) {
+  const char* what = "an integer in the range of a 32-bit int";
+  if (v.type == msgpack::type::POSITIVE_INTEGER && v.via.u64 <= static_cast<uint64_t>(hi)) return static_cast<int64_t>(v.via.u64);
+  if (v.type == msgpack::type::NEGATIVE_INTEGER && v.via.i64 >= lo) return v.via.i64;
+  return wrong_type(key, what);
+}
+
+expected<void> read_int32(const msgpack::object& v, std::string_view key, int32_t& out) {
+  auto n = read_integer(v, key, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
+  if (!n) return tl::unexpected(n.error());
+  out = static_cast<int32_t>(*n);
+  return {};
+}
+
+/// A number: msgpack clients write 0 or 1 as integers, so integers are numbers too.
+expected<void> read_float(const msgpack::object& v, std::string_view key, float& out) {
+  switch (v.type) {
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64: out = static_cast<float>(v.via.f64); return {};
+    case msgpack::type::POSITIVE_INTEGER: out = static_cast<float>(v.via.u64); return {};
+    case msgpack::type::NEGATIVE_INTEGER: out = static_cast<float>(v.via.i64); return {};
+    default: return wrong_type(key, "a number");
+  }
+}
+
+expected<void> read_bool(const msgpack::object& v, std::string_view key, bool& out) {
+  if (v.type != msgpack::type::BOOLEAN) return wrong_type(key, "a boolean");
+  out = v.via.boolean;
+  return {};
+}
+
+expected<void> read_string(const msgpack::object& v, std::string_view key, std::string& out) {
+  if (v.type != msgpack::type::STR) return wrong_type(key, "a string");
+  out.assign(v.via.str.ptr, v.via.str.size);
+  return {};
+}
+
+/// `stop`, `grammar_trigger_strings`: a string or a list of strings.
+expected<void> read_strings(const msgpack::object& v, const char* name, std::vector<std::string>& out) {
+  if (v.type == msgpack::type::STR) {
+    out.assign(1, std::string(v.via.str.ptr, v.via.str.size));
+    return {};
+  }
+  if (v.type != msgpack::type::ARRAY) return wrong_type(name, "a string or a list of strings");
+  out.clear();
+  for (uint32_t i = 0; i < v.via.array.size; i++) {
+    if (v.via.array.ptr[i].type != msgpack::type::STR) return wrong_type(name, "a string or a list of strings");
+    out.emplace_back(v.via.array.ptr[i].via.str.ptr, v.via.array.ptr[i].via.str.size);
+  }
+  return {};
+}
+
+expected<void> read_tokens(const msgpack::object& v, const char* name, std::vector<int32_t>& out) {
+  if (v.type != msgpack::type::ARRAY) return wrong_type(name, "a list of token ids");
+  out.assign(v.via.array.size, 0);
+  for (uint32_t i = 0; i < v.via.array.size; i++)
+    if (auto ok = read_int32(v.via.array.ptr[i], name, out[i]); !ok) return wrong_type(name, "a list of token ids");
+  return {};
+}
+
+/// A logit_bias key: an int32, or its decimal string (what a JavaScript object's keys become).
+expected<int32_t> read_bias_token(const msgpack::object& key) {
+  int32_t token = 0;
+  if (key.type == msgpack::type::STR) {
+    const char* end = key.via.str.ptr + key.via.str.size;
+    const auto [at, ec] = std::from_chars(key.via.str.ptr, end, token);
+    if (ec == std::errc() && at == end && key.via.str.size > 0) return token;
+  } else if (read_int32(key, "logit_bias", token)) {
+    return token;
+  }
+  return wrong_type("logit_bias", "a map of token ids (int32 or decimal strings) to numbers");
+}
+
+/// `logit_bias`: a map of token ids to biases; ranges are the engine's to check.
+expected<void> read_logit_bias(const msgpack::object& v, std::vector<sampling::token_bias>& out) {
+  if (v.type != msgpack::type::MAP) return wrong_type("logit_bias", "a map of token ids (int32 or decimal strings) to numbers");
+  out.clear();
+  for (uint32_t i = 0; i < v.via.map.size; i++) {
+    auto token = read_bias_token(v.via.map.ptr[i].key);
+    if (!token) return tl::unexpected(token.error());
+    float bias = 0.0f;
+    if (auto ok = read_float(v.via.map.ptr[i].val, "logit_bias", bias); !ok) return ok;
+    out.push_back({*token, bias});
+  }
+  return {};
+}
+
+/// `messages`: an array of {"role": str, "content": str} maps (role required).
+expected<void> read_messages(const msgpack::object& v, std::vector<chat_message>& out) {
+  const auto bad = [] { return wrong_type("messages", "an array of {role, content} maps of strings"); };
+  if (v.type != msgpack::type::ARRAY) return bad();
+  for (uint32_t i = 0; i < v.via.array.size; i++) {
+    const msgpack::object& m = v.via.array.ptr[i];
+    if (m.type != msgpack::type::MAP) return bad();
+    chat_message message;
+    bool has_role = false;
+    for (uint32_t j = 0; j < m.via.map.size; j++) {
+      const msgpack::object_kv& kv = m.via.map.ptr[j];
+      if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) return bad();
+      const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
+      if (key != "role" && key != "content") return bad();
+      has_role = has_role || key == "role";
+      (key == "role" ? message.role : message.content).assign(kv.val.via.str.ptr, kv.val.via.str.size);
+    }
+    if (!has_role) return bad();
+    out.push_back(std::move(message));
+  }
+  return {};
+}
+
+/// "chat" or "agent" (kv::parse_cache_class).
+expected<void> read_cache_class(const msgpack::object& v, std::string& out) {
+  std::string name;
+  if (auto ok = read_string(v, "cache_class", name); !ok) return ok;
+  if (auto cls = kv::parse_cache_class(name); !cls) return tl::unexpected(cls.error());
+  out = std::move(name);
+  return {};
+}
+
+using field_reader = std::function<expected<void>(const msgpack::object&, msg::completion_request&)>;
+
+/// Every key a request may have but `id`, with how its value is read.
+const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
+  using r = msg::completion_request;
+  using o = msgpack::object;
+  static const std::vector<std::pair<std::string_view, field_reader>> fields{
+      {"prompt", [](const o& v, r& x) { return read_string(v, "prompt", x.prompt); }},
+      {"prompt_tokens", [](const o& v, r& x) { return read_tokens(v, "prompt_tokens", x.prompt_tokens); }},
+      {"messages", [](const o& v, r& x) { return read_messages(v, x.messages); }},
+      {"max_tokens", [](const o& v, r& x) { return read_int32(v, "max_tokens", x.max_tokens); }},
+      {"temperature", [](const o& v, r& x) { return read_float(v, "temperature", x.temperature); }},
+      {"top_p", [](const o& v, r& x) { return read_float(v, "top_p", x.top_p); }},
+      {"top_k", [](const o& v, r& x) { return read_int32(v, "top_k", x.top_k); }},
+      {"min_p", [](const o& v, r& x) { return read_float(v, "min_p", x.min_p); }},
+      {"presence_penalty", [](const o& v, r& x) { return read_float(v, "presence_penalty", x.presence_penalty); }},
+      {"frequency_penalty", [](const o& v, r& x) { return read_float(v, "frequency_penalty", x.frequency_penalty); }},
+      {"repetition_penalty", [](const o& v, r& x) { return read_float(v, "repetition_penalty", x.repetition_penalty); }},
+      {"logit_bias", [](const o& v, r& x) { return read_logit_bias(v, x.logit_bias); }},
+      {"seed",
+       [](const o& v, r& x) -> expected<void> {
+         if (v.type != msgpack::type::POSITIVE_INTEGER) return wrong_type("seed", "an integer from 0 to 2^64 - 1");
+         x.has_seed = true;
+         x.seed = v.via.u64;
+         return {};
+       }},
+      {"stop", [](const o& v, r& x) { return read_strings(v, "stop", x.stop); }},
+      {"stop_token_ids", [](const o& v, r& x) { return read_tokens(v, "stop_token_ids", x.stop_token_ids); }},
+      {"ignore_eos", [](const o& v, r& x) { return read_bool(v, "ignore_eos", x.ignore_eos); }},
+      {"priority", [](const o& v, r& x) { return read_int32(v, "priority", x.priority); }},
+      {"cache_class", [](const o& v, r& x) { return read_cache_class(v, x.cache_class); }},
+      {"num_top_logprobs", [](const o& v, r& x) { return read_int32(v, "num_top_logprobs", x.num_top_logprobs); }},
+      {"stream", [](const o& v, r& x) { return read_bool(v, "stream", x.stream); }},
+      {"grammar_kind", [](const o& v, r& x) { return read_string(v, "grammar_kind", x.grammar_kind); }},
+      {"grammar", [](const o& v, r& x) { return read_string(v, "grammar", x.grammar); }},
+      {"grammar_trigger_token_ids",
+       [](const o& v, r& x) { return read_tokens(v, "grammar_trigger_token_ids", x.grammar_trigger_token_ids); }},
+      {"grammar_trigger_strings",
+       [](const o& v, r& x) { return read_strings(v, "grammar_trigger_strings", x.grammar_trigger_strings); }},
+  };
+  return fields;
+}
+
+/// The client's id, read first so that every later error frame carries it.
+tl::expected<uint64_t, request_error> find_id(const msgpack::object_map& map) {
+  for (uint32_t i = 0; i < map.size; i++) {
+    const msgpack::object& key = map.ptr[i].key;
+    if (key.type != msgpack::type::STR || std::string_view(key.via.str.ptr, key.via.str.size) != "id") continue;
+    if (map.ptr[i].val.type != msgpack::type::POSITIVE_INTEGER)
+      return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "'id' must be an integer from 0 to 2^64 - 1"}});
+    return map.ptr[i].val.via.u64;
+  }
+  return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request has no 'id'"}});
+}
+
+expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request& out) {
+  if (kv.key.type != msgpack::type::STR) return fail(errc::invalid_argument, "a request key is not a string");
+  const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
+  if (key == "id") return {};
+  for (const auto& [name, read] : request_fields())
+    if (name == key) return read(kv.val, out);
+  if (!utf8::validate(key)) return fail(errc::invalid_argument, "a request key is not valid UTF-8");
+  return fail(errc::invalid_argument, "unknown key " + echoed(key));
+}
+
+/// The value of the "type" key, if the map has one; an error naming it if it is not "cancel".
+tl::expected<std::optional<cancel>, request_error> read_type(const msgpack::object_map& map, uint64_t id) {
+  for (uint32_t i = 0; i < map.size; i++) {
+    const msgpack::object& key = map.ptr[i].key;
+    if (key.type != msgpack::type::STR || std::string_view(key.via.str.ptr, key.via.str.size) != "type") continue;
+    const msgpack::object& v = map.ptr[i].val;
+    if (v.type != msgpack::type::STR || std::string_view(v.via.str.ptr, v.via.str.size) != "cancel")
+      return tl::unexpected(request_error{id, {errc::invalid_argument, "'type' must be \"cancel\" (a request frame has no 'type')"}});
+    if (map.size != 2)
+      return tl::unexpected(request_error{id, {errc::invalid_argument, "a cancel frame has the keys 'type' and 'id' only"}});
+    return cancel{id};
+  }
+  return std::nullopt;
+}
+
+tl::expected<client_frame, request_error> decode_map(const msgpack::object& value) {
+  if (value.type != msgpack::type::MAP)
+    return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request is not a map"}});
+  auto id = find_id(value.via.map);
+  if (!id) return tl::unexpected(id.error());
+  auto cancelled = read_type(value.via.map, *id);
+  if (!cancelled) return tl::unexpected(cancelled.error());
+  if (*cancelled) return **cancelled;
+  request out{*id, {}};
+  for (uint32_t i = 0; i < value.via.map.size; i++)
+    if (auto ok = read_field(value.via.map.ptr[i], out.completion); !ok) return tl::unexpected(request_error{*id, ok.error()});
+  if (auto ok = utf8::validate(out.completion.prompt); !ok)
+    return tl::unexpected(request_error{*id, {errc::invalid_utf8, "'prompt' is not valid UTF-8: " + ok.error().message}});
+  return out;
+}
+
+void pack_text(packer& p, std::string_view text) {
+  p.pack_str(static_cast<uint32_t>(text.size()));
+  p.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
+}
+
+void pack_head(packer& p, uint32_t num_keys, std::string_view type, std::optional<uint64_t> id) {
+  p.pack_map(num_keys);
+  pack_text(p, "type");
+  pack_text(p, type);
+  pack_text(p, "id");
+  if (id) {
+    p.pack_uint64(*id);
+  } else {
+    p.pack_nil();
+  }
+}
+
+std::string framed(const msgpack::sbuffer& body) { return frame(std::string_view(body.data(), body.size())); }
+
+}  // namespace
+
+uint32_t frame_length(std::string_view header) {
+  TROUPE_ASSERT(header.size() == frame_header_bytes);
+  uint32_t n = 0;
+  for (const char c : header) n = (n << 8) | static_cast<unsigned char>(c);
+  return n;
+}
+
+std::string frame(std::string_view body) {
+  TROUPE_ASSERT(body.size() <= std::numeric_limits<uint32_t>::max());
+  const auto n = static_cast<uint32_t>(body.size());
+  std::string out{static_cast<char>(n >> 24), static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n)};
+  out.append(body);
+  return out;
+}
+
+tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
+  // Counts a hostile header may announce are bounded by the body's size (each element takes
+  // a byte at least), so msgpack-c never allocates for more than the frame holds.
+  const auto n = static_cast<std::size_t>(body.size());
+  const msgpack::unpack_limit limit(n, n, n, n, n, 32);
+  try {
+    std::size_t offset = 0;
+    const msgpack::object_handle handle = msgpack::unpack(body.data(), body.size(), offset, nullptr, nullptr, limit);
+    if (offset != body.size())
+      return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the frame holds more than one msgpack value"}});
+    return decode_map(handle.get());
+  } catch (const std::exception& e) {
+    return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, std::string("the frame is not one msgpack value: ") + e.what()}});
+  }
+}
+
+std::string encode_request(uint64_t id, const msg::completion_request& c) {
+  msgpack::sbuffer body;
+  packer p(body);
+  p.pack_map(c.has_seed ? 25 : 24);
+  pack_text(p, "id");
+  p.pack_uint64(id);
+  pack_text(p, "prompt");
+  p.pack(c.prompt);
+  pack_text(p, "prompt_tokens");
+  p.pack(c.prompt_tokens);
+  pack_text(p, "messages");
+  p.pack_array(static_cast<uint32_t>(c.messages.size()));
+  for (const chat_message& m : c.messages) {
+    p.pack_map(2);
+    pack_text(p, "role");
+    pack_text(p, m.role);
+    pack_text(p, "content");
+    pack_text(p, m.content);
+  }
+  pack_text(p, "max_tokens");
+  p.pack_int32(c.max_tokens);
+  pack_text(p, "temperature");
+  p.pack_float(c.temperature);
+  pack_text(p, "top_p");
+  p.pack_float(c.top_p);
+  pack_text(p, "top_k");
+  p.pack_int32(c.top_k);
+  pack_text(p, "min_p");
+  p.pack_float(c.min_p);
+  pack_text(p, "presence_penalty");
+  p.pack_float(c.presence_penalty);
+  pack_text(p, "frequency_penalty");
+  p.pack_float(c.frequency_penalty);
+  pack_text(p, "repetition_penalty");
+  p.pack_float(c.repetition_penalty);
+  pack_text(p, "logit_bias");
+  p.pack_map(static_cast<uint32_t>(c.logit_bias.size()));
+  for (const sampling::token_bias& b : c.logit_bias) {
+    p.pack_int32(b.token);
+    p.pack_float(b.bias);
+  }
+  if (c.has_seed) {
+    pack_text(p, "seed");
+    p.pack_uint64(c.seed);
+  }
+  pack_text(p, "stop");
+  p.pack(c.stop);
+  pack_text(p, "stop_token_ids");
+  p.pack(c.stop_token_ids);
+  pack_text(p, "ignore_eos");
+  p.pack(c.ignore_eos);
+  pack_text(p, "priority");
+  p.pack_int32(c.priority);
+  pack_text(p, "cache_class");
+  pack_text(p, c.cache_class);
+  pack_text(p, "num_top_logprobs");
+  p.pack_int32(c.num_top_logprobs);
+  pack_text(p, "stream");
+  p.pack(c.stream);
+  pack_text(p, "grammar_kind");
+  pack_text(p, c.grammar_kind);
+  pack_text(p, "grammar");
+  pack_text(p, c.grammar);
+  pack_text(p, "grammar_trigger_token_ids");
+  p.pack(c.grammar_trigger_token_ids);
+  pack_text(p, "grammar_trigger_strings");
+  p.pack(c.grammar_trigger_strings);
+  return framed(body);
+}
+
+std::string encode_cancel(uint64_t id) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, 2, "cancel", id);
+  return framed(body);
+}
+
+std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
+  msgpack::sbuffer body;
+  packer p(body);
+  const bool reasoning = !chunk.reasoning_text.empty();
+  const bool calls = !chunk.tool_calls.empty();
+  pack_head(p, 7 + (reasoning ? 1 : 0) + (calls ? 1 : 0), "chunk", id);
+  pack_text(p, "sequence");
+  p.pack_int32(chunk.sequence);
+  pack_text(p, "text");
+  p.pack(chunk.text);
+  pack_text(p, "tokens");
+  p.pack(chunk.tokens);
+  pack_text(p, "logprobs");
+  p.pack(chunk.logprobs);  // float32 each
+  pack_text(p, "top_logprobs");  // per token, [token, logprob] pairs
+  p.pack_array(static_cast<uint32_t>(chunk.top_logprobs.size()));
+  for (const std::vector<sampling::token_logprob>& top : chunk.top_logprobs) {
+    p.pack_array(static_cast<uint32_t>(top.size()));
+    for (const sampling::token_logprob& t : top) {
+      p.pack_array(2);
+      p.pack_int32(t.token);
+      p.pack_float(t.logprob);
+    }
+  }
+  if (reasoning) {
+    pack_text(p, "reasoning");
+    p.pack(chunk.reasoning_text);
+  }
+  if (calls) {
+    pack_text(p, "tool_calls");  // [{name, arguments}], arguments as JSON text
+    p.pack_array(static_cast<uint32_t>(chunk.tool_calls.size()));
+    for (const serve::tool_call& c : chunk.tool_calls) {
+      p.pack_map(2);
+      pack_text(p, "name");
+      p.pack(c.name);
+      pack_text(p, "arguments");
+      p.pack(c.arguments);
+    }
+  }
+  return framed(body);
+}
+
+std::string encode_end(uint64_t id, const msg::completion_end& end) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, end.num_failovers > 0 ? 8 : 7, "end", id);
+  pack_text(p, "request_id");
+  p.pack_int64(end.request_id);
+  pack_text(p, "finish_reason");
+  pack_text(p, engine::to_string(end.finish_reason));
+  pack_text(p, "seed");
+  p.pack_uint64(end.seed);
+  pack_text(p, "usage");
+  p.pack_map(3);
+  pack_text(p, "prompt_tokens");
+  p.pack_int32(end.num_prompt_tokens);
+  pack_text(p, "completion_tokens");
+  p.pack_int32(end.num_generated_tokens);
+  pack_text(p, "cached_tokens");
+  p.pack_int32(end.num_cached_tokens);
+  pack_text(p, "timings");
+  p.pack_map(4);
+  pack_text(p, "queue_ns");
+  p.pack_int64(end.queue_ns);
+  pack_text(p, "ttft_ns");
+  p.pack_int64(end.ttft_ns);
+  pack_text(p, "e2e_ns");
+  p.pack_int64(end.e2e_ns);
+  pack_text(p, "itl_ns");
+  p.pack(end.itl_ns);
+  if (end.num_failovers > 0) {  // placed again after losing its engine, this many times
+    pack_text(p, "failovers");
+    p.pack_int32(end.num_failovers);
+  }
+  return framed(body);
+}
+
+std::string encode_error(std::optional<uint64_t> id, const error& problem) {
+  msgpack::sbuffer body;
+  packer p(body);
+  pack_head(p, 4, "error", id);
+  pack_text(p, "code");
+  pack_text(p, to_string(problem.code));
+  pack_text(p, "message");
+  p.pack(problem.message);
+  return framed(body);
+}
+
+}  // namespace troupe::wire

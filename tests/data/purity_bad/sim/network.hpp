@@ -1,0 +1,3 @@
+#pragma once
+// Fixture for purity_test: the simulator reaches an edge.
+#include "actors/edge/ucx_transport.hpp"
