@@ -24,22 +24,22 @@ api_error refused(endpoint kind, const std::string& body) {
 }
 
 TEST(OpenaiRequest, GrammarsComeFromResponseFormatOrTheGuidedParameters) {
-  const msg::completion_request schema =
+  const serve::completion_request schema =
       parsed(endpoint::chat_completions,
              R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema",)"
              R"("json_schema":{"name":"p","schema":{"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}}}}}})")
           .request;
   EXPECT_EQ(schema.grammar_kind, "json_schema");
   EXPECT_EQ(schema.grammar, R"({"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}}})");  // order kept
-  const msg::completion_request object =
+  const serve::completion_request object =
       parsed(endpoint::completions, R"({"prompt":"x","response_format":{"type":"json_object"}})").request;
   EXPECT_EQ(object.grammar_kind, "json_schema");
   EXPECT_EQ(object.grammar, R"({"type": "object"})");
   EXPECT_EQ(parsed(endpoint::completions, R"({"prompt":"x","response_format":{"type":"text"}})").request.grammar_kind, "");
-  const msg::completion_request regex = parsed(endpoint::completions, R"({"prompt":"x","guided_regex":"[0-9]+"})").request;
+  const serve::completion_request regex = parsed(endpoint::completions, R"({"prompt":"x","guided_regex":"[0-9]+"})").request;
   EXPECT_EQ(regex.grammar_kind, "regex");
   EXPECT_EQ(regex.grammar, "[0-9]+");
-  const msg::completion_request gbnf = parsed(endpoint::completions, R"({"prompt":"x","guided_grammar":"root ::= \"a\""})").request;
+  const serve::completion_request gbnf = parsed(endpoint::completions, R"({"prompt":"x","guided_grammar":"root ::= \"a\""})").request;
   EXPECT_EQ(gbnf.grammar_kind, "gbnf");
   EXPECT_EQ(gbnf.grammar, "root ::= \"a\"");
   EXPECT_EQ(parsed(endpoint::completions, R"({"prompt":"x","guided_json":{"type":"null"}})").request.grammar, R"({"type":"null"})");
@@ -47,7 +47,7 @@ TEST(OpenaiRequest, GrammarsComeFromResponseFormatOrTheGuidedParameters) {
             "give at most one of response_format, guided_json, guided_regex, guided_grammar");
   EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","response_format":{"type":"xml"}})").param, "response_format");
   EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","guided_regex":5})").message, "'guided_regex' must be a string");
-  const msg::completion_request lazy = parsed(endpoint::completions,
+  const serve::completion_request lazy = parsed(endpoint::completions,
                                               R"({"prompt":"x","guided_regex":"[0-9]+","grammar_trigger_strings":["<n>"],)"
                                               R"("grammar_trigger_token_ids":[13]})")
                                            .request;
@@ -63,7 +63,7 @@ TEST(OpenaiRequest, ACompletionCarriesEverySamplingParameter) {
                                   R"("ignore_eos":true,"priority":3,"stream":true,"stream_options":{"include_usage":true},)"
                                   R"("user":"ignored","presence_penalty":0.5,"frequency_penalty":-1.25,)"
                                   R"("repetition_penalty":1.5,"n":1,"logit_bias":{"5":-100,"300":2.5},"cache_class":"agent"})");
-  const msg::completion_request& r = p.request;
+  const serve::completion_request& r = p.request;
   ASSERT_EQ(p.prompts.size(), 1u);
   EXPECT_EQ(p.prompts[0].text, "Once upon");
   EXPECT_EQ(p.n, 1);
@@ -115,7 +115,7 @@ TEST(OpenaiRequest, AChatTravelsAsItsMessagesWithMarkersAsText) {
   EXPECT_EQ(p.request.messages[1].role, "user");
   EXPECT_EQ(p.request.messages[1].content, "<s>Once</s>");
   EXPECT_EQ(p.request.max_tokens, 7);
-  const std::vector<msg::completion_request> choices = choice_requests(p, 1);
+  const std::vector<serve::completion_request> choices = choice_requests(p, 1);
   ASSERT_EQ(choices.size(), 1u);
   EXPECT_EQ(choices[0].prompt, "");
   EXPECT_EQ(choices[0].messages.size(), 2u);
@@ -193,10 +193,10 @@ TEST(OpenaiRequest, ChoiceIOfNIsTheRequestSeededWithChildSeedI) {
   EXPECT_EQ(p.n, 3);
   EXPECT_EQ(num_choices(p), 3);
   EXPECT_FALSE(needs_seed(p));
-  const std::vector<msg::completion_request> requests = choice_requests(p, 0);
+  const std::vector<serve::completion_request> requests = choice_requests(p, 0);
   ASSERT_EQ(requests.size(), 3u);
   for (int32_t i = 0; i < 3; i++) {
-    const msg::completion_request& r = requests[static_cast<size_t>(i)];
+    const serve::completion_request& r = requests[static_cast<size_t>(i)];
     EXPECT_EQ(r.prompt, "Once");
     EXPECT_EQ(r.max_tokens, 5);
     EXPECT_TRUE(r.has_seed);
@@ -208,7 +208,7 @@ TEST(OpenaiRequest, ChoiceIOfNIsTheRequestSeededWithChildSeedI) {
 TEST(OpenaiRequest, SeveralChoicesWithoutASeedTakeTheGatewaysDraw) {
   const parsed_request several = parsed(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"Hi"}],"n":2})");
   EXPECT_TRUE(needs_seed(several));
-  const std::vector<msg::completion_request> requests = choice_requests(several, 7);
+  const std::vector<serve::completion_request> requests = choice_requests(several, 7);
   ASSERT_EQ(requests.size(), 2u);
   EXPECT_EQ(requests[0].seed, 7u);
   EXPECT_EQ(requests[1].seed, engine::child_seed(7, 1));
@@ -227,7 +227,7 @@ TEST(OpenaiRequest, PromptsAreAStringOrListsOfStringsOrTokenIdsEachGivingNChoice
   EXPECT_EQ(p.prompts[1].tokens, (std::vector<int32_t>{1, 403}));
   EXPECT_TRUE(p.prompts[1].is_tokens);
   EXPECT_EQ(p.prompts[2].text, "");
-  const std::vector<msg::completion_request> requests = choice_requests(p, 0);
+  const std::vector<serve::completion_request> requests = choice_requests(p, 0);
   ASSERT_EQ(requests.size(), 6u);  // choice k: prompt k / n, sample k % n
   EXPECT_EQ(requests[2].prompt_tokens, (std::vector<int32_t>{1, 403}));
   EXPECT_EQ(requests[2].prompt, "");
@@ -257,7 +257,7 @@ TEST(OpenaiRequest, StopTokenIdsAreCheckedAndReachEveryChoice) {
   const tokenizer tok = *tokenizer::load(testing::bundled_tokenizer(), 512);
   auto p = parse_request(endpoint::completions, R"({"prompt":"x","stop_token_ids":[13,2],"n":2})", model, &tok);
   ASSERT_TRUE(p.has_value()) << p.error().message;
-  for (const msg::completion_request& r : choice_requests(*p, 5))
+  for (const serve::completion_request& r : choice_requests(*p, 5))
     EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
   EXPECT_TRUE(parse_request(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"x"}],"stop_token_ids":[]})",
                             model, &tok).has_value());
@@ -364,8 +364,8 @@ TEST(OpenaiHealth, EachStateHasItsStatusAndBody) {
             R"("type":"service_unavailable_error","param":null,"code":"starting"}})");
 }
 
-msg::completion_end an_end() {
-  msg::completion_end end;
+serve::completion_end an_end() {
+  serve::completion_end end;
   end.request_id = 7;
   end.finish_reason = engine::finish_reason::length;
   end.seed = 42;
@@ -376,8 +376,8 @@ msg::completion_end an_end() {
 }
 
 /// an_end() with a TTFT of 3 ms, inter-token gaps of 1 and 2 ms, and 6 ms end to end.
-msg::completion_end an_end_with_latencies() {
-  msg::completion_end end = an_end();
+serve::completion_end an_end_with_latencies() {
+  serve::completion_end end = an_end();
   end.ttft_ns = 3'000'000;
   end.itl_ns = {1'000'000, 2'000'000};
   end.e2e_ns = 6'000'000;
@@ -471,7 +471,7 @@ TEST(OpenaiResponse, StreamedCompletionChunksRenderByteForByte) {
 
 TEST(OpenaiResponse, SeveralChoicesRenderInIndexOrderWithSummedUsage) {
   const response_context c{endpoint::completions, 7, 1700000001, &model, false};
-  msg::completion_end stopped = an_end();  // 5 prompt tokens (2 cached), 3 generated
+  serve::completion_end stopped = an_end();  // 5 prompt tokens (2 cached), 3 generated
   stopped.finish_reason = engine::finish_reason::stop;
   stopped.num_generated_tokens = 1;
   stopped.num_cached_tokens = 5;  // a later choice of the same prompt hits the prefix cache
@@ -487,8 +487,8 @@ TEST(OpenaiResponse, SeveralChoicesRenderInIndexOrderWithSummedUsage) {
 }
 
 TEST(OpenaiResponse, UsageCountsEachPromptOnceAndEveryChoicesTokens) {
-  msg::completion_end a = an_end();  // 5 prompt tokens, 2 cached, 3 generated
-  msg::completion_end b = an_end();
+  serve::completion_end a = an_end();  // 5 prompt tokens, 2 cached, 3 generated
+  serve::completion_end b = an_end();
   b.num_prompt_tokens = 9;
   b.num_cached_tokens = 0;
   b.num_generated_tokens = 4;
@@ -582,11 +582,11 @@ TEST(Metrics, ARequestMovesEachHistogramOnce) {
 
 TEST(Metrics, ThePageRendersByteForByte) {
   request_metrics m;
-  msg::completion_end failed_over = an_end_with_latencies();
+  serve::completion_end failed_over = an_end_with_latencies();
   failed_over.num_failovers = 2;
   m.record(failed_over);
   m.num_in_flight = 7;
-  msg::engine_report r;
+  engine::engine_report r;
   r.num_requests = 3;
   r.num_waiting = 1;
   r.num_blocks_in_use = 4;
@@ -596,7 +596,7 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r.num_disk_hit_tokens = 8;  // of the 32
   r.num_demoted_bytes = 1000;
   r.num_promoted_bytes = 600;
-  msg::engine_report r2 = r;
+  engine::engine_report r2 = r;
   r2.host_tier_expired_blocks = 5;  // the node's shared tier, as each engine reports it
   r.host_tier_expired_blocks = 3;
   r2.disk_tier_expired_blocks = 2;
