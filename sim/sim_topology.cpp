@@ -1,6 +1,8 @@
 // Simulation topology parsing: each table is described by a list of fields (name, required,
 // range, where the value goes), read by one generic loop that reports unknown keys, missing
-// keys, wrong types and out-of-range values with the file, line and key.
+// keys, wrong types and out-of-range values with the file, line and key. The engine keys of
+// [engine] and [speculation] are the key table's (runtime/engine/engine_keys.hpp), which the
+// topology files' reader walks too.
 #include "sim/sim_topology.hpp"
 
 #include <toml++/toml.h>
@@ -18,7 +20,7 @@
 
 #include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
-#include "runtime/cost/step_time_correction.hpp"
+#include "runtime/engine/engine_keys.hpp"
 #include "runtime/model/checkpoint.hpp"
 
 namespace troupe::sim {
@@ -67,36 +69,79 @@ expected<void> apply_overrides(toml::table& root, const topology_overrides& set,
   return {};
 }
 
-expected<void> read_table(const toml::table& root, const char* table_name, const std::vector<field>& fields,
-                          const std::string& source, bool table_required) {
+/// A number `node` holds, finite and in [min, max]; `what` ("file:line: [table] key") starts the
+/// message.
+expected<double> read_number(const toml::node& node, double min, double max, const std::string& what) {
+  const std::optional<double> v = node.value<double>();
+  if (!v || !std::isfinite(*v)) return fail(errc::malformed_file, what + ": expected a number");
+  if (*v < min || *v > max)
+    return fail(errc::malformed_file, what + " = " + std::to_string(*v) + " is outside [" + std::to_string(min) + ", " +
+                                          std::to_string(max) + "]");
+  return *v;
+}
+
+/// The simulator's own key `f` from `node`.
+expected<void> read_field(const field& f, const toml::node& node, const std::string& what) {
+  if (f.set_text) {
+    if (!node.is_string()) return fail(errc::malformed_file, what + ": expected a string");
+    f.set_text(*node.value<std::string>());
+    return {};
+  }
+  auto v = read_number(node, f.min, f.max, what);
+  if (!v) return tl::unexpected(v.error());
+  f.set_number(*v);
+  return {};
+}
+
+/// An engine key (runtime/engine/engine_keys.hpp, the topology files' too) from `node` into
+/// `config`: its type, range and rules are the key table's.
+expected<void> read_engine_key(const engine::engine_key& key, const toml::node& node, engine::engine_config& config,
+                               const std::string& what) {
+  expected<void> set;
+  if (key.type == engine::key_type::text) {
+    if (!node.is_string()) return fail(errc::malformed_file, what + ": expected a string");
+    set = key.set_text(config, *node.value<std::string>());
+  } else {
+    if (key.type == engine::key_type::integer && node.is_floating_point())
+      return fail(errc::malformed_file, what + ": expected an integer");
+    auto v = read_number(node, key.min, key.max, what);
+    if (!v) return tl::unexpected(v.error());
+    set = key.set_number(config, *v);
+  }
+  if (!set) return fail(errc::malformed_file, what + set.error().message);
+  return {};
+}
+
+/// One table of the file: the simulator's own keys, and with `engine` the engine keys it holds.
+struct table_fields {
+  const char* name;
+  const std::vector<field>& fields;
+  bool required;
+  engine::engine_config* engine = nullptr;
+};
+
+expected<void> read_table(const toml::table& root, const table_fields& spec, const std::string& source) {
+  const std::string table_name = spec.name;
   const toml::table* table = root[table_name].as_table();
   if (!table) {
-    if (!table_required) return {};
-    return fail(errc::malformed_file, source + ": missing [" + std::string(table_name) + "] table");
+    if (!spec.required) return {};
+    return fail(errc::malformed_file, source + ": missing [" + table_name + "] table");
   }
   std::set<std::string> seen;
   for (const auto& [key, node] : *table) {
     const std::string name(key.str());
-    auto f = std::find_if(fields.begin(), fields.end(), [&](const field& x) { return name == x.name; });
-    if (f == fields.end())
-      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "]: unknown key '" + echo(name) + "'");
-    seen.insert(name);
-    if (f->set_text) {
-      if (!node.is_string())
-        return fail(errc::malformed_file, at(source, node) + "[" + table_name + "] " + name + ": expected a string");
-      f->set_text(*node.value<std::string>());
+    const std::string what = at(source, node) + "[" + table_name + "] " + name;
+    if (const engine::engine_key* k = spec.engine ? engine::find_sim_engine_key(table_name, name) : nullptr) {
+      if (auto ok = read_engine_key(*k, node, *spec.engine, what); !ok) return ok;
       continue;
     }
-    const std::optional<double> v = node.value<double>();
-    if (!v || !std::isfinite(*v))
-      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "] " + name + ": expected a number");
-    if (*v < f->min || *v > f->max)
-      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "] " + name + " = " +
-                                            std::to_string(*v) + " is outside [" + std::to_string(f->min) + ", " +
-                                            std::to_string(f->max) + "]");
-    f->set_number(*v);
+    auto f = std::find_if(spec.fields.begin(), spec.fields.end(), [&](const field& x) { return name == x.name; });
+    if (f == spec.fields.end())
+      return fail(errc::malformed_file, at(source, node) + "[" + table_name + "]: unknown key '" + echo(name) + "'");
+    seen.insert(name);
+    if (auto ok = read_field(*f, node, what); !ok) return ok;
   }
-  for (const field& f : fields)
+  for (const field& f : spec.fields)
     if (f.required && !seen.count(f.name))
       return fail(errc::malformed_file, at(source, *table) + "[" + table_name + "]: missing key '" + f.name + "'");
   return {};
@@ -216,34 +261,23 @@ expected<void> finish_moe(sim_topology& t, const moe_keys& k, double weight_byte
   return {};
 }
 
-/// Cross-field checks and derived values, once every table is read.
-/// `[speculation]` drafter and mode into engine_config::speculation.
-expected<void> read_speculation(sim_topology& t, const std::string& drafter, const std::string& mode,
-                                const toml::table& root, const std::string& source) {
-  spec::speculation_config& s = t.engine.speculation;
-  auto kind = spec::parse_drafter(drafter);
-  if (!kind)
-    return fail(errc::malformed_file, at(source, *root["speculation"]["drafter"].node()) + "[speculation] drafter: " +
-                                          kind.error().message);
-  if (*kind == spec::drafter_kind::draft_model)
-    return fail(errc::malformed_file, at(source, *root["speculation"]["drafter"].node()) +
-                                          "[speculation] drafter: the simulator models draft_model drafts with "
-                                          "synthetic tokens only (use drafter = \"ngram\" and `acceptance`)");
-  if (mode != "fixed" && mode != "budgeted")
-    return fail(errc::malformed_file, at(source, *root["speculation"]["mode"].node()) +
-                                          "[speculation] mode must be fixed or budgeted, got '" + echo(mode) + "'");
-  s.drafter = *kind;
-  s.budgeted = mode == "budgeted";
-  return {};
-}
+/// What the tables hold beyond sim_topology's own fields, used once every table is read.
+struct sim_keys {
+  double kv_bytes_per_value = 2;  // [model]
+  std::string checkpoint;         // [model], as written
+  std::string calibration;        // [cost], resolved
+  std::string tokens = "synthetic";
+  roofline_keys roofline;
+  moe_keys moe;
+};
 
-expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& checkpoint, const std::string& calibration,
-                                           const std::string& tokens, double kv_bytes_per_value,
-                                           const std::string& source, bool cost_inline, const roofline_keys& roofline) {
+/// Cross-field checks and derived values, once every table is read.
+expected<sim_topology> finish_sim_topology(sim_topology t, const sim_keys& k, const std::string& checkpoint,
+                                           const std::string& source, bool cost_inline) {
   const std::string where = source + ": ";
-  if (tokens != "synthetic" && tokens != "real")
-    return fail(errc::malformed_file, where + "[cost] tokens must be \"synthetic\" or \"real\", got \"" + echo(tokens) + "\"");
-  t.tokens = tokens == "real" ? token_mode::real : token_mode::synthetic;
+  if (k.tokens != "synthetic" && k.tokens != "real")
+    return fail(errc::malformed_file, where + "[cost] tokens must be \"synthetic\" or \"real\", got \"" + echo(k.tokens) + "\"");
+  t.tokens = k.tokens == "real" ? token_mode::real : token_mode::synthetic;
   if (!checkpoint.empty()) {
     if (t.model.dim || t.model.n_layers || t.model.n_heads || t.model.n_kv_heads || t.model.vocab_size || t.model.seq_len)
       return fail(errc::malformed_file, where + "[model] gives a checkpoint: its shape comes from the checkpoint, "
@@ -263,7 +297,7 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
   }
   if (t.tokens == token_mode::real && t.checkpoint_path.empty())
     return fail(errc::malformed_file, where + "tokens = \"real\" needs [model] checkpoint = the model that computes them");
-  t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * kv_bytes_per_value));
+  t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * k.kv_bytes_per_value));
   const double blocks = t.kv_memory_gib * 1073741824.0 / (static_cast<double>(t.engine.block_size) * t.kv_bytes_per_token);
   const int64_t needed = (t.model.seq_len + t.engine.block_size - 1) / t.engine.block_size;
   if (blocks < static_cast<double>(needed))
@@ -272,12 +306,9 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
                                           " KV blocks, fewer than one max_context sequence needs (" +
                                           std::to_string(needed) + ")");
   t.engine.num_kv_blocks = static_cast<int32_t>(std::min(blocks, 2e9));
-  if (auto ok = finish_cost_model(t, roofline, calibration, cost_inline, kv_bytes_per_value, where); !ok)
+  if (auto ok = finish_cost_model(t, k.roofline, k.calibration, cost_inline, k.kv_bytes_per_value, where); !ok)
     return tl::unexpected(ok.error());
-  const double budget_ms = t.engine.scheduler.step_time_budget_ms;
-  if (budget_ms != 0 && budget_ms < 1e-6)
-    return fail(errc::malformed_file, where + "[engine] step_time_budget_ms must be 0 (off) or at least 0.000001");
-  if (budget_ms != 0 && t.roofline)
+  if (t.engine.scheduler.step_time_budget_ms != 0 && t.roofline)
     return fail(errc::malformed_file, where + "[engine] step_time_budget_ms needs the calibrated cost model: the "
                                               "scheduler's budget solver prices steps with it, not with the roofline");
   t.engine.scheduler.step_cost = t.cost;  // the scheduler prices steps as the executor runs them
@@ -289,10 +320,144 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const std::string& ch
   return t;
 }
 
-}  // namespace
+constexpr double big = 1 << 30;
 
-expected<sim_topology> parse_sim_topology(std::string_view text, const std::string& source,
-                                          const std::string& base_dir, const topology_overrides& set) {
+std::vector<field> model_fields(sim_topology& t, sim_keys& k, const std::string& base_dir) {
+  model::model_config& m = t.model;
+  return {{"name", false, 0, 0, nullptr, [&t](const std::string& s) { t.model_name = s; }},
+          {"checkpoint", false, 0, 0, nullptr, [&k](const std::string& s) { k.checkpoint = s; }},
+          {"tokenizer", false, 0, 0, nullptr,
+           [&t, &base_dir](const std::string& s) { t.tokenizer_path = resolve(base_dir, s); }},
+          {"n_layers", false, 1, 1024, into(m.n_layers)},      {"dim", false, 1, big, into(m.dim)},
+          {"hidden_dim", false, 1, big, into(m.hidden_dim)},    {"n_heads", false, 1, 1024, into(m.n_heads)},
+          {"n_kv_heads", false, 1, 1024, into(m.n_kv_heads)},   {"vocab_size", false, 4, big, into(m.vocab_size)},
+          {"max_context", false, 2, big, into(m.seq_len)},
+          {"kv_bytes_per_value", false, 0.125, 8, into(k.kv_bytes_per_value)},
+          {"weight_bytes_per_value", false, 0.125, 8, into(k.roofline.weight_bytes_per_value)}};
+}
+
+/// [cost]: the calibrated model's parameters (or its file), the token mode, the roofline's keys.
+std::vector<field> cost_fields(sim_topology& t, sim_keys& k, const std::string& base_dir) {
+  roofline_keys& r = k.roofline;
+  const auto roofline_only = [&r](std::function<void(double)> set) {
+    return [&r, set](double v) {
+      r.any_given = true;
+      set(v);
+    };
+  };
+  return {{"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
+          {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
+          {"sampled_row_ns", false, 0, 1e15, into(t.cost.sampled_row_ns)},
+          {"attention_token_ns", false, 0, 1e15, into(t.cost.attention_token_ns)},
+          {"kv_read_token_ns", false, 0, 1e15, into(t.cost.kv_read_token_ns)},
+          {"calibration", false, 0, 0, nullptr,
+           [&k, &base_dir](const std::string& s) { k.calibration = resolve(base_dir, s); }},
+          {"tokens", false, 0, 0, nullptr, [&k](const std::string& s) { k.tokens = s; }},
+          {"model", false, 0, 0, nullptr, [&r](const std::string& s) { r.model = s; }},
+          {"preset", false, 0, 0, nullptr, [&r](const std::string& s) {
+             r.any_given = true;
+             r.preset = s;
+           }},
+          {"peak_tflops", false, 1e-6, 1e9, roofline_only(into(r.peak_tflops))},
+          {"memory_bandwidth_gb_s", false, 1e-6, 1e9, roofline_only(into(r.memory_bandwidth_gb_s))},
+          {"memory_gb", false, 1e-6, 1e9, roofline_only(into(r.memory_gb))},
+          {"interconnect_gb_s", false, 1e-6, 1e9, roofline_only(into(r.interconnect_gb_s))},
+          {"tensor_parallel", false, 1, 1024, roofline_only(into(r.tensor_parallel))},
+          {"step_overhead_us", false, 0, 1e9, roofline_only(into(r.step_overhead_us))},
+          {"overlap", false, 0, 1, roofline_only(into(r.overlap))}};
+}
+
+std::vector<field> moe_fields(sim_topology& t, moe_keys& k) {
+  return {{"n_experts", true, 1, 1024, into(t.moe.n_experts)},
+          {"top_k", true, 1, 1024, into(t.moe.top_k)},
+          {"num_shards", true, 1, 4096, into(t.moe.num_shards)},
+          {"capacity", true, 1, 1024, into(t.moe.capacity)},
+          {"expert_row_ns", true, 0, 1e12, into(t.moe.expert_row_ns)},
+          {"zipf_exponent", false, 0, 16, into(t.moe.zipf_exponent)},
+          {"drift_every_s", false, 0, 1e9, into(k.drift_every_s)},
+          {"dispatch_bytes_per_row", false, 0, 1e12, into(k.dispatch_bytes_per_row)},
+          {"link_bandwidth_gb_s", false, 1e-6, 1e9, into(t.moe.link_bandwidth_gb_s)},
+          {"link_latency_us", false, 0, 1e9, into(k.link_latency_us)},
+          {"expert_bytes", false, 0, 1e15, into(k.expert_bytes)},
+          {"policy", false, 0, 0, nullptr, [&k](const std::string& s) { k.policy = s; }},
+          {"window_steps", false, 1, 1e9, into(t.moe.window_steps)},
+          // Read by periodic alone; allowed with none, so that a sweep can switch policies.
+          {"moe_lb_max", false, 1, 1e6, into(t.moe.moe_lb_max)}};
+}
+
+/// Every table into `t` and `k`. [engine] and [speculation] hold the engine keys
+/// (runtime/engine/engine_keys.hpp) beside the simulator's own.
+expected<void> read_tables(const toml::table& root, sim_topology& t, sim_keys& k, const std::string& base_dir,
+                           const std::string& source) {
+  const std::vector<field> model = model_fields(t, k, base_dir), cost = cost_fields(t, k, base_dir),
+                           moe = moe_fields(t, k.moe);
+  const std::vector<field> hardware = {{"kv_memory_gib", true, 1e-6, 1e6, into(t.kv_memory_gib)}};
+  const std::vector<field> engine = {{"replicas", false, 1, 4096, into(t.replicas)},
+                                     {"prefill_replicas", false, 0, 4095, into(t.prefill_replicas)},
+                                     {"max_waiting", false, 1, big, into(t.max_waiting)}};
+  const std::vector<field> balancer = {
+      {"router", false, 0, 0, nullptr, [&t](const std::string& s) { t.router = s; }},
+      {"rate_limit_per_s", false, 0, 1e9, into(t.rate_limit_per_s)},
+      {"rate_limit_burst", false, 1, 1e6, into(t.rate_limit_burst)},
+      {"prefix_weight", false, 0, balance::prefix_weight_max, into(t.prefix_weight)}};
+  const std::vector<field> host_tier = {{"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
+                                        {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
+                                        {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)},
+                                        {"fetch_timeout_ms", false, 1, 60000, into(t.host_tier.fetch_timeout_ms)}};
+  const std::vector<field> disk_tier = {{"blocks", false, 0, 1e15, into(t.disk_tier.blocks)},
+                                        {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.disk_tier.bandwidth_gb_s)},
+                                        {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};
+  const std::vector<field> network = {{"latency_us", false, 0, 1e9, into(t.network.latency_us)},
+                                      {"bandwidth_gb_s", false, 0, 1e9, into(t.network.bandwidth_gb_s)}};
+  const std::vector<field> speculation = {{"acceptance", false, 0, 1, into(t.speculation.acceptance)},
+                                          {"draft_token_ns", false, 0, 1e15, into(t.speculation.draft_token_ns)}};
+  for (const table_fields& table :
+       {table_fields{"model", model, true}, {"hardware", hardware, true}, {"engine", engine, false, &t.engine},
+        {"load_balancer", balancer, false}, {"cost", cost, true}, {"host_tier", host_tier, false},
+        {"disk_tier", disk_tier, false}, {"speculation", speculation, false, &t.engine}, {"network", network, false},
+        {"moe", moe, false}})
+    if (auto ok = read_table(root, table, source); !ok) return ok;
+  return {};
+}
+
+/// Checks across tables: the drafter and preemption the simulator can model, the tiers below
+/// one another, a decode replica left, a known router.
+expected<void> check_tables(const sim_topology& t, const toml::table& root, const std::string& source) {
+  if (t.engine.speculation.drafter == spec::drafter_kind::draft_model)
+    return fail(errc::malformed_file, at(source, *root["speculation"]["drafter"].node()) +
+                                          "[speculation] drafter: the simulator models draft_model drafts with "
+                                          "synthetic tokens only (use drafter = \"ngram\" and `acceptance`)");
+  if (t.engine.preemption != engine::preemption_mode::recompute && t.host_tier.blocks == 0)
+    return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) + "[engine] preemption = '" +
+                                          echo(root["engine"]["preemption"].value_or(std::string())) +
+                                          "' swaps to the host tier: it needs [host_tier] blocks > 0");
+  if (t.disk_tier.blocks > 0 && t.host_tier.blocks == 0)
+    return fail(errc::malformed_file, at(source, *root["disk_tier"]["blocks"].node()) +
+                                          "[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0");
+  if (t.prefill_replicas >= t.replicas)
+    return fail(errc::malformed_file, at(source, *root["engine"]["prefill_replicas"].node()) +
+                                          "[engine] prefill_replicas must leave at least one decode replica: " +
+                                          std::to_string(t.prefill_replicas) + " of " + std::to_string(t.replicas));
+  if (auto r = balance::make_router({t.router, 0, t.prefix_weight}); !r)
+    return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
+                                          r.error().message);
+  return {};
+}
+
+/// Whether [cost] gives the calibrated model's parameters inline: all four of them, or none.
+expected<bool> cost_inline(const toml::table& root, const std::string& source) {
+  const toml::table* cost = root["cost"].as_table();
+  int inline_params = 0;
+  for (const char* k : {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns"}) inline_params += cost->contains(k);
+  if ((inline_params != 0 && inline_params != 4) || (inline_params == 0 && cost->contains("kv_read_token_ns")))
+    return fail(errc::malformed_file, at(source, *cost) + "[cost] needs all four of step_ns, token_ns, "
+                                                          "sampled_row_ns and attention_token_ns "
+                                                          "(kv_read_token_ns is optional)");
+  return inline_params == 4;
+}
+
+/// The TOML document of `text` with `set` applied; every top-level key a known table.
+expected<toml::table> parse_toml(std::string_view text, const std::string& source, const topology_overrides& set) {
   toml::table root;
   try {  // toml++ is built with exceptions; none leaves this function
     root = toml::parse(text, source);
@@ -306,148 +471,25 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
                              key != "load_balancer" && key != "host_tier" && key != "disk_tier" && key != "speculation" &&
                              key != "network" && key != "moe"))
       return fail(errc::malformed_file, at(source, node) + "unknown top-level key '" + echo(key.str()) + "'");
+  return root;
+}
+
+}  // namespace
+
+expected<sim_topology> parse_sim_topology(std::string_view text, const std::string& source,
+                                          const std::string& base_dir, const topology_overrides& set) {
+  auto root = parse_toml(text, source, set);
+  if (!root) return tl::unexpected(root.error());
   sim_topology t;
-  model::model_config& m = t.model;
-  double kv_bytes_per_value = 2;
-  std::string calibration, tokens = "synthetic", checkpoint;
-  roofline_keys roofline;
-  const auto roofline_only = [&](std::function<void(double)> set) {
-    return [&roofline, set](double v) {
-      roofline.any_given = true;
-      set(v);
-    };
-  };
-  const double big = 1 << 30;
-  std::vector<field> model_fields = {
-      {"name", false, 0, 0, nullptr, [&](const std::string& s) { t.model_name = s; }},
-      {"checkpoint", false, 0, 0, nullptr, [&](const std::string& s) { checkpoint = s; }},
-      {"tokenizer", false, 0, 0, nullptr, [&](const std::string& s) { t.tokenizer_path = resolve(base_dir, s); }},
-      {"n_layers", false, 1, 1024, into(m.n_layers)},      {"dim", false, 1, big, into(m.dim)},
-      {"hidden_dim", false, 1, big, into(m.hidden_dim)},    {"n_heads", false, 1, 1024, into(m.n_heads)},
-      {"n_kv_heads", false, 1, 1024, into(m.n_kv_heads)},   {"vocab_size", false, 4, big, into(m.vocab_size)},
-      {"max_context", false, 2, big, into(m.seq_len)},      {"kv_bytes_per_value", false, 0.125, 8, into(kv_bytes_per_value)},
-      {"weight_bytes_per_value", false, 0.125, 8, into(roofline.weight_bytes_per_value)}};
-  std::vector<field> hardware_fields = {{"kv_memory_gib", true, 1e-6, 1e6, into(t.kv_memory_gib)}};
-  std::string preemption = "recompute";
-  std::vector<field> engine_fields = {
-      {"replicas", false, 1, 4096, into(t.replicas)},
-      {"prefill_replicas", false, 0, 4095, into(t.prefill_replicas)},
-      {"block_size", false, 1, 1024, into(t.engine.block_size)},
-      {"max_num_batched_tokens", false, 1, big, into(t.engine.scheduler.max_num_batched_tokens)},
-      {"max_num_seqs", false, 1, big, into(t.engine.scheduler.max_num_seqs)},
-      {"step_time_budget_ms", false, 0, 1e6, into(t.engine.scheduler.step_time_budget_ms)},
-      {"step_time_correction_window", false, 0, cost::step_time_correction::window_max,
-       into(t.engine.scheduler.step_time_correction_window)},
-      {"kv_watermark", false, 0, 0.5, into(t.engine.scheduler.kv_watermark)},
-      {"prefix_cache_slack_tokens", false, 0, 1 << 20, into(t.engine.scheduler.prefix_cache_slack_tokens)},
-      {"scheduler", false, 0, 0, nullptr, [&](const std::string& s) { t.engine.scheduler.policy.name = s; }},
-      {"sjf_aging_tokens", false, 1, 1 << 20, into(t.engine.scheduler.policy.sjf_aging_tokens)},
-      {"max_waiting", false, 1, big, into(t.max_waiting)},
-      {"preemption", false, 0, 0, nullptr, [&](const std::string& s) { preemption = s; }},
-      {"swap_bandwidth_gb_s", false, 1e-6, 1e6, into(t.engine.swap_bandwidth_gb_s)}};
-  std::vector<field> balancer_fields = {
-      {"router", false, 0, 0, nullptr, [&](const std::string& s) { t.router = s; }},
-      {"rate_limit_per_s", false, 0, 1e9, into(t.rate_limit_per_s)},
-      {"rate_limit_burst", false, 1, 1e6, into(t.rate_limit_burst)},
-      {"prefix_weight", false, 0, balance::prefix_weight_max, into(t.prefix_weight)}};
-  std::vector<field> host_tier_fields = {
-      {"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
-      {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
-      {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)},
-      {"fetch_timeout_ms", false, 1, 60000, into(t.host_tier.fetch_timeout_ms)}};
-  std::vector<field> disk_tier_fields = {
-      {"blocks", false, 0, 1e15, into(t.disk_tier.blocks)},
-      {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.disk_tier.bandwidth_gb_s)},
-      {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};
-  std::vector<field> network_fields = {{"latency_us", false, 0, 1e9, into(t.network.latency_us)},
-                                       {"bandwidth_gb_s", false, 0, 1e9, into(t.network.bandwidth_gb_s)}};
-  moe_keys moe;
-  std::vector<field> moe_fields = {
-      {"n_experts", true, 1, 1024, into(t.moe.n_experts)},
-      {"top_k", true, 1, 1024, into(t.moe.top_k)},
-      {"num_shards", true, 1, 4096, into(t.moe.num_shards)},
-      {"capacity", true, 1, 1024, into(t.moe.capacity)},
-      {"expert_row_ns", true, 0, 1e12, into(t.moe.expert_row_ns)},
-      {"zipf_exponent", false, 0, 16, into(t.moe.zipf_exponent)},
-      {"drift_every_s", false, 0, 1e9, into(moe.drift_every_s)},
-      {"dispatch_bytes_per_row", false, 0, 1e12, into(moe.dispatch_bytes_per_row)},
-      {"link_bandwidth_gb_s", false, 1e-6, 1e9, into(t.moe.link_bandwidth_gb_s)},
-      {"link_latency_us", false, 0, 1e9, into(moe.link_latency_us)},
-      {"expert_bytes", false, 0, 1e15, into(moe.expert_bytes)},
-      {"policy", false, 0, 0, nullptr, [&](const std::string& s) { moe.policy = s; }},
-      {"window_steps", false, 1, 1e9, into(t.moe.window_steps)},
-      // Read by periodic alone; allowed with none, so that a sweep can switch policies.
-      {"moe_lb_max", false, 1, 1e6, into(t.moe.moe_lb_max)}};
-  std::string drafter = "none", spec_mode = "fixed";
-  std::vector<field> speculation_fields = {
-      {"drafter", false, 0, 0, nullptr, [&](const std::string& s) { drafter = s; }},
-      {"num_speculative_tokens", false, 1, spec::num_speculative_tokens_max,
-       into(t.engine.speculation.num_speculative_tokens)},
-      {"mode", false, 0, 0, nullptr, [&](const std::string& s) { spec_mode = s; }},
-      {"draft_layers", false, 1, 1024, into(t.engine.speculation.draft_layers)},
-      {"acceptance", false, 0, 1, into(t.speculation.acceptance)},
-      {"draft_token_ns", false, 0, 1e15, into(t.speculation.draft_token_ns)}};
-  std::vector<field> cost_fields = {
-      {"step_ns", false, 0, 1e15, into(t.cost.step_ns)},
-      {"token_ns", false, 0, 1e15, into(t.cost.token_ns)},
-      {"sampled_row_ns", false, 0, 1e15, into(t.cost.sampled_row_ns)},
-      {"attention_token_ns", false, 0, 1e15, into(t.cost.attention_token_ns)},
-      {"kv_read_token_ns", false, 0, 1e15, into(t.cost.kv_read_token_ns)},
-      {"calibration", false, 0, 0, nullptr, [&](const std::string& s) { calibration = resolve(base_dir, s); }},
-      {"tokens", false, 0, 0, nullptr, [&](const std::string& s) { tokens = s; }},
-      {"model", false, 0, 0, nullptr, [&](const std::string& s) { roofline.model = s; }},
-      {"preset", false, 0, 0, nullptr, [&](const std::string& s) {
-         roofline.any_given = true;
-         roofline.preset = s;
-       }},
-      {"peak_tflops", false, 1e-6, 1e9, roofline_only(into(roofline.peak_tflops))},
-      {"memory_bandwidth_gb_s", false, 1e-6, 1e9, roofline_only(into(roofline.memory_bandwidth_gb_s))},
-      {"memory_gb", false, 1e-6, 1e9, roofline_only(into(roofline.memory_gb))},
-      {"interconnect_gb_s", false, 1e-6, 1e9, roofline_only(into(roofline.interconnect_gb_s))},
-      {"tensor_parallel", false, 1, 1024, roofline_only(into(roofline.tensor_parallel))},
-      {"step_overhead_us", false, 0, 1e9, roofline_only(into(roofline.step_overhead_us))},
-      {"overlap", false, 0, 1, roofline_only(into(roofline.overlap))}};
-  for (auto [name, fields, required] : {std::tuple{"model", &model_fields, true}, {"hardware", &hardware_fields, true},
-                                         {"engine", &engine_fields, false}, {"load_balancer", &balancer_fields, false},
-                                         {"cost", &cost_fields, true}, {"host_tier", &host_tier_fields, false},
-                                         {"disk_tier", &disk_tier_fields, false},
-                                         {"speculation", &speculation_fields, false},
-                                         {"network", &network_fields, false}, {"moe", &moe_fields, false}})
-    if (auto ok = read_table(root, name, *fields, source, required); !ok) return tl::unexpected(ok.error());
-  if (auto ok = read_speculation(t, drafter, spec_mode, root, source); !ok) return tl::unexpected(ok.error());
-  const std::optional<engine::preemption_mode> mode = engine::preemption_mode_named(preemption);
-  if (!mode)
-    return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) +
-                                          "[engine] preemption must be recompute, swap or cost; got '" + echo(preemption) + "'");
-  t.engine.preemption = *mode;
-  if (*mode != engine::preemption_mode::recompute && t.host_tier.blocks == 0)
-    return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) +
-                                          "[engine] preemption = '" + echo(preemption) +
-                                          "' swaps to the host tier: it needs [host_tier] blocks > 0");
-  if (t.disk_tier.blocks > 0 && t.host_tier.blocks == 0)
-    return fail(errc::malformed_file, at(source, *root["disk_tier"]["blocks"].node()) +
-                                          "[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0");
-  if (t.prefill_replicas >= t.replicas)
-    return fail(errc::malformed_file, at(source, *root["engine"]["prefill_replicas"].node()) +
-                                          "[engine] prefill_replicas must leave at least one decode replica: " +
-                                          std::to_string(t.prefill_replicas) + " of " + std::to_string(t.replicas));
-  if (auto r = balance::make_router({t.router, 0, t.prefix_weight}); !r)
-    return fail(errc::malformed_file, at(source, *root["load_balancer"]["router"].node()) + "[load_balancer] router: " +
-                                          r.error().message);
-  if (auto p = sched::make_policy(t.engine.scheduler.policy); !p)
-    return fail(errc::malformed_file, at(source, *root["engine"]["scheduler"].node()) + "[engine] scheduler: " +
-                                          p.error().message);
-  const toml::table* cost = root["cost"].as_table();
-  int inline_params = 0;
-  for (const char* k : {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns"}) inline_params += cost->contains(k);
-  if ((inline_params != 0 && inline_params != 4) || (inline_params == 0 && cost->contains("kv_read_token_ns")))
-    return fail(errc::malformed_file, at(source, *cost) + "[cost] needs all four of step_ns, token_ns, "
-                                                          "sampled_row_ns and attention_token_ns "
-                                                          "(kv_read_token_ns is optional)");
-  auto finished = finish_sim_topology(std::move(t), checkpoint.empty() ? "" : resolve(base_dir, checkpoint),
-                                      calibration, tokens, kv_bytes_per_value, source, inline_params == 4, roofline);
+  sim_keys k;
+  if (auto ok = read_tables(*root, t, k, base_dir, source); !ok) return tl::unexpected(ok.error());
+  if (auto ok = check_tables(t, *root, source); !ok) return tl::unexpected(ok.error());
+  auto inline_params = cost_inline(*root, source);
+  if (!inline_params) return tl::unexpected(inline_params.error());
+  auto finished = finish_sim_topology(std::move(t), k, k.checkpoint.empty() ? "" : resolve(base_dir, k.checkpoint),
+                                      source, *inline_params);
   if (!finished) return finished;
-  if (auto ok = finish_moe(*finished, moe, roofline.weight_bytes_per_value, root, source); !ok)
+  if (auto ok = finish_moe(*finished, k.moe, k.roofline.weight_bytes_per_value, *root, source); !ok)
     return tl::unexpected(ok.error());
   return finished;
 }

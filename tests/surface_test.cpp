@@ -4,7 +4,8 @@
 // compares the interface CAF hands a connecting peer (actors::reach_any) with the typed
 // protocol's message set, element for element, and checks that a client cannot reach the whole
 // balancer's interface there. The behaviour of what is published (forged messages dropped,
-// owners only) is tested under the deterministic coordinator in actors_test.
+// owners only) is tested under the deterministic coordinator in actors_test. And a launch that
+// fails halfway leaves no actor running.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -147,6 +148,24 @@ TEST_F(PublishedSurface, NoPeerCanStopTheNodeActorWithAKill) {
   self->request(node, 10s, actors::engines_atom::value)
       .receive([&](actors::engine_list& l) { num_engines = l.size(); }, [](caf::error&) {});
   EXPECT_EQ(num_engines, 1u);
+}
+
+// A launch that fails after it spawned actors (the node's host tier and first engine; the
+// second engine's model is missing) stops every one of them before it returns the error, so a
+// failed start leaves nothing serving (topology/launch.cpp: every step's error goes through
+// shutdown_node).
+TEST_F(PublishedSurface, ALaunchThatFailsHalfwayLeavesNoActorRunning) {
+  const std::string models = TROUPE_MODELS_DIR;
+  topology::topology t = topology::single_node(models + "/stories260K.bin", models + "/tok512.bin");
+  t.nodes.front().host_tier_blocks = 16;
+  topology::engine_spec second = t.engines.front();
+  second.name = "engine1";
+  second.model_path = models + "/no-such-model.bin";
+  t.engines.push_back(second);
+  auto launched = topology::launch_node(*server_, t, "local", topology::launch_options{});
+  ASSERT_FALSE(launched.has_value());
+  EXPECT_NE(launched.error().message.find("engine 'engine1'"), std::string::npos) << launched.error().message;
+  EXPECT_EQ(server_->registry().running(), 0u);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "actors/engine_actor.hpp"
 #include "actors/expert_placement_actor.hpp"
 #include "actors/load_balancer_actor.hpp"
+#include "actors/node_actor.hpp"
 #include "actors/system/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/tokenizer/chat_template.hpp"
@@ -362,74 +363,66 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
   return out;
 }
 
-/// A drain request from `troupe drain` to node `node_name`, for `name` with `grace_ms`.
-caf::result<int32_t> drain_request(const std::function<expected<int32_t>(int32_t)>& drain, const std::string& node_name,
-                                   const std::string& name, int32_t grace_ms) {
-  if (name != node_name)
-    return caf::make_error(caf::sec::invalid_argument, "this is node '" + node_name + "', not '" + name + "'");
-  if (grace_ms < -1)
-    return caf::make_error(caf::sec::invalid_argument,
-                           "a grace period is >= 0 ms (or -1: the topology's), got " + std::to_string(grace_ms));
-  if (!drain) return caf::make_error(caf::sec::invalid_argument, "node '" + node_name + "' takes no drain requests");
-  auto grace = drain(grace_ms);
-  if (!grace) return caf::make_error(caf::sec::invalid_argument, grace.error().message);
-  return *grace;
+/// This node's UCX transport for KV (kv_transfer = "ucx" and an engine here): payloads within
+/// [limits] max_message_mib, from the topology's nodes only (issue 47).
+expected<void> open_ucx(const topology& t, const node_spec& node, launched_node& out) {
+  const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
+                                       [&](const engine_spec& e) { return e.node == node.name; });
+  if (t.kv_transfer != kv_transfer_kind::ucx || !has_engines) return {};
+  transport::ucx_options ucx_options{node.host, node.kv_port};
+  ucx_options.max_message_bytes = node_network_limits(t).max_message_bytes;
+  for (const node_spec& n : t.nodes) ucx_options.allowed_peers.push_back(n.host);
+  auto ucx = transport::ucx_transport::create(ucx_options);
+  if (!ucx) return fail(ucx.error().code, "node '" + node.name + "': " + ucx.error().message);
+  out.ucx = std::move(*ucx);
+  return {};
 }
 
-}  // namespace
+/// The node's host tier and the disk tier below it, if any (into `out`).
+expected<void> spawn_tiers(caf::actor_system& sys, const topology& t, const node_spec& node,
+                           const launch_options& options, launched_node& out) {
+  auto tier = spawn_host_tier(sys, t, node, options.detached_executors);
+  if (!tier) return tl::unexpected(tier.error());
+  if (!tier->host) return {};
+  out.host_tier = tier->host;
+  out.disk_tier = tier->disk;
+  out.summary.push_back("host cache tier: " + std::to_string(node.host_tier_blocks) + " KV blocks" +
+                        (node.disk_tier_dir.empty() ? std::string()
+                                                    : ", over a disk tier of " + std::to_string(node.disk_tier_mib) +
+                                                          " MiB in " + node.disk_tier_dir));
+  return {};
+}
 
-expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
-                                    const launch_options& options) {
-  const node_spec* node = t.find_node(node_name);
-  if (!node) return fail(errc::not_found, "the topology has no node '" + node_name + "'");
-  launched_node out;
-  int32_t context_tokens = 0;  // the largest seq_len of the engines loaded here
-  const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
-                                       [&](const engine_spec& e) { return e.node == node_name; });
-  if (t.kv_transfer == kv_transfer_kind::ucx && has_engines) {
-    // KV payloads within [limits] max_message_mib, from the topology's nodes only (issue 47).
-    transport::ucx_options ucx_options{node->host, node->kv_port};
-    ucx_options.max_message_bytes = node_network_limits(t).max_message_bytes;
-    for (const node_spec& n : t.nodes) ucx_options.allowed_peers.push_back(n.host);
-    auto ucx = transport::ucx_transport::create(ucx_options);
-    if (!ucx) return fail(ucx.error().code, "node '" + node_name + "': " + ucx.error().message);
-    out.ucx = std::move(*ucx);
-  }
-  if (auto tier = spawn_host_tier(sys, t, *node, options.detached_executors); !tier) {
-    return tl::unexpected(tier.error());
-  } else if (tier->host) {
-    out.host_tier = tier->host;
-    out.disk_tier = tier->disk;
-    out.summary.push_back("host cache tier: " + std::to_string(node->host_tier_blocks) + " KV blocks" +
-                          (node->disk_tier_dir.empty() ? std::string()
-                                                       : ", over a disk tier of " + std::to_string(node->disk_tier_mib) +
-                                                             " MiB in " + node->disk_tier_dir));
-  }
+/// The expert shards the topology places on this node, for its own engines or another node's
+/// (into `out`); returns them, what the node actor lists.
+expected<actors::expert_shard_list> spawn_shards(caf::actor_system& sys, const topology& t, const std::string& node_name,
+                                                 launched_node& out) {
   auto hosted = spawn_hosted_shards(sys, t, node_name);
-  if (!hosted) {
-    shutdown_node(sys, out);
-    return tl::unexpected(hosted.error());
-  }
+  if (!hosted) return hosted;
   out.expert_shards = *hosted;
-  for (size_t i = 0; i < t.expert_shards.size(); i++) {
-    const expert_shard_spec& s = t.expert_shards[i];
+  for (const expert_shard_spec& s : t.expert_shards) {
     if (s.node != node_name) continue;
     std::string experts;
     for (int32_t x : s.experts) experts += (experts.empty() ? "" : ", ") + std::to_string(x);
     out.summary.push_back("expert shard of engine " + s.engine + ": experts [" + experts + "] of every layer" +
                           (t.find_engine(s.engine)->node == node_name ? "" : " (hosted for another node)"));
   }
-  const node_resources shared{*node, out.ucx, out.host_tier};
+  return hosted;
+}
+
+/// The node's engines, each with its executor and expert shards (into `out`); returns the
+/// largest context of their checkpoints.
+expected<int32_t> spawn_engines(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                const launch_options& options, launched_node& out) {
+  int32_t context_tokens = 0;
+  const node_resources shared{node, out.ucx, out.host_tier};
   for (size_t i = 0; i < t.engines.size(); i++) {
     const engine_spec& e = t.engines[i];
-    if (e.node != node_name) continue;
+    if (e.node != node.name) continue;
     // UCX tags: 40 bits of transfer counter under the engine's topology index, unique cluster-wide.
     auto engine = launch_engine(sys, t, e, options, out.tok, shared, static_cast<uint64_t>(i + 1) << 40,
                                 context_tokens, out.expert_shards);
-    if (!engine) {
-      shutdown_node(sys, out);
-      return tl::unexpected(engine.error());
-    }
+    if (!engine) return tl::unexpected(engine.error());
     out.engines.push_back(*engine);
     out.engine_names.push_back(e.name);
     out.summary.push_back("engine " + e.name + " (" + to_string(e.role) + "): " + e.model_path + ", " +
@@ -437,47 +430,28 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
                           std::to_string(e.config.block_size) + " tokens, step executor on its own thread" +
                           (e.executor_threads > 1 ? " with " + std::to_string(e.executor_threads) + " kernel threads" : ""));
   }
-  if (t.load_balancer.node != node_name) {
-    const actors::engine_list engines = out.engines;
-    const actors::expert_shard_list shards = *hosted;
-    const actors::cache_tier_actor tier = out.host_tier;
-    const auto drain = options.drain;
-    // Published behind a door (actors/system/door.hpp): no peer can stop it with an exit or a link.
-    const actors::node_actor lister = sys.spawn([engines, shards, tier, drain, node_name]() -> actors::node_actor::behavior_type {
-      return {
-          [engines](actors::engines_atom) { return engines; },
-          [shards](actors::expert_shards_atom) { return shards; },
-          [tier](actors::host_tier_atom) { return tier; },
-          [drain, node_name](actors::drain_atom, const std::string& name, int32_t grace_ms) -> caf::result<int32_t> {
-            return drain_request(drain, node_name, name, grace_ms);
-          },
-      };
-    });
-    out.node_actor = caf::actor_cast<actors::node_actor>(actors::spawn_door(
-        sys, caf::actor_cast<caf::strong_actor_ptr>(lister), sys.message_types<actors::node_actor>(),
-        [](const caf::type_erased_tuple& m) {
-          return m.match_elements<actors::engines_atom>() || m.match_elements<actors::expert_shards_atom>() ||
-                 m.match_elements<actors::host_tier_atom>() ||
-                 m.match_elements<actors::drain_atom, std::string, int32_t>();
-        },
-        "node actor"));
-    return out;
-  }
-  auto engines = cluster_engines(sys, t, node_name, out, options.stop);
-  if (!engines) {
-    shutdown_node(sys, out);
-    return tl::unexpected(engines.error());
-  }
-  if (!out.tok) {  // the balancer tokenizes; with no local engine, load the first engine's tokenizer
-    auto ck = model::checkpoint::load(t.engines.front().model_path);
-    if (!ck) return fail(ck.error().code, ck.error().message);
-    auto tok = tokenizer::load(t.engines.front().tokenizer_path, ck->config().vocab_size);
-    if (!tok) return fail(tok.error().code, tok.error().message);
-    out.tok = std::make_shared<const tokenizer>(std::move(*tok));
-  }
+  return context_tokens;
+}
+
+/// The balancer's tokenizer: a local engine's, else (no engine here) the first engine's.
+expected<void> load_balancer_tokenizer(const topology& t, launched_node& out) {
+  if (out.tok) return {};
+  auto ck = model::checkpoint::load(t.engines.front().model_path);
+  if (!ck) return fail(ck.error().code, ck.error().message);
+  auto tok = tokenizer::load(t.engines.front().tokenizer_path, ck->config().vocab_size);
+  if (!tok) return fail(tok.error().code, tok.error().message);
+  out.tok = std::make_shared<const tokenizer>(std::move(*tok));
+  return {};
+}
+
+/// The load balancer's options from the topology, over `engines` (every engine of the cluster).
+expected<actors::load_balancer_options> balancer_options(const topology& t, const std::string& node_name,
+                                                         const launch_options& options, int32_t context_tokens,
+                                                         std::vector<actors::balanced_engine> engines,
+                                                         const std::shared_ptr<const tokenizer>& tok) {
   actors::load_balancer_options lb;
-  lb.engines = std::move(*engines);
-  lb.tok = out.tok;
+  lb.engines = std::move(engines);
+  lb.tok = tok;
   lb.seed_base = options.seed_base;
   lb.draw_request_id = actors::random_request_id;
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
@@ -490,23 +464,61 @@ expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, c
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
   lb.rejoin_interval_ms = t.load_balancer.rejoin_interval_ms;
   lb.max_pending_per_client = t.limits.max_pending_per_client;
-  auto chat = choose_chat_template(t.load_balancer.chat_template, *out.tok);
-  if (!chat) {
-    shutdown_node(sys, out);
-    return fail(chat.error().code, "[load_balancer] chat_template: " + chat.error().message);
-  }
+  auto chat = choose_chat_template(t.load_balancer.chat_template, *tok);
+  if (!chat) return fail(chat.error().code, "[load_balancer] chat_template: " + chat.error().message);
   lb.chat = *chat;
-  lb.tags = serve::output_tags::of(*out.tok);
+  lb.tags = serve::output_tags::of(*tok);
   // Engines on other nodes may have a longer context than those loaded here: then the bound is
   // the largest context any checkpoint may declare.
   const bool all_local = std::all_of(t.engines.begin(), t.engines.end(),
                                      [&](const engine_spec& e) { return e.node == node_name; });
   lb.context_tokens = all_local ? context_tokens : 0;
-  const size_t num_engines = lb.engines.size();
-  out.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
+  return lb;
+}
+
+/// On the balancer's node: every engine of the cluster (reaching the other nodes), then the
+/// load balancer and its front (into `out`).
+expected<void> spawn_balancer(caf::actor_system& sys, const topology& t, const std::string& node_name,
+                              const launch_options& options, int32_t context_tokens, launched_node& out) {
+  auto engines = cluster_engines(sys, t, node_name, out, options.stop);
+  if (!engines) return tl::unexpected(engines.error());
+  if (auto ok = load_balancer_tokenizer(t, out); !ok) return ok;
+  auto lb = balancer_options(t, node_name, options, context_tokens, std::move(*engines), out.tok);
+  if (!lb) return tl::unexpected(lb.error());
+  const size_t num_engines = lb->engines.size();
+  out.load_balancer = actors::spawn_load_balancer(sys, std::move(*lb));
   out.front = actors::spawn_balancer_front(sys, out.load_balancer);
   out.summary.push_back("load_balancer over " + std::to_string(num_engines) + " engine(s) (" +
                         std::to_string(num_engines - out.engines.size()) + " on other nodes)");
+  return {};
+}
+
+/// Every actor `t` places on `node` (into `out`, also when a step fails): tiers, expert shards,
+/// engines, then the load balancer or the node actor.
+expected<void> spawn_node(caf::actor_system& sys, const topology& t, const node_spec& node,
+                          const launch_options& options, launched_node& out) {
+  if (auto ok = spawn_tiers(sys, t, node, options, out); !ok) return ok;
+  auto hosted = spawn_shards(sys, t, node.name, out);
+  if (!hosted) return tl::unexpected(hosted.error());
+  auto context_tokens = spawn_engines(sys, t, node, options, out);
+  if (!context_tokens) return tl::unexpected(context_tokens.error());
+  if (t.load_balancer.node == node.name) return spawn_balancer(sys, t, node.name, options, *context_tokens, out);
+  out.node_actor = actors::spawn_node_actor(sys, {node.name, out.engines, *hosted, out.host_tier, options.drain});
+  return {};
+}
+
+}  // namespace
+
+expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
+                                    const launch_options& options) {
+  const node_spec* node = t.find_node(node_name);
+  if (!node) return fail(errc::not_found, "the topology has no node '" + node_name + "'");
+  launched_node out;
+  if (auto ok = open_ucx(t, *node, out); !ok) return tl::unexpected(ok.error());
+  if (auto ok = spawn_node(sys, t, *node, options, out); !ok) {
+    shutdown_node(sys, out);  // whatever was spawned before the step that failed
+    return tl::unexpected(ok.error());
+  }
   return out;
 }
 

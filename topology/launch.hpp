@@ -58,7 +58,8 @@ struct launched_node {
 /// that cannot bind, and — on the balancer's node — another node with engines that cannot be
 /// reached within the topology's connect_timeout_ms (the error names it; a frozen node that
 /// accepts the connection but never answers counts as unreachable) or that runs a different
-/// topology, and `cancelled` when `options.stop` is set meanwhile. Reaching other nodes needs the io middleman loaded in `sys`.
+/// topology, and `cancelled` when `options.stop` is set meanwhile. On an error, whatever it
+/// spawned before is stopped (shutdown_node). Reaching other nodes needs the io middleman loaded in `sys`.
 [[nodiscard]] expected<launched_node> launch_node(caf::actor_system& sys, const topology& t,
                                                   const std::string& node_name,
                                                   const launch_options& options);

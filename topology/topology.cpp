@@ -15,7 +15,6 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <iomanip>
 #include <iterator>
 #include <limits>
@@ -25,7 +24,7 @@
 
 #include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
-#include "runtime/cost/step_time_correction.hpp"
+#include "runtime/engine/engine_keys.hpp"
 #include "runtime/model/checkpoint.hpp"
 
 namespace troupe::topology {
@@ -120,8 +119,7 @@ struct scope {
 
 /// Fails on the first key of `table` (in key order) that is not in `known`.
 [[nodiscard]] expected<void> check_known_keys(const context& ctx, const toml::table& table,
-                                              const scope& where,
-                                              std::initializer_list<std::string_view> known) {
+                                              const scope& where, const std::vector<std::string_view>& known) {
   TROUPE_ASSERT(known.size() > 0);
   for (const auto& [key, value] : table) {
     if (std::find(known.begin(), known.end(), key.str()) != known.end()) continue;
@@ -452,33 +450,43 @@ struct listener {
                    "key 'role' must be one of mixed, prefill, decode; got " + in_quotes(*role));
 }
 
-/// step_time_budget_ms and the calibration file that prices it (required with a budget), its
-/// online correction's step_time_correction_window, kv_watermark and prefix_cache_slack_tokens.
-[[nodiscard]] expected<void> read_time_budget(const context& ctx, const toml::table& table, const scope& where,
-                                              sched::scheduler_config& config) {
-  auto budget = read_number(ctx, table, where, "step_time_budget_ms", 0, 0, 1e6);
-  if (!budget) return tl::unexpected(budget.error());
-  if (*budget != 0 && *budget < 1e-6) {
-    return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
-                     "key 'step_time_budget_ms' must be 0 (off) or at least 0.000001");
+/// One engine key of `table` (runtime/engine/engine_keys.hpp): its type and range checked as the
+/// key table says, its value set into `config`.
+[[nodiscard]] expected<void> read_engine_key(const context& ctx, const toml::table& table, const scope& where,
+                                             const engine::engine_key& key, engine::engine_config& config) {
+  expected<void> set;
+  if (key.type == engine::key_type::text) {
+    auto text = read_string(ctx, table, where, key.name);
+    if (!text) return tl::unexpected(text.error());
+    set = key.set_text(config, *text);
+  } else if (key.type == engine::key_type::integer) {
+    auto value = read_int(ctx, table, where, key.name, std::nullopt, static_cast<int64_t>(key.min),
+                          static_cast<int64_t>(key.max));
+    if (!value) return tl::unexpected(value.error());
+    set = key.set_number(config, *value);
+  } else {
+    auto value = read_number(ctx, table, where, key.name, 0, key.min, key.max);
+    if (!value) return tl::unexpected(value.error());
+    set = key.set_number(config, *value);
   }
-  config.step_time_budget_ms = *budget;
-  auto window = read_int(ctx, table, where, "step_time_correction_window", config.step_time_correction_window, 0,
-                         cost::step_time_correction::window_max);
-  if (!window) return tl::unexpected(window.error());
-  config.step_time_correction_window = *window;
-  auto watermark = read_number(ctx, table, where, "kv_watermark", 0, 0, 0.5);
-  if (!watermark) return tl::unexpected(watermark.error());
-  config.kv_watermark = *watermark;
-  auto slack = read_int(ctx, table, where, "prefix_cache_slack_tokens", config.prefix_cache_slack_tokens, 0,
-                        sched::prefix_cache_slack_tokens_max);
-  if (!slack) return tl::unexpected(slack.error());
-  config.prefix_cache_slack_tokens = *slack;
+  if (!set) return malformed(ctx, line_of_key(table, key.name), where.label, "key " + in_quotes(key.name) + set.error().message);
+  return {};
+}
+
+/// `calibration`, a `troupe calibrate` file that prices the steps: needed by a time budget (its
+/// step_cost) and by preemption = "cost" (which prices recomputing).
+[[nodiscard]] expected<void> read_calibration(const context& ctx, const toml::table& table, const scope& where,
+                                              engine::engine_config& config) {
   if (!table.contains("calibration")) {
-    if (*budget == 0) return {};
-    return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
-                     "key 'step_time_budget_ms' needs key 'calibration' (a `troupe calibrate` file that "
-                     "prices the steps)");
+    if (config.scheduler.step_time_budget_ms != 0)
+      return malformed(ctx, line_of_key(table, "step_time_budget_ms"), where.label,
+                       "key 'step_time_budget_ms' needs key 'calibration' (a `troupe calibrate` file that "
+                       "prices the steps)");
+    if (config.preemption == engine::preemption_mode::cost)
+      return malformed(ctx, line_of_key(table, "preemption"), where.label,
+                       "key 'preemption' = \"cost\" needs key 'calibration' (a `troupe calibrate` file that prices "
+                       "recomputing)");
+    return {};
   }
   auto path = read_file_path(ctx, table, where, "calibration");
   if (!path) return tl::unexpected(path.error());
@@ -487,52 +495,19 @@ struct listener {
     return malformed(ctx, line_of_key(table, "calibration"), where.label,
                      "key 'calibration': " + params.error().message);
   }
-  config.step_cost = *params;
+  config.scheduler.step_cost = *params;
   return {};
 }
 
-/// `scheduler` (one of sched::policy_names()) and its parameter `sjf_aging_tokens`.
-[[nodiscard]] expected<void> read_scheduler_policy(const context& ctx, const toml::table& table, const scope& where,
-                                                   sched::policy_options& policy) {
-  auto name = read_string(ctx, table, where, "scheduler", policy.name);
-  if (!name) return tl::unexpected(name.error());
-  auto aging = read_int(ctx, table, where, "sjf_aging_tokens", policy.sjf_aging_tokens, 1, 1 << 20);
-  if (!aging) return tl::unexpected(aging.error());
-  policy.name = *name;
-  policy.sjf_aging_tokens = *aging;
-  if (auto p = sched::make_policy(policy); !p)
-    return malformed(ctx, line_of_key(table, "scheduler"), where.label, "key 'scheduler': " + p.error().message);
-  return {};
-}
-
-/// Speculative decoding: `drafter` (spec::parse_drafter), `num_speculative_tokens`,
-/// `ngram_min` / `ngram_max`, `draft_layers` and `draft_model` (a checkpoint path).
-[[nodiscard]] expected<void> read_speculation(const context& ctx, const toml::table& table, const scope& where,
+/// What speculation needs beyond its keys: ngram_max at least ngram_min, and `draft_model` (a
+/// checkpoint path) for the draft_model drafter.
+[[nodiscard]] expected<void> read_draft_model(const context& ctx, const toml::table& table, const scope& where,
                                               spec::speculation_config& config) {
-  auto drafter = read_string(ctx, table, where, "drafter", std::string("none"));
-  if (!drafter) return tl::unexpected(drafter.error());
-  auto kind = spec::parse_drafter(*drafter);
-  if (!kind) return malformed(ctx, line_of_key(table, "drafter"), where.label, "key 'drafter': " + kind.error().message);
-  config.drafter = *kind;
-  auto k = read_int(ctx, table, where, "num_speculative_tokens", config.num_speculative_tokens, 1,
-                    spec::num_speculative_tokens_max);
-  if (!k) return tl::unexpected(k.error());
-  config.num_speculative_tokens = *k;
-  auto ngram_min = read_int(ctx, table, where, "ngram_min", config.ngram_min, 1, 64);
-  if (!ngram_min) return tl::unexpected(ngram_min.error());
-  auto ngram_max = read_int(ctx, table, where, "ngram_max", config.ngram_max, *ngram_min, 64);
-  if (!ngram_max) return tl::unexpected(ngram_max.error());
-  config.ngram_min = *ngram_min;
-  config.ngram_max = *ngram_max;
-  auto layers = read_int(ctx, table, where, "draft_layers", config.draft_layers, 1, 1024);
-  if (!layers) return tl::unexpected(layers.error());
-  config.draft_layers = *layers;
-  auto mode = read_string(ctx, table, where, "speculation_mode", std::string("fixed"));
-  if (!mode) return tl::unexpected(mode.error());
-  if (*mode != "fixed" && *mode != "budgeted")
-    return malformed(ctx, line_of_key(table, "speculation_mode"), where.label,
-                     "key 'speculation_mode' must be fixed or budgeted; got " + in_quotes(*mode));
-  config.budgeted = *mode == "budgeted";
+  if (config.ngram_max < config.ngram_min)
+    return malformed(ctx, line_of_key(table, "ngram_max"), where.label,
+                     "key 'ngram_max' must be in " + std::to_string(config.ngram_min) + ".." +
+                         std::to_string(static_cast<int64_t>(engine::find_engine_key("ngram_max")->max)) + ", got " +
+                         std::to_string(config.ngram_max));
   if (table.contains("draft_model")) {
     auto path = read_file_path(ctx, table, where, "draft_model");
     if (!path) return tl::unexpected(path.error());
@@ -545,76 +520,25 @@ struct listener {
   return {};
 }
 
-/// preemption ("recompute", "swap" or "cost", which needs a calibration to price recomputing)
-/// and swap_bandwidth_gb_s (the copy speed `cost` prices a swap at).
-[[nodiscard]] expected<void> read_preemption(const context& ctx, const toml::table& table, const scope& where,
-                                             engine::engine_config& config) {
-  auto mode = read_string(ctx, table, where, "preemption", std::string("recompute"));
-  if (!mode) return tl::unexpected(mode.error());
-  const std::optional<engine::preemption_mode> named = engine::preemption_mode_named(*mode);
-  if (!named)
-    return malformed(ctx, line_of_key(table, "preemption"), where.label,
-                     "key 'preemption' must be recompute, swap or cost; got " + in_quotes(*mode));
-  config.preemption = *named;
-  if (config.preemption == engine::preemption_mode::cost && !table.contains("calibration"))
-    return malformed(ctx, line_of_key(table, "preemption"), where.label,
-                     "key 'preemption' = \"cost\" needs key 'calibration' (a `troupe calibrate` file that prices "
-                     "recomputing)");
-  auto bandwidth = read_number(ctx, table, where, "swap_bandwidth_gb_s", config.swap_bandwidth_gb_s, 1e-6, 1e6);
-  if (!bandwidth) return tl::unexpected(bandwidth.error());
-  config.swap_bandwidth_gb_s = *bandwidth;
-  return {};
+/// The engine_config keys, as the key table defines them (defaults are engine_config's own), and
+/// the files some of them need.
+[[nodiscard]] expected<void> read_engine_keys(const context& ctx, const toml::table& table, const scope& where,
+                                              engine::engine_config& config) {
+  for (const engine::engine_key& key : engine::engine_keys()) {
+    if (!table.contains(key.name)) continue;
+    if (auto ok = read_engine_key(ctx, table, where, key, config); !ok) return ok;
+  }
+  if (auto ok = read_calibration(ctx, table, where, config); !ok) return ok;
+  return read_draft_model(ctx, table, where, config.speculation);
 }
 
-/// What a request's grammar may cost on this engine (grammar::grammar_limits, docs/grammars.md):
-/// grammar_rules_max (elements: ten per rule), grammar_stacks_per_state_max, grammar_matcher_mib
-/// and grammar_cache_mib.
-[[nodiscard]] expected<void> read_grammar_limits(const context& ctx, const toml::table& table, const scope& where,
-                                                 grammar::grammar_limits& limits) {
-  auto rules = read_int(ctx, table, where, "grammar_rules_max", limits.num_rules_max, 1, 1000000);
-  if (!rules) return tl::unexpected(rules.error());
-  limits.num_rules_max = *rules;
-  limits.num_elements_max = int64_t{10} * *rules;
-  auto stacks = read_int(ctx, table, where, "grammar_stacks_per_state_max",
-                         static_cast<int32_t>(limits.num_stacks_per_state_max), 1, 16777216);
-  if (!stacks) return tl::unexpected(stacks.error());
-  limits.num_stacks_per_state_max = *stacks;
-  auto matcher = read_int(ctx, table, where, "grammar_matcher_mib",
-                          static_cast<int32_t>(limits.matcher_memory_bytes_max >> 20), 1, 65536);
-  if (!matcher) return tl::unexpected(matcher.error());
-  limits.matcher_memory_bytes_max = int64_t{*matcher} << 20;
-  auto cache = read_int(ctx, table, where, "grammar_cache_mib", static_cast<int32_t>(limits.cache_memory_bytes_max >> 20),
-                        0, 65536);
-  if (!cache) return tl::unexpected(cache.error());
-  limits.cache_memory_bytes_max = int64_t{*cache} << 20;
-  return {};
-}
-
-/// The engine_config keys; defaults are engine_config's own.
-[[nodiscard]] expected<void> read_engine_config(const context& ctx, const toml::table& table,
-                                                const scope& where, engine_spec& engine) {
-  engine::engine_config& config = engine.config;
-  auto kv_blocks = read_int(ctx, table, where, "kv_blocks", config.num_kv_blocks, 1);
-  if (!kv_blocks) return tl::unexpected(kv_blocks.error());
-  config.num_kv_blocks = *kv_blocks;
-  auto block_size = read_int(ctx, table, where, "block_size", config.block_size, 1, 1024);
-  if (!block_size) return tl::unexpected(block_size.error());
-  config.block_size = *block_size;
-  auto batched = read_int(ctx, table, where, "max_num_batched_tokens",
-                          config.scheduler.max_num_batched_tokens, 1);
-  if (!batched) return tl::unexpected(batched.error());
-  config.scheduler.max_num_batched_tokens = *batched;
-  auto seqs = read_int(ctx, table, where, "max_num_seqs", config.scheduler.max_num_seqs, 1);
-  if (!seqs) return tl::unexpected(seqs.error());
-  config.scheduler.max_num_seqs = *seqs;
+/// The keys of an [[engine]] beyond the engine_config's: the executor's threads, the expert
+/// shards' timing, the step log.
+[[nodiscard]] expected<void> read_engine_spec_keys(const context& ctx, const toml::table& table,
+                                                   const scope& where, engine_spec& engine) {
   auto threads = read_int(ctx, table, where, "executor_threads", engine.executor_threads, 1, 64);
   if (!threads) return tl::unexpected(threads.error());
   engine.executor_threads = *threads;
-  if (auto ok = read_time_budget(ctx, table, where, config.scheduler); !ok) return ok;
-  if (auto ok = read_scheduler_policy(ctx, table, where, config.scheduler.policy); !ok) return ok;
-  if (auto ok = read_speculation(ctx, table, where, config.speculation); !ok) return ok;
-  if (auto ok = read_preemption(ctx, table, where, config); !ok) return ok;
-  if (auto ok = read_grammar_limits(ctx, table, where, config.grammar); !ok) return ok;
   auto expert_timeout = read_int(ctx, table, where, "expert_timeout_ms", engine.expert_timeout_ms, 1, 600000);
   if (!expert_timeout) return tl::unexpected(expert_timeout.error());
   engine.expert_timeout_ms = *expert_timeout;
@@ -637,23 +561,20 @@ struct listener {
   return {};
 }
 
+/// The keys an [[engine]] table may hold: its own, then the engine keys of the key table.
+[[nodiscard]] std::vector<std::string_view> engine_table_keys() {
+  std::vector<std::string_view> known = {"name", "node", "role", "model", "tokenizer", "calibration",
+                                         "draft_model", "executor_threads", "step_log", "expert_timeout_ms",
+                                         "expert_window_steps", "expert_capacity", "expert_moe_lb_max",
+                                         "expert_move_steps_max"};
+  for (const engine::engine_key& key : engine::engine_keys()) known.push_back(key.name);
+  return known;
+}
+
 [[nodiscard]] expected<engine_spec> read_engine(const context& ctx, const toml::table& table,
                                                 size_t index, const std::vector<node_spec>& nodes) {
   const scope where{label_of("engine", table, index), line_of(table)};
-  if (auto ok =
-          check_known_keys(ctx, table, where,
-                           {"name", "node", "role", "model", "tokenizer", "kv_blocks", "block_size",
-                            "max_num_batched_tokens", "max_num_seqs", "step_time_budget_ms",
-                            "step_time_correction_window", "calibration", "kv_watermark", "prefix_cache_slack_tokens",
-                            "scheduler", "sjf_aging_tokens", "executor_threads", "step_log", "drafter",
-                            "num_speculative_tokens", "ngram_min", "ngram_max", "draft_layers", "draft_model",
-                            "speculation_mode", "preemption", "swap_bandwidth_gb_s", "expert_timeout_ms",
-                            "expert_window_steps", "expert_capacity", "expert_moe_lb_max", "expert_move_steps_max",
-                            "grammar_rules_max", "grammar_stacks_per_state_max", "grammar_matcher_mib",
-                            "grammar_cache_mib"});
-      !ok) {
-    return tl::unexpected(ok.error());
-  }
+  if (auto ok = check_known_keys(ctx, table, where, engine_table_keys()); !ok) return tl::unexpected(ok.error());
   engine_spec engine;
   auto name = read_string(ctx, table, where, "name");
   if (!name) return tl::unexpected(name.error());
@@ -670,9 +591,8 @@ struct listener {
   auto tokenizer = read_file_path(ctx, table, where, "tokenizer");
   if (!tokenizer) return tl::unexpected(tokenizer.error());
   engine.tokenizer_path = *tokenizer;
-  if (auto ok = read_engine_config(ctx, table, where, engine); !ok) {
-    return tl::unexpected(ok.error());
-  }
+  if (auto ok = read_engine_keys(ctx, table, where, engine.config); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_engine_spec_keys(ctx, table, where, engine); !ok) return tl::unexpected(ok.error());
   return engine;
 }
 
