@@ -104,7 +104,7 @@ void executor_failed(engine_actor_t* self, int64_t generation, const caf::error&
 
 void send_plan(engine_actor_t* self, engine::send_plan& p) {
   const int64_t generation = p.generation;
-  self->request(self->state.executor, caf::infinite, std::move(p.plan))
+  self->request(self->state.executor, caf::infinite, std::move(p.plan), std::move(p.grammars))
       .then([=](engine::exec_result& r) {
               perform(self, self->state.host->on_step_result(generation, std::move(r), now_ns(self)));
             },

@@ -131,18 +131,18 @@ executor_actor::behavior_type executor_behavior(executor_pointer self, engine_ac
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   guard_boundary(self);
   return {
-      [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
+      [=](engine::exec_plan& plan, const grammar::grammar_table& grammars) -> caf::result<engine::exec_result> {
         executor_state& s = self->state;
         // With shard actors the forward pass waits on them: bounded, and they never wait back.
         std::optional<no_blocking_scope> guard;
         if (!s.experts) guard.emplace("the step executor's plan handler");
-        if (auto ok = s.executor->check(plan); !ok) return refuse(plan, ok.error());
+        if (auto ok = s.executor->check(plan, grammars); !ok) return refuse(plan, ok.error());
         if (s.reassigner && s.reassigner->move_overdue()) wait_for_move(self);
         // The wall clock is read here, in the actor layer: the measured time corrects the
         // engine's step-time model (runtime/cost/step_time_correction.hpp) and is logged as a
         // calibration sample.
         const auto start = std::chrono::steady_clock::now();
-        engine::exec_result result = s.executor->execute(plan);
+        engine::exec_result result = s.executor->execute(plan, grammars);
         if (const std::optional<error>& failed = s.executor->expert_error()) {
           s.experts->mark_stale();
           return caf::make_error(caf::sec::runtime_error, "step " + std::to_string(plan.step) + ": " + failed->message);

@@ -22,9 +22,9 @@
 
 #include "actors/system/protocols.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "runtime/model/expert_shard.hpp"
 #include "runtime/model/kernel_path.hpp"
 #include "runtime/moe/expert_dispatch.hpp"
-#include "runtime/moe/expert_shard.hpp"
 #include "runtime/moe/placement.hpp"
 
 namespace troupe::actors {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "messages/sampling.hpp"
-#include "runtime/engine/step.hpp"
+#include "runtime/plan/step.hpp"
 
 namespace troupe::kv {
 
@@ -43,7 +43,7 @@ typename Inspector::result_type inspect(Inspector& f, kv_readout& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
   return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.num_samples, x.seed, x.sampling,
-           x.num_prompt_tokens, x.context_prefix, x.export_kv, x.speculative, x.num_draft_slots);
+           x.num_prompt_tokens, x.context_prefix, x.export_kv, x.speculative, x.num_draft_slots, x.grammar);
 }
 
 template <class Inspector>

@@ -9,8 +9,8 @@
 
 #include <vector>
 
+#include "runtime/model/expert_shard.hpp"
 #include "runtime/moe/expert_dispatch.hpp"
-#include "runtime/moe/expert_shard.hpp"
 
 namespace troupe::moe {
 

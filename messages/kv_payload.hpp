@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
-#include "runtime/engine/step.hpp"
+#include "runtime/plan/step.hpp"
 
 namespace troupe::msg {
 

@@ -150,7 +150,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
   self->monitor(engine);  // dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   return {
-      [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
+      [=](engine::exec_plan& plan, const grammar::grammar_table& grammars) -> caf::result<engine::exec_result> {
         cost_executor_state& s = self->state;
         if (s.o.faults && crashes_now(*s.o.faults, actors::ns_since_epoch(self->clock().now()))) {
           if (s.o.log)
@@ -163,7 +163,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         }
         // The tokens first (free in virtual time): the step's price depends on its draft rows.
         engine::exec_result result =
-            s.real ? s.real->execute(plan) : synthetic_result(plan, s.o.vocab_size, s.o.acceptance);
+            s.real ? s.real->execute(plan, grammars) : synthetic_result(plan, s.o.vocab_size, s.o.acceptance);
         if (!s.real) synthetic_reads(plan, s.o.block_size, result);
         const cost::step_features f = spec::features_with_drafts(plan, result.num_draft_rows);
         const auto now = self->clock().now();

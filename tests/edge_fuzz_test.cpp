@@ -24,11 +24,11 @@
 
 #include "actors/edge/http_server.hpp"
 #include "runtime/openai/api.hpp"
+#include "runtime/common/gguf.hpp"
 #include "runtime/grammar/automaton.hpp"
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/convert.hpp"
-#include "runtime/model/gguf.hpp"
 #include "sim/sim_topology.hpp"
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/engine_harness.hpp"

@@ -514,7 +514,7 @@ real_run run_real(const std::vector<request>& requests, const std::set<int>& fai
     }
     send_plan p = std::move(in_flight.front());
     in_flight.pop_front();
-    take(host->on_step_result(p.generation, executor->execute(p.plan), ++now));
+    take(host->on_step_result(p.generation, executor->execute(p.plan, p.grammars), ++now));
   }
   EXPECT_EQ(host->num_live(), 0u);
   run.stats = host->stats(++now);

@@ -315,7 +315,7 @@ TEST_F(CrashAttack, AForgedPlanToTheExecutorGetsAnErrorAndChangesNothing) {
   auto answers = std::make_shared<std::vector<std::string>>();
   const auto forge = [&](engine::exec_plan p) {
     sys_.spawn([=](caf::event_based_actor* self) {
-      self->request(executor_, caf::infinite, p)
+      self->request(executor_, caf::infinite, p, grammar::grammar_table{})
           .then([=](engine::exec_result&) { answers->push_back("ran"); },
                 [=](caf::error& e) { answers->push_back(self->system().render(e)); });
     });

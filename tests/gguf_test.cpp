@@ -13,9 +13,9 @@
 #include <optional>
 #include <tuple>
 
+#include "runtime/common/gguf.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/convert.hpp"
-#include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
 

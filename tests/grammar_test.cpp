@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/resumed.hpp"
+#include "runtime/engine/step_executor.hpp"
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/grammar/grammar.hpp"
 #include "tests/support/engine_harness.hpp"
@@ -891,6 +893,37 @@ TEST(GrammarEngine, AGrammarPastALimitFailsOnlyItsRequestAndTheOthersGoOn) {
   EXPECT_EQ(got.count({2, 0}), 0u);  // no token
   outputs want = testing::run_each_alone(others, config);
   testing::expect_same(got, want, "beside a grammar past its limit");
+}
+
+TEST(GrammarEngine, APlanNamesGrammarsByIdAndTheExecutorLooksThemUpInTheTableBesideIt) {
+  // The plan is plain data (issue 52): a chunk carries its grammar's id, numbered by admission,
+  // and the engine hands its executor the compiled grammars beside the plan.
+  const testing::bundled& b = testing::model_and_tokenizer();
+  auto core = engine::engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), {});
+  ASSERT_TRUE(core.has_value()) << core.error().message;
+  engine::request digits = grammar_request(1, 1, grammar_kind::regex, "[0-9]+");
+  digits.compiled_grammar = compile(digits.grammar).value();
+  engine::request letters = grammar_request(2, 2, grammar_kind::regex, "[a-z]+");
+  letters.compiled_grammar = compile(letters.grammar).value();
+  for (const engine::request& r : {digits, testing::make_request(3, testing::varied_prompt(3), 4, 1.0f, 3), letters})
+    ASSERT_TRUE((*core)->add_request(r).has_value());
+  const std::optional<engine::exec_plan> plan = (*core)->plan_step();
+  ASSERT_TRUE(plan.has_value());
+  std::map<engine::request_id, grammar_id> ids;
+  for (const engine::exec_chunk& chunk : plan->chunks) ids[(*core)->request_of(chunk.seq).value()] = chunk.grammar;
+  EXPECT_EQ(ids, (std::map<engine::request_id, grammar_id>{{1, 1}, {2, 2}, {3, no_grammar}}));
+  const grammar_table table = (*core)->grammars_of(*plan);
+  EXPECT_EQ(table, (grammar_table{{1, digits.compiled_grammar}, {2, letters.compiled_grammar}}));
+
+  const engine::engine_config& config = (*core)->config();
+  engine::step_executor executor(b.ck, config.num_kv_blocks, config.block_size, model::kernel_path::fast, nullptr, {},
+                                 nullptr, vocabulary_of(b.tok, engine::end_token_ids(config, b.tok.bos_id(), b.tok.eos_id())));
+  const auto first = std::find_if(plan->chunks.begin(), plan->chunks.end(),
+                                  [](const engine::exec_chunk& c) { return c.grammar != no_grammar; });
+  ASSERT_NE(first, plan->chunks.end());
+  EXPECT_EQ(executor.check(*plan).error().message, "sequence " + std::to_string(first->seq) + " names grammar " +
+                                                       std::to_string(first->grammar) + ", which did not come with the plan");
+  EXPECT_TRUE(executor.check(*plan, table).has_value());
 }
 
 }  // namespace

@@ -191,6 +191,7 @@ engine::exec_chunk full_chunk() {
   c.export_kv = true;
   c.speculative = true;
   c.num_draft_slots = 4;
+  c.grammar = 2;
   return c;
 }
 

@@ -240,3 +240,146 @@ TEST(Purity, DetectorFindsAPlantedInclude) {
   EXPECT_EQ(forbidden_system_includes(dir, caf_or_cuda).size(), 1u);
   fs::remove_all(dir);
 }
+
+// Inside runtime/: the folder graph of runtime/<sub>/ (issue 52, point 2). Self-contained: it
+// reads only quoted "runtime/<sub>/..." includes.
+namespace {
+
+/// The floor of runtime/: plain data (step plan and result, ids, sampling parameters) that
+/// includes nothing above it (docs/DESIGN.md, "Layers").
+const std::string runtime_floor = "plan";
+
+/// A runtime/ source file's quoted includes of other runtime/ files, as (sub-folder, path).
+std::vector<std::pair<std::string, std::string>> runtime_includes_of(const fs::path& file) {
+  static const std::regex include_re(R"(^\s*#\s*include\s*"(runtime/([^/"]+)/[^"]+)\")");
+  std::vector<std::pair<std::string, std::string>> out;
+  std::ifstream in(file);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, include_re)) out.emplace_back(m[2], m[1]);
+  return out;
+}
+
+/// The source files of root/runtime/<sub>/ (any depth), relative to root, in path order.
+std::vector<std::string> runtime_sources(const fs::path& root) {
+  std::vector<std::string> files;
+  if (!fs::exists(root / "runtime")) return files;
+  for (const auto& entry : fs::recursive_directory_iterator(root / "runtime")) {
+    const std::string ext = entry.path().extension().string();
+    const std::string rel = fs::relative(entry.path(), root).generic_string();
+    if (entry.is_regular_file() && (ext == ".hpp" || ext == ".cpp") && std::count(rel.begin(), rel.end(), '/') >= 2)
+      files.push_back(rel);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+/// runtime/<sub> of a path "runtime/<sub>/...".
+std::string runtime_sub_of(const std::string& path) {
+  const size_t first = path.find('/') + 1;
+  return path.substr(first, path.find('/', first) - first);
+}
+
+/// Folder -> folder it includes -> the first include that makes the edge ("FILE includes PATH").
+using folder_graph = std::map<std::string, std::map<std::string, std::string>>;
+
+folder_graph runtime_folder_graph(const fs::path& root) {
+  folder_graph graph;
+  for (const std::string& file : runtime_sources(root)) {
+    const std::string from = runtime_sub_of(file);
+    for (const auto& [to, path] : runtime_includes_of(root / file))
+      if (to != from) graph[from].emplace(to, file + " includes " + path);
+  }
+  return graph;
+}
+
+/// The shortest loop from `start` back to it (folders in order, `start` first), or none.
+std::vector<std::string> shortest_loop(const folder_graph& graph, const std::string& start) {
+  std::map<std::string, std::string> parent;
+  std::deque<std::string> queue{start};
+  while (!queue.empty()) {
+    const std::string folder = queue.front();
+    queue.pop_front();
+    if (graph.count(folder) == 0) continue;
+    for (const auto& [next, why] : graph.at(folder)) {
+      if (next == start) {
+        std::vector<std::string> loop{folder};
+        for (std::string p = folder; p != start; p = parent.at(p)) loop.insert(loop.begin(), parent.at(p));
+        return loop;
+      }
+      if (parent.emplace(next, folder).second) queue.push_back(next);
+    }
+  }
+  return {};
+}
+
+/// Every folder loop inside root/runtime/, followed through includes transitively: one line per
+/// loop, from its first folder by name ("a -> b -> a: FILE includes PATH; ..."), sorted.
+std::vector<std::string> runtime_folder_loops(const fs::path& root) {
+  const folder_graph graph = runtime_folder_graph(root);
+  std::set<std::string> out;
+  for (const auto& [folder, edges] : graph) {
+    std::vector<std::string> loop = shortest_loop(graph, folder);
+    if (loop.empty()) continue;
+    std::rotate(loop.begin(), std::min_element(loop.begin(), loop.end()), loop.end());
+    std::string line = loop.front();
+    std::string why;
+    for (size_t i = 0; i < loop.size(); i++) {
+      const std::string& next = loop[(i + 1) % loop.size()];
+      line += " -> " + next;
+      why += (i == 0 ? ": " : "; ") + graph.at(loop[i]).at(next);
+    }
+    out.insert(line + why);
+  }
+  return {out.begin(), out.end()};
+}
+
+/// The includes of root/runtime/<floor>/ files that leave the floor ("FILE -> PATH"), quoted
+/// includes of any folder (the floor includes only itself and the standard library).
+std::vector<std::string> floor_violations(const fs::path& root) {
+  static const std::regex include_re(R"(^\s*#\s*include\s*"([^"]+)\")");
+  std::vector<std::string> out;
+  for (const std::string& file : runtime_sources(root)) {
+    if (runtime_sub_of(file) != runtime_floor) continue;
+    std::ifstream in(root / file);
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line))
+      if (std::regex_search(line, m, include_re) && m[1].str().rfind("runtime/" + runtime_floor + "/", 0) != 0)
+        out.push_back(file + " -> " + m[1].str());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Purity, NoFolderLoopInsideRuntime) {
+  const std::vector<std::string> loops = runtime_folder_loops(TROUPE_SOURCE_DIR);
+  EXPECT_TRUE(loops.empty()) << joined(loops);
+}
+
+TEST(Purity, TheLoopCheckReportsLoopsInAFixtureTree) {
+  // A check that cannot fail is a defect: tests/data/purity_loop has sched -> cost -> engine ->
+  // sched (no two of them include each other) and model <-> tokenizer; plan -> kv is no loop.
+  const std::vector<std::string> loops = runtime_folder_loops(fs::path(TROUPE_TEST_DATA_DIR) / "purity_loop");
+  EXPECT_EQ(loops, (std::vector<std::string>{
+                       "cost -> engine -> sched -> cost: runtime/cost/model.hpp includes runtime/engine/step.hpp; "
+                       "runtime/engine/step.hpp includes runtime/sched/policy.hpp; "
+                       "runtime/sched/policy.hpp includes runtime/cost/model.hpp",
+                       "model -> tokenizer -> model: runtime/model/gguf.hpp includes runtime/tokenizer/vocab.hpp; "
+                       "runtime/tokenizer/vocab.hpp includes runtime/model/gguf.hpp",
+                   }))
+      << joined(loops);
+}
+
+TEST(Purity, ThePlainDataFloorIncludesOnlyItself) {
+  ASSERT_TRUE(fs::exists(fs::path(TROUPE_SOURCE_DIR) / "runtime" / runtime_floor));
+  const std::vector<std::string> bad = floor_violations(TROUPE_SOURCE_DIR);
+  EXPECT_TRUE(bad.empty()) << joined(bad);
+}
+
+TEST(Purity, TheFloorCheckReportsAnIncludeAboveTheFloorInAFixtureTree) {
+  const std::vector<std::string> bad = floor_violations(fs::path(TROUPE_TEST_DATA_DIR) / "purity_loop");
+  EXPECT_EQ(bad, (std::vector<std::string>{"runtime/plan/ids.hpp -> runtime/kv/block.hpp"})) << joined(bad);
+}

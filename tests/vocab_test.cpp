@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model/gguf.hpp"
+#include "runtime/common/gguf.hpp"
 #include "runtime/sampling/random_stream.hpp"
 #include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/stream_detokenizer.hpp"

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
@@ -27,6 +28,7 @@
 #include "messages/disk_tier.hpp"
 #include "messages/executor.hpp"
 #include "messages/expert.hpp"
+#include "runtime/grammar/constraint.hpp"
 
 namespace troupe::msg {
 // Defined in actors/system/cluster_messages.hpp (included at the end): they carry the handles declared here.
@@ -46,8 +48,10 @@ struct forwarded;
 
 namespace troupe::actors {
 
-/// The step executor: runs the plans it is sent, in order.
-using executor_actor = caf::typed_actor<caf::replies_to<engine::exec_plan>::with<engine::exec_result>>;
+/// The step executor: runs the plans it is sent, in order, each with the compiled grammars its
+/// chunks name by id (in-process: an executor runs beside its engine).
+using executor_actor =
+    caf::typed_actor<caf::replies_to<engine::exec_plan, grammar::grammar_table>::with<engine::exec_result>>;
 
 /// A cache tier (issue 14; actors/cache_tier_actor.hpp): the longest prefix it holds, store a
 /// block (answered with the number of blocks evicted), read one back, fetch the blocks that
@@ -132,6 +136,9 @@ using balancer_actor = balancer_client_actor::extend<caf::replies_to<msg::place_
                                                      caf::reacts_to<rejoin_atom>>;
 
 }  // namespace troupe::actors
+
+// Compiled grammars are shared in-process, never serialized.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::grammar::grammar_table)
 
 // The messages that carry these handles, complete for every user of the handles.
 #include "actors/system/cluster_messages.hpp"  // IWYU pragma: export

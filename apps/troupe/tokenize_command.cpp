@@ -12,8 +12,8 @@
 #include <string>
 
 #include "apps/troupe/commands.hpp"
+#include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
-#include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
-#include "runtime/engine/step.hpp"
+#include "runtime/plan/step.hpp"
 
 namespace troupe::cost {
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "runtime/common/error.hpp"
+#include "runtime/sampling/sampler.hpp"
+
 namespace troupe::cost {
 namespace {
 

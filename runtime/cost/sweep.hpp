@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/engine/step.hpp"
+#include "runtime/plan/step.hpp"
 
 namespace troupe::cost {
 

@@ -103,7 +103,8 @@ std::vector<token_event> engine::step() {
   std::vector<token_event> events;
   const std::optional<exec_plan> plan = core_->plan_step();
   if (!plan) return events;
-  for (const sample_event& e : core_->complete_step(executor_.execute(*plan))) events.push_back(to_event(e));
+  for (const sample_event& e : core_->complete_step(executor_.execute(*plan, core_->grammars_of(*plan))))
+    events.push_back(to_event(e));
   // Only now: a later event of this step may be another sample's first, whose stream needs
   // the request's text spec although the request already ended (n > 1, all ending at once).
   for (const token_event& ev : events)

@@ -174,7 +174,8 @@ expected<void> engine_core::check_new(const request& r) const {
 kv::seq_id engine_core::record(request r) {
   const request_id id = r.id;
   const uint64_t seed = r.seed;
-  requests_.emplace(id, request_state{std::move(r), {}});
+  const grammar::grammar_id grammar = r.compiled_grammar != nullptr ? ++last_grammar_ : grammar::no_grammar;
+  requests_.emplace(id, request_state{std::move(r), {}, grammar});
   return new_sequence(id, 0, seed);
 }
 
@@ -350,10 +351,11 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
   chunk.block_table.assign(table.begin() + sent, table.end());
   sent = static_cast<int32_t>(table.size());
   const sample_state& st = samples_.at(c.seq);
-  const request& r = requests_.at(st.request).req;
+  const request_state& rs = requests_.at(st.request);
+  const request& r = rs.req;
   if (config_.host_tier) note_tier_use(chunk, r.cache_class);
   chunk.sampling = r.sampling;
-  chunk.grammar = r.compiled_grammar;
+  chunk.grammar = rs.grammar;
   chunk.num_prompt_tokens = s.num_prompt_tokens;
   chunk.speculative = config_.speculation.enabled();
   chunk.num_draft_slots = c.num_draft_slots;
@@ -598,6 +600,14 @@ std::optional<exec_plan> engine_core::plan_step() {
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
   in_flight_.push_back(std::move(f));
   return plan;
+}
+
+grammar::grammar_table engine_core::grammars_of(const exec_plan& plan) const {
+  grammar::grammar_table table;
+  for (const exec_chunk& chunk : plan.chunks)
+    if (chunk.grammar != grammar::no_grammar && table.count(chunk.grammar) == 0)
+      table.emplace(chunk.grammar, requests_.at(samples_.at(chunk.seq).request).req.compiled_grammar);
+  return table;
 }
 
 void engine_core::price_draft_rows(exec_plan& plan, const flight& f) const {

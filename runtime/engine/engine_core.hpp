@@ -20,10 +20,10 @@
 #include "runtime/cost/step_time_correction.hpp"
 #include "runtime/engine/engine_config.hpp"
 #include "runtime/engine/request.hpp"
-#include "runtime/engine/step.hpp"
 #include "runtime/kv/cache_class.hpp"
 #include "runtime/kv/kv_block.hpp"
 #include "runtime/model/transformer.hpp"
+#include "runtime/plan/step.hpp"
 #include "runtime/sched/scheduler.hpp"
 #include "runtime/spec/verify.hpp"
 
@@ -230,6 +230,9 @@ class engine_core {
   /// Plans the next step, or nothing when no work can be planned now (idle, or the in-flight
   /// limit is reached, or every runnable sample waits on an in-flight result).
   [[nodiscard]] std::optional<exec_plan> plan_step();
+  /// The compiled grammars `plan`'s chunks name (exec_chunk::grammar), for its executor: call it
+  /// before the plan's requests can end (right after plan_step).
+  [[nodiscard]] grammar::grammar_table grammars_of(const exec_plan& plan) const;
 
   /// Records the oldest in-flight step's result; returns its new tokens, in plan order (prefills
   /// it completed go to take_prefilled; requests with an exec_failure end and go to take_failed).
@@ -281,6 +284,7 @@ class engine_core {
   struct request_state {
     request req;  ///< its prompt moved to the scheduler, but for prefill-only requests
     std::vector<kv::seq_id> live;  ///< sequences still generating
+    grammar::grammar_id grammar = grammar::no_grammar;  ///< its compiled grammar's id in plans
   };
   struct flight {
     sched::step_plan plan;
@@ -385,6 +389,7 @@ class engine_core {
   std::vector<std::pair<kv::evicted_block, kv::cache_class>> pending_demotions_;  // for the next plan
   std::vector<demoted_block> demoted_;             // for take_demoted
   kv::seq_id next_seq_ = 0;
+  grammar::grammar_id last_grammar_ = grammar::no_grammar;  // the last request_state::grammar given
   int64_t next_step_ = 0;
   int64_t num_step_checks_ = 0;
   engine_stats stats_;

@@ -275,7 +275,8 @@ void engine_host::kick(effects& out, int64_t now_ns) {
       auto it = requests_.find(core_->request_of(chunk.seq).value_or(-1));
       if (it != requests_.end() && it->second.scheduled_at_ns == 0) it->second.scheduled_at_ns = now_ns;
     }
-    out.push_back(send_plan{std::move(*plan), generation_});
+    grammar::grammar_table grammars = core_->grammars_of(*plan);
+    out.push_back(send_plan{std::move(*plan), generation_, std::move(grammars)});
   }
   for (swap_in& s : core_->take_swap_ins())
     out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max, s.cache_tier});

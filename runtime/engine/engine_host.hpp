@@ -64,10 +64,12 @@ inline constexpr int32_t executor_failure_resumes_max = 2;
 /// A decode engine, as numbered by the caller of engine_host.
 using peer_id = uint32_t;
 
-/// Send `plan` to the executor; its result comes back with `generation`.
+/// Send `plan` to the executor, with the compiled grammars its chunks name; its result comes
+/// back with `generation`.
 struct send_plan {
   exec_plan plan;
   int64_t generation = 0;
+  grammar::grammar_table grammars;
 };
 
 /// Send one token to the request actor of `event.request`.

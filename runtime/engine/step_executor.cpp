@@ -54,8 +54,8 @@ plan_limits step_executor::limits() const {
                      cache_.block_size()};
 }
 
-expected<void> step_executor::check_chunk(const exec_chunk& chunk,
-                                          const std::vector<kv::seq_id>& released_sorted) const {
+expected<void> step_executor::check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted,
+                                          const grammar::grammar_table& grammars) const {
   const std::string what = "sequence " + std::to_string(chunk.seq);
   const bool gone = std::binary_search(released_sorted.begin(), released_sorted.end(), chunk.seq);
   const auto table = tables_.find(chunk.seq);
@@ -70,8 +70,11 @@ expected<void> step_executor::check_chunk(const exec_chunk& chunk,
   if (slots < end)
     return fail(errc::invalid_argument, what + ": its block table holds " + std::to_string(slots) +
                                             " slots, not the " + std::to_string(end) + " its chunk needs");
-  if (chunk.grammar != nullptr && vocabulary_ == nullptr)
+  if (chunk.grammar != grammar::no_grammar && vocabulary_ == nullptr)
     return fail(errc::invalid_argument, what + " has a grammar but this executor has no vocabulary to mask with");
+  if (chunk.grammar != grammar::no_grammar && grammars.count(chunk.grammar) == 0)
+    return fail(errc::invalid_argument, what + " names grammar " + std::to_string(chunk.grammar) +
+                                            ", which did not come with the plan");
   if (chunk.num_draft_slots > 0 && drafter_ == nullptr)
     return fail(errc::invalid_argument, what + " has draft slots but this executor has no drafter");
   if (keeps_context(chunk) && chunk.first_block > 0) {
@@ -88,7 +91,7 @@ expected<void> step_executor::check_chunk(const exec_chunk& chunk,
   return {};
 }
 
-expected<void> step_executor::check(const exec_plan& plan) const {
+expected<void> step_executor::check(const exec_plan& plan, const grammar::grammar_table& grammars) const {
   if (plan.step != last_step_ + 1)
     return fail(errc::invalid_argument, "plans must arrive in step order: step " + std::to_string(plan.step) +
                                             " after step " + std::to_string(last_step_));
@@ -96,7 +99,7 @@ expected<void> step_executor::check(const exec_plan& plan) const {
   std::vector<kv::seq_id> released = plan.released;  // sorted: a peer's list may be long
   std::sort(released.begin(), released.end());
   for (const exec_chunk& chunk : plan.chunks)
-    if (auto ok = check_chunk(chunk, released); !ok) return ok;
+    if (auto ok = check_chunk(chunk, released, grammars); !ok) return ok;
   return {};
 }
 
@@ -142,7 +145,7 @@ std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
   std::vector<size_t> drafting;  // chunk index of each input
   for (size_t c = 0; c < plan.chunks.size(); c++) {
     const exec_chunk& chunk = plan.chunks[c];
-    if (chunk.num_draft_slots == 0 || chunk.grammar != nullptr) continue;  // a grammar row: no drafts
+    if (chunk.num_draft_slots == 0 || chunk.grammar != grammar::no_grammar) continue;  // a grammar row: no drafts
     const std::vector<int32_t>& context = contexts_.at(chunk.seq);
     inputs.push_back(spec::draft_input{&context, chunk.num_prompt_tokens, chunk.num_draft_slots,
                                        tables_.at(chunk.seq).data(), &chunk.sampling, chunk.seed});
@@ -184,8 +187,9 @@ std::vector<spec::draft> step_executor::add_drafts(const exec_plan& plan) {
   return drafts;
 }
 
-expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const exec_chunk& chunk,
-                                                                           const float* logits, const spec::draft* d) {
+expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(
+    const exec_chunk& chunk, const float* logits, const spec::draft* d,
+    const std::shared_ptr<const grammar::compiled_grammar>& compiled) {
   const int32_t vocab = model_.config().vocab_size;
   // The sampled token will sit right after the chunk's last token.
   const int64_t position = chunk.first_position + static_cast<int64_t>(chunk.tokens.size());
@@ -193,7 +197,7 @@ expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const
   const auto held = contexts_.find(chunk.seq);
   if (held != contexts_.end())
     context = {held->second.data(), static_cast<int32_t>(held->second.size()), chunk.num_prompt_tokens};
-  auto masked = grammar_mask(chunk, context);
+  auto masked = grammar_mask(chunk, compiled, context);
   if (!masked) return tl::unexpected(masked.error());
   const grammar::token_mask* mask = *masked;
   if (mask != nullptr) {
@@ -214,15 +218,16 @@ expected<std::vector<sampling::sample_result>> step_executor::sample_chunk(const
   return samples;
 }
 
-expected<const grammar::token_mask*> step_executor::grammar_mask(const exec_chunk& chunk,
-                                                                 const sampling::token_context& context) {
-  if (chunk.grammar == nullptr) return nullptr;
+expected<const grammar::token_mask*> step_executor::grammar_mask(
+    const exec_chunk& chunk, const std::shared_ptr<const grammar::compiled_grammar>& compiled,
+    const sampling::token_context& context) {
+  if (compiled == nullptr) return nullptr;
   // By compiled grammar: the grammar actor hands equal specs the same one while it caches it,
   // and a matcher keeps its grammar alive, so the key cannot be reused for another. (Not by the
   // spec's 64-bit hash: a request could be crafted to collide with another's.)
-  const grammar::compiled_grammar* key = chunk.grammar.get();
+  const grammar::compiled_grammar* key = compiled.get();
   std::unique_ptr<grammar::matcher>& m = matchers_[key];
-  if (m == nullptr) m = std::make_unique<grammar::matcher>(chunk.grammar, vocabulary_);
+  if (m == nullptr) m = std::make_unique<grammar::matcher>(compiled, vocabulary_);
   grammar::cursor& c = cursors_.try_emplace(chunk.seq, *m).first->second;
   expected<void> fed;
   for (int64_t p = context.num_prompt_tokens + c.num_fed(); p < context.num_tokens && fed; p++)
@@ -262,8 +267,8 @@ kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) c
   return kv;
 }
 
-exec_result step_executor::execute(const exec_plan& plan) {
-  if (auto ok = check(plan); !ok) assertion_failed("check(plan)", __FILE__, __LINE__, ok.error().message.c_str());
+exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar_table& grammars) {
+  if (auto ok = check(plan, grammars); !ok) assertion_failed("check(plan)", __FILE__, __LINE__, ok.error().message.c_str());
   last_step_ = plan.step;
   for (kv::seq_id seq : plan.released) {
     last_sample_.erase(seq);
@@ -300,7 +305,8 @@ exec_result step_executor::execute(const exec_plan& plan) {
     expected<void> ok;
     for (size_t r = 0; r < num_rows && ok; r++) ok = sampling::check_logits(logits + r * vocab, vocab);
     expected<std::vector<sampling::sample_result>> drawn = tl::unexpected(error{});
-    if (ok) drawn = sample_chunk(chunk, logits, d);
+    const auto compiled = chunk.grammar == grammar::no_grammar ? nullptr : grammars.at(chunk.grammar);
+    if (ok) drawn = sample_chunk(chunk, logits, d, compiled);
     std::vector<sampling::sample_result> samples;
     if (ok && drawn) {
       samples = std::move(*drawn);

@@ -4,15 +4,18 @@
 /// replica. It resolves `previous_sample` tokens from its own last results, so a scheduler can
 /// plan step N+1 before step N has finished. For a sequence with penalties it keeps the tokens
 /// it has seen (exec_chunk::context_prefix, then every chunk's), so each sample is penalised by
-/// its own tokens only.
+/// its own tokens only. A grammar chunk names its grammar by id: the executor looks it up in the
+/// grammar table that comes with the plan.
 
 #include <map>
 #include <memory>
 #include <optional>
 
-#include "runtime/engine/step.hpp"
 #include "runtime/engine/validate_plan.hpp"
+#include "runtime/grammar/constraint.hpp"
 #include "runtime/model/transformer.hpp"
+#include "runtime/plan/step.hpp"
+#include "runtime/sampling/sampler.hpp"
 #include "runtime/spec/drafter.hpp"
 
 namespace troupe::engine {
@@ -40,13 +43,15 @@ class step_executor {
   /// then what depends on the plans before it — the step number is the last one's + 1 (the
   /// first plan's is 0), a chunk's block-table update starts within the table held for its
   /// sequence and the table then covers the chunk, a `previous_sample` token has a previous
-  /// sample, a penalised chunk after the first continues the tokens held for its sequence. A
-  /// plan from another process is checked with this before `execute`.
-  [[nodiscard]] expected<void> check(const exec_plan& plan) const;
+  /// sample, a penalised chunk after the first continues the tokens held for its sequence, a
+  /// grammar chunk's grammar is in `grammars`. A plan from another process is checked with this
+  /// before `execute`.
+  [[nodiscard]] expected<void> check(const exec_plan& plan, const grammar::grammar_table& grammars = {}) const;
 
   /// Runs one plan: demoted blocks read out, imports written, block copies, one forward pass over every chunk's tokens, then sampling.
-  /// The plan must pass `check` (an always-on assertion: our own engine made it).
-  [[nodiscard]] exec_result execute(const exec_plan& plan);
+  /// The plan must pass `check` (an always-on assertion: our own engine made it). `grammars`:
+  /// the compiled grammars its chunks name (engine_core::grammars_of).
+  [[nodiscard]] exec_result execute(const exec_plan& plan, const grammar::grammar_table& grammars = {});
 
   [[nodiscard]] const model::model_config& config() const { return model_.config(); }
 
@@ -61,25 +66,30 @@ class step_executor {
 
  private:
   [[nodiscard]] plan_limits limits() const;
-  [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted) const;
+  [[nodiscard]] expected<void> check_chunk(const exec_chunk& chunk, const std::vector<kv::seq_id>& released_sorted,
+                                           const grammar::grammar_table& grammars) const;
   void build_rows(const exec_plan& plan);
   /// Drafts for the plan's chunks with draft slots (one entry per chunk, empty for the others)
   /// and their rows inserted into rows_ after each chunk's own.
   [[nodiscard]] std::vector<spec::draft> add_drafts(const exec_plan& plan);
-  /// The samples of one sampling chunk whose logits start at `logits` (1 + its drafts rows).
-  /// Fails (errc::internal) where the grammar leaves no token with a finite logit.
-  [[nodiscard]] expected<std::vector<sampling::sample_result>> sample_chunk(const exec_chunk& chunk,
-                                                                            const float* logits, const spec::draft* d);
+  /// The samples of one sampling chunk whose logits start at `logits` (1 + its drafts rows),
+  /// under `compiled` (the chunk's grammar, looked up; null: none). Fails (errc::internal) where the
+  /// grammar leaves no token with a finite logit.
+  [[nodiscard]] expected<std::vector<sampling::sample_result>> sample_chunk(
+      const exec_chunk& chunk, const float* logits, const spec::draft* d,
+      const std::shared_ptr<const grammar::compiled_grammar>& compiled);
   /// Positions [0, num_tokens) of the blocks of `block_table` (a demotion's one block, a readout,
   /// a prefill's export).
   [[nodiscard]] kv_data read_kv(const int32_t* block_table, int32_t num_tokens) const;
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
-  /// The grammar mask of a grammar chunk's next sample, its cursor fed the generated tokens of
-  /// `context` it has not seen; null for other chunks and before a trigger. Fails when the
-  /// grammar's matcher crosses a limit (grammar::grammar_limits; the matcher is dropped).
-  [[nodiscard]] expected<const grammar::token_mask*> grammar_mask(const exec_chunk& chunk,
-                                                                  const sampling::token_context& context);
+  /// The mask of `compiled` (the chunk's grammar) for the chunk's next sample, its cursor fed the
+  /// generated tokens of `context` it has not seen; null without a grammar and before a trigger.
+  /// Fails when the grammar's matcher crosses a limit (grammar::grammar_limits; the matcher is
+  /// dropped).
+  [[nodiscard]] expected<const grammar::token_mask*> grammar_mask(
+      const exec_chunk& chunk, const std::shared_ptr<const grammar::compiled_grammar>& compiled,
+      const sampling::token_context& context);
   /// Forgets a released sequence's grammar cursor; drops matchers no cursor uses beyond a few.
   void release_grammar(kv::seq_id seq);
 

@@ -26,6 +26,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/grammar/automaton.hpp"
+#include "runtime/plan/ids.hpp"
 
 namespace troupe {
 class tokenizer;
@@ -73,6 +74,11 @@ struct compiled_grammar {
   std::shared_ptr<const automaton> start;
   int64_t memory_bytes = 0;  ///< an estimate of the memory the above hold
 };
+
+/// The compiled grammars a step plan's chunks name by id (engine::exec_chunk::grammar), which the
+/// engine hands its executor beside each plan: the plan stays plain data, the executor looks the
+/// ids up here. In-process (an executor runs beside its engine).
+using grammar_table = std::map<grammar_id, std::shared_ptr<const compiled_grammar>>;
 
 /// Compiles a spec (validate it first) and builds its automaton's initial state: its errors
 /// name what is wrong and where, or the limit the grammar crosses.

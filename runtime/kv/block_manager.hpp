@@ -51,11 +51,9 @@
 #include "runtime/kv/cache_event_log.hpp"
 #include "runtime/kv/chain_hash.hpp"
 #include "runtime/kv/hash_index.hpp"
+#include "runtime/plan/ids.hpp"
 
 namespace troupe::kv {
-
-using seq_id = int64_t;
-using block_id = int32_t;
 
 /// The pool's shape. `num_blocks * block_size` must fit in int32 (token counts are int32).
 struct block_manager_config {
@@ -78,16 +76,6 @@ struct prefix_hit {
   std::vector<block_id> blocks;
   int32_t num_tokens = 0;
 };
-
-/// A copy the executor must perform before either sequence writes to `dst` (fork's CoW).
-struct block_copy {
-  block_id src = 0;
-  block_id dst = 0;
-};
-
-inline bool operator==(const block_copy& a, const block_copy& b) {
-  return a.src == b.src && a.dst == b.dst;
-}
 
 /// Owns one replica's pool of KV blocks and every sequence's block table.
 class block_manager {

@@ -16,16 +16,6 @@ int64_t kv_block::num_bytes() const {
   return static_cast<int64_t>(sizeof(int32_t) * tokens.size() + sizeof(float) * (keys.size() + values.size()));
 }
 
-bool holds_kv(int64_t num_layers, int64_t num_tokens, int64_t kv_dim, size_t num_keys, size_t num_values) {
-  if (num_layers < 0 || num_tokens < 0 || kv_dim < 0) return false;
-  uint64_t per_layer = 0;
-  uint64_t n = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(num_tokens), static_cast<uint64_t>(kv_dim), &per_layer) ||
-      __builtin_mul_overflow(per_layer, static_cast<uint64_t>(num_layers), &n))
-    return false;
-  return num_keys == n && num_values == n;
-}
-
 bool is_consistent(const kv_block& block) {
   if (block.tokens.empty()) return false;
   if (!holds_kv(block.num_layers, static_cast<int64_t>(block.tokens.size()), block.kv_dim, block.keys.size(),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/plan/kv_data.hpp"  // holds_kv
 
 namespace troupe::kv {
 
@@ -24,12 +25,6 @@ struct kv_block {
   /// Bytes of payload (tokens, keys, values) the block holds.
   [[nodiscard]] int64_t num_bytes() const;
 };
-
-/// Whether `num_keys` and `num_values` are each num_layers * num_tokens * kv_dim floats: the KV
-/// of num_tokens positions. The sizes may come from another process: a negative one, or a
-/// product past 64 bits, never matches.
-[[nodiscard]] bool holds_kv(int64_t num_layers, int64_t num_tokens, int64_t kv_dim, size_t num_keys,
-                            size_t num_values);
 
 /// Whether `block` is whole: tokens present, keys and values of (num_layers, tokens, kv_dim)
 /// floats each (no overflow), and `hash` the chain hash of its tokens after `parent_hash`.

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
-#include "runtime/model/gguf.hpp"
 
 namespace troupe::model {
 namespace {

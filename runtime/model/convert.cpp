@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/model/gguf.hpp"
+#include "runtime/common/gguf.hpp"
 
 namespace troupe::model {
 namespace {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <utility>
 
+#include "runtime/model/expert_shard.hpp"
 #include "runtime/model/row_groups.hpp"
-#include "runtime/moe/expert_shard.hpp"
 
 namespace troupe::model {
 

@@ -8,7 +8,6 @@
 #include <limits>
 #include <numeric>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "kernels/cpu/ops.hpp"
@@ -171,19 +170,6 @@ expected<void> validate_logit_bias(const std::vector<token_bias>& logit_bias, in
 }
 
 }  // namespace
-
-bool operator==(const token_bias& a, const token_bias& b) { return a.token == b.token && a.bias == b.bias; }
-
-bool operator==(const sampling_params& a, const sampling_params& b) {
-  return std::tie(a.temperature, a.top_p, a.top_k, a.min_p, a.num_top_logprobs, a.presence_penalty,
-                  a.frequency_penalty, a.repetition_penalty, a.logit_bias) ==
-         std::tie(b.temperature, b.top_p, b.top_k, b.min_p, b.num_top_logprobs, b.presence_penalty,
-                  b.frequency_penalty, b.repetition_penalty, b.logit_bias);
-}
-
-bool needs_context(const sampling_params& params) {
-  return params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f || params.repetition_penalty != 1.0f;
-}
 
 expected<void> validate(const sampling_params& params, int32_t vocab_size) {
   TROUPE_ASSERT(vocab_size > 0);

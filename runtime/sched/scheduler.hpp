@@ -49,7 +49,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/sched/policy.hpp"
-#include "runtime/sched/previous_sample.hpp"
+#include "runtime/plan/previous_sample.hpp"
 #include "runtime/sched/scheduler_config.hpp"
 #include "runtime/kv/block_manager.hpp"
 #include "runtime/kv/hit_rule.hpp"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "runtime/cost/cost_model.hpp"
-#include "runtime/engine/step.hpp"
+#include "runtime/plan/step.hpp"
 
 namespace troupe::spec {
 

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
-#include "runtime/model/gguf.hpp"
+#include "runtime/common/gguf.hpp"
 #include "runtime/tokenizer/pre_tokenizer.hpp"
 
 namespace troupe {

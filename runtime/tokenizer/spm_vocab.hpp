@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
-#include "runtime/model/gguf.hpp"
+#include "runtime/common/gguf.hpp"
 
 namespace troupe {
 

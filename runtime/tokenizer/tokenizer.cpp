@@ -2,8 +2,8 @@
 
 #include <optional>
 
+#include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
-#include "runtime/model/gguf.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe {

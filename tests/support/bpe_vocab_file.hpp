@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/model/gguf.hpp"
+#include "runtime/common/gguf.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::testing {

@@ -38,8 +38,8 @@ inline failing_executor_actor::behavior_type failing_executor(
   self->monitor(engine);  // dies with its engine, like the real one
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
   return {
-      [=](engine::exec_plan& plan) -> caf::result<engine::exec_result> {
-        if (self->state.failure.empty()) return self->delegate(self->state.inner, std::move(plan));
+      [=](engine::exec_plan& plan, grammar::grammar_table& grammars) -> caf::result<engine::exec_result> {
+        if (self->state.failure.empty()) return self->delegate(self->state.inner, std::move(plan), std::move(grammars));
         auto err = caf::make_error(caf::sec::runtime_error, self->state.failure);
         self->quit(err);
         return err;

@@ -1,4 +1,4 @@
-#include "runtime/moe/expert_shard.hpp"
+#include "runtime/model/expert_shard.hpp"
 
 #include <algorithm>
 #include <cmath>

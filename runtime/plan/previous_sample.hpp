@@ -1,8 +1,8 @@
 #pragma once
 
-/// The placeholder token a plan carries for a sample still in flight. A leaf header shared by the
-/// scheduler (which appends it) and the step plan (runtime/engine/step.hpp, which carries it),
-/// so the scheduler does not include the engine's headers.
+/// The placeholder token a plan carries for a sample still in flight. On the floor of runtime/
+/// (plan/): shared by the scheduler (which appends it) and the step plan (runtime/plan/step.hpp,
+/// which carries it).
 
 #include <cstdint>
 

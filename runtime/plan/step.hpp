@@ -2,74 +2,24 @@
 
 /// The plain data between a scheduler and a step executor: what one step computes and what it
 /// sampled. Everything the executor needs travels in the plan (tokens, positions, block tables,
-/// sampling parameters and seeds), so a plan can cross a process boundary unchanged.
+/// sampling parameters and seeds) as plain data, so a plan can cross a process boundary
+/// unchanged; a grammar travels as an id, looked up among the compiled grammars the engine hands
+/// its executor beside the plan (grammar::grammar_table). On the floor of runtime/ (plan/): it
+/// includes nothing above it.
 
-#include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "runtime/grammar/constraint.hpp"
-#include "runtime/kv/block_manager.hpp"
-#include "runtime/kv/kv_block.hpp"
-#include "runtime/sampling/sampler.hpp"
-#include "runtime/sched/previous_sample.hpp"
+#include "runtime/plan/ids.hpp"
+#include "runtime/plan/kv_data.hpp"
+#include "runtime/plan/previous_sample.hpp"
+#include "runtime/plan/sampling_params.hpp"
 
 namespace troupe::engine {
 
-/// A token the scheduler does not know yet (runtime/sched/previous_sample.hpp).
+/// A token the scheduler does not know yet (runtime/plan/previous_sample.hpp).
 using sched::previous_sample;
-
-/// The KV of a sequence's first `num_tokens` positions, independent of any block layout: what a
-/// prefill engine ships to a decode engine (prefill/decode disaggregation). Per layer, token
-/// rows of `kv_dim` floats, in position order.
-struct kv_data {
-  int32_t num_layers = 0;
-  int32_t kv_dim = 0;
-  int32_t num_tokens = 0;
-  std::vector<float> keys;    ///< (num_layers, num_tokens, kv_dim)
-  std::vector<float> values;  ///< (num_layers, num_tokens, kv_dim)
-
-  /// Whether the vectors hold exactly num_layers * num_tokens * kv_dim floats each.
-  [[nodiscard]] bool consistent() const {
-    return kv::holds_kv(num_layers, num_tokens, kv_dim, keys.size(), values.size());
-  }
-};
-
-/// KV computed elsewhere, to be written into this replica's blocks before a step runs.
-struct kv_import {
-  std::vector<int32_t> block_table;  ///< covers at least kv.num_tokens slots
-  kv_data kv;
-};
-
-/// KV a step read back out of a sequence's blocks (positions [0, kv.num_tokens)).
-struct kv_export {
-  kv::seq_id seq = 0;
-  kv_data kv;
-};
-
-/// KV to read back out of the pool (a drained request forwarded with its KV): positions
-/// [0, num_tokens) of the blocks of `block_table`, read before anything in the plan writes a
-/// block, so the blocks may already be free (and reused by this very plan).
-struct kv_readout {
-  std::vector<int32_t> block_table;  ///< covers at least num_tokens slots
-  int32_t num_tokens = 0;            ///< > 0
-};
-
-/// Positions [first, first + num_tokens) of `kv` (clipped to kv.num_tokens), in the same layout.
-[[nodiscard]] inline kv_data kv_slice(const kv_data& kv, int32_t first, int32_t num_tokens) {
-  first = std::min(std::max(first, 0), kv.num_tokens);
-  kv_data out{kv.num_layers, kv.kv_dim, std::min(num_tokens, kv.num_tokens - first), {}, {}};
-  const size_t row = static_cast<size_t>(kv.kv_dim);
-  for (int32_t l = 0; l < kv.num_layers; l++) {
-    const size_t from = (static_cast<size_t>(l) * static_cast<size_t>(kv.num_tokens) + static_cast<size_t>(first)) * row;
-    const size_t n = static_cast<size_t>(out.num_tokens) * row;
-    out.keys.insert(out.keys.end(), kv.keys.begin() + from, kv.keys.begin() + from + n);
-    out.values.insert(out.values.end(), kv.values.begin() + from, kv.values.begin() + from + n);
-  }
-  return out;
-}
 
 /// One sequence's tokens in a step.
 struct exec_chunk {
@@ -107,17 +57,17 @@ struct exec_chunk {
   /// table covers their slots. Its samples entry then holds the drafts that stood and the
   /// token after them: 1 to num_draft_slots + 1 samples.
   int32_t num_draft_slots = 0;
-  /// Grammar-constrained decoding (runtime/grammar/constraint.hpp): the request's compiled
-  /// grammar, on every chunk of its sequences. The executor keeps the sequence's tokens and
-  /// masks each sample with the grammar's state after the generated ones (those from
-  /// num_prompt_tokens on). A grammar row takes no drafts. Engine-process only: it is not
-  /// serialized (messages/executor.hpp), as an executor always runs beside its engine.
-  std::shared_ptr<const grammar::compiled_grammar> grammar;
+  /// Grammar-constrained decoding (runtime/grammar/constraint.hpp): the id of the request's
+  /// compiled grammar (no_grammar: none), on every chunk of its sequences; the executor looks it
+  /// up in the grammar_table that came with the plan. The executor keeps the sequence's tokens
+  /// and masks each sample with the grammar's state after the generated ones (those from
+  /// num_prompt_tokens on). A grammar row takes no drafts.
+  grammar::grammar_id grammar = grammar::no_grammar;
 };
 
 /// Whether the executor keeps the sequence's tokens: a penalty reads them, a drafter or a grammar.
 [[nodiscard]] inline bool keeps_context(const exec_chunk& chunk) {
-  return chunk.speculative || chunk.grammar != nullptr || sampling::needs_context(chunk.sampling);
+  return chunk.speculative || chunk.grammar != grammar::no_grammar || sampling::needs_context(chunk.sampling);
 }
 
 struct exec_plan {

@@ -1,4 +1,4 @@
-#include "runtime/model/gguf.hpp"
+#include "runtime/common/gguf.hpp"
 
 #include <cstring>
 #include <set>

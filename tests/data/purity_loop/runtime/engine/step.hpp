@@ -1,0 +1,3 @@
+#pragma once
+#include "runtime/plan/ids.hpp"
+#include "runtime/sched/policy.hpp"
