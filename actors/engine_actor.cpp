@@ -23,7 +23,7 @@
 #include "actors/kv_transfers.hpp"
 #include "messages/kv_payload.hpp"
 #include "runtime/engine/engine_host.hpp"
-#include "runtime/engine/resumed.hpp"
+#include "runtime/engine/intake.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -40,9 +40,8 @@ struct engine_state {
   balancer_actor balancer;
   std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancer's order (report_to)
   grammar_actor grammars;  // compiles requests' grammars before they are admitted
-  /// Requests waiting for their grammar, by their request actor: a release from it drops one
-  /// before admission (the compile's answer then finds it gone).
-  std::map<engine::request_id, caf::actor_addr> compiling;
+  /// Work before the host takes it: duplicates, grammars compiling (runtime/engine/intake.hpp).
+  std::optional<engine::intake<caf::actor_addr>> intake;
   /// A drain's answer, given once nothing is left here: the number of requests forwarded, and of
   /// them those forwarded with their KV.
   std::optional<caf::typed_response_promise<int32_t, int32_t>> drained;
@@ -246,7 +245,7 @@ void perform(engine_actor_t* self, engine::effects fx, const request_actor& call
   const no_blocking_scope guard("the engine's effects");
   for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
   engine_state& st = self->state;
-  if (st.drained && st.host->drained() && st.compiling.empty()) {
+  if (st.drained && st.host->drained() && st.intake->empty()) {
     st.drained->deliver(static_cast<int32_t>(st.host->num_forwarded()),
                         static_cast<int32_t>(st.host->num_forwarded_with_kv()));
     st.drained.reset();
@@ -276,17 +275,10 @@ bool validate_caller(const request_actor& caller, engine::request_id id) {
   return false;
 }
 
-/// Whether request `id` from `from` is here already: the same request arriving twice, which
-/// happens when a prefill engine is lost while its hand-off is on the way, and the request
-/// actor places the request again on the same decode engine. The second copy is dropped (the
-/// first serves it; a rejection would end the request).
+/// Whether request `id` from `from` is here already (engine::intake::here_already): dropped.
 bool here_already(engine_actor_t* self, engine::request_id id, const request_actor& from) {
-  const engine_state& st = self->state;
-  const auto client = st.clients.find(id);
-  const auto compiling = st.compiling.find(id);
-  if ((!st.host->is_live(id) || client == st.clients.end() || client->second != from) &&
-      (compiling == st.compiling.end() || compiling->second != from.address()))
-    return false;
+  const bool served_for_from = self->state.host->is_live(id) && client_of(self, id) == from;
+  if (!self->state.intake->here_already(id, from.address(), served_for_from)) return false;
   spdlog::debug("engine: request {} arrived twice (a hand-off and its placement again); the second is dropped", id);
   return true;
 }
@@ -294,56 +286,45 @@ bool here_already(engine_actor_t* self, engine::request_id id, const request_act
 /// How long a request waits for its grammar's compilation (in this process) before it fails.
 constexpr auto grammar_compile_timeout = std::chrono::seconds(30);
 
-/// Refuses a request before the host saw it; `uncounted`: the host has not counted it received
-/// yet (a submit, which the host counts itself when it gets it).
-void refuse_request(engine_actor_t* self, const request_actor& to, engine::request_id id, errc code,
-                    const std::string& why, bool uncounted) {
-  if (uncounted) self->state.host->note_received();
-  post(self, to, msg::rejected{id, code, why});
-}
+void take_in(engine_actor_t* self, engine::intake_step step, const request_actor& caller);
 
-/// Runs `admit(r)` once `r`'s grammar is compiled (at once without one); a grammar that does not
-/// compile, or an engine without a vocabulary, rejects the request to `to` instead.
-template <class Admit>
-void with_grammar(engine_actor_t* self, engine::request r, const request_actor& to, bool uncounted, Admit admit) {
-  if (r.grammar.kind == grammar::grammar_kind::none) return admit(std::move(r));
-  const engine::request_id id = r.id;
-  if (!self->state.options.vocabulary)
-    return refuse_request(self, to, id, errc::invalid_argument, "this engine has no tokenizer to apply grammars with",
-                          uncounted);
-  if (auto ok = grammar::validate(r.grammar, self->state.options.vocabulary->size()); !ok)
-    return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
-  const grammar::grammar_spec spec = r.grammar;
-  self->state.compiling[id] = to.address();
-  // Whether the request still waits (not released meanwhile); if not, it is forgotten here.
-  const auto still_waiting = [=] {
-    auto& compiling = self->state.compiling;
-    const auto it = compiling.find(id);
-    if (it == compiling.end() || it->second != to.address()) {
-      if (uncounted) self->state.host->note_received();
-      spdlog::debug("engine: request {} was released while its grammar compiled: dropped", id);
-      return false;
-    }
-    compiling.erase(it);
-    return true;
-  };
+/// Asks the grammar actor to compile `a`'s grammar; its answer (or none) goes to the intake.
+void compile_grammar(engine_actor_t* self, engine::arrival a, const request_actor& caller) {
+  const engine::request_id id = a.req.id;
+  const bool counted = a.counted();
+  const grammar::grammar_spec spec = a.req.grammar;
   self->request(self->state.grammars, grammar_compile_timeout, compile_atom::value, spec)
       .then(
-          [=, r = std::move(r), admit = std::move(admit)](compiled_grammar_ref& c) mutable {
-            if (!still_waiting()) return;
-            if (!c.grammar) return refuse_request(self, to, id, errc::invalid_argument, c.error, uncounted);
-            r.compiled_grammar = std::move(c.grammar);
-            // Resumed tokens (a drained or lost engine's) come from a peer: checked here, never
-            // in the executor's step, where a forged one aborted it.
-            if (auto ok = engine::check_resumed(r, self->state.options.vocabulary); !ok)
-              return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
-            admit(std::move(r));
+          [=, a = std::move(a)](compiled_grammar_ref& c) mutable {
+            engine::intake<caf::actor_addr>& intake = *self->state.intake;
+            take_in(self, intake.compiled(std::move(a), caller.address(), std::move(c.grammar), c.error), caller);
           },
           [=](caf::error& err) {
-            if (!still_waiting()) return;
-            refuse_request(self, to, id, errc::internal, "compiling the grammar failed: " + self->system().render(err),
-                           uncounted);
+            const std::string why = self->system().render(err);
+            take_in(self, self->state.intake->compile_failed(id, counted, caller.address(), why), caller);
           });
+}
+
+/// Performs the intake's step for a request from `caller`.
+struct intake_performer {
+  engine_actor_t* self;
+  const request_actor& caller;
+  void operator()(engine::enter& e) const {
+    perform(self, engine::enter_host(*self->state.host, std::move(e.a), now_ns(self)), caller);
+  }
+  void operator()(engine::refuse& r) const {
+    if (r.count_received) self->state.host->note_received();
+    post(self, caller, msg::rejected{r.id, r.code, r.message});
+  }
+  void operator()(engine::compile& c) const { compile_grammar(self, std::move(c.a), caller); }
+  void operator()(engine::drop& d) const {
+    if (d.count_received) self->state.host->note_received();
+    spdlog::debug("engine: request {} was released while its grammar compiled: dropped", d.id);
+  }
+};
+
+void take_in(engine_actor_t* self, engine::intake_step step, const request_actor& caller) {
+  std::visit(intake_performer{self, caller}, step);
 }
 
 void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
@@ -368,21 +349,16 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
 void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   if (!validate_caller(h.request_actor, h.request.id) || here_already(self, h.request.id, h.request_actor)) return;
   check_cache_tier(self, h.request);
-  const request_actor to = h.request_actor;
-  auto payload = msg::decode_kv_payload(h.payload);
-  if (!payload) {
-    spdlog::warn("engine: the KV of request {} did not arrive intact ({}); recomputed instead", h.request.id,
+  engine::arrival a{std::move(h.request), engine::entry::recompute};
+  if (auto payload = msg::decode_kv_payload(h.payload)) {
+    a.how = engine::entry::import;
+    a.payload_id = payload->request_id;
+    a.kv = std::move(payload->kv);
+  } else {
+    spdlog::warn("engine: the KV of request {} did not arrive intact ({}); recomputed instead", a.req.id,
                  payload.error().message);
-    with_grammar(self, std::move(h.request), to, /*uncounted=*/false, [=](engine::request r) {
-      perform(self, self->state.host->recompute_handoff(std::move(r), now_ns(self)), to);
-    });
-    return;
   }
-  const engine::request_id from = payload->request_id;
-  with_grammar(self, std::move(h.request), to, /*uncounted=*/false,
-               [=, kv = std::move(payload->kv)](engine::request r) mutable {
-                 perform(self, self->state.host->import(std::move(r), from, std::move(kv), now_ns(self)), to);
-               });
+  take_in(self, self->state.intake->arrive(std::move(a), h.request_actor.address()), h.request_actor);
 }
 
 void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
@@ -462,6 +438,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   TROUPE_ASSERT_MSG(host.has_value(), "engine options are validated in spawn_engine");
   st.host = std::move(*host);
   st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
+  st.intake.emplace(st.options.vocabulary);
   start_executor(self);
   if (st.options.vocabulary)  // it goes down with its engine
     st.grammars = spawn_grammar_actor(self->system(), caf::actor_cast<caf::actor>(self), st.options.config.grammar);
@@ -473,9 +450,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         if (!validate_caller(caller, s.request.id) || here_already(self, s.request.id, caller))
           return self->state.host->note_received();
         check_cache_tier(self, s.request);
-        with_grammar(self, std::move(s.request), caller, /*uncounted=*/true, [=](engine::request r) {
-          perform(self, self->state.host->submit(std::move(r), now_ns(self)), caller);
-        });
+        take_in(self, self->state.intake->arrive(engine::arrival{std::move(s.request)}, caller.address()), caller);
       },
       [=](msg::submit_prefill& s) { submit_prefill(self, s); },
       [=](msg::kv_handoff& h) { on_handoff(self, h); },
@@ -483,10 +458,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         if (auto h = self->state.kv->arrived(a, caf::actor_cast<engine_actor>(self))) accept_handoff(self, *h);
       },
       [=](msg::release& r) {
-        auto& compiling = self->state.compiling;
-        if (auto it = compiling.find(r.request_id);
-            it != compiling.end() && it->second == caf::actor_cast<caf::actor_addr>(self->current_sender()))
-          compiling.erase(it);  // still compiling: never admitted
+        self->state.intake->release(r.request_id, caf::actor_cast<caf::actor_addr>(self->current_sender()));
         if (released_by_owner(self, r.request_id)) perform(self, self->state.host->release(r.request_id, now_ns(self)));
       },
       [=](msg::report_to& r) {
