@@ -1,7 +1,6 @@
 #include "actors/load_balancer_actor.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
@@ -36,10 +35,9 @@ struct load_balancer_state {
   load_balancer_options o;
   std::vector<cache_tier_actor> tiers;  // the engines' nodes' cache tiers, each once, in engine order
   std::optional<balance::balancer_host> host;
-  std::optional<balance::token_bucket> rate_limit;
+  std::optional<balance::admission<caf::node_id>> admission;  // per-client caps and the rate
   int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
   std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
-  std::map<caf::node_id, int32_t> in_flight_by_node;  // live requests per other client process
   balance::request_key next_key = 0;
   bool rejoin_armed = false;             // a rejoin_atom is on its way
   std::set<std::string> rejoining;       // "host:port" of nodes being reached again
@@ -50,17 +48,10 @@ using load_balancer_t = balancer_actor::stateful_base<load_balancer_state>;
 
 std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
 
+/// Spawns the request actor of an admitted request (`refused`: the error it answers at once).
 request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream,
-                    const caf::node_id& client_node) {
+                    const caf::node_id& client_node, std::optional<error> refused) {
   load_balancer_state& st = self->state;
-  std::optional<error> refused;
-  if (st.rate_limit && !st.rate_limit->take(ns_since_epoch(self->clock().now()))) {
-    char rate[32];
-    std::snprintf(rate, sizeof(rate), "%g", st.o.rate_limit_per_s);
-    refused = error{errc::overloaded, std::string("the load balancer admits at most ") + rate +
-                                          " requests/s (bursts of " + std::to_string(st.o.rate_limit_burst) +
-                                          ", [load_balancer] rate_limit_per_s); retry later"};
-  }
   const int64_t index = st.num_routed++;
   const int64_t id = st.o.draw_request_id ? st.o.draw_request_id() : index;
   request_options ro;
@@ -82,7 +73,6 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
   st.placed.emplace(request.address(), live_request{st.next_key++, client_node});
-  if (client_node != self->node()) st.in_flight_by_node[client_node]++;
   return request;
 }
 
@@ -95,10 +85,9 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
 /// entry and its messages arrive with a null sender (msg::submit_completion has the details).
 /// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
 ///
-/// Another process may have at most `max_pending_per_client` requests in flight (counted by the
-/// sender's node, else the client's): one client cannot fill every engine's queue. This node's
-/// own clients (the HTTP and msgpack gateways, which bound their own connections) are exempt.
-/// A refused request leaves nothing behind: no request actor, no placement, no engine work.
+/// Then balance::admission decides, by the sender's node (else the client's): a client process
+/// over its cap is refused here, leaving nothing behind (no request actor, no placement, no
+/// engine work); one over the rate gets a request actor that answers `overloaded`.
 caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_request& req,
                                          stream_receiver_actor client, uint64_t stream) {
   if (!client) {
@@ -107,19 +96,14 @@ caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_
     return caf::make_error(caf::sec::invalid_argument, "a completion request must name its client");
   }
   const caf::node_id client_node = self->current_sender() ? self->current_sender()->node() : client.node();
-  if (client_node != self->node()) {
-    const int32_t limit = self->state.o.max_pending_per_client;
-    if (auto it = self->state.in_flight_by_node.find(client_node);
-        it != self->state.in_flight_by_node.end() && it->second >= limit) {
-      spdlog::warn("load balancer: refused a completion request from a client process with {} requests in flight "
-                   "(the limit)",
-                   limit);
-      return caf::make_error(caf::sec::invalid_argument,
-                             "too many requests in flight from this client: " + std::to_string(limit) +
-                                 " ([limits] max_pending_per_client); wait for one to finish");
-    }
+  auto admitted = self->state.admission->admit(client_node, ns_since_epoch(self->clock().now()));
+  if (!admitted) {
+    spdlog::warn("load balancer: refused a completion request from a client process with {} requests in flight "
+                 "(the limit)",
+                 self->state.admission->max_pending_per_client());
+    return caf::make_error(caf::sec::invalid_argument, admitted.error().message);
   }
-  return route(self, req, std::move(client), stream, client_node);
+  return route(self, req, std::move(client), stream, client_node, std::move(*admitted));
 }
 
 void tell_lost(load_balancer_t* self, size_t index, const std::string& why);
@@ -297,10 +281,7 @@ void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
   if (auto it = st.placed.find(dm.source); it != st.placed.end()) {
     st.host->request_ended(it->second.key);
-    if (auto by_node = st.in_flight_by_node.find(it->second.client_node);
-        by_node != st.in_flight_by_node.end() && --by_node->second == 0) {
-      st.in_flight_by_node.erase(by_node);
-    }
+    st.admission->ended(it->second.client_node);
     st.placed.erase(it);
     return;
   }
@@ -378,7 +359,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   }
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
-  if (st.o.rate_limit_per_s > 0) st.rate_limit.emplace(st.o.rate_limit_per_s, st.o.rate_limit_burst);
+  st.admission.emplace(self->node(), st.o.max_pending_per_client, st.o.rate_limit_per_s, st.o.rate_limit_burst);
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
                   balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight},
                   std::move(tier_specs));
