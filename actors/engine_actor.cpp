@@ -4,8 +4,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -15,49 +13,11 @@
 #include "actors/system/atoms.hpp"
 #include "actors/system/boundary.hpp"
 #include "actors/system/sync_guard.hpp"
-#include "actors/system/network_limits.hpp"
-#include "actors/system/network_model.hpp"
 #include "actors/system/clock.hpp"
-#include "actors/executor_actor.hpp"
-#include "actors/grammar_actor.hpp"
-#include "actors/kv_transfers.hpp"
+#include "actors/engine_effects.hpp"
 #include "messages/kv_payload.hpp"
-#include "runtime/engine/engine_host.hpp"
-#include "runtime/engine/resumed.hpp"
 
 namespace troupe::actors {
-namespace {
-
-/// Actor handles only: every decision is the host's (runtime/engine/engine_host.hpp).
-struct engine_state {
-  engine_options options;
-  std::unique_ptr<engine::engine_host> host;
-  executor_actor executor;
-  std::map<engine::request_id, request_actor> clients;             // request actors (watch_caller)
-  std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
-  std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
-  std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
-  balancer_actor balancer;
-  std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancer's order (report_to)
-  grammar_actor grammars;  // compiles requests' grammars before they are admitted
-  /// Requests waiting for their grammar, by their request actor: a release from it drops one
-  /// before admission (the compile's answer then finds it gone).
-  std::map<engine::request_id, caf::actor_addr> compiling;
-  /// A drain's answer, given once nothing is left here: the number of requests forwarded, and of
-  /// them those forwarded with their KV.
-  std::optional<caf::typed_response_promise<int32_t, int32_t>> drained;
-  static inline const char* name = "engine";
-};
-
-using engine_actor_t = engine_actor::stateful_base<engine_state>;
-
-/// Sends to another node: over the simulator's network when there is one (engine_options::network).
-template <class Handle, class Message>
-void post(engine_actor_t* self, const Handle& to, Message&& m, int64_t bytes = 0) {
-  send_over(self, self->state.options.network.get(), to, std::forward<Message>(m), bytes);
-}
-
-}  // namespace
 
 executor_settings executor_settings_of(const engine_options& o) {
   return executor_settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,  o.config.kernels,
@@ -75,182 +35,11 @@ engine::engine_host_options host_options(const engine_options& o) {
           o.check_invariants_every, o.kv_sender != nullptr, o.kv_tag_base};
 }
 
-int64_t now_ns(engine_actor_t* self) { return ns_since_epoch(self->clock().now()); }
-
-void start_executor(engine_actor_t* self) {
-  const engine_options& o = self->state.options;
-  const engine_actor engine = caf::actor_cast<engine_actor>(self);
-  self->state.executor = o.make_executor ? o.make_executor(self->system(), engine)
-                                         : spawn_executor(self->system(), engine, executor_settings_of(o));
-  // Monitored, not linked: over a link, an executor killed with exit_reason::kill (which no exit
-  // handler can intercept) would take its engine down. The executor monitors its engine in turn.
-  self->monitor(self->state.executor);
-}
-
-request_actor client_of(engine_actor_t* self, engine::request_id id) {
-  auto it = self->state.clients.find(id);
-  return it == self->state.clients.end() ? request_actor{} : it->second;
-}
-
-void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller = {});
-
-void executor_failed(engine_actor_t* self, int64_t generation, const caf::error& reason) {
-  if (generation != self->state.host->generation()) return;  // a replaced executor's failure
-  const std::string why = "step executor failed: " + self->system().render(reason);
-  spdlog::error("engine: {}; restarting it and resuming its {} request(s) by recompute", why,
-                self->state.host->num_live());
-  perform(self, self->state.host->executor_failed(generation, why, now_ns(self)));
-}
-
-void send_plan(engine_actor_t* self, engine::send_plan& p) {
-  const int64_t generation = p.generation;
-  self->request(self->state.executor, caf::infinite, std::move(p.plan), std::move(p.grammars))
-      .then([=](engine::exec_result& r) {
-              perform(self, self->state.host->on_step_result(generation, std::move(r), now_ns(self)));
-            },
-            [=](caf::error& err) { executor_failed(self, generation, err); });
-}
-
-
-/// Ships a prefilled request and its KV to its decode engine (the KV over UCX when tagged).
-void hand_off(engine_actor_t* self, engine::hand_off& h) {
-  const engine::request_id id = h.prefilled.req.id;
-  const request_actor to = client_of(self, id);
-  const engine_actor& decode = self->state.decodes.at(h.decode);
-  msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
-  // Over CAF to another process, a message larger than the peer accepts would close the whole
-  // connection between the two nodes ([limits] max_message_mib): this request fails instead.
-  if (h.ucx_tag == 0 && !fits_between(decode.node(), self->node(), m.payload.size())) {
-    const uint64_t limit = current_network_limits().max_message_bytes;
-    post(self, to, msg::rejected{id, errc::invalid_argument,
-                                 "the prompt's KV cache is " + std::to_string(m.payload.size()) +
-                                     " bytes, more than a CAF message between nodes may carry (" +
-                                     std::to_string(limit) +
-                                     " bytes, [limits] max_message_mib); raise it or use kv_transfer = \"ucx\""});
-    return;
-  }
-  if (h.ucx_tag != 0)
-    self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id,
-                         caf::actor_cast<engine_actor>(self));
-  kv_in_transit(self, self->state.options.network.get(), m.payload);
-  const auto bytes = static_cast<int64_t>(m.payload.size());
-  post(self, to, msg::prefilled{id});
-  post(self, decode, std::move(m), bytes);
-}
-
-/// Sends a drained request back to its request actor, with its KV when it has some and it fits
-/// in a CAF message to that actor's node (else the next engine recomputes it).
-void forward(engine_actor_t* self, engine::forward& f, const request_actor& caller) {
-  const request_actor to = f.to_caller ? caller : client_of(self, f.id);
-  msg::forwarded m{f.id, "its engine drained (the node is shutting down): placed again", {}};
-  if (f.kv) {
-    m.kv_payload = msg::encode_kv_payload(f.id, *f.kv);
-    if (!fits_between(to.node(), self->node(), m.kv_payload.size())) {
-      spdlog::warn("engine: request {} is forwarded without its KV: {} bytes are more than a CAF message between "
-                   "nodes may carry ([limits] max_message_mib)",
-                   f.id, m.kv_payload.size());
-      m.kv_payload.clear();
-    }
-  }
-  kv_in_transit(self, self->state.options.network.get(), m.kv_payload);
-  const auto bytes = static_cast<int64_t>(m.kv_payload.size());
-  post(self, to, std::move(m), bytes);
-}
-
 /// A request's tier as the balancer named it, if this engine knows that tier; else -1 (its own).
 void check_cache_tier(engine_actor_t* self, engine::request& r) {
   if (r.cache_tier < 0 || static_cast<size_t>(r.cache_tier) >= self->state.cache_tiers.size() ||
       !self->state.cache_tiers[static_cast<size_t>(r.cache_tier)])
     r.cache_tier = -1;
-}
-
-/// Asks a cache tier (the request's, else the node's own) for the blocks after the pool's prefix;
-/// no answer within the timeout (or an error) is an empty answer: the request recomputes those
-/// tokens.
-void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
-  const engine::request_id id = f.id;
-  engine_state& st = self->state;
-  const cache_tier_actor tier =
-      f.cache_tier >= 0 && static_cast<size_t>(f.cache_tier) < st.cache_tiers.size() ? st.cache_tiers[f.cache_tier]
-                                                                                    : st.options.host_tier;
-  if (!tier) return perform(self, st.host->tier_answered(id, {}, now_ns(self)));  // none to ask: a miss
-  self->request(tier, self->state.options.tier_fetch_timeout,
-                msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max})
-      .then([=](msg::tier_blocks& b) {
-              if (!b.from_lower.empty() && b.from_lower.size() != b.blocks.size()) b.from_lower.clear();  // counts only
-              perform(self, self->state.host->tier_answered(id, std::move(b.blocks), now_ns(self), std::move(b.from_lower)));
-            },
-            [=](caf::error& err) {
-              spdlog::debug("engine: the host tier did not serve request {}: {}", id, self->system().render(err));
-              perform(self, self->state.host->tier_answered(id, {}, now_ns(self)));
-            });
-}
-
-/// Stores demoted blocks in the host tier; its answers (blocks it evicted) are not awaited.
-void demote_to_tier(engine_actor_t* self, engine::demote_blocks& d) {
-  for (engine::demoted_block& b : d.blocks)
-    self->request(self->state.options.host_tier, caf::infinite, msg::tier_put{std::move(b.block), b.cls})
-        .then([](int64_t) {},
-              [=](caf::error& err) { spdlog::warn("engine: the host tier refused a block: {}", self->system().render(err)); });
-}
-
-/// Performs one effect of the host; `caller` is the actor the current call came from.
-struct performer {
-  engine_actor_t* self;
-  const request_actor& caller;
-  void operator()(engine::send_plan& p) const { send_plan(self, p); }
-  void operator()(engine::send_token& t) const {
-    engine::sample_event& s = t.event;
-    post(self, client_of(self, s.request),
-               msg::sampled{s.request, s.sample_index, s.sample.token, s.sample.logprob,
-                            std::move(s.sample.top_logprobs), s.finish, s.num_cached_tokens,
-                            s.num_preemptions, s.num_recomputed_tokens, t.scheduled_at_ns});
-  }
-  void operator()(engine::send_batch& e) const {
-    engine::token_batch& b = e.batch;
-    post(self, client_of(self, b.request),
-               msg::sampled_batch{b.request, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs),
-                                  std::move(b.age_ns), b.finish, b.num_cached_tokens,
-                                  b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns});
-  }
-  void operator()(engine::reject& r) const {
-    if (!r.to_caller) spdlog::error("engine: request {} failed: {}", r.id, r.message);
-    post(self, r.to_caller ? caller : client_of(self, r.id), msg::rejected{r.id, r.code, r.message});
-  }
-  void operator()(engine::watch_caller& w) const {
-    self->state.clients[w.id] = caller;
-    self->state.request_of_actor[caller.address()] = w.id;
-    self->monitor(caller);
-  }
-  void operator()(engine::hand_off& h) const { hand_off(self, h); }
-  void operator()(engine::report_load& l) const {
-    post(self, self->state.balancer,
-         msg::load_report{l.engine_index, l.num_received, l.num_requests, l.num_kv_tokens,
-                          l.num_queued_prefill_tokens, l.draining, l.cache_seq, l.cache_snapshot,
-                          std::move(l.cached_added), std::move(l.cached_removed)});
-  }
-  void operator()(engine::arm_report_timer& a) const {
-    self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);
-  }
-  void operator()(engine::fetch_blocks& f) const { fetch_from_tier(self, f); }
-  void operator()(engine::demote_blocks& d) const { demote_to_tier(self, d); }
-  void operator()(engine::forward& f) const { forward(self, f, caller); }
-  void operator()(engine::restart_executor&) const {
-    self->demonitor(self->state.executor.address());
-    self->send_exit(self->state.executor, caf::exit_reason::user_shutdown);  // its KV state is lost anyway
-    start_executor(self);
-  }
-};
-
-void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller) {
-  const no_blocking_scope guard("the engine's effects");
-  for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
-  engine_state& st = self->state;
-  if (st.drained && st.host->drained() && st.compiling.empty()) {
-    st.drained->deliver(static_cast<int32_t>(st.host->num_forwarded()),
-                        static_cast<int32_t>(st.host->num_forwarded_with_kv()));
-    st.drained.reset();
-  }
 }
 
 /// The node shuts down: no new work from now on; after `grace_ms` every request still here is
@@ -276,74 +65,12 @@ bool validate_caller(const request_actor& caller, engine::request_id id) {
   return false;
 }
 
-/// Whether request `id` from `from` is here already: the same request arriving twice, which
-/// happens when a prefill engine is lost while its hand-off is on the way, and the request
-/// actor places the request again on the same decode engine. The second copy is dropped (the
-/// first serves it; a rejection would end the request).
+/// Whether request `id` from `from` is here already (engine::intake::here_already): dropped.
 bool here_already(engine_actor_t* self, engine::request_id id, const request_actor& from) {
-  const engine_state& st = self->state;
-  const auto client = st.clients.find(id);
-  const auto compiling = st.compiling.find(id);
-  if ((!st.host->is_live(id) || client == st.clients.end() || client->second != from) &&
-      (compiling == st.compiling.end() || compiling->second != from.address()))
-    return false;
+  const bool served_for_from = self->state.host->is_live(id) && client_of(self, id) == from;
+  if (!self->state.intake->here_already(id, from.address(), served_for_from)) return false;
   spdlog::debug("engine: request {} arrived twice (a hand-off and its placement again); the second is dropped", id);
   return true;
-}
-
-/// How long a request waits for its grammar's compilation (in this process) before it fails.
-constexpr auto grammar_compile_timeout = std::chrono::seconds(30);
-
-/// Refuses a request before the host saw it; `uncounted`: the host has not counted it received
-/// yet (a submit, which the host counts itself when it gets it).
-void refuse_request(engine_actor_t* self, const request_actor& to, engine::request_id id, errc code,
-                    const std::string& why, bool uncounted) {
-  if (uncounted) self->state.host->note_received();
-  post(self, to, msg::rejected{id, code, why});
-}
-
-/// Runs `admit(r)` once `r`'s grammar is compiled (at once without one); a grammar that does not
-/// compile, or an engine without a vocabulary, rejects the request to `to` instead.
-template <class Admit>
-void with_grammar(engine_actor_t* self, engine::request r, const request_actor& to, bool uncounted, Admit admit) {
-  if (r.grammar.kind == grammar::grammar_kind::none) return admit(std::move(r));
-  const engine::request_id id = r.id;
-  if (!self->state.options.vocabulary)
-    return refuse_request(self, to, id, errc::invalid_argument, "this engine has no tokenizer to apply grammars with",
-                          uncounted);
-  if (auto ok = grammar::validate(r.grammar, self->state.options.vocabulary->size()); !ok)
-    return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
-  const grammar::grammar_spec spec = r.grammar;
-  self->state.compiling[id] = to.address();
-  // Whether the request still waits (not released meanwhile); if not, it is forgotten here.
-  const auto still_waiting = [=] {
-    auto& compiling = self->state.compiling;
-    const auto it = compiling.find(id);
-    if (it == compiling.end() || it->second != to.address()) {
-      if (uncounted) self->state.host->note_received();
-      spdlog::debug("engine: request {} was released while its grammar compiled: dropped", id);
-      return false;
-    }
-    compiling.erase(it);
-    return true;
-  };
-  self->request(self->state.grammars, grammar_compile_timeout, compile_atom::value, spec)
-      .then(
-          [=, r = std::move(r), admit = std::move(admit)](compiled_grammar_ref& c) mutable {
-            if (!still_waiting()) return;
-            if (!c.grammar) return refuse_request(self, to, id, errc::invalid_argument, c.error, uncounted);
-            r.compiled_grammar = std::move(c.grammar);
-            // Resumed tokens (a drained or lost engine's) come from a peer: checked here, never
-            // in the executor's step, where a forged one aborted it.
-            if (auto ok = engine::check_resumed(r, self->state.options.vocabulary); !ok)
-              return refuse_request(self, to, id, ok.error().code, ok.error().message, uncounted);
-            admit(std::move(r));
-          },
-          [=](caf::error& err) {
-            if (!still_waiting()) return;
-            refuse_request(self, to, id, errc::internal, "compiling the grammar failed: " + self->system().render(err),
-                           uncounted);
-          });
 }
 
 void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
@@ -368,21 +95,16 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
 void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   if (!validate_caller(h.request_actor, h.request.id) || here_already(self, h.request.id, h.request_actor)) return;
   check_cache_tier(self, h.request);
-  const request_actor to = h.request_actor;
-  auto payload = msg::decode_kv_payload(h.payload);
-  if (!payload) {
-    spdlog::warn("engine: the KV of request {} did not arrive intact ({}); recomputed instead", h.request.id,
+  engine::arrival a{std::move(h.request), engine::entry::recompute};
+  if (auto payload = msg::decode_kv_payload(h.payload)) {
+    a.how = engine::entry::import;
+    a.payload_id = payload->request_id;
+    a.kv = std::move(payload->kv);
+  } else {
+    spdlog::warn("engine: the KV of request {} did not arrive intact ({}); recomputed instead", a.req.id,
                  payload.error().message);
-    with_grammar(self, std::move(h.request), to, /*uncounted=*/false, [=](engine::request r) {
-      perform(self, self->state.host->recompute_handoff(std::move(r), now_ns(self)), to);
-    });
-    return;
   }
-  const engine::request_id from = payload->request_id;
-  with_grammar(self, std::move(h.request), to, /*uncounted=*/false,
-               [=, kv = std::move(payload->kv)](engine::request r) mutable {
-                 perform(self, self->state.host->import(std::move(r), from, std::move(kv), now_ns(self)), to);
-               });
+  take_in(self, self->state.intake->arrive(std::move(a), h.request_actor.address()), h.request_actor);
 }
 
 void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
@@ -462,6 +184,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
   TROUPE_ASSERT_MSG(host.has_value(), "engine options are validated in spawn_engine");
   st.host = std::move(*host);
   st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
+  st.intake.emplace(st.options.vocabulary);
   start_executor(self);
   if (st.options.vocabulary)  // it goes down with its engine
     st.grammars = spawn_grammar_actor(self->system(), caf::actor_cast<caf::actor>(self), st.options.config.grammar);
@@ -473,9 +196,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         if (!validate_caller(caller, s.request.id) || here_already(self, s.request.id, caller))
           return self->state.host->note_received();
         check_cache_tier(self, s.request);
-        with_grammar(self, std::move(s.request), caller, /*uncounted=*/true, [=](engine::request r) {
-          perform(self, self->state.host->submit(std::move(r), now_ns(self)), caller);
-        });
+        take_in(self, self->state.intake->arrive(engine::arrival{std::move(s.request)}, caller.address()), caller);
       },
       [=](msg::submit_prefill& s) { submit_prefill(self, s); },
       [=](msg::kv_handoff& h) { on_handoff(self, h); },
@@ -483,10 +204,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
         if (auto h = self->state.kv->arrived(a, caf::actor_cast<engine_actor>(self))) accept_handoff(self, *h);
       },
       [=](msg::release& r) {
-        auto& compiling = self->state.compiling;
-        if (auto it = compiling.find(r.request_id);
-            it != compiling.end() && it->second == caf::actor_cast<caf::actor_addr>(self->current_sender()))
-          compiling.erase(it);  // still compiling: never admitted
+        self->state.intake->release(r.request_id, caf::actor_cast<caf::actor_addr>(self->current_sender()));
         if (released_by_owner(self, r.request_id)) perform(self, self->state.host->release(r.request_id, now_ns(self)));
       },
       [=](msg::report_to& r) {

@@ -1,10 +1,7 @@
 #include "actors/load_balancer_actor.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <map>
 #include <optional>
-#include <set>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -13,54 +10,19 @@
 #include "actors/system/boundary.hpp"
 #include "actors/system/door.hpp"
 #include "actors/system/clock.hpp"
-#include "actors/system/connect.hpp"
+#include "actors/load_balancer_watch.hpp"
 #include "actors/system/random.hpp"
 #include "actors/request_actor.hpp"
 #include "messages/client.hpp"
-#include "actors/system/cluster_messages.hpp"
-#include "runtime/balance/admission.hpp"
-#include "runtime/balance/balancer_host.hpp"
 #include "runtime/engine/request.hpp"
 
 namespace troupe::actors {
 namespace {
 
-/// A live request actor: its key in the host, and the process whose client asked for it.
-struct live_request {
-  balance::request_key key = 0;
-  caf::node_id client_node;
-};
-
-/// Actor handles only: the bookkeeping is the host's (runtime/balance/balancer_host.hpp).
-struct load_balancer_state {
-  load_balancer_options o;
-  std::vector<cache_tier_actor> tiers;  // the engines' nodes' cache tiers, each once, in engine order
-  std::optional<balance::balancer_host> host;
-  std::optional<balance::token_bucket> rate_limit;
-  int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
-  std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
-  std::map<caf::node_id, int32_t> in_flight_by_node;  // live requests per other client process
-  balance::request_key next_key = 0;
-  bool rejoin_armed = false;             // a rejoin_atom is on its way
-  std::set<std::string> rejoining;       // "host:port" of nodes being reached again
-  static inline const char* name = "load_balancer";
-};
-
-using load_balancer_t = balancer_actor::stateful_base<load_balancer_state>;
-
-std::string where(const balanced_engine& e) { return "engine '" + e.name + "' on node '" + e.node + "'"; }
-
+/// Spawns the request actor of an admitted request (`refused`: the error it answers at once).
 request_actor route(load_balancer_t* self, msg::completion_request& req, stream_receiver_actor client, uint64_t stream,
-                    const caf::node_id& client_node) {
+                    const caf::node_id& client_node, std::optional<error> refused) {
   load_balancer_state& st = self->state;
-  std::optional<error> refused;
-  if (st.rate_limit && !st.rate_limit->take(ns_since_epoch(self->clock().now()))) {
-    char rate[32];
-    std::snprintf(rate, sizeof(rate), "%g", st.o.rate_limit_per_s);
-    refused = error{errc::overloaded, std::string("the load balancer admits at most ") + rate +
-                                          " requests/s (bursts of " + std::to_string(st.o.rate_limit_burst) +
-                                          ", [load_balancer] rate_limit_per_s); retry later"};
-  }
   const int64_t index = st.num_routed++;
   const int64_t id = st.o.draw_request_id ? st.o.draw_request_id() : index;
   request_options ro;
@@ -82,7 +44,6 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
   st.placed.emplace(request.address(), live_request{st.next_key++, client_node});
-  if (client_node != self->node()) st.in_flight_by_node[client_node]++;
   return request;
 }
 
@@ -95,10 +56,9 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
 /// entry and its messages arrive with a null sender (msg::submit_completion has the details).
 /// Monitoring that null handle crashed the server (caf::local_actor::monitor at address 0x40).
 ///
-/// Another process may have at most `max_pending_per_client` requests in flight (counted by the
-/// sender's node, else the client's): one client cannot fill every engine's queue. This node's
-/// own clients (the HTTP and msgpack gateways, which bound their own connections) are exempt.
-/// A refused request leaves nothing behind: no request actor, no placement, no engine work.
+/// Then balance::admission decides, by the sender's node (else the client's): a client process
+/// over its cap is refused here, leaving nothing behind (no request actor, no placement, no
+/// engine work); one over the rate gets a request actor that answers `overloaded`.
 caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_request& req,
                                          stream_receiver_actor client, uint64_t stream) {
   if (!client) {
@@ -107,22 +67,15 @@ caf::result<request_actor> admit_request(load_balancer_t* self, msg::completion_
     return caf::make_error(caf::sec::invalid_argument, "a completion request must name its client");
   }
   const caf::node_id client_node = self->current_sender() ? self->current_sender()->node() : client.node();
-  if (client_node != self->node()) {
-    const int32_t limit = self->state.o.max_pending_per_client;
-    if (auto it = self->state.in_flight_by_node.find(client_node);
-        it != self->state.in_flight_by_node.end() && it->second >= limit) {
-      spdlog::warn("load balancer: refused a completion request from a client process with {} requests in flight "
-                   "(the limit)",
-                   limit);
-      return caf::make_error(caf::sec::invalid_argument,
-                             "too many requests in flight from this client: " + std::to_string(limit) +
-                                 " ([limits] max_pending_per_client); wait for one to finish");
-    }
+  auto admitted = self->state.admission->admit(client_node, ns_since_epoch(self->clock().now()));
+  if (!admitted) {
+    spdlog::warn("load balancer: refused a completion request from a client process with {} requests in flight "
+                 "(the limit)",
+                 self->state.admission->max_pending_per_client());
+    return caf::make_error(caf::sec::invalid_argument, admitted.error().message);
   }
-  return route(self, req, std::move(client), stream, client_node);
+  return route(self, req, std::move(client), stream, client_node, std::move(*admitted));
 }
-
-void tell_lost(load_balancer_t* self, size_t index, const std::string& why);
 
 msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   load_balancer_state& st = self->state;
@@ -165,142 +118,11 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   return out;
 }
 
-/// Schedules the next try to reach lost engines' nodes again, unless one is scheduled, none
-/// is lost whose node can be reached, or rejoining is off.
-void arm_rejoin(load_balancer_t* self) {
-  load_balancer_state& st = self->state;
-  if (st.o.rejoin_interval_ms <= 0 || st.rejoin_armed) return;
-  for (size_t i = 0; i < st.o.engines.size(); i++) {
-    if (st.host->load(i).alive || st.o.engines[i].node_port == 0) continue;
-    st.rejoin_armed = true;
-    self->delayed_send(self, std::chrono::milliseconds(st.o.rejoin_interval_ms), rejoin_atom::value);
-    return;
-  }
-}
-
-/// Engine `index` was just lost (`why`): every request placed on it is told.
-void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
-  const balanced_engine& e = self->state.o.engines[index];
-  spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e), why);
-  for (const auto& [addr, live] : self->state.placed) {
-    if (!self->state.host->placed_on(live.key, index)) continue;
-    if (auto request = caf::actor_cast<request_actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
-  }
-  arm_rejoin(self);
-}
-
-/// Asks engine `index` for load reports (with its pool's cache events when the host wants them:
-/// a snapshot first); none without a report interval.
-void ask_reports(load_balancer_t* self, size_t index) {
-  const load_balancer_state& st = self->state;
-  if (st.o.report_interval_ms <= 0) return;
-  self->send(st.o.engines[index].actor,
-             msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index), st.o.report_interval_ms,
-                            st.host->wants_cache_events(index), st.tiers});
-}
-
-/// Asks cache tier `index` for its hashes (a snapshot first), if the host wants them.
-void ask_tier_reports(load_balancer_t* self, size_t index) {
-  const load_balancer_state& st = self->state;
-  if (st.o.report_interval_ms <= 0 || !st.host->wants_tier_events(index)) return;
-  std::vector<std::string> engine_nodes;  // who may fetch from the tier: each node once
-  for (const balanced_engine& e : st.o.engines) {
-    std::string node = caf::to_string(e.actor.node());
-    if (std::find(engine_nodes.begin(), engine_nodes.end(), node) == engine_nodes.end())
-      engine_nodes.push_back(std::move(node));
-  }
-  self->send(st.tiers[index], msg::tier_report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index),
-                                                  st.o.report_interval_ms, std::move(engine_nodes)});
-}
-
-/// A cache tier's hashes count only from the tier they name.
-void on_tier_events(load_balancer_t* self, msg::tier_events& r) {
-  const std::vector<cache_tier_actor>& tiers = self->state.tiers;
-  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
-  if (r.tier_index < 0 || static_cast<size_t>(r.tier_index) >= tiers.size() ||
-      tiers[static_cast<size_t>(r.tier_index)].address() != sender) {
-    spdlog::warn("load balancer: dropped a cache tier report for tier {} that did not come from that tier", r.tier_index);
-    return;
-  }
-  const balance::pool_events events{r.seq, r.snapshot, std::move(r.added), std::move(r.removed)};
-  switch (self->state.host->on_tier_report(r.tier_index, events, r.lower)) {
-    case balance::report_outcome::ignored:
-      spdlog::warn("load balancer: ignored a report of cache tier {} with a count out of range", r.tier_index);
-      return;
-    case balance::report_outcome::resync:
-      return ask_tier_reports(self, static_cast<size_t>(r.tier_index));
-    case balance::report_outcome::taken:
-      return;
-  }
-}
-
-/// The node at host:port listed `engines`: its lost engines of the topology are these now
-/// (a restarted node's new actors; a frozen node that woke up lists the same ones).
-void take_back(load_balancer_t* self, const std::string& host, uint16_t port, const engine_list& engines) {
-  load_balancer_state& st = self->state;
-  for (size_t i = 0; i < st.o.engines.size(); i++) {
-    balanced_engine& e = st.o.engines[i];
-    if (st.host->load(i).alive || e.node_host != host || e.node_port != port) continue;
-    if (e.index_on_node >= engines.size() || !engines[e.index_on_node]) {
-      spdlog::warn("load balancer: the node of {} came back with {} engine(s), not it", where(e), engines.size());
-      continue;
-    }
-    if (engines[e.index_on_node] == e.actor && st.host->load(i).draining) continue;  // still shutting down
-    if (engines[e.index_on_node] != e.actor) {
-      e.actor = engines[e.index_on_node];
-      self->monitor(e.actor);
-    }
-    st.host->rejoined(i, ns_since_epoch(self->clock().now()));
-    ask_reports(self, i);
-    spdlog::info("load balancer: {} answers again: taken into service", where(e));
-  }
-}
-
-/// Reaches the node at host:port (a try of at most rejoin_interval_ms) and takes its engines
-/// back; a failed try changes nothing (the next one comes with the next rejoin_atom).
-void reach_again(load_balancer_t* self, const std::string& host, uint16_t port) {
-  const std::string address = host + ":" + std::to_string(port);
-  if (!self->state.rejoining.insert(address).second) return;  // a try is under way
-  const auto bound = std::chrono::milliseconds(self->state.o.rejoin_interval_ms);
-  const auto done = [=] { self->state.rejoining.erase(address); };
-  self->request(network_actor(self->system()), bound, caf::connect_atom::value, host, port)
-      .then(
-          [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& interface) {
-            if (!ptr || !self->system().assignable(interface, self->system().message_types<node_actor>())) {
-              spdlog::warn("load balancer: {} publishes no troupe node now", address);
-              return done();
-            }
-            self->request(caf::actor_cast<node_actor>(ptr), bound, engines_atom::value)
-                .then(
-                    [=](engine_list& engines) {
-                      done();
-                      take_back(self, host, port, engines);
-                    },
-                    [=](caf::error&) { done(); });
-          },
-          [=](caf::error&) { done(); });
-}
-
-/// A rejoin_atom: every lost engine's node is reached again (each node once).
-void on_rejoin(load_balancer_t* self) {
-  load_balancer_state& st = self->state;
-  st.rejoin_armed = false;
-  std::set<std::pair<std::string, uint16_t>> nodes;
-  for (size_t i = 0; i < st.o.engines.size(); i++)
-    if (!st.host->load(i).alive && st.o.engines[i].node_port != 0)
-      nodes.emplace(st.o.engines[i].node_host, st.o.engines[i].node_port);
-  for (const auto& [host, port] : nodes) reach_again(self, host, port);
-  arm_rejoin(self);
-}
-
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
   if (auto it = st.placed.find(dm.source); it != st.placed.end()) {
     st.host->request_ended(it->second.key);
-    if (auto by_node = st.in_flight_by_node.find(it->second.client_node);
-        by_node != st.in_flight_by_node.end() && --by_node->second == 0) {
-      st.in_flight_by_node.erase(by_node);
-    }
+    st.admission->ended(it->second.client_node);
     st.placed.erase(it);
     return;
   }
@@ -311,47 +133,6 @@ void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   for (size_t i = 0; i < st.o.engines.size(); i++)
     if (st.o.engines[i].actor.address() == dm.source && st.host->mark_lost(i))
       tell_lost(self, i, self->system().render(dm.reason));
-}
-
-/// One heartbeat: engines silent past the timeout are lost; every live one is pinged again.
-void on_heartbeat(load_balancer_t* self) {
-  load_balancer_state& st = self->state;
-  for (size_t i : st.host->heartbeat(ns_since_epoch(self->clock().now())))
-    tell_lost(self, i, "no answer to the heartbeat for " + std::to_string(st.o.heartbeat_timeout_ms) + " ms");
-  const auto timeout = std::chrono::milliseconds(st.o.heartbeat_timeout_ms);
-  for (size_t i = 0; i < st.o.engines.size(); i++) {
-    if (!st.host->load(i).alive) continue;
-    self->request(st.o.engines[i].actor, timeout, ping_atom::value)
-        .then([=](pong_atom) { self->state.host->heard_from(i, ns_since_epoch(self->clock().now())); },
-              [](caf::error&) {});  // one unanswered ping decides nothing: the host judges silence
-  }
-  self->delayed_send(self, std::chrono::milliseconds(st.o.heartbeat_interval_ms), heartbeat_atom::value);
-}
-
-/// A load report counts only from the engine it names: a forged one could starve an engine of
-/// work for good, or pile it all on one.
-void on_report(load_balancer_t* self, msg::load_report& r) {
-  const std::vector<balanced_engine>& engines = self->state.o.engines;
-  const auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
-  if (r.engine_index < 0 || static_cast<size_t>(r.engine_index) >= engines.size() ||
-      engines[static_cast<size_t>(r.engine_index)].actor.address() != sender) {
-    spdlog::warn("load balancer: dropped a load report for engine {} that did not come from that engine",
-                 r.engine_index);
-    return;
-  }
-  const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens,
-                                      r.draining};
-  const balance::pool_events cache{r.cache_seq, r.cache_snapshot, std::move(r.cached_added),
-                                   std::move(r.cached_removed)};
-  switch (self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()), cache)) {
-    case balance::report_outcome::ignored:
-      spdlog::warn("load balancer: ignored a load report for engine {} with a count out of range", r.engine_index);
-      return;
-    case balance::report_outcome::resync:
-      return ask_reports(self, static_cast<size_t>(r.engine_index));
-    case balance::report_outcome::taken:
-      return;
-  }
 }
 
 balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load_balancer_options options) {
@@ -378,7 +159,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   }
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
-  if (st.o.rate_limit_per_s > 0) st.rate_limit.emplace(st.o.rate_limit_per_s, st.o.rate_limit_burst);
+  st.admission.emplace(self->node(), st.o.max_pending_per_client, st.o.rate_limit_per_s, st.o.rate_limit_burst);
   st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
                   balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight},
                   std::move(tier_specs));

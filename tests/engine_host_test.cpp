@@ -2,6 +2,7 @@
 // Admission and `overloaded`, token batching, prefill -> decode hand-off, load-report
 // throttling, executor failure. The executor is played by the test (fake_result).
 #include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/intake.hpp"
 
 #include <gtest/gtest.h>
 
@@ -881,6 +882,141 @@ TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
   EXPECT_EQ(s.num_demoted_blocks, 2);
   EXPECT_EQ(s.num_demoted_bytes, 2 * first.block.num_bytes());
   EXPECT_EQ(second.block.hash, hashes[1]);
+}
+
+
+// engine::intake: work before the host takes it (duplicates, grammars compiling), callers named
+// by ints as the actor names them by address.
+
+/// 32 tokens as the tiny model has: 0 a control token, 1 EOS, then "0".."9" and "a".."t".
+std::shared_ptr<const grammar::vocabulary> digits_vocabulary() {
+  std::vector<std::string> bytes = {"", ""};
+  for (char c = '0'; c <= '9'; c++) bytes.emplace_back(1, c);
+  for (char c = 'a'; bytes.size() < 32; c++) bytes.emplace_back(1, c);
+  return std::make_shared<const grammar::vocabulary>(bytes, std::vector<int32_t>{1});
+}
+
+request digits_request(request_id id) {
+  request r = make_request(id, 4);
+  r.grammar = grammar::grammar_spec{grammar::grammar_kind::regex, "[0-9]+", {}, {}};
+  return r;
+}
+
+std::shared_ptr<const grammar::compiled_grammar> compiled_digits() {
+  auto g = grammar::compile(digits_request(0).grammar);
+  EXPECT_TRUE(g.has_value());
+  return *g;
+}
+
+TEST(EngineIntake, WorkWithoutAGrammarEntersTheHostAtOnce) {
+  intake<int> in(digits_vocabulary());
+  intake_step step = in.arrive(arrival{make_request(1, 4)}, /*from=*/7);
+  ASSERT_TRUE(std::holds_alternative<enter>(step));
+  EXPECT_EQ(std::get<enter>(step).a.req.id, 1);
+  EXPECT_EQ(std::get<enter>(step).a.how, entry::submit);
+  EXPECT_TRUE(in.empty());
+}
+
+TEST(EngineIntake, AGrammarCompilesBeforeItsRequestEntersWithIt) {
+  intake<int> in(digits_vocabulary());
+  intake_step step = in.arrive(arrival{digits_request(1)}, 7);
+  ASSERT_TRUE(std::holds_alternative<compile>(step));
+  EXPECT_FALSE(in.empty());
+  const auto g = compiled_digits();
+  step = in.compiled(std::move(std::get<compile>(step).a), 7, g, "");
+  ASSERT_TRUE(std::holds_alternative<enter>(step));
+  EXPECT_EQ(std::get<enter>(step).a.req.compiled_grammar, g);
+  EXPECT_TRUE(in.empty());
+}
+
+TEST(EngineIntake, AGrammarIsRefusedWithoutAVocabularyOrWhenItsSpecDoesNotFitIt) {
+  intake<int> none(nullptr);
+  intake_step step = none.arrive(arrival{digits_request(1)}, 7);
+  ASSERT_TRUE(std::holds_alternative<refuse>(step));
+  const refuse& r = std::get<refuse>(step);
+  EXPECT_EQ(r.id, 1);
+  EXPECT_EQ(r.code, errc::invalid_argument);
+  EXPECT_EQ(r.message, "this engine has no tokenizer to apply grammars with");
+  EXPECT_TRUE(r.count_received);  // a submit: the host never saw it
+  intake<int> in(digits_vocabulary());
+  request bad = digits_request(2);
+  bad.grammar.trigger_token_ids = {99};
+  const auto invalid = grammar::validate(bad.grammar, 32);
+  ASSERT_FALSE(invalid.has_value());
+  step = in.arrive(arrival{bad, entry::recompute}, 7);
+  ASSERT_TRUE(std::holds_alternative<refuse>(step));
+  EXPECT_EQ(std::get<refuse>(step).message, invalid.error().message);
+  EXPECT_FALSE(std::get<refuse>(step).count_received);  // a hand-off: counted when it arrived
+  EXPECT_TRUE(in.empty());
+}
+
+TEST(EngineIntake, AGrammarThatDoesNotCompileOrResumedTokensItForbidsAreRefused) {
+  intake<int> in(digits_vocabulary());
+  intake_step step = in.arrive(arrival{digits_request(1)}, 7);
+  step = in.compiled(std::move(std::get<compile>(step).a), 7, nullptr, "the pattern is broken");
+  ASSERT_TRUE(std::holds_alternative<refuse>(step));
+  EXPECT_EQ(std::get<refuse>(step).code, errc::invalid_argument);
+  EXPECT_EQ(std::get<refuse>(step).message, "the pattern is broken");
+  request resumed = digits_request(2);
+  resumed.prompt.push_back(12);  // "a": not a digit
+  resumed.num_resumed_tokens = 1;
+  step = in.arrive(arrival{resumed, entry::import}, 7);
+  step = in.compiled(std::move(std::get<compile>(step).a), 7, compiled_digits(), "");
+  ASSERT_TRUE(std::holds_alternative<refuse>(step));
+  EXPECT_EQ(std::get<refuse>(step).code, errc::invalid_argument);
+  EXPECT_FALSE(std::get<refuse>(step).count_received);
+  step = in.arrive(arrival{digits_request(3)}, 7);
+  step = in.compile_failed(3, /*counted=*/false, 7, "timeout");
+  ASSERT_TRUE(std::holds_alternative<refuse>(step));
+  EXPECT_EQ(std::get<refuse>(step).code, errc::internal);
+  EXPECT_EQ(std::get<refuse>(step).message, "compiling the grammar failed: timeout");
+  EXPECT_TRUE(in.empty());
+}
+
+TEST(EngineIntake, ARequestReleasedWhileItsGrammarCompilesIsDroppedWhenTheAnswerComes) {
+  intake<int> in(digits_vocabulary());
+  intake_step first = in.arrive(arrival{digits_request(1)}, 7);
+  in.release(1, /*from=*/8);  // not its request actor: nothing changes
+  EXPECT_FALSE(in.empty());
+  in.release(1, 7);
+  EXPECT_TRUE(in.empty());
+  intake_step step = in.compiled(std::move(std::get<compile>(first).a), 7, compiled_digits(), "");
+  ASSERT_TRUE(std::holds_alternative<drop>(step));
+  EXPECT_EQ(std::get<drop>(step).id, 1);
+  EXPECT_TRUE(std::get<drop>(step).count_received);
+  (void)in.arrive(arrival{digits_request(2), entry::recompute}, 7);
+  in.release(2, 7);
+  step = in.compile_failed(2, /*counted=*/true, 7, "timeout");
+  ASSERT_TRUE(std::holds_alternative<drop>(step));
+  EXPECT_FALSE(std::get<drop>(step).count_received);
+}
+
+TEST(EngineIntake, OnlyTheLatestCallersCompileAdmitsTheRequest) {
+  intake<int> in(digits_vocabulary());
+  intake_step from_7 = in.arrive(arrival{digits_request(1)}, 7);
+  intake_step from_8 = in.arrive(arrival{digits_request(1)}, 8);  // placed again by another actor
+  EXPECT_TRUE(std::holds_alternative<drop>(in.compiled(std::move(std::get<compile>(from_7).a), 7, compiled_digits(), "")));
+  EXPECT_TRUE(std::holds_alternative<enter>(in.compiled(std::move(std::get<compile>(from_8).a), 8, compiled_digits(), "")));
+}
+
+TEST(EngineIntake, ARequestIsHereAlreadyWhenServedOrCompilingForTheSameCaller) {
+  intake<int> in(digits_vocabulary());
+  EXPECT_TRUE(in.here_already(1, 7, /*served_for_from=*/true));
+  EXPECT_FALSE(in.here_already(1, 7, false));
+  (void)in.arrive(arrival{digits_request(1)}, 7);
+  EXPECT_TRUE(in.here_already(1, 7, false));
+  EXPECT_FALSE(in.here_already(1, 8, false));  // another request actor's copy is new work
+  EXPECT_FALSE(in.here_already(2, 7, false));
+}
+
+TEST(EngineIntake, EachArrivalEntersTheHostByItsOwnCall) {
+  auto by_intake = make_host(tiny_options());
+  auto direct = make_host(tiny_options());
+  EXPECT_EFFECTS(enter_host(*by_intake, arrival{make_request(1, 4)}, 10), direct->submit(make_request(1, 4), 10));
+  EXPECT_EFFECTS(enter_host(*by_intake, arrival{make_request(2, 4), entry::recompute}, 20),
+                 direct->recompute_handoff(make_request(2, 4), 20));
+  EXPECT_EQ(by_intake->num_handoffs_recomputed(), 1);
+  EXPECT_EQ(by_intake->stats(30).num_requests, direct->stats(30).num_requests);
 }
 
 }  // namespace

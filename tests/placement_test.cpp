@@ -280,5 +280,46 @@ TEST(TokenBucket, AdmitsABurstThenOneRequestPerInterval) {
   EXPECT_TRUE(one.take(6));
 }
 
+
+/// Admitted, and not to be answered `overloaded`.
+bool admitted(const expected<std::optional<error>>& verdict) { return verdict.has_value() && !verdict->has_value(); }
+
+TEST(Admission, CapsEachOtherClientsRequestsInFlightButNotItsOwnProcess) {
+  admission<int> door(/*own=*/0, /*max_pending_per_client=*/2, /*rate_per_s=*/0, /*burst=*/1);
+  for (int i = 0; i < 2; i++) EXPECT_TRUE(admitted(door.admit(7, 0)));
+  const auto refused = door.admit(7, 0);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, errc::invalid_argument);
+  EXPECT_EQ(refused.error().message,
+            "too many requests in flight from this client: 2 ([limits] max_pending_per_client); wait for one to finish");
+  EXPECT_TRUE(door.admit(8, 0).has_value());  // another client has its own count
+  for (int i = 0; i < 5; i++) EXPECT_TRUE(door.admit(0, 0).has_value());  // the balancer's own process: no cap
+  EXPECT_EQ(door.in_flight(0), 0);
+  door.ended(7);
+  EXPECT_EQ(door.in_flight(7), 1);
+  EXPECT_TRUE(door.admit(7, 0).has_value());
+  door.ended(7);
+  door.ended(7);
+  door.ended(7);  // one more than admitted: nothing to end
+  EXPECT_EQ(door.in_flight(7), 0);
+}
+
+TEST(Admission, ARequestOverTheRateIsAdmittedToBeAnsweredOverloaded) {
+  admission<int> door(/*own=*/0, /*max_pending_per_client=*/1, /*rate_per_s=*/2.5, /*burst=*/2);
+  EXPECT_TRUE(admitted(door.admit(0, 0)));
+  EXPECT_TRUE(admitted(door.admit(0, 0)));
+  const auto over = door.admit(0, 0);
+  ASSERT_TRUE(over.has_value());
+  ASSERT_TRUE(over->has_value());
+  EXPECT_EQ((*over)->code, errc::overloaded);
+  EXPECT_EQ((*over)->message,
+            "the load balancer admits at most 2.5 requests/s (bursts of 2, [load_balancer] rate_limit_per_s); retry later");
+  EXPECT_TRUE(admitted(door.admit(0, 400'000'000)));  // one interval later
+  // A client over its cap is refused before the rate is asked: it takes no token.
+  EXPECT_TRUE(admitted(door.admit(7, 800'000'000)));
+  EXPECT_FALSE(door.admit(7, 800'000'000).has_value());
+  EXPECT_TRUE(admitted(door.admit(0, 1'200'000'000)));  // the next token: the refusal took none
+}
+
 }  // namespace
 }  // namespace troupe::balance

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "runtime/common/error.hpp"
 
@@ -26,6 +28,19 @@ void token_bucket::check_invariants() const {
   TROUPE_ASSERT(interval_ns_ >= 1 && tolerance_ns_ >= 0 && tolerance_ns_ % interval_ns_ == 0);
   // No admitted request can have pushed tat further than burst intervals past the last request.
   if (tat_ns_ != INT64_MIN) TROUPE_ASSERT(tat_ns_ - last_ns_ <= tolerance_ns_ + interval_ns_);
+}
+
+
+error over_rate(double rate_per_s, int32_t burst) {
+  char rate[32];
+  std::snprintf(rate, sizeof(rate), "%g", rate_per_s);
+  return error{errc::overloaded, std::string("the load balancer admits at most ") + rate + " requests/s (bursts of " +
+                                     std::to_string(burst) + ", [load_balancer] rate_limit_per_s); retry later"};
+}
+
+error too_many_in_flight(int32_t limit) {
+  return error{errc::invalid_argument, "too many requests in flight from this client: " + std::to_string(limit) +
+                                           " ([limits] max_pending_per_client); wait for one to finish"};
 }
 
 }  // namespace troupe::balance
