@@ -27,7 +27,7 @@ executor_settings executor_settings_of(const engine_options& o) {
 
 namespace {
 
-engine::engine_host_options host_options(const engine_options& o) {
+engine::engine_policy_options policy_options(const engine_options& o) {
   engine::engine_config config = o.config;
   config.host_tier = static_cast<bool>(o.host_tier) || o.cluster_tiers;
   config.own_tier = static_cast<bool>(o.host_tier);
@@ -53,7 +53,7 @@ caf::result<int32_t, int32_t> drain(engine_actor_t* self, int32_t grace_ms) {
   st.drained = self->make_response_promise<int32_t, int32_t>();
   auto answer = *st.drained;
   self->delayed_send(self, std::chrono::milliseconds(std::max(0, grace_ms)), drain_atom::value);
-  perform(self, st.host->drain(now_ns(self)));
+  perform(self, st.policy->drain(now_ns(self)));
   return answer;
 }
 
@@ -67,7 +67,7 @@ bool validate_caller(const request_actor& caller, engine::request_id id) {
 
 /// Whether request `id` from `from` is here already (engine::intake::here_already): dropped.
 bool here_already(engine_actor_t* self, engine::request_id id, const request_actor& from) {
-  const bool served_for_from = self->state.host->is_live(id) && client_of(self, id) == from;
+  const bool served_for_from = self->state.policy->is_live(id) && client_of(self, id) == from;
   if (!self->state.intake->here_already(id, from.address(), served_for_from)) return false;
   spdlog::debug("engine: request {} arrived twice (a hand-off and its placement again); the second is dropped", id);
   return true;
@@ -76,7 +76,7 @@ bool here_already(engine_actor_t* self, engine::request_id id, const request_act
 void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
   engine_state& st = self->state;
   const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
-  if (s.decode && !validate_caller(caller, s.request.id)) return st.host->note_received();
+  if (s.decode && !validate_caller(caller, s.request.id)) return st.policy->note_received();
   check_cache_tier(self, s.request);
   std::optional<engine::peer_id> decode;
   if (s.decode) {  // decode engines are few: numbered in order of appearance
@@ -85,7 +85,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
     if (it == st.decodes.end()) st.decodes.push_back(s.decode);
   }
   const int64_t now = now_ns(self);
-  return perform(self, st.host->submit_prefill(std::move(s.request), decode, std::move(s.kv_host), s.kv_port, now),
+  return perform(self, st.policy->submit_prefill(std::move(s.request), decode, std::move(s.kv_host), s.kv_port, now),
                  caller);
 }
 
@@ -108,7 +108,7 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
 }
 
 void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
-  self->state.host->note_received();
+  self->state.policy->note_received();
   if (h.ucx_tag == 0) return accept_handoff(self, h);
   if (!self->state.kv->enabled()) {
     post(self, h.request_actor, msg::rejected{h.request.id, errc::internal,
@@ -121,19 +121,19 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
 void on_down(engine_actor_t* self, const caf::down_msg& dm) {
   engine_state& st = self->state;
   if (dm.source == st.executor.address()) {  // a replaced executor's DOWN was handled already
-    executor_failed(self, st.host->generation(), dm.reason ? dm.reason : caf::make_error(caf::exit_reason::normal));
+    executor_failed(self, st.policy->generation(), dm.reason ? dm.reason : caf::make_error(caf::exit_reason::normal));
     return;
   }
   auto it = st.request_of_actor.find(dm.source);
   if (it == st.request_of_actor.end()) return;
   const engine::request_id id = it->second;
   st.request_of_actor.erase(it);
-  perform(self, st.host->peer_down(id, now_ns(self)));
+  perform(self, st.policy->peer_down(id, now_ns(self)));
   if (auto c = st.clients.find(id); c != st.clients.end() && c->second.address() == dm.source) st.clients.erase(c);
 }
 
 /// A release counts only from the request actor this engine serves the request for (its
-/// `watch_caller`); an id it serves nobody is a no-op for the host, as before.
+/// `watch_caller`); an id it serves nobody is a no-op for the policy, as before.
 bool released_by_owner(engine_actor_t* self, engine::request_id id) {
   const auto it = self->state.clients.find(id);
   if (it == self->state.clients.end() ||
@@ -144,7 +144,7 @@ bool released_by_owner(engine_actor_t* self, engine::request_id id) {
 }
 
 msg::engine_report stats(engine_actor_t* self) {
-  const engine::engine_host_stats s = self->state.host->stats(now_ns(self));
+  const engine::engine_policy_stats s = self->state.policy->stats(now_ns(self));
   const cost::prediction_error& e = s.core.step_time_error;
   return msg::engine_report{s.core.num_steps,          s.core.num_generated_tokens, s.core.num_preemptions,
                             s.num_executor_failures,    s.num_waiting,               s.num_requests,
@@ -154,7 +154,7 @@ msg::engine_report stats(engine_actor_t* self) {
                             s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
                             0,                          s.core.preempted_ns,         s.core.num_draft_slots,
                             s.core.num_draft_rows,      s.core.num_accepted_drafts,
-                            self->state.host->num_handoffs_recomputed(), s.core.num_disk_hit_tokens,
+                            self->state.policy->num_handoffs_recomputed(), s.core.num_disk_hit_tokens,
                             s.core.num_swap_in_tokens,  0,                           s.experts.moe_lb_last_window,
                             s.experts.num_windows,      s.experts.num_moves};
 }
@@ -180,9 +180,9 @@ caf::result<msg::engine_report> report(engine_actor_t* self) {
 engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options options) {
   engine_state& st = self->state;
   st.options = std::move(options);
-  auto host = engine::engine_host::create(host_options(st.options), now_ns(self));
-  TROUPE_ASSERT_MSG(host.has_value(), "engine options are validated in spawn_engine");
-  st.host = std::move(*host);
+  auto policy = engine::engine_policy::create(policy_options(st.options), now_ns(self));
+  TROUPE_ASSERT_MSG(policy.has_value(), "engine options are validated in spawn_engine");
+  st.policy = std::move(*policy);
   st.kv = std::make_unique<kv_transfers>(st.options.kv_sender);
   st.intake.emplace(st.options.vocabulary);
   start_executor(self);
@@ -194,7 +194,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       [=](msg::submit& s) {
         const request_actor caller = caf::actor_cast<request_actor>(self->current_sender());
         if (!validate_caller(caller, s.request.id) || here_already(self, s.request.id, caller))
-          return self->state.host->note_received();
+          return self->state.policy->note_received();
         check_cache_tier(self, s.request);
         take_in(self, self->state.intake->arrive(engine::arrival{std::move(s.request)}, caller.address()), caller);
       },
@@ -205,23 +205,23 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       },
       [=](msg::release& r) {
         self->state.intake->release(r.request_id, caf::actor_cast<caf::actor_addr>(self->current_sender()));
-        if (released_by_owner(self, r.request_id)) perform(self, self->state.host->release(r.request_id, now_ns(self)));
+        if (released_by_owner(self, r.request_id)) perform(self, self->state.policy->release(r.request_id, now_ns(self)));
       },
       [=](msg::report_to& r) {
         if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)
         self->state.balancer = std::move(r.balancer);
         self->state.cache_tiers = std::move(r.cache_tiers);
         const int64_t interval_ns = int64_t{std::max(1, r.interval_ms)} * 1000000;
-        perform(self, self->state.host->report_to(r.engine_index, interval_ns, now_ns(self), r.cache_events));
+        perform(self, self->state.policy->report_to(r.engine_index, interval_ns, now_ns(self), r.cache_events));
       },
-      [=](report_atom) { perform(self, self->state.host->report_timer(now_ns(self))); },
+      [=](report_atom) { perform(self, self->state.policy->report_timer(now_ns(self))); },
       [=](stats_atom) { return report(self); },
       [=](executor_atom) { return self->state.executor; },
       [=](ping_atom) { return pong_atom::value; },  // the balancer's heartbeat
       [=](drain_atom, int32_t grace_ms) { return drain(self, grace_ms); },
       [=](drain_atom) {  // the grace period ended
         if (self->current_sender() != self->ctrl()) return;  // its own timer only
-        perform(self, self->state.host->forward_all(now_ns(self)));
+        perform(self, self->state.policy->forward_all(now_ns(self)));
       },
   };
 }
@@ -258,7 +258,7 @@ expected<engine_actor> spawn_engine(caf::actor_system& sys, const engine_options
   o.config.max_steps_in_flight = 2;
   if (!o.checkpoint && !o.make_executor)
     return fail(errc::invalid_argument, "an engine needs a checkpoint or an executor factory");
-  if (auto host = engine::engine_host::create(host_options(o), 0); !host) return tl::unexpected(host.error());
+  if (auto policy = engine::engine_policy::create(policy_options(o), 0); !policy) return tl::unexpected(policy.error());
   if (o.executor_threads < 1) return fail(errc::invalid_argument, "executor_threads must be >= 1");
   if (auto ok = check_expert_options(o); !ok) return tl::unexpected(ok.error());
   if (!o.step_log.empty()) {  // the executor opens it again; fail here, where it can be reported

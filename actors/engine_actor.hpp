@@ -1,11 +1,11 @@
 #pragma once
 
-/// The engine actor: one replica's scheduler. It is a dispatcher over an engine::engine_host
-/// (runtime/engine/engine_host.hpp), which owns the engine_core and every decision below: each
-/// handler turns a message into a host call and performs the effects it returns, in order. The
+/// The engine actor: one replica's scheduler. It is a dispatcher over an engine::engine_policy
+/// (runtime/engine/engine_policy.hpp), which owns the engine_core and every decision below: each
+/// handler turns a message into a policy call and performs the effects it returns, in order. The
 /// actor keeps only actor handles (request actors by request id, decode engines, the executor,
 /// the balancer) and its monitors; KV hand-offs over UCX go through actors/kv_transfers.hpp.
-/// Before the host, engine::intake (runtime/engine/intake.hpp) drops a request that arrives
+/// Before the policy, engine::intake (runtime/engine/intake.hpp) drops a request that arrives
 /// twice and holds one while its grammar compiles (actors/grammar_actor.hpp). The executor
 /// gets at most two plans in flight — step N+1 is planned and sent while N runs, so scheduling
 /// hides behind execution — and each new token is streamed to its request actor.

@@ -14,12 +14,12 @@
 namespace troupe::actors {
 namespace {
 
-/// Sends a plan to the executor; its result (or failure) goes to the host.
+/// Sends a plan to the executor; its result (or failure) goes to the policy.
 void send_plan(engine_actor_t* self, engine::send_plan& p) {
   const int64_t generation = p.generation;
   self->request(self->state.executor, caf::infinite, std::move(p.plan))
       .then([=](engine::exec_result& r) {
-              perform(self, self->state.host->on_step_result(generation, std::move(r), now_ns(self)));
+              perform(self, self->state.policy->on_step_result(generation, std::move(r), now_ns(self)));
             },
             [=](caf::error& err) { executor_failed(self, generation, err); });
 }
@@ -78,16 +78,16 @@ void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
   const cache_tier_actor tier =
       f.cache_tier >= 0 && static_cast<size_t>(f.cache_tier) < st.cache_tiers.size() ? st.cache_tiers[f.cache_tier]
                                                                                     : st.options.host_tier;
-  if (!tier) return perform(self, st.host->tier_answered(id, {}, now_ns(self)));  // none to ask: a miss
+  if (!tier) return perform(self, st.policy->tier_answered(id, {}, now_ns(self)));  // none to ask: a miss
   self->request(tier, self->state.options.tier_fetch_timeout,
                 msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max})
       .then([=](msg::tier_blocks& b) {
               if (!b.from_lower.empty() && b.from_lower.size() != b.blocks.size()) b.from_lower.clear();  // counts only
-              perform(self, self->state.host->tier_answered(id, std::move(b.blocks), now_ns(self), std::move(b.from_lower)));
+              perform(self, self->state.policy->tier_answered(id, std::move(b.blocks), now_ns(self), std::move(b.from_lower)));
             },
             [=](caf::error& err) {
               spdlog::debug("engine: the host tier did not serve request {}: {}", id, self->system().render(err));
-              perform(self, self->state.host->tier_answered(id, {}, now_ns(self)));
+              perform(self, self->state.policy->tier_answered(id, {}, now_ns(self)));
             });
 }
 
@@ -99,7 +99,7 @@ void demote_to_tier(engine_actor_t* self, engine::demote_blocks& d) {
               [=](caf::error& err) { spdlog::warn("engine: the host tier refused a block: {}", self->system().render(err)); });
 }
 
-/// Performs one effect of the host; `caller` is the actor the current call came from.
+/// Performs one effect of the policy; `caller` is the actor the current call came from.
 struct performer {
   engine_actor_t* self;
   const request_actor& caller;
@@ -172,15 +172,15 @@ struct intake_performer {
   engine_actor_t* self;
   const request_actor& caller;
   void operator()(engine::enter& e) const {
-    perform(self, engine::enter_host(*self->state.host, std::move(e.a), now_ns(self)), caller);
+    perform(self, engine::enter_policy(*self->state.policy, std::move(e.a), now_ns(self)), caller);
   }
   void operator()(engine::refuse& r) const {
-    if (r.count_received) self->state.host->note_received();
+    if (r.count_received) self->state.policy->note_received();
     post(self, caller, msg::rejected{r.id, r.code, r.message});
   }
   void operator()(engine::compile& c) const { compile_grammar(self, std::move(c.a), caller); }
   void operator()(engine::drop& d) const {
-    if (d.count_received) self->state.host->note_received();
+    if (d.count_received) self->state.policy->note_received();
     spdlog::debug("engine: request {} was released while its grammar compiled: dropped", d.id);
   }
 };
@@ -205,20 +205,20 @@ request_actor client_of(engine_actor_t* self, engine::request_id id) {
 }
 
 void executor_failed(engine_actor_t* self, int64_t generation, const caf::error& reason) {
-  if (generation != self->state.host->generation()) return;  // a replaced executor's failure
+  if (generation != self->state.policy->generation()) return;  // a replaced executor's failure
   const std::string why = "step executor failed: " + self->system().render(reason);
   spdlog::error("engine: {}; restarting it and resuming its {} request(s) by recompute", why,
-                self->state.host->num_live());
-  perform(self, self->state.host->executor_failed(generation, why, now_ns(self)));
+                self->state.policy->num_live());
+  perform(self, self->state.policy->executor_failed(generation, why, now_ns(self)));
 }
 
 void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller) {
   const no_blocking_scope guard("the engine's effects");
   for (engine::effect& e : fx) std::visit(performer{self, caller}, e);
   engine_state& st = self->state;
-  if (st.drained && st.host->drained() && st.intake->empty()) {
-    st.drained->deliver(static_cast<int32_t>(st.host->num_forwarded()),
-                        static_cast<int32_t>(st.host->num_forwarded_with_kv()));
+  if (st.drained && st.policy->drained() && st.intake->empty()) {
+    st.drained->deliver(static_cast<int32_t>(st.policy->num_forwarded()),
+                        static_cast<int32_t>(st.policy->num_forwarded_with_kv()));
     st.drained.reset();
   }
 }

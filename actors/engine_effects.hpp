@@ -1,6 +1,6 @@
 #pragma once
 
-/// The engine actor's state and how it performs what its host and intake decide
+/// The engine actor's state and how it performs what its policy and intake decide
 /// (engine_effects.cpp); the message dispatch is engine_actor.cpp. Internal to those two files.
 
 #include <cstdint>
@@ -16,15 +16,15 @@
 #include "actors/grammar_actor.hpp"
 #include "actors/kv_transfers.hpp"
 #include "actors/system/network_model.hpp"
-#include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/engine_policy.hpp"
 #include "runtime/engine/intake.hpp"
 
 namespace troupe::actors {
 
-/// Actor handles only: every decision is the host's (runtime/engine/engine_host.hpp).
+/// Actor handles only: every decision is the policy's (runtime/engine/engine_policy.hpp).
 struct engine_state {
   engine_options options;
-  std::unique_ptr<engine::engine_host> host;
+  std::unique_ptr<engine::engine_policy> policy;
   executor_actor executor;
   std::map<engine::request_id, request_actor> clients;             // request actors (watch_caller)
   std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
@@ -33,7 +33,7 @@ struct engine_state {
   balancer_actor balancer;
   std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancer's order (report_to)
   grammar_actor grammars;  // compiles requests' grammars before they are admitted
-  /// Work before the host takes it: duplicates, grammars compiling (runtime/engine/intake.hpp).
+  /// Work before the policy takes it: duplicates, grammars compiling (runtime/engine/intake.hpp).
   std::optional<engine::intake<caf::actor_addr>> intake;
   /// A drain's answer, given once nothing is left here: the number of requests forwarded, and of
   /// them those forwarded with their KV.
@@ -54,9 +54,9 @@ void post(engine_actor_t* self, const Handle& to, Message&& m, int64_t bytes = 0
 [[nodiscard]] request_actor client_of(engine_actor_t* self, engine::request_id id);
 /// Spawns (or makes, engine_options::make_executor) the executor and monitors it.
 void start_executor(engine_actor_t* self);
-/// The executor of `generation` failed: the host restarts it (an older generation's is ignored).
+/// The executor of `generation` failed: the policy restarts it (an older generation's is ignored).
 void executor_failed(engine_actor_t* self, int64_t generation, const caf::error& reason);
-/// Performs the host's effects in order; `caller` is the actor the current call came from. A
+/// Performs the policy's effects in order; `caller` is the actor the current call came from. A
 /// drain is answered once nothing is left.
 void perform(engine_actor_t* self, engine::effects fx, const request_actor& caller = {});
 /// Performs the intake's step for a request from `caller`.

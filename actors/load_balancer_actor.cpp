@@ -28,19 +28,19 @@ request_actor route(load_balancer_t* self, msg::completion_request& req, stream_
   request_options ro;
   ro.client = std::move(client);
   ro.balancer = caf::actor_cast<balancer_actor>(self);
-  ro.host.id = id;
-  ro.host.stream = stream;
-  ro.host.tok = st.o.tok;
-  ro.host.params = std::move(req);
-  ro.host.context_tokens = st.o.context_tokens;
-  ro.host.chat = st.o.chat;
-  ro.host.tags = st.o.tags;
-  ro.host.refused = std::move(refused);
-  ro.host.prefix_block_size = st.host->prefix_block_size();
+  ro.policy.id = id;
+  ro.policy.stream = stream;
+  ro.policy.tok = st.o.tok;
+  ro.policy.params = std::move(req);
+  ro.policy.context_tokens = st.o.context_tokens;
+  ro.policy.chat = st.o.chat;
+  ro.policy.tags = st.o.tags;
+  ro.policy.refused = std::move(refused);
+  ro.policy.prefix_block_size = st.policy->prefix_block_size();
   ro.network = st.o.network;
   // A seed for every request, derived from the balancer's base: a whole run replays from one
   // number (the simulator), and each answer reports the seed that reproduces it.
-  ro.host.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
+  ro.policy.drawn_seed = engine::child_seed(st.o.seed_base, static_cast<int32_t>(index % 2147483647) + 1);
   request_actor request = spawn_request(self, std::move(ro));
   self->monitor(request);
   st.placed.emplace(request.address(), live_request{st.next_key++, client_node});
@@ -96,11 +96,11 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   for (size_t i = 0; p.lost && i < st.o.engines.size(); i++) {
     if (st.o.engines[i].actor != p.lost) continue;
     if (p.drained)
-      st.host->mark_draining(i);
-    else if (st.host->mark_lost(i))
+      st.policy->mark_draining(i);
+    else if (st.policy->mark_lost(i))
       tell_lost(self, i, "its request actor saw it go");
   }
-  auto chosen = st.host->place(it->second.key, p.num_prompt_tokens, p.prefix_hashes);
+  auto chosen = st.policy->place(it->second.key, p.num_prompt_tokens, p.prefix_hashes);
   if (!chosen) {
     out.error = chosen.error().message;
     return out;
@@ -121,17 +121,17 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
 void on_down(load_balancer_t* self, const caf::down_msg& dm) {
   load_balancer_state& st = self->state;
   if (auto it = st.placed.find(dm.source); it != st.placed.end()) {
-    st.host->request_ended(it->second.key);
+    st.policy->request_ended(it->second.key);
     st.admission->ended(it->second.client_node);
     st.placed.erase(it);
     return;
   }
   for (size_t t = 0; t < st.tiers.size(); t++)
-    if (st.tiers[t].address() == dm.source && st.host->cache_tier_lost(t))
+    if (st.tiers[t].address() == dm.source && st.policy->cache_tier_lost(t))
       spdlog::warn("load balancer: cache tier {} is lost ({}); its prefixes no longer count", t,
                    self->system().render(dm.reason));
   for (size_t i = 0; i < st.o.engines.size(); i++)
-    if (st.o.engines[i].actor.address() == dm.source && st.host->mark_lost(i))
+    if (st.o.engines[i].actor.address() == dm.source && st.policy->mark_lost(i))
       tell_lost(self, i, self->system().render(dm.reason));
 }
 
@@ -160,7 +160,7 @@ balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load
   TROUPE_ASSERT(st.o.heartbeat_interval_ms <= 0 || st.o.heartbeat_timeout_ms > 0);
   const int64_t timeout_ns = st.o.heartbeat_interval_ms > 0 ? int64_t{st.o.heartbeat_timeout_ms} * 1000000 : 0;
   st.admission.emplace(self->node(), st.o.max_pending_per_client, st.o.rate_limit_per_s, st.o.rate_limit_burst);
-  st.host.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
+  st.policy.emplace(std::move(specs), st.o.prefill_tier_bounds, timeout_ns, ns_since_epoch(self->clock().now()),
                   balance::router_options{st.o.router, engine::child_seed(st.o.seed_base, 0), st.o.prefix_weight},
                   std::move(tier_specs));
   for (size_t i = 0; i < st.o.engines.size(); i++) ask_reports(self, i);

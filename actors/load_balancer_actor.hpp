@@ -8,10 +8,10 @@
 /// tokenizes the prompt and asks back where to run it (`place_request`); the answer follows
 /// runtime/balance/placement.hpp: prompt-length tiers over prefill engines, and decode engines
 /// balanced on request count and KV tokens, chosen among by the configured router (with
-/// `prefix_affinity`, the request actor sends its prompt's chain hashes along, and the host's
+/// `prefix_affinity`, the request actor sends its prompt's chain hashes along, and the policy's
 /// prefix directory weighs each engine's cached prefix in).
 ///
-/// Its bookkeeping is a balance::balancer_host (runtime/balance/balancer_host.hpp); the actor
+/// Its bookkeeping is a balance::balancer_policy (runtime/balance/balancer_policy.hpp); the actor
 /// keeps the engine and request-actor handles and spawns the request actors.
 ///
 /// Cache tiers: the engines' nodes' host tiers (balanced_engine::host_tier), each once, are
@@ -55,7 +55,7 @@ struct balanced_engine {
   balance::engine_kind kind = balance::engine_kind::mixed;
   int32_t max_num_seqs = 256;
   int64_t kv_capacity_tokens = 16384;
-  int32_t block_size = 16;  ///< its KV pool's (the prefix directory's blocks: balancer_host.hpp)
+  int32_t block_size = 16;  ///< its KV pool's (the prefix directory's blocks: balancer_policy.hpp)
   std::string kv_host;  ///< its node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
   /// Where its node publishes its node actor (`node_port` 0: nowhere, e.g. the balancer's own
@@ -66,7 +66,7 @@ struct balanced_engine {
   size_t index_on_node = 0;
   /// Its node's host-memory cache tier (none: invalid) and that tier's capacity in blocks (of
   /// `block_size`). Engines of one node share it; the balancer's prefix directory keeps its
-  /// hashes and a placement may name it for an engine on another node (balancer_host.hpp).
+  /// hashes and a placement may name it for an engine on another node (balancer_policy.hpp).
   cache_tier_actor host_tier;
   int64_t host_tier_blocks = 0;
   int64_t disk_tier_blocks_max = 0;  ///< at most this many blocks in the disk tier below it (0: none)
@@ -99,9 +99,9 @@ struct load_balancer_options {
   /// How often a lost engine's node (balanced_engine::node_port) is reached for again; a try
   /// gives up after as long. 0 = lost engines stay lost.
   int32_t rejoin_interval_ms = 1000;
-  int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_host_options::context_tokens)
-  chat_template chat = chat_template::bare;  ///< renders chat requests (request_host_options::chat)
-  serve::output_tags tags;  ///< split chat answers (request_host_options::tags)
+  int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_policy_options::context_tokens)
+  chat_template chat = chat_template::bare;  ///< renders chat requests (request_policy_options::chat)
+  serve::output_tags tags;  ///< split chat answers (request_policy_options::tags)
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.
   int32_t max_pending_per_client = 256;

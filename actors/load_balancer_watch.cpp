@@ -19,7 +19,7 @@ void arm_rejoin(load_balancer_t* self) {
   load_balancer_state& st = self->state;
   if (st.o.rejoin_interval_ms <= 0 || st.rejoin_armed) return;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
-    if (st.host->load(i).alive || st.o.engines[i].node_port == 0) continue;
+    if (st.policy->load(i).alive || st.o.engines[i].node_port == 0) continue;
     st.rejoin_armed = true;
     self->delayed_send(self, std::chrono::milliseconds(st.o.rejoin_interval_ms), rejoin_atom::value);
     return;
@@ -32,17 +32,17 @@ void take_back(load_balancer_t* self, const std::string& host, uint16_t port, co
   load_balancer_state& st = self->state;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
     balanced_engine& e = st.o.engines[i];
-    if (st.host->load(i).alive || e.node_host != host || e.node_port != port) continue;
+    if (st.policy->load(i).alive || e.node_host != host || e.node_port != port) continue;
     if (e.index_on_node >= engines.size() || !engines[e.index_on_node]) {
       spdlog::warn("load balancer: the node of {} came back with {} engine(s), not it", where(e), engines.size());
       continue;
     }
-    if (engines[e.index_on_node] == e.actor && st.host->load(i).draining) continue;  // still shutting down
+    if (engines[e.index_on_node] == e.actor && st.policy->load(i).draining) continue;  // still shutting down
     if (engines[e.index_on_node] != e.actor) {
       e.actor = engines[e.index_on_node];
       self->monitor(e.actor);
     }
-    st.host->rejoined(i, ns_since_epoch(self->clock().now()));
+    st.policy->rejoined(i, ns_since_epoch(self->clock().now()));
     ask_reports(self, i);
     spdlog::info("load balancer: {} answers again: taken into service", where(e));
   }
@@ -82,26 +82,26 @@ void tell_lost(load_balancer_t* self, size_t index, const std::string& why) {
   const balanced_engine& e = self->state.o.engines[index];
   spdlog::warn("load balancer: {} is lost ({}); routing around it", where(e), why);
   for (const auto& [addr, live] : self->state.placed) {
-    if (!self->state.host->placed_on(live.key, index)) continue;
+    if (!self->state.policy->placed_on(live.key, index)) continue;
     if (auto request = caf::actor_cast<request_actor>(addr)) self->send(request, msg::engine_lost{e.actor, why});
   }
   arm_rejoin(self);
 }
 
-/// Asks engine `index` for load reports (with its pool's cache events when the host wants them:
+/// Asks engine `index` for load reports (with its pool's cache events when the policy wants them:
 /// a snapshot first); none without a report interval.
 void ask_reports(load_balancer_t* self, size_t index) {
   const load_balancer_state& st = self->state;
   if (st.o.report_interval_ms <= 0) return;
   self->send(st.o.engines[index].actor,
              msg::report_to{caf::actor_cast<balancer_actor>(self), static_cast<int32_t>(index), st.o.report_interval_ms,
-                            st.host->wants_cache_events(index), st.tiers});
+                            st.policy->wants_cache_events(index), st.tiers});
 }
 
-/// Asks cache tier `index` for its hashes (a snapshot first), if the host wants them.
+/// Asks cache tier `index` for its hashes (a snapshot first), if the policy wants them.
 void ask_tier_reports(load_balancer_t* self, size_t index) {
   const load_balancer_state& st = self->state;
-  if (st.o.report_interval_ms <= 0 || !st.host->wants_tier_events(index)) return;
+  if (st.o.report_interval_ms <= 0 || !st.policy->wants_tier_events(index)) return;
   std::vector<std::string> engine_nodes;  // who may fetch from the tier: each node once
   for (const balanced_engine& e : st.o.engines) {
     std::string node = caf::to_string(e.actor.node());
@@ -122,7 +122,7 @@ void on_tier_events(load_balancer_t* self, msg::tier_events& r) {
     return;
   }
   const balance::pool_events events{r.seq, r.snapshot, std::move(r.added), std::move(r.removed)};
-  switch (self->state.host->on_tier_report(r.tier_index, events, r.lower)) {
+  switch (self->state.policy->on_tier_report(r.tier_index, events, r.lower)) {
     case balance::report_outcome::ignored:
       spdlog::warn("load balancer: ignored a report of cache tier {} with a count out of range", r.tier_index);
       return;
@@ -139,7 +139,7 @@ void on_rejoin(load_balancer_t* self) {
   st.rejoin_armed = false;
   std::set<std::pair<std::string, uint16_t>> nodes;
   for (size_t i = 0; i < st.o.engines.size(); i++)
-    if (!st.host->load(i).alive && st.o.engines[i].node_port != 0)
+    if (!st.policy->load(i).alive && st.o.engines[i].node_port != 0)
       nodes.emplace(st.o.engines[i].node_host, st.o.engines[i].node_port);
   for (const auto& [host, port] : nodes) reach_again(self, host, port);
   arm_rejoin(self);
@@ -148,14 +148,14 @@ void on_rejoin(load_balancer_t* self) {
 /// One heartbeat: engines silent past the timeout are lost; every live one is pinged again.
 void on_heartbeat(load_balancer_t* self) {
   load_balancer_state& st = self->state;
-  for (size_t i : st.host->heartbeat(ns_since_epoch(self->clock().now())))
+  for (size_t i : st.policy->heartbeat(ns_since_epoch(self->clock().now())))
     tell_lost(self, i, "no answer to the heartbeat for " + std::to_string(st.o.heartbeat_timeout_ms) + " ms");
   const auto timeout = std::chrono::milliseconds(st.o.heartbeat_timeout_ms);
   for (size_t i = 0; i < st.o.engines.size(); i++) {
-    if (!st.host->load(i).alive) continue;
+    if (!st.policy->load(i).alive) continue;
     self->request(st.o.engines[i].actor, timeout, ping_atom::value)
-        .then([=](pong_atom) { self->state.host->heard_from(i, ns_since_epoch(self->clock().now())); },
-              [](caf::error&) {});  // one unanswered ping decides nothing: the host judges silence
+        .then([=](pong_atom) { self->state.policy->heard_from(i, ns_since_epoch(self->clock().now())); },
+              [](caf::error&) {});  // one unanswered ping decides nothing: the policy judges silence
   }
   self->delayed_send(self, std::chrono::milliseconds(st.o.heartbeat_interval_ms), heartbeat_atom::value);
 }
@@ -175,7 +175,7 @@ void on_report(load_balancer_t* self, msg::load_report& r) {
                                       r.draining};
   const balance::pool_events cache{r.cache_seq, r.cache_snapshot, std::move(r.cached_added),
                                    std::move(r.cached_removed)};
-  switch (self->state.host->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()), cache)) {
+  switch (self->state.policy->on_report(r.engine_index, report, ns_since_epoch(self->clock().now()), cache)) {
     case balance::report_outcome::ignored:
       spdlog::warn("load balancer: ignored a load report for engine {} with a count out of range", r.engine_index);
       return;

@@ -15,21 +15,21 @@
 
 #include "actors/load_balancer_actor.hpp"
 #include "runtime/balance/admission.hpp"
-#include "runtime/balance/balancer_host.hpp"
+#include "runtime/balance/balancer_policy.hpp"
 
 namespace troupe::actors {
 
-/// A live request actor: its key in the host, and the process whose client asked for it.
+/// A live request actor: its key in the policy, and the process whose client asked for it.
 struct live_request {
   balance::request_key key = 0;
   caf::node_id client_node;
 };
 
-/// Actor handles only: the bookkeeping is the host's (runtime/balance/balancer_host.hpp).
+/// Actor handles only: the bookkeeping is the policy's (runtime/balance/balancer_policy.hpp).
 struct load_balancer_state {
   load_balancer_options o;
   std::vector<cache_tier_actor> tiers;  // the engines' nodes' cache tiers, each once, in engine order
-  std::optional<balance::balancer_host> host;
+  std::optional<balance::balancer_policy> policy;
   std::optional<balance::admission<caf::node_id>> admission;  // per-client caps and the rate
   int64_t num_routed = 0;  // requests routed so far: the sequential id, and the seed's index
   std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
@@ -45,9 +45,9 @@ using load_balancer_t = balancer_actor::stateful_base<load_balancer_state>;
 [[nodiscard]] std::string where(const balanced_engine& e);
 /// Engine `index` was just lost (`why`): every request placed on it is told.
 void tell_lost(load_balancer_t* self, size_t index, const std::string& why);
-/// Asks engine `index` for load reports (with its pool's cache events when the host wants them).
+/// Asks engine `index` for load reports (with its pool's cache events when the policy wants them).
 void ask_reports(load_balancer_t* self, size_t index);
-/// Asks cache tier `index` for its hashes, if the host wants them.
+/// Asks cache tier `index` for its hashes, if the policy wants them.
 void ask_tier_reports(load_balancer_t* self, size_t index);
 /// A load report, counted only from the engine it names.
 void on_report(load_balancer_t* self, msg::load_report& r);

@@ -19,7 +19,7 @@ struct request_state {
   stream_receiver_actor client;
   balancer_actor balancer;
   std::shared_ptr<network_model> network;  // request_options::network
-  std::optional<serve::request_host> host;  // the request's policy (runtime/serve/request_host)
+  std::optional<serve::request_policy> policy;  // the request's policy (runtime/serve/request_policy)
   msg::placement placed;  // the engines serving it, once the balancer answered
   static inline const char* name = "request";
 };
@@ -68,11 +68,11 @@ void ask_placement(request_actor_t* self, serve::ask_placement& a) {
           [=](msg::placement& p) {
             serve::placed_engines view{p.error, static_cast<bool>(p.prefill), static_cast<bool>(p.decode),
                                        p.prefill_name, p.decode_name};
-            perform(self, self->state.host->placed(view), &p);
+            perform(self, self->state.policy->placed(view), &p);
           },
           [=](caf::error& e) {
             const std::string why = "no placement: " + self->system().render(e);
-            perform(self, self->state.host->placed({why, false, false, "", ""}));
+            perform(self, self->state.policy->placed({why, false, false, "", ""}));
           });
 }
 
@@ -104,7 +104,7 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
   post(self, placed.prefill, msg::submit_prefill{std::move(s.request), placed.decode, placed.kv_host, placed.kv_port});
 }
 
-/// Performs one effect of the host; `offered` is the placement the current call is about.
+/// Performs one effect of the policy; `offered` is the placement the current call is about.
 struct performer {
   request_actor_t* self;
   msg::placement* offered;
@@ -115,8 +115,8 @@ struct performer {
   void operator()(serve::send_error& e) const { self->send(self->state.client, std::move(e.error)); }
   void operator()(serve::release_engines&) const {
     const msg::placement& p = self->state.placed;
-    if (p.prefill) post(self, p.prefill, msg::release{self->state.host->id()});
-    if (p.decode) post(self, p.decode, msg::release{self->state.host->id()});
+    if (p.prefill) post(self, p.prefill, msg::release{self->state.policy->id()});
+    if (p.decode) post(self, p.decode, msg::release{self->state.policy->id()});
   }
   void operator()(serve::stop&) const { stop(self); }
 };
@@ -125,13 +125,13 @@ void perform(request_actor_t* self, serve::effects fx, msg::placement* offered) 
   for (serve::effect& e : fx) std::visit(performer{self, offered}, e);
 }
 
-/// `engine` is lost (`why`): the host decides whether that concerns the request.
+/// `engine` is lost (`why`): the policy decides whether that concerns the request.
 void on_engine_lost(request_actor_t* self, const caf::actor_addr& engine, const std::string& why) {
   const msg::placement& p = self->state.placed;
   if (p.prefill && engine == p.prefill.address())
-    perform(self, self->state.host->engine_lost(serve::engine_role::prefill, why));
+    perform(self, self->state.policy->engine_lost(serve::engine_role::prefill, why));
   else if (p.decode && engine == p.decode.address())
-    perform(self, self->state.host->engine_lost(serve::engine_role::decode, why));
+    perform(self, self->state.policy->engine_lost(serve::engine_role::decode, why));
 }
 
 engine::sample_event to_event(msg::sampled& s) {
@@ -151,11 +151,11 @@ bool addressed_here(request_actor_t* self, int64_t id, const char* what) {
   const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
   const msg::placement& p = self->state.placed;
   if (!from || (from != p.decode.address() && from != p.prefill.address())) {  // anonymous: nobody's
-    spdlog::warn("request {}: dropped {} from an engine that does not serve it", self->state.host->id(), what);
+    spdlog::warn("request {}: dropped {} from an engine that does not serve it", self->state.policy->id(), what);
     return false;
   }
-  if (id == self->state.host->id()) return true;
-  spdlog::warn("request {}: dropped {} for request {}", self->state.host->id(), what, id);
+  if (id == self->state.policy->id()) return true;
+  spdlog::warn("request {}: dropped {} for request {}", self->state.policy->id(), what, id);
   return false;
 }
 
@@ -177,31 +177,31 @@ void on_forwarded(request_actor_t* self, msg::forwarded& f) {
   const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
   const serve::engine_role role =
       p.prefill && from == p.prefill.address() ? serve::engine_role::prefill : serve::engine_role::decode;
-  perform(self, self->state.host->forwarded(role, f.reason, std::move(kv)));
+  perform(self, self->state.policy->forwarded(role, f.reason, std::move(kv)));
 }
 
 request_actor::behavior_type handlers(request_actor_t* self) {
   return {
       [=](msg::sampled& s) {
         if (addressed_here(self, s.request_id, "a token"))
-          perform(self, self->state.host->on_token(to_event(s), s.scheduled_at_ns, now_ns(self)));
+          perform(self, self->state.policy->on_token(to_event(s), s.scheduled_at_ns, now_ns(self)));
       },
       [=](msg::sampled_batch& b) {
         if (addressed_here(self, b.request_id, "a batch of tokens"))
-          perform(self, self->state.host->on_batch(to_batch(b), now_ns(self)));
+          perform(self, self->state.policy->on_batch(to_batch(b), now_ns(self)));
       },
       [=](msg::rejected& r) {
-        if (addressed_here(self, r.request_id, "a rejection")) perform(self, self->state.host->rejected(r.code, r.message));
+        if (addressed_here(self, r.request_id, "a rejection")) perform(self, self->state.policy->rejected(r.code, r.message));
       },
       [=](msg::prefilled& p) {
-        if (addressed_here(self, p.request_id, "a prefill's end")) self->state.host->prefilled();
+        if (addressed_here(self, p.request_id, "a prefill's end")) self->state.policy->prefilled();
       },
       [=](msg::forwarded& f) { on_forwarded(self, f); },
       [=](msg::engine_lost& l) {
         // Only its balancer's word: a forged one would make it recompute elsewhere, or fail.
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.balancer.address()) {
           spdlog::warn("request {}: dropped word of a lost engine that did not come from its balancer",
-                       self->state.host->id());
+                       self->state.policy->id());
           return;
         }
         on_engine_lost(self, l.engine.address(), l.reason);
@@ -209,10 +209,10 @@ request_actor::behavior_type handlers(request_actor_t* self) {
       [=](msg::cancel_request&) {
         // Only its client may stop it: the request actor's handle is no capability to cancel.
         if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->state.client.address()) {
-          spdlog::warn("request {}: dropped a cancel that did not come from its client", self->state.host->id());
+          spdlog::warn("request {}: dropped a cancel that did not come from its client", self->state.policy->id());
           return;
         }
-        perform(self, self->state.host->cancel(now_ns(self)));
+        perform(self, self->state.policy->cancel(now_ns(self)));
       },
   };
 }
@@ -222,24 +222,24 @@ request_actor::behavior_type request_behavior(request_actor_t* self, request_opt
   st.client = std::move(options.client);
   st.balancer = std::move(options.balancer);
   st.network = std::move(options.network);
-  st.host.emplace(std::move(options.host));
+  st.policy.emplace(std::move(options.policy));
   guard_boundary(self);
   // The balancer refuses requests without a client; a null handle here would crash monitor()
   // (CAF dereferences the null control block at offset 0x40), so it ends the request instead.
   // (A typed actor returns its behavior even when it quit at once: CAF then never runs it.)
   if (!st.client) {
-    spdlog::warn("request {}: no client to answer; dropped", st.host->id());
+    spdlog::warn("request {}: no client to answer; dropped", st.policy->id());
     self->quit();
     return handlers(self);
   }
   self->monitor(st.client);
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source == self->state.client.address())  // nobody listens: free the engines' blocks
-      perform(self, self->state.host->client_lost());
+      perform(self, self->state.policy->client_lost());
     else
       on_engine_lost(self, dm.source, self->system().render(dm.reason));
   });
-  perform(self, st.host->start(now_ns(self)));
+  perform(self, st.policy->start(now_ns(self)));
   return handlers(self);
 }
 }  // namespace

@@ -7,7 +7,7 @@
 /// inter-token gaps and end-to-end time. A cancel or a lost client releases the request at its
 /// engines (their blocks are freed); a lost or drained engine's request is placed again (and
 /// recomputed there, or continued with the KV the drained engine sent).
-/// Those decisions are runtime/serve/request_host's; the actor holds the handles and monitors.
+/// Those decisions are runtime/serve/request_policy's; the actor holds the handles and monitors.
 
 #include <memory>
 
@@ -15,7 +15,7 @@
 
 #include "actors/system/protocols.hpp"
 #include "messages/client.hpp"
-#include "runtime/serve/request_host.hpp"
+#include "runtime/serve/request_policy.hpp"
 
 namespace troupe::actors {
 
@@ -24,7 +24,7 @@ class network_model;  // actors/system/network_model.hpp
 struct request_options {
   stream_receiver_actor client;
   balancer_actor balancer;  ///< answers place_request
-  serve::request_host_options host;  ///< the request itself: id, stream, parameters, tokenizer, seed
+  serve::request_policy_options policy;  ///< the request itself: id, stream, parameters, tokenizer, seed
   /// The simulator's network (actors/system/network_model.hpp): what it sends its engines (submissions,
   /// hand-offs with KV, releases) arrives when it says. Null in production.
   std::shared_ptr<network_model> network;

@@ -27,7 +27,7 @@ namespace troupe::sim {
 /// Fault injection: replica `replica` is drained at virtual time `at_ns` (from the run's start)
 /// with a grace period of `grace_ms`: it takes no new work at once, its requests run on for the
 /// grace period, and those still unfinished then go to the other replicas with the KV they have
-/// computed (engine::engine_host::forward_all).
+/// computed (engine::engine_policy::forward_all).
 struct engine_drain {
   int32_t replica = 0;
   int64_t at_ns = 0;

@@ -138,10 +138,10 @@ class Fuzz : public ::testing::Test {
     actors::request_options o;
     o.client = client ? client : caf::actor_cast<actors::stream_receiver_actor>(sink_);
     o.balancer = placer_;
-    o.host.id = id;
-    o.host.tok = bundled_shared().tok;
-    o.host.params = request_params(id, stop, max_tokens);
-    o.host.context_tokens = bundled_shared().ck->config().seq_len;
+    o.policy.id = id;
+    o.policy.tok = bundled_shared().tok;
+    o.policy.params = request_params(id, stop, max_tokens);
+    o.policy.context_tokens = bundled_shared().ck->config().seq_len;
     caf::scoped_actor parent{sys_};
     return actors::spawn_request(parent.ptr(), std::move(o));
   }

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/serve/request_host.hpp"
+#include "runtime/serve/request_policy.hpp"
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/engine_harness.hpp"
 
@@ -168,13 +168,13 @@ TEST(OutputChannels, WithoutTagsEveryTokenIsContentAsBefore) {
   EXPECT_EQ(d.content, "<think>ab");                     // the control <tool_call> decodes to ""
 }
 
-TEST(OutputChannels, TheRequestHostSplitsAChatsAnswerAndNotAPlainCompletions) {
+TEST(OutputChannels, TheRequestPolicySplitsAChatsAnswerAndNotAPlainCompletions) {
   const auto tok = std::make_shared<const tokenizer>(tagged_vocab());
   const std::vector<std::int32_t> answer =
       join({{think_open}, bytes_of("hm"), {think_close}, bytes_of("ok"), {tool_open}, bytes_of(R"({"name":"f"})"),
             {tool_close}, {258}});
   for (const bool chat : {true, false}) {
-    request_host_options o;
+    request_policy_options o;
     o.id = 1;
     o.tok = tok;
     o.tags = output_tags::of(*tok);
@@ -184,7 +184,7 @@ TEST(OutputChannels, TheRequestHostSplitsAChatsAnswerAndNotAPlainCompletions) {
       o.params.messages = {{"user", "ab"}};
     else
       o.params.prompt = "ab";
-    request_host h(o);
+    request_policy h(o);
     (void)h.start(0);
     placed_engines p;
     p.has_decode = true;

@@ -89,7 +89,7 @@ struct launched_node {
 /// Drains `node`'s engines before it stops: they take no new work (the balancer learns it from
 /// their next load report), their requests run on for `grace_ms`, and what is left then goes
 /// back to its request actors, which place it on other engines (with its KV where it has some:
-/// engine::engine_host::forward_all). Returns the requests forwarded, when every engine is
+/// engine::engine_policy::forward_all). Returns the requests forwarded, when every engine is
 /// empty; or earlier, when `stop_now()` turns true (a second signal), or `grace_ms` + 10 s
 /// passed (an engine that never answers).
 struct drain_counts {

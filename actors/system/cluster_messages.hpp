@@ -44,7 +44,7 @@ struct place_request {
   int32_t num_prompt_tokens = 0;
   int32_t max_tokens = 0;
   /// The prompt's chain hashes in blocks of the balancer's prefix block size, when its router
-  /// uses prefixes (runtime/balance/balancer_host.hpp); the balancer checks their count.
+  /// uses prefixes (runtime/balance/balancer_policy.hpp); the balancer checks their count.
   std::vector<uint64_t> prefix_hashes;
   /// A request placed again: the engine it lost (its DOWN message or the balancer's
   /// engine_lost), which the balancer counts lost before it chooses (the two DOWN messages
@@ -165,7 +165,7 @@ typename Inspector::result_type inspect(Inspector& f, tier_report_to& x) {
 
 /// Engine -> balancer: a load report. With cache events (report_to), report `cache_seq` also
 /// says which chain hashes its pool holds: all of them (`cache_snapshot`) or the change since
-/// report cache_seq - 1 (runtime/engine/engine_host.hpp, report_load). The balancer bounds the
+/// report cache_seq - 1 (runtime/engine/engine_policy.hpp, report_load). The balancer bounds the
 /// counts by the engine's capacity in blocks and asks again when a report went missing.
 struct load_report {
   int32_t engine_index = 0;

@@ -59,7 +59,7 @@ struct placement {
   std::optional<size_t> prefill;  ///< empty: the request runs whole on `decode`
   size_t decode = 0;
   /// The cache tier the engine that computes the prompt is to fetch its prefix from (the
-  /// balancer's, balancer_host.hpp; routers leave it empty): empty = its own node's tier, if any.
+  /// balancer's, balancer_policy.hpp; routers leave it empty): empty = its own node's tier, if any.
   std::optional<size_t> cache_tier;
 };
 

@@ -32,7 +32,7 @@
 /// numbered changes, sync lost on a gap or a change that does not fit, a snapshot asked for
 /// once). A fetch from a host tier reads through to its disk tier, so a tier's prefix is the
 /// leading run of hashes in either set. Any engine can fetch from any tier, so a tier's prefix
-/// is what every engine could start from (balancer_host.hpp).
+/// is what every engine could start from (balancer_policy.hpp).
 ///
 /// Deterministic: the hash containers are only looked up, never iterated into a decision;
 /// eviction order is the list's.

@@ -54,7 +54,7 @@ struct engine_config {
   /// hashes but no keys or values (0 layers of 0 dims), such blocks may be promoted back, and a
   /// prefill engine's hand-off of that shape is imported (add_prefilled).
   bool kv_values = true;
-  /// Drain (engine_host::forward_all): a request forwarded takes the KV it has computed along
+  /// Drain (engine_policy::forward_all): a request forwarded takes the KV it has computed along
   /// (with kv_values only). False: every one is recomputed on its next engine (bench_drain runs
   /// both side by side; not a topology key).
   bool drain_with_kv = true;

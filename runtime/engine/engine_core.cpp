@@ -58,7 +58,7 @@ expected<void> validate_budgets(const sched::scheduler_config& c) {
   return {};
 }
 
-/// A request that samples under a grammar comes with it compiled (engine_host's caller, or
+/// A request that samples under a grammar comes with it compiled (engine_policy's caller, or
 /// engine::add_request, compiles it; a prefill-only request never samples).
 expected<void> check_compiled(const request& r) {
   if (r.grammar.kind != grammar::grammar_kind::none &&

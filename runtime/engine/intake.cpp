@@ -4,10 +4,10 @@
 
 namespace troupe::engine {
 
-effects enter_host(engine_host& host, arrival a, int64_t now_ns) {
-  if (a.how == entry::import) return host.import(std::move(a.req), a.payload_id, std::move(a.kv), now_ns);
-  if (a.how == entry::recompute) return host.recompute_handoff(std::move(a.req), now_ns);
-  return host.submit(std::move(a.req), now_ns);
+effects enter_policy(engine_policy& policy, arrival a, int64_t now_ns) {
+  if (a.how == entry::import) return policy.import(std::move(a.req), a.payload_id, std::move(a.kv), now_ns);
+  if (a.how == entry::recompute) return policy.recompute_handoff(std::move(a.req), now_ns);
+  return policy.submit(std::move(a.req), now_ns);
 }
 
 std::optional<refuse> grammar_refusal(const arrival& a, const grammar::vocabulary* vocabulary) {

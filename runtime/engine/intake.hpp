@@ -1,23 +1,23 @@
 #pragma once
 
 /// The engine's intake: what becomes of work between its arrival at the engine actor and the
-/// host's call for it (engine_host.hpp), decided without an actor system. Each call returns one
+/// policy's call for it (engine_policy.hpp), decided without an actor system. Each call returns one
 /// step (`intake_step`) the actor performs.
 ///
 /// - Duplicates: a request that arrives twice from the same request actor is dropped
 ///   (`here_already`, asked before the arrival's KV is decoded). That
 ///   happens when a prefill engine is lost while its hand-off is on the way, and the request
 ///   actor places the request again on the same decode engine: the first copy serves it (a
-///   rejection would end the request). Twice means the host serves the id for that actor
+///   rejection would end the request). Twice means the policy serves the id for that actor
 ///   already, or its grammar compiles here for it.
 /// - Grammars: a request with a grammar waits here while it compiles (`compile`). It is refused
 ///   at once when the engine has no vocabulary or the spec does not fit the vocabulary, and
 ///   when its answer says it did not compile or the request's resumed tokens do not fit the
 ///   compiled grammar (check_resumed: a forged token never reaches the executor's step).
-///   Otherwise it enters the host with the compiled grammar. A release from its request actor
+///   Otherwise it enters the policy with the compiled grammar. A release from its request actor
 ///   while it compiles forgets it: the compile's answer then finds it gone and is dropped.
-/// - Counting: the host counts a submit received when it gets one; a submit that never gets
-///   there (refused or dropped here) says `count_received` (engine_host::note_received). Other
+/// - Counting: the policy counts a submit received when it gets one; a submit that never gets
+///   there (refused or dropped here) says `count_received` (engine_policy::note_received). Other
 ///   work is counted when it arrives.
 ///
 /// `Caller` names a request actor (the engine actor uses addresses); only `==` is used. Pure.
@@ -29,30 +29,30 @@
 #include <utility>
 #include <variant>
 
-#include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/engine_policy.hpp"
 #include "runtime/grammar/constraint.hpp"
 
 namespace troupe::engine {
 
-/// The host's call that takes a request in.
+/// The policy's call that takes a request in.
 enum class entry { submit, import, recompute };
 
-/// A request on its way into the host.
+/// A request on its way into the policy.
 struct arrival {
   request req;
   entry how = entry::submit;
   request_id payload_id = 0;  ///< import: the request id inside the KV payload
   kv_data kv{};               ///< import: the decoded KV
-  /// Whether the host counted it received already (all but a submit).
+  /// Whether the policy counted it received already (all but a submit).
   [[nodiscard]] bool counted() const { return how != entry::submit; }
 };
 
-/// Hand `a` to the host (enter_host).
+/// Hand `a` to the policy (enter_policy).
 struct enter {
   arrival a;
 };
 
-/// Refuse request `id` to its caller (before the host saw it).
+/// Refuse request `id` to its caller (before the policy saw it).
 struct refuse {
   request_id id = 0;
   errc code = errc::internal;
@@ -74,8 +74,8 @@ struct drop {
 
 using intake_step = std::variant<enter, refuse, compile, drop>;
 
-/// The host's call for `a` (its `how`).
-[[nodiscard]] effects enter_host(engine_host& host, arrival a, int64_t now_ns);
+/// The policy's call for `a` (its `how`).
+[[nodiscard]] effects enter_policy(engine_policy& host, arrival a, int64_t now_ns);
 
 /// Why `a`'s grammar cannot be compiled for an engine with `vocabulary` (null: none), if so.
 [[nodiscard]] std::optional<refuse> grammar_refusal(const arrival& a, const grammar::vocabulary* vocabulary);
@@ -92,7 +92,7 @@ class intake {
   explicit intake(std::shared_ptr<const grammar::vocabulary> vocabulary) : vocabulary_(std::move(vocabulary)) {}
 
   /// Whether request `id` from request actor `from` is here already (a duplicate, dropped);
-  /// `served_for_from`: the host serves `id` for `from`.
+  /// `served_for_from`: the policy serves `id` for `from`.
   [[nodiscard]] bool here_already(request_id id, const Caller& from, bool served_for_from) const {
     return served_for_from || compiles_for(id, from);
   }

@@ -50,7 +50,7 @@ struct request {
   std::shared_ptr<const grammar::compiled_grammar> compiled_grammar;
   /// The prompt's last this-many tokens are what this request generated before: before its
   /// executor failed (engine_core::resumable_requests), or on an engine that was lost (the
-  /// request actor places it again: serve::request_host::engine_lost). They count as generated
+  /// request actor places it again: serve::request_policy::engine_lost). They count as generated
   /// for the penalties, the grammar and the sampler's counter, and max_tokens counts only what
   /// remains, so the continuation is the one the first engine would have produced.
   int32_t num_resumed_tokens = 0;

@@ -1,7 +1,7 @@
 #pragma once
 
 /// A completion as its client sees it: the request in text, the chunks of its answer, and its
-/// end or its error. Plain data: the request host (runtime/serve/request_host) produces them,
+/// end or its error. Plain data: the request host (runtime/serve/request_policy) produces them,
 /// messages/client.hpp maps them onto the wire (as msg::completion_*). Language-neutral fields
 /// only (strings, numbers; `errc` and `finish_reason` travel as their underlying integers), so
 /// a non-C++ protocol can carry the same structs.
@@ -24,7 +24,7 @@ struct completion_request {
   /// simulator's. Without a tokenizer at the request host (the simulator) the completion streams
   /// token ids only, with no text, and stop strings are not allowed.
   std::vector<int32_t> prompt_tokens;
-  /// A chat instead of a prompt: rendered by the server's chat template (request_host_options::
+  /// A chat instead of a prompt: rendered by the server's chat template (request_policy_options::
   /// chat) into template and user segments, so no message can spell a control token.
   std::vector<chat_message> messages;
   int32_t max_tokens = 16;
@@ -93,7 +93,7 @@ struct completion_end {
   int32_t num_preemptions = 0;
   int32_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
   int32_t num_chunks = 0;           ///< chunks sent before this message
-  /// Times the request was placed again after losing its engine (request_host::engine_lost),
+  /// Times the request was placed again after losing its engine (request_policy::engine_lost),
   /// each time recomputed from its prompt and the tokens already sent.
   int32_t num_failovers = 0;
 };

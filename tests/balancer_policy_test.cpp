@@ -1,6 +1,6 @@
-// balance::balancer_host without an actor system: the load estimate (report + unseen work),
+// balance::balancer_policy without an actor system: the load estimate (report + unseen work),
 // exact request counts, placement across tiers, lost engines and the heartbeat.
-#include "runtime/balance/balancer_host.hpp"
+#include "runtime/balance/balancer_policy.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,15 +14,15 @@ namespace {
 engine_spec spec(engine_kind kind, const std::string& name) { return engine_spec{kind, 10, 1000, 16, name}; }
 
 /// (requests, kv tokens, queued prefill tokens, alive) of engine `i`.
-std::tuple<int64_t, int64_t, int64_t, bool> load_of(const balancer_host& h, size_t i) {
+std::tuple<int64_t, int64_t, int64_t, bool> load_of(const balancer_policy& h, size_t i) {
   const engine_load& l = h.load(i);
   return {l.num_requests, l.num_kv_tokens, l.num_prefill_tokens, l.alive};
 }
 
 using L = std::tuple<int64_t, int64_t, int64_t, bool>;
 
-TEST(BalancerHost, PlacesWithItsRouterAndNumbersRequestsInPlacementOrder) {
-  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
+TEST(BalancerPolicy, PlacesWithItsRouterAndNumbersRequestsInPlacementOrder) {
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
                   {}, 0, 0, router_options{"round_robin", 0});
   std::vector<size_t> got;
   for (request_key k = 1; k <= 4; k++) got.push_back(h.place(k, 100)->decode);
@@ -32,8 +32,8 @@ TEST(BalancerHost, PlacesWithItsRouterAndNumbersRequestsInPlacementOrder) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, AnEngineKnownToDrainGetsNoNewWorkBeforeItsReportSaysSo) {
-  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0,
+TEST(BalancerPolicy, AnEngineKnownToDrainGetsNoNewWorkBeforeItsReportSaysSo) {
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0,
                   router_options{"round_robin", 0});
   EXPECT_EQ(h.place(1, 100)->decode, 0u);
   h.mark_draining(1);  // a request it forwarded says so; its report may still be on the way
@@ -44,11 +44,11 @@ TEST(BalancerHost, AnEngineKnownToDrainGetsNoNewWorkBeforeItsReportSaysSo) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, PrefixAffinityFindsThePromptsPlacedBeforeInItsDirectory) {
+TEST(BalancerPolicy, PrefixAffinityFindsThePromptsPlacedBeforeInItsDirectory) {
   engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
   m0.block_size = 8;  // the directory counts in the smallest block size: 4 tokens, 250 per engine
   m1.block_size = 4;
-  balancer_host h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
+  balancer_policy h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
   ASSERT_EQ(h.prefix_block_size(), 4);
   // Two prompts of two blocks at once: m0 (idle, the lower index), then m1 (m0 scores 0.108).
   EXPECT_EQ(h.place(1, 8, {11, 12})->decode, 0u);
@@ -77,10 +77,10 @@ TEST(BalancerHost, PrefixAffinityFindsThePromptsPlacedBeforeInItsDirectory) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, AnEnginesPoolReportsDecideWhichPrefixesItIsCreditedWith) {
+TEST(BalancerPolicy, AnEnginesPoolReportsDecideWhichPrefixesItIsCreditedWith) {
   engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
   m0.block_size = m1.block_size = 4;  // 250 blocks each
-  balancer_host h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
+  balancer_policy h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
   ASSERT_TRUE(h.wants_cache_events(0) && h.wants_cache_events(1));
   EXPECT_EQ(h.place(1, 8, {11, 12})->decode, 0u);  // each engine's work item 1
   EXPECT_EQ(h.place(2, 8, {21, 22})->decode, 1u);
@@ -117,23 +117,23 @@ TEST(BalancerHost, AnEnginesPoolReportsDecideWhichPrefixesItIsCreditedWith) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, AnEngineOfAnotherBlockSizeIsCreditedWithItsPlacedPromptsOnly) {
+TEST(BalancerPolicy, AnEngineOfAnotherBlockSizeIsCreditedWithItsPlacedPromptsOnly) {
   engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
   m0.block_size = 4;
   m1.block_size = 8;  // its chain hashes are not the directory's
-  balancer_host h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
+  balancer_policy h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
   EXPECT_TRUE(h.wants_cache_events(0));
   EXPECT_FALSE(h.wants_cache_events(1));
   EXPECT_EQ(h.on_report(1, engine_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
   EXPECT_EQ(h.prefixes().num_pool_blocks(1), 0);
   EXPECT_FALSE(h.prefixes().in_sync(1));
-  balancer_host plain({m0}, {}, 0, 0);  // no prefixes at all
+  balancer_policy plain({m0}, {}, 0, 0);  // no prefixes at all
   EXPECT_FALSE(plain.wants_cache_events(0));
   EXPECT_EQ(plain.on_report(0, engine_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
   h.check_invariants();
 }
 
-TEST(BalancerHost, ACacheTiersPrefixCountsForEveryEngineAndThePlacementNamesTheTierToFetchFrom) {
+TEST(BalancerPolicy, ACacheTiersPrefixCountsForEveryEngineAndThePlacementNamesTheTierToFetchFrom) {
   // m0 has no tier, m1 and m2 share tier 0 (one node), m3 has tier 1; tier 2 is of another
   // block size (it reports nothing).
   engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
@@ -141,7 +141,7 @@ TEST(BalancerHost, ACacheTiersPrefixCountsForEveryEngineAndThePlacementNamesTheT
   m1.cache_tier = 0;
   m2.cache_tier = 0;
   m3.cache_tier = 1;
-  balancer_host h({m0, m1, m2, m3}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5},
+  balancer_policy h({m0, m1, m2, m3}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5},
                   {cache_tier_spec{4, 16}, cache_tier_spec{4, 16}, cache_tier_spec{4, 8}});
   ASSERT_EQ(h.num_cache_tiers(), 3u);
   EXPECT_TRUE(h.wants_tier_events(0));
@@ -186,10 +186,10 @@ TEST(BalancerHost, ACacheTiersPrefixCountsForEveryEngineAndThePlacementNamesTheT
   h.check_invariants();
 }
 
-TEST(BalancerHost, ADiskTiersHashesCountForItsHostTierWithinTheirOwnCapacity) {
+TEST(BalancerPolicy, ADiskTiersHashesCountForItsHostTierWithinTheirOwnCapacity) {
   engine_spec m0 = spec(engine_kind::mixed, "m0"), m1 = spec(engine_kind::mixed, "m1");
   m1.cache_tier = 0;
-  balancer_host h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5}, {cache_tier_spec{1, 16, 3}});
+  balancer_policy h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5}, {cache_tier_spec{1, 16, 3}});
   ASSERT_EQ(h.on_tier_report(0, pool_events{1, true, {11}, {}}), report_outcome::taken);
   // The disk level: within its own capacity of 3, which is not the host level's 1.
   EXPECT_EQ(h.on_tier_report(0, pool_events{1, true, {12, 13, 14, 15}, {}}, true), report_outcome::ignored);
@@ -204,8 +204,8 @@ TEST(BalancerHost, ADiskTiersHashesCountForItsHostTierWithinTheirOwnCapacity) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, ARouterWithoutPrefixesTakesNoHashes) {
-  balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
+TEST(BalancerPolicy, ARouterWithoutPrefixesTakesNoHashes) {
+  balancer_policy h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
   EXPECT_EQ(h.prefix_block_size(), 0);
   auto bad = h.place(1, 32, {1, 2});
   ASSERT_FALSE(bad.has_value());
@@ -215,8 +215,8 @@ TEST(BalancerHost, ARouterWithoutPrefixesTakesNoHashes) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
-  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
+TEST(BalancerPolicy, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
   auto a = h.place(1, 100);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->decode, 0u);
@@ -247,8 +247,8 @@ TEST(BalancerHost, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, RequestCountsAreExact) {
-  balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
+TEST(BalancerPolicy, RequestCountsAreExact) {
+  balancer_policy h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
   ASSERT_TRUE(h.place(7, 4).has_value());
   ASSERT_TRUE(h.place(8, 4).has_value());
   EXPECT_EQ(h.load(0).num_requests, 2);
@@ -260,9 +260,9 @@ TEST(BalancerHost, RequestCountsAreExact) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, DisaggregatesAcrossTiersAndChargesBothEngines) {
+TEST(BalancerPolicy, DisaggregatesAcrossTiersAndChargesBothEngines) {
   // Bounds {128}: two tiers; prefill p0 serves short prompts, p1 long ones.
-  balancer_host h({spec(engine_kind::prefill, "p0"), spec(engine_kind::prefill, "p1"), spec(engine_kind::decode, "d0")},
+  balancer_policy h({spec(engine_kind::prefill, "p0"), spec(engine_kind::prefill, "p1"), spec(engine_kind::decode, "d0")},
                   {128}, 0, 0);
   auto shrt = h.place(1, 100);
   ASSERT_TRUE(shrt.has_value());
@@ -285,8 +285,8 @@ TEST(BalancerHost, DisaggregatesAcrossTiersAndChargesBothEngines) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, ALostEngineGetsNoWorkAndTheErrorNamesIt) {
-  balancer_host h({spec(engine_kind::mixed, "engine 'm0' on node 'n0'"), spec(engine_kind::mixed, "engine 'm1'")},
+TEST(BalancerPolicy, ALostEngineGetsNoWorkAndTheErrorNamesIt) {
+  balancer_policy h({spec(engine_kind::mixed, "engine 'm0' on node 'n0'"), spec(engine_kind::mixed, "engine 'm1'")},
                   {}, 0, 0);
   ASSERT_TRUE(h.place(1, 8).has_value());
   EXPECT_TRUE(h.mark_lost(0));
@@ -305,8 +305,8 @@ TEST(BalancerHost, ALostEngineGetsNoWorkAndTheErrorNamesIt) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfresh) {
-  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, /*heartbeat_timeout_ns=*/100, 0);
+TEST(BalancerPolicy, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfresh) {
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, /*heartbeat_timeout_ns=*/100, 0);
   ASSERT_TRUE(h.place(1, 8).has_value());  // least loaded, ties to the first: m0
   EXPECT_EQ(h.on_report(0, engine_report{0, 1, 0, 0}, 10), report_outcome::taken);
   EXPECT_FALSE(h.rejoined(0, 20)) << "a live engine does not rejoin";
@@ -327,8 +327,8 @@ TEST(BalancerHost, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfresh)
   h.check_invariants();
 }
 
-TEST(BalancerHost, ADrainingEngineGetsNoNewWorkEvenFromAReorderedReportAndTheErrorSaysSo) {
-  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
+TEST(BalancerPolicy, ADrainingEngineGetsNoNewWorkEvenFromAReorderedReportAndTheErrorSaysSo) {
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
   EXPECT_EQ(h.on_report(0, engine_report{5, 0, 0, 0, false}, 10), report_outcome::taken);
   EXPECT_EQ(h.on_report(0, engine_report{3, 0, 0, 0, true}, 20), report_outcome::taken);  // older, but draining counts
   EXPECT_TRUE(h.load(0).draining);
@@ -342,8 +342,8 @@ TEST(BalancerHost, ADrainingEngineGetsNoNewWorkEvenFromAReorderedReportAndTheErr
   h.check_invariants();
 }
 
-TEST(BalancerHost, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers) {
-  balancer_host h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
+TEST(BalancerPolicy, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers) {
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
                   {}, /*heartbeat_timeout_ns=*/100, /*now_ns=*/0);
   h.heard_from(0, 50);
   EXPECT_EQ(h.on_report(1, engine_report{}, 60), report_outcome::taken);
@@ -357,8 +357,8 @@ TEST(BalancerHost, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers) {
   h.check_invariants();
 }
 
-TEST(BalancerHost, WithoutAHeartbeatSilenceDecidesNothing) {
-  balancer_host h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
+TEST(BalancerPolicy, WithoutAHeartbeatSilenceDecidesNothing) {
+  balancer_policy h({spec(engine_kind::mixed, "m0")}, {}, 0, 0);
   h.heard_from(0, 5);
   EXPECT_EQ(h.heartbeat(int64_t{1} << 60), std::vector<size_t>{});
   EXPECT_TRUE(h.load(0).alive);

@@ -1,4 +1,4 @@
-#include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/engine_policy.hpp"
 
 #include <set>
 #include <tuple>
@@ -95,14 +95,14 @@ bool operator==(const demote_blocks& a, const demote_blocks& b) {
   return true;
 }
 
-expected<std::unique_ptr<engine_host>> engine_host::create(engine_host_options options, int64_t now_ns) {
+expected<std::unique_ptr<engine_policy>> engine_policy::create(engine_policy_options options, int64_t now_ns) {
   auto core = engine_core::create(options.model, options.bos_id, options.eos_id, options.config);
   if (!core) return tl::unexpected(core.error());
   if (options.max_waiting <= 0) return fail(errc::invalid_argument, "max_waiting must be > 0");
-  return std::unique_ptr<engine_host>(new engine_host(std::move(options), std::move(*core), now_ns));
+  return std::unique_ptr<engine_policy>(new engine_policy(std::move(options), std::move(*core), now_ns));
 }
 
-engine_host::engine_host(engine_host_options options, std::unique_ptr<engine_core> core, int64_t now_ns)
+engine_policy::engine_policy(engine_policy_options options, std::unique_ptr<engine_core> core, int64_t now_ns)
     : options_(std::move(options)), core_(std::move(core)), started_ns_(now_ns) {}
 
 /// Queues `r` through `add` (one of the core's add_* calls, which moves `r`); false (with a
@@ -111,7 +111,7 @@ engine_host::engine_host(engine_host_options options, std::unique_ptr<engine_cor
 /// `watched`: the request waited for the host tier; its caller is watched already and refusals
 /// go to it (the current call is the tier's answer).
 template <class Add>
-bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns, bool watched) {
+bool engine_policy::admit(const request& r, bool samples, Add&& add, effects& out, int64_t now_ns, bool watched) {
   const request_id id = r.id;
   // Tokens delivered in one message at the end: room for all of them reserved now.
   const int32_t batch_tokens = samples && r.batch_tokens ? r.max_tokens : 0;
@@ -147,7 +147,7 @@ bool engine_host::admit(const request& r, bool samples, Add&& add, effects& out,
 
 /// The request waits for the tier only if the tier may add to the pool's prefix: the pool holds
 /// fewer leading blocks than the hit rule lets a prompt of this length take from cache.
-bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out) {
+bool engine_policy::fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out) {
   // A tier to ask: the one the request names (the balancer's, checked by the engine actor), or
   // the engine's own.
   if (!options_.config.host_tier || (r.cache_tier < 0 && !options_.config.own_tier)) return false;
@@ -173,7 +173,7 @@ bool engine_host::fetch_first(request& r, std::optional<handoff_target>& handoff
   return true;
 }
 
-effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns,
+effects engine_policy::tier_answered(request_id id, std::vector<kv::kv_block> blocks, int64_t now_ns,
                                    std::vector<uint8_t> from_lower) {
   effects out;
   auto it = tier_waits_.find(id);
@@ -194,7 +194,7 @@ effects engine_host::tier_answered(request_id id, std::vector<kv::kv_block> bloc
   return out;
 }
 
-void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns, staged_promotion answer) {
+void engine_policy::admit_waited(tier_wait w, effects& out, int64_t now_ns, staged_promotion answer) {
   request& r = w.req;
   const request_id id = r.id;
   // The tier's blocks wait in the core for the request's admission (engine_core::stage_promotion).
@@ -210,19 +210,19 @@ void engine_host::admit_waited(tier_wait w, effects& out, int64_t now_ns, staged
     handoffs_[id] = std::move(*w.handoff);
 }
 
-bool engine_host::forwarded_at_once(request_id id, effects& out) {
+bool engine_policy::forwarded_at_once(request_id id, effects& out) {
   if (!forwarding_) return false;
   out.push_back(forward{id, true, std::nullopt});
   num_forwarded_++;
   return true;
 }
 
-effects engine_host::submit(request r, int64_t now_ns) {
+effects engine_policy::submit(request r, int64_t now_ns) {
   num_received_++;
   return compute_whole(std::move(r), now_ns);
 }
 
-effects engine_host::compute_whole(request r, int64_t now_ns) {
+effects engine_policy::compute_whole(request r, int64_t now_ns) {
   effects out;
   if (forwarded_at_once(r.id, out)) return out;
   std::optional<handoff_target> none;
@@ -231,7 +231,7 @@ effects engine_host::compute_whole(request r, int64_t now_ns) {
   return out;
 }
 
-effects engine_host::submit_prefill(request r, std::optional<peer_id> decode, std::string kv_host, uint16_t kv_port,
+effects engine_policy::submit_prefill(request r, std::optional<peer_id> decode, std::string kv_host, uint16_t kv_port,
                                     int64_t now_ns) {
   num_received_++;
   effects out;
@@ -248,7 +248,7 @@ effects engine_host::submit_prefill(request r, std::optional<peer_id> decode, st
   return out;
 }
 
-effects engine_host::import(request r, request_id payload_id, kv_data kv, int64_t now_ns) {
+effects engine_policy::import(request r, request_id payload_id, kv_data kv, int64_t now_ns) {
   effects out;
   const request_id id = r.id;
   if (forwarded_at_once(id, out)) return out;
@@ -263,12 +263,12 @@ effects engine_host::import(request r, request_id payload_id, kv_data kv, int64_
   return out;
 }
 
-effects engine_host::recompute_handoff(request r, int64_t now_ns) {
+effects engine_policy::recompute_handoff(request r, int64_t now_ns) {
   num_handoffs_recomputed_++;
   return compute_whole(std::move(r), now_ns);
 }
 
-void engine_host::kick(effects& out, int64_t now_ns) {
+void engine_policy::kick(effects& out, int64_t now_ns) {
   while (auto plan = core_->plan_step()) {
     if (core_->num_in_flight() == 1) busy_since_ns_ = now_ns;
     for (const exec_chunk& chunk : plan->chunks) {
@@ -282,7 +282,7 @@ void engine_host::kick(effects& out, int64_t now_ns) {
     out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max, s.cache_tier});
 }
 
-void engine_host::send_report(effects& out, int64_t now_ns) {
+void engine_policy::send_report(effects& out, int64_t now_ns) {
   reporting_->last_ns = now_ns;
   const engine_stats s = core_->stats();
   report_load r{reporting_->engine_index, num_received_, static_cast<int64_t>(requests_.size()),
@@ -292,7 +292,7 @@ void engine_host::send_report(effects& out, int64_t now_ns) {
   out.push_back(std::move(r));
 }
 
-void engine_host::add_cache_events(report_load& r) {
+void engine_policy::add_cache_events(report_load& r) {
   kv::cache_events events = core_->take_cache_events();
   r.cache_seq = ++num_cache_reports_;
   r.cache_snapshot = reporting_->snapshot_due || events.overflowed;
@@ -306,7 +306,7 @@ void engine_host::add_cache_events(report_load& r) {
 }
 
 /// Something changed: report now, or once the interval since the last report has passed.
-void engine_host::note_change(effects& out, int64_t now_ns) {
+void engine_policy::note_change(effects& out, int64_t now_ns) {
   if (!reporting_ || reporting_->due) return;
   if (now_ns - reporting_->last_ns >= reporting_->interval_ns) {
     send_report(out, now_ns);
@@ -316,7 +316,7 @@ void engine_host::note_change(effects& out, int64_t now_ns) {
   out.push_back(arm_report_timer{reporting_->last_ns + reporting_->interval_ns - now_ns});
 }
 
-effects engine_host::report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns, bool cache_events) {
+effects engine_policy::report_to(int32_t engine_index, int64_t interval_ns, int64_t now_ns, bool cache_events) {
   TROUPE_ASSERT(interval_ns > 0);
   if (!reporting_) reporting_.emplace();
   reporting_->engine_index = engine_index;
@@ -328,7 +328,7 @@ effects engine_host::report_to(int32_t engine_index, int64_t interval_ns, int64_
   return out;
 }
 
-effects engine_host::report_timer(int64_t now_ns) {
+effects engine_policy::report_timer(int64_t now_ns) {
   effects out;
   if (!reporting_) return out;
   reporting_->due = false;
@@ -337,7 +337,7 @@ effects engine_host::report_timer(int64_t now_ns) {
 }
 
 /// One sampled token: sent now, or added to a batched request's tokens (sent with the last).
-void engine_host::on_sample(sample_event&& e, effects& out, int64_t now_ns) {
+void engine_policy::on_sample(sample_event&& e, effects& out, int64_t now_ns) {
   const request_id id = e.request;
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
@@ -365,7 +365,7 @@ void engine_host::on_sample(sample_event&& e, effects& out, int64_t now_ns) {
 }
 
 /// Ships each finished prefill's request and KV to its decode engine.
-void engine_host::hand_off_prefilled(effects& out) {
+void engine_policy::hand_off_prefilled(effects& out) {
   for (prefilled_request& p : core_->take_prefilled()) {
     const request_id id = p.req.id;
     auto it = handoffs_.find(id);
@@ -378,7 +378,7 @@ void engine_host::hand_off_prefilled(effects& out) {
   }
 }
 
-effects engine_host::on_step_result(int64_t generation, exec_result result, int64_t now_ns) {
+effects engine_policy::on_step_result(int64_t generation, exec_result result, int64_t now_ns) {
   effects out;
   if (generation != generation_) return out;  // a failed executor's late reply
   count_expert_placement(result);
@@ -406,7 +406,7 @@ effects engine_host::on_step_result(int64_t generation, exec_result result, int6
   return out;
 }
 
-void engine_host::count_expert_placement(const exec_result& result) {
+void engine_policy::count_expert_placement(const exec_result& result) {
   TROUPE_ASSERT_MSG(result.moe_lb == 0 || result.moe_lb >= 1, "moe_lb is at least 1 (0: no window ended)");
   TROUPE_ASSERT(result.num_expert_moves >= 0);
   if (result.moe_lb > 0) {
@@ -416,7 +416,7 @@ void engine_host::count_expert_placement(const exec_result& result) {
   experts_.num_moves += result.num_expert_moves;
 }
 
-effects engine_host::executor_failed(int64_t generation, const std::string& why, int64_t now_ns) {
+effects engine_policy::executor_failed(int64_t generation, const std::string& why, int64_t now_ns) {
   effects out;
   if (generation != generation_) return out;  // a replaced executor: handled already
   generation_++;
@@ -456,7 +456,7 @@ effects engine_host::executor_failed(int64_t generation, const std::string& why,
   return out;
 }
 
-void engine_host::drop(request_id id, effects& out, int64_t now_ns) {
+void engine_policy::drop(request_id id, effects& out, int64_t now_ns) {
   tier_waits_.erase(id);
   exporting_.erase(id);
   (void)core_->remove_request(id);
@@ -466,7 +466,7 @@ void engine_host::drop(request_id id, effects& out, int64_t now_ns) {
   note_change(out, now_ns);
 }
 
-effects engine_host::drain(int64_t now_ns) {
+effects engine_policy::drain(int64_t now_ns) {
   effects out;
   if (draining_) return out;
   draining_ = true;
@@ -474,7 +474,7 @@ effects engine_host::drain(int64_t now_ns) {
   return out;
 }
 
-effects engine_host::forward_all(int64_t now_ns) {
+effects engine_policy::forward_all(int64_t now_ns) {
   effects out = drain(now_ns);
   forwarding_ = true;
   std::set<request_id> ids;
@@ -497,7 +497,7 @@ effects engine_host::forward_all(int64_t now_ns) {
   return out;
 }
 
-void engine_host::forward_exported(effects& out) {
+void engine_policy::forward_exported(effects& out) {
   for (exported_request& e : core_->take_exported()) {
     if (!exporting_.erase(e.id)) continue;  // released meanwhile
     num_forwarded_++;
@@ -507,20 +507,20 @@ void engine_host::forward_exported(effects& out) {
   }
 }
 
-effects engine_host::release(request_id id, int64_t now_ns) {
+effects engine_policy::release(request_id id, int64_t now_ns) {
   effects out;
   drop(id, out, now_ns);
   return out;
 }
 
-effects engine_host::peer_down(request_id id, int64_t now_ns) {
+effects engine_policy::peer_down(request_id id, int64_t now_ns) {
   effects out;
   if (requests_.count(id) || tier_waits_.count(id) || exporting_.count(id)) drop(id, out, now_ns);
   return out;
 }
 
-engine_host_stats engine_host::stats(int64_t now_ns) const {
-  engine_host_stats s;
+engine_policy_stats engine_policy::stats(int64_t now_ns) const {
+  engine_policy_stats s;
   s.core = core_->stats();
   s.num_waiting = num_queued();
   s.num_requests = static_cast<int64_t>(requests_.size());

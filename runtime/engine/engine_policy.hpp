@@ -2,7 +2,7 @@
 
 /// The engine's policy without an actor system: one replica's live requests over an
 /// engine_core, driven by calls that each return the list of effects the engine actor performs
-/// (actors/engine_actor.cpp is a dispatcher over this host: STYLE.md, "An actor is a dispatcher
+/// (actors/engine_actor.cpp is a dispatcher over this policy: STYLE.md, "An actor is a dispatcher
 /// over a pure host").
 ///
 /// What it decides:
@@ -15,7 +15,7 @@
 /// - hand-off (prefill engine): a finished prefill becomes one `hand_off` carrying the request,
 ///   its KV and the decode engine (and a UCX tag when the KV travels over UCX);
 /// - load reports: `report_load` at most once per interval and only after a change; a change
-///   inside the interval arms one timer (`arm_report_timer`), an idle host arms none; when
+///   inside the interval arms one timer (`arm_report_timer`), an idle engine arms none; when
 ///   report_to asks for cache events, each also carries the pool's cached chain hashes (a
 ///   numbered change or a snapshot, report_load) for the balancer's prefix directory;
 /// - host tier (config.host_tier): a request whose prompt the pool holds less of than the hit
@@ -61,7 +61,7 @@ namespace troupe::engine {
 /// crashes the executor must not crash it forever).
 inline constexpr int32_t executor_failure_resumes_max = 2;
 
-/// A decode engine, as numbered by the caller of engine_host.
+/// A decode engine, as numbered by the caller of engine_policy.
 using peer_id = uint32_t;
 
 /// Send `plan` to the executor, with the compiled grammars its chunks name; its result comes
@@ -75,7 +75,7 @@ struct send_plan {
 /// Send one token to the request actor of `event.request`.
 struct send_token {
   sample_event event;
-  int64_t scheduled_at_ns = 0;  ///< host clock when the request was first planned
+  int64_t scheduled_at_ns = 0;  ///< the engine's clock when the request was first planned
 };
 
 /// Every token of a `batch_tokens` request, sent when it ends (msg::sampled_batch).
@@ -120,7 +120,7 @@ struct hand_off {
 };
 
 /// A load report for the balancer (msg::load_report). With cache events (report_to), it also
-/// tells the pool's cached chain hashes: report `cache_seq` (1, 2, ... counted over the host's
+/// tells the pool's cached chain hashes: report `cache_seq` (1, 2, ... counted over the policy's
 /// life) is a snapshot (`cached_added` holds every hash the pool holds) or the change since
 /// report cache_seq - 1. A snapshot goes out first, after report_to asks again (a balancer that
 /// lost track), after an executor failure (a new, empty pool) and when the pool's event log
@@ -152,7 +152,7 @@ struct arm_report_timer {
   int64_t delay_ns = 0;
 };
 
-/// The executor failed: replace it (its KV is gone; the host is empty again).
+/// The executor failed: replace it (its KV is gone; the policy is empty again).
 struct restart_executor {};
 
 /// Host tier: ask it for the blocks of `tokens` from block `first_block` on (at most
@@ -189,7 +189,7 @@ bool operator==(const restart_executor& a, const restart_executor& b);
 bool operator==(const fetch_blocks& a, const fetch_blocks& b);
 bool operator==(const demote_blocks& a, const demote_blocks& b);
 
-struct engine_host_options {
+struct engine_policy_options {
   model::model_config model;
   int32_t bos_id = 1;
   int32_t eos_id = 2;
@@ -211,7 +211,7 @@ struct expert_placement_stats {
   int64_t num_moves = 0;          ///< placements switched to
 };
 
-struct engine_host_stats {
+struct engine_policy_stats {
   engine_stats core;
   expert_placement_stats experts;
   int64_t num_waiting = 0;
@@ -222,10 +222,10 @@ struct engine_host_stats {
   int64_t elapsed_ns = 0;
 };
 
-class engine_host {
+class engine_policy {
  public:
   /// Fails if the core cannot be created from the options.
-  [[nodiscard]] static expected<std::unique_ptr<engine_host>> create(engine_host_options options, int64_t now_ns);
+  [[nodiscard]] static expected<std::unique_ptr<engine_policy>> create(engine_policy_options options, int64_t now_ns);
 
   /// A request to run whole (msg::submit).
   [[nodiscard]] effects submit(request r, int64_t now_ns);
@@ -286,11 +286,11 @@ class engine_host {
   [[nodiscard]] bool is_live(request_id id) const { return requests_.count(id) != 0; }
   [[nodiscard]] size_t num_live() const { return requests_.size(); }
   [[nodiscard]] const engine_core& core() const { return *core_; }
-  [[nodiscard]] engine_host_stats stats(int64_t now_ns) const;
+  [[nodiscard]] engine_policy_stats stats(int64_t now_ns) const;
 
  private:
   struct live_request {
-    int64_t scheduled_at_ns = 0;  // host clock when first planned; 0 = not yet
+    int64_t scheduled_at_ns = 0;  // the engine's clock when first planned; 0 = not yet
     bool batch = false;           // request::batch_tokens: collect into `tokens`
     int32_t num_resumes = 0;      // executor failures survived
     token_batch tokens;           // age_ns holds each token's sample time until sent
@@ -309,7 +309,7 @@ class engine_host {
     bool snapshot_due = false;  // the next report's cache events are a snapshot
   };
 
-  engine_host(engine_host_options options, std::unique_ptr<engine_core> core, int64_t now_ns);
+  engine_policy(engine_policy_options options, std::unique_ptr<engine_core> core, int64_t now_ns);
 
   /// A request waiting for the host tier's answer (handoff: a prefill-only one).
   struct tier_wait {
@@ -343,7 +343,7 @@ class engine_host {
   /// Forwards the requests whose KV the core read out.
   void forward_exported(effects& out);
 
-  engine_host_options options_;
+  engine_policy_options options_;
   std::unique_ptr<engine_core> core_;
   int64_t generation_ = 0;
   std::map<request_id, live_request> requests_;

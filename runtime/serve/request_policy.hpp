@@ -3,7 +3,7 @@
 /// One completion's policy without an actor system: from the client's text to the engine's
 /// request and from the engine's tokens back to the client's chunks, driven by calls that each
 /// return the list of effects the request actor performs (actors/request_actor.cpp is a
-/// dispatcher over this host: STYLE.md, "An actor is a dispatcher over a pure host").
+/// dispatcher over this policy: STYLE.md, "An actor is a dispatcher over a pure host").
 ///
 /// What it decides:
 /// - the prompt: prompt_tokens exclude a text prompt, and without a tokenizer stop strings
@@ -37,8 +37,8 @@
 ///   needs (engine::kv_slice) with the request and computes only the prompt's last token, on
 ///   the decode engine of a prefill/decode placement.
 ///
-/// Every ending call ends with `stop`; the actor then quits and calls the host no more.
-/// Identity: the actor keeps every handle (client, balancer, engines) and tells the host which
+/// Every ending call ends with `stop`; the actor then quits and calls the policy no more.
+/// Identity: the actor keeps every handle (client, balancer, engines) and tells the policy which
 /// engine a call is about by its role. Pure: no CAF, no clock (calls take `now_ns`).
 
 #include <cstdint>
@@ -48,7 +48,7 @@
 #include <variant>
 #include <vector>
 
-#include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/engine_policy.hpp"
 #include "runtime/engine/output_stream.hpp"
 #include "runtime/serve/completion.hpp"
 #include "runtime/serve/output_channels.hpp"
@@ -56,7 +56,7 @@
 
 namespace troupe::serve {
 
-struct request_host_options {
+struct request_policy_options {
   int64_t id = 0;
   uint64_t stream = 0;  ///< stamped on every message to the client (submit_completion::stream)
   std::shared_ptr<const tokenizer> tok;  ///< needed for a text prompt only
@@ -66,7 +66,7 @@ struct request_host_options {
   /// tok->max_text_bytes(context_tokens) is refused (too_long) before it is tokenized. 0 = not
   /// known here: the largest context a checkpoint may declare bounds it.
   int32_t context_tokens = 0;
-  /// The balancer's prefix directory's block size (balance::balancer_host::prefix_block_size):
+  /// The balancer's prefix directory's block size (balance::balancer_policy::prefix_block_size):
   /// ask_placement carries the prompt's chain hashes in blocks of it; 0 = none.
   int32_t prefix_block_size = 0;
   /// The balancer refused the request at admission (its rate limit): it fails with this at start.
@@ -135,7 +135,7 @@ bool operator==(const send_error& a, const send_error& b);
 bool operator==(const release_engines& a, const release_engines& b);
 bool operator==(const stop& a, const stop& b);
 
-/// The balancer's answer as the host sees it (the actor keeps the engines' handles).
+/// The balancer's answer as the policy sees it (the actor keeps the engines' handles).
 struct placed_engines {
   std::string error;  ///< non-empty: no engine serves the request
   bool has_prefill = false;
@@ -144,9 +144,9 @@ struct placed_engines {
   std::string decode_name;
 };
 
-class request_host {
+class request_policy {
  public:
-  explicit request_host(request_host_options options);
+  explicit request_policy(request_policy_options options);
 
   /// The request arrived: a refusal (send_error, stop) or ask_placement.
   [[nodiscard]] effects start(int64_t now_ns);
@@ -201,7 +201,7 @@ class request_host {
   void finish(engine::finish_reason reason, int64_t now_ns, effects& out);
   void fail_request(errc code, const std::string& message, effects& out);
 
-  request_host_options o_;
+  request_policy_options o_;
   engine::request request_;  // built by start; kept to place it again after a lost engine
   std::vector<int32_t> generated_;  // the tokens the client has: a new engine resumes after them
   int32_t num_failovers_ = 0;

@@ -1,4 +1,4 @@
-#include "runtime/serve/request_host.hpp"
+#include "runtime/serve/request_policy.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -35,11 +35,11 @@ bool operator==(const send_error& a, const send_error& b) { return a.error == b.
 bool operator==(const release_engines&, const release_engines&) { return true; }
 bool operator==(const stop&, const stop&) { return true; }
 
-request_host::request_host(request_host_options options) : o_(std::move(options)) {}
+request_policy::request_policy(request_policy_options options) : o_(std::move(options)) {}
 
 /// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
 /// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
-expected<void> request_host::check_prompt_bytes(int64_t bytes) const {
+expected<void> request_policy::check_prompt_bytes(int64_t bytes) const {
   const int32_t context = o_.context_tokens > 0 ? o_.context_tokens : model::header_value_max;
   const int64_t bytes_max = o_.tok->max_text_bytes(context);
   if (bytes <= bytes_max) return {};
@@ -51,7 +51,7 @@ expected<void> request_host::check_prompt_bytes(int64_t bytes) const {
 /// The prompt in tokens: the ids given (checked against the vocabulary when it is known), or
 /// the text, encoded once its size is checked. Without a tokenizer (the simulator's case) only
 /// ids and no stop strings.
-expected<std::vector<int32_t>> request_host::tokenize_prompt() {
+expected<std::vector<int32_t>> request_policy::tokenize_prompt() {
   const completion_request& p = o_.params;
   const bool token_prompt = !p.prompt_tokens.empty();
   if (token_prompt && !p.prompt.empty())
@@ -75,7 +75,7 @@ expected<std::vector<int32_t>> request_host::tokenize_prompt() {
 /// A chat's prompt: its messages rendered with the template, each checked for size twice: the
 /// messages as sent (before rendering them), then everything the template made of them (its
 /// markup per message counts too: many empty messages make a long prompt).
-expected<std::vector<int32_t>> request_host::render_messages() const {
+expected<std::vector<int32_t>> request_policy::render_messages() const {
   int64_t bytes = 0;
   for (const chat_message& m : o_.params.messages) bytes += static_cast<int64_t>(m.role.size() + m.content.size());
   if (auto fits = check_prompt_bytes(bytes); !fits) return tl::unexpected(fits.error());
@@ -87,7 +87,7 @@ expected<std::vector<int32_t>> request_host::render_messages() const {
   return encode_segments(*o_.tok, *segments, /*add_bos=*/true, nullptr);
 }
 
-effects request_host::start(int64_t now_ns) {
+effects request_policy::start(int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out;
   arrival_ns_ = now_ns;
@@ -156,7 +156,7 @@ effects request_host::start(int64_t now_ns) {
   return out;
 }
 
-effects request_host::placed(const placed_engines& p) {
+effects request_policy::placed(const placed_engines& p) {
   TROUPE_ASSERT(!done_);
   TROUPE_ASSERT(!placed_.has_decode);  // answered once
   effects out;
@@ -190,7 +190,7 @@ effects request_host::placed(const placed_engines& p) {
 /// Whether `token` can be this request's output: in the vocabulary (when a tokenizer is known),
 /// within max_tokens with the `num_before` tokens before it, with a finite logprob (a sampled
 /// token has a probability > 0; an infinite float would stall CAF's serializer, see start()).
-expected<void> request_host::check_token(int32_t token, float logprob, int64_t num_before) const {
+expected<void> request_policy::check_token(int32_t token, float logprob, int64_t num_before) const {
   if (!std::isfinite(logprob))
     return fail(errc::internal, "the engine sent token " + std::to_string(token) + " with a logprob that is not finite");
   if (o_.tok && !o_.tok->is_valid_id(token))
@@ -213,7 +213,7 @@ expected<void> check_finish(engine::finish_reason finish) {
 }  // namespace
 
 /// The top logprobs of one token: as many as asked for at most, in the vocabulary, finite.
-expected<void> request_host::check_top(const std::vector<sampling::token_logprob>& top) const {
+expected<void> request_policy::check_top(const std::vector<sampling::token_logprob>& top) const {
   if (top.size() > static_cast<size_t>(o_.params.num_top_logprobs))
     return fail(errc::internal, "the engine sent " + std::to_string(top.size()) + " top logprobs; " +
                                     std::to_string(o_.params.num_top_logprobs) + " were asked for");
@@ -227,7 +227,7 @@ expected<void> request_host::check_top(const std::vector<sampling::token_logprob
   return {};
 }
 
-expected<void> request_host::check_sampled(const engine::sample_event& s) const {
+expected<void> request_policy::check_sampled(const engine::sample_event& s) const {
   if (auto ok = check_finish(s.finish); !ok) return ok;
   if (s.sample_index != 0)
     return fail(errc::internal, "the engine sent sample " + std::to_string(s.sample_index) + " of a one-sample request");
@@ -236,7 +236,7 @@ expected<void> request_host::check_sampled(const engine::sample_event& s) const 
 }
 
 /// A batch holds 1 or more tokens, a logprob, a top-logprob list and a non-negative age each.
-expected<void> request_host::check_batch(const engine::token_batch& b) const {
+expected<void> request_policy::check_batch(const engine::token_batch& b) const {
   if (auto ok = check_finish(b.finish); !ok) return ok;
   const size_t n = b.tokens.size();
   if (n == 0) return fail(errc::internal, "the engine sent an empty batch of tokens");
@@ -255,14 +255,14 @@ expected<void> request_host::check_batch(const engine::token_batch& b) const {
   return {};
 }
 
-bool request_host::accept(const expected<void>& ok, effects& out) {
+bool request_policy::accept(const expected<void>& ok, effects& out) {
   if (ok) return true;
   out.emplace_back(std::in_place_type<release_engines>);
   fail_request(ok.error().code, ok.error().message, out);
   return false;
 }
 
-effects request_host::on_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t now_ns) {
+effects request_policy::on_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out;
   if (accept(check_sampled(s), out)) take_token(s, scheduled_at_ns, now_ns, now_ns, out);
@@ -270,7 +270,7 @@ effects request_host::on_token(const engine::sample_event& s, int64_t scheduled_
 }
 
 /// The tokens of a batched request, each at its own time: its age before `now_ns`.
-effects request_host::on_batch(const engine::token_batch& b, int64_t now_ns) {
+effects request_policy::on_batch(const engine::token_batch& b, int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out;
   if (!accept(check_batch(b), out)) return out;
@@ -292,7 +292,7 @@ effects request_host::on_batch(const engine::token_batch& b, int64_t now_ns) {
 }
 
 /// One token, sampled at `at_ns` (the arrival time, or earlier for a batch).
-void request_host::take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
+void request_policy::take_token(const engine::sample_event& s, int64_t scheduled_at_ns, int64_t at_ns, int64_t now_ns,
                               effects& out) {
   if (end_.num_generated_tokens++ == 0)
     end_.ttft_ns = at_ns - arrival_ns_;
@@ -323,7 +323,7 @@ void request_host::take_token(const engine::sample_event& s, int64_t scheduled_a
   }
 }
 
-effects request_host::rejected(errc code, const std::string& message) {
+effects request_policy::rejected(errc code, const std::string& message) {
   TROUPE_ASSERT(!done_);
   effects out{release_engines{}};
   if (is_valid(code))
@@ -336,11 +336,11 @@ effects request_host::rejected(errc code, const std::string& message) {
   return out;
 }
 
-effects request_host::engine_lost(engine_role role, const std::string& why) {
+effects request_policy::engine_lost(engine_role role, const std::string& why) {
   return place_again(role, why, /*drained=*/false);
 }
 
-effects request_host::place_again(engine_role role, const std::string& why, bool drained) {
+effects request_policy::place_again(engine_role role, const std::string& why, bool drained) {
   TROUPE_ASSERT(!done_);
   TROUPE_ASSERT(role == engine_role::prefill ? placed_.has_prefill : placed_.has_decode);
   if (role == engine_role::prefill && handed_over_) return {};  // it finished its part
@@ -353,7 +353,7 @@ effects request_host::place_again(engine_role role, const std::string& why, bool
                  out);
     return out;
   }
-  // Placed again: the prompt plus what the client has (request_host::placed).
+  // Placed again: the prompt plus what the client has (request_policy::placed).
   num_failovers_++;
   placed_ = {};
   handed_over_ = false;
@@ -372,39 +372,39 @@ effects request_host::place_again(engine_role role, const std::string& why, bool
   return out;
 }
 
-effects request_host::forwarded(engine_role role, const std::string& why, std::optional<engine::kv_data> kv) {
+effects request_policy::forwarded(engine_role role, const std::string& why, std::optional<engine::kv_data> kv) {
   effects out = place_again(role, why, /*drained=*/true);
   if (!done_ && kv && kv->consistent()) forwarded_kv_ = std::move(kv);
   return out;
 }
 
-effects request_host::cancel(int64_t now_ns) {
+effects request_policy::cancel(int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out{release_engines{}};
   finish(engine::finish_reason::cancelled, now_ns, out);
   return out;
 }
 
-effects request_host::client_lost() {
+effects request_policy::client_lost() {
   TROUPE_ASSERT(!done_);
   done_ = true;
   return {release_engines{}, stop{}};
 }
 
-std::vector<int32_t> request_host::resumed_prompt() const {
+std::vector<int32_t> request_policy::resumed_prompt() const {
   std::vector<int32_t> prompt = request_.prompt;
   prompt.insert(prompt.end(), generated_.begin(), generated_.end());
   return prompt;
 }
 
-void request_host::take_text(output_channels::delta d) {
+void request_policy::take_text(output_channels::delta d) {
   pending_.text += d.content;
   pending_.reasoning_text += d.reasoning;
   for (tool_call& c : d.tool_calls) pending_.tool_calls.push_back(std::move(c));
 }
 
 /// Sends what is pending as one chunk, if anything is.
-void request_host::flush(effects& out) {
+void request_policy::flush(effects& out) {
   if (pending_.text.empty() && pending_.tokens.empty() && pending_.reasoning_text.empty() &&
       pending_.tool_calls.empty())
     return;
@@ -414,7 +414,7 @@ void request_host::flush(effects& out) {
   out.push_back(send_chunk{std::exchange(pending_, completion_chunk{})});
 }
 
-void request_host::finish(engine::finish_reason reason, int64_t now_ns, effects& out) {
+void request_policy::finish(engine::finish_reason reason, int64_t now_ns, effects& out) {
   if (out_) take_text(out_->finish());
   flush(out);
   end_.finish_reason = reason;
@@ -426,13 +426,13 @@ void request_host::finish(engine::finish_reason reason, int64_t now_ns, effects&
   done_ = true;
 }
 
-void request_host::fail_request(errc code, const std::string& message, effects& out) {
+void request_policy::fail_request(errc code, const std::string& message, effects& out) {
   out.push_back(send_error{completion_error{o_.id, o_.stream, code, message, num_chunks_}});
   out.push_back(stop{});
   done_ = true;
 }
 
-void request_host::check_invariants() const {
+void request_policy::check_invariants() const {
   TROUPE_ASSERT(num_chunks_ >= 0);
   TROUPE_ASSERT(pending_.tokens.size() == pending_.logprobs.size());
   TROUPE_ASSERT(pending_.tokens.size() == pending_.top_logprobs.size());

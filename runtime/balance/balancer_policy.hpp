@@ -93,11 +93,11 @@ enum class report_outcome {
 
 using request_key = uint64_t;
 
-class balancer_host {
+class balancer_policy {
  public:
   /// `tier_bounds`: placement.hpp's prompt-length tiers; `heartbeat_timeout_ns` 0 = no heartbeat;
   /// `routing.policy` must be one of router_names() (checked where it is read).
-  balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds, int64_t heartbeat_timeout_ns,
+  balancer_policy(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds, int64_t heartbeat_timeout_ns,
                 int64_t now_ns, const router_options& routing = {}, std::vector<cache_tier_spec> cache_tiers = {});
 
   /// Chooses engines for request `key` of `num_prompt_tokens` tokens and charges them; the

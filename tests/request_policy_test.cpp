@@ -1,9 +1,9 @@
-// serve::request_host without an actor system: each call's whole effect list, exactly. Prompt
+// serve::request_policy without an actor system: each call's whole effect list, exactly. Prompt
 // refusals, streamed and non-streamed runs (chunk numbering, text, end fields and timings from
 // the given now_ns), stop strings, batch expansion with ages, untrusted values from engines,
 // cancel, lost engines and a lost client. Tokens are those of the bundled tok512 tokenizer:
 // "Once" = 403, " upon" = 407, " a" = 261, " time" = 378 (engine_api_test checks them).
-#include "runtime/serve/request_host.hpp"
+#include "runtime/serve/request_policy.hpp"
 
 #include <gtest/gtest.h>
 
@@ -86,8 +86,8 @@ std::shared_ptr<const tokenizer> tok() {
   return t;
 }
 
-request_host_options options(bool stream, std::vector<std::string> stop = {}) {
-  request_host_options o;
+request_policy_options options(bool stream, std::vector<std::string> stop = {}) {
+  request_policy_options o;
   o.id = id;
   o.stream = stream_id;
   o.tok = tok();
@@ -132,8 +132,8 @@ completion_error error(errc code, std::string message, int32_t num_chunks) {
 }
 
 /// A host started at t = 1000 and placed on `where`.
-request_host running(request_host_options o, const placed_engines& where = decode_only()) {
-  request_host h(std::move(o));
+request_policy running(request_policy_options o, const placed_engines& where = decode_only()) {
+  request_policy h(std::move(o));
   (void)h.start(1000);
   (void)h.placed(where);
   return h;
@@ -141,46 +141,46 @@ request_host running(request_host_options o, const placed_engines& where = decod
 
 }  // namespace
 
-TEST(RequestHostPrompt, TokenIdsTakeNoTextPromptAndWithoutATokenizerNoStopStrings) {
-  request_host_options text = options(true);
+TEST(RequestPolicyPrompt, TokenIdsTakeNoTextPromptAndWithoutATokenizerNoStopStrings) {
+  request_policy_options text = options(true);
   text.params.prompt_tokens = {tokenizer::bos, once};
-  request_host with_text(text);
+  request_policy with_text(text);
   EXPECT_EFFECTS(with_text, start(1000),
                  send_error{error(errc::invalid_argument, "a request with prompt_tokens takes no text prompt", 0)}, stop{});
   EXPECT_TRUE(with_text.done());
 
-  request_host_options stops = options(true, {"x"});
+  request_policy_options stops = options(true, {"x"});
   stops.params.prompt.clear();
   stops.params.prompt_tokens = {tokenizer::bos, once};
   stops.tok = nullptr;
-  request_host with_stop(stops);
+  request_policy with_stop(stops);
   EXPECT_EFFECTS(with_stop, start(1000),
                  send_error{error(errc::invalid_argument,
                                   "without a tokenizer a request takes prompt_tokens and no stop strings", 0)},
                  stop{});
 }
 
-TEST(RequestHostPrompt, TokenIdsOutsideTheVocabularyAreRefusedWhenItIsKnown) {
-  request_host_options o = options(true);
+TEST(RequestPolicyPrompt, TokenIdsOutsideTheVocabularyAreRefusedWhenItIsKnown) {
+  request_policy_options o = options(true);
   o.params.prompt.clear();
   o.params.prompt_tokens = {tokenizer::bos, 512};
-  request_host h(o);
+  request_policy h(o);
   EXPECT_EFFECTS(h, start(1000),
                  send_error{error(errc::invalid_argument, "prompt_tokens: token id 512 at position 1 is outside [0, 512)", 0)},
                  stop{});
 }
 
-TEST(RequestHostPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizing) {
-  request_host_options o = options(true);
+TEST(RequestPolicyPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizing) {
+  request_policy_options o = options(true);
   o.context_tokens = 2;
   const int64_t bytes_max = 2 * tok()->max_token_length();
   o.params.prompt = std::string(static_cast<size_t>(bytes_max), 'a');
-  request_host fits(o);
+  request_policy fits(o);
   // 14 bytes: BOS, " a" and 13 times "a" (tok512 has no longer run of a's): the engine checks tokens.
   EXPECT_EFFECTS(fits, start(1000), ask_placement{id, 15, 3});
 
   o.params.prompt += "a";
-  request_host too_long(o);
+  request_policy too_long(o);
   EXPECT_EFFECTS(too_long, start(1000),
                  send_error{error(errc::too_long,
                                   "the prompt is 15 bytes; a 2-token context holds at most 14 (7 bytes per token at "
@@ -189,13 +189,13 @@ TEST(RequestHostPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokenizin
                  stop{});
 }
 
-TEST(RequestHostPrompt, PenaltiesAndBiasesReachTheEngineRequestAndAreCheckedFirst) {
-  request_host_options o = options(true);
+TEST(RequestPolicyPrompt, PenaltiesAndBiasesReachTheEngineRequestAndAreCheckedFirst) {
+  request_policy_options o = options(true);
   o.params.presence_penalty = 0.5f;
   o.params.frequency_penalty = 0.25f;
   o.params.repetition_penalty = 1.5f;
   o.params.logit_bias = {{7, -100.0f}};
-  request_host h(o);
+  request_policy h(o);
   (void)h.start(1000);
   engine::request want = request_of(true);
   want.sampling.presence_penalty = 0.5f;
@@ -205,33 +205,33 @@ TEST(RequestHostPrompt, PenaltiesAndBiasesReachTheEngineRequestAndAreCheckedFirs
   EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
 
   o.params.logit_bias = {{512, 1.0f}};  // tok512: ids 0..511, checked before the request leaves
-  request_host outside(o);
+  request_policy outside(o);
   EXPECT_EFFECTS(outside, start(1000),
                  send_error{error(errc::invalid_argument, "logit_bias names token 512, outside the vocabulary [0, 512)", 0)},
                  stop{});
   o.params.logit_bias.clear();
   o.params.presence_penalty = std::numeric_limits<float>::infinity();
-  request_host infinite(o);
+  request_policy infinite(o);
   EXPECT_EFFECTS(infinite, start(1000),
                  send_error{error(errc::invalid_argument, "presence_penalty must be in [-2, 2], got inf", 0)}, stop{});
 }
 
-TEST(RequestHostPrompt, ThePlacementCarriesThePromptsChainHashesWhenTheBalancerKeepsPrefixes) {
-  request_host_options o = options(true);
+TEST(RequestPolicyPrompt, ThePlacementCarriesThePromptsChainHashesWhenTheBalancerKeepsPrefixes) {
+  request_policy_options o = options(true);
   o.params.prompt.clear();
   o.params.prompt_tokens = {tokenizer::bos, 10, 11, 12, 13, 14, 15, 16, 17};  // two full blocks of 4, one token
   o.prefix_block_size = 4;
-  request_host h(o);
+  request_policy h(o);
   const int32_t* t = o.params.prompt_tokens.data();
   const uint64_t first = kv::chain_hash(kv::root_hash_seed, t, 4);
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 9, 3, {first, kv::chain_hash(first, t + 4, 4)}});
 }
 
-TEST(RequestHostPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSpellControlTokens) {
-  request_host_options o = options(true);
+TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSpellControlTokens) {
+  request_policy_options o = options(true);
   o.params.prompt.clear();
   o.params.messages = {{"system", "Once"}, {"user", "upon a time </s>"}};
-  request_host bare(o);  // the default: contents joined by a newline, one user segment
+  request_policy bare(o);  // the default: contents joined by a newline, one user segment
   engine::request want = request_of(true);
   want.prompt = *tok()->encode("Once\nupon a time </s>", true, false);
   EXPECT_EFFECTS(bare, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
@@ -239,7 +239,7 @@ TEST(RequestHostPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSp
   EXPECT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 0);  // "</s>" stays text
 
   o.chat = chat_template::plain;  // roles and markup as template segments
-  request_host plain(o);
+  request_policy plain(o);
   (void)plain.start(1000);
   auto segments = render_chat(chat_template::plain, o.params.messages, true);
   ASSERT_TRUE(segments.has_value());
@@ -247,18 +247,18 @@ TEST(RequestHostPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSp
   EXPECT_EFFECTS(plain, placed(decode_only()), submit{want, false});
 
   o.params.prompt = "Once";  // a prompt and messages
-  request_host both(o);
+  request_policy both(o);
   EXPECT_EFFECTS(both, start(1000), send_error{error(errc::invalid_argument, "a chat request (messages) takes no prompt", 0)},
                  stop{});
   o.params.prompt.clear();
   o.params.messages = {{"robot", "hi"}};
-  request_host robot(o);
+  request_policy robot(o);
   EXPECT_EFFECTS(robot, start(1000),
                  send_error{error(errc::invalid_argument, "message 0 has role 'robot' (expected system, user, assistant or tool)", 0)},
                  stop{});
   o.params.messages = {{"user", std::string(70000, 'a')}};  // 512 tokens of at most 7 bytes
   o.context_tokens = 512;
-  request_host long_chat(o);
+  request_policy long_chat(o);
   EXPECT_EFFECTS(long_chat, start(1000),
                  send_error{error(errc::too_long, "the prompt is 70004 bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
                  stop{});
@@ -271,22 +271,22 @@ TEST(RequestHostPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannotSp
   int64_t rendered_bytes = 0;
   for (const segment& s : *rendered) rendered_bytes += static_cast<int64_t>(s.text.size());
   ASSERT_GT(rendered_bytes, 3584);
-  request_host many(o);
+  request_policy many(o);
   EXPECT_EFFECTS(many, start(1000),
                  send_error{error(errc::too_long, "the prompt is " + std::to_string(rendered_bytes) +
                                                       " bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
                  stop{});
 }
 
-TEST(RequestHostPrompt, TokenizerErrorsPassOn) {
-  request_host_options o = options(true);
+TEST(RequestPolicyPrompt, TokenizerErrorsPassOn) {
+  request_policy_options o = options(true);
   o.params.prompt = "ab\xff";
-  request_host h(o);
+  request_policy h(o);
   EXPECT_EFFECTS(h, start(1000), send_error{error(errc::invalid_utf8, "invalid UTF-8 at byte offset 2: byte 0xFF never appears in UTF-8", 0)}, stop{});
 }
 
-TEST(RequestHostRun, AStreamedRunSendsAChunkPerTokenThenTheEndWithItsTimes) {
-  request_host h(options(true));
+TEST(RequestPolicyRun, AStreamedRunSendsAChunkPerTokenThenTheEndWithItsTimes) {
+  request_policy h(options(true));
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(true), false});
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
@@ -303,13 +303,13 @@ TEST(RequestHostRun, AStreamedRunSendsAChunkPerTokenThenTheEndWithItsTimes) {
   EXPECT_TRUE(h.done());
 }
 
-TEST(RequestHostRun, AGivenSeedIsUsedAndReported) {
-  request_host_options o = options(true);
+TEST(RequestPolicyRun, AGivenSeedIsUsedAndReported) {
+  request_policy_options o = options(true);
   o.params.has_seed = true;
   o.params.seed = 123;
   engine::request want = request_of(true);
   want.seed = 123;
-  request_host h(o);
+  request_policy h(o);
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, true});
   EXPECT_EFFECTS(h, on_token(token(upon, 0.0f, engine::finish_reason::stop), 1000, 1200),
@@ -318,9 +318,9 @@ TEST(RequestHostRun, AGivenSeedIsUsedAndReported) {
                  stop{});
 }
 
-TEST(RequestHostRun, ANonStreamedRunSendsOneChunkBeforeTheEnd) {
+TEST(RequestPolicyRun, ANonStreamedRunSendsOneChunkBeforeTheEnd) {
   // Stop strings keep the tokens coming one by one (batch_tokens off) though nothing is streamed.
-  request_host h(options(false, {"zz"}));
+  request_policy h(options(false, {"zz"}));
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false, {"zz"}), false});
   EXPECT_NO_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000));
@@ -332,8 +332,8 @@ TEST(RequestHostRun, ANonStreamedRunSendsOneChunkBeforeTheEnd) {
                  stop{});
 }
 
-TEST(RequestHostRun, ABatchIsExpandedTokenByTokenAtTheTimesItsAgesGive) {
-  request_host h(options(false));
+TEST(RequestPolicyRun, ABatchIsExpandedTokenByTokenAtTheTimesItsAgesGive) {
+  request_policy h(options(false));
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false), false});
   engine::token_batch b{id, {upon, a, time_}, {-0.5f, -0.25f, -1.0f}, {{}, {}, {}}, {3000, 2000, 0},
@@ -346,10 +346,10 @@ TEST(RequestHostRun, ABatchIsExpandedTokenByTokenAtTheTimesItsAgesGive) {
                  stop{});
 }
 
-TEST(RequestHostRun, TopLogprobsTravelWithTheirTokensStreamedOrBatched) {
-  request_host_options o = options(true);
+TEST(RequestPolicyRun, TopLogprobsTravelWithTheirTokensStreamedOrBatched) {
+  request_policy_options o = options(true);
   o.params.num_top_logprobs = 2;
-  request_host streamed = running(o);
+  request_policy streamed = running(o);
   engine::sample_event s = token(upon, -0.5f);
   s.sample.top_logprobs = {{upon, -0.5f}, {a, -1.5f}};
   completion_chunk want = chunk(0, " upon", {upon}, {-0.5f});
@@ -357,7 +357,7 @@ TEST(RequestHostRun, TopLogprobsTravelWithTheirTokensStreamedOrBatched) {
   EXPECT_EFFECTS(streamed, on_token(s, 0, 2000), send_chunk{want});
 
   o.params.stream = false;
-  request_host batched = running(o);
+  request_policy batched = running(o);
   engine::token_batch b{id, {upon, a}, {-0.5f, -0.25f}, {{{upon, -0.5f}, {a, -1.5f}}, {{a, -0.25f}, {time_, -2.0f}}},
                         {0, 0}, engine::finish_reason::length, 0, 0, 0, 0};
   want = chunk(0, " upon a", {upon, a}, {-0.5f, -0.25f});
@@ -368,21 +368,21 @@ TEST(RequestHostRun, TopLogprobsTravelWithTheirTokensStreamedOrBatched) {
                  stop{});
 }
 
-TEST(RequestHostRun, StopTokenIdsReachTheEngine) {
-  request_host_options o = options(true);
+TEST(RequestPolicyRun, StopTokenIdsReachTheEngine) {
+  request_policy_options o = options(true);
   o.params.stop_token_ids = {a, time_};
   engine::request want = request_of(true);
   want.stop_token_ids = {a, time_};
-  request_host h(o);
+  request_policy h(o);
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
 }
 
-TEST(RequestHostRun, TokenIdsStreamTextWithATokenizerAndStopStringsApply) {
-  request_host_options o = options(true, {" a"});
+TEST(RequestPolicyRun, TokenIdsStreamTextWithATokenizerAndStopStringsApply) {
+  request_policy_options o = options(true, {" a"});
   o.params.prompt.clear();
   o.params.prompt_tokens = {tokenizer::bos, once};
-  request_host h = running(o);
+  request_policy h = running(o);
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upo", {upon}, {-0.5f})});
   EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, "n", {a}, {-0.25f})}, release_engines{},
                  send_end{{id, stream_id, engine::finish_reason::stop, drawn_seed, 2, 2, 0, 1000, 1500, {500}, 0, 0,
@@ -390,12 +390,12 @@ TEST(RequestHostRun, TokenIdsStreamTextWithATokenizerAndStopStringsApply) {
                  stop{});
 }
 
-TEST(RequestHostRun, TokenIdsStreamWithoutTextWithoutATokenizer) {
-  request_host_options o = options(true);
+TEST(RequestPolicyRun, TokenIdsStreamWithoutTextWithoutATokenizer) {
+  request_policy_options o = options(true);
   o.params.prompt.clear();
   o.params.prompt_tokens = {tokenizer::bos, once};
   o.tok = nullptr;
-  request_host h = running(o);
+  request_policy h = running(o);
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f, engine::finish_reason::length), 1000, 2000),
                  send_chunk{chunk(0, "", {upon}, {-0.5f})},
                  send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 1, 0, 1000, 1000, {}, 0, 0,
@@ -403,9 +403,9 @@ TEST(RequestHostRun, TokenIdsStreamWithoutTextWithoutATokenizer) {
                  stop{});
 }
 
-TEST(RequestHostRun, AStopStringMidStreamReleasesTheEnginesAndFinishesWithStop) {
+TEST(RequestPolicyRun, AStopStringMidStreamReleasesTheEnginesAndFinishesWithStop) {
   // " a" may start at the last byte of " upon": that byte waits for the next token.
-  request_host h = running(options(true, {" a"}));
+  request_policy h = running(options(true, {" a"}));
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upo", {upon}, {-0.5f})});
   EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, "n", {a}, {-0.25f})},
                  release_engines{},
@@ -414,29 +414,29 @@ TEST(RequestHostRun, AStopStringMidStreamReleasesTheEnginesAndFinishesWithStop) 
                  stop{});
 }
 
-TEST(RequestHostTrust, AnUnknownFinishReasonFailsTheRequest) {
+TEST(RequestPolicyTrust, AnUnknownFinishReasonFailsTheRequest) {
   const auto unknown = static_cast<engine::finish_reason>(99);
-  request_host streamed = running(options(true));
+  request_policy streamed = running(options(true));
   EXPECT_EFFECTS(streamed, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   EXPECT_EFFECTS(streamed, on_token(token(a, -0.25f, unknown), 0, 2500), release_engines{},
                  send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 1)}, stop{});
 
-  request_host batched = running(options(false));
+  request_policy batched = running(options(false));
   engine::token_batch b{id, {upon}, {-0.5f}, {{}}, {0}, unknown, 0, 0, 0, 0};
   EXPECT_EFFECTS(batched, on_batch(b, 2000), release_engines{},
                  send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 0)}, stop{});
 }
 
-TEST(RequestHostTrust, TopLogprobsBeyondTheAskOrOutsideTheVocabularyFailTheRequest) {
-  request_host_options o = options(true);
+TEST(RequestPolicyTrust, TopLogprobsBeyondTheAskOrOutsideTheVocabularyFailTheRequest) {
+  request_policy_options o = options(true);
   o.params.num_top_logprobs = 1;
-  request_host too_many = running(o);
+  request_policy too_many = running(o);
   engine::sample_event s = token(upon, -0.5f);
   s.sample.top_logprobs = {{upon, -0.5f}, {a, -1.5f}};
   EXPECT_EFFECTS(too_many, on_token(s, 0, 2000), release_engines{},
                  send_error{error(errc::internal, "the engine sent 2 top logprobs; 1 were asked for", 0)}, stop{});
 
-  request_host outside = running(o);
+  request_policy outside = running(o);
   s.sample.top_logprobs = {{512, -0.5f}};
   EXPECT_EFFECTS(outside, on_token(s, 0, 2000), release_engines{},
                  send_error{error(errc::internal,
@@ -444,7 +444,7 @@ TEST(RequestHostTrust, TopLogprobsBeyondTheAskOrOutsideTheVocabularyFailTheReque
                  stop{});
 
   o.params.stream = false;
-  request_host infinite = running(o);
+  request_policy infinite = running(o);
   engine::token_batch b{id, {upon}, {-0.5f}, {{{a, -std::numeric_limits<float>::infinity()}}}, {0},
                         engine::finish_reason::length, 0, 0, 0, 0};
   EXPECT_EFFECTS(infinite, on_batch(b, 2000), release_engines{},
@@ -453,32 +453,32 @@ TEST(RequestHostTrust, TopLogprobsBeyondTheAskOrOutsideTheVocabularyFailTheReque
                  stop{});
 }
 
-TEST(RequestHostTrust, ARejectionPassesItsCodeOnUnlessTheCodeIsUnknown) {
-  request_host known = running(options(true));
+TEST(RequestPolicyTrust, ARejectionPassesItsCodeOnUnlessTheCodeIsUnknown) {
+  request_policy known = running(options(true));
   EXPECT_EFFECTS(known, rejected(errc::overloaded, "the queue is full"), release_engines{},
                  send_error{error(errc::overloaded, "the queue is full", 0)}, stop{});
 
-  request_host unknown = running(options(true));
+  request_policy unknown = running(options(true));
   EXPECT_EFFECTS(unknown, rejected(static_cast<errc>(77), "boom"), release_engines{},
                  send_error{error(errc::internal, "the engine rejected the request with an unknown error code 77: boom",
                                   0)},
                  stop{});
 }
 
-TEST(RequestHostPlacement, NoEngineFailsTheRequest) {
-  request_host refused(options(true));
+TEST(RequestPolicyPlacement, NoEngineFailsTheRequest) {
+  request_policy refused(options(true));
   EXPECT_EFFECTS(refused, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(refused, placed({"no engine is up", false, false, "", ""}), send_error{error(errc::unavailable, "no engine is up", 0)},
                  stop{});
 
-  request_host no_decode(options(true));
+  request_policy no_decode(options(true));
   EXPECT_EFFECTS(no_decode, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(no_decode, placed(placed_engines{}),
                  send_error{error(errc::unavailable, "the balancer's placement names no decode engine", 0)}, stop{});
 }
 
-TEST(RequestHostEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
-  request_host streamed = running(options(true));
+TEST(RequestPolicyEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
+  request_policy streamed = running(options(true));
   EXPECT_EFFECTS(streamed, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   EXPECT_EFFECTS(streamed, cancel(5000), release_engines{},
                  send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 1, 0, 1000, 4000, {}, 0, 0,
@@ -486,7 +486,7 @@ TEST(RequestHostEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
                  stop{});
 
   // Not streamed: the tokens so far go out as the one chunk before the end.
-  request_host whole = running(options(false, {"zz"}));
+  request_policy whole = running(options(false, {"zz"}));
   EXPECT_NO_EFFECTS(whole, on_token(token(upon, -0.5f), 0, 2000));
   EXPECT_EFFECTS(whole, cancel(3000), release_engines{}, send_chunk{chunk(0, " upon", {upon}, {-0.5f})},
                  send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 1, 0, 1000, 2000, {}, 0, 0,
@@ -494,7 +494,7 @@ TEST(RequestHostEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
                  stop{});
 
   // Before any placement: there is nothing to release there, and nothing was generated.
-  request_host early(options(true));
+  request_policy early(options(true));
   EXPECT_EFFECTS(early, start(1000), ask_placement{id, 2, 3});
   EXPECT_EFFECTS(early, cancel(1500), release_engines{},
                  send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 0, 0, 0, 500, {}, 0, 0, 0,
@@ -502,15 +502,15 @@ TEST(RequestHostEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
                  stop{});
 }
 
-TEST(RequestHostEnd, WithoutFailoversALostEngineFailsTheRequestUnlessItIsAPrefillEngineThatHandedOver) {
+TEST(RequestPolicyEnd, WithoutFailoversALostEngineFailsTheRequestUnlessItIsAPrefillEngineThatHandedOver) {
   const std::string lost = " serving this request is lost: node down";
-  request_host_options o = options(true);
+  request_policy_options o = options(true);
   o.max_failovers = 0;
-  request_host before = running(o, prefill_and_decode());
+  request_policy before = running(o, prefill_and_decode());
   EXPECT_EFFECTS(before, engine_lost(engine_role::prefill, "node down"), release_engines{},
                  send_error{error(errc::unavailable, "engine 'prefill0' on node 'n0'" + lost, 0)}, stop{});
 
-  request_host after = running(o, prefill_and_decode());
+  request_policy after = running(o, prefill_and_decode());
   after.prefilled();
   EXPECT_NO_EFFECTS(after, engine_lost(engine_role::prefill, "node down"));
   EXPECT_FALSE(after.done());
@@ -519,11 +519,11 @@ TEST(RequestHostEnd, WithoutFailoversALostEngineFailsTheRequestUnlessItIsAPrefil
                  send_error{error(errc::unavailable, "engine 'decode0' on node 'n1'" + lost, 1)}, stop{});
 }
 
-TEST(RequestHostEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatTheClientHas) {
-  request_host_options o = options(true);
+TEST(RequestPolicyEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatTheClientHas) {
+  request_policy_options o = options(true);
   o.params.max_tokens = 4;
   o.max_failovers = 2;
-  request_host h = running(o, prefill_and_decode());
+  request_policy h = running(o, prefill_and_decode());
   engine::request want = request_of(true);
   want.max_tokens = 4;
   // The prefill engine is lost before it handed over: placed again, from the start.
@@ -541,7 +541,7 @@ TEST(RequestHostEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatTheCl
   EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
   EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
   // A placement that finds no engine fails it (the balancer's error names the lost ones).
-  request_host none = running(o);
+  request_policy none = running(o);
   EXPECT_EFFECTS(none, engine_lost(engine_role::decode, "node down"), release_engines{},
                  ask_placement{id, 2, 4, {}, true, engine_role::decode});
   EXPECT_EFFECTS(none, placed({"no live engine can serve the request", false, false, "", ""}),
@@ -555,10 +555,10 @@ TEST(RequestHostEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatTheCl
                  stop{});
 }
 
-TEST(RequestHostEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDecodeEngine) {
-  request_host_options o = options(true);
+TEST(RequestPolicyEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDecodeEngine) {
+  request_policy_options o = options(true);
   o.params.max_tokens = 4;
-  request_host h = running(o, prefill_and_decode());
+  request_policy h = running(o, prefill_and_decode());
   h.prefilled();
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   // The decode engine drained with 4 positions of KV (it had sampled a token the client never got).
@@ -578,7 +578,7 @@ TEST(RequestHostEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDe
 
   // KV that does not cover the resumed prompt, or is torn, is not used: the new engine recomputes.
   for (const engine::kv_data& unusable : {engine::kv_data{1, 2, 1, {0, 1}, {10, 11}}, engine::kv_data{1, 2, 4, {0}, {1}}}) {
-    request_host g = running(o, prefill_and_decode());
+    request_policy g = running(o, prefill_and_decode());
     g.prefilled();
     EXPECT_EFFECTS(g, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
     EXPECT_EFFECTS(g, forwarded(engine_role::decode, "drained", unusable), release_engines{},
@@ -587,8 +587,8 @@ TEST(RequestHostEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNextDe
   }
 }
 
-TEST(RequestHostEnd, ALostClientReleasesTheEnginesAndStopsWithoutAWord) {
-  request_host h = running(options(true));
+TEST(RequestPolicyEnd, ALostClientReleasesTheEnginesAndStopsWithoutAWord) {
+  request_policy h = running(options(true));
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   EXPECT_EFFECTS(h, client_lost(), release_engines{}, stop{});
   EXPECT_TRUE(h.done());

@@ -1,7 +1,7 @@
-// engine::engine_host without an actor system: each call's whole effect list, exactly.
+// engine::engine_policy without an actor system: each call's whole effect list, exactly.
 // Admission and `overloaded`, token batching, prefill -> decode hand-off, load-report
 // throttling, executor failure. The executor is played by the test (fake_result).
-#include "runtime/engine/engine_host.hpp"
+#include "runtime/engine/engine_policy.hpp"
 #include "runtime/engine/intake.hpp"
 
 #include <gtest/gtest.h>
@@ -93,8 +93,8 @@ model::model_config tiny_model() {
   return m;
 }
 
-engine_host_options tiny_options(int32_t max_num_seqs = 8, int32_t max_waiting = 16) {
-  engine_host_options o;
+engine_policy_options tiny_options(int32_t max_num_seqs = 8, int32_t max_waiting = 16) {
+  engine_policy_options o;
   o.model = tiny_model();
   o.config.num_kv_blocks = 32;
   o.config.block_size = 4;
@@ -105,8 +105,8 @@ engine_host_options tiny_options(int32_t max_num_seqs = 8, int32_t max_waiting =
   return o;
 }
 
-std::unique_ptr<engine_host> make_host(engine_host_options o, int64_t now_ns = 0) {
-  auto host = engine_host::create(std::move(o), now_ns);
+std::unique_ptr<engine_policy> make_host(engine_policy_options o, int64_t now_ns = 0) {
+  auto host = engine_policy::create(std::move(o), now_ns);
   EXPECT_TRUE(host.has_value());
   return std::move(*host);
 }
@@ -151,8 +151,8 @@ exec_result fake_result(const exec_plan& plan, int32_t token) {
   return r;
 }
 
-engine_host_options tier_options(int32_t num_kv_blocks = 32) {
-  engine_host_options o = tiny_options();
+engine_policy_options tier_options(int32_t num_kv_blocks = 32) {
+  engine_policy_options o = tiny_options();
   o.config.num_kv_blocks = num_kv_blocks;
   o.config.host_tier = true;
   return o;
@@ -197,7 +197,7 @@ struct fake_executor {
     return rest;
   }
   /// Answers the oldest plan at `now_ns`; returns the host's effects but its new plans.
-  effects answer(engine_host& host, int64_t now_ns) {
+  effects answer(engine_policy& host, int64_t now_ns) {
     EXPECT_FALSE(in_flight.empty());
     send_plan p = std::move(in_flight.front());
     in_flight.pop_front();
@@ -205,7 +205,7 @@ struct fake_executor {
   }
 };
 
-TEST(EngineHost, AdmitsUpToTheWaitingLimitThenRejectsOverloaded) {
+TEST(EnginePolicy, AdmitsUpToTheWaitingLimitThenRejectsOverloaded) {
   auto host = make_host(tiny_options(/*max_num_seqs=*/1, /*max_waiting=*/1));
   fake_executor ex;
   // r1 runs (the only sequence slot): it is watched, its prefill and first decode step planned.
@@ -231,7 +231,7 @@ TEST(EngineHost, AdmitsUpToTheWaitingLimitThenRejectsOverloaded) {
   EXPECT_TRUE(host->is_live(2));
 }
 
-TEST(EngineHost, StreamsOneTokenAtATime) {
+TEST(EnginePolicy, StreamsOneTokenAtATime) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 2), 1000)), (effects{watch_caller{1}}));
@@ -242,7 +242,7 @@ TEST(EngineHost, StreamsOneTokenAtATime) {
   EXPECT_EQ(host->num_live(), 0u);
 }
 
-TEST(EngineHost, BatchesANonStreamedRequestsTokensWithTheirAges) {
+TEST(EnginePolicy, BatchesANonStreamedRequestsTokensWithTheirAges) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   EXPECT_EFFECTS(ex.take_plans(host->submit(make_request(1, 3, /*batch=*/true), 1000)), (effects{watch_caller{1}}));
@@ -261,8 +261,8 @@ TEST(EngineHost, BatchesANonStreamedRequestsTokensWithTheirAges) {
   EXPECT_TRUE(ex.in_flight.empty());
 }
 
-TEST(EngineHost, HandsAPrefilledRequestAndItsKvToTheDecodeEngine) {
-  engine_host_options o = tiny_options();
+TEST(EnginePolicy, HandsAPrefilledRequestAndItsKvToTheDecodeEngine) {
+  engine_policy_options o = tiny_options();
   o.kv_over_ucx = true;
   o.ucx_tag_base = 100;
   auto prefill = make_host(o);
@@ -303,7 +303,7 @@ std::vector<T> effects_of(const effects& fx) {
   return out;
 }
 
-TEST(EngineHost, AHandOffWhoseKvIsBrokenIsComputedWholeHere) {
+TEST(EnginePolicy, AHandOffWhoseKvIsBrokenIsComputedWholeHere) {
   auto decode = make_host(tiny_options());
   fake_executor dx;
   const request r = make_request(1, 4);
@@ -314,7 +314,7 @@ TEST(EngineHost, AHandOffWhoseKvIsBrokenIsComputedWholeHere) {
   EXPECT_EQ(decode->num_handoffs_recomputed(), 1);
 }
 
-TEST(EngineHost, AnExecutorFailurePrefillsAPrefillOnlyRequestAgainAndHandsItOffAsBefore) {
+TEST(EnginePolicy, AnExecutorFailurePrefillsAPrefillOnlyRequestAgainAndHandsItOffAsBefore) {
   auto prefill = make_host(tiny_options());
   fake_executor ex;
   (void)ex.take_plans(prefill->submit_prefill(make_request(1, 4), peer_id{2}, "", 0, 10));
@@ -336,7 +336,7 @@ TEST(EngineHost, AnExecutorFailurePrefillsAPrefillOnlyRequestAgainAndHandsItOffA
 }
 
 
-TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterWork) {
+TEST(EnginePolicy, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterWork) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   EXPECT_EFFECTS(host->report_to(0, 1000, 0), (effects{report_load{0, 0, 0, 0, 0}}));
@@ -387,7 +387,7 @@ TEST(EngineHost, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLaterW
   EXPECT_TRUE(host->drained());
 }
 
-TEST(EngineHost, ADrainedRequestWhoseKvIsLostOrReleasedMeanwhileIsForwardedWithoutItOrNotAtAll) {
+TEST(EnginePolicy, ADrainedRequestWhoseKvIsLostOrReleasedMeanwhileIsForwardedWithoutItOrNotAtAll) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   ex.take_plans(host->submit(make_request(1, 8), 10));
@@ -406,7 +406,7 @@ TEST(EngineHost, ADrainedRequestWhoseKvIsLostOrReleasedMeanwhileIsForwardedWitho
   while (!ex.in_flight.empty()) EXPECT_TRUE(ex.answer(*host, 130).empty());
 }
 
-TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
+TEST(EnginePolicy, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   // Reporting starts with a report.
@@ -436,7 +436,7 @@ TEST(EngineHost, ReportsAtMostOncePerIntervalAndOnlyAfterAChange) {
   EXPECT_EFFECTS(host->release(1, 9000), (effects{report_load{3, 2, 0, 0, 0}}));  // a release always counts
 }
 
-TEST(EngineHost, ReportsCarryThePoolsCachedHashesFromASnapshotOn) {
+TEST(EnginePolicy, ReportsCarryThePoolsCachedHashesFromASnapshotOn) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   const uint64_t h0 = kv::chain_hashes({1, 5, 6, 7}, 4)[0];  // the prompt's one full block
@@ -472,11 +472,11 @@ TEST(EngineHost, ReportsCarryThePoolsCachedHashesFromASnapshotOn) {
 /// `fail_after`: its tokens (streamed or batched) and how it ended, or its rejection.
 struct real_run {
   std::map<request_id, std::string> outcome;
-  engine_host_stats stats;
+  engine_policy_stats stats;
 };
 real_run run_real(const std::vector<request>& requests, const std::set<int>& fail_after) {
   const testing::bundled& b = testing::model_and_tokenizer();
-  engine_host_options o;
+  engine_policy_options o;
   o.model = b.ck.config();
   o.bos_id = b.tok.bos_id();
   o.eos_id = b.tok.eos_id();
@@ -541,7 +541,7 @@ std::vector<request> sampled_requests() {
   return out;
 }
 
-TEST(EngineHost, AnExecutorFailureResumesEveryRequestWithItsUndisturbedTokens) {
+TEST(EnginePolicy, AnExecutorFailureResumesEveryRequestWithItsUndisturbedTokens) {
   const real_run undisturbed = run_real(sampled_requests(), {});
   ASSERT_EQ(undisturbed.outcome.size(), 4u);
   for (const std::set<int>& failures : {std::set<int>{0}, std::set<int>{3}, std::set<int>{5, 11}}) {
@@ -552,7 +552,7 @@ TEST(EngineHost, AnExecutorFailureResumesEveryRequestWithItsUndisturbedTokens) {
   }
 }
 
-TEST(EngineHost, ARequestSurvivesTwoExecutorFailuresAndTheThirdFailsIt) {
+TEST(EnginePolicy, ARequestSurvivesTwoExecutorFailuresAndTheThirdFailsIt) {
   std::vector<request> one = {sampled_requests()[0]};
   const real_run run = run_real(one, {2, 4, 6});
   EXPECT_EQ(run.stats.num_executor_failures, 3);
@@ -561,7 +561,7 @@ TEST(EngineHost, ARequestSurvivesTwoExecutorFailuresAndTheThirdFailsIt) {
   EXPECT_NE(got.find("rejected: step executor failed: injected"), std::string::npos) << got;
 }
 
-TEST(EngineHost, AnExecutorFailureFailsARequestWithSeveralSamplesAndResumesTheOthers) {
+TEST(EnginePolicy, AnExecutorFailureFailsARequestWithSeveralSamplesAndResumesTheOthers) {
   std::vector<request> requests = sampled_requests();
   requests[0].n = 2;
   const real_run undisturbed = run_real(requests, {});
@@ -571,7 +571,7 @@ TEST(EngineHost, AnExecutorFailureFailsARequestWithSeveralSamplesAndResumesTheOt
   EXPECT_EQ(run.stats.num_resumed_requests, 3);
 }
 
-TEST(EngineHost, ExecutorFailureRebuildsTheCoreAndIgnoresTheOldGeneration) {
+TEST(EnginePolicy, ExecutorFailureRebuildsTheCoreAndIgnoresTheOldGeneration) {
   auto host = make_host(tiny_options());
   fake_executor ex;
   (void)ex.take_plans(host->submit(make_request(1, 4), 10));
@@ -590,7 +590,7 @@ TEST(EngineHost, ExecutorFailureRebuildsTheCoreAndIgnoresTheOldGeneration) {
   EXPECT_EFFECTS(host->executor_failed(0, "again", 60), effects{});
 }
 
-TEST(EngineHost, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPrefill) {
+TEST(EnginePolicy, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPrefill) {
   auto host = make_host(tier_options());
   fake_executor ex;
   const request r = tier_request(1);
@@ -622,8 +622,8 @@ TEST(EngineHost, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPrefi
   EXPECT_TRUE(ex.in_flight.front().plan.imports.empty());
 }
 
-TEST(EngineHost, WithoutATierOfItsOwnAnEngineFetchesOnlyFromTheTierARequestNames) {
-  engine_host_options o = tier_options();
+TEST(EnginePolicy, WithoutATierOfItsOwnAnEngineFetchesOnlyFromTheTierARequestNames) {
+  engine_policy_options o = tier_options();
   o.config.own_tier = false;  // tiers on other nodes only: it demotes nothing
   auto host = make_host(o);
   fake_executor ex;
@@ -641,7 +641,7 @@ TEST(EngineHost, WithoutATierOfItsOwnAnEngineFetchesOnlyFromTheTierARequestNames
   EXPECT_EQ(fetch->id, 2);
 }
 
-TEST(EngineHost, AMissAnErrorOrABadBlockFromTheTierMeansRecomputing) {
+TEST(EnginePolicy, AMissAnErrorOrABadBlockFromTheTierMeansRecomputing) {
   auto host = make_host(tier_options());
   fake_executor ex;
   const request r = tier_request(1);
@@ -664,7 +664,7 @@ TEST(EngineHost, AMissAnErrorOrABadBlockFromTheTierMeansRecomputing) {
   EXPECT_EQ(ex2.in_flight.front().plan.chunks[0].first_position, 4);
 }
 
-TEST(EngineHost, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
+TEST(EnginePolicy, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
   auto host = make_host(tier_options());
   fake_executor ex;
   const request r = tier_request(1);
@@ -682,14 +682,14 @@ TEST(EngineHost, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
 }
 
 /// Runs the 2-token request `r` to its end from `at`, the tier having nothing for it.
-void run_past_the_tier(engine_host& host, fake_executor& ex, const request& r, int64_t at) {
+void run_past_the_tier(engine_policy& host, fake_executor& ex, const request& r, int64_t at) {
   (void)host.submit(r, at);
   (void)ex.take_plans(host.tier_answered(r.id, {}, at + 10));
   (void)ex.answer(host, at + 100);
   (void)ex.answer(host, at + 200);
 }
 
-TEST(EngineHost, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
+TEST(EnginePolicy, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
   auto host = make_host(tier_options(/*num_kv_blocks=*/4));
   fake_executor ex;
   const request a = tier_request(1);
@@ -709,7 +709,7 @@ TEST(EngineHost, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
   EXPECT_EQ(s.num_host_hit_tokens, 4);
 }
 
-TEST(EngineHost, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNow) {
+TEST(EnginePolicy, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNow) {
   auto host = make_host(tier_options(/*num_kv_blocks=*/4));
   fake_executor ex;
   const request a = tier_request(1);
@@ -732,8 +732,8 @@ TEST(EngineHost, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNow)
   EXPECT_EQ(host->stats(1100).core.num_host_hit_tokens, 8);
 }
 
-TEST(EngineHost, ATiersBlocksWaitForTheirRequestsAdmissionSoEarlierAdmissionsDoNotEvictThem) {
-  engine_host_options o = tier_options(/*num_kv_blocks=*/4);
+TEST(EnginePolicy, ATiersBlocksWaitForTheirRequestsAdmissionSoEarlierAdmissionsDoNotEvictThem) {
+  engine_policy_options o = tier_options(/*num_kv_blocks=*/4);
   o.config.scheduler.max_num_seqs = 1;  // one request runs, the others queue
   auto host = make_host(std::move(o));
   fake_executor ex;
@@ -775,7 +775,7 @@ struct swap_run {
   engine_stats stats;
 };
 swap_run run_into_a_preemption(preemption_mode mode, double token_ns = 0) {
-  engine_host_options o = tier_options(/*num_kv_blocks=*/7);
+  engine_policy_options o = tier_options(/*num_kv_blocks=*/7);
   o.config.scheduler.max_num_seqs = 2;
   o.config.scheduler.step_cost.token_ns = token_ns;
   o.config.preemption = mode;
@@ -808,7 +808,7 @@ swap_run run_into_a_preemption(preemption_mode mode, double token_ns = 0) {
   return run;
 }
 
-TEST(EngineHost, ASwappingVictimOfPreemptionFetchesWhatThePoolLostWhenItIsReadmitted) {
+TEST(EnginePolicy, ASwappingVictimOfPreemptionFetchesWhatThePoolLostWhenItIsReadmitted) {
   const swap_run recompute = run_into_a_preemption(preemption_mode::recompute);
   EXPECT_EQ(recompute.stats.num_preemptions, 1);
   EXPECT_TRUE(recompute.swap_ins.empty());
@@ -838,25 +838,25 @@ TEST(EngineHost, ASwappingVictimOfPreemptionFetchesWhatThePoolLostWhenItIsReadmi
   EXPECT_EQ(dear.readmitted_at, 12);
 }
 
-TEST(EngineHost, PreemptionByCostNeedsAStepCostModelAndTheSwapBandwidthIsChecked) {
-  engine_host_options o = tier_options();
+TEST(EnginePolicy, PreemptionByCostNeedsAStepCostModelAndTheSwapBandwidthIsChecked) {
+  engine_policy_options o = tier_options();
   o.config.preemption = preemption_mode::cost;
-  auto uncalibrated = engine_host::create(o, 0);
+  auto uncalibrated = engine_policy::create(o, 0);
   ASSERT_FALSE(uncalibrated.has_value());
   EXPECT_EQ(uncalibrated.error().message,
             "preemption 'cost' prices recomputing with the engine's step-time model: give the engine a calibration "
             "(a `troupe calibrate` file)");
   for (const double bad : {0.0, -1.0, 2e6, std::nan("")}) {
-    engine_host_options b = tier_options();
+    engine_policy_options b = tier_options();
     b.config.swap_bandwidth_gb_s = bad;
-    auto host = engine_host::create(b, 0);
+    auto host = engine_policy::create(b, 0);
     ASSERT_FALSE(host.has_value()) << bad;
     EXPECT_EQ(host.error().code, errc::invalid_argument);
     EXPECT_NE(host.error().message.find("swap_bandwidth_gb_s must be in (0, 1000000]"), std::string::npos);
   }
 }
 
-TEST(EngineHost, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
+TEST(EnginePolicy, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
   auto host = make_host(tier_options(/*num_kv_blocks=*/3));  // one 9-token request fills the pool
   fake_executor ex;
   const request a = tier_request(1, kv::cache_class::agent);

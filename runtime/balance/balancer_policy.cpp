@@ -1,11 +1,11 @@
-#include "runtime/balance/balancer_host.hpp"
+#include "runtime/balance/balancer_policy.hpp"
 
 #include <algorithm>
 #include <utility>
 
 namespace troupe::balance {
 
-balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds,
+balancer_policy::balancer_policy(std::vector<engine_spec> engines, std::vector<int32_t> tier_bounds,
                              int64_t heartbeat_timeout_ns, int64_t now_ns, const router_options& routing,
                              std::vector<cache_tier_spec> cache_tiers)
     : bounds_(std::move(tier_bounds)) {
@@ -47,7 +47,7 @@ balancer_host::balancer_host(std::vector<engine_spec> engines, std::vector<int32
 }
 
 /// Recomputes an engine's token estimates: the last report plus what it has not seen.
-void balancer_host::refresh(engine_entry& e) {
+void balancer_policy::refresh(engine_entry& e) {
   while (!e.unseen.empty() && e.unseen.front().number <= e.report.num_received) {
     e.unseen_kv_tokens -= e.unseen.front().kv_tokens;
     e.unseen_prefill_tokens -= e.unseen.front().prefill_tokens;
@@ -57,14 +57,14 @@ void balancer_host::refresh(engine_entry& e) {
   e.load.num_prefill_tokens = e.report.num_queued_prefill_tokens + e.unseen_prefill_tokens;
 }
 
-void balancer_host::charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
+void balancer_policy::charge(engine_entry& e, int64_t kv_tokens, int64_t prefill_tokens) {
   e.unseen.push_back(unseen_work{++e.num_sent, kv_tokens, prefill_tokens});
   e.unseen_kv_tokens += kv_tokens;
   e.unseen_prefill_tokens += prefill_tokens;
   refresh(e);
 }
 
-expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tokens,
+expected<placement> balancer_policy::place(request_key key, int32_t num_prompt_tokens,
                                          const std::vector<uint64_t>& prefix_hashes) {
   const size_t num_blocks = prefix_block_size_ > 0 ? static_cast<size_t>(num_prompt_tokens / prefix_block_size_) : 0;
   if (prefix_hashes.size() != num_blocks)
@@ -118,7 +118,7 @@ expected<placement> balancer_host::place(request_key key, int32_t num_prompt_tok
   return chosen;
 }
 
-bool balancer_host::request_ended(request_key key) {
+bool balancer_policy::request_ended(request_key key) {
   auto it = routed_.find(key);
   if (it == routed_.end()) return false;
   engines_[it->second.decode].load.num_requests--;
@@ -126,7 +126,7 @@ bool balancer_host::request_ended(request_key key) {
   return true;
 }
 
-report_outcome balancer_host::on_report(int32_t engine, const engine_report& r, int64_t now_ns,
+report_outcome balancer_policy::on_report(int32_t engine, const engine_report& r, int64_t now_ns,
                                         const pool_events& cache) {
   if (engine < 0 || static_cast<size_t>(engine) >= engines_.size()) return report_outcome::ignored;
   const auto i = static_cast<size_t>(engine);
@@ -147,7 +147,7 @@ report_outcome balancer_host::on_report(int32_t engine, const engine_report& r, 
   return sync == pool_sync::ask_snapshot ? report_outcome::resync : report_outcome::taken;
 }
 
-report_outcome balancer_host::on_tier_report(int32_t tier, const pool_events& cache, bool lower) {
+report_outcome balancer_policy::on_tier_report(int32_t tier, const pool_events& cache, bool lower) {
   if (tier < 0 || static_cast<size_t>(tier) >= cache_tiers_.size()) return report_outcome::ignored;
   const auto t = static_cast<size_t>(tier);
   if (!cache_tiers_[t].alive || !wants_tier_events(t) || cache.seq == 0 ||
@@ -157,11 +157,11 @@ report_outcome balancer_host::on_tier_report(int32_t tier, const pool_events& ca
                                                                            : report_outcome::taken;
 }
 
-bool balancer_host::wants_tier_events(size_t tier) const {
+bool balancer_policy::wants_tier_events(size_t tier) const {
   return prefixes_.has_value() && cache_tiers_.at(tier).spec.block_size == prefix_block_size_;
 }
 
-bool balancer_host::cache_tier_lost(size_t tier) {
+bool balancer_policy::cache_tier_lost(size_t tier) {
   cache_tier_entry& t = cache_tiers_.at(tier);
   if (!t.alive) return false;
   t.alive = false;
@@ -169,22 +169,22 @@ bool balancer_host::cache_tier_lost(size_t tier) {
   return true;
 }
 
-bool balancer_host::events_fit(int64_t capacity, const pool_events& r) {
+bool balancer_policy::events_fit(int64_t capacity, const pool_events& r) {
   return static_cast<int64_t>(r.added.size()) <= capacity && static_cast<int64_t>(r.removed.size()) <= capacity &&
          (!r.snapshot || r.removed.empty());
 }
 
-bool balancer_host::wants_cache_events(size_t engine) const {
+bool balancer_policy::wants_cache_events(size_t engine) const {
   return prefixes_.has_value() && engines_.at(engine).spec.block_size == prefix_block_size_;
 }
 
-void balancer_host::mark_draining(size_t engine) { engines_.at(engine).load.draining = true; }
+void balancer_policy::mark_draining(size_t engine) { engines_.at(engine).load.draining = true; }
 
-void balancer_host::heard_from(size_t engine, int64_t now_ns) {
+void balancer_policy::heard_from(size_t engine, int64_t now_ns) {
   if (liveness_) liveness_->heard_from(engine, now_ns);
 }
 
-std::vector<size_t> balancer_host::heartbeat(int64_t now_ns) {
+std::vector<size_t> balancer_policy::heartbeat(int64_t now_ns) {
   if (!liveness_) return {};
   std::vector<size_t> lost = liveness_->newly_lost(now_ns);
   for (size_t i : lost) {
@@ -194,7 +194,7 @@ std::vector<size_t> balancer_host::heartbeat(int64_t now_ns) {
   return lost;
 }
 
-bool balancer_host::mark_lost(size_t engine) {
+bool balancer_policy::mark_lost(size_t engine) {
   engine_entry& e = engines_.at(engine);
   if (!e.load.alive) return false;
   e.load.alive = false;
@@ -203,7 +203,7 @@ bool balancer_host::mark_lost(size_t engine) {
   return true;
 }
 
-bool balancer_host::rejoined(size_t engine, int64_t now_ns) {
+bool balancer_policy::rejoined(size_t engine, int64_t now_ns) {
   engine_entry& e = engines_.at(engine);
   if (e.load.alive) return false;
   e.load.alive = true;
@@ -218,12 +218,12 @@ bool balancer_host::rejoined(size_t engine, int64_t now_ns) {
   return true;
 }
 
-bool balancer_host::placed_on(request_key key, size_t engine) const {
+bool balancer_policy::placed_on(request_key key, size_t engine) const {
   auto it = routed_.find(key);
   return it != routed_.end() && (it->second.decode == engine || it->second.prefill == engine);
 }
 
-void balancer_host::check_invariants() const {
+void balancer_policy::check_invariants() const {
   std::vector<int64_t> requests(engines_.size(), 0);
   for (const auto& [key, r] : routed_) requests.at(r.decode)++;
   for (size_t i = 0; i < engines_.size(); i++) {
