@@ -143,21 +143,7 @@ bool released_by_owner(engine_actor_t* self, engine::request_id id) {
   return false;
 }
 
-msg::engine_report stats(engine_actor_t* self) {
-  const engine::engine_policy_stats s = self->state.policy->stats(now_ns(self));
-  const cost::prediction_error& e = s.core.step_time_error;
-  return msg::engine_report{s.core.num_steps,          s.core.num_generated_tokens, s.core.num_preemptions,
-                            s.num_executor_failures,    s.num_waiting,               s.num_requests,
-                            s.core.num_blocks_in_use,   s.executor_busy_ns,          s.elapsed_ns,
-                            e.num_steps,                e.raw_mean(),                e.corrected_mean(),
-                            s.core.num_prefix_hit_tokens, s.core.num_host_hit_tokens, s.core.num_demoted_blocks,
-                            s.core.num_demoted_bytes,   s.core.num_promoted_blocks,  s.core.num_promoted_bytes,
-                            0,                          s.core.preempted_ns,         s.core.num_draft_slots,
-                            s.core.num_draft_rows,      s.core.num_accepted_drafts,
-                            self->state.policy->num_handoffs_recomputed(), s.core.num_disk_hit_tokens,
-                            s.core.num_swap_in_tokens,  0,                           s.experts.moe_lb_last_window,
-                            s.experts.num_windows,      s.experts.num_moves};
-}
+msg::engine_report stats(engine_actor_t* self) { return self->state.policy->report(now_ns(self)); }
 
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers
 /// (within the fetch timeout; the engine does not wait meanwhile).

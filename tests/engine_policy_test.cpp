@@ -615,6 +615,17 @@ TEST(EnginePolicy, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPre
   EXPECT_EQ(s.num_host_hit_tokens, 8);
   EXPECT_EQ(s.num_promoted_blocks, 2);
   EXPECT_EQ(s.num_promoted_bytes, 2 * tier_block(r.prompt, 0).num_bytes());
+  // The report carries the same counters by name (msg::engine_report, `stats_atom`).
+  const engine_report rep = host->report(450);
+  EXPECT_EQ(rep.num_steps, s.num_steps);
+  EXPECT_EQ(rep.num_generated_tokens, s.num_generated_tokens);
+  EXPECT_EQ(rep.num_prefix_hit_tokens, 8);
+  EXPECT_EQ(rep.num_host_hit_tokens, 8);
+  EXPECT_EQ(rep.num_promoted_blocks, 2);
+  EXPECT_EQ(rep.num_promoted_bytes, s.num_promoted_bytes);
+  EXPECT_EQ(rep.num_blocks_in_use, s.num_blocks_in_use);
+  EXPECT_EQ(rep.elapsed_ns, host->stats(450).elapsed_ns);
+  EXPECT_EQ(rep.host_tier_expired_blocks, 0);  // the engine actor asks its tier for these
   // Now the pool has the prefix: the same prompt asks the tier nothing and hits the pool.
   EXPECT_EFFECTS(ex.take_plans(host->submit(tier_request(2), 500)), (effects{watch_caller{2}}));
   ASSERT_FALSE(ex.in_flight.empty());

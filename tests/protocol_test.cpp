@@ -172,6 +172,42 @@ engine::request full_engine_request() {
   return r;
 }
 
+/// Every field of the report set, each to its own value, by name.
+msg::engine_report full_engine_report() {
+  msg::engine_report r;
+  r.num_steps = 1;
+  r.num_generated_tokens = 2;
+  r.num_preemptions = 3;
+  r.num_executor_failures = 4;
+  r.num_waiting = 5;
+  r.num_requests = 6;
+  r.num_blocks_in_use = 7;
+  r.executor_busy_ns = 8;
+  r.elapsed_ns = 9;
+  r.num_timed_steps = 10;
+  r.step_time_error_raw = 0.25;
+  r.step_time_error_corrected = 0.125;
+  r.num_prefix_hit_tokens = 13;
+  r.num_host_hit_tokens = 14;
+  r.num_demoted_blocks = 15;
+  r.num_demoted_bytes = 16;
+  r.num_promoted_blocks = 17;
+  r.num_promoted_bytes = 18;
+  r.host_tier_expired_blocks = 19;
+  r.preempted_ns = 11;
+  r.num_draft_slots = 21;
+  r.num_draft_rows = 22;
+  r.num_accepted_drafts = 23;
+  r.num_handoffs_recomputed = 24;
+  r.num_disk_hit_tokens = 25;
+  r.num_swap_in_tokens = 26;
+  r.disk_tier_expired_blocks = 27;
+  r.moe_lb_last_window = 1.5;
+  r.num_moe_windows = 28;
+  r.num_expert_moves = 29;
+  return r;
+}
+
 engine::kv_data full_kv() { return {2, 1, 1, {0.5f, 1.5f}, {-0.5f, -1.5f}}; }
 
 kv::kv_block full_kv_block() { return block_of(token_range(4, 1), 0, 4); }
@@ -235,8 +271,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(full_sampled());
   expect_round_trip(full_sampled_batch());
   expect_round_trip(msg::release{8});
-  expect_round_trip(
-      msg::engine_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0.25, 0.125, 13, 14, 15, 16, 17, 18, 19, 11, 21, 22, 23, 24, 25, 26, 27, 1.5, 28, 29});
+  expect_round_trip(full_engine_report());
   expect_round_trip(msg::submit_completion{full_completion_request(), some<actors::stream_receiver_actor>(), 11});
   expect_round_trip(msg::place_request{1, 2, 3, {4, 5}, some<actors::engine_actor>(), true});
   expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err", 1});

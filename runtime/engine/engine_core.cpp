@@ -621,6 +621,15 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
   TROUPE_ASSERT_MSG(!in_flight_.empty(), "a result with no step in flight");
   flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
+  account_step(f, result);
+  const chunk_samples samples = samples_by_chunk(f, result);
+  complete_in_scheduler(f, samples);
+  std::vector<sample_event> events = deliver_samples(f, result, samples);
+  take_step_kv(f, result);
+  return events;
+}
+
+void engine_core::account_step(const flight& f, exec_result& result) {
   if (step_time_correction_ && result.measured_ns > 0 && !f.plan.chunks.empty())  // the draft rows ran too
     correct_step_time(spec::with_decode_rows(f.features, static_cast<int32_t>(result.num_draft_rows), f.draft_context),
                       result.measured_ns);
@@ -633,9 +642,10 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     step.accepted = std::move(result.drafts_accepted);
     stats_.draft_reliability.merge(step);
   }
-  // A speculative row's samples are the drafts that stood, then the token after them.
-  std::vector<int32_t> sampled;
-  std::vector<std::vector<int32_t>> accepted;
+}
+
+engine_core::chunk_samples engine_core::samples_by_chunk(const flight& f, const exec_result& result) const {
+  chunk_samples out(f.plan.chunks.size(), nullptr);
   size_t i = 0;
   for (size_t c = 0; c < f.plan.chunks.size(); c++) {
     if (f.num_samples[c] == 0) continue;
@@ -644,17 +654,30 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     TROUPE_ASSERT_MSG(slots > 0 ? samples.size() >= 1 && samples.size() <= static_cast<size_t>(slots) + 1
                                 : samples.size() == f.num_samples[c],
                       "a result with the wrong number of samples");
+    out[c] = &samples;
+  }
+  TROUPE_ASSERT(i == result.samples.size());
+  return out;
+}
+
+void engine_core::complete_in_scheduler(const flight& f, const chunk_samples& samples) {
+  // A speculative row's samples are the drafts that stood, then the token after them.
+  std::vector<int32_t> sampled;
+  std::vector<std::vector<int32_t>> accepted;
+  for (size_t c = 0; c < f.plan.chunks.size(); c++) {
+    if (samples[c] == nullptr) continue;
+    const std::vector<sampling::sample_result>& s = *samples[c];
+    const int32_t slots = f.plan.chunks[c].num_draft_slots;
     if (slots > 0) {
       stats_.num_speculative_rows++;
       stats_.num_draft_slots += slots;
-      stats_.num_accepted_drafts += static_cast<int64_t>(samples.size()) - 1;
+      stats_.num_accepted_drafts += static_cast<int64_t>(s.size()) - 1;
     }
-    sampled.push_back(slots > 0 ? samples.back().token : samples.front().token);
+    sampled.push_back(slots > 0 ? s.back().token : s.front().token);
     std::vector<int32_t>& stood = accepted.emplace_back();
     if (slots > 0)
-      for (size_t j = 0; j + 1 < samples.size(); j++) stood.push_back(samples[j].token);
+      for (size_t j = 0; j + 1 < s.size(); j++) stood.push_back(s[j].token);
   }
-  TROUPE_ASSERT(i == result.samples.size());
   scheduler_->complete(f.plan, sampled, accepted);
   // Rolled-back draft slots may have dropped blocks the executor holds: the next chunk resends
   // the table from the first block that changed (exec_chunk::first_block).
@@ -663,14 +686,17 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     int32_t& sent = blocks_sent_[c.seq];
     sent = std::min(sent, static_cast<int32_t>(blocks_->block_table(c.seq).size()));
   }
+}
+
+std::vector<sample_event> engine_core::deliver_samples(const flight& f, const exec_result& result,
+                                                       const chunk_samples& samples) {
   std::vector<sample_event> events;
-  i = 0;
   for (size_t c = 0; c < f.plan.chunks.size(); c++) {
-    if (f.num_samples[c] == 0) continue;
-    const std::vector<sampling::sample_result>& samples = result.samples.at(i++);
+    if (samples[c] == nullptr) continue;
+    const std::vector<sampling::sample_result>& s = *samples[c];
     const kv::seq_id seq = f.plan.chunks[c].seq;
     if (!samples_.count(seq)) {  // ended while this step was in flight
-      stats_.num_discarded_tokens += f.plan.chunks[c].num_draft_slots > 0 ? static_cast<int64_t>(samples.size()) : 1;
+      stats_.num_discarded_tokens += f.plan.chunks[c].num_draft_slots > 0 ? static_cast<int64_t>(s.size()) : 1;
       continue;
     }
     auto failure = std::find_if(result.failures.begin(), result.failures.end(),
@@ -683,17 +709,21 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     }
     if (f.plan.chunks[c].num_draft_slots > 0) {
       // Token by token, as plain steps would have delivered them; an ending drops the rest.
-      for (const sampling::sample_result& s : samples) {
+      for (const sampling::sample_result& one : s) {
         if (samples_.count(seq))
-          record(seq, s, events);
+          record(seq, one, events);
         else
           stats_.num_discarded_tokens++;
       }
       continue;
     }
-    if (samples.size() > 1) fork(seq, samples, events);
-    record(seq, samples.front(), events);
+    if (s.size() > 1) fork(seq, s, events);
+    record(seq, s.front(), events);
   }
+  return events;
+}
+
+void engine_core::take_step_kv(flight& f, exec_result& result) {
   size_t e = 0;
   for (size_t c = 0; c < f.plan.chunks.size(); c++) {
     if (!f.exports[c]) continue;
@@ -725,7 +755,6 @@ std::vector<sample_event> engine_core::complete_step(exec_result result) {
     stats_.num_demoted_bytes += out.block.num_bytes();
     demoted_.push_back(std::move(out));
   }
-  return events;
 }
 
 std::vector<failed_request> engine_core::take_failed() {

@@ -361,6 +361,22 @@ class engine_core {
   /// A step of `features` took `measured_ns`: corrects the scheduler's step-time model.
   void correct_step_time(const cost::step_features& features, int64_t measured_ns);
 
+  // complete_step's passes, in order (each over the step's chunks or its readouts).
+  /// Per plan chunk, its samples in `result` (nullptr: a chunk that samples nothing).
+  using chunk_samples = std::vector<const std::vector<sampling::sample_result>*>;
+  /// The measured time and the verified drafts into the statistics and the step-time model.
+  void account_step(const flight& f, exec_result& result);
+  /// Each sampling chunk's samples, checked against the plan.
+  [[nodiscard]] chunk_samples samples_by_chunk(const flight& f, const exec_result& result) const;
+  /// Tells the scheduler the tokens each chunk sampled and the drafts that stood; rolled-back
+  /// draft slots resend their block tables from the first block that changed.
+  void complete_in_scheduler(const flight& f, const chunk_samples& samples);
+  /// The sample events of the step's live sequences (failed requests and late chunks dropped).
+  [[nodiscard]] std::vector<sample_event> deliver_samples(const flight& f, const exec_result& result,
+                                                          const chunk_samples& samples);
+  /// The step's prefill exports, readouts and demoted blocks, to their queues.
+  void take_step_kv(flight& f, exec_result& result);
+
   model::model_config model_;
   engine_config config_;
   std::unique_ptr<kv::block_manager> blocks_;

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/engine_report.hpp"
 
 namespace troupe::engine {
 
@@ -287,6 +288,9 @@ class engine_policy {
   [[nodiscard]] size_t num_live() const { return requests_.size(); }
   [[nodiscard]] const engine_core& core() const { return *core_; }
   [[nodiscard]] engine_policy_stats stats(int64_t now_ns) const;
+  /// What the engine reports when asked (`stats_atom`): its statistics by name; the tiers'
+  /// expirations are 0 here (the engine actor asks its host tier for them).
+  [[nodiscard]] engine_report report(int64_t now_ns) const;
 
  private:
   struct live_request {

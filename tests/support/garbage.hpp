@@ -70,7 +70,7 @@ class garbage {
       case 7: return caf::make_message(sampled());
       case 8: return caf::make_message(sampled_batch());
       case 9: return caf::make_message(msg::release{i64()});
-      case 10: return caf::make_message(msg::engine_report{i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), i64(), f32(), f32()});
+      case 10: return caf::make_message(engine_report());
       case 11: return caf::make_message(msg::submit_completion{completion_request(), pick(pool_.receivers), u64()});
       case 12: return caf::make_message(msg::place_request{i64(), i32(), i32(), {}});
       case 13: return caf::make_message(msg::placement{pick(pool_.engines), pick(pool_.engines), str(), str(), str(),
@@ -211,6 +211,18 @@ class garbage {
     r.priority = i32();
     r.num_top_logprobs = coin() ? 0 : i32();
     r.stream = coin();
+    return r;
+  }
+
+  /// Garbage in the report's first fields, drawn in their order (the rest stay 0).
+  msg::engine_report engine_report() {
+    msg::engine_report r;
+    for (int64_t* field : {&r.num_steps, &r.num_generated_tokens, &r.num_preemptions, &r.num_executor_failures,
+                           &r.num_waiting, &r.num_requests, &r.num_blocks_in_use, &r.executor_busy_ns, &r.elapsed_ns,
+                           &r.num_timed_steps})
+      *field = i64();
+    r.step_time_error_raw = f32();
+    r.step_time_error_corrected = f32();
     return r;
   }
 
