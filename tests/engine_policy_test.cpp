@@ -975,6 +975,8 @@ TEST(EngineIntake, AGrammarThatDoesNotCompileOrResumedTokensItForbidsAreRefused)
   step = in.compiled(std::move(std::get<compile>(step).a), 7, compiled_digits(), "");
   ASSERT_TRUE(std::holds_alternative<refuse>(step));
   EXPECT_EQ(std::get<refuse>(step).code, errc::invalid_argument);
+  EXPECT_NE(std::get<refuse>(step).message.find("leaves the request's grammar"), std::string::npos)
+      << std::get<refuse>(step).message;
   EXPECT_FALSE(std::get<refuse>(step).count_received);
   step = in.arrive(arrival{digits_request(3)}, 7);
   step = in.compile_failed(3, /*counted=*/false, 7, "timeout");
