@@ -17,7 +17,7 @@ namespace {
 /// Sends a plan to the executor; its result (or failure) goes to the policy.
 void send_plan(engine_actor_t* self, engine::send_plan& p) {
   const int64_t generation = p.generation;
-  self->request(self->state.executor, caf::infinite, std::move(p.plan))
+  self->request(self->state.executor, caf::infinite, std::move(p.plan), std::move(p.grammars))
       .then([=](engine::exec_result& r) {
               perform(self, self->state.policy->on_step_result(generation, std::move(r), now_ns(self)));
             },
