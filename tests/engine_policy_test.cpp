@@ -1025,8 +1025,8 @@ TEST(EngineIntake, ARequestIsHereAlreadyWhenServedOrCompilingForTheSameCaller) {
 TEST(EngineIntake, EachArrivalEntersTheHostByItsOwnCall) {
   auto by_intake = make_host(tiny_options());
   auto direct = make_host(tiny_options());
-  EXPECT_EFFECTS(enter_host(*by_intake, arrival{make_request(1, 4)}, 10), direct->submit(make_request(1, 4), 10));
-  EXPECT_EFFECTS(enter_host(*by_intake, arrival{make_request(2, 4), entry::recompute}, 20),
+  EXPECT_EFFECTS(enter_policy(*by_intake, arrival{make_request(1, 4)}, 10), direct->submit(make_request(1, 4), 10));
+  EXPECT_EFFECTS(enter_policy(*by_intake, arrival{make_request(2, 4), entry::recompute}, 20),
                  direct->recompute_handoff(make_request(2, 4), 20));
   EXPECT_EQ(by_intake->num_handoffs_recomputed(), 1);
   EXPECT_EQ(by_intake->stats(30).num_requests, direct->stats(30).num_requests);
