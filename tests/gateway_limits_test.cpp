@@ -238,6 +238,7 @@ TEST(GatewayThreads, AConnectionWhoseThreadCannotStartIsClosedAndTheGatewayServe
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 10) GTEST_SKIP() << "this environment does not let root become nobody (setresuid)";
   EXPECT_EQ(WEXITSTATUS(status), 0) << "10: cannot become nobody, 11: no gateway, 12: cannot cap threads, "
                                        "13: the refused connection was not closed, 14: cannot uncap, 15: not served";
 }
