@@ -241,23 +241,20 @@ TEST(Purity, DetectorFindsAPlantedInclude) {
   fs::remove_all(dir);
 }
 
-// Inside runtime/: the folder graph of runtime/<sub>/ (issue 52, point 2). Self-contained: it
-// reads only quoted "runtime/<sub>/..." includes.
+// Inside runtime/: the folder graph of runtime/<sub>/ (issue 52, point 2), from the same quoted
+// includes the layering check reads (quoted_includes).
 namespace {
 
 /// The floor of runtime/: plain data (step plan and result, ids, sampling parameters) that
 /// includes nothing above it (docs/DESIGN.md, "Layers").
 const std::string runtime_floor = "plan";
 
-/// A runtime/ source file's quoted includes of other runtime/ files, as (sub-folder, path).
-std::vector<std::pair<std::string, std::string>> runtime_includes_of(const fs::path& file) {
-  static const std::regex include_re(R"(^\s*#\s*include\s*"(runtime/([^/"]+)/[^"]+)\")");
+/// A runtime/ source file's quoted includes of runtime/ files, as (sub-folder, path).
+std::vector<std::pair<std::string, std::string>> runtime_includes_of(const fs::path& root, const std::string& file) {
   std::vector<std::pair<std::string, std::string>> out;
-  std::ifstream in(file);
-  std::string line;
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, include_re)) out.emplace_back(m[2], m[1]);
+  for (const std::string& path : quoted_includes(root, file))
+    if (path.rfind("runtime/", 0) == 0 && std::count(path.begin(), path.end(), '/') >= 2)
+      out.emplace_back(path.substr(8, path.find('/', 8) - 8), path);
   return out;
 }
 
@@ -266,9 +263,8 @@ std::vector<std::string> runtime_sources(const fs::path& root) {
   std::vector<std::string> files;
   if (!fs::exists(root / "runtime")) return files;
   for (const auto& entry : fs::recursive_directory_iterator(root / "runtime")) {
-    const std::string ext = entry.path().extension().string();
     const std::string rel = fs::relative(entry.path(), root).generic_string();
-    if (entry.is_regular_file() && (ext == ".hpp" || ext == ".cpp") && std::count(rel.begin(), rel.end(), '/') >= 2)
+    if (entry.is_regular_file() && is_source(entry.path()) && std::count(rel.begin(), rel.end(), '/') >= 2)
       files.push_back(rel);
   }
   std::sort(files.begin(), files.end());
@@ -288,7 +284,7 @@ folder_graph runtime_folder_graph(const fs::path& root) {
   folder_graph graph;
   for (const std::string& file : runtime_sources(root)) {
     const std::string from = runtime_sub_of(file);
-    for (const auto& [to, path] : runtime_includes_of(root / file))
+    for (const auto& [to, path] : runtime_includes_of(root, file))
       if (to != from) graph[from].emplace(to, file + " includes " + path);
   }
   return graph;
@@ -335,19 +331,14 @@ std::vector<std::string> runtime_folder_loops(const fs::path& root) {
   return {out.begin(), out.end()};
 }
 
-/// The includes of root/runtime/<floor>/ files that leave the floor ("FILE -> PATH"), quoted
-/// includes of any folder (the floor includes only itself and the standard library).
+/// The quoted includes of root/runtime/<floor>/ files that leave the floor ("FILE -> PATH"): the
+/// floor includes only itself and the standard library.
 std::vector<std::string> floor_violations(const fs::path& root) {
-  static const std::regex include_re(R"(^\s*#\s*include\s*"([^"]+)\")");
   std::vector<std::string> out;
   for (const std::string& file : runtime_sources(root)) {
     if (runtime_sub_of(file) != runtime_floor) continue;
-    std::ifstream in(root / file);
-    std::string line;
-    std::smatch m;
-    while (std::getline(in, line))
-      if (std::regex_search(line, m, include_re) && m[1].str().rfind("runtime/" + runtime_floor + "/", 0) != 0)
-        out.push_back(file + " -> " + m[1].str());
+    for (const std::string& path : quoted_includes(root, file))
+      if (path.rfind("runtime/" + runtime_floor + "/", 0) != 0) out.push_back(file + " -> " + path);
   }
   return out;
 }
