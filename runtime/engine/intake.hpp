@@ -75,7 +75,7 @@ struct drop {
 using intake_step = std::variant<enter, refuse, compile, drop>;
 
 /// The policy's call for `a` (its `how`).
-[[nodiscard]] effects enter_policy(engine_policy& host, arrival a, int64_t now_ns);
+[[nodiscard]] effects enter_policy(engine_policy& policy, arrival a, int64_t now_ns);
 
 /// Why `a`'s grammar cannot be compiled for an engine with `vocabulary` (null: none), if so.
 [[nodiscard]] std::optional<refuse> grammar_refusal(const arrival& a, const grammar::vocabulary* vocabulary);
