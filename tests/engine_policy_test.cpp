@@ -472,7 +472,7 @@ TEST(EnginePolicy, ReportsCarryThePoolsCachedHashesFromASnapshotOn) {
 /// `fail_after`: its tokens (streamed or batched) and how it ended, or its rejection.
 struct real_run {
   std::map<request_id, std::string> outcome;
-  engine_policy_stats stats;
+  engine_report stats;
 };
 real_run run_real(const std::vector<request>& requests, const std::set<int>& fail_after) {
   const testing::bundled& b = testing::model_and_tokenizer();
@@ -518,7 +518,7 @@ real_run run_real(const std::vector<request>& requests, const std::set<int>& fai
     take(host->on_step_result(p.generation, executor->execute(p.plan, p.grammars), ++now));
   }
   EXPECT_EQ(host->num_live(), 0u);
-  run.stats = host->stats(++now);
+  run.stats = host->report(++now);
   return run;
 }
 
@@ -582,8 +582,8 @@ TEST(EnginePolicy, ExecutorFailureRebuildsTheCoreAndIgnoresTheOldGeneration) {
   EXPECT_TRUE(fx[0] == effect{restart_executor{}});
   EXPECT_EQ(host->generation(), 1);
   EXPECT_EQ(host->num_live(), 1u);  // resumed on the new core
-  EXPECT_EQ(host->stats(40).num_executor_failures, 1);
-  EXPECT_EQ(host->stats(40).num_resumed_requests, 1);
+  EXPECT_EQ(host->report(40).num_executor_failures, 1);
+  EXPECT_EQ(host->report(40).num_resumed_requests, 1);
   ASSERT_FALSE(ex.in_flight.empty());
   EXPECT_EQ(ex.in_flight.back().generation, 1);  // its plans go to the new executor
   // The old executor's late failure report changes nothing.
@@ -596,7 +596,7 @@ TEST(EnginePolicy, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPre
   const request r = tier_request(1);
   // The pool holds none of the 2 blocks the hit rule allows: the request waits for the tier.
   EXPECT_EFFECTS(host->submit(r, 100), (effects{watch_caller{1}, fetch_blocks{1, r.prompt, 0, 2}}));
-  EXPECT_EQ(host->stats(100).num_waiting, 1);
+  EXPECT_EQ(host->report(100).num_waiting, 1);
   EXPECT_FALSE(host->is_live(1));
   // The tier has both: promoted into the pool, then the request is queued and planned.
   effects fx = ex.take_plans(host->tier_answered(1, {tier_block(r.prompt, 0), tier_block(r.prompt, 1)}, 200));
@@ -610,7 +610,7 @@ TEST(EnginePolicy, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPre
   EXPECT_EQ(first.chunks[0].tokens, (std::vector<int32_t>{12}));
   (void)ex.answer(*host, 300);
   (void)ex.answer(*host, 400);
-  const engine_stats s = host->stats(400).core;
+  const engine_stats s = host->core().stats();
   EXPECT_EQ(s.num_prefix_hit_tokens, 8);
   EXPECT_EQ(s.num_host_hit_tokens, 8);
   EXPECT_EQ(s.num_promoted_blocks, 2);
@@ -624,7 +624,7 @@ TEST(EnginePolicy, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPre
   EXPECT_EQ(rep.num_promoted_blocks, 2);
   EXPECT_EQ(rep.num_promoted_bytes, s.num_promoted_bytes);
   EXPECT_EQ(rep.num_blocks_in_use, s.num_blocks_in_use);
-  EXPECT_EQ(rep.elapsed_ns, host->stats(450).elapsed_ns);
+  EXPECT_EQ(rep.elapsed_ns, 450);
   EXPECT_EQ(rep.host_tier_expired_blocks, 0);  // the engine actor asks its tier for these
   // Now the pool has the prefix: the same prompt asks the tier nothing and hits the pool.
   EXPECT_EFFECTS(ex.take_plans(host->submit(tier_request(2), 500)), (effects{watch_caller{2}}));
@@ -665,13 +665,13 @@ TEST(EnginePolicy, AMissAnErrorOrABadBlockFromTheTierMeansRecomputing) {
   ASSERT_FALSE(ex.in_flight.empty());
   EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 0);
   EXPECT_TRUE(ex.in_flight.front().plan.imports.empty());
-  EXPECT_EQ(host->stats(200).core.num_promoted_blocks, 0);
+  EXPECT_EQ(host->report(200).num_promoted_blocks, 0);
   // A block that is not the previous one's child ends the chain there.
   auto second = make_host(tier_options());
   (void)second->submit(r, 100);
   fake_executor ex2;
   (void)ex2.take_plans(second->tier_answered(1, {tier_block(r.prompt, 0), tier_block({1, 2, 3, 4, 5, 6, 7, 8}, 1)}, 200));
-  EXPECT_EQ(second->stats(200).core.num_promoted_blocks, 1);
+  EXPECT_EQ(second->report(200).num_promoted_blocks, 1);
   EXPECT_EQ(ex2.in_flight.front().plan.chunks[0].first_position, 4);
 }
 
@@ -684,11 +684,11 @@ TEST(EnginePolicy, ARequestReleasedWhileItWaitsForTheTierIsNeverQueued) {
   EXPECT_EFFECTS(host->submit(tier_request(1), 150),
                  (effects{reject{1, errc::invalid_argument, "duplicate request id 1", true}}));
   EXPECT_EFFECTS(host->release(1, 200), effects{});
-  EXPECT_EQ(host->stats(200).num_waiting, 0);
+  EXPECT_EQ(host->report(200).num_waiting, 0);
   // The answer is dropped: nothing queued, nothing promoted.
   EXPECT_EFFECTS(ex.take_plans(host->tier_answered(1, {tier_block(r.prompt, 0)}, 300)), effects{});
   EXPECT_TRUE(ex.in_flight.empty());
-  EXPECT_EQ(host->stats(300).core.num_promoted_blocks, 0);
+  EXPECT_EQ(host->report(300).num_promoted_blocks, 0);
   EXPECT_EQ(host->num_live(), 0u);
 }
 
@@ -715,7 +715,7 @@ TEST(EnginePolicy, APromotionExtendsThePoolsOwnPrefixWithoutEvictingIt) {
   (void)ex.take_plans(host->tier_answered(3, {tier_block(a.prompt, 1)}, 710));
   ASSERT_FALSE(ex.in_flight.empty());
   EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 8);
-  const engine_stats s = host->stats(710).core;
+  const engine_stats s = host->core().stats();
   EXPECT_EQ(s.num_prefix_hit_tokens, 8);
   EXPECT_EQ(s.num_host_hit_tokens, 4);
 }
@@ -736,11 +736,11 @@ TEST(EnginePolicy, ATierAnswerThePoolOutranIsAskedForAgainFromWhereThePoolEndsNo
   run_past_the_tier(*host, ex, d, 710);
   // Block 1 alone would not chain to anything in the pool: the tier is asked again from block 0.
   EXPECT_EFFECTS(host->tier_answered(3, {tier_block(a.prompt, 1)}, 1000), (effects{fetch_blocks{3, a.prompt, 0, 2}}));
-  EXPECT_EQ(host->stats(1000).core.num_promoted_blocks, 0);
+  EXPECT_EQ(host->core().stats().num_promoted_blocks, 0);
   (void)ex.take_plans(host->tier_answered(3, {tier_block(a.prompt, 0), tier_block(a.prompt, 1)}, 1100));
   ASSERT_FALSE(ex.in_flight.empty());
   EXPECT_EQ(ex.in_flight.front().plan.chunks[0].first_position, 8);
-  EXPECT_EQ(host->stats(1100).core.num_host_hit_tokens, 8);
+  EXPECT_EQ(host->core().stats().num_host_hit_tokens, 8);
 }
 
 TEST(EnginePolicy, ATiersBlocksWaitForTheirRequestsAdmissionSoEarlierAdmissionsDoNotEvictThem) {
@@ -761,13 +761,13 @@ TEST(EnginePolicy, ATiersBlocksWaitForTheirRequestsAdmissionSoEarlierAdmissionsD
   EXPECT_EFFECTS(host->submit(c, 140), (effects{watch_caller{3}, fetch_blocks{3, c.prompt, 0, 2}}));
   (void)ex.take_plans(host->tier_answered(3, {tier_block(c.prompt, 0), tier_block(c.prompt, 1)}, 150));
   // Nothing is promoted yet: inserted now, y's admission would evict both blocks first.
-  EXPECT_EQ(host->stats(150).core.num_promoted_blocks, 0);
+  EXPECT_EQ(host->core().stats().num_promoted_blocks, 0);
   EXPECT_EQ(host->core().num_staged_promotions(), 1u);
   int64_t now = 200;
   while (!ex.in_flight.empty()) (void)ex.answer(*host, now += 100);
   EXPECT_EQ(host->num_live(), 0u);
   EXPECT_EQ(host->core().num_staged_promotions(), 0u);
-  const engine_stats s = host->stats(now).core;
+  const engine_stats s = host->core().stats();
   // Both went in when c's admission was first tried (y had ended), and c was admitted on them:
   // its prefill computed its last token alone.
   EXPECT_EQ(s.num_promoted_blocks, 2);
@@ -815,7 +815,7 @@ swap_run run_into_a_preemption(preemption_mode mode, double token_ns = 0) {
     }
   }
   EXPECT_EQ(host->num_live(), 0u);
-  run.stats = host->stats(now).core;
+  run.stats = host->core().stats();
   return run;
 }
 
@@ -889,7 +889,7 @@ TEST(EnginePolicy, BlocksThePoolEvictsAreDemotedWithTheirLastRequestsClass) {
   // whose result also brings b's first token.
   const sample_event token{2, 0, sampling::sample_result{12, -0.25f, {}}, finish_reason::none, 0, 0, 0};
   EXPECT_EFFECTS(ex.answer(*host, 500), (effects{demote_blocks{{second, first}}, send_token{token, 410}}));
-  const engine_stats s = host->stats(500).core;
+  const engine_stats s = host->core().stats();
   EXPECT_EQ(s.num_demoted_blocks, 2);
   EXPECT_EQ(s.num_demoted_bytes, 2 * first.block.num_bytes());
   EXPECT_EQ(second.block.hash, hashes[1]);
@@ -1029,7 +1029,7 @@ TEST(EngineIntake, EachArrivalEntersTheHostByItsOwnCall) {
   EXPECT_EFFECTS(enter_policy(*by_intake, arrival{make_request(2, 4), entry::recompute}, 20),
                  direct->recompute_handoff(make_request(2, 4), 20));
   EXPECT_EQ(by_intake->num_handoffs_recomputed(), 1);
-  EXPECT_EQ(by_intake->stats(30).num_requests, direct->stats(30).num_requests);
+  EXPECT_EQ(by_intake->report(30).num_requests, direct->report(30).num_requests);
 }
 
 }  // namespace

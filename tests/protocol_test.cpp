@@ -205,6 +205,12 @@ msg::engine_report full_engine_report() {
   r.moe_lb_last_window = 1.5;
   r.num_moe_windows = 28;
   r.num_expert_moves = 29;
+  r.num_scheduled_tokens = 30;
+  r.num_discarded_tokens = 31;
+  r.num_recomputed_tokens = 32;
+  r.num_speculative_rows = 33;
+  r.num_swap_ins = 34;
+  r.num_resumed_requests = 35;
   return r;
 }
 

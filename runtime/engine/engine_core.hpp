@@ -19,6 +19,7 @@
 
 #include "runtime/cost/step_time_correction.hpp"
 #include "runtime/engine/engine_config.hpp"
+#include "runtime/engine/engine_report.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/kv/cache_class.hpp"
 #include "runtime/kv/kv_block.hpp"
@@ -29,37 +30,10 @@
 
 namespace troupe::engine {
 
-/// Counters since construction.
-struct engine_stats {
-  int64_t num_steps = 0;
-  int64_t num_generated_tokens = 0;
-  int64_t num_scheduled_tokens = 0;  ///< tokens run through the model (prefill + decode)
-  int64_t num_discarded_tokens = 0;  ///< sampled for a sample that had already ended
-  int64_t num_preemptions = 0;
-  int64_t num_prefix_hit_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
-  int64_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
-  /// Time lost to preemption: of each measured step, the share of its tokens that were
-  /// computed again after a preemption dropped their KV (step_plan::num_recomputed_tokens).
-  int64_t preempted_ns = 0;
-  /// Of num_prefix_hit_tokens, those served by blocks promoted from the host tier for this use
-  /// (a promoted block's first hit; later hits on it are the pool's).
-  int64_t num_host_hit_tokens = 0;
-  /// Of num_host_hit_tokens, those whose blocks the host tier read from the disk tier below it.
-  int64_t num_disk_hit_tokens = 0;
-  int64_t num_promoted_blocks = 0;  ///< host tier -> pool
-  int64_t num_promoted_bytes = 0;   ///< kv::kv_block::num_bytes of them
-  int64_t num_demoted_blocks = 0;   ///< pool -> host tier (read out by a completed step)
-  int64_t num_demoted_bytes = 0;
-  int64_t num_draft_slots = 0;      ///< speculative decoding: drafts planned (verified if proposed)
-  int64_t num_draft_rows = 0;       ///< of them, drafts proposed and verified (a budgeted plan may skip some)
-  int64_t num_accepted_drafts = 0;  ///< of those, drafts that stood
-  int64_t num_speculative_rows = 0; ///< decode rows that had draft slots
-  int64_t num_swap_ins = 0;         ///< readmitted victims of preemption that asked the host tier
-  /// Tokens of blocks promoted from the host tier that readmitted victims of preemption took
-  /// (not in num_host_hit_tokens, which counts first admissions as num_prefix_hit_tokens does).
-  int64_t num_swap_in_tokens = 0;
+/// The core's counters since construction, and what only it uses: its drafts' reliability and
+/// how well the step-time model predicted.
+struct engine_stats : engine_counters {
   spec::reliability_table draft_reliability;  ///< verified drafts' outcomes by confidence
-  int32_t num_blocks_in_use = 0;
   /// With the step-time correction on: how well the model, alone and corrected, predicted the
   /// measured steps.
   cost::prediction_error step_time_error;

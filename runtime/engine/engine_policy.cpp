@@ -519,51 +519,23 @@ effects engine_policy::peer_down(request_id id, int64_t now_ns) {
   return out;
 }
 
-engine_policy_stats engine_policy::stats(int64_t now_ns) const {
-  engine_policy_stats s;
-  s.core = core_->stats();
-  s.num_waiting = num_queued();
-  s.num_requests = static_cast<int64_t>(requests_.size());
-  s.num_executor_failures = num_executor_failures_;
-  s.num_resumed_requests = num_resumed_requests_;
-  s.experts = experts_;
-  s.executor_busy_ns = executor_busy_ns_;
-  s.elapsed_ns = now_ns - started_ns_;
-  return s;
-}
-
 engine_report engine_policy::report(int64_t now_ns) const {
-  const engine_policy_stats s = stats(now_ns);
-  const cost::prediction_error& e = s.core.step_time_error;
+  const engine_stats core = core_->stats();
   engine_report r;
-  r.num_steps = s.core.num_steps;
-  r.num_generated_tokens = s.core.num_generated_tokens;
-  r.num_preemptions = s.core.num_preemptions;
-  r.num_executor_failures = s.num_executor_failures;
-  r.num_waiting = s.num_waiting;
-  r.num_requests = s.num_requests;
-  r.num_blocks_in_use = s.core.num_blocks_in_use;
-  r.executor_busy_ns = s.executor_busy_ns;
-  r.elapsed_ns = s.elapsed_ns;
-  r.num_timed_steps = e.num_steps;
-  r.step_time_error_raw = e.raw_mean();
-  r.step_time_error_corrected = e.corrected_mean();
-  r.num_prefix_hit_tokens = s.core.num_prefix_hit_tokens;
-  r.num_host_hit_tokens = s.core.num_host_hit_tokens;
-  r.num_demoted_blocks = s.core.num_demoted_blocks;
-  r.num_demoted_bytes = s.core.num_demoted_bytes;
-  r.num_promoted_blocks = s.core.num_promoted_blocks;
-  r.num_promoted_bytes = s.core.num_promoted_bytes;
-  r.preempted_ns = s.core.preempted_ns;
-  r.num_draft_slots = s.core.num_draft_slots;
-  r.num_draft_rows = s.core.num_draft_rows;
-  r.num_accepted_drafts = s.core.num_accepted_drafts;
+  static_cast<engine_counters&>(r) = core;
+  r.num_executor_failures = num_executor_failures_;
+  r.num_resumed_requests = num_resumed_requests_;
+  r.num_waiting = num_queued();
+  r.num_requests = static_cast<int64_t>(requests_.size());
+  r.executor_busy_ns = executor_busy_ns_;
+  r.elapsed_ns = now_ns - started_ns_;
+  r.num_timed_steps = core.step_time_error.num_steps;
+  r.step_time_error_raw = core.step_time_error.raw_mean();
+  r.step_time_error_corrected = core.step_time_error.corrected_mean();
   r.num_handoffs_recomputed = num_handoffs_recomputed();
-  r.num_disk_hit_tokens = s.core.num_disk_hit_tokens;
-  r.num_swap_in_tokens = s.core.num_swap_in_tokens;
-  r.moe_lb_last_window = s.experts.moe_lb_last_window;
-  r.num_moe_windows = s.experts.num_windows;
-  r.num_expert_moves = s.experts.num_moves;
+  r.moe_lb_last_window = experts_.moe_lb_last_window;
+  r.num_moe_windows = experts_.num_windows;
+  r.num_expert_moves = experts_.num_moves;
   return r;
 }
 

@@ -203,7 +203,6 @@ struct engine_policy_options {
   uint64_t ucx_tag_base = 0;
 };
 
-/// Counters for the engine's stats answer.
 /// An MoE executor's expert placement (exec_result::moe_lb, num_expert_moves), over the
 /// engine's life: executor restarts do not reset it.
 struct expert_placement_stats {
@@ -212,16 +211,6 @@ struct expert_placement_stats {
   int64_t num_moves = 0;          ///< placements switched to
 };
 
-struct engine_policy_stats {
-  engine_stats core;
-  expert_placement_stats experts;
-  int64_t num_waiting = 0;
-  int64_t num_requests = 0;  ///< live requests
-  int64_t num_executor_failures = 0;
-  int64_t num_resumed_requests = 0;  ///< resumed after executor failures (a request once per failure)
-  int64_t executor_busy_ns = 0;
-  int64_t elapsed_ns = 0;
-};
 
 class engine_policy {
  public:
@@ -287,9 +276,8 @@ class engine_policy {
   [[nodiscard]] bool is_live(request_id id) const { return requests_.count(id) != 0; }
   [[nodiscard]] size_t num_live() const { return requests_.size(); }
   [[nodiscard]] const engine_core& core() const { return *core_; }
-  [[nodiscard]] engine_policy_stats stats(int64_t now_ns) const;
-  /// What the engine reports when asked (`stats_atom`): its statistics by name; the tiers'
-  /// expirations are 0 here (the engine actor asks its host tier for them).
+  /// What the engine reports when asked (`stats_atom`): the core's counters and the policy's;
+  /// the tiers' expirations are 0 here (the engine actor asks its host tier for them).
   [[nodiscard]] engine_report report(int64_t now_ns) const;
 
  private:
