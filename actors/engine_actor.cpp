@@ -85,7 +85,7 @@ void submit_prefill(engine_actor_t* self, msg::submit_prefill& s) {
     if (it == st.decodes.end()) st.decodes.push_back(s.decode);
   }
   const int64_t now = now_ns(self);
-  return perform(self, st.policy->submit_prefill(std::move(s.request), decode, std::move(s.kv_host), s.kv_port, now),
+  return perform(self, st.policy->submit_prefill(std::move(s.request), decode, std::move(s.kv_address), s.kv_port, now),
                  caller);
 }
 

@@ -42,7 +42,7 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
     return;
   }
   if (h.ucx_tag != 0)
-    self->state.kv->send(h.kv_host, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id,
+    self->state.kv->send(h.kv_address, h.kv_port, h.ucx_tag, std::exchange(m.payload, {}), to, id,
                          caf::actor_cast<engine_actor>(self));
   kv_in_transit(self, self->state.options.network.get(), m.payload);
   const auto bytes = static_cast<int64_t>(m.payload.size());

@@ -23,9 +23,9 @@ class kv_sender {
  public:
   virtual ~kv_sender() = default;
 
-  /// Sends `bytes` tagged `tag` to the peer listening at host:port; an unreachable peer gives
-  /// an error naming "host:port".
-  virtual void send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> bytes,
+  /// Sends `bytes` tagged `tag` to the peer listening at address:port; an unreachable peer gives
+  /// an error naming "address:port".
+  virtual void send(const std::string& address, uint16_t port, uint64_t tag, std::vector<uint8_t> bytes,
                     send_callback done) = 0;
 
   /// Receives the next message tagged `tag`, whether it arrived before or after this call.

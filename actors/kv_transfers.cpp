@@ -4,10 +4,10 @@
 
 namespace troupe::actors {
 
-void kv_transfers::send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> payload,
+void kv_transfers::send(const std::string& address, uint16_t port, uint64_t tag, std::vector<uint8_t> payload,
                         const request_actor& request, int64_t id, const engine_actor& engine) {
-  std::string to = host + ":" + std::to_string(port);
-  sender_->send(host, port, tag, std::move(payload), [request, id, engine, to = std::move(to)](expected<void> done) {
+  std::string to = address + ":" + std::to_string(port);
+  sender_->send(address, port, tag, std::move(payload), [request, id, engine, to = std::move(to)](expected<void> done) {
     if (done) return;  // on the transport's thread: send_as is thread-safe
     caf::send_as(engine, request,
                  msg::rejected{id, errc::unavailable, "KV transfer to " + to + " failed: " + done.error().message});

@@ -26,10 +26,10 @@ class kv_transfers {
 
   [[nodiscard]] bool enabled() const { return sender_ != nullptr; }
 
-  /// Prefill side: sends `payload` to host:port under `tag`; a failure is told to `request`
+  /// Prefill side: sends `payload` to address:port under `tag`; a failure is told to `request`
   /// (`rejected{unavailable}` for request `id`, naming the address) as from `engine` (a request
   /// actor takes word only from the engines serving it).
-  void send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> payload,
+  void send(const std::string& address, uint16_t port, uint64_t tag, std::vector<uint8_t> payload,
             const request_actor& request, int64_t id, const engine_actor& engine);
 
   /// Decode side: parks `h` (tagged, payload not inline) until its payload arrives; `engine`

@@ -108,7 +108,7 @@ msg::placement place(load_balancer_t* self, const msg::place_request& p) {
   const balanced_engine& d = st.o.engines[chosen->decode];
   out.decode = d.actor;
   out.decode_name = where(d);
-  out.kv_host = d.kv_host;
+  out.kv_address = d.kv_address;
   out.kv_port = d.kv_port;
   if (chosen->prefill) {
     out.prefill = st.o.engines[*chosen->prefill].actor;

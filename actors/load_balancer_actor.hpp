@@ -56,12 +56,12 @@ struct balanced_engine {
   int32_t max_num_seqs = 256;
   int64_t kv_capacity_tokens = 16384;
   int32_t block_size = 16;  ///< its KV pool's (the prefix directory's blocks: balancer_policy.hpp)
-  std::string kv_host;  ///< its node's UCX listener (kv_transfer = "ucx")
+  std::string kv_address;  ///< its node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
   /// Where its node publishes its node actor (`node_port` 0: nowhere, e.g. the balancer's own
   /// node), and its place in that node's engine list: once lost, the balancer reaches that
   /// address again every `rejoin_interval_ms` and takes a restarted node's engine into service.
-  std::string node_host;
+  std::string node_address;
   uint16_t node_port = 0;
   size_t index_on_node = 0;
   /// Its node's host-memory cache tier (none: invalid) and that tier's capacity in blocks (of

@@ -26,13 +26,13 @@ void arm_rejoin(load_balancer_t* self) {
   }
 }
 
-/// The node at host:port listed `engines`: its lost engines of the topology are these now
+/// The node at address:port listed `engines`: its lost engines of the topology are these now
 /// (a restarted node's new actors; a frozen node that woke up lists the same ones).
-void take_back(load_balancer_t* self, const std::string& host, uint16_t port, const engine_list& engines) {
+void take_back(load_balancer_t* self, const std::string& address, uint16_t port, const engine_list& engines) {
   load_balancer_state& st = self->state;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
     balanced_engine& e = st.o.engines[i];
-    if (st.policy->load(i).alive || e.node_host != host || e.node_port != port) continue;
+    if (st.policy->load(i).alive || e.node_address != address || e.node_port != port) continue;
     if (e.index_on_node >= engines.size() || !engines[e.index_on_node]) {
       spdlog::warn("load balancer: the node of {} came back with {} engine(s), not it", where(e), engines.size());
       continue;
@@ -48,25 +48,25 @@ void take_back(load_balancer_t* self, const std::string& host, uint16_t port, co
   }
 }
 
-/// Reaches the node at host:port (a try of at most rejoin_interval_ms) and takes its engines
+/// Reaches the node at address:port (a try of at most rejoin_interval_ms) and takes its engines
 /// back; a failed try changes nothing (the next one comes with the next rejoin_atom).
-void reach_again(load_balancer_t* self, const std::string& host, uint16_t port) {
-  const std::string address = host + ":" + std::to_string(port);
-  if (!self->state.rejoining.insert(address).second) return;  // a try is under way
+void reach_again(load_balancer_t* self, const std::string& address, uint16_t port) {
+  const std::string endpoint = address + ":" + std::to_string(port);
+  if (!self->state.rejoining.insert(endpoint).second) return;  // a try is under way
   const auto bound = std::chrono::milliseconds(self->state.o.rejoin_interval_ms);
-  const auto done = [=] { self->state.rejoining.erase(address); };
-  self->request(network_actor(self->system()), bound, caf::connect_atom::value, host, port)
+  const auto done = [=] { self->state.rejoining.erase(endpoint); };
+  self->request(network_actor(self->system()), bound, caf::connect_atom::value, address, port)
       .then(
           [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& interface) {
             if (!ptr || !self->system().assignable(interface, self->system().message_types<node_actor>())) {
-              spdlog::warn("load balancer: {} publishes no troupe node now", address);
+              spdlog::warn("load balancer: {} publishes no troupe node now", endpoint);
               return done();
             }
             self->request(caf::actor_cast<node_actor>(ptr), bound, engines_atom::value)
                 .then(
                     [=](engine_list& engines) {
                       done();
-                      take_back(self, host, port, engines);
+                      take_back(self, address, port, engines);
                     },
                     [=](caf::error&) { done(); });
           },
@@ -140,8 +140,8 @@ void on_rejoin(load_balancer_t* self) {
   std::set<std::pair<std::string, uint16_t>> nodes;
   for (size_t i = 0; i < st.o.engines.size(); i++)
     if (!st.policy->load(i).alive && st.o.engines[i].node_port != 0)
-      nodes.emplace(st.o.engines[i].node_host, st.o.engines[i].node_port);
-  for (const auto& [host, port] : nodes) reach_again(self, host, port);
+      nodes.emplace(st.o.engines[i].node_address, st.o.engines[i].node_port);
+  for (const auto& [address, port] : nodes) reach_again(self, address, port);
   arm_rejoin(self);
 }
 
@@ -171,7 +171,7 @@ void on_report(load_balancer_t* self, msg::load_report& r) {
                  r.engine_index);
     return;
   }
-  const balance::engine_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens,
+  const balance::load_report report{r.num_received, r.num_requests, r.num_kv_tokens, r.num_queued_prefill_tokens,
                                       r.draining};
   const balance::pool_events cache{r.cache_seq, r.cache_snapshot, std::move(r.cached_added),
                                    std::move(r.cached_removed)};

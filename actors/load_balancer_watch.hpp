@@ -35,7 +35,7 @@ struct load_balancer_state {
   std::map<caf::actor_addr, live_request> placed;  // live request actor -> its key and client
   balance::request_key next_key = 0;
   bool rejoin_armed = false;             // a rejoin_atom is on its way
-  std::set<std::string> rejoining;       // "host:port" of nodes being reached again
+  std::set<std::string> rejoining;       // "address:port" of nodes being reached again
   static inline const char* name = "load_balancer";
 };
 

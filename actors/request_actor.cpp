@@ -101,7 +101,7 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
     return;
   }
   self->monitor(placed.prefill);
-  post(self, placed.prefill, msg::submit_prefill{std::move(s.request), placed.decode, placed.kv_host, placed.kv_port});
+  post(self, placed.prefill, msg::submit_prefill{std::move(s.request), placed.decode, placed.kv_address, placed.kv_port});
 }
 
 /// Performs one effect of the policy; `offered` is the placement the current call is about.

@@ -32,7 +32,7 @@ namespace troupe::bench {
 namespace {
 
 struct options {
-  std::string host = "127.0.0.1";
+  std::string address = "127.0.0.1";
   uint16_t port = 7100;
   long pid = 0;
   int rounds = 12;
@@ -98,10 +98,10 @@ int run(const options& o) {
     node = std::move(*launched);
     lb = node->load_balancer;
   } else {
-    lb = sys.middleman().remote_actor<actors::balancer_client_actor>(o.host, o.port);
+    lb = sys.middleman().remote_actor<actors::balancer_client_actor>(o.address, o.port);
   }
   if (!lb) {
-    std::fprintf(stderr, "cannot reach %s:%u: %s\n", o.host.c_str(), o.port, sys.render(lb.error()).c_str());
+    std::fprintf(stderr, "cannot reach %s:%u: %s\n", o.address.c_str(), o.port, sys.render(lb.error()).c_str());
     return 2;
   }
   std::printf("round  requests  failed  VmRSS_kB  VmHWM_kB  seconds\n");
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--connect") {
       const size_t colon = value.rfind(':');
-      o.host = value.substr(0, colon);
+      o.address = value.substr(0, colon);
       o.port = static_cast<uint16_t>(std::stoi(value.substr(colon + 1)));
     } else if (flag == "--pid") {
       o.pid = std::stol(value);

@@ -86,13 +86,13 @@ TEST(BalancerPolicy, AnEnginesPoolReportsDecideWhichPrefixesItIsCreditedWith) {
   EXPECT_EQ(h.place(2, 8, {21, 22})->decode, 1u);
   EXPECT_TRUE(h.request_ended(1) && h.request_ended(2));
   // Both pools computed their prompt: their snapshots cover the placements.
-  EXPECT_EQ(h.on_report(0, engine_report{1, 0, 0, 0}, 5, pool_events{1, true, {11, 12}, {}}), report_outcome::taken);
-  EXPECT_EQ(h.on_report(1, engine_report{1, 0, 0, 0}, 5, pool_events{1, true, {21, 22}, {}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(0, load_report{1, 0, 0, 0}, 5, pool_events{1, true, {11, 12}, {}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{1, 0, 0, 0}, 5, pool_events{1, true, {21, 22}, {}}), report_outcome::taken);
   EXPECT_EQ(h.prefixes().num_placed_blocks(0), 0);
   EXPECT_EQ(h.prefixes().num_pool_blocks(1), 2);
   // m1's pool evicts 21 22: their continuation is credited nowhere and goes by load (a tie:
   // m0), not to m1 where it was placed.
-  EXPECT_EQ(h.on_report(1, engine_report{1, 0, 0, 0}, 6, pool_events{2, false, {}, {21, 22}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{1, 0, 0, 0}, 6, pool_events{2, false, {}, {21, 22}}), report_outcome::taken);
   EXPECT_EQ(h.prefixes().cached_blocks(1, {21, 22, 23}), 0);
   EXPECT_EQ(h.place(3, 12, {21, 22, 23})->decode, 0u);
   // m0's pool still holds 11 12: busy as it is (0.112), it wins with them (0.112 - 0.5 * 8/12).
@@ -100,19 +100,19 @@ TEST(BalancerPolicy, AnEnginesPoolReportsDecideWhichPrefixesItIsCreditedWith) {
   EXPECT_EQ(h.place(4, 12, {11, 12, 13})->decode, 0u);
   h.check_invariants();
   // From another process: more hashes than the pool has blocks, or a snapshot that removes.
-  EXPECT_EQ(h.on_report(0, engine_report{3, 2, 24, 0}, 7, pool_events{2, false, std::vector<uint64_t>(251, 1), {}}),
+  EXPECT_EQ(h.on_report(0, load_report{3, 2, 24, 0}, 7, pool_events{2, false, std::vector<uint64_t>(251, 1), {}}),
             report_outcome::ignored);
-  EXPECT_EQ(h.on_report(0, engine_report{3, 2, 24, 0}, 7, pool_events{2, true, {11}, {12}}), report_outcome::ignored);
+  EXPECT_EQ(h.on_report(0, load_report{3, 2, 24, 0}, 7, pool_events{2, true, {11}, {12}}), report_outcome::ignored);
   // A report missing (3 after 1): asked for a snapshot once, until it comes.
-  EXPECT_EQ(h.on_report(0, engine_report{3, 2, 24, 0}, 7, pool_events{3, false, {}, {}}), report_outcome::resync);
+  EXPECT_EQ(h.on_report(0, load_report{3, 2, 24, 0}, 7, pool_events{3, false, {}, {}}), report_outcome::resync);
   EXPECT_EQ(h.prefixes().num_pool_blocks(0), 0);
   EXPECT_EQ(h.prefixes().cached_blocks(0, {11, 12, 13}), 3);  // out of sync: the placed prompts (request 4's)
-  EXPECT_EQ(h.on_report(0, engine_report{3, 2, 24, 0}, 8, pool_events{4, false, {}, {}}), report_outcome::taken);
-  EXPECT_EQ(h.on_report(0, engine_report{3, 2, 24, 0}, 9, pool_events{5, true, {11}, {}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(0, load_report{3, 2, 24, 0}, 8, pool_events{4, false, {}, {}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(0, load_report{3, 2, 24, 0}, 9, pool_events{5, true, {11}, {}}), report_outcome::taken);
   EXPECT_EQ(h.prefixes().cached_blocks(0, {11, 12, 13}), 1);
   // A lost engine's reports change no set.
   EXPECT_TRUE(h.mark_lost(1));
-  EXPECT_EQ(h.on_report(1, engine_report{1, 0, 0, 0}, 10, pool_events{3, true, {21}, {}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{1, 0, 0, 0}, 10, pool_events{3, true, {21}, {}}), report_outcome::taken);
   EXPECT_EQ(h.prefixes().num_pool_blocks(1), 0);
   h.check_invariants();
 }
@@ -124,12 +124,12 @@ TEST(BalancerPolicy, AnEngineOfAnotherBlockSizeIsCreditedWithItsPlacedPromptsOnl
   balancer_policy h({m0, m1}, {}, 0, 0, router_options{"prefix_affinity", 0, 0.5});
   EXPECT_TRUE(h.wants_cache_events(0));
   EXPECT_FALSE(h.wants_cache_events(1));
-  EXPECT_EQ(h.on_report(1, engine_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
   EXPECT_EQ(h.prefixes().num_pool_blocks(1), 0);
   EXPECT_FALSE(h.prefixes().in_sync(1));
   balancer_policy plain({m0}, {}, 0, 0);  // no prefixes at all
   EXPECT_FALSE(plain.wants_cache_events(0));
-  EXPECT_EQ(plain.on_report(0, engine_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
+  EXPECT_EQ(plain.on_report(0, load_report{0, 0, 0, 0}, 5, pool_events{1, true, {5}, {}}), report_outcome::taken);
   h.check_invariants();
 }
 
@@ -229,20 +229,20 @@ TEST(BalancerPolicy, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
   ASSERT_TRUE(h.place(3, 10).has_value());  // m1: 0.1 + 0.05 < m0: 0.1 + 0.1
   EXPECT_EQ(load_of(h, 1), (L{2, 60, 60, true}));
   // m1's report has seen its first work item only: the second stays on top of it.
-  EXPECT_EQ(h.on_report(1, engine_report{1, 1, 64, 0}, 5), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{1, 1, 64, 0}, 5), report_outcome::taken);
   EXPECT_EQ(load_of(h, 1), (L{2, 74, 10, true}));
   // A reordered older report changes nothing; a report that has seen everything replaces all.
-  EXPECT_EQ(h.on_report(1, engine_report{0, 0, 0, 0}, 6), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{0, 0, 0, 0}, 6), report_outcome::taken);
   EXPECT_EQ(load_of(h, 1), (L{2, 74, 10, true}));
-  EXPECT_EQ(h.on_report(1, engine_report{2, 2, 80, 3}, 7), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{2, 2, 80, 3}, 7), report_outcome::taken);
   EXPECT_EQ(load_of(h, 1), (L{2, 80, 3, true}));
-  EXPECT_EQ(h.on_report(2, engine_report{}, 8), report_outcome::ignored);  // no such engine
-  EXPECT_EQ(h.on_report(-1, engine_report{}, 8), report_outcome::ignored);
+  EXPECT_EQ(h.on_report(2, load_report{}, 8), report_outcome::ignored);  // no such engine
+  EXPECT_EQ(h.on_report(-1, load_report{}, 8), report_outcome::ignored);
   // A forged report with a negative count is ignored (issue 21, point 3).
-  EXPECT_EQ(h.on_report(1, engine_report{3, -1, 0, 0}, 9), report_outcome::ignored);
-  EXPECT_EQ(h.on_report(1, engine_report{3, 0, -1, 0}, 9), report_outcome::ignored);
-  EXPECT_EQ(h.on_report(1, engine_report{3, 0, 0, -1}, 9), report_outcome::ignored);
-  EXPECT_EQ(h.on_report(1, engine_report{-3, 0, 0, 0}, 9), report_outcome::ignored);
+  EXPECT_EQ(h.on_report(1, load_report{3, -1, 0, 0}, 9), report_outcome::ignored);
+  EXPECT_EQ(h.on_report(1, load_report{3, 0, -1, 0}, 9), report_outcome::ignored);
+  EXPECT_EQ(h.on_report(1, load_report{3, 0, 0, -1}, 9), report_outcome::ignored);
+  EXPECT_EQ(h.on_report(1, load_report{-3, 0, 0, 0}, 9), report_outcome::ignored);
   EXPECT_EQ(load_of(h, 1), (L{2, 80, 3, true}));
   h.check_invariants();
 }
@@ -308,7 +308,7 @@ TEST(BalancerPolicy, ALostEngineGetsNoWorkAndTheErrorNamesIt) {
 TEST(BalancerPolicy, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfresh) {
   balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, /*heartbeat_timeout_ns=*/100, 0);
   ASSERT_TRUE(h.place(1, 8).has_value());  // least loaded, ties to the first: m0
-  EXPECT_EQ(h.on_report(0, engine_report{0, 1, 0, 0}, 10), report_outcome::taken);
+  EXPECT_EQ(h.on_report(0, load_report{0, 1, 0, 0}, 10), report_outcome::taken);
   EXPECT_FALSE(h.rejoined(0, 20)) << "a live engine does not rejoin";
   EXPECT_TRUE(h.mark_lost(0));
   auto again = h.place(1, 8);  // its request placed anew, on m1
@@ -320,7 +320,7 @@ TEST(BalancerPolicy, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfres
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->decode, 0u);
   // The new incarnation counts its work from 0: its first report covers that placement.
-  EXPECT_EQ(h.on_report(0, engine_report{1, 1, 8, 0}, 60), report_outcome::taken);
+  EXPECT_EQ(h.on_report(0, load_report{1, 1, 8, 0}, 60), report_outcome::taken);
   EXPECT_EQ(load_of(h, 0), (L{1, 8, 0, true}));
   EXPECT_EQ(h.heartbeat(101), (std::vector<size_t>{1}));  // m1 silent since the start
   EXPECT_EQ(h.heartbeat(161), (std::vector<size_t>{0}));  // the new m0 silent since its report
@@ -329,12 +329,12 @@ TEST(BalancerPolicy, ARejoinedEngineGetsWorkAgainWithItsLoadEstimateStartedAfres
 
 TEST(BalancerPolicy, ADrainingEngineGetsNoNewWorkEvenFromAReorderedReportAndTheErrorSaysSo) {
   balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
-  EXPECT_EQ(h.on_report(0, engine_report{5, 0, 0, 0, false}, 10), report_outcome::taken);
-  EXPECT_EQ(h.on_report(0, engine_report{3, 0, 0, 0, true}, 20), report_outcome::taken);  // older, but draining counts
+  EXPECT_EQ(h.on_report(0, load_report{5, 0, 0, 0, false}, 10), report_outcome::taken);
+  EXPECT_EQ(h.on_report(0, load_report{3, 0, 0, 0, true}, 20), report_outcome::taken);  // older, but draining counts
   EXPECT_TRUE(h.load(0).draining);
   EXPECT_TRUE(h.load(0).alive);
   for (request_key k = 1; k <= 3; k++) EXPECT_EQ(h.place(k, 8)->decode, 1u);
-  EXPECT_EQ(h.on_report(1, engine_report{3, 3, 24, 0, true}, 30), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{3, 3, 24, 0, true}, 30), report_outcome::taken);
   auto none = h.place(4, 8);
   ASSERT_FALSE(none.has_value());
   EXPECT_EQ(none.error().code, errc::unavailable);
@@ -346,7 +346,7 @@ TEST(BalancerPolicy, TheHeartbeatLosesSilentEnginesOnceAndReportsCountAsAnswers)
   balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1"), spec(engine_kind::mixed, "m2")},
                   {}, /*heartbeat_timeout_ns=*/100, /*now_ns=*/0);
   h.heard_from(0, 50);
-  EXPECT_EQ(h.on_report(1, engine_report{}, 60), report_outcome::taken);
+  EXPECT_EQ(h.on_report(1, load_report{}, 60), report_outcome::taken);
   EXPECT_EQ(h.heartbeat(100), std::vector<size_t>{});  // silent for exactly the timeout: not yet
   EXPECT_EQ(h.heartbeat(101), (std::vector<size_t>{2}));
   EXPECT_FALSE(h.load(2).alive);

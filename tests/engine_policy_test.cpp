@@ -45,7 +45,7 @@ std::string describe(const effects& fx) {
     }
     void operator()(const watch_caller& w) { o << "watch(r" << w.id << ")"; }
     void operator()(const hand_off& h) {
-      o << "hand_off(r" << h.prefilled.req.id << " to " << h.decode << " " << h.kv_host << ":" << h.kv_port << " tag "
+      o << "hand_off(r" << h.prefilled.req.id << " to " << h.decode << " " << h.kv_address << ":" << h.kv_port << " tag "
         << h.ucx_tag << " kv " << h.prefilled.kv.num_tokens << ")";
     }
     void operator()(const report_load& r) {
@@ -196,7 +196,7 @@ struct fake_executor {
     }
     return rest;
   }
-  /// Answers the oldest plan at `now_ns`; returns the host's effects but its new plans.
+  /// Answers the oldest plan at `now_ns`; returns the policy's effects but its new plans.
   effects answer(engine_policy& host, int64_t now_ns) {
     EXPECT_FALSE(in_flight.empty());
     send_plan p = std::move(in_flight.front());

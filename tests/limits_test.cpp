@@ -409,7 +409,7 @@ TEST_F(Limits, APeerThatSendsNothingIsDisconnectedAfterTheIdleBoundAndOneWithHea
 TEST_F(Limits, ConnectionsOverMaxConnectionsPerHostOrInAllAreClosedAtOnceAndAClosedOneMakesRoom) {
   actors::network_limits limits;
   limits.max_connections = 3;
-  limits.max_connections_per_host = 2;
+  limits.max_connections_per_address = 2;
   start_server(limits);
   const actors::engine_actor engine = spawn_silent_engine(*server_);
   const actors::node_actor node = server_->spawn([engine]() -> actors::node_actor::behavior_type {

@@ -261,8 +261,8 @@ TEST(OpenaiRequest, StopTokenIdsAreCheckedAndReachEveryChoice) {
     EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{13, 2}));
   EXPECT_TRUE(parse_request(endpoint::chat_completions, R"({"messages":[{"role":"user","content":"x"}],"stop_token_ids":[]})",
                             model, &tok).has_value());
-  for (const std::string& bad : {R"({"prompt":"x","stop_token_ids":13})", R"({"prompt":"x","stop_token_ids":[1.5]})",
-                                 R"({"prompt":"x","stop_token_ids":["a"]})", R"({"prompt":"x","stop_token_ids":[512]})"}) {
+  for (const char* bad : {R"({"prompt":"x","stop_token_ids":13})", R"({"prompt":"x","stop_token_ids":[1.5]})",
+                          R"({"prompt":"x","stop_token_ids":["a"]})", R"({"prompt":"x","stop_token_ids":[512]})"}) {
     auto e = parse_request(endpoint::completions, bad, model, &tok);
     ASSERT_FALSE(e.has_value()) << bad;
     EXPECT_EQ(e.error().status, 400);

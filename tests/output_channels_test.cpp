@@ -1,6 +1,6 @@
 // A chat answer parsed by token id (issue 19, point 3): reasoning between <think> tags, tool
 // calls between <tool_call> tags, the rest content; only the tag tokens switch channels, never
-// text that spells them; a call that is no call stays as content; the request host splits a
+// text that spells them; a call that is no call stays as content; the request policy splits a
 // chat's answer and never a plain completion's.
 #include "runtime/serve/output_channels.hpp"
 

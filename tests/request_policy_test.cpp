@@ -65,7 +65,7 @@ std::string describe(const effects& fx) {
   return testing::effects_text<printer>(fx);
 }
 
-/// The whole effect list, compared with operator==; the host's invariants hold after the call.
+/// The whole effect list, compared with operator==; the policy's invariants hold after the call.
 #define EXPECT_EFFECTS(host, call, ...)                                                           \
   do {                                                                                            \
     const effects got_ = (host).call;                                                             \
@@ -295,7 +295,7 @@ TEST(RequestPolicyRun, AStreamedRunSendsAChunkPerTokenThenTheEndWithItsTimes) {
   last.num_cached_tokens = 1;
   last.num_preemptions = 2;
   last.num_recomputed_tokens = 3;
-  // The engine first scheduled it at 1500 (its clock is the host's here): queued 500.
+  // The engine first scheduled it at 1500 (its clock is the policy's here): queued 500.
   EXPECT_EFFECTS(h, on_token(last, 1500, 4000), send_chunk{chunk(2, " time", {time_}, {-1.0f})},
                  send_end{{id, stream_id, engine::finish_reason::length, drawn_seed, 2, 3, 500, 1000, 3000,
                            {500, 1500}, 1, 2, 3, 3}},

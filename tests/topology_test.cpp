@@ -70,7 +70,7 @@ TEST(Topology, SingleNodeExampleParses) {
   EXPECT_EQ(topo->cluster_name, "single-node");
   ASSERT_EQ(topo->nodes.size(), 1u);
   EXPECT_EQ(topo->nodes[0].name, "node0");
-  EXPECT_EQ(topo->nodes[0].host, "127.0.0.1");
+  EXPECT_EQ(topo->nodes[0].address, "127.0.0.1");
   EXPECT_EQ(topo->nodes[0].port, 7100);
   EXPECT_EQ(topo->nodes[0].kv_port, 8100);
   EXPECT_EQ(topo->kv_transfer, kv_transfer_kind::caf);
@@ -107,7 +107,7 @@ TEST(Topology, ThreeNodeExampleParses) {
   ASSERT_EQ(topo->nodes.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(topo->nodes[i].name, "node" + std::to_string(i));
-    EXPECT_EQ(topo->nodes[i].host, "127.0.0.1");
+    EXPECT_EQ(topo->nodes[i].address, "127.0.0.1");
     EXPECT_EQ(topo->nodes[i].port, 7100 + i);
     EXPECT_EQ(topo->nodes[i].kv_port, 8100 + i);
   }
@@ -160,7 +160,7 @@ TEST(Topology, MinimalFileTakesEveryDefault) {
   EXPECT_EQ(topo->limits.idle_timeout_ms, 30000);
   EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 5000);
   EXPECT_EQ(topo->limits.max_connections, 1024);
-  EXPECT_EQ(topo->limits.max_connections_per_host, 64);
+  EXPECT_EQ(topo->limits.max_connections_per_address, 64);
   EXPECT_FALSE(topo->http.has_value());
 }
 
@@ -169,17 +169,17 @@ TEST(Topology, HttpKeysAreReadWithTheirDefaults) {
   ASSERT_TRUE(topo) << topo.error().message;
   ASSERT_TRUE(topo->http.has_value());
   EXPECT_EQ(topo->http->port, 8000);
-  EXPECT_EQ(topo->http->host, "127.0.0.1");
+  EXPECT_EQ(topo->http->address, "127.0.0.1");
   EXPECT_EQ(topo->http->drain_timeout_ms, 30000);
   auto every = parse("[http]\nport = 0\nhost = \"::1\"\ndrain_timeout_ms = 1\n" + k_valid);
   ASSERT_TRUE(every) << every.error().message;
   EXPECT_EQ(every->http->port, 0);
-  EXPECT_EQ(every->http->host, "::1");
+  EXPECT_EQ(every->http->address, "::1");
   EXPECT_EQ(every->http->drain_timeout_ms, 1);
   auto upper = parse("[http]\nport = 65535\nhost = \"gateway-1.example\"\ndrain_timeout_ms = 600000\n" + k_valid);
   ASSERT_TRUE(upper) << upper.error().message;
   EXPECT_EQ(upper->http->port, 65535);
-  EXPECT_EQ(upper->http->host, "gateway-1.example");
+  EXPECT_EQ(upper->http->address, "gateway-1.example");
   EXPECT_EQ(upper->http->drain_timeout_ms, 600000);
   // The balancer node's CAF port is taken, but not on another host.
   auto elsewhere = parse("[http]\nport = 7100\nhost = \"0.0.0.0\"\n" + k_valid);
@@ -195,7 +195,7 @@ TEST(Topology, EveryLimitsKeyIsReadAtItsBounds) {
   EXPECT_EQ(topo->limits.idle_timeout_ms, 0);
   EXPECT_EQ(topo->limits.tls_handshake_timeout_ms, 100);
   EXPECT_EQ(topo->limits.max_connections, 1);
-  EXPECT_EQ(topo->limits.max_connections_per_host, 1);
+  EXPECT_EQ(topo->limits.max_connections_per_address, 1);
   auto upper = parse("[limits]\nmax_message_mib = 1\nidle_timeout_ms = 3600000\ntls_handshake_timeout_ms = 600000\n" +
                      k_valid);
   ASSERT_TRUE(upper) << upper.error().message;

@@ -277,12 +277,12 @@ TEST(UcxTransport, CreateOnAPortInUseFailsNamingTheAddress) {
 
 TEST(UcxTransport, CreateRejectsBadInput) {
   ucx_options empty_host;
-  empty_host.host = "";
+  empty_host.address = "";
   auto created = ucx_transport::create(empty_host);
   ASSERT_FALSE(created.has_value());
   EXPECT_EQ(created.error().code, troupe::errc::invalid_argument);
   ucx_options bad_host;
-  bad_host.host = "no.such.host.invalid";
+  bad_host.address = "no.such.host.invalid";
   created = ucx_transport::create(bad_host);
   ASSERT_FALSE(created.has_value());
   EXPECT_NE(created.error().message.find("no.such.host.invalid"), std::string::npos);

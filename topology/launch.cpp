@@ -91,16 +91,16 @@ balance::engine_kind kind_of(engine_role role) {
 template <class Answer, class Atom>
 expected<Answer> ask_node(caf::actor_system& sys, const node_spec& node, int32_t timeout_ms,
                           const std::atomic<bool>* stop, const std::string& what) {
-  const std::string address = node.host + ":" + std::to_string(node.port);
+  const std::string endpoint = node.address + ":" + std::to_string(node.port);
   actors::reach_options ro;
   ro.timeout = std::chrono::milliseconds(timeout_ms);
   ro.stop = stop;
-  spdlog::info("reaching node '{}' at {} for its {} (up to {} ms)", node.name, address, what, timeout_ms);
-  auto remote = actors::reach<actors::node_actor>(sys, node.host, node.port, ro);
+  spdlog::info("reaching node '{}' at {} for its {} (up to {} ms)", node.name, endpoint, what, timeout_ms);
+  auto remote = actors::reach<actors::node_actor>(sys, node.address, node.port, ro);
   if (!remote && remote.error().code == errc::cancelled)
-    return fail(errc::cancelled, "start-up stopped by a signal while reaching node '" + node.name + "' at " + address);
+    return fail(errc::cancelled, "start-up stopped by a signal while reaching node '" + node.name + "' at " + endpoint);
   if (!remote)
-    return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + address + " within " +
+    return fail(errc::unavailable, "cannot reach node '" + node.name + "' at " + endpoint + " within " +
                                        std::to_string(timeout_ms) + " ms: " + remote.error().message);
   actors::check_may_block("asking another node for its engines or expert shards");
   caf::scoped_actor self{sys};
@@ -109,7 +109,7 @@ expected<Answer> ask_node(caf::actor_system& sys, const node_spec& node, int32_t
       .receive([&](Answer& answer) { out = std::move(answer); },
                [&](caf::error& err) {
                  out = fail(errc::unavailable,
-                            "node '" + node.name + "' at " + address + " did not list its " + what + ": " + sys.render(err));
+                            "node '" + node.name + "' at " + endpoint + " did not list its " + what + ": " + sys.render(err));
                });
   return out;
 }
@@ -343,7 +343,7 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
     b.index_on_node = next[e.node]++;
     b.actor = it->second.at(b.index_on_node);
     if (e.node != node_name) {  // another process: reachable again after a restart
-      b.node_host = node.host;
+      b.node_address = node.address;
       b.node_port = node.port;
     }
     b.name = e.name;
@@ -352,7 +352,7 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
     b.max_num_seqs = e.config.scheduler.max_num_seqs;
     b.kv_capacity_tokens = static_cast<int64_t>(e.config.num_kv_blocks) * e.config.block_size;
     b.block_size = e.config.block_size;
-    b.kv_host = node.host;
+    b.kv_address = node.address;
     b.kv_port = node.kv_port;
     b.host_tier = tier_of_node[e.node];
     b.host_tier_blocks = node.host_tier_blocks;
@@ -369,9 +369,11 @@ expected<void> open_ucx(const topology& t, const node_spec& node, launched_node&
   const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
                                        [&](const engine_spec& e) { return e.node == node.name; });
   if (t.kv_transfer != kv_transfer_kind::ucx || !has_engines) return {};
-  transport::ucx_options ucx_options{node.host, node.kv_port};
+  transport::ucx_options ucx_options;
+  ucx_options.address = node.address;
+  ucx_options.port = node.kv_port;
   ucx_options.max_message_bytes = node_network_limits(t).max_message_bytes;
-  for (const node_spec& n : t.nodes) ucx_options.allowed_peers.push_back(n.host);
+  for (const node_spec& n : t.nodes) ucx_options.allowed_peers.push_back(n.address);
   auto ucx = transport::ucx_transport::create(ucx_options);
   if (!ucx) return fail(ucx.error().code, "node '" + node.name + "': " + ucx.error().message);
   out.ucx = std::move(*ucx);
@@ -528,10 +530,10 @@ expected<uint16_t> publish_node(caf::actor_system& sys, const topology& t, const
   TROUPE_ASSERT(spec != nullptr);
   TROUPE_ASSERT(actors::uses_tls(sys) == !t.tls_ca.empty());
   // The balancer's front where it runs, else the node actor; each with its typed interface.
-  auto port = node.front ? actors::publish_actor(sys, node.front, spec->port, spec->host)
-                         : actors::publish_actor(sys, node.node_actor, spec->port, spec->host);
+  auto port = node.front ? actors::publish_actor(sys, node.front, spec->port, spec->address)
+                         : actors::publish_actor(sys, node.node_actor, spec->port, spec->address);
   if (!port)
-    return fail(errc::io_error, "cannot listen on " + spec->host + ":" + std::to_string(spec->port) + ": " +
+    return fail(errc::io_error, "cannot listen on " + spec->address + ":" + std::to_string(spec->port) + ": " +
                                     port.error().message);
   return *port;
 }
@@ -563,7 +565,7 @@ actors::network_limits node_network_limits(const topology& t) {
   out.idle_timeout_ms = t.limits.idle_timeout_ms;
   out.tls_handshake_timeout_ms = t.limits.tls_handshake_timeout_ms;
   out.max_connections = t.limits.max_connections;
-  out.max_connections_per_host = t.limits.max_connections_per_host;
+  out.max_connections_per_address = t.limits.max_connections_per_address;
   return out;
 }
 
@@ -611,7 +613,7 @@ topology single_node(const std::string& model_path, const std::string& tokenizer
   t.cluster_name = "local";
   node_spec node;
   node.name = "local";
-  node.host = "127.0.0.1";
+  node.address = "127.0.0.1";
   t.nodes.push_back(node);
   engine_spec e;
   e.name = "engine0";

@@ -324,9 +324,9 @@ struct scope {
   auto name = read_string(ctx, table, where, "name");
   if (!name) return tl::unexpected(name.error());
   node.name = *name;
-  auto host = read_string(ctx, table, where, "host");
-  if (!host) return tl::unexpected(host.error());
-  node.host = *host;
+  auto address = read_string(ctx, table, where, "host");
+  if (!address) return tl::unexpected(address.error());
+  node.address = *address;
   auto port = read_int(ctx, table, where, "port", std::nullopt, 1, port_max);
   if (!port) return tl::unexpected(port.error());
   node.port = static_cast<uint16_t>(*port);
@@ -371,7 +371,7 @@ struct listener {
                    line_of_key(table, kv_port_explicit ? "kv_port" : "port")}};
 }
 
-/// `host:port` is taken: say by which node's which listener, and where that was set. A clash
+/// `address:port` is taken: say by which node's which listener, and where that was set. A clash
 /// of ports keeps the older message's form; a kv_port clash says it is about the kv_port.
 [[nodiscard]] tl::unexpected<error> address_in_use(const context& ctx, const listener& mine,
                                                    std::string_view label, const node_spec& node,
@@ -379,7 +379,7 @@ struct listener {
   const bool is_port = std::string_view(mine.what) == "port";
   const std::string which = is_port ? "" : " (" + std::string(mine.what) + ")";
   return malformed(ctx, mine.line, label,
-                   "address " + node.host + ":" + std::to_string(mine.port) + which +
+                   "address " + node.address + ":" + std::to_string(mine.port) + which +
                        " is already used by node " + in_quotes(node.name) + " (its " +
                        theirs.what + ", line " + std::to_string(theirs.line) + ")");
 }
@@ -388,7 +388,7 @@ struct listener {
 [[nodiscard]] expected<void> check_addresses(const context& ctx, const node_spec& node,
                                              const toml::table& table, const node_spec& other,
                                              const toml::table& other_table) {
-  if (node.host != other.host) return {};
+  if (node.address != other.address) return {};
   const std::array<listener, 2> mine = listeners_of(node, table);
   const std::array<listener, 2> theirs = listeners_of(other, other_table);
   for (const listener& m : mine) {
@@ -408,7 +408,7 @@ struct listener {
   return address_in_use(ctx, own[1], "node " + in_quotes(node.name), node, own[0]);
 }
 
-/// Every [[node]]: at least one, unique names, unique (host, port) and (host, kv_port).
+/// Every [[node]]: at least one, unique names, unique (address, port) and (address, kv_port).
 [[nodiscard]] expected<std::vector<node_spec>> read_nodes(const context& ctx,
                                                           const toml::table& root, bool tls) {
   auto tables = read_tables(ctx, root, "node");
@@ -909,9 +909,9 @@ struct listener {
   auto connections = read_int(ctx, **table, where, "max_connections", limits.max_connections, 1);
   if (!connections) return tl::unexpected(connections.error());
   limits.max_connections = *connections;
-  auto per_host = read_int(ctx, **table, where, "max_connections_per_host", limits.max_connections_per_host, 1);
+  auto per_host = read_int(ctx, **table, where, "max_connections_per_host", limits.max_connections_per_address, 1);
   if (!per_host) return tl::unexpected(per_host.error());
-  limits.max_connections_per_host = *per_host;
+  limits.max_connections_per_address = *per_host;
   return {};
 }
 
@@ -955,8 +955,8 @@ struct listener {
 }
 
 /// Letters, digits, '.', '-' and ':' (IPv6): what a host name or an IP address is made of.
-[[nodiscard]] bool is_host_text(std::string_view host) {
-  return std::all_of(host.begin(), host.end(), [](char c) {
+[[nodiscard]] bool is_host_text(std::string_view address) {
+  return std::all_of(address.begin(), address.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '-' || c == ':';
   });
 }
@@ -971,12 +971,12 @@ struct listener {
   if (auto ok = check_known_keys(ctx, **table, where, {"port", "host", "drain_timeout_ms"}); !ok)
     return tl::unexpected(ok.error());
   http_spec http;
-  auto host = read_string(ctx, **table, where, "host", http.host);
-  if (!host) return tl::unexpected(host.error());
-  if (!is_host_text(*host))
+  auto address = read_string(ctx, **table, where, "host", http.address);
+  if (!address) return tl::unexpected(address.error());
+  if (!is_host_text(*address))
     return malformed(ctx, line_of_key(**table, "host"), where.label,
-                     "key 'host' must be a host name or an IP address, got " + in_quotes(*host));
-  http.host = *host;
+                     "key 'host' must be a host name or an IP address, got " + in_quotes(*address));
+  http.address = *address;
   auto port = read_int(ctx, **table, where, "port", std::nullopt, 0, port_max);
   if (!port) return tl::unexpected(port.error());
   http.port = static_cast<uint16_t>(*port);
@@ -985,9 +985,9 @@ struct listener {
   http.drain_timeout_ms = *drain;
   const node_spec* node = result.find_node(result.load_balancer.node);
   TROUPE_ASSERT(node != nullptr);
-  if (http.port != 0 && http.host == node->host && (http.port == node->port || http.port == node->kv_port))
+  if (http.port != 0 && http.address == node->address && (http.port == node->port || http.port == node->kv_port))
     return malformed(ctx, line_of_key(**table, "port"), where.label,
-                     "address " + http.host + ":" + std::to_string(http.port) + " is already used by node " +
+                     "address " + http.address + ":" + std::to_string(http.port) + " is already used by node " +
                          in_quotes(node->name) + " (its " + (http.port == node->port ? "port" : "kv_port") +
                          "), which runs the load balancer and so the HTTP gateway");
   result.http = std::move(http);
@@ -1080,9 +1080,9 @@ struct listener {
 
 }  // namespace
 
-bool is_loopback(std::string_view host) {
-  if (host == "localhost") return true;
-  const std::string text(host);  // inet_pton reads a C string, the whole of it
+bool is_loopback(std::string_view address) {
+  if (address == "localhost") return true;
+  const std::string text(address);  // inet_pton reads a C string, the whole of it
   in_addr v4{};
   if (::inet_pton(AF_INET, text.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
   in6_addr v6{};
@@ -1092,11 +1092,11 @@ bool is_loopback(std::string_view host) {
 
 expected<port_security> check_port_security(const topology& t, bool insecure) {
   if (!t.tls_ca.empty()) return port_security::tls;
-  auto elsewhere = std::find_if(t.nodes.begin(), t.nodes.end(), [](const node_spec& n) { return !is_loopback(n.host); });
+  auto elsewhere = std::find_if(t.nodes.begin(), t.nodes.end(), [](const node_spec& n) { return !is_loopback(n.address); });
   if (elsewhere == t.nodes.end()) return port_security::plaintext_loopback;
   if (insecure) return port_security::plaintext_insecure;
   return fail(errc::invalid_argument,
-              "node " + in_quotes(elsewhere->name) + " listens on " + elsewhere->host +
+              "node " + in_quotes(elsewhere->name) + " listens on " + elsewhere->address +
                   ", not a loopback address, and the topology has no [tls] table: anyone who reaches the port "
                   "could join the cluster. Add [tls] with a certificate per node (troupe certs makes them; "
                   "docs/security.md), or pass --insecure on a network you trust");

@@ -55,8 +55,8 @@
 ///   host = "127.0.0.1"                 #   required, non-empty
 ///   port = 7100                        #   required, 1..65535
 ///   kv_port = 8100                     #   optional, 1..65535, default port + 1000: the UCX
-///                                      #   listener (kv_transfer = "ucx"); every (host, port)
-///                                      #   and (host, kv_port) is unique across all nodes
+///                                      #   listener (kv_transfer = "ucx"); every (address, port)
+///                                      #   and (address, kv_port) is unique across all nodes
 ///   host_tier_blocks = 0               #   optional, >= 0, default 0 (none): a host-memory KV
 ///                                      #   cache tier of this many blocks, shared by the node's
 ///                                      #   engines (which must then run one model and block size)
@@ -175,9 +175,9 @@ namespace troupe::topology {
 /// One process of the cluster and the address its actors are published at.
 struct node_spec {
   std::string name;
-  std::string host;
+  std::string address;
   uint16_t port = 0;
-  uint16_t kv_port = 0;  ///< UCX listener on `host` (kv_transfer = ucx); parsed default port + 1000
+  uint16_t kv_port = 0;  ///< UCX listener on `address` (kv_transfer = ucx); parsed default port + 1000
   std::string certificate;  ///< PEM, absolute; set exactly when the topology has [tls]
   std::string key;          ///< the certificate's private key (PEM, absolute); set with `certificate`
   /// The node's host-memory cache tier (docs/kv-tiers.md): capacity in KV blocks, shared by the
@@ -253,7 +253,7 @@ struct limits_spec {
   int32_t idle_timeout_ms = 30000;       ///< a silent cluster connection is closed; 0 = never, else >= 1000
   int32_t tls_handshake_timeout_ms = 5000;  ///< an accepted TLS handshake still pending is closed
   int32_t max_connections = 1024;         ///< connections a node accepts in all, >= 1
-  int32_t max_connections_per_host = 64;  ///< connections a node accepts from one address, >= 1
+  int32_t max_connections_per_address = 64;  ///< connections a node accepts from one address, >= 1
 };
 
 /// [gateway]: what one client may make the HTTP and msgpack gateways hold (gateway::edge_limits,
@@ -272,7 +272,7 @@ struct gateway_spec {
 
 /// [http]: the OpenAI-compatible HTTP gateway on the load balancer's node (docs/http.md).
 struct http_spec {
-  std::string host = "127.0.0.1";     ///< a host name or IP address
+  std::string address = "127.0.0.1";     ///< a host name or IP address
   uint16_t port = 0;                   ///< 0: any free port (the bound one is printed)
   int32_t drain_timeout_ms = 30000;    ///< how long a stop waits for the requests in flight
 };
@@ -304,9 +304,9 @@ enum class port_security {
   plaintext_insecure,  ///< no [tls], some node elsewhere, started with --insecure
 };
 
-/// Whether `host` is a loopback address: an IPv4 address in 127.0.0.0/8, ::1 (or an IPv4-mapped
+/// Whether `address` is a loopback address: an IPv4 address in 127.0.0.0/8, ::1 (or an IPv4-mapped
 /// ::ffff:127.x.y.z), or the name localhost. Parsed as an address: "127.evil.example" is not.
-[[nodiscard]] bool is_loopback(std::string_view host);
+[[nodiscard]] bool is_loopback(std::string_view address);
 
 /// The rule for starting a node (or `up`): TLS when the topology has [tls]; without it,
 /// plaintext only when every node's host is a loopback address or `insecure` is set. Error

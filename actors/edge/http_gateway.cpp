@@ -310,7 +310,7 @@ void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<h
 expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, gateway_options options) {
   auto state = std::make_unique<impl>(sys, std::move(options));
   impl& s = *state;
-  http_server_options o{s.options.host, s.options.port, s.options.body_bytes_max, s.options.num_threads, s.options.limits,
+  http_server_options o{s.options.address, s.options.port, s.options.body_bytes_max, s.options.num_threads, s.options.limits,
                         s.options.stop_timeout};
   auto server = http_server::start(std::move(o), [&s](const http_request& req, const std::shared_ptr<http_response>& res) {
     s.handle(req, res);

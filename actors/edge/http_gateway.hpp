@@ -30,7 +30,7 @@
 namespace troupe::gateway {
 
 struct gateway_options {
-  std::string host = "127.0.0.1";
+  std::string address = "127.0.0.1";
   uint16_t port = 0;                ///< 0: any free port (`http_gateway::port` says which)
   openai::served_model model;
   int64_t num_kv_blocks_total = 0;  ///< the local engines' KV pools, for /metrics
@@ -50,7 +50,7 @@ struct gateway_options {
 
 class http_gateway {
  public:
-  /// Listens on host:port, starting (completions are 503s until `serve`), on threads of its own
+  /// Listens on address:port, starting (completions are 503s until `serve`), on threads of its own
   /// until destroyed. Errors: invalid_argument for bad options, io_error naming the address that
   /// cannot be bound.
   [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, gateway_options options);

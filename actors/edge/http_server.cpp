@@ -519,8 +519,8 @@ expected<std::unique_ptr<http_server>> http_server::start(http_server_options op
   if (auto ok = check_edge_limits(options.limits); !ok) return tl::unexpected(ok.error());
   auto state = std::make_unique<impl>(std::move(options), std::move(handler));
   impl& s = *state;
-  const int fd = listen_on(s.options.host, s.options.port);
-  if (fd < 0) return fail(errc::io_error, "cannot listen for HTTP on " + s.options.host + ":" + std::to_string(s.options.port));
+  const int fd = listen_on(s.options.address, s.options.port);
+  if (fd < 0) return fail(errc::io_error, "cannot listen for HTTP on " + s.options.address + ":" + std::to_string(s.options.port));
   s.port = bound_port(fd);
   sockaddr_storage address{};
   socklen_t size = sizeof address;

@@ -91,7 +91,7 @@ class http_response {
 using http_handler = std::function<void(const http_request&, const std::shared_ptr<http_response>&)>;
 
 struct http_server_options {
-  std::string host = "127.0.0.1";
+  std::string address = "127.0.0.1";
   uint16_t port = 0;  ///< 0: any free port
   size_t body_bytes_max = 1 << 20;
   int32_t num_workers = 4;  ///< threads running handlers (a handler may block, e.g. /metrics)
@@ -102,7 +102,7 @@ struct http_server_options {
 
 class http_server {
  public:
-  /// Listens on host:port and serves with `handler` until destroyed. Errors: io_error naming the
+  /// Listens on address:port and serves with `handler` until destroyed. Errors: io_error naming the
   /// address that cannot be bound, invalid_argument for bad options.
   [[nodiscard]] static expected<std::unique_ptr<http_server>> start(http_server_options options, http_handler handler);
   /// Stops accepting, lets the responses in progress end and be written (stop_timeout at most),

@@ -8,13 +8,13 @@
 
 namespace troupe::gateway {
 
-int listen_on(const std::string& host, uint16_t port) {
+int listen_on(const std::string& address, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
+  if (::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return -1;
   int fd = -1;
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
     fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -35,9 +35,9 @@ std::string peer_address(int fd) {
   socklen_t len = sizeof addr;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
   char text[INET6_ADDRSTRLEN] = {};
-  const void* host = addr.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
+  const void* address = addr.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
                                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
-  return ::inet_ntop(addr.ss_family, host, text, sizeof text) ? std::string(text) : std::string();
+  return ::inet_ntop(addr.ss_family, address, text, sizeof text) ? std::string(text) : std::string();
 }
 
 void send_now(int fd, const std::string& bytes) {

@@ -7,9 +7,9 @@
 
 namespace troupe::gateway {
 
-/// A listening socket on host:port (IPv4 or IPv6, as `host` resolves; SO_REUSEADDR, backlog
+/// A listening socket on address:port (IPv4 or IPv6, as `address` resolves; SO_REUSEADDR, backlog
 /// SOMAXCONN), or -1.
-[[nodiscard]] int listen_on(const std::string& host, uint16_t port);
+[[nodiscard]] int listen_on(const std::string& address, uint16_t port);
 
 /// The numeric address of the peer of the connected socket `fd` ("" if unknown): what the
 /// gateways count connections and requests by (edge_limits).

@@ -423,9 +423,9 @@ expected<std::unique_ptr<msgpack_gateway>> msgpack_gateway::start(caf::actor_sys
   if (auto ok = check_edge_limits(options.limits); !ok) return tl::unexpected(ok.error());
   auto state = std::make_unique<impl>(sys, std::move(load_balancer), std::move(options));
   impl& s = *state;
-  s.listen_fd = listen_on(s.options.host, s.options.port);
+  s.listen_fd = listen_on(s.options.address, s.options.port);
   if (s.listen_fd < 0)
-    return fail(errc::io_error, "cannot listen for msgpack on " + s.options.host + ":" + std::to_string(s.options.port));
+    return fail(errc::io_error, "cannot listen for msgpack on " + s.options.address + ":" + std::to_string(s.options.port));
   s.port = bound_port(s.listen_fd);
   s.acceptor = std::thread([&s] { s.accept_connections(); });
   return std::unique_ptr<msgpack_gateway>(new msgpack_gateway(std::move(state)));

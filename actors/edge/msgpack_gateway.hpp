@@ -34,7 +34,7 @@
 namespace troupe::gateway {
 
 struct msgpack_options {
-  std::string host = "127.0.0.1";
+  std::string address = "127.0.0.1";
   uint16_t port = 0;                 ///< 0: any free port (`msgpack_gateway::port` says which)
   size_t frame_bytes_max = 1 << 20;  ///< a longer frame is answered with an error, then closed
   actors::client_timeouts timeouts;
@@ -45,7 +45,7 @@ struct msgpack_options {
 
 class msgpack_gateway {
  public:
-  /// Listens on host:port and serves on threads of its own until destroyed. Errors:
+  /// Listens on address:port and serves on threads of its own until destroyed. Errors:
   /// invalid_argument without a load balancer, io_error naming the address that cannot be bound.
   [[nodiscard]] static expected<std::unique_ptr<msgpack_gateway>> start(caf::actor_system& sys,
                                                                         actors::balancer_client_actor load_balancer,

@@ -34,32 +34,32 @@ constexpr int busy_wait_guard_ms = 1;
 /// How long shutdown waits for outstanding requests to drain after cancelling them.
 constexpr auto shutdown_guard = std::chrono::seconds(5);
 
-std::string address_string(const std::string& host, uint16_t port) {
-  return host + ":" + std::to_string(port);
+std::string address_string(const std::string& address, uint16_t port) {
+  return address + ":" + std::to_string(port);
 }
 
 /// IPv4 only: the cluster speaks IPv4 and getaddrinfo keeps host names working.
-troupe::expected<sockaddr_in> resolve(const std::string& host, uint16_t port) {
+troupe::expected<sockaddr_in> resolve(const std::string& address, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  int rc = ::getaddrinfo(address.c_str(), nullptr, &hints, &found);
   if (rc != 0 || found == nullptr) {
     return troupe::fail(troupe::errc::invalid_argument,
-                        "UCX: cannot resolve '" + host + "': " + ::gai_strerror(rc));
+                        "UCX: cannot resolve '" + address + "': " + ::gai_strerror(rc));
   }
-  sockaddr_in address{};
-  std::memcpy(&address, found->ai_addr, sizeof(address));
+  sockaddr_in resolved{};
+  std::memcpy(&resolved, found->ai_addr, sizeof(resolved));
   ::freeaddrinfo(found);
-  address.sin_port = htons(port);
-  return address;
+  resolved.sin_port = htons(port);
+  return resolved;
 }
 
 /// A connection to one peer. The error handler only marks it; the progress loop closes it.
 struct endpoint {
   ucp_ep_h ep = nullptr;
-  std::string address;  ///< "host:port" of the peer; "" for endpoints the listener accepted
+  std::string address;  ///< "address:port" of the peer; "" for endpoints the listener accepted
   bool failed = false;
   ucs_status_t failure = UCS_OK;
 };
@@ -73,7 +73,7 @@ void on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) {
 /// A send or receive that the progress thread has not handed to UCX yet.
 struct queued_op {
   bool is_send = false;
-  std::string host;
+  std::string address;
   uint16_t port = 0;
   uint64_t tag = 0;
   std::vector<uint8_t> bytes;
@@ -100,7 +100,7 @@ class ucx_transport::impl {
   /// callback only records the status (it may run inside the submitting call); the loop then
   /// frees the request and queues the user's callback.
   struct in_flight {
-    std::string what;  ///< for error messages: "send to host:port" / "receive of tag N"
+    std::string what;  ///< for error messages: "send to address:port" / "receive of tag N"
     std::vector<uint8_t> bytes;
     uint64_t refused_length = 0;  ///< a receive of a message longer than max_message_bytes: its length
     send_callback send_done;
@@ -113,14 +113,14 @@ class ucx_transport::impl {
   troupe::expected<void> open_context(const std::string& tls);
   troupe::expected<void> resolve_allowed(const std::vector<std::string>& hosts);
   [[nodiscard]] bool allowed(ucp_conn_request_h request) const;
-  troupe::expected<void> open_listener(const std::string& host, uint16_t port);
+  troupe::expected<void> open_listener(const std::string& address, uint16_t port);
 
   void run();
   bool take_queued(std::vector<queued_op>& ops);
   void submit_send(queued_op op);
   bool match_waiting_receives();
   void receive_probed(queued_op op, ucp_tag_message_h message, size_t length);
-  endpoint* connect(const std::string& host, uint16_t port, std::string& error);
+  endpoint* connect(const std::string& address, uint16_t port, std::string& error);
   void accept(ucp_conn_request_h request);
   void reap_failed_endpoints();
   void close_endpoint(std::unique_ptr<endpoint> peer);
@@ -151,7 +151,7 @@ class ucx_transport::impl {
   bool stopped_ = false;
 
   // Progress thread only.
-  std::map<std::string, std::unique_ptr<endpoint>> client_endpoints_;  // key "host:port"
+  std::map<std::string, std::unique_ptr<endpoint>> client_endpoints_;  // key "address:port"
   std::vector<std::unique_ptr<endpoint>> server_endpoints_;
   std::vector<std::pair<void*, std::unique_ptr<endpoint>>> closing_;  // close request, peer
   std::deque<queued_op> waiting_receives_;  // posted by the caller, no message matched yet
@@ -166,20 +166,20 @@ class ucx_transport::impl {
 // ---- set-up and teardown ---------------------------------------------------------------------
 
 troupe::expected<void> ucx_transport::impl::open(const ucx_options& options) {
-  if (options.host.empty()) {
+  if (options.address.empty()) {
     return troupe::fail(troupe::errc::invalid_argument, "UCX: listen host must not be empty");
   }
   max_message_bytes_ = options.max_message_bytes;
   if (auto resolved = resolve_allowed(options.allowed_peers); !resolved) return resolved;
   if (auto opened = open_context(options.tls); !opened) return opened;
-  return open_listener(options.host, options.port);
+  return open_listener(options.address, options.port);
 }
 
 troupe::expected<void> ucx_transport::impl::resolve_allowed(const std::vector<std::string>& hosts) {
-  for (const std::string& host : hosts) {
-    auto address = resolve(host, 0);
-    if (!address) return tl::unexpected(address.error());
-    allowed_peers_.push_back(address->sin_addr.s_addr);
+  for (const std::string& address : hosts) {
+    auto peer_address = resolve(address, 0);
+    if (!peer_address) return tl::unexpected(peer_address.error());
+    allowed_peers_.push_back(peer_address->sin_addr.s_addr);
   }
   return {};
 }
@@ -228,21 +228,21 @@ troupe::expected<void> ucx_transport::impl::open_context(const std::string& tls)
   return {};
 }
 
-troupe::expected<void> ucx_transport::impl::open_listener(const std::string& host,
+troupe::expected<void> ucx_transport::impl::open_listener(const std::string& address,
                                                           uint16_t port) {
-  auto address = resolve(host, port);
-  if (!address) return tl::unexpected(address.error());
+  auto listen_address = resolve(address, port);
+  if (!listen_address) return tl::unexpected(listen_address.error());
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*address);
-  params.sockaddr.addrlen = sizeof(*address);
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*listen_address);
+  params.sockaddr.addrlen = sizeof(*listen_address);
   params.conn_handler.cb = &impl::on_connection_request;
   params.conn_handler.arg = this;
   ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
   if (status != UCS_OK) {
     listener_ = nullptr;
     return troupe::fail(troupe::errc::io_error, "UCX: cannot listen on " +
-                                                    address_string(host, port) + ": " +
+                                                    address_string(address, port) + ": " +
                                                     ucs_status_string(status));
   }
   ucp_listener_attr_t attr{};
@@ -250,7 +250,7 @@ troupe::expected<void> ucx_transport::impl::open_listener(const std::string& hos
   status = ucp_listener_query(listener_, &attr);
   if (status != UCS_OK || attr.sockaddr.ss_family != AF_INET) {
     return troupe::fail(troupe::errc::internal, "UCX: cannot query the listener on " +
-                                                    address_string(host, port));
+                                                    address_string(address, port));
   }
   port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
   TROUPE_ASSERT(port_ != 0);
@@ -416,7 +416,7 @@ void ucx_transport::impl::finish(in_flight& op) {
 
 void ucx_transport::impl::submit_send(queued_op op) {
   std::string error;
-  endpoint* peer = connect(op.host, op.port, error);
+  endpoint* peer = connect(op.address, op.port, error);
   if (peer == nullptr) {
     completions_.push_back([done = std::move(op.send_done), error] {
       done(troupe::fail(troupe::errc::io_error, error));
@@ -424,7 +424,7 @@ void ucx_transport::impl::submit_send(queued_op op) {
     return;
   }
   auto& flight = *in_flight_.emplace_back(std::make_unique<in_flight>());
-  flight.what = "send to " + address_string(op.host, op.port);
+  flight.what = "send to " + address_string(op.address, op.port);
   flight.bytes = std::move(op.bytes);
   flight.send_done = std::move(op.send_done);
   ucp_request_param_t param{};
@@ -435,20 +435,20 @@ void ucx_transport::impl::submit_send(queued_op op) {
                                      &param));
 }
 
-/// The cached endpoint to host:port, created on first use; nullptr with `error` set if UCX
+/// The cached endpoint to address:port, created on first use; nullptr with `error` set if UCX
 /// refuses at once (an unreachable peer usually shows up later, through the error handler).
-endpoint* ucx_transport::impl::connect(const std::string& host, uint16_t port,
+endpoint* ucx_transport::impl::connect(const std::string& address, uint16_t port,
                                        std::string& error) {
-  std::string address = address_string(host, port);
-  auto found = client_endpoints_.find(address);
+  std::string peer_address = address_string(address, port);
+  auto found = client_endpoints_.find(peer_address);
   if (found != client_endpoints_.end()) return found->second.get();
-  auto socket_address = resolve(host, port);
+  auto socket_address = resolve(address, port);
   if (!socket_address) {
     error = socket_address.error().message;
     return nullptr;
   }
   auto peer = std::make_unique<endpoint>();
-  peer->address = address;
+  peer->address = peer_address;
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -460,11 +460,11 @@ endpoint* ucx_transport::impl::connect(const std::string& host, uint16_t port,
   params.err_handler.arg = peer.get();
   ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
   if (status != UCS_OK) {
-    error = "UCX: cannot connect to " + address + ": " + ucs_status_string(status);
+    error = "UCX: cannot connect to " + peer_address + ": " + ucs_status_string(status);
     return nullptr;
   }
   endpoint* result = peer.get();
-  client_endpoints_.emplace(address, std::move(peer));
+  client_endpoints_.emplace(peer_address, std::move(peer));
   return result;
 }
 
@@ -600,7 +600,7 @@ void ucx_transport::impl::shutdown() {
   for (auto& op : in_flight_) {
     if (op->receive_done && !op->completed) ucp_request_cancel(worker_, op->request);
   }
-  for (auto& [address, peer] : client_endpoints_) close_endpoint(std::move(peer));
+  for (auto& [peer_address, peer] : client_endpoints_) close_endpoint(std::move(peer));
   client_endpoints_.clear();
   for (auto& peer : server_endpoints_) close_endpoint(std::move(peer));
   server_endpoints_.clear();
@@ -634,12 +634,12 @@ ucx_transport::~ucx_transport() = default;
 
 uint16_t ucx_transport::port() const { return impl_->port(); }
 
-void ucx_transport::send(const std::string& host, uint16_t port, uint64_t tag,
+void ucx_transport::send(const std::string& address, uint16_t port, uint64_t tag,
                          std::vector<uint8_t> bytes, send_callback done) {
   TROUPE_ASSERT(done != nullptr);
   queued_op op;
   op.is_send = true;
-  op.host = host;
+  op.address = address;
   op.port = port;
   op.tag = tag;
   op.bytes = std::move(bytes);

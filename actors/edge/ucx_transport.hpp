@@ -18,7 +18,7 @@
 namespace troupe::transport {
 
 struct ucx_options {
-  std::string host = "127.0.0.1";   ///< address the listener binds to
+  std::string address = "127.0.0.1";   ///< address the listener binds to
   uint16_t port = 0;                ///< 0 = pick a free port (see `ucx_transport::port()`)
   std::string tls = "tcp,shm,self"; ///< UCX_TLS for this context; "" = UCX_TLS env or default
   /// The largest message it receives: one announced longer is refused (its bytes discarded,
@@ -51,10 +51,10 @@ class ucx_transport final : public kv_sender {
   /// The port the listener is bound to (the picked one when `options.port` was 0).
   [[nodiscard]] uint16_t port() const;
 
-  /// Sends `bytes` tagged `tag` to the transport listening at host:port. The endpoint is
-  /// created on first use and cached per (host, port); a failed one is dropped and re-created
-  /// by the next send. An unreachable peer gives an error naming "host:port".
-  void send(const std::string& host, uint16_t port, uint64_t tag, std::vector<uint8_t> bytes,
+  /// Sends `bytes` tagged `tag` to the transport listening at address:port. The endpoint is
+  /// created on first use and cached per (address, port); a failed one is dropped and re-created
+  /// by the next send. An unreachable peer gives an error naming "address:port".
+  void send(const std::string& address, uint16_t port, uint64_t tag, std::vector<uint8_t> bytes,
             send_callback done) override;
 
   /// Receives the next message tagged `tag`, of any size (0 B included), whether it arrived

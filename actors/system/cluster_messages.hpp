@@ -66,7 +66,7 @@ struct placement {
   actors::engine_actor decode;
   std::string prefill_name;    ///< "engine 'prefill0' on node 'node0'", for error messages
   std::string decode_name;
-  std::string kv_host;         ///< the decode node's UCX listener (kv_transfer = "ucx")
+  std::string kv_address;         ///< the decode node's UCX listener (kv_transfer = "ucx")
   uint16_t kv_port = 0;
   std::string error;
   /// The cache tier (an index of report_to::cache_tiers) the engine computing the prompt is to
@@ -76,20 +76,20 @@ struct placement {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
-  return f(x.prefill, x.decode, x.prefill_name, x.decode_name, x.kv_host, x.kv_port, x.error, x.cache_tier);
+  return f(x.prefill, x.decode, x.prefill_name, x.decode_name, x.kv_address, x.kv_port, x.error, x.cache_tier);
 }
 
 /// Request -> prefill engine: compute the prompt's KV, then hand the request to `decode`.
 struct submit_prefill {
   engine::request request;
   actors::engine_actor decode;
-  std::string kv_host;  ///< where `decode`'s node receives UCX transfers
+  std::string kv_address;  ///< where `decode`'s node receives UCX transfers
   uint16_t kv_port = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_prefill& x) {
-  return f(x.request, x.decode, x.kv_host, x.kv_port);
+  return f(x.request, x.decode, x.kv_address, x.kv_port);
 }
 
 /// Prefill engine -> request: the prompt's KV is on its way to the decode engine.

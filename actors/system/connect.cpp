@@ -29,10 +29,10 @@ std::string describe(caf::actor_system& sys, const caf::error& err) {
 }
 
 /// One answer from the middleman within `wait`: the actor, an error, or nothing yet.
-std::optional<expected<reached_actor>> ask_middleman(caf::scoped_actor& self, const std::string& host, uint16_t port,
+std::optional<expected<reached_actor>> ask_middleman(caf::scoped_actor& self, const std::string& address, uint16_t port,
                                                   std::chrono::milliseconds wait) {
   std::optional<expected<reached_actor>> out;
-  self->request(network_actor(self->system()), wait, caf::connect_atom::value, host, port)
+  self->request(network_actor(self->system()), wait, caf::connect_atom::value, address, port)
       .receive(
           [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& interface) {
             if (ptr)
@@ -57,12 +57,12 @@ caf::io::middleman_actor network_actor(caf::actor_system& sys) {
 }
 
 expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
-                                 std::set<std::string> interface, uint16_t port, const std::string& host) {
+                                 std::set<std::string> interface, uint16_t port, const std::string& address) {
   TROUPE_ASSERT(whom != nullptr);
   check_may_block("publish_actor");
   caf::scoped_actor self{sys};
   expected<uint16_t> out = fail(errc::io_error, "no answer");
-  self->request(network_actor(sys), caf::infinite, caf::publish_atom::value, port, whom, std::move(interface), host,
+  self->request(network_actor(sys), caf::infinite, caf::publish_atom::value, port, whom, std::move(interface), address,
                 true)
       .receive([&](uint16_t bound) { out = bound; },
                [&](caf::error& err) { out = fail(errc::io_error, sys.render(err)); });
@@ -77,7 +77,7 @@ void unpublish_actor(caf::actor_system& sys, const caf::actor_addr& whom, uint16
       .receive([] {}, [](caf::error&) {});
 }
 
-expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& host, uint16_t port,
+expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& address, uint16_t port,
                                   const reach_options& options) {
   check_may_block("reach_any");
   const auto deadline = clock_type::now() + options.timeout;
@@ -89,7 +89,7 @@ expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& hos
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock_type::now());
     if (left.count() <= 0) return fail(errc::unavailable, last_error);
     // In slices, so that `stop` is seen promptly.
-    auto answer = ask_middleman(self, host, port, std::min(left, poll_interval));
+    auto answer = ask_middleman(self, address, port, std::min(left, poll_interval));
     if (!answer) {
       last_error = no_handshake;
       continue;

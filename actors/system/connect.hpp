@@ -37,16 +37,16 @@ struct reach_options {
 /// with `connect_atom` without blocking).
 [[nodiscard]] caf::io::middleman_actor network_actor(caf::actor_system& sys);
 
-/// Listens at host:port (0 = any free port) for connections that may reach `whom`; returns the
+/// Listens at address:port (0 = any free port) for connections that may reach `whom`; returns the
 /// bound port. Error: io_error with CAF's reason (the caller names the address).
 [[nodiscard]] expected<uint16_t> publish_actor(caf::actor_system& sys, const caf::strong_actor_ptr& whom,
                                                std::set<std::string> interface, uint16_t port,
-                                               const std::string& host);
+                                               const std::string& address);
 
 template <class Handle>
 [[nodiscard]] expected<uint16_t> publish_actor(caf::actor_system& sys, const Handle& whom, uint16_t port,
-                                               const std::string& host) {
-  return publish_actor(sys, caf::actor_cast<caf::strong_actor_ptr>(whom), sys.message_types(whom), port, host);
+                                               const std::string& address) {
+  return publish_actor(sys, caf::actor_cast<caf::strong_actor_ptr>(whom), sys.message_types(whom), port, address);
 }
 
 /// Stops listening at `port` for `whom`; waits for the middleman's answer, ignores errors (the
@@ -58,22 +58,22 @@ struct reached_actor {
   std::set<std::string> interface;  ///< CAF's names of the messages its typed interface accepts
 };
 
-/// The actor published at host:port. Errors (the message says why, without the address):
+/// The actor published at address:port. Errors (the message says why, without the address):
 /// `unavailable` when the timeout passed (a refused connection, a failed TLS handshake, or a
 /// handshake that never completed), `io_error` for a refused connection or a failed handshake
 /// without retry, `not_found` when nothing is
 /// published there, `cancelled` when `stop` was set. Blocks the calling thread (not for the
 /// deterministic test scheduler); the bound holds to within ~100 ms.
-[[nodiscard]] expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& host, uint16_t port,
+[[nodiscard]] expected<reached_actor> reach_any(caf::actor_system& sys, const std::string& address, uint16_t port,
                                                 const reach_options& options);
 
-/// The actor published at host:port as a `Handle` (a typed interface of actors/system/protocols.hpp):
+/// The actor published at address:port as a `Handle` (a typed interface of actors/system/protocols.hpp):
 /// reach_any's errors, and `invalid_argument` when the published actor does not accept every
 /// message of `Handle` (another kind of troupe process, or another version of troupe).
 template <class Handle>
-[[nodiscard]] expected<Handle> reach(caf::actor_system& sys, const std::string& host, uint16_t port,
+[[nodiscard]] expected<Handle> reach(caf::actor_system& sys, const std::string& address, uint16_t port,
                                      const reach_options& options) {
-  auto found = reach_any(sys, host, port, options);
+  auto found = reach_any(sys, address, port, options);
   if (!found) return tl::unexpected(found.error());
   if (!sys.assignable(found->interface, sys.message_types<Handle>()))
     return fail(errc::invalid_argument,

@@ -32,7 +32,7 @@ class door final : public caf::monitorable_actor {
   }
 
   /// Runs on the sender's thread (or a network thread): no state but `inner_` (guarded).
-  void enqueue(caf::mailbox_element_ptr what, caf::execution_unit* host) override {
+  void enqueue(caf::mailbox_element_ptr what, caf::execution_unit* context) override {
     if (what == nullptr) return;
     caf::strong_actor_ptr inner;
     shared_critical_section([&] { inner = inner_; });
@@ -41,7 +41,7 @@ class door final : public caf::monitorable_actor {
       return;
     }
     if (accepts_(what->content())) {
-      inner->enqueue(std::move(what), host);
+      inner->enqueue(std::move(what), context);
       return;
     }
     // Exits, link requests and anything else outside the interface.
@@ -51,7 +51,7 @@ class door final : public caf::monitorable_actor {
     // say request_receiver_down: as if the door were gone).
     if (what->mid.is_request() && what->sender != nullptr)
       what->sender->enqueue(ctrl(), what->mid.response_id(),
-                            caf::make_message(caf::make_error(caf::sec::unexpected_message)), host);
+                            caf::make_message(caf::make_error(caf::sec::unexpected_message)), context);
   }
 
   [[nodiscard]] std::set<std::string> message_types() const override { return interface_; }

@@ -38,7 +38,7 @@ std::atomic<uint32_t> max_message_bytes{network_limits{}.max_message_bytes};
 std::atomic<int32_t> idle_timeout_ms{network_limits{}.idle_timeout_ms};
 std::atomic<int32_t> tls_handshake_timeout_ms{network_limits{}.tls_handshake_timeout_ms};
 std::atomic<int32_t> max_connections{network_limits{}.max_connections};
-std::atomic<int32_t> max_connections_per_host{network_limits{}.max_connections_per_host};
+std::atomic<int32_t> max_connections_per_address{network_limits{}.max_connections_per_address};
 
 /// The connections accepted at the published ports, by socket and by peer address.
 class connection_table {
@@ -62,7 +62,7 @@ class connection_table {
   /// Counts `fd` (just accepted from `peer`) unless a limit is reached: then false.
   bool admit(int fd, const std::string& peer) {
     std::lock_guard lock(mutex_);
-    const int32_t total = max_connections.load(), per_host = max_connections_per_host.load();
+    const int32_t total = max_connections.load(), per_host = max_connections_per_address.load();
     int32_t& from_peer = by_peer_[peer];
     if (static_cast<int32_t>(peer_of_.size()) >= total || from_peer >= per_host) {
       if (from_peer == 0) by_peer_.erase(peer);
@@ -238,12 +238,12 @@ held_sockets& held() {
 
 void apply_network_limits(caf::actor_system_config& cfg, const network_limits& limits) {
   TROUPE_ASSERT(limits.max_message_bytes > 0 && limits.idle_timeout_ms >= 0 && limits.tls_handshake_timeout_ms > 0 &&
-                limits.max_connections > 0 && limits.max_connections_per_host > 0);
+                limits.max_connections > 0 && limits.max_connections_per_address > 0);
   max_message_bytes.store(limits.max_message_bytes);
   idle_timeout_ms.store(limits.idle_timeout_ms);
   tls_handshake_timeout_ms.store(limits.tls_handshake_timeout_ms);
   max_connections.store(limits.max_connections);
-  max_connections_per_host.store(limits.max_connections_per_host);
+  max_connections_per_address.store(limits.max_connections_per_address);
   if (limits.idle_timeout_ms == 0) return;
   // CAF closes a BASP connection that received nothing for connection-timeout, checked at each
   // heartbeat tick; the heartbeats keep a quiet but live peer's connection open (both ends send
@@ -255,7 +255,7 @@ void apply_network_limits(caf::actor_system_config& cfg, const network_limits& l
 
 network_limits current_network_limits() {
   return {max_message_bytes.load(), idle_timeout_ms.load(), tls_handshake_timeout_ms.load(), max_connections.load(),
-          max_connections_per_host.load()};
+          max_connections_per_address.load()};
 }
 
 bool fits_between(const caf::node_id& to, const caf::node_id& from, uint64_t payload_bytes) {

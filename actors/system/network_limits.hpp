@@ -32,7 +32,7 @@ struct network_limits {
   /// Connections accepted at this process's published ports, in all and from one address: one
   /// more is closed at once.
   int32_t max_connections = 1024;
-  int32_t max_connections_per_host = 64;
+  int32_t max_connections_per_address = 64;
 };
 
 /// Sets CAF's heartbeat and connection timeout in `cfg` and the process-wide bounds.

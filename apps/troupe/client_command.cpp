@@ -35,13 +35,13 @@ std::chrono::milliseconds to_ms(double seconds) {
 
 /// Connects to the balancer within --connect-timeout, retrying refused connections for up to
 /// --wait more (a server may still be starting).
-expected<actors::balancer_client_actor> connect(caf::actor_system& sys, const std::string& host, uint16_t port, const client_options& o) {
+expected<actors::balancer_client_actor> connect(caf::actor_system& sys, const std::string& address, uint16_t port, const client_options& o) {
   actors::reach_options ro;
   ro.timeout = to_ms(o.wait_seconds) + to_ms(o.connect_timeout_seconds);
   ro.retry = o.wait_seconds > 0;
-  auto lb = actors::reach<actors::balancer_client_actor>(sys, host, port, ro);
+  auto lb = actors::reach<actors::balancer_client_actor>(sys, address, port, ro);
   if (lb) return lb;
-  const std::string where = "cannot reach a troupe load balancer at " + host + ":" + std::to_string(port);
+  const std::string where = "cannot reach a troupe load balancer at " + address + ":" + std::to_string(port);
   if (lb.error().code != errc::unavailable) return fail(lb.error().code, where + ": " + lb.error().message);
   return fail(errc::unavailable, where + " within " + std::to_string(ro.timeout.count()) + " ms (--connect-timeout" +
                                      (ro.retry ? " + --wait" : "") + "): " + lb.error().message);
@@ -81,13 +81,13 @@ expected<std::pair<std::string, uint16_t>> parse_address(const std::string& addr
 }
 
 expected<void> configure_client(caf::actor_system_config& cfg, const actors::tls_credentials& tls,
-                                const std::string& host) {
+                                const std::string& address) {
   actors::configure_real_time(cfg, 0);
   if (auto ok = actors::configure_network(cfg, tls); !ok) return ok;
-  if (!tls.enabled() && !topology::is_loopback(host))
+  if (!tls.enabled() && !topology::is_loopback(address))
     spdlog::warn("connecting to {} in plaintext: without --ca/--certificate/--key nothing is authenticated or "
                  "encrypted",
-                 host);
+                 address);
   return {};
 }
 

@@ -101,7 +101,7 @@ void keep_stdout_for_text(caf::actor_system& sys);
 /// A client process's actor system configuration (real time, the network with `tls`); warns
 /// when it will talk to a host that is not loopback in plaintext.
 [[nodiscard]] expected<void> configure_client(caf::actor_system_config& cfg, const actors::tls_credentials& tls,
-                                              const std::string& host);
+                                              const std::string& address);
 
 /// --ca, --certificate and --key (PEM files, all three or none): connect with mutual TLS.
 void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls);

@@ -101,12 +101,12 @@ struct serve_options {
   bool generated = false;  ///< serve a one-node topology built from the fields below, not a file
   std::string model = default_model_path();
   std::string tokenizer = default_tokenizer_path();
-  std::string host = "127.0.0.1";
+  std::string address = "127.0.0.1";
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
   int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = the topology's [http], 0 = any free one (printed)
-  std::string http_host;   ///< "" = the topology's [http] host, else 127.0.0.1
+  std::string http_address;   ///< "" = the topology's [http] host, else 127.0.0.1
   int32_t msgpack_port = -1;  ///< the msgpack gateway's port: -1 = none, 0 = any free one (printed)
-  std::string msgpack_host = "127.0.0.1";
+  std::string msgpack_address = "127.0.0.1";
   bool insecure = false;  ///< allow plaintext on a non-loopback address (topology without [tls])
   int32_t drain_grace_ms = -1;  ///< -1 = the topology's [cluster] drain_grace_ms
   speculation_flags speculation;  ///< the generated node's
@@ -114,11 +114,11 @@ struct serve_options {
 };
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
-/// at host:port.
+/// at address:port.
 expected<topology::topology> serve_topology(const serve_options& o) {
   if (!o.generated) return topology::load_topology(o.topology);
   topology::topology t = topology::single_node(o.model, o.tokenizer);
-  t.nodes[0].host = o.host;
+  t.nodes[0].address = o.address;
   t.nodes[0].port = o.port;
   if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return tl::unexpected(ok.error());
   return t;
@@ -126,17 +126,17 @@ expected<topology::topology> serve_topology(const serve_options& o) {
 
 /// Where this node serves HTTP, if it does: the topology's [http] with the flags over it (flags
 /// win), on the load balancer's node only.
-expected<std::optional<topology::http_spec>> http_address(const serve_options& o, const topology::topology& t,
+expected<std::optional<topology::http_spec>> http_endpoint(const serve_options& o, const topology::topology& t,
                                                           const std::string& node_name) {
   const bool balancer_node = node_name == t.load_balancer.node;
-  if (o.http_port < 0 && !o.http_host.empty() && !t.http)
+  if (o.http_port < 0 && !o.http_address.empty() && !t.http)
     return fail(errc::invalid_argument, "--http-host needs --http-port or an [http] table in the topology");
   if (o.http_port >= 0 && !balancer_node)
     return fail(errc::invalid_argument, "--http-port needs the load balancer's node ('" + t.load_balancer.node + "')");
   if (o.http_port < 0 && (!t.http || !balancer_node)) return std::nullopt;
   topology::http_spec http = t.http.value_or(topology::http_spec{});
   if (o.http_port >= 0) http.port = static_cast<uint16_t>(o.http_port);
-  if (!o.http_host.empty()) http.host = o.http_host;
+  if (!o.http_address.empty()) http.address = o.http_address;
   return http;
 }
 
@@ -147,7 +147,7 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
                                                             const topology::topology& t, const std::string& node_name) {
   if (!http) return nullptr;
   gateway::gateway_options g;
-  g.host = http->host;
+  g.address = http->address;
   g.port = http->port;
   g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
@@ -177,7 +177,7 @@ expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_sys
   if (!node.load_balancer)
     return fail(errc::invalid_argument, "--msgpack-port needs the load balancer's node ('" + t.load_balancer.node + "')");
   gateway::msgpack_options m;
-  m.host = o.msgpack_host;
+  m.address = o.msgpack_address;
   m.port = static_cast<uint16_t>(o.msgpack_port);
   m.limits = o.gateway.resolve(t);
   m.drain_timeout = std::chrono::milliseconds(t.http.value_or(topology::http_spec{}).drain_timeout_ms);
@@ -207,17 +207,17 @@ int run_serve(const serve_options& o) {
                                            topology::node_network_limits(*t));
       !ok)
     return fail_with(ok.error());
-  auto http_at = http_address(o, *t, node_name);
+  auto http_at = http_endpoint(o, *t, node_name);
   if (!http_at) return fail_with(http_at.error());
   log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
   auto http = start_http(sys, o, *http_at, *t, node_name);
   if (!http) return leave(sys, fail_with(http.error()));
-  const std::string http_address = *http ? (*http_at)->host + ":" + std::to_string((*http)->port()) : "";
+  const std::string http_endpoint = *http ? (*http_at)->address + ":" + std::to_string((*http)->port()) : "";
   if (*http) {
     std::printf("%s: HTTP gateway starting on %s (GET /health: 503 until the engines are up)\n", node_name.c_str(),
-                http_address.c_str());
+                http_endpoint.c_str());
     std::fflush(stdout);
   }
   const int32_t default_grace_ms = o.drain_grace_ms >= 0 ? o.drain_grace_ms : t->drain_grace_ms;
@@ -238,11 +238,11 @@ int run_serve(const serve_options& o) {
     return leave(sys, fail_with(port.error()));
   }
   launched->summary.push_back(std::string(launched->load_balancer ? "load balancer" : "node actor") +
-                              " listening on " + node->host + ":" + std::to_string(*port) +
+                              " listening on " + node->address + ":" + std::to_string(*port) +
                               (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   if (*http) {
     (*http)->serve(launched->load_balancer, launched->engines, launched->tok);
-    launched->summary.push_back("HTTP gateway listening on http://" + http_address);
+    launched->summary.push_back("HTTP gateway listening on http://" + http_endpoint);
   }
   auto msgpack = start_msgpack(sys, o, *t, *launched);
   if (!msgpack) {
@@ -251,9 +251,9 @@ int run_serve(const serve_options& o) {
     return leave(sys, fail_with(msgpack.error()));
   }
   if (*msgpack)
-    launched->summary.push_back("msgpack gateway listening on " + o.msgpack_host + ":" + std::to_string((*msgpack)->port()));
+    launched->summary.push_back("msgpack gateway listening on " + o.msgpack_address + ":" + std::to_string((*msgpack)->port()));
   if (launched->ucx)
-    launched->summary.push_back("KV transport: UCX on " + node->host + ":" + std::to_string(launched->ucx->port()));
+    launched->summary.push_back("KV transport: UCX on " + node->address + ":" + std::to_string(launched->ucx->port()));
   for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
   std::fflush(stdout);
   spdlog::info("serving topology '{}' node {}; Ctrl-C to stop", t->cluster_name, node_name);
@@ -284,7 +284,7 @@ std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o
   std::vector<CLI::Option*> flags{
       cmd->add_option("--model,-m", o.model, "llama2.c checkpoint or GGUF model"),
       cmd->add_option("--tokenizer,-z", o.tokenizer, "llama2.c tokenizer, or a GGUF file with one"),
-      cmd->add_option("--host", o.host, "address to listen on"),
+      cmd->add_option("--host", o.address, "address to listen on"),
       cmd->add_option("--port", o.port, "port to listen on; 0 = any free one (printed)"),
   };
   const char* group = "Instead of --topology: serve one generated node";
@@ -304,12 +304,12 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                   "serve the OpenAI-compatible HTTP API on this port (0 = any free one, printed); overrides the "
                   "topology's [http] port")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--http-host", o->http_host,
+  cmd->add_option("--http-host", o->http_address,
                   "address of the HTTP API (default: the topology's [http] host, else 127.0.0.1)");
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--msgpack-host", o->msgpack_host, "address of the msgpack protocol")->capture_default_str();
+  cmd->add_option("--msgpack-host", o->msgpack_address, "address of the msgpack protocol")->capture_default_str();
   cmd->add_flag("--insecure", o->insecure,
                 "allow an unauthenticated plaintext CAF port on a non-loopback address (a topology without [tls])");
   cmd->add_option("--drain-grace-ms", o->drain_grace_ms,

@@ -126,7 +126,7 @@ bool balancer_policy::request_ended(request_key key) {
   return true;
 }
 
-report_outcome balancer_policy::on_report(int32_t engine, const engine_report& r, int64_t now_ns,
+report_outcome balancer_policy::on_report(int32_t engine, const load_report& r, int64_t now_ns,
                                         const pool_events& cache) {
   if (engine < 0 || static_cast<size_t>(engine) >= engines_.size()) return report_outcome::ignored;
   const auto i = static_cast<size_t>(engine);
@@ -208,7 +208,7 @@ bool balancer_policy::rejoined(size_t engine, int64_t now_ns) {
   if (e.load.alive) return false;
   e.load.alive = true;
   e.load.draining = false;
-  e.report = engine_report{};
+  e.report = load_report{};
   e.num_sent = 0;
   e.unseen.clear();
   e.unseen_kv_tokens = 0;

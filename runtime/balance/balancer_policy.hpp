@@ -76,7 +76,7 @@ struct cache_tier_spec {
 };
 
 /// An engine's load report (msg::load_report without its transport fields).
-struct engine_report {
+struct load_report {
   int64_t num_received = 0;  ///< work items received so far
   int64_t num_requests = 0;
   int64_t num_kv_tokens = 0;
@@ -114,7 +114,7 @@ class balancer_policy {
   /// news for the heartbeat. One that says `draining` ends the engine's new work for good (even
   /// a reordered one: draining does not stop). Its cache events count only from a live engine
   /// that wants_cache_events.
-  [[nodiscard]] report_outcome on_report(int32_t engine, const engine_report& r, int64_t now_ns,
+  [[nodiscard]] report_outcome on_report(int32_t engine, const load_report& r, int64_t now_ns,
                                          const pool_events& cache = {});
   /// Whether engine `engine`'s reports are to carry its pool's cache events: the router uses
   /// prefixes and the engine's block size is prefix_block_size().
@@ -166,7 +166,7 @@ class balancer_policy {
   struct engine_entry {
     engine_spec spec;
     engine_load load;
-    engine_report report;  // the latest
+    load_report report;  // the latest
     int64_t num_sent = 0;  // work items placed on it
     std::deque<unseen_work> unseen;
     int64_t unseen_kv_tokens = 0;       // Σ unseen

@@ -61,7 +61,7 @@ bool operator==(const watch_caller& a, const watch_caller& b) { return a.id == b
 bool operator==(const hand_off& a, const hand_off& b) {
   return a.prefilled.req.id == b.prefilled.req.id && a.prefilled.req.prompt == b.prefilled.req.prompt &&
          same_kv(a.prefilled.kv, b.prefilled.kv) &&
-         std::tie(a.decode, a.kv_host, a.kv_port, a.ucx_tag) == std::tie(b.decode, b.kv_host, b.kv_port, b.ucx_tag);
+         std::tie(a.decode, a.kv_address, a.kv_port, a.ucx_tag) == std::tie(b.decode, b.kv_address, b.kv_port, b.ucx_tag);
 }
 
 bool operator==(const report_load& a, const report_load& b) {
@@ -231,7 +231,7 @@ effects engine_policy::compute_whole(request r, int64_t now_ns) {
   return out;
 }
 
-effects engine_policy::submit_prefill(request r, std::optional<peer_id> decode, std::string kv_host, uint16_t kv_port,
+effects engine_policy::submit_prefill(request r, std::optional<peer_id> decode, std::string kv_address, uint16_t kv_port,
                                     int64_t now_ns) {
   num_received_++;
   effects out;
@@ -241,7 +241,7 @@ effects engine_policy::submit_prefill(request r, std::optional<peer_id> decode, 
     out.push_back(reject{id, errc::invalid_argument, "a prefill request names no decode engine", true});
     return out;
   }
-  std::optional<handoff_target> target = handoff_target{*decode, std::move(kv_host), kv_port};
+  std::optional<handoff_target> target = handoff_target{*decode, std::move(kv_address), kv_port};
   if (fetch_first(r, target, out)) return out;
   if (admit(r, false, [&] { return core_->add_prefill(std::move(r)); }, out, now_ns))
     handoffs_[id] = std::move(*target);
@@ -374,7 +374,7 @@ void engine_policy::hand_off_prefilled(effects& out) {
     handoffs_.erase(it);
     requests_.erase(id);
     const uint64_t tag = options_.kv_over_ucx ? options_.ucx_tag_base + next_ucx_tag_++ : 0;
-    out.push_back(hand_off{std::move(p), target.decode, std::move(target.kv_host), target.kv_port, tag});
+    out.push_back(hand_off{std::move(p), target.decode, std::move(target.kv_address), target.kv_port, tag});
   }
 }
 

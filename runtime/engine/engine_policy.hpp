@@ -111,11 +111,11 @@ struct watch_caller {
 };
 
 /// Prefill done: tell the request actor (`prefilled`), then ship the request and its KV to
-/// `decode` (over UCX when `ucx_tag` != 0, to `kv_host:kv_port`).
+/// `decode` (over UCX when `ucx_tag` != 0, to `kv_address:kv_port`).
 struct hand_off {
   prefilled_request prefilled;
   peer_id decode = 0;
-  std::string kv_host;
+  std::string kv_address;
   uint16_t kv_port = 0;
   uint64_t ucx_tag = 0;
 };
@@ -220,7 +220,7 @@ class engine_policy {
   /// A request to run whole (msg::submit).
   [[nodiscard]] effects submit(request r, int64_t now_ns);
   /// A request to prefill and hand off to `decode` (empty: refused, invalid_argument).
-  [[nodiscard]] effects submit_prefill(request r, std::optional<peer_id> decode, std::string kv_host,
+  [[nodiscard]] effects submit_prefill(request r, std::optional<peer_id> decode, std::string kv_address,
                                        uint16_t kv_port, int64_t now_ns);
   /// Work arrived that is not submitted by this call (a hand-off whose KV may still be on the
   /// way, work naming no request actor): counted as received all the same.
@@ -289,7 +289,7 @@ class engine_policy {
   };
   struct handoff_target {
     peer_id decode = 0;
-    std::string kv_host;
+    std::string kv_address;
     uint16_t kv_port = 0;
   };
   struct reporting {

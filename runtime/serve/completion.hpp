@@ -1,7 +1,7 @@
 #pragma once
 
 /// A completion as its client sees it: the request in text, the chunks of its answer, and its
-/// end or its error. Plain data: the request host (runtime/serve/request_policy) produces them,
+/// end or its error. Plain data: the request policy (runtime/serve/request_policy) produces them,
 /// messages/client.hpp maps them onto the wire (as msg::completion_*). Language-neutral fields
 /// only (strings, numbers; `errc` and `finish_reason` travel as their underlying integers), so
 /// a non-C++ protocol can carry the same structs.
@@ -21,7 +21,7 @@ namespace troupe::serve {
 struct completion_request {
   std::string prompt;               ///< UTF-8 text; BOS is added, special tokens never parsed
   /// Token ids instead of text (BOS included, as given): the HTTP API's token prompts, and the
-  /// simulator's. Without a tokenizer at the request host (the simulator) the completion streams
+  /// simulator's. Without a tokenizer at the request policy (the simulator) the completion streams
   /// token ids only, with no text, and stop strings are not allowed.
   std::vector<int32_t> prompt_tokens;
   /// A chat instead of a prompt: rendered by the server's chat template (request_policy_options::

@@ -1,6 +1,6 @@
 #pragma once
 
-// Test-only: a host's effect list as text for failure messages, one effect per line, each
+// Test-only: a policy's effect list as text for failure messages, one effect per line, each
 // printed by `Printer` (a visitor holding the stream as its one member).
 
 #include <sstream>
