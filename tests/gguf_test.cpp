@@ -145,6 +145,29 @@ TEST(Gguf, F16AndQ8_0TensorsAreDequantizedExactly) {
   EXPECT_EQ(std::vector<float>(d.begin(), d.begin() + 5), (std::vector<float>{-64.0f, -0.5f, 0.0f, 0.5f, 63.5f}));
 }
 
+TEST(Gguf, F16AndQ8_0TensorsAreWrittenAsGgmlRoundsThem) {
+  // Nearest half, ties to even: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 (rounds to 1);
+  // 2^-25 halfway between 0 and 2^-24 (to 0); 65520 past the largest half (to +inf).
+  const std::pair<float, uint16_t> halves[] = {
+      {1.0f, 0x3c00},     {-2.0f, 0xc000},  {65504.0f, 0x7bff}, {65520.0f, 0x7c00}, {std::ldexp(1.0f, -24), 0x0001},
+      {1.0f + std::ldexp(1.0f, -11), 0x3c00}, {1.0f + 3 * std::ldexp(1.0f, -11), 0x3c02},
+      {std::ldexp(1.0f, -25), 0x0000}, {-0.0f, 0x8000}, {INFINITY, 0x7c00}, {std::nanf(""), 0x7e00}};
+  for (const auto& [value, bits] : halves) EXPECT_EQ(float_to_half(value), bits) << value;
+  // A Q8_0 block: scale max |x| / 127 stored as half, each value round(x / scale).
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); i++) x[i] = static_cast<float>(i) - 20.5f;  // block 0: -20.5 .. 10.5
+  const std::string bytes = write_gguf({}, {{"q", {64}, x.data(), ggml_type::q8_0}, {"h", {64}, x.data(), ggml_type::f16}});
+  auto f = parse_gguf(bytes, "w");
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->tensors[0].type, ggml_type::q8_0);
+  EXPECT_EQ(f->tensors[0].num_bytes, 2u * 34u);
+  const std::vector<float> q = tensor_floats(bytes, *f, f->tensors[0]);
+  const float scale0 = 0.161376953125f;  // 20.5 / 127 = 0.16142 as the nearest half
+  EXPECT_EQ(q[0], -127 * scale0);
+  EXPECT_EQ(q[31], std::round(10.5f / (20.5f / 127)) * scale0);
+  EXPECT_EQ(tensor_floats(bytes, *f, f->tensors[1]), x);  // halves hold these exactly
+}
+
 TEST(Gguf, MalformedFilesAreErrorsNamingTheProblem) {
   const std::string four_floats(16, '\0');
   raw_file many;
