@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "runtime/model/convert.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/random_llama.hpp"
 
 namespace troupe::model {
 namespace {
@@ -93,6 +95,121 @@ TEST(Gguf, TheConvertedTokenizerHasTheSamePiecesAndScoresAndEncodesTheSame) {
   EXPECT_EQ(*f->get_string("general.architecture", "x"), "llama");
   EXPECT_EQ(*f->get_int("llama.block_count", "x"), 5);
   EXPECT_EQ(f->tensors.size(), 2u + 9u * 5u);
+}
+
+/// The config of a random llama file (tests/support/random_llama.hpp) of `spec`, metadata edited
+/// by `edit`; or the loader's error message.
+expected<model_config> random_llama_config(const testing::random_llama_spec& spec,
+                                           const std::function<void(testing::gguf_metadata&)>& edit = {}) {
+  const std::string path = write_temp("random.gguf", testing::random_llama_gguf(spec, edit));
+  auto ck = checkpoint::load(path);
+  fs::remove(path);
+  if (!ck) return tl::unexpected(ck.error());
+  return ck->config();
+}
+
+TEST(Gguf, RopeAndRmsNormSettingsAreReadFromTheMetadata) {
+  testing::random_llama_spec spec;  // heads of 16: 8 rotated pairs
+  auto plain = random_llama_config(spec, [](auto& meta) {
+    testing::erase_key(meta, "llama.rope.freq_base");
+    testing::erase_key(meta, "llama.attention.layer_norm_rms_epsilon");
+  });
+  ASSERT_TRUE(plain) << plain.error().message;  // absent: llama2.c's (and llama.cpp's) defaults
+  EXPECT_EQ(std::tie(plain->rope_freq_base, plain->rope_freq_scale, plain->rms_norm_eps), std::tuple(10000.0f, 1.0f, 1e-5f));
+  EXPECT_TRUE(plain->rope_freq_factors.empty());
+  spec.rope_freq_base = 500000.0f;
+  spec.rms_norm_eps = 1e-6f;
+  spec.llama3_factor = 8.0f;  // Llama 3.1's rope_scaling: low 1, high 4, original context 8192
+  auto llama3 = random_llama_config(spec);
+  ASSERT_TRUE(llama3) << llama3.error().message;
+  EXPECT_EQ(std::tie(llama3->rope_freq_base, llama3->rope_freq_scale, llama3->rms_norm_eps),
+            std::tuple(500000.0f, 1.0f, 1e-6f));
+  // Wavelengths 2 pi * 500000^(i/16) for i = 0, 2, .. 14: 6.3 .. 862 keep their frequency
+  // (shorter than 8192 / 4), 4443 is blended (1 / ((1 - s) / 8 + s) with s = (8192 / 4443 - 1) / 3),
+  // the rest (longer than 8192 / 1) are slowed 8 times.
+  const double wavelength = 2 * M_PI / (1.0 / std::pow(500000.0, 8.0 / 16)), smooth = (8192 / wavelength - 1) / 3;
+  const std::vector<float> expected = {1, 1, 1, 1, static_cast<float>(1 / ((1 - smooth) / 8 + smooth)), 8, 8, 8};
+  EXPECT_EQ(llama3->rope_freq_factors, expected);
+  auto linear = random_llama_config({}, [](auto& meta) {
+    testing::set_key(meta, "llama.rope.scaling.type", gguf_value::of_string("linear"));
+    testing::set_key(meta, "llama.rope.scaling.factor", gguf_value::of_float(4.0f));
+  });
+  ASSERT_TRUE(linear) << linear.error().message;
+  EXPECT_EQ(linear->rope_freq_scale, 0.25f);
+  auto none = random_llama_config({}, [](auto& meta) {  // llama.cpp never scales with type none
+    testing::set_key(meta, "llama.rope.scaling.type", gguf_value::of_string("none"));
+    testing::set_key(meta, "llama.rope.scaling.factor", gguf_value::of_float(4.0f));
+  });
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_EQ(none->rope_freq_scale, 1.0f);
+  auto zero = random_llama_config({}, [](auto& meta) {  // 0 means no scaling to llama.cpp
+    testing::set_key(meta, "llama.rope.scaling.factor", gguf_value::of_float(0.0f));
+  });
+  ASSERT_TRUE(zero) << zero.error().message;
+  EXPECT_EQ(zero->rope_freq_scale, 1.0f);
+}
+
+TEST(Gguf, BadRopeAndRmsNormValuesAreRefusedNamingTheKey) {
+  const float nan = std::nanf("");
+  const auto with = [](const std::string& key, gguf_value value) {
+    return [key, value](testing::gguf_metadata& meta) { testing::set_key(meta, key, value); };
+  };
+  const auto f = [](float x) { return gguf_value::of_float(x); };
+  const auto u32 = [](int64_t x) { return gguf_value::of_int(gguf_type::u32, x); };
+  const std::string eps = "llama.attention.layer_norm_rms_epsilon", base = "llama.rope.freq_base",
+                    factor = "llama.rope.scaling.factor";
+  const std::vector<std::pair<std::function<void(testing::gguf_metadata&)>, std::string>> cases = {
+      {with(eps, f(0)), eps + " = 0 is out of range (an RMS-norm epsilon must be in (0, 1])"},
+      {with(eps, f(-1e-5f)), eps + " = -1e-05 is out of range"},
+      {with(eps, f(nan)), eps + " = nan is out of range"},
+      {with(eps, f(2)), eps + " = 2 is out of range"},
+      {with(eps, gguf_value::of_string("small")), "'" + eps + "'"},
+      {with(base, f(-10000)), base + " = -10000 is out of range (a RoPE frequency base must be in (1, 1e+10])"},
+      {with(base, f(nan)), base + " = nan is out of range"},
+      {with(base, f(INFINITY)), base + " = inf is out of range"},
+      {with(base, f(1)), base + " = 1 is out of range"},
+      {with(base, f(1e11f)), base + " = 1e+11 is out of range"},
+      {with(factor, f(-2)), factor + " = -2 is out of range (a RoPE scaling factor must be in (0, 1024])"},
+      {with(factor, f(nan)), factor + " = nan is out of range"},
+      {with(factor, f(5000)), factor + " = 5000 is out of range"},
+      {with("llama.rope.scale_linear", f(-1)), "llama.rope.scale_linear = -1 is out of range"},
+      {with("llama.rope.scaling.type", gguf_value::of_string("yarn")),
+       "llama.rope.scaling.type 'yarn' is not supported (none and linear are; Llama 3's scaling is the tensor "
+       "rope_freqs.weight)"},
+      {with("llama.rope.dimension_count", u32(8)),
+       "llama.rope.dimension_count = 8 is not supported (a llama head is embedding_length / head_count = 16 wide "
+       "and rotated whole)"},
+      {with("llama.attention.key_length", u32(32)), "llama.attention.key_length = 32 is not supported"},
+      {with("llama.attention.value_length", u32(32)), "llama.attention.value_length = 32 is not supported"},
+  };
+  for (const auto& [edit, message] : cases) {
+    auto c = random_llama_config({}, edit);
+    ASSERT_FALSE(c) << message;
+    EXPECT_EQ(c.error().code, errc::malformed_file);
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+}
+
+TEST(Gguf, BadLlama3RopeDivisorsAreRefusedNamingTheTensor) {
+  testing::random_llama_spec spec;  // heads of 16: 8 rotated pairs
+  for (const auto& [value, message] :
+       {std::pair{std::nanf(""), "rope_freqs.weight[5] = nan is out of range (a RoPE frequency divisor must be in "
+                                 "[1/1024, 1024])"},
+        std::pair{5000.0f, "rope_freqs.weight[5] = 5000 is out of range"},
+        std::pair{0.0f, "rope_freqs.weight[5] = 0 is out of range"},
+        std::pair{-8.0f, "rope_freqs.weight[5] = -8 is out of range"}}) {
+    spec.rope_freqs = {1, 1, 1, 1, 2, value, 8, 8};
+    auto c = random_llama_config(spec);
+    ASSERT_FALSE(c) << message;
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+  spec.rope_freqs = {1, 1, 1, 1, 2, 8, 8};
+  auto short_tensor = random_llama_config(spec);
+  ASSERT_FALSE(short_tensor);
+  EXPECT_NE(short_tensor.error().message.find(
+                "tensor 'rope_freqs.weight' must hold head_size / 2 = 8 values (one per rotated pair)"),
+            std::string::npos)
+      << short_tensor.error().message;
 }
 
 /// A GGUF file by hand: `meta` entries already encoded, one tensor of `type` with `data`.
@@ -263,9 +380,6 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
                    {"llama.rope.dimension_count", std::nullopt}});
   const std::tuple<std::string, std::string, const char*> cases[] = {
       {"arch", rewrite("general.architecture", gguf_value::of_string("gpt2")), "architecture 'gpt2' is not supported"},
-      {"eps", rewrite("llama.attention.layer_norm_rms_epsilon", gguf_value::of_float(1e-6f)),
-       "an RMS-norm epsilon of 0.000001 is not supported"},
-      {"rope", rewrite("llama.rope.freq_base", gguf_value::of_float(500000.0f)), "a RoPE frequency base of"},
       {"layers", rewrite("llama.block_count", std::nullopt), "no metadata key 'llama.block_count'"},
       {"missing", rewrite("", std::nullopt, "blk.3.ffn_up.weight"), "no tensor 'blk.3.ffn_up.weight'"},
       {"heads", rewrite("llama.attention.head_count", gguf_value::of_int(gguf_type::u32, 5)),
