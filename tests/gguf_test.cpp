@@ -406,5 +406,98 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
   EXPECT_FALSE(tokenizer::from_bytes(good, 513, "t.gguf"));  // a vocabulary of another size
 }
 
+/// The bundled vocabulary as GGUF metadata with Phi-3's kind of added tokens after its 512:
+/// 512 "<|endoftext|>" (control), 513 "<|assistant|>" (user-defined), 514 "<|end|>" (control),
+/// EOS 512 (Phi-3's is 32000, its first added token); `edit` may change the metadata.
+std::string phi3_like_vocab(const std::function<void(testing::gguf_metadata&)>& edit = {}) {
+  const std::string bundled = bundled_gguf_bytes();
+  auto f = parse_gguf(bundled, "x");
+  EXPECT_TRUE(f);
+  testing::gguf_metadata meta;
+  for (const auto& [key, value] : f->metadata)
+    if (key.rfind("tokenizer.", 0) == 0) meta.emplace_back(key, value);
+  for (auto& [key, value] : meta) {
+    if (key == "tokenizer.ggml.tokens")
+      for (const char* text : {"<|endoftext|>", "<|assistant|>", "<|end|>"}) value.items.push_back(gguf_value::of_string(text));
+    if (key == "tokenizer.ggml.scores")
+      for (int i = 0; i < 3; i++) value.items.push_back(gguf_value::of_float(0.0f));
+    if (key == "tokenizer.ggml.token_type")
+      for (int type : {3, 4, 3}) value.items.push_back(gguf_value::of_int(gguf_type::i32, type));
+  }
+  testing::set_key(meta, "tokenizer.ggml.eos_token_id", gguf_value::of_int(gguf_type::u32, 512));
+  if (edit) edit(meta);
+  return write_gguf(meta, {});
+}
+
+TEST(GgufVocab, APhi3StyleVocabularyWithItsOwnEosLoadsAndEndsAtItsEndTokens) {
+  auto tok = tokenizer::from_bytes(phi3_like_vocab(), 515, "phi3.gguf");
+  ASSERT_TRUE(tok) << tok.error().message;
+  EXPECT_EQ(tok->eos_id(), 512);
+  EXPECT_EQ(tok->bos_id(), 1);
+  // EOS by metadata, "<|end|>" by name (llama.cpp's end-of-generation list), BOS as llama2.c.
+  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{1, 512, 514}));
+  EXPECT_TRUE(tok->is_control(512));
+  EXPECT_FALSE(tok->is_control(513));
+  EXPECT_TRUE(tok->is_control(514));
+  EXPECT_EQ(tok->decode({514}), "");
+  auto ids = tok->encode("<|end|><|endoftext|>", true, false);  // text never becomes a control token
+  ASSERT_TRUE(ids);
+  EXPECT_TRUE(std::none_of(ids->begin(), ids->end(), [](int32_t id) { return id == 512 || id == 514; }));
+  EXPECT_TRUE(tok->adds_bos());
+  auto no_bos = tokenizer::from_bytes(phi3_like_vocab([](auto& meta) {
+                                        gguf_value no;
+                                        no.type = gguf_type::boolean;
+                                        testing::set_key(meta, "tokenizer.ggml.add_bos_token", no);
+                                      }),
+                                      515, "phi3.gguf");
+  ASSERT_TRUE(no_bos) << no_bos.error().message;
+  EXPECT_FALSE(no_bos->adds_bos());
+  // The bundled llama2.c vocabulary keeps llama2.c's ends, BOS and EOS.
+  auto bundled = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(bundled);
+  EXPECT_EQ(bundled->end_ids(), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(GgufVocab, EotAndEomIdsFromTheMetadataEndGeneration) {
+  auto tok = tokenizer::from_bytes(phi3_like_vocab([](auto& meta) {
+                                     testing::set_key(meta, "tokenizer.ggml.eot_token_id", gguf_value::of_int(gguf_type::u32, 300));
+                                     testing::set_key(meta, "tokenizer.ggml.eom_token_id", gguf_value::of_int(gguf_type::u32, 301));
+                                     testing::set_key(meta, "tokenizer.ggml.padding_token_id", gguf_value::of_int(gguf_type::u32, 302));
+                                   }),
+                                   515, "phi3.gguf");
+  ASSERT_TRUE(tok) << tok.error().message;
+  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{1, 300, 301, 512, 514}));  // padding ends nothing
+  // A Llama-3-style BPE vocabulary: BOS 256 "<|begin_of_text|>", EOS 257 "<|eot_id|>".
+  testing::random_llama_spec spec;
+  auto llama = tokenizer::from_bytes(testing::random_llama_gguf(spec), 313, "llama3.gguf");
+  ASSERT_TRUE(llama) << llama.error().message;
+  EXPECT_EQ(llama->end_ids(), (std::vector<int32_t>{256, 257}));
+}
+
+TEST(GgufVocab, BadEndIdsAreRefusedNamingTheKey) {
+  const auto with = [](const std::string& key, int64_t id) {
+    return phi3_like_vocab([key, id](auto& meta) { testing::set_key(meta, key, gguf_value::of_int(gguf_type::u32, id)); });
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with("tokenizer.ggml.eos_token_id", 513),
+       "tokenizer.ggml.eos_token_id = 513; troupe's llama vocabulary needs 2 or a control token (type 3) after the "
+       "byte tokens"},
+      {with("tokenizer.ggml.eos_token_id", 515), "tokenizer.ggml.eos_token_id = 515; troupe's llama vocabulary needs"},
+      {with("tokenizer.ggml.eos_token_id", 100), "tokenizer.ggml.eos_token_id = 100; troupe's llama vocabulary needs"},
+      {with("tokenizer.ggml.bos_token_id", 512), "tokenizer.ggml.bos_token_id = 512; troupe's llama vocabulary needs 1"},
+      {with("tokenizer.ggml.eot_token_id", 515), "tokenizer.ggml.eot_token_id = 515, outside the vocabulary of 515"},
+      {with("tokenizer.ggml.eom_token_id", 9999), "tokenizer.ggml.eom_token_id = 9999, outside the vocabulary of 515"},
+      {with("tokenizer.ggml.padding_token_id", 515), "tokenizer.ggml.padding_token_id = 515, outside the vocabulary"},
+      {phi3_like_vocab([](auto& meta) { testing::set_key(meta, "tokenizer.ggml.add_bos_token", gguf_value::of_int(gguf_type::u32, 1)); }),
+       "tokenizer.ggml.add_bos_token is not a boolean"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    auto tok = tokenizer::from_bytes(bytes, 515, "phi3.gguf");
+    ASSERT_FALSE(tok) << message;
+    EXPECT_EQ(tok.error().code, errc::malformed_file);
+    EXPECT_NE(tok.error().message.find(message), std::string::npos) << tok.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace troupe::model
