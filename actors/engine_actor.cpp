@@ -31,7 +31,7 @@ engine::engine_policy_options policy_options(const engine_options& o) {
   engine::engine_config config = o.config;
   config.host_tier = static_cast<bool>(o.host_tier) || o.cluster_tiers;
   config.own_tier = static_cast<bool>(o.host_tier);
-  return {o.checkpoint ? o.checkpoint->config() : o.model, o.bos_id, o.eos_id, config, o.max_waiting,
+  return {o.checkpoint ? o.checkpoint->config() : o.model, o.end_ids, config, o.max_waiting,
           o.check_invariants_every, o.kv_sender != nullptr, o.kv_tag_base};
 }
 

@@ -60,8 +60,8 @@ struct engine_options {
   /// Check the engine core's invariants (block conservation, refcounts, queues) after every
   /// Nth completed step; 0 = never (production), 1 = every step (the simulator's default).
   int32_t check_invariants_every = 0;
-  int32_t bos_id = 1;
-  int32_t eos_id = 2;
+  /// The vocabulary's end-of-generation ids (tokenizer::end_ids()); llama2.c's BOS and EOS.
+  std::vector<int32_t> end_ids{1, 2};
   engine::engine_config config;     ///< max_steps_in_flight is forced to 2
   int32_t max_waiting = 1024;       ///< queued requests at most; beyond: rejected{overloaded}
   int32_t executor_threads = 1;     ///< kernel threads of the step executor

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench/figures.hpp"
@@ -144,7 +145,9 @@ int64_t last_level_cache_bytes() {
 
 /// The float32 weight bytes of a model of shape `s`, as the roofline model counts them.
 int64_t weight_bytes(const synthetic_shape& s) {
-  const model::model_config config{s.dim, s.hidden_dim, s.n_layers, s.n_heads, s.n_kv_heads, s.vocab_size, s.seq_len, true};
+  model::model_config config;
+  std::tie(config.dim, config.hidden_dim, config.n_layers, config.n_heads, config.n_kv_heads, config.vocab_size,
+           config.seq_len) = std::tie(s.dim, s.hidden_dim, s.n_layers, s.n_heads, s.n_kv_heads, s.vocab_size, s.seq_len);
   cost::roofline_options ro;
   ro.hardware = {1, 1, 1e18, 0};  // only the byte count is used
   ro.weight_bytes_per_value = 4;

@@ -478,8 +478,7 @@ real_run run_real(const std::vector<request>& requests, const std::set<int>& fai
   const testing::bundled& b = testing::model_and_tokenizer();
   engine_policy_options o;
   o.model = b.ck.config();
-  o.bos_id = b.tok.bos_id();
-  o.eos_id = b.tok.eos_id();
+  o.end_ids = b.tok.end_ids();
   o.config.num_kv_blocks = 64;
   o.config.block_size = 4;
   o.config.max_steps_in_flight = 2;

@@ -506,7 +506,7 @@ TEST(EngineDrain, RequestsExportedMidDecodeContinueElsewhereBitForBit) {
   engine_config config;
   config.block_size = 4;
   config.max_steps_in_flight = 2;
-  auto core = engine_core::create(b.ck.config(), tokenizer::bos, tokenizer::eos, config);
+  auto core = engine_core::create(b.ck.config(), {tokenizer::bos, tokenizer::eos}, config);
   ASSERT_TRUE(core.has_value()) << core.error().message;
   step_executor ex(b.ck, config.num_kv_blocks, config.block_size, config.kernels);
   for (const request& r : requests) ASSERT_TRUE((*core)->add_request(r).has_value());
@@ -580,7 +580,7 @@ TEST(EngineDrain, RequestsExportedMidDecodeContinueElsewhereBitForBit) {
 TEST(EngineDrain, OnlyARequestWithOneSampleAndComputedKvLeavesWithIt) {
   const testing::bundled& b = testing::model_and_tokenizer();
   engine_config config;
-  auto core = engine_core::create(b.ck.config(), tokenizer::bos, tokenizer::eos, config);
+  auto core = engine_core::create(b.ck.config(), {tokenizer::bos, tokenizer::eos}, config);
   ASSERT_TRUE(core.has_value());
   request forked = make_request(1, varied_prompt(3), 8, 0.9f, 1);
   forked.n = 2;
@@ -640,7 +640,7 @@ outputs run_overlapped(const std::vector<request>& requests, engine_config confi
                        engine_stats* stats = nullptr) {
   const testing::bundled& b = testing::model_and_tokenizer();
   config.max_steps_in_flight = 2;
-  auto created = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  auto created = engine_core::create(b.ck.config(), b.tok.end_ids(), config);
   EXPECT_TRUE(created.has_value());
   engine_core& core = **created;
   step_executor executor(b.ck, config.num_kv_blocks, config.block_size, config.kernels);
@@ -731,7 +731,7 @@ TEST(EngineCore, TimeLostToPreemptionIsEachStepsRecomputedShare) {
   config.num_kv_blocks = 40;
   config.scheduler.max_num_batched_tokens = 7;
   config.scheduler.max_num_seqs = 10;
-  auto core = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  auto core = engine_core::create(b.ck.config(), b.tok.end_ids(), config);
   ASSERT_TRUE(core.has_value());
   step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
   for (const request& r : mixed_workload()) ASSERT_TRUE((*core)->add_request(r).has_value());
@@ -758,7 +758,7 @@ TEST(EngineCore, PlanningAgainBeforeAPreemptedSampleIsKnownAdmitsNothing) {
   config.block_size = 4;
   config.num_kv_blocks = 4;
   config.max_steps_in_flight = 2;
-  auto core = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  auto core = engine_core::create(b.ck.config(), b.tok.end_ids(), config);
   ASSERT_TRUE(core.has_value());
   step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
   request a = make_request(1, varied_prompt(40), 4, 1.0f, 1);
@@ -808,7 +808,7 @@ struct timed_run {
 };
 timed_run run_with_measured_ratio(const engine_config& config, const request& r, double ratio) {
   const testing::bundled& b = testing::model_and_tokenizer();
-  auto core = engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+  auto core = engine_core::create(b.ck.config(), b.tok.end_ids(), config);
   TROUPE_ASSERT(core.has_value());
   step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
   TROUPE_ASSERT((*core)->add_request(r).has_value());

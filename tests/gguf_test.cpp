@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "runtime/model/convert.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/random_llama.hpp"
 
 namespace troupe::model {
 namespace {
@@ -95,6 +97,121 @@ TEST(Gguf, TheConvertedTokenizerHasTheSamePiecesAndScoresAndEncodesTheSame) {
   EXPECT_EQ(f->tensors.size(), 2u + 9u * 5u);
 }
 
+/// The config of a random llama file (tests/support/random_llama.hpp) of `spec`, metadata edited
+/// by `edit`; or the loader's error message.
+expected<model_config> random_llama_config(const testing::random_llama_spec& spec,
+                                           const std::function<void(testing::gguf_metadata&)>& edit = {}) {
+  const std::string path = write_temp("random.gguf", testing::random_llama_gguf(spec, edit));
+  auto ck = checkpoint::load(path);
+  fs::remove(path);
+  if (!ck) return tl::unexpected(ck.error());
+  return ck->config();
+}
+
+TEST(Gguf, RopeAndRmsNormSettingsAreReadFromTheMetadata) {
+  testing::random_llama_spec spec;  // heads of 16: 8 rotated pairs
+  auto plain = random_llama_config(spec, [](auto& meta) {
+    testing::erase_key(meta, "llama.rope.freq_base");
+    testing::erase_key(meta, "llama.attention.layer_norm_rms_epsilon");
+  });
+  ASSERT_TRUE(plain) << plain.error().message;  // absent: llama2.c's (and llama.cpp's) defaults
+  EXPECT_EQ(std::tie(plain->rope_freq_base, plain->rope_freq_scale, plain->rms_norm_eps), std::tuple(10000.0f, 1.0f, 1e-5f));
+  EXPECT_TRUE(plain->rope_freq_factors.empty());
+  spec.rope_freq_base = 500000.0f;
+  spec.rms_norm_eps = 1e-6f;
+  spec.llama3_factor = 8.0f;  // Llama 3.1's rope_scaling: low 1, high 4, original context 8192
+  auto llama3 = random_llama_config(spec);
+  ASSERT_TRUE(llama3) << llama3.error().message;
+  EXPECT_EQ(std::tie(llama3->rope_freq_base, llama3->rope_freq_scale, llama3->rms_norm_eps),
+            std::tuple(500000.0f, 1.0f, 1e-6f));
+  // Wavelengths 2 pi * 500000^(i/16) for i = 0, 2, .. 14: 6.3 .. 862 keep their frequency
+  // (shorter than 8192 / 4), 4443 is blended (1 / ((1 - s) / 8 + s) with s = (8192 / 4443 - 1) / 3),
+  // the rest (longer than 8192 / 1) are slowed 8 times.
+  const double wavelength = 2 * M_PI / (1.0 / std::pow(500000.0, 8.0 / 16)), smooth = (8192 / wavelength - 1) / 3;
+  const std::vector<float> expected = {1, 1, 1, 1, static_cast<float>(1 / ((1 - smooth) / 8 + smooth)), 8, 8, 8};
+  EXPECT_EQ(llama3->rope_freq_factors, expected);
+  auto linear = random_llama_config({}, [](auto& meta) {
+    testing::set_key(meta, "llama.rope.scaling.type", gguf_value::of_string("linear"));
+    testing::set_key(meta, "llama.rope.scaling.factor", gguf_value::of_float(4.0f));
+  });
+  ASSERT_TRUE(linear) << linear.error().message;
+  EXPECT_EQ(linear->rope_freq_scale, 0.25f);
+  auto none = random_llama_config({}, [](auto& meta) {  // llama.cpp never scales with type none
+    testing::set_key(meta, "llama.rope.scaling.type", gguf_value::of_string("none"));
+    testing::set_key(meta, "llama.rope.scaling.factor", gguf_value::of_float(4.0f));
+  });
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_EQ(none->rope_freq_scale, 1.0f);
+  auto zero = random_llama_config({}, [](auto& meta) {  // 0 means no scaling to llama.cpp
+    testing::set_key(meta, "llama.rope.scaling.factor", gguf_value::of_float(0.0f));
+  });
+  ASSERT_TRUE(zero) << zero.error().message;
+  EXPECT_EQ(zero->rope_freq_scale, 1.0f);
+}
+
+TEST(Gguf, BadRopeAndRmsNormValuesAreRefusedNamingTheKey) {
+  const float nan = std::nanf("");
+  const auto with = [](const std::string& key, gguf_value value) {
+    return [key, value](testing::gguf_metadata& meta) { testing::set_key(meta, key, value); };
+  };
+  const auto f = [](float x) { return gguf_value::of_float(x); };
+  const auto u32 = [](int64_t x) { return gguf_value::of_int(gguf_type::u32, x); };
+  const std::string eps = "llama.attention.layer_norm_rms_epsilon", base = "llama.rope.freq_base",
+                    factor = "llama.rope.scaling.factor";
+  const std::vector<std::pair<std::function<void(testing::gguf_metadata&)>, std::string>> cases = {
+      {with(eps, f(0)), eps + " = 0 is out of range (an RMS-norm epsilon must be in (0, 1])"},
+      {with(eps, f(-1e-5f)), eps + " = -1e-05 is out of range"},
+      {with(eps, f(nan)), eps + " = nan is out of range"},
+      {with(eps, f(2)), eps + " = 2 is out of range"},
+      {with(eps, gguf_value::of_string("small")), "'" + eps + "'"},
+      {with(base, f(-10000)), base + " = -10000 is out of range (a RoPE frequency base must be in (1, 1e+10])"},
+      {with(base, f(nan)), base + " = nan is out of range"},
+      {with(base, f(INFINITY)), base + " = inf is out of range"},
+      {with(base, f(1)), base + " = 1 is out of range"},
+      {with(base, f(1e11f)), base + " = 1e+11 is out of range"},
+      {with(factor, f(-2)), factor + " = -2 is out of range (a RoPE scaling factor must be in (0, 1024])"},
+      {with(factor, f(nan)), factor + " = nan is out of range"},
+      {with(factor, f(5000)), factor + " = 5000 is out of range"},
+      {with("llama.rope.scale_linear", f(-1)), "llama.rope.scale_linear = -1 is out of range"},
+      {with("llama.rope.scaling.type", gguf_value::of_string("yarn")),
+       "llama.rope.scaling.type 'yarn' is not supported (none and linear are; Llama 3's scaling is the tensor "
+       "rope_freqs.weight)"},
+      {with("llama.rope.dimension_count", u32(8)),
+       "llama.rope.dimension_count = 8 is not supported (a llama head is embedding_length / head_count = 16 wide "
+       "and rotated whole)"},
+      {with("llama.attention.key_length", u32(32)), "llama.attention.key_length = 32 is not supported"},
+      {with("llama.attention.value_length", u32(32)), "llama.attention.value_length = 32 is not supported"},
+  };
+  for (const auto& [edit, message] : cases) {
+    auto c = random_llama_config({}, edit);
+    ASSERT_FALSE(c) << message;
+    EXPECT_EQ(c.error().code, errc::malformed_file);
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+}
+
+TEST(Gguf, BadLlama3RopeDivisorsAreRefusedNamingTheTensor) {
+  testing::random_llama_spec spec;  // heads of 16: 8 rotated pairs
+  for (const auto& [value, message] :
+       {std::pair{std::nanf(""), "rope_freqs.weight[5] = nan is out of range (a RoPE frequency divisor must be in "
+                                 "[1/1024, 1024])"},
+        std::pair{5000.0f, "rope_freqs.weight[5] = 5000 is out of range"},
+        std::pair{0.0f, "rope_freqs.weight[5] = 0 is out of range"},
+        std::pair{-8.0f, "rope_freqs.weight[5] = -8 is out of range"}}) {
+    spec.rope_freqs = {1, 1, 1, 1, 2, value, 8, 8};
+    auto c = random_llama_config(spec);
+    ASSERT_FALSE(c) << message;
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+  spec.rope_freqs = {1, 1, 1, 1, 2, 8, 8};
+  auto short_tensor = random_llama_config(spec);
+  ASSERT_FALSE(short_tensor);
+  EXPECT_NE(short_tensor.error().message.find(
+                "tensor 'rope_freqs.weight' must hold head_size / 2 = 8 values (one per rotated pair)"),
+            std::string::npos)
+      << short_tensor.error().message;
+}
+
 /// A GGUF file by hand: `meta` entries already encoded, one tensor of `type` with `data`.
 struct raw_file {
   std::string bytes;
@@ -143,6 +260,29 @@ TEST(Gguf, F16AndQ8_0TensorsAreDequantizedExactly) {
   ASSERT_TRUE(g) << g.error().message;
   const std::vector<float> d = tensor_floats(q8, *g, g->tensors[0]);
   EXPECT_EQ(std::vector<float>(d.begin(), d.begin() + 5), (std::vector<float>{-64.0f, -0.5f, 0.0f, 0.5f, 63.5f}));
+}
+
+TEST(Gguf, F16AndQ8_0TensorsAreWrittenAsGgmlRoundsThem) {
+  // Nearest half, ties to even: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 (rounds to 1);
+  // 2^-25 halfway between 0 and 2^-24 (to 0); 65520 past the largest half (to +inf).
+  const std::pair<float, uint16_t> halves[] = {
+      {1.0f, 0x3c00},     {-2.0f, 0xc000},  {65504.0f, 0x7bff}, {65520.0f, 0x7c00}, {std::ldexp(1.0f, -24), 0x0001},
+      {1.0f + std::ldexp(1.0f, -11), 0x3c00}, {1.0f + 3 * std::ldexp(1.0f, -11), 0x3c02},
+      {std::ldexp(1.0f, -25), 0x0000}, {-0.0f, 0x8000}, {INFINITY, 0x7c00}, {std::nanf(""), 0x7e00}};
+  for (const auto& [value, bits] : halves) EXPECT_EQ(float_to_half(value), bits) << value;
+  // A Q8_0 block: scale max |x| / 127 stored as half, each value round(x / scale).
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); i++) x[i] = static_cast<float>(i) - 20.5f;  // block 0: -20.5 .. 10.5
+  const std::string bytes = write_gguf({}, {{"q", {64}, x.data(), ggml_type::q8_0}, {"h", {64}, x.data(), ggml_type::f16}});
+  auto f = parse_gguf(bytes, "w");
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->tensors[0].type, ggml_type::q8_0);
+  EXPECT_EQ(f->tensors[0].num_bytes, 2u * 34u);
+  const std::vector<float> q = tensor_floats(bytes, *f, f->tensors[0]);
+  const float scale0 = 0.161376953125f;  // 20.5 / 127 = 0.16142 as the nearest half
+  EXPECT_EQ(q[0], -127 * scale0);
+  EXPECT_EQ(q[31], std::round(10.5f / (20.5f / 127)) * scale0);
+  EXPECT_EQ(tensor_floats(bytes, *f, f->tensors[1]), x);  // halves hold these exactly
 }
 
 TEST(Gguf, MalformedFilesAreErrorsNamingTheProblem) {
@@ -240,9 +380,6 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
                    {"llama.rope.dimension_count", std::nullopt}});
   const std::tuple<std::string, std::string, const char*> cases[] = {
       {"arch", rewrite("general.architecture", gguf_value::of_string("gpt2")), "architecture 'gpt2' is not supported"},
-      {"eps", rewrite("llama.attention.layer_norm_rms_epsilon", gguf_value::of_float(1e-6f)),
-       "an RMS-norm epsilon of 0.000001 is not supported"},
-      {"rope", rewrite("llama.rope.freq_base", gguf_value::of_float(500000.0f)), "a RoPE frequency base of"},
       {"layers", rewrite("llama.block_count", std::nullopt), "no metadata key 'llama.block_count'"},
       {"missing", rewrite("", std::nullopt, "blk.3.ffn_up.weight"), "no tensor 'blk.3.ffn_up.weight'"},
       {"heads", rewrite("llama.attention.head_count", gguf_value::of_int(gguf_type::u32, 5)),
@@ -267,6 +404,99 @@ TEST(Gguf, ModelsTroupeCannotRunAreRefusedNamingWhy) {
   ASSERT_FALSE(bos);
   EXPECT_NE(bos.error().message.find("tokenizer.ggml.bos_token_id = 5"), std::string::npos);
   EXPECT_FALSE(tokenizer::from_bytes(good, 513, "t.gguf"));  // a vocabulary of another size
+}
+
+/// The bundled vocabulary as GGUF metadata with Phi-3's kind of added tokens after its 512:
+/// 512 "<|endoftext|>" (control), 513 "<|assistant|>" (user-defined), 514 "<|end|>" (control),
+/// EOS 512 (Phi-3's is 32000, its first added token); `edit` may change the metadata.
+std::string phi3_like_vocab(const std::function<void(testing::gguf_metadata&)>& edit = {}) {
+  const std::string bundled = bundled_gguf_bytes();
+  auto f = parse_gguf(bundled, "x");
+  EXPECT_TRUE(f);
+  testing::gguf_metadata meta;
+  for (const auto& [key, value] : f->metadata)
+    if (key.rfind("tokenizer.", 0) == 0) meta.emplace_back(key, value);
+  for (auto& [key, value] : meta) {
+    if (key == "tokenizer.ggml.tokens")
+      for (const char* text : {"<|endoftext|>", "<|assistant|>", "<|end|>"}) value.items.push_back(gguf_value::of_string(text));
+    if (key == "tokenizer.ggml.scores")
+      for (int i = 0; i < 3; i++) value.items.push_back(gguf_value::of_float(0.0f));
+    if (key == "tokenizer.ggml.token_type")
+      for (int type : {3, 4, 3}) value.items.push_back(gguf_value::of_int(gguf_type::i32, type));
+  }
+  testing::set_key(meta, "tokenizer.ggml.eos_token_id", gguf_value::of_int(gguf_type::u32, 512));
+  if (edit) edit(meta);
+  return write_gguf(meta, {});
+}
+
+TEST(GgufVocab, APhi3StyleVocabularyWithItsOwnEosLoadsAndEndsAtItsEndTokens) {
+  auto tok = tokenizer::from_bytes(phi3_like_vocab(), 515, "phi3.gguf");
+  ASSERT_TRUE(tok) << tok.error().message;
+  EXPECT_EQ(tok->eos_id(), 512);
+  EXPECT_EQ(tok->bos_id(), 1);
+  // EOS by metadata, "<|end|>" by name (llama.cpp's end-of-generation list), BOS as llama2.c.
+  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{1, 512, 514}));
+  EXPECT_TRUE(tok->is_control(512));
+  EXPECT_FALSE(tok->is_control(513));
+  EXPECT_TRUE(tok->is_control(514));
+  EXPECT_EQ(tok->decode({514}), "");
+  auto ids = tok->encode("<|end|><|endoftext|>", true, false);  // text never becomes a control token
+  ASSERT_TRUE(ids);
+  EXPECT_TRUE(std::none_of(ids->begin(), ids->end(), [](int32_t id) { return id == 512 || id == 514; }));
+  EXPECT_TRUE(tok->adds_bos());
+  auto no_bos = tokenizer::from_bytes(phi3_like_vocab([](auto& meta) {
+                                        gguf_value no;
+                                        no.type = gguf_type::boolean;
+                                        testing::set_key(meta, "tokenizer.ggml.add_bos_token", no);
+                                      }),
+                                      515, "phi3.gguf");
+  ASSERT_TRUE(no_bos) << no_bos.error().message;
+  EXPECT_FALSE(no_bos->adds_bos());
+  // The bundled llama2.c vocabulary keeps llama2.c's ends, BOS and EOS.
+  auto bundled = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(bundled);
+  EXPECT_EQ(bundled->end_ids(), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(GgufVocab, EotAndEomIdsFromTheMetadataEndGeneration) {
+  auto tok = tokenizer::from_bytes(phi3_like_vocab([](auto& meta) {
+                                     testing::set_key(meta, "tokenizer.ggml.eot_token_id", gguf_value::of_int(gguf_type::u32, 300));
+                                     testing::set_key(meta, "tokenizer.ggml.eom_token_id", gguf_value::of_int(gguf_type::u32, 301));
+                                     testing::set_key(meta, "tokenizer.ggml.padding_token_id", gguf_value::of_int(gguf_type::u32, 302));
+                                   }),
+                                   515, "phi3.gguf");
+  ASSERT_TRUE(tok) << tok.error().message;
+  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{1, 300, 301, 512, 514}));  // padding ends nothing
+  // A Llama-3-style BPE vocabulary: BOS 256 "<|begin_of_text|>", EOS 257 "<|eot_id|>".
+  testing::random_llama_spec spec;
+  auto llama = tokenizer::from_bytes(testing::random_llama_gguf(spec), 313, "llama3.gguf");
+  ASSERT_TRUE(llama) << llama.error().message;
+  EXPECT_EQ(llama->end_ids(), (std::vector<int32_t>{256, 257}));
+}
+
+TEST(GgufVocab, BadEndIdsAreRefusedNamingTheKey) {
+  const auto with = [](const std::string& key, int64_t id) {
+    return phi3_like_vocab([key, id](auto& meta) { testing::set_key(meta, key, gguf_value::of_int(gguf_type::u32, id)); });
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with("tokenizer.ggml.eos_token_id", 513),
+       "tokenizer.ggml.eos_token_id = 513; troupe's llama vocabulary needs 2 or a control token (type 3) after the "
+       "byte tokens"},
+      {with("tokenizer.ggml.eos_token_id", 515), "tokenizer.ggml.eos_token_id = 515; troupe's llama vocabulary needs"},
+      {with("tokenizer.ggml.eos_token_id", 100), "tokenizer.ggml.eos_token_id = 100; troupe's llama vocabulary needs"},
+      {with("tokenizer.ggml.bos_token_id", 512), "tokenizer.ggml.bos_token_id = 512; troupe's llama vocabulary needs 1"},
+      {with("tokenizer.ggml.eot_token_id", 515), "tokenizer.ggml.eot_token_id = 515, outside the vocabulary of 515"},
+      {with("tokenizer.ggml.eom_token_id", 9999), "tokenizer.ggml.eom_token_id = 9999, outside the vocabulary of 515"},
+      {with("tokenizer.ggml.padding_token_id", 515), "tokenizer.ggml.padding_token_id = 515, outside the vocabulary"},
+      {phi3_like_vocab([](auto& meta) { testing::set_key(meta, "tokenizer.ggml.add_bos_token", gguf_value::of_int(gguf_type::u32, 1)); }),
+       "tokenizer.ggml.add_bos_token is not a boolean"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    auto tok = tokenizer::from_bytes(bytes, 515, "phi3.gguf");
+    ASSERT_FALSE(tok) << message;
+    EXPECT_EQ(tok.error().code, errc::malformed_file);
+    EXPECT_NE(tok.error().message.find(message), std::string::npos) << tok.error().message;
+  }
 }
 
 }  // namespace

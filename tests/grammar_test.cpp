@@ -899,7 +899,7 @@ TEST(GrammarEngine, APlanNamesGrammarsByIdAndTheExecutorLooksThemUpInTheTableBes
   // The plan is plain data (issue 52): a chunk carries its grammar's id, numbered by admission,
   // and the engine hands its executor the compiled grammars beside the plan.
   const testing::bundled& b = testing::model_and_tokenizer();
-  auto core = engine::engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), {});
+  auto core = engine::engine_core::create(b.ck.config(), b.tok.end_ids(), {});
   ASSERT_TRUE(core.has_value()) << core.error().message;
   engine::request digits = grammar_request(1, 1, grammar_kind::regex, "[0-9]+");
   digits.compiled_grammar = compile(digits.grammar).value();
@@ -917,7 +917,7 @@ TEST(GrammarEngine, APlanNamesGrammarsByIdAndTheExecutorLooksThemUpInTheTableBes
 
   const engine::engine_config& config = (*core)->config();
   engine::step_executor executor(b.ck, config.num_kv_blocks, config.block_size, model::kernel_path::fast, nullptr, {},
-                                 nullptr, vocabulary_of(b.tok, engine::end_token_ids(config, b.tok.bos_id(), b.tok.eos_id())));
+                                 nullptr, vocabulary_of(b.tok, engine::end_token_ids(config, b.tok.end_ids())));
   const auto first = std::find_if(plan->chunks.begin(), plan->chunks.end(),
                                   [](const engine::exec_chunk& c) { return c.grammar != no_grammar; });
   ASSERT_NE(first, plan->chunks.end());

@@ -150,7 +150,7 @@ TEST(Kernels, SoftmaxAndRmsnormKnownValues) {
   EXPECT_NEAR(x[2], 0.66524096f, 1e-7f);
   const float in[4] = {1.0f, -2.0f, 3.0f, -4.0f}, weight[4] = {1.0f, 1.0f, 2.0f, 0.5f};
   float out[4];
-  reference::rmsnorm(out, in, weight, 4);  // rms = sqrt(30/4 + 1e-5)
+  reference::rmsnorm(out, in, weight, 4, 1e-5f);  // rms = sqrt(30/4 + 1e-5)
   const float inv = 1.0f / std::sqrt(7.5f + 1e-5f);
   EXPECT_FLOAT_EQ(out[0], inv);
   EXPECT_FLOAT_EQ(out[2], 6.0f * inv);

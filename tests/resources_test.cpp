@@ -179,7 +179,7 @@ TEST(EngineCoreFailure, AFailedChunkEndsOnlyItsRequestAndOthersMatchTheirSoloRun
   const testing::bundled& b = testing::model_and_tokenizer();
   const engine::engine_config config;
   auto make_core = [&] {
-    auto core = engine::engine_core::create(b.ck.config(), b.tok.bos_id(), b.tok.eos_id(), config);
+    auto core = engine::engine_core::create(b.ck.config(), b.tok.end_ids(), config);
     EXPECT_TRUE(core);
     return std::move(*core);
   };

@@ -275,7 +275,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   auto loaded = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!loaded) return fail(loaded.error().code, where(e) + loaded.error().message);
   actors::engine_options o;
-  o.vocabulary = grammar::vocabulary_of(*loaded, engine::end_token_ids(e.config, loaded->bos_id(), loaded->eos_id()));
+  o.vocabulary = grammar::vocabulary_of(*loaded, engine::end_token_ids(e.config, loaded->end_ids()));
   if (!tok) tok = std::make_shared<const tokenizer>(std::move(*loaded));
   o.checkpoint = std::make_shared<const model::checkpoint>(std::move(*ck));
   if (e.config.speculation.drafter == spec::drafter_kind::draft_model) {
@@ -285,8 +285,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
       return fail(ok.error().code, where(e) + ok.error().message);
     o.draft_checkpoint = std::make_shared<const model::checkpoint>(std::move(*draft));
   }
-  o.bos_id = tok->bos_id();
-  o.eos_id = tok->eos_id();
+  o.end_ids = tok->end_ids();
   o.config = e.config;
   o.max_waiting = t.load_balancer.max_waiting;
   o.executor_threads = e.executor_threads;

@@ -106,8 +106,8 @@ void matmul(float* out, const float* x, const float* w, int32_t rows, int32_t n,
 /// out += ((float)dot * w_scale) * x_scale.
 void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix& w, int32_t rows);
 
-/// out (n) = weight ⊙ x / rms(x), eps 1e-5 as llama2.c.
-void rmsnorm(float* out, const float* x, const float* weight, int32_t n);
+/// out (n) = weight ⊙ x / sqrt(mean(x²) + eps); llama2.c's eps is 1e-5.
+void rmsnorm(float* out, const float* x, const float* weight, int32_t n, float eps);
 
 /// In-place softmax over x (n): max-subtract, exp, sequential sum, divide.
 void softmax(float* x, int32_t n, exp_source exp = exp_source::kernels);

@@ -37,11 +37,11 @@ void matmul_q80(float* out, const int8_t* xq, const float* xs, const q80_matrix&
   }
 }
 
-void rmsnorm(float* out, const float* x, const float* weight, int32_t n) {
+void rmsnorm(float* out, const float* x, const float* weight, int32_t n, float eps) {
   float ss = 0.0f;
   for (int32_t j = 0; j < n; j++) ss += x[j] * x[j];
   ss /= static_cast<float>(n);
-  ss += 1e-5f;
+  ss += eps;
   ss = 1.0f / std::sqrt(ss);
   for (int32_t j = 0; j < n; j++) out[j] = weight[j] * (ss * x[j]);
 }

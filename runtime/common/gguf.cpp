@@ -1,5 +1,7 @@
 #include "runtime/common/gguf.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -410,6 +412,56 @@ std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, con
   return out;
 }
 
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u);  // infinity, NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and above round to infinity
+  if (x < 0x38800000u) {                         // below 2^-14: a subnormal half, in units of 2^-24
+    float magnitude;
+    std::memcpy(&magnitude, &x, sizeof magnitude);
+    return sign | static_cast<uint16_t>(std::nearbyint(magnitude * 16777216.0f));  // exact product
+  }
+  uint32_t h = ((x >> 23) - 127 + 15) << 10 | (x & 0x7fffffu) >> 13;
+  const uint32_t rest = x & 0x1fffu;  // the 13 mantissa bits dropped
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  // a carry rounds into the exponent
+  return sign | static_cast<uint16_t>(h);
+}
+
+namespace {
+
+/// Bytes of `n` values stored as `type`.
+uint64_t encoded_bytes(int64_t n, ggml_type type) {
+  switch (type) {
+    case ggml_type::f32: return static_cast<uint64_t>(n) * 4;
+    case ggml_type::f16: return static_cast<uint64_t>(n) * 2;
+    case ggml_type::q8_0: return static_cast<uint64_t>(n / q8_0_block) * q8_0_block_bytes;
+  }
+  TROUPE_ASSERT_MSG(false, "unknown ggml type");
+  return 0;
+}
+
+/// Appends `n` values of `data` stored as `type` (write_gguf's rules).
+void put_encoded(std::string& out, const float* data, int64_t n, ggml_type type) {
+  if (type == ggml_type::f32) return put_bytes(out, data, static_cast<size_t>(n) * 4);
+  if (type == ggml_type::f16) {
+    for (int64_t i = 0; i < n; i++) put<uint16_t>(out, float_to_half(data[i]));
+    return;
+  }
+  TROUPE_ASSERT_MSG(n % q8_0_block == 0, "Q8_0 rows are whole blocks of 32");
+  for (int64_t b = 0; b < n; b += q8_0_block) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < q8_0_block; i++) amax = std::max(amax, std::fabs(data[b + i]));
+    const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    put<uint16_t>(out, float_to_half(d));
+    for (int64_t i = 0; i < q8_0_block; i++) put<int8_t>(out, static_cast<int8_t>(std::round(data[b + i] * inverse)));
+  }
+}
+
+}  // namespace
+
 std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& metadata,
                        const std::vector<gguf_tensor_data>& tensors) {
   constexpr uint64_t alignment = 32;
@@ -433,10 +485,11 @@ std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& me
       put<uint64_t>(out, static_cast<uint64_t>(d));
       n *= d;
     }
-    put<uint32_t>(out, static_cast<uint32_t>(ggml_type::f32));
+    TROUPE_ASSERT_MSG(t.type != ggml_type::q8_0 || t.dims[0] % q8_0_block == 0, "Q8_0 rows are whole blocks of 32");
+    put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
     offsets.push_back(offset);
-    offset = align_up(offset + static_cast<uint64_t>(n) * 4, alignment);
+    offset = align_up(offset + encoded_bytes(n, t.type), alignment);
   }
   out.resize(align_up(out.size(), alignment), '\0');
   const size_t data_start = out.size();
@@ -444,7 +497,7 @@ std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& me
     out.resize(data_start + offsets[i], '\0');
     int64_t n = 1;
     for (int64_t d : tensors[i].dims) n *= d;
-    put_bytes(out, tensors[i].data, static_cast<size_t>(n) * 4);
+    put_encoded(out, tensors[i].data, n, tensors[i].type);
   }
   return out;
 }

@@ -7,7 +7,8 @@
 /// file in memory; it trusts nothing: every count and length is checked against the bytes that
 /// remain, every tensor's data must lie inside the file, names are unique, and a malformed file
 /// is an error naming the file and the byte offset or the tensor. `write_gguf` writes the subset
-/// troupe produces (`troupe convert`): scalar, string and array metadata, F32 tensors.
+/// troupe produces (`troupe convert`, the tests' random models): scalar, string and array
+/// metadata, F32, F16 and Q8_0 tensors.
 ///
 /// Tensor types read: F32, F16 and Q8_0 (blocks of 32 int8 values with one f16 scale), each
 /// dequantized to float32 by `tensor_floats`.
@@ -85,14 +86,21 @@ struct gguf_file {
 /// The float32 values of tensor `t` of a file parsed from `bytes` (F16 and Q8_0 dequantized).
 [[nodiscard]] std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, const gguf_tensor& t);
 
-/// A tensor to write: F32 data in ggml order (`dims[0]` contiguous).
+/// A tensor to write: float32 data in ggml order (`dims[0]` contiguous), stored as `type`: F32;
+/// F16 rounded to nearest even; Q8_0 as ggml's reference quantizer does (per block of 32, the
+/// scale d = max |x| / 127 stored as f16, each value round(x / d)), so dims[0] must then be a
+/// multiple of 32.
 struct gguf_tensor_data {
   std::string name;
   std::vector<int64_t> dims;
   const float* data = nullptr;
+  ggml_type type = ggml_type::f32;
 };
 
-/// A GGUF v3 file with `metadata` (in the order given) and F32 `tensors`, 32-byte aligned.
+/// The IEEE half-precision number nearest `f` (ties to even; beyond the range: infinity).
+[[nodiscard]] uint16_t float_to_half(float f);
+
+/// A GGUF v3 file with `metadata` (in the order given) and `tensors`, 32-byte aligned.
 [[nodiscard]] std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& metadata,
                                      const std::vector<gguf_tensor_data>& tensors);
 

@@ -16,7 +16,7 @@ expected<std::unique_ptr<engine>> engine::create(const model::checkpoint& ck, co
                                             std::to_string(ck.config().vocab_size));
   if (config.max_steps_in_flight != 1)
     return fail(errc::invalid_argument, "the synchronous engine runs one step at a time");
-  auto core = engine_core::create(ck.config(), tok.bos_id(), tok.eos_id(), config);
+  auto core = engine_core::create(ck.config(), tok.end_ids(), config);
   if (!core) return tl::unexpected(core.error());
   if (config.speculation.drafter == spec::drafter_kind::draft_model) {
     if (draft == nullptr) return fail(errc::invalid_argument, "the draft_model drafter needs a draft model");

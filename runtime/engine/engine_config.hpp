@@ -36,8 +36,9 @@ struct engine_config {
   int32_t block_size = 16;       ///< tokens per block
   sched::scheduler_config scheduler;
   model::kernel_path kernels = model::kernel_path::fast;
-  /// Tokens that end a sample unless `ignore_eos`. Empty = the tokenizer's EOS and, as in
-  /// llama2.c (TinyStories separates stories with BOS), its BOS.
+  /// Tokens that end a sample unless `ignore_eos`. Empty = the vocabulary's end ids
+  /// (tokenizer::end_ids(): EOS and, as in llama2.c, BOS; a GGUF file's EOT, EOM and the
+  /// end-of-generation tokens llama.cpp knows by name).
   std::vector<int32_t> eos_token_ids;
   /// Plans in flight at most: 1 = synchronous, 2 = plan step N+1 while N runs.
   int32_t max_steps_in_flight = 1;
@@ -67,9 +68,9 @@ struct engine_config {
   grammar::grammar_limits grammar;
 };
 
-/// The tokens that end a sample: `config.eos_token_ids`, or the tokenizer's EOS and BOS.
-[[nodiscard]] inline std::vector<int32_t> end_token_ids(const engine_config& config, int32_t bos_id, int32_t eos_id) {
-  return config.eos_token_ids.empty() ? std::vector<int32_t>{eos_id, bos_id} : config.eos_token_ids;
+/// The tokens that end a sample: `config.eos_token_ids`, or the vocabulary's `end_ids`.
+[[nodiscard]] inline std::vector<int32_t> end_token_ids(const engine_config& config, const std::vector<int32_t>& end_ids) {
+  return config.eos_token_ids.empty() ? end_ids : config.eos_token_ids;
 }
 
 }  // namespace troupe::engine

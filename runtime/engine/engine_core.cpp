@@ -107,7 +107,7 @@ expected<void> validate_request(const request& r, const model::model_config& mod
 }
 
 expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_config& model,
-                                                           int32_t bos_id, int32_t eos_id,
+                                                           const std::vector<int32_t>& end_ids,
                                                            const engine_config& config) {
   // Named by their engine_config fields (the block manager would say "num_blocks").
   if (config.num_kv_blocks <= 0)
@@ -141,7 +141,7 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
   auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier && config.own_tier});
   if (!blocks) return tl::unexpected(blocks.error());
   engine_config c = config;
-  c.eos_token_ids = end_token_ids(config, bos_id, eos_id);
+  c.eos_token_ids = end_token_ids(config, end_ids);
   return std::unique_ptr<engine_core>(
       new engine_core(model, c, std::make_unique<kv::block_manager>(std::move(*blocks))));
 }

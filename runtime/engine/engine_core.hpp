@@ -112,7 +112,7 @@ class engine_core {
  public:
   /// Validates `config` against the model shape.
   [[nodiscard]] static expected<std::unique_ptr<engine_core>> create(const model::model_config& model,
-                                                                     int32_t bos_id, int32_t eos_id,
+                                                                     const std::vector<int32_t>& end_ids,
                                                                      const engine_config& config);
 
   /// Checks and queues a request. Errors: invalid sampling params, empty prompt, token ids out

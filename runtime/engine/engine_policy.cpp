@@ -96,7 +96,7 @@ bool operator==(const demote_blocks& a, const demote_blocks& b) {
 }
 
 expected<std::unique_ptr<engine_policy>> engine_policy::create(engine_policy_options options, int64_t now_ns) {
-  auto core = engine_core::create(options.model, options.bos_id, options.eos_id, options.config);
+  auto core = engine_core::create(options.model, options.end_ids, options.config);
   if (!core) return tl::unexpected(core.error());
   if (options.max_waiting <= 0) return fail(errc::invalid_argument, "max_waiting must be > 0");
   return std::unique_ptr<engine_policy>(new engine_policy(std::move(options), std::move(*core), now_ns));
@@ -422,7 +422,7 @@ effects engine_policy::executor_failed(int64_t generation, const std::string& wh
   generation_++;
   num_executor_failures_++;
   std::vector<engine_core::resumable_request> resumable = core_->resumable_requests();
-  auto core = engine_core::create(options_.model, options_.bos_id, options_.eos_id, options_.config);
+  auto core = engine_core::create(options_.model, options_.end_ids, options_.config);
   TROUPE_ASSERT_MSG(core.has_value(), "the options made a core before");
   core_ = std::move(*core);
   if (reporting_) reporting_->snapshot_due = true;  // the balancer knows the old pool's hashes

@@ -192,8 +192,8 @@ bool operator==(const demote_blocks& a, const demote_blocks& b);
 
 struct engine_policy_options {
   model::model_config model;
-  int32_t bos_id = 1;
-  int32_t eos_id = 2;
+  /// The vocabulary's end-of-generation ids (tokenizer::end_ids()); llama2.c's BOS and EOS.
+  std::vector<int32_t> end_ids{1, 2};
   engine_config config;
   int32_t max_waiting = 1024;  ///< queued requests at most; beyond: reject{overloaded}
   /// Run the core's per-step invariant check (engine_core::check_step) after every Nth

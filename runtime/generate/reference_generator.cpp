@@ -1,5 +1,7 @@
 #include "runtime/generate/reference_generator.hpp"
 
+#include <algorithm>
+
 #include "runtime/tokenizer/stream_detokenizer.hpp"
 
 namespace troupe::generate {
@@ -54,7 +56,7 @@ expected<generation> generate(model::transformer& model, const tokenizer& tok,
     out.tokens.push_back(s.token);
     out.logprobs.push_back(s.logprob);
     std::string text = detokenizer.push(s.token);
-    const bool end = !p.ignore_eos && (s.token == tok.eos_id() || s.token == tok.bos_id());
+    const bool end = !p.ignore_eos && std::binary_search(tok.end_ids().begin(), tok.end_ids().end(), s.token);
     if (end || static_cast<int32_t>(out.tokens.size()) == p.max_new_tokens) text += detokenizer.finish();
     out.text += text;
     if (on_token) on_token(s.token, text);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <optional>
+#include <sstream>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -167,10 +168,98 @@ weights views(const model_config& c, const float* p, bool freq_cis, moe_weights*
 }
 
 
+/// Reads float metadata `key`, when present, into `*out`: it must be finite and in (min, max]
+/// (`what` names the quantity in the error).
+expected<void> read_float_key(const gguf_file& f, const std::string& key, double min, double max, const char* what,
+                              float* out, const std::string& path) {
+  if (!f.metadata.count(key)) return {};
+  auto v = f.get_float(key, path);
+  if (!v) return tl::unexpected(v.error());
+  if (!std::isfinite(*v) || *v <= min || *v > max) {
+    std::ostringstream text;
+    text << key << " = " << *v << " is out of range (" << what << " must be in (" << min << ", " << max << "])";
+    return fail(errc::malformed_file, where(path) + text.str());
+  }
+  *out = static_cast<float>(*v);
+  return {};
+}
+
+/// Llama 3's RoPE scaling as llama.cpp's converter stores it: the F32 tensor rope_freqs.weight of
+/// head_size / 2 divisors, one per rotated pair, computed from rope_scaling's factor,
+/// low_freq_factor, high_freq_factor and original_max_position_embeddings (llama.cpp's loader
+/// reads only the tensor, so troupe does too). Each must be finite and in [1/1024, 1024].
+expected<void> read_rope_freqs(std::string_view bytes, const gguf_file& f, model_config& c, const std::string& path) {
+  const gguf_tensor* t = f.tensor("rope_freqs.weight");
+  if (t == nullptr) return {};
+  const int64_t half = c.head_size() / 2;
+  if (t->dims != std::vector<int64_t>{half})
+    return fail(errc::malformed_file, where(path) + "tensor 'rope_freqs.weight' must hold head_size / 2 = " +
+                                          std::to_string(half) + " values (one per rotated pair)");
+  std::vector<float> factors = tensor_floats(bytes, f, *t);
+  for (size_t i = 0; i < factors.size(); i++) {
+    if (std::isfinite(factors[i]) && factors[i] >= 1.0f / 1024 && factors[i] <= 1024) continue;
+    std::ostringstream text;
+    text << "rope_freqs.weight[" << i << "] = " << factors[i]
+         << " is out of range (a RoPE frequency divisor must be in [1/1024, 1024])";
+    return fail(errc::malformed_file, where(path) + text.str());
+  }
+  c.rope_freq_factors = std::move(factors);
+  return {};
+}
+
+/// Refuses heads other than troupe's llama ones: dim / n_heads wide and rotated whole (llama.cpp
+/// refuses partial rotary for llama too).
+expected<void> check_head_keys(const gguf_file& f, const model_config& c, const std::string& path) {
+  for (const char* key : {"llama.rope.dimension_count", "llama.attention.key_length", "llama.attention.value_length"}) {
+    if (!f.metadata.count(key)) continue;
+    auto v = f.get_int(key, path);
+    if (!v) return tl::unexpected(v.error());
+    if (*v != c.head_size())
+      return fail(errc::malformed_file, where(path) + key + " = " + std::to_string(*v) +
+                                            " is not supported (a llama head is embedding_length / head_count = " +
+                                            std::to_string(c.head_size()) + " wide and rotated whole)");
+  }
+  return {};
+}
+
+/// RoPE and RMS-norm settings of a GGUF llama model (`c`'s shape already read), as llama.cpp
+/// reads them: the RMS epsilon, the RoPE base, a linear scale of 1 / rope.scaling.factor (its
+/// old name rope.scale_linear; 0 means none) unless the scaling type is "none", and Llama 3's
+/// divisors (read_rope_freqs). YaRN and the other scaling types are refused by name.
+expected<void> read_rope_and_norm(std::string_view bytes, const gguf_file& f, model_config& c,
+                                  const std::string& path) {
+  for (auto ok : {read_float_key(f, "llama.attention.layer_norm_rms_epsilon", 0, 1, "an RMS-norm epsilon",
+                                 &c.rms_norm_eps, path),
+                  read_float_key(f, "llama.rope.freq_base", 1, 1e10, "a RoPE frequency base", &c.rope_freq_base, path),
+                  check_head_keys(f, c, path)})
+    if (!ok) return ok;
+  std::string scaling = "linear";  // llama.cpp's default when the key is absent
+  if (f.metadata.count("llama.rope.scaling.type")) {
+    auto v = f.get_string("llama.rope.scaling.type", path);
+    if (!v) return tl::unexpected(v.error());
+    scaling = *v;
+  }
+  if (scaling != "linear" && scaling != "none")
+    return fail(errc::malformed_file, where(path) + "llama.rope.scaling.type '" + echo(scaling) +
+                                          "' is not supported (none and linear are; Llama 3's scaling is the "
+                                          "tensor rope_freqs.weight)");
+  float factor = 1.0f;
+  for (const char* key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"}) {
+    if (!f.metadata.count(key)) continue;
+    auto v = f.get_float(key, path);
+    if (!v) return tl::unexpected(v.error());
+    if (*v != 0.0)
+      if (auto ok = read_float_key(f, key, 0, 1024, "a RoPE scaling factor", &factor, path); !ok) return ok;
+    break;
+  }
+  if (scaling == "linear" && factor != 1.0f) c.rope_freq_scale = 1.0f / factor;
+  return read_rope_freqs(bytes, f, c, path);
+}
+
 /// A GGUF llama model's shape and its weights in llama2.c's layout (float32; F16 and Q8_0
-/// tensors dequantized). Refuses what troupe's transformer would compute differently: another
-/// architecture, an RMS-norm epsilon other than 1e-5, a RoPE base other than 10000 or RoPE over
-/// part of a head.
+/// tensors dequantized), with its RoPE and RMS-norm settings (read_rope_and_norm). Refuses what
+/// troupe's transformer would compute differently: another architecture, heads of another size,
+/// RoPE over part of a head, a scaling type other than none, linear or Llama 3's.
 expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view bytes, const std::string& path) {
   auto f = parse_gguf(bytes, path);
   if (!f) return tl::unexpected(f.error());
@@ -201,24 +290,7 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
     c.n_kv_heads = static_cast<int32_t>(*v);
   }
   if (auto ok = check_shape(c, path); !ok) return tl::unexpected(ok.error());
-  const std::tuple<const char*, double, const char*> fixed[] = {
-      {"llama.attention.layer_norm_rms_epsilon", 1e-5, "an RMS-norm epsilon"},
-      {"llama.rope.freq_base", 10000.0, "a RoPE frequency base"}};
-  for (const auto& [key, value, what] : fixed) {
-    if (!f->metadata.count(key)) continue;
-    auto v = f->get_float(key, path);
-    if (!v) return tl::unexpected(v.error());
-    if (std::abs(*v - value) > value * 1e-4)
-      return fail(errc::malformed_file, where(path) + std::string(what) + " of " + std::to_string(*v) +
-                                            " is not supported (troupe's transformer uses " + std::to_string(value) + ")");
-  }
-  if (f->metadata.count("llama.rope.dimension_count")) {
-    auto v = f->get_int("llama.rope.dimension_count", path);
-    if (!v) return tl::unexpected(v.error());
-    if (*v != c.head_size())
-      return fail(errc::malformed_file, where(path) + "RoPE over " + std::to_string(*v) + " of a head's " +
-                                            std::to_string(c.head_size()) + " dimensions is not supported");
-  }
+  if (auto ok = read_rope_and_norm(bytes, *f, c, path); !ok) return tl::unexpected(ok.error());
   const gguf_tensor* embedding = f->tensor("token_embd.weight");
   if (!embedding || embedding->dims.size() != 2)
     return fail(errc::malformed_file, where(path) + "no 2-D tensor 'token_embd.weight'");
@@ -287,7 +359,11 @@ expected<model_config> header_config(const int32_t (&h)[7], bool negative_vocab_
                                             std::to_string(h[i]) + " is out of range (1.." +
                                             std::to_string(max_dimension) + ")");
   }
-  model_config c{h[0], h[1], h[2], h[3], h[4], std::abs(h[5]), h[6], h[5] > 0};
+  model_config c;  // RoPE and RMS norm: llama2.c's defaults
+  std::tie(c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads) = std::tie(h[0], h[1], h[2], h[3], h[4]);
+  c.vocab_size = std::abs(h[5]);
+  c.seq_len = h[6];
+  c.shared_classifier = h[5] > 0;
   if (auto ok = check_shape(c, path); !ok) return tl::unexpected(ok.error());
   return c;
 }

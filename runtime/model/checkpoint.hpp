@@ -33,6 +33,13 @@ struct model_config {
   int32_t vocab_size = 0;
   int32_t seq_len = 0;     ///< maximum context length
   bool shared_classifier = true;  ///< the header's vocab_size was positive
+  // How RoPE and RMS norm are computed: llama2.c's fixed values unless a GGUF file's metadata
+  // says otherwise (docs/model-formats.md).
+  float rope_freq_base = 10000.0f;  ///< pair f of a head turns by pos * base^(-2f / head_size)
+  float rope_freq_scale = 1.0f;     ///< linear RoPE scaling: angles times 1 / rope.scaling.factor
+  std::vector<float> rope_freq_factors;  ///< (head_size / 2) divisors of each pair's angle
+                                         ///< (Llama 3's scaling, rope_freqs.weight); empty: none
+  float rms_norm_eps = 1e-5f;       ///< added to the mean square before its inverse square root
 
   [[nodiscard]] int32_t head_size() const { return dim / n_heads; }
   [[nodiscard]] int32_t kv_dim() const { return n_kv_heads * head_size(); }

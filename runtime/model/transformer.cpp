@@ -50,14 +50,19 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
     own_dispatch_ = std::make_unique<moe::in_process_dispatch>(ck_, placement_, path_);
     dispatch_ = own_dispatch_.get();
   }
-  // RoPE angles exactly as llama2.c computes them per step, tabulated once.
+  // RoPE angles exactly as llama2.c computes them per step (base 10000, no scaling), tabulated
+  // once; a GGUF file's base, per-pair divisors and linear scale as llama.cpp applies them.
   const int32_t half = c.head_size() / 2;
+  TROUPE_ASSERT(c.rope_freq_factors.empty() || c.rope_freq_factors.size() == static_cast<size_t>(half));
   rope_cos_.resize(static_cast<size_t>(c.seq_len) * half);
   rope_sin_.resize(static_cast<size_t>(c.seq_len) * half);
   for (int32_t pos = 0; pos < c.seq_len; pos++) {
     for (int32_t f = 0; f < half; f++) {
-      const float freq = 1.0f / std::pow(10000.0f, static_cast<float>(2 * f) / static_cast<float>(c.head_size()));
-      const float val = static_cast<float>(pos) * freq;
+      const float freq =
+          1.0f / std::pow(c.rope_freq_base, static_cast<float>(2 * f) / static_cast<float>(c.head_size()));
+      float val = static_cast<float>(pos) * freq;
+      if (!c.rope_freq_factors.empty()) val /= c.rope_freq_factors[static_cast<size_t>(f)];
+      if (c.rope_freq_scale != 1.0f) val *= c.rope_freq_scale;
       rope_cos_[static_cast<size_t>(pos) * half + f] = std::cos(val);
       rope_sin_[static_cast<size_t>(pos) * half + f] = std::sin(val);
     }
@@ -239,7 +244,7 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
   const int32_t dim = c.dim, kv_dim = c.kv_dim(), half = c.head_size() / 2;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
-    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_att + ld * dim, dim);
+    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_att + ld * dim, dim, c.rms_norm_eps);
   matmul(s.q.data(), s.xb.data(), matrix::wq, l, n, s, pool);
   matmul(s.k.data(), s.xb.data(), matrix::wk, l, n, s, pool);
   matmul(s.v.data(), s.xb.data(), matrix::wv, l, n, s, pool);
@@ -283,7 +288,7 @@ void transformer::ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_pool* 
   const int32_t dim = c.dim, hidden = c.hidden_dim;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
-    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_ffn + ld * dim, dim);
+    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_ffn + ld * dim, dim, c.rms_norm_eps);
   matmul(s.hb.data(), s.xb.data(), matrix::w1, l, n, s, pool);
   matmul(s.hb2.data(), s.xb.data(), matrix::w3, l, n, s, pool);
   if (path_ == kernel_path::fast)
@@ -300,7 +305,7 @@ void transformer::moe_ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_po
   const int32_t dim = c.dim, experts = m.n_experts;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
-    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], ck_.w().rms_ffn + ld * dim, dim);
+    cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], ck_.w().rms_ffn + ld * dim, dim, c.rms_norm_eps);
   if (m.router == moe::router_kind::top_k) {
     matmul(s.router_logits.data(), s.xb.data(), matrix::router, l, n, s, pool);
     const float* bias = m.router_bias + ld * experts;  // (n_experts)
@@ -324,7 +329,8 @@ void transformer::classifier(const std::vector<forward_row>& rows, std::vector<f
   int32_t m = 0;  // rows that want logits, packed to the front of s.xb
   for (size_t r = 0; r < rows.size(); r++)
     if (rows[r].want_logits)
-      cpu::reference::rmsnorm(&s.xb[static_cast<size_t>(m++) * c.dim], &s.x[r * c.dim], ck_.w().rms_final, c.dim);
+      cpu::reference::rmsnorm(&s.xb[static_cast<size_t>(m++) * c.dim], &s.x[r * c.dim], ck_.w().rms_final, c.dim,
+                              c.rms_norm_eps);
   logits.resize(static_cast<size_t>(m) * c.vocab_size);
   if (m > 0) matmul(logits.data(), s.xb.data(), matrix::wcls, 0, m, s, pool);
 }

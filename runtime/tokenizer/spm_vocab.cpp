@@ -166,8 +166,7 @@ expected<spm_vocab> spm_vocab::from_gguf(const model::gguf_file& f, std::int32_t
                                          const std::string& name) {
   if (auto ok = check_vocab_size(vocab_size, name); !ok) return tl::make_unexpected(ok.error());
   for (const auto& [key, id] : {std::pair<const char*, std::int32_t>{"tokenizer.ggml.unknown_token_id", unk_id},
-                                {"tokenizer.ggml.bos_token_id", bos},
-                                {"tokenizer.ggml.eos_token_id", eos}}) {
+                                {"tokenizer.ggml.bos_token_id", bos}}) {
     if (!f.metadata.count(key)) continue;
     auto v = f.get_int(key, name);
     if (!v) return tl::make_unexpected(v.error());
@@ -194,9 +193,32 @@ expected<spm_vocab> spm_vocab::from_gguf(const model::gguf_file& f, std::int32_t
     tok.scores_.push_back(static_cast<float>((**scores)[id].number));
   }
   if (expected<void> ok = tok.check_byte_tokens(name); !ok) return tl::make_unexpected(ok.error());
+  if (expected<void> ok = tok.read_control_and_eos(f, name); !ok) return tl::make_unexpected(ok.error());
   tok.build_lookup();
   tok.check_invariants();
   return tok;
+}
+
+expected<void> spm_vocab::read_control_and_eos(const model::gguf_file& f, const std::string& name) {
+  control_.assign(pieces_.size(), false);
+  if (f.metadata.count("tokenizer.ggml.token_type")) {
+    auto types = f.get_array("tokenizer.ggml.token_type", model::gguf_type::i32, name);
+    if (!types) return tl::make_unexpected(types.error());
+    if ((*types)->size() != pieces_.size())
+      return fail(errc::malformed_file, name + ": " + std::to_string((*types)->size()) + " token types for " +
+                                            std::to_string(pieces_.size()) + " tokens");
+    for (std::int32_t id = first_normal_id; id < vocab_size(); ++id)
+      control_[static_cast<std::size_t>(id)] = (**types)[static_cast<std::size_t>(id)].integer == 3;  // control
+  }
+  if (!f.metadata.count("tokenizer.ggml.eos_token_id")) return {};
+  auto v = f.get_int("tokenizer.ggml.eos_token_id", name);
+  if (!v) return tl::make_unexpected(v.error());
+  if (*v != eos && !(*v >= first_normal_id && *v < vocab_size() && control_[static_cast<std::size_t>(*v)]))
+    return fail(errc::malformed_file, name + ": tokenizer.ggml.eos_token_id = " + std::to_string(*v) +
+                                          "; troupe's llama vocabulary needs 2 or a control token (type 3) after the "
+                                          "byte tokens");
+  eos_id_ = static_cast<std::int32_t>(*v);
+  return {};
 }
 
 expected<void> spm_vocab::check_byte_tokens(std::string_view source_name) const {
@@ -215,8 +237,9 @@ expected<void> spm_vocab::check_byte_tokens(std::string_view source_name) const 
 
 void spm_vocab::build_lookup() {
   sorted_normal_ids_.clear();
+  control_.resize(pieces_.size(), false);  // llama2.c files: none after the byte tokens
   for (std::int32_t id = first_normal_id; id < vocab_size(); ++id) {
-    sorted_normal_ids_.push_back(id);
+    if (!is_control(id)) sorted_normal_ids_.push_back(id);
   }
   // Stable by id, so among repeated pieces the lowest id comes first and survives `unique`.
   std::stable_sort(sorted_normal_ids_.begin(), sorted_normal_ids_.end(),
@@ -274,7 +297,10 @@ void spm_vocab::check_invariants() const {
     TROUPE_ASSERT(sorted_normal_ids_[i] >= first_normal_id);
     TROUPE_ASSERT(i == 0 || pieces_[sorted_normal_ids_[i - 1]] < pieces_[sorted_normal_ids_[i]]);
   }
+  TROUPE_ASSERT(control_.size() == pieces_.size());
+  TROUPE_ASSERT(eos_id_ == eos || is_control(eos_id_));
   for (std::int32_t id = first_normal_id; id < vocab_size(); ++id) {
+    if (is_control(id)) continue;
     const std::optional<std::int32_t> found = find_piece(pieces_[id]);
     TROUPE_ASSERT(found.has_value());
     TROUPE_ASSERT(*found <= id);

@@ -53,7 +53,10 @@ class spm_vocab {
 
   /// Reads a GGUF's `tokenizer.ggml.*` metadata: a llama (SentencePiece-style) vocabulary of
   /// exactly `vocab_size` tokens with scores, control ids unk 0, bos 1, eos 2 and the 256 byte
-  /// tokens at 3..258 (U+2581 in pieces reads as a space).
+  /// tokens at 3..258 (U+2581 in pieces reads as a space). `tokenizer.ggml.token_type`, when
+  /// present, marks control tokens (type 3) among the later ids too (Phi-3's `<|endoftext|>`,
+  /// `<|end|>`): like ids 0..2 they decode to "" and never come from text. The EOS id may then be
+  /// such a control token instead of 2 (Phi-3's is 32000).
   [[nodiscard]] static expected<spm_vocab> from_gguf(const model::gguf_file& f, std::int32_t vocab_size,
                                                      const std::string& name);
 
@@ -84,7 +87,12 @@ class spm_vocab {
   [[nodiscard]] std::int32_t max_token_length() const { return max_token_length_; }
 
   [[nodiscard]] bool is_valid_id(std::int32_t id) const { return id >= 0 && id < vocab_size(); }
-  [[nodiscard]] static bool is_control(std::int32_t id) { return id >= 0 && id < first_byte_id; }
+  /// Whether `id` is a control token: unk, BOS, EOS or one the GGUF file's token types mark.
+  [[nodiscard]] bool is_control(std::int32_t id) const {
+    return (id >= 0 && id < first_byte_id) || (id >= first_normal_id && id < vocab_size() && control_[id]);
+  }
+  /// The end-of-sequence id: 2, or a GGUF file's control token (from_gguf).
+  [[nodiscard]] std::int32_t eos_id() const { return eos_id_; }
   [[nodiscard]] static bool is_byte(std::int32_t id) { return id >= first_byte_id && id < first_normal_id; }
 
   /// Aborts unless the vocabulary and its sorted lookup agree.
@@ -94,11 +102,15 @@ class spm_vocab {
   spm_vocab() = default;
 
   [[nodiscard]] expected<void> check_byte_tokens(std::string_view source_name) const;
+  /// Sets control_ from `tokenizer.ggml.token_type` and eos_id_ from `tokenizer.ggml.eos_token_id`.
+  [[nodiscard]] expected<void> read_control_and_eos(const model::gguf_file& f, const std::string& name);
   void build_lookup();
 
   std::vector<std::string> pieces_;              // (vocab_size) raw piece bytes
   std::vector<float> scores_;                    // (vocab_size)
-  std::vector<std::int32_t> sorted_normal_ids_;  // ids >= 259 by (piece, id), one per piece
+  std::vector<std::int32_t> sorted_normal_ids_;  // ids >= 259 by (piece, id), one per piece, no control
+  std::vector<bool> control_;                    // (vocab_size) control tokens at ids >= 259
+  std::int32_t eos_id_ = eos;
   std::int32_t max_token_length_ = 0;
 };
 

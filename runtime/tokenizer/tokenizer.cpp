@@ -1,6 +1,8 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 
+#include <algorithm>
 #include <optional>
+#include <set>
 
 #include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
@@ -20,7 +22,40 @@ expected<tokenizer> tokenizer::from_bytes(std::string_view bytes, std::int32_t v
   if (model::is_gguf(bytes)) return from_gguf(bytes, vocab_size, name);
   auto spm = spm_vocab::from_bytes(bytes, vocab_size, name);
   if (!spm) return tl::make_unexpected(spm.error());
-  return tokenizer(std::move(*spm));
+  tokenizer out(std::move(*spm));
+  out.end_ids_ = {bos, eos};  // llama2.c stops at BOS too (TinyStories separates stories with it)
+  return out;
+}
+
+const std::vector<std::string_view>& tokenizer::end_of_generation_names() {
+  static const std::vector<std::string_view> names = {
+      "<|eot_id|>", "<|im_end|>",      "<|end|>", "<|return|>", "<|call|>",        "<end_of_turn>",
+      "<|endoftext|>", "<|eom_id|>", "<EOT>",   "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>"};
+  return names;
+}
+
+expected<void> tokenizer::read_end_ids(const model::gguf_file& f, const std::string& name) {
+  std::set<std::int32_t> ids = {bos_id(), eos_id()};
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id", "tokenizer.ggml.padding_token_id"}) {
+    if (!f.metadata.count(key)) continue;
+    auto v = f.get_int(key, name);
+    if (!v) return tl::make_unexpected(v.error());
+    if (*v < 0 || *v >= vocab_size())
+      return fail(errc::malformed_file, name + ": " + key + " = " + std::to_string(*v) + ", outside the vocabulary of " +
+                                            std::to_string(vocab_size()));
+    if (std::string_view(key) != "tokenizer.ggml.padding_token_id") ids.insert(static_cast<std::int32_t>(*v));
+  }
+  const auto& names = end_of_generation_names();
+  for (std::int32_t id = 0; id < vocab_size(); ++id)
+    if (std::find(names.begin(), names.end(), piece_text(id)) != names.end()) ids.insert(id);
+  end_ids_.assign(ids.begin(), ids.end());
+  if (spm() && f.metadata.count("tokenizer.ggml.add_bos_token")) {
+    const model::gguf_value& add = f.metadata.at("tokenizer.ggml.add_bos_token");
+    if (add.type != model::gguf_type::boolean)
+      return fail(errc::malformed_file, name + ": tokenizer.ggml.add_bos_token is not a boolean");
+    spm_adds_bos_ = add.boolean;
+  }
+  return {};
 }
 
 expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vocab_size, const std::string& name) {
@@ -39,6 +74,7 @@ expected<tokenizer> tokenizer::from_gguf(std::string_view bytes, std::int32_t vo
     out.emplace(tokenizer(std::move(*bpe)));
   }
   if (out) {
+    if (auto ok = out->read_end_ids(*f, name); !ok) return tl::make_unexpected(ok.error());
     if (auto jinja = f->get_string("tokenizer.chat_template", name)) out->chat_template_text_ = std::move(*jinja);
     return std::move(*out);
   }
@@ -100,7 +136,7 @@ std::string_view tokenizer::piece_text(std::int32_t id) const {
 }
 
 bool tokenizer::is_control(std::int32_t id) const {
-  if (spm()) return spm_vocab::is_control(id);
+  if (const spm_vocab* s = spm()) return s->is_control(id);
   const bpe_vocab::token_type type = bpe()->type(id);
   return type == bpe_vocab::token_type::control || type == bpe_vocab::token_type::unknown;
 }
@@ -114,8 +150,8 @@ std::int32_t tokenizer::vocab_size() const {
 }
 
 std::int32_t tokenizer::bos_id() const { return spm() ? spm_vocab::bos : bpe()->bos_id(); }
-std::int32_t tokenizer::eos_id() const { return spm() ? spm_vocab::eos : bpe()->eos_id(); }
-bool tokenizer::adds_bos() const { return spm() ? true : bpe()->adds_bos(); }
+std::int32_t tokenizer::eos_id() const { return spm() ? spm()->eos_id() : bpe()->eos_id(); }
+bool tokenizer::adds_bos() const { return spm() ? spm_adds_bos_ : bpe()->adds_bos(); }
 
 std::int32_t tokenizer::max_token_length() const {
   if (const spm_vocab* s = spm()) return s->max_token_length();

@@ -88,8 +88,15 @@ class tokenizer {
   [[nodiscard]] std::int32_t vocab_size() const;
   [[nodiscard]] std::int32_t bos_id() const;
   [[nodiscard]] std::int32_t eos_id() const;
-  /// Whether the vocabulary asks for BOS before a prompt (llama2.c and SentencePiece-style: yes;
-  /// BPE: `tokenizer.ggml.add_bos_token`, false when absent).
+  /// The ids that end generation, ascending: BOS and EOS (llama2.c stops at both); for a GGUF
+  /// vocabulary also `tokenizer.ggml.eot_token_id` and `eom_token_id` and every token whose text
+  /// is one of the end-of-generation names llama.cpp recognises (end_of_generation_names()).
+  [[nodiscard]] const std::vector<std::int32_t>& end_ids() const { return end_ids_; }
+  /// The token texts llama.cpp treats as end of generation whatever the metadata says
+  /// (`<|eot_id|>`, `<|im_end|>`, `<|end|>`, `<end_of_turn>`, `<|endoftext|>`, `<|eom_id|>`, ...).
+  [[nodiscard]] static const std::vector<std::string_view>& end_of_generation_names();
+  /// Whether the vocabulary asks for BOS before a prompt (llama2.c: yes; a GGUF vocabulary:
+  /// `tokenizer.ggml.add_bos_token`, when absent true for SentencePiece-style, false for BPE).
   [[nodiscard]] bool adds_bos() const;
   /// The most bytes one token's text spells.
   [[nodiscard]] std::int32_t max_token_length() const;
@@ -118,8 +125,13 @@ class tokenizer {
   explicit tokenizer(std::variant<spm_vocab, bpe_vocab> vocab) : vocab_(std::move(vocab)) {}
   [[nodiscard]] static expected<tokenizer> from_gguf(std::string_view bytes, std::int32_t vocab_size,
                                                      const std::string& name);
+  /// Sets end_ids_ (and a SentencePiece-style vocabulary's add_bos_token) from GGUF metadata;
+  /// eot, eom and padding ids must lie in the vocabulary.
+  [[nodiscard]] expected<void> read_end_ids(const model::gguf_file& f, const std::string& name);
 
   std::variant<spm_vocab, bpe_vocab> vocab_;
+  std::vector<std::int32_t> end_ids_;
+  bool spm_adds_bos_ = true;
   std::string chat_template_text_;
 };
 

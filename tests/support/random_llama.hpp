@@ -1,0 +1,173 @@
+#pragma once
+
+// Random-weight llama GGUF files for tests that run llama.cpp beside troupe
+// (tests/llama_oracle_test.cpp) and for the loader's metadata tests (tests/gguf_test.cpp).
+//
+// The vocabulary is synthetic byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizer
+// "gpt-2"), which llama.cpp accepts: ids 0..255 are the 256 byte characters, 256
+// "<|begin_of_text|>" (control, BOS), 257 "<|eot_id|>" (control, EOS), then the two-letter
+// tokens "aa".."ek" with their merges. Weights are drawn from a fixed-seed generator, scaled so
+// the classifier's logits spread over tens of units: greedy choices then win by wide margins,
+// far beyond the rounding in which two correct implementations differ.
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/common/gguf.hpp"
+#include "tests/support/bpe_vocab_file.hpp"
+
+namespace troupe::testing {
+
+/// The shape and settings of a random llama model.
+struct random_llama_spec {
+  int32_t dim = 64;
+  int32_t hidden_dim = 192;  // a multiple of 32: Q8_0 rows of ffn_down
+  int32_t n_layers = 2;
+  int32_t n_heads = 4;
+  int32_t n_kv_heads = 2;
+  int32_t context_length = 256;
+  float rope_freq_base = 10000.0f;
+  float rms_norm_eps = 1e-5f;
+  /// Llama 3's RoPE scaling (rope_freqs.weight) from these rope_scaling values, when factor > 0.
+  float llama3_factor = 0.0f;
+  float llama3_low_freq_factor = 1.0f;
+  float llama3_high_freq_factor = 4.0f;
+  float llama3_original_context_length = 8192.0f;
+  /// Written as rope_freqs.weight as they are, when not empty (in place of Llama 3's).
+  std::vector<float> rope_freqs;
+  model::ggml_type type = model::ggml_type::f32;  // of the matrices and the embedding; norms stay F32
+  uint64_t seed = 1;
+};
+
+inline constexpr int32_t random_llama_bos = 256;
+inline constexpr int32_t random_llama_eot = 257;
+
+/// Llama 3's per-pair RoPE divisors for heads of `head_size`, computed from rope_scaling's values
+/// as Meta's reference and llama.cpp's converter define them: a pair whose wavelength is shorter
+/// than original_context_length / high_freq_factor keeps its frequency (1), one longer than
+/// original_context_length / low_freq_factor is slowed by `factor`, and those between blend the
+/// two smoothly.
+inline std::vector<float> llama3_rope_divisors(const random_llama_spec& s, int32_t head_size) {
+  std::vector<float> out;
+  const double low_wavelength = s.llama3_original_context_length / s.llama3_low_freq_factor;
+  const double high_wavelength = s.llama3_original_context_length / s.llama3_high_freq_factor;
+  for (int32_t i = 0; i < head_size; i += 2) {
+    const double frequency = 1.0 / std::pow(static_cast<double>(s.rope_freq_base), static_cast<double>(i) / head_size);
+    const double wavelength = 2 * M_PI / frequency;
+    if (wavelength < high_wavelength) {
+      out.push_back(1.0f);
+    } else if (wavelength > low_wavelength) {
+      out.push_back(s.llama3_factor);
+    } else {
+      const double smooth = (s.llama3_original_context_length / wavelength - s.llama3_low_freq_factor) /
+                            (s.llama3_high_freq_factor - s.llama3_low_freq_factor);
+      out.push_back(static_cast<float>(1.0 / ((1 - smooth) / s.llama3_factor + smooth)));
+    }
+  }
+  return out;
+}
+
+/// The synthetic vocabulary's metadata (see the file comment); its size is returned in `*size`.
+inline gguf_metadata random_llama_vocab(int32_t* size) {
+  using v = model::gguf_value;
+  std::vector<v> texts, types, merges;
+  for (int b = 0; b < 256; ++b) {
+    texts.push_back(v::of_string(byte_char(b)));
+    types.push_back(v::of_int(model::gguf_type::i32, 1));
+  }
+  for (const char* special : {"<|begin_of_text|>", "<|eot_id|>"}) {
+    texts.push_back(v::of_string(special));
+    types.push_back(v::of_int(model::gguf_type::i32, 3));  // control
+  }
+  for (char a = 'a'; a <= 'e'; ++a)
+    for (char b = 'a'; b <= 'k'; ++b) {
+      texts.push_back(v::of_string(std::string{a, b}));
+      types.push_back(v::of_int(model::gguf_type::i32, 1));
+      merges.push_back(v::of_string(std::string{a, ' ', b}));
+    }
+  *size = static_cast<int32_t>(texts.size());
+  model::gguf_value add_bos;
+  add_bos.type = model::gguf_type::boolean;
+  add_bos.boolean = true;
+  return {{"tokenizer.ggml.model", v::of_string("gpt2")},
+          {"tokenizer.ggml.pre", v::of_string("gpt-2")},
+          {"tokenizer.ggml.tokens", v::of_array(model::gguf_type::string, std::move(texts))},
+          {"tokenizer.ggml.token_type", v::of_array(model::gguf_type::i32, std::move(types))},
+          {"tokenizer.ggml.merges", v::of_array(model::gguf_type::string, std::move(merges))},
+          {"tokenizer.ggml.bos_token_id", v::of_int(model::gguf_type::u32, random_llama_bos)},
+          {"tokenizer.ggml.eos_token_id", v::of_int(model::gguf_type::u32, random_llama_eot)},
+          {"tokenizer.ggml.add_bos_token", add_bos}};
+}
+
+/// Uniform values in [-scale, scale) from splitmix64 (the same on every platform).
+inline std::vector<float> random_values(uint64_t& state, int64_t count, float scale, float offset = 0.0f) {
+  std::vector<float> out(static_cast<size_t>(count));
+  for (float& x : out) {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    x = offset + scale * static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
+  }
+  return out;
+}
+
+/// A random llama GGUF file of shape `s`; `edit` may change the metadata before it is written.
+inline std::string random_llama_gguf(const random_llama_spec& s,
+                                     const std::function<void(gguf_metadata&)>& edit = {}) {
+  using v = model::gguf_value;
+  using model::ggml_type;
+  const auto u32 = [](int64_t x) { return v::of_int(model::gguf_type::u32, x); };
+  int32_t vocab = 0;
+  gguf_metadata meta = {{"general.architecture", v::of_string("llama")},
+                        {"general.name", v::of_string("random llama")},
+                        {"general.file_type", u32(s.type == ggml_type::f32 ? 0 : s.type == ggml_type::f16 ? 1 : 7)},
+                        {"llama.context_length", u32(s.context_length)},
+                        {"llama.embedding_length", u32(s.dim)},
+                        {"llama.block_count", u32(s.n_layers)},
+                        {"llama.feed_forward_length", u32(s.hidden_dim)},
+                        {"llama.rope.dimension_count", u32(s.dim / s.n_heads)},
+                        {"llama.attention.head_count", u32(s.n_heads)},
+                        {"llama.attention.head_count_kv", u32(s.n_kv_heads)},
+                        {"llama.attention.layer_norm_rms_epsilon", v::of_float(s.rms_norm_eps)},
+                        {"llama.rope.freq_base", v::of_float(s.rope_freq_base)}};
+  for (auto& kv : random_llama_vocab(&vocab)) meta.push_back(std::move(kv));
+  if (edit) edit(meta);
+  const int64_t dim = s.dim, hidden = s.hidden_dim, kv_dim = dim / s.n_heads * s.n_kv_heads;
+  uint64_t state = s.seed;
+  std::vector<std::vector<float>> data;  // each tensor's values, kept alive until written
+  std::vector<model::gguf_tensor_data> tensors;
+  const auto add = [&](const std::string& name, std::vector<int64_t> dims, std::vector<float> values, ggml_type type) {
+    data.push_back(std::move(values));
+    tensors.push_back({name, std::move(dims), nullptr, type});
+  };
+  const float in_dim = 1.0f / std::sqrt(static_cast<float>(dim)), in_hidden = 1.0f / std::sqrt(static_cast<float>(hidden));
+  add("token_embd.weight", {dim, vocab}, random_values(state, dim * vocab, 1.0f), s.type);
+  for (int32_t l = 0; l < s.n_layers; l++) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
+    add(p + "attn_q.weight", {dim, dim}, random_values(state, dim * dim, 1.0f * in_dim), s.type);
+    add(p + "attn_k.weight", {dim, kv_dim}, random_values(state, dim * kv_dim, 1.0f * in_dim), s.type);
+    add(p + "attn_v.weight", {dim, kv_dim}, random_values(state, dim * kv_dim, 1.5f * in_dim), s.type);
+    add(p + "attn_output.weight", {dim, dim}, random_values(state, dim * dim, 1.5f * in_dim), s.type);
+    add(p + "ffn_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
+    add(p + "ffn_gate.weight", {dim, hidden}, random_values(state, dim * hidden, 1.5f * in_dim), s.type);
+    add(p + "ffn_down.weight", {hidden, dim}, random_values(state, hidden * dim, 1.5f * in_hidden), s.type);
+    add(p + "ffn_up.weight", {dim, hidden}, random_values(state, dim * hidden, 1.5f * in_dim), s.type);
+  }
+  add("output_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
+  // Logits = output · x with x of unit RMS: a standard deviation of about 10.
+  add("output.weight", {dim, vocab}, random_values(state, dim * vocab, 17.0f * in_dim), s.type);
+  if (!s.rope_freqs.empty())
+    add("rope_freqs.weight", {static_cast<int64_t>(s.rope_freqs.size())}, s.rope_freqs, ggml_type::f32);
+  else if (s.llama3_factor > 0)
+    add("rope_freqs.weight", {dim / s.n_heads / 2}, llama3_rope_divisors(s, s.dim / s.n_heads), ggml_type::f32);
+  for (size_t i = 0; i < tensors.size(); i++) tensors[i].data = data[i].data();
+  return model::write_gguf(meta, tensors);
+}
+
+}  // namespace troupe::testing
