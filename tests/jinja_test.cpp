@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <random>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -55,8 +56,8 @@ TEST(Jinja, TextExpressionsAndOperators) {
       {"{{ 'b' in 'abc' }} {{ 2 in [1, 2] }} {{ 'k' in d }} {{ 'q' not in d }}", R"({"d": {"k": 1}})", "True True True True"},
       {"{{ x is defined }} {{ y is not defined }} {{ none is none }} {{ d is mapping }} {{ l is sequence }} {{ 's' is string }}",
        R"({"x": 1, "d": {}, "l": []})", "True True True True True True"},
-      {"{{ 3 is number }} {{ 3 is integer }} {{ 3.0 is integer }} {{ true is boolean }} {{ l is iterable }} {{ 1 is iterable }}",
-       R"({"l": [1]})", "True True False True True False"},
+      {"{{ 3 is number }} {{ 3 is integer }} {{ 3.0 is integer }} {{ true is boolean }} {{ l is iterable }} {{ 1 is iterable }} {{ true is number }} {{ true is integer }}",
+       R"({"l": [1]})", "True True False True True False True False"},
       {"{{ 'a' is equalto 'a' }} {{ 2 is eq 3 }} {{ 'a' is in ['a'] }} {{ 4 is even }} {{ 3 is odd }} {{ x is undefined }}", "{}",
        "True False True True True True"},
       {"{{ {'a': 1, 'b': [1, 'x']} }} {{ [true, none, 1.5] }} {{ \"it's\" }}", "{}", "{'a': 1, 'b': [1, 'x']} [True, None, 1.5] it's"},
@@ -110,8 +111,8 @@ TEST(Jinja, Filters) {
       {"{{ '\"\\\\\n\u0001'|tojson }}", "{}", "\"\\\"\\\\\\n\\u0001\""},
       {"{{ 'a\nb\n\nc'|indent(2) }}|{{ 'a\nb'|indent(2, first=true) }}|{{ 'a\n\nb'|indent(1, blank=true) }}", "{}",
        "a\n  b\n\n  c|  a\n  b|a\n \n b"},
-      {"{{ 'x'|safe }} {{ 1|string ~ 2 }} {{ '42'|int + 1 }} {{ 'z'|int }} {{ 3.9|int }} {{ '2.5'|float }} {{ 2|float }} {{ 'ab'|list }}", "{}",
-       "x 12 43 0 3 2.5 2.0 ['a', 'b']"},
+      {"{{ 'x'|safe }} {{ 1|string ~ 2 }} {{ '42'|int + 1 }} {{ 'z'|int }} {{ 3.9|int }}{{ ' 3.5'|int }} {{ '2.5'|float }} {{ 2|float }} {{ 'ab'|list }}", "{}",
+       "x 12 43 0 33 2.5 2.0 ['a', 'b']"},
       {"{{ '%s has %d items, %.2f%%'|format('cart', 3, 12.345) }} {{ '%s-%s' % ('a', 'b') }}", "{}", "cart has 3 items, 12.35% a-b"},
       {"{{ 'aBc'|upper }} {{ 'aBc'|lower }} {{ 'ab cd'|title }} {{ 'aB'|capitalize }} {{ 'aaa'|replace('a', 'b', 2) }}", "{}",
        "ABC abc Ab Cd Ab bba"},
@@ -197,7 +198,10 @@ TEST(Jinja, LimitsAreErrorValues) {
     for (int i = 0; i < 10000; ++i) s += "{% endif %}";
     return s;
   }();
-  EXPECT_EQ(render_or_error(deep_ifs), "error: line 1, column 1645: nested deeper than nesting_depth_max (128)");
+  EXPECT_EQ(render_or_error(deep_ifs), "error: line 1, column 826: nested deeper than nesting_depth_max (128)");
+  std::string elifs = "{% if false %}";
+  for (int i = 0; i < 10000; ++i) elifs += "{% elif false %}";
+  EXPECT_EQ(render_or_error(elifs + "{% endif %}"), "error: line 1, column 2007: nested deeper than nesting_depth_max (128)");
   EXPECT_EQ(render_or_error("{{ " + std::string(10000, '(') + "1" + std::string(10000, ')') + " }}"),
             "error: line 1, column 67: nested deeper than nesting_depth_max (128)");
   std::string chain = "{{ 1";
@@ -209,6 +213,11 @@ TEST(Jinja, LimitsAreErrorValues) {
             "error: line 1, column 30: loops pass loop_iterations_max (1048576)");
   EXPECT_EQ(render_or_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
             "error: line 1, column 21: macro calls nested deeper than call_depth_max (32)");
+  // Each call sits under a chain of 100 `~`: the evaluation depth, not the call depth, runs out first.
+  std::string under_chain = "{% macro f(n) %}{{ f(n + 1)";
+  for (int i = 0; i < 100; ++i) under_chain += " ~ 'a'";
+  EXPECT_EQ(render_or_error(under_chain + " }}{% endmacro %}{{ f(0) }}"),
+            "error: line 1, column 329: evaluation nested deeper than eval_depth_max");
   EXPECT_EQ(render_or_error("{% set l = [] %}{{ l.append(l) }}"),
             "error: line 1, column 21: append: the list would contain itself or nest deeper than nesting_depth_max");
   EXPECT_EQ(render_or_error("{% set ns = namespace(x=[]) %}{% for i in range(200) %}{% set ns.x = [ns.x] %}{% endfor %}"),
@@ -224,6 +233,47 @@ TEST(Jinja, LimitsAreErrorValues) {
             "error: line 1, column 25: output passes output_bytes_max (10 bytes)");
   small.bounds.template_bytes_max = 4;
   EXPECT_EQ(render_or_error("hello", "{}", small), "error: the template has 5 bytes, more than template_bytes_max (4)");
+}
+
+std::vector<std::pair<std::string, std::string>> vendored_templates();
+
+/// Real templates cut, spliced and corrupted at seeded positions: whatever each does, the
+/// render returns (text or error) within its bounds; a template is input, never a crash.
+TEST(Jinja, CorruptedRealTemplatesRenderOrFailNeverCrash) {
+  const ordered_json context = ordered_json::parse(R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+      {"role": "assistant", "content": "A"}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>",
+      "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object",
+      "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}}}]})");
+  jinja::render_options options;
+  options.bounds.output_bytes_max = 1 << 16;
+  options.bounds.loop_iterations_max = 1 << 12;
+  std::mt19937_64 rng(49);
+  const std::string pieces[] = {"{%", "%}", "{{", "}}", "{#", "-", "(", ")", "[", "]", "'", "\"", " for ", " if ", " endfor ",
+                                " endif ", " macro ", " set ", " in ", "|", ".", ",", "*", "**", "loop", "range(9)", "x", "\n"};
+  size_t num_renders = 0, num_errors = 0;
+  for (const auto& [name, source] : vendored_templates())
+    for (int trial = 0; trial < 300; ++trial) {
+      std::string s = source;
+      for (int edit = 0; edit < 1 + trial % 4; ++edit) {
+        const size_t at = rng() % (s.size() + 1);
+        switch (rng() % 3) {
+          case 0: s.erase(at, rng() % 16); break;
+          case 1: s.insert(at, pieces[rng() % std::size(pieces)]); break;
+          default: s = s.substr(0, at) + s.substr(rng() % (s.size() + 1));
+        }
+      }
+      auto r = jinja::render(s, context, options);
+      ++num_renders;
+      if (!r) {
+        ++num_errors;
+        EXPECT_NE(r.error().message, "") << name << " trial " << trial;
+      } else {
+        EXPECT_LE(r->size(), options.bounds.output_bytes_max) << name << " trial " << trial;
+      }
+    }
+  EXPECT_EQ(num_renders, 11u * 300u);
+  EXPECT_GT(num_errors, 0u);  // the corruption does reach the error paths
+  EXPECT_LT(num_errors, num_renders);
 }
 
 /// Byte ranges of `t` that are data, as "begin-end" pairs.

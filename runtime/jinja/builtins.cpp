@@ -228,16 +228,18 @@ expected<value> filter_replace(const value& x, const call_args& args, const rend
   return replace(s, old.as_text().str(), replacement.as_text(), count);
 }
 
-expected<value> filter_int(const value& x, const call_args& args, const render_options&) {
+expected<value> filter_int(const value& x, const call_args& args, const render_options& options) {
   if (x.is_int()) return x;
   if (x.is_bool()) return static_cast<int64_t>(std::get<bool>(x.v));
   if (x.is_float() && std::isfinite(std::get<double>(x.v)) && std::fabs(std::get<double>(x.v)) < 9.2e18)
     return static_cast<int64_t>(std::get<double>(x.v));
-  if (x.is_string()) {
+  if (x.is_string()) {  // Jinja2: int(s), else int(float(s)), else the default
     const std::string s = strip(x.as_text(), std::nullopt, true, true).str();
     char* end = nullptr;
     const long long parsed = std::strtoll(s.c_str(), &end, 10);
     if (!s.empty() && *end == '\0') return static_cast<int64_t>(parsed);
+    const double parsed_float = std::strtod(s.c_str(), &end);
+    if (!s.empty() && *end == '\0') return filter_int(parsed_float, args, options);
   }
   return int_or(args.get(0, "default"), 0);
 }
@@ -366,7 +368,7 @@ bool test_defined(const value& x, const call_args&) { return !x.is_undefined(); 
 bool test_undefined(const value& x, const call_args&) { return x.is_undefined(); }
 bool test_none(const value& x, const call_args&) { return x.is_none(); }
 bool test_string(const value& x, const call_args&) { return x.is_string(); }
-bool test_number(const value& x, const call_args&) { return x.is_int() || x.is_float(); }
+bool test_number(const value& x, const call_args&) { return x.is_number(); }  // Python's bool is a number
 bool test_integer(const value& x, const call_args&) { return x.is_int(); }
 bool test_float(const value& x, const call_args&) { return x.is_float(); }
 bool test_boolean(const value& x, const call_args&) { return x.is_bool(); }

@@ -18,7 +18,7 @@ struct limits {
   size_t nesting_depth_max = 128;          ///< the parse tree's height (blocks, brackets, operator chains)
   size_t call_depth_max = 32;              ///< macro calls in progress (recursion)
   /// Expressions and blocks being evaluated at once, across macro calls: what bounds the stack.
-  size_t eval_depth_max = 1024;
+  size_t eval_depth_max = 256;
 };
 
 /// `strftime_now(fmt)` formats this date, never the clock: the caller passes the day it wants

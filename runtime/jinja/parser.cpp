@@ -156,6 +156,8 @@ class parser {
   }
 
   bool parse_if(stmt& s) {
+    nest guard(*this);  // an elif is an if nested in the else branch: a chain counts as nesting
+    if (!guard.ok()) return too_deep();
     s.kind = stmt_kind::if_;
     std::string end;
     if (!parse_expression(s.condition) || !expect_block_end()) return false;
