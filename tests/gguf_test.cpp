@@ -434,8 +434,9 @@ TEST(GgufVocab, APhi3StyleVocabularyWithItsOwnEosLoadsAndEndsAtItsEndTokens) {
   ASSERT_TRUE(tok) << tok.error().message;
   EXPECT_EQ(tok->eos_id(), 512);
   EXPECT_EQ(tok->bos_id(), 1);
-  // EOS by metadata, "<|end|>" by name (llama.cpp's end-of-generation list), BOS as llama2.c.
-  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{1, 512, 514}));
+  // EOS by metadata, "<|end|>" by name (llama.cpp's end-of-generation list); BOS ends nothing,
+  // as in llama.cpp.
+  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{512, 514}));
   EXPECT_TRUE(tok->is_control(512));
   EXPECT_FALSE(tok->is_control(513));
   EXPECT_TRUE(tok->is_control(514));
@@ -466,12 +467,12 @@ TEST(GgufVocab, EotAndEomIdsFromTheMetadataEndGeneration) {
                                    }),
                                    515, "phi3.gguf");
   ASSERT_TRUE(tok) << tok.error().message;
-  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{1, 300, 301, 512, 514}));  // padding ends nothing
+  EXPECT_EQ(tok->end_ids(), (std::vector<int32_t>{300, 301, 512, 514}));  // padding and BOS end nothing
   // A Llama-3-style BPE vocabulary: BOS 256 "<|begin_of_text|>", EOS 257 "<|eot_id|>".
   testing::random_llama_spec spec;
   auto llama = tokenizer::from_bytes(testing::random_llama_gguf(spec), 313, "llama3.gguf");
   ASSERT_TRUE(llama) << llama.error().message;
-  EXPECT_EQ(llama->end_ids(), (std::vector<int32_t>{256, 257}));
+  EXPECT_EQ(llama->end_ids(), (std::vector<int32_t>{257}));
 }
 
 TEST(GgufVocab, BadEndIdsAreRefusedNamingTheKey) {

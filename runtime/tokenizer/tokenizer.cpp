@@ -35,7 +35,7 @@ const std::vector<std::string_view>& tokenizer::end_of_generation_names() {
 }
 
 expected<void> tokenizer::read_end_ids(const model::gguf_file& f, const std::string& name) {
-  std::set<std::int32_t> ids = {bos_id(), eos_id()};
+  std::set<std::int32_t> ids = {eos_id()};  // as llama.cpp: BOS ends nothing here (llama2.c's files still stop at it)
   for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id", "tokenizer.ggml.padding_token_id"}) {
     if (!f.metadata.count(key)) continue;
     auto v = f.get_int(key, name);

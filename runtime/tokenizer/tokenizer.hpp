@@ -88,8 +88,9 @@ class tokenizer {
   [[nodiscard]] std::int32_t vocab_size() const;
   [[nodiscard]] std::int32_t bos_id() const;
   [[nodiscard]] std::int32_t eos_id() const;
-  /// The ids that end generation, ascending: BOS and EOS (llama2.c stops at both); for a GGUF
-  /// vocabulary also `tokenizer.ggml.eot_token_id` and `eom_token_id` and every token whose text
+  /// The ids that end generation, ascending: for llama2.c's tokenizer.bin BOS and EOS (run.c
+  /// stops at both); for a GGUF vocabulary EOS (not BOS, as in llama.cpp),
+  /// `tokenizer.ggml.eot_token_id` and `eom_token_id` and every token whose text
   /// is one of the end-of-generation names llama.cpp recognises (end_of_generation_names()).
   [[nodiscard]] const std::vector<std::int32_t>& end_ids() const { return end_ids_; }
   /// The token texts llama.cpp treats as end of generation whatever the metadata says
