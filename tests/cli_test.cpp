@@ -232,6 +232,10 @@ TEST_F(Cli, ConvertWritesAGgufThatGeneratesTheGoldenTextAsModelAndTokenizer) {
   const cli_result r = run({"generate", "-m", out, "-z", out, "-t", "0", "-n", "200"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, testing::read_file(testing::test_data("stories260K/golden/llama2c_test_all__t0_n200.txt")) + "\n");
+  // Without -z a GGUF model is its own tokenizer (a llama2.c model takes the bundled one).
+  const cli_result own = run({"generate", "-m", out, "-t", "0", "-n", "200"});
+  ASSERT_EQ(own.exit_code, 0) << own.err;
+  EXPECT_EQ(own.out, r.out);
   expect_rejected({"convert", testing::bundled_model(), "-t", testing::bundled_tokenizer(), "-o", out},
                   "exists; give --force to replace it");
   expect_rejected({"convert", write("junk.bin", std::string(100, 'x')), "-t", testing::bundled_tokenizer(), "-o",

@@ -25,6 +25,11 @@ std::string bundled_path(const std::string& relative);
 /// The bundled model and tokenizer (models/), resolved by bundled_path.
 std::string default_model_path();
 std::string default_tokenizer_path();
+/// The tokenizer a command loads: `given` (-z) when it is not empty, else the model file itself
+/// when it is a GGUF file (it carries its vocabulary), else the bundled one.
+std::string tokenizer_path_for(const std::string& given, const std::string& model);
+/// The help text of `-z` (generate, serve).
+std::string tokenizer_flag_help();
 /// The default topology (examples/single-node.toml), resolved by bundled_path.
 std::string default_topology_path();
 

@@ -20,7 +20,7 @@ namespace {
 
 struct generate_options {
   std::string model = default_model_path();
-  std::string tokenizer = default_tokenizer_path();
+  std::string tokenizer;  ///< "": the GGUF model's own, else the bundled one (tokenizer_path_for)
   completion_flags flags;
   speculation_flags speculation;
   bool no_echo = false;
@@ -36,7 +36,7 @@ void print(const std::string& text) {
 int run_reference(const generate_options& o) {
   auto ck = model::checkpoint::load(o.model);
   if (!ck) return fail_with(ck.error());
-  auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
+  auto tok = tokenizer::load(tokenizer_path_for(o.tokenizer, o.model), ck->config().vocab_size);
   if (!tok) return fail_with(tok.error());
   auto prompt = tok->encode(o.flags.prompt, /*add_bos=*/true, /*add_eos=*/false);
   if (!prompt) return fail_with(prompt.error());
@@ -57,7 +57,7 @@ int run_reference(const generate_options& o) {
 }
 
 int run_actors(const generate_options& o) {
-  topology::topology t = topology::single_node(o.model, o.tokenizer);
+  topology::topology t = topology::single_node(o.model, tokenizer_path_for(o.tokenizer, o.model));
   if (o.reference_kernels) t.engines[0].config.kernels = model::kernel_path::reference;
   if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return fail_with(ok.error());
   caf::actor_system_config cfg;
@@ -85,7 +85,7 @@ action add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_options>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate one completion in-process, streamed to stdout");
   cmd->add_option("--model,-m", o->model, "llama2.c checkpoint or GGUF model")->capture_default_str();
-  cmd->add_option("--tokenizer,-z", o->tokenizer, "llama2.c tokenizer, or a GGUF file with one")->capture_default_str();
+  cmd->add_option("--tokenizer,-z", o->tokenizer, tokenizer_flag_help());
   o->flags.add_to(cmd);
   o->speculation.add_to(cmd);
   cmd->add_flag("--no-echo", o->no_echo, "do not print the prompt before the completion");

@@ -1,8 +1,10 @@
 // Where the running binary finds its bundled files, and what it is (`troupe --version`).
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "apps/troupe/commands.hpp"
+#include "runtime/common/gguf.hpp"
 #include "troupe_version.hpp"  // generated at build time (apps/CMakeLists.txt)
 
 namespace troupe::cli {
@@ -39,6 +41,16 @@ std::string bundled_path(const std::string& relative) { return (data_dir() / rel
 
 std::string default_model_path() { return bundled_path("models/stories260K.bin"); }
 std::string default_tokenizer_path() { return bundled_path("models/tok512.bin"); }
+std::string tokenizer_path_for(const std::string& given, const std::string& model) {
+  if (!given.empty()) return given;
+  char magic[4] = {};
+  std::ifstream in(model, std::ios::binary);
+  in.read(magic, sizeof magic);
+  return model::is_gguf(std::string_view(magic, static_cast<size_t>(in.gcount()))) ? model : default_tokenizer_path();
+}
+std::string tokenizer_flag_help() {
+  return "llama2.c tokenizer, or a GGUF file with one (default: a GGUF model's own, else " + default_tokenizer_path() + ")";
+}
 std::string default_topology_path() { return bundled_path("examples/single-node.toml"); }
 
 std::string version_text() { return "troupe " TROUPE_VERSION " (git " TROUPE_GIT_COMMIT ")"; }

@@ -100,7 +100,7 @@ struct serve_options {
   std::string node;
   bool generated = false;  ///< serve a one-node topology built from the fields below, not a file
   std::string model = default_model_path();
-  std::string tokenizer = default_tokenizer_path();
+  std::string tokenizer;  ///< "": the GGUF model's own, else the bundled one (tokenizer_path_for)
   std::string address = "127.0.0.1";
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
   int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = the topology's [http], 0 = any free one (printed)
@@ -117,7 +117,7 @@ struct serve_options {
 /// at address:port.
 expected<topology::topology> serve_topology(const serve_options& o) {
   if (!o.generated) return topology::load_topology(o.topology);
-  topology::topology t = topology::single_node(o.model, o.tokenizer);
+  topology::topology t = topology::single_node(o.model, tokenizer_path_for(o.tokenizer, o.model));
   t.nodes[0].address = o.address;
   t.nodes[0].port = o.port;
   if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return tl::unexpected(ok.error());
@@ -283,7 +283,7 @@ int run_serve(const serve_options& o) {
 std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o) {
   std::vector<CLI::Option*> flags{
       cmd->add_option("--model,-m", o.model, "llama2.c checkpoint or GGUF model"),
-      cmd->add_option("--tokenizer,-z", o.tokenizer, "llama2.c tokenizer, or a GGUF file with one"),
+      cmd->add_option("--tokenizer,-z", o.tokenizer, tokenizer_flag_help()),
       cmd->add_option("--host", o.address, "address to listen on"),
       cmd->add_option("--port", o.port, "port to listen on; 0 = any free one (printed)"),
   };
