@@ -57,7 +57,7 @@ class Cluster : public ::testing::Test {
  protected:
   fs::path dir_;
   // Node ports and UCX ports, from the kernel (two cluster tests may run at once under ctest -j).
-  const int ports_[6] = {free_port(), free_port(), free_port(), free_port(), free_port(), free_port()};
+  const std::vector<int> ports_ = free_ports(6);
   std::vector<std::pair<std::string, process_guard>> nodes_;  // name, its process (group)
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> sys_;

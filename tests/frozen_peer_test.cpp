@@ -63,7 +63,8 @@ class FrozenPeer : public ::testing::Test {
 
   /// node0 starts while node1 is frozen: it ends with the connect_timeout_ms error, naming node1.
   void expect_start_up_bounded(bool tls) {
-    const int port0 = free_port(), port1 = free_port();
+    const std::vector<int> ports = free_ports(2);
+    const int port0 = ports[0], port1 = ports[1];
     const std::string topology = two_nodes(port0, port1, 1000, tls);
     process_guard node1 = frozen_node1(topology, port1);
     process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"},
@@ -121,7 +122,8 @@ TEST_F(FrozenPeer, ANodeWhosePeerIsFrozenAtStartUpEndsAtConnectTimeout) { expect
 TEST_F(FrozenPeer, ANodeWhoseTlsPeerIsFrozenAtStartUpEndsAtConnectTimeout) { expect_start_up_bounded(true); }
 
 TEST_F(FrozenPeer, SigtermDuringStartUpStopsTheNodeAtOnce) {
-  const int port0 = free_port(), port1 = free_port();
+  const std::vector<int> ports = free_ports(2);
+  const int port0 = ports[0], port1 = ports[1];
   const std::string topology = two_nodes(port0, port1, 600000);  // ten minutes: only the signal can end it
   process_guard node1 = frozen_node1(topology, port1);
   const std::string node0_err = (dir_ / "node0.err").string();

@@ -561,8 +561,9 @@ std::string http_cluster(const fs::path& dir, int port0, int port1, int http_por
 
 TEST_F(Http, HealthSaysStartingThenReadyThenDrainingAndAStopLetsStreamsFinish) {
   using namespace std::chrono_literals;
-  const int http_port = free_port();
-  const std::string topology = http_cluster(dir_, free_port(), free_port(), http_port);
+  const std::vector<int> ports = free_ports(3);
+  const int http_port = ports[2];
+  const std::string topology = http_cluster(dir_, ports[0], ports[1], http_port);
   const std::string out0 = (dir_ / "node0.out").string(), err0 = (dir_ / "node0.err").string();
   process_guard node0{spawn_troupe({"node", "--topology", topology, "--node", "node0"}, out0, err0)};
   url_ = "http://127.0.0.1:" + std::to_string(http_port);
@@ -612,12 +613,12 @@ TEST_F(Http, HealthSaysStartingThenReadyThenDrainingAndAStopLetsStreamsFinish) {
 }
 
 TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
-  const int table_port = free_port(), flag_port = free_port();
-  ASSERT_NE(table_port, flag_port);
+  const std::vector<int> ports = free_ports(3);
+  const int table_port = ports[0], flag_port = ports[1];
   const std::string models = TROUPE_MODELS_DIR;
   const std::string topology = (dir_ / "http.toml").string();
   std::ofstream(topology) << "[http]\nport = " << table_port << "\nhost = \"127.0.0.1\"\n\n[[node]]\nname = \"n0\"\n"
-                          << "host = \"127.0.0.1\"\nport = " << free_port() << "\n\n[load_balancer]\nnode = \"n0\"\n\n"
+                          << "host = \"127.0.0.1\"\nport = " << ports[2] << "\n\n[load_balancer]\nnode = \"n0\"\n\n"
                           << "[[engine]]\nname = \"e0\"\nnode = \"n0\"\nmodel = \"" << models << "/stories260K.bin\"\n"
                           << "tokenizer = \"" << models << "/tok512.bin\"\n";
   server_ = std::make_unique<server_process>(dir_, std::vector<std::string>{"serve", "--topology", topology});

@@ -78,19 +78,29 @@ inline pid_t spawn_program(const std::string& program, const std::vector<std::st
   return pid;
 }
 
-/// A port the kernel just gave out on 127.0.0.1 for bind(port 0), closed again: free now (a
-/// program started next can take it), outside any range a test derives from its pid.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+/// `n` distinct ports the kernel just gave out on 127.0.0.1 for bind(port 0), closed again:
+/// free now (a program started next can take them), outside any range a test derives from its
+/// pid. All are bound before any is closed: ports taken one at a time may repeat (the kernel
+/// can give a just-closed port out again; two nodes of a cluster test once got the same one).
+inline std::vector<int> free_ports(size_t n) {
+  std::vector<int> fds, ports;
+  for (size_t i = 0; i < n; i++) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    fds.push_back(fd);
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (const int fd : fds) ::close(fd);
+  return ports;
 }
+
+/// One port as free_ports gives them.
+inline int free_port() { return free_ports(1).front(); }
 
 /// Whether process `pid` (any process, not only a child of ours) has ended within `bound`.
 inline bool ends_within(pid_t pid, std::chrono::milliseconds bound) {
