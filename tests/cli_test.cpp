@@ -61,6 +61,15 @@ TEST_F(Cli, GreedyFromBosPrintsExactlyTheGoldenText) {
   EXPECT_NE(r.err.find("200 tokens, finish length"), std::string::npos) << r.err;  // logs go to stderr
 }
 
+TEST_F(Cli, ThreadsGiveTheSameGoldenTextAndAreBounded) {
+  const cli_result r = run({"generate", "--threads", "2", "-t", "0", "-n", "200"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, testing::read_file(testing::test_data("stories260K/golden/llama2c_test_all__t0_n200.txt")) + "\n");
+  expect_rejected({"generate", "--threads", "0"}, "--threads: Value 0 not in range 1 to 64");
+  expect_rejected({"generate", "--threads", "65"}, "--threads: Value 65 not in range 1 to 64");
+  expect_rejected({"serve", "--threads", "x"}, "--threads: Value x not in range 1 to 64");
+}
+
 TEST_F(Cli, GreedyDefaultStepsMatchLlama2cDefault) {
   const cli_result r = run({"--log-level", "off", "generate", "--temperature", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -90,6 +90,10 @@ std::function<void(const msg::completion_chunk&)> chunk_printer(std::string echo
 /// and clamp 2^64 and beyond to it.
 CLI::Validator seed_validator();
 
+/// `--threads N` (generate, serve -m): the generated engine's kernel threads, the topology's
+/// `executor_threads` and its bounds (no short form: -t is the temperature).
+CLI::Option* add_threads_flag(CLI::App* cmd, int32_t& threads);
+
 /// Raises the soft limit on open files to the hard limit: at the limit, CAF 0.17's acceptor
 /// spins on accept() failing with EMFILE (docs/resources.md).
 void raise_open_file_limit();

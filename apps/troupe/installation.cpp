@@ -48,6 +48,14 @@ std::string tokenizer_path_for(const std::string& given, const std::string& mode
   in.read(magic, sizeof magic);
   return model::is_gguf(std::string_view(magic, static_cast<size_t>(in.gcount()))) ? model : default_tokenizer_path();
 }
+CLI::Option* add_threads_flag(CLI::App* cmd, int32_t& threads) {
+  return cmd
+      ->add_option("--threads", threads,
+                   "kernel threads of the engine's step executor (the topology's executor_threads)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+}
+
 std::string tokenizer_flag_help() {
   return "llama2.c tokenizer, or a GGUF file with one (default: a GGUF model's own, else " + default_tokenizer_path() + ")";
 }
