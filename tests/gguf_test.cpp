@@ -108,6 +108,30 @@ expected<model_config> random_llama_config(const testing::random_llama_spec& spe
   return ck->config();
 }
 
+TEST(Gguf, AnUnknownLlamaKeyOrTensorIsRefusedByName) {
+  testing::random_llama_spec spec;
+  auto known = random_llama_config(spec, [](auto& meta) {  // read or harmless: accepted
+    testing::set_key(meta, "llama.vocab_size", gguf_value::of_int(gguf_type::u32, 313));
+    testing::set_key(meta, "general.quantized_by", gguf_value::of_string("someone"));
+    testing::set_key(meta, "quantize.imatrix.file", gguf_value::of_string("x.dat"));
+  });
+  ASSERT_TRUE(known) << known.error().message;
+  auto moe = random_llama_config(spec, [](auto& meta) {
+    testing::set_key(meta, "llama.expert_count", gguf_value::of_int(gguf_type::u32, 8));
+  });
+  ASSERT_FALSE(moe);
+  EXPECT_EQ(moe.error().code, errc::malformed_file);
+  EXPECT_NE(moe.error().message.find("metadata key 'llama.expert_count' is not supported (troupe's llama reads no such key)"),
+            std::string::npos)
+      << moe.error().message;
+  spec.extra_tensor = "blk.0.attn_q.bias";
+  auto bias = random_llama_config(spec);
+  ASSERT_FALSE(bias);
+  EXPECT_NE(bias.error().message.find("tensor 'blk.0.attn_q.bias' is not supported (troupe's llama reads no such tensor)"),
+            std::string::npos)
+      << bias.error().message;
+}
+
 TEST(Gguf, RopeAndRmsNormSettingsAreReadFromTheMetadata) {
   testing::random_llama_spec spec;  // heads of 16: 8 rotated pairs
   auto plain = random_llama_config(spec, [](auto& meta) {

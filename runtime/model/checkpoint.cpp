@@ -1,6 +1,8 @@
 #include "runtime/model/checkpoint.hpp"
 
 #include <algorithm>
+#include <iterator>
+#include <set>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -256,10 +258,25 @@ expected<void> read_rope_and_norm(std::string_view bytes, const gguf_file& f, mo
   return read_rope_freqs(bytes, f, c, path);
 }
 
+/// The `llama.*` keys troupe reads or may ignore (vocab_size, the scaling's informational
+/// original context); any other would change the model (an MoE's expert counts, ...), and is
+/// refused by name rather than ignored.
+bool is_known_llama_key(std::string_view key) {
+  static constexpr std::string_view known[] = {
+      "llama.context_length",        "llama.embedding_length",          "llama.block_count",
+      "llama.feed_forward_length",   "llama.attention.head_count",      "llama.attention.head_count_kv",
+      "llama.attention.key_length",  "llama.attention.value_length",    "llama.attention.layer_norm_rms_epsilon",
+      "llama.rope.freq_base",        "llama.rope.dimension_count",      "llama.rope.scaling.type",
+      "llama.rope.scaling.factor",   "llama.rope.scale_linear",         "llama.rope.scaling.original_context_length",
+      "llama.rope.scaling.finetuned", "llama.vocab_size"};
+  return std::find(std::begin(known), std::end(known), key) != std::end(known);
+}
+
 /// A GGUF llama model's shape and its weights in llama2.c's layout (float32; F16 and Q8_0
 /// tensors dequantized), with its RoPE and RMS-norm settings (read_rope_and_norm). Refuses what
 /// troupe's transformer would compute differently: another architecture, heads of another size,
-/// RoPE over part of a head, a scaling type other than none, linear or Llama 3's.
+/// RoPE over part of a head, a scaling type other than none, linear or Llama 3's, a `llama.*` key
+/// or a tensor it does not read.
 expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view bytes, const std::string& path) {
   auto f = parse_gguf(bytes, path);
   if (!f) return tl::unexpected(f.error());
@@ -267,6 +284,10 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
   if (!arch) return tl::unexpected(arch.error());
   if (*arch != "llama")
     return fail(errc::malformed_file, where(path) + "architecture '" + echo(*arch) + "' is not supported (llama is)");
+  for (const auto& [key, value] : f->metadata)
+    if (key.rfind("llama.", 0) == 0 && !is_known_llama_key(key))
+      return fail(errc::malformed_file, where(path) + "metadata key '" + echo(key) +
+                                            "' is not supported (troupe's llama reads no such key)");
   model_config c;
   const std::pair<const char*, int32_t*> fields[] = {
       {"llama.embedding_length", &c.dim},          {"llama.feed_forward_length", &c.hidden_dim},
@@ -310,6 +331,7 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
                                           std::to_string(bytes.size()) + " bytes can hold");
   std::vector<float> out;
   out.reserve(static_cast<size_t>(*floats));
+  std::set<std::string> read = {"rope_freqs.weight"};  // read_rope_and_norm's
   // Appends tensor `name` (ggml dims `dims`, dims[0] contiguous), which must exist with that shape.
   auto append = [&](const std::string& name, std::vector<int64_t> dims) -> expected<void> {
     const gguf_tensor* t = f->tensor(name);
@@ -323,6 +345,7 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
     }
     const std::vector<float> v = tensor_floats(bytes, *f, *t);
     out.insert(out.end(), v.begin(), v.end());
+    read.insert(name);
     return {};
   };
   const int64_t dim = c.dim, hidden = c.hidden_dim, kv_dim = c.kv_dim(), vocab = c.vocab_size;
@@ -340,6 +363,10 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
     if (!ok) return tl::unexpected(ok.error());
   if (!c.shared_classifier)
     if (auto ok = append("output.weight", {dim, vocab}); !ok) return tl::unexpected(ok.error());
+  for (const gguf_tensor& t : f->tensors)
+    if (!read.count(t.name))
+      return fail(errc::malformed_file, where(path) + "tensor '" + echo(t.name) +
+                                            "' is not supported (troupe's llama reads no such tensor)");
   return std::make_pair(c, std::move(out));
 }
 

@@ -40,6 +40,7 @@ struct random_llama_spec {
   /// Written as rope_freqs.weight as they are, when not empty (in place of Llama 3's).
   std::vector<float> rope_freqs;
   model::ggml_type type = model::ggml_type::f32;  // of the matrices and the embedding; norms stay F32
+  std::string extra_tensor;  ///< written (4 F32 values) beside llama's tensors, when not empty
   uint64_t seed = 1;
 };
 
@@ -166,6 +167,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     add("rope_freqs.weight", {static_cast<int64_t>(s.rope_freqs.size())}, s.rope_freqs, ggml_type::f32);
   else if (s.llama3_factor > 0)
     add("rope_freqs.weight", {dim / s.n_heads / 2}, llama3_rope_divisors(s, s.dim / s.n_heads), ggml_type::f32);
+  if (!s.extra_tensor.empty()) add(s.extra_tensor, {4}, random_values(state, 4, 1.0f), ggml_type::f32);
   for (size_t i = 0; i < tensors.size(); i++) tensors[i].data = data[i].data();
   return model::write_gguf(meta, tensors);
 }
