@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <string>
 #include <utility>
+#include <functional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -119,11 +120,11 @@ inline size_t occurrences(const std::string& text, const std::string& needle) {
   return n;
 }
 
-/// Whether file `path` contains `needle` (at least `times` times) within `bound`. Event-driven:
-/// woken by inotify on each write to the file (the watch is set before the first read, so no
-/// write is missed), no polling.
-inline bool file_contains_within(const std::string& path, const std::string& needle, std::chrono::milliseconds bound,
-                                 size_t times = 1) {
+/// Whether file `path`'s text satisfies `holds` within `bound`. Event-driven: woken by inotify
+/// on each write to the file (the watch is set before the first read, so no write is missed), no
+/// polling.
+inline bool file_holds_within(const std::string& path, const std::function<bool(const std::string&)>& holds,
+                              std::chrono::milliseconds bound) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
   const int fd = ::inotify_init1(IN_CLOEXEC);
   if (fd < 0 || ::inotify_add_watch(fd, path.c_str(), IN_MODIFY | IN_CLOSE_WRITE) < 0) {
@@ -133,7 +134,7 @@ inline bool file_contains_within(const std::string& path, const std::string& nee
   }
   bool found = false;
   for (;;) {
-    found = occurrences(read_file(path), needle) >= times;
+    found = holds(read_file(path));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (found || left.count() <= 0) break;
     pollfd p{fd, POLLIN, 0};
@@ -144,6 +145,12 @@ inline bool file_contains_within(const std::string& path, const std::string& nee
   }
   ::close(fd);
   return found;
+}
+
+/// Whether file `path` contains `needle` (at least `times` times) within `bound`.
+inline bool file_contains_within(const std::string& path, const std::string& needle, std::chrono::milliseconds bound,
+                                 size_t times = 1) {
+  return file_holds_within(path, [&](const std::string& text) { return occurrences(text, needle) >= times; }, bound);
 }
 
 /// Owns a process started by spawn_program and its whole process group (a `troupe up` and
