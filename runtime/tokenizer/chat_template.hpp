@@ -4,7 +4,8 @@
 /// template text, every message's content as user (or tool) text, so a message can never
 /// produce the template's special tokens. Built in: ChatML, Llama-2 and Llama-3 style, and a
 /// plain-text one for models without chat tokens. A GGUF's `tokenizer.chat_template` maps to one
-/// of them when it is recognisably that template (a Jinja interpreter is not planned).
+/// of them when it is recognisably that template (serving with runtime/jinja, the
+/// interpreter, is issue 49's next step).
 
 #include <cstdint>
 #include <optional>
