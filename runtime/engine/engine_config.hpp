@@ -37,7 +37,7 @@ struct engine_config {
   sched::scheduler_config scheduler;
   model::kernel_path kernels = model::kernel_path::fast;
   /// Tokens that end a sample unless `ignore_eos`. Empty = the vocabulary's end ids
-  /// (tokenizer::end_ids(): EOS and, as in llama2.c, BOS; a GGUF file's EOT, EOM and the
+  /// (tokenizer::end_ids(): llama2.c's EOS and BOS; a GGUF file's EOS, EOT, EOM and the
   /// end-of-generation tokens llama.cpp knows by name).
   std::vector<int32_t> eos_token_ids;
   /// Plans in flight at most: 1 = synchronous, 2 = plan step N+1 while N runs.

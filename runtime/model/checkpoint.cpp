@@ -331,9 +331,26 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
                                           std::to_string(bytes.size()) + " bytes can hold");
   std::vector<float> out;
   out.reserve(static_cast<size_t>(*floats));
-  std::set<std::string> read = {"rope_freqs.weight"};  // read_rope_and_norm's
-  // Appends tensor `name` (ggml dims `dims`, dims[0] contiguous), which must exist with that shape.
-  auto append = [&](const std::string& name, std::vector<int64_t> dims) -> expected<void> {
+  // The tensors in llama2.c's order, each with its ggml dims (dims[0] contiguous); any other
+  // tensor in the file (rope_freqs.weight aside, read_rope_and_norm's) is refused before any
+  // is dequantized.
+  const int64_t dim = c.dim, hidden = c.hidden_dim, kv_dim = c.kv_dim(), vocab = c.vocab_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted = {{"token_embd.weight", {dim, vocab}}};
+  const std::pair<const char*, std::vector<int64_t>> per_layer[] = {
+      {"attn_norm.weight", {dim}},          {"attn_q.weight", {dim, dim}},       {"attn_k.weight", {dim, kv_dim}},
+      {"attn_v.weight", {dim, kv_dim}},     {"attn_output.weight", {dim, dim}},  {"ffn_norm.weight", {dim}},
+      {"ffn_gate.weight", {dim, hidden}},   {"ffn_down.weight", {hidden, dim}},  {"ffn_up.weight", {dim, hidden}}};
+  for (const auto& [suffix, dims] : per_layer)
+    for (int32_t l = 0; l < c.n_layers; l++) wanted.emplace_back("blk." + std::to_string(l) + "." + suffix, dims);
+  wanted.emplace_back("output_norm.weight", std::vector<int64_t>{dim});
+  if (!c.shared_classifier) wanted.emplace_back("output.weight", std::vector<int64_t>{dim, vocab});
+  std::set<std::string_view> names = {"rope_freqs.weight"};
+  for (const auto& w : wanted) names.insert(w.first);
+  for (const gguf_tensor& t : f->tensors)
+    if (!names.count(t.name))
+      return fail(errc::malformed_file, where(path) + "tensor '" + echo(t.name) +
+                                            "' is not supported (troupe's llama reads no such tensor)");
+  for (const auto& [name, dims] : wanted) {
     const gguf_tensor* t = f->tensor(name);
     if (!t) return fail(errc::malformed_file, where(path) + "no tensor '" + name + "'");
     if (t->dims != dims) {
@@ -345,28 +362,7 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
     }
     const std::vector<float> v = tensor_floats(bytes, *f, *t);
     out.insert(out.end(), v.begin(), v.end());
-    read.insert(name);
-    return {};
-  };
-  const int64_t dim = c.dim, hidden = c.hidden_dim, kv_dim = c.kv_dim(), vocab = c.vocab_size;
-  auto per_layer = [&](const char* suffix, std::vector<int64_t> dims) -> expected<void> {
-    for (int32_t l = 0; l < c.n_layers; l++)
-      if (auto ok = append("blk." + std::to_string(l) + "." + suffix, dims); !ok) return ok;
-    return {};
-  };
-  for (auto ok : {append("token_embd.weight", {dim, vocab}), per_layer("attn_norm.weight", {dim}),
-                  per_layer("attn_q.weight", {dim, dim}), per_layer("attn_k.weight", {dim, kv_dim}),
-                  per_layer("attn_v.weight", {dim, kv_dim}), per_layer("attn_output.weight", {dim, dim}),
-                  per_layer("ffn_norm.weight", {dim}), per_layer("ffn_gate.weight", {dim, hidden}),
-                  per_layer("ffn_down.weight", {hidden, dim}), per_layer("ffn_up.weight", {dim, hidden}),
-                  append("output_norm.weight", {dim})})
-    if (!ok) return tl::unexpected(ok.error());
-  if (!c.shared_classifier)
-    if (auto ok = append("output.weight", {dim, vocab}); !ok) return tl::unexpected(ok.error());
-  for (const gguf_tensor& t : f->tensors)
-    if (!read.count(t.name))
-      return fail(errc::malformed_file, where(path) + "tensor '" + echo(t.name) +
-                                            "' is not supported (troupe's llama reads no such tensor)");
+  }
   return std::make_pair(c, std::move(out));
 }
 

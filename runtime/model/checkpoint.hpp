@@ -34,7 +34,7 @@ struct model_config {
   int32_t seq_len = 0;     ///< maximum context length
   bool shared_classifier = true;  ///< the header's vocab_size was positive
   // How RoPE and RMS norm are computed: llama2.c's fixed values unless a GGUF file's metadata
-  // says otherwise (docs/model-formats.md).
+  // says otherwise (docs/gguf.md).
   float rope_freq_base = 10000.0f;  ///< pair f of a head turns by pos * base^(-2f / head_size)
   float rope_freq_scale = 1.0f;     ///< linear RoPE scaling: angles times 1 / rope.scaling.factor
   std::vector<float> rope_freq_factors;  ///< (head_size / 2) divisors of each pair's angle
