@@ -17,6 +17,7 @@
 #include "runtime/common/gguf.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/convert.hpp"
+#include "runtime/model/quantize.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/random_llama.hpp"
@@ -132,6 +133,107 @@ TEST(Gguf, AnUnknownLlamaKeyOrTensorIsRefusedByName) {
       << bias.error().message;
 }
 
+/// The tensor `name` of a random file's bytes, as float32.
+std::vector<float> tensor_of(const std::string& bytes, const std::string& name) {
+  auto f = parse_gguf(bytes, "x");
+  EXPECT_TRUE(f);
+  return tensor_floats(bytes, *f, *f->tensor(name));
+}
+
+TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
+  testing::random_llama_spec qwen2, qwen3, phi3;  // dim 64, 4 heads, 2 KV heads, hidden 192
+  qwen2.arch = "qwen2";
+  qwen3.arch = "qwen3";
+  qwen3.head_dim = 32;  // Q 128 wide over a width of 64
+  phi3.arch = "phi3";
+  const auto load = [](const std::string& bytes) {
+    const std::string path = write_temp("arch.gguf", bytes);
+    auto ck = checkpoint::load(path);
+    fs::remove(path);
+    EXPECT_TRUE(ck) << ck.error().message;
+    return std::move(*ck);
+  };
+  const std::string qwen2_bytes = testing::random_llama_gguf(qwen2);
+  const checkpoint q2 = load(qwen2_bytes);
+  EXPECT_EQ(q2.config().rope, rope_style::neox);
+  EXPECT_TRUE(q2.config().qkv_bias);
+  EXPECT_FALSE(q2.config().is_llama2c());
+  EXPECT_EQ(q2.w().bk[32 + 5], tensor_of(qwen2_bytes, "blk.1.attn_k.bias")[5]);  // layer 1 of (2, kv_dim 32)
+  EXPECT_EQ(q2.w().bv[7], tensor_of(qwen2_bytes, "blk.0.attn_v.bias")[7]);
+
+  const std::string qwen3_bytes = testing::random_llama_gguf(qwen3);
+  const checkpoint q3 = load(qwen3_bytes);
+  EXPECT_EQ(q3.config().head_size(), 32);
+  EXPECT_EQ(q3.config().q_dim(), 128);
+  EXPECT_EQ(q3.config().kv_dim(), 64);
+  EXPECT_TRUE(q3.config().qk_norm);
+  EXPECT_EQ(q3.w().k_norm[32 + 3], tensor_of(qwen3_bytes, "blk.1.attn_k_norm.weight")[3]);
+  EXPECT_EQ(q3.w().wo[64 * 128 + 127], tensor_of(qwen3_bytes, "blk.1.attn_output.weight")[127]);  // (dim, q_dim)
+
+  // phi3's fused tensors split by rows: attn_qkv is Q's 64 rows, K's 32, V's 32; ffn_up the
+  // gate's 192 rows, then the up projection's.
+  const std::string phi3_bytes = testing::random_llama_gguf(phi3);
+  const checkpoint p3 = load(phi3_bytes);
+  const std::vector<float> qkv = tensor_of(phi3_bytes, "blk.1.attn_qkv.weight");
+  const std::vector<float> up = tensor_of(phi3_bytes, "blk.1.ffn_up.weight");
+  EXPECT_EQ(p3.w().wq[64 * 64 + 70], qkv[70]);
+  EXPECT_EQ(p3.w().wk[32 * 64 + 70], qkv[64 * 64 + 70]);
+  EXPECT_EQ(p3.w().wv[32 * 64 + 70], qkv[96 * 64 + 70]);
+  EXPECT_EQ(p3.w().w1[192 * 64 + 70], up[70]);
+  EXPECT_EQ(p3.w().w3[192 * 64 + 70], up[192 * 64 + 70]);
+  // phi3's sliding window is read and ignored, as llama.cpp ignores it.
+  EXPECT_TRUE(random_llama_config(phi3, [](auto& meta) {
+    testing::set_key(meta, "phi3.attention.sliding_window", gguf_value::of_int(gguf_type::u32, 2047));
+  }));
+
+  const std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*> refused[] = {
+      {qwen2, [](auto& m) { testing::set_key(m, "qwen2.expert_count", gguf_value::of_int(gguf_type::u32, 8)); },
+       "metadata key 'qwen2.expert_count' is not supported (troupe's qwen2 reads no such key)"},
+      {qwen2, [](auto& m) { testing::set_key(m, "qwen2.attention.sliding_window", gguf_value::of_int(gguf_type::u32, 8)); },
+       "metadata key 'qwen2.attention.sliding_window' is not supported"},
+      {qwen3, [](auto& m) { testing::set_key(m, "qwen3.attention.value_length", gguf_value::of_int(gguf_type::u32, 16)); },
+       "qwen3.attention.value_length = 16 is not supported (heads are 32 wide, and keys, values and RoPE span all of a "
+       "head)"},
+      {qwen3, [](auto& m) { testing::set_key(m, "qwen3.attention.key_length", gguf_value::of_int(gguf_type::u32, 33)); },
+       "qwen3.attention.key_length = 33 is out of range (an even width in 2..1048576)"},
+      {phi3, [](auto& m) { testing::set_key(m, "phi3.rope.dimension_count", gguf_value::of_int(gguf_type::u32, 8)); },
+       "phi3.rope.dimension_count = 8 is not supported"},
+      {phi3, [](auto& m) { testing::set_key(m, "general.architecture", gguf_value::of_string("gemma2")); },
+       "architecture 'gemma2' is not supported (llama, qwen2, qwen3 and phi3 are)"},
+  };
+  for (const auto& [spec, edit, message] : refused) {
+    auto c = random_llama_config(spec, edit);
+    ASSERT_FALSE(c) << message;
+    EXPECT_EQ(c.error().code, errc::malformed_file);
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+  // A qwen3 tensor in a qwen2 file is refused by name.
+  testing::random_llama_spec mixed = qwen2;
+  mixed.extra_tensor = "blk.0.attn_q_norm.weight";
+  auto refused_tensor = random_llama_config(mixed);
+  ASSERT_FALSE(refused_tensor);
+  EXPECT_NE(refused_tensor.error().message.find("tensor 'blk.0.attn_q_norm.weight' is not supported (troupe's qwen2 "
+                                                "reads no such tensor)"),
+            std::string::npos)
+      << refused_tensor.error().message;
+}
+
+TEST(Gguf, ToolsThatWriteLlama2cFilesRefuseModelsTheyCannotHold) {
+  testing::random_llama_spec qwen2;
+  qwen2.arch = "qwen2";
+  const std::string path = write_temp("qwen2.gguf", testing::random_llama_gguf(qwen2));
+  auto ck = checkpoint::load(path);
+  fs::remove(path);
+  ASSERT_TRUE(ck) << ck.error().message;
+  auto q = to_q80(*ck, 32);
+  ASSERT_FALSE(q);
+  EXPECT_EQ(q.error().code, errc::invalid_argument);
+  EXPECT_NE(q.error().message.find("computes what a llama2.c-format file cannot hold (its RoPE, RMS epsilon, head "
+                                   "width, biases or norms); quantize writes llama2.c-format models"),
+            std::string::npos)
+      << q.error().message;
+}
+
 TEST(Gguf, RopeAndRmsNormSettingsAreReadFromTheMetadata) {
   testing::random_llama_spec spec;  // heads of 16: 8 rotated pairs
   auto plain = random_llama_config(spec, [](auto& meta) {
@@ -201,9 +303,11 @@ TEST(Gguf, BadRopeAndRmsNormValuesAreRefusedNamingTheKey) {
        "llama.rope.scaling.type 'yarn' is not supported (none and linear are; Llama 3's scaling is the tensor "
        "rope_freqs.weight)"},
       {with("llama.rope.dimension_count", u32(8)),
-       "llama.rope.dimension_count = 8 is not supported (a llama head is embedding_length / head_count = 16 wide "
-       "and rotated whole)"},
-      {with("llama.attention.key_length", u32(32)), "llama.attention.key_length = 32 is not supported"},
+       "llama.rope.dimension_count = 8 is not supported (heads are 16 wide, and keys, values and RoPE span all of a "
+       "head)"},
+      // Heads of 32, which RoPE (rotating 16) would not span.
+      {with("llama.attention.key_length", u32(32)),
+       "llama.rope.dimension_count = 16 is not supported (heads are 32 wide"},
       {with("llama.attention.value_length", u32(32)), "llama.attention.value_length = 32 is not supported"},
   };
   for (const auto& [edit, message] : cases) {

@@ -167,6 +167,15 @@ TEST(Kernels, RopeRotatesPairsByPosition) {
   EXPECT_FLOAT_EQ(v[3], 1.0f);
 }
 
+TEST(Kernels, NeoxRopeTurnsEachElementWithTheOneHalfAHeadAway) {
+  // Two heads of 4: pairs (0, 2) and (1, 3) of each; pair 0 by 90°, pair 1 by 0°.
+  float v[8] = {1.0f, 2.0f, 0.0f, 3.0f, -1.0f, 5.0f, 0.5f, 7.0f};
+  const float cos[2] = {0.0f, 1.0f}, sin[2] = {1.0f, 0.0f};
+  reference::rope_neox(v, 8, 4, cos, sin);
+  const float want[8] = {0.0f, 2.0f, 1.0f, 3.0f, -0.5f, 5.0f, -1.0f, 7.0f};
+  for (int i = 0; i < 8; i++) EXPECT_EQ(v[i], want[i]) << i;
+}
+
 }  // namespace
 }  // namespace troupe::kernels::cpu
 

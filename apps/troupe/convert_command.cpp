@@ -64,6 +64,7 @@ int run_convert(const convert_options& o) {
   if (ck->q80() != nullptr || ck->moe() != nullptr)
     return fail_with(error{errc::invalid_argument, "'" + o.model + "' is " + (ck->q80() ? "Q8_0" : "a mixture of experts") +
                                                    "; convert reads dense float32 checkpoints"});
+  if (auto ok = model::require_llama2c(*ck, "convert"); !ok) return fail_with(ok.error());
   auto tok = tokenizer::load(o.tokenizer, ck->config().vocab_size);
   if (!tok) return fail_with(tok.error());
   if (!tok->spm())

@@ -126,6 +126,10 @@ void libm_scaled_exp(float* out, const float* x, int32_t n, float shift, float d
 /// (i mod head_size) / 2).
 void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin);
 
+/// GPT-NeoX's RoPE: in each head of `vec` (n), element f turns with element f + head_size / 2
+/// by angle f of one position (cos/sin as for rope()).
+void rope_neox(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin);
+
 /// hb (n) = silu(hb) ⊙ hb2.
 void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp = exp_source::kernels);
 

@@ -76,6 +76,17 @@ void rope(float* vec, int32_t n, int32_t head_size, const float* cos, const floa
   }
 }
 
+void rope_neox(float* vec, int32_t n, int32_t head_size, const float* cos, const float* sin) {
+  const int32_t half = head_size / 2;
+  for (float* head = vec; head < vec + n; head += head_size)
+    for (int32_t f = 0; f < half; f++) {
+      const float v0 = head[f];
+      const float v1 = head[f + half];
+      head[f] = v0 * cos[f] - v1 * sin[f];
+      head[f + half] = v0 * sin[f] + v1 * cos[f];
+    }
+}
+
 void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
   for (int32_t i = 0; i < n; i++) {
     float val = hb[i];

@@ -47,11 +47,11 @@ class checked_count {
 /// where the count overflows int64.
 std::optional<int64_t> num_weight_floats(const model_config& c, int64_t n_experts = 0) {
   const int64_t dim = c.dim, hidden = c.hidden_dim, layers = c.n_layers;
-  const int64_t kv_dim = c.kv_dim(), vocab = c.vocab_size, head_size = c.head_size();
+  const int64_t kv_dim = c.kv_dim(), q_dim = c.q_dim(), vocab = c.vocab_size, head_size = c.head_size();
   checked_count n;
   n.add({vocab, dim});                           // token_embedding
   n.add({layers, dim});                          // rms_att
-  n.add({layers, dim, dim, 2});                  // wq, wo
+  n.add({layers, q_dim, dim, 2});                // wq, wo
   n.add({layers, kv_dim, dim, 2});               // wk, wv
   n.add({layers, dim});                          // rms_ffn
   if (n_experts == 0) {
@@ -63,6 +63,8 @@ std::optional<int64_t> num_weight_floats(const model_config& c, int64_t n_expert
   }
   n.add({dim});                                  // rms_final
   if (!c.shared_classifier) n.add({vocab, dim});  // wcls
+  if (c.qkv_bias) n.add({layers, q_dim + 2 * kv_dim});  // bq, bk, bv
+  if (c.qk_norm) n.add({layers, head_size, 2});         // q_norm, k_norm
   return n.value();
 }
 
@@ -116,11 +118,16 @@ struct checkpoint::mapping {
 
 const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->q80 : nullptr; }
 
+bool model_config::is_llama2c() const {
+  return rope_freq_base == 10000.0f && rope_freq_scale == 1.0f && rope_freq_factors.empty() &&
+         rms_norm_eps == 1e-5f && rope == rope_style::interleaved && head_dim == 0 && !qkv_bias && !qk_norm;
+}
+
 namespace {
 
 /// The checks of a shape every format shares: divisible heads, pairs for rotary embeddings.
 expected<void> check_shape(const model_config& c, const std::string& path) {
-  if (c.dim % c.n_heads != 0)
+  if (c.head_dim == 0 && c.dim % c.n_heads != 0)
     return fail(errc::malformed_file, where(path) + "dim " + std::to_string(c.dim) +
                                           " is not a multiple of n_heads " + std::to_string(c.n_heads));
   if (c.n_heads % c.n_kv_heads != 0)
@@ -146,10 +153,10 @@ weights views(const model_config& c, const float* p, bool freq_cis, moe_weights*
   weights w;
   w.token_embedding = take(c.vocab_size * dim);
   w.rms_att = take(layers * dim);
-  w.wq = take(layers * dim * dim);
+  w.wq = take(layers * c.q_dim() * dim);
   w.wk = take(layers * kv_dim * dim);
   w.wv = take(layers * kv_dim * dim);
-  w.wo = take(layers * dim * dim);
+  w.wo = take(layers * dim * c.q_dim());
   w.rms_ffn = take(layers * dim);
   if (moe != nullptr) {
     const int64_t experts = moe->n_experts;
@@ -186,6 +193,28 @@ expected<void> read_float_key(const gguf_file& f, const std::string& key, double
   return {};
 }
 
+/// What a GGUF architecture computes differently from llama's forward pass (docs/gguf.md).
+struct architecture {
+  std::string_view name;
+  rope_style rope;
+  bool qkv_bias;      ///< attn_q.bias, attn_k.bias, attn_v.bias
+  bool qk_norm;       ///< attn_q_norm.weight, attn_k_norm.weight
+  bool fused_ffn_up;  ///< ffn_up holds the gate's rows then the up projection's; no ffn_gate
+  bool may_fuse_qkv;  ///< attn_qkv.weight may hold Q's, K's and V's rows in place of three tensors
+};
+
+constexpr architecture architectures[] = {
+    {"llama", rope_style::interleaved, false, false, false, false},
+    {"qwen2", rope_style::neox, true, false, false, false},
+    {"qwen3", rope_style::neox, false, true, false, false},
+    {"phi3", rope_style::neox, false, false, true, true},
+};
+
+/// `<arch>.<suffix>`: an architecture's metadata key.
+std::string key(const architecture& a, std::string_view suffix) {
+  return std::string(a.name) + "." + std::string(suffix);
+}
+
 /// Llama 3's RoPE scaling as llama.cpp's converter stores it: the F32 tensor rope_freqs.weight of
 /// head_size / 2 divisors, one per rotated pair, computed from rope_scaling's factor,
 /// low_freq_factor, high_freq_factor and original_max_position_embeddings (llama.cpp's loader
@@ -209,109 +238,243 @@ expected<void> read_rope_freqs(std::string_view bytes, const gguf_file& f, model
   return {};
 }
 
-/// Refuses heads other than troupe's llama ones: dim / n_heads wide and rotated whole (llama.cpp
-/// refuses partial rotary for llama too).
-expected<void> check_head_keys(const gguf_file& f, const model_config& c, const std::string& path) {
-  for (const char* key : {"llama.rope.dimension_count", "llama.attention.key_length", "llama.attention.value_length"}) {
-    if (!f.metadata.count(key)) continue;
-    auto v = f.get_int(key, path);
+/// A head's width: attention.key_length, else embedding_length / head_count. value_length must
+/// equal it and RoPE must rotate all of it (llama.cpp refuses partial rotary for these
+/// architectures too).
+expected<void> read_head_size(const gguf_file& f, const architecture& a, model_config& c, const std::string& path) {
+  if (f.metadata.count(key(a, "attention.key_length"))) {
+    auto v = f.get_int(key(a, "attention.key_length"), path);
+    if (!v) return tl::unexpected(v.error());
+    if (*v < 2 || *v > max_dimension || *v % 2 != 0)
+      return fail(errc::malformed_file, where(path) + key(a, "attention.key_length") + " = " + std::to_string(*v) +
+                                            " is out of range (an even width in 2.." + std::to_string(max_dimension) +
+                                            ")");
+    if (c.dim % c.n_heads != 0 || *v != c.dim / c.n_heads) c.head_dim = static_cast<int32_t>(*v);
+  }
+  if (auto ok = check_shape(c, path); !ok) return ok;
+  for (std::string_view suffix : {"attention.value_length", "rope.dimension_count"}) {
+    if (!f.metadata.count(key(a, suffix))) continue;
+    auto v = f.get_int(key(a, suffix), path);
     if (!v) return tl::unexpected(v.error());
     if (*v != c.head_size())
-      return fail(errc::malformed_file, where(path) + key + " = " + std::to_string(*v) +
-                                            " is not supported (a llama head is embedding_length / head_count = " +
-                                            std::to_string(c.head_size()) + " wide and rotated whole)");
+      return fail(errc::malformed_file, where(path) + key(a, suffix) + " = " + std::to_string(*v) +
+                                            " is not supported (heads are " + std::to_string(c.head_size()) +
+                                            " wide, and keys, values and RoPE span all of a head)");
   }
   return {};
 }
 
-/// RoPE and RMS-norm settings of a GGUF llama model (`c`'s shape already read), as llama.cpp
-/// reads them: the RMS epsilon, the RoPE base, a linear scale of 1 / rope.scaling.factor (its
-/// old name rope.scale_linear; 0 means none) unless the scaling type is "none", and Llama 3's
-/// divisors (read_rope_freqs). YaRN and the other scaling types are refused by name.
-expected<void> read_rope_and_norm(std::string_view bytes, const gguf_file& f, model_config& c,
+/// RoPE and RMS-norm settings of a GGUF model (`c`'s shape already read), as llama.cpp reads
+/// them: the RMS epsilon, the RoPE base, a linear scale of 1 / rope.scaling.factor (its old name
+/// rope.scale_linear; 0 means none) unless the scaling type is "none", and Llama 3's divisors
+/// (read_rope_freqs). YaRN and the other scaling types are refused by name.
+expected<void> read_rope_and_norm(std::string_view bytes, const gguf_file& f, const architecture& a, model_config& c,
                                   const std::string& path) {
-  for (auto ok : {read_float_key(f, "llama.attention.layer_norm_rms_epsilon", 0, 1, "an RMS-norm epsilon",
+  c.rope = a.rope;
+  for (auto ok : {read_float_key(f, key(a, "attention.layer_norm_rms_epsilon"), 0, 1, "an RMS-norm epsilon",
                                  &c.rms_norm_eps, path),
-                  read_float_key(f, "llama.rope.freq_base", 1, 1e10, "a RoPE frequency base", &c.rope_freq_base, path),
-                  check_head_keys(f, c, path)})
+                  read_float_key(f, key(a, "rope.freq_base"), 1, 1e10, "a RoPE frequency base", &c.rope_freq_base,
+                                 path)})
     if (!ok) return ok;
   std::string scaling = "linear";  // llama.cpp's default when the key is absent
-  if (f.metadata.count("llama.rope.scaling.type")) {
-    auto v = f.get_string("llama.rope.scaling.type", path);
+  if (f.metadata.count(key(a, "rope.scaling.type"))) {
+    auto v = f.get_string(key(a, "rope.scaling.type"), path);
     if (!v) return tl::unexpected(v.error());
     scaling = *v;
   }
   if (scaling != "linear" && scaling != "none")
-    return fail(errc::malformed_file, where(path) + "llama.rope.scaling.type '" + echo(scaling) +
+    return fail(errc::malformed_file, where(path) + key(a, "rope.scaling.type") + " '" + echo(scaling) +
                                           "' is not supported (none and linear are; Llama 3's scaling is the "
                                           "tensor rope_freqs.weight)");
   float factor = 1.0f;
-  for (const char* key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"}) {
-    if (!f.metadata.count(key)) continue;
-    auto v = f.get_float(key, path);
+  for (std::string_view suffix : {"rope.scaling.factor", "rope.scale_linear"}) {
+    if (!f.metadata.count(key(a, suffix))) continue;
+    auto v = f.get_float(key(a, suffix), path);
     if (!v) return tl::unexpected(v.error());
     if (*v != 0.0)
-      if (auto ok = read_float_key(f, key, 0, 1024, "a RoPE scaling factor", &factor, path); !ok) return ok;
+      if (auto ok = read_float_key(f, key(a, suffix), 0, 1024, "a RoPE scaling factor", &factor, path); !ok) return ok;
     break;
   }
   if (scaling == "linear" && factor != 1.0f) c.rope_freq_scale = 1.0f / factor;
   return read_rope_freqs(bytes, f, c, path);
 }
 
-/// The `llama.*` keys troupe reads or may ignore (vocab_size, the scaling's informational
-/// original context); any other would change the model (an MoE's expert counts, ...), and is
-/// refused by name rather than ignored.
-bool is_known_llama_key(std::string_view key) {
+/// The `<arch>.*` keys troupe reads or may ignore (vocab_size, the scaling's informational
+/// original context; phi3's sliding window, which llama.cpp ignores too); any other would change
+/// the model (an MoE's expert counts, ...), and is refused by name rather than ignored.
+bool is_known_key(const architecture& a, std::string_view k) {
   static constexpr std::string_view known[] = {
-      "llama.context_length",        "llama.embedding_length",          "llama.block_count",
-      "llama.feed_forward_length",   "llama.attention.head_count",      "llama.attention.head_count_kv",
-      "llama.attention.key_length",  "llama.attention.value_length",    "llama.attention.layer_norm_rms_epsilon",
-      "llama.rope.freq_base",        "llama.rope.dimension_count",      "llama.rope.scaling.type",
-      "llama.rope.scaling.factor",   "llama.rope.scale_linear",         "llama.rope.scaling.original_context_length",
-      "llama.rope.scaling.finetuned", "llama.vocab_size"};
-  return std::find(std::begin(known), std::end(known), key) != std::end(known);
+      "context_length",         "embedding_length",        "block_count",
+      "feed_forward_length",    "attention.head_count",    "attention.head_count_kv",
+      "attention.key_length",   "attention.value_length",  "attention.layer_norm_rms_epsilon",
+      "rope.freq_base",         "rope.dimension_count",    "rope.scaling.type",
+      "rope.scaling.factor",    "rope.scale_linear",       "rope.scaling.original_context_length",
+      "rope.scaling.finetuned", "vocab_size"};
+  const std::string_view suffix = k.substr(a.name.size() + 1);
+  if (a.name == "phi3" && suffix == "attention.sliding_window") return true;
+  return std::find(std::begin(known), std::end(known), suffix) != std::end(known);
 }
 
-/// A GGUF llama model's shape and its weights in llama2.c's layout (float32; F16 and Q8_0
-/// tensors dequantized), with its RoPE and RMS-norm settings (read_rope_and_norm). Refuses what
-/// troupe's transformer would compute differently: another architecture, heads of another size,
-/// RoPE over part of a head, a scaling type other than none, linear or Llama 3's, a `llama.*` key
-/// or a tensor it does not read.
-expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view bytes, const std::string& path) {
-  auto f = parse_gguf(bytes, path);
-  if (!f) return tl::unexpected(f.error());
-  auto arch = f->get_string("general.architecture", path);
-  if (!arch) return tl::unexpected(arch.error());
-  if (*arch != "llama")
-    return fail(errc::malformed_file, where(path) + "architecture '" + echo(*arch) + "' is not supported (llama is)");
-  for (const auto& [key, value] : f->metadata)
-    if (key.rfind("llama.", 0) == 0 && !is_known_llama_key(key))
-      return fail(errc::malformed_file, where(path) + "metadata key '" + echo(key) +
-                                            "' is not supported (troupe's llama reads no such key)");
+/// The architecture `general.architecture` names, with its keys checked (is_known_key).
+expected<const architecture*> read_architecture(const gguf_file& f, const std::string& path) {
+  auto name = f.get_string("general.architecture", path);
+  if (!name) return tl::unexpected(name.error());
+  const architecture* a = std::find_if(std::begin(architectures), std::end(architectures),
+                                       [&](const architecture& x) { return x.name == *name; });
+  if (a == std::end(architectures))
+    return fail(errc::malformed_file, where(path) + "architecture '" + echo(*name) +
+                                          "' is not supported (llama, qwen2, qwen3 and phi3 are)");
+  for (const auto& [k, value] : f.metadata)
+    if (k.rfind(key(*a, ""), 0) == 0 && !is_known_key(*a, k))
+      return fail(errc::malformed_file, where(path) + "metadata key '" + echo(k) + "' is not supported (troupe's " +
+                                            std::string(a->name) + " reads no such key)");
+  return a;
+}
+
+/// The shape fields of a GGUF model (`<arch>.embedding_length`, ...) and its head count of keys
+/// and values.
+expected<model_config> read_shape(const gguf_file& f, const architecture& a, const std::string& path) {
   model_config c;
   const std::pair<const char*, int32_t*> fields[] = {
-      {"llama.embedding_length", &c.dim},          {"llama.feed_forward_length", &c.hidden_dim},
-      {"llama.block_count", &c.n_layers},          {"llama.attention.head_count", &c.n_heads},
-      {"llama.context_length", &c.seq_len}};
-  for (const auto& [key, field] : fields) {
-    auto v = f->get_int(key, path);
+      {"embedding_length", &c.dim},          {"feed_forward_length", &c.hidden_dim},
+      {"block_count", &c.n_layers},          {"attention.head_count", &c.n_heads},
+      {"context_length", &c.seq_len}};
+  for (const auto& [suffix, field] : fields) {
+    auto v = f.get_int(key(a, suffix), path);
     if (!v) return tl::unexpected(v.error());
     if (*v <= 0 || *v > max_dimension)
-      return fail(errc::malformed_file, where(path) + key + " = " + std::to_string(*v) + " is out of range (1.." +
-                                            std::to_string(max_dimension) + ")");
+      return fail(errc::malformed_file, where(path) + key(a, suffix) + " = " + std::to_string(*v) +
+                                            " is out of range (1.." + std::to_string(max_dimension) + ")");
     *field = static_cast<int32_t>(*v);
   }
   c.n_kv_heads = c.n_heads;
-  if (f->metadata.count("llama.attention.head_count_kv")) {
-    auto v = f->get_int("llama.attention.head_count_kv", path);
+  if (f.metadata.count(key(a, "attention.head_count_kv"))) {
+    auto v = f.get_int(key(a, "attention.head_count_kv"), path);
     if (!v) return tl::unexpected(v.error());
     if (*v <= 0 || *v > c.n_heads)
-      return fail(errc::malformed_file, where(path) + "llama.attention.head_count_kv = " + std::to_string(*v) +
-                                            " is out of range (1..head_count)");
+      return fail(errc::malformed_file, where(path) + key(a, "attention.head_count_kv") + " = " +
+                                            std::to_string(*v) + " is out of range (1..head_count)");
     c.n_kv_heads = static_cast<int32_t>(*v);
   }
-  if (auto ok = check_shape(c, path); !ok) return tl::unexpected(ok.error());
-  if (auto ok = read_rope_and_norm(bytes, *f, c, path); !ok) return tl::unexpected(ok.error());
+  c.qkv_bias = a.qkv_bias;
+  c.qk_norm = a.qk_norm;
+  return c;
+}
+
+/// Rows [first_row, first_row + rows) of a GGUF tensor of `dims` (a row: dims[0] values); all of
+/// it when `rows` is 0. A fused tensor (phi3's attn_qkv, ffn_up) is read as several pieces.
+struct tensor_piece {
+  std::string name;
+  std::vector<int64_t> dims;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+  /// Where its float32 values are seen (a per-layer kind's layers lie in a row: layer 0's piece
+  /// starts the view).
+  const float* weights::*view = nullptr;
+  int32_t layer = -1;
+};
+
+/// The pieces of a GGUF model's tensors in llama2.c's order, then the architecture's extras.
+std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& a, const model_config& c) {
+  using w = weights;
+  const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
+  const bool fused_qkv = a.may_fuse_qkv && f.tensor("blk.0.attn_qkv.weight") != nullptr;
+  const std::vector<int64_t> qkv = {dim, qd + 2 * kv}, up = {dim, 2 * hidden};
+  const auto part = [](const char* name, std::vector<int64_t> dims, const float* w::*view, int64_t first = 0,
+                       int64_t rows = 0) { return tensor_piece{name, std::move(dims), first, rows, view}; };
+  const std::vector<tensor_piece> per_layer = {
+      part("attn_norm.weight", {dim}, &w::rms_att),
+      fused_qkv ? part("attn_qkv.weight", qkv, &w::wq, 0, qd) : part("attn_q.weight", {dim, qd}, &w::wq),
+      fused_qkv ? part("attn_qkv.weight", qkv, &w::wk, qd, kv) : part("attn_k.weight", {dim, kv}, &w::wk),
+      fused_qkv ? part("attn_qkv.weight", qkv, &w::wv, qd + kv, kv) : part("attn_v.weight", {dim, kv}, &w::wv),
+      part("attn_output.weight", {qd, dim}, &w::wo),
+      part("ffn_norm.weight", {dim}, &w::rms_ffn),
+      a.fused_ffn_up ? part("ffn_up.weight", up, &w::w1, 0, hidden) : part("ffn_gate.weight", {dim, hidden}, &w::w1),
+      part("ffn_down.weight", {hidden, dim}, &w::w2),
+      a.fused_ffn_up ? part("ffn_up.weight", up, &w::w3, hidden, hidden) : part("ffn_up.weight", {dim, hidden}, &w::w3)};
+  std::vector<tensor_piece> extras;
+  if (a.qkv_bias)
+    extras = {part("attn_q.bias", {qd}, &w::bq), part("attn_k.bias", {kv}, &w::bk), part("attn_v.bias", {kv}, &w::bv)};
+  if (a.qk_norm)
+    extras = {part("attn_q_norm.weight", {c.head_size()}, &w::q_norm),
+              part("attn_k_norm.weight", {c.head_size()}, &w::k_norm)};
+  const auto add_layers = [&](std::vector<tensor_piece>& out, const std::vector<tensor_piece>& kinds) {
+    for (const tensor_piece& k : kinds)
+      for (int32_t l = 0; l < c.n_layers; l++) {
+        out.push_back(k);
+        out.back().name = "blk." + std::to_string(l) + "." + k.name;
+        out.back().layer = l;
+      }
+  };
+  std::vector<tensor_piece> out = {part("token_embd.weight", {dim, vocab}, &w::token_embedding)};
+  add_layers(out, per_layer);
+  out.push_back(part("output_norm.weight", {dim}, &w::rms_final));
+  if (!c.shared_classifier) out.push_back(part("output.weight", {dim, vocab}, &w::wcls));
+  add_layers(out, extras);
+  return out;
+}
+
+/// Refuses a file whose tensors are not exactly `pieces`' (and rope_freqs.weight, read by
+/// read_rope_freqs), in the shapes they say, before any is dequantized.
+expected<void> check_tensors(const gguf_file& f, const architecture& a, const std::vector<tensor_piece>& pieces,
+                             const std::string& path) {
+  std::set<std::string_view> names = {"rope_freqs.weight"};
+  for (const tensor_piece& p : pieces) names.insert(p.name);
+  for (const gguf_tensor& t : f.tensors)
+    if (!names.count(t.name))
+      return fail(errc::malformed_file, where(path) + "tensor '" + echo(t.name) + "' is not supported (troupe's " +
+                                            std::string(a.name) + " reads no such tensor)");
+  for (const tensor_piece& p : pieces) {
+    const gguf_tensor* t = f.tensor(p.name);
+    if (!t) return fail(errc::malformed_file, where(path) + "no tensor '" + p.name + "'");
+    if (t->dims != p.dims) {
+      std::string want, got;
+      for (int64_t d : p.dims) want += (want.empty() ? "" : ", ") + std::to_string(d);
+      for (int64_t d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      return fail(errc::malformed_file, where(path) + "tensor '" + p.name + "' has shape [" + got + "], expected [" +
+                                            want + "] for this model's metadata");
+    }
+  }
+  return {};
+}
+
+/// A GGUF model's weights as troupe holds them: float32 views into `floats` (F16 and Q8_0 tensors
+/// dequantized).
+struct gguf_weights {
+  model_config config;
+  std::vector<float> floats;
+  weights views;
+};
+
+/// Reads `pieces` (checked by check_tensors) into `out`: their float32 values, then the views.
+void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<tensor_piece>& pieces, gguf_weights& out) {
+  std::vector<size_t> starts;
+  for (const tensor_piece& p : pieces) {
+    const std::vector<float> v = tensor_floats(bytes, f, *f.tensor(p.name));
+    const auto first = v.begin() + p.first_row * p.dims[0];
+    starts.push_back(out.floats.size());
+    out.floats.insert(out.floats.end(), first, p.rows == 0 ? v.end() : first + p.rows * p.dims[0]);
+  }
+  for (size_t i = 0; i < pieces.size(); i++)
+    if (pieces[i].layer <= 0) out.views.*pieces[i].view = out.floats.data() + starts[i];
+  if (out.config.shared_classifier) out.views.wcls = out.views.token_embedding;
+}
+
+/// A GGUF model's shape and its weights (gguf_weights), with its RoPE and RMS-norm settings
+/// (read_rope_and_norm). Refuses what troupe's transformer would compute differently: another
+/// architecture, RoPE over part of a head, a scaling type other than none, linear or Llama 3's,
+/// an `<arch>.*` key or a tensor it does not read.
+expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path) {
+  auto f = parse_gguf(bytes, path);
+  if (!f) return tl::unexpected(f.error());
+  auto arch = read_architecture(*f, path);
+  if (!arch) return tl::unexpected(arch.error());
+  const architecture& a = **arch;
+  auto shape = read_shape(*f, a, path);
+  if (!shape) return tl::unexpected(shape.error());
+  model_config& c = *shape;
+  if (auto ok = read_head_size(*f, a, c, path); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_rope_and_norm(bytes, *f, a, c, path); !ok) return tl::unexpected(ok.error());
   const gguf_tensor* embedding = f->tensor("token_embd.weight");
   if (!embedding || embedding->dims.size() != 2)
     return fail(errc::malformed_file, where(path) + "no 2-D tensor 'token_embd.weight'");
@@ -329,41 +492,13 @@ expected<std::pair<model_config, std::vector<float>>> from_gguf(std::string_view
                                           std::to_string(c.n_layers) + " layers, feed_forward_length " +
                                           std::to_string(c.hidden_dim) + ") implies more weights than its " +
                                           std::to_string(bytes.size()) + " bytes can hold");
-  std::vector<float> out;
-  out.reserve(static_cast<size_t>(*floats));
-  // The tensors in llama2.c's order, each with its ggml dims (dims[0] contiguous); any other
-  // tensor in the file (rope_freqs.weight aside, read_rope_and_norm's) is refused before any
-  // is dequantized.
-  const int64_t dim = c.dim, hidden = c.hidden_dim, kv_dim = c.kv_dim(), vocab = c.vocab_size;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted = {{"token_embd.weight", {dim, vocab}}};
-  const std::pair<const char*, std::vector<int64_t>> per_layer[] = {
-      {"attn_norm.weight", {dim}},          {"attn_q.weight", {dim, dim}},       {"attn_k.weight", {dim, kv_dim}},
-      {"attn_v.weight", {dim, kv_dim}},     {"attn_output.weight", {dim, dim}},  {"ffn_norm.weight", {dim}},
-      {"ffn_gate.weight", {dim, hidden}},   {"ffn_down.weight", {hidden, dim}},  {"ffn_up.weight", {dim, hidden}}};
-  for (const auto& [suffix, dims] : per_layer)
-    for (int32_t l = 0; l < c.n_layers; l++) wanted.emplace_back("blk." + std::to_string(l) + "." + suffix, dims);
-  wanted.emplace_back("output_norm.weight", std::vector<int64_t>{dim});
-  if (!c.shared_classifier) wanted.emplace_back("output.weight", std::vector<int64_t>{dim, vocab});
-  std::set<std::string_view> names = {"rope_freqs.weight"};
-  for (const auto& w : wanted) names.insert(w.first);
-  for (const gguf_tensor& t : f->tensors)
-    if (!names.count(t.name))
-      return fail(errc::malformed_file, where(path) + "tensor '" + echo(t.name) +
-                                            "' is not supported (troupe's llama reads no such tensor)");
-  for (const auto& [name, dims] : wanted) {
-    const gguf_tensor* t = f->tensor(name);
-    if (!t) return fail(errc::malformed_file, where(path) + "no tensor '" + name + "'");
-    if (t->dims != dims) {
-      std::string want, got;
-      for (int64_t d : dims) want += (want.empty() ? "" : ", ") + std::to_string(d);
-      for (int64_t d : t->dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      return fail(errc::malformed_file, where(path) + "tensor '" + name + "' has shape [" + got + "], expected [" +
-                                            want + "] for this model's metadata");
-    }
-    const std::vector<float> v = tensor_floats(bytes, *f, *t);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return std::make_pair(c, std::move(out));
+  const std::vector<tensor_piece> pieces = tensor_pieces(*f, a, c);
+  if (auto ok = check_tensors(*f, a, pieces, path); !ok) return tl::unexpected(ok.error());
+  gguf_weights out;
+  out.config = c;
+  out.floats.reserve(static_cast<size_t>(*floats));
+  read_pieces(bytes, *f, pieces, out);
+  return out;
 }
 
 }  // namespace
@@ -423,10 +558,10 @@ struct q80_tensor_kind {
 std::vector<q80_tensor_kind> q80_tensor_kinds(const model_config& c) {
   std::vector<q80_tensor_kind> kinds = {
       {"token_embedding", nullptr, 1, c.vocab_size, c.dim},
-      {"wq", &q80_weights::wq, c.n_layers, c.dim, c.dim},
+      {"wq", &q80_weights::wq, c.n_layers, c.q_dim(), c.dim},
       {"wk", &q80_weights::wk, c.n_layers, c.kv_dim(), c.dim},
       {"wv", &q80_weights::wv, c.n_layers, c.kv_dim(), c.dim},
-      {"wo", &q80_weights::wo, c.n_layers, c.dim, c.dim},
+      {"wo", &q80_weights::wo, c.n_layers, c.dim, c.q_dim()},
       {"w1", &q80_weights::w1, c.n_layers, c.hidden_dim, c.dim},
       {"w2", &q80_weights::w2, c.n_layers, c.dim, c.hidden_dim},
       {"w3", &q80_weights::w3, c.n_layers, c.hidden_dim, c.dim}};
@@ -523,6 +658,13 @@ expected<std::pair<model_config, moe_weights>> parse_moe_header(std::string_view
   return std::make_pair(*c, m);
 }
 
+expected<void> require_llama2c(const checkpoint& ck, const std::string& what) {
+  if (ck.config().is_llama2c()) return {};
+  return fail(errc::invalid_argument, "model file '" + ck.path() + "' computes what a llama2.c-format file cannot " +
+                                          "hold (its RoPE, RMS epsilon, head width, biases or norms); " + what +
+                                          " writes llama2.c-format models");
+}
+
 expected<void> check_finite(const checkpoint& ck) {
   const model_config& c = ck.config();
   const weights& w = ck.w();
@@ -533,6 +675,12 @@ expected<void> check_finite(const checkpoint& ck) {
       {"rms_ffn", w.rms_ffn, layers, dim},
       {"rms_final", w.rms_final, 0, dim},
   };
+  if (c.qkv_bias)
+    tensors.insert(tensors.end(),
+                   {{"bq", w.bq, layers, c.q_dim()}, {"bk", w.bk, layers, kv_dim}, {"bv", w.bv, layers, kv_dim}});
+  if (c.qk_norm)
+    tensors.insert(tensors.end(),
+                   {{"q_norm", w.q_norm, layers, c.head_size()}, {"k_norm", w.k_norm, layers, c.head_size()}});
   if (const q80_weights* q = ck.q80()) {  // int8 values are finite: check the scales
     for (const q80_tensor_kind& k : q80_tensor_kinds(c)) {
       if (k.per_layer == nullptr) continue;  // the embedding is checked dequantized
@@ -541,10 +689,11 @@ expected<void> check_finite(const checkpoint& ck) {
     }
     if (!c.shared_classifier) tensors.push_back({"wcls", q->wcls.s, 0, c.vocab_size * dim / q->group_size});
   } else {
-    tensors.insert(tensors.end(), {{"wq", w.wq, layers, dim * dim},
+    const int64_t q_dim = c.q_dim();
+    tensors.insert(tensors.end(), {{"wq", w.wq, layers, q_dim * dim},
                                    {"wk", w.wk, layers, kv_dim * dim},
                                    {"wv", w.wv, layers, kv_dim * dim},
-                                   {"wo", w.wo, layers, dim * dim}});
+                                   {"wo", w.wo, layers, dim * q_dim}});
     if (const moe_weights* m = ck.moe()) {
       const int64_t experts = m->n_experts;
       tensors.insert(tensors.end(), {{"router_weight", m->router_weight, layers, experts * dim},
@@ -641,9 +790,9 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   if (is_gguf(bytes)) {
     auto gguf = from_gguf(bytes, path);
     if (!gguf) return tl::unexpected(gguf.error());
-    ck.config_ = gguf->first;
-    map->owned = std::move(gguf->second);  // the weights, converted: the file is unmapped below
-    ck.weights_ = views(ck.config_, map->owned.data(), false);
+    ck.config_ = gguf->config;
+    ck.weights_ = gguf->views;  // into the vectors moved below (their buffers move with them)
+    map->owned = std::move(gguf->floats);  // the weights, converted: the file is unmapped below
   } else if (magic == q80_magic) {
     if (bytes.size() < static_cast<size_t>(q80_header_bytes))
       return fail(errc::malformed_file, where(path) + "only " + std::to_string(bytes.size()) +

@@ -23,7 +23,12 @@ namespace troupe::model {
 /// llama2.c-format model, and keeps the size arithmetic far from overflow.
 inline constexpr int32_t header_value_max = 1 << 20;
 
-/// Shape of a Llama-architecture model, as stored in a llama2.c header.
+/// Which elements of a head RoPE rotates together: llama2.c's and GGUF llama's consecutive
+/// pairs (2f, 2f + 1), or GPT-NeoX's halves (f, f + head_size / 2) (qwen2, qwen3, phi3).
+enum class rope_style : uint8_t { interleaved, neox };
+
+/// Shape of a transformer model: a llama2.c header's fields, and how a GGUF architecture
+/// computes what llama2.c's fixed choices leave open (docs/gguf.md).
 struct model_config {
   int32_t dim = 0;         ///< transformer width
   int32_t hidden_dim = 0;  ///< FFN width
@@ -40,9 +45,17 @@ struct model_config {
   std::vector<float> rope_freq_factors;  ///< (head_size / 2) divisors of each pair's angle
                                          ///< (Llama 3's scaling, rope_freqs.weight); empty: none
   float rms_norm_eps = 1e-5f;       ///< added to the mean square before its inverse square root
+  rope_style rope = rope_style::interleaved;
+  int32_t head_dim = 0;   ///< a head's width; 0: dim / n_heads (GGUF attention.key_length may differ)
+  bool qkv_bias = false;  ///< Q, K and V add a bias after their matmuls (qwen2)
+  bool qk_norm = false;   ///< each head of Q and K is RMS-normed before RoPE (qwen3)
 
-  [[nodiscard]] int32_t head_size() const { return dim / n_heads; }
+  [[nodiscard]] int32_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
+  [[nodiscard]] int32_t q_dim() const { return n_heads * head_size(); }
   [[nodiscard]] int32_t kv_dim() const { return n_kv_heads * head_size(); }
+  /// Whether a llama2.c-format file can hold this model: every choice above at llama2.c's value
+  /// (what `troupe quantize`, `moe-split` and `convert` write).
+  [[nodiscard]] bool is_llama2c() const;
 };
 
 /// Pointers into the mapped file, in llama2.c's names and shapes. A version-2 (Q8_0) checkpoint
@@ -51,16 +64,22 @@ struct model_config {
 struct weights {
   const float* token_embedding = nullptr;  ///< (vocab_size, dim)
   const float* rms_att = nullptr;          ///< (layer, dim)
-  const float* wq = nullptr;               ///< (layer, dim, dim): out = dim, in = dim
+  const float* wq = nullptr;               ///< (layer, q_dim, dim): out = q_dim, in = dim
   const float* wk = nullptr;               ///< (layer, kv_dim, dim)
   const float* wv = nullptr;               ///< (layer, kv_dim, dim)
-  const float* wo = nullptr;               ///< (layer, dim, dim)
+  const float* wo = nullptr;               ///< (layer, dim, q_dim)
   const float* rms_ffn = nullptr;          ///< (layer, dim)
   const float* w1 = nullptr;               ///< (layer, hidden_dim, dim)
   const float* w2 = nullptr;               ///< (layer, dim, hidden_dim)
   const float* w3 = nullptr;               ///< (layer, hidden_dim, dim)
   const float* rms_final = nullptr;        ///< (dim)
   const float* wcls = nullptr;             ///< (vocab_size, dim); == token_embedding if shared
+  // A GGUF architecture's extras (model_config says which), null otherwise:
+  const float* bq = nullptr;      ///< (layer, q_dim) when qkv_bias
+  const float* bk = nullptr;      ///< (layer, kv_dim) when qkv_bias
+  const float* bv = nullptr;      ///< (layer, kv_dim) when qkv_bias
+  const float* q_norm = nullptr;  ///< (layer, head_size) when qk_norm
+  const float* k_norm = nullptr;  ///< (layer, head_size) when qk_norm
 };
 
 /// The matrices of a version-2 checkpoint, one per layer, in the kernels' Q8_0 view.
@@ -139,6 +158,10 @@ class checkpoint {
   std::optional<moe_weights> moe_;
   std::shared_ptr<const mapping> map_;
 };
+
+/// Refuses (errc::invalid_argument, naming `what`, the tool) a model that a llama2.c-format file
+/// cannot hold (model_config::is_llama2c): what `what` writes would compute another model.
+[[nodiscard]] expected<void> require_llama2c(const checkpoint& ck, const std::string& what);
 
 /// The first NaN or infinite value among `ck`'s weights, as an error naming the tensor, the layer
 /// (for per-layer tensors) and the element index within it; exposed for tests.

@@ -19,6 +19,7 @@ expected<void> check_options(const checkpoint& dense, const moe_split_options& o
   const auto bad = [](const std::string& what) { return fail(errc::invalid_argument, what); };
   if (dense.q80() != nullptr) return bad("model file '" + dense.path() + "' is Q8_0; moe-split reads float32 ones");
   if (dense.moe() != nullptr) return bad("model file '" + dense.path() + "' is already a mixture of experts");
+  if (auto ok = require_llama2c(dense, "moe-split"); !ok) return ok;
   if (o.n_experts < 1 || o.n_experts > moe_experts_max || c.hidden_dim % o.n_experts != 0)
     return bad("n_experts " + std::to_string(o.n_experts) + " must be in 1.." + std::to_string(moe_experts_max) +
                " and divide hidden_dim " + std::to_string(c.hidden_dim));

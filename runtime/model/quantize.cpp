@@ -39,6 +39,7 @@ expected<std::string> to_q80(const checkpoint& ck, int32_t group_size) {
     return fail(errc::invalid_argument, "model file '" + ck.path() + "' is already Q8_0 (version 2)");
   if (ck.moe() != nullptr)
     return fail(errc::invalid_argument, "model file '" + ck.path() + "' is a mixture of experts; quantize reads dense ones");
+  if (auto ok = require_llama2c(ck, "quantize"); !ok) return tl::unexpected(ok.error());
   if (group_size <= 0 || c.dim % group_size != 0 || c.hidden_dim % group_size != 0)
     return fail(errc::invalid_argument, "group size " + std::to_string(group_size) + " does not divide dim " +
                                             std::to_string(c.dim) + " and hidden_dim " + std::to_string(c.hidden_dim));

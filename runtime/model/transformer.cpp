@@ -11,6 +11,15 @@ namespace troupe::model {
 
 namespace cpu = kernels::cpu;
 
+namespace {
+
+/// x (n) += bias (n).
+void add_bias(float* x, const float* bias, int32_t n) {
+  for (int32_t i = 0; i < n; i++) x[i] += bias[i];
+}
+
+}  // namespace
+
 transformer::transformer(const checkpoint& ck, kernel_path path)
     : ck_(ck),
       config_(ck.config()),
@@ -19,13 +28,13 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
   const model_config& c = config_;
   const weights& w = ck_.w();
   if (path_ == kernel_path::fast && ck_.q80() == nullptr) {
-    const int64_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+    const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
     const moe_weights* m = ck_.moe();
     for (int64_t l = 0; l < c.n_layers; l++) {
-      layer_weights lw{cpu::pack_matrix(w.wq + l * dim * dim, c.dim, c.dim),
+      layer_weights lw{cpu::pack_matrix(w.wq + l * q_dim * dim, c.q_dim(), c.dim),
                        cpu::pack_matrix(w.wk + l * kv_dim * dim, c.kv_dim(), c.dim),
                        cpu::pack_matrix(w.wv + l * kv_dim * dim, c.kv_dim(), c.dim),
-                       cpu::pack_matrix(w.wo + l * dim * dim, c.dim, c.dim),
+                       cpu::pack_matrix(w.wo + l * dim * q_dim, c.dim, c.q_dim()),
                        {}, {}, {}, {}};
       if (m == nullptr) {
         lw.w1 = cpu::pack_matrix(w.w1 + l * hidden * dim, c.hidden_dim, c.dim);
@@ -67,7 +76,8 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
       rope_sin_[static_cast<size_t>(pos) * half + f] = std::sin(val);
     }
   }
-  const int64_t dim = c.dim, per_layer = 2 * dim * dim + 2 * int64_t{c.kv_dim()} * dim + 3 * dim * c.hidden_dim;
+  const int64_t dim = c.dim,
+                per_layer = 2 * int64_t{c.q_dim()} * dim + 2 * int64_t{c.kv_dim()} * dim + 3 * dim * c.hidden_dim;
   matrix_weights_ = c.n_layers * per_layer + int64_t{c.vocab_size} * dim;
   set_thread_pool(nullptr);
 }
@@ -104,7 +114,8 @@ void transformer::reserve(scratch& s, int32_t rows) const {
   s.x.resize(n * config_.dim);
   s.xb.resize(n * config_.dim);
   s.xb2.resize(n * config_.dim);
-  s.q.resize(n * config_.dim);
+  s.q.resize(n * config_.q_dim());
+  s.att.resize(n * config_.q_dim());
   s.k.resize(n * config_.kv_dim());
   s.v.resize(n * config_.kv_dim());
   s.hb.resize(n * config_.hidden_dim);
@@ -117,7 +128,7 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
   const model_config& c = config_;
   const weights& w = ck_.w();
   const moe_weights* m = ck_.moe();
-  const int64_t l = layer, dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  const int64_t l = layer, dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
   if (const q80_weights* q = ck_.q80()) {
     const std::vector<cpu::q80_matrix>* per_layer[] = {&q->wq, &q->wk, &q->wv, &q->wo, &q->w1, &q->w2, &q->w3};
     cpu::packed_q80 q80_layer_weights::*packed[] = {&q80_layer_weights::wq, &q80_layer_weights::wk,
@@ -136,10 +147,10 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
     int64_t d, n;
     cpu::packed_matrix layer_weights::*packed;
   };
-  const plain views[] = {{w.wq + l * dim * dim, dim, dim, &layer_weights::wq},
+  const plain views[] = {{w.wq + l * q_dim * dim, q_dim, dim, &layer_weights::wq},
                          {w.wk + l * kv_dim * dim, kv_dim, dim, &layer_weights::wk},
                          {w.wv + l * kv_dim * dim, kv_dim, dim, &layer_weights::wv},
-                         {w.wo + l * dim * dim, dim, dim, &layer_weights::wo},
+                         {w.wo + l * dim * q_dim, dim, q_dim, &layer_weights::wo},
                          {w.w1 + l * hidden * dim, hidden, dim, &layer_weights::w1},
                          {w.w2 + l * dim * hidden, dim, hidden, &layer_weights::w2},
                          {w.w3 + l * hidden * dim, hidden, dim, &layer_weights::w3},
@@ -241,19 +252,33 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
   const model_config& c = config_;
   const weights& w = ck_.w();
   const int32_t n = static_cast<int32_t>(rows.size());
-  const int32_t dim = c.dim, kv_dim = c.kv_dim(), half = c.head_size() / 2;
+  const int32_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), head = c.head_size(), half = head / 2;
   const int64_t ld = l;
   for (int32_t r = 0; r < n; r++)
     cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_att + ld * dim, dim, c.rms_norm_eps);
   matmul(s.q.data(), s.xb.data(), matrix::wq, l, n, s, pool);
   matmul(s.k.data(), s.xb.data(), matrix::wk, l, n, s, pool);
   matmul(s.v.data(), s.xb.data(), matrix::wv, l, n, s, pool);
+  const auto rope = c.rope == rope_style::neox ? cpu::reference::rope_neox : cpu::reference::rope;
   for (int32_t r = 0; r < n; r++) {
     const forward_row& row = rows[r];
+    float* q = &s.q[static_cast<int64_t>(r) * q_dim];
+    float* k = &s.k[static_cast<int64_t>(r) * kv_dim];
+    if (c.qkv_bias) {
+      add_bias(q, w.bq + ld * q_dim, q_dim);
+      add_bias(k, w.bk + ld * kv_dim, kv_dim);
+      add_bias(&s.v[static_cast<int64_t>(r) * kv_dim], w.bv + ld * kv_dim, kv_dim);
+    }
+    if (c.qk_norm) {
+      for (int32_t i = 0; i < q_dim; i += head)
+        cpu::reference::rmsnorm(q + i, q + i, w.q_norm + ld * head, head, c.rms_norm_eps);
+      for (int32_t i = 0; i < kv_dim; i += head)
+        cpu::reference::rmsnorm(k + i, k + i, w.k_norm + ld * head, head, c.rms_norm_eps);
+    }
     const float* cos = &rope_cos_[static_cast<size_t>(row.position) * half];
     const float* sin = &rope_sin_[static_cast<size_t>(row.position) * half];
-    cpu::reference::rope(&s.q[r * dim], dim, c.head_size(), cos, sin);
-    cpu::reference::rope(&s.k[r * kv_dim], kv_dim, c.head_size(), cos, sin);
+    rope(q, q_dim, head, cos, sin);
+    rope(k, kv_dim, head, cos, sin);
     const int64_t slot = static_cast<int64_t>(row.block_table[row.position / cache.block_size()]) *
                              cache.block_size() + row.position % cache.block_size();
     // Keys are transposed within a block: feature d of slot s at (block, d, s).
@@ -268,16 +293,16 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     for (int64_t r = begin; r < end; r++) {
       const cpu::paged_kv kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
       if (path_ == kernel_path::fast)
-        cpu::fast::attention(&s.xb[r * dim], &s.q[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
+        cpu::fast::attention(&s.att[r * q_dim], &s.q[r * q_dim], scores, kv, rows[r].position + 1, shape, exp_);
       else
-        cpu::reference::attention(&s.xb[r * dim], &s.q[r * dim], scores, kv, rows[r].position + 1, shape, exp_);
+        cpu::reference::attention(&s.att[r * q_dim], &s.q[r * q_dim], scores, kv, rows[r].position + 1, shape, exp_);
     }
   };
   if (pool != nullptr && n > 1)
     pool->parallel_for(n, attend);
   else
     attend(0, 0, n);
-  matmul(s.xb2.data(), s.xb.data(), matrix::wo, l, n, s, pool);
+  matmul(s.xb2.data(), s.att.data(), matrix::wo, l, n, s, pool);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb2[i];
 }
 

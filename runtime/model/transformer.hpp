@@ -84,7 +84,8 @@ class transformer {
     std::vector<float> x;       // (rows, dim) residual stream
     std::vector<float> xb;      // (rows, dim)
     std::vector<float> xb2;     // (rows, dim)
-    std::vector<float> q;       // (rows, dim)
+    std::vector<float> q;       // (rows, q_dim)
+    std::vector<float> att;     // (rows, q_dim) attention's output, wo's input
     std::vector<float> k;       // (rows, kv_dim)
     std::vector<float> v;       // (rows, kv_dim)
     std::vector<float> hb;      // (rows, hidden_dim)

@@ -36,7 +36,9 @@ for (const c of cases) {
   const sequence = context.getSequence();
   const tokens = [];
   const top = [];
-  for await (const step of sequence.evaluateWithMetadata(c.prompt, { probabilities: true }, { temperature: 0 })) {
+  // EOG tokens are yielded and generation goes on past them, as troupe's transformer does.
+  const options = { temperature: 0, yieldEogToken: true };
+  for await (const step of sequence.evaluateWithMetadata(c.prompt, { probabilities: true }, options)) {
     tokens.push(step.token);
     const best = [...step.probabilities.entries()].filter(([, p]) => p > 0).sort((a, b) => b[1] - a[1]).slice(0, c.top ?? 8);
     top.push(best.map(([id, p]) => [id, Math.log(p)]));

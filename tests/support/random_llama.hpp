@@ -1,7 +1,8 @@
 #pragma once
 
-// Random-weight llama GGUF files for tests that run llama.cpp beside troupe
-// (tests/llama_oracle_test.cpp) and for the loader's metadata tests (tests/gguf_test.cpp).
+// Random-weight GGUF files of troupe's architectures (llama, qwen2, qwen3, phi3) for tests that
+// run llama.cpp beside troupe (tests/llama_oracle_test.cpp) and for the loader's metadata tests
+// (tests/gguf_test.cpp).
 //
 // The vocabulary is synthetic byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizer
 // "gpt-2"), which llama.cpp accepts: ids 0..255 are the 256 byte characters, 256
@@ -22,13 +23,17 @@
 
 namespace troupe::testing {
 
-/// The shape and settings of a random llama model.
+/// The shape and settings of a random model.
 struct random_llama_spec {
+  /// general.architecture: llama; qwen2 (Q/K/V biases); qwen3 (Q/K norms); phi3 (fused QKV and
+  /// gate/up tensors). qwen2, qwen3 and phi3 rotate GPT-NeoX's halves.
+  std::string arch = "llama";
   int32_t dim = 64;
   int32_t hidden_dim = 192;  // a multiple of 32: Q8_0 rows of ffn_down
   int32_t n_layers = 2;
   int32_t n_heads = 4;
   int32_t n_kv_heads = 2;
+  int32_t head_dim = 0;  ///< written as attention.key_length and value_length when > 0
   int32_t context_length = 256;
   float rope_freq_base = 10000.0f;
   float rms_norm_eps = 1e-5f;
@@ -72,8 +77,18 @@ inline std::vector<float> llama3_rope_divisors(const random_llama_spec& s, int32
   return out;
 }
 
-/// The synthetic vocabulary's metadata (see the file comment); its size is returned in `*size`.
-inline gguf_metadata random_llama_vocab(int32_t* size) {
+/// The control tokens a family's vocabulary has beside BOS and EOT, appended after the two-letter
+/// tokens (ids 313 on): ChatML's for qwen2 and qwen3, Phi-3's for phi3 (troupe's end ids include
+/// <|im_end|>, <|end|> and <|endoftext|> by name, as llama.cpp's do).
+inline std::vector<std::string> family_tokens(const std::string& arch) {
+  if (arch == "qwen2" || arch == "qwen3") return {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  if (arch == "phi3") return {"<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"};
+  return {};
+}
+
+/// The synthetic vocabulary's metadata (see the file comment) for architecture `arch`; its size
+/// is returned in `*size`.
+inline gguf_metadata random_llama_vocab(const std::string& arch, int32_t* size) {
   using v = model::gguf_value;
   std::vector<v> texts, types, merges;
   for (int b = 0; b < 256; ++b) {
@@ -90,6 +105,10 @@ inline gguf_metadata random_llama_vocab(int32_t* size) {
       types.push_back(v::of_int(model::gguf_type::i32, 1));
       merges.push_back(v::of_string(std::string{a, ' ', b}));
     }
+  for (const std::string& special : family_tokens(arch)) {
+    texts.push_back(v::of_string(special));
+    types.push_back(v::of_int(model::gguf_type::i32, 3));  // control
+  }
   *size = static_cast<int32_t>(texts.size());
   model::gguf_value add_bos;
   add_bos.type = model::gguf_type::boolean;
@@ -117,28 +136,37 @@ inline std::vector<float> random_values(uint64_t& state, int64_t count, float sc
   return out;
 }
 
-/// A random llama GGUF file of shape `s`; `edit` may change the metadata before it is written.
+/// A random GGUF file of `s`'s architecture and shape; `edit` may change the metadata before it is
+/// written.
 inline std::string random_llama_gguf(const random_llama_spec& s,
                                      const std::function<void(gguf_metadata&)>& edit = {}) {
   using v = model::gguf_value;
   using model::ggml_type;
   const auto u32 = [](int64_t x) { return v::of_int(model::gguf_type::u32, x); };
   int32_t vocab = 0;
-  gguf_metadata meta = {{"general.architecture", v::of_string("llama")},
-                        {"general.name", v::of_string("random llama")},
+  const std::string a = s.arch + ".";
+  const int64_t head = s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads;
+  gguf_metadata meta = {{"general.architecture", v::of_string(s.arch)},
+                        // Not naming the family: llama.cpp sets token attributes by a "phi3" in
+                        // general.name, looking up SentencePiece's "</s>" and failing without it.
+                        {"general.name", v::of_string("random model")},
                         {"general.file_type", u32(s.type == ggml_type::f32 ? 0 : s.type == ggml_type::f16 ? 1 : 7)},
-                        {"llama.context_length", u32(s.context_length)},
-                        {"llama.embedding_length", u32(s.dim)},
-                        {"llama.block_count", u32(s.n_layers)},
-                        {"llama.feed_forward_length", u32(s.hidden_dim)},
-                        {"llama.rope.dimension_count", u32(s.dim / s.n_heads)},
-                        {"llama.attention.head_count", u32(s.n_heads)},
-                        {"llama.attention.head_count_kv", u32(s.n_kv_heads)},
-                        {"llama.attention.layer_norm_rms_epsilon", v::of_float(s.rms_norm_eps)},
-                        {"llama.rope.freq_base", v::of_float(s.rope_freq_base)}};
-  for (auto& kv : random_llama_vocab(&vocab)) meta.push_back(std::move(kv));
+                        {a + "context_length", u32(s.context_length)},
+                        {a + "embedding_length", u32(s.dim)},
+                        {a + "block_count", u32(s.n_layers)},
+                        {a + "feed_forward_length", u32(s.hidden_dim)},
+                        {a + "rope.dimension_count", u32(head)},
+                        {a + "attention.head_count", u32(s.n_heads)},
+                        {a + "attention.head_count_kv", u32(s.n_kv_heads)},
+                        {a + "attention.layer_norm_rms_epsilon", v::of_float(s.rms_norm_eps)},
+                        {a + "rope.freq_base", v::of_float(s.rope_freq_base)}};
+  if (s.head_dim > 0) {
+    meta.push_back({a + "attention.key_length", u32(s.head_dim)});
+    meta.push_back({a + "attention.value_length", u32(s.head_dim)});
+  }
+  for (auto& kv : random_llama_vocab(s.arch, &vocab)) meta.push_back(std::move(kv));
   if (edit) edit(meta);
-  const int64_t dim = s.dim, hidden = s.hidden_dim, kv_dim = dim / s.n_heads * s.n_kv_heads;
+  const int64_t dim = s.dim, hidden = s.hidden_dim, q_dim = head * s.n_heads, kv_dim = head * s.n_kv_heads;
   uint64_t state = s.seed;
   std::vector<std::vector<float>> data;  // each tensor's values, kept alive until written
   std::vector<model::gguf_tensor_data> tensors;
@@ -146,19 +174,47 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     data.push_back(std::move(values));
     tensors.push_back({name, std::move(dims), nullptr, type});
   };
+  const auto joined = [](std::vector<float> x, const std::vector<float>& y) {
+    x.insert(x.end(), y.begin(), y.end());
+    return x;
+  };
   const float in_dim = 1.0f / std::sqrt(static_cast<float>(dim)), in_hidden = 1.0f / std::sqrt(static_cast<float>(hidden));
   add("token_embd.weight", {dim, vocab}, random_values(state, dim * vocab, 1.0f), s.type);
   for (int32_t l = 0; l < s.n_layers; l++) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
-    add(p + "attn_q.weight", {dim, dim}, random_values(state, dim * dim, 1.0f * in_dim), s.type);
-    add(p + "attn_k.weight", {dim, kv_dim}, random_values(state, dim * kv_dim, 1.0f * in_dim), s.type);
-    add(p + "attn_v.weight", {dim, kv_dim}, random_values(state, dim * kv_dim, 1.5f * in_dim), s.type);
-    add(p + "attn_output.weight", {dim, dim}, random_values(state, dim * dim, 1.5f * in_dim), s.type);
+    std::vector<float> wq = random_values(state, dim * q_dim, 1.0f * in_dim);
+    std::vector<float> wk = random_values(state, dim * kv_dim, 1.0f * in_dim);
+    std::vector<float> wv = random_values(state, dim * kv_dim, 1.5f * in_dim);
+    if (s.arch == "phi3") {
+      add(p + "attn_qkv.weight", {dim, q_dim + 2 * kv_dim}, joined(joined(wq, wk), wv), s.type);
+    } else {
+      add(p + "attn_q.weight", {dim, q_dim}, wq, s.type);
+      add(p + "attn_k.weight", {dim, kv_dim}, wk, s.type);
+      add(p + "attn_v.weight", {dim, kv_dim}, wv, s.type);
+    }
+    const float in_q = 1.0f / std::sqrt(static_cast<float>(q_dim));
+    add(p + "attn_output.weight", {q_dim, dim}, random_values(state, q_dim * dim, 1.5f * in_q), s.type);
     add(p + "ffn_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
-    add(p + "ffn_gate.weight", {dim, hidden}, random_values(state, dim * hidden, 1.5f * in_dim), s.type);
-    add(p + "ffn_down.weight", {hidden, dim}, random_values(state, hidden * dim, 1.5f * in_hidden), s.type);
-    add(p + "ffn_up.weight", {dim, hidden}, random_values(state, dim * hidden, 1.5f * in_dim), s.type);
+    std::vector<float> gate = random_values(state, dim * hidden, 1.5f * in_dim);
+    std::vector<float> down = random_values(state, hidden * dim, 1.5f * in_hidden);
+    std::vector<float> up = random_values(state, dim * hidden, 1.5f * in_dim);
+    if (s.arch == "phi3") {
+      add(p + "ffn_up.weight", {dim, 2 * hidden}, joined(gate, up), s.type);  // the gate's rows first
+    } else {
+      add(p + "ffn_gate.weight", {dim, hidden}, gate, s.type);
+      add(p + "ffn_up.weight", {dim, hidden}, up, s.type);
+    }
+    add(p + "ffn_down.weight", {hidden, dim}, down, s.type);
+    if (s.arch == "qwen2") {
+      add(p + "attn_q.bias", {q_dim}, random_values(state, q_dim, 0.5f), ggml_type::f32);
+      add(p + "attn_k.bias", {kv_dim}, random_values(state, kv_dim, 0.5f), ggml_type::f32);
+      add(p + "attn_v.bias", {kv_dim}, random_values(state, kv_dim, 0.5f), ggml_type::f32);
+    }
+    if (s.arch == "qwen3") {
+      add(p + "attn_q_norm.weight", {head}, random_values(state, head, 0.2f, 1.0f), ggml_type::f32);
+      add(p + "attn_k_norm.weight", {head}, random_values(state, head, 0.2f, 1.0f), ggml_type::f32);
+    }
   }
   add("output_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
   // Logits = output · x with x of unit RMS: a standard deviation of about 10.
@@ -166,7 +222,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
   if (!s.rope_freqs.empty())
     add("rope_freqs.weight", {static_cast<int64_t>(s.rope_freqs.size())}, s.rope_freqs, ggml_type::f32);
   else if (s.llama3_factor > 0)
-    add("rope_freqs.weight", {dim / s.n_heads / 2}, llama3_rope_divisors(s, s.dim / s.n_heads), ggml_type::f32);
+    add("rope_freqs.weight", {head / 2}, llama3_rope_divisors(s, static_cast<int32_t>(head)), ggml_type::f32);
   if (!s.extra_tensor.empty()) add(s.extra_tensor, {4}, random_values(state, 4, 1.0f), ggml_type::f32);
   for (size_t i = 0; i < tensors.size(); i++) tensors[i].data = data[i].data();
   return model::write_gguf(meta, tensors);
