@@ -47,24 +47,21 @@ std::vector<oracle_case> oracle_cases() {
   llama3.rope_freq_base = 500000.0f;
   llama3.llama3_factor = 8.0f;
   llama3.rms_norm_eps = 1e-6f;
-  // Random models meet near ties (a top token ahead by hundredths): this seed's llama.cpp leads
-  // are all above the F16 bound, so its F32 and F16 tokens are decided; Q8_0's leads fall below
-  // the Q8_0 difference at a few steps, where its equal tokens are observed, not implied.
+  // Random models meet near ties (a top token ahead by hundredths), where an F16 or Q8_0
+  // difference can pick another token: with seeds 1..8 for every case below, 5 of 288 prompts
+  // diverged (2 F16, 3 Q8_0), none with seed 4, which every case uses.
   llama3.seed = 4;
   // F32: float32 rounding in other summation orders, on logits of magnitude <= ~40 (seen: 3e-5).
   std::vector<oracle_case> cases = {{"base10k_f32", base10k, 1e-4}, {"llama3_f32", llama3, 1e-4}};
   // F16: llama.cpp rounds each matmul's activations to f16, 2^-11 relative (seen: 0.021).
-  // Q8_0: llama.cpp quantizes them to 8 bits per block of 32, up to 1/254 of a block's largest
-  // (seen: 0.45; 0.81 for qwen3, whose per-head norms scale each head of Q and K to unit RMS);
-  // troupe multiplies the dequantized weights by float32 activations.
+  // Q8_0: both quantize activations per block of 32 as llama.cpp's CPU kernels do and take
+  // exact int8 dot products, so logits differ by float32 sums in other orders (seen: 7.7e-6)
+  // unless such a difference moves an activation across a rounding boundary: an int8 step of
+  // one value, which shows (seen up to 0.39 over seeds 1..8).
   // The other architectures, each in every weight type: qwen2 (Q/K/V biases, base 1000000),
   // qwen3 (Q/K norms, heads of 32 over a width of 64: Q is twice the width), phi3 (fused tensors).
-  // Their seeds, like llama3's, are ones whose Q8_0 tokens were seen equal (7 of qwen2's seeds
-  // 1..8, 7 of qwen3's and 18 of phi3's 1..20 met a near tie that Q8_0's difference flipped).
   random_llama_spec qwen2, qwen3, phi3;
-  qwen2.seed = 4;
-  qwen3.seed = 4;
-  phi3.seed = 16;
+  qwen2.seed = qwen3.seed = phi3.seed = llama3.seed;
   qwen2.arch = "qwen2";
   qwen2.rope_freq_base = 1000000.0f;
   qwen2.rms_norm_eps = 1e-6f;
@@ -76,7 +73,7 @@ std::vector<oracle_case> oracle_cases() {
       {"llama3", llama3}, {"qwen2", qwen2}, {"qwen3", qwen3}, {"phi3", phi3}};
   for (const auto& [model, spec] : models)
     for (auto [type, name, bound] : {std::tuple{ggml_type::f32, "f32", 1e-4}, std::tuple{ggml_type::f16, "f16", 0.05},
-                                     std::tuple{ggml_type::q8_0, "q8_0", 1.0}}) {
+                                     std::tuple{ggml_type::q8_0, "q8_0", 0.5}}) {
       if (spec.arch == "llama" && type == ggml_type::f32) continue;  // above
       random_llama_spec s = spec;
       s.type = type;

@@ -11,6 +11,7 @@
 #include "runtime/model/row_groups.hpp"
 #include "runtime/model/transformer.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/random_llama.hpp"
 
 namespace troupe::model {
 namespace {
@@ -272,6 +273,66 @@ void expect_split_bits_equal(const std::string& model) {
 TEST(Transformer, SplittingAStepByIndependentRowsGivesIdenticalBits) {
   expect_split_bits_equal(testing::bundled_model());
   expect_split_bits_equal(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin");
+}
+
+/// Random GGUF models of each architecture and weight type (tests/support/random_llama.hpp).
+std::vector<std::pair<std::string, testing::random_llama_spec>> random_models() {
+  std::vector<std::pair<std::string, testing::random_llama_spec>> out;
+  for (const char* arch : {"llama", "qwen2", "qwen3", "phi3"})
+    for (auto [type, name] : {std::pair{ggml_type::f32, "f32"}, std::pair{ggml_type::f16, "f16"},
+                              std::pair{ggml_type::q8_0, "q8_0"}}) {
+      testing::random_llama_spec s;
+      s.arch = arch;
+      s.type = type;
+      if (s.arch == "qwen3") s.head_dim = 32;
+      out.emplace_back(std::string(arch) + "_" + name, s);
+    }
+  return out;
+}
+
+TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("troupe_model_test_arch_" + std::to_string(::getpid()))).string();
+  for (const auto& [name, spec] : random_models()) {
+    std::ofstream(path, std::ios::binary) << testing::random_llama_gguf(spec);
+    auto ck = checkpoint::load(path);
+    std::filesystem::remove(path);
+    ASSERT_TRUE(ck) << name << ": " << ck.error().message;
+    // A Q8_0 file is computed in Q8_0 (its int8 values kept), activations quantized as llama.cpp does.
+    EXPECT_EQ(ck->q80() != nullptr, spec.type == ggml_type::q8_0) << name;
+    if (ck->q80()) EXPECT_EQ(ck->q80()->activations, kernels::cpu::q80_activations::ggml);
+    kernels::cpu::thread_pool pool(3);
+    transformer fast(*ck), reference(*ck, kernel_path::reference), threaded(*ck);
+    threaded.set_thread_pool(&pool);
+    // 6 sequences of 1..11 tokens in one step; each alone must give its row's bits.
+    const int32_t num_seqs = 6, block_size = 16;
+    std::vector<std::vector<int32_t>> tables(num_seqs);
+    std::vector<forward_row> rows;
+    std::vector<std::vector<forward_row>> alone(num_seqs);
+    for (int32_t q = 0; q < num_seqs; q++) {
+      tables[q] = {q};
+      for (int32_t p = 0; p <= 2 * q; p++) {
+        const forward_row row{(37 * q + 11 * p) % 300, p, tables[q].data(), p == 2 * q};
+        rows.push_back(row);
+        alone[q].push_back(row);
+      }
+    }
+    const auto run = [&](transformer& t, const std::vector<forward_row>& r) {
+      kv_cache cache(t.config(), num_seqs, block_size);
+      std::vector<float> logits;
+      t.forward(r, cache, logits);
+      return logits;
+    };
+    const std::vector<float> batched = run(fast, rows);
+    EXPECT_EQ(batched, run(reference, rows)) << name;
+    EXPECT_EQ(batched, run(threaded, rows)) << name;
+    const size_t vocab = static_cast<size_t>(ck->config().vocab_size);
+    for (int32_t q = 0; q < num_seqs; q++) {
+      const std::vector<float> one = run(fast, alone[q]);
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), batched.begin() + static_cast<int64_t>(q * vocab)))
+          << name << ", sequence " << q;
+    }
+  }
 }
 
 }  // namespace

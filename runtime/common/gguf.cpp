@@ -412,6 +412,20 @@ std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, con
   return out;
 }
 
+void append_q8_0_rows(std::string_view bytes, const gguf_file& f, const gguf_tensor& t, int64_t first_row, int64_t rows,
+                      std::vector<int8_t>& q, std::vector<float>& s) {
+  TROUPE_ASSERT(t.type == ggml_type::q8_0 && first_row >= 0 && rows >= 0);
+  const int64_t first_block = first_row * t.dims[0] / q8_0_block, blocks = rows * t.dims[0] / q8_0_block;
+  TROUPE_ASSERT(static_cast<uint64_t>(first_block + blocks) * q8_0_block_bytes <= t.num_bytes);
+  const char* p = bytes.data() + f.data_offset + t.offset + first_block * static_cast<int64_t>(q8_0_block_bytes);
+  for (int64_t b = 0; b < blocks; b++, p += q8_0_block_bytes) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    s.push_back(half_to_float(h));
+    q.insert(q.end(), reinterpret_cast<const int8_t*>(p + 2), reinterpret_cast<const int8_t*>(p + 2 + q8_0_block));
+  }
+}
+
 uint16_t float_to_half(float f) {
   uint32_t x;
   std::memcpy(&x, &f, sizeof x);

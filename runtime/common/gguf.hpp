@@ -86,6 +86,11 @@ struct gguf_file {
 /// The float32 values of tensor `t` of a file parsed from `bytes` (F16 and Q8_0 dequantized).
 [[nodiscard]] std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, const gguf_tensor& t);
 
+/// Rows [first_row, first_row + rows) of a Q8_0 tensor `t` (a row: dims[0] values) as they are
+/// stored: their int8 values appended to `q`, and each block of 32's f16 scale, as float32, to `s`.
+void append_q8_0_rows(std::string_view bytes, const gguf_file& f, const gguf_tensor& t, int64_t first_row, int64_t rows,
+                      std::vector<int8_t>& q, std::vector<float>& s);
+
 /// A tensor to write: float32 data in ggml order (`dims[0]` contiguous), stored as `type`: F32;
 /// F16 rounded to nearest even; Q8_0 as ggml's reference quantizer does (per block of 32, the
 /// scale d = max |x| / 127 stored as f16, each value round(x / d)), so dims[0] must then be a

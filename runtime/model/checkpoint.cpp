@@ -112,8 +112,9 @@ struct checkpoint::mapping {
   std::optional<mapped_file> file;  // a llama2.c checkpoint: the weights are read in place
   std::vector<float> owned;         // a GGUF's weights, converted to llama2.c's layout; a
                                     // version-2 file's dequantized token embedding
-  std::vector<float> scales;        // a version-2 file's group scales, copied (aligned)
-  std::optional<q80_weights> q80;   // a version-2 file's matrices
+  std::vector<int8_t> quants;       // a Q8_0 GGUF file's matrices' int8 values
+  std::vector<float> scales;        // a version-2 or Q8_0 GGUF file's group scales (aligned)
+  std::optional<q80_weights> q80;   // a version-2 or Q8_0 GGUF file's matrices
 };
 
 const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->q80 : nullptr; }
@@ -369,29 +370,40 @@ struct tensor_piece {
   int64_t first_row = 0;
   int64_t rows = 0;
   /// Where its float32 values are seen (a per-layer kind's layers lie in a row: layer 0's piece
-  /// starts the view).
+  /// starts the view), and the matrix of q80_weights it is when the model is computed in Q8_0.
   const float* weights::*view = nullptr;
+  std::vector<kernels::cpu::q80_matrix> q80_weights::*matrix = nullptr;
   int32_t layer = -1;
 };
 
 /// The pieces of a GGUF model's tensors in llama2.c's order, then the architecture's extras.
 std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& a, const model_config& c) {
   using w = weights;
+  using q = q80_weights;
   const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
   const bool fused_qkv = a.may_fuse_qkv && f.tensor("blk.0.attn_qkv.weight") != nullptr;
   const std::vector<int64_t> qkv = {dim, qd + 2 * kv}, up = {dim, 2 * hidden};
   const auto part = [](const char* name, std::vector<int64_t> dims, const float* w::*view, int64_t first = 0,
                        int64_t rows = 0) { return tensor_piece{name, std::move(dims), first, rows, view}; };
+  const auto matrix = [&](const char* name, std::vector<int64_t> dims, const float* w::*view,
+                          std::vector<kernels::cpu::q80_matrix> q::*m, int64_t first = 0, int64_t rows = 0) {
+    tensor_piece p = part(name, std::move(dims), view, first, rows);
+    p.matrix = m;
+    return p;
+  };
   const std::vector<tensor_piece> per_layer = {
       part("attn_norm.weight", {dim}, &w::rms_att),
-      fused_qkv ? part("attn_qkv.weight", qkv, &w::wq, 0, qd) : part("attn_q.weight", {dim, qd}, &w::wq),
-      fused_qkv ? part("attn_qkv.weight", qkv, &w::wk, qd, kv) : part("attn_k.weight", {dim, kv}, &w::wk),
-      fused_qkv ? part("attn_qkv.weight", qkv, &w::wv, qd + kv, kv) : part("attn_v.weight", {dim, kv}, &w::wv),
-      part("attn_output.weight", {qd, dim}, &w::wo),
+      fused_qkv ? matrix("attn_qkv.weight", qkv, &w::wq, &q::wq, 0, qd) : matrix("attn_q.weight", {dim, qd}, &w::wq, &q::wq),
+      fused_qkv ? matrix("attn_qkv.weight", qkv, &w::wk, &q::wk, qd, kv) : matrix("attn_k.weight", {dim, kv}, &w::wk, &q::wk),
+      fused_qkv ? matrix("attn_qkv.weight", qkv, &w::wv, &q::wv, qd + kv, kv)
+                : matrix("attn_v.weight", {dim, kv}, &w::wv, &q::wv),
+      matrix("attn_output.weight", {qd, dim}, &w::wo, &q::wo),
       part("ffn_norm.weight", {dim}, &w::rms_ffn),
-      a.fused_ffn_up ? part("ffn_up.weight", up, &w::w1, 0, hidden) : part("ffn_gate.weight", {dim, hidden}, &w::w1),
-      part("ffn_down.weight", {hidden, dim}, &w::w2),
-      a.fused_ffn_up ? part("ffn_up.weight", up, &w::w3, hidden, hidden) : part("ffn_up.weight", {dim, hidden}, &w::w3)};
+      a.fused_ffn_up ? matrix("ffn_up.weight", up, &w::w1, &q::w1, 0, hidden)
+                     : matrix("ffn_gate.weight", {dim, hidden}, &w::w1, &q::w1),
+      matrix("ffn_down.weight", {hidden, dim}, &w::w2, &q::w2),
+      a.fused_ffn_up ? matrix("ffn_up.weight", up, &w::w3, &q::w3, hidden, hidden)
+                     : matrix("ffn_up.weight", {dim, hidden}, &w::w3, &q::w3)};
   std::vector<tensor_piece> extras;
   if (a.qkv_bias)
     extras = {part("attn_q.bias", {qd}, &w::bq), part("attn_k.bias", {kv}, &w::bk), part("attn_v.bias", {kv}, &w::bv)};
@@ -438,26 +450,68 @@ expected<void> check_tensors(const gguf_file& f, const architecture& a, const st
   return {};
 }
 
-/// A GGUF model's weights as troupe holds them: float32 views into `floats` (F16 and Q8_0 tensors
-/// dequantized).
+/// A GGUF model's weights as troupe holds them: float32 views into `floats` (F16 tensors
+/// converted), and, when every matrix is Q8_0, the matrices as stored (`quants`, `scales`: groups
+/// of 32 in the kernels' Q8_0 view, computed as llama.cpp computes them); else Q8_0 tensors are
+/// dequantized too.
 struct gguf_weights {
   model_config config;
   std::vector<float> floats;
+  std::vector<int8_t> quants;
+  std::vector<float> scales;
   weights views;
+  std::optional<q80_weights> q80;
 };
 
-/// Reads `pieces` (checked by check_tensors) into `out`: their float32 values, then the views.
+/// Whether `p` is the classifier: output.weight, or token_embd.weight when it is shared.
+bool is_classifier(const tensor_piece& p, const model_config& c) {
+  return p.view == &weights::wcls || (c.shared_classifier && p.view == &weights::token_embedding);
+}
+
+/// Reads `pieces` (checked by check_tensors) into `out`. When every matrix and the classifier is
+/// Q8_0, they are kept as stored (the token embedding is also dequantized: its rows are looked
+/// up); every other piece, and every piece otherwise, as float32. Then the views.
 void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<tensor_piece>& pieces, gguf_weights& out) {
-  std::vector<size_t> starts;
+  const model_config& c = out.config;
+  const bool q80 = std::all_of(pieces.begin(), pieces.end(), [&](const tensor_piece& p) {
+    return (p.matrix == nullptr && !is_classifier(p, c)) || f.tensor(p.name)->type == ggml_type::q8_0;
+  });
+  const auto rows = [&](const tensor_piece& p) { return p.rows == 0 ? f.tensor(p.name)->num_elements() / p.dims[0] : p.rows; };
+  const auto as_floats = [&](const tensor_piece& p) {
+    return !q80 || (p.matrix == nullptr && p.view != &weights::wcls);
+  };
+  const auto as_q80 = [&](const tensor_piece& p) { return q80 && (p.matrix != nullptr || is_classifier(p, c)); };
+  int64_t num_floats = 0;
+  for (const tensor_piece& p : pieces)
+    if (as_floats(p)) num_floats += rows(p) * p.dims[0];
+  out.floats.reserve(static_cast<size_t>(num_floats));
+  std::vector<std::pair<size_t, size_t>> starts;  // each piece's in floats, and in quants / 32
   for (const tensor_piece& p : pieces) {
+    starts.emplace_back(out.floats.size(), out.scales.size());
+    if (as_q80(p)) append_q8_0_rows(bytes, f, *f.tensor(p.name), p.first_row, rows(p), out.quants, out.scales);
+    if (!as_floats(p)) continue;
     const std::vector<float> v = tensor_floats(bytes, f, *f.tensor(p.name));
     const auto first = v.begin() + p.first_row * p.dims[0];
-    starts.push_back(out.floats.size());
-    out.floats.insert(out.floats.end(), first, p.rows == 0 ? v.end() : first + p.rows * p.dims[0]);
+    out.floats.insert(out.floats.end(), first, first + rows(p) * p.dims[0]);
   }
-  for (size_t i = 0; i < pieces.size(); i++)
-    if (pieces[i].layer <= 0) out.views.*pieces[i].view = out.floats.data() + starts[i];
-  if (out.config.shared_classifier) out.views.wcls = out.views.token_embedding;
+  if (q80) {
+    out.q80.emplace();
+    out.q80->group_size = 32;
+    out.q80->activations = kernels::cpu::q80_activations::ggml;
+  }
+  for (size_t i = 0; i < pieces.size(); i++) {
+    const tensor_piece& p = pieces[i];
+    if (as_floats(p) && p.layer <= 0) out.views.*p.view = out.floats.data() + starts[i].first;
+    if (!as_q80(p)) continue;
+    const kernels::cpu::q80_matrix m{out.quants.data() + starts[i].second * 32, out.scales.data() + starts[i].second,
+                                     static_cast<int32_t>(rows(p)), static_cast<int32_t>(p.dims[0]), 32};
+    if (p.matrix != nullptr) ((*out.q80).*p.matrix).push_back(m);
+    if (is_classifier(p, c)) out.q80->wcls = m;
+    if (p.view == &weights::token_embedding) out.q80->token_embedding = m;
+  }
+  if (q80) out.views.wq = out.views.wk = out.views.wv = out.views.wo = nullptr;  // as a version-2 file's
+  if (q80) out.views.w1 = out.views.w2 = out.views.w3 = out.views.wcls = nullptr;
+  if (!q80 && c.shared_classifier) out.views.wcls = out.views.token_embedding;
 }
 
 /// A GGUF model's shape and its weights (gguf_weights), with its RoPE and RMS-norm settings
@@ -496,7 +550,6 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
   if (auto ok = check_tensors(*f, a, pieces, path); !ok) return tl::unexpected(ok.error());
   gguf_weights out;
   out.config = c;
-  out.floats.reserve(static_cast<size_t>(*floats));
   read_pieces(bytes, *f, pieces, out);
   return out;
 }
@@ -793,6 +846,9 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     ck.config_ = gguf->config;
     ck.weights_ = gguf->views;  // into the vectors moved below (their buffers move with them)
     map->owned = std::move(gguf->floats);  // the weights, converted: the file is unmapped below
+    map->quants = std::move(gguf->quants);
+    map->scales = std::move(gguf->scales);
+    map->q80 = std::move(gguf->q80);
   } else if (magic == q80_magic) {
     if (bytes.size() < static_cast<size_t>(q80_header_bytes))
       return fail(errc::malformed_file, where(path) + "only " + std::to_string(bytes.size()) +

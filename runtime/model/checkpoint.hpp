@@ -82,9 +82,11 @@ struct weights {
   const float* k_norm = nullptr;  ///< (layer, head_size) when qk_norm
 };
 
-/// The matrices of a version-2 checkpoint, one per layer, in the kernels' Q8_0 view.
+/// The matrices of a version-2 checkpoint or a GGUF file's Q8_0 tensors, one per layer, in the
+/// kernels' Q8_0 view; activations are quantized as runq.c (version 2) or llama.cpp (GGUF) does.
 struct q80_weights {
   int32_t group_size = 0;
+  kernels::cpu::q80_activations activations = kernels::cpu::q80_activations::runq;
   kernels::cpu::q80_matrix token_embedding;  ///< (vocab_size, dim)
   std::vector<kernels::cpu::q80_matrix> wq, wk, wv, wo, w1, w2, w3;  ///< (layer)
   kernels::cpu::q80_matrix wcls;  ///< == token_embedding if shared

@@ -171,7 +171,7 @@ void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& 
   s.xs.resize(std::max(s.xs.size(), static_cast<size_t>(rows) * groups));
   for (int32_t r = 0; r < rows; r++)
     cpu::quantize_q80(&s.xq[static_cast<size_t>(r) * w.n], &s.xs[static_cast<size_t>(r) * groups],
-                      x + static_cast<int64_t>(r) * w.n, w.n, w.group_size);
+                      x + static_cast<int64_t>(r) * w.n, w.n, w.group_size, ck_.q80()->activations);
   if (packed != nullptr)
     cpu::fast::matmul_q80(out, s.xq.data(), s.xs.data(), *packed, rows, pool);
   else
