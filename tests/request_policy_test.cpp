@@ -238,7 +238,7 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
   EXPECT_EFFECTS(bare, placed(decode_only()), submit{want, false});
   EXPECT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 0);  // "</s>" stays text
 
-  o.chat = chat_template::plain;  // roles and markup as template segments
+  o.chat = served_template::builtin(chat_template::plain);  // roles and markup as template segments
   request_policy plain(o);
   (void)plain.start(1000);
   auto segments = render_chat(chat_template::plain, o.params.messages, true);
@@ -264,7 +264,7 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
                  stop{});
   // Issue 47: only the contents counted, so many short messages made a prompt of the template's
   // markup past the context. 600 messages of 5 bytes (role and content) fit; rendered, they don't.
-  o.chat = chat_template::plain;
+  o.chat = served_template::builtin(chat_template::plain);
   o.params.messages.assign(600, chat_message{"user", "a"});
   auto rendered = render_chat(chat_template::plain, o.params.messages, true);
   ASSERT_TRUE(rendered.has_value());

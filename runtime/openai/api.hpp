@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
 #include <tl/expected.hpp>
 
 #include "runtime/serve/completion.hpp"
@@ -100,6 +101,14 @@ struct parsed_request {
 [[nodiscard]] tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body,
                                                                     const served_model& model,
                                                                     const tokenizer* tok = nullptr);
+
+/// A chat request as `troupe render-chat` reads it (served_template::render's input): `messages`
+/// (each an object with a string role; a content list of text parts joined as the gateway joins
+/// it, other keys as given), `tools` (a list of objects), `tool_choice` (a string or an object;
+/// checked, not rendered: templates do not read it), `chat_template_kwargs` (an object) and
+/// `add_generation_prompt` (default true); other fields are ignored. Errors: 400 as
+/// parse_request's (invalid UTF-8, malformed JSON, nesting past json_depth_max, a wrong type).
+[[nodiscard]] tl::expected<nlohmann::ordered_json, api_error> parse_render_request(std::string_view body);
 
 /// The HTTP status and OpenAI error for an engine or client error: invalid_argument and
 /// invalid_utf8 400, not_found 404, too_long 413, overloaded 429, unavailable 503, else 500.
