@@ -59,12 +59,13 @@ expected<served_template> template_for(const render_chat_options& o, const std::
   return choose_served_template("auto", *jinja, *tok, std::move(options));
 }
 
-/// One line per token, as `troupe tokenize` prints them; a special token says where it came
-/// from: the BOS the vocabulary adds, or the segment (template or user text) that spelled it.
+/// One line per token, as `troupe tokenize` prints them (a special token with its text); a
+/// special token says where it came from: the BOS the vocabulary adds, or the segment (template or user text) that spelled it.
 expected<void> print_ids(const tokenizer& tok, const std::vector<segment>& segments) {
   std::int32_t prev = tokenizer::no_token;
   const auto print = [&](std::int32_t id, const char* from) {
-    const std::string_view piece = tok.piece(prev, id);
+    // A control token prints as nothing: its text says which it is.
+    const std::string_view piece = tok.is_special(id) ? tok.piece_text(id) : tok.piece(prev, id);
     std::printf("%6d -> '", id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::printf(tok.is_special(id) ? "'  special, from %s\n" : "'\n", from);
