@@ -60,23 +60,24 @@ expected<served_template> template_for(const render_chat_options& o, const std::
 }
 
 /// One line per token, as `troupe tokenize` prints them (a special token with its text); a
-/// special token says where it came from: the BOS the vocabulary adds, or the segment (template or user text) that spelled it.
+/// special token says where it came from: the BOS the vocabulary adds, or the segment (template
+/// or user text) that spelled it (encode_segments' token_segments).
 expected<void> print_ids(const tokenizer& tok, const std::vector<segment>& segments) {
+  std::vector<std::size_t> from;
+  auto ids = encode_segments(tok, segments, tok.adds_bos(), nullptr, &from);
+  if (!ids) return tl::unexpected(ids.error());
   std::int32_t prev = tokenizer::no_token;
-  const auto print = [&](std::int32_t id, const char* from) {
+  for (std::size_t i = 0; i < ids->size(); i++) {
+    const std::int32_t id = (*ids)[i];
     // A control token prints as nothing: its text says which it is.
     const std::string_view piece = tok.is_special(id) ? tok.piece_text(id) : tok.piece(prev, id);
     std::printf("%6d -> '", id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::printf(tok.is_special(id) ? "'  special, from %s\n" : "'\n", from);
+    const char* origin_text = from[i] == segments.size()                        ? "the vocabulary's BOS"
+                              : segments[from[i]].from == origin::template_text ? "template text"
+                                                                                 : "user text";
+    std::printf(tok.is_special(id) ? "'  special, from %s\n" : "'\n", origin_text);
     prev = id;
-  };
-  if (tok.adds_bos()) print(tok.bos_id(), "the vocabulary's BOS");
-  // Segments encode independently (encode_segments): one at a time gives the same ids.
-  for (const segment& s : segments) {
-    auto ids = encode_segments(tok, {s}, false);
-    if (!ids) return tl::unexpected(ids.error());
-    for (const std::int32_t id : *ids) print(id, s.from == origin::template_text ? "template text" : "user text");
   }
   return {};
 }
