@@ -17,9 +17,11 @@
 ///   and the ranges of what never reaches the engine as given (`n`, `best_of`, `logprobs`,
 ///   `top_logprobs`, token ids against the vocabulary).
 /// - Chat: the messages travel as such (completion_request::messages); the request actor renders
-///   them with the served chat template (runtime/tokenizer/chat_template.hpp; stories260K's is
-///   `bare`, the contents joined by newlines) into template and user segments. Only template
-///   segments become special tokens (contract 4): `<s>` in a message is three ordinary characters.
+///   them with the served chat template (runtime/tokenizer/served_template.hpp: the model's
+///   Jinja template, else a built-in format; stories260K's is `bare`, the contents joined by
+///   newlines) with the request's `chat_template_kwargs` and `add_generation_prompt` into
+///   template and user segments. Only template segments become special tokens (contract 4):
+///   `<s>` in a message is three ordinary characters.
 
 #include <cstdint>
 #include <string>
