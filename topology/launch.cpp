@@ -469,7 +469,7 @@ expected<actors::load_balancer_options> balancer_options(const topology& t, cons
   if (options.chat_template_jinja) chat_options.source_name = options.chat_template_name;
   auto chat = choose_served_template(t.load_balancer.chat_template, options.chat_template_jinja, *tok,
                                      std::move(chat_options));
-  if (!chat) return fail(chat.error().code, "[load_balancer] chat_template: " + chat.error().message);
+  if (!chat) return tl::unexpected(chat.error());  // names the template (the model's, a file, a built-in)
   lb.chat = std::move(*chat);
   lb.tags = serve::output_tags::of(*tok);
   // Engines on other nodes may have a longer context than those loaded here: then the bound is
