@@ -41,6 +41,7 @@
 #include "actors/system/protocols.hpp"
 #include "runtime/balance/placement.hpp"
 #include "runtime/serve/output_channels.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::actors {
@@ -100,7 +101,7 @@ struct load_balancer_options {
   /// gives up after as long. 0 = lost engines stay lost.
   int32_t rejoin_interval_ms = 1000;
   int32_t context_tokens = 0;       ///< bounds text prompts' bytes (request_policy_options::context_tokens)
-  chat_template chat = chat_template::bare;  ///< renders chat requests (request_policy_options::chat)
+  served_template chat;     ///< renders chat requests (request_policy_options::chat)
   serve::output_tags tags;  ///< split chat answers (request_policy_options::tags)
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.

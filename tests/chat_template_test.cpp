@@ -12,6 +12,7 @@
 #include "kernels/cpu/thread_pool.hpp"
 #include "runtime/sampling/random_stream.hpp"
 #include "runtime/tokenizer/segments.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/engine_harness.hpp"
 
@@ -173,11 +174,17 @@ TEST(ChatTemplate, BareJoinsContentsAndTheServedTemplateIsChosenAndChecked) {
   ASSERT_EQ(bare->size(), 1u);
   EXPECT_EQ((*bare)[0].text, "Tell a story.\n<s>Once");
   EXPECT_EQ((*bare)[0].from, origin::user);
-  EXPECT_EQ(*choose_chat_template("auto", bundled()), chat_template::bare);  // tok512 has no template text
-  EXPECT_EQ(*choose_chat_template("plain", bundled()), chat_template::plain);
-  EXPECT_EQ(choose_chat_template("chatml", bundled()).error().message,
+  const auto choose = [](const std::string& name) {
+    return choose_served_template(name, std::nullopt, bundled(), jinja_options_for(bundled(), {}));
+  };
+  ASSERT_TRUE(choose("auto").has_value());
+  EXPECT_FALSE(choose("auto")->is_jinja());  // tok512 has no template text: the fallback
+  EXPECT_EQ(choose("auto")->stop_format(), chat_template::bare);
+  EXPECT_EQ(choose("auto")->description(), "the built-in bare chat format");
+  EXPECT_EQ(choose("plain")->stop_format(), chat_template::plain);
+  EXPECT_EQ(choose("chatml").error().message,
             "the chatml chat template needs the special token <|im_start|>, which this vocabulary does not have");
-  EXPECT_EQ(choose_chat_template("jinja", bundled()).error().message,
+  EXPECT_EQ(choose("jinja").error().message,
             "unknown chat template 'jinja' (expected auto, bare, plain, chatml, llama2 or llama3)");
   EXPECT_EQ(bundled().chat_template_text(), "");
 }

@@ -26,6 +26,7 @@
 
 #include "runtime/engine/request.hpp"
 #include "runtime/generate/reference_generator.hpp"
+#include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
@@ -50,6 +51,7 @@ class Http : public ::testing::Test {
   fs::path dir_;
   std::unique_ptr<server_process> server_;
   std::string url_;  ///< http://127.0.0.1:PORT
+  std::string startup_;  ///< the server's stdout up to the line saying where HTTP listens
 
   void SetUp() override {
     if (!fs::exists(curl_path)) GTEST_SKIP() << "curl is not installed (scripts/install-deps.sh installs it)";
@@ -71,6 +73,7 @@ class Http : public ::testing::Test {
     const size_t at = out.find("http://", out.find("HTTP gateway listening on"));
     ASSERT_NE(at, std::string::npos) << out << server_->err();
     url_ = out.substr(at, out.find('\n', at) - at);
+    startup_ = out;
   }
 
   /// `curl` of `path` (a POST of `body` when it is not empty): the status and the body.
@@ -228,6 +231,46 @@ TEST_F(Http, ChatMarkersInUserTextAreOrdinaryText) {
   ASSERT_TRUE(as_text.has_value());
   EXPECT_GT(as_text->size(), 3u);  // as control tokens it would be BOS <s> </s>
   EXPECT_NE(r.body.find("\"prompt_tokens\":" + std::to_string(as_text->size()) + ","), std::string::npos) << r.body;
+}
+
+TEST_F(Http, AJinjaChatTemplateFileIsServedAndItsErrorsAre400s) {
+  const std::string file = (dir_ / "chat.jinja").string();
+  std::ofstream(file) << "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
+                         "{{ strftime_now('%Y-%m-%d') }}{{ tail }}"
+                         "{% if messages[0].content == 'boom' %}{{ raise_exception('no boom') }}{% endif %}";
+  ASSERT_NO_FATAL_FAILURE(start({"serve", "--port", "0", "--chat-template", file, "--template-date", "2024-01-02"}));
+  EXPECT_NE(startup_.find("chat template: chat template '" + file + "' (Jinja), strftime_now date 2024-01-02\n"),
+            std::string::npos) << startup_;
+  const http_reply r = fetch("/v1/chat/completions", R"({"messages":[{"role":"user","content":"<s>hi"}],"max_tokens":1,)"
+                                                     R"("chat_template_kwargs":{"tail":"</s>"}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(tok.has_value());
+  // tok512 adds BOS (the template's is dropped); only the template's eos_token is </s>.
+  const auto want = encode_segments(*tok, {{"user", origin::user}, {": ", origin::template_text}, {"<s>hi", origin::user},
+                                           {"</s>", origin::template_text}, {"2024-01-02</s>", origin::user}}, true);
+  ASSERT_TRUE(want.has_value());
+  EXPECT_NE(r.body.find("\"prompt_tokens\":" + std::to_string(want->size()) + ","), std::string::npos) << r.body;
+  const http_reply boom = fetch("/v1/chat/completions", R"({"messages":[{"role":"user","content":"boom"}]})");
+  EXPECT_EQ(boom.status, 400);
+  EXPECT_NE(boom.body.find("failed: line 1, column "), std::string::npos) << boom.body;
+  EXPECT_NE(boom.body.find("raise_exception: no boom"), std::string::npos) << boom.body;
+  const http_reply reserved = fetch("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],)"
+                                                            R"("chat_template_kwargs":{"bos_token":"</s>"}})");
+  EXPECT_EQ(reserved.status, 400);
+  EXPECT_NE(reserved.body.find("chat_template_kwargs may not set 'bos_token'"), std::string::npos) << reserved.body;
+  expect_good_answer("template errors");
+}
+
+TEST_F(Http, AChatTemplateThatDoesNotParseStopsTheStart) {
+  const std::string file = (dir_ / "broken.jinja").string();
+  std::ofstream(file) << "{% for m in messages %}";
+  const cli_result r = run_troupe({"serve", "--port", "0", "--http-port", "0", "--chat-template", file}, dir_);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("chat template '" + file + "' does not parse: "), std::string::npos) << r.err;
+  const cli_result date = run_troupe({"serve", "--port", "0", "--template-date", "2024-02-30"}, dir_);
+  EXPECT_EQ(date.exit_code, 2);
+  EXPECT_NE(date.err.find("--template-date: '2024-02-30' is not a date YYYY-MM-DD"), std::string::npos) << date.err;
 }
 
 TEST_F(Http, ChoiceIOfNIsTheRequestSeededWithChildSeedIOnBothEndpoints) {

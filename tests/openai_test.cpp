@@ -119,6 +119,20 @@ TEST(OpenaiRequest, AChatTravelsAsItsMessagesWithMarkersAsText) {
   ASSERT_EQ(choices.size(), 1u);
   EXPECT_EQ(choices[0].prompt, "");
   EXPECT_EQ(choices[0].messages.size(), 2u);
+  EXPECT_TRUE(choices[0].add_generation_prompt);
+  EXPECT_EQ(choices[0].chat_template_kwargs, "");
+}
+
+TEST(OpenaiRequest, AChatsTemplateKwargsTravelAsTheirJsonText) {
+  const parsed_request p = parsed(endpoint::chat_completions,
+                                  R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,)"
+                                  R"("chat_template_kwargs":{"enable_thinking":false,"b":[1,{"c":"<s>"}]}})");
+  EXPECT_FALSE(p.request.add_generation_prompt);
+  EXPECT_EQ(p.request.chat_template_kwargs, R"({"enable_thinking":false,"b":[1,{"c":"<s>"}]})");
+  const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("chat_template_kwargs":[1]})").message,
+            "'chat_template_kwargs' must be an object");
+  EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("add_generation_prompt":1})").param, "add_generation_prompt");
 }
 
 TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {

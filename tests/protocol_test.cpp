@@ -149,6 +149,8 @@ msg::completion_request full_completion_request() {
   r.grammar = "[a-z]+";
   r.grammar_trigger_token_ids = {7};
   r.grammar_trigger_strings = {"<tool>"};
+  r.chat_template_kwargs = R"({"enable_thinking":false})";
+  r.add_generation_prompt = false;
   return r;
 }
 

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "runtime/kv/chain_hash.hpp"
+#include "runtime/tokenizer/segments.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/effects_text.hpp"
 
@@ -238,7 +240,7 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
   EXPECT_EFFECTS(bare, placed(decode_only()), submit{want, false});
   EXPECT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 0);  // "</s>" stays text
 
-  o.chat = chat_template::plain;  // roles and markup as template segments
+  o.chat = served_template::builtin(chat_template::plain);  // roles and markup as template segments
   request_policy plain(o);
   (void)plain.start(1000);
   auto segments = render_chat(chat_template::plain, o.params.messages, true);
@@ -264,7 +266,7 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
                  stop{});
   // Issue 47: only the contents counted, so many short messages made a prompt of the template's
   // markup past the context. 600 messages of 5 bytes (role and content) fit; rendered, they don't.
-  o.chat = chat_template::plain;
+  o.chat = served_template::builtin(chat_template::plain);
   o.params.messages.assign(600, chat_message{"user", "a"});
   auto rendered = render_chat(chat_template::plain, o.params.messages, true);
   ASSERT_TRUE(rendered.has_value());
@@ -276,6 +278,41 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
                  send_error{error(errc::too_long, "the prompt is " + std::to_string(rendered_bytes) +
                                                       " bytes; a 512-token context holds at most 3584 (7 bytes per token at most)", 0)},
                  stop{});
+}
+
+TEST(RequestPolicyPrompt, AJinjaTemplateRendersWithKwargsBosOnceAndRequestTextAsText) {
+  request_policy_options o = options(true);
+  o.params.prompt.clear();
+  o.params.messages = {{"user", "<s>hi"}};
+  o.params.chat_template_kwargs = R"({"tail":"</s>"})";
+  // tok512 adds BOS: the template's leading bos_token is dropped and the encoder adds it.
+  o.chat = *served_template::jinja(
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}{{ tail }}"
+      "{% if tail == 'boom' %}{{ raise_exception('no boom') }}{% endif %}",
+      jinja_options_for(*tok(), {}));
+  request_policy h(o);
+  engine::request want = request_of(true);
+  want.prompt = *encode_segments(*tok(), {{"user", origin::user}, {": ", origin::template_text}, {"<s>hi", origin::user},
+                                          {"</s>", origin::template_text}, {"</s>", origin::user}}, true);
+  ASSERT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::bos), 1);  // BOS once
+  ASSERT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 1);  // the template's eos_token only
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  // A reserved key, kwargs that are not an object, the template's own exception: 400s.
+  for (const auto& [kwargs, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"eos_token":"<s>"})", "chat_template_kwargs may not set 'eos_token' (the model's token text)"},
+           {"[1]", "chat_template_kwargs must be a JSON object"},
+           {"{", "chat_template_kwargs is not valid JSON: "},
+           {R"({"tail":"boom"})", "the model's chat template failed: line 1, column "}}) {
+    o.params.chat_template_kwargs = kwargs;
+    request_policy bad(o);
+    const effects fx = bad.start(1000);
+    ASSERT_EQ(fx.size(), 2u) << kwargs;
+    const auto* e = std::get_if<send_error>(&fx[0]);
+    ASSERT_NE(e, nullptr) << kwargs;
+    EXPECT_EQ(e->error.code, errc::invalid_argument) << kwargs;
+    EXPECT_EQ(e->error.message.rfind(message, 0), 0u) << e->error.message;
+  }
 }
 
 TEST(RequestPolicyPrompt, TokenizerErrorsPassOn) {

@@ -20,7 +20,7 @@
 #include "actors/node_actor.hpp"
 #include "actors/system/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
-#include "runtime/tokenizer/chat_template.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 #include "actors/edge/disk_tier.hpp"
 
 namespace troupe::topology {
@@ -465,9 +465,12 @@ expected<actors::load_balancer_options> balancer_options(const topology& t, cons
   lb.heartbeat_timeout_ms = t.load_balancer.heartbeat_timeout_ms;
   lb.rejoin_interval_ms = t.load_balancer.rejoin_interval_ms;
   lb.max_pending_per_client = t.limits.max_pending_per_client;
-  auto chat = choose_chat_template(t.load_balancer.chat_template, *tok);
-  if (!chat) return fail(chat.error().code, "[load_balancer] chat_template: " + chat.error().message);
-  lb.chat = *chat;
+  jinja_chat_options chat_options = jinja_options_for(*tok, options.template_date);
+  if (options.chat_template_jinja) chat_options.source_name = options.chat_template_name;
+  auto chat = choose_served_template(t.load_balancer.chat_template, options.chat_template_jinja, *tok,
+                                     std::move(chat_options));
+  if (!chat) return tl::unexpected(chat.error());  // names the template (the model's, a file, a built-in)
+  lb.chat = std::move(*chat);
   lb.tags = serve::output_tags::of(*tok);
   // Engines on other nodes may have a longer context than those loaded here: then the bound is
   // the largest context any checkpoint may declare.
@@ -487,6 +490,7 @@ expected<void> spawn_balancer(caf::actor_system& sys, const topology& t, const s
   auto lb = balancer_options(t, node_name, options, context_tokens, std::move(*engines), out.tok);
   if (!lb) return tl::unexpected(lb.error());
   const size_t num_engines = lb->engines.size();
+  out.summary.push_back("chat template: " + lb->chat.description());
   out.load_balancer = actors::spawn_load_balancer(sys, std::move(*lb));
   out.front = actors::spawn_balancer_front(sys, out.load_balancer);
   out.summary.push_back("load_balancer over " + std::to_string(num_engines) + " engine(s) (" +

@@ -9,11 +9,13 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "actors/system/protocols.hpp"
 #include "actors/system/tls.hpp"
+#include "runtime/jinja/options.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "actors/edge/ucx_transport.hpp"
 #include "topology/topology.hpp"
@@ -28,6 +30,13 @@ struct launch_options {
   /// -1: the topology's). Returns the grace period it drains with, or why it does not. Called on
   /// an actor thread; empty: the node actor refuses drain requests.
   std::function<expected<int32_t>(int32_t grace_ms)> drain = nullptr;
+  /// The balancer's chat template, when given (`serve --chat-template FILE`): the file's Jinja
+  /// text, named `chat_template_name`; it replaces the model's own and [load_balancer] chat_template.
+  std::optional<std::string> chat_template_jinja;
+  std::string chat_template_name;
+  /// The date chat templates' strftime_now formats (`serve --template-date`): the caller's,
+  /// since topology/ reads no clock for it.
+  jinja::civil_date template_date;
 };
 
 /// What a node runs.

@@ -82,7 +82,7 @@
 ///                                      #   answered 'overloaded' (HTTP 429)
 ///   rate_limit_burst = 16              #   optional, 1..1e6, default 16: requests admitted at once
 ///   chat_template = "auto"             #   optional, default shown: how chat requests become
-///                                      #   prompts: auto (the GGUF's recognised template, else
+///                                      #   prompts: auto (the model's own Jinja template, else
 ///                                      #   bare) | bare | plain | chatml | llama2 | llama3
 ///   report_interval_ms = 20            #   optional, 1..60000, default 20: engine load reports
 ///   connect_timeout_ms = 10000         #   optional, 1..600000, default 10000: how long a node

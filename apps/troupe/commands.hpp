@@ -4,6 +4,8 @@
 // action to run when it was chosen; the action returns the process exit code (0 ok, 2 error).
 
 #include <functional>
+#include <istream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,8 @@
 #include "actors/system/tls.hpp"
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/jinja/options.hpp"
+#include "runtime/tokenizer/tokenizer.hpp"
 #include "runtime/spec/spec_config.hpp"
 
 namespace troupe::cli {
@@ -94,6 +98,27 @@ CLI::Validator seed_validator();
 /// `executor_threads` and its bounds (no short form: -t is the temperature).
 CLI::Option* add_threads_flag(CLI::App* cmd, int32_t& threads);
 
+/// `--chat-template FILE` and `--template-date YYYY-MM-DD` (serve, node, render-chat).
+struct chat_template_flags {
+  std::string file;  ///< "": none (the model's own template)
+  std::string date;  ///< "": today (UTC)
+
+  void add_to(CLI::App* cmd);
+  /// The file's text when one is given (at most jinja::limits::template_bytes_max bytes).
+  [[nodiscard]] expected<std::optional<std::string>> read_file() const;
+  /// --template-date, or today's date read from the clock here, at the app layer (runtime/
+  /// never reads one).
+  [[nodiscard]] expected<jinja::civil_date> resolve_date() const;
+};
+
+/// The vocabulary of GGUF file `path` (its tokenizer.ggml.* and tokenizer.chat_template
+/// metadata; no tensor is read): tokenize and render-chat.
+[[nodiscard]] expected<tokenizer> load_gguf_tokenizer(const std::string& path);
+
+/// Reads all of `in` (stdin), refusing more than `bytes_max` bytes (errc::too_long, naming
+/// `what` and the bound).
+[[nodiscard]] expected<std::string> read_bounded(std::istream& in, size_t bytes_max, const std::string& what);
+
 /// Raises the soft limit on open files to the hard limit: at the limit, CAF 0.17's acceptor
 /// spins on accept() failing with EMFILE (docs/resources.md).
 void raise_open_file_limit();
@@ -131,6 +156,7 @@ action add_certs(CLI::App& app);
 action add_bench(CLI::App& app);
 action add_convert(CLI::App& app);
 action add_tokenize(CLI::App& app);
+action add_render_chat(CLI::App& app);
 action add_quantize(CLI::App& app);
 action add_moe_split(CLI::App& app);
 

@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
       {"bench", troupe::cli::add_bench(app)},
       {"convert", troupe::cli::add_convert(app)},
       {"tokenize", troupe::cli::add_tokenize(app)},
+      {"render-chat", troupe::cli::add_render_chat(app)},
       {"quantize", troupe::cli::add_quantize(app)},
       {"moe-split", troupe::cli::add_moe_split(app)},
   };

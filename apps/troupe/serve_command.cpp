@@ -112,7 +112,20 @@ struct serve_options {
   int32_t drain_grace_ms = -1;  ///< -1 = the topology's [cluster] drain_grace_ms
   speculation_flags speculation;  ///< the generated node's
   gateway_flags gateway;          ///< both gateways' limits
+  chat_template_flags chat;       ///< the balancer's chat template and its date
 };
+
+/// The chat template flags into `lo`: the file's text and the date (today's unless given).
+expected<void> apply_chat_flags(const chat_template_flags& flags, topology::launch_options& lo) {
+  auto jinja = flags.read_file();
+  if (!jinja) return tl::unexpected(jinja.error());
+  auto date = flags.resolve_date();
+  if (!date) return fail(date.error().code, "--template-date: " + date.error().message);
+  lo.chat_template_jinja = std::move(*jinja);
+  lo.chat_template_name = "chat template '" + flags.file + "'";
+  lo.template_date = *date;
+  return {};
+}
 
 /// The topology to serve: the file, or the one-node topology `troupe generate` runs, published
 /// at address:port.
@@ -201,6 +214,8 @@ int run_serve(const serve_options& o) {
   if (!node) return fail_with(error{errc::not_found, "the topology has no node '" + node_name + "'"});
   auto security = topology::check_port_security(*t, o.insecure);
   if (!security) return fail_with(security.error());
+  topology::launch_options lo{true, draw_seed_base()};
+  if (auto ok = apply_chat_flags(o.chat, lo); !ok) return fail_with(ok.error());
   signal_waiter signals;
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg, topology::node_compute_threads(*t, node_name));
@@ -223,7 +238,7 @@ int run_serve(const serve_options& o) {
     std::fflush(stdout);
   }
   const int32_t default_grace_ms = o.drain_grace_ms >= 0 ? o.drain_grace_ms : t->drain_grace_ms;
-  topology::launch_options lo{true, draw_seed_base(), &signals.stopped()};
+  lo.stop = &signals.stopped();
   lo.drain = [&signals, default_grace_ms](int32_t grace_ms) -> expected<int32_t> {
     if (!signals.request_drain(grace_ms)) return fail(errc::invalid_argument, "the node is stopping already");
     return grace_ms >= 0 ? grace_ms : default_grace_ms;
@@ -320,6 +335,7 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                   "(default: the topology's [cluster] drain_grace_ms, 30000; 0 = stop at once)")
       ->check(CLI::Range(0, 3600000));
   o->gateway.add_to(cmd);
+  o->chat.add_to(cmd);
   if (required) {
     topology->required();
     node->required();

@@ -18,14 +18,6 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::cli {
-namespace {
-
-struct tokenize_options {
-  std::string model;
-  bool ids_only = false;
-  bool no_special = false;
-  bool parse_special = false;
-};
 
 expected<tokenizer> load_gguf_tokenizer(const std::string& path) {
   auto file = mapped_file::open(path);
@@ -36,6 +28,15 @@ expected<tokenizer> load_gguf_tokenizer(const std::string& path) {
   if (!tokens) return tl::make_unexpected(tokens.error());
   return tokenizer::from_bytes(file->bytes(), static_cast<std::int32_t>((*tokens)->size()), path);
 }
+
+namespace {
+
+struct tokenize_options {
+  std::string model;
+  bool ids_only = false;
+  bool no_special = false;
+  bool parse_special = false;
+};
 
 int run_tokenize(const tokenize_options& o) {
   auto tok = load_gguf_tokenizer(o.model);

@@ -1,5 +1,6 @@
 #include "runtime/openai/api.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/common/bounded_json.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
@@ -26,29 +28,11 @@ api_error invalid(std::string param, std::string message) {
 /// A client's JSON value as an error message quotes it (troupe::echo).
 std::string echo(const json& value) { return troupe::echo(value.dump()); }
 
-/// Thrown by the parser's callback at a container nested deeper than json_depth_max.
-struct too_deep {};
-
-/// Parses `body`, refusing nesting deeper than json_depth_max before the document exists: every
-/// later use of a JSON value (copy, dump, compare) recurses once per level, and 400,000 levels
-/// exhaust the stack. The parser itself keeps its own stack, and the callback sees each
-/// container's depth as it opens (the outermost at depth 0).
+/// Parses `body` with its nesting bounded by json_depth_max (parse_bounded_json).
 tl::expected<json, api_error> parse_body(std::string_view body) {
-  const json::parser_callback_t bounded = [](int depth, json::parse_event_t event, json&) {
-    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
-    if (opens && depth >= json_depth_max) throw too_deep{};
-    return true;
-  };
-  try {
-    return json::parse(body, bounded);
-  } catch (const too_deep&) {
-    return tl::unexpected(invalid("", "the request body nests objects and lists deeper than " +
-                                          std::to_string(json_depth_max) + " levels"));
-  } catch (const json::exception& e) {
-    // nlohmann's message quotes what it last read (a token, a number), which may be the whole
-    // body; its own text is under 200 bytes.
-    return tl::unexpected(invalid("", "the request body is not valid JSON: " + troupe::echo(e.what(), 200 + echo_bytes_max)));
-  }
+  auto parsed = parse_bounded_json(body, json_depth_max);
+  if (!parsed) return tl::unexpected(invalid("", "the request body " + parsed.error().message));
+  return std::move(*parsed);
 }
 
 /// Reads typed fields of a request object; the first problem is kept in `error` and every later
@@ -301,6 +285,28 @@ void read_messages(reader& in, parsed_request& p) {
   p.prompts = {prompt_input{std::move(joined), {}, false, /*is_chat=*/true}};
 }
 
+/// vLLM's chat extensions: `add_generation_prompt` and `chat_template_kwargs` (an object whose
+/// keys the model's template gets as variables; it travels as its JSON text).
+void read_template_fields(reader& in, serve::completion_request& r) {
+  in.boolean("add_generation_prompt", r.add_generation_prompt);
+  const json& kwargs = in.field("chat_template_kwargs");
+  if (in.error || kwargs.is_null()) return;
+  if (!kwargs.is_object()) return in.fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  r.chat_template_kwargs = kwargs.dump();
+}
+
+/// A message as render-chat passes it to the template: an object with a string `role`, its
+/// `content` a string, null, absent or a list of text parts (joined, as the gateway joins them);
+/// its other keys (tool_calls, tool_call_id, name, ...) as given.
+void read_render_message(reader& in, json& m) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+    return in.fail("messages", "each message must be an object with a string 'role'");
+  if (!m.contains("content") || m["content"].is_null()) return;
+  std::optional<std::string> text = content_text(m["content"]);
+  if (!text) return in.fail("messages", "a message's 'content' must be a string or a list of text parts");
+  m["content"] = std::move(*text);
+}
+
 /// A list of token ids under `name`: integers, in the vocabulary when `tok` is given.
 void read_token_ids(reader& in, const char* name, const json& list, const tokenizer* tok, std::vector<int32_t>& out) {
   const std::string quoted = "'" + std::string(name) + "'";
@@ -359,6 +365,7 @@ void check_choice_bytes(reader& in, const parsed_request& p) {
   for (const prompt_input& prompt : p.prompts)
     bytes += static_cast<int64_t>(prompt.text.size() + prompt.tokens.size() * sizeof(int32_t));
   for (const chat_message& m : p.request.messages) bytes += static_cast<int64_t>(m.role.size());
+  bytes += static_cast<int64_t>(p.request.chat_template_kwargs.size());
   const int64_t total = bytes * p.n;
   if (total > choice_prompt_bytes_max)
     in.fail("n", "the prompts of a request's choices carry at most " + std::to_string(choice_prompt_bytes_max) +
@@ -535,9 +542,10 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   read_penalties(in, p.request);
   read_grammar(in, p.request);
   read_stream(in, p);
-  if (kind == endpoint::chat_completions)
+  if (kind == endpoint::chat_completions) {
     read_messages(in, p);
-  else
+    read_template_fields(in, p.request);
+  } else
     read_prompt(in, p, tok);
   check_choice_bytes(in, p);
   if (const json& ids = in.field("stop_token_ids"); !in.error && !ids.is_null())
@@ -546,6 +554,32 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
     read_token_ids(in, "grammar_trigger_token_ids", ids, tok, p.request.grammar_trigger_token_ids);
   if (in.error) return tl::unexpected(*in.error);
   return p;
+}
+
+tl::expected<json, api_error> parse_render_request(std::string_view body) {
+  if (auto valid = utf8::validate(body); !valid)
+    return tl::unexpected(invalid("", "the request is not valid UTF-8: " + valid.error().message));
+  auto parsed = parse_body(body);
+  if (!parsed) return tl::unexpected(parsed.error());
+  if (!parsed->is_object()) return tl::unexpected(invalid("", "the request must be a JSON object"));
+  reader in(*parsed);
+  json messages = in.field("messages");
+  if (!messages.is_array() || messages.empty())
+    return tl::unexpected(invalid("messages", "'messages' must be a non-empty list of message objects"));
+  for (json& m : messages) read_render_message(in, m);
+  const json& tools = in.field("tools");
+  if (!tools.is_null() && !(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const json& t) { return t.is_object(); })))
+    in.fail("tools", "'tools' must be a list of objects");
+  const json& choice = in.field("tool_choice");
+  if (!choice.is_null() && !choice.is_string() && !choice.is_object())
+    in.fail("tool_choice", "'tool_choice' must be a string or an object");
+  serve::completion_request fields;
+  read_template_fields(in, fields);
+  if (in.error) return tl::unexpected(*in.error);
+  json request = {{"messages", std::move(messages)}, {"add_generation_prompt", fields.add_generation_prompt}};
+  if (!tools.is_null()) request["tools"] = tools;
+  if (const json& kwargs = in.field("chat_template_kwargs"); !kwargs.is_null()) request["chat_template_kwargs"] = kwargs;
+  return request;
 }
 
 int32_t num_choices(const parsed_request& p) { return static_cast<int32_t>(p.prompts.size()) * p.n; }

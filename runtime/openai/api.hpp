@@ -17,15 +17,18 @@
 ///   and the ranges of what never reaches the engine as given (`n`, `best_of`, `logprobs`,
 ///   `top_logprobs`, token ids against the vocabulary).
 /// - Chat: the messages travel as such (completion_request::messages); the request actor renders
-///   them with the served chat template (runtime/tokenizer/chat_template.hpp; stories260K's is
-///   `bare`, the contents joined by newlines) into template and user segments. Only template
-///   segments become special tokens (contract 4): `<s>` in a message is three ordinary characters.
+///   them with the served chat template (runtime/tokenizer/served_template.hpp: the model's
+///   Jinja template, else a built-in format; stories260K's is `bare`, the contents joined by
+///   newlines) with the request's `chat_template_kwargs` and `add_generation_prompt` into
+///   template and user segments. Only template segments become special tokens (contract 4):
+///   `<s>` in a message is three ordinary characters.
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
 #include <tl/expected.hpp>
 
 #include "runtime/serve/completion.hpp"
@@ -100,6 +103,14 @@ struct parsed_request {
 [[nodiscard]] tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body,
                                                                     const served_model& model,
                                                                     const tokenizer* tok = nullptr);
+
+/// A chat request as `troupe render-chat` reads it (served_template::render's input): `messages`
+/// (each an object with a string role; a content list of text parts joined as the gateway joins
+/// it, other keys as given), `tools` (a list of objects), `tool_choice` (a string or an object;
+/// checked, not rendered: templates do not read it), `chat_template_kwargs` (an object) and
+/// `add_generation_prompt` (default true); other fields are ignored. Errors: 400 as
+/// parse_request's (invalid UTF-8, malformed JSON, nesting past json_depth_max, a wrong type).
+[[nodiscard]] tl::expected<nlohmann::ordered_json, api_error> parse_render_request(std::string_view body);
 
 /// The HTTP status and OpenAI error for an engine or client error: invalid_argument and
 /// invalid_utf8 400, not_found 404, too_long 413, overloaded 429, unavailable 503, else 500.

@@ -13,7 +13,7 @@
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
 #include "runtime/sampling/sampler.hpp"
-#include "runtime/tokenizer/chat_template.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 
 namespace troupe::serve {
 
@@ -27,6 +27,10 @@ struct completion_request {
   /// A chat instead of a prompt: rendered by the server's chat template (request_policy_options::
   /// chat) into template and user segments, so no message can spell a control token.
   std::vector<chat_message> messages;
+  /// A chat's `chat_template_kwargs`: a JSON object's text ("" for none) whose keys the model's
+  /// Jinja template gets as variables (served_template.hpp says which keys it refuses).
+  std::string chat_template_kwargs;
+  bool add_generation_prompt = true;  ///< a chat's prompt ends with the assistant's header
   int32_t max_tokens = 16;
   float temperature = 1.0f;
   float top_p = 1.0f;

@@ -5,6 +5,9 @@
 #include <tuple>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/bounded_json.hpp"
 #include "runtime/kv/chain_hash.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/sampling/sampler.hpp"
@@ -34,6 +37,26 @@ bool operator==(const send_end& a, const send_end& b) { return a.end == b.end; }
 bool operator==(const send_error& a, const send_error& b) { return a.error == b.error; }
 bool operator==(const release_engines&, const release_engines&) { return true; }
 bool operator==(const stop&, const stop&) { return true; }
+
+namespace {
+
+/// A chat request as served_template::render reads it: its messages, kwargs (a JSON object) and
+/// add_generation_prompt.
+expected<nlohmann::ordered_json> chat_request_json(const completion_request& p) {
+  using json = nlohmann::ordered_json;
+  json request = json::object();
+  json& messages = request["messages"] = json::array();
+  for (const chat_message& m : p.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+  request["add_generation_prompt"] = p.add_generation_prompt;
+  if (p.chat_template_kwargs.empty()) return request;
+  auto kwargs = parse_bounded_json(p.chat_template_kwargs, chat_template_kwargs_depth_max);
+  if (!kwargs) return fail(errc::invalid_argument, "chat_template_kwargs " + kwargs.error().message);
+  if (!kwargs->is_object()) return fail(errc::invalid_argument, "chat_template_kwargs must be a JSON object");
+  request["chat_template_kwargs"] = std::move(*kwargs);
+  return request;
+}
+
+}  // namespace
 
 request_policy::request_policy(request_policy_options options) : o_(std::move(options)) {}
 
@@ -79,12 +102,14 @@ expected<std::vector<int32_t>> request_policy::render_messages() const {
   int64_t bytes = 0;
   for (const chat_message& m : o_.params.messages) bytes += static_cast<int64_t>(m.role.size() + m.content.size());
   if (auto fits = check_prompt_bytes(bytes); !fits) return tl::unexpected(fits.error());
-  auto segments = render_chat(o_.chat, o_.params.messages, /*add_generation_prompt=*/true);
+  auto request = chat_request_json(o_.params);
+  if (!request) return tl::unexpected(request.error());
+  auto segments = o_.chat.render(*request);
   if (!segments) return tl::unexpected(segments.error());
   int64_t rendered_bytes = 0;
   for (const segment& s : *segments) rendered_bytes += static_cast<int64_t>(s.text.size());
   if (auto fits = check_prompt_bytes(rendered_bytes); !fits) return tl::unexpected(fits.error());
-  return encode_segments(*o_.tok, *segments, /*add_bos=*/true, nullptr);
+  return encode_segments(*o_.tok, *segments, o_.tok->adds_bos(), nullptr);
 }
 
 effects request_policy::start(int64_t now_ns) {
@@ -121,7 +146,7 @@ effects request_policy::start(int64_t now_ns) {
   r.stop = p.stop;
   r.stop_token_ids = p.stop_token_ids;
   if (!p.messages.empty())  // the template's end of turn, by id (EOS ends a sample anyway)
-    for (const int32_t id : chat_stop_ids(o_.chat, *o_.tok))
+    for (const int32_t id : chat_stop_ids(o_.chat.stop_format(), *o_.tok))
       if (id != o_.tok->eos_id() && std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), id) == r.stop_token_ids.end())
         r.stop_token_ids.push_back(id);
   r.ignore_eos = p.ignore_eos;

@@ -72,7 +72,7 @@ struct request_policy_options {
   /// The balancer refused the request at admission (its rate limit): it fails with this at start.
   std::optional<error> refused;
   /// How a chat's messages become the prompt (completion_request::messages).
-  chat_template chat = chat_template::bare;
+  served_template chat;
   /// Times a request is placed again after losing its engine before it fails (0: never).
   int32_t max_failovers = 3;
   /// The vocabulary's think and tool-call tags (output_tags::of, found once per tokenizer): a

@@ -100,19 +100,6 @@ expected<chat_template> parse_chat_template(const std::string& name) {
               "unknown chat template '" + echo(name) + "' (expected auto, bare, plain, chatml, llama2 or llama3)");
 }
 
-expected<chat_template> choose_chat_template(const std::string& name, const tokenizer& tok) {
-  chat_template t = chat_template::bare;
-  if (name == "auto") {
-    t = recognise_chat_template(tok.chat_template_text()).value_or(chat_template::bare);
-  } else {
-    auto named = parse_chat_template(name);
-    if (!named) return named;
-    t = *named;
-  }
-  if (auto ok = check_chat_template(t, tok); !ok) return tl::unexpected(ok.error());
-  return t;
-}
-
 std::optional<chat_template> recognise_chat_template(std::string_view jinja) {
   if (jinja.find("<|im_start|>") != std::string_view::npos) return chat_template::chatml;
   if (jinja.find("<|start_header_id|>") != std::string_view::npos) return chat_template::llama3;

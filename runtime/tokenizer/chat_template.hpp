@@ -1,11 +1,11 @@
 #pragma once
 
-/// Chat templates: messages rendered to segments (segments.hpp), the template's markup as
-/// template text, every message's content as user (or tool) text, so a message can never
-/// produce the template's special tokens. Built in: ChatML, Llama-2 and Llama-3 style, and a
-/// plain-text one for models without chat tokens. A GGUF's `tokenizer.chat_template` maps to one
-/// of them when it is recognisably that template (serving with runtime/jinja, the
-/// interpreter, is issue 49's next step).
+/// The built-in chat formats: messages rendered to segments (segments.hpp), the format's markup
+/// as template text, every message's content as user (or tool) text, so a message can never
+/// produce the format's special tokens. Built in: ChatML, Llama-2 and Llama-3 style, and a
+/// plain-text one for models without chat tokens. A model with a Jinja template of its own is
+/// served with that (served_template.hpp); these are the fallback for a model without one, or
+/// what a topology names.
 
 #include <cstdint>
 #include <optional>
@@ -32,12 +32,9 @@ struct chat_message {
 [[nodiscard]] const char* to_string(chat_template t);
 [[nodiscard]] expected<chat_template> parse_chat_template(const std::string& name);
 
-/// The template a model is served with: `name` ("auto" picks the GGUF's recognised template,
-/// else `bare`); checked against the vocabulary (check_chat_template).
-[[nodiscard]] expected<chat_template> choose_chat_template(const std::string& name, const tokenizer& tok);
-
-/// The built-in template a GGUF `tokenizer.chat_template` (Jinja) text is, by the markers it
-/// uses (<|im_start|>; <|start_header_id|>; [INST]), or nothing.
+/// The built-in template a Jinja template's text resembles, by the markers it uses
+/// (<|im_start|>; <|start_header_id|>; [INST]), or nothing: whose end-of-turn ids a Jinja
+/// template's chats stop on (served_template::stop_format).
 [[nodiscard]] std::optional<chat_template> recognise_chat_template(std::string_view jinja);
 
 /// Whether `tok` has every special token `t` names (errc::invalid_argument naming the first

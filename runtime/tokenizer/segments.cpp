@@ -2,15 +2,24 @@
 
 #include <algorithm>
 
+#include "runtime/tokenizer/utf8.hpp"
+
 namespace troupe {
 namespace {
 
-/// One unit of a segment list: a special token, or text to encode.
+/// One unit of a segment list: a special token, or a run of text between two of them.
 struct piece {
   std::int32_t special = tokenizer::no_token;  ///< the token, or no_token for text
-  std::string_view text;
-  std::size_t segment = 0;
+  std::string text;
+  std::size_t segment = 0;  ///< where the run starts
 };
+
+/// Appends text to the run that `out` ends with, or starts one.
+void add_text(std::string_view text, std::size_t segment, std::vector<piece>& out) {
+  if (text.empty()) return;
+  if (out.empty() || out.back().special != tokenizer::no_token) out.push_back(piece{tokenizer::no_token, "", segment});
+  out.back().text += text;
+}
 
 /// Cuts a template segment at its special tokens' texts (longest match at each position).
 void cut(const special_tokens& specials, std::string_view text, std::size_t segment, std::vector<piece>& out) {
@@ -23,12 +32,12 @@ void cut(const special_tokens& specials, std::string_view text, std::size_t segm
       i++;
       continue;
     }
-    if (i > start) out.push_back(piece{tokenizer::no_token, text.substr(start, i - start), segment});
+    add_text(text.substr(start, i - start), segment, out);
     out.push_back(piece{match->second, {}, segment});
     i += match->first.size();
     start = i;
   }
-  if (start < text.size()) out.push_back(piece{tokenizer::no_token, text.substr(start), segment});
+  add_text(text.substr(start), segment, out);
 }
 
 /// `text` without leading and trailing ASCII whitespace.
@@ -61,16 +70,20 @@ std::optional<std::int32_t> special_tokens::find(std::string_view text) const {
 }
 
 expected<std::vector<std::int32_t>> encode_segments(const tokenizer& tok, const std::vector<segment>& segments,
-                                                    bool add_bos, kernels::cpu::thread_pool* pool) {
+                                                    bool add_bos, kernels::cpu::thread_pool* pool,
+                                                    std::vector<std::size_t>* token_segments) {
   const bool any_template = std::any_of(segments.begin(), segments.end(),
                                         [](const segment& s) { return s.from == origin::template_text; });
   const special_tokens specials = any_template ? special_tokens::of(tok) : special_tokens{};
   std::vector<piece> pieces;
   for (std::size_t i = 0; i < segments.size(); i++) {
+    // Checked per segment, so that an error names the segment the byte is in.
+    if (auto valid = utf8::validate(segments[i].text); !valid)
+      return fail(valid.error().code, "segment " + std::to_string(i) + ": " + valid.error().message);
     if (segments[i].from == origin::template_text)
       cut(specials, segments[i].text, i, pieces);
-    else if (!segments[i].text.empty())
-      pieces.push_back(piece{tokenizer::no_token, segments[i].text, i});
+    else
+      add_text(segments[i].text, i, pieces);
   }
   std::vector<expected<std::vector<std::int32_t>>> encoded(pieces.size(), std::vector<std::int32_t>{});
   const auto encode_range = [&](std::int32_t, std::int64_t begin, std::int64_t end) {
@@ -84,17 +97,23 @@ expected<std::vector<std::int32_t>> encode_segments(const tokenizer& tok, const 
   else
     encode_range(0, 0, static_cast<std::int64_t>(pieces.size()));
   std::vector<std::int32_t> ids;
-  if (add_bos) ids.push_back(tok.bos_id());
+  std::vector<std::size_t> from;  // per token
+  if (add_bos) {
+    ids.push_back(tok.bos_id());
+    from.push_back(segments.size());
+  }
   for (std::size_t p = 0; p < pieces.size(); p++) {
     if (pieces[p].special != tokenizer::no_token) {
       ids.push_back(pieces[p].special);
-      continue;
-    }
-    if (!encoded[p])
+    } else if (!encoded[p]) {
       return fail(encoded[p].error().code,
                   "segment " + std::to_string(pieces[p].segment) + ": " + encoded[p].error().message);
-    ids.insert(ids.end(), encoded[p]->begin(), encoded[p]->end());
+    } else {
+      ids.insert(ids.end(), encoded[p]->begin(), encoded[p]->end());
+    }
+    from.resize(ids.size(), pieces[p].segment);
   }
+  if (token_segments != nullptr) *token_segments = std::move(from);
   return ids;
 }
 

@@ -3,7 +3,7 @@
 /// Encoding by provenance (seed §5): a prompt is a list of segments, each with its origin, and
 /// only the chat template's own segments may become special tokens. User and tool text is
 /// encoded as text whatever it spells ("<|im_start|>" typed by a user is those characters), so
-/// no request can forge a control token. Text between special tokens is encoded piece by piece,
+/// no request can forge a control token. Text between special tokens is encoded run by run,
 /// in parallel on a kernel thread pool when one is given, with the same result as in sequence.
 
 #include <cstdint>
@@ -44,15 +44,20 @@ struct special_tokens {
 
 /// Encodes `segments` in order, BOS first with `add_bos`. A template segment is cut at every
 /// occurrence of a special token's text (at each position the longest that matches); those
-/// occurrences become the tokens, and the text around them, like every user or tool segment as
-/// a whole, is encoded with `tok.encode(text, false, false)` — which never yields a special
-/// token. Each text piece is encoded on its own (a SentencePiece vocabulary's leading space is
-/// added per piece), so the pieces are independent: with `pool` they are encoded in parallel,
-/// and the result is the same as without. Errors: the first piece's (in order) that fails,
-/// naming its segment (invalid UTF-8, a byte a BPE vocabulary cannot spell).
+/// occurrences become the tokens. The text between two special tokens — template text around
+/// them and user or tool segments alike, joined — is encoded as one run with
+/// `tok.encode(text, false, false)`, which never yields a special token: as llama.cpp encodes the
+/// fragments between special tokens (a SentencePiece vocabulary's leading space is added per run,
+/// as llama.cpp adds it after each special token). The runs are independent: with `pool` they
+/// are encoded in parallel, and the result is the same as without. With `token_segments`, also
+/// the segment each token came from: a special token's is the template segment that spells it,
+/// a run's tokens name the run's first segment, BOS is segments.size(). Errors: invalid UTF-8
+/// (checked per segment, naming it), else the first run's (in order) that fails, naming the
+/// segment it starts in (a byte a BPE vocabulary cannot spell).
 [[nodiscard]] expected<std::vector<std::int32_t>> encode_segments(const tokenizer& tok,
                                                                   const std::vector<segment>& segments,
                                                                   bool add_bos,
-                                                                  kernels::cpu::thread_pool* pool = nullptr);
+                                                                  kernels::cpu::thread_pool* pool = nullptr,
+                                                                  std::vector<std::size_t>* token_segments = nullptr);
 
 }  // namespace troupe
