@@ -14,6 +14,7 @@
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/scratch_files.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -22,23 +23,11 @@ namespace fs = std::filesystem;
 using testing::cli_result;
 
 /// Runs the real binary with `args` under a private temporary directory.
-class Cli : public ::testing::Test {
+class Cli : public testing::scratch_files {
  protected:
-  fs::path dir_;
-
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("troupe_cli_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  Cli() : scratch_files("troupe_cli_test") {}
 
   cli_result run(const std::vector<std::string>& args) { return testing::run_troupe(args, dir_); }
-
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-  }
 
   /// A rejected invocation: non-zero exit, `message` on stderr, nothing at all on stdout.
   void expect_rejected(const std::vector<std::string>& args, const std::string& message) {

@@ -12,6 +12,7 @@
 #include "runtime/model/transformer.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/random_llama.hpp"
+#include "tests/support/scratch_files.hpp"
 
 namespace troupe::model {
 namespace {
@@ -96,23 +97,14 @@ TEST(Transformer, ReferenceAndFastPathsGiveIdenticalBits) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
-class BadCheckpoint : public ::testing::Test {
+class BadCheckpoint : public testing::scratch_files {
  protected:
-  // One directory per test process: ctest runs this fixture's tests in parallel.
-  std::string dir_ = (std::filesystem::temp_directory_path() / ("troupe_model_test_" + std::to_string(::getpid()))).string();
-  void SetUp() override { std::filesystem::create_directories(dir_); }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-  }
+  BadCheckpoint() : scratch_files("troupe_model_test") {}
   std::string original() { return testing::read_file(bundled_model()); }
 };
 
 TEST_F(BadCheckpoint, MissingFile) {
-  auto ck = checkpoint::load(dir_ + "/nope.bin");
+  auto ck = checkpoint::load((dir_ / "nope.bin").string());
   ASSERT_FALSE(ck);
   EXPECT_EQ(ck.error().code, errc::io_error);
   EXPECT_NE(ck.error().message.find("nope.bin"), std::string::npos);

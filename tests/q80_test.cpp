@@ -24,6 +24,7 @@
 #include "runtime/model/transformer.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/scratch_files.hpp"
 
 namespace troupe::model {
 namespace {
@@ -61,20 +62,9 @@ std::string greedy_text(transformer& t, int steps) {
 }
 
 /// A scratch file under the test's own temporary directory.
-class Q80Files : public ::testing::Test {
+class Q80Files : public testing::scratch_files {
  protected:
-  fs::path dir_;
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("troupe_q80_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-  }
+  Q80Files() : scratch_files("troupe_q80_test") {}
 
   /// Expects loading `bytes` to fail with malformed_file and `message` in the error.
   void expect_refused(const std::string& bytes, const std::string& message) {

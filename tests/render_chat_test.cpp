@@ -13,6 +13,7 @@
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/scratch_files.hpp"
 
 namespace troupe {
 namespace {
@@ -24,21 +25,9 @@ std::string vendored(const std::string& name) {
   return (fs::path(TROUPE_TEST_DATA_DIR) / "templates" / (name + ".jinja")).string();
 }
 
-class RenderChat : public ::testing::Test {
+class RenderChat : public testing::scratch_files {
  protected:
-  fs::path dir_;
-
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("troupe_render_chat_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& bytes) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
-  }
+  RenderChat() : scratch_files("troupe_render_chat_test") {}
 
   /// `troupe render-chat ARGS` with `request` on stdin.
   cli_result render(std::vector<std::string> args, const std::string& request) {
