@@ -272,31 +272,22 @@ class parser {
     return true;
   }
 
-  bool parse_or(expr_ptr& out) {
-    if (!parse_and(out)) return false;
+  /// `operand (keyword operand)*`, left-associative: `or` joins `and`s, `and` joins `not`s.
+  bool parse_chain(expr_ptr& out, const char* keyword, bool (parser::*operand)(expr_ptr&)) {
+    if (!(this->*operand)(out)) return false;
     size_t height = 0;
-    while (at_name("or")) {
+    while (at_name(keyword)) {
       if (!deeper(height)) return false;
       const position at = tokens_[pos_++].at;
       expr_ptr rhs;
-      if (!parse_and(rhs)) return false;
-      binary(out, "or", at, std::move(rhs));
+      if (!(this->*operand)(rhs)) return false;
+      binary(out, keyword, at, std::move(rhs));
     }
     return true;
   }
 
-  bool parse_and(expr_ptr& out) {
-    if (!parse_not(out)) return false;
-    size_t height = 0;
-    while (at_name("and")) {
-      if (!deeper(height)) return false;
-      const position at = tokens_[pos_++].at;
-      expr_ptr rhs;
-      if (!parse_not(rhs)) return false;
-      binary(out, "and", at, std::move(rhs));
-    }
-    return true;
-  }
+  bool parse_or(expr_ptr& out) { return parse_chain(out, "or", &parser::parse_and); }
+  bool parse_and(expr_ptr& out) { return parse_chain(out, "and", &parser::parse_not); }
 
   bool parse_not(expr_ptr& out) {
     if (!at_name("not")) return parse_compare(out);

@@ -509,8 +509,7 @@ void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<t
     if (is_classifier(p, c)) out.q80->wcls = m;
     if (p.view == &weights::token_embedding) out.q80->token_embedding = m;
   }
-  if (q80) out.views.wq = out.views.wk = out.views.wv = out.views.wo = nullptr;  // as a version-2 file's
-  if (q80) out.views.w1 = out.views.w2 = out.views.w3 = out.views.wcls = nullptr;
+  // A Q8_0 model's matrix views stay null, as a version-2 file's.
   if (!q80 && c.shared_classifier) out.views.wcls = out.views.token_embedding;
 }
 
