@@ -1,0 +1,115 @@
+#pragma once
+
+/// Weights computed in the precision a GGUF file stores them: ggml's block formats (F32, F16,
+/// BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), read in place from the mapped file, never expanded.
+///
+/// As llama.cpp's CPU backend does, a matmul first converts each row of activations to the
+/// weight type's "dot type" (F32 for F32; F16 for F16; BF16 for BF16; Q8_0 for Q8_0 and Q4_0;
+/// Q8_K for the K-quants), then takes one dot product per (row, output). Integer dot products
+/// where llama.cpp uses them: within a block every product is summed as an exact int32, so only
+/// the float steps between blocks have an order, and that order is fixed here (below) and
+/// depends only on n. Hence every output is the same bits whatever the batch, the row's place
+/// in it or the threads (each output is computed whole by one thread), and `fast::` gives the
+/// bits of `reference::` (tests/quants_test.cpp).
+///
+/// Float steps (the build has -ffp-contract=off; fmaf is a fused multiply-add):
+/// - F32, F16, BF16: 32 lanes; lane k accumulates, in order, acc[k] = fmaf(w[j], x[j], acc[k])
+///   for j = k mod 32 over the first n - n mod 32 elements (w and x as float); then the lanes
+///   reduce as s[i] = (acc[i] + acc[i + 8]) + (acc[i + 16] + acc[i + 24]) for i < 8,
+///   t[i] = s[i] + s[i + 4] for i < 4, u[i] = t[i] + t[i + 2] for i < 2, sum = u[0] + u[1];
+///   then the tail j >= n - n mod 32 adds sum = fmaf(w[j], x[j], sum) in order.
+/// - Q8_0 x Q8_0 and Q4_0 x Q8_0: per block b in order, sum += (float)isum_b * (dw_b * dx_b),
+///   isum_b the block's exact int32 dot product, dw and dx the blocks' f16 scales as float.
+/// - Q4_K, Q5_K x Q8_K: per super-block in order,
+///   sum += (dx * dw) * (float)isum - (dx * dmin) * (float)msum, isum = sum over the 8
+///   sub-blocks of scale_j * (int32 dot of its 32 quants), msum = sum over them of
+///   min_j * (bsums[2j] + bsums[2j + 1]); dw, dmin the f16 fields as float, dx the Q8_K float.
+/// - Q6_K x Q8_K: per super-block in order, sum += (dx * dw) * (float)isum, isum = sum over the
+///   16 sub-blocks of scale_j * (int32 dot of its 16 quants, each quant minus 32).
+/// These float orders are this project's, not ggml's (ggml's depend on its SIMD width, and it
+/// sums the F32/F16/BF16 tails in double), so an output may differ from llama.cpp's in its last
+/// bits; the integer parts and the activations' quantization are ggml's exactly.
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace troupe::kernels::cpu {
+
+/// ggml's tensor types the kernels compute in; the numbers are ggml's (and GGUF's).
+enum class weight_type : uint32_t {
+  f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15, bf16 = 30,
+};
+
+/// Whether `raw` (a GGUF tensor type number) is a type weights may have here: one of
+/// weight_type's other than Q8_K, which only activations take (no dot product has Q8_K weights).
+[[nodiscard]] bool is_weight_type(uint32_t raw);
+
+/// A type's name as llama.cpp's file types spell it: "F32", "F16", "BF16", "Q8_0", "Q4_0",
+/// "Q4_K", "Q5_K", "Q6_K", "Q8_K" (ggml_type_name spells them lower case: "f32", "q4_K").
+[[nodiscard]] const char* type_name(weight_type t);
+
+/// Elements per block: 1 (F32, F16, BF16), 32 (Q8_0, Q4_0), 256 (the K-quants, Q8_K).
+[[nodiscard]] int32_t block_elements(weight_type t);
+
+/// Bytes per block, as ggml lays it out: F32 4, F16 2, BF16 2, Q8_0 34 (f16 d, int8 qs[32]),
+/// Q4_0 18 (f16 d, uint8 qs[16]), Q4_K 144 (f16 d, f16 dmin, uint8 scales[12], uint8 qs[128]),
+/// Q5_K 176 (f16 d, f16 dmin, scales[12], qh[32], qs[128]), Q6_K 210 (uint8 ql[128], qh[64],
+/// int8 scales[16], f16 d), Q8_K 292 (float d, int8 qs[256], int16 bsums[16]).
+[[nodiscard]] int32_t block_bytes(weight_type t);
+
+/// The type activations are converted to before a dot product with weights of type `t` (a
+/// weight type: is_weight_type).
+[[nodiscard]] weight_type dot_type(weight_type t);
+
+/// Bytes of one row of `n` elements of type `t`; n must be a multiple of block_elements(t).
+[[nodiscard]] int64_t row_bytes(weight_type t, int64_t n);
+
+/// A (d, n) matrix as ggml stores it: d rows of row_bytes(type, n) bytes, back to back (a GGUF
+/// tensor of dims {n, d}). `data` points into the mapped file; nothing is copied.
+struct quant_matrix {
+  const uint8_t* data = nullptr;
+  weight_type type = weight_type::f32;
+  int32_t d = 0;  ///< output features (rows)
+  int32_t n = 0;  ///< input features; a multiple of block_elements(type)
+  [[nodiscard]] const uint8_t* row(int64_t i) const { return data + i * row_bytes(type, n); }
+};
+
+/// out (n) = row `row` of type `t` as float, exactly as ggml's dequantize_row_* computes it
+/// (for the token embedding, which llama.cpp reads the same way).
+void dequantize_row(float* out, const uint8_t* row, weight_type t, int32_t n);
+
+/// Converts a row of activations x (n) to `t` (a dot type: F32, F16, BF16, Q8_0 or Q8_K) into
+/// `out` (row_bytes(t, n) bytes), exactly as llama.cpp's x86 CPU backend does: F16 and BF16
+/// round to nearest even; Q8_0 per block of 32 as quantize_row_q8_0 with AVX2 (x * (127 / amax)
+/// rounded half to even, d = amax / 127 stored as f16); Q8_K as quantize_row_q8_K_ref
+/// (iscale = -127 / the element of largest magnitude, q = min(127, nearest_int(iscale * x)),
+/// bsums per 16, d = 1 / iscale; an all-zero block is d = 0, q = 0 and bsums 0, which ggml leaves
+/// unwritten). In a Q8_0 block a NaN becomes -128, as x86's conversion and saturating packs make
+/// it.
+void quantize_activations(uint8_t* out, const float* x, int32_t n, weight_type t);
+
+namespace reference {
+
+/// One dot product of a weight row (`t`, n elements) with an activation row of dot_type(t), in
+/// the order the header comment fixes.
+[[nodiscard]] float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n);
+
+/// out (rows, d) = x · wᵀ, x being `rows` activation rows converted by quantize_activations to
+/// dot_type(w.type) (each row_bytes(dot_type, n) bytes, back to back).
+void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows);
+
+}  // namespace reference
+
+namespace fast {
+
+/// Same contract and bits as reference::vec_dot, with AVX2 (and AVX-512 where built for it).
+[[nodiscard]] float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n);
+
+/// Same contract and bits as reference::matmul; with a pool, large products split their
+/// outputs over its threads (each output computed whole by one thread).
+void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
+
+}  // namespace fast
+
+}  // namespace troupe::kernels::cpu
