@@ -413,6 +413,29 @@ TEST(Gguf, F16AndQ8_0TensorsAreWrittenAsGgmlRoundsThem) {
   EXPECT_EQ(tensor_floats(bytes, *f, f->tensors[1]), x);  // halves hold these exactly
 }
 
+TEST(Gguf, EveryWeightTypeIsWrittenAndReadBackWithinItsStep) {
+  // A ramp with a jump, 512 values (two K-quant super-blocks, 16 blocks of 32): each type's
+  // encoder (ggml_encode.cpp) and ggml's dequantizer must agree to within half a level of the
+  // block's range, plus the rounding of its f16 scales.
+  std::vector<float> x(512);
+  for (size_t i = 0; i < x.size(); i++) x[i] = 0.01f * static_cast<float>(i % 97) - (i % 64 < 5 ? 2.0f : 0.3f);
+  const std::pair<ggml_type, float> types[] = {{ggml_type::f32, 0.0f},     {ggml_type::f16, 1e-3f},
+                                               {ggml_type::bf16, 8e-3f},   {ggml_type::q8_0, 0.02f},
+                                               {ggml_type::q4_0, 0.17f},   {ggml_type::q4_k, 0.12f},
+                                               {ggml_type::q5_k, 0.06f},   {ggml_type::q6_k, 0.04f}};
+  for (const auto& [type, step] : types) {
+    const std::string bytes = write_gguf({}, {{"t", {512}, x.data(), type}});
+    auto f = parse_gguf(bytes, "w");
+    ASSERT_TRUE(f) << f.error().message;
+    EXPECT_EQ(f->tensors[0].num_bytes, static_cast<uint64_t>(kernels::cpu::row_bytes(type, 512)));
+    const std::vector<float> y = tensor_floats(bytes, *f, f->tensors[0]);
+    float worst = 0;
+    for (size_t i = 0; i < x.size(); i++) worst = std::max(worst, std::fabs(y[i] - x[i]));
+    EXPECT_LE(worst, step) << kernels::cpu::type_name(type);
+    if (step > 0) EXPECT_GT(worst, step / 100) << kernels::cpu::type_name(type) << ": suspiciously exact";
+  }
+}
+
 TEST(Gguf, MalformedFilesAreErrorsNamingTheProblem) {
   const std::string four_floats(16, '\0');
   raw_file many;
@@ -437,12 +460,14 @@ TEST(Gguf, MalformedFilesAreErrorsNamingTheProblem) {
       {"GGUF\x03\x00\x00", "truncated while reading the version"},
       {many.bytes, "an array claims 1152921504606846976 elements, more than the file holds"},
       {long_string.bytes, "a metadata key claims 4611686018427387904 bytes, more than the file holds"},
-      {one_tensor_file(2, {32}, std::string(18, '\0')), "tensor 't' has ggml type 2, which troupe does not read"},
+      {one_tensor_file(3, {32}, std::string(20, '\0')), "tensor 't' has ggml type 3, which troupe does not read"},
+      {one_tensor_file(15, {256}, std::string(292, '\0')), "has ggml type 15, which troupe does not read"},  // Q8_K
+      {one_tensor_file(12, {128}, std::string(144, '\0')), "Q4_K tensor 't' has rows of 128 values, not a multiple of its block of 256"},
       {one_tensor_file(0, {4}, four_floats, 8), "starts at data offset 8, not a multiple of the alignment 32"},
       {one_tensor_file(0, {5}, four_floats), "tensor 't' (20 bytes at data offset 0) runs past the end of the file"},
       {one_tensor_file(0, {1, 1, 1, 1, 1}, four_floats), "tensor 't' has 5 dimensions (1 to 4 allowed)"},
       {one_tensor_file(0, {0}, four_floats), "tensor 't' has an empty or too large dimension"},
-      {one_tensor_file(8, {16}, std::string(34, '\0')), "has rows of 16 values, not a multiple of 32"},
+      {one_tensor_file(8, {16}, std::string(34, '\0')), "has rows of 16 values, not a multiple of its block of 32"},
   };
   for (const auto& [bytes, message] : cases) {
     auto f = parse_gguf(bytes, "bad.gguf");

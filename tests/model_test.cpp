@@ -267,16 +267,23 @@ TEST(Transformer, SplittingAStepByIndependentRowsGivesIdenticalBits) {
   expect_split_bits_equal(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin");
 }
 
-/// Random GGUF models of each architecture and weight type (tests/support/random_llama.hpp).
+/// Random GGUF models of each architecture and weight type (tests/support/random_llama.hpp); the
+/// K-quants' rows are blocks of 256, so their models are 256 wide.
 std::vector<std::pair<std::string, testing::random_llama_spec>> random_models() {
   std::vector<std::pair<std::string, testing::random_llama_spec>> out;
+  const std::pair<ggml_type, const char*> types[] = {
+      {ggml_type::f32, "f32"},   {ggml_type::f16, "f16"},   {ggml_type::bf16, "bf16"},
+      {ggml_type::q8_0, "q8_0"}, {ggml_type::q4_0, "q4_0"}, {ggml_type::q4_k, "q4_k"},
+      {ggml_type::q5_k, "q5_k"}, {ggml_type::q6_k, "q6_k"}, {ggml_type::q4_k, "q4_k_m"}};
   for (const char* arch : {"llama", "qwen2", "qwen3", "phi3"})
-    for (auto [type, name] : {std::pair{ggml_type::f32, "f32"}, std::pair{ggml_type::f16, "f16"},
-                              std::pair{ggml_type::q8_0, "q8_0"}}) {
+    for (auto [type, name] : types) {
       testing::random_llama_spec s;
       s.arch = arch;
       s.type = type;
-      if (s.arch == "qwen3") s.head_dim = 32;
+      if (name == std::string_view("q4_k_m")) s.wide_type = ggml_type::q6_k;
+      const bool k_quant = kernels::cpu::block_elements(type) == 256;
+      if (k_quant) s.dim = 256, s.hidden_dim = 512;
+      if (s.arch == "qwen3") s.head_dim = k_quant ? 128 : 32;  // Q twice the width
       out.emplace_back(std::string(arch) + "_" + name, s);
     }
   return out;
@@ -288,11 +295,15 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
   for (const auto& [name, spec] : random_models()) {
     std::ofstream(path, std::ios::binary) << testing::random_llama_gguf(spec);
     auto ck = checkpoint::load(path);
+    const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
     std::filesystem::remove(path);
     ASSERT_TRUE(ck) << name << ": " << ck.error().message;
-    // A Q8_0 file is computed in Q8_0 (its int8 values kept), activations quantized as llama.cpp does.
-    EXPECT_EQ(ck->q80() != nullptr, spec.type == ggml_type::q8_0) << name;
-    if (ck->q80()) EXPECT_EQ(ck->q80()->activations, kernels::cpu::q80_activations::ggml);
+    // Every type but F32 is computed as stored, read in place: the resident weights are the file.
+    EXPECT_EQ(ck->stored() != nullptr, spec.type != ggml_type::f32) << name;
+    if (ck->stored()) {
+      EXPECT_EQ(ck->stored()->w2.front().type, spec.wide_type.value_or(spec.type)) << name;
+      EXPECT_LE(transformer(*ck).resident_bytes(), file_bytes * 11 / 10) << name;
+    }
     kernels::cpu::thread_pool pool(3);
     transformer fast(*ck), reference(*ck, kernel_path::reference), threaded(*ck);
     threaded.set_thread_pool(&pool);

@@ -172,24 +172,6 @@ TEST(Q80Kernels, FastMatmulEqualsReferenceBitForBit) {
   }
 }
 
-TEST(Q80Kernels, GgmlStyleQuantizationRoundsHalvesToEvenAndItsScaleToF16) {
-  // Group max 127: 127 / max = 1, halves to even (ggml's _mm256_round_ps). Group max 100: the
-  // scale 100 / 127 = 0.787401... rounded to f16, 0.78759765625 (as a ggml block stores it), and
-  // q = x * 1.27.
-  const float x[8] = {127.0f, 0.5f, -2.5f, 1.5f, 100.0f, -50.0f, 10.0f, 0.0f};
-  int8_t q[8];
-  float s[2];
-  kernels::cpu::quantize_q80(q, s, x, 8, 4, kernels::cpu::q80_activations::ggml);
-  EXPECT_EQ(s[0], 1.0f);
-  const int8_t want[8] = {127, 0, -2, 2, 127, -64, 13, 0};  // -63.5 -> -64, 12.7 -> 13
-  for (int i = 0; i < 8; i++) EXPECT_EQ(q[i], want[i]) << i;
-  EXPECT_EQ(s[1], 0.78759765625f);
-  kernels::cpu::quantize_q80(q, s, x, 8, 4);  // runq.c's: the float scale, halves away from zero
-  EXPECT_EQ(s[1], 100.0f / 127.0f);
-  EXPECT_EQ(q[1], 1);
-  EXPECT_EQ(q[2], -3);
-}
-
 TEST(Q80Kernels, QuantizeRoundsHalfAwayFromZeroAndZeroGroupsToZero) {
   // Group max 127 -> scale exactly 1: x / scale is x, and halves round away from zero (C's
   // round(), as runq.c), not to even (torch.round, the weights' export).

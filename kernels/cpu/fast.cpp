@@ -164,21 +164,17 @@ void matmul_q80_block(float* out, const int8_t* xq, const float* xs, const packe
 
 }  // namespace
 
-void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size, q80_activations style) {
+void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size) {
   for (int32_t g = 0; g < n / group_size; g++) {
     const float* xg = x + static_cast<int64_t>(g) * group_size;  // (group_size)
     float x_max = 0.0f;
     for (int32_t i = 0; i < group_size; i++) x_max = std::fabs(xg[i]) > x_max ? std::fabs(xg[i]) : x_max;
     const float scale = x_max / 127.0f;
-    const float inverse = x_max != 0.0f ? 127.0f / x_max : 0.0f;  // ggml's
-    // ggml's f16 scale; _Float16 conversion rounds to nearest even, as F16C does.
-    s[g] = style == q80_activations::runq ? scale : static_cast<float>(static_cast<_Float16>(scale));
+    s[g] = scale;
     for (int32_t i = 0; i < group_size; i++) {
       // |x / scale| <= 127 up to rounding, so the rounded value lands in [-127, 127]; the test
       // keeps a NaN (a broken model) from becoming undefined behaviour.
-      const float rounded = style == q80_activations::ggml ? std::nearbyint(xg[i] * inverse)
-                            : scale > 0.0f                 ? std::round(xg[i] / scale)
-                                                           : 0.0f;
+      const float rounded = scale > 0.0f ? std::round(xg[i] / scale) : 0.0f;
       q[static_cast<int64_t>(g) * group_size + i] =
           rounded >= -127.0f && rounded <= 127.0f ? static_cast<int8_t>(rounded) : int8_t{0};
     }

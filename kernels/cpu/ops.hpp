@@ -67,16 +67,11 @@ struct packed_q80 {
 /// Packs `w` into tiles; done once at model load.
 [[nodiscard]] packed_q80 pack_q80(const q80_matrix& w);
 
-/// How activations are quantized to int8 groups: as runq.c does (scale = max|x| / 127,
-/// q = round(x / scale) half away from zero), or as llama.cpp's CPU kernels do for GGUF Q8_0
-/// weights (q = x · (127 / max|x|) rounded half to even, and the scale max|x| / 127 rounded to
-/// f16, as a ggml Q8_0 block stores it). A scale of 0 gives q 0 in both.
-enum class q80_activations : uint8_t { runq, ggml };
-
-/// Quantizes a row of activations x (n) per group of `group_size` in `style`. q is (n), s is
-/// (n / group_size); group_size divides n.
-void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size,
-                  q80_activations style = q80_activations::runq);
+/// Quantizes a row of activations x (n) per group of `group_size` as runq.c does (scale =
+/// max|x| / 127, q = round(x / scale) half away from zero; a scale of 0 gives q 0). q is (n), s
+/// is (n / group_size); group_size divides n. (GGUF models quantize as llama.cpp does:
+/// quants.hpp.)
+void quantize_q80(int8_t* q, float* s, const float* x, int32_t n, int32_t group_size);
 
 /// Which exp softmax and SwiGLU use: the kernels' own (exp.hpp: the same bits on every machine,
 /// vectorized or not) or the C library's expf, as llama2.c's runq.c does. Q8_0 models take the

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "runtime/common/byte_reader.hpp"
+#include "runtime/common/ggml_encode.hpp"
 
 namespace troupe::model {
 namespace {
@@ -15,8 +16,6 @@ constexpr int max_array_depth = 4;
 constexpr uint32_t max_dims = 4;                        // GGML_MAX_DIMS
 constexpr int64_t max_tensor_elements = int64_t{1} << 40;
 constexpr uint64_t max_alignment = 1 << 20;
-constexpr int64_t q8_0_block = 32;
-constexpr uint64_t q8_0_block_bytes = 2 + q8_0_block;   // an f16 scale, 32 int8 values
 
 /// The fewest bytes one value of type `t` takes in a file (bounds array lengths before reading).
 uint64_t min_size(gguf_type t) {
@@ -138,30 +137,6 @@ class reader {
   byte_reader in_;
   const std::string& source_;
 };
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // inf or NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;  // ±0
-  } else {  // subnormal: normalize
-    int e = -1;
-    do {
-      e++;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400u) == 0);
-    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 uint64_t align_up(uint64_t x, uint64_t alignment) { return (x + alignment - 1) / alignment * alignment; }
 
@@ -351,19 +326,16 @@ expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source
     }
     auto type = in.scalar<uint32_t>("a tensor type");
     if (!type) return tl::unexpected(type.error());
-    switch (static_cast<ggml_type>(*type)) {
-      case ggml_type::f32: t.num_bytes = static_cast<uint64_t>(elements) * 4; break;
-      case ggml_type::f16: t.num_bytes = static_cast<uint64_t>(elements) * 2; break;
-      case ggml_type::q8_0:
-        if (t.dims[0] % q8_0_block != 0)
-          return in.bad("Q8_0 tensor '" + echo(t.name) + "' has rows of " + std::to_string(t.dims[0]) +
-                        " values, not a multiple of 32");
-        t.num_bytes = static_cast<uint64_t>(elements / q8_0_block) * q8_0_block_bytes;
-        break;
-      default:
-        return in.bad("tensor '" + echo(t.name) + "' has ggml type " + std::to_string(*type) +
-                      ", which troupe does not read (F32, F16 and Q8_0 are supported)");
-    }
+    namespace cpu = kernels::cpu;
+    if (!cpu::is_weight_type(*type) || static_cast<ggml_type>(*type) == ggml_type::q8_k)
+      return in.bad("tensor '" + echo(t.name) + "' has ggml type " + std::to_string(*type) +
+                    ", which troupe does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K are)");
+    const auto wt = static_cast<ggml_type>(*type);
+    if (t.dims[0] % cpu::block_elements(wt) != 0)
+      return in.bad(std::string(cpu::type_name(wt)) + " tensor '" + echo(t.name) + "' has rows of " +
+                    std::to_string(t.dims[0]) + " values, not a multiple of its block of " +
+                    std::to_string(cpu::block_elements(wt)));
+    t.num_bytes = static_cast<uint64_t>(cpu::row_bytes(wt, t.dims[0]) * (elements / t.dims[0]));
     t.type = static_cast<ggml_type>(*type);
     auto offset = in.scalar<uint64_t>("a tensor offset");
     if (!offset) return tl::unexpected(offset.error());
@@ -384,46 +356,16 @@ expected<gguf_file> parse_gguf(std::string_view bytes, const std::string& source
 }
 
 std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, const gguf_tensor& t) {
-  const char* p = bytes.data() + f.data_offset + t.offset;
-  const int64_t n = t.num_elements();
+  const int64_t n = t.num_elements(), row = t.dims[0];
   std::vector<float> out(static_cast<size_t>(n));
-  switch (t.type) {
-    case ggml_type::f32:
-      std::memcpy(out.data(), p, static_cast<size_t>(n) * 4);
-      break;
-    case ggml_type::f16:
-      for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[static_cast<size_t>(i)] = half_to_float(h);
-      }
-      break;
-    case ggml_type::q8_0:
-      for (int64_t b = 0; b < n / q8_0_block; b++) {
-        const char* block = p + b * static_cast<int64_t>(q8_0_block_bytes);
-        uint16_t h;
-        std::memcpy(&h, block, 2);
-        const float scale = half_to_float(h);
-        for (int64_t i = 0; i < q8_0_block; i++)
-          out[static_cast<size_t>(b * q8_0_block + i)] = scale * static_cast<float>(static_cast<int8_t>(block[2 + i]));
-      }
-      break;
-  }
+  const uint8_t* p = tensor_data(bytes, f, t);
+  for (int64_t i = 0; i < n / row; i++, p += kernels::cpu::row_bytes(t.type, row))
+    kernels::cpu::dequantize_row(out.data() + i * row, p, t.type, static_cast<int32_t>(row));
   return out;
 }
 
-void append_q8_0_rows(std::string_view bytes, const gguf_file& f, const gguf_tensor& t, int64_t first_row, int64_t rows,
-                      std::vector<int8_t>& q, std::vector<float>& s) {
-  TROUPE_ASSERT(t.type == ggml_type::q8_0 && first_row >= 0 && rows >= 0);
-  const int64_t first_block = first_row * t.dims[0] / q8_0_block, blocks = rows * t.dims[0] / q8_0_block;
-  TROUPE_ASSERT(static_cast<uint64_t>(first_block + blocks) * q8_0_block_bytes <= t.num_bytes);
-  const char* p = bytes.data() + f.data_offset + t.offset + first_block * static_cast<int64_t>(q8_0_block_bytes);
-  for (int64_t b = 0; b < blocks; b++, p += q8_0_block_bytes) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    s.push_back(half_to_float(h));
-    q.insert(q.end(), reinterpret_cast<const int8_t*>(p + 2), reinterpret_cast<const int8_t*>(p + 2 + q8_0_block));
-  }
+const uint8_t* tensor_data(std::string_view bytes, const gguf_file& f, const gguf_tensor& t) {
+  return reinterpret_cast<const uint8_t*>(bytes.data()) + f.data_offset + t.offset;
 }
 
 uint16_t float_to_half(float f) {
@@ -443,38 +385,6 @@ uint16_t float_to_half(float f) {
   if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  // a carry rounds into the exponent
   return sign | static_cast<uint16_t>(h);
 }
-
-namespace {
-
-/// Bytes of `n` values stored as `type`.
-uint64_t encoded_bytes(int64_t n, ggml_type type) {
-  switch (type) {
-    case ggml_type::f32: return static_cast<uint64_t>(n) * 4;
-    case ggml_type::f16: return static_cast<uint64_t>(n) * 2;
-    case ggml_type::q8_0: return static_cast<uint64_t>(n / q8_0_block) * q8_0_block_bytes;
-  }
-  TROUPE_ASSERT_MSG(false, "unknown ggml type");
-  return 0;
-}
-
-/// Appends `n` values of `data` stored as `type` (write_gguf's rules).
-void put_encoded(std::string& out, const float* data, int64_t n, ggml_type type) {
-  if (type == ggml_type::f32) return put_bytes(out, data, static_cast<size_t>(n) * 4);
-  if (type == ggml_type::f16) {
-    for (int64_t i = 0; i < n; i++) put<uint16_t>(out, float_to_half(data[i]));
-    return;
-  }
-  TROUPE_ASSERT_MSG(n % q8_0_block == 0, "Q8_0 rows are whole blocks of 32");
-  for (int64_t b = 0; b < n; b += q8_0_block) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < q8_0_block; i++) amax = std::max(amax, std::fabs(data[b + i]));
-    const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
-    put<uint16_t>(out, float_to_half(d));
-    for (int64_t i = 0; i < q8_0_block; i++) put<int8_t>(out, static_cast<int8_t>(std::round(data[b + i] * inverse)));
-  }
-}
-
-}  // namespace
 
 std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& metadata,
                        const std::vector<gguf_tensor_data>& tensors) {
@@ -499,11 +409,11 @@ std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& me
       put<uint64_t>(out, static_cast<uint64_t>(d));
       n *= d;
     }
-    TROUPE_ASSERT_MSG(t.type != ggml_type::q8_0 || t.dims[0] % q8_0_block == 0, "Q8_0 rows are whole blocks of 32");
+    TROUPE_ASSERT_MSG(t.dims[0] % kernels::cpu::block_elements(t.type) == 0, "rows are whole blocks");
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
     offsets.push_back(offset);
-    offset = align_up(offset + encoded_bytes(n, t.type), alignment);
+    offset = align_up(offset + static_cast<uint64_t>(kernels::cpu::row_bytes(t.type, n)), alignment);
   }
   out.resize(align_up(out.size(), alignment), '\0');
   const size_t data_start = out.size();
@@ -511,7 +421,8 @@ std::string write_gguf(const std::vector<std::pair<std::string, gguf_value>>& me
     out.resize(data_start + offsets[i], '\0');
     int64_t n = 1;
     for (int64_t d : tensors[i].dims) n *= d;
-    put_encoded(out, tensors[i].data, n, tensors[i].type);
+    const int64_t row = tensors[i].dims[0];
+    for (int64_t r = 0; r < n; r += row) encode_row(out, tensors[i].data + r, row, tensors[i].type);
   }
   return out;
 }

@@ -8,10 +8,10 @@
 /// remain, every tensor's data must lie inside the file, names are unique, and a malformed file
 /// is an error naming the file and the byte offset or the tensor. `write_gguf` writes the subset
 /// troupe produces (`troupe convert`, the tests' random models): scalar, string and array
-/// metadata, F32, F16 and Q8_0 tensors.
+/// metadata, and tensors of every type read.
 ///
-/// Tensor types read: F32, F16 and Q8_0 (blocks of 32 int8 values with one f16 scale), each
-/// dequantized to float32 by `tensor_floats`.
+/// Tensor types read: those the kernels compute in (kernels/cpu/quants.hpp: F32, F16, BF16,
+/// Q8_0, Q4_0, Q4_K, Q5_K, Q6_K); any tensor can also be read as float32 (`tensor_floats`).
 
 #include <cstdint>
 #include <map>
@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cpu/quants.hpp"
 #include "runtime/common/error.hpp"
 
 namespace troupe::model {
@@ -29,8 +30,8 @@ enum class gguf_type : uint32_t {
   u64 = 10, i64 = 11, f64 = 12,
 };
 
-/// ggml tensor types troupe reads (the numbers are ggml's).
-enum class ggml_type : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
+/// ggml tensor types troupe reads: the kernels' weight types (the numbers are ggml's).
+using ggml_type = kernels::cpu::weight_type;
 
 /// One metadata value. Integers of every width are held in `integer` (u64 values above
 /// INT64_MAX are refused when read), floats in `number`; an array's elements are in `items`,
@@ -83,18 +84,14 @@ struct gguf_file {
 /// Whether `bytes` start with GGUF's magic.
 [[nodiscard]] bool is_gguf(std::string_view bytes);
 
-/// The float32 values of tensor `t` of a file parsed from `bytes` (F16 and Q8_0 dequantized).
+/// The float32 values of tensor `t` of a file parsed from `bytes` (dequantized as ggml does).
 [[nodiscard]] std::vector<float> tensor_floats(std::string_view bytes, const gguf_file& f, const gguf_tensor& t);
 
-/// Rows [first_row, first_row + rows) of a Q8_0 tensor `t` (a row: dims[0] values) as they are
-/// stored: their int8 values appended to `q`, and each block of 32's f16 scale, as float32, to `s`.
-void append_q8_0_rows(std::string_view bytes, const gguf_file& f, const gguf_tensor& t, int64_t first_row, int64_t rows,
-                      std::vector<int8_t>& q, std::vector<float>& s);
+/// Where tensor `t`'s data starts in `bytes`.
+[[nodiscard]] const uint8_t* tensor_data(std::string_view bytes, const gguf_file& f, const gguf_tensor& t);
 
-/// A tensor to write: float32 data in ggml order (`dims[0]` contiguous), stored as `type`: F32;
-/// F16 rounded to nearest even; Q8_0 as ggml's reference quantizer does (per block of 32, the
-/// scale d = max |x| / 127 stored as f16, each value round(x / d)), so dims[0] must then be a
-/// multiple of 32.
+/// A tensor to write: float32 data in ggml order (`dims[0]` contiguous, a multiple of the type's
+/// block), stored as `type` by encode_row (ggml_encode.hpp).
 struct gguf_tensor_data {
   std::string name;
   std::vector<int64_t> dims;

@@ -110,14 +110,22 @@ struct tensor_view {
 
 struct checkpoint::mapping {
   std::optional<mapped_file> file;  // a llama2.c checkpoint: the weights are read in place
-  std::vector<float> owned;         // a GGUF's weights, converted to llama2.c's layout; a
-                                    // version-2 file's dequantized token embedding
-  std::vector<int8_t> quants;       // a Q8_0 GGUF file's matrices' int8 values
-  std::vector<float> scales;        // a version-2 or Q8_0 GGUF file's group scales (aligned)
-  std::optional<q80_weights> q80;   // a version-2 or Q8_0 GGUF file's matrices
+  std::vector<float> owned;         // a GGUF's weights, converted to llama2.c's layout (its
+                                    // vectors only when `stored`); a version-2 file's
+                                    // dequantized token embedding
+  std::vector<float> scales;        // a version-2 file's group scales (aligned)
+  std::optional<q80_weights> q80;   // a version-2 file's matrices
+  std::optional<stored_weights> stored;  // a GGUF file's matrices, in place in `file`
 };
 
 const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->q80 : nullptr; }
+
+const stored_weights* checkpoint::stored() const { return map_ && map_->stored ? &*map_->stored : nullptr; }
+
+int64_t checkpoint::resident_bytes() const {
+  const int64_t mapped = map_->file ? static_cast<int64_t>(map_->file->bytes().size()) : 0;
+  return mapped + static_cast<int64_t>((map_->owned.size() + map_->scales.size()) * sizeof(float));
+}
 
 bool model_config::is_llama2c() const {
   return rope_freq_base == 10000.0f && rope_freq_scale == 1.0f && rope_freq_factors.empty() &&
@@ -370,23 +378,23 @@ struct tensor_piece {
   int64_t first_row = 0;
   int64_t rows = 0;
   /// Where its float32 values are seen (a per-layer kind's layers lie in a row: layer 0's piece
-  /// starts the view), and the matrix of q80_weights it is when the model is computed in Q8_0.
+  /// starts the view), and the matrix of stored_weights it is when read in place.
   const float* weights::*view = nullptr;
-  std::vector<kernels::cpu::q80_matrix> q80_weights::*matrix = nullptr;
+  std::vector<kernels::cpu::quant_matrix> stored_weights::*matrix = nullptr;
   int32_t layer = -1;
 };
 
 /// The pieces of a GGUF model's tensors in llama2.c's order, then the architecture's extras.
 std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& a, const model_config& c) {
   using w = weights;
-  using q = q80_weights;
+  using q = stored_weights;
   const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
   const bool fused_qkv = a.may_fuse_qkv && f.tensor("blk.0.attn_qkv.weight") != nullptr;
   const std::vector<int64_t> qkv = {dim, qd + 2 * kv}, up = {dim, 2 * hidden};
   const auto part = [](const char* name, std::vector<int64_t> dims, const float* w::*view, int64_t first = 0,
                        int64_t rows = 0) { return tensor_piece{name, std::move(dims), first, rows, view}; };
   const auto matrix = [&](const char* name, std::vector<int64_t> dims, const float* w::*view,
-                          std::vector<kernels::cpu::q80_matrix> q::*m, int64_t first = 0, int64_t rows = 0) {
+                          std::vector<kernels::cpu::quant_matrix> q::*m, int64_t first = 0, int64_t rows = 0) {
     tensor_piece p = part(name, std::move(dims), view, first, rows);
     p.matrix = m;
     return p;
@@ -450,17 +458,14 @@ expected<void> check_tensors(const gguf_file& f, const architecture& a, const st
   return {};
 }
 
-/// A GGUF model's weights as troupe holds them: float32 views into `floats` (F16 tensors
-/// converted), and, when every matrix is Q8_0, the matrices as stored (`quants`, `scales`: groups
-/// of 32 in the kernels' Q8_0 view, computed as llama.cpp computes them); else Q8_0 tensors are
-/// dequantized too.
+/// A GGUF model's weights as troupe holds them: float32 views into `floats` (converted), and,
+/// unless every matrix is F32, the matrices in place in the file, in their own types (`stored`;
+/// the vectors are converted still).
 struct gguf_weights {
   model_config config;
   std::vector<float> floats;
-  std::vector<int8_t> quants;
-  std::vector<float> scales;
   weights views;
-  std::optional<q80_weights> q80;
+  std::optional<stored_weights> stored;
 };
 
 /// Whether `p` is the classifier: output.weight, or token_embd.weight when it is shared.
@@ -468,49 +473,44 @@ bool is_classifier(const tensor_piece& p, const model_config& c) {
   return p.view == &weights::wcls || (c.shared_classifier && p.view == &weights::token_embedding);
 }
 
-/// Reads `pieces` (checked by check_tensors) into `out`. When every matrix and the classifier is
-/// Q8_0, they are kept as stored (the token embedding is also dequantized: its rows are looked
-/// up); every other piece, and every piece otherwise, as float32. Then the views.
+/// Reads `pieces` (checked by check_tensors) into `out`: when every matrix (the embedding and the
+/// classifier too) is F32, all of them as float32; otherwise the matrices in place and the other
+/// pieces as float32. Then the views.
 void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<tensor_piece>& pieces, gguf_weights& out) {
   const model_config& c = out.config;
-  const bool q80 = std::all_of(pieces.begin(), pieces.end(), [&](const tensor_piece& p) {
-    return (p.matrix == nullptr && !is_classifier(p, c)) || f.tensor(p.name)->type == ggml_type::q8_0;
+  const auto is_matrix = [&](const tensor_piece& p) {
+    return p.matrix != nullptr || is_classifier(p, c) || p.view == &weights::token_embedding;
+  };
+  const bool in_place = std::any_of(pieces.begin(), pieces.end(), [&](const tensor_piece& p) {
+    return is_matrix(p) && f.tensor(p.name)->type != ggml_type::f32;
   });
   const auto rows = [&](const tensor_piece& p) { return p.rows == 0 ? f.tensor(p.name)->num_elements() / p.dims[0] : p.rows; };
-  const auto as_floats = [&](const tensor_piece& p) {
-    return !q80 || (p.matrix == nullptr && p.view != &weights::wcls);
-  };
-  const auto as_q80 = [&](const tensor_piece& p) { return q80 && (p.matrix != nullptr || is_classifier(p, c)); };
+  const auto as_floats = [&](const tensor_piece& p) { return !in_place || !is_matrix(p); };
   int64_t num_floats = 0;
   for (const tensor_piece& p : pieces)
     if (as_floats(p)) num_floats += rows(p) * p.dims[0];
   out.floats.reserve(static_cast<size_t>(num_floats));
-  std::vector<std::pair<size_t, size_t>> starts;  // each piece's in floats, and in quants / 32
+  std::vector<size_t> starts;  // each piece's in floats
   for (const tensor_piece& p : pieces) {
-    starts.emplace_back(out.floats.size(), out.scales.size());
-    if (as_q80(p)) append_q8_0_rows(bytes, f, *f.tensor(p.name), p.first_row, rows(p), out.quants, out.scales);
+    starts.push_back(out.floats.size());
     if (!as_floats(p)) continue;
     const std::vector<float> v = tensor_floats(bytes, f, *f.tensor(p.name));
     const auto first = v.begin() + p.first_row * p.dims[0];
     out.floats.insert(out.floats.end(), first, first + rows(p) * p.dims[0]);
   }
-  if (q80) {
-    out.q80.emplace();
-    out.q80->group_size = 32;
-    out.q80->activations = kernels::cpu::q80_activations::ggml;
-  }
+  if (in_place) out.stored.emplace();
   for (size_t i = 0; i < pieces.size(); i++) {
     const tensor_piece& p = pieces[i];
-    if (as_floats(p) && p.layer <= 0) out.views.*p.view = out.floats.data() + starts[i].first;
-    if (!as_q80(p)) continue;
-    const kernels::cpu::q80_matrix m{out.quants.data() + starts[i].second * 32, out.scales.data() + starts[i].second,
-                                     static_cast<int32_t>(rows(p)), static_cast<int32_t>(p.dims[0]), 32};
-    if (p.matrix != nullptr) ((*out.q80).*p.matrix).push_back(m);
-    if (is_classifier(p, c)) out.q80->wcls = m;
-    if (p.view == &weights::token_embedding) out.q80->token_embedding = m;
+    if (as_floats(p) && p.layer <= 0) out.views.*p.view = out.floats.data() + starts[i];
+    if (as_floats(p)) continue;
+    const gguf_tensor& t = *f.tensor(p.name);
+    const kernels::cpu::quant_matrix m{tensor_data(bytes, f, t) + p.first_row * kernels::cpu::row_bytes(t.type, p.dims[0]),
+                                       t.type, static_cast<int32_t>(rows(p)), static_cast<int32_t>(p.dims[0])};
+    if (p.matrix != nullptr) ((*out.stored).*p.matrix).push_back(m);
+    if (is_classifier(p, c)) out.stored->wcls = m;
+    if (p.view == &weights::token_embedding) out.stored->token_embedding = m;
   }
-  // A Q8_0 model's matrix views stay null, as a version-2 file's.
-  if (!q80 && c.shared_classifier) out.views.wcls = out.views.token_embedding;
+  if (!in_place && c.shared_classifier) out.views.wcls = out.views.token_embedding;
 }
 
 /// A GGUF model's shape and its weights (gguf_weights), with its RoPE and RMS-norm settings
@@ -537,10 +537,11 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
   c.vocab_size = static_cast<int32_t>(embedding->dims[1]);
   c.shared_classifier = f->tensor("output.weight") == nullptr;
 
-  // Each weight takes at least 34/32 bytes of the file (Q8_0): more than its size can hold
-  // cannot be there; reserving for it first would allocate what the header claims.
+  // Each weight takes at least half a byte of the file (Q4_0's and Q4_K's 4.5 bits): more than
+  // its size can hold cannot be there; reserving for it first would allocate what the header
+  // claims.
   const std::optional<int64_t> floats = num_weight_floats(c);
-  if (!floats || *floats > static_cast<int64_t>(bytes.size()))
+  if (!floats || *floats / 2 > static_cast<int64_t>(bytes.size()))
     return fail(errc::malformed_file, where(path) + "its metadata (dim " + std::to_string(c.dim) + ", " +
                                           std::to_string(c.n_layers) + " layers, feed_forward_length " +
                                           std::to_string(c.hidden_dim) + ") implies more weights than its " +
@@ -711,11 +712,75 @@ expected<std::pair<model_config, moe_weights>> parse_moe_header(std::string_view
 }
 
 expected<void> require_llama2c(const checkpoint& ck, const std::string& what) {
+  if (const stored_weights* g = ck.stored())
+    return fail(errc::invalid_argument, "model file '" + ck.path() + "' stores its matrices as " +
+                                            kernels::cpu::type_name(g->wq.front().type) + " (or a mix of types); " +
+                                            what + " reads float32 models: give it an F32 GGUF file");
   if (ck.config().is_llama2c()) return {};
   return fail(errc::invalid_argument, "model file '" + ck.path() + "' computes what a llama2.c-format file cannot " +
                                           "hold (its RoPE, RMS epsilon, head width, biases or norms); " + what +
                                           " writes llama2.c-format models");
 }
+
+namespace {
+
+/// Whether `count` 16-bit floats at `p` (stride `stride` bytes) are all finite: F16's exponent
+/// bits are `f16_exponent`, BF16's `bf16_exponent`.
+bool halves_finite(const uint8_t* p, int64_t count, int64_t stride, uint16_t exponent) {
+  for (int64_t i = 0; i < count; i++, p += stride) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    if ((h & exponent) == exponent) return false;
+  }
+  return true;
+}
+constexpr uint16_t f16_exponent = 0x7c00, bf16_exponent = 0x7f80;
+
+/// Whether row `r` of `m` holds only finite values: its floats, or its blocks' f16 scales (a
+/// block's other fields are integers).
+bool row_finite(const kernels::cpu::quant_matrix& m, int64_t r) {
+  using kernels::cpu::weight_type;
+  const uint8_t* row = m.row(r);
+  const int64_t blocks = m.n / kernels::cpu::block_elements(m.type), size = kernels::cpu::block_bytes(m.type);
+  switch (m.type) {
+    case weight_type::f32:
+      return first_non_finite(reinterpret_cast<const float*>(row), m.n) < 0;
+    case weight_type::f16: return halves_finite(row, m.n, 2, f16_exponent);
+    case weight_type::bf16: return halves_finite(row, m.n, 2, bf16_exponent);
+    case weight_type::q8_0: case weight_type::q4_0: return halves_finite(row, blocks, size, f16_exponent);
+    case weight_type::q4_k: case weight_type::q5_k:  // d and dmin
+      return halves_finite(row, blocks, size, f16_exponent) && halves_finite(row + 2, blocks, size, f16_exponent);
+    case weight_type::q6_k: return halves_finite(row + 208, blocks, size, f16_exponent);  // d, after the quants
+    case weight_type::q8_k: break;
+  }
+  TROUPE_ASSERT_MSG(false, "Q8_K weights are never loaded");
+  return false;
+}
+
+/// check_finite for the matrices of a GGUF model read in place: the first row holding a NaN or an
+/// infinity, by tensor, layer and row.
+expected<void> check_stored_finite(const stored_weights& g, const model_config& c, const std::string& path) {
+  std::vector<std::pair<const char*, const std::vector<kernels::cpu::quant_matrix>*>> kinds = {
+      {"wq", &g.wq}, {"wk", &g.wk}, {"wv", &g.wv}, {"wo", &g.wo}, {"w1", &g.w1}, {"w2", &g.w2}, {"w3", &g.w3}};
+  const std::vector<kernels::cpu::quant_matrix> embedding = {g.token_embedding}, classifier = {g.wcls};
+  kinds.insert(kinds.begin(), {"token_embedding", &embedding});
+  if (!c.shared_classifier) kinds.push_back({"wcls", &classifier});
+  for (const auto& [name, matrices] : kinds)
+    for (size_t l = 0; l < matrices->size(); l++) {
+      const kernels::cpu::quant_matrix& m = (*matrices)[l];
+      for (int64_t r = 0; r < m.d; r++) {
+        if (row_finite(m, r)) continue;
+        const bool per_layer = matrices != &embedding && matrices != &classifier;
+        const std::string layer = per_layer ? "layer " + std::to_string(l) + ", " : "";
+        return fail(errc::malformed_file, where(path) + "weight tensor " + name + " (" + kernels::cpu::type_name(m.type) +
+                                              ") holds NaN or an infinity (" + layer + "row " + std::to_string(r) +
+                                              "); the file is corrupt or the model diverged");
+      }
+    }
+  return {};
+}
+
+}  // namespace
 
 expected<void> check_finite(const checkpoint& ck) {
   const model_config& c = ck.config();
@@ -740,6 +805,9 @@ expected<void> check_finite(const checkpoint& ck) {
       tensors.push_back({k.name, first.s, layers, static_cast<int64_t>(k.d) * k.n / q->group_size});
     }
     if (!c.shared_classifier) tensors.push_back({"wcls", q->wcls.s, 0, c.vocab_size * dim / q->group_size});
+  } else if (const stored_weights* g = ck.stored()) {
+    tensors.erase(tensors.begin());  // the embedding is one of the matrices here
+    if (auto ok = check_stored_finite(*g, c, ck.path()); !ok) return ok;
   } else {
     const int64_t q_dim = c.q_dim();
     tensors.insert(tensors.end(), {{"wq", w.wq, layers, q_dim * dim},
@@ -843,11 +911,10 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     auto gguf = from_gguf(bytes, path);
     if (!gguf) return tl::unexpected(gguf.error());
     ck.config_ = gguf->config;
-    ck.weights_ = gguf->views;  // into the vectors moved below (their buffers move with them)
-    map->owned = std::move(gguf->floats);  // the weights, converted: the file is unmapped below
-    map->quants = std::move(gguf->quants);
-    map->scales = std::move(gguf->scales);
-    map->q80 = std::move(gguf->q80);
+    ck.weights_ = gguf->views;  // into the vector moved below (its buffer moves with it)
+    map->owned = std::move(gguf->floats);
+    map->stored = std::move(gguf->stored);
+    if (map->stored) map->file = std::move(*file);  // read in place; else unmapped below
   } else if (magic == q80_magic) {
     if (bytes.size() < static_cast<size_t>(q80_header_bytes))
       return fail(errc::malformed_file, where(path) + "only " + std::to_string(bytes.size()) +

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/quants.hpp"
 #include "runtime/common/error.hpp"
 #include "runtime/moe/routing.hpp"
 
@@ -60,7 +61,8 @@ struct model_config {
 
 /// Pointers into the mapped file, in llama2.c's names and shapes. A version-2 (Q8_0) checkpoint
 /// has the norms and the token embedding (dequantized at load, as runq.c does) here and its
-/// matrices in `q80_weights`: wq .. w3 and wcls are then null.
+/// matrices in `q80_weights`; a GGUF model computed in its stored types has its norms here and
+/// its matrices (the embedding too) in `stored_weights`: wq .. w3 and wcls are then null.
 struct weights {
   const float* token_embedding = nullptr;  ///< (vocab_size, dim)
   const float* rms_att = nullptr;          ///< (layer, dim)
@@ -82,15 +84,24 @@ struct weights {
   const float* k_norm = nullptr;  ///< (layer, head_size) when qk_norm
 };
 
-/// The matrices of a version-2 checkpoint or a GGUF file's Q8_0 tensors, one per layer, in the
-/// kernels' Q8_0 view; activations are quantized as runq.c (version 2) or llama.cpp (GGUF) does.
-struct q80_weights {
-  int32_t group_size = 0;
-  kernels::cpu::q80_activations activations = kernels::cpu::q80_activations::runq;
-  kernels::cpu::q80_matrix token_embedding;  ///< (vocab_size, dim)
-  std::vector<kernels::cpu::q80_matrix> wq, wk, wv, wo, w1, w2, w3;  ///< (layer)
-  kernels::cpu::q80_matrix wcls;  ///< == token_embedding if shared
+/// A model's matrices in one kernel view: one per layer, llama2.c's names and shapes.
+template <class Matrix>
+struct matrix_set {
+  Matrix token_embedding;  ///< (vocab_size, dim)
+  std::vector<Matrix> wq, wk, wv, wo, w1, w2, w3;  ///< (layer)
+  Matrix wcls;  ///< == token_embedding if shared
 };
+
+/// The matrices of a version-2 checkpoint in the kernels' Q8_0 view; activations are quantized
+/// as runq.c does.
+struct q80_weights : matrix_set<kernels::cpu::q80_matrix> {
+  int32_t group_size = 0;
+};
+
+/// The matrices of a GGUF model read in place, in the types the file stores them (any mix of
+/// kernels/cpu/quants.hpp's), computed as llama.cpp computes them: every GGUF model whose
+/// matrices are not all F32.
+using stored_weights = matrix_set<kernels::cpu::quant_matrix>;
 
 /// The FFN of a mixture-of-experts checkpoint: a router and `n_experts` SwiGLU experts per
 /// layer, each of model_config::hidden_dim hidden units. Its `weights` have no w1, w2, w3.
@@ -148,6 +159,11 @@ class checkpoint {
   [[nodiscard]] const weights& w() const { return weights_; }
   /// The Q8_0 matrices of a version-2 checkpoint; nullptr for float32 ones.
   [[nodiscard]] const q80_weights* q80() const;
+  /// The matrices of a GGUF model computed in its stored types; nullptr for every other model.
+  [[nodiscard]] const stored_weights* stored() const;
+  /// Bytes of weights the checkpoint holds in memory: the mapped file's tensor bytes it reads
+  /// in place and the copies it made (converted or dequantized values).
+  [[nodiscard]] int64_t resident_bytes() const;
   /// The experts of a mixture-of-experts checkpoint; nullptr for dense ones.
   [[nodiscard]] const moe_weights* moe() const { return moe_ ? &*moe_ : nullptr; }
   [[nodiscard]] const std::string& path() const { return path_; }

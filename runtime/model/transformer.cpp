@@ -27,7 +27,7 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
       exp_(ck.q80() ? cpu::exp_source::libm : cpu::exp_source::kernels) {
   const model_config& c = config_;
   const weights& w = ck_.w();
-  if (path_ == kernel_path::fast && ck_.q80() == nullptr) {
+  if (path_ == kernel_path::fast && ck_.q80() == nullptr && ck_.stored() == nullptr) {
     const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
     const moe_weights* m = ck_.moe();
     for (int64_t l = 0; l < c.n_layers; l++) {
@@ -79,6 +79,13 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
   const int64_t dim = c.dim,
                 per_layer = 2 * int64_t{c.q_dim()} * dim + 2 * int64_t{c.kv_dim()} * dim + 3 * dim * c.hidden_dim;
   matrix_weights_ = c.n_layers * per_layer + int64_t{c.vocab_size} * dim;
+  matrix_bytes_ = matrix_weights_ * (ck_.q80() ? 1 : 4);  // Q8_0: and a scale per group
+  if (const stored_weights* g = ck_.stored()) {
+    const auto bytes = [](const cpu::quant_matrix& m) { return int64_t{m.d} * cpu::row_bytes(m.type, m.n); };
+    matrix_bytes_ = bytes(g->wcls);
+    for (const auto* kind : {&g->wq, &g->wk, &g->wv, &g->wo, &g->w1, &g->w2, &g->w3})
+      for (const cpu::quant_matrix& m : *kind) matrix_bytes_ += bytes(m);
+  }
   set_thread_pool(nullptr);
 }
 
@@ -93,8 +100,20 @@ void transformer::set_thread_pool(cpu::thread_pool* pool) {
 }
 
 bool transformer::splits_rows() const {
-  const int64_t bytes = matrix_weights_ * (ck_.q80() ? 1 : 4);  // Q8_0: and a scale per group
-  return pool_ != nullptr && pool_->num_threads() > 1 && ck_.moe() == nullptr && bytes <= max_split_matrix_bytes;
+  return pool_ != nullptr && pool_->num_threads() > 1 && ck_.moe() == nullptr && matrix_bytes_ <= max_split_matrix_bytes;
+}
+
+int64_t transformer::resident_bytes() const {
+  int64_t packed = int64_t{wcls_.tiles.size()} * 4;
+  for (const layer_weights& l : layers_)
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3, &l.router}) packed += int64_t{m->tiles.size()} * 4;
+  const auto q80_bytes = [](const cpu::packed_q80& m) {
+    return int64_t{m.tiles.size()} + 4 * int64_t{m.scales.size() + m.sums.size()};
+  };
+  packed += q80_bytes(q80_wcls_);
+  for (const q80_layer_weights& l : q80_layers_)
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3}) packed += q80_bytes(*m);
+  return ck_.resident_bytes() + packed;
 }
 
 void transformer::set_expert_dispatch(const moe::expert_placement& placement, moe::expert_dispatch& dispatch) {
@@ -129,6 +148,11 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
   const weights& w = ck_.w();
   const moe_weights* m = ck_.moe();
   const int64_t l = layer, dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  if (const stored_weights* g = ck_.stored()) {
+    const std::vector<cpu::quant_matrix>* per_layer[] = {&g->wq, &g->wk, &g->wv, &g->wo, &g->w1, &g->w2, &g->w3};
+    matmul_stored(out, x, which == matrix::wcls ? g->wcls : (*per_layer[static_cast<int>(which)])[layer], rows, s, pool);
+    return;
+  }
   if (const q80_weights* q = ck_.q80()) {
     const std::vector<cpu::q80_matrix>* per_layer[] = {&q->wq, &q->wk, &q->wv, &q->wo, &q->w1, &q->w2, &q->w3};
     cpu::packed_q80 q80_layer_weights::*packed[] = {&q80_layer_weights::wq, &q80_layer_weights::wk,
@@ -171,11 +195,23 @@ void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& 
   s.xs.resize(std::max(s.xs.size(), static_cast<size_t>(rows) * groups));
   for (int32_t r = 0; r < rows; r++)
     cpu::quantize_q80(&s.xq[static_cast<size_t>(r) * w.n], &s.xs[static_cast<size_t>(r) * groups],
-                      x + static_cast<int64_t>(r) * w.n, w.n, w.group_size, ck_.q80()->activations);
+                      x + static_cast<int64_t>(r) * w.n, w.n, w.group_size);
   if (packed != nullptr)
     cpu::fast::matmul_q80(out, s.xq.data(), s.xs.data(), *packed, rows, pool);
   else
     cpu::reference::matmul_q80(out, s.xq.data(), s.xs.data(), w, rows);
+}
+
+void transformer::matmul_stored(float* out, const float* x, const cpu::quant_matrix& w, int32_t rows, scratch& s,
+                                cpu::thread_pool* pool) {
+  const cpu::weight_type type = cpu::dot_type(w.type);
+  const int64_t row_bytes = cpu::row_bytes(type, w.n);
+  s.xt.resize(std::max(s.xt.size(), static_cast<size_t>(rows * row_bytes)));
+  for (int32_t r = 0; r < rows; r++) cpu::quantize_activations(&s.xt[r * row_bytes], x + int64_t{r} * w.n, w.n, type);
+  if (path_ == kernel_path::fast)
+    cpu::fast::matmul(out, s.xt.data(), w, rows, pool);
+  else
+    cpu::reference::matmul(out, s.xt.data(), w, rows);
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
@@ -237,9 +273,14 @@ void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std
   const model_config& c = config_;
   const int32_t n = static_cast<int32_t>(rows.size());
   reserve(s, n);
-  for (int32_t r = 0; r < n; r++)
-    std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(rows[r].token) * c.dim, c.dim,
-                s.x.data() + static_cast<int64_t>(r) * c.dim);
+  const stored_weights* g = ck_.stored();
+  for (int32_t r = 0; r < n; r++) {
+    float* x = s.x.data() + static_cast<int64_t>(r) * c.dim;
+    if (g != nullptr)
+      cpu::dequantize_row(x, g->token_embedding.row(rows[r].token), g->token_embedding.type, c.dim);
+    else
+      std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(rows[r].token) * c.dim, c.dim, x);
+  }
   for (int32_t l = 0; l < num_layers && !expert_error_; l++) {
     attention_layer(rows, cache, l, s, pool);
     ffn_layer(n, l, s, pool);

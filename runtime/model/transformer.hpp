@@ -27,7 +27,8 @@ struct forward_row {
   bool want_logits = false;              ///< compute this row's logits (last token of a chunk)
 };
 
-/// Runs a checkpoint (float32, or Q8_0 as runq.c computes it, or a float32 mixture of experts).
+/// Runs a checkpoint (float32, or Q8_0 as runq.c computes it, or a float32 mixture of experts,
+/// or a GGUF model in its stored types as llama.cpp computes them).
 /// Owns packed weights, the RoPE table and scratch buffers; not thread-safe.
 class transformer {
  public:
@@ -65,6 +66,10 @@ class transformer {
   void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
                int32_t num_layers = 0);
 
+  /// Bytes of memory the weights take: the checkpoint's (checkpoint::resident_bytes) and the
+  /// packed copies the fast path made.
+  [[nodiscard]] int64_t resident_bytes() const;
+
   /// Why the last forward's experts could not be computed (a dispatch that refused or timed out:
   /// shards in other actors or processes), if so. That forward stopped at the failed layer: its
   /// logits and the K/V it wrote are meaningless.
@@ -94,6 +99,7 @@ class transformer {
     std::vector<float> scores;  // (threads, n_heads, seq_len); (n_heads, seq_len) for a group
     std::vector<int8_t> xq;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
     std::vector<float> xs;      // (rows, max(dim, hidden_dim) / group_size) their scales
+    std::vector<uint8_t> xt;    // activations in a stored matrix's dot type (GGUF models)
   };
 
   /// The model's matrices, by name.
@@ -111,6 +117,9 @@ class transformer {
   /// `packed`: w's packed copy (fast path) or nullptr (reference path).
   void matmul_q80(float* out, const float* x, const kernels::cpu::q80_matrix& w,
                   const kernels::cpu::packed_q80* packed, int32_t rows, scratch& s, kernels::cpu::thread_pool* pool);
+  /// A GGUF matrix in its stored type: x converted to its dot type first, as llama.cpp does.
+  void matmul_stored(float* out, const float* x, const kernels::cpu::quant_matrix& w, int32_t rows, scratch& s,
+                     kernels::cpu::thread_pool* pool);
   void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer, scratch& s,
                        kernels::cpu::thread_pool* pool);
   void ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);
@@ -136,6 +145,7 @@ class transformer {
   std::optional<error> expert_error_;                        // the last forward's failed dispatch
   int64_t num_forwards_ = 0;  // the turn of an MoE's replicas (moe::plan_dispatch)
   int64_t matrix_weights_ = 0;  // the weights of every matrix a token's forward reads
+  int64_t matrix_bytes_ = 0;    // their bytes
 
   kernels::cpu::thread_pool* pool_ = nullptr;
   std::vector<scratch> scratch_;  // [0]: a whole batch's; [g]: group g's when rows are split

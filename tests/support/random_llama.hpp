@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,9 +46,30 @@ struct random_llama_spec {
   /// Written as rope_freqs.weight as they are, when not empty (in place of Llama 3's).
   std::vector<float> rope_freqs;
   model::ggml_type type = model::ggml_type::f32;  // of the matrices and the embedding; norms stay F32
+  /// When set, attn_v, ffn_down and the classifier in this type, the rest in `type`: llama.cpp's
+  /// Q4_K_M gives them Q6_K's extra bits (every layer's here, where llama.cpp picks some).
+  std::optional<model::ggml_type> wide_type;
   std::string extra_tensor;  ///< written (4 F32 values) beside llama's tensors, when not empty
   uint64_t seed = 1;
 };
+
+/// llama.cpp's general.file_type for a file of `s`'s types (LLAMA_FTYPE_*).
+inline int64_t random_llama_file_type(const random_llama_spec& s) {
+  using model::ggml_type;
+  if (s.wide_type) return s.type == ggml_type::q5_k ? 17 : 15;  // Q5_K_M, Q4_K_M
+  switch (s.type) {
+    case ggml_type::f32: return 0;
+    case ggml_type::f16: return 1;
+    case ggml_type::q4_0: return 2;
+    case ggml_type::q8_0: return 7;
+    case ggml_type::q4_k: return 14;  // Q4_K_S
+    case ggml_type::q5_k: return 16;  // Q5_K_S
+    case ggml_type::q6_k: return 18;
+    case ggml_type::bf16: return 32;
+    case ggml_type::q8_k: break;
+  }
+  return 0;
+}
 
 inline constexpr int32_t random_llama_bos = 256;
 inline constexpr int32_t random_llama_eot = 257;
@@ -150,7 +172,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
                         // Not naming the family: llama.cpp sets token attributes by a "phi3" in
                         // general.name, looking up SentencePiece's "</s>" and failing without it.
                         {"general.name", v::of_string("random model")},
-                        {"general.file_type", u32(s.type == ggml_type::f32 ? 0 : s.type == ggml_type::f16 ? 1 : 7)},
+                        {"general.file_type", u32(random_llama_file_type(s))},
                         {a + "context_length", u32(s.context_length)},
                         {a + "embedding_length", u32(s.dim)},
                         {a + "block_count", u32(s.n_layers)},
@@ -179,6 +201,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     return x;
   };
   const float in_dim = 1.0f / std::sqrt(static_cast<float>(dim)), in_hidden = 1.0f / std::sqrt(static_cast<float>(hidden));
+  const ggml_type wide = s.wide_type.value_or(s.type);
   add("token_embd.weight", {dim, vocab}, random_values(state, dim * vocab, 1.0f), s.type);
   for (int32_t l = 0; l < s.n_layers; l++) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -191,7 +214,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     } else {
       add(p + "attn_q.weight", {dim, q_dim}, wq, s.type);
       add(p + "attn_k.weight", {dim, kv_dim}, wk, s.type);
-      add(p + "attn_v.weight", {dim, kv_dim}, wv, s.type);
+      add(p + "attn_v.weight", {dim, kv_dim}, wv, wide);
     }
     const float in_q = 1.0f / std::sqrt(static_cast<float>(q_dim));
     add(p + "attn_output.weight", {q_dim, dim}, random_values(state, q_dim * dim, 1.5f * in_q), s.type);
@@ -205,7 +228,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
       add(p + "ffn_gate.weight", {dim, hidden}, gate, s.type);
       add(p + "ffn_up.weight", {dim, hidden}, up, s.type);
     }
-    add(p + "ffn_down.weight", {hidden, dim}, down, s.type);
+    add(p + "ffn_down.weight", {hidden, dim}, down, wide);
     if (s.arch == "qwen2") {
       add(p + "attn_q.bias", {q_dim}, random_values(state, q_dim, 0.5f), ggml_type::f32);
       add(p + "attn_k.bias", {kv_dim}, random_values(state, kv_dim, 0.5f), ggml_type::f32);
@@ -218,7 +241,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
   }
   add("output_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
   // Logits = output · x with x of unit RMS: a standard deviation of about 10.
-  add("output.weight", {dim, vocab}, random_values(state, dim * vocab, 17.0f * in_dim), s.type);
+  add("output.weight", {dim, vocab}, random_values(state, dim * vocab, 17.0f * in_dim), wide);
   if (!s.rope_freqs.empty())
     add("rope_freqs.weight", {static_cast<int64_t>(s.rope_freqs.size())}, s.rope_freqs, ggml_type::f32);
   else if (s.llama3_factor > 0)
