@@ -116,6 +116,15 @@ TEST_F(Cli, RejectsStepsBeyondTheContext) {
   expect_rejected({"generate", "-n", "512"}, "exceeds the model's context of 512 tokens");
   expect_rejected({"generate", "--prompt", "Once upon a time", "-n", "510"}, "exceeds the model's context");
   expect_rejected({"generate", "-n", "0"}, "must be > 0");
+  // --ctx-size (alias --max-model-len) clips the model's context; the golden text's first 100
+  // tokens fit in 101 (BOS and 100 new), not in 100.
+  expect_rejected({"generate", "--ctx-size", "100", "-n", "100"}, "exceeds the model's context of 100 tokens");
+  expect_rejected({"generate", "--max-model-len", "0"}, "--ctx-size: Value 0 not in range 1 to 16777216");
+  const cli_result r = run({"generate", "--ctx-size", "101", "-t", "0", "-n", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string golden =
+      testing::read_file(testing::test_data("stories260K/golden/llama2c_test_all__t0_n200.txt"));
+  EXPECT_EQ(golden.rfind(r.out.substr(0, r.out.size() - 1), 0), 0u) << r.out;
 }
 
 TEST_F(Cli, RejectsBadSamplingParameters) {

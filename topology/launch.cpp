@@ -22,6 +22,7 @@
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/tokenizer/served_template.hpp"
 #include "actors/edge/disk_tier.hpp"
+#include "topology/load_progress.hpp"
 
 namespace troupe::topology {
 namespace {
@@ -262,7 +263,10 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
                                    const node_resources& shared, uint64_t ucx_tag_base, int32_t& context_tokens,
                                    actors::expert_shard_list& spawned) {
   const auto load_start = std::chrono::steady_clock::now();
-  auto ck = model::checkpoint::load(e.model_path);  // weights pre-faulted: read from disk here
+  model::load_options load;  // weights pre-faulted: read from disk here
+  load.progress = load_progress(e.model_path);
+  load.max_context = e.max_context;
+  auto ck = model::checkpoint::load(e.model_path, load);
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
   spdlog::info("engine '{}': loaded {} in {} ms{}", e.name, e.model_path,
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - load_start)

@@ -532,13 +532,16 @@ struct listener {
   return read_draft_model(ctx, table, where, config.speculation);
 }
 
-/// The keys of an [[engine]] beyond the engine_config's: the executor's threads, the expert
-/// shards' timing, the step log.
+/// The keys of an [[engine]] beyond the engine_config's: the executor's threads, the longest
+/// context, the expert shards' timing, the step log.
 [[nodiscard]] expected<void> read_engine_spec_keys(const context& ctx, const toml::table& table,
                                                    const scope& where, engine_spec& engine) {
   auto threads = read_int(ctx, table, where, "executor_threads", engine.executor_threads, 1, 64);
   if (!threads) return tl::unexpected(threads.error());
   engine.executor_threads = *threads;
+  auto max_context = read_int(ctx, table, where, "max_model_len", engine.max_context, 0, 1 << 24);
+  if (!max_context) return tl::unexpected(max_context.error());
+  engine.max_context = *max_context;
   auto expert_timeout = read_int(ctx, table, where, "expert_timeout_ms", engine.expert_timeout_ms, 1, 600000);
   if (!expert_timeout) return tl::unexpected(expert_timeout.error());
   engine.expert_timeout_ms = *expert_timeout;
@@ -564,7 +567,8 @@ struct listener {
 /// The keys an [[engine]] table may hold: its own, then the engine keys of the key table.
 [[nodiscard]] std::vector<std::string_view> engine_table_keys() {
   std::vector<std::string_view> known = {"name", "node", "role", "model", "tokenizer", "calibration",
-                                         "draft_model", "executor_threads", "step_log", "expert_timeout_ms",
+                                         "draft_model", "executor_threads", "max_model_len", "step_log",
+                                         "expert_timeout_ms",
                                          "expert_window_steps", "expert_capacity", "expert_moe_lb_max",
                                          "expert_move_steps_max"};
   for (const engine::engine_key& key : engine::engine_keys()) known.push_back(key.name);

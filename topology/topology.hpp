@@ -210,6 +210,8 @@ struct engine_spec {
   std::string tokenizer_path;  ///< absolute, lexically normalized; an existing regular file
   engine::engine_config config;
   int32_t executor_threads = 1;
+  /// The longest context it serves (model::load_options::max_context): 0 = the model's.
+  int32_t max_context = 0;
   std::string step_log;        ///< the executor logs every step here (troupe calibrate --log); "" = off
   int32_t expert_timeout_ms = 10000;  ///< how long an MoE layer waits for its expert shards
   /// Reassignment of its expert shards' experts (moe::reassignment_options): off with 0 window

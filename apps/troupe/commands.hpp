@@ -19,6 +19,10 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "runtime/spec/spec_config.hpp"
 
+namespace troupe::topology {
+struct engine_spec;
+}
+
 namespace troupe::cli {
 
 using action = std::function<int()>;
@@ -94,9 +98,17 @@ std::function<void(const msg::completion_chunk&)> chunk_printer(std::string echo
 /// and clamp 2^64 and beyond to it.
 CLI::Validator seed_validator();
 
-/// `--threads N` (generate, serve -m): the generated engine's kernel threads, the topology's
-/// `executor_threads` and its bounds (no short form: -t is the temperature).
-CLI::Option* add_threads_flag(CLI::App* cmd, int32_t& threads);
+/// The generated engine's flags (generate, serve -m): `--threads N`, its kernel threads (the
+/// topology's `executor_threads` and its bounds; no short form: -t is the temperature), and
+/// `--ctx-size N` (alias `--max-model-len`), the longest context a request may have (prompt and
+/// output; default the model's), the KV pool growing to hold one such request.
+struct engine_flags {
+  int32_t threads = 1;
+  int32_t ctx_size = 0;  ///< 0 = the model's context length
+  /// The flags, for a group or an exclusion.
+  std::vector<CLI::Option*> add_to(CLI::App* cmd);
+  void apply(topology::engine_spec& e) const;
+};
 
 /// `--chat-template FILE` and `--template-date YYYY-MM-DD` (serve, node, render-chat).
 struct chat_template_flags {

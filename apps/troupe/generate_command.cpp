@@ -21,7 +21,7 @@ namespace {
 struct generate_options {
   std::string model = default_model_path();
   std::string tokenizer;  ///< "": the GGUF model's own, else the bundled one (tokenizer_path_for)
-  int32_t threads = 1;  ///< the engine's executor_threads (the actors' path; --reference runs on one)
+  engine_flags engine;  ///< the actors' path's (--reference runs on one thread, the model's context)
   completion_flags flags;
   speculation_flags speculation;
   bool no_echo = false;
@@ -60,7 +60,7 @@ int run_reference(const generate_options& o) {
 int run_actors(const generate_options& o) {
   topology::topology t = topology::single_node(o.model, tokenizer_path_for(o.tokenizer, o.model));
   if (o.reference_kernels) t.engines[0].config.kernels = model::kernel_path::reference;
-  t.engines[0].executor_threads = o.threads;
+  o.engine.apply(t.engines[0]);
   if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return fail_with(ok.error());
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg, topology::node_compute_threads(t, "local"));
@@ -89,7 +89,7 @@ action add_generate(CLI::App& app) {
   cmd->add_option("--model,-m", o->model, "llama2.c checkpoint or GGUF model")->capture_default_str();
   cmd->add_option("--tokenizer,-z", o->tokenizer, tokenizer_flag_help());
   o->flags.add_to(cmd);
-  add_threads_flag(cmd, o->threads);
+  o->engine.add_to(cmd);
   o->speculation.add_to(cmd);
   cmd->add_flag("--no-echo", o->no_echo, "do not print the prompt before the completion");
   cmd->add_flag("--reference", o->reference, "run the single-sequence reference generator, not the actors");

@@ -1,10 +1,12 @@
 // Where the running binary finds its bundled files, and what it is (`troupe --version`).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
 
 #include "apps/troupe/commands.hpp"
 #include "runtime/common/gguf.hpp"
+#include "topology/topology.hpp"
 #include "troupe_version.hpp"  // generated at build time (apps/CMakeLists.txt)
 
 namespace troupe::cli {
@@ -48,12 +50,22 @@ std::string tokenizer_path_for(const std::string& given, const std::string& mode
   in.read(magic, sizeof magic);
   return model::is_gguf(std::string_view(magic, static_cast<size_t>(in.gcount()))) ? model : default_tokenizer_path();
 }
-CLI::Option* add_threads_flag(CLI::App* cmd, int32_t& threads) {
-  return cmd
-      ->add_option("--threads", threads,
-                   "kernel threads of the engine's step executor (the topology's executor_threads)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+std::vector<CLI::Option*> engine_flags::add_to(CLI::App* cmd) {
+  return {cmd->add_option("--threads", threads,
+                          "kernel threads of the engine's step executor (the topology's executor_threads)")
+              ->check(CLI::Range(1, 64))
+              ->capture_default_str(),
+          cmd->add_option("--ctx-size,--max-model-len", ctx_size,
+                          "the longest context a request may have, prompt and output (default: the model's); "
+                          "the KV pool grows to hold one")
+              ->check(CLI::Range(1, 1 << 24))};
+}
+
+void engine_flags::apply(topology::engine_spec& e) const {
+  e.executor_threads = threads;
+  e.max_context = ctx_size;
+  const int32_t blocks = (ctx_size + e.config.block_size - 1) / e.config.block_size;
+  e.config.num_kv_blocks = std::max(e.config.num_kv_blocks, blocks);
 }
 
 std::string tokenizer_flag_help() {

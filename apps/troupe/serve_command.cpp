@@ -103,7 +103,7 @@ struct serve_options {
   std::string tokenizer;  ///< "": the GGUF model's own, else the bundled one (tokenizer_path_for)
   std::string address = "127.0.0.1";
   uint16_t port = 7100;  ///< 0 = any free port (the bound one is printed)
-  int32_t threads = 1;   ///< the generated engine's executor_threads
+  engine_flags engine;   ///< the generated engine's
   int32_t http_port = -1;  ///< the HTTP gateway's port: -1 = the topology's [http], 0 = any free one (printed)
   std::string http_address;   ///< "" = the topology's [http] host, else 127.0.0.1
   int32_t msgpack_port = -1;  ///< the msgpack gateway's port: -1 = none, 0 = any free one (printed)
@@ -134,7 +134,7 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   topology::topology t = topology::single_node(o.model, tokenizer_path_for(o.tokenizer, o.model));
   t.nodes[0].address = o.address;
   t.nodes[0].port = o.port;
-  t.engines[0].executor_threads = o.threads;
+  o.engine.apply(t.engines[0]);
   if (auto ok = o.speculation.apply(t.engines[0].config.speculation); !ok) return tl::unexpected(ok.error());
   return t;
 }
@@ -303,8 +303,8 @@ std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o
       cmd->add_option("--tokenizer,-z", o.tokenizer, tokenizer_flag_help()),
       cmd->add_option("--host", o.address, "address to listen on"),
       cmd->add_option("--port", o.port, "port to listen on; 0 = any free one (printed)"),
-      add_threads_flag(cmd, o.threads),
   };
+  for (CLI::Option* flag : o.engine.add_to(cmd)) flags.push_back(flag);
   const char* group = "Instead of --topology: serve one generated node";
   for (CLI::Option* flag : flags) flag->capture_default_str()->group(group);
   for (CLI::Option* flag : o.speculation.add_to(cmd, group)) flags.push_back(flag);

@@ -6,6 +6,8 @@
 /// at open (MAP_POPULATE), so the first request does not page-fault them in one by one.
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -17,8 +19,14 @@ class mapped_file {
  public:
   /// Maps `path`. Errors (io_error) carry only the reason — the system's ("No such file or
   /// directory"), "not a regular file", or "mmap: <reason>" — for the caller to name the file.
-  /// With `prefault`, the whole file is read into memory (and mapped) before open returns.
-  [[nodiscard]] static expected<mapped_file> open(const std::string& path, bool prefault = false);
+  /// With `prefault`, the whole file is read into memory (and mapped) before open returns, in
+  /// chunks of `prefault_chunk` bytes after each of which `progress(bytes read, file size)` is
+  /// called (when given).
+  [[nodiscard]] static expected<mapped_file> open(const std::string& path, bool prefault = false,
+                                                  const std::function<void(int64_t, int64_t)>& progress = {});
+
+  /// How much of a file prefaulting reads between two progress calls.
+  static constexpr int64_t prefault_chunk = int64_t{64} << 20;
 
   mapped_file(mapped_file&& other) noexcept;
   mapped_file& operator=(mapped_file&& other) noexcept;

@@ -54,6 +54,9 @@ class step_executor {
   [[nodiscard]] exec_result execute(const exec_plan& plan, const grammar::grammar_table& grammars = {});
 
   [[nodiscard]] const model::model_config& config() const { return model_.config(); }
+  /// For the operator's start-up line: bytes of the weights and of the KV pool.
+  [[nodiscard]] int64_t weight_bytes() const { return model_.resident_bytes(); }
+  [[nodiscard]] int64_t kv_bytes() const { return cache_.bytes(); }
 
   /// An MoE model's experts through `dispatch` (borrowed; shards elsewhere), which hold them as
   /// `placement` says (model::transformer::set_expert_dispatch).

@@ -1,10 +1,12 @@
 #include "runtime/model/checkpoint.hpp"
 
 #include <algorithm>
-#include <iterator>
-#include <set>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <set>
 #include <initializer_list>
 #include <optional>
 #include <sstream>
@@ -462,6 +464,7 @@ expected<void> check_tensors(const gguf_file& f, const architecture& a, const st
 /// unless every matrix is F32, the matrices in place in the file, in their own types (`stored`;
 /// the vectors are converted still).
 struct gguf_weights {
+  std::string architecture;
   model_config config;
   std::vector<float> floats;
   weights views;
@@ -549,6 +552,7 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
   const std::vector<tensor_piece> pieces = tensor_pieces(*f, a, c);
   if (auto ok = check_tensors(*f, a, pieces, path); !ok) return tl::unexpected(ok.error());
   gguf_weights out;
+  out.architecture = a.name;
   out.config = c;
   read_pieces(bytes, *f, pieces, out);
   return out;
@@ -709,6 +713,45 @@ expected<std::pair<model_config, moe_weights>> parse_moe_header(std::string_view
   if (auto ok = check_file_size(*c, static_cast<int64_t>(bytes.size()), size, path); !ok)
     return tl::unexpected(ok.error());
   return std::make_pair(*c, m);
+}
+
+std::string describe(const checkpoint& ck, int64_t resident_bytes) {
+  const model_config& c = ck.config();
+  // Parameters by the type they are computed in: the matrices', and the vectors' float32.
+  std::map<std::string, int64_t> by_type;
+  const int64_t layers = c.n_layers, dim = c.dim, experts = ck.moe() ? ck.moe()->n_experts : 1;
+  const int64_t matrices = layers * (int64_t{c.q_dim()} * dim * 2 + int64_t{c.kv_dim()} * dim * 2 +
+                                     3 * dim * c.hidden_dim * experts) +
+                           int64_t{c.vocab_size} * dim * (c.shared_classifier ? 1 : 2);
+  if (const stored_weights* g = ck.stored()) {
+    const auto add = [&](const kernels::cpu::quant_matrix& m) { by_type[kernels::cpu::type_name(m.type)] += int64_t{m.d} * m.n; };
+    add(g->token_embedding);
+    if (!c.shared_classifier) add(g->wcls);
+    for (const auto* kind : {&g->wq, &g->wk, &g->wv, &g->wo, &g->w1, &g->w2, &g->w3})
+      for (const kernels::cpu::quant_matrix& m : *kind) add(m);
+  } else {
+    by_type[ck.q80() ? "Q8_0" : "F32"] += matrices;
+  }
+  int64_t vectors = layers * dim * 2 + dim + (c.qkv_bias ? layers * (c.q_dim() + 2 * int64_t{c.kv_dim()}) : 0) +
+                    (c.qk_norm ? layers * 2 * c.head_size() : 0);
+  if (const moe_weights* m = ck.moe()) vectors += layers * m->n_experts * (dim + 1);  // the router
+  by_type["F32"] += vectors;
+  int64_t total = 0;
+  for (const auto& [type, n] : by_type) total += n;
+  std::vector<std::pair<int64_t, std::string>> shares;
+  for (const auto& [type, n] : by_type) shares.emplace_back(-n, type);
+  std::sort(shares.begin(), shares.end());
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, total >= 1'000'000'000 ? "%.2f B" : "%.1f M",
+                static_cast<double>(total) / (total >= 1'000'000'000 ? 1e9 : 1e6));
+  std::string out = ck.architecture() + (ck.moe() ? " (mixture of experts)" : "") + ", " + buffer + " parameters (";
+  for (size_t i = 0; i < shares.size(); i++) {
+    const double percent = -100.0 * static_cast<double>(shares[i].first) / static_cast<double>(total);
+    std::snprintf(buffer, sizeof buffer, percent < 1 ? "%.1f%%" : "%.0f%%", percent);
+    out += (i ? ", " : "") + shares[i].second + " " + buffer;
+  }
+  std::snprintf(buffer, sizeof buffer, "%.1f MiB", static_cast<double>(resident_bytes) / (1 << 20));
+  return out + "), " + buffer + " of weights resident";
 }
 
 expected<void> require_llama2c(const checkpoint& ck, const std::string& what) {
@@ -895,7 +938,7 @@ weights q80_views(const model_config& c, int32_t group_size, std::string_view by
 }  // namespace
 
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
-  auto file = mapped_file::open(path, options.prefault);
+  auto file = mapped_file::open(path, options.prefault, options.progress);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
   const std::string_view bytes = file->bytes();
   if (bytes.size() < static_cast<size_t>(header_bytes))
@@ -911,6 +954,7 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     auto gguf = from_gguf(bytes, path);
     if (!gguf) return tl::unexpected(gguf.error());
     ck.config_ = gguf->config;
+    ck.architecture_ = std::move(gguf->architecture);
     ck.weights_ = gguf->views;  // into the vector moved below (its buffer moves with it)
     map->owned = std::move(gguf->floats);
     map->stored = std::move(gguf->stored);
@@ -949,6 +993,7 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   if (options.check_finite) {
     if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());
   }
+  if (options.max_context > 0) ck.config_.seq_len = std::min(ck.config_.seq_len, options.max_context);
   return ck;
 }
 

@@ -6,6 +6,7 @@
 /// 256-byte header extending llama2.c's, then float32 weights; docs/moe.md).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,9 +141,14 @@ struct load_options {
   /// Scan every weight for NaN and infinities (one pass over the file, cheap next to reading it
   /// for the first forward pass). Off only in tests that need a poisoned model to run.
   bool check_finite = true;
-  /// Read the whole file into memory at load (MAP_POPULATE), so the first request does not
-  /// fault the weights in page by page. Off only to measure the difference (bench_warm_start).
+  /// Read the whole file into memory at load, so the first request does not fault the weights
+  /// in page by page. Off only to measure the difference (bench_warm_start).
   bool prefault = true;
+  /// The longest context (prompt and output, in tokens) to serve: model_config::seq_len is the
+  /// file's, clipped to this when > 0 (`--ctx-size`).
+  int32_t max_context = 0;
+  /// Called as the file is read (bytes read, file size), when given: progress for an operator.
+  std::function<void(int64_t, int64_t)> progress;
 };
 
 /// A loaded checkpoint: config plus weight views into a read-only memory map. Move-only; the
@@ -167,15 +173,23 @@ class checkpoint {
   /// The experts of a mixture-of-experts checkpoint; nullptr for dense ones.
   [[nodiscard]] const moe_weights* moe() const { return moe_ ? &*moe_ : nullptr; }
   [[nodiscard]] const std::string& path() const { return path_; }
+  /// The file's architecture: a GGUF file's general.architecture, or "llama2.c".
+  [[nodiscard]] const std::string& architecture() const { return architecture_; }
 
  private:
   struct mapping;
   std::string path_;
+  std::string architecture_ = "llama2.c";
   model_config config_;
   weights weights_;
   std::optional<moe_weights> moe_;
   std::shared_ptr<const mapping> map_;
 };
+
+/// One line for an operator: architecture, parameters, the types they are computed in (with
+/// their share), resident bytes; e.g. "qwen2, 494.0 M parameters (Q4_K 70%, Q6_K 27%, F32 3%),
+/// 380.2 MiB resident".
+[[nodiscard]] std::string describe(const checkpoint& ck, int64_t resident_bytes);
 
 /// Refuses (errc::invalid_argument, naming `what`, the tool) a model that a llama2.c-format file
 /// cannot hold (model_config::is_llama2c): what `what` writes would compute another model.

@@ -21,6 +21,8 @@ class kv_cache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
   [[nodiscard]] int32_t kv_dim() const { return kv_dim_; }
   [[nodiscard]] int32_t num_layers() const { return n_layers_; }
+  /// Bytes of the pool: keys and values of every layer, block and slot.
+  [[nodiscard]] int64_t bytes() const { return static_cast<int64_t>((keys_.size() + values_.size()) * sizeof(float)); }
 
   /// Keys of `layer`: (num_blocks, kv_dim, block_size), transposed within each block.
   [[nodiscard]] float* keys(int32_t layer) { return keys_.data() + layer_offset(layer); }

@@ -50,6 +50,9 @@ struct random_llama_spec {
   /// Q4_K_M gives them Q6_K's extra bits (every layer's here, where llama.cpp picks some).
   std::optional<model::ggml_type> wide_type;
   std::string extra_tensor;  ///< written (4 F32 values) beside llama's tensors, when not empty
+  /// The vocabulary padded to this many tokens with reserved control tokens, as Llama 3's is
+  /// (a real model's shape for benchmarks); 0: the synthetic vocabulary's own size.
+  int32_t vocab_size = 0;
   uint64_t seed = 1;
 };
 
@@ -110,7 +113,7 @@ inline std::vector<std::string> family_tokens(const std::string& arch) {
 
 /// The synthetic vocabulary's metadata (see the file comment) for architecture `arch`; its size
 /// is returned in `*size`.
-inline gguf_metadata random_llama_vocab(const std::string& arch, int32_t* size) {
+inline gguf_metadata random_llama_vocab(const std::string& arch, int32_t* size, int32_t pad_to = 0) {
   using v = model::gguf_value;
   std::vector<v> texts, types, merges;
   for (int b = 0; b < 256; ++b) {
@@ -129,6 +132,10 @@ inline gguf_metadata random_llama_vocab(const std::string& arch, int32_t* size) 
     }
   for (const std::string& special : family_tokens(arch)) {
     texts.push_back(v::of_string(special));
+    types.push_back(v::of_int(model::gguf_type::i32, 3));  // control
+  }
+  while (static_cast<int32_t>(texts.size()) < pad_to) {
+    texts.push_back(v::of_string("<|reserved_special_token_" + std::to_string(texts.size()) + "|>"));
     types.push_back(v::of_int(model::gguf_type::i32, 3));  // control
   }
   *size = static_cast<int32_t>(texts.size());
@@ -186,7 +193,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     meta.push_back({a + "attention.key_length", u32(s.head_dim)});
     meta.push_back({a + "attention.value_length", u32(s.head_dim)});
   }
-  for (auto& kv : random_llama_vocab(s.arch, &vocab)) meta.push_back(std::move(kv));
+  for (auto& kv : random_llama_vocab(s.arch, &vocab, s.vocab_size)) meta.push_back(std::move(kv));
   if (edit) edit(meta);
   const int64_t dim = s.dim, hidden = s.hidden_dim, q_dim = head * s.n_heads, kv_dim = head * s.n_kv_heads;
   uint64_t state = s.seed;

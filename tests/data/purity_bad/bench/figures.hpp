@@ -1,0 +1,2 @@
+#pragma once
+// A benchmark header, above tests/support.

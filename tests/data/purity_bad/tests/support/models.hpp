@@ -1,0 +1,3 @@
+#pragma once
+// The tests' fixtures may not reach the benchmarks above them.
+#include "bench/figures.hpp"
