@@ -513,10 +513,9 @@ TEST(BenchServeReadme, TheExampleRunsAgainstTroupeServeAsWritten) {
   {
     server_process server(dir, {"serve", "--port", "0", "--http-port", "0"});
     ASSERT_TRUE(server.started());
-    const std::string out = server.read_until("HTTP gateway listening on http://");
-    const size_t url_at = out.find("http://");
-    ASSERT_NE(url_at, std::string::npos) << out << server.err();
-    const std::string url = out.substr(url_at, out.find('\n', url_at) - url_at);
+    const std::string out = server.read_until(http_listening_line);
+    const std::string url = http_url_in(out);
+    ASSERT_FALSE(url.empty()) << out << server.err();
     std::string command = std::regex_replace(written, std::regex("http://127\\.0\\.0\\.1:8000"), url);
     command = std::regex_replace(command, std::regex("^build/apps/troupe"), TROUPE_CLI_PATH);
     const cli_result r = run_program("/bin/bash", {"-c", "cd '" + dir.string() + "' && " + command}, dir);

@@ -30,6 +30,7 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/npm_packages.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
 
@@ -69,11 +70,9 @@ class Http : public ::testing::Test {
     if (std::find(args.begin(), args.end(), "--http-port") == args.end()) args.insert(args.end(), {"--http-port", "0"});
     server_ = std::make_unique<server_process>(dir_, args);
     ASSERT_TRUE(server_->started());
-    const std::string out = server_->read_until("HTTP gateway listening on http://");
-    const size_t at = out.find("http://", out.find("HTTP gateway listening on"));
-    ASSERT_NE(at, std::string::npos) << out << server_->err();
-    url_ = out.substr(at, out.find('\n', at) - at);
-    startup_ = out;
+    startup_ = server_->read_until(http_listening_line);
+    url_ = http_url_in(startup_);
+    ASSERT_FALSE(url_.empty()) << startup_ << server_->err();
   }
 
   /// `curl` of `path` (a POST of `body` when it is not empty): the status and the body.
@@ -179,13 +178,9 @@ TEST_F(Http, ReadmeCurlExamplesWorkAsWritten) {
 }
 
 TEST_F(Http, TheOfficialOpenaiClientStreamsTheGreedyAndTheSeededText) {
-  const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
-  const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
-  if (deps.exit_code != 0) GTEST_SKIP() << "the npm package openai@4 cannot be installed (no npm or no registry):\n" << deps.err;
+  if (const std::string missing = npm_package_missing("openai@4", dir_); !missing.empty()) GTEST_SKIP() << missing;
   ASSERT_NO_FATAL_FAILURE(start());
-  ::setenv("NODE_PATH", (packages + "/node_modules").c_str(), 1);
-  const cli_result r = run_program("/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/tests/clients/openai_stream.cjs",
-                                                     url_ + "/v1", prompt, "40"}, dir_);
+  const cli_result r = run_node("tests/clients/openai_stream.cjs", {url_ + "/v1", prompt, "40"}, dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // The API's top_p defaults to 1, generate's to 0.9.
   const std::string seeded = generated({"-t", "1", "-s", "42", "--top-p", "1", "-n", "40"});
@@ -205,17 +200,14 @@ TEST_F(Http, TheOfficialOpenaiClientStreamsTheGreedyAndTheSeededText) {
 TEST_F(Http, TheWebPageStreamsTheGreedyCompletionInHeadlessChromium) {
   const std::string chromium = "/usr/bin/chromium";
   if (!fs::exists(chromium)) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh installs it)";
-  const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
-  const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
-  if (deps.exit_code != 0) GTEST_SKIP() << "the npm package playwright-core cannot be installed (no npm or no registry):\n" << deps.err;
+  if (const std::string missing = npm_package_missing("playwright-core", dir_); !missing.empty()) GTEST_SKIP() << missing;
   ASSERT_NO_FATAL_FAILURE(start());
   const http_reply page = fetch("/");
   EXPECT_EQ(page.status, 200);
   EXPECT_EQ(page.body.rfind("<!doctype html>", 0), 0u) << page.body.substr(0, 100);
-  ::setenv("NODE_PATH", (packages + "/node_modules").c_str(), 1);
   // The largest seed: the page must carry all 64 bits both ways (a JS number holds 53).
-  const cli_result r = run_program("/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/tests/clients/web_page.cjs", url_,
-                                                     chromium, prompt, "40", "18446744073709551615"}, dir_);
+  const cli_result r =
+      run_node("tests/clients/web_page.cjs", {url_, chromium, prompt, "40", "18446744073709551615"}, dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
   EXPECT_EQ(r.out, "{\"completion\":\"" + json(greedy(40)) + "\",\"seed\":\"18446744073709551615\",\"error\":\"\"}\n");

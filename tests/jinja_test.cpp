@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/jinja/jinja.hpp"
-#include "tests/support/process.hpp"
+#include "tests/support/npm_packages.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -438,12 +438,9 @@ std::vector<oracle_case> oracle_cases() {
 }
 
 TEST(Jinja, EveryVendoredTemplateRendersAsHuggingFaceJinja) {
-  if (!fs::exists("/usr/bin/node")) GTEST_SKIP() << "node is not installed (scripts/install-deps.sh installs nodejs)";
   const fs::path dir = fs::temp_directory_path() / ("troupe_jinja_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
-  const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir);
-  if (deps.exit_code != 0) GTEST_SKIP() << "the npm package @huggingface/jinja cannot be installed (no npm or no registry):\n" << deps.err;
+  if (const std::string missing = npm_package_missing("@huggingface/jinja", dir); !missing.empty()) GTEST_SKIP() << missing;
 
   const std::vector<oracle_case> cases = oracle_cases();
   ordered_json requests = ordered_json::array();
@@ -452,8 +449,7 @@ TEST(Jinja, EveryVendoredTemplateRendersAsHuggingFaceJinja) {
   std::ofstream(in_path) << requests.dump();
   jinja::render_options options;
   options.date = {2025, 3, 14};  // given to both: Llama 3.2 prints strftime_now's date
-  const cli_result r = run_program("/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/tests/jinja_oracle.mjs", packages, "2025", "3", "14"},
-                                   dir, in_path);
+  const cli_result r = run_node("tests/jinja_oracle.mjs", {npm_prefix(), "2025", "3", "14"}, dir, in_path);
   fs::remove_all(dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const ordered_json results = ordered_json::parse(r.out);

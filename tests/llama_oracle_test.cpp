@@ -25,7 +25,7 @@
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/kv_cache.hpp"
 #include "runtime/model/transformer.hpp"
-#include "tests/support/process.hpp"
+#include "tests/support/npm_packages.hpp"
 #include "tests/support/random_llama.hpp"
 
 namespace troupe::model {
@@ -44,18 +44,17 @@ struct oracle_case {
 
 std::vector<oracle_case> oracle_cases() {
   random_llama_spec base10k;  // llama2.c's RoPE
-  random_llama_spec llama3;   // Llama 3.x's: base 500000, scaled by rope_freqs.weight, eps 1e-6
-  llama3.rope_freq_base = 500000.0f;
-  llama3.llama3_factor = 8.0f;
-  llama3.rms_norm_eps = 1e-6f;
+  // One model of each family: llama with Llama 3.x's RoPE, qwen2 (Q/K/V biases), qwen3 (Q/K
+  // norms, Q twice the width), phi3 (fused tensors), each in every weight type below.
+  const std::vector<testing::random_llama_family> families = testing::random_llama_families();
+  const random_llama_spec& llama3 = families.front().spec;
   // Random models meet near ties (a top token ahead by hundredths), where a difference in the
   // last bits of one activation can pick another token, and then the free runs part for good.
   // So each step is also run teacher-forced (troupe fed llama.cpp's tokens): troupe's choice
   // must be llama.cpp's, or within the case's bound of it where llama.cpp's own lead is that
   // small; and every step's logit gaps within the bound. Over seeds 1..8 (888 prompts) no step
   // was wrong; running free, every F32 and F16 prompt gave all 40 tokens (demanded below), and
-  // 85-95 of 96 per quantized type.
-  llama3.seed = 4;
+  // 85-95 of 96 per quantized type. The families' seed is 4.
   // F32: float32 rounding in other summation orders, on logits of magnitude <= ~40 (seen: 5e-5).
   std::vector<oracle_case> cases = {{"base10k_f32", base10k, 1e-4}, {"llama3_f32", llama3, 1e-4}};
   // F16: both round each matmul's activations to f16, 2^-11 relative (seen: 0.026).
@@ -65,26 +64,13 @@ std::vector<oracle_case> oracle_cases() {
   // differ by float32 sums in other orders (seen: 7.7e-6) unless such a difference moves an
   // activation across a rounding boundary: an int8 step of one value, which shows (seen up to
   // 0.46 at width 64, 0.89 at the K-quants' 256, over seeds 1..8).
-  // The other architectures, each in every weight type: qwen2 (Q/K/V biases, base 1000000),
-  // qwen3 (Q/K norms, heads of 32 over a width of 64: Q is twice the width), phi3 (fused tensors).
-  random_llama_spec qwen2, qwen3, phi3;
-  qwen2.seed = qwen3.seed = phi3.seed = llama3.seed;
-  qwen2.arch = "qwen2";
-  qwen2.rope_freq_base = 1000000.0f;
-  qwen2.rms_norm_eps = 1e-6f;
-  qwen3.arch = "qwen3";
-  qwen3.rope_freq_base = 1000000.0f;
-  qwen3.head_dim = 32;
-  phi3.arch = "phi3";
-  const std::pair<const char*, random_llama_spec> models[] = {
-      {"llama3", llama3}, {"qwen2", qwen2}, {"qwen3", qwen3}, {"phi3", phi3}};
   // The K-quants' models are 256 wide (their rows are blocks of 256); q4_k_m mixes Q4_K with
   // Q6_K.
   const std::tuple<ggml_type, const char*, double> types[] = {
       {ggml_type::f32, "f32", 1e-4},   {ggml_type::f16, "f16", 0.05},   {ggml_type::bf16, "bf16", 0.3},
       {ggml_type::q8_0, "q8_0", 0.75}, {ggml_type::q4_0, "q4_0", 0.75}, {ggml_type::q4_k, "q4_k", 1.25},
       {ggml_type::q5_k, "q5_k", 1.25}, {ggml_type::q6_k, "q6_k", 1.25}, {ggml_type::q4_k, "q4_k_m", 1.25}};
-  for (const auto& [model, spec] : models)
+  for (const auto& [model, spec] : families)
     for (auto [type, name, bound] : types) {
       if (spec.arch == "llama" && type == ggml_type::f32) continue;  // above
       random_llama_spec s = spec;
@@ -94,12 +80,13 @@ std::vector<oracle_case> oracle_cases() {
         s.dim = 256, s.hidden_dim = 512;
         if (s.arch == "qwen3") s.head_dim = 128;
       }
-      cases.push_back({std::string(model) + "_" + name, s, bound});
+      cases.push_back({model + "_" + name, s, bound});
     }
   return cases;
 }
 
-/// Three prompts (BOS first, as llama.cpp's tokenizer would add it).
+/// Three prompts of token ids, BOS first, evaluated as given (whether or not the vocabulary adds
+/// BOS to a text).
 const std::vector<std::vector<int32_t>> prompts = {
     {testing::random_llama_bos, 300, 301, 302}, {testing::random_llama_bos, 10, 72, 101, 108, 108, 111}, {testing::random_llama_bos}};
 constexpr int32_t new_tokens = 40;
@@ -175,14 +162,10 @@ comparison compare(const nlohmann::json& answer, const std::vector<int32_t>& tok
 }
 
 TEST(LlamaOracle, GreedyTokensEqualLlamaCppsForEachArchitectureRopeAndWeightType) {
-  if (!fs::exists("/usr/bin/node")) GTEST_SKIP() << "node is not installed (scripts/install-deps.sh installs nodejs)";
   const fs::path dir = fs::path(TROUPE_BUILD_DIR) / "llama_oracle";
   fs::create_directories(dir);
-  const std::string packages = (fs::path(TROUPE_BUILD_DIR) / "npm").string();
-  const testing::cli_result deps =
-      testing::run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir);
-  if (deps.exit_code != 0)
-    GTEST_SKIP() << "the npm package node-llama-cpp@3.21.1 cannot be installed (no npm or no registry):\n" << deps.err;
+  if (const std::string missing = testing::npm_package_missing("node-llama-cpp@3.21.1", dir); !missing.empty())
+    GTEST_SKIP() << missing;
 
   const std::vector<oracle_case> cases = oracle_cases();
   nlohmann::json requests = nlohmann::json::array();
@@ -194,9 +177,7 @@ TEST(LlamaOracle, GreedyTokensEqualLlamaCppsForEachArchitectureRopeAndWeightType
   }
   const std::string cases_path = (dir / "cases.json").string();
   std::ofstream(cases_path) << requests.dump();
-  ::setenv("NODE_PATH", (packages + "/node_modules").c_str(), 1);
-  const testing::cli_result r =
-      testing::run_program("/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/tests/clients/llama_oracle.mjs", cases_path}, dir);
+  const testing::cli_result r = testing::run_node("tests/clients/llama_oracle.mjs", {cases_path}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::istringstream lines(r.out);
   for (size_t k = 0; k < cases.size(); k++) {

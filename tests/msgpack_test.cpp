@@ -20,6 +20,7 @@
 #include <msgpack.hpp>
 
 #include "tests/support/golden.hpp"
+#include "tests/support/npm_packages.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
 #include "messages/msgpack_rpc.hpp"
@@ -160,12 +161,8 @@ class Msgpack : public ::testing::Test {
 };
 
 TEST_F(Msgpack, TheNodeExampleStreamsTheGreedyTextReplaysASeedCancelsAndReadsAnErrorFrame) {
-  const std::string packages = fs::path(TROUPE_BUILD_DIR) / "npm";
-  const cli_result deps = run_program("/bin/bash", {std::string(TROUPE_SOURCE_DIR) + "/scripts/npm-deps.sh", packages}, dir_);
-  if (deps.exit_code != 0) GTEST_SKIP() << "the npm package @msgpack/msgpack cannot be installed (no npm or no registry):\n" << deps.err;
-  ::setenv("NODE_PATH", (packages + "/node_modules").c_str(), 1);
-  const cli_result r = run_program(
-      "/usr/bin/node", {std::string(TROUPE_SOURCE_DIR) + "/examples/clients/msgpack_client.mjs", address_, prompt, "40"}, dir_);
+  if (const std::string missing = npm_package_missing("@msgpack/msgpack", dir_); !missing.empty()) GTEST_SKIP() << missing;
+  const cli_result r = run_node("examples/clients/msgpack_client.mjs", {address_, prompt, "40"}, dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto json = [](const std::string& s) { return std::regex_replace(s, std::regex("\n"), "\\n"); };
   const std::string seeded = json(generated({"-t", "1", "-s", "42", "--top-p", "1", "-n", "40"}));

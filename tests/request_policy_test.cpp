@@ -17,6 +17,7 @@
 #include "runtime/kv/chain_hash.hpp"
 #include "runtime/tokenizer/segments.hpp"
 #include "runtime/tokenizer/served_template.hpp"
+#include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/effects_text.hpp"
 
@@ -312,6 +313,27 @@ TEST(RequestPolicyPrompt, AJinjaTemplateRendersWithKwargsBosOnceAndRequestTextAs
     ASSERT_NE(e, nullptr) << kwargs;
     EXPECT_EQ(e->error.code, errc::invalid_argument) << kwargs;
     EXPECT_EQ(e->error.message.rfind(message, 0), 0u) << e->error.message;
+  }
+}
+
+TEST(RequestPolicyPrompt, ATextStartsWithBosOnlyWhenTheVocabularyAddsIt) {
+  for (const bool adds_bos : {true, false}) {
+    auto bpe = tokenizer::from_bytes(testing::small_bpe_gguf([&](testing::gguf_metadata& meta) {
+                                       model::gguf_value add;
+                                       add.type = model::gguf_type::boolean;
+                                       add.boolean = adds_bos;
+                                       testing::set_key(meta, "tokenizer.ggml.add_bos_token", add);
+                                     }),
+                                     261, "small.gguf");
+    ASSERT_TRUE(bpe) << bpe.error().message;
+    request_policy_options o = options(false);
+    o.tok = std::make_shared<const tokenizer>(std::move(*bpe));
+    o.params.prompt = "ab";
+    request_policy h(o);
+    engine::request want = request_of(false);
+    want.prompt = adds_bos ? std::vector<int32_t>{258, 256} : std::vector<int32_t>{256};  // (BOS) "ab"
+    EXPECT_EFFECTS(h, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
+    EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
   }
 }
 

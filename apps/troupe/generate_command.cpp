@@ -39,7 +39,7 @@ int run_reference(const generate_options& o) {
   if (!ck) return fail_with(ck.error());
   auto tok = tokenizer::load(tokenizer_path_for(o.tokenizer, o.model), ck->config().vocab_size);
   if (!tok) return fail_with(tok.error());
-  auto prompt = tok->encode(o.flags.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  auto prompt = tok->encode(o.flags.prompt, tok->adds_bos(), /*add_eos=*/false);
   if (!prompt) return fail_with(prompt.error());
   generate::generate_params p;
   p.prompt = *prompt;

@@ -92,7 +92,7 @@ expected<std::vector<int32_t>> request_policy::tokenize_prompt() {
     return render_messages();
   }
   if (auto fits = check_prompt_bytes(static_cast<int64_t>(p.prompt.size())); !fits) return tl::unexpected(fits.error());
-  return o_.tok->encode(p.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  return o_.tok->encode(p.prompt, o_.tok->adds_bos(), /*add_eos=*/false);
 }
 
 /// A chat's prompt: its messages rendered with the template, each checked for size twice: the

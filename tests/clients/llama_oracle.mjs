@@ -2,13 +2,17 @@
 //
 //   node llama_oracle.mjs cases.json
 //
-// cases.json: [{"model": "a.gguf", "prompt": [token ids], "n": new tokens, "top": k}, ...]. All
-// cases run in this one process (loading llama.cpp costs more than a small model's tokens).
-// Prints one JSON line per case, in order:
-//   {"tokens": [n greedy ids], "top": [per step: [[id, log p], ...] the k most likely]}
-// The prompt is evaluated as given: no BOS is added. log p is llama.cpp's softmax of the step's
-// raw logits (temperature 0 samples greedily and keeps every candidate), so differences of two
-// tokens' log p are differences of their logits.
+// cases.json: [{"model": "a.gguf", "prompt": [token ids] or "text", "n": new tokens, "top": k},
+// ...]. All cases run in this one process (loading llama.cpp costs more than a small model's
+// tokens). Prints one JSON line per case, in order:
+//   {"prompt": [the ids evaluated], "tokens": [n greedy ids],
+//    "top": [per step: [[id, log p], ...] the k most likely],
+//    "eog": the index of the first end-of-generation token in "tokens", -1 if none,
+//    "text": llama.cpp's text of the tokens before it}
+// Token ids are evaluated as given: no BOS is added. Text is tokenized by llama.cpp, BOS first
+// when the vocabulary asks for it. log p is llama.cpp's softmax of the step's raw logits
+// (temperature 0 samples greedily and keeps every candidate), so differences of two tokens' log p
+// are differences of their logits.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -23,11 +27,13 @@ const cases = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 for (const c of cases) {
   const model = await llama.loadModel({ modelPath: c.model });
+  const prompt = typeof c.prompt !== "string" ? c.prompt
+    : [...(model.tokens.shouldPrependBosToken ? [model.tokens.bos] : []), ...model.tokenize(c.prompt)];
   // An f32 KV cache and no flash attention, as troupe: llama.cpp's default f16 cache, and its CPU
   // flash attention, round every query, key and value to f16 (F32 logits then differ by 0.04,
   // not 3e-5).
   const context = await model.createContext({
-    contextSize: c.prompt.length + c.n + 1,
+    contextSize: prompt.length + c.n + 1,
     threads: 1,
     flashAttention: false,
     experimentalKvCacheKeyType: "F32",
@@ -38,13 +44,15 @@ for (const c of cases) {
   const top = [];
   // EOG tokens are yielded and generation goes on past them, as troupe's transformer does.
   const options = { temperature: 0, yieldEogToken: true };
-  for await (const step of sequence.evaluateWithMetadata(c.prompt, { probabilities: true }, options)) {
+  for await (const step of sequence.evaluateWithMetadata(prompt, { probabilities: true }, options)) {
     tokens.push(step.token);
     const best = [...step.probabilities.entries()].filter(([, p]) => p > 0).sort((a, b) => b[1] - a[1]).slice(0, c.top ?? 8);
     top.push(best.map(([id, p]) => [id, Math.log(p)]));
     if (tokens.length >= c.n) break;
   }
-  console.log(JSON.stringify({ tokens, top }));
+  const eog = tokens.findIndex((token) => model.isEogToken(token));
+  const text = model.detokenize(eog < 0 ? tokens : tokens.slice(0, eog));
+  console.log(JSON.stringify({ prompt, tokens, top, eog, text }));
   await context.dispose();
   await model.dispose();
 }

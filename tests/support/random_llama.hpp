@@ -1,8 +1,8 @@
 #pragma once
 
 // Random-weight GGUF files of troupe's architectures (llama, qwen2, qwen3, phi3) for tests that
-// run llama.cpp beside troupe (tests/llama_oracle_test.cpp) and for the loader's metadata tests
-// (tests/gguf_test.cpp).
+// run llama.cpp beside troupe (tests/llama_oracle_test.cpp, tests/gguf_serve_test.cpp) and for
+// the loader's metadata tests (tests/gguf_test.cpp).
 //
 // The vocabulary is synthetic byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizer
 // "gpt-2"), which llama.cpp accepts: ids 0..255 are the 256 byte characters, 256
@@ -53,8 +53,38 @@ struct random_llama_spec {
   /// The vocabulary padded to this many tokens with reserved control tokens, as Llama 3's is
   /// (a real model's shape for benchmarks); 0: the synthetic vocabulary's own size.
   int32_t vocab_size = 0;
+  bool add_bos_token = true;  ///< tokenizer.ggml.add_bos_token: whether a prompt starts with BOS
   uint64_t seed = 1;
 };
+
+/// A random model of a named family.
+struct random_llama_family {
+  std::string name;
+  random_llama_spec spec;
+};
+
+/// One model of each family troupe serves, F32 and 64 wide, seed 4 (the seed
+/// tests/llama_oracle_test.cpp's cases were checked over; callers set the weight type): Llama
+/// 3.x's RoPE (base 500000 scaled by rope_freqs.weight, eps 1e-6); qwen2 (Q/K/V biases, base
+/// 1000000, eps 1e-6); qwen3 (Q/K norms, heads of 32 over a width of 64: Q is twice the width,
+/// base 1000000); phi3 (fused tensors). qwen2's and qwen3's vocabularies add no BOS, as Qwen's
+/// files say.
+inline std::vector<random_llama_family> random_llama_families() {
+  random_llama_spec llama3, qwen2, qwen3, phi3;
+  llama3.rope_freq_base = 500000.0f;
+  llama3.llama3_factor = 8.0f;
+  llama3.rms_norm_eps = 1e-6f;
+  qwen2.arch = "qwen2";
+  qwen2.rope_freq_base = 1000000.0f;
+  qwen2.rms_norm_eps = 1e-6f;
+  qwen3.arch = "qwen3";
+  qwen3.rope_freq_base = 1000000.0f;
+  qwen3.head_dim = 32;
+  qwen2.add_bos_token = qwen3.add_bos_token = false;
+  phi3.arch = "phi3";
+  llama3.seed = qwen2.seed = qwen3.seed = phi3.seed = 4;
+  return {{"llama3", llama3}, {"qwen2", qwen2}, {"qwen3", qwen3}, {"phi3", phi3}};
+}
 
 /// llama.cpp's general.file_type for a file of `s`'s types (LLAMA_FTYPE_*).
 inline int64_t random_llama_file_type(const random_llama_spec& s) {
@@ -111,9 +141,9 @@ inline std::vector<std::string> family_tokens(const std::string& arch) {
   return {};
 }
 
-/// The synthetic vocabulary's metadata (see the file comment) for architecture `arch`; its size
-/// is returned in `*size`.
-inline gguf_metadata random_llama_vocab(const std::string& arch, int32_t* size, int32_t pad_to = 0) {
+/// The synthetic vocabulary's metadata (see the file comment) for `s`'s architecture, padded to
+/// s.vocab_size; its size is returned in `*size`.
+inline gguf_metadata random_llama_vocab(const random_llama_spec& s, int32_t* size) {
   using v = model::gguf_value;
   std::vector<v> texts, types, merges;
   for (int b = 0; b < 256; ++b) {
@@ -130,18 +160,18 @@ inline gguf_metadata random_llama_vocab(const std::string& arch, int32_t* size, 
       types.push_back(v::of_int(model::gguf_type::i32, 1));
       merges.push_back(v::of_string(std::string{a, ' ', b}));
     }
-  for (const std::string& special : family_tokens(arch)) {
+  for (const std::string& special : family_tokens(s.arch)) {
     texts.push_back(v::of_string(special));
     types.push_back(v::of_int(model::gguf_type::i32, 3));  // control
   }
-  while (static_cast<int32_t>(texts.size()) < pad_to) {
+  while (static_cast<int32_t>(texts.size()) < s.vocab_size) {
     texts.push_back(v::of_string("<|reserved_special_token_" + std::to_string(texts.size()) + "|>"));
     types.push_back(v::of_int(model::gguf_type::i32, 3));  // control
   }
   *size = static_cast<int32_t>(texts.size());
   model::gguf_value add_bos;
   add_bos.type = model::gguf_type::boolean;
-  add_bos.boolean = true;
+  add_bos.boolean = s.add_bos_token;
   return {{"tokenizer.ggml.model", v::of_string("gpt2")},
           {"tokenizer.ggml.pre", v::of_string("gpt-2")},
           {"tokenizer.ggml.tokens", v::of_array(model::gguf_type::string, std::move(texts))},
@@ -193,7 +223,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     meta.push_back({a + "attention.key_length", u32(s.head_dim)});
     meta.push_back({a + "attention.value_length", u32(s.head_dim)});
   }
-  for (auto& kv : random_llama_vocab(s.arch, &vocab, s.vocab_size)) meta.push_back(std::move(kv));
+  for (auto& kv : random_llama_vocab(s, &vocab)) meta.push_back(std::move(kv));
   if (edit) edit(meta);
   const int64_t dim = s.dim, hidden = s.hidden_dim, q_dim = head * s.n_heads, kv_dim = head * s.n_kv_heads;
   uint64_t state = s.seed;
