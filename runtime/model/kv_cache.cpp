@@ -9,8 +9,8 @@ kv_cache::kv_cache(const model_config& c, int32_t num_blocks, int32_t block_size
   TROUPE_ASSERT(num_blocks > 0);
   TROUPE_ASSERT(block_size > 0);
   const size_t size = static_cast<size_t>(n_layers_) * num_blocks_ * block_size_ * kv_dim_;
-  keys_.assign(size, 0.0f);
-  values_.assign(size, 0.0f);
+  keys_ = page_buffer<float>(size);
+  values_ = page_buffer<float>(size);
 }
 
 void kv_cache::copy_block(int32_t src, int32_t dst) {

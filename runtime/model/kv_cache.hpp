@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/common/error.hpp"
+#include "runtime/common/page_buffer.hpp"
 #include "runtime/model/checkpoint.hpp"
 
 namespace troupe::model {
@@ -21,7 +22,8 @@ class kv_cache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
   [[nodiscard]] int32_t kv_dim() const { return kv_dim_; }
   [[nodiscard]] int32_t num_layers() const { return n_layers_; }
-  /// Bytes of the pool: keys and values of every layer, block and slot.
+  /// Bytes of the pool: keys and values of every layer, block and slot (resident only as blocks
+  /// are first written: runtime/common/page_buffer.hpp).
   [[nodiscard]] int64_t bytes() const { return static_cast<int64_t>((keys_.size() + values_.size()) * sizeof(float)); }
 
   /// Keys of `layer`: (num_blocks, kv_dim, block_size), transposed within each block.
@@ -51,8 +53,8 @@ class kv_cache {
   int32_t num_blocks_;
   int32_t block_size_;
   int32_t kv_dim_;
-  std::vector<float> keys_;    // (layer, num_blocks, kv_dim, block_size)
-  std::vector<float> values_;  // (layer, num_blocks, block_size, kv_dim)
+  page_buffer<float> keys_;    // (layer, num_blocks, kv_dim, block_size)
+  page_buffer<float> values_;  // (layer, num_blocks, block_size, kv_dim)
 };
 
 }  // namespace troupe::model

@@ -54,6 +54,7 @@ struct random_llama_spec {
   /// (a real model's shape for benchmarks); 0: the synthetic vocabulary's own size.
   int32_t vocab_size = 0;
   bool add_bos_token = true;  ///< tokenizer.ggml.add_bos_token: whether a prompt starts with BOS
+  bool tied_classifier = false;  ///< no output.weight: the token embedding classifies (Llama 3.2 1B)
   uint64_t seed = 1;
 };
 
@@ -278,7 +279,8 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
   }
   add("output_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
   // Logits = output · x with x of unit RMS: a standard deviation of about 10.
-  add("output.weight", {dim, vocab}, random_values(state, dim * vocab, 17.0f * in_dim), wide);
+  if (!s.tied_classifier)
+    add("output.weight", {dim, vocab}, random_values(state, dim * vocab, 17.0f * in_dim), wide);
   if (!s.rope_freqs.empty())
     add("rope_freqs.weight", {static_cast<int64_t>(s.rope_freqs.size())}, s.rope_freqs, ggml_type::f32);
   else if (s.llama3_factor > 0)
