@@ -109,6 +109,46 @@ expected<model_config> random_llama_config(const testing::random_llama_spec& spe
   return ck->config();
 }
 
+TEST(Gguf, ANonFiniteScaleOrWeightOfAStoredMatrixIsRefusedByTensorLayerAndRow) {
+  // Each type's non-integer fields: an F16 weight, a Q8_0 block's scale (first), a Q4_K block's
+  // dmin (second), a Q6_K block's scale (last, after the quants).
+  struct poison {
+    ggml_type type;
+    const char* tensor;
+    int64_t row, offset_in_row;  // the byte offset of the f16 made NaN or infinite
+    uint16_t value;
+    const char* message;
+  };
+  const poison cases[] = {
+      {ggml_type::f16, "token_embd.weight", 5, 2 * 7, 0x7c00,
+       "weight tensor token_embedding (F16) holds NaN or an infinity (row 5)"},
+      {ggml_type::q8_0, "blk.1.attn_q.weight", 3, 34, 0x7e00, "weight tensor wq (Q8_0) holds NaN or an infinity (layer 1, row 3)"},
+      {ggml_type::q4_k, "blk.1.ffn_down.weight", 2, 144 + 2, 0xfc00,
+       "weight tensor w2 (Q4_K) holds NaN or an infinity (layer 1, row 2)"},
+      {ggml_type::q6_k, "output.weight", 9, 208, 0x7e01, "weight tensor wcls (Q6_K) holds NaN or an infinity (row 9)"},
+  };
+  for (const poison& p : cases) {
+    testing::random_llama_spec spec;
+    spec.type = p.type;
+    if (kernels::cpu::block_elements(p.type) == 256) spec.dim = 256, spec.hidden_dim = 512;
+    std::string bytes = testing::random_llama_gguf(spec);
+    auto f = parse_gguf(bytes, "poisoned.gguf");
+    ASSERT_TRUE(f) << f.error().message;
+    const gguf_tensor* t = f->tensor(p.tensor);
+    ASSERT_NE(t, nullptr) << p.tensor;
+    ASSERT_EQ(t->type, p.type) << p.tensor;
+    const uint64_t at = f->data_offset + t->offset +
+                        static_cast<uint64_t>(p.row * kernels::cpu::row_bytes(t->type, t->dims[0]) + p.offset_in_row);
+    std::memcpy(&bytes[at], &p.value, 2);
+    const std::string path = write_temp("poisoned.gguf", bytes);
+    auto ck = checkpoint::load(path);
+    fs::remove(path);
+    ASSERT_FALSE(ck) << p.message;
+    EXPECT_EQ(ck.error().code, errc::malformed_file);
+    EXPECT_NE(ck.error().message.find(p.message), std::string::npos) << ck.error().message;
+  }
+}
+
 TEST(Gguf, AnUnknownLlamaKeyOrTensorIsRefusedByName) {
   testing::random_llama_spec spec;
   auto known = random_llama_config(spec, [](auto& meta) {  // read or harmless: accepted
