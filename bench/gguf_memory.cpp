@@ -7,7 +7,7 @@
 // line; its pages are resident only as blocks are written), peak / tensor bytes (issue 48 asks
 // peak <= 1.1 x tensor bytes + KV), TTFT and decode tok/s.
 //
-//   bench_gguf_memory [--dir DIR] [--threads N] [--tokens N] [--types q4_k_m,q8_0,f16]
+//   bench_gguf_memory [--dir DIR] [--threads N] [--tokens N] [--types q4_k_m,q8_0,f16] [--troupe PATH]
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -20,6 +20,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "bench/troupe_process.hpp"
 #include "runtime/common/gguf.hpp"
@@ -124,23 +126,15 @@ int main(int argc, char** argv) {
   troupe::bench::options o;
   o.troupe = troupe::bench::default_troupe_binary(argv[0]);
   o.dir = std::filesystem::path(argv[0]).parent_path() / "gguf_models";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--dir") {
-      o.dir = value;
-    } else if (flag == "--threads") {
-      o.threads = std::atoi(value.c_str());
-    } else if (flag == "--tokens") {
-      o.tokens = std::atoi(value.c_str());
-    } else if (flag == "--types") {
-      o.types.clear();
-      std::stringstream list(value);
-      for (std::string t; std::getline(list, t, ',');) o.types.push_back(t);
-    } else {
-      std::fprintf(stderr, "unknown flag %s\nusage: bench_gguf_memory [--dir DIR] [--threads N] [--tokens N] "
-                           "[--types q4_k_m,q8_0,f16]\n", flag.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"Llama-3.2-1B-shaped GGUF models in each type: peak memory and speed of troupe generate"};
+  app.add_option("--dir", o.dir, "where the model files are written (and reused)")->capture_default_str();
+  app.add_option("--threads", o.threads, "troupe generate --threads")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--tokens", o.tokens, "tokens to generate")->check(CLI::Range(2, 4096))->capture_default_str();
+  app.add_option("--types", o.types, "file types")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"q4_k_m", "q8_0", "f16"}))
+      ->capture_default_str();
+  app.add_option("--troupe", o.troupe, "the troupe binary")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   return troupe::bench::run(o);
 }
