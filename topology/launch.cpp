@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <map>
 
 #include <caf/all.hpp>
@@ -257,6 +258,31 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
   return {};
 }
 
+/// MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read.
+int64_t memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+/// Warns when `ck`'s weights and engine `e`'s KV pool, full, would not fit in 90% of the memory
+/// available: the pool's pages are resident only as blocks are written (page_buffer), so the
+/// engine starts, and a busy one would later run the machine out of memory.
+void warn_if_memory_short(const engine_spec& e, const model::checkpoint& ck) {
+  const model::model_config& c = ck.config();
+  const int64_t pool = int64_t{e.config.num_kv_blocks} * e.config.block_size * 2 * c.n_layers * c.kv_dim() *
+                       static_cast<int64_t>(sizeof(float));
+  const int64_t available = memory_available();
+  if (available < 0 || ck.resident_bytes() + pool <= available / 10 * 9) return;
+  spdlog::warn("engine '{}': its weights ({} MiB) and a full KV pool ({} MiB, {} blocks) exceed 90% of the memory "
+               "available ({} MiB): lower kv_blocks (or --ctx-size) before the pool fills",
+               e.name, ck.resident_bytes() >> 20, pool >> 20, e.config.num_kv_blocks, available >> 20);
+}
+
 /// Engine `e` of `t`, its executor and its expert shards on this node (into `spawned`).
 expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topology& t, const engine_spec& e,
                                    const launch_options& options, std::shared_ptr<const tokenizer>& tok,
@@ -275,6 +301,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
                : ck->moe() ? " (mixture of experts: " + std::to_string(ck->moe()->n_experts) + " experts, top-k " +
                                  std::to_string(ck->moe()->top_k) + ")"
                            : "");
+  warn_if_memory_short(e, *ck);
   context_tokens = std::max(context_tokens, ck->config().seq_len);
   auto loaded = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!loaded) return fail(loaded.error().code, where(e) + loaded.error().message);
