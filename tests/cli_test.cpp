@@ -14,6 +14,7 @@
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/golden.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/random_llama.hpp"
 #include "tests/support/scratch_files.hpp"
 
 namespace troupe::cli {
@@ -251,6 +252,28 @@ TEST_F(Cli, ConvertWritesAGgufThatGeneratesTheGoldenTextAsModelAndTokenizer) {
   EXPECT_FALSE(fs::exists(dir_ / "j.gguf"));
   expect_rejected({"generate", "-m", write("cut.gguf", testing::read_file(out).substr(0, 5000)), "-z", out},
                   "cut.gguf': a string value claims 6 bytes, more than the file holds (at byte 4999)");
+}
+
+TEST_F(Cli, TheStartUpLineSaysTheArchitectureParametersTypesResidentBytesAndKvPool) {
+  // A Q4_K_M-style random qwen2 (tests/support/random_llama.hpp): dim 256, 2 layers, 4 heads of
+  // 64, 2 KV heads (kv_dim 128), hidden 512, vocabulary 316, untied classifier. Q4_K: the
+  // embedding (316 x 256) and per layer wq, wk, wo, w1, w3 (65,536 + 32,768 + 65,536 + 2 x
+  // 131,072): 932,864. Q6_K: the classifier and per layer wv, w2 (32,768 + 131,072): 408,576.
+  // F32: per layer 2 norms and the Q/K/V biases (1,024), the final norm: 2,304. 1,343,744 in all:
+  // 69.4%, 30.4%, 0.17%. The KV pool: 16,384 tokens x 2 layers x (K, V) x 128 x 4 bytes = 32 MiB.
+  testing::random_llama_spec spec;
+  spec.arch = "qwen2";
+  spec.type = model::ggml_type::q4_k;
+  spec.wide_type = model::ggml_type::q6_k;
+  spec.dim = 256, spec.hidden_dim = 512;
+  const std::string model = write("q4_k_m.gguf", testing::random_llama_gguf(spec));
+  const cli_result r = run({"generate", "-m", model, "-t", "0", "-n", "4", "--ctx-size", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find(": qwen2, 1.3 M parameters (Q4_K 69%, Q6_K 30%, F32 0.2%), "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" of weights resident; requests up to 100 tokens; KV cache of 16384 tokens (1024 blocks of 16), "
+                       "32.0 MiB"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(Cli, TokenizePrintsTheIdsOfStdinAsLlamaTokenizeDoes) {
