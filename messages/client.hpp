@@ -20,7 +20,7 @@ namespace troupe {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chat_message& x) {
-  return f(x.role, x.content);
+  return f(x.role, x.content, x.extras);
 }
 
 }  // namespace troupe
@@ -34,7 +34,8 @@ typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
   return f(x.prompt, x.prompt_tokens, x.messages, x.max_tokens, x.temperature, x.top_p, x.top_k, x.min_p, x.presence_penalty,
            x.frequency_penalty, x.repetition_penalty, x.logit_bias, x.has_seed, x.seed, x.stop, x.stop_token_ids,
            x.ignore_eos, x.priority, x.cache_class, x.num_top_logprobs, x.stream, x.grammar_kind, x.grammar,
-           x.grammar_trigger_token_ids, x.grammar_trigger_strings, x.chat_template_kwargs, x.add_generation_prompt);
+           x.grammar_trigger_token_ids, x.grammar_trigger_strings, x.chat_template_kwargs, x.tools,
+           x.add_generation_prompt);
 }
 
 template <class Inspector>

@@ -135,6 +135,47 @@ TEST(OpenaiRequest, AChatsTemplateKwargsTravelAsTheirJsonText) {
   EXPECT_EQ(refused(endpoint::chat_completions, hi + R"("add_generation_prompt":1})").param, "add_generation_prompt");
 }
 
+TEST(OpenaiRequest, AToolCallingChatCarriesItsToolsCallsAndResultsForTheTemplate) {
+  const std::string tools =
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  const std::string call = R"({"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}})";
+  const std::string messages = R"({"messages":[{"role":"user","content":"Weather in Paris?"},)"
+                               R"({"role":"assistant","content":null,"tool_calls":[)" + call + R"(]},)"
+                               R"({"role":"tool","tool_call_id":"c1","name":"get_weather","content":"18 C"}],)";
+  const parsed_request p = parsed(endpoint::chat_completions,
+                                  messages + R"("tools":)" + tools + R"(,"tool_choice":"auto","parallel_tool_calls":true})");
+  ASSERT_EQ(p.request.messages.size(), 3u);
+  EXPECT_EQ(p.request.messages[0].extras, "");
+  EXPECT_EQ(p.request.messages[1].content, "");  // null beside tool calls
+  // The arguments' text parsed: templates read them as an object.
+  EXPECT_EQ(p.request.messages[1].extras,
+            R"({"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris"}}}]})");
+  EXPECT_EQ(p.request.messages[2].role, "tool");
+  EXPECT_EQ(p.request.messages[2].extras, R"({"tool_call_id":"c1","name":"get_weather"})");
+  EXPECT_EQ(p.request.tools, tools);
+  // tool_choice "none": the template gets no tools (the turns still carry their calls).
+  EXPECT_EQ(parsed(endpoint::chat_completions, messages + R"("tools":)" + tools + R"(,"tool_choice":"none"})").request.tools, "");
+  const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
+  const std::vector<std::pair<std::string, std::string>> refusals{
+      {hi + R"("tools":)" + tools + R"(,"tool_choice":"required"})",
+       R"('tool_choice' "required" is not supported yet; "auto" and "none" are (a required or named call needs constrained output: issue 49))"},
+      {hi + R"("tools":)" + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})",
+       R"('tool_choice' {"type":"function","function":{"name":"get_weather"}} is not supported yet; "auto" and "none" are (a required or named call needs constrained output: issue 49))"},
+      {hi + R"("tools":[{"type":"function"}]})",
+       R"('tools' must be a list of {"type": "function", "function": {"name", "description", "parameters"}} objects)"},
+      {hi + R"("parallel_tool_calls":1})", "'parallel_tool_calls' must be a boolean"},
+      {R"({"messages":[{"role":"tool","content":"18 C"}]})",
+       "a 'tool' message needs the string 'tool_call_id' of the call it answers"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","function":{"name":"f"}}]}]})",
+       R"(each of an assistant's 'tool_calls' must be {"id", "type": "function", "function": {"name", "arguments" (a JSON string)}})"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":{}}]})", "an assistant's 'tool_calls' must be a list"},
+      {R"({"messages":[{"role":"user","content":7}]})", "a message's 'content' must be a string or a list of text parts"},
+  };
+  for (const auto& [body, message] : refusals) EXPECT_EQ(refused(endpoint::chat_completions, body).message, message) << body;
+  // A text completion has no template to take tools.
+  EXPECT_EQ(refused(endpoint::completions, R"({"prompt":"x","tools":)" + tools + "}").param, "tools");
+}
+
 TEST(OpenaiRequest, EachProblemIsA400NamingTheParameter) {
   const std::vector<std::pair<std::string, std::string>> cases{
       {R"({"prompt":"x","temperature":"hot"})", "temperature"},

@@ -144,12 +144,13 @@ msg::completion_request full_completion_request() {
   r.cache_class = "agent";
   r.num_top_logprobs = 3;
   r.stream = false;
-  r.messages = {{"user", "hi"}};
+  r.messages = {{"assistant", "hi", R"({"tool_calls":[]})"}};
   r.grammar_kind = "regex";
   r.grammar = "[a-z]+";
   r.grammar_trigger_token_ids = {7};
   r.grammar_trigger_strings = {"<tool>"};
   r.chat_template_kwargs = R"({"enable_thinking":false})";
+  r.tools = R"([{"type":"function","function":{"name":"f"}}])";
   r.add_generation_prompt = false;
   return r;
 }

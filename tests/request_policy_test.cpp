@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <limits>
 #include <memory>
 #include <ostream>
@@ -20,6 +22,7 @@
 #include "tests/support/bpe_vocab_file.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/effects_text.hpp"
+#include "tests/support/golden.hpp"
 
 namespace troupe::serve {
 
@@ -314,6 +317,56 @@ TEST(RequestPolicyPrompt, AJinjaTemplateRendersWithKwargsBosOnceAndRequestTextAs
     EXPECT_EQ(e->error.code, errc::invalid_argument) << kwargs;
     EXPECT_EQ(e->error.message.rfind(message, 0), 0u) << e->error.message;
   }
+}
+
+TEST(RequestPolicyPrompt, AToolCallingChatGivesTheTemplateItsToolsCallsAndResults) {
+  // Qwen2.5's own template (tests/data/templates): the prompt is what the template renders from
+  // the request as an OpenAI client sends it, tools, the assistant's call and the tool's result
+  // included (render-chat's renders of it match @huggingface/jinja's: ServedTemplate.*).
+  using json = nlohmann::ordered_json;
+  const std::string source = testing::read_file(testing::test_data("templates/Qwen-Qwen2.5-7B-Instruct.jinja"));
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  // The call as the gateway passes it on: its arguments parsed into an object (api.cpp).
+  const std::string call = R"({"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris"}}}]})";
+  request_policy_options o = options(true);
+  o.params.prompt.clear();
+  o.params.messages = {{"user", "Weather in Paris?"}, {"assistant", "", call}, {"tool", "18 C", R"({"tool_call_id":"c1"})"}};
+  o.params.tools = tools;
+  o.chat = *served_template::jinja(source, jinja_options_for(*tok(), {}));
+  request_policy h(o);
+  json assistant = {{"role", "assistant"}, {"content", ""}};
+  assistant["tool_calls"] = json::parse(call)["tool_calls"];
+  const json request = {{"messages", json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}, assistant,
+                                                  {{"role", "tool"}, {"content", "18 C"}, {"tool_call_id", "c1"}}})},
+                        {"tools", json::parse(tools)},
+                        {"add_generation_prompt", true}};
+  auto segments = o.chat.render(request);
+  ASSERT_TRUE(segments.has_value()) << segments.error().message;
+  std::string text;
+  for (const segment& s : *segments) text += s.text;
+  for (const char* part : {"\"name\": \"get_weather\"", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+                           "<tool_response>\n18 C\n</tool_response>"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << " in\n" << text;
+  engine::request want = request_of(true);
+  want.prompt = *encode_segments(*tok(), *segments, true);
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  // Keys from another process that do not parse, and tool turns a built-in format cannot show.
+  o.params.messages[2].extras = "{";
+  request_policy broken(o);
+  const effects fx = broken.start(1000);
+  ASSERT_FALSE(fx.empty());
+  const auto* e = std::get_if<send_error>(&fx[0]);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->error.message.rfind("a message's tool-calling keys is not valid JSON", 0), 0u) << e->error.message;
+  o.params.messages[2].extras = R"({"tool_call_id":"c1"})";
+  o.params.tools.clear();
+  o.chat = served_template::builtin(chat_template::chatml);
+  request_policy builtin(o);
+  EXPECT_EFFECTS(builtin, start(1000),
+                 send_error{error(errc::invalid_argument, "the built-in chatml chat template takes no tool calls or tool "
+                                                          "results (the model has no template of its own)", 0)},
+                 stop{});
 }
 
 TEST(RequestPolicyPrompt, ATextStartsWithBosOnlyWhenTheVocabularyAddsIt) {

@@ -136,10 +136,10 @@ class reader {
   const json& body_;
 };
 
-void read_unsupported(reader& in) {
+void read_unsupported(reader& in, endpoint kind) {
   in.neutral_only("echo", false);
   in.neutral_only("suffix", "");
-  in.neutral_only("tools", json::array());
+  if (kind != endpoint::chat_completions) in.neutral_only("tools", json::array());
 }
 
 /// The output's grammar: OpenAI's `response_format` (json_object, json_schema) or vLLM's
@@ -266,6 +266,70 @@ std::optional<std::string> content_text(const json& content) {
   return text;
 }
 
+/// An assistant turn's `tool_calls` as OpenAI gives them: [{"id", "type": "function",
+/// "function": {"name", "arguments" (a string)}}, ...]; an error message otherwise.
+std::optional<std::string> tool_calls_problem(const json& calls) {
+  if (!calls.is_array()) return "an assistant's 'tool_calls' must be a list";
+  for (const json& c : calls) {
+    const bool ok = c.is_object() && c.contains("id") && c["id"].is_string() && c.value("type", "") == "function" &&
+                    c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
+                    c["function"]["name"].is_string() && c["function"].contains("arguments") &&
+                    c["function"]["arguments"].is_string();
+    if (!ok)
+      return "each of an assistant's 'tool_calls' must be {\"id\", \"type\": \"function\", \"function\": "
+             "{\"name\", \"arguments\" (a JSON string)}}";
+  }
+  return std::nullopt;
+}
+
+/// Templates read a call's arguments as an object (HF's and vLLM's convention); OpenAI sends them
+/// as JSON text: parsed where they are an object, kept as text otherwise.
+void parse_call_arguments(json& calls) {
+  for (json& c : calls) {
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
+    json& arguments = c["function"]["arguments"];
+    if (!arguments.is_string()) continue;
+    if (auto parsed = parse_bounded_json(arguments.get<std::string>(), json_depth_max); parsed && parsed->is_object())
+      arguments = std::move(*parsed);
+  }
+}
+
+/// A chat message: its role (system, developer, user, assistant, tool), its content (text), and
+/// the keys of a tool-calling turn the model's template reads: an assistant's `tool_calls`
+/// (arguments as an object where their text is one), a tool result's `tool_call_id` (and
+/// optional `name`).
+std::optional<chat_message> read_message(reader& in, const json& m) {
+  const std::string role = m.is_object() && m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
+  if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool") {
+    in.fail("messages", "each message needs a 'role' of system, developer, user, assistant or tool");
+    return std::nullopt;
+  }
+  json extras = json::object();
+  if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    if (auto problem = tool_calls_problem(m["tool_calls"])) {
+      in.fail("messages", *problem);
+      return std::nullopt;
+    }
+    extras["tool_calls"] = m["tool_calls"];
+    parse_call_arguments(extras["tool_calls"]);
+  }
+  if (role == "tool") {
+    if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string()) {
+      in.fail("messages", "a 'tool' message needs the string 'tool_call_id' of the call it answers");
+      return std::nullopt;
+    }
+    extras["tool_call_id"] = m["tool_call_id"];
+    if (m.contains("name") && m["name"].is_string()) extras["name"] = m["name"];
+  }
+  std::optional<std::string> text = content_text(m.contains("content") ? m["content"] : json());
+  if (!text) {
+    in.fail("messages", "a message's 'content' must be a string or a list of text parts");
+    return std::nullopt;
+  }
+  return chat_message{role == "developer" ? "system" : role, std::move(*text),  // OpenAI's newer name
+                      extras.empty() ? "" : extras.dump()};
+}
+
 void read_messages(reader& in, parsed_request& p) {
   const json& messages = in.field("messages");
   if (in.error) return;
@@ -274,15 +338,38 @@ void read_messages(reader& in, parsed_request& p) {
   std::vector<chat_message>& turns = p.request.messages;
   std::string joined;  // the contents, for token_before_output
   for (const json& m : messages) {
-    const std::string role = m.is_object() && m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
-    if (role != "system" && role != "developer" && role != "user" && role != "assistant")
-      return in.fail("messages", "each message needs a 'role' of system, developer, user or assistant");
-    std::optional<std::string> text = content_text(m.contains("content") ? m["content"] : json());
-    if (!text) return in.fail("messages", "a message's 'content' must be a string or a list of text parts");
-    joined += *text;
-    turns.push_back(chat_message{role == "developer" ? "system" : role, std::move(*text)});  // OpenAI's newer name
+    std::optional<chat_message> turn = read_message(in, m);
+    if (!turn) return;
+    joined += turn->content;
+    turns.push_back(std::move(*turn));
   }
   p.prompts = {prompt_input{std::move(joined), {}, false, /*is_chat=*/true}};
+}
+
+/// A chat's tools: `tools`, a list of {"type": "function", "function": {"name", ...}} given to
+/// the model's template; `tool_choice` "auto" (the default) or "none" (the template gets no
+/// tools, and the answer is content); "required" and a named function need the output
+/// constrained to a call, not built yet (issue 49). `parallel_tool_calls` is accepted: every call
+/// the model makes is returned.
+void read_tools(reader& in, serve::completion_request& r) {
+  const json& tools = in.field("tools");
+  const json& choice = in.field("tool_choice");
+  if (in.error) return;
+  if (!choice.is_null() && choice != "auto" && choice != "none")
+    return in.fail("tool_choice", "'tool_choice' " + echo(choice) +
+                                      " is not supported yet; \"auto\" and \"none\" are (a required or named call "
+                                      "needs constrained output: issue 49)");
+  if (const json& parallel = in.field("parallel_tool_calls"); !parallel.is_null() && !parallel.is_boolean())
+    return in.fail("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+  if (tools.is_null() || (tools.is_array() && tools.empty())) return;
+  const bool functions = tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const json& t) {
+    return t.is_object() && t.value("type", "") == "function" && t.contains("function") && t["function"].is_object() &&
+           t["function"].contains("name") && t["function"]["name"].is_string();
+  });
+  if (!functions)
+    return in.fail("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\", "
+                            "\"description\", \"parameters\"}} objects");
+  if (choice != "none") r.tools = tools.dump();
 }
 
 /// vLLM's chat extensions: `add_generation_prompt` and `chat_template_kwargs` (an object whose
@@ -297,10 +384,12 @@ void read_template_fields(reader& in, serve::completion_request& r) {
 
 /// A message as render-chat passes it to the template: an object with a string `role`, its
 /// `content` a string, null, absent or a list of text parts (joined, as the gateway joins them);
-/// its other keys (tool_calls, tool_call_id, name, ...) as given.
+/// its other keys (tool_calls, tool_call_id, name, ...) as given, the calls' arguments parsed as
+/// the gateway parses them.
 void read_render_message(reader& in, json& m) {
   if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
     return in.fail("messages", "each message must be an object with a string 'role'");
+  if (m.contains("tool_calls") && m["tool_calls"].is_array()) parse_call_arguments(m["tool_calls"]);
   if (!m.contains("content") || m["content"].is_null()) return;
   std::optional<std::string> text = content_text(m["content"]);
   if (!text) return in.fail("messages", "a message's 'content' must be a string or a list of text parts");
@@ -364,8 +453,8 @@ void check_choice_bytes(reader& in, const parsed_request& p) {
   int64_t bytes = 0;
   for (const prompt_input& prompt : p.prompts)
     bytes += static_cast<int64_t>(prompt.text.size() + prompt.tokens.size() * sizeof(int32_t));
-  for (const chat_message& m : p.request.messages) bytes += static_cast<int64_t>(m.role.size());
-  bytes += static_cast<int64_t>(p.request.chat_template_kwargs.size());
+  for (const chat_message& m : p.request.messages) bytes += static_cast<int64_t>(m.role.size() + m.extras.size());
+  bytes += static_cast<int64_t>(p.request.chat_template_kwargs.size() + p.request.tools.size());
   const int64_t total = bytes * p.n;
   if (total > choice_prompt_bytes_max)
     in.fail("n", "the prompts of a request's choices carry at most " + std::to_string(choice_prompt_bytes_max) +
@@ -535,7 +624,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (auto wrong = check_model(in, model)) return tl::unexpected(*wrong);
   parsed_request p;
   p.kind = kind;
-  read_unsupported(in);
+  read_unsupported(in, kind);
   read_choices(in, p);
   read_logprobs(in, kind, p);
   read_sampling(in, kind, p.request);
@@ -545,6 +634,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (kind == endpoint::chat_completions) {
     read_messages(in, p);
     read_template_fields(in, p.request);
+    read_tools(in, p.request);
   } else
     read_prompt(in, p, tok);
   check_choice_bytes(in, p);

@@ -30,6 +30,8 @@ struct completion_request {
   /// A chat's `chat_template_kwargs`: a JSON object's text ("" for none) whose keys the model's
   /// Jinja template gets as variables (served_template.hpp says which keys it refuses).
   std::string chat_template_kwargs;
+  /// A chat's `tools` for the model's template: a JSON array's text ("" for none).
+  std::string tools;
   bool add_generation_prompt = true;  ///< a chat's prompt ends with the assistant's header
   int32_t max_tokens = 16;
   float temperature = 1.0f;

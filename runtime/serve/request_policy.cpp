@@ -40,18 +40,40 @@ bool operator==(const stop&, const stop&) { return true; }
 
 namespace {
 
-/// A chat request as served_template::render reads it: its messages, kwargs (a JSON object) and
-/// add_generation_prompt.
+/// The JSON text `text` (from another process: bounded in depth) as what `what` must be: an
+/// object or an array.
+expected<nlohmann::ordered_json> json_field(const std::string& text, const char* what, bool object) {
+  auto value = parse_bounded_json(text, chat_template_kwargs_depth_max);
+  if (!value) return fail(errc::invalid_argument, std::string(what) + " " + value.error().message);
+  if (object ? !value->is_object() : !value->is_array())
+    return fail(errc::invalid_argument, std::string(what) + (object ? " must be a JSON object" : " must be a JSON array"));
+  return value;
+}
+
+/// A chat request as served_template::render reads it: its messages (with their tool-calling
+/// keys), tools, kwargs (a JSON object) and add_generation_prompt.
 expected<nlohmann::ordered_json> chat_request_json(const completion_request& p) {
   using json = nlohmann::ordered_json;
   json request = json::object();
   json& messages = request["messages"] = json::array();
-  for (const chat_message& m : p.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+  for (const chat_message& m : p.messages) {
+    json message = {{"role", m.role}, {"content", m.content}};
+    if (!m.extras.empty()) {
+      auto extras = json_field(m.extras, "a message's tool-calling keys", true);
+      if (!extras) return tl::unexpected(extras.error());
+      for (auto& [key, value] : extras->items()) message[key] = std::move(value);
+    }
+    messages.push_back(std::move(message));
+  }
+  if (!p.tools.empty()) {
+    auto tools = json_field(p.tools, "tools", false);
+    if (!tools) return tl::unexpected(tools.error());
+    request["tools"] = std::move(*tools);
+  }
   request["add_generation_prompt"] = p.add_generation_prompt;
   if (p.chat_template_kwargs.empty()) return request;
-  auto kwargs = parse_bounded_json(p.chat_template_kwargs, chat_template_kwargs_depth_max);
-  if (!kwargs) return fail(errc::invalid_argument, "chat_template_kwargs " + kwargs.error().message);
-  if (!kwargs->is_object()) return fail(errc::invalid_argument, "chat_template_kwargs must be a JSON object");
+  auto kwargs = json_field(p.chat_template_kwargs, "chat_template_kwargs", true);
+  if (!kwargs) return tl::unexpected(kwargs.error());
   request["chat_template_kwargs"] = std::move(*kwargs);
   return request;
 }

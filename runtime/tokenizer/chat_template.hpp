@@ -26,6 +26,9 @@ enum class chat_template { bare, plain, chatml, llama2, llama3 };
 struct chat_message {
   std::string role;  ///< system, user, assistant or tool
   std::string content;
+  /// The message's other keys as a JSON object's text ("" for none): an assistant turn's
+  /// `tool_calls`, a tool result's `tool_call_id` and `name`, which a model's own template reads.
+  std::string extras;
 };
 
 /// "bare", "plain", "chatml", "llama2" or "llama3".

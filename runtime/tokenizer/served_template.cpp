@@ -108,6 +108,10 @@ expected<std::vector<segment>> served_template::render_builtin(const json& reque
     const json& content = m.contains("content") ? m["content"] : json();
     if (!m.contains("role") || !m["role"].is_string() || !(content.is_string() || content.is_null()))
       return fail(errc::invalid_argument, "the built-in chat templates take messages of a role and a string content");
+    if (m.contains("tool_calls") || m.value("role", "") == "tool")
+      return fail(errc::invalid_argument, std::string("the built-in ") + to_string(stop_format_) +
+                                              " chat template takes no tool calls or tool results (the model has no "
+                                              "template of its own)");
     messages.push_back({m["role"].get<std::string>(), content.is_null() ? "" : content.get<std::string>()});
   }
   return render_chat(stop_format_, messages, request.value("add_generation_prompt", true));
