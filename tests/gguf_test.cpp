@@ -472,7 +472,9 @@ TEST(Gguf, EveryWeightTypeIsWrittenAndReadBackWithinItsStep) {
     float worst = 0;
     for (size_t i = 0; i < x.size(); i++) worst = std::max(worst, std::fabs(y[i] - x[i]));
     EXPECT_LE(worst, step) << kernels::cpu::type_name(type);
-    if (step > 0) EXPECT_GT(worst, step / 100) << kernels::cpu::type_name(type) << ": suspiciously exact";
+    if (step > 0) {
+      EXPECT_GT(worst, step / 100) << kernels::cpu::type_name(type) << ": suspiciously exact";
+    }
   }
 }
 

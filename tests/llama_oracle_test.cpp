@@ -202,7 +202,9 @@ TEST(LlamaOracle, GreedyTokensEqualLlamaCppsForEachArchitectureRopeAndWeightType
       EXPECT_EQ(found.wrong, 0u) << c.name << ", prompt " << p;
       EXPECT_LE(found.max_gap_difference, c.logit_gap_bound) << c.name << ", prompt " << p;
       // Where the noise is far below any lead seen, the free runs are the same tokens.
-      if (c.logit_gap_bound < 0.1) EXPECT_EQ(tokens, expected) << c.name << ", prompt " << p;
+      if (c.logit_gap_bound < 0.1) {
+        EXPECT_EQ(tokens, expected) << c.name << ", prompt " << p;
+      }
     }
   }
 }
