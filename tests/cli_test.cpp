@@ -324,6 +324,9 @@ TEST_F(Cli, NodeAndUpRejectBadInvocations) {
   expect_rejected({"node", "--topology", three, "--node", "node9"}, "the topology has no node 'node9'");
   expect_rejected({"up"}, "topology is required");
   expect_rejected({"up", (dir_ / "missing.toml").string()}, "no such file");
+  // up passes a chat template on to its nodes, checked first as serve and node check it.
+  expect_rejected({"up", three, "--chat-template", (dir_ / "missing.jinja").string()},
+                  "--chat-template: File does not exist");
 }
 
 /// The permission bits of `path`.

@@ -42,6 +42,7 @@ struct up_options {
   bool insecure = false;  // passed on to every node: plaintext on a non-loopback address
   int32_t max_restarts = 5;  // in a row, per node; 0 = never restart
   int32_t restart_backoff_ms = 1000;  // before the first restart; doubled for each next one
+  chat_template_flags chat;  // passed on to every node: the balancer's renders chats with it
 };
 
 using steady = std::chrono::steady_clock;
@@ -77,6 +78,8 @@ expected<pid_t> start_node(const up_options& o, const std::string& node, const s
   std::vector<std::string> args = {"/proc/self/exe", "--log-level", o.log_level, "node",
                                    "--topology", o.topology, "--node", node};
   if (o.insecure) args.push_back("--insecure");
+  if (!o.chat.file.empty()) args.insert(args.end(), {"--chat-template", o.chat.file});
+  if (!o.chat.date.empty()) args.insert(args.end(), {"--template-date", o.chat.date});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -203,6 +206,7 @@ action add_up(CLI::App& app) {
   cmd->add_option("--restart-backoff-ms", o->restart_backoff_ms,
                   "wait before restarting a crashed node, doubled for each next restart (at most 30 s)")
       ->check(CLI::Range(1, 600000));
+  o->chat.add_to(cmd);
   cmd->add_flag("--detach", o->detach,
                 "keep running when the process that started this one exits (default: stop the nodes then)");
   return [o] { return run_up(*o); };
