@@ -184,6 +184,13 @@ const std::vector<std::pair<std::string_view, field_reader>>& request_fields() {
        [](const o& v, r& x) { return read_tokens(v, "grammar_trigger_token_ids", x.grammar_trigger_token_ids); }},
       {"grammar_trigger_strings",
        [](const o& v, r& x) { return read_strings(v, "grammar_trigger_strings", x.grammar_trigger_strings); }},
+      // The chat's template variables and tools as JSON texts: the request policy parses them
+      // (bounded) as it parses the HTTP gateway's.
+      {"chat_template_kwargs",
+       [](const o& v, r& x) { return read_string(v, "chat_template_kwargs", x.chat_template_kwargs); }},
+      {"tools", [](const o& v, r& x) { return read_string(v, "tools", x.tools); }},
+      {"add_generation_prompt",
+       [](const o& v, r& x) { return read_bool(v, "add_generation_prompt", x.add_generation_prompt); }},
   };
   return fields;
 }
@@ -296,7 +303,7 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
-  p.pack_map(c.has_seed ? 25 : 24);
+  p.pack_map(c.has_seed ? 28 : 27);
   pack_text(p, "id");
   p.pack_uint64(id);
   pack_text(p, "prompt");
@@ -360,6 +367,12 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   p.pack(c.grammar_trigger_token_ids);
   pack_text(p, "grammar_trigger_strings");
   p.pack(c.grammar_trigger_strings);
+  pack_text(p, "chat_template_kwargs");
+  pack_text(p, c.chat_template_kwargs);
+  pack_text(p, "tools");
+  pack_text(p, c.tools);
+  pack_text(p, "add_generation_prompt");
+  p.pack(c.add_generation_prompt);
   return framed(body);
 }
 

@@ -121,6 +121,9 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.grammar = "root ::= [a-z]+";
   c.grammar_trigger_token_ids = {42};
   c.grammar_trigger_strings = {"<call>"};
+  c.chat_template_kwargs = R"({"enable_thinking":false})";
+  c.tools = R"([{"type":"function","function":{"name":"f"}}])";
+  c.add_generation_prompt = false;
   const std::string f = encode_request(99, c);
   ASSERT_EQ(frame_length(f.substr(0, 4)), f.size() - 4);
   auto frame = decode_frame(std::string_view(f).substr(4));
@@ -137,6 +140,8 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
             std::tie(c.presence_penalty, c.frequency_penalty, c.repetition_penalty, c.logit_bias, c.cache_class));
   EXPECT_EQ(std::tie(d.grammar_kind, d.grammar, d.grammar_trigger_token_ids, d.grammar_trigger_strings),
             std::tie(c.grammar_kind, c.grammar, c.grammar_trigger_token_ids, c.grammar_trigger_strings));
+  EXPECT_EQ(std::tie(d.chat_template_kwargs, d.tools, d.add_generation_prompt),
+            std::tie(c.chat_template_kwargs, c.tools, c.add_generation_prompt));
   ASSERT_EQ(d.messages.size(), 2u);
   EXPECT_EQ(std::tie(d.messages[1].role, d.messages[1].content), std::tie(c.messages[1].role, c.messages[1].content));
 }
@@ -185,6 +190,10 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
       {b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0xa5}) + "batch", 5, errc::invalid_argument,
        "cache_class must be chat or agent, got 'batch'"},
       {b({0x82}) + id5 + b({0xab}) + "cache_class" + b({0x01}), 5, errc::invalid_argument, "'cache_class' must be a string"},
+      {b({0x82}) + id5 + b({0xb4}) + "chat_template_kwargs" + b({0x80}), 5, errc::invalid_argument,
+       "'chat_template_kwargs' must be a string"},  // a JSON text, not a map
+      {b({0x82}) + id5 + b({0xb5}) + "add_generation_prompt" + b({0x01}), 5, errc::invalid_argument,
+       "'add_generation_prompt' must be a boolean"},
       // {"messages": [{"content": "x"}]}: no role
       {b({0x82}) + id5 + b({0xa8}) + "messages" + b({0x91, 0x81, 0xa7}) + "content" + b({0xa1}) + "x", 5,
        errc::invalid_argument, "'messages' must be an array of {role, content} maps of strings"},
