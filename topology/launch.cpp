@@ -21,6 +21,7 @@
 #include "actors/node_actor.hpp"
 #include "actors/system/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
+#include "runtime/model/kv_cache.hpp"
 #include "runtime/tokenizer/served_template.hpp"
 #include "actors/edge/disk_tier.hpp"
 #include "topology/load_progress.hpp"
@@ -273,9 +274,7 @@ int64_t memory_available() {
 /// available: the pool's pages are resident only as blocks are written (page_buffer), so the
 /// engine starts, and a busy one would later run the machine out of memory.
 void warn_if_memory_short(const engine_spec& e, const model::checkpoint& ck) {
-  const model::model_config& c = ck.config();
-  const int64_t pool = int64_t{e.config.num_kv_blocks} * e.config.block_size * 2 * c.n_layers * c.kv_dim() *
-                       static_cast<int64_t>(sizeof(float));
+  const int64_t pool = model::kv_cache::bytes_of(ck.config(), e.config.num_kv_blocks, e.config.block_size);
   const int64_t available = memory_available();
   if (available < 0 || ck.resident_bytes() + pool <= available / 10 * 9) return;
   spdlog::warn("engine '{}': its weights ({} MiB) and a full KV pool ({} MiB, {} blocks) exceed 90% of the memory "

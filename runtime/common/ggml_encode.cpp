@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "runtime/common/byte_writer.hpp"
 #include "runtime/common/error.hpp"
 #include "runtime/common/gguf.hpp"
 
@@ -12,13 +13,6 @@ namespace troupe::model {
 namespace {
 
 using kernels::cpu::weight_type;
-
-template <class T>
-void put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
 
 /// The value an f16 field holds once `f` is stored in it.
 float as_stored_half(float f) {
@@ -30,13 +24,6 @@ float as_stored_half(float f) {
 
 /// Round to nearest, ties to even (ggml's nearest_int).
 int nearest(float x) { return static_cast<int>(std::nearbyint(x)); }
-
-uint16_t to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 64);  // NaN stays quiet
-  return static_cast<uint16_t>((x + (0x7fff + ((x >> 16) & 1))) >> 16);
-}
 
 /// The element of largest magnitude among x[0..n) (the first of equals), signed.
 float signed_max(const float* x, int n) {
@@ -144,12 +131,18 @@ void encode_q6_k(std::string& out, const float* x) {
 void encode_row(std::string& out, const float* x, int64_t n, weight_type t) {
   const int32_t block = kernels::cpu::block_elements(t);
   TROUPE_ASSERT_MSG(n % block == 0, "rows are whole blocks");
+  if (t == weight_type::bf16) {  // rounded as the kernels round activations to BF16
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(kernels::cpu::row_bytes(t, n)));
+    kernels::cpu::quantize_activations(reinterpret_cast<uint8_t*>(out.data() + at), x, static_cast<int32_t>(n), t);
+    return;
+  }
   for (int64_t i = 0; i < n; i += block) {
     const float* v = x + i;
     switch (t) {
       case weight_type::f32: put<float>(out, *v); break;
       case weight_type::f16: put<uint16_t>(out, float_to_half(*v)); break;
-      case weight_type::bf16: put<uint16_t>(out, to_bf16(*v)); break;
+      case weight_type::bf16: break;  // above
       case weight_type::q8_0: encode_q8_0(out, v); break;
       case weight_type::q4_0: encode_q4_0(out, v); break;
       case weight_type::q4_k: encode_k_min_max(out, v, 4); break;

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "runtime/common/byte_reader.hpp"
+#include "runtime/common/byte_writer.hpp"
 #include "runtime/common/ggml_encode.hpp"
 
 namespace troupe::model {
@@ -139,13 +140,6 @@ class reader {
 };
 
 uint64_t align_up(uint64_t x, uint64_t alignment) { return (x + alignment - 1) / alignment * alignment; }
-
-void put_bytes(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
-
-template <class T>
-void put(std::string& out, T v) {
-  put_bytes(out, &v, sizeof v);
-}
 
 void put_string(std::string& out, const std::string& s) {
   put<uint64_t>(out, s.size());

@@ -22,8 +22,12 @@ class kv_cache {
   [[nodiscard]] int32_t block_size() const { return block_size_; }
   [[nodiscard]] int32_t kv_dim() const { return kv_dim_; }
   [[nodiscard]] int32_t num_layers() const { return n_layers_; }
-  /// Bytes of the pool: keys and values of every layer, block and slot (resident only as blocks
-  /// are first written: runtime/common/page_buffer.hpp).
+  /// Bytes of a pool of `num_blocks` blocks of `block_size` slots for a model of shape `c`: keys
+  /// and values of every layer, block and slot.
+  [[nodiscard]] static int64_t bytes_of(const model_config& c, int32_t num_blocks, int32_t block_size) {
+    return int64_t{2} * c.n_layers * num_blocks * block_size * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+  }
+  /// Bytes of this pool (resident only as blocks are first written: runtime/common/page_buffer.hpp).
   [[nodiscard]] int64_t bytes() const { return static_cast<int64_t>((keys_.size() + values_.size()) * sizeof(float)); }
 
   /// Keys of `layer`: (num_blocks, kv_dim, block_size), transposed within each block.
