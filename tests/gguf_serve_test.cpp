@@ -36,13 +36,15 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 /// Each family's prompt: two-letter tokens of the synthetic vocabulary and byte tokens (the
-/// spaces), after BOS for llama3 and phi3 (qwen's vocabularies add none). Random models meet
-/// near ties (tests/llama_oracle_test.cpp), so these are picked from 150 random such prompts:
-/// llama.cpp's smallest lead on each run is 0.22 or more (8 times F16's difference), and each
-/// runs 32 tokens or more before an end of generation. qwen3's ends after 33 (finish "stop"),
-/// the others run to max_tokens (finish "length").
+/// spaces), after BOS for llama3, phi3 and gemma (qwen's vocabularies add none). Random models
+/// meet near ties (tests/llama_oracle_test.cpp), so these are picked from 150 random such prompts
+/// per family: llama.cpp's smallest lead on each run is 0.22 or more (8 times F16's difference),
+/// and each runs 32 tokens or more before an end of generation (gemma's: the one with the most
+/// distinct tokens). qwen3's ends after 33 (finish "stop"), the others run to max_tokens (finish
+/// "length").
 const std::map<std::string, std::string> prompts = {
-    {"llama3", "da ej"}, {"qwen2", "eh db ei bh"}, {"qwen3", "de bb cj ag"}, {"phi3", "ba ef"}};
+    {"llama3", "da ej"}, {"qwen2", "eh db ei bh"}, {"qwen3", "de bb cj ag"}, {"phi3", "ba ef"},
+    {"gemma2", "eh dc cd cd"}, {"gemma3", "bc cj"}};
 constexpr int32_t max_tokens = 40;
 /// Each family's text must span at least this many tokens before any end of generation.
 constexpr size_t num_compared_tokens_min = 32;

@@ -173,6 +173,83 @@ TEST(Gguf, AnUnknownLlamaKeyOrTensorIsRefusedByName) {
       << bias.error().message;
 }
 
+TEST(Gguf, GemmaReadsItsWindowsCapsAndNormsAsLlamaCppDoes) {
+  std::vector<testing::random_llama_family> families = testing::random_llama_families();
+  const testing::random_llama_spec gemma2 = families[4].spec, gemma3 = families[5].spec;
+  ASSERT_EQ(gemma2.arch, "gemma2");
+  ASSERT_EQ(gemma3.arch, "gemma3");
+  auto g2 = random_llama_config(gemma2);
+  ASSERT_TRUE(g2) << g2.error().message;
+  // gemma2: the file's window (6) and score cap (1); the default logit cap (30); every other
+  // layer slides, turning as the global ones; GeGLU, post norms, a scaled embedding, tied.
+  EXPECT_EQ(g2->activation, ffn_activation::gelu);
+  EXPECT_TRUE(g2->scale_embedding && g2->post_norms && g2->shared_classifier);
+  EXPECT_EQ(g2->sliding_window, 6);
+  EXPECT_TRUE(g2->is_sliding(0));
+  EXPECT_FALSE(g2->is_sliding(1));
+  EXPECT_EQ(g2->attn_softcap, 1.0f);
+  EXPECT_EQ(g2->final_softcap, 30.0f);
+  EXPECT_EQ(g2->rope_freq_base_swa, 10000.0f);
+  EXPECT_EQ(g2->attn_divisor, 0.0f);
+  EXPECT_FALSE(g2->is_llama2c());
+  // gemma3: Q/K norms, no score cap, no logit cap unless the file says; sliding layers at base
+  // 10000 while the global ones turn at the file's 1000000; the pattern from the file (2).
+  auto g3 = random_llama_config(gemma3);
+  ASSERT_TRUE(g3) << g3.error().message;
+  EXPECT_TRUE(g3->qk_norm);
+  EXPECT_EQ(g3->attn_softcap, 0.0f);
+  EXPECT_EQ(g3->final_softcap, 0.0f);
+  EXPECT_EQ(g3->sliding_window, 5);
+  EXPECT_TRUE(g3->is_sliding(0));
+  EXPECT_FALSE(g3->is_sliding(1));
+  EXPECT_EQ(g3->rope_freq_base, 1000000.0f);
+  EXPECT_EQ(g3->rope_freq_base_swa, 10000.0f);
+  // gemma3 without a window slides nowhere; with one and no pattern, 5 layers in 6.
+  testing::random_llama_spec no_window = gemma3;
+  no_window.sliding_window = no_window.sliding_window_pattern = 0;
+  auto g3_global = random_llama_config(no_window);
+  ASSERT_TRUE(g3_global) << g3_global.error().message;
+  EXPECT_FALSE(g3_global->is_sliding(0));
+  testing::random_llama_spec six = gemma3;
+  six.sliding_window_pattern = 0;
+  six.n_layers = 7;
+  auto g3_six = random_llama_config(six);
+  ASSERT_TRUE(g3_six) << g3_six.error().message;
+  for (int32_t l = 0; l < 7; l++) EXPECT_EQ(g3_six->is_sliding(l), l != 5) << l;
+  // The 27B shapes divide scores by sqrt(dim / heads): gemma2's 46 layers.
+  testing::random_llama_spec big = gemma2;
+  big.n_layers = 46;
+  big.dim = 32, big.hidden_dim = 32, big.head_dim = 16;  // dim / heads = 8, heads 16 wide
+  auto g2_27b = random_llama_config(big);
+  ASSERT_TRUE(g2_27b) << g2_27b.error().message;
+  EXPECT_EQ(g2_27b->attn_divisor, std::sqrt(8.0f));
+
+  const std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*> refused[] = {
+      {gemma2, [](auto& m) { testing::set_key(m, "gemma2.attention.sliding_window", gguf_value::of_int(gguf_type::u32, 0)); },
+       "gemma2.attention.sliding_window = 0 is out of range (1..1048576)"},
+      {gemma3, [](auto& m) { testing::set_key(m, "gemma3.final_logit_softcapping", gguf_value::of_float(-1.0)); },
+       "gemma3.final_logit_softcapping = -1 is out of range (a soft cap must be in (0, 10000])"},
+      {gemma3, [](auto& m) { testing::set_key(m, "gemma3.expert_count", gguf_value::of_int(gguf_type::u32, 8)); },
+       "metadata key 'gemma3.expert_count' is not supported (troupe's gemma3 reads no such key)"},
+  };
+  for (const auto& [spec, edit, message] : refused) {
+    auto c = random_llama_config(spec, edit);
+    ASSERT_FALSE(c) << message;
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+  // gemma2 classifies by its embedding: an output.weight, or Llama 3's rope_freqs.weight, is
+  // a tensor llama.cpp's gemma2 does not read.
+  for (const char* extra : {"output.weight", "rope_freqs.weight"}) {
+    testing::random_llama_spec with = gemma2;
+    with.extra_tensor = extra;
+    auto c = random_llama_config(with);
+    ASSERT_FALSE(c) << extra;
+    EXPECT_NE(c.error().message.find("tensor '" + std::string(extra) + "' is not supported (troupe's gemma2 reads no such tensor)"),
+              std::string::npos)
+        << c.error().message;
+  }
+}
+
 /// The tensor `name` of a random file's bytes, as float32.
 std::vector<float> tensor_of(const std::string& bytes, const std::string& name) {
   auto f = parse_gguf(bytes, "x");
@@ -238,8 +315,8 @@ TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
        "qwen3.attention.key_length = 33 is out of range (an even width in 2..1048576)"},
       {phi3, [](auto& m) { testing::set_key(m, "phi3.rope.dimension_count", gguf_value::of_int(gguf_type::u32, 8)); },
        "phi3.rope.dimension_count = 8 is not supported"},
-      {phi3, [](auto& m) { testing::set_key(m, "general.architecture", gguf_value::of_string("gemma2")); },
-       "architecture 'gemma2' is not supported (llama, qwen2, qwen3 and phi3 are)"},
+      {phi3, [](auto& m) { testing::set_key(m, "general.architecture", gguf_value::of_string("falcon")); },
+       "architecture 'falcon' is not supported (llama, qwen2, qwen3, phi3, gemma2 and gemma3 are)"},
   };
   for (const auto& [spec, edit, message] : refused) {
     auto c = random_llama_config(spec, edit);

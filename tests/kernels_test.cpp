@@ -125,7 +125,12 @@ TEST(Kernels, MatmulRowIsBatchInvariant) {
 
 TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
   // 8 heads (softmax sums 8 at a time), 12 (8 + 4) and 13 (8 + 4 + 1); kv_dim 32 in each.
-  for (const attention_shape shape : {attention_shape{8, 4, 8}, attention_shape{12, 4, 8}, attention_shape{13, 1, 32}}) {
+  // Then Gemma's scoring: another divisor, soft-capped scores, a window of 5 (from inside a
+  // block) and of 16 (a whole block).
+  for (const attention_shape shape :
+       {attention_shape{8, 4, 8, 0.0f, 0.0f, 0}, attention_shape{12, 4, 8, 0.0f, 0.0f, 0},
+        attention_shape{13, 1, 32, 0.0f, 0.0f, 0}, attention_shape{8, 4, 8, 3.0f, 0.5f, 5},
+        attention_shape{12, 4, 8, 0.0f, 0.0f, 16}, attention_shape{13, 1, 32, 0.0f, 2.0f, 5}}) {
     const int32_t block_size = 16, kv_dim = 32, num_blocks = 6, dim = shape.n_heads * shape.head_size;
     const auto keys = random_floats(static_cast<size_t>(num_blocks) * block_size * kv_dim, 11);
     const auto values = random_floats(keys.size(), 12);
@@ -137,9 +142,51 @@ TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
           scores(static_cast<size_t>(shape.n_heads) * positions);
       reference::attention(ref.data(), q.data(), scores.data(), kv, positions, shape);
       fast::attention(fst.data(), q.data(), scores.data(), kv, positions, shape);
-      EXPECT_TRUE(same_bits(ref.data(), fst.data(), dim)) << shape.n_heads << " heads, " << positions << " positions";
+      EXPECT_TRUE(same_bits(ref.data(), fst.data(), dim))
+          << shape.n_heads << " heads, " << positions << " positions, window " << shape.window;
     }
   }
+}
+
+TEST(Kernels, AWindowedRowAttendsItsLastPositionsOnly) {
+  // One head of 1 over 20 positions whose values are their positions: with equal keys every
+  // attended position weighs the same, so the output is their mean.
+  const int32_t block_size = 4, positions = 20;
+  std::vector<float> keys(positions, 1.0f), values(positions);
+  for (int32_t t = 0; t < positions; t++) values[static_cast<size_t>(t)] = static_cast<float>(t);
+  const int32_t table[5] = {0, 1, 2, 3, 4};
+  const paged_kv kv{keys.data(), values.data(), table, block_size, 1};
+  const float q = 1.0f;
+  std::vector<float> scores(positions);
+  for (int32_t window : {0, 1, 3, 6, 20, 50}) {
+    const attention_shape shape{1, 1, 1, 0.0f, 0.0f, window};
+    const int32_t attended = window == 0 ? positions : std::min(window, positions);
+    const float mean = static_cast<float>(positions - 1) - static_cast<float>(attended - 1) / 2.0f;
+    float ref = 0.0f, fst = 0.0f;
+    reference::attention(&ref, &q, scores.data(), kv, positions, shape);
+    fast::attention(&fst, &q, scores.data(), kv, positions, shape);
+    EXPECT_NEAR(ref, mean, 1e-4f) << "window " << window;
+    EXPECT_TRUE(same_bits(&ref, &fst, 1)) << "window " << window;
+  }
+}
+
+TEST(Kernels, GegluIsGgmlsF16TableGelu) {
+  // GELU(1) = 0.841192 (tanh form), f16 0.84130859375; GELU(-1) = -0.158808, f16
+  // -0.1588134765625; below -10 zero; above 10 the value itself; each times the gate.
+  float hb[5] = {1.0f, -1.0f, -10.5f, 10.5f, 0.0f};
+  const float gate[5] = {2.0f, 1.0f, 3.0f, 0.5f, 7.0f};
+  reference::geglu(hb, gate, 5);
+  EXPECT_EQ(hb[0], 2.0f * 0.84130859375f);
+  EXPECT_EQ(hb[1], -0.1588134765625f);
+  EXPECT_EQ(hb[2], 0.0f);
+  EXPECT_EQ(hb[3], 5.25f);
+  EXPECT_EQ(hb[4], 0.0f);
+}
+
+TEST(Kernels, SoftCapIsCapTimesTanhOfXOverCap) {
+  EXPECT_EQ(soft_cap(3.0f, 0.0f), 3.0f);
+  EXPECT_EQ(soft_cap(3.0f, 30.0f), std::tanh(3.0f * (1.0f / 30.0f)) * 30.0f);
+  EXPECT_NEAR(soft_cap(1000.0f, 30.0f), 30.0f, 1e-5f);
 }
 
 TEST(Kernels, SoftmaxAndRmsnormKnownValues) {

@@ -267,24 +267,24 @@ TEST(Transformer, SplittingAStepByIndependentRowsGivesIdenticalBits) {
   expect_split_bits_equal(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin");
 }
 
-/// Random GGUF models of each architecture and weight type (tests/support/random_llama.hpp); the
-/// K-quants' rows are blocks of 256, so their models are 256 wide.
+/// Random GGUF models of each family and weight type (tests/support/random_llama.hpp; gemma's
+/// sliding windows are shorter than the sequences below); the K-quants' rows are blocks of 256,
+/// so their models are 256 wide.
 std::vector<std::pair<std::string, testing::random_llama_spec>> random_models() {
   std::vector<std::pair<std::string, testing::random_llama_spec>> out;
   const std::pair<ggml_type, const char*> types[] = {
       {ggml_type::f32, "f32"},   {ggml_type::f16, "f16"},   {ggml_type::bf16, "bf16"},
       {ggml_type::q8_0, "q8_0"}, {ggml_type::q4_0, "q4_0"}, {ggml_type::q4_k, "q4_k"},
       {ggml_type::q5_k, "q5_k"}, {ggml_type::q6_k, "q6_k"}, {ggml_type::q4_k, "q4_k_m"}};
-  for (const char* arch : {"llama", "qwen2", "qwen3", "phi3"})
+  for (const testing::random_llama_family& family : testing::random_llama_families())
     for (auto [type, name] : types) {
-      testing::random_llama_spec s;
-      s.arch = arch;
+      testing::random_llama_spec s = family.spec;
       s.type = type;
       if (name == std::string_view("q4_k_m")) s.wide_type = ggml_type::q6_k;
       const bool k_quant = kernels::cpu::block_elements(type) == 256;
       if (k_quant) s.dim = 256, s.hidden_dim = 512;
-      if (s.arch == "qwen3") s.head_dim = k_quant ? 128 : 32;  // Q twice the width
-      out.emplace_back(std::string(arch) + "_" + name, s);
+      if (k_quant && s.head_dim > 0) s.head_dim = 128;  // qwen3's Q twice the width still
+      out.emplace_back(family.name + "_" + name, s);
     }
   return out;
 }

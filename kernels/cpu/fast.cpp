@@ -443,11 +443,12 @@ void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
 
 namespace {
 
-// Scores of one head over one block's `count` positions into sh: lane l of a register sums
-// q·k over i in order, as the reference; two registers (16 positions) per pass keep two
-// independent sums in flight.
-void block_scores(float* sh, const float* qh, const float* kb, int32_t hs, int32_t bs,
+// Scores of one head over `count` positions of one block from slot `from` into sh: lane l of a
+// register sums q·k over i in order, as the reference; two registers (16 positions) per pass
+// keep two independent sums in flight.
+void block_scores(float* sh, const float* qh, const float* kb, int32_t hs, int32_t bs, int32_t from,
                   int32_t count, float scale) {
+  kb += from;
   int32_t s = 0;
   for (; s + 2 * tile_width <= count; s += 2 * tile_width) {
     v8f acc0 = {}, acc1 = {};
@@ -473,50 +474,51 @@ void block_scores(float* sh, const float* qh, const float* kb, int32_t hs, int32
 
 // out[h] = Σ_t a[h][t] v[t] for `num_heads` heads (at most 8; all 8 when the template's
 // `all_eight`, so the head loop unrolls) of head_size 8 at once, one register each, t in order
-// (the reference's order per element). Each head's scores row and value offset are found once,
-// not per position.
+// from `first` (the reference's order per element); a head's scores row holds position
+// first + i at i. Each head's scores row and value offset are found once, not per position.
 template <bool all_eight>
-void weighted_values_8(float* out, const float* scores, const paged_kv& kv, int32_t num_positions,
+void weighted_values_8(float* out, const float* scores, const paged_kv& kv, int32_t first, int32_t num_positions,
                        int32_t first_head, int32_t num_heads, int32_t kv_mul) {
-  const int32_t heads = all_eight ? tile_width : num_heads;
+  const int32_t heads = all_eight ? tile_width : num_heads, count = num_positions - first;
   const float* a[tile_width];
   int32_t offset[tile_width];
   for (int32_t j = 0; j < heads; j++) {
-    a[j] = scores + static_cast<int64_t>(first_head + j) * num_positions;
+    a[j] = scores + static_cast<int64_t>(first_head + j) * count - first;
     offset[j] = (first_head + j) / kv_mul * tile_width;
   }
   v8f acc[tile_width] = {};
   const int32_t bs = kv.block_size;
-  for (int32_t t = 0; t < num_positions; t += bs) {
-    const float* vb = kv.value_cache + static_cast<int64_t>(kv.block_table[t / bs]) * bs * kv.kv_dim;
-    const int32_t count = std::min(bs, num_positions - t);
-    for (int32_t s = 0; s < count; s++) {
+  for (int32_t t = first; t < num_positions;) {
+    const int32_t from = t % bs, n = std::min(bs - from, num_positions - t);
+    const float* vb = kv.value_cache + (static_cast<int64_t>(kv.block_table[t / bs]) * bs + from) * kv.kv_dim;
+    for (int32_t s = 0; s < n; s++) {
       const float* v = vb + static_cast<int64_t>(s) * kv.kv_dim;
       for (int32_t j = 0; j < heads; j++) acc[j] += a[j][t + s] * load(v + offset[j]);
     }
+    t += n;
   }
   for (int32_t j = 0; j < heads; j++) store(out + (first_head + j) * tile_width, acc[j]);
 }
 
-void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_t num_positions,
+void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_t first, int32_t num_positions,
                      const attention_shape& shape) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
-  const int32_t hs = shape.head_size;
+  const int32_t hs = shape.head_size, count = num_positions - first;
   if (hs == tile_width) {
     for (int32_t h = 0; h < shape.n_heads; h += tile_width) {
       if (shape.n_heads - h >= tile_width)
-        weighted_values_8<true>(out, scores, kv, num_positions, h, tile_width, kv_mul);
+        weighted_values_8<true>(out, scores, kv, first, num_positions, h, tile_width, kv_mul);
       else
-        weighted_values_8<false>(out, scores, kv, num_positions, h, shape.n_heads - h, kv_mul);
+        weighted_values_8<false>(out, scores, kv, first, num_positions, h, shape.n_heads - h, kv_mul);
     }
     return;
   }
   std::memset(out, 0, static_cast<size_t>(shape.n_heads) * hs * sizeof(float));
-  for (int32_t t = 0; t < num_positions; t++) {
+  for (int32_t t = first; t < num_positions; t++) {
     const float* v = kv.value_cache + (static_cast<int64_t>(kv.block_table[t / kv.block_size]) * kv.block_size +
                                        t % kv.block_size) * kv.kv_dim;
     for (int32_t h = 0; h < shape.n_heads; h++) {
-      const float a = scores[static_cast<int64_t>(h) * num_positions + t];
+      const float a = scores[static_cast<int64_t>(h) * count + t - first];
       const float* vh = v + (h / kv_mul) * hs;
       float* oh = out + h * hs;
       int32_t i = 0;
@@ -532,18 +534,24 @@ void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape, exp_source exp) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
   const int32_t hs = shape.head_size, bs = kv.block_size;
-  const float scale = std::sqrt(static_cast<float>(hs));
+  const float scale = shape.divisor > 0 ? shape.divisor : std::sqrt(static_cast<float>(hs));
+  const int32_t first = shape.first_position(num_positions), count = num_positions - first;
   const int64_t block_floats = static_cast<int64_t>(kv.kv_dim) * bs;
   for (int32_t h = 0; h < shape.n_heads; h++) {
     const float* qh = q + h * hs;  // (head_size)
-    float* sh = scores + static_cast<int64_t>(h) * num_positions;  // (num_positions)
+    float* sh = scores + static_cast<int64_t>(h) * count;  // (count): position first + i at i
     const int64_t kv_offset = static_cast<int64_t>(h / kv_mul) * hs * bs;
-    for (int32_t t = 0; t < num_positions; t += bs)
-      block_scores(sh + t, qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
-                   std::min(bs, num_positions - t), scale);
+    for (int32_t t = first; t < num_positions;) {
+      const int32_t from = t % bs, n = std::min(bs - from, num_positions - t);
+      block_scores(sh + (t - first), qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
+                   from, n, scale);
+      t += n;
+    }
+    if (shape.softcap > 0)
+      for (int32_t i = 0; i < count; i++) sh[i] = soft_cap(sh[i], shape.softcap);
   }
-  softmax_rows(scores, shape.n_heads, num_positions, exp);
-  weighted_values(out, scores, kv, num_positions, shape);
+  softmax_rows(scores, shape.n_heads, count, exp);
+  weighted_values(out, scores, kv, first, num_positions, shape);
 }
 
 }  // namespace fast

@@ -12,6 +12,7 @@
 /// contraction (-ffp-contract=off), so reference and fast agree bit for bit on every machine and
 /// instruction set, which tests/kernels_test.cpp checks.
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -90,12 +91,28 @@ struct paged_kv {
   int32_t kv_dim = 0;
 };
 
-/// Shape of grouped-query attention.
+/// Shape of grouped-query attention, and how a layer scores positions.
 struct attention_shape {
   int32_t n_heads = 0;
   int32_t n_kv_heads = 0;
   int32_t head_size = 0;
+  /// A score is q·k / divisor; 0: sqrt(head_size).
+  float divisor = 0.0f;
+  /// When > 0, each score s becomes soft_cap(s, softcap) before the softmax (Gemma 2).
+  float softcap = 0.0f;
+  /// When > 0, a row attends only its last `window` positions (a sliding-window layer; as
+  /// llama.cpp's standard window: position p masks those <= p - window).
+  int32_t window = 0;
+
+  /// The first position a row at `num_positions` positions attends.
+  [[nodiscard]] int32_t first_position(int32_t num_positions) const {
+    return window > 0 && num_positions > window ? num_positions - window : 0;
+  }
 };
+
+/// cap * tanh(x / cap), as llama.cpp's soft-capping computes it (scale by 1 / cap, tanh, scale
+/// by cap); x unchanged when cap <= 0.
+inline float soft_cap(float x, float cap) { return cap > 0 ? std::tanh(x * (1.0f / cap)) * cap : x; }
 
 namespace reference {
 
@@ -134,8 +151,14 @@ void rope_neox(float* vec, int32_t n, int32_t head_size, const float* cos, const
 /// hb (n) = silu(hb) ⊙ hb2.
 void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp = exp_source::kernels);
 
-/// out (n_heads * head_size) = GQA attention of q over positions 0..num_positions-1.
-/// `scores` is scratch of (n_heads, num_positions) floats.
+/// hb (n) = gelu(hb) ⊙ hb2 with GELU's tanh form as llama.cpp's CPU backend computes it: a
+/// value below -10 gives 0, one above 10 itself, any other is rounded to f16 and looked up in a
+/// table of f16 results (ggml's GGML_GELU_FP16). One implementation serves both paths: a lookup
+/// per element.
+void geglu(float* hb, const float* hb2, int32_t n);
+
+/// out (n_heads * head_size) = GQA attention of q over positions shape.first_position(n) ..
+/// num_positions - 1. `scores` is scratch of (n_heads, num_positions) floats.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape, exp_source exp = exp_source::kernels);
 

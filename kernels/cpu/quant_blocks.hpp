@@ -75,6 +75,14 @@ inline float f16_to_f32(uint16_t bits) {
   return static_cast<float>(h);
 }
 
+/// A float as an IEEE half's bits, rounded to nearest even (as F16C's vcvtps2ph).
+inline uint16_t f32_to_f16(float x) {
+  const _Float16 h = static_cast<_Float16>(x);
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof(bits));
+  return bits;
+}
+
 /// A bfloat16's bits as float (exact: the top half of a float).
 inline float bf16_to_f32(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;

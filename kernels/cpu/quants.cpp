@@ -41,13 +41,6 @@ const type_info& info(weight_type t) {
   TROUPE_KERNEL_ASSERT(!"a weight_type outside the type table");
 }
 
-uint16_t f32_to_f16(float x) {
-  const _Float16 h = static_cast<_Float16>(x);  // round to nearest even, as F16C's vcvtps2ph
-  uint16_t bits;
-  std::memcpy(&bits, &h, sizeof(bits));
-  return bits;
-}
-
 /// ggml's GGML_FP32_TO_BF16: round to nearest even; a NaN keeps its top bits, made quiet (a
 /// NaN whose payload lies only in the low 16 bits would otherwise round to infinity).
 uint16_t f32_to_bf16(float x) {
@@ -177,7 +170,7 @@ void quantize_q8_0(blocks::q8_0* out, const float* x, int32_t nb) {
   for (int32_t i = 0; i < nb; i++) {
     const float* xb = x + qk * i;  // (32)
     const float amax = max_abs(xb, qk);
-    out[i].d = f32_to_f16(amax / 127.0f);
+    out[i].d = blocks::f32_to_f16(amax / 127.0f);
     const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int32_t j = 0; j < qk; j++) out[i].qs[j] = saturate_int8(std::nearbyint(xb[j] * inverse));
   }
@@ -359,7 +352,7 @@ void quantize_activations(uint8_t* out, const float* x, int32_t n, weight_type t
     case weight_type::f16:
     case weight_type::bf16:
       for (int32_t j = 0; j < n; j++) {
-        const uint16_t bits = t == weight_type::f16 ? f32_to_f16(x[j]) : f32_to_bf16(x[j]);
+        const uint16_t bits = t == weight_type::f16 ? blocks::f32_to_f16(x[j]) : f32_to_bf16(x[j]);
         std::memcpy(out + 2 * static_cast<int64_t>(j), &bits, sizeof(bits));
       }
       return;

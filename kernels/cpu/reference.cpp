@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/quant_blocks.hpp"
 
 namespace troupe::kernels::cpu::reference {
 
@@ -95,31 +96,62 @@ void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
   }
 }
 
+namespace {
+
+/// ggml's GELU of one float (its ggml_gelu_f32): the tanh approximation.
+float gelu_tanh(float x) {
+  constexpr float coef_a = 0.044715f, sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+  return 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+/// GELU of every f16 value, rounded to f16: ggml's ggml_table_gelu_f16.
+const std::vector<uint16_t>& gelu_f16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    for (uint32_t i = 0; i < t.size(); i++)
+      t[i] = blocks::f32_to_f16(gelu_tanh(blocks::f16_to_f32(static_cast<uint16_t>(i))));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void geglu(float* hb, const float* hb2, int32_t n) {
+  const std::vector<uint16_t>& table = gelu_f16_table();
+  for (int32_t i = 0; i < n; i++) {
+    const float x = hb[i];
+    const float gelu = x <= -10.0f ? 0.0f : x >= 10.0f ? x : blocks::f16_to_f32(table[blocks::f32_to_f16(x)]);
+    hb[i] = gelu * hb2[i];
+  }
+}
+
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape, exp_source exp) {
   const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
-  const float scale = std::sqrt(static_cast<float>(shape.head_size));
+  const float scale = shape.divisor > 0 ? shape.divisor : std::sqrt(static_cast<float>(shape.head_size));
+  const int32_t first = shape.first_position(num_positions), count = num_positions - first;
   for (int32_t h = 0; h < shape.n_heads; h++) {
     const float* qh = q + h * shape.head_size;  // (head_size)
     const int32_t kv_offset = (h / kv_mul) * shape.head_size;
-    float* sh = scores + static_cast<int64_t>(h) * num_positions;  // (num_positions)
-    for (int32_t t = 0; t < num_positions; t++) {
+    float* sh = scores + static_cast<int64_t>(h) * count;  // (count): position first + i at i
+    for (int32_t t = first; t < num_positions; t++) {
       const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
                                kv.block_size + t % kv.block_size;
       const int64_t block = slot / kv.block_size, in_block = slot % kv.block_size;
       const float* k = kv.key_cache + (block * kv.kv_dim + kv_offset) * kv.block_size + in_block;
       float score = 0.0f;  // k[i * block_size] is feature kv_offset + i of position t
       for (int32_t i = 0; i < shape.head_size; i++) score += qh[i] * k[static_cast<int64_t>(i) * kv.block_size];
-      sh[t] = score / scale;
+      sh[t - first] = soft_cap(score / scale, shape.softcap);
     }
-    softmax(sh, num_positions, exp);
+    softmax(sh, count, exp);
     float* oh = out + h * shape.head_size;  // (head_size)
     for (int32_t i = 0; i < shape.head_size; i++) oh[i] = 0.0f;
-    for (int32_t t = 0; t < num_positions; t++) {
+    for (int32_t t = first; t < num_positions; t++) {
       const int64_t slot = static_cast<int64_t>(kv.block_table[t / kv.block_size]) *
                                kv.block_size + t % kv.block_size;
       const float* v = kv.value_cache + slot * kv.kv_dim + kv_offset;  // (head_size)
-      for (int32_t i = 0; i < shape.head_size; i++) oh[i] += sh[t] * v[i];
+      for (int32_t i = 0; i < shape.head_size; i++) oh[i] += sh[t - first] * v[i];
     }
   }
 }

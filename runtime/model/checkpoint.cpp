@@ -67,6 +67,7 @@ std::optional<int64_t> num_weight_floats(const model_config& c, int64_t n_expert
   if (!c.shared_classifier) n.add({vocab, dim});  // wcls
   if (c.qkv_bias) n.add({layers, q_dim + 2 * kv_dim});  // bq, bk, bv
   if (c.qk_norm) n.add({layers, head_size, 2});         // q_norm, k_norm
+  if (c.post_norms) n.add({layers, dim, 2});            // rms_att_post, rms_ffn_post
   return n.value();
 }
 
@@ -131,7 +132,9 @@ int64_t checkpoint::resident_bytes() const {
 
 bool model_config::is_llama2c() const {
   return rope_freq_base == 10000.0f && rope_freq_scale == 1.0f && rope_freq_factors.empty() &&
-         rms_norm_eps == 1e-5f && rope == rope_style::interleaved && head_dim == 0 && !qkv_bias && !qk_norm;
+         rms_norm_eps == 1e-5f && rope == rope_style::interleaved && head_dim == 0 && !qkv_bias && !qk_norm &&
+         activation == ffn_activation::silu && !scale_embedding && !post_norms && attn_softcap == 0 &&
+         final_softcap == 0 && attn_divisor == 0 && sliding_window == 0;
 }
 
 namespace {
@@ -212,13 +215,16 @@ struct architecture {
   bool qk_norm;       ///< attn_q_norm.weight, attn_k_norm.weight
   bool fused_ffn_up;  ///< ffn_up holds the gate's rows then the up projection's; no ffn_gate
   bool may_fuse_qkv;  ///< attn_qkv.weight may hold Q's, K's and V's rows in place of three tensors
+  bool gemma;         ///< Gemma's computation (read_gemma): post_attention_norm, post_ffw_norm, ...
 };
 
 constexpr architecture architectures[] = {
-    {"llama", rope_style::interleaved, false, false, false, false},
-    {"qwen2", rope_style::neox, true, false, false, false},
-    {"qwen3", rope_style::neox, false, true, false, false},
-    {"phi3", rope_style::neox, false, false, true, true},
+    {"llama", rope_style::interleaved, false, false, false, false, false},
+    {"qwen2", rope_style::neox, true, false, false, false, false},
+    {"qwen3", rope_style::neox, false, true, false, false, false},
+    {"phi3", rope_style::neox, false, false, true, true, false},
+    {"gemma2", rope_style::neox, false, false, false, false, true},
+    {"gemma3", rope_style::neox, false, true, false, false, true},
 };
 
 /// `<arch>.<suffix>`: an architecture's metadata key.
@@ -307,7 +313,58 @@ expected<void> read_rope_and_norm(std::string_view bytes, const gguf_file& f, co
     break;
   }
   if (scaling == "linear" && factor != 1.0f) c.rope_freq_scale = 1.0f / factor;
+  if (a.gemma) return {};  // llama.cpp's gemma reads no rope_freqs.weight: check_tensors refuses it
   return read_rope_freqs(bytes, f, c, path);
+}
+
+/// An integer key, when present, into `*out`: it must be in [min, max_dimension].
+expected<void> read_int_key(const gguf_file& f, const std::string& key, int64_t min, int32_t* out,
+                            const std::string& path) {
+  if (!f.metadata.count(key)) return {};
+  auto v = f.get_int(key, path);
+  if (!v) return tl::unexpected(v.error());
+  if (*v < min || *v > max_dimension)
+    return fail(errc::malformed_file, where(path) + key + " = " + std::to_string(*v) + " is out of range (" +
+                                          std::to_string(min) + ".." + std::to_string(max_dimension) + ")");
+  *out = static_cast<int32_t>(*v);
+  return {};
+}
+
+/// Gemma's settings (`c`'s shape, RoPE and norm already read), as llama.cpp's
+/// src/models/gemma2.cpp and gemma3.cpp read them: every layer scales the embedding by
+/// sqrt(dim), gates its FFN by GELU and norms attention's and the FFN's outputs. gemma2 slides a
+/// window (attention.sliding_window, 4096 by default) over every other layer, soft-caps scores
+/// at attn_logit_softcapping (50) and logits at final_logit_softcapping (30), and turns its
+/// sliding layers as its global ones. gemma3 slides only when the file gives a window, over 5
+/// layers in 6, caps only logits and only when the file says, and turns sliding layers by base
+/// 10000 unscaled. Either's attention.sliding_window_pattern and rope.freq_base_swa override the
+/// period and the sliding layers' base. The 27B shapes (gemma2's 46 layers, gemma3's 62) divide
+/// scores by sqrt(dim / heads), the others by sqrt(head width).
+expected<void> read_gemma(const gguf_file& f, const architecture& a, model_config& c, const std::string& path) {
+  const bool gemma2 = a.name == "gemma2";
+  c.activation = ffn_activation::gelu;
+  c.scale_embedding = c.post_norms = true;
+  c.sliding_window = gemma2 ? 4096 : 0;
+  c.sliding_period = gemma2 ? 2 : 6;
+  if (gemma2) {
+    c.attn_softcap = 50.0f;
+    c.final_softcap = 30.0f;
+    c.rope_freq_base_swa = c.rope_freq_base;
+    c.rope_freq_scale_swa = c.rope_freq_scale;
+  }
+  for (auto ok : {read_int_key(f, key(a, "attention.sliding_window"), gemma2 ? 1 : 0, &c.sliding_window, path),
+                  read_int_key(f, key(a, "attention.sliding_window_pattern"), 0, &c.sliding_period, path),
+                  read_float_key(f, key(a, "rope.freq_base_swa"), 1, 1e10, "a RoPE frequency base",
+                                 &c.rope_freq_base_swa, path),
+                  read_float_key(f, key(a, "final_logit_softcapping"), 0, 1e4, "a soft cap", &c.final_softcap, path)})
+    if (!ok) return ok;
+  if (gemma2)
+    if (auto ok = read_float_key(f, key(a, "attn_logit_softcapping"), 0, 1e4, "a soft cap", &c.attn_softcap, path);
+        !ok)
+      return ok;
+  if (c.n_layers == (gemma2 ? 46 : 62)) c.attn_divisor = std::sqrt(static_cast<float>(c.dim / c.n_heads));
+  if (gemma2) c.shared_classifier = true;  // llama.cpp's gemma2 classifies by token_embd.weight
+  return {};
 }
 
 /// The `<arch>.*` keys troupe reads or may ignore (vocab_size, the scaling's informational
@@ -321,8 +378,12 @@ bool is_known_key(const architecture& a, std::string_view k) {
       "rope.freq_base",         "rope.dimension_count",    "rope.scaling.type",
       "rope.scaling.factor",    "rope.scale_linear",       "rope.scaling.original_context_length",
       "rope.scaling.finetuned", "vocab_size"};
+  static constexpr std::string_view gemma[] = {"attention.sliding_window", "attention.sliding_window_pattern",
+                                               "rope.freq_base_swa", "final_logit_softcapping",
+                                               "attn_logit_softcapping"};  // gemma3 ignores it, as llama.cpp
   const std::string_view suffix = k.substr(a.name.size() + 1);
   if (a.name == "phi3" && suffix == "attention.sliding_window") return true;
+  if (a.gemma && std::find(std::begin(gemma), std::end(gemma), suffix) != std::end(gemma)) return true;
   return std::find(std::begin(known), std::end(known), suffix) != std::end(known);
 }
 
@@ -334,7 +395,7 @@ expected<const architecture*> read_architecture(const gguf_file& f, const std::s
                                        [&](const architecture& x) { return x.name == *name; });
   if (a == std::end(architectures))
     return fail(errc::malformed_file, where(path) + "architecture '" + echo(*name) +
-                                          "' is not supported (llama, qwen2, qwen3 and phi3 are)");
+                                          "' is not supported (llama, qwen2, qwen3, phi3, gemma2 and gemma3 are)");
   for (const auto& [k, value] : f.metadata)
     if (k.rfind(key(*a, ""), 0) == 0 && !is_known_key(*a, k))
       return fail(errc::malformed_file, where(path) + "metadata key '" + echo(k) + "' is not supported (troupe's " +
@@ -418,8 +479,11 @@ std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& 
   if (a.qkv_bias)
     extras = {part("attn_q.bias", {qd}, &w::bq), part("attn_k.bias", {kv}, &w::bk), part("attn_v.bias", {kv}, &w::bv)};
   if (a.qk_norm)
-    extras = {part("attn_q_norm.weight", {c.head_size()}, &w::q_norm),
-              part("attn_k_norm.weight", {c.head_size()}, &w::k_norm)};
+    extras.insert(extras.end(), {part("attn_q_norm.weight", {c.head_size()}, &w::q_norm),
+                                 part("attn_k_norm.weight", {c.head_size()}, &w::k_norm)});
+  if (c.post_norms)
+    extras.insert(extras.end(), {part("post_attention_norm.weight", {dim}, &w::rms_att_post),
+                                 part("post_ffw_norm.weight", {dim}, &w::rms_ffn_post)});
   const auto add_layers = [&](std::vector<tensor_piece>& out, const std::vector<tensor_piece>& kinds) {
     for (const tensor_piece& k : kinds)
       for (int32_t l = 0; l < c.n_layers; l++) {
@@ -440,7 +504,8 @@ std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& 
 /// read_rope_freqs), in the shapes they say, before any is dequantized.
 expected<void> check_tensors(const gguf_file& f, const architecture& a, const std::vector<tensor_piece>& pieces,
                              const std::string& path) {
-  std::set<std::string_view> names = {"rope_freqs.weight"};
+  std::set<std::string_view> names;
+  if (!a.gemma) names.insert("rope_freqs.weight");  // llama.cpp's gemma reads no such tensor
   for (const tensor_piece& p : pieces) names.insert(p.name);
   for (const gguf_tensor& t : f.tensors)
     if (!names.count(t.name))
@@ -539,6 +604,8 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
                                           " tokens is out of range");
   c.vocab_size = static_cast<int32_t>(embedding->dims[1]);
   c.shared_classifier = f->tensor("output.weight") == nullptr;
+  if (a.gemma)
+    if (auto ok = read_gemma(*f, a, c, path); !ok) return tl::unexpected(ok.error());
 
   // Each weight takes at least half a byte of the file (Q4_0's and Q4_K's 4.5 bits): more than
   // its size can hold cannot be there; reserving for it first would allocate what the header
@@ -733,7 +800,7 @@ std::string describe(const checkpoint& ck, int64_t resident_bytes) {
     by_type[ck.q80() ? "Q8_0" : "F32"] += matrices;
   }
   int64_t vectors = layers * dim * 2 + dim + (c.qkv_bias ? layers * (c.q_dim() + 2 * int64_t{c.kv_dim()}) : 0) +
-                    (c.qk_norm ? layers * 2 * c.head_size() : 0);
+                    (c.qk_norm ? layers * 2 * c.head_size() : 0) + (c.post_norms ? layers * 2 * dim : 0);
   if (const moe_weights* m = ck.moe()) vectors += layers * m->n_experts * (dim + 1);  // the router
   by_type["F32"] += vectors;
   int64_t total = 0;
@@ -841,6 +908,8 @@ expected<void> check_finite(const checkpoint& ck) {
   if (c.qk_norm)
     tensors.insert(tensors.end(),
                    {{"q_norm", w.q_norm, layers, c.head_size()}, {"k_norm", w.k_norm, layers, c.head_size()}});
+  if (c.post_norms)
+    tensors.insert(tensors.end(), {{"rms_att_post", w.rms_att_post, layers, dim}, {"rms_ffn_post", w.rms_ffn_post, layers, dim}});
   if (const q80_weights* q = ck.q80()) {  // int8 values are finite: check the scales
     for (const q80_tensor_kind& k : q80_tensor_kinds(c)) {
       if (k.per_layer == nullptr) continue;  // the embedding is checked dequantized

@@ -29,6 +29,10 @@ inline constexpr int32_t header_value_max = 1 << 20;
 /// pairs (2f, 2f + 1), or GPT-NeoX's halves (f, f + head_size / 2) (qwen2, qwen3, phi3).
 enum class rope_style : uint8_t { interleaved, neox };
 
+/// The FFN's gate activation: SiLU (SwiGLU: llama, qwen, phi3) or GELU's tanh form (GeGLU:
+/// gemma2, gemma3).
+enum class ffn_activation : uint8_t { silu, gelu };
+
 /// Shape of a transformer model: a llama2.c header's fields, and how a GGUF architecture
 /// computes what llama2.c's fixed choices leave open (docs/gguf.md).
 struct model_config {
@@ -50,7 +54,22 @@ struct model_config {
   rope_style rope = rope_style::interleaved;
   int32_t head_dim = 0;   ///< a head's width; 0: dim / n_heads (GGUF attention.key_length may differ)
   bool qkv_bias = false;  ///< Q, K and V add a bias after their matmuls (qwen2)
-  bool qk_norm = false;   ///< each head of Q and K is RMS-normed before RoPE (qwen3)
+  bool qk_norm = false;   ///< each head of Q and K is RMS-normed before RoPE (qwen3, gemma3)
+  // Gemma's choices (docs/gguf.md), at llama's values for every other architecture:
+  ffn_activation activation = ffn_activation::silu;
+  bool scale_embedding = false;  ///< an embedding row is multiplied by sqrt(dim) first
+  bool post_norms = false;       ///< attention's and the FFN's outputs are RMS-normed before each residual add
+  float attn_softcap = 0.0f;     ///< attention scores soft-capped at this (kernels' soft_cap); 0: none
+  float final_softcap = 0.0f;    ///< logits soft-capped at this; 0: none
+  float attn_divisor = 0.0f;     ///< a score is q·k / attn_divisor; 0: sqrt(head_size)
+  int32_t sliding_window = 0;    ///< a sliding layer attends its last this many positions; 0: none
+  int32_t sliding_period = 0;    ///< layer l slides when l % period < period - 1 (0: every layer)
+  float rope_freq_base_swa = 10000.0f;  ///< a sliding layer's RoPE base
+  float rope_freq_scale_swa = 1.0f;     ///< and linear scale
+
+  [[nodiscard]] bool is_sliding(int32_t layer) const {
+    return sliding_window > 0 && (sliding_period == 0 || layer % sliding_period < sliding_period - 1);
+  }
 
   [[nodiscard]] int32_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
   [[nodiscard]] int32_t q_dim() const { return n_heads * head_size(); }
@@ -83,6 +102,8 @@ struct weights {
   const float* bv = nullptr;      ///< (layer, kv_dim) when qkv_bias
   const float* q_norm = nullptr;  ///< (layer, head_size) when qk_norm
   const float* k_norm = nullptr;  ///< (layer, head_size) when qk_norm
+  const float* rms_att_post = nullptr;  ///< (layer, dim) when post_norms
+  const float* rms_ffn_post = nullptr;  ///< (layer, dim) when post_norms
 };
 
 /// A model's matrices in one kernel view: one per layer, llama2.c's names and shapes.

@@ -20,6 +20,28 @@ void add_bias(float* x, const float* bias, int32_t n) {
 
 }  // namespace
 
+transformer::rope_angles transformer::rope_table(const model_config& c, float base, float scale) {
+  const int32_t half = c.head_size() / 2;
+  rope_angles out;
+  out.cos.resize(static_cast<size_t>(c.seq_len) * half);
+  out.sin.resize(static_cast<size_t>(c.seq_len) * half);
+  for (int32_t pos = 0; pos < c.seq_len; pos++) {
+    for (int32_t f = 0; f < half; f++) {
+      const float freq = 1.0f / std::pow(base, static_cast<float>(2 * f) / static_cast<float>(c.head_size()));
+      float val = static_cast<float>(pos) * freq;
+      if (!c.rope_freq_factors.empty()) val /= c.rope_freq_factors[static_cast<size_t>(f)];
+      if (scale != 1.0f) val *= scale;
+      out.cos[static_cast<size_t>(pos) * half + f] = std::cos(val);
+      out.sin[static_cast<size_t>(pos) * half + f] = std::sin(val);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+}  // namespace
+
 transformer::transformer(const checkpoint& ck, kernel_path path)
     : ck_(ck),
       config_(ck.config()),
@@ -61,21 +83,11 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
   }
   // RoPE angles exactly as llama2.c computes them per step (base 10000, no scaling), tabulated
   // once; a GGUF file's base, per-pair divisors and linear scale as llama.cpp applies them.
-  const int32_t half = c.head_size() / 2;
-  TROUPE_ASSERT(c.rope_freq_factors.empty() || c.rope_freq_factors.size() == static_cast<size_t>(half));
-  rope_cos_.resize(static_cast<size_t>(c.seq_len) * half);
-  rope_sin_.resize(static_cast<size_t>(c.seq_len) * half);
-  for (int32_t pos = 0; pos < c.seq_len; pos++) {
-    for (int32_t f = 0; f < half; f++) {
-      const float freq =
-          1.0f / std::pow(c.rope_freq_base, static_cast<float>(2 * f) / static_cast<float>(c.head_size()));
-      float val = static_cast<float>(pos) * freq;
-      if (!c.rope_freq_factors.empty()) val /= c.rope_freq_factors[static_cast<size_t>(f)];
-      if (c.rope_freq_scale != 1.0f) val *= c.rope_freq_scale;
-      rope_cos_[static_cast<size_t>(pos) * half + f] = std::cos(val);
-      rope_sin_[static_cast<size_t>(pos) * half + f] = std::sin(val);
-    }
-  }
+  // Sliding layers (Gemma) turn by their own base and scale.
+  TROUPE_ASSERT(c.rope_freq_factors.empty() || c.rope_freq_factors.size() == static_cast<size_t>(c.head_size() / 2));
+  rope_ = rope_table(c, c.rope_freq_base, c.rope_freq_scale);
+  for (int32_t l = 0; l < c.n_layers && rope_swa_.cos.empty(); l++)
+    if (c.is_sliding(l)) rope_swa_ = rope_table(c, c.rope_freq_base_swa, c.rope_freq_scale_swa);
   const int64_t dim = c.dim,
                 per_layer = 2 * int64_t{c.q_dim()} * dim + 2 * int64_t{c.kv_dim()} * dim + 3 * dim * c.hidden_dim;
   matrix_weights_ = c.n_layers * per_layer + int64_t{c.vocab_size} * dim;
@@ -280,6 +292,10 @@ void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std
       cpu::dequantize_row(x, g->token_embedding.row(rows[r].token), g->token_embedding.type, c.dim);
     else
       std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(rows[r].token) * c.dim, c.dim, x);
+    if (c.scale_embedding) {
+      const float scale = std::sqrt(static_cast<float>(c.dim));
+      for (int32_t i = 0; i < c.dim; i++) x[i] *= scale;
+    }
   }
   for (int32_t l = 0; l < num_layers && !expert_error_; l++) {
     attention_layer(rows, cache, l, s, pool);
@@ -301,6 +317,8 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
   matmul(s.k.data(), s.xb.data(), matrix::wk, l, n, s, pool);
   matmul(s.v.data(), s.xb.data(), matrix::wv, l, n, s, pool);
   const auto rope = c.rope == rope_style::neox ? cpu::reference::rope_neox : cpu::reference::rope;
+  const bool sliding = c.is_sliding(l);
+  const rope_angles& angles = sliding ? rope_swa_ : rope_;
   for (int32_t r = 0; r < n; r++) {
     const forward_row& row = rows[r];
     float* q = &s.q[static_cast<int64_t>(r) * q_dim];
@@ -316,8 +334,8 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
       for (int32_t i = 0; i < kv_dim; i += head)
         cpu::reference::rmsnorm(k + i, k + i, w.k_norm + ld * head, head, c.rms_norm_eps);
     }
-    const float* cos = &rope_cos_[static_cast<size_t>(row.position) * half];
-    const float* sin = &rope_sin_[static_cast<size_t>(row.position) * half];
+    const float* cos = &angles.cos[static_cast<size_t>(row.position) * half];
+    const float* sin = &angles.sin[static_cast<size_t>(row.position) * half];
     rope(q, q_dim, head, cos, sin);
     rope(k, kv_dim, head, cos, sin);
     const int64_t slot = static_cast<int64_t>(row.block_table[row.position / cache.block_size()]) *
@@ -328,7 +346,8 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     for (int32_t d = 0; d < kv_dim; d++) key[static_cast<int64_t>(d) * cache.block_size()] = s.k[r * kv_dim + d];
     std::copy_n(&s.v[r * kv_dim], kv_dim, cache.values(l) + slot * kv_dim);
   }
-  const cpu::attention_shape shape{c.n_heads, c.n_kv_heads, c.head_size()};
+  const cpu::attention_shape shape{c.n_heads,      c.n_kv_heads,   c.head_size(),
+                                   c.attn_divisor, c.attn_softcap, sliding ? c.sliding_window : 0};
   auto attend = [&](int32_t worker, int64_t begin, int64_t end) {
     float* scores = s.scores.data() + static_cast<size_t>(worker) * c.n_heads * c.seq_len;
     for (int64_t r = begin; r < end; r++) {
@@ -344,6 +363,9 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
   else
     attend(0, 0, n);
   matmul(s.xb2.data(), s.att.data(), matrix::wo, l, n, s, pool);
+  if (c.post_norms)
+    for (int32_t r = 0; r < n; r++)
+      cpu::reference::rmsnorm(&s.xb2[r * dim], &s.xb2[r * dim], w.rms_att_post + ld * dim, dim, c.rms_norm_eps);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb2[i];
 }
 
@@ -357,11 +379,16 @@ void transformer::ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_pool* 
     cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], w.rms_ffn + ld * dim, dim, c.rms_norm_eps);
   matmul(s.hb.data(), s.xb.data(), matrix::w1, l, n, s, pool);
   matmul(s.hb2.data(), s.xb.data(), matrix::w3, l, n, s, pool);
-  if (path_ == kernel_path::fast)
+  if (c.activation == ffn_activation::gelu)
+    cpu::reference::geglu(s.hb.data(), s.hb2.data(), n * hidden);
+  else if (path_ == kernel_path::fast)
     cpu::fast::swiglu(s.hb.data(), s.hb2.data(), n * hidden, exp_);
   else
     cpu::reference::swiglu(s.hb.data(), s.hb2.data(), n * hidden, exp_);
   matmul(s.xb.data(), s.hb.data(), matrix::w2, l, n, s, pool);
+  if (c.post_norms)
+    for (int32_t r = 0; r < n; r++)
+      cpu::reference::rmsnorm(&s.xb[r * dim], &s.xb[r * dim], w.rms_ffn_post + ld * dim, dim, c.rms_norm_eps);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb[i];
 }
 
@@ -399,6 +426,8 @@ void transformer::classifier(const std::vector<forward_row>& rows, std::vector<f
                               c.rms_norm_eps);
   logits.resize(static_cast<size_t>(m) * c.vocab_size);
   if (m > 0) matmul(logits.data(), s.xb.data(), matrix::wcls, 0, m, s, pool);
+  if (c.final_softcap > 0)
+    for (float& x : logits) x = cpu::soft_cap(x, c.final_softcap);
 }
 
 }  // namespace troupe::model

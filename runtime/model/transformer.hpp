@@ -137,8 +137,13 @@ class transformer {
   kernels::cpu::packed_matrix wcls_;
   std::vector<q80_layer_weights> q80_layers_;  // Q8_0 checkpoints on the fast path
   kernels::cpu::packed_q80 q80_wcls_;
-  std::vector<float> rope_cos_;  // (seq_len, head_size / 2)
-  std::vector<float> rope_sin_;  // (seq_len, head_size / 2)
+  /// RoPE's angles of every position: (seq_len, head_size / 2) each.
+  struct rope_angles {
+    std::vector<float> cos, sin;
+  };
+  static rope_angles rope_table(const model_config& c, float base, float scale);
+  rope_angles rope_;      // every layer's, or the global layers' (Gemma)
+  rope_angles rope_swa_;  // sliding layers' (Gemma); empty without them
   moe::expert_placement placement_;                          // an MoE's
   std::unique_ptr<moe::expert_dispatch> own_dispatch_;       // one shard with every expert
   moe::expert_dispatch* dispatch_ = nullptr;                 // own_dispatch_ or a borrowed one

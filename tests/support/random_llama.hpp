@@ -1,8 +1,8 @@
 #pragma once
 
-// Random-weight GGUF files of troupe's architectures (llama, qwen2, qwen3, phi3) for tests that
-// run llama.cpp beside troupe (tests/llama_oracle_test.cpp, tests/gguf_serve_test.cpp) and for
-// the loader's metadata tests (tests/gguf_test.cpp).
+// Random-weight GGUF files of troupe's architectures (llama, qwen2, qwen3, phi3, gemma2, gemma3)
+// for tests that run llama.cpp beside troupe (tests/llama_oracle_test.cpp,
+// tests/gguf_serve_test.cpp) and for the loader's metadata tests (tests/gguf_test.cpp).
 //
 // The vocabulary is synthetic byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizer
 // "gpt-2"), which llama.cpp accepts: ids 0..255 are the 256 byte characters, 256
@@ -27,7 +27,8 @@ namespace troupe::testing {
 /// The shape and settings of a random model.
 struct random_llama_spec {
   /// general.architecture: llama; qwen2 (Q/K/V biases); qwen3 (Q/K norms); phi3 (fused QKV and
-  /// gate/up tensors). qwen2, qwen3 and phi3 rotate GPT-NeoX's halves.
+  /// gate/up tensors); gemma2 and gemma3 (post norms, GeGLU, a scaled embedding that also
+  /// classifies; gemma3's Q/K norms). All but llama rotate GPT-NeoX's halves.
   std::string arch = "llama";
   int32_t dim = 64;
   int32_t hidden_dim = 192;  // a multiple of 32: Q8_0 rows of ffn_down
@@ -54,7 +55,12 @@ struct random_llama_spec {
   /// (a real model's shape for benchmarks); 0: the synthetic vocabulary's own size.
   int32_t vocab_size = 0;
   bool add_bos_token = true;  ///< tokenizer.ggml.add_bos_token: whether a prompt starts with BOS
-  bool tied_classifier = false;  ///< no output.weight: the token embedding classifies (Llama 3.2 1B)
+  bool tied_classifier = false;  ///< no output.weight: the token embedding classifies (Llama 3.2 1B; gemma)
+  // Gemma's metadata, each written when > 0:
+  int32_t sliding_window = 0;          ///< attention.sliding_window
+  int32_t sliding_window_pattern = 0;  ///< attention.sliding_window_pattern
+  float attn_softcap = 0.0f;           ///< attn_logit_softcapping
+  float final_softcap = 0.0f;          ///< final_logit_softcapping
   uint64_t seed = 1;
 };
 
@@ -68,10 +74,13 @@ struct random_llama_family {
 /// tests/llama_oracle_test.cpp's cases were checked over; callers set the weight type): Llama
 /// 3.x's RoPE (base 500000 scaled by rope_freqs.weight, eps 1e-6); qwen2 (Q/K/V biases, base
 /// 1000000, eps 1e-6); qwen3 (Q/K norms, heads of 32 over a width of 64: Q is twice the width,
-/// base 1000000); phi3 (fused tensors). qwen2's and qwen3's vocabularies add no BOS, as Qwen's
-/// files say.
+/// base 1000000); phi3 (fused tensors); gemma2 (its own layer 0 sliding over 6 positions, scores
+/// capped at 1 so the cap bites, the logits at the default 30; its embedding classifies, as
+/// gemma2's must); gemma3 (Q/K norms, layer 0 of every 2 sliding over 5 positions at base 10000,
+/// layer 1 at base 1000000, its own output.weight). qwen2's and qwen3's vocabularies add no BOS,
+/// as Qwen's files say.
 inline std::vector<random_llama_family> random_llama_families() {
-  random_llama_spec llama3, qwen2, qwen3, phi3;
+  random_llama_spec llama3, qwen2, qwen3, phi3, gemma2, gemma3;
   llama3.rope_freq_base = 500000.0f;
   llama3.llama3_factor = 8.0f;
   llama3.rms_norm_eps = 1e-6f;
@@ -83,8 +92,18 @@ inline std::vector<random_llama_family> random_llama_families() {
   qwen3.head_dim = 32;
   qwen2.add_bos_token = qwen3.add_bos_token = false;
   phi3.arch = "phi3";
-  llama3.seed = qwen2.seed = qwen3.seed = phi3.seed = 4;
-  return {{"llama3", llama3}, {"qwen2", qwen2}, {"qwen3", qwen3}, {"phi3", phi3}};
+  gemma2.arch = "gemma2";
+  gemma2.rms_norm_eps = gemma3.rms_norm_eps = 1e-6f;
+  gemma2.tied_classifier = true;
+  gemma2.sliding_window = 6;
+  gemma2.attn_softcap = 1.0f;
+  gemma3.arch = "gemma3";
+  gemma3.rope_freq_base = 1000000.0f;
+  gemma3.sliding_window = 5;
+  gemma3.sliding_window_pattern = 2;
+  llama3.seed = qwen2.seed = qwen3.seed = phi3.seed = gemma2.seed = gemma3.seed = 4;
+  return {{"llama3", llama3}, {"qwen2", qwen2}, {"qwen3", qwen3},
+          {"phi3", phi3},     {"gemma2", gemma2}, {"gemma3", gemma3}};
 }
 
 /// llama.cpp's general.file_type for a file of `s`'s types (LLAMA_FTYPE_*).
@@ -134,11 +153,13 @@ inline std::vector<float> llama3_rope_divisors(const random_llama_spec& s, int32
 }
 
 /// The control tokens a family's vocabulary has beside BOS and EOT, appended after the two-letter
-/// tokens (ids 313 on): ChatML's for qwen2 and qwen3, Phi-3's for phi3 (troupe's end ids include
-/// <|im_end|>, <|end|> and <|endoftext|> by name, as llama.cpp's do).
+/// tokens (ids 313 on): ChatML's for qwen2 and qwen3, Phi-3's for phi3, Gemma's turns for gemma2
+/// and gemma3 (troupe's end ids include <|im_end|>, <|end|>, <|endoftext|> and <end_of_turn> by
+/// name, as llama.cpp's do).
 inline std::vector<std::string> family_tokens(const std::string& arch) {
   if (arch == "qwen2" || arch == "qwen3") return {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
   if (arch == "phi3") return {"<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"};
+  if (arch == "gemma2" || arch == "gemma3") return {"<start_of_turn>", "<end_of_turn>"};
   return {};
 }
 
@@ -224,6 +245,14 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     meta.push_back({a + "attention.key_length", u32(s.head_dim)});
     meta.push_back({a + "attention.value_length", u32(s.head_dim)});
   }
+  const std::pair<const char*, int32_t> ints[] = {{"attention.sliding_window", s.sliding_window},
+                                                  {"attention.sliding_window_pattern", s.sliding_window_pattern}};
+  for (const auto& [suffix, value] : ints)
+    if (value > 0) meta.push_back({a + suffix, u32(value)});
+  const std::pair<const char*, float> floats[] = {{"attn_logit_softcapping", s.attn_softcap},
+                                                  {"final_logit_softcapping", s.final_softcap}};
+  for (const auto& [suffix, value] : floats)
+    if (value > 0) meta.push_back({a + suffix, v::of_float(value)});
   for (auto& kv : random_llama_vocab(s, &vocab)) meta.push_back(std::move(kv));
   if (edit) edit(meta);
   const int64_t dim = s.dim, hidden = s.hidden_dim, q_dim = head * s.n_heads, kv_dim = head * s.n_kv_heads;
@@ -240,7 +269,12 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
   };
   const float in_dim = 1.0f / std::sqrt(static_cast<float>(dim)), in_hidden = 1.0f / std::sqrt(static_cast<float>(hidden));
   const ggml_type wide = s.wide_type.value_or(s.type);
-  add("token_embd.weight", {dim, vocab}, random_values(state, dim * vocab, 1.0f), s.type);
+  // Gemma multiplies the embedding by sqrt(dim): scaled to unit RMS, it does not drown the layers.
+  // Tied, it must be large to classify, and each next token would echo the last: the post norms'
+  // weights are then ~7 (below), so that the layers decide.
+  const bool gemma = s.arch == "gemma2" || s.arch == "gemma3";
+  const float embedding = gemma && !s.tied_classifier ? std::sqrt(3.0f / static_cast<float>(dim)) : 1.0f;
+  add("token_embd.weight", {dim, vocab}, random_values(state, dim * vocab, embedding), s.type);
   for (int32_t l = 0; l < s.n_layers; l++) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
@@ -272,7 +306,12 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
       add(p + "attn_k.bias", {kv_dim}, random_values(state, kv_dim, 0.5f), ggml_type::f32);
       add(p + "attn_v.bias", {kv_dim}, random_values(state, kv_dim, 0.5f), ggml_type::f32);
     }
-    if (s.arch == "qwen3") {
+    if (gemma) {  // tied, the layers' outputs must outweigh the large embedding (above)
+      const float post = s.tied_classifier ? 7.0f : 1.0f;
+      add(p + "post_attention_norm.weight", {dim}, random_values(state, dim, 0.2f * post, post), ggml_type::f32);
+      add(p + "post_ffw_norm.weight", {dim}, random_values(state, dim, 0.2f * post, post), ggml_type::f32);
+    }
+    if (s.arch == "qwen3" || s.arch == "gemma3") {
       add(p + "attn_q_norm.weight", {head}, random_values(state, head, 0.2f, 1.0f), ggml_type::f32);
       add(p + "attn_k_norm.weight", {head}, random_values(state, head, 0.2f, 1.0f), ggml_type::f32);
     }
