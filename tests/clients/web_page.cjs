@@ -30,8 +30,10 @@ async function shown(page) {
       role: li.dataset.role,
       state: li.dataset.state || '',
       content: li.querySelector('.content').textContent,
-      reasoning: [...li.querySelectorAll('details.reasoning')].map((d) => [d.open, d.querySelector('summary').textContent, d.querySelector('div').textContent]),
-      calls: [...li.querySelectorAll('.tool-call')].map((c) => [c.querySelector('.name').textContent, c.querySelector('.arguments').textContent]),
+      reasoning: [...li.querySelectorAll('details.reasoning')]
+        .map((d) => [d.open, d.querySelector('summary').textContent, d.querySelector('div').textContent]),
+      calls: [...li.querySelectorAll('.tool-call')]
+        .map((c) => [c.querySelector('.name').textContent, c.querySelector('.arguments').textContent]),
       order: [...li.children].map((c) => c.className),
     })),
     error: document.getElementById('error').textContent,
@@ -71,7 +73,10 @@ function cannedApi(html) {
   const waiting = [];
   const server = http.createServer((req, res) => {
     if (req.url === '/') return res.writeHead(200, { 'Content-Type': 'text/html; charset=utf-8' }).end(html);
-    if (req.url === '/v1/models') return res.writeHead(200, { 'Content-Type': 'application/json' }).end('{"object":"list","data":[{"id":"canned","object":"model"}]}');
+    if (req.url === '/v1/models') {
+      return res.writeHead(200, { 'Content-Type': 'application/json' })
+        .end('{"object":"list","data":[{"id":"canned","object":"model"}]}');
+    }
     if (req.url !== '/v1/chat/completions') return res.writeHead(404).end();
     let body = '';
     req.on('data', (chunk) => { body += chunk; });
@@ -82,10 +87,13 @@ function cannedApi(html) {
     });
   });
   const next = () => (arrived.length ? Promise.resolve(arrived.shift()) : new Promise((resolve) => waiting.push(resolve)));
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, next, url: `http://127.0.0.1:${server.address().port}` })));
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => {
+    resolve({ server, next, url: `http://127.0.0.1:${server.address().port}` });
+  }));
 }
 
-const event = (delta) => `data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
+const event = (delta) =>
+  `data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
 const streamHead = { 'Content-Type': 'text/event-stream' };
 
 /// The bytes of `text` in pieces, cut `offset` bytes after each marker: a cut may fall inside
@@ -113,11 +121,15 @@ async function canned(page) {
     assert.equal(r1.body.stream, true);
     const html1 = '<img src=x onerror="document.title=\'pwned\'">';
     const call = { index: 0, id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '' } };
-    const body1 = event({ role: 'assistant', reasoning_content: 'Paris, ' }) + event({ reasoning_content: 'café <b>weather</b>.' }) +
-                  event({ content: html1 }) + event({ tool_calls: [call] }) +
+    const crlf = (text) => text.replace(/\n/g, '\r\n');
+    const body1 = event({ role: 'assistant', reasoning_content: 'Paris, ' }) +
+                  event({ reasoning_content: 'café <b>weather</b>.' }) +
+                  event({ content: html1 }) +
+                  event({ tool_calls: [call] }) +
                   event({ tool_calls: [{ index: 0, function: { arguments: '{"city":' } }] }) +
-                  (event({ tool_calls: [{ index: 0, function: { arguments: ' "Paris"}' } }] }) +
-                   'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"seed":7}\n\ndata: [DONE]\n\n').replace(/\n/g, '\r\n');
+                  crlf(event({ tool_calls: [{ index: 0, function: { arguments: ' "Paris"}' } }] })) +
+                  crlf('data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"seed":7}\n\n') +
+                  crlf('data: [DONE]\n\n');
     const [head, middle, end] = cut(body1, [['caf', 1], ['{\\"ci', 0]]);
     r1.res.writeHead(200, streamHead);
     r1.res.write(head);
@@ -139,7 +151,8 @@ async function canned(page) {
 
     // The second request carries the first exchange, the tool call included; Stop aborts the
     // stream (the server sees the connection close) and keeps what came.
-    const assistant1 = { role: 'assistant', content: html1, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] };
+    const assistant1 = { role: 'assistant', content: html1,
+      tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] };
     const user2 = { role: 'user', content: 'And in Rome?' };
     await send(page, user2.content);
     const r2 = await api.next();
@@ -153,7 +166,8 @@ async function canned(page) {
     assert.equal(r2.res.writableEnded, false);
     s = await shown(page);
     assert.deepEqual([s.messages[3].state, s.messages[3].content, s.error], ['stopped', 'Rome is', '']);
-    assert.deepEqual(await page.evaluate(() => ['send', 'stop', 'new_chat'].map((id) => document.getElementById(id).disabled)), [false, true, false]);
+    const disabled = await page.evaluate(() => ['send', 'stop', 'new_chat'].map((id) => document.getElementById(id).disabled));
+    assert.deepEqual(disabled, [false, true, false]);
     checks.push('the second request carries the first exchange; Stop aborts the stream and keeps its text');
 
     // A 400 shows its message; a failure event after the first chunk shows its own; neither
@@ -168,7 +182,8 @@ async function canned(page) {
     await send(page, 'y');
     const r4 = await api.next();
     r4.res.writeHead(200, streamHead);
-    r4.res.end(event({ role: 'assistant', content: 'half' }) + 'data: {"error":{"message":"the engine\'s node was lost"}}\n\ndata: [DONE]\n\n');
+    r4.res.end(event({ role: 'assistant', content: 'half' }) +
+               'data: {"error":{"message":"the engine\'s node was lost"}}\n\ndata: [DONE]\n\n');
     await answered(page, 4);
     s = await shown(page);
     assert.deepEqual([s.messages[7].state, s.messages[7].content, s.error], ['failed', 'half', 'the engine\'s node was lost']);
