@@ -39,12 +39,12 @@ using nlohmann::json;
 /// spaces), after BOS for llama3, phi3 and gemma (qwen's vocabularies add none). Random models
 /// meet near ties (tests/llama_oracle_test.cpp), so these are picked from 150 random such prompts
 /// per family: llama.cpp's smallest lead on each run is 0.22 or more (8 times F16's difference),
-/// and each runs 32 tokens or more before an end of generation (gemma's: the one with the most
-/// distinct tokens). qwen3's ends after 33 (finish "stop"), the others run to max_tokens (finish
+/// and each runs 32 tokens or more before an end of generation (gemma's, mixtral's, qwen3moe's:
+/// among those, one with more than a few distinct tokens). qwen3's ends after 33 (finish "stop"), the others run to max_tokens (finish
 /// "length").
 const std::map<std::string, std::string> prompts = {
-    {"llama3", "da ej"}, {"qwen2", "eh db ei bh"}, {"qwen3", "de bb cj ag"}, {"phi3", "ba ef"},
-    {"gemma2", "eh dc cd cd"}, {"gemma3", "bc cj"}};
+    {"llama3", "da ej"},        {"qwen2", "eh db ei bh"}, {"qwen3", "de bb cj ag"},   {"phi3", "ba ef"},
+    {"mixtral", "ak dg aa ej"}, {"qwen3moe", "bf ai"},    {"gemma2", "eh dc cd cd"}, {"gemma3", "bc cj"}};
 constexpr int32_t max_tokens = 40;
 /// Each family's text must span at least this many tokens before any end of generation.
 constexpr size_t num_compared_tokens_min = 32;

@@ -158,11 +158,12 @@ TEST(Gguf, AnUnknownLlamaKeyOrTensorIsRefusedByName) {
   });
   ASSERT_TRUE(known) << known.error().message;
   auto moe = random_llama_config(spec, [](auto& meta) {
-    testing::set_key(meta, "llama.expert_count", gguf_value::of_int(gguf_type::u32, 8));
+    testing::set_key(meta, "llama.expert_shared_count", gguf_value::of_int(gguf_type::u32, 1));
   });
   ASSERT_FALSE(moe);
   EXPECT_EQ(moe.error().code, errc::malformed_file);
-  EXPECT_NE(moe.error().message.find("metadata key 'llama.expert_count' is not supported (troupe's llama reads no such key)"),
+  EXPECT_NE(moe.error().message.find(
+                "metadata key 'llama.expert_shared_count' is not supported (troupe's llama reads no such key)"),
             std::string::npos)
       << moe.error().message;
   spec.extra_tensor = "blk.0.attn_q.bias";
@@ -257,6 +258,57 @@ std::vector<float> tensor_of(const std::string& bytes, const std::string& name) 
   return tensor_floats(bytes, *f, *f->tensor(name));
 }
 
+TEST(Gguf, AMixtureOfExpertsReadsItsCountsAndExpertTensors) {
+  std::vector<testing::random_llama_family> families = testing::random_llama_families();
+  const testing::random_llama_spec mixtral = families[6].spec, qwen3moe = families[7].spec;
+  ASSERT_EQ(mixtral.n_experts, 4);
+  ASSERT_EQ(qwen3moe.arch, "qwen3moe");
+  const std::string bytes = testing::random_llama_gguf(mixtral);
+  const std::string path = write_temp("moe.gguf", bytes);
+  auto ck = checkpoint::load(path);
+  fs::remove(path);
+  ASSERT_TRUE(ck) << ck.error().message;
+  const moe_weights* m = ck->moe();
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->n_experts, 4);
+  EXPECT_EQ(m->top_k, 2);
+  EXPECT_EQ(m->router_bias, nullptr);
+  EXPECT_EQ(ck->w().w1, nullptr);
+  // Expert 3 of layer 1: rows 3 * 192 .. of ffn_gate_exps; the router's row 2 of layer 1.
+  const std::vector<float> gate = tensor_of(bytes, "blk.1.ffn_gate_exps.weight");
+  const std::vector<float> down = tensor_of(bytes, "blk.1.ffn_down_exps.weight");
+  EXPECT_EQ(m->w1[m->expert_offset(ck->config(), 1, 3) + 5], gate[3 * 192 * 64 + 5]);
+  EXPECT_EQ(m->w2[m->expert_offset(ck->config(), 1, 3) + 7], down[3 * 64 * 192 + 7]);
+  EXPECT_EQ(m->router_weight[(4 + 2) * 64 + 1], tensor_of(bytes, "blk.1.ffn_gate_inp.weight")[2 * 64 + 1]);
+  // qwen3moe's experts are expert_feed_forward_length wide.
+  auto q = random_llama_config(qwen3moe, [](auto& meta) {
+    testing::set_key(meta, "qwen3moe.feed_forward_length", gguf_value::of_int(gguf_type::u32, 768));
+  });
+  ASSERT_TRUE(q) << q.error().message;
+  EXPECT_EQ(q->hidden_dim, 192);
+
+  const std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*> refused[] = {
+      {mixtral, [](auto& m) { testing::set_key(m, "llama.expert_used_count", gguf_value::of_int(gguf_type::u32, 5)); },
+       "llama.expert_used_count = 5 is more than expert_count 4"},
+      {mixtral, [](auto& m) { testing::set_key(m, "llama.expert_count", gguf_value::of_int(gguf_type::u32, 1)); },
+       "llama.expert_count = 1 is out of range (2..1048576)"},
+      {mixtral, [](auto& m) { testing::set_key(m, "llama.expert_count", gguf_value::of_int(gguf_type::u32, 4096)); },
+       "llama.expert_count = 4096 is out of range (2..1024)"},
+      {mixtral, [](auto& m) { testing::set_key(m, "llama.expert_count", gguf_value::of_int(gguf_type::u32, 8)); },
+       "tensor 'blk.0.ffn_gate_inp.weight' has shape [64, 4], expected [64, 8]"},
+      {qwen3moe, [](auto& m) {
+         m.erase(std::remove_if(m.begin(), m.end(), [](const auto& kv) { return kv.first == "qwen3moe.expert_count"; }),
+                 m.end());
+       },
+       "no key 'qwen3moe.expert_count'"},
+  };
+  for (const auto& [spec, edit, message] : refused) {
+    auto c = random_llama_config(spec, edit);
+    ASSERT_FALSE(c) << message;
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+}
+
 TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
   testing::random_llama_spec qwen2, qwen3, phi3;  // dim 64, 4 heads, 2 KV heads, hidden 192
   qwen2.arch = "qwen2";
@@ -316,7 +368,7 @@ TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
       {phi3, [](auto& m) { testing::set_key(m, "phi3.rope.dimension_count", gguf_value::of_int(gguf_type::u32, 8)); },
        "phi3.rope.dimension_count = 8 is not supported"},
       {phi3, [](auto& m) { testing::set_key(m, "general.architecture", gguf_value::of_string("falcon")); },
-       "architecture 'falcon' is not supported (llama, qwen2, qwen3, phi3, gemma2 and gemma3 are)"},
+       "architecture 'falcon' is not supported (llama, qwen2, qwen3, qwen3moe, phi3, gemma2 and gemma3 are)"},
   };
   for (const auto& [spec, edit, message] : refused) {
     auto c = random_llama_config(spec, edit);

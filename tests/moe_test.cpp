@@ -36,6 +36,7 @@
 #include "tests/support/golden.hpp"
 #include "tests/support/other_node.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/random_llama.hpp"
 
 namespace troupe::moe {
 namespace {
@@ -891,6 +892,59 @@ TEST_F(MoeActors, ShardActorsGiveTheSameBitsAsInProcessShards) {
       actors::actor_dispatch shards(sys_, actors::spawn_expert_shards(sys_, *ck, p, kernel_path::fast), shard_timeout);
       EXPECT_TRUE(same_bits(workload_through(*ck, p, shards, *tokenizer_), expected)) << p.num_shards() << " shards";
     }
+  }
+}
+
+/// One step of 4 sequences of 2, 4, 6 and 8 tokens (every row's logits) through `t`.
+std::vector<float> mixed_step(transformer& t) {
+  const model::model_config& c = t.config();
+  model::kv_cache cache(c, 4, 16);
+  std::vector<std::vector<int32_t>> tables(4);
+  std::vector<model::forward_row> rows;
+  for (int32_t q = 0; q < 4; q++) {
+    tables[q] = {q};
+    for (int32_t p = 0; p <= 2 * q + 1; p++) rows.push_back({(37 * q + 11 * p) % 300, p, tables[q].data(), true});
+  }
+  std::vector<float> logits;
+  t.forward(rows, cache, logits);
+  return logits;
+}
+
+TEST_F(MoeActors, AGgufMixtureInItsStoredTypesGivesItsBitsOnShardActorsWhateverThePlacement) {
+  // Mixtral's layout (4 experts, 2 per row) in Q8_0 and in Q4_K_M, whose K-quant rows are 256
+  // wide: each expert read in place from the file by whichever shard holds it.
+  for (const bool k_quant : {false, true}) {
+    testing::random_llama_spec spec = testing::random_llama_families()[6].spec;
+    ASSERT_EQ(spec.n_experts, 4);
+    spec.type = k_quant ? model::ggml_type::q4_k : model::ggml_type::q8_0;
+    if (k_quant) spec.wide_type = model::ggml_type::q6_k, spec.dim = 256, spec.hidden_dim = 512;
+    const fs::path path = dir_ / "mixtral.gguf";
+    std::ofstream(path, std::ios::binary) << testing::random_llama_gguf(spec);
+    auto ck = checkpoint::load(path.string());
+    ASSERT_TRUE(ck) << ck.error().message;
+    ASSERT_NE(ck->stored(), nullptr);
+    transformer own(*ck), reference(*ck, kernel_path::reference);
+    const std::vector<float> expected = mixed_step(own);
+    EXPECT_TRUE(same_bits(mixed_step(reference), expected));
+    const int32_t layers = ck->config().n_layers;
+    expert_placement everywhere = expert_placement::round_robin(layers, 4, 3);
+    for (int32_t l = 0; l < layers; l++)
+      for (int32_t e = 0; e < 4; e++)
+        for (int32_t s = 0; s < 3; s++)
+          if (everywhere.can_add_replica(l, e, s)) everywhere.add_replica(l, e, s);
+    for (const expert_placement& p : {expert_placement::round_robin(layers, 4, 1),
+                                      expert_placement::round_robin(layers, 4, 3), everywhere}) {
+      actors::actor_dispatch shards(sys_, actors::spawn_expert_shards(sys_, *ck, p, kernel_path::fast), shard_timeout);
+      transformer t(*ck);
+      t.set_expert_dispatch(p, shards);
+      EXPECT_TRUE(same_bits(mixed_step(t), expected)) << p.num_shards() << " shards, K-quants " << k_quant;
+    }
+    // Their experts stay where the file is: moving them is refused, saying so.
+    expert_shard shard(*ck, {{0, 1}}, kernel_path::fast);
+    const auto w = shard.weights({0, 1});
+    ASSERT_FALSE(w);
+    EXPECT_NE(w.error().message.find("do not move between shards"), std::string::npos) << w.error().message;
+    EXPECT_FALSE(shard.add(expert_weights{1, 2, {}, {}, {}}));
   }
 }
 

@@ -236,6 +236,10 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
   std::vector<std::vector<int32_t>> replicas;
   for (int32_t layer = 0; layer < n_layers; layer++) replicas.insert(replicas.end(), holders.begin(), holders.end());
   if (e.expert_window_steps > 0) {
+    if (ck.stored() != nullptr)
+      return fail(errc::invalid_argument, where(e) + "expert_window_steps: moving experts needs a float32 mixture; " +
+                                              ck.path() + " keeps its experts in their stored types, which do not "
+                                              "move between shards (docs/moe.md, \"GGUF mixtures\")");
     moe::reassignment_options r;
     r.window_steps = e.expert_window_steps;
     r.capacity = e.expert_capacity > 0 ? e.expert_capacity : most_held + 1;

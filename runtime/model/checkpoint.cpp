@@ -216,15 +216,17 @@ struct architecture {
   bool fused_ffn_up;  ///< ffn_up holds the gate's rows then the up projection's; no ffn_gate
   bool may_fuse_qkv;  ///< attn_qkv.weight may hold Q's, K's and V's rows in place of three tensors
   bool gemma;         ///< Gemma's computation (read_gemma): post_attention_norm, post_ffw_norm, ...
+  bool experts;       ///< may be a mixture of experts (read_moe): expert_count, ffn_*_exps tensors
 };
 
 constexpr architecture architectures[] = {
-    {"llama", rope_style::interleaved, false, false, false, false, false},
-    {"qwen2", rope_style::neox, true, false, false, false, false},
-    {"qwen3", rope_style::neox, false, true, false, false, false},
-    {"phi3", rope_style::neox, false, false, true, true, false},
-    {"gemma2", rope_style::neox, false, false, false, false, true},
-    {"gemma3", rope_style::neox, false, true, false, false, true},
+    {"llama", rope_style::interleaved, false, false, false, false, false, true},
+    {"qwen2", rope_style::neox, true, false, false, false, false, false},
+    {"qwen3", rope_style::neox, false, true, false, false, false, false},
+    {"qwen3moe", rope_style::neox, false, true, false, false, false, true},
+    {"phi3", rope_style::neox, false, false, true, true, false, false},
+    {"gemma2", rope_style::neox, false, false, false, false, true, false},
+    {"gemma3", rope_style::neox, false, true, false, false, true, false},
 };
 
 /// `<arch>.<suffix>`: an architecture's metadata key.
@@ -367,6 +369,38 @@ expected<void> read_gemma(const gguf_file& f, const architecture& a, model_confi
   return {};
 }
 
+/// A GGUF mixture of experts' counts, as llama.cpp reads them: `<arch>.expert_count` experts per
+/// layer (2..moe_experts_max), each row to `expert_used_count` of them (1..expert_count), routed
+/// as Mixtral (softmax over the router's logits, the k most probable, their weights renormalized:
+/// llama.cpp's llama and qwen3moe both normalize). qwen3moe's experts are
+/// `expert_feed_forward_length` wide (default: feed_forward_length / expert_used_count), and it
+/// must have experts; a llama file without expert_count is dense. nullopt: dense.
+expected<std::optional<moe_weights>> read_moe(const gguf_file& f, const architecture& a, model_config& c,
+                                              const std::string& path) {
+  const std::string count_key = key(a, "expert_count");
+  if (!a.experts || !f.metadata.count(count_key)) {
+    if (a.name == "qwen3moe") return fail(errc::malformed_file, where(path) + "no key '" + count_key + "'");
+    return std::optional<moe_weights>{};
+  }
+  moe_weights m;
+  if (!f.metadata.count(key(a, "expert_used_count")))
+    return fail(errc::malformed_file, where(path) + "no key '" + key(a, "expert_used_count") + "' beside " + count_key);
+  for (auto ok : {read_int_key(f, count_key, 2, &m.n_experts, path),
+                  read_int_key(f, key(a, "expert_used_count"), 1, &m.top_k, path),
+                  read_int_key(f, key(a, "expert_feed_forward_length"), 1, &c.hidden_dim, path)})
+    if (!ok) return tl::unexpected(ok.error());
+  if (m.n_experts > moe_experts_max)
+    return fail(errc::malformed_file, where(path) + count_key + " = " + std::to_string(m.n_experts) +
+                                          " is out of range (2.." + std::to_string(moe_experts_max) + ")");
+  if (m.top_k > m.n_experts)
+    return fail(errc::malformed_file, where(path) + key(a, "expert_used_count") + " = " + std::to_string(m.top_k) +
+                                          " is more than expert_count " + std::to_string(m.n_experts));
+  if (a.name == "qwen3moe" && !f.metadata.count(key(a, "expert_feed_forward_length")))
+    c.hidden_dim = std::max(1, c.hidden_dim / m.top_k);
+  m.router = moe::router_kind::top_k;
+  return std::optional<moe_weights>{m};
+}
+
 /// The `<arch>.*` keys troupe reads or may ignore (vocab_size, the scaling's informational
 /// original context; phi3's sliding window, which llama.cpp ignores too); any other would change
 /// the model (an MoE's expert counts, ...), and is refused by name rather than ignored.
@@ -384,6 +418,8 @@ bool is_known_key(const architecture& a, std::string_view k) {
   const std::string_view suffix = k.substr(a.name.size() + 1);
   if (a.name == "phi3" && suffix == "attention.sliding_window") return true;
   if (a.gemma && std::find(std::begin(gemma), std::end(gemma), suffix) != std::end(gemma)) return true;
+  if (a.experts && (suffix == "expert_count" || suffix == "expert_used_count")) return true;
+  if (a.name == "qwen3moe" && suffix == "expert_feed_forward_length") return true;
   return std::find(std::begin(known), std::end(known), suffix) != std::end(known);
 }
 
@@ -395,7 +431,7 @@ expected<const architecture*> read_architecture(const gguf_file& f, const std::s
                                        [&](const architecture& x) { return x.name == *name; });
   if (a == std::end(architectures))
     return fail(errc::malformed_file, where(path) + "architecture '" + echo(*name) +
-                                          "' is not supported (llama, qwen2, qwen3, phi3, gemma2 and gemma3 are)");
+                                          "' is not supported (llama, qwen2, qwen3, qwen3moe, phi3, gemma2 and gemma3 are)");
   for (const auto& [k, value] : f.metadata)
     if (k.rfind(key(*a, ""), 0) == 0 && !is_known_key(*a, k))
       return fail(errc::malformed_file, where(path) + "metadata key '" + echo(k) + "' is not supported (troupe's " +
@@ -448,7 +484,8 @@ struct tensor_piece {
 };
 
 /// The pieces of a GGUF model's tensors in llama2.c's order, then the architecture's extras.
-std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& a, const model_config& c) {
+std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& a, const model_config& c,
+                                        const std::optional<moe_weights>& moe) {
   using w = weights;
   using q = stored_weights;
   const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
@@ -462,19 +499,22 @@ std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& 
     p.matrix = m;
     return p;
   };
-  const std::vector<tensor_piece> per_layer = {
+  std::vector<tensor_piece> per_layer = {
       part("attn_norm.weight", {dim}, &w::rms_att),
       fused_qkv ? matrix("attn_qkv.weight", qkv, &w::wq, &q::wq, 0, qd) : matrix("attn_q.weight", {dim, qd}, &w::wq, &q::wq),
       fused_qkv ? matrix("attn_qkv.weight", qkv, &w::wk, &q::wk, qd, kv) : matrix("attn_k.weight", {dim, kv}, &w::wk, &q::wk),
       fused_qkv ? matrix("attn_qkv.weight", qkv, &w::wv, &q::wv, qd + kv, kv)
                 : matrix("attn_v.weight", {dim, kv}, &w::wv, &q::wv),
       matrix("attn_output.weight", {qd, dim}, &w::wo, &q::wo),
-      part("ffn_norm.weight", {dim}, &w::rms_ffn),
-      a.fused_ffn_up ? matrix("ffn_up.weight", up, &w::w1, &q::w1, 0, hidden)
-                     : matrix("ffn_gate.weight", {dim, hidden}, &w::w1, &q::w1),
-      matrix("ffn_down.weight", {hidden, dim}, &w::w2, &q::w2),
-      a.fused_ffn_up ? matrix("ffn_up.weight", up, &w::w3, &q::w3, hidden, hidden)
-                     : matrix("ffn_up.weight", {dim, hidden}, &w::w3, &q::w3)};
+      part("ffn_norm.weight", {dim}, &w::rms_ffn)};
+  if (moe)
+    per_layer.push_back(part("ffn_gate_inp.weight", {dim, moe->n_experts}, &w::router));
+  else
+    per_layer.insert(per_layer.end(), {a.fused_ffn_up ? matrix("ffn_up.weight", up, &w::w1, &q::w1, 0, hidden)
+                                                      : matrix("ffn_gate.weight", {dim, hidden}, &w::w1, &q::w1),
+                                       matrix("ffn_down.weight", {hidden, dim}, &w::w2, &q::w2),
+                                       a.fused_ffn_up ? matrix("ffn_up.weight", up, &w::w3, &q::w3, hidden, hidden)
+                                                      : matrix("ffn_up.weight", {dim, hidden}, &w::w3, &q::w3)});
   std::vector<tensor_piece> extras;
   if (a.qkv_bias)
     extras = {part("attn_q.bias", {qd}, &w::bq), part("attn_k.bias", {kv}, &w::bk), part("attn_v.bias", {kv}, &w::bv)};
@@ -494,6 +534,22 @@ std::vector<tensor_piece> tensor_pieces(const gguf_file& f, const architecture& 
   };
   std::vector<tensor_piece> out = {part("token_embd.weight", {dim, vocab}, &w::token_embedding)};
   add_layers(out, per_layer);
+  // A mixture's experts: each (layer, expert) a row range of its layer's 3-D tensor, in that
+  // order (a float32 model's expert matrices then lie as moe_weights' (layer, expert, ...)).
+  if (moe) {
+    const int64_t n = moe->n_experts;
+    const tensor_piece kinds[] = {matrix("ffn_gate_exps.weight", {dim, hidden, n}, &w::w1, &q::w1, 0, hidden),
+                                  matrix("ffn_down_exps.weight", {hidden, dim, n}, &w::w2, &q::w2, 0, dim),
+                                  matrix("ffn_up_exps.weight", {dim, hidden, n}, &w::w3, &q::w3, 0, hidden)};
+    for (const tensor_piece& k : kinds)
+      for (int32_t l = 0; l < c.n_layers; l++)
+        for (int32_t e = 0; e < n; e++) {
+          out.push_back(k);
+          out.back().name = "blk." + std::to_string(l) + "." + k.name;
+          out.back().first_row = e * k.rows;
+          out.back().layer = static_cast<int32_t>(l * n + e);  // its view starts at (0, 0)'s
+        }
+  }
   out.push_back(part("output_norm.weight", {dim}, &w::rms_final));
   if (!c.shared_classifier) out.push_back(part("output.weight", {dim, vocab}, &w::wcls));
   add_layers(out, extras);
@@ -534,6 +590,7 @@ struct gguf_weights {
   std::vector<float> floats;
   weights views;
   std::optional<stored_weights> stored;
+  std::optional<moe_weights> moe;
 };
 
 /// Whether `p` is the classifier: output.weight, or token_embd.weight when it is shared.
@@ -606,22 +663,30 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
   c.shared_classifier = f->tensor("output.weight") == nullptr;
   if (a.gemma)
     if (auto ok = read_gemma(*f, a, c, path); !ok) return tl::unexpected(ok.error());
+  auto moe = read_moe(*f, a, c, path);
+  if (!moe) return tl::unexpected(moe.error());
 
   // Each weight takes at least half a byte of the file (Q4_0's and Q4_K's 4.5 bits): more than
   // its size can hold cannot be there; reserving for it first would allocate what the header
   // claims.
-  const std::optional<int64_t> floats = num_weight_floats(c);
+  const std::optional<int64_t> floats = num_weight_floats(c, *moe ? (*moe)->n_experts : 0);
   if (!floats || *floats / 2 > static_cast<int64_t>(bytes.size()))
     return fail(errc::malformed_file, where(path) + "its metadata (dim " + std::to_string(c.dim) + ", " +
                                           std::to_string(c.n_layers) + " layers, feed_forward_length " +
                                           std::to_string(c.hidden_dim) + ") implies more weights than its " +
                                           std::to_string(bytes.size()) + " bytes can hold");
-  const std::vector<tensor_piece> pieces = tensor_pieces(*f, a, c);
+  const std::vector<tensor_piece> pieces = tensor_pieces(*f, a, c, *moe);
   if (auto ok = check_tensors(*f, a, pieces, path); !ok) return tl::unexpected(ok.error());
   gguf_weights out;
   out.architecture = a.name;
   out.config = c;
   read_pieces(bytes, *f, pieces, out);
+  if (*moe) {  // the experts' views were the FFN's: an MoE's weights have no w1, w2, w3
+    moe_weights& m = out.moe.emplace(**moe);
+    m.router_weight = out.views.router;
+    std::tie(m.w1, m.w2, m.w3) = std::tie(out.views.w1, out.views.w2, out.views.w3);
+    out.views.w1 = out.views.w2 = out.views.w3 = nullptr;
+  }
   return out;
 }
 
@@ -881,7 +946,11 @@ expected<void> check_stored_finite(const stored_weights& g, const model_config& 
       for (int64_t r = 0; r < m.d; r++) {
         if (row_finite(m, r)) continue;
         const bool per_layer = matrices != &embedding && matrices != &classifier;
-        const std::string layer = per_layer ? "layer " + std::to_string(l) + ", " : "";
+        const size_t experts = matrices->size() / static_cast<size_t>(c.n_layers);  // an MoE's w1, w2, w3: > 1
+        const std::string layer = !per_layer   ? ""
+                                  : experts > 1 ? "layer " + std::to_string(l / experts) + ", expert " +
+                                                      std::to_string(l % experts) + ", "
+                                                : "layer " + std::to_string(l) + ", ";
         return fail(errc::malformed_file, where(path) + "weight tensor " + name + " (" + kernels::cpu::type_name(m.type) +
                                               ") holds NaN or an infinity (" + layer + "row " + std::to_string(r) +
                                               "); the file is corrupt or the model diverged");
@@ -910,6 +979,10 @@ expected<void> check_finite(const checkpoint& ck) {
                    {{"q_norm", w.q_norm, layers, c.head_size()}, {"k_norm", w.k_norm, layers, c.head_size()}});
   if (c.post_norms)
     tensors.insert(tensors.end(), {{"rms_att_post", w.rms_att_post, layers, dim}, {"rms_ffn_post", w.rms_ffn_post, layers, dim}});
+  if (const moe_weights* m = ck.moe()) {  // the router is float32 in every format
+    tensors.push_back({"router_weight", m->router_weight, layers, m->n_experts * dim});
+    if (m->router_bias != nullptr) tensors.push_back({"router_bias", m->router_bias, layers, m->n_experts});
+  }
   if (const q80_weights* q = ck.q80()) {  // int8 values are finite: check the scales
     for (const q80_tensor_kind& k : q80_tensor_kinds(c)) {
       if (k.per_layer == nullptr) continue;  // the embedding is checked dequantized
@@ -928,9 +1001,7 @@ expected<void> check_finite(const checkpoint& ck) {
                                    {"wo", w.wo, layers, dim * q_dim}});
     if (const moe_weights* m = ck.moe()) {
       const int64_t experts = m->n_experts;
-      tensors.insert(tensors.end(), {{"router_weight", m->router_weight, layers, experts * dim},
-                                     {"router_bias", m->router_bias, layers, experts},
-                                     {"w1", m->w1, layers, experts * hidden * dim},
+      tensors.insert(tensors.end(), {{"w1", m->w1, layers, experts * hidden * dim},
                                      {"w2", m->w2, layers, experts * dim * hidden},
                                      {"w3", m->w3, layers, experts * hidden * dim}});
     } else {
@@ -1027,6 +1098,7 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     ck.weights_ = gguf->views;  // into the vector moved below (its buffer moves with it)
     map->owned = std::move(gguf->floats);
     map->stored = std::move(gguf->stored);
+    ck.moe_ = gguf->moe;
     if (map->stored) map->file = std::move(*file);  // read in place; else unmapped below
   } else if (magic == q80_magic) {
     if (bytes.size() < static_cast<size_t>(q80_header_bytes))

@@ -104,6 +104,7 @@ struct weights {
   const float* k_norm = nullptr;  ///< (layer, head_size) when qk_norm
   const float* rms_att_post = nullptr;  ///< (layer, dim) when post_norms
   const float* rms_ffn_post = nullptr;  ///< (layer, dim) when post_norms
+  const float* router = nullptr;        ///< (layer, n_experts, dim) a GGUF MoE's ffn_gate_inp
 };
 
 /// A model's matrices in one kernel view: one per layer, llama2.c's names and shapes.
@@ -126,20 +127,26 @@ struct q80_weights : matrix_set<kernels::cpu::q80_matrix> {
 using stored_weights = matrix_set<kernels::cpu::quant_matrix>;
 
 /// The FFN of a mixture-of-experts checkpoint: a router and `n_experts` SwiGLU experts per
-/// layer, each of model_config::hidden_dim hidden units. Its `weights` have no w1, w2, w3.
+/// layer, each of model_config::hidden_dim hidden units. Its `weights` have no w1, w2, w3. A GGUF
+/// MoE computed in its stored types (Mixtral's llama layout, qwen3moe) has its experts in
+/// stored_weights' w1, w2, w3 at expert_index(layer, expert), and null w1, w2, w3 here.
 struct moe_weights {
   int32_t n_experts = 0;
   int32_t top_k = 0;  ///< experts per row; n_experts for router_kind::all
   moe::router_kind router = moe::router_kind::top_k;
   const float* router_weight = nullptr;  ///< (layer, n_experts, dim)
-  const float* router_bias = nullptr;    ///< (layer, n_experts): added to the router's logits
+  const float* router_bias = nullptr;    ///< (layer, n_experts): added to the router's logits; null: none (GGUF)
   const float* w1 = nullptr;             ///< (layer, n_experts, hidden_dim, dim)
   const float* w2 = nullptr;             ///< (layer, n_experts, dim, hidden_dim)
   const float* w3 = nullptr;             ///< (layer, n_experts, hidden_dim, dim)
 
   /// Offset of (layer, expert)'s matrix in w1, w2 or w3 (all three are hidden_dim × dim).
   [[nodiscard]] int64_t expert_offset(const model_config& c, int32_t layer, int32_t expert) const {
-    return (static_cast<int64_t>(layer) * n_experts + expert) * c.hidden_dim * c.dim;
+    return expert_index(layer, expert) * c.hidden_dim * c.dim;
+  }
+  /// (layer, expert)'s place among every layer's experts.
+  [[nodiscard]] int64_t expert_index(int32_t layer, int32_t expert) const {
+    return static_cast<int64_t>(layer) * n_experts + expert;
   }
 };
 

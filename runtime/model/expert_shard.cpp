@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "runtime/model/stored_matmul.hpp"
+
 namespace troupe::moe {
 
 namespace cpu = kernels::cpu;
@@ -26,16 +28,23 @@ expert_shard::expert_shard(const model::checkpoint& ck, std::vector<expert_id> e
 const float* expert_shard::matrix(const held_expert& e, int which) const {
   const model::model_config& c = ck_.config();
   TROUPE_ASSERT(which >= 0 && which < 3);
+  TROUPE_ASSERT_MSG(ck_.stored() == nullptr, "a stored model's experts are read by stored_matrix");
   if (!e.owned.empty()) return e.owned.data() + static_cast<int64_t>(which) * c.hidden_dim * c.dim;
   const model::moe_weights& m = *ck_.moe();
   const float* base = which == 0 ? m.w1 : which == 1 ? m.w2 : m.w3;
   return base + m.expert_offset(c, e.id.layer, e.id.expert);
 }
 
+const cpu::quant_matrix& expert_shard::stored_matrix(const held_expert& e, int which) const {
+  const model::stored_weights& g = *ck_.stored();
+  const std::vector<cpu::quant_matrix>& kind = which == 0 ? g.w1 : which == 1 ? g.w2 : g.w3;
+  return kind[static_cast<size_t>(ck_.moe()->expert_index(e.id.layer, e.id.expert))];
+}
+
 expert_shard::held_expert expert_shard::make_held(expert_id id, std::vector<float> owned) const {
   const model::model_config& c = ck_.config();
   held_expert e{id, std::move(owned), {}, {}, {}};
-  if (path_ == model::kernel_path::fast) {
+  if (path_ == model::kernel_path::fast && ck_.stored() == nullptr) {
     e.w1 = cpu::pack_matrix(matrix(e, 0), c.hidden_dim, c.dim);
     e.w2 = cpu::pack_matrix(matrix(e, 1), c.dim, c.hidden_dim);
     e.w3 = cpu::pack_matrix(matrix(e, 2), c.hidden_dim, c.dim);
@@ -43,7 +52,14 @@ expert_shard::held_expert expert_shard::make_held(expert_id id, std::vector<floa
   return e;
 }
 
+expected<void> expert_shard::check_float32() const {
+  if (ck_.stored() == nullptr) return {};
+  return fail(errc::invalid_argument, "the experts of a model computed in its stored types (a quantized GGUF file) do "
+                                      "not move between shards (not built: every shard reads them from its own file)");
+}
+
 expected<expert_weights> expert_shard::weights(expert_id id) const {
+  if (auto ok = check_float32(); !ok) return tl::unexpected(ok.error());
   const held_expert* e = find(id);
   if (e == nullptr)
     return fail(errc::not_found, "this shard does not hold expert " + std::to_string(id.expert) + " of layer " +
@@ -74,6 +90,7 @@ expected<void> expert_shard::check_weights(const expert_weights& w) const {
 }
 
 expected<void> expert_shard::add(expert_weights w) {
+  if (auto ok = check_float32(); !ok) return ok;
   if (auto ok = check_weights(w); !ok) return ok;
   std::vector<float> owned = std::move(w.w1);
   owned.insert(owned.end(), w.w2.begin(), w.w2.end());
@@ -131,7 +148,10 @@ expected<void> expert_shard::check(const expert_request& q) const {
 
 void expert_shard::run_expert(const held_expert& e, int32_t n, float* out) {
   const model::model_config& c = ck_.config();
-  if (path_ == model::kernel_path::fast) {
+  if (ck_.stored() != nullptr) {  // as llama.cpp: the activations in each matrix's dot type
+    model::matmul_stored(hb_.data(), x_.data(), stored_matrix(e, 0), n, path_, xt_);
+    model::matmul_stored(hb2_.data(), x_.data(), stored_matrix(e, 2), n, path_, xt_);
+  } else if (path_ == model::kernel_path::fast) {
     cpu::fast::matmul(hb_.data(), x_.data(), e.w1, n);
     cpu::fast::matmul(hb2_.data(), x_.data(), e.w3, n);
   } else {
@@ -142,7 +162,9 @@ void expert_shard::run_expert(const held_expert& e, int32_t n, float* out) {
     cpu::fast::swiglu(hb_.data(), hb2_.data(), n * c.hidden_dim);
   else
     cpu::reference::swiglu(hb_.data(), hb2_.data(), n * c.hidden_dim);
-  if (path_ == model::kernel_path::fast)
+  if (ck_.stored() != nullptr)
+    model::matmul_stored(out, hb_.data(), stored_matrix(e, 1), n, path_, xt_);
+  else if (path_ == model::kernel_path::fast)
     cpu::fast::matmul(out, hb_.data(), e.w2, n);
   else
     cpu::reference::matmul(out, hb_.data(), matrix(e, 1), n, c.hidden_dim, c.dim);

@@ -1,7 +1,7 @@
 #pragma once
 
-/// An expert shard in this process: some (layer, expert)s of an MoE checkpoint, each a SwiGLU
-/// FFN, answering expert_requests (expert_dispatch.hpp). `in_process_dispatch` runs a placement's
+/// An expert shard in this process: some (layer, expert)s of an MoE checkpoint (float32, or a GGUF
+/// file's in their stored types), each a SwiGLU FFN, answering expert_requests (expert_dispatch.hpp). `in_process_dispatch` runs a placement's
 /// shards one after the other: the reference for any other dispatch.
 
 #include <cstdint>
@@ -39,8 +39,9 @@ struct expert_weights {
   std::vector<float> w3;  ///< (hidden_dim, dim)
 };
 
-/// The experts it holds of an MoE checkpoint (float32), with their packed weights on the fast
-/// path: the checkpoint's own, or weights another shard sent (`add`). Not thread-safe (scratch
+/// The experts it holds of an MoE checkpoint, with their packed weights on the fast path: the
+/// checkpoint's own, or weights another shard sent (`add`); a GGUF model's in their stored types,
+/// read in place. Not thread-safe (scratch
 /// buffers).
 class expert_shard {
  public:
@@ -50,7 +51,8 @@ class expert_shard {
   [[nodiscard]] bool holds(expert_id id) const;
   [[nodiscard]] int32_t num_experts() const { return static_cast<int32_t>(experts_.size()); }
 
-  /// A copy of a held expert's weights (to send to another shard); not_found if not held.
+  /// A copy of a held expert's weights (to send to another shard); not_found if not held. Only a
+  /// float32 model's experts move (invalid_argument for one computed in its stored types).
   [[nodiscard]] expected<expert_weights> weights(expert_id id) const;
   /// Holds one more expert, from weights another shard sent. Checks them first, as they may come
   /// from another process (invalid_argument): the layer and expert in range and not held yet,
@@ -73,6 +75,10 @@ class expert_shard {
   };
   /// `e`'s matrix `which` (0: w1 (hidden_dim, dim), 1: w2 (dim, hidden_dim), 2: w3 (hidden_dim, dim)).
   [[nodiscard]] const float* matrix(const held_expert& e, int which) const;
+  /// The same matrix of a model computed in its stored types (GGUF), in place in its file.
+  [[nodiscard]] const kernels::cpu::quant_matrix& stored_matrix(const held_expert& e, int which) const;
+  /// Refuses (invalid_argument) moving the experts of a model computed in its stored types.
+  [[nodiscard]] expected<void> check_float32() const;
   [[nodiscard]] held_expert make_held(expert_id id, std::vector<float> owned) const;
   [[nodiscard]] expected<void> check_weights(const expert_weights& w) const;
   [[nodiscard]] const held_expert* find(expert_id id) const;
@@ -85,6 +91,7 @@ class expert_shard {
   std::vector<float> x_;    // (rows, dim) one batch's inputs
   std::vector<float> hb_;   // (rows, hidden_dim)
   std::vector<float> hb2_;  // (rows, hidden_dim)
+  std::vector<uint8_t> xt_;  // activations in a stored matrix's dot type
 };
 
 /// The experts each shard of `placement` holds (num_shards lists, each increasing).

@@ -6,6 +6,7 @@
 
 #include "runtime/model/expert_shard.hpp"
 #include "runtime/model/row_groups.hpp"
+#include "runtime/model/stored_matmul.hpp"
 
 namespace troupe::model {
 
@@ -68,6 +69,12 @@ transformer::transformer(const checkpoint& ck, kernel_path path)
       layers_.push_back(std::move(lw));
     }
     wcls_ = cpu::pack_matrix(w.wcls, c.vocab_size, c.dim);
+  }
+  const moe_weights* moe = ck_.moe();
+  if (path_ == kernel_path::fast && ck_.stored() != nullptr && moe != nullptr) {
+    layers_.resize(static_cast<size_t>(c.n_layers));  // the float32 router only: the rest as stored
+    for (int64_t l = 0; l < c.n_layers; l++)
+      layers_[l].router = cpu::pack_matrix(moe->router_weight + l * moe->n_experts * c.dim, moe->n_experts, c.dim);
   }
   if (const q80_weights* q = ck_.q80(); path_ == kernel_path::fast && q != nullptr) {
     for (int32_t l = 0; l < c.n_layers; l++)
@@ -160,9 +167,17 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
   const weights& w = ck_.w();
   const moe_weights* m = ck_.moe();
   const int64_t l = layer, dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  if (which == matrix::router) {  // float32 in every format
+    if (path_ == kernel_path::fast)
+      cpu::fast::matmul(out, x, layers_[layer].router, rows, pool);
+    else
+      cpu::reference::matmul(out, x, m->router_weight + l * m->n_experts * dim, rows, c.dim, m->n_experts);
+    return;
+  }
   if (const stored_weights* g = ck_.stored()) {
     const std::vector<cpu::quant_matrix>* per_layer[] = {&g->wq, &g->wk, &g->wv, &g->wo, &g->w1, &g->w2, &g->w3};
-    matmul_stored(out, x, which == matrix::wcls ? g->wcls : (*per_layer[static_cast<int>(which)])[layer], rows, s, pool);
+    matmul_stored(out, x, which == matrix::wcls ? g->wcls : (*per_layer[static_cast<int>(which)])[layer], rows, path_,
+                  s.xt, pool);
     return;
   }
   if (const q80_weights* q = ck_.q80()) {
@@ -190,9 +205,7 @@ void transformer::matmul(float* out, const float* x, matrix which, int32_t layer
                          {w.w1 + l * hidden * dim, hidden, dim, &layer_weights::w1},
                          {w.w2 + l * dim * hidden, dim, hidden, &layer_weights::w2},
                          {w.w3 + l * hidden * dim, hidden, dim, &layer_weights::w3},
-                         {w.wcls, c.vocab_size, dim, nullptr},
-                         {m ? m->router_weight + l * m->n_experts * dim : nullptr, m ? m->n_experts : 0, dim,
-                          &layer_weights::router}};
+                         {w.wcls, c.vocab_size, dim, nullptr}};
   const plain& v = views[static_cast<int>(which)];
   if (path_ == kernel_path::fast)
     cpu::fast::matmul(out, x, v.packed ? layers_[layer].*v.packed : wcls_, rows, pool);
@@ -212,18 +225,6 @@ void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& 
     cpu::fast::matmul_q80(out, s.xq.data(), s.xs.data(), *packed, rows, pool);
   else
     cpu::reference::matmul_q80(out, s.xq.data(), s.xs.data(), w, rows);
-}
-
-void transformer::matmul_stored(float* out, const float* x, const cpu::quant_matrix& w, int32_t rows, scratch& s,
-                                cpu::thread_pool* pool) {
-  const cpu::weight_type type = cpu::dot_type(w.type);
-  const int64_t row_bytes = cpu::row_bytes(type, w.n);
-  s.xt.resize(std::max(s.xt.size(), static_cast<size_t>(rows * row_bytes)));
-  for (int32_t r = 0; r < rows; r++) cpu::quantize_activations(&s.xt[r * row_bytes], x + int64_t{r} * w.n, w.n, type);
-  if (path_ == kernel_path::fast)
-    cpu::fast::matmul(out, s.xt.data(), w, rows, pool);
-  else
-    cpu::reference::matmul(out, s.xt.data(), w, rows);
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
@@ -401,9 +402,11 @@ void transformer::moe_ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_po
     cpu::reference::rmsnorm(&s.xb[r * dim], &s.x[r * dim], ck_.w().rms_ffn + ld * dim, dim, c.rms_norm_eps);
   if (m.router == moe::router_kind::top_k) {
     matmul(s.router_logits.data(), s.xb.data(), matrix::router, l, n, s, pool);
-    const float* bias = m.router_bias + ld * experts;  // (n_experts)
-    for (int32_t r = 0; r < n; r++)
-      for (int32_t e = 0; e < experts; e++) s.router_logits[static_cast<size_t>(r) * experts + e] += bias[e];
+    if (m.router_bias != nullptr) {
+      const float* bias = m.router_bias + ld * experts;  // (n_experts)
+      for (int32_t r = 0; r < n; r++)
+        for (int32_t e = 0; e < experts; e++) s.router_logits[static_cast<size_t>(r) * experts + e] += bias[e];
+    }
   }
   const moe::routing routes = moe::route(s.router_logits.data(), n, experts, m.top_k, m.router, exp_);
   const moe::dispatch_plan plan = moe::plan_dispatch(placement_, l, routes, s.xb.data(), dim, num_forwards_);

@@ -117,9 +117,6 @@ class transformer {
   /// `packed`: w's packed copy (fast path) or nullptr (reference path).
   void matmul_q80(float* out, const float* x, const kernels::cpu::q80_matrix& w,
                   const kernels::cpu::packed_q80* packed, int32_t rows, scratch& s, kernels::cpu::thread_pool* pool);
-  /// A GGUF matrix in its stored type: x converted to its dot type first, as llama.cpp does.
-  void matmul_stored(float* out, const float* x, const kernels::cpu::quant_matrix& w, int32_t rows, scratch& s,
-                     kernels::cpu::thread_pool* pool);
   void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer, scratch& s,
                        kernels::cpu::thread_pool* pool);
   void ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);

@@ -1,8 +1,9 @@
 #pragma once
 
-// Random-weight GGUF files of troupe's architectures (llama, qwen2, qwen3, phi3, gemma2, gemma3)
-// for tests that run llama.cpp beside troupe (tests/llama_oracle_test.cpp,
-// tests/gguf_serve_test.cpp) and for the loader's metadata tests (tests/gguf_test.cpp).
+// Random-weight GGUF files of troupe's architectures (llama and its Mixtral layout, qwen2, qwen3,
+// qwen3moe, phi3, gemma2, gemma3) for tests that run llama.cpp beside troupe
+// (tests/llama_oracle_test.cpp, tests/gguf_serve_test.cpp) and for the loader's metadata tests
+// (tests/gguf_test.cpp).
 //
 // The vocabulary is synthetic byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizer
 // "gpt-2"), which llama.cpp accepts: ids 0..255 are the 256 byte characters, 256
@@ -27,7 +28,7 @@ namespace troupe::testing {
 /// The shape and settings of a random model.
 struct random_llama_spec {
   /// general.architecture: llama; qwen2 (Q/K/V biases); qwen3 (Q/K norms); phi3 (fused QKV and
-  /// gate/up tensors); gemma2 and gemma3 (post norms, GeGLU, a scaled embedding that also
+  /// gate/up tensors); qwen3moe (qwen3's with experts); gemma2 and gemma3 (post norms, GeGLU, a scaled embedding that also
   /// classifies; gemma3's Q/K norms). All but llama rotate GPT-NeoX's halves.
   std::string arch = "llama";
   int32_t dim = 64;
@@ -61,6 +62,10 @@ struct random_llama_spec {
   int32_t sliding_window_pattern = 0;  ///< attention.sliding_window_pattern
   float attn_softcap = 0.0f;           ///< attn_logit_softcapping
   float final_softcap = 0.0f;          ///< final_logit_softcapping
+  /// A mixture of experts when > 0 (llama: Mixtral's layout; qwen3moe must have them): this many
+  /// experts of hidden_dim per layer, each row to `experts_used` of them.
+  int32_t n_experts = 0;
+  int32_t experts_used = 0;
   uint64_t seed = 1;
 };
 
@@ -77,10 +82,11 @@ struct random_llama_family {
 /// base 1000000); phi3 (fused tensors); gemma2 (its own layer 0 sliding over 6 positions, scores
 /// capped at 1 so the cap bites, the logits at the default 30; its embedding classifies, as
 /// gemma2's must); gemma3 (Q/K norms, layer 0 of every 2 sliding over 5 positions at base 10000,
-/// layer 1 at base 1000000, its own output.weight). qwen2's and qwen3's vocabularies add no BOS,
-/// as Qwen's files say.
+/// layer 1 at base 1000000, its own output.weight); mixtral (llama's layout with 4 experts, 2
+/// per row, base 1000000); qwen3moe (qwen3's with 4 experts, 2 per row). The Qwen vocabularies
+/// add no BOS, as Qwen's files say.
 inline std::vector<random_llama_family> random_llama_families() {
-  random_llama_spec llama3, qwen2, qwen3, phi3, gemma2, gemma3;
+  random_llama_spec llama3, qwen2, qwen3, phi3, gemma2, gemma3, mixtral, qwen3moe;
   llama3.rope_freq_base = 500000.0f;
   llama3.llama3_factor = 8.0f;
   llama3.rms_norm_eps = 1e-6f;
@@ -101,9 +107,17 @@ inline std::vector<random_llama_family> random_llama_families() {
   gemma3.rope_freq_base = 1000000.0f;
   gemma3.sliding_window = 5;
   gemma3.sliding_window_pattern = 2;
-  llama3.seed = qwen2.seed = qwen3.seed = phi3.seed = gemma2.seed = gemma3.seed = 4;
-  return {{"llama3", llama3}, {"qwen2", qwen2}, {"qwen3", qwen3},
-          {"phi3", phi3},     {"gemma2", gemma2}, {"gemma3", gemma3}};
+  mixtral.rope_freq_base = 1000000.0f;
+  mixtral.n_experts = qwen3moe.n_experts = 4;
+  mixtral.experts_used = qwen3moe.experts_used = 2;
+  qwen3moe.arch = "qwen3moe";
+  qwen3moe.rope_freq_base = 1000000.0f;
+  qwen3moe.rms_norm_eps = 1e-6f;
+  qwen3moe.head_dim = 32;
+  qwen3moe.add_bos_token = false;
+  llama3.seed = qwen2.seed = qwen3.seed = phi3.seed = gemma2.seed = gemma3.seed = mixtral.seed = qwen3moe.seed = 4;
+  return {{"llama3", llama3}, {"qwen2", qwen2},   {"qwen3", qwen3},     {"phi3", phi3},
+          {"gemma2", gemma2}, {"gemma3", gemma3}, {"mixtral", mixtral}, {"qwen3moe", qwen3moe}};
 }
 
 /// llama.cpp's general.file_type for a file of `s`'s types (LLAMA_FTYPE_*).
@@ -157,7 +171,7 @@ inline std::vector<float> llama3_rope_divisors(const random_llama_spec& s, int32
 /// and gemma3 (troupe's end ids include <|im_end|>, <|end|>, <|endoftext|> and <end_of_turn> by
 /// name, as llama.cpp's do).
 inline std::vector<std::string> family_tokens(const std::string& arch) {
-  if (arch == "qwen2" || arch == "qwen3") return {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe") return {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
   if (arch == "phi3") return {"<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"};
   if (arch == "gemma2" || arch == "gemma3") return {"<start_of_turn>", "<end_of_turn>"};
   return {};
@@ -249,6 +263,11 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
                                                   {"attention.sliding_window_pattern", s.sliding_window_pattern}};
   for (const auto& [suffix, value] : ints)
     if (value > 0) meta.push_back({a + suffix, u32(value)});
+  if (s.n_experts > 0) {
+    meta.push_back({a + "expert_count", u32(s.n_experts)});
+    meta.push_back({a + "expert_used_count", u32(s.experts_used)});
+    if (s.arch == "qwen3moe") meta.push_back({a + "expert_feed_forward_length", u32(s.hidden_dim)});
+  }
   const std::pair<const char*, float> floats[] = {{"attn_logit_softcapping", s.attn_softcap},
                                                   {"final_logit_softcapping", s.final_softcap}};
   for (const auto& [suffix, value] : floats)
@@ -291,16 +310,22 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
     const float in_q = 1.0f / std::sqrt(static_cast<float>(q_dim));
     add(p + "attn_output.weight", {q_dim, dim}, random_values(state, q_dim * dim, 1.5f * in_q), s.type);
     add(p + "ffn_norm.weight", {dim}, random_values(state, dim, 0.2f, 1.0f), ggml_type::f32);
-    std::vector<float> gate = random_values(state, dim * hidden, 1.5f * in_dim);
-    std::vector<float> down = random_values(state, hidden * dim, 1.5f * in_hidden);
-    std::vector<float> up = random_values(state, dim * hidden, 1.5f * in_dim);
-    if (s.arch == "phi3") {
+    const int64_t experts = std::max(s.n_experts, 1);
+    std::vector<float> gate = random_values(state, dim * hidden * experts, 1.5f * in_dim);
+    std::vector<float> down = random_values(state, hidden * dim * experts, 1.5f * in_hidden);
+    std::vector<float> up = random_values(state, dim * hidden * experts, 1.5f * in_dim);
+    if (s.n_experts > 0) {  // the router's logits spread by units: no near ties between experts
+      add(p + "ffn_gate_inp.weight", {dim, experts}, random_values(state, dim * experts, 8.0f * in_dim), ggml_type::f32);
+      add(p + "ffn_gate_exps.weight", {dim, hidden, experts}, gate, s.type);
+      add(p + "ffn_up_exps.weight", {dim, hidden, experts}, up, s.type);
+    } else if (s.arch == "phi3") {
       add(p + "ffn_up.weight", {dim, 2 * hidden}, joined(gate, up), s.type);  // the gate's rows first
     } else {
       add(p + "ffn_gate.weight", {dim, hidden}, gate, s.type);
       add(p + "ffn_up.weight", {dim, hidden}, up, s.type);
     }
-    add(p + "ffn_down.weight", {hidden, dim}, down, wide);
+    add(p + (s.n_experts > 0 ? "ffn_down_exps.weight" : "ffn_down.weight"),
+        s.n_experts > 0 ? std::vector<int64_t>{hidden, dim, experts} : std::vector<int64_t>{hidden, dim}, down, wide);
     if (s.arch == "qwen2") {
       add(p + "attn_q.bias", {q_dim}, random_values(state, q_dim, 0.5f), ggml_type::f32);
       add(p + "attn_k.bias", {kv_dim}, random_values(state, kv_dim, 0.5f), ggml_type::f32);
@@ -311,7 +336,7 @@ inline std::string random_llama_gguf(const random_llama_spec& s,
       add(p + "post_attention_norm.weight", {dim}, random_values(state, dim, 0.2f * post, post), ggml_type::f32);
       add(p + "post_ffw_norm.weight", {dim}, random_values(state, dim, 0.2f * post, post), ggml_type::f32);
     }
-    if (s.arch == "qwen3" || s.arch == "gemma3") {
+    if (s.arch == "qwen3" || s.arch == "qwen3moe" || s.arch == "gemma3") {
       add(p + "attn_q_norm.weight", {head}, random_values(state, head, 0.2f, 1.0f), ggml_type::f32);
       add(p + "attn_k_norm.weight", {head}, random_values(state, head, 0.2f, 1.0f), ggml_type::f32);
     }
