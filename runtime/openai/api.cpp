@@ -347,29 +347,34 @@ void read_messages(reader& in, parsed_request& p) {
 }
 
 /// A chat's tools: `tools`, a list of {"type": "function", "function": {"name", ...}} given to
-/// the model's template; `tool_choice` "auto" (the default) or "none" (the template gets no
-/// tools, and the answer is content); "required" and a named function need the output
-/// constrained to a call, not built yet (issue 49). `parallel_tool_calls` is accepted: every call
-/// the model makes is returned.
-void read_tools(reader& in, serve::completion_request& r) {
+/// the model's template; `tool_choice` "auto" (the default: the model's own call syntax is
+/// parsed), "none" (the template gets no tools, and the answer is content), "required" or a
+/// named function (the output constrained by forced_call_schema's grammar, which takes the place
+/// of response_format and the guided_* parameters); `parallel_tool_calls` false allows one call
+/// under "required" (under "auto" every call the model makes is returned).
+void read_tools(reader& in, parsed_request& p) {
   const json& tools = in.field("tools");
   const json& choice = in.field("tool_choice");
+  const json& parallel = in.field("parallel_tool_calls");
   if (in.error) return;
-  if (!choice.is_null() && choice != "auto" && choice != "none")
-    return in.fail("tool_choice", "'tool_choice' " + echo(choice) +
-                                      " is not supported yet; \"auto\" and \"none\" are (a required or named call "
-                                      "needs constrained output: issue 49)");
-  if (const json& parallel = in.field("parallel_tool_calls"); !parallel.is_null() && !parallel.is_boolean())
+  if (!parallel.is_null() && !parallel.is_boolean())
     return in.fail("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-  if (tools.is_null() || (tools.is_array() && tools.empty())) return;
-  const bool functions = tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const json& t) {
-    return t.is_object() && t.value("type", "") == "function" && t.contains("function") && t["function"].is_object() &&
-           t["function"].contains("name") && t["function"]["name"].is_string();
-  });
-  if (!functions)
-    return in.fail("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\", "
-                            "\"description\", \"parameters\"}} objects");
-  if (choice != "none") r.tools = tools.dump();
+  auto mode = parse_tool_choice(choice, parallel.is_null() || parallel.get<bool>());
+  if (!mode) return in.fail("tool_choice", mode.error().message);
+  p.tool_mode = *mode;
+  const bool no_tools = tools.is_null() || (tools.is_array() && tools.empty());
+  if (!no_tools)
+    if (auto ok = check_tools(tools); !ok) return in.fail("tools", ok.error().message);
+  if (mode->forced()) {
+    if (!p.request.grammar_kind.empty())
+      return in.fail("tool_choice", "'tool_choice' \"required\" or naming a function constrains the output itself: "
+                                    "give no response_format, guided_json, guided_regex or guided_grammar with it");
+    auto schema = forced_call_schema(no_tools ? json::array() : tools, *mode);
+    if (!schema) return in.fail("tool_choice", schema.error().message);
+    p.request.grammar_kind = "json_schema";
+    p.request.grammar = std::move(*schema);
+  }
+  if (!no_tools && mode->kind != tool_choice::mode::none) p.request.tools = tools.dump();
 }
 
 /// vLLM's chat extensions: `add_generation_prompt` and `chat_template_kwargs` (an object whose
@@ -594,14 +599,19 @@ ordered chat_message_json(const response_context& c, const choice_output& o, boo
   if (!o.reasoning.empty()) j["reasoning_content"] = o.reasoning;
   if (o.tool_calls.empty()) return j;
   ordered calls = ordered::array();
-  for (size_t k = 0; k < o.tool_calls.size(); k++) {
-    const int32_t number = o.num_earlier_tool_calls + static_cast<int32_t>(k);
+  for (const tool_call_part& part : o.tool_calls) {
+    TROUPE_ASSERT_MSG(streamed || part.opens, "a whole message's calls are whole");
     ordered call;
-    if (streamed) call["index"] = number;
+    if (streamed) call["index"] = part.index;
+    if (!part.opens) {  // more of a call's arguments: OpenAI's continuation delta
+      call["function"] = ordered{{"arguments", part.arguments}};
+      calls.push_back(std::move(call));
+      continue;
+    }
     call["id"] = "call_" + std::to_string(static_cast<uint64_t>(c.request_id)) + "_" + std::to_string(o.index) + "_" +
-                 std::to_string(number);
+                 std::to_string(part.index);
     call["type"] = "function";
-    call["function"] = ordered{{"name", o.tool_calls[k].name}, {"arguments", o.tool_calls[k].arguments}};
+    call["function"] = ordered{{"name", part.name}, {"arguments", part.arguments}};
     calls.push_back(std::move(call));
   }
   j["tool_calls"] = std::move(calls);
@@ -634,7 +644,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (kind == endpoint::chat_completions) {
     read_messages(in, p);
     read_template_fields(in, p.request);
-    read_tools(in, p.request);
+    read_tools(in, p);
   } else
     read_prompt(in, p, tok);
   check_choice_bytes(in, p);
@@ -660,9 +670,8 @@ tl::expected<json, api_error> parse_render_request(std::string_view body) {
   const json& tools = in.field("tools");
   if (!tools.is_null() && !(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const json& t) { return t.is_object(); })))
     in.fail("tools", "'tools' must be a list of objects");
-  const json& choice = in.field("tool_choice");
-  if (!choice.is_null() && !choice.is_string() && !choice.is_object())
-    in.fail("tool_choice", "'tool_choice' must be a string or an object");
+  if (auto choice = parse_tool_choice(in.field("tool_choice"), true); !choice)
+    in.fail("tool_choice", choice.error().message);
   serve::completion_request fields;
   read_template_fields(in, fields);
   if (in.error) return tl::unexpected(*in.error);
