@@ -111,8 +111,8 @@ TEST(ToolChoice, WhatCannotBeConstrainedIsA400NamingTheParameter) {
       {hi + R"("tools":[],"tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice",
        "'tool_choice' naming a function needs 'tools'"},
       {chat + R"("tool_choice":"required","response_format":{"type":"json_object"}})", "tool_choice",
-       R"('tool_choice' "required" or naming a function constrains the output itself: give no response_format, )"
-       R"(guided_json, guided_regex or guided_grammar with it)"},
+       R"('tool_choice' "required" or naming a function constrains the output itself: give no other grammar )"
+       R"((response_format, guided_json, guided_regex, guided_grammar) with it)"},
       {chat + R"("tool_choice":{"type":"function"}})", "tool_choice",
        R"('tool_choice' must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}})"},
       {hi + R"("tools":[{"type":"function","function":{"name":""}}],"tool_choice":"required"})", "tools",

@@ -12,6 +12,7 @@
 
 #include "runtime/common/bounded_json.hpp"
 #include "runtime/engine/request.hpp"
+#include "runtime/openai/chat_messages.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::openai {
@@ -252,84 +253,6 @@ void read_stream(reader& in, parsed_request& p) {
   if (inner.error) in.fail("stream_options", "'stream_options.include_usage' must be true or false");
 }
 
-/// A message's content as text: a string, or a list of {"type": "text", "text": ...} parts.
-std::optional<std::string> content_text(const json& content) {
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return std::nullopt;
-  std::string text;
-  for (const json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-      return std::nullopt;
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
-/// An assistant turn's `tool_calls` as OpenAI gives them: [{"id", "type": "function",
-/// "function": {"name", "arguments" (a string)}}, ...]; an error message otherwise.
-std::optional<std::string> tool_calls_problem(const json& calls) {
-  if (!calls.is_array()) return "an assistant's 'tool_calls' must be a list";
-  for (const json& c : calls) {
-    const bool ok = c.is_object() && c.contains("id") && c["id"].is_string() && c.value("type", "") == "function" &&
-                    c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
-                    c["function"]["name"].is_string() && c["function"].contains("arguments") &&
-                    c["function"]["arguments"].is_string();
-    if (!ok)
-      return "each of an assistant's 'tool_calls' must be {\"id\", \"type\": \"function\", \"function\": "
-             "{\"name\", \"arguments\" (a JSON string)}}";
-  }
-  return std::nullopt;
-}
-
-/// Templates read a call's arguments as an object (HF's and vLLM's convention); OpenAI sends them
-/// as JSON text: parsed where they are an object, kept as text otherwise.
-void parse_call_arguments(json& calls) {
-  for (json& c : calls) {
-    if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
-    json& arguments = c["function"]["arguments"];
-    if (!arguments.is_string()) continue;
-    if (auto parsed = parse_bounded_json(arguments.get<std::string>(), json_depth_max); parsed && parsed->is_object())
-      arguments = std::move(*parsed);
-  }
-}
-
-/// A chat message: its role (system, developer, user, assistant, tool), its content (text), and
-/// the keys of a tool-calling turn the model's template reads: an assistant's `tool_calls`
-/// (arguments as an object where their text is one), a tool result's `tool_call_id` (and
-/// optional `name`).
-std::optional<chat_message> read_message(reader& in, const json& m) {
-  const std::string role = m.is_object() && m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
-  if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool") {
-    in.fail("messages", "each message needs a 'role' of system, developer, user, assistant or tool");
-    return std::nullopt;
-  }
-  json extras = json::object();
-  if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-    if (auto problem = tool_calls_problem(m["tool_calls"])) {
-      in.fail("messages", *problem);
-      return std::nullopt;
-    }
-    extras["tool_calls"] = m["tool_calls"];
-    parse_call_arguments(extras["tool_calls"]);
-  }
-  if (role == "tool") {
-    if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string()) {
-      in.fail("messages", "a 'tool' message needs the string 'tool_call_id' of the call it answers");
-      return std::nullopt;
-    }
-    extras["tool_call_id"] = m["tool_call_id"];
-    if (m.contains("name") && m["name"].is_string()) extras["name"] = m["name"];
-  }
-  std::optional<std::string> text = content_text(m.contains("content") ? m["content"] : json());
-  if (!text) {
-    in.fail("messages", "a message's 'content' must be a string or a list of text parts");
-    return std::nullopt;
-  }
-  return chat_message{role == "developer" ? "system" : role, std::move(*text),  // OpenAI's newer name
-                      extras.empty() ? "" : extras.dump()};
-}
-
 void read_messages(reader& in, parsed_request& p) {
   const json& messages = in.field("messages");
   if (in.error) return;
@@ -338,8 +261,8 @@ void read_messages(reader& in, parsed_request& p) {
   std::vector<chat_message>& turns = p.request.messages;
   std::string joined;  // the contents, for token_before_output
   for (const json& m : messages) {
-    std::optional<chat_message> turn = read_message(in, m);
-    if (!turn) return;
+    expected<chat_message> turn = read_chat_message(m);
+    if (!turn) return in.fail("messages", turn.error().message);
     joined += turn->content;
     turns.push_back(std::move(*turn));
   }
@@ -362,19 +285,9 @@ void read_tools(reader& in, parsed_request& p) {
   auto mode = parse_tool_choice(choice, parallel.is_null() || parallel.get<bool>());
   if (!mode) return in.fail("tool_choice", mode.error().message);
   p.tool_mode = *mode;
-  const bool no_tools = tools.is_null() || (tools.is_array() && tools.empty());
-  if (!no_tools)
+  if (!tools.is_null() && !(tools.is_array() && tools.empty()))
     if (auto ok = check_tools(tools); !ok) return in.fail("tools", ok.error().message);
-  if (mode->forced()) {
-    if (!p.request.grammar_kind.empty())
-      return in.fail("tool_choice", "'tool_choice' \"required\" or naming a function constrains the output itself: "
-                                    "give no response_format, guided_json, guided_regex or guided_grammar with it");
-    auto schema = forced_call_schema(no_tools ? json::array() : tools, *mode);
-    if (!schema) return in.fail("tool_choice", schema.error().message);
-    p.request.grammar_kind = "json_schema";
-    p.request.grammar = std::move(*schema);
-  }
-  if (!no_tools && mode->kind != tool_choice::mode::none) p.request.tools = tools.dump();
+  if (auto ok = apply_tool_choice(*mode, tools, p.request); !ok) return in.fail("tool_choice", ok.error().message);
 }
 
 /// vLLM's chat extensions: `add_generation_prompt` and `chat_template_kwargs` (an object whose

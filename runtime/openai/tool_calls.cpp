@@ -135,6 +135,22 @@ expected<std::string> forced_call_schema(const json& tools, const tool_choice& c
   return text;
 }
 
+expected<void> apply_tool_choice(const tool_choice& choice, const json& tools, serve::completion_request& r) {
+  const bool no_tools = tools.is_null() || tools.empty();
+  if (choice.forced()) {
+    if (!r.grammar_kind.empty())
+      return fail(errc::invalid_argument, "'tool_choice' \"required\" or naming a function constrains the output itself: "
+                                          "give no other grammar (response_format, guided_json, guided_regex, "
+                                          "guided_grammar) with it");
+    auto schema = forced_call_schema(no_tools ? json::array() : tools, choice);
+    if (!schema) return tl::unexpected(schema.error());
+    r.grammar_kind = "json_schema";
+    r.grammar = std::move(*schema);
+  }
+  r.tools = no_tools || choice.kind == tool_choice::mode::none ? "" : tools.dump();
+  return {};
+}
+
 std::vector<tool_call_part> whole_parts(const std::vector<serve::tool_call>& calls, int32_t first_index) {
   std::vector<tool_call_part> parts;
   for (const serve::tool_call& c : calls) parts.push_back({first_index++, true, c.name, c.arguments});

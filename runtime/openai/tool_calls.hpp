@@ -62,6 +62,13 @@ bool operator==(const tool_choice& a, const tool_choice& b);
 /// grammar::nesting_max.
 [[nodiscard]] expected<std::string> forced_call_schema(const nlohmann::ordered_json& tools, const tool_choice& choice);
 
+/// Applies a chat's `choice` to `r`, whose tools are `tools` (check_tools' list; null or empty:
+/// none): the template gets them (r.tools, their JSON text) unless the choice is "none"; a
+/// forced choice sets r's grammar to forced_call_schema's. Errors (invalid_argument):
+/// forced_call_schema's, and a grammar r has already beside a forced choice.
+[[nodiscard]] expected<void> apply_tool_choice(const tool_choice& choice, const nlohmann::ordered_json& tools,
+                                               serve::completion_request& r);
+
 /// A streamed piece of one of a choice's tool calls: its start (`opens`: the function's name,
 /// and its arguments as far as they came) or more of its arguments' JSON text.
 struct tool_call_part {
