@@ -140,6 +140,60 @@ TEST(OutputChannels, WhatIsNoCallStaysContentInOrder) {
   EXPECT_TRUE(unclosed.tool_calls.empty());
 }
 
+// Llama 3.x's and Mistral's call tags as control tokens, as their GGUFs have them.
+constexpr std::int32_t python_tag = 261, mistral_calls = 262;
+
+const tokenizer& llama_mistral_vocab() {
+  static const tokenizer tok = [] {
+    const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
+      for (auto& [key, value] : meta) {
+        if (key == "tokenizer.ggml.tokens")
+          for (const char* t : {"<|python_tag|>", "[TOOL_CALLS]"}) value.items.push_back(model::gguf_value::of_string(t));
+        if (key == "tokenizer.ggml.token_type")
+          for (const int type : {3, 3}) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
+      }
+    });
+    auto t = tokenizer::from_bytes(bytes, 263, "calls.gguf");
+    TROUPE_ASSERT_MSG(t.has_value(), "the Llama/Mistral test vocabulary loads");
+    return std::move(*t);
+  }();
+  return tok;
+}
+
+output_channels::delta run_calls(const std::vector<std::int32_t>& tokens) {
+  output_channels out(llama_mistral_vocab(), {258}, {}, output_tags::of(llama_mistral_vocab()));
+  return run(out, tokens);
+}
+
+TEST(OutputChannels, LlamasPythonTagAndMistralsToolCallsTagCallToTheEndOfTheAnswer) {
+  const output_tags t = output_tags::of(llama_mistral_vocab());
+  EXPECT_EQ(t.python_tag, python_tag);
+  EXPECT_EQ(t.mistral_calls, mistral_calls);
+  EXPECT_EQ(t.tool_open, -1);
+  // Llama 3.x: the JSON form after <|python_tag|>, one call or several separated by ";".
+  const auto one = run_calls(join({bytes_of("Let me look. "), {python_tag},
+                                   bytes_of(R"({"name": "get_weather", "parameters": {"city": "Paris"}})")}));
+  EXPECT_EQ(one.content, "Let me look. ");
+  EXPECT_EQ(one.tool_calls, (std::vector<tool_call>{{"get_weather", R"({"city":"Paris"})"}}));
+  const auto two = run_calls(join({{python_tag}, bytes_of(R"({"name": "a", "parameters": {"s": "x;y"}}; {"name": "b", "parameters": {}})")}));
+  EXPECT_EQ(two.content, "");
+  EXPECT_EQ(two.tool_calls, (std::vector<tool_call>{{"a", R"({"s":"x;y"})"}, {"b", "{}"}}));
+  // Mistral: a list of calls after [TOOL_CALLS].
+  const auto list = run_calls(join({{mistral_calls}, bytes_of(R"([{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": "{}"}])")}));
+  EXPECT_EQ(list.tool_calls, (std::vector<tool_call>{{"f", R"({"a":1})"}, {"g", "{}"}}));
+  // What is not calls stays content, without the tag: Llama's built-in tools' Python form, a
+  // half-written list, text that spells the tags.
+  for (const std::string& bad : {std::string(R"(brave_search.call(query="weather"))"), std::string(R"([{"name": "f")"),
+                                 std::string("[]"), std::string(R"({"name": "a"}; 5)")}) {
+    const auto d = run_calls(join({bytes_of("x"), {python_tag}, bytes_of(bad)}));
+    EXPECT_EQ(d.content, "x" + bad);
+    EXPECT_TRUE(d.tool_calls.empty()) << bad;
+  }
+  const auto spelled = run_calls(bytes_of(R"(<|python_tag|>{"name": "f"})"));
+  EXPECT_EQ(spelled.content, R"(<|python_tag|>{"name": "f"})");
+  EXPECT_TRUE(spelled.tool_calls.empty());
+}
+
 TEST(OutputChannels, APromptEndingWithTheThinkTagStartsInReasoning) {
   const auto d = run(join({bytes_of("hmm"), {think_close}, bytes_of("yes")}), {}, {258, think_open});
   EXPECT_EQ(d.reasoning, "hmm");

@@ -13,6 +13,11 @@
 ///   tags; `arguments` becomes JSON text (an object is serialized, a string taken as it is). A
 ///   call that is not such an object, or that the answer ends inside, is given back as content
 ///   (its text without the tags), so nothing the model said is lost.
+/// - Calls to the end of the answer, after one tag token: Llama 3.x's `<|python_tag|>` followed
+///   by its JSON form {"name": ..., "parameters": ...} (several separated by ";"), and Mistral's
+///   `[TOOL_CALLS]` followed by a JSON list of {"name": ..., "arguments": ...}. They are read
+///   when the answer ends (parse_tool_calls); text that is not such calls (Llama's built-in
+///   tools' Python form, say) is given back as content.
 /// - Stop strings are looked for in the content only (engine::output_stream); the stop token ids
 ///   end the answer whatever channel it is in.
 
@@ -34,10 +39,12 @@ struct output_tags {
   std::int32_t think_close = -1;
   std::int32_t tool_open = -1;
   std::int32_t tool_close = -1;
+  std::int32_t python_tag = -1;      ///< Llama 3.x's <|python_tag|>: calls to the end
+  std::int32_t mistral_calls = -1;   ///< Mistral's [TOOL_CALLS]: a list of calls to the end
 
-  /// The pairs `tok` has as control or user-defined tokens (a pair counts only whole).
+  /// The tags `tok` has as control or user-defined tokens (a pair counts only whole).
   [[nodiscard]] static output_tags of(const tokenizer& tok);
-  [[nodiscard]] bool any() const { return think_open >= 0 || tool_open >= 0; }
+  [[nodiscard]] bool any() const { return think_open >= 0 || tool_open >= 0 || python_tag >= 0 || mistral_calls >= 0; }
 };
 
 bool operator==(const output_tags& a, const output_tags& b);
@@ -64,7 +71,7 @@ class output_channels {
   void check_invariants() const;
 
  private:
-  enum class channel { content, reasoning, tool };
+  enum class channel { content, reasoning, tool, calls_to_end };
 
   /// Closes the tool call in progress: a call, or its text as content when it is not one.
   void close_tool_call(delta& d);
@@ -82,7 +89,13 @@ class output_channels {
 /// The most levels of arrays and objects a tool call's JSON may nest; deeper text is no call.
 inline constexpr int max_tool_call_nesting = 64;
 
-/// The call a tool-call tag pair enclosed, when `text` is one (see above).
+/// The call a tool-call tag pair enclosed, when `text` is one (see above): an object with a
+/// non-empty string `name` and `arguments` (or Llama's `parameters`): an object or a string.
 [[nodiscard]] std::optional<tool_call> parse_tool_call(const std::string& text);
+
+/// The calls after a calls-to-the-end tag, when `text` is calls: one call object (as
+/// parse_tool_call's), a JSON list of them (Mistral's), or call objects separated by ";"
+/// (Llama's); none when it is anything else, or no call at all.
+[[nodiscard]] std::optional<std::vector<tool_call>> parse_tool_calls(const std::string& text);
 
 }  // namespace troupe::serve
