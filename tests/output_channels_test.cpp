@@ -160,8 +160,8 @@ const tokenizer& llama_mistral_vocab() {
   return tok;
 }
 
-output_channels::delta run_calls(const std::vector<std::int32_t>& tokens) {
-  output_channels out(llama_mistral_vocab(), {258}, {}, output_tags::of(llama_mistral_vocab()));
+output_channels::delta run_calls(const std::vector<std::int32_t>& tokens, bool bare_json_calls = false) {
+  output_channels out(llama_mistral_vocab(), {258}, {}, output_tags::of(llama_mistral_vocab()), bare_json_calls);
   return run(out, tokens);
 }
 
@@ -194,6 +194,21 @@ TEST(OutputChannels, LlamasPythonTagAndMistralsToolCallsTagCallToTheEndOfTheAnsw
   EXPECT_TRUE(spelled.tool_calls.empty());
 }
 
+TEST(OutputChannels, LlamasBareJsonFormIsCallsWhenAChatWithToolsAsksForIt) {
+  const std::string call = R"({"name": "get_weather", "parameters": {"city": "Paris"}})";
+  const auto d = run_calls(bytes_of(" \n" + call), true);
+  EXPECT_EQ(d.content, "");
+  EXPECT_EQ(d.tool_calls, (std::vector<tool_call>{{"get_weather", R"({"city":"Paris"})"}}));
+  // Without the flag (no tools), the same text is content.
+  EXPECT_EQ(run_calls(bytes_of(call)).content, call);
+  // An answer that does not start with "{" streams as content from its first character on; one
+  // that is JSON but no call is given back whole; blanks alone stay content.
+  output_channels out(llama_mistral_vocab(), {258}, {}, output_tags::of(llama_mistral_vocab()), true);
+  EXPECT_EQ(out.push('H').content, "H");
+  EXPECT_EQ(run_calls(bytes_of(R"( {"a": 1})"), true).content, R"( {"a": 1})");
+  EXPECT_EQ(run_calls(bytes_of(" \n"), true).content, " \n");
+}
+
 TEST(OutputChannels, APromptEndingWithTheThinkTagStartsInReasoning) {
   const auto d = run(join({bytes_of("hmm"), {think_close}, bytes_of("yes")}), {}, {258, think_open});
   EXPECT_EQ(d.reasoning, "hmm");
@@ -222,43 +237,53 @@ TEST(OutputChannels, WithoutTagsEveryTokenIsContentAsBefore) {
   EXPECT_EQ(d.content, "<think>ab");                     // the control <tool_call> decodes to ""
 }
 
+/// What the request policy of `o` sends for `answer` (its last token finishes it), chunks joined.
+completion_chunk sent_for(const request_policy_options& o, const std::vector<std::int32_t>& answer) {
+  request_policy h(o);
+  (void)h.start(0);
+  placed_engines p;
+  p.has_decode = true;
+  (void)h.placed(p);
+  completion_chunk got;
+  for (size_t i = 0; i < answer.size(); i++) {
+    engine::sample_event s;
+    s.sample.token = answer[i];
+    if (i + 1 == answer.size()) s.finish = engine::finish_reason::stop;
+    for (const effect& e : h.on_token(s, 0, 1)) {
+      if (const auto* c = std::get_if<send_chunk>(&e)) {
+        got.text += c->chunk.text;
+        got.reasoning_text += c->chunk.reasoning_text;
+        got.tool_calls.insert(got.tool_calls.end(), c->chunk.tool_calls.begin(), c->chunk.tool_calls.end());
+        got.tokens.insert(got.tokens.end(), c->chunk.tokens.begin(), c->chunk.tokens.end());
+      }
+    }
+    h.check_invariants();
+  }
+  EXPECT_TRUE(h.done());
+  return got;
+}
+
+request_policy_options policy_options(const tokenizer& vocab) {
+  request_policy_options o;
+  o.id = 1;
+  o.tok = std::make_shared<const tokenizer>(vocab);
+  o.tags = output_tags::of(vocab);
+  o.drawn_seed = 1;
+  o.params.max_tokens = 64;
+  return o;
+}
+
 TEST(OutputChannels, TheRequestPolicySplitsAChatsAnswerAndNotAPlainCompletions) {
-  const auto tok = std::make_shared<const tokenizer>(tagged_vocab());
   const std::vector<std::int32_t> answer =
       join({{think_open}, bytes_of("hm"), {think_close}, bytes_of("ok"), {tool_open}, bytes_of(R"({"name":"f"})"),
             {tool_close}, {258}});
   for (const bool chat : {true, false}) {
-    request_policy_options o;
-    o.id = 1;
-    o.tok = tok;
-    o.tags = output_tags::of(*tok);
-    o.drawn_seed = 1;
-    o.params.max_tokens = 64;
+    request_policy_options o = policy_options(tagged_vocab());
     if (chat)
       o.params.messages = {{"user", "ab"}};
     else
       o.params.prompt = "ab";
-    request_policy h(o);
-    (void)h.start(0);
-    placed_engines p;
-    p.has_decode = true;
-    (void)h.placed(p);
-    completion_chunk got;
-    for (size_t i = 0; i < answer.size(); i++) {
-      engine::sample_event s;
-      s.sample.token = answer[i];
-      if (i + 1 == answer.size()) s.finish = engine::finish_reason::stop;
-      for (const effect& e : h.on_token(s, 0, 1)) {
-        if (const auto* c = std::get_if<send_chunk>(&e)) {
-          got.text += c->chunk.text;
-          got.reasoning_text += c->chunk.reasoning_text;
-          got.tool_calls.insert(got.tool_calls.end(), c->chunk.tool_calls.begin(), c->chunk.tool_calls.end());
-          got.tokens.insert(got.tokens.end(), c->chunk.tokens.begin(), c->chunk.tokens.end());
-        }
-      }
-      h.check_invariants();
-    }
-    EXPECT_TRUE(h.done());
+    const completion_chunk got = sent_for(o, answer);
     EXPECT_EQ(got.tokens, answer);  // every token is reported, tags included
     if (chat) {
       EXPECT_EQ(got.text, "ok");
@@ -270,6 +295,24 @@ TEST(OutputChannels, TheRequestPolicySplitsAChatsAnswerAndNotAPlainCompletions) 
       EXPECT_TRUE(got.tool_calls.empty());
     }
   }
+}
+
+TEST(OutputChannels, TheRequestPolicyReadsLlamasBareJsonOnlyInAChatWithToolsAndNoGrammar) {
+  const std::string call = R"({"name":"f","parameters":{}})";
+  const std::vector<std::int32_t> answer = join({bytes_of(call), {258}});
+  request_policy_options o = policy_options(llama_mistral_vocab());
+  o.params.messages = {{"user", "ab"}};
+  o.chat = *served_template::jinja("{% for m in messages %}{{ m.content }}{% endfor %}",
+                                   jinja_options_for(llama_mistral_vocab(), {}));
+  EXPECT_EQ(sent_for(o, answer).text, call);  // no tools: an answer in JSON is content
+  o.params.tools = R"([{"type":"function","function":{"name":"f"}}])";
+  completion_chunk got = sent_for(o, answer);
+  EXPECT_EQ(got.text, "");
+  EXPECT_EQ(got.tool_calls, (std::vector<tool_call>{{"f", "{}"}}));
+  // Under a grammar (a forced tool_choice's, say) the gateway reads the text itself.
+  o.params.grammar_kind = "json_schema";
+  o.params.grammar = R"({"type":"object"})";
+  EXPECT_EQ(sent_for(o, answer).text, call);
 }
 
 }  // namespace

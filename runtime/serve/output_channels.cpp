@@ -140,8 +140,8 @@ std::optional<std::vector<tool_call>> parse_tool_calls(const std::string& text) 
 }
 
 output_channels::output_channels(const tokenizer& tok, const std::vector<std::int32_t>& prompt,
-                                 std::vector<std::string> stop_strings, output_tags tags)
-    : tags_(tags), content_(tok, prompt, std::move(stop_strings)), reasoning_(tok), tool_(tok) {
+                                 std::vector<std::string> stop_strings, output_tags tags, bool bare_json_calls)
+    : tags_(tags), content_(tok, prompt, std::move(stop_strings)), reasoning_(tok), tool_(tok), bare_json_(bare_json_calls) {
   if (!prompt.empty() && tags_.think_open >= 0 && prompt.back() == tags_.think_open) at_ = channel::reasoning;
 }
 
@@ -178,17 +178,32 @@ output_channels::delta output_channels::push(std::int32_t token) {
     d.reasoning += reasoning_.push(token);
   } else if (at_ == channel::tool || at_ == channel::calls_to_end) {
     tool_text_ += tool_.push(token);
+  } else if (bare_json_) {
+    hold_lead(token, d);
   } else {
     add_content(d, content_.push(token));
   }
   return d;
 }
 
+void output_channels::hold_lead(std::int32_t token, delta& d) {
+  tool_text_ += tool_.push(token);
+  const size_t first = tool_text_.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return;  // blanks so far: held
+  bare_json_ = false;
+  if (tool_text_[first] == '{') {
+    at_ = channel::calls_to_end;
+    return;
+  }
+  tool_text_ += tool_.finish();
+  add_content(d, content_.push_text(std::exchange(tool_text_, std::string())));
+}
+
 output_channels::delta output_channels::finish() {
   delta d;
   if (stopped_) return d;
   if (at_ == channel::reasoning) d.reasoning += reasoning_.finish();
-  if (at_ == channel::tool) {  // the answer ended inside the call: it is no call
+  if (at_ == channel::tool || (at_ == channel::content && bare_json_)) {  // inside a call, or held blanks: no call
     tool_text_ += tool_.finish();
     add_content(d, content_.push_text(std::exchange(tool_text_, std::string())));
   }
@@ -209,7 +224,7 @@ void output_channels::check_invariants() const {
   content_.check_invariants();
   reasoning_.check_invariants();
   tool_.check_invariants();
-  TROUPE_ASSERT(at_ == channel::tool || at_ == channel::calls_to_end || tool_text_.empty());
+  TROUPE_ASSERT(at_ == channel::tool || at_ == channel::calls_to_end || bare_json_ || tool_text_.empty());
   TROUPE_ASSERT(tags_.think_open >= 0 || at_ != channel::reasoning);
   TROUPE_ASSERT(tags_.tool_open >= 0 || at_ != channel::tool);
   TROUPE_ASSERT(tags_.python_tag >= 0 || tags_.mistral_calls >= 0 || at_ != channel::calls_to_end);

@@ -18,6 +18,9 @@
 ///   `[TOOL_CALLS]` followed by a JSON list of {"name": ..., "arguments": ...}. They are read
 ///   when the answer ends (parse_tool_calls); text that is not such calls (Llama's built-in
 ///   tools' Python form, say) is given back as content.
+/// - Llama 3.x's bare JSON form (`bare_json_calls`: a chat with tools on a vocabulary with
+///   <|python_tag|>): an answer whose first non-blank character is "{" is read as calls to the
+///   end, as after the tag; its leading blanks are held until that character shows.
 /// - Stop strings are looked for in the content only (engine::output_stream); the stop token ids
 ///   end the answer whatever channel it is in.
 
@@ -52,9 +55,9 @@ bool operator==(const output_tags& a, const output_tags& b);
 class output_channels {
  public:
   /// `prompt` primes the content's detokenizer (engine::output_stream) and, by its last token,
-  /// picks the first channel.
+  /// picks the first channel. `bare_json_calls`: an answer starting with "{" is calls (above).
   output_channels(const tokenizer& tok, const std::vector<std::int32_t>& prompt, std::vector<std::string> stop_strings,
-                  output_tags tags);
+                  output_tags tags, bool bare_json_calls = false);
 
   struct delta {
     std::string content;
@@ -76,13 +79,16 @@ class output_channels {
   /// Closes the tool call in progress: a call, or its text as content when it is not one.
   void close_tool_call(delta& d);
   void add_content(delta& d, const engine::output_stream::delta& c);
+  /// A token before the answer's first non-blank character, while it may be bare JSON calls.
+  void hold_lead(std::int32_t token, delta& d);
 
   output_tags tags_;
   channel at_ = channel::content;
   engine::output_stream content_;
   stream_detokenizer reasoning_;
   stream_detokenizer tool_;
-  std::string tool_text_;  // the call in progress
+  std::string tool_text_;  // the call in progress; the held blanks before bare JSON calls
+  bool bare_json_ = false;  // the answer may still be bare JSON calls
   bool stopped_ = false;
 };
 
