@@ -99,6 +99,7 @@ TEST(ToolCalling, TheOpenaiClientRunsARoundTripWithRequiredAndNamedCallsWholeAnd
     EXPECT_EQ(streamed["calls"][0]["name"], whole["calls"][0]["name"]);
     EXPECT_EQ(streamed["calls"][0]["arguments"], whole["calls"][0]["arguments"]);
     EXPECT_GE(streamed["numFragments"].get<int>(), 1);
+    EXPECT_EQ(streamed["numEmpty"], 0);  // the JSON's scaffolding alone sends no chunk
   }
   // The second turn: the tool's result reached the prompt, and the answer streams to its end.
   const json& second = got["second"];

@@ -219,6 +219,9 @@ void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::comple
   delta.logprobs.logprobs = chunk.logprobs;
   delta.logprobs.top_logprobs = chunk.top_logprobs;
   choice.next = openai::after(*a.tok, delta.logprobs);
+  // A forced choice's scaffolding ("[", "{\"name\": ") read into no call part is no news.
+  const bool news = !delta.text.empty() || !delta.reasoning.empty() || !delta.tool_calls.empty() || a.context.logprobs;
+  if (a.tool_mode.forced() && !news) return;
   a.response->write(openai::sse_event(openai::render_chunk(a.context, delta, !std::exchange(choice.streamed, true))));
 }
 

@@ -43,10 +43,11 @@ async function whole(tool_choice) {
 async function streamed(tool_choice) {
   const stream = await client.chat.completions.create({ ...request, messages: [question], tool_choice, stream: true });
   const calls = [];
-  let finish = null, content = '', numFragments = 0;
+  let finish = null, content = '', numFragments = 0, numEmpty = 0;
   for await (const chunk of stream) {
     const choice = chunk.choices[0];
     if (!choice) continue;
+    if (!choice.delta.tool_calls && !choice.delta.role && !choice.finish_reason) numEmpty++;
     for (const d of choice.delta.tool_calls ?? []) {
       if (d.id) calls[d.index] = { id: d.id, type: d.type, name: d.function.name, arguments: d.function.arguments };
       else calls[d.index].arguments += d.function.arguments, numFragments++;
@@ -54,7 +55,7 @@ async function streamed(tool_choice) {
     content += choice.delta.content ?? '';
     if (choice.finish_reason) finish = choice.finish_reason;
   }
-  return { finish, content, calls, numFragments };
+  return { finish, content, calls, numFragments, numEmpty };
 }
 
 /// The second turn: the call and its result go back; the final answer, whole and streamed.
