@@ -10,7 +10,12 @@
 
 #include <msgpack.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/bounded_json.hpp"
 #include "runtime/kv/cache_class.hpp"
+#include "runtime/openai/api.hpp"
+#include "runtime/openai/chat_messages.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::wire {
@@ -113,25 +118,42 @@ expected<void> read_logit_bias(const msgpack::object& v, std::vector<sampling::t
   return {};
 }
 
-/// `messages`: an array of {"role": str, "content": str} maps (role required).
-expected<void> read_messages(const msgpack::object& v, std::vector<chat_message>& out) {
-  const auto bad = [] { return wrong_type("messages", "an array of {role, content} maps of strings"); };
-  if (v.type != msgpack::type::ARRAY) return bad();
-  for (uint32_t i = 0; i < v.via.array.size; i++) {
-    const msgpack::object& m = v.via.array.ptr[i];
-    if (m.type != msgpack::type::MAP) return bad();
-    chat_message message;
-    bool has_role = false;
-    for (uint32_t j = 0; j < m.via.map.size; j++) {
-      const msgpack::object_kv& kv = m.via.map.ptr[j];
-      if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) return bad();
-      const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
-      if (key != "role" && key != "content") return bad();
-      has_role = has_role || key == "role";
-      (key == "role" ? message.role : message.content).assign(kv.val.via.str.ptr, kv.val.via.str.size);
+/// One message map's keys (strings): role, content, and a tool-calling turn's tool_calls (the
+/// JSON text of OpenAI's list), tool_call_id and name, read as the HTTP gateway reads a message
+/// (openai::read_chat_message).
+expected<chat_message> read_message(const msgpack::object& m) {
+  const auto bad = [] {
+    return wrong_type("messages", "an array of maps of strings: role, content, tool_calls (JSON text), tool_call_id, name");
+  };
+  if (m.type != msgpack::type::MAP) return bad();
+  nlohmann::ordered_json message = nlohmann::ordered_json::object();
+  for (uint32_t j = 0; j < m.via.map.size; j++) {
+    const msgpack::object_kv& kv = m.via.map.ptr[j];
+    if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR) return bad();
+    const std::string key(kv.key.via.str.ptr, kv.key.via.str.size);
+    std::string value(kv.val.via.str.ptr, kv.val.via.str.size);
+    if (key != "role" && key != "content" && key != "tool_calls" && key != "tool_call_id" && key != "name") return bad();
+    if (auto valid = utf8::validate(value); !valid)
+      return fail(errc::invalid_utf8, "messages: a message's '" + key + "' is not valid UTF-8: " + valid.error().message);
+    if (key != "tool_calls") {
+      message[key] = std::move(value);
+      continue;
     }
-    if (!has_role) return bad();
-    out.push_back(std::move(message));
+    auto calls = parse_bounded_json(value, openai::json_depth_max);
+    if (!calls) return fail(errc::invalid_argument, "messages: a message's 'tool_calls' " + calls.error().message);
+    message[key] = std::move(*calls);
+  }
+  auto read = openai::read_chat_message(message);
+  if (!read) return fail(errc::invalid_argument, "messages: " + read.error().message);
+  return read;
+}
+
+expected<void> read_messages(const msgpack::object& v, std::vector<chat_message>& out) {
+  if (v.type != msgpack::type::ARRAY) return wrong_type("messages", "an array of message maps");
+  for (uint32_t i = 0; i < v.via.array.size; i++) {
+    auto message = read_message(v.via.array.ptr[i]);
+    if (!message) return tl::unexpected(message.error());
+    out.push_back(std::move(*message));
   }
   return {};
 }
@@ -142,6 +164,37 @@ expected<void> read_cache_class(const msgpack::object& v, std::string& out) {
   if (auto ok = read_string(v, "cache_class", name); !ok) return ok;
   if (auto cls = kv::parse_cache_class(name); !cls) return tl::unexpected(cls.error());
   out = std::move(name);
+  return {};
+}
+
+/// A chat's `tool_choice` and `parallel_tool_calls`, applied once every key is read (they
+/// need the tools).
+struct tool_fields {
+  std::string choice;  ///< "auto" (or ""), "none", "required", or the JSON text of {"type": "function", ...}
+  bool parallel = true;
+};
+
+/// Applies `f` to `out` as the HTTP gateway applies them (openai::apply_tool_choice): the tools'
+/// JSON text is parsed (bounded) and checked here, a forced choice sets the grammar.
+expected<void> apply_tool_fields(const tool_fields& f, request& out) {
+  using json = nlohmann::ordered_json;
+  json choice = f.choice.empty() ? json() : json(f.choice);
+  if (!f.choice.empty() && f.choice.front() == '{') {
+    auto parsed = parse_bounded_json(f.choice, openai::json_depth_max);
+    if (!parsed) return fail(errc::invalid_argument, "'tool_choice' " + parsed.error().message);
+    choice = std::move(*parsed);
+  }
+  auto mode = openai::parse_tool_choice(choice, f.parallel);
+  if (!mode) return tl::unexpected(mode.error());
+  json tools;
+  if (!out.completion.tools.empty()) {
+    auto parsed = parse_bounded_json(out.completion.tools, openai::json_depth_max);
+    if (!parsed) return fail(errc::invalid_argument, "'tools' " + parsed.error().message);
+    if (auto ok = openai::check_tools(*parsed); !ok) return ok;
+    tools = std::move(*parsed);
+  }
+  if (auto ok = openai::apply_tool_choice(*mode, tools, out.completion); !ok) return ok;
+  out.tool_mode = *mode;
   return {};
 }
 
@@ -207,10 +260,12 @@ tl::expected<uint64_t, request_error> find_id(const msgpack::object_map& map) {
   return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request has no 'id'"}});
 }
 
-expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request& out) {
+expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request& out, tool_fields& tools) {
   if (kv.key.type != msgpack::type::STR) return fail(errc::invalid_argument, "a request key is not a string");
   const std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
   if (key == "id") return {};
+  if (key == "tool_choice") return read_string(kv.val, key, tools.choice);
+  if (key == "parallel_tool_calls") return read_bool(kv.val, key, tools.parallel);
   for (const auto& [name, read] : request_fields())
     if (name == key) return read(kv.val, out);
   if (!utf8::validate(key)) return fail(errc::invalid_argument, "a request key is not valid UTF-8");
@@ -240,9 +295,12 @@ tl::expected<client_frame, request_error> decode_map(const msgpack::object& valu
   auto cancelled = read_type(value.via.map, *id);
   if (!cancelled) return tl::unexpected(cancelled.error());
   if (*cancelled) return **cancelled;
-  request out{*id, {}};
+  request out{*id, {}, {}};
+  tool_fields tools;
   for (uint32_t i = 0; i < value.via.map.size; i++)
-    if (auto ok = read_field(value.via.map.ptr[i], out.completion); !ok) return tl::unexpected(request_error{*id, ok.error()});
+    if (auto ok = read_field(value.via.map.ptr[i], out.completion, tools); !ok)
+      return tl::unexpected(request_error{*id, ok.error()});
+  if (auto ok = apply_tool_fields(tools, out); !ok) return tl::unexpected(request_error{*id, ok.error()});
   if (auto ok = utf8::validate(out.completion.prompt); !ok)
     return tl::unexpected(request_error{*id, {errc::invalid_utf8, "'prompt' is not valid UTF-8: " + ok.error().message}});
   return out;
@@ -300,6 +358,26 @@ tl::expected<client_frame, request_error> decode_frame(std::string_view body) {
   }
 }
 
+/// A message map: role, content, and its tool-calling keys (`extras`) as strings, the calls as
+/// JSON text with their arguments as text again, as OpenAI writes them (read_message parses
+/// them back).
+void pack_message(packer& p, const chat_message& m) {
+  using json = nlohmann::ordered_json;
+  json extras = m.extras.empty() ? json::object() : json::parse(m.extras);  // our own text
+  p.pack_map(static_cast<uint32_t>(2 + extras.size()));
+  pack_text(p, "role");
+  pack_text(p, m.role);
+  pack_text(p, "content");
+  pack_text(p, m.content);
+  for (auto& [key, value] : extras.items()) {
+    if (key == "tool_calls")
+      for (json& call : value)
+        if (json& arguments = call["function"]["arguments"]; !arguments.is_string()) arguments = arguments.dump();
+    pack_text(p, key);
+    pack_text(p, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+}
+
 std::string encode_request(uint64_t id, const msg::completion_request& c) {
   msgpack::sbuffer body;
   packer p(body);
@@ -312,13 +390,7 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   p.pack(c.prompt_tokens);
   pack_text(p, "messages");
   p.pack_array(static_cast<uint32_t>(c.messages.size()));
-  for (const chat_message& m : c.messages) {
-    p.pack_map(2);
-    pack_text(p, "role");
-    pack_text(p, m.role);
-    pack_text(p, "content");
-    pack_text(p, m.content);
-  }
+  for (const chat_message& m : c.messages) pack_message(p, m);
   pack_text(p, "max_tokens");
   p.pack_int32(c.max_tokens);
   pack_text(p, "temperature");
@@ -423,6 +495,24 @@ std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk) {
     }
   }
   return framed(body);
+}
+
+std::string encode_forced_chunk(uint64_t id, msg::completion_chunk chunk, openai::forced_call_reader& reader) {
+  std::vector<serve::tool_call> calls = reader.push(std::exchange(chunk.text, std::string())).ended;
+  calls.insert(calls.end(), chunk.tool_calls.begin(), chunk.tool_calls.end());
+  chunk.tool_calls = std::move(calls);
+  return encode_chunk(id, chunk);
+}
+
+std::string encode_cut_call(uint64_t id, const msg::completion_end& end, openai::forced_call_reader& reader) {
+  std::optional<serve::tool_call> cut = reader.finish();
+  if (!cut) return "";
+  msg::completion_chunk chunk;
+  chunk.request_id = end.request_id;
+  chunk.stream = end.stream;
+  chunk.sequence = end.num_chunks;
+  chunk.tool_calls = {std::move(*cut)};
+  return encode_chunk(id, chunk);
 }
 
 std::string encode_end(uint64_t id, const msg::completion_end& end) {

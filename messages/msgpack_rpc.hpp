@@ -23,6 +23,7 @@
 
 #include "messages/client.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/openai/tool_calls.hpp"
 
 namespace troupe::wire {
 
@@ -38,6 +39,9 @@ inline constexpr size_t frame_header_bytes = 4;
 struct request {
   uint64_t id = 0;  ///< the client's; every answer frame carries it
   msg::completion_request completion;
+  /// Its tool_choice: a forced one (required, named) set completion's grammar, and the gateway
+  /// reads the answer's text into calls (openai::forced_call_reader).
+  openai::tool_choice tool_mode;
 };
 
 /// A decoded cancel frame `{"type": "cancel", "id"}`: the client's request `id` is to stop.
@@ -71,6 +75,16 @@ struct request_error {
 /// A chunk frame: `{"type": "chunk", "id", "sequence", "text", "tokens", "logprobs", "top_logprobs"}`,
 /// and a chat answer's `"reasoning"` (text) and `"tool_calls"` ([{"name", "arguments"}]) when it has any.
 [[nodiscard]] std::string encode_chunk(uint64_t id, const msg::completion_chunk& chunk);
+
+/// The chunk frame of a chunk of a forced tool_choice's answer: its text is read by `reader`
+/// into the calls that ended in it, sent as the chunk's `tool_calls` (before any of the model's
+/// own) in place of the text.
+[[nodiscard]] std::string encode_forced_chunk(uint64_t id, msg::completion_chunk chunk, openai::forced_call_reader& reader);
+
+/// A forced answer's last chunk frame, before its `end`: the call it ended inside
+/// (reader.finish(), its arguments as far as they came), numbered after the end's num_chunks;
+/// "" when no call was open.
+[[nodiscard]] std::string encode_cut_call(uint64_t id, const msg::completion_end& end, openai::forced_call_reader& reader);
 
 /// The end frame: `{"type": "end", "id", "request_id", "finish_reason", "seed", "usage": {...},
 /// "timings": {...}}`.

@@ -157,12 +157,10 @@ TEST(OpenaiRequest, AToolCallingChatCarriesItsToolsCallsAndResultsForTheTemplate
   EXPECT_EQ(parsed(endpoint::chat_completions, messages + R"("tools":)" + tools + R"(,"tool_choice":"none"})").request.tools, "");
   const std::string hi = R"({"messages":[{"role":"user","content":"x"}],)";
   const std::vector<std::pair<std::string, std::string>> refusals{
-      {hi + R"("tools":)" + tools + R"(,"tool_choice":"required"})",
-       R"('tool_choice' "required" is not supported yet; "auto" and "none" are (a required or named call needs constrained output: issue 49))"},
-      {hi + R"("tools":)" + tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})",
-       R"('tool_choice' {"type":"function","function":{"name":"get_weather"}} is not supported yet; "auto" and "none" are (a required or named call needs constrained output: issue 49))"},
       {hi + R"("tools":[{"type":"function"}]})",
-       R"('tools' must be a list of {"type": "function", "function": {"name", "description", "parameters"}} objects)"},
+       R"('tools' must be a list of {"type": "function", "function": {"name" (not empty), "description", "parameters" (an object)}} objects)"},
+      {hi + R"("tools":)" + tools + R"(,"tool_choice":"any"})",
+       R"('tool_choice' must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}})"},
       {hi + R"("parallel_tool_calls":1})", "'parallel_tool_calls' must be a boolean"},
       {R"({"messages":[{"role":"tool","content":"18 C"}]})",
        "a 'tool' message needs the string 'tool_call_id' of the call it answers"},
@@ -484,7 +482,7 @@ TEST(OpenaiResponse, AChatAnswersReasoningAndToolCallsRenderAsOpenAiAndVllmDo) {
   const response_context c{endpoint::chat_completions, 7, 1700000001, &model, false};
   choice_output o{0, "", engine::finish_reason::stop};
   o.reasoning = "think";
-  o.tool_calls = {{"get_weather", R"({"city":"Paris"})"}};
+  o.tool_calls = {{0, true, "get_weather", R"({"city":"Paris"})"}};
   EXPECT_EQ(render_response(c, {o}, 42, sum_usage({an_end()}, 1)),
             R"({"id":"chatcmpl-7","object":"chat.completion","created":1700000001,"model":"stories260K",)"
             R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"message":{"role":"assistant",)"
@@ -507,11 +505,20 @@ TEST(OpenaiResponse, AChatAnswersReasoningAndToolCallsRenderAsOpenAiAndVllmDo) {
   EXPECT_EQ(render_chunk(s, d, false),
             head + R"("choices":[{"index":1,"delta":{"reasoning_content":"so"},"logprobs":null,"finish_reason":null}]})");
   d.reasoning.clear();
-  d.tool_calls = {{"f", "{}"}};
-  d.num_earlier_tool_calls = 2;  // the choice's third call
+  d.tool_calls = {{2, true, "f", "{}"}};  // the choice's third call
   EXPECT_EQ(render_chunk(s, d, false),
             head + R"("choices":[{"index":1,"delta":{"tool_calls":[{"index":2,"id":"call_7_1_2","type":"function",)"
                    R"("function":{"name":"f","arguments":"{}"}}]},"logprobs":null,"finish_reason":null}]})");
+  // A forced call streams its arguments in fragments: the first part opens the call (id, type,
+  // name), the next ones carry more arguments under the call's index only, as OpenAI's do.
+  d.tool_calls = {{0, true, "get_weather", R"({"ci)"}};
+  EXPECT_EQ(render_chunk(s, d, false),
+            head + R"("choices":[{"index":1,"delta":{"tool_calls":[{"index":0,"id":"call_7_1_0","type":"function",)"
+                   R"("function":{"name":"get_weather","arguments":"{\"ci"}}]},"logprobs":null,"finish_reason":null}]})");
+  d.tool_calls = {{0, false, "", R"(ty":"Paris"})"}};
+  EXPECT_EQ(render_chunk(s, d, false),
+            head + R"("choices":[{"index":1,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"ty\":\"Paris\"}"}}]},)"
+                   R"("logprobs":null,"finish_reason":null}]})");
   EXPECT_EQ(render_final_chunk(s, 1, engine::finish_reason::stop, 42, true),
             head + R"("seed":42,"choices":[{"index":1,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}]})");
 }

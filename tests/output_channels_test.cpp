@@ -140,6 +140,75 @@ TEST(OutputChannels, WhatIsNoCallStaysContentInOrder) {
   EXPECT_TRUE(unclosed.tool_calls.empty());
 }
 
+// Llama 3.x's and Mistral's call tags as control tokens, as their GGUFs have them.
+constexpr std::int32_t python_tag = 261, mistral_calls = 262;
+
+const tokenizer& llama_mistral_vocab() {
+  static const tokenizer tok = [] {
+    const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
+      for (auto& [key, value] : meta) {
+        if (key == "tokenizer.ggml.tokens")
+          for (const char* t : {"<|python_tag|>", "[TOOL_CALLS]"}) value.items.push_back(model::gguf_value::of_string(t));
+        if (key == "tokenizer.ggml.token_type")
+          for (const int type : {3, 3}) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
+      }
+    });
+    auto t = tokenizer::from_bytes(bytes, 263, "calls.gguf");
+    TROUPE_ASSERT_MSG(t.has_value(), "the Llama/Mistral test vocabulary loads");
+    return std::move(*t);
+  }();
+  return tok;
+}
+
+output_channels::delta run_calls(const std::vector<std::int32_t>& tokens, bool bare_json_calls = false) {
+  output_channels out(llama_mistral_vocab(), {258}, {}, output_tags::of(llama_mistral_vocab()), bare_json_calls);
+  return run(out, tokens);
+}
+
+TEST(OutputChannels, LlamasPythonTagAndMistralsToolCallsTagCallToTheEndOfTheAnswer) {
+  const output_tags t = output_tags::of(llama_mistral_vocab());
+  EXPECT_EQ(t.python_tag, python_tag);
+  EXPECT_EQ(t.mistral_calls, mistral_calls);
+  EXPECT_EQ(t.tool_open, -1);
+  // Llama 3.x: the JSON form after <|python_tag|>, one call or several separated by ";".
+  const auto one = run_calls(join({bytes_of("Let me look. "), {python_tag},
+                                   bytes_of(R"({"name": "get_weather", "parameters": {"city": "Paris"}})")}));
+  EXPECT_EQ(one.content, "Let me look. ");
+  EXPECT_EQ(one.tool_calls, (std::vector<tool_call>{{"get_weather", R"({"city":"Paris"})"}}));
+  const auto two = run_calls(join({{python_tag}, bytes_of(R"({"name": "a", "parameters": {"s": "x;y"}}; {"name": "b", "parameters": {}})")}));
+  EXPECT_EQ(two.content, "");
+  EXPECT_EQ(two.tool_calls, (std::vector<tool_call>{{"a", R"({"s":"x;y"})"}, {"b", "{}"}}));
+  // Mistral: a list of calls after [TOOL_CALLS].
+  const auto list = run_calls(join({{mistral_calls}, bytes_of(R"([{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": "{}"}])")}));
+  EXPECT_EQ(list.tool_calls, (std::vector<tool_call>{{"f", R"({"a":1})"}, {"g", "{}"}}));
+  // What is not calls stays content, without the tag: Llama's built-in tools' Python form, a
+  // half-written list, text that spells the tags.
+  for (const std::string& bad : {std::string(R"(brave_search.call(query="weather"))"), std::string(R"([{"name": "f")"),
+                                 std::string("[]"), std::string(R"({"name": "a"}; 5)")}) {
+    const auto d = run_calls(join({bytes_of("x"), {python_tag}, bytes_of(bad)}));
+    EXPECT_EQ(d.content, "x" + bad);
+    EXPECT_TRUE(d.tool_calls.empty()) << bad;
+  }
+  const auto spelled = run_calls(bytes_of(R"(<|python_tag|>{"name": "f"})"));
+  EXPECT_EQ(spelled.content, R"(<|python_tag|>{"name": "f"})");
+  EXPECT_TRUE(spelled.tool_calls.empty());
+}
+
+TEST(OutputChannels, LlamasBareJsonFormIsCallsWhenAChatWithToolsAsksForIt) {
+  const std::string call = R"({"name": "get_weather", "parameters": {"city": "Paris"}})";
+  const auto d = run_calls(bytes_of(" \n" + call), true);
+  EXPECT_EQ(d.content, "");
+  EXPECT_EQ(d.tool_calls, (std::vector<tool_call>{{"get_weather", R"({"city":"Paris"})"}}));
+  // Without the flag (no tools), the same text is content.
+  EXPECT_EQ(run_calls(bytes_of(call)).content, call);
+  // An answer that does not start with "{" streams as content from its first character on; one
+  // that is JSON but no call is given back whole; blanks alone stay content.
+  output_channels out(llama_mistral_vocab(), {258}, {}, output_tags::of(llama_mistral_vocab()), true);
+  EXPECT_EQ(out.push('H').content, "H");
+  EXPECT_EQ(run_calls(bytes_of(R"( {"a": 1})"), true).content, R"( {"a": 1})");
+  EXPECT_EQ(run_calls(bytes_of(" \n"), true).content, " \n");
+}
+
 TEST(OutputChannels, APromptEndingWithTheThinkTagStartsInReasoning) {
   const auto d = run(join({bytes_of("hmm"), {think_close}, bytes_of("yes")}), {}, {258, think_open});
   EXPECT_EQ(d.reasoning, "hmm");
@@ -168,43 +237,53 @@ TEST(OutputChannels, WithoutTagsEveryTokenIsContentAsBefore) {
   EXPECT_EQ(d.content, "<think>ab");                     // the control <tool_call> decodes to ""
 }
 
+/// What the request policy of `o` sends for `answer` (its last token finishes it), chunks joined.
+completion_chunk sent_for(const request_policy_options& o, const std::vector<std::int32_t>& answer) {
+  request_policy h(o);
+  (void)h.start(0);
+  placed_engines p;
+  p.has_decode = true;
+  (void)h.placed(p);
+  completion_chunk got;
+  for (size_t i = 0; i < answer.size(); i++) {
+    engine::sample_event s;
+    s.sample.token = answer[i];
+    if (i + 1 == answer.size()) s.finish = engine::finish_reason::stop;
+    for (const effect& e : h.on_token(s, 0, 1)) {
+      if (const auto* c = std::get_if<send_chunk>(&e)) {
+        got.text += c->chunk.text;
+        got.reasoning_text += c->chunk.reasoning_text;
+        got.tool_calls.insert(got.tool_calls.end(), c->chunk.tool_calls.begin(), c->chunk.tool_calls.end());
+        got.tokens.insert(got.tokens.end(), c->chunk.tokens.begin(), c->chunk.tokens.end());
+      }
+    }
+    h.check_invariants();
+  }
+  EXPECT_TRUE(h.done());
+  return got;
+}
+
+request_policy_options policy_options(const tokenizer& vocab) {
+  request_policy_options o;
+  o.id = 1;
+  o.tok = std::make_shared<const tokenizer>(vocab);
+  o.tags = output_tags::of(vocab);
+  o.drawn_seed = 1;
+  o.params.max_tokens = 64;
+  return o;
+}
+
 TEST(OutputChannels, TheRequestPolicySplitsAChatsAnswerAndNotAPlainCompletions) {
-  const auto tok = std::make_shared<const tokenizer>(tagged_vocab());
   const std::vector<std::int32_t> answer =
       join({{think_open}, bytes_of("hm"), {think_close}, bytes_of("ok"), {tool_open}, bytes_of(R"({"name":"f"})"),
             {tool_close}, {258}});
   for (const bool chat : {true, false}) {
-    request_policy_options o;
-    o.id = 1;
-    o.tok = tok;
-    o.tags = output_tags::of(*tok);
-    o.drawn_seed = 1;
-    o.params.max_tokens = 64;
+    request_policy_options o = policy_options(tagged_vocab());
     if (chat)
       o.params.messages = {{"user", "ab"}};
     else
       o.params.prompt = "ab";
-    request_policy h(o);
-    (void)h.start(0);
-    placed_engines p;
-    p.has_decode = true;
-    (void)h.placed(p);
-    completion_chunk got;
-    for (size_t i = 0; i < answer.size(); i++) {
-      engine::sample_event s;
-      s.sample.token = answer[i];
-      if (i + 1 == answer.size()) s.finish = engine::finish_reason::stop;
-      for (const effect& e : h.on_token(s, 0, 1)) {
-        if (const auto* c = std::get_if<send_chunk>(&e)) {
-          got.text += c->chunk.text;
-          got.reasoning_text += c->chunk.reasoning_text;
-          got.tool_calls.insert(got.tool_calls.end(), c->chunk.tool_calls.begin(), c->chunk.tool_calls.end());
-          got.tokens.insert(got.tokens.end(), c->chunk.tokens.begin(), c->chunk.tokens.end());
-        }
-      }
-      h.check_invariants();
-    }
-    EXPECT_TRUE(h.done());
+    const completion_chunk got = sent_for(o, answer);
     EXPECT_EQ(got.tokens, answer);  // every token is reported, tags included
     if (chat) {
       EXPECT_EQ(got.text, "ok");
@@ -216,6 +295,24 @@ TEST(OutputChannels, TheRequestPolicySplitsAChatsAnswerAndNotAPlainCompletions) 
       EXPECT_TRUE(got.tool_calls.empty());
     }
   }
+}
+
+TEST(OutputChannels, TheRequestPolicyReadsLlamasBareJsonOnlyInAChatWithToolsAndNoGrammar) {
+  const std::string call = R"({"name":"f","parameters":{}})";
+  const std::vector<std::int32_t> answer = join({bytes_of(call), {258}});
+  request_policy_options o = policy_options(llama_mistral_vocab());
+  o.params.messages = {{"user", "ab"}};
+  o.chat = *served_template::jinja("{% for m in messages %}{{ m.content }}{% endfor %}",
+                                   jinja_options_for(llama_mistral_vocab(), {}));
+  EXPECT_EQ(sent_for(o, answer).text, call);  // no tools: an answer in JSON is content
+  o.params.tools = R"([{"type":"function","function":{"name":"f"}}])";
+  completion_chunk got = sent_for(o, answer);
+  EXPECT_EQ(got.text, "");
+  EXPECT_EQ(got.tool_calls, (std::vector<tool_call>{{"f", "{}"}}));
+  // Under a grammar (a forced tool_choice's, say) the gateway reads the text itself.
+  o.params.grammar_kind = "json_schema";
+  o.params.grammar = R"({"type":"object"})";
+  EXPECT_EQ(sent_for(o, answer).text, call);
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ TEST_F(RenderChat, BadInputExitsTwoWithAClearMessage) {
   expect_refused(qwen, R"({"messages":[{"role":"user","content":5}]})",
                  "a message's 'content' must be a string or a list of text parts");
   expect_refused(qwen, ok + R"(,"tools":{}})", "'tools' must be a list of objects");
-  expect_refused(qwen, ok + R"(,"tool_choice":3})", "'tool_choice' must be a string or an object");
+  expect_refused(qwen, ok + R"(,"tool_choice":3})", R"('tool_choice' must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}})");
   expect_refused(qwen, ok + R"(,"chat_template_kwargs":[]})", "'chat_template_kwargs' must be an object");
   expect_refused(qwen, ok + R"(,"add_generation_prompt":"yes"})", "'add_generation_prompt' must be true or false");
   expect_refused(qwen, ok + R"(,"chat_template_kwargs":{"bos_token":"<|im_start|>"}})",

@@ -3,9 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <initializer_list>
+#include <map>
 #include <string>
+#include <tuple>
+#include <vector>
+
+#include <msgpack.hpp>
 
 #include "messages/msgpack_rpc.hpp"
+#include "runtime/openai/api.hpp"
 
 namespace troupe::wire {
 namespace {
@@ -116,7 +122,10 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
   c.cache_class = "agent";
   c.num_top_logprobs = 2;
   c.stream = false;
-  c.messages = {{"system", "be brief"}, {"user", "hi"}};
+  c.messages = {{"system", "be brief"},
+                {"user", "hi"},
+                {"assistant", "", R"({"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":{"x":1}}}]})"},
+                {"tool", "18 C", R"({"tool_call_id":"c1","name":"f"})"}};
   c.grammar_kind = "gbnf";
   c.grammar = "root ::= [a-z]+";
   c.grammar_trigger_token_ids = {42};
@@ -142,8 +151,129 @@ TEST(Wire, AnEncodedRequestDecodesToEveryField) {
             std::tie(c.grammar_kind, c.grammar, c.grammar_trigger_token_ids, c.grammar_trigger_strings));
   EXPECT_EQ(std::tie(d.chat_template_kwargs, d.tools, d.add_generation_prompt),
             std::tie(c.chat_template_kwargs, c.tools, c.add_generation_prompt));
-  ASSERT_EQ(d.messages.size(), 2u);
-  EXPECT_EQ(std::tie(d.messages[1].role, d.messages[1].content), std::tie(c.messages[1].role, c.messages[1].content));
+  ASSERT_EQ(d.messages.size(), 4u);
+  for (size_t i = 0; i < 4; i++)
+    EXPECT_EQ(std::tie(d.messages[i].role, d.messages[i].content, d.messages[i].extras),
+              std::tie(c.messages[i].role, c.messages[i].content, c.messages[i].extras));
+}
+
+/// A request frame's body packed from `fields` (string values, keys in order) after "id": 5.
+std::string packed_request(const std::vector<std::pair<std::string, msgpack::object>>& fields) {
+  msgpack::sbuffer body;
+  msgpack::packer<msgpack::sbuffer> p(body);
+  p.pack_map(static_cast<uint32_t>(fields.size() + 1));
+  p.pack(std::string("id"));
+  p.pack(5);
+  for (const auto& [key, value] : fields) {
+    p.pack(key);
+    p.pack(value);
+  }
+  return std::string(body.data(), body.size());
+}
+
+TEST(Wire, AChatsToolCallsToolResultsAndToolChoiceReadAsTheHttpGatewayReadsThem) {
+  msgpack::zone z;
+  const std::string tools =
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])";
+  const std::map<std::string, std::string> assistant{
+      {"role", "assistant"},
+      {"tool_calls", R"([{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}])"}};
+  const std::map<std::string, std::string> result{{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "18 C"}};
+  const std::vector<std::map<std::string, std::string>> messages{{{"role", "user"}, {"content", "Weather?"}}, assistant, result};
+  const std::string body = packed_request({{"messages", msgpack::object(messages, z)},
+                                           {"tools", msgpack::object(tools, z)},
+                                           {"tool_choice", msgpack::object("required", z)},
+                                           {"parallel_tool_calls", msgpack::object(false, z)}});
+  auto frame = decode_frame(body);
+  ASSERT_TRUE(frame.has_value()) << frame.error().problem.message;
+  const request& r = std::get<request>(*frame);
+  ASSERT_EQ(r.completion.messages.size(), 3u);
+  EXPECT_EQ(r.completion.messages[1].extras,
+            R"({"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris"}}}]})");
+  EXPECT_EQ(r.completion.messages[2].extras, R"({"tool_call_id":"c1"})");
+  EXPECT_EQ(r.tool_mode, (openai::tool_choice{openai::tool_choice::mode::required, "", false}));
+  // The same grammar as the HTTP gateway's for the same request.
+  const std::string http = R"({"messages":[{"role":"user","content":"Weather?"}],"tools":)" + tools +
+                           R"(,"tool_choice":"required","parallel_tool_calls":false})";
+  auto p = openai::parse_request(openai::endpoint::chat_completions, http, {"m", "", 0});
+  ASSERT_TRUE(p);
+  EXPECT_EQ(std::tie(r.completion.grammar_kind, r.completion.grammar, r.completion.tools),
+            std::tie(p->request.grammar_kind, p->request.grammar, p->request.tools));
+  // A named function, as the JSON text of OpenAI's object.
+  auto named = decode_frame(packed_request(
+      {{"messages", msgpack::object(messages, z)},
+       {"tools", msgpack::object(tools, z)},
+       {"tool_choice", msgpack::object(std::string(R"({"type":"function","function":{"name":"get_weather"}})"), z)}}));
+  ASSERT_TRUE(named.has_value()) << named.error().problem.message;
+  EXPECT_EQ(std::get<request>(*named).tool_mode, (openai::tool_choice{openai::tool_choice::mode::named, "get_weather", true}));
+  EXPECT_EQ(std::get<request>(*named).completion.grammar, R"({"type":"object","properties":{"city":{"type":"string"}}})");
+  // "none": the template gets no tools.
+  auto none = decode_frame(packed_request({{"tools", msgpack::object(tools, z)}, {"tool_choice", msgpack::object("none", z)}}));
+  ASSERT_TRUE(none.has_value());
+  EXPECT_EQ(std::get<request>(*none).completion.tools, "");
+}
+
+TEST(Wire, BadToolCallingFieldsAreErrorsAsTheHttpGatewaysAre) {
+  msgpack::zone z;
+  const std::string tools = R"([{"type":"function","function":{"name":"f"}}])";
+  const auto message = [&](std::map<std::string, std::string> m) {
+    return msgpack::object(std::vector<std::map<std::string, std::string>>{std::move(m)}, z);
+  };
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {packed_request({{"tools", msgpack::object(tools, z)},
+                       {"tool_choice", msgpack::object(std::string(R"({"type":"function","function":{"name":"g"}})"), z)}}),
+       "'tool_choice' names the function 'g', which is not among the request's tools (f)"},
+      {packed_request({{"tool_choice", msgpack::object("required", z)}}), R"('tool_choice' "required" needs 'tools')"},
+      {packed_request({{"tool_choice", msgpack::object("any", z)}}), "'tool_choice' must be \"auto\""},
+      {packed_request({{"tool_choice", msgpack::object("{", z)}}), "'tool_choice' is not valid JSON"},
+      {packed_request({{"tools", msgpack::object("[1]", z)}}), "'tools' must be a list of"},
+      {packed_request({{"tools", msgpack::object(tools, z)},
+                       {"tool_choice", msgpack::object("required", z)},
+                       {"grammar_kind", msgpack::object("regex", z)},
+                       {"grammar", msgpack::object("a", z)}}),
+       "'tool_choice' \"required\" or naming a function constrains the output itself"},
+      {packed_request({{"messages", message({{"role", "tool"}, {"content", "x"}})}}),
+       "messages: a 'tool' message needs the string 'tool_call_id' of the call it answers"},
+      {packed_request({{"messages", message({{"role", "assistant"}, {"tool_calls", "{"}})}}),
+       "messages: a message's 'tool_calls' is not valid JSON"},
+      {packed_request({{"messages", message({{"role", "assistant"}, {"tool_calls", "{}"}})}}),
+       "messages: an assistant's 'tool_calls' must be a list"},
+      {packed_request({{"messages", message({{"role", "robot"}})}}),
+       "messages: each message needs a 'role' of system, developer, user, assistant or tool"},
+      {packed_request({{"parallel_tool_calls", msgpack::object("no", z)}}), "'parallel_tool_calls' must be a boolean"},
+  };
+  for (const auto& [body, message_start] : cases) {
+    auto r = decode_frame(body);
+    ASSERT_FALSE(r.has_value()) << message_start;
+    EXPECT_EQ(r.error().id, 5u);
+    EXPECT_EQ(r.error().problem.code, errc::invalid_argument);
+    EXPECT_EQ(r.error().problem.message.rfind(message_start, 0), 0u) << r.error().problem.message;
+  }
+}
+
+TEST(Wire, AForcedAnswersChunksCarryItsCallsWholeAndACutCallComesBeforeTheEnd) {
+  openai::forced_call_reader reader({openai::tool_choice::mode::required, "", true});
+  msg::completion_chunk first;
+  first.text = R"([{"name":"f","parameters":{}}, {"name":"g","param)";
+  first.tool_calls = {{"own", "{}"}};  // the model's own come after
+  msg::completion_chunk expected = first;
+  expected.text = "";
+  expected.tool_calls = {{"f", "{}"}, {"own", "{}"}};
+  EXPECT_EQ(encode_forced_chunk(3, first, reader), encode_chunk(3, expected));
+  msg::completion_chunk second;
+  second.sequence = 1;
+  second.text = R"(eters":{"x":[1)";
+  msg::completion_chunk nothing = second;
+  nothing.text = "";
+  EXPECT_EQ(encode_forced_chunk(3, second, reader), encode_chunk(3, nothing));
+  msg::completion_end end;
+  end.num_chunks = 2;
+  end.finish_reason = engine::finish_reason::length;
+  msg::completion_chunk cut;
+  cut.sequence = 2;
+  cut.tool_calls = {{"g", R"({"x":[1)"}};
+  EXPECT_EQ(encode_cut_call(3, end, reader), encode_chunk(3, cut));
+  EXPECT_EQ(encode_cut_call(3, end, reader), "");  // nothing open any more
 }
 
 TEST(Wire, ALogitBiasMapTakesIntegerOrDecimalStringKeys) {
@@ -196,7 +326,9 @@ TEST(Wire, EachBadRequestIsAnErrorNamingTheProblem) {
        "'add_generation_prompt' must be a boolean"},
       // {"messages": [{"content": "x"}]}: no role
       {b({0x82}) + id5 + b({0xa8}) + "messages" + b({0x91, 0x81, 0xa7}) + "content" + b({0xa1}) + "x", 5,
-       errc::invalid_argument, "'messages' must be an array of {role, content} maps of strings"},
+       errc::invalid_argument, "messages: each message needs a 'role' of system, developer, user, assistant or tool"},
+      {b({0x82}) + id5 + b({0xa8}) + "messages" + b({0x91, 0x81, 0xa7}) + "content" + b({0x01}), 5,
+       errc::invalid_argument, "'messages' must be an array of maps of strings: role, content, tool_calls (JSON text), tool_call_id, name"},
       {b({0x82}) + id5 + b({0xb0}) + "presence_penalty" + b({0xc3}), 5, errc::invalid_argument,
        "'presence_penalty' must be a number"},
       {b({0x82}) + id5 + b({0xaa}) + "logit_bias" + b({0x91, 0x01}), 5, errc::invalid_argument,

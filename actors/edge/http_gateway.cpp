@@ -33,7 +33,7 @@ void reply_error(http_response& res, const openai::api_error& e) {
 struct choice_state {
   bool streamed = false;  ///< its first chunk is out
   openai::token_logprobs next;  ///< where its next streamed tokens' texts start (logprobs)
-  int32_t num_tool_calls = 0;   ///< streamed so far
+  openai::streamed_calls calls;  ///< its tool calls streamed so far
   std::optional<actors::completion> done;
 };
 
@@ -49,6 +49,7 @@ struct answer {
   openai::response_context context;  // request_id: the first completion heard from
   bool stream = false;
   int32_t n = 1;                    ///< choices per prompt
+  openai::tool_choice tool_mode;    ///< a forced one's calls are read from the choices' texts
   std::optional<uint64_t> seed;     ///< reported; a lone choice without a seed: its end's
   bool named = false;               ///< context.request_id is set
   bool started = false;             ///< the stream's head is out
@@ -77,10 +78,13 @@ std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::resp
   a->context.tok = a->tok.get();
   a->stream = p.request.stream;
   a->n = p.n;
+  a->tool_mode = p.tool_mode;
   a->seed = seed;
   a->choices.resize(static_cast<size_t>(openai::num_choices(p)));
-  for (size_t k = 0; k < a->choices.size(); k++)
+  for (size_t k = 0; k < a->choices.size(); k++) {
     a->choices[k].next.prev_token = openai::token_before_output(p.prompts[k / static_cast<size_t>(p.n)], *a->tok);
+    a->choices[k].calls = openai::streamed_calls(p.tool_mode);
+  }
   return a;
 }
 
@@ -210,13 +214,14 @@ void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::comple
   delta.text = chunk.text;
   delta.logprobs = std::move(choice.next);
   delta.reasoning = chunk.reasoning_text;
-  delta.tool_calls = chunk.tool_calls;
-  delta.num_earlier_tool_calls = choice.num_tool_calls;
-  choice.num_tool_calls += static_cast<int32_t>(chunk.tool_calls.size());
+  delta.tool_calls = choice.calls.push(delta.text, chunk.tool_calls);
   delta.logprobs.tokens = chunk.tokens;
   delta.logprobs.logprobs = chunk.logprobs;
   delta.logprobs.top_logprobs = chunk.top_logprobs;
   choice.next = openai::after(*a.tok, delta.logprobs);
+  // A forced choice's scaffolding ("[", "{\"name\": ") read into no call part is no news.
+  const bool news = !delta.text.empty() || !delta.reasoning.empty() || !delta.tool_calls.empty() || a.context.logprobs;
+  if (a.tool_mode.forced() && !news) return;
   a.response->write(openai::sse_event(openai::render_chunk(a.context, delta, !std::exchange(choice.streamed, true))));
 }
 
@@ -235,7 +240,7 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
   if (a.stream) {
     if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
     a.response->write(openai::sse_event(
-        openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed, choice.num_tool_calls > 0)));
+        openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed, choice.calls.num_calls() > 0)));
   }
   if (a.num_done == static_cast<int32_t>(a.choices.size())) finish_answer(a);
 }
@@ -249,9 +254,11 @@ void http_gateway::impl::finish_answer(answer& a) {
     const choice_state& choice = a.choices[k];
     const actors::completion& done = *choice.done;
     ends.push_back(done.end);
-    outputs.push_back({static_cast<int32_t>(k), done.text, done.end.finish_reason,
+    std::string text = done.text;
+    std::vector<openai::tool_call_part> calls = openai::whole_calls(a.tool_mode, text, done.tool_calls);
+    outputs.push_back({static_cast<int32_t>(k), std::move(text), done.end.finish_reason,
                        {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0},
-                       done.reasoning_text, done.tool_calls});
+                       done.reasoning_text, std::move(calls)});
   }
   const openai::usage_counts usage = openai::sum_usage(ends, a.n);
   if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));

@@ -396,11 +396,19 @@ void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, 
   if (auto refused = enroll(*c, id)) return c->push(wire::encode_error(id, *refused));
   // A client asks for its priority; it gets no more urgent one than its allowance.
   decoded.completion.priority = std::max(decoded.completion.priority, options.limits.priority_min);
+  // A forced tool_choice's text is read into calls; the client actor runs both callbacks in turn.
+  std::shared_ptr<openai::forced_call_reader> forced;
+  if (decoded.tool_mode.forced()) forced = std::make_shared<openai::forced_call_reader>(decoded.tool_mode);
   actors::client_actor client = actors::spawn_client(
       sys, load_balancer, std::move(decoded.completion),
-      [c, id](const msg::completion_chunk& chunk) { c->push(wire::encode_chunk(id, chunk)); },
-      [c, id](const expected<actors::completion>& outcome) {
-        c->end_request(id, outcome ? wire::encode_end(id, outcome->end) : wire::encode_error(id, outcome.error()));
+      [c, id, forced](const msg::completion_chunk& chunk) {
+        c->push(forced ? wire::encode_forced_chunk(id, chunk, *forced) : wire::encode_chunk(id, chunk));
+      },
+      [c, id, forced](const expected<actors::completion>& outcome) {
+        if (!outcome) return c->end_request(id, wire::encode_error(id, outcome.error()));
+        if (forced)
+          if (std::string cut = wire::encode_cut_call(id, outcome->end, *forced); !cut.empty()) c->push(std::move(cut));
+        c->end_request(id, wire::encode_end(id, outcome->end));
       },
       options.timeouts);
   std::lock_guard<std::mutex> lock(c->mutex);

@@ -12,6 +12,7 @@
 
 #include "runtime/common/bounded_json.hpp"
 #include "runtime/engine/request.hpp"
+#include "runtime/openai/chat_messages.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::openai {
@@ -252,84 +253,6 @@ void read_stream(reader& in, parsed_request& p) {
   if (inner.error) in.fail("stream_options", "'stream_options.include_usage' must be true or false");
 }
 
-/// A message's content as text: a string, or a list of {"type": "text", "text": ...} parts.
-std::optional<std::string> content_text(const json& content) {
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return std::nullopt;
-  std::string text;
-  for (const json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-      return std::nullopt;
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
-/// An assistant turn's `tool_calls` as OpenAI gives them: [{"id", "type": "function",
-/// "function": {"name", "arguments" (a string)}}, ...]; an error message otherwise.
-std::optional<std::string> tool_calls_problem(const json& calls) {
-  if (!calls.is_array()) return "an assistant's 'tool_calls' must be a list";
-  for (const json& c : calls) {
-    const bool ok = c.is_object() && c.contains("id") && c["id"].is_string() && c.value("type", "") == "function" &&
-                    c.contains("function") && c["function"].is_object() && c["function"].contains("name") &&
-                    c["function"]["name"].is_string() && c["function"].contains("arguments") &&
-                    c["function"]["arguments"].is_string();
-    if (!ok)
-      return "each of an assistant's 'tool_calls' must be {\"id\", \"type\": \"function\", \"function\": "
-             "{\"name\", \"arguments\" (a JSON string)}}";
-  }
-  return std::nullopt;
-}
-
-/// Templates read a call's arguments as an object (HF's and vLLM's convention); OpenAI sends them
-/// as JSON text: parsed where they are an object, kept as text otherwise.
-void parse_call_arguments(json& calls) {
-  for (json& c : calls) {
-    if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
-    json& arguments = c["function"]["arguments"];
-    if (!arguments.is_string()) continue;
-    if (auto parsed = parse_bounded_json(arguments.get<std::string>(), json_depth_max); parsed && parsed->is_object())
-      arguments = std::move(*parsed);
-  }
-}
-
-/// A chat message: its role (system, developer, user, assistant, tool), its content (text), and
-/// the keys of a tool-calling turn the model's template reads: an assistant's `tool_calls`
-/// (arguments as an object where their text is one), a tool result's `tool_call_id` (and
-/// optional `name`).
-std::optional<chat_message> read_message(reader& in, const json& m) {
-  const std::string role = m.is_object() && m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
-  if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool") {
-    in.fail("messages", "each message needs a 'role' of system, developer, user, assistant or tool");
-    return std::nullopt;
-  }
-  json extras = json::object();
-  if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-    if (auto problem = tool_calls_problem(m["tool_calls"])) {
-      in.fail("messages", *problem);
-      return std::nullopt;
-    }
-    extras["tool_calls"] = m["tool_calls"];
-    parse_call_arguments(extras["tool_calls"]);
-  }
-  if (role == "tool") {
-    if (!m.contains("tool_call_id") || !m["tool_call_id"].is_string()) {
-      in.fail("messages", "a 'tool' message needs the string 'tool_call_id' of the call it answers");
-      return std::nullopt;
-    }
-    extras["tool_call_id"] = m["tool_call_id"];
-    if (m.contains("name") && m["name"].is_string()) extras["name"] = m["name"];
-  }
-  std::optional<std::string> text = content_text(m.contains("content") ? m["content"] : json());
-  if (!text) {
-    in.fail("messages", "a message's 'content' must be a string or a list of text parts");
-    return std::nullopt;
-  }
-  return chat_message{role == "developer" ? "system" : role, std::move(*text),  // OpenAI's newer name
-                      extras.empty() ? "" : extras.dump()};
-}
-
 void read_messages(reader& in, parsed_request& p) {
   const json& messages = in.field("messages");
   if (in.error) return;
@@ -338,8 +261,8 @@ void read_messages(reader& in, parsed_request& p) {
   std::vector<chat_message>& turns = p.request.messages;
   std::string joined;  // the contents, for token_before_output
   for (const json& m : messages) {
-    std::optional<chat_message> turn = read_message(in, m);
-    if (!turn) return;
+    expected<chat_message> turn = read_chat_message(m);
+    if (!turn) return in.fail("messages", turn.error().message);
     joined += turn->content;
     turns.push_back(std::move(*turn));
   }
@@ -347,29 +270,24 @@ void read_messages(reader& in, parsed_request& p) {
 }
 
 /// A chat's tools: `tools`, a list of {"type": "function", "function": {"name", ...}} given to
-/// the model's template; `tool_choice` "auto" (the default) or "none" (the template gets no
-/// tools, and the answer is content); "required" and a named function need the output
-/// constrained to a call, not built yet (issue 49). `parallel_tool_calls` is accepted: every call
-/// the model makes is returned.
-void read_tools(reader& in, serve::completion_request& r) {
+/// the model's template; `tool_choice` "auto" (the default: the model's own call syntax is
+/// parsed), "none" (the template gets no tools, and the answer is content), "required" or a
+/// named function (the output constrained by forced_call_schema's grammar, which takes the place
+/// of response_format and the guided_* parameters); `parallel_tool_calls` false allows one call
+/// under "required" (under "auto" every call the model makes is returned).
+void read_tools(reader& in, parsed_request& p) {
   const json& tools = in.field("tools");
   const json& choice = in.field("tool_choice");
+  const json& parallel = in.field("parallel_tool_calls");
   if (in.error) return;
-  if (!choice.is_null() && choice != "auto" && choice != "none")
-    return in.fail("tool_choice", "'tool_choice' " + echo(choice) +
-                                      " is not supported yet; \"auto\" and \"none\" are (a required or named call "
-                                      "needs constrained output: issue 49)");
-  if (const json& parallel = in.field("parallel_tool_calls"); !parallel.is_null() && !parallel.is_boolean())
+  if (!parallel.is_null() && !parallel.is_boolean())
     return in.fail("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-  if (tools.is_null() || (tools.is_array() && tools.empty())) return;
-  const bool functions = tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const json& t) {
-    return t.is_object() && t.value("type", "") == "function" && t.contains("function") && t["function"].is_object() &&
-           t["function"].contains("name") && t["function"]["name"].is_string();
-  });
-  if (!functions)
-    return in.fail("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\", "
-                            "\"description\", \"parameters\"}} objects");
-  if (choice != "none") r.tools = tools.dump();
+  auto mode = parse_tool_choice(choice, parallel.is_null() || parallel.get<bool>());
+  if (!mode) return in.fail("tool_choice", mode.error().message);
+  p.tool_mode = *mode;
+  if (!tools.is_null() && !(tools.is_array() && tools.empty()))
+    if (auto ok = check_tools(tools); !ok) return in.fail("tools", ok.error().message);
+  if (auto ok = apply_tool_choice(*mode, tools, p.request); !ok) return in.fail("tool_choice", ok.error().message);
 }
 
 /// vLLM's chat extensions: `add_generation_prompt` and `chat_template_kwargs` (an object whose
@@ -594,14 +512,19 @@ ordered chat_message_json(const response_context& c, const choice_output& o, boo
   if (!o.reasoning.empty()) j["reasoning_content"] = o.reasoning;
   if (o.tool_calls.empty()) return j;
   ordered calls = ordered::array();
-  for (size_t k = 0; k < o.tool_calls.size(); k++) {
-    const int32_t number = o.num_earlier_tool_calls + static_cast<int32_t>(k);
+  for (const tool_call_part& part : o.tool_calls) {
+    TROUPE_ASSERT_MSG(streamed || part.opens, "a whole message's calls are whole");
     ordered call;
-    if (streamed) call["index"] = number;
+    if (streamed) call["index"] = part.index;
+    if (!part.opens) {  // more of a call's arguments: OpenAI's continuation delta
+      call["function"] = ordered{{"arguments", part.arguments}};
+      calls.push_back(std::move(call));
+      continue;
+    }
     call["id"] = "call_" + std::to_string(static_cast<uint64_t>(c.request_id)) + "_" + std::to_string(o.index) + "_" +
-                 std::to_string(number);
+                 std::to_string(part.index);
     call["type"] = "function";
-    call["function"] = ordered{{"name", o.tool_calls[k].name}, {"arguments", o.tool_calls[k].arguments}};
+    call["function"] = ordered{{"name", part.name}, {"arguments", part.arguments}};
     calls.push_back(std::move(call));
   }
   j["tool_calls"] = std::move(calls);
@@ -634,7 +557,7 @@ tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string
   if (kind == endpoint::chat_completions) {
     read_messages(in, p);
     read_template_fields(in, p.request);
-    read_tools(in, p.request);
+    read_tools(in, p);
   } else
     read_prompt(in, p, tok);
   check_choice_bytes(in, p);
@@ -660,9 +583,8 @@ tl::expected<json, api_error> parse_render_request(std::string_view body) {
   const json& tools = in.field("tools");
   if (!tools.is_null() && !(tools.is_array() && std::all_of(tools.begin(), tools.end(), [](const json& t) { return t.is_object(); })))
     in.fail("tools", "'tools' must be a list of objects");
-  const json& choice = in.field("tool_choice");
-  if (!choice.is_null() && !choice.is_string() && !choice.is_object())
-    in.fail("tool_choice", "'tool_choice' must be a string or an object");
+  if (auto choice = parse_tool_choice(in.field("tool_choice"), true); !choice)
+    in.fail("tool_choice", choice.error().message);
   serve::completion_request fields;
   read_template_fields(in, fields);
   if (in.error) return tl::unexpected(*in.error);

@@ -33,6 +33,7 @@
 
 #include "runtime/serve/completion.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/openai/tool_calls.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::openai {
@@ -80,6 +81,9 @@ struct parsed_request {
   int32_t n = 1;                      ///< choices per prompt
   bool logprobs = false;  ///< choices carry their tokens' logprobs (request.num_top_logprobs alternatives each)
   bool include_usage = false;  ///< stream_options.include_usage: a final chunk with usage
+  /// A chat's tool_choice: when forced (required, named), request.grammar holds
+  /// forced_call_schema's and the gateway reads each choice's text with a forced_call_reader.
+  tool_choice tool_mode;
 };
 
 /// How many choices `p` answers with: n per prompt.
@@ -155,11 +159,11 @@ struct choice_output {
   engine::finish_reason finish = engine::finish_reason::none;  ///< none renders null
   token_logprobs logprobs;  ///< rendered when the context asks for logprobs
   /// A chat answer's reasoning (rendered as `reasoning_content`, as vLLM and llama.cpp do) and
-  /// tool calls (`tool_calls`, ids "call_<request id>_<choice>_<k>"; a choice that called a tool
-  /// and stopped finishes with "tool_calls").
+  /// tool calls (`tool_calls`, ids "call_<request id>_<choice>_<index>"; a choice that called a
+  /// tool and stopped finishes with "tool_calls"). A whole response's calls are whole (each one
+  /// opening part); a streamed chunk's may open a call or continue its arguments.
   std::string reasoning;
-  std::vector<serve::tool_call> tool_calls;
-  int32_t num_earlier_tool_calls = 0;  ///< streamed: the choice's calls in earlier chunks (k starts there)
+  std::vector<tool_call_part> tool_calls;
 };
 
 /// Token counts of an answer, summed over its choices.

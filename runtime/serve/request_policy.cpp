@@ -352,8 +352,12 @@ void request_policy::take_token(const engine::sample_event& s, int64_t scheduled
     end_.num_recomputed_tokens = s.num_recomputed_tokens;
     end_.queue_ns = scheduled_at_ns - arrival_ns_;
   }
-  if (!out_ && text_mode_)
-    out_.emplace(*o_.tok, request_.prompt, request_.stop, o_.params.messages.empty() ? output_tags{} : o_.tags);
+  if (!out_ && text_mode_) {
+    const completion_request& p = o_.params;
+    // Llama 3.x's bare JSON calls: a chat with tools, its output free (no grammar), on its vocabulary.
+    const bool bare_json_calls = !p.messages.empty() && !p.tools.empty() && p.grammar_kind.empty() && o_.tags.python_tag >= 0;
+    out_.emplace(*o_.tok, request_.prompt, request_.stop, p.messages.empty() ? output_tags{} : o_.tags, bare_json_calls);
+  }
   output_channels::delta d = text_mode_ ? out_->push(s.sample.token) : output_channels::delta{};
   const bool stopped = d.stopped;
   take_text(std::move(d));
