@@ -35,6 +35,7 @@
 #include "actors/system/tls.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/random_llama.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -616,6 +617,21 @@ TEST_F(Cluster, ExpertShardsThatDoNotFitTheirModelAreRefusedAtStartUpNamingTheEn
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find(c.error), std::string::npos) << r.err;
   }
+  // A GGUF mixture keeps its experts in their stored types, which do not move between shards:
+  // reassignment is refused.
+  testing::random_llama_spec spec = testing::random_llama_families()[6].spec;
+  ASSERT_EQ(spec.n_experts, 4);
+  spec.type = model::ggml_type::q8_0;
+  const std::string gguf = (dir_ / "mixtral.gguf").string(), topo = (dir_ / "gguf.toml").string();
+  std::ofstream(gguf, std::ios::binary) << testing::random_llama_gguf(spec);
+  std::ofstream(topo) << "[[node]]\nname = \"node0\"\nhost = \"127.0.0.1\"\nport = " << port(0)
+                      << "\n[load_balancer]\nnode = \"node0\"\n[[engine]]\nname = \"moe0\"\nnode = \"node0\"\nmodel = \""
+                      << gguf << "\"\ntokenizer = \"" << gguf << "\"\nexpert_window_steps = 4\n[[expert_shard]]\n"
+                      << "engine = \"moe0\"\nnode = \"node0\"\nexperts = [0, 1, 2, 3]\n";
+  const cli_result r = run_troupe({"node", "--topology", topo, "--node", "node0"}, dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("engine 'moe0': expert_window_steps: moving experts needs a float32 mixture"), std::string::npos)
+      << r.err;
 }
 
 TEST_F(Cluster, ClientsWithoutACertificateOfTheClusterCaAreRefusedAndEveryNodeKeepsServing) {
