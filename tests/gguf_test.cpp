@@ -109,6 +109,18 @@ expected<model_config> random_llama_config(const testing::random_llama_spec& spe
   return ck->config();
 }
 
+/// A random file of a spec, edited: refused as malformed, with a message that contains the text.
+using refusal = std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*>;
+
+void expect_refused(const std::vector<refusal>& cases) {
+  for (const auto& [spec, edit, message] : cases) {
+    auto c = random_llama_config(spec, edit);
+    ASSERT_FALSE(c) << message;
+    EXPECT_EQ(c.error().code, errc::malformed_file);
+    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
+  }
+}
+
 TEST(Gguf, ANonFiniteScaleOrWeightOfAStoredMatrixIsRefusedByTensorLayerAndRow) {
   // Each type's non-integer fields: an F16 weight, a Q8_0 block's scale (first), a Q4_K block's
   // dmin (second), a Q6_K block's scale (last, after the quants).
@@ -225,7 +237,7 @@ TEST(Gguf, GemmaReadsItsWindowsCapsAndNormsAsLlamaCppDoes) {
   ASSERT_TRUE(g2_27b) << g2_27b.error().message;
   EXPECT_EQ(g2_27b->attn_divisor, std::sqrt(8.0f));
 
-  const std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*> refused[] = {
+  const std::vector<refusal> refused = {
       {gemma2, [](auto& m) { testing::set_key(m, "gemma2.attention.sliding_window", gguf_value::of_int(gguf_type::u32, 0)); },
        "gemma2.attention.sliding_window = 0 is out of range (1..1048576)"},
       {gemma3, [](auto& m) { testing::set_key(m, "gemma3.final_logit_softcapping", gguf_value::of_float(-1.0)); },
@@ -233,11 +245,7 @@ TEST(Gguf, GemmaReadsItsWindowsCapsAndNormsAsLlamaCppDoes) {
       {gemma3, [](auto& m) { testing::set_key(m, "gemma3.expert_count", gguf_value::of_int(gguf_type::u32, 8)); },
        "metadata key 'gemma3.expert_count' is not supported (troupe's gemma3 reads no such key)"},
   };
-  for (const auto& [spec, edit, message] : refused) {
-    auto c = random_llama_config(spec, edit);
-    ASSERT_FALSE(c) << message;
-    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
-  }
+  expect_refused(refused);
   // gemma2 classifies by its embedding: an output.weight, or Llama 3's rope_freqs.weight, is
   // a tensor llama.cpp's gemma2 does not read.
   for (const char* extra : {"output.weight", "rope_freqs.weight"}) {
@@ -287,7 +295,7 @@ TEST(Gguf, AMixtureOfExpertsReadsItsCountsAndExpertTensors) {
   ASSERT_TRUE(q) << q.error().message;
   EXPECT_EQ(q->hidden_dim, 192);
 
-  const std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*> refused[] = {
+  const std::vector<refusal> refused = {
       {mixtral, [](auto& m) { testing::set_key(m, "llama.expert_used_count", gguf_value::of_int(gguf_type::u32, 5)); },
        "llama.expert_used_count = 5 is more than expert_count 4"},
       {mixtral, [](auto& m) { testing::set_key(m, "llama.expert_count", gguf_value::of_int(gguf_type::u32, 1)); },
@@ -302,11 +310,7 @@ TEST(Gguf, AMixtureOfExpertsReadsItsCountsAndExpertTensors) {
        },
        "no key 'qwen3moe.expert_count'"},
   };
-  for (const auto& [spec, edit, message] : refused) {
-    auto c = random_llama_config(spec, edit);
-    ASSERT_FALSE(c) << message;
-    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
-  }
+  expect_refused(refused);
 }
 
 TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
@@ -355,7 +359,7 @@ TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
     testing::set_key(meta, "phi3.attention.sliding_window", gguf_value::of_int(gguf_type::u32, 2047));
   }));
 
-  const std::tuple<testing::random_llama_spec, std::function<void(testing::gguf_metadata&)>, const char*> refused[] = {
+  const std::vector<refusal> refused = {
       {qwen2, [](auto& m) { testing::set_key(m, "qwen2.expert_count", gguf_value::of_int(gguf_type::u32, 8)); },
        "metadata key 'qwen2.expert_count' is not supported (troupe's qwen2 reads no such key)"},
       {qwen2, [](auto& m) { testing::set_key(m, "qwen2.attention.sliding_window", gguf_value::of_int(gguf_type::u32, 8)); },
@@ -370,12 +374,7 @@ TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
       {phi3, [](auto& m) { testing::set_key(m, "general.architecture", gguf_value::of_string("falcon")); },
        "architecture 'falcon' is not supported (llama, qwen2, qwen3, qwen3moe, phi3, gemma2 and gemma3 are)"},
   };
-  for (const auto& [spec, edit, message] : refused) {
-    auto c = random_llama_config(spec, edit);
-    ASSERT_FALSE(c) << message;
-    EXPECT_EQ(c.error().code, errc::malformed_file);
-    EXPECT_NE(c.error().message.find(message), std::string::npos) << c.error().message;
-  }
+  expect_refused(refused);
   // A qwen3 tensor in a qwen2 file is refused by name.
   testing::random_llama_spec mixed = qwen2;
   mixed.extra_tensor = "blk.0.attn_q_norm.weight";
