@@ -194,6 +194,58 @@ TEST(OutputChannels, LlamasPythonTagAndMistralsToolCallsTagCallToTheEndOfTheAnsw
   EXPECT_TRUE(spelled.tool_calls.empty());
 }
 
+// Command R7B's tags as control tokens, as its GGUF has them.
+constexpr std::int32_t start_thinking = 261, end_thinking = 262, start_action = 263, end_action = 264,
+                       start_response = 265, end_response = 266;
+
+const tokenizer& command_r_vocab() {
+  static const tokenizer tok = [] {
+    const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
+      for (auto& [key, value] : meta) {
+        if (key == "tokenizer.ggml.tokens")
+          for (const char* t : {"<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
+                                "<|START_RESPONSE|>", "<|END_RESPONSE|>"})
+            value.items.push_back(model::gguf_value::of_string(t));
+        if (key == "tokenizer.ggml.token_type")
+          for (int i = 0; i < 6; i++) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, 3));
+      }
+    });
+    auto t = tokenizer::from_bytes(bytes, 267, "command-r.gguf");
+    TROUPE_ASSERT_MSG(t.has_value(), "the Command R test vocabulary loads");
+    return std::move(*t);
+  }();
+  return tok;
+}
+
+TEST(OutputChannels, CommandRsThinkingActionAndResponseTagsSplitItsAnswer) {
+  const output_tags t = output_tags::of(command_r_vocab());
+  EXPECT_EQ(t.think_open, start_thinking);
+  EXPECT_EQ(t.think_close, end_thinking);
+  EXPECT_EQ(t.tool_open, start_action);
+  EXPECT_EQ(t.tool_close, end_action);
+  const auto run_command_r = [&](const std::vector<std::int32_t>& tokens) {
+    output_channels out(command_r_vocab(), {258}, {}, t);
+    return run(out, tokens);
+  };
+  // Its plan, then a list of calls between the action tags.
+  const auto calls = run_command_r(join(
+      {{start_thinking}, bytes_of("I will look it up."), {end_thinking, start_action},
+       bytes_of(R"([{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}},)"
+                R"( {"tool_call_id": "1", "tool_name": "get_time", "parameters": {}}])"),
+       {end_action}}));
+  EXPECT_EQ(calls.reasoning, "I will look it up.");
+  EXPECT_EQ(calls.content, "");
+  EXPECT_EQ(calls.tool_calls, (std::vector<tool_call>{{"get_weather", R"({"city":"Paris"})"}, {"get_time", "{}"}}));
+  // An answer between the response tags is content, the tags showing nothing.
+  const auto answer = run_command_r(join({{start_response}, bytes_of("It is sunny."), {end_response}}));
+  EXPECT_EQ(answer.content, "It is sunny.");
+  EXPECT_TRUE(answer.tool_calls.empty());
+  // An action that is no list of calls stays content, without the tags.
+  const auto broken = run_command_r(join({{start_action}, bytes_of(R"([{"tool_call_id": "0"}])"), {end_action}}));
+  EXPECT_EQ(broken.content, R"([{"tool_call_id": "0"}])");
+  EXPECT_TRUE(broken.tool_calls.empty());
+}
+
 TEST(OutputChannels, LlamasBareJsonFormIsCallsWhenAChatWithToolsAsksForIt) {
   const std::string call = R"({"name": "get_weather", "parameters": {"city": "Paris"}})";
   const auto d = run_calls(bytes_of(" \n" + call), true);

@@ -64,7 +64,9 @@ bool operator==(const output_tags& a, const output_tags& b) {
 output_tags output_tags::of(const tokenizer& tok) {
   output_tags t;
   std::tie(t.think_open, t.think_close) = find_pair(tok, "<think>", "</think>");
+  if (t.think_open < 0) std::tie(t.think_open, t.think_close) = find_pair(tok, "<|START_THINKING|>", "<|END_THINKING|>");
   std::tie(t.tool_open, t.tool_close) = find_pair(tok, "<tool_call>", "</tool_call>");
+  if (t.tool_open < 0) std::tie(t.tool_open, t.tool_close) = find_pair(tok, "<|START_ACTION|>", "<|END_ACTION|>");
   t.python_tag = find_one(tok, "<|python_tag|>");
   t.mistral_calls = find_one(tok, "[TOOL_CALLS]");
   return t;
@@ -76,7 +78,8 @@ using json = nlohmann::json;
 
 std::optional<tool_call> call_of(const json& j) {
   if (!j.is_object()) return std::nullopt;
-  const auto name = j.find("name");
+  auto name = j.find("name");
+  if (name == j.end()) name = j.find("tool_name");  // Command R's
   if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return std::nullopt;
   tool_call call{name->get<std::string>(), "{}"};
   auto args = j.find("arguments");
@@ -113,11 +116,6 @@ std::vector<std::string> split_calls(const std::string& text) {
 
 }  // namespace
 
-std::optional<tool_call> parse_tool_call(const std::string& text) {
-  if (!nesting_within(text, max_tool_call_nesting)) return std::nullopt;
-  return call_of(json::parse(text, nullptr, /*allow_exceptions=*/false));
-}
-
 std::optional<std::vector<tool_call>> parse_tool_calls(const std::string& text) {
   if (!nesting_within(text, max_tool_call_nesting)) return std::nullopt;
   std::vector<tool_call> calls;
@@ -152,8 +150,8 @@ void output_channels::add_content(delta& d, const engine::output_stream::delta& 
 
 void output_channels::close_tool_call(delta& d) {
   tool_text_ += tool_.finish();
-  if (std::optional<tool_call> call = parse_tool_call(tool_text_))
-    d.tool_calls.push_back(std::move(*call));
+  if (std::optional<std::vector<tool_call>> calls = parse_tool_calls(tool_text_))  // one, or Command R's list
+    d.tool_calls.insert(d.tool_calls.end(), calls->begin(), calls->end());
   else
     add_content(d, content_.push_text(tool_text_));  // not a call: what the model said stays
   tool_text_.clear();

@@ -13,6 +13,10 @@
 ///   tags; `arguments` becomes JSON text (an object is serialized, a string taken as it is). A
 ///   call that is not such an object, or that the answer ends inside, is given back as content
 ///   (its text without the tags), so nothing the model said is lost.
+/// - Command R7B's tags where the vocabulary has no <think> or <tool_call> pair:
+///   <|START_THINKING|> .. <|END_THINKING|> is reasoning, and <|START_ACTION|> .. <|END_ACTION|>
+///   a JSON list of {"tool_call_id": ..., "tool_name": ..., "parameters": ...} (its
+///   <|START_RESPONSE|> and <|END_RESPONSE|> are control tokens, which show no text).
 /// - Calls to the end of the answer, after one tag token: Llama 3.x's `<|python_tag|>` followed
 ///   by its JSON form {"name": ..., "parameters": ...} (several separated by ";"), and Mistral's
 ///   `[TOOL_CALLS]` followed by a JSON list of {"name": ..., "arguments": ...}. They are read
@@ -95,13 +99,11 @@ class output_channels {
 /// The most levels of arrays and objects a tool call's JSON may nest; deeper text is no call.
 inline constexpr int max_tool_call_nesting = 64;
 
-/// The call a tool-call tag pair enclosed, when `text` is one (see above): an object with a
-/// non-empty string `name` and `arguments` (or Llama's `parameters`): an object or a string.
-[[nodiscard]] std::optional<tool_call> parse_tool_call(const std::string& text);
-
-/// The calls after a calls-to-the-end tag, when `text` is calls: one call object (as
-/// parse_tool_call's), a JSON list of them (Mistral's), or call objects separated by ";"
-/// (Llama's); none when it is anything else, or no call at all.
+/// The calls a tool-call tag pair enclosed or a calls-to-the-end tag led, when `text` is calls:
+/// one call object (a non-empty string `name`, or Command R's `tool_name`, and `arguments`, or
+/// Llama's and Command R's `parameters`: an object or a string), a JSON list of them (Mistral's,
+/// Command R's), or call objects separated by ";" (Llama's); none when it is anything else, or
+/// no call at all.
 [[nodiscard]] std::optional<std::vector<tool_call>> parse_tool_calls(const std::string& text);
 
 }  // namespace troupe::serve
