@@ -44,7 +44,10 @@ int run_reference(const generate_options& o) {
   generate::generate_params p;
   p.prompt = *prompt;
   p.max_new_tokens = o.flags.max_tokens;
-  p.sampling = {o.flags.temperature, o.flags.top_p, o.flags.top_k, o.flags.min_p, 0};
+  p.sampling.temperature = o.flags.temperature;
+  p.sampling.top_p = o.flags.top_p;
+  p.sampling.top_k = o.flags.top_k;
+  p.sampling.min_p = o.flags.min_p;
   p.seed = o.flags.seed_given ? o.flags.seed : draw_seed_base();
   // Checked before anything reaches stdout: a rejected request prints nothing there.
   if (auto ok = generate::validate(p, ck->config()); !ok) return fail_with(ok.error());
@@ -66,7 +69,9 @@ int run_actors(const generate_options& o) {
   actors::configure_real_time(cfg, topology::node_compute_threads(t, "local"));
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
-  auto node = topology::launch_node(sys, t, "local", {true, draw_seed_base()});
+  topology::launch_options lo;
+  lo.seed_base = draw_seed_base();
+  auto node = topology::launch_node(sys, t, "local", lo);
   if (!node) return fail_with(node.error());
   const auto start = std::chrono::steady_clock::now();
   auto out = actors::complete(sys, node->load_balancer, o.flags.to_request(),

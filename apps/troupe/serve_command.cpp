@@ -214,7 +214,8 @@ int run_serve(const serve_options& o) {
   if (!node) return fail_with(error{errc::not_found, "the topology has no node '" + node_name + "'"});
   auto security = topology::check_port_security(*t, o.insecure);
   if (!security) return fail_with(security.error());
-  topology::launch_options lo{true, draw_seed_base()};
+  topology::launch_options lo;
+  lo.seed_base = draw_seed_base();
   if (auto ok = apply_chat_flags(o.chat, lo); !ok) return fail_with(ok.error());
   signal_waiter signals;
   caf::actor_system_config cfg;
