@@ -20,21 +20,25 @@ namespace {
 // user-defined, as Qwen3's GGUF has them, the tool-call pair as control tokens.
 constexpr std::int32_t think_open = 261, think_close = 262, tool_open = 263, tool_close = 264;
 
-const tokenizer& tagged_vocab() {
-  static const tokenizer tok = [] {
-    const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
-      for (auto& [key, value] : meta) {
-        if (key == "tokenizer.ggml.tokens")
-          for (const char* t : {"<think>", "</think>", "<tool_call>", "</tool_call>"})
-            value.items.push_back(model::gguf_value::of_string(t));
+/// The small BPE vocabulary (ids 0..255 are the bytes, 261 tokens in all) with `tags` added after
+/// it, each of its token type (3 control, 4 user-defined).
+tokenizer vocab_with(const std::vector<std::pair<const char*, int>>& tags, const char* name) {
+  const std::string bytes = testing::small_bpe_gguf([&](testing::gguf_metadata& meta) {
+    for (auto& [key, value] : meta)
+      for (const auto& [text, type] : tags) {
+        if (key == "tokenizer.ggml.tokens") value.items.push_back(model::gguf_value::of_string(text));
         if (key == "tokenizer.ggml.token_type")
-          for (const int type : {4, 4, 3, 3}) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
+          value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
       }
-    });
-    auto t = tokenizer::from_bytes(bytes, 265, "tagged.gguf");
-    TROUPE_ASSERT_MSG(t.has_value(), "the tagged test vocabulary loads");
-    return std::move(*t);
-  }();
+  });
+  auto t = tokenizer::from_bytes(bytes, 261 + static_cast<int32_t>(tags.size()), name);
+  TROUPE_ASSERT_MSG(t.has_value(), "a tagged test vocabulary loads");
+  return std::move(*t);
+}
+
+const tokenizer& tagged_vocab() {
+  static const tokenizer tok =
+      vocab_with({{"<think>", 4}, {"</think>", 4}, {"<tool_call>", 3}, {"</tool_call>", 3}}, "tagged.gguf");
   return tok;
 }
 
@@ -144,19 +148,7 @@ TEST(OutputChannels, WhatIsNoCallStaysContentInOrder) {
 constexpr std::int32_t python_tag = 261, mistral_calls = 262;
 
 const tokenizer& llama_mistral_vocab() {
-  static const tokenizer tok = [] {
-    const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
-      for (auto& [key, value] : meta) {
-        if (key == "tokenizer.ggml.tokens")
-          for (const char* t : {"<|python_tag|>", "[TOOL_CALLS]"}) value.items.push_back(model::gguf_value::of_string(t));
-        if (key == "tokenizer.ggml.token_type")
-          for (const int type : {3, 3}) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
-      }
-    });
-    auto t = tokenizer::from_bytes(bytes, 263, "calls.gguf");
-    TROUPE_ASSERT_MSG(t.has_value(), "the Llama/Mistral test vocabulary loads");
-    return std::move(*t);
-  }();
+  static const tokenizer tok = vocab_with({{"<|python_tag|>", 3}, {"[TOOL_CALLS]", 3}}, "calls.gguf");
   return tok;
 }
 
@@ -199,21 +191,9 @@ constexpr std::int32_t start_thinking = 261, end_thinking = 262, start_action = 
                        start_response = 265, end_response = 266;
 
 const tokenizer& command_r_vocab() {
-  static const tokenizer tok = [] {
-    const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
-      for (auto& [key, value] : meta) {
-        if (key == "tokenizer.ggml.tokens")
-          for (const char* t : {"<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
-                                "<|START_RESPONSE|>", "<|END_RESPONSE|>"})
-            value.items.push_back(model::gguf_value::of_string(t));
-        if (key == "tokenizer.ggml.token_type")
-          for (int i = 0; i < 6; i++) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, 3));
-      }
-    });
-    auto t = tokenizer::from_bytes(bytes, 267, "command-r.gguf");
-    TROUPE_ASSERT_MSG(t.has_value(), "the Command R test vocabulary loads");
-    return std::move(*t);
-  }();
+  static const tokenizer tok = vocab_with({{"<|START_THINKING|>", 3}, {"<|END_THINKING|>", 3}, {"<|START_ACTION|>", 3},
+                                           {"<|END_ACTION|>", 3}, {"<|START_RESPONSE|>", 3}, {"<|END_RESPONSE|>", 3}},
+                                          "command-r.gguf");
   return tok;
 }
 
