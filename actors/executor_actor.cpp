@@ -117,12 +117,12 @@ executor_actor::behavior_type executor_behavior(executor_pointer self, engine_ac
   st.executor = std::make_unique<engine::step_executor>(*settings.checkpoint, settings.num_kv_blocks,
                                                         settings.block_size, settings.kernels, st.pool.get(),
                                                         settings.speculation, settings.draft.get(),
-                                                        settings.vocabulary);
+                                                        settings.vocabulary, settings.kv_cache_dtype);
   const int64_t kv_tokens = int64_t{settings.num_kv_blocks} * settings.block_size;
-  spdlog::info("model {}: {}; requests up to {} tokens; KV cache of {} tokens ({} blocks of {}), {:.1f} MiB",
+  spdlog::info("model {}: {}; requests up to {} tokens; KV cache of {} tokens ({} blocks of {}, {}), {:.1f} MiB",
                settings.checkpoint->path(), model::describe(*settings.checkpoint, st.executor->weight_bytes()),
                settings.checkpoint->config().seq_len, kv_tokens, settings.num_kv_blocks, settings.block_size,
-               static_cast<double>(st.executor->kv_bytes()) / (1 << 20));
+               model::name_of(st.executor->kv_cache_dtype()), static_cast<double>(st.executor->kv_bytes()) / (1 << 20));
   TROUPE_ASSERT_MSG(!settings.reassignment || settings.experts, "only experts on shard actors move");
   if (settings.experts) {
     TROUPE_ASSERT_MSG(settings.detached, "an executor on expert shard actors waits on them: it runs detached");

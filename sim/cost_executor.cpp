@@ -145,7 +145,8 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
   st.o = std::move(options);
   if (st.o.checkpoint)
     st.real = std::make_unique<engine::step_executor>(*st.o.checkpoint, st.o.num_kv_blocks, st.o.block_size,
-                                                      model::kernel_path::fast, nullptr, st.o.speculation);
+                                                      model::kernel_path::fast, nullptr, st.o.speculation,
+                                                      nullptr, nullptr, st.o.kv_cache_dtype);
   st.busy_until = self->clock().now();
   self->monitor(engine);  // dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });

@@ -22,6 +22,7 @@
 #include "runtime/cost/calibration.hpp"
 #include "runtime/engine/engine_keys.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "runtime/model/kv_cache.hpp"
 
 namespace troupe::sim {
 namespace {
@@ -263,7 +264,7 @@ expected<void> finish_moe(sim_topology& t, const moe_keys& k, double weight_byte
 
 /// What the tables hold beyond sim_topology's own fields, used once every table is read.
 struct sim_keys {
-  double kv_bytes_per_value = 2;  // [model]
+  double kv_bytes_per_value = 0;  // [model]; 0: not given (the engine's kv_cache_dtype's, else 2)
   std::string checkpoint;         // [model], as written
   std::string calibration;        // [cost], resolved
   std::string tokens = "synthetic";
@@ -297,7 +298,17 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const sim_keys& k, co
   }
   if (t.tokens == token_mode::real && t.checkpoint_path.empty())
     return fail(errc::malformed_file, where + "tokens = \"real\" needs [model] checkpoint = the model that computes them");
-  t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * k.kv_bytes_per_value));
+  double kv_bytes_per_value = k.kv_bytes_per_value > 0 ? k.kv_bytes_per_value : 2;  // fp16 by default
+  if (const std::optional<model::kv_dtype> dtype = t.engine.kv_cache_dtype) {
+    if (k.kv_bytes_per_value > 0 && k.kv_bytes_per_value != model::kv_bytes_per_value(*dtype))
+      return fail(errc::malformed_file, where + "[model] kv_bytes_per_value = " + std::to_string(k.kv_bytes_per_value) +
+                                            " disagrees with [engine] kv_cache_dtype = \"" +
+                                            std::string(model::name_of(*dtype)) + "\": give one of them");
+    if (auto ok = model::check_kv_dtype(t.model, *dtype); !ok)
+      return fail(errc::malformed_file, where + "[engine] " + ok.error().message);
+    kv_bytes_per_value = model::kv_bytes_per_value(*dtype);
+  }
+  t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * kv_bytes_per_value));
   const double blocks = t.kv_memory_gib * 1073741824.0 / (static_cast<double>(t.engine.block_size) * t.kv_bytes_per_token);
   const int64_t needed = (t.model.seq_len + t.engine.block_size - 1) / t.engine.block_size;
   if (blocks < static_cast<double>(needed))
@@ -306,7 +317,7 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const sim_keys& k, co
                                           " KV blocks, fewer than one max_context sequence needs (" +
                                           std::to_string(needed) + ")");
   t.engine.num_kv_blocks = static_cast<int32_t>(std::min(blocks, 2e9));
-  if (auto ok = finish_cost_model(t, k.roofline, k.calibration, cost_inline, k.kv_bytes_per_value, where); !ok)
+  if (auto ok = finish_cost_model(t, k.roofline, k.calibration, cost_inline, kv_bytes_per_value, where); !ok)
     return tl::unexpected(ok.error());
   if (t.engine.scheduler.step_time_budget_ms != 0 && t.roofline)
     return fail(errc::malformed_file, where + "[engine] step_time_budget_ms needs the calibrated cost model: the "

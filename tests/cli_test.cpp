@@ -260,7 +260,8 @@ TEST_F(Cli, TheStartUpLineSaysTheArchitectureParametersTypesResidentBytesAndKvPo
   // embedding (316 x 256) and per layer wq, wk, wo, w1, w3 (65,536 + 32,768 + 65,536 + 2 x
   // 131,072): 932,864. Q6_K: the classifier and per layer wv, w2 (32,768 + 131,072): 408,576.
   // F32: per layer 2 norms and the Q/K/V biases (1,024), the final norm: 2,304. 1,343,744 in all:
-  // 69.4%, 30.4%, 0.17%. The KV pool: 16,384 tokens x 2 layers x (K, V) x 128 x 4 bytes = 32 MiB.
+  // 69.4%, 30.4%, 0.17%. The KV pool, f16 for a Q4_K_M file: 16,384 tokens x 2 layers x (K, V)
+  // x 128 x 2 bytes = 16 MiB; q8_0 when asked: x 34 / 32 bytes = 8.5 MiB.
   testing::random_llama_spec spec;
   spec.arch = "qwen2";
   spec.type = model::ggml_type::q4_k;
@@ -270,8 +271,27 @@ TEST_F(Cli, TheStartUpLineSaysTheArchitectureParametersTypesResidentBytesAndKvPo
   const cli_result r = run({"generate", "-m", model, "-t", "0", "-n", "4", "--ctx-size", "100"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find(": qwen2, 1.3 M parameters (Q4_K 69%, Q6_K 30%, F32 0.2%), "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(" of weights resident; requests up to 100 tokens; KV cache of 16384 tokens (1024 blocks of 16), "
-                       "32.0 MiB"),
+  EXPECT_NE(r.err.find(" of weights resident; requests up to 100 tokens; KV cache of 16384 tokens (1024 blocks of 16, "
+                       "f16), 16.0 MiB"),
+            std::string::npos)
+      << r.err;
+  const cli_result q = run({"generate", "-m", model, "-t", "0", "-n", "4", "--kv-cache-dtype", "q8_0"});
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_NE(q.err.find("KV cache of 16384 tokens (1024 blocks of 16, q8_0), 8.5 MiB"), std::string::npos) << q.err;
+  const cli_result bad = run({"generate", "-m", model, "--kv-cache-dtype", "q4_0"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--kv-cache-dtype: q4_0 not in {f32,f16,q8_0}"), std::string::npos) << bad.err;
+}
+
+TEST_F(Cli, AQ8_0KvCacheNeedsRowsOfWholeBlocks) {
+  // The bundled model's KV rows are 32 wide; this one's 16 (dim 64, 8 heads, 2 of keys).
+  testing::random_llama_spec spec;
+  spec.n_heads = 8;
+  const std::string model = write("narrow.gguf", testing::random_llama_gguf(spec));
+  const cli_result r = run({"generate", "-m", model, "-n", "4", "--kv-cache-dtype", "q8_0"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("kv_cache_dtype q8_0 needs a KV row (n_kv_heads x head_size = 16) that is a multiple of 32; "
+                       "use f16 or f32"),
             std::string::npos)
       << r.err;
 }

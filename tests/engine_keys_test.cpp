@@ -40,7 +40,8 @@ calibration = "calibration-cpu.toml"
 
 /// A valid value of each text key (the key table checks text values by their setters).
 const std::map<std::string, std::string> k_valid_text = {
-    {"scheduler", "fcfs"}, {"drafter", "ngram"}, {"speculation_mode", "budgeted"}, {"preemption", "swap"}};
+    {"scheduler", "fcfs"},      {"drafter", "ngram"},        {"speculation_mode", "budgeted"},
+    {"preemption", "swap"},     {"kv_cache_dtype", "f16"}};
 
 /// One value of a key as a file writes it: `text` is quoted in TOML, a number is not.
 struct value {

@@ -491,6 +491,37 @@ TEST(EngineDisaggregation, PrefillHereDecodeThereMatchesTheWholeRunBitForBit) {
   EXPECT_GT(stats.num_preemptions, 0);  // imported KV recomputed after a preemption: same bits
 }
 
+/// The KV cache's other types (kv_cache_dtype): f16 and q8_0 round what f32 keeps, so a
+/// model's logprobs change; with each, a request's tokens and logprobs are the same batched or
+/// alone, and after a prefill/decode hand-off (the KV travels as the stored values and is stored
+/// again to the same bytes) with preemptions on the decode side.
+TEST(EngineKvCacheDtype, EachTypeIsBatchInvariantAndSurvivesAHandOffBitForBit) {
+  const std::vector<request> requests = mixed_workload();
+  auto e32 = make_engine();
+  for (const request& r : requests) ASSERT_TRUE(e32->add_request(r).has_value());
+  const outputs f32 = run_to_completion(*e32);
+  for (const model::kv_dtype dtype : {model::kv_dtype::f16, model::kv_dtype::q8_0}) {
+    const std::string name(model::name_of(dtype));
+    engine_config config;
+    config.kv_cache_dtype = dtype;
+    auto e = make_engine(config);
+    for (const request& r : requests) ASSERT_TRUE(e->add_request(r).has_value());
+    const outputs want = run_to_completion(*e);
+    ASSERT_EQ(want.size(), f32.size());
+    const auto& [key, first] = *want.begin();
+    EXPECT_FALSE(testing::same_bits(first.logprobs.front(), f32.at(key).logprobs.front())) << name;
+    expect_same(run_each_alone(requests, config), want, name + ": together vs each alone");
+    engine_config tight = config;
+    tight.block_size = 4;
+    tight.num_kv_blocks = 40;
+    tight.scheduler.max_num_batched_tokens = 7;
+    tight.scheduler.max_num_seqs = 10;
+    engine_stats stats;
+    expect_same(run_disaggregated(requests, config, tight, &stats), want, name + ": disaggregated, tight decode");
+    EXPECT_GT(stats.num_preemptions, 0) << name;
+  }
+}
+
 /// Drain with KV (engine_core::export_request): requests leave a core mid-decode, with steps
 /// still in flight, and continue on another engine from the KV read out; each one's tokens, those
 /// delivered before and after, equal the undisturbed run's bit for bit.

@@ -40,6 +40,7 @@ struct oracle_case {
   random_llama_spec spec;
   /// Each pinned with its reason in oracle_cases().
   double logit_gap_bound;
+  kv_dtype kv = kv_dtype::f32;  ///< both KV caches' type
 };
 
 std::vector<oracle_case> oracle_cases() {
@@ -87,6 +88,22 @@ std::vector<oracle_case> oracle_cases() {
       }
       cases.push_back({model + "_" + name, s, bound});
     }
+  // KV caches of other types, on both sides (F32 weights, and Q4_K_M's served default of f16):
+  // troupe rounds each key and value as it stores them and computes attention in float32 on
+  // what it stored; llama.cpp's F16 cache also rounds each query and attention weight to f16
+  // for its f16 dot products, and its Q8_0 cache (which needs flash attention) rounds the
+  // queries and sums values in f16. Seen: F16 cache 0.008 (F16 weights' bound holds, and the
+  // free runs agree), Q8_0 cache 0.24, Q4_K_M with an F16 cache 0.75 (where an f16 difference
+  // moves an activation across a Q8_K rounding boundary: the K-quants' bound).
+  // llama.cpp's Q8_0 cache needs heads of whole blocks of 32: those models are 256 wide (heads
+  // of 64).
+  random_llama_spec wide = llama3;
+  wide.dim = 256, wide.hidden_dim = 512;
+  random_llama_spec q4_k_m = wide;
+  q4_k_m.type = ggml_type::q4_k, q4_k_m.wide_type = ggml_type::q6_k;
+  cases.push_back({"llama3_f32_kv_f16", llama3, 0.05, kv_dtype::f16});
+  cases.push_back({"llama3_f32_kv_q8_0", wide, 0.5, kv_dtype::q8_0});
+  cases.push_back({"llama3_q4_k_m_kv_f16", q4_k_m, 1.25, kv_dtype::f16});
   return cases;
 }
 
@@ -99,11 +116,11 @@ constexpr int32_t new_tokens = 40;
 /// Troupe's greedy continuation of `prompt` (argmax, lowest id on ties) and each step's logits;
 /// with `forced`, each step's input is forced[step - 1] instead (llama.cpp's tokens: teacher
 /// forcing), so one flipped near tie does not change every later step.
-std::vector<int32_t> troupe_greedy(transformer& t, const std::vector<int32_t>& prompt,
+std::vector<int32_t> troupe_greedy(transformer& t, kv_dtype kv, const std::vector<int32_t>& prompt,
                                    std::vector<std::vector<float>>& step_logits,
                                    const std::vector<int32_t>* forced = nullptr) {
   const model_config& c = t.config();
-  kv_cache cache(c, c.seq_len / 16, 16);
+  kv_cache cache(c, c.seq_len / 16, 16, kv);
   std::vector<int32_t> table(static_cast<size_t>(c.seq_len / 16));
   for (size_t i = 0; i < table.size(); i++) table[i] = static_cast<int32_t>(i);
   std::vector<forward_row> rows;
@@ -178,7 +195,11 @@ TEST(LlamaOracle, GreedyTokensEqualLlamaCppsForEachArchitectureRopeAndWeightType
     const std::string path = (dir / (c.name + ".gguf")).string();
     std::ofstream(path, std::ios::binary) << testing::random_llama_gguf(c.spec);
     for (const auto& prompt : prompts)
-      requests.push_back({{"model", path}, {"prompt", prompt}, {"n", new_tokens}, {"top", 8}});
+      requests.push_back({{"model", path},
+                          {"prompt", prompt},
+                          {"n", new_tokens},
+                          {"top", 8},
+                          {"kv", c.kv == kv_dtype::f32 ? "F32" : c.kv == kv_dtype::f16 ? "F16" : "Q8_0"}});
   }
   const std::string cases_path = (dir / "cases.json").string();
   std::ofstream(cases_path) << requests.dump();
@@ -197,8 +218,8 @@ TEST(LlamaOracle, GreedyTokensEqualLlamaCppsForEachArchitectureRopeAndWeightType
       const std::vector<int32_t> expected = answer["tokens"].get<std::vector<int32_t>>();
       ASSERT_EQ(expected.size(), static_cast<size_t>(new_tokens)) << c.name;
       std::vector<std::vector<float>> free_logits, logits;
-      const std::vector<int32_t> tokens = troupe_greedy(t, prompts[p], free_logits);
-      const std::vector<int32_t> forced = troupe_greedy(t, prompts[p], logits, &expected);
+      const std::vector<int32_t> tokens = troupe_greedy(t, c.kv, prompts[p], free_logits);
+      const std::vector<int32_t> forced = troupe_greedy(t, c.kv, prompts[p], logits, &expected);
       const comparison found = compare(answer, tokens, forced, logits, c.logit_gap_bound);
       std::printf("%-12s prompt %zu: %2zu of %d tokens equal running free; teacher-forced, %zu near ties flipped, "
                   "%zu wrong; largest logit-gap difference %.3g (bound %.3g); llama.cpp's smallest lead %.3g\n",

@@ -1,12 +1,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
+#include "kernels/cpu/quant_blocks.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/row_groups.hpp"
 #include "runtime/model/transformer.hpp"
@@ -85,16 +88,127 @@ TEST(Transformer, ReferenceAndFastPathsGiveIdenticalBits) {
   auto ck = checkpoint::load(bundled_model());
   ASSERT_TRUE(ck);
   transformer ref(*ck, kernel_path::reference), fast(*ck, kernel_path::fast);
-  kv_cache cache_ref(ref.config(), 4, 16), cache_fast(fast.config(), 4, 16);
-  const int32_t table[4] = {2, 0, 3, 1};
-  std::vector<forward_row> rows;
-  const int32_t prompt[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 42, 7, 9, 300, 301, 12};
-  for (int32_t p = 0; p < 18; p++) rows.push_back({prompt[p], p, table, true});
-  std::vector<float> a, b;
-  ref.forward(rows, cache_ref, a);
-  fast.forward(rows, cache_fast, b);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  for (const kv_dtype dtype : {kv_dtype::f32, kv_dtype::f16, kv_dtype::q8_0}) {
+    kv_cache cache_ref(ref.config(), 4, 16, dtype), cache_fast(fast.config(), 4, 16, dtype);
+    const int32_t table[4] = {2, 0, 3, 1};
+    std::vector<forward_row> rows;
+    const int32_t prompt[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 42, 7, 9, 300, 301, 12};
+    for (int32_t p = 0; p < 18; p++) rows.push_back({prompt[p], p, table, true});
+    std::vector<float> a, b;
+    ref.forward(rows, cache_ref, a);
+    fast.forward(rows, cache_fast, b);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << name_of(dtype);
+  }
+}
+
+// 20 positions of every layer over blocks {3, 1} of a 4-block pool of the bundled model's
+// shape (5 layers, KV rows of 32), keys and values of many magnitudes.
+struct kv_rows {
+  static constexpr int32_t num_tokens = 20;
+  std::vector<float> keys, values;
+  explicit kv_rows(const model_config& c) {
+    const size_t n = static_cast<size_t>(c.n_layers) * num_tokens * c.kv_dim();
+    for (size_t i = 0; i < n; i++) {
+      keys.push_back(std::ldexp(static_cast<float>(i % 97) - 48.3f, static_cast<int>(i % 11) - 5));
+      values.push_back(0.001f * static_cast<float>(i % 89) - 0.04f);
+    }
+  }
+};
+
+TEST(KvCache, EachTypeStoresItsBytesAndReadsBackWhatItStored) {
+  auto ck = checkpoint::load(bundled_model());
+  ASSERT_TRUE(ck);
+  const model_config& c = ck->config();
+  EXPECT_EQ(kv_cache::bytes_of(c, 4, 16, kv_dtype::f32), 81920);  // 2 x 5 layers x 64 slots x 32 x 4 bytes
+  EXPECT_EQ(kv_cache::bytes_of(c, 4, 16, kv_dtype::f16), 40960);
+  EXPECT_EQ(kv_cache::bytes_of(c, 4, 16, kv_dtype::q8_0), 21760);  // 34 bytes per 32 values
+  const kv_rows in(c);
+  const int32_t table[2] = {3, 1}, other[2] = {0, 2};
+  for (const kv_dtype dtype : {kv_dtype::f32, kv_dtype::f16, kv_dtype::q8_0}) {
+    SCOPED_TRACE(std::string(name_of(dtype)));
+    kv_cache a(c, 4, 16, dtype), b(c, 4, 16, dtype);
+    EXPECT_EQ(a.bytes(), kv_cache::bytes_of(c, 4, 16, dtype));
+    a.scatter(table, kv_rows::num_tokens, in.keys.data(), in.values.data());
+    std::vector<float> keys(in.keys.size()), values(in.values.size());
+    a.gather(table, kv_rows::num_tokens, keys.data(), values.data());
+    for (size_t i = 0; i < keys.size(); i += 32) {  // each row's group of 32
+      float amax = 0;
+      for (size_t j = i; j < i + 32; j++) amax = std::max(amax, std::fabs(in.keys[j]));
+      for (size_t j = i; j < i + 32; j++) {
+        if (dtype == kv_dtype::f32) ASSERT_EQ(keys[j], in.keys[j]) << j;
+        if (dtype == kv_dtype::f16)
+          ASSERT_EQ(keys[j], kernels::cpu::blocks::f16_to_f32(kernels::cpu::blocks::f32_to_f16(in.keys[j]))) << j;
+        // Half a step of amax / 127, and the step's own rounding to f16 (2^-11) over 127 steps.
+        if (dtype == kv_dtype::q8_0) ASSERT_LE(std::fabs(keys[j] - in.keys[j]), amax / 127 * 0.57f) << j;
+      }
+    }
+    // What it read back, stored again elsewhere, is the same bytes: read back, the same floats.
+    b.scatter(other, kv_rows::num_tokens, keys.data(), values.data());
+    std::vector<float> keys2(keys.size()), values2(values.size());
+    b.gather(other, kv_rows::num_tokens, keys2.data(), values2.data());
+    EXPECT_EQ(0, std::memcmp(keys.data(), keys2.data(), keys.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(values.data(), values2.data(), values.size() * sizeof(float)));
+    // A block read whole: keys transposed, values as rows; layer 2's block 1 holds positions 16..19.
+    std::vector<float> block_keys(16 * 32), block_values(16 * 32);
+    a.read_block(2, 1, block_keys.data(), block_values.data());
+    for (int32_t p = 16; p < kv_rows::num_tokens; p++)
+      for (int32_t d = 0; d < 32; d++) {
+        const size_t row = (2 * static_cast<size_t>(kv_rows::num_tokens) + static_cast<size_t>(p)) * 32;
+        ASSERT_EQ(block_keys[static_cast<size_t>(d * 16 + p - 16)], keys[row + static_cast<size_t>(d)]) << p << " " << d;
+        ASSERT_EQ(block_values[static_cast<size_t>((p - 16) * 32 + d)], values[row + static_cast<size_t>(d)]) << p << " " << d;
+      }
+    // A fork's copy holds the same bytes.
+    a.copy_block(3, 0);
+    const int32_t copied[2] = {0, 1};
+    a.gather(copied, kv_rows::num_tokens, keys2.data(), values2.data());
+    EXPECT_EQ(keys, keys2);
+  }
+}
+
+TEST(KvCache, TheDefaultContextFitsTheWeightsAndOneRequestsKvInNinetyPercentOfMemory) {
+  // 1 GiB available: 90% is 966,367,638 bytes; 100 MiB of weights leave 861,510,038, which hold
+  // 26,291 tokens of 32 KiB: 26,288 in whole blocks of 16.
+  EXPECT_EQ(context_that_fits(131072, 100 << 20, 32768, 1 << 30, 16), 26288);
+  EXPECT_EQ(context_that_fits(8192, 100 << 20, 32768, 1 << 30, 16), 8192);             // the model's fits
+  EXPECT_EQ(context_that_fits(131072, int64_t{2} << 30, 32768, 1 << 30, 16), 16);      // one block at least
+  EXPECT_EQ(context_that_fits(131072, 100 << 20, 32768, -1, 16), 131072);              // memory unknown
+}
+
+TEST(Checkpoint, TheHeaderAloneSaysWhatLoadingSays) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("troupe_model_test_header_" + std::to_string(::getpid()))).string();
+  testing::random_llama_spec qwen3 = testing::random_llama_families().at(2).spec;
+  ASSERT_EQ(qwen3.arch, "qwen3");  // heads wider than dim / n_heads
+  std::vector<std::pair<std::string, bool>> files = {{bundled_model(), true}};
+  for (const ggml_type type : {ggml_type::f32, ggml_type::q8_0}) {
+    qwen3.type = type;
+    std::ofstream(path + kernels::cpu::type_name(type), std::ios::binary) << testing::random_llama_gguf(qwen3);
+    files.emplace_back(path + kernels::cpu::type_name(type), type == ggml_type::f32);
+  }
+  for (const auto& [file, float32] : files) {
+    auto header = read_header(file);
+    auto ck = checkpoint::load(file);
+    ASSERT_TRUE(header && ck) << file;
+    const model_config& h = header->config;
+    const model_config& c = ck->config();
+    EXPECT_EQ(std::tie(h.dim, h.n_layers, h.n_heads, h.n_kv_heads, h.seq_len, h.hidden_dim),
+              std::tie(c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.seq_len, c.hidden_dim)) << file;
+    EXPECT_EQ(h.kv_dim(), c.kv_dim()) << file;
+    EXPECT_EQ(header->float32, float32) << file;
+    EXPECT_EQ(default_kv_dtype(*ck), float32 ? kv_dtype::f32 : kv_dtype::f16) << file;
+    EXPECT_EQ(header->file_bytes, static_cast<int64_t>(std::filesystem::file_size(file))) << file;
+    if (file != bundled_model()) std::filesystem::remove(file);
+  }
+  EXPECT_EQ(read_header(path + "_missing").error().code, errc::io_error);
+}
+
+TEST(KvCache, Q8_0NeedsRowsOfWholeBlocks) {
+  model_config c;
+  c.dim = 64, c.n_heads = 8, c.n_kv_heads = 2;  // KV rows of 16
+  EXPECT_EQ(check_kv_dtype(c, kv_dtype::q8_0).error().message,
+            "kv_cache_dtype q8_0 needs a KV row (n_kv_heads x head_size = 16) that is a multiple of 32; use f16 or f32");
+  EXPECT_TRUE(check_kv_dtype(c, kv_dtype::f16).has_value());
 }
 
 class BadCheckpoint : public testing::scratch_files {
@@ -235,14 +349,14 @@ TEST(RowGroups, RowsThatReadABlockAnotherRowWritesStayTogether) {
 // The split step (independent sets on separate threads) against one thread, on a batch whose
 // sets are of every kind: prefill chunks, decode rows, and a sequence reading a block another
 // one fills in the same step. Float32 and Q8_0.
-void expect_split_bits_equal(const std::string& model) {
+void expect_split_bits_equal(const std::string& model, kv_dtype dtype = kv_dtype::f32) {
   auto ck = checkpoint::load(model);
   ASSERT_TRUE(ck) << ck.error().message;
   kernels::cpu::thread_pool pool(2);
   transformer alone(*ck), threaded(*ck);
   threaded.set_thread_pool(&pool);
   const int32_t block_size = 4;
-  kv_cache cache_a(alone.config(), 64, block_size), cache_b(threaded.config(), 64, block_size);
+  kv_cache cache_a(alone.config(), 64, block_size, dtype), cache_b(threaded.config(), 64, block_size, dtype);
   std::vector<std::vector<int32_t>> tables;
   for (int32_t s = 0; s < 8; s++) tables.push_back({4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3});
   tables.push_back({4, 40, 41});  // reads sequence 1's first block, which the first step fills
@@ -265,6 +379,8 @@ void expect_split_bits_equal(const std::string& model) {
 TEST(Transformer, SplittingAStepByIndependentRowsGivesIdenticalBits) {
   expect_split_bits_equal(testing::bundled_model());
   expect_split_bits_equal(std::string(TROUPE_MODELS_DIR) + "/stories260K_q80_g4.bin");
+  expect_split_bits_equal(testing::bundled_model(), kv_dtype::f16);
+  expect_split_bits_equal(testing::bundled_model(), kv_dtype::q8_0);
 }
 
 /// Random GGUF models of each family and weight type (tests/support/random_llama.hpp; gemma's
@@ -307,13 +423,19 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
     kernels::cpu::thread_pool pool(3);
     transformer fast(*ck), reference(*ck, kernel_path::reference), threaded(*ck);
     threaded.set_thread_pool(&pool);
-    // 6 sequences of 1..11 tokens in one step; each alone must give its row's bits.
-    const int32_t num_seqs = 6, block_size = 16;
+    // 6 sequences of 1..11 tokens in one step, in blocks of 4 (gemma's windows start past a
+    // block); each alone must give its row's bits. The KV in the type the model is served in
+    // (f32 or f16), q8_0 for Q8_0 weights.
+    const int32_t num_seqs = 6, block_size = 4;
+    const kv_dtype dtype = spec.type == ggml_type::q8_0 && check_kv_dtype(ck->config(), kv_dtype::q8_0)
+                               ? kv_dtype::q8_0
+                               : default_kv_dtype(*ck);
+    EXPECT_EQ(dtype != kv_dtype::f32, spec.type != ggml_type::f32) << name;
     std::vector<std::vector<int32_t>> tables(num_seqs);
     std::vector<forward_row> rows;
     std::vector<std::vector<forward_row>> alone(num_seqs);
     for (int32_t q = 0; q < num_seqs; q++) {
-      tables[q] = {q};
+      tables[q] = {3 * q, 3 * q + 1, 3 * q + 2};
       for (int32_t p = 0; p <= 2 * q; p++) {
         const forward_row row{(37 * q + 11 * p) % 300, p, tables[q].data(), p == 2 * q};
         rows.push_back(row);
@@ -321,7 +443,7 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
       }
     }
     const auto run = [&](transformer& t, const std::vector<forward_row>& r) {
-      kv_cache cache(t.config(), num_seqs, block_size);
+      kv_cache cache(t.config(), 3 * num_seqs, block_size, dtype);
       std::vector<float> logits;
       t.forward(r, cache, logits);
       return logits;

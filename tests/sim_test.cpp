@@ -63,6 +63,23 @@ TEST(SimTopology, DerivesThePoolFromMemory) {
   EXPECT_EQ(t.cost.step_ns, 1000);
 }
 
+TEST(SimTopology, TheKvCacheTypeSetsTheBytesOfABlock) {
+  // tiny: 2 layers, KV rows of 32; q8_0 takes 34 bytes per 32 values, f32 4 per value.
+  for (const auto& [dtype, bytes] : {std::pair{"q8_0", 2 * 2 * 34}, std::pair{"f32", 2 * 2 * 32 * 4}}) {
+    auto t = parse_sim_topology(tiny_topology, "tiny.toml", TROUPE_SOURCE_DIR, {{"engine.kv_cache_dtype", dtype}});
+    ASSERT_TRUE(t) << t.error().message;
+    EXPECT_EQ(t->kv_bytes_per_token, bytes) << dtype;
+    EXPECT_EQ(t->engine.num_kv_blocks, static_cast<int32_t>(0.01 * 1073741824.0 / (16.0 * bytes))) << dtype;
+  }
+  std::string text = tiny_topology;
+  text.replace(text.find("max_context = 512\n"), 18, "max_context = 512\nkv_bytes_per_value = 2\n");
+  auto both = parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR, {{"engine.kv_cache_dtype", "f32"}});
+  ASSERT_FALSE(both);
+  EXPECT_EQ(both.error().message, "tiny.toml: [model] kv_bytes_per_value = 2.000000 disagrees with [engine] "
+                                  "kv_cache_dtype = \"f32\": give one of them");
+  EXPECT_TRUE(parse_sim_topology(text, "tiny.toml", TROUPE_SOURCE_DIR, {{"engine.kv_cache_dtype", "f16"}}));
+}
+
 TEST(SimTopology, ShippedExamplesParse) {
   for (const char* name : {"sim-llama7b.toml", "sim-stories260K-cpu.toml"}) {
     auto t = load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/" + name);

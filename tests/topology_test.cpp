@@ -588,7 +588,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
                  "name, node, role, model, tokenizer, calibration, draft_model, executor_threads, max_model_len, step_log, "
                  "expert_timeout_ms, expert_window_steps, expert_capacity, expert_moe_lb_max, expert_move_steps_max, "
-                 "kv_blocks, block_size, max_num_batched_tokens, max_num_seqs, step_time_budget_ms, "
+                 "kv_blocks, block_size, kv_cache_dtype, max_num_batched_tokens, max_num_seqs, step_time_budget_ms, "
                  "step_time_correction_window, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, "
                  "drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, speculation_mode, preemption, "
                  "swap_bandwidth_gb_s, grammar_rules_max, grammar_stacks_per_state_max, grammar_matcher_mib, "

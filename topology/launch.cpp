@@ -263,22 +263,11 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
   return {};
 }
 
-/// MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read.
-int64_t memory_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return -1;
-}
-
 /// Warns when `ck`'s weights and engine `e`'s KV pool, full, would not fit in 90% of the memory
 /// available: the pool's pages are resident only as blocks are written (page_buffer), so the
 /// engine starts, and a busy one would later run the machine out of memory.
-void warn_if_memory_short(const engine_spec& e, const model::checkpoint& ck) {
-  const int64_t pool = model::kv_cache::bytes_of(ck.config(), e.config.num_kv_blocks, e.config.block_size);
+void warn_if_memory_short(const engine_spec& e, const model::checkpoint& ck, model::kv_dtype kv) {
+  const int64_t pool = model::kv_cache::bytes_of(ck.config(), e.config.num_kv_blocks, e.config.block_size, kv);
   const int64_t available = memory_available();
   if (available < 0 || ck.resident_bytes() + pool <= available / 10 * 9) return;
   spdlog::warn("engine '{}': its weights ({} MiB) and a full KV pool ({} MiB, {} blocks) exceed 90% of the memory "
@@ -304,7 +293,9 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
                : ck->moe() ? " (mixture of experts: " + std::to_string(ck->moe()->n_experts) + " experts, top-k " +
                                  std::to_string(ck->moe()->top_k) + ")"
                            : "");
-  warn_if_memory_short(e, *ck);
+  const model::kv_dtype kv = e.config.kv_cache_dtype.value_or(model::default_kv_dtype(*ck));
+  if (auto ok = model::check_kv_dtype(ck->config(), kv); !ok) return fail(ok.error().code, where(e) + ok.error().message);
+  warn_if_memory_short(e, *ck, kv);
   context_tokens = std::max(context_tokens, ck->config().seq_len);
   auto loaded = tokenizer::load(e.tokenizer_path, ck->config().vocab_size);
   if (!loaded) return fail(loaded.error().code, where(e) + loaded.error().message);
@@ -317,6 +308,9 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
     if (!draft) return fail(draft.error().code, where(e) + "draft model: " + draft.error().message);
     if (auto ok = engine::step_executor::check_draft_model(o.checkpoint->config(), draft->config()); !ok)
       return fail(ok.error().code, where(e) + ok.error().message);
+    if (auto ok = model::check_kv_dtype(draft->config(), e.config.kv_cache_dtype.value_or(model::default_kv_dtype(*draft)));
+        !ok)
+      return fail(ok.error().code, where(e) + "draft model: " + ok.error().message);
     o.draft_checkpoint = std::make_shared<const model::checkpoint>(std::move(*draft));
   }
   o.end_ids = tok->end_ids();
@@ -547,6 +541,17 @@ expected<void> spawn_node(caf::actor_system& sys, const topology& t, const node_
 }
 
 }  // namespace
+
+int64_t memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
 
 expected<launched_node> launch_node(caf::actor_system& sys, const topology& t, const std::string& node_name,
                                     const launch_options& options) {

@@ -111,6 +111,9 @@ drain_counts drain_node(caf::actor_system& sys, const launched_node& node, int32
 /// Sends every actor of `node` an exit and waits until the system has no actors left.
 void shutdown_node(caf::actor_system& sys, const launched_node& node);
 
+/// MemAvailable of /proc/meminfo in bytes, or -1 where it cannot be read.
+[[nodiscard]] int64_t memory_available();
+
 /// A one-node topology running `model_path` with defaults (`troupe generate`).
 [[nodiscard]] topology single_node(const std::string& model_path, const std::string& tokenizer_path);
 

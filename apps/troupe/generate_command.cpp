@@ -49,6 +49,7 @@ int run_reference(const generate_options& o) {
   p.sampling.top_k = o.flags.top_k;
   p.sampling.min_p = o.flags.min_p;
   p.seed = o.flags.seed_given ? o.flags.seed : draw_seed_base();
+  p.kv_cache_dtype = model::default_kv_dtype(*ck);  // as the engine's default
   // Checked before anything reaches stdout: a rejected request prints nothing there.
   if (auto ok = generate::validate(p, ck->config()); !ok) return fail_with(ok.error());
   spdlog::info("reference generator, model {}, seed {}", o.model, p.seed);

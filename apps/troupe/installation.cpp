@@ -4,8 +4,12 @@
 #include <fstream>
 #include <system_error>
 
+#include <spdlog/spdlog.h>
+
 #include "apps/troupe/commands.hpp"
 #include "runtime/common/gguf.hpp"
+#include "runtime/model/kv_cache.hpp"
+#include "topology/launch.hpp"
 #include "topology/topology.hpp"
 #include "troupe_version.hpp"  // generated at build time (apps/CMakeLists.txt)
 
@@ -56,15 +60,48 @@ std::vector<CLI::Option*> engine_flags::add_to(CLI::App* cmd) {
               ->check(CLI::Range(1, 64))
               ->capture_default_str(),
           cmd->add_option("--ctx-size,--max-model-len", ctx_size,
-                          "the longest context a request may have, prompt and output (default: the model's); "
-                          "the KV pool grows to hold one")
-              ->check(CLI::Range(1, 1 << 24))};
+                          "the longest context a request may have, prompt and output (default: the model's, "
+                          "clipped so that the weights and the KV of one fit in 90% of MemAvailable); the KV pool "
+                          "grows to hold one")
+              ->check(CLI::Range(1, 1 << 24)),
+          cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                          "what the KV cache stores: f32, f16 or q8_0 (default: f32 for float32 weights, else f16)")
+              ->check(CLI::IsMember({"f32", "f16", "q8_0"}))};
 }
+
+namespace {
+
+/// Engine `e`'s model's context, clipped so that its weights (the file) and a KV pool holding
+/// one request of it fit in 90% of MemAvailable, said when clipped (e.max_context is then set);
+/// 0 where the model cannot be read or kept in that KV type (launching it says why).
+int32_t default_context(topology::engine_spec& e) {
+  auto header = model::read_header(e.model_path);
+  if (!header) return 0;
+  const model::model_config& c = header->config;
+  const model::kv_dtype kv =
+      e.config.kv_cache_dtype.value_or(header->float32 ? model::kv_dtype::f32 : model::kv_dtype::f16);
+  if (!model::check_kv_dtype(c, kv)) return 0;
+  const int64_t per_token = model::kv_cache::bytes_of(c, 1, 1, kv), available = topology::memory_available();
+  const int32_t context = model::context_that_fits(c.seq_len, header->file_bytes, per_token, available,
+                                                   e.config.block_size);
+  if (context < c.seq_len) {
+    e.max_context = context;
+    spdlog::info("context of {} tokens, not the model's {}: its weights ({} MiB) and a KV cache holding one request "
+                 "({} MiB, {}) fit in 90% of the memory available ({} MiB); --ctx-size sets another",
+                 context, c.seq_len, header->file_bytes >> 20, (per_token * context) >> 20, model::name_of(kv),
+                 available >> 20);
+  }
+  return context;
+}
+
+}  // namespace
 
 void engine_flags::apply(topology::engine_spec& e) const {
   e.executor_threads = threads;
   e.max_context = ctx_size;
-  const int32_t blocks = (ctx_size + e.config.block_size - 1) / e.config.block_size;
+  if (!kv_cache_dtype.empty()) e.config.kv_cache_dtype = model::kv_dtype_named(kv_cache_dtype);
+  const int32_t context = ctx_size > 0 ? ctx_size : default_context(e);
+  const int32_t blocks = (context + e.config.block_size - 1) / e.config.block_size;
   e.config.num_kv_blocks = std::max(e.config.num_kv_blocks, blocks);
 }
 

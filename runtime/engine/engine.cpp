@@ -31,7 +31,7 @@ engine::engine(const model::checkpoint& ck, const tokenizer& tok, const engine_c
     : tokenizer_(tok),
       core_(std::move(core)),
       executor_(ck, config.num_kv_blocks, config.block_size, config.kernels, pool, config.speculation, draft,
-                grammar::vocabulary_of(tok, core_->config().eos_token_ids)),
+                grammar::vocabulary_of(tok, core_->config().eos_token_ids), config.kv_cache_dtype),
       grammars_(config.grammar) {}
 
 template <class Add>

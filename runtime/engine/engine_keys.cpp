@@ -52,6 +52,13 @@ expected<void> set_preemption(engine_config& c, const std::string& name) {
   return {};
 }
 
+expected<void> set_kv_cache_dtype(engine_config& c, const std::string& name) {
+  const std::optional<model::kv_dtype> dtype = model::kv_dtype_named(name);
+  if (!dtype) return fail(errc::invalid_argument, " must be f32, f16 or q8_0; got '" + echo(name) + "'");
+  c.kv_cache_dtype = *dtype;
+  return {};
+}
+
 expected<void> set_grammar_rules(engine_config& c, double rules) {
   c.grammar.num_rules_max = static_cast<int32_t>(rules);
   c.grammar.num_elements_max = int64_t{10} * c.grammar.num_rules_max;  // ten elements per rule
@@ -97,6 +104,8 @@ std::vector<engine_key> make_engine_keys() {
   return {
       integer("kv_blocks", "engine", "", 1, int32_max, TROUPE_SET_INT(num_kv_blocks), "KV pool size in blocks"),
       integer("block_size", "engine", "block_size", 1, 1024, TROUPE_SET_INT(block_size), "tokens per KV block"),
+      text("kv_cache_dtype", "engine", "kv_cache_dtype", &set_kv_cache_dtype,
+           "f32, f16 or q8_0: what the KV pool stores (default: f32 for float32 weights, else f16)"),
       integer("max_num_batched_tokens", "engine", "max_num_batched_tokens", 1, int32_max,
               TROUPE_SET_INT(scheduler.max_num_batched_tokens), "token budget of one step"),
       integer("max_num_seqs", "engine", "max_num_seqs", 1, int32_max, TROUPE_SET_INT(scheduler.max_num_seqs),

@@ -13,8 +13,11 @@ namespace troupe::engine {
 step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
                              int32_t block_size, model::kernel_path kernels,
                              kernels::cpu::thread_pool* pool, const spec::speculation_config& speculation,
-                             const model::checkpoint* draft, std::shared_ptr<const grammar::vocabulary> vocabulary)
-    : model_(ck, kernels), cache_(ck.config(), num_kv_blocks, block_size), vocabulary_(std::move(vocabulary)) {
+                             const model::checkpoint* draft, std::shared_ptr<const grammar::vocabulary> vocabulary,
+                             std::optional<model::kv_dtype> kv_cache_dtype)
+    : model_(ck, kernels),
+      cache_(ck.config(), num_kv_blocks, block_size, kv_cache_dtype.value_or(model::default_kv_dtype(ck))),
+      vocabulary_(std::move(vocabulary)) {
   TROUPE_ASSERT(vocabulary_ == nullptr || vocabulary_->size() == ck.config().vocab_size);
   model_.set_thread_pool(pool);
   switch (speculation.drafter) {
@@ -31,7 +34,8 @@ step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
                         "the caller loads and checks the draft model");
       draft_model_.emplace(*draft, kernels);
       draft_model_->set_thread_pool(pool);
-      draft_cache_.emplace(draft->config(), num_kv_blocks, block_size);
+      draft_cache_.emplace(draft->config(), num_kv_blocks, block_size,
+                           kv_cache_dtype.value_or(model::default_kv_dtype(*draft)));
       drafter_ = spec::make_model_drafter(*draft_model_, *draft_cache_, 0, /*follows=*/true);
       break;
   }

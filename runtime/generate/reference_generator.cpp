@@ -11,6 +11,7 @@ expected<void> validate(const generate_params& p, const model::model_config& c) 
   for (int32_t id : p.prompt)
     if (id < 0 || id >= c.vocab_size)
       return fail(errc::invalid_argument, "prompt token " + std::to_string(id) + " is outside the vocabulary");
+  if (auto ok = model::check_kv_dtype(c, p.kv_cache_dtype); !ok) return ok;
   if (p.max_new_tokens <= 0)
     return fail(errc::invalid_argument, "the number of tokens to generate must be > 0, got " +
                                             std::to_string(p.max_new_tokens));
@@ -29,7 +30,7 @@ expected<generation> generate(model::transformer& model, const tokenizer& tok,
   // One sequence, contiguous: block i holds positions [16 i, 16 i + 16).
   constexpr int32_t block_size = 16;
   const int32_t num_blocks = (c.seq_len + block_size - 1) / block_size;
-  model::kv_cache cache(c, num_blocks, block_size);
+  model::kv_cache cache(c, num_blocks, block_size, p.kv_cache_dtype);
   std::vector<int32_t> table(num_blocks);
   for (int32_t i = 0; i < num_blocks; i++) table[i] = i;
 

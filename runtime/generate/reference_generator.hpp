@@ -22,6 +22,8 @@ struct generate_params {
   sampling::sampling_params sampling;
   uint64_t seed = 0;
   bool ignore_eos = false;  ///< keep going past BOS/EOS (benchmarks)
+  /// The KV cache's type (model::default_kv_dtype of the model, as the engine's default).
+  model::kv_dtype kv_cache_dtype = model::kv_dtype::f32;
 };
 
 struct generation {

@@ -1077,6 +1077,32 @@ weights q80_views(const model_config& c, int32_t group_size, std::string_view by
 
 }  // namespace
 
+expected<model_header> read_header(const std::string& path) {
+  auto file = mapped_file::open(path);
+  if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
+  const std::string_view bytes = file->bytes();
+  model_header out;
+  out.file_bytes = static_cast<int64_t>(bytes.size());
+  if (is_gguf(bytes)) {
+    auto f = parse_gguf(bytes, path);
+    if (!f) return tl::unexpected(f.error());
+    auto arch = read_architecture(*f, path);
+    if (!arch) return tl::unexpected(arch.error());
+    auto shape = read_shape(*f, **arch, path);
+    if (!shape) return tl::unexpected(shape.error());
+    if (auto ok = read_head_size(*f, **arch, *shape, path); !ok) return tl::unexpected(ok.error());
+    out.config = *shape;
+    out.float32 = std::all_of(f->tensors.begin(), f->tensors.end(),
+                              [](const gguf_tensor& t) { return t.type == ggml_type::f32; });
+    return out;
+  }
+  // The llama2.c formats are mapped in place (a Q8_0 file's scales aside): loading reads nothing.
+  auto ck = checkpoint::load(path, load_options{/*check_finite=*/false, /*prefault=*/false, 0, {}});
+  if (!ck) return tl::unexpected(ck.error());
+  out.config = ck->config();
+  return out;
+}
+
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
   auto file = mapped_file::open(path, options.prefault, options.progress);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);

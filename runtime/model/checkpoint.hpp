@@ -214,6 +214,19 @@ class checkpoint {
   std::shared_ptr<const mapping> map_;
 };
 
+/// What a model file's header says, read without any weight: what start-up sizes the KV pool
+/// by before loading (`checkpoint::read_header`).
+struct model_header {
+  model_config config;       ///< the shape (GGUF: embedding, layers, heads, head width, context)
+  bool float32 = true;       ///< every tensor float32 (else a GGUF file computed as stored)
+  int64_t file_bytes = 0;
+};
+
+/// The header of the model in `path`: a GGUF file's metadata and tensor index, or a llama2.c
+/// format's header. Errors as checkpoint::load's for the same faults; what only the weights
+/// show (a tensor's shape, a NaN) is load's to find.
+[[nodiscard]] expected<model_header> read_header(const std::string& path);
+
 /// One line for an operator: architecture, parameters, the types they are computed in (with
 /// their share), resident bytes; e.g. "qwen2, 494.0 M parameters (Q4_K 70%, Q6_K 27%, F32 3%),
 /// 380.2 MiB resident".

@@ -2,46 +2,123 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/quants.hpp"
+
 namespace troupe::model {
 
-kv_cache::kv_cache(const model_config& c, int32_t num_blocks, int32_t block_size)
-    : n_layers_(c.n_layers), num_blocks_(num_blocks), block_size_(block_size), kv_dim_(c.kv_dim()) {
+namespace {
+
+using kernels::cpu::weight_type;
+
+weight_type stored_type(kv_dtype t) { return t == kv_dtype::f16 ? weight_type::f16 : weight_type::q8_0; }
+
+}  // namespace
+
+kv_dtype default_kv_dtype(const checkpoint& ck) {
+  return ck.stored() != nullptr ? kv_dtype::f16 : kv_dtype::f32;  // stored(): not all matrices F32
+}
+
+expected<void> check_kv_dtype(const model_config& c, kv_dtype t) {
+  if (t == kv_dtype::q8_0 && c.kv_dim() % 32 != 0)
+    return fail(errc::invalid_argument, "kv_cache_dtype q8_0 needs a KV row (n_kv_heads x head_size = " +
+                                            std::to_string(c.kv_dim()) + ") that is a multiple of 32; use f16 or f32");
+  return {};
+}
+
+int32_t context_that_fits(int32_t model_context, int64_t weight_bytes, int64_t bytes_per_token, int64_t available,
+                          int32_t block_size) {
+  TROUPE_ASSERT(model_context > 0 && bytes_per_token > 0 && block_size > 0);
+  if (available < 0) return model_context;
+  const int64_t budget = available / 10 * 9 - weight_bytes;
+  const int64_t fits = budget > 0 ? budget / bytes_per_token / block_size * block_size : 0;
+  return static_cast<int32_t>(std::min<int64_t>(model_context, std::max<int64_t>(fits, block_size)));
+}
+
+kv_cache::kv_cache(const model_config& c, int32_t num_blocks, int32_t block_size, kv_dtype dtype)
+    : n_layers_(c.n_layers),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      kv_dim_(c.kv_dim()),
+      dtype_(dtype),
+      row_bytes_(kv_row_bytes(dtype, c.kv_dim())) {
   TROUPE_ASSERT(num_blocks > 0);
   TROUPE_ASSERT(block_size > 0);
-  const size_t size = static_cast<size_t>(n_layers_) * num_blocks_ * block_size_ * kv_dim_;
-  keys_ = page_buffer<float>(size);
-  values_ = page_buffer<float>(size);
+  TROUPE_ASSERT(check_kv_dtype(c, dtype).has_value());
+  const size_t size = static_cast<size_t>(n_layers_) * static_cast<size_t>(layer_bytes());
+  keys_ = page_buffer<uint8_t>(size);
+  values_ = page_buffer<uint8_t>(size);
+}
+
+void kv_cache::write(int32_t layer, int64_t slot, const float* key, const float* value) {
+  TROUPE_ASSERT(slot >= 0 && slot < int64_t{num_blocks_} * block_size_);
+  if (dtype_ == kv_dtype::f32) {
+    // Keys are transposed within a block: feature d of slot s at (block, d, s).
+    const int64_t block = slot / block_size_, in_block = slot % block_size_;
+    float* k = keys(layer) + block * kv_dim_ * block_size_ + in_block;
+    for (int32_t d = 0; d < kv_dim_; d++) k[static_cast<int64_t>(d) * block_size_] = key[d];
+    std::copy_n(value, kv_dim_, values(layer) + slot * kv_dim_);
+    return;
+  }
+  kernels::cpu::quantize_activations(keys_.data() + row_offset(layer, slot), key, kv_dim_, stored_type(dtype_));
+  kernels::cpu::quantize_activations(values_.data() + row_offset(layer, slot), value, kv_dim_, stored_type(dtype_));
+}
+
+void kv_cache::read_slot(int32_t layer, int64_t slot, float* key, float* value) const {
+  if (dtype_ == kv_dtype::f32) {
+    const int64_t block = slot / block_size_, in_block = slot % block_size_;
+    const float* k = keys(layer) + block * kv_dim_ * block_size_ + in_block;
+    for (int32_t d = 0; d < kv_dim_; d++) key[d] = k[static_cast<int64_t>(d) * block_size_];
+    std::copy_n(values(layer) + slot * kv_dim_, kv_dim_, value);
+    return;
+  }
+  kernels::cpu::dequantize_row(key, keys_.data() + row_offset(layer, slot), stored_type(dtype_), kv_dim_);
+  kernels::cpu::dequantize_row(value, values_.data() + row_offset(layer, slot), stored_type(dtype_), kv_dim_);
+}
+
+void kv_cache::read_block(int32_t layer, int32_t block, float* keys_out, float* values_out) const {
+  TROUPE_ASSERT(block >= 0 && block < num_blocks_);
+  const int64_t block_floats = int64_t{block_size_} * kv_dim_;
+  if (dtype_ == kv_dtype::f32) {
+    std::copy_n(keys(layer) + block * block_floats, block_floats, keys_out);
+    std::copy_n(values(layer) + block * block_floats, block_floats, values_out);
+    return;
+  }
+  // The keys' rows decoded into values_out first, then transposed into place; then the values.
+  const uint8_t* key_rows = keys_.data() + row_offset(layer, int64_t{block} * block_size_);
+  const uint8_t* value_rows = values_.data() + row_offset(layer, int64_t{block} * block_size_);
+  for (int32_t s = 0; s < block_size_; s++)
+    kernels::cpu::dequantize_row(values_out + int64_t{s} * kv_dim_, key_rows + s * row_bytes_, stored_type(dtype_), kv_dim_);
+  for (int32_t d = 0; d < kv_dim_; d++)
+    for (int32_t s = 0; s < block_size_; s++)
+      keys_out[int64_t{d} * block_size_ + s] = values_out[int64_t{s} * kv_dim_ + d];
+  for (int32_t s = 0; s < block_size_; s++)
+    kernels::cpu::dequantize_row(values_out + int64_t{s} * kv_dim_, value_rows + s * row_bytes_, stored_type(dtype_),
+                                 kv_dim_);
 }
 
 void kv_cache::copy_block(int32_t src, int32_t dst) {
   TROUPE_ASSERT(src >= 0 && src < num_blocks_);
   TROUPE_ASSERT(dst >= 0 && dst < num_blocks_);
-  const int64_t block_floats = static_cast<int64_t>(block_size_) * kv_dim_;
+  const int64_t block_bytes = int64_t{block_size_} * row_bytes_;  // the same in either layout
   for (int32_t l = 0; l < n_layers_; l++) {
-    std::copy_n(keys(l) + src * block_floats, block_floats, keys(l) + dst * block_floats);
-    std::copy_n(values(l) + src * block_floats, block_floats, values(l) + dst * block_floats);
+    const int64_t from = layer_offset(l) + src * block_bytes, to = layer_offset(l) + dst * block_bytes;
+    std::copy_n(keys_.data() + from, block_bytes, keys_.data() + to);
+    std::copy_n(values_.data() + from, block_bytes, values_.data() + to);
   }
 }
 
 namespace {
 
-// Calls f(layer, key, value, row) for every layer and position < num_tokens: the position's key
-// element d sits at key + d * block_size in the layer's keys (transposed within a block), its
-// value row at `value` in the layer's values, and its row in the flat (layer, token, kv_dim)
-// layout at `row`.
+// Calls f(layer, slot, row) for every layer and position < num_tokens: the position's slot in
+// the pool and its row in the flat (layer, token, kv_dim) layout.
 template <class F>
 void for_each_slot(const int32_t* block_table, int32_t num_tokens, int32_t n_layers, int32_t block_size,
                    int32_t kv_dim, int32_t num_blocks, F&& f) {
-  const int64_t block_floats = static_cast<int64_t>(block_size) * kv_dim;
   for (int32_t l = 0; l < n_layers; l++)
     for (int32_t p = 0; p < num_tokens; p++) {
       const int32_t block = block_table[p / block_size];
       TROUPE_ASSERT(block >= 0 && block < num_blocks);
-      const int32_t slot = p % block_size;
-      const int64_t row = (static_cast<int64_t>(l) * num_tokens + p) * kv_dim;  // in the flat layout
-      f(l, block * block_floats + slot,                                // key d at + d * block_size
-        block * block_floats + static_cast<int64_t>(slot) * kv_dim,    // value row
-        row);
+      f(l, int64_t{block} * block_size + p % block_size, (static_cast<int64_t>(l) * num_tokens + p) * kv_dim);
     }
 }
 
@@ -49,20 +126,12 @@ void for_each_slot(const int32_t* block_table, int32_t num_tokens, int32_t n_lay
 
 void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, float* keys_out, float* values_out) const {
   for_each_slot(block_table, num_tokens, n_layers_, block_size_, kv_dim_, num_blocks_,
-                [&](int32_t l, int64_t key, int64_t value, int64_t row) {
-                  const float* k = keys(l) + key;
-                  for (int32_t d = 0; d < kv_dim_; d++) keys_out[row + d] = k[static_cast<int64_t>(d) * block_size_];
-                  std::copy_n(values(l) + value, kv_dim_, values_out + row);
-                });
+                [&](int32_t l, int64_t slot, int64_t row) { read_slot(l, slot, keys_out + row, values_out + row); });
 }
 
 void kv_cache::scatter(const int32_t* block_table, int32_t num_tokens, const float* keys_in, const float* values_in) {
   for_each_slot(block_table, num_tokens, n_layers_, block_size_, kv_dim_, num_blocks_,
-                [&](int32_t l, int64_t key, int64_t value, int64_t row) {
-                  float* k = keys(l) + key;
-                  for (int32_t d = 0; d < kv_dim_; d++) k[static_cast<int64_t>(d) * block_size_] = keys_in[row + d];
-                  std::copy_n(values_in + row, kv_dim_, values(l) + value);
-                });
+                [&](int32_t l, int64_t slot, int64_t row) { write(l, slot, keys_in + row, values_in + row); });
 }
 
 }  // namespace troupe::model

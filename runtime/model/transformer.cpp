@@ -341,18 +341,19 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     rope(k, kv_dim, head, cos, sin);
     const int64_t slot = static_cast<int64_t>(row.block_table[row.position / cache.block_size()]) *
                              cache.block_size() + row.position % cache.block_size();
-    // Keys are transposed within a block: feature d of slot s at (block, d, s).
-    const int64_t block = slot / cache.block_size(), in_block = slot % cache.block_size();
-    float* key = cache.keys(l) + block * kv_dim * cache.block_size() + in_block;
-    for (int32_t d = 0; d < kv_dim; d++) key[static_cast<int64_t>(d) * cache.block_size()] = s.k[r * kv_dim + d];
-    std::copy_n(&s.v[r * kv_dim], kv_dim, cache.values(l) + slot * kv_dim);
+    cache.write(l, slot, k, &s.v[static_cast<int64_t>(r) * kv_dim]);
   }
   const cpu::attention_shape shape{c.n_heads,      c.n_kv_heads,   c.head_size(),
                                    c.attn_divisor, c.attn_softcap, sliding ? c.sliding_window : 0};
+  const bool staged = cache.dtype() != kv_dtype::f32;
+  if (staged) stage_kv(rows, cache, l, shape, s, pool);
   auto attend = [&](int32_t worker, int64_t begin, int64_t end) {
     float* scores = s.scores.data() + static_cast<size_t>(worker) * c.n_heads * c.seq_len;
     for (int64_t r = begin; r < end; r++) {
-      const cpu::paged_kv kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
+      const cpu::paged_kv kv =
+          staged ? cpu::paged_kv{s.stage_keys.data(), s.stage_values.data(), &s.stage_tables[s.stage_table_at[r]],
+                                 cache.block_size(), kv_dim}
+                 : cpu::paged_kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
       if (path_ == kernel_path::fast)
         cpu::fast::attention(&s.att[r * q_dim], &s.q[r * q_dim], scores, kv, rows[r].position + 1, shape, exp_);
       else
@@ -368,6 +369,46 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
     for (int32_t r = 0; r < n; r++)
       cpu::reference::rmsnorm(&s.xb2[r * dim], &s.xb2[r * dim], w.rms_att_post + ld * dim, dim, c.rms_norm_eps);
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb2[i];
+}
+
+void transformer::stage_kv(const std::vector<forward_row>& rows, const kv_cache& cache, int32_t l,
+                           const cpu::attention_shape& shape, scratch& s, cpu::thread_pool* pool) {
+  const int32_t bs = cache.block_size();
+  if (static_cast<int32_t>(s.stage_of.size()) != cache.num_blocks()) s.stage_of.assign(cache.num_blocks(), -1);
+  s.staged.clear();
+  s.stage_tables.clear();
+  s.stage_table_at.clear();
+  for (const forward_row& row : rows) {
+    const int32_t num_positions = row.position + 1, first_block = shape.first_position(num_positions) / bs;
+    s.stage_table_at.push_back(static_cast<int64_t>(s.stage_tables.size()));
+    for (int32_t b = 0; b <= row.position / bs; b++) {
+      if (b < first_block) {  // before the window: never read
+        s.stage_tables.push_back(0);
+        continue;
+      }
+      int32_t& index = s.stage_of[static_cast<size_t>(row.block_table[b])];
+      if (index < 0) {
+        index = static_cast<int32_t>(s.staged.size());
+        s.staged.push_back(row.block_table[b]);
+      }
+      s.stage_tables.push_back(index);
+    }
+  }
+  const int64_t block_floats = int64_t{bs} * cache.kv_dim(), num_staged = static_cast<int64_t>(s.staged.size());
+  if (static_cast<int64_t>(s.stage_keys.size()) < num_staged * block_floats) {
+    s.stage_keys.resize(static_cast<size_t>(num_staged * block_floats));
+    s.stage_values.resize(static_cast<size_t>(num_staged * block_floats));
+  }
+  auto convert = [&](int32_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i++)
+      cache.read_block(l, s.staged[static_cast<size_t>(i)], &s.stage_keys[static_cast<size_t>(i * block_floats)],
+                       &s.stage_values[static_cast<size_t>(i * block_floats)]);
+  };
+  if (pool != nullptr && num_staged > 1)
+    pool->parallel_for(num_staged, convert);
+  else
+    convert(0, 0, num_staged);
+  for (int32_t b : s.staged) s.stage_of[static_cast<size_t>(b)] = -1;
 }
 
 void transformer::ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_pool* pool) {

@@ -100,6 +100,12 @@ class transformer {
     std::vector<int8_t> xq;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
     std::vector<float> xs;      // (rows, max(dim, hidden_dim) / group_size) their scales
     std::vector<uint8_t> xt;    // activations in a stored matrix's dot type (GGUF models)
+    // An f16 or q8_0 pool's blocks one layer's rows read, as an f32 pool holds them (stage_kv):
+    std::vector<float> stage_keys, stage_values;  // (staged blocks, block_size * kv_dim)
+    std::vector<int32_t> stage_of;                // pool block -> its staged index; -1: none
+    std::vector<int32_t> staged;                  // the pool blocks staged, in order of first read
+    std::vector<int32_t> stage_tables;            // each row's block table in staged indices
+    std::vector<int64_t> stage_table_at;          // (rows) where its table starts in stage_tables
   };
 
   /// The model's matrices, by name.
@@ -119,6 +125,11 @@ class transformer {
                   const kernels::cpu::packed_q80* packed, int32_t rows, scratch& s, kernels::cpu::thread_pool* pool);
   void attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t layer, scratch& s,
                        kernels::cpu::thread_pool* pool);
+  /// Converts the blocks of an f16 or q8_0 `cache` that `rows` attend to in `layer` (each
+  /// once) into s.stage_keys and s.stage_values as an f32 pool holds them, and renumbers each
+  /// row's block table into them: attention then runs its f32 kernels, on the stored values.
+  void stage_kv(const std::vector<forward_row>& rows, const kv_cache& cache, int32_t layer,
+                const kernels::cpu::attention_shape& shape, scratch& s, kernels::cpu::thread_pool* pool);
   void ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);
   /// The MoE FFN: route the rows, send each shard its rows, combine by expert id, then row.
   void moe_ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);

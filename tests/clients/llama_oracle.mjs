@@ -2,8 +2,8 @@
 //
 //   node llama_oracle.mjs cases.json
 //
-// cases.json: [{"model": "a.gguf", "prompt": [token ids] or "text", "n": new tokens, "top": k},
-// ...]. All cases run in this one process (loading llama.cpp costs more than a small model's
+// cases.json: [{"model": "a.gguf", "prompt": [token ids] or "text", "n": new tokens, "top": k,
+// "kv": "F32" (default), "F16" or "Q8_0": the KV cache's type}, ...]. All cases run in this one process (loading llama.cpp costs more than a small model's
 // tokens). Prints one JSON line per case, in order:
 //   {"prompt": [the ids evaluated], "tokens": [n greedy ids],
 //    "top": [per step: [[id, log p], ...] the k most likely],
@@ -29,15 +29,16 @@ for (const c of cases) {
   const model = await llama.loadModel({ modelPath: c.model });
   const prompt = typeof c.prompt !== "string" ? c.prompt
     : [...(model.tokens.shouldPrependBosToken ? [model.tokens.bos] : []), ...model.tokenize(c.prompt)];
-  // An f32 KV cache and no flash attention, as troupe: llama.cpp's default f16 cache, and its CPU
-  // flash attention, round every query, key and value to f16 (F32 logits then differ by 0.04,
-  // not 3e-5).
+  // An f32 KV cache and no flash attention by default, as troupe computes: llama.cpp's f16 cache,
+  // and its CPU flash attention, round every query, key and value to f16 (F32 logits then differ
+  // by 0.04, not 3e-5). A quantized V cache needs flash attention.
+  const kv = c.kv ?? "F32";
   const context = await model.createContext({
     contextSize: prompt.length + c.n + 1,
     threads: 1,
-    flashAttention: false,
-    experimentalKvCacheKeyType: "F32",
-    experimentalKvCacheValueType: "F32",
+    flashAttention: kv === "Q8_0",
+    experimentalKvCacheKeyType: kv,
+    experimentalKvCacheValueType: kv,
   });
   const sequence = context.getSequence();
   const tokens = [];
