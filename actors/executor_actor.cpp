@@ -122,7 +122,7 @@ executor_actor::behavior_type executor_behavior(executor_pointer self, engine_ac
   spdlog::info("model {}: {}; requests up to {} tokens; KV cache of {} tokens ({} blocks of {}, {}), {:.1f} MiB",
                settings.checkpoint->path(), model::describe(*settings.checkpoint, st.executor->weight_bytes()),
                settings.checkpoint->config().seq_len, kv_tokens, settings.num_kv_blocks, settings.block_size,
-               model::name_of(st.executor->kv_cache_dtype()), static_cast<double>(st.executor->kv_bytes()) / (1 << 20));
+               kv::name_of(st.executor->kv_cache_dtype()), static_cast<double>(st.executor->kv_bytes()) / (1 << 20));
   TROUPE_ASSERT_MSG(!settings.reassignment || settings.experts, "only experts on shard actors move");
   if (settings.experts) {
     TROUPE_ASSERT_MSG(settings.detached, "an executor on expert shard actors waits on them: it runs detached");

@@ -38,7 +38,7 @@ struct executor_settings {
   /// actor copies them while steps go on, and the executor switches between two steps. Each
   /// result carries the window's moe_lb and the moves (exec_result). None: the placement stays.
   std::optional<moe::reassignment_options> reassignment;
-  std::optional<model::kv_dtype> kv_cache_dtype;  ///< engine_config::kv_cache_dtype
+  std::optional<kv::kv_dtype> kv_cache_dtype;  ///< engine_config::kv_cache_dtype
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).

@@ -14,7 +14,7 @@ namespace troupe::kv {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_block& x) {
-  return f(x.hash, x.parent_hash, x.tokens, x.num_layers, x.kv_dim, x.keys, x.values);
+  return f(x.hash, x.parent_hash, x.tokens, x.num_layers, x.kv_dim, x.keys, x.values, x.dtype);
 }
 
 }  // namespace troupe::kv

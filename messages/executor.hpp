@@ -22,7 +22,7 @@ namespace troupe::engine {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_data& x) {
-  return f(x.num_layers, x.kv_dim, x.num_tokens, x.keys, x.values);
+  return f(x.num_layers, x.kv_dim, x.num_tokens, x.keys, x.values, x.dtype);
 }
 
 template <class Inspector>

@@ -12,20 +12,6 @@
 namespace troupe::msg {
 namespace {
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the block stores floats little-endian as in memory");
-
-void put_floats(::capnp::Data::Builder out, const std::vector<float>& in) {
-  if (!in.empty()) std::memcpy(out.begin(), in.data(), in.size() * sizeof(float));
-}
-
-/// The floats of `in`, or false if it is not a whole number of them.
-bool get_floats(::capnp::Data::Reader in, std::vector<float>& out) {
-  if (in.size() % sizeof(float) != 0) return false;
-  out.resize(in.size() / sizeof(float));
-  if (!out.empty()) std::memcpy(out.data(), in.begin(), in.size());
-  return true;
-}
-
 tl::unexpected<error> malformed(const std::string& what) {
   return fail(errc::malformed_file, "KV block: " + what);
 }
@@ -40,9 +26,14 @@ expected<kv::kv_block> read_block(capnp_kv::KvBlock::Reader root) {
   for (const int32_t t : tokens) b.tokens.push_back(t);
   b.num_layers = root.getNumLayers();
   b.kv_dim = root.getKvDim();
-  if (!get_floats(root.getKeys(), b.keys) || !get_floats(root.getValues(), b.values) || !kv::is_consistent(b))
+  b.dtype = static_cast<kv::kv_dtype>(root.getDtype());
+  const ::capnp::Data::Reader keys = root.getKeys(), values = root.getValues();
+  b.keys.assign(keys.begin(), keys.end());
+  b.values.assign(values.begin(), values.end());
+  if (!kv::is_consistent(b))
     return malformed(std::to_string(b.num_layers) + " layers x " + std::to_string(b.tokens.size()) + " tokens x " +
-                     std::to_string(b.kv_dim) + " dims do not match its data or its hash");
+                     std::to_string(b.kv_dim) + " dims of type " + std::to_string(root.getDtype()) +
+                     " do not match its data or its hash");
   if (kv::checksum(b) != root.getChecksum()) return malformed("checksum mismatch");
   return b;
 }
@@ -59,8 +50,9 @@ std::vector<uint8_t> encode_kv_block(const kv::kv_block& block) {
   for (size_t i = 0; i < block.tokens.size(); i++) tokens.set(static_cast<unsigned>(i), block.tokens[i]);
   root.setNumLayers(block.num_layers);
   root.setKvDim(block.kv_dim);
-  put_floats(root.initKeys(static_cast<unsigned>(block.keys.size() * sizeof(float))), block.keys);
-  put_floats(root.initValues(static_cast<unsigned>(block.values.size() * sizeof(float))), block.values);
+  root.setDtype(static_cast<uint8_t>(block.dtype));
+  root.setKeys(::capnp::Data::Reader(block.keys.data(), block.keys.size()));
+  root.setValues(::capnp::Data::Reader(block.values.data(), block.values.size()));
   root.setChecksum(kv::checksum(block));
   const kj::Array<::capnp::word> words = ::capnp::messageToFlatArray(message);
   const kj::ArrayPtr<const kj::byte> bytes = words.asBytes();

@@ -12,29 +12,18 @@
 namespace troupe::msg {
 namespace {
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the payload stores floats little-endian as in memory");
-
-void put_floats(::capnp::Data::Builder out, const std::vector<float>& in) {
-  if (!in.empty()) std::memcpy(out.begin(), in.data(), in.size() * sizeof(float));
-}
-
-std::vector<float> get_floats(::capnp::Data::Reader in) {
-  std::vector<float> out(in.size() / sizeof(float));
-  if (!out.empty()) std::memcpy(out.data(), in.begin(), out.size() * sizeof(float));
-  return out;
-}
-
-/// Whether `bytes` holds exactly layers x tokens x dim floats, checked by division so that three
-/// int32 dimensions from a peer cannot overflow the check.
+/// Whether `bytes` holds exactly layers x tokens rows of kv's type, checked by division so that
+/// three int32 dimensions from a peer cannot overflow the check; a type that is none of
+/// kv_dtype's, or Q8_0 rows not of whole blocks, never fits.
 bool fits(const engine::kv_data& kv, size_t bytes) {
+  if (!kv::is_kv_dtype(kv.dtype) || (kv.dtype == kv::kv_dtype::q8_0 && kv.kv_dim % 32 != 0)) return false;
   if (kv.num_layers == 0 || kv.num_tokens == 0 || kv.kv_dim == 0) return bytes == 0;
-  if (bytes % sizeof(float) != 0) return false;
-  size_t n = bytes / sizeof(float);
+  size_t n = bytes;
   for (int32_t d : {kv.num_layers, kv.num_tokens}) {
     if (n % static_cast<size_t>(d) != 0) return false;
     n /= static_cast<size_t>(d);
   }
-  return n == static_cast<size_t>(kv.kv_dim);
+  return n == static_cast<size_t>(kv::kv_row_bytes(kv.dtype, kv.kv_dim));
 }
 
 }  // namespace
@@ -47,8 +36,9 @@ std::vector<uint8_t> encode_kv_payload(int64_t request_id, const engine::kv_data
   root.setNumLayers(kv.num_layers);
   root.setKvDim(kv.kv_dim);
   root.setNumTokens(kv.num_tokens);
-  put_floats(root.initKeys(static_cast<unsigned>(kv.keys.size() * sizeof(float))), kv.keys);
-  put_floats(root.initValues(static_cast<unsigned>(kv.values.size() * sizeof(float))), kv.values);
+  root.setDtype(static_cast<uint8_t>(kv.dtype));
+  root.setKeys(::capnp::Data::Reader(kv.keys.data(), kv.keys.size()));
+  root.setValues(::capnp::Data::Reader(kv.values.data(), kv.values.size()));
   const kj::Array<::capnp::word> words = ::capnp::messageToFlatArray(message);
   const kj::ArrayPtr<const kj::byte> bytes = words.asBytes();
   return std::vector<uint8_t>(bytes.begin(), bytes.end());
@@ -73,16 +63,17 @@ expected<decoded_kv_payload> decode_kv_payload(const std::vector<uint8_t>& bytes
     kv.num_layers = root.getNumLayers();
     kv.kv_dim = root.getKvDim();
     kv.num_tokens = root.getNumTokens();
+    kv.dtype = static_cast<kv::kv_dtype>(root.getDtype());
     const ::capnp::Data::Reader keys = root.getKeys();  // each getter counts against the traversal limit
     const ::capnp::Data::Reader values = root.getValues();
     if (kv.num_layers < 0 || kv.kv_dim < 0 || kv.num_tokens < 0 || !fits(kv, keys.size()) || !fits(kv, values.size()))
       return fail(errc::invalid_argument,
                   "KV payload of request " + std::to_string(out.request_id) + ": " + std::to_string(kv.num_layers) +
                       " layers x " + std::to_string(kv.num_tokens) + " tokens x " + std::to_string(kv.kv_dim) +
-                      " dims do not match " + std::to_string(keys.size()) + " key and " +
-                      std::to_string(values.size()) + " value bytes");
-    kv.keys = get_floats(keys);
-    kv.values = get_floats(values);
+                      " dims of type " + std::to_string(root.getDtype()) + " do not match " +
+                      std::to_string(keys.size()) + " key and " + std::to_string(values.size()) + " value bytes");
+    kv.keys.assign(keys.begin(), keys.end());
+    kv.values.assign(values.begin(), values.end());
   } catch (const kj::Exception& e) {
     return fail(errc::invalid_argument, std::string("malformed KV payload: ") + e.getDescription().cStr());
   }

@@ -18,7 +18,7 @@
 #include "runtime/cost/cost_model.hpp"
 #include "runtime/cost/roofline.hpp"
 #include "runtime/model/checkpoint.hpp"
-#include "runtime/model/kv_dtype.hpp"
+#include "runtime/plan/kv_dtype.hpp"
 #include "runtime/spec/spec_config.hpp"
 #include "sim/event_log.hpp"
 #include "sim/moe_traffic.hpp"
@@ -82,7 +82,7 @@ struct cost_executor_options {
   /// [moe]: the replica's MoE layers, shared by every executor it has had (their placement and
   /// windows outlive a crash); each step's MoE time is added to its price. Null: a dense model.
   std::shared_ptr<moe_traffic> moe;
-  std::optional<model::kv_dtype> kv_cache_dtype;  ///< real tokens: the KV pool's type (engine_config's)
+  std::optional<kv::kv_dtype> kv_cache_dtype;  ///< real tokens: the KV pool's type (engine_config's)
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

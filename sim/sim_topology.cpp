@@ -299,14 +299,14 @@ expected<sim_topology> finish_sim_topology(sim_topology t, const sim_keys& k, co
   if (t.tokens == token_mode::real && t.checkpoint_path.empty())
     return fail(errc::malformed_file, where + "tokens = \"real\" needs [model] checkpoint = the model that computes them");
   double kv_bytes_per_value = k.kv_bytes_per_value > 0 ? k.kv_bytes_per_value : 2;  // fp16 by default
-  if (const std::optional<model::kv_dtype> dtype = t.engine.kv_cache_dtype) {
-    if (k.kv_bytes_per_value > 0 && k.kv_bytes_per_value != model::kv_bytes_per_value(*dtype))
+  if (const std::optional<kv::kv_dtype> dtype = t.engine.kv_cache_dtype) {
+    if (k.kv_bytes_per_value > 0 && k.kv_bytes_per_value != kv::kv_bytes_per_value(*dtype))
       return fail(errc::malformed_file, where + "[model] kv_bytes_per_value = " + std::to_string(k.kv_bytes_per_value) +
                                             " disagrees with [engine] kv_cache_dtype = \"" +
-                                            std::string(model::name_of(*dtype)) + "\": give one of them");
+                                            std::string(kv::name_of(*dtype)) + "\": give one of them");
     if (auto ok = model::check_kv_dtype(t.model, *dtype); !ok)
       return fail(errc::malformed_file, where + "[engine] " + ok.error().message);
-    kv_bytes_per_value = model::kv_bytes_per_value(*dtype);
+    kv_bytes_per_value = kv::kv_bytes_per_value(*dtype);
   }
   t.kv_bytes_per_token = static_cast<int64_t>(std::llround(2.0 * t.model.n_layers * t.model.kv_dim() * kv_bytes_per_value));
   const double blocks = t.kv_memory_gib * 1073741824.0 / (static_cast<double>(t.engine.block_size) * t.kv_bytes_per_token);

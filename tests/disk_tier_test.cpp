@@ -62,6 +62,21 @@ TEST(KvBlockCodec, RoundTripsEveryFieldAlignedOrNot) {
   EXPECT_TRUE(same_block(*unaligned, b));
 }
 
+TEST(KvBlockCodec, ABlockOfAnotherKvTypeKeepsItsTypeAndItsBytes) {
+  // 2 layers x 4 tokens of rows of 32 values in Q8_0: 8 rows of 34 bytes each for keys and values.
+  kv::kv_block b = block_of(token_range(8, 1), 1, block_size);
+  b.dtype = kv::kv_dtype::q8_0;
+  b.kv_dim = 32;
+  b.keys.assign(8 * 34, 7);
+  b.values.assign(8 * 34, 9);
+  ASSERT_TRUE(kv::is_consistent(b));
+  const std::vector<uint8_t> bytes = msg::encode_kv_block(b);
+  EXPECT_LT(bytes.size(), 2 * 8 * 34 + 160u);  // the rows' bytes and a header
+  auto decoded = decode(bytes);
+  ASSERT_TRUE(decoded) << decoded.error().message;
+  EXPECT_TRUE(same_block(*decoded, b));
+}
+
 TEST(KvBlockCodec, FindsEachKindOfDamage) {
   const std::vector<uint8_t> bytes = msg::encode_kv_block(block_of(token_range(8, 1), 1, block_size));
   const auto message = [](const std::vector<uint8_t>& damaged) {

@@ -18,6 +18,7 @@
 #include "runtime/engine/step_executor.hpp"
 #include "tests/support/effects_text.hpp"
 #include "tests/support/engine_harness.hpp"
+#include "tests/support/kv_blocks.hpp"
 
 namespace troupe::engine {
 
@@ -132,19 +133,20 @@ exec_result fake_result(const exec_plan& plan, int32_t token) {
       r.samples.emplace_back(static_cast<size_t>(c.num_samples), sampling::sample_result{token, -0.25f, {}});
     if (!c.export_kv) continue;
     kv_data kv{m.n_layers, m.kv_dim(), c.first_position + static_cast<int32_t>(c.tokens.size()), {}, {}};
-    kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, 0.5f);
+    kv.keys = testing::f32_bytes(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, 0.5f);
     kv.values = kv.keys;
     r.exports.push_back(kv_export{c.seq, std::move(kv)});
   }
   for (const int32_t block : plan.demotions) {  // a block's KV says which block it was
     kv_data kv{m.n_layers, m.kv_dim(), 4, {}, {}};
-    kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, static_cast<float>(block));
+    kv.keys = testing::f32_bytes(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, static_cast<float>(block));
     kv.values = kv.keys;
     r.demoted.push_back(std::move(kv));
   }
   for (const kv_readout& x : plan.readouts) {  // a readout's KV says which block it began with
     kv_data kv{m.n_layers, m.kv_dim(), x.num_tokens, {}, {}};
-    kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, static_cast<float>(x.block_table[0]));
+    kv.keys = testing::f32_bytes(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim,
+                                 static_cast<float>(x.block_table[0]));
     kv.values = kv.keys;
     r.read_out.push_back(std::move(kv));
   }
@@ -167,7 +169,7 @@ kv::kv_block tier_block(const std::vector<int32_t>& tokens, int32_t i) {
   b.hash = kv::chain_hash(b.parent_hash, b.tokens.data(), 4);
   b.num_layers = m.n_layers;
   b.kv_dim = m.kv_dim();
-  b.keys.assign(static_cast<size_t>(m.n_layers) * 4 * m.kv_dim(), 0.5f + static_cast<float>(i));
+  b.keys = testing::f32_bytes(static_cast<size_t>(m.n_layers) * 4 * m.kv_dim(), 0.5f + static_cast<float>(i));
   b.values = b.keys;
   return b;
 }
@@ -275,7 +277,7 @@ TEST(EnginePolicy, HandsAPrefilledRequestAndItsKvToTheDecodeEngine) {
             (effects{watch_caller{2}}));
   ASSERT_EQ(ex.in_flight.size(), 2u);  // one prefill step each
   EXPECT_TRUE(ex.in_flight.front().plan.chunks[0].export_kv);
-  kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};  // all but the last token
+  kv_data kv{2, 8, 4, testing::f32_bytes(64, 0.5f), testing::f32_bytes(64, 0.5f)};  // all but the last token
   request r1 = make_request(1, 4);
   request r2 = make_request(2, 4);
   EXPECT_EFFECTS(ex.answer(*prefill, 30), (effects{hand_off{prefilled_request{r1, kv}, 7, "node2", 4242, 100}}));
@@ -323,7 +325,7 @@ TEST(EnginePolicy, AnExecutorFailurePrefillsAPrefillOnlyRequestAgainAndHandsItOf
   EXPECT_EQ(prefill->num_live(), 1u);
   ASSERT_FALSE(ex.in_flight.empty());
   EXPECT_TRUE(ex.in_flight.back().plan.chunks[0].export_kv);  // a prefill-only run again
-  kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};
+  kv_data kv{2, 8, 4, testing::f32_bytes(64, 0.5f), testing::f32_bytes(64, 0.5f)};
   effects handed;
   while (!ex.in_flight.empty()) {
     const effects got = ex.answer(*prefill, 30);
@@ -381,7 +383,7 @@ TEST(EnginePolicy, ADrainSaysSoRunsItsRequestsOnThenForwardsWhatIsLeftAndAnyLate
   // Work that arrives now goes back to its caller at once, of every kind.
   EXPECT_EQ(host->submit(make_request(3, 2), 400), (effects{forward{3, true, std::nullopt}}));
   EXPECT_EQ(host->submit_prefill(make_request(4, 2), peer_id{1}, "", 0, 400), (effects{forward{4, true, std::nullopt}}));
-  kv_data kv{2, 8, 4, std::vector<float>(64, 0.5f), std::vector<float>(64, 0.5f)};
+  kv_data kv{2, 8, 4, testing::f32_bytes(64, 0.5f), testing::f32_bytes(64, 0.5f)};
   EXPECT_EQ(host->import(make_request(5, 4), 5, kv, 400), (effects{forward{5, true, std::nullopt}}));
   EXPECT_EQ(host->num_forwarded(), 4);
   EXPECT_TRUE(host->drained());

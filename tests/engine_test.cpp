@@ -500,8 +500,8 @@ TEST(EngineKvCacheDtype, EachTypeIsBatchInvariantAndSurvivesAHandOffBitForBit) {
   auto e32 = make_engine();
   for (const request& r : requests) ASSERT_TRUE(e32->add_request(r).has_value());
   const outputs f32 = run_to_completion(*e32);
-  for (const model::kv_dtype dtype : {model::kv_dtype::f16, model::kv_dtype::q8_0}) {
-    const std::string name(model::name_of(dtype));
+  for (const kv::kv_dtype dtype : {kv::kv_dtype::f16, kv::kv_dtype::q8_0}) {
+    const std::string name(kv::name_of(dtype));
     engine_config config;
     config.kv_cache_dtype = dtype;
     auto e = make_engine(config);
@@ -511,6 +511,17 @@ TEST(EngineKvCacheDtype, EachTypeIsBatchInvariantAndSurvivesAHandOffBitForBit) {
     const auto& [key, first] = *want.begin();
     EXPECT_FALSE(testing::same_bits(first.logprobs.front(), f32.at(key).logprobs.front())) << name;
     expect_same(run_each_alone(requests, config), want, name + ": together vs each alone");
+    // The KV a prefill engine hands off is its pool's rows: 5 layers x 11 positions of 32 values,
+    // 128, 64 or 34 bytes a row.
+    auto p = make_engine(config);
+    request one = requests[0];
+    one.prompt.resize(12);
+    ASSERT_TRUE(p->add_prefill(one).has_value());
+    for (int32_t steps = 0; p->has_unfinished() && steps < 100; steps++) (void)p->step();
+    const std::vector<prefilled_request> handed = p->take_prefilled();
+    ASSERT_EQ(handed.size(), 1u);
+    EXPECT_EQ(handed[0].kv.dtype, dtype);
+    EXPECT_EQ(handed[0].kv.keys.size(), static_cast<size_t>(5 * 11 * kv::kv_row_bytes(dtype, 32))) << name;
     engine_config tight = config;
     tight.block_size = 4;
     tight.num_kv_blocks = 40;
@@ -634,7 +645,7 @@ TEST(EngineDisaggregation, BadImportsAreRefused) {
   kv.num_layers = m.n_layers;
   kv.kv_dim = m.kv_dim();
   kv.num_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
-  kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim, 0.0f);
+  kv.keys.assign(static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim * sizeof(float), 0);
   kv.values = kv.keys;
 
   kv_data short_kv = kv;

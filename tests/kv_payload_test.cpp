@@ -13,31 +13,40 @@
 namespace troupe::msg {
 namespace {
 
-engine::kv_data sample_kv(int32_t layers, int32_t tokens, int32_t dim) {
+/// Rows of `dtype` (kv_row_bytes each) whose bytes count up.
+engine::kv_data sample_kv(int32_t layers, int32_t tokens, int32_t dim, kv::kv_dtype dtype = kv::kv_dtype::f32) {
   engine::kv_data kv;
   kv.num_layers = layers;
   kv.num_tokens = tokens;
   kv.kv_dim = dim;
-  const size_t n = static_cast<size_t>(layers) * tokens * dim;
+  kv.dtype = dtype;
+  const size_t n = static_cast<size_t>(layers) * static_cast<size_t>(tokens) *
+                   static_cast<size_t>(kv::kv_row_bytes(dtype, dim));
   for (size_t i = 0; i < n; i++) {
-    kv.keys.push_back(static_cast<float>(i) * 0.25f - 3.0f);
-    kv.values.push_back(1.0f / static_cast<float>(i + 1));
+    kv.keys.push_back(static_cast<uint8_t>(i * 7));
+    kv.values.push_back(static_cast<uint8_t>(255 - i));
   }
   return kv;
 }
 
-TEST(KvPayload, RoundTripsBitForBit) {
-  const engine::kv_data kv = sample_kv(5, 37, 32);
-  const std::vector<uint8_t> bytes = encode_kv_payload(42, kv);
-  auto back = decode_kv_payload(bytes);
-  ASSERT_TRUE(back.has_value()) << back.error().message;
-  EXPECT_EQ(back->request_id, 42);
-  EXPECT_EQ(back->kv.num_layers, 5);
-  EXPECT_EQ(back->kv.num_tokens, 37);
-  EXPECT_EQ(back->kv.kv_dim, 32);
-  ASSERT_EQ(back->kv.keys.size(), kv.keys.size());
-  EXPECT_EQ(std::memcmp(back->kv.keys.data(), kv.keys.data(), kv.keys.size() * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(back->kv.values.data(), kv.values.data(), kv.values.size() * sizeof(float)), 0);
+TEST(KvPayload, RoundTripsBitForBitAndItsBytesFollowTheType) {
+  // 5 layers x 37 tokens of rows of 32: 23,680 bytes of keys as f32, 11,840 as f16, 6,290 as q8_0.
+  for (const auto& [dtype, bytes] : {std::pair{kv::kv_dtype::f32, 23680}, std::pair{kv::kv_dtype::f16, 11840},
+                                     std::pair{kv::kv_dtype::q8_0, 6290}}) {
+    const engine::kv_data kv = sample_kv(5, 37, 32, dtype);
+    ASSERT_EQ(kv.keys.size(), static_cast<size_t>(bytes));
+    const std::vector<uint8_t> payload = encode_kv_payload(42, kv);
+    EXPECT_LT(payload.size(), static_cast<size_t>(2 * bytes + 128));
+    auto back = decode_kv_payload(payload);
+    ASSERT_TRUE(back.has_value()) << back.error().message;
+    EXPECT_EQ(back->request_id, 42);
+    EXPECT_EQ(back->kv.num_layers, 5);
+    EXPECT_EQ(back->kv.num_tokens, 37);
+    EXPECT_EQ(back->kv.kv_dim, 32);
+    EXPECT_EQ(back->kv.dtype, dtype);
+    EXPECT_EQ(back->kv.keys, kv.keys);
+    EXPECT_EQ(back->kv.values, kv.values);
+  }
 }
 
 TEST(KvPayload, EmptyKvRoundTrips) {
@@ -68,10 +77,12 @@ TEST(KvPayload, BadBytesAreClearErrors) {
 }
 
 /// A payload built by hand, as a buggy or hostile peer could.
-std::vector<uint8_t> handmade(int32_t layers, int32_t tokens, int32_t dim, size_t key_bytes, size_t value_bytes) {
+std::vector<uint8_t> handmade(int32_t layers, int32_t tokens, int32_t dim, size_t key_bytes, size_t value_bytes,
+                              uint8_t dtype = 0) {
   ::capnp::MallocMessageBuilder message;
   auto root = message.initRoot<capnp_kv::KvPayload>();
   root.setRequestId(3);
+  root.setDtype(dtype);
   root.setNumLayers(layers);
   root.setNumTokens(tokens);
   root.setKvDim(dim);
@@ -86,7 +97,10 @@ TEST(KvPayload, DimensionsThatDoNotMatchTheBytesAreRefused) {
   auto wrong = decode_kv_payload(handmade(2, 4, 4, 96, 96));
   ASSERT_FALSE(wrong.has_value());
   EXPECT_EQ(wrong.error().message,
-            "KV payload of request 3: 2 layers x 4 tokens x 4 dims do not match 96 key and 96 value bytes");
+            "KV payload of request 3: 2 layers x 4 tokens x 4 dims of type 0 do not match 96 key and 96 value bytes");
+  EXPECT_TRUE(decode_kv_payload(handmade(2, 3, 32, 6 * 34, 6 * 34, 2)).has_value());  // q8_0
+  EXPECT_FALSE(decode_kv_payload(handmade(2, 3, 4, 96, 96, 3)).has_value());          // no such type
+  EXPECT_FALSE(decode_kv_payload(handmade(2, 3, 16, 6 * 17, 6 * 17, 2)).has_value());  // q8_0 rows of half a block
   EXPECT_FALSE(decode_kv_payload(handmade(2, 3, 4, 96, 92)).has_value());
   EXPECT_FALSE(decode_kv_payload(handmade(-2, -3, 4, 96, 96)).has_value());
   EXPECT_FALSE(decode_kv_payload(handmade(65536, 65536, 65536, 0, 0)).has_value());

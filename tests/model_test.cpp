@@ -10,10 +10,12 @@
 #include <tuple>
 
 #include "kernels/cpu/quant_blocks.hpp"
+#include "kernels/cpu/quants.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/row_groups.hpp"
 #include "runtime/model/transformer.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/kv_blocks.hpp"
 #include "tests/support/random_llama.hpp"
 #include "tests/support/scratch_files.hpp"
 
@@ -103,18 +105,32 @@ TEST(Transformer, ReferenceAndFastPathsGiveIdenticalBits) {
 }
 
 // 20 positions of every layer over blocks {3, 1} of a 4-block pool of the bundled model's
-// shape (5 layers, KV rows of 32), keys and values of many magnitudes.
+// shape (5 layers, KV rows of 32), keys and values of many magnitudes, as f32 rows' bytes.
 struct kv_rows {
   static constexpr int32_t num_tokens = 20;
   std::vector<float> keys, values;
+  std::vector<uint8_t> key_bytes, value_bytes;
   explicit kv_rows(const model_config& c) {
     const size_t n = static_cast<size_t>(c.n_layers) * num_tokens * c.kv_dim();
     for (size_t i = 0; i < n; i++) {
       keys.push_back(std::ldexp(static_cast<float>(i % 97) - 48.3f, static_cast<int>(i % 11) - 5));
       values.push_back(0.001f * static_cast<float>(i % 89) - 0.04f);
     }
+    key_bytes = testing::f32_bytes(keys);
+    value_bytes = testing::f32_bytes(values);
   }
 };
+
+/// The values of rows of 32 stored as `dtype`.
+std::vector<float> values_of(const std::vector<uint8_t>& rows, kv_dtype dtype) {
+  if (dtype == kv_dtype::f32) return testing::f32_values(rows);
+  const auto type = dtype == kv_dtype::f16 ? kernels::cpu::weight_type::f16 : kernels::cpu::weight_type::q8_0;
+  const size_t row_bytes = static_cast<size_t>(kv::kv_row_bytes(dtype, 32));
+  std::vector<float> out(rows.size() / row_bytes * 32);
+  for (size_t r = 0; r < rows.size() / row_bytes; r++)
+    kernels::cpu::dequantize_row(&out[r * 32], &rows[r * row_bytes], type, 32);
+  return out;
+}
 
 TEST(KvCache, EachTypeStoresItsBytesAndReadsBackWhatItStored) {
   auto ck = checkpoint::load(bundled_model());
@@ -127,11 +143,14 @@ TEST(KvCache, EachTypeStoresItsBytesAndReadsBackWhatItStored) {
   const int32_t table[2] = {3, 1}, other[2] = {0, 2};
   for (const kv_dtype dtype : {kv_dtype::f32, kv_dtype::f16, kv_dtype::q8_0}) {
     SCOPED_TRACE(std::string(name_of(dtype)));
-    kv_cache a(c, 4, 16, dtype), b(c, 4, 16, dtype);
+    kv_cache a(c, 4, 16, dtype), b(c, 4, 16, dtype), f32(c, 4, 16, kv_dtype::f32);
     EXPECT_EQ(a.bytes(), kv_cache::bytes_of(c, 4, 16, dtype));
-    a.scatter(table, kv_rows::num_tokens, in.keys.data(), in.values.data());
-    std::vector<float> keys(in.keys.size()), values(in.values.size());
-    a.gather(table, kv_rows::num_tokens, keys.data(), values.data());
+    a.scatter(table, kv_rows::num_tokens, in.key_bytes.data(), in.value_bytes.data(), kv_dtype::f32);
+    // Read back as rows of the type: 5 x 20 rows of 128, 64 or 34 bytes.
+    const size_t size = static_cast<size_t>(c.n_layers * kv_rows::num_tokens * kv::kv_row_bytes(dtype, 32));
+    std::vector<uint8_t> key_rows(size), value_rows(size);
+    a.gather(table, kv_rows::num_tokens, key_rows.data(), value_rows.data());
+    const std::vector<float> keys = values_of(key_rows, dtype), values = values_of(value_rows, dtype);
     for (size_t i = 0; i < keys.size(); i += 32) {  // each row's group of 32
       float amax = 0;
       for (size_t j = i; j < i + 32; j++) amax = std::max(amax, std::fabs(in.keys[j]));
@@ -143,12 +162,21 @@ TEST(KvCache, EachTypeStoresItsBytesAndReadsBackWhatItStored) {
         if (dtype == kv_dtype::q8_0) ASSERT_LE(std::fabs(keys[j] - in.keys[j]), amax / 127 * 0.57f) << j;
       }
     }
-    // What it read back, stored again elsewhere, is the same bytes: read back, the same floats.
-    b.scatter(other, kv_rows::num_tokens, keys.data(), values.data());
-    std::vector<float> keys2(keys.size()), values2(values.size());
+    // Those rows stored again elsewhere are the same bytes; and so are the values they hold,
+    // stored through an f32 pool (a hand-off between pools of two types and back).
+    b.scatter(other, kv_rows::num_tokens, key_rows.data(), value_rows.data(), dtype);
+    std::vector<uint8_t> keys2(size), values2(size);
     b.gather(other, kv_rows::num_tokens, keys2.data(), values2.data());
-    EXPECT_EQ(0, std::memcmp(keys.data(), keys2.data(), keys.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(values.data(), values2.data(), values.size() * sizeof(float)));
+    EXPECT_EQ(keys2, key_rows);
+    EXPECT_EQ(values2, value_rows);
+    f32.scatter(table, kv_rows::num_tokens, key_rows.data(), value_rows.data(), dtype);
+    std::vector<uint8_t> f32_keys(in.key_bytes.size()), f32_values(in.value_bytes.size());
+    f32.gather(table, kv_rows::num_tokens, f32_keys.data(), f32_values.data());
+    EXPECT_EQ(testing::f32_values(f32_keys), keys);
+    b.scatter(other, kv_rows::num_tokens, f32_keys.data(), f32_values.data(), kv_dtype::f32);
+    b.gather(other, kv_rows::num_tokens, keys2.data(), values2.data());
+    EXPECT_EQ(keys2, key_rows);
+    EXPECT_EQ(values2, value_rows);
     // A block read whole: keys transposed, values as rows; layer 2's block 1 holds positions 16..19.
     std::vector<float> block_keys(16 * 32), block_values(16 * 32);
     a.read_block(2, 1, block_keys.data(), block_values.data());
@@ -162,7 +190,7 @@ TEST(KvCache, EachTypeStoresItsBytesAndReadsBackWhatItStored) {
     a.copy_block(3, 0);
     const int32_t copied[2] = {0, 1};
     a.gather(copied, kv_rows::num_tokens, keys2.data(), values2.data());
-    EXPECT_EQ(keys, keys2);
+    EXPECT_EQ(keys2, key_rows);
   }
 }
 

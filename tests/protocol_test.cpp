@@ -217,9 +217,14 @@ msg::engine_report full_engine_report() {
   return r;
 }
 
-engine::kv_data full_kv() { return {2, 1, 1, {0.5f, 1.5f}, {-0.5f, -1.5f}}; }
+// f16 rows: 2 bytes each (0.5, 1.5 and their negatives).
+engine::kv_data full_kv() { return {2, 1, 1, {0x00, 0x38, 0x00, 0x3e}, {0x00, 0xb8, 0x00, 0xbe}, kv::kv_dtype::f16}; }
 
-kv::kv_block full_kv_block() { return block_of(token_range(4, 1), 0, 4); }
+kv::kv_block full_kv_block() {
+  kv::kv_block b = block_of(token_range(4, 1), 0, 4);
+  b.dtype = kv::kv_dtype::f16;  // its bytes read as half as many values (a test of the fields only)
+  return b;
+}
 
 engine::exec_chunk full_chunk() {
   engine::exec_chunk c;

@@ -23,6 +23,7 @@
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/effects_text.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/kv_blocks.hpp"
 
 namespace troupe::serve {
 
@@ -674,7 +675,8 @@ TEST(RequestPolicyEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNext
   h.prefilled();
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   // The decode engine drained with 4 positions of KV (it had sampled a token the client never got).
-  const engine::kv_data kv{1, 2, 4, {0, 1, 2, 3, 4, 5, 6, 7}, {10, 11, 12, 13, 14, 15, 16, 17}};
+  const engine::kv_data kv{1, 2, 4, testing::f32_bytes({0, 1, 2, 3, 4, 5, 6, 7}),
+                           testing::f32_bytes({10, 11, 12, 13, 14, 15, 16, 17})};
   EXPECT_EFFECTS(h, forwarded(engine_role::decode, "drained", kv), release_engines{},
                  ask_placement{id, 3, 3, {}, true, engine_role::decode, true});
   // Placed on a prefill and a decode engine: the decode engine takes it with the KV of the
@@ -683,13 +685,15 @@ TEST(RequestPolicyEnd, AForwardedRequestTakesTheKvItsResumedPromptNeedsToItsNext
   want.prompt = {tokenizer::bos, once, upon};
   want.num_resumed_tokens = 1;
   want.max_tokens = 3;
-  const engine::kv_data two{1, 2, 2, {0, 1, 2, 3}, {10, 11, 12, 13}};
+  const engine::kv_data two{1, 2, 2, testing::f32_bytes({0, 1, 2, 3}), testing::f32_bytes({10, 11, 12, 13})};
   EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, false, two});
   EXPECT_NO_EFFECTS(h, engine_lost(engine_role::prefill, "node down"));
   EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
 
   // KV that does not cover the resumed prompt, or is torn, is not used: the new engine recomputes.
-  for (const engine::kv_data& unusable : {engine::kv_data{1, 2, 1, {0, 1}, {10, 11}}, engine::kv_data{1, 2, 4, {0}, {1}}}) {
+  for (const engine::kv_data& unusable :
+       {engine::kv_data{1, 2, 1, testing::f32_bytes({0, 1}), testing::f32_bytes({10, 11})},
+        engine::kv_data{1, 2, 4, testing::f32_bytes({0}), testing::f32_bytes({1})}}) {
     request_policy g = running(o, prefill_and_decode());
     g.prefilled();
     EXPECT_EFFECTS(g, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});

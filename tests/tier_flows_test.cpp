@@ -323,7 +323,7 @@ TEST_F(TierFlows, AFullDiskTierEvictsItsLeastRecentlyUsedBlocksAndServesOn) {
   shape.hash = kv::chain_hash(shape.parent_hash, shape.tokens.data(), 16);
   shape.num_layers = m.n_layers;
   shape.kv_dim = m.kv_dim();
-  shape.keys.assign(size_t(m.n_layers) * 16 * size_t(m.kv_dim()), 0.0f);
+  shape.keys.assign(size_t(m.n_layers) * 16 * size_t(m.kv_dim()) * sizeof(float), 0);
   shape.values = shape.keys;
   const auto file_bytes = static_cast<int64_t>(msg::encode_kv_block(shape).size());
   auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});

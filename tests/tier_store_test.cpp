@@ -81,7 +81,7 @@ TEST(KvBlock, ConsistencyAndChecksum) {
   const uint64_t sum = checksum(b);
   EXPECT_EQ(sum, checksum(block_of(tokens, 1)));
   kv_block flipped = b;
-  flipped.values[23] = 0.5f;
+  flipped.values[23] ^= 1;
   EXPECT_TRUE(is_consistent(flipped));  // the data is not part of the name...
   EXPECT_NE(checksum(flipped), sum);    // ...but is part of the checksum
   kv_block renamed = b;
@@ -95,6 +95,27 @@ TEST(KvBlock, ConsistencyAndChecksum) {
   huge.kv_dim = 1 << 30;
   EXPECT_FALSE(is_consistent(huge));
   EXPECT_FALSE(is_consistent(kv_block{}));
+  // The bytes follow the type: f16 rows of 3 values take half of f32's, and the type is part
+  // of the checksum; q8_0 needs rows of whole blocks of 32; a type from nowhere is refused.
+  kv_block half = b;
+  half.dtype = kv_dtype::f16;
+  EXPECT_FALSE(is_consistent(half));
+  half.keys.resize(half.keys.size() / 2);
+  half.values.resize(half.values.size() / 2);
+  EXPECT_TRUE(is_consistent(half));
+  EXPECT_EQ(half.num_bytes(), 4 * 4 + 2 * 24 * 2);
+  kv_block same_bytes = half;
+  same_bytes.dtype = kv_dtype::f32;
+  same_bytes.kv_dim = 3;
+  same_bytes.num_layers = 1;  // 1 layer x 4 tokens x 3 float32 values: the same 48 bytes
+  EXPECT_TRUE(is_consistent(same_bytes));
+  EXPECT_NE(checksum(same_bytes), checksum(half));
+  kv_block q8 = b;
+  q8.dtype = kv_dtype::q8_0;
+  EXPECT_FALSE(is_consistent(q8));
+  kv_block unknown = b;
+  unknown.dtype = static_cast<kv_dtype>(7);
+  EXPECT_FALSE(is_consistent(unknown));
 }
 
 TEST(KvBlock, ValidateNamesWhatIsWrong) {

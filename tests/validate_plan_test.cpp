@@ -34,7 +34,7 @@ exec_plan valid_plan() {
   p.step = 3;
   kv_import import;
   import.block_table = {1};
-  import.kv = kv_data{2, 8, 2, std::vector<float>(32, 0.5f), std::vector<float>(32, 0.25f)};
+  import.kv = kv_data{2, 8, 2, std::vector<uint8_t>(128, 1), std::vector<uint8_t>(128, 2)};  // f32 rows
   p.imports.push_back(import);
   p.copies.push_back(kv::block_copy{0, 2});
   p.chunks.push_back(valid_chunk());
@@ -102,7 +102,10 @@ TEST(ValidatePlan, Imports) {
   EXPECT_EQ(error_of(p), "plan 3, import 0 has 2147483647 tokens, outside [0, 64]");
   p = valid_plan();
   p.imports[0].kv.keys.pop_back();
-  EXPECT_EQ(error_of(p), "plan 3, import 0: 31 keys and 32 values do not match its dimensions");
+  EXPECT_EQ(error_of(p), "plan 3, import 0: 127 key and 128 value bytes do not match its dimensions and type (0)");
+  p = valid_plan();
+  p.imports[0].kv.dtype = kv::kv_dtype::f16;  // rows of 8 halves: 64 bytes each
+  EXPECT_EQ(error_of(p), "plan 3, import 0: 128 key and 128 value bytes do not match its dimensions and type (1)");
   p = valid_plan();
   p.imports[0].block_table = {};
   EXPECT_EQ(error_of(p), "plan 3, import 0: a block table of 0 blocks does not cover 2 tokens");

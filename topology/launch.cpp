@@ -266,7 +266,7 @@ expected<void> plug_expert_shards(caf::actor_system& sys, const topology& t, con
 /// Warns when `ck`'s weights and engine `e`'s KV pool, full, would not fit in 90% of the memory
 /// available: the pool's pages are resident only as blocks are written (page_buffer), so the
 /// engine starts, and a busy one would later run the machine out of memory.
-void warn_if_memory_short(const engine_spec& e, const model::checkpoint& ck, model::kv_dtype kv) {
+void warn_if_memory_short(const engine_spec& e, const model::checkpoint& ck, kv::kv_dtype kv) {
   const int64_t pool = model::kv_cache::bytes_of(ck.config(), e.config.num_kv_blocks, e.config.block_size, kv);
   const int64_t available = memory_available();
   if (available < 0 || ck.resident_bytes() + pool <= available / 10 * 9) return;
@@ -293,7 +293,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
                : ck->moe() ? " (mixture of experts: " + std::to_string(ck->moe()->n_experts) + " experts, top-k " +
                                  std::to_string(ck->moe()->top_k) + ")"
                            : "");
-  const model::kv_dtype kv = e.config.kv_cache_dtype.value_or(model::default_kv_dtype(*ck));
+  const kv::kv_dtype kv = e.config.kv_cache_dtype.value_or(model::default_kv_dtype(*ck));
   if (auto ok = model::check_kv_dtype(ck->config(), kv); !ok) return fail(ok.error().code, where(e) + ok.error().message);
   warn_if_memory_short(e, *ck, kv);
   context_tokens = std::max(context_tokens, ck->config().seq_len);
@@ -308,13 +308,13 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
     if (!draft) return fail(draft.error().code, where(e) + "draft model: " + draft.error().message);
     if (auto ok = engine::step_executor::check_draft_model(o.checkpoint->config(), draft->config()); !ok)
       return fail(ok.error().code, where(e) + ok.error().message);
-    if (auto ok = model::check_kv_dtype(draft->config(), e.config.kv_cache_dtype.value_or(model::default_kv_dtype(*draft)));
-        !ok)
+    if (auto ok = model::check_kv_dtype(draft->config(), kv); !ok)
       return fail(ok.error().code, where(e) + "draft model: " + ok.error().message);
     o.draft_checkpoint = std::make_shared<const model::checkpoint>(std::move(*draft));
   }
   o.end_ids = tok->end_ids();
   o.config = e.config;
+  o.config.kv_cache_dtype = kv;  // resolved: the engine prices its blocks' bytes by it
   o.max_waiting = t.load_balancer.max_waiting;
   o.executor_threads = e.executor_threads;
   o.step_log = e.step_log;

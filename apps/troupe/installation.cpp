@@ -78,8 +78,8 @@ int32_t default_context(topology::engine_spec& e) {
   auto header = model::read_header(e.model_path);
   if (!header) return 0;
   const model::model_config& c = header->config;
-  const model::kv_dtype kv =
-      e.config.kv_cache_dtype.value_or(header->float32 ? model::kv_dtype::f32 : model::kv_dtype::f16);
+  const kv::kv_dtype kv =
+      e.config.kv_cache_dtype.value_or(header->float32 ? kv::kv_dtype::f32 : kv::kv_dtype::f16);
   if (!model::check_kv_dtype(c, kv)) return 0;
   const int64_t per_token = model::kv_cache::bytes_of(c, 1, 1, kv), available = topology::memory_available();
   const int32_t context = model::context_that_fits(c.seq_len, header->file_bytes, per_token, available,
@@ -88,7 +88,7 @@ int32_t default_context(topology::engine_spec& e) {
     e.max_context = context;
     spdlog::info("context of {} tokens, not the model's {}: its weights ({} MiB) and a KV cache holding one request "
                  "({} MiB, {}) fit in 90% of the memory available ({} MiB); --ctx-size sets another",
-                 context, c.seq_len, header->file_bytes >> 20, (per_token * context) >> 20, model::name_of(kv),
+                 context, c.seq_len, header->file_bytes >> 20, (per_token * context) >> 20, kv::name_of(kv),
                  available >> 20);
   }
   return context;
@@ -99,7 +99,7 @@ int32_t default_context(topology::engine_spec& e) {
 void engine_flags::apply(topology::engine_spec& e) const {
   e.executor_threads = threads;
   e.max_context = ctx_size;
-  if (!kv_cache_dtype.empty()) e.config.kv_cache_dtype = model::kv_dtype_named(kv_cache_dtype);
+  if (!kv_cache_dtype.empty()) e.config.kv_cache_dtype = kv::kv_dtype_named(kv_cache_dtype);
   const int32_t context = ctx_size > 0 ? ctx_size : default_context(e);
   const int32_t blocks = (context + e.config.block_size - 1) / e.config.block_size;
   e.config.num_kv_blocks = std::max(e.config.num_kv_blocks, blocks);

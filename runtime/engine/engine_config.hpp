@@ -10,7 +10,7 @@
 
 #include "runtime/grammar/grammar.hpp"
 #include "runtime/model/kernel_path.hpp"
-#include "runtime/model/kv_dtype.hpp"
+#include "runtime/plan/kv_dtype.hpp"
 #include "runtime/sched/scheduler_config.hpp"
 #include "runtime/spec/spec_config.hpp"
 
@@ -39,7 +39,7 @@ struct engine_config {
   model::kernel_path kernels = model::kernel_path::fast;
   /// The type the KV pool stores (`kv_cache_dtype`); none: f32 for float32 weights, f16 for
   /// any other (model::default_kv_dtype).
-  std::optional<model::kv_dtype> kv_cache_dtype;
+  std::optional<kv::kv_dtype> kv_cache_dtype;
   /// Tokens that end a sample unless `ignore_eos`. Empty = the vocabulary's end ids
   /// (tokenizer::end_ids(): llama2.c's EOS and BOS; a GGUF file's EOS, EOT, EOM and the
   /// end-of-generation tokens llama.cpp knows by name).

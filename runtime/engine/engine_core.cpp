@@ -443,7 +443,10 @@ bool engine_core::swap_cheaper(int32_t first_block, int32_t num_blocks) const {
   const int64_t bs = config_.block_size;
   const double recompute_ns = static_cast<double>(
       cost::predict_ns(config_.scheduler.step_cost, cost::chunk_features(first_block * bs, num_blocks * bs, 0)));
-  const double bytes = 2.0 * model_.n_layers * static_cast<double>(num_blocks * bs) * model_.kv_dim() * sizeof(float);
+  // The pool's type: topology/launch.cpp resolves the default by the weights; unset here, f32.
+  const kv::kv_dtype dtype = config_.kv_cache_dtype.value_or(kv::kv_dtype::f32);
+  const double bytes = 2.0 * model_.n_layers * static_cast<double>(num_blocks * bs) *
+                       static_cast<double>(kv::kv_row_bytes(dtype, model_.kv_dim()));
   return bytes / config_.swap_bandwidth_gb_s < recompute_ns;  // GB/s = bytes per ns
 }
 
@@ -505,7 +508,7 @@ int32_t engine_core::promote(const std::vector<int32_t>& tokens, const std::vect
     promoted_[static_cast<size_t>(block)] = i < from_lower.size() && from_lower[i] != 0 ? 2 : 1;
     stats_.num_promoted_blocks++;
     stats_.num_promoted_bytes += b.num_bytes();
-    pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size, b.keys, b.values}};
+    pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size, b.keys, b.values, b.dtype}};
     num_promoted++;
   }
   return num_promoted;
@@ -751,6 +754,7 @@ void engine_core::take_step_kv(flight& f, exec_result& result) {
     out.block.kv_dim = kv.kv_dim;
     out.block.keys = std::move(kv.keys);
     out.block.values = std::move(kv.values);
+    out.block.dtype = kv.dtype;
     stats_.num_demoted_blocks++;
     stats_.num_demoted_bytes += out.block.num_bytes();
     demoted_.push_back(std::move(out));

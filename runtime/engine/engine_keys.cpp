@@ -53,7 +53,7 @@ expected<void> set_preemption(engine_config& c, const std::string& name) {
 }
 
 expected<void> set_kv_cache_dtype(engine_config& c, const std::string& name) {
-  const std::optional<model::kv_dtype> dtype = model::kv_dtype_named(name);
+  const std::optional<kv::kv_dtype> dtype = kv::kv_dtype_named(name);
   if (!dtype) return fail(errc::invalid_argument, " must be f32, f16 or q8_0; got '" + echo(name) + "'");
   c.kv_cache_dtype = *dtype;
   return {};

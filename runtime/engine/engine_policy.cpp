@@ -21,8 +21,8 @@ bool same_chunks(const std::vector<exec_chunk>& a, const std::vector<exec_chunk>
 }
 
 bool same_kv(const kv_data& a, const kv_data& b) {
-  return std::tie(a.num_layers, a.kv_dim, a.num_tokens, a.keys, a.values) ==
-         std::tie(b.num_layers, b.kv_dim, b.num_tokens, b.keys, b.values);
+  return std::tie(a.num_layers, a.kv_dim, a.num_tokens, a.keys, a.values, a.dtype) ==
+         std::tie(b.num_layers, b.kv_dim, b.num_tokens, b.keys, b.values, b.dtype);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ step_executor::step_executor(const model::checkpoint& ck, int32_t num_kv_blocks,
                              int32_t block_size, model::kernel_path kernels,
                              kernels::cpu::thread_pool* pool, const spec::speculation_config& speculation,
                              const model::checkpoint* draft, std::shared_ptr<const grammar::vocabulary> vocabulary,
-                             std::optional<model::kv_dtype> kv_cache_dtype)
+                             std::optional<kv::kv_dtype> kv_cache_dtype)
     : model_(ck, kernels),
       cache_(ck.config(), num_kv_blocks, block_size, kv_cache_dtype.value_or(model::default_kv_dtype(ck))),
       vocabulary_(std::move(vocabulary)) {
@@ -264,7 +264,9 @@ kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) c
   kv.num_layers = cache_.num_layers();
   kv.kv_dim = cache_.kv_dim();
   kv.num_tokens = num_tokens;
-  const size_t n = static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim;
+  kv.dtype = cache_.dtype();
+  const size_t n = static_cast<size_t>(kv.num_layers) * static_cast<size_t>(kv.num_tokens) *
+                   static_cast<size_t>(kv::kv_row_bytes(kv.dtype, kv.kv_dim));
   kv.keys.resize(n);
   kv.values.resize(n);
   cache_.gather(block_table, kv.num_tokens, kv.keys.data(), kv.values.data());
@@ -285,7 +287,7 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
   for (const int32_t block : plan.demotions) result.demoted.push_back(read_kv(&block, cache_.block_size()));
   for (const kv_import& import : plan.imports) {
     const kv_data& kv = import.kv;
-    cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data());
+    cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data(), kv.dtype);
   }
   for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst);
   build_rows(plan);

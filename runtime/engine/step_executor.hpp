@@ -28,13 +28,14 @@ class step_executor {
   /// check_draft_model), on its own KV pool of the same blocks.
   /// `vocabulary` (may be null: chunks with a grammar are then refused by `check`) spells the
   /// tokens for grammar masks. `kv_cache_dtype`: the type the KV pool (and a draft model's)
-  /// stores; none: model::default_kv_dtype of each model. It must pass model::check_kv_dtype.
+  /// stores; none: model::default_kv_dtype of each model. It must pass model::check_kv_dtype
+  /// for both.
   step_executor(const model::checkpoint& ck, int32_t num_kv_blocks, int32_t block_size,
                 model::kernel_path kernels = model::kernel_path::fast,
                 kernels::cpu::thread_pool* pool = nullptr, const spec::speculation_config& speculation = {},
                 const model::checkpoint* draft = nullptr,
                 std::shared_ptr<const grammar::vocabulary> vocabulary = nullptr,
-                std::optional<model::kv_dtype> kv_cache_dtype = std::nullopt);
+                std::optional<kv::kv_dtype> kv_cache_dtype = std::nullopt);
 
   /// Whether `draft` can draft for `target`: the same vocabulary size and a context at least
   /// as long.
@@ -59,7 +60,7 @@ class step_executor {
   /// For the operator's start-up line: bytes of the weights and of the KV pool.
   [[nodiscard]] int64_t weight_bytes() const { return model_.resident_bytes(); }
   [[nodiscard]] int64_t kv_bytes() const { return cache_.bytes(); }
-  [[nodiscard]] model::kv_dtype kv_cache_dtype() const { return cache_.dtype(); }
+  [[nodiscard]] kv::kv_dtype kv_cache_dtype() const { return cache_.dtype(); }
 
   /// An MoE model's experts through `dispatch` (borrowed; shards elsewhere), which hold them as
   /// `placement` says (model::transformer::set_expert_dispatch).

@@ -32,9 +32,10 @@ expected<void> check_import(const kv_import& import, const plan_limits& limits, 
     return fail(errc::invalid_argument,
                 what + " has " + num(kv.num_tokens) + " tokens, outside [0, " + num(limits.seq_len) + "]");
   if (!kv.consistent())
-    return fail(errc::invalid_argument, what + ": " + num(static_cast<int64_t>(kv.keys.size())) + " keys and " +
+    return fail(errc::invalid_argument, what + ": " + num(static_cast<int64_t>(kv.keys.size())) + " key and " +
                                             num(static_cast<int64_t>(kv.values.size())) +
-                                            " values do not match its dimensions");
+                                            " value bytes do not match its dimensions and type (" +
+                                            num(static_cast<int64_t>(kv.dtype)) + ")");
   if (static_cast<int64_t>(import.block_table.size()) * limits.block_size < kv.num_tokens)
     return fail(errc::invalid_argument, what + ": a block table of " +
                                             num(static_cast<int64_t>(import.block_table.size())) +

@@ -23,7 +23,7 @@ struct generate_params {
   uint64_t seed = 0;
   bool ignore_eos = false;  ///< keep going past BOS/EOS (benchmarks)
   /// The KV cache's type (model::default_kv_dtype of the model, as the engine's default).
-  model::kv_dtype kv_cache_dtype = model::kv_dtype::f32;
+  kv::kv_dtype kv_cache_dtype = kv::kv_dtype::f32;
 };
 
 struct generation {

@@ -13,13 +13,13 @@ namespace troupe::kv {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the checksum hashes integers and floats as in memory");
 
 int64_t kv_block::num_bytes() const {
-  return static_cast<int64_t>(sizeof(int32_t) * tokens.size() + sizeof(float) * (keys.size() + values.size()));
+  return static_cast<int64_t>(sizeof(int32_t) * tokens.size() + keys.size() + values.size());
 }
 
 bool is_consistent(const kv_block& block) {
   if (block.tokens.empty()) return false;
-  if (!holds_kv(block.num_layers, static_cast<int64_t>(block.tokens.size()), block.kv_dim, block.keys.size(),
-                block.values.size()))
+  if (!holds_kv(block.num_layers, static_cast<int64_t>(block.tokens.size()), block.kv_dim, block.dtype,
+                block.keys.size(), block.values.size()))
     return false;
   return chain_hash(block.parent_hash, block.tokens.data(), static_cast<int32_t>(block.tokens.size())) == block.hash;
 }
@@ -47,8 +47,12 @@ uint64_t checksum(const kv_block& block) {
   add(&block.num_layers, sizeof block.num_layers);
   add(&block.kv_dim, sizeof block.kv_dim);
   add(block.tokens.data(), sizeof(int32_t) * block.tokens.size());
-  add(block.keys.data(), sizeof(float) * block.keys.size());
-  add(block.values.data(), sizeof(float) * block.values.size());
+  add(block.keys.data(), block.keys.size());
+  add(block.values.data(), block.values.size());
+  if (block.dtype != kv_dtype::f32) {
+    const auto type = static_cast<uint8_t>(block.dtype);
+    add(&type, sizeof type);
+  }
   return XXH3_64bits_digest(&state);
 }
 

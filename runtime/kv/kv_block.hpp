@@ -2,7 +2,8 @@
 
 /// One cached KV block outside the engine's pool, as the tiers hold it (host memory, disk): its
 /// name in the block-hash chain, the tokens that name it, and its keys and values for every
-/// layer. Plain data; the disk tier writes it with messages/kv_block.
+/// layer in the type of the pool that demoted it (its bytes follow the type). Plain data; the
+/// disk tier writes it with messages/kv_block.
 
 #include <cstddef>
 #include <cstdint>
@@ -19,23 +20,25 @@ struct kv_block {
   std::vector<int32_t> tokens;  ///< (block_size)
   int32_t num_layers = 0;
   int32_t kv_dim = 0;
-  std::vector<float> keys;      ///< (num_layers, block_size, kv_dim)
-  std::vector<float> values;    ///< (num_layers, block_size, kv_dim)
+  std::vector<uint8_t> keys;    ///< (num_layers, block_size) rows of kv_row_bytes(dtype, kv_dim)
+  std::vector<uint8_t> values;  ///< the same shape
+  kv_dtype dtype = kv_dtype::f32;
 
   /// Bytes of payload (tokens, keys, values) the block holds.
   [[nodiscard]] int64_t num_bytes() const;
 };
 
-/// Whether `block` is whole: tokens present, keys and values of (num_layers, tokens, kv_dim)
-/// floats each (no overflow), and `hash` the chain hash of its tokens after `parent_hash`.
+/// Whether `block` is whole: tokens present, keys and values of (num_layers, tokens) rows of its
+/// type each (holds_kv), and `hash` the chain hash of its tokens after `parent_hash`.
 [[nodiscard]] bool is_consistent(const kv_block& block);
 
 /// `is_consistent` for a block from elsewhere (a message): errc::invalid_argument naming what
 /// is wrong — not `block_size` tokens, or dimensions, data and hash that do not agree.
 [[nodiscard]] expected<void> validate(const kv_block& block, int32_t block_size);
 
-/// XXH3 over every field in order (integers little-endian, then the token, key and value bytes):
-/// what the disk tier stores beside a block to detect a corrupted file.
+/// XXH3 over every field in order (integers little-endian, then the token, key and value bytes,
+/// then the type's byte unless f32, so that f32 blocks keep their checksums): what the disk tier
+/// stores beside a block to detect a corrupted file.
 [[nodiscard]] uint64_t checksum(const kv_block& block);
 
 }  // namespace troupe::kv

@@ -1,6 +1,7 @@
 #include "runtime/model/kv_cache.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/quants.hpp"
 
@@ -11,6 +12,14 @@ namespace {
 using kernels::cpu::weight_type;
 
 weight_type stored_type(kv_dtype t) { return t == kv_dtype::f16 ? weight_type::f16 : weight_type::q8_0; }
+
+/// out (n) = a row of `n` values stored as `t` (f32: little-endian floats), exactly.
+void decode_row(kv_dtype t, const uint8_t* row, float* out, int32_t n) {
+  if (t == kv_dtype::f32)
+    std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n));
+  else
+    kernels::cpu::dequantize_row(out, row, stored_type(t), n);
+}
 
 }  // namespace
 
@@ -63,18 +72,6 @@ void kv_cache::write(int32_t layer, int64_t slot, const float* key, const float*
   kernels::cpu::quantize_activations(values_.data() + row_offset(layer, slot), value, kv_dim_, stored_type(dtype_));
 }
 
-void kv_cache::read_slot(int32_t layer, int64_t slot, float* key, float* value) const {
-  if (dtype_ == kv_dtype::f32) {
-    const int64_t block = slot / block_size_, in_block = slot % block_size_;
-    const float* k = keys(layer) + block * kv_dim_ * block_size_ + in_block;
-    for (int32_t d = 0; d < kv_dim_; d++) key[d] = k[static_cast<int64_t>(d) * block_size_];
-    std::copy_n(values(layer) + slot * kv_dim_, kv_dim_, value);
-    return;
-  }
-  kernels::cpu::dequantize_row(key, keys_.data() + row_offset(layer, slot), stored_type(dtype_), kv_dim_);
-  kernels::cpu::dequantize_row(value, values_.data() + row_offset(layer, slot), stored_type(dtype_), kv_dim_);
-}
-
 void kv_cache::read_block(int32_t layer, int32_t block, float* keys_out, float* values_out) const {
   TROUPE_ASSERT(block >= 0 && block < num_blocks_);
   const int64_t block_floats = int64_t{block_size_} * kv_dim_;
@@ -110,28 +107,56 @@ void kv_cache::copy_block(int32_t src, int32_t dst) {
 namespace {
 
 // Calls f(layer, slot, row) for every layer and position < num_tokens: the position's slot in
-// the pool and its row in the flat (layer, token, kv_dim) layout.
+// the pool and its row's index in the flat (layer, token) layout.
 template <class F>
 void for_each_slot(const int32_t* block_table, int32_t num_tokens, int32_t n_layers, int32_t block_size,
-                   int32_t kv_dim, int32_t num_blocks, F&& f) {
+                   int32_t num_blocks, F&& f) {
   for (int32_t l = 0; l < n_layers; l++)
     for (int32_t p = 0; p < num_tokens; p++) {
       const int32_t block = block_table[p / block_size];
       TROUPE_ASSERT(block >= 0 && block < num_blocks);
-      f(l, int64_t{block} * block_size + p % block_size, (static_cast<int64_t>(l) * num_tokens + p) * kv_dim);
+      f(l, int64_t{block} * block_size + p % block_size, static_cast<int64_t>(l) * num_tokens + p);
     }
 }
 
 }  // namespace
 
-void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, float* keys_out, float* values_out) const {
-  for_each_slot(block_table, num_tokens, n_layers_, block_size_, kv_dim_, num_blocks_,
-                [&](int32_t l, int64_t slot, int64_t row) { read_slot(l, slot, keys_out + row, values_out + row); });
+void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, uint8_t* keys_out, uint8_t* values_out) const {
+  std::vector<float> key(static_cast<size_t>(kv_dim_));
+  for_each_slot(block_table, num_tokens, n_layers_, block_size_, num_blocks_,
+                [&](int32_t l, int64_t slot, int64_t row) {
+                  uint8_t* k = keys_out + row * row_bytes_;
+                  uint8_t* v = values_out + row * row_bytes_;
+                  if (dtype_ != kv_dtype::f32) {
+                    std::copy_n(keys_.data() + row_offset(l, slot), row_bytes_, k);
+                    std::copy_n(values_.data() + row_offset(l, slot), row_bytes_, v);
+                    return;
+                  }
+                  // Keys are transposed within a block: feature d of slot s at (block, d, s).
+                  const float* transposed = keys(l) + slot / block_size_ * kv_dim_ * block_size_ + slot % block_size_;
+                  for (int32_t d = 0; d < kv_dim_; d++) key[static_cast<size_t>(d)] = transposed[int64_t{d} * block_size_];
+                  std::memcpy(k, key.data(), static_cast<size_t>(row_bytes_));
+                  std::memcpy(v, values(l) + slot * kv_dim_, static_cast<size_t>(row_bytes_));
+                });
 }
 
-void kv_cache::scatter(const int32_t* block_table, int32_t num_tokens, const float* keys_in, const float* values_in) {
-  for_each_slot(block_table, num_tokens, n_layers_, block_size_, kv_dim_, num_blocks_,
-                [&](int32_t l, int64_t slot, int64_t row) { write(l, slot, keys_in + row, values_in + row); });
+void kv_cache::scatter(const int32_t* block_table, int32_t num_tokens, const uint8_t* keys_in, const uint8_t* values_in,
+                       kv_dtype from) {
+  const int64_t from_bytes = kv_row_bytes(from, kv_dim_);
+  std::vector<float> key(static_cast<size_t>(kv_dim_)), value(static_cast<size_t>(kv_dim_));
+  for_each_slot(block_table, num_tokens, n_layers_, block_size_, num_blocks_,
+                [&](int32_t l, int64_t slot, int64_t row) {
+                  const uint8_t* k = keys_in + row * from_bytes;
+                  const uint8_t* v = values_in + row * from_bytes;
+                  if (from == dtype_ && dtype_ != kv_dtype::f32) {
+                    std::copy_n(k, row_bytes_, keys_.data() + row_offset(l, slot));
+                    std::copy_n(v, row_bytes_, values_.data() + row_offset(l, slot));
+                    return;
+                  }
+                  decode_row(from, k, key.data(), kv_dim_);
+                  decode_row(from, v, value.data(), kv_dim_);
+                  write(l, slot, key.data(), value.data());
+                });
 }
 
 }  // namespace troupe::model

@@ -10,9 +10,11 @@
 #include "runtime/common/error.hpp"
 #include "runtime/common/page_buffer.hpp"
 #include "runtime/model/checkpoint.hpp"
-#include "runtime/model/kv_dtype.hpp"
+#include "runtime/plan/kv_dtype.hpp"
 
 namespace troupe::model {
+
+using kv::kv_dtype;  // the cache's type, from the floor (runtime/plan)
 
 /// The KV type a model is served in when none is configured: f32 for float32 weights (llama2.c
 /// checkpoints and F32 GGUF files keep their goldens, and runq.c's Q8_0 checkpoints its arithmetic),
@@ -73,12 +75,15 @@ class kv_cache {
   void copy_block(int32_t src, int32_t dst);
 
   /// Copies the keys and values of positions [0, num_tokens) of the sequence whose blocks are
-  /// `block_table` into `keys` and `values`, each laid out (n_layers, num_tokens, kv_dim) as
-  /// floats: a layout that does not depend on the block size (prefill/decode KV transfer). The
-  /// values are the stored ones, so `scatter` into a pool of the same type stores the same bytes.
-  void gather(const int32_t* block_table, int32_t num_tokens, float* keys, float* values) const;
-  /// The inverse of `gather`: writes positions [0, num_tokens) into the table's blocks.
-  void scatter(const int32_t* block_table, int32_t num_tokens, const float* keys, const float* values);
+  /// `block_table` into `keys` and `values`, each (n_layers, num_tokens) rows as this pool stores
+  /// them (kv_row_bytes(dtype(), kv_dim) bytes; f32 rows as little-endian floats): a layout that
+  /// does not depend on the block size (prefill/decode KV transfer, drain, the tiers).
+  void gather(const int32_t* block_table, int32_t num_tokens, uint8_t* keys, uint8_t* values) const;
+  /// The inverse of `gather` for rows of type `from`: writes positions [0, num_tokens) into the
+  /// table's blocks, the rows' bytes as they are where `from` is the pool's type, else their
+  /// values converted.
+  void scatter(const int32_t* block_table, int32_t num_tokens, const uint8_t* keys, const uint8_t* values,
+               kv_dtype from);
 
  private:
   [[nodiscard]] int64_t layer_bytes() const { return int64_t{num_blocks_} * block_size_ * row_bytes_; }
@@ -92,7 +97,6 @@ class kv_cache {
   }
   /// Offset of slot `slot`'s row in `layer` of a pool of another type than f32.
   [[nodiscard]] int64_t row_offset(int32_t layer, int64_t slot) const { return layer_offset(layer) + slot * row_bytes_; }
-  void read_slot(int32_t layer, int64_t slot, float* key, float* value) const;
 
   int32_t n_layers_;
   int32_t num_blocks_;

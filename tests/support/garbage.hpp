@@ -275,9 +275,10 @@ class garbage {
     kv.num_layers = fits ? shape_.num_layers : i32();
     kv.kv_dim = fits ? shape_.kv_dim : i32();
     kv.num_tokens = fits ? static_cast<int32_t>(below(8)) : i32();
-    const size_t n = fits ? static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim : length();
-    kv.keys.assign(n, f32());
-    kv.values.assign(fits ? n : length(), f32());
+    kv.dtype = fits ? kv::kv_dtype::f32 : static_cast<kv::kv_dtype>(rng_());  // any byte from a peer
+    const size_t n = fits ? static_cast<size_t>(kv.num_layers) * kv.num_tokens * kv.kv_dim * sizeof(float) : length();
+    kv.keys.assign(n, static_cast<uint8_t>(rng_()));
+    kv.values.assign(fits ? n : length(), static_cast<uint8_t>(rng_()));
     return kv;
   }
 
