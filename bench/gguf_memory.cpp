@@ -89,7 +89,8 @@ double find_number(const std::string& text, const std::string& pattern) {
 
 int run(const options& o) {
   fs::create_directories(o.dir);
-  std::printf("%-7s %10s %10s %10s %9s %10s %9s\n", "type", "tensors", "peak RSS", "KV pool", "RSS/T", "TTFT ms",
+  std::printf("%-7s %10s %10s %10s %9s %9s %10s %9s\n", "type", "tensors", "peak RSS", "KV pool", "RSS/T",
+              "<=1.1T+KV", "TTFT ms",
               "tok/s");
   for (const std::string& type : o.types) {
     const fs::path path = o.dir / ("llama32-1b-shape-" + type + ".gguf");
@@ -108,11 +109,12 @@ int run(const options& o) {
       continue;
     }
     const double peak = static_cast<double>(usage.ru_maxrss) * 1024;  // KiB
-    const double kv = find_number(text.str(), R"(KV cache of \d+ tokens \(\d+ blocks of \d+\), ([0-9.]+) MiB)") * (1 << 20);
+    const double kv =
+        find_number(text.str(), R"(KV cache of \d+ tokens \(\d+ blocks of \d+, \w+\), ([0-9.]+) MiB)") * (1 << 20);
     const double tensors = static_cast<double>(tensor_bytes(path));
-    std::printf("%-7s %7.1f MB %7.1f MB %7.1f MB %9.3f %10.1f %9.2f\n", type.c_str(), tensors / 1e6, peak / 1e6,
-                kv / 1e6, peak / tensors, find_number(text.str(), R"(TTFT ([0-9.]+) ms)"),
-                find_number(text.str(), R"(([0-9.]+) tok/s)"));
+    std::printf("%-7s %7.1f MB %7.1f MB %7.1f MB %9.3f %9s %10.1f %9.2f\n", type.c_str(), tensors / 1e6, peak / 1e6,
+                kv / 1e6, peak / tensors, peak <= 1.1 * tensors + kv ? "yes" : "NO",
+                find_number(text.str(), R"(TTFT ([0-9.]+) ms)"), find_number(text.str(), R"(([0-9.]+) tok/s)"));
   }
   std::printf("(troupe generate --threads %d -n %d; peak RSS from wait4; logs in %s)\n", o.threads, o.tokens,
               o.dir.c_str());
