@@ -464,6 +464,7 @@ TEST_F(HttpGatewayLimits, CompletionsInFlightPerAddressAreCappedAndPriorityIsRai
   second.send(post(R"({"prompt":"x"})"));
   const std::string refused = second.read_all();
   EXPECT_NE(refused.find("HTTP/1.1 429 Too Many Requests"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("\r\nRetry-After: 1\r\n"), std::string::npos) << refused;
   EXPECT_NE(refused.find("too many requests in flight from this address: 1 ([limits] max_pending_per_client)"),
             std::string::npos) << refused;
   frame_socket other(http_->port(), 3);  // another address has its own count
@@ -481,6 +482,7 @@ TEST_F(HttpGatewayLimits, MetricsWaitForAnEngineABoundedTime) {
   s.send("GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
   const std::string answer = s.read_all();
   EXPECT_EQ(answer.rfind("HTTP/1.1 503 Service Unavailable", 0), 0u) << answer;
+  EXPECT_NE(answer.find("\r\nRetry-After: 1\r\n"), std::string::npos) << answer;
   EXPECT_NE(answer.find("engine query failed (100 ms at most)"), std::string::npos) << answer;
 }
 

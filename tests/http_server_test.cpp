@@ -195,7 +195,7 @@ TEST(HttpServer, ConnectionsAreCappedPerAddressAndInAll) {
   client a(server->port(), 2), b(server->port(), 2), refused(server->port(), 2);
   const std::string why = "too many connections: at most 3 in all and 2 per address";
   const std::string answer_503 = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
-                                 std::to_string(why.size()) + "\r\nConnection: close\r\n\r\n" + why;
+                                 std::to_string(why.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + why;
   EXPECT_EQ(refused.read_to_end(), answer_503);
   client other(server->port(), 3);
   other.send("GET /hello HTTP/1.1\r\n\r\n");

@@ -470,6 +470,21 @@ TEST_F(Http, AStopTokenIdEndsTheAnswerAtItsFirstOccurrence) {
   EXPECT_NE(outside.body.find("\"param\":\"stop_token_ids\""), std::string::npos) << outside.body;
 }
 
+// A chat without max_tokens runs to the end of the context (vLLM's rule): its prompt and answer
+// fill the 512 positions of stories260K; a text completion keeps OpenAI's 16.
+TEST_F(Http, AChatWithoutMaxTokensRunsToTheEndOfTheContext) {
+  start();
+  const http_reply chat = fetch("/v1/chat/completions",
+                                R"({"messages":[{"role":"user","content":"hi"}],"temperature":0,"ignore_eos":true})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const nlohmann::json c = nlohmann::json::parse(chat.body);
+  EXPECT_EQ(c["usage"]["prompt_tokens"].get<int>() + c["usage"]["completion_tokens"].get<int>(), 512) << chat.body;
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  const http_reply text = fetch("/v1/completions", R"({"prompt":"hi","temperature":0,"ignore_eos":true})");
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_EQ(nlohmann::json::parse(text.body)["usage"]["completion_tokens"], 16) << text.body;
+}
+
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
   ASSERT_NO_FATAL_FAILURE(start());
   struct error_case {
@@ -492,6 +507,10 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
       {"/v1/completions", "{\"prompt\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},
       {"/v1/completions", "{\"prompt\": \"" + std::string(1 << 20, 'a') + "\"}", 400, "the limit is 1048576"},
       {"/v1/chat/completions", R"({"messages": "hi"})", 400, "'messages' must be a non-empty list"},
+      // A chat without max_tokens asks for what the context leaves: nothing, after this prompt.
+      {"/v1/chat/completions",
+       nlohmann::json{{"messages", {{{"role", "user"}, {"content", std::string(1200, 'a')}}}}}.dump(), 413,
+       "tokens leaves none for an answer"},
       {"/v1/nothing", R"({})", 404, "no route for POST /v1/nothing"},
   };
   for (const error_case& c : cases) {

@@ -473,6 +473,9 @@ TEST(OpenaiResponse, StreamedChatChunksRenderByteForByte) {
             head + R"("choices":[{"index":0,"delta":{"content":" there"},"logprobs":null,"finish_reason":null}],"usage":null})");
   EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42),
             head + R"("seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}],"usage":null})");
+  const usage_counts usage = sum_usage({an_end()}, 1);  // asked for: in its own chunk, as OpenAI's
+  EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42, false, &usage),
+            head + R"("seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}],"usage":null})");
   EXPECT_EQ(render_usage_chunk(c, 42, sum_usage({an_end()}, 1)),
             head + R"("seed":42,"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,)"
                    R"("prompt_tokens_details":{"cached_tokens":2}}})");
@@ -603,6 +606,12 @@ TEST(OpenaiResponse, ChatLogprobsRenderWithBytesAndStreamPartByPart) {
   EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42),
             R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K",)"
             R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]})");
+  // The stream's last choice to finish says the usage, without a chunk of no choices.
+  const usage_counts usage = sum_usage({an_end()}, 1);
+  EXPECT_EQ(render_final_chunk(c, 0, engine::finish_reason::length, 42, false, &usage),
+            R"({"id":"chatcmpl-7","object":"chat.completion.chunk","created":1700000001,"model":"stories260K",)"
+            R"("system_fingerprint":"troupe-test","seed":42,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}})");
 }
 
 TEST(OpenaiResponse, ATokenAfterBosLosesItsLeadingSpace) {

@@ -160,6 +160,7 @@ struct http_gateway::impl {
   void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
   void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
   void finish_answer(answer& a);
+  [[nodiscard]] static openai::usage_counts usage_of(const answer& a);
   void fail_answer(answer& a, const error& e);
   void handle_metrics(http_response& res);
 };
@@ -237,30 +238,37 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
   choice_state& choice = a.choices[static_cast<size_t>(index)];
   choice.done = *outcome;
   a.num_done++;
+  const bool last = a.num_done == static_cast<int32_t>(a.choices.size());
   if (a.stream) {
     if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
-    a.response->write(openai::sse_event(
-        openai::render_final_chunk(a.context, index, end.finish_reason, *a.seed, choice.calls.num_calls() > 0)));
+    const std::optional<openai::usage_counts> usage = last ? std::optional(usage_of(a)) : std::nullopt;
+    a.response->write(openai::sse_event(openai::render_final_chunk(
+        a.context, index, end.finish_reason, *a.seed, choice.calls.num_calls() > 0, usage ? &*usage : nullptr)));
   }
-  if (a.num_done == static_cast<int32_t>(a.choices.size())) finish_answer(a);
+  if (last) finish_answer(a);
+}
+
+/// The usage of every choice of `a`, all done.
+openai::usage_counts http_gateway::impl::usage_of(const answer& a) {
+  std::vector<msg::completion_end> ends;
+  for (const choice_state& choice : a.choices) ends.push_back(choice.done->end);
+  return openai::sum_usage(ends, a.n);
 }
 
 /// Every choice is done: the response, or the stream's usage and its end.
 void http_gateway::impl::finish_answer(answer& a) {
   a.over = true;
-  std::vector<msg::completion_end> ends;
   std::vector<openai::choice_output> outputs;
   for (size_t k = 0; k < a.choices.size(); k++) {
     const choice_state& choice = a.choices[k];
     const actors::completion& done = *choice.done;
-    ends.push_back(done.end);
     std::string text = done.text;
     std::vector<openai::tool_call_part> calls = openai::whole_calls(a.tool_mode, text, done.tool_calls);
     outputs.push_back({static_cast<int32_t>(k), std::move(text), done.end.finish_reason,
                        {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0},
                        done.reasoning_text, std::move(calls)});
   }
-  const openai::usage_counts usage = openai::sum_usage(ends, a.n);
+  const openai::usage_counts usage = usage_of(a);
   if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));
   std::string data;
   if (a.context.include_usage) data = openai::sse_event(openai::render_usage_chunk(a.context, *a.seed, usage));

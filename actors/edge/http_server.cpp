@@ -181,12 +181,17 @@ std::string status_line(int status) {
   return "HTTP/1.1 " + std::to_string(status) + " " + text(reason) + "\r\n";
 }
 
+/// A 429 or 503 says when to try again (RFC 9110 10.2.3): in a second, as OpenAI's clients and
+/// proxies read it. Other statuses: nothing.
+std::string retry_after(int status) { return status == 429 || status == 503 ? "\r\nRetry-After: 1" : ""; }
+
 }  // namespace
 
 void http_response::reply(int status, std::string_view content_type, std::string_view body) {
   std::string bytes = status_line(status) + "Content-Type: ";
   bytes.append(content_type);
-  bytes += "\r\nContent-Length: " + std::to_string(body.size()) + (close_after_ ? "\r\nConnection: close" : "") + "\r\n\r\n";
+  bytes += "\r\nContent-Length: " + std::to_string(body.size()) + retry_after(status) +
+           (close_after_ ? "\r\nConnection: close" : "") + "\r\n\r\n";
   bytes.append(body);
   queue(bytes, true);
 }
@@ -273,7 +278,8 @@ void http_server::impl::admit(tcp::socket socket) {
     const std::string why = "too many connections: at most " + std::to_string(options.limits.max_connections) +
                             " in all and " + std::to_string(options.limits.max_connections_per_address) + " per address";
     send_now(socket.native_handle(), "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                                     "Content-Length: " + std::to_string(why.size()) + "\r\nConnection: close\r\n\r\n" + why);
+                                     "Content-Length: " + std::to_string(why.size()) + retry_after(503) +
+                                     "\r\nConnection: close\r\n\r\n" + why);
     socket.close(ec);
     return;
   }

@@ -220,6 +220,9 @@ void read_logprobs(reader& in, endpoint kind, parsed_request& p) {
 }
 
 void read_sampling(reader& in, endpoint kind, serve::completion_request& r) {
+  // A chat without max_tokens runs to the end of the context (vLLM's rule); text completions
+  // keep OpenAI's 16.
+  if (kind == endpoint::chat_completions) r.max_tokens = serve::max_tokens_to_context;
   in.integer("max_tokens", r.max_tokens);
   if (kind == endpoint::chat_completions) in.integer("max_completion_tokens", r.max_tokens);
   in.number("temperature", r.temperature);
@@ -688,12 +691,15 @@ std::string render_chunk(const response_context& c, const choice_output& delta, 
 }
 
 std::string render_final_chunk(const response_context& c, int32_t index, engine::finish_reason finish, uint64_t seed,
-                               bool called_tools) {
+                               bool called_tools, const usage_counts* usage) {
   ordered j = head(c, object_name(c, true));
   j["seed"] = seed;
   const ordered content = c.kind == endpoint::completions ? ordered("") : ordered::object();
   j["choices"] = ordered::array({choice_json(c, index, content, "delta", finish, nullptr, called_tools)});
-  if (c.include_usage) j["usage"] = nullptr;
+  if (c.include_usage)
+    j["usage"] = nullptr;
+  else if (usage != nullptr)
+    j["usage"] = usage_json(*usage);
   return dumped(j);
 }
 

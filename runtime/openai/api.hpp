@@ -186,9 +186,12 @@ struct usage_counts {
 [[nodiscard]] std::string render_chunk(const response_context& c, const choice_output& delta, bool first);
 
 /// The JSON of the last streamed chunk of choice `index`: no text, its finish reason ("tool_calls"
-/// for a stop after `called_tools`) and the seed.
+/// for a stop after `called_tools`) and the seed. `usage` (the stream's last choice to finish,
+/// without stream_options.include_usage): the whole answer's usage on it too, so that a stream
+/// always says it without a chunk of no choices, which clients reading choices[0] would trip on.
 [[nodiscard]] std::string render_final_chunk(const response_context& c, int32_t index,
-                                             engine::finish_reason finish, uint64_t seed, bool called_tools = false);
+                                             engine::finish_reason finish, uint64_t seed, bool called_tools = false,
+                                             const usage_counts* usage = nullptr);
 
 /// The JSON of the usage chunk (stream_options.include_usage): no choices.
 [[nodiscard]] std::string render_usage_chunk(const response_context& c, uint64_t seed, const usage_counts& usage);

@@ -7,6 +7,7 @@
 /// a non-C++ protocol can carry the same structs.
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,11 @@
 #include "runtime/tokenizer/served_template.hpp"
 
 namespace troupe::serve {
+
+/// The max_tokens that asks for every token the context leaves after the prompt (the request
+/// actor resolves it once the prompt is tokenized): a chat's default, vLLM's rule. A client
+/// asking for this many gets the same.
+inline constexpr int32_t max_tokens_to_context = std::numeric_limits<int32_t>::max();
 
 /// What a client asks for. Defaults follow vLLM's completion API.
 struct completion_request {
@@ -33,7 +39,7 @@ struct completion_request {
   /// A chat's `tools` for the model's template: a JSON array's text ("" for none).
   std::string tools;
   bool add_generation_prompt = true;  ///< a chat's prompt ends with the assistant's header
-  int32_t max_tokens = 16;
+  int32_t max_tokens = 16;  ///< max_tokens_to_context: as many as the context leaves
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t top_k = 0;

@@ -152,6 +152,17 @@ effects request_policy::start(int64_t now_ns) {
   engine::request& r = request_;
   r.id = o_.id;
   r.prompt = std::move(*prompt);
+  if (p.max_tokens == max_tokens_to_context && o_.context_tokens > 0) {  // unknown: the engine refuses it
+    const int64_t room = int64_t{o_.context_tokens} - static_cast<int64_t>(r.prompt.size());
+    if (room < 1) {
+      fail_request(errc::too_long,
+                   "the prompt is " + std::to_string(r.prompt.size()) + " tokens: the model's context of " +
+                       std::to_string(o_.context_tokens) + " tokens leaves none for an answer",
+                   out);
+      return out;
+    }
+    o_.params.max_tokens = static_cast<int32_t>(room);
+  }
   r.max_tokens = p.max_tokens;
   r.sampling = {p.temperature,      p.top_p,           p.top_k,
                 p.min_p,            p.num_top_logprobs, p.presence_penalty,
