@@ -10,23 +10,6 @@
 #include "messages/kv_payload.capnp.h"
 
 namespace troupe::msg {
-namespace {
-
-/// Whether `bytes` holds exactly layers x tokens rows of kv's type, checked by division so that
-/// three int32 dimensions from a peer cannot overflow the check; a type that is none of
-/// kv_dtype's, or Q8_0 rows not of whole blocks, never fits.
-bool fits(const engine::kv_data& kv, size_t bytes) {
-  if (!kv::is_kv_dtype(kv.dtype) || (kv.dtype == kv::kv_dtype::q8_0 && kv.kv_dim % 32 != 0)) return false;
-  if (kv.num_layers == 0 || kv.num_tokens == 0 || kv.kv_dim == 0) return bytes == 0;
-  size_t n = bytes;
-  for (int32_t d : {kv.num_layers, kv.num_tokens}) {
-    if (n % static_cast<size_t>(d) != 0) return false;
-    n /= static_cast<size_t>(d);
-  }
-  return n == static_cast<size_t>(kv::kv_row_bytes(kv.dtype, kv.kv_dim));
-}
-
-}  // namespace
 
 std::vector<uint8_t> encode_kv_payload(int64_t request_id, const engine::kv_data& kv) {
   TROUPE_ASSERT(kv.consistent());
@@ -66,7 +49,7 @@ expected<decoded_kv_payload> decode_kv_payload(const std::vector<uint8_t>& bytes
     kv.dtype = static_cast<kv::kv_dtype>(root.getDtype());
     const ::capnp::Data::Reader keys = root.getKeys();  // each getter counts against the traversal limit
     const ::capnp::Data::Reader values = root.getValues();
-    if (kv.num_layers < 0 || kv.kv_dim < 0 || kv.num_tokens < 0 || !fits(kv, keys.size()) || !fits(kv, values.size()))
+    if (!kv::holds_kv(kv.num_layers, kv.num_tokens, kv.kv_dim, kv.dtype, keys.size(), values.size()))
       return fail(errc::invalid_argument,
                   "KV payload of request " + std::to_string(out.request_id) + ": " + std::to_string(kv.num_layers) +
                       " layers x " + std::to_string(kv.num_tokens) + " tokens x " + std::to_string(kv.kv_dim) +

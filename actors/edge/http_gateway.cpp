@@ -159,7 +159,7 @@ struct http_gateway::impl {
   void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res);
   void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
   void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
-  void finish_answer(answer& a);
+  void finish_answer(answer& a, const openai::usage_counts& usage);
   [[nodiscard]] static openai::usage_counts usage_of(const answer& a);
   void fail_answer(answer& a, const error& e);
   void handle_metrics(http_response& res);
@@ -239,13 +239,13 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
   choice.done = *outcome;
   a.num_done++;
   const bool last = a.num_done == static_cast<int32_t>(a.choices.size());
+  const std::optional<openai::usage_counts> usage = last ? std::optional(usage_of(a)) : std::nullopt;
   if (a.stream) {
     if (!std::exchange(a.started, true)) a.response->begin_stream("text/event-stream");
-    const std::optional<openai::usage_counts> usage = last ? std::optional(usage_of(a)) : std::nullopt;
     a.response->write(openai::sse_event(openai::render_final_chunk(
         a.context, index, end.finish_reason, *a.seed, choice.calls.num_calls() > 0, usage ? &*usage : nullptr)));
   }
-  if (last) finish_answer(a);
+  if (last) finish_answer(a, *usage);
 }
 
 /// The usage of every choice of `a`, all done.
@@ -255,9 +255,16 @@ openai::usage_counts http_gateway::impl::usage_of(const answer& a) {
   return openai::sum_usage(ends, a.n);
 }
 
-/// Every choice is done: the response, or the stream's usage and its end.
-void http_gateway::impl::finish_answer(answer& a) {
+/// Every choice is done, using `usage` in all: the response, or the stream's end (with the usage
+/// chunk where asked for).
+void http_gateway::impl::finish_answer(answer& a, const openai::usage_counts& usage) {
   a.over = true;
+  if (a.stream) {
+    std::string data;
+    if (a.context.include_usage) data = openai::sse_event(openai::render_usage_chunk(a.context, *a.seed, usage));
+    data += openai::sse_done;
+    return a.response->end_stream(data);
+  }
   std::vector<openai::choice_output> outputs;
   for (size_t k = 0; k < a.choices.size(); k++) {
     const choice_state& choice = a.choices[k];
@@ -268,12 +275,7 @@ void http_gateway::impl::finish_answer(answer& a) {
                        {done.tokens, done.logprobs, done.top_logprobs, choice.next.prev_token, 0},
                        done.reasoning_text, std::move(calls)});
   }
-  const openai::usage_counts usage = usage_of(a);
-  if (!a.stream) return a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));
-  std::string data;
-  if (a.context.include_usage) data = openai::sse_event(openai::render_usage_chunk(a.context, *a.seed, usage));
-  data += openai::sse_done;
-  a.response->end_stream(data);
+  a.response->reply(200, "application/json", openai::render_response(a.context, outputs, *a.seed, usage));
 }
 
 /// A choice failed: the error (its status before the stream started, else an error event), and

@@ -78,8 +78,7 @@ int32_t default_context(topology::engine_spec& e) {
   auto header = model::read_header(e.model_path);
   if (!header) return 0;
   const model::model_config& c = header->config;
-  const kv::kv_dtype kv =
-      e.config.kv_cache_dtype.value_or(header->float32 ? kv::kv_dtype::f32 : kv::kv_dtype::f16);
+  const kv::kv_dtype kv = e.config.kv_cache_dtype.value_or(model::default_kv_dtype(*header));
   if (!model::check_kv_dtype(c, kv)) return 0;
   const int64_t per_token = model::kv_cache::bytes_of(c, 1, 1, kv), available = topology::memory_available();
   const int32_t context = model::context_that_fits(c.seq_len, header->file_bytes, per_token, available,

@@ -439,8 +439,8 @@ expected<const architecture*> read_architecture(const gguf_file& f, const std::s
   return a;
 }
 
-/// The shape fields of a GGUF model (`<arch>.embedding_length`, ...) and its head count of keys
-/// and values.
+/// The shape fields of a GGUF model (`<arch>.embedding_length`, ...), its head count of keys
+/// and values, and its heads' width (read_head_size).
 expected<model_config> read_shape(const gguf_file& f, const architecture& a, const std::string& path) {
   model_config c;
   const std::pair<const char*, int32_t*> fields[] = {
@@ -466,6 +466,7 @@ expected<model_config> read_shape(const gguf_file& f, const architecture& a, con
   }
   c.qkv_bias = a.qkv_bias;
   c.qk_norm = a.qk_norm;
+  if (auto ok = read_head_size(f, a, c, path); !ok) return tl::unexpected(ok.error());
   return c;
 }
 
@@ -651,7 +652,6 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
   auto shape = read_shape(*f, a, path);
   if (!shape) return tl::unexpected(shape.error());
   model_config& c = *shape;
-  if (auto ok = read_head_size(*f, a, c, path); !ok) return tl::unexpected(ok.error());
   if (auto ok = read_rope_and_norm(bytes, *f, a, c, path); !ok) return tl::unexpected(ok.error());
   const gguf_tensor* embedding = f->tensor("token_embd.weight");
   if (!embedding || embedding->dims.size() != 2)
@@ -1090,7 +1090,6 @@ expected<model_header> read_header(const std::string& path) {
     if (!arch) return tl::unexpected(arch.error());
     auto shape = read_shape(*f, **arch, path);
     if (!shape) return tl::unexpected(shape.error());
-    if (auto ok = read_head_size(*f, **arch, *shape, path); !ok) return tl::unexpected(ok.error());
     out.config = *shape;
     out.float32 = std::all_of(f->tensors.begin(), f->tensors.end(),
                               [](const gguf_tensor& t) { return t.type == ggml_type::f32; });

@@ -27,6 +27,8 @@ kv_dtype default_kv_dtype(const checkpoint& ck) {
   return ck.stored() != nullptr ? kv_dtype::f16 : kv_dtype::f32;  // stored(): not all matrices F32
 }
 
+kv_dtype default_kv_dtype(const model_header& header) { return header.float32 ? kv_dtype::f32 : kv_dtype::f16; }
+
 expected<void> check_kv_dtype(const model_config& c, kv_dtype t) {
   if (t == kv_dtype::q8_0 && c.kv_dim() % 32 != 0)
     return fail(errc::invalid_argument, "kv_cache_dtype q8_0 needs a KV row (n_kv_heads x head_size = " +
@@ -61,9 +63,7 @@ kv_cache::kv_cache(const model_config& c, int32_t num_blocks, int32_t block_size
 void kv_cache::write(int32_t layer, int64_t slot, const float* key, const float* value) {
   TROUPE_ASSERT(slot >= 0 && slot < int64_t{num_blocks_} * block_size_);
   if (dtype_ == kv_dtype::f32) {
-    // Keys are transposed within a block: feature d of slot s at (block, d, s).
-    const int64_t block = slot / block_size_, in_block = slot % block_size_;
-    float* k = keys(layer) + block * kv_dim_ * block_size_ + in_block;
+    float* k = keys(layer) + f32_key_offset(slot);
     for (int32_t d = 0; d < kv_dim_; d++) k[static_cast<int64_t>(d) * block_size_] = key[d];
     std::copy_n(value, kv_dim_, values(layer) + slot * kv_dim_);
     return;
@@ -132,8 +132,7 @@ void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, uint8_t* k
                     std::copy_n(values_.data() + row_offset(l, slot), row_bytes_, v);
                     return;
                   }
-                  // Keys are transposed within a block: feature d of slot s at (block, d, s).
-                  const float* transposed = keys(l) + slot / block_size_ * kv_dim_ * block_size_ + slot % block_size_;
+                  const float* transposed = keys(l) + f32_key_offset(slot);
                   for (int32_t d = 0; d < kv_dim_; d++) key[static_cast<size_t>(d)] = transposed[int64_t{d} * block_size_];
                   std::memcpy(k, key.data(), static_cast<size_t>(row_bytes_));
                   std::memcpy(v, values(l) + slot * kv_dim_, static_cast<size_t>(row_bytes_));

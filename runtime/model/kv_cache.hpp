@@ -20,6 +20,8 @@ using kv::kv_dtype;  // the cache's type, from the floor (runtime/plan)
 /// checkpoints and F32 GGUF files keep their goldens, and runq.c's Q8_0 checkpoints its arithmetic),
 /// f16 for a GGUF file with any matrix in another type (what llama.cpp stores by default).
 [[nodiscard]] kv_dtype default_kv_dtype(const checkpoint& ck);
+/// The same, from the file's header alone (read_header), before the weights load.
+[[nodiscard]] kv_dtype default_kv_dtype(const model_header& header);
 
 /// Whether a model of shape `c` can keep its KV as `t` (q8_0: kv_dim a multiple of 32);
 /// errc::invalid_argument naming the type otherwise.
@@ -94,6 +96,11 @@ class kv_cache {
   [[nodiscard]] int64_t f32_offset(int32_t layer) const {
     TROUPE_ASSERT_MSG(dtype_ == kv_dtype::f32, "only an f32 pool is read as floats in place");
     return layer_offset(layer);
+  }
+  /// Where feature 0 of `slot`'s key is in an f32 pool's layer: keys are transposed within a
+  /// block, feature d of slot s at (block, d, s), so feature d is d * block_size further on.
+  [[nodiscard]] int64_t f32_key_offset(int64_t slot) const {
+    return slot / block_size_ * kv_dim_ * block_size_ + slot % block_size_;
   }
   /// Offset of slot `slot`'s row in `layer` of a pool of another type than f32.
   [[nodiscard]] int64_t row_offset(int32_t layer, int64_t slot) const { return layer_offset(layer) + slot * row_bytes_; }
