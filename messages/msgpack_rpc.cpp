@@ -272,6 +272,30 @@ expected<void> read_field(const msgpack::object_kv& kv, msg::completion_request&
   return fail(errc::invalid_argument, "unknown key " + echoed(key));
 }
 
+/// The string value of key `name` of `map`, if it has one that is a string.
+std::optional<std::string_view> string_at(const msgpack::object_map& map, std::string_view name) {
+  for (uint32_t i = 0; i < map.size; i++) {
+    const msgpack::object& key = map.ptr[i].key;
+    const msgpack::object& v = map.ptr[i].val;
+    if (key.type == msgpack::type::STR && std::string_view(key.via.str.ptr, key.via.str.size) == name &&
+        v.type == msgpack::type::STR)
+      return std::string_view(v.via.str.ptr, v.via.str.size);
+  }
+  return std::nullopt;
+}
+
+/// The auth frame `map` is, if its "type" is "auth" (checked: the keys "type" and "key" only,
+/// a key of 1 to 256 bytes).
+tl::expected<std::optional<auth>, request_error> read_auth(const msgpack::object_map& map) {
+  if (string_at(map, "type") != std::optional<std::string_view>("auth")) return std::nullopt;
+  const std::optional<std::string_view> key = string_at(map, "key");
+  if (map.size != 2 || !key)
+    return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "an auth frame has the keys 'type' and 'key' (a string) only"}});
+  if (key->empty() || key->size() > 256)
+    return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "an auth frame's key has 1 to 256 bytes"}});
+  return auth{std::string(*key)};
+}
+
 /// The value of the "type" key, if the map has one; an error naming it if it is not "cancel".
 tl::expected<std::optional<cancel>, request_error> read_type(const msgpack::object_map& map, uint64_t id) {
   for (uint32_t i = 0; i < map.size; i++) {
@@ -279,7 +303,7 @@ tl::expected<std::optional<cancel>, request_error> read_type(const msgpack::obje
     if (key.type != msgpack::type::STR || std::string_view(key.via.str.ptr, key.via.str.size) != "type") continue;
     const msgpack::object& v = map.ptr[i].val;
     if (v.type != msgpack::type::STR || std::string_view(v.via.str.ptr, v.via.str.size) != "cancel")
-      return tl::unexpected(request_error{id, {errc::invalid_argument, "'type' must be \"cancel\" (a request frame has no 'type')"}});
+      return tl::unexpected(request_error{id, {errc::invalid_argument, "'type' must be \"cancel\" or \"auth\" (a request frame has no 'type')"}});
     if (map.size != 2)
       return tl::unexpected(request_error{id, {errc::invalid_argument, "a cancel frame has the keys 'type' and 'id' only"}});
     return cancel{id};
@@ -290,6 +314,9 @@ tl::expected<std::optional<cancel>, request_error> read_type(const msgpack::obje
 tl::expected<client_frame, request_error> decode_map(const msgpack::object& value) {
   if (value.type != msgpack::type::MAP)
     return tl::unexpected(request_error{std::nullopt, {errc::invalid_argument, "the request is not a map"}});
+  auto authorizing = read_auth(value.via.map);
+  if (!authorizing) return tl::unexpected(authorizing.error());
+  if (*authorizing) return **authorizing;
   auto id = find_id(value.via.map);
   if (!id) return tl::unexpected(id.error());
   auto cancelled = read_type(value.via.map, *id);
@@ -448,6 +475,17 @@ std::string encode_request(uint64_t id, const msg::completion_request& c) {
   return framed(body);
 }
 
+std::string encode_auth(std::string_view key) {
+  msgpack::sbuffer body;
+  packer p(body);
+  p.pack_map(2);
+  pack_text(p, "type");
+  pack_text(p, "auth");
+  pack_text(p, "key");
+  pack_text(p, key);
+  return framed(body);
+}
+
 std::string encode_cancel(uint64_t id) {
   msgpack::sbuffer body;
   packer p(body);
@@ -550,15 +588,25 @@ std::string encode_end(uint64_t id, const msg::completion_end& end) {
   return framed(body);
 }
 
-std::string encode_error(std::optional<uint64_t> id, const error& problem) {
+namespace {
+
+std::string error_frame(std::optional<uint64_t> id, std::string_view code, std::string_view message) {
   msgpack::sbuffer body;
   packer p(body);
   pack_head(p, 4, "error", id);
   pack_text(p, "code");
-  pack_text(p, to_string(problem.code));
+  pack_text(p, code);
   pack_text(p, "message");
-  p.pack(problem.message);
+  pack_text(p, message);
   return framed(body);
 }
+
+}  // namespace
+
+std::string encode_error(std::optional<uint64_t> id, const error& problem) {
+  return error_frame(id, to_string(problem.code), problem.message);
+}
+
+std::string encode_unauthenticated(std::string_view message) { return error_frame(std::nullopt, "unauthenticated", message); }
 
 }  // namespace troupe::wire

@@ -49,8 +49,14 @@ struct cancel {
   uint64_t id = 0;
 };
 
-/// What a client sends: a request frame (no "type" key) or a cancel frame.
-using client_frame = std::variant<request, cancel>;
+/// A decoded auth frame `{"type": "auth", "key"}`: the connection's API key (docs/msgpack.md
+/// "Keys"), its first frame where the gateway has keys.
+struct auth {
+  std::string key;
+};
+
+/// What a client sends: a request frame (no "type" key), a cancel frame or an auth frame.
+using client_frame = std::variant<request, cancel, auth>;
 
 /// A client frame refused: the id when the frame had a valid one (the error frame carries it;
 /// none: nil), and the problem (`invalid_argument`, or `invalid_utf8` for the prompt).
@@ -61,8 +67,9 @@ struct request_error {
 
 /// Decodes one client frame's body (a frame without its header). Errors: not exactly one
 /// msgpack value, not a map, a key that is not a string or not known (named), a value of the
-/// wrong type (named), a missing or non-integer `id`, a "type" other than "cancel", a prompt
-/// that is not valid UTF-8.
+/// wrong type (named), a missing or non-integer `id`, a "type" other than "cancel" or "auth", an
+/// auth frame with other keys than "type" and "key" or a key that is not a string of 1 to 256
+/// bytes, a prompt that is not valid UTF-8.
 [[nodiscard]] tl::expected<client_frame, request_error> decode_frame(std::string_view body);
 
 /// The request frame `decode_frame` reads back as `completion` (for clients and tests):
@@ -92,5 +99,11 @@ struct request_error {
 
 /// An error frame: `{"type": "error", "id" (nil if unknown), "code", "message"}`.
 [[nodiscard]] std::string encode_error(std::optional<uint64_t> id, const error& problem);
+
+/// The auth frame of `key`: `{"type": "auth", "key"}` (for clients and tests).
+[[nodiscard]] std::string encode_auth(std::string_view key);
+
+/// The error frame of a connection refused for its key: code `"unauthenticated"`, id nil.
+[[nodiscard]] std::string encode_unauthenticated(std::string_view message);
 
 }  // namespace troupe::wire

@@ -965,6 +965,26 @@ struct listener {
   });
 }
 
+/// [http]'s keys of access: files (each optional, existing, relative to the topology file; the
+/// certificate and its key together) and the CORS origins (checked where the gateway starts).
+[[nodiscard]] expected<void> read_http_access(const context& ctx, const toml::table& table, const scope& where,
+                                              http_spec& http) {
+  for (auto [key, field] : {std::pair{"api_keys_file", &http_spec::api_keys_file},
+                            std::pair{"ssl_certfile", &http_spec::ssl_certfile},
+                            std::pair{"ssl_keyfile", &http_spec::ssl_keyfile}}) {
+    if (table.get(key) == nullptr) continue;
+    auto path = read_file_path(ctx, table, where, key);
+    if (!path) return tl::unexpected(path.error());
+    http.*field = *path;
+  }
+  if (http.ssl_certfile.empty() != http.ssl_keyfile.empty())
+    return malformed(ctx, where.line, where.label, "keys 'ssl_certfile' and 'ssl_keyfile' go together");
+  auto origins = read_string(ctx, table, where, "allowed_origins", std::string());
+  if (!origins) return tl::unexpected(origins.error());
+  http.allowed_origins = *origins;
+  return {};
+}
+
 /// The optional [http] table: where the balancer's node serves the HTTP API. Its address must
 /// not be one the balancer's node already listens on.
 [[nodiscard]] expected<void> read_http(const context& ctx, const toml::table& root, topology& result) {
@@ -972,7 +992,10 @@ struct listener {
   if (!table) return tl::unexpected(table.error());
   if (*table == nullptr) return {};
   const scope where{"http", line_of(**table)};
-  if (auto ok = check_known_keys(ctx, **table, where, {"port", "host", "drain_timeout_ms"}); !ok)
+  if (auto ok = check_known_keys(ctx, **table, where,
+                                 {"port", "host", "drain_timeout_ms", "api_keys_file", "ssl_certfile", "ssl_keyfile",
+                                  "allowed_origins"});
+      !ok)
     return tl::unexpected(ok.error());
   http_spec http;
   auto address = read_string(ctx, **table, where, "host", http.address);
@@ -987,6 +1010,7 @@ struct listener {
   auto drain = read_int(ctx, **table, where, "drain_timeout_ms", http.drain_timeout_ms, 1, 600000);
   if (!drain) return tl::unexpected(drain.error());
   http.drain_timeout_ms = *drain;
+  if (auto ok = read_http_access(ctx, **table, where, http); !ok) return tl::unexpected(ok.error());
   const node_spec* node = result.find_node(result.load_balancer.node);
   TROUPE_ASSERT(node != nullptr);
   if (http.port != 0 && http.address == node->address && (http.port == node->port || http.port == node->kv_port))

@@ -277,6 +277,12 @@ struct http_spec {
   std::string address = "127.0.0.1";     ///< a host name or IP address
   uint16_t port = 0;                   ///< 0: any free port (the bound one is printed)
   int32_t drain_timeout_ms = 30000;    ///< how long a stop waits for the requests in flight
+  /// Who may use the gateways (docs/security.md "Access to the gateways"); the flags of `serve`
+  /// add to or override them. Files are absolute; "" = none.
+  std::string api_keys_file;    ///< one API key per line
+  std::string ssl_certfile;     ///< HTTPS (and TLS on the msgpack gateway), with ssl_keyfile
+  std::string ssl_keyfile;
+  std::string allowed_origins;  ///< CORS: comma-separated origins, or "*"
 };
 
 /// A validated topology file: every name it references exists, in file order.

@@ -1,6 +1,7 @@
 #include "actors/edge/http_gateway.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <limits>
@@ -27,6 +28,28 @@ int64_t unix_seconds() {
 
 void reply_error(http_response& res, const openai::api_error& e) {
   res.reply(e.status, "application/json", openai::render_error(e));
+}
+
+/// The value of header `name` (lower case), or "".
+std::string_view header(const http_request& req, std::string_view name) {
+  for (const auto& [key, value] : req.headers)
+    if (key == name) return value;
+  return {};
+}
+
+/// Whether a preflight's Access-Control-Request-Headers is a plain list of header names (what
+/// is echoed back as allowed).
+bool is_header_list(std::string_view names) {
+  return names.size() <= 1024 && std::all_of(names.begin(), names.end(), [](unsigned char c) {
+           return std::isalnum(c) || c == '-' || c == '_' || c == ',' || c == ' ';
+         });
+}
+
+/// Routes anyone may call when the gateway has API keys: health checks, the web page (it asks
+/// for the key), and CORS preflights (a browser sends no credentials with them).
+bool is_open_route(const http_request& req, bool metrics_public) {
+  return req.method == "OPTIONS" || (req.method == "GET" && (req.path == "/health" || req.path == "/")) ||
+         (metrics_public && req.method == "GET" && req.path == "/metrics");
 }
 
 /// What came of one choice's completion so far.
@@ -156,6 +179,8 @@ struct http_gateway::impl {
   }
 
   void handle(const http_request& req, const std::shared_ptr<http_response>& res);
+  [[nodiscard]] bool check_origin(const http_request& req, http_response& res) const;
+  [[nodiscard]] bool check_key(const http_request& req, http_response& res) const;
   void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res);
   void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
   void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
@@ -307,7 +332,54 @@ void http_gateway::impl::handle_metrics(http_response& res) {
   res.reply(200, "text/plain; version=0.0.4", openai::render_metrics(metrics, gauges, options.model.id));
 }
 
+/// CORS: a request from a browser page of another origin is served only when that origin is
+/// allowed (its answer then names it in Access-Control-Allow-Origin), else refused with a 403 (a
+/// preflight too); a page of the gateway's own origin always is. Answers preflights. True: go on.
+bool http_gateway::impl::check_origin(const http_request& req, http_response& res) const {
+  const std::string_view origin = header(req, "origin");
+  const cors_origins& allowed = options.access.origins;
+  if (origin.empty()) {
+    if (req.method != "OPTIONS") return true;
+    res.add_header("Allow", "GET, POST, OPTIONS");
+    res.reply(200, "text/plain; charset=utf-8", "");
+    return false;
+  }
+  if (!allowed.allows(origin, req.secure ? "https" : "http", header(req, "host"))) {
+    spdlog::info("http: refused a {} {} from {}: origin {} is not allowed (--allowed-origins)", req.method, req.path,
+                 req.peer, echo(origin, 80));
+    reply_error(res, {403, "the origin " + echo(origin, 80) + " may not call this API (--allowed-origins)",
+                      "permission_error", "", "origin_not_allowed"});
+    return false;
+  }
+  if (allowed.lists(origin)) {
+    res.add_header("Access-Control-Allow-Origin", origin);
+    res.add_header("Vary", "Origin");
+  }
+  if (req.method != "OPTIONS") return true;
+  res.add_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  const std::string_view asked = header(req, "access-control-request-headers");
+  res.add_header("Access-Control-Allow-Headers", is_header_list(asked) && !asked.empty() ? asked : "Authorization, Content-Type");
+  res.add_header("Access-Control-Max-Age", "600");
+  res.reply(200, "text/plain; charset=utf-8", "");
+  return false;
+}
+
+/// With API keys, every route but the open ones needs `Authorization: Bearer KEY` (else a 401,
+/// as OpenAI answers). True: go on.
+bool http_gateway::impl::check_key(const http_request& req, http_response& res) const {
+  const api_keys& keys = options.access.keys;
+  if (keys.empty() || is_open_route(req, options.access.metrics_public)) return true;
+  const std::string_view given = header(req, "authorization");
+  if (!given.empty() && keys.accepts_authorization(given)) return true;
+  res.add_header("WWW-Authenticate", "Bearer");
+  reply_error(res, {401, given.empty() ? "this API needs a key: send the header Authorization: Bearer KEY"
+                                       : "the API key given in the Authorization header is not valid",
+                    "invalid_request_error", "", "invalid_api_key"});
+  return false;
+}
+
 void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<http_response>& res) {
+  if (!check_origin(req, *res) || !check_key(req, *res)) return;
   if (req.body_too_large)
     return reply_error(*res, {400, "the request body has " + std::to_string(req.content_length) + " bytes; the limit is " +
                                        std::to_string(options.body_bytes_max), "invalid_request_error", "", ""});
@@ -327,8 +399,8 @@ void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<h
 expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, gateway_options options) {
   auto state = std::make_unique<impl>(sys, std::move(options));
   impl& s = *state;
-  http_server_options o{s.options.address, s.options.port, s.options.body_bytes_max, s.options.num_threads, s.options.limits,
-                        s.options.stop_timeout};
+  http_server_options o{s.options.address, s.options.port,   s.options.body_bytes_max, s.options.num_threads,
+                        s.options.limits,  s.options.access.tls, s.options.stop_timeout};
   auto server = http_server::start(std::move(o), [&s](const http_request& req, const std::shared_ptr<http_response>& res) {
     s.handle(req, res);
   });

@@ -6,8 +6,10 @@
 /// render its chunks and its end and queue them on the request's connection; the server's loop
 /// writes them. No actor waits on a socket and no thread waits per request. A request whose
 /// HTTP client goes away is cancelled (the engine frees its KV blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-/// GET /health, GET /metrics. A completion's `priority` below limits.priority_min is raised to
-/// it (a client cannot put its requests before everyone else's).
+/// GET /health, GET /metrics, OPTIONS (CORS preflights). A completion's `priority` below
+/// limits.priority_min is raised to it (a client cannot put its requests before everyone
+/// else's). `access` (actors/edge/access.hpp) adds API keys (a 401 without one, except /health,
+/// the page and preflights), HTTPS and the origins whose pages may call it (others: 403).
 ///
 /// Life: `start` listens at once (GET /health: 503 starting; completions: 503), `serve` hands
 /// it the load balancer once the node is up (200 ready), `drain` refuses new completions with
@@ -23,6 +25,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/client.hpp"
+#include "actors/edge/access.hpp"
 #include "actors/edge/edge_limits.hpp"
 #include "runtime/openai/api.hpp"
 #include "runtime/common/error.hpp"
@@ -40,6 +43,8 @@ struct gateway_options {
   /// Connections, deadlines, output and requests in flight per client address (a 429 past
   /// max_in_flight_per_address), and the priority floor of its requests (edge_limits).
   edge_limits limits;
+  /// API keys, CORS origins, TLS (docs/security.md "Access to the gateways").
+  access_options access;
   /// How long /metrics waits for each engine's counters; one that does not answer in time makes
   /// the scrape a 503 naming it.
   std::chrono::milliseconds engine_query_timeout{2000};

@@ -16,6 +16,8 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -61,24 +63,58 @@ std::string chunk_of(std::string_view bytes) {
   return chunk;
 }
 
-/// Where a connection is in reading its next request; each but `answering` has a deadline.
-enum class reading { idle, head, body, answering };
+/// Where a connection is in reading its next request; each but `answering` has a deadline
+/// (`handshake`: a TLS connection's, within header_timeout of its accept).
+enum class reading { handshake, idle, head, body, answering };
+
+/// A connection's bytes: a plain socket, or TLS over one.
+class connection_stream {
+ public:
+  /// TLS over `s` with `tls`; plain when null.
+  connection_stream(tcp::socket s, asio::ssl::context* tls) {
+    if (tls) tls_.emplace(std::move(s), *tls);
+    else plain_.emplace(std::move(s));
+  }
+  connection_stream(const connection_stream&) = delete;
+  connection_stream& operator=(const connection_stream&) = delete;
+
+  tcp::socket& socket() { return tls_ ? tls_->next_layer() : *plain_; }
+  template <class Handler>
+  void handshake(Handler h) {
+    tls_->async_handshake(asio::ssl::stream_base::server, std::move(h));
+  }
+  template <class Buffers, class Handler>
+  void read_some(const Buffers& buffers, Handler h) {
+    if (tls_) return tls_->async_read_some(buffers, std::move(h));
+    plain_->async_read_some(buffers, std::move(h));
+  }
+  template <class Handler>
+  void write(asio::const_buffer bytes, Handler h) {
+    if (tls_) return asio::async_write(*tls_, bytes, std::move(h));
+    asio::async_write(*plain_, bytes, std::move(h));
+  }
+
+ private:
+  std::optional<tcp::socket> plain_;
+  std::optional<asio::ssl::stream<tcp::socket>> tls_;
+};
 
 }  // namespace
 
 /// One client connection. The loop thread owns the socket, the input and the parser; responses
 /// append to `out` from any thread under `mutex`.
 struct http_connection {
-  http_connection(tcp::socket s, uint64_t number, http_server::impl* owner, std::string address,
-                  std::shared_ptr<const void> counted)
-      : socket(std::move(s)), id(number), server(owner), peer(std::move(address)), open(std::move(counted)) {
-    read_deadline.emplace(socket->get_executor());
-    write_deadline.emplace(socket->get_executor());
+  http_connection(tcp::socket s, asio::ssl::context* tls, uint64_t number, http_server::impl* owner,
+                  std::string address, std::shared_ptr<const void> counted)
+      : id(number), server(owner), peer(std::move(address)), open(std::move(counted)) {
+    stream.emplace(std::move(s), tls);
+    read_deadline.emplace(stream->socket().get_executor());
+    write_deadline.emplace(stream->socket().get_executor());
   }
 
-  // The loop thread's alone. The socket is dropped when the connection closes, so none outlives
+  // The loop thread's alone. The stream is dropped when the connection closes, so none outlives
   // the server's io_context.
-  std::optional<tcp::socket> socket;
+  std::optional<connection_stream> stream;
   const uint64_t id;
   http_server::impl* const server;
   const std::string peer;            ///< the client's address
@@ -110,6 +146,7 @@ struct http_server::impl {
 
   http_server_options options;
   http_handler handler;
+  std::optional<asio::ssl::context> tls;  ///< options.tls's, for asio; none: plaintext
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   asio::steady_timer stop_timer{io};
@@ -146,6 +183,7 @@ struct http_server::impl {
   void accept();
   void accept_later(error_code ec);
   void admit(tcp::socket socket);
+  void handshake(const std::shared_ptr<http_connection>& c);
   void expect(const std::shared_ptr<http_connection>& c, reading next);
   void on_read_deadline(const std::shared_ptr<http_connection>& c, reading missed);
   void read(const std::shared_ptr<http_connection>& c);
@@ -187,11 +225,20 @@ std::string retry_after(int status) { return status == 429 || status == 503 ? "\
 
 }  // namespace
 
+void http_response::add_header(std::string_view name, std::string_view value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  extra_head_.append("\r\n").append(name).append(": ").append(value);
+}
+
+std::string http_response::head_end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return extra_head_ + (close_after_ ? "\r\nConnection: close" : "") + "\r\n\r\n";
+}
+
 void http_response::reply(int status, std::string_view content_type, std::string_view body) {
   std::string bytes = status_line(status) + "Content-Type: ";
   bytes.append(content_type);
-  bytes += "\r\nContent-Length: " + std::to_string(body.size()) + retry_after(status) +
-           (close_after_ ? "\r\nConnection: close" : "") + "\r\n\r\n";
+  bytes += "\r\nContent-Length: " + std::to_string(body.size()) + retry_after(status) + head_end();
   bytes.append(body);
   queue(bytes, true);
 }
@@ -199,8 +246,7 @@ void http_response::reply(int status, std::string_view content_type, std::string
 void http_response::begin_stream(std::string_view content_type) {
   std::string bytes = status_line(200) + "Content-Type: ";
   bytes.append(content_type);
-  bytes += std::string("\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked") +
-           (close_after_ ? "\r\nConnection: close" : "") + "\r\n\r\n";
+  bytes += "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked" + head_end();
   queue(bytes, false);
 }
 
@@ -274,6 +320,10 @@ void http_server::impl::admit(tcp::socket socket) {
   const tcp::endpoint remote = socket.remote_endpoint(ec);
   const std::string peer = ec ? std::string() : remote.address().to_string();
   std::shared_ptr<const void> counted = open_connections.enter(peer);
+  if (!counted && tls) {  // a TLS client could not read a plaintext answer
+    socket.close(ec);
+    return;
+  }
   if (!counted) {
     const std::string why = "too many connections: at most " + std::to_string(options.limits.max_connections) +
                             " in all and " + std::to_string(options.limits.max_connections_per_address) + " per address";
@@ -284,24 +334,42 @@ void http_server::impl::admit(tcp::socket socket) {
     return;
   }
   socket.set_option(tcp::no_delay(true), ec);
-  auto c = std::make_shared<http_connection>(std::move(socket), ++num_accepted, this, peer, std::move(counted));
+  auto c = std::make_shared<http_connection>(std::move(socket), tls ? &*tls : nullptr, ++num_accepted, this, peer,
+                                             std::move(counted));
   connections.emplace(c->id, c);
+  if (tls) return handshake(c);
   expect(c, reading::idle);
   read(c);
+}
+
+/// A TLS connection's handshake, within header_timeout; then its requests.
+void http_server::impl::handshake(const std::shared_ptr<http_connection>& c) {
+  expect(c, reading::handshake);
+  c->stream->handshake([this, c](error_code ec) {
+    if (!c->stream) return;  // closed meanwhile
+    if (ec) {
+      spdlog::debug("http: a TLS handshake with {} failed: {}", c->peer, ec.message());
+      return close_connection(c);
+    }
+    expect(c, reading::idle);
+    read(c);
+  });
 }
 
 /// Arms `c`'s read deadline for `next`: idle_timeout for the next request's first byte,
 /// header_timeout from it for the head, body_timeout from the head for the body; none while a
 /// request is answered.
 void http_server::impl::expect(const std::shared_ptr<http_connection>& c, reading next) {
-  if (c->phase == next || !c->socket) return;
+  if (c->phase == next || !c->stream) return;
   c->phase = next;
   const uint64_t number = ++c->num_read_deadlines;
   if (next == reading::answering) return (void)c->read_deadline->cancel();
   const edge_limits& l = options.limits;
-  c->read_deadline->expires_after(next == reading::idle ? l.idle_timeout : next == reading::head ? l.header_timeout : l.body_timeout);
+  c->read_deadline->expires_after(next == reading::idle   ? l.idle_timeout
+                                  : next == reading::body ? l.body_timeout
+                                                          : l.header_timeout);
   c->read_deadline->async_wait([this, c, next, number](error_code ec) {
-    if (!ec && c->socket && c->num_read_deadlines == number) on_read_deadline(c, next);
+    if (!ec && c->stream && c->num_read_deadlines == number) on_read_deadline(c, next);
   });
 }
 
@@ -309,6 +377,10 @@ void http_server::impl::expect(const std::shared_ptr<http_connection>& c, readin
 void http_server::impl::on_read_deadline(const std::shared_ptr<http_connection>& c, reading missed) {
   const edge_limits& l = options.limits;
   if (missed == reading::idle) return close_connection(c);
+  if (missed == reading::handshake) {
+    spdlog::info("http: a TLS handshake with {} took over {} ms: closing", c->peer, l.header_timeout.count());
+    return close_connection(c);
+  }
   const bool head = missed == reading::head;
   spdlog::info("http: a request {} from {} took over {} ms: 408", head ? "head" : "body", c->peer,
                (head ? l.header_timeout : l.body_timeout).count());
@@ -320,15 +392,15 @@ void http_server::impl::on_read_deadline(const std::shared_ptr<http_connection>&
 /// Reads whatever the client sends, always: requests (pipelined ones wait in `in` until their
 /// turn), and the end of the connection, which abandons a response in progress.
 void http_server::impl::read(const std::shared_ptr<http_connection>& c) {
-  c->socket->async_read_some(c->in.prepare(read_bytes), [this, c](error_code ec, size_t n) {
-    if (!c->socket) return;  // closed meanwhile
+  c->stream->read_some(c->in.prepare(read_bytes), [this, c](error_code ec, size_t n) {
+    if (!c->stream) return;  // closed meanwhile
     if (ec) return close_connection(c);  // the client closed its end, or the socket failed
     if (c->phase == reading::idle) expect(c, reading::head);
     c->in.commit(n);
     if (c->discarding) c->in.consume(c->in.size());
     if (c->in.size() > head_bytes_max + options.body_bytes_max + read_bytes) return close_connection(c);
     parse_requests(c);
-    if (c->socket) read(c);
+    if (c->stream) read(c);
   });
 }
 
@@ -368,6 +440,7 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
         req.path = req.target.substr(0, req.target.find('?'));
         req.content_length = static_cast<int64_t>(*length);
         req.peer = c->peer;
+        req.secure = tls.has_value();
         req.body_too_large = true;  // the body is not read: the connection closes after the answer
         c->parser.reset();
         c->in.consume(c->in.size());
@@ -397,6 +470,7 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
   req.body = std::move(message.body());
   req.content_length = static_cast<int64_t>(req.body.size());
   req.peer = c->peer;
+  req.secure = tls.has_value();
   dispatch(c, std::move(req), !message.keep_alive());
 }
 
@@ -438,12 +512,12 @@ void http_server::impl::write_out(const std::shared_ptr<http_connection>& c) {
     c->sending.clear();
     c->sending.swap(c->out);
   }
-  asio::async_write(*c->socket, asio::buffer(c->sending), [this, c](error_code ec, size_t) { written(c, ec); });
+  c->stream->write(asio::buffer(c->sending), [this, c](error_code ec, size_t) { written(c, ec); });
   // A client that does not read stalls the write: past write_timeout the connection closes.
   const uint64_t number = ++c->num_writes;
   c->write_deadline->expires_after(options.limits.write_timeout);
   c->write_deadline->async_wait([this, c, number](error_code ec) {
-    if (ec || !c->socket || c->num_writes != number) return;
+    if (ec || !c->stream || c->num_writes != number) return;
     spdlog::info("http: closing a connection from {}: a write took over {} ms (--gateway-write-timeout-ms)", c->peer,
                  options.limits.write_timeout.count());
     close_connection(c);
@@ -453,7 +527,7 @@ void http_server::impl::write_out(const std::shared_ptr<http_connection>& c) {
 /// A write ended: more was queued meanwhile (write it), or the response is over (finish it, then
 /// close or read the next request).
 void http_server::impl::written(const std::shared_ptr<http_connection>& c, error_code ec) {
-  if (!c->socket) return;  // closed meanwhile
+  if (!c->stream) return;  // closed meanwhile
   if (ec) return close_connection(c);  // the client is gone
   ++c->num_writes;  // its deadline is stale now
   c->write_deadline->cancel();
@@ -487,8 +561,8 @@ void http_server::impl::close_connection(const std::shared_ptr<http_connection>&
     c->out.clear();
   }
   error_code ignored;
-  c->socket->close(ignored);  // the read (and any write) in flight ends with operation_aborted
-  c->socket.reset();
+  c->stream->socket().close(ignored);  // the read (and any write) in flight ends with operation_aborted
+  c->stream.reset();
   c->read_deadline.reset();  // their waits end with operation_aborted
   c->write_deadline.reset();
   c->open.reset();
@@ -525,6 +599,10 @@ expected<std::unique_ptr<http_server>> http_server::start(http_server_options op
   if (auto ok = check_edge_limits(options.limits); !ok) return tl::unexpected(ok.error());
   auto state = std::make_unique<impl>(std::move(options), std::move(handler));
   impl& s = *state;
+  if (s.options.tls) {
+    SSL_CTX_up_ref(s.options.tls.get());  // asio's context frees its reference
+    s.tls.emplace(s.options.tls.get());
+  }
   const int fd = listen_on(s.options.address, s.options.port);
   if (fd < 0) return fail(errc::io_error, "cannot listen for HTTP on " + s.options.address + ":" + std::to_string(s.options.port));
   s.port = bound_port(fd);

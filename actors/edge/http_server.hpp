@@ -23,6 +23,9 @@
 /// (else 408 and close); a write that takes over write_timeout closes the connection, and so does
 /// output queued past output_bytes_max (a client that does not read): its response is abandoned.
 /// Out of descriptors, accepting waits 100 ms between tries.
+///
+/// With a TLS context (`http_server_options::tls`, actors/edge/access.hpp) every connection is
+/// HTTPS: its handshake must end within header_timeout of the accept, else it closes.
 
 #include <chrono>
 #include <cstdint>
@@ -34,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/edge/access.hpp"
 #include "actors/edge/edge_limits.hpp"
 #include "runtime/common/error.hpp"
 
@@ -48,6 +52,7 @@ struct http_request {
   int64_t content_length = 0;
   bool body_too_large = false;  ///< Content-Length over the limit: the body was not read
   std::string peer;             ///< the client's address (what edge_limits count by)
+  bool secure = false;          ///< it came over TLS
 };
 
 struct http_connection;
@@ -59,6 +64,9 @@ class http_response {
  public:
   http_response(std::shared_ptr<http_connection> c, bool close_after) : connection_(std::move(c)), close_after_(close_after) {}
 
+  /// One more header line of the response (`name: value`, no CR or LF in either); before
+  /// `reply` or `begin_stream`.
+  void add_header(std::string_view name, std::string_view value);
   void reply(int status, std::string_view content_type, std::string_view body);
   void begin_stream(std::string_view content_type);
   /// One chunk of the stream; false once the client is gone.
@@ -78,6 +86,8 @@ class http_response {
   /// The response is over: written, or its client gone (`abandoned`: the callback runs); what it
   /// held is let go. Called once, by the loop thread.
   void finish(bool abandoned);
+  /// The added header lines, Connection: close where it closes, and the blank line.
+  [[nodiscard]] std::string head_end();
 
   std::shared_ptr<http_connection> connection_;
   const bool close_after_;
@@ -86,6 +96,7 @@ class http_response {
   bool finished_ = false;            // guarded by mutex_; then nothing is held or called back
   bool is_abandoned_ = false;        // guarded by mutex_
   std::vector<std::shared_ptr<const void>> held_;  // guarded by mutex_
+  std::string extra_head_;                         // guarded by mutex_: "\r\nName: value" lines
 };
 
 using http_handler = std::function<void(const http_request&, const std::shared_ptr<http_response>&)>;
@@ -96,6 +107,7 @@ struct http_server_options {
   size_t body_bytes_max = 1 << 20;
   int32_t num_workers = 4;  ///< threads running handlers (a handler may block, e.g. /metrics)
   edge_limits limits;       ///< max_in_flight_per_* and priority_min are the handler's to apply
+  tls_context tls;          ///< null: plaintext; else every connection is TLS with it (handshake within header_timeout)
   /// A stopping server lets the responses in progress be written this long, then closes.
   std::chrono::milliseconds stop_timeout{10000};
 };

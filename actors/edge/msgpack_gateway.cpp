@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
@@ -23,6 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/edge/listen.hpp"
+#include "actors/edge/socket_channel.hpp"
 #include "messages/msgpack_rpc.hpp"
 
 namespace troupe::gateway {
@@ -33,44 +35,22 @@ using steady = std::chrono::steady_clock;
 /// How long a stopping gateway waits for the ends of the requests it cancelled.
 constexpr std::chrono::seconds stop_grace{2};
 
-/// Whether `fd` has bytes (or its end, or an error) to read within `wait`.
-bool readable_within(int fd, std::chrono::milliseconds wait) {
-  pollfd p{fd, POLLIN, 0};
-  int n = 0;
-  do n = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(wait.count(), 0, 1 << 30)));
-  while (n < 0 && errno == EINTR);
-  return n != 0;
-}
-
 enum class read_end { done, closed, timed_out };
 
-/// Appends bytes from `fd` to `out` as they arrive until it holds `n` (a length the client
+/// Appends bytes from `in` to `out` as they arrive until it holds `n` (a length the client
 /// announced is never allocated ahead of its bytes), the peer closes or fails, or `deadline`.
-read_end read_until(int fd, std::string& out, size_t n, steady::time_point deadline) {
+read_end read_until(socket_channel& in, std::string& out, size_t n, steady::time_point deadline) {
   char buf[16 << 10];
   while (out.size() < n) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - steady::now());
     if (left.count() <= 0) return read_end::timed_out;
-    if (!readable_within(fd, left)) continue;
-    const ssize_t got = ::recv(fd, buf, std::min(sizeof buf, n - out.size()), 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return read_end::closed;
+    if (!in.readable_within(left)) continue;
+    const ssize_t got = in.read_some(buf, std::min(sizeof buf, n - out.size()));
+    if (got < 0) continue;
+    if (got == 0) return read_end::closed;
     out.append(buf, static_cast<size_t>(got));
   }
   return read_end::done;
-}
-
-/// Writes all of `bytes`; false if the peer is gone or a send made no progress for the
-/// socket's send timeout (SO_SNDTIMEO = edge_limits::write_timeout).
-bool write_all(int fd, const std::string& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 /// A request in flight on a connection: its client actor (null until spawned) and its place
@@ -83,12 +63,12 @@ struct in_flight_request {
 /// One client connection. The reader thread owns the requests' start and the connection's end;
 /// the writer thread drains `outbox`, where client actors push frames.
 struct connection {
-  connection(int socket, std::string address, std::shared_ptr<const void> counted, const edge_limits& l)
-      : fd(socket), peer(std::move(address)), open(std::move(counted)), limits(l) {}
-  ~connection() { ::close(fd); }
+  connection(int socket, ssl_ctx_st* tls, std::string address, std::shared_ptr<const void> counted, const edge_limits& l)
+      : channel(socket, tls), fd(socket), peer(std::move(address)), open(std::move(counted)), limits(l) {}
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
 
+  socket_channel channel;  ///< closes the socket when the connection goes
   const int fd;
   const std::string peer;            ///< the client's address
   std::shared_ptr<const void> open;  ///< counts it among the open connections; the reader's, let go at its end
@@ -104,6 +84,7 @@ struct connection {
   std::map<uint64_t, in_flight_request> in_flight;  ///< by the client's id
   std::thread reader;
   std::atomic<bool> finished{false};  ///< the reader thread is done: join and drop it
+  bool authorized = false;            ///< its key was accepted (the reader thread's)
 
   /// Queues `frame`. Past output_bytes_max unread, the client's requests are cancelled and the
   /// connection closes.
@@ -139,7 +120,7 @@ struct connection {
       queued_bytes -= static_cast<int64_t>(frame.size());
       changed.notify_all();
       lock.unlock();
-      if (write_all(fd, frame)) continue;
+      if (channel.write_all(frame, limits.write_timeout)) continue;
       lock.lock();
       close_broken("a write failed or made no progress for " + std::to_string(limits.write_timeout.count()) + " ms");
     }
@@ -226,7 +207,8 @@ struct msgpack_gateway::impl {
   void finish(const std::shared_ptr<connection>& c);
   bool wait_first_byte(connection& c);
   bool read_frame(const std::shared_ptr<connection>& self);
-  void handle_frame(const std::shared_ptr<connection>& c, const std::string& body);
+  /// Handles one frame; false: the connection ends (its key was refused).
+  bool handle_frame(const std::shared_ptr<connection>& c, const std::string& body);
   void start_request(const std::shared_ptr<connection>& c, wire::request decoded);
   std::optional<error> enroll(connection& c, uint64_t id);
   bool wait_finished(std::chrono::milliseconds bound);
@@ -267,7 +249,8 @@ void msgpack_gateway::impl::admit(int fd) {
   std::shared_ptr<const void> counted = open_connections.enter(peer);
   if (!counted) {
     spdlog::debug("msgpack: refused a connection from {}: too many open", peer);
-    send_now(fd, wire::encode_error(std::nullopt, {errc::overloaded, "too many connections: at most " +
+    if (!options.access.tls)  // a TLS client could not read a plaintext frame
+      send_now(fd, wire::encode_error(std::nullopt, {errc::overloaded, "too many connections: at most " +
                                                    std::to_string(options.limits.max_connections) + " in all and " +
                                                    std::to_string(options.limits.max_connections_per_address) +
                                                    " per address (--gateway-max-connections[-per-address])"}));
@@ -277,7 +260,7 @@ void msgpack_gateway::impl::admit(int fd) {
   const auto wait = options.limits.write_timeout;
   timeval send_timeout{static_cast<time_t>(wait.count() / 1000), static_cast<suseconds_t>(wait.count() % 1000 * 1000)};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
-  auto c = std::make_shared<connection>(fd, peer, std::move(counted), options.limits);
+  auto c = std::make_shared<connection>(fd, options.access.tls.get(), peer, std::move(counted), options.limits);
   std::lock_guard<std::mutex> lock(connections_mutex);
   for (auto it = connections.begin(); it != connections.end();) {
     if (!(*it)->finished) {
@@ -299,6 +282,11 @@ void msgpack_gateway::impl::admit(int fd) {
 /// The connection's life: frames until it ends, then its requests end (cancelled when the client
 /// left; run to their end when the gateway stops, within its bound), then the writer flushes.
 void msgpack_gateway::impl::serve(const std::shared_ptr<connection>& c) {
+  if (!c->channel.handshake(options.limits.header_timeout)) {
+    spdlog::info("msgpack: a TLS handshake with {} failed or took over {} ms: closing", c->peer,
+                 options.limits.header_timeout.count());
+    return finish(c);
+  }
   std::thread writer;
   try {
     writer = std::thread([c] { c->write_frames(); });
@@ -327,7 +315,7 @@ void msgpack_gateway::impl::finish(const std::shared_ptr<connection>& c) {
 /// write that stays silent for idle_timeout is closed (false).
 bool msgpack_gateway::impl::wait_first_byte(connection& c) {
   for (;;) {
-    if (readable_within(c.fd, options.limits.idle_timeout)) return true;
+    if (c.channel.readable_within(options.limits.idle_timeout)) return true;
     if (!c.idle()) continue;
     spdlog::info("msgpack: closing a connection from {}: idle for {} ms", c.peer, options.limits.idle_timeout.count());
     return false;
@@ -342,7 +330,7 @@ bool msgpack_gateway::impl::read_frame(const std::shared_ptr<connection>& self) 
   const std::string late = "a frame took over " + std::to_string(options.limits.header_timeout.count()) +
                            " ms to arrive (--gateway-header-timeout-ms): closing the connection";
   std::string header;
-  const read_end head = read_until(c.fd, header, wire::frame_header_bytes, deadline);
+  const read_end head = read_until(c.channel, header, wire::frame_header_bytes, deadline);
   if (head == read_end::closed && header.empty()) return false;  // the client closed between frames
   if (head != read_end::done) {
     c.refuse(std::nullopt, head == read_end::timed_out ? late : "the connection ended inside a frame header");
@@ -355,22 +343,39 @@ bool msgpack_gateway::impl::read_frame(const std::shared_ptr<connection>& self) 
     return false;
   }
   std::string body;
-  const read_end rest = read_until(c.fd, body, length, deadline);
+  const read_end rest = read_until(c.channel, body, length, deadline);
   if (rest != read_end::done) {
     c.refuse(std::nullopt, rest == read_end::timed_out
                                ? late
                                : "the connection ended inside a frame of " + std::to_string(length) + " bytes");
     return false;
   }
-  handle_frame(self, body);
-  return true;
+  return handle_frame(self, body);
 }
 
-void msgpack_gateway::impl::handle_frame(const std::shared_ptr<connection>& c, const std::string& body) {
+bool msgpack_gateway::impl::handle_frame(const std::shared_ptr<connection>& c, const std::string& body) {
   auto decoded = wire::decode_frame(body);
-  if (!decoded) return c->push(wire::encode_error(decoded.error().id, decoded.error().problem));
-  if (const auto* cancel = std::get_if<wire::cancel>(&*decoded)) return c->cancel(cancel->id);
-  start_request(c, std::get<wire::request>(std::move(*decoded)));
+  const auto* key = decoded ? std::get_if<wire::auth>(&*decoded) : nullptr;
+  if (!options.access.keys.empty() && !c->authorized) {
+    if (!key || !options.access.keys.accepts(key->key)) {
+      spdlog::info("msgpack: refused a connection from {}: {}", c->peer, key ? "a wrong API key" : "no API key");
+      c->push(wire::encode_unauthenticated(key ? "the API key is not valid"
+                                               : "this gateway needs an API key: send {\"type\": \"auth\", \"key\": KEY} first"));
+      return false;
+    }
+    c->authorized = true;
+    return true;
+  }
+  if (key) return true;  // no keys, or accepted already: nothing to do
+  if (!decoded) {
+    c->push(wire::encode_error(decoded.error().id, decoded.error().problem));
+    return true;
+  }
+  if (const auto* cancel = std::get_if<wire::cancel>(&*decoded))
+    c->cancel(cancel->id);
+  else
+    start_request(c, std::get<wire::request>(std::move(*decoded)));
+  return true;
 }
 
 /// Counts request `id` in flight on `c`, or says why it is refused: its id is in flight already,
@@ -429,6 +434,9 @@ expected<std::unique_ptr<msgpack_gateway>> msgpack_gateway::start(caf::actor_sys
   if (!load_balancer) return fail(errc::invalid_argument, "the msgpack gateway needs the load balancer's node");
   if (options.frame_bytes_max < 1) return fail(errc::invalid_argument, "the msgpack gateway needs a frame limit of 1 byte or more");
   if (auto ok = check_edge_limits(options.limits); !ok) return tl::unexpected(ok.error());
+  // OpenSSL writes a TLS connection with write(2): a client gone would raise SIGPIPE and end the
+  // process. It is ignored (such a write fails with EPIPE), as servers do.
+  if (options.access.tls) std::signal(SIGPIPE, SIG_IGN);
   auto state = std::make_unique<impl>(sys, std::move(load_balancer), std::move(options));
   impl& s = *state;
   s.listen_fd = listen_on(s.options.address, s.options.port);

@@ -28,6 +28,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/client.hpp"
+#include "actors/edge/access.hpp"
 #include "actors/edge/edge_limits.hpp"
 #include "runtime/common/error.hpp"
 
@@ -39,6 +40,9 @@ struct msgpack_options {
   size_t frame_bytes_max = 1 << 20;  ///< a longer frame is answered with an error, then closed
   actors::client_timeouts timeouts;
   edge_limits limits;
+  /// API keys (a connection's first frame is `{"type": "auth", "key"}`, else it is refused) and
+  /// TLS; its CORS origins and metrics_public do not apply.
+  access_options access;
   /// A stopping gateway waits this long for its requests in flight, then cancels them.
   std::chrono::milliseconds drain_timeout{30000};
 };

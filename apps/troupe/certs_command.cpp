@@ -1,12 +1,14 @@
 // `troupe certs --out DIR --nodes a,b,c [--client NAME]... [--clients N] [--ca-key-out PATH]`: a
 // development CA and a certificate and key per node and client, made with OpenSSL's library, for
 // a topology's [tls] table (docs/security.md). EC P-256 keys; X.509 v3 certificates signed with
-// SHA-256, its name as CN and DNS name. A node's certificate is for TLS server and client use (a
+// SHA-256, its name as CN and DNS name (and IP address, for a name that is an IPv4 address: a
+// certificate for an HTTPS gateway). A node's certificate is for TLS server and client use (a
 // node listens and connects), a client's for client use only: the nodes' verify callback tells
 // them apart (actors/system/tls.hpp, peer_rules). DIR must not exist: it is created 0700, keys are
 // written 0600 with O_EXCL, certificates 0644. The CA's key — whoever holds it can make
 // certificates the cluster accepts — is kept out of DIR, which holds what nodes are given: it
 // goes to --ca-key-out, by default DIR/ca-private/ca-key.pem (a 0700 directory of its own).
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -104,6 +106,13 @@ expected<void> set_random_serial(X509* cert) {
   return {};
 }
 
+/// A name's subjectAltName: its DNS name, and its IP address when it is an IPv4 address (a
+/// certificate for an HTTPS gateway at, say, 127.0.0.1).
+std::string subject_alt_name(const std::string& name) {
+  in_addr ip{};
+  return "DNS:" + name + (::inet_pton(AF_INET, name.c_str(), &ip) == 1 ? ",IP:" + name : "");
+}
+
 /// The extensions of the CA (`issuer` == nullptr) or of a node's certificate (TLS server and
 /// client use) or a client's (`node` false: client use only).
 expected<void> add_extensions(X509* cert, X509* issuer, const std::string& name, bool node) {
@@ -113,7 +122,7 @@ expected<void> add_extensions(X509* cert, X509* issuer, const std::string& name,
   const std::vector<std::pair<int, std::string>> leaf = {{NID_basic_constraints, "critical,CA:FALSE"},
                                                          {NID_key_usage, "critical,digitalSignature"},
                                                          {NID_ext_key_usage, node ? "serverAuth,clientAuth" : "clientAuth"},
-                                                         {NID_subject_alt_name, "DNS:" + name},
+                                                         {NID_subject_alt_name, subject_alt_name(name)},
                                                          {NID_subject_key_identifier, "hash"},
                                                          {NID_authority_key_identifier, "keyid:always"}};
   for (const auto& [nid, value] : issuer ? leaf : ca)

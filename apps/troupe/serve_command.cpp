@@ -2,6 +2,7 @@
 // friends), publish its load balancer, run until SIGINT or SIGTERM, then shut down cleanly.
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -113,7 +114,57 @@ struct serve_options {
   speculation_flags speculation;  ///< the generated node's
   gateway_flags gateway;          ///< both gateways' limits
   chat_template_flags chat;       ///< the balancer's chat template and its date
+  // Who may use the gateways (docs/security.md "Access to the gateways"), over [http]'s keys.
+  std::vector<std::string> api_keys;  ///< besides TROUPE_API_KEY and [http] api_keys_file
+  bool metrics_public = false;
+  std::string ssl_certfile, ssl_keyfile;
+  std::vector<std::string> allowed_origins;
 };
+
+/// Who may use the gateways: the API keys of --api-key, TROUPE_API_KEY and [http]
+/// api_keys_file together; the certificate and the origins of the flags, else of [http].
+expected<gateway::access_options> resolve_access(const serve_options& o, const topology::topology& t) {
+  const topology::http_spec table = t.http.value_or(topology::http_spec{});
+  std::vector<std::string> keys = o.api_keys;
+  if (const char* env = std::getenv("TROUPE_API_KEY"); env && *env) keys.emplace_back(env);
+  if (!table.api_keys_file.empty()) {
+    auto listed = gateway::api_keys::read_file(table.api_keys_file);
+    if (!listed) return tl::unexpected(listed.error());
+    keys.insert(keys.end(), listed->begin(), listed->end());
+  }
+  gateway::access_options access;
+  auto accepted = gateway::api_keys::make(keys);
+  if (!accepted) return tl::unexpected(accepted.error());
+  access.keys = std::move(*accepted);
+  access.metrics_public = o.metrics_public;
+  auto origins = gateway::cors_origins::make(o.allowed_origins.empty() && !table.allowed_origins.empty()
+                                                 ? std::vector<std::string>{table.allowed_origins}
+                                                 : o.allowed_origins);
+  if (!origins) return fail(errc::invalid_argument, "--allowed-origins: " + origins.error().message);
+  access.origins = std::move(*origins);
+  const bool flags = !o.ssl_certfile.empty() || !o.ssl_keyfile.empty();
+  if (flags && (o.ssl_certfile.empty() || o.ssl_keyfile.empty()))
+    return fail(errc::invalid_argument, "--ssl-certfile and --ssl-keyfile go together");
+  const std::string& cert = flags ? o.ssl_certfile : table.ssl_certfile;
+  const std::string& key = flags ? o.ssl_keyfile : table.ssl_keyfile;
+  if (!cert.empty()) {
+    auto tls = gateway::make_tls_context(cert, key);
+    if (!tls) return tl::unexpected(tls.error());
+    access.tls = std::move(*tls);
+  }
+  return access;
+}
+
+/// A gateway at `address` reachable from other hosts says what it lacks: TLS (keys and prompts
+/// cross the network in clear) and keys (anyone who reaches it may use it).
+void log_access(const char* what, const std::string& address, const gateway::access_options& access) {
+  if (topology::is_loopback(address)) return;
+  if (!access.tls)
+    spdlog::warn("{} on {} without TLS: API keys, prompts and answers cross the network in clear (--ssl-certfile, "
+                 "--ssl-keyfile)", what, address);
+  if (access.keys.empty())
+    spdlog::warn("{} on {} without API keys: anyone who reaches it may use it (--api-key)", what, address);
+}
 
 /// The chat template flags into `lo`: the file's text and the date (today's unless given).
 expected<void> apply_chat_flags(const chat_template_flags& flags, topology::launch_options& lo) {
@@ -159,12 +210,15 @@ expected<std::optional<topology::http_spec>> http_endpoint(const serve_options& 
 /// says "starting" until `serve` hands it the balancer. /metrics reports this node's engines.
 expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys, const serve_options& o,
                                                             const std::optional<topology::http_spec>& http,
-                                                            const topology::topology& t, const std::string& node_name) {
+                                                            const topology::topology& t, const std::string& node_name,
+                                                            const gateway::access_options& access) {
   if (!http) return nullptr;
+  log_access("the HTTP gateway", http->address, access);
   gateway::gateway_options g;
   g.address = http->address;
   g.port = http->port;
   g.limits = o.gateway.resolve(t);
+  g.access = access;
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
   for (const topology::engine_spec& e : t.engines)
@@ -187,14 +241,17 @@ void stop_gateways(std::unique_ptr<gateway::http_gateway>& http, const std::opti
 /// The msgpack gateway `o` asks for (null if none), in front of this node's balancer.
 expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_system& sys, const serve_options& o,
                                                                   const topology::topology& t,
-                                                                  const topology::launched_node& node) {
+                                                                  const topology::launched_node& node,
+                                                                  const gateway::access_options& access) {
   if (o.msgpack_port < 0) return nullptr;
+  log_access("the msgpack gateway", o.msgpack_address, access);
   if (!node.load_balancer)
     return fail(errc::invalid_argument, "--msgpack-port needs the load balancer's node ('" + t.load_balancer.node + "')");
   gateway::msgpack_options m;
   m.address = o.msgpack_address;
   m.port = static_cast<uint16_t>(o.msgpack_port);
   m.limits = o.gateway.resolve(t);
+  m.access = access;
   m.drain_timeout = std::chrono::milliseconds(t.http.value_or(topology::http_spec{}).drain_timeout_ms);
   return gateway::msgpack_gateway::start(sys, node.load_balancer, std::move(m));
 }
@@ -227,12 +284,15 @@ int run_serve(const serve_options& o) {
     return fail_with(ok.error());
   auto http_at = http_endpoint(o, *t, node_name);
   if (!http_at) return fail_with(http_at.error());
+  auto access = resolve_access(o, *t);
+  if (!access) return fail_with(access.error());
   log_security(*security);
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
-  auto http = start_http(sys, o, *http_at, *t, node_name);
+  auto http = start_http(sys, o, *http_at, *t, node_name, *access);
   if (!http) return leave(sys, fail_with(http.error()));
   const std::string http_endpoint = *http ? (*http_at)->address + ":" + std::to_string((*http)->port()) : "";
+  const char* http_scheme = access->tls ? "https://" : "http://";
   if (*http) {
     std::printf("%s: HTTP gateway starting on %s (GET /health: 503 until the engines are up)\n", node_name.c_str(),
                 http_endpoint.c_str());
@@ -260,16 +320,17 @@ int run_serve(const serve_options& o) {
                               (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   if (*http) {
     (*http)->serve(launched->load_balancer, launched->engines, launched->tok);
-    launched->summary.push_back("HTTP gateway listening on http://" + http_endpoint);
+    launched->summary.push_back(std::string("HTTP gateway listening on ") + http_scheme + http_endpoint);
   }
-  auto msgpack = start_msgpack(sys, o, *t, *launched);
+  auto msgpack = start_msgpack(sys, o, *t, *launched, *access);
   if (!msgpack) {
     http->reset();
     topology::shutdown_node(sys, *launched);
     return leave(sys, fail_with(msgpack.error()));
   }
   if (*msgpack)
-    launched->summary.push_back("msgpack gateway listening on " + o.msgpack_address + ":" + std::to_string((*msgpack)->port()));
+    launched->summary.push_back("msgpack gateway listening on " + o.msgpack_address + ":" +
+                                std::to_string((*msgpack)->port()) + (access->tls ? " (TLS)" : ""));
   if (launched->ucx)
     launched->summary.push_back("KV transport: UCX on " + node->address + ":" + std::to_string(launched->ucx->port()));
   for (const std::string& line : launched->summary) std::printf("%s: %s\n", node_name.c_str(), line.c_str());
@@ -312,6 +373,24 @@ std::vector<CLI::Option*> add_generated_topology(CLI::App* cmd, serve_options& o
   return flags;
 }
 
+/// The flags of who may use the gateways (vLLM's names).
+void add_access_flags(CLI::App* cmd, serve_options& o) {
+  const char* group = "Access to the gateways (docs/security.md)";
+  cmd->add_option("--api-key", o.api_keys,
+                  "an API key clients must send (HTTP: Authorization: Bearer KEY; msgpack: an auth frame); repeat for "
+                  "several; also TROUPE_API_KEY and [http] api_keys_file")
+      ->group(group);
+  cmd->add_flag("--metrics-public", o.metrics_public, "serve GET /metrics without a key")->group(group);
+  cmd->add_option("--ssl-certfile", o.ssl_certfile, "serve HTTPS (and TLS msgpack) with this PEM certificate chain")
+      ->check(CLI::ExistingFile)
+      ->group(group);
+  cmd->add_option("--ssl-keyfile", o.ssl_keyfile, "the PEM private key of --ssl-certfile")->check(CLI::ExistingFile)->group(group);
+  cmd->add_option("--allowed-origins", o.allowed_origins,
+                  "origins (scheme://host[:port], or *) whose browser pages may call the HTTP API (CORS); repeat or "
+                  "separate with commas; default none")
+      ->group(group);
+}
+
 /// `serve` (defaults: the bundled one-node topology, the balancer's node; or a generated node
 /// with --model and friends) and `node` (both required) run the same thing.
 action add_serving(CLI::App& app, const char* name, const char* description, bool required) {
@@ -335,6 +414,7 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                   "on SIGINT/SIGTERM, let this node's requests run this long before they go to other engines "
                   "(default: the topology's [cluster] drain_grace_ms, 30000; 0 = stop at once)")
       ->check(CLI::Range(0, 3600000));
+  add_access_flags(cmd, *o);
   o->gateway.add_to(cmd);
   o->chat.add_to(cmd);
   if (required) {

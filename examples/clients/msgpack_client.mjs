@@ -8,7 +8,14 @@
 // (a cancel frame) and the error frame answering a request with a misspelt key. All go over one
 // connection, the two seeded requests in flight at once. tests/msgpack_test.cpp runs
 // it. A frame is a 4-byte big-endian length and one msgpack value.
+//
+// A gateway with API keys and TLS (docs/security.md "Access to the gateways"):
+//   TROUPE_API_KEY=KEY TROUPE_CA_FILE=ca.pem node examples/clients/msgpack_client.mjs ...
+// connects over TLS, trusting the CA certificate of that file, and sends the key in its first
+// frame.
+import fs from 'node:fs';
 import net from 'node:net';
+import tls from 'node:tls';
 import { createRequire } from 'node:module';
 
 // Resolved through NODE_PATH as well as node_modules (an ES import ignores NODE_PATH).
@@ -23,9 +30,16 @@ export class TroupeClient {
   #pending = new Map();  // id -> { text, onChunk, resolve, reject }
   #nextId = 1;
 
-  static connect(host, port) {
+  /// Connects to host:port: over TLS when `ca` (PEM text of the CA to trust) is given, and
+  /// sends `key` in an auth frame first when one is given.
+  static connect(host, port, { ca, key } = {}) {
     return new Promise((resolve, reject) => {
-      const socket = net.connect({ host, port }, () => resolve(new TroupeClient(socket)));
+      const connected = () => {
+        const client = new TroupeClient(socket);
+        if (key) client.#send({ type: 'auth', key });
+        resolve(client);
+      };
+      const socket = ca ? tls.connect({ host, port, ca }, connected) : net.connect({ host, port }, connected);
       socket.once('error', reject);
     });
   }
@@ -70,6 +84,8 @@ export class TroupeClient {
   }
 
   #dispatch(frame) {
+    // An error frame of no request (a refused key, say) ends them all.
+    if (frame.id === null || frame.id === undefined) return this.#failAll({ code: frame.code, message: frame.message });
     const id = typeof frame.id === 'bigint' ? Number(frame.id) : frame.id;
     const request = this.#pending.get(id);
     if (!request) throw new Error(`a frame for no request in flight: ${JSON.stringify(frame)}`);
@@ -93,7 +109,8 @@ async function main() {
   const [address, prompt, maxTokens] = process.argv.slice(2);
   const [host, port] = [address.slice(0, address.lastIndexOf(':')), Number(address.slice(address.lastIndexOf(':') + 1))];
   const max_tokens = Number(maxTokens);
-  const client = await TroupeClient.connect(host, port);
+  const ca = process.env.TROUPE_CA_FILE ? fs.readFileSync(process.env.TROUPE_CA_FILE) : undefined;
+  const client = await TroupeClient.connect(host, port, { ca, key: process.env.TROUPE_API_KEY });
   const error = await client.complete({ prompt, tempurature: 0 }).then(() => null, (e) => e);
   // The connection outlives the error frame: the next requests go over it.
   const greedy = await client.complete({ prompt, max_tokens, temperature: 0 });

@@ -37,14 +37,14 @@ inline std::string read_until_line(int fd, const std::string& needle) {
 }
 
 /// The line a server prints once its HTTP gateway listens, up to the URL.
-inline const std::string http_listening_line = "HTTP gateway listening on http://";
+inline const std::string http_listening_line = "HTTP gateway listening on ";
 
-/// The URL (http://HOST:PORT) of the first http_listening_line in a server's stdout `out`, or ""
-/// if it has none.
+/// The URL (http://HOST:PORT, or https://) of the first http_listening_line in a server's stdout
+/// `out`, or "" if it has none.
 inline std::string http_url_in(const std::string& out) {
   const size_t line = out.find(http_listening_line);
   if (line == std::string::npos) return "";
-  const size_t at = line + http_listening_line.size() - std::string("http://").size();
+  const size_t at = line + http_listening_line.size();
   return out.substr(at, out.find('\n', at) - at);
 }
 
