@@ -851,6 +851,22 @@ std::pair<testing::cli_result, json> bench(const std::string& url, std::vector<s
   return {r, result};
 }
 
+TEST(BenchServeCommand, OpenaiApiKeyIsSentAsABearerTokenUnlessAHeaderSetsOne) {
+  stub_server stub({"", "vllm", false, "", ""});
+  ::setenv("OPENAI_API_KEY", "sk-env", 1);
+  const auto [r, saved] = bench(stub.url(), {"--num-prompts", "2", "--random-input-len", "4", "--random-output-len", "2"});
+  const auto [given, ignored] = bench(stub.url(), {"--num-prompts", "2", "--random-input-len", "4", "--random-output-len",
+                                                   "2", "--header", "authorization=Bearer sk-flag"});
+  ::unsetenv("OPENAI_API_KEY");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  const std::vector<std::string> auth = stub.header_values("Authorization");
+  ASSERT_GT(auth.size(), 4u);
+  const size_t first_run = auth.size() - std::count(auth.begin(), auth.end(), "Bearer sk-flag");
+  EXPECT_GT(first_run, 2u);
+  for (size_t i = 0; i < auth.size(); i++) EXPECT_EQ(auth[i], i < first_run ? "Bearer sk-env" : "Bearer sk-flag") << i;
+}
+
 TEST(BenchServeCommand, VllmsFlagsAgainstAPathPrefixWithHeadersAndServerTokens) {
   stub_server stub({"/prefix", "vllm", false, "", ""});
   const auto [r, saved] = bench(stub.url(), {"--num-prompts", "6", "--random-input-len", "9", "--random-output-len", "3",

@@ -2,12 +2,14 @@
 // OpenAI-compatible base URL: sends a dataset's prompts at a request rate, prints the result
 // table on stdout and, with --save-result, writes vLLM's result JSON (docs/http.md,
 // "Benchmarking a server").
+#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +89,12 @@ expected<void> resolve_runner(bench_serve_options& o) {
     if (!header) return tl::unexpected(header.error());
     o.runner.headers.push_back(*header);
   }
+  // As vLLM's bench: OPENAI_API_KEY goes as a Bearer token, unless a --header sets Authorization.
+  const bool authorized = std::any_of(o.runner.headers.begin(), o.runner.headers.end(), [](const auto& h) {
+    return h.first.size() == 13 && strncasecmp(h.first.c_str(), "authorization", 13) == 0;
+  });
+  if (const char* key = std::getenv("OPENAI_API_KEY"); key && *key && !authorized)
+    o.runner.headers.emplace_back("Authorization", std::string("Bearer ") + key);
   if (o.runner.backend == "openai-chat" && !o.endpoint_given) o.runner.endpoint = "/v1/chat/completions";
   return loadgen::check_backend(o.runner);
 }
