@@ -113,6 +113,9 @@ struct serve_options {
   speculation_flags speculation;  ///< the generated node's
   gateway_flags gateway;          ///< both gateways' limits
   chat_template_flags chat;       ///< the balancer's chat template and its date
+  /// The HTTP API's model names: the first is the id it reports, every one is accepted in a
+  /// request's `model`; none: the model file's name without extension.
+  std::vector<std::string> served_model_names;
 };
 
 /// The chat template flags into `lo`: the file's text and the date (today's unless given).
@@ -167,6 +170,10 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
+  if (!o.served_model_names.empty()) {
+    g.model.id = o.served_model_names.front();
+    g.model.aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
+  }
   for (const topology::engine_spec& e : t.engines)
     if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
   return gateway::http_gateway::start(sys, std::move(g));
@@ -259,7 +266,8 @@ int run_serve(const serve_options& o) {
                               " listening on " + node->address + ":" + std::to_string(*port) +
                               (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   if (*http) {
-    (*http)->serve(launched->load_balancer, launched->engines, launched->tok);
+    (*http)->serve(launched->load_balancer, launched->engines, launched->tok, launched->context_tokens,
+                   launched->chat);
     launched->summary.push_back("HTTP gateway listening on http://" + http_endpoint);
   }
   auto msgpack = start_msgpack(sys, o, *t, *launched);
@@ -325,6 +333,11 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--http-host", o->http_address,
                   "address of the HTTP API (default: the topology's [http] host, else 127.0.0.1)");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "the model's names in the HTTP API (repeatable, or several after one flag): the first is the id "
+                  "responses and /v1/models report, every one is accepted in a request's model (default: the model "
+                  "file's name without extension)")
+      ->check([](const std::string& name) { return name.empty() ? std::string("a model name is not empty") : std::string(); });
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));
