@@ -791,7 +791,8 @@ TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
   const int table_port = ports[0], flag_port = ports[1];
   const std::string models = TROUPE_MODELS_DIR;
   const std::string topology = (dir_ / "http.toml").string();
-  std::ofstream(topology) << "[http]\nport = " << table_port << "\nhost = \"127.0.0.1\"\n\n[[node]]\nname = \"n0\"\n"
+  std::ofstream(topology) << "[http]\nport = " << table_port << "\nhost = \"127.0.0.1\"\nserved_model_names = [\"tiny\"]\n\n"
+                          << "[[node]]\nname = \"n0\"\n"
                           << "host = \"127.0.0.1\"\nport = " << ports[2] << "\n\n[load_balancer]\nnode = \"n0\"\n\n"
                           << "[[engine]]\nname = \"e0\"\nnode = \"n0\"\nmodel = \"" << models << "/stories260K.bin\"\n"
                           << "tokenizer = \"" << models << "/tok512.bin\"\n";
@@ -801,12 +802,17 @@ TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
             std::string::npos) << out << server_->err();
   url_ = "http://127.0.0.1:" + std::to_string(table_port);
   expect_good_answer("a gateway from [http]");
+  EXPECT_EQ(nlohmann::json::parse(fetch("/v1/models").body)["data"][0]["id"], "tiny");
   EXPECT_EQ(server_->stop(), 0);
   server_.reset();
   fs::remove(dir_ / "serve.fifo");
-  ASSERT_NO_FATAL_FAILURE(start({"serve", "--topology", topology, "--http-port", std::to_string(flag_port)}));
+  ASSERT_NO_FATAL_FAILURE(start({"serve", "--topology", topology, "--http-port", std::to_string(flag_port),
+                                 "--served-model-name", "big"}));
   EXPECT_EQ(url_, "http://127.0.0.1:" + std::to_string(flag_port));
   expect_good_answer("a gateway whose port the flag set");
+  const nlohmann::json flagged = nlohmann::json::parse(fetch("/v1/models").body);
+  EXPECT_EQ(flagged["data"].size(), 1u);
+  EXPECT_EQ(flagged["data"][0]["id"], "big");
   const cli_result host_alone = run_troupe({"serve", "--port", "0", "--http-host", "127.0.0.1"}, dir_);
   EXPECT_EQ(host_alone.exit_code, 2);
   EXPECT_NE(host_alone.err.find("--http-host needs --http-port or an [http] table in the topology"), std::string::npos)

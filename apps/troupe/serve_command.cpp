@@ -170,9 +170,10 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
-  if (!o.served_model_names.empty()) {
-    g.model.id = o.served_model_names.front();
-    g.model.aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
+  const std::vector<std::string>& names = o.served_model_names.empty() ? http->served_model_names : o.served_model_names;
+  if (!names.empty()) {
+    g.model.id = names.front();
+    g.model.aliases.assign(names.begin() + 1, names.end());
   }
   for (const topology::engine_spec& e : t.engines)
     if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
@@ -336,7 +337,7 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
   cmd->add_option("--served-model-name", o->served_model_names,
                   "the model's names in the HTTP API (repeatable, or several after one flag): the first is the id "
                   "responses and /v1/models report, every one is accepted in a request's model (default: the model "
-                  "file's name without extension)")
+                  "file's name without extension; overrides the topology's [http] served_model_names)")
       ->check([](const std::string& name) { return name.empty() ? std::string("a model name is not empty") : std::string(); });
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
