@@ -503,6 +503,13 @@ TEST_F(Http, ServedModelNamesAreListedAcceptedAndTheFirstIsReported) {
   }
   const http_reply file_name = fetch("/v1/completions", R"({"model":"stories260K","prompt":"x"})");
   EXPECT_EQ(file_name.status, 404) << file_name.body;
+  // Refused before anything starts: a name given twice, an empty one (the table's bounds).
+  const cli_result twice = run_troupe({"serve", "--port", "0", "--http-port", "0", "--served-model-name", "a", "b", "a"}, dir_);
+  EXPECT_EQ(twice.exit_code, 2);
+  EXPECT_NE(twice.err.find("--served-model-name gives 'a' twice"), std::string::npos) << twice.err;
+  const cli_result empty = run_troupe({"serve", "--port", "0", "--http-port", "0", "--served-model-name", ""}, dir_);
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_NE(empty.err.find("a model name has 1 to 256 bytes"), std::string::npos) << empty.err;
 }
 
 // /tokenize gives a completion's prompt tokens (its count is the completion's usage) and

@@ -155,6 +155,16 @@ expected<std::optional<topology::http_spec>> http_endpoint(const serve_options& 
   topology::http_spec http = t.http.value_or(topology::http_spec{});
   if (o.http_port >= 0) http.port = static_cast<uint16_t>(o.http_port);
   if (!o.http_address.empty()) http.address = o.http_address;
+  if (o.served_model_names.empty()) return http;
+  // The bounds of the table's served_model_names.
+  const std::vector<std::string>& names = o.served_model_names;
+  if (names.size() > topology::served_model_names_max)
+    return fail(errc::invalid_argument, "--served-model-name gives " + std::to_string(names.size()) +
+                                            " names; at most " + std::to_string(topology::served_model_names_max));
+  for (auto it = names.begin(); it != names.end(); ++it)
+    if (std::find(names.begin(), it, *it) != it)
+      return fail(errc::invalid_argument, "--served-model-name gives '" + echo(*it) + "' twice");
+  http.served_model_names = names;
   return http;
 }
 
@@ -170,7 +180,7 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
-  const std::vector<std::string>& names = o.served_model_names.empty() ? http->served_model_names : o.served_model_names;
+  const std::vector<std::string>& names = http->served_model_names;
   if (!names.empty()) {
     g.model.id = names.front();
     g.model.aliases.assign(names.begin() + 1, names.end());
@@ -338,7 +348,11 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                   "the model's names in the HTTP API (repeatable, or several after one flag): the first is the id "
                   "responses and /v1/models report, every one is accepted in a request's model (default: the model "
                   "file's name without extension; overrides the topology's [http] served_model_names)")
-      ->check([](const std::string& name) { return name.empty() ? std::string("a model name is not empty") : std::string(); });
+      ->check([](const std::string& name) {
+        return name.empty() || name.size() > topology::served_model_name_bytes_max
+                   ? "a model name has 1 to " + std::to_string(topology::served_model_name_bytes_max) + " bytes"
+                   : std::string();
+      });
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));
