@@ -237,7 +237,7 @@ int run(int argc, char** argv) {
   g.model.id = "stories260K";
   auto http = gateway::http_gateway::start(sys, g);
   TROUPE_ASSERT_MSG(http.has_value(), "the gateway listens");
-  (*http)->serve(node->load_balancer, node->engines, node->tok);
+  (*http)->serve(node->load_balancer, node->engines, node->tok, node->context_tokens, node->chat);
   std::printf("%d streamed completions at once, %d new tokens each, greedy, ignore_eos; %d rounds\n", o.clients,
               o.tokens, o.rounds);
   std::vector<double> ratios, caf_cpu, http_cpu, caf_ttft, http_ttft, caf_itl, http_itl;

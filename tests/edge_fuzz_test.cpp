@@ -22,6 +22,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/edge/http_server.hpp"
 #include "runtime/openai/api.hpp"
 #include "runtime/common/gguf.hpp"
@@ -83,6 +85,47 @@ TEST(EdgeFuzz, OpenaiRequestBodiesGetAnAnswerOrABoundedError) {
     }
   }
   EXPECT_GT(num_ok, 0);  // the mutations leave some requests valid: the accepting paths ran too
+}
+
+/// The bounded error `e` is, as an answer: a 400, 404 or (a prompt past a context) 413.
+void expect_bounded_error(const openai::api_error& e) {
+  EXPECT_TRUE(e.status == 400 || e.status == 404 || e.status == 413) << e.status;
+  const std::string rendered = openai::render_error(e);
+  EXPECT_LE(rendered.size(), error_bytes_max) << rendered.substr(0, 300);
+}
+
+// /tokenize and /detokenize bodies: tokens (then their text back) or a bounded error.
+TEST(EdgeFuzz, TokenizeAndDetokenizeBodiesGetAnAnswerOrABoundedError) {
+  const tokenizer& tok = model_and_tokenizer().tok;
+  const openai::served_model model{"stories260K", "fuzz", 0};
+  const served_template chat;
+  mutator m({R"({"model":"stories260K","prompt":"Once upon a time","add_special_tokens":false,"return_token_strs":true})",
+             R"({"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"add_generation_prompt":false})",
+             R"({"tokens":[1,403,407,261],"model":"stories260K"})"},
+            {"{", "}", "[", "]", "\"", ":", ",", "\\u0000", "\\ud800", "\"tokens\":", "\"prompt\":", "[[[[", "511", "512",
+             "-1", "\"messages\":", "\xff", "\xe2\x82", "null", "true", "1.5e308"},
+            fuzz_seed());
+  int64_t num_ok = 0;
+  for (uint64_t round = 0; round < fuzz_rounds(); round++) {
+    TROUPE_FUZZ_TRACE(round);
+    const std::string body = m.next();
+    auto request = openai::parse_tokenize_request(body, model);
+    auto tokens = request ? openai::tokenize(*request, tok, chat) : tl::unexpected(request.error());
+    if (tokens) {
+      num_ok++;
+      EXPECT_EQ(nlohmann::json::parse(openai::render_tokenize(*tokens, 512, tok, true))["count"], tokens->size());
+    } else {
+      expect_bounded_error(tokens.error());
+    }
+    auto ids = openai::parse_detokenize_request(body, model, tok);
+    if (!ids) {
+      expect_bounded_error(ids.error());
+      continue;
+    }
+    num_ok++;
+    EXPECT_TRUE(nlohmann::json::parse(openai::render_detokenize(*ids, tok))["prompt"].is_string());
+  }
+  EXPECT_GT(num_ok, 0);
 }
 
 TEST(EdgeFuzz, MsgpackFramesGetARequestOrABoundedError) {

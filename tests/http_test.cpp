@@ -485,6 +485,68 @@ TEST_F(Http, AChatWithoutMaxTokensRunsToTheEndOfTheContext) {
   EXPECT_EQ(nlohmann::json::parse(text.body)["usage"]["completion_tokens"], 16) << text.body;
 }
 
+// --served-model-name: /v1/models lists every name with the engines' context; a request may
+// name any of them and every response reports the first.
+TEST_F(Http, ServedModelNamesAreListedAcceptedAndTheFirstIsReported) {
+  start({"serve", "--port", "0", "--served-model-name", "tiny", "--served-model-name", "stories"});
+  const http_reply models = fetch("/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  const nlohmann::json m = nlohmann::json::parse(models.body);
+  ASSERT_EQ(m["data"].size(), 2u) << models.body;
+  EXPECT_EQ(m["data"][0]["id"], "tiny");
+  EXPECT_EQ(m["data"][1]["id"], "stories");
+  for (const nlohmann::json& entry : m["data"]) EXPECT_EQ(entry["max_model_len"], 512) << models.body;
+  for (const char* name : {"tiny", "stories"}) {
+    const http_reply r = fetch("/v1/completions", std::string(R"({"model":")") + name + R"(","prompt":"x","max_tokens":2})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(nlohmann::json::parse(r.body)["model"], "tiny") << r.body;
+  }
+  const http_reply file_name = fetch("/v1/completions", R"({"model":"stories260K","prompt":"x"})");
+  EXPECT_EQ(file_name.status, 404) << file_name.body;
+  // Refused before anything starts: a name given twice, an empty one (the table's bounds).
+  const cli_result twice = run_troupe({"serve", "--port", "0", "--http-port", "0", "--served-model-name", "a", "b", "a"}, dir_);
+  EXPECT_EQ(twice.exit_code, 2);
+  EXPECT_NE(twice.err.find("--served-model-name gives 'a' twice"), std::string::npos) << twice.err;
+  const cli_result empty = run_troupe({"serve", "--port", "0", "--http-port", "0", "--served-model-name", ""}, dir_);
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_NE(empty.err.find("a model name has 1 to 256 bytes"), std::string::npos) << empty.err;
+}
+
+// /tokenize gives a completion's prompt tokens (its count is the completion's usage) and
+// /detokenize the text back byte for byte; messages give the chat completion's prompt (a Jinja
+// template file: its exact tokens as AJinjaChatTemplateFileIsServedAndItsErrorsAre400s has them).
+TEST_F(Http, TokenizeGivesThePromptsTokensAndDetokenizeGivesTheTextBack) {
+  const std::string file = (dir_ / "chat.jinja").string();
+  std::ofstream(file) << "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}";
+  ASSERT_NO_FATAL_FAILURE(start({"serve", "--port", "0", "--chat-template", file}));
+  auto tok = tokenizer::load(bundled_tokenizer(), 512);
+  ASSERT_TRUE(tok.has_value());
+  const std::string text = "Once upon a time, caf\xC3\xA9 \xE2\x80\x94 \xF0\x9F\x99\x82 <s>";
+  const http_reply t = fetch("/tokenize", nlohmann::json{{"prompt", text}, {"return_token_strs", true}}.dump());
+  ASSERT_EQ(t.status, 200) << t.body;
+  const nlohmann::json tokenized = nlohmann::json::parse(t.body);
+  EXPECT_EQ(tokenized["tokens"].get<std::vector<int32_t>>(), *tok->encode(text, true, false)) << t.body;
+  EXPECT_EQ(tokenized["count"], tokenized["tokens"].size());
+  EXPECT_EQ(tokenized["max_model_len"], 512);
+  EXPECT_EQ(tokenized["token_strs"].size(), tokenized["tokens"].size());
+  const http_reply completion = fetch("/v1/completions", nlohmann::json{{"prompt", text}, {"max_tokens", 1}}.dump());
+  ASSERT_EQ(completion.status, 200) << completion.body;
+  EXPECT_EQ(nlohmann::json::parse(completion.body)["usage"]["prompt_tokens"], tokenized["count"]);
+  const http_reply d = fetch("/detokenize", nlohmann::json{{"model", "stories260K"}, {"tokens", tokenized["tokens"]}}.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(nlohmann::json::parse(d.body)["prompt"], text);
+  const std::string chat = R"({"messages":[{"role":"user","content":"<s>hi"}])";
+  const http_reply m = fetch("/tokenize", chat + "}");
+  ASSERT_EQ(m.status, 200) << m.body;
+  const auto want = encode_segments(*tok, {{"user", origin::user}, {": ", origin::template_text}, {"<s>hi", origin::user},
+                                           {"</s>", origin::template_text}}, true);
+  ASSERT_TRUE(want.has_value());
+  EXPECT_EQ(nlohmann::json::parse(m.body)["tokens"].get<std::vector<int32_t>>(), *want) << m.body;
+  const http_reply answer = fetch("/v1/chat/completions", chat + R"(,"max_tokens":1})");
+  ASSERT_EQ(answer.status, 200) << answer.body;
+  EXPECT_EQ(nlohmann::json::parse(answer.body)["usage"]["prompt_tokens"], want->size()) << answer.body;
+}
+
 TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
   ASSERT_NO_FATAL_FAILURE(start());
   struct error_case {
@@ -512,6 +574,12 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
        nlohmann::json{{"messages", {{{"role", "user"}, {"content", std::string(1200, 'a')}}}}}.dump(), 413,
        "tokens leaves none for an answer"},
       {"/v1/nothing", R"({})", 404, "no route for POST /v1/nothing"},
+      {"/tokenize", R"({"prompt": )", 400, "the request body is not valid JSON"},
+      {"/tokenize", "{\"prompt\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},
+      {"/tokenize", R"({"model": "gpt-4", "prompt": "x"})", 404, "the model 'gpt-4' does not exist"},
+      {"/tokenize", "{\"prompt\": \"" + std::string(1 << 20, 'a') + "\"}", 400, "the limit is 1048576"},
+      {"/detokenize", R"({"tokens": [1, 512]})", 400, "'tokens' holds token 512, outside the vocabulary [0, 512)"},
+      {"/detokenize", R"({"tokens": [1, 2.5]})", 400, "'tokens' must hold token ids (integers), got 2.5"},
   };
   for (const error_case& c : cases) {
     const http_reply r = fetch(c.path, c.body);
@@ -730,7 +798,8 @@ TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
   const int table_port = ports[0], flag_port = ports[1];
   const std::string models = TROUPE_MODELS_DIR;
   const std::string topology = (dir_ / "http.toml").string();
-  std::ofstream(topology) << "[http]\nport = " << table_port << "\nhost = \"127.0.0.1\"\n\n[[node]]\nname = \"n0\"\n"
+  std::ofstream(topology) << "[http]\nport = " << table_port << "\nhost = \"127.0.0.1\"\nserved_model_names = [\"tiny\"]\n\n"
+                          << "[[node]]\nname = \"n0\"\n"
                           << "host = \"127.0.0.1\"\nport = " << ports[2] << "\n\n[load_balancer]\nnode = \"n0\"\n\n"
                           << "[[engine]]\nname = \"e0\"\nnode = \"n0\"\nmodel = \"" << models << "/stories260K.bin\"\n"
                           << "tokenizer = \"" << models << "/tok512.bin\"\n";
@@ -740,12 +809,17 @@ TEST_F(Http, TheTopologysHttpTableStartsTheGatewayAndTheFlagsOverrideIt) {
             std::string::npos) << out << server_->err();
   url_ = "http://127.0.0.1:" + std::to_string(table_port);
   expect_good_answer("a gateway from [http]");
+  EXPECT_EQ(nlohmann::json::parse(fetch("/v1/models").body)["data"][0]["id"], "tiny");
   EXPECT_EQ(server_->stop(), 0);
   server_.reset();
   fs::remove(dir_ / "serve.fifo");
-  ASSERT_NO_FATAL_FAILURE(start({"serve", "--topology", topology, "--http-port", std::to_string(flag_port)}));
+  ASSERT_NO_FATAL_FAILURE(start({"serve", "--topology", topology, "--http-port", std::to_string(flag_port),
+                                 "--served-model-name", "big"}));
   EXPECT_EQ(url_, "http://127.0.0.1:" + std::to_string(flag_port));
   expect_good_answer("a gateway whose port the flag set");
+  const nlohmann::json flagged = nlohmann::json::parse(fetch("/v1/models").body);
+  EXPECT_EQ(flagged["data"].size(), 1u);
+  EXPECT_EQ(flagged["data"][0]["id"], "big");
   const cli_result host_alone = run_troupe({"serve", "--port", "0", "--http-host", "127.0.0.1"}, dir_);
   EXPECT_EQ(host_alone.exit_code, 2);
   EXPECT_NE(host_alone.err.find("--http-host needs --http-port or an [http] table in the topology"), std::string::npos)

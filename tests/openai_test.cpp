@@ -1,9 +1,13 @@
 // The OpenAI API's parsing and rendering, and the Prometheus page: exact requests, exact bytes.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/openai/api.hpp"
 #include "runtime/openai/metrics.hpp"
 #include "runtime/engine/request.hpp"
+#include "runtime/serve/request_policy.hpp"
+#include "runtime/tokenizer/segments.hpp"
 #include "tests/support/golden.hpp"
 
 namespace troupe::openai {
@@ -390,6 +394,18 @@ TEST(OpenaiRequest, AnUnknownModelIsA404) {
             R"("type":"not_found_error","param":"model","code":"model_not_found"}})");
 }
 
+TEST(OpenaiRequest, EveryServedNameIsAcceptedAndTheIdIsReported) {
+  served_model aliased = model;
+  aliased.aliases = {"tiny", "stories"};
+  for (const char* name : {"stories260K", "tiny", "stories"})
+    EXPECT_TRUE(parse_request(endpoint::completions, std::string(R"({"model":")") + name + R"(","prompt":"x"})", aliased))
+        << name;
+  const auto other = parse_request(endpoint::completions, R"({"model":"stories2","prompt":"x"})", aliased);
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error().status, 404);
+  EXPECT_EQ(other.error().message, "the model 'stories2' does not exist; this server serves 'stories260K'");
+}
+
 TEST(OpenaiErrors, EngineErrorsMapToStatuses) {
   EXPECT_EQ(error_from({errc::invalid_argument, "top_p must be in (0, 1], got 2"}).status, 400);
   EXPECT_EQ(error_from({errc::invalid_utf8, "x"}).status, 400);
@@ -627,9 +643,138 @@ TEST(OpenaiResponse, ATokenAfterBosLosesItsLeadingSpace) {
             R"("token_logprobs":[-0.5],"top_logprobs":[{}],"text_offset":[0]},"finish_reason":null}]})");
 }
 
-TEST(OpenaiResponse, ModelsListTheServedModel) {
-  EXPECT_EQ(render_models(model),
-            R"({"object":"list","data":[{"id":"stories260K","object":"model","created":1700000000,"owned_by":"troupe"}]})");
+TEST(OpenaiResponse, ModelsListTheServedModelWithItsContext) {
+  EXPECT_EQ(render_models(model, 512),
+            R"({"object":"list","data":[{"id":"stories260K","object":"model","created":1700000000,"owned_by":"troupe",)"
+            R"("root":"stories260K","max_model_len":512}]})");
+  EXPECT_EQ(render_models(model, 0),  // before the engines are up
+            R"({"object":"list","data":[{"id":"stories260K","object":"model","created":1700000000,"owned_by":"troupe",)"
+            R"("root":"stories260K","max_model_len":null}]})");
+}
+
+TEST(OpenaiResponse, ModelsListEveryServedNameFirstTheId) {
+  served_model aliased = model;
+  aliased.aliases = {"tiny"};
+  EXPECT_EQ(render_models(aliased, 256),
+            R"({"object":"list","data":[{"id":"stories260K","object":"model","created":1700000000,"owned_by":"troupe",)"
+            R"("root":"stories260K","max_model_len":256},{"id":"tiny","object":"model","created":1700000000,)"
+            R"("owned_by":"troupe","root":"stories260K","max_model_len":256}]})");
+}
+
+tokenize_request tokenize_parsed(const std::string& body) {
+  auto r = parse_tokenize_request(body, model);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
+  return r ? *r : tokenize_request{};
+}
+
+std::vector<int32_t> tokens_of(const std::string& body, const served_template& chat = {}) {
+  auto tokens = tokenize(tokenize_parsed(body), tok512(), chat);
+  EXPECT_TRUE(tokens.has_value()) << (tokens ? "" : tokens.error().message);
+  return tokens ? *tokens : std::vector<int32_t>{};
+}
+
+// A text is encoded as a completion's prompt is: BOS (tok512 asks for it), then " Once" = 403,
+// " upon" = 407 and " a" = 261; add_special_tokens false leaves BOS out. vLLM's response shape,
+// byte for byte (token_strs: the texts tok512 stores, its BOS's "\n<s>\n").
+TEST(OpenaiTokenize, ATextIsACompletionsPromptInVllmsShape) {
+  const std::vector<int32_t> upon_a = tokens_of(R"({"model":"stories260K","prompt":"Once upon a"})");
+  EXPECT_EQ(upon_a, *tok512().encode("Once upon a", true, false));
+  EXPECT_EQ(upon_a, (std::vector<int32_t>{1, 403, 407, 261}));
+  EXPECT_EQ(tokens_of(R"({"prompt":"Once upon a","add_special_tokens":false})"), (std::vector<int32_t>{403, 407, 261}));
+  EXPECT_EQ(render_tokenize(upon_a, 512, tok512(), false),
+            R"({"count":4,"max_model_len":512,"tokens":[1,403,407,261],"token_strs":null})");
+  EXPECT_EQ(render_tokenize(upon_a, 512, tok512(), true),
+            R"({"count":4,"max_model_len":512,"tokens":[1,403,407,261],"token_strs":["\n<s>\n"," Once"," upon"," a"]})");
+  EXPECT_TRUE(tokenize_parsed(R"({"prompt":"x","return_token_strs":true})").return_token_strs);
+  // Special tokens are never parsed from text (contract 4): "<s>" is characters.
+  EXPECT_EQ(tokens_of(R"({"prompt":"<s>"})"), *tok512().encode("<s>", true, false));
+  EXPECT_GT(tokens_of(R"({"prompt":"<s>"})").size(), 2u);
+}
+
+// Messages give the chat completion's prompt: serve::chat_prompt_tokens of the same request
+// parsed as a chat completion (the request actor's path), under the built-in format and a
+// Jinja template; add_special_tokens (default false for a chat) puts BOS before it.
+TEST(OpenaiTokenize, MessagesGiveTheChatCompletionsPromptTokens) {
+  const std::string fields = R"("messages":[{"role":"system","content":"be brief"},{"role":"user","content":"<s>hi"}],)"
+                             R"("add_generation_prompt":false,"chat_template_kwargs":{"tail":"end"})";
+  const served_template jinja = *served_template::jinja(
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
+      "{% if add_generation_prompt %}assistant:{% endif %}{{ tail }}",
+      jinja_options_for(tok512(), {}));
+  for (const served_template& chat : {served_template{}, served_template::builtin(chat_template::plain), jinja}) {
+    const parsed_request completion = parsed(endpoint::chat_completions, "{" + fields + "}");
+    const auto want = serve::chat_prompt_tokens(completion.request, chat, tok512(), 0);
+    ASSERT_TRUE(want.has_value()) << want.error().message;
+    EXPECT_EQ(tokens_of("{" + fields + "}", chat), *want);
+    std::vector<int32_t> with_bos = *want;
+    with_bos.insert(with_bos.begin(), tok512().bos_id());
+    EXPECT_EQ(tokens_of("{" + fields + R"(,"add_special_tokens":true})", chat), with_bos);
+  }
+  const std::vector<int32_t> generation = tokens_of(R"({"messages":[{"role":"user","content":"hi"}]})", jinja);
+  // add_generation_prompt defaults to true; tok512 adds BOS, so the template's is dropped.
+  const auto want = encode_segments(tok512(), {{"user", origin::user}, {": ", origin::template_text}, {"hi", origin::user},
+                                               {"</s>", origin::template_text}, {"assistant:", origin::template_text}}, true);
+  ASSERT_TRUE(want.has_value());
+  EXPECT_EQ(generation, *want);
+}
+
+// /detokenize gives a text back byte for byte (UTF-8 of 2, 3 and 4 bytes, "<s>" as characters).
+TEST(OpenaiTokenize, DetokenizeGivesTheTextBack) {
+  const std::string text = "Once upon a time, caf\xC3\xA9 \xE2\x80\x94 \xF0\x9F\x99\x82 <s>";
+  const std::vector<int32_t> tokens = tokens_of(nlohmann::json{{"prompt", text}}.dump());
+  auto ids = parse_detokenize_request(nlohmann::json{{"model", "stories260K"}, {"tokens", tokens}}.dump(), model, tok512());
+  ASSERT_TRUE(ids.has_value()) << ids.error().message;
+  EXPECT_EQ(*ids, tokens);
+  EXPECT_EQ(render_detokenize(*ids, tok512()), (nlohmann::json{{"prompt", text}}.dump()));
+  EXPECT_EQ(render_detokenize(std::vector<int32_t>({1, 403, 407}), tok512()), R"({"prompt":"Once upon"})");
+}
+
+TEST(OpenaiTokenize, EachClassOfBadInputIsRefused) {
+  struct bad {
+    std::string body;
+    int status;
+    std::string message;
+  };
+  const std::vector<bad> tokenize_cases{
+      {R"({"prompt": )", 400, "the request body is not valid JSON"},
+      {"{\"prompt\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},
+      {R"([1])", 400, "the request body must be a JSON object"},
+      {R"({"model":"gpt-4","prompt":"x"})", 404, "the model 'gpt-4' does not exist; this server serves 'stories260K'"},
+      {R"({})", 400, "/tokenize takes a 'prompt' (a string) or 'messages', one of them"},
+      {R"({"prompt":"x","messages":[{"role":"user","content":"x"}]})", 400, "one of them"},
+      {R"({"prompt":[1,2]})", 400, "'prompt' must be a string"},
+      {R"({"prompt":"x","add_special_tokens":1})", 400, "'add_special_tokens' must be true or false"},
+      {R"({"messages":"hi"})", 400, "'messages' must be a non-empty list"},
+      {R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})", 400,
+       "'continue_final_message' is not supported yet"},
+      {R"({"messages":[{"role":"user","content":"x"}],"chat_template":"{{ 1 }}"})", 400, "'chat_template' is not supported yet"},
+  };
+  for (const bad& c : tokenize_cases) {
+    auto r = parse_tokenize_request(c.body, model);
+    ASSERT_FALSE(r.has_value()) << c.body;
+    EXPECT_EQ(r.error().status, c.status) << c.body;
+    EXPECT_NE(r.error().message.find(c.message), std::string::npos) << r.error().message;
+  }
+  const served_template raising = *served_template::jinja("{{ raise_exception('no') }}", jinja_options_for(tok512(), {}));
+  auto raised = tokenize(tokenize_parsed(R"({"messages":[{"role":"user","content":"x"}]})"), tok512(), raising);
+  ASSERT_FALSE(raised.has_value());
+  EXPECT_EQ(raised.error().status, 400);
+  EXPECT_NE(raised.error().message.find("raise_exception: no"), std::string::npos) << raised.error().message;
+  const std::vector<bad> detokenize_cases{
+      {R"({"tokens":[1,512]})", 400, "'tokens' holds token 512, outside the vocabulary [0, 512)"},
+      {R"({"tokens":[-1]})", 400, "'tokens' holds token -1, outside the vocabulary [0, 512)"},
+      {R"({"tokens":[4294967296]})", 400, "'tokens' must hold token ids (integers), got 4294967296"},
+      {R"({"tokens":"1"})", 400, "'tokens' must be a list of token ids"},
+      {R"({})", 400, "'tokens' must be a list of token ids"},
+      {R"({"model":"gpt-4","tokens":[1]})", 404, "the model 'gpt-4' does not exist"},
+      {"{\"tokens\": [1], \"x\": \"\xFF\"}", 400, "the request body is not valid UTF-8"},
+  };
+  for (const bad& c : detokenize_cases) {
+    auto r = parse_detokenize_request(c.body, model, tok512());
+    ASSERT_FALSE(r.has_value()) << c.body;
+    EXPECT_EQ(r.error().status, c.status) << c.body;
+    EXPECT_NE(r.error().message.find(c.message), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(Metrics, HistogramBucketsAreUpperBoundsInclusive) {

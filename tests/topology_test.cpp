@@ -171,11 +171,14 @@ TEST(Topology, HttpKeysAreReadWithTheirDefaults) {
   EXPECT_EQ(topo->http->port, 8000);
   EXPECT_EQ(topo->http->address, "127.0.0.1");
   EXPECT_EQ(topo->http->drain_timeout_ms, 30000);
-  auto every = parse("[http]\nport = 0\nhost = \"::1\"\ndrain_timeout_ms = 1\n" + k_valid);
+  EXPECT_TRUE(topo->http->served_model_names.empty());
+  auto every = parse("[http]\nport = 0\nhost = \"::1\"\ndrain_timeout_ms = 1\nserved_model_names = [\"tiny\", \"s\"]\n" +
+                     k_valid);
   ASSERT_TRUE(every) << every.error().message;
   EXPECT_EQ(every->http->port, 0);
   EXPECT_EQ(every->http->address, "::1");
   EXPECT_EQ(every->http->drain_timeout_ms, 1);
+  EXPECT_EQ(every->http->served_model_names, (std::vector<std::string>{"tiny", "s"}));
   auto upper = parse("[http]\nport = 65535\nhost = \"gateway-1.example\"\ndrain_timeout_ms = 600000\n" + k_valid);
   ASSERT_TRUE(upper) << upper.error().message;
   EXPECT_EQ(upper->http->port, 65535);
@@ -184,6 +187,34 @@ TEST(Topology, HttpKeysAreReadWithTheirDefaults) {
   // The balancer node's CAF port is taken, but not on another host.
   auto elsewhere = parse("[http]\nport = 7100\nhost = \"0.0.0.0\"\n" + k_valid);
   ASSERT_TRUE(elsewhere) << elsewhere.error().message;
+}
+
+/// `"m1", "m2", ...`: `count` distinct names as a TOML array's elements.
+std::string quoted_names(int count) {
+  std::string names;
+  for (int i = 1; i <= count; i++) names += (i > 1 ? ", \"m" : "\"m") + std::to_string(i) + "\"";
+  return names;
+}
+
+TEST(Topology, HttpServedModelNamesAreBoundedDistinctNames) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"\"tiny\"", "must be an array of 1 to 16 strings"},
+      {"[]", "must be an array of 1 to 16 strings"},
+      {"[" + quoted_names(17) + "]", "must be an array of 1 to 16 strings"},
+      {"[\"a\", 1]", "element 2 must be a string of 1 to 256 bytes"},
+      {"[\"\"]", "element 1 must be a string of 1 to 256 bytes"},
+      {"[\"" + std::string(257, 'm') + "\"]", "element 1 must be a string of 1 to 256 bytes"},
+      {"[\"a\", \"a\"]", "element 2 repeats 'a'"},
+  };
+  for (const auto& [value, message] : cases) {
+    auto topo = parse("[http]\nport = 8000\nserved_model_names = " + value + "\n" + k_valid);
+    ASSERT_FALSE(topo) << value;
+    EXPECT_NE(topo.error().message.find("topology.toml:3: http: key 'served_model_names' " + message), std::string::npos)
+        << topo.error().message;
+  }
+  auto sixteen = parse("[http]\nport = 8000\nserved_model_names = [" + quoted_names(16) + "]\n" + k_valid);
+  ASSERT_TRUE(sixteen) << sixteen.error().message;
+  EXPECT_EQ(sixteen->http->served_model_names.size(), 16u);
 }
 
 TEST(Topology, EveryLimitsKeyIsReadAtItsBounds) {
@@ -564,6 +595,7 @@ struct bad_file {
 
 std::ostream& operator<<(std::ostream& out, const bad_file& c) { return out << c.name; }
 
+
 class TopologyError : public ::testing::TestWithParam<bad_file> {};
 
 TEST_P(TopologyError, IsMalformedFileWithLocatedMessage) {
@@ -719,7 +751,8 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"expert_timeout_zero", k_valid + "expert_timeout_ms = 0\n",
                  "topology.toml:12: engine 'engine0': key 'expert_timeout_ms' must be in 1..600000, got 0"},
         bad_file{"unknown_http_key", "[http]\nport = 8000\naddress = \"x\"\n" + k_valid,
-                 "topology.toml:3: http: unknown key 'address' (expected one of: port, host, drain_timeout_ms)"},
+                 "topology.toml:3: http: unknown key 'address' (expected one of: port, host, drain_timeout_ms, "
+                 "served_model_names, api_keys_file, ssl_certfile, ssl_keyfile, allowed_origins)"},
         bad_file{"http_port_missing", "[http]\nhost = \"127.0.0.1\"\n" + k_valid,
                  "topology.toml:1: http: missing required key 'port'"},
         bad_file{"http_port_negative", "[http]\nport = -1\n" + k_valid,

@@ -462,14 +462,19 @@ expected<int32_t> spawn_engines(caf::actor_system& sys, const topology& t, const
   return context_tokens;
 }
 
-/// The balancer's tokenizer: a local engine's, else (no engine here) the first engine's.
+/// The balancer's tokenizer and context: a local engine's, else (no engine here) the first
+/// engine's.
 expected<void> load_balancer_tokenizer(const topology& t, launched_node& out) {
   if (out.tok) return {};
-  auto ck = model::checkpoint::load(t.engines.front().model_path);
+  const engine_spec& first = t.engines.front();
+  model::load_options load;
+  load.max_context = first.max_context;
+  auto ck = model::checkpoint::load(first.model_path, load);
   if (!ck) return fail(ck.error().code, ck.error().message);
-  auto tok = tokenizer::load(t.engines.front().tokenizer_path, ck->config().vocab_size);
+  auto tok = tokenizer::load(first.tokenizer_path, ck->config().vocab_size);
   if (!tok) return fail(tok.error().code, tok.error().message);
   out.tok = std::make_shared<const tokenizer>(std::move(*tok));
+  out.context_tokens = ck->config().seq_len;
   return {};
 }
 
@@ -517,6 +522,8 @@ expected<void> spawn_balancer(caf::actor_system& sys, const topology& t, const s
   if (auto ok = load_balancer_tokenizer(t, out); !ok) return ok;
   auto lb = balancer_options(t, node_name, options, context_tokens, std::move(*engines), out.tok);
   if (!lb) return tl::unexpected(lb.error());
+  out.chat = std::make_shared<const served_template>(lb->chat);
+  if (context_tokens > 0) out.context_tokens = context_tokens;
   const size_t num_engines = lb->engines.size();
   out.summary.push_back("chat template: " + lb->chat.description());
   out.load_balancer = actors::spawn_load_balancer(sys, std::move(*lb));

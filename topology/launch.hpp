@@ -16,6 +16,7 @@
 #include "actors/system/protocols.hpp"
 #include "actors/system/tls.hpp"
 #include "runtime/jinja/options.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "actors/edge/ucx_transport.hpp"
 #include "topology/topology.hpp"
@@ -53,6 +54,11 @@ struct launched_node {
   /// topology order (what its node actor lists), then those of its own engines.
   actors::expert_shard_list expert_shards;
   std::shared_ptr<const tokenizer> tok;
+  /// On the balancer's node: the chat template the balancer renders chats with (the HTTP
+  /// gateway's /tokenize renders with it too), and the context of the node's engines (the
+  /// largest; the first engine's when the node runs none): /v1/models' max_model_len.
+  std::shared_ptr<const served_template> chat;
+  int32_t context_tokens = 0;
   std::vector<std::string> summary;    ///< one line per spawned actor, for `troupe serve`
 
   /// What the node publishes at its address: the balancer's front where it runs, else the node

@@ -985,6 +985,32 @@ struct listener {
   return {};
 }
 
+/// `key`: an optional array of at most `max_count` distinct non-empty strings of at most
+/// `max_bytes` bytes each; absent = none.
+[[nodiscard]] expected<std::vector<std::string>> read_strings(const context& ctx, const toml::table& table,
+                                                              const scope& where, std::string_view key,
+                                                              size_t max_count, size_t max_bytes) {
+  const toml::node* node = table.get(key);
+  if (node == nullptr) return std::vector<std::string>{};
+  const toml::array* array = node->as_array();
+  if (array == nullptr || array->empty() || array->size() > max_count)
+    return malformed(ctx, line_of(*node), where.label,
+                     "key " + in_quotes(key) + " must be an array of 1 to " + std::to_string(max_count) + " strings");
+  std::vector<std::string> values;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& element = *array->get(i);
+    const auto* value = element.as_string();
+    const std::string what = "key " + in_quotes(key) + " element " + std::to_string(i + 1);
+    if (value == nullptr || value->get().empty() || value->get().size() > max_bytes)
+      return malformed(ctx, line_of(element), where.label,
+                       what + " must be a string of 1 to " + std::to_string(max_bytes) + " bytes");
+    if (std::find(values.begin(), values.end(), value->get()) != values.end())
+      return malformed(ctx, line_of(element), where.label, what + " repeats " + in_quotes(value->get()));
+    values.push_back(value->get());
+  }
+  return values;
+}
+
 /// The optional [http] table: where the balancer's node serves the HTTP API. Its address must
 /// not be one the balancer's node already listens on.
 [[nodiscard]] expected<void> read_http(const context& ctx, const toml::table& root, topology& result) {
@@ -993,8 +1019,8 @@ struct listener {
   if (*table == nullptr) return {};
   const scope where{"http", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
-                                 {"port", "host", "drain_timeout_ms", "api_keys_file", "ssl_certfile", "ssl_keyfile",
-                                  "allowed_origins"});
+                                 {"port", "host", "drain_timeout_ms", "served_model_names", "api_keys_file",
+                                  "ssl_certfile", "ssl_keyfile", "allowed_origins"});
       !ok)
     return tl::unexpected(ok.error());
   http_spec http;
@@ -1010,6 +1036,9 @@ struct listener {
   auto drain = read_int(ctx, **table, where, "drain_timeout_ms", http.drain_timeout_ms, 1, 600000);
   if (!drain) return tl::unexpected(drain.error());
   http.drain_timeout_ms = *drain;
+  auto names = read_strings(ctx, **table, where, "served_model_names", served_model_names_max, served_model_name_bytes_max);
+  if (!names) return tl::unexpected(names.error());
+  http.served_model_names = std::move(*names);
   if (auto ok = read_http_access(ctx, **table, where, http); !ok) return tl::unexpected(ok.error());
   const node_spec* node = result.find_node(result.load_balancer.node);
   TROUPE_ASSERT(node != nullptr);

@@ -273,10 +273,17 @@ struct gateway_spec {
 };
 
 /// [http]: the OpenAI-compatible HTTP gateway on the load balancer's node (docs/http.md).
+/// The most names [http] served_model_names gives, and the most bytes of each.
+inline constexpr size_t served_model_names_max = 16;
+inline constexpr size_t served_model_name_bytes_max = 256;
+
 struct http_spec {
   std::string address = "127.0.0.1";     ///< a host name or IP address
   uint16_t port = 0;                   ///< 0: any free port (the bound one is printed)
   int32_t drain_timeout_ms = 30000;    ///< how long a stop waits for the requests in flight
+  /// The model's names in the HTTP API (`--served-model-name` wins): the first is the id
+  /// responses report, every one is accepted in `model`; empty: the model file's name.
+  std::vector<std::string> served_model_names;
   /// Who may use the gateways (docs/security.md "Access to the gateways"); the flags of `serve`
   /// add to or override them. Files are absolute; "" = none.
   std::string api_keys_file;    ///< one API key per line

@@ -130,6 +130,8 @@ struct http_gateway::impl {
   actors::balancer_client_actor load_balancer;                   // guarded by serving_mutex
   actors::engine_list engines;                                   // guarded by serving_mutex
   std::shared_ptr<const tokenizer> tok;                          // guarded by serving_mutex
+  int32_t context_tokens = 0;                                    // guarded by serving_mutex
+  std::shared_ptr<const served_template> chat;                   // guarded by serving_mutex
   int64_t num_admitted = 0;                                      // guarded by serving_mutex
   /// The completions in flight by admission number, with their client actors once spawned.
   std::map<int64_t, std::vector<actors::client_actor>> in_flight;  // guarded by serving_mutex
@@ -188,6 +190,22 @@ struct http_gateway::impl {
   [[nodiscard]] static openai::usage_counts usage_of(const answer& a);
   void fail_answer(answer& a, const error& e);
   void handle_metrics(http_response& res);
+  void handle_models(http_response& res);
+  void handle_tokenize(const http_request& req, http_response& res);
+  void handle_detokenize(const http_request& req, http_response& res);
+
+  /// What /tokenize and /detokenize read: the tokenizer, the chat template and the context.
+  struct vocabulary {
+    std::shared_ptr<const tokenizer> tok;
+    std::shared_ptr<const served_template> chat;
+    int32_t context_tokens = 0;
+  };
+  /// The vocabulary once `serve` handed it over (draining too), else the 503 of a gateway starting.
+  tl::expected<vocabulary, openai::api_error> current_vocabulary() {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    if (!tok) return tl::unexpected(openai::not_serving_error(state));
+    return vocabulary{tok, chat, context_tokens};
+  }
 };
 
 void http_gateway::impl::handle_completion(openai::endpoint kind, const http_request& req,
@@ -378,6 +396,34 @@ bool http_gateway::impl::check_key(const http_request& req, http_response& res) 
   return false;
 }
 
+void http_gateway::impl::handle_models(http_response& res) {
+  int32_t context = 0;
+  {
+    std::lock_guard<std::mutex> lock(serving_mutex);
+    context = context_tokens;
+  }
+  res.reply(200, "application/json", openai::render_models(options.model, context));
+}
+
+void http_gateway::impl::handle_tokenize(const http_request& req, http_response& res) {
+  auto v = current_vocabulary();
+  if (!v) return reply_error(res, v.error());
+  auto parsed = openai::parse_tokenize_request(req.body, options.model);
+  if (!parsed) return reply_error(res, parsed.error());
+  auto tokens = openai::tokenize(*parsed, *v->tok, *v->chat);
+  if (!tokens) return reply_error(res, tokens.error());
+  res.reply(200, "application/json",
+            openai::render_tokenize(*tokens, v->context_tokens, *v->tok, parsed->return_token_strs));
+}
+
+void http_gateway::impl::handle_detokenize(const http_request& req, http_response& res) {
+  auto v = current_vocabulary();
+  if (!v) return reply_error(res, v.error());
+  auto tokens = openai::parse_detokenize_request(req.body, options.model, *v->tok);
+  if (!tokens) return reply_error(res, tokens.error());
+  res.reply(200, "application/json", openai::render_detokenize(*tokens, *v->tok));
+}
+
 void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<http_response>& res) {
   if (!check_origin(req, *res) || !check_key(req, *res)) return;
   if (req.body_too_large)
@@ -386,7 +432,9 @@ void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<h
   const std::string route = req.method + " " + req.path;
   if (route == "POST /v1/completions") return handle_completion(openai::endpoint::completions, req, res);
   if (route == "POST /v1/chat/completions") return handle_completion(openai::endpoint::chat_completions, req, res);
-  if (route == "GET /v1/models") return res->reply(200, "application/json", openai::render_models(options.model));
+  if (route == "GET /v1/models") return handle_models(*res);
+  if (route == "POST /tokenize") return handle_tokenize(req, *res);
+  if (route == "POST /detokenize") return handle_detokenize(req, *res);
   if (route == "GET /") return res->reply(200, "text/html; charset=utf-8", index_html);
   if (route == "GET /metrics") return handle_metrics(*res);
   if (route == "GET /health") {
@@ -412,7 +460,8 @@ expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& s
 http_gateway::http_gateway(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
 
 void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
-                         std::shared_ptr<const tokenizer> tok) {
+                         std::shared_ptr<const tokenizer> tok, int32_t context_tokens,
+                         std::shared_ptr<const served_template> chat) {
   TROUPE_ASSERT_MSG(tok, "the HTTP gateway needs the served model's tokenizer");
   TROUPE_ASSERT_MSG(load_balancer, "the HTTP gateway serves the load balancer's node");
   std::lock_guard<std::mutex> lock(impl_->serving_mutex);
@@ -420,6 +469,8 @@ void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::en
   impl_->load_balancer = std::move(load_balancer);
   impl_->engines = std::move(engines);
   impl_->tok = std::move(tok);
+  impl_->context_tokens = context_tokens;
+  impl_->chat = chat ? std::move(chat) : std::make_shared<const served_template>();
   impl_->state = openai::serving_state::ready;
 }
 

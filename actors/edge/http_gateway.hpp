@@ -5,8 +5,9 @@
 /// `openai::parse_request` and handed to a client actor (`actors::spawn_client`) whose callbacks
 /// render its chunks and its end and queue them on the request's connection; the server's loop
 /// writes them. No actor waits on a socket and no thread waits per request. A request whose
-/// HTTP client goes away is cancelled (the engine frees its KV blocks). Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-/// GET /health, GET /metrics, OPTIONS (CORS preflights). A completion's `priority` below
+/// HTTP client goes away is cancelled (the engine frees its KV blocks). Endpoints: POST /v1/completions,
+/// POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /v1/models, GET /health,
+/// GET /metrics, OPTIONS (CORS preflights). A completion's `priority` below
 /// limits.priority_min is raised to it (a client cannot put its requests before everyone
 /// else's). `access` (actors/edge/access.hpp) adds API keys (a 401 without one, except /health,
 /// the page and preflights), HTTPS and the origins whose pages may call it (others: 403).
@@ -60,9 +61,13 @@ class http_gateway {
   /// cannot be bound.
   [[nodiscard]] static expected<std::unique_ptr<http_gateway>> start(caf::actor_system& sys, gateway_options options);
   /// Ready: completions go to `load_balancer`; `engines` (this node's) are queried for /metrics;
-  /// `tok` checks token ids and spells the tokens of logprobs.
+  /// `tok` checks token ids, spells the tokens of logprobs and serves /tokenize and /detokenize;
+  /// `context_tokens` is the engines' context (max_model_len of /v1/models and /tokenize; 0: not
+  /// known); `chat` is the balancer's chat template, which /tokenize renders messages with (null:
+  /// the built-in `bare` format).
   void serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
-             std::shared_ptr<const tokenizer> tok);
+             std::shared_ptr<const tokenizer> tok, int32_t context_tokens = 0,
+             std::shared_ptr<const served_template> chat = nullptr);
   /// Draining: new completions are 503s; waits up to `bound` for those in flight (a stream until
   /// its last byte is written). True if none is left; else they are cancelled (they end at once,
   /// finish_reason "cancelled") and false.

@@ -119,6 +119,9 @@ struct serve_options {
   bool metrics_public = false;
   std::string ssl_certfile, ssl_keyfile;
   std::vector<std::string> allowed_origins;
+  /// The HTTP API's model names: the first is the id it reports, every one is accepted in a
+  /// request's `model`; none: the model file's name without extension.
+  std::vector<std::string> served_model_names;
 };
 
 /// Who may use the gateways: the API keys of --api-key, TROUPE_API_KEY and [http]
@@ -203,6 +206,16 @@ expected<std::optional<topology::http_spec>> http_endpoint(const serve_options& 
   topology::http_spec http = t.http.value_or(topology::http_spec{});
   if (o.http_port >= 0) http.port = static_cast<uint16_t>(o.http_port);
   if (!o.http_address.empty()) http.address = o.http_address;
+  if (o.served_model_names.empty()) return http;
+  // The bounds of the table's served_model_names.
+  const std::vector<std::string>& names = o.served_model_names;
+  if (names.size() > topology::served_model_names_max)
+    return fail(errc::invalid_argument, "--served-model-name gives " + std::to_string(names.size()) +
+                                            " names; at most " + std::to_string(topology::served_model_names_max));
+  for (auto it = names.begin(); it != names.end(); ++it)
+    if (std::find(names.begin(), it, *it) != it)
+      return fail(errc::invalid_argument, "--served-model-name gives '" + echo(*it) + "' twice");
+  http.served_model_names = names;
   return http;
 }
 
@@ -221,6 +234,11 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   g.access = access;
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
+  const std::vector<std::string>& names = http->served_model_names;
+  if (!names.empty()) {
+    g.model.id = names.front();
+    g.model.aliases.assign(names.begin() + 1, names.end());
+  }
   for (const topology::engine_spec& e : t.engines)
     if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
   return gateway::http_gateway::start(sys, std::move(g));
@@ -319,7 +337,8 @@ int run_serve(const serve_options& o) {
                               " listening on " + node->address + ":" + std::to_string(*port) +
                               (*security == topology::port_security::tls ? " (mutual TLS)" : " (plaintext)"));
   if (*http) {
-    (*http)->serve(launched->load_balancer, launched->engines, launched->tok);
+    (*http)->serve(launched->load_balancer, launched->engines, launched->tok, launched->context_tokens,
+                   launched->chat);
     launched->summary.push_back(std::string("HTTP gateway listening on ") + http_scheme + http_endpoint);
   }
   auto msgpack = start_msgpack(sys, o, *t, *launched, *access);
@@ -404,6 +423,15 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--http-host", o->http_address,
                   "address of the HTTP API (default: the topology's [http] host, else 127.0.0.1)");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "the model's names in the HTTP API (repeatable, or several after one flag): the first is the id "
+                  "responses and /v1/models report, every one is accepted in a request's model (default: the model "
+                  "file's name without extension; overrides the topology's [http] served_model_names)")
+      ->check([](const std::string& name) {
+        return name.empty() || name.size() > topology::served_model_name_bytes_max
+                   ? "a model name has 1 to " + std::to_string(topology::served_model_name_bytes_max) + " bytes"
+                   : std::string();
+      });
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));

@@ -13,6 +13,7 @@
 #include "runtime/common/bounded_json.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/openai/chat_messages.hpp"
+#include "runtime/serve/request_policy.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::openai {
@@ -387,7 +388,7 @@ std::optional<api_error> check_model(const reader& in, const served_model& model
   const json& name = in.field("model");
   if (name.is_null()) return std::nullopt;
   if (!name.is_string()) return invalid("model", "'model' must be a string");
-  if (name.get<std::string>() == model.id) return std::nullopt;
+  if (model.serves(name.get_ref<const std::string&>())) return std::nullopt;
   return api_error{404, "the model '" + troupe::echo(name.get_ref<const std::string&>()) + "' does not exist; this server serves '" + model.id + "'",
                    "not_found_error", "model", "model_not_found"};
 }
@@ -536,18 +537,24 @@ ordered chat_message_json(const response_context& c, const choice_output& o, boo
 
 std::string dumped(const ordered& j) { return j.dump(-1, ' ', false, ordered::error_handler_t::replace); }
 
-}  // namespace
-
-tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body, const served_model& model,
-                                                     const tokenizer* tok) {
+/// A body as every endpoint reads it: UTF-8, bounded JSON, an object naming a served model.
+tl::expected<json, api_error> parse_object(std::string_view body, const served_model& model) {
   if (auto valid = utf8::validate(body); !valid)
     return tl::unexpected(invalid("", "the request body is not valid UTF-8: " + valid.error().message));
   auto parsed = parse_body(body);
   if (!parsed) return tl::unexpected(parsed.error());
-  const json& doc = *parsed;
-  if (!doc.is_object()) return tl::unexpected(invalid("", "the request body must be a JSON object"));
-  reader in(doc);
-  if (auto wrong = check_model(in, model)) return tl::unexpected(*wrong);
+  if (!parsed->is_object()) return tl::unexpected(invalid("", "the request body must be a JSON object"));
+  if (auto wrong = check_model(reader(*parsed), model)) return tl::unexpected(*wrong);
+  return parsed;
+}
+
+}  // namespace
+
+tl::expected<parsed_request, api_error> parse_request(endpoint kind, std::string_view body, const served_model& model,
+                                                     const tokenizer* tok) {
+  auto doc = parse_object(body, model);
+  if (!doc) return tl::unexpected(doc.error());
+  reader in(*doc);
   parsed_request p;
   p.kind = kind;
   read_unsupported(in, kind);
@@ -713,16 +720,101 @@ std::string render_usage_chunk(const response_context& c, uint64_t seed, const u
 
 std::string sse_event(const std::string& json_text) { return "data: " + json_text + "\n\n"; }
 
-std::string render_models(const served_model& model) {
-  ordered entry;
-  entry["id"] = model.id;
-  entry["object"] = "model";
-  entry["created"] = model.created;
-  entry["owned_by"] = "troupe";
+bool served_model::serves(std::string_view name) const {
+  return name == id || std::find(aliases.begin(), aliases.end(), name) != aliases.end();
+}
+
+std::string render_models(const served_model& model, int32_t max_model_len) {
   ordered j;
   j["object"] = "list";
-  j["data"] = ordered::array({entry});
+  ordered& data = j["data"] = ordered::array();
+  std::vector<std::string> names{model.id};
+  names.insert(names.end(), model.aliases.begin(), model.aliases.end());
+  for (const std::string& name : names) {
+    ordered entry;
+    entry["id"] = name;
+    entry["object"] = "model";
+    entry["created"] = model.created;
+    entry["owned_by"] = "troupe";
+    entry["root"] = model.id;
+    entry["max_model_len"] = max_model_len > 0 ? ordered(max_model_len) : ordered(nullptr);
+    data.push_back(std::move(entry));
+  }
   return dumped(j);
+}
+
+namespace {
+
+/// A /tokenize chat: the fields a chat completion renders its prompt from.
+void read_tokenize_chat(reader& in, tokenize_request& r) {
+  parsed_request chat;
+  read_messages(in, chat);
+  read_template_fields(in, chat.request);
+  read_tools(in, chat);
+  in.neutral_only("continue_final_message", false);
+  in.neutral_only("chat_template", nullptr);
+  r.chat = std::move(chat.request);
+}
+
+}  // namespace
+
+tl::expected<tokenize_request, api_error> parse_tokenize_request(std::string_view body, const served_model& model) {
+  auto doc = parse_object(body, model);
+  if (!doc) return tl::unexpected(doc.error());
+  reader in(*doc);
+  tokenize_request r;
+  const json& prompt = in.field("prompt");
+  r.is_chat = !in.field("messages").is_null();
+  if (r.is_chat == !prompt.is_null())
+    return tl::unexpected(invalid("prompt", "/tokenize takes a 'prompt' (a string) or 'messages', one of them"));
+  r.add_special_tokens = !r.is_chat;
+  in.boolean("add_special_tokens", r.add_special_tokens);
+  in.boolean("return_token_strs", r.return_token_strs);
+  if (r.is_chat)
+    read_tokenize_chat(in, r);
+  else if (!prompt.is_string())
+    in.fail("prompt", "'prompt' must be a string");
+  else
+    r.prompt = prompt.get<std::string>();
+  if (in.error) return tl::unexpected(*in.error);
+  return r;
+}
+
+tl::expected<std::vector<int32_t>, api_error> tokenize(const tokenize_request& r, const tokenizer& tok,
+                                                       const served_template& chat) {
+  const bool bos = r.add_special_tokens && tok.adds_bos();
+  auto tokens = r.is_chat ? serve::chat_prompt_tokens(r.chat, chat, tok, 0) : tok.encode(r.prompt, bos, false);
+  if (!tokens) return tl::unexpected(error_from(tokens.error()));
+  if (r.is_chat && bos) tokens->insert(tokens->begin(), tok.bos_id());
+  return std::move(*tokens);
+}
+
+std::string render_tokenize(const std::vector<int32_t>& tokens, int32_t max_model_len, const tokenizer& tok, bool strs) {
+  ordered j;
+  j["count"] = tokens.size();
+  j["max_model_len"] = max_model_len;
+  j["tokens"] = tokens;
+  j["token_strs"] = nullptr;
+  if (strs) {
+    ordered& texts = j["token_strs"] = ordered::array();
+    for (const int32_t id : tokens) texts.push_back(std::string(tok.piece_text(id)));
+  }
+  return dumped(j);
+}
+
+tl::expected<std::vector<int32_t>, api_error> parse_detokenize_request(std::string_view body, const served_model& model,
+                                                                       const tokenizer& tok) {
+  auto doc = parse_object(body, model);
+  if (!doc) return tl::unexpected(doc.error());
+  reader in(*doc);
+  std::vector<int32_t> tokens;
+  read_token_ids(in, "tokens", in.field("tokens"), &tok, tokens);
+  if (in.error) return tl::unexpected(*in.error);
+  return tokens;
+}
+
+std::string render_detokenize(const std::vector<int32_t>& tokens, const tokenizer& tok) {
+  return dumped(ordered{{"prompt", tok.decode(tokens)}});
 }
 
 namespace {

@@ -34,6 +34,7 @@
 #include "runtime/serve/completion.hpp"
 #include "runtime/common/error.hpp"
 #include "runtime/openai/tool_calls.hpp"
+#include "runtime/tokenizer/served_template.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 
 namespace troupe::openai {
@@ -59,9 +60,15 @@ struct api_error {
 
 /// What the gateway serves: checked against each request's `model`.
 struct served_model {
-  std::string id;                  ///< e.g. "stories260K"
+  std::string id;                  ///< e.g. "stories260K"; the name every response reports
   std::string system_fingerprint;  ///< reported in every response
   int64_t created = 0;             ///< unix seconds, reported by /v1/models
+  /// More names a request's `model` may give (`--served-model-name` after the first), each
+  /// listed by /v1/models as vLLM lists its served names.
+  std::vector<std::string> aliases{};
+
+  /// Whether `name` is the id or one of the aliases.
+  [[nodiscard]] bool serves(std::string_view name) const;
 };
 
 /// One prompt of a completion request: text (BOS is added when it is encoded), or token ids as
@@ -200,8 +207,52 @@ struct usage_counts {
 [[nodiscard]] std::string sse_event(const std::string& json);
 inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
 
-/// GET /v1/models.
-[[nodiscard]] std::string render_models(const served_model& model);
+/// GET /v1/models: one entry per name (the id, then the aliases), each with vLLM's `root` (the
+/// id) and `max_model_len` (the engines' context; null while it is not known: 0).
+[[nodiscard]] std::string render_models(const served_model& model, int32_t max_model_len);
+
+/// POST /tokenize, vLLM's TokenizeCompletionRequest (`prompt`, a string) or TokenizeChatRequest
+/// (`messages`, with a chat completion's `tools`, `tool_choice`, `chat_template_kwargs` and
+/// `add_generation_prompt`).
+struct tokenize_request {
+  bool is_chat = false;
+  std::string prompt;                 ///< a text's
+  serve::completion_request chat;     ///< a chat's messages and template fields
+  /// Text (default true): BOS when the vocabulary asks for it, as a completion's prompt has it.
+  /// Chat (default false): the chat completion's prompt as it is; true puts that BOS before it
+  /// (vLLM's "on top of what the template adds").
+  bool add_special_tokens = true;
+  bool return_token_strs = false;  ///< the response's token_strs: each token's text in the vocabulary
+};
+
+/// Parses and checks a /tokenize body. Errors: 400 as parse_request's (invalid UTF-8, malformed
+/// JSON, a wrong type, neither or both of prompt and messages, `continue_final_message` or
+/// `chat_template` other than their neutral values), 404 unknown model.
+[[nodiscard]] tl::expected<tokenize_request, api_error> parse_tokenize_request(std::string_view body,
+                                                                               const served_model& model);
+
+/// The tokens of `r`: the text encoded as a completion's prompt is (special tokens are never
+/// parsed from text), or the messages as serve::chat_prompt_tokens renders them for a chat
+/// completion with `chat`. Errors: the template's (400), a prompt past what a context can hold
+/// (413).
+[[nodiscard]] tl::expected<std::vector<int32_t>, api_error> tokenize(const tokenize_request& r, const tokenizer& tok,
+                                                                     const served_template& chat);
+
+/// `{"count", "max_model_len", "tokens", "token_strs"}` (vLLM's TokenizeResponse); token_strs
+/// is null unless `strs`, else each token's text as the vocabulary stores it
+/// (tokenizer::piece_text; bytes that are not UTF-8 read U+FFFD).
+[[nodiscard]] std::string render_tokenize(const std::vector<int32_t>& tokens, int32_t max_model_len,
+                                          const tokenizer& tok, bool strs);
+
+/// The `tokens` of a /detokenize body, each in `tok`'s vocabulary. Errors: 400 as
+/// parse_request's and for a missing list or an id outside the vocabulary (named), 404 unknown
+/// model.
+[[nodiscard]] tl::expected<std::vector<int32_t>, api_error> parse_detokenize_request(std::string_view body,
+                                                                                     const served_model& model,
+                                                                                     const tokenizer& tok);
+
+/// `{"prompt": <the tokens decoded>}` (vLLM's DetokenizeResponse): tokenizer::decode's text.
+[[nodiscard]] std::string render_detokenize(const std::vector<int32_t>& tokens, const tokenizer& tok);
 
 /// Where a gateway is in its life: listening before the engines are up, serving, or draining
 /// after a stop was asked for (requests in flight end; no new ones are taken).

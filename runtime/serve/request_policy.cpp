@@ -78,20 +78,38 @@ expected<nlohmann::ordered_json> chat_request_json(const completion_request& p) 
   return request;
 }
 
-}  // namespace
-
-request_policy::request_policy(request_policy_options options) : o_(std::move(options)) {}
-
 /// Refuses a text prompt too long in bytes to fit the context in any tokenization, before
 /// tokenizing it: encoding holds several words per byte (a 64 MB prompt took over 1 GB).
-expected<void> request_policy::check_prompt_bytes(int64_t bytes) const {
-  const int32_t context = o_.context_tokens > 0 ? o_.context_tokens : model::header_value_max;
-  const int64_t bytes_max = o_.tok->max_text_bytes(context);
+expected<void> check_prompt_bytes(const tokenizer& tok, int32_t context_tokens, int64_t bytes) {
+  const int32_t context = context_tokens > 0 ? context_tokens : model::header_value_max;
+  const int64_t bytes_max = tok.max_text_bytes(context);
   if (bytes <= bytes_max) return {};
   return fail(errc::too_long, "the prompt is " + std::to_string(bytes) + " bytes; a " + std::to_string(context) +
                                   "-token context holds at most " + std::to_string(bytes_max) + " (" +
-                                  std::to_string(o_.tok->max_token_length()) + " bytes per token at most)");
+                                  std::to_string(tok.max_token_length()) + " bytes per token at most)");
 }
+
+}  // namespace
+
+/// The messages are checked for size twice: as sent (before rendering them), then everything
+/// the template made of them (its markup per message counts too: many empty messages make a
+/// long prompt).
+expected<std::vector<int32_t>> chat_prompt_tokens(const completion_request& p, const served_template& chat,
+                                                  const tokenizer& tok, int32_t context_tokens) {
+  int64_t bytes = 0;
+  for (const chat_message& m : p.messages) bytes += static_cast<int64_t>(m.role.size() + m.content.size());
+  if (auto fits = check_prompt_bytes(tok, context_tokens, bytes); !fits) return tl::unexpected(fits.error());
+  auto request = chat_request_json(p);
+  if (!request) return tl::unexpected(request.error());
+  auto segments = chat.render(*request);
+  if (!segments) return tl::unexpected(segments.error());
+  int64_t rendered_bytes = 0;
+  for (const segment& s : *segments) rendered_bytes += static_cast<int64_t>(s.text.size());
+  if (auto fits = check_prompt_bytes(tok, context_tokens, rendered_bytes); !fits) return tl::unexpected(fits.error());
+  return encode_segments(tok, *segments, tok.adds_bos(), nullptr);
+}
+
+request_policy::request_policy(request_policy_options options) : o_(std::move(options)) {}
 
 /// The prompt in tokens: the ids given (checked against the vocabulary when it is known), or
 /// the text, encoded once its size is checked. Without a tokenizer (the simulator's case) only
@@ -111,27 +129,11 @@ expected<std::vector<int32_t>> request_policy::tokenize_prompt() {
   }
   if (!p.messages.empty()) {
     if (token_prompt || !p.prompt.empty()) return fail(errc::invalid_argument, "a chat request (messages) takes no prompt");
-    return render_messages();
+    return chat_prompt_tokens(p, o_.chat, *o_.tok, o_.context_tokens);
   }
-  if (auto fits = check_prompt_bytes(static_cast<int64_t>(p.prompt.size())); !fits) return tl::unexpected(fits.error());
+  if (auto fits = check_prompt_bytes(*o_.tok, o_.context_tokens, static_cast<int64_t>(p.prompt.size())); !fits)
+    return tl::unexpected(fits.error());
   return o_.tok->encode(p.prompt, o_.tok->adds_bos(), /*add_eos=*/false);
-}
-
-/// A chat's prompt: its messages rendered with the template, each checked for size twice: the
-/// messages as sent (before rendering them), then everything the template made of them (its
-/// markup per message counts too: many empty messages make a long prompt).
-expected<std::vector<int32_t>> request_policy::render_messages() const {
-  int64_t bytes = 0;
-  for (const chat_message& m : o_.params.messages) bytes += static_cast<int64_t>(m.role.size() + m.content.size());
-  if (auto fits = check_prompt_bytes(bytes); !fits) return tl::unexpected(fits.error());
-  auto request = chat_request_json(o_.params);
-  if (!request) return tl::unexpected(request.error());
-  auto segments = o_.chat.render(*request);
-  if (!segments) return tl::unexpected(segments.error());
-  int64_t rendered_bytes = 0;
-  for (const segment& s : *segments) rendered_bytes += static_cast<int64_t>(s.text.size());
-  if (auto fits = check_prompt_bytes(rendered_bytes); !fits) return tl::unexpected(fits.error());
-  return encode_segments(*o_.tok, *segments, o_.tok->adds_bos(), nullptr);
 }
 
 effects request_policy::start(int64_t now_ns) {

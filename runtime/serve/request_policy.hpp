@@ -56,6 +56,16 @@
 
 namespace troupe::serve {
 
+/// A chat's prompt as the request actor makes it (the HTTP gateway's /tokenize gives the same):
+/// `p.messages` (with their tool-calling keys), `tools`, `chat_template_kwargs` and
+/// `add_generation_prompt` rendered by `chat` and encoded by provenance (segments.hpp), with
+/// BOS when `tok` adds it. The messages' bytes and then the rendered text's are refused
+/// (too_long) past what `context_tokens` tokens can spell (0: the largest context a checkpoint
+/// may declare). Errors: invalid_argument (the template's, a malformed field), too_long,
+/// invalid_utf8.
+[[nodiscard]] expected<std::vector<int32_t>> chat_prompt_tokens(const completion_request& p, const served_template& chat,
+                                                                const tokenizer& tok, int32_t context_tokens);
+
 struct request_policy_options {
   int64_t id = 0;
   uint64_t stream = 0;  ///< stamped on every message to the client (submit_completion::stream)
@@ -176,9 +186,6 @@ class request_policy {
   void check_invariants() const;
 
  private:
-  [[nodiscard]] expected<void> check_prompt_bytes(int64_t bytes) const;
-  /// A chat's prompt: its messages rendered by the chat template and encoded by provenance.
-  [[nodiscard]] expected<std::vector<int32_t>> render_messages() const;
   [[nodiscard]] expected<std::vector<int32_t>> tokenize_prompt();
   // What engines send, checked: an engine may be another process (issue 21, point 3).
   [[nodiscard]] expected<void> check_token(int32_t token, float logprob, int64_t num_before) const;
