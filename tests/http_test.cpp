@@ -31,6 +31,7 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/metrics_page.hpp"
 #include "tests/support/npm_packages.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
@@ -111,13 +112,12 @@ class Http : public ::testing::Test {
     EXPECT_NE(r.body.find("\"text\":\"" + greedy(20) + "\""), std::string::npos) << "after " << after << ": " << r.body;
   }
 
-  /// The value of the sample `name{model_name="stories260K"}` on the /metrics page.
+  /// The value of `name`'s sample on the /metrics page (tests/support/metrics_page.hpp).
   double metric(const std::string& name) {
     const http_reply r = fetch("/metrics");
-    const std::string sample = name + "{model_name=\"stories260K\"} ";
-    const size_t at = r.body.find(sample);
-    EXPECT_NE(at, std::string::npos) << sample << " not in\n" << r.body;
-    return at == std::string::npos ? -1.0 : std::atof(r.body.c_str() + at + sample.size());
+    const double value = sample_value(r.body, name);
+    EXPECT_NE(value, -1.0) << name << " not in\n" << r.body;
+    return value;
   }
 };
 
@@ -174,7 +174,7 @@ TEST_F(Http, ReadmeCurlExamplesWorkAsWritten) {
   EXPECT_EQ(outputs[1].substr(outputs[1].size() - 14), "data: [DONE]\n\n") << outputs[1];
   EXPECT_NE(outputs[2].find("\"id\":\"stories260K\""), std::string::npos) << outputs[2];
   EXPECT_EQ(outputs[3], "{\"status\":\"ready\"}");  // /health: 200 (curl -f fails otherwise)
-  EXPECT_NE(outputs[4].find("troupe:time_to_first_token_seconds_count{model_name=\"stories260K\"} 2\n"), std::string::npos)
+  EXPECT_NE(outputs[4].find("vllm:time_to_first_token_seconds_count{model_name=\"stories260K\",engine=\"0\"} 2\n"), std::string::npos)
       << outputs[4];
 }
 
@@ -625,28 +625,81 @@ TEST_F(Http, AClientThatDisconnectsMidStreamCancelsItsRequest) {
   // The cancel travels client -> request -> engine: scrape until the engine has let go.
   bool released = false;
   for (int i = 0; i < 500 && !released; i++)
-    released = metric("troupe:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
+    released = metric("vllm:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
   EXPECT_TRUE(released) << server_->err();
-  EXPECT_EQ(metric("troupe:generation_tokens_total"), 0);  // the gateway recorded no finished request
+  EXPECT_EQ(metric("vllm:generation_tokens_total"), 0);  // the gateway recorded no finished request
   expect_good_answer("a disconnect");
+}
+
+/// The vLLM metric names docs/http.md's table lists (between its `vllm metrics` markers).
+std::vector<std::string> documented_vllm_names() {
+  const std::string doc = read_file(std::string(TROUPE_SOURCE_DIR) + "/docs/http.md");
+  const size_t begin = doc.find("<!-- vllm metrics:"), end = doc.find("<!-- end of vllm metrics -->");
+  std::vector<std::string> names;
+  const std::string table = doc.substr(begin, end - begin);
+  const std::regex name("`(vllm:[a-z_]+)`");
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), name); it != std::sregex_iterator(); ++it)
+    names.push_back((*it)[1]);
+  return names;
 }
 
 TEST_F(Http, MetricsPassPromtoolAndARequestMovesTheTtftCountByOne) {
   ASSERT_NO_FATAL_FAILURE(start());
-  const std::string ttft = "troupe:time_to_first_token_seconds_count";
+  const std::string ttft = "vllm:time_to_first_token_seconds_count";
   const double before = metric(ttft);
   expect_good_answer("a scrape");
   EXPECT_EQ(metric(ttft), before + 1);
-  EXPECT_EQ(metric("troupe:generation_tokens_total"), 20);
+  EXPECT_EQ(metric("vllm:generation_tokens_total"), 20);
   if (!fs::exists("/usr/bin/promtool")) GTEST_SKIP() << "promtool is not installed (Debian package prometheus)";
   std::ofstream(dir_ / "metrics.txt") << fetch("/metrics").body;
   const cli_result r = run_program("/bin/bash", {"-c", "/usr/bin/promtool check metrics < " + (dir_ / "metrics.txt").string()}, dir_);
-  // Exit 3 is lint findings only (1: the page does not parse). The one finding allowed is the
-  // `troupe:` prefix, vLLM's naming (`vllm:`), which the lint reserves for recording rules.
+  // Exit 3 is lint findings only (1: the page does not parse). The findings allowed are vLLM's
+  // own names': `:` in every name, which the lint reserves for recording rules, and `_total` on
+  // the histogram vllm:iteration_tokens_total.
   EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 3) << r.out << r.err;
   std::istringstream findings(r.out + r.err);
   for (std::string line; std::getline(findings, line);)
-    EXPECT_NE(line.find("metric names should not contain ':'"), std::string::npos) << line;
+    EXPECT_TRUE(line.find("metric names should not contain ':'") != std::string::npos ||
+                line.find("vllm:iteration_tokens_total non-counter metrics should not have \"_total\" suffix") !=
+                    std::string::npos)
+        << line;
+}
+
+TEST_F(Http, VllmMetricsCountGreedyCompletionsExactlyUnderTheDocumentedNames) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const http_reply one = fetch("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0,"ignore_eos":true})");
+  ASSERT_EQ(one.status, 200) << one.body;
+  const http_reply two = fetch("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":7,"temperature":0,"ignore_eos":true,"n":2})");
+  ASSERT_EQ(two.status, 200) << two.body;
+  EXPECT_EQ(fetch("/v1/completions", R"({"prompt":"x","max_tokens":-1})").status, 400);  // not counted
+  const int prompt_tokens = nlohmann::json::parse(one.body).at("usage").at("prompt_tokens").get<int>();
+  ASSERT_GT(prompt_tokens, 0);
+  const std::string page = fetch("/metrics").body;
+  for (const std::string& name : documented_vllm_names())
+    EXPECT_NE(page.find("\n# TYPE " + name + " "), std::string::npos) << name << " not on\n" << page;
+  // Three requests (the second's two choices are two), all of known lengths: 20, 7 and 7 tokens.
+  EXPECT_EQ(sample_value(page, "vllm:prompt_tokens_total"), 3 * prompt_tokens);
+  EXPECT_EQ(sample_value(page, "vllm:generation_tokens_total"), 34);
+  EXPECT_NE(page.find("vllm:request_success_total{model_name=\"stories260K\",engine=\"0\",finished_reason=\"length\"} 3\n"),
+            std::string::npos) << page;
+  for (const std::string& histogram :
+       {"vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_max_tokens",
+        "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+        "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+        "vllm:time_per_prefill_token_request_seconds"})
+    EXPECT_EQ(sample_value(page, histogram + "_count"), 3) << histogram;
+  EXPECT_EQ(sample_value(page, "vllm:request_prompt_tokens_sum"), 3 * prompt_tokens);
+  EXPECT_EQ(sample_value(page, "vllm:request_generation_tokens_sum"), 34);
+  EXPECT_EQ(sample_value(page, "vllm:request_params_max_tokens_sum"), 34);
+  EXPECT_EQ(sample_value(page, "vllm:time_per_output_token_seconds_count"), 19 + 6 + 6);  // gaps between tokens
+  EXPECT_EQ(sample_value(page, "vllm:request_params_n_count"), 2);  // per prompt
+  EXPECT_EQ(sample_value(page, "vllm:request_params_n_sum"), 3);
+  EXPECT_EQ(sample_value(page, "vllm:request_max_num_generation_tokens_sum"), 27);
+  EXPECT_EQ(sample_value(page, "vllm:prefix_cache_queries_total"), 3 * prompt_tokens);  // each sequence's prompt, once
+  EXPECT_GT(sample_value(page, "vllm:iteration_tokens_total_count"), 0);
+  EXPECT_GE(sample_value(page, "vllm:iteration_tokens_total_sum"), 3 * prompt_tokens);
+  EXPECT_EQ(sample_value(page, "vllm:num_requests_running"), 0);
+  EXPECT_EQ(sample_value(page, "vllm:kv_cache_usage_perc"), 0);
 }
 
 TEST_F(Http, ABusyHttpPortIsAClearError) {

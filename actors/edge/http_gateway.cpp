@@ -49,6 +49,7 @@ struct answer {
   openai::response_context context;  // request_id: the first completion heard from
   bool stream = false;
   int32_t n = 1;                    ///< choices per prompt
+  int32_t max_tokens = 0;           ///< the request's (for /metrics)
   openai::tool_choice tool_mode;    ///< a forced one's calls are read from the choices' texts
   std::optional<uint64_t> seed;     ///< reported; a lone choice without a seed: its end's
   bool named = false;               ///< context.request_id is set
@@ -78,6 +79,7 @@ std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::resp
   a->context.tok = a->tok.get();
   a->stream = p.request.stream;
   a->n = p.n;
+  a->max_tokens = p.request.max_tokens;
   a->tool_mode = p.tool_mode;
   a->seed = seed;
   a->choices.resize(static_cast<size_t>(openai::num_choices(p)));
@@ -92,7 +94,10 @@ std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::resp
 
 struct http_gateway::impl {
   impl(caf::actor_system& s, gateway_options o)
-      : sys(s), options(std::move(o)), requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address) {}
+      : sys(s),
+        options(std::move(o)),
+        requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address),
+        metrics(options.max_model_len) {}
 
   caf::actor_system& sys;
   gateway_options options;
@@ -150,9 +155,24 @@ struct http_gateway::impl {
     return state;
   }
 
-  void record(const msg::completion_end& end) {
+  void record(const msg::completion_end& end, int32_t max_tokens) {
     std::lock_guard<std::mutex> lock(metrics_mutex);
-    metrics.record(end);
+    metrics.record(end, max_tokens);
+  }
+  /// Every choice of `a` is done: each prompt's n and its choices' most generated tokens, unless
+  /// one of them was cancelled (not answered to its end).
+  void record_prompts(const answer& a) {
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    for (size_t first = 0; first < a.choices.size(); first += static_cast<size_t>(a.n)) {
+      int32_t most = 0;
+      bool cancelled = false;
+      for (size_t k = first; k < first + static_cast<size_t>(a.n); k++) {
+        const msg::completion_end& end = a.choices[k].done->end;
+        most = std::max(most, end.num_generated_tokens);
+        cancelled = cancelled || end.finish_reason == engine::finish_reason::cancelled;
+      }
+      if (!cancelled) metrics.record_parallel(a.n, most);
+    }
   }
 
   void handle(const http_request& req, const std::shared_ptr<http_response>& res);
@@ -232,7 +252,7 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
   if (!outcome) return fail_answer(a, outcome.error());
   const msg::completion_end& end = outcome->end;
   // A cancelled request (its client went away, or a drain ran out of time) was not answered to its end.
-  if (end.finish_reason != engine::finish_reason::cancelled) record(end);
+  if (end.finish_reason != engine::finish_reason::cancelled) record(end, a.max_tokens);
   a.name(end.request_id);
   if (!a.seed) a.seed = end.seed;
   choice_state& choice = a.choices[static_cast<size_t>(index)];
@@ -245,7 +265,9 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
     a.response->write(openai::sse_event(openai::render_final_chunk(
         a.context, index, end.finish_reason, *a.seed, choice.calls.num_calls() > 0, usage ? &*usage : nullptr)));
   }
-  if (last) finish_answer(a, *usage);
+  if (!last) return;
+  record_prompts(a);
+  finish_answer(a, *usage);
 }
 
 /// The usage of every choice of `a`, all done.
@@ -301,7 +323,7 @@ void http_gateway::impl::handle_metrics(http_response& res) {
     if (!report) return reply_error(res, openai::error_from({errc::unavailable, report.error().message}));
     reports.push_back(*report);
   }
-  const openai::engine_gauges gauges = openai::sum_reports(reports, options.num_kv_blocks_total);
+  const openai::engine_gauges gauges = openai::sum_reports(reports, options.kv_cache);
   std::lock_guard<std::mutex> lock(metrics_mutex);
   metrics.num_in_flight = num_in_flight;
   res.reply(200, "text/plain; version=0.0.4", openai::render_metrics(metrics, gauges, options.model.id));

@@ -20,6 +20,7 @@
 #include "apps/troupe/signals.hpp"
 #include "actors/edge/http_gateway.hpp"
 #include "actors/edge/msgpack_gateway.hpp"
+#include "runtime/model/checkpoint.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::cli {
@@ -155,6 +156,13 @@ expected<std::optional<topology::http_spec>> http_endpoint(const serve_options& 
   return http;
 }
 
+/// The longest context `e` serves: its max_context, else its model's (0 if unreadable).
+int32_t served_context(const topology::engine_spec& e) {
+  if (e.max_context > 0) return e.max_context;
+  auto header = model::read_header(e.model_path);
+  return header ? header->config.seq_len : 0;
+}
+
 /// The HTTP gateway at `http` (null if none), listening before the node is launched: /health
 /// says "starting" until `serve` hands it the balancer. /metrics reports this node's engines.
 expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& sys, const serve_options& o,
@@ -167,8 +175,12 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
   g.limits = o.gateway.resolve(t);
   g.model = {std::filesystem::path(t.engines.front().model_path).stem().string(), system_fingerprint(),
              std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
-  for (const topology::engine_spec& e : t.engines)
-    if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
+  for (const topology::engine_spec& e : t.engines) {
+    if (e.node != node_name) continue;
+    g.kv_cache.num_blocks += e.config.num_kv_blocks;
+    g.kv_cache.block_size = e.config.block_size;
+  }
+  g.max_model_len = served_context(t.engines.front());
   return gateway::http_gateway::start(sys, std::move(g));
 }
 
