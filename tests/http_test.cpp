@@ -702,6 +702,72 @@ TEST_F(Http, VllmMetricsCountGreedyCompletionsExactlyUnderTheDocumentedNames) {
   EXPECT_EQ(sample_value(page, "vllm:kv_cache_usage_perc"), 0);
 }
 
+/// The access lines of a `--log-format json` server's stderr, each line checked to be one JSON object.
+std::vector<nlohmann::json> json_access_lines(const std::string& err) {
+  std::vector<nlohmann::json> access;
+  std::istringstream lines(err);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("time") && j.contains("level") && j.contains("logger") && j.contains("msg"))
+        << line;
+    if (j.is_object() && j.value("logger", "") == "access") access.push_back(j);
+  }
+  return access;
+}
+
+const std::string secret_prompt = "Lily saw a zebra";
+const std::string good_body = R"({"prompt":"Lily saw a zebra","max_tokens":5,"temperature":0,"ignore_eos":true})";
+
+TEST_F(Http, JsonLogsWriteOneAccessObjectPerRequestWithoutThePrompt) {
+  ASSERT_NO_FATAL_FAILURE(start({"--log-format", "json", "serve", "--port", "0"}));
+  const http_reply good = fetch("/v1/completions", good_body);
+  ASSERT_EQ(good.status, 200) << good.body;
+  EXPECT_EQ(fetch("/v1/completions", R"({"prompt":"Lily saw a zebra","max_tokens":-1})").status, 400);
+  const std::string err_path = (dir_ / "serve.err").string();
+  ASSERT_TRUE(file_contains_within(err_path, "\"status\":400", std::chrono::seconds(30))) << server_->err();
+  const nlohmann::json answer = nlohmann::json::parse(good.body);
+  const std::vector<nlohmann::json> access = json_access_lines(server_->err());
+  ASSERT_EQ(access.size(), 2u) << server_->err();
+  const nlohmann::json& ok = access[0];
+  EXPECT_EQ(ok.at("level"), "info");
+  EXPECT_EQ(ok.at("msg"), "access");
+  EXPECT_EQ(ok.at("route"), "POST /v1/completions");
+  EXPECT_EQ(ok.at("status"), 200);
+  EXPECT_EQ(ok.at("request_id"), answer.at("id"));
+  EXPECT_EQ(ok.at("prompt_tokens"), answer.at("usage").at("prompt_tokens"));
+  EXPECT_EQ(ok.at("completion_tokens"), 5);
+  EXPECT_EQ(ok.at("finish_reason"), "length");
+  EXPECT_EQ(ok.at("client").get<std::string>().rfind("127.0.0.1", 0), 0u) << ok;
+  EXPECT_TRUE(ok.at("ttft_ms").is_number() && ok.at("e2e_ms").is_number()) << ok;
+  EXPECT_FALSE(ok.contains("prompts"));
+  const nlohmann::json& bad = access[1];
+  EXPECT_EQ(bad.at("route"), "POST /v1/completions");
+  EXPECT_EQ(bad.at("status"), 400);
+  EXPECT_TRUE(bad.at("prompt_tokens").is_null() && bad.at("request_id").is_null()) << bad;
+  EXPECT_EQ(server_->err().find(secret_prompt), std::string::npos) << server_->err();
+}
+
+TEST_F(Http, TextAccessLinesCarryTheFieldsAndThePromptOnlyWithLogPrompts) {
+  ASSERT_NO_FATAL_FAILURE(start({"--log-prompts", "serve", "--port", "0"}));
+  const http_reply good = fetch("/v1/completions", good_body);
+  ASSERT_EQ(good.status, 200) << good.body;
+  const std::string id = nlohmann::json::parse(good.body).at("id");
+  const std::string err_path = (dir_ / "serve.err").string();
+  ASSERT_TRUE(file_contains_within(err_path, "] access request_id=" + id, std::chrono::seconds(30))) << server_->err();
+  const std::string err = server_->err();
+  const std::string line = err.substr(err.find("] access request_id=" + id));
+  EXPECT_NE(line.find(" route=\"POST /v1/completions\" status=200 client=127.0.0.1"), std::string::npos) << line;
+  EXPECT_NE(line.find(" completion_tokens=5 ttft_ms="), std::string::npos) << line;
+  EXPECT_NE(line.find(" finish_reason=length prompts=[\"" + secret_prompt + "\"]\n"), std::string::npos) << line;
+}
+
+TEST_F(Http, ABadLogFormatIsRefused) {
+  const cli_result r = run_troupe({"--log-format", "xml", "serve", "--port", "0"}, dir_);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--log-format"), std::string::npos) << r.err;
+}
+
 TEST_F(Http, ABusyHttpPortIsAClearError) {
   ASSERT_NO_FATAL_FAILURE(start());
   const std::string port = url_.substr(url_.rfind(':') + 1);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/openai/api.hpp"
+#include "runtime/openai/log_lines.hpp"
 #include "runtime/openai/metrics.hpp"
 #include "runtime/engine/request.hpp"
 #include "tests/support/golden.hpp"
@@ -804,6 +805,50 @@ TEST(Metrics, ThePageRendersByteForByte) {
         std::string("troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"host\"} 5\n") +
             "troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"disk\"} 2\n"})
     EXPECT_NE(page.find(line), std::string::npos) << line << "\nnot in\n" << page;
+}
+
+/// A completion's access record: 5 prompt tokens, 20 generated, a TTFT of 3.25 ms.
+access_record a_completion_record() {
+  return {"cmpl-7", "POST /v1/completions", 200, "127.0.0.1:5000", 5, 20, 3.25, 40.1234567, "length",
+          {"a \"quoted\"\nprompt"}};
+}
+
+TEST(AccessLog, TextLinesCarryEveryFieldAndThePromptOnlyWhenAsked) {
+  EXPECT_EQ(render_access_text(a_completion_record(), {false, false}),
+            R"(access request_id=cmpl-7 route="POST /v1/completions" status=200 client=127.0.0.1:5000 prompt_tokens=5 )"
+            R"(completion_tokens=20 ttft_ms=3.25 e2e_ms=40.123 finish_reason=length)");
+  EXPECT_EQ(render_access_text(a_completion_record(), {false, true}),
+            R"(access request_id=cmpl-7 route="POST /v1/completions" status=200 client=127.0.0.1:5000 prompt_tokens=5 )"
+            R"(completion_tokens=20 ttft_ms=3.25 e2e_ms=40.123 finish_reason=length prompts=["a \"quoted\"\nprompt"])");
+  access_record other;
+  other.route = "GET /health";
+  other.status = 200;
+  other.client = "::1";
+  EXPECT_EQ(render_access_text(other, {false, true}),
+            R"(access request_id=- route="GET /health" status=200 client=::1 prompt_tokens=- completion_tokens=- )"
+            R"(ttft_ms=- e2e_ms=0.0 finish_reason=- prompts=[])");
+}
+
+TEST(AccessLog, JsonRecordsAreOneObjectWithNullsForWhatARouteLacks) {
+  EXPECT_EQ(render_access_json(a_completion_record(), {true, false}),
+            R"({"msg":"access","request_id":"cmpl-7","route":"POST /v1/completions","status":200,)"
+            R"("client":"127.0.0.1:5000","prompt_tokens":5,"completion_tokens":20,"ttft_ms":3.25,"e2e_ms":40.123,)"
+            R"("finish_reason":"length"})");
+  access_record bad;
+  bad.route = "POST /v1/completions";
+  bad.status = 400;
+  bad.prompts = {std::string("\xff")};  // invalid UTF-8 from a client: replaced, never a broken line
+  EXPECT_EQ(render_access_json(bad, {true, true}),
+            R"({"msg":"access","request_id":null,"route":"POST /v1/completions","status":400,"client":"",)"
+            R"("prompt_tokens":null,"completion_tokens":null,"ttft_ms":null,"e2e_ms":0.0,"finish_reason":null,)"
+            "\"prompts\":[\"\xef\xbf\xbd\"]}");
+}
+
+TEST(AccessLog, JsonLogLinesEscapeTheMessageAndMergeARecordsFields) {
+  EXPECT_EQ(render_log_json("2026-12-06T03:00:17.123Z", "info", "troupe", "a \"b\"\n"),
+            R"({"time":"2026-12-06T03:00:17.123Z","level":"info","logger":"troupe","msg":"a \"b\"\n"})");
+  EXPECT_EQ(render_log_json("t", "info", "access", "", R"({"msg":"access","status":200})"),
+            R"({"time":"t","level":"info","logger":"access","msg":"access","status":200})");
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "actors/client.hpp"
 #include "actors/edge/edge_limits.hpp"
 #include "runtime/openai/api.hpp"
+#include "runtime/openai/log_lines.hpp"
 #include "runtime/openai/metrics.hpp"
 #include "runtime/common/error.hpp"
 
@@ -36,6 +37,7 @@ struct gateway_options {
   openai::served_model model;
   openai::cache_config kv_cache;    ///< the local engines' KV pools, for /metrics
   int32_t max_model_len = 0;        ///< the engines' context, for /metrics' token buckets (0: unknown)
+  openai::access_log_format access_log;  ///< one line per request: text or JSON, with prompts or not
   size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
   int32_t num_threads = 4;          ///< threads running request handlers (a /metrics scrape blocks one)
   actors::client_timeouts timeouts;

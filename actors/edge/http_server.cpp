@@ -188,6 +188,7 @@ std::string retry_after(int status) { return status == 429 || status == 503 ? "\
 }  // namespace
 
 void http_response::reply(int status, std::string_view content_type, std::string_view body) {
+  status_ = status;
   std::string bytes = status_line(status) + "Content-Type: ";
   bytes.append(content_type);
   bytes += "\r\nContent-Length: " + std::to_string(body.size()) + retry_after(status) +
@@ -197,6 +198,7 @@ void http_response::reply(int status, std::string_view content_type, std::string
 }
 
 void http_response::begin_stream(std::string_view content_type) {
+  status_ = 200;
   std::string bytes = status_line(200) + "Content-Type: ";
   bytes.append(content_type);
   bytes += std::string("\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked") +

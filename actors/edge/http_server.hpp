@@ -24,6 +24,7 @@
 /// output queued past output_bytes_max (a client that does not read): its response is abandoned.
 /// Out of descriptors, accepting waits 100 ms between tries.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -70,6 +71,8 @@ class http_response {
   void on_abandoned(std::function<void()> f);
   /// `token` is kept until the last byte is written or the client is gone.
   void hold(std::shared_ptr<const void> token);
+  /// The status of the response begun (`reply`, or 200 for `begin_stream`); 0 before (the access log).
+  [[nodiscard]] int status() const { return status_.load(); }
 
  private:
   friend class http_server;
@@ -81,6 +84,7 @@ class http_response {
 
   std::shared_ptr<http_connection> connection_;
   const bool close_after_;
+  std::atomic<int> status_{0};
   std::mutex mutex_;
   std::function<void()> abandoned_;  // guarded by mutex_
   bool finished_ = false;            // guarded by mutex_; then nothing is held or called back

@@ -17,6 +17,7 @@
 #include "actors/system/tls.hpp"
 #include "actors/system/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
+#include "apps/troupe/logging.hpp"
 #include "apps/troupe/signals.hpp"
 #include "actors/edge/http_gateway.hpp"
 #include "actors/edge/msgpack_gateway.hpp"
@@ -181,6 +182,7 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
     g.kv_cache.block_size = e.config.block_size;
   }
   g.max_model_len = served_context(t.engines.front());
+  g.access_log = access_log_settings();
   return gateway::http_gateway::start(sys, std::move(g));
 }
 
