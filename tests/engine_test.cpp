@@ -196,6 +196,13 @@ TEST(EngineDeterminism, PrefixReuseSharesBlocksAndKeepsOutputs) {
   EXPECT_EQ(e->stats().num_prefix_hit_tokens, 0);
   const int64_t num_first_tokens = e->stats().num_scheduled_tokens;
   EXPECT_EQ(num_first_tokens, 52 + 9);
+  EXPECT_EQ(e->stats().num_prefix_query_tokens, 52);
+  // Its steps by their tokens (vLLM's iteration_tokens_total): the 52-token prefill (33 to 64),
+  // then 9 decode steps of 1.
+  std::vector<int64_t> steps(troupe::engine::iteration_token_bounds.size() + 1, 0);
+  steps[0] = 9;
+  steps[4] = 1;
+  EXPECT_EQ(e->stats().num_steps_by_tokens, steps);
 
   request second = make_request(2, second_prompt, 12, 1.0f, 22);
   second.sampling.num_top_logprobs = 5;
@@ -214,6 +221,7 @@ TEST(EngineDeterminism, PrefixReuseSharesBlocksAndKeepsOutputs) {
   EXPECT_EQ(e->blocks().refcount(0), 1);
   testing::run_until_done(*e, got);
   EXPECT_EQ(e->stats().num_prefix_hit_tokens, 48);
+  EXPECT_EQ(e->stats().num_prefix_query_tokens, 52 + 53);  // each prompt once, hit or not
   EXPECT_EQ(e->blocks().num_used_blocks(), 0);
 
   const outputs cold = run_each_alone({second});

@@ -31,6 +31,7 @@
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/engine_harness.hpp"
 #include "tests/support/golden.hpp"
+#include "tests/support/metrics_page.hpp"
 #include "tests/support/npm_packages.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
@@ -111,13 +112,12 @@ class Http : public ::testing::Test {
     EXPECT_NE(r.body.find("\"text\":\"" + greedy(20) + "\""), std::string::npos) << "after " << after << ": " << r.body;
   }
 
-  /// The value of the sample `name{model_name="stories260K"}` on the /metrics page.
+  /// The value of `name`'s sample on the /metrics page (tests/support/metrics_page.hpp).
   double metric(const std::string& name) {
     const http_reply r = fetch("/metrics");
-    const std::string sample = name + "{model_name=\"stories260K\"} ";
-    const size_t at = r.body.find(sample);
-    EXPECT_NE(at, std::string::npos) << sample << " not in\n" << r.body;
-    return at == std::string::npos ? -1.0 : std::atof(r.body.c_str() + at + sample.size());
+    const double value = sample_value(r.body, name);
+    EXPECT_NE(value, -1.0) << name << " not in\n" << r.body;
+    return value;
   }
 };
 
@@ -174,7 +174,7 @@ TEST_F(Http, ReadmeCurlExamplesWorkAsWritten) {
   EXPECT_EQ(outputs[1].substr(outputs[1].size() - 14), "data: [DONE]\n\n") << outputs[1];
   EXPECT_NE(outputs[2].find("\"id\":\"stories260K\""), std::string::npos) << outputs[2];
   EXPECT_EQ(outputs[3], "{\"status\":\"ready\"}");  // /health: 200 (curl -f fails otherwise)
-  EXPECT_NE(outputs[4].find("troupe:time_to_first_token_seconds_count{model_name=\"stories260K\"} 2\n"), std::string::npos)
+  EXPECT_NE(outputs[4].find("vllm:time_to_first_token_seconds_count{model_name=\"stories260K\",engine=\"0\"} 2\n"), std::string::npos)
       << outputs[4];
 }
 
@@ -693,28 +693,147 @@ TEST_F(Http, AClientThatDisconnectsMidStreamCancelsItsRequest) {
   // The cancel travels client -> request -> engine: scrape until the engine has let go.
   bool released = false;
   for (int i = 0; i < 500 && !released; i++)
-    released = metric("troupe:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
+    released = metric("vllm:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
   EXPECT_TRUE(released) << server_->err();
-  EXPECT_EQ(metric("troupe:generation_tokens_total"), 0);  // the gateway recorded no finished request
+  EXPECT_EQ(metric("vllm:generation_tokens_total"), 0);  // the gateway recorded no finished request
   expect_good_answer("a disconnect");
+}
+
+/// The vLLM metric names docs/http.md's table lists (between its `vllm metrics` markers).
+std::vector<std::string> documented_vllm_names() {
+  const std::string doc = read_file(std::string(TROUPE_SOURCE_DIR) + "/docs/http.md");
+  const size_t begin = doc.find("<!-- vllm metrics:"), end = doc.find("<!-- end of vllm metrics -->");
+  std::vector<std::string> names;
+  const std::string table = doc.substr(begin, end - begin);
+  const std::regex name("`(vllm:[a-z_]+)`");
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), name); it != std::sregex_iterator(); ++it)
+    names.push_back((*it)[1]);
+  return names;
 }
 
 TEST_F(Http, MetricsPassPromtoolAndARequestMovesTheTtftCountByOne) {
   ASSERT_NO_FATAL_FAILURE(start());
-  const std::string ttft = "troupe:time_to_first_token_seconds_count";
+  const std::string ttft = "vllm:time_to_first_token_seconds_count";
   const double before = metric(ttft);
   expect_good_answer("a scrape");
   EXPECT_EQ(metric(ttft), before + 1);
-  EXPECT_EQ(metric("troupe:generation_tokens_total"), 20);
+  EXPECT_EQ(metric("vllm:generation_tokens_total"), 20);
   if (!fs::exists("/usr/bin/promtool")) GTEST_SKIP() << "promtool is not installed (Debian package prometheus)";
   std::ofstream(dir_ / "metrics.txt") << fetch("/metrics").body;
   const cli_result r = run_program("/bin/bash", {"-c", "/usr/bin/promtool check metrics < " + (dir_ / "metrics.txt").string()}, dir_);
-  // Exit 3 is lint findings only (1: the page does not parse). The one finding allowed is the
-  // `troupe:` prefix, vLLM's naming (`vllm:`), which the lint reserves for recording rules.
+  // Exit 3 is lint findings only (1: the page does not parse). The findings allowed are vLLM's
+  // own names': `:` in every name, which the lint reserves for recording rules, and `_total` on
+  // the histogram vllm:iteration_tokens_total.
   EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 3) << r.out << r.err;
   std::istringstream findings(r.out + r.err);
   for (std::string line; std::getline(findings, line);)
-    EXPECT_NE(line.find("metric names should not contain ':'"), std::string::npos) << line;
+    EXPECT_TRUE(line.find("metric names should not contain ':'") != std::string::npos ||
+                line.find("vllm:iteration_tokens_total non-counter metrics should not have \"_total\" suffix") !=
+                    std::string::npos)
+        << line;
+}
+
+TEST_F(Http, VllmMetricsCountGreedyCompletionsExactlyUnderTheDocumentedNames) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  const http_reply one = fetch("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":20,"temperature":0,"ignore_eos":true})");
+  ASSERT_EQ(one.status, 200) << one.body;
+  const http_reply two = fetch("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":7,"temperature":0,"ignore_eos":true,"n":2})");
+  ASSERT_EQ(two.status, 200) << two.body;
+  EXPECT_EQ(fetch("/v1/completions", R"({"prompt":"x","max_tokens":-1})").status, 400);  // not counted
+  const int prompt_tokens = nlohmann::json::parse(one.body).at("usage").at("prompt_tokens").get<int>();
+  ASSERT_GT(prompt_tokens, 0);
+  const std::string page = fetch("/metrics").body;
+  for (const std::string& name : documented_vllm_names())
+    EXPECT_NE(page.find("\n# TYPE " + name + " "), std::string::npos) << name << " not on\n" << page;
+  // Three requests (the second's two choices are two), all of known lengths: 20, 7 and 7 tokens.
+  EXPECT_EQ(sample_value(page, "vllm:prompt_tokens_total"), 3 * prompt_tokens);
+  EXPECT_EQ(sample_value(page, "vllm:generation_tokens_total"), 34);
+  EXPECT_NE(page.find("vllm:request_success_total{model_name=\"stories260K\",engine=\"0\",finished_reason=\"length\"} 3\n"),
+            std::string::npos) << page;
+  for (const std::string& histogram :
+       {"vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_max_tokens",
+        "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+        "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+        "vllm:time_per_prefill_token_request_seconds"})
+    EXPECT_EQ(sample_value(page, histogram + "_count"), 3) << histogram;
+  EXPECT_EQ(sample_value(page, "vllm:request_prompt_tokens_sum"), 3 * prompt_tokens);
+  EXPECT_EQ(sample_value(page, "vllm:request_generation_tokens_sum"), 34);
+  EXPECT_EQ(sample_value(page, "vllm:request_params_max_tokens_sum"), 34);
+  EXPECT_EQ(sample_value(page, "vllm:time_per_output_token_seconds_count"), 19 + 6 + 6);  // gaps between tokens
+  EXPECT_EQ(sample_value(page, "vllm:request_params_n_count"), 2);  // per prompt
+  EXPECT_EQ(sample_value(page, "vllm:request_params_n_sum"), 3);
+  EXPECT_EQ(sample_value(page, "vllm:request_max_num_generation_tokens_sum"), 27);
+  EXPECT_EQ(sample_value(page, "vllm:prefix_cache_queries_total"), 3 * prompt_tokens);  // each sequence's prompt, once
+  EXPECT_GT(sample_value(page, "vllm:iteration_tokens_total_count"), 0);
+  EXPECT_GE(sample_value(page, "vllm:iteration_tokens_total_sum"), 3 * prompt_tokens);
+  EXPECT_EQ(sample_value(page, "vllm:num_requests_running"), 0);
+  EXPECT_EQ(sample_value(page, "vllm:kv_cache_usage_perc"), 0);
+}
+
+/// The access lines of a `--log-format json` server's stderr, each line checked to be one JSON object.
+std::vector<nlohmann::json> json_access_lines(const std::string& err) {
+  std::vector<nlohmann::json> access;
+  std::istringstream lines(err);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("time") && j.contains("level") && j.contains("logger") && j.contains("msg"))
+        << line;
+    if (j.is_object() && j.value("logger", "") == "access") access.push_back(j);
+  }
+  return access;
+}
+
+const std::string secret_prompt = "Lily saw a zebra";
+const std::string good_body = R"({"prompt":"Lily saw a zebra","max_tokens":5,"temperature":0,"ignore_eos":true})";
+
+TEST_F(Http, JsonLogsWriteOneAccessObjectPerRequestWithoutThePrompt) {
+  ASSERT_NO_FATAL_FAILURE(start({"--log-format", "json", "serve", "--port", "0"}));
+  const http_reply good = fetch("/v1/completions", good_body);
+  ASSERT_EQ(good.status, 200) << good.body;
+  EXPECT_EQ(fetch("/v1/completions", R"({"prompt":"Lily saw a zebra","max_tokens":-1})").status, 400);
+  const std::string err_path = (dir_ / "serve.err").string();
+  ASSERT_TRUE(file_contains_within(err_path, "\"status\":400", std::chrono::seconds(30))) << server_->err();
+  const nlohmann::json answer = nlohmann::json::parse(good.body);
+  const std::vector<nlohmann::json> access = json_access_lines(server_->err());
+  ASSERT_EQ(access.size(), 2u) << server_->err();
+  const nlohmann::json& ok = access[0];
+  EXPECT_EQ(ok.at("level"), "info");
+  EXPECT_EQ(ok.at("msg"), "access");
+  EXPECT_EQ(ok.at("route"), "POST /v1/completions");
+  EXPECT_EQ(ok.at("status"), 200);
+  EXPECT_EQ(ok.at("request_id"), answer.at("id"));
+  EXPECT_EQ(ok.at("prompt_tokens"), answer.at("usage").at("prompt_tokens"));
+  EXPECT_EQ(ok.at("completion_tokens"), 5);
+  EXPECT_EQ(ok.at("finish_reason"), "length");
+  EXPECT_EQ(ok.at("client").get<std::string>().rfind("127.0.0.1", 0), 0u) << ok;
+  EXPECT_TRUE(ok.at("ttft_ms").is_number() && ok.at("e2e_ms").is_number()) << ok;
+  EXPECT_FALSE(ok.contains("prompts"));
+  const nlohmann::json& bad = access[1];
+  EXPECT_EQ(bad.at("route"), "POST /v1/completions");
+  EXPECT_EQ(bad.at("status"), 400);
+  EXPECT_TRUE(bad.at("prompt_tokens").is_null() && bad.at("request_id").is_null()) << bad;
+  EXPECT_EQ(server_->err().find(secret_prompt), std::string::npos) << server_->err();
+}
+
+TEST_F(Http, TextAccessLinesCarryTheFieldsAndThePromptOnlyWithLogPrompts) {
+  ASSERT_NO_FATAL_FAILURE(start({"--log-prompts", "serve", "--port", "0"}));
+  const http_reply good = fetch("/v1/completions", good_body);
+  ASSERT_EQ(good.status, 200) << good.body;
+  const std::string id = nlohmann::json::parse(good.body).at("id");
+  const std::string err_path = (dir_ / "serve.err").string();
+  ASSERT_TRUE(file_contains_within(err_path, "] access request_id=" + id, std::chrono::seconds(30))) << server_->err();
+  const std::string err = server_->err();
+  const std::string line = err.substr(err.find("] access request_id=" + id));
+  EXPECT_NE(line.find(" route=\"POST /v1/completions\" status=200 client=127.0.0.1"), std::string::npos) << line;
+  EXPECT_NE(line.find(" completion_tokens=5 ttft_ms="), std::string::npos) << line;
+  EXPECT_NE(line.find(" finish_reason=length prompts=[\"" + secret_prompt + "\"]\n"), std::string::npos) << line;
+}
+
+TEST_F(Http, ABadLogFormatIsRefused) {
+  const cli_result r = run_troupe({"--log-format", "xml", "serve", "--port", "0"}, dir_);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--log-format"), std::string::npos) << r.err;
 }
 
 TEST_F(Http, ABusyHttpPortIsAClearError) {

@@ -20,6 +20,7 @@
 #include <msgpack.hpp>
 
 #include "tests/support/golden.hpp"
+#include "tests/support/metrics_page.hpp"
 #include "tests/support/npm_packages.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/server_process.hpp"
@@ -118,7 +119,7 @@ class Msgpack : public ::testing::Test {
     return r.out.substr(0, r.out.size() - 1);
   }
 
-  /// The value of `name{model_name="stories260K"}` on the server's /metrics page (-1 if absent).
+  /// The value of `name`'s sample on the server's /metrics page (-1 if absent).
   double metric(const std::string& name) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
@@ -134,9 +135,7 @@ class Msgpack : public ::testing::Test {
       }
     }
     ::close(fd);
-    const std::string sample = name + "{model_name=\"stories260K\"} ";
-    const size_t at = page.find(sample);
-    return at == std::string::npos ? -1.0 : std::atof(page.c_str() + at + sample.size());
+    return sample_value(page, name);
   }
 
   /// Sends a greedy request of `max_tokens` with `id` on `s` and returns its text at its end frame.
@@ -250,7 +249,7 @@ TEST_F(Msgpack, ACancelFrameEndsItsRequestAsCancelledAndItsKvBlocksAreFreed) {
   // The cancel travels client -> request -> engine: scrape until the engine has let go.
   bool released = false;
   for (int i = 0; i < 500 && !released; i++)
-    released = metric("troupe:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
+    released = metric("vllm:num_requests_running") == 0 && metric("troupe:num_kv_blocks_in_use") == 0;
   EXPECT_TRUE(released) << server_->err();
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/openai/api.hpp"
+#include "runtime/openai/log_lines.hpp"
 #include "runtime/openai/metrics.hpp"
 #include "runtime/engine/request.hpp"
 #include "runtime/serve/request_policy.hpp"
@@ -444,9 +445,10 @@ serve::completion_end an_end() {
   return end;
 }
 
-/// an_end() with a TTFT of 3 ms, inter-token gaps of 1 and 2 ms, and 6 ms end to end.
+/// an_end() queued 1 ms, with a TTFT of 3 ms, inter-token gaps of 1 and 2 ms, and 6 ms end to end.
 serve::completion_end an_end_with_latencies() {
   serve::completion_end end = an_end();
+  end.queue_ns = 1'000'000;
   end.ttft_ns = 3'000'000;
   end.itl_ns = {1'000'000, 2'000'000};
   end.e2e_ns = 6'000'000;
@@ -786,27 +788,82 @@ TEST(Metrics, HistogramBucketsAreUpperBoundsInclusive) {
 }
 
 TEST(Metrics, ARequestMovesEachHistogramOnce) {
-  request_metrics m;
-  m.record(an_end_with_latencies());
+  request_metrics m(100);
+  m.record(an_end_with_latencies(), 8);
   EXPECT_EQ(m.ttft_seconds.count, 1);
-  EXPECT_EQ(m.inter_token_latency_seconds.count, 2);
+  EXPECT_EQ(m.time_per_output_token_seconds.count, 2);
   EXPECT_EQ(m.e2e_latency_seconds.count, 1);
+  EXPECT_DOUBLE_EQ(m.queue_time_seconds.sum, 0.001);
+  EXPECT_DOUBLE_EQ(m.prefill_time_seconds.sum, 0.002);  // first scheduled to first token
+  EXPECT_DOUBLE_EQ(m.decode_time_seconds.sum, 0.003);   // first token to end
+  EXPECT_DOUBLE_EQ(m.inference_time_seconds.sum, 0.005);
+  EXPECT_DOUBLE_EQ(m.time_per_prefill_token_seconds.sum, 0.0004);
+  EXPECT_DOUBLE_EQ(m.prompt_tokens.sum, 5);
+  EXPECT_DOUBLE_EQ(m.generation_tokens.sum, 3);
+  EXPECT_DOUBLE_EQ(m.params_max_tokens.sum, 8);
   EXPECT_EQ(m.num_prompt_tokens, 5);
   EXPECT_EQ(m.num_generation_tokens, 3);
   EXPECT_EQ(m.num_success_by_reason.at("length"), 1);
 }
 
+TEST(Metrics, TokenBucketsAreVllms125SeriesUpToTheContext) {
+  EXPECT_EQ(request_metrics(100).prompt_tokens.upper_bounds, (std::vector<double>{1, 2, 5, 10, 20, 50, 100}));
+  EXPECT_EQ(request_metrics(99).params_max_tokens.upper_bounds, (std::vector<double>{1, 2, 5, 10, 20, 50}));
+  EXPECT_TRUE(request_metrics(0).generation_tokens.upper_bounds.empty());  // the context unknown: +Inf only
+}
+
+TEST(Metrics, MaxTokensToTheContextCountsWhatTheContextLeft) {
+  request_metrics m(100);
+  m.record(an_end(), serve::max_tokens_to_context);
+  EXPECT_DOUBLE_EQ(m.params_max_tokens.sum, 95);  // 100 - 5 prompt tokens
+  request_metrics unknown(0);
+  unknown.record(an_end(), serve::max_tokens_to_context);
+  EXPECT_EQ(unknown.params_max_tokens.count, 0);
+}
+
+TEST(Metrics, ARequestWithoutTokensHasNoFirstTokenAndNoDecode) {
+  request_metrics m(100);
+  serve::completion_end end = an_end_with_latencies();
+  end.num_generated_tokens = 0;
+  end.itl_ns.clear();
+  m.record(end, 8);
+  EXPECT_EQ(m.ttft_seconds.count, 0);
+  EXPECT_DOUBLE_EQ(m.prefill_time_seconds.sum, 0.005);
+  EXPECT_DOUBLE_EQ(m.decode_time_seconds.sum, 0);
+}
+
+TEST(Metrics, IterationTokensAreTheEnginesStepsSummed) {
+  engine::engine_report r;
+  r.num_steps = 3;
+  r.num_scheduled_tokens = 40;
+  r.num_steps_by_tokens[0] = 1;  // 1 token
+  r.num_steps_by_tokens[3] = 2;  // 17 to 32 tokens
+  const std::string page = render_metrics(request_metrics(16), sum_reports({r, r}, {32, 16}), "m");
+  const std::string label = "model_name=\"m\",engine=\"0\"";
+  for (const std::string& line : std::vector<std::string>{
+           "# TYPE vllm:iteration_tokens_total histogram\nvllm:iteration_tokens_total_bucket{" + label + ",le=\"1\"} 2\n",
+           "vllm:iteration_tokens_total_bucket{" + label + ",le=\"16\"} 2\n",
+           "vllm:iteration_tokens_total_bucket{" + label + ",le=\"32\"} 6\n",
+           "vllm:iteration_tokens_total_bucket{" + label + ",le=\"16384\"} 6\n",
+           "vllm:iteration_tokens_total_bucket{" + label + ",le=\"+Inf\"} 6\n",
+           "vllm:iteration_tokens_total_sum{" + label + "} 80\nvllm:iteration_tokens_total_count{" + label + "} 6\n",
+           "vllm:cache_config_info{" + label + ",block_size=\"16\",num_gpu_blocks=\"32\"} 1\n"})
+    EXPECT_NE(page.find(line), std::string::npos) << line << "\nnot in\n" << page;
+}
+
 TEST(Metrics, ThePageRendersByteForByte) {
-  request_metrics m;
+  request_metrics m(8);
   serve::completion_end failed_over = an_end_with_latencies();
   failed_over.num_failovers = 2;
-  m.record(failed_over);
+  m.record(failed_over, 4);
+  m.record_parallel(1, 3);
   m.num_in_flight = 7;
   engine::engine_report r;
   r.num_requests = 3;
   r.num_waiting = 1;
   r.num_blocks_in_use = 4;
   r.num_preemptions = 2;
+  r.num_prefix_query_tokens = 100;
   r.num_prefix_hit_tokens = 48;
   r.num_host_hit_tokens = 32;
   r.num_disk_hit_tokens = 8;  // of the 32
@@ -819,23 +876,67 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r2.num_swap_in_tokens = 16;
   r.num_swap_in_tokens = 32;
   r.disk_tier_expired_blocks = 2;
-  // Without an MoE engine's windows the page has no MoE lines.
-  EXPECT_EQ(render_metrics(m, sum_reports({r, r2}, 16), "stories260K").find("moe"), std::string::npos);
+  // Without an MoE engine's windows the page has no MoE lines; without drafts no spec_decode ones.
+  const std::string plain = render_metrics(m, sum_reports({r, r2}, {16, 16}), "stories260K");
+  EXPECT_EQ(plain.find("moe"), std::string::npos);
+  EXPECT_EQ(plain.find("spec_decode"), std::string::npos);
   r.moe_lb_last_window = 1.25;
   r.num_moe_windows = 3;
   r.num_expert_moves = 1;
   r2.moe_lb_last_window = 2;  // the larger: the most imbalanced engine
   r2.num_moe_windows = 4;
-  const std::string page = render_metrics(m, sum_reports({r, r2}, 16), "stories260K");
+  r.num_speculative_rows = 5;
+  r.num_draft_slots = 10;
+  r.num_accepted_drafts = 6;
+  const std::string page = render_metrics(m, sum_reports({r, r2}, {16, 16}), "stories260K");
+  const std::string v = "{model_name=\"stories260K\",engine=\"0\"}";
+  const std::string vl = "{model_name=\"stories260K\",engine=\"0\",";
   const std::string label = "{model_name=\"stories260K\"}";
   for (const std::string& line : std::vector<std::string>{
-           "# TYPE troupe:num_requests_running gauge\ntroupe:num_requests_running" + label + " 4\n",
-        "troupe:num_requests_waiting" + label + " 2\n", "troupe:http_requests_in_flight" + label + " 7\n",
-        "troupe:kv_cache_usage_perc" + label + " 0.5\n",
-        "troupe:num_kv_blocks" + label + " 16\n", "troupe:num_preemptions_total" + label + " 4\n",
-        "troupe:prompt_tokens_total" + label + " 5\n", "troupe:generation_tokens_total" + label + " 3\n",
-        "# TYPE troupe:request_failovers_total counter\ntroupe:request_failovers_total" + label + " 2\n",
-        std::string("troupe:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n"),
+           "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+           "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running" + v + " 4\n",
+           "vllm:num_requests_waiting" + v + " 2\n", "vllm:kv_cache_usage_perc" + v + " 0.5\n",
+           "vllm:gpu_cache_usage_perc" + v + " 0.5\n",
+           "# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total" + v + " 200\n",
+           "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total" + v + " 96\n",
+           "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total" + v + " 4\n",
+           "vllm:spec_decode_num_drafts_total" + v + " 5\n", "vllm:spec_decode_num_draft_tokens_total" + v + " 10\n",
+           "vllm:spec_decode_num_accepted_tokens_total" + v + " 6\n",
+           "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total" + v + " 5\n",
+           "vllm:generation_tokens_total" + v + " 3\n",
+           "# TYPE vllm:request_success_total counter\n"
+           "vllm:request_success_total" + vl + "finished_reason=\"abort\"} 0\n"
+           "vllm:request_success_total" + vl + "finished_reason=\"length\"} 1\n"
+           "vllm:request_success_total" + vl + "finished_reason=\"stop\"} 0\n",
+           "# TYPE vllm:request_prompt_tokens histogram\n"
+           "vllm:request_prompt_tokens_bucket" + vl + "le=\"1\"} 0\n"
+           "vllm:request_prompt_tokens_bucket" + vl + "le=\"2\"} 0\n"
+           "vllm:request_prompt_tokens_bucket" + vl + "le=\"5\"} 1\n"
+           "vllm:request_prompt_tokens_bucket" + vl + "le=\"+Inf\"} 1\n"
+           "vllm:request_prompt_tokens_sum" + v + " 5\nvllm:request_prompt_tokens_count" + v + " 1\n",
+           "vllm:request_generation_tokens_sum" + v + " 3\n",
+           "vllm:request_max_num_generation_tokens_sum" + v + " 3\n",
+           "vllm:request_params_n_bucket" + vl + "le=\"1\"} 1\n",
+           "vllm:request_params_max_tokens_sum" + v + " 4\n",
+           "# TYPE vllm:time_to_first_token_seconds histogram\n"
+           "vllm:time_to_first_token_seconds_bucket" + vl + "le=\"0.001\"} 0\n"
+           "vllm:time_to_first_token_seconds_bucket" + vl + "le=\"0.005\"} 1\n",
+           "vllm:time_to_first_token_seconds_bucket" + vl + "le=\"+Inf\"} 1\n"
+           "vllm:time_to_first_token_seconds_sum" + v + " 0.003\n"
+           "vllm:time_to_first_token_seconds_count" + v + " 1\n",
+           "vllm:time_per_output_token_seconds_bucket" + vl + "le=\"0.01\"} 2\n",
+           "vllm:time_per_output_token_seconds_count" + v + " 2\n",
+           "vllm:time_per_prefill_token_request_seconds_sum" + v + " 4e-04\n",
+           "vllm:e2e_request_latency_seconds_sum" + v + " 0.006\n",
+           "vllm:request_queue_time_seconds_bucket" + vl + "le=\"0.3\"} 1\n"
+           "vllm:request_queue_time_seconds_bucket" + vl + "le=\"0.5\"} 1\n",
+           "vllm:request_queue_time_seconds_sum" + v + " 0.001\n",
+           "vllm:request_inference_time_seconds_sum" + v + " 0.005\n",
+           "vllm:request_prefill_time_seconds_sum" + v + " 0.002\n",
+           "vllm:request_decode_time_seconds_sum" + v + " 0.003\n",
+           "troupe:http_requests_in_flight" + label + " 7\n",
+           "troupe:num_kv_blocks_in_use" + label + " 8\n", "troupe:num_kv_blocks" + label + " 16\n",
+           "# TYPE troupe:request_failovers_total counter\ntroupe:request_failovers_total" + label + " 2\n",
         std::string("# TYPE troupe:kv_tier_hit_tokens_total counter\n") +
             "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"pool\"} 32\n" +
             "troupe:kv_tier_hit_tokens_total{model_name=\"stories260K\",tier=\"host\"} 48\n" +
@@ -847,16 +948,52 @@ TEST(Metrics, ThePageRendersByteForByte) {
         "# TYPE troupe:moe_windows_total counter\ntroupe:moe_windows_total" + label + " 7\n",
         "# TYPE troupe:expert_moves_total counter\ntroupe:expert_moves_total" + label + " 1\n",
         std::string("troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"host\"} 5\n") +
-            "troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"disk\"} 2\n",
-        std::string("# TYPE troupe:time_to_first_token_seconds histogram\n") +
-            "troupe:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=\"0.001\"} 0\n" +
-            "troupe:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=\"0.005\"} 1\n",
-        "troupe:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=\"+Inf\"} 1\n"
-        "troupe:time_to_first_token_seconds_sum" + label + " 0.003\n"
-        "troupe:time_to_first_token_seconds_count" + label + " 1\n",
-        std::string("troupe:inter_token_latency_seconds_bucket{model_name=\"stories260K\",le=\"0.001\"} 1\n"),
-        "troupe:inter_token_latency_seconds_count" + label + " 2\n"})
+            "troupe:kv_tier_expired_blocks_total{model_name=\"stories260K\",tier=\"disk\"} 2\n"})
     EXPECT_NE(page.find(line), std::string::npos) << line << "\nnot in\n" << page;
+}
+
+/// A completion's access record: 5 prompt tokens, 20 generated, a TTFT of 3.25 ms.
+access_record a_completion_record() {
+  return {"cmpl-7", "POST /v1/completions", 200, "127.0.0.1:5000", 5, 20, 3.25, 40.1234567, "length",
+          {"a \"quoted\"\nprompt"}};
+}
+
+TEST(AccessLog, TextLinesCarryEveryFieldAndThePromptOnlyWhenAsked) {
+  EXPECT_EQ(render_access_text(a_completion_record(), {false, false}),
+            R"(access request_id=cmpl-7 route="POST /v1/completions" status=200 client=127.0.0.1:5000 prompt_tokens=5 )"
+            R"(completion_tokens=20 ttft_ms=3.25 e2e_ms=40.123 finish_reason=length)");
+  EXPECT_EQ(render_access_text(a_completion_record(), {false, true}),
+            R"(access request_id=cmpl-7 route="POST /v1/completions" status=200 client=127.0.0.1:5000 prompt_tokens=5 )"
+            R"(completion_tokens=20 ttft_ms=3.25 e2e_ms=40.123 finish_reason=length prompts=["a \"quoted\"\nprompt"])");
+  access_record other;
+  other.route = "GET /health";
+  other.status = 200;
+  other.client = "::1";
+  EXPECT_EQ(render_access_text(other, {false, true}),
+            R"(access request_id=- route="GET /health" status=200 client=::1 prompt_tokens=- completion_tokens=- )"
+            R"(ttft_ms=- e2e_ms=0.0 finish_reason=- prompts=[])");
+}
+
+TEST(AccessLog, JsonRecordsAreOneObjectWithNullsForWhatARouteLacks) {
+  EXPECT_EQ(render_access_json(a_completion_record(), {true, false}),
+            R"({"msg":"access","request_id":"cmpl-7","route":"POST /v1/completions","status":200,)"
+            R"("client":"127.0.0.1:5000","prompt_tokens":5,"completion_tokens":20,"ttft_ms":3.25,"e2e_ms":40.123,)"
+            R"("finish_reason":"length"})");
+  access_record bad;
+  bad.route = "POST /v1/completions";
+  bad.status = 400;
+  bad.prompts = {std::string("\xff")};  // invalid UTF-8 from a client: replaced, never a broken line
+  EXPECT_EQ(render_access_json(bad, {true, true}),
+            R"({"msg":"access","request_id":null,"route":"POST /v1/completions","status":400,"client":"",)"
+            R"("prompt_tokens":null,"completion_tokens":null,"ttft_ms":null,"e2e_ms":0.0,"finish_reason":null,)"
+            "\"prompts\":[\"\xef\xbf\xbd\"]}");
+}
+
+TEST(AccessLog, JsonLogLinesEscapeTheMessageAndMergeARecordsFields) {
+  EXPECT_EQ(render_log_json("2026-12-06T03:00:17.123Z", "info", "troupe", "a \"b\"\n"),
+            R"({"time":"2026-12-06T03:00:17.123Z","level":"info","logger":"troupe","msg":"a \"b\"\n"})");
+  EXPECT_EQ(render_log_json("t", "info", "access", "", R"({"msg":"access","status":200})"),
+            R"({"time":"t","level":"info","logger":"access","msg":"access","status":200})");
 }
 
 }  // namespace

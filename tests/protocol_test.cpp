@@ -214,6 +214,8 @@ msg::engine_report full_engine_report() {
   r.num_speculative_rows = 33;
   r.num_swap_ins = 34;
   r.num_resumed_requests = 35;
+  r.num_prefix_query_tokens = 36;
+  r.num_steps_by_tokens[2] = 37;
   return r;
 }
 

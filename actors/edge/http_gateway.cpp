@@ -17,6 +17,7 @@
 #include "actors/engine_actor.hpp"
 #include "actors/edge/http_server.hpp"
 #include "actors/edge/index_html.hpp"  // generated from actors/edge/web/index.html
+#include "runtime/openai/log_lines.hpp"
 #include "runtime/openai/metrics.hpp"
 
 namespace troupe::gateway {
@@ -52,6 +53,53 @@ bool is_open_route(const http_request& req, bool metrics_public) {
          (metrics_public && req.method == "GET" && req.path == "/metrics");
 }
 
+/// One HTTP request's access-log line, written when its response is over (the last byte
+/// written or the client gone): the response holds it. A completion's answer fills in its id,
+/// tokens, TTFT and finish reasons; its prompts only where the format logs them.
+class access_entry {
+ public:
+  access_entry(const http_request& req, const std::shared_ptr<http_response>& res, openai::access_log_format format,
+               std::shared_ptr<spdlog::logger> logger)
+      : response_(res), format_(format), logger_(std::move(logger)) {
+    record_.route = req.method + " " + req.path;
+    record_.client = req.peer;
+  }
+  access_entry(const access_entry&) = delete;
+  access_entry& operator=(const access_entry&) = delete;
+  ~access_entry() {
+    if (const auto res = response_.lock()) record_.status = res->status();
+    record_.e2e_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+    logger_->info(format_.json ? openai::render_access_json(record_, format_) : openai::render_access_text(record_, format_));
+  }
+
+  void prompts(const std::vector<openai::prompt_input>& prompts) {
+    if (!format_.prompts) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const openai::prompt_input& p : prompts) record_.prompts.push_back(p.text);
+  }
+  /// The answer `id`, of `usage`, whose choices ended with `ends`.
+  void answered(const std::string& id, const openai::usage_counts& usage, const std::vector<msg::completion_end>& ends) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_.request_id = id;
+    record_.prompt_tokens = usage.prompt_tokens;
+    record_.completion_tokens = usage.completion_tokens;
+    for (const msg::completion_end& end : ends) {
+      if (end.num_generated_tokens > 0 && !record_.ttft_ms) record_.ttft_ms = static_cast<double>(end.ttft_ns) / 1e6;
+      const std::string reason = engine::to_string(end.finish_reason);
+      if (("," + record_.finish_reason + ",").find("," + reason + ",") == std::string::npos)
+        record_.finish_reason += (record_.finish_reason.empty() ? "" : ",") + reason;
+    }
+  }
+
+ private:
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::weak_ptr<http_response> response_;
+  const openai::access_log_format format_;
+  const std::shared_ptr<spdlog::logger> logger_;
+  std::mutex mutex_;
+  openai::access_record record_;  // guarded by mutex_
+};
+
 /// What came of one choice's completion so far.
 struct choice_state {
   bool streamed = false;  ///< its first chunk is out
@@ -68,10 +116,13 @@ struct choice_state {
 struct answer {
   std::mutex mutex;
   std::shared_ptr<http_response> response;
+  /// The request's access-log line, which its response holds (so written when the response ends).
+  std::weak_ptr<access_entry> access;
   std::shared_ptr<const tokenizer> tok;  ///< context.tok's owner
   openai::response_context context;  // request_id: the first completion heard from
   bool stream = false;
   int32_t n = 1;                    ///< choices per prompt
+  int32_t max_tokens = 0;           ///< the request's (for /metrics)
   openai::tool_choice tool_mode;    ///< a forced one's calls are read from the choices' texts
   std::optional<uint64_t> seed;     ///< reported; a lone choice without a seed: its end's
   bool named = false;               ///< context.request_id is set
@@ -92,15 +143,17 @@ struct answer {
 /// The answer to `p` before any event: a state per choice (with the token before its first, for
 /// logprobs) and the seed it reports when known now.
 std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::response_context context,
-                                   std::shared_ptr<http_response> response, std::shared_ptr<const tokenizer> tok,
-                                   std::optional<uint64_t> seed) {
+                                   std::shared_ptr<http_response> response, std::weak_ptr<access_entry> access,
+                                   std::shared_ptr<const tokenizer> tok, std::optional<uint64_t> seed) {
   auto a = std::make_shared<answer>();
   a->response = std::move(response);
+  a->access = std::move(access);
   a->tok = std::move(tok);
   a->context = context;
   a->context.tok = a->tok.get();
   a->stream = p.request.stream;
   a->n = p.n;
+  a->max_tokens = p.request.max_tokens;
   a->tool_mode = p.tool_mode;
   a->seed = seed;
   a->choices.resize(static_cast<size_t>(openai::num_choices(p)));
@@ -115,7 +168,10 @@ std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::resp
 
 struct http_gateway::impl {
   impl(caf::actor_system& s, gateway_options o)
-      : sys(s), options(std::move(o)), requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address) {}
+      : sys(s),
+        options(std::move(o)),
+        requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address),
+        access_logger(spdlog::get("access") ? spdlog::get("access") : spdlog::default_logger()) {}
 
   caf::actor_system& sys;
   gateway_options options;
@@ -123,6 +179,8 @@ struct http_gateway::impl {
   std::unique_ptr<http_server> server;
   std::mutex metrics_mutex;
   openai::request_metrics metrics;  // guarded by metrics_mutex
+  /// The access log's logger ("access", apps/troupe/logging; the default one where there is none).
+  std::shared_ptr<spdlog::logger> access_logger;
 
   std::mutex serving_mutex;
   std::condition_variable idle;  ///< in_flight became empty
@@ -175,18 +233,35 @@ struct http_gateway::impl {
     return state;
   }
 
-  void record(const msg::completion_end& end) {
+  void record(const msg::completion_end& end, int32_t max_tokens) {
     std::lock_guard<std::mutex> lock(metrics_mutex);
-    metrics.record(end);
+    metrics.record(end, max_tokens);
+  }
+  /// Every choice of `a` is done: each prompt's n and its choices' most generated tokens, unless
+  /// one of them was cancelled (not answered to its end).
+  void record_prompts(const answer& a) {
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    for (size_t first = 0; first < a.choices.size(); first += static_cast<size_t>(a.n)) {
+      int32_t most = 0;
+      bool cancelled = false;
+      for (size_t k = first; k < first + static_cast<size_t>(a.n); k++) {
+        const msg::completion_end& end = a.choices[k].done->end;
+        most = std::max(most, end.num_generated_tokens);
+        cancelled = cancelled || end.finish_reason == engine::finish_reason::cancelled;
+      }
+      if (!cancelled) metrics.record_parallel(a.n, most);
+    }
   }
 
   void handle(const http_request& req, const std::shared_ptr<http_response>& res);
   [[nodiscard]] bool check_origin(const http_request& req, http_response& res) const;
   [[nodiscard]] bool check_key(const http_request& req, http_response& res) const;
-  void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res);
+  void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res,
+                         const std::shared_ptr<access_entry>& access);
   void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
   void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
   void finish_answer(answer& a, const openai::usage_counts& usage);
+  [[nodiscard]] static std::vector<msg::completion_end> ends_of(const answer& a);
   [[nodiscard]] static openai::usage_counts usage_of(const answer& a);
   void fail_answer(answer& a, const error& e);
   void handle_metrics(http_response& res);
@@ -209,7 +284,8 @@ struct http_gateway::impl {
 };
 
 void http_gateway::impl::handle_completion(openai::endpoint kind, const http_request& req,
-                                           const std::shared_ptr<http_response>& res) {
+                                           const std::shared_ptr<http_response>& res,
+                                           const std::shared_ptr<access_entry>& access) {
   std::shared_ptr<const void> counted = requests.enter(req.peer);
   if (!counted) return reply_error(*res, {429, too_many_in_flight(options.limits), "rate_limit_error", "", "overloaded"});
   res->hold(std::move(counted));
@@ -226,7 +302,8 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const http_req
   if (openai::needs_seed(*parsed)) seed = draw_seed();
   std::vector<msg::completion_request> requests = openai::choice_requests(*parsed, seed.value_or(0));
   const openai::response_context context{kind, 0, unix_seconds(), &options.model, parsed->include_usage, parsed->logprobs};
-  const std::shared_ptr<answer> a = new_answer(*parsed, context, res, admitted->tok, seed);
+  access->prompts(parsed->prompts);
+  const std::shared_ptr<answer> a = new_answer(*parsed, context, res, access, admitted->tok, seed);
   for (size_t k = 0; k < requests.size(); k++) {
     const auto index = static_cast<int32_t>(k);
     actors::client_actor client = actors::spawn_client(
@@ -275,7 +352,7 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
   if (!outcome) return fail_answer(a, outcome.error());
   const msg::completion_end& end = outcome->end;
   // A cancelled request (its client went away, or a drain ran out of time) was not answered to its end.
-  if (end.finish_reason != engine::finish_reason::cancelled) record(end);
+  if (end.finish_reason != engine::finish_reason::cancelled) record(end, a.max_tokens);
   a.name(end.request_id);
   if (!a.seed) a.seed = end.seed;
   choice_state& choice = a.choices[static_cast<size_t>(index)];
@@ -288,15 +365,21 @@ void http_gateway::impl::write_end(answer& a, int32_t index, const expected<acto
     a.response->write(openai::sse_event(openai::render_final_chunk(
         a.context, index, end.finish_reason, *a.seed, choice.calls.num_calls() > 0, usage ? &*usage : nullptr)));
   }
-  if (last) finish_answer(a, *usage);
+  if (!last) return;
+  record_prompts(a);
+  if (const auto access = a.access.lock()) access->answered(openai::response_id(a.context), *usage, ends_of(a));
+  finish_answer(a, *usage);
+}
+
+/// The ends of every choice of `a`, all done.
+std::vector<msg::completion_end> http_gateway::impl::ends_of(const answer& a) {
+  std::vector<msg::completion_end> ends;
+  for (const choice_state& choice : a.choices) ends.push_back(choice.done->end);
+  return ends;
 }
 
 /// The usage of every choice of `a`, all done.
-openai::usage_counts http_gateway::impl::usage_of(const answer& a) {
-  std::vector<msg::completion_end> ends;
-  for (const choice_state& choice : a.choices) ends.push_back(choice.done->end);
-  return openai::sum_usage(ends, a.n);
-}
+openai::usage_counts http_gateway::impl::usage_of(const answer& a) { return openai::sum_usage(ends_of(a), a.n); }
 
 /// Every choice is done, using `usage` in all: the response, or the stream's end (with the usage
 /// chunk where asked for).
@@ -344,7 +427,7 @@ void http_gateway::impl::handle_metrics(http_response& res) {
     if (!report) return reply_error(res, openai::error_from({errc::unavailable, report.error().message}));
     reports.push_back(*report);
   }
-  const openai::engine_gauges gauges = openai::sum_reports(reports, options.num_kv_blocks_total);
+  const openai::engine_gauges gauges = openai::sum_reports(reports, options.kv_cache);
   std::lock_guard<std::mutex> lock(metrics_mutex);
   metrics.num_in_flight = num_in_flight;
   res.reply(200, "text/plain; version=0.0.4", openai::render_metrics(metrics, gauges, options.model.id));
@@ -425,13 +508,15 @@ void http_gateway::impl::handle_detokenize(const http_request& req, http_respons
 }
 
 void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<http_response>& res) {
+  const auto access = std::make_shared<access_entry>(req, res, options.access_log, access_logger);
+  res->hold(access);
   if (!check_origin(req, *res) || !check_key(req, *res)) return;
   if (req.body_too_large)
     return reply_error(*res, {400, "the request body has " + std::to_string(req.content_length) + " bytes; the limit is " +
                                        std::to_string(options.body_bytes_max), "invalid_request_error", "", ""});
   const std::string route = req.method + " " + req.path;
-  if (route == "POST /v1/completions") return handle_completion(openai::endpoint::completions, req, res);
-  if (route == "POST /v1/chat/completions") return handle_completion(openai::endpoint::chat_completions, req, res);
+  if (route == "POST /v1/completions") return handle_completion(openai::endpoint::completions, req, res, access);
+  if (route == "POST /v1/chat/completions") return handle_completion(openai::endpoint::chat_completions, req, res, access);
   if (route == "GET /v1/models") return handle_models(*res);
   if (route == "POST /tokenize") return handle_tokenize(req, *res);
   if (route == "POST /detokenize") return handle_detokenize(req, *res);
@@ -470,6 +555,12 @@ void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::en
   impl_->engines = std::move(engines);
   impl_->tok = std::move(tok);
   impl_->context_tokens = context_tokens;
+  {
+    // No completion is recorded before the gateway serves: the token histograms' buckets reach
+    // the context (vLLM's 1-2-5 series up to max_model_len).
+    std::lock_guard<std::mutex> metrics_lock(impl_->metrics_mutex);
+    impl_->metrics = openai::request_metrics(context_tokens);
+  }
   impl_->chat = chat ? std::move(chat) : std::make_shared<const served_template>();
   impl_->state = openai::serving_state::ready;
 }

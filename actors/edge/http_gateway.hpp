@@ -29,6 +29,8 @@
 #include "actors/edge/access.hpp"
 #include "actors/edge/edge_limits.hpp"
 #include "runtime/openai/api.hpp"
+#include "runtime/openai/log_lines.hpp"
+#include "runtime/openai/metrics.hpp"
 #include "runtime/common/error.hpp"
 
 namespace troupe::gateway {
@@ -37,7 +39,8 @@ struct gateway_options {
   std::string address = "127.0.0.1";
   uint16_t port = 0;                ///< 0: any free port (`http_gateway::port` says which)
   openai::served_model model;
-  int64_t num_kv_blocks_total = 0;  ///< the local engines' KV pools, for /metrics
+  openai::cache_config kv_cache;    ///< the local engines' KV pools, for /metrics
+  openai::access_log_format access_log;  ///< one line per request: text or JSON, with prompts or not
   size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
   int32_t num_threads = 4;          ///< threads running request handlers (a /metrics scrape blocks one)
   actors::client_timeouts timeouts;

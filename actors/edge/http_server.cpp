@@ -236,6 +236,7 @@ std::string http_response::head_end() {
 }
 
 void http_response::reply(int status, std::string_view content_type, std::string_view body) {
+  status_ = status;
   std::string bytes = status_line(status) + "Content-Type: ";
   bytes.append(content_type);
   bytes += "\r\nContent-Length: " + std::to_string(body.size()) + retry_after(status) + head_end();
@@ -244,6 +245,7 @@ void http_response::reply(int status, std::string_view content_type, std::string
 }
 
 void http_response::begin_stream(std::string_view content_type) {
+  status_ = 200;
   std::string bytes = status_line(200) + "Content-Type: ";
   bytes.append(content_type);
   bytes += "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked" + head_end();

@@ -27,6 +27,7 @@
 /// With a TLS context (`http_server_options::tls`, actors/edge/access.hpp) every connection is
 /// HTTPS: its handshake must end within header_timeout of the accept, else it closes.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -78,6 +79,8 @@ class http_response {
   void on_abandoned(std::function<void()> f);
   /// `token` is kept until the last byte is written or the client is gone.
   void hold(std::shared_ptr<const void> token);
+  /// The status of the response begun (`reply`, or 200 for `begin_stream`); 0 before (the access log).
+  [[nodiscard]] int status() const { return status_.load(); }
 
  private:
   friend class http_server;
@@ -91,6 +94,7 @@ class http_response {
 
   std::shared_ptr<http_connection> connection_;
   const bool close_after_;
+  std::atomic<int> status_{0};
   std::mutex mutex_;
   std::function<void()> abandoned_;  // guarded by mutex_
   bool finished_ = false;            // guarded by mutex_; then nothing is held or called back

@@ -6,11 +6,11 @@
 #include <iterator>
 #include <random>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/system/connect.hpp"
 #include "apps/troupe/commands.hpp"
+#include "apps/troupe/logging.hpp"
 
 namespace troupe::cli {
 
@@ -130,16 +130,13 @@ uint64_t draw_seed_base() {
 }  // namespace troupe::cli
 
 int main(int argc, char** argv) {
-  // stdout carries only generated text; every log line goes to stderr.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
-  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  troupe::cli::make_loggers();
 
   CLI::App app{"troupe: an LLM inference engine built from actors"};
   app.require_subcommand(1);
   app.set_version_flag("--version", troupe::cli::version_text(), "print the version and git commit, then exit");
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  troupe::cli::log_options log;
+  troupe::cli::add_log_flags(app, log);
   const std::pair<const char*, troupe::cli::action> commands[] = {
       {"generate", troupe::cli::add_generate(app)},
       {"serve", troupe::cli::add_serve(app)},
@@ -164,7 +161,7 @@ int main(int argc, char** argv) {
     // --help prints and succeeds; every bad command line is exit code 2, like every other error.
     return app.exit(e) == 0 ? 0 : 2;
   }
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  troupe::cli::apply_log_options(log);
   troupe::cli::raise_open_file_limit();
   for (const auto& [name, run] : commands)
     if (app.got_subcommand(name)) return run();

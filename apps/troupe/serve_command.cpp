@@ -18,6 +18,7 @@
 #include "actors/system/tls.hpp"
 #include "actors/system/type_ids.hpp"
 #include "apps/troupe/commands.hpp"
+#include "apps/troupe/logging.hpp"
 #include "apps/troupe/signals.hpp"
 #include "actors/edge/http_gateway.hpp"
 #include "actors/edge/msgpack_gateway.hpp"
@@ -239,8 +240,12 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
     g.model.id = names.front();
     g.model.aliases.assign(names.begin() + 1, names.end());
   }
-  for (const topology::engine_spec& e : t.engines)
-    if (e.node == node_name) g.num_kv_blocks_total += e.config.num_kv_blocks;
+  for (const topology::engine_spec& e : t.engines) {
+    if (e.node != node_name) continue;
+    g.kv_cache.num_blocks += e.config.num_kv_blocks;
+    g.kv_cache.block_size = e.config.block_size;
+  }
+  g.access_log = access_log_settings();
   return gateway::http_gateway::start(sys, std::move(g));
 }
 

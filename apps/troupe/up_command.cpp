@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/troupe/commands.hpp"
+#include "apps/troupe/logging.hpp"
 #include "topology/topology.hpp"
 
 extern char** environ;
@@ -75,8 +76,9 @@ std::string describe(int status) {
 /// Starts `troupe node` for `node` with the default signal mask (ours blocks the signals we
 /// wait for), in our process group, set to get SIGTERM when we die.
 expected<pid_t> start_node(const up_options& o, const std::string& node, const sigset_t& default_mask) {
-  std::vector<std::string> args = {"/proc/self/exe", "--log-level", o.log_level, "node",
-                                   "--topology", o.topology, "--node", node};
+  std::vector<std::string> args = {"/proc/self/exe", "--log-level", o.log_level, "--log-format", log_settings().format};
+  if (log_settings().prompts) args.push_back("--log-prompts");
+  args.insert(args.end(), {"node", "--topology", o.topology, "--node", node});
   if (o.insecure) args.push_back("--insecure");
   if (!o.chat.file.empty()) args.insert(args.end(), {"--chat-template", o.chat.file});
   if (!o.chat.date.empty()) args.insert(args.end(), {"--template-date", o.chat.date});

@@ -601,6 +601,9 @@ std::optional<exec_plan> engine_core::plan_step() {
   if (config_.speculation.budgeted) price_draft_rows(plan, f);
   stats_.num_steps++;
   stats_.num_scheduled_tokens += f.plan.num_batched_tokens;
+  const auto* bound = std::lower_bound(iteration_token_bounds.begin(), iteration_token_bounds.end(),
+                                       static_cast<int64_t>(f.plan.num_batched_tokens));
+  stats_.num_steps_by_tokens[static_cast<size_t>(bound - iteration_token_bounds.begin())]++;
   in_flight_.push_back(std::move(f));
   return plan;
 }
@@ -809,6 +812,7 @@ engine_stats engine_core::stats() const {
   engine_stats s = stats_;
   s.num_preemptions = scheduler_->num_preemptions();
   s.num_prefix_hit_tokens = scheduler_->num_prefix_hit_tokens();
+  s.num_prefix_query_tokens = scheduler_->num_prefix_query_tokens();
   s.num_recomputed_tokens = scheduler_->num_recomputed_tokens();
   s.num_blocks_in_use = blocks_->num_used_blocks();
   if (step_time_correction_) s.step_time_error = step_time_correction_->error();

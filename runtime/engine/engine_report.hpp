@@ -6,9 +6,14 @@
 /// simulator's totals). Plain data, so the pure OpenAI mapping and the wire mapping
 /// (messages/control.hpp) share it.
 
+#include <array>
 #include <cstdint>
+#include <vector>
 
 namespace troupe::engine {
+
+/// The upper bounds of vLLM's `iteration_tokens_total` buckets: tokens run in one engine step.
+inline constexpr std::array<int64_t, 13> iteration_token_bounds{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 
 /// Counters an engine core keeps since construction (engine::engine_core::stats).
 struct engine_counters {
@@ -18,6 +23,7 @@ struct engine_counters {
   int64_t num_discarded_tokens = 0;  ///< sampled for a sample that had already ended
   int64_t num_preemptions = 0;
   int64_t num_prefix_hit_tokens = 0;  ///< prompt tokens served from the prefix cache at admission
+  int64_t num_prefix_query_tokens = 0;  ///< prompt tokens looked up in the prefix cache at admission
   int64_t num_recomputed_tokens = 0;  ///< tokens computed again after preemptions
   /// Time lost to preemption: of each measured step, the share of its tokens that were
   /// computed again after a preemption dropped their KV (step_plan::num_recomputed_tokens).
@@ -41,6 +47,9 @@ struct engine_counters {
   /// (not in num_host_hit_tokens, which counts first admissions as num_prefix_hit_tokens does).
   int64_t num_swap_in_tokens = 0;
   int64_t num_blocks_in_use = 0;  ///< KV blocks held by unfinished requests
+  /// Steps by their tokens (num_scheduled_tokens' shares): [i] counts those with at most
+  /// iteration_token_bounds[i] tokens and more than the bound before; the last, those above all.
+  std::vector<int64_t> num_steps_by_tokens = std::vector<int64_t>(iteration_token_bounds.size() + 1, 0);
 };
 
 /// What an engine reports when asked (`stats_atom`): its core's counters and the policy's.

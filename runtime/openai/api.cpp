@@ -393,11 +393,18 @@ std::optional<api_error> check_model(const reader& in, const served_model& model
                    "not_found_error", "model", "model_not_found"};
 }
 
-ordered head(const response_context& c, const char* object) {
-  const bool chat = c.kind == endpoint::chat_completions;
-  ordered j;
+}  // namespace
+
+std::string response_id(const response_context& c) {
   // Request ids are random 64-bit values: rendered unsigned, never "cmpl--123".
-  j["id"] = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(static_cast<uint64_t>(c.request_id));
+  return (c.kind == endpoint::chat_completions ? "chatcmpl-" : "cmpl-") + std::to_string(static_cast<uint64_t>(c.request_id));
+}
+
+namespace {
+
+ordered head(const response_context& c, const char* object) {
+  ordered j;
+  j["id"] = response_id(c);
   j["object"] = object;
   j["created"] = c.created;
   j["model"] = c.model->id;

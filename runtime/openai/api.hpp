@@ -141,6 +141,9 @@ struct response_context {
   const tokenizer* tok = nullptr;  ///< spells the tokens of logprobs; needed with them
 };
 
+/// The answer's id: "cmpl-<id>" or "chatcmpl-<id>".
+[[nodiscard]] std::string response_id(const response_context& c);
+
 /// Tokens of a choice (all of them, or a streamed part) with their logprobs, and what their
 /// texts depend on: a token's text is its piece after the token before it (tokenizer::piece),
 /// raw bytes that may be part of a UTF-8 character.

@@ -357,6 +357,7 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
       s.admitted = true;
       s.num_cached_tokens = std::min(hit.num_tokens, s.num_prompt_tokens);
       num_prefix_hit_tokens_ += s.num_cached_tokens;
+      num_prefix_query_tokens_ += s.num_prompt_tokens;
     }
     if (imported > 0) {
       plan.imported.push_back(s.id);

@@ -191,6 +191,8 @@ class scheduler {
   [[nodiscard]] int64_t num_queued_prompt_tokens() const;
   /// Prompt tokens served from the prefix cache at first admissions (sequence::num_cached_tokens).
   [[nodiscard]] int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
+  /// Prompt tokens looked up in the prefix cache at first admissions (the hits' denominator).
+  [[nodiscard]] int64_t num_prefix_query_tokens() const { return num_prefix_query_tokens_; }
   /// Tokens computed again after a preemption (sequence::num_recomputed_tokens).
   [[nodiscard]] int64_t num_recomputed_tokens() const { return num_recomputed_tokens_; }
   [[nodiscard]] const kv::block_manager& blocks() const { return blocks_; }
@@ -283,6 +285,7 @@ class scheduler {
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
+  int64_t num_prefix_query_tokens_ = 0;
   int64_t num_recomputed_tokens_ = 0;
   // Sequences changed since the last check_step (repeats and removed ones allowed); past a
   // bound the list is dropped and the next check_step checks everything.
