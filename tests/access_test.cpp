@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -338,10 +339,11 @@ TEST_F(AccessServe, TheMsgpackGatewayServesTlsAndTheKeyOfTheFirstFrame) {
 
 /// A plaintext msgpack gateway with keys: a connection whose first frame is not an accepted
 /// auth frame gets one error frame (code "unauthenticated", id nil) and is closed; one with the
-/// key is served.
+/// key is served, and its request has its access line (JSON logs).
 TEST_F(AccessServe, APlaintextMsgpackConnectionWithoutTheKeyIsRefusedAndClosed) {
   server_ = std::make_unique<server_process>(
-      dir_->path(), std::vector<std::string>{"serve", "--port", "0", "--msgpack-port", "0", "--api-key", "sk-one"});
+      dir_->path(), std::vector<std::string>{"--log-format", "json", "serve", "--port", "0", "--msgpack-port", "0",
+                                             "--api-key", "sk-one"});
   ASSERT_TRUE(server_->started());
   const std::string out = server_->read_until("msgpack gateway listening on ");
   const size_t at = out.find("msgpack gateway listening on 127.0.0.1:");
@@ -368,6 +370,20 @@ TEST_F(AccessServe, APlaintextMsgpackConnectionWithoutTheKeyIsRefusedAndClosed) 
                                "this gateway needs an API key: send {\"type\": \"auth\", \"key\": KEY} first"));
   EXPECT_EQ(answer_to(wire::encode_auth("sk-two")), wire::encode_unauthenticated("the API key is not valid"));
   EXPECT_NE(answer_to(wire::encode_auth("sk-one")).find("\xa4type\xa3" "end"), std::string::npos);
+  const std::string err_path = (dir_->path() / "serve.err").string();
+  ASSERT_TRUE(file_contains_within(err_path, "\"route\":\"msgpack\"", std::chrono::seconds(30))) << server_->err();
+  std::istringstream lines(server_->err());
+  std::vector<nlohmann::json> access;
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("\"logger\":\"access\"") != std::string::npos) access.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(access.size(), 1u) << server_->err();  // the refused connections started no request
+  EXPECT_EQ(access[0].at("route"), "msgpack");
+  EXPECT_EQ(access[0].at("status"), 200);
+  EXPECT_EQ(access[0].at("completion_tokens"), 4);
+  EXPECT_EQ(access[0].at("finish_reason"), "length");
+  EXPECT_EQ(access[0].at("client"), "127.0.0.1");
+  EXPECT_TRUE(access[0].at("prompt_tokens").is_number() && access[0].at("ttft_ms").is_number()) << access[0];
+  EXPECT_FALSE(access[0].contains("prompts"));
 }
 
 TEST_F(AccessServe, AnAllowedOriginsPageStreamsAnAnswerAndAnotherOriginsPageIsRefused) {

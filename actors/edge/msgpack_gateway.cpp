@@ -25,6 +25,7 @@
 
 #include "actors/edge/listen.hpp"
 #include "actors/edge/socket_channel.hpp"
+#include "runtime/openai/api.hpp"
 #include "messages/msgpack_rpc.hpp"
 
 namespace troupe::gateway {
@@ -52,6 +53,39 @@ read_end read_until(socket_channel& in, std::string& out, size_t n, steady::time
   }
   return read_end::done;
 }
+
+/// One msgpack request as the access log records it, from its arrival to its end frame: route
+/// `msgpack`, the status an HTTP client would have had (200, or the error's), the balancer's id.
+class msgpack_access {
+ public:
+  msgpack_access(const std::string& peer, const msg::completion_request& r, const openai::access_log_format& format)
+      : format_(format) {
+    record_.route = "msgpack";
+    record_.client = peer;
+    if (!format.prompts) return;
+    if (!r.prompt.empty() || r.messages.empty()) record_.prompts.push_back(r.prompt);
+    for (const chat_message& m : r.messages) record_.prompts.push_back(m.content);
+  }
+  /// Writes the line of a request that ended with `end`, or failed with `e`.
+  void write(const msg::completion_end* end, const error* e) {
+    record_.status = e ? openai::error_from(*e).status : 200;
+    if (end) {
+      record_.request_id = std::to_string(end->request_id);
+      record_.prompt_tokens = end->num_prompt_tokens;
+      record_.completion_tokens = end->num_generated_tokens;
+      if (end->num_generated_tokens > 0) record_.ttft_ms = static_cast<double>(end->ttft_ns) / 1e6;
+      record_.finish_reason = engine::to_string(end->finish_reason);
+    }
+    record_.e2e_ms = std::chrono::duration<double, std::milli>(steady::now() - start_).count();
+    const auto logger = spdlog::get("access") ? spdlog::get("access") : spdlog::default_logger();
+    logger->info(format_.json ? openai::render_access_json(record_, format_) : openai::render_access_text(record_, format_));
+  }
+
+ private:
+  const steady::time_point start_ = steady::now();
+  const openai::access_log_format format_;
+  openai::access_record record_;
+};
 
 /// A request in flight on a connection: its client actor (null until spawned) and its place
 /// among its address's requests in flight.
@@ -404,12 +438,14 @@ void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, 
   // A forced tool_choice's text is read into calls; the client actor runs both callbacks in turn.
   std::shared_ptr<openai::forced_call_reader> forced;
   if (decoded.tool_mode.forced()) forced = std::make_shared<openai::forced_call_reader>(decoded.tool_mode);
+  auto access = std::make_shared<msgpack_access>(c->peer, decoded.completion, options.access_log);
   actors::client_actor client = actors::spawn_client(
       sys, load_balancer, std::move(decoded.completion),
       [c, id, forced](const msg::completion_chunk& chunk) {
         c->push(forced ? wire::encode_forced_chunk(id, chunk, *forced) : wire::encode_chunk(id, chunk));
       },
-      [c, id, forced](const expected<actors::completion>& outcome) {
+      [c, id, forced, access](const expected<actors::completion>& outcome) {
+        access->write(outcome ? &outcome->end : nullptr, outcome ? nullptr : &outcome.error());
         if (!outcome) return c->end_request(id, wire::encode_error(id, outcome.error()));
         if (forced)
           if (std::string cut = wire::encode_cut_call(id, outcome->end, *forced); !cut.empty()) c->push(std::move(cut));

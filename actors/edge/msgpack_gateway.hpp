@@ -31,6 +31,7 @@
 #include "actors/edge/access.hpp"
 #include "actors/edge/edge_limits.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/openai/log_lines.hpp"
 
 namespace troupe::gateway {
 
@@ -43,6 +44,9 @@ struct msgpack_options {
   /// API keys (a connection's first frame is `{"type": "auth", "key"}`, else it is refused) and
   /// TLS; its CORS origins and metrics_public do not apply.
   access_options access;
+  /// One access line per request at its end (the logger `access`): text or JSON, with the
+  /// prompt or not (docs/http.md "Logs").
+  openai::access_log_format access_log;
   /// A stopping gateway waits this long for its requests in flight, then cancels them.
   std::chrono::milliseconds drain_timeout{30000};
 };

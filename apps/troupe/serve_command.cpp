@@ -275,6 +275,7 @@ expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_sys
   m.port = static_cast<uint16_t>(o.msgpack_port);
   m.limits = o.gateway.resolve(t);
   m.access = access;
+  m.access_log = access_log_settings();
   m.drain_timeout = std::chrono::milliseconds(t.http.value_or(topology::http_spec{}).drain_timeout_ms);
   return gateway::msgpack_gateway::start(sys, node.load_balancer, std::move(m));
 }
