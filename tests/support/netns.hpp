@@ -108,12 +108,25 @@ class netns_lan {
     std::ofstream f(file);
     f << "table inet trp\ndelete table inet trp\n";
     if (percent > 0) {
-      const std::string what = percent >= 100 ? "drop" : "numgen random mod 100 < " + std::to_string(percent) + " drop";
+      const std::string what =
+          (percent >= 100 ? "" : "numgen random mod 100 < " + std::to_string(percent) + " ") + "counter drop";
       f << "table inet trp {\n  chain in { type filter hook input priority 0; policy accept; iifname \"eth0\" " << what
         << "; }\n  chain out { type filter hook output priority 0; policy accept; oifname \"eth0\" " << what << "; }\n}\n";
     }
     f.close();
     return run_in(host, "/usr/sbin/nft", {"-f", file});
+  }
+
+  /// The packets drop() dropped on `host`'s link (both ways) since it last set a share; -1 if
+  /// nft cannot say.
+  int64_t dropped(const std::string& host) {
+    const cli_result r = run_program(ip_command, {"netns", "exec", ns(host), "/usr/sbin/nft", "list", "table", "inet", "trp"}, dir_);
+    if (r.exit_code != 0) return -1;
+    int64_t n = 0;
+    const std::regex counter("counter packets ([0-9]+)");
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), counter); it != std::sregex_iterator(); ++it)
+      n += std::stoll((*it)[1].str());
+    return n;
   }
 
   /// Starts `program args...` in `host`'s namespace (`ip netns exec`, which execs it: the pid is
