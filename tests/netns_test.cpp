@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -87,6 +88,7 @@ class Netns : public ::testing::Test {
 
   void TearDown() override {
     lb_ = nullptr;
+    engines_.clear();
     sys_.reset();
     inside_.reset();
     for (const auto& [name, pid] : nodes_) ::kill(pid, SIGTERM);
@@ -213,25 +215,30 @@ class Netns : public ::testing::Test {
     EXPECT_EQ((*log.outcome)->end.finish_reason, expected_finish(r, ref)) << what;
   }
 
-  /// Every engine's statistics (decode1, decode2), from node1's and node2's node actors.
+  /// decode1 and decode2, from node1's and node2's node actors (asked once: the handles stay
+  /// valid across a partition).
+  std::vector<actors::engine_actor> engines_;
+
+  /// Every engine's statistics (decode1, decode2), each asked directly (one round trip).
   std::vector<msg::engine_report> reports() {
-    caf::scoped_actor self{*sys_};
-    std::vector<msg::engine_report> out;
-    for (const char* name : {"node1", "node2"}) {
-      actors::reach_options once;
-      once.retry = false;
-      auto node = actors::reach<actors::node_actor>(*sys_, lan_->address(name), static_cast<uint16_t>(node_port), once);
-      if (!node) {
-        ADD_FAILURE() << name << ": " << node.error().message;
-        continue;
+    if (engines_.empty()) {
+      caf::scoped_actor self{*sys_};
+      for (const char* name : {"node1", "node2"}) {
+        actors::reach_options once;
+        once.retry = false;
+        auto node = actors::reach<actors::node_actor>(*sys_, lan_->address(name), static_cast<uint16_t>(node_port), once);
+        if (!node) {
+          ADD_FAILURE() << name << ": " << node.error().message;
+          return {};
+        }
+        self->request(*node, 10s, actors::engines_atom::value)
+            .receive([&](actors::engine_list& e) { engines_.insert(engines_.end(), e.begin(), e.end()); },
+                     [&](caf::error& err) { ADD_FAILURE() << name << ": " << sys_->render(err); });
       }
-      actors::engine_list engines;
-      self->request(*node, 10s, actors::engines_atom::value)
-          .receive([&](actors::engine_list& e) { engines = std::move(e); },
-                   [&](caf::error& err) { ADD_FAILURE() << name << ": " << sys_->render(err); });
-      for (const actors::engine_actor& e : engines)
-        out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
     }
+    std::vector<msg::engine_report> out;
+    for (const actors::engine_actor& e : engines_)
+      out.push_back(actors::query_engine(*sys_, e).value_or(msg::engine_report{}));
     return out;
   }
 
@@ -261,6 +268,32 @@ std::vector<msg::completion_request> short_requests(size_t n, uint64_t first_see
   return out;
 }
 
+/// The established TCP connections to local port `port` in the network namespace of process
+/// `pid` (its /proc/PID/net/tcp): the kernel completes a handshake even while the process is
+/// stopped.
+size_t established_to(pid_t pid, int port) {
+  std::ifstream tcp("/proc/" + std::to_string(pid) + "/net/tcp");
+  char local_port[8];
+  std::snprintf(local_port, sizeof local_port, ":%04X", port);
+  size_t n = 0;
+  std::string line;
+  std::getline(tcp, line);  // the header
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    if (fields >> slot >> local >> remote >> state && state == "01" && local.size() > 5 &&
+        local.compare(local.size() - 5, 5, local_port) == 0)
+      n++;
+  }
+  return n;
+}
+
+/// Resumes (SIGCONT) a process a test may have stopped, on every way out of the test.
+struct resume_on_exit {
+  pid_t pid;
+  ~resume_on_exit() { ::kill(pid, SIGCONT); }
+};
+
 /// Mean and largest of `ns` nanosecond figures, in ms, for a printed line.
 std::string ms_summary(const std::vector<int64_t>& ns) {
   if (ns.empty()) return "none";
@@ -272,11 +305,17 @@ std::string ms_summary(const std::vector<int64_t>& ns) {
   return line;
 }
 
-TEST_F(Netns, DisaggregatedAcrossNamespacesOverOneGbitLinksEqualsTheOneNodeAnswers) {
+TEST_F(Netns, DisaggregatedAcrossNamespacesOverOneGbitTwoMsLinksEqualsTheOneNodeAnswers) {
+  // 1 Gbit/s out of every host; 2 ms each way on every connection: node0 to node1 and node2
+  // (placements, KV hand-offs, tokens back), the client to node0.
   for (const char* host : {"node0", "node1", "node2", "client"}) ASSERT_TRUE(lan_->rate(host, "1gbit"));
+  ASSERT_TRUE(lan_->delay("node0", "node1", node_port, 2ms));
+  ASSERT_TRUE(lan_->delay("node0", "node2", node_port, 2ms));
+  ASSERT_TRUE(lan_->delay("client", "node0", node_port, 2ms));
   start();
-  // One at a time first: each time to first token is prefill on node0, the KV hand-off to node1
-  // or node2 over the link, and the decode engine's first step.
+  // One at a time first: each time to first token (measured by the request actor, on node0) is
+  // prefill on node0, the KV hand-off to node1 or node2 over the link, the decode engine's first
+  // step and the token's way back (2 ms of delay each way).
   const std::vector<msg::completion_request> requests = short_requests(16, 5300);
   std::vector<int64_t> ttft;
   for (size_t i = 0; i < 4; i++) {
@@ -284,7 +323,7 @@ TEST_F(Netns, DisaggregatedAcrossNamespacesOverOneGbitLinksEqualsTheOneNodeAnswe
     expect_golden(requests[i], log, "alone " + std::to_string(i));
     if (log.outcome && *log.outcome) ttft.push_back((*log.outcome)->end.ttft_ns);
   }
-  std::printf("[ netns    ] time to first token, disaggregated over 1 Gbit/s (prefill + KV hand-off + first step): %s\n",
+  std::printf("[ netns    ] time to first token, disaggregated over 1 Gbit/s, 2 ms links (prefill + KV hand-off + first step + 4 ms of links): %s\n",
               ms_summary(ttft).c_str());
   const std::vector<stream_log> logs = stream_all(requests);
   int64_t num_tokens = 0;
@@ -301,6 +340,7 @@ TEST_F(Netns, DisaggregatedAcrossNamespacesOverOneGbitLinksEqualsTheOneNodeAnswe
   int64_t alone_tokens = 0;
   for (size_t i = 0; i < 4; i++) alone_tokens += static_cast<int64_t>(reference(oracle_, requests[i]).tokens.size());
   EXPECT_EQ(r[0].num_generated_tokens + r[1].num_generated_tokens, num_tokens + alone_tokens);
+  for (const int64_t bytes : lan_->delayed_bytes()) EXPECT_GT(bytes, 0) << "a connection went around its delay";
 }
 
 TEST_F(Netns, UnderOneAndFivePercentLossOnEveryLinkEveryRequestEndsOnceGoldenOrWithAClearErrorWithinItsBound) {
@@ -314,7 +354,8 @@ TEST_F(Netns, UnderOneAndFivePercentLossOnEveryLinkEveryRequestEndsOnceGoldenOrW
   for (const int percent : {1, 5}) {
     SCOPED_TRACE(std::to_string(percent) + "% loss");
     for (const char* host : {"node0", "node1", "node2", "client"}) ASSERT_TRUE(lan_->drop(host, percent));
-    const std::vector<msg::completion_request> requests = short_requests(16, 5400 + 100 * static_cast<uint64_t>(percent));
+    const std::vector<msg::completion_request> requests =
+        short_requests(32, 5400 + 100 * static_cast<uint64_t>(percent), 48);
     const std::vector<stream_log> logs = stream_all(requests, {}, timeouts);
     size_t num_golden = 0;
     clock_type::duration slowest{};
@@ -367,14 +408,20 @@ TEST_F(Netns, APartitionedDecodeNodeHasItsRequestsRecomputedElsewhereAndRejoinsO
   }
   // node2 is cut off (its process runs on) for 5 s, once decode2 is at most half way through
   // its requests (as it reports; a client's view of the streams may lag behind the engines):
-  // they can end only by moving to decode1. Requests made meanwhile all go to decode1.
+  // they can end only by moving to decode1. Requests made meanwhile all go to decode1. (node2
+  // computes a request in tens of ms, about as long as nft takes to start: it is stopped while
+  // the rules go in, so that the cut falls where the report was.)
+  const pid_t node2 = nodes_[1].second;
+  const resume_on_exit resume{node2};
   clock_type::time_point cut;
   const std::vector<stream_log> logs = stream_all(
       requests,
       [&] {
-        wait_until_decode2_holds(1, 200);
+        wait_until_decode2_holds(2, 200);
+        EXPECT_EQ(::kill(node2, SIGSTOP), 0);
         EXPECT_TRUE(lan_->drop("node2", 100));
         cut = clock_type::now();
+        EXPECT_EQ(::kill(node2, SIGCONT), 0);
       },
       {}, /*after_first_tokens=*/false);
   const std::vector<msg::completion_request> meanwhile = short_requests(8, 5650, 12);
@@ -426,18 +473,27 @@ TEST_F(Netns, DrainingADecodeNodeAcrossTheLinkForwardsItsRequestsWithTheirKvAndL
     requests.back().ignore_eos = true;
   }
   // `troupe drain` from the client's namespace, with node2's own certificate (only nodes may
-  // reach a node actor).
+  // reach a node actor). node2 computes a request in tens of ms, the command takes longer to
+  // start: node2 is stopped (SIGSTOP) until the command's connection to it is made, so that it
+  // still holds requests when the drain arrives.
   const std::string out = (dir_ / "drain.out").string(), err = (dir_ / "drain.err").string();
+  const pid_t node2 = nodes_[1].second;
+  const resume_on_exit resume{node2};
   pid_t drainer = 0;
   const std::vector<stream_log> logs = stream_all(
       requests,
       [&] {
-        wait_until_decode2_holds(6, 50);
+        wait_until_decode2_holds(4, 50);
+        const size_t before = established_to(node2, node_port);
+        ASSERT_EQ(::kill(node2, SIGSTOP), 0);
         drainer = lan_->spawn("client", TROUPE_CLI_PATH,
                           {"drain", "--connect", lan_->address("node2") + ":" + std::to_string(node_port), "--node",
                            "node2", "--grace", "1ms", "--ca", cert("ca"), "--certificate", cert("node2"), "--key",
                            cert("node2", "-key.pem")},
                           out, err);
+        const auto deadline = clock_type::now() + 60s;
+        while (established_to(node2, node_port) <= before && clock_type::now() < deadline) continue;
+        ::kill(node2, SIGCONT);
       },
       {}, /*after_first_tokens=*/false);
   for (size_t i = 0; i < requests.size(); i++) {
@@ -449,7 +505,6 @@ TEST_F(Netns, DrainingADecodeNodeAcrossTheLinkForwardsItsRequestsWithTheirKvAndL
   EXPECT_EQ(read_file(out),
             "node node2 is draining: it takes no new work; its requests run on for up to 1 ms, then go to other "
             "engines\nnode node2 drained and stopped\n");
-  const pid_t node2 = nodes_[1].second;
   EXPECT_EQ(exit_code_within(node2, 60s), 0) << read_file((dir_ / "node2.err").string());
   nodes_.erase(nodes_.begin() + 1);
   const std::string node2_out = read_file((dir_ / "node2.out").string());
