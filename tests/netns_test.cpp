@@ -294,6 +294,17 @@ struct resume_on_exit {
   ~resume_on_exit() { ::kill(pid, SIGCONT); }
 };
 
+/// `n` seeded requests (top-p 0.9) from seed `first_seed` that generate `max_tokens` each (EOS
+/// ignored).
+std::vector<msg::completion_request> long_requests(size_t n, int32_t max_tokens, uint64_t first_seed) {
+  std::vector<msg::completion_request> out;
+  for (size_t i = 0; i < n; i++) {
+    out.push_back(make_completion(story_window(i), max_tokens, first_seed + i, 1.0f, 0.9f));
+    out.back().ignore_eos = true;
+  }
+  return out;
+}
+
 /// Mean and largest of `ns` nanosecond figures, in ms, for a printed line.
 std::string ms_summary(const std::vector<int64_t>& ns) {
   if (ns.empty()) return "none";
@@ -401,11 +412,7 @@ clock_type::duration longest_pause(const stream_log& log) {
 
 TEST_F(Netns, APartitionedDecodeNodeHasItsRequestsRecomputedElsewhereAndRejoinsOnceHealed) {
   start("heartbeat_interval_ms = 250\nheartbeat_timeout_ms = 1500\nrejoin_interval_ms = 250\n");
-  std::vector<msg::completion_request> requests;
-  for (size_t i = 0; i < 8; i++) {
-    requests.push_back(make_completion(story_window(i), 400, 5600 + i, 1.0f, 0.9f));
-    requests.back().ignore_eos = true;
-  }
+  const std::vector<msg::completion_request> requests = long_requests(8, 400, 5600);
   // node2 is cut off (its process runs on) for 5 s, once decode2 is at most half way through
   // its requests (as it reports; a client's view of the streams may lag behind the engines):
   // they can end only by moving to decode1. Requests made meanwhile all go to decode1. (node2
@@ -467,11 +474,7 @@ TEST_F(Netns, DrainingADecodeNodeAcrossTheLinkForwardsItsRequestsWithTheirKvAndL
   // takes to start (the requests still waiting there go without KV, the running one with it).
   decode_lines_ = "max_num_seqs = 1\n";
   start();
-  std::vector<msg::completion_request> requests;
-  for (size_t i = 0; i < 16; i++) {
-    requests.push_back(make_completion(story_window(i), 300, 5800 + i, 1.0f, 0.9f));
-    requests.back().ignore_eos = true;
-  }
+  const std::vector<msg::completion_request> requests = long_requests(16, 300, 5800);
   // `troupe drain` from the client's namespace, with node2's own certificate (only nodes may
   // reach a node actor). node2 computes a request in tens of ms, the command takes longer to
   // start: node2 is stopped (SIGSTOP) until the command's connection to it is made, so that it
