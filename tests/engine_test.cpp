@@ -627,6 +627,39 @@ TEST(EngineDrain, RequestsExportedMidDecodeContinueElsewhereBitForBit) {
   }
 }
 
+TEST(EngineDrain, AResumedRequestsKvImportedWhereItsGeneratedTokensAreCachedContinuesUnchanged) {
+  // Request 1 (a 2-token prompt, greedy) runs whole on engine d: blocks of its prompt and
+  // generated tokens stay in d's prefix cache. Request 2 is request 1 resumed after 9 tokens (a
+  // drained engine's forward) with its KV from another engine: admission shares 2 cached blocks,
+  // 8 tokens — more than the 2 of the original prompt — and the import goes past them. (Once
+  // found by tests/netns_test.cpp's drain: the engine took the prompt-capped num_cached_tokens
+  // for the shared blocks and asserted.)
+  engine_config config;
+  config.block_size = 4;
+  auto d = make_engine(config);
+  request whole = make_request(1, varied_prompt(0), 12, 0.0f, 1);
+  whole.ignore_eos = true;
+  ASSERT_EQ(whole.prompt.size(), 2u);
+  ASSERT_TRUE(d->add_request(whole).has_value());
+  const std::vector<int32_t> tokens = run_to_completion(*d).at({1, 0}).tokens;
+  ASSERT_EQ(tokens.size(), 12u);
+  request resumed = whole;
+  resumed.id = 2;
+  resumed.prompt.insert(resumed.prompt.end(), tokens.begin(), tokens.begin() + 9);
+  resumed.num_resumed_tokens = 9;
+  resumed.max_tokens -= 9;
+  auto p = make_engine(config);
+  ASSERT_TRUE(p->add_prefill(resumed).has_value());
+  while (p->has_unfinished()) EXPECT_TRUE(p->step().empty());
+  std::vector<prefilled_request> done = p->take_prefilled();
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE(d->add_prefilled(std::move(done[0].req), std::move(done[0].kv)).has_value());
+  const outputs rest = run_to_completion(*d);
+  EXPECT_EQ(rest.at({2, 0}).tokens, std::vector<int32_t>(tokens.begin() + 9, tokens.end()));
+  EXPECT_EQ(d->stats().num_prefix_hit_tokens, 2);  // the prompt's share: capped at its 2 tokens
+  d->check_invariants();
+}
+
 TEST(EngineDrain, OnlyARequestWithOneSampleAndComputedKvLeavesWithIt) {
   const testing::bundled& b = testing::model_and_tokenizer();
   engine_config config;

@@ -327,8 +327,10 @@ TEST_F(SchedulerTest, ImportedKvSharesTheCachedPrefixAndIsListedInThePlan) {
   EXPECT_EQ(p.imported, (seqs{1, 2}));
   EXPECT_EQ(table(1), (ids{0, 1, 3}));  // the cached blocks shared; the imported KV goes past them
   EXPECT_EQ(sched_->get(1).num_cached_tokens, 8);
+  EXPECT_EQ(sched_->get(1).num_shared_import_tokens, 8);
   EXPECT_EQ(table(2), (ids{4, 5, 6}));  // fresh blocks for all of it
   EXPECT_EQ(sched_->get(2).num_cached_tokens, 0);
+  EXPECT_EQ(sched_->get(2).num_shared_import_tokens, 0);
   EXPECT_EQ(sched_->get(1).num_imported_tokens, 0);
   complete(p, {91, 92, 93});
   sched_->check_invariants();

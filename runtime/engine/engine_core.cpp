@@ -579,7 +579,7 @@ std::optional<exec_plan> engine_core::plan_step() {
     auto it = pending_imports_.find(seq);
     TROUPE_ASSERT_MSG(it != pending_imports_.end(), "an imported sequence without its KV");
     // The pool's cached blocks the admission shared hold this KV already: the rest is written.
-    const int32_t shared = scheduler_->get(seq).num_cached_tokens;
+    const int32_t shared = scheduler_->get(seq).num_shared_import_tokens;
     TROUPE_ASSERT(shared % config_.block_size == 0 && shared <= it->second.num_tokens);
     const std::vector<int32_t>& table = blocks_->block_table(seq);
     if (shared < it->second.num_tokens)

@@ -362,6 +362,7 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
     if (imported > 0) {
       plan.imported.push_back(s.id);
       s.num_imported_tokens = 0;
+      s.num_shared_import_tokens = hit.num_tokens;
     }
     s.status = seq_status::running;
     waiting_.pop_front();

@@ -113,6 +113,10 @@ struct sequence {
   /// Leading tokens whose KV arrives from elsewhere (a prefill engine) on admission; 0 once
   /// admitted (a preempted sequence recomputes everything, like any other).
   int32_t num_imported_tokens = 0;
+  /// Of the imported tokens, the leading ones whose blocks admission shared from the prefix
+  /// cache (whole blocks; the engine writes the imported KV past them). Unlike num_cached_tokens
+  /// not capped at the prompt: a resumed sequence's cache hit may reach into its generated tokens.
+  int32_t num_shared_import_tokens = 0;
   seq_status status = seq_status::waiting;
   /// Drafts verified per decode step (speculative decoding), 0: none. A decode row then takes
   /// 1 + k slots (fewer near max_num_tokens or the token budget) and the sequence is not planned
@@ -137,7 +141,7 @@ class scheduler {
   void add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority);
 
   /// Queues a sequence whose first `num_imported_tokens` tokens' KV is imported: on admission it
-  /// shares the leading blocks of them the prefix cache holds (num_cached_tokens, whole blocks)
+  /// shares the leading blocks of them the prefix cache holds (num_shared_import_tokens)
   /// and gets fresh blocks for the rest, those tokens count as computed and the plan lists it
   /// in `imported` (the engine writes the imported KV past the shared blocks). At least one prompt token remains to compute (its logits give the sample).
   /// The prompt's last `num_generated_tokens` tokens count as generated, as in `add`.
