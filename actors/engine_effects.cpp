@@ -116,7 +116,8 @@ struct performer {
     post(self, client_of(self, b.request),
                msg::sampled_batch{b.request, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs),
                                   std::move(b.age_ns), b.finish, b.num_cached_tokens,
-                                  b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns});
+                                  b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns,
+                                  std::move(b.embedding)});
   }
   void operator()(engine::reject& r) const {
     if (!r.to_caller) spdlog::error("engine: request {} failed: {}", r.id, r.message);

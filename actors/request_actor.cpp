@@ -141,7 +141,8 @@ engine::sample_event to_event(msg::sampled& s) {
 
 engine::token_batch to_batch(msg::sampled_batch& b) {
   return {b.request_id, std::move(b.tokens), std::move(b.logprobs), std::move(b.top_logprobs), std::move(b.age_ns),
-          b.finish, b.num_cached_tokens, b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns};
+          b.finish, b.num_cached_tokens, b.num_preemptions, b.num_recomputed_tokens, b.scheduled_age_ns,
+          std::move(b.embedding)};
 }
 
 /// Whether a message from an engine about request `id` is for this request: one for another,

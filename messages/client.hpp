@@ -35,7 +35,7 @@ typename Inspector::result_type inspect(Inspector& f, completion_request& x) {
            x.frequency_penalty, x.repetition_penalty, x.logit_bias, x.has_seed, x.seed, x.stop, x.stop_token_ids,
            x.ignore_eos, x.priority, x.cache_class, x.num_top_logprobs, x.stream, x.grammar_kind, x.grammar,
            x.grammar_trigger_token_ids, x.grammar_trigger_strings, x.chat_template_kwargs, x.tools,
-           x.add_generation_prompt);
+           x.add_generation_prompt, x.pooling);
 }
 
 template <class Inspector>
@@ -53,7 +53,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, completion_end& x) {
   return f(x.request_id, x.stream, x.finish_reason, x.seed, x.num_prompt_tokens, x.num_generated_tokens,
            x.queue_ns, x.ttft_ns, x.e2e_ns, x.itl_ns, x.num_cached_tokens, x.num_preemptions,
-           x.num_recomputed_tokens, x.num_chunks, x.num_failovers);
+           x.num_recomputed_tokens, x.num_chunks, x.num_failovers, x.embedding);
 }
 
 template <class Inspector>

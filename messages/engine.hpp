@@ -26,7 +26,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request& x) {
   // compiled_grammar stays behind: the receiving engine compiles the spec again.
   return f(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids,
-           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class, x.grammar, x.num_resumed_tokens, x.cache_tier);
+           x.ignore_eos, x.priority, x.batch_tokens, x.cache_class, x.grammar, x.num_resumed_tokens, x.cache_tier,
+           x.pooling);
 }
 
 }  // namespace troupe::engine
@@ -90,12 +91,14 @@ struct sampled_batch {
   int32_t num_preemptions = 0;
   int32_t num_recomputed_tokens = 0;
   int64_t scheduled_age_ns = 0;  ///< how long before sending the request was first scheduled
+  /// An embedding request's end (engine::request::pooling): its vector, with no tokens.
+  std::vector<float> embedding;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled_batch& x) {
   return f(x.request_id, x.tokens, x.logprobs, x.top_logprobs, x.age_ns, x.finish, x.num_cached_tokens,
-           x.num_preemptions, x.num_recomputed_tokens, x.scheduled_age_ns);
+           x.num_preemptions, x.num_recomputed_tokens, x.scheduled_age_ns, x.embedding);
 }
 
 /// Request -> engine: end a request early (a stop string completed, a cancel, a lost client).

@@ -43,7 +43,8 @@ typename Inspector::result_type inspect(Inspector& f, kv_readout& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_chunk& x) {
   return f(x.seq, x.first_position, x.tokens, x.first_block, x.block_table, x.num_samples, x.seed, x.sampling,
-           x.num_prompt_tokens, x.context_prefix, x.export_kv, x.speculative, x.num_draft_slots, x.grammar);
+           x.num_prompt_tokens, x.context_prefix, x.export_kv, x.speculative, x.num_draft_slots, x.grammar,
+           x.pooling);
 }
 
 template <class Inspector>
@@ -58,7 +59,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_failure& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
-  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.read_out, x.num_draft_rows, x.drafts_verified,
+  return f(x.step, x.samples, x.failures, x.exports, x.demoted, x.read_out, x.embeddings, x.num_draft_rows, x.drafts_verified,
            x.drafts_accepted, x.measured_ns, x.moe_lb, x.num_expert_moves);
 }
 

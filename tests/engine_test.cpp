@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <set>
@@ -937,6 +938,102 @@ TEST(EngineCore, MeasuredStepTimesCorrectTheTimeBudgetAndChangeNoToken) {
   EXPECT_EQ(model_only.stats.step_time_error.num_steps, 0);
   EXPECT_EQ(corrected.tokens, model_only.tokens);  // chunking never changes a token
   EXPECT_EQ(corrected.tokens.size(), 3u);
+}
+
+/// Runs `requests` (embedding requests and completions mixed) to their ends on one core of
+/// `config` and a step executor; returns each embedding by request id.
+std::map<request_id, std::vector<float>> run_embeddings(const std::vector<request>& requests,
+                                                        const engine_config& config) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  auto core = engine_core::create(b.ck.config(), b.tok.end_ids(), config);
+  EXPECT_TRUE(core.has_value());
+  if (!core) return {};
+  step_executor executor(b.ck, config.num_kv_blocks, config.block_size);
+  std::map<request_id, std::vector<float>> out;
+  for (const request& r : requests) EXPECT_TRUE((*core)->add_request(r).has_value()) << r.id;
+  while ((*core)->has_unfinished()) {
+    auto plan = (*core)->plan_step();
+    if (!plan) {
+      ADD_FAILURE() << "nothing to plan with requests left";
+      break;
+    }
+    (void)(*core)->complete_step(executor.execute(*plan));
+    for (embedded_request& e : (*core)->take_embedded()) out.emplace(e.id, std::move(e.embedding));
+    (*core)->check_invariants();
+  }
+  return out;
+}
+
+TEST(EngineCore, EmbeddingsAreTheSameBitsAloneBatchedChunkedAndAfterACachedPrefix) {
+  // 8 prompts x 3 poolings, with completions between them, on a core that prefills 7 tokens a
+  // step (prompts in several chunks, batched with others); each request again once its blocks
+  // are cached (not reused: the states are pooled from position 0).
+  const pooling_mode modes[] = {pooling_mode::last, pooling_mode::mean, pooling_mode::cls};
+  std::vector<request> requests;
+  for (int32_t i = 0; i < 8; i++) {
+    for (int32_t m = 0; m < 3; m++) {
+      request r = testing::make_request(100 * i + m, varied_prompt(20 + i), 0, 0.0f, 0);
+      r.pooling = modes[m];
+      requests.push_back(std::move(r));
+    }
+    requests.push_back(testing::make_request(100 * i + 50, varied_prompt(60 + i), 24, 1.0f, 7 + i));
+  }
+  engine_config tight;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 48;
+  tight.scheduler.max_num_batched_tokens = 7;
+  std::vector<request> twice = requests;
+  for (request r : requests) {
+    r.id += 10000;
+    twice.push_back(std::move(r));
+  }
+  const auto batched = run_embeddings(twice, tight);
+  ASSERT_EQ(batched.size(), 2u * 24u);
+  const testing::bundled& b = testing::model_and_tokenizer();
+  for (const request& r : requests) {
+    if (r.pooling == pooling_mode::none) continue;
+    SCOPED_TRACE("request " + std::to_string(r.id));
+    const std::vector<float>& got = batched.at(r.id);
+    ASSERT_EQ(static_cast<int32_t>(got.size()), b.ck.config().dim);
+    const auto alone = run_embeddings({r}, engine_config{});
+    ASSERT_EQ(alone.size(), 1u);
+    EXPECT_EQ(std::memcmp(got.data(), alone.at(r.id).data(), got.size() * sizeof(float)), 0) << "batched vs alone";
+    EXPECT_EQ(std::memcmp(got.data(), batched.at(r.id + 10000).data(), got.size() * sizeof(float)), 0)
+        << "first vs after its prefix was cached";
+    const std::vector<float> want = testing::reference_embedding(r.prompt, r.pooling);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "engine vs reference forward";
+    double norm = 0;
+    for (const float v : got) norm += double{v} * v;
+    EXPECT_NEAR(std::sqrt(norm), 1.0, 1e-6);
+    if (r.pooling != pooling_mode::last) {
+      ASSERT_GT(r.prompt.size(), 1u);
+      EXPECT_NE(got, batched.at(r.id - r.id % 100)) << "differs from the same prompt's last pooling";
+    }
+  }
+}
+
+TEST(EngineCore, AnEmbeddingRequestSamplesNothing) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  auto core = engine_core::create(b.ck.config(), b.tok.end_ids(), engine_config{});
+  ASSERT_TRUE(core.has_value());
+  request r = testing::make_request(1, varied_prompt(3), 0, 0.0f, 0);
+  r.pooling = pooling_mode::mean;
+  EXPECT_TRUE((*core)->check_request(r).has_value());
+  request with_tokens = r;
+  with_tokens.max_tokens = 4;
+  request forked = r;
+  forked.n = 2;
+  request stopped = r;
+  stopped.stop_token_ids = {5};
+  request unknown = r;
+  unknown.pooling = static_cast<pooling_mode>(9);
+  request completion = r;
+  completion.pooling = pooling_mode::none;
+  for (const request& bad : {with_tokens, forked, stopped, unknown, completion}) {
+    auto refused = (*core)->check_request(bad);
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_EQ(refused.error().code, errc::invalid_argument) << refused.error().message;
+  }
 }
 
 }  // namespace

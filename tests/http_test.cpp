@@ -11,10 +11,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -515,6 +518,123 @@ TEST_F(Http, ServedModelNamesAreListedAcceptedAndTheFirstIsReported) {
 // /tokenize gives a completion's prompt tokens (its count is the completion's usage) and
 // /detokenize the text back byte for byte; messages give the chat completion's prompt (a Jinja
 // template file: its exact tokens as AJinjaChatTemplateFileIsServedAndItsErrorsAre400s has them).
+/// The vectors of an /v1/embeddings answer, float32 from their JSON floats or base64 bytes.
+std::vector<std::vector<float>> embeddings_in(const http_reply& r) {
+  EXPECT_EQ(r.status, 200) << r.body;
+  std::vector<std::vector<float>> out;
+  if (r.status != 200) return out;
+  const nlohmann::json j = nlohmann::json::parse(r.body);
+  for (const nlohmann::json& item : j.at("data")) {
+    EXPECT_EQ(item.at("index"), out.size());
+    const nlohmann::json& e = item.at("embedding");
+    std::vector<float>& v = out.emplace_back();
+    if (e.is_array()) {
+      for (const nlohmann::json& x : e) v.push_back(x.get<float>());
+      continue;
+    }
+    // Base64 of little-endian float32 bytes, decoded by hand: 4 characters give 3 bytes.
+    const std::string digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string bytes;
+    const std::string text = e.get<std::string>();
+    for (size_t i = 0; i + 3 < text.size(); i += 4) {
+      uint32_t group = 0;
+      for (size_t k = 0; k < 4; k++) group = group << 6 | (text[i + k] == '=' ? 0 : static_cast<uint32_t>(digits.find(text[i + k])));
+      for (size_t k = 0; k < 3; k++) bytes.push_back(static_cast<char>(group >> (16 - 8 * k) & 0xff));
+    }
+    bytes.resize(bytes.size() - static_cast<size_t>(std::count(text.begin(), text.end(), '=')));
+    for (size_t i = 0; i + 3 < bytes.size(); i += 4) {
+      uint32_t bits = 0;
+      for (size_t k = 0; k < 4; k++) bits |= uint32_t{static_cast<uint8_t>(bytes[i + k])} << (8 * k);
+      float f = 0;
+      std::memcpy(&f, &bits, sizeof f);
+      v.push_back(f);
+    }
+  }
+  return out;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// /v1/embeddings: each vector has norm 1; an input's vector is the same bits alone, among
+// other inputs, in base64 and while other requests run at the same time; `last` pooling is
+// the reference model's final-norm state of the prompt's last token (the prompt encoded as a
+// completion's, BOS first), and mean and cls differ from it.
+TEST_F(Http, EmbeddingsAreTheSameBitsAloneInABatchConcurrentlyAndInBase64) {
+  start();
+  const http_reply one = fetch("/v1/embeddings", R"({"model": "stories260K", "input": "Once upon a time"})");
+  const std::vector<std::vector<float>> alone = embeddings_in(one);
+  ASSERT_EQ(alone.size(), 1u);
+  ASSERT_EQ(alone[0].size(), 64u);
+  const nlohmann::json body = nlohmann::json::parse(one.body);
+  EXPECT_EQ(body["object"], "list");
+  EXPECT_EQ(body["model"], "stories260K");
+  const bundled& b = model_and_tokenizer();
+  const std::vector<int32_t> tokens = *b.tok.encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  EXPECT_EQ(body["usage"], (nlohmann::json{{"prompt_tokens", tokens.size()}, {"total_tokens", tokens.size()}}));
+  double norm = 0;
+  for (const float v : alone[0]) norm += double{v} * v;
+  EXPECT_NEAR(std::sqrt(norm), 1.0, 1e-6);
+  EXPECT_TRUE(same_floats(alone[0], reference_embedding(tokens, engine::pooling_mode::last)));
+
+  const auto batch = embeddings_in(fetch("/v1/embeddings", R"({"input": ["The cat sat", "Once upon a time", "A dog"]})"));
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_TRUE(same_floats(batch[1], alone[0]));
+  EXPECT_FALSE(same_floats(batch[0], alone[0]));
+  const auto as_tokens = embeddings_in(fetch("/v1/embeddings", nlohmann::json{{"input", {tokens}}}.dump()));
+  ASSERT_EQ(as_tokens.size(), 1u);
+  EXPECT_TRUE(same_floats(as_tokens[0], alone[0]));
+  const auto base64 = embeddings_in(fetch("/v1/embeddings", R"({"input": "Once upon a time", "encoding_format": "base64"})"));
+  ASSERT_EQ(base64.size(), 1u);
+  EXPECT_TRUE(same_floats(base64[0], alone[0]));
+
+  // Four requests at once (curl's parallel transfers), three embedding the prompt beside
+  // another input while a completion runs.
+  std::vector<std::string> args{"-s", "-S", "-Z", "--parallel-immediate"};
+  for (int c = 0; c < 4; c++) {
+    const std::string body = c == 0 ? R"({"prompt": "Once", "max_tokens": 40})"
+                                    : "{\"input\": [\"Tim and Sue " + std::to_string(c) +
+                                          "\", \"Once upon a time\"], \"dimensions\": 64}";
+    const std::string name = (dir_ / ("parallel" + std::to_string(c))).string();
+    std::ofstream(name + ".json", std::ios::binary) << body;
+    if (c > 0) args.emplace_back("--next");
+    args.insert(args.end(), {"-s", "-S", "-o", name + ".out", "-w", "%{http_code}\n", "-H", "Content-Type: application/json",
+                             "--data-binary", "@" + name + ".json", url_ + (c == 0 ? "/v1/completions" : "/v1/embeddings")});
+  }
+  const cli_result parallel = run_program(curl_path, args, dir_);
+  ASSERT_EQ(parallel.exit_code, 0) << parallel.err;
+  EXPECT_EQ(parallel.out, "200\n200\n200\n200\n");
+  for (int c = 1; c < 4; c++) {
+    std::ifstream in(dir_ / ("parallel" + std::to_string(c) + ".out"), std::ios::binary);
+    const auto got = embeddings_in({200, std::string(std::istreambuf_iterator<char>(in), {})});
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_TRUE(same_floats(got[1], alone[0])) << "request " << c;
+  }
+
+  const std::vector<std::pair<std::string, engine::pooling_mode>> others{{"mean", engine::pooling_mode::mean},
+                                                                        {"cls", engine::pooling_mode::cls}};
+  for (const auto& [name, mode] : others) {
+    const auto pooled = embeddings_in(fetch("/v1/embeddings", nlohmann::json{{"input", prompt}, {"pooling", name}}.dump()));
+    ASSERT_EQ(pooled.size(), 1u);
+    EXPECT_FALSE(same_floats(pooled[0], alone[0])) << name;
+    EXPECT_TRUE(same_floats(pooled[0], reference_embedding(tokens, mode))) << name;
+  }
+  expect_good_answer("after embeddings");
+}
+
+// --pooling sets the pooling of requests that name none.
+TEST_F(Http, ThePoolingFlagIsTheDefault) {
+  start({"serve", "--port", "0", "--pooling", "mean"});
+  const auto got = embeddings_in(fetch("/v1/embeddings", R"({"input": "Once upon a time"})"));
+  ASSERT_EQ(got.size(), 1u);
+  const std::vector<int32_t> tokens = *model_and_tokenizer().tok.encode(prompt, true, false);
+  EXPECT_TRUE(same_floats(got[0], reference_embedding(tokens, engine::pooling_mode::mean)));
+  const cli_result bad = run_troupe({"serve", "--port", "0", "--pooling", "max"}, dir_);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--pooling"), std::string::npos) << bad.err;
+}
+
 TEST_F(Http, TokenizeGivesThePromptsTokensAndDetokenizeGivesTheTextBack) {
   const std::string file = (dir_ / "chat.jinja").string();
   std::ofstream(file) << "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}";
@@ -580,6 +700,17 @@ TEST_F(Http, EachErrorClassHasItsStatusAndTheServerAnswersAfterIt) {
       {"/tokenize", "{\"prompt\": \"" + std::string(1 << 20, 'a') + "\"}", 400, "the limit is 1048576"},
       {"/detokenize", R"({"tokens": [1, 512]})", 400, "'tokens' holds token 512, outside the vocabulary [0, 512)"},
       {"/detokenize", R"({"tokens": [1, 2.5]})", 400, "'tokens' must hold token ids (integers), got 2.5"},
+      {"/v1/embeddings", R"({"input": )", 400, "the request body is not valid JSON"},
+      {"/v1/embeddings", "{\"input\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},
+      {"/v1/embeddings", R"({"model": "gpt-4", "input": "x"})", 404, "the model 'gpt-4' does not exist"},
+      {"/v1/embeddings", R"({"input": ""})", 400, "an 'input' is empty"},
+      {"/v1/embeddings", R"({"input": [1, 512]})", 400, "'input' holds token 512, outside the vocabulary [0, 512)"},
+      {"/v1/embeddings", R"({"input": "x", "dimensions": 32})", 400, "'dimensions' must be the model's 64"},
+      {"/v1/embeddings", R"({"input": "x", "pooling": 1})", 400, "'pooling' must be"},
+      {"/v1/embeddings", nlohmann::json{{"input", std::vector<std::string>(129, "x")}}.dump(), 400,
+       "a request embeds at most 128 inputs, got 129"},
+      {"/v1/embeddings", nlohmann::json{{"input", std::vector<int32_t>(600, 1)}}.dump(), 413,
+       "exceeds the model's context of 512 tokens"},
   };
   for (const error_case& c : cases) {
     const http_reply r = fetch(c.path, c.body);

@@ -779,6 +779,112 @@ TEST(OpenaiTokenize, EachClassOfBadInputIsRefused) {
   }
 }
 
+using engine::pooling_mode;
+
+embeddings_request embeddings_parsed(const std::string& body, pooling_mode fallback = pooling_mode::last) {
+  auto r = parse_embeddings_request(body, model, tok512(), 64, fallback);
+  EXPECT_TRUE(r.has_value()) << body << ": " << (r ? "" : r.error().message);
+  return r ? *r : embeddings_request{};
+}
+
+// Every input shape gives one request each, in order: text as a completion's prompt (the request
+// actor adds BOS), token ids as given; the pooling is the request's or the server's default.
+TEST(OpenaiEmbeddings, EachInputIsAnEmbeddingRequestOfItsOwn) {
+  const embeddings_request one = embeddings_parsed(R"({"model":"stories260K","input":"Once upon a","user":"u1"})");
+  ASSERT_EQ(one.inputs.size(), 1u);
+  EXPECT_EQ(one.pooling, pooling_mode::last);
+  EXPECT_FALSE(one.base64);
+  const std::vector<serve::completion_request> requests = embedding_requests(one);
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].prompt, "Once upon a");
+  EXPECT_EQ(requests[0].pooling, pooling_mode::last);
+  EXPECT_EQ(requests[0].max_tokens, 0);
+  EXPECT_FALSE(requests[0].stream);
+  const embeddings_request many = embeddings_parsed(
+      R"({"input":["a",[1,403],"b"],"pooling":"mean","encoding_format":"base64","dimensions":64})", pooling_mode::cls);
+  const std::vector<serve::completion_request> three = embedding_requests(many);
+  ASSERT_EQ(three.size(), 3u);
+  EXPECT_EQ(three[0].prompt, "a");
+  EXPECT_EQ(three[1].prompt_tokens, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(three[2].prompt, "b");
+  for (const serve::completion_request& r : three) EXPECT_EQ(r.pooling, pooling_mode::mean);
+  EXPECT_TRUE(many.base64);
+  EXPECT_EQ(embeddings_parsed(R"({"input":[1,403,407]})", pooling_mode::cls).pooling, pooling_mode::cls);
+  EXPECT_EQ(embedding_requests(embeddings_parsed(R"({"input":[1,403,407]})")).at(0).prompt_tokens,
+            (std::vector<int32_t>{1, 403, 407}));
+  EXPECT_EQ(embeddings_parsed(R"({"input":[[5],[6]],"encoding_format":"float"})").inputs.size(), 2u);
+  // A list of token ids is one input, however long.
+  const embeddings_request long_ids = embeddings_parsed(nlohmann::json{{"input", std::vector<int32_t>(300, 5)}}.dump());
+  ASSERT_EQ(long_ids.inputs.size(), 1u);
+  EXPECT_EQ(long_ids.inputs[0].tokens.size(), 300u);
+}
+
+TEST(OpenaiEmbeddings, EachClassOfBadInputIsRefused) {
+  struct bad {
+    std::string body;
+    int status;
+    std::string message;
+  };
+  std::string oversize = R"({"input":[)";
+  for (int32_t i = 0; i <= embedding_inputs_max; i++) oversize += std::string(i > 0 ? "," : "") + "\"x\"";
+  oversize += "]}";
+  const std::string huge = nlohmann::json{{"input", {std::string(3 << 20, 'x'), std::string(2 << 20, 'y')}}}.dump();
+  const std::vector<bad> cases{
+      {R"({"input": )", 400, "the request body is not valid JSON"},
+      {"{\"input\": \"\xC3\x28\"}", 400, "the request body is not valid UTF-8"},
+      {R"(["x"])", 400, "the request body must be a JSON object"},
+      {R"({"model":"gpt-4","input":"x"})", 404, "the model 'gpt-4' does not exist; this server serves 'stories260K'"},
+      {R"({})", 400, "'input' must be a string, or a non-empty list"},
+      {R"({"input":[]})", 400, "'input' must be a string, or a non-empty list"},
+      {R"({"input":""})", 400, "an 'input' is empty"},
+      {R"({"input":["x",[]]})", 400, "an 'input' is empty"},
+      {R"({"input":7})", 400, "'input' must be a string, or a non-empty list"},
+      {R"({"input":["x",{"a":1}]})", 400, "'input' must be a string, or a non-empty list"},
+      {R"({"input":[1,512]})", 400, "'input' holds token 512, outside the vocabulary [0, 512)"},
+      {R"({"input":[[1],[-1]]})", 400, "'input' holds token -1, outside the vocabulary [0, 512)"},
+      {R"({"input":[1,"x"]})", 400, "'input' must hold token ids (integers), got \"x\""},
+      {oversize, 400, "a request embeds at most 128 inputs, got 129"},
+      {huge, 400, "a request's inputs carry at most 4194304 bytes together"},
+      {R"({"input":"x","encoding_format":"hex"})", 400, "'encoding_format' must be \"float\" or \"base64\""},
+      {R"({"input":"x","dimensions":32})", 400, "'dimensions' must be the model's 64 (embeddings are not truncated)"},
+      {R"({"input":"x","dimensions":"64"})", 400, "'dimensions' must be an integer"},
+      {R"({"input":"x","pooling":"max"})", 400, "'pooling' must be \"mean\", \"last\" or \"cls\""},
+      {R"({"input":"x","pooling":"none"})", 400, "'pooling' must be"},
+  };
+  for (const bad& c : cases) {
+    auto r = parse_embeddings_request(c.body, model, tok512(), 64, pooling_mode::last);
+    ASSERT_FALSE(r.has_value()) << c.body.substr(0, 80);
+    EXPECT_EQ(r.error().status, c.status) << c.body.substr(0, 80);
+    EXPECT_NE(r.error().message.find(c.message), std::string::npos) << r.error().message;
+  }
+  auto named = parse_embeddings_request(R"({"input":"x","dimensions":8})", model, tok512(), 64, pooling_mode::last);
+  ASSERT_FALSE(named.has_value());
+  EXPECT_EQ(named.error().param, "dimensions");
+}
+
+TEST(OpenaiEmbeddings, AListRendersByteForByteInFloatsAndInBase64) {
+  serve::completion_end a;
+  a.num_prompt_tokens = 3;
+  a.embedding = {0.1f, -0.5f, 1.0f};
+  serve::completion_end b;
+  b.num_prompt_tokens = 2;
+  b.embedding = {0.0f, 0.6f, -0.8f};
+  EXPECT_EQ(render_embeddings({a, b}, false, "stories260K"),
+            R"({"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,-0.5,1.0]},)"
+            R"({"object":"embedding","index":1,"embedding":[0.0,0.6,-0.8]}],"model":"stories260K",)"
+            R"("usage":{"prompt_tokens":5,"total_tokens":5}})");
+  // 0.1f = 0x3dcccccd, -0.5f = 0xbf000000, 1.0f = 0x3f800000, little-endian.
+  EXPECT_EQ(render_embeddings({a}, true, "m"),
+            R"({"object":"list","data":[{"object":"embedding","index":0,"embedding":"zczMPQAAAL8AAIA/"}],"model":"m",)"
+            R"("usage":{"prompt_tokens":3,"total_tokens":3}})");
+  EXPECT_EQ(base64_encode(""), "");
+  EXPECT_EQ(base64_encode("f"), "Zg==");
+  EXPECT_EQ(base64_encode("fo"), "Zm8=");
+  EXPECT_EQ(base64_encode("foo"), "Zm9v");
+  EXPECT_EQ(base64_encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(base64_encode(std::string("\xff\xfe\x00", 3)), "//4A");
+}
+
 TEST(Metrics, HistogramBucketsAreUpperBoundsInclusive) {
   histogram h({0.1, 1.0});
   for (const double v : {0.05, 0.1, 0.5, 2.0}) h.observe(v);

@@ -152,6 +152,7 @@ msg::completion_request full_completion_request() {
   r.chat_template_kwargs = R"({"enable_thinking":false})";
   r.tools = R"([{"type":"function","function":{"name":"f"}}])";
   r.add_generation_prompt = false;
+  r.pooling = engine::pooling_mode::cls;
   return r;
 }
 
@@ -172,6 +173,7 @@ engine::request full_engine_request() {
   r.grammar = grammar::grammar_spec{grammar::grammar_kind::gbnf, "root ::= \"a\"", {9}, {"<call>"}};
   r.num_resumed_tokens = 1;
   r.cache_tier = 2;
+  r.pooling = engine::pooling_mode::mean;
   return r;
 }
 
@@ -244,6 +246,7 @@ engine::exec_chunk full_chunk() {
   c.speculative = true;
   c.num_draft_slots = 4;
   c.grammar = 2;
+  c.pooling = engine::pooling_mode::last;
   return c;
 }
 
@@ -252,7 +255,7 @@ msg::sampled full_sampled() {
 }
 
 msg::sampled_batch full_sampled_batch() {
-  return {1, {4, 5}, {-0.5f, -0.25f}, {{{3, -1.0f}}, {}}, {20, 10}, engine::finish_reason::stop, 4, 5, 6, 7};
+  return {1, {4, 5}, {-0.5f, -0.25f}, {{{3, -1.0f}}, {}}, {20, 10}, engine::finish_reason::stop, 4, 5, 6, 7, {0.6f, -0.8f}};
 }
 
 msg::completion_end full_end() {
@@ -272,6 +275,7 @@ msg::completion_end full_end() {
   e.num_recomputed_tokens = 12;
   e.num_chunks = 13;
   e.num_failovers = 2;
+  e.embedding = {0.6f, 0.0f, -0.8f};
   return e;
 }
 
@@ -304,7 +308,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   engine::exec_plan plan{4, {{{0, 1}, full_kv()}}, {{1, 2}}, {full_chunk()}, {1}, {3}, {{{5, 6}, 20}}, {1.5, 2.5}};
   expect_round_trip(plan);
   expect_round_trip(
-      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, {full_kv()}, 6, {1, 2}, {0, 1}, 12345, 1.25, 3});
+      engine::exec_result{4, {{{9, -0.25f, {{9, -0.25f}}}}}, {{3, "nan"}}, {{3, full_kv()}}, {full_kv()}, {full_kv()}, {{0.6f, -0.8f}}, 6, {1, 2}, {0, 1}, 12345, 1.25, 3});
   expect_round_trip(msg::tier_lookup{{1, 2, 3, 4}});
   expect_round_trip(msg::tier_put{full_kv_block(), kv::cache_class::agent});
   expect_round_trip(msg::tier_get{0x1234});

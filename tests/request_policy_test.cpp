@@ -527,6 +527,43 @@ TEST(RequestPolicyRun, AStopStringMidStreamReleasesTheEnginesAndFinishesWithStop
                  stop{});
 }
 
+// An embedding asks for no tokens, is computed whole on the decode engine (its hidden states are
+// in no KV a prefill engine could send) and ends with its vector.
+TEST(RequestPolicyRun, AnEmbeddingAsksForNoTokensAndEndsWithItsVector) {
+  request_policy_options o = options(false);
+  o.params.pooling = engine::pooling_mode::mean;
+  request_policy h(o);
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 0});
+  engine::request want = request_of(false);
+  want.max_tokens = 0;
+  want.pooling = engine::pooling_mode::mean;
+  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, false});
+  engine::token_batch b{id, {}, {}, {}, {}, engine::finish_reason::stop, 0, 5, 6, 500, {0.6f, -0.8f}};
+  // Received at 3000, first scheduled at 2500.
+  EXPECT_EFFECTS(h, on_batch(b, 3000),
+                 send_end{{id, stream_id, engine::finish_reason::stop, drawn_seed, 2, 0, 1500, 2000, 2000, {}, 0, 5, 6,
+                           0, 0, {0.6f, -0.8f}}},
+                 stop{});
+}
+
+TEST(RequestPolicyTrust, AnEmbeddingWithoutAFiniteVectorOrAVectorForACompletionFailsTheRequest) {
+  request_policy_options o = options(false);
+  o.params.pooling = engine::pooling_mode::last;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::string why = "the engine answered an embedding request without a finite vector";
+  for (const engine::token_batch& b : {engine::token_batch{id, {}, {}, {}, {}, engine::finish_reason::stop, 0, 0, 0, 0, {}},
+                                       engine::token_batch{id, {}, {}, {}, {}, engine::finish_reason::stop, 0, 0, 0, 0, {nan}},
+                                       engine::token_batch{id, {upon}, {-0.5f}, {{}}, {0}, engine::finish_reason::stop, 0, 0, 0, 0,
+                                                           {1.0f}}}) {
+    request_policy h = running(o);
+    EXPECT_EFFECTS(h, on_batch(b, 2000), release_engines{}, send_error{error(errc::internal, why, 0)}, stop{});
+  }
+  request_policy completion = running(options(false));
+  engine::token_batch b{id, {upon}, {-0.5f}, {{}}, {0}, engine::finish_reason::stop, 0, 0, 0, 0, {1.0f}};
+  EXPECT_EFFECTS(completion, on_batch(b, 2000), release_engines{},
+                 send_error{error(errc::internal, "the engine sent an embedding for a completion", 0)}, stop{});
+}
+
 TEST(RequestPolicyTrust, AnUnknownFinishReasonFailsTheRequest) {
   const auto unknown = static_cast<engine::finish_reason>(99);
   request_policy streamed = running(options(true));

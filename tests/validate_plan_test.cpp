@@ -159,6 +159,22 @@ TEST(ValidatePlan, ChunkSamples) {
   EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7): top_k must be >= 0 (0 disables it), got -3");
 }
 
+TEST(ValidatePlan, PoolingChunks) {
+  exec_plan p = valid_plan();
+  p.chunks[0].pooling = pooling_mode::mean;
+  p.chunks[0].num_samples = 0;
+  p.chunks[0].num_prompt_tokens = 3;
+  EXPECT_EQ(error_of(p), "");
+  p.chunks[0].pooling = static_cast<pooling_mode>(4);
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) has pooling 4, not one of none, mean, last, cls");
+  p.chunks[0].pooling = pooling_mode::last;
+  p.chunks[0].num_samples = 1;
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) pools its rows but asks for samples or drafts");
+  p.chunks[0].num_samples = 0;
+  p.chunks[0].num_prompt_tokens = 2;
+  EXPECT_EQ(error_of(p), "plan 3, chunk 0 (sequence 7) pools rows past its 2 prompt tokens");
+}
+
 TEST(ValidatePlan, PenaltyContext) {
   exec_plan p = valid_plan();
   p.chunks[0].context_prefix = {1};  // no penalty: no prefix
@@ -272,6 +288,26 @@ TEST_F(StepExecutorCheck, APenalisedChunkContinuesTheTokensHeldForItsSequence) {
   EXPECT_EQ(error_of(third), "sequence 7: a penalised chunk from position 4 but the executor holds 3 tokens of it");
   third.chunks[0].first_position = 3;
   EXPECT_EQ(error_of(third), "");
+}
+
+TEST_F(StepExecutorCheck, APoolingChunkContinuesTheRowsPooledForItsSequence) {
+  exec_plan first = plan(0, {1, 300});
+  first.chunks[0].num_samples = 0;
+  first.chunks[0].pooling = pooling_mode::last;
+  first.chunks[0].num_prompt_tokens = 3;
+  exec_plan later = plan(0, {301}, 2);
+  later.chunks[0] = first.chunks[0];
+  later.chunks[0].tokens = {301};
+  later.chunks[0].first_position = 2;
+  EXPECT_EQ(error_of(later), "sequence 7: a pooling chunk from position 2 but the executor pooled 0 rows of it");
+  EXPECT_TRUE(executor_.execute(first).embeddings.empty());  // 2 of its 3 prompt tokens
+  later.step = 1;
+  later.chunks[0].first_block = 1;
+  later.chunks[0].block_table = {};
+  EXPECT_EQ(error_of(later), "");
+  const exec_result done = executor_.execute(later);
+  ASSERT_EQ(done.embeddings.size(), 1u);
+  EXPECT_EQ(done.embeddings[0], testing::reference_embedding({1, 300, 301}, pooling_mode::last));
 }
 
 TEST_F(StepExecutorCheck, ARefusedPlanChangesNothing) {

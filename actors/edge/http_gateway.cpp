@@ -164,6 +164,19 @@ std::shared_ptr<answer> new_answer(const openai::parsed_request& p, openai::resp
   return a;
 }
 
+/// One /v1/embeddings answer: an embedding request per input (one client actor each), whose
+/// callbacks take turns on `mutex`; the first failure answers with its error and cancels the rest.
+struct embedding_answer {
+  std::mutex mutex;
+  std::shared_ptr<http_response> response;
+  std::weak_ptr<access_entry> access;
+  bool base64 = false;
+  std::vector<std::optional<msg::completion_end>> ends;  ///< per input, once done
+  size_t num_done = 0;
+  bool over = false;
+  std::vector<actors::client_actor> clients;
+};
+
 }  // namespace
 
 struct http_gateway::impl {
@@ -212,6 +225,23 @@ struct http_gateway::impl {
     in_flight.emplace(number, std::vector<actors::client_actor>{});
     return admission{number, load_balancer, tok, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
   }
+  /// Counts a request of the client's address (a 429 past its limit) and admits it (`admit`),
+  /// its response holding both; nothing when refused, with the error answered.
+  std::optional<admission> enter(const http_request& req, http_response& res) {
+    std::shared_ptr<const void> counted = requests.enter(req.peer);
+    if (!counted) {
+      reply_error(res, {429, too_many_in_flight(options.limits), "rate_limit_error", "", "overloaded"});
+      return std::nullopt;
+    }
+    res.hold(std::move(counted));
+    auto admitted = admit();
+    if (!admitted) {
+      reply_error(res, admitted.error());
+      return std::nullopt;
+    }
+    res.hold(std::move(admitted->ticket));
+    return std::move(*admitted);
+  }
   /// A client actor of admitted completion `number`, which a drain that runs out of time cancels.
   void enroll(int64_t number, const actors::client_actor& client) {
     std::lock_guard<std::mutex> lock(serving_mutex);
@@ -253,11 +283,28 @@ struct http_gateway::impl {
     }
   }
 
+  /// Spawns the client actor of one of `a`'s requests (an answer or an embedding_answer),
+  /// counted in its admission (a drain that runs out of time cancels it) and in `a` (cancelled
+  /// at once if another of its requests failed already).
+  template <class Answer>
+  void spawn_for(Answer& a, const admission& admitted, msg::completion_request request,
+                 actors::chunk_callback on_chunk, actors::done_callback on_done) {
+    actors::client_actor client = actors::spawn_client(sys, admitted.load_balancer, std::move(request),
+                                                       std::move(on_chunk), std::move(on_done), options.timeouts);
+    enroll(admitted.number, client);
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.clients.push_back(client);
+    if (a.over) caf::anon_send(client, msg::cancel_request{});
+  }
+
   void handle(const http_request& req, const std::shared_ptr<http_response>& res);
   [[nodiscard]] bool check_origin(const http_request& req, http_response& res) const;
   [[nodiscard]] bool check_key(const http_request& req, http_response& res) const;
   void handle_completion(openai::endpoint kind, const http_request& req, const std::shared_ptr<http_response>& res,
                          const std::shared_ptr<access_entry>& access);
+  void handle_embeddings(const http_request& req, const std::shared_ptr<http_response>& res,
+                         const std::shared_ptr<access_entry>& access);
+  void embedding_done(embedding_answer& a, size_t index, const expected<actors::completion>& outcome);
   void write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk);
   void write_end(answer& a, int32_t index, const expected<actors::completion>& outcome);
   void finish_answer(answer& a, const openai::usage_counts& usage);
@@ -286,12 +333,8 @@ struct http_gateway::impl {
 void http_gateway::impl::handle_completion(openai::endpoint kind, const http_request& req,
                                            const std::shared_ptr<http_response>& res,
                                            const std::shared_ptr<access_entry>& access) {
-  std::shared_ptr<const void> counted = requests.enter(req.peer);
-  if (!counted) return reply_error(*res, {429, too_many_in_flight(options.limits), "rate_limit_error", "", "overloaded"});
-  res->hold(std::move(counted));
-  auto admitted = admit();
-  if (!admitted) return reply_error(*res, admitted.error());
-  res->hold(std::move(admitted->ticket));
+  const std::optional<admission> admitted = enter(req, *res);
+  if (!admitted) return;
   auto parsed = openai::parse_request(kind, req.body, options.model, admitted->tok.get());
   if (!parsed) return reply_error(*res, parsed.error());
   // A client asks for its priority; it gets no more urgent one than its allowance.
@@ -306,21 +349,66 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const http_req
   const std::shared_ptr<answer> a = new_answer(*parsed, context, res, access, admitted->tok, seed);
   for (size_t k = 0; k < requests.size(); k++) {
     const auto index = static_cast<int32_t>(k);
-    actors::client_actor client = actors::spawn_client(
-        sys, admitted->load_balancer, std::move(requests[k]),
-        [this, a, index](const msg::completion_chunk& c) { write_chunk(*a, index, c); },
-        [this, a, index](const expected<actors::completion>& outcome) { write_end(*a, index, outcome); },
-        options.timeouts);
-    enroll(admitted->number, client);
-    std::lock_guard<std::mutex> lock(a->mutex);
-    a->clients.push_back(client);
-    if (a->over) caf::anon_send(client, msg::cancel_request{});  // another choice failed already
+    spawn_for(*a, *admitted, std::move(requests[k]),
+              [this, a, index](const msg::completion_chunk& c) { write_chunk(*a, index, c); },
+              [this, a, index](const expected<actors::completion>& outcome) { write_end(*a, index, outcome); });
   }
   res->on_abandoned([a, number = admitted->number] {
     spdlog::info("http: the client of completion {} went away: cancelling it", number);
     std::lock_guard<std::mutex> lock(a->mutex);
     a->cancel_clients();
   });
+}
+
+/// Admitted and counted as a completion is: each input is an embedding request of its own, all
+/// placed at once (batched by the engines, with the same bits as alone).
+void http_gateway::impl::handle_embeddings(const http_request& req, const std::shared_ptr<http_response>& res,
+                                           const std::shared_ptr<access_entry>& access) {
+  const std::optional<admission> admitted = enter(req, *res);
+  if (!admitted) return;
+  auto parsed = openai::parse_embeddings_request(req.body, options.model, *admitted->tok, options.embedding_dim,
+                                                 options.pooling);
+  if (!parsed) return reply_error(*res, parsed.error());
+  access->prompts(parsed->inputs);
+  std::vector<msg::completion_request> inputs = openai::embedding_requests(*parsed);
+  auto a = std::make_shared<embedding_answer>();
+  a->response = res;
+  a->access = access;
+  a->base64 = parsed->base64;
+  a->ends.resize(inputs.size());
+  for (size_t k = 0; k < inputs.size(); k++) {
+    inputs[k].priority = std::max(inputs[k].priority, options.limits.priority_min);
+    spawn_for(*a, *admitted, std::move(inputs[k]), [](const msg::completion_chunk&) {},
+              [this, a, k](const expected<actors::completion>& outcome) { embedding_done(*a, k, outcome); });
+  }
+  res->on_abandoned([a] {
+    std::lock_guard<std::mutex> lock(a->mutex);
+    for (const actors::client_actor& client : a->clients) caf::anon_send(client, msg::cancel_request{});
+  });
+}
+
+void http_gateway::impl::embedding_done(embedding_answer& a, size_t index, const expected<actors::completion>& outcome) {
+  std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.over) return;
+  const bool cancelled = outcome && outcome->end.finish_reason == engine::finish_reason::cancelled;
+  if (!outcome || cancelled) {  // a cancelled one was refused no vector: its client left, or a drain ran out
+    a.over = true;
+    for (const actors::client_actor& client : a.clients) caf::anon_send(client, msg::cancel_request{});
+    return reply_error(*a.response, openai::error_from(outcome ? error{errc::unavailable, "the embedding was cancelled"}
+                                                               : outcome.error()));
+  }
+  a.ends[index] = outcome->end;
+  if (++a.num_done < a.ends.size()) return;
+  a.over = true;
+  std::vector<msg::completion_end> ends;
+  openai::usage_counts usage;
+  for (const std::optional<msg::completion_end>& end : a.ends) {
+    ends.push_back(*end);
+    usage.prompt_tokens += end->num_prompt_tokens;
+  }
+  if (const auto access = a.access.lock())
+    access->answered("embd-" + std::to_string(static_cast<uint64_t>(ends.front().request_id)), usage, ends);
+  a.response->reply(200, "application/json", openai::render_embeddings(ends, a.base64, options.model.id));
 }
 
 void http_gateway::impl::write_chunk(answer& a, int32_t index, const msg::completion_chunk& chunk) {
@@ -518,6 +606,7 @@ void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<h
   if (route == "POST /v1/completions") return handle_completion(openai::endpoint::completions, req, res, access);
   if (route == "POST /v1/chat/completions") return handle_completion(openai::endpoint::chat_completions, req, res, access);
   if (route == "GET /v1/models") return handle_models(*res);
+  if (route == "POST /v1/embeddings") return handle_embeddings(req, res, access);
   if (route == "POST /tokenize") return handle_tokenize(req, *res);
   if (route == "POST /detokenize") return handle_detokenize(req, *res);
   if (route == "GET /") return res->reply(200, "text/html; charset=utf-8", index_html);

@@ -41,6 +41,10 @@ struct gateway_options {
   openai::served_model model;
   openai::cache_config kv_cache;    ///< the local engines' KV pools, for /metrics
   openai::access_log_format access_log;  ///< one line per request: text or JSON, with prompts or not
+  /// /v1/embeddings: the model's width (a request's `dimensions` may only be it) and the pooling
+  /// of a request that names none (`--pooling`).
+  int32_t embedding_dim = 0;
+  engine::pooling_mode pooling = engine::pooling_mode::last;
   size_t body_bytes_max = 1 << 20;  ///< a longer request body is refused with a 400
   int32_t num_threads = 4;          ///< threads running request handlers (a /metrics scrape blocks one)
   actors::client_timeouts timeouts;

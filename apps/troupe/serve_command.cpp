@@ -22,6 +22,7 @@
 #include "apps/troupe/signals.hpp"
 #include "actors/edge/http_gateway.hpp"
 #include "actors/edge/msgpack_gateway.hpp"
+#include "runtime/model/checkpoint.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::cli {
@@ -123,6 +124,8 @@ struct serve_options {
   /// The HTTP API's model names: the first is the id it reports, every one is accepted in a
   /// request's `model`; none: the model file's name without extension.
   std::vector<std::string> served_model_names;
+  /// /v1/embeddings' pooling where a request names none: last, mean or cls (docs/http.md).
+  std::string pooling = "last";
 };
 
 /// Who may use the gateways: the API keys of --api-key, TROUPE_API_KEY and [http]
@@ -246,6 +249,10 @@ expected<std::unique_ptr<gateway::http_gateway>> start_http(caf::actor_system& s
     g.kv_cache.block_size = e.config.block_size;
   }
   g.access_log = access_log_settings();
+  g.pooling = engine::parse_pooling(o.pooling).value_or(engine::pooling_mode::last);  // checked by its flag
+  auto header = model::read_header(t.engines.front().model_path);
+  if (!header) return tl::unexpected(header.error());
+  g.embedding_dim = header->config.dim;
   return gateway::http_gateway::start(sys, std::move(g));
 }
 
@@ -438,6 +445,10 @@ action add_serving(CLI::App& app, const char* name, const char* description, boo
                    ? "a model name has 1 to " + std::to_string(topology::served_model_name_bytes_max) + " bytes"
                    : std::string();
       });
+  cmd->add_option("--pooling", o->pooling,
+                  "how /v1/embeddings pools the final hidden states where a request names none: last (the "
+                  "default, vLLM's for decoder models: the only position that saw the whole input), mean or cls")
+      ->check(CLI::IsMember({"last", "mean", "cls"}));
   cmd->add_option("--msgpack-port", o->msgpack_port,
                   "serve the msgpack protocol (docs/msgpack.md) on this port (0 = any free one, printed)")
       ->check(CLI::Range(0, 65535));

@@ -58,6 +58,20 @@ expected<void> validate_budgets(const sched::scheduler_config& c) {
   return {};
 }
 
+/// An embedding request (request::pooling) samples nothing: max_tokens 0, n 1, no stop strings,
+/// stop tokens or grammar.
+expected<void> validate_pooling(const request& r) {
+  if (r.pooling == pooling_mode::none) return {};
+  if (!is_valid(r.pooling))
+    return fail(errc::invalid_argument, "pooling " + num(static_cast<uint8_t>(r.pooling)) +
+                                            " is not a pooling (none = 0, mean = 1, last = 2, cls = 3)");
+  if (r.max_tokens != 0 || r.n != 1 || !r.stop.empty() || !r.stop_token_ids.empty() ||
+      r.grammar.kind != grammar::grammar_kind::none || r.num_resumed_tokens != 0)
+    return fail(errc::invalid_argument,
+                "an embedding request samples nothing: max_tokens 0, n 1, no stops, grammar or resumed tokens");
+  return {};
+}
+
 /// A request that samples under a grammar comes with it compiled (engine_policy's caller, or
 /// engine::add_request, compiles it; a prefill-only request never samples).
 expected<void> check_compiled(const request& r) {
@@ -78,7 +92,9 @@ expected<void> validate_request(const request& r, const model::model_config& mod
       return fail(errc::invalid_argument, "prompt token " + num(static_cast<int64_t>(i)) + " = " +
                                               num(r.prompt[i]) + " is outside the vocabulary [0, " +
                                               num(model.vocab_size) + ")");
-  if (r.max_tokens <= 0) return fail(errc::invalid_argument, "max_tokens must be > 0, got " + num(r.max_tokens));
+  if (auto ok = validate_pooling(r); !ok) return ok;
+  if (r.max_tokens <= 0 && r.pooling == pooling_mode::none)
+    return fail(errc::invalid_argument, "max_tokens must be > 0, got " + num(r.max_tokens));
   if (r.num_resumed_tokens < 0 || r.num_resumed_tokens >= static_cast<int64_t>(r.prompt.size()) ||
       (r.num_resumed_tokens > 0 && r.n != 1))
     return fail(errc::invalid_argument, "num_resumed_tokens must be in [0, prompt size) and 0 unless n = 1, got " +
@@ -182,8 +198,13 @@ kv::seq_id engine_core::record(request r) {
 expected<void> engine_core::add_request(request r) {
   if (auto ok = check_new(r); !ok) return ok;
   if (auto ok = check_compiled(r); !ok) return ok;
-  const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
   const int32_t priority = r.priority;
+  if (r.pooling != pooling_mode::none) {  // kept whole, as a prefill-only run's (resumable_requests)
+    std::vector<int32_t> tokens = r.prompt;
+    scheduler_->add_pooled(record(std::move(r)), std::move(tokens), priority);
+    return {};
+  }
+  const int32_t limit = static_cast<int32_t>(r.prompt.size()) + r.max_tokens;
   const int32_t resumed = r.num_resumed_tokens;
   std::vector<int32_t> prompt = std::move(r.prompt);  // the scheduler's copy is the only one
   const kv::seq_id seq = record(std::move(r));
@@ -206,8 +227,8 @@ std::vector<engine_core::resumable_request> engine_core::resumable_requests() co
   for (const auto& [id, state] : requests_) {
     if (state.req.n != 1 || state.live.size() != 1) continue;
     const sched::sequence& s = scheduler_->get(state.live.front());
-    if (s.prefill_only) {
-      found.emplace_back(s.arrival, resumable_request{state.req, true});
+    if (s.prefill_only) {  // an embedding request is added again as it came, by add_request
+      found.emplace_back(s.arrival, resumable_request{state.req, !s.pooled});
       continue;
     }
     request r = state.req;
@@ -256,6 +277,12 @@ expected<void> engine_core::add_prefilled(request r, kv_data kv) {
   speculate(seq);
   pending_imports_.emplace(seq, std::move(kv));
   return {};
+}
+
+std::vector<embedded_request> engine_core::take_embedded() {
+  std::vector<embedded_request> out = std::move(embedded_);
+  embedded_.clear();
+  return out;
 }
 
 std::vector<prefilled_request> engine_core::take_prefilled() {
@@ -374,9 +401,12 @@ exec_chunk engine_core::make_chunk(const sched::scheduled_chunk& c, flight& f) {
       scheduler_->set_hold(c.seq, true);  // nothing more until the children exist
     }
   }
-  chunk.export_kv = s.prefill_only && c.first_position + c.num_tokens == static_cast<int32_t>(s.tokens.size());
+  const bool last = c.first_position + c.num_tokens == static_cast<int32_t>(s.tokens.size());
+  chunk.export_kv = s.prefill_only && !s.pooled && last;
+  if (s.pooled) chunk.pooling = r.pooling;
   f.num_samples.push_back(static_cast<size_t>(chunk.num_samples));
   f.exports.push_back(chunk.export_kv);
+  f.embeds.push_back(s.pooled && last);
   return chunk;
 }
 
@@ -556,7 +586,7 @@ std::optional<exec_plan> engine_core::plan_step() {
   // two halves taking turns (half the rows per step, each sequence every other step).
   const int32_t max_in_flight = config_.speculation.enabled() ? 1 : config_.max_steps_in_flight;
   if (num_in_flight() >= max_in_flight) return std::nullopt;
-  flight f{scheduler_->schedule(), {}, {}, {}, {}, {}, {}};
+  flight f{scheduler_->schedule(), {}, {}, {}, {}, {}, {}, {}};
   // A staged promotion goes once its sequence is admitted (its blocks are in its table).
   for (auto it = staged_promotions_.begin(); it != staged_promotions_.end();)
     it = scheduler_->get(it->first).status == sched::seq_status::waiting ? std::next(it) : staged_promotions_.erase(it);
@@ -743,6 +773,7 @@ void engine_core::take_step_kv(flight& f, exec_result& result) {
     end_sample(seq);
   }
   TROUPE_ASSERT(e == result.exports.size());
+  take_embeddings(f, result);
   TROUPE_ASSERT_MSG(result.read_out.size() == f.readouts.size(), "a result without its plan's readouts");
   for (size_t r = 0; r < f.readouts.size(); r++) {
     TROUPE_ASSERT(result.read_out[r].consistent());
@@ -762,6 +793,23 @@ void engine_core::take_step_kv(flight& f, exec_result& result) {
     stats_.num_demoted_bytes += out.block.num_bytes();
     demoted_.push_back(std::move(out));
   }
+}
+
+void engine_core::take_embeddings(const flight& f, exec_result& result) {
+  size_t e = 0;
+  for (size_t c = 0; c < f.plan.chunks.size(); c++) {
+    if (!f.embeds[c]) continue;
+    std::vector<float>& embedding = result.embeddings.at(e++);
+    TROUPE_ASSERT(static_cast<int32_t>(embedding.size()) == model_.dim);
+    const kv::seq_id seq = f.plan.chunks[c].seq;
+    auto sample = samples_.find(seq);
+    if (sample == samples_.end()) continue;  // released while the step ran
+    const sched::sequence& s = scheduler_->get(seq);
+    embedded_.push_back(
+        embedded_request{sample->second.request, std::move(embedding), s.num_preemptions, s.num_recomputed_tokens});
+    end_sample(seq);
+  }
+  TROUPE_ASSERT_MSG(e == result.embeddings.size(), "a result with the wrong number of embeddings");
 }
 
 std::vector<failed_request> engine_core::take_failed() {

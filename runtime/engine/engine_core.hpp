@@ -57,6 +57,14 @@ struct prefilled_request {
   kv_data kv;
 };
 
+/// An embedding request whose prompt was computed and pooled (request::pooling).
+struct embedded_request {
+  request_id id = 0;
+  std::vector<float> embedding;  ///< model dim floats, L2 norm 1 (exec_result::embeddings)
+  int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;
+};
+
 /// A request that left this core with its KV (engine_core::export_request): the KV of its
 /// sequence's first kv.num_tokens positions, read out once the steps before had computed them.
 struct exported_request {
@@ -192,6 +200,10 @@ class engine_core {
   /// Requests whose KV export_request read out in steps completed since the last call.
   [[nodiscard]] std::vector<exported_request> take_exported();
 
+  /// Embedding requests (request::pooling) completed since the last call, in completion order;
+  /// they have left the core.
+  [[nodiscard]] std::vector<embedded_request> take_embedded();
+
   /// Requests whose prefill-only run completed since the last call, in completion order.
   [[nodiscard]] std::vector<prefilled_request> take_prefilled();
 
@@ -264,6 +276,7 @@ class engine_core {
     sched::step_plan plan;
     std::vector<size_t> num_samples;  ///< per plan chunk
     std::vector<bool> exports;      ///< per plan chunk: its sequence's KV comes back
+    std::vector<bool> embeds;       ///< per plan chunk: its sequence's embedding comes back
     cost::step_features features;   ///< with the step-time correction or budgeted speculation: what the step computes
     double draft_context = 0;       ///< ... and where its draft rows attend (spec::mean_draft_context)
     std::vector<demoted_block> demoted;  ///< the plan's demotions, KV still empty
@@ -350,6 +363,9 @@ class engine_core {
                                                           const chunk_samples& samples);
   /// The step's prefill exports, readouts and demoted blocks, to their queues.
   void take_step_kv(flight& f, exec_result& result);
+  /// The embeddings of the step's chunks that end an embedding request's prompt: the requests
+  /// end, their vectors go to take_embedded.
+  void take_embeddings(const flight& f, exec_result& result);
 
   model::model_config model_;
   engine_config config_;
@@ -363,6 +379,7 @@ class engine_core {
   std::map<kv::seq_id, kv_data> pending_imports_;  // waiting sequences' imported KV
   std::map<kv::seq_id, int32_t> blocks_sent_;      // table entries the executor holds, per sequence
   std::vector<prefilled_request> prefilled_;       // for take_prefilled
+  std::vector<embedded_request> embedded_;         // for take_embedded
   std::vector<failed_request> failed_;             // for take_failed
   std::vector<std::pair<request_id, kv_readout>> pending_readouts_;  // exported, for the next plan
   std::vector<exported_request> exported_;         // for take_exported

@@ -45,9 +45,9 @@ bool operator==(const send_token& a, const send_token& b) {
 
 bool operator==(const token_batch& a, const token_batch& b) {
   return std::tie(a.request, a.tokens, a.logprobs, a.top_logprobs, a.age_ns, a.finish, a.num_cached_tokens, a.num_preemptions,
-                  a.num_recomputed_tokens, a.scheduled_age_ns) ==
+                  a.num_recomputed_tokens, a.scheduled_age_ns, a.embedding) ==
          std::tie(b.request, b.tokens, b.logprobs, b.top_logprobs, b.age_ns, b.finish, b.num_cached_tokens, b.num_preemptions,
-                  b.num_recomputed_tokens, b.scheduled_age_ns);
+                  b.num_recomputed_tokens, b.scheduled_age_ns, b.embedding);
 }
 
 bool operator==(const send_batch& a, const send_batch& b) { return a.batch == b.batch; }
@@ -150,7 +150,10 @@ bool engine_policy::admit(const request& r, bool samples, Add&& add, effects& ou
 bool engine_policy::fetch_first(request& r, std::optional<handoff_target>& handoff, effects& out) {
   // A tier to ask: the one the request names (the balancer's, checked by the engine actor), or
   // the engine's own.
-  if (!options_.config.host_tier || (r.cache_tier < 0 && !options_.config.own_tier)) return false;
+  // An embedding request takes nothing from cache (request::pooling).
+  if (!options_.config.host_tier || (r.cache_tier < 0 && !options_.config.own_tier) ||
+      r.pooling != pooling_mode::none)
+    return false;
   const request_id id = r.id;
   std::optional<error> refused;
   if (num_queued() >= options_.max_waiting)
@@ -378,6 +381,22 @@ void engine_policy::hand_off_prefilled(effects& out) {
   }
 }
 
+void engine_policy::send_embedded(effects& out, int64_t now_ns) {
+  for (embedded_request& e : core_->take_embedded()) {
+    auto it = requests_.find(e.id);
+    TROUPE_ASSERT_MSG(it != requests_.end(), "an embedding without its request");
+    token_batch b;
+    b.request = e.id;
+    b.finish = finish_reason::stop;
+    b.num_preemptions = e.num_preemptions;
+    b.num_recomputed_tokens = e.num_recomputed_tokens;
+    b.scheduled_age_ns = now_ns - it->second.scheduled_at_ns;
+    b.embedding = std::move(e.embedding);
+    out.push_back(send_batch{std::move(b)});
+    requests_.erase(it);
+  }
+}
+
 effects engine_policy::on_step_result(int64_t generation, exec_result result, int64_t now_ns) {
   effects out;
   if (generation != generation_) return out;  // a failed executor's late reply
@@ -398,6 +417,7 @@ effects engine_policy::on_step_result(int64_t generation, exec_result result, in
     requests_.erase(f.id);
   }
   hand_off_prefilled(out);
+  send_embedded(out, now_ns);
   note_change(out, now_ns);
   const int32_t every = options_.check_invariants_every;
   if (every > 0 && core_->stats().num_steps % every == 0) core_->check_step();

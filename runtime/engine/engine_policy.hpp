@@ -91,6 +91,8 @@ struct token_batch {
   int32_t num_preemptions = 0;
   int32_t num_recomputed_tokens = 0;
   int64_t scheduled_age_ns = 0;  ///< how long before sending the request was first planned
+  /// An embedding request's end (request::pooling): its vector, and no tokens.
+  std::vector<float> embedding;
 };
 
 struct send_batch {
@@ -327,6 +329,8 @@ class engine_policy {
   void add_cache_events(report_load& r);
   void on_sample(sample_event&& e, effects& out, int64_t now_ns);
   void hand_off_prefilled(effects& out);
+  /// Sends each finished embedding request its vector (a token_batch without tokens).
+  void send_embedded(effects& out, int64_t now_ns);
   void drop(request_id id, effects& out, int64_t now_ns);
   /// After forward_all: new work `id` is forwarded to its caller at once (true).
   bool forwarded_at_once(request_id id, effects& out);

@@ -13,6 +13,7 @@
 #include "runtime/engine/finish_reason.hpp"
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/kv/cache_class.hpp"
+#include "runtime/plan/pooling.hpp"
 #include "runtime/sampling/sampler.hpp"
 
 namespace troupe::engine {
@@ -28,7 +29,7 @@ inline constexpr int32_t num_samples_max = 128;
 struct request {
   request_id id = 0;
   std::vector<int32_t> prompt;            ///< token ids, starting with BOS
-  int32_t max_tokens = 16;                ///< new tokens per sample, > 0
+  int32_t max_tokens = 16;                ///< new tokens per sample, > 0 (0 for an embedding)
   sampling::sampling_params sampling;
   uint64_t seed = 0;                      ///< drawn by the caller if the user gave none
   int32_t n = 1;                          ///< samples of the same prompt (fork)
@@ -57,6 +58,10 @@ struct request {
   /// The cache tier (an index of the balancer's list, msg::report_to::cache_tiers) to fetch the
   /// prompt's prefix from when the pool lacks it; -1: the engine's own node's tier, if any.
   int32_t cache_tier = -1;
+  /// An embedding request (none: a completion): its whole prompt is computed, from position 0
+  /// (no prefix-cache hit: the hidden states are not cached), and pooled into one vector
+  /// (exec_chunk::pooling); it samples nothing, so max_tokens is 0, n 1, with no stops or grammar.
+  pooling_mode pooling = pooling_mode::none;
 };
 
 

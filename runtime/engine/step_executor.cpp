@@ -89,6 +89,14 @@ expected<void> step_executor::check_chunk(const exec_chunk& chunk, const std::ve
                                               std::to_string(chunk.first_position) + " but the executor holds " +
                                               (known < 0 ? "no tokens" : std::to_string(known) + " tokens") + " of it");
   }
+  if (chunk.pooling != pooling_mode::none && chunk.first_position > 0) {
+    const auto pooled = pooled_.find(chunk.seq);
+    const int64_t known = gone || pooled == pooled_.end() ? 0 : pooled->second.num_rows;
+    if (known != chunk.first_position)
+      return fail(errc::invalid_argument, what + ": a pooling chunk from position " +
+                                              std::to_string(chunk.first_position) + " but the executor pooled " +
+                                              std::to_string(known) + " rows of it");
+  }
   const bool has_previous = !gone && last_sample_.count(chunk.seq) != 0;
   if (!has_previous && std::find(chunk.tokens.begin(), chunk.tokens.end(), previous_sample) != chunk.tokens.end())
     return fail(errc::invalid_argument, what + ": a previous_sample token but no previous step sampled it");
@@ -137,8 +145,8 @@ void step_executor::build_rows(const exec_plan& plan) {
       int32_t token = chunk.tokens[p - chunk.first_position];
       if (token == previous_sample) token = last_sample_.at(chunk.seq);
       if (context != nullptr) context->push_back(token);
-      rows_.push_back(model::forward_row{token, p, table.data(),
-                                         chunk.num_samples > 0 && p == end - 1});
+      rows_.push_back(model::forward_row{token, p, table.data(), chunk.num_samples > 0 && p == end - 1,
+                                         chunk.pooling != pooling_mode::none});
     }
   }
 }
@@ -249,6 +257,31 @@ expected<const grammar::token_mask*> step_executor::grammar_mask(
   return mask;
 }
 
+void step_executor::pool_hidden(const exec_plan& plan, exec_result& result) {
+  const int32_t dim = model_.config().dim;
+  const float* row = hidden_.data();
+  for (const exec_chunk& chunk : plan.chunks) {
+    if (chunk.pooling == pooling_mode::none) continue;
+    pooled_rows& pooled = pooled_[chunk.seq];
+    if (chunk.first_position == 0) pooled = pooled_rows{std::vector<double>(static_cast<size_t>(dim), 0.0), 0};
+    for (size_t t = 0; t < chunk.tokens.size(); t++, row += dim, pooled.num_rows++) {
+      if (chunk.pooling == pooling_mode::cls && pooled.num_rows > 0) continue;
+      for (int32_t i = 0; i < dim; i++)
+        pooled.state[i] = chunk.pooling == pooling_mode::mean ? pooled.state[i] + row[i] : double{row[i]};
+    }
+    if (pooled.num_rows != chunk.num_prompt_tokens) continue;
+    // The mean's division cancels in the normalization; the norm is summed in index order.
+    double norm = 0;
+    for (const double v : pooled.state) norm += v * v;
+    norm = std::sqrt(norm);
+    std::vector<float> embedding(static_cast<size_t>(dim), 0.0f);
+    if (norm > 0)
+      for (int32_t i = 0; i < dim; i++) embedding[i] = static_cast<float>(pooled.state[i] / norm);
+    result.embeddings.push_back(std::move(embedding));
+    pooled_.erase(chunk.seq);
+  }
+}
+
 void step_executor::release_grammar(kv::seq_id seq) {
   cursors_.erase(seq);
   constexpr size_t num_idle_matchers_max = 16;  // kept warm for the next request with the same grammar
@@ -281,6 +314,7 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
     tables_.erase(seq);
     contexts_.erase(seq);
     release_grammar(seq);
+    pooled_.erase(seq);
   }
   exec_result result;
   for (const kv_readout& r : plan.readouts) result.read_out.push_back(read_kv(r.block_table.data(), r.num_tokens));
@@ -293,7 +327,7 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
   build_rows(plan);
   const std::vector<spec::draft> drafts = add_drafts(plan);
   for (const spec::draft& d : drafts) result.num_draft_rows += static_cast<int64_t>(d.tokens.size());
-  if (!rows_.empty()) model_.forward(rows_, cache_, logits_);
+  if (!rows_.empty()) model_.forward(rows_, cache_, logits_, 0, &hidden_);
   if (model_.expert_error()) return result;  // void: the caller fails the step
   if (drafter_ != nullptr) drafter_->follow(rows_);
 
@@ -333,6 +367,7 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
     result.drafts_verified = std::move(reliability.verified);
     result.drafts_accepted = std::move(reliability.accepted);
   }
+  pool_hidden(plan, result);
   for (const exec_chunk& chunk : plan.chunks) {
     if (!chunk.export_kv) continue;
     const int32_t num_tokens = chunk.first_position + static_cast<int32_t>(chunk.tokens.size());

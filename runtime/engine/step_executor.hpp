@@ -97,6 +97,10 @@ class step_executor {
   [[nodiscard]] expected<const grammar::token_mask*> grammar_mask(
       const exec_chunk& chunk, const std::shared_ptr<const grammar::compiled_grammar>& compiled,
       const sampling::token_context& context);
+  /// Pools the final-norm hidden rows of the plan's pooling chunks (hidden_, in row order) into
+  /// their sequences' accumulators, and adds the embedding of each chunk that ends its prompt to
+  /// `result` (exec_chunk::pooling).
+  void pool_hidden(const exec_plan& plan, exec_result& result);
   /// Forgets a released sequence's grammar cursor; drops matchers no cursor uses beyond a few.
   void release_grammar(kv::seq_id seq);
 
@@ -114,8 +118,16 @@ class step_executor {
   // By compiled grammar (identity: a cache lookup, no decision depends on the order).
   std::map<const grammar::compiled_grammar*, std::unique_ptr<grammar::matcher>> matchers_;
   std::map<kv::seq_id, grammar::cursor> cursors_;                   // grammar sequences' places
+  /// A pooling sequence's state so far (exec_chunk::pooling): the sum of its rows (mean) or the
+  /// row it keeps (last, cls), in double, over its first num_rows positions.
+  struct pooled_rows {
+    std::vector<double> state;
+    int32_t num_rows = 0;
+  };
+  std::map<kv::seq_id, pooled_rows> pooled_;
   std::vector<model::forward_row> rows_;
   std::vector<float> logits_;  // (sampling chunks, vocab)
+  std::vector<float> hidden_;  // (pooling chunks' rows, dim)
   int64_t last_step_ = -1;
 };
 

@@ -104,6 +104,23 @@ expected<void> check_draft_slots(const exec_chunk& chunk, const plan_limits& lim
   return {};
 }
 
+/// A pooling chunk (an embedding's): a known mode, no samples and no drafts, its known tokens
+/// within its prompt.
+expected<void> check_pooling(const exec_chunk& chunk, const std::string& what) {
+  if (chunk.pooling == pooling_mode::none) return {};
+  if (!is_valid(chunk.pooling))
+    return fail(errc::invalid_argument, what + " has pooling " + num(static_cast<int32_t>(chunk.pooling)) +
+                                            ", not one of none, mean, last, cls");
+  if (chunk.num_samples != 0 || chunk.num_draft_slots != 0)
+    return fail(errc::invalid_argument, what + " pools its rows but asks for samples or drafts");
+  const int64_t end = int64_t{chunk.first_position} + static_cast<int64_t>(chunk.tokens.size());
+  if (end > chunk.num_prompt_tokens ||
+      std::find(chunk.tokens.begin(), chunk.tokens.end(), previous_sample) != chunk.tokens.end())
+    return fail(errc::invalid_argument, what + " pools rows past its " + num(chunk.num_prompt_tokens) +
+                                            " prompt tokens");
+  return {};
+}
+
 /// A budgeted plan's curve: one positive, finite, non-decreasing time per draft-row count.
 expected<void> check_draft_rows_ms(const exec_plan& plan, const std::string& step) {
   if (plan.draft_rows_ms.empty()) return {};
@@ -134,6 +151,7 @@ expected<void> check_chunk(const exec_chunk& chunk, const plan_limits& limits, c
                                             num(num_samples_max) + "]");
   if (auto ok = check_context(chunk, limits, what); !ok) return ok;
   if (auto ok = check_draft_slots(chunk, limits, what); !ok) return ok;
+  if (auto ok = check_pooling(chunk, what); !ok) return ok;
   if (chunk.num_samples == 0) return {};
   if (auto ok = sampling::validate(chunk.sampling, limits.vocab_size); !ok)
     return fail(errc::invalid_argument, what + ": " + ok.error().message);

@@ -228,7 +228,7 @@ void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& 
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
-                          std::vector<float>& logits, int32_t num_layers) {
+                          std::vector<float>& logits, int32_t num_layers, std::vector<float>* hidden) {
   const model_config& c = config_;
   TROUPE_ASSERT(cache.kv_dim() == c.kv_dim());
   TROUPE_ASSERT(num_layers >= 0 && num_layers <= c.n_layers);
@@ -250,39 +250,47 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
     });
   }
   if (groups.size() < 2) {
-    run(rows, cache, logits, num_layers, scratch_[0], pool_);
+    run(rows, cache, logits, num_layers, hidden, scratch_[0], pool_);
   } else {
     const size_t num_groups = groups.size();
     group_rows_.resize(num_groups);
     group_logits_.resize(num_groups);
+    group_hidden_.resize(num_groups);
     for (size_t g = 0; g < num_groups; g++) {
       group_rows_[g].clear();
       for (int32_t r : groups[g]) group_rows_[g].push_back(rows[r]);
     }
     pool_->parallel_for(static_cast<int64_t>(num_groups), [&](int32_t, int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; g++)
-        run(group_rows_[g], cache, group_logits_[g], num_layers, scratch_[g], nullptr);
+        run(group_rows_[g], cache, group_logits_[g], num_layers, hidden != nullptr ? &group_hidden_[g] : nullptr,
+            scratch_[g], nullptr);
     });
-    // Each group's logits go back to their rows' places among the rows that want logits.
-    std::vector<int32_t> logits_slot(rows.size(), -1);
-    int32_t m = 0;
-    for (size_t r = 0; r < rows.size(); r++)
-      if (rows[r].want_logits) logits_slot[r] = m++;
-    logits.resize(static_cast<size_t>(m) * c.vocab_size);
-    for (size_t g = 0; g < num_groups; g++) {
-      const float* from = group_logits_[g].data();
-      for (int32_t r : groups[g]) {
-        if (logits_slot[r] < 0) continue;
-        std::copy_n(from, c.vocab_size, logits.data() + static_cast<size_t>(logits_slot[r]) * c.vocab_size);
-        from += c.vocab_size;
-      }
-    }
+    gather_groups(rows, groups, &forward_row::want_logits, c.vocab_size, group_logits_, logits);
+    if (hidden != nullptr) gather_groups(rows, groups, &forward_row::want_hidden, c.dim, group_hidden_, *hidden);
   }
   num_forwards_++;
 }
 
+void transformer::gather_groups(const std::vector<forward_row>& rows, const std::vector<std::vector<int32_t>>& groups,
+                                bool forward_row::*wants, int32_t width, const std::vector<std::vector<float>>& from,
+                                std::vector<float>& out) {
+  std::vector<int32_t> slot(rows.size(), -1);
+  int32_t m = 0;
+  for (size_t r = 0; r < rows.size(); r++)
+    if (rows[r].*wants) slot[r] = m++;
+  out.resize(static_cast<size_t>(m) * width);
+  for (size_t g = 0; g < groups.size(); g++) {
+    const float* next = from[g].data();
+    for (int32_t r : groups[g]) {
+      if (slot[r] < 0) continue;
+      std::copy_n(next, width, out.data() + static_cast<size_t>(slot[r]) * width);
+      next += width;
+    }
+  }
+}
+
 void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
-                      int32_t num_layers, scratch& s, cpu::thread_pool* pool) {
+                      int32_t num_layers, std::vector<float>* hidden, scratch& s, cpu::thread_pool* pool) {
   const model_config& c = config_;
   const int32_t n = static_cast<int32_t>(rows.size());
   reserve(s, n);
@@ -302,7 +310,7 @@ void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std
     attention_layer(rows, cache, l, s, pool);
     ffn_layer(n, l, s, pool);
   }
-  classifier(rows, logits, s, pool);
+  classifier(rows, logits, hidden, s, pool);
 }
 
 void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache& cache, int32_t l, scratch& s,
@@ -460,9 +468,18 @@ void transformer::moe_ffn_layer(int32_t n, int32_t l, scratch& s, cpu::thread_po
   for (int64_t i = 0; i < static_cast<int64_t>(n) * dim; i++) s.x[i] += s.xb[i];
 }
 
-void transformer::classifier(const std::vector<forward_row>& rows, std::vector<float>& logits, scratch& s,
-                             cpu::thread_pool* pool) {
+void transformer::classifier(const std::vector<forward_row>& rows, std::vector<float>& logits,
+                             std::vector<float>* hidden, scratch& s, cpu::thread_pool* pool) {
   const model_config& c = config_;
+  if (hidden != nullptr) {
+    hidden->clear();
+    for (size_t r = 0; r < rows.size(); r++) {
+      if (!rows[r].want_hidden) continue;
+      hidden->resize(hidden->size() + c.dim);
+      cpu::reference::rmsnorm(hidden->data() + hidden->size() - c.dim, &s.x[r * c.dim], ck_.w().rms_final, c.dim,
+                              c.rms_norm_eps);
+    }
+  }
   int32_t m = 0;  // rows that want logits, packed to the front of s.xb
   for (size_t r = 0; r < rows.size(); r++)
     if (rows[r].want_logits)

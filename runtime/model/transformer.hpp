@@ -25,6 +25,7 @@ struct forward_row {
   int32_t position = 0;                  ///< 0-based position in its sequence
   const int32_t* block_table = nullptr;  ///< the sequence's blocks; covers position
   bool want_logits = false;              ///< compute this row's logits (last token of a chunk)
+  bool want_hidden = false;              ///< return this row's final-norm hidden state (pooling)
 };
 
 /// Runs a checkpoint (float32, or Q8_0 as runq.c computes it, or a float32 mixture of experts,
@@ -63,8 +64,10 @@ class transformer {
   /// `num_layers` in [1, n_layers] (0: all) runs only the first layers, then the final norm and the
   /// classifier: the layer-skip self-draft of speculative decoding (runtime/spec/drafter.hpp).
   /// Those layers' K/V are the ones the whole model writes for the same rows.
+  /// `hidden` (may be null) gets one (dim) vector per row whose want_hidden is set, in row order:
+  /// its hidden state after the final norm, the classifier's input (embeddings pool them).
   void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
-               int32_t num_layers = 0);
+               int32_t num_layers = 0, std::vector<float>* hidden = nullptr);
 
   /// Bytes of memory the weights take: the checkpoint's (checkpoint::resident_bytes) and the
   /// packed copies the fast path made.
@@ -114,7 +117,7 @@ class transformer {
   [[nodiscard]] bool splits_rows() const;
   /// One forward pass over `rows` with `s`'s buffers, its kernels spread over `pool` (or not).
   void run(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits, int32_t num_layers,
-           scratch& s, kernels::cpu::thread_pool* pool);
+           std::vector<float>* hidden, scratch& s, kernels::cpu::thread_pool* pool);
   /// out (rows, d) = x (rows, n) · w (d, n)ᵀ for matrix `which` of `layer` (any layer for
   /// wcls): float32 through the packed copy on the fast path, or Q8_0 with x quantized per
   /// group first (runq.c's arithmetic).
@@ -133,8 +136,13 @@ class transformer {
   void ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);
   /// The MoE FFN: route the rows, send each shard its rows, combine by expert id, then row.
   void moe_ffn_layer(int32_t rows, int32_t layer, scratch& s, kernels::cpu::thread_pool* pool);
-  void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits, scratch& s,
-                  kernels::cpu::thread_pool* pool);
+  void classifier(const std::vector<forward_row>& rows, std::vector<float>& logits, std::vector<float>* hidden,
+                  scratch& s, kernels::cpu::thread_pool* pool);
+  /// Copies each group's rows' outputs (`width` floats per row whose `wants` is set, from
+  /// `from`, the groups' own) back to their places among the step's rows into `out`.
+  static void gather_groups(const std::vector<forward_row>& rows, const std::vector<std::vector<int32_t>>& groups,
+                            bool forward_row::*wants, int32_t width, const std::vector<std::vector<float>>& from,
+                            std::vector<float>& out);
   void reserve(scratch& s, int32_t rows) const;
 
   checkpoint ck_;  // keeps the mapped weights alive
@@ -165,6 +173,7 @@ class transformer {
   // A split step's groups: their rows and their logits.
   std::vector<std::vector<forward_row>> group_rows_;
   std::vector<std::vector<float>> group_logits_;
+  std::vector<std::vector<float>> group_hidden_;
 };
 
 }  // namespace troupe::model

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <system_error>
@@ -822,6 +823,125 @@ tl::expected<std::vector<int32_t>, api_error> parse_detokenize_request(std::stri
 
 std::string render_detokenize(const std::vector<int32_t>& tokens, const tokenizer& tok) {
   return dumped(ordered{{"prompt", tok.decode(tokens)}});
+}
+
+namespace {
+
+/// `input`: read_prompt's shapes, bounded by embedding_inputs_max, no input empty.
+void read_embedding_inputs(reader& in, const tokenizer& tok, embeddings_request& r) {
+  const json& input = in.field("input");
+  const char* shape = "'input' must be a string, or a non-empty list of strings, of token ids or of lists of token ids";
+  parsed_request p;
+  if (input.is_string()) {
+    p.prompts = {prompt_input{input.get<std::string>(), {}, false}};
+  } else if (!input.is_array() || input.empty()) {
+    return in.fail("input", shape);
+  } else if (input.front().is_number()) {  // one input of token ids
+    read_token_ids(in, "input", input, &tok, p.prompts.emplace_back(prompt_input{"", {}, true}).tokens);
+  } else if (input.size() > static_cast<size_t>(embedding_inputs_max)) {
+    return in.fail("input", "a request embeds at most " + std::to_string(embedding_inputs_max) + " inputs, got " +
+                                std::to_string(input.size()));
+  } else {
+    for (const json& one : input) {
+      if (one.is_string())
+        p.prompts.push_back(prompt_input{one.get<std::string>(), {}, false});
+      else if (one.is_array())
+        read_token_ids(in, "input", one, &tok, p.prompts.emplace_back(prompt_input{"", {}, true}).tokens);
+      else
+        return in.fail("input", shape);
+      if (in.error) return;
+    }
+  }
+  int64_t bytes = 0;
+  for (const prompt_input& one : p.prompts) {
+    if (one.text.empty() && one.tokens.empty()) return in.fail("input", "an 'input' is empty");
+    bytes += static_cast<int64_t>(one.text.size() + one.tokens.size() * sizeof(int32_t));
+  }
+  if (bytes > choice_prompt_bytes_max)
+    return in.fail("input", "a request's inputs carry at most " + std::to_string(choice_prompt_bytes_max) +
+                                " bytes together, got " + std::to_string(bytes));
+  r.inputs = std::move(p.prompts);
+}
+
+}  // namespace
+
+tl::expected<embeddings_request, api_error> parse_embeddings_request(std::string_view body, const served_model& model,
+                                                                     const tokenizer& tok, int32_t dim,
+                                                                     engine::pooling_mode default_pooling) {
+  auto doc = parse_object(body, model);
+  if (!doc) return tl::unexpected(doc.error());
+  reader in(*doc);
+  embeddings_request r;
+  r.pooling = default_pooling;
+  read_embedding_inputs(in, tok, r);
+  const json& format = in.field("encoding_format");
+  if (!in.error && !format.is_null() && format != "float" && format != "base64")
+    in.fail("encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+  r.base64 = format == "base64";
+  int32_t dimensions = dim;
+  in.integer("dimensions", dimensions);
+  if (!in.error && dimensions != dim)
+    in.fail("dimensions", "'dimensions' must be the model's " + std::to_string(dim) + " (embeddings are not truncated)");
+  const json& pooling = in.field("pooling");
+  if (!in.error && !pooling.is_null()) {
+    const auto mode = pooling.is_string() ? engine::parse_pooling(pooling.get<std::string>()) : std::nullopt;
+    if (!mode) in.fail("pooling", "'pooling' must be \"mean\", \"last\" or \"cls\"");
+    r.pooling = mode.value_or(default_pooling);
+  }
+  if (in.error) return tl::unexpected(*in.error);
+  return r;
+}
+
+std::vector<serve::completion_request> embedding_requests(const embeddings_request& r) {
+  std::vector<serve::completion_request> out;
+  for (const prompt_input& input : r.inputs) {
+    serve::completion_request& c = out.emplace_back();
+    c.prompt = input.text;
+    c.prompt_tokens = input.tokens;
+    c.pooling = r.pooling;
+    c.max_tokens = 0;
+    c.stream = false;
+  }
+  return out;
+}
+
+std::string base64_encode(std::string_view bytes) {
+  static constexpr char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t group = 0;
+    for (size_t j = 0; j < 3; j++) group = group << 8 | (j < n ? static_cast<uint8_t>(bytes[i + j]) : 0u);
+    for (size_t j = 0; j < 4; j++) out.push_back(j <= n ? digits[group >> (18 - 6 * j) & 63] : '=');
+  }
+  return out;
+}
+
+std::string render_embeddings(const std::vector<serve::completion_end>& ends, bool base64, const std::string& model_id) {
+  ordered j{{"object", "list"}, {"data", ordered::array()}};
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < ends.size(); i++) {
+    const std::vector<float>& v = ends[i].embedding;
+    ordered item{{"object", "embedding"}, {"index", i}};
+    if (base64) {
+      std::string bytes(v.size() * sizeof(float), '\0');
+      for (size_t k = 0; k < v.size(); k++) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &v[k], sizeof bits);
+        for (size_t b = 0; b < 4; b++) bytes[k * 4 + b] = static_cast<char>(bits >> (8 * b) & 0xff);
+      }
+      item["embedding"] = base64_encode(bytes);
+    } else {
+      ordered& list = item["embedding"] = ordered::array();
+      for (const float x : v) list.push_back(shortest(x));
+    }
+    j["data"].push_back(std::move(item));
+    prompt_tokens += ends[i].num_prompt_tokens;
+  }
+  j["model"] = model_id;
+  j["usage"] = ordered{{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}};
+  return dumped(j);
 }
 
 namespace {

@@ -257,6 +257,43 @@ struct tokenize_request {
 /// `{"prompt": <the tokens decoded>}` (vLLM's DetokenizeResponse): tokenizer::decode's text.
 [[nodiscard]] std::string render_detokenize(const std::vector<int32_t>& tokens, const tokenizer& tok);
 
+/// The most inputs one /v1/embeddings request embeds: each is a request of its own.
+inline constexpr int32_t embedding_inputs_max = 128;
+
+/// POST /v1/embeddings (OpenAI's shape, with vLLM's `pooling` extension).
+struct embeddings_request {
+  /// One or more: text (encoded as a completion's prompt: BOS when the vocabulary asks for it)
+  /// or token ids as the model reads them (no BOS added).
+  std::vector<prompt_input> inputs;
+  engine::pooling_mode pooling = engine::pooling_mode::last;  ///< the server's default unless given
+  bool base64 = false;  ///< encoding_format "base64": each vector as its little-endian float32 bytes
+};
+
+/// Parses and checks a /v1/embeddings body: `input` (a string, a list of strings, a list of
+/// token ids or a list of lists of token ids; 1 to embedding_inputs_max inputs, none empty,
+/// choice_prompt_bytes_max bytes in all, ids in `tok`'s vocabulary), `encoding_format` ("float",
+/// the default, or "base64"), `dimensions` (only absent or `dim`, the model's width: troupe does
+/// not truncate), `pooling` ("mean", "last" or "cls"; `default_pooling` when absent), `user`
+/// (ignored). Errors: 400 as parse_request's (invalid UTF-8, malformed JSON, a wrong type, a
+/// value out of range, named), 404 unknown model.
+[[nodiscard]] tl::expected<embeddings_request, api_error> parse_embeddings_request(
+    std::string_view body, const served_model& model, const tokenizer& tok, int32_t dim,
+    engine::pooling_mode default_pooling);
+
+/// The requests that compute `r`'s embeddings, one per input in order: its prompt, the pooling,
+/// max_tokens 0, not streamed.
+[[nodiscard]] std::vector<serve::completion_request> embedding_requests(const embeddings_request& r);
+
+/// `{"object":"list","data":[{"object":"embedding","index":i,"embedding":...}],"model":...,
+/// "usage":{"prompt_tokens":...,"total_tokens":...}}` from each input's end, in input order: a
+/// float as the shortest decimal that reads back as it, or (`base64`) the base64 of the
+/// vector's little-endian float32 bytes.
+[[nodiscard]] std::string render_embeddings(const std::vector<serve::completion_end>& ends, bool base64,
+                                            const std::string& model_id);
+
+/// Base64 (RFC 4648, with padding) of `bytes`.
+[[nodiscard]] std::string base64_encode(std::string_view bytes);
+
 /// Where a gateway is in its life: listening before the engines are up, serving, or draining
 /// after a stop was asked for (requests in flight end; no new ones are taken).
 enum class serving_state { starting, ready, draining };

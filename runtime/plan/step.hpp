@@ -13,6 +13,7 @@
 
 #include "runtime/plan/ids.hpp"
 #include "runtime/plan/kv_data.hpp"
+#include "runtime/plan/pooling.hpp"
 #include "runtime/plan/previous_sample.hpp"
 #include "runtime/plan/sampling_params.hpp"
 
@@ -63,6 +64,12 @@ struct exec_chunk {
   /// and masks each sample with the grammar's state after the generated ones (those from
   /// num_prompt_tokens on). A grammar row takes no drafts.
   grammar::grammar_id grammar = grammar::no_grammar;
+  /// An embedding request's sequence (none: any other): its chunks sample nothing; the executor
+  /// pools the final-norm hidden state of each of their rows, in position order, into the
+  /// sequence's accumulator (restarted by a chunk at position 0, so every chunk continues the
+  /// one before it), and the chunk that ends the prompt (first_position + tokens.size() ==
+  /// num_prompt_tokens) returns the pooled vector, L2-normalized, in exec_result::embeddings.
+  pooling_mode pooling = pooling_mode::none;
 };
 
 /// Whether the executor keeps the sequence's tokens: a penalty reads them, a drafter or a grammar.
@@ -108,6 +115,9 @@ struct exec_result {
   std::vector<kv_data> demoted;
   /// The KV of each of exec_plan::readouts, in plan order.
   std::vector<kv_data> read_out;
+  /// One entry per chunk that ends a pooling sequence's prompt (exec_chunk::pooling), in plan
+  /// order: its embedding (dim floats of L2 norm 1, or zeros where the pooled state is zero).
+  std::vector<std::vector<float>> embeddings;
   /// Speculative decoding: draft rows the step verified (proposed, and chosen by a budgeted plan).
   int64_t num_draft_rows = 0;
   /// Its drafts' outcomes by confidence (spec::reliability_table's bins; empty when none).

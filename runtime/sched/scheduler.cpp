@@ -59,6 +59,13 @@ void scheduler::add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t
   add_sequence(id, std::move(tokens), priority, limit).prefill_only = true;
 }
 
+void scheduler::add_pooled(seq_id id, std::vector<int32_t> tokens, int32_t priority) {
+  const auto limit = static_cast<int32_t>(tokens.size()) + 1;
+  sequence& s = add_sequence(id, std::move(tokens), priority, limit);
+  s.prefill_only = true;
+  s.pooled = true;
+}
+
 void scheduler::add_imported(seq_id id, std::vector<int32_t> prompt, int32_t priority, int32_t max_num_tokens,
                              int32_t num_imported_tokens, int32_t num_generated_tokens) {
   TROUPE_ASSERT(num_imported_tokens > 0 && num_imported_tokens < static_cast<int32_t>(prompt.size()));
@@ -373,6 +380,7 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
 }
 
 kv::prefix_hit scheduler::cached_prefix(const sequence& s) const {
+  if (s.pooled) return {};  // its hidden states are pooled from position 0: none are cached
   kv::prefix_hit hit = blocks_.find_prefix(s.tokens);
   // Full attention keeps no window state: the flag is moot.
   const kv::cache_use use = kv::apply_hit_rule(hit_rule_, static_cast<int32_t>(s.tokens.size()), hit.num_tokens,

@@ -110,6 +110,9 @@ struct sequence {
   /// Computes its tokens' KV and samples nothing (the prefill half of disaggregation): once
   /// every token is computed it is not scheduled again.
   bool prefill_only = false;
+  /// A prefill-only sequence that pools its rows (an embedding request): every token is
+  /// computed, none taken from the prefix cache.
+  bool pooled = false;
   /// Leading tokens whose KV arrives from elsewhere (a prefill engine) on admission; 0 once
   /// admitted (a preempted sequence recomputes everything, like any other).
   int32_t num_imported_tokens = 0;
@@ -139,6 +142,8 @@ class scheduler {
   /// Queues a sequence that only computes the KV of `tokens` (no sample); see
   /// sequence::prefill_only.
   void add_prefill_only(seq_id id, std::vector<int32_t> tokens, int32_t priority);
+  /// Queues a prefill-only sequence that is `pooled` (an embedding request's).
+  void add_pooled(seq_id id, std::vector<int32_t> tokens, int32_t priority);
 
   /// Queues a sequence whose first `num_imported_tokens` tokens' KV is imported: on admission it
   /// shares the leading blocks of them the prefix cache holds (num_shared_import_tokens)

@@ -18,10 +18,10 @@ bool operator==(const completion_chunk& a, const completion_chunk& b) {
 bool operator==(const completion_end& a, const completion_end& b) {
   return std::tie(a.request_id, a.stream, a.finish_reason, a.seed, a.num_prompt_tokens, a.num_generated_tokens,
                   a.queue_ns, a.ttft_ns, a.e2e_ns, a.itl_ns, a.num_cached_tokens, a.num_preemptions,
-                  a.num_recomputed_tokens, a.num_chunks, a.num_failovers) ==
+                  a.num_recomputed_tokens, a.num_chunks, a.num_failovers, a.embedding) ==
          std::tie(b.request_id, b.stream, b.finish_reason, b.seed, b.num_prompt_tokens, b.num_generated_tokens,
                   b.queue_ns, b.ttft_ns, b.e2e_ns, b.itl_ns, b.num_cached_tokens, b.num_preemptions,
-                  b.num_recomputed_tokens, b.num_chunks, b.num_failovers);
+                  b.num_recomputed_tokens, b.num_chunks, b.num_failovers, b.embedding);
 }
 
 bool operator==(const completion_error& a, const completion_error& b) {

@@ -13,6 +13,7 @@
 
 #include "runtime/common/error.hpp"
 #include "runtime/engine/finish_reason.hpp"
+#include "runtime/plan/pooling.hpp"
 #include "runtime/sampling/sampler.hpp"
 #include "runtime/tokenizer/served_template.hpp"
 
@@ -65,6 +66,10 @@ struct completion_request {
   std::string grammar;
   std::vector<int32_t> grammar_trigger_token_ids;
   std::vector<std::string> grammar_trigger_strings;
+  /// An embedding instead of a completion (none: a completion): the prompt's final hidden
+  /// states pooled so, L2-normalized, in completion_end::embedding; max_tokens is then 0 and
+  /// nothing is sampled or streamed. Not in the msgpack protocol.
+  engine::pooling_mode pooling = engine::pooling_mode::none;
 };
 
 /// A function call a chat answer made (OpenAI's tool_calls[].function; serve::output_channels).
@@ -108,6 +113,8 @@ struct completion_end {
   /// Times the request was placed again after losing its engine (request_policy::engine_lost),
   /// each time recomputed from its prompt and the tokens already sent.
   int32_t num_failovers = 0;
+  /// An embedding request's vector (completion_request::pooling): model dim floats, L2 norm 1.
+  std::vector<float> embedding;
 };
 
 /// The last message of a completion that failed.

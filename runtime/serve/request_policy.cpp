@@ -24,9 +24,9 @@ bool operator==(const submit& a, const submit& b) {
   const engine::request& x = a.request;
   const engine::request& y = b.request;
   return std::tie(x.id, x.prompt, x.max_tokens, x.sampling, x.seed, x.n, x.stop, x.stop_token_ids, x.ignore_eos,
-                  x.priority, x.batch_tokens, x.grammar, x.num_resumed_tokens, a.to_prefill) ==
+                  x.priority, x.batch_tokens, x.grammar, x.num_resumed_tokens, x.pooling, a.to_prefill) ==
              std::tie(y.id, y.prompt, y.max_tokens, y.sampling, y.seed, y.n, y.stop, y.stop_token_ids, y.ignore_eos,
-                      y.priority, y.batch_tokens, y.grammar, y.num_resumed_tokens, b.to_prefill) &&
+                      y.priority, y.batch_tokens, y.grammar, y.num_resumed_tokens, y.pooling, b.to_prefill) &&
          a.kv.has_value() == b.kv.has_value() &&
          (!a.kv || std::tie(a.kv->num_layers, a.kv->kv_dim, a.kv->num_tokens, a.kv->keys, a.kv->values) ==
                        std::tie(b.kv->num_layers, b.kv->kv_dim, b.kv->num_tokens, b.kv->keys, b.kv->values));
@@ -154,6 +154,8 @@ effects request_policy::start(int64_t now_ns) {
   engine::request& r = request_;
   r.id = o_.id;
   r.prompt = std::move(*prompt);
+  r.pooling = p.pooling;
+  if (r.pooling != engine::pooling_mode::none) o_.params.max_tokens = 0;  // an embedding samples nothing
   if (p.max_tokens == max_tokens_to_context && o_.context_tokens > 0) {  // unknown: the engine refuses it
     const int64_t room = int64_t{o_.context_tokens} - static_cast<int64_t>(r.prompt.size());
     if (room < 1) {
@@ -238,12 +240,14 @@ effects request_policy::placed(const placed_engines& p) {
   // Forwarded with its KV: the new engine needs that of the resumed prompt but its last token.
   std::optional<engine::kv_data> kv = std::exchange(forwarded_kv_, std::nullopt);
   const int32_t num_kv_tokens = static_cast<int32_t>(r.prompt.size()) - 1;
-  if (kv && num_kv_tokens > 0 && kv->num_tokens >= num_kv_tokens) {
+  // An embedding is computed whole on the decode engine: its hidden states are not in any KV.
+  const bool embedding = r.pooling != engine::pooling_mode::none;
+  if (kv && num_kv_tokens > 0 && kv->num_tokens >= num_kv_tokens && !embedding) {
     handed_over_ = true;  // no prefill engine takes part
     out.push_back(submit{std::move(r), false, engine::kv_slice(*kv, 0, num_kv_tokens)});
     return out;
   }
-  out.push_back(submit{std::move(r), p.has_prefill, std::nullopt});
+  out.push_back(submit{std::move(r), p.has_prefill && !embedding, std::nullopt});
   return out;
 }
 
@@ -295,9 +299,17 @@ expected<void> request_policy::check_sampled(const engine::sample_event& s) cons
   return check_token(s.sample.token, s.sample.logprob, 0);
 }
 
-/// A batch holds 1 or more tokens, a logprob, a top-logprob list and a non-negative age each.
+/// A batch holds 1 or more tokens, a logprob, a top-logprob list and a non-negative age each;
+/// an embedding request's, no tokens and a finite vector.
 expected<void> request_policy::check_batch(const engine::token_batch& b) const {
   if (auto ok = check_finish(b.finish); !ok) return ok;
+  const auto finite = [](float v) { return std::isfinite(v); };
+  if (request_.pooling != engine::pooling_mode::none)
+    return !b.tokens.empty() || b.embedding.empty() || b.scheduled_age_ns < 0 ||
+                   !std::all_of(b.embedding.begin(), b.embedding.end(), finite)
+               ? fail(errc::internal, "the engine answered an embedding request without a finite vector")
+               : expected<void>{};
+  if (!b.embedding.empty()) return fail(errc::internal, "the engine sent an embedding for a completion");
   const size_t n = b.tokens.size();
   if (n == 0) return fail(errc::internal, "the engine sent an empty batch of tokens");
   if (b.logprobs.size() != n || b.top_logprobs.size() != n || b.age_ns.size() != n)
@@ -334,6 +346,15 @@ effects request_policy::on_batch(const engine::token_batch& b, int64_t now_ns) {
   TROUPE_ASSERT(!done_);
   effects out;
   if (!accept(check_batch(b), out)) return out;
+  if (request_.pooling != engine::pooling_mode::none) {  // no tokens: the vector ends it
+    end_.ttft_ns = now_ns - arrival_ns_;
+    end_.queue_ns = now_ns - b.scheduled_age_ns - arrival_ns_;
+    end_.num_preemptions = b.num_preemptions;
+    end_.num_recomputed_tokens = b.num_recomputed_tokens;
+    end_.embedding = b.embedding;
+    finish(engine::finish_reason::stop, now_ns, out);
+    return out;
+  }
   const size_t n = b.tokens.size();
   engine::sample_event s{b.request, 0, {0, 0.0f, {}}, engine::finish_reason::none, 0, 0, 0};
   for (size_t i = 0; i < n && !done_; i++) {

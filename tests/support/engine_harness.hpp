@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -17,6 +18,7 @@
 
 #include "runtime/engine/engine.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "runtime/model/transformer.hpp"
 #include "runtime/tokenizer/tokenizer.hpp"
 #include "tests/support/golden.hpp"
 
@@ -43,6 +45,35 @@ inline const bundled& model_and_tokenizer() {
     return new bundled{std::move(*ck), std::move(*tok)};
   }();
   return *b;
+}
+
+/// The embedding of `prompt` computed apart from the engine: the bundled model on the reference
+/// kernels, one token per forward pass, its final-norm hidden states pooled in double in
+/// position order and L2-normalized.
+inline std::vector<float> reference_embedding(const std::vector<int32_t>& prompt, engine::pooling_mode pooling) {
+  const bundled& b = model_and_tokenizer();
+  model::transformer model(b.ck, model::kernel_path::reference);
+  const int32_t num_blocks = 64, block_size = 16;
+  model::kv_cache cache(b.ck.config(), num_blocks, block_size, model::default_kv_dtype(b.ck));
+  std::vector<int32_t> table(num_blocks);
+  for (int32_t i = 0; i < num_blocks; i++) table[static_cast<size_t>(i)] = i;
+  const int32_t dim = b.ck.config().dim;
+  std::vector<double> pooled(static_cast<size_t>(dim), 0.0);
+  std::vector<float> logits, hidden;
+  for (size_t p = 0; p < prompt.size(); p++) {
+    model.forward({model::forward_row{prompt[p], static_cast<int32_t>(p), table.data(), false, true}}, cache, logits,
+                  0, &hidden);
+    for (int32_t i = 0; i < dim; i++) {
+      if (pooling == engine::pooling_mode::mean) pooled[i] += hidden[i];
+      if (pooling == engine::pooling_mode::last || (pooling == engine::pooling_mode::cls && p == 0))
+        pooled[i] = hidden[i];
+    }
+  }
+  double norm = 0;
+  for (const double v : pooled) norm += v * v;
+  std::vector<float> out;
+  for (const double v : pooled) out.push_back(static_cast<float>(v / std::sqrt(norm)));
+  return out;
 }
 
 inline std::unique_ptr<engine::engine> make_engine(const engine::engine_config& config = {}) {
