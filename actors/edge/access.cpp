@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <spdlog/spdlog.h>
 
 namespace troupe::gateway {
 namespace {
@@ -25,12 +26,6 @@ std::array<unsigned char, 32> sha256(std::string_view bytes) {
   const int ok = EVP_Digest(bytes.data(), bytes.size(), digest.data(), &size, EVP_sha256(), nullptr);
   TROUPE_ASSERT_MSG(ok == 1 && size == digest.size(), "SHA-256 failed");
   return digest;
-}
-
-std::string lower(std::string_view text) {
-  std::string out(text);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
 }
 
 std::string_view trim(std::string_view text) {
@@ -77,6 +72,17 @@ error openssl_error(const std::string& what) {
 
 }  // namespace
 
+std::string lower_ascii(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+std::shared_ptr<spdlog::logger> access_logger() {
+  std::shared_ptr<spdlog::logger> named = spdlog::get("access");
+  return named ? named : spdlog::default_logger();
+}
+
 expected<api_keys> api_keys::make(const std::vector<std::string>& keys) {
   if (keys.size() > keys_max)
     return fail(errc::invalid_argument, std::to_string(keys.size()) + " API keys; at most " + std::to_string(keys_max));
@@ -118,7 +124,7 @@ bool api_keys::accepts(std::string_view key) const {
 
 bool api_keys::accepts_authorization(std::string_view header) const {
   header = trim(header);
-  if (header.size() < 7 || lower(header.substr(0, 6)) != "bearer" || header[6] != ' ') return false;
+  if (header.size() < 7 || lower_ascii(header.substr(0, 6)) != "bearer" || header[6] != ' ') return false;
   return accepts(trim(header.substr(7)));
 }
 
@@ -127,7 +133,7 @@ expected<cors_origins> cors_origins::make(const std::vector<std::string>& entrie
   for (const std::string& entry : entries) {
     std::istringstream parts(entry);
     for (std::string part; std::getline(parts, part, ',');) {
-      const std::string origin = lower(trim(part));
+      const std::string origin = lower_ascii(trim(part));
       if (origin == "*") {
         out.any_ = true;
         continue;
@@ -142,12 +148,12 @@ expected<cors_origins> cors_origins::make(const std::vector<std::string>& entrie
 }
 
 bool cors_origins::lists(std::string_view origin) const {
-  const std::string o = lower(origin);
+  const std::string o = lower_ascii(origin);
   return any_ || std::find(origins_.begin(), origins_.end(), o) != origins_.end();
 }
 
 bool cors_origins::allows(std::string_view origin, std::string_view own_scheme, std::string_view host) const {
-  return lists(origin) || lower(origin) == lower(std::string(own_scheme) + "://" + std::string(host));
+  return lists(origin) || lower_ascii(origin) == lower_ascii(std::string(own_scheme) + "://" + std::string(host));
 }
 
 expected<tls_context> make_tls_context(const std::string& certfile, const std::string& keyfile) {

@@ -16,6 +16,9 @@
 #include "runtime/common/error.hpp"
 
 struct ssl_ctx_st;
+namespace spdlog {
+class logger;
+}
 
 namespace troupe::gateway {
 
@@ -68,6 +71,13 @@ class cors_origins {
 /// cannot be read or does not match, with OpenSSL's reason.
 using tls_context = std::shared_ptr<ssl_ctx_st>;
 [[nodiscard]] expected<tls_context> make_tls_context(const std::string& certfile, const std::string& keyfile);
+
+/// `text` with ASCII letters lower-cased (header names, schemes, origins).
+[[nodiscard]] std::string lower_ascii(std::string_view text);
+
+/// The logger both gateways write their access lines to: `access` (apps/troupe/logging sets it
+/// up), else the default one. Looked up once per gateway.
+[[nodiscard]] std::shared_ptr<spdlog::logger> access_logger();
 
 /// Everything that says who may use a gateway.
 struct access_options {

@@ -184,7 +184,7 @@ struct http_gateway::impl {
       : sys(s),
         options(std::move(o)),
         requests(std::numeric_limits<int64_t>::max(), options.limits.max_in_flight_per_address),
-        access_logger(spdlog::get("access") ? spdlog::get("access") : spdlog::default_logger()) {}
+        access_logger(gateway::access_logger()) {}
 
   caf::actor_system& sys;
   gateway_options options;

@@ -44,12 +44,6 @@ constexpr uint32_t head_bytes_max = 64 << 10;
 /// What one read asks of the socket.
 constexpr size_t read_bytes = 16 << 10;
 
-std::string lower(std::string_view text) {
-  std::string out(text);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
 std::string text(boost::beast::string_view view) { return std::string(view.data(), view.size()); }
 
 /// `bytes` as one chunk of a chunked body ("" for none).
@@ -452,7 +446,7 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
       parser.body_limit(options.body_bytes_max);
       if (!parser.is_done()) expect(c, reading::body);
       const auto continues = head[beast_http::field::expect];
-      if (!parser.is_done() && lower(text(continues)) == "100-continue") {
+      if (!parser.is_done() && lower_ascii(text(continues)) == "100-continue") {
         std::lock_guard<std::mutex> lock(c->mutex);
         c->out += "HTTP/1.1 100 Continue\r\n\r\n";
         wake(c);
@@ -468,7 +462,7 @@ void http_server::impl::parse_requests(const std::shared_ptr<http_connection>& c
   req.target = text(message.target());
   req.path = req.target.substr(0, req.target.find('?'));
   for (const auto& field : message)
-    req.headers.emplace_back(lower(text(field.name_string())), text(field.value()));
+    req.headers.emplace_back(lower_ascii(text(field.name_string())), text(field.value()));
   req.body = std::move(message.body());
   req.content_length = static_cast<int64_t>(req.body.size());
   req.peer = c->peer;

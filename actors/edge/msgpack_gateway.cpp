@@ -58,8 +58,9 @@ read_end read_until(socket_channel& in, std::string& out, size_t n, steady::time
 /// `msgpack`, the status an HTTP client would have had (200, or the error's), the balancer's id.
 class msgpack_access {
  public:
-  msgpack_access(const std::string& peer, const msg::completion_request& r, const openai::access_log_format& format)
-      : format_(format) {
+  msgpack_access(const std::string& peer, const msg::completion_request& r, const openai::access_log_format& format,
+                 std::shared_ptr<spdlog::logger> logger)
+      : format_(format), logger_(std::move(logger)) {
     record_.route = "msgpack";
     record_.client = peer;
     if (!format.prompts) return;
@@ -77,13 +78,13 @@ class msgpack_access {
       record_.finish_reason = engine::to_string(end->finish_reason);
     }
     record_.e2e_ms = std::chrono::duration<double, std::milli>(steady::now() - start_).count();
-    const auto logger = spdlog::get("access") ? spdlog::get("access") : spdlog::default_logger();
-    logger->info(format_.json ? openai::render_access_json(record_, format_) : openai::render_access_text(record_, format_));
+    logger_->info(format_.json ? openai::render_access_json(record_, format_) : openai::render_access_text(record_, format_));
   }
 
  private:
   const steady::time_point start_ = steady::now();
   const openai::access_log_format format_;
+  const std::shared_ptr<spdlog::logger> logger_;
   openai::access_record record_;
 };
 
@@ -227,6 +228,7 @@ struct msgpack_gateway::impl {
   msgpack_options options;
   address_counts open_connections;  ///< connections by client address
   address_counts requests;          ///< requests in flight by client address
+  const std::shared_ptr<spdlog::logger> access_log = access_logger();
   int listen_fd = -1;
   uint16_t port = 0;
   std::atomic<bool> stopping{false};
@@ -438,7 +440,7 @@ void msgpack_gateway::impl::start_request(const std::shared_ptr<connection>& c, 
   // A forced tool_choice's text is read into calls; the client actor runs both callbacks in turn.
   std::shared_ptr<openai::forced_call_reader> forced;
   if (decoded.tool_mode.forced()) forced = std::make_shared<openai::forced_call_reader>(decoded.tool_mode);
-  auto access = std::make_shared<msgpack_access>(c->peer, decoded.completion, options.access_log);
+  auto access = std::make_shared<msgpack_access>(c->peer, decoded.completion, options.access_log, access_log);
   actors::client_actor client = actors::spawn_client(
       sys, load_balancer, std::move(decoded.completion),
       [c, id, forced](const msg::completion_chunk& chunk) {
