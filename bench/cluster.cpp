@@ -80,7 +80,7 @@ std::string topology_text(const config& c, int base_port, const fs::path& certs)
 }
 
 pid_t start_node(const std::string& troupe, const std::string& topo, const std::string& node, const fs::path& dir) {
-  return start_troupe({troupe, "--log-level", "warn", "node", "--topology", topo, "--node", node},
+  return start_program({troupe, "--log-level", "warn", "node", "--topology", topo, "--node", node},
                       (dir / (node + ".log")).string());
 }
 

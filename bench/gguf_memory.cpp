@@ -23,16 +23,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/gguf_files.hpp"
 #include "bench/troupe_process.hpp"
-#include "runtime/common/gguf.hpp"
-#include "runtime/common/mapped_file.hpp"
-#include "tests/support/random_llama.hpp"
 
 namespace troupe::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using model::ggml_type;
 
 struct options {
   std::string troupe;
@@ -42,61 +39,16 @@ struct options {
   std::vector<std::string> types = {"q4_k_m", "q8_0", "f16"};
 };
 
-/// Llama-3.2-1B's shapes in `type` ("q4_k_m": Q4_K with Q6_K where llama.cpp gives more bits).
-testing::random_llama_spec llama32_1b(const std::string& type) {
-  testing::random_llama_spec s;
-  s.dim = 2048, s.n_layers = 16, s.n_heads = 32, s.n_kv_heads = 8, s.hidden_dim = 8192, s.vocab_size = 128256;
-  s.context_length = 8192;
-  s.tied_classifier = true;
-  s.rope_freq_base = 500000.0f, s.llama3_factor = 32.0f, s.rms_norm_eps = 1e-5f;
-  s.type = type == "q8_0" ? ggml_type::q8_0 : type == "f16" ? ggml_type::f16 : ggml_type::q4_k;
-  if (type == "q4_k_m") s.wide_type = ggml_type::q6_k;
-  return s;
-}
-
-/// Writes the model in a child process: the generator holds every weight as float32 (~5 GB), and
-/// a process's peak resident memory is inherited by what it starts (Linux keeps the larger of
-/// the two at exec), so this process must never hold them.
-void write_model(const fs::path& path, const std::string& type) {
-  std::fprintf(stderr, "writing %s ...\n", path.c_str());
-  const pid_t pid = ::fork();
-  TROUPE_ASSERT_MSG(pid >= 0, "cannot fork");
-  if (pid == 0) {
-    std::ofstream(path, std::ios::binary) << testing::random_llama_gguf(llama32_1b(type));
-    std::_Exit(0);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  TROUPE_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writing the model failed");
-}
-
-/// The bytes of every tensor of the GGUF file at `path`.
-int64_t tensor_bytes(const fs::path& path) {
-  auto file = mapped_file::open(path.string());
-  TROUPE_ASSERT_MSG(file.has_value(), "cannot map the model");
-  auto f = model::parse_gguf(file->bytes(), path.string());
-  TROUPE_ASSERT_MSG(f.has_value(), "the model written is not a GGUF file");
-  int64_t total = 0;
-  for (const model::gguf_tensor& t : f->tensors) total += static_cast<int64_t>(t.num_bytes);
-  return total;
-}
-
-/// The first match of `pattern`'s group 1 in `text` as a number, or -1.
-double find_number(const std::string& text, const std::string& pattern) {
-  std::smatch m;
-  return std::regex_search(text, m, std::regex(pattern)) ? std::stod(m[1]) : -1.0;
-}
-
 int run(const options& o) {
   fs::create_directories(o.dir);
   std::printf("%-7s %10s %10s %10s %9s %9s %10s %9s\n", "type", "tensors", "peak RSS", "KV pool", "RSS/T",
               "<=1.1T+KV", "TTFT ms",
               "tok/s");
   for (const std::string& type : o.types) {
-    const fs::path path = o.dir / ("llama32-1b-shape-" + type + ".gguf");
-    if (!fs::exists(path)) write_model(path, type);
+    const fs::path path = model_file(o.dir, "1b", type);
+    write_model_once(path, llama_shape("1b", type));
     const fs::path log = o.dir / ("generate-" + type + ".log");
-    const pid_t pid = start_troupe({o.troupe, "generate", "-m", path.string(), "--threads", std::to_string(o.threads),
+    const pid_t pid = start_program({o.troupe, "generate", "-m", path.string(), "--threads", std::to_string(o.threads),
                                     "-n", std::to_string(o.tokens), "-t", "0", "-i", "aa ab ac"},
                                    log.string());
     int status = 0;

@@ -30,8 +30,8 @@ inline std::string default_troupe_binary(const char* argv0) {
   return (fs::path(argv0).parent_path() / ".." / "apps" / "troupe").lexically_normal().string();
 }
 
-/// Starts `troupe args...` (args[0] is the binary) with stdout and stderr written to `out`.
-inline pid_t start_troupe(std::vector<std::string> args, const std::string& out) {
+/// Starts `args[0] args[1..]` (troupe, or node for llama.cpp's side) with stdout and stderr written to `out`.
+inline pid_t start_program(std::vector<std::string> args, const std::string& out) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -54,7 +54,7 @@ inline expected<cost::cost_params> run_calibrate(const std::string& troupe, int3
   std::printf("calibrating: troupe calibrate -m %s --threads %d --out %s (log: %s)\n", checkpoint.c_str(), threads,
               out.c_str(), (dir / "calibrate.log").c_str());
   std::fflush(stdout);
-  const pid_t pid = start_troupe({troupe, "calibrate", "-m", checkpoint, "--threads", std::to_string(threads),
+  const pid_t pid = start_program({troupe, "calibrate", "-m", checkpoint, "--threads", std::to_string(threads),
                                   "--out", out},
                                  (dir / "calibrate.log").string());
   int status = 0;
@@ -75,7 +75,7 @@ inline expected<std::filesystem::path> make_certs(const std::string& troupe, con
     return fail(errc::not_found, "no troupe binary at " + troupe + ": build the troupe target or pass --troupe");
   const fs::path certs = dir / "certs";
   const pid_t pid =
-      start_troupe({troupe, "certs", "--out", certs.string(), "--nodes", nodes, "--client", clients},
+      start_program({troupe, "certs", "--out", certs.string(), "--nodes", nodes, "--client", clients},
                    (dir / "certs.log").string());
   int status = 0;
   ::waitpid(pid, &status, 0);

@@ -113,4 +113,5 @@ run moe $bench/bench_moe
 run http $bench/bench_http --rounds 7
 run troupe-bench-serve bench_serve_cli
 run rss-rounds scripts/rss-rounds.sh build
+run llama-cpp $bench/bench_llama_cpp --shapes 0.5b --runs 3
 echo "done: $out"

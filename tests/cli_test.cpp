@@ -51,6 +51,18 @@ TEST_F(Cli, GreedyFromBosPrintsExactlyTheGoldenText) {
   EXPECT_NE(r.err.find("200 tokens, finish length"), std::string::npos) << r.err;  // logs go to stderr
 }
 
+TEST_F(Cli, IgnoreEosGeneratesPastTheEndOfTheStory) {
+  // Greedy from BOS, stories260K ends its story (EOS) after 346 tokens; --ignore-eos goes on to -n.
+  const cli_result ends = run({"generate", "-t", "0", "-n", "500", "--no-echo"});
+  ASSERT_EQ(ends.exit_code, 0) << ends.err;
+  EXPECT_NE(ends.err.find("1 prompt + 346 tokens, finish stop"), std::string::npos) << ends.err;
+  const cli_result past = run({"generate", "-t", "0", "-n", "500", "--no-echo", "--ignore-eos"});
+  ASSERT_EQ(past.exit_code, 0) << past.err;
+  EXPECT_NE(past.err.find("1 prompt + 500 tokens, finish length"), std::string::npos) << past.err;
+  ASSERT_FALSE(ends.out.empty());
+  EXPECT_EQ(past.out.rfind(ends.out.substr(0, ends.out.size() - 1), 0), 0u) << "the story before EOS is the same";
+}
+
 TEST_F(Cli, ThreadsGiveTheSameGoldenTextAndAreBounded) {
   const cli_result r = run({"generate", "--threads", "2", "-t", "0", "-n", "200"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -67,6 +67,7 @@ struct completion_flags {
   uint64_t seed = 0;
   bool seed_given = false;
   std::vector<std::string> stop;
+  bool ignore_eos = false;   ///< generate past end-of-sequence tokens (exact lengths, for benchmarks)
   std::string json_schema;   ///< grammar-constrained output (docs/grammars.md): at most one
   std::string regex;
   std::string grammar_file;  ///< GBNF

@@ -48,6 +48,7 @@ int run_reference(const generate_options& o) {
   p.sampling.top_p = o.flags.top_p;
   p.sampling.top_k = o.flags.top_k;
   p.sampling.min_p = o.flags.min_p;
+  p.ignore_eos = o.flags.ignore_eos;
   p.seed = o.flags.seed_given ? o.flags.seed : draw_seed_base();
   p.kv_cache_dtype = model::default_kv_dtype(*ck);  // as the engine's default
   // Checked before anything reaches stdout: a rejected request prints nothing there.
@@ -81,9 +82,13 @@ int run_actors(const generate_options& o) {
   if (!out) return fail_with(out.error());
   print("\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("seed {}; {} tokens, finish {}; TTFT {:.2f} ms; {:.1f} tok/s", out->end.seed,
-               out->end.num_generated_tokens, engine::to_string(out->end.finish_reason), out->end.ttft_ns / 1e6,
-               out->end.num_generated_tokens / seconds);
+  // Decode: the tokens after the first over the time after it (as llama.cpp's eval rate).
+  const int32_t n = out->end.num_generated_tokens;
+  const double decode_seconds = seconds - static_cast<double>(out->end.ttft_ns) / 1e9;
+  const double decode = n > 1 && decode_seconds > 0 ? (n - 1) / decode_seconds : 0.0;
+  spdlog::info("seed {}; {} prompt + {} tokens, finish {}; TTFT {:.2f} ms; {:.1f} tok/s; decode {:.2f} tok/s",
+               out->end.seed, out->end.num_prompt_tokens, n, engine::to_string(out->end.finish_reason),
+               out->end.ttft_ns / 1e6, n / seconds, decode);
   return 0;
 }
 

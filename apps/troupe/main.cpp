@@ -78,6 +78,7 @@ void completion_flags::add_to(CLI::App* cmd) {
       ->check(seed_validator())
       ->each([this](const std::string&) { seed_given = true; });
   cmd->add_option("--stop", stop, "stop string (repeatable); not part of the output");
+  cmd->add_flag("--ignore-eos", ignore_eos, "generate past end-of-sequence tokens (exact lengths, for benchmarks)");
   auto* schema = cmd->add_option("--json-schema", json_schema, "the output is JSON valid under this JSON Schema (text)")
                      ->group("Constrained output");
   auto* re = cmd->add_option("--regex", regex, "the output matches this regular expression")->group("Constrained output");
@@ -99,6 +100,7 @@ msg::completion_request completion_flags::to_request() const {
   r.has_seed = seed_given;
   r.seed = seed;
   r.stop = stop;
+  r.ignore_eos = ignore_eos;
   if (!json_schema.empty()) {
     r.grammar_kind = "json_schema";
     r.grammar = json_schema;

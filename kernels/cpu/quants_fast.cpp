@@ -2,6 +2,7 @@
 // every product is summed as an exact int32, so the lanes may add in any order; the float steps
 // between blocks are the reference's, one at a time, in its order (quants.hpp), so the bits are
 // the reference's. Built without AVX2 (+FMA, F16C), fast:: is the reference.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,24 +48,46 @@ float load1_16(const uint8_t* p, int64_t j) {
   return convert(bits);
 }
 
+/// Asks for the cache lines `ahead` bytes past a block of `bytes` bytes: a weight row streams
+/// from memory, and the rows of a matrix follow each other, so the next blocks are known.
+template <int32_t bytes, int32_t ahead = 2048>
+void prefetch_after(const void* block) {
+  const char* p = static_cast<const char*>(block) + ahead;
+  for (int32_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
+/// Up to this many activation rows share each weight load: a block's weights are loaded and
+/// unpacked once for all of them (prefill, batched decode). Each row's sums are its own, in
+/// vec_dot's order, so a row's result is the same bits whatever rows it is computed with.
+/// (Interleaving several weight rows for one activation row, to overlap their float chains, was
+/// measured slower: decode streams the weights from memory, and two streams at once defeat the
+/// prefetching.)
+constexpr int32_t max_rows = 4;
+
 /// Lanes 0-31 are the reference's acc[0..32) in four registers of 8, so the tree's first level
 /// (acc[i] + acc[i + 8]) + (acc[i + 16] + acc[i + 24]) is (a0 + a1) + (a2 + a3), lane for lane.
-template <__m256 (*load8)(const uint8_t*, int64_t), float (*load1)(const uint8_t*, int64_t)>
-float dot_float(const uint8_t* w, const uint8_t* x, int32_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+template <int R, int32_t element_bytes, __m256 (*load8)(const uint8_t*, int64_t),
+          float (*load1)(const uint8_t*, int64_t)>
+void dot_float(const uint8_t* w, const uint8_t* const* x, int32_t n, float* out) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; r++)
+    for (__m256& v : a[r]) v = _mm256_setzero_ps();
   const int32_t body = n - n % 32;
   for (int64_t j = 0; j < body; j += 32) {
-    a0 = _mm256_fmadd_ps(load8(w, j), load8(x, j), a0);
-    a1 = _mm256_fmadd_ps(load8(w, j + 8), load8(x, j + 8), a1);
-    a2 = _mm256_fmadd_ps(load8(w, j + 16), load8(x, j + 16), a2);
-    a3 = _mm256_fmadd_ps(load8(w, j + 24), load8(x, j + 24), a3);
+    prefetch_after<32 * element_bytes>(w + j * element_bytes);
+    for (int k = 0; k < 4; k++) {
+      const __m256 wk = load8(w, j + 8 * k);
+      for (int r = 0; r < R; r++) a[r][k] = _mm256_fmadd_ps(wk, load8(x[r], j + 8 * k), a[r][k]);
+    }
   }
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));  // s[i] + s[i + 4]
-  const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                  // t[i] + t[i + 2]
-  float sum = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                           // u[0] + u[1]
-  for (int64_t j = body; j < n; j++) sum = std::fmaf(load1(w, j), load1(x, j), sum);
-  return sum;
+  for (int r = 0; r < R; r++) {
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3]));
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));  // s[i] + s[i + 4]
+    const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                  // t[i] + t[i + 2]
+    float sum = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                           // u[0] + u[1]
+    for (int64_t j = body; j < n; j++) sum = std::fmaf(load1(w, j), load1(x[r], j), sum);
+    out[r] = sum;
+  }
 }
 
 // ---- integer helpers (exact) ----
@@ -77,15 +100,6 @@ int32_t hsum(__m256i v) {
 }
 
 __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-/// 32 int8 x int8 products as 8 int32 partial sums. Widened to int16 first: the usual
-/// sign-flip trick for maddubs gets -128 x -128 wrong, and weights are whatever the file holds.
-__m256i dot32_i8(const int8_t* a, const int8_t* b) {
-  const auto half = [](const int8_t* p) {
-    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
-  return _mm256_add_epi32(_mm256_madd_epi16(half(a), half(b)), _mm256_madd_epi16(half(a + 16), half(b + 16)));
-}
 
 /// 32 products of unsigned quants q (each < 64) with int8 x, less `offset` x each, as 16 int16
 /// pair sums: every pair stays within +-2 * 64 * 128, so maddubs never saturates.
@@ -102,116 +116,216 @@ __m128i hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-/// A Q8_0 block's 32 products as 8 int32 partial sums.
-__m256i partial_q8_0(const blocks::q8_0& w, const blocks::q8_0& x) { return dot32_i8(w.qs, x.qs); }
+/// A Q8_0 block's weights widened to int16, once for every row: partial() gives a row's 32
+/// products as 8 int32 partial sums.
+struct q8_0_weights {
+  __m256i lo, hi;
+  explicit q8_0_weights(const blocks::q8_0& w) : lo(widen(w.qs)), hi(widen(w.qs + 16)) {}
+  static __m256i widen(const int8_t* p) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  /// Widened to int16 first: the usual sign-flip trick for maddubs gets -128 x -128 wrong, and
+  /// weights are whatever the file holds.
+  [[nodiscard]] __m256i partial(const blocks::q8_0& x) const {
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, widen(x.qs)), _mm256_madd_epi16(hi, widen(x.qs + 16)));
+  }
+};
 
-/// A Q4_0 block's: nibbles 0..15 in element order, less 8 x each activation.
-__m256i partial_q4_0(const blocks::q4_0& w, const blocks::q8_0& x) {
-  const __m128i m4 = _mm_set1_epi8(0xF);
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
-  const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
-  return _mm256_madd_epi16(pairs_u_i8(q, load32(x.qs), 8), _mm256_set1_epi16(1));
-}
+/// A Q4_0 block's nibbles 0..15 in element order; a row's partial sums take 8 x each activation off.
+struct q4_0_weights {
+  __m256i q;
+  explicit q4_0_weights(const blocks::q4_0& w) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
+    q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+  }
+  [[nodiscard]] __m256i partial(const blocks::q8_0& x) const {
+    return _mm256_madd_epi16(pairs_u_i8(q, load32(x.qs), 8), _mm256_set1_epi16(1));
+  }
+};
 
-template <class Block>
-float scale_product(const Block& w, const blocks::q8_0& x) {
-  return blocks::f16_to_f32(w.d) * blocks::f16_to_f32(x.d);
-}
-
-/// Q8_0 and Q4_0: four blocks' products float(isum) * (dw * dx) at once (each rounded as the
-/// reference rounds it), then added to the sum one by one, in block order.
-template <class Block, __m256i (*partial)(const Block&, const blocks::q8_0&)>
-float dot_q8_0_family(const Block* w, const blocks::q8_0* x, int32_t nb) {
-  float sum = 0.0f;
+/// Q8_0 and Q4_0: per row, four blocks' products float(isum) * (dw * dx) at once (each rounded
+/// as the reference rounds it), then added to the row's sum one by one, in block order.
+template <int R, class Block, class Weights>
+void dot_q8_0_family(const Block* w, const blocks::q8_0* const* x, int32_t nb, float* out) {
+  float sum[R] = {};
   int32_t i = 0;
   for (; i + 4 <= nb; i += 4) {
-    const __m128i isum = hsum4(partial(w[i], x[i]), partial(w[i + 1], x[i + 1]), partial(w[i + 2], x[i + 2]),
-                               partial(w[i + 3], x[i + 3]));
-    const __m128 scale = _mm_setr_ps(scale_product(w[i], x[i]), scale_product(w[i + 1], x[i + 1]),
-                                     scale_product(w[i + 2], x[i + 2]), scale_product(w[i + 3], x[i + 3]));
-    float products[4];
-    _mm_storeu_ps(products, _mm_mul_ps(_mm_cvtepi32_ps(isum), scale));
-    for (float p : products) sum += p;
+    prefetch_after<4 * sizeof(Block)>(w + i);
+    __m256i p[R][4];
+    float dw[4];
+    for (int b = 0; b < 4; b++) {
+      const Weights wb(w[i + b]);
+      dw[b] = blocks::f16_to_f32(w[i + b].d);
+      for (int r = 0; r < R; r++) p[r][b] = wb.partial(x[r][i + b]);
+    }
+    for (int r = 0; r < R; r++) {
+      const blocks::q8_0* xr = x[r] + i;
+      const __m128i isum = hsum4(p[r][0], p[r][1], p[r][2], p[r][3]);
+      const __m128 scale = _mm_setr_ps(dw[0] * blocks::f16_to_f32(xr[0].d), dw[1] * blocks::f16_to_f32(xr[1].d),
+                                       dw[2] * blocks::f16_to_f32(xr[2].d), dw[3] * blocks::f16_to_f32(xr[3].d));
+      float products[4];
+      _mm_storeu_ps(products, _mm_mul_ps(_mm_cvtepi32_ps(isum), scale));
+      for (float product : products) sum[r] += product;
+    }
   }
-  for (; i < nb; i++) sum += static_cast<float>(hsum(partial(w[i], x[i]))) * scale_product(w[i], x[i]);
-  return sum;
-}
-
-/// msum of quants.hpp: each sub-block's min times its 32 activations' sum.
-template <class Block>
-int32_t min_sum(const Block& w, const blocks::q8_k& x) {
-  int32_t msum = 0;
-  for (int32_t j = 0; j < 8; j++) msum += blocks::scale_min_k4(w.scales, j).min * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
-  return msum;
-}
-
-/// Q4_K's isum; with `qh` (Q5_K) each quant gains its fifth bit.
-template <class Block>
-int32_t scaled_sum_k(const Block& w, const blocks::q8_k& x, const uint8_t* qh) {
-  const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-  __m256i high = qh != nullptr ? load32(qh) : _mm256_setzero_si256();
-  __m256i acc = _mm256_setzero_si256();
-  for (int32_t c = 0; c < 4; c++) {
-    const __m256i raw = load32(w.qs + 32 * c);
-    __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    // Bits 2c and 2c + 1 of qh, worth 16: bytes shift within 16-bit lanes, masked to bit 0.
-    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
-    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
-    high = _mm256_srli_epi16(high, 2);
-    const blocks::scale_min s0 = blocks::scale_min_k4(w.scales, 2 * c), s1 = blocks::scale_min_k4(w.scales, 2 * c + 1);
-    const __m256i p_lo = pairs_u_i8(lo, load32(x.qs + 64 * c), 0), p_hi = pairs_u_i8(hi, load32(x.qs + 64 * c + 32), 0);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p_lo, _mm256_set1_epi16(s0.scale)));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p_hi, _mm256_set1_epi16(s1.scale)));
+  for (; i < nb; i++) {
+    const Weights wb(w[i]);
+    const float dw = blocks::f16_to_f32(w[i].d);
+    for (int r = 0; r < R; r++)
+      sum[r] += static_cast<float>(hsum(wb.partial(x[r][i]))) * (dw * blocks::f16_to_f32(x[r][i].d));
   }
-  return hsum(acc);
+  for (int r = 0; r < R; r++) out[r] = sum[r];
 }
 
 const uint8_t* fifth_bits(const blocks::q4_k&) { return nullptr; }
 const uint8_t* fifth_bits(const blocks::q5_k& b) { return b.qh; }
 
-template <class Block>
-float dot_k_mins(const Block* w, const blocks::q8_k* x, int32_t nb) {
-  float sum = 0.0f;
-  for (int32_t i = 0; i < nb; i++) {
-    const int32_t isum = scaled_sum_k(w[i], x[i], fifth_bits(w[i]));
-    const int32_t msum = min_sum(w[i], x[i]);
-    const float dw = blocks::f16_to_f32(w[i].d), dmin = blocks::f16_to_f32(w[i].dmin);
-    sum += (x[i].d * dw) * static_cast<float>(isum) - (x[i].d * dmin) * static_cast<float>(msum);
-  }
-  return sum;
+int32_t hsum(__m128i v) {
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+  v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1));
+  return _mm_cvtsi128_si32(v);
 }
 
-/// Q6_K's isum: per half, four registers of 32 quants (blocks::q6_k's layout), each two
-/// sub-blocks of 16 whose int16 pair sums take their own scale.
-int32_t scaled_sum_q6_k(const blocks::q6_k& w, const blocks::q8_k& x) {
-  const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-  __m256i acc = _mm256_setzero_si256();
-  for (int32_t h = 0; h < 2; h++) {
-    const __m256i ql0 = load32(w.ql + 64 * h), ql1 = load32(w.ql + 64 * h + 32), qh = load32(w.qh + 32 * h);
-    const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
-                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-    for (int32_t k = 0; k < 4; k++) {
-      const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
-      const __m256i q = _mm256_or_si256(low[k], _mm256_slli_epi16(top, 4));
-      const int32_t j = 8 * h + 2 * k;  // the first of its two sub-blocks
-      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(w.scales[j + 1]), _mm_set1_epi16(w.scales[j]));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs_u_i8(q, load32(x.qs + 128 * h + 32 * k), 32), scale));
+/// Int16 element `lo` of the low 128-bit lane broadcast over that lane, and element `hi` of the
+/// high lane over that one: a sub-block's scale from a register of scales.
+__m256i pick16(__m256i v, int lo, int hi) {
+  const auto mask = [](int k) { return _mm_set1_epi16(static_cast<int16_t>(((2 * k + 1) << 8) | (2 * k))); };
+  return _mm256_shuffle_epi8(v, _mm256_set_m128i(mask(hi), mask(lo)));
+}
+
+/// A Q4_K or Q5_K block's 6-bit scales (bytes 0-7) and mins (bytes 8-15), unpacked from its 12
+/// bytes a word at a time (the layout of blocks::scale_min_k4): with A, B, C the three little-endian
+/// words, scales 0-3 = A & 63 per byte, mins 0-3 = B & 63, scales 4-7 = C's low nibbles with A's
+/// top two bits above them, mins 4-7 = C's high nibbles with B's top two bits.
+__m128i scales_mins_k4(const uint8_t* packed) {
+  uint32_t a, b, c;
+  std::memcpy(&a, packed, 4);
+  std::memcpy(&b, packed + 4, 4);
+  std::memcpy(&c, packed + 8, 4);
+  constexpr uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
+  return _mm_setr_epi32(static_cast<int32_t>(a & low6), static_cast<int32_t>((c & low4) | (((a >> 6) & top2) << 4)),
+                        static_cast<int32_t>(b & low6),
+                        static_cast<int32_t>(((c >> 4) & low4) | (((b >> 6) & top2) << 4)));
+}
+
+/// Q4_K and Q5_K (with its fifth bits): each 32-quant chunk unpacked once for every row; per
+/// row, isum = sum of scale_j * (its chunk's products) and msum = sum of min_j * (the chunk's
+/// activation sum: bsums[2j] + bsums[2j + 1]).
+template <int R, class Block>
+void dot_k_mins(const Block* w, const blocks::q8_k* const* x, int32_t nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+  float sum[R] = {};
+  for (int32_t i = 0; i < nb; i++) {
+    const Block& b = w[i];
+    prefetch_after<sizeof(Block)>(&b);
+    const __m128i packed = scales_mins_k4(b.scales);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));  // int16, both lanes
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+    const uint8_t* qh = fifth_bits(b);
+    __m256i high = qh != nullptr ? load32(qh) : _mm256_setzero_si256();
+    __m256i acc[R];
+    for (__m256i& a : acc) a = _mm256_setzero_si256();
+    for (int32_t c = 0; c < 4; c++) {
+      const __m256i raw = load32(b.qs + 32 * c);
+      __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      // Bits 2c and 2c + 1 of qh, worth 16: bytes shift within 16-bit lanes, masked to bit 0.
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
+      high = _mm256_srli_epi16(high, 2);
+      const __m256i s0 = pick16(scales, 2 * c, 2 * c), s1 = pick16(scales, 2 * c + 1, 2 * c + 1);
+      for (int r = 0; r < R; r++) {
+        const int8_t* xq = x[r][i].qs + 64 * c;
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs_u_i8(lo, load32(xq), 0), s0));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs_u_i8(hi, load32(xq + 32), 0), s1));
+      }
+    }
+    const float dw = blocks::f16_to_f32(b.d), dmin = blocks::f16_to_f32(b.dmin);
+    for (int r = 0; r < R; r++) {
+      const blocks::q8_k& xr = x[r][i];
+      const __m256i bsums = load32(xr.bsums);
+      const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+      const int32_t msum = hsum(_mm_madd_epi16(mins, pairs));
+      sum[r] += (xr.d * dw) * static_cast<float>(hsum(acc[r])) - (xr.d * dmin) * static_cast<float>(msum);
     }
   }
-  return hsum(acc);
+  for (int r = 0; r < R; r++) out[r] = sum[r];
 }
 
-float dot_q6_k(const blocks::q6_k* w, const blocks::q8_k* x, int32_t nb) {
-  float sum = 0.0f;
-  for (int32_t i = 0; i < nb; i++)
-    sum += (x[i].d * blocks::f16_to_f32(w[i].d)) * static_cast<float>(scaled_sum_q6_k(w[i], x[i]));
-  return sum;
+/// Q6_K: per half, four registers of 32 quants (blocks::q6_k's layout), each two sub-blocks of
+/// 16 whose int16 pair sums take their own scale, unpacked once for every row. The quants' offset
+/// of 32 is taken off whole: isum = sum of scale_j * (q . x) - 32 * sum of scale_j * bsums[j]
+/// (the same exact integer as subtracting it per quant).
+template <int R>
+void dot_q6_k(const blocks::q6_k* w, const blocks::q8_k* const* x, int32_t nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+  float sum[R] = {};
+  for (int32_t i = 0; i < nb; i++) {
+    const blocks::q6_k& b = w[i];
+    prefetch_after<sizeof(blocks::q6_k)>(&b);
+    const __m128i raw_scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    const __m256i scales = _mm256_cvtepi8_epi16(raw_scales);  // int16: 0-7 in the low lane, 8-15 in the high
+    __m256i acc[R];
+    for (int r = 0; r < R; r++)  // -32 * sum of scale_j * bsums[j]
+      acc[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, load32(x[r][i].bsums)), 5));
+    for (int32_t h = 0; h < 2; h++) {
+      const __m256i ql0 = load32(b.ql + 64 * h), ql1 = load32(b.ql + 64 * h + 32), qh = load32(b.qh + 32 * h);
+      const __m256i low[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                              _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+      // This half's 8 scales in both lanes.
+      const __m256i half = h == 0 ? _mm256_permute2x128_si256(scales, scales, 0x00)
+                                  : _mm256_permute2x128_si256(scales, scales, 0x11);
+      for (int32_t k = 0; k < 4; k++) {
+        const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
+        const __m256i q = _mm256_or_si256(low[k], _mm256_slli_epi16(top, 4));
+        const __m256i scale = pick16(half, 2 * k, 2 * k + 1);  // sub-blocks 8h + 2k and 8h + 2k + 1
+        for (int r = 0; r < R; r++) {
+          const __m256i p = pairs_u_i8(q, load32(x[r][i].qs + 128 * h + 32 * k), 0);
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, scale));
+        }
+      }
+    }
+    const float dw = blocks::f16_to_f32(b.d);
+    for (int r = 0; r < R; r++) sum[r] += (x[r][i].d * dw) * static_cast<float>(hsum(acc[r]));
+  }
+  for (int r = 0; r < R; r++) out[r] = sum[r];
 }
 
 template <class Block>
 const Block* as(const uint8_t* p) {
   return reinterpret_cast<const Block*>(p);
+}
+
+/// Pointers to activation rows as arrays of their block type.
+template <class Block, int R>
+struct as_rows {
+  const Block* p[R];
+  explicit as_rows(const uint8_t* const* x) {
+    for (int r = 0; r < R; r++) p[r] = as<Block>(x[r]);
+  }
+};
+
+/// R rows' dot products with one weight row: out[r] = vec_dot(w, x[r], t, n), the same bits.
+template <int R>
+void dot_rows(const uint8_t* w, const uint8_t* const* x, weight_type t, int32_t n, float* out) {
+  TROUPE_KERNEL_ASSERT(is_weight_type(static_cast<uint32_t>(t)));
+  const int32_t nb = n / block_elements(t);
+  TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n);
+  switch (t) {
+    case weight_type::f32: return dot_float<R, 4, load8_f32, load1_f32>(w, x, n, out);
+    case weight_type::f16: return dot_float<R, 2, load8_f16, load1_16<blocks::f16_to_f32>>(w, x, n, out);
+    case weight_type::bf16: return dot_float<R, 2, load8_bf16, load1_16<blocks::bf16_to_f32>>(w, x, n, out);
+    case weight_type::q8_0:
+      return dot_q8_0_family<R, blocks::q8_0, q8_0_weights>(as<blocks::q8_0>(w), as_rows<blocks::q8_0, R>(x).p, nb, out);
+    case weight_type::q4_0:
+      return dot_q8_0_family<R, blocks::q4_0, q4_0_weights>(as<blocks::q4_0>(w), as_rows<blocks::q8_0, R>(x).p, nb, out);
+    case weight_type::q4_k: return dot_k_mins<R>(as<blocks::q4_k>(w), as_rows<blocks::q8_k, R>(x).p, nb, out);
+    case weight_type::q5_k: return dot_k_mins<R>(as<blocks::q5_k>(w), as_rows<blocks::q8_k, R>(x).p, nb, out);
+    case weight_type::q6_k: return dot_q6_k<R>(as<blocks::q6_k>(w), as_rows<blocks::q8_k, R>(x).p, nb, out);
+    case weight_type::q8_k: break;
+  }
+  TROUPE_KERNEL_ASSERT(false);
 }
 #endif  // TROUPE_QUANTS_AVX2
 
@@ -219,13 +333,30 @@ const Block* as(const uint8_t* p) {
 /// costs more than they save.
 constexpr int64_t parallel_work_min = int64_t{1} << 18;
 
-/// Outputs [begin, end) of every row: each weight row is read once for all activation rows.
+/// Outputs [begin, end) of every row: each weight row is read once for all activation rows,
+/// and each of its blocks unpacked once for up to max_rows of them.
 void matmul_outputs(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, int64_t begin, int64_t end) {
   const int64_t x_row_bytes = row_bytes(dot_type(w.type), w.n);
   for (int64_t i = begin; i < end; i++) {
     const uint8_t* wi = w.row(i);
+#ifdef TROUPE_QUANTS_AVX2
+    for (int32_t r = 0; r < rows; r += max_rows) {
+      const uint8_t* x[max_rows];
+      float sums[max_rows];
+      const int32_t num = std::min(max_rows, rows - r);
+      for (int32_t k = 0; k < num; k++) x[k] = xq + (r + k) * x_row_bytes;
+      switch (num) {
+        case 4: dot_rows<4>(wi, x, w.type, w.n, sums); break;
+        case 3: dot_rows<3>(wi, x, w.type, w.n, sums); break;
+        case 2: dot_rows<2>(wi, x, w.type, w.n, sums); break;
+        default: dot_rows<1>(wi, x, w.type, w.n, sums); break;
+      }
+      for (int32_t k = 0; k < num; k++) out[(r + k) * static_cast<int64_t>(w.d) + i] = sums[k];
+    }
+#else
     for (int32_t r = 0; r < rows; r++)
-      out[r * static_cast<int64_t>(w.d) + i] = vec_dot(wi, xq + r * x_row_bytes, w.type, w.n);
+      out[r * static_cast<int64_t>(w.d) + i] = reference::vec_dot(wi, xq + r * x_row_bytes, w.type, w.n);
+#endif
   }
 }
 
@@ -233,24 +364,12 @@ void matmul_outputs(float* out, const uint8_t* xq, const quant_matrix& w, int32_
 
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 #ifdef TROUPE_QUANTS_AVX2
-  TROUPE_KERNEL_ASSERT(is_weight_type(static_cast<uint32_t>(t)));
-  const int32_t nb = n / block_elements(t);
-  TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n);
-  switch (t) {
-    case weight_type::f32: return dot_float<load8_f32, load1_f32>(w, x, n);
-    case weight_type::f16: return dot_float<load8_f16, load1_16<blocks::f16_to_f32>>(w, x, n);
-    case weight_type::bf16: return dot_float<load8_bf16, load1_16<blocks::bf16_to_f32>>(w, x, n);
-    case weight_type::q8_0:
-      return dot_q8_0_family<blocks::q8_0, partial_q8_0>(as<blocks::q8_0>(w), as<blocks::q8_0>(x), nb);
-    case weight_type::q4_0:
-      return dot_q8_0_family<blocks::q4_0, partial_q4_0>(as<blocks::q4_0>(w), as<blocks::q8_0>(x), nb);
-    case weight_type::q4_k: return dot_k_mins(as<blocks::q4_k>(w), as<blocks::q8_k>(x), nb);
-    case weight_type::q5_k: return dot_k_mins(as<blocks::q5_k>(w), as<blocks::q8_k>(x), nb);
-    case weight_type::q6_k: return dot_q6_k(as<blocks::q6_k>(w), as<blocks::q8_k>(x), nb);
-    case weight_type::q8_k: break;
-  }
-#endif
+  float out = 0.0f;
+  dot_rows<1>(w, &x, t, n, &out);
+  return out;
+#else
   return reference::vec_dot(w, x, t, n);
+#endif
 }
 
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool) {
