@@ -116,6 +116,21 @@ __m128i hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/// A Q8_0 block's weights and 128 x their sums by 4, once for every row: partial() gives a row's
+/// 32 products as 8 int32 partial sums with VNNI's u8 x s8 dot product, taking the activations
+/// as x + 128 (unsigned) and 128 x the weights' sum back: exact integers, the same block sum.
+struct q8_0_weights {
+  __m256i w, w_sum_128;
+  explicit q8_0_weights(const blocks::q8_0& b)
+      : w(load32(b.qs)),
+        w_sum_128(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), w), 7)) {}
+  [[nodiscard]] __m256i partial(const blocks::q8_0& x) const {
+    const __m256i x_plus_128 = _mm256_xor_si256(load32(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), x_plus_128, w), w_sum_128);
+  }
+};
+#else
 /// A Q8_0 block's weights widened to int16, once for every row: partial() gives a row's 32
 /// products as 8 int32 partial sums.
 struct q8_0_weights {
@@ -130,6 +145,7 @@ struct q8_0_weights {
     return _mm256_add_epi32(_mm256_madd_epi16(lo, widen(x.qs)), _mm256_madd_epi16(hi, widen(x.qs + 16)));
   }
 };
+#endif
 
 /// A Q4_0 block's nibbles 0..15 in element order; a row's partial sums take 8 x each activation off.
 struct q4_0_weights {
@@ -144,38 +160,76 @@ struct q4_0_weights {
   }
 };
 
-/// Q8_0 and Q4_0: per row, four blocks' products float(isum) * (dw * dx) at once (each rounded
-/// as the reference rounds it), then added to the row's sum one by one, in block order.
+/// The scales of blocks x[0..4) as floats (exact), lane b for block b.
+__m128 block_scales(const blocks::q8_0* x) {
+  __m128i d = _mm_setzero_si128();
+  d = _mm_insert_epi16(d, x[0].d, 0);
+  d = _mm_insert_epi16(d, x[1].d, 1);
+  d = _mm_insert_epi16(d, x[2].d, 2);
+  d = _mm_insert_epi16(d, x[3].d, 3);
+  return _mm_cvtph_ps(d);
+}
+
+/// Block `i`'s activation scales of the R rows as floats, lane r for row r (0 past R).
+template <int R>
+__m128 row_scales(const blocks::q8_0* const* x, int32_t i) {
+  __m128i d = _mm_setzero_si128();
+  if constexpr (R > 0) d = _mm_insert_epi16(d, x[0][i].d, 0);
+  if constexpr (R > 1) d = _mm_insert_epi16(d, x[1][i].d, 1);
+  if constexpr (R > 2) d = _mm_insert_epi16(d, x[2][i].d, 2);
+  if constexpr (R > 3) d = _mm_insert_epi16(d, x[3][i].d, 3);
+  return _mm_cvtph_ps(d);  // exact
+}
+
+/// Q8_0 and Q4_0, per row and block in block order: sum += float(isum) * (dw * dx), each step
+/// rounded as the reference rounds it. Four blocks' int32 sums are taken at once per row. One
+/// row keeps its sum in a float and takes the four products from one register (lane b: block
+/// b); several rows keep theirs side by side (lane r: row r) and add one register per block.
 template <int R, class Block, class Weights>
 void dot_q8_0_family(const Block* w, const blocks::q8_0* const* x, int32_t nb, float* out) {
-  float sum[R] = {};
+  static_assert(R >= 1 && R <= 4);
+  float sum = 0.0f;               // R == 1
+  __m128 sums = _mm_setzero_ps();  // R > 1
   int32_t i = 0;
   for (; i + 4 <= nb; i += 4) {
     prefetch_after<4 * sizeof(Block)>(w + i);
     __m256i p[R][4];
-    float dw[4];
+    alignas(16) float dw[4];
     for (int b = 0; b < 4; b++) {
       const Weights wb(w[i + b]);
       dw[b] = blocks::f16_to_f32(w[i + b].d);
       for (int r = 0; r < R; r++) p[r][b] = wb.partial(x[r][i + b]);
     }
-    for (int r = 0; r < R; r++) {
-      const blocks::q8_0* xr = x[r] + i;
-      const __m128i isum = hsum4(p[r][0], p[r][1], p[r][2], p[r][3]);
-      const __m128 scale = _mm_setr_ps(dw[0] * blocks::f16_to_f32(xr[0].d), dw[1] * blocks::f16_to_f32(xr[1].d),
-                                       dw[2] * blocks::f16_to_f32(xr[2].d), dw[3] * blocks::f16_to_f32(xr[3].d));
-      float products[4];
-      _mm_storeu_ps(products, _mm_mul_ps(_mm_cvtepi32_ps(isum), scale));
-      for (float product : products) sum[r] += product;
+    __m128i by_row[4] = {};  // lane b: block i + b
+    for (int r = 0; r < R; r++) by_row[r] = hsum4(p[r][0], p[r][1], p[r][2], p[r][3]);
+    if constexpr (R == 1) {
+      const __m128 scale = _mm_mul_ps(_mm_load_ps(dw), block_scales(x[0] + i));
+      alignas(16) float products[4];
+      _mm_store_ps(products, _mm_mul_ps(_mm_cvtepi32_ps(by_row[0]), scale));
+      for (float product : products) sum += product;
+    } else {
+      // Transposed: by_block[b], lane r: row r.
+      const __m128i t0 = _mm_unpacklo_epi32(by_row[0], by_row[1]), t1 = _mm_unpackhi_epi32(by_row[0], by_row[1]);
+      const __m128i t2 = _mm_unpacklo_epi32(by_row[2], by_row[3]), t3 = _mm_unpackhi_epi32(by_row[2], by_row[3]);
+      const __m128i by_block[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2),
+                                   _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)};
+      for (int b = 0; b < 4; b++) {
+        const __m128 scale = _mm_mul_ps(_mm_set1_ps(dw[b]), row_scales<R>(x, i + b));
+        sums = _mm_add_ps(sums, _mm_mul_ps(_mm_cvtepi32_ps(by_block[b]), scale));
+      }
     }
   }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, sums);
   for (; i < nb; i++) {
     const Weights wb(w[i]);
     const float dw = blocks::f16_to_f32(w[i].d);
-    for (int r = 0; r < R; r++)
-      sum[r] += static_cast<float>(hsum(wb.partial(x[r][i]))) * (dw * blocks::f16_to_f32(x[r][i].d));
+    for (int r = 0; r < R; r++) {
+      float& s = R == 1 ? sum : lanes[r];
+      s += static_cast<float>(hsum(wb.partial(x[r][i]))) * (dw * blocks::f16_to_f32(x[r][i].d));
+    }
   }
-  for (int r = 0; r < R; r++) out[r] = sum[r];
+  for (int r = 0; r < R; r++) out[r] = R == 1 ? sum : lanes[r];
 }
 
 const uint8_t* fifth_bits(const blocks::q4_k&) { return nullptr; }
