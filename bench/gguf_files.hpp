@@ -7,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
@@ -19,8 +21,8 @@
 
 namespace troupe::bench {
 
-/// A named shape in a file type ("q4_k_m": Q4_K with Q6_K where llama.cpp's Q4_K_M gives more
-/// bits, "q8_0", "f16"):
+/// A named shape in a file type (file_types: "q4_k_m" is Q4_K with Q6_K where llama.cpp's Q4_K_M
+/// gives more bits; the others, every matrix in that weight type):
 /// - "1b": Llama-3.2-1B's (dim 2048, 16 layers, 32 heads, 8 KV heads, hidden 8192, vocabulary
 ///   128256, tied classifier, Llama 3's RoPE: 1.24 B parameters);
 /// - "0.5b": dim 2048, 8 layers, 32 heads, 8 KV heads, hidden 5632, vocabulary 32000 (TinyLlama's
@@ -35,10 +37,19 @@ inline testing::random_llama_spec llama_shape(const std::string& shape, const st
   } else {
     s.n_layers = 8, s.hidden_dim = 5632, s.vocab_size = 32000, s.context_length = 2048;
   }
-  s.type = type == "q8_0" ? model::ggml_type::q8_0 : type == "f16" ? model::ggml_type::f16 : model::ggml_type::q4_k;
+  const std::string base = type == "q4_k_m" ? "q4_k" : type;
+  for (const auto t : {model::ggml_type::f32, model::ggml_type::f16, model::ggml_type::bf16, model::ggml_type::q8_0,
+                       model::ggml_type::q4_0, model::ggml_type::q4_k, model::ggml_type::q5_k, model::ggml_type::q6_k}) {
+    std::string name = kernels::cpu::type_name(t);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (name == base) s.type = t;
+  }
   if (type == "q4_k_m") s.wide_type = model::ggml_type::q6_k;
   return s;
 }
+
+/// The file types llama_shape takes: llama.cpp's Q4_K_M mix, then one per weight type.
+inline const std::vector<std::string> file_types = {"q4_k_m", "q8_0", "f16", "f32", "bf16", "q4_0", "q4_k", "q5_k", "q6_k"};
 
 /// Where a shape's file of a type lives in `dir` (the benchmarks' --dir: build/bench/gguf_models).
 inline std::filesystem::path model_file(const std::filesystem::path& dir, const std::string& shape,

@@ -1,9 +1,10 @@
 // bench_llama_cpp: troupe beside llama.cpp on the same files, the same threads, side by side
 // (issue 51). Writes random-weight GGUF files of real shapes (bench/gguf_files.hpp: "0.5b" and
-// Llama-3.2-1B's "1b") as Q4_K_M, Q8_0 and F16 into --dir (the build tree; reused), then runs,
-// for each file and round, llama.cpp (npm node-llama-cpp 3.21.1, its prebuilt CPU build:
-// bench/llama_cpp.mjs) and troupe one right after the other (alternating which goes first) and
-// prints the medians and the median of the per-round ratios troupe / llama.cpp:
+// Llama-3.2-1B's "1b") as Q4_K_M, Q8_0 and F16 by default (or any weight type: --types) into
+// --dir (the build tree; reused), then runs, for each file and round, llama.cpp (npm
+// node-llama-cpp 3.21.1, its prebuilt CPU build: bench/llama_cpp.mjs) and troupe one right after
+// the other (alternating which goes first) and prints the medians and the median of the
+// per-round ratios troupe / llama.cpp:
 //
 //   start-cold, start-warm  seconds from process start to exit after one token of a short prompt
 //                           (llama.cpp's script exits at once; troupe generate -n 1 shuts its
@@ -11,8 +12,8 @@
 //                           DONTNEED), warm has them cached
 //   decode-1t, decode-2t    single-stream decode tok/s at 1 and 2 threads: (N - 1) tokens over the
 //                           time from the first token to the last, after a short prompt
-//   prefill-512             prompt tok/s of a ~512-token prompt (prompt tokens / time to first
-//                           token), 2 threads
+//   prefill                 prompt tok/s of a 537-token prompt (prompt tokens, as each engine
+//                           counts them, / time to first token), 2 threads
 //   streams-16              16 concurrent streams' total decode tok/s at 2 threads: llama.cpp
 //                           through 16 sequences of one context; troupe through `troupe serve`
 //                           and `troupe bench serve` (HTTP, the actors: what a user gets)
@@ -64,8 +65,8 @@ struct options {
 
 constexpr const char* short_prompt = "aa ab ac ad";
 
-/// ~512 tokens of the synthetic vocabulary (tests/support/random_llama.hpp): words of four
-/// two-letter tokens, each after a space (5 tokens a word); both engines report the count.
+/// 537 tokens of the synthetic vocabulary (tests/support/random_llama.hpp) with BOS: 102 words of
+/// eight letters; each engine reports its count, and they agree.
 std::string long_prompt() {
   std::string text;
   for (int i = 0; i < 102; ++i) {
@@ -151,7 +152,7 @@ class side_by_side {
       }
     }
     if (asked("prefill")) {
-      pair("prefill-512", troupe_first, [&] {
+      pair("prefill", troupe_first, [&] {
         const process_run r = llama("prefill", 2, long_prompt());
         return find_number(r.out, R"("prompt_tokens":(\d+))") / find_number(r.out, R"("prefill_ms":([0-9.e+]+))") * 1e3;
       }, [&] {
@@ -281,7 +282,9 @@ int main(int argc, char** argv) {
   app.add_option("--dir", o.dir, "where the model files are written (and reused) and the logs go")->capture_default_str();
   app.add_option("--shapes", o.shapes, "0.5b and/or 1b")->delimiter(',')->check(CLI::IsMember({"0.5b", "1b"}))
       ->capture_default_str();
-  app.add_option("--types", o.types, "file types")->delimiter(',')->check(CLI::IsMember({"q4_k_m", "q8_0", "f16"}))
+  app.add_option("--types", o.types, "file types: q4_k_m, or a weight type (f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(troupe::bench::file_types))
       ->capture_default_str();
   app.add_option("--measure", o.measure, "what to measure")->delimiter(',')
       ->check(CLI::IsMember({"start", "decode", "prefill", "streams"}))->capture_default_str();

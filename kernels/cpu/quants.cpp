@@ -231,26 +231,33 @@ float load_16(const uint8_t* p, int32_t j) {
   return convert(bits);
 }
 
-float dot_q8_0(const blocks::q8_0* w, const blocks::q8_0* x, int32_t nb) {
-  float sum = 0.0f;
-  for (int32_t i = 0; i < nb; i++) {
-    int32_t isum = 0;
-    for (int32_t j = 0; j < qk; j++) isum += static_cast<int32_t>(w[i].qs[j]) * x[i].qs[j];
-    sum += static_cast<float>(isum) * (blocks::f16_to_f32(w[i].d) * blocks::f16_to_f32(x[i].d));
-  }
-  return sum;
+int32_t isum_q8_0(const blocks::q8_0& w, const blocks::q8_0& x) {
+  int32_t isum = 0;
+  for (int32_t j = 0; j < qk; j++) isum += static_cast<int32_t>(w.qs[j]) * x.qs[j];
+  return isum;
 }
 
-float dot_q4_0(const blocks::q4_0* w, const blocks::q8_0* x, int32_t nb) {
-  float sum = 0.0f;
-  for (int32_t i = 0; i < nb; i++) {
-    int32_t isum = 0;
-    for (int32_t j = 0; j < qk / 2; j++) {
-      isum += ((w[i].qs[j] & 0xF) - 8) * x[i].qs[j];
-      isum += ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + qk / 2];
-    }
-    sum += static_cast<float>(isum) * (blocks::f16_to_f32(w[i].d) * blocks::f16_to_f32(x[i].d));
+int32_t isum_q4_0(const blocks::q4_0& w, const blocks::q8_0& x) {
+  int32_t isum = 0;
+  for (int32_t j = 0; j < qk / 2; j++) {
+    isum += ((w.qs[j] & 0xF) - 8) * x.qs[j];
+    isum += ((w.qs[j] >> 4) - 8) * x.qs[j + qk / 2];
   }
+  return isum;
+}
+
+/// Q8_0 and Q4_0's float steps (quants.hpp): block b's product into lane b mod 4 over the first
+/// nb - nb mod 4 blocks, the lanes summed as (0 + 1) + (2 + 3), then the last blocks in order.
+template <class Block, int32_t (*isum)(const Block&, const blocks::q8_0&)>
+float dot_q8_0_family(const Block* w, const blocks::q8_0* x, int32_t nb) {
+  const auto product = [&](int32_t i) {
+    return static_cast<float>(isum(w[i], x[i])) * (blocks::f16_to_f32(w[i].d) * blocks::f16_to_f32(x[i].d));
+  };
+  float lane[4] = {};
+  const int32_t body = nb - nb % 4;
+  for (int32_t i = 0; i < body; i++) lane[i % 4] += product(i);
+  float sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+  for (int32_t i = body; i < nb; i++) sum += product(i);
   return sum;
 }
 
@@ -373,8 +380,8 @@ float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
     case weight_type::f32: return dot_float<load_f32>(w, x, n);
     case weight_type::f16: return dot_float<load_16<blocks::f16_to_f32>>(w, x, n);
     case weight_type::bf16: return dot_float<load_16<blocks::bf16_to_f32>>(w, x, n);
-    case weight_type::q8_0: return dot_q8_0(as<blocks::q8_0>(w), as<blocks::q8_0>(x), nb);
-    case weight_type::q4_0: return dot_q4_0(as<blocks::q4_0>(w), as<blocks::q8_0>(x), nb);
+    case weight_type::q8_0: return dot_q8_0_family<blocks::q8_0, isum_q8_0>(as<blocks::q8_0>(w), as<blocks::q8_0>(x), nb);
+    case weight_type::q4_0: return dot_q8_0_family<blocks::q4_0, isum_q4_0>(as<blocks::q4_0>(w), as<blocks::q8_0>(x), nb);
     case weight_type::q4_k: return dot_k_mins<blocks::q4_k, unpack_q4_k>(as<blocks::q4_k>(w), as<blocks::q8_k>(x), nb);
     case weight_type::q5_k: return dot_k_mins<blocks::q5_k, unpack_q5_k>(as<blocks::q5_k>(w), as<blocks::q8_k>(x), nb);
     case weight_type::q6_k: return dot_q6_k(as<blocks::q6_k>(w), as<blocks::q8_k>(x), nb);

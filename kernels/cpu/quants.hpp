@@ -18,8 +18,11 @@
 ///   reduce as s[i] = (acc[i] + acc[i + 8]) + (acc[i + 16] + acc[i + 24]) for i < 8,
 ///   t[i] = s[i] + s[i + 4] for i < 4, u[i] = t[i] + t[i + 2] for i < 2, sum = u[0] + u[1];
 ///   then the tail j >= n - n mod 32 adds sum = fmaf(w[j], x[j], sum) in order.
-/// - Q8_0 x Q8_0 and Q4_0 x Q8_0: per block b in order, sum += (float)isum_b * (dw_b * dx_b),
-///   isum_b the block's exact int32 dot product, dw and dx the blocks' f16 scales as float.
+/// - Q8_0 x Q8_0 and Q4_0 x Q8_0: with p_b = (float)isum_b * (dw_b * dx_b), isum_b the block's
+///   exact int32 dot product, dw and dx the blocks' f16 scales as float: four lanes, lane k
+///   accumulating lane[k] += p_b in order for b = k mod 4 over the first nb - nb mod 4 blocks;
+///   sum = (lane[0] + lane[1]) + (lane[2] + lane[3]); then sum += p_b in order for the last
+///   blocks. (Four chains, not one: a single chain's float adds bound a one-row product.)
 /// - Q4_K, Q5_K x Q8_K: per super-block in order,
 ///   sum += (dx * dw) * (float)isum - (dx * dmin) * (float)msum, isum = sum over the 8
 ///   sub-blocks of scale_j * (int32 dot of its 32 quants), msum = sum over them of
@@ -107,7 +110,11 @@ namespace fast {
 [[nodiscard]] float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n);
 
 /// Same contract and bits as reference::matmul; with a pool, large products split their
-/// outputs over its threads (each output computed whole by one thread).
+/// outputs over its threads (each output computed whole by one thread). Each weight block is
+/// unpacked once for up to 4 activation rows (prefill, batched decode), the rows' float steps
+/// kept apart, and weights are prefetched ahead of the row they stream; Q8_0 takes AVX-512
+/// VNNI's u8 x s8 dot product where the build has it (x + 128 against the weights, 128 x their
+/// sum taken back: the same exact block sums).
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
 
 }  // namespace fast

@@ -170,28 +170,15 @@ __m128 block_scales(const blocks::q8_0* x) {
   return _mm_cvtph_ps(d);
 }
 
-/// Block `i`'s activation scales of the R rows as floats, lane r for row r (0 past R).
-template <int R>
-__m128 row_scales(const blocks::q8_0* const* x, int32_t i) {
-  __m128i d = _mm_setzero_si128();
-  if constexpr (R > 0) d = _mm_insert_epi16(d, x[0][i].d, 0);
-  if constexpr (R > 1) d = _mm_insert_epi16(d, x[1][i].d, 1);
-  if constexpr (R > 2) d = _mm_insert_epi16(d, x[2][i].d, 2);
-  if constexpr (R > 3) d = _mm_insert_epi16(d, x[3][i].d, 3);
-  return _mm_cvtph_ps(d);  // exact
-}
-
-/// Q8_0 and Q4_0, per row and block in block order: sum += float(isum) * (dw * dx), each step
-/// rounded as the reference rounds it. Four blocks' int32 sums are taken at once per row. One
-/// row keeps its sum in a float and takes the four products from one register (lane b: block
-/// b); several rows keep theirs side by side (lane r: row r) and add one register per block.
+/// Q8_0 and Q4_0, per row: four blocks' int32 sums at once, their products float(isum) * (dw *
+/// dx) in one register (lane b: block i + b) added to the row's four lanes — quants.hpp's order,
+/// each step rounded as the reference rounds it.
 template <int R, class Block, class Weights>
 void dot_q8_0_family(const Block* w, const blocks::q8_0* const* x, int32_t nb, float* out) {
-  static_assert(R >= 1 && R <= 4);
-  float sum = 0.0f;               // R == 1
-  __m128 sums = _mm_setzero_ps();  // R > 1
-  int32_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
+  __m128 lanes[R];
+  for (__m128& l : lanes) l = _mm_setzero_ps();
+  const int32_t body = nb - nb % 4;
+  for (int32_t i = 0; i < body; i += 4) {
     prefetch_after<4 * sizeof(Block)>(w + i);
     __m256i p[R][4];
     alignas(16) float dw[4];
@@ -200,36 +187,22 @@ void dot_q8_0_family(const Block* w, const blocks::q8_0* const* x, int32_t nb, f
       dw[b] = blocks::f16_to_f32(w[i + b].d);
       for (int r = 0; r < R; r++) p[r][b] = wb.partial(x[r][i + b]);
     }
-    __m128i by_row[4] = {};  // lane b: block i + b
-    for (int r = 0; r < R; r++) by_row[r] = hsum4(p[r][0], p[r][1], p[r][2], p[r][3]);
-    if constexpr (R == 1) {
-      const __m128 scale = _mm_mul_ps(_mm_load_ps(dw), block_scales(x[0] + i));
-      alignas(16) float products[4];
-      _mm_store_ps(products, _mm_mul_ps(_mm_cvtepi32_ps(by_row[0]), scale));
-      for (float product : products) sum += product;
-    } else {
-      // Transposed: by_block[b], lane r: row r.
-      const __m128i t0 = _mm_unpacklo_epi32(by_row[0], by_row[1]), t1 = _mm_unpackhi_epi32(by_row[0], by_row[1]);
-      const __m128i t2 = _mm_unpacklo_epi32(by_row[2], by_row[3]), t3 = _mm_unpackhi_epi32(by_row[2], by_row[3]);
-      const __m128i by_block[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2),
-                                   _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)};
-      for (int b = 0; b < 4; b++) {
-        const __m128 scale = _mm_mul_ps(_mm_set1_ps(dw[b]), row_scales<R>(x, i + b));
-        sums = _mm_add_ps(sums, _mm_mul_ps(_mm_cvtepi32_ps(by_block[b]), scale));
-      }
-    }
-  }
-  alignas(16) float lanes[4];
-  _mm_store_ps(lanes, sums);
-  for (; i < nb; i++) {
-    const Weights wb(w[i]);
-    const float dw = blocks::f16_to_f32(w[i].d);
+    const __m128 dws = _mm_load_ps(dw);
     for (int r = 0; r < R; r++) {
-      float& s = R == 1 ? sum : lanes[r];
-      s += static_cast<float>(hsum(wb.partial(x[r][i]))) * (dw * blocks::f16_to_f32(x[r][i].d));
+      const __m128 scale = _mm_mul_ps(dws, block_scales(x[r] + i));
+      const __m128 products = _mm_mul_ps(_mm_cvtepi32_ps(hsum4(p[r][0], p[r][1], p[r][2], p[r][3])), scale);
+      lanes[r] = _mm_add_ps(lanes[r], products);
     }
   }
-  for (int r = 0; r < R; r++) out[r] = R == 1 ? sum : lanes[r];
+  for (int r = 0; r < R; r++) {
+    // (lane 0 + lane 1) + (lane 2 + lane 3)
+    const __m128 pairs = _mm_add_ps(lanes[r], _mm_shuffle_ps(lanes[r], lanes[r], _MM_SHUFFLE(2, 3, 0, 1)));
+    float sum = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
+    for (int32_t i = body; i < nb; i++)
+      sum += static_cast<float>(hsum(Weights(w[i]).partial(x[r][i]))) *
+             (blocks::f16_to_f32(w[i].d) * blocks::f16_to_f32(x[r][i].d));
+    out[r] = sum;
+  }
 }
 
 const uint8_t* fifth_bits(const blocks::q4_k&) { return nullptr; }

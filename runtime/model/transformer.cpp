@@ -123,12 +123,11 @@ bool transformer::splits_rows() const {
 }
 
 int64_t transformer::resident_bytes() const {
-  int64_t packed = int64_t{wcls_.tiles.size()} * 4;
+  const auto count = [](const auto& v) { return static_cast<int64_t>(v.size()); };
+  int64_t packed = count(wcls_.tiles) * 4;
   for (const layer_weights& l : layers_)
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3, &l.router}) packed += int64_t{m->tiles.size()} * 4;
-  const auto q80_bytes = [](const cpu::packed_q80& m) {
-    return int64_t{m.tiles.size()} + 4 * int64_t{m.scales.size() + m.sums.size()};
-  };
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3, &l.router}) packed += count(m->tiles) * 4;
+  const auto q80_bytes = [&](const cpu::packed_q80& m) { return count(m.tiles) + 4 * (count(m.scales) + count(m.sums)); };
   packed += q80_bytes(q80_wcls_);
   for (const q80_layer_weights& l : q80_layers_)
     for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3}) packed += q80_bytes(*m);
