@@ -494,6 +494,22 @@ TEST(QuantsMatmul, FastEqualsReferenceForRowsOneToNine) {
   }
 }
 
+TEST(QuantsMatmul, Q8_0FamilyRowsWithBlocksPastTheLastFour) {
+  // 3 and 7 blocks a row: the blocks after the last whole four take their own path per row group.
+  std::mt19937 rng(17);
+  for (weight_type t : {weight_type::q8_0, weight_type::q4_0}) {
+    for (int32_t n : {96, 224}) {
+      const random_problem p = make_problem(t, 5, n, 9, rng);
+      for (int32_t rows = 1; rows <= 9; rows++) {
+        std::vector<float> ref(static_cast<size_t>(rows) * 5), fst(ref.size(), -1.0f);
+        reference::matmul(ref.data(), p.xq.data(), p.w, rows);
+        fast::matmul(fst.data(), p.xq.data(), p.w, rows);
+        EXPECT_TRUE(same_bits(ref, fst)) << type_name(t) << " n " << n << " rows " << rows;
+      }
+    }
+  }
+}
+
 TEST(QuantsMatmul, BatchAndThreadInvariant) {
   std::mt19937 rng(17);
   constexpr int32_t d = 300, rows = 9;  // 300 x ~1024 x 9: split on every pool

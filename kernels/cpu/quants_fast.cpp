@@ -197,11 +197,13 @@ void dot_q8_0_family(const Block* w, const blocks::q8_0* const* x, int32_t nb, f
   for (int r = 0; r < R; r++) {
     // (lane 0 + lane 1) + (lane 2 + lane 3)
     const __m128 pairs = _mm_add_ps(lanes[r], _mm_shuffle_ps(lanes[r], lanes[r], _MM_SHUFFLE(2, 3, 0, 1)));
-    float sum = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
-    for (int32_t i = body; i < nb; i++)
-      sum += static_cast<float>(hsum(Weights(w[i]).partial(x[r][i]))) *
-             (blocks::f16_to_f32(w[i].d) * blocks::f16_to_f32(x[r][i].d));
-    out[r] = sum;
+    out[r] = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
+  }
+  for (int32_t i = body; i < nb; i++) {  // the last blocks, each unpacked once for every row
+    const Weights wb(w[i]);
+    const float dw = blocks::f16_to_f32(w[i].d);
+    for (int r = 0; r < R; r++)
+      out[r] += static_cast<float>(hsum(wb.partial(x[r][i]))) * (dw * blocks::f16_to_f32(x[r][i].d));
   }
 }
 
