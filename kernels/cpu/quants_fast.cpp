@@ -5,10 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TROUPE_QUANTS_AVX2 1
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which its -Wmaybe-uninitialized
+// reports wherever they are inlined (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include "kernels/cpu/check.hpp"
@@ -18,22 +25,50 @@
 namespace troupe::kernels::cpu::fast {
 namespace {
 
+struct q8_0_by_4_x;
+
 #ifdef TROUPE_QUANTS_AVX2
 using blocks::qk;
 using blocks::qk_k;
 
-// ---- F32, F16, BF16: 8 elements as float ----
+// ---- F32, F16, BF16: a register of elements as float ----
+// The reference's 32 lanes acc[0..32) are four registers of 8 (AVX2) or two of 16 (AVX-512):
+// each lane takes the same fmas in the same order either way, so both give the same bits.
 
-__m256 load8_f32(const uint8_t* p, int64_t j) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + j); }
-
-__m256 load8_f16(const uint8_t* p, int64_t j) {
+#ifdef __AVX512F__
+using fvec = __m512;
+constexpr int32_t fvec_lanes = 16;
+fvec fzero() { return _mm512_setzero_ps(); }
+fvec ffma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+fvec load_f32(const uint8_t* p, int64_t j) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + j); }
+fvec load_f16(const uint8_t* p, int64_t j) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * j)));
+}
+fvec load_bf16(const uint8_t* p, int64_t j) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * j)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+__m256 halves(fvec v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+/// (acc[i] + acc[i + 8]) + (acc[i + 16] + acc[i + 24]), lane i of 8.
+__m256 first_level(const fvec* a) { return _mm256_add_ps(halves(a[0]), halves(a[1])); }
+#else
+using fvec = __m256;
+constexpr int32_t fvec_lanes = 8;
+fvec fzero() { return _mm256_setzero_ps(); }
+fvec ffma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+fvec load_f32(const uint8_t* p, int64_t j) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + j); }
+fvec load_f16(const uint8_t* p, int64_t j) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * j)));
 }
-
-__m256 load8_bf16(const uint8_t* p, int64_t j) {
+fvec load_bf16(const uint8_t* p, int64_t j) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * j)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+__m256 first_level(const fvec* a) { return _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])); }
+#endif
+constexpr int32_t fvecs = 32 / fvec_lanes;  // registers per 32 lanes
 
 float load1_f32(const uint8_t* p, int64_t j) {
   float v;
@@ -64,30 +99,37 @@ void prefetch_after(const void* block) {
 /// prefetching.)
 constexpr int32_t max_rows = 4;
 
-/// Lanes 0-31 are the reference's acc[0..32) in four registers of 8, so the tree's first level
-/// (acc[i] + acc[i + 8]) + (acc[i + 16] + acc[i + 24]) is (a0 + a1) + (a2 + a3), lane for lane.
-template <int R, int32_t element_bytes, __m256 (*load8)(const uint8_t*, int64_t),
+/// NW weight rows' dot products with R activation rows, out[k * R + r] = vec_dot(w[k], x[r]):
+/// each register of weights is loaded once for the R rows and each of activations once for the
+/// NW weight rows; every (k, r) pair keeps its own 32 lanes.
+template <int NW, int R, int32_t element_bytes, fvec (*load)(const uint8_t*, int64_t),
           float (*load1)(const uint8_t*, int64_t)>
-void dot_float(const uint8_t* w, const uint8_t* const* x, int32_t n, float* out) {
-  __m256 a[R][4];
-  for (int r = 0; r < R; r++)
-    for (__m256& v : a[r]) v = _mm256_setzero_ps();
+void dot_float(const uint8_t* const* w, const uint8_t* const* x, int32_t n, float* out) {
+  fvec a[NW][R][fvecs];
+  for (int k = 0; k < NW; k++)
+    for (int r = 0; r < R; r++)
+      for (fvec& v : a[k][r]) v = fzero();
   const int32_t body = n - n % 32;
   for (int64_t j = 0; j < body; j += 32) {
-    prefetch_after<32 * element_bytes>(w + j * element_bytes);
-    for (int k = 0; k < 4; k++) {
-      const __m256 wk = load8(w, j + 8 * k);
-      for (int r = 0; r < R; r++) a[r][k] = _mm256_fmadd_ps(wk, load8(x[r], j + 8 * k), a[r][k]);
+    for (int k = 0; k < NW; k++) prefetch_after<32 * element_bytes>(w[k] + j * element_bytes);
+    for (int l = 0; l < fvecs; l++) {
+      fvec wl[NW];
+      for (int k = 0; k < NW; k++) wl[k] = load(w[k], j + fvec_lanes * l);
+      for (int r = 0; r < R; r++) {
+        const fvec xl = load(x[r], j + fvec_lanes * l);
+        for (int k = 0; k < NW; k++) a[k][r][l] = ffma(wl[k], xl, a[k][r][l]);
+      }
     }
   }
-  for (int r = 0; r < R; r++) {
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3]));
-    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));  // s[i] + s[i + 4]
-    const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                  // t[i] + t[i + 2]
-    float sum = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                           // u[0] + u[1]
-    for (int64_t j = body; j < n; j++) sum = std::fmaf(load1(w, j), load1(x[r], j), sum);
-    out[r] = sum;
-  }
+  for (int k = 0; k < NW; k++)
+    for (int r = 0; r < R; r++) {
+      const __m256 s = first_level(a[k][r]);
+      const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));  // s[i] + s[i + 4]
+      const __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                  // t[i] + t[i + 2]
+      float sum = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));                           // u[0] + u[1]
+      for (int64_t j = body; j < n; j++) sum = std::fmaf(load1(w[k], j), load1(x[r], j), sum);
+      out[k * R + r] = sum;
+    }
 }
 
 // ---- integer helpers (exact) ----
@@ -110,53 +152,93 @@ __m256i pairs_u_i8(__m256i q, __m256i x, int8_t offset) {
 
 // ---- block dot products ----
 
+template <class Block>
+const Block* as(const uint8_t* p) {
+  return reinterpret_cast<const Block*>(p);
+}
+
+/// Pointers to activation rows as arrays of their block type.
+template <class Block, int R>
+struct as_rows {
+  const Block* p[R];
+  explicit as_rows(const uint8_t* const* x) {
+    for (int r = 0; r < R; r++) p[r] = as<Block>(x[r]);
+  }
+};
+
+
 /// Four blocks' int32 sums from their 8-lane partial sums.
 __m128i hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+// Each weight type below gives: of(block), its weights ready for every row; prepare(x block), an
+// activation block ready for every weight row; partial(act), the block's products as 8 int32
+// partial sums; and what those sums exceed the exact block sum by, from the weights
+// (w_excess) or from the activations (x_excess) where a kernel needs an offset. All exact.
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-/// A Q8_0 block's weights and 128 x their sums by 4, once for every row: partial() gives a row's
-/// 32 products as 8 int32 partial sums with VNNI's u8 x s8 dot product, taking the activations
-/// as x + 128 (unsigned) and 128 x the weights' sum back: exact integers, the same block sum.
+/// Q8_0 with VNNI's u8 x s8 dot product: the activations go in as x + 128 (unsigned), so the
+/// sums exceed the exact ones by 128 x the weights' sum.
 struct q8_0_weights {
-  __m256i w, w_sum_128;
-  explicit q8_0_weights(const blocks::q8_0& b)
-      : w(load32(b.qs)),
-        w_sum_128(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), w), 7)) {}
-  [[nodiscard]] __m256i partial(const blocks::q8_0& x) const {
-    const __m256i x_plus_128 = _mm256_xor_si256(load32(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
-    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), x_plus_128, w), w_sum_128);
+  struct act {
+    __m256i u;
+  };
+  static constexpr bool has_w_excess = true, has_x_excess = false;
+  __m256i w;
+  static q8_0_weights of(const blocks::q8_0& b) { return {load32(b.qs)}; }
+  static act prepare(const blocks::q8_0& x) {
+    return {_mm256_xor_si256(load32(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)))};
   }
+  [[nodiscard]] __m256i partial(const act& x) const { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), x.u, w); }
+  [[nodiscard]] __m256i w_excess() const {
+    return _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), w), 7);
+  }
+  static __m256i x_excess(const act&) { return _mm256_setzero_si256(); }
 };
 #else
-/// A Q8_0 block's weights widened to int16, once for every row: partial() gives a row's 32
-/// products as 8 int32 partial sums.
+/// Q8_0 widened to int16 (the usual sign-flip trick for maddubs gets -128 x -128 wrong, and
+/// weights are whatever the file holds).
 struct q8_0_weights {
+  struct act {
+    __m256i lo, hi;
+  };
+  static constexpr bool has_w_excess = false, has_x_excess = false;
   __m256i lo, hi;
-  explicit q8_0_weights(const blocks::q8_0& w) : lo(widen(w.qs)), hi(widen(w.qs + 16)) {}
   static __m256i widen(const int8_t* p) {
     return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  /// Widened to int16 first: the usual sign-flip trick for maddubs gets -128 x -128 wrong, and
-  /// weights are whatever the file holds.
-  [[nodiscard]] __m256i partial(const blocks::q8_0& x) const {
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, widen(x.qs)), _mm256_madd_epi16(hi, widen(x.qs + 16)));
+  static q8_0_weights of(const blocks::q8_0& b) { return {widen(b.qs), widen(b.qs + 16)}; }
+  static act prepare(const blocks::q8_0& x) { return {widen(x.qs), widen(x.qs + 16)}; }
+  [[nodiscard]] __m256i partial(const act& x) const {
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, x.lo), _mm256_madd_epi16(hi, x.hi));
   }
+  [[nodiscard]] __m256i w_excess() const { return _mm256_setzero_si256(); }
+  static __m256i x_excess(const act&) { return _mm256_setzero_si256(); }
 };
 #endif
 
-/// A Q4_0 block's nibbles 0..15 in element order; a row's partial sums take 8 x each activation off.
+/// Q4_0: nibbles 0..15 in element order, without their offset of 8, which the sums exceed the
+/// exact ones by 8 x the activations' sum.
 struct q4_0_weights {
+  struct act {
+    __m256i x;
+  };
+  static constexpr bool has_w_excess = false, has_x_excess = true;
   __m256i q;
-  explicit q4_0_weights(const blocks::q4_0& w) {
+  static q4_0_weights of(const blocks::q4_0& b) {
     const __m128i m4 = _mm_set1_epi8(0xF);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
-    q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    return {_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4))};
   }
-  [[nodiscard]] __m256i partial(const blocks::q8_0& x) const {
-    return _mm256_madd_epi16(pairs_u_i8(q, load32(x.qs), 8), _mm256_set1_epi16(1));
+  static act prepare(const blocks::q8_0& x) { return {load32(x.qs)}; }
+  [[nodiscard]] __m256i partial(const act& x) const {
+    return _mm256_madd_epi16(pairs_u_i8(q, x.x, 0), _mm256_set1_epi16(1));
+  }
+  [[nodiscard]] __m256i w_excess() const { return _mm256_setzero_si256(); }
+  static __m256i x_excess(const act& x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), x.x), _mm256_set1_epi16(1));
   }
 };
 
@@ -170,42 +252,174 @@ __m128 block_scales(const blocks::q8_0* x) {
   return _mm_cvtph_ps(d);
 }
 
-/// Q8_0 and Q4_0, per row: four blocks' int32 sums at once, their products float(isum) * (dw *
-/// dx) in one register (lane b: block i + b) added to the row's four lanes — quants.hpp's order,
-/// each step rounded as the reference rounds it.
-template <int R, class Block, class Weights>
-void dot_q8_0_family(const Block* w, const blocks::q8_0* const* x, int32_t nb, float* out) {
-  __m128 lanes[R];
-  for (__m128& l : lanes) l = _mm_setzero_ps();
-  const int32_t body = nb - nb % 4;
-  for (int32_t i = 0; i < body; i += 4) {
-    prefetch_after<4 * sizeof(Block)>(w + i);
-    __m256i p[R][4];
-    alignas(16) float dw[4];
-    for (int b = 0; b < 4; b++) {
-      const Weights wb(w[i + b]);
-      dw[b] = blocks::f16_to_f32(w[i + b].d);
-      for (int r = 0; r < R; r++) p[r][b] = wb.partial(x[r][i + b]);
-    }
-    const __m128 dws = _mm_load_ps(dw);
+/// Blocks [body, nb) of every pair, in order, added to out[k * R + r]: each unpacked once for
+/// every pair.
+template <int NW, int R, class Block, class Weights>
+void add_last_blocks(const Block* const* w, const blocks::q8_0* const* x, int32_t body, int32_t nb, float* out) {
+  for (int32_t i = body; i < nb; i++) {
+    Weights wb[NW];
+    for (int k = 0; k < NW; k++) wb[k] = Weights::of(w[k][i]);
     for (int r = 0; r < R; r++) {
-      const __m128 scale = _mm_mul_ps(dws, block_scales(x[r] + i));
-      const __m128 products = _mm_mul_ps(_mm_cvtepi32_ps(hsum4(p[r][0], p[r][1], p[r][2], p[r][3])), scale);
-      lanes[r] = _mm_add_ps(lanes[r], products);
+      const typename Weights::act a = Weights::prepare(x[r][i]);
+      const float dx = blocks::f16_to_f32(x[r][i].d);
+      for (int k = 0; k < NW; k++) {
+        const int32_t isum = hsum(wb[k].partial(a)) - hsum(wb[k].w_excess()) - hsum(Weights::x_excess(a));
+        out[k * R + r] += static_cast<float>(isum) * (blocks::f16_to_f32(w[k][i].d) * dx);
+      }
     }
-  }
-  for (int r = 0; r < R; r++) {
-    // (lane 0 + lane 1) + (lane 2 + lane 3)
-    const __m128 pairs = _mm_add_ps(lanes[r], _mm_shuffle_ps(lanes[r], lanes[r], _MM_SHUFFLE(2, 3, 0, 1)));
-    out[r] = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
-  }
-  for (int32_t i = body; i < nb; i++) {  // the last blocks, each unpacked once for every row
-    const Weights wb(w[i]);
-    const float dw = blocks::f16_to_f32(w[i].d);
-    for (int r = 0; r < R; r++)
-      out[r] += static_cast<float>(hsum(wb.partial(x[r][i]))) * (dw * blocks::f16_to_f32(x[r][i].d));
   }
 }
+
+/// (lane 0 + lane 1) + (lane 2 + lane 3)
+float sum_lanes(__m128 l) {
+  const __m128 pairs = _mm_add_ps(l, _mm_shuffle_ps(l, l, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)));
+}
+
+/// Q8_0 and Q4_0, NW weight rows by R activation rows (out[k * R + r]): per pair, four blocks'
+/// int32 sums at once, their products float(isum) * (dw * dx) in one register (lane b: block
+/// i + b) added to the pair's four lanes — quants.hpp's order, each step rounded as the
+/// reference rounds it. Weight blocks are unpacked once for the R rows, activation blocks once
+/// for the NW weight rows.
+template <int NW, int R, class Block, class Weights>
+void dot_q8_0_family(const Block* const* w, const blocks::q8_0* const* x, int32_t nb, float* out) {
+  using act = typename Weights::act;
+  __m128 lanes[NW][R];
+  for (auto& row : lanes)
+    for (__m128& l : row) l = _mm_setzero_ps();
+  const int32_t body = nb - nb % 4;
+  for (int32_t i = 0; i < body; i += 4) {
+    Weights wb[NW][4];
+    __m128 dws[NW];
+    __m128i w_excess[NW];
+    for (int k = 0; k < NW; k++) {
+      prefetch_after<4 * sizeof(Block)>(w[k] + i);
+      alignas(16) float dw[4];
+      for (int b = 0; b < 4; b++) {
+        wb[k][b] = Weights::of(w[k][i + b]);
+        dw[b] = blocks::f16_to_f32(w[k][i + b].d);
+      }
+      dws[k] = _mm_load_ps(dw);
+      if constexpr (Weights::has_w_excess)
+        w_excess[k] = hsum4(wb[k][0].w_excess(), wb[k][1].w_excess(), wb[k][2].w_excess(), wb[k][3].w_excess());
+    }
+    for (int r = 0; r < R; r++) {
+      act a[4];
+      for (int b = 0; b < 4; b++) a[b] = Weights::prepare(x[r][i + b]);
+      const __m128 xs = block_scales(x[r] + i);
+      __m128i x_excess = _mm_setzero_si128();
+      if constexpr (Weights::has_x_excess)
+        x_excess = hsum4(Weights::x_excess(a[0]), Weights::x_excess(a[1]), Weights::x_excess(a[2]),
+                         Weights::x_excess(a[3]));
+      for (int k = 0; k < NW; k++) {
+        __m128i sums = hsum4(wb[k][0].partial(a[0]), wb[k][1].partial(a[1]), wb[k][2].partial(a[2]),
+                             wb[k][3].partial(a[3]));
+        if constexpr (Weights::has_w_excess) sums = _mm_sub_epi32(sums, w_excess[k]);
+        if constexpr (Weights::has_x_excess) sums = _mm_sub_epi32(sums, x_excess);
+        const __m128 products = _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dws[k], xs));
+        lanes[k][r] = _mm_add_ps(lanes[k][r], products);
+      }
+    }
+  }
+  for (int k = 0; k < NW; k++)
+    for (int r = 0; r < R; r++) out[k * R + r] = sum_lanes(lanes[k][r]);
+  add_last_blocks<NW, R, Block, Weights>(w, x, body, nb, out);
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define TROUPE_Q8_0_BY_4 1
+/// Two Q8_0 blocks' quants in one register, block a in the low half.
+__m512i load_two(const int8_t* a, const int8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load32(a)), load32(b), 1);
+}
+
+/// Four blocks' 8 partial sums each (blocks 0, 1 in `lo`, 2, 3 in `hi`) folded to 4 each:
+/// 128-bit lane b holds block b's.
+__m512i fold_blocks(__m512i lo, __m512i hi) {
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(lo, hi, 0x88), _mm512_shuffle_i32x4(lo, hi, 0xDD));
+}
+
+/// Rows 0-3's folded sums (fold_blocks) to their totals: lane b holds (row 0, .., row 3)'s sums
+/// of block b.
+__m512i transpose_totals(const __m512i* s) {
+  const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+  const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+}
+
+/// Element 4b + r of the result is element 4r + b of v: a 4 x 4 transpose.
+__m512 transpose4x4(__m512 v) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
+}
+
+/// Four activation rows' blocks 4j..4j+3 laid out for dot_q8_0_by_4: each row's quants + 128
+/// (unsigned), two blocks to a register, and the 16 scales as floats, element 4b + r for row r's
+/// block b. A matmul prepares its activations once for all its weight rows.
+struct q8_0_by_4_x {
+  __m512i u[4][2];
+  __m512 dx;
+};
+
+/// Rows [4g, 4g + 4) for g < groups, blocks [0, nb - nb % 4): element g * (nb / 4) + j.
+void prepare_q8_0_by_4(q8_0_by_4_x* out, const uint8_t* xq, int64_t x_row_bytes, int32_t groups, int32_t nb) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int32_t g = 0; g < groups; g++)
+    for (int32_t i = 0; i + 4 <= nb; i += 4, out++) {
+      __m128 xs[4];
+      for (int r = 0; r < 4; r++) {
+        const blocks::q8_0* b = as<blocks::q8_0>(xq + (4 * g + r) * x_row_bytes) + i;
+        out->u[r][0] = _mm512_xor_si512(load_two(b[0].qs, b[1].qs), bias);
+        out->u[r][1] = _mm512_xor_si512(load_two(b[2].qs, b[3].qs), bias);
+        xs[r] = block_scales(b);
+      }
+      out->dx = transpose4x4(_mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set_m128(xs[1], xs[0])),
+                                                _mm256_set_m128(xs[3], xs[2]), 1));
+    }
+}
+
+/// Q8_0 with VNNI, NW weight rows by 4 prepared activation rows (prefill): the same sums and
+/// float steps as dot_q8_0_family, with the pairs' four lanes kept transposed — one register per
+/// weight row, lane 4b + r for row r's lane b — so that one set of shuffles finishes the block
+/// sums of four rows at once, and two blocks go through each 512-bit dot product. x: the 4 rows
+/// as stored (for the blocks past the last whole four); xp: their prepared blocks.
+template <int NW>
+void dot_q8_0_by_4(const blocks::q8_0* const* w, const blocks::q8_0* const* x, const q8_0_by_4_x* xp, int32_t nb,
+                   float* out) {
+  constexpr int R = 4;
+  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i each_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512 acc[NW];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  const int32_t body = nb - nb % 4;
+  for (int32_t i = 0; i < body; i += 4, xp++) {
+    for (int k = 0; k < NW; k++) {
+      const blocks::q8_0* b = w[k] + i;
+      prefetch_after<4 * sizeof(blocks::q8_0)>(b);
+      const __m512i w01 = load_two(b[0].qs, b[1].qs), w23 = load_two(b[2].qs, b[3].qs);
+      __m512i folded[R];
+      for (int r = 0; r < R; r++)
+        folded[r] = fold_blocks(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xp->u[r][0], w01),
+                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), xp->u[r][1], w23));
+      // 128 x each block's weight sum, in each of its lane's four elements
+      __m512i wsum = fold_blocks(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w01),
+                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w23));
+      wsum = _mm512_add_epi32(wsum, _mm512_shuffle_epi32(wsum, _MM_PERM_BADC));
+      wsum = _mm512_add_epi32(wsum, _mm512_shuffle_epi32(wsum, _MM_PERM_CDAB));
+      const __m512i sums = _mm512_sub_epi32(transpose_totals(folded), _mm512_slli_epi32(wsum, 7));
+      const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(b[0].d), static_cast<int16_t>(b[1].d),
+                                          static_cast<int16_t>(b[2].d), static_cast<int16_t>(b[3].d), 0, 0, 0, 0);
+      const __m512 dw = _mm512_permutexvar_ps(each_lane, _mm512_castps128_ps512(_mm_cvtph_ps(dw16)));
+      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, xp->dx)));
+    }
+  }
+  for (int k = 0; k < NW; k++) {
+    alignas(64) float lanes[16];  // lane 4r + b: row r's lane b
+    _mm512_store_ps(lanes, transpose4x4(acc[k]));
+    for (int r = 0; r < R; r++) out[k * R + r] = sum_lanes(_mm_load_ps(lanes + 4 * r));
+  }
+  add_last_blocks<NW, R, blocks::q8_0, q8_0_weights>(w, x, body, nb, out);
+}
+#endif
 
 const uint8_t* fifth_bits(const blocks::q4_k&) { return nullptr; }
 const uint8_t* fifth_bits(const blocks::q5_k& b) { return b.qh; }
@@ -321,40 +535,64 @@ void dot_q6_k(const blocks::q6_k* w, const blocks::q8_k* const* x, int32_t nb, f
   for (int r = 0; r < R; r++) out[r] = sum[r];
 }
 
-template <class Block>
-const Block* as(const uint8_t* p) {
-  return reinterpret_cast<const Block*>(p);
-}
-
-/// Pointers to activation rows as arrays of their block type.
-template <class Block, int R>
-struct as_rows {
-  const Block* p[R];
-  explicit as_rows(const uint8_t* const* x) {
-    for (int r = 0; r < R; r++) p[r] = as<Block>(x[r]);
-  }
-};
-
-/// R rows' dot products with one weight row: out[r] = vec_dot(w, x[r], t, n), the same bits.
-template <int R>
-void dot_rows(const uint8_t* w, const uint8_t* const* x, weight_type t, int32_t n, float* out) {
+/// NW weight rows' dot products with R activation rows: out[k * R + r] = vec_dot(w[k], x[r], t,
+/// n), the same bits.
+template <int NW, int R>
+void dot_tile(const uint8_t* const* w, const uint8_t* const* x, weight_type t, int32_t n, float* out) {
   TROUPE_KERNEL_ASSERT(is_weight_type(static_cast<uint32_t>(t)));
   const int32_t nb = n / block_elements(t);
   TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n);
   switch (t) {
-    case weight_type::f32: return dot_float<R, 4, load8_f32, load1_f32>(w, x, n, out);
-    case weight_type::f16: return dot_float<R, 2, load8_f16, load1_16<blocks::f16_to_f32>>(w, x, n, out);
-    case weight_type::bf16: return dot_float<R, 2, load8_bf16, load1_16<blocks::bf16_to_f32>>(w, x, n, out);
+    case weight_type::f32: return dot_float<NW, R, 4, load_f32, load1_f32>(w, x, n, out);
+    case weight_type::f16: return dot_float<NW, R, 2, load_f16, load1_16<blocks::f16_to_f32>>(w, x, n, out);
+    case weight_type::bf16: return dot_float<NW, R, 2, load_bf16, load1_16<blocks::bf16_to_f32>>(w, x, n, out);
     case weight_type::q8_0:
-      return dot_q8_0_family<R, blocks::q8_0, q8_0_weights>(as<blocks::q8_0>(w), as_rows<blocks::q8_0, R>(x).p, nb, out);
+      return dot_q8_0_family<NW, R, blocks::q8_0, q8_0_weights>(as_rows<blocks::q8_0, NW>(w).p,
+                                                                 as_rows<blocks::q8_0, R>(x).p, nb, out);
     case weight_type::q4_0:
-      return dot_q8_0_family<R, blocks::q4_0, q4_0_weights>(as<blocks::q4_0>(w), as_rows<blocks::q8_0, R>(x).p, nb, out);
-    case weight_type::q4_k: return dot_k_mins<R>(as<blocks::q4_k>(w), as_rows<blocks::q8_k, R>(x).p, nb, out);
-    case weight_type::q5_k: return dot_k_mins<R>(as<blocks::q5_k>(w), as_rows<blocks::q8_k, R>(x).p, nb, out);
-    case weight_type::q6_k: return dot_q6_k<R>(as<blocks::q6_k>(w), as_rows<blocks::q8_k, R>(x).p, nb, out);
-    case weight_type::q8_k: break;
+      return dot_q8_0_family<NW, R, blocks::q4_0, q4_0_weights>(as_rows<blocks::q4_0, NW>(w).p,
+                                                                 as_rows<blocks::q8_0, R>(x).p, nb, out);
+    default: break;
   }
-  TROUPE_KERNEL_ASSERT(false);
+  for (int k = 0; k < NW; k++, out += R) {
+    switch (t) {
+      case weight_type::q4_k: dot_k_mins<R>(as<blocks::q4_k>(w[k]), as_rows<blocks::q8_k, R>(x).p, nb, out); break;
+      case weight_type::q5_k: dot_k_mins<R>(as<blocks::q5_k>(w[k]), as_rows<blocks::q8_k, R>(x).p, nb, out); break;
+      case weight_type::q6_k: dot_q6_k<R>(as<blocks::q6_k>(w[k]), as_rows<blocks::q8_k, R>(x).p, nb, out); break;
+      default: TROUPE_KERNEL_ASSERT(false);
+    }
+  }
+}
+
+/// Weight rows taken together by dot_tile when there are more than max_rows activation rows
+/// (prefill): each activation register then feeds this many weight rows. AVX2's 16 registers
+/// hold one weight row's accumulators for max_rows rows; AVX-512's 32 hold three.
+constexpr int32_t tile_weight_rows = fvec_lanes == 16 ? 3 : 1;
+
+/// Rows [r, r + num) of the activations against weight rows [i, i + NW), into out; xp: the rows'
+/// prepared Q8_0 blocks where the matmul prepared them (4 rows), else null.
+template <int NW>
+void tile_rows(float* out, const uint8_t* xq, int64_t x_row_bytes, [[maybe_unused]] const q8_0_by_4_x* xp,
+               const quant_matrix& w,
+               int64_t i, int32_t r, int32_t num) {
+  const uint8_t* wr[NW];
+  const uint8_t* x[max_rows];
+  float sums[NW * max_rows];
+  for (int k = 0; k < NW; k++) wr[k] = w.row(i + k);
+  for (int32_t k = 0; k < num; k++) x[k] = xq + (r + k) * x_row_bytes;
+#ifdef TROUPE_Q8_0_BY_4
+  if (xp != nullptr)
+    dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, as_rows<blocks::q8_0, max_rows>(x).p, xp, w.n / qk, sums);
+  else
+#endif
+    switch (num) {
+      case 4: dot_tile<NW, 4>(wr, x, w.type, w.n, sums); break;
+      case 3: dot_tile<NW, 3>(wr, x, w.type, w.n, sums); break;
+      case 2: dot_tile<NW, 2>(wr, x, w.type, w.n, sums); break;
+      default: dot_tile<NW, 1>(wr, x, w.type, w.n, sums); break;
+    }
+  for (int k = 0; k < NW; k++)
+    for (int32_t q = 0; q < num; q++) out[(r + q) * static_cast<int64_t>(w.d) + i + k] = sums[k * num + q];
 }
 #endif  // TROUPE_QUANTS_AVX2
 
@@ -362,31 +600,54 @@ void dot_rows(const uint8_t* w, const uint8_t* const* x, weight_type t, int32_t 
 /// costs more than they save.
 constexpr int64_t parallel_work_min = int64_t{1} << 18;
 
+/// Prefill takes the weight rows a panel of about this many bytes at a time, all activation
+/// rows against each panel: the panel stays in the core's cache (L2) while the activations
+/// pass, instead of every activation row streaming past each weight row.
+constexpr int64_t panel_bytes = 256 << 10;
+
 /// Outputs [begin, end) of every row: each weight row is read once for all activation rows,
 /// and each of its blocks unpacked once for up to max_rows of them.
-void matmul_outputs(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, int64_t begin, int64_t end) {
+void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_by_4_x* xp, const quant_matrix& w, int32_t rows,
+                    int64_t begin, int64_t end) {
   const int64_t x_row_bytes = row_bytes(dot_type(w.type), w.n);
-  for (int64_t i = begin; i < end; i++) {
-    const uint8_t* wi = w.row(i);
 #ifdef TROUPE_QUANTS_AVX2
+  const int64_t panel = std::max<int64_t>(1, panel_bytes / row_bytes(w.type, w.n));
+  for (int64_t i0 = begin; i0 < end; i0 += panel) {
+    const int64_t i1 = std::min(end, i0 + panel);
     for (int32_t r = 0; r < rows; r += max_rows) {
-      const uint8_t* x[max_rows];
-      float sums[max_rows];
       const int32_t num = std::min(max_rows, rows - r);
-      for (int32_t k = 0; k < num; k++) x[k] = xq + (r + k) * x_row_bytes;
-      switch (num) {
-        case 4: dot_rows<4>(wi, x, w.type, w.n, sums); break;
-        case 3: dot_rows<3>(wi, x, w.type, w.n, sums); break;
-        case 2: dot_rows<2>(wi, x, w.type, w.n, sums); break;
-        default: dot_rows<1>(wi, x, w.type, w.n, sums); break;
-      }
-      for (int32_t k = 0; k < num; k++) out[(r + k) * static_cast<int64_t>(w.d) + i] = sums[k];
-    }
-#else
-    for (int32_t r = 0; r < rows; r++)
-      out[r * static_cast<int64_t>(w.d) + i] = reference::vec_dot(wi, xq + r * x_row_bytes, w.type, w.n);
+      const q8_0_by_4_x* xr = nullptr;
+#ifdef TROUPE_Q8_0_BY_4
+      if (xp != nullptr && num == max_rows) xr = xp + (r / max_rows) * (w.n / qk / 4);
 #endif
+      int64_t i = i0;
+      if (rows > max_rows && num == max_rows)  // prefill: the panel's weights are in cache
+        for (; i + tile_weight_rows <= i1; i += tile_weight_rows)
+          tile_rows<tile_weight_rows>(out, xq, x_row_bytes, xr, w, i, r, num);
+      for (; i < i1; i++) tile_rows<1>(out, xq, x_row_bytes, xr, w, i, r, num);
+    }
   }
+#else
+  for (int64_t i = begin; i < end; i++)
+    for (int32_t r = 0; r < rows; r++)
+      out[r * static_cast<int64_t>(w.d) + i] = reference::vec_dot(w.row(i), xq + r * x_row_bytes, w.type, w.n);
+#endif
+}
+
+/// A matmul's activations laid out once for every weight row where a kernel takes them so
+/// (Q8_0 with VNNI, more than max_rows rows); null otherwise.
+const q8_0_by_4_x* prepare(const uint8_t* xq, const quant_matrix& w, int32_t rows) {
+#ifdef TROUPE_Q8_0_BY_4
+  if (w.type != weight_type::q8_0 || rows <= max_rows) return nullptr;
+  thread_local std::vector<q8_0_by_4_x> prepared;  // kept: its pages stay mapped between steps
+  const int32_t nb = w.n / qk;
+  prepared.resize(static_cast<size_t>(rows / max_rows) * (nb / 4));
+  prepare_q8_0_by_4(prepared.data(), xq, row_bytes(dot_type(w.type), w.n), rows / max_rows, nb);
+  return prepared.data();
+#else
+  (void)xq, (void)w, (void)rows;
+  return nullptr;
+#endif
 }
 
 }  // namespace
@@ -394,7 +655,7 @@ void matmul_outputs(float* out, const uint8_t* xq, const quant_matrix& w, int32_
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 #ifdef TROUPE_QUANTS_AVX2
   float out = 0.0f;
-  dot_rows<1>(w, &x, t, n, &out);
+  dot_tile<1, 1>(&w, &x, t, n, &out);
   return out;
 #else
   return reference::vec_dot(w, x, t, n);
@@ -404,11 +665,13 @@ float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool) {
   TROUPE_KERNEL_ASSERT(rows >= 0);
   const int64_t work = static_cast<int64_t>(w.d) * w.n * rows;
+  const q8_0_by_4_x* xp = prepare(xq, w, rows);
   if (pool == nullptr || pool->num_threads() == 1 || work < parallel_work_min) {
-    matmul_outputs(out, xq, w, rows, 0, w.d);
+    matmul_outputs(out, xq, xp, w, rows, 0, w.d);
     return;
   }
-  pool->parallel_for(w.d, [&](int32_t, int64_t begin, int64_t end) { matmul_outputs(out, xq, w, rows, begin, end); });
+  pool->parallel_for(w.d,
+                     [&](int32_t, int64_t begin, int64_t end) { matmul_outputs(out, xq, xp, w, rows, begin, end); });
 }
 
 }  // namespace troupe::kernels::cpu::fast
