@@ -535,6 +535,154 @@ void dot_q6_k(const blocks::q6_k* w, const blocks::q8_k* const* x, int32_t nb, f
   for (int r = 0; r < R; r++) out[r] = sum[r];
 }
 
+#ifdef __AVX512BW__
+#define TROUPE_K_QUANTS_512 1
+/// 32 int16 lanes: the low 16 `lo`, the high 16 `hi`.
+__m512i halves16(int16_t lo, int16_t hi) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1);
+}
+
+/// The totals of R <= 4 registers of 16 int32 (exact), lane r for register r (0 past R).
+template <int R>
+__m128i totals4(const __m512i* a) {
+  __m512i v[4];
+  for (int r = 0; r < 4; r++) v[r] = r < R ? a[r] : _mm512_setzero_si512();
+  const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+  const __m512i u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+  const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/// out[k * R + r] = lane r of sum[k].
+template <int NW, int R>
+void store_rows(const __m128* sum, float* out) {
+  for (int k = 0; k < NW; k++) {
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, sum[k]);
+    for (int r = 0; r < R; r++) out[k * R + r] = lanes[r];
+  }
+}
+
+/// Q4_K and Q5_K with 512-bit registers, NW weight rows by R activation rows: each 64-quant chunk
+/// (sub-blocks 2c and 2c + 1, low and high nibbles of 32 bytes) unpacked once into one register
+/// for every row, each activation chunk loaded once for every weight row; isum and msum as
+/// dot_k_mins, the same integers, the same float steps.
+template <int NW, int R, class Block>
+void dot_k_mins_512(const Block* const* w, const blocks::q8_k* const* x, int32_t nb, float* out) {
+  static_assert(R <= 4);
+  const __m512i m4 = _mm512_set1_epi8(0xF), one = _mm512_set1_epi8(1), nibble_shift = halves16(0, 4);
+  __m128 sum[NW];  // lane r: row r's
+  for (__m128& v : sum) v = _mm_setzero_ps();
+  for (int32_t i = 0; i < nb; i++) {
+    __m512i scales[NW];
+    __m128i mins[NW];
+    __m512i acc[NW][R];
+    for (int k = 0; k < NW; k++) {
+      prefetch_after<sizeof(Block)>(&w[k][i]);
+      const __m128i packed = scales_mins_k4(w[k][i].scales);
+      scales[k] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(packed));  // int16 0-7
+      mins[k] = _mm_cvtepu8_epi16(_mm_srli_si128(packed, 8));
+      for (__m512i& a : acc[k]) a = _mm512_setzero_si512();
+    }
+    for (int32_t c = 0; c < 4; c++) {
+      const __m512i pick = halves16(static_cast<int16_t>(2 * c), static_cast<int16_t>(2 * c + 1));
+      __m512i q[NW], scale[NW];
+      for (int k = 0; k < NW; k++) {
+        const Block& b = w[k][i];
+        q[k] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(b.qs + 32 * c)), nibble_shift), m4);
+        if (const uint8_t* qh = fifth_bits(b); qh != nullptr) {  // bits 2c and 2c + 1, worth 16
+          const __m512i bits = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(qh)), pick), one);
+          q[k] = _mm512_or_si512(q[k], _mm512_slli_epi16(bits, 4));
+        }
+        scale[k] = _mm512_permutexvar_epi16(pick, scales[k]);
+      }
+      for (int r = 0; r < R; r++) {
+        const __m512i xc = _mm512_loadu_si512(x[r][i].qs + 64 * c);
+        for (int k = 0; k < NW; k++)
+          acc[k][r] = _mm512_add_epi32(acc[k][r], _mm512_madd_epi16(_mm512_maddubs_epi16(q[k], xc), scale[k]));
+      }
+    }
+    // Lane r of each register below is row r's (rows past R: 0).
+    __m128i pairs[4];  // the chunks' activation sums: bsums[2j] + bsums[2j + 1]
+    alignas(16) float xd[4] = {};
+    for (int r = 0; r < 4; r++) {
+      pairs[r] = _mm_setzero_si128();
+      if (r >= R) continue;
+      const __m256i bsums = load32(x[r][i].bsums);
+      pairs[r] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+      xd[r] = x[r][i].d;
+    }
+    const __m128 xds = _mm_load_ps(xd);
+    for (int k = 0; k < NW; k++) {
+      const __m128 isum = _mm_cvtepi32_ps(totals4<R>(acc[k]));
+      const __m128 msum = _mm_cvtepi32_ps(_mm_hadd_epi32(
+          _mm_hadd_epi32(_mm_madd_epi16(mins[k], pairs[0]), _mm_madd_epi16(mins[k], pairs[1])),
+          _mm_hadd_epi32(_mm_madd_epi16(mins[k], pairs[2]), _mm_madd_epi16(mins[k], pairs[3]))));
+      const __m128 dw = _mm_set1_ps(blocks::f16_to_f32(w[k][i].d)), dmin = _mm_set1_ps(blocks::f16_to_f32(w[k][i].dmin));
+      // (xd * dw) * isum - (xd * dmin) * msum, lane by lane
+      sum[k] = _mm_add_ps(sum[k], _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(xds, dw), isum), _mm_mul_ps(_mm_mul_ps(xds, dmin), msum)));
+    }
+  }
+  store_rows<NW, R>(sum, out);
+}
+
+/// Q6_K with 512-bit registers, NW weight rows by R activation rows: per half, two registers of
+/// 64 quants (ql's low nibbles, then its high ones, with qh's bits), each four sub-blocks of 16
+/// whose int16 pair sums take their own scale; the offset of 32 through bsums as dot_q6_k.
+template <int NW, int R>
+void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, int32_t nb, float* out) {
+  static_assert(R <= 4);
+  const __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(3);
+  __m128 sum[NW];  // lane r: row r's
+  for (__m128& v : sum) v = _mm_setzero_ps();
+  for (int32_t i = 0; i < nb; i++) {
+    __m512i scales[NW];
+    __m512i acc[NW][R];
+    for (int k = 0; k < NW; k++) {
+      const blocks::q6_k& b = w[k][i];
+      prefetch_after<sizeof(blocks::q6_k)>(&b);
+      const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+      scales[k] = _mm512_zextsi256_si512(s16);
+      for (int r = 0; r < R; r++)  // -32 * sum of scale_j * bsums[j]
+        acc[k][r] = _mm512_zextsi256_si512(_mm256_sub_epi32(
+            _mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s16, load32(x[r][i].bsums)), 5)));
+    }
+    for (int32_t h = 0; h < 2; h++)
+      for (int32_t p = 0; p < 2; p++) {  // elements 128h + 64p .. + 64: sub-blocks 8h + 4p .. + 4
+        const int16_t sb = static_cast<int16_t>(8 * h + 4 * p);
+        const __m512i pick = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sb + 1)), _mm_set1_epi16(sb))),
+            _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sb + 3)), _mm_set1_epi16(static_cast<int16_t>(sb + 2))),
+            1);
+        const __m512i top_shift = halves16(static_cast<int16_t>(4 * p), static_cast<int16_t>(4 * p + 2));
+        __m512i q[NW], scale[NW];
+        for (int k = 0; k < NW; k++) {
+          const blocks::q6_k& b = w[k][i];
+          const __m512i ql = _mm512_loadu_si512(b.ql + 64 * h);
+          const __m512i low = _mm512_and_si512(p == 0 ? ql : _mm512_srli_epi16(ql, 4), m4);
+          const __m512i top = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(b.qh + 32 * h)), top_shift), m2);
+          q[k] = _mm512_or_si512(low, _mm512_slli_epi16(top, 4));
+          scale[k] = _mm512_permutexvar_epi16(pick, scales[k]);
+        }
+        for (int r = 0; r < R; r++) {
+          const __m512i xc = _mm512_loadu_si512(x[r][i].qs + 128 * h + 64 * p);
+          for (int k = 0; k < NW; k++)
+            acc[k][r] = _mm512_add_epi32(acc[k][r], _mm512_madd_epi16(_mm512_maddubs_epi16(q[k], xc), scale[k]));
+        }
+      }
+    alignas(16) float xd[4] = {};
+    for (int r = 0; r < R; r++) xd[r] = x[r][i].d;
+    const __m128 xds = _mm_load_ps(xd);
+    for (int k = 0; k < NW; k++) {
+      const __m128 dw = _mm_set1_ps(blocks::f16_to_f32(w[k][i].d));
+      sum[k] = _mm_add_ps(sum[k], _mm_mul_ps(_mm_mul_ps(xds, dw), _mm_cvtepi32_ps(totals4<R>(acc[k]))));
+    }
+  }
+  store_rows<NW, R>(sum, out);
+}
+#endif
+
 /// NW weight rows' dot products with R activation rows: out[k * R + r] = vec_dot(w[k], x[r], t,
 /// n), the same bits.
 template <int NW, int R>
@@ -552,6 +700,14 @@ void dot_tile(const uint8_t* const* w, const uint8_t* const* x, weight_type t, i
     case weight_type::q4_0:
       return dot_q8_0_family<NW, R, blocks::q4_0, q4_0_weights>(as_rows<blocks::q4_0, NW>(w).p,
                                                                  as_rows<blocks::q8_0, R>(x).p, nb, out);
+#ifdef TROUPE_K_QUANTS_512
+    case weight_type::q4_k:
+      return dot_k_mins_512<NW, R>(as_rows<blocks::q4_k, NW>(w).p, as_rows<blocks::q8_k, R>(x).p, nb, out);
+    case weight_type::q5_k:
+      return dot_k_mins_512<NW, R>(as_rows<blocks::q5_k, NW>(w).p, as_rows<blocks::q8_k, R>(x).p, nb, out);
+    case weight_type::q6_k:
+      return dot_q6_k_512<NW, R>(as_rows<blocks::q6_k, NW>(w).p, as_rows<blocks::q8_k, R>(x).p, nb, out);
+#endif
     default: break;
   }
   for (int k = 0; k < NW; k++, out += R) {
