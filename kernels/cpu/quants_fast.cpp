@@ -542,6 +542,16 @@ __m512i halves16(int16_t lo, int16_t hi) {
   return _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1);
 }
 
+/// acc + the int16 pairs' products with their scales, summed in pairs (exact): one VNNI
+/// instruction where there is one.
+__m512i scaled_add(__m512i acc, __m512i pairs, __m512i scales) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpwssd_epi32(acc, pairs, scales);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, scales));
+#endif
+}
+
 /// The totals of R <= 4 registers of 16 int32 (exact), lane r for register r (0 past R).
 template <int R>
 __m128i totals4(const __m512i* a) {
@@ -600,7 +610,7 @@ void dot_k_mins_512(const Block* const* w, const blocks::q8_k* const* x, int32_t
       for (int r = 0; r < R; r++) {
         const __m512i xc = _mm512_loadu_si512(x[r][i].qs + 64 * c);
         for (int k = 0; k < NW; k++)
-          acc[k][r] = _mm512_add_epi32(acc[k][r], _mm512_madd_epi16(_mm512_maddubs_epi16(q[k], xc), scale[k]));
+          acc[k][r] = scaled_add(acc[k][r], _mm512_maddubs_epi16(q[k], xc), scale[k]);
       }
     }
     // Lane r of each register below is row r's (rows past R: 0).
@@ -668,7 +678,7 @@ void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, in
         for (int r = 0; r < R; r++) {
           const __m512i xc = _mm512_loadu_si512(x[r][i].qs + 128 * h + 64 * p);
           for (int k = 0; k < NW; k++)
-            acc[k][r] = _mm512_add_epi32(acc[k][r], _mm512_madd_epi16(_mm512_maddubs_epi16(q[k], xc), scale[k]));
+            acc[k][r] = scaled_add(acc[k][r], _mm512_maddubs_epi16(q[k], xc), scale[k]);
         }
       }
     alignas(16) float xd[4] = {};
