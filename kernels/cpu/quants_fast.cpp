@@ -4,6 +4,7 @@
 // the reference's. Built without AVX2 (+FMA, F16C), fast:: is the reference.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -440,16 +441,16 @@ __m256i pick16(__m256i v, int lo, int hi) {
 /// A Q4_K or Q5_K block's 6-bit scales (bytes 0-7) and mins (bytes 8-15), unpacked from its 12
 /// bytes a word at a time (the layout of blocks::scale_min_k4): with A, B, C the three little-endian
 /// words, scales 0-3 = A & 63 per byte, mins 0-3 = B & 63, scales 4-7 = C's low nibbles with A's
-/// top two bits above them, mins 4-7 = C's high nibbles with B's top two bits.
+/// top two bits above them, mins 4-7 = C's high nibbles with B's top two bits. Loads 16 bytes:
+/// the 12 and 4 of what follows them in the block (its quants or fifth bits).
 __m128i scales_mins_k4(const uint8_t* packed) {
-  uint32_t a, b, c;
-  std::memcpy(&a, packed, 4);
-  std::memcpy(&b, packed + 4, 4);
-  std::memcpy(&c, packed + 8, 4);
-  constexpr uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
-  return _mm_setr_epi32(static_cast<int32_t>(a & low6), static_cast<int32_t>((c & low4) | (((a >> 6) & top2) << 4)),
-                        static_cast<int32_t>(b & low6),
-                        static_cast<int32_t>(((c >> 4) & low4) | (((b >> 6) & top2) << 4)));
+  constexpr int32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
+  const __m128i words = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+  const __m128i acbc = _mm_shuffle_epi32(words, _MM_SHUFFLE(2, 1, 2, 0));
+  const __m128i aabb = _mm_shuffle_epi32(words, _MM_SHUFFLE(1, 1, 0, 0));
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)), _mm_setr_epi32(low6, low4, low6, low4));
+  const __m128i top = _mm_and_si128(_mm_srlv_epi32(aabb, _mm_setr_epi32(0, 6, 0, 6)), _mm_setr_epi32(0, top2, 0, top2));
+  return _mm_or_si128(low, _mm_slli_epi32(top, 4));
 }
 
 /// Q4_K and Q5_K (with its fifth bits): each 32-quant chunk unpacked once for every row; per
@@ -555,6 +556,8 @@ __m512i scaled_add(__m512i acc, __m512i pairs, __m512i scales) {
 /// The totals of R <= 4 registers of 16 int32 (exact), lane r for register r (0 past R).
 template <int R>
 __m128i totals4(const __m512i* a) {
+  if constexpr (R == 1)
+    return _mm_cvtsi32_si128(hsum(_mm256_add_epi32(_mm512_castsi512_si256(a[0]), _mm512_extracti64x4_epi64(a[0], 1))));
   __m512i v[4];
   for (int r = 0; r < 4; r++) v[r] = r < R ? a[r] : _mm512_setzero_si512();
   const __m512i u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
@@ -613,25 +616,44 @@ void dot_k_mins_512(const Block* const* w, const blocks::q8_k* const* x, int32_t
           acc[k][r] = scaled_add(acc[k][r], _mm512_maddubs_epi16(q[k], xc), scale[k]);
       }
     }
-    // Lane r of each register below is row r's (rows past R: 0).
-    __m128i pairs[4];  // the chunks' activation sums: bsums[2j] + bsums[2j + 1]
-    alignas(16) float xd[4] = {};
-    for (int r = 0; r < 4; r++) {
-      pairs[r] = _mm_setzero_si128();
-      if (r >= R) continue;
-      const __m256i bsums = load32(x[r][i].bsums);
-      pairs[r] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-      xd[r] = x[r][i].d;
-    }
-    const __m128 xds = _mm_load_ps(xd);
-    for (int k = 0; k < NW; k++) {
-      const __m128 isum = _mm_cvtepi32_ps(totals4<R>(acc[k]));
-      const __m128 msum = _mm_cvtepi32_ps(_mm_hadd_epi32(
-          _mm_hadd_epi32(_mm_madd_epi16(mins[k], pairs[0]), _mm_madd_epi16(mins[k], pairs[1])),
-          _mm_hadd_epi32(_mm_madd_epi16(mins[k], pairs[2]), _mm_madd_epi16(mins[k], pairs[3]))));
-      const __m128 dw = _mm_set1_ps(blocks::f16_to_f32(w[k][i].d)), dmin = _mm_set1_ps(blocks::f16_to_f32(w[k][i].dmin));
-      // (xd * dw) * isum - (xd * dmin) * msum, lane by lane
-      sum[k] = _mm_add_ps(sum[k], _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(xds, dw), isum), _mm_mul_ps(_mm_mul_ps(xds, dmin), msum)));
+    if constexpr (R == 1) {  // decode: isum and msum reduced together, (xd * dw, xd * dmin) in one register
+      const __m256i bsums = load32(x[0][i].bsums);
+      const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+      const __m128 xd = _mm_set1_ps(x[0][i].d);
+      for (int k = 0; k < NW; k++) {
+        const __m256i a8 = _mm256_add_epi32(_mm512_castsi512_si256(acc[k][0]), _mm512_extracti64x4_epi64(acc[k][0], 1));
+        const __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(a8), _mm256_extracti128_si256(a8, 1));
+        __m128i both = _mm_hadd_epi32(a4, _mm_madd_epi16(mins[k], pairs));
+        both = _mm_hadd_epi32(both, both);  // (isum, msum, isum, msum)
+        uint32_t d_dmin;                    // the f16 d and dmin side by side
+        std::memcpy(&d_dmin, &w[k][i].d, sizeof(d_dmin));
+        static_assert(offsetof(Block, dmin) == offsetof(Block, d) + 2);
+        const __m128 scales = _mm_mul_ps(xd, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int32_t>(d_dmin))));
+        const __m128 terms = _mm_mul_ps(scales, _mm_cvtepi32_ps(both));  // (xd * dw) * isum, (xd * dmin) * msum
+        sum[k] = _mm_add_ss(sum[k], _mm_sub_ss(terms, _mm_movehdup_ps(terms)));
+      }
+    } else {  // lane r of each register below is row r's (rows past R: 0)
+      __m128i pairs[4];  // the chunks' activation sums: bsums[2j] + bsums[2j + 1]
+      alignas(16) float xd[4] = {};
+      for (int r = 0; r < 4; r++) {
+        pairs[r] = _mm_setzero_si128();
+        if (r >= R) continue;
+        const __m256i bsums = load32(x[r][i].bsums);
+        pairs[r] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        xd[r] = x[r][i].d;
+      }
+      const __m128 xds = _mm_load_ps(xd);
+      for (int k = 0; k < NW; k++) {
+        const __m128 isum = _mm_cvtepi32_ps(totals4<R>(acc[k]));
+        const __m128 msum = _mm_cvtepi32_ps(_mm_hadd_epi32(
+            _mm_hadd_epi32(_mm_madd_epi16(mins[k], pairs[0]), _mm_madd_epi16(mins[k], pairs[1])),
+            _mm_hadd_epi32(_mm_madd_epi16(mins[k], pairs[2]), _mm_madd_epi16(mins[k], pairs[3]))));
+        const __m128 dw = _mm_set1_ps(blocks::f16_to_f32(w[k][i].d));
+        const __m128 dmin = _mm_set1_ps(blocks::f16_to_f32(w[k][i].dmin));
+        // (xd * dw) * isum - (xd * dmin) * msum, lane by lane
+        sum[k] = _mm_add_ps(sum[k],
+                            _mm_sub_ps(_mm_mul_ps(_mm_mul_ps(xds, dw), isum), _mm_mul_ps(_mm_mul_ps(xds, dmin), msum)));
+      }
     }
   }
   store_rows<NW, R>(sum, out);
