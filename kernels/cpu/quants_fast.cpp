@@ -665,7 +665,7 @@ void dot_k_mins_512(const Block* const* w, const blocks::q8_k* const* x, int32_t
 template <int NW, int R>
 void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, int32_t nb, float* out) {
   static_assert(R <= 4);
-  const __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(3);
+  const __m512i m4 = _mm512_set1_epi8(0xF), m2_at_4 = _mm512_set1_epi8(0x30);
   __m128 sum[NW];  // lane r: row r's
   for (__m128& v : sum) v = _mm_setzero_ps();
   for (int32_t i = 0; i < nb; i++) {
@@ -687,14 +687,16 @@ void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, in
             _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sb + 1)), _mm_set1_epi16(sb))),
             _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sb + 3)), _mm_set1_epi16(static_cast<int16_t>(sb + 2))),
             1);
-        const __m512i top_shift = halves16(static_cast<int16_t>(4 * p), static_cast<int16_t>(4 * p + 2));
         __m512i q[NW], scale[NW];
         for (int k = 0; k < NW; k++) {
           const blocks::q6_k& b = w[k][i];
           const __m512i ql = _mm512_loadu_si512(b.ql + 64 * h);
-          const __m512i low = _mm512_and_si512(p == 0 ? ql : _mm512_srli_epi16(ql, 4), m4);
-          const __m512i top = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(load32(b.qh + 32 * h)), top_shift), m2);
-          q[k] = _mm512_or_si512(low, _mm512_slli_epi16(top, 4));
+          // qh's bits 4p + 2 * half and the next, moved to bits 4 and 5 of each byte
+          const __m512i qh = _mm512_broadcast_i64x4(load32(b.qh + 32 * h));
+          const __m512i top = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(qh, halves16(4, 2)) : _mm512_srlv_epi16(qh, halves16(0, 2)),
+                                               m2_at_4);
+          // (low nibble & 0x0F) | top in one ternary logic op (0xEA: (A & B) | C)
+          q[k] = _mm512_ternarylogic_epi32(p == 0 ? ql : _mm512_srli_epi16(ql, 4), m4, top, 0xEA);
           scale[k] = _mm512_permutexvar_epi16(pick, scales[k]);
         }
         for (int r = 0; r < R; r++) {
@@ -715,72 +717,91 @@ void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, in
 }
 #endif
 
-/// NW weight rows' dot products with R activation rows: out[k * R + r] = vec_dot(w[k], x[r], t,
-/// n), the same bits.
+/// Weight rows [i0, i1) of w, a multiple of NW of them, against the R activation rows x: row r's
+/// output i at out[r * out_stride + i], vec_dot(w.row(i), x[r]), the same bits. The type is
+/// dispatched once for the range; each kernel call takes NW weight rows. xp: the activations
+/// prepared for dot_q8_0_by_4 (R = max_rows, Q8_0 with VNNI), else null.
 template <int NW, int R>
-void dot_tile(const uint8_t* const* w, const uint8_t* const* x, weight_type t, int32_t n, float* out) {
+void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe_unused]] const q8_0_by_4_x* xp,
+                const quant_matrix& w, int64_t i0, int64_t i1) {
+  const weight_type t = w.type;
   TROUPE_KERNEL_ASSERT(is_weight_type(static_cast<uint32_t>(t)));
-  const int32_t nb = n / block_elements(t);
-  TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n);
+  const int32_t n = w.n, nb = n / block_elements(t);
+  TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n && (i1 - i0) % NW == 0);
+  const int64_t w_row_bytes = row_bytes(t, n);
+  const auto each = [&](auto&& kernel) {
+    for (int64_t i = i0; i < i1; i += NW) {
+      const uint8_t* wr[NW];
+      float sums[NW * R];
+      for (int k = 0; k < NW; k++) wr[k] = w.data + (i + k) * w_row_bytes;
+      kernel(wr, sums);
+      for (int k = 0; k < NW; k++)
+        for (int r = 0; r < R; r++) out[r * out_stride + i + k] = sums[k * R + r];
+    }
+  };
+  using rows = const uint8_t* const*;
+  const auto q8_0_x = as_rows<blocks::q8_0, R>(x);
+  const auto q8_k_x = as_rows<blocks::q8_k, R>(x);
   switch (t) {
-    case weight_type::f32: return dot_float<NW, R, 4, load_f32, load1_f32>(w, x, n, out);
-    case weight_type::f16: return dot_float<NW, R, 2, load_f16, load1_16<blocks::f16_to_f32>>(w, x, n, out);
-    case weight_type::bf16: return dot_float<NW, R, 2, load_bf16, load1_16<blocks::bf16_to_f32>>(w, x, n, out);
+    case weight_type::f32: return each([&](rows wr, float* s) { dot_float<NW, R, 4, load_f32, load1_f32>(wr, x, n, s); });
+    case weight_type::f16:
+      return each([&](rows wr, float* s) { dot_float<NW, R, 2, load_f16, load1_16<blocks::f16_to_f32>>(wr, x, n, s); });
+    case weight_type::bf16:
+      return each([&](rows wr, float* s) { dot_float<NW, R, 2, load_bf16, load1_16<blocks::bf16_to_f32>>(wr, x, n, s); });
     case weight_type::q8_0:
-      return dot_q8_0_family<NW, R, blocks::q8_0, q8_0_weights>(as_rows<blocks::q8_0, NW>(w).p,
-                                                                 as_rows<blocks::q8_0, R>(x).p, nb, out);
+#ifdef TROUPE_Q8_0_BY_4
+      if constexpr (R == max_rows)
+        if (xp != nullptr)
+          return each([&](rows wr, float* s) { dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, xp, nb, s); });
+#endif
+      return each([&](rows wr, float* s) {
+        dot_q8_0_family<NW, R, blocks::q8_0, q8_0_weights>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, nb, s);
+      });
     case weight_type::q4_0:
-      return dot_q8_0_family<NW, R, blocks::q4_0, q4_0_weights>(as_rows<blocks::q4_0, NW>(w).p,
-                                                                 as_rows<blocks::q8_0, R>(x).p, nb, out);
+      return each([&](rows wr, float* s) {
+        dot_q8_0_family<NW, R, blocks::q4_0, q4_0_weights>(as_rows<blocks::q4_0, NW>(wr).p, q8_0_x.p, nb, s);
+      });
 #ifdef TROUPE_K_QUANTS_512
     case weight_type::q4_k:
-      return dot_k_mins_512<NW, R>(as_rows<blocks::q4_k, NW>(w).p, as_rows<blocks::q8_k, R>(x).p, nb, out);
+      return each([&](rows wr, float* s) { dot_k_mins_512<NW, R>(as_rows<blocks::q4_k, NW>(wr).p, q8_k_x.p, nb, s); });
     case weight_type::q5_k:
-      return dot_k_mins_512<NW, R>(as_rows<blocks::q5_k, NW>(w).p, as_rows<blocks::q8_k, R>(x).p, nb, out);
+      return each([&](rows wr, float* s) { dot_k_mins_512<NW, R>(as_rows<blocks::q5_k, NW>(wr).p, q8_k_x.p, nb, s); });
     case weight_type::q6_k:
-      return dot_q6_k_512<NW, R>(as_rows<blocks::q6_k, NW>(w).p, as_rows<blocks::q8_k, R>(x).p, nb, out);
+      return each([&](rows wr, float* s) { dot_q6_k_512<NW, R>(as_rows<blocks::q6_k, NW>(wr).p, q8_k_x.p, nb, s); });
+#else
+    case weight_type::q4_k:
+      return each([&](rows wr, float* s) {
+        for (int k = 0; k < NW; k++) dot_k_mins<R>(as<blocks::q4_k>(wr[k]), q8_k_x.p, nb, s + k * R);
+      });
+    case weight_type::q5_k:
+      return each([&](rows wr, float* s) {
+        for (int k = 0; k < NW; k++) dot_k_mins<R>(as<blocks::q5_k>(wr[k]), q8_k_x.p, nb, s + k * R);
+      });
+    case weight_type::q6_k:
+      return each([&](rows wr, float* s) {
+        for (int k = 0; k < NW; k++) dot_q6_k<R>(as<blocks::q6_k>(wr[k]), q8_k_x.p, nb, s + k * R);
+      });
 #endif
-    default: break;
+    case weight_type::q8_k: break;
   }
-  for (int k = 0; k < NW; k++, out += R) {
-    switch (t) {
-      case weight_type::q4_k: dot_k_mins<R>(as<blocks::q4_k>(w[k]), as_rows<blocks::q8_k, R>(x).p, nb, out); break;
-      case weight_type::q5_k: dot_k_mins<R>(as<blocks::q5_k>(w[k]), as_rows<blocks::q8_k, R>(x).p, nb, out); break;
-      case weight_type::q6_k: dot_q6_k<R>(as<blocks::q6_k>(w[k]), as_rows<blocks::q8_k, R>(x).p, nb, out); break;
-      default: TROUPE_KERNEL_ASSERT(false);
-    }
-  }
+  TROUPE_KERNEL_ASSERT(false);
 }
 
-/// Weight rows taken together by dot_tile when there are more than max_rows activation rows
+/// Weight rows taken together by tile_range when there are more than max_rows activation rows
 /// (prefill): each activation register then feeds this many weight rows. AVX2's 16 registers
 /// hold one weight row's accumulators for max_rows rows; AVX-512's 32 hold three.
 constexpr int32_t tile_weight_rows = fvec_lanes == 16 ? 3 : 1;
 
-/// Rows [r, r + num) of the activations against weight rows [i, i + NW), into out; xp: the rows'
-/// prepared Q8_0 blocks where the matmul prepared them (4 rows), else null.
+/// tile_range for the num (1..max_rows) activation rows x.
 template <int NW>
-void tile_rows(float* out, const uint8_t* xq, int64_t x_row_bytes, [[maybe_unused]] const q8_0_by_4_x* xp,
-               const quant_matrix& w,
-               int64_t i, int32_t r, int32_t num) {
-  const uint8_t* wr[NW];
-  const uint8_t* x[max_rows];
-  float sums[NW * max_rows];
-  for (int k = 0; k < NW; k++) wr[k] = w.row(i + k);
-  for (int32_t k = 0; k < num; k++) x[k] = xq + (r + k) * x_row_bytes;
-#ifdef TROUPE_Q8_0_BY_4
-  if (xp != nullptr)
-    dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, as_rows<blocks::q8_0, max_rows>(x).p, xp, w.n / qk, sums);
-  else
-#endif
-    switch (num) {
-      case 4: dot_tile<NW, 4>(wr, x, w.type, w.n, sums); break;
-      case 3: dot_tile<NW, 3>(wr, x, w.type, w.n, sums); break;
-      case 2: dot_tile<NW, 2>(wr, x, w.type, w.n, sums); break;
-      default: dot_tile<NW, 1>(wr, x, w.type, w.n, sums); break;
-    }
-  for (int k = 0; k < NW; k++)
-    for (int32_t q = 0; q < num; q++) out[(r + q) * static_cast<int64_t>(w.d) + i + k] = sums[k * num + q];
+void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, int32_t num, const q8_0_by_4_x* xp,
+                const quant_matrix& w, int64_t i0, int64_t i1) {
+  switch (num) {
+    case 4: return tile_range<NW, 4>(out, out_stride, x, xp, w, i0, i1);
+    case 3: return tile_range<NW, 3>(out, out_stride, x, xp, w, i0, i1);
+    case 2: return tile_range<NW, 2>(out, out_stride, x, xp, w, i0, i1);
+    default: return tile_range<NW, 1>(out, out_stride, x, xp, w, i0, i1);
+  }
 }
 #endif  // TROUPE_QUANTS_AVX2
 
@@ -808,11 +829,15 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_b
 #ifdef TROUPE_Q8_0_BY_4
       if (xp != nullptr && num == max_rows) xr = xp + (r / max_rows) * (w.n / qk / 4);
 #endif
+      const uint8_t* x[max_rows];
+      for (int32_t k = 0; k < num; k++) x[k] = xq + (r + k) * x_row_bytes;
+      float* o = out + r * static_cast<int64_t>(w.d);
       int64_t i = i0;
-      if (rows > max_rows && num == max_rows)  // prefill: the panel's weights are in cache
-        for (; i + tile_weight_rows <= i1; i += tile_weight_rows)
-          tile_rows<tile_weight_rows>(out, xq, x_row_bytes, xr, w, i, r, num);
-      for (; i < i1; i++) tile_rows<1>(out, xq, x_row_bytes, xr, w, i, r, num);
+      if (rows > max_rows && num == max_rows) {  // prefill: the panel's weights are in cache
+        i = i0 + (i1 - i0) / tile_weight_rows * tile_weight_rows;
+        tile_range<tile_weight_rows>(o, w.d, x, num, xr, w, i0, i);
+      }
+      tile_range<1>(o, w.d, x, num, xr, w, i, i1);
     }
   }
 #else
@@ -843,7 +868,7 @@ const q8_0_by_4_x* prepare(const uint8_t* xq, const quant_matrix& w, int32_t row
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 #ifdef TROUPE_QUANTS_AVX2
   float out = 0.0f;
-  dot_tile<1, 1>(&w, &x, t, n, &out);
+  tile_range<1, 1>(&out, 0, &x, nullptr, quant_matrix{w, t, 1, n}, 0, 1);
   return out;
 #else
   return reference::vec_dot(w, x, t, n);
