@@ -494,6 +494,24 @@ TEST(QuantsMatmul, FastEqualsReferenceForRowsOneToNine) {
   }
 }
 
+TEST(QuantsMatmul, PrefillAcrossPanelsAndTilesEqualsReference) {
+  // Prefill's path: weight rows in panels of ~256 KiB (601 rows of 2048 span 2-10 of them,
+  // none a multiple of the 3-row tiles), 4-row groups with Q8_0's prepared activations, and the
+  // 3 rows left after them.
+  std::mt19937 rng(29);
+  thread_pool pool(2);
+  constexpr int32_t d = 601, n = 2048, rows = 11;
+  for (weight_type t : all_weight_types) {
+    const random_problem p = make_problem(t, d, n, rows, rng);
+    std::vector<float> ref(static_cast<size_t>(rows) * d), fst(ref.size(), -1.0f), split(ref.size(), -1.0f);
+    reference::matmul(ref.data(), p.xq.data(), p.w, rows);
+    fast::matmul(fst.data(), p.xq.data(), p.w, rows);
+    fast::matmul(split.data(), p.xq.data(), p.w, rows, &pool);
+    EXPECT_TRUE(same_bits(ref, fst)) << type_name(t);
+    EXPECT_TRUE(same_bits(ref, split)) << type_name(t) << " on 2 threads";
+  }
+}
+
 TEST(QuantsMatmul, Q8_0FamilyRowsWithBlocksPastTheLastFour) {
   // 3 and 7 blocks a row: the blocks after the last whole four take their own path per row group.
   std::mt19937 rng(17);
