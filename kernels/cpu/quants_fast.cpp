@@ -27,6 +27,7 @@ namespace troupe::kernels::cpu::fast {
 namespace {
 
 struct q8_0_by_4_x;
+struct q8_0_by_4;
 
 #ifdef TROUPE_QUANTS_AVX2
 using blocks::qk;
@@ -378,39 +379,67 @@ void prepare_q8_0_by_4(q8_0_by_4_x* out, const uint8_t* xq, int64_t x_row_bytes,
     }
 }
 
+/// A weight row's blocks 4j..4j+3 laid out for dot_q8_0_by_4: the quants two blocks to a
+/// register, what the sums with x + 128 exceed the exact ones by (128 x each block's weight sum)
+/// and the scales as floats, each in the four elements of its block's 128-bit lane. Prepared
+/// once per panel of weight rows for all the matmul's activation rows.
+struct q8_0_by_4_w {
+  __m512i w[2];
+  __m512i excess;
+  __m512 dw;
+};
+
+/// Weight rows [first, first + count) of w, blocks [0, nb - nb % 4): element (i - first) * (nb / 4) + j.
+void prepare_q8_0_by_4(q8_0_by_4_w* out, const quant_matrix& w, int64_t first, int64_t count) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i each_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const int32_t nb = w.n / qk;
+  for (int64_t i = first; i < first + count; i++) {
+    const blocks::q8_0* row = as<blocks::q8_0>(w.row(i));
+    for (int32_t j = 0; j + 4 <= nb; j += 4, out++) {
+      const blocks::q8_0* b = row + j;
+      out->w[0] = load_two(b[0].qs, b[1].qs);
+      out->w[1] = load_two(b[2].qs, b[3].qs);
+      __m512i sum = fold_blocks(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, out->w[0]),
+                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, out->w[1]));
+      sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32(sum, _MM_PERM_BADC));
+      sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32(sum, _MM_PERM_CDAB));
+      out->excess = _mm512_slli_epi32(sum, 7);
+      const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(b[0].d), static_cast<int16_t>(b[1].d),
+                                          static_cast<int16_t>(b[2].d), static_cast<int16_t>(b[3].d), 0, 0, 0, 0);
+      out->dw = _mm512_permutexvar_ps(each_lane, _mm512_castps128_ps512(_mm_cvtph_ps(dw16)));
+    }
+  }
+}
+
+/// A Q8_0 prefill's prepared operands for one 4-row group and the weight panel in hand.
+struct q8_0_by_4 {
+  const q8_0_by_4_x* x;  ///< the group's, from block 0
+  const q8_0_by_4_w* w;  ///< the panel's, from its first row
+  int64_t first;         ///< the panel's first weight row
+};
+
 /// Q8_0 with VNNI, NW weight rows by 4 prepared activation rows (prefill): the same sums and
 /// float steps as dot_q8_0_family, with the pairs' four lanes kept transposed — one register per
 /// weight row, lane 4b + r for row r's lane b — so that one set of shuffles finishes the block
-/// sums of four rows at once, and two blocks go through each 512-bit dot product. x: the 4 rows
-/// as stored (for the blocks past the last whole four); xp: their prepared blocks.
+/// sums of four rows at once, and two blocks go through each 512-bit dot product. w, x: the rows
+/// as stored (for the blocks past the last whole four); xp, wp: their prepared blocks.
 template <int NW>
-void dot_q8_0_by_4(const blocks::q8_0* const* w, const blocks::q8_0* const* x, const q8_0_by_4_x* xp, int32_t nb,
-                   float* out) {
+void dot_q8_0_by_4(const blocks::q8_0* const* w, const blocks::q8_0* const* x, const q8_0_by_4_x* xp,
+                   const q8_0_by_4_w* const* wp, int32_t nb, float* out) {
   constexpr int R = 4;
-  const __m512i ones = _mm512_set1_epi8(1);
-  const __m512i each_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512 acc[NW];
   for (__m512& a : acc) a = _mm512_setzero_ps();
   const int32_t body = nb - nb % 4;
-  for (int32_t i = 0; i < body; i += 4, xp++) {
+  for (int32_t j = 0; j < body / 4; j++, xp++) {
     for (int k = 0; k < NW; k++) {
-      const blocks::q8_0* b = w[k] + i;
-      prefetch_after<4 * sizeof(blocks::q8_0)>(b);
-      const __m512i w01 = load_two(b[0].qs, b[1].qs), w23 = load_two(b[2].qs, b[3].qs);
+      const q8_0_by_4_w& wj = wp[k][j];
       __m512i folded[R];
       for (int r = 0; r < R; r++)
-        folded[r] = fold_blocks(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xp->u[r][0], w01),
-                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), xp->u[r][1], w23));
-      // 128 x each block's weight sum, in each of its lane's four elements
-      __m512i wsum = fold_blocks(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w01),
-                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w23));
-      wsum = _mm512_add_epi32(wsum, _mm512_shuffle_epi32(wsum, _MM_PERM_BADC));
-      wsum = _mm512_add_epi32(wsum, _mm512_shuffle_epi32(wsum, _MM_PERM_CDAB));
-      const __m512i sums = _mm512_sub_epi32(transpose_totals(folded), _mm512_slli_epi32(wsum, 7));
-      const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(b[0].d), static_cast<int16_t>(b[1].d),
-                                          static_cast<int16_t>(b[2].d), static_cast<int16_t>(b[3].d), 0, 0, 0, 0);
-      const __m512 dw = _mm512_permutexvar_ps(each_lane, _mm512_castps128_ps512(_mm_cvtph_ps(dw16)));
-      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, xp->dx)));
+        folded[r] = fold_blocks(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xp->u[r][0], wj.w[0]),
+                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), xp->u[r][1], wj.w[1]));
+      const __m512i sums = _mm512_sub_epi32(transpose_totals(folded), wj.excess);
+      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(wj.dw, xp->dx)));
     }
   }
   for (int k = 0; k < NW; k++) {
@@ -719,10 +748,10 @@ void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, in
 
 /// Weight rows [i0, i1) of w, a multiple of NW of them, against the R activation rows x: row r's
 /// output i at out[r * out_stride + i], vec_dot(w.row(i), x[r]), the same bits. The type is
-/// dispatched once for the range; each kernel call takes NW weight rows. xp: the activations
+/// dispatched once for the range; each kernel call takes NW weight rows. prep: the operands
 /// prepared for dot_q8_0_by_4 (R = max_rows, Q8_0 with VNNI), else null.
 template <int NW, int R>
-void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe_unused]] const q8_0_by_4_x* xp,
+void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe_unused]] const q8_0_by_4* prep,
                 const quant_matrix& w, int64_t i0, int64_t i1) {
   const weight_type t = w.type;
   TROUPE_KERNEL_ASSERT(is_weight_type(static_cast<uint32_t>(t)));
@@ -734,7 +763,7 @@ void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe
       const uint8_t* wr[NW];
       float sums[NW * R];
       for (int k = 0; k < NW; k++) wr[k] = w.data + (i + k) * w_row_bytes;
-      kernel(wr, sums);
+      kernel(wr, i, sums);
       for (int k = 0; k < NW; k++)
         for (int r = 0; r < R; r++) out[r * out_stride + i + k] = sums[k * R + r];
     }
@@ -743,42 +772,46 @@ void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe
   const auto q8_0_x = as_rows<blocks::q8_0, R>(x);
   const auto q8_k_x = as_rows<blocks::q8_k, R>(x);
   switch (t) {
-    case weight_type::f32: return each([&](rows wr, float* s) { dot_float<NW, R, 4, load_f32, load1_f32>(wr, x, n, s); });
+    case weight_type::f32: return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) { dot_float<NW, R, 4, load_f32, load1_f32>(wr, x, n, s); });
     case weight_type::f16:
-      return each([&](rows wr, float* s) { dot_float<NW, R, 2, load_f16, load1_16<blocks::f16_to_f32>>(wr, x, n, s); });
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) { dot_float<NW, R, 2, load_f16, load1_16<blocks::f16_to_f32>>(wr, x, n, s); });
     case weight_type::bf16:
-      return each([&](rows wr, float* s) { dot_float<NW, R, 2, load_bf16, load1_16<blocks::bf16_to_f32>>(wr, x, n, s); });
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) { dot_float<NW, R, 2, load_bf16, load1_16<blocks::bf16_to_f32>>(wr, x, n, s); });
     case weight_type::q8_0:
 #ifdef TROUPE_Q8_0_BY_4
       if constexpr (R == max_rows)
-        if (xp != nullptr)
-          return each([&](rows wr, float* s) { dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, xp, nb, s); });
+        if (prep != nullptr)
+          return each([&](rows wr, int64_t i, float* s) {
+            const q8_0_by_4_w* wp[NW];
+            for (int k = 0; k < NW; k++) wp[k] = prep->w + (i + k - prep->first) * (nb / 4);
+            dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, prep->x, wp, nb, s);
+          });
 #endif
-      return each([&](rows wr, float* s) {
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         dot_q8_0_family<NW, R, blocks::q8_0, q8_0_weights>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, nb, s);
       });
     case weight_type::q4_0:
-      return each([&](rows wr, float* s) {
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         dot_q8_0_family<NW, R, blocks::q4_0, q4_0_weights>(as_rows<blocks::q4_0, NW>(wr).p, q8_0_x.p, nb, s);
       });
 #ifdef TROUPE_K_QUANTS_512
     case weight_type::q4_k:
-      return each([&](rows wr, float* s) { dot_k_mins_512<NW, R>(as_rows<blocks::q4_k, NW>(wr).p, q8_k_x.p, nb, s); });
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) { dot_k_mins_512<NW, R>(as_rows<blocks::q4_k, NW>(wr).p, q8_k_x.p, nb, s); });
     case weight_type::q5_k:
-      return each([&](rows wr, float* s) { dot_k_mins_512<NW, R>(as_rows<blocks::q5_k, NW>(wr).p, q8_k_x.p, nb, s); });
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) { dot_k_mins_512<NW, R>(as_rows<blocks::q5_k, NW>(wr).p, q8_k_x.p, nb, s); });
     case weight_type::q6_k:
-      return each([&](rows wr, float* s) { dot_q6_k_512<NW, R>(as_rows<blocks::q6_k, NW>(wr).p, q8_k_x.p, nb, s); });
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) { dot_q6_k_512<NW, R>(as_rows<blocks::q6_k, NW>(wr).p, q8_k_x.p, nb, s); });
 #else
     case weight_type::q4_k:
-      return each([&](rows wr, float* s) {
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         for (int k = 0; k < NW; k++) dot_k_mins<R>(as<blocks::q4_k>(wr[k]), q8_k_x.p, nb, s + k * R);
       });
     case weight_type::q5_k:
-      return each([&](rows wr, float* s) {
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         for (int k = 0; k < NW; k++) dot_k_mins<R>(as<blocks::q5_k>(wr[k]), q8_k_x.p, nb, s + k * R);
       });
     case weight_type::q6_k:
-      return each([&](rows wr, float* s) {
+      return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         for (int k = 0; k < NW; k++) dot_q6_k<R>(as<blocks::q6_k>(wr[k]), q8_k_x.p, nb, s + k * R);
       });
 #endif
@@ -794,13 +827,13 @@ constexpr int32_t tile_weight_rows = fvec_lanes == 16 ? 3 : 1;
 
 /// tile_range for the num (1..max_rows) activation rows x.
 template <int NW>
-void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, int32_t num, const q8_0_by_4_x* xp,
+void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, int32_t num, const q8_0_by_4* prep,
                 const quant_matrix& w, int64_t i0, int64_t i1) {
   switch (num) {
-    case 4: return tile_range<NW, 4>(out, out_stride, x, xp, w, i0, i1);
-    case 3: return tile_range<NW, 3>(out, out_stride, x, xp, w, i0, i1);
-    case 2: return tile_range<NW, 2>(out, out_stride, x, xp, w, i0, i1);
-    default: return tile_range<NW, 1>(out, out_stride, x, xp, w, i0, i1);
+    case 4: return tile_range<NW, 4>(out, out_stride, x, prep, w, i0, i1);
+    case 3: return tile_range<NW, 3>(out, out_stride, x, prep, w, i0, i1);
+    case 2: return tile_range<NW, 2>(out, out_stride, x, prep, w, i0, i1);
+    default: return tile_range<NW, 1>(out, out_stride, x, prep, w, i0, i1);
   }
 }
 #endif  // TROUPE_QUANTS_AVX2
@@ -823,11 +856,24 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_b
   const int64_t panel = std::max<int64_t>(1, panel_bytes / row_bytes(w.type, w.n));
   for (int64_t i0 = begin; i0 < end; i0 += panel) {
     const int64_t i1 = std::min(end, i0 + panel);
+#ifdef TROUPE_Q8_0_BY_4
+    const q8_0_by_4_w* wp = nullptr;
+    if (xp != nullptr) {
+      thread_local std::vector<q8_0_by_4_w> prepared;  // kept: its pages stay mapped between steps
+      prepared.resize(static_cast<size_t>(i1 - i0) * (w.n / qk / 4));
+      prepare_q8_0_by_4(prepared.data(), w, i0, i1 - i0);
+      wp = prepared.data();
+    }
+#endif
     for (int32_t r = 0; r < rows; r += max_rows) {
       const int32_t num = std::min(max_rows, rows - r);
-      const q8_0_by_4_x* xr = nullptr;
+      const q8_0_by_4* prep = nullptr;
 #ifdef TROUPE_Q8_0_BY_4
-      if (xp != nullptr && num == max_rows) xr = xp + (r / max_rows) * (w.n / qk / 4);
+      q8_0_by_4 prep_group{};
+      if (xp != nullptr && num == max_rows) {
+        prep_group = {xp + (r / max_rows) * (w.n / qk / 4), wp, i0};
+        prep = &prep_group;
+      }
 #endif
       const uint8_t* x[max_rows];
       for (int32_t k = 0; k < num; k++) x[k] = xq + (r + k) * x_row_bytes;
@@ -835,9 +881,9 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_b
       int64_t i = i0;
       if (rows > max_rows && num == max_rows) {  // prefill: the panel's weights are in cache
         i = i0 + (i1 - i0) / tile_weight_rows * tile_weight_rows;
-        tile_range<tile_weight_rows>(o, w.d, x, num, xr, w, i0, i);
+        tile_range<tile_weight_rows>(o, w.d, x, num, prep, w, i0, i);
       }
-      tile_range<1>(o, w.d, x, num, xr, w, i, i1);
+      tile_range<1>(o, w.d, x, num, prep, w, i, i1);
     }
   }
 #else
