@@ -167,7 +167,9 @@ void run_once(const options& o, const cost::cost_params& prior, double budget_ms
   s.step_cost = prior;
   s.step_time_correction_window = window;
   top.engines[0].step_log = log_path;
-  auto node = topology::launch_node(sys, top, "local", {true, 1});
+  topology::launch_options options;  // detached executors
+  options.seed_base = 1;
+  auto node = topology::launch_node(sys, top, "local", options);
   TROUPE_ASSERT_MSG(node.has_value(), "the bundled model launches");
   const actors::engine_actor engine = node->engines.at(0);
   const auto report = [&] {

@@ -53,7 +53,9 @@ std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::
   topology::topology top = topology::single_node(t.checkpoint_path, std::string(TROUPE_MODELS_DIR) + "/tok512.bin");
   top.engines[0].config = t.engine;
   top.engines[0].step_log = step_log;
-  auto node = topology::launch_node(sys, top, "local", {true, 1});
+  topology::launch_options options;  // detached executors
+  options.seed_base = 1;
+  auto node = topology::launch_node(sys, top, "local", options);
   TROUPE_ASSERT_MSG(node.has_value(), "the bundled model launches");
   msg::completion_request warm;  // the executor packs weights when spawned: do that first
   warm.max_tokens = 2;

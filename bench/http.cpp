@@ -231,7 +231,9 @@ int run(int argc, char** argv) {
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg, topology::node_compute_threads(top, top.nodes[0].name));
   caf::actor_system sys{cfg};
-  auto node = topology::launch_node(sys, top, top.nodes[0].name, {true, 1});
+  topology::launch_options options;  // detached executors
+  options.seed_base = 1;
+  auto node = topology::launch_node(sys, top, top.nodes[0].name, options);
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
   gateway::gateway_options g;
   g.model.id = "stories260K";

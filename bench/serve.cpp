@@ -71,7 +71,9 @@ double serve_once(const topology::topology& t, const std::vector<std::vector<int
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg, topology::node_compute_threads(t, t.nodes[0].name));
   caf::actor_system sys{cfg};
-  auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
+  topology::launch_options options;  // detached executors
+  options.seed_base = 1;
+  auto node = topology::launch_node(sys, t, t.nodes[0].name, options);
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
   {
     // Warm-up: the executor packs its weights and allocates its KV pool when spawned; one short

@@ -81,7 +81,9 @@ std::vector<second_a> run_node(const topology::topology& t, const options& o) {
   caf::actor_system_config cfg;
   actors::configure_real_time(cfg, topology::node_compute_threads(t, t.nodes[0].name));
   caf::actor_system sys{cfg};
-  auto node = topology::launch_node(sys, t, t.nodes[0].name, {true, 1});
+  topology::launch_options options;  // detached executors
+  options.seed_base = 1;
+  auto node = topology::launch_node(sys, t, t.nodes[0].name, options);
   TROUPE_ASSERT_MSG(node.has_value(), "the benchmark topology launches");
   (void)run_one(sys, node->load_balancer, random_prompt(1000, prompt_length));  // warm-up: weights packed, pool allocated
   std::vector<second_a> out;

@@ -1,6 +1,6 @@
 #pragma once
 
-/// ggml's block layouts (ggml-common.h), shared by quants.cpp and quants_fast.cpp; not part of
+/// ggml's block layouts (ggml-common.h), shared by quants.cpp and quants_fast.inl; not part of
 /// the kernels' interface (quants.hpp). Each struct is read in place from a mapped row: every
 /// block size is a multiple of its alignment, so a row that starts aligned (GGUF aligns tensor
 /// data to 32 bytes) keeps every block aligned.

@@ -1,5 +1,5 @@
 // ggml's weight formats: the type table, dequantization, activation conversion and the readable
-// reference dot products, in the order quants.hpp fixes. quants_fast.cpp must reproduce these
+// reference dot products, in the order quants.hpp fixes. quants_fast.inl must reproduce these
 // bits exactly.
 #include "kernels/cpu/quants.hpp"
 

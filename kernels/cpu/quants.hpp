@@ -106,16 +106,36 @@ void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows);
 
 namespace fast {
 
-/// Same contract and bits as reference::vec_dot, with AVX2 (and AVX-512 where built for it).
+/// The instruction sets the fast kernels are built for, each with the reference's bits:
+/// AVX2 (x86-64-v3: AVX2, FMA, F16C) and AVX-512 (x86-64-v4 with VNNI). Whatever the build's
+/// -march, both are built; the best the CPU runs is chosen at run time.
+enum class isa { reference, avx2, avx512 };
+
+/// "reference", "avx2", "avx512".
+[[nodiscard]] const char* isa_name(isa i);
+
+/// Whether this CPU runs `i` (the reference always).
+[[nodiscard]] bool cpu_runs(isa i);
+
+/// The set vec_dot and matmul use: the best this CPU runs, chosen once.
+[[nodiscard]] isa selected_isa();
+
+/// Same contract and bits as reference::vec_dot, on the selected instruction set.
 [[nodiscard]] float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n);
 
-/// Same contract and bits as reference::matmul; with a pool, large products split their
-/// outputs over its threads (each output computed whole by one thread). Each weight block is
-/// unpacked once for up to 4 activation rows (prefill, batched decode), the rows' float steps
-/// kept apart, and weights are prefetched ahead of the row they stream; Q8_0 takes AVX-512
-/// VNNI's u8 x s8 dot product where the build has it (x + 128 against the weights, 128 x their
-/// sum taken back: the same exact block sums).
+/// Same contract and bits as reference::matmul, on the selected instruction set; with a pool,
+/// large products split their outputs over its threads (each output computed whole by one
+/// thread). Decode: each weight block unpacked once for up to 4 activation rows, weights
+/// prefetched ahead of the row they stream. Prefill (more than 4 rows): the weight rows a panel
+/// of ~256 KiB at a time against every activation row, 3 weight rows x 4 activation rows per
+/// kernel call with AVX-512; Q8_0 with VNNI's u8 x s8 dot product (x + 128 against the weights,
+/// 128 x their sum taken back: the same exact block sums), its activations and each panel laid
+/// out once for the whole product.
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
+
+/// matmul on a given instruction set, which the CPU must run (cpu_runs): for tests and benches
+/// that compare the sets.
+void matmul(isa i, float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
 
 }  // namespace fast
 

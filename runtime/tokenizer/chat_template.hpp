@@ -28,7 +28,7 @@ struct chat_message {
   std::string content;
   /// The message's other keys as a JSON object's text ("" for none): an assistant turn's
   /// `tool_calls`, a tool result's `tool_call_id` and `name`, which a model's own template reads.
-  std::string extras;
+  std::string extras = {};
 };
 
 /// "bare", "plain", "chatml", "llama2" or "llama3".

@@ -1,7 +1,13 @@
-// Fast dot products over ggml's block formats: quants.cpp's reference with AVX2. Inside a block
-// every product is summed as an exact int32, so the lanes may add in any order; the float steps
-// between blocks are the reference's, one at a time, in its order (quants.hpp), so the bits are
-// the reference's. Built without AVX2 (+FMA, F16C), fast:: is the reference.
+// Fast dot products over ggml's block formats: quants.cpp's reference with AVX2 and AVX-512.
+// Inside a block every product is summed as an exact int32, so the lanes may add in any order;
+// the float steps between blocks are the reference's, one at a time, in its order (quants.hpp),
+// so the bits are the reference's. Included once per instruction set (quants_avx2.cpp,
+// quants_avx512.cpp: TROUPE_QUANTS_ISA names the namespace; kernels/CMakeLists.txt gives each its
+// -march), chosen at run time by quants_dispatch.cpp. Built without AVX2 (+FMA, F16C), it is the
+// reference.
+#ifndef TROUPE_QUANTS_ISA
+#error "quants_fast.inl is included by quants_avx2.cpp and quants_avx512.cpp, which name the ISA"
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -23,7 +29,7 @@
 #include "kernels/cpu/quant_blocks.hpp"
 #include "kernels/cpu/quants.hpp"
 
-namespace troupe::kernels::cpu::fast {
+namespace troupe::kernels::cpu::fast::TROUPE_QUANTS_ISA {
 namespace {
 
 struct q8_0_by_4_x;
@@ -935,4 +941,4 @@ void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, 
                      [&](int32_t, int64_t begin, int64_t end) { matmul_outputs(out, xq, xp, w, rows, begin, end); });
 }
 
-}  // namespace troupe::kernels::cpu::fast
+}  // namespace troupe::kernels::cpu::fast::TROUPE_QUANTS_ISA
