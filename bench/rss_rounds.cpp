@@ -89,8 +89,10 @@ int run(const options& o) {
   caf::expected<actors::balancer_client_actor> lb = actors::balancer_client_actor{};
   if (o.in_process) {
     const std::string models = TROUPE_MODELS_DIR;
+    topology::launch_options options;  // detached executors
+    options.seed_base = 1;
     auto launched = topology::launch_node(
-        sys, topology::single_node(models + "/stories260K.bin", models + "/tok512.bin"), "local", {true, 1});
+        sys, topology::single_node(models + "/stories260K.bin", models + "/tok512.bin"), "local", options);
     if (!launched) {
       std::fprintf(stderr, "%s\n", launched.error().message.c_str());
       return 2;

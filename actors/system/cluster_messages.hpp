@@ -49,7 +49,7 @@ struct place_request {
   /// A request placed again: the engine it lost (its DOWN message or the balancer's
   /// engine_lost), which the balancer counts lost before it chooses (the two DOWN messages
   /// race).
-  actors::engine_actor lost;
+  actors::engine_actor lost = {};
   /// `lost` is not lost but draining: it forwarded the request. The balancer places nothing
   /// more there (its load report saying so may still be on the way).
   bool drained = false;

@@ -87,11 +87,11 @@ struct completion_chunk {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   /// Per token, the num_top_logprobs most likely tokens (raw logprobs, descending).
-  std::vector<std::vector<sampling::token_logprob>> top_logprobs;
+  std::vector<std::vector<sampling::token_logprob>> top_logprobs = {};
   /// A chat answer's reasoning and tool calls, parsed out of its text by the tags' token ids
   /// (serve::output_channels): `text` is then the answer's content only.
-  std::string reasoning_text;
-  std::vector<tool_call> tool_calls;
+  std::string reasoning_text = {};
+  std::vector<tool_call> tool_calls = {};
 };
 
 /// The last message of a completion that finished.
