@@ -151,12 +151,9 @@ int32_t hsum(__m256i v) {
 
 __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-/// 32 products of unsigned quants q (each < 64) with int8 x, less `offset` x each, as 16 int16
-/// pair sums: every pair stays within +-2 * 64 * 128, so maddubs never saturates.
-__m256i pairs_u_i8(__m256i q, __m256i x, int8_t offset) {
-  const __m256i p = _mm256_maddubs_epi16(q, x);
-  return offset == 0 ? p : _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(offset), x));
-}
+/// 32 products of unsigned quants q (each < 64) with int8 x as 16 int16 pair sums: every pair
+/// stays within +-2 * 64 * 128, so maddubs never saturates.
+__m256i pairs_u_i8(__m256i q, __m256i x) { return _mm256_maddubs_epi16(q, x); }
 
 // ---- block dot products ----
 
@@ -184,7 +181,7 @@ __m128i hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
 // Each weight type below gives: of(block), its weights ready for every row; prepare(x block), an
 // activation block ready for every weight row; partial(act), the block's products as 8 int32
 // partial sums; and what those sums exceed the exact block sum by, from the weights
-// (w_excess) or from the activations (x_excess) where a kernel needs an offset. All exact.
+// (w_excess) or from the activations (x_excess), where has_w_excess / has_x_excess say so. All exact.
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 /// Q8_0 with VNNI's u8 x s8 dot product: the activations go in as x + 128 (unsigned), so the
@@ -203,7 +200,6 @@ struct q8_0_weights {
   [[nodiscard]] __m256i w_excess() const {
     return _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), w), 7);
   }
-  static __m256i x_excess(const act&) { return _mm256_setzero_si256(); }
 };
 #else
 /// Q8_0 widened to int16 (the usual sign-flip trick for maddubs gets -128 x -128 wrong, and
@@ -222,8 +218,6 @@ struct q8_0_weights {
   [[nodiscard]] __m256i partial(const act& x) const {
     return _mm256_add_epi32(_mm256_madd_epi16(lo, x.lo), _mm256_madd_epi16(hi, x.hi));
   }
-  [[nodiscard]] __m256i w_excess() const { return _mm256_setzero_si256(); }
-  static __m256i x_excess(const act&) { return _mm256_setzero_si256(); }
 };
 #endif
 
@@ -242,9 +236,8 @@ struct q4_0_weights {
   }
   static act prepare(const blocks::q8_0& x) { return {load32(x.qs)}; }
   [[nodiscard]] __m256i partial(const act& x) const {
-    return _mm256_madd_epi16(pairs_u_i8(q, x.x, 0), _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(pairs_u_i8(q, x.x), _mm256_set1_epi16(1));
   }
-  [[nodiscard]] __m256i w_excess() const { return _mm256_setzero_si256(); }
   static __m256i x_excess(const act& x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), x.x), _mm256_set1_epi16(1));
   }
@@ -271,7 +264,9 @@ void add_last_blocks(const Block* const* w, const blocks::q8_0* const* x, int32_
       const typename Weights::act a = Weights::prepare(x[r][i]);
       const float dx = blocks::f16_to_f32(x[r][i].d);
       for (int k = 0; k < NW; k++) {
-        const int32_t isum = hsum(wb[k].partial(a)) - hsum(wb[k].w_excess()) - hsum(Weights::x_excess(a));
+        int32_t isum = hsum(wb[k].partial(a));
+        if constexpr (Weights::has_w_excess) isum -= hsum(wb[k].w_excess());
+        if constexpr (Weights::has_x_excess) isum -= hsum(Weights::x_excess(a));
         out[k * R + r] += static_cast<float>(isum) * (blocks::f16_to_f32(w[k][i].d) * dx);
       }
     }
@@ -516,8 +511,8 @@ void dot_k_mins(const Block* w, const blocks::q8_k* const* x, int32_t nb, float*
       const __m256i s0 = pick16(scales, 2 * c, 2 * c), s1 = pick16(scales, 2 * c + 1, 2 * c + 1);
       for (int r = 0; r < R; r++) {
         const int8_t* xq = x[r][i].qs + 64 * c;
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs_u_i8(lo, load32(xq), 0), s0));
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs_u_i8(hi, load32(xq + 32), 0), s1));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs_u_i8(lo, load32(xq)), s0));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs_u_i8(hi, load32(xq + 32)), s1));
       }
     }
     const float dw = blocks::f16_to_f32(b.d), dmin = blocks::f16_to_f32(b.dmin);
@@ -561,7 +556,7 @@ void dot_q6_k(const blocks::q6_k* w, const blocks::q8_k* const* x, int32_t nb, f
         const __m256i q = _mm256_or_si256(low[k], _mm256_slli_epi16(top, 4));
         const __m256i scale = pick16(half, 2 * k, 2 * k + 1);  // sub-blocks 8h + 2k and 8h + 2k + 1
         for (int r = 0; r < R; r++) {
-          const __m256i p = pairs_u_i8(q, load32(x[r][i].qs + 128 * h + 32 * k), 0);
+          const __m256i p = pairs_u_i8(q, load32(x[r][i].qs + 128 * h + 32 * k));
           acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, scale));
         }
       }

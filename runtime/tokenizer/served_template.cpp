@@ -112,7 +112,7 @@ expected<std::vector<segment>> served_template::render_builtin(const json& reque
       return fail(errc::invalid_argument, std::string("the built-in ") + to_string(stop_format_) +
                                               " chat template takes no tool calls or tool results (the model has no "
                                               "template of its own)");
-    messages.push_back({m["role"].get<std::string>(), content.is_null() ? "" : content.get<std::string>(), ""});
+    messages.push_back({m["role"].get<std::string>(), content.is_null() ? "" : content.get<std::string>()});
   }
   return render_chat(stop_format_, messages, request.value("add_generation_prompt", true));
 }
