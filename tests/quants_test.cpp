@@ -450,6 +450,9 @@ TEST(QuantsDot, Q8_0MinusOneTwentyEightSquaredIsExact) {
   put_u16(x, 0, 0x3C00);
   EXPECT_EQ(reference::vec_dot(w.data(), x.data(), weight_type::q8_0, 32), 524288.0f);  // 32 x 16384
   EXPECT_EQ(fast::vec_dot(w.data(), x.data(), weight_type::q8_0, 32), 524288.0f);
+  float one_row = 0.0f;  // decode's matmul, with its activation row prepared
+  fast::matmul(&one_row, x.data(), quant_matrix{w.data(), weight_type::q8_0, 1, 32}, 1);
+  EXPECT_EQ(one_row, 524288.0f);
 }
 
 // ---- matmul ----
@@ -537,10 +540,11 @@ TEST(QuantsMatmul, EveryInstructionSetGivesTheReferenceBits) {
 }
 
 TEST(QuantsMatmul, Q8_0FamilyRowsWithBlocksPastTheLastFour) {
-  // 3 and 7 blocks a row: the blocks after the last whole four take their own path per row group.
+  // 3, 7 and 13 blocks a row: the blocks after the last whole four take their own path per row
+  // group (13: one-row decode's steps of eight blocks, then four, then one).
   std::mt19937 rng(17);
   for (weight_type t : {weight_type::q8_0, weight_type::q4_0}) {
-    for (int32_t n : {96, 224}) {
+    for (int32_t n : {96, 224, 416}) {
       const random_problem p = make_problem(t, 5, n, 9, rng);
       for (int32_t rows = 1; rows <= 9; rows++) {
         std::vector<float> ref(static_cast<size_t>(rows) * 5), fst(ref.size(), -1.0f);

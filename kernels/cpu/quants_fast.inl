@@ -34,6 +34,20 @@ namespace {
 
 struct q8_0_by_4_x;
 struct q8_0_by_4;
+struct one_row_x;
+
+/// What a matmul lays out once for all its weight rows, where a kernel takes it so (Q8_0 and
+/// Q4_0 with VNNI); null otherwise.
+struct prepared_x {
+  const q8_0_by_4_x* by_4 = nullptr;  ///< Q8_0 prefill: every group of max_rows rows
+  const one_row_x* one_row = nullptr;  ///< Q8_0, Q4_0 decode: the one row
+};
+
+/// What tile_range's kernels take prepared: prepared_x, and for Q8_0 prefill the weight panel.
+struct prepared_ops {
+  const q8_0_by_4* by_4 = nullptr;  ///< R = max_rows
+  const one_row_x* one_row = nullptr;  ///< R = 1
+};
 
 #ifdef TROUPE_QUANTS_AVX2
 using blocks::qk;
@@ -451,6 +465,122 @@ void dot_q8_0_by_4(const blocks::q8_0* const* w, const blocks::q8_0* const* x, c
   }
   add_last_blocks<NW, R, blocks::q8_0, q8_0_weights>(w, x, body, nb, out);
 }
+
+// ---- Q8_0 and Q4_0 decode (one activation row) with VNNI ----
+
+/// A decode step's activation row laid out once for all the weight rows of a Q8_0 or Q4_0
+/// matmul. The weights go into the dot products unsigned (Q8_0's + 128, Q4_0's nibbles without
+/// their offset of 8), so each block's sum exceeds the exact one by what only the activations
+/// decide: 128 x the block's quant sum for Q8_0, 8 x it for Q4_0, taken here once per row.
+struct one_row_x {
+  struct pair {
+    __m512i q;
+  };
+  std::vector<pair> q;       ///< blocks 2j, 2j + 1 in q[j]: for Q8_0 as stored, for Q4_0 by halves
+                                ///< (a0-15 b0-15 a16-31 b16-31, the order a pair's nibbles unpack in)
+  std::vector<int32_t> excess;  ///< per block
+  std::vector<float> dx;        ///< per block, the scale as float
+};
+
+__m128i load16(const int8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+/// x: nb Q8_0 blocks, for weights of type t (Q8_0 or Q4_0).
+void prepare_one_row(one_row_x& out, const blocks::q8_0* x, int32_t nb, weight_type t) {
+  out.q.resize(static_cast<size_t>(nb / 2));
+  out.excess.resize(static_cast<size_t>(nb));
+  out.dx.resize(static_cast<size_t>(nb));
+  const int32_t offset = t == weight_type::q8_0 ? 128 : 8;
+  for (int32_t i = 0; i < nb; i++) {
+    int32_t sum = 0;
+    for (const int8_t q : x[i].qs) sum += q;
+    out.excess[static_cast<size_t>(i)] = offset * sum;
+    out.dx[static_cast<size_t>(i)] = blocks::f16_to_f32(x[i].d);
+  }
+  for (int32_t j = 0; j < nb / 2; j++) {
+    const int8_t* a = x[2 * j].qs;
+    const int8_t* b = x[2 * j + 1].qs;
+    out.q[static_cast<size_t>(j)].q =
+        t == weight_type::q8_0
+            ? load_two(a, b)
+            : _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(load16(b), load16(a))),
+                                 _mm256_set_m128i(load16(b + 16), load16(a + 16)), 1);
+  }
+}
+
+/// Two weight blocks as the dot product takes them (unsigned, in one_row_x's order), and the
+/// fold_blocks immediates that bring a pair of such products' 128-bit lanes to block order.
+struct q8_0_pair {
+  static constexpr int fold_a = 0x88, fold_b = 0xDD;  // block a in lanes 0, 1
+  static __m512i of(const blocks::q8_0* b) {
+    return _mm512_xor_si512(load_two(b[0].qs, b[1].qs), _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+};
+struct q4_0_pair {
+  static constexpr int fold_a = 0x44, fold_b = 0xEE;  // block a in lanes 0, 2
+  static __m512i of(const blocks::q4_0* b) {
+    const __m256i raw = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[1].qs)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0].qs)));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+    return _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
+  }
+};
+
+/// Two pairs' products (blocks 0, 1 and 2, 3) folded to one 128-bit lane of 4 partial sums per
+/// block, lane b for block b.
+template <class Pair>
+__m512i fold_pairs(__m512i p01, __m512i p23) {
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(p01, p23, Pair::fold_a), _mm512_shuffle_i32x4(p01, p23, Pair::fold_b));
+}
+
+/// Eight blocks' totals, element b for block b, from two fold_pairs results (blocks 0-3, 4-7).
+__m256i block_totals(__m512i c0, __m512i c1) {
+  const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi32(c0, c1), _mm512_unpackhi_epi32(c0, c1));
+  const __m512i v = _mm512_add_epi32(u, _mm512_unpackhi_epi64(u, u));  // per lane: c0's total, c1's
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), v));
+}
+
+/// One weight row against the prepared activation row (x: the row as stored, for the blocks
+/// past the last whole four): the same sums and float steps as dot_q8_0_family<1, 1>, eight
+/// blocks per step, two to each 512-bit dot product.
+template <class Block, class Pair, class Weights>
+float dot_one_row(const Block* w, const blocks::q8_0* x, const one_row_x& xp, int32_t nb) {
+  const __m512i zero = _mm512_setzero_si512();
+  __m128 lanes = _mm_setzero_ps();
+  const int32_t body = nb - nb % 4;
+  int32_t i = 0;
+  for (; i + 8 <= body; i += 8) {
+    prefetch_after<8 * sizeof(Block)>(w + i);
+    const one_row_x::pair* xq = xp.q.data() + i / 2;
+    const __m512i c0 = fold_pairs<Pair>(_mm512_dpbusd_epi32(zero, Pair::of(w + i), xq[0].q),
+                                        _mm512_dpbusd_epi32(zero, Pair::of(w + i + 2), xq[1].q));
+    const __m512i c1 = fold_pairs<Pair>(_mm512_dpbusd_epi32(zero, Pair::of(w + i + 4), xq[2].q),
+                                        _mm512_dpbusd_epi32(zero, Pair::of(w + i + 6), xq[3].q));
+    const __m256i sums = _mm256_sub_epi32(block_totals(c0, c1),
+                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp.excess.data() + i)));
+    const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(w[i].d), static_cast<int16_t>(w[i + 1].d),
+                                        static_cast<int16_t>(w[i + 2].d), static_cast<int16_t>(w[i + 3].d),
+                                        static_cast<int16_t>(w[i + 4].d), static_cast<int16_t>(w[i + 5].d),
+                                        static_cast<int16_t>(w[i + 6].d), static_cast<int16_t>(w[i + 7].d));
+    const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_cvtph_ps(dw16), _mm256_loadu_ps(xp.dx.data() + i)));
+    lanes = _mm_add_ps(lanes, _mm256_castps256_ps128(p));
+    lanes = _mm_add_ps(lanes, _mm256_extractf128_ps(p, 1));
+  }
+  for (; i < body; i += 4) {
+    const one_row_x::pair* xq = xp.q.data() + i / 2;
+    const __m512i c = fold_pairs<Pair>(_mm512_dpbusd_epi32(zero, Pair::of(w + i), xq[0].q),
+                                       _mm512_dpbusd_epi32(zero, Pair::of(w + i + 2), xq[1].q));
+    const __m128i sums = _mm_sub_epi32(_mm256_castsi256_si128(block_totals(c, c)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(xp.excess.data() + i)));
+    const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(w[i].d), static_cast<int16_t>(w[i + 1].d),
+                                        static_cast<int16_t>(w[i + 2].d), static_cast<int16_t>(w[i + 3].d), 0, 0, 0, 0);
+    lanes = _mm_add_ps(lanes, _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(_mm_cvtph_ps(dw16), _mm_loadu_ps(xp.dx.data() + i))));
+  }
+  float out = sum_lanes(lanes);
+  const Block* wr[1] = {w};
+  const blocks::q8_0* xr[1] = {x};
+  add_last_blocks<1, 1, Block, Weights>(wr, xr, body, nb, &out);
+  return out;
+}
 #endif
 
 const uint8_t* fifth_bits(const blocks::q4_k&) { return nullptr; }
@@ -750,10 +880,10 @@ void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, in
 
 /// Weight rows [i0, i1) of w, a multiple of NW of them, against the R activation rows x: row r's
 /// output i at out[r * out_stride + i], vec_dot(w.row(i), x[r]), the same bits. The type is
-/// dispatched once for the range; each kernel call takes NW weight rows. prep: the operands
-/// prepared for dot_q8_0_by_4 (R = max_rows, Q8_0 with VNNI), else null.
+/// dispatched once for the range; each kernel call takes NW weight rows, with the operands
+/// prepared for it where there are.
 template <int NW, int R>
-void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe_unused]] const q8_0_by_4* prep,
+void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe_unused]] const prepared_ops& prep,
                 const quant_matrix& w, int64_t i0, int64_t i1) {
   const weight_type t = w.type;
   TROUPE_KERNEL_ASSERT(is_weight_type(static_cast<uint32_t>(t)));
@@ -782,17 +912,31 @@ void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe
     case weight_type::q8_0:
 #ifdef TROUPE_Q8_0_BY_4
       if constexpr (R == max_rows)
-        if (prep != nullptr)
+        if (prep.by_4 != nullptr)
           return each([&](rows wr, int64_t i, float* s) {
             const q8_0_by_4_w* wp[NW];
-            for (int k = 0; k < NW; k++) wp[k] = prep->w + (i + k - prep->first) * (nb / 4);
-            dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, prep->x, wp, nb, s);
+            for (int k = 0; k < NW; k++) wp[k] = prep.by_4->w + (i + k - prep.by_4->first) * (nb / 4);
+            dot_q8_0_by_4<NW>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, prep.by_4->x, wp, nb, s);
+          });
+      if constexpr (R == 1)
+        if (prep.one_row != nullptr)
+          return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
+            for (int k = 0; k < NW; k++)
+              s[k] = dot_one_row<blocks::q8_0, q8_0_pair, q8_0_weights>(as<blocks::q8_0>(wr[k]), q8_0_x.p[0], *prep.one_row, nb);
           });
 #endif
       return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         dot_q8_0_family<NW, R, blocks::q8_0, q8_0_weights>(as_rows<blocks::q8_0, NW>(wr).p, q8_0_x.p, nb, s);
       });
     case weight_type::q4_0:
+#ifdef TROUPE_Q8_0_BY_4
+      if constexpr (R == 1)
+        if (prep.one_row != nullptr)
+          return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
+            for (int k = 0; k < NW; k++)
+              s[k] = dot_one_row<blocks::q4_0, q4_0_pair, q4_0_weights>(as<blocks::q4_0>(wr[k]), q8_0_x.p[0], *prep.one_row, nb);
+          });
+#endif
       return each([&](rows wr, [[maybe_unused]] int64_t i, float* s) {
         dot_q8_0_family<NW, R, blocks::q4_0, q4_0_weights>(as_rows<blocks::q4_0, NW>(wr).p, q8_0_x.p, nb, s);
       });
@@ -829,7 +973,7 @@ constexpr int32_t tile_weight_rows = fvec_lanes == 16 ? 3 : 1;
 
 /// tile_range for the num (1..max_rows) activation rows x.
 template <int NW>
-void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, int32_t num, const q8_0_by_4* prep,
+void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, int32_t num, const prepared_ops& prep,
                 const quant_matrix& w, int64_t i0, int64_t i1) {
   switch (num) {
     case 4: return tile_range<NW, 4>(out, out_stride, x, prep, w, i0, i1);
@@ -851,7 +995,7 @@ constexpr int64_t panel_bytes = 256 << 10;
 
 /// Outputs [begin, end) of every row: each weight row is read once for all activation rows,
 /// and each of its blocks unpacked once for up to max_rows of them.
-void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_by_4_x* xp, const quant_matrix& w, int32_t rows,
+void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const prepared_x& xp, const quant_matrix& w, int32_t rows,
                     int64_t begin, int64_t end) {
   const int64_t x_row_bytes = row_bytes(dot_type(w.type), w.n);
 #ifdef TROUPE_QUANTS_AVX2
@@ -860,7 +1004,7 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_b
     const int64_t i1 = std::min(end, i0 + panel);
 #ifdef TROUPE_Q8_0_BY_4
     const q8_0_by_4_w* wp = nullptr;
-    if (xp != nullptr) {  // for any number of groups: 16 streams' decode steps measured 17% shorter than with
+    if (xp.by_4 != nullptr) {  // for any number of groups: 16 streams' decode steps measured 17% shorter than with
                           // each group computing the weights' side itself
       thread_local std::vector<q8_0_by_4_w> prepared;  // kept: its pages stay mapped between steps
       prepared.resize(static_cast<size_t>(i1 - i0) * (w.n / qk / 4));
@@ -870,12 +1014,12 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_b
 #endif
     for (int32_t r = 0; r < rows; r += max_rows) {
       const int32_t num = std::min(max_rows, rows - r);
-      const q8_0_by_4* prep = nullptr;
+      prepared_ops prep{nullptr, xp.one_row};
 #ifdef TROUPE_Q8_0_BY_4
       q8_0_by_4 prep_group{};
-      if (xp != nullptr && num == max_rows) {
-        prep_group = {xp + (r / max_rows) * (w.n / qk / 4), wp, i0};
-        prep = &prep_group;
+      if (xp.by_4 != nullptr && num == max_rows) {
+        prep_group = {xp.by_4 + (r / max_rows) * (w.n / qk / 4), wp, i0};
+        prep.by_4 = &prep_group;
       }
 #endif
       const uint8_t* x[max_rows];
@@ -896,19 +1040,24 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const q8_0_b
 #endif
 }
 
-/// A matmul's activations laid out once for every weight row where a kernel takes them so
-/// (Q8_0 with VNNI, more than max_rows rows); null otherwise.
-const q8_0_by_4_x* prepare(const uint8_t* xq, const quant_matrix& w, int32_t rows) {
+/// A matmul's activations laid out once for every weight row where a kernel takes them so:
+/// Q8_0 with VNNI and more than max_rows rows, Q8_0 or Q4_0 with VNNI and one row.
+prepared_x prepare(const uint8_t* xq, const quant_matrix& w, int32_t rows) {
 #ifdef TROUPE_Q8_0_BY_4
-  if (w.type != weight_type::q8_0 || rows <= max_rows) return nullptr;
-  thread_local std::vector<q8_0_by_4_x> prepared;  // kept: its pages stay mapped between steps
   const int32_t nb = w.n / qk;
+  if (rows == 1 && (w.type == weight_type::q8_0 || w.type == weight_type::q4_0)) {
+    thread_local one_row_x prepared;  // kept: its pages stay mapped between steps
+    prepare_one_row(prepared, as<blocks::q8_0>(xq), nb, w.type);
+    return {nullptr, &prepared};
+  }
+  if (w.type != weight_type::q8_0 || rows <= max_rows) return {};
+  thread_local std::vector<q8_0_by_4_x> prepared;  // kept: its pages stay mapped between steps
   prepared.resize(static_cast<size_t>(rows / max_rows) * (nb / 4));
   prepare_q8_0_by_4(prepared.data(), xq, row_bytes(dot_type(w.type), w.n), rows / max_rows, nb);
-  return prepared.data();
+  return {prepared.data(), nullptr};
 #else
   (void)xq, (void)w, (void)rows;
-  return nullptr;
+  return {};
 #endif
 }
 
@@ -917,7 +1066,7 @@ const q8_0_by_4_x* prepare(const uint8_t* xq, const quant_matrix& w, int32_t row
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 #ifdef TROUPE_QUANTS_AVX2
   float out = 0.0f;
-  tile_range<1, 1>(&out, 0, &x, nullptr, quant_matrix{w, t, 1, n}, 0, 1);
+  tile_range<1, 1>(&out, 0, &x, prepared_ops{}, quant_matrix{w, t, 1, n}, 0, 1);
   return out;
 #else
   return reference::vec_dot(w, x, t, n);
@@ -927,7 +1076,7 @@ float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool) {
   TROUPE_KERNEL_ASSERT(rows >= 0);
   const int64_t work = static_cast<int64_t>(w.d) * w.n * rows;
-  const q8_0_by_4_x* xp = prepare(xq, w, rows);
+  const prepared_x xp = prepare(xq, w, rows);
   if (pool == nullptr || pool->num_threads() == 1 || work < parallel_work_min) {
     matmul_outputs(out, xq, xp, w, rows, 0, w.d);
     return;
