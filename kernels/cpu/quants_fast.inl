@@ -106,8 +106,10 @@ float load1_16(const uint8_t* p, int64_t j) {
 }
 
 /// Asks for the cache lines `ahead` bytes past a block of `bytes` bytes: a weight row streams
-/// from memory, and the rows of a matrix follow each other, so the next blocks are known.
-template <int32_t bytes, int32_t ahead = 2048>
+/// from memory, and the rows of a matrix follow each other, so the next blocks are known. 8 KiB
+/// ahead: one-thread decode measured 8-14% faster than 2 KiB on Q8_0, Q4_K_M, F16 and Q6_K (1 KiB
+/// slower, 16 KiB no better); prefill unchanged.
+template <int32_t bytes, int32_t ahead = 8192>
 void prefetch_after(const void* block) {
   const char* p = static_cast<const char*>(block) + ahead;
   for (int32_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
