@@ -148,6 +148,47 @@ TEST(Kernels, FastAttentionEqualsReferenceBitForBit) {
   }
 }
 
+TEST(Kernels, AttentionRowsEqualsTheReferenceRowByRow) {
+  // Tiles of 1-9 rows of one sequence against each row alone in the reference: head sizes 64
+  // (16 elements a register), 12 (8 + 4 one at a time) and 80; 1, 3 and 4 query heads per KV
+  // head (passes of 8 pairs that cross rows); blocks of 16 and of 7 positions; a window of 11
+  // and a soft cap; and a scratch that holds 5 pairs' scores, so passes cross KV heads and rows.
+  struct scenario {
+    attention_shape shape;
+    int32_t block_size;
+    int64_t scratch_rows;  // scores scratch, in pairs' rows (0: ample)
+  };
+  for (const scenario& sc : {scenario{{8, 2, 64, 0.0f, 0.0f, 0}, 16, 0}, scenario{{12, 4, 12, 0.0f, 0.0f, 0}, 7, 0},
+                             scenario{{4, 4, 80, 0.0f, 0.0f, 0}, 16, 0}, scenario{{6, 2, 16, 3.0f, 1.5f, 11}, 16, 0},
+                             scenario{{8, 2, 64, 0.0f, 0.0f, 0}, 16, 5}}) {
+    const attention_shape& shape = sc.shape;
+    const int32_t bs = sc.block_size, kv_dim = shape.n_kv_heads * shape.head_size, num_blocks = 12;
+    const int32_t q_dim = shape.n_heads * shape.head_size;
+    const auto keys = random_floats(static_cast<size_t>(num_blocks) * bs * kv_dim, 21);
+    const auto values = random_floats(keys.size(), 22);
+    std::vector<int32_t> table(num_blocks);
+    for (int32_t b = 0; b < num_blocks; b++) table[static_cast<size_t>(b)] = (b * 5 + 3) % num_blocks;
+    const paged_kv kv{keys.data(), values.data(), table.data(), bs, kv_dim};
+    const auto q = random_floats(static_cast<size_t>(9) * q_dim, 23);
+    for (int32_t first_positions : {1, 7, 16, 30})
+      for (int32_t rows = 1; rows <= 9; rows++) {
+        const int32_t last = first_positions + rows - 1;
+        const int64_t scratch = sc.scratch_rows > 0 ? sc.scratch_rows * last : int64_t{shape.n_heads} * last * rows;
+        std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(scratch, int64_t{shape.n_heads} * last)));
+        std::vector<float> tiled(static_cast<size_t>(rows) * q_dim, -1.0f);
+        fast::attention_rows(tiled.data(), q.data(), q_dim, scores.data(), scratch, kv, first_positions, rows, shape);
+        for (int32_t r = 0; r < rows; r++) {
+          std::vector<float> ref(static_cast<size_t>(q_dim));
+          reference::attention(ref.data(), q.data() + static_cast<size_t>(r) * q_dim, scores.data(), kv,
+                               first_positions + r, shape);
+          EXPECT_TRUE(same_bits(ref.data(), tiled.data() + static_cast<size_t>(r) * q_dim, q_dim))
+              << shape.n_heads << "/" << shape.n_kv_heads << " heads of " << shape.head_size << ", blocks of " << bs
+              << ", window " << shape.window << ": row " << r << " of " << rows << " from " << first_positions;
+        }
+      }
+  }
+}
+
 TEST(Kernels, AWindowedRowAttendsItsLastPositionsOnly) {
   // One head of 1 over 20 positions whose values are their positions: with equal keys every
   // attended position weighs the same, so the output is their mean.

@@ -4,10 +4,17 @@
 #include <cstring>
 
 #ifdef __AVX512F__
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which its -Wmaybe-uninitialized
+// reports wherever they are inlined (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 #include <cstdint>
 
+#include "kernels/cpu/check.hpp"
 #include "kernels/cpu/exp.hpp"
 #include "kernels/cpu/ops.hpp"
 
@@ -399,34 +406,35 @@ void divide(float* x, int32_t n, float sum) {
   for (; i < n; i++) x[i] /= sum;
 }
 
-/// Divides each of `num_rows` rows of n floats (row r at x + r * n) by its sum, each sum in
-/// order as the reference's, num_rows chains of adds side by side: each add waits on its own
-/// row's last, not on every row's.
+/// Divides each of `num_rows` rows (row r: n[r] floats at x[r]) by its sum, each sum in order
+/// as the reference's, the rows' chains of adds side by side: each add waits on its own row's
+/// last, not on every row's.
 template <int num_rows>
-void divide_by_sums_in_order(float* x, int32_t n) {
+void divide_by_sums_in_order(float* const* x, const int32_t* n) {
   float s[num_rows] = {};
-  for (int32_t i = 0; i < n; i++)
-    for (int r = 0; r < num_rows; r++) s[r] += x[static_cast<int64_t>(r) * n + i];
-  for (int r = 0; r < num_rows; r++) divide(x + static_cast<int64_t>(r) * n, n, s[r]);
+  int32_t common = n[0];
+  for (int r = 1; r < num_rows; r++) common = std::min(common, n[r]);
+  for (int32_t i = 0; i < common; i++)
+    for (int r = 0; r < num_rows; r++) s[r] += x[r][i];
+  for (int r = 0; r < num_rows; r++) {
+    for (int32_t i = common; i < n[r]; i++) s[r] += x[r][i];
+    divide(x[r], n[r], s[r]);
+  }
 }
 
-/// softmax of each of `num_rows` rows of n floats (row r at x + r * n): fast::softmax's bits,
-/// with the rows' sequential sums (latency-bound: one add per ~4 cycles) computed 8 or 4 at a
-/// time.
-void softmax_rows(float* x, int32_t num_rows, int32_t n, exp_source exp) {
-  for (int32_t r = 0; r < num_rows; r++) exp_minus_max(x + static_cast<int64_t>(r) * n, n, exp);
+/// softmax of each of `num_rows` (at most 8) rows (row r: n[r] floats at x[r]): fast::softmax's
+/// bits, with the rows' sequential sums (latency-bound: one add per ~4 cycles) side by side.
+void softmax_rows(float* const* x, const int32_t* n, int32_t num_rows, exp_source exp) {
+  for (int32_t r = 0; r < num_rows; r++) exp_minus_max(x[r], n[r], exp);
   int32_t r = 0;
-  for (; r + 8 <= num_rows; r += 8) divide_by_sums_in_order<8>(x + static_cast<int64_t>(r) * n, n);
-  for (; r + 4 <= num_rows; r += 4) divide_by_sums_in_order<4>(x + static_cast<int64_t>(r) * n, n);
-  for (; r < num_rows; r++) divide_by_sums_in_order<1>(x + static_cast<int64_t>(r) * n, n);
+  for (; r + 8 <= num_rows; r += 8) divide_by_sums_in_order<8>(x + r, n + r);
+  for (; r + 4 <= num_rows; r += 4) divide_by_sums_in_order<4>(x + r, n + r);
+  for (; r < num_rows; r++) divide_by_sums_in_order<1>(x + r, n + r);
 }
 
 }  // namespace
 
-void softmax(float* x, int32_t n, exp_source exp) {
-  exp_minus_max(x, n, exp);
-  divide_by_sums_in_order<1>(x, n);
-}
+void softmax(float* x, int32_t n, exp_source exp) { softmax_rows(&x, &n, 1, exp); }
 
 void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
   if (exp == exp_source::libm) return reference::swiglu(hb, hb2, n, exp);
@@ -443,115 +451,212 @@ void swiglu(float* hb, const float* hb2, int32_t n, exp_source exp) {
 
 namespace {
 
-// Scores of one head over `count` positions of one block from slot `from` into sh: lane l of a
-// register sums q·k over i in order, as the reference; two registers (16 positions) per pass
-// keep two independent sums in flight.
-void block_scores(float* sh, const float* qh, const float* kb, int32_t hs, int32_t bs, int32_t from,
-                  int32_t count, float scale) {
-  kb += from;
-  int32_t s = 0;
-  for (; s + 2 * tile_width <= count; s += 2 * tile_width) {
-    v8f acc0 = {}, acc1 = {};
-    for (int32_t i = 0; i < hs; i++) {
-      const float* k = kb + static_cast<int64_t>(i) * bs + s;
-      acc0 += qh[i] * load(k);
-      acc1 += qh[i] * load(k + tile_width);
-    }
-    store(sh + s, acc0 / scale);
-    store(sh + s + tile_width, acc1 / scale);
+// Attention a tile at a time: the tile's (row, head) pairs, those of one KV head after each
+// other, pass over the K and V blocks together, so each block comes from memory once per pass
+// (and from L1 for each group of up to 8 pairs) instead of once per pair, and up to 8 pairs'
+// sequential sums (softmax, outputs) run side by side. Every score, softmax and output element
+// takes the reference's operations in the reference's order, so the tiling never changes a bit.
+
+/// Pairs in one pass, at most (fewer where the scratch holds fewer pairs' scores).
+constexpr int32_t max_pairs = 64;
+/// Pairs whose scores share a load of K, or whose outputs' adds run side by side.
+constexpr int32_t pairs_per_group = 8;
+
+/// The pairs of one pass: query, scores (position `first` of the pass at 0), output, the KV
+/// head read, and the positions each attends, [from, to).
+struct attention_pairs {
+  const float* q[max_pairs];
+  float* scores[max_pairs];
+  float* out[max_pairs];
+  int32_t kv_head[max_pairs];
+  int32_t from[max_pairs], to[max_pairs];
+  int32_t count = 0;
+  int32_t first = 0, end = 0;  // the union of their positions
+};
+
+/// Lanes of V (positions) of one K block scored for P queries: lane l sums q·k over i in order,
+/// as the reference, then divides by scale. k: the block's feature 0 at this lane 0.
+template <class V, int P>
+void score_lanes(float* const* at, const float* const* q, const float* k, int32_t hs, int32_t bs, float scale) {
+  V acc[P] = {};
+  for (int32_t i = 0; i < hs; i++) {
+    const V kv = load<V>(k + static_cast<int64_t>(i) * bs);
+    for (int p = 0; p < P; p++) acc[p] += q[p][i] * kv;
   }
-  for (; s + tile_width <= count; s += tile_width) {
-    v8f acc = {};
-    for (int32_t i = 0; i < hs; i++) acc += qh[i] * load(kb + static_cast<int64_t>(i) * bs + s);
-    store(sh + s, acc / scale);
-  }
-  for (; s < count; s++) {
-    float score = 0.0f;
-    for (int32_t i = 0; i < hs; i++) score += qh[i] * kb[static_cast<int64_t>(i) * bs + s];
-    sh[s] = score / scale;
+  for (int p = 0; p < P; p++) {
+    const V s = acc[p] / scale;
+    std::memcpy(at[p], &s, sizeof(s));
   }
 }
 
-// out[h] = Σ_t a[h][t] v[t] for `num_heads` heads (at most 8; all 8 when the template's
-// `all_eight`, so the head loop unrolls) of head_size 8 at once, one register each, t in order
-// from `first` (the reference's order per element); a head's scores row holds position
-// first + i at i. Each head's scores row and value offset are found once, not per position.
-template <bool all_eight>
-void weighted_values_8(float* out, const float* scores, const paged_kv& kv, int32_t first, int32_t num_positions,
-                       int32_t first_head, int32_t num_heads, int32_t kv_mul) {
-  const int32_t heads = all_eight ? tile_width : num_heads, count = num_positions - first;
-  const float* a[tile_width];
-  int32_t offset[tile_width];
-  for (int32_t j = 0; j < heads; j++) {
-    a[j] = scores + static_cast<int64_t>(first_head + j) * count - first;
-    offset[j] = (first_head + j) / kv_mul * tile_width;
+template <int P>
+void score_one(float* const* at, const float* const* q, const float* k, int32_t hs, int32_t bs, float scale) {
+  float acc[P] = {};
+  for (int32_t i = 0; i < hs; i++) {
+    const float kv = k[static_cast<int64_t>(i) * bs];
+    for (int p = 0; p < P; p++) acc[p] += q[p][i] * kv;
   }
-  v8f acc[tile_width] = {};
+  for (int p = 0; p < P; p++) *at[p] = acc[p] / scale;
+}
+
+/// Pairs [p0, p0 + P)'s scores over n positions of one K block from position t (kb: the
+/// block's KV head at t): 16, then 8 positions per register, then one at a time.
+template <int P>
+void score_block(const attention_pairs& w, int32_t p0, const float* kb, int32_t t, int32_t n, int32_t hs, int32_t bs,
+                 float scale) {
+  float* at[P];
+  const float* const* q = w.q + p0;
+  const auto point = [&](int32_t s) {
+    for (int p = 0; p < P; p++) at[p] = w.scores[p0 + p] + (t - w.first) + s;
+  };
+  int32_t s = 0;
+  for (; s + matmul_tile_width <= n; s += matmul_tile_width) point(s), score_lanes<v16f, P>(at, q, kb + s, hs, bs, scale);
+  for (; s + tile_width <= n; s += tile_width) point(s), score_lanes<v8f, P>(at, q, kb + s, hs, bs, scale);
+  for (; s < n; s++) point(s), score_one<P>(at, q, kb + s, hs, bs, scale);
+}
+
+/// The pairs' scores over positions [first, end) of their union, block by block, each block
+/// scored for every pair while it is in L1, up to 8 pairs of one KV head per load. A pair's
+/// lanes outside its own positions are computed and never read.
+void score_pairs(const attention_pairs& w, const paged_kv& kv, int32_t hs, float scale) {
   const int32_t bs = kv.block_size;
-  for (int32_t t = first; t < num_positions;) {
-    const int32_t from = t % bs, n = std::min(bs - from, num_positions - t);
-    const float* vb = kv.value_cache + (static_cast<int64_t>(kv.block_table[t / bs]) * bs + from) * kv.kv_dim;
-    for (int32_t s = 0; s < n; s++) {
-      const float* v = vb + static_cast<int64_t>(s) * kv.kv_dim;
-      for (int32_t j = 0; j < heads; j++) acc[j] += a[j][t + s] * load(v + offset[j]);
+  const int64_t block_floats = static_cast<int64_t>(kv.kv_dim) * bs;
+  for (int32_t t = w.first; t < w.end;) {
+    const int32_t from = t % bs, n = std::min(bs - from, w.end - t);
+    const float* block = kv.key_cache + kv.block_table[t / bs] * block_floats + from;
+    for (int32_t p0 = 0, p1 = 0; p0 < w.count; p0 = p1) {
+      for (p1 = p0 + 1; p1 < w.count && p1 - p0 < pairs_per_group && w.kv_head[p1] == w.kv_head[p0];) p1++;
+      const float* kb = block + static_cast<int64_t>(w.kv_head[p0]) * hs * bs;
+      switch (p1 - p0) {
+        case 8: score_block<8>(w, p0, kb, t, n, hs, bs, scale); break;
+        case 7: score_block<7>(w, p0, kb, t, n, hs, bs, scale); break;
+        case 6: score_block<6>(w, p0, kb, t, n, hs, bs, scale); break;
+        case 5: score_block<5>(w, p0, kb, t, n, hs, bs, scale); break;
+        case 4: score_block<4>(w, p0, kb, t, n, hs, bs, scale); break;
+        case 3: score_block<3>(w, p0, kb, t, n, hs, bs, scale); break;
+        case 2: score_block<2>(w, p0, kb, t, n, hs, bs, scale); break;
+        default: score_block<1>(w, p0, kb, t, n, hs, bs, scale); break;
+      }
     }
     t += n;
   }
-  for (int32_t j = 0; j < heads; j++) store(out + (first_head + j) * tile_width, acc[j]);
 }
 
-void weighted_values(float* out, const float* scores, const paged_kv& kv, int32_t first, int32_t num_positions,
-                     const attention_shape& shape) {
-  const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
-  const int32_t hs = shape.head_size, count = num_positions - first;
-  if (hs == tile_width) {
-    for (int32_t h = 0; h < shape.n_heads; h += tile_width) {
-      if (shape.n_heads - h >= tile_width)
-        weighted_values_8<true>(out, scores, kv, first, num_positions, h, tile_width, kv_mul);
-      else
-        weighted_values_8<false>(out, scores, kv, first, num_positions, h, shape.n_heads - h, kv_mul);
-    }
-    return;
+/// For each of G pairs, out[g] (hs) += Σ a[g][u] v[g][u] over n positions, element by element
+/// in order (as the reference: a product, then an add), a register of 16 or 8 elements of each
+/// pair side by side (G chains of adds).
+template <class V, int G>
+int32_t add_values_lanes(float* const* out, const float* const* a, const float* const* v, int64_t v_stride, int32_t n,
+                         int32_t hs, int32_t j) {
+  constexpr int32_t width = sizeof(V) / sizeof(float);
+  for (; j + width <= hs; j += width) {
+    V acc[G];
+    for (int g = 0; g < G; g++) acc[g] = load<V>(out[g] + j);
+    for (int32_t u = 0; u < n; u++)
+      for (int g = 0; g < G; g++) acc[g] += a[g][u] * load<V>(v[g] + u * v_stride + j);
+    for (int g = 0; g < G; g++) std::memcpy(out[g] + j, &acc[g], sizeof(acc[g]));
   }
-  std::memset(out, 0, static_cast<size_t>(shape.n_heads) * hs * sizeof(float));
-  for (int32_t t = first; t < num_positions; t++) {
-    const float* v = kv.value_cache + (static_cast<int64_t>(kv.block_table[t / kv.block_size]) * kv.block_size +
-                                       t % kv.block_size) * kv.kv_dim;
-    for (int32_t h = 0; h < shape.n_heads; h++) {
-      const float a = scores[static_cast<int64_t>(h) * count + t - first];
-      const float* vh = v + (h / kv_mul) * hs;
-      float* oh = out + h * hs;
-      int32_t i = 0;
-      for (; i + tile_width <= hs; i += tile_width) store(oh + i, load(oh + i) + a * load(vh + i));
-      for (; i < hs; i++) oh[i] += a * vh[i];
+  return j;
+}
+
+template <int G>
+void add_values(float* const* out, const float* const* a, const float* const* v, int64_t v_stride, int32_t n,
+                int32_t hs) {
+  int32_t j = add_values_lanes<v16f, G>(out, a, v, v_stride, n, hs, 0);
+  j = add_values_lanes<v8f, G>(out, a, v, v_stride, n, hs, j);
+  for (int g = 0; g < G; g++)
+    for (int32_t k = j; k < hs; k++)
+      for (int32_t u = 0; u < n; u++) out[g][k] += a[g][u] * v[g][u * v_stride + k];
+}
+
+/// The pairs' outputs: each the sum over its positions, in order, of score x value, a V block
+/// read once for all of them, up to 8 pairs with the same positions in it side by side.
+void value_pairs(const attention_pairs& w, const paged_kv& kv, int32_t hs) {
+  const int32_t bs = kv.block_size;
+  for (int32_t p = 0; p < w.count; p++) std::memset(w.out[p], 0, static_cast<size_t>(hs) * sizeof(float));
+  for (int32_t t = w.first; t < w.end;) {
+    const int32_t from = t % bs, n = std::min(bs - from, w.end - t);
+    const float* vb = kv.value_cache + (static_cast<int64_t>(kv.block_table[t / bs]) * bs + from) * kv.kv_dim;
+    const auto range = [&](int32_t p) { return std::pair{std::max(t, w.from[p]), std::min(t + n, w.to[p])}; };
+    for (int32_t p0 = 0, p1 = 0; p0 < w.count; p0 = p1) {
+      const auto [lo, hi] = range(p0);
+      for (p1 = p0 + 1; p1 < w.count && p1 - p0 < pairs_per_group && range(p1) == range(p0);) p1++;
+      if (lo >= hi) continue;
+      float* out[pairs_per_group];
+      const float* a[pairs_per_group];
+      const float* v[pairs_per_group];
+      for (int32_t p = p0; p < p1; p++) {
+        out[p - p0] = w.out[p];
+        a[p - p0] = w.scores[p] + (lo - w.first);
+        v[p - p0] = vb + static_cast<int64_t>(lo - t) * kv.kv_dim + static_cast<int64_t>(w.kv_head[p]) * hs;
+      }
+      switch (p1 - p0) {
+        case 8: add_values<8>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        case 7: add_values<7>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        case 6: add_values<6>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        case 5: add_values<5>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        case 4: add_values<4>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        case 3: add_values<3>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        case 2: add_values<2>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+        default: add_values<1>(out, a, v, kv.kv_dim, hi - lo, hs); break;
+      }
     }
+    t += n;
   }
+}
+
+/// Scores, softmax and outputs of one pass's pairs.
+void attend_pairs(attention_pairs& w, const paged_kv& kv, const attention_shape& shape, float scale, exp_source exp) {
+  const int32_t hs = shape.head_size;
+  score_pairs(w, kv, hs, scale);
+  float* own[max_pairs];  // each pair's scores from its own first position
+  int32_t n[max_pairs];
+  for (int32_t p = 0; p < w.count; p++) {
+    own[p] = w.scores[p] + (w.from[p] - w.first);
+    n[p] = w.to[p] - w.from[p];
+    if (shape.softcap > 0)
+      for (int32_t i = 0; i < n[p]; i++) own[p][i] = soft_cap(own[p][i], shape.softcap);
+  }
+  softmax_rows(own, n, w.count, exp);
+  value_pairs(w, kv, hs);
 }
 
 }  // namespace
 
+void attention_rows(float* out, const float* q, int64_t stride, float* scores, int64_t scores_floats,
+                    const paged_kv& kv, int32_t num_positions, int32_t num_rows, const attention_shape& shape,
+                    exp_source exp) {
+  const int32_t kv_mul = shape.n_heads / shape.n_kv_heads, hs = shape.head_size;
+  const float scale = shape.divisor > 0 ? shape.divisor : std::sqrt(static_cast<float>(hs));
+  const int64_t row_floats = num_positions + num_rows - 1 - shape.first_position(num_positions);  // a pair's scores
+  TROUPE_KERNEL_ASSERT(row_floats <= scores_floats);
+  const int32_t pass_pairs = static_cast<int32_t>(std::min<int64_t>(max_pairs, scores_floats / row_floats));
+  attention_pairs w;
+  const auto flush = [&] {
+    if (w.count > 0) attend_pairs(w, kv, shape, scale, exp);
+    w.count = 0;
+  };
+  for (int32_t g = 0; g < shape.n_kv_heads; g++)
+    for (int32_t r = 0; r < num_rows; r++)
+      for (int32_t h = g * kv_mul; h < (g + 1) * kv_mul; h++) {
+        const int32_t p = w.count++;
+        w.q[p] = q + r * stride + h * hs;
+        w.out[p] = out + r * stride + h * hs;
+        w.scores[p] = scores + p * row_floats;
+        w.kv_head[p] = g;
+        w.to[p] = num_positions + r;
+        w.from[p] = shape.first_position(w.to[p]);
+        w.first = p == 0 ? w.from[p] : std::min(w.first, w.from[p]);
+        w.end = p == 0 ? w.to[p] : std::max(w.end, w.to[p]);
+        if (w.count == pass_pairs) flush();
+      }
+  flush();
+}
+
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape, exp_source exp) {
-  const int32_t kv_mul = shape.n_heads / shape.n_kv_heads;
-  const int32_t hs = shape.head_size, bs = kv.block_size;
-  const float scale = shape.divisor > 0 ? shape.divisor : std::sqrt(static_cast<float>(hs));
-  const int32_t first = shape.first_position(num_positions), count = num_positions - first;
-  const int64_t block_floats = static_cast<int64_t>(kv.kv_dim) * bs;
-  for (int32_t h = 0; h < shape.n_heads; h++) {
-    const float* qh = q + h * hs;  // (head_size)
-    float* sh = scores + static_cast<int64_t>(h) * count;  // (count): position first + i at i
-    const int64_t kv_offset = static_cast<int64_t>(h / kv_mul) * hs * bs;
-    for (int32_t t = first; t < num_positions;) {
-      const int32_t from = t % bs, n = std::min(bs - from, num_positions - t);
-      block_scores(sh + (t - first), qh, kv.key_cache + kv.block_table[t / bs] * block_floats + kv_offset, hs, bs,
-                   from, n, scale);
-      t += n;
-    }
-    if (shape.softcap > 0)
-      for (int32_t i = 0; i < count; i++) sh[i] = soft_cap(sh[i], shape.softcap);
-  }
-  softmax_rows(scores, shape.n_heads, count, exp);
-  weighted_values(out, scores, kv, first, num_positions, shape);
+  attention_rows(out, q, 0, scores, static_cast<int64_t>(shape.n_heads) * num_positions, kv, num_positions, 1, shape,
+                 exp);
 }
 
 }  // namespace fast

@@ -178,9 +178,23 @@ void matmul(float* out, const float* x, const packed_matrix& w, int32_t rows,
 void matmul_q80(float* out, const int8_t* xq, const float* xs, const packed_q80& w, int32_t rows,
                 thread_pool* pool = nullptr);
 
-/// Same contract and bits as reference::attention; 8 positions' scores per register.
+/// Same contract and bits as reference::attention: attention_rows for one row.
 void attention(float* out, const float* q, float* scores, const paged_kv& kv,
                int32_t num_positions, const attention_shape& shape, exp_source exp = exp_source::kernels);
+
+/// reference::attention for `num_rows` rows of one sequence at consecutive positions, the
+/// same bits row by row: row r (q + r * stride, out + r * stride) attends as a row at
+/// num_positions + r positions. The tile's (row, head) pairs, up to 64 a pass, score each K
+/// block and weigh each V block while it is in L1 — 8 pairs of a KV head per register load, 8
+/// pairs' sequential sums side by side — so a prefill chunk reads its KV from memory once per
+/// pass instead of once per row and head. `scores`: scratch of scores_floats floats, at least
+/// one pair's scores (the positions of the tile: num_positions + num_rows - 1 from the first
+/// row's first position); a pass holds as many pairs as it has room for. Every row's KV
+/// (through position num_positions + num_rows - 2) is in `kv`; for a sliding-window layer, the
+/// blocks before the last row's window too.
+void attention_rows(float* out, const float* q, int64_t stride, float* scores, int64_t scores_floats,
+                    const paged_kv& kv, int32_t num_positions, int32_t num_rows, const attention_shape& shape,
+                    exp_source exp = exp_source::kernels);
 
 /// Same contract and bits as reference::softmax: vectorized max, exp (the kernels' exp; libm's
 /// stays scalar) and divide; the sum stays sequential.

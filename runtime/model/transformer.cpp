@@ -354,23 +354,46 @@ void transformer::attention_layer(const std::vector<forward_row>& rows, kv_cache
                                    c.attn_divisor, c.attn_softcap, sliding ? c.sliding_window : 0};
   const bool staged = cache.dtype() != kv_dtype::f32;
   if (staged) stage_kv(rows, cache, l, shape, s, pool);
+  // Tiles of up to attention_tile_rows consecutive rows of one sequence (a prefill chunk's),
+  // which read each KV block once for all of them (fast::attention_rows, the same bits as row by
+  // row). A sliding-window layer's rows go one by one: a later row's staged table leaves out
+  // the blocks before its window, which an earlier row reads.
+  s.attention_tiles.clear();
+  for (int32_t r = 0; r < n; r++) {
+    auto& tiles = s.attention_tiles;
+    if (!tiles.empty() && shape.window == 0 && path_ == kernel_path::fast) {
+      auto& [first, count] = tiles.back();
+      const forward_row& last = rows[first + count - 1];
+      if (count < attention_tile_rows && rows[r].block_table == last.block_table && rows[r].position == last.position + 1) {
+        count++;
+        continue;
+      }
+    }
+    tiles.emplace_back(r, 1);
+  }
   auto attend = [&](int32_t worker, int64_t begin, int64_t end) {
-    float* scores = s.scores.data() + static_cast<size_t>(worker) * c.n_heads * c.seq_len;
-    for (int64_t r = begin; r < end; r++) {
+    const int64_t scores_floats = int64_t{c.n_heads} * c.seq_len;
+    float* scores = s.scores.data() + worker * scores_floats;
+    for (int64_t i = begin; i < end; i++) {
+      const auto [first, count] = s.attention_tiles[static_cast<size_t>(i)];
+      const int32_t last = first + count - 1;  // its block table covers the tile's
       const cpu::paged_kv kv =
-          staged ? cpu::paged_kv{s.stage_keys.data(), s.stage_values.data(), &s.stage_tables[s.stage_table_at[r]],
+          staged ? cpu::paged_kv{s.stage_keys.data(), s.stage_values.data(), &s.stage_tables[s.stage_table_at[last]],
                                  cache.block_size(), kv_dim}
-                 : cpu::paged_kv{cache.keys(l), cache.values(l), rows[r].block_table, cache.block_size(), kv_dim};
+                 : cpu::paged_kv{cache.keys(l), cache.values(l), rows[last].block_table, cache.block_size(), kv_dim};
+      const int64_t at = int64_t{first} * q_dim;
       if (path_ == kernel_path::fast)
-        cpu::fast::attention(&s.att[r * q_dim], &s.q[r * q_dim], scores, kv, rows[r].position + 1, shape, exp_);
+        cpu::fast::attention_rows(&s.att[at], &s.q[at], q_dim, scores, scores_floats, kv, rows[first].position + 1,
+                                  count, shape, exp_);
       else
-        cpu::reference::attention(&s.att[r * q_dim], &s.q[r * q_dim], scores, kv, rows[r].position + 1, shape, exp_);
+        cpu::reference::attention(&s.att[at], &s.q[at], scores, kv, rows[first].position + 1, shape, exp_);
     }
   };
-  if (pool != nullptr && n > 1)
-    pool->parallel_for(n, attend);
+  const auto num_tiles = static_cast<int64_t>(s.attention_tiles.size());
+  if (pool != nullptr && num_tiles > 1)
+    pool->parallel_for(num_tiles, attend);
   else
-    attend(0, 0, n);
+    attend(0, 0, num_tiles);
   matmul(s.xb2.data(), s.att.data(), matrix::wo, l, n, s, pool);
   if (c.post_norms)
     for (int32_t r = 0; r < n; r++)

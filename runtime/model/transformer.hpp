@@ -50,6 +50,10 @@ class transformer {
   /// The largest model (the bytes of its matrices) whose steps are split by independent rows.
   static constexpr int64_t max_split_matrix_bytes = int64_t{2} << 20;
 
+  /// Consecutive rows of one sequence whose attention reads each KV block once for all of them
+  /// (fast::attention_rows; a tile whose scores outgrow the scratch is split).
+  static constexpr int32_t attention_tile_rows = 16;
+
   /// An MoE checkpoint's experts: computed by `dispatch` (borrowed; it must outlive the
   /// transformer's use of it), whose shards hold them as `placement` says. Until this is called,
   /// one in-process shard holds every expert. Results are bit-identical for every placement and
@@ -109,6 +113,7 @@ class transformer {
     std::vector<int32_t> staged;                  // the pool blocks staged, in order of first read
     std::vector<int32_t> stage_tables;            // each row's block table in staged indices
     std::vector<int64_t> stage_table_at;          // (rows) where its table starts in stage_tables
+    std::vector<std::pair<int32_t, int32_t>> attention_tiles;  // (first row, rows) sharing KV reads
   };
 
   /// The model's matrices, by name.
