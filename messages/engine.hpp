@@ -92,7 +92,7 @@ struct sampled_batch {
   int32_t num_recomputed_tokens = 0;
   int64_t scheduled_age_ns = 0;  ///< how long before sending the request was first scheduled
   /// An embedding request's end (engine::request::pooling): its vector, with no tokens.
-  std::vector<float> embedding;
+  std::vector<float> embedding{};
 };
 
 template <class Inspector>

@@ -881,12 +881,12 @@ TEST_F(Http, VllmMetricsCountGreedyCompletionsExactlyUnderTheDocumentedNames) {
   EXPECT_EQ(sample_value(page, "vllm:generation_tokens_total"), 34);
   EXPECT_NE(page.find("vllm:request_success_total{model_name=\"stories260K\",engine=\"0\",finished_reason=\"length\"} 3\n"),
             std::string::npos) << page;
-  for (const std::string& histogram :
+  for (const char* histogram :
        {"vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_max_tokens",
         "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
         "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
         "vllm:time_per_prefill_token_request_seconds"})
-    EXPECT_EQ(sample_value(page, histogram + "_count"), 3) << histogram;
+    EXPECT_EQ(sample_value(page, std::string(histogram) + "_count"), 3) << histogram;
   EXPECT_EQ(sample_value(page, "vllm:request_prompt_tokens_sum"), 3 * prompt_tokens);
   EXPECT_EQ(sample_value(page, "vllm:request_generation_tokens_sum"), 34);
   EXPECT_EQ(sample_value(page, "vllm:request_params_max_tokens_sum"), 34);

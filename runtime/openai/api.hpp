@@ -167,13 +167,13 @@ struct choice_output {
   int32_t index = 0;
   std::string text;
   engine::finish_reason finish = engine::finish_reason::none;  ///< none renders null
-  token_logprobs logprobs;  ///< rendered when the context asks for logprobs
+  token_logprobs logprobs{};  ///< rendered when the context asks for logprobs
   /// A chat answer's reasoning (rendered as `reasoning_content`, as vLLM and llama.cpp do) and
   /// tool calls (`tool_calls`, ids "call_<request id>_<choice>_<index>"; a choice that called a
   /// tool and stopped finishes with "tool_calls"). A whole response's calls are whole (each one
   /// opening part); a streamed chunk's may open a call or continue its arguments.
-  std::string reasoning;
-  std::vector<tool_call_part> tool_calls;
+  std::string reasoning{};
+  std::vector<tool_call_part> tool_calls{};
 };
 
 /// Token counts of an answer, summed over its choices.

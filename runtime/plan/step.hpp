@@ -88,11 +88,11 @@ struct exec_plan {
   std::vector<int32_t> demotions;
   /// KV read back into the result (`exec_result::read_out`) first, like the demotions. A plan
   /// with readouts may have no chunks.
-  std::vector<kv_readout> readouts;
+  std::vector<kv_readout> readouts{};
   /// Budgeted speculation (spec::speculation_config::budgeted): entry j is the step's predicted
   /// time in ms with j draft rows added to its chunks' rows, for j = 0 .. the plan's draft
   /// slots; the executor verifies the drafts the planner picks with it. Empty: every draft.
-  std::vector<double> draft_rows_ms;
+  std::vector<double> draft_rows_ms{};
 };
 
 /// A sampling chunk whose logits could not be sampled (sampling::check_logits failed: NaN or

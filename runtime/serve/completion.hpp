@@ -114,7 +114,7 @@ struct completion_end {
   /// each time recomputed from its prompt and the tokens already sent.
   int32_t num_failovers = 0;
   /// An embedding request's vector (completion_request::pooling): model dim floats, L2 norm 1.
-  std::vector<float> embedding;
+  std::vector<float> embedding{};
 };
 
 /// The last message of a completion that failed.
