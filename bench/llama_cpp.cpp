@@ -14,13 +14,17 @@
 //                           time from the first token to the last, after a short prompt
 //   prefill                 prompt tok/s of a 537-token prompt (prompt tokens, as each engine
 //                           counts them, / time to first token), 2 threads
+//   prefill-long            the same for a ~2000-token prompt (380 words; asked for by name:
+//                           --measure prefill-long), where attention weighs as much as the
+//                           matrices
 //   streams-16              16 concurrent streams' total decode tok/s at 2 threads: llama.cpp
 //                           through 16 sequences of one context; troupe through `troupe serve`
 //                           and `troupe bench serve` (HTTP, the actors: what a user gets)
 //   peak RSS                of the decode-1t processes (node's own ~50 MB included)
 //
 //   bench_llama_cpp [--dir DIR] [--shapes 0.5b,1b] [--types q4_k_m,q8_0,f16] [--runs 3]
-//                   [--tokens 32] [--measure start,decode,prefill,streams] [--troupe PATH]
+//                   [--tokens 32] [--measure start,decode,prefill,streams,prefill-long]
+//                   [--troupe PATH]
 //
 // Needs node and the npm packages (scripts/npm-deps.sh installs them into build/npm).
 
@@ -66,10 +70,10 @@ struct options {
 constexpr const char* short_prompt = "aa ab ac ad";
 
 /// 537 tokens of the synthetic vocabulary (tests/support/random_llama.hpp) with BOS: 102 words of
-/// eight letters; each engine reports its count, and they agree.
-std::string long_prompt() {
+/// eight letters; each engine reports its count, and they agree. 380 words: 2003 tokens.
+std::string long_prompt(int words = 102) {
   std::string text;
-  for (int i = 0; i < 102; ++i) {
+  for (int i = 0; i < words; ++i) {
     if (i > 0) text += ' ';
     for (int j = 0; j < 4; ++j) text += {static_cast<char>('a' + (i + j) % 5), static_cast<char>('a' + (i * 3 + j) % 11)};
   }
@@ -151,15 +155,15 @@ class side_by_side {
         });
       }
     }
-    if (asked("prefill")) {
-      pair("prefill", troupe_first, [&] {
-        const process_run r = llama("prefill", 2, long_prompt());
-        return find_number(r.out, R"("prompt_tokens":(\d+))") / find_number(r.out, R"("prefill_ms":([0-9.e+]+))") * 1e3;
-      }, [&] {
-        const process_run r = troupe_generate(2, 1, long_prompt());
-        return find_number(r.out, R"((\d+) prompt \+)") / find_number(r.out, R"(TTFT ([0-9.]+) ms)") * 1e3;
-      });
-    }
+    for (const std::pair<std::string, int>& prompt : {std::pair<std::string, int>{"prefill", 102}, {"prefill-long", 380}})
+      if (const int words = prompt.second; asked(prompt.first))
+        pair(prompt.first, troupe_first, [&] {
+          const process_run r = llama("prefill", 2, long_prompt(words));
+          return find_number(r.out, R"("prompt_tokens":(\d+))") / find_number(r.out, R"("prefill_ms":([0-9.e+]+))") * 1e3;
+        }, [&] {
+          const process_run r = troupe_generate(2, 1, long_prompt(words));
+          return find_number(r.out, R"((\d+) prompt \+)") / find_number(r.out, R"(TTFT ([0-9.]+) ms)") * 1e3;
+        });
     if (asked("streams"))
       pair("streams-" + std::to_string(o_.streams), troupe_first,
            [&] { return find_number(llama("streams", 2, short_prompt).out, R"("tok_s":([0-9.e+]+))"); },
@@ -287,7 +291,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(troupe::bench::file_types))
       ->capture_default_str();
   app.add_option("--measure", o.measure, "what to measure")->delimiter(',')
-      ->check(CLI::IsMember({"start", "decode", "prefill", "streams"}))->capture_default_str();
+      ->check(CLI::IsMember({"start", "decode", "prefill", "streams", "prefill-long"}))->capture_default_str();
   app.add_option("--runs", o.runs, "rounds per file (medians)")->check(CLI::Range(1, 99))->capture_default_str();
   app.add_option("--tokens", o.tokens, "tokens per stream")->check(CLI::Range(2, 4096))->capture_default_str();
   app.add_option("--streams", o.streams, "concurrent streams")->check(CLI::Range(1, 256))->capture_default_str();
