@@ -259,8 +259,10 @@ struct q4_0_weights {
   }
 };
 
-/// The scales of blocks x[0..4) as floats (exact), lane b for block b.
-__m128 block_scales(const blocks::q8_0* x) {
+/// The scales of blocks x[0..4) (Q8_0 or Q4_0) as floats (exact), lane b for block b, built in
+/// registers (no store-forwarding stall).
+template <class Block>
+__m128 block_scales(const Block* x) {
   __m128i d = _mm_setzero_si128();
   d = _mm_insert_epi16(d, x[0].d, 0);
   d = _mm_insert_epi16(d, x[1].d, 1);
@@ -313,12 +315,8 @@ void dot_q8_0_family(const Block* const* w, const blocks::q8_0* const* x, int32_
     __m128i w_excess[NW];
     for (int k = 0; k < NW; k++) {
       prefetch_after<4 * sizeof(Block)>(w[k] + i);
-      alignas(16) float dw[4];
-      for (int b = 0; b < 4; b++) {
-        wb[k][b] = Weights::of(w[k][i + b]);
-        dw[b] = blocks::f16_to_f32(w[k][i + b].d);
-      }
-      dws[k] = _mm_load_ps(dw);
+      for (int b = 0; b < 4; b++) wb[k][b] = Weights::of(w[k][i + b]);
+      dws[k] = block_scales(w[k] + i);
       if constexpr (Weights::has_w_excess)
         w_excess[k] = hsum4(wb[k][0].w_excess(), wb[k][1].w_excess(), wb[k][2].w_excess(), wb[k][3].w_excess());
     }
@@ -730,6 +728,18 @@ __m128i totals4(const __m512i* a) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/// Rows' Q8_K scales as lanes (rows past R: 0), built in registers: floats stored and then
+/// loaded as a vector stall on store forwarding, once per super-block (45% of Q6_K's decode
+/// samples, perf).
+template <int R>
+__m128 row_scales(const blocks::q8_k* const* x, int32_t i) {
+  __m128 v = _mm_set_ss(x[0][i].d);
+  if constexpr (R > 1) v = _mm_insert_ps(v, _mm_set_ss(x[1][i].d), 0x10);
+  if constexpr (R > 2) v = _mm_insert_ps(v, _mm_set_ss(x[2][i].d), 0x20);
+  if constexpr (R > 3) v = _mm_insert_ps(v, _mm_set_ss(x[3][i].d), 0x30);
+  return v;
+}
+
 /// out[k * R + r] = lane r of sum[k].
 template <int NW, int R>
 void store_rows(const __m128* sum, float* out) {
@@ -797,15 +807,13 @@ void dot_k_mins_512(const Block* const* w, const blocks::q8_k* const* x, int32_t
       }
     } else {  // lane r of each register below is row r's (rows past R: 0)
       __m128i pairs[4];  // the chunks' activation sums: bsums[2j] + bsums[2j + 1]
-      alignas(16) float xd[4] = {};
       for (int r = 0; r < 4; r++) {
         pairs[r] = _mm_setzero_si128();
         if (r >= R) continue;
         const __m256i bsums = load32(x[r][i].bsums);
         pairs[r] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        xd[r] = x[r][i].d;
       }
-      const __m128 xds = _mm_load_ps(xd);
+      const __m128 xds = row_scales<R>(x, i);
       for (int k = 0; k < NW; k++) {
         const __m128 isum = _mm_cvtepi32_ps(totals4<R>(acc[k]));
         const __m128 msum = _mm_cvtepi32_ps(_mm_hadd_epi32(
@@ -868,9 +876,7 @@ void dot_q6_k_512(const blocks::q6_k* const* w, const blocks::q8_k* const* x, in
             acc[k][r] = scaled_add(acc[k][r], _mm512_maddubs_epi16(q[k], xc), scale[k]);
         }
       }
-    alignas(16) float xd[4] = {};
-    for (int r = 0; r < R; r++) xd[r] = x[r][i].d;
-    const __m128 xds = _mm_load_ps(xd);
+    const __m128 xds = row_scales<R>(x, i);
     for (int k = 0; k < NW; k++) {
       const __m128 dw = _mm_set1_ps(blocks::f16_to_f32(w[k][i].d));
       sum[k] = _mm_add_ps(sum[k], _mm_mul_ps(_mm_mul_ps(xds, dw), _mm_cvtepi32_ps(totals4<R>(acc[k]))));
