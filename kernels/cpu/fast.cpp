@@ -13,6 +13,7 @@
 #pragma GCC diagnostic pop
 #endif
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/check.hpp"
 #include "kernels/cpu/exp.hpp"
@@ -474,8 +475,24 @@ struct attention_pairs {
   int32_t first = 0, end = 0;  // the union of their positions
 };
 
-/// Lanes of V (positions) of one K block scored for P queries: lane l sums q·k over i in order,
-/// as the reference, then divides by scale. k: the block's feature 0 at this lane 0.
+/// f(std::integral_constant<int, count>{}) for count 1..8: a pass's group size as a template
+/// argument (one register per pair).
+template <class F>
+void with_count(int32_t count, F&& f) {
+  switch (count) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
+
+/// Lanes of V (positions; float: one) of one K block scored for P queries: lane l sums q·k over
+/// i in order, as the reference, then divides by scale. k: the block's feature 0 at this lane 0.
 template <class V, int P>
 void score_lanes(float* const* at, const float* const* q, const float* k, int32_t hs, int32_t bs, float scale) {
   V acc[P] = {};
@@ -487,16 +504,6 @@ void score_lanes(float* const* at, const float* const* q, const float* k, int32_
     const V s = acc[p] / scale;
     std::memcpy(at[p], &s, sizeof(s));
   }
-}
-
-template <int P>
-void score_one(float* const* at, const float* const* q, const float* k, int32_t hs, int32_t bs, float scale) {
-  float acc[P] = {};
-  for (int32_t i = 0; i < hs; i++) {
-    const float kv = k[static_cast<int64_t>(i) * bs];
-    for (int p = 0; p < P; p++) acc[p] += q[p][i] * kv;
-  }
-  for (int p = 0; p < P; p++) *at[p] = acc[p] / scale;
 }
 
 /// Pairs [p0, p0 + P)'s scores over n positions of one K block from position t (kb: the
@@ -512,7 +519,7 @@ void score_block(const attention_pairs& w, int32_t p0, const float* kb, int32_t 
   int32_t s = 0;
   for (; s + matmul_tile_width <= n; s += matmul_tile_width) point(s), score_lanes<v16f, P>(at, q, kb + s, hs, bs, scale);
   for (; s + tile_width <= n; s += tile_width) point(s), score_lanes<v8f, P>(at, q, kb + s, hs, bs, scale);
-  for (; s < n; s++) point(s), score_one<P>(at, q, kb + s, hs, bs, scale);
+  for (; s < n; s++) point(s), score_lanes<float, P>(at, q, kb + s, hs, bs, scale);
 }
 
 /// The pairs' scores over positions [first, end) of their union, block by block, each block
@@ -527,24 +534,15 @@ void score_pairs(const attention_pairs& w, const paged_kv& kv, int32_t hs, float
     for (int32_t p0 = 0, p1 = 0; p0 < w.count; p0 = p1) {
       for (p1 = p0 + 1; p1 < w.count && p1 - p0 < pairs_per_group && w.kv_head[p1] == w.kv_head[p0];) p1++;
       const float* kb = block + static_cast<int64_t>(w.kv_head[p0]) * hs * bs;
-      switch (p1 - p0) {
-        case 8: score_block<8>(w, p0, kb, t, n, hs, bs, scale); break;
-        case 7: score_block<7>(w, p0, kb, t, n, hs, bs, scale); break;
-        case 6: score_block<6>(w, p0, kb, t, n, hs, bs, scale); break;
-        case 5: score_block<5>(w, p0, kb, t, n, hs, bs, scale); break;
-        case 4: score_block<4>(w, p0, kb, t, n, hs, bs, scale); break;
-        case 3: score_block<3>(w, p0, kb, t, n, hs, bs, scale); break;
-        case 2: score_block<2>(w, p0, kb, t, n, hs, bs, scale); break;
-        default: score_block<1>(w, p0, kb, t, n, hs, bs, scale); break;
-      }
+      with_count(p1 - p0, [&](auto p) { score_block<p()>(w, p0, kb, t, n, hs, bs, scale); });
     }
     t += n;
   }
 }
 
 /// For each of G pairs, out[g] (hs) += Σ a[g][u] v[g][u] over n positions, element by element
-/// in order (as the reference: a product, then an add), a register of 16 or 8 elements of each
-/// pair side by side (G chains of adds).
+/// in order (as the reference: a product, then an add), a register of 16 or 8 elements (float:
+/// one) of each pair side by side (G chains of adds).
 template <class V, int G>
 int32_t add_values_lanes(float* const* out, const float* const* a, const float* const* v, int64_t v_stride, int32_t n,
                          int32_t hs, int32_t j) {
@@ -564,9 +562,7 @@ void add_values(float* const* out, const float* const* a, const float* const* v,
                 int32_t hs) {
   int32_t j = add_values_lanes<v16f, G>(out, a, v, v_stride, n, hs, 0);
   j = add_values_lanes<v8f, G>(out, a, v, v_stride, n, hs, j);
-  for (int g = 0; g < G; g++)
-    for (int32_t k = j; k < hs; k++)
-      for (int32_t u = 0; u < n; u++) out[g][k] += a[g][u] * v[g][u * v_stride + k];
+  add_values_lanes<float, G>(out, a, v, v_stride, n, hs, j);
 }
 
 /// The pairs' outputs: each the sum over its positions, in order, of score x value, a V block
@@ -590,16 +586,7 @@ void value_pairs(const attention_pairs& w, const paged_kv& kv, int32_t hs) {
         a[p - p0] = w.scores[p] + (lo - w.first);
         v[p - p0] = vb + static_cast<int64_t>(lo - t) * kv.kv_dim + static_cast<int64_t>(w.kv_head[p]) * hs;
       }
-      switch (p1 - p0) {
-        case 8: add_values<8>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        case 7: add_values<7>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        case 6: add_values<6>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        case 5: add_values<5>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        case 4: add_values<4>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        case 3: add_values<3>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        case 2: add_values<2>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-        default: add_values<1>(out, a, v, kv.kv_dim, hi - lo, hs); break;
-      }
+      with_count(p1 - p0, [&](auto g) { add_values<g()>(out, a, v, kv.kv_dim, hi - lo, hs); });
     }
     t += n;
   }

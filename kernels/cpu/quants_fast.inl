@@ -482,7 +482,7 @@ struct one_row_x {
   std::vector<float> dx;        ///< per block, the scale as float
 };
 
-__m128i load16(const int8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+__m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
 /// x: nb Q8_0 blocks, for weights of type t (Q8_0 or Q4_0).
 void prepare_one_row(one_row_x& out, const blocks::q8_0* x, int32_t nb, weight_type t) {
@@ -518,8 +518,7 @@ struct q8_0_pair {
 struct q4_0_pair {
   static constexpr int fold_a = 0x44, fold_b = 0xEE;  // block a in lanes 0, 2
   static __m512i of(const blocks::q4_0* b) {
-    const __m256i raw = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[1].qs)),
-                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[0].qs)));
+    const __m256i raw = _mm256_set_m128i(load16(b[1].qs), load16(b[0].qs));
     const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
     return _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
   }
@@ -557,11 +556,8 @@ float dot_one_row(const Block* w, const blocks::q8_0* x, const one_row_x& xp, in
                                         _mm512_dpbusd_epi32(zero, Pair::of(w + i + 6), xq[3].q));
     const __m256i sums = _mm256_sub_epi32(block_totals(c0, c1),
                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp.excess.data() + i)));
-    const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(w[i].d), static_cast<int16_t>(w[i + 1].d),
-                                        static_cast<int16_t>(w[i + 2].d), static_cast<int16_t>(w[i + 3].d),
-                                        static_cast<int16_t>(w[i + 4].d), static_cast<int16_t>(w[i + 5].d),
-                                        static_cast<int16_t>(w[i + 6].d), static_cast<int16_t>(w[i + 7].d));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_cvtph_ps(dw16), _mm256_loadu_ps(xp.dx.data() + i)));
+    const __m256 dw = _mm256_set_m128(block_scales(w + i + 4), block_scales(w + i));
+    const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, _mm256_loadu_ps(xp.dx.data() + i)));
     lanes = _mm_add_ps(lanes, _mm256_castps256_ps128(p));
     lanes = _mm_add_ps(lanes, _mm256_extractf128_ps(p, 1));
   }
@@ -571,9 +567,7 @@ float dot_one_row(const Block* w, const blocks::q8_0* x, const one_row_x& xp, in
                                        _mm512_dpbusd_epi32(zero, Pair::of(w + i + 2), xq[1].q));
     const __m128i sums = _mm_sub_epi32(_mm256_castsi256_si128(block_totals(c, c)),
                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(xp.excess.data() + i)));
-    const __m128i dw16 = _mm_setr_epi16(static_cast<int16_t>(w[i].d), static_cast<int16_t>(w[i + 1].d),
-                                        static_cast<int16_t>(w[i + 2].d), static_cast<int16_t>(w[i + 3].d), 0, 0, 0, 0);
-    lanes = _mm_add_ps(lanes, _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(_mm_cvtph_ps(dw16), _mm_loadu_ps(xp.dx.data() + i))));
+    lanes = _mm_add_ps(lanes, _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(block_scales(w + i), _mm_loadu_ps(xp.dx.data() + i))));
   }
   float out = sum_lanes(lanes);
   const Block* wr[1] = {w};
