@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/step_time_correction.hpp"
 #include "runtime/cost/sweep.hpp"
@@ -41,14 +43,19 @@ void expect_features(const step_features& f, double steps, double tokens, double
 }
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("troupe_cost_test_" + name)).string();
+  return (std::filesystem::temp_directory_path() / ("troupe_cost_test_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string path = temp_path(name);
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
+/// A file under the system's temporary directory, removed when it goes out of scope.
+struct temp_file {
+  std::string path;
+  temp_file(const std::string& name, const std::string& text) : path(temp_path(name)) {
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  ~temp_file() { std::remove(path.c_str()); }
+  temp_file(const temp_file&) = delete;
+  temp_file& operator=(const temp_file&) = delete;
+};
 
 // The features of the calibration grid: realistic, and varied enough to determine every
 // parameter.
@@ -341,7 +348,8 @@ TEST(StepLog, LinesRoundTrip) {
                                             {{1, 448, 0, 100'576, 448}, 3'000'001}};
   std::string text = std::string(step_log_header) + "\n";
   for (const auto& [f, ns] : samples) text += step_log_line(f, static_cast<int64_t>(ns));
-  auto back = read_step_log(write_temp("log.csv", text + "\n"));
+  const temp_file log("log.csv", text + "\n");
+  auto back = read_step_log(log.path);
   ASSERT_TRUE(back.has_value()) << back.error().message;
   ASSERT_EQ(back->size(), 2u);
   for (size_t i = 0; i < samples.size(); i++) {
@@ -399,7 +407,8 @@ TEST(CalibrationFile, RoundTripsEveryBit) {
   EXPECT_NE(text.find("num_samples = 92\n"), std::string::npos) << text;
   EXPECT_NE(text.find("source = \"a \\\"quoted\\\" path\\\\with # and\\u000Anewline\"\n"), std::string::npos)
       << text;
-  auto p = read_calibration(write_temp("cal.toml", text));
+  const temp_file cal("cal.toml", text);
+  auto p = read_calibration(cal.path);
   ASSERT_TRUE(p.has_value()) << p.error().message;
   EXPECT_EQ(p->step_ns, f.params.step_ns);
   EXPECT_EQ(p->token_ns, f.params.token_ns);

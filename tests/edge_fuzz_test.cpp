@@ -155,14 +155,23 @@ TEST(EdgeFuzz, MsgpackFramesGetARequestOrABoundedError) {
   EXPECT_GT(num_ok, 0);
 }
 
-/// Writes `bytes` to a file of this test's own under the system's temporary directory.
-std::string write_temp(const std::string& name, const std::string& bytes) {
-  const fs::path dir = fs::temp_directory_path() / ("troupe-edge-fuzz-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / name).string();
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  return path;
-}
+/// A directory of this test's own under the system's temporary directory, removed with it.
+struct temp_dir {
+  fs::path path = fs::temp_directory_path() / ("troupe-edge-fuzz-" + std::to_string(::getpid()));
+  temp_dir() { fs::create_directories(path); }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  /// Writes `bytes` to the file `name` in it; its path.
+  [[nodiscard]] std::string write(const std::string& name, const std::string& bytes) const {
+    const std::string file = (path / name).string();
+    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return file;
+  }
+};
 
 std::string bundled_gguf() {
   const bundled& b = model_and_tokenizer();
@@ -203,6 +212,7 @@ TEST(EdgeFuzz, CheckpointHeadersGetAModelOrABoundedError) {
   sampling::random_stream rng(fuzz_seed(), 1, 0);
   const int32_t extremes[] = {0, 1, -1, 2, 64, 512, INT32_MAX, INT32_MIN, 1 << 16, 1 << 30, 46341, 65537};
   const uint64_t rounds = fuzz_rounds() / 4 + 1;
+  const temp_dir dir;
   int64_t num_ok = 0;
   for (uint64_t round = 0; round < rounds; round++) {
     TROUPE_FUZZ_TRACE(round);
@@ -214,7 +224,7 @@ TEST(EdgeFuzz, CheckpointHeadersGetAModelOrABoundedError) {
       std::memcpy(bytes.data() + 4 * rng.uniform_below(7), &v, sizeof v);
     }
     if (rng.uniform_below(4) == 0) bytes.resize(static_cast<size_t>(rng.uniform_below(bytes.size())));
-    auto ck = model::checkpoint::load(write_temp("model.bin", bytes));
+    auto ck = model::checkpoint::load(dir.write("model.bin", bytes));
     if (ck)
       num_ok++;
     else

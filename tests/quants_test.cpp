@@ -453,6 +453,13 @@ TEST(QuantsDot, Q8_0MinusOneTwentyEightSquaredIsExact) {
   float one_row = 0.0f;  // decode's matmul, with its activation row prepared
   fast::matmul(&one_row, x.data(), quant_matrix{w.data(), weight_type::q8_0, 1, 32}, 1);
   EXPECT_EQ(one_row, 524288.0f);
+  // 16 weight rows by 5 activation rows: the many-row kernel's path with VNNI
+  std::vector<uint8_t> ws, xs;
+  for (int i = 0; i < 16; i++) ws.insert(ws.end(), w.begin(), w.end());
+  for (int i = 0; i < 5; i++) xs.insert(xs.end(), x.begin(), x.end());
+  std::vector<float> many(16 * 5, 0.0f);
+  fast::matmul(many.data(), xs.data(), quant_matrix{ws.data(), weight_type::q8_0, 16, 32}, 5);
+  EXPECT_EQ(many, std::vector<float>(16 * 5, 524288.0f));
 }
 
 // ---- matmul ----
@@ -541,13 +548,14 @@ TEST(QuantsMatmul, EveryInstructionSetGivesTheReferenceBits) {
 
 TEST(QuantsMatmul, Q8_0FamilyRowsWithBlocksPastTheLastFour) {
   // 3, 7 and 13 blocks a row: the blocks after the last whole four take their own path per row
-  // group (13: one-row decode's steps of eight blocks, then four, then one).
+  // group (13: one-row decode's steps of eight blocks, then four, then one). 37 weight rows: two
+  // groups of 16 (more than 4 activation rows, with VNNI) and 5 rows on the per-row path.
   std::mt19937 rng(17);
   for (weight_type t : {weight_type::q8_0, weight_type::q4_0}) {
     for (int32_t n : {96, 224, 416}) {
-      const random_problem p = make_problem(t, 5, n, 9, rng);
+      const random_problem p = make_problem(t, 37, n, 9, rng);
       for (int32_t rows = 1; rows <= 9; rows++) {
-        std::vector<float> ref(static_cast<size_t>(rows) * 5), fst(ref.size(), -1.0f);
+        std::vector<float> ref(static_cast<size_t>(rows) * 37), fst(ref.size(), -1.0f);
         reference::matmul(ref.data(), p.xq.data(), p.w, rows);
         fast::matmul(fst.data(), p.xq.data(), p.w, rows);
         EXPECT_TRUE(same_bits(ref, fst)) << type_name(t) << " n " << n << " rows " << rows;

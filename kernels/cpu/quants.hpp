@@ -128,11 +128,13 @@ enum class isa { reference, avx2, avx512 };
 /// thread). Decode: each weight block unpacked once for up to 4 activation rows, weights
 /// prefetched ahead of the row they stream; one row against Q8_0 or Q4_0 with VNNI: the row laid
 /// out once for the whole product (quants, scales, 128 or 8 x each block's quant sum), the
-/// weights going in unsigned (Q8_0 + 128, Q4_0's nibbles), eight blocks a step. Prefill (more than 4 rows): the weight rows a panel
-/// of ~256 KiB at a time against every activation row, 3 weight rows x 4 activation rows per
-/// kernel call with AVX-512; Q8_0 with VNNI's u8 x s8 dot product (x + 128 against the weights,
-/// 128 x their sum taken back: the same exact block sums), its activations and each panel laid
-/// out once for the whole product.
+/// weights going in unsigned (Q8_0 + 128, Q4_0's nibbles), eight blocks a step. Prefill (more
+/// than 4 rows): the weight rows a panel of ~256 KiB at a time against every activation row, 3
+/// weight rows x 4 activation rows per kernel call with AVX-512. Q8_0 and Q4_0 with VNNI and two
+/// rows or more (prefill, batched decode): each panel laid out once for all activation rows,
+/// sixteen weight rows to a register with the output rows in its lanes, so a broadcast group of
+/// four activation quants adds to sixteen rows' exact block sums at once and no sum is reduced
+/// across lanes; 4 activation rows a kernel call.
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
 
 /// matmul on a given instruction set, which the CPU must run (cpu_runs): for tests and benches
