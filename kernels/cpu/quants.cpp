@@ -6,6 +6,10 @@
 #include <cmath>
 #include <cstring>
 
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/check.hpp"
 #include "kernels/cpu/quant_blocks.hpp"
 
@@ -335,9 +339,15 @@ void dequantize_row(float* out, const uint8_t* row, weight_type t, int32_t n) {
   TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n);
   switch (t) {
     case weight_type::f32: std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n)); return;
-    case weight_type::f16:
-      for (int32_t j = 0; j < n; j++) out[j] = load_16<blocks::f16_to_f32>(row, j);
+    case weight_type::f16: {
+      int32_t j = 0;
+#ifdef __F16C__  // the same exact conversion, 8 at a time (GCC 12 leaves the loop below scalar)
+      for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * j))));
+#endif
+      for (; j < n; j++) out[j] = load_16<blocks::f16_to_f32>(row, j);
       return;
+    }
     case weight_type::bf16:
       for (int32_t j = 0; j < n; j++) out[j] = load_16<blocks::bf16_to_f32>(row, j);
       return;
