@@ -1,10 +1,10 @@
 #pragma once
 
 /// A large zero-filled buffer straight from the kernel (the KV pool): its pages are zeroed when
-/// first touched, so a part never used costs neither memory nor time, and the kernel is asked
-/// for huge pages (2 MiB where transparent huge pages are on by madvise), which cut the page
-/// faults of filling it 512-fold. On a VM where a fault costs ~10 us, a 1 GiB pool zeroed by
-/// std::vector took 2.5 s at start-up.
+/// first touched, so a part never used costs neither memory nor time. Small pages (no
+/// transparent huge pages): resident memory follows what is written, 4 KiB at a time. (On a VM
+/// where a fault costs ~10 us, a 1 GiB pool zeroed up front by std::vector took 2.5 s at
+/// start-up; faulted as it fills, a token's KV costs a few faults next to its compute.)
 
 #include <cstddef>
 #include <utility>
