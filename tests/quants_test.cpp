@@ -95,6 +95,18 @@ TEST(QuantsDequantize, F16AndBF16) {
   put_u16(f16, 6, 0x0001);  // the smallest subnormal, 2^-24
   EXPECT_EQ(dequantized(f16, weight_type::f16, 4),
             (std::vector<float>{1.0f, -2.0f, 0.333251953125f, 5.9604644775390625e-08f}));
+  // 13 values: the first 8 take F16C's 8-wide conversion where the build has it, the rest one
+  // by one; every class of value converts exactly either way.
+  const uint16_t bits[13] = {0x3C00, 0x8000, 0x7C00, 0xFC00, 0x0001, 0x03FF, 0x7BFF, 0x3555,
+                             0xC000, 0x0400, 0x3800, 0x4248, 0x7E00};
+  std::vector<uint8_t> wide(26);
+  for (int i = 0; i < 13; i++) put_u16(wide, static_cast<size_t>(2 * i), bits[i]);
+  const std::vector<float> got = dequantized(wide, weight_type::f16, 13);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float want[12] = {1.0f, -0.0f, inf, -inf, 5.9604644775390625e-08f, 6.097555160522461e-05f, 65504.0f,
+                          0.333251953125f, -2.0f, 6.103515625e-05f, 0.5f, 3.140625f};
+  for (size_t i = 0; i < 12; i++) EXPECT_TRUE(same_bits(got[i], want[i])) << i << ": " << got[i];
+  EXPECT_TRUE(std::isnan(got[12]));
   std::vector<uint8_t> bf16(6);
   put_u16(bf16, 0, 0x3F80);  // 1.0
   put_u16(bf16, 2, 0xC0A0);  // -(2^2 * 1.25) = -5
