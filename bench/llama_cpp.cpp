@@ -19,7 +19,10 @@
 //                           matrices
 //   streams-16              16 concurrent streams' total decode tok/s at 2 threads: llama.cpp
 //                           through 16 sequences of one context; troupe through `troupe serve`
-//                           and `troupe bench serve` (HTTP, the actors: what a user gets)
+//                           and `troupe bench serve` (HTTP, the actors: what a user gets); also
+//   streams-1               one stream measured the same way (tokens over the whole run, its
+//                           first token's wait included), and scaling-16 = streams-16 /
+//                           streams-1 of each engine
 //   peak RSS                of the decode-1t processes (node's own ~50 MB included)
 //
 //   bench_llama_cpp [--dir DIR] [--shapes 0.5b,1b] [--types q4_k_m,q8_0,f16] [--runs 3]
@@ -164,10 +167,11 @@ class side_by_side {
           const process_run r = troupe_generate(2, 1, long_prompt(words));
           return find_number(r.out, R"((\d+) prompt \+)") / find_number(r.out, R"(TTFT ([0-9.]+) ms)") * 1e3;
         });
-    if (asked("streams"))
-      pair("streams-" + std::to_string(o_.streams), troupe_first,
-           [&] { return find_number(llama("streams", 2, short_prompt).out, R"("tok_s":([0-9.e+]+))"); },
-           [&] { return troupe_streams(); });
+    if (asked("streams"))  // one stream too, measured the same way: the batch's scaling
+      for (const int n : o_.streams > 1 ? std::vector<int>{1, o_.streams} : std::vector<int>{o_.streams})
+        pair("streams-" + std::to_string(n), troupe_first,
+             [&] { return find_number(llama("streams", 2, short_prompt, n).out, R"("tok_s":([0-9.e+]+))"); },
+             [&] { return troupe_streams(n); });
   }
 
   void print(const std::string& label, int64_t tensors) const {
@@ -176,6 +180,11 @@ class side_by_side {
       std::printf("%-16s %-12s %10.2f %10.2f %8.3f  %zu  %s\n", label.c_str(), name.c_str(), median(s.llama),
                   median(s.troupe), median(s.ratio), s.ratio.size(), seconds ? "s (lower is better)" : "tok/s");
     }
+    const auto one = metrics_.find("streams-1"), many = metrics_.find("streams-" + std::to_string(o_.streams));
+    if (o_.streams > 1 && one != metrics_.end() && many != metrics_.end())
+      std::printf("%-16s %-12s %10.2f %10.2f           x its own streams-1 (medians: the batch's scaling)\n", label.c_str(),
+                  ("scaling-" + std::to_string(o_.streams)).c_str(), median(many->second.llama) / median(one->second.llama),
+                  median(many->second.troupe) / median(one->second.troupe));
     if (!rss_.troupe.empty())
       std::printf("%-16s %-12s %10.1f %10.1f %8.3f  %zu  MB peak RSS (decode-1t); troupe / tensor bytes %.3f\n",
                   label.c_str(), "memory", median(rss_.llama), median(rss_.troupe),
@@ -197,9 +206,9 @@ class side_by_side {
 
   fs::path log(const std::string& what) const { return o_.dir / (file_.stem().string() + "-" + what + ".log"); }
 
-  process_run llama(const std::string& mode, int threads, const std::string& prompt) const {
+  process_run llama(const std::string& mode, int threads, const std::string& prompt, int streams = 1) const {
     return run_process({"/usr/bin/node", std::string(TROUPE_SOURCE_DIR) + "/bench/llama_cpp.mjs", file_.string(), mode,
-                        std::to_string(threads), prompt, std::to_string(o_.tokens), std::to_string(o_.streams)},
+                        std::to_string(threads), prompt, std::to_string(o_.tokens), std::to_string(streams)},
                        log("llama-" + mode));
   }
 
@@ -209,9 +218,9 @@ class side_by_side {
                        log("troupe-generate"));
   }
 
-  /// `troupe serve` on any free port, then `troupe bench serve` with the streams at once;
+  /// `troupe serve` on any free port, then `troupe bench serve` with `streams` streams at once;
   /// returns its output token throughput (0 when either fails).
-  double troupe_streams() const {
+  double troupe_streams(int streams) const {
     const fs::path serve_log = log("troupe-serve");
     const pid_t server = start_program({o_.troupe, "serve", "-m", file_.string(), "--threads", "2", "--port", "0",
                                         "--http-port", "0"},
@@ -232,7 +241,7 @@ class side_by_side {
       const process_run r = run_process(
           {o_.troupe, "bench", "serve", "--base-url", url, "--dataset-name", "random", "--random-input-len", "8",
            "--random-output-len", std::to_string(o_.tokens), "--random-range-ratio", "0", "--num-prompts",
-           std::to_string(o_.streams), "--request-rate", "inf", "--ignore-eos", "--no-progress"},
+           std::to_string(streams), "--request-rate", "inf", "--ignore-eos", "--no-progress"},
           log("troupe-bench-serve"));
       tok_s = find_number(r.out, R"(Output token throughput \(tok/s\):\s+([0-9.]+))");
     } else {
