@@ -461,19 +461,16 @@ void dot_16_rows(const w16_block* wp, const blocks::q8_0* const* x, const int32_
                  int32_t nb, float* const* out) {
   const auto products = [&](int32_t b, __m512 (&p)[R]) {
     const w16_block& wb = wp[b];
-    __m512i s[R][2];  // even and odd element groups: two dependency chains per row
-    for (int r = 0; r < R; r++) {
-      s[r][0] = _mm512_set1_epi32(-excess[r][b]);
-      s[r][1] = _mm512_setzero_si512();
-    }
+    __m512i s[R];
+    for (int r = 0; r < R; r++) s[r] = _mm512_set1_epi32(-excess[r][b]);
     for (int g = 0; g < 8; g++)
       for (int r = 0; r < R; r++) {
         int32_t four;
         std::memcpy(&four, x[r][b].qs + 4 * g, sizeof(four));
-        s[r][g % 2] = _mm512_dpbusd_epi32(s[r][g % 2], wb.q[g], _mm512_set1_epi32(four));
+        s[r] = _mm512_dpbusd_epi32(s[r], wb.q[g], _mm512_set1_epi32(four));
       }
     for (int r = 0; r < R; r++)
-      p[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[r][0], s[r][1])),
+      p[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r]),
                            _mm512_mul_ps(wb.dw, _mm512_set1_ps(dx[r][b])));
   };
   __m512 lanes[R][4];
