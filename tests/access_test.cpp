@@ -5,8 +5,6 @@
 // Chromium.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +22,7 @@
 #include "tests/support/loopback_socket.hpp"
 #include "tests/support/npm_packages.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/scratch_files.hpp"
 #include "tests/support/server_process.hpp"
 #include "topology/topology.hpp"
 
@@ -37,21 +36,6 @@ using gateway::cors_origins;
 const std::string curl_path = "/usr/bin/curl";
 const std::string chromium_path = "/usr/bin/chromium";
 const std::string prompt = "Once upon a time";
-
-/// A directory of its own under the temporary directory, removed at the end.
-class scratch_dir {
- public:
-  explicit scratch_dir(const std::string& name)
-      : path_(fs::temp_directory_path() / ("troupe_access_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~scratch_dir() { fs::remove_all(path_); }
-  [[nodiscard]] const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
@@ -94,7 +78,7 @@ TEST(Access, BadApiKeysAreRefusedByTheirPosition) {
 }
 
 TEST(Access, AKeysFileHasOneKeyPerLineWithCommentsAndBlankLines) {
-  scratch_dir dir("keys_file");
+  scratch_dir dir("troupe_access_keys_file");
   const fs::path file = dir.path() / "keys";
   write_text(file, "# the team's keys\n\n  sk-alpha  \r\nsk-beta\n# sk-gamma\n");
   auto keys = api_keys::read_file(file.string());
@@ -137,7 +121,7 @@ TEST(Access, CorsOriginsAreSchemeHostAndPortMatchedWithoutCase) {
 }
 
 TEST(Access, ATlsContextNamesTheFileItCannotUse) {
-  scratch_dir dir("tls_files");
+  scratch_dir dir("troupe_access_tls_files");
   const fs::path certs = make_certs(dir.path(), "127.0.0.1,other");
   const std::string cert = (certs / "127.0.0.1.pem").string(), key = (certs / "127.0.0.1-key.pem").string();
   ASSERT_TRUE(gateway::make_tls_context(cert, key));
@@ -175,7 +159,7 @@ TEST(Access, TheAuthFrameCarriesAKeyAndNothingElse) {
 }
 
 TEST(Access, TheHttpTableNamesTheAccessFilesBesideTheTopology) {
-  scratch_dir dir("topology");
+  scratch_dir dir("troupe_access_topology");
   const fs::path certs = make_certs(dir.path(), "127.0.0.1");
   write_text(dir.path() / "keys", "sk-file\n");
   const std::string nodes = "[[node]]\nname = \"n0\"\nhost = \"127.0.0.1\"\nport = 7100\n"
@@ -215,7 +199,7 @@ class AccessServe : public ::testing::Test {
 
   void SetUp() override {
     if (!fs::exists(curl_path)) GTEST_SKIP() << "curl is not installed (scripts/install-deps.sh installs it)";
-    dir_ = std::make_unique<scratch_dir>("serve");
+    dir_ = std::make_unique<scratch_dir>("troupe_access_serve");
     certs_ = make_certs(dir_->path(), "127.0.0.1");
   }
   void TearDown() override {

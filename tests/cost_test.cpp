@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +17,7 @@
 #include "runtime/cost/sweep.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/model/checkpoint.hpp"
+#include "tests/support/scratch_files.hpp"
 
 namespace troupe::cost {
 namespace {
@@ -46,16 +45,6 @@ std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("troupe_cost_test_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-/// A file under the system's temporary directory, removed when it goes out of scope.
-struct temp_file {
-  std::string path;
-  temp_file(const std::string& name, const std::string& text) : path(temp_path(name)) {
-    std::ofstream(path, std::ios::binary) << text;
-  }
-  ~temp_file() { std::remove(path.c_str()); }
-  temp_file(const temp_file&) = delete;
-  temp_file& operator=(const temp_file&) = delete;
-};
 
 // The features of the calibration grid: realistic, and varied enough to determine every
 // parameter.
@@ -348,8 +337,8 @@ TEST(StepLog, LinesRoundTrip) {
                                             {{1, 448, 0, 100'576, 448}, 3'000'001}};
   std::string text = std::string(step_log_header) + "\n";
   for (const auto& [f, ns] : samples) text += step_log_line(f, static_cast<int64_t>(ns));
-  const temp_file log("log.csv", text + "\n");
-  auto back = read_step_log(log.path);
+  const testing::scratch_dir dir("troupe_cost_test_log");
+  auto back = read_step_log(dir.write("log.csv", text + "\n"));
   ASSERT_TRUE(back.has_value()) << back.error().message;
   ASSERT_EQ(back->size(), 2u);
   for (size_t i = 0; i < samples.size(); i++) {
@@ -407,8 +396,8 @@ TEST(CalibrationFile, RoundTripsEveryBit) {
   EXPECT_NE(text.find("num_samples = 92\n"), std::string::npos) << text;
   EXPECT_NE(text.find("source = \"a \\\"quoted\\\" path\\\\with # and\\u000Anewline\"\n"), std::string::npos)
       << text;
-  const temp_file cal("cal.toml", text);
-  auto p = read_calibration(cal.path);
+  const testing::scratch_dir dir("troupe_cost_test_calibration");
+  auto p = read_calibration(dir.write("cal.toml", text));
   ASSERT_TRUE(p.has_value()) << p.error().message;
   EXPECT_EQ(p->step_ns, f.params.step_ns);
   EXPECT_EQ(p->token_ns, f.params.token_ns);

@@ -16,11 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -38,6 +35,7 @@
 #include "tests/support/golden.hpp"
 #include "tests/support/loopback_socket.hpp"
 #include "tests/support/mutator.hpp"
+#include "tests/support/scratch_files.hpp"
 #include "topology/topology.hpp"
 #include "messages/msgpack_rpc.hpp"
 
@@ -155,24 +153,6 @@ TEST(EdgeFuzz, MsgpackFramesGetARequestOrABoundedError) {
   EXPECT_GT(num_ok, 0);
 }
 
-/// A directory of this test's own under the system's temporary directory, removed with it.
-struct temp_dir {
-  fs::path path = fs::temp_directory_path() / ("troupe-edge-fuzz-" + std::to_string(::getpid()));
-  temp_dir() { fs::create_directories(path); }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  /// Writes `bytes` to the file `name` in it; its path.
-  [[nodiscard]] std::string write(const std::string& name, const std::string& bytes) const {
-    const std::string file = (path / name).string();
-    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    return file;
-  }
-};
-
 std::string bundled_gguf() {
   const bundled& b = model_and_tokenizer();
   return model::to_gguf(b.ck, *b.tok.spm(), "stories260K");
@@ -212,7 +192,7 @@ TEST(EdgeFuzz, CheckpointHeadersGetAModelOrABoundedError) {
   sampling::random_stream rng(fuzz_seed(), 1, 0);
   const int32_t extremes[] = {0, 1, -1, 2, 64, 512, INT32_MAX, INT32_MIN, 1 << 16, 1 << 30, 46341, 65537};
   const uint64_t rounds = fuzz_rounds() / 4 + 1;
-  const temp_dir dir;
+  const scratch_dir dir("troupe_edge_fuzz");
   int64_t num_ok = 0;
   for (uint64_t round = 0; round < rounds; round++) {
     TROUPE_FUZZ_TRACE(round);

@@ -155,11 +155,16 @@ TEST(KvCache, EachTypeStoresItsBytesAndReadsBackWhatItStored) {
       float amax = 0;
       for (size_t j = i; j < i + 32; j++) amax = std::max(amax, std::fabs(in.keys[j]));
       for (size_t j = i; j < i + 32; j++) {
-        if (dtype == kv_dtype::f32) ASSERT_EQ(keys[j], in.keys[j]) << j;
-        if (dtype == kv_dtype::f16)
+        if (dtype == kv_dtype::f32) {
+          ASSERT_EQ(keys[j], in.keys[j]) << j;
+        }
+        if (dtype == kv_dtype::f16) {
           ASSERT_EQ(keys[j], kernels::cpu::blocks::f16_to_f32(kernels::cpu::blocks::f32_to_f16(in.keys[j]))) << j;
+        }
         // Half a step of amax / 127, and the step's own rounding to f16 (2^-11) over 127 steps.
-        if (dtype == kv_dtype::q8_0) ASSERT_LE(std::fabs(keys[j] - in.keys[j]), amax / 127 * 0.57f) << j;
+        if (dtype == kv_dtype::q8_0) {
+          ASSERT_LE(std::fabs(keys[j] - in.keys[j]), amax / 127 * 0.57f) << j;
+        }
       }
     }
     // Those rows stored again elsewhere are the same bytes; and so are the values they hold,
