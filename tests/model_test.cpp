@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <unistd.h>
@@ -444,17 +445,26 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
   for (const auto& [name, spec] : random_models()) {
     std::ofstream(path, std::ios::binary) << testing::random_llama_gguf(spec);
     auto ck = checkpoint::load(path);
+    load_options as_stored;
+    as_stored.repack = false;
+    auto in_place = checkpoint::load(path, as_stored);
     const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
     std::filesystem::remove(path);
     ASSERT_TRUE(ck) << name << ": " << ck.error().message;
+    ASSERT_TRUE(in_place) << name << ": " << in_place.error().message;
     // Every type but F32 is computed as stored, read in place: the resident weights are the file.
     EXPECT_EQ(ck->stored() != nullptr, spec.type != ggml_type::f32) << name;
     if (ck->stored()) {
       EXPECT_EQ(ck->stored()->w2.front().type, spec.wide_type.value_or(spec.type)) << name;
+      // Q8_0 and Q4_0 laid out for the kernels where they take it (AVX-512 VNNI), else in place
+      EXPECT_EQ(ck->stored()->wq.front().layout == kernels::cpu::matrix_layout::rows16,
+                kernels::cpu::fast::takes_rows16(ck->stored()->wq.front().type))
+          << name;
+      EXPECT_EQ(in_place->stored()->wq.front().layout, kernels::cpu::matrix_layout::rows) << name;
       EXPECT_LE(transformer(*ck).resident_bytes(), file_bytes * 11 / 10) << name;
     }
     kernels::cpu::thread_pool pool(3);
-    transformer fast(*ck), reference(*ck, kernel_path::reference), threaded(*ck);
+    transformer fast(*ck), reference(*ck, kernel_path::reference), threaded(*ck), not_repacked(*in_place);
     threaded.set_thread_pool(&pool);
     // 6 sequences of 1..11 tokens in one step, in blocks of 4 (gemma's windows start past a
     // block); each alone must give its row's bits. The KV in the type the model is served in
@@ -484,6 +494,7 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
     const std::vector<float> batched = run(fast, rows);
     EXPECT_EQ(batched, run(reference, rows)) << name;
     EXPECT_EQ(batched, run(threaded, rows)) << name;
+    EXPECT_EQ(batched, run(not_repacked, rows)) << name;
     const size_t vocab = static_cast<size_t>(ck->config().vocab_size);
     for (int32_t q = 0; q < num_seqs; q++) {
       const std::vector<float> one = run(fast, alone[q]);
@@ -491,6 +502,51 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
           << name << ", sequence " << q;
     }
   }
+}
+
+/// Resident kB of the mappings of `path` in this process (/proc/self/smaps).
+int64_t resident_kb_of(const std::string& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  int64_t kb = 0;
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const std::string first = line.substr(0, line.find(' '));  // a mapping's "start-end", else "Field:"
+    const bool mapping = first.find('-') != std::string::npos &&
+                         std::all_of(first.begin(), first.end(), [](char c) { return c == '-' || std::isxdigit(static_cast<unsigned char>(c)); });
+    if (mapping)
+      inside = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    else if (inside && first == "Rss:")
+      kb += std::stoll(line.substr(4));
+  }
+  return kb;
+}
+
+TEST(Checkpoint, Q8_0LaidOutAtLoadGivesBackTheFilesPages) {
+  // A 2-layer Q8_0 model of dim 256: 3.9 MB of matrices laid out as rows16 where the kernels take
+  // it, the file's pages they came from given back; the token embedding (256 x 300 x 34 / 32 =
+  // 80 KiB) and the metadata stay mapped. Read in place, the whole file stays resident (prefault).
+  if (!kernels::cpu::fast::takes_rows16(kernels::cpu::weight_type::q8_0))
+    GTEST_SKIP() << "this CPU's kernels read Q8_0 as stored (no AVX-512 VNNI): nothing is laid out at load";
+  testing::random_llama_spec spec;
+  spec.type = ggml_type::q8_0;
+  spec.dim = 256, spec.hidden_dim = 1024, spec.n_layers = 2;
+  testing::scratch_dir dir("troupe_model_test_rows16");
+  const std::string path = dir.write("m.gguf", testing::random_llama_gguf(spec));
+  const int64_t file_kb = static_cast<int64_t>(std::filesystem::file_size(path)) / 1024;
+  int64_t reported = 0;  // checkpoint::resident_bytes read in place
+  {
+    load_options in_place;
+    in_place.repack = false;
+    auto ck = checkpoint::load(path, in_place);
+    ASSERT_TRUE(ck) << ck.error().message;
+    EXPECT_GE(resident_kb_of(path), file_kb - 4);
+    reported = ck->resident_bytes();
+  }
+  auto ck = checkpoint::load(path);
+  ASSERT_TRUE(ck) << ck.error().message;
+  EXPECT_EQ(ck->stored()->w1.front().layout, kernels::cpu::matrix_layout::rows16);
+  EXPECT_LT(resident_kb_of(path), file_kb / 8) << "of " << file_kb << " kB";
+  EXPECT_EQ(ck->resident_bytes(), reported) << "the copy takes the place of the file's pages";
 }
 
 }  // namespace

@@ -472,6 +472,14 @@ TEST(QuantsDot, Q8_0MinusOneTwentyEightSquaredIsExact) {
   std::vector<float> many(16 * 5, 0.0f);
   fast::matmul(many.data(), xs.data(), quant_matrix{ws.data(), weight_type::q8_0, 16, 32}, 5);
   EXPECT_EQ(many, std::vector<float>(16 * 5, 524288.0f));
+  // the same 16 rows laid out as rows16, by 1 and 5 activation rows
+  std::vector<uint8_t> packed(ws.size());
+  const quant_matrix rows16 = fast::repack_rows16(quant_matrix{ws.data(), weight_type::q8_0, 16, 32}, packed.data());
+  for (int32_t rows : {1, 5}) {
+    std::vector<float> out(16 * static_cast<size_t>(rows), 0.0f);
+    fast::matmul(out.data(), xs.data(), rows16, rows);
+    EXPECT_EQ(out, std::vector<float>(out.size(), 524288.0f)) << rows << " rows";
+  }
 }
 
 // ---- matmul ----
@@ -574,6 +582,84 @@ TEST(QuantsMatmul, Q8_0FamilyRowsWithBlocksPastTheLastFour) {
       }
     }
   }
+}
+
+// ---- rows16: Q8_0 and Q4_0 laid out sixteen rows at a time ----
+
+TEST(QuantsRows16, RepackPutsEachByteWhereTheLayoutSays) {
+  // 16 Q8_0 rows of 2 blocks: quant j of row l's block b is l + 16b + j - 40 (int8), its scale
+  // 0x3c00 + 2l + b. Quants: register g of block b at 512b + 64g, row l's four at 4l, + 128.
+  // Scales after the 1024 bytes of quants, row l's block b at 1024 + 2 (16b + l).
+  std::vector<uint8_t> w(16 * 68);
+  for (int l = 0; l < 16; l++)
+    for (int b = 0; b < 2; b++) {
+      uint8_t* block = &w[static_cast<size_t>(68 * l + 34 * b)];
+      const uint16_t d = static_cast<uint16_t>(0x3c00 + 2 * l + b);
+      std::memcpy(block, &d, 2);
+      for (int j = 0; j < 32; j++) block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(l + 16 * b + j - 40));
+    }
+  const quant_matrix m{w.data(), weight_type::q8_0, 16, 64};
+  for (bool simd : {false, true}) {
+    std::vector<uint8_t> out(w.size(), 0);
+    const quant_matrix r = simd ? fast::repack_rows16(m, out.data()) : reference::repack_rows16(m, out.data());
+    EXPECT_EQ(r.layout, matrix_layout::rows16);
+    EXPECT_EQ(r.data, out.data());
+    EXPECT_EQ(out[0], static_cast<uint8_t>(-40 + 128));                // row 0, block 0, quant 0
+    EXPECT_EQ(out[4 * 3 + 1], static_cast<uint8_t>(3 + 1 - 40 + 128));  // row 3, quant 1
+    EXPECT_EQ(out[512 + 64 * 1 + 4 * 3 + 2], static_cast<uint8_t>(3 + 16 + 6 - 40 + 128));  // row 3, block 1, quant 6
+    EXPECT_EQ(out[512 + 64 * 7 + 4 * 15 + 3], static_cast<uint8_t>(15 + 16 + 31 - 40 + 128));  // the last
+    uint16_t d = 0;
+    std::memcpy(&d, &out[1024 + 2 * (16 * 1 + 3)], 2);
+    EXPECT_EQ(d, 0x3c00 + 2 * 3 + 1) << "row 3, block 1's scale";
+  }
+}
+
+TEST(QuantsRows16, SimdRepackGivesTheReferenceBytesAndEveryRowBack) {
+  std::mt19937 rng(37);
+  for (weight_type t : {weight_type::q8_0, weight_type::q4_0})
+    for (int32_t n : {96, 224, 2048}) {
+      const random_problem p = make_problem(t, 48, n, 0, rng);
+      std::vector<uint8_t> simd(p.weights.size()), scalar(p.weights.size()), row(static_cast<size_t>(row_bytes(t, n)));
+      const quant_matrix r = fast::repack_rows16(p.w, simd.data());
+      (void)reference::repack_rows16(p.w, scalar.data());
+      EXPECT_EQ(simd, scalar) << type_name(t) << " n " << n;
+      EXPECT_NE(simd, p.weights) << type_name(t) << " n " << n;
+      for (int32_t i = 0; i < 48; i++) {
+        copy_row(r, i, row.data());
+        EXPECT_TRUE(std::equal(row.begin(), row.end(), p.w.row(i))) << type_name(t) << " n " << n << " row " << i;
+      }
+    }
+}
+
+TEST(QuantsRows16, MatmulGivesTheReferenceBitsOnEveryRowCountThreadAndInstructionSet) {
+  // 48 rows (three groups, one per thread of 3), 3/7/13/64 blocks a row (the blocks past the
+  // last whole four), 1-9 and 16 activation rows. An instruction set that does not take rows16
+  // (AVX2) goes through the reference.
+  std::mt19937 rng(41);
+  thread_pool pool(3);
+  for (weight_type t : {weight_type::q8_0, weight_type::q4_0})
+    for (int32_t n : {96, 224, 416, 2048}) {
+      const random_problem p = make_problem(t, 48, n, 16, rng);
+      std::vector<uint8_t> packed(p.weights.size());
+      const quant_matrix r = fast::repack_rows16(p.w, packed.data());
+      for (int32_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {
+        std::vector<float> ref(static_cast<size_t>(rows) * 48), fst(ref.size(), -1.0f), split(ref.size(), -1.0f),
+            of_packed(ref.size(), -1.0f);
+        reference::matmul(ref.data(), p.xq.data(), p.w, rows);
+        reference::matmul(of_packed.data(), p.xq.data(), r, rows);
+        fast::matmul(fst.data(), p.xq.data(), r, rows);
+        fast::matmul(split.data(), p.xq.data(), r, rows, &pool);
+        EXPECT_TRUE(same_bits(ref, of_packed)) << type_name(t) << " n " << n << " rows " << rows << ": reference";
+        EXPECT_TRUE(same_bits(ref, fst)) << type_name(t) << " n " << n << " rows " << rows;
+        EXPECT_TRUE(same_bits(ref, split)) << type_name(t) << " n " << n << " rows " << rows << " on 3 threads";
+        for (fast::isa i : {fast::isa::avx2, fast::isa::avx512}) {
+          if (!fast::cpu_runs(i)) continue;
+          std::vector<float> on(ref.size(), -1.0f);
+          fast::matmul(i, on.data(), p.xq.data(), r, rows, &pool);
+          EXPECT_TRUE(same_bits(ref, on)) << fast::isa_name(i) << " " << type_name(t) << " n " << n << " rows " << rows;
+        }
+      }
+    }
 }
 
 TEST(QuantsMatmul, BatchAndThreadInvariant) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #ifdef __F16C__
 #include <immintrin.h>
@@ -334,6 +335,42 @@ int64_t row_bytes(weight_type t, int64_t n) {
   return n / i.block_elements * i.block_bytes;
 }
 
+namespace {
+
+/// Where a rows16 matrix keeps each byte of a row's blocks (quants.hpp's matrix_layout).
+struct rows16_shape {
+  int64_t nb, block, quants, row;  ///< blocks a row; bytes a block, of its quants, a row
+  uint8_t bias;                    ///< what a quant byte is XORed with (Q8_0: + 128)
+  explicit rows16_shape(const quant_matrix& w)
+      : nb(w.n / block_elements(w.type)),
+        block(block_bytes(w.type)),
+        quants(block - 2),
+        row(row_bytes(w.type, w.n)),
+        bias(w.type == weight_type::q8_0 ? 0x80 : 0) {}
+  /// Byte j of row i's block b's quants.
+  [[nodiscard]] int64_t quant_at(int64_t i, int64_t b, int64_t j) const {
+    return (i - i % 16) * row + b * 16 * quants + 64 * (j / 4) + 4 * (i % 16) + j % 4;
+  }
+  /// Row i's block b's f16 scale.
+  [[nodiscard]] int64_t scale_at(int64_t i, int64_t b) const {
+    return (i - i % 16) * row + nb * 16 * quants + 2 * (16 * b + i % 16);
+  }
+};
+
+}  // namespace
+
+void copy_row(const quant_matrix& w, int64_t i, uint8_t* out) {
+  if (w.layout == matrix_layout::rows) {
+    std::memcpy(out, w.row(i), static_cast<size_t>(row_bytes(w.type, w.n)));
+    return;
+  }
+  const rows16_shape s(w);
+  for (int64_t b = 0; b < s.nb; b++, out += s.block) {
+    std::memcpy(out, w.data + s.scale_at(i, b), 2);
+    for (int64_t j = 0; j < s.quants; j++) out[2 + j] = w.data[s.quant_at(i, b, j)] ^ s.bias;
+  }
+}
+
 void dequantize_row(float* out, const uint8_t* row, weight_type t, int32_t n) {
   const int32_t nb = n / block_elements(t);
   TROUPE_KERNEL_ASSERT(nb * block_elements(t) == n);
@@ -402,9 +439,29 @@ float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows) {
   const int64_t x_row_bytes = row_bytes(dot_type(w.type), w.n);
-  for (int32_t r = 0; r < rows; r++)
-    for (int32_t i = 0; i < w.d; i++)
-      out[static_cast<int64_t>(r) * w.d + i] = vec_dot(w.row(i), xq + r * x_row_bytes, w.type, w.n);
+  std::vector<uint8_t> copy(w.layout == matrix_layout::rows ? 0 : static_cast<size_t>(row_bytes(w.type, w.n)));
+  for (int32_t i = 0; i < w.d; i++) {
+    const uint8_t* row = w.layout == matrix_layout::rows ? w.row(i) : (copy_row(w, i, copy.data()), copy.data());
+    for (int32_t r = 0; r < rows; r++)
+      out[static_cast<int64_t>(r) * w.d + i] = vec_dot(row, xq + r * x_row_bytes, w.type, w.n);
+  }
+}
+
+quant_matrix repack_rows16(const quant_matrix& w, uint8_t* out) {
+  TROUPE_KERNEL_ASSERT((w.type == weight_type::q8_0 || w.type == weight_type::q4_0) && w.layout == matrix_layout::rows &&
+                       w.d % 16 == 0);
+  const rows16_shape s(w);
+  for (int64_t i = 0; i < w.d; i++) {
+    const uint8_t* row = w.row(i);
+    for (int64_t b = 0; b < s.nb; b++, row += s.block) {
+      std::memcpy(out + s.scale_at(i, b), row, 2);
+      for (int64_t j = 0; j < s.quants; j++) out[s.quant_at(i, b, j)] = row[2 + j] ^ s.bias;
+    }
+  }
+  quant_matrix r = w;
+  r.data = out;
+  r.layout = matrix_layout::rows16;
+  return r;
 }
 
 }  // namespace reference

@@ -68,15 +68,34 @@ enum class weight_type : uint32_t {
 /// Bytes of one row of `n` elements of type `t`; n must be a multiple of block_elements(t).
 [[nodiscard]] int64_t row_bytes(weight_type t, int64_t n);
 
-/// A (d, n) matrix as ggml stores it: d rows of row_bytes(type, n) bytes, back to back (a GGUF
-/// tensor of dims {n, d}). `data` points into the mapped file; nothing is copied.
+/// How a matrix's rows lie in memory.
+enum class matrix_layout : uint8_t {
+  /// ggml's: d rows of row_bytes(type, n) bytes, back to back (a GGUF tensor of dims {n, d}).
+  rows,
+  /// Q8_0 or Q4_0 with d a multiple of 16, as the AVX-512 VNNI kernels read it (the same bytes
+  /// as `rows`, rearranged; fast::repack_rows16): groups of sixteen rows, group k (rows
+  /// 16k..16k+15) at data + 16k * row_bytes. With nb blocks a row and q = block_bytes - 2 bytes
+  /// of quants a block (Q8_0 32, Q4_0 16), a group holds nb x 16q bytes of quants, then nb x 16
+  /// f16 scales: block b's quants at 16q * b, as registers of 64 bytes, register g's bytes
+  /// 4l..4l+3 being quant bytes 4g..4g+3 of row l's block (Q8_0's each + 128, unsigned; Q4_0's
+  /// as stored, two nibbles a byte); row l's block b's scale at scale index 16b + l.
+  rows16,
+};
+
+/// A (d, n) matrix of a weight type. `data` points into the mapped file (layout `rows`: nothing
+/// is copied) or at a copy laid out for the kernels (`rows16`).
 struct quant_matrix {
   const uint8_t* data = nullptr;
   weight_type type = weight_type::f32;
   int32_t d = 0;  ///< output features (rows)
   int32_t n = 0;  ///< input features; a multiple of block_elements(type)
+  matrix_layout layout = matrix_layout::rows;
+  /// Row i, of the `rows` layout only (copy_row reads either).
   [[nodiscard]] const uint8_t* row(int64_t i) const { return data + i * row_bytes(type, n); }
 };
+
+/// Row i of w, whatever its layout, as ggml lays a row out (row_bytes(w.type, w.n) bytes).
+void copy_row(const quant_matrix& w, int64_t i, uint8_t* out);
 
 /// out (n) = row `row` of type `t` as float, exactly as ggml's dequantize_row_* computes it
 /// (for the token embedding, which llama.cpp reads the same way).
@@ -101,6 +120,9 @@ namespace reference {
 /// out (rows, d) = x · wᵀ, x being `rows` activation rows converted by quantize_activations to
 /// dot_type(w.type) (each row_bytes(dot_type, n) bytes, back to back).
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows);
+
+/// fast::repack_rows16's bytes, one at a time as matrix_layout describes them.
+[[nodiscard]] quant_matrix repack_rows16(const quant_matrix& w, uint8_t* out);
 
 }  // namespace reference
 
@@ -130,16 +152,32 @@ enum class isa { reference, avx2, avx512 };
 /// out once for the whole product (quants, scales, 128 or 8 x each block's quant sum), the
 /// weights going in unsigned (Q8_0 + 128, Q4_0's nibbles), eight blocks a step. Prefill (more
 /// than 4 rows): the weight rows a panel of ~256 KiB at a time against every activation row, 3
-/// weight rows x 4 activation rows per kernel call with AVX-512. Q8_0 and Q4_0 with VNNI and two
-/// rows or more (prefill, batched decode): each panel laid out once for all activation rows,
-/// sixteen weight rows to a register with the output rows in its lanes, so a broadcast group of
-/// four activation quants adds to sixteen rows' exact block sums at once and no sum is reduced
-/// across lanes; 4 activation rows a kernel call.
+/// weight rows x 4 activation rows per kernel call with AVX-512. Q8_0 and Q4_0 with VNNI: sixteen
+/// weight rows to a register with the output rows in its lanes (matrix_layout::rows16), so a
+/// broadcast group of four activation quants adds to sixteen rows' exact block sums at once and
+/// no sum is reduced across lanes, 4 activation rows a kernel call; a rows16 matrix at every row
+/// count (its groups split over the threads whole), one of ggml's rows at two rows or more by
+/// laying each panel out so once for all activation rows.
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
 
 /// matmul on a given instruction set, which the CPU must run (cpu_runs): for tests and benches
 /// that compare the sets.
 void matmul(isa i, float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool = nullptr);
+
+/// Whether instruction set `i` computes rows16 matrices of type `t` (AVX-512 with VNNI: Q8_0 and
+/// Q4_0). A set that does not takes them through reference::matmul (the same bits, slowly).
+[[nodiscard]] bool takes_rows16(isa i, weight_type t);
+
+/// Whether the selected set computes rows16 matrices of type `t`: then a loader lays them out so
+/// (repack_rows16). On the 0.5b and 1b shapes that removes the per-product layout of the batched
+/// kernels above and one-row decode takes the same kernel.
+[[nodiscard]] bool takes_rows16(weight_type t);
+
+/// w (Q8_0 or Q4_0, layout `rows`, w.d a multiple of 16) laid out as rows16 into `out`
+/// (w.d * row_bytes(w.type, w.n) bytes, the size of w): returns the matrix that views `out`.
+/// One thread; the bytes of reference::repack_rows16, which it is where the selected set does
+/// not take rows16.
+[[nodiscard]] quant_matrix repack_rows16(const quant_matrix& w, uint8_t* out);
 
 }  // namespace fast
 

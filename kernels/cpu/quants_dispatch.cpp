@@ -8,10 +8,14 @@ namespace troupe::kernels::cpu::fast {
 namespace avx2 {
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n);
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool);
+bool takes_rows16(weight_type t);
+void repack_rows16(const quant_matrix& w, uint8_t* out);
 }  // namespace avx2
 namespace avx512 {
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n);
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool);
+bool takes_rows16(weight_type t);
+void repack_rows16(const quant_matrix& w, uint8_t* out);
 }  // namespace avx512
 
 const char* isa_name(isa i) {
@@ -55,8 +59,32 @@ float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
   return reference::vec_dot(w, x, t, n);
 }
 
+bool takes_rows16(isa i, weight_type t) {
+  switch (i) {
+    case isa::avx512: return avx512::takes_rows16(t);
+    case isa::avx2: return avx2::takes_rows16(t);
+    case isa::reference: break;
+  }
+  return false;
+}
+
+bool takes_rows16(weight_type t) { return takes_rows16(selected_isa(), t); }
+
+quant_matrix repack_rows16(const quant_matrix& w, uint8_t* out) {
+  if (!takes_rows16(w.type)) return reference::repack_rows16(w, out);
+  if (selected_isa() == isa::avx512)
+    avx512::repack_rows16(w, out);
+  else
+    avx2::repack_rows16(w, out);
+  quant_matrix r = w;
+  r.data = out;
+  r.layout = matrix_layout::rows16;
+  return r;
+}
+
 void matmul(isa i, float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool) {
   TROUPE_KERNEL_ASSERT(cpu_runs(i));
+  if (w.layout == matrix_layout::rows16 && !takes_rows16(i, w.type)) return reference::matmul(out, xq, w, rows);
   switch (i) {
     case isa::avx512: return avx512::matmul(out, xq, w, rows, pool);
     case isa::avx2: return avx2::matmul(out, xq, w, rows, pool);

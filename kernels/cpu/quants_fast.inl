@@ -379,21 +379,16 @@ void prepare_x_blocks(x_blocks& out, const uint8_t* xq, int64_t x_row_bytes, int
   }
 }
 
-// ---- Q8_0 and Q4_0 with many activation rows (prefill, batched decode) with VNNI ----
+// ---- Q8_0 and Q4_0 laid out sixteen rows at a time (quants.hpp's rows16) with VNNI ----
 
-/// Sixteen weight rows' block, output rows in the lanes: element l of q[g] holds elements
-/// 4g..4g+3 of row l's block, unsigned (as x_blocks says); dw lane l is row l's scale as float.
-/// One activation element group broadcast against q[g] adds to all sixteen rows' block sums at
-/// once, so no sum is ever reduced across lanes. Laid out once per panel of weight rows for all
-/// of a matmul's activation rows.
-struct w16_block {
-  __m512i q[8];
-  __m512 dw;
-};
+/// Per block of Block, the 64-byte registers of quants a rows16 group holds: Q8_0's eight
+/// (unsigned), Q4_0's four (nibbles as stored).
+template <class Block>
+constexpr int32_t rows16_registers = sizeof(Block) == sizeof(blocks::q8_0) ? 8 : 4;
 
 /// Output register g (of four) of a 4 x 4 transpose of dwords within each 128-bit lane: lane j
 /// of r[m] holds row 4j + m's dwords 0..3, lane j of the result its dword g of rows 4j..4j+3.
-void transpose_lanes(__m512i (&r)[4]) {
+void transpose_lanes(__m512i* r) {
   const __m512i t0 = _mm512_unpacklo_epi32(r[0], r[1]), t1 = _mm512_unpackhi_epi32(r[0], r[1]);
   const __m512i t2 = _mm512_unpacklo_epi32(r[2], r[3]), t3 = _mm512_unpackhi_epi32(r[2], r[3]);
   r[0] = _mm512_unpacklo_epi64(t0, t2);
@@ -412,73 +407,89 @@ __m512i rows_lanes(const Block* const* p, int m, int offset) {
   return _mm512_inserti32x4(v, at(12 + m), 3);
 }
 
-/// Sixteen rows' blocks p[0..16) into out.q, before the transpose: out.q[4h + m] holds
-/// elements 16h..16h+15 of rows m, 4 + m, 8 + m, 12 + m, unsigned.
-void rows_quants(const blocks::q8_0* const* p, w16_block& out) {
+/// Sixteen rows' blocks p[0..16) as a rows16 group's registers, before the transpose: q[4h + m]
+/// holds bytes 16h..16h+15 of rows m, 4 + m, 8 + m, 12 + m's quants (Q8_0's + 128).
+void rows_quants(const blocks::q8_0* const* p, __m512i* q) {
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int h = 0; h < 2; h++)
     for (int m = 0; m < 4; m++)
-      out.q[4 * h + m] = _mm512_xor_si512(rows_lanes(p, m, offsetof(blocks::q8_0, qs) + 16 * h), bias);
+      q[4 * h + m] = _mm512_xor_si512(rows_lanes(p, m, offsetof(blocks::q8_0, qs) + 16 * h), bias);
 }
-void rows_quants(const blocks::q4_0* const* p, w16_block& out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  for (int m = 0; m < 4; m++) {
-    const __m512i raw = rows_lanes(p, m, offsetof(blocks::q4_0, qs));
-    out.q[m] = _mm512_and_si512(raw, m4);
-    out.q[4 + m] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-  }
+void rows_quants(const blocks::q4_0* const* p, __m512i* q) {
+  for (int m = 0; m < 4; m++) q[m] = rows_lanes(p, m, offsetof(blocks::q4_0, qs));
 }
 
-/// Weight rows [first, first + 16 * groups) of w (Q8_0 or Q4_0): group k's block b at
-/// element k * nb + b.
+/// Weight rows [first, first + 16 * groups) of w (Q8_0 or Q4_0, laid out as rows) into `out`
+/// as rows16 groups (quants.hpp), group k at out + k * 16 * row_bytes.
 template <class Block>
-void prepare_16_rows(w16_block* out, const quant_matrix& w, int64_t first, int64_t groups) {
+void repack_16_rows(uint8_t* out, const quant_matrix& w, int64_t first, int64_t groups) {
+  constexpr int32_t regs = rows16_registers<Block>;
   const int32_t nb = w.n / qk;
+  const int64_t w_row_bytes = row_bytes(w.type, w.n);
   const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                 _mm512_set1_epi32(static_cast<int32_t>(row_bytes(w.type, w.n))));
+                                                 _mm512_set1_epi32(static_cast<int32_t>(w_row_bytes)));
   for (int64_t k = 0; k < groups; k++) {
     const Block* p[16];
     for (int l = 0; l < 16; l++) p[l] = as<Block>(w.row(first + 16 * k + l));
+    uint8_t* q = out + k * 16 * w_row_bytes;
+    uint8_t* d = q + int64_t{nb} * 64 * regs;
     // the group's rows are back to back: the next group's, prefetched a slice per block, arrive
     // while this one is laid out (sixteen rows read side by side defeat the hardware prefetcher)
     const uint8_t* next = w.row(first + 16 * (k + 1));
-    for (int32_t b = 0; b < nb; b++, out++) {
+    for (int32_t b = 0; b < nb; b++, q += 64 * regs, d += 32) {
       prefetch_after<16 * sizeof(Block), 0>(next + 16 * sizeof(Block) * b);
-      rows_quants(p, *out);
-      for (int h = 0; h < 8; h += 4) {
-        __m512i (&four)[4] = *reinterpret_cast<__m512i(*)[4]>(out->q + h);
-        transpose_lanes(four);
-      }
+      __m512i r[regs];
+      rows_quants(p, r);
+      for (int h = 0; h < regs; h += 4) transpose_lanes(r + h);
+      for (int g = 0; g < regs; g++) _mm512_storeu_si512(q + 64 * g, r[g]);
       // each row's scale is the first 2 bytes of its block: 4 bytes read, the low 2 kept
       const __m512i d32 = _mm512_i32gather_epi32(row_offsets, p[0], 1);
-      out->dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), _mm512_cvtepi32_epi16(d32));
       for (const Block*& row : p) row++;
     }
   }
 }
 
-/// Sixteen weight rows (a panel group's blocks wp) by R activation rows: out[r][l] =
+/// Register g (0..7) of block b of a rows16 group's quants q: element l holds elements
+/// 4g..4g+3 of row l's block, unsigned.
+template <class Block>
+__m512i rows16_quants(const uint8_t* q, int g) {
+  if constexpr (rows16_registers<Block> == 8) {
+    return _mm512_loadu_si512(q + 64 * g);
+  } else {
+    const __m512i raw = _mm512_loadu_si512(q + 64 * (g % 4));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    return g < 4 ? _mm512_and_si512(raw, m4) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+  }
+}
+
+/// A rows16 group (sixteen weight rows, nb blocks) by R activation rows: out[r][l] =
 /// vec_dot(weight row l, x[r]), the same bits. Each block's sixteen exact sums come whole out of
 /// eight dot products, started from -excess; their products float(isum) * (dw * dx) go, as
 /// quants.hpp orders them, into four lane registers per row (block b into lane b mod 4) over
 /// the first nb - nb mod 4 blocks, which then add as (0 + 1) + (2 + 3), and the last blocks in
 /// order: the reference's steps for each of the sixteen outputs.
-template <int R>
-void dot_16_rows(const w16_block* wp, const blocks::q8_0* const* x, const int32_t* const* excess, const float* const* dx,
+template <int R, class Block>
+void dot_16_rows(const uint8_t* group, const blocks::q8_0* const* x, const int32_t* const* excess, const float* const* dx,
                  int32_t nb, float* const* out) {
+  constexpr int32_t regs = rows16_registers<Block>;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(group + int64_t{nb} * 64 * regs);
   const auto products = [&](int32_t b, __m512 (&p)[R]) {
-    const w16_block& wb = wp[b];
+    const uint8_t* q = group + int64_t{b} * 64 * regs;
+    prefetch_after<64 * regs>(q);
+    prefetch_after<32>(scales + 16 * b);
     __m512i s[R];
     for (int r = 0; r < R; r++) s[r] = _mm512_set1_epi32(-excess[r][b]);
-    for (int g = 0; g < 8; g++)
+    for (int g = 0; g < 8; g++) {
+      const __m512i wq = rows16_quants<Block>(q, g);
       for (int r = 0; r < R; r++) {
         int32_t four;
         std::memcpy(&four, x[r][b].qs + 4 * g, sizeof(four));
-        s[r] = _mm512_dpbusd_epi32(s[r], wb.q[g], _mm512_set1_epi32(four));
+        s[r] = _mm512_dpbusd_epi32(s[r], wq, _mm512_set1_epi32(four));
       }
-    for (int r = 0; r < R; r++)
-      p[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r]),
-                           _mm512_mul_ps(wb.dw, _mm512_set1_ps(dx[r][b])));
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 16 * b)));
+    for (int r = 0; r < R; r++) p[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r][b])));
   };
   __m512 lanes[R][4];
   for (auto& row : lanes)
@@ -501,7 +512,6 @@ void dot_16_rows(const w16_block* wp, const blocks::q8_0* const* x, const int32_
   }
   for (int r = 0; r < R; r++) _mm512_storeu_ps(out[r], sum[r]);
 }
-
 // ---- Q8_0 and Q4_0 decode (one activation row) with VNNI ----
 
 /// A decode step's activation row laid out once for all the weight rows of a Q8_0 or Q4_0
@@ -1012,16 +1022,13 @@ constexpr int64_t parallel_work_min = int64_t{1} << 18;
 constexpr int64_t panel_bytes = 256 << 10;
 
 #ifdef TROUPE_VNNI_512
-/// Q8_0 or Q4_0 weight rows [i0, i0 + 16 * groups) against every activation row (xb: their
-/// x_blocks), max_rows rows to a kernel call: the rows' blocks laid out as w16_block once for
-/// all activation rows.
+/// rows16 groups [0, groups) at `at` (Q8_0 or Q4_0 weight rows i0 onwards) against every
+/// activation row (xb: their x_blocks), max_rows rows to a kernel call.
 template <class Block>
-void rows_by_16(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_blocks& xb, const quant_matrix& w, int32_t rows,
-                int64_t i0, int64_t groups) {
+void groups_by_rows(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_blocks& xb, const uint8_t* at,
+                    const quant_matrix& w, int32_t rows, int64_t i0, int64_t groups) {
   const int32_t nb = w.n / qk;
-  thread_local std::vector<w16_block> panel;  // kept: its pages stay mapped between steps
-  grow_to(panel, static_cast<size_t>(groups) * static_cast<size_t>(nb));
-  prepare_16_rows<Block>(panel.data(), w, i0, groups);
+  const int64_t group_bytes = 16 * row_bytes(w.type, w.n);
   for (int32_t r = 0; r < rows; r += max_rows) {
     const int32_t num = std::min(max_rows, rows - r);
     const blocks::q8_0* x[max_rows];
@@ -1035,14 +1042,47 @@ void rows_by_16(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_bloc
     for (int64_t g = 0; g < groups; g++) {
       float* o[max_rows];
       for (int32_t k = 0; k < num; k++) o[k] = out + (r + k) * static_cast<int64_t>(w.d) + i0 + 16 * g;
-      const w16_block* wp = panel.data() + g * nb;
+      const uint8_t* group = at + g * group_bytes;
       switch (num) {
-        case 4: dot_16_rows<4>(wp, x, excess, dx, nb, o); break;
-        case 3: dot_16_rows<3>(wp, x, excess, dx, nb, o); break;
-        case 2: dot_16_rows<2>(wp, x, excess, dx, nb, o); break;
-        default: dot_16_rows<1>(wp, x, excess, dx, nb, o); break;
+        case 4: dot_16_rows<4, Block>(group, x, excess, dx, nb, o); break;
+        case 3: dot_16_rows<3, Block>(group, x, excess, dx, nb, o); break;
+        case 2: dot_16_rows<2, Block>(group, x, excess, dx, nb, o); break;
+        default: dot_16_rows<1, Block>(group, x, excess, dx, nb, o); break;
       }
     }
+  }
+}
+
+/// Q8_0 or Q4_0 weight rows [i0, i0 + 16 * groups) of a matrix laid out as rows against every
+/// activation row: laid out as rows16 once for all of them (a panel in the core's cache), then
+/// groups_by_rows.
+template <class Block>
+void rows_by_16(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_blocks& xb, const quant_matrix& w, int32_t rows,
+                int64_t i0, int64_t groups) {
+  struct alignas(64) line {
+    uint8_t bytes[64];
+  };
+  thread_local std::vector<line> panel;  // kept: its pages stay mapped between steps
+  grow_to(panel, static_cast<size_t>((groups * 16 * row_bytes(w.type, w.n) + 63) / 64));
+  uint8_t* at = panel.data()->bytes;
+  repack_16_rows<Block>(at, w, i0, groups);
+  groups_by_rows<Block>(out, xq, x_row_bytes, xb, at, w, rows, i0, groups);
+}
+
+/// matmul_outputs of a rows16 matrix, [begin, end) whole groups: straight from the matrix, a
+/// panel of ~256 KiB at a time against every activation row.
+void rows16_outputs(float* out, const uint8_t* xq, const x_blocks& xb, const quant_matrix& w, int32_t rows, int64_t begin,
+                    int64_t end) {
+  TROUPE_KERNEL_ASSERT(begin % 16 == 0 && end % 16 == 0);
+  const int64_t x_row_bytes = row_bytes(dot_type(w.type), w.n), w_row_bytes = row_bytes(w.type, w.n);
+  const int64_t panel = std::max<int64_t>(16, panel_bytes / w_row_bytes / 16 * 16);
+  for (int64_t i0 = begin; i0 < end; i0 += panel) {
+    const int64_t groups = (std::min(end, i0 + panel) - i0) / 16;
+    const uint8_t* at = w.data + i0 * w_row_bytes;
+    if (w.type == weight_type::q8_0)
+      groups_by_rows<blocks::q8_0>(out, xq, x_row_bytes, xb, at, w, rows, i0, groups);
+    else
+      groups_by_rows<blocks::q4_0>(out, xq, x_row_bytes, xb, at, w, rows, i0, groups);
   }
 }
 #endif
@@ -1052,6 +1092,10 @@ void rows_by_16(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_bloc
 void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const prepared_x& xp, const quant_matrix& w, int32_t rows,
                     int64_t begin, int64_t end) {
   const int64_t x_row_bytes = row_bytes(dot_type(w.type), w.n);
+#ifdef TROUPE_VNNI_512
+  if (w.layout == matrix_layout::rows16) return rows16_outputs(out, xq, *xp.many, w, rows, begin, end);
+#endif
+  TROUPE_KERNEL_ASSERT(w.layout == matrix_layout::rows);
 #ifdef TROUPE_QUANTS_AVX2
   int64_t panel = std::max<int64_t>(1, panel_bytes / row_bytes(w.type, w.n));
   if (xp.many != nullptr) panel = std::max<int64_t>(16, panel / 16 * 16);
@@ -1089,14 +1133,15 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const prepar
 }
 
 /// A matmul's activations laid out once for every weight row where a kernel takes them so:
-/// Q8_0 or Q4_0 with VNNI: one row as one_row_x (its kernel measured 1.6x faster than
-/// rows_by_16 at one row), more as x_blocks for rows_by_16 (2.2x faster than the per-row
-/// kernels at 2-4 rows).
+/// Q8_0 or Q4_0 with VNNI: as x_blocks for a rows16 matrix (any number of rows) and for
+/// rows_by_16 (ggml's rows, two activation rows or more: 2.2x faster than the per-row kernels at
+/// 2-4 rows); one row against ggml's rows as one_row_x (its kernel measured 1.6x faster than
+/// rows_by_16, which lays the rows out per product, at one row).
 prepared_x prepare(const uint8_t* xq, const quant_matrix& w, int32_t rows) {
 #ifdef TROUPE_VNNI_512
   const int32_t nb = w.n / qk;
   if (w.type != weight_type::q8_0 && w.type != weight_type::q4_0) return {};
-  if (rows == 1) {
+  if (rows == 1 && w.layout == matrix_layout::rows) {
     thread_local one_row_x prepared;  // kept: its pages stay mapped between steps
     prepare_one_row(prepared, as<blocks::q8_0>(xq), nb, w.type);
     return {nullptr, &prepared};
@@ -1112,6 +1157,27 @@ prepared_x prepare(const uint8_t* xq, const quant_matrix& w, int32_t rows) {
 
 }  // namespace
 
+bool takes_rows16(weight_type t) {
+#ifdef TROUPE_VNNI_512
+  return t == weight_type::q8_0 || t == weight_type::q4_0;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+void repack_rows16(const quant_matrix& w, uint8_t* out) {
+  TROUPE_KERNEL_ASSERT(takes_rows16(w.type) && w.layout == matrix_layout::rows && w.d % 16 == 0);
+#ifdef TROUPE_VNNI_512
+  if (w.type == weight_type::q8_0)
+    repack_16_rows<blocks::q8_0>(out, w, 0, w.d / 16);
+  else
+    repack_16_rows<blocks::q4_0>(out, w, 0, w.d / 16);
+#else
+  (void)out;
+#endif
+}
+
 float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 #ifdef TROUPE_QUANTS_AVX2
   float out = 0.0f;
@@ -1123,15 +1189,17 @@ float vec_dot(const uint8_t* w, const uint8_t* x, weight_type t, int32_t n) {
 }
 
 void matmul(float* out, const uint8_t* xq, const quant_matrix& w, int32_t rows, thread_pool* pool) {
-  TROUPE_KERNEL_ASSERT(rows >= 0);
+  TROUPE_KERNEL_ASSERT(rows >= 0 && (w.layout == matrix_layout::rows || takes_rows16(w.type)));
   const int64_t work = static_cast<int64_t>(w.d) * w.n * rows;
   const prepared_x xp = prepare(xq, w, rows);
   if (pool == nullptr || pool->num_threads() == 1 || work < parallel_work_min) {
     matmul_outputs(out, xq, xp, w, rows, 0, w.d);
     return;
   }
-  pool->parallel_for(w.d,
-                     [&](int32_t, int64_t begin, int64_t end) { matmul_outputs(out, xq, xp, w, rows, begin, end); });
+  const int64_t unit = w.layout == matrix_layout::rows16 ? 16 : 1;  // a rows16 group is split by no thread
+  pool->parallel_for(w.d / unit, [&](int32_t, int64_t begin, int64_t end) {
+    matmul_outputs(out, xq, xp, w, rows, begin * unit, end * unit);
+  });
 }
 
 }  // namespace troupe::kernels::cpu::fast::TROUPE_QUANTS_ISA

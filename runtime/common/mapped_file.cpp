@@ -69,6 +69,14 @@ mapped_file& mapped_file::operator=(mapped_file&& other) noexcept {
 
 mapped_file::~mapped_file() { reset(); }
 
+void mapped_file::release(const void* p, int64_t n) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + static_cast<uintptr_t>(n);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  TROUPE_ASSERT(begin >= reinterpret_cast<uintptr_t>(data_) && end <= reinterpret_cast<uintptr_t>(data_) + size_);
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void mapped_file::reset() {
   if (data_ != nullptr) ::munmap(data_, size_);
   data_ = nullptr;

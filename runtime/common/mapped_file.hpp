@@ -37,6 +37,9 @@ class mapped_file {
   [[nodiscard]] std::string_view bytes() const { return {static_cast<const char*>(data_), size_}; }
   /// Unmaps now (bytes() is empty afterwards).
   void reset();
+  /// Gives the whole pages within [p, p + n) (inside bytes()) back to the system: what a copy
+  /// elsewhere replaced. They stay mapped: read again, they are paged in again.
+  void release(const void* p, int64_t n) const;
 
  private:
   mapped_file() = default;

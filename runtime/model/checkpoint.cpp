@@ -1,6 +1,7 @@
 #include "runtime/model/checkpoint.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,12 +11,14 @@
 #include <initializer_list>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
+#include "runtime/common/page_buffer.hpp"
 
 namespace troupe::model {
 namespace {
@@ -118,7 +121,9 @@ struct checkpoint::mapping {
                                     // dequantized token embedding
   std::vector<float> scales;        // a version-2 file's group scales (aligned)
   std::optional<q80_weights> q80;   // a version-2 file's matrices
-  std::optional<stored_weights> stored;  // a GGUF file's matrices, in place in `file`
+  std::optional<stored_weights> stored;  // a GGUF file's matrices, in place in `file` or
+                                         // laid out for the kernels in `repacked`
+  page_buffer<uint8_t> repacked;
 };
 
 const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->q80 : nullptr; }
@@ -915,7 +920,12 @@ constexpr uint16_t f16_exponent = 0x7c00, bf16_exponent = 0x7f80;
 /// block's other fields are integers).
 bool row_finite(const kernels::cpu::quant_matrix& m, int64_t r) {
   using kernels::cpu::weight_type;
-  const uint8_t* row = m.row(r);
+  std::vector<uint8_t> copy;  // of a row not laid out as ggml's
+  if (m.layout != kernels::cpu::matrix_layout::rows) {
+    copy.resize(static_cast<size_t>(kernels::cpu::row_bytes(m.type, m.n)));
+    kernels::cpu::copy_row(m, r, copy.data());
+  }
+  const uint8_t* row = copy.empty() ? m.row(r) : copy.data();
   const int64_t blocks = m.n / kernels::cpu::block_elements(m.type), size = kernels::cpu::block_bytes(m.type);
   switch (m.type) {
     case weight_type::f32:
@@ -1102,6 +1112,61 @@ expected<model_header> read_header(const std::string& path) {
   return out;
 }
 
+/// Lays the stored matrices the selected kernels take so out as rows16 (kernels/cpu/quants.hpp)
+/// in one buffer of huge pages, on every core at once, a slice of ~4 MiB at a time (a slice's
+/// groups of sixteen rows are laid out just as in the whole matrix), and gives back the file's
+/// pages each slice was read from as soon as it is done: the file and its copy are never both
+/// resident beyond a few slices. The same bytes whatever the threads.
+void checkpoint::repack_stored(mapping& map) {
+  namespace cpu = kernels::cpu;
+  stored_weights& g = *map.stored;
+  std::vector<cpu::quant_matrix*> todo;
+  const auto take = [&](cpu::quant_matrix& m) {
+    if (cpu::fast::takes_rows16(m.type) && m.layout == cpu::matrix_layout::rows && m.d % 16 == 0) todo.push_back(&m);
+  };
+  for (std::vector<cpu::quant_matrix>* kind : {&g.wq, &g.wk, &g.wv, &g.wo, &g.w1, &g.w2, &g.w3})
+    for (cpu::quant_matrix& m : *kind) take(m);
+  if (g.wcls.data != g.token_embedding.data) take(g.wcls);  // a shared one is read by rows too
+  if (todo.empty()) return;
+  struct slice {
+    cpu::quant_matrix from;  // rows of one matrix, whole groups of 16
+    int64_t to;              // its offset in `repacked`
+  };
+  constexpr int64_t slice_bytes = int64_t{4} << 20;
+  std::vector<slice> slices;
+  int64_t total = 0;
+  for (const cpu::quant_matrix* m : todo) {
+    const int64_t row = cpu::row_bytes(m->type, m->n), rows = std::max<int64_t>(16, slice_bytes / row / 16 * 16);
+    for (int64_t first = 0; first < m->d; first += rows) {
+      cpu::quant_matrix part = *m;
+      part.data = m->row(first);
+      part.d = static_cast<int32_t>(std::min<int64_t>(rows, m->d - first));
+      slices.push_back({part, total + first * row});
+    }
+    total += int64_t{m->d} * row;
+  }
+  map.repacked = page_buffer<uint8_t>(static_cast<size_t>(total), page_buffer<uint8_t>::pages::huge);
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < slices.size(); i = next++) {
+      const slice& s = slices[i];
+      (void)cpu::fast::repack_rows16(s.from, map.repacked.data() + s.to);
+      map.file->release(s.from.data, int64_t{s.from.d} * cpu::row_bytes(s.from.type, s.from.n));
+    }
+  };
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(slices.size(), 64));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; t++) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+  int64_t at = 0;
+  for (cpu::quant_matrix* m : todo) {
+    m->data = map.repacked.data() + at;
+    m->layout = cpu::matrix_layout::rows16;
+    at += int64_t{m->d} * cpu::row_bytes(m->type, m->n);
+  }
+}
+
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
   auto file = mapped_file::open(path, options.prefault, options.progress);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
@@ -1155,10 +1220,11 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     map->file = std::move(*file);
     ck.weights_ = views(ck.config_, reinterpret_cast<const float*>(map->file->bytes().data() + header_bytes), true);
   }
-  ck.map_ = std::move(map);
+  ck.map_ = map;
   if (options.check_finite) {
     if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());
   }
+  if (options.repack && map->stored) repack_stored(*map);
   if (options.max_context > 0) ck.config_.seq_len = std::min(ck.config_.seq_len, options.max_context);
   return ck;
 }

@@ -177,6 +177,11 @@ struct load_options {
   int32_t max_context = 0;
   /// Called as the file is read (bytes read, file size), when given: progress for an operator.
   std::function<void(int64_t, int64_t)> progress;
+  /// Lay out the Q8_0 and Q4_0 matrices of a GGUF file as the selected kernels read them
+  /// fastest (kernels::cpu::fast::takes_rows16), once at load, instead of reading them in place:
+  /// the same bits, the same memory (the file's pages they came from are given back). Off only
+  /// to compare (tests, benches).
+  bool repack = true;
 };
 
 /// A loaded checkpoint: config plus weight views into a read-only memory map. Move-only; the
@@ -206,6 +211,7 @@ class checkpoint {
 
  private:
   struct mapping;
+  static void repack_stored(mapping& map);
   std::string path_;
   std::string architecture_ = "llama2.c";
   model_config config_;
