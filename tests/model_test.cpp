@@ -549,5 +549,39 @@ TEST(Checkpoint, Q8_0LaidOutAtLoadGivesBackTheFilesPages) {
   EXPECT_EQ(ck->resident_bytes(), reported) << "the copy takes the place of the file's pages";
 }
 
+TEST(Checkpoint, AClassifierSharedWithTheEmbeddingIsLaidOutAndItsRowsLookedUpTheSame) {
+  // Llama 3.2 1B's shape in small: no output.weight, a vocabulary of 512 (32 groups of 16). The
+  // classifier is laid out for its matmul, so the embedding is read through copy_row: the same
+  // rows, the same logits as the file read in place.
+  if (!kernels::cpu::fast::takes_rows16(kernels::cpu::weight_type::q8_0))
+    GTEST_SKIP() << "this CPU's kernels read Q8_0 as stored (no AVX-512 VNNI): nothing is laid out at load";
+  testing::random_llama_spec spec;
+  spec.type = ggml_type::q8_0;
+  spec.tied_classifier = true;
+  spec.vocab_size = 512;
+  testing::scratch_dir dir("troupe_model_test_tied");
+  const std::string path = dir.write("m.gguf", testing::random_llama_gguf(spec));
+  auto ck = checkpoint::load(path);
+  load_options in_place_options;
+  in_place_options.repack = false;
+  auto in_place = checkpoint::load(path, in_place_options);
+  ASSERT_TRUE(ck && in_place);
+  const stored_weights& g = *ck->stored();
+  EXPECT_EQ(g.wcls.layout, kernels::cpu::matrix_layout::rows16);
+  EXPECT_EQ(g.token_embedding.data, g.wcls.data);
+  EXPECT_EQ(in_place->stored()->token_embedding.layout, kernels::cpu::matrix_layout::rows);
+  transformer laid_out(*ck), as_stored(*in_place);
+  const std::vector<int32_t> table = {0, 1};
+  std::vector<forward_row> rows;
+  for (int32_t p = 0; p < 7; p++) rows.push_back({(97 * p + 5) % 512, p, table.data(), p == 6});
+  const auto run = [&](transformer& t) {
+    kv_cache cache(t.config(), 2, 4, default_kv_dtype(*ck));
+    std::vector<float> logits;
+    t.forward(rows, cache, logits);
+    return logits;
+  };
+  EXPECT_EQ(run(laid_out), run(as_stored));
+}
+
 }  // namespace
 }  // namespace troupe::model

@@ -1126,7 +1126,8 @@ void checkpoint::repack_stored(mapping& map) {
   };
   for (std::vector<cpu::quant_matrix>* kind : {&g.wq, &g.wk, &g.wv, &g.wo, &g.w1, &g.w2, &g.w3})
     for (cpu::quant_matrix& m : *kind) take(m);
-  if (g.wcls.data != g.token_embedding.data) take(g.wcls);  // a shared one is read by rows too
+  const bool tied = g.wcls.data == g.token_embedding.data;  // then the embedding is read by copy_row
+  take(g.wcls);
   if (todo.empty()) return;
   struct slice {
     cpu::quant_matrix from;  // rows of one matrix, whole groups of 16
@@ -1165,6 +1166,7 @@ void checkpoint::repack_stored(mapping& map) {
     m->layout = cpu::matrix_layout::rows16;
     at += int64_t{m->d} * cpu::row_bytes(m->type, m->n);
   }
+  if (tied) g.token_embedding = g.wcls;
 }
 
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {

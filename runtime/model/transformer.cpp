@@ -296,9 +296,13 @@ void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std
   const stored_weights* g = ck_.stored();
   for (int32_t r = 0; r < n; r++) {
     float* x = s.x.data() + static_cast<int64_t>(r) * c.dim;
-    if (g != nullptr)
+    if (g != nullptr && g->token_embedding.layout == cpu::matrix_layout::rows) {
       cpu::dequantize_row(x, g->token_embedding.row(rows[r].token), g->token_embedding.type, c.dim);
-    else
+    } else if (g != nullptr) {  // a classifier shared with the embedding, laid out for its matmul
+      s.embedding_row.resize(static_cast<size_t>(cpu::row_bytes(g->token_embedding.type, c.dim)));
+      cpu::copy_row(g->token_embedding, rows[r].token, s.embedding_row.data());
+      cpu::dequantize_row(x, s.embedding_row.data(), g->token_embedding.type, c.dim);
+    } else
       std::copy_n(ck_.w().token_embedding + static_cast<int64_t>(rows[r].token) * c.dim, c.dim, x);
     if (c.scale_embedding) {
       const float scale = std::sqrt(static_cast<float>(c.dim));

@@ -107,6 +107,7 @@ class transformer {
     std::vector<int8_t> xq;     // (rows, max(dim, hidden_dim)) activations quantized (Q8_0 only)
     std::vector<float> xs;      // (rows, max(dim, hidden_dim) / group_size) their scales
     std::vector<uint8_t> xt;    // activations in a stored matrix's dot type (GGUF models)
+    std::vector<uint8_t> embedding_row;  // a token's row of a laid-out (rows16) embedding
     // An f16 or q8_0 pool's blocks one layer's rows read, as an f32 pool holds them (stage_kv):
     std::vector<float> stage_keys, stage_values;  // (staged blocks, block_size * kv_dim)
     std::vector<int32_t> stage_of;                // pool block -> its staged index; -1: none
