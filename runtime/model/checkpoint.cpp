@@ -1,7 +1,6 @@
 #include "runtime/model/checkpoint.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +18,7 @@
 #include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
 #include "runtime/common/page_buffer.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::model {
 namespace {
@@ -1120,15 +1120,17 @@ expected<model_header> read_header(const std::string& path) {
 void checkpoint::repack_stored(mapping& map) {
   namespace cpu = kernels::cpu;
   stored_weights& g = *map.stored;
-  std::vector<cpu::quant_matrix*> todo;
+  std::vector<cpu::quant_matrix*> matrices;  // to lay out
+  std::vector<int64_t> starts;              // each one's offset in `repacked`
   const auto take = [&](cpu::quant_matrix& m) {
-    if (cpu::fast::takes_rows16(m.type) && m.layout == cpu::matrix_layout::rows && m.d % 16 == 0) todo.push_back(&m);
+    if (cpu::fast::takes_rows16(m.type) && m.layout == cpu::matrix_layout::rows && m.d % 16 == 0)
+      matrices.push_back(&m);
   };
   for (std::vector<cpu::quant_matrix>* kind : {&g.wq, &g.wk, &g.wv, &g.wo, &g.w1, &g.w2, &g.w3})
     for (cpu::quant_matrix& m : *kind) take(m);
   const bool tied = g.wcls.data == g.token_embedding.data;  // then the embedding is read by copy_row
   take(g.wcls);
-  if (todo.empty()) return;
+  if (matrices.empty()) return;
   struct slice {
     cpu::quant_matrix from;  // rows of one matrix, whole groups of 16
     int64_t to;              // its offset in `repacked`
@@ -1136,7 +1138,8 @@ void checkpoint::repack_stored(mapping& map) {
   constexpr int64_t slice_bytes = int64_t{4} << 20;
   std::vector<slice> slices;
   int64_t total = 0;
-  for (const cpu::quant_matrix* m : todo) {
+  for (const cpu::quant_matrix* m : matrices) {
+    starts.push_back(total);
     const int64_t row = cpu::row_bytes(m->type, m->n), rows = std::max<int64_t>(16, slice_bytes / row / 16 * 16);
     for (int64_t first = 0; first < m->d; first += rows) {
       cpu::quant_matrix part = *m;
@@ -1147,24 +1150,18 @@ void checkpoint::repack_stored(mapping& map) {
     total += int64_t{m->d} * row;
   }
   map.repacked = page_buffer<uint8_t>(static_cast<size_t>(total), page_buffer<uint8_t>::pages::huge);
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t i = next++; i < slices.size(); i = next++) {
-      const slice& s = slices[i];
+  // the slices on every core (the kernels' pool, for this load only): no two write one byte
+  kernels::cpu::thread_pool pool(static_cast<int32_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 64)));
+  pool.parallel_for(static_cast<int64_t>(slices.size()), [&](int32_t, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i++) {
+      const slice& s = slices[static_cast<size_t>(i)];
       (void)cpu::fast::repack_rows16(s.from, map.repacked.data() + s.to);
       map.file->release(s.from.data, int64_t{s.from.d} * cpu::row_bytes(s.from.type, s.from.n));
     }
-  };
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(slices.size(), 64));
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < threads; t++) helpers.emplace_back(work);
-  work();
-  for (std::thread& t : helpers) t.join();
-  int64_t at = 0;
-  for (cpu::quant_matrix* m : todo) {
-    m->data = map.repacked.data() + at;
-    m->layout = cpu::matrix_layout::rows16;
-    at += int64_t{m->d} * cpu::row_bytes(m->type, m->n);
+  });
+  for (size_t i = 0; i < matrices.size(); i++) {
+    matrices[i]->data = map.repacked.data() + starts[i];
+    matrices[i]->layout = cpu::matrix_layout::rows16;
   }
   if (tied) g.token_embedding = g.wcls;
 }
