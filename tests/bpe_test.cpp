@@ -252,7 +252,12 @@ TEST(Bpe, BadTextIsAnErrorNamingTheOffset) {
   // A vocabulary without the character of byte 0xC3 cannot encode é.
   auto holey = tokenizer::from_bytes(small_bpe_gguf([](gguf_metadata& meta) {
                                        for (auto& [key, value] : meta)
-                                         if (key == "tokenizer.ggml.tokens") value.items[0xC3] = v::of_string("xy");
+                                         if (key == "tokenizer.ggml.tokens") {
+                                           model::gguf_array tokens(model::gguf_type::string);
+                                           for (size_t i = 0; i < value.array.size(); i++)
+                                             tokens.push_string(i == 0xC3 ? "xy" : value.array.string(i));
+                                           value.array = tokens;
+                                         }
                                      }),
                                      261, "holey.gguf");
   ASSERT_TRUE(holey) << holey.error().message;
@@ -274,8 +279,8 @@ std::string load_error(const std::function<void(gguf_metadata&)>& edit, std::int
 std::function<void(gguf_metadata&)> with_extra_token(const std::string& text, int type) {
   return [=](gguf_metadata& meta) {
     for (auto& [key, value] : meta) {
-      if (key == "tokenizer.ggml.tokens") value.items.push_back(v::of_string(text));
-      if (key == "tokenizer.ggml.token_type") value.items.push_back(v::of_int(model::gguf_type::i32, type));
+      if (key == "tokenizer.ggml.tokens") value.array.push_back(v::of_string(text));
+      if (key == "tokenizer.ggml.token_type") value.array.push_back(v::of_int(model::gguf_type::i32, type));
     }
   };
 }

@@ -24,9 +24,9 @@ tokenizer chatml_vocab() {
   const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
     for (auto& [key, value] : meta) {
       if (key == "tokenizer.ggml.tokens")
-        for (const char* t : {"<|im_start|>", "<|im_end|>"}) value.items.push_back(model::gguf_value::of_string(t));
+        for (const char* t : {"<|im_start|>", "<|im_end|>"}) value.array.push_back(model::gguf_value::of_string(t));
       if (key == "tokenizer.ggml.token_type")
-        for (int i = 0; i < 2; i++) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, 3));
+        for (int i = 0; i < 2; i++) value.array.push_back(model::gguf_value::of_int(model::gguf_type::i32, 3));
     }
   });
   auto tok = tokenizer::from_bytes(bytes, 263, "chatml.gguf");

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "runtime/common/gguf.hpp"
+#include "runtime/common/string_table.hpp"
 #include "runtime/model/checkpoint.hpp"
 #include "runtime/model/convert.hpp"
 #include "runtime/model/quantize.hpp"
@@ -87,12 +88,12 @@ TEST(Gguf, TheConvertedTokenizerHasTheSamePiecesAndScoresAndEncodesTheSame) {
   // The file spells spaces U+2581 and the control tokens as llama.cpp does.
   auto f = parse_gguf(bytes, "stories260K.gguf");
   ASSERT_TRUE(f);
-  const std::vector<gguf_value>& tokens = **f->get_array("tokenizer.ggml.tokens", gguf_type::string, "x");
-  EXPECT_EQ(tokens[1].text, "<s>");
-  EXPECT_EQ(tokens[2].text, "</s>");
+  const gguf_array& tokens = **f->get_array("tokenizer.ggml.tokens", gguf_type::string, "x");
+  EXPECT_EQ(tokens.string(1), "<s>");
+  EXPECT_EQ(tokens.string(2), "</s>");
   const auto space = bin->find_piece(" t");
   ASSERT_TRUE(space);
-  EXPECT_EQ(tokens[static_cast<size_t>(*space)].text, "\xe2\x96\x81t");
+  EXPECT_EQ(tokens.string(static_cast<size_t>(*space)), "\xe2\x96\x81t");
   EXPECT_EQ(*f->get_string("general.architecture", "x"), "llama");
   EXPECT_EQ(*f->get_int("llama.block_count", "x"), 5);
   EXPECT_EQ(f->tensors.size(), 2u + 9u * 5u);
@@ -648,6 +649,55 @@ TEST(Gguf, MalformedFilesAreErrorsNamingTheProblem) {
   }
 }
 
+TEST(StringTable, FindsTheLowestIndexOfEachStringAndNothingElse) {
+  string_table t;
+  EXPECT_EQ(t.find("a"), -1);  // no index yet
+  for (const char* s : {"", "a", "bc", "a", "\xc4\xa0the", "bc", "a much longer string than sixteen bytes"})
+    t.push_back(s);
+  t.build_index();
+  t.check_invariants();
+  ASSERT_EQ(t.size(), 7u);
+  EXPECT_EQ(t[4], "\xc4\xa0the");
+  EXPECT_EQ(t[0], "");
+  EXPECT_EQ(t.find(""), 0);
+  EXPECT_EQ(t.find("a"), 1);
+  EXPECT_EQ(t.find("bc"), 2);
+  EXPECT_EQ(t.find("a much longer string than sixteen bytes"), 6);
+  EXPECT_EQ(t.find("b"), -1);
+  EXPECT_EQ(t.find("abc"), -1);
+  t.push_back("new");  // indexed again after more strings
+  t.build_index();
+  t.check_invariants();
+  EXPECT_EQ(t.find("new"), 7);
+  string_table empty;
+  empty.build_index();
+  empty.check_invariants();
+  EXPECT_EQ(empty.find(""), -1);
+}
+
+TEST(Gguf, AnArrayHoldsEachElementTypeAndWritesBackTheSameBytes) {
+  const std::vector<std::pair<std::string, gguf_value>> metadata = {
+      {"s", gguf_value::of_array(gguf_type::string, {gguf_value::of_string(""), gguf_value::of_string("xyz")})},
+      {"i", gguf_value::of_array(gguf_type::i8, {gguf_value::of_int(gguf_type::i8, -3), gguf_value::of_int(gguf_type::i8, 7)})},
+      {"f", gguf_value::of_array(gguf_type::f32, {gguf_value::of_float(0.5f)})},
+      {"b", gguf_value::of_array(gguf_type::boolean, {[] { gguf_value v; v.type = gguf_type::boolean; v.boolean = true; return v; }()})},
+      {"n", gguf_value::of_array(gguf_type::array, {gguf_value::of_array(gguf_type::u16, {gguf_value::of_int(gguf_type::u16, 9)})})}};
+  const std::string bytes = write_gguf(metadata, {});
+  auto f = parse_gguf(bytes, "arrays");
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ((*f->get_array("s", gguf_type::string, "x"))->string(1), "xyz");
+  EXPECT_EQ((*f->get_array("s", gguf_type::string, "x"))->string(0), "");
+  EXPECT_EQ((*f->get_array("i", gguf_type::i8, "x"))->integer(0), -3);
+  EXPECT_EQ((*f->get_array("f", gguf_type::f32, "x"))->number(0), 0.5);
+  EXPECT_EQ((*f->get_array("b", gguf_type::boolean, "x"))->integer(0), 1);
+  EXPECT_TRUE((*f->get_array("b", gguf_type::boolean, "x"))->item(0).boolean);
+  EXPECT_EQ((*f->get_array("n", gguf_type::array, "x"))->array(0).array.integer(0), 9);
+  EXPECT_FALSE(f->get_array("s", gguf_type::i32, "x"));  // another element type
+  std::vector<std::pair<std::string, gguf_value>> again;
+  for (const auto& [key, value] : metadata) again.emplace_back(key, f->metadata.at(key));
+  EXPECT_EQ(write_gguf(again, {}), bytes);
+}
+
 TEST(Gguf, EveryTruncationOfAValidFileIsAnErrorNotACrash) {
   std::vector<float> w(64, 1.0f);
   const std::string bytes =
@@ -660,7 +710,7 @@ TEST(Gguf, EveryTruncationOfAValidFileIsAnErrorNotACrash) {
   ASSERT_TRUE(whole) << whole.error().message;
   EXPECT_EQ(*whole->get_int("b", "ok"), -5);
   EXPECT_EQ(*whole->get_float("c", "ok"), 0.25);
-  EXPECT_EQ((*whole->get_array("a", gguf_type::string, "ok"))->at(1).text, "yz");
+  EXPECT_EQ((*whole->get_array("a", gguf_type::string, "ok"))->string(1), "yz");
   EXPECT_FALSE(whole->get_int("a", "ok"));  // an array is not an integer
   EXPECT_EQ(whole->get_string("missing", "ok").error().message, "GGUF file 'ok': no metadata key 'missing'");
   EXPECT_EQ(whole->tensor("two")->offset, 256u);  // 64 floats, then the next 32-byte boundary
@@ -741,11 +791,11 @@ std::string phi3_like_vocab(const std::function<void(testing::gguf_metadata&)>& 
     if (key.rfind("tokenizer.", 0) == 0) meta.emplace_back(key, value);
   for (auto& [key, value] : meta) {
     if (key == "tokenizer.ggml.tokens")
-      for (const char* text : {"<|endoftext|>", "<|assistant|>", "<|end|>"}) value.items.push_back(gguf_value::of_string(text));
+      for (const char* text : {"<|endoftext|>", "<|assistant|>", "<|end|>"}) value.array.push_back(gguf_value::of_string(text));
     if (key == "tokenizer.ggml.scores")
-      for (int i = 0; i < 3; i++) value.items.push_back(gguf_value::of_float(0.0f));
+      for (int i = 0; i < 3; i++) value.array.push_back(gguf_value::of_float(0.0f));
     if (key == "tokenizer.ggml.token_type")
-      for (int type : {3, 4, 3}) value.items.push_back(gguf_value::of_int(gguf_type::i32, type));
+      for (int type : {3, 4, 3}) value.array.push_back(gguf_value::of_int(gguf_type::i32, type));
   }
   testing::set_key(meta, "tokenizer.ggml.eos_token_id", gguf_value::of_int(gguf_type::u32, 512));
   if (edit) edit(meta);

@@ -26,9 +26,9 @@ tokenizer vocab_with(const std::vector<std::pair<const char*, int>>& tags, const
   const std::string bytes = testing::small_bpe_gguf([&](testing::gguf_metadata& meta) {
     for (auto& [key, value] : meta)
       for (const auto& [text, type] : tags) {
-        if (key == "tokenizer.ggml.tokens") value.items.push_back(model::gguf_value::of_string(text));
+        if (key == "tokenizer.ggml.tokens") value.array.push_back(model::gguf_value::of_string(text));
         if (key == "tokenizer.ggml.token_type")
-          value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
+          value.array.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
       }
   });
   auto t = tokenizer::from_bytes(bytes, 261 + static_cast<int32_t>(tags.size()), name);
@@ -91,9 +91,9 @@ TEST(OutputTags, AreFoundAsAddedTokensAndOnlyAsWholePairs) {
   const std::string bytes = testing::small_bpe_gguf([](testing::gguf_metadata& meta) {
     for (auto& [key, value] : meta) {
       if (key == "tokenizer.ggml.tokens")
-        for (const char* t : {"<think>", "</think>", "<tool_call>"}) value.items.push_back(model::gguf_value::of_string(t));
+        for (const char* t : {"<think>", "</think>", "<tool_call>"}) value.array.push_back(model::gguf_value::of_string(t));
       if (key == "tokenizer.ggml.token_type")
-        for (const int type : {1, 3, 3}) value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
+        for (const int type : {1, 3, 3}) value.array.push_back(model::gguf_value::of_int(model::gguf_type::i32, type));
     }
   });
   const auto partial = tokenizer::from_bytes(bytes, 264, "partial.gguf");

@@ -168,10 +168,10 @@ tokenizer vocabulary_with(const std::vector<std::string>& specials) {
   const std::string bytes = testing::small_bpe_gguf([&](testing::gguf_metadata& meta) {
     for (auto& [key, value] : meta) {
       if (key == "tokenizer.ggml.tokens")
-        for (const std::string& t : specials) value.items.push_back(model::gguf_value::of_string(t));
+        for (const std::string& t : specials) value.array.push_back(model::gguf_value::of_string(t));
       if (key == "tokenizer.ggml.token_type")
         for (size_t i = 0; i < specials.size(); i++)
-          value.items.push_back(model::gguf_value::of_int(model::gguf_type::i32, 3));
+          value.array.push_back(model::gguf_value::of_int(model::gguf_type::i32, 3));
     }
   });
   auto tok = tokenizer::from_bytes(bytes, static_cast<int32_t>(261 + specials.size()), "specials.gguf");

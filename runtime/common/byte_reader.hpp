@@ -22,10 +22,18 @@ class byte_reader {
     return true;
   }
 
-  [[nodiscard]] bool read_bytes(std::size_t count, std::string& out) {
+  /// The next `count` bytes, as a view into the bytes read.
+  [[nodiscard]] bool read_view(std::size_t count, std::string_view& out) {
     if (remaining() < count) return false;
-    out.assign(bytes_.data() + offset_, count);
+    out = bytes_.substr(offset_, count);
     offset_ += count;
+    return true;
+  }
+
+  [[nodiscard]] bool read_bytes(std::size_t count, std::string& out) {
+    std::string_view view;
+    if (!read_view(count, view)) return false;
+    out.assign(view);
     return true;
   }
 

@@ -49,14 +49,16 @@ class reader {
     return v;
   }
 
-  expected<std::string> string(const char* what) {
+  expected<std::string_view> string_view(const char* what) {
     auto n = scalar<uint64_t>(what);
     if (!n) return tl::unexpected(n.error());
-    std::string s;
-    if (*n > in_.remaining() || !in_.read_bytes(static_cast<size_t>(*n), s))
+    std::string_view s;
+    if (*n > in_.remaining() || !in_.read_view(static_cast<size_t>(*n), s))
       return bad(std::string(what) + " claims " + std::to_string(*n) + " bytes, more than the file holds");
     return s;
   }
+
+  expected<std::string> string(const char* what) { return string_view(what).map([](std::string_view s) { return std::string(s); }); }
 
   expected<gguf_value> value(gguf_type t, int depth) {
     gguf_value v;
@@ -108,14 +110,21 @@ class reader {
         if (!known_type(*element)) return bad("an array of unknown type " + std::to_string(*element));
         auto count = scalar<uint64_t>("an array's length");
         if (!count) return tl::unexpected(count.error());
-        v.element = static_cast<gguf_type>(*element);
-        if (*count > in_.remaining() / min_size(v.element))
+        const auto e = static_cast<gguf_type>(*element);
+        if (*count > in_.remaining() / min_size(e))
           return bad("an array claims " + std::to_string(*count) + " elements, more than the file holds");
-        v.items.reserve(static_cast<size_t>(*count));
+        v.array = gguf_array(e);
+        v.array.reserve(static_cast<size_t>(*count));
         for (uint64_t i = 0; i < *count; i++) {
-          auto item = value(v.element, depth + 1);
+          if (e == gguf_type::string) {  // straight into the array's buffer
+            auto s = string_view("a string value");
+            if (!s) return tl::unexpected(s.error());
+            v.array.push_string(*s);
+            continue;
+          }
+          auto item = value(e, depth + 1);
           if (!item) return tl::unexpected(item.error());
-          v.items.push_back(std::move(*item));
+          v.array.push_back(*item);
         }
         return v;
       }
@@ -161,9 +170,9 @@ void put_value(std::string& out, const gguf_value& v) {
     case gguf_type::boolean: put<uint8_t>(out, v.boolean ? 1 : 0); break;
     case gguf_type::string: put_string(out, v.text); break;
     case gguf_type::array:
-      put<uint32_t>(out, static_cast<uint32_t>(v.element));
-      put<uint64_t>(out, v.items.size());
-      for (const gguf_value& item : v.items) put_value(out, item);
+      put<uint32_t>(out, static_cast<uint32_t>(v.array.element()));
+      put<uint64_t>(out, v.array.size());
+      for (size_t i = 0; i < v.array.size(); i++) put_value(out, v.array.item(i));
       break;
   }
 }
@@ -191,12 +200,98 @@ gguf_value gguf_value::of_string(std::string v) {
   return x;
 }
 
-gguf_value gguf_value::of_array(gguf_type element, std::vector<gguf_value> items) {
+gguf_value gguf_value::of_array(gguf_type element, const std::vector<gguf_value>& items) {
   gguf_value x;
   x.type = gguf_type::array;
-  x.element = element;
-  x.items = std::move(items);
+  x.array = gguf_array(element);
+  for (const gguf_value& item : items) x.array.push_back(item);
   return x;
+}
+
+namespace {
+
+enum class element_kind { string, integer, number, array };
+
+element_kind kind_of(gguf_type t) {
+  switch (t) {
+    case gguf_type::string: return element_kind::string;
+    case gguf_type::f32: case gguf_type::f64: return element_kind::number;
+    case gguf_type::array: return element_kind::array;
+    default: return element_kind::integer;  // booleans too
+  }
+}
+
+}  // namespace
+
+size_t gguf_array::size() const {
+  switch (kind_of(element_)) {
+    case element_kind::string: return strings_.size();
+    case element_kind::integer: return integers_.size();
+    case element_kind::number: return numbers_.size();
+    case element_kind::array: return arrays_.size();
+  }
+  return 0;
+}
+
+std::string_view gguf_array::string(size_t i) const {
+  TROUPE_ASSERT(element_ == gguf_type::string);
+  return strings_[i];
+}
+
+int64_t gguf_array::integer(size_t i) const {
+  TROUPE_ASSERT(kind_of(element_) == element_kind::integer && i < integers_.size());
+  return integers_[i];
+}
+
+double gguf_array::number(size_t i) const {
+  TROUPE_ASSERT(kind_of(element_) == element_kind::number && i < numbers_.size());
+  return numbers_[i];
+}
+
+const gguf_value& gguf_array::array(size_t i) const {
+  TROUPE_ASSERT(element_ == gguf_type::array && i < arrays_.size());
+  return arrays_[i];
+}
+
+gguf_value gguf_array::item(size_t i) const {
+  switch (kind_of(element_)) {
+    case element_kind::string: return gguf_value::of_string(std::string(string(i)));
+    case element_kind::number: {
+      gguf_value v = gguf_value::of_float(0);
+      v.type = element_;
+      v.number = number(i);
+      return v;
+    }
+    case element_kind::array: return array(i);
+    case element_kind::integer: break;
+  }
+  gguf_value v = gguf_value::of_int(element_, integer(i));
+  v.boolean = element_ == gguf_type::boolean && v.integer == 1;
+  return v;
+}
+
+void gguf_array::push_back(const gguf_value& v) {
+  TROUPE_ASSERT_MSG(v.type == element_, "an array's elements are all of its element type");
+  switch (kind_of(element_)) {
+    case element_kind::string: push_string(v.text); break;
+    case element_kind::integer: integers_.push_back(element_ == gguf_type::boolean ? int64_t{v.boolean} : v.integer); break;
+    case element_kind::number: numbers_.push_back(v.number); break;
+    case element_kind::array: arrays_.push_back(v); break;
+  }
+}
+
+void gguf_array::push_string(std::string_view s) {
+  TROUPE_ASSERT(element_ == gguf_type::string);
+  strings_.push_back(s);
+}
+
+void gguf_array::reserve(size_t n) {
+  switch (kind_of(element_)) {
+    case element_kind::string: strings_.reserve(n); break;
+    case element_kind::integer: integers_.reserve(n); break;
+    case element_kind::number: numbers_.reserve(n); break;
+    case element_kind::array: arrays_.reserve(n); break;
+  }
 }
 
 int64_t gguf_tensor::num_elements() const {
@@ -252,13 +347,13 @@ expected<std::string> gguf_file::get_string(const std::string& key, const std::s
   return (*v)->text;
 }
 
-expected<const std::vector<gguf_value>*> gguf_file::get_array(const std::string& key, gguf_type element,
-                                                              const std::string& source) const {
+expected<const gguf_array*> gguf_file::get_array(const std::string& key, gguf_type element,
+                                                 const std::string& source) const {
   auto v = find(*this, key, source);
   if (!v) return tl::unexpected(v.error());
-  if ((*v)->type != gguf_type::array || (*v)->element != element)
+  if ((*v)->type != gguf_type::array || (*v)->array.element() != element)
     return wrong_kind(key, source, "an array of the expected element type");
-  return &(*v)->items;
+  return &(*v)->array;
 }
 
 bool is_gguf(std::string_view bytes) { return bytes.size() >= 4 && std::memcmp(bytes.data(), magic, 4) == 0; }

@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/quants.hpp"
 #include "runtime/common/error.hpp"
+#include "runtime/common/string_table.hpp"
 
 namespace troupe::model {
 
@@ -33,22 +34,52 @@ enum class gguf_type : uint32_t {
 /// ggml tensor types troupe reads: the kernels' weight types (the numbers are ggml's).
 using ggml_type = kernels::cpu::weight_type;
 
+struct gguf_value;
+
+/// An array's elements, held compactly (a tokenizer's 128,256 tokens and 280,147 merges are
+/// two arrays): strings in a string_table, integers (booleans as 0 and 1) and floats in their
+/// own vectors, arrays of arrays as values.
+class gguf_array {
+ public:
+  gguf_array() = default;
+  explicit gguf_array(gguf_type element) : element_(element) {}
+
+  [[nodiscard]] gguf_type element() const { return element_; }
+  [[nodiscard]] size_t size() const;
+  /// Element i of an array of strings, integers (and booleans), floats, or arrays.
+  [[nodiscard]] std::string_view string(size_t i) const;
+  [[nodiscard]] int64_t integer(size_t i) const;
+  [[nodiscard]] double number(size_t i) const;
+  [[nodiscard]] const gguf_value& array(size_t i) const;
+  /// Element i as a value of its own.
+  [[nodiscard]] gguf_value item(size_t i) const;
+  /// Appends `v`, of the element type.
+  void push_back(const gguf_value& v);
+  void push_string(std::string_view s);
+  void reserve(size_t n);
+
+ private:
+  gguf_type element_ = gguf_type::u32;
+  string_table strings_;
+  std::vector<int64_t> integers_;
+  std::vector<double> numbers_;
+  std::vector<gguf_value> arrays_;
+};
+
 /// One metadata value. Integers of every width are held in `integer` (u64 values above
-/// INT64_MAX are refused when read), floats in `number`; an array's elements are in `items`,
-/// all of type `element`.
+/// INT64_MAX are refused when read), floats in `number`; an array's elements are in `array`.
 struct gguf_value {
   gguf_type type = gguf_type::u32;
   int64_t integer = 0;
   double number = 0;
   bool boolean = false;
   std::string text;
-  gguf_type element = gguf_type::u32;
-  std::vector<gguf_value> items;
+  gguf_array array;
 
   [[nodiscard]] static gguf_value of_int(gguf_type t, int64_t v);
   [[nodiscard]] static gguf_value of_float(float v);
   [[nodiscard]] static gguf_value of_string(std::string v);
-  [[nodiscard]] static gguf_value of_array(gguf_type element, std::vector<gguf_value> items);
+  [[nodiscard]] static gguf_value of_array(gguf_type element, const std::vector<gguf_value>& items);
 };
 
 struct gguf_tensor {
@@ -74,8 +105,8 @@ struct gguf_file {
   [[nodiscard]] expected<int64_t> get_int(const std::string& key, const std::string& source) const;
   [[nodiscard]] expected<double> get_float(const std::string& key, const std::string& source) const;
   [[nodiscard]] expected<std::string> get_string(const std::string& key, const std::string& source) const;
-  [[nodiscard]] expected<const std::vector<gguf_value>*> get_array(const std::string& key, gguf_type element,
-                                                                   const std::string& source) const;
+  [[nodiscard]] expected<const gguf_array*> get_array(const std::string& key, gguf_type element,
+                                                      const std::string& source) const;
 };
 
 /// Parses `bytes` (a whole file); `source` names it in errors.

@@ -1166,6 +1166,15 @@ void checkpoint::repack_stored(mapping& map) {
   if (tied) g.token_embedding = g.wcls;
 }
 
+void checkpoint::release_embedding(const mapping& map) {
+  const kernels::cpu::quant_matrix& e = map.stored->token_embedding;
+  const char* data = reinterpret_cast<const char*>(e.data);
+  const std::string_view file = map.file->bytes();
+  // a classifier (tied) reads every row each step; a copy (converted, laid out) is not the file
+  if (e.data == map.stored->wcls.data || data < file.data() || data >= file.data() + file.size()) return;
+  map.file->release(e.data, int64_t{e.d} * kernels::cpu::row_bytes(e.type, e.n));
+}
+
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
   auto file = mapped_file::open(path, options.prefault, options.progress);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
@@ -1223,6 +1232,7 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   if (options.check_finite) {
     if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());
   }
+  if (map->stored) release_embedding(*map);  // before the layout's copy adds to what is resident
   if (options.repack && map->stored) repack_stored(*map);
   if (options.max_context > 0) ck.config_.seq_len = std::min(ck.config_.seq_len, options.max_context);
   return ck;

@@ -212,6 +212,9 @@ class checkpoint {
  private:
   struct mapping;
   static void repack_stored(mapping& map);
+  /// Gives back the file pages of a token embedding read in place and not shared with the
+  /// classifier: only looked-up rows are read again (the NaN scan and the prefault read them all).
+  static void release_embedding(const mapping& map);
   std::string path_;
   std::string architecture_ = "llama2.c";
   model_config config_;

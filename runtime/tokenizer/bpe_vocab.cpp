@@ -91,7 +91,7 @@ expected<void> bpe_vocab::read_tokens(const model::gguf_file& f, std::int32_t vo
   if (!tokens) return tl::make_unexpected(tokens.error());
   if (static_cast<std::int64_t>((*tokens)->size()) != vocab_size)
     return bad(source, std::to_string((*tokens)->size()) + " tokens for a vocabulary of " + std::to_string(vocab_size));
-  const std::vector<model::gguf_value>* types = nullptr;
+  const model::gguf_array* types = nullptr;
   if (f.metadata.count("tokenizer.ggml.token_type")) {
     auto t = f.get_array("tokenizer.ggml.token_type", model::gguf_type::i32, source);
     if (!t) return tl::make_unexpected(t.error());
@@ -99,14 +99,14 @@ expected<void> bpe_vocab::read_tokens(const model::gguf_file& f, std::int32_t vo
       return bad(source, std::to_string((*t)->size()) + " token types for " + std::to_string((*tokens)->size()) + " tokens");
     types = *t;
   }
-  byte_ids_.fill(-1);
+  texts_.reserve(static_cast<std::size_t>(vocab_size));
+  pieces_.reserve(static_cast<std::size_t>(vocab_size));
   for (std::int32_t id = 0; id < vocab_size; ++id) {
-    const std::string& text = (**tokens)[static_cast<std::size_t>(id)].text;
-    const std::int64_t type = types ? (*types)[static_cast<std::size_t>(id)].integer : 1;
+    const std::string_view text = (*tokens)->string(static_cast<std::size_t>(id));
+    const std::int64_t type = types ? types->integer(static_cast<std::size_t>(id)) : 1;
     const std::string which = "token " + std::to_string(id) + " " + quoted(text);
     if (text.empty()) return bad(source, "token " + std::to_string(id) + " is empty");
     if (type < 0 || type > 6) return bad(source, which + " has token type " + std::to_string(type) + " (0 to 6 exist)");
-    if (!ids_by_text_.emplace(text, id).second) return bad(source, which + " repeats an earlier token");
     types_.push_back(static_cast<token_type>(type));
     std::string piece;
     if (types_.back() == token_type::normal) {
@@ -114,17 +114,20 @@ expected<void> bpe_vocab::read_tokens(const model::gguf_file& f, std::int32_t vo
       if (!bytes) return bad(source, which + " is a normal token but not spelled in byte characters");
       piece = std::move(*bytes);
     } else if (types_.back() == token_type::user_defined) {
-      piece = text;
+      piece = std::string(text);
       if (!is_tag_text(text)) user_defined_ids_.push_back(id);
     }
     max_piece_bytes_ = std::max(max_piece_bytes_, static_cast<std::int32_t>(piece.size()));
     texts_.push_back(text);
-    pieces_.push_back(std::move(piece));
+    pieces_.push_back(piece);
   }
-  for (int byte = 0; byte < 256; ++byte) {
-    const auto it = ids_by_text_.find(byte_char_text(static_cast<unsigned char>(byte)));
-    if (it != ids_by_text_.end()) byte_ids_[byte] = it->second;
-  }
+  texts_.build_index();
+  for (std::int32_t id = 0; id < vocab_size; ++id)
+    if (texts_.find(texts_[static_cast<std::size_t>(id)]) != id)
+      return bad(source, "token " + std::to_string(id) + " " + quoted(texts_[static_cast<std::size_t>(id)]) +
+                             " repeats an earlier token");
+  for (int byte = 0; byte < 256; ++byte)
+    byte_ids_[byte] = static_cast<std::int32_t>(texts_.find(byte_char_text(static_cast<unsigned char>(byte))));
   std::sort(user_defined_ids_.begin(), user_defined_ids_.end(), [this](std::int32_t a, std::int32_t b) {
     return texts_[a].size() != texts_[b].size() ? texts_[a].size() > texts_[b].size() : a < b;
   });
@@ -134,25 +137,38 @@ expected<void> bpe_vocab::read_tokens(const model::gguf_file& f, std::int32_t vo
 expected<void> bpe_vocab::read_merges(const model::gguf_file& f, const std::string& source) {
   auto merges = f.get_array("tokenizer.ggml.merges", model::gguf_type::string, source);
   if (!merges) return tl::make_unexpected(merges.error());
-  const auto id_of = [this](const std::string& text) {
-    const auto it = ids_by_text_.find(text);
-    return it == ids_by_text_.end() ? -1 : it->second;
+  const auto id_of = [this](const std::string& text) { return static_cast<std::int32_t>(texts_.find(text)); };
+  struct rule {
+    std::int32_t left, right, rank, merged_id;
   };
+  std::vector<rule> rules;
+  rules.reserve((*merges)->size());
   for (std::size_t rank = 0; rank < (*merges)->size(); ++rank) {
-    const std::string& rule = (**merges)[rank].text;
+    const std::string_view rule = (*merges)->string(rank);
     const std::string which = "merge " + std::to_string(rank) + " " + quoted(rule);
     // As llama.cpp: the first space after the first byte separates the two sides.
     const std::size_t space = rule.find(' ', 1);
     if (space == std::string::npos) return bad(source, which + " is not two tokens separated by a space");
-    const std::string left = rule.substr(0, space);
-    const std::string right = rule.substr(space + 1);
+    const std::string left(rule.substr(0, space));
+    const std::string right(rule.substr(space + 1));
     const std::int32_t left_id = id_of(left), right_id = id_of(right), merged_id = id_of(left + right);
     if (left_id < 0) return bad(source, which + " names " + quoted(left) + ", which is not a token");
     if (right_id < 0) return bad(source, which + " names " + quoted(right) + ", which is not a token");
     if (merged_id < 0) return bad(source, which + " makes " + quoted(left + right) + ", which is not a token");
-    // A repeated rule keeps its first (best) rank, as llama.cpp's map insertion does.
-    merges_.try_emplace(pair_key(left_id, right_id), merge_rule{static_cast<std::int32_t>(rank), merged_id});
+    rules.push_back({left_id, right_id, static_cast<std::int32_t>(rank), merged_id});
   }
+  // By left token, then right; a repeated rule keeps its first (best) rank, as llama.cpp's map
+  // insertion does.
+  std::stable_sort(rules.begin(), rules.end(),
+                   [](const rule& a, const rule& b) { return a.left != b.left ? a.left < b.left : a.right < b.right; });
+  merge_starts_.assign(static_cast<std::size_t>(vocab_size()) + 1, 0);
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const rule& r = rules[i];
+    if (i > 0 && rules[i - 1].left == r.left && rules[i - 1].right == r.right) continue;
+    merge_rules_.push_back({r.right, r.rank, r.merged_id});
+    merge_starts_[static_cast<std::size_t>(r.left) + 1] = static_cast<std::int32_t>(merge_rules_.size());
+  }
+  for (std::size_t t = 1; t < merge_starts_.size(); ++t) merge_starts_[t] = std::max(merge_starts_[t], merge_starts_[t - 1]);
   return {};
 }
 
@@ -192,7 +208,7 @@ expected<std::vector<std::int32_t>> bpe_vocab::encode(std::string_view text) con
   };
   std::vector<fragment> fragments{{0, text.size(), -1}};
   for (const std::int32_t id : user_defined_ids_) {
-    const std::string& needle = texts_[static_cast<std::size_t>(id)];
+    const std::string_view needle = texts_[static_cast<std::size_t>(id)];
     std::vector<fragment> next;
     for (const fragment& frag : fragments) {
       if (frag.id >= 0) {
@@ -250,9 +266,9 @@ expected<void> bpe_vocab::encode_word(std::string_view word, std::size_t offset,
     symbols.push_back(byte_ids_[byte]);
   }
   merge_best_pairs(symbols, [this](std::int32_t left, std::int32_t right) -> std::optional<pair_merge> {
-    const auto it = merges_.find(pair_key(left, right));
-    if (it == merges_.end()) return std::nullopt;
-    return pair_merge{-static_cast<double>(it->second.rank), it->second.merged_id};  // rank 0 is best
+    const merge_rule* rule = find_merge(left, right);
+    if (rule == nullptr) return std::nullopt;
+    return pair_merge{-static_cast<double>(rule->rank), rule->merged_id};  // rank 0 is best
   });
   out.insert(out.end(), symbols.begin(), symbols.end());
   return {};
@@ -261,19 +277,35 @@ expected<void> bpe_vocab::encode_word(std::string_view word, std::size_t offset,
 std::optional<std::int32_t> bpe_vocab::find_piece(std::string_view bytes) const {
   std::string text;
   for (const char c : bytes) utf8::append(text, byte_chars[static_cast<unsigned char>(c)]);
-  const auto it = ids_by_text_.find(text);
-  if (it == ids_by_text_.end() || type(it->second) != token_type::normal) return std::nullopt;
-  return it->second;
+  const auto id = static_cast<std::int32_t>(texts_.find(text));
+  if (id < 0 || type(id) != token_type::normal) return std::nullopt;
+  return id;
+}
+
+const bpe_vocab::merge_rule* bpe_vocab::find_merge(std::int32_t left, std::int32_t right) const {
+  const auto first = merge_rules_.begin() + merge_starts_[static_cast<std::size_t>(left)];
+  const auto last = merge_rules_.begin() + merge_starts_[static_cast<std::size_t>(left) + 1];
+  const auto it = std::lower_bound(first, last, right, [](const merge_rule& r, std::int32_t x) { return r.right < x; });
+  return it != last && it->right == right ? &*it : nullptr;
 }
 
 void bpe_vocab::check_invariants() const {
   TROUPE_ASSERT(texts_.size() == pieces_.size());
   TROUPE_ASSERT(texts_.size() == types_.size());
-  TROUPE_ASSERT(ids_by_text_.size() == texts_.size());
+  texts_.check_invariants();
+  pieces_.check_invariants();
+  TROUPE_ASSERT(merge_starts_.size() == texts_.size() + 1 && merge_starts_.front() == 0 &&
+                merge_starts_.back() == static_cast<std::int32_t>(merge_rules_.size()));
+  for (std::size_t t = 0; t + 1 < merge_starts_.size(); ++t)
+    for (std::int32_t i = merge_starts_[t]; i < merge_starts_[t + 1]; ++i) {
+      const merge_rule& r = merge_rules_[static_cast<std::size_t>(i)];
+      TROUPE_ASSERT(i == merge_starts_[t] || merge_rules_[static_cast<std::size_t>(i) - 1].right < r.right);
+      TROUPE_ASSERT(r.right >= 0 && r.right < vocab_size() && r.merged_id >= 0 && r.merged_id < vocab_size());
+    }
   TROUPE_ASSERT(bos_id_ >= 0 && bos_id_ < vocab_size());
   TROUPE_ASSERT(eos_id_ >= 0 && eos_id_ < vocab_size());
   for (std::int32_t id = 0; id < vocab_size(); ++id) {
-    TROUPE_ASSERT(ids_by_text_.at(texts_[static_cast<std::size_t>(id)]) == id);
+    TROUPE_ASSERT(texts_.find(texts_[static_cast<std::size_t>(id)]) == id);
     TROUPE_ASSERT(pieces_[static_cast<std::size_t>(id)].size() <= static_cast<std::size_t>(max_piece_bytes_));
   }
   for (int byte = 0; byte < 256; ++byte) {

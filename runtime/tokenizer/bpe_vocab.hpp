@@ -32,11 +32,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/common/error.hpp"
 #include "runtime/common/gguf.hpp"
+#include "runtime/common/string_table.hpp"
 #include "runtime/tokenizer/pre_tokenizer.hpp"
 
 namespace troupe {
@@ -74,7 +74,7 @@ class bpe_vocab {
   /// `tokenizer.ggml.add_bos_token` (false when absent, as llama.cpp for these vocabularies).
   [[nodiscard]] bool adds_bos() const { return adds_bos_; }
   [[nodiscard]] pre_tokenizer pre() const { return pre_; }
-  [[nodiscard]] std::int32_t num_merges() const { return static_cast<std::int32_t>(merges_.size()); }
+  [[nodiscard]] std::int32_t num_merges() const { return static_cast<std::int32_t>(merge_rules_.size()); }
   /// The most bytes one token decodes to.
   [[nodiscard]] std::int32_t max_piece_bytes() const { return max_piece_bytes_; }
 
@@ -82,13 +82,13 @@ class bpe_vocab {
   void check_invariants() const;
 
  private:
-  struct merge_rule {
+  struct merge_rule {  // of a left token (merge_starts_)
+    std::int32_t right = 0;
     std::int32_t rank = 0;
     std::int32_t merged_id = 0;
   };
-  static std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
-    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
-  }
+  /// The rule merging `left` with `right`, or nullptr.
+  [[nodiscard]] const merge_rule* find_merge(std::int32_t left, std::int32_t right) const;
 
   /// Whether a user-defined token spelled `text` is a tag (see is_tag).
   [[nodiscard]] static bool is_tag_text(std::string_view text);
@@ -97,11 +97,11 @@ class bpe_vocab {
   [[nodiscard]] expected<void> read_special_ids(const model::gguf_file& f, const std::string& source);
   [[nodiscard]] expected<void> encode_word(std::string_view word, std::size_t offset, std::vector<std::int32_t>& out) const;
 
-  std::vector<std::string> texts_;   // (vocab_size) as in the file
-  std::vector<std::string> pieces_;  // (vocab_size) decoded bytes
-  std::vector<token_type> types_;    // (vocab_size)
-  std::unordered_map<std::string, std::int32_t> ids_by_text_;  // lookups only, never iterated
-  std::unordered_map<std::uint64_t, merge_rule> merges_;       // (left, right) -> rule; lookups only
+  string_table texts_;             // (vocab_size) as in the file, indexed by content
+  string_table pieces_;            // (vocab_size) decoded bytes
+  std::vector<token_type> types_;  // (vocab_size)
+  std::vector<std::int32_t> merge_starts_;  // (vocab_size + 1): left token t's rules are
+  std::vector<merge_rule> merge_rules_;     // [merge_starts_[t], merge_starts_[t + 1]), by right token
   std::array<std::int32_t, 256> byte_ids_{};                   // the token of each byte's character, or -1
   std::vector<std::int32_t> user_defined_ids_;                 // the non-tags: longest text first, then lowest id
   std::int32_t bos_id_ = -1;

@@ -184,13 +184,13 @@ expected<spm_vocab> spm_vocab::from_gguf(const model::gguf_file& f, std::int32_t
                                           std::to_string(vocab_size));
   spm_vocab tok;
   for (std::size_t id = 0; id < (*tokens)->size(); ++id) {
-    std::string piece = (**tokens)[id].text;
+    std::string piece((*tokens)->string(id));
     if (piece.empty()) return fail(errc::malformed_file, name + ": token " + std::to_string(id) + " is empty");
     for (std::size_t at; (at = piece.find(sentencepiece_space)) != std::string::npos;)
       piece.replace(at, sentencepiece_space.size(), " ");
     tok.max_token_length_ = std::max(tok.max_token_length_, static_cast<std::int32_t>(piece.size()));
     tok.pieces_.push_back(std::move(piece));
-    tok.scores_.push_back(static_cast<float>((**scores)[id].number));
+    tok.scores_.push_back(static_cast<float>((*scores)->number(id)));
   }
   if (expected<void> ok = tok.check_byte_tokens(name); !ok) return tl::make_unexpected(ok.error());
   if (expected<void> ok = tok.read_control_and_eos(f, name); !ok) return tl::make_unexpected(ok.error());
@@ -208,7 +208,7 @@ expected<void> spm_vocab::read_control_and_eos(const model::gguf_file& f, const 
       return fail(errc::malformed_file, name + ": " + std::to_string((*types)->size()) + " token types for " +
                                             std::to_string(pieces_.size()) + " tokens");
     for (std::int32_t id = first_normal_id; id < vocab_size(); ++id)
-      control_[static_cast<std::size_t>(id)] = (**types)[static_cast<std::size_t>(id)].integer == 3;  // control
+      control_[static_cast<std::size_t>(id)] = (*types)->integer(static_cast<std::size_t>(id)) == 3;  // control
   }
   if (!f.metadata.count("tokenizer.ggml.eos_token_id")) return {};
   auto v = f.get_int("tokenizer.ggml.eos_token_id", name);
