@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <unistd.h>
@@ -569,6 +570,90 @@ TEST(Checkpoint, AnEmbeddingReadInPlaceGivesBackItsPagesAfterTheScanUnlessItIsTh
     else
       EXPECT_LE(resident_kb_of(path), file_kb - embedding_kb + 4) << "of " << file_kb << " kB";
   }
+}
+
+TEST(Checkpoint, ALayoutCacheEntryIsWrittenThenMappedAndOneThatDoesNotHoldIsMadeAgain) {
+  if (!kernels::cpu::fast::takes_rows16(kernels::cpu::weight_type::q8_0))
+    GTEST_SKIP() << "this CPU's kernels read Q8_0 as stored (no AVX-512 VNNI): nothing is laid out at load";
+  testing::random_llama_spec spec;
+  spec.type = ggml_type::q8_0;
+  spec.dim = 256, spec.hidden_dim = 1024, spec.n_layers = 2;
+  testing::scratch_dir dir("troupe_model_test_layout_cache");
+  const std::string path = dir.write("m.gguf", testing::random_llama_gguf(spec));
+  const int64_t file_kb = static_cast<int64_t>(std::filesystem::file_size(path)) / 1024;
+  load_options options;
+  options.layout_cache = (dir.path() / "cache").string();
+  options.layout_cache_min_bytes = 0;
+  std::string report;  // written on the writing thread, read once the checkpoint is gone (joined)
+  options.layout_cache_report = [&report](const std::string& note) { report = note; };
+  const auto entries = [&] {
+    std::vector<std::filesystem::path> out;
+    for (const auto& f : std::filesystem::directory_iterator(options.layout_cache)) out.push_back(f.path());
+    return out;
+  };
+  const auto w1_bytes = [](const checkpoint& ck) {
+    const kernels::cpu::quant_matrix& m = ck.stored()->w1.front();
+    EXPECT_EQ(m.layout, kernels::cpu::matrix_layout::rows16);
+    return std::string(reinterpret_cast<const char*>(m.data), static_cast<size_t>(m.d) * kernels::cpu::row_bytes(m.type, m.n));
+  };
+  auto made = checkpoint::load(path, options);
+  ASSERT_TRUE(made) << made.error().message;
+  EXPECT_NE(made->layout_note().find("writing them to the layout cache"), std::string::npos) << made->layout_note();
+  std::string expected = w1_bytes(*made);
+  int64_t laid_out = 0;  // the 7 matrices of each layer (the classifier's 300 rows stay in place)
+  const stored_weights& g = *made->stored();
+  for (const auto* kind : {&g.wq, &g.wk, &g.wv, &g.wo, &g.w1, &g.w2, &g.w3})
+    for (const kernels::cpu::quant_matrix& m : *kind) laid_out += int64_t{m.d} * kernels::cpu::row_bytes(m.type, m.n);
+  EXPECT_EQ(g.wcls.layout, kernels::cpu::matrix_layout::rows);
+  made = tl::unexpected(error{});  // gone: the entry written
+  ASSERT_EQ(entries().size(), 1u);
+  const std::filesystem::path entry = entries().front();
+  EXPECT_EQ(entry.extension(), ".rows16");
+  EXPECT_EQ(report, "kept the laid-out matrices in the layout cache: " + entry.string());
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(entry)), 4096 + laid_out);
+
+  auto mapped = checkpoint::load(path, options);  // the entry is mapped; the file's matrices are not read
+  ASSERT_TRUE(mapped) << mapped.error().message;
+  EXPECT_EQ(mapped->layout_note(), "mapped the laid-out matrices from the layout cache: " + entry.string());
+  EXPECT_EQ(w1_bytes(*mapped), expected);
+  EXPECT_LT(resident_kb_of(path), file_kb / 4) << "of " << file_kb << " kB";
+  mapped = tl::unexpected(error{});
+
+  {  // one flipped byte of the data: the checksum says so; made and written again
+    std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 1000);
+    f.put('\x5a');
+  }
+  auto again = checkpoint::load(path, options);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_NE(again->layout_note().find("fails its checksum"), std::string::npos) << again->layout_note();
+  EXPECT_EQ(w1_bytes(*again), expected);
+  again = tl::unexpected(error{});
+  EXPECT_EQ(report, "kept the laid-out matrices in the layout cache: " + entry.string());
+  EXPECT_EQ(w1_bytes(*checkpoint::load(path, options)), expected);  // mapped again
+  std::filesystem::resize_file(entry, 5000);  // truncated: not used, made again
+  again = checkpoint::load(path, options);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_NE(again->layout_note().find("is not " + std::to_string(4096 + laid_out) + " bytes"), std::string::npos)
+      << again->layout_note();
+  EXPECT_EQ(w1_bytes(*again), expected);
+  again = tl::unexpected(error{});
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(entry)), 4096 + laid_out);
+
+  // The file rewritten (another modification time): another key, another entry.
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) + std::chrono::seconds(5));
+  again = checkpoint::load(path, options);
+  ASSERT_TRUE(again) << again.error().message;
+  again = tl::unexpected(error{});
+  EXPECT_EQ(entries().size(), 2u);
+
+  // A cache directory that cannot be made: laid out all the same, and said why it is not kept.
+  options.layout_cache = dir.write("not-a-directory", "x") + "/cache";
+  again = checkpoint::load(path, options);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(w1_bytes(*again), expected);
+  again = tl::unexpected(error{});
+  EXPECT_NE(report.find("laid-out matrices not cached: cannot create"), std::string::npos) << report;
 }
 
 TEST(Checkpoint, AClassifierSharedWithTheEmbeddingIsLaidOutAndItsRowsLookedUpTheSame) {

@@ -618,7 +618,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Unknown keys, at every level.
         bad_file{"unknown_engine_key", k_valid + "kv_block = 5\n",
                  "topology.toml:12: engine 'engine0': unknown key 'kv_block' (expected one of: "
-                 "name, node, role, model, tokenizer, calibration, draft_model, executor_threads, max_model_len, step_log, "
+                 "name, node, role, model, tokenizer, calibration, draft_model, executor_threads, max_model_len, step_log, layout_cache, "
                  "expert_timeout_ms, expert_window_steps, expert_capacity, expert_moe_lb_max, expert_move_steps_max, "
                  "kv_blocks, block_size, kv_cache_dtype, max_num_batched_tokens, max_num_seqs, step_time_budget_ms, "
                  "step_time_correction_window, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, "
@@ -1140,6 +1140,25 @@ TEST_F(TopologyFile, RelativePathsResolveAgainstTheFilesDirectory) {
   ASSERT_TRUE(topo) << topo.error().message;
   EXPECT_EQ(topo->engines[0].model_path, (dir_ / "weights" / "m.bin").string());
   EXPECT_EQ(topo->engines[0].tokenizer_path, (dir_ / "weights" / "t.bin").string());
+}
+
+TEST_F(TopologyFile, TheLayoutCacheIsADirectoryBesideTheFileOrOff) {
+  write(dir_ / "weights" / "m.bin", "");
+  write(dir_ / "weights" / "t.bin", "");
+  const std::string engine = "[[engine]]\nname = \"e\"\nnode = \"node0\"\nmodel = \"../weights/m.bin\"\n"
+                             "tokenizer = \"../weights/t.bin\"\n";
+  for (const auto& [value, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"", ""}, {"layout_cache = \"../cache\"\n", (dir_ / "cache").string()}, {"layout_cache = \"off\"\n", "off"}}) {
+    write(dir_ / "conf" / "topo.toml", k_node0 + k_balancer + engine + value);
+    auto topo = load_topology((dir_ / "conf" / "topo.toml").string());
+    ASSERT_TRUE(topo) << topo.error().message;
+    EXPECT_EQ(topo->engines[0].layout_cache, expected) << value;
+  }
+  write(dir_ / "conf" / "topo.toml", k_node0 + k_balancer + engine + "layout_cache = 3\n");
+  auto topo = load_topology((dir_ / "conf" / "topo.toml").string());
+  ASSERT_FALSE(topo);
+  EXPECT_EQ(topo.error().code, errc::malformed_file);
+  EXPECT_NE(topo.error().message.find("layout_cache"), std::string::npos) << topo.error().message;
 }
 
 TEST_F(TopologyFile, ErrorsNameTheFilePath) {

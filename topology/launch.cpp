@@ -22,6 +22,7 @@
 #include "actors/system/sync_guard.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/model/kv_cache.hpp"
+#include "runtime/model/layout_cache.hpp"
 #include "runtime/tokenizer/served_template.hpp"
 #include "actors/edge/disk_tier.hpp"
 #include "topology/load_progress.hpp"
@@ -284,8 +285,11 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   model::load_options load;  // weights pre-faulted: read from disk here
   load.progress = load_progress(e.model_path);
   load.max_context = e.max_context;
+  load.layout_cache = e.layout_cache == "off" ? "" : e.layout_cache.empty() ? model::default_layout_cache_dir() : e.layout_cache;
+  load.layout_cache_report = [name = e.name](const std::string& note) { spdlog::info("engine '{}': {}", name, note); };
   auto ck = model::checkpoint::load(e.model_path, load);
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
+  if (!ck->layout_note().empty()) spdlog::info("engine '{}': {}", e.name, ck->layout_note());
   spdlog::info("engine '{}': loaded {} in {} ms{}", e.name, e.model_path,
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - load_start)
                    .count(),

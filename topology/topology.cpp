@@ -561,13 +561,18 @@ struct listener {
   if (!step_log) return tl::unexpected(step_log.error());
   if (!step_log->empty())
     engine.step_log = (fs::path(ctx.base_dir) / *step_log).lexically_normal().string();
+  auto layout_cache = read_string(ctx, table, where, "layout_cache", std::string());
+  if (!layout_cache) return tl::unexpected(layout_cache.error());
+  if (!layout_cache->empty())
+    engine.layout_cache =
+        *layout_cache == "off" ? "off" : (fs::path(ctx.base_dir) / *layout_cache).lexically_normal().string();
   return {};
 }
 
 /// The keys an [[engine]] table may hold: its own, then the engine keys of the key table.
 [[nodiscard]] std::vector<std::string_view> engine_table_keys() {
   std::vector<std::string_view> known = {"name", "node", "role", "model", "tokenizer", "calibration",
-                                         "draft_model", "executor_threads", "max_model_len", "step_log",
+                                         "draft_model", "executor_threads", "max_model_len", "step_log", "layout_cache",
                                          "expert_timeout_ms",
                                          "expert_window_steps", "expert_capacity", "expert_moe_lb_max",
                                          "expert_move_steps_max"};

@@ -213,6 +213,9 @@ struct engine_spec {
   /// The longest context it serves (model::load_options::max_context): 0 = the model's.
   int32_t max_context = 0;
   std::string step_log;        ///< the executor logs every step here (troupe calibrate --log); "" = off
+  /// The layout cache's directory (model::load_options::layout_cache): "" = the user's
+  /// (model::default_layout_cache_dir), "off" = none.
+  std::string layout_cache;
   int32_t expert_timeout_ms = 10000;  ///< how long an MoE layer waits for its expert shards
   /// Reassignment of its expert shards' experts (moe::reassignment_options): off with 0 window
   /// steps; capacity 0 = the most experts any of its shards holds, plus one.

@@ -104,11 +104,13 @@ CLI::Validator seed_validator();
 /// `--ctx-size N` (alias `--max-model-len`), the longest context a request may have (prompt and
 /// output; default the model's, clipped so that the weights and the KV of one such request fit
 /// in 90% of MemAvailable), the KV pool growing to hold one such request, and
-/// `--kv-cache-dtype f32|f16|q8_0` (the topology's `kv_cache_dtype`).
+/// `--kv-cache-dtype f32|f16|q8_0` (the topology's `kv_cache_dtype`), `--layout-cache DIR|off`
+/// (the topology's `layout_cache`).
 struct engine_flags {
   int32_t threads = 1;
   int32_t ctx_size = 0;        ///< 0 = the model's context length
   std::string kv_cache_dtype;  ///< "": by the weights (model::default_kv_dtype)
+  std::string layout_cache;    ///< "": the user's cache directory
   /// The flags, for a group or an exclusion.
   std::vector<CLI::Option*> add_to(CLI::App* cmd);
   void apply(topology::engine_spec& e) const;

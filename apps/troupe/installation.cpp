@@ -66,7 +66,11 @@ std::vector<CLI::Option*> engine_flags::add_to(CLI::App* cmd) {
               ->check(CLI::Range(1, 1 << 24)),
           cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
                           "what the KV cache stores: f32, f16 or q8_0 (default: f32 for float32 weights, else f16)")
-              ->check(CLI::IsMember({"f32", "f16", "q8_0"}))};
+              ->check(CLI::IsMember({"f32", "f16", "q8_0"})),
+          cmd->add_option("--layout-cache", layout_cache,
+                          "directory that keeps a GGUF model's Q8_0/Q4_0 matrices laid out for the kernels between "
+                          "starts (default: $XDG_CACHE_HOME/troupe, else ~/.cache/troupe; layouts under 64 MiB are "
+                          "not kept); off = none")};
 }
 
 namespace {
@@ -98,6 +102,8 @@ int32_t default_context(topology::engine_spec& e) {
 void engine_flags::apply(topology::engine_spec& e) const {
   e.executor_threads = threads;
   e.max_context = ctx_size;
+  if (!layout_cache.empty())
+    e.layout_cache = layout_cache == "off" ? "off" : std::filesystem::absolute(layout_cache).lexically_normal().string();
   if (!kv_cache_dtype.empty()) e.config.kv_cache_dtype = kv::kv_dtype_named(kv_cache_dtype);
   const int32_t context = ctx_size > 0 ? ctx_size : default_context(e);
   const int32_t blocks = (context + e.config.block_size - 1) / e.config.block_size;

@@ -77,6 +77,15 @@ void mapped_file::release(const void* p, int64_t n) const {
   if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
+void mapped_file::prefault(int64_t offset, int64_t n, const std::function<void(int64_t, int64_t)>& progress) const {
+  TROUPE_ASSERT(offset >= 0 && n >= 0 && static_cast<uint64_t>(offset + n) <= size_);
+  const auto page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t first = offset / page * page;  // madvise takes a page-aligned start
+  prefault_pages(static_cast<const char*>(data_) + first, offset + n - first,
+                 progress ? [&](int64_t done, int64_t) { progress(std::max<int64_t>(0, done - (offset - first)), n); }
+                          : std::function<void(int64_t, int64_t)>());
+}
+
 void mapped_file::reset() {
   if (data_ != nullptr) ::munmap(data_, size_);
   data_ = nullptr;

@@ -40,6 +40,9 @@ class mapped_file {
   /// Gives the whole pages within [p, p + n) (inside bytes()) back to the system: what a copy
   /// elsewhere replaced. They stay mapped: read again, they are paged in again.
   void release(const void* p, int64_t n) const;
+  /// Reads bytes [offset, offset + n) of the file into memory (as open's `prefault` does for
+  /// all of it), calling `progress(bytes read, n)` after each prefault_chunk.
+  void prefault(int64_t offset, int64_t n, const std::function<void(int64_t, int64_t)>& progress = {}) const;
 
  private:
   mapped_file() = default;

@@ -18,6 +18,7 @@
 #include "runtime/common/gguf.hpp"
 #include "runtime/common/mapped_file.hpp"
 #include "runtime/common/page_buffer.hpp"
+#include "runtime/model/layout_cache.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 namespace troupe::model {
@@ -124,7 +125,23 @@ struct checkpoint::mapping {
   std::optional<stored_weights> stored;  // a GGUF file's matrices, in place in `file` or
                                          // laid out for the kernels in `repacked`
   page_buffer<uint8_t> repacked;
+  std::optional<mapped_file> cache;  // a layout cache entry the matrices are read from
+  std::thread cache_writer;          // writing `repacked` to a layout cache entry
+
+  mapping() = default;
+  mapping(const mapping&) = delete;
+  mapping& operator=(const mapping&) = delete;
+  ~mapping() {
+    if (cache_writer.joinable()) cache_writer.join();
+  }
 };
+
+namespace {
+
+/// The threads that lay a model out and check its cache entry: every core.
+int32_t load_threads() { return static_cast<int32_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 64)); }
+
+}  // namespace
 
 const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->q80 : nullptr; }
 
@@ -944,7 +961,8 @@ bool row_finite(const kernels::cpu::quant_matrix& m, int64_t r) {
 
 /// check_finite for the matrices of a GGUF model read in place: the first row holding a NaN or an
 /// infinity, by tensor, layer and row.
-expected<void> check_stored_finite(const stored_weights& g, const model_config& c, const std::string& path) {
+expected<void> check_stored_finite(const stored_weights& g, const model_config& c, const std::string& path,
+                                   bool laid_out_checked) {
   std::vector<std::pair<const char*, const std::vector<kernels::cpu::quant_matrix>*>> kinds = {
       {"wq", &g.wq}, {"wk", &g.wk}, {"wv", &g.wv}, {"wo", &g.wo}, {"w1", &g.w1}, {"w2", &g.w2}, {"w3", &g.w3}};
   const std::vector<kernels::cpu::quant_matrix> embedding = {g.token_embedding}, classifier = {g.wcls};
@@ -953,6 +971,7 @@ expected<void> check_stored_finite(const stored_weights& g, const model_config& 
   for (const auto& [name, matrices] : kinds)
     for (size_t l = 0; l < matrices->size(); l++) {
       const kernels::cpu::quant_matrix& m = (*matrices)[l];
+      if (laid_out_checked && m.layout == kernels::cpu::matrix_layout::rows16) continue;
       for (int64_t r = 0; r < m.d; r++) {
         if (row_finite(m, r)) continue;
         const bool per_layer = matrices != &embedding && matrices != &classifier;
@@ -971,7 +990,7 @@ expected<void> check_stored_finite(const stored_weights& g, const model_config& 
 
 }  // namespace
 
-expected<void> check_finite(const checkpoint& ck) {
+expected<void> check_finite(const checkpoint& ck, bool laid_out_checked) {
   const model_config& c = ck.config();
   const weights& w = ck.w();
   const int64_t dim = c.dim, layers = c.n_layers, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
@@ -1002,7 +1021,7 @@ expected<void> check_finite(const checkpoint& ck) {
     if (!c.shared_classifier) tensors.push_back({"wcls", q->wcls.s, 0, c.vocab_size * dim / q->group_size});
   } else if (const stored_weights* g = ck.stored()) {
     tensors.erase(tensors.begin());  // the embedding is one of the matrices here
-    if (auto ok = check_stored_finite(*g, c, ck.path()); !ok) return ok;
+    if (auto ok = check_stored_finite(*g, c, ck.path(), laid_out_checked); !ok) return ok;
   } else {
     const int64_t q_dim = c.q_dim();
     tensors.insert(tensors.end(), {{"wq", w.wq, layers, q_dim * dim},
@@ -1106,7 +1125,10 @@ expected<model_header> read_header(const std::string& path) {
     return out;
   }
   // The llama2.c formats are mapped in place (a Q8_0 file's scales aside): loading reads nothing.
-  auto ck = checkpoint::load(path, load_options{/*check_finite=*/false, /*prefault=*/false, 0, {}});
+  load_options header_only;
+  header_only.check_finite = false;
+  header_only.prefault = false;
+  auto ck = checkpoint::load(path, header_only);
   if (!ck) return tl::unexpected(ck.error());
   out.config = ck->config();
   return out;
@@ -1117,41 +1139,67 @@ expected<model_header> read_header(const std::string& path) {
 /// groups of sixteen rows are laid out just as in the whole matrix), and gives back the file's
 /// pages each slice was read from as soon as it is done: the file and its copy are never both
 /// resident beyond a few slices. The same bytes whatever the threads.
-void checkpoint::repack_stored(mapping& map) {
+/// The matrices laid out for the kernels (those fast::takes_rows16, in a multiple of 16 rows),
+/// each one's offset in the copy, the copy's size, and a description of them for the layout
+/// cache's key (each one's place in the file and shape).
+struct checkpoint::layout_plan {
+  std::vector<kernels::cpu::quant_matrix*> matrices;
+  std::vector<int64_t> starts;
+  int64_t total = 0;
+  bool tied = false;  // the classifier is the token embedding: read by copy_row once laid out
+  std::string description;
+
+  /// Points the matrices at their copy in `data`.
+  void use(stored_weights& g, const uint8_t* data) const {
+    for (size_t i = 0; i < matrices.size(); i++) {
+      matrices[i]->data = data + starts[i];
+      matrices[i]->layout = kernels::cpu::matrix_layout::rows16;
+    }
+    if (tied) g.token_embedding = g.wcls;
+  }
+};
+
+checkpoint::layout_plan checkpoint::plan_layout(mapping& map) {
   namespace cpu = kernels::cpu;
   stored_weights& g = *map.stored;
-  std::vector<cpu::quant_matrix*> matrices;  // to lay out
-  std::vector<int64_t> starts;              // each one's offset in `repacked`
+  layout_plan plan;
   const auto take = [&](cpu::quant_matrix& m) {
-    if (cpu::fast::takes_rows16(m.type) && m.layout == cpu::matrix_layout::rows && m.d % 16 == 0)
-      matrices.push_back(&m);
+    if (!cpu::fast::takes_rows16(m.type) || m.layout != cpu::matrix_layout::rows || m.d % 16 != 0) return;
+    plan.matrices.push_back(&m);
+    plan.starts.push_back(plan.total);
+    plan.total += int64_t{m.d} * cpu::row_bytes(m.type, m.n);
+    const int64_t place[] = {m.data - reinterpret_cast<const uint8_t*>(map.file->bytes().data()),
+                             static_cast<int64_t>(m.type), m.d, m.n};
+    plan.description.append(reinterpret_cast<const char*>(place), sizeof place);
   };
   for (std::vector<cpu::quant_matrix>* kind : {&g.wq, &g.wk, &g.wv, &g.wo, &g.w1, &g.w2, &g.w3})
     for (cpu::quant_matrix& m : *kind) take(m);
-  const bool tied = g.wcls.data == g.token_embedding.data;  // then the embedding is read by copy_row
+  plan.tied = g.wcls.data == g.token_embedding.data;
   take(g.wcls);
-  if (matrices.empty()) return;
+  return plan;
+}
+
+void checkpoint::repack_stored(mapping& map, const layout_plan& plan) {
+  namespace cpu = kernels::cpu;
   struct slice {
     cpu::quant_matrix from;  // rows of one matrix, whole groups of 16
     int64_t to;              // its offset in `repacked`
   };
   constexpr int64_t slice_bytes = int64_t{4} << 20;
   std::vector<slice> slices;
-  int64_t total = 0;
-  for (const cpu::quant_matrix* m : matrices) {
-    starts.push_back(total);
-    const int64_t row = cpu::row_bytes(m->type, m->n), rows = std::max<int64_t>(16, slice_bytes / row / 16 * 16);
-    for (int64_t first = 0; first < m->d; first += rows) {
-      cpu::quant_matrix part = *m;
-      part.data = m->row(first);
-      part.d = static_cast<int32_t>(std::min<int64_t>(rows, m->d - first));
-      slices.push_back({part, total + first * row});
+  for (size_t i = 0; i < plan.matrices.size(); i++) {
+    const cpu::quant_matrix& m = *plan.matrices[i];
+    const int64_t row = cpu::row_bytes(m.type, m.n), rows = std::max<int64_t>(16, slice_bytes / row / 16 * 16);
+    for (int64_t first = 0; first < m.d; first += rows) {
+      cpu::quant_matrix part = m;
+      part.data = m.row(first);
+      part.d = static_cast<int32_t>(std::min<int64_t>(rows, m.d - first));
+      slices.push_back({part, plan.starts[i] + first * row});
     }
-    total += int64_t{m->d} * row;
   }
-  map.repacked = page_buffer<uint8_t>(static_cast<size_t>(total), page_buffer<uint8_t>::pages::huge);
+  map.repacked = page_buffer<uint8_t>(static_cast<size_t>(plan.total), page_buffer<uint8_t>::pages::huge);
   // the slices on every core (the kernels' pool, for this load only): no two write one byte
-  kernels::cpu::thread_pool pool(static_cast<int32_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 64)));
+  kernels::cpu::thread_pool pool(load_threads());
   pool.parallel_for(static_cast<int64_t>(slices.size()), [&](int32_t, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; i++) {
       const slice& s = slices[static_cast<size_t>(i)];
@@ -1159,11 +1207,50 @@ void checkpoint::repack_stored(mapping& map) {
       map.file->release(s.from.data, int64_t{s.from.d} * cpu::row_bytes(s.from.type, s.from.n));
     }
   });
-  for (size_t i = 0; i < matrices.size(); i++) {
-    matrices[i]->data = map.repacked.data() + starts[i];
-    matrices[i]->layout = cpu::matrix_layout::rows16;
+  plan.use(*map.stored, map.repacked.data());
+}
+
+bool checkpoint::map_layout_cache(mapping& map, const layout_plan& plan, const std::string& path,
+                                  const load_options& options, std::string& note) {
+  auto entry = layout_cache_entry_for(options.layout_cache, path, plan.description, plan.total);
+  if (!entry) {
+    note = "layout cache not used: " + entry.error().message;
+    return false;
   }
-  if (tied) g.token_embedding = g.wcls;
+  // What is read of the file besides the laid-out matrices, then the cache entry: one progress.
+  std::vector<std::pair<int64_t, int64_t>> skip;  // [begin, end) of each laid-out matrix in the file
+  const auto* base = reinterpret_cast<const uint8_t*>(map.file->bytes().data());
+  for (const kernels::cpu::quant_matrix* m : plan.matrices)
+    skip.emplace_back(m->data - base, m->data - base + int64_t{m->d} * kernels::cpu::row_bytes(m->type, m->n));
+  std::sort(skip.begin(), skip.end());
+  const int64_t file_bytes = static_cast<int64_t>(map.file->bytes().size());
+  std::vector<std::pair<int64_t, int64_t>> read;  // the gaps
+  int64_t at = 0, rest = 0;
+  for (const auto& [begin, end] : skip) {
+    if (begin > at) read.emplace_back(at, begin);
+    at = std::max(at, end);
+  }
+  if (at < file_bytes) read.emplace_back(at, file_bytes);
+  for (const auto& [begin, end] : read) rest += end - begin;
+  const int64_t total = rest + layout_cache_header_bytes + plan.total;
+  kernels::cpu::thread_pool pool(load_threads());
+  auto cached = open_layout_cache(*entry, pool, [&](int64_t done, int64_t) {
+    if (options.progress) options.progress(done, total);
+  });
+  if (!cached) {
+    note = cached.error().code == errc::not_found ? "" : "layout cache entry not used (" + cached.error().message + ")";
+    return false;
+  }
+  int64_t done = layout_cache_header_bytes + plan.total;
+  for (const auto& [begin, end] : read) {
+    if (options.prefault) map.file->prefault(begin, end - begin);
+    done += end - begin;
+    if (options.progress) options.progress(done, total);
+  }
+  map.cache = std::move(*cached);
+  plan.use(*map.stored, reinterpret_cast<const uint8_t*>(map.cache->bytes().data()) + layout_cache_header_bytes);
+  note = "mapped the laid-out matrices from the layout cache: " + entry->path;
+  return true;
 }
 
 void checkpoint::release_embedding(const mapping& map) {
@@ -1176,7 +1263,8 @@ void checkpoint::release_embedding(const mapping& map) {
 }
 
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
-  auto file = mapped_file::open(path, options.prefault, options.progress);
+  // With a layout cache the file is read once its tensors are known (map_layout_cache).
+  auto file = mapped_file::open(path, options.prefault && options.layout_cache.empty(), options.progress);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
   const std::string_view bytes = file->bytes();
   if (bytes.size() < static_cast<size_t>(header_bytes))
@@ -1229,11 +1317,35 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
     ck.weights_ = views(ck.config_, reinterpret_cast<const float*>(map->file->bytes().data() + header_bytes), true);
   }
   ck.map_ = map;
+  std::optional<layout_plan> plan;
+  if (options.repack && map->stored) plan = plan_layout(*map);
+  if (plan && plan->matrices.empty()) plan.reset();
+  const bool caching = plan && !options.layout_cache.empty() && plan->total >= options.layout_cache_min_bytes;
+  const bool cached = caching && map_layout_cache(*map, *plan, path, options, ck.layout_note_);
+  if (!options.layout_cache.empty() && !cached && options.prefault && map->file)
+    map->file->prefault(0, static_cast<int64_t>(map->file->bytes().size()), options.progress);
   if (options.check_finite) {
-    if (auto ok = check_finite(ck); !ok) return tl::unexpected(ok.error());
+    if (auto ok = check_finite(ck, cached); !ok) return tl::unexpected(ok.error());
   }
   if (map->stored) release_embedding(*map);  // before the layout's copy adds to what is resident
-  if (options.repack && map->stored) repack_stored(*map);
+  if (plan && !cached) {
+    repack_stored(*map, *plan);
+    if (caching) {
+      auto entry = layout_cache_entry_for(options.layout_cache, path, plan->description, plan->total);
+      const std::string made = "laid out " + std::to_string(plan->total >> 20) + " MiB of matrices for the kernels";
+      const std::string before = ck.layout_note_.empty() ? "" : "; " + ck.layout_note_;
+      ck.layout_note_ = entry ? made + ", writing them to the layout cache: " + entry->path + before
+                              : made + "; not cached: " + entry.error().message + before;
+      if (entry)  // in the background: the model serves meanwhile (~/mapping waits for it)
+        map->cache_writer = std::thread([e = *entry, data = map->repacked.data(), report = options.layout_cache_report] {
+          kernels::cpu::thread_pool pool(load_threads());
+          auto written = write_layout_cache(e, data, pool);
+          if (report)
+            report(written ? "kept the laid-out matrices in the layout cache: " + e.path
+                           : "laid-out matrices not cached: " + written.error().message);
+        });
+    }
+  }
   if (options.max_context > 0) ck.config_.seq_len = std::min(ck.config_.seq_len, options.max_context);
   return ck;
 }

@@ -182,6 +182,15 @@ struct load_options {
   /// the same bits, the same memory (the file's pages they came from are given back). Off only
   /// to compare (tests, benches).
   bool repack = true;
+  /// The directory of the layout cache (layout_cache.hpp) that keeps the laid-out matrices
+  /// between starts; "" = none (made at every start).
+  std::string layout_cache;
+  /// Layouts smaller than this are made at every start (milliseconds), not cached.
+  int64_t layout_cache_min_bytes = int64_t{64} << 20;
+  /// A new entry is written in the background while the model serves (the checkpoint's
+  /// destruction waits for it); this is called, on the writing thread, with a sentence saying
+  /// where it was kept or why not.
+  std::function<void(const std::string&)> layout_cache_report;
 };
 
 /// A loaded checkpoint: config plus weight views into a read-only memory map. Move-only; the
@@ -208,15 +217,23 @@ class checkpoint {
   [[nodiscard]] const std::string& path() const { return path_; }
   /// The file's architecture: a GGUF file's general.architecture, or "llama2.c".
   [[nodiscard]] const std::string& architecture() const { return architecture_; }
+  /// What load did about the layout for the kernels, for an operator ("" when nothing was laid
+  /// out): made (and cached where), mapped from the cache, or why the cache was not used.
+  [[nodiscard]] const std::string& layout_note() const { return layout_note_; }
 
  private:
   struct mapping;
-  static void repack_stored(mapping& map);
+  struct layout_plan;
+  static layout_plan plan_layout(mapping& map);
+  static void repack_stored(mapping& map, const layout_plan& plan);
+  static bool map_layout_cache(mapping& map, const layout_plan& plan, const std::string& path,
+                               const load_options& options, std::string& note);
   /// Gives back the file pages of a token embedding read in place and not shared with the
   /// classifier: only looked-up rows are read again (the NaN scan and the prefault read them all).
   static void release_embedding(const mapping& map);
   std::string path_;
   std::string architecture_ = "llama2.c";
+  std::string layout_note_;
   model_config config_;
   weights weights_;
   std::optional<moe_weights> moe_;
@@ -247,7 +264,9 @@ struct model_header {
 
 /// The first NaN or infinite value among `ck`'s weights, as an error naming the tensor, the layer
 /// (for per-layer tensors) and the element index within it; exposed for tests.
-[[nodiscard]] expected<void> check_finite(const checkpoint& ck);
+/// With `laid_out_checked`, matrices in the kernels' layout are skipped: a layout cache entry's,
+/// whose matrices were checked before the entry was written (its checksum holds).
+[[nodiscard]] expected<void> check_finite(const checkpoint& ck, bool laid_out_checked = false);
 
 /// Validates a version-2 header (`bytes` is at least q80_header_bytes long and starts with
 /// q80_magic) against the file's size; returns the shape and the group size. Exposed for tests.
