@@ -522,17 +522,22 @@ int64_t resident_kb_of(const std::string& path) {
   return kb;
 }
 
+/// A 2-layer Q8_0 model of dim 256 (2.2 MB of matrices to lay out), written into `dir`.
+std::string write_small_q8_0(const testing::scratch_dir& dir) {
+  testing::random_llama_spec spec;
+  spec.type = ggml_type::q8_0;
+  spec.dim = 256, spec.hidden_dim = 1024, spec.n_layers = 2;
+  return dir.write("m.gguf", testing::random_llama_gguf(spec));
+}
+
 TEST(Checkpoint, Q8_0LaidOutAtLoadGivesBackTheFilesPages) {
   // A 2-layer Q8_0 model of dim 256: 2.2 MB of matrices laid out as rows16 where the kernels take
   // it, the file's pages they came from given back. (Read in place, they stay resident; the token
   // embedding's pages are given back either way: Checkpoint.AnEmbeddingReadInPlace...)
   if (!kernels::cpu::fast::takes_rows16(kernels::cpu::weight_type::q8_0))
     GTEST_SKIP() << "this CPU's kernels read Q8_0 as stored (no AVX-512 VNNI): nothing is laid out at load";
-  testing::random_llama_spec spec;
-  spec.type = ggml_type::q8_0;
-  spec.dim = 256, spec.hidden_dim = 1024, spec.n_layers = 2;
   testing::scratch_dir dir("troupe_model_test_rows16");
-  const std::string path = dir.write("m.gguf", testing::random_llama_gguf(spec));
+  const std::string path = write_small_q8_0(dir);
   const int64_t file_kb = static_cast<int64_t>(std::filesystem::file_size(path)) / 1024;
   int64_t reported = 0;  // checkpoint::resident_bytes read in place
   {
@@ -575,11 +580,8 @@ TEST(Checkpoint, AnEmbeddingReadInPlaceGivesBackItsPagesAfterTheScanUnlessItIsTh
 TEST(Checkpoint, ALayoutCacheEntryIsWrittenThenMappedAndOneThatDoesNotHoldIsMadeAgain) {
   if (!kernels::cpu::fast::takes_rows16(kernels::cpu::weight_type::q8_0))
     GTEST_SKIP() << "this CPU's kernels read Q8_0 as stored (no AVX-512 VNNI): nothing is laid out at load";
-  testing::random_llama_spec spec;
-  spec.type = ggml_type::q8_0;
-  spec.dim = 256, spec.hidden_dim = 1024, spec.n_layers = 2;
   testing::scratch_dir dir("troupe_model_test_layout_cache");
-  const std::string path = dir.write("m.gguf", testing::random_llama_gguf(spec));
+  const std::string path = write_small_q8_0(dir);
   const int64_t file_kb = static_cast<int64_t>(std::filesystem::file_size(path)) / 1024;
   load_options options;
   options.layout_cache = (dir.path() / "cache").string();
