@@ -1134,11 +1134,6 @@ expected<model_header> read_header(const std::string& path) {
   return out;
 }
 
-/// Lays the stored matrices the selected kernels take so out as rows16 (kernels/cpu/quants.hpp)
-/// in one buffer of huge pages, on every core at once, a slice of ~4 MiB at a time (a slice's
-/// groups of sixteen rows are laid out just as in the whole matrix), and gives back the file's
-/// pages each slice was read from as soon as it is done: the file and its copy are never both
-/// resident beyond a few slices. The same bytes whatever the threads.
 /// The matrices laid out for the kernels (those fast::takes_rows16, in a multiple of 16 rows),
 /// each one's offset in the copy, the copy's size, and a description of them for the layout
 /// cache's key (each one's place in the file and shape).
@@ -1179,7 +1174,12 @@ checkpoint::layout_plan checkpoint::plan_layout(mapping& map) {
   return plan;
 }
 
-void checkpoint::repack_stored(mapping& map, const layout_plan& plan) {
+/// Lays the plan's matrices out as rows16 (kernels/cpu/quants.hpp)
+/// in one buffer of huge pages, on every core at once, a slice of ~4 MiB at a time (a slice's
+/// groups of sixteen rows are laid out just as in the whole matrix), and gives back the file's
+/// pages each slice was read from as soon as it is done: the file and its copy are never both
+/// resident beyond a few slices. The same bytes whatever the threads.
+void checkpoint::repack_stored(mapping& map, const layout_plan& plan, kernels::cpu::thread_pool& pool) {
   namespace cpu = kernels::cpu;
   struct slice {
     cpu::quant_matrix from;  // rows of one matrix, whole groups of 16
@@ -1198,8 +1198,7 @@ void checkpoint::repack_stored(mapping& map, const layout_plan& plan) {
     }
   }
   map.repacked = page_buffer<uint8_t>(static_cast<size_t>(plan.total), page_buffer<uint8_t>::pages::huge);
-  // the slices on every core (the kernels' pool, for this load only): no two write one byte
-  kernels::cpu::thread_pool pool(load_threads());
+  // the slices on every core: no two write one byte
   pool.parallel_for(static_cast<int64_t>(slices.size()), [&](int32_t, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; i++) {
       const slice& s = slices[static_cast<size_t>(i)];
@@ -1210,13 +1209,8 @@ void checkpoint::repack_stored(mapping& map, const layout_plan& plan) {
   plan.use(*map.stored, map.repacked.data());
 }
 
-bool checkpoint::map_layout_cache(mapping& map, const layout_plan& plan, const std::string& path,
-                                  const load_options& options, std::string& note) {
-  auto entry = layout_cache_entry_for(options.layout_cache, path, plan.description, plan.total);
-  if (!entry) {
-    note = "layout cache not used: " + entry.error().message;
-    return false;
-  }
+bool checkpoint::map_layout_cache(mapping& map, const layout_plan& plan, const layout_cache_entry& entry,
+                                  const load_options& options, kernels::cpu::thread_pool& pool, std::string& note) {
   // What is read of the file besides the laid-out matrices, then the cache entry: one progress.
   std::vector<std::pair<int64_t, int64_t>> skip;  // [begin, end) of each laid-out matrix in the file
   const auto* base = reinterpret_cast<const uint8_t*>(map.file->bytes().data());
@@ -1233,8 +1227,7 @@ bool checkpoint::map_layout_cache(mapping& map, const layout_plan& plan, const s
   if (at < file_bytes) read.emplace_back(at, file_bytes);
   for (const auto& [begin, end] : read) rest += end - begin;
   const int64_t total = rest + layout_cache_header_bytes + plan.total;
-  kernels::cpu::thread_pool pool(load_threads());
-  auto cached = open_layout_cache(*entry, pool, [&](int64_t done, int64_t) {
+  auto cached = open_layout_cache(entry, pool, [&](int64_t done, int64_t) {
     if (options.progress) options.progress(done, total);
   });
   if (!cached) {
@@ -1249,7 +1242,7 @@ bool checkpoint::map_layout_cache(mapping& map, const layout_plan& plan, const s
   }
   map.cache = std::move(*cached);
   plan.use(*map.stored, reinterpret_cast<const uint8_t*>(map.cache->bytes().data()) + layout_cache_header_bytes);
-  note = "mapped the laid-out matrices from the layout cache: " + entry->path;
+  note = "mapped the laid-out matrices from the layout cache: " + entry.path;
   return true;
 }
 
@@ -1264,7 +1257,8 @@ void checkpoint::release_embedding(const mapping& map) {
 
 expected<checkpoint> checkpoint::load(const std::string& path, load_options options) {
   // With a layout cache the file is read once its tensors are known (map_layout_cache).
-  auto file = mapped_file::open(path, options.prefault && options.layout_cache.empty(), options.progress);
+  const bool defer_prefault = options.prefault && !options.layout_cache.empty();
+  auto file = mapped_file::open(path, options.prefault && !defer_prefault, options.progress);
   if (!file) return fail(errc::io_error, where(path) + "cannot open: " + file.error().message);
   const std::string_view bytes = file->bytes();
   if (bytes.size() < static_cast<size_t>(header_bytes))
@@ -1320,24 +1314,27 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   std::optional<layout_plan> plan;
   if (options.repack && map->stored) plan = plan_layout(*map);
   if (plan && plan->matrices.empty()) plan.reset();
-  const bool caching = plan && !options.layout_cache.empty() && plan->total >= options.layout_cache_min_bytes;
-  const bool cached = caching && map_layout_cache(*map, *plan, path, options, ck.layout_note_);
-  if (!options.layout_cache.empty() && !cached && options.prefault && map->file)
+  std::optional<kernels::cpu::thread_pool> pool;  // every core, for this load only
+  if (plan) pool.emplace(load_threads());
+  std::optional<expected<layout_cache_entry>> entry;  // where the layout is cached, when it is
+  if (plan && !options.layout_cache.empty() && plan->total >= options.layout_cache_min_bytes)
+    entry = layout_cache_entry_for(options.layout_cache, path, plan->description, plan->total);
+  const bool cached = entry && *entry && map_layout_cache(*map, *plan, **entry, options, *pool, ck.layout_note_);
+  if (defer_prefault && !cached && map->file)
     map->file->prefault(0, static_cast<int64_t>(map->file->bytes().size()), options.progress);
   if (options.check_finite) {
     if (auto ok = check_finite(ck, cached); !ok) return tl::unexpected(ok.error());
   }
   if (map->stored) release_embedding(*map);  // before the layout's copy adds to what is resident
   if (plan && !cached) {
-    repack_stored(*map, *plan);
-    if (caching) {
-      auto entry = layout_cache_entry_for(options.layout_cache, path, plan->description, plan->total);
+    repack_stored(*map, *plan, *pool);
+    if (entry) {
       const std::string made = "laid out " + std::to_string(plan->total >> 20) + " MiB of matrices for the kernels";
       const std::string before = ck.layout_note_.empty() ? "" : "; " + ck.layout_note_;
-      ck.layout_note_ = entry ? made + ", writing them to the layout cache: " + entry->path + before
-                              : made + "; not cached: " + entry.error().message + before;
-      if (entry)  // in the background: the model serves meanwhile (~/mapping waits for it)
-        map->cache_writer = std::thread([e = *entry, data = map->repacked.data(), report = options.layout_cache_report] {
+      ck.layout_note_ = *entry ? made + ", writing them to the layout cache: " + (*entry)->path + before
+                               : made + "; not cached: " + entry->error().message + before;
+      if (*entry)  // in the background: the model serves meanwhile (~mapping waits for it)
+        map->cache_writer = std::thread([e = **entry, data = map->repacked.data(), report = options.layout_cache_report] {
           kernels::cpu::thread_pool pool(load_threads());
           auto written = write_layout_cache(e, data, pool);
           if (report)

@@ -19,7 +19,13 @@
 #include "runtime/common/error.hpp"
 #include "runtime/moe/routing.hpp"
 
+namespace troupe::kernels::cpu {
+class thread_pool;
+}
+
 namespace troupe::model {
+
+struct layout_cache_entry;
 
 /// The largest value a header field may hold (dimensions, vocabulary, seq_len): far above any
 /// llama2.c-format model, and keeps the size arithmetic far from overflow.
@@ -225,9 +231,9 @@ class checkpoint {
   struct mapping;
   struct layout_plan;
   static layout_plan plan_layout(mapping& map);
-  static void repack_stored(mapping& map, const layout_plan& plan);
-  static bool map_layout_cache(mapping& map, const layout_plan& plan, const std::string& path,
-                               const load_options& options, std::string& note);
+  static void repack_stored(mapping& map, const layout_plan& plan, kernels::cpu::thread_pool& pool);
+  static bool map_layout_cache(mapping& map, const layout_plan& plan, const layout_cache_entry& entry,
+                               const load_options& options, kernels::cpu::thread_pool& pool, std::string& note);
   /// Gives back the file pages of a token embedding read in place and not shared with the
   /// classifier: only looked-up rows are read again (the NaN scan and the prefault read them all).
   static void release_embedding(const mapping& map);

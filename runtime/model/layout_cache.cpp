@@ -88,18 +88,17 @@ expected<mapped_file> open_layout_cache(const layout_cache_entry& e, kernels::cp
                                         const std::function<void(int64_t, int64_t)>& progress) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(e.path, ec)) return fail(errc::not_found, "no layout cache entry " + e.path);
-  if (static_cast<int64_t>(std::filesystem::file_size(e.path, ec)) != layout_cache_header_bytes + e.data_bytes || ec)
-    return fail(errc::malformed_file, "layout cache entry " + e.path + " is not " +
-                                          std::to_string(layout_cache_header_bytes + e.data_bytes) + " bytes");
-  auto file = mapped_file::open(e.path, /*prefault=*/true, progress);
+  auto file = mapped_file::open(e.path);  // read below, once its size and header hold
   if (!file) return fail(errc::malformed_file, "layout cache entry " + e.path + ": " + file.error().message);
   const std::string_view bytes = file->bytes();
-  if (static_cast<int64_t>(bytes.size()) != layout_cache_header_bytes + e.data_bytes)  // changed since
-    return fail(errc::malformed_file, "layout cache entry " + e.path + " changed size while read");
+  if (static_cast<int64_t>(bytes.size()) != layout_cache_header_bytes + e.data_bytes)
+    return fail(errc::malformed_file, "layout cache entry " + e.path + " is not " +
+                                          std::to_string(layout_cache_header_bytes + e.data_bytes) + " bytes");
   header h{};
   std::memcpy(&h, bytes.data(), sizeof h);
   if (std::memcmp(h.magic, magic, sizeof magic) != 0 || h.key != e.key || h.data_bytes != e.data_bytes)
     return fail(errc::malformed_file, "layout cache entry " + e.path + " has another header");
+  file->prefault(0, static_cast<int64_t>(bytes.size()), progress);
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + layout_cache_header_bytes;
   if (checksum(data, e.data_bytes, pool) != h.checksum)
     return fail(errc::malformed_file, "layout cache entry " + e.path + " fails its checksum");
@@ -121,19 +120,19 @@ expected<void> write_layout_cache(const layout_cache_entry& e, const uint8_t* da
   h.data_bytes = e.data_bytes;
   h.checksum = checksum(data, e.data_bytes, pool);
   std::memcpy(head.data(), &h, sizeof h);
-  const bool written = write_all(fd, head.data(), layout_cache_header_bytes) && write_all(fd, data, e.data_bytes);
-  const int saved = errno;
-  if (::close(fd) != 0 || !written) {
-    errno = written ? errno : saved;
-    auto failure = io_failure("cannot write '" + temporary + "'");
+  const auto abandon = [&](const std::string& what) {  // errno still says why
+    auto failure = io_failure(what);
     ::unlink(temporary.c_str());
     return failure;
-  }
-  if (::rename(temporary.c_str(), e.path.c_str()) != 0) {
-    auto failure = io_failure("cannot rename '" + temporary + "' to '" + e.path + "'");
-    ::unlink(temporary.c_str());
+  };
+  if (!write_all(fd, head.data(), layout_cache_header_bytes) || !write_all(fd, data, e.data_bytes)) {
+    auto failure = abandon("cannot write '" + temporary + "'");
+    ::close(fd);
     return failure;
   }
+  if (::close(fd) != 0) return abandon("cannot write '" + temporary + "'");
+  if (::rename(temporary.c_str(), e.path.c_str()) != 0)
+    return abandon("cannot rename '" + temporary + "' to '" + e.path + "'");
   return {};
 }
 
