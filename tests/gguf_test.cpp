@@ -37,6 +37,14 @@ std::string bundled_gguf_bytes() {
   return to_gguf(*ck, *tok->spm(), "stories260K");
 }
 
+/// `path` loaded with an all-F32 file's matrices as float32 views (load_options::float32_views),
+/// which these tests read.
+expected<checkpoint> load_float32_views(const std::string& path) {
+  load_options o;
+  o.float32_views = true;
+  return checkpoint::load(path, o);
+}
+
 std::string write_temp(const std::string& name, const std::string& bytes) {
   const fs::path p = fs::temp_directory_path() / ("troupe_gguf_test_" + std::to_string(::getpid()) + "_" + name);
   std::ofstream(p, std::ios::binary) << bytes;
@@ -46,7 +54,7 @@ std::string write_temp(const std::string& name, const std::string& bytes) {
 TEST(Gguf, TheConvertedBundledModelHasTheSameWeightsBitForBit) {
   const std::string path = write_temp("model.gguf", bundled_gguf_bytes());
   auto bin = checkpoint::load(bundled_model());
-  auto gguf = checkpoint::load(path);
+  auto gguf = load_float32_views(path);
   fs::remove(path);
   ASSERT_TRUE(bin);
   ASSERT_TRUE(gguf) << gguf.error().message;
@@ -274,7 +282,7 @@ TEST(Gguf, AMixtureOfExpertsReadsItsCountsAndExpertTensors) {
   ASSERT_EQ(qwen3moe.arch, "qwen3moe");
   const std::string bytes = testing::random_llama_gguf(mixtral);
   const std::string path = write_temp("moe.gguf", bytes);
-  auto ck = checkpoint::load(path);
+  auto ck = load_float32_views(path);
   fs::remove(path);
   ASSERT_TRUE(ck) << ck.error().message;
   const moe_weights* m = ck->moe();
@@ -322,7 +330,7 @@ TEST(Gguf, EachArchitectureReadsItsOwnTensorsAndKeys) {
   phi3.arch = "phi3";
   const auto load = [](const std::string& bytes) {
     const std::string path = write_temp("arch.gguf", bytes);
-    auto ck = checkpoint::load(path);
+    auto ck = load_float32_views(path);
     fs::remove(path);
     EXPECT_TRUE(ck) << ck.error().message;
     return std::move(*ck);
@@ -391,7 +399,7 @@ TEST(Gguf, ToolsThatWriteLlama2cFilesRefuseModelsTheyCannotHold) {
   testing::random_llama_spec qwen2;
   qwen2.arch = "qwen2";
   const std::string path = write_temp("qwen2.gguf", testing::random_llama_gguf(qwen2));
-  auto ck = checkpoint::load(path);
+  auto ck = load_float32_views(path);
   fs::remove(path);
   ASSERT_TRUE(ck) << ck.error().message;
   auto q = to_q80(*ck, 32);

@@ -449,21 +449,26 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
     load_options as_stored;
     as_stored.repack = false;
     auto in_place = checkpoint::load(path, as_stored);
+    load_options as_float32;  // an all-F32 file's matrices as float32 views: the float path
+    as_float32.float32_views = true;
+    auto float32_views = checkpoint::load(path, as_float32);
     const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
     std::filesystem::remove(path);
     ASSERT_TRUE(ck) << name << ": " << ck.error().message;
     ASSERT_TRUE(in_place) << name << ": " << in_place.error().message;
-    // Every type but F32 is computed as stored, read in place: the resident weights are the file.
-    EXPECT_EQ(ck->stored() != nullptr, spec.type != ggml_type::f32) << name;
-    if (ck->stored()) {
-      EXPECT_EQ(ck->stored()->w2.front().type, spec.wide_type.value_or(spec.type)) << name;
-      // Q8_0 and Q4_0 laid out for the kernels where they take it (AVX-512 VNNI), else in place
-      EXPECT_EQ(ck->stored()->wq.front().layout == kernels::cpu::matrix_layout::rows16,
-                kernels::cpu::fast::takes_rows16(ck->stored()->wq.front().type))
-          << name;
-      EXPECT_EQ(in_place->stored()->wq.front().layout, kernels::cpu::matrix_layout::rows) << name;
-      EXPECT_LE(transformer(*ck).resident_bytes(), file_bytes * 11 / 10) << name;
-    }
+    ASSERT_TRUE(float32_views) << name << ": " << float32_views.error().message;
+    // Every type is computed as stored, read in place: the resident weights are the file.
+    ASSERT_NE(ck->stored(), nullptr) << name;
+    EXPECT_EQ(ck->stored()->w2.front().type, spec.wide_type.value_or(spec.type)) << name;
+    // Q8_0 and Q4_0 laid out for the kernels where they take it (AVX-512 VNNI), else in place
+    EXPECT_EQ(ck->stored()->wq.front().layout == kernels::cpu::matrix_layout::rows16,
+              kernels::cpu::fast::takes_rows16(ck->stored()->wq.front().type))
+        << name;
+    EXPECT_EQ(in_place->stored()->wq.front().layout, kernels::cpu::matrix_layout::rows) << name;
+    EXPECT_LE(transformer(*ck).resident_bytes(), file_bytes * 11 / 10) << name;
+    // Only an all-F32 file's matrices become float32 views when asked (a copy, in llama2.c's layout)
+    EXPECT_EQ(float32_views->stored() == nullptr, spec.type == ggml_type::f32) << name;
+    EXPECT_EQ(float32_views->gguf_float32(), spec.type == ggml_type::f32) << name;
     kernels::cpu::thread_pool pool(3);
     transformer fast(*ck), reference(*ck, kernel_path::reference), threaded(*ck), not_repacked(*in_place);
     threaded.set_thread_pool(&pool);
@@ -496,6 +501,13 @@ TEST(Transformer, EveryArchitectureAndWeightTypeIsBatchThreadAndPathInvariant) {
     EXPECT_EQ(batched, run(reference, rows)) << name;
     EXPECT_EQ(batched, run(threaded, rows)) << name;
     EXPECT_EQ(batched, run(not_repacked, rows)) << name;
+    if (float32_views->stored() == nullptr) {  // the float path is batch and path invariant too
+      transformer views_fast(*float32_views), views_reference(*float32_views, kernel_path::reference);
+      const std::vector<float> views_batched = run(views_fast, rows);
+      EXPECT_EQ(views_batched, run(views_reference, rows)) << name;
+      const std::vector<float> one = run(views_fast, alone.back());
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), views_batched.end() - static_cast<int64_t>(one.size()))) << name;
+    }
     const size_t vocab = static_cast<size_t>(ck->config().vocab_size);
     for (int32_t q = 0; q < num_seqs; q++) {
       const std::vector<float> one = run(fast, alone[q]);

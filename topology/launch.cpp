@@ -158,7 +158,9 @@ expected<actors::expert_shard_list> spawn_hosted_shards(caf::actor_system& sys, 
     if (s.node != node_name || e.node == node_name) continue;
     auto it = models.find(e.name);
     if (it == models.end()) {
-      auto ck = model::checkpoint::load(e.model_path);
+      model::load_options load;
+      load.float32_views = e.expert_window_steps > 0;  // as the engine reads it (launch_engine)
+      auto ck = model::checkpoint::load(e.model_path, load);
       if (!ck) return fail(ck.error().code, shard_label(t, i) + ": " + ck.error().message);
       it = models.emplace(e.name, std::move(*ck)).first;
     }
@@ -287,6 +289,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   load.max_context = e.max_context;
   load.layout_cache = e.layout_cache == "off" ? "" : e.layout_cache.empty() ? model::default_layout_cache_dir() : e.layout_cache;
   load.layout_cache_report = [name = e.name](const std::string& note) { spdlog::info("engine '{}': {}", name, note); };
+  load.float32_views = e.expert_window_steps > 0;  // an F32 file's experts move between shards as float32
   auto ck = model::checkpoint::load(e.model_path, load);
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
   if (!ck->layout_note().empty()) spdlog::info("engine '{}': {}", e.name, ck->layout_note());

@@ -29,6 +29,13 @@ struct convert_options {
   bool force = false;
 };
 
+/// How the tools load a model: an all-F32 GGUF file's matrices as float32 views, which they read.
+model::load_options float32_views() {
+  model::load_options o;
+  o.float32_views = true;
+  return o;
+}
+
 /// Writes `bytes` to `out` through a temporary file beside it.
 expected<void> write_whole_file(const std::string& out, const std::string& bytes) {
   namespace fs = std::filesystem;
@@ -59,7 +66,7 @@ expected<void> refuse_to_replace(const std::string& out, bool force) {
 
 int run_convert(const convert_options& o) {
   if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
-  auto ck = model::checkpoint::load(o.model);
+  auto ck = model::checkpoint::load(o.model, float32_views());
   if (!ck) return fail_with(ck.error());
   if (ck->q80() != nullptr || ck->moe() != nullptr)
     return fail_with(error{errc::invalid_argument, "'" + o.model + "' is " + (ck->q80() ? "Q8_0" : "a mixture of experts") +
@@ -86,7 +93,7 @@ struct quantize_options {
 
 int run_quantize(const quantize_options& o) {
   if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
-  auto ck = model::checkpoint::load(o.model);
+  auto ck = model::checkpoint::load(o.model, float32_views());
   if (!ck) return fail_with(ck.error());
   auto bytes = model::to_q80(*ck, o.group_size);
   if (!bytes) return fail_with(bytes.error());
@@ -106,7 +113,7 @@ struct moe_split_options {
 
 int run_moe_split(moe_split_options o) {
   if (auto ok = refuse_to_replace(o.out, o.force); !ok) return fail_with(ok.error());
-  auto ck = model::checkpoint::load(o.model);
+  auto ck = model::checkpoint::load(o.model, float32_views());
   if (!ck) return fail_with(ck.error());
   o.split.router = o.router == "all" ? model::router_init::all
                    : o.router == "random" ? model::router_init::random

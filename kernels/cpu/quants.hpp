@@ -148,7 +148,8 @@ enum class isa { reference, avx2, avx512 };
 /// Same contract and bits as reference::matmul, on the selected instruction set; with a pool,
 /// large products split their outputs over its threads (each output computed whole by one
 /// thread). Decode: each weight block unpacked once for up to 4 activation rows, weights
-/// prefetched ahead of the row they stream; one row against Q8_0 or Q4_0 with VNNI: the row laid
+/// prefetched ahead of the row they stream (one row against F32 with AVX-512: 8 weight rows a
+/// kernel call, 8 streams in flight); one row against Q8_0 or Q4_0 with VNNI: the row laid
 /// out once for the whole product (quants, scales, 128 or 8 x each block's quant sum), the
 /// weights going in unsigned (Q8_0 + 128, Q4_0's nibbles), eight blocks a step. Prefill (more
 /// than 4 rows): the weight rows a panel of ~256 KiB at a time against every activation row, 3

@@ -999,6 +999,23 @@ void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, [[maybe
 /// hold one weight row's accumulators for max_rows rows; AVX-512's 32 hold three.
 constexpr int32_t tile_weight_rows = fvec_lanes == 16 ? 3 : 1;
 
+/// F32 weight rows taken together against one activation row (decode): each streams from
+/// memory, and several streams in flight keep more of it busy than one does with its
+/// prefetches. Measured side by side, one thread, 0.5b F32 file: 15.2 against 13.8 tok/s (F16 was
+/// slower so: 24.5 against 27.2). AVX2's 16 registers hold one.
+constexpr int32_t decode_f32_rows = fvec_lanes == 16 ? 8 : 1;
+
+/// One activation row x against F32 weight rows [i0, i1), NW rows a kernel call.
+template <int NW>
+void f32_rows(float* out, const uint8_t* x, const quant_matrix& w, int64_t i0, int64_t i1) {
+  const int64_t w_row_bytes = row_bytes(w.type, w.n);
+  for (int64_t i = i0; i < i1; i += NW) {
+    const uint8_t* wr[NW];
+    for (int k = 0; k < NW; k++) wr[k] = w.data + (i + k) * w_row_bytes;
+    dot_float<NW, 1, 4, load_f32, load1_f32>(wr, &x, w.n, out + i);
+  }
+}
+
 /// tile_range for the num (1..max_rows) activation rows x.
 template <int NW>
 void tile_range(float* out, int64_t out_stride, const uint8_t* const* x, int32_t num, const one_row_x* one_row,
@@ -1121,6 +1138,10 @@ void matmul_outputs(float* out, const uint8_t* xq, [[maybe_unused]] const prepar
       if (rows > max_rows && num == max_rows) {  // prefill: the panel's weights are in cache
         i = tail + (i1 - tail) / tile_weight_rows * tile_weight_rows;
         tile_range<tile_weight_rows>(o, w.d, x, num, xp.one_row, w, tail, i);
+      }
+      if (rows == 1 && decode_f32_rows > 1 && w.type == weight_type::f32) {  // decode
+        i = tail + (i1 - tail) / decode_f32_rows * decode_f32_rows;
+        f32_rows<decode_f32_rows>(o, x[0], w, tail, i);
       }
       tile_range<1>(o, w.d, x, num, xp.one_row, w, i, i1);
     }

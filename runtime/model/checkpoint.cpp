@@ -147,6 +147,15 @@ const q80_weights* checkpoint::q80() const { return map_ && map_->q80 ? &*map_->
 
 const stored_weights* checkpoint::stored() const { return map_ && map_->stored ? &*map_->stored : nullptr; }
 
+bool checkpoint::gguf_float32() const {
+  const stored_weights* g = stored();
+  if (g == nullptr) return true;
+  bool all = g->token_embedding.type == kernels::cpu::weight_type::f32 && g->wcls.type == kernels::cpu::weight_type::f32;
+  for (const auto* kind : {&g->wq, &g->wk, &g->wv, &g->wo, &g->w1, &g->w2, &g->w3})
+    for (const kernels::cpu::quant_matrix& m : *kind) all = all && m.type == kernels::cpu::weight_type::f32;
+  return all;
+}
+
 int64_t checkpoint::resident_bytes() const {
   const int64_t mapped = map_->file ? static_cast<int64_t>(map_->file->bytes().size()) : 0;
   return mapped + static_cast<int64_t>((map_->owned.size() + map_->scales.size()) * sizeof(float));
@@ -604,9 +613,9 @@ expected<void> check_tensors(const gguf_file& f, const architecture& a, const st
   return {};
 }
 
-/// A GGUF model's weights as troupe holds them: float32 views into `floats` (converted), and,
-/// unless every matrix is F32, the matrices in place in the file, in their own types (`stored`;
-/// the vectors are converted still).
+/// A GGUF model's weights as troupe holds them: float32 views into `floats` (converted), and the
+/// matrices in place in the file, in their own types (`stored`; the vectors are converted still),
+/// unless an all-F32 file was asked for as float32 views (load_options::float32_views).
 struct gguf_weights {
   std::string architecture;
   model_config config;
@@ -621,15 +630,16 @@ bool is_classifier(const tensor_piece& p, const model_config& c) {
   return p.view == &weights::wcls || (c.shared_classifier && p.view == &weights::token_embedding);
 }
 
-/// Reads `pieces` (checked by check_tensors) into `out`: when every matrix (the embedding and the
-/// classifier too) is F32, all of them as float32; otherwise the matrices in place and the other
-/// pieces as float32. Then the views.
-void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<tensor_piece>& pieces, gguf_weights& out) {
+/// Reads `pieces` (checked by check_tensors) into `out`: the matrices in place and the other
+/// pieces as float32, or, with `float32_views` and every matrix (the embedding and the classifier
+/// too) F32, all of them as float32. Then the views.
+void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<tensor_piece>& pieces,
+                 bool float32_views, gguf_weights& out) {
   const model_config& c = out.config;
   const auto is_matrix = [&](const tensor_piece& p) {
     return p.matrix != nullptr || is_classifier(p, c) || p.view == &weights::token_embedding;
   };
-  const bool in_place = std::any_of(pieces.begin(), pieces.end(), [&](const tensor_piece& p) {
+  const bool in_place = !float32_views || std::any_of(pieces.begin(), pieces.end(), [&](const tensor_piece& p) {
     return is_matrix(p) && f.tensor(p.name)->type != ggml_type::f32;
   });
   const auto rows = [&](const tensor_piece& p) { return p.rows == 0 ? f.tensor(p.name)->num_elements() / p.dims[0] : p.rows; };
@@ -665,7 +675,7 @@ void read_pieces(std::string_view bytes, const gguf_file& f, const std::vector<t
 /// (read_rope_and_norm). Refuses what troupe's transformer would compute differently: another
 /// architecture, RoPE over part of a head, a scaling type other than none, linear or Llama 3's,
 /// an `<arch>.*` key or a tensor it does not read.
-expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path) {
+expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path, bool float32_views) {
   auto f = parse_gguf(bytes, path);
   if (!f) return tl::unexpected(f.error());
   auto arch = read_architecture(*f, path);
@@ -702,7 +712,7 @@ expected<gguf_weights> from_gguf(std::string_view bytes, const std::string& path
   gguf_weights out;
   out.architecture = a.name;
   out.config = c;
-  read_pieces(bytes, *f, pieces, out);
+  read_pieces(bytes, *f, pieces, float32_views, out);
   if (*moe) {  // the experts' views were the FFN's: an MoE's weights have no w1, w2, w3
     moe_weights& m = out.moe.emplace(**moe);
     m.router_weight = out.views.router;
@@ -1271,7 +1281,7 @@ expected<checkpoint> checkpoint::load(const std::string& path, load_options opti
   uint32_t magic = 0;
   std::memcpy(&magic, bytes.data(), sizeof magic);
   if (is_gguf(bytes)) {
-    auto gguf = from_gguf(bytes, path);
+    auto gguf = from_gguf(bytes, path, options.float32_views);
     if (!gguf) return tl::unexpected(gguf.error());
     ck.config_ = gguf->config;
     ck.architecture_ = std::move(gguf->architecture);

@@ -128,8 +128,8 @@ struct q80_weights : matrix_set<kernels::cpu::q80_matrix> {
 };
 
 /// The matrices of a GGUF model read in place, in the types the file stores them (any mix of
-/// kernels/cpu/quants.hpp's), computed as llama.cpp computes them: every GGUF model whose
-/// matrices are not all F32.
+/// kernels/cpu/quants.hpp's), computed as llama.cpp computes them: every GGUF model unless
+/// load_options::float32_views asks for an all-F32 file's matrices as float32.
 using stored_weights = matrix_set<kernels::cpu::quant_matrix>;
 
 /// The FFN of a mixture-of-experts checkpoint: a router and `n_experts` SwiGLU experts per
@@ -188,6 +188,11 @@ struct load_options {
   /// the same bits, the same memory (the file's pages they came from are given back). Off only
   /// to compare (tests, benches).
   bool repack = true;
+  /// Read an all-F32 GGUF file's matrices as llama2.c's float32 views (weights; a copy in
+  /// llama2.c's layout, computed by the float kernels) instead of in place: for what reads
+  /// float32 views (convert, quantize, moe-split, moving experts between shards). Files with
+  /// any other type are read in place either way.
+  bool float32_views = false;
   /// The directory of the layout cache (layout_cache.hpp) that keeps the laid-out matrices
   /// between starts; "" = none (made at every start).
   std::string layout_cache;
@@ -215,6 +220,9 @@ class checkpoint {
   [[nodiscard]] const q80_weights* q80() const;
   /// The matrices of a GGUF model computed in its stored types; nullptr for every other model.
   [[nodiscard]] const stored_weights* stored() const;
+  /// Whether no matrix is stored in a GGUF type other than F32 (model_header::float32): every
+  /// llama2.c-format file, and all-F32 GGUF files whether read in place or as float32 views.
+  [[nodiscard]] bool gguf_float32() const;
   /// Bytes of weights the checkpoint holds in memory: the mapped file's tensor bytes it reads
   /// in place and the copies it made (converted or dequantized values).
   [[nodiscard]] int64_t resident_bytes() const;

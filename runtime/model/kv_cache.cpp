@@ -24,7 +24,7 @@ void decode_row(kv_dtype t, const uint8_t* row, float* out, int32_t n) {
 }  // namespace
 
 kv_dtype default_kv_dtype(const checkpoint& ck) {
-  return ck.stored() != nullptr ? kv_dtype::f16 : kv_dtype::f32;  // stored(): not all matrices F32
+  return ck.gguf_float32() ? kv_dtype::f32 : kv_dtype::f16;
 }
 
 kv_dtype default_kv_dtype(const model_header& header) { return header.float32 ? kv_dtype::f32 : kv_dtype::f16; }
