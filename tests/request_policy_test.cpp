@@ -184,7 +184,7 @@ TEST(RequestPolicyPrompt, ATextLongerThanTheContextCanHoldIsRefusedBeforeTokeniz
   o.params.prompt = std::string(static_cast<size_t>(bytes_max), 'a');
   request_policy fits(o);
   // 14 bytes: BOS, " a" and 13 times "a" (tok512 has no longer run of a's): the engine checks tokens.
-  EXPECT_EFFECTS(fits, start(1000), ask_placement{id, 15, 3});
+  EXPECT_EFFECTS(fits, start(1000), ask_placement{id, 15, 3, {}});
 
   o.params.prompt += "a";
   request_policy too_long(o);
@@ -209,7 +209,7 @@ TEST(RequestPolicyPrompt, PenaltiesAndBiasesReachTheEngineRequestAndAreCheckedFi
   want.sampling.frequency_penalty = 0.25f;
   want.sampling.repetition_penalty = 1.5f;
   want.sampling.logit_bias = {{7, -100.0f}};
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
 
   o.params.logit_bias = {{512, 1.0f}};  // tok512: ids 0..511, checked before the request leaves
   request_policy outside(o);
@@ -242,7 +242,7 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
   engine::request want = request_of(true);
   want.prompt = *tok()->encode("Once\nupon a time </s>", true, false);
   EXPECT_EFFECTS(bare, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
-  EXPECT_EFFECTS(bare, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(bare, placed(decode_only()), submit{want, false, {}});
   EXPECT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 0);  // "</s>" stays text
 
   o.chat = served_template::builtin(chat_template::plain);  // roles and markup as template segments
@@ -251,7 +251,7 @@ TEST(RequestPolicyPrompt, AChatIsRenderedByTheServedTemplateAndItsMessagesCannot
   auto segments = render_chat(chat_template::plain, o.params.messages, true);
   ASSERT_TRUE(segments.has_value());
   want.prompt = *encode_segments(*tok(), *segments, true);
-  EXPECT_EFFECTS(plain, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(plain, placed(decode_only()), submit{want, false, {}});
 
   o.params.prompt = "Once";  // a prompt and messages
   request_policy both(o);
@@ -302,7 +302,7 @@ TEST(RequestPolicyPrompt, AJinjaTemplateRendersWithKwargsBosOnceAndRequestTextAs
   ASSERT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::bos), 1);  // BOS once
   ASSERT_EQ(std::count(want.prompt.begin(), want.prompt.end(), tokenizer::eos), 1);  // the template's eos_token only
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
   // A reserved key, kwargs that are not an object, the template's own exception: 400s.
   for (const auto& [kwargs, message] : std::vector<std::pair<std::string, std::string>>{
            {R"({"eos_token":"<s>"})", "chat_template_kwargs may not set 'eos_token' (the model's token text)"},
@@ -351,7 +351,7 @@ TEST(RequestPolicyPrompt, AToolCallingChatGivesTheTemplateItsToolsCallsAndResult
   engine::request want = request_of(true);
   want.prompt = *encode_segments(*tok(), *segments, true);
   EXPECT_EFFECTS(h, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
   // Keys from another process that do not parse, and tool turns a built-in format cannot show.
   o.params.messages[2].extras = "{";
   request_policy broken(o);
@@ -387,7 +387,7 @@ TEST(RequestPolicyPrompt, ATextStartsWithBosOnlyWhenTheVocabularyAddsIt) {
     engine::request want = request_of(false);
     want.prompt = adds_bos ? std::vector<int32_t>{258, 256} : std::vector<int32_t>{256};  // (BOS) "ab"
     EXPECT_EFFECTS(h, start(1000), ask_placement{id, static_cast<int32_t>(want.prompt.size()), 3, {}});
-    EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+    EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
   }
 }
 
@@ -400,8 +400,8 @@ TEST(RequestPolicyPrompt, TokenizerErrorsPassOn) {
 
 TEST(RequestPolicyRun, AStreamedRunSendsAChunkPerTokenThenTheEndWithItsTimes) {
   request_policy h(options(true));
-  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(true), false});
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3, {}});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(true), false, {}});
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
   engine::sample_event last = token(time_, -1.0f, engine::finish_reason::length);
@@ -423,8 +423,8 @@ TEST(RequestPolicyRun, AGivenSeedIsUsedAndReported) {
   engine::request want = request_of(true);
   want.seed = 123;
   request_policy h(o);
-  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
-  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, true});
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3, {}});
+  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, true, {}});
   EXPECT_EFFECTS(h, on_token(token(upon, 0.0f, engine::finish_reason::stop), 1000, 1200),
                  send_chunk{chunk(0, " upon", {upon}, {0.0f})},
                  send_end{{id, stream_id, engine::finish_reason::stop, 123, 2, 1, 0, 200, 200, {}, 0, 0, 0, 1}},
@@ -434,8 +434,8 @@ TEST(RequestPolicyRun, AGivenSeedIsUsedAndReported) {
 TEST(RequestPolicyRun, ANonStreamedRunSendsOneChunkBeforeTheEnd) {
   // Stop strings keep the tokens coming one by one (batch_tokens off) though nothing is streamed.
   request_policy h(options(false, {"zz"}));
-  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false, {"zz"}), false});
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3, {}});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false, {"zz"}), false, {}});
   EXPECT_NO_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000));
   EXPECT_NO_EFFECTS(h, on_token(token(a, -0.25f), 0, 3000));
   EXPECT_EFFECTS(h, on_token(token(time_, -1.0f, engine::finish_reason::length), 1000, 3500),
@@ -447,10 +447,10 @@ TEST(RequestPolicyRun, ANonStreamedRunSendsOneChunkBeforeTheEnd) {
 
 TEST(RequestPolicyRun, ABatchIsExpandedTokenByTokenAtTheTimesItsAgesGive) {
   request_policy h(options(false));
-  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false), false});
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3, {}});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{request_of(false), false, {}});
   engine::token_batch b{id, {upon, a, time_}, {-0.5f, -0.25f, -1.0f}, {{}, {}, {}}, {3000, 2000, 0},
-                        engine::finish_reason::length, 4, 5, 6, 8500};
+                        engine::finish_reason::length, 4, 5, 6, 8500, {}};
   // Received at 10000: sampled at 7000, 8000 and 10000, first scheduled at 1500.
   EXPECT_EFFECTS(h, on_batch(b, 10000),
                  send_chunk{chunk(0, " upon a time", {upon, a, time_}, {-0.5f, -0.25f, -1.0f})},
@@ -472,7 +472,7 @@ TEST(RequestPolicyRun, TopLogprobsTravelWithTheirTokensStreamedOrBatched) {
   o.params.stream = false;
   request_policy batched = running(o);
   engine::token_batch b{id, {upon, a}, {-0.5f, -0.25f}, {{{upon, -0.5f}, {a, -1.5f}}, {{a, -0.25f}, {time_, -2.0f}}},
-                        {0, 0}, engine::finish_reason::length, 0, 0, 0, 0};
+                        {0, 0}, engine::finish_reason::length, 0, 0, 0, 0, {}};
   want = chunk(0, " upon a", {upon, a}, {-0.5f, -0.25f});
   want.top_logprobs = b.top_logprobs;
   EXPECT_EFFECTS(batched, on_batch(b, 2000), send_chunk{want},
@@ -487,8 +487,8 @@ TEST(RequestPolicyRun, StopTokenIdsReachTheEngine) {
   engine::request want = request_of(true);
   want.stop_token_ids = {a, time_};
   request_policy h(o);
-  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3});
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 3, {}});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
 }
 
 TEST(RequestPolicyRun, TokenIdsStreamTextWithATokenizerAndStopStringsApply) {
@@ -533,11 +533,11 @@ TEST(RequestPolicyRun, AnEmbeddingAsksForNoTokensAndEndsWithItsVector) {
   request_policy_options o = options(false);
   o.params.pooling = engine::pooling_mode::mean;
   request_policy h(o);
-  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 0});
+  EXPECT_EFFECTS(h, start(1000), ask_placement{id, 2, 0, {}});
   engine::request want = request_of(false);
   want.max_tokens = 0;
   want.pooling = engine::pooling_mode::mean;
-  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, false});
+  EXPECT_EFFECTS(h, placed(prefill_and_decode()), submit{want, false, {}});
   engine::token_batch b{id, {}, {}, {}, {}, engine::finish_reason::stop, 0, 5, 6, 500, {0.6f, -0.8f}};
   // Received at 3000, first scheduled at 2500.
   EXPECT_EFFECTS(h, on_batch(b, 3000),
@@ -572,7 +572,7 @@ TEST(RequestPolicyTrust, AnUnknownFinishReasonFailsTheRequest) {
                  send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 1)}, stop{});
 
   request_policy batched = running(options(false));
-  engine::token_batch b{id, {upon}, {-0.5f}, {{}}, {0}, unknown, 0, 0, 0, 0};
+  engine::token_batch b{id, {upon}, {-0.5f}, {{}}, {0}, unknown, 0, 0, 0, 0, {}};
   EXPECT_EFFECTS(batched, on_batch(b, 2000), release_engines{},
                  send_error{error(errc::internal, "the engine sent an unknown finish reason 99", 0)}, stop{});
 }
@@ -596,7 +596,7 @@ TEST(RequestPolicyTrust, TopLogprobsBeyondTheAskOrOutsideTheVocabularyFailTheReq
   o.params.stream = false;
   request_policy infinite = running(o);
   engine::token_batch b{id, {upon}, {-0.5f}, {{{a, -std::numeric_limits<float>::infinity()}}}, {0},
-                        engine::finish_reason::length, 0, 0, 0, 0};
+                        engine::finish_reason::length, 0, 0, 0, 0, {}};
   EXPECT_EFFECTS(infinite, on_batch(b, 2000), release_engines{},
                  send_error{error(errc::internal, "the engine sent a top logprob of token " + std::to_string(a) +
                                                       " that is not finite", 0)},
@@ -617,12 +617,12 @@ TEST(RequestPolicyTrust, ARejectionPassesItsCodeOnUnlessTheCodeIsUnknown) {
 
 TEST(RequestPolicyPlacement, NoEngineFailsTheRequest) {
   request_policy refused(options(true));
-  EXPECT_EFFECTS(refused, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(refused, start(1000), ask_placement{id, 2, 3, {}});
   EXPECT_EFFECTS(refused, placed({"no engine is up", false, false, "", ""}), send_error{error(errc::unavailable, "no engine is up", 0)},
                  stop{});
 
   request_policy no_decode(options(true));
-  EXPECT_EFFECTS(no_decode, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(no_decode, start(1000), ask_placement{id, 2, 3, {}});
   EXPECT_EFFECTS(no_decode, placed(placed_engines{}),
                  send_error{error(errc::unavailable, "the balancer's placement names no decode engine", 0)}, stop{});
 }
@@ -645,7 +645,7 @@ TEST(RequestPolicyEnd, ACancelReleasesTheEnginesAndSendsWhatIsPending) {
 
   // Before any placement: there is nothing to release there, and nothing was generated.
   request_policy early(options(true));
-  EXPECT_EFFECTS(early, start(1000), ask_placement{id, 2, 3});
+  EXPECT_EFFECTS(early, start(1000), ask_placement{id, 2, 3, {}});
   EXPECT_EFFECTS(early, cancel(1500), release_engines{},
                  send_end{{id, stream_id, engine::finish_reason::cancelled, drawn_seed, 2, 0, 0, 0, 500, {}, 0, 0, 0,
                            0}},
@@ -680,7 +680,7 @@ TEST(RequestPolicyEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatThe
   EXPECT_EFFECTS(h, engine_lost(engine_role::prefill, "node down"), release_engines{},
                  ask_placement{id, 2, 4, {}, true, engine_role::prefill});
   EXPECT_EQ(h.num_failovers(), 1);
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
   EXPECT_EFFECTS(h, on_token(token(upon, -0.5f), 0, 2000), send_chunk{chunk(0, " upon", {upon}, {-0.5f})});
   // The decode engine is lost after one token: the new one recomputes it and goes on after it.
   EXPECT_EFFECTS(h, engine_lost(engine_role::decode, "node down"), release_engines{},
@@ -688,7 +688,7 @@ TEST(RequestPolicyEnd, ALostEngineHasTheRequestPlacedAgainAndResumedAfterWhatThe
   want.prompt = {tokenizer::bos, once, upon};
   want.num_resumed_tokens = 1;
   want.max_tokens = 3;
-  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false});
+  EXPECT_EFFECTS(h, placed(decode_only()), submit{want, false, {}});
   EXPECT_EFFECTS(h, on_token(token(a, -0.25f), 0, 2500), send_chunk{chunk(1, " a", {a}, {-0.25f})});
   // A placement that finds no engine fails it (the balancer's error names the lost ones).
   request_policy none = running(o);

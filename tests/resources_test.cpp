@@ -36,6 +36,13 @@ class PoisonedCheckpoint : public ::testing::Test {
   void SetUp() override { std::filesystem::create_directories(dir_); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  /// `path` loaded without the NaN scan, which would refuse it.
+  static expected<model::checkpoint> load_unchecked(const std::string& path) {
+    model::load_options o;
+    o.check_finite = false;
+    return model::checkpoint::load(path, o);
+  }
+
   /// A copy of the bundled model with the weight at float index `index` (header excluded) set.
   std::string poisoned(int64_t index, float value) {
     std::string bytes = testing::read_file(bundled_model());
@@ -102,8 +109,7 @@ const char* const nan_logit_message =
 
 TEST_F(PoisonedCheckpoint, AStepWithNanLogitsFailsItsChunksInsteadOfAborting) {
   // NaN in rms_final: every row's final activations, hence every logit, are NaN.
-  auto ck = model::checkpoint::load(poisoned(rms_final_offset, std::numeric_limits<float>::quiet_NaN()),
-                                    model::load_options{/*check_finite=*/false});
+  auto ck = load_unchecked(poisoned(rms_final_offset, std::numeric_limits<float>::quiet_NaN()));
   ASSERT_TRUE(ck) << ck.error().message;
   engine::step_executor executor(*ck, 4, 16);
   engine::exec_plan plan;
@@ -123,8 +129,7 @@ TEST_F(PoisonedCheckpoint, AStepWithNanLogitsFailsItsChunksInsteadOfAborting) {
 }
 
 TEST_F(PoisonedCheckpoint, TheSynchronousEngineFailsTheRequestAndGoesOn) {
-  auto ck = model::checkpoint::load(poisoned(rms_final_offset, std::numeric_limits<float>::quiet_NaN()),
-                                    model::load_options{/*check_finite=*/false});
+  auto ck = load_unchecked(poisoned(rms_final_offset, std::numeric_limits<float>::quiet_NaN()));
   ASSERT_TRUE(ck);
   const testing::bundled& b = testing::model_and_tokenizer();
   auto e = engine::engine::create(*ck, b.tok, {});
