@@ -89,6 +89,10 @@ balance::engine_kind kind_of(engine_role role) {
   return balance::engine_kind::mixed;
 }
 
+/// Whether engine `e`'s model is read as float32 views (load_options::float32_views): an F32
+/// file's experts move between shards only so, and the engine and its shard hosts read it alike.
+bool reads_float32_views(const engine_spec& e) { return e.expert_window_steps > 0; }
+
 /// What `node`'s node actor answers to `Atom` (its engines, or the expert shards it hosts: `what`
 /// names them in errors), trying until the deadline: the other node may still be starting, or be
 /// frozen (then the handshake never completes).
@@ -159,7 +163,7 @@ expected<actors::expert_shard_list> spawn_hosted_shards(caf::actor_system& sys, 
     auto it = models.find(e.name);
     if (it == models.end()) {
       model::load_options load;
-      load.float32_views = e.expert_window_steps > 0;  // as the engine reads it (launch_engine)
+      load.float32_views = reads_float32_views(e);
       auto ck = model::checkpoint::load(e.model_path, load);
       if (!ck) return fail(ck.error().code, shard_label(t, i) + ": " + ck.error().message);
       it = models.emplace(e.name, std::move(*ck)).first;
@@ -289,7 +293,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   load.max_context = e.max_context;
   load.layout_cache = e.layout_cache == "off" ? "" : e.layout_cache.empty() ? model::default_layout_cache_dir() : e.layout_cache;
   load.layout_cache_report = [name = e.name](const std::string& note) { spdlog::info("engine '{}': {}", name, note); };
-  load.float32_views = e.expert_window_steps > 0;  // an F32 file's experts move between shards as float32
+  load.float32_views = reads_float32_views(e);
   auto ck = model::checkpoint::load(e.model_path, load);
   if (!ck) return fail(ck.error().code, where(e) + ck.error().message);
   if (!ck->layout_note().empty()) spdlog::info("engine '{}': {}", e.name, ck->layout_note());
