@@ -119,10 +119,30 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   self->state.kv->await(std::move(h), caf::actor_cast<engine_actor>(self));
 }
 
+/// A balancer asks for load reports (report_to): one it reports to already is kept; a new one
+/// joins the list (monitored), the oldest leaving it when balancers_max report already. Every
+/// balancer numbers the engines in the topology's order, so one report fits them all.
+void add_balancer(engine_actor_t* self, balancer_actor b) {
+  std::vector<balancer_actor>& list = self->state.balancers;
+  if (std::find(list.begin(), list.end(), b) != list.end()) return;
+  if (list.size() == engine_state::balancers_max) {
+    self->demonitor(list.front().address());
+    list.erase(list.begin());
+  }
+  self->monitor(b);
+  list.push_back(std::move(b));
+}
+
 void on_down(engine_actor_t* self, const caf::down_msg& dm) {
   engine_state& st = self->state;
   if (dm.source == st.executor.address()) {  // a replaced executor's DOWN was handled already
     executor_failed(self, st.policy->generation(), dm.reason ? dm.reason : caf::make_error(caf::exit_reason::normal));
+    return;
+  }
+  const auto balancer = std::find_if(st.balancers.begin(), st.balancers.end(),
+                                     [&](const balancer_actor& b) { return b.address() == dm.source; });
+  if (balancer != st.balancers.end()) {
+    st.balancers.erase(balancer);
     return;
   }
   auto it = st.request_of_actor.find(dm.source);
@@ -196,7 +216,7 @@ engine_actor::behavior_type engine_behavior(engine_actor_t* self, engine_options
       },
       [=](msg::report_to& r) {
         if (!r.balancer) return;  // reports to nobody: ignored (the balancer always names itself)
-        self->state.balancer = std::move(r.balancer);
+        add_balancer(self, std::move(r.balancer));
         self->state.cache_tiers = std::move(r.cache_tiers);
         const int64_t interval_ns = int64_t{std::max(1, r.interval_ms)} * 1000000;
         perform(self, self->state.policy->report_to(r.engine_index, interval_ns, now_ns(self), r.cache_events));

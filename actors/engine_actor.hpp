@@ -15,7 +15,8 @@
 /// to the decode engine (`kv_handoff`, Cap'n Proto payload inline or over UCX), which
 /// continues it like any request (engine_core::add_prefilled). Given `report_to`, the engine
 /// sends its balancer `load_report`s, at most one per interval and only after a change
-/// (an idle engine sets no timer).
+/// (an idle engine sets no timer); a cluster with several balancer nodes gets each report at
+/// every balancer that asked (up to four; one that goes down is dropped).
 ///
 /// Host tier: given `host_tier`, blocks the pool evicts go to it (`tier_put`, answers not
 /// awaited) and a pool miss asks it — or the tier of another node the request's placement

@@ -129,11 +129,11 @@ struct performer {
     self->monitor(caller);
   }
   void operator()(engine::hand_off& h) const { hand_off(self, h); }
-  void operator()(engine::report_load& l) const {
-    post(self, self->state.balancer,
-         msg::load_report{l.engine_index, l.num_received, l.num_requests, l.num_kv_tokens,
-                          l.num_queued_prefill_tokens, l.draining, l.cache_seq, l.cache_snapshot,
-                          std::move(l.cached_added), std::move(l.cached_removed)});
+  void operator()(engine::report_load& l) const {  // the same report to every balancer
+    const msg::load_report r{l.engine_index, l.num_received, l.num_requests, l.num_kv_tokens,
+                             l.num_queued_prefill_tokens, l.draining, l.cache_seq, l.cache_snapshot,
+                             std::move(l.cached_added), std::move(l.cached_removed)};
+    for (const balancer_actor& b : self->state.balancers) post(self, b, r);
   }
   void operator()(engine::arm_report_timer& a) const {
     self->delayed_send(self, caf::timespan{a.delay_ns}, report_atom::value);

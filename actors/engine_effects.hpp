@@ -30,8 +30,11 @@ struct engine_state {
   std::map<caf::actor_addr, engine::request_id> request_of_actor;  // to release a dead one's work
   std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
   std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
-  balancer_actor balancer;
-  std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancer's order (report_to)
+  /// The balancers it reports to (report_to), in order of their first report_to; at most
+  /// balancers_max, each monitored and dropped when it goes down.
+  std::vector<balancer_actor> balancers;
+  static constexpr size_t balancers_max = 4;
+  std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancers' order (report_to)
   grammar_actor grammars;  // compiles requests' grammars before they are admitted
   /// Work before the policy takes it: duplicates, grammars compiling (runtime/engine/intake.hpp).
   std::optional<engine::intake<caf::actor_addr>> intake;

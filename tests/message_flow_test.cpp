@@ -3,8 +3,9 @@
 // time and recorded as "sender -> receiver: message", and each flow is compared with its exact
 // sequence. A change in who sends what, or in what order, fails here with both sequences
 // printed; docs/DESIGN.md ("Typed protocols") names every message.
-// Flows: one streamed request from submission to its end; a cancel mid-stream; an executor that
-// fails mid-stream (every request fails, the engine replaces its executor).
+// Flows: one streamed request from submission to its end; a second balancer's reports; a cancel
+// mid-stream; an executor that fails mid-stream (every request fails, the engine replaces its
+// executor).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -133,6 +134,36 @@ TEST_F(MessageFlow, AStreamedRequestFromSubmissionToItsEnd) {
   EXPECT_EQ(trace, expected);
   ASSERT_TRUE(log_->outcome.has_value() && log_->outcome->has_value());
   EXPECT_EQ(log_->tokens().size(), 3u);
+}
+
+TEST_F(MessageFlow, ASecondBalancerGetsTheSameLoadReportsUntilItGoesDown) {
+  start();
+  (void)trace_all();  // the request, to its end
+  const actors::balancer_actor second = spawn_balancer(sys_, engines_);
+  const std::vector<std::string> joined = trace_all();
+  const std::vector<std::string> expected_joined = {
+      "load_balancer -> engine: report_to",   // the second asks: a report at once, to both
+      "engine -> load_balancer: load_report",
+      "engine -> load_balancer: load_report",
+  };
+  EXPECT_EQ(joined, expected_joined);
+  caf::anon_send_exit(second, caf::exit_reason::user_shutdown);
+  const std::vector<std::string> left = trace_all();
+  const std::vector<std::string> expected_left = {
+      "(none) -> load_balancer: ?",     // the exit
+      "load_balancer -> engine: DOWN",  // dropped from its list
+  };
+  EXPECT_EQ(left, expected_left);
+  // A new request: its end's report goes to the first balancer alone.
+  msg::completion_request r = make_completion("Once upon a time", 1, 6, 0.0f);
+  r.ignore_eos = true;
+  auto log = std::make_shared<client_log>();
+  (void)spawn_logged_client(sys_, lb_, r, log);
+  const std::vector<std::string> trace = trace_all();
+  ASSERT_FALSE(trace.empty());
+  EXPECT_EQ(trace.back(), "engine -> load_balancer: load_report");
+  EXPECT_EQ(std::count(trace.begin(), trace.end(), "engine -> load_balancer: load_report"), 1) << ::testing::PrintToString(trace);
+  ASSERT_TRUE(log->outcome.has_value() && log->outcome->has_value());
 }
 
 TEST_F(MessageFlow, ACancelMidStream) {

@@ -108,8 +108,23 @@ TEST_F(Serve, ClientWithoutServerFailsClearly) {
       << r.err;
 }
 
+TEST_F(Serve, ClientWithoutAnyOfSeveralServersNamesTheLastAndSaysItTriedTheOthers) {
+  const std::vector<int> ports = testing::free_ports(2);  // nothing listens on either
+  const std::string first = "127.0.0.1:" + std::to_string(ports[0]), second = "127.0.0.1:" + std::to_string(ports[1]);
+  const cli_result r = run_troupe({"client", "--connect", first + "," + second, "-n", "5"}, dir_);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("cannot reach a troupe load balancer at " + first), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("; trying " + second), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cannot reach a troupe load balancer at " + second), std::string::npos) << r.err;
+}
+
 TEST_F(Serve, ClientRejectsBadAddress) {
-  for (const char* address : {"localhost", "127.0.0.1:0", "127.0.0.1:99999", ":80", "host:x"}) {
+  std::string seventeen = "127.0.0.1:1";
+  for (int i = 0; i < 16; i++) seventeen += ",127.0.0.1:1";
+  for (const std::string address : {std::string("localhost"), std::string("127.0.0.1:0"), std::string("127.0.0.1:99999"),
+                                    std::string(":80"), std::string("host:x"), std::string("127.0.0.1:7100,"),
+                                    std::string(",127.0.0.1:7100"), std::string("127.0.0.1:7100,host:x"), seventeen}) {
     const cli_result r = run_troupe({"client", "--connect", address}, dir_);
     EXPECT_NE(r.exit_code, 0) << address;
     EXPECT_NE(r.err.find("--connect"), std::string::npos) << address << ": " << r.err;

@@ -134,6 +134,17 @@ TEST(Topology, ThreeNodeExampleParses) {
   }
 }
 
+TEST(Topology, TwoBalancersExampleParses) {
+  auto topo = load_topology(examples_dir + "/two-balancers.toml");
+  ASSERT_TRUE(topo) << topo.error().message;
+  ASSERT_EQ(topo->nodes.size(), 4u);
+  EXPECT_EQ(topo->load_balancer.nodes, (std::vector<std::string>{"lb0", "lb1"}));
+  EXPECT_EQ(topo->load_balancer.node, "lb0");
+  EXPECT_EQ(topo->find_node("lb1")->port, 7103);
+  ASSERT_EQ(topo->engines.size(), 3u);
+  for (const engine_spec& e : topo->engines) EXPECT_FALSE(topo->load_balancer.runs_on(e.node)) << e.name;
+}
+
 TEST(Topology, MinimalFileTakesEveryDefault) {
   auto topo = parse(k_valid);
   ASSERT_TRUE(topo) << topo.error().message;
@@ -403,12 +414,37 @@ namespace {
 /// A second node (4 lines), for a shard host.
 const std::string k_node1 = "[[node]]\nname = \"node1\"\nhost = \"127.0.0.1\"\nport = 7101\n";
 
+const std::string k_node2 = "[[node]]\nname = \"node2\"\nhost = \"127.0.0.1\"\nport = 7102\n";
+/// node0..node2 (lines 1-12) and a [load_balancer] whose line 14 is `balancer_line`.
+std::string three_nodes_balanced(const std::string& balancer_line) {
+  return k_node0 + k_node1 + k_node2 + "[load_balancer]\n" + balancer_line + "\n";
+}
+
 /// An [[expert_shard]] of engine0 on `node` (4 lines: experts on the last).
 std::string shard_text(const std::string& node, const std::string& experts) {
   return "[[expert_shard]]\nengine = \"engine0\"\nnode = \"" + node + "\"\nexperts = " + experts + "\n";
 }
 
 }  // namespace
+
+TEST(Topology, SeveralBalancerNodesAreReadInOrderAndTheFirstIsTheNode) {
+  auto topo = parse(three_nodes_balanced("nodes = [\"node2\", \"node1\"]") + k_engine0);
+  ASSERT_TRUE(topo) << topo.error().message;
+  EXPECT_EQ(topo->load_balancer.node, "node2");
+  EXPECT_EQ(topo->load_balancer.nodes, (std::vector<std::string>{"node2", "node1"}));
+  EXPECT_EQ(topo->load_balancer.all_nodes(), (std::vector<std::string>{"node2", "node1"}));
+  EXPECT_TRUE(topo->load_balancer.runs_on("node1"));
+  EXPECT_TRUE(topo->load_balancer.runs_on("node2"));
+  EXPECT_FALSE(topo->load_balancer.runs_on("node0"));
+  // One node in `nodes` is `node`; `node` alone lists itself.
+  auto one = parse(three_nodes_balanced("nodes = [\"node0\"]") + k_engine0);
+  ASSERT_TRUE(one) << one.error().message;
+  EXPECT_EQ(one->load_balancer.node, "node0");
+  auto plain = parse(k_valid);
+  ASSERT_TRUE(plain) << plain.error().message;
+  EXPECT_TRUE(plain->load_balancer.nodes.empty());
+  EXPECT_EQ(plain->load_balancer.all_nodes(), (std::vector<std::string>{"node0"}));
+}
 
 TEST(Topology, ExpertShardsAreReadInFileOrderOnTheEnginesNodeOrAShardHost) {
   auto plain = parse(k_valid);
@@ -700,7 +736,7 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"unknown_balancer_key_lists_new_keys",
                  k_node0 + "[load_balancer]\nnode = \"node0\"\nprefill_tier = [1]\n",
                  "topology.toml:7: load_balancer: unknown key 'prefill_tier' (expected one of: "
-                 "node, max_waiting, prefill_tiers, router, prefix_weight, rate_limit_per_s, rate_limit_burst, "
+                 "node, nodes, max_waiting, prefill_tiers, router, prefix_weight, rate_limit_per_s, rate_limit_burst, "
                  "chat_template, report_interval_ms, connect_timeout_ms, "
                  "heartbeat_interval_ms, heartbeat_timeout_ms, rejoin_interval_ms)"},
         bad_file{"bad_chat_template", k_node0 + "[load_balancer]\nnode = \"node0\"\nchat_template = \"jinja\"\n",
@@ -771,10 +807,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:3: http: key 'drain_timeout_ms' must be in 1..600000, got 0"},
         bad_file{"http_port_is_the_balancer_nodes_port", "[http]\nport = 7100\n" + k_valid,
                  "topology.toml:2: http: address 127.0.0.1:7100 is already used by node 'node0' (its port), which "
-                 "runs the load balancer and so the HTTP gateway"},
+                 "runs a load balancer and so the HTTP gateway"},
         bad_file{"http_port_is_the_balancer_nodes_kv_port", "[http]\nport = 8100\n" + k_valid,
                  "topology.toml:2: http: address 127.0.0.1:8100 is already used by node 'node0' (its kv_port), which "
-                 "runs the load balancer and so the HTTP gateway"},
+                 "runs a load balancer and so the HTTP gateway"},
         bad_file{"unknown_limits_key", "[limits]\nmax_message = 3\n" + k_valid,
                  "topology.toml:2: limits: unknown key 'max_message' (expected one of: max_message_mib, "
                  "max_pending_per_client, idle_timeout_ms, tls_handshake_timeout_ms, max_connections, "
@@ -1039,6 +1075,26 @@ INSTANTIATE_TEST_SUITE_P(
         bad_file{"engine_on_unknown_node",
                  k_node0 + k_balancer + "[[engine]]\nname = \"e\"\nnode = \"node9\"\n",
                  "topology.toml:9: engine 'e': key 'node' names unknown node 'node9'"},
+        bad_file{"balancer_node_and_nodes", three_nodes_balanced("node = \"node1\"\nnodes = [\"node2\"]") + k_engine0,
+                 "topology.toml:15: load_balancer: give key 'node' or key 'nodes', not both"},
+        bad_file{"balancer_nodes_unknown", three_nodes_balanced("nodes = [\"node1\", \"node9\"]") + k_engine0,
+                 "topology.toml:14: load_balancer: key 'nodes' names unknown node 'node9'"},
+        bad_file{"balancer_nodes_empty", three_nodes_balanced("nodes = []") + k_engine0,
+                 "topology.toml:14: load_balancer: key 'nodes' must be an array of 1 to 4 strings"},
+        bad_file{"balancer_nodes_five", three_nodes_balanced("nodes = [\"a\", \"b\", \"c\", \"d\", \"e\"]") + k_engine0,
+                 "topology.toml:14: load_balancer: key 'nodes' must be an array of 1 to 4 strings"},
+        bad_file{"balancer_nodes_repeat", three_nodes_balanced("nodes = [\"node1\", \"node1\"]") + k_engine0,
+                 "topology.toml:14: load_balancer: key 'nodes' element 2 repeats 'node1'"},
+        bad_file{"balancer_nodes_not_strings", three_nodes_balanced("nodes = [1, 2]") + k_engine0,
+                 "topology.toml:14: load_balancer: key 'nodes' element 1 must be a string of 1 to 256 bytes"},
+        bad_file{"two_balancer_nodes_one_with_an_engine", three_nodes_balanced("nodes = [\"node1\", \"node0\"]") + k_engine0,
+                 "topology.toml:14: load_balancer: node 'node0' runs a balancer and engine 'engine0': with several "
+                 "balancer nodes, engines run on other nodes"},
+        bad_file{"two_balancer_nodes_one_with_a_host_tier",
+                 k_node0 + k_node1 + "host_tier_blocks = 8\n" + k_node2 + "[load_balancer]\nnodes = [\"node1\", \"node2\"]\n" +
+                     k_engine0,
+                 "topology.toml:15: load_balancer: node 'node1' runs a balancer and a host tier: with several "
+                 "balancer nodes, tiers run on the engines' nodes"},
         bad_file{"balancer_on_unknown_node",
                  k_node0 + "[load_balancer]\nnode = \"nodeX\"\n" + k_engine0,
                  "topology.toml:6: load_balancer: key 'node' names unknown node 'nodeX'"},

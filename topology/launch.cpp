@@ -499,6 +499,12 @@ expected<actors::load_balancer_options> balancer_options(const topology& t, cons
   lb.tok = tok;
   lb.seed_base = options.seed_base;
   lb.draw_request_id = actors::random_request_id;
+  const std::vector<std::string> balancers = t.load_balancer.all_nodes();
+  if (balancers.size() > 1) {  // disjoint ids: balancer i's ids are i modulo 4
+    const auto index = static_cast<int64_t>(std::find(balancers.begin(), balancers.end(), node_name) - balancers.begin());
+    static_assert(balancer_nodes_max <= 4);
+    lb.draw_request_id = [index] { return (actors::random_request_id() & ~int64_t{3}) | index; };
+  }
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
   lb.router = t.load_balancer.router;
   lb.prefix_weight = t.load_balancer.prefix_weight;
@@ -553,7 +559,7 @@ expected<void> spawn_node(caf::actor_system& sys, const topology& t, const node_
   if (!hosted) return tl::unexpected(hosted.error());
   auto context_tokens = spawn_engines(sys, t, node, options, out);
   if (!context_tokens) return tl::unexpected(context_tokens.error());
-  if (t.load_balancer.node == node.name) return spawn_balancer(sys, t, node.name, options, *context_tokens, out);
+  if (t.load_balancer.runs_on(node.name)) return spawn_balancer(sys, t, node.name, options, *context_tokens, out);
   out.node_actor = actors::spawn_node_actor(sys, {node.name, out.engines, *hosted, out.host_tier, options.drain});
   return {};
 }
@@ -608,7 +614,7 @@ actors::tls_credentials node_credentials(const topology& t, const std::string& n
 actors::peer_rules node_peer_rules(const topology& t, const std::string& node_name) {
   actors::peer_rules rules;
   for (const node_spec& n : t.nodes) rules.node_names.push_back(n.name);
-  rules.accept_clients = node_name == t.load_balancer.node;
+  rules.accept_clients = t.load_balancer.runs_on(node_name);
   return rules;
 }
 

@@ -69,6 +69,8 @@ constexpr int64_t port_max = 65535;
 constexpr int64_t kv_port_offset = 1000;
 /// More tiers than this would only thin out the prefill engines each tier gets.
 constexpr size_t num_prefill_tier_bounds_max = 16;
+/// A name in [load_balancer] nodes longer than this names no node anyway.
+constexpr size_t node_name_bytes_max = 256;
 
 /// What every error message needs: the file's name, and where relative paths start.
 struct context {
@@ -780,6 +782,51 @@ struct listener {
   return name;
 }
 
+[[nodiscard]] expected<std::vector<std::string>> read_strings(const context& ctx, const toml::table& table,
+                                                              const scope& where, std::string_view key,
+                                                              size_t max_count, size_t max_bytes);
+
+/// `node`, or `nodes` (1 to balancer_nodes_max distinct known nodes), into `balancer`.
+[[nodiscard]] expected<void> read_balancer_nodes(const context& ctx, const toml::table& table, const scope& where,
+                                                 const std::vector<node_spec>& nodes, load_balancer_spec& balancer) {
+  if (table.get("nodes") == nullptr) {
+    auto node = read_node_reference(ctx, table, where, nodes);
+    if (!node) return tl::unexpected(node.error());
+    balancer.node = *node;
+    return {};
+  }
+  if (table.get("node") != nullptr)
+    return malformed(ctx, line_of_key(table, "nodes"), where.label, "give key 'node' or key 'nodes', not both");
+  auto names = read_strings(ctx, table, where, "nodes", balancer_nodes_max, node_name_bytes_max);
+  if (!names) return tl::unexpected(names.error());
+  for (const std::string& name : *names)
+    if (std::none_of(nodes.begin(), nodes.end(), [&](const node_spec& n) { return n.name == name; }))
+      return malformed(ctx, line_of_key(table, "nodes"), where.label, "key 'nodes' names unknown node " + in_quotes(name));
+  balancer.node = names->front();
+  balancer.nodes = std::move(*names);
+  return {};
+}
+
+/// With several balancer nodes, none runs an engine or a host tier (another balancer reaches a
+/// node's engines through its node actor, which a balancer's node does not publish).
+[[nodiscard]] expected<void> check_balancer_nodes(const context& ctx, const toml::table& root, const topology& t) {
+  if (t.load_balancer.nodes.size() < 2) return {};
+  const toml::node* table = root.get("load_balancer");
+  const toml::source_index line = table ? line_of_key(*table->as_table(), "nodes") : 0;
+  for (const std::string& name : t.load_balancer.nodes) {
+    for (const engine_spec& e : t.engines)
+      if (e.node == name)
+        return malformed(ctx, line, "load_balancer",
+                         "node " + in_quotes(name) + " runs a balancer and engine " + in_quotes(e.name) +
+                             ": with several balancer nodes, engines run on other nodes");
+    if (t.find_node(name)->host_tier_blocks > 0)
+      return malformed(ctx, line, "load_balancer",
+                       "node " + in_quotes(name) + " runs a balancer and a host tier: with several balancer nodes, "
+                       "tiers run on the engines' nodes");
+  }
+  return {};
+}
+
 [[nodiscard]] expected<load_balancer_spec> read_load_balancer(const context& ctx,
                                                               const toml::table& root,
                                                               const std::vector<node_spec>& nodes) {
@@ -790,15 +837,13 @@ struct listener {
   }
   const scope where{"load_balancer", line_of(**table)};
   if (auto ok = check_known_keys(ctx, **table, where,
-                                 {"node", "max_waiting", "prefill_tiers", "router", "prefix_weight", "rate_limit_per_s", "rate_limit_burst", "chat_template", "report_interval_ms",
+                                 {"node", "nodes", "max_waiting", "prefill_tiers", "router", "prefix_weight", "rate_limit_per_s", "rate_limit_burst", "chat_template", "report_interval_ms",
                                   "connect_timeout_ms", "heartbeat_interval_ms", "heartbeat_timeout_ms", "rejoin_interval_ms"});
       !ok) {
     return tl::unexpected(ok.error());
   }
   load_balancer_spec balancer;
-  auto node = read_node_reference(ctx, **table, where, nodes);
-  if (!node) return tl::unexpected(node.error());
-  balancer.node = *node;
+  if (auto ok = read_balancer_nodes(ctx, **table, where, nodes, balancer); !ok) return tl::unexpected(ok.error());
   auto max_waiting = read_int(ctx, **table, where, "max_waiting", balancer.max_waiting, 1);
   if (!max_waiting) return tl::unexpected(max_waiting.error());
   balancer.max_waiting = *max_waiting;
@@ -1045,13 +1090,15 @@ struct listener {
   if (!names) return tl::unexpected(names.error());
   http.served_model_names = std::move(*names);
   if (auto ok = read_http_access(ctx, **table, where, http); !ok) return tl::unexpected(ok.error());
-  const node_spec* node = result.find_node(result.load_balancer.node);
-  TROUPE_ASSERT(node != nullptr);
-  if (http.port != 0 && http.address == node->address && (http.port == node->port || http.port == node->kv_port))
-    return malformed(ctx, line_of_key(**table, "port"), where.label,
-                     "address " + http.address + ":" + std::to_string(http.port) + " is already used by node " +
-                         in_quotes(node->name) + " (its " + (http.port == node->port ? "port" : "kv_port") +
-                         "), which runs the load balancer and so the HTTP gateway");
+  for (const std::string& name : result.load_balancer.all_nodes()) {
+    const node_spec* node = result.find_node(name);
+    TROUPE_ASSERT(node != nullptr);
+    if (http.port != 0 && http.address == node->address && (http.port == node->port || http.port == node->kv_port))
+      return malformed(ctx, line_of_key(**table, "port"), where.label,
+                       "address " + http.address + ":" + std::to_string(http.port) + " is already used by node " +
+                           in_quotes(node->name) + " (its " + (http.port == node->port ? "port" : "kv_port") +
+                           "), which runs a load balancer and so the HTTP gateway");
+  }
   result.http = std::move(http);
   return {};
 }
@@ -1085,7 +1132,7 @@ struct listener {
     if (shard.node != e->node) {
       const auto runs_engine = std::find_if(t.engines.begin(), t.engines.end(),
                                             [&](const engine_spec& other) { return other.node == shard.node; });
-      if (runs_engine != t.engines.end() || shard.node == t.load_balancer.node)
+      if (runs_engine != t.engines.end() || t.load_balancer.runs_on(shard.node))
         return malformed(ctx, line_of_key(table, "node"), where.label,
                          "node " + in_quotes(shard.node) + " is not engine " + in_quotes(e->name) + "'s node (" +
                              in_quotes(e->node) + ") and runs " +
@@ -1133,6 +1180,7 @@ struct listener {
   if (!engines) return tl::unexpected(engines.error());
   result.engines = std::move(*engines);
   TROUPE_ASSERT(result.find_node(result.load_balancer.node) != nullptr);
+  if (auto ok = check_balancer_nodes(ctx, root, result); !ok) return tl::unexpected(ok.error());
   auto shards = read_expert_shards(ctx, root, result);
   if (!shards) return tl::unexpected(shards.error());
   result.expert_shards = std::move(*shards);

@@ -66,7 +66,12 @@
 ///   disk_tier_mib = 1024               #   disk tier below the host tier, relative to the file
 ///
 ///   [load_balancer]                    # required table
-///   node = "node0"                     #   required, names a [[node]]
+///   node = "node0"                     #   required (or `nodes`), names a [[node]]
+///   nodes = ["lb0", "lb1"]             #   instead of `node`: 1 to 4 nodes that each run a load
+///                                      #   balancer over every engine, with its gateways (two
+///                                      #   active: clients use any, --connect takes several);
+///                                      #   with 2 or more, those nodes run no engine, no tier
+///                                      #   and no expert shard
 ///   max_waiting = 1024                 #   optional, > 0, default 1024: queued requests per
 ///                                      #   engine before the balancer answers 'overloaded'
 ///   prefill_tiers = [128, 512, 2048]   #   optional, default shown: strictly increasing prompt
@@ -161,6 +166,7 @@
 /// least one engine must be able to prefill (mixed or prefill), and prefill engines need a
 /// mixed or decode engine to hand their requests to.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -234,7 +240,18 @@ struct expert_shard_spec {
 
 /// Where the load balancer runs, how much it queues, and how the cluster reports to it.
 struct load_balancer_spec {
-  std::string node;
+  std::string node;  ///< the (first) balancer's node
+  /// With `nodes = [...]`: every node that runs a balancer, `node` first (at most
+  /// balancer_nodes_max, each without engines, tiers or expert shards); empty: `node` alone.
+  std::vector<std::string> nodes;
+  /// Whether node `name` runs a balancer (and its gateways and request actors).
+  [[nodiscard]] bool runs_on(std::string_view name) const {
+    return name == node || std::find(nodes.begin(), nodes.end(), name) != nodes.end();
+  }
+  /// Every balancer node, `node` first.
+  [[nodiscard]] std::vector<std::string> all_nodes() const {
+    return nodes.empty() ? std::vector<std::string>{node} : nodes;
+  }
   int32_t max_waiting = 1024;  ///< queued requests per engine before 'overloaded'
   /// Prompt-length tier bounds, strictly increasing, each >= 1, at most 16: N bounds make N + 1
   /// tiers (tier i = prompts of <= bounds[i] tokens, the last tier = longer); empty = one tier.
@@ -278,6 +295,8 @@ struct gateway_spec {
 /// [http]: the OpenAI-compatible HTTP gateway on the load balancer's node (docs/http.md).
 /// The most names [http] served_model_names gives, and the most bytes of each.
 inline constexpr size_t served_model_names_max = 16;
+/// [load_balancer] nodes: at most this many balancer nodes (an engine reports to each).
+inline constexpr size_t balancer_nodes_max = 4;
 inline constexpr size_t served_model_name_bytes_max = 256;
 
 struct http_spec {

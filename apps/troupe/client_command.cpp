@@ -18,6 +18,9 @@
 namespace troupe::cli {
 namespace {
 
+/// --connect names at most this many balancers.
+constexpr size_t connect_addresses_max = 16;
+
 struct client_options {
   std::string connect = "127.0.0.1:7100";
   double wait_seconds = 0;
@@ -47,18 +50,49 @@ expected<actors::balancer_client_actor> connect(caf::actor_system& sys, const st
                                      (ro.retry ? " + --wait" : "") + "): " + lb.error().message);
 }
 
+/// `--connect`: one HOST:PORT or several, comma-separated (the cluster's balancer nodes).
+expected<std::vector<std::pair<std::string, uint16_t>>> parse_addresses(const std::string& list) {
+  std::vector<std::pair<std::string, uint16_t>> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = list.find(',', start);
+    auto address = parse_address(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (!address) return tl::unexpected(address.error());
+    out.push_back(std::move(*address));
+    if (comma == std::string::npos) return out;
+    if (out.size() == connect_addresses_max)
+      return fail(errc::invalid_argument, "--connect takes at most " + std::to_string(connect_addresses_max) + " addresses");
+    start = comma + 1;
+  }
+}
+
+/// One completion through the balancers in turn: a balancer that cannot be reached, or that is
+/// lost before the first text arrives (`unavailable`, nothing printed), passes the request to
+/// the next address; one lost after text arrived ends it (the text cannot be taken back).
 int run_client(const client_options& o) {
-  auto address = parse_address(o.connect);
-  if (!address) return fail_with(address.error());
+  auto addresses = parse_addresses(o.connect);
+  if (!addresses) return fail_with(addresses.error());
   caf::actor_system_config cfg;
-  if (auto ok = configure_client(cfg, o.tls, address->first); !ok) return fail_with(ok.error());
+  for (const auto& [host, port] : *addresses)
+    if (auto ok = configure_client(cfg, o.tls, host); !ok) return fail_with(ok.error());
   caf::actor_system sys{cfg};
   keep_stdout_for_text(sys);
-  auto lb = connect(sys, address->first, address->second, o);
-  if (!lb) return leave(sys, fail_with(lb.error()));
   const actors::client_timeouts timeouts{to_ms(o.first_token_timeout_seconds), to_ms(o.token_timeout_seconds)};
-  auto out = actors::complete(sys, *lb, o.flags.to_request(), chunk_printer(o.echo ? o.flags.prompt : ""), timeouts);
-  if (!out) return fail_with(out.error());
+  bool printed = false;
+  auto print = [&, printer = chunk_printer(o.echo ? o.flags.prompt : "")](const msg::completion_chunk& c) {
+    printed = true;
+    printer(c);
+  };
+  expected<actors::completion> out = fail(errc::internal, "no address");
+  for (size_t i = 0; i < addresses->size(); i++) {
+    const auto& [host, port] = (*addresses)[i];
+    auto lb = connect(sys, host, port, o);
+    out = lb ? actors::complete(sys, *lb, o.flags.to_request(), print, timeouts) : tl::unexpected(lb.error());
+    const bool lost_before_text = !lb || (!out && out.error().code == errc::unavailable && !printed);
+    if (out || !lost_before_text || i + 1 == addresses->size()) break;
+    spdlog::warn("{}; trying {}:{}", out.error().message, (*addresses)[i + 1].first, (*addresses)[i + 1].second);
+  }
+  if (!out) return leave(sys, fail_with(out.error()));
   std::fputs("\n", stdout);
   spdlog::info("seed {}; {} prompt + {} tokens, finish {}; TTFT {:.2f} ms, E2E {:.2f} ms", out->end.seed,
                out->end.num_prompt_tokens, out->end.num_generated_tokens, engine::to_string(out->end.finish_reason),
@@ -107,7 +141,11 @@ void add_tls_flags(CLI::App* cmd, actors::tls_credentials& tls) {
 action add_client(CLI::App& app) {
   auto o = std::make_shared<client_options>();
   CLI::App* cmd = app.add_subcommand("client", "Stream one completion from a running `troupe serve`");
-  cmd->add_option("--connect,-c", o->connect, "HOST:PORT of the load balancer")->capture_default_str();
+  cmd->add_option("--connect,-c", o->connect,
+                  "HOST:PORT of the load balancer; several, comma-separated (a cluster's balancer nodes), are "
+                  "tried in order: the next takes the request when one cannot be reached or is lost before "
+                  "the first token")
+      ->capture_default_str();
   cmd->add_option("--wait", o->wait_seconds, "keep retrying a refused connection this many seconds")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

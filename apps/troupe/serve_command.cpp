@@ -197,15 +197,22 @@ expected<topology::topology> serve_topology(const serve_options& o) {
   return t;
 }
 
+/// The topology's balancer nodes, quoted: 'node0' or 'lb0', 'lb1'.
+std::string balancer_nodes(const topology::topology& t) {
+  std::string out;
+  for (const std::string& n : t.load_balancer.all_nodes()) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
 /// Where this node serves HTTP, if it does: the topology's [http] with the flags over it (flags
 /// win), on the load balancer's node only.
 expected<std::optional<topology::http_spec>> http_endpoint(const serve_options& o, const topology::topology& t,
                                                           const std::string& node_name) {
-  const bool balancer_node = node_name == t.load_balancer.node;
+  const bool balancer_node = t.load_balancer.runs_on(node_name);
   if (o.http_port < 0 && !o.http_address.empty() && !t.http)
     return fail(errc::invalid_argument, "--http-host needs --http-port or an [http] table in the topology");
   if (o.http_port >= 0 && !balancer_node)
-    return fail(errc::invalid_argument, "--http-port needs the load balancer's node ('" + t.load_balancer.node + "')");
+    return fail(errc::invalid_argument, "--http-port needs a load balancer's node (" + balancer_nodes(t) + ")");
   if (o.http_port < 0 && (!t.http || !balancer_node)) return std::nullopt;
   topology::http_spec http = t.http.value_or(topology::http_spec{});
   if (o.http_port >= 0) http.port = static_cast<uint16_t>(o.http_port);
@@ -276,7 +283,7 @@ expected<std::unique_ptr<gateway::msgpack_gateway>> start_msgpack(caf::actor_sys
   if (o.msgpack_port < 0) return nullptr;
   log_access("the msgpack gateway", o.msgpack_address, access);
   if (!node.load_balancer)
-    return fail(errc::invalid_argument, "--msgpack-port needs the load balancer's node ('" + t.load_balancer.node + "')");
+    return fail(errc::invalid_argument, "--msgpack-port needs a load balancer's node (" + balancer_nodes(t) + ")");
   gateway::msgpack_options m;
   m.address = o.msgpack_address;
   m.port = static_cast<uint16_t>(o.msgpack_port);

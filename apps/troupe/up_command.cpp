@@ -113,9 +113,9 @@ int run_up(const up_options& o) {
   pthread_sigmask(SIG_BLOCK, &waited, &default_mask);
 
   std::vector<std::string> order;
-  for (const topology::node_spec& n : t->nodes)
-    if (n.name != t->load_balancer.node) order.push_back(n.name);
-  order.push_back(t->load_balancer.node);
+  for (const topology::node_spec& n : t->nodes)  // the balancers' nodes last: they reach the others
+    if (!t->load_balancer.runs_on(n.name)) order.push_back(n.name);
+  for (const std::string& n : t->load_balancer.all_nodes()) order.push_back(n);
   std::map<pid_t, node_process> running;
   std::multimap<steady::time_point, node_process> restarts;  // crashed nodes, by when they start again
   auto stop_all = [&] {
