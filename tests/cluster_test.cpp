@@ -469,11 +469,16 @@ class Cluster : public ::testing::Test {
     }
     expect_node_ended("node" + std::to_string(victim), 128 + SIGKILL);
     expect_engines_release_everything();
-    // New work, from client processes: each answer through the survivor equals the one through
-    // both (the dead one first: refused, so the next takes the request) and the one before the
-    // kill. (This test process's own CAF client is not reused: after a node it was connected to
-    // died, new requests from it through the other balancer get no answer, a CAF 0.17.6
-    // connection-state problem; docs/cluster.md.)
+    // New work: through the survivor from this process (disaggregated: prefill0's KV hand-offs
+    // to decode2 go over node1's own connection to node2, not through the dead balancer's node:
+    // actors/system/peer_links.hpp), and from client processes: each answer through the survivor
+    // equals the one through both (the dead one first: refused, so the next takes the request)
+    // and the one before the kill.
+    std::vector<msg::completion_request> later;
+    for (size_t i = 0; i < 8; i++) later.push_back(make_completion(story_window(20 + i), 24, 4200 + i, 1.0f, 0.9f));
+    const auto later_outcomes = run_all(later, other_lb);
+    const bool all_served = std::all_of(later_outcomes.begin(), later_outcomes.end(), [](const auto& o) { return o.has_value(); });
+    expect_all_match(later, later_outcomes, all_served ? "after the kill" : "after the kill (" + state() + ")");
     std::vector<std::string> both = client;
     both.push_back("127.0.0.1:" + std::to_string(port(victim)) + "," + address);
     const cli_result failover = run_troupe(both, dir_);

@@ -13,6 +13,7 @@
 #include "actors/cache_tier_actor.hpp"
 #include "actors/system/clock.hpp"
 #include "actors/system/connect.hpp"
+#include "actors/system/peer_links.hpp"
 #include "actors/disk_tier_actor.hpp"
 #include "actors/system/door.hpp"
 #include "actors/engine_actor.hpp"
@@ -550,6 +551,26 @@ expected<void> spawn_balancer(caf::actor_system& sys, const topology& t, const s
   return {};
 }
 
+/// An engine node's direct connections to the engine nodes after it in the topology (each pair
+/// once: a connection carries both ways), other than balancer nodes, which reach every engine
+/// node themselves (actors/system/peer_links.hpp).
+void link_peers(caf::actor_system& sys, const topology& t, const node_spec& node, launched_node& out) {
+  actors::peer_link_options o;
+  bool after = false;
+  for (const node_spec& n : t.nodes) {
+    if (n.name == node.name) after = true;
+    const bool runs_engine = std::any_of(t.engines.begin(), t.engines.end(),
+                                         [&](const engine_spec& e) { return e.node == n.name; });
+    if (after && n.name != node.name && runs_engine && !t.load_balancer.runs_on(n.name))
+      o.peers.emplace_back(n.address, n.port);
+  }
+  if (o.peers.empty()) return;
+  o.attempt_timeout = std::chrono::milliseconds(t.load_balancer.connect_timeout_ms);
+  o.retry_interval = std::chrono::milliseconds(t.load_balancer.rejoin_interval_ms > 0 ? t.load_balancer.rejoin_interval_ms
+                                                                                       : 1000);
+  out.peer_links = actors::spawn_peer_links(sys, std::move(o));
+}
+
 /// Every actor `t` places on `node` (into `out`, also when a step fails): tiers, expert shards,
 /// engines, then the load balancer or the node actor.
 expected<void> spawn_node(caf::actor_system& sys, const topology& t, const node_spec& node,
@@ -561,6 +582,7 @@ expected<void> spawn_node(caf::actor_system& sys, const topology& t, const node_
   if (!context_tokens) return tl::unexpected(context_tokens.error());
   if (t.load_balancer.runs_on(node.name)) return spawn_balancer(sys, t, node.name, options, *context_tokens, out);
   out.node_actor = actors::spawn_node_actor(sys, {node.name, out.engines, *hosted, out.host_tier, options.drain});
+  if (!out.engines.empty()) link_peers(sys, t, node, out);
   return {};
 }
 
@@ -667,6 +689,7 @@ void shutdown_node(caf::actor_system& sys, const launched_node& node) {
   actors::close_door(caf::actor_cast<caf::strong_actor_ptr>(node.front));
   actors::close_door(caf::actor_cast<caf::strong_actor_ptr>(node.node_actor));
   if (node.load_balancer) caf::anon_send_exit(node.load_balancer, caf::exit_reason::user_shutdown);
+  if (node.peer_links) caf::anon_send_exit(node.peer_links, caf::exit_reason::user_shutdown);
   for (const actors::engine_actor& e : node.engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   if (node.host_tier) caf::anon_send_exit(node.host_tier, caf::exit_reason::user_shutdown);
   if (node.disk_tier) caf::anon_send_exit(node.disk_tier, caf::exit_reason::user_shutdown);

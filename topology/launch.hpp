@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <caf/actor.hpp>
+
 #include "actors/system/protocols.hpp"
 #include "actors/system/tls.hpp"
 #include "runtime/jinja/options.hpp"
@@ -53,6 +55,9 @@ struct launched_node {
   /// Every expert shard it runs ([[expert_shard]]): a shard host's for other nodes' engines, in
   /// topology order (what its node actor lists), then those of its own engines.
   actors::expert_shard_list expert_shards;
+  /// On an engine node without a balancer: its direct connections to the engine nodes after it
+  /// in the topology (actors/system/peer_links.hpp); none elsewhere.
+  caf::actor peer_links;
   std::shared_ptr<const tokenizer> tok;
   /// On the balancer's node: the chat template the balancer renders chats with (the HTTP
   /// gateway's /tokenize renders with it too), and the context of the node's engines (the
