@@ -98,6 +98,8 @@ void accept_handoff(engine_actor_t* self, msg::kv_handoff& h) {
   check_cache_tier(self, h.request);
   engine::arrival a{std::move(h.request), engine::entry::recompute};
   if (auto payload = msg::decode_kv_payload(h.payload)) {
+    if (h.sent_ns > 0)
+      self->state.policy->note_handoff_time(static_cast<int64_t>(h.payload.size()), now_ns(self) - h.sent_ns);
     a.how = engine::entry::import;
     a.payload_id = payload->request_id;
     a.kv = std::move(payload->kv);

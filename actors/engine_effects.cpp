@@ -29,7 +29,8 @@ void hand_off(engine_actor_t* self, engine::hand_off& h) {
   const engine::request_id id = h.prefilled.req.id;
   const request_actor to = client_of(self, id);
   const engine_actor& decode = self->state.decodes.at(h.decode);
-  msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag};
+  msg::kv_handoff m{std::move(h.prefilled.req), to, msg::encode_kv_payload(id, h.prefilled.kv), h.ucx_tag,
+                    now_ns(self)};
   // Over CAF to another process, a message larger than the peer accepts would close the whole
   // connection between the two nodes ([limits] max_message_mib): this request fails instead.
   if (h.ucx_tag == 0 && !fits_between(decode.node(), self->node(), m.payload.size())) {

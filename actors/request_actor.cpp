@@ -89,7 +89,9 @@ void submit(request_actor_t* self, serve::submit& s, msg::placement* offered) {
     if (fits_between(placed.decode.node(), self->node(), payload.size())) {
       kv_in_transit(self, self->state.network.get(), payload);
       const auto bytes = static_cast<int64_t>(payload.size());
-      post(self, placed.decode, msg::kv_handoff{std::move(s.request), self, std::move(payload), 0}, bytes);
+      post(self, placed.decode,
+           msg::kv_handoff{std::move(s.request), self, std::move(payload), 0, now_ns(self)},
+           bytes);
       return;
     }
     spdlog::warn("request {}: its KV ({} bytes) is more than a CAF message to its new engine may carry; "

@@ -18,7 +18,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_report& x) {
            x.num_resumed_requests, x.num_waiting, x.num_requests, x.executor_busy_ns, x.elapsed_ns,
            x.num_timed_steps, x.step_time_error_raw, x.step_time_error_corrected, x.host_tier_expired_blocks,
            x.disk_tier_expired_blocks, x.num_handoffs_recomputed, x.moe_lb_last_window, x.num_moe_windows,
-           x.num_expert_moves, x.num_prefix_query_tokens, x.num_steps_by_tokens);
+           x.num_expert_moves, x.num_prefix_query_tokens, x.num_steps_by_tokens, x.num_handoffs_timed, x.handoff_ns,
+           x.handoff_bytes);
 }
 
 }  // namespace troupe::engine

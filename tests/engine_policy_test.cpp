@@ -316,6 +316,17 @@ TEST(EnginePolicy, AHandOffWhoseKvIsBrokenIsComputedWholeHere) {
   EXPECT_EQ(decode->num_handoffs_recomputed(), 1);
 }
 
+TEST(EnginePolicy, HandOffTimesAreSummedWithTheirBytesAndANegativeOneIsLeftOut) {
+  auto decode = make_host(tiny_options());
+  decode->note_handoff_time(4096, 1500000);
+  decode->note_handoff_time(1024, 500000);
+  decode->note_handoff_time(2048, -1);  // clocks that disagree
+  const engine_report r = decode->report(0);
+  EXPECT_EQ(r.num_handoffs_timed, 2);
+  EXPECT_EQ(r.handoff_ns, 2000000);
+  EXPECT_EQ(r.handoff_bytes, 5120);
+}
+
 TEST(EnginePolicy, AnExecutorFailurePrefillsAPrefillOnlyRequestAgainAndHandsItOffAsBefore) {
   auto prefill = make_host(tiny_options());
   fake_executor ex;

@@ -352,6 +352,35 @@ TEST_F(Netns, DisaggregatedAcrossNamespacesOverOneGbitTwoMsLinksEqualsTheOneNode
   for (size_t i = 0; i < 4; i++) alone_tokens += static_cast<int64_t>(reference(oracle_, requests[i]).tokens.size());
   EXPECT_EQ(r[0].num_generated_tokens + r[1].num_generated_tokens, num_tokens + alone_tokens);
   for (const int64_t bytes : lan_->delayed_bytes()) EXPECT_GT(bytes, 0) << "a connection went around its delay";
+  // The KV hand-off over the link, timed by the decode engines (msg::kv_handoff::sent_ns: the
+  // prefill engine's clock at sending, the decode engine's when the KV is decoded; one machine,
+  // one monotonic clock): 6 prompts of about 350 tokens, one at a time, against the simulator's
+  // network model of the same link (sim/network.hpp: latency + bytes / bandwidth). Printed, not
+  // asserted (a figure, measured on a shared machine).
+  std::string prompt;
+  for (size_t i = 0; bundled_shared().tok->encode(prompt, true, false).value().size() < 350; i++)
+    prompt += story_window(i) + " ";
+  const std::vector<msg::engine_report> before = reports();
+  for (uint64_t i = 0; i < 6; i++) {
+    const msg::completion_request r = make_completion(prompt, 4, 5390 + i, 1.0f, 0.9f);
+    expect_golden(r, stream_all({r}).front(), "long prompt " + std::to_string(i));
+  }
+  const std::vector<msg::engine_report> after = reports();
+  ASSERT_EQ(after.size(), 2u);
+  int64_t n = 0, ns = 0, bytes = 0;
+  for (size_t e = 0; e < 2; e++) {
+    n += after[e].num_handoffs_timed - before[e].num_handoffs_timed;
+    ns += after[e].handoff_ns - before[e].handoff_ns;
+    bytes += after[e].handoff_bytes - before[e].handoff_bytes;
+  }
+  ASSERT_EQ(n, 6) << "every long prompt's hand-off is timed once";
+  const double measured_ms = static_cast<double>(ns) / 6 / 1e6;
+  const double mean_bytes = static_cast<double>(bytes) / 6;
+  const double model_ms = 2.0 + mean_bytes / 125e6 * 1e3;  // 2 ms + bytes over 1 Gbit/s
+  std::printf("[ netns    ] KV hand-off over 1 Gbit/s, 2 ms: mean %.0f bytes in %.2f ms; the simulator's network "
+              "model for this link ([network] latency_us = 2000, bandwidth_gb_s = 0.125): %.2f ms; measured / "
+              "model %.2f\n",
+              mean_bytes, measured_ms, model_ms, measured_ms / model_ms);
 }
 
 TEST_F(Netns, UnderOneAndFivePercentLossOnEveryLinkEveryRequestEndsOnceGoldenOrWithAClearErrorWithinItsBound) {

@@ -975,6 +975,9 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r.num_disk_hit_tokens = 8;  // of the 32
   r.num_demoted_bytes = 1000;
   r.num_promoted_bytes = 600;
+  r.num_handoffs_timed = 2;
+  r.handoff_ns = 1500000;
+  r.handoff_bytes = 4096;
   engine::engine_report r2 = r;
   r2.host_tier_expired_blocks = 5;  // the node's shared tier, as each engine reports it
   r.host_tier_expired_blocks = 3;
@@ -1050,6 +1053,9 @@ TEST(Metrics, ThePageRendersByteForByte) {
         std::string("troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"pool\",to=\"host\"} 2000\n") +
             "troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"host\",to=\"pool\"} 1200\n",
         "# TYPE troupe:kv_swap_in_tokens_total counter\ntroupe:kv_swap_in_tokens_total" + label + " 48\n",
+        "# TYPE troupe:kv_handoffs_total counter\ntroupe:kv_handoffs_total" + label + " 4\n",
+        "# TYPE troupe:kv_handoff_seconds_total counter\ntroupe:kv_handoff_seconds_total" + label + " 0.003\n",
+        "# TYPE troupe:kv_handoff_bytes_total counter\ntroupe:kv_handoff_bytes_total" + label + " 8192\n",
         "# TYPE troupe:moe_lb gauge\ntroupe:moe_lb" + label + " 2\n",
         "# TYPE troupe:moe_windows_total counter\ntroupe:moe_windows_total" + label + " 7\n",
         "# TYPE troupe:expert_moves_total counter\ntroupe:expert_moves_total" + label + " 1\n",

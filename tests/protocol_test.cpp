@@ -218,6 +218,9 @@ msg::engine_report full_engine_report() {
   r.num_resumed_requests = 35;
   r.num_prefix_query_tokens = 36;
   r.num_steps_by_tokens[2] = 37;
+  r.num_handoffs_timed = 38;
+  r.handoff_ns = 39;
+  r.handoff_bytes = 40;
   return r;
 }
 
@@ -297,7 +300,7 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::placement{some<actors::engine_actor>(), other<actors::engine_actor>(), "p", "d", "host", 4, "err", 1});
   expect_round_trip(msg::submit_prefill{full_engine_request(), some<actors::engine_actor>(), "host", 4});
   expect_round_trip(msg::prefilled{6});
-  expect_round_trip(msg::kv_handoff{full_engine_request(), some<actors::request_actor>(), {1, 2, 3}, 7});
+  expect_round_trip(msg::kv_handoff{full_engine_request(), some<actors::request_actor>(), {1, 2, 3}, 7, 8});
   expect_round_trip(msg::kv_arrived{7, {1, 2}, "lost"});
   expect_round_trip(msg::report_to{some<actors::balancer_actor>(), 2, 30, true,
                                    {some<actors::cache_tier_actor>(), other<actors::cache_tier_actor>()}});

@@ -110,11 +110,14 @@ struct kv_handoff {
   actors::request_actor request_actor;  ///< where the decode engine streams the tokens
   std::vector<uint8_t> payload;
   uint64_t ucx_tag = 0;
+  /// The sender's clock (actors::ns_since_epoch) when it sent this: the receiver times the
+  /// hand-off with its own clock, which agrees on one machine (a monotonic clock); 0 = untimed.
+  int64_t sent_ns = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_handoff& x) {
-  return f(x.request, x.request_actor, x.payload, x.ucx_tag);
+  return f(x.request, x.request_actor, x.payload, x.ucx_tag, x.sent_ns);
 }
 
 /// UCX progress thread -> decode engine: the payload of the handoff tagged `tag` arrived (or

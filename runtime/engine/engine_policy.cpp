@@ -553,6 +553,9 @@ engine_report engine_policy::report(int64_t now_ns) const {
   r.step_time_error_raw = core.step_time_error.raw_mean();
   r.step_time_error_corrected = core.step_time_error.corrected_mean();
   r.num_handoffs_recomputed = num_handoffs_recomputed();
+  r.num_handoffs_timed = num_handoffs_timed_;
+  r.handoff_ns = handoff_ns_;
+  r.handoff_bytes = handoff_bytes_;
   r.moe_lb_last_window = experts_.moe_lb_last_window;
   r.num_moe_windows = experts_.num_windows;
   r.num_expert_moves = experts_.num_moves;

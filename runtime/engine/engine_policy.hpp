@@ -227,6 +227,15 @@ class engine_policy {
   /// Work arrived that is not submitted by this call (a hand-off whose KV may still be on the
   /// way, work naming no request actor): counted as received all the same.
   void note_received() { num_received_++; }
+  /// A hand-off's KV of `bytes` arrived intact `ns` after it was sent (engine_report's
+  /// num_handoffs_timed, handoff_ns, handoff_bytes); a negative time (clocks that disagree) is
+  /// not counted.
+  void note_handoff_time(int64_t bytes, int64_t ns) {
+    if (ns < 0) return;
+    num_handoffs_timed_++;
+    handoff_ns_ += ns;
+    handoff_bytes_ += bytes;
+  }
   /// A handed-off request with its decoded KV payload (`payload_id`: the id inside the payload).
   [[nodiscard]] effects import(request r, request_id payload_id, kv_data kv, int64_t now_ns);
   /// A handed-off request whose KV did not arrive intact (counted received already): computed
@@ -357,6 +366,9 @@ class engine_policy {
   int64_t num_forwarded_ = 0;
   int64_t num_forwarded_with_kv_ = 0;
   int64_t num_handoffs_recomputed_ = 0;
+  int64_t num_handoffs_timed_ = 0;  // note_handoff_time
+  int64_t handoff_ns_ = 0;
+  int64_t handoff_bytes_ = 0;
   int64_t num_forwarded_kv_tokens_ = 0;
   std::set<request_id> exporting_;  // forwarded with their KV once the core read it out
   int64_t executor_busy_ns_ = 0;

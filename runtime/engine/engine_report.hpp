@@ -74,6 +74,11 @@ struct engine_report : engine_counters {
   /// Hand-offs (from a prefill engine, or a drained engine's forward) whose KV did not arrive
   /// intact, recomputed here instead.
   int64_t num_handoffs_recomputed = 0;
+  /// Hand-offs received with their KV intact and timed (msg::kv_handoff::sent_ns): how many, the
+  /// time from their sending to their KV decoded here, summed, and their KV payload bytes.
+  int64_t num_handoffs_timed = 0;
+  int64_t handoff_ns = 0;
+  int64_t handoff_bytes = 0;
   /// An MoE engine reassigning its experts (docs/moe.md): the latest window's moe_lb (0 before
   /// the first), the windows measured and the placements switched to (a switch counts with the
   /// result of the step after it). Executor restarts do not reset them.

@@ -173,6 +173,9 @@ engine_gauges sum_reports(const std::vector<engine::engine_report>& reports, con
     g.moe_lb = std::max(g.moe_lb, r.moe_lb_last_window);
     g.num_moe_windows += r.num_moe_windows;
     g.num_expert_moves += r.num_expert_moves;
+    g.num_handoffs += r.num_handoffs_timed;
+    g.handoff_ns += r.handoff_ns;
+    g.handoff_bytes += r.handoff_bytes;
   }
   return g;
 }
@@ -269,6 +272,13 @@ void render_troupe(page& p, const request_metrics& requests, const engine_gauges
            "from=\"host\",to=\"pool\"");
   p.counter("troupe:kv_swap_in_tokens_total", "Tokens readmitted victims of preemption took back from the host tier.",
             engines.num_swap_in_tokens);
+  p.counter("troupe:kv_handoffs_total",
+            "KV hand-offs (prefill to decode, a drained engine's forwards) whose KV arrived intact.",
+            engines.num_handoffs);
+  p.scalar("troupe:kv_handoff_seconds_total", "counter",
+           "Time from sending those hand-offs to decoding their KV, summed (the nodes' clocks must agree).",
+           number(static_cast<double>(engines.handoff_ns) / 1e9));
+  p.counter("troupe:kv_handoff_bytes_total", "KV payload bytes of those hand-offs.", engines.handoff_bytes);
   p.family("troupe:kv_tier_expired_blocks_total", "counter", "KV blocks a cache tier dropped when their TTL passed.");
   p.sample("troupe:kv_tier_expired_blocks_total", number(static_cast<double>(engines.num_host_expired_blocks)),
            "tier=\"host\"");

@@ -103,6 +103,11 @@ struct engine_gauges {
   double moe_lb = 0;
   int64_t num_moe_windows = 0;
   int64_t num_expert_moves = 0;
+  /// KV hand-offs received intact and timed (engine_report::num_handoffs_timed), their summed
+  /// time from sending to decoding, and their bytes.
+  int64_t num_handoffs = 0;
+  int64_t handoff_ns = 0;
+  int64_t handoff_bytes = 0;
 };
 
 /// Sums `reports` of engines configured as `cache`.
