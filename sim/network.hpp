@@ -4,8 +4,12 @@
 /// is a node of its own, the load balancer and the request actors share one. A message between
 /// two nodes arrives `latency` plus its payload bytes over the bandwidth later (the payload: a
 /// KV hand-off's or forward's KV bytes; other messages are small and cost the latency alone),
-/// in the order it was sent on its link. Faults, drawn from the run's seed: a message may be
-/// held back longer, and a KV payload may break off on its way (its receiver recomputes it).
+/// in the order it was sent on its link. Loss, per packet: TCP resends a packet lost on its way
+/// after its retransmission timeout (200 ms, doubled for each loss of the same resend), so a
+/// message of `bytes` (1 + bytes / 1448 packets) whose packets are lost in k rounds arrives
+/// 200 ms x (2^k - 1) later, and every message after it on its link waits for it (the link
+/// keeps its order). Faults, drawn from the run's seed: a message may be held back longer, a KV
+/// payload may break off on its way (its receiver recomputes it), and packets may be lost.
 
 #include <cstdint>
 #include <map>
@@ -22,18 +26,27 @@ namespace troupe::sim {
 struct sim_network_links {
   double latency_us = 0;      ///< one way, per message
   double bandwidth_gb_s = 0;  ///< 10^9 bytes/s per link; 0 = unlimited
+  double loss_percent = 0;    ///< packets lost end to end, 0..50 (each resent after a timeout)
 };
+
+/// TCP's retransmission timeout after a loss (Linux's minimum), and the most resends of one
+/// packet the model draws.
+inline constexpr int64_t tcp_retransmit_ns = 200'000'000;
+inline constexpr int32_t tcp_resends_max = 6;
+/// The payload bytes of one TCP packet (an Ethernet MTU less the IP and TCP headers).
+inline constexpr int64_t tcp_packet_bytes = 1448;
 
 /// Seeded network faults (sim_options::network_faults).
 struct sim_network_faults {
   double delay_probability = 0;  ///< a message is held back a further uniform [0, max_delay_ns]
   int64_t max_delay_ns = 0;
   double kv_break_probability = 0;  ///< a KV payload breaks off on its way
+  double loss_percent = 0;          ///< packets lost end to end, on top of the links' (0..50)
   /// Faults only before this virtual time (actors::ns_since_epoch; the swarm's liveness phase
   /// runs without them); the latency and bandwidth stay.
   int64_t until_ns = INT64_MAX;
 
-  [[nodiscard]] bool any() const { return delay_probability > 0 || kv_break_probability > 0; }
+  [[nodiscard]] bool any() const { return delay_probability > 0 || kv_break_probability > 0 || loss_percent > 0; }
 };
 
 /// What the network carried in one run.
@@ -42,6 +55,7 @@ struct sim_network_counts {
   int64_t kv_bytes = 0;
   int64_t delayed = 0;    ///< held back by a fault
   int64_t kv_broken = 0;  ///< KV payloads that broke off
+  int64_t resent = 0;     ///< messages that waited for at least one resend (loss)
 };
 
 class sim_network final : public actors::network_model {
@@ -49,6 +63,8 @@ class sim_network final : public actors::network_model {
   sim_network(sim_network_links links, sim_network_faults faults, uint64_t seed);
   int64_t arrival_ns(const caf::actor_addr& from, const caf::actor_addr& to, int64_t bytes, int64_t now_ns) override;
   bool breaks_kv(int64_t now_ns) override;
+  /// The extra time a message of `bytes` sent at `now_ns` waits for its lost packets' resends.
+  [[nodiscard]] int64_t loss_delay_ns(int64_t bytes, int64_t now_ns);
   [[nodiscard]] const sim_network_counts& counts() const { return counts_; }
 
  private:

@@ -329,6 +329,8 @@ expected<void> validate_faults(const sim_options& o) {
   if (!(f.delay_probability >= 0 && f.delay_probability <= 1 && f.kv_break_probability >= 0 &&
         f.kv_break_probability <= 1 && f.max_delay_ns >= 0))
     return fail(errc::invalid_argument, "network fault probabilities lie in [0, 1] and delays are not negative");
+  if (!(f.loss_percent >= 0 && f.loss_percent <= 50))
+    return fail(errc::invalid_argument, "network fault loss_percent lies in [0, 50]");
   if (o.faults_until_ns < 0) return fail(errc::invalid_argument, "faults_until_ns is negative");
   return {};
 }
@@ -348,7 +350,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
                sched.clock().now(), 0, {}, {}, {}, {}, {}, {}, 0, 0, {}, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   const sim_network_links& links = o.topology.network;
-  if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || o.network_faults.any()) {
+  if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || links.loss_percent > 0 || o.network_faults.any()) {
     sim_network_faults faults = o.network_faults;
     faults.until_ns = faults_until(rs);
     rs.network = std::make_shared<sim_network>(links, faults, derive_seed(o.seed, network_stream));

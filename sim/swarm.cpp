@@ -90,6 +90,10 @@ void draw_faults(uint64_t seed, const sim_topology& t, swarm_case& c) {
                 std::to_string(c.network_faults.max_delay_ns) + "ns, KV breaks p" +
                 std::to_string(c.network_faults.kv_break_probability);
   }
+  if (faults.uniform() < 0.25) {  // packet loss: messages wait for TCP's resends
+    c.network_faults.loss_percent = pick(faults, std::vector<double>{1, 5});
+    c.faults += " loss " + std::to_string(c.network_faults.loss_percent) + "%";
+  }
   if (c.faults.empty()) c.faults = " none";
 }
 
@@ -194,6 +198,7 @@ expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoi
   out.num_forwarded_with_kv = shuffled->num_forwarded_with_kv;
   out.num_delayed_messages = shuffled->network.delayed;
   out.num_kv_broken = shuffled->network.kv_broken;
+  out.num_resent_messages = shuffled->network.resent;
   out.num_handoffs_recomputed = shuffled->handoffs_recomputed;
   std::string with = " with shuffled delivery";
   if (out.num_crashes > 0) with += " and executor crashes";
@@ -226,6 +231,7 @@ void swarm_totals::add(const swarm_result& r) {
   num_losses += r.num_losses;
   num_delayed_messages += r.num_delayed_messages;
   num_kv_broken += r.num_kv_broken;
+  num_resent_messages += r.num_resent_messages;
   num_handoffs_recomputed += r.num_handoffs_recomputed;
   num_liveness_requests += r.num_liveness_requests;
   num_replayed += r.replayed;
@@ -241,7 +247,8 @@ std::string swarm_totals::summary() const {
          std::to_string(num_crashes) + " executor crashes, " + std::to_string(num_drains) +
          " drains (" + std::to_string(num_forwarded_with_kv) + " requests forwarded with their KV), " +
          std::to_string(num_losses) + " lost engines, " + std::to_string(num_delayed_messages) +
-         " delayed messages, " + std::to_string(num_kv_broken) + " broken KV transfers (" +
+         " delayed messages, " + std::to_string(num_resent_messages) + " messages resent after packet loss, " +
+         std::to_string(num_kv_broken) + " broken KV transfers (" +
          std::to_string(num_handoffs_recomputed) + " hand-offs recomputed), " + std::to_string(num_replayed) +
          " replayed";
 }

@@ -748,6 +748,60 @@ TEST(SimTopology, DisaggregationAndANetworkAreReadAndBounded) {
   }
 }
 
+TEST(SimNetwork, LostPacketsDelayAMessageByTcpsResendsAndTheLinkKeepsItsOrder) {
+  sim_network lossless({20, 0, 0}, {}, 7);
+  const caf::actor_addr none;
+  EXPECT_EQ(lossless.arrival_ns(none, none, 1 << 20, 1000), 1000 + 20'000);
+  EXPECT_EQ(lossless.counts().resent, 0);
+  // Half of all packets lost: each message waits 200 ms x (2^k - 1) for k rounds of resends
+  // (at most 6), and never overtakes the one before it on its link.
+  sim_network lossy({20, 0, 50}, {}, 7);
+  int64_t last = 0;
+  int64_t num_delayed = 0;
+  for (int64_t i = 0; i < 200; i++) {
+    const int64_t now = i * 1'000'000;
+    const int64_t at = lossy.arrival_ns(none, none, 0, now);
+    EXPECT_GE(at, last);
+    const int64_t waited = at - now - 20'000;
+    if (waited > 0 && at > last) {  // its own resends, not a wait behind an earlier message
+      bool resends = false;
+      for (int32_t k = 1; k <= tcp_resends_max; k++) resends |= waited == tcp_retransmit_ns * ((int64_t{1} << k) - 1);
+      EXPECT_TRUE(resends) << waited;
+    }
+    num_delayed += waited > 0;
+    last = at;
+  }
+  EXPECT_GT(lossy.counts().resent, 60);  // one packet each: about half of them
+  EXPECT_LT(lossy.counts().resent, 140);
+  EXPECT_GE(num_delayed, lossy.counts().resent);
+  // A fault's loss stops at until_ns; the link's own does not.
+  sim_network_faults faults;
+  faults.loss_percent = 50;
+  faults.until_ns = 0;
+  sim_network after({0, 0, 0}, faults, 7);
+  for (int64_t i = 0; i < 50; i++) EXPECT_EQ(after.arrival_ns(none, none, 0, i), i);
+  EXPECT_EQ(after.counts().resent, 0);
+}
+
+TEST(SimTopology, NetworkLossIsReadAndBounded) {
+  auto t = parse_sim_topology(std::string(tiny_topology) + "\n[network]\nloss_percent = 5\n", "tiny.toml",
+                              TROUPE_SOURCE_DIR);
+  ASSERT_TRUE(t) << t.error().message;
+  EXPECT_EQ(t->network.loss_percent, 5);
+  auto bad = parse_sim_topology(std::string(tiny_topology) + "\n[network]\nloss_percent = 51\n", "tiny.toml",
+                                TROUPE_SOURCE_DIR);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("[network] loss_percent = 51.000000 is outside"), std::string::npos)
+      << bad.error().message;
+  // Synthetic tokens: with 5% loss every request still ends by length, the network resent some.
+  std::vector<trace_request> w;
+  for (int32_t i = 0; i < 6; i++) w.push_back(trace_request{i * 100'000, 40 + i, 8, {}});
+  auto lossy = run_simulation(sim_run_options(*t, w, 3));
+  ASSERT_TRUE(lossy) << lossy.error().message;
+  for (const request_record& r : lossy->requests) EXPECT_EQ(r.finish, "length") << r.index;
+  EXPECT_GT(lossy->network.messages, 0);
+}
+
 /// Three requests a second apart on a pool of 32 blocks: r0 caches its 400-token prompt (25
 /// blocks), r1's different prompt evicts most of them, r2 repeats r0's prompt.
 sim_result evicting_run(const std::string& extra) {

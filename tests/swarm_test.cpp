@@ -233,6 +233,7 @@ TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
   EXPECT_GT(t.num_losses, 20);      // a fifth or so lose one
   EXPECT_GT(t.num_delayed_messages, 0);  // half the cases hold messages back ...
   EXPECT_GT(t.num_kv_broken, 0);         // ... and break KV transfers off
+  EXPECT_GT(t.num_resent_messages, 0);   // a quarter lose packets: messages wait for TCP's resends
   EXPECT_GT(t.num_handoffs_recomputed, 0);  // broken hand-offs are recomputed by their receivers
   EXPECT_LE(t.num_handoffs_recomputed, t.num_kv_broken);  // (broken forwards by their request actors)
   EXPECT_GE(t.num_liveness_requests, 250);  // the liveness phase: 1-4 requests per case
