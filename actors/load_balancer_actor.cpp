@@ -130,9 +130,11 @@ void on_down(load_balancer_t* self, const caf::down_msg& dm) {
     if (st.tiers[t].address() == dm.source && st.policy->cache_tier_lost(t))
       spdlog::warn("load balancer: cache tier {} is lost ({}); its prefixes no longer count", t,
                    self->system().render(dm.reason));
-  for (size_t i = 0; i < st.o.engines.size(); i++)
-    if (st.o.engines[i].actor.address() == dm.source && st.policy->mark_lost(i))
-      tell_lost(self, i, self->system().render(dm.reason));
+  for (size_t i = 0; i < st.o.engines.size(); i++) {
+    if (st.o.engines[i].actor.address() != dm.source) continue;
+    st.silent_here.erase(i);  // gone, not silent: nothing to ping again
+    if (st.policy->mark_lost(i)) tell_lost(self, i, self->system().render(dm.reason));
+  }
 }
 
 balancer_actor::behavior_type load_balancer_behavior(load_balancer_t* self, load_balancer_options options) {

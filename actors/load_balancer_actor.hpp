@@ -106,8 +106,8 @@ struct load_balancer_options {
   /// Requests in flight per client process other than the balancer's own ([limits]
   /// max_pending_per_client): one more is refused with an error naming the limit.
   int32_t max_pending_per_client = 256;
-  /// The simulator's network (actors/system/network_model.hpp), handed to every request actor. Null in
-  /// production.
+  /// The simulator's network (actors/system/network_model.hpp), handed to every request actor;
+  /// the heartbeat pings only the engines it can reach. Null in production.
   std::shared_ptr<network_model> network;
 };
 

@@ -8,6 +8,7 @@
 #include "actors/system/atoms.hpp"
 #include "actors/system/clock.hpp"
 #include "actors/system/connect.hpp"
+#include "actors/system/network_model.hpp"
 #include "actors/system/cluster_messages.hpp"
 
 namespace troupe::actors {
@@ -19,7 +20,7 @@ void arm_rejoin(load_balancer_t* self) {
   load_balancer_state& st = self->state;
   if (st.o.rejoin_interval_ms <= 0 || st.rejoin_armed) return;
   for (size_t i = 0; i < st.o.engines.size(); i++) {
-    if (st.policy->load(i).alive || st.o.engines[i].node_port == 0) continue;
+    if (st.policy->load(i).alive || (st.o.engines[i].node_port == 0 && st.silent_here.count(i) == 0)) continue;
     st.rejoin_armed = true;
     self->delayed_send(self, std::chrono::milliseconds(st.o.rejoin_interval_ms), rejoin_atom::value);
     return;
@@ -46,6 +47,25 @@ void take_back(load_balancer_t* self, const std::string& address, uint16_t port,
     ask_reports(self, i);
     spdlog::info("load balancer: {} answers again: taken into service", where(e));
   }
+}
+
+/// Pings engine `index` of this process, lost to the heartbeat, and takes it back if it answers
+/// (within rejoin_interval_ms) and is still lost; not while the network says it is cut off.
+void ping_again(load_balancer_t* self, size_t index) {
+  load_balancer_state& st = self->state;
+  const balanced_engine& e = st.o.engines[index];
+  if (st.o.network && !st.o.network->reachable(self->address(), e.actor.address(), ns_since_epoch(self->clock().now())))
+    return;
+  self->request(e.actor, std::chrono::milliseconds(st.o.rejoin_interval_ms), ping_atom::value)
+      .then(
+          [=](pong_atom) {
+            load_balancer_state& now = self->state;
+            if (now.policy->load(index).alive || now.silent_here.erase(index) == 0) return;
+            now.policy->rejoined(index, ns_since_epoch(self->clock().now()));
+            ask_reports(self, index);
+            spdlog::info("load balancer: {} answers again: taken into service", where(now.o.engines[index]));
+          },
+          [](caf::error&) {});
 }
 
 /// Reaches the node at address:port (a try of at most rejoin_interval_ms) and takes its engines
@@ -142,17 +162,24 @@ void on_rejoin(load_balancer_t* self) {
     if (!st.policy->load(i).alive && st.o.engines[i].node_port != 0)
       nodes.emplace(st.o.engines[i].node_address, st.o.engines[i].node_port);
   for (const auto& [address, port] : nodes) reach_again(self, address, port);
+  for (const size_t i : std::vector<size_t>(st.silent_here.begin(), st.silent_here.end()))
+    if (!st.policy->load(i).alive) ping_again(self, i);
   arm_rejoin(self);
 }
 
 /// One heartbeat: engines silent past the timeout are lost; every live one is pinged again.
 void on_heartbeat(load_balancer_t* self) {
   load_balancer_state& st = self->state;
-  for (size_t i : st.policy->heartbeat(ns_since_epoch(self->clock().now())))
+  const int64_t now = ns_since_epoch(self->clock().now());
+  for (size_t i : st.policy->heartbeat(now)) {
+    if (st.o.engines[i].node_port == 0) st.silent_here.insert(i);
     tell_lost(self, i, "no answer to the heartbeat for " + std::to_string(st.o.heartbeat_timeout_ms) + " ms");
+  }
   const auto timeout = std::chrono::milliseconds(st.o.heartbeat_timeout_ms);
   for (size_t i = 0; i < st.o.engines.size(); i++) {
     if (!st.policy->load(i).alive) continue;
+    // A ping into a partition (the simulator's network) is never answered.
+    if (st.o.network && !st.o.network->reachable(self->address(), st.o.engines[i].actor.address(), now)) continue;
     self->request(st.o.engines[i].actor, timeout, ping_atom::value)
         .then([=](pong_atom) { self->state.policy->heard_from(i, ns_since_epoch(self->clock().now())); },
               [](caf::error&) {});  // one unanswered ping decides nothing: the policy judges silence

@@ -36,6 +36,9 @@ struct load_balancer_state {
   balance::request_key next_key = 0;
   bool rejoin_armed = false;             // a rejoin_atom is on its way
   std::set<std::string> rejoining;       // "address:port" of nodes being reached again
+  /// Engines of this process lost to the heartbeat (alive, but silent: stalled, or cut off in
+  /// the simulator's network): pinged again at each rejoin and taken back once they answer.
+  std::set<size_t> silent_here;
   static inline const char* name = "load_balancer";
 };
 

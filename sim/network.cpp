@@ -20,8 +20,36 @@ int64_t sim_network::arrival_ns(const caf::actor_addr& from, const caf::actor_ad
   }
   delay += static_cast<double>(loss_delay_ns(bytes, now_ns));
   int64_t& last = last_arrival_[{from, to}];
-  last = std::max(last, now_ns + static_cast<int64_t>(std::llround(delay)));
+  last = std::max(last, after_partitions(from, to, now_ns, now_ns + static_cast<int64_t>(std::llround(delay))));
   return last;
+}
+
+int32_t sim_network::node_of(const caf::actor_addr& actor) const {
+  const auto it = nodes_.find(actor);
+  return it == nodes_.end() ? -1 : it->second;
+}
+
+bool sim_network::reachable(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns) {
+  const int32_t a = node_of(from), b = node_of(to);
+  return std::none_of(faults_.partitions.begin(), faults_.partitions.end(), [&](const sim_partition& p) {
+    return (p.node == a || p.node == b) && now_ns >= p.from_ns && now_ns < p.until_ns;
+  });
+}
+
+int64_t sim_network::after_partitions(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns,
+                                      int64_t at) {
+  const int32_t a = node_of(from), b = node_of(to);
+  if (a == b) return at;
+  for (const sim_partition& p : faults_.partitions) {
+    if ((p.node != a && p.node != b) || now_ns >= p.until_ns || at < p.from_ns) continue;
+    // Sent during the cut, or on its way when it began: TCP resends it after 200 ms, 600 ms,
+    // 1.4 s, ... from its sending; the first resend after the heal gets through.
+    int64_t resend = now_ns;
+    for (int32_t k = 1; resend < p.until_ns && k < 30; k++) resend = now_ns + tcp_retransmit_ns * ((int64_t{1} << k) - 1);
+    at = std::max(at, resend + (at - now_ns));
+    counts_.cut_off++;
+  }
+  return at;
 }
 
 int64_t sim_network::loss_delay_ns(int64_t bytes, int64_t now_ns) {

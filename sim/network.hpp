@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include <caf/actor_addr.hpp>
 
@@ -36,17 +37,31 @@ inline constexpr int32_t tcp_resends_max = 6;
 /// The payload bytes of one TCP packet (an Ethernet MTU less the IP and TCP headers).
 inline constexpr int64_t tcp_packet_bytes = 1448;
 
+/// A node cut off from every other from `from_ns` until `until_ns` (in sim_options: from the
+/// run's start; sim_network gets them on the virtual clock, actors::ns_since_epoch), its process
+/// running on: what it sends or is sent meanwhile — and what
+/// was on its way when the cut began — arrives with TCP's first resend after the cut heals
+/// (200 ms x (2^k - 1) after its sending).
+struct sim_partition {
+  int32_t node = 0;  ///< an engine's replica index (sim_network::place)
+  int64_t from_ns = 0;
+  int64_t until_ns = 0;
+};
+
 /// Seeded network faults (sim_options::network_faults).
 struct sim_network_faults {
   double delay_probability = 0;  ///< a message is held back a further uniform [0, max_delay_ns]
   int64_t max_delay_ns = 0;
   double kv_break_probability = 0;  ///< a KV payload breaks off on its way
   double loss_percent = 0;          ///< packets lost end to end, on top of the links' (0..50)
+  std::vector<sim_partition> partitions;  ///< not bounded by until_ns
   /// Faults only before this virtual time (actors::ns_since_epoch; the swarm's liveness phase
   /// runs without them); the latency and bandwidth stay.
   int64_t until_ns = INT64_MAX;
 
-  [[nodiscard]] bool any() const { return delay_probability > 0 || kv_break_probability > 0 || loss_percent > 0; }
+  [[nodiscard]] bool any() const {
+    return delay_probability > 0 || kv_break_probability > 0 || loss_percent > 0 || !partitions.empty();
+  }
 };
 
 /// What the network carried in one run.
@@ -56,6 +71,7 @@ struct sim_network_counts {
   int64_t delayed = 0;    ///< held back by a fault
   int64_t kv_broken = 0;  ///< KV payloads that broke off
   int64_t resent = 0;     ///< messages that waited for at least one resend (loss)
+  int64_t cut_off = 0;    ///< messages held by a partition until it healed
 };
 
 class sim_network final : public actors::network_model {
@@ -63,6 +79,10 @@ class sim_network final : public actors::network_model {
   sim_network(sim_network_links links, sim_network_faults faults, uint64_t seed);
   int64_t arrival_ns(const caf::actor_addr& from, const caf::actor_addr& to, int64_t bytes, int64_t now_ns) override;
   bool breaks_kv(int64_t now_ns) override;
+  bool reachable(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns) override;
+  /// `actor` lives on node `node` (an engine's replica index); actors never placed share the
+  /// front node (the load balancer's and the request actors', -1).
+  void place(const caf::actor_addr& actor, int32_t node) { nodes_[actor] = node; }
   /// The extra time a message of `bytes` sent at `now_ns` waits for its lost packets' resends.
   [[nodiscard]] int64_t loss_delay_ns(int64_t bytes, int64_t now_ns);
   [[nodiscard]] const sim_network_counts& counts() const { return counts_; }
@@ -71,6 +91,11 @@ class sim_network final : public actors::network_model {
   sim_network_links links_;
   sim_network_faults faults_;
   random_source rng_;
+  [[nodiscard]] int32_t node_of(const caf::actor_addr& actor) const;
+  /// `at` for a message `from` -> `to` sent at `now_ns`, later if a partition holds it.
+  [[nodiscard]] int64_t after_partitions(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns,
+                                         int64_t at);
+  std::map<caf::actor_addr, int32_t> nodes_;
   std::map<std::pair<caf::actor_addr, caf::actor_addr>, int64_t> last_arrival_;  // per link
   sim_network_counts counts_;
 };

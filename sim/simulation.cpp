@@ -255,6 +255,8 @@ void run_to_end(run_state& rs, caf::scheduler::test_coordinator& sched) {
     last = now;
     if (!rs.violation.empty()) return;
     if (rs.o.on_progress && ++rounds % 4096 == 0) rs.o.on_progress(since(rs, now), rs.num_finished);
+    // With partitions the balancer's heartbeat ticks for ever: the run ends with its requests.
+    if (!rs.o.network_faults.partitions.empty() && rs.num_finished == static_cast<int64_t>(rs.o.workload.size())) return;
     if (!sched.trigger_timeout()) return;
     // Shuffled: every timer due at this instant fires now, so what they start is ready at once
     // and the drawn order interleaves it (first come first served runs each to quiescence).
@@ -331,6 +333,10 @@ expected<void> validate_faults(const sim_options& o) {
     return fail(errc::invalid_argument, "network fault probabilities lie in [0, 1] and delays are not negative");
   if (!(f.loss_percent >= 0 && f.loss_percent <= 50))
     return fail(errc::invalid_argument, "network fault loss_percent lies in [0, 50]");
+  for (const sim_partition& p : f.partitions) {
+    if (auto ok = check("a partition", p.node, p.from_ns); !ok) return ok;
+    if (p.until_ns < p.from_ns) return fail(errc::invalid_argument, "a partition heals before it begins");
+  }
   if (o.faults_until_ns < 0) return fail(errc::invalid_argument, "faults_until_ns is negative");
   return {};
 }
@@ -353,6 +359,11 @@ expected<sim_result> run_simulation(const sim_options& o) {
   if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || links.loss_percent > 0 || o.network_faults.any()) {
     sim_network_faults faults = o.network_faults;
     faults.until_ns = faults_until(rs);
+    const int64_t origin = actors::ns_since_epoch(rs.start);
+    for (sim_partition& p : faults.partitions) {
+      p.from_ns += origin;
+      p.until_ns += origin;
+    }
     rs.network = std::make_shared<sim_network>(links, faults, derive_seed(o.seed, network_stream));
   }
   rs.lost.assign(static_cast<size_t>(o.topology.replicas), false);
@@ -375,6 +386,12 @@ expected<sim_result> run_simulation(const sim_options& o) {
   lb.rate_limit_per_s = o.topology.rate_limit_per_s;
   lb.rate_limit_burst = o.topology.rate_limit_burst;
   lb.network = rs.network;
+  if (!o.network_faults.partitions.empty()) {
+    lb.heartbeat_interval_ms = partition_heartbeat_interval_ms;
+    lb.heartbeat_timeout_ms = partition_heartbeat_timeout_ms;
+    lb.rejoin_interval_ms = partition_rejoin_interval_ms;
+    for (size_t i = 0; i < engines->size(); i++) rs.network->place((*engines)[i].address(), static_cast<int32_t>(i));
+  }
   rs.load_balancer = actors::spawn_load_balancer(sys, std::move(lb));
   rs.engines = *engines;
   auto d = sys.spawn(driver, &rs);

@@ -42,6 +42,12 @@ struct engine_loss {
   int64_t at_ns = 0;
 };
 
+/// The balancer's heartbeat in a run with partitions: ping every 250 ms, an engine silent for
+/// 1.5 s is lost, a lost one is pinged again every 250 ms (tests/netns_test.cpp's settings).
+inline constexpr int32_t partition_heartbeat_interval_ms = 250;
+inline constexpr int32_t partition_heartbeat_timeout_ms = 1500;
+inline constexpr int32_t partition_rejoin_interval_ms = 250;
+
 struct sim_options {
   sim_topology topology;
   std::vector<trace_request> workload;
@@ -79,7 +85,10 @@ struct sim_options {
   /// Fault injection: engines lost mid-run. The tokens of the requests that survive may not change.
   std::vector<engine_loss> losses;
   /// Fault injection on the network (sim/network.hpp; its until_ns is set from faults_until_ns);
-  /// any of them, or a topology's [network], puts every engine on a node of its own.
+  /// any of them, or a topology's [network], puts every engine on a node of its own. With
+  /// partitions (each engine's replica index is its node) the balancer runs its heartbeat as the
+  /// namespace test does (partition_heartbeat_*): a cut-off engine is lost once silent, its
+  /// requests go elsewhere, and it is taken back once it answers again.
   sim_network_faults network_faults;
   /// Executor crashes and network faults happen only before this virtual time (from the run's
   /// start): the swarm's liveness phase runs without them.

@@ -78,6 +78,7 @@ void draw_faults(uint64_t seed, const sim_topology& t, swarm_case& c) {
     const std::vector<int32_t> candidates = removable();
     if (!candidates.empty()) {
       const int32_t r = pick(faults, candidates);
+      gone[static_cast<size_t>(r)] = true;  // (a partition drawn next leaves an engine besides)
       c.losses.push_back(engine_loss{r, when()});
       c.faults += " lose e" + std::to_string(r) + "@" + std::to_string(c.losses.back().at_ns) + "ns";
     }
@@ -93,6 +94,16 @@ void draw_faults(uint64_t seed, const sim_topology& t, swarm_case& c) {
   if (faults.uniform() < 0.25) {  // packet loss: messages wait for TCP's resends
     c.network_faults.loss_percent = pick(faults, std::vector<double>{1, 5});
     c.faults += " loss " + std::to_string(c.network_faults.loss_percent) + "%";
+  }
+  if (t.replicas >= 2 && faults.uniform() < 0.2) {  // a replica cut off, briefly or past the heartbeat's bound
+    const std::vector<int32_t> candidates = removable();
+    if (!candidates.empty()) {
+      const int32_t r = pick(faults, candidates);
+      const int64_t from = when();
+      const int64_t length = pick(faults, std::vector<int64_t>{1'000'000, 2'000'000'000});
+      c.network_faults.partitions.push_back(sim_partition{r, from, from + length});
+      c.faults += " cut e" + std::to_string(r) + "@" + std::to_string(from) + "ns+" + std::to_string(length) + "ns";
+    }
   }
   if (c.faults.empty()) c.faults = " none";
 }
@@ -199,6 +210,7 @@ expected<swarm_result> run_swarm_case(uint64_t seed, const std::string& checkpoi
   out.num_delayed_messages = shuffled->network.delayed;
   out.num_kv_broken = shuffled->network.kv_broken;
   out.num_resent_messages = shuffled->network.resent;
+  out.num_partitions = static_cast<int64_t>(c->network_faults.partitions.size());
   out.num_handoffs_recomputed = shuffled->handoffs_recomputed;
   std::string with = " with shuffled delivery";
   if (out.num_crashes > 0) with += " and executor crashes";
@@ -232,6 +244,7 @@ void swarm_totals::add(const swarm_result& r) {
   num_delayed_messages += r.num_delayed_messages;
   num_kv_broken += r.num_kv_broken;
   num_resent_messages += r.num_resent_messages;
+  num_partitions += r.num_partitions;
   num_handoffs_recomputed += r.num_handoffs_recomputed;
   num_liveness_requests += r.num_liveness_requests;
   num_replayed += r.replayed;
@@ -248,6 +261,7 @@ std::string swarm_totals::summary() const {
          " drains (" + std::to_string(num_forwarded_with_kv) + " requests forwarded with their KV), " +
          std::to_string(num_losses) + " lost engines, " + std::to_string(num_delayed_messages) +
          " delayed messages, " + std::to_string(num_resent_messages) + " messages resent after packet loss, " +
+         std::to_string(num_partitions) + " engines cut off, " +
          std::to_string(num_kv_broken) + " broken KV transfers (" +
          std::to_string(num_handoffs_recomputed) + " hand-offs recomputed), " + std::to_string(num_replayed) +
          " replayed";

@@ -66,6 +66,7 @@ struct swarm_result {
   int64_t num_delayed_messages = 0;   ///< messages the network held back (faults)
   int64_t num_kv_broken = 0;          ///< KV payloads that broke off on the network
   int64_t num_resent_messages = 0;    ///< messages that waited for TCP's resends (packet loss)
+  int64_t num_partitions = 0;         ///< engines cut off for a while in the second run
   int64_t num_handoffs_recomputed = 0;  ///< hand-offs their engines recomputed for that
   int64_t num_liveness_requests = 0;
   int64_t num_host_hit_tokens = 0;  ///< prompt tokens served by host tiers in the first run
@@ -76,7 +77,7 @@ struct swarm_result {
 /// Cases' results summed (`troupe sim --swarm`, the swarm tests).
 struct swarm_totals {
   int64_t num_requests = 0, num_preemptions = 0, num_crashes = 0, num_drains = 0,
-          num_forwarded_with_kv = 0, num_losses = 0, num_delayed_messages = 0, num_kv_broken = 0, num_resent_messages = 0,
+          num_forwarded_with_kv = 0, num_losses = 0, num_delayed_messages = 0, num_kv_broken = 0, num_resent_messages = 0, num_partitions = 0,
           num_handoffs_recomputed = 0, num_liveness_requests = 0, num_replayed = 0, num_host_hit_tokens = 0,
           num_swap_in_tokens = 0;
 

@@ -176,6 +176,70 @@ TEST(Swarm, ALostEnginesRequestsAreRecomputedElsewhereAndNoTokenChanges) {
   EXPECT_EQ(bad.error().message, "a loss of replica 5 at 0 ns: the run has 2 replica(s)");
 }
 
+TEST(Swarm, OneAndFivePercentLossChangeNoTokenAndOnlyDelay) {
+  // The namespace test's loss scenario (tests/netns_test.cpp), replayed: a prefill and two
+  // decode engines on a network, 1% and then 5% loss on every host's link (a message crosses two:
+  // about 2% and 10% end to end), 32 requests of 48 tokens. Every request's tokens and finish
+  // equal the lossless run's; the network resent some messages and the run took longer.
+  const quiet_engines quiet;
+  sim_options o = twelve_requests_on_two_replicas();
+  o.topology.replicas = 3;
+  o.topology.prefill_replicas = 1;
+  o.topology.network = {20, 0.5};
+  o.workload.clear();
+  for (int32_t i = 0; i < 32; i++) o.workload.push_back(trace_request{i / 8 * swarm_instant_ns, 5 + i, 48, {}});
+  auto clean = run_simulation(o);
+  ASSERT_TRUE(clean) << clean.error().message;
+  for (const double host_link : {1.0, 5.0}) {
+    sim_options lossy = o;
+    lossy.topology.network.loss_percent = 100 * (1 - (1 - host_link / 100) * (1 - host_link / 100));
+    auto a = run_simulation(lossy);
+    ASSERT_TRUE(a) << a.error().message;
+    expect_same_tokens(*clean, *a);
+    EXPECT_GT(a->network.resent, 0) << host_link;
+    EXPECT_GT(a->simulated_ns, clean->simulated_ns) << host_link;
+  }
+}
+
+TEST(Swarm, APartitionedEngineHasItsRequestsRecomputedElsewhereAndIsTakenBackOnceHealed) {
+  // The namespace test's decode-node partition (tests/netns_test.cpp), replayed: a prefill
+  // engine and two decode engines on a network; decode replica 2 is cut off from 1 ms to 5 s,
+  // its process running on; the balancer's heartbeat (250 ms, silent 1.5 s: lost) moves its
+  // requests to replica 1, which recomputes them; 8 requests arrive after the heal. Every
+  // request's tokens and finish equal the undisturbed run's.
+  const quiet_engines quiet;
+  sim_options o = twelve_requests_on_two_replicas();
+  o.topology.replicas = 3;
+  o.topology.prefill_replicas = 1;
+  o.topology.network = {20, 0.5};
+  for (int32_t i = 0; i < 8; i++) o.workload.push_back(trace_request{6'000'000'000 + i * swarm_instant_ns, 7 + 2 * i, 12, {}});
+  auto clean = run_simulation(o);
+  sim_options cut = o;
+  cut.network_faults.partitions = {sim_partition{2, 1'000'000, 5'000'000'000}};
+  auto a = run_simulation(cut);
+  auto b = run_simulation(cut);
+  ASSERT_TRUE(clean && a && b) << (a ? "" : a.error().message);
+  expect_same_tokens(*clean, *a);
+  for (const request_record& r : a->requests) EXPECT_EQ(r.finish, "length") << r.index;
+  EXPECT_EQ(a->event_log_sha256, b->event_log_sha256);
+  EXPECT_GT(a->network.cut_off, 0);
+  // Some requests waited for the heartbeat to lose replica 2 (1.5 s of silence) ...
+  const auto waited = std::count_if(a->requests.begin(), a->requests.begin() + 12,
+                                    [](const request_record& r) { return r.finish_ns > 1'500'000'000; });
+  EXPECT_GT(waited, 0);
+  for (size_t i = 0; i < 12; i++)  // ... and every one finished elsewhere before the heal
+    EXPECT_LT(a->requests[i].finish_ns, 5'000'000'000) << i;
+  // ... and once healed, replica 2 was pinged again, taken back and given work.
+  const auto after_heal = std::count_if(a->steps.begin(), a->steps.end(), [](const step_record& s) {
+    return s.replica == 2 && s.start_ns > 5'000'000'000;
+  });
+  EXPECT_GT(after_heal, 0);
+  cut.network_faults.partitions = {sim_partition{3, 0, 1}};
+  auto bad = run_simulation(cut);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "a partition of replica 3 at 0 ns: the run has 3 replica(s)");
+}
+
 TEST(Swarm, DisaggregationAndANetworkChangeNoToken) {
   const quiet_engines quiet;
   const sim_options o = twelve_requests_on_two_replicas();
@@ -234,6 +298,7 @@ TEST_P(SwarmShard, TwoHundredFiftyCasesPass) {
   EXPECT_GT(t.num_delayed_messages, 0);  // half the cases hold messages back ...
   EXPECT_GT(t.num_kv_broken, 0);         // ... and break KV transfers off
   EXPECT_GT(t.num_resent_messages, 0);   // a quarter lose packets: messages wait for TCP's resends
+  EXPECT_GT(t.num_partitions, 10);       // a fifth or so of those with two replicas cut one off
   EXPECT_GT(t.num_handoffs_recomputed, 0);  // broken hand-offs are recomputed by their receivers
   EXPECT_LE(t.num_handoffs_recomputed, t.num_kv_broken);  // (broken forwards by their request actors)
   EXPECT_GE(t.num_liveness_requests, 250);  // the liveness phase: 1-4 requests per case

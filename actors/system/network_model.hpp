@@ -28,6 +28,12 @@ class network_model {
   /// Whether the KV payload about to be sent at `now_ns` breaks off on its way (its receiver must
   /// notice and recompute instead).
   virtual bool breaks_kv(int64_t now_ns) = 0;
+  /// Whether a message `from` sends `to` at `now_ns` gets through now: false while a partition
+  /// cuts either end's node off (its process running on). The balancer's heartbeat pings only
+  /// what it can reach, as a ping into a partition is never answered.
+  virtual bool reachable(const caf::actor_addr& /*from*/, const caf::actor_addr& /*to*/, int64_t /*now_ns*/) {
+    return true;
+  }
 };
 
 /// Sends `m` from `self` to `to`: at once without a model, else when `network` says it arrives.
