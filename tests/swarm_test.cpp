@@ -35,6 +35,17 @@ sim_options twelve_requests_on_two_replicas() {
   return o;
 }
 
+/// A prefill engine and two decode engines of twelve_requests_on_two_replicas' case on a network
+/// of 20 us and 0.5 GB/s (the namespace tests' shape), without a workload.
+sim_options prefill_and_two_decoders_on_a_network() {
+  sim_options o = twelve_requests_on_two_replicas();
+  o.topology.replicas = 3;
+  o.topology.prefill_replicas = 1;
+  o.topology.network = {20, 0.5};
+  o.workload.clear();
+  return o;
+}
+
 TEST(ShuffledDelivery, ChangesTheInterleavingButNoToken) {
   const sim_options o = twelve_requests_on_two_replicas();
   auto fifo = run_simulation(o);
@@ -182,11 +193,7 @@ TEST(Swarm, OneAndFivePercentLossChangeNoTokenAndOnlyDelay) {
   // about 2% and 10% end to end), 32 requests of 48 tokens. Every request's tokens and finish
   // equal the lossless run's; the network resent some messages and the run took longer.
   const quiet_engines quiet;
-  sim_options o = twelve_requests_on_two_replicas();
-  o.topology.replicas = 3;
-  o.topology.prefill_replicas = 1;
-  o.topology.network = {20, 0.5};
-  o.workload.clear();
+  sim_options o = prefill_and_two_decoders_on_a_network();
   for (int32_t i = 0; i < 32; i++) o.workload.push_back(trace_request{i / 8 * swarm_instant_ns, 5 + i, 48, {}});
   auto clean = run_simulation(o);
   ASSERT_TRUE(clean) << clean.error().message;
@@ -208,10 +215,8 @@ TEST(Swarm, APartitionedEngineHasItsRequestsRecomputedElsewhereAndIsTakenBackOnc
   // requests to replica 1, which recomputes them; 8 requests arrive after the heal. Every
   // request's tokens and finish equal the undisturbed run's.
   const quiet_engines quiet;
-  sim_options o = twelve_requests_on_two_replicas();
-  o.topology.replicas = 3;
-  o.topology.prefill_replicas = 1;
-  o.topology.network = {20, 0.5};
+  sim_options o = prefill_and_two_decoders_on_a_network();
+  o.workload = twelve_requests_on_two_replicas().workload;
   for (int32_t i = 0; i < 8; i++) o.workload.push_back(trace_request{6'000'000'000 + i * swarm_instant_ns, 7 + 2 * i, 12, {}});
   auto clean = run_simulation(o);
   sim_options cut = o;
