@@ -28,6 +28,10 @@ struct sim_network_links {
   double latency_us = 0;      ///< one way, per message
   double bandwidth_gb_s = 0;  ///< 10^9 bytes/s per link; 0 = unlimited
   double loss_percent = 0;    ///< packets lost end to end, 0..50 (each resent after a timeout)
+  /// The two ends' own rate for a message's KV bytes (serializing, encrypting, decoding), in
+  /// 10^9 bytes/s; 0 = free. They work while the bytes travel, so a message takes the longer of
+  /// the link's time (latency + bytes / bandwidth) and bytes / endpoint_gb_s.
+  double endpoint_gb_s = 0;
 };
 
 /// TCP's retransmission timeout after a loss (Linux's minimum), and the most resends of one

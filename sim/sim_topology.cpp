@@ -420,7 +420,8 @@ expected<void> read_tables(const toml::table& root, sim_topology& t, sim_keys& k
                                         {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};
   const std::vector<field> network = {{"latency_us", false, 0, 1e9, into(t.network.latency_us)},
                                       {"bandwidth_gb_s", false, 0, 1e9, into(t.network.bandwidth_gb_s)},
-                                      {"loss_percent", false, 0, 50, into(t.network.loss_percent)}};
+                                      {"loss_percent", false, 0, 50, into(t.network.loss_percent)},
+                                      {"endpoint_gb_s", false, 0, 1e9, into(t.network.endpoint_gb_s)}};
   const std::vector<field> speculation = {{"acceptance", false, 0, 1, into(t.speculation.acceptance)},
                                           {"draft_token_ns", false, 0, 1e15, into(t.speculation.draft_token_ns)}};
   for (const table_fields& table :

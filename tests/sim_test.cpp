@@ -749,13 +749,13 @@ TEST(SimTopology, DisaggregationAndANetworkAreReadAndBounded) {
 }
 
 TEST(SimNetwork, LostPacketsDelayAMessageByTcpsResendsAndTheLinkKeepsItsOrder) {
-  sim_network lossless({20, 0, 0}, {}, 7);
+  sim_network lossless({20, 0, 0, 0}, {}, 7);
   const caf::actor_addr none;
   EXPECT_EQ(lossless.arrival_ns(none, none, 1 << 20, 1000), 1000 + 20'000);
   EXPECT_EQ(lossless.counts().resent, 0);
   // Half of all packets lost: each message waits 200 ms x (2^k - 1) for k rounds of resends
   // (at most 6), and never overtakes the one before it on its link.
-  sim_network lossy({20, 0, 50}, {}, 7);
+  sim_network lossy({20, 0, 50, 0}, {}, 7);
   int64_t last = 0;
   int64_t num_delayed = 0;
   for (int64_t i = 0; i < 200; i++) {
@@ -778,16 +778,28 @@ TEST(SimNetwork, LostPacketsDelayAMessageByTcpsResendsAndTheLinkKeepsItsOrder) {
   sim_network_faults faults;
   faults.loss_percent = 50;
   faults.until_ns = 0;
-  sim_network after({0, 0, 0}, faults, 7);
+  sim_network after({0, 0, 0, 0}, faults, 7);
   for (int64_t i = 0; i < 50; i++) EXPECT_EQ(after.arrival_ns(none, none, 0, i), i);
   EXPECT_EQ(after.counts().resent, 0);
 }
 
+TEST(SimNetwork, AMessageTakesTheLongerOfItsLinkAndItsEndsOwnRate) {
+  // 2 ms, 1 Gbit/s; the ends at 0.049 GB/s (the namespace test's hand-off with no link limits:
+  // 449,360 bytes in about 9.2 ms).
+  sim_network net({2000, 0.125, 0, 0.049}, {}, 7);
+  const caf::actor_addr none;
+  EXPECT_EQ(net.arrival_ns(none, none, 449'360, 0), 9'170'612);  // the ends: 449,360 / 0.049
+  EXPECT_EQ(net.arrival_ns(none, none, 100, 10'000'000), 10'000'000 + 2'000'000 + 800);  // the link
+  sim_network free({2000, 0.125, 0, 0}, {}, 7);
+  EXPECT_EQ(free.arrival_ns(none, none, 449'360, 0), 2'000'000 + 3'594'880);
+}
+
 TEST(SimTopology, NetworkLossIsReadAndBounded) {
-  auto t = parse_sim_topology(std::string(tiny_topology) + "\n[network]\nloss_percent = 5\n", "tiny.toml",
-                              TROUPE_SOURCE_DIR);
+  auto t = parse_sim_topology(std::string(tiny_topology) + "\n[network]\nloss_percent = 5\nendpoint_gb_s = 0.049\n",
+                              "tiny.toml", TROUPE_SOURCE_DIR);
   ASSERT_TRUE(t) << t.error().message;
   EXPECT_EQ(t->network.loss_percent, 5);
+  EXPECT_EQ(t->network.endpoint_gb_s, 0.049);
   auto bad = parse_sim_topology(std::string(tiny_topology) + "\n[network]\nloss_percent = 51\n", "tiny.toml",
                                 TROUPE_SOURCE_DIR);
   ASSERT_FALSE(bad);

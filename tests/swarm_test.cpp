@@ -41,7 +41,7 @@ sim_options prefill_and_two_decoders_on_a_network() {
   sim_options o = twelve_requests_on_two_replicas();
   o.topology.replicas = 3;
   o.topology.prefill_replicas = 1;
-  o.topology.network = {20, 0.5};
+  o.topology.network = {20, 0.5, 0, 0};
   o.workload.clear();
   return o;
 }
@@ -252,7 +252,7 @@ TEST(Swarm, DisaggregationAndANetworkChangeNoToken) {
   sim_options pd = o;
   pd.topology.replicas = 3;
   pd.topology.prefill_replicas = 1;
-  pd.topology.network = {20, 0.5};
+  pd.topology.network = {20, 0.5, 0, 0};
   pd.shuffle_delivery = true;
   auto a = run_simulation(pd);
   ASSERT_TRUE(clean && a) << (a ? "" : a.error().message);
