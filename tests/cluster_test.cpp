@@ -36,6 +36,7 @@
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/random_llama.hpp"
+#include "tests/support/server_process.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -145,7 +146,9 @@ class Cluster : public ::testing::Test {
     for (const std::string& name : names) {
       const std::string out = (dir_ / (std::string(name) + ".out")).string();
       const std::string err = (dir_ / (std::string(name) + ".err")).string();
-      const pid_t pid = spawn_troupe({"--log-level", "warn", "node", "--topology", topo, "--node", name}, out, err);
+      std::vector<std::string> args = {"--log-level", "warn", "node", "--topology", topo, "--node", name};
+      if (two_balancers_ && name != "node1" && name != "node2") args.insert(args.end(), {"--http-port", "0"});
+      const pid_t pid = spawn_troupe(args, out, err);
       ASSERT_NE(pid, 0);
       nodes_.emplace_back(name, process_guard(pid));
     }
@@ -422,6 +425,21 @@ class Cluster : public ::testing::Test {
     for (const char* name : {"node1", "node2"}) EXPECT_EQ(::kill(pid_of(name), 0), 0) << name << " stopped";
   }
 
+  /// The HTTP gateway's URL on balancer node `n` (started with --http-port 0), once it listens.
+  std::string gateway_url(int n) {
+    const std::string out = (dir_ / ("node" + std::to_string(n) + ".out")).string();
+    EXPECT_TRUE(file_contains_within(out, http_listening_line, 120s)) << read_file(out);
+    return http_url_in(read_file(out));
+  }
+
+  /// A completion through the HTTP gateway at `url`: curl's exit code and the body.
+  cli_result http_completion(const std::string& url) {
+    return run_program("/usr/bin/curl", {"-sS", "--max-time", "30", "-H", "Content-Type: application/json", "-d",
+                                         R"({"prompt":"Once upon a time","max_tokens":12,"temperature":0})",
+                                         url + "/v1/completions"},
+                       dir_);
+  }
+
   /// Two balancer nodes (node0, node3) over the same engines; 8 long streams through each, then
   /// kill -9 of node `victim` (0 or 3): the victim's streams end `unavailable` within their
   /// 2 s bound, the other's finish with the undisturbed output, new requests through the other
@@ -430,6 +448,17 @@ class Cluster : public ::testing::Test {
     two_balancers_ = true;
     start("caf");
     const int other = victim == 0 ? 3 : 0;
+    // Each balancer node runs its HTTP gateway: both answer the same greedy completion.
+    const std::string victim_url = gateway_url(victim), other_url = gateway_url(other);
+    const cli_result via_victim = http_completion(victim_url), via_other = http_completion(other_url);
+    ASSERT_EQ(via_victim.exit_code, 0) << via_victim.err;
+    ASSERT_EQ(via_other.exit_code, 0) << via_other.err;
+    const auto text_of = [](const std::string& body) {
+      const size_t at = body.find("\"text\":");
+      return at == std::string::npos ? std::string{} : body.substr(at, body.find('"', at + 8) - at);
+    };
+    EXPECT_FALSE(text_of(via_other.out).empty()) << via_other.out;
+    EXPECT_EQ(text_of(via_victim.out), text_of(via_other.out));
     const actors::balancer_client_actor victim_lb = victim == 0 ? lb_ : lb3_;
     const actors::balancer_client_actor other_lb = victim == 0 ? lb3_ : lb_;
     // Both place on every engine: a round through each is served (and equals the reference).
@@ -479,6 +508,12 @@ class Cluster : public ::testing::Test {
     const auto later_outcomes = run_all(later, other_lb);
     const bool all_served = std::all_of(later_outcomes.begin(), later_outcomes.end(), [](const auto& o) { return o.has_value(); });
     expect_all_match(later, later_outcomes, all_served ? "after the kill" : "after the kill (" + state() + ")");
+    // An HTTP client retries on the other gateway: the dead one refuses, the other answers as
+    // before.
+    EXPECT_NE(http_completion(victim_url).exit_code, 0);
+    const cli_result again = http_completion(other_url);
+    EXPECT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(text_of(again.out), text_of(via_other.out));
     std::vector<std::string> both = client;
     both.push_back("127.0.0.1:" + std::to_string(port(victim)) + "," + address);
     const cli_result failover = run_troupe(both, dir_);
