@@ -1,5 +1,6 @@
 #include "actors/cache_tier_actor.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,9 +20,10 @@
 namespace troupe::actors {
 namespace {
 
-/// Where the tier reports its hashes (msg::tier_report_to), and when.
+/// Where the tier reports its hashes (msg::tier_report_to), and when: one stream of reports,
+/// each sent to every balancer that asked (a cluster's balancers number its tiers alike).
 struct tier_reporting {
-  balancer_actor balancer;
+  std::vector<balancer_actor> balancers;  // in the order they asked; at most balancers_max
   int32_t tier_index = 0;
   int64_t interval_ns = 0;
   int64_t last_ns = 0;  // the last report's time
@@ -41,9 +43,11 @@ struct cache_tier_state {
   caf::timespan disk_timeout{};  // how long a fetch or a stats query waits for it
   msg::disk_report last_disk;    // its counters when it last answered a stats query
   bool disk_failure_logged = false;
-  /// Who may send what (sender_rules): its own node; the balancer it reports to (the partner,
-  /// monitored); the engines on the nodes that balancer named, for fetches.
-  sender_guard senders{sender_policy{"cache tier"}, {}};
+  /// Who may send what (sender_rules): its own node; the balancers it reports to (the partners,
+  /// monitored, at most balancers_max); the engines on the nodes they named, for fetches.
+  sender_guard senders{sender_policy{"cache tier", balancers_max}, {}};
+  /// A cluster's balancer nodes at most (topology: [load_balancer] nodes).
+  static constexpr size_t balancers_max = 4;
   static inline const char* name = "cache_tier";
 };
 
@@ -119,7 +123,7 @@ void relay_disk_events(cache_tier_pointer self) {
               e.tier_index = to.tier_index;
               e.seq = ++to.lower_seq;
               e.lower = true;
-              self->send(to.balancer, std::move(e));
+              for (const balancer_actor& b : to.balancers) self->send(b, e);
             }
             if (to.lower_snapshot_due) relay_disk_events(self);  // asked again meanwhile
           },
@@ -153,7 +157,7 @@ void send_events(cache_tier_pointer self) {
     out.removed = std::move(events.removed);
   }
   r.snapshot_due = false;
-  self->send(r.balancer, std::move(out));
+  for (const balancer_actor& b : r.balancers) self->send(b, out);
 }
 
 /// The store may have changed: report now, or once the interval since the last report passed.
@@ -195,9 +199,10 @@ std::optional<caf::error> refused(cache_tier_pointer self, std::string_view what
   return self->state.senders.refusal(self, what, need);
 }
 
-/// Reports go to `r.balancer` from now on if the sender may ask: the first to ask (pinned: only
-/// it, or actors of this node, may ask again, until it goes down), and only for itself, so that
-/// nobody redirects the hashes elsewhere. Its engines' nodes may fetch from now on.
+/// Reports go to `r.balancer` too from now on if the sender may ask: one of the first
+/// balancers_max to ask (pinned: only they, or actors of this node, may ask again, each until it
+/// goes down), and only for itself, so that nobody redirects the hashes elsewhere. Its engines'
+/// nodes may fetch from now on. Every balancer gets a snapshot next (the new one needs it).
 void report_to(cache_tier_pointer self, msg::tier_report_to& r) {
   cache_tier_state& st = self->state;
   // The handle and the interval are checked all the same.
@@ -210,13 +215,14 @@ void report_to(cache_tier_pointer self, msg::tier_report_to& r) {
     spdlog::warn("cache tier: a report_to naming another actor than its sender: ignored");
     return;
   }
-  const bool had_partner = st.senders.policy.has_partner();
+  const bool was_partner = st.senders.policy.is_partner(actor_identity(sender));
   if (!st.senders.check(self, "tier_report_to", sender_need::partner, true)) return;
-  if (!had_partner) self->monitor(r.balancer);  // pinned: let go when it goes down
+  if (!was_partner) self->monitor(r.balancer);  // pinned: let go when it goes down
   st.senders.policy.set_partner_nodes(std::move(r.engine_nodes));
   if (!st.reporting) st.reporting.emplace();
   tier_reporting& to = *st.reporting;  // asked again: numbered on; a report_atom armed still comes
-  to.balancer = std::move(r.balancer);
+  if (std::find(to.balancers.begin(), to.balancers.end(), r.balancer) == to.balancers.end())
+    to.balancers.push_back(std::move(r.balancer));
   to.tier_index = r.tier_index;
   to.interval_ns = int64_t{r.interval_ms} * 1000000;
   to.snapshot_due = true;
@@ -231,13 +237,18 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
   self->state.disk = std::move(disk);
   self->state.disk_timeout = disk_timeout;
   guard_boundary(self);
-  self->set_down_handler([=](caf::down_msg& down) {  // its pinned balancer's
+  self->set_down_handler([=](caf::down_msg& down) {  // a pinned balancer's
     cache_tier_state& st = self->state;
-    if (actor_identity(down.source) != st.senders.policy.partner_actor()) return;
-    spdlog::info("cache tier: the balancer it reported to went down; it waits for the next one");
-    st.senders.policy.drop_partner();
-    if (st.reporting && st.reporting->balancer.address() == down.source)
-      st.reporting.reset();  // a report_atom armed still comes and finds none
+    const std::string who = actor_identity(down.source);
+    if (st.senders.policy.is_partner(who)) {
+      spdlog::info("cache tier: a balancer it reported to went down; the next one to ask takes its place");
+      st.senders.policy.drop_partner(who);
+    }
+    if (!st.reporting) return;
+    std::vector<balancer_actor>& to = st.reporting->balancers;
+    to.erase(std::remove_if(to.begin(), to.end(), [&](const balancer_actor& b) { return b.address() == down.source; }),
+             to.end());
+    if (to.empty()) st.reporting.reset();  // a report_atom armed still comes and finds none
   });
   return {
       [=](msg::tier_lookup& q) -> caf::result<int32_t> {

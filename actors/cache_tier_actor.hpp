@@ -21,9 +21,10 @@
 ///
 /// Senders (issue 47; runtime/common/sender_policy.hpp): lookups, puts, gets and stats only
 /// from actors of its own node (its engines); `tier_report_to` from its own node or, remote, from
-/// the first balancer that sends one for itself (kept, and monitored: when it goes down the
-/// tier stops reporting and waits for the next); fetches also from actors of that balancer's
-/// node and of the engine nodes its report_to names. Others get an invalid_argument error (a
+/// one of the first four balancers that send one for themselves (a cluster's balancer nodes:
+/// each kept, and monitored, its place free for the next when it goes down; every one gets the
+/// same stream of reports); fetches also from actors of those balancers' nodes and of the engine
+/// nodes their report_to names. Others get an invalid_argument error (a
 /// report_to is dropped), the first refusal logged as a warning.
 
 #include <chrono>

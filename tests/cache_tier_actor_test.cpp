@@ -232,10 +232,11 @@ TEST_F(CacheTierActor, ReportsItsHashesToTheBalancerASnapshotFirstThenTheChanges
 
 // Issue 47: any actor holding the tier's handle could ask it to report its hashes, then read the
 // blocks (the tokens of others' prompts) with tier_get, and store any KV with tier_put. Now its
-// blocks serve its own node's engines only, its hashes go to the first balancer that asks for
-// itself alone, and fetches come from that balancer's node or the engine nodes it names. The
-// tier's home is another node here, so every actor of the test is remote.
-TEST_F(CacheTierActor, ServesOtherNodesOnlyTheFirstBalancersReportsAndItsNodesFetches) {
+// blocks serve its own node's engines only, its hashes go to the first balancers that ask for
+// themselves alone (a cluster's balancer nodes, at most 4), and fetches come from their nodes or
+// the engine nodes they name. The tier's home is another node here, so every actor of the test
+// is remote.
+TEST_F(CacheTierActor, ServesOtherNodesOnlyItsBalancersReportsAndTheirNodesFetches) {
   home_ = other_node();
   num_held_ = 2;
   start(4);
@@ -269,20 +270,38 @@ TEST_F(CacheTierActor, ServesOtherNodesOnlyTheFirstBalancersReportsAndItsNodesFe
   report_to(first, first);  // the first to ask for itself: reported to, and kept
   ASSERT_EQ(first_log->size(), 1u);
   EXPECT_EQ((*first_log)[0].added.size(), 2u);
-  report_to(second, second);  // another balancer: refused while the first is up
-  EXPECT_TRUE(second_log->empty());
+  report_to(second, second);  // another balancer (a cluster's second): reported to as well
+  ASSERT_EQ(second_log->size(), 1u);
+  EXPECT_TRUE((*second_log)[0].snapshot);
+  ASSERT_EQ(first_log->size(), 2u);  // a snapshot for every balancer: one stream, numbered on
+  EXPECT_TRUE((*first_log)[1].snapshot);
+  EXPECT_EQ((*first_log)[1].seq, (*second_log)[0].seq);
+  // Two more balancers are taken; a fifth is refused (a cluster has at most 4 balancer nodes).
+  std::vector<std::shared_ptr<log_t>> more_logs;
+  std::vector<actors::balancer_actor> more;
+  for (int i = 0; i < 3; i++) {
+    more_logs.push_back(std::make_shared<log_t>());
+    more.push_back(spawn_balancer(more_logs.back()));
+    report_to(more.back(), more.back());
+  }
+  EXPECT_EQ(more_logs[0]->size(), 2u);  // its snapshot, then the fourth's (every balancer gets it)
+  EXPECT_EQ(more_logs[1]->size(), 1u);
+  EXPECT_TRUE(more_logs[2]->empty());
+  for (const actors::balancer_actor& b : more) caf::anon_send_exit(b, caf::exit_reason::user_shutdown);
+  sched_.run();
+  const size_t first_seen = first_log->size(), second_seen = second_log->size();
   // Fetches from the first balancer's node (this process) are served now.
   const auto fetched = ask<msg::tier_blocks>(msg::tier_fetch{tokens_, 0, 4});
   ASSERT_TRUE(std::holds_alternative<msg::tier_blocks>(fetched)) << std::get<std::string>(fetched);
   EXPECT_EQ(std::get<msg::tier_blocks>(fetched).blocks.size(), 2u);
   expect_refused(ask<msg::tier_got>(msg::tier_get{block(0).hash}), own_only);  // blocks by hash: never
-  // The first balancer goes down: the next one to ask is reported to.
+  // The first balancer goes down: the second alone is reported to (asked again: a snapshot).
   caf::anon_send_exit(first, caf::exit_reason::user_shutdown);
   sched_.run();
   report_to(second, second);
-  ASSERT_EQ(second_log->size(), 1u);
-  EXPECT_TRUE((*second_log)[0].snapshot);
-  EXPECT_EQ(first_log->size(), 1u);
+  ASSERT_EQ(second_log->size(), second_seen + 1);
+  EXPECT_TRUE(second_log->back().snapshot);
+  EXPECT_EQ(first_log->size(), first_seen);
   caf::anon_send_exit(second, caf::exit_reason::user_shutdown);
 }
 

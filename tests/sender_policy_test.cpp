@@ -54,6 +54,31 @@ TEST(SenderPolicy, TheFirstPinningSenderIsThePartnerUntilItGoesAway) {
   EXPECT_EQ(p.partner_actor(), "9@x");
 }
 
+TEST(SenderPolicy, UpToMaxPartnersPinEachUntilItGoesAway) {
+  sender_policy p("cache tier", 2);
+  EXPECT_EQ(refusal(p, sender_need::partner, balancer, true), "honoured");
+  EXPECT_EQ(refusal(p, sender_need::partner, stranger, true), "honoured");  // a second balancer
+  EXPECT_EQ(p.num_partners(), 2u);
+  EXPECT_TRUE(p.is_partner("9@x"));
+  EXPECT_EQ(refusal(p, sender_need::partner, balancers_neighbour, true),
+            "cache tier: refused msg from 8@b on node b: only 7@b, 9@x or actors of its own node may send it");
+  EXPECT_EQ(refusal(p, sender_need::partner_node, engine_node),
+            "cache tier: refused msg from 3@e on node e: only actors of its own node, of 7@b, 9@x's node or of a "
+            "node they named may send it");
+  p.set_partner_nodes({"e"});
+  EXPECT_EQ(refusal(p, sender_need::partner_node, engine_node), "honoured");
+  EXPECT_EQ(refusal(p, sender_need::partner_node, balancers_neighbour), "honoured");  // 7@b's node
+  p.drop_partner("7@b");
+  EXPECT_FALSE(p.is_partner("7@b"));
+  EXPECT_EQ(refusal(p, sender_need::partner_node, engine_node), "honoured");  // 9@x still vouches
+  EXPECT_EQ(refusal(p, sender_need::partner, balancers_neighbour, true), "honoured");  // the freed place
+  p.drop_partner("8@b");
+  p.drop_partner("9@x");
+  EXPECT_FALSE(p.has_partner());
+  EXPECT_EQ(refusal(p, sender_need::partner_node, engine_node),  // the last one took its nodes along
+            "cache tier: refused msg from 3@e on node e: only actors of its own node may send it");
+}
+
 TEST(SenderPolicy, AnActorOfTheOwningNodePinsSoThatNoRemoteOneTakesItsPlace) {
   sender_policy p("expert shard");
   EXPECT_EQ(refusal(p, sender_need::partner_node, local, true), "honoured");
