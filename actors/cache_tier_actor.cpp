@@ -16,6 +16,7 @@
 #include "messages/cache_tier.hpp"
 #include "messages/disk_tier.hpp"
 #include "runtime/kv/split_fetch.hpp"
+#include "runtime/balance/placement.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 /// Where the tier reports its hashes (msg::tier_report_to), and when: one stream of reports,
 /// each sent to every balancer that asked (a cluster's balancers number its tiers alike).
 struct tier_reporting {
-  std::vector<balancer_actor> balancers;  // in the order they asked; at most balancers_max
+  std::vector<balancer_actor> balancers;  // in the order they asked; at most balance::balancers_max
   int32_t tier_index = 0;
   int64_t interval_ns = 0;
   int64_t last_ns = 0;  // the last report's time
@@ -44,10 +45,8 @@ struct cache_tier_state {
   msg::disk_report last_disk;    // its counters when it last answered a stats query
   bool disk_failure_logged = false;
   /// Who may send what (sender_rules): its own node; the balancers it reports to (the partners,
-  /// monitored, at most balancers_max); the engines on the nodes they named, for fetches.
-  sender_guard senders{sender_policy{"cache tier", balancers_max}, {}};
-  /// A cluster's balancer nodes at most (topology: [load_balancer] nodes).
-  static constexpr size_t balancers_max = 4;
+  /// monitored, at most balance::balancers_max); the engines on the nodes they named, for fetches.
+  sender_guard senders{sender_policy{"cache tier", balance::balancers_max}, {}};
   static inline const char* name = "cache_tier";
 };
 
@@ -200,7 +199,7 @@ std::optional<caf::error> refused(cache_tier_pointer self, std::string_view what
 }
 
 /// Reports go to `r.balancer` too from now on if the sender may ask: one of the first
-/// balancers_max to ask (pinned: only they, or actors of this node, may ask again, each until it
+/// balance::balancers_max to ask (pinned: only they, or actors of this node, may ask again, each until it
 /// goes down), and only for itself, so that nobody redirects the hashes elsewhere. Its engines'
 /// nodes may fetch from now on. Every balancer gets a snapshot next (the new one needs it).
 void report_to(cache_tier_pointer self, msg::tier_report_to& r) {

@@ -16,6 +16,7 @@
 #include "actors/system/clock.hpp"
 #include "actors/engine_effects.hpp"
 #include "messages/kv_payload.hpp"
+#include "runtime/balance/placement.hpp"
 
 namespace troupe::actors {
 
@@ -122,12 +123,12 @@ void on_handoff(engine_actor_t* self, msg::kv_handoff& h) {
 }
 
 /// A balancer asks for load reports (report_to): one it reports to already is kept; a new one
-/// joins the list (monitored), the oldest leaving it when balancers_max report already. Every
+/// joins the list (monitored), the oldest leaving it when balance::balancers_max report already. Every
 /// balancer numbers the engines in the topology's order, so one report fits them all.
 void add_balancer(engine_actor_t* self, balancer_actor b) {
   std::vector<balancer_actor>& list = self->state.balancers;
   if (std::find(list.begin(), list.end(), b) != list.end()) return;
-  if (list.size() == engine_state::balancers_max) {
+  if (list.size() == balance::balancers_max) {
     self->demonitor(list.front().address());
     list.erase(list.begin());
   }

@@ -31,9 +31,8 @@ struct engine_state {
   std::vector<engine_actor> decodes;                               // engine::peer_id -> decode engine
   std::unique_ptr<kv_transfers> kv;                                 // KV over the transport (UCX)
   /// The balancers it reports to (report_to), in order of their first report_to; at most
-  /// balancers_max, each monitored and dropped when it goes down.
+  /// balance::balancers_max, each monitored and dropped when it goes down.
   std::vector<balancer_actor> balancers;
-  static constexpr size_t balancers_max = 4;
   std::vector<cache_tier_actor> cache_tiers;  // the cluster's, in the balancers' order (report_to)
   grammar_actor grammars;  // compiles requests' grammars before they are admitted
   /// Work before the policy takes it: duplicates, grammars compiling (runtime/engine/intake.hpp).

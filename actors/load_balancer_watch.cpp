@@ -162,7 +162,7 @@ void on_rejoin(load_balancer_t* self) {
     if (!st.policy->load(i).alive && st.o.engines[i].node_port != 0)
       nodes.emplace(st.o.engines[i].node_address, st.o.engines[i].node_port);
   for (const auto& [address, port] : nodes) reach_again(self, address, port);
-  for (const size_t i : std::vector<size_t>(st.silent_here.begin(), st.silent_here.end()))
+  for (const size_t i : st.silent_here)  // (their answers change the set later, not here)
     if (!st.policy->load(i).alive) ping_again(self, i);
   arm_rejoin(self);
 }

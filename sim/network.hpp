@@ -32,6 +32,9 @@ struct sim_network_links {
   /// 10^9 bytes/s; 0 = free. They work while the bytes travel, so a message takes the longer of
   /// the link's time (latency + bytes / bandwidth) and bytes / endpoint_gb_s.
   double endpoint_gb_s = 0;
+
+  /// Whether any of them is set: then every engine is a node of its own.
+  [[nodiscard]] bool any() const { return latency_us > 0 || bandwidth_gb_s > 0 || loss_percent > 0 || endpoint_gb_s > 0; }
 };
 
 /// TCP's retransmission timeout after a loss (Linux's minimum), and the most resends of one
@@ -87,8 +90,6 @@ class sim_network final : public actors::network_model {
   /// `actor` lives on node `node` (an engine's replica index); actors never placed share the
   /// front node (the load balancer's and the request actors', -1).
   void place(const caf::actor_addr& actor, int32_t node) { nodes_[actor] = node; }
-  /// The extra time a message of `bytes` sent at `now_ns` waits for its lost packets' resends.
-  [[nodiscard]] int64_t loss_delay_ns(int64_t bytes, int64_t now_ns);
   [[nodiscard]] const sim_network_counts& counts() const { return counts_; }
 
  private:
@@ -96,6 +97,8 @@ class sim_network final : public actors::network_model {
   sim_network_faults faults_;
   random_source rng_;
   [[nodiscard]] int32_t node_of(const caf::actor_addr& actor) const;
+  /// The extra time a message of `bytes` sent at `now_ns` waits for its lost packets' resends.
+  [[nodiscard]] int64_t loss_delay_ns(int64_t bytes, int64_t now_ns);
   /// `at` for a message `from` -> `to` sent at `now_ns`, later if a partition holds it.
   [[nodiscard]] int64_t after_partitions(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns,
                                          int64_t at);

@@ -356,8 +356,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
                sched.clock().now(), 0, {}, {}, {}, {}, {}, {}, 0, 0, {}, {}};
   if (o.shuffle_delivery) rs.delivery.emplace(derive_seed(o.seed, delivery_stream));
   const sim_network_links& links = o.topology.network;
-  if (links.latency_us > 0 || links.bandwidth_gb_s > 0 || links.loss_percent > 0 || links.endpoint_gb_s > 0 ||
-      o.network_faults.any()) {
+  if (links.any() || o.network_faults.any()) {
     sim_network_faults faults = o.network_faults;
     faults.until_ns = faults_until(rs);
     const int64_t origin = actors::ns_since_epoch(rs.start);

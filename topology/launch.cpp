@@ -21,6 +21,7 @@
 #include "actors/load_balancer_actor.hpp"
 #include "actors/node_actor.hpp"
 #include "actors/system/sync_guard.hpp"
+#include "runtime/balance/placement.hpp"
 #include "runtime/engine/step_executor.hpp"
 #include "runtime/model/kv_cache.hpp"
 #include "runtime/model/layout_cache.hpp"
@@ -43,9 +44,7 @@ struct node_resources {
 /// The first engine of `node` when the node runs a host tier (host_tier_blocks and an engine:
 /// the tier takes that engine's block size), else null.
 const engine_spec* host_tier_engine(const topology& t, const node_spec& node) {
-  const auto engine = std::find_if(t.engines.begin(), t.engines.end(),
-                                   [&](const engine_spec& e) { return e.node == node.name; });
-  return node.host_tier_blocks == 0 || engine == t.engines.end() ? nullptr : &*engine;
+  return node.host_tier_blocks == 0 ? nullptr : t.first_engine_on(node.name);
 }
 
 /// A node's cache tier actors: the host-memory tier and the disk tier below it, if any.
@@ -405,9 +404,7 @@ expected<std::vector<actors::balanced_engine>> cluster_engines(caf::actor_system
 /// This node's UCX transport for KV (kv_transfer = "ucx" and an engine here): payloads within
 /// [limits] max_message_mib, from the topology's nodes only (issue 47).
 expected<void> open_ucx(const topology& t, const node_spec& node, launched_node& out) {
-  const bool has_engines = std::any_of(t.engines.begin(), t.engines.end(),
-                                       [&](const engine_spec& e) { return e.node == node.name; });
-  if (t.kv_transfer != kv_transfer_kind::ucx || !has_engines) return {};
+  if (t.kv_transfer != kv_transfer_kind::ucx || t.first_engine_on(node.name) == nullptr) return {};
   transport::ucx_options ucx_options;
   ucx_options.address = node.address;
   ucx_options.port = node.kv_port;
@@ -501,10 +498,10 @@ expected<actors::load_balancer_options> balancer_options(const topology& t, cons
   lb.seed_base = options.seed_base;
   lb.draw_request_id = actors::random_request_id;
   const std::vector<std::string> balancers = t.load_balancer.all_nodes();
-  if (balancers.size() > 1) {  // disjoint ids: balancer i's ids are i modulo 4
+  if (balancers.size() > 1) {  // disjoint ids: balancer i's ids are i modulo balancers_max
     const auto index = static_cast<int64_t>(std::find(balancers.begin(), balancers.end(), node_name) - balancers.begin());
-    static_assert(balancer_nodes_max <= 4);
-    lb.draw_request_id = [index] { return (actors::random_request_id() & ~int64_t{3}) | index; };
+    constexpr int64_t low_bits = static_cast<int64_t>(balance::balancers_max) - 1;
+    lb.draw_request_id = [index] { return (actors::random_request_id() & ~low_bits) | index; };
   }
   lb.prefill_tier_bounds = t.load_balancer.prefill_tier_bounds;
   lb.router = t.load_balancer.router;
@@ -556,14 +553,9 @@ expected<void> spawn_balancer(caf::actor_system& sys, const topology& t, const s
 /// node themselves (actors/system/peer_links.hpp).
 void link_peers(caf::actor_system& sys, const topology& t, const node_spec& node, launched_node& out) {
   actors::peer_link_options o;
-  bool after = false;
-  for (const node_spec& n : t.nodes) {
-    if (n.name == node.name) after = true;
-    const bool runs_engine = std::any_of(t.engines.begin(), t.engines.end(),
-                                         [&](const engine_spec& e) { return e.node == n.name; });
-    if (after && n.name != node.name && runs_engine && !t.load_balancer.runs_on(n.name))
-      o.peers.emplace_back(n.address, n.port);
-  }
+  const auto self = std::find_if(t.nodes.begin(), t.nodes.end(), [&](const node_spec& n) { return n.name == node.name; });
+  for (auto n = self == t.nodes.end() ? self : std::next(self); n != t.nodes.end(); ++n)
+    if (t.first_engine_on(n->name) != nullptr && !t.load_balancer.runs_on(n->name)) o.peers.emplace_back(n->address, n->port);
   if (o.peers.empty()) return;
   o.attempt_timeout = std::chrono::milliseconds(t.load_balancer.connect_timeout_ms);
   o.retry_interval = std::chrono::milliseconds(t.load_balancer.rejoin_interval_ms > 0 ? t.load_balancer.rejoin_interval_ms

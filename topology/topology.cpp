@@ -22,6 +22,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "runtime/balance/placement.hpp"
 #include "runtime/balance/router.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/engine/engine_keys.hpp"
@@ -54,6 +55,11 @@ const node_spec* topology::find_node(std::string_view name) const {
   auto it = std::find_if(nodes.begin(), nodes.end(),
                          [&](const node_spec& node) { return node.name == name; });
   return it == nodes.end() ? nullptr : &*it;
+}
+
+const engine_spec* topology::first_engine_on(std::string_view node) const {
+  auto it = std::find_if(engines.begin(), engines.end(), [&](const engine_spec& e) { return e.node == node; });
+  return it == engines.end() ? nullptr : &*it;
 }
 
 const engine_spec* topology::find_engine(std::string_view name) const {
@@ -786,7 +792,7 @@ struct listener {
                                                               const scope& where, std::string_view key,
                                                               size_t max_count, size_t max_bytes);
 
-/// `node`, or `nodes` (1 to balancer_nodes_max distinct known nodes), into `balancer`.
+/// `node`, or `nodes` (1 to balance::balancers_max distinct known nodes), into `balancer`.
 [[nodiscard]] expected<void> read_balancer_nodes(const context& ctx, const toml::table& table, const scope& where,
                                                  const std::vector<node_spec>& nodes, load_balancer_spec& balancer) {
   if (table.get("nodes") == nullptr) {
@@ -797,7 +803,7 @@ struct listener {
   }
   if (table.get("node") != nullptr)
     return malformed(ctx, line_of_key(table, "nodes"), where.label, "give key 'node' or key 'nodes', not both");
-  auto names = read_strings(ctx, table, where, "nodes", balancer_nodes_max, node_name_bytes_max);
+  auto names = read_strings(ctx, table, where, "nodes", balance::balancers_max, node_name_bytes_max);
   if (!names) return tl::unexpected(names.error());
   for (const std::string& name : *names)
     if (std::none_of(nodes.begin(), nodes.end(), [&](const node_spec& n) { return n.name == name; }))
@@ -814,11 +820,10 @@ struct listener {
   const toml::node* table = root.get("load_balancer");
   const toml::source_index line = table ? line_of_key(*table->as_table(), "nodes") : 0;
   for (const std::string& name : t.load_balancer.nodes) {
-    for (const engine_spec& e : t.engines)
-      if (e.node == name)
-        return malformed(ctx, line, "load_balancer",
-                         "node " + in_quotes(name) + " runs a balancer and engine " + in_quotes(e.name) +
-                             ": with several balancer nodes, engines run on other nodes");
+    if (const engine_spec* e = t.first_engine_on(name))
+      return malformed(ctx, line, "load_balancer",
+                       "node " + in_quotes(name) + " runs a balancer and engine " + in_quotes(e->name) +
+                           ": with several balancer nodes, engines run on other nodes");
     if (t.find_node(name)->host_tier_blocks > 0)
       return malformed(ctx, line, "load_balancer",
                        "node " + in_quotes(name) + " runs a balancer and a host tier: with several balancer nodes, "
@@ -1130,13 +1135,12 @@ struct listener {
     if (!node) return tl::unexpected(node.error());
     shard.node = *node;
     if (shard.node != e->node) {
-      const auto runs_engine = std::find_if(t.engines.begin(), t.engines.end(),
-                                            [&](const engine_spec& other) { return other.node == shard.node; });
-      if (runs_engine != t.engines.end() || t.load_balancer.runs_on(shard.node))
+      const engine_spec* runs_engine = t.first_engine_on(shard.node);
+      if (runs_engine != nullptr || t.load_balancer.runs_on(shard.node))
         return malformed(ctx, line_of_key(table, "node"), where.label,
                          "node " + in_quotes(shard.node) + " is not engine " + in_quotes(e->name) + "'s node (" +
                              in_quotes(e->node) + ") and runs " +
-                             (runs_engine != t.engines.end() ? "engine " + in_quotes(runs_engine->name)
+                             (runs_engine != nullptr ? "engine " + in_quotes(runs_engine->name)
                                                               : std::string("the load balancer")) +
                              ": shards of another node's engine need a shard host, a node with neither");
     }

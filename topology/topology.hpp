@@ -242,7 +242,7 @@ struct expert_shard_spec {
 struct load_balancer_spec {
   std::string node;  ///< the (first) balancer's node
   /// With `nodes = [...]`: every node that runs a balancer, `node` first (at most
-  /// balancer_nodes_max, each without engines, tiers or expert shards); empty: `node` alone.
+  /// balance::balancers_max, each without engines, tiers or expert shards); empty: `node` alone.
   std::vector<std::string> nodes;
   /// Whether node `name` runs a balancer (and its gateways and request actors).
   [[nodiscard]] bool runs_on(std::string_view name) const {
@@ -295,8 +295,6 @@ struct gateway_spec {
 /// [http]: the OpenAI-compatible HTTP gateway on the load balancer's node (docs/http.md).
 /// The most names [http] served_model_names gives, and the most bytes of each.
 inline constexpr size_t served_model_names_max = 16;
-/// [load_balancer] nodes: at most this many balancer nodes (an engine reports to each).
-inline constexpr size_t balancer_nodes_max = 4;
 inline constexpr size_t served_model_name_bytes_max = 256;
 
 struct http_spec {
@@ -330,6 +328,8 @@ struct topology {
 
   /// The node called `name`, or nullptr.
   [[nodiscard]] const node_spec* find_node(std::string_view name) const;
+  /// The first engine the topology places on node `node`, or nullptr (a node without engines).
+  [[nodiscard]] const engine_spec* first_engine_on(std::string_view node) const;
   /// The engine called `name`, or nullptr.
   [[nodiscard]] const engine_spec* find_engine(std::string_view name) const;
 };

@@ -23,6 +23,7 @@
 /// are the engine's last load report plus what was placed on it since that report, so they lag
 /// by at most one report interval plus one network hop.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +32,11 @@
 #include "runtime/common/error.hpp"
 
 namespace troupe::balance {
+
+/// A cluster's balancers at most (topology: [load_balancer] nodes): how many an engine and a
+/// cache tier report to, and how request ids are kept apart (balancer i's are i modulo this).
+inline constexpr size_t balancers_max = 4;
+static_assert((balancers_max & (balancers_max - 1)) == 0, "request ids keep balancers apart by their low bits");
 
 enum class engine_kind { mixed, prefill, decode };
 
