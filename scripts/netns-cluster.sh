@@ -76,7 +76,8 @@ create() {
   trap - ERR INT TERM
 }
 
-set_rate() { ip netns exec "$1" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 50ms; }
+# A 32 KiB bucket: a larger one lets bursts leave at the veth's own speed (tests/support/netns.hpp).
+set_rate() { ip netns exec "$1" tc qdisc replace dev eth0 root tbf rate "$rate" burst 32kb latency 50ms; }
 
 # Drops $2 % of $1's packets in and out of eth0 (100: all of them; 0: none).
 drop() {

@@ -14,7 +14,7 @@ int64_t sim_network::arrival_ns(const caf::actor_addr& from, const caf::actor_ad
   counts_.kv_bytes += bytes;
   double delay = links_.latency_us * 1e3;
   if (links_.bandwidth_gb_s > 0) delay += static_cast<double>(bytes) / links_.bandwidth_gb_s;
-  if (links_.endpoint_gb_s > 0) delay = std::max(delay, static_cast<double>(bytes) / links_.endpoint_gb_s);
+  if (links_.endpoint_gb_s > 0) delay += static_cast<double>(bytes) / links_.endpoint_gb_s;
   if (now_ns < faults_.until_ns && faults_.delay_probability > 0 && rng_.uniform() < faults_.delay_probability) {
     counts_.delayed++;
     delay += static_cast<double>(rng_.uniform_below(static_cast<uint64_t>(faults_.max_delay_ns) + 1));
@@ -27,7 +27,7 @@ int64_t sim_network::arrival_ns(const caf::actor_addr& from, const caf::actor_ad
 
 int32_t sim_network::node_of(const caf::actor_addr& actor) const {
   const auto it = nodes_.find(actor);
-  return it == nodes_.end() ? -1 : it->second;
+  return it == nodes_.end() ? sim_front_node : it->second;
 }
 
 bool sim_network::reachable(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns) {

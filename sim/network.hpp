@@ -29,8 +29,10 @@ struct sim_network_links {
   double bandwidth_gb_s = 0;  ///< 10^9 bytes/s per link; 0 = unlimited
   double loss_percent = 0;    ///< packets lost end to end, 0..50 (each resent after a timeout)
   /// The two ends' own rate for a message's KV bytes (serializing, encrypting, decoding), in
-  /// 10^9 bytes/s; 0 = free. They work while the bytes travel, so a message takes the longer of
-  /// the link's time (latency + bytes / bandwidth) and bytes / endpoint_gb_s.
+  /// 10^9 bytes/s; 0 = free. A message takes the link's time (latency + bytes / bandwidth) plus
+  /// bytes / endpoint_gb_s: CAF serializes a message whole before its first byte leaves and
+  /// deserializes it once its last byte has arrived (docs/cluster.md: measured, this sum came
+  /// within 13% of the namespace runs' hand-offs, the longer of the two 15-22% under them).
   double endpoint_gb_s = 0;
 
   /// Whether any of them is set: then every engine is a node of its own.
@@ -49,8 +51,13 @@ inline constexpr int64_t tcp_packet_bytes = 1448;
 /// running on: what it sends or is sent meanwhile — and what
 /// was on its way when the cut began — arrives with TCP's first resend after the cut heals
 /// (200 ms x (2^k - 1) after its sending).
+/// The node of the load balancer, its request actors and the clients (sim_network::place).
+inline constexpr int32_t sim_front_node = -1;
+
 struct sim_partition {
-  int32_t node = 0;  ///< an engine's replica index (sim_network::place)
+  /// An engine's replica index (sim_network::place), or sim_front_node: the balancer's node cut
+  /// off from every engine (the engines still reach each other).
+  int32_t node = 0;
   int64_t from_ns = 0;
   int64_t until_ns = 0;
 };
@@ -88,7 +95,7 @@ class sim_network final : public actors::network_model {
   bool breaks_kv(int64_t now_ns) override;
   bool reachable(const caf::actor_addr& from, const caf::actor_addr& to, int64_t now_ns) override;
   /// `actor` lives on node `node` (an engine's replica index); actors never placed share the
-  /// front node (the load balancer's and the request actors', -1).
+  /// front node (sim_front_node: the load balancer's, the request actors' and the clients').
   void place(const caf::actor_addr& actor, int32_t node) { nodes_[actor] = node; }
   [[nodiscard]] const sim_network_counts& counts() const { return counts_; }
 

@@ -334,7 +334,9 @@ expected<void> validate_faults(const sim_options& o) {
   if (!(f.loss_percent >= 0 && f.loss_percent <= 50))
     return fail(errc::invalid_argument, "network fault loss_percent lies in [0, 50]");
   for (const sim_partition& p : f.partitions) {
-    if (auto ok = check("a partition", p.node, p.from_ns); !ok) return ok;
+    if (p.node != sim_front_node)  // the balancer's node may be cut off too
+      if (auto ok = check("a partition", p.node, p.from_ns); !ok) return ok;
+    if (p.from_ns < 0) return fail(errc::invalid_argument, "a partition begins before the run");
     if (p.until_ns < p.from_ns) return fail(errc::invalid_argument, "a partition heals before it begins");
   }
   if (o.faults_until_ns < 0) return fail(errc::invalid_argument, "faults_until_ns is negative");

@@ -245,6 +245,72 @@ TEST(Swarm, APartitionedEngineHasItsRequestsRecomputedElsewhereAndIsTakenBackOnc
   EXPECT_EQ(bad.error().message, "a partition of replica 3 at 0 ns: the run has 3 replica(s)");
 }
 
+TEST(Swarm, ThePartitionedBalancersRequestsEndUnavailableWithinTheHeartbeatAndNewOnesSucceedOnceHealed) {
+  // The namespace test's balancer partition (tests/netns_test.cpp), replayed: 8 streams of 400
+  // tokens on a prefill engine and two decode engines; once every stream has its first token the
+  // balancer's node (its request actors and clients with it) is cut off from the engines for
+  // 5 s, the engines running on. As in the namespace run, every stream ends `unavailable`
+  // (here when the heartbeat loses the engines: 1.5 s of silence, then the next 250 ms tick), and
+  // after the heal 4 new requests are served with the undisturbed run's tokens.
+  const quiet_engines quiet;
+  sim_options o = prefill_and_two_decoders_on_a_network();
+  for (int32_t i = 0; i < 8; i++) o.workload.push_back(trace_request{0, 7 + 2 * i, 150, {}});
+  for (int32_t i = 0; i < 4; i++) o.workload.push_back(trace_request{7'000'000'000 + i * swarm_instant_ns, 9 + 2 * i, 12, {}});
+  auto clean = run_simulation(o);
+  ASSERT_TRUE(clean) << clean.error().message;
+  int64_t cut = 0, first_end = INT64_MAX;
+  for (size_t i = 0; i < 8; i++) {
+    EXPECT_EQ(clean->requests[i].finish, "length") << i;
+    EXPECT_EQ(clean->requests[i].tokens.size(), 150u) << i;
+    cut = std::max(cut, clean->requests[i].first_token_ns + 1);
+    first_end = std::min(first_end, clean->requests[i].finish_ns);
+  }
+  ASSERT_LT(cut, first_end) << "the cut must come while every stream runs";
+  sim_options cut_off = o;
+  cut_off.network_faults.partitions = {sim_partition{sim_front_node, cut, cut + 5'000'000'000}};
+  auto a = run_simulation(cut_off);
+  auto b = run_simulation(cut_off);
+  ASSERT_TRUE(a && b) << (a ? "" : a.error().message);
+  EXPECT_EQ(a->event_log_sha256, b->event_log_sha256);
+  for (size_t i = 0; i < 8; i++) {
+    const request_record& r = a->requests[i];
+    EXPECT_EQ(r.finish, "unavailable") << i;
+    EXPECT_GE(r.finish_ns, cut) << i;
+    EXPECT_LE(r.finish_ns, cut + 2'000'000'000) << i;  // the namespace clients' bound
+    EXPECT_LT(r.tokens.size(), clean->requests[i].tokens.size()) << i;
+  }
+  for (size_t i = 8; i < 12; i++) {
+    EXPECT_EQ(a->requests[i].finish, "length") << i;
+    EXPECT_EQ(a->requests[i].tokens, clean->requests[i].tokens) << i;
+  }
+  EXPECT_GT(a->network.cut_off, 0);
+  cut_off.network_faults.partitions = {sim_partition{sim_front_node, -1, 5}};
+  auto bad = run_simulation(cut_off);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "a partition begins before the run");
+}
+
+TEST(Swarm, DrainingADecodeEngineAcrossTheNetworkForwardsItsRequestsWithTheirKvAndNoTokenChanges) {
+  // The namespace test's drain (tests/netns_test.cpp), replayed: one sequence at a time per
+  // engine, 16 requests of 300 tokens; decode replica 2 drains with 1 ms of grace while it holds
+  // work. Its requests go to replica 1, the running ones with their KV over the network, and
+  // every request's tokens equal the undisturbed run's.
+  const quiet_engines quiet;
+  sim_options o = prefill_and_two_decoders_on_a_network();
+  o.topology.engine.scheduler.max_num_seqs = 1;
+  for (int32_t i = 0; i < 16; i++) o.workload.push_back(trace_request{0, 7 + 2 * i, 150, {}});
+  auto clean = run_simulation(o);
+  ASSERT_TRUE(clean) << clean.error().message;
+  sim_options drained = o;
+  drained.drains = {engine_drain{2, clean->requests[0].first_token_ns + 1, 1}};
+  auto a = run_simulation(drained);
+  ASSERT_TRUE(a) << a.error().message;
+  expect_same_tokens(*clean, *a);
+  EXPECT_GT(a->num_forwarded, 0);
+  EXPECT_GT(a->num_forwarded_with_kv, 0);
+  EXPECT_GT(a->network.kv_bytes, clean->network.kv_bytes);  // the forwarded KV crossed the network
+}
+
 TEST(Swarm, DisaggregationAndANetworkChangeNoToken) {
   const quiet_engines quiet;
   const sim_options o = twelve_requests_on_two_replicas();

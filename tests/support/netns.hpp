@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -204,33 +205,37 @@ class delay_relay {
     }
   }
 
-  /// The poll events and the wait until the next chunk is due, for one direction.
+  /// The poll events and the time the next chunk is due, for one direction.
   static void wants(const direction& d, std::vector<pollfd>& fds, size_t from_at, size_t to_at, time_point now,
-                    int& timeout_ms) {
+                    time_point& wake) {
     if (!d.ended) fds[from_at].events |= POLLIN;
     if (d.queue.empty()) return;
     if (d.queue.front().due <= now) {
       fds[to_at].events |= POLLOUT;
       return;
     }
-    const auto wait = std::chrono::ceil<std::chrono::milliseconds>(d.queue.front().due - now).count();
-    timeout_ms = timeout_ms < 0 ? static_cast<int>(wait) : std::min(timeout_ms, static_cast<int>(wait));
+    wake = std::min(wake, d.queue.front().due);
   }
 
   void run(int listener, const std::string& target, int target_port) {
+    // Wake when a chunk is due, to the microsecond: poll's milliseconds (rounded up) and the
+    // default 50 us timer slack would lengthen the link's delay.
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
     std::vector<std::unique_ptr<link>> links;
     for (;;) {
       const time_point now = std::chrono::steady_clock::now();
       std::vector<pollfd> fds{{stop_, POLLIN, 0}, {listener, POLLIN, 0}};
-      int timeout_ms = -1;
+      time_point wake = time_point::max();
       for (const auto& l : links) {
         const size_t at = fds.size();
         fds.push_back({l->up.from, 0, 0});
         fds.push_back({l->up.to, 0, 0});
-        wants(l->up, fds, at, at + 1, now, timeout_ms);
-        wants(l->down, fds, at + 1, at, now, timeout_ms);
+        wants(l->up, fds, at, at + 1, now, wake);
+        wants(l->down, fds, at + 1, at, now, wake);
       }
-      ::poll(fds.data(), fds.size(), timeout_ms);
+      const auto wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wake - now).count();
+      const timespec timeout{static_cast<time_t>(wait_ns / 1'000'000'000), static_cast<long>(wait_ns % 1'000'000'000)};
+      ::ppoll(fds.data(), fds.size(), wake == time_point::max() ? nullptr : &timeout, nullptr);
       if (fds[0].revents != 0) break;
       const time_point then = std::chrono::steady_clock::now();
       for (size_t i = 0; i < links.size(); i++) {
@@ -299,10 +304,13 @@ class netns_lan {
   [[nodiscard]] std::string ns(const std::string& host) const { return prefix_ + "-" + host; }
   [[nodiscard]] const std::string& address(const std::string& host) const { return addresses_.at(host); }
 
-  /// Limits what `host` sends to `rate` (tc's units: "1gbit", "100mbit").
+  /// Limits what `host` sends to `rate` (tc's units: "1gbit", "100mbit"). The bucket holds
+  /// 32 KiB: a larger one lets a burst leave at the veth's own speed (with 256 KiB a 449 KB KV
+  /// hand-off crossed a "1 Gbit/s" link in 1.9 ms, not 3.6), so the link would not be the one
+  /// the simulator models.
   bool rate(const std::string& host, const std::string& rate) {
     return run_in(host, "/usr/sbin/tc",
-                  {"qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"});
+                  {"qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "32kb", "latency", "50ms"});
   }
 
   /// Drops `percent` % of the packets going in and out of `host`'s link, at random (nft numgen);
