@@ -135,7 +135,9 @@ void sample_engine(cost_executor_t* self, const actors::engine_actor& engine, in
   self->request(engine, caf::infinite, actors::stats_atom::value).then([=](const msg::engine_report& r) {
     self->state.o.samples->push_back(replica_sample{self->state.o.replica, now_ns, r.num_waiting,
                                                     r.num_requests - r.num_waiting, r.num_blocks_in_use,
-                                                    r.num_preemptions, r.num_generated_tokens});
+                                                    r.num_preemptions, r.num_generated_tokens,
+                                                    r.num_prefix_hit_tokens, r.num_host_hit_tokens,
+                                                    r.num_disk_hit_tokens});
   });
 }
 

@@ -48,6 +48,11 @@ struct replica_sample {
   int64_t num_blocks_in_use = 0;
   int64_t num_preemptions = 0;   ///< since the start (cumulative)
   int64_t num_generated_tokens = 0;  ///< since the start (cumulative)
+  /// Prompt tokens served from the prefix cache at admission since the start, and of them those
+  /// the host tier promoted, and of those the disk tier's (msg::engine_report; cumulative).
+  int64_t num_prefix_hit_tokens = 0;
+  int64_t num_host_hit_tokens = 0;
+  int64_t num_disk_hit_tokens = 0;
 };
 
 }  // namespace troupe::sim

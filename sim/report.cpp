@@ -1,6 +1,7 @@
 #include "sim/report.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,8 +9,11 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
+#include <unordered_set>
 
 #include "runtime/common/stats.hpp"
+#include "runtime/kv/chain_hash.hpp"
 
 namespace troupe::sim {
 namespace {
@@ -99,9 +103,15 @@ std::string throughput_data(const sim_result& r) {
   return out;
 }
 
+/// timeseries.csv, and tier_hits.csv: its tier columns summed over the replicas, one line per
+/// interval with a sample (time_s, pool, host and disk hit tokens per second).
+struct timeseries_files {
+  std::string csv, tier_hits;
+};
+
 /// One row per replica and sampling interval: what its steps did in the interval, and its
 /// counters when it started the interval's first step (blank where it ran no step).
-std::string timeseries_csv(const sim_result& r) {
+timeseries_files timeseries_csv(const sim_result& r) {
   struct interval {
     int64_t steps = 0, rows = 0, decode_rows = 0, prefill_tokens = 0, samples = 0;
     const replica_sample* sample = nullptr;
@@ -118,24 +128,43 @@ std::string timeseries_csv(const sim_result& r) {
   }
   for (const replica_sample& s : r.samples) rows[{s.time_ns / every, s.replica}].sample = &s;
   std::string out = "time_s,replica,steps,mean_rows,decode_rows,prefill_tokens,tokens_per_s,waiting,running,"
-                    "kv_blocks_in_use,preemptions\n";
-  std::vector<int64_t> preemptions(static_cast<size_t>(std::max(r.num_replicas, 1)), 0);
+                    "kv_blocks_in_use,preemptions,pool_hits_per_s,host_hits_per_s,disk_hits_per_s\n";
+  // Each replica's previous sample (the counters are cumulative): the run's start before its first.
+  std::vector<replica_sample> before(static_cast<size_t>(std::max(r.num_replicas, 1)));
+  std::map<int64_t, std::array<double, 3>> tiers;  // interval -> pool, host, disk per second
   const double seconds = static_cast<double>(every) / 1e9;
   for (const auto& [key, i] : rows) {
     out += num(static_cast<double>(key.first) * seconds) + "," + std::to_string(key.second) + "," +
            std::to_string(i.steps) + "," + num(i.steps ? static_cast<double>(i.rows) / i.steps : 0.0) + "," +
            std::to_string(i.decode_rows) + "," + std::to_string(i.prefill_tokens) + "," + num(i.samples / seconds) + ",";
     if (i.sample) {
-      int64_t& before = preemptions.at(static_cast<size_t>(key.second));
-      out += std::to_string(i.sample->num_waiting) + "," + std::to_string(i.sample->num_running) + "," +
-             std::to_string(i.sample->num_blocks_in_use) + "," + std::to_string(i.sample->num_preemptions - before);
-      before = i.sample->num_preemptions;
+      const replica_sample& s = *i.sample;
+      replica_sample& b = before.at(static_cast<size_t>(key.second));
+      // Prompt tokens each tier served since the previous sample, per second of virtual time.
+      const double since = static_cast<double>(s.time_ns - b.time_ns) / 1e9;
+      const auto per_s = [&](int64_t tokens) { return since > 0 ? static_cast<double>(tokens) / since : 0.0; };
+      const int64_t host = s.num_host_hit_tokens - b.num_host_hit_tokens;
+      const int64_t disk = s.num_disk_hit_tokens - b.num_disk_hit_tokens;
+      const std::array<double, 3> rates = {per_s(s.num_prefix_hit_tokens - b.num_prefix_hit_tokens - host),
+                                           per_s(host - disk), per_s(disk)};
+      out += std::to_string(s.num_waiting) + "," + std::to_string(s.num_running) + "," +
+             std::to_string(s.num_blocks_in_use) + "," + std::to_string(s.num_preemptions - b.num_preemptions);
+      std::array<double, 3>& sum = tiers[key.first];
+      for (size_t k = 0; k < 3; k++) {
+        out += "," + num(rates[k]);
+        sum[k] += rates[k];
+      }
+      b = s;
     } else {
-      out += ",,,";
+      out += ",,,,,,";
     }
     out += "\n";
   }
-  return out;
+  std::string tier_hits;
+  for (const auto& [interval, sum] : tiers)
+    tier_hits += num(static_cast<double>(interval) * seconds) + "," + num(sum[0]) + "," + num(sum[1]) + "," +
+                 num(sum[2]) + "\n";
+  return {out, tier_hits};
 }
 
 constexpr const char* plot_script = R"(set terminal svg size 900,500 dynamic
@@ -159,21 +188,70 @@ std::string timeseries_plot_script(int32_t num_replicas) {
   return "set terminal svg size 1200,800 dynamic\n"
          "set output 'timeseries.svg'\n"
          "set datafile separator ','\n"
-         "set multiplot layout 2,2 title 'Per replica (virtual time)'\n"
+         "set multiplot layout 2,3 title 'Per replica (virtual time)'\n"
          "set xlabel 'seconds'\n"
          "n = " + std::to_string(num_replicas) + "\n"
          "set title 'waiting requests'\n"
+         "set ylabel 'requests'\n"
          "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $8 : 1/0) with steps title sprintf('replica %d', r)\n"
          "set title 'running requests'\n"
          "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $9 : 1/0) with steps title sprintf('replica %d', r)\n"
          "set title 'KV blocks in use'\n"
+         "set ylabel 'blocks'\n"
          "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $10 : 1/0) with steps title sprintf('replica %d', r)\n"
          "set title 'generated tokens/s'\n"
+         "set ylabel 'tokens/s'\n"
          "plot for [r=0:n-1] 'timeseries.csv' using 1:($2==r ? $7 : 1/0) with steps title sprintf('replica %d', r)\n"
+         "set title 'prompt tokens/s served from the prefix cache, by tier (all replicas)'\n"
+         "set ylabel 'prompt tokens/s'\n"
+         "plot 'tier_hits.csv' using 1:2 with steps title 'pool', '' using 1:3 with steps title 'host tier', "
+         "'' using 1:4 with steps title 'disk tier'\n"
          "unset multiplot\n";
 }
 
 }  // namespace
+
+std::pair<double, double> prefix_hit_bounds(const sim_result& r) {
+  const size_t n = r.requests.size();
+  if (r.block_size <= 0 || n == 0) return {0, 0};
+  const auto bs = static_cast<size_t>(r.block_size);
+  std::vector<std::vector<uint64_t>> chains(n);
+  std::vector<size_t> by_arrival, by_finish;
+  for (size_t i = 0; i < n; i++) {
+    chains[i] = kv::chain_hashes(r.requests[i].prompt, r.block_size);
+    by_arrival.push_back(i);
+    if (r.requests[i].finish_ns >= 0) by_finish.push_back(i);
+  }
+  const auto at = [&](auto key) {
+    return [&r, key](size_t a, size_t b) {
+      return std::pair(r.requests[a].*key, a) < std::pair(r.requests[b].*key, b);
+    };
+  };
+  std::sort(by_arrival.begin(), by_arrival.end(), at(&request_record::arrival_ns));
+  std::sort(by_finish.begin(), by_finish.end(), at(&request_record::finish_ns));
+  // Only looked up, never iterated: the order of the sets decides nothing.
+  std::unordered_set<uint64_t> arrived, finished;
+  const auto held = [&](const std::unordered_set<uint64_t>& set, size_t i) {
+    const std::vector<int32_t>& prompt = r.requests[i].prompt;
+    const size_t cap = std::min(chains[i].size(), prompt.empty() ? 0 : (prompt.size() - 1) / bs);
+    size_t k = 0;
+    while (k < cap && set.count(chains[i][k]) != 0) k++;
+    return static_cast<int64_t>(k * bs);
+  };
+  int64_t prompt = 0, hit_arrived = 0, hit_causal = 0;
+  size_t f = 0;
+  for (const size_t i : by_arrival) {
+    for (; f < by_finish.size() && r.requests[by_finish[f]].finish_ns <= r.requests[i].arrival_ns; f++)
+      finished.insert(chains[by_finish[f]].begin(), chains[by_finish[f]].end());
+    hit_arrived += held(arrived, i);
+    hit_causal += held(finished, i);
+    prompt += static_cast<int64_t>(r.requests[i].prompt.size());
+    arrived.insert(chains[i].begin(), chains[i].end());
+  }
+  if (prompt == 0) return {0, 0};
+  return {static_cast<double>(hit_arrived) / static_cast<double>(prompt),
+          static_cast<double>(hit_causal) / static_cast<double>(prompt)};
+}
 
 summary_metrics summarize(const sim_result& r, const slo& slos) {
   const latencies l = collect(r);
@@ -201,6 +279,7 @@ summary_metrics summarize(const sim_result& r, const slo& slos) {
   m.output_token_throughput_per_s = static_cast<double>(tokens) / m.seconds;
   m.goodput_requests_per_s = static_cast<double>(num_good) / m.seconds;
   m.prefix_hit_rate = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
+  std::tie(m.prefix_hit_bound_arrived, m.prefix_hit_bound_causal) = prefix_hit_bounds(r);
   m.preempted_ms = static_cast<double>(r.preempted_ns) / 1e6;
   m.num_steps = static_cast<int64_t>(r.steps.size());
   return m;
@@ -246,6 +325,8 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"slo\": {\"ttft_ms\": " + num(slos.ttft_ms) + ", \"tpot_ms\": " + num(slos.tpot_ms) + "},\n";
   j += "  \"goodput_requests_per_s\": " + num(m.goodput_requests_per_s) + ",\n";
   j += "  \"prefix_hit_rate\": " + num(m.prefix_hit_rate) + ",\n";
+  j += "  \"prefix_hit_bound\": {\"arrived\": " + num(m.prefix_hit_bound_arrived) +
+       ", \"causal\": " + num(m.prefix_hit_bound_causal) + "},\n";
   j += "  \"preemptions\": " + std::to_string(m.preemptions) + ",\n";
   j += "  \"recomputed_tokens\": " + std::to_string(m.recomputed_tokens) + ",\n";
   j += "  \"preempted_ms\": " + num(m.preempted_ms) + ",\n";
@@ -324,7 +405,9 @@ expected<void> write_report(const std::string& dir, const sim_result& r, const s
       {"requests.csv", requests_csv(r)}, {"summary.json", summary_json(r, slos, seed)},
       {"ttft_cdf.dat", cdf_data(l.ttft)}, {"e2e_cdf.dat", cdf_data(l.e2e)}, {"throughput.dat", throughput_data(r)}};
   if (r.sample_every_ns > 0) {
-    files.emplace_back("timeseries.csv", timeseries_csv(r));
+    timeseries_files t = timeseries_csv(r);
+    files.emplace_back("timeseries.csv", std::move(t.csv));
+    files.emplace_back("tier_hits.csv", std::move(t.tier_hits));
     script += timeseries_plot_script(r.num_replicas);
   }
   files.emplace_back("plots.gp", script);

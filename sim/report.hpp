@@ -29,6 +29,14 @@ struct summary_metrics {
   double output_token_throughput_per_s = 0;
   double goodput_requests_per_s = 0;  ///< completed within the SLOs
   double prefix_hit_rate = 0;
+  /// What an infinite prefix cache could have served, as a share of the prompt tokens (the
+  /// blocks of earlier prompts, chained and capped as the engine's prefix cache chains and caps
+  /// them; prefix_hit_bounds): counting every request that arrived before, and counting only
+  /// those that had finished before the new one arrived (the causal bound: the KV of a request
+  /// still running is not whole yet). causal <= arrived; prefix_hit_rate <= arrived, and it may
+  /// pass causal where a request hits the prompt of one still decoding.
+  double prefix_hit_bound_arrived = 0;
+  double prefix_hit_bound_causal = 0;
   int64_t preemptions = 0;
   int64_t recomputed_tokens = 0;
   double preempted_ms = 0;  ///< time lost to preemption (sim_result::preempted_ns)
@@ -36,6 +44,13 @@ struct summary_metrics {
 };
 
 [[nodiscard]] summary_metrics summarize(const sim_result& r, const slo& slos);
+
+/// summary_metrics' prefix_hit_bound_arrived and prefix_hit_bound_causal of `r`'s requests:
+/// walking them in arrival order, each request's longest prefix of full blocks (block_size
+/// tokens, at most (prompt length - 1) / block_size blocks, as kv::block_manager::find_prefix)
+/// held by the prompts of the requests that arrived before it, and by those of the requests
+/// that finished (finish_ns <= its arrival_ns) before it arrived, over the prompt tokens.
+[[nodiscard]] std::pair<double, double> prefix_hit_bounds(const sim_result& r);
 
 /// With [moe]: what summary.json's "moe" object and the text report say of the MoE layers.
 struct moe_metrics {

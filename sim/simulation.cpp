@@ -417,6 +417,7 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.steps = std::move(rs.steps);
   out.samples = std::move(rs.samples);
   out.num_replicas = o.topology.replicas;
+  out.block_size = o.topology.engine.block_size;
   out.sample_every_ns = o.sample_every_ns;
   out.simulated_ns = end_ns;
   out.preempted_ns = totals.preempted_ns;

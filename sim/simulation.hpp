@@ -100,6 +100,7 @@ struct sim_result {
   std::vector<step_record> steps;     ///< every step of every replica, in the order they ran
   std::vector<replica_sample> samples;  ///< per replica, in time order (sim_options::sample_every_ns)
   int32_t num_replicas = 0;
+  int32_t block_size = 0;             ///< the engines' KV block size, in tokens
   int64_t sample_every_ns = 0;        ///< as in the options
   int64_t simulated_ns = 0;           ///< virtual time of the last event
   /// Time lost to preemption, summed over the replicas (engine::engine_stats::preempted_ns).

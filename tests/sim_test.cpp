@@ -254,7 +254,7 @@ TEST(SimulationReport, TimeSeriesHasARowPerReplicaAndIntervalWithSteps) {
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(line, "time_s,replica,steps,mean_rows,decode_rows,prefill_tokens,tokens_per_s,waiting,running,"
-                  "kv_blocks_in_use,preemptions");
+                  "kv_blocks_in_use,preemptions,pool_hits_per_s,host_hits_per_s,disk_hits_per_s");
   int64_t rows = 0, steps = 0, preemptions = 0, generated = 0;
   std::set<std::pair<int64_t, int32_t>> keys;
   while (std::getline(in, line)) {
@@ -266,7 +266,11 @@ TEST(SimulationReport, TimeSeriesHasARowPerReplicaAndIntervalWithSteps) {
     keys.insert({std::llround(std::stod(f[0]) * 1e9 / busy_sample_ns), std::stoi(f[1])});
     steps += std::stoll(f[2]);
     generated += std::llround(std::stod(f[6]) * busy_sample_ns / 1e9);  // tokens/s over the interval
-    if (f.size() == 11) preemptions += std::stoll(f[10]);
+    if (f.size() == 14) {
+      preemptions += std::stoll(f[10]);
+      for (size_t k = 11; k < 14; k++) EXPECT_GE(std::stod(f[k]), 0.0) << line;
+      EXPECT_EQ(f[12], "0") << "no host tier, no host hits";
+    }
   }
   std::set<std::pair<int64_t, int32_t>> intervals;  // with a step or a sample
   for (const step_record& s : r->steps) intervals.insert({s.start_ns / busy_sample_ns, s.replica});
@@ -280,6 +284,13 @@ TEST(SimulationReport, TimeSeriesHasARowPerReplicaAndIntervalWithSteps) {
   int64_t last[2] = {0, 0};  // preemptions: deltas of the cumulative samples
   for (const replica_sample& s : r->samples) last[s.replica] = s.num_preemptions;
   EXPECT_EQ(preemptions, last[0] + last[1]);
+  // tier_hits.csv: one line per interval in which some replica was sampled.
+  std::set<int64_t> sampled_intervals;
+  for (const replica_sample& s : r->samples) sampled_intervals.insert(s.time_ns / busy_sample_ns);
+  std::ifstream tiers(dir / "tier_hits.csv");
+  int64_t tier_lines = 0;
+  while (std::getline(tiers, line)) tier_lines++;
+  EXPECT_EQ(tier_lines, static_cast<int64_t>(sampled_intervals.size()));
   std::filesystem::remove_all(dir);
 }
 
@@ -517,6 +528,31 @@ TEST(PrefixReuseBound, FollowsHashIdChainsExactly) {
   EXPECT_EQ(b.num_reusable_tokens, 1024 + 700);
 }
 
+TEST(Simulation, PrefixHitBoundsCountEarlierPromptsAndForTheCausalOneOnlyFinishedRequests) {
+  // Blocks of 4 tokens. Request 1 shares request 0's two full blocks while 0 still runs; 2
+  // shares them after 0 finished (1 still runs); 3 would share one but a hit leaves a token to
+  // compute; 4 arrives before anything finished that it shares.
+  sim_result r;
+  r.block_size = 4;
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9}, b = {1, 2, 3, 4, 5, 6, 7, 8, 10, 11};
+  const auto request = [](int64_t arrival, int64_t finish, std::vector<int32_t> prompt) {
+    request_record q;
+    q.arrival_ns = arrival;
+    q.finish_ns = finish;
+    q.prompt_tokens = static_cast<int32_t>(prompt.size());
+    q.prompt = std::move(prompt);
+    return q;
+  };
+  r.requests = {request(0, 100, a), request(50, 300, b), request(200, -1, b), request(200, 250, {1, 2, 3, 4}),
+                request(20, 60, {5, 6, 7, 8, 9})};
+  // Arrived: 1 holds 8 (0's), 2 holds 8, 3 none (capped), 4 none; causal: only 2's 8 (0 done).
+  const auto [arrived, causal] = prefix_hit_bounds(r);
+  EXPECT_DOUBLE_EQ(arrived, 16.0 / 38);
+  EXPECT_DOUBLE_EQ(causal, 8.0 / 38);
+  r.block_size = 0;
+  EXPECT_EQ(prefix_hit_bounds(r), std::make_pair(0.0, 0.0));
+}
+
 /// Runs `workload` (shaped to the topology's context) on the 7B simulation topology with the
 /// settings `set`; returns the simulated prefix hit rate after checking each request's share,
 /// and the workload's bound.
@@ -538,7 +574,15 @@ std::pair<double, prefix_reuse> hit_rate_and_bound(std::vector<trace_request> wo
   }
   const prefix_reuse bound = prefix_reuse_bound(o.workload, mooncake_block_tokens);
   EXPECT_EQ(prompt, bound.num_prompt_tokens);
-  return {static_cast<double>(cached) / static_cast<double>(prompt), bound};
+  const double rate = static_cast<double>(cached) / static_cast<double>(prompt);
+  // The engine's own bounds (its block size, the run's arrival and finish times).
+  const summary_metrics m = summarize(*r, {});
+  EXPECT_EQ(m.prefix_hit_rate, rate);
+  EXPECT_LE(rate, m.prefix_hit_bound_arrived);
+  EXPECT_LE(m.prefix_hit_bound_causal, m.prefix_hit_bound_arrived);
+  std::printf("infinite cache, %d-token blocks: %.4f (every earlier prompt), %.4f (causal: finished before each arrival)\n",
+              t->engine.block_size, m.prefix_hit_bound_arrived, m.prefix_hit_bound_causal);
+  return {rate, bound};
 }
 
 TEST(Simulation, PrefixHitRateStaysUnderTheInfiniteCacheBound) {

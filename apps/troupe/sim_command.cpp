@@ -200,6 +200,10 @@ int run_sim(const sim_cli_options& o) {
   spdlog::info("{:.3f} s simulated in {:.3f} s wall: {:.0f}x real time; {} events; report in {}",
                result->simulated_ns / 1e9, wall, result->simulated_ns / 1e9 / std::max(wall, 1e-9),
                result->num_events, o.out);
+  const sim::summary_metrics m = sim::summarize(*result, o.slos);
+  std::printf("prefix hits: %.4f of prompt tokens; an infinite cache: %.4f (the prompts that arrived before), "
+              "%.4f (only those of requests finished before each arrival)\n",
+              m.prefix_hit_rate, m.prefix_hit_bound_arrived, m.prefix_hit_bound_causal);
   if (const std::string moe = sim::moe_report_line(*result); !moe.empty()) std::printf("%s\n", moe.c_str());
   std::printf("event-log-sha256: %s\n", result->event_log_sha256.c_str());
   return 0;
