@@ -88,7 +88,7 @@ struct load_balancer_options {
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
   /// The routing policy (runtime/balance/router.hpp), one of balance::router_names(); a
   /// randomised one is seeded with child_seed(seed_base, 0), which no request's seed uses.
-  std::string router = "least_loaded";
+  std::string router = "auto";
   double prefix_weight = 0.5;  ///< prefix_affinity's weight (balance::router_options)
   /// Admission by rate (runtime/balance/admission.hpp): on average at most this many requests
   /// per second, bursts of up to `rate_limit_burst`; one more is answered `overloaded`. 0 = off.

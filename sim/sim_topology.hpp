@@ -76,7 +76,7 @@ struct sim_topology {
   int32_t prefill_replicas = 0;
   engine::engine_config engine;         ///< num_kv_blocks derived from the memory
   int32_t max_waiting = 1 << 20;
-  std::string router = "least_loaded";  ///< [load_balancer] router: one of balance::router_names()
+  std::string router = "auto";  ///< [load_balancer] router: one of balance::router_names()
   double prefix_weight = 0.5;           ///< [load_balancer] prefix_weight (prefix_affinity)
   double rate_limit_per_s = 0;          ///< [load_balancer] admission rate, 0 = off
   int32_t rate_limit_burst = 16;         ///< [load_balancer] admission burst

@@ -216,7 +216,7 @@ TEST(BalancerPolicy, ARouterWithoutPrefixesTakesNoHashes) {
 }
 
 TEST(BalancerPolicy, EstimatesTokensAsTheLastReportPlusWorkItHasNotSeen) {
-  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0);
+  balancer_policy h({spec(engine_kind::mixed, "m0"), spec(engine_kind::mixed, "m1")}, {}, 0, 0, {"least_loaded"});
   auto a = h.place(1, 100);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->decode, 0u);
@@ -263,7 +263,7 @@ TEST(BalancerPolicy, RequestCountsAreExact) {
 TEST(BalancerPolicy, DisaggregatesAcrossTiersAndChargesBothEngines) {
   // Bounds {128}: two tiers; prefill p0 serves short prompts, p1 long ones.
   balancer_policy h({spec(engine_kind::prefill, "p0"), spec(engine_kind::prefill, "p1"), spec(engine_kind::decode, "d0")},
-                  {128}, 0, 0);
+                  {128}, 0, 0, {"least_loaded"});
   auto shrt = h.place(1, 100);
   ASSERT_TRUE(shrt.has_value());
   EXPECT_EQ(shrt->prefill, std::optional<size_t>{0});

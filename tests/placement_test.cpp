@@ -129,12 +129,37 @@ TEST(Placement, DeadEnginesAreRoutedAround) {
 
 TEST(Router, AnUnknownPolicyIsAnErrorListingTheKnownOnes) {
   EXPECT_EQ(router_names(),
-            (std::vector<std::string>{"least_loaded", "round_robin", "power_of_two", "prefix_affinity"}));
+            (std::vector<std::string>{"auto", "least_loaded", "round_robin", "power_of_two", "prefix_affinity"}));
   auto r = make_router({"fastest", 0});
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, errc::invalid_argument);
-  EXPECT_EQ(r.error().message, "unknown router 'fastest'; known: least_loaded, round_robin, power_of_two, prefix_affinity");
-  EXPECT_EQ(router_options{}.policy, "least_loaded");
+  EXPECT_EQ(r.error().message, "unknown router 'fastest'; known: auto, least_loaded, round_robin, power_of_two, prefix_affinity");
+  EXPECT_EQ(router_options{}.policy, "auto");
+}
+
+TEST(Router, AutoIsPrefixAffinityWhereADirectoryCanPayElseLeastLoaded) {
+  // One engine and no cache tier: nothing to choose by a prefix (no directory kept).
+  const auto one = make_router({"auto", 0}, 1, false);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_FALSE((*one)->uses_prefixes());
+  for (const auto& [engines, tier] : {std::pair<size_t, bool>{2, false}, {1, true}, {4, true}}) {
+    const auto r = make_router({"auto", 0}, engines, tier);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE((*r)->uses_prefixes()) << engines << " engines, tier " << tier;
+  }
+  // It places as prefix_affinity does: the engine holding the prompt's prefix, load being equal.
+  const std::vector<engine_load> loads(2, engine_load{});
+  candidates c;
+  c.decode = {0, 1};
+  route_request q;
+  q.num_prompt_tokens = 64;
+  q.cached_tokens = {0, 48};
+  auto r = make_router({"auto", 0}, 2, false);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ((*r)->choose(loads, c, q).decode, 1u);
+  auto ll = make_router({"least_loaded", 0});
+  ASSERT_TRUE(ll.has_value());
+  EXPECT_EQ((*ll)->choose(loads, c, q).decode, 0u);
 }
 
 TEST(Router, CandidatesAreLiveEnginesPerRoleAndOneTokenPromptsRunWhole) {

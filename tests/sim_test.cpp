@@ -99,7 +99,7 @@ TEST(SimTopology, BadFilesNameTheProblem) {
       {"[model]\nn_layers = 0\n", "tiny.toml:2: [model] n_layers = 0.000000 is outside"},
       {"[model\n", "tiny.toml:1:"},
       {std::string(tiny_topology) + "[load_balancer]\nrouter = \"fastest\"\n",
-       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: least_loaded, round_robin, power_of_two, prefix_affinity"},
+       "tiny.toml:24: [load_balancer] router: unknown router 'fastest'; known: auto, least_loaded, round_robin, power_of_two, prefix_affinity"},
       {std::string(tiny_topology) + "[load_balancer]\npolicy = \"fcfs\"\n", "tiny.toml:24: [load_balancer]: unknown key 'policy'"},
       {std::string(tiny_topology) + "[load_balancer]\nrate_limit_per_s = -1\n",
        "tiny.toml:24: [load_balancer] rate_limit_per_s = -1.000000 is outside [0.000000, 1000000000.000000]"},
@@ -609,9 +609,10 @@ TEST(Simulation, PrefixHitRateStaysUnderTheBoundOnTheFullMooncakeTrace) {
 /// The hit rates of least_loaded and prefix_affinity on `trace` at 4 replicas of `kv_gib` GiB.
 void expect_prefix_affinity_hits_more(std::vector<trace_request> trace, const std::string& kv_gib) {
   const topology_overrides four = {{"engine.replicas", "4"}, {"hardware.kv_memory_gib", kv_gib}};
-  topology_overrides affinity = four;
-  affinity.push_back({"load_balancer.router", "prefix_affinity"});
-  const auto [least, bound] = hit_rate_and_bound(trace, 0, four);
+  topology_overrides least_loaded = four, affinity = four;
+  least_loaded.push_back({"load_balancer.router", "least_loaded"});
+  affinity.push_back({"load_balancer.router", "auto"});  // four replicas: prefix_affinity
+  const auto [least, bound] = hit_rate_and_bound(trace, 0, least_loaded);
   const double with_affinity = hit_rate_and_bound(std::move(trace), 0, affinity).first;
   std::printf("prefix hit rate: least_loaded %.4f, prefix_affinity %.4f, bound %.4f\n", least, with_affinity,
               bound.rate());

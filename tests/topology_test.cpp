@@ -969,7 +969,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "got a float"},
         bad_file{"router_unknown", k_node0 + "[load_balancer]\nnode = \"node0\"\nrouter = \"fastest\"\n",
                  "topology.toml:7: load_balancer: key 'router': unknown router 'fastest'; known: "
-                 "least_loaded, round_robin, power_of_two, prefix_affinity"},
+                 "auto, least_loaded, round_robin, power_of_two, prefix_affinity"},
         bad_file{"prefix_weight_negative", k_node0 + "[load_balancer]\nnode = \"node0\"\nprefix_weight = -0.5\n",
                  "topology.toml:7: load_balancer: key 'prefix_weight' must be in 0..1000000, got -0.5"},
         bad_file{"prefix_weight_string", k_node0 + "[load_balancer]\nnode = \"node0\"\nprefix_weight = \"high\"\n",

@@ -77,9 +77,10 @@
 ///   prefill_tiers = [128, 512, 2048]   #   optional, default shown: strictly increasing prompt
 ///                                      #   lengths >= 1, at most 16; N bounds make N + 1 tiers
 ///                                      #   ([] = one tier)
-///   router = "least_loaded"            #   optional, default shown: least_loaded |
+///   router = "auto"                    #   optional, default shown: auto | least_loaded |
 ///                                      #   round_robin | power_of_two | prefix_affinity
-///                                      #   (docs/topology.md)
+///                                      #   (docs/topology.md; auto: prefix_affinity with
+///                                      #   more than one engine or a cache tier)
 ///   prefix_weight = 0.5                #   optional, 0..1e6, default 0.5: prefix_affinity's
 ///                                      #   weight of a cached prefix against load
 ///   rate_limit_per_s = 0               #   optional, 0..1e9, default 0 (off): admit at most this
@@ -256,7 +257,7 @@ struct load_balancer_spec {
   /// Prompt-length tier bounds, strictly increasing, each >= 1, at most 16: N bounds make N + 1
   /// tiers (tier i = prompts of <= bounds[i] tokens, the last tier = longer); empty = one tier.
   std::vector<int32_t> prefill_tier_bounds = {128, 512, 2048};
-  std::string router = "least_loaded";  ///< one of balance::router_names()
+  std::string router = "auto";  ///< one of balance::router_names()
   double prefix_weight = 0.5;           ///< prefix_affinity's weight of a cached prefix vs load
   int32_t rate_limit_per_s = 0;   ///< admission: requests per second on average, 0 = no limit
   int32_t rate_limit_burst = 16;  ///< admission: requests at once after a quiet period

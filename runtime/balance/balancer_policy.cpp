@@ -10,7 +10,7 @@ balancer_policy::balancer_policy(std::vector<engine_spec> engines, std::vector<i
                              std::vector<cache_tier_spec> cache_tiers)
     : bounds_(std::move(tier_bounds)) {
   TROUPE_ASSERT(!engines.empty() && heartbeat_timeout_ns >= 0);
-  auto r = make_router(routing);
+  auto r = make_router(routing, engines.size(), !cache_tiers.empty());
   TROUPE_ASSERT_MSG(r.has_value(), "router policies are validated where they are read");
   router_ = std::move(*r);
   int32_t num_prefill = 0;

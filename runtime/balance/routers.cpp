@@ -36,7 +36,7 @@ constexpr policy policies[] = {
 
 }  // namespace
 
-expected<std::unique_ptr<router>> make_router(const router_options& o) {
+expected<std::unique_ptr<router>> make_router(const router_options& o, size_t num_engines, bool any_cache_tier) {
   // Negated: a NaN fails it too.
   if (!(o.prefix_weight >= 0 && o.prefix_weight <= prefix_weight_max))
   {
@@ -44,6 +44,7 @@ expected<std::unique_ptr<router>> make_router(const router_options& o) {
     std::snprintf(got, sizeof(got), "%g", o.prefix_weight);
     return fail(errc::invalid_argument, std::string("prefix_weight must be a number in [0, 1000000], got ") + got);
   }
+  if (o.policy == "auto") return num_engines > 1 || any_cache_tier ? make_prefix_affinity(o) : make_least_loaded(o);
   for (const policy& p : policies)
     if (o.policy == p.name) return p.make(o);
   std::string known;
@@ -52,7 +53,7 @@ expected<std::unique_ptr<router>> make_router(const router_options& o) {
 }
 
 std::vector<std::string> router_names() {
-  std::vector<std::string> names;
+  std::vector<std::string> names{"auto"};
   for (const policy& p : policies) names.emplace_back(p.name);
   return names;
 }
