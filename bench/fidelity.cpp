@@ -1,22 +1,27 @@
 // bench_fidelity: the same workload through the real CPU engine (actors, threads, wall clock)
-// and through the simulator calibrated on this machine, request by request: mean and p99
-// relative errors of TTFT and E2E, and the error of the mean.
+// and through the simulator calibrated on this machine (issue 55): the simulator's error of the
+// mean TTFT and E2E against the mean of N real runs, beside the noise floor (the error of the
+// mean between two real runs of this sitting) and a 95% confidence interval of the real mean.
 //
-// Calibration: real runs log every executor step (features + measured ns) and the cost model
-// is fitted to a log (what `troupe calibrate --log` does): to a run over the NEXT N requests
-// of the trace (held out), to real run A of the evaluation workload, and to real run B's own
-// steps. The simulator is compared with real run B each time; A against B shows the host's own
-// run-to-run noise, which the first two calibrations carry and the last does not.
+// Calibrations: the designed sweep first (`troupe calibrate`: a grid of synthetic plans through
+// the step executor, median of several runs each; held out from every workload, what a user
+// measures once per machine), then step logs of real runs (what `troupe calibrate --log`
+// fits): a run over the NEXT N requests of the trace (held out), and the evaluated workload's
+// first run. Each fit prints its held-out per-step error (5-fold cross-validation) and any
+// parameter held at its bound (a misfit). A verdict per calibration: E2E within max(5%, noise
+// floor), TTFT within max(10%, noise floor).
 //
-//   bench_fidelity [--requests N] [--time-scale S]
+//   bench_fidelity [--requests N] [--time-scale S] [--repeat R] [--troupe PATH]
 //
 // Workload: the first N requests (default 300) of the Azure 2023 conversation trace, lengths
 // scaled by 1/4 and clipped to the model's 512-token context, arrivals compressed S-fold
-// (default 40, about 30 requests/s). Greedy, EOS ignored: each request runs to its trace length
-// in both worlds, with the same prompt tokens.
+// (default 40, about 30 requests/s), R real runs (default 3, at least 2). Greedy, EOS ignored:
+// each request runs to its trace length in both worlds, with the same prompt tokens.
 
-#include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <optional>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -31,6 +36,7 @@
 #include "actors/client.hpp"
 #include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
+#include "bench/troupe_process.hpp"
 #include "runtime/common/stats.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "sim/simulation.hpp"
@@ -91,79 +97,131 @@ std::vector<timing> run_real(const sim::sim_topology& t, const std::vector<sim::
   return out;
 }
 
-void report(const char* name, const std::vector<double>& real, const std::vector<double>& simulated,
-            const char* other) {
-  std::vector<double> rel;
-  double sum_real = 0, sum_sim = 0;
-  for (size_t i = 0; i < real.size(); i++) {
-    rel.push_back(std::fabs(simulated[i] - real[i]) / std::max(real[i], 1e-3));
-    sum_real += real[i];
-    sum_sim += simulated[i];
+/// Mean TTFT and E2E over the requests that finished.
+struct means {
+  double ttft_ms = 0;
+  double e2e_ms = 0;
+};
+
+means mean_of(const std::vector<timing>& t) {
+  means m;
+  size_t n = 0;
+  for (const timing& x : t) {
+    if (x.e2e_ms < 0) continue;
+    m.ttft_ms += x.ttft_ms;
+    m.e2e_ms += x.e2e_ms;
+    n++;
   }
-  const stats::summary e = stats::summarize(rel);
-  std::printf("%-5s real mean %8.2f ms  %s mean %8.2f ms  error of the mean %5.1f%%  per-request error: mean %5.1f%%  p99 %6.1f%%\n",
-              name, sum_real / real.size(), other, sum_sim / real.size(), 100 * std::fabs(sum_sim - sum_real) / sum_real,
-              100 * e.mean, 100 * e.p99);
+  if (n > 0) m = {m.ttft_ms / static_cast<double>(n), m.e2e_ms / static_cast<double>(n)};
+  return m;
 }
 
-/// Prints the errors of `other` (simulated or another real run) against `real`, request by
-/// request, over the requests that finished in both.
-void compare_timings(const std::vector<timing>& real, const std::vector<timing>& other, const char* other_name) {
-  std::vector<double> real_ttft, real_e2e, other_ttft, other_e2e;
-  for (size_t i = 0; i < real.size(); i++) {
-    if (real[i].e2e_ms < 0 || other[i].e2e_ms < 0) continue;
-    real_ttft.push_back(real[i].ttft_ms);
-    real_e2e.push_back(real[i].e2e_ms);
-    other_ttft.push_back(other[i].ttft_ms);
-    other_e2e.push_back(other[i].e2e_ms);
+double relative(double a, double b) { return std::fabs(a - b) / std::max(b, 1e-9); }
+
+/// The real runs' figures: each run's means, their mean, the noise floor (the error of the mean
+/// between two real runs: the mean and the largest over every pair) and a 95% confidence
+/// interval of the mean (Student's t over the runs).
+struct real_figures {
+  std::vector<means> runs;
+  means mean;
+  means floor_mean, floor_max;
+  means ci95;  ///< half-widths
+};
+
+real_figures summarize_runs(const std::vector<std::vector<timing>>& runs) {
+  real_figures f;
+  for (const auto& r : runs) f.runs.push_back(mean_of(r));
+  const auto n = static_cast<double>(f.runs.size());
+  for (const means& m : f.runs) f.mean = {f.mean.ttft_ms + m.ttft_ms / n, f.mean.e2e_ms + m.e2e_ms / n};
+  int pairs = 0;
+  for (size_t i = 0; i < f.runs.size(); i++)
+    for (size_t j = i + 1; j < f.runs.size(); j++) {
+      const means& a = f.runs[i];
+      const means& b = f.runs[j];
+      const means e{relative(a.ttft_ms, b.ttft_ms), relative(a.e2e_ms, b.e2e_ms)};
+      f.floor_mean = {f.floor_mean.ttft_ms + e.ttft_ms, f.floor_mean.e2e_ms + e.e2e_ms};
+      f.floor_max = {std::max(f.floor_max.ttft_ms, e.ttft_ms), std::max(f.floor_max.e2e_ms, e.e2e_ms)};
+      pairs++;
+    }
+  if (pairs > 0) f.floor_mean = {f.floor_mean.ttft_ms / pairs, f.floor_mean.e2e_ms / pairs};
+  if (f.runs.size() >= 2) {
+    // Student's t at 97.5% for 1..9 degrees of freedom, then about the normal's.
+    constexpr double t975[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262};
+    const size_t dof = f.runs.size() - 1;
+    const double t = dof <= 9 ? t975[dof - 1] : 1.96;
+    double var_ttft = 0, var_e2e = 0;
+    for (const means& m : f.runs) {
+      var_ttft += (m.ttft_ms - f.mean.ttft_ms) * (m.ttft_ms - f.mean.ttft_ms) / (n - 1);
+      var_e2e += (m.e2e_ms - f.mean.e2e_ms) * (m.e2e_ms - f.mean.e2e_ms) / (n - 1);
+    }
+    f.ci95 = {t * std::sqrt(var_ttft / n), t * std::sqrt(var_e2e / n)};
   }
-  std::printf("%zu requests compared\n", real_e2e.size());
-  report("TTFT", real_ttft, other_ttft, other_name);
-  report("E2E", real_e2e, other_e2e, other_name);
+  return f;
 }
 
-/// Simulates `workload` with `t` and prints its errors against the real timings.
-bool compare(const sim::sim_topology& t, const std::vector<sim::trace_request>& workload, uint64_t seed,
-             const std::vector<timing>& real) {
+/// Simulates `workload` with `t` and returns its mean TTFT and E2E (requests that finished).
+expected<means> simulate(const sim::sim_topology& t, const std::vector<sim::trace_request>& workload, uint64_t seed) {
   sim::sim_options o;
   o.topology = t;
   o.workload = workload;
   o.seed = seed;
   auto simulated = sim::run_simulation(o);
-  if (!simulated) {
-    std::fprintf(stderr, "%s\n", simulated.error().message.c_str());
-    return false;
-  }
+  if (!simulated) return tl::unexpected(simulated.error());
   std::vector<timing> out(workload.size());
   for (size_t i = 0; i < workload.size(); i++) {
     const sim::request_record& q = simulated->requests[i];
     if (q.finish_ns >= 0) out[i] = {(q.first_token_ns - q.arrival_ns) / 1e6, (q.finish_ns - q.arrival_ns) / 1e6};
   }
-  compare_timings(real, out, "sim");
-  return true;
+  return mean_of(out);
 }
 
-/// The cost model fitted to the step log at `path`, printed with `what` it was measured on.
-expected<cost::cost_params> calibrate(const std::string& path, const std::string& what) {
-  auto samples = cost::read_step_log(path);
-  if (!samples) return tl::unexpected<error>(samples.error());
-  auto fitted = cost::fit(*samples);
-  if (!fitted) return tl::unexpected<error>(fitted.error());
-  const cost::cost_params& c = fitted->params;
+/// The median per-step error of 5-fold cross-validation, if the samples allow it.
+std::optional<double> held_out_error(const std::vector<cost::step_sample>& samples) {
+  auto e = cost::cross_validate(samples, 5);
+  return e ? std::optional<double>(*e) : std::nullopt;
+}
+
+/// Prints the calibrated model and its fit (with the held-out per-step error and any
+/// parameter at its bound) for `what`.
+void print_fit(const cost::fit_result& fit, const std::string& what, std::optional<double> held_out) {
+  const cost::cost_params& c = fit.params;
   std::printf("\ncalibrated on %s (%lld steps): step %.0f ns, token %.0f ns, sample %.0f ns, attended token %.1f ns, "
-              "KV read token %.1f ns (fit: mean relative error %.1f%%, weighted by time %.1f%%)\n",
-              what.c_str(), static_cast<long long>(fitted->num_samples), c.step_ns, c.token_ns, c.sampled_row_ns,
-              c.attention_token_ns, c.kv_read_token_ns, 100 * fitted->mean_abs_rel_error, 100 * fitted->time_error);
-  return c;
+              "KV read token %.1f ns (fit: mean relative error %.1f%%, weighted by time %.1f%%",
+              what.c_str(), static_cast<long long>(fit.num_samples), c.step_ns, c.token_ns, c.sampled_row_ns,
+              c.attention_token_ns, c.kv_read_token_ns, 100 * fit.mean_abs_rel_error, 100 * fit.time_error);
+  if (held_out) std::printf("; held-out per-step error %.1f%%", 100 * *held_out);
+  std::printf(")\n");
+  for (size_t j = 0; j < fit.at_bound.size(); j++)
+    if (fit.at_bound[j]) std::printf("  MISFIT: %s held at its bound 0\n", cost::param_names[j]);
+}
+
+/// The simulator with `params` against the real runs' mean: the errors of mean TTFT and E2E,
+/// and whether each is within max(bound, noise floor).
+bool judge(sim::sim_topology t, const cost::cost_params& params, const std::vector<sim::trace_request>& workload,
+           uint64_t seed, const real_figures& real) {
+  t.cost = params;
+  auto m = simulate(t, workload, seed);
+  if (!m) return std::fprintf(stderr, "%s\n", m.error().message.c_str()), false;
+  const double e2e = relative(m->e2e_ms, real.mean.e2e_ms), ttft = relative(m->ttft_ms, real.mean.ttft_ms);
+  const double e2e_bound = std::max(0.05, real.floor_mean.e2e_ms), ttft_bound = std::max(0.10, real.floor_mean.ttft_ms);
+  std::printf("  E2E  sim mean %8.2f ms  error %5.1f%%  (bound max(5%%, noise floor) = %.1f%%: %s)\n", m->e2e_ms,
+              100 * e2e, 100 * e2e_bound, e2e <= e2e_bound ? "within" : "OUTSIDE");
+  std::printf("  TTFT sim mean %8.2f ms  error %5.1f%%  (bound max(10%%, noise floor) = %.1f%%: %s)\n", m->ttft_ms,
+              100 * ttft, 100 * ttft_bound, ttft <= ttft_bound ? "within" : "OUTSIDE");
+  return true;
 }
 
 int run(int argc, char** argv) {
   std::printf("$ %s\n", command_line(argc, argv).c_str());
   int32_t num_requests = 300;
+  int32_t repeat = 3;
   double time_scale = 40;
+  std::string troupe = default_troupe_binary(argv[0]);
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--requests") num_requests = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--time-scale") time_scale = std::stod(argv[i + 1]);
+    if (std::string(argv[i]) == "--repeat") repeat = std::max(2, std::stoi(argv[i + 1]));
+    if (std::string(argv[i]) == "--troupe") troupe = argv[i + 1];
   }
   auto t = sim::load_sim_topology(std::string(TROUPE_SOURCE_DIR) + "/examples/sim-stories260K-cpu.toml");
   if (!t) return std::fprintf(stderr, "%s\n", t.error().message.c_str()), 1;
@@ -180,35 +238,59 @@ int run(int argc, char** argv) {
   std::vector<sim::trace_request> calibration(all.begin() + all.size() / 2, all.end());
   for (sim::trace_request& r : calibration) r.arrival_ns -= all[all.size() / 2].arrival_ns;
   const uint64_t seed = 1;
-  std::printf("workload: %zu Azure conv requests, lengths x0.25 clipped to %d, time compressed %.0fx\n",
-              workload.size(), t->model.seq_len, time_scale);
-  // Three real runs, each logging its steps: the held-out workload, then the evaluation
-  // workload twice (A and B). B is what the simulator is compared with; A against B is this
-  // host's own run-to-run noise, the floor no simulator can get under.
-  const std::string held_out_log = "/tmp/troupe_fidelity_held_out_steps.csv";
-  const std::string log_a = "/tmp/troupe_fidelity_a_steps.csv", log_b = "/tmp/troupe_fidelity_b_steps.csv";
-  for (const std::string& path : {held_out_log, log_a, log_b}) std::remove(path.c_str());
+  std::printf("workload: %zu Azure conv requests, lengths x0.25 clipped to %d, time compressed %.0fx; %d real runs\n",
+              workload.size(), t->model.seq_len, time_scale, repeat);
+  // The designed sweep first (troupe calibrate: a grid of plans through the step executor,
+  // median of several runs each), then the real runs, each logging its steps: the held-out
+  // workload, then the evaluation workload `repeat` times.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "troupe_fidelity";
+  std::filesystem::create_directories(dir);
+  const std::string checkpoint = std::string(TROUPE_MODELS_DIR) + "/stories260K.bin";
+  auto swept = run_calibrate(troupe, 1, dir, checkpoint);
+  if (!swept) return std::fprintf(stderr, "%s\n", swept.error().message.c_str()), 1;
+  const std::string held_out_log = (dir / "held_out_steps.csv").string();
+  std::remove(held_out_log.c_str());
   (void)run_real(*t, calibration, seed + 1, held_out_log);
-  const std::vector<timing> real_a = run_real(*t, workload, seed, log_a);
-  const std::vector<timing> real_b = run_real(*t, workload, seed, log_b);
-  std::printf("\nreal run B against real run A (the host's run-to-run noise)\n");
-  compare_timings(real_b, real_a, "  A");
+  std::vector<std::vector<timing>> runs;
+  std::vector<std::string> logs;
+  for (int32_t i = 0; i < repeat; i++) {
+    logs.push_back((dir / ("run" + std::to_string(i + 1) + "_steps.csv")).string());
+    std::remove(logs.back().c_str());
+    runs.push_back(run_real(*t, workload, seed, logs.back()));
+  }
+  const real_figures real = summarize_runs(runs);
+  std::printf("\nreal runs:");
+  for (const means& m : real.runs) std::printf("  TTFT %.2f / E2E %.2f ms", m.ttft_ms, m.e2e_ms);
+  std::printf("\nreal mean: TTFT %.2f ms ± %.2f, E2E %.2f ms ± %.2f (95%% confidence, %d runs)\n", real.mean.ttft_ms,
+              real.ci95.ttft_ms, real.mean.e2e_ms, real.ci95.e2e_ms, repeat);
+  std::printf("noise floor (error of the mean between two real runs): TTFT %.1f%% (largest pair %.1f%%), E2E %.1f%% "
+              "(largest pair %.1f%%)\n",
+              100 * real.floor_mean.ttft_ms, 100 * real.floor_max.ttft_ms, 100 * real.floor_mean.e2e_ms,
+              100 * real.floor_max.e2e_ms);
 
+  // The sweep: what a user measures once per machine, held out from every workload.
+  auto sweep_samples = cost::read_step_log((dir / "sweep_steps.csv").string());
+  const std::string sweep_what = "the designed sweep (troupe calibrate, " + (dir / "calibration.toml").string() + ")";
+  if (sweep_samples) {
+    auto f = cost::fit(*sweep_samples);
+    if (f) print_fit(*f, sweep_what, held_out_error(*sweep_samples));
+  } else {
+    std::printf("\ncalibrated on %s\n", sweep_what.c_str());
+  }
+  if (!judge(*t, *swept, workload, seed, real)) return 1;
+  // Step logs of real runs: a held-out workload, and the evaluated workload's first run (as a
+  // user calibrates on a log of the workload they study).
   const std::pair<std::string, std::string> calibrations[] = {
-      // A workload the simulator is not compared on.
       {held_out_log, "the held-out run of the next " + std::to_string(calibration.size()) + " requests"},
-      // The same workload measured in another run, as a user calibrates on a log of the
-      // workload they study.
-      {log_a, "real run A"},
-      // The host's drift between runs removed: what is left is the cost model's and the
-      // simulated scheduling's own error.
-      {log_b, "real run B itself"},
+      {logs.front(), "real run 1's steps"},
   };
   for (const auto& [log, what] : calibrations) {
-    auto params = calibrate(log, what);
-    if (!params) return std::fprintf(stderr, "%s\n", params.error().message.c_str()), 1;
-    t->cost = *params;
-    if (!compare(*t, workload, seed, real_b)) return 1;
+    auto samples = cost::read_step_log(log);
+    if (!samples) return std::fprintf(stderr, "%s\n", samples.error().message.c_str()), 1;
+    auto fitted = cost::fit(*samples);
+    if (!fitted) return std::fprintf(stderr, "%s\n", fitted.error().message.c_str()), 1;
+    print_fit(*fitted, what, held_out_error(*samples));
+    if (!judge(*t, fitted->params, workload, seed, real)) return 1;
   }
   return 0;
 }

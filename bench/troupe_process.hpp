@@ -47,7 +47,8 @@ inline pid_t start_program(std::vector<std::string> args, const std::string& out
 }
 
 /// `troupe calibrate -m CHECKPOINT --threads T` (the sweep), into DIR/calibration.toml (its
-/// output in DIR/calibrate.log); returns the calibrated step-time model.
+/// output in DIR/calibrate.log, the measured steps in DIR/sweep_steps.csv); returns the
+/// calibrated step-time model.
 inline expected<cost::cost_params> run_calibrate(const std::string& troupe, int32_t threads,
                                                  const std::filesystem::path& dir, const std::string& checkpoint) {
   const std::string out = (dir / "calibration.toml").string();
@@ -55,7 +56,7 @@ inline expected<cost::cost_params> run_calibrate(const std::string& troupe, int3
               out.c_str(), (dir / "calibrate.log").c_str());
   std::fflush(stdout);
   const pid_t pid = start_program({troupe, "calibrate", "-m", checkpoint, "--threads", std::to_string(threads),
-                                  "--out", out},
+                                  "--out", out, "--log-out", (dir / "sweep_steps.csv").string()},
                                  (dir / "calibrate.log").string());
   int status = 0;
   ::waitpid(pid, &status, 0);

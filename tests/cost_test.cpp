@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -112,6 +114,33 @@ TEST(CostFit, RecoversKnownParametersFromNoiselessSamples) {
   EXPECT_LT(r->mean_abs_rel_error, 1e-9);
   EXPECT_LT(r->time_error, 1e-9);
   EXPECT_EQ(r->num_samples, static_cast<int64_t>(samples.size()));
+  // Nothing at a bound; noiseless steps leave no doubt about any parameter, and every held-out
+  // step is predicted exactly.
+  EXPECT_FALSE(misfit(*r));
+  const double params[5] = {truth.step_ns, truth.token_ns, truth.sampled_row_ns, truth.attention_token_ns,
+                            truth.kv_read_token_ns};
+  for (int j = 0; j < 5; j++) EXPECT_LT(r->std_error[j], 1e-6 * params[j]) << j;
+  auto held_out = cross_validate(samples, 5);
+  ASSERT_TRUE(held_out.has_value()) << held_out.error().message;
+  EXPECT_LT(*held_out, 1e-9);
+}
+
+TEST(CostFit, CrossValidationNeedsTwoToAllSamplesFolds) {
+  const cost_params truth{25'000, 1'300, 2'100, 3.25, 1.5};
+  std::vector<step_sample> samples;
+  for (const step_features& f : grid_features()) samples.push_back({f, exact_ns(truth, f)});
+  for (const int32_t k : {1, static_cast<int32_t>(samples.size()) + 1}) {
+    auto e = cross_validate(samples, k);
+    ASSERT_FALSE(e.has_value()) << k;
+    EXPECT_EQ(e.error().code, errc::invalid_argument);
+    EXPECT_EQ(e.error().message, "cross-validation needs 2 to " + std::to_string(samples.size()) + " folds, got " +
+                                     std::to_string(k));
+  }
+  // A fold whose training part cannot determine the parameters names the fold.
+  const std::vector<step_sample> few(samples.begin(), samples.begin() + 6);
+  auto e = cross_validate(few, 2);
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().message.rfind("fold 0 of 2: cannot fit 5 cost parameters from 3 samples", 0), 0u) << e.error().message;
 }
 
 TEST(CostFit, RecoversAHandMadeSystemExactly) {
@@ -231,6 +260,20 @@ TEST(CostFit, ClampsNegativeParametersToTheNonNegativeOptimum) {
   EXPECT_GT(p.step_ns, 0);
   EXPECT_GT(p.token_ns, 0);
   EXPECT_GT(p.attention_token_ns, 0);
+  // Reported, not silent: the clamped parameter is a misfit, written into the calibration.
+  EXPECT_TRUE(misfit(*r));
+  // sampled_row_ns, and kv_read_token_ns with it: the optimum holds both at 0.
+  EXPECT_EQ(r->at_bound, (std::array<bool, 5>{false, false, true, false, true}));
+  EXPECT_EQ(r->std_error[2], 0);
+  EXPECT_EQ(r->std_error[4], 0);
+  const std::string text = write_calibration(*r, "test", 0.25);
+  EXPECT_NE(text.find("# MISFIT: sampled_row_ns is held at its bound 0 (the fit wanted it negative)\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("# Held-out per-step error (the median over 5-fold cross-validation): 0.25\n"), std::string::npos)
+      << text;
+  auto back = parse_calibration(text, "test.toml");
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  EXPECT_EQ(back->sampled_row_ns, 0);
 }
 
 TEST(CostFit, RejectsFewerSamplesThanParameters) {
@@ -499,6 +542,12 @@ TEST(CalibrationFile, ShippedCpuCalibrationIsTheFitOfItsShippedStepLog) {
   expect_relative(refit->params.attention_token_ns, shipped->attention_token_ns, 1e-9, "attention_token_ns");
   expect_relative(refit->params.kv_read_token_ns, shipped->kv_read_token_ns, 1e-9, "kv_read_token_ns");
   EXPECT_EQ(refit->num_samples, 92);
+  // Issue 55: no parameter at its bound, and a held-out per-step error of at most 10%.
+  EXPECT_FALSE(misfit(*refit));
+  auto held_out = cross_validate(*samples, 5);
+  ASSERT_TRUE(held_out.has_value()) << held_out.error().message;
+  std::printf("shipped CPU calibration: held-out per-step error %.4f (5-fold)\n", *held_out);
+  EXPECT_LE(*held_out, 0.10);
 }
 
 // --- sweep grid -----------------------------------------------------------------------------

@@ -113,7 +113,21 @@ int run_calibrate(const calibrate_options& o) {
                fit->num_samples, p.step_ns, p.token_ns, p.sampled_row_ns, p.attention_token_ns, p.kv_read_token_ns);
   spdlog::info("fit error: rms {:.1f} ns, mean relative {:.2f}%, weighted by time {:.2f}%", fit->rms_error_ns,
                100 * fit->mean_abs_rel_error, 100 * fit->time_error);
-  const std::string text = cost::write_calibration(*fit, source);
+  std::string errors;
+  for (size_t j = 0; j < fit->std_error.size(); j++)
+    errors += fmt::format("{}{} ± {:.4g}", j ? ", " : "", cost::param_names[j], fit->std_error[j]);
+  spdlog::info("standard errors: {}", errors);
+  const expected<double> held_out = cost::cross_validate(*samples, std::min<int32_t>(5, static_cast<int32_t>(samples->size())));
+  if (held_out)
+    spdlog::info("held-out per-step error (median over 5-fold cross-validation): {:.2f}%", 100 * *held_out);
+  else
+    spdlog::warn("no held-out error: {}", held_out.error().message);
+  for (size_t j = 0; j < fit->at_bound.size(); j++)
+    if (fit->at_bound[j])
+      spdlog::warn("misfit: {} is held at its bound 0 (the fit wanted it negative): the model lacks a term these "
+                   "steps need", cost::param_names[j]);
+  const std::string text =
+      cost::write_calibration(*fit, source, held_out ? std::optional<double>(*held_out) : std::nullopt);
   if (o.out.empty()) {
     std::fputs(text.c_str(), stdout);
     return 0;

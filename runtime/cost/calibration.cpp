@@ -265,7 +265,7 @@ expected<std::vector<step_sample>> read_step_log(const std::string& path) {
   return parse_step_log(*text, path);
 }
 
-std::string write_calibration(const fit_result& fit, const std::string& source) {
+std::string write_calibration(const fit_result& fit, const std::string& source, std::optional<double> held_out_error) {
   const cost_params& p = fit.params;
   std::string s;
   s += "# troupe step cost model. A step's predicted time in nanoseconds is\n";
@@ -285,6 +285,14 @@ std::string write_calibration(const fit_result& fit, const std::string& source) 
   s += "time_error = " + format_float(fit.time_error) + "\n";
   s += "num_samples = " + std::to_string(fit.num_samples) + "\n";
   s += "source = " + quote(source) + "\n";
+  s += "# Standard errors:";
+  for (size_t j = 0; j < fit.std_error.size(); j++) s += std::string(" ") + param_names[j] + " " + format_float(fit.std_error[j]);
+  s += "\n";
+  if (held_out_error)
+    s += "# Held-out per-step error (the median over 5-fold cross-validation): " + format_float(*held_out_error) + "\n";
+  for (size_t j = 0; j < fit.at_bound.size(); j++)
+    if (fit.at_bound[j])
+      s += std::string("# MISFIT: ") + param_names[j] + " is held at its bound 0 (the fit wanted it negative)\n";
   return s;
 }
 

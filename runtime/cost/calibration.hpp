@@ -23,6 +23,7 @@
 /// Errors name the file and line: "FILE:LINE: ..." (malformed_file), or io_error when the file
 /// cannot be read.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,10 @@ inline constexpr const char* step_log_header =
 inline constexpr const char* calibration_format = "troupe-calibration-2";
 
 /// A calibration file's text for `fit`; `source` says how it was measured.
-[[nodiscard]] std::string write_calibration(const fit_result& fit, const std::string& source);
+/// With `held_out_error` (cross_validate's), a comment says it; each parameter's standard error
+/// and every parameter at its bound (a misfit) are comments too.
+[[nodiscard]] std::string write_calibration(const fit_result& fit, const std::string& source,
+                                            std::optional<double> held_out_error = std::nullopt);
 
 /// Parses a calibration file's text; `name` (the file) prefixes error messages. Unknown,
 /// duplicate or missing keys, values of the wrong type, negative or non-finite numbers and

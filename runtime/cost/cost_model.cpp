@@ -1,5 +1,6 @@
 #include "runtime/cost/cost_model.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <optional>
@@ -156,6 +157,48 @@ wide residual_sum_of_squares(const std::vector<step_sample>& samples, const vec&
   return rss;
 }
 
+/// The standard error of each parameter not in `fixed` (cost_model.hpp, fit_result::std_error):
+/// the inverse of the scaled gram matrix over the free parameters, by Cholesky, times σ².
+vec standard_errors(const normal_equations& ne, const std::vector<step_sample>& samples, const vec& p,
+                    const variances& var, const std::array<bool, num_params>& fixed) {
+  int idx[num_params];
+  int n = 0;
+  for (int j = 0; j < num_params; j++)
+    if (!fixed[j]) idx[n++] = j;
+  vec out{};
+  const auto dof = static_cast<wide>(samples.size()) - n;
+  if (n == 0 || dof <= 0) return out;
+  const wide sigma2 = weighted_residual_sum_of_squares(samples, p, var) / dof;
+  // Column by column: G x = e_c, G = L Lᵀ over the free parameters.
+  wide l[num_params][num_params] = {};
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c <= r; c++) {
+      wide s = ne.gram[idx[r]][idx[c]];
+      for (int k = 0; k < c; k++) s -= l[r][k] * l[c][k];
+      if (r == c) {
+        if (s <= 0) return out;  // (not reached: the fit solved this system)
+        l[r][r] = std::sqrt(s);
+      } else {
+        l[r][c] = s / l[c][c];
+      }
+    }
+  for (int c = 0; c < n; c++) {
+    wide z[num_params] = {};
+    for (int r = 0; r < n; r++) {
+      wide s = r == c ? 1 : 0;
+      for (int k = 0; k < r; k++) s -= l[r][k] * z[k];
+      z[r] = s / l[r][r];
+    }
+    for (int r = n - 1; r >= 0; r--) {
+      wide s = z[r];
+      for (int k = r + 1; k < n; k++) s -= l[k][r] * z[k];
+      z[r] = s / l[r][r];
+    }
+    out[idx[c]] = static_cast<double>(std::sqrt(sigma2 * z[c]) / ne.scale[idx[c]]);
+  }
+  return out;
+}
+
 bool non_negative(const vec& p) {
   for (double v : p)
     if (v < 0) return false;
@@ -212,9 +255,14 @@ expected<fit_result> fit(const std::vector<step_sample>& samples) {
   variances var(samples.size());
   for (size_t i = 0; i < samples.size(); i++) var[i] = samples[i].second;
   vec p{};
+  std::optional<normal_equations> last;  // the settled pass's, for the standard errors
+  variances last_var;
+  bool constrained = false;
   for (int pass = 0; pass < max_passes; pass++) {
     auto ne = build(samples, var);
     if (!ne) return tl::unexpected(ne.error());
+    last = *ne;
+    last_var = var;
     auto [q, singular] = solve_subset(*ne, (1u << num_params) - 1);
     if (singular >= 0)
       return fail(errc::invalid_argument,
@@ -222,7 +270,8 @@ expected<fit_result> fit(const std::vector<step_sample>& samples) {
                       feature_names[singular] +
                       " is (nearly) a linear combination of the features before it; vary the "
                       "steps' tokens, samples, context and batch size independently");
-    if (!non_negative(q)) q = best_non_negative(samples, *ne, var);
+    constrained = !non_negative(q);
+    if (constrained) q = best_non_negative(samples, *ne, var);
     bool settled = pass > 0;
     for (int j = 0; j < num_params; j++) settled = settled && std::abs(q[j] - p[j]) <= 1e-12 * std::abs(p[j]);
     p = q;
@@ -249,7 +298,31 @@ expected<fit_result> fit(const std::vector<step_sample>& samples) {
   r.rms_error_ns = static_cast<double>(std::sqrt(residual_sum_of_squares(samples, p) / n));
   r.mean_abs_rel_error = sum_rel / n;
   r.time_error = sum_abs / sum_measured;
+  for (int j = 0; j < num_params; j++) r.at_bound[j] = constrained && p[j] == 0;
+  r.std_error = standard_errors(*last, samples, p, last_var, r.at_bound);
   return r;
+}
+
+bool misfit(const fit_result& f) {
+  return std::any_of(f.at_bound.begin(), f.at_bound.end(), [](bool b) { return b; });
+}
+
+expected<double> cross_validate(const std::vector<step_sample>& samples, int32_t k) {
+  if (k < 2 || static_cast<size_t>(k) > samples.size())
+    return fail(errc::invalid_argument, "cross-validation needs 2 to " + std::to_string(samples.size()) +
+                                            " folds, got " + std::to_string(k));
+  std::vector<double> errors;
+  for (int32_t fold = 0; fold < k; fold++) {
+    std::vector<step_sample> train, held_out;
+    for (size_t i = 0; i < samples.size(); i++) (static_cast<int32_t>(i % k) == fold ? held_out : train).push_back(samples[i]);
+    auto f = fit(train);
+    if (!f) return fail(f.error().code, "fold " + std::to_string(fold) + " of " + std::to_string(k) + ": " + f.error().message);
+    for (const step_sample& s : held_out)
+      errors.push_back(std::abs(static_cast<double>(predict_ns(f->params, s.first)) - s.second) / s.second);
+  }
+  std::sort(errors.begin(), errors.end());
+  const size_t m = errors.size();
+  return m % 2 == 1 ? errors[m / 2] : (errors[m / 2 - 1] + errors[m / 2]) / 2;
 }
 
 }  // namespace troupe::cost

@@ -8,6 +8,7 @@
 /// The engine corrects it online from measured steps (step_time_correction.hpp). Pure: no
 /// clock, no I/O.
 
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -55,13 +56,34 @@ struct cost_params {
 /// The features paired with the step time measured for them, in nanoseconds.
 using step_sample = std::pair<step_features, double>;
 
+/// The parameters' names, in cost_params' order (as in a calibration file).
+inline constexpr const char* param_names[5] = {"step_ns", "token_ns", "sampled_row_ns", "attention_token_ns",
+                                               "kv_read_token_ns"};
+
 struct fit_result {
   cost_params params;
   double rms_error_ns = 0;        ///< sqrt(mean (predicted - measured)²)
   double mean_abs_rel_error = 0;  ///< mean |predicted - measured| / measured
   double time_error = 0;          ///< Σ |predicted - measured| / Σ measured: error weighted by time
   int64_t num_samples = 0;
+  /// Per parameter (cost_params' order): held at its bound 0 because the unconstrained fit
+  /// wanted it negative. Such a fit is a misfit: the model lacks a term the steps need, and
+  /// the parameters it kept absorb that term's time.
+  std::array<bool, 5> at_bound{};
+  /// Per parameter: its standard error, from the settled weighted fit's covariance
+  /// (σ² (XᵀWX)⁻¹ over the free parameters, σ² = the weighted residual sum over n − k); 0 for
+  /// one at its bound.
+  std::array<double, 5> std_error{};
 };
+
+/// Whether some parameter of `f` is at its bound (fit_result::at_bound).
+[[nodiscard]] bool misfit(const fit_result& f);
+
+/// k-fold cross-validation of `fit`: sample i is held out in fold i % k, each fold's steps are
+/// predicted by the fit to the other folds. Returns the median over every held-out step of
+/// |predicted − measured| / measured (the per-step error a calibration reports). Errors: those
+/// of fit() for a fold, or k outside [2, samples.size()].
+[[nodiscard]] expected<double> cross_validate(const std::vector<step_sample>& samples, int32_t k);
 
 /// Least-squares fit of `cost_params` to measured steps, each step's squared error divided by
 /// its time: Σ (predicted - measured)² / time. A step is the sum of many small pieces of work,
