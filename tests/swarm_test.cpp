@@ -246,10 +246,10 @@ TEST(Swarm, APartitionedEngineHasItsRequestsRecomputedElsewhereAndIsTakenBackOnc
 }
 
 TEST(Swarm, ThePartitionedBalancersRequestsEndUnavailableWithinTheHeartbeatAndNewOnesSucceedOnceHealed) {
-  // The namespace test's balancer partition (tests/netns_test.cpp), replayed: 8 streams of 400
-  // tokens on a prefill engine and two decode engines; once every stream has its first token the
-  // balancer's node (its request actors and clients with it) is cut off from the engines for
-  // 5 s, the engines running on. As in the namespace run, every stream ends `unavailable`
+  // The namespace test's balancer partition (tests/netns_test.cpp), replayed: 8 streams of 150
+  // tokens (the swarm case's context holds no more) on a prefill engine and two decode
+  // engines; once every stream has its first token the balancer's node (its request actors and
+  // clients with it) is cut off from the engines for 5 s, the engines running on. As in the namespace run, every stream ends `unavailable`
   // (here when the heartbeat loses the engines: 1.5 s of silence, then the next 250 ms tick), and
   // after the heal 4 new requests are served with the undisturbed run's tokens.
   const quiet_engines quiet;
@@ -292,7 +292,7 @@ TEST(Swarm, ThePartitionedBalancersRequestsEndUnavailableWithinTheHeartbeatAndNe
 
 TEST(Swarm, DrainingADecodeEngineAcrossTheNetworkForwardsItsRequestsWithTheirKvAndNoTokenChanges) {
   // The namespace test's drain (tests/netns_test.cpp), replayed: one sequence at a time per
-  // engine, 16 requests of 300 tokens; decode replica 2 drains with 1 ms of grace while it holds
+  // engine, 16 requests of 150 tokens; decode replica 2 drains with 1 ms of grace while it holds
   // work. Its requests go to replica 1, the running ones with their KV over the network, and
   // every request's tokens equal the undisturbed run's.
   const quiet_engines quiet;
