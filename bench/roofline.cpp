@@ -224,6 +224,10 @@ int run(const options& o) {
   const cost::sweep_grid grid = cost::make_sweep_grid(ck->config().seq_len, ck->config().vocab_size, 16);
   engine::step_executor executor(*ck, grid.num_kv_blocks, 16, model::kernel_path::fast, pool.get());
   int64_t step = 0;
+  for (engine::exec_plan p : grid.fill) {  // every position's KV written (runtime/cost/sweep.hpp)
+    p.step = step++;
+    (void)executor.execute(p);
+  }
   const engine::exec_plan& prefill = compute_bound_plan(grid);
   const double prefill_flops = cpu_roofline(ck->config(), 1, 1).price(cost::features_of(prefill)).flops;
   const double peak = prefill_flops / (measure_step_ns(executor, prefill, step, o.repeats) / 1e9);

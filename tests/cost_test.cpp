@@ -590,12 +590,41 @@ TEST(SweepGrid, PlansAreValidForTheExecutor) {
   EXPECT_EQ(small.plans.size(), 7u + 2u * 3);  // decode at 16; q 16 at {0, 32}, q 64 at 0; no mixed
 }
 
+TEST(SweepGrid, FillPlansWriteEveryPositionOfEverySequence) {
+  const sweep_grid g = make_sweep_grid(512, 512, 16);
+  ASSERT_EQ(g.fill.size(), 65u);  // as many sequences as the widest plan has chunks
+  std::set<int32_t> filled;
+  for (size_t s = 0; s < g.fill.size(); s++) {
+    const engine::exec_plan& p = g.fill[s];
+    EXPECT_EQ(p.step, static_cast<int64_t>(s));
+    ASSERT_EQ(p.chunks.size(), s + 1);
+    const engine::exec_chunk& c = p.chunks.back();
+    EXPECT_EQ(c.first_position, 0);
+    EXPECT_EQ(c.tokens.size(), 512u);
+    EXPECT_EQ(c.num_samples, 0);
+    // Sequence s's blocks, as the widest plan (64 decode rows after a prefill chunk) names them.
+    EXPECT_EQ(c.block_table, g.plans.back().chunks.at(s).block_table);
+    filled.insert(c.block_table.begin(), c.block_table.end());
+  }
+  EXPECT_EQ(filled.size(), static_cast<size_t>(g.num_kv_blocks));  // every block of the pool
+  // Scattered as a serving engine's are: sequence 0's blocks are not 0, 1, 2, ...
+  std::vector<int32_t> consecutive(32);
+  for (int32_t b = 0; b < 32; b++) consecutive[static_cast<size_t>(b)] = b;
+  EXPECT_NE(g.fill[0].chunks.back().block_table, consecutive);
+}
+
 TEST(SweepGrid, RunsOnTheStepExecutor) {
   auto ck = model::checkpoint::load(std::string(TROUPE_MODELS_DIR) + "/stories260K.bin");
   ASSERT_TRUE(ck.has_value()) << ck.error().message;
   const sweep_grid g = make_sweep_grid(ck->config().seq_len, ck->config().vocab_size, 16);
   engine::step_executor executor(*ck, g.num_kv_blocks, 16);
-  for (const engine::exec_plan& p : g.plans) {
+  int64_t step = 0;
+  for (engine::exec_plan p : g.fill) {
+    p.step = step++;
+    (void)executor.execute(p);
+  }
+  for (engine::exec_plan p : g.plans) {
+    p.step = step++;
     const engine::exec_result r = executor.execute(p);
     size_t sampled = 0;
     for (const engine::exec_chunk& c : p.chunks) sampled += c.num_samples == 0 ? 0 : 1;
