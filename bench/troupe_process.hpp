@@ -46,17 +46,19 @@ inline pid_t start_program(std::vector<std::string> args, const std::string& out
   return pid;
 }
 
-/// `troupe calibrate -m CHECKPOINT --threads T` (the sweep), into DIR/calibration.toml (its
-/// output in DIR/calibrate.log, the measured steps in DIR/sweep_steps.csv); returns the
-/// calibrated step-time model.
+/// `troupe calibrate -m CHECKPOINT --threads T --repeats R` (the sweep), into
+/// DIR/calibration.toml (its output in DIR/calibrate.log, the measured steps in
+/// DIR/sweep_steps.csv); returns the calibrated step-time model.
 inline expected<cost::cost_params> run_calibrate(const std::string& troupe, int32_t threads,
-                                                 const std::filesystem::path& dir, const std::string& checkpoint) {
+                                                 const std::filesystem::path& dir, const std::string& checkpoint,
+                                                 int32_t repeats = 3) {
   const std::string out = (dir / "calibration.toml").string();
-  std::printf("calibrating: troupe calibrate -m %s --threads %d --out %s (log: %s)\n", checkpoint.c_str(), threads,
-              out.c_str(), (dir / "calibrate.log").c_str());
+  std::printf("calibrating: troupe calibrate -m %s --threads %d --repeats %d --out %s (log: %s)\n", checkpoint.c_str(),
+              threads, repeats, out.c_str(), (dir / "calibrate.log").c_str());
   std::fflush(stdout);
   const pid_t pid = start_program({troupe, "calibrate", "-m", checkpoint, "--threads", std::to_string(threads),
-                                  "--out", out, "--log-out", (dir / "sweep_steps.csv").string()},
+                                  "--repeats", std::to_string(repeats), "--out", out, "--log-out",
+                                  (dir / "sweep_steps.csv").string()},
                                  (dir / "calibrate.log").string());
   int status = 0;
   ::waitpid(pid, &status, 0);
