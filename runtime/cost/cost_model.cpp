@@ -101,40 +101,59 @@ expected<normal_equations> build(const std::vector<step_sample>& samples, const 
   return ne;
 }
 
-/// Solves the normal equations restricted to the features in `mask` (the others' parameters
-/// are 0) by Cholesky. Returns the unscaled parameters, or the first feature whose pivot is
-/// below `singular_pivot` as a negative number -(index + 1).
-std::pair<vec, int> solve_subset(const normal_equations& ne, unsigned mask) {
-  int idx[num_params];
+/// The Cholesky factor L (gram = L Lᵀ) of the normal equations restricted to the features
+/// idx[0..n), in subset indices; or the first feature whose pivot is below `singular_pivot`.
+struct cholesky {
+  int idx[num_params] = {};
   int n = 0;
-  for (int j = 0; j < num_params; j++)
-    if (mask & (1u << j)) idx[n++] = j;
-  wide l[num_params][num_params] = {};  // lower triangular factor, in subset indices
-  for (int r = 0; r < n; r++) {
-    for (int c = 0; c <= r; c++) {
-      wide s = ne.gram[idx[r]][idx[c]];
-      for (int k = 0; k < c; k++) s -= l[r][k] * l[c][k];
-      if (r == c) {
-        if (s < singular_pivot) return {vec{}, idx[r]};
-        l[r][r] = std::sqrt(s);
-      } else {
-        l[r][c] = s / l[c][c];
+  wide l[num_params][num_params] = {};
+  int singular = -1;
+
+  cholesky(const normal_equations& ne, unsigned mask) {
+    for (int j = 0; j < num_params; j++)
+      if (mask & (1u << j)) idx[n++] = j;
+    for (int r = 0; r < n && singular < 0; r++)
+      for (int c = 0; c <= r; c++) {
+        wide s = ne.gram[idx[r]][idx[c]];
+        for (int k = 0; k < c; k++) s -= l[r][k] * l[c][k];
+        if (r == c) {
+          if (s < singular_pivot) {
+            singular = idx[r];
+            break;
+          }
+          l[r][r] = std::sqrt(s);
+        } else {
+          l[r][c] = s / l[c][c];
+        }
       }
+  }
+
+  /// Solves L Lᵀ z = b in place (subset indices).
+  void solve(wide* z) const {
+    for (int r = 0; r < n; r++) {  // L y = b
+      wide s = z[r];
+      for (int k = 0; k < r; k++) s -= l[r][k] * z[k];
+      z[r] = s / l[r][r];
+    }
+    for (int r = n - 1; r >= 0; r--) {  // Lᵀ z = y
+      wide s = z[r];
+      for (int k = r + 1; k < n; k++) s -= l[k][r] * z[k];
+      z[r] = s / l[r][r];
     }
   }
+};
+
+/// Solves the normal equations restricted to the features in `mask` (the others' parameters
+/// are 0) by Cholesky. Returns the unscaled parameters, or the first feature whose pivot is
+/// below `singular_pivot` as the second member (-1: none).
+std::pair<vec, int> solve_subset(const normal_equations& ne, unsigned mask) {
+  const cholesky ch(ne, mask);
+  if (ch.singular >= 0) return {vec{}, ch.singular};
   wide z[num_params] = {};
-  for (int r = 0; r < n; r++) {  // L z = rhs
-    wide s = ne.rhs[idx[r]];
-    for (int k = 0; k < r; k++) s -= l[r][k] * z[k];
-    z[r] = s / l[r][r];
-  }
-  for (int r = n - 1; r >= 0; r--) {  // Lᵀ w = z
-    wide s = z[r];
-    for (int k = r + 1; k < n; k++) s -= l[k][r] * z[k];
-    z[r] = s / l[r][r];
-  }
+  for (int r = 0; r < ch.n; r++) z[r] = ne.rhs[ch.idx[r]];
+  ch.solve(z);
   vec p{};
-  for (int r = 0; r < n; r++) p[idx[r]] = static_cast<double>(z[r] / ne.scale[idx[r]]);
+  for (int r = 0; r < ch.n; r++) p[ch.idx[r]] = static_cast<double>(z[r] / ne.scale[ch.idx[r]]);
   return {p, -1};
 }
 
@@ -158,43 +177,22 @@ wide residual_sum_of_squares(const std::vector<step_sample>& samples, const vec&
 }
 
 /// The standard error of each parameter not in `fixed` (cost_model.hpp, fit_result::std_error):
-/// the inverse of the scaled gram matrix over the free parameters, by Cholesky, times σ².
+/// the diagonal of the inverse of the scaled gram matrix over the free parameters, times σ².
 vec standard_errors(const normal_equations& ne, const std::vector<step_sample>& samples, const vec& p,
                     const variances& var, const std::array<bool, num_params>& fixed) {
-  int idx[num_params];
-  int n = 0;
+  unsigned mask = 0;
   for (int j = 0; j < num_params; j++)
-    if (!fixed[j]) idx[n++] = j;
+    if (!fixed[j]) mask |= 1u << j;
+  const cholesky ch(ne, mask);
   vec out{};
-  const auto dof = static_cast<wide>(samples.size()) - n;
-  if (n == 0 || dof <= 0) return out;
+  const auto dof = static_cast<wide>(samples.size()) - ch.n;
+  if (ch.n == 0 || dof <= 0 || ch.singular >= 0) return out;  // (singular: not reached, the fit solved it)
   const wide sigma2 = weighted_residual_sum_of_squares(samples, p, var) / dof;
-  // Column by column: G x = e_c, G = L Lᵀ over the free parameters.
-  wide l[num_params][num_params] = {};
-  for (int r = 0; r < n; r++)
-    for (int c = 0; c <= r; c++) {
-      wide s = ne.gram[idx[r]][idx[c]];
-      for (int k = 0; k < c; k++) s -= l[r][k] * l[c][k];
-      if (r == c) {
-        if (s <= 0) return out;  // (not reached: the fit solved this system)
-        l[r][r] = std::sqrt(s);
-      } else {
-        l[r][c] = s / l[c][c];
-      }
-    }
-  for (int c = 0; c < n; c++) {
+  for (int c = 0; c < ch.n; c++) {  // column c of the inverse: G z = e_c
     wide z[num_params] = {};
-    for (int r = 0; r < n; r++) {
-      wide s = r == c ? 1 : 0;
-      for (int k = 0; k < r; k++) s -= l[r][k] * z[k];
-      z[r] = s / l[r][r];
-    }
-    for (int r = n - 1; r >= 0; r--) {
-      wide s = z[r];
-      for (int k = r + 1; k < n; k++) s -= l[k][r] * z[k];
-      z[r] = s / l[r][r];
-    }
-    out[idx[c]] = static_cast<double>(std::sqrt(sigma2 * z[c]) / ne.scale[idx[c]]);
+    z[c] = 1;
+    ch.solve(z);
+    out[ch.idx[c]] = static_cast<double>(std::sqrt(sigma2 * z[c]) / ne.scale[ch.idx[c]]);
   }
   return out;
 }
