@@ -79,7 +79,9 @@ msg::tier_blocks answer(kv::fetched_blocks f) { return {std::move(f.blocks), std
 
 /// The blocks of `q` the store holds and, for those it lacks, the disk tier actor's
 /// (kv/split_fetch.hpp): answered at once when it needs none of them, else when the disk tier
-/// answers — with the store's leading blocks alone if it fails or does not answer in time.
+/// answers — with the store's leading blocks alone if it fails or does not answer in time
+/// (lower_wait_ns of the fetch's budget, or `disk_timeout` without one). The budget goes down
+/// with the question: the disk tier reads what fits in it.
 /// The question reaches the disk tier actor after every eviction sent to it before: CAF
 /// delivers one sender's messages to one receiver in order, so a block just evicted is found.
 caf::result<msg::tier_blocks> fetch(cache_tier_pointer self, msg::tier_fetch& q) {
@@ -91,7 +93,8 @@ caf::result<msg::tier_blocks> fetch(cache_tier_pointer self, msg::tier_fetch& q)
       kv::begin_split_fetch(*st.store, std::move(q.tokens), q.first_block, q.num_blocks_max, now));
   if (split->lacking.empty()) return answer(kv::finish_split_fetch(std::move(*split), {}, block_size));
   auto promise = self->make_response_promise<msg::tier_blocks>();
-  self->request(st.disk, st.disk_timeout, msg::disk_fetch{split->lacking})
+  const caf::timespan wait = q.budget_ns > 0 ? caf::timespan{msg::lower_wait_ns(q.budget_ns)} : st.disk_timeout;
+  self->request(st.disk, wait, msg::disk_fetch{split->lacking, q.budget_ns})
       .then(
           [=](msg::disk_blocks& d) mutable {
             promise.deliver(answer(kv::finish_split_fetch(std::move(*split), std::move(d.blocks), block_size)));
@@ -279,6 +282,10 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
           return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
                                                                  " and num_blocks_max " + std::to_string(q.num_blocks_max) +
                                                                  " must be >= 0");
+        if (q.budget_ns < 0 || q.budget_ns > msg::tier_fetch_budget_max_ns)
+          return caf::make_error(caf::sec::invalid_argument, "tier_fetch: budget_ns " + std::to_string(q.budget_ns) +
+                                                                 " is outside 0.." +
+                                                                 std::to_string(msg::tier_fetch_budget_max_ns));
         caf::result<msg::tier_blocks> out = fetch(self, q);
         note_change(self);  // expired blocks may have gone
         return out;

@@ -8,7 +8,9 @@
 /// blocks the store evicts are sent down with the class of their last use and not waited for
 /// (the disk tier actor counts what it keeps and refuses), and a fetch that lacks blocks asks
 /// the disk tier actor for them (kv/split_fetch.hpp) and answers when it does — or, when it
-/// fails or does not answer within `disk_timeout`, with the blocks the store holds. The store
+/// fails or does not answer in time, with the blocks the store holds: a fetch with a budget
+/// (msg::tier_fetch::budget_ns) passes it down and waits msg::lower_wait_ns of it, one without
+/// waits `disk_timeout`. The store
 /// serves lookups, puts and other fetches meanwhile. A stats query asks the disk tier actor for
 /// its counters the same way (with the last ones it gave when it does not answer).
 ///
@@ -39,8 +41,8 @@
 namespace troupe::actors {
 
 /// Spawns a tier owning `store` over `disk`, if given (of the same block size), which a fetch
-/// or a stats query waits for at most `disk_timeout` (by default 4/5 of the engines' default
-/// fetch timeout, `host_tier_fetch_timeout_ms`: the rest is for the answer to reach them).
+/// without a budget, or a stats query, waits for at most `disk_timeout` (a node gives 4/5 of
+/// its `host_tier_fetch_timeout_ms` when set: the rest is for the answer to reach the engine).
 /// `home`: the node whose actors it serves (empty: the actor system's; a test gives another so
 /// that its actors count as remote).
 cache_tier_actor spawn_cache_tier(caf::actor_system& sys, kv::tier_store store, disk_tier_actor disk = {},

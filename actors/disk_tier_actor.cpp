@@ -1,6 +1,7 @@
 #include "actors/disk_tier_actor.hpp"
 
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -44,10 +45,13 @@ caf::result<msg::disk_stored> put(disk_tier_pointer self, const msg::disk_put& p
   return msg::disk_stored{false, 0};
 }
 
-/// The leading run of the blocks named `hashes` the tier holds alive at `now`.
-std::vector<kv::kv_block> read_run(kv::lower_tier& lower, const std::vector<uint64_t>& hashes, int64_t now) {
+/// The leading run of the blocks named `hashes` the tier holds alive at `now`, read while
+/// `more(blocks read so far)` holds.
+template <class More>
+std::vector<kv::kv_block> read_run(kv::lower_tier& lower, const std::vector<uint64_t>& hashes, int64_t now, More more) {
   std::vector<kv::kv_block> out;
   for (uint64_t hash : hashes) {
+    if (!more(static_cast<int64_t>(out.size()))) break;
     std::optional<kv::kv_block> b = lower.get(hash, now);
     if (!b) break;
     out.push_back(std::move(*b));
@@ -57,7 +61,18 @@ std::vector<kv::kv_block> read_run(kv::lower_tier& lower, const std::vector<uint
 
 caf::result<msg::disk_blocks> fetch(disk_tier_pointer self, const msg::disk_fetch& f) {
   disk_tier_state& st = self->state;
-  msg::disk_blocks out{read_run(*st.lower, f.hashes, now_ns(self))};
+  if (f.budget_ns < 0 || f.budget_ns > msg::tier_fetch_budget_max_ns)
+    return caf::make_error(caf::sec::invalid_argument, "disk_fetch: budget_ns " + std::to_string(f.budget_ns) +
+                                                           " is outside 0.." + std::to_string(msg::tier_fetch_budget_max_ns));
+  // Within a budget: modelled reads stop before the one that would end after it; a device's,
+  // once they have taken it (the clock read between blocks: this actor runs detached).
+  const int64_t began = now_ns(self);
+  const auto within_budget = [&](int64_t num_read) {
+    if (f.budget_ns == 0) return true;
+    if (st.read_cost) return st.read_cost(num_read + 1).count() <= f.budget_ns;
+    return now_ns(self) - began < f.budget_ns;
+  };
+  msg::disk_blocks out{read_run(*st.lower, f.hashes, began, within_budget)};
   const auto num_read = static_cast<int64_t>(out.blocks.size());
   st.num_hits += num_read;
   const caf::mailbox_element* asked = self->current_mailbox_element();

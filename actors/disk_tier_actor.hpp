@@ -13,9 +13,11 @@
 /// - `disk_put{block, cls}`: kept (`disk_stored{true, evicted}`) or refused (`{false, 0}`: a
 ///   block bigger than the whole tier, an I/O error; the block is dropped, the first refusal
 ///   logged).
-/// - `disk_fetch{hashes}`: the leading run of the named blocks it holds alive, each read a use.
-///   With a `lower_read_cost` (the simulator's), a fetch that read n blocks is answered
-///   read_cost(n) later on the actor system's clock; the actor handles other messages meanwhile.
+/// - `disk_fetch{hashes, budget_ns}`: the leading run of the named blocks it holds alive, each
+///   read a use. With a `lower_read_cost` (the simulator's), a fetch that read n blocks is
+///   answered read_cost(n) later on the actor system's clock; the actor handles other messages
+///   meanwhile. A budget (> 0) stops the reads: modelled ones before the first that would end
+///   after it, a device's once they have taken it — the answer is what arrived in time.
 /// - `stats_atom`: `disk_report` (blocks held after dropping the expired, blocks kept, refused,
 ///   read back, expired).
 ///

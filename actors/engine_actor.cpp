@@ -169,13 +169,17 @@ bool released_by_owner(engine_actor_t* self, engine::request_id id) {
 
 msg::engine_report stats(engine_actor_t* self) { return self->state.policy->report(now_ns(self)); }
 
+/// How long a report waits for the host tier's counters (which waits for its disk tier's at
+/// most its own bound).
+constexpr auto tier_stats_timeout = std::chrono::seconds(1);
+
 /// The engine's report; with a host tier, completed by the tier's expirations when it answers
-/// (within the fetch timeout; the engine does not wait meanwhile).
+/// (within tier_stats_timeout; the engine does not wait meanwhile).
 caf::result<msg::engine_report> report(engine_actor_t* self) {
   const msg::engine_report r = stats(self);
   if (!self->state.options.host_tier) return r;
   auto promise = self->make_response_promise<msg::engine_report>();
-  self->request(self->state.options.host_tier, self->state.options.tier_fetch_timeout, stats_atom::value)
+  self->request(self->state.options.host_tier, tier_stats_timeout, stats_atom::value)
       .then(
           [=](msg::tier_report& t) mutable {
             msg::engine_report out = r;

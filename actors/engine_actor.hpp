@@ -75,16 +75,16 @@ struct engine_options {
   uint64_t kv_tag_base = 0;
   /// The node's host-memory cache tier (issue 14, docs/kv-tiers.md); none: no tier. With one,
   /// cached blocks the pool evicts are demoted to it and a request whose prompt the pool lacks
-  /// waits up to `tier_fetch_timeout` for the tier's blocks (then recomputes what is missing).
+  /// waits for the tier's blocks (then recomputes what is missing) as long as its fetch pays
+  /// (engine_config::tier_fetch_timeout_ns; engine_core::plan_fetch).
   cache_tier_actor host_tier;
   /// Whether other nodes of the cluster have cache tiers: then, with or without its own, the
   /// engine fetches a request's prefix from the tier its placement names (the balancer's list,
-  /// msg::report_to::cache_tiers; engine::request::cache_tier), up to `tier_fetch_timeout`.
+  /// msg::report_to::cache_tiers; engine::request::cache_tier), waited for as above.
   bool cluster_tiers = false;
   /// Grammar-constrained decoding: the tokens' bytes (grammar::vocabulary_of the model's
   /// tokenizer). Without it, a request with a grammar is rejected.
   std::shared_ptr<const grammar::vocabulary> vocabulary;
-  caf::timespan tier_fetch_timeout = std::chrono::milliseconds(50);
   /// The simulator's network (actors/system/network_model.hpp): what this engine sends to other nodes
   /// (tokens, hand-offs and forwards with their KV, load reports) arrives when it says. Null in
   /// production.

@@ -1,5 +1,6 @@
 #include "actors/engine_effects.hpp"
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -9,6 +10,7 @@
 #include "actors/system/clock.hpp"
 #include "actors/system/network_limits.hpp"
 #include "actors/system/sync_guard.hpp"
+#include "messages/cache_tier.hpp"
 #include "messages/kv_payload.hpp"
 
 namespace troupe::actors {
@@ -70,9 +72,9 @@ void forward(engine_actor_t* self, engine::forward& f, const request_actor& call
   post(self, to, std::move(m), bytes);
 }
 
-/// Asks a cache tier (the request's, else the node's own) for the blocks after the pool's prefix;
-/// no answer within the timeout (or an error) is an empty answer: the request recomputes those
-/// tokens.
+/// Asks a cache tier (the request's, else the node's own) for the blocks after the pool's prefix,
+/// with the fetch's budget (fetch or recompute, engine_core::plan_fetch); no answer in time (or
+/// an error) is an empty answer: the request recomputes those tokens.
 void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
   const engine::request_id id = f.id;
   engine_state& st = self->state;
@@ -80,8 +82,11 @@ void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
       f.cache_tier >= 0 && static_cast<size_t>(f.cache_tier) < st.cache_tiers.size() ? st.cache_tiers[f.cache_tier]
                                                                                     : st.options.host_tier;
   if (!tier) return perform(self, st.policy->tier_answered(id, {}, now_ns(self)));  // none to ask: a miss
-  self->request(tier, self->state.options.tier_fetch_timeout,
-                msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max})
+  const int64_t budget = std::min(f.budget_ns, msg::tier_fetch_budget_max_ns);
+  const int64_t fixed = st.options.config.tier_fetch_timeout_ns;
+  const caf::timespan wait{budget > 0 ? msg::fetch_wait_ns(budget)
+                                      : fixed > 0 ? fixed : engine::default_tier_fetch_timeout_ns};
+  self->request(tier, wait, msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max, budget})
       .then([=](msg::tier_blocks& b) {
               if (!b.from_lower.empty() && b.from_lower.size() != b.blocks.size()) b.from_lower.clear();  // counts only
               perform(self, self->state.policy->tier_answered(id, std::move(b.blocks), now_ns(self), std::move(b.from_lower)));

@@ -67,16 +67,32 @@ typename Inspector::result_type inspect(Inspector& f, tier_got& x) {
 
 /// -> tier: copies of the leading full blocks of `tokens` from block `first_block` on that the
 /// tier holds alive, at most `num_blocks_max` (kv::tier_store::get_prefix); each one sent is a
-/// use. Answered with a tier_blocks, or an error if a count is negative.
+/// use. Answered with a tier_blocks, or an error if a count is negative or `budget_ns` is out
+/// of 0..tier_fetch_budget_max_ns.
+///
+/// `budget_ns` (issue 54): how long the fetch may take and still pay — the asker's estimate of
+/// when it would have the blocks by recomputing them (engine_core::plan_fetch). Blocks the tier
+/// must read from below are read only while the reads fit in it: what has arrived by then is
+/// the answer, the rest is recomputed. 0: no budget (the tier waits its own bound for below).
 struct tier_fetch {
   std::vector<int32_t> tokens;
   int32_t first_block = 0;
   int32_t num_blocks_max = 0;
+  int64_t budget_ns = 0;
 };
+
+/// The largest tier_fetch::budget_ns (and disk_fetch::budget_ns) accepted: 60 s.
+inline constexpr int64_t tier_fetch_budget_max_ns = 60'000'000'000;
+
+/// The deadlines a budget `b` (> 0) sets, with margins for the messages' way: the tier waits
+/// for the tier below at most lower_wait_ns(b), and the asker for the tier at most
+/// fetch_wait_ns(b), so that the tier's answer — with what arrived — reaches the asker first.
+inline constexpr int64_t lower_wait_ns(int64_t b) { return b + b / 4 + 10'000'000; }
+inline constexpr int64_t fetch_wait_ns(int64_t b) { return b + b / 2 + 20'000'000; }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_fetch& x) {
-  return f(x.tokens, x.first_block, x.num_blocks_max);
+  return f(x.tokens, x.first_block, x.num_blocks_max, x.budget_ns);
 }
 
 /// tier -> asker: the blocks a tier_fetch found, in chain order (none: a miss).

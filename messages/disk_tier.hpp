@@ -43,14 +43,18 @@ typename Inspector::result_type inspect(Inspector& f, disk_stored& x) {
 
 /// -> disk tier: the blocks named `hashes` (chain hashes, in chain order: the blocks the tier
 /// above lacks of a prefix). Answered with a disk_blocks holding the leading run of them it has
-/// alive, stopping at the first it lacks; each one read is a use.
+/// alive, stopping at the first it lacks; each one read is a use. With `budget_ns` > 0 (at most
+/// msg::tier_fetch_budget_max_ns) it stops reading once the reads would end after that long
+/// (the simulator's modelled reads) or have taken that long (a device's): the answer is what
+/// arrived within the budget.
 struct disk_fetch {
   std::vector<uint64_t> hashes;
+  int64_t budget_ns = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, disk_fetch& x) {
-  return f(x.hashes);
+  return f(x.hashes, x.budget_ns);
 }
 
 /// disk tier -> asker: the blocks a disk_fetch found, in its order (none: the first was missing).

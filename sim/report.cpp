@@ -332,7 +332,9 @@ std::string summary_json(const sim_result& r, const slo& slos, uint64_t seed) {
   j += "  \"preempted_ms\": " + num(m.preempted_ms) + ",\n";
   j += "  \"host_tier\": {\"hit_tokens\": " + std::to_string(r.host_hit_tokens) +
        ", \"demoted_blocks\": " + std::to_string(r.demoted_blocks) +
-       ", \"promoted_blocks\": " + std::to_string(r.promoted_blocks) + "},\n";
+       ", \"promoted_blocks\": " + std::to_string(r.promoted_blocks) +
+       ", \"fetches\": " + std::to_string(r.tier_fetches) +
+       ", \"fetches_declined\": " + std::to_string(r.tier_fetches_declined) + "},\n";
   j += "  \"disk_tier\": {\"written_blocks\": " + std::to_string(r.disk_written_blocks) +
        ", \"refused_blocks\": " + std::to_string(r.disk_refused_blocks) +
        ", \"hit_blocks\": " + std::to_string(r.disk_hit_blocks) +

@@ -414,7 +414,7 @@ expected<void> read_tables(const toml::table& root, sim_topology& t, sim_keys& k
   const std::vector<field> host_tier = {{"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
                                         {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
                                         {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)},
-                                        {"fetch_timeout_ms", false, 1, 60000, into(t.host_tier.fetch_timeout_ms)}};
+                                        {"fetch_timeout_ms", false, 0, 60000, into(t.host_tier.fetch_timeout_ms)}};
   const std::vector<field> disk_tier = {{"blocks", false, 0, 1e15, into(t.disk_tier.blocks)},
                                         {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.disk_tier.bandwidth_gb_s)},
                                         {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};

@@ -33,9 +33,10 @@ struct sim_host_tier {
   int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
   double bandwidth_gb_s = 25;    ///< host <-> accelerator copies, 10^9 bytes/s
   double latency_us = 0;         ///< per step that moves blocks
-  /// How long an engine waits for the tier's answer before it computes the prefix itself (as
-  /// `[[node]] host_tier_fetch_timeout_ms`).
-  int32_t fetch_timeout_ms = 50;
+  /// A fixed bound on how long an engine waits for the tier's answer before it computes the
+  /// prefix itself (as `[[node]] host_tier_fetch_timeout_ms`); 0 = fetch or recompute by cost
+  /// (engine_core::plan_fetch), the engines pricing a copy to the pool at `bandwidth_gb_s`.
+  int32_t fetch_timeout_ms = 0;
 };
 
 /// `[disk_tier]` (needs `[host_tier]`): a modelled device below each replica's host tier
@@ -43,7 +44,9 @@ struct sim_host_tier {
 /// evicts its least recently used ones, as the disk tier does, behind the production disk tier
 /// actor. A fetch that reads n blocks from it is answered `latency_us` + n blocks' bytes /
 /// `bandwidth_gb_s` later (then the blocks move to the pool as host-tier blocks do); the host
-/// tier waits for that at most 4/5 of `[host_tier] fetch_timeout_ms`.
+/// tier reads only what fits in the fetch's budget (fetch or recompute) and waits for it
+/// msg::lower_wait_ns of that budget — or, with a fixed `[host_tier] fetch_timeout_ms`, reads
+/// all and waits at most 4/5 of it.
 struct sim_disk_tier {
   int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
   double bandwidth_gb_s = 3;     ///< device reads, 10^9 bytes/s

@@ -201,9 +201,15 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
                                        std::move(read_cost));
         rs.disks.push_back(disk);
       }
-      o.tier_fetch_timeout = std::chrono::milliseconds(t.host_tier.fetch_timeout_ms);
-      // As a node does (topology/launch.cpp): the disk tier waited for 4/5 of the fetch timeout.
-      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store), disk, o.tier_fetch_timeout * 4 / 5);
+      o.config.tier_fetch_timeout_ns = int64_t{t.host_tier.fetch_timeout_ms} * 1'000'000;
+      // A fetch is priced as the cost executor charges its copies (tier_pricing).
+      o.config.swap_bandwidth_gb_s = t.host_tier.bandwidth_gb_s;
+      o.config.kv_block_bytes = int64_t{t.engine.block_size} * t.kv_bytes_per_token;
+      // As a node does (topology/launch.cpp): without a budget, the disk tier waited for 4/5 of
+      // the fetch bound.
+      const int64_t bound_ns = o.config.tier_fetch_timeout_ns > 0 ? o.config.tier_fetch_timeout_ns
+                                                                  : engine::default_tier_fetch_timeout_ns;
+      o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store), disk, caf::timespan{bound_ns * 4 / 5});
       rs.tiers.push_back(o.host_tier);
     }
     cost_executor_options c{"engine" + std::to_string(i), t.cost, t.model.vocab_size, ck, t.engine.num_kv_blocks,
@@ -298,6 +304,8 @@ msg::engine_report final_totals(run_state& rs, caf::scheduler::test_coordinator&
         total.preempted_ns += r.preempted_ns;
         total.num_host_hit_tokens += r.num_host_hit_tokens;
         total.num_swap_in_tokens += r.num_swap_in_tokens;
+        total.num_tier_fetches += r.num_tier_fetches;
+        total.num_tier_fetches_declined += r.num_tier_fetches_declined;
         total.num_disk_hit_tokens += r.num_disk_hit_tokens;
         total.num_demoted_blocks += r.num_demoted_blocks;
         total.num_promoted_blocks += r.num_promoted_blocks;
@@ -425,6 +433,8 @@ expected<sim_result> run_simulation(const sim_options& o) {
   out.swap_in_tokens = totals.num_swap_in_tokens;
   out.demoted_blocks = totals.num_demoted_blocks;
   out.promoted_blocks = totals.num_promoted_blocks;
+  out.tier_fetches = totals.num_tier_fetches;
+  out.tier_fetches_declined = totals.num_tier_fetches_declined;
   out.disk_written_blocks = tier_totals.num_disk_puts;
   out.disk_refused_blocks = tier_totals.num_disk_refused;
   out.disk_hit_blocks = tier_totals.num_disk_hits;

@@ -113,6 +113,10 @@ struct sim_result {
   int64_t swap_in_tokens = 0;
   int64_t demoted_blocks = 0;
   int64_t promoted_blocks = 0;
+  /// Fetch or recompute: placements that asked a tier, and those predicted not to pay
+  /// (msg::engine_report::num_tier_fetches, num_tier_fetches_declined).
+  int64_t tier_fetches = 0;
+  int64_t tier_fetches_declined = 0;
   /// With [disk_tier]: blocks the host tiers wrote down to it, blocks it refused (full), and
   /// blocks fetches read back from it, summed over the replicas (msg::tier_report).
   int64_t disk_written_blocks = 0;

@@ -335,6 +335,13 @@ TEST_F(CacheTierActor, FetchesTheBlocksAfterAGivenOneAndRefusesNegativeCounts) {
   const auto bad = ask<msg::tier_blocks>(msg::tier_fetch{tokens_, -1, 2});
   ASSERT_TRUE(std::holds_alternative<std::string>(bad));
   EXPECT_NE(std::get<std::string>(bad).find("first_block -1 and num_blocks_max 2 must be >= 0"), std::string::npos);
+  for (const int64_t budget : {int64_t{-1}, msg::tier_fetch_budget_max_ns + 1}) {
+    const auto bad_budget = ask<msg::tier_blocks>(msg::tier_fetch{tokens_, 0, 2, budget});
+    ASSERT_TRUE(std::holds_alternative<std::string>(bad_budget)) << budget;
+    EXPECT_NE(std::get<std::string>(bad_budget).find("tier_fetch: budget_ns " + std::to_string(budget) +
+                                                     " is outside 0..60000000000"),
+              std::string::npos);
+  }
   const msg::tier_report r = report();
   EXPECT_EQ(r.num_blocks, 3);
   EXPECT_EQ(r.num_hits, 3);

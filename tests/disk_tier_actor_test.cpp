@@ -242,5 +242,36 @@ TEST_F(DiskTierActor, AReadCostAnswersAFetchThatMuchLaterWhileItServesOn) {
   EXPECT_EQ(std::get<msg::disk_blocks>(**slow).blocks.size(), 2u);
 }
 
+TEST_F(DiskTierActor, ABudgetStopsTheReadsBeforeTheFirstThatWouldEndAfterItAndBadBudgetsAreRefused) {
+  start(1 << 20, [](int64_t num_blocks) { return caf::timespan(num_blocks * 1000); });  // 1 us a block
+  for (int32_t i = 0; i < 3; i++) EXPECT_TRUE(put(i).stored);
+  const std::vector<uint64_t> all = {hash(0), hash(1), hash(2)};
+  const auto cut = ask_later<msg::disk_blocks>(msg::disk_fetch{all, 2500});  // 2 reads end by 2 us, a third at 3
+  sched_.run();
+  sched_.advance_time(2us);
+  sched_.run();
+  ASSERT_TRUE(cut->has_value());
+  const std::vector<kv::kv_block>& two = std::get<msg::disk_blocks>(**cut).blocks;
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].hash, hash(1));
+  EXPECT_EQ(report().num_hits, 2);  // the third was not read: not a use
+  const auto exact = ask_later<msg::disk_blocks>(msg::disk_fetch{all, 3000});
+  sched_.run();
+  sched_.advance_time(3us);
+  sched_.run();
+  ASSERT_TRUE(exact->has_value());
+  EXPECT_EQ(std::get<msg::disk_blocks>(**exact).blocks.size(), 3u);
+  EXPECT_TRUE(std::get<msg::disk_blocks>(ask<msg::disk_blocks>(msg::disk_fetch{all, 999})).blocks.empty());
+  for (const int64_t bad : {int64_t{-1}, msg::tier_fetch_budget_max_ns + 1}) {
+    const auto refused = ask<msg::disk_blocks>(msg::disk_fetch{all, bad});
+    ASSERT_TRUE(std::holds_alternative<std::string>(refused)) << bad;
+    EXPECT_NE(std::get<std::string>(refused).find("disk_fetch: budget_ns " + std::to_string(bad) +
+                                                  " is outside 0..60000000000"),
+              std::string::npos)
+        << std::get<std::string>(refused);
+  }
+  EXPECT_EQ(report().num_hits, 5);
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -645,6 +645,61 @@ TEST(EnginePolicy, WithAHostTierAPoolMissWaitsForTheTierAndPromotedBlocksSkipPre
   EXPECT_TRUE(ex.in_flight.front().plan.imports.empty());
 }
 
+/// Fetch or recompute (issue 54): a tiny-model engine whose step-time model prices a prompt token
+/// at 100 ns (the 2 blocks of 4 a 9-token prompt may take from cache cost 800 ns to compute, the
+/// second alone 400) and whose copy of a block (2 layers x K, V x 4 tokens x 8 floats = 512
+/// bytes) from the host tier takes `copy_ns` ns.
+engine_policy_options priced_tier_options(double copy_ns, int32_t max_num_batched_tokens = 512) {
+  engine_policy_options o = tier_options();
+  o.config.scheduler.step_cost.token_ns = 100;
+  o.config.scheduler.max_num_batched_tokens = max_num_batched_tokens;
+  o.config.swap_bandwidth_gb_s = 512.0 / copy_ns;
+  return o;
+}
+
+TEST(EnginePolicy, AFetchIsAskedOnlyWhenItPaysAndCarriesTheBudgetItMustArriveWithin) {
+  const request r = tier_request(1);
+  {  // copies of 300 ns: both blocks in 600 ns beat 800 computing them; the budget is those 800
+    auto host = make_host(priced_tier_options(300));
+    EXPECT_EFFECTS(host->submit(r, 100), (effects{watch_caller{1}, fetch_blocks{1, r.prompt, 0, 2, -1, 800}}));
+    EXPECT_EQ(host->report(100).num_tier_fetches, 1);
+  }
+  {  // 500 ns: 1,000 for both, 500 + 400 for the first and computing the second: declined
+    auto host = make_host(priced_tier_options(500));
+    fake_executor ex;
+    EXPECT_EFFECTS(ex.take_plans(host->submit(r, 100)), (effects{watch_caller{1}}));
+    ASSERT_FALSE(ex.in_flight.empty());
+    EXPECT_EQ(ex.in_flight.front().plan.chunks.at(0).first_position, 0);  // computed whole at once
+    const engine_report rep = host->report(100);
+    EXPECT_EQ(rep.num_tier_fetches, 0);
+    EXPECT_EQ(rep.num_tier_fetches_declined, 1);
+  }
+  {  // The same copies behind 25 queued prompt tokens (2,500 ns of prefill ahead): fetched while
+     // the queue is served, both blocks are there by 2,500 against 3,300 computing them after it.
+    auto host = make_host(priced_tier_options(500, /*max_num_batched_tokens=*/8));
+    fake_executor ex;
+    request ahead = make_request(10, 2);
+    ahead.prompt.assign(41, 3);  // declined too (nothing queued before it); 2 steps of 8 in flight
+    (void)ex.take_plans(host->submit(ahead, 50));
+    EXPECT_EQ(host->core().num_queued_prompt_tokens(), 25);
+    EXPECT_EFFECTS(host->submit(r, 100), (effects{watch_caller{1}, fetch_blocks{1, r.prompt, 0, 2, -1, 3300}}));
+    const engine_report rep = host->report(100);
+    EXPECT_EQ(rep.num_tier_fetches, 1);
+    EXPECT_EQ(rep.num_tier_fetches_declined, 1);
+  }
+  {  // A fixed fetch timeout, or no step-time model to price recomputing: every block, no budget.
+    engine_policy_options fixed = priced_tier_options(500);
+    fixed.config.tier_fetch_timeout_ns = 50'000'000;
+    EXPECT_EFFECTS(make_host(fixed)->submit(r, 100), (effects{watch_caller{1}, fetch_blocks{1, r.prompt, 0, 2}}));
+    EXPECT_EFFECTS(make_host(tier_options())->submit(r, 100), (effects{watch_caller{1}, fetch_blocks{1, r.prompt, 0, 2}}));
+  }
+  engine_policy_options bad = priced_tier_options(300);
+  bad.config.tier_fetch_timeout_ns = 60'001'000'000;
+  auto refused = engine_policy::create(bad, 0);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().message, "the tier fetch timeout must be in 0..60000 ms (0: by cost), got 60001 ms");
+}
+
 TEST(EnginePolicy, WithoutATierOfItsOwnAnEngineFetchesOnlyFromTheTierARequestNames) {
   engine_policy_options o = tier_options();
   o.config.own_tier = false;  // tiers on other nodes only: it demotes nothing

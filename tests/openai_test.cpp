@@ -984,6 +984,9 @@ TEST(Metrics, ThePageRendersByteForByte) {
   r2.disk_tier_expired_blocks = 2;
   r2.num_swap_in_tokens = 16;
   r.num_swap_in_tokens = 32;
+  r.num_tier_fetches = 5;
+  r2.num_tier_fetches = 2;
+  r2.num_tier_fetches_declined = 3;
   r.disk_tier_expired_blocks = 2;
   // Without an MoE engine's windows the page has no MoE lines; without drafts no spec_decode ones.
   const std::string plain = render_metrics(m, sum_reports({r, r2}, {16, 16}), "stories260K");
@@ -1053,6 +1056,9 @@ TEST(Metrics, ThePageRendersByteForByte) {
         std::string("troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"pool\",to=\"host\"} 2000\n") +
             "troupe:kv_tier_moved_bytes_total{model_name=\"stories260K\",from=\"host\",to=\"pool\"} 1200\n",
         "# TYPE troupe:kv_swap_in_tokens_total counter\ntroupe:kv_swap_in_tokens_total" + label + " 48\n",
+        std::string("# TYPE troupe:kv_tier_fetches_total counter\n") +
+            "troupe:kv_tier_fetches_total{model_name=\"stories260K\",decision=\"fetch\"} 7\n" +
+            "troupe:kv_tier_fetches_total{model_name=\"stories260K\",decision=\"recompute\"} 3\n",
         "# TYPE troupe:kv_handoffs_total counter\ntroupe:kv_handoffs_total" + label + " 4\n",
         "# TYPE troupe:kv_handoff_seconds_total counter\ntroupe:kv_handoff_seconds_total" + label + " 0.003\n",
         "# TYPE troupe:kv_handoff_bytes_total counter\ntroupe:kv_handoff_bytes_total" + label + " 8192\n",

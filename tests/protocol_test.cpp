@@ -221,6 +221,8 @@ msg::engine_report full_engine_report() {
   r.num_handoffs_timed = 38;
   r.handoff_ns = 39;
   r.handoff_bytes = 40;
+  r.num_tier_fetches = 41;
+  r.num_tier_fetches_declined = 42;
   return r;
 }
 
@@ -316,13 +318,13 @@ TEST_F(Protocol, EveryRegisteredTypeSurvivesARoundTripWithEveryFieldSet) {
   expect_round_trip(msg::tier_put{full_kv_block(), kv::cache_class::agent});
   expect_round_trip(msg::tier_get{0x1234});
   expect_round_trip(msg::tier_got{true, full_kv_block()});
-  expect_round_trip(msg::tier_fetch{{1, 2, 3, 4}, 1, 2});
+  expect_round_trip(msg::tier_fetch{{1, 2, 3, 4}, 1, 2, 5'000'000});
   expect_round_trip(msg::tier_blocks{{full_kv_block(), full_kv_block()}, {0, 1}});
   expect_round_trip(msg::tier_report{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   expect_round_trip(msg::tier_events{1, 2, true, {3, 4}, {5}, true});
   expect_round_trip(msg::disk_put{full_kv_block(), kv::cache_class::agent});
   expect_round_trip(msg::disk_stored{true, 3});
-  expect_round_trip(msg::disk_fetch{{0x1234, 0x5678}});
+  expect_round_trip(msg::disk_fetch{{0x1234, 0x5678}, 5'000'000});
   expect_round_trip(msg::disk_blocks{{full_kv_block(), full_kv_block()}});
   expect_round_trip(msg::disk_report{1, 2, 3, 4, 5});
   expect_round_trip(moe::expert_request{2, 3, {1, 4}, {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}, {{1, {4}}, {3, {1, 4}}}});

@@ -884,7 +884,8 @@ TEST(Simulation, AHostTierServesThePrefixThePoolEvicted) {
   // With a tier, r1's evictions (18 of r0's blocks) are demoted and r2 gets its whole prefix
   // back: 24 blocks (the hit rule leaves the last token to compute), 7 from the pool and 17
   // promoted; making room for them demotes 18 of r1's.
-  const std::string tier = "\n[host_tier]\nblocks = 1000\nlatency_us = 2\nbandwidth_gb_s = ";
+  // A fixed fetch bound: every block is fetched (fetch or recompute by cost is pinned below).
+  const std::string tier = "\n[host_tier]\nblocks = 1000\nfetch_timeout_ms = 50\nlatency_us = 2\nbandwidth_gb_s = ";
   const sim_result with = evicting_run(tier + "1\n");
   EXPECT_EQ(with.requests[2].cached_tokens, 384);
   EXPECT_EQ(with.host_hit_tokens, 17 * 16);
@@ -924,7 +925,8 @@ TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   // keeps the last 4 demoted and writes the others down; r2 still gets its whole prefix back,
   // 4 blocks from the host tier and the 13 it lacks read from the disk.
   const auto with_disk = [](const std::string& disk_keys) {
-    return evicting_run("\n[host_tier]\nblocks = 4\nlatency_us = 2\nbandwidth_gb_s = 1\n[disk_tier]\n" + disk_keys);
+    return evicting_run("\n[host_tier]\nblocks = 4\nfetch_timeout_ms = 50\nlatency_us = 2\nbandwidth_gb_s = 1\n[disk_tier]\n" +
+                        disk_keys);
   };
   const sim_result disk = with_disk("blocks = 1000\nlatency_us = 100\nbandwidth_gb_s = 1\n");
   EXPECT_EQ(disk.requests[2].cached_tokens, 384);
@@ -966,6 +968,42 @@ TEST(Simulation, ADiskTierBelowTheHostTierServesWhatTheHostTierEvicted) {
   EXPECT_NE(bad.error().message.find("[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0"),
             std::string::npos)
       << bad.error().message;
+}
+
+TEST(Simulation, ByCostAFetchReadsFromTheDiskOnlyWhatArrivesWithinItsBudget) {
+  // The flow above with fetch or recompute by cost (no fetch_timeout_ms). r2's 17 blocks past
+  // the pool's 7 cost 272 x 10 + (272 x 112 + 272 x 273 / 2) x 1 = 70,312 ns to compute; copies
+  // at 1 GB/s (4,096 ns a block) have all 17 by 69,632: fetched, with a budget of 70,312 ns.
+  const auto by_cost = [](const std::string& host_keys, const std::string& disk_keys) {
+    return evicting_run("\n[host_tier]\nblocks = 4\nlatency_us = 2\n" + host_keys + "[disk_tier]\nblocks = 1000\n" +
+                        disk_keys);
+  };
+  const std::string copies_1_gb_s = "bandwidth_gb_s = 1\n";
+  // Reads of 4,096 ns a block: the 13 the host tier lacks by 53,248 ns, all in the budget.
+  const sim_result quick = by_cost(copies_1_gb_s, "latency_us = 0\nbandwidth_gb_s = 1\n");
+  EXPECT_EQ(quick.requests[2].cached_tokens, 384);
+  EXPECT_EQ(quick.disk_hit_blocks, 13);
+  // r0 and r1 declined: their 24 blocks from position 0 compute in 3,840 + 73,920 = 77,760 ns,
+  // sooner than copies (98,304).
+  EXPECT_EQ(quick.tier_fetches, 1);
+  EXPECT_EQ(quick.tier_fetches_declined, 2);
+  // 30 us before the first byte: 30,000 + 4,096 m <= 70,312 reads m = 9 of them; r2 takes the
+  // pool's 7 blocks, the host tier's 4 and those 9, and computes the rest.
+  const sim_result cut = by_cost(copies_1_gb_s, "latency_us = 30\nbandwidth_gb_s = 1\n");
+  EXPECT_EQ(cut.disk_hit_blocks, 9);
+  EXPECT_EQ(cut.requests[2].cached_tokens, (7 + 4 + 9) * 16);
+  // 100 us before the first byte (the default): nothing from the disk within the budget.
+  const sim_result none = by_cost(copies_1_gb_s, "latency_us = 100\nbandwidth_gb_s = 1\n");
+  EXPECT_EQ(none.disk_hit_blocks, 0);
+  EXPECT_EQ(none.requests[2].cached_tokens, (7 + 4) * 16);
+  // Copies at 0.1 GB/s (40,960 ns a block) never beat computing: no tier is asked.
+  const sim_result declined = by_cost("bandwidth_gb_s = 0.1\n", "latency_us = 0\nbandwidth_gb_s = 1\n");
+  EXPECT_EQ(declined.tier_fetches, 0);
+  EXPECT_EQ(declined.tier_fetches_declined, 3);
+  EXPECT_EQ(declined.requests[2].cached_tokens, 7 * 16);
+  EXPECT_EQ(declined.host_hit_tokens, 0);
+  for (const sim_result* r : {&quick, &cut, &none, &declined})
+    for (const request_record& q : r->requests) EXPECT_EQ(q.finish, "length");
 }
 
 /// What an infinite cache can serve of each request, summed: its prompt tokens an earlier

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -81,6 +82,8 @@ class tier_bench {
   actors::balancer_actor lb_;
   actors::engine_actor another_;      // start_another_node's
   actors::balancer_actor another_lb_;
+  /// Applied to the engines' options before start() spawns them.
+  std::function<void(actors::engine_options&)> tune;
 
   /// An engine with a pool of `pool_blocks` blocks of 16 behind a balancer, with `tier` as its
   /// host tier (none: tiers off), checking its invariants after every step.
@@ -94,6 +97,7 @@ class tier_bench {
     o.config.preemption = mode;
     o.check_invariants_every = 1;
     o.host_tier = tier_;
+    if (tune) tune(o);
     engine_ = spawn_engine_or_die(sys_, o);
     if (disaggregated) {
       decode_ = spawn_engine_or_die(sys_, o);
@@ -110,9 +114,11 @@ class tier_bench {
     return actors::spawn_cache_tier(sys_, std::move(*store));
   }
 
-  /// A host tier owning `store` over a disk tier actor owning `disk`.
-  actors::cache_tier_actor host_tier_over(kv::tier_store store, std::shared_ptr<kv::lower_tier> disk) {
-    disk_tier_ = actors::spawn_disk_tier(sys_, std::move(disk));
+  /// A host tier owning `store` over a disk tier actor owning `disk` (whose reads take
+  /// `read_cost` of virtual time, if given).
+  actors::cache_tier_actor host_tier_over(kv::tier_store store, std::shared_ptr<kv::lower_tier> disk,
+                                          actors::lower_read_cost read_cost = {}) {
+    disk_tier_ = actors::spawn_disk_tier(sys_, std::move(disk), std::move(read_cost));
     return actors::spawn_cache_tier(sys_, std::move(store), disk_tier_);
   }
 
@@ -347,6 +353,71 @@ TEST_F(TierFlows, AFullDiskTierEvictsItsLeastRecentlyUsedBlocksAndServesOn) {
   EXPECT_EQ(r.num_disk_puts, 8);
   EXPECT_EQ(r.num_disk_refused, 0);
   EXPECT_EQ(r.num_disk_blocks, 4);
+  std::filesystem::remove_all(dir);
+}
+
+/// Prices for fetch or recompute (issue 54, engine_core::plan_fetch): a prompt token computes in
+/// `token_ns` by the engine's step-time model, and a block copies from the host tier to the pool
+/// at `copy_gb_s`.
+std::function<void(actors::engine_options&)> priced(double token_ns, double copy_gb_s) {
+  return [=](actors::engine_options& o) {
+    o.config.scheduler.step_cost.token_ns = token_ns;
+    o.config.swap_bandwidth_gb_s = copy_gb_s;
+  };
+}
+
+TEST_F(TierFlows, AFetchPredictedSlowerThanRecomputingIsDeclinedAndTheOutputIsBitIdentical) {
+  const std::vector<int32_t> prompt_q = golden_prompt(3, 130);
+  const three_runs off = with_tiers_off(prompt_q);
+  // A token computes in 1 ns; a block's copy at 1 kB/s takes minutes: nothing is worth asking.
+  tune = priced(1, 1e-6);
+  start(9, host_tier(64));
+  const actors::completion a = complete(request(prompt_a, 7));
+  (void)complete(request(prompt_q, 8));
+  EXPECT_EQ(tier_lookup(prompt_a), 4);  // the tier holds A's prefix, as in the first test
+  const actors::completion a_again = complete(request(prompt_a, 7));
+  expect_same(a, off.a);
+  expect_same(a_again, off.a_again);
+  EXPECT_EQ(a_again.end.num_cached_tokens, 0);  // recomputed: the tier was not asked
+  const msg::engine_report r = report();
+  EXPECT_EQ(r.num_tier_fetches, 0);
+  EXPECT_EQ(r.num_tier_fetches_declined, 3);  // A, Q and A again
+  EXPECT_EQ(r.num_host_hit_tokens, 0);
+  EXPECT_EQ(ask_idle<msg::tier_report>(sys_, sched_, tier_, actors::stats_atom::value).num_hits, 0);
+}
+
+TEST_F(TierFlows, ASlowDiskFetchIsCutToTheBlocksThatArrivedWithinItsBudgetAndTheRestIsRecomputed) {
+  // The disk flow above on virtual time: a block takes 25 ms to read. A token computes in 1 ms
+  // and copies are free, so asking for A's 4 blocks pays while they arrive within 64 ms (its
+  // budget, computing 64 tokens): the disk reads 2 (50 ms; a third would end at 75).
+  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/slow_disk";
+  std::filesystem::remove_all(dir);
+  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});
+  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
+  ASSERT_TRUE(store.has_value() && disk.has_value());
+  tune = priced(1e6, 1e6);
+  const auto read_cost = [](int64_t num_blocks) { return caf::timespan{num_blocks * 25'000'000}; };
+  start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk)), read_cost));
+  const actors::completion a = complete(request(prompt_a, 7));
+  (void)complete(request(prompt_c, 9));
+  (void)complete(request(golden_prompt(3, 65), 11));  // A's blocks down to disk
+  EXPECT_EQ(tier_lookup(prompt_a), 0);
+  auto waiting = std::make_shared<client_log>();
+  spawn_logged_client(sys_, lb_, request(prompt_a, 7), waiting);
+  sched_.run();
+  EXPECT_EQ(waiting->num_done, 0);  // the 2 reads take 50 ms
+  sched_.advance_time(50ms);
+  sched_.run();
+  ASSERT_EQ(waiting->num_done, 1);
+  ASSERT_TRUE(waiting->outcome->has_value()) << waiting->outcome->error().message;
+  const actors::completion& a_again = **waiting->outcome;
+  EXPECT_EQ(a_again.end.num_cached_tokens, 32);  // 2 blocks from disk; 33 tokens recomputed
+  expect_same(a_again, a);
+  const msg::tier_report t = ask_idle<msg::tier_report>(sys_, sched_, tier_, actors::stats_atom::value);
+  EXPECT_EQ(t.num_disk_hits, 2);
+  const msg::engine_report e = report();
+  EXPECT_EQ(e.num_disk_hit_tokens, 32);
+  EXPECT_EQ(e.num_tier_fetches, 4);
   std::filesystem::remove_all(dir);
 }
 

@@ -359,7 +359,7 @@ TEST(Topology, AHostTierIsReadPerNodeAndSharedByEnginesOfOneShape) {
   auto none = parse(k_valid);
   ASSERT_TRUE(none) << none.error().message;
   EXPECT_EQ(none->nodes[0].host_tier_blocks, 0);
-  EXPECT_EQ(none->nodes[0].host_tier_fetch_timeout_ms, 50);
+  EXPECT_EQ(none->nodes[0].host_tier_fetch_timeout_ms, 0);
   auto tier = parse(k_node0 + "host_tier_blocks = 4096\nhost_tier_fetch_timeout_ms = 1\n" + k_balancer + k_engine0 +
                     engine_text("engine1", "mixed"));
   ASSERT_TRUE(tier) << tier.error().message;
@@ -722,12 +722,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.toml:5: node 'node0': key 'host_tier_blocks' must be in 0..2147483647, got 2147483648"},
         bad_file{"host_tier_blocks_not_an_integer", k_node0 + "host_tier_blocks = \"1GiB\"\n" + k_balancer + k_engine0,
                  "topology.toml:5: node 'node0': key 'host_tier_blocks' must be an integer, got a string"},
-        bad_file{"host_tier_fetch_timeout_zero",
-                 k_node0 + "host_tier_fetch_timeout_ms = 0\n" + k_balancer + k_engine0,
-                 "topology.toml:5: node 'node0': key 'host_tier_fetch_timeout_ms' must be in 1..60000, got 0"},
+        bad_file{"host_tier_fetch_timeout_negative",
+                 k_node0 + "host_tier_fetch_timeout_ms = -1\n" + k_balancer + k_engine0,
+                 "topology.toml:5: node 'node0': key 'host_tier_fetch_timeout_ms' must be in 0..60000, got -1"},
         bad_file{"host_tier_fetch_timeout_too_long",
                  k_node0 + "host_tier_fetch_timeout_ms = 60001\n" + k_balancer + k_engine0,
-                 "topology.toml:5: node 'node0': key 'host_tier_fetch_timeout_ms' must be in 1..60000, got 60001"},
+                 "topology.toml:5: node 'node0': key 'host_tier_fetch_timeout_ms' must be in 0..60000, got 60001"},
         bad_file{"host_tier_shared_by_engines_of_two_block_sizes",
                  k_node0 + "host_tier_blocks = 64\n" + k_balancer + k_engine0 + engine_text("engine1", "mixed") +
                      "block_size = 32\n",

@@ -75,7 +75,11 @@ expected<host_tiers> spawn_host_tier(caf::actor_system& sys, const topology& t, 
     if (!opened) return fail(opened.error().code, "node '" + node.name + "': disk tier: " + opened.error().message);
     out.disk = actors::spawn_disk_tier(sys, std::make_shared<tiers::disk_tier>(std::move(*opened)), {}, detached);
   }
-  const auto disk_timeout = std::chrono::microseconds(int64_t{node.host_tier_fetch_timeout_ms} * 800);
+  // A fetch without a budget (a fixed fetch timeout, or an engine without a calibration) and a
+  // stats query wait for the disk tier 4/5 of the engines' bound, leaving the rest for the answer.
+  const int64_t bound_ms =
+      node.host_tier_fetch_timeout_ms > 0 ? node.host_tier_fetch_timeout_ms : engine::default_tier_fetch_timeout_ns / 1'000'000;
+  const auto disk_timeout = std::chrono::microseconds(bound_ms * 800);
   out.host = actors::spawn_cache_tier(sys, std::move(*store), out.disk, disk_timeout);
   return out;
 }
@@ -337,7 +341,7 @@ expected<actors::engine_actor> launch_engine(caf::actor_system& sys, const topol
   o.cluster_tiers = std::any_of(t.nodes.begin(), t.nodes.end(), [&](const node_spec& n) {
     return n.name != e.node && host_tier_engine(t, n) != nullptr;
   });
-  o.tier_fetch_timeout = std::chrono::milliseconds(shared.node.host_tier_fetch_timeout_ms);
+  o.config.tier_fetch_timeout_ns = int64_t{shared.node.host_tier_fetch_timeout_ms} * 1'000'000;
   if (auto ok = plug_expert_shards(sys, t, e, options.stop, o, spawned); !ok) return tl::unexpected(ok.error());
   auto engine = actors::spawn_engine(sys, o);
   if (!engine) return fail(engine.error().code, where(e) + engine.error().message);

@@ -354,7 +354,7 @@ struct scope {
   auto tier_blocks = read_int(ctx, table, where, "host_tier_blocks", 0, 0);
   if (!tier_blocks) return tl::unexpected(tier_blocks.error());
   node.host_tier_blocks = *tier_blocks;
-  auto fetch_timeout = read_int(ctx, table, where, "host_tier_fetch_timeout_ms", node.host_tier_fetch_timeout_ms, 1, 60000);
+  auto fetch_timeout = read_int(ctx, table, where, "host_tier_fetch_timeout_ms", node.host_tier_fetch_timeout_ms, 0, 60000);
   if (!fetch_timeout) return tl::unexpected(fetch_timeout.error());
   node.host_tier_fetch_timeout_ms = *fetch_timeout;
   if (auto ok = read_disk_tier(ctx, table, where, node); !ok) return tl::unexpected(ok.error());

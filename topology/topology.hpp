@@ -60,8 +60,9 @@
 ///   host_tier_blocks = 0               #   optional, >= 0, default 0 (none): a host-memory KV
 ///                                      #   cache tier of this many blocks, shared by the node's
 ///                                      #   engines (which must then run one model and block size)
-///   host_tier_fetch_timeout_ms = 50    #   optional, 1..60000, default 50: how long a request
-///                                      #   waits for the tier's blocks before recomputing them
+///   host_tier_fetch_timeout_ms = 0     #   optional, 0..60000, default 0: fetch or recompute by
+///                                      #   cost (docs/kv-tiers.md); > 0: fetch every block and
+///                                      #   wait this long at most before recomputing them
 ///   disk_tier_dir = "kv-cache"         #   optional (with disk_tier_mib and host_tier_blocks): a
 ///   disk_tier_mib = 1024               #   disk tier below the host tier, relative to the file
 ///
@@ -190,8 +191,9 @@ struct node_spec {
   /// The node's host-memory cache tier (docs/kv-tiers.md): capacity in KV blocks, shared by the
   /// node's engines; 0 = none.
   int32_t host_tier_blocks = 0;
-  /// How long a request waits for the host tier's blocks before it recomputes them.
-  int32_t host_tier_fetch_timeout_ms = 50;
+  /// A fixed bound on how long a request waits for the host tier's blocks before it recomputes
+  /// them (engine_config::tier_fetch_timeout_ns); 0 = fetch or recompute by cost.
+  int32_t host_tier_fetch_timeout_ms = 0;
   /// The disk tier below the host tier (actors/edge/disk_tier.hpp): its directory (absolute) and
   /// capacity; "" = none.
   std::string disk_tier_dir;

@@ -204,6 +204,11 @@ int run_sim(const sim_cli_options& o) {
   std::printf("prefix hits: %.4f of prompt tokens; an infinite cache: %.4f (the prompts that arrived before), "
               "%.4f (only those of requests finished before each arrival)\n",
               m.prefix_hit_rate, m.prefix_hit_bound_arrived, m.prefix_hit_bound_causal);
+  if (result->tier_fetches + result->tier_fetches_declined > 0)
+    std::printf("tier fetches: %lld asked, %lld declined (recomputing predicted no slower); hit tokens: %lld from "
+                "the host tier, %lld of them read from the disk tier\n",
+                static_cast<long long>(result->tier_fetches), static_cast<long long>(result->tier_fetches_declined),
+                static_cast<long long>(result->host_hit_tokens), static_cast<long long>(result->disk_hit_tokens));
   if (const std::string moe = sim::moe_report_line(*result); !moe.empty()) std::printf("%s\n", moe.c_str());
   std::printf("event-log-sha256: %s\n", result->event_log_sha256.c_str());
   return 0;

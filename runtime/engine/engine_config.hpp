@@ -32,6 +32,10 @@ enum class preemption_mode { recompute, swap, cost };
   return std::nullopt;
 }
 
+/// How long a fetch from a tier is waited for when neither a budget (fetch or recompute by
+/// cost) nor engine_config::tier_fetch_timeout_ns bounds it.
+inline constexpr int64_t default_tier_fetch_timeout_ns = 50'000'000;
+
 struct engine_config {
   int32_t num_kv_blocks = 1024;  ///< KV pool size in blocks
   int32_t block_size = 16;       ///< tokens per block
@@ -67,7 +71,19 @@ struct engine_config {
   /// drafts each decode step verifies. The engine plans the draft slots; the executor drafts.
   spec::speculation_config speculation;
   preemption_mode preemption = preemption_mode::recompute;
-  double swap_bandwidth_gb_s = 8;  ///< preemption `cost`: host tier -> pool copy speed, in (0, 1e6]
+  /// Host tier -> pool copy speed, in (0, 1e6]: prices preemption `cost`'s swap and every
+  /// fetch from a tier (engine_core::plan_fetch).
+  double swap_bandwidth_gb_s = 8;
+  /// The bytes of one block's KV that such a copy moves; 0 = the model's at kv_cache_dtype (f32
+  /// when unset). The simulator sets the size it models ([model] kv_bytes_per_value).
+  int64_t kv_block_bytes = 0;
+  /// A fixed bound on each fetch from a tier (`host_tier_fetch_timeout_ms`), which then fetches
+  /// every block the hit rule allows. 0 (the default): fetch or recompute by cost (issue 54,
+  /// docs/kv-tiers.md "Fetch or recompute") — a fetch asks only for the blocks that pay, with the
+  /// budget its estimate gives, and is waited for msg::fetch_wait_ns of that budget; without a
+  /// step-time model to price recomputing (no calibration), every block, waited for
+  /// default_tier_fetch_timeout_ns.
+  int64_t tier_fetch_timeout_ns = 0;
   /// What requests' grammars may cost: compile, automaton and cache bounds (docs/grammars.md).
   grammar::grammar_limits grammar;
 };

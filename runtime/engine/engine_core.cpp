@@ -142,6 +142,12 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
   if (!(config.swap_bandwidth_gb_s > 0 && config.swap_bandwidth_gb_s <= 1e6))
     return fail(errc::invalid_argument,
                 "swap_bandwidth_gb_s must be in (0, 1000000], got " + std::to_string(config.swap_bandwidth_gb_s));
+  if (config.kv_block_bytes < 0)
+    return fail(errc::invalid_argument, "kv_block_bytes must be >= 0, got " + std::to_string(config.kv_block_bytes));
+  if (config.tier_fetch_timeout_ns < 0 || config.tier_fetch_timeout_ns > 60'000'000'000)
+    return fail(errc::invalid_argument,
+                "the tier fetch timeout must be in 0..60000 ms (0: by cost), got " +
+                    std::to_string(config.tier_fetch_timeout_ns / 1'000'000) + " ms");
   if (config.preemption == preemption_mode::cost &&
       cost::predict_ns(config.scheduler.step_cost, cost::chunk_features(0, 1, 0)) <= 0)  // one prefill token
     return fail(errc::invalid_argument, "preemption 'cost' prices recomputing with the engine's step-time model: "
@@ -465,19 +471,69 @@ void engine_core::ask_tier(kv::seq_id seq, int32_t have, int32_t allowed, int32_
   swap_waiting_[seq] = have;
   // The blocks the pool evicted so far go to the tier first (take_swap_ins).
   collect_evictions();
+  // Asked again, or a swap the preemption mode decided: every block, with the budget a plan
+  // taking them all would give.
+  const int64_t budget =
+      !fetch_by_cost()
+          ? 0
+          : fetch_budget_ns(cost::predict_ns(config_.scheduler.step_cost, scheduler_->queued_prompt_features()), have,
+                            allowed - have, allowed - have);
   swap_ins_.push_back(swap_in{samples_.at(seq).request, scheduler_->get(seq).tokens, have, allowed - have,
-                              num_demotions_logged_, cache_tier});
+                              num_demotions_logged_, cache_tier, budget});
 }
 
 bool engine_core::swap_cheaper(int32_t first_block, int32_t num_blocks) const {
+  return copy_ns(num_blocks) < static_cast<double>(recompute_ns(first_block, num_blocks));
+}
+
+int64_t engine_core::recompute_ns(int32_t first_block, int32_t num_blocks) const {
+  if (num_blocks == 0) return 0;  // (a chunk of no tokens still "reads" its context)
   const int64_t bs = config_.block_size;
-  const double recompute_ns = static_cast<double>(
-      cost::predict_ns(config_.scheduler.step_cost, cost::chunk_features(first_block * bs, num_blocks * bs, 0)));
+  return cost::predict_ns(config_.scheduler.step_cost, cost::chunk_features(first_block * bs, num_blocks * bs, 0));
+}
+
+double engine_core::copy_ns(int32_t num_blocks) const {
   // The pool's type: topology/launch.cpp resolves the default by the weights; unset here, f32.
   const kv::kv_dtype dtype = config_.kv_cache_dtype.value_or(kv::kv_dtype::f32);
-  const double bytes = 2.0 * model_.n_layers * static_cast<double>(num_blocks * bs) *
-                       static_cast<double>(kv::kv_row_bytes(dtype, model_.kv_dim()));
-  return bytes / config_.swap_bandwidth_gb_s < recompute_ns;  // GB/s = bytes per ns
+  const double block_bytes = config_.kv_block_bytes > 0
+                                 ? static_cast<double>(config_.kv_block_bytes)
+                                 : 2.0 * model_.n_layers * config_.block_size *
+                                       static_cast<double>(kv::kv_row_bytes(dtype, model_.kv_dim()));
+  return num_blocks * block_bytes / config_.swap_bandwidth_gb_s;  // GB/s = bytes per ns
+}
+
+bool engine_core::fetch_by_cost() const {
+  return config_.tier_fetch_timeout_ns == 0 && recompute_ns(0, 1) > 0;
+}
+
+int64_t engine_core::fetch_budget_ns(int64_t queue_ns, int32_t first_block, int32_t n, int32_t k) const {
+  return std::max<int64_t>(1, queue_ns + recompute_ns(first_block, n) - recompute_ns(first_block + k, n - k));
+}
+
+fetch_plan engine_core::plan_fetch(int32_t first_block, int32_t num_blocks) {
+  TROUPE_ASSERT(num_blocks > 0);
+  if (!fetch_by_cost()) {
+    stats_.num_tier_fetches++;
+    return {num_blocks, 0};
+  }
+  const int64_t queue_ns = cost::predict_ns(config_.scheduler.step_cost, scheduler_->queued_prompt_features());
+  // The k that has all n blocks soonest: fetched ones arrive while the queue ahead is served.
+  int32_t best = 0;
+  double best_ns = static_cast<double>(queue_ns + recompute_ns(first_block, num_blocks));
+  for (int32_t k = 1; k <= num_blocks; k++) {
+    const double t = std::max(copy_ns(k), static_cast<double>(queue_ns)) +
+                     static_cast<double>(recompute_ns(first_block + k, num_blocks - k));
+    if (t < best_ns) {
+      best = k;
+      best_ns = t;
+    }
+  }
+  if (best == 0) {
+    stats_.num_tier_fetches_declined++;
+    return {};
+  }
+  stats_.num_tier_fetches++;
+  return {best, fetch_budget_ns(queue_ns, first_block, num_blocks, best)};
 }
 
 std::pair<int32_t, int32_t> engine_core::cached_prefix(const std::vector<int32_t>& tokens) const {

@@ -114,6 +114,16 @@ struct swap_in {
   /// The tier to ask (request::cache_tier): a staged promotion asked again asks the tier its
   /// request named; a swap asks the engine's own (-1), where the victim's blocks were demoted.
   int32_t cache_tier = -1;
+  int64_t budget_ns = 0;  ///< fetch_plan::budget_ns of the fetch
+};
+
+/// Fetch or recompute (issue 54, docs/kv-tiers.md): how many of the blocks a tier may hold are
+/// worth asking for, and by when they must arrive to pay (engine_core::plan_fetch).
+struct fetch_plan {
+  int32_t num_blocks = 0;  ///< the leading blocks to ask for; 0: recompute them all
+  /// How long the fetch may take and still pay (msg::tier_fetch::budget_ns); 0 with a fixed
+  /// fetch timeout (engine_config::tier_fetch_timeout_ns), which then bounds it.
+  int64_t budget_ns = 0;
 };
 
 class engine_core {
@@ -185,6 +195,14 @@ class engine_core {
   bool swap_answered(request_id id, std::vector<kv::kv_block> blocks, std::vector<uint8_t> from_lower);
   /// The pool's leading blocks of `tokens` and, by the hit rule, how many may come from cache.
   [[nodiscard]] std::pair<int32_t, int32_t> cached_prefix(const std::vector<int32_t>& tokens) const;
+  /// Fetch or recompute: of the `num_blocks` blocks from `first_block` on that a tier may hold,
+  /// the leading k to ask for — the k that makes them soonest available, predicted with the
+  /// step-time model: max(copy of k blocks to the pool at swap_bandwidth_gb_s, the queued
+  /// prefill ahead) + recomputing the other n - k, against the queue + recomputing all n (k = 0:
+  /// decline). The budget is when the k blocks must have arrived to beat recomputing them:
+  /// the queue ahead + their recompute time. Not by cost (fetch_by_cost): every block, no budget.
+  /// Counts the decision (num_tier_fetches, num_tier_fetches_declined).
+  [[nodiscard]] fetch_plan plan_fetch(int32_t first_block, int32_t num_blocks);
 
   /// Host tier: the evicted blocks read out by steps completed since the last call, in order.
   [[nodiscard]] std::vector<demoted_block> take_demoted();
@@ -331,6 +349,16 @@ class engine_core {
   void ask_tier(kv::seq_id seq, int32_t have, int32_t allowed, int32_t cache_tier);
   /// Preemption `cost`: copying these blocks is predicted faster than recomputing them.
   [[nodiscard]] bool swap_cheaper(int32_t first_block, int32_t num_blocks) const;
+  /// Whether fetches are decided by cost: no fixed fetch timeout, and a step-time model that
+  /// prices a prefill (a calibration); else every block is asked for, bounded by a timeout.
+  [[nodiscard]] bool fetch_by_cost() const;
+  /// The step-time model's time to compute blocks [first_block, first_block + num_blocks) as one
+  /// chunk (no step counted), and to copy `num_blocks` blocks from the host tier to the pool.
+  [[nodiscard]] int64_t recompute_ns(int32_t first_block, int32_t num_blocks) const;
+  [[nodiscard]] double copy_ns(int32_t num_blocks) const;
+  /// plan_fetch's budget for asking k of the n blocks from first_block: the queue ahead
+  /// (`queue_ns`) + the time recomputing those k would take beyond the other n - k.
+  [[nodiscard]] int64_t fetch_budget_ns(int64_t queue_ns, int32_t first_block, int32_t n, int32_t k) const;
   /// Moves the pool's evictions into pending_demotions_, except a block evicted before its
   /// promoted KV was ever written: that write is dropped instead (the tier still has the block).
   void collect_evictions();

@@ -81,8 +81,8 @@ bool operator==(const arm_report_timer& a, const arm_report_timer& b) { return a
 bool operator==(const restart_executor&, const restart_executor&) { return true; }
 
 bool operator==(const fetch_blocks& a, const fetch_blocks& b) {
-  return std::tie(a.id, a.tokens, a.first_block, a.num_blocks_max, a.cache_tier) ==
-         std::tie(b.id, b.tokens, b.first_block, b.num_blocks_max, b.cache_tier);
+  return std::tie(a.id, a.tokens, a.first_block, a.num_blocks_max, a.cache_tier, a.budget_ns) ==
+         std::tie(b.id, b.tokens, b.first_block, b.num_blocks_max, b.cache_tier, b.budget_ns);
 }
 
 // Demoted blocks compare by name, class and payload size.
@@ -170,8 +170,10 @@ bool engine_policy::fetch_first(request& r, std::optional<handoff_target>& hando
   std::vector<int32_t> tokens(r.prompt.begin(), r.prompt.end() - (handoff ? 1 : 0));  // what the core prefills
   const auto [num_pool_blocks, num_blocks_max] = core_->cached_prefix(tokens);
   if (num_pool_blocks >= num_blocks_max) return false;
+  const fetch_plan plan = core_->plan_fetch(num_pool_blocks, num_blocks_max - num_pool_blocks);
+  if (plan.num_blocks == 0) return false;  // recomputing is predicted no slower: not asked
   out.push_back(watch_caller{id});
-  out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, num_blocks_max - num_pool_blocks, r.cache_tier});
+  out.push_back(fetch_blocks{id, std::move(tokens), num_pool_blocks, plan.num_blocks, r.cache_tier, plan.budget_ns});
   tier_waits_.emplace(id, tier_wait{std::move(r), std::move(handoff), num_pool_blocks});
   return true;
 }
@@ -282,7 +284,7 @@ void engine_policy::kick(effects& out, int64_t now_ns) {
     out.push_back(send_plan{std::move(*plan), generation_, std::move(grammars)});
   }
   for (swap_in& s : core_->take_swap_ins())
-    out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max, s.cache_tier});
+    out.push_back(fetch_blocks{s.id, std::move(s.tokens), s.first_block, s.num_blocks_max, s.cache_tier, s.budget_ns});
 }
 
 void engine_policy::send_report(effects& out, int64_t now_ns) {

@@ -159,14 +159,16 @@ struct arm_report_timer {
 struct restart_executor {};
 
 /// Host tier: ask it for the blocks of `tokens` from block `first_block` on (at most
-/// `num_blocks_max`, msg::tier_fetch), and call `tier_answered(id, ...)` with what comes back —
-/// nothing if it does not answer within the fetch timeout.
+/// `num_blocks_max`, msg::tier_fetch, with `budget_ns`), and call `tier_answered(id, ...)` with
+/// what comes back — nothing if it does not answer in time: msg::fetch_wait_ns(budget_ns), or
+/// without a budget engine_config::tier_fetch_timeout_ns (default_tier_fetch_timeout_ns if 0).
 struct fetch_blocks {
   request_id id = 0;
   std::vector<int32_t> tokens;
   int32_t first_block = 0;
   int32_t num_blocks_max = 0;
   int32_t cache_tier = -1;  ///< which tier (request::cache_tier): -1 = the engine's own node's
+  int64_t budget_ns = 0;    ///< fetch_plan::budget_ns
 };
 
 /// Host tier: store these blocks (msg::tier_put each), without waiting for its answers.

@@ -43,6 +43,10 @@ struct engine_counters {
   int64_t num_accepted_drafts = 0;  ///< of those, drafts that stood
   int64_t num_speculative_rows = 0; ///< decode rows that had draft slots
   int64_t num_swap_ins = 0;         ///< readmitted victims of preemption that asked the host tier
+  /// Fetch or recompute (engine_core::plan_fetch): placements whose prefix beyond the pool's
+  /// was asked of a tier, and those whose fetch was predicted not to pay (recomputed unasked).
+  int64_t num_tier_fetches = 0;
+  int64_t num_tier_fetches_declined = 0;
   /// Tokens of blocks promoted from the host tier that readmitted victims of preemption took
   /// (not in num_host_hit_tokens, which counts first admissions as num_prefix_hit_tokens does).
   int64_t num_swap_in_tokens = 0;

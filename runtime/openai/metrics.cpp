@@ -170,6 +170,8 @@ engine_gauges sum_reports(const std::vector<engine::engine_report>& reports, con
     g.num_host_expired_blocks = std::max(g.num_host_expired_blocks, r.host_tier_expired_blocks);
     g.num_disk_expired_blocks = std::max(g.num_disk_expired_blocks, r.disk_tier_expired_blocks);
     g.num_swap_in_tokens += r.num_swap_in_tokens;
+    g.num_tier_fetches += r.num_tier_fetches;
+    g.num_tier_fetches_declined += r.num_tier_fetches_declined;
     g.moe_lb = std::max(g.moe_lb, r.moe_lb_last_window);
     g.num_moe_windows += r.num_moe_windows;
     g.num_expert_moves += r.num_expert_moves;
@@ -272,6 +274,12 @@ void render_troupe(page& p, const request_metrics& requests, const engine_gauges
            "from=\"host\",to=\"pool\"");
   p.counter("troupe:kv_swap_in_tokens_total", "Tokens readmitted victims of preemption took back from the host tier.",
             engines.num_swap_in_tokens);
+  p.family("troupe:kv_tier_fetches_total", "counter",
+           "Requests whose prefix beyond the pool's a tier may hold: asked of the tier, or recomputed because "
+           "the fetch was predicted not to pay.");
+  p.sample("troupe:kv_tier_fetches_total", number(static_cast<double>(engines.num_tier_fetches)), "decision=\"fetch\"");
+  p.sample("troupe:kv_tier_fetches_total", number(static_cast<double>(engines.num_tier_fetches_declined)),
+           "decision=\"recompute\"");
   p.counter("troupe:kv_handoffs_total",
             "KV hand-offs (prefill to decode, a drained engine's forwards) whose KV arrived intact.",
             engines.num_handoffs);

@@ -98,6 +98,8 @@ struct engine_gauges {
   int64_t num_host_expired_blocks = 0;
   int64_t num_disk_expired_blocks = 0;  ///< the same for the disk tier below the host tier
   int64_t num_swap_in_tokens = 0;       ///< tokens readmitted victims of preemption took from the host tier
+  int64_t num_tier_fetches = 0;          ///< placements that asked a tier (fetch or recompute)
+  int64_t num_tier_fetches_declined = 0; ///< placements whose fetch was predicted not to pay
   /// MoE engines reassigning their experts (docs/moe.md): the largest of their latest windows'
   /// moe_lb (the most imbalanced engine), and the windows and moves summed.
   double moe_lb = 0;

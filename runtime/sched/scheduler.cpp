@@ -495,6 +495,16 @@ int64_t scheduler::num_queued_prompt_tokens() const {
   return n;
 }
 
+cost::step_features scheduler::queued_prompt_features() const {
+  cost::step_features sum;
+  sum.num_steps = 0;
+  for (const auto& [id, s] : sequences_) {
+    const int32_t have = std::max(s.num_computed_tokens, s.num_imported_tokens);
+    if (s.num_prompt_tokens > have) cost::add_features(sum, cost::chunk_features(have, s.num_prompt_tokens - have, 0));
+  }
+  return sum;
+}
+
 void scheduler::check_invariants() const {
   blocks_.check_invariants();
   check_queues();

@@ -198,6 +198,9 @@ class scheduler {
   [[nodiscard]] int64_t num_preemptions() const { return num_preemptions_; }
   /// Prompt tokens of all sequences whose KV is not computed or being computed (O(sequences)).
   [[nodiscard]] int64_t num_queued_prompt_tokens() const;
+  /// The prefill work those tokens are: Σ over the sequences of the chunk of their queued
+  /// prompt tokens (cost::chunk_features, no step counted), for the step-time model.
+  [[nodiscard]] cost::step_features queued_prompt_features() const;
   /// Prompt tokens served from the prefix cache at first admissions (sequence::num_cached_tokens).
   [[nodiscard]] int64_t num_prefix_hit_tokens() const { return num_prefix_hit_tokens_; }
   /// Prompt tokens looked up in the prefix cache at first admissions (the hits' denominator).
