@@ -122,6 +122,24 @@ class tier_bench {
     return actors::spawn_cache_tier(sys_, std::move(store), disk_tier_);
   }
 
+  /// Starts an engine with a pool of 5 over a host tier of one prompt's 4 blocks over a disk
+  /// tier in `tests/tmp/tier_flows_test/<name>` (removed when the bench ends; its reads take
+  /// `read_cost` of virtual time, if given), and runs A, C, then D: A's blocks end on disk.
+  /// Returns A's completion.
+  actors::completion start_with_a_on_disk(const std::string& name, actors::lower_read_cost read_cost = {}) {
+    disk_dir_ = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/" + name;
+    std::filesystem::remove_all(disk_dir_);
+    auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});
+    auto disk = tiers::disk_tier::open({disk_dir_, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
+    EXPECT_TRUE(store.has_value() && disk.has_value());
+    start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk)), std::move(read_cost)));
+    const actors::completion a = complete(request(prompt_a, 7));
+    (void)complete(request(prompt_c, 9));               // A's blocks demoted to the host tier
+    (void)complete(request(golden_prompt(3, 65), 11));  // C's too, pushing A's down to disk
+    EXPECT_EQ(tier_lookup(prompt_a), 0);                // not in memory
+    return a;
+  }
+
   ~tier_bench() {
     if (another_lb_) caf::anon_send_exit(another_lb_, caf::exit_reason::user_shutdown);
     if (another_) caf::anon_send_exit(another_, caf::exit_reason::user_shutdown);
@@ -131,7 +149,10 @@ class tier_bench {
     if (tier_) caf::anon_send_exit(tier_, caf::exit_reason::user_shutdown);
     if (disk_tier_) caf::anon_send_exit(disk_tier_, caf::exit_reason::user_shutdown);
     sched_.run();
+    if (!disk_dir_.empty()) std::filesystem::remove_all(disk_dir_);
   }
+
+  std::string disk_dir_;  // start_with_a_on_disk's
 
   /// A seeded sampling request (temperature 1) for 8 tokens, of traffic class `cls`.
   static msg::completion_request request(const std::vector<int32_t>& prompt, uint64_t seed,
@@ -294,16 +315,7 @@ TEST_F(TierFlows, BlocksExpireByTheirRequestsClassOnTheActorSystemsClock) {
 }
 
 TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
-  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/disk";
-  std::filesystem::remove_all(dir);
-  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});  // one prompt's blocks
-  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
-  ASSERT_TRUE(store.has_value() && disk.has_value());
-  start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
-  const actors::completion a = complete(request(prompt_a, 7));
-  (void)complete(request(prompt_c, 9));                   // A's blocks demoted to the host tier
-  (void)complete(request(golden_prompt(3, 65), 11));      // C's too, pushing A's down to disk
-  EXPECT_EQ(tier_lookup(prompt_a), 0);                    // not in memory
+  const actors::completion a = start_with_a_on_disk("disk");
   const actors::completion a_again = complete(request(prompt_a, 7));
   EXPECT_EQ(a_again.end.num_cached_tokens, 64);           // from disk, through the host tier
   expect_same(a_again, a);
@@ -314,7 +326,6 @@ TEST_F(TierFlows, HostTierEvictionsGoToTheDiskTierAndComeBackFromThere) {
   const msg::engine_report e = report();  // the engine counts the disk's share of its tier hits
   EXPECT_EQ(e.num_host_hit_tokens, 64);
   EXPECT_EQ(e.num_disk_hit_tokens, 64);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(TierFlows, AFullDiskTierEvictsItsLeastRecentlyUsedBlocksAndServesOn) {
@@ -390,18 +401,9 @@ TEST_F(TierFlows, ASlowDiskFetchIsCutToTheBlocksThatArrivedWithinItsBudgetAndThe
   // The disk flow above on virtual time: a block takes 25 ms to read. A token computes in 1 ms
   // and copies are free, so asking for A's 4 blocks pays while they arrive within 64 ms (its
   // budget, computing 64 tokens): the disk reads 2 (50 ms; a third would end at 75).
-  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/slow_disk";
-  std::filesystem::remove_all(dir);
-  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});
-  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
-  ASSERT_TRUE(store.has_value() && disk.has_value());
   tune = priced(1e6, 1e6);
-  const auto read_cost = [](int64_t num_blocks) { return caf::timespan{num_blocks * 25'000'000}; };
-  start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk)), read_cost));
-  const actors::completion a = complete(request(prompt_a, 7));
-  (void)complete(request(prompt_c, 9));
-  (void)complete(request(golden_prompt(3, 65), 11));  // A's blocks down to disk
-  EXPECT_EQ(tier_lookup(prompt_a), 0);
+  const actors::completion a =
+      start_with_a_on_disk("slow_disk", [](int64_t num_blocks) { return caf::timespan{num_blocks * 25'000'000}; });
   auto waiting = std::make_shared<client_log>();
   spawn_logged_client(sys_, lb_, request(prompt_a, 7), waiting);
   sched_.run();
@@ -418,7 +420,6 @@ TEST_F(TierFlows, ASlowDiskFetchIsCutToTheBlocksThatArrivedWithinItsBudgetAndThe
   const msg::engine_report e = report();
   EXPECT_EQ(e.num_disk_hit_tokens, 32);
   EXPECT_EQ(e.num_tier_fetches, 4);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(TierFlows, ATierThatNeverAnswersCostsOnlyTheWaitAndTheEngineServesOthersMeanwhile) {
@@ -531,16 +532,7 @@ TEST_F(TierFlows, AnEngineWithoutATierFetchesThroughAnotherNodesTierThePrefixOnl
   // As HostTierEvictionsGoToTheDiskTier...: A's blocks end on disk below the first node's tier.
   // The tier relays its disk tier's hashes: the balancer counts A's prefix as that tier's, and
   // the other node's engine fetches it through the host tier from disk.
-  const std::string dir = std::string(TROUPE_BUILD_DIR) + "/tests/tmp/tier_flows_test/disk_directory";
-  std::filesystem::remove_all(dir);
-  auto store = kv::tier_store::create({16, 4, 7 * kv::day_ns, 3 * kv::day_ns});
-  auto disk = tiers::disk_tier::open({dir, 1 << 30, 16}, actors::ns_since_epoch(sched_.clock().now()));
-  ASSERT_TRUE(store.has_value() && disk.has_value());
-  start(5, host_tier_over(std::move(*store), std::make_shared<tiers::disk_tier>(std::move(*disk))));
-  const actors::completion a = complete(request(prompt_a, 7));
-  (void)complete(request(prompt_c, 9));
-  (void)complete(request(golden_prompt(3, 65), 11));
-  ASSERT_EQ(tier_lookup(prompt_a), 0);  // not in memory: on disk
+  const actors::completion a = start_with_a_on_disk("disk_directory");
   const another_node n = start_another_node(4, 1024);
   const actors::completion a_again = complete_together({request(prompt_a, 7)}, n.balancer).at(0);
   expect_same(a_again, a);
@@ -549,7 +541,6 @@ TEST_F(TierFlows, AnEngineWithoutATierFetchesThroughAnotherNodesTierThePrefixOnl
   EXPECT_EQ(r.num_generated_tokens, 8);
   EXPECT_EQ(r.num_host_hit_tokens, 64);
   EXPECT_EQ(r.num_disk_hit_tokens, 64);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(TierFlows, ADecodeEngineSharesThePrefixItHoldsWithAnImportedRequest) {
