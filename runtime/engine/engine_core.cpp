@@ -476,8 +476,7 @@ void engine_core::ask_tier(kv::seq_id seq, int32_t have, int32_t allowed, int32_
   const int64_t budget =
       !fetch_by_cost()
           ? 0
-          : fetch_budget_ns(cost::predict_ns(config_.scheduler.step_cost, scheduler_->queued_prompt_features()), have,
-                            allowed - have, allowed - have);
+          : fetch_budget_ns(queued_prefill_ns(), have, allowed - have, allowed - have);
   swap_ins_.push_back(swap_in{samples_.at(seq).request, scheduler_->get(seq).tokens, have, allowed - have,
                               num_demotions_logged_, cache_tier, budget});
 }
@@ -502,6 +501,10 @@ double engine_core::copy_ns(int32_t num_blocks) const {
   return num_blocks * block_bytes / config_.swap_bandwidth_gb_s;  // GB/s = bytes per ns
 }
 
+int64_t engine_core::queued_prefill_ns() const {
+  return cost::predict_ns(config_.scheduler.step_cost, scheduler_->queued_prompt_features());
+}
+
 bool engine_core::fetch_by_cost() const {
   return config_.tier_fetch_timeout_ns == 0 && recompute_ns(0, 1) > 0;
 }
@@ -516,7 +519,7 @@ fetch_plan engine_core::plan_fetch(int32_t first_block, int32_t num_blocks) {
     stats_.num_tier_fetches++;
     return {num_blocks, 0};
   }
-  const int64_t queue_ns = cost::predict_ns(config_.scheduler.step_cost, scheduler_->queued_prompt_features());
+  const int64_t queue_ns = queued_prefill_ns();
   // The k that has all n blocks soonest: fetched ones arrive while the queue ahead is served.
   int32_t best = 0;
   double best_ns = static_cast<double>(queue_ns + recompute_ns(first_block, num_blocks));

@@ -356,6 +356,8 @@ class engine_core {
   /// chunk (no step counted), and to copy `num_blocks` blocks from the host tier to the pool.
   [[nodiscard]] int64_t recompute_ns(int32_t first_block, int32_t num_blocks) const;
   [[nodiscard]] double copy_ns(int32_t num_blocks) const;
+  /// The step-time model's time for the prompt tokens queued (scheduler::queued_prompt_features).
+  [[nodiscard]] int64_t queued_prefill_ns() const;
   /// plan_fetch's budget for asking k of the n blocks from first_block: the queue ahead
   /// (`queue_ns`) + the time recomputing those k would take beyond the other n - k.
   [[nodiscard]] int64_t fetch_budget_ns(int64_t queue_ns, int32_t first_block, int32_t n, int32_t k) const;
