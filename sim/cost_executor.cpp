@@ -171,9 +171,9 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         const cost::step_features f = spec::features_with_drafts(plan, result.num_draft_rows);
         const auto now = self->clock().now();
         const auto start = std::max(now, s.busy_until);
-        int64_t cost_ns = (s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f)) +
-                                s.o.tier.price_ns(tier_blocks_moved(plan)) +
-                                std::llround(s.o.draft_token_ns * static_cast<double>(result.num_draft_rows));
+        int64_t cost_ns = s.o.tier.step_ns(s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f),
+                                           tier_blocks_moved(plan)) +
+                          std::llround(s.o.draft_token_ns * static_cast<double>(result.num_draft_rows));
         const int64_t start_ns = actors::ns_since_epoch(start);
         if (s.o.moe) {
           cost_ns += s.o.moe->price_step(static_cast<int64_t>(f.num_tokens), start_ns - s.o.origin_ns, cost_ns);
@@ -213,6 +213,12 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
 int64_t tier_transfer_cost::price_ns(int64_t num_blocks) const {
   if (num_blocks == 0 || bytes_per_block == 0) return 0;
   return latency_ns + static_cast<int64_t>(std::llround(static_cast<double>(num_blocks) * bytes_per_block / bandwidth_gb_s));
+}
+
+int64_t tier_transfer_cost::step_ns(int64_t compute_ns, int64_t num_blocks) const {
+  const int64_t copies = price_ns(num_blocks);
+  if (overlap_layers == 0) return compute_ns + copies;
+  return std::max(compute_ns, copies) + std::min(compute_ns, copies) / overlap_layers;
 }
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

@@ -33,8 +33,13 @@ struct tier_transfer_cost {
   double bytes_per_block = 0;
   double bandwidth_gb_s = 1;  ///< 10^9 bytes/s = bytes per ns
   int64_t latency_ns = 0;
+  /// 0: a step's copies add to its compute. n > 0: they overlap it layer by layer over the
+  /// model's n layers ([host_tier] copies = "overlapped"): max(compute, copies) + min / n.
+  int32_t overlap_layers = 0;
 
   [[nodiscard]] int64_t price_ns(int64_t num_blocks) const;
+  /// How long a step of `compute_ns` that moves `num_blocks` blocks takes.
+  [[nodiscard]] int64_t step_ns(int64_t compute_ns, int64_t num_blocks) const;
 };
 
 /// Seeded executor crashes of one engine (sim_options::executor_crashes), shared by every

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/generate/reference_generator.hpp"
+#include "sim/cost_executor.hpp"
 #include "sim/modelled_tier.hpp"
 #include "sim/report.hpp"
 #include "sim/sha256.hpp"
@@ -752,6 +753,8 @@ TEST(SimTopology, AHostTierIsReadAndBounded) {
       {"\n[host_tier]\nblocks = -1\n", "tiny.toml:25: [host_tier] blocks = -1.000000 is outside"},
       {"\n[host_tier]\nbandwidth_gb_s = 0\n", "tiny.toml:25: [host_tier] bandwidth_gb_s = 0.000000 is outside"},
       {"\n[host_tier]\nsize = 3\n", "tiny.toml:25: [host_tier]: unknown key 'size'"},
+      {"\n[host_tier]\nblocks = 10\ncopies = \"async\"\n",
+       "tiny.toml:26: [host_tier] copies must be \"step\" or \"overlapped\", got \"async\""},
   };
   for (const auto& [extra, message] : cases) {
     auto bad = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR);
@@ -897,6 +900,28 @@ TEST(Simulation, AHostTierServesThePrefixThePoolEvicted) {
   // bandwidth brings its first token exactly 35 * 4096 / 2 ns sooner.
   const sim_result faster = evicting_run(tier + "2\n");
   EXPECT_EQ((with.requests[2].first_token_ns - faster.requests[2].first_token_ns), 35 * 4096 / 2);
+}
+
+TEST(Simulation, OverlappedCopiesTakeTheLongerOfComputeAndCopiesPlusTheShortersShareOfOneLayer) {
+  // 35 blocks of 4,096 bytes at 1 GB/s after 2 us: 145,360 ns of copies.
+  const tier_transfer_cost serial{4096, 1, 2000, 0};
+  const tier_transfer_cost overlapped{4096, 1, 2000, 2};
+  EXPECT_EQ(serial.step_ns(100'000, 35), 245'360);
+  EXPECT_EQ(overlapped.step_ns(100'000, 35), 145'360 + 100'000 / 2);
+  EXPECT_EQ(overlapped.step_ns(300'000, 35), 300'000 + 145'360 / 2);
+  EXPECT_EQ(overlapped.step_ns(100'000, 0), 100'000);  // nothing moved: the compute alone
+  // The evicting run with the tiny model's 2 layers: every request's tokens and finish as with
+  // copies priced into the step, and r2, whose first step promotes 17 blocks, sooner.
+  const std::string tier = "\n[host_tier]\nblocks = 1000\nfetch_timeout_ms = 50\nlatency_us = 2\nbandwidth_gb_s = 1\n";
+  const sim_result step = evicting_run(tier);
+  const sim_result over = evicting_run(tier + "copies = \"overlapped\"\n");
+  ASSERT_EQ(over.requests.size(), step.requests.size());
+  for (size_t i = 0; i < step.requests.size(); i++) {
+    EXPECT_EQ(over.requests[i].cached_tokens, step.requests[i].cached_tokens);
+    EXPECT_EQ(over.requests[i].finish, step.requests[i].finish);
+  }
+  EXPECT_LT(over.requests[2].first_token_ns, step.requests[2].first_token_ns);
+  EXPECT_EQ(over.promoted_blocks, step.promoted_blocks);
 }
 
 TEST(ModelledTier, EvictsTheLeastRecentlyUsedAndExpiresByClassAsTheDiskTierDoes) {
