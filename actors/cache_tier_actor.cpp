@@ -282,10 +282,8 @@ cache_tier_actor::behavior_type cache_tier_behavior(cache_tier_pointer self, kv:
           return caf::make_error(caf::sec::invalid_argument, "tier_fetch: first_block " + std::to_string(q.first_block) +
                                                                  " and num_blocks_max " + std::to_string(q.num_blocks_max) +
                                                                  " must be >= 0");
-        if (q.budget_ns < 0 || q.budget_ns > msg::tier_fetch_budget_max_ns)
-          return caf::make_error(caf::sec::invalid_argument, "tier_fetch: budget_ns " + std::to_string(q.budget_ns) +
-                                                                 " is outside 0.." +
-                                                                 std::to_string(msg::tier_fetch_budget_max_ns));
+        if (std::string why = msg::budget_refusal("tier_fetch", q.budget_ns); !why.empty())
+          return caf::make_error(caf::sec::invalid_argument, std::move(why));
         caf::result<msg::tier_blocks> out = fetch(self, q);
         note_change(self);  // expired blocks may have gone
         return out;

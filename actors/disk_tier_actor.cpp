@@ -61,9 +61,8 @@ std::vector<kv::kv_block> read_run(kv::lower_tier& lower, const std::vector<uint
 
 caf::result<msg::disk_blocks> fetch(disk_tier_pointer self, const msg::disk_fetch& f) {
   disk_tier_state& st = self->state;
-  if (f.budget_ns < 0 || f.budget_ns > msg::tier_fetch_budget_max_ns)
-    return caf::make_error(caf::sec::invalid_argument, "disk_fetch: budget_ns " + std::to_string(f.budget_ns) +
-                                                           " is outside 0.." + std::to_string(msg::tier_fetch_budget_max_ns));
+  if (std::string why = msg::budget_refusal("disk_fetch", f.budget_ns); !why.empty())
+    return caf::make_error(caf::sec::invalid_argument, std::move(why));
   // Within a budget: modelled reads stop before the one that would end after it; a device's,
   // once they have taken it (the clock read between blocks: this actor runs detached).
   const int64_t began = now_ns(self);

@@ -5,6 +5,7 @@
 /// and traffic class where it enters (kv::validate), since they may come from another process.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/kv/cache_class.hpp"
@@ -83,6 +84,13 @@ struct tier_fetch {
 
 /// The largest tier_fetch::budget_ns (and disk_fetch::budget_ns) accepted: 60 s.
 inline constexpr int64_t tier_fetch_budget_max_ns = 60'000'000'000;
+
+/// Why `what` (a message's name) refuses `budget_ns`: "" when it is in 0..tier_fetch_budget_max_ns.
+inline std::string budget_refusal(const char* what, int64_t budget_ns) {
+  if (budget_ns >= 0 && budget_ns <= tier_fetch_budget_max_ns) return {};
+  return std::string(what) + ": budget_ns " + std::to_string(budget_ns) + " is outside 0.." +
+         std::to_string(tier_fetch_budget_max_ns);
+}
 
 /// The deadlines a budget `b` (> 0) sets, with margins for the messages' way: the tier waits
 /// for the tier below at most lower_wait_ns(b), and the asker for the tier at most
