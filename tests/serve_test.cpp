@@ -166,19 +166,26 @@ TEST_F(Serve, ANonLoopbackHostWithoutTlsIsServedOnlyWithInsecureLoggedLoudly) {
                              "table"),
             std::string::npos)
       << refused.err;
-  const std::string serve_out = (dir_ / "serve.out").string(), serve_err = (dir_ / "serve.err").string();
-  const pid_t server = testing::spawn_troupe({"serve", "--topology", path, "--insecure"}, serve_out, serve_err);
-  ASSERT_NE(server, 0);
+  // Served with --insecure on a port of its own choosing (a port picked beforehand may be taken on
+  // some other address by the time 0.0.0.0 is bound: CI saw that once).
+  testing::server_process server(dir_, {"serve", "--model", testing::bundled_model(), "--tokenizer",
+                                        testing::bundled_tokenizer(), "--host", "0.0.0.0", "--port", "0",
+                                        "--insecure"});
+  ASSERT_TRUE(server.started());
+  const std::string listening = "local: load balancer listening on 0.0.0.0:";
+  const std::string spawned = server.read_until(listening);
+  const size_t at = spawned.find(listening);
+  ASSERT_NE(at, std::string::npos) << spawned << server.err();
+  const int port = std::stoi(spawned.substr(at + listening.size()));
   // The warning is logged before the port opens: once a client got an answer, it is there.
-  const cli_result probe = run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port_), "--wait", "30",
-                                       "-n", "1"}, dir_);
-  ::kill(server, SIGTERM);
-  EXPECT_EQ(testing::wait_exit_code(server), 0);
+  const cli_result probe =
+      run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port), "-n", "1"}, dir_);
+  EXPECT_EQ(server.stop(), 0) << server.err();
   EXPECT_EQ(probe.exit_code, 0) << probe.err;
-  EXPECT_NE(testing::read_file(serve_err).find("[error] INSECURE (--insecure): the CAF port is unauthenticated "
-                                               "plaintext on a non-loopback address"),
+  EXPECT_NE(server.err().find("[error] INSECURE (--insecure): the CAF port is unauthenticated "
+                              "plaintext on a non-loopback address"),
             std::string::npos)
-      << testing::read_file(serve_err);
+      << server.err();
 }
 
 TEST_F(Serve, BusyPortIsAClearError) {
