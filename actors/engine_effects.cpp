@@ -83,9 +83,8 @@ void fetch_from_tier(engine_actor_t* self, engine::fetch_blocks& f) {
                                                                                     : st.options.host_tier;
   if (!tier) return perform(self, st.policy->tier_answered(id, {}, now_ns(self)));  // none to ask: a miss
   const int64_t budget = std::min(f.budget_ns, msg::tier_fetch_budget_max_ns);
-  const int64_t fixed = st.options.config.tier_fetch_timeout_ns;
   const caf::timespan wait{budget > 0 ? msg::fetch_wait_ns(budget)
-                                      : fixed > 0 ? fixed : engine::default_tier_fetch_timeout_ns};
+                                      : engine::unbudgeted_fetch_timeout_ns(st.options.config.tier_fetch_timeout_ns)};
   self->request(tier, wait, msg::tier_fetch{std::move(f.tokens), f.first_block, f.num_blocks_max, budget})
       .then([=](msg::tier_blocks& b) {
               if (!b.from_lower.empty() && b.from_lower.size() != b.blocks.size()) b.from_lower.clear();  // counts only

@@ -208,8 +208,7 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
       o.config.kv_block_bytes = int64_t{t.engine.block_size} * t.kv_bytes_per_token;
       // As a node does (topology/launch.cpp): without a budget, the disk tier waited for 4/5 of
       // the fetch bound.
-      const int64_t bound_ns = o.config.tier_fetch_timeout_ns > 0 ? o.config.tier_fetch_timeout_ns
-                                                                  : engine::default_tier_fetch_timeout_ns;
+      const int64_t bound_ns = engine::unbudgeted_fetch_timeout_ns(o.config.tier_fetch_timeout_ns);
       o.host_tier = actors::spawn_cache_tier(rs.sys, std::move(*store), disk, caf::timespan{bound_ns * 4 / 5});
       rs.tiers.push_back(o.host_tier);
     }

@@ -77,9 +77,8 @@ expected<host_tiers> spawn_host_tier(caf::actor_system& sys, const topology& t, 
   }
   // A fetch without a budget (a fixed fetch timeout, or an engine without a calibration) and a
   // stats query wait for the disk tier 4/5 of the engines' bound, leaving the rest for the answer.
-  const int64_t bound_ms =
-      node.host_tier_fetch_timeout_ms > 0 ? node.host_tier_fetch_timeout_ms : engine::default_tier_fetch_timeout_ns / 1'000'000;
-  const auto disk_timeout = std::chrono::microseconds(bound_ms * 800);
+  const int64_t bound_ns = engine::unbudgeted_fetch_timeout_ns(int64_t{node.host_tier_fetch_timeout_ms} * 1'000'000);
+  const auto disk_timeout = std::chrono::nanoseconds(bound_ns * 4 / 5);
   out.host = actors::spawn_cache_tier(sys, std::move(*store), out.disk, disk_timeout);
   return out;
 }

@@ -36,6 +36,13 @@ enum class preemption_mode { recompute, swap, cost };
 /// cost) nor engine_config::tier_fetch_timeout_ns bounds it.
 inline constexpr int64_t default_tier_fetch_timeout_ns = 50'000'000;
 
+/// The bound of a fetch that carries no budget: `configured_ns` (engine_config::
+/// tier_fetch_timeout_ns, or a node's host_tier_fetch_timeout_ms in ns) where > 0, else
+/// default_tier_fetch_timeout_ns.
+[[nodiscard]] constexpr int64_t unbudgeted_fetch_timeout_ns(int64_t configured_ns) {
+  return configured_ns > 0 ? configured_ns : default_tier_fetch_timeout_ns;
+}
+
 struct engine_config {
   int32_t num_kv_blocks = 1024;  ///< KV pool size in blocks
   int32_t block_size = 16;       ///< tokens per block
