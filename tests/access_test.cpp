@@ -222,10 +222,10 @@ class AccessServe : public ::testing::Test {
     const std::string out = server_->read_until("msgpack gateway listening on ");
     url_ = http_url_in(out);
     ASSERT_EQ(url_.rfind("https://127.0.0.1:", 0), 0u) << out << server_->err();
-    const size_t at = out.find("msgpack gateway listening on 127.0.0.1:");
-    ASSERT_NE(at, std::string::npos) << out;
-    msgpack_port_ = static_cast<uint16_t>(std::atoi(out.c_str() + at + 39));
-    EXPECT_NE(out.find(" (TLS)\n", at), std::string::npos) << out;
+    const int port = testing::port_after(out, "msgpack gateway listening on 127.0.0.1:");
+    ASSERT_GT(port, 0) << out;
+    msgpack_port_ = static_cast<uint16_t>(port);
+    EXPECT_NE(out.find(" (TLS)\n", out.find("msgpack gateway listening on")), std::string::npos) << out;
   }
 
   /// `curl` over HTTPS trusting the test's CA: the status line's code, the heads and the body.
@@ -330,9 +330,9 @@ TEST_F(AccessServe, APlaintextMsgpackConnectionWithoutTheKeyIsRefusedAndClosed) 
                                              "--api-key", "sk-one"});
   ASSERT_TRUE(server_->started());
   const std::string out = server_->read_until("msgpack gateway listening on ");
-  const size_t at = out.find("msgpack gateway listening on 127.0.0.1:");
-  ASSERT_NE(at, std::string::npos) << out << server_->err();
-  const auto port = static_cast<uint16_t>(std::atoi(out.c_str() + at + 39));
+  const int listening = testing::port_after(out, "msgpack gateway listening on 127.0.0.1:");
+  ASSERT_GT(listening, 0) << out << server_->err();
+  const auto port = static_cast<uint16_t>(listening);
   msg::completion_request request;
   request.prompt = prompt;
   request.max_tokens = 4;

@@ -75,10 +75,8 @@ TEST_F(Serve, ModelFlagsServeAGeneratedNodeOnAnyFreePort) {
   ASSERT_TRUE(server.started());
   const std::string listening = "local: load balancer listening on 127.0.0.1:";
   const std::string spawned = server.read_until(listening);
-  const size_t at = spawned.find(listening);
-  ASSERT_NE(at, std::string::npos) << spawned << server.err();
-  const int port = std::stoi(spawned.substr(at + listening.size()));
-  EXPECT_GT(port, 0);
+  const int port = testing::port_after(spawned, listening);
+  ASSERT_GT(port, 0) << spawned << server.err();
   EXPECT_NE(spawned.find("local: engine engine0 (mixed)"), std::string::npos) << spawned;
   const cli_result remote =
       run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port), "-t", "0", "-n", "200"}, dir_);
@@ -122,7 +120,7 @@ TEST_F(Serve, ClientWithoutAnyOfSeveralServersNamesTheLastAndSaysItTriedTheOther
 TEST_F(Serve, ClientRejectsBadAddress) {
   std::string seventeen = "127.0.0.1:1";
   for (int i = 0; i < 16; i++) seventeen += ",127.0.0.1:1";
-  for (const std::string address : {std::string("localhost"), std::string("127.0.0.1:0"), std::string("127.0.0.1:99999"),
+  for (const std::string& address : {std::string("localhost"), std::string("127.0.0.1:0"), std::string("127.0.0.1:99999"),
                                     std::string(":80"), std::string("host:x"), std::string("127.0.0.1:7100,"),
                                     std::string(",127.0.0.1:7100"), std::string("127.0.0.1:7100,host:x"), seventeen}) {
     const cli_result r = run_troupe({"client", "--connect", address}, dir_);
@@ -174,9 +172,8 @@ TEST_F(Serve, ANonLoopbackHostWithoutTlsIsServedOnlyWithInsecureLoggedLoudly) {
   ASSERT_TRUE(server.started());
   const std::string listening = "local: load balancer listening on 0.0.0.0:";
   const std::string spawned = server.read_until(listening);
-  const size_t at = spawned.find(listening);
-  ASSERT_NE(at, std::string::npos) << spawned << server.err();
-  const int port = std::stoi(spawned.substr(at + listening.size()));
+  const int port = testing::port_after(spawned, listening);
+  ASSERT_GT(port, 0) << spawned << server.err();
   // The warning is logged before the port opens: once a client got an answer, it is there.
   const cli_result probe =
       run_troupe({"client", "--connect", "127.0.0.1:" + std::to_string(port), "-n", "1"}, dir_);

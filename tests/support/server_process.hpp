@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -46,6 +47,15 @@ inline std::string http_url_in(const std::string& out) {
   if (line == std::string::npos) return "";
   const size_t at = line + http_listening_line.size();
   return out.substr(at, out.find('\n', at) - at);
+}
+
+/// The port number right after `prefix` (e.g. "listening on 127.0.0.1:") in `text`; -1 when
+/// `prefix` is absent or no number follows it.
+inline int port_after(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return -1;
+  const int port = std::atoi(text.c_str() + at + prefix.size());
+  return port > 0 ? port : -1;
 }
 
 /// A background `troupe serve` whose stdout is a FIFO, so a test can wait for the line that
