@@ -78,17 +78,15 @@ void expect_first(client_t* self, const msg::completion_request& request, const 
     return;
   }
   const bool unbounded = t.first_token.count() == 0 || t.between_tokens.count() == 0;
-  // Saturated at a day (or the first-token timeout, if longer): a request without max_tokens
-  // (to the end of the context) asks for ~2^31 tokens, and that many between-tokens timeouts
-  // overflowed the wait's nanosecond count (UBSan, Http.AChatWithoutMaxTokens...).
+  // At most a day (or the first-token timeout, if longer): a request without max_tokens (to the
+  // end of the context) asks for ~2^31 tokens, and that many between-tokens timeouts overflowed
+  // the wait's nanosecond count (in milliseconds the product fits: the timeouts are seconds).
   const std::chrono::milliseconds cap = std::max<std::chrono::milliseconds>(std::chrono::hours(24), t.first_token);
-  const int64_t tokens = std::max(0, request.max_tokens);
-  const bool capped = !unbounded && tokens > (cap - t.first_token).count() / t.between_tokens.count();
   const auto whole = unbounded ? std::chrono::milliseconds::zero()
-                     : capped  ? cap
-                               : t.first_token + tokens * t.between_tokens;
+                               : std::min(t.first_token + int64_t{std::max(0, request.max_tokens)} * t.between_tokens, cap);
   expect_within(self, whole, "no answer within " + ms(whole) + " (a non-streamed request: the first-token timeout + " +
-                                 std::to_string(request.max_tokens) + " x the between-tokens timeout)");
+                                 std::to_string(request.max_tokens) + " x the between-tokens timeout, at most " +
+                                 ms(cap) + ")");
 }
 
 /// A timer set for `at` fired: give up (cancelling the request) if the deadline passed, else

@@ -42,7 +42,8 @@ struct client_timeouts {
   /// From one chunk to the next, or to the end.
   std::chrono::milliseconds between_tokens{30000};
   // A non-streamed request sends nothing before its end: it gets
-  // first_token + max_tokens * between_tokens for the whole answer.
+  // first_token + max_tokens * between_tokens for the whole answer, at most a day (or
+  // first_token, if longer).
 };
 
 using chunk_callback = std::function<void(const msg::completion_chunk&)>;

@@ -222,10 +222,11 @@ class AccessServe : public ::testing::Test {
     const std::string out = server_->read_until("msgpack gateway listening on ");
     url_ = http_url_in(out);
     ASSERT_EQ(url_.rfind("https://127.0.0.1:", 0), 0u) << out << server_->err();
-    const int port = testing::port_after(out, "msgpack gateway listening on 127.0.0.1:");
+    const std::string listening = "msgpack gateway listening on 127.0.0.1:";
+    const int port = testing::port_after(out, listening);
     ASSERT_GT(port, 0) << out;
     msgpack_port_ = static_cast<uint16_t>(port);
-    EXPECT_NE(out.find(" (TLS)\n", out.find("msgpack gateway listening on")), std::string::npos) << out;
+    EXPECT_NE(out.find(" (TLS)\n", out.find(listening)), std::string::npos) << out;
   }
 
   /// `curl` over HTTPS trusting the test's CA: the status line's code, the heads and the body.
