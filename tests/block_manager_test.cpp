@@ -23,6 +23,7 @@ struct block_manager_tamper {
   std::vector<block_id>& prev() { return bm.free_prev_; }
   std::vector<int32_t>& refcount() { return bm.refcount_; }
   int32_t& num_free() { return bm.num_free_blocks_; }
+  std::vector<uint8_t>& window() { return bm.window_; }
   void flip_last_cache_event() { cache_event_log_tamper{bm.cache_log_}.flip_last(); }
 };
 
@@ -70,6 +71,56 @@ TEST(BlockManager, CreateRejectsBadConfig) {
   EXPECT_EQ(bm.num_free_blocks(), 4);
   EXPECT_EQ(bm.num_used_blocks(), 0);
   EXPECT_EQ(bm.free_queue(), (ids{0, 1, 2, 3}));
+}
+
+TEST(BlockManager, AFreedSequencesWindowStateIsDemotedWithItsSlidingRowsAndAnInsertedBlockSaysWhetherItHoldsThem) {
+  auto created = block_manager::create({8, 4, /*record_evictions=*/true, /*window_tokens=*/6});
+  ASSERT_TRUE(created.has_value());
+  block_manager& bm = *created;
+  EXPECT_EQ(bm.window_tokens(), 6);
+  const auto a = token_range(14, 100);  // 3 full blocks and 2 tokens
+  allocate_new(bm, 1, 14);
+  bm.commit(1, a, 14);
+  EXPECT_EQ(bm.block_table(1), (ids{0, 1, 2, 3}));
+  bm.free(1);  // the window state at 12 (positions 7-11) lies in blocks 1 and 2
+  bm.check_invariants();
+  allocate_new(bm, 2, 32);  // every block: evicts 2, 1 and 0 (3 was never full)
+  const std::vector<evicted_block> evicted = bm.take_evictions();
+  ASSERT_EQ(evicted.size(), 3u);
+  EXPECT_EQ(evicted[0].block, 2);
+  EXPECT_TRUE(evicted[0].with_window);
+  EXPECT_EQ(evicted[1].block, 1);
+  EXPECT_TRUE(evicted[1].with_window);
+  EXPECT_EQ(evicted[2].block, 0);
+  EXPECT_FALSE(evicted[2].with_window);  // before the window: its global layers only
+  bm.free(2);                             // nothing committed: nothing marked
+  bm.check_invariants();
+  // Back from a tier: block 0 without its sliding rows, block 1 with them.
+  const std::vector<uint64_t> hashes = chain_hashes(a, 4);
+  const block_id first = bm.insert_cached(root_hash_seed, token_range(4, 100), /*with_window=*/false);
+  const block_id second = bm.insert_cached(hashes[0], token_range(4, 104), /*with_window=*/true);
+  EXPECT_FALSE(bm.holds_window(first));
+  EXPECT_TRUE(bm.holds_window(second));
+  bm.check_invariants();
+  // A sequence ending on them marks only the block that holds its rows; both go down as they came.
+  const prefix_hit hit = bm.find_prefix(token_range(9, 100));
+  EXPECT_EQ(hit.blocks, (ids{first, second}));
+  bm.allocate(3, 9, hit);
+  bm.commit(3, token_range(9, 100), 9);
+  bm.free(3);
+  bm.check_invariants();
+  allocate_new(bm, 4, 32);
+  std::vector<evicted_block> again = bm.take_evictions();
+  ASSERT_EQ(again.size(), 2u);
+  for (const evicted_block& e : again) EXPECT_EQ(e.with_window, e.block == second) << e.block;
+  EXPECT_NE(again[0].block, again[1].block);
+  bm.free(4);
+  bm.check_invariants();
+  block_manager_tamper{bm}.window()[0] = 2;  // a mark on a block that is not cached
+  EXPECT_DEATH(bm.check_invariants(), "a window mark on a block that is not cached");
+  auto bad = block_manager::create({8, 4, false, -1});
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().message, "window_tokens must be >= 0, got -1");
 }
 
 TEST(BlockManager, AllocatesFromTheFrontAndReusesFreedBlocksTailFirst) {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <set>
@@ -23,6 +24,7 @@
 #include "messages/kv_block.hpp"
 #include "runtime/kv/chain_hash.hpp"
 #include "tests/support/actor_harness.hpp"
+#include "tests/support/random_llama.hpp"
 #include "actors/edge/disk_tier.hpp"
 
 namespace troupe::testing {
@@ -84,6 +86,7 @@ class tier_bench {
   actors::balancer_actor another_lb_;
   /// Applied to the engines' options before start() spawns them.
   std::function<void(actors::engine_options&)> tune;
+  int32_t context_tokens = 0;  ///< the balancer's longest request (0: the bundled model's context)
 
   /// An engine with a pool of `pool_blocks` blocks of 16 behind a balancer, with `tier` as its
   /// host tier (none: tiers off), checking its invariants after every step.
@@ -103,13 +106,13 @@ class tier_bench {
       decode_ = spawn_engine_or_die(sys_, o);
       lb_ = spawn_balancer(sys_, {engine_, decode_}, {balance::engine_kind::prefill, balance::engine_kind::decode});
     } else {
-      lb_ = spawn_balancer(sys_, {engine_});
+      lb_ = spawn_balancer(sys_, {engine_}, {}, context_tokens);
     }
     sched_.run();
   }
 
-  actors::cache_tier_actor host_tier(int64_t capacity_blocks) {
-    auto store = kv::tier_store::create({16, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
+  actors::cache_tier_actor host_tier(int64_t capacity_blocks, int32_t block_size = 16) {
+    auto store = kv::tier_store::create({block_size, capacity_blocks, 7 * kv::day_ns, 3 * kv::day_ns});
     EXPECT_TRUE(store.has_value());
     return actors::spawn_cache_tier(sys_, std::move(*store));
   }
@@ -276,6 +279,139 @@ TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) 
   EXPECT_EQ(r.num_promoted_bytes, 4 * block_bytes);
   EXPECT_EQ(r.num_demoted_bytes, 8 * block_bytes);
   EXPECT_EQ(r.host_tier_expired_blocks, 0);
+}
+
+/// A random Gemma 2 (random_llama_families: layer 0 of 2 slides, layer 1 is global) written to
+/// the build tree as `name`, `edit` applied to its spec first.
+std::shared_ptr<const model::checkpoint> write_gemma2(const std::string& name,
+                                                     const std::function<void(random_llama_spec&)>& edit = {}) {
+  random_llama_spec spec;
+  for (const random_llama_family& f : random_llama_families())
+    if (f.name == "gemma2") spec = f.spec;
+  if (edit) edit(spec);
+  const std::filesystem::path dir = std::filesystem::path(TROUPE_BUILD_DIR) / "tests" / "tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream(path, std::ios::binary) << random_llama_gguf(spec);
+  auto loaded = model::checkpoint::load(path);
+  if (!loaded) ADD_FAILURE() << loaded.error().message;
+  return loaded ? std::make_shared<const model::checkpoint>(std::move(*loaded)) : nullptr;
+}
+
+/// The family's Gemma 2: its sliding layer reads 6 positions.
+std::shared_ptr<const model::checkpoint> gemma2_checkpoint() {
+  static const std::shared_ptr<const model::checkpoint> ck = write_gemma2("tier_flows_gemma2.gguf");
+  return ck;
+}
+
+/// `n` token ids of the random models' vocabulary, a sequence of its own for each `salt`.
+std::vector<int32_t> gemma_tokens(int32_t n, int32_t salt) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < n; i++) out.push_back(3 + (i * 37 + salt * 101) % 300);
+  return out;
+}
+
+TEST_F(TierFlows, ASlidingWindowModelsTiersKeepItsWindowStateOnlyAtSequenceEndsAndReuseStaysExact) {
+  ASSERT_NE(gemma2_checkpoint(), nullptr);
+  const auto gemma = [](actors::engine_options& o) {
+    o.checkpoint = gemma2_checkpoint();
+    o.vocabulary = nullptr;
+  };
+  // X: P's first 65 tokens; Y: 104 (X's 4 full blocks and 40 more); two evictors; X again;
+  // Z: P's first 90 tokens, then 30 of its own (it leaves Y's path inside Y's block 5).
+  const std::vector<int32_t> p = gemma_tokens(104, 0);
+  const std::vector<int32_t> x(p.begin(), p.begin() + 65);
+  std::vector<int32_t> z(p.begin(), p.begin() + 90);
+  for (const int32_t t : gemma_tokens(30, 1)) z.push_back(t);
+  const std::vector<msg::completion_request> requests = {request(x, 7), request(p, 8), request(gemma_tokens(65, 2), 9),
+                                                         request(gemma_tokens(65, 3), 10), request(x, 7), request(z, 11)};
+  tier_bench reference;
+  reference.tune = gemma;
+  reference.start(9, {});
+  std::vector<actors::completion> off, on;
+  for (const msg::completion_request& r : requests) off.push_back(reference.complete(r));
+  tune = gemma;
+  start(9, host_tier(64));
+  for (const msg::completion_request& r : requests) on.push_back(complete(r));
+  for (size_t i = 0; i < requests.size(); i++) {
+    SCOPED_TRACE(i);
+    expect_same(on[i], off[i]);
+    // Tiers off: Y extends X in the pool, and Z the X computed again just before it.
+    EXPECT_EQ(off[i].end.num_cached_tokens, i == 1 || i == 5 ? 64 : 0);
+  }
+  // The evictors took every block of P's: the tier holds Y's 6 full blocks. Freed, X left the
+  // window state at 64 (positions 59-63) in block 3 and Y the one at 96 in block 5: those two
+  // were demoted with both layers, blocks 0-2 and 4 with the global layer only.
+  EXPECT_EQ(tier_lookup(p), 6);
+  // X again: blocks 0-3 from the tier, the window state at 64 with them: 64 cached.
+  EXPECT_EQ(on[4].end.num_cached_tokens, 64);
+  // Z: blocks 0-4 match (its block 5 does not), but block 4 came without its sliding rows, so
+  // the window state at 80 is missing: Z reuses up to X's end, exactly, and computes 56.
+  EXPECT_EQ(on[5].end.num_cached_tokens, 64);
+  const msg::engine_report r = report();
+  const model::model_config& m = gemma2_checkpoint()->config();
+  const int64_t whole = 16 * 4 + 2 * int64_t{m.n_layers} * 16 * m.kv_dim() * 4, global = 16 * 4 + 2 * 16 * m.kv_dim() * 4;
+  EXPECT_EQ(r.num_promoted_blocks, 5);  // X again's 4, then Z's block 4
+  EXPECT_EQ(r.num_promoted_bytes, 4 * global + whole);
+  // Every full block of P's and the evictors' went down: of each prompt's, those holding the
+  // window state at its end whole (P: blocks 3 and 5; each evictor: its block 3), the others
+  // with the global layer only.
+  EXPECT_EQ(r.num_demoted_blocks, 14);
+  EXPECT_EQ(r.num_demoted_bytes, 4 * whole + 10 * global);
+}
+
+// The seed's worked example (§2: block 128, window 128, slack 6, a 10,000-token prompt) through
+// the engine, on a random Gemma 2 whose sliding layer reads 128 positions.
+TEST_F(TierFlows, TheSeedsWorkedExampleThroughTheEngineWithTheWindowStateAndWithoutIt) {
+  const std::shared_ptr<const model::checkpoint> ck = write_gemma2("tier_flows_gemma2_seed.gguf", [](random_llama_spec& s) {
+    s.dim = 32;
+    s.n_heads = 2;
+    s.n_kv_heads = 1;
+    s.context_length = 10240;
+    s.sliding_window = 128;
+  });
+  ASSERT_NE(ck, nullptr);
+  const auto seed_engine = [&](actors::engine_options& o) {
+    o.checkpoint = ck;
+    o.vocabulary = nullptr;
+    o.config.block_size = 128;
+    o.config.scheduler.prefix_cache_slack_tokens = 6;
+  };
+  // A: a 9,866-token turn (it ends with 77 whole blocks: the window state at 9,856 is in its
+  // block 76), then A2: A and 134 tokens more. T1 and T2: turns of 9,740 and 9,990 tokens of P
+  // (window states at 9,728, block 75, and at 9,984); X: P's first 9,866 tokens and 134 of its
+  // own, leaving T2's path inside T2's block 77.
+  const std::vector<int32_t> a = gemma_tokens(9866, 4), p = gemma_tokens(9990, 5);
+  std::vector<int32_t> a2 = a, x(p.begin(), p.begin() + 9866);
+  for (const int32_t t : gemma_tokens(134, 6)) {
+    a2.push_back(t);
+    x.push_back(t);
+  }
+  const std::vector<msg::completion_request> requests = {
+      request(a, 7), request({p.begin(), p.begin() + 9740}, 8), request(p, 9), request(a2, 10), request(x, 11)};
+  tier_bench reference;
+  reference.tune = seed_engine;
+  reference.context_tokens = 10240;
+  reference.start(90, {});
+  std::vector<actors::completion> off, on;
+  for (const msg::completion_request& r : requests) off.push_back(reference.complete(r));
+  tune = seed_engine;
+  context_tokens = 10240;
+  start(90, host_tier(400, 128));
+  for (const msg::completion_request& r : requests) on.push_back(complete(r));
+  for (size_t i = 0; i < requests.size(); i++) {
+    SCOPED_TRACE(i);
+    expect_same(on[i], off[i]);
+  }
+  // A2: A's blocks came back from the tier, block 76 with its sliding rows: the window state at
+  // 9,856 is there, so 9,856 tokens are reused and 144 computed.
+  EXPECT_EQ(on[3].end.num_cached_tokens, 9856);
+  // X: P's blocks 0-76 came back, block 76 (inside T2) without its sliding rows: the window
+  // state at 9,856 is missing, and the one at 9,728 (T1's end, block 75) is there: 9,728
+  // reused, 272 computed (the seed: 9,728 reused, 400 computed, 128 of them replayed).
+  EXPECT_EQ(on[4].end.num_cached_tokens, 9728);
+  EXPECT_LT(off[3].end.num_cached_tokens, 9856);
+  EXPECT_LT(off[4].end.num_cached_tokens, 9728);
 }
 
 TEST_F(TierFlows, TheTiersLruOrderDecidesWhichPrefixComesBack) {

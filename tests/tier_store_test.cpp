@@ -131,6 +131,30 @@ TEST(KvBlock, ValidateNamesWhatIsWrong) {
             "a KV block's dimensions do not match its data, or its hash is not its tokens' chain hash");
 }
 
+TEST(KvBlock, TheGlobalLayersOfABlockGoDownAloneAndComeBackBesideZeroSlidingRows) {
+  // 3 layers x 2 tokens x 1 float: layer l, token t holds 10 l + t (keys) and -(10 l + t).
+  engine::kv_data kv{3, 1, 2, testing::f32_bytes({0, 1, 10, 11, 20, 21}), testing::f32_bytes({0, -1, -10, -11, -20, -21}),
+                     kv_dtype::f32};
+  const engine::kv_data global = kv_layers(kv, {0, 2});
+  EXPECT_EQ(global.num_layers, 2);
+  EXPECT_EQ(global.num_tokens, 2);
+  EXPECT_EQ(testing::f32_values(global.keys), (std::vector<float>{0, 1, 20, 21}));
+  EXPECT_EQ(testing::f32_values(global.values), (std::vector<float>{0, -1, -20, -21}));
+  const engine::kv_data back = kv_spread(global, {0, 2}, 3);
+  EXPECT_TRUE(back.consistent());
+  EXPECT_EQ(testing::f32_values(back.keys), (std::vector<float>{0, 1, 0, 0, 20, 21}));
+  EXPECT_EQ(testing::f32_values(back.values), (std::vector<float>{0, -1, 0, 0, -20, -21}));
+  EXPECT_EQ(kv_layers(back, {0, 1, 2}).keys, back.keys);
+}
+
+TEST(KvBlockDeathTest, LayersOutOfOrderOrOfAnotherCountAreProgrammerErrors) {
+  const engine::kv_data kv{3, 1, 2, testing::f32_bytes(6, 1.0f), testing::f32_bytes(6, 2.0f), kv_dtype::f32};
+  EXPECT_DEATH((void)kv_layers(kv, {2, 0}), "ascending_below");
+  EXPECT_DEATH((void)kv_layers(kv, {0, 3}), "ascending_below");
+  EXPECT_DEATH((void)kv_spread(kv, {0, 1, 3}, 3), "ascending_below");
+  EXPECT_DEATH((void)kv_spread(kv, {0}, 3), "num_layers == static_cast");
+}
+
 TEST(CacheClass, ParsesItsTwoNames) {
   EXPECT_EQ(parse_cache_class("chat").value(), cache_class::chat);
   EXPECT_EQ(parse_cache_class("agent").value(), cache_class::agent);
@@ -188,6 +212,26 @@ TEST(TierStore, EvictsTheLeastRecentlyUsedWhenFull) {
   EXPECT_EQ(tier.get(b.hash, 7), nullptr);  // gone
   EXPECT_EQ(tier.num_hits(), 1);
   EXPECT_EQ(tier.longest_prefix(tokens, 7), 0);  // block 0 was evicted: no prefix
+}
+
+TEST(TierStore, ABlockWithItsWindowRowsReplacesTheCopyWithoutThemAndNeverTheOtherWay) {
+  tier_store tier = make_tier(2);
+  const std::vector<int32_t> tokens = token_range(8, 1);
+  const kv_block whole = block_of(tokens, 0), other = block_of(tokens, 1);
+  kv_block global = whole;  // a sliding-window model's block outside a window state: layer 1 only
+  global.num_layers = 1;
+  global.keys.resize(global.keys.size() / 2);
+  global.values.resize(global.values.size() / 2);
+  ASSERT_TRUE(is_consistent(global));
+  EXPECT_TRUE(put(tier, global, cache_class::chat, 0).empty());
+  EXPECT_TRUE(put(tier, other, cache_class::chat, 1).empty());
+  EXPECT_TRUE(put(tier, whole, cache_class::agent, 2).empty());  // replaced in place, used again
+  EXPECT_EQ(tier.lru_order(), (hashes{other.hash, whole.hash}));
+  EXPECT_EQ(tier.get(whole.hash, 3)->num_layers, 2);
+  EXPECT_TRUE(put(tier, global, cache_class::chat, 4).empty());  // fewer layers: only a use
+  EXPECT_EQ(tier.get(whole.hash, 5)->keys, whole.keys);
+  EXPECT_EQ(tier.num_blocks(), 2);
+  EXPECT_EQ(tier.num_evictions(), 0);
 }
 
 TEST(TierStore, BlocksExpireByTheirClassesTtlOnTheCallersClock) {

@@ -11,6 +11,13 @@
 namespace troupe::engine {
 namespace {
 
+/// The sliding window whose state a model's tiers keep apart from its global layers' KV
+/// (docs/kv-tiers.md, "Window state"): with a tier, KV values and both kinds of layer; else 0.
+int32_t tier_window_tokens(const model::model_config& model, const engine_config& config) {
+  const auto num_global = static_cast<int32_t>(model.global_layers().size());
+  return config.host_tier && config.kv_values && num_global > 0 && num_global < model.n_layers ? model.sliding_window : 0;
+}
+
 std::string num(int64_t v) { return std::to_string(v); }
 
 bool has_token(const std::vector<int32_t>& ids, int32_t t) {
@@ -160,7 +167,8 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
     return fail(errc::invalid_argument, "max_num_batched_tokens (" + num(config.scheduler.max_num_batched_tokens) +
                                             ") must hold a decode row and its " +
                                             num(config.speculation.num_speculative_tokens) + " drafts");
-  auto blocks = kv::block_manager::create({config.num_kv_blocks, config.block_size, config.host_tier && config.own_tier});
+  auto blocks = kv::block_manager::create(
+      {config.num_kv_blocks, config.block_size, config.host_tier && config.own_tier, tier_window_tokens(model, config)});
   if (!blocks) return tl::unexpected(blocks.error());
   engine_config c = config;
   c.eos_token_ids = end_token_ids(config, end_ids);
@@ -171,7 +179,8 @@ expected<std::unique_ptr<engine_core>> engine_core::create(const model::model_co
 engine_core::engine_core(const model::model_config& model, const engine_config& config,
                          std::unique_ptr<kv::block_manager> blocks)
     : model_(model), config_(config), blocks_(std::move(blocks)),
-      scheduler_(std::make_unique<sched::scheduler>(config.scheduler, *blocks_)) {
+      scheduler_(std::make_unique<sched::scheduler>(config.scheduler, *blocks_)),
+      tier_layers_(blocks_->window_tokens() > 0 ? model.global_layers() : std::vector<int32_t>{}) {
   if (config.scheduler.step_time_budget_ms > 0 && config.scheduler.step_time_correction_window > 0)
     step_time_correction_.emplace(config.scheduler.step_time_correction_window);
   if (config.host_tier) {
@@ -434,8 +443,9 @@ void engine_core::note_tier_use(const exec_chunk& chunk, kv::cache_class cls) {
 }
 
 bool engine_core::promotable(const kv::kv_block& b, const kv::kv_block* parent) const {
-  const bool shaped = (b.num_layers == model_.n_layers && b.kv_dim == model_.kv_dim()) ||
-                      (!config_.kv_values && b.num_layers == 0 && b.kv_dim == 0);
+  const bool layers = b.num_layers == model_.n_layers ||
+                      (!tier_layers_.empty() && b.num_layers == static_cast<int32_t>(tier_layers_.size()));
+  const bool shaped = (layers && b.kv_dim == model_.kv_dim()) || (!config_.kv_values && b.num_layers == 0 && b.kv_dim == 0);
   return kv::validate(b, config_.block_size).has_value() && shaped && (parent == nullptr || b.parent_hash == parent->hash);
 }
 
@@ -592,12 +602,17 @@ int32_t engine_core::promote(const std::vector<int32_t>& tokens, const std::vect
     if (blocks_->has_block(b.hash)) continue;
     if (b.parent_hash != end || num_free-- == 0) break;
     end = b.hash;
-    const kv::block_id block = blocks_->insert_cached(b.parent_hash, b.tokens);
+    // A sliding-window model's block outside a window state comes with its global layers only
+    // (docs/kv-tiers.md, "Window state"): its sliding rows are written as zeros, never read.
+    const bool with_window = tier_layers_.empty() || b.num_layers == model_.n_layers;
+    const kv::block_id block = blocks_->insert_cached(b.parent_hash, b.tokens, with_window);
     collect_evictions();
     promoted_[static_cast<size_t>(block)] = i < from_lower.size() && from_lower[i] != 0 ? 2 : 1;
     stats_.num_promoted_blocks++;
     stats_.num_promoted_bytes += b.num_bytes();
-    pending_promotions_[block] = promotion{b.hash, kv_data{b.num_layers, b.kv_dim, config_.block_size, b.keys, b.values, b.dtype}};
+    kv_data kv{b.num_layers, b.kv_dim, config_.block_size, b.keys, b.values, b.dtype};
+    if (!with_window) kv = kv::kv_spread(kv, tier_layers_, model_.n_layers);
+    pending_promotions_[block] = promotion{b.hash, std::move(kv)};
     num_promoted++;
   }
   return num_promoted;
@@ -626,6 +641,7 @@ void engine_core::add_tier_moves(exec_plan& plan, flight& f) {
     block.parent_hash = e.parent_hash;
     block.tokens = std::move(e.tokens);
     f.demoted.push_back(demoted_block{std::move(block), cls});
+    f.demoted_with_window.push_back(e.with_window);
   }
   pending_demotions_.clear();
   for (auto& [block, p] : pending_promotions_) plan.imports.push_back(kv_import{{block}, std::move(p.kv)});
@@ -843,6 +859,7 @@ void engine_core::take_step_kv(flight& f, exec_result& result) {
     demoted_block out = std::move(f.demoted[d]);
     kv_data& kv = result.demoted[d];
     TROUPE_ASSERT(kv.num_tokens == config_.block_size && kv.consistent());
+    if (!f.demoted_with_window[d]) kv = kv::kv_layers(kv, tier_layers_);  // outside a window state
     out.block.num_layers = kv.num_layers;
     out.block.kv_dim = kv.kv_dim;
     out.block.keys = std::move(kv.keys);

@@ -298,6 +298,7 @@ class engine_core {
     cost::step_features features;   ///< with the step-time correction or budgeted speculation: what the step computes
     double draft_context = 0;       ///< ... and where its draft rows attend (spec::mean_draft_context)
     std::vector<demoted_block> demoted;  ///< the plan's demotions, KV still empty
+    std::vector<bool> demoted_with_window;  ///< per demotion: with the sliding layers' rows (kv::evicted_block)
     std::vector<request_id> readouts;    ///< the request of each of the plan's readouts
   };
   /// A promoted block's KV, to be written by the next plan.
@@ -401,6 +402,9 @@ class engine_core {
   engine_config config_;
   std::unique_ptr<kv::block_manager> blocks_;
   std::unique_ptr<sched::scheduler> scheduler_;
+  /// A sliding-window model's global layers when its tiers keep only them outside a window
+  /// state (blocks_->window_tokens() > 0); empty otherwise.
+  std::vector<int32_t> tier_layers_;
   std::optional<cost::step_time_correction> step_time_correction_;  // with a time budget
   std::map<request_id, request_state> requests_;
   std::map<kv::seq_id, sample_state> samples_;

@@ -5,7 +5,14 @@
 #include <limits>
 #include <string>
 
+#include "runtime/kv/hit_rule.hpp"
+
 namespace troupe::kv {
+namespace {
+// block_manager::window_ flags of a cached block (window_tokens > 0 only).
+constexpr uint8_t window_lacking = 1;  // inserted from a tier without its sliding rows
+constexpr uint8_t window_kept = 2;     // demoted with its sliding rows
+}  // namespace
 
 expected<block_manager> block_manager::create(const block_manager_config& config) {
   if (config.num_blocks <= 0)
@@ -14,6 +21,8 @@ expected<block_manager> block_manager::create(const block_manager_config& config
   if (config.block_size <= 0)
     return fail(errc::invalid_argument,
                 "block_size must be > 0, got " + std::to_string(config.block_size));
+  if (config.window_tokens < 0)
+    return fail(errc::invalid_argument, "window_tokens must be >= 0, got " + std::to_string(config.window_tokens));
   const int64_t num_slots = int64_t{config.num_blocks} * config.block_size;
   if (num_slots > std::numeric_limits<int32_t>::max())
     return fail(errc::invalid_argument,
@@ -28,6 +37,7 @@ block_manager::block_manager(const block_manager_config& config)
       block_hash_(static_cast<size_t>(config.num_blocks), 0),
       parent_hash_(static_cast<size_t>(config.num_blocks), 0),
       block_tokens_(static_cast<size_t>(config.num_blocks) * config.block_size, 0),
+      window_(static_cast<size_t>(config.num_blocks), 0),
       free_prev_(static_cast<size_t>(config.num_blocks) + 1),
       free_next_(static_cast<size_t>(config.num_blocks) + 1),
       hash_index_(config.num_blocks),
@@ -140,6 +150,11 @@ bool block_manager::is_cached(block_id block) const {
   return has_hash_[block] != 0;
 }
 
+bool block_manager::holds_window(block_id block) const {
+  TROUPE_ASSERT(block >= 0 && block < config_.num_blocks);
+  return (window_[block] & window_lacking) == 0;
+}
+
 int32_t block_manager::num_cached_blocks() const {
   return static_cast<int32_t>(hash_index_.size());
 }
@@ -188,10 +203,12 @@ block_id block_manager::pop_fresh_block() {
     if (config_.record_evictions) {
       const int32_t* tokens = &block_tokens_[static_cast<size_t>(block) * config_.block_size];
       evictions_.push_back(evicted_block{block, block_hash_[block], parent_hash_[block],
-                                         std::vector<int32_t>(tokens, tokens + config_.block_size)});
+                                         std::vector<int32_t>(tokens, tokens + config_.block_size),
+                                         config_.window_tokens == 0 || (window_[block] & window_kept) != 0});
     }
     hash_index_.erase(block_hash_[block]);
     has_hash_[block] = 0;
+    window_[block] = 0;
     cache_log_.log(block_hash_[block], false);
     ++num_evictions_;
   }
@@ -329,6 +346,17 @@ void block_manager::free(seq_id seq) {
   const auto it = sequences_.find(seq);
   TROUPE_ASSERT_MSG(it != sequences_.end(), "free: unknown sequence id");
   const std::vector<block_id>& table = it->second.block_table;
+  if (config_.window_tokens > 0) {  // the window state at its committed blocks' end goes down with them
+    const std::vector<uint64_t>& hashes = it->second.block_hashes;
+    const auto end = static_cast<int32_t>(hashes.size());
+    const int32_t first = first_window_block({config_.block_size, config_.window_tokens, 0}, end * config_.block_size);
+    for (int32_t i = first; i < end; i++) {
+      const block_id b = hash_index_.find(hashes[static_cast<size_t>(i)]);  // its own, or the indexed twin
+      if (b == hash_index::none || (window_[b] & window_lacking) != 0) continue;
+      window_[b] |= window_kept;
+      mark_changed(b);
+    }
+  }
   // Tail first: a sequence's last blocks are the least likely to be shared, so evict them first.
   for (auto b = table.rbegin(); b != table.rend(); ++b) release(*b);
   sequences_.erase(it);
@@ -351,12 +379,13 @@ void block_manager::truncate(seq_id seq, int32_t num_tokens_total) {
   mark_changed(seq);
 }
 
-block_id block_manager::insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens) {
+block_id block_manager::insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens, bool with_window) {
   TROUPE_ASSERT(tokens.size() == static_cast<size_t>(config_.block_size));
   const uint64_t hash = block_hash(parent_hash, tokens.data());
   TROUPE_ASSERT_MSG(!has_block(hash), "insert_cached: the block is cached already");
   const block_id block = pop_fresh_block();
   cache_block(block, hash, parent_hash, tokens.data());
+  if (config_.window_tokens > 0) window_[block] = with_window ? window_kept : window_lacking;
   release(block);  // refcount 1 -> 0: the back of the free queue
   return block;
 }
@@ -404,6 +433,7 @@ void block_manager::check_invariants() const {
   check_hash_index();
   cache_log_.check_invariants([this](uint64_t hash) { return has_block(hash); });
   for (block_id b = 0; b < config_.num_blocks; ++b) {
+    check_window_mark(b);
     if (!has_hash_[b]) continue;
     const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];
     TROUPE_ASSERT_MSG(block_hash(parent_hash_[b], stored) == block_hash_[b],
@@ -484,10 +514,18 @@ void block_manager::check_block_links(block_id b) const {
                       "a referenced block is linked into the free queue");
 }
 
+/// A window mark only on a cached block of a pool with a window, and one of the two.
+void block_manager::check_window_mark(block_id b) const {
+  TROUPE_ASSERT_MSG(window_[b] == 0 || (has_hash_[b] && config_.window_tokens > 0 &&
+                                        (window_[b] == window_lacking || window_[b] == window_kept)),
+                    "a window mark on a block that is not cached, or both marks");
+}
+
 /// One block as check_structure and check_invariants see it.
 void block_manager::check_block(block_id b) const {
   TROUPE_ASSERT(b >= 0 && b < config_.num_blocks);
   check_block_links(b);
+  check_window_mark(b);
   if (!has_hash_[b]) return;
   TROUPE_ASSERT_MSG(hash_index_.find(block_hash_[b]) == b, "a hashed block is not in the index");
   const int32_t* stored = &block_tokens_[static_cast<size_t>(b) * config_.block_size];

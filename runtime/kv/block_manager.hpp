@@ -34,6 +34,13 @@
 /// way back up: a block from a lower tier becomes a free cached block at the back of the free
 /// queue, as if a sequence had just freed it, so a later `find_prefix` hits it.
 ///
+/// Window state (issue 54, point 5; kv/hit_rule.hpp). With `window_tokens` (a sliding-window
+/// model whose tiers keep only the global layers' KV), each cached block knows whether it holds
+/// its sliding layers' rows (`holds_window`: a block inserted from a tier without them does not)
+/// and whether it is demoted with them (`evicted_block::with_window`): a sequence's last
+/// committed blocks, those holding the window state at its end, are marked so when it is freed,
+/// as are blocks inserted with their rows. Both marks go when the block is evicted.
+///
 /// Cache events (issue 14, the balancer's prefix directory). Every chain hash entering the
 /// index (`commit`, `insert_cached`) or leaving it (an eviction) is logged (kv::cache_event_log,
 /// bounded by 2 × num_blocks events); `take_cache_events` returns the net change since the last
@@ -60,6 +67,9 @@ struct block_manager_config {
   int32_t num_blocks = 0;
   int32_t block_size = 16;
   bool record_evictions = false;  ///< log evicted cached blocks for take_evictions (a tier below)
+  /// The model's sliding window when a tier below keeps only the global layers' KV (see the
+  /// header comment); 0: every block is demoted with every layer.
+  int32_t window_tokens = 0;
 };
 
 /// A cached block the pool evicted: its block id (whose KV is still intact until a step writes
@@ -69,6 +79,9 @@ struct evicted_block {
   uint64_t hash = 0;
   uint64_t parent_hash = 0;
   std::vector<int32_t> tokens;  ///< (block_size)
+  /// Whether a tier below keeps its sliding layers' rows too: always without window_tokens;
+  /// with it, only for a block holding a freed sequence's window state (see the header comment).
+  bool with_window = true;
 };
 
 /// The longest cached prefix of a token list: block ids in order, covering `num_tokens` tokens.
@@ -113,14 +126,19 @@ class block_manager {
   [[nodiscard]] std::vector<block_copy> fork(seq_id parent, seq_id child);
 
   /// Drops `seq`; blocks reaching refcount 0 join the free queue's back in reverse table order,
-  /// keeping their hashes until evicted. Asserts that `seq` exists.
+  /// keeping their hashes until evicted. With window_tokens, the cached blocks holding the
+  /// window state at the end of its committed blocks are marked to keep it when demoted.
+  /// Asserts that `seq` exists.
   void free(seq_id seq);
 
   /// Puts a block known to a lower tier into the prefix cache: pops the free queue's front
   /// (evicting it if cached), registers it under chain_hash(parent_hash, tokens) and appends it
-  /// at the back of the free queue, refcount 0. Asserts a free block, `block_size` tokens and a
-  /// hash not indexed yet (`has_block`). The caller writes the block's KV before a step reads it.
-  [[nodiscard]] block_id insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens);
+  /// at the back of the free queue, refcount 0. `with_window`: whether its KV includes the
+  /// sliding layers' rows (with window_tokens; see the header comment). Asserts a free block,
+  /// `block_size` tokens and a hash not indexed yet (`has_block`). The caller writes the block's
+  /// KV before a step reads it.
+  [[nodiscard]] block_id insert_cached(uint64_t parent_hash, const std::vector<int32_t>& tokens,
+                                       bool with_window = true);
 
   /// Moves the hit's blocks that are free to the back of the free queue (tail first, so its
   /// head is evicted last), as if just freed: a prefix about to be extended is not evicted by
@@ -147,6 +165,9 @@ class block_manager {
   [[nodiscard]] bool has_block(uint64_t hash) const { return hash_index_.find(hash) != hash_index::none; }
   /// Whether `block` carries a chain hash in the index (referenced or free).
   [[nodiscard]] bool is_cached(block_id block) const;
+  /// Whether `block` holds its sliding layers' rows: all but a block inserted without them.
+  [[nodiscard]] bool holds_window(block_id block) const;
+  [[nodiscard]] int32_t window_tokens() const { return config_.window_tokens; }
 
   [[nodiscard]] int32_t block_size() const { return config_.block_size; }
   /// Blocks that hold `num_tokens` (>= 0) tokens: the ceiling of num_tokens / block_size.
@@ -208,6 +229,7 @@ class block_manager {
 
   void mark_changed(block_id block);
   void mark_changed(seq_id seq);
+  void check_window_mark(block_id block) const;
   void check_block(block_id block) const;
   void check_block_links(block_id block) const;
   void check_sequence(const sequence_state& state) const;
@@ -223,6 +245,7 @@ class block_manager {
   std::vector<uint64_t> block_hash_;       // (num_blocks) valid where has_hash_
   std::vector<uint64_t> parent_hash_;      // (num_blocks) valid where has_hash_
   std::vector<int32_t> block_tokens_;      // (num_blocks, block_size) valid where has_hash_
+  std::vector<uint8_t> window_;            // (num_blocks) window_lacking / window_kept, only where has_hash_
   // Intrusive free queue over block ids; index num_blocks is the sentinel (head = next of it).
   std::vector<block_id> free_prev_;        // (num_blocks + 1)
   std::vector<block_id> free_next_;        // (num_blocks + 1)

@@ -18,27 +18,33 @@ void check_config(const hit_rule_config& config) {
 int32_t max_reused_tokens(const hit_rule_config& config, int32_t num_prompt_tokens) {
   check_config(config);
   TROUPE_ASSERT(num_prompt_tokens > 0);
-  // int64: window + slack may be large; L - 1 keeps the last token computed (its logits).
-  const int64_t cap = std::min<int64_t>(int64_t{num_prompt_tokens} - config.window_tokens - config.slack_tokens,
-                                        int64_t{num_prompt_tokens} - 1);
+  // int64: the slack may be large; L - 1 keeps the last token computed (its logits).
+  const int64_t cap = std::min<int64_t>(int64_t{num_prompt_tokens} - config.slack_tokens, int64_t{num_prompt_tokens} - 1);
   if (cap <= 0) return 0;
   return static_cast<int32_t>(cap / config.block_size * config.block_size);
 }
 
-cache_use apply_hit_rule(const hit_rule_config& config, int32_t num_prompt_tokens, int32_t num_hit_tokens,
-                         bool window_state_present) {
-  TROUPE_ASSERT(num_hit_tokens >= 0 && num_hit_tokens <= num_prompt_tokens);
-  TROUPE_ASSERT_MSG(num_hit_tokens % config.block_size == 0, "a cache hit covers whole blocks");
-  cache_use use;
-  use.num_reused_tokens = std::min(num_hit_tokens, max_reused_tokens(config, num_prompt_tokens));
-  if (config.window_tokens > 0 && !window_state_present && use.num_reused_tokens > 0) {
-    use.num_reused_tokens -= config.block_size;
-    use.num_replayed_tokens = std::min(config.window_tokens, use.num_reused_tokens);
+int32_t first_window_block(const hit_rule_config& config, int32_t num_tokens) {
+  check_config(config);
+  TROUPE_ASSERT_MSG(num_tokens >= 0 && num_tokens % config.block_size == 0, "the window state is asked at a block's end");
+  if (config.window_tokens <= 1) return num_tokens / config.block_size;
+  const int64_t first_position = std::max<int64_t>(0, int64_t{num_tokens} - (config.window_tokens - 1));
+  return static_cast<int32_t>(first_position / config.block_size);
+}
+
+int32_t reused_tokens(const hit_rule_config& config, int32_t num_prompt_tokens, const std::vector<uint8_t>& holds_window) {
+  TROUPE_ASSERT_MSG(static_cast<int64_t>(holds_window.size()) * config.block_size <= num_prompt_tokens,
+                    "a cache hit covers at most the prompt");
+  const auto cap_blocks = static_cast<size_t>(max_reused_tokens(config, num_prompt_tokens) / config.block_size);
+  // missing_before[k]: 1 + the last of blocks [0, k) lacking its sliding rows (0: none does).
+  std::vector<int32_t> missing_before(std::min(holds_window.size(), cap_blocks) + 1, 0);
+  for (size_t k = 1; k < missing_before.size(); k++)
+    missing_before[k] = holds_window[k - 1] ? missing_before[k - 1] : static_cast<int32_t>(k);
+  for (size_t k = missing_before.size() - 1; k > 0; k--) {
+    const auto num_tokens = static_cast<int32_t>(k) * config.block_size;
+    if (missing_before[k] <= first_window_block(config, num_tokens)) return num_tokens;
   }
-  use.num_new_tokens = num_prompt_tokens - use.num_reused_tokens;
-  TROUPE_ASSERT(use.num_reused_tokens % config.block_size == 0);
-  TROUPE_ASSERT(use.num_new_tokens > 0);
-  return use;
+  return 0;
 }
 
 }  // namespace troupe::kv

@@ -41,4 +41,14 @@ struct kv_block {
 /// stores beside a block to detect a corrupted file.
 [[nodiscard]] uint64_t checksum(const kv_block& block);
 
+/// The rows of `layers` (ascending, each below kv.num_layers) of a consistent `kv`, in that
+/// order: a sliding-window model's global layers, what its tiers keep of a block outside its
+/// window state (docs/kv-tiers.md, "Window state").
+[[nodiscard]] engine::kv_data kv_layers(const engine::kv_data& kv, const std::vector<int32_t>& layers);
+
+/// The inverse: `kv` (one layer per entry of `layers`, ascending, each below `num_layers`) as
+/// those layers' rows of `num_layers` layers, every other layer's rows zero.
+[[nodiscard]] engine::kv_data kv_spread(const engine::kv_data& kv, const std::vector<int32_t>& layers,
+                                        int32_t num_layers);
+
 }  // namespace troupe::kv

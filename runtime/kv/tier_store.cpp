@@ -43,6 +43,9 @@ std::vector<evicted_tier_block> tier_store::put(kv_block block, cache_class cls,
   std::vector<evicted_tier_block> evicted;
   if (lives_.is_alive(block.hash, now_ns)) {
     lives_.use(block.hash, cls, now_ns);
+    // A sliding-window model's block with its window rows replaces the copy without them.
+    kv_block& held = blocks_.at(block.hash);
+    if (block.num_layers > held.num_layers) held = std::move(block);
     return evicted;
   }
   expire(now_ns);  // an expired copy of this block goes too

@@ -63,7 +63,9 @@ class tier_store {
   [[nodiscard]] int32_t longest_prefix(const std::vector<int32_t>& tokens, int64_t now_ns) const;
 
   /// Stores `block` (whole, of block_size tokens: asserted) with class `cls`; a block already
-  /// held is only used again. Returns the blocks evicted to make room, least recent first.
+  /// held is only used again, and replaced if `block` has more layers (a sliding-window model's
+  /// block with its window rows over the copy without them: docs/kv-tiers.md, "Window state").
+  /// Returns the blocks evicted to make room, least recent first.
   [[nodiscard]] std::vector<evicted_tier_block> put(kv_block block, cache_class cls, int64_t now_ns);
 
   /// The block named `hash`, used again (recency and expiry), or nullptr if absent or expired

@@ -77,6 +77,14 @@ struct model_config {
     return sliding_window > 0 && (sliding_period == 0 || layer % sliding_period < sliding_period - 1);
   }
 
+  /// The layers that do not slide, ascending (every layer without a window).
+  [[nodiscard]] std::vector<int32_t> global_layers() const {
+    std::vector<int32_t> out;
+    for (int32_t l = 0; l < n_layers; l++)
+      if (!is_sliding(l)) out.push_back(l);
+    return out;
+  }
+
   [[nodiscard]] int32_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
   [[nodiscard]] int32_t q_dim() const { return n_heads * head_size(); }
   [[nodiscard]] int32_t kv_dim() const { return n_kv_heads * head_size(); }

@@ -12,7 +12,7 @@ namespace troupe::sched {
 scheduler::scheduler(const scheduler_config& config, kv::block_manager& blocks)
     : config_(config),
       blocks_(blocks),
-      hit_rule_{blocks.block_size(), /*window_tokens=*/0, config.prefix_cache_slack_tokens},
+      hit_rule_{blocks.block_size(), blocks.window_tokens(), config.prefix_cache_slack_tokens},
       step_time_budget_ns_(std::llround(config.step_time_budget_ms * 1e6)),
       corrected_budget_ns_(step_time_budget_ns_) {
   auto made = make_policy(config.policy);
@@ -382,11 +382,10 @@ void scheduler::schedule_waiting(step_plan& plan, step_budget& budget) {
 kv::prefix_hit scheduler::cached_prefix(const sequence& s) const {
   if (s.pooled) return {};  // its hidden states are pooled from position 0: none are cached
   kv::prefix_hit hit = blocks_.find_prefix(s.tokens);
-  // Full attention keeps no window state: the flag is moot.
-  const kv::cache_use use = kv::apply_hit_rule(hit_rule_, static_cast<int32_t>(s.tokens.size()), hit.num_tokens,
-                                               /*window_state_present=*/true);
-  hit.blocks.resize(static_cast<size_t>(use.num_reused_tokens / blocks_.block_size()));
-  hit.num_tokens = use.num_reused_tokens;
+  std::vector<uint8_t> holds_window(hit.blocks.size());
+  for (size_t i = 0; i < hit.blocks.size(); i++) holds_window[i] = blocks_.holds_window(hit.blocks[i]) ? 1 : 0;
+  hit.num_tokens = kv::reused_tokens(hit_rule_, static_cast<int32_t>(s.tokens.size()), holds_window);
+  hit.blocks.resize(static_cast<size_t>(hit.num_tokens / blocks_.block_size()));
   return hit;
 }
 

@@ -21,8 +21,9 @@
 /// tokens with a time budget, their count without); ties go to the later arrival. Waiting
 /// sequences are admitted in (rank, arrival) order; admission stops at the first one that
 /// does not fit, so a large request is never overtaken forever. An admitted sequence reuses the
-/// longest cached prefix the hit rule allows (kv/hit_rule.hpp, window 0, slack
-/// scheduler_config::prefix_cache_slack_tokens). With a KV watermark
+/// longest cached prefix the hit rule allows (kv/hit_rule.hpp: slack
+/// scheduler_config::prefix_cache_slack_tokens, and with the pool's window_tokens the window
+/// state its blocks hold). With a KV watermark
 /// (scheduler_config::kv_watermark) "fits" means its whole prompt, while anything runs; with a
 /// time budget too, it also leaves the blocks the running decoders grow into during the
 /// prompt's predicted prefill (num_growth_blocks).

@@ -60,14 +60,15 @@ inline actors::engine_actor spawn_engine_or_die(caf::actor_system& sys, const ac
 }
 
 /// A balancer over `engines`; `kinds` (one per engine, default all mixed) makes prefill and
-/// decode engines.
+/// decode engines. `context_tokens`: the longest request it takes (0: the bundled model's context).
 inline actors::balancer_actor spawn_balancer(caf::actor_system& sys, actors::engine_list engines,
-                                             const std::vector<balance::engine_kind>& kinds = {}) {
+                                             const std::vector<balance::engine_kind>& kinds = {},
+                                             int32_t context_tokens = 0) {
   actors::load_balancer_options o;
   o.engines = actors::mixed_engines(engines);
   for (size_t i = 0; i < kinds.size(); i++) o.engines.at(i).kind = kinds[i];
   o.tok = bundled_shared().tok;
-  o.context_tokens = bundled_shared().ck->config().seq_len;
+  o.context_tokens = context_tokens > 0 ? context_tokens : bundled_shared().ck->config().seq_len;
   return actors::spawn_load_balancer(sys, std::move(o));
 }
 
