@@ -280,6 +280,13 @@ int run(int argc, char** argv) {
     std::printf("\ncalibrated on %s\n", sweep_what.c_str());
   }
   if (!judge(*t, *swept, workload, seed, real)) return 1;
+  // The first-touch term side by side: the same sweep without it.
+  cost::cost_params warm = *swept;
+  warm.first_touch_page_ns = 0;
+  std::printf("  the same without the first write's price (%.0f ns a fresh KV pool page, per block a plan writes "
+              "first):\n",
+              swept->first_touch_page_ns);
+  if (!judge(*t, warm, workload, seed, real)) return 1;
   // Step logs of real runs: a held-out workload, and the evaluated workload's first run (as a
   // user calibrates on a log of the workload they study).
   const std::pair<std::string, std::string> calibrations[] = {

@@ -25,6 +25,7 @@ struct cost_executor_state {
   caf::actor_clock::time_point busy_until;
   int64_t sampled_interval = -1;  // the last interval of sample_every_ns with a sample
   bool ran_a_plan = false;        // for executor_faults::planted_restart_bug
+  std::vector<uint8_t> written;   // (num_kv_blocks) 1 once a plan named the block: its pages are in
   std::map<int64_t, std::pair<caf::typed_response_promise<engine::exec_result>, engine::exec_result>> pending;
   static inline const char* name = "cost_executor";
 };
@@ -107,6 +108,22 @@ int64_t tier_blocks_moved(const engine::exec_plan& plan) {
   return n;
 }
 
+/// The pool blocks `plan` names first (its chunks' tables, its imports'), now marked in
+/// `written`: their pages are faulted in by the plan's writes.
+int64_t first_written_blocks(const engine::exec_plan& plan, std::vector<uint8_t>& written) {
+  int64_t n = 0;
+  const auto mark = [&](const std::vector<int32_t>& table) {
+    for (const int32_t b : table) {
+      uint8_t& w = written.at(static_cast<size_t>(b));
+      n += w == 0 ? 1 : 0;
+      w = 1;
+    }
+  };
+  for (const engine::exec_chunk& c : plan.chunks) mark(c.block_table);
+  for (const engine::kv_import& i : plan.imports) mark(i.block_table);
+  return n;
+}
+
 /// Counts a plan; whether it is one the faults crash (at `now_ns`).
 bool crashes_now(executor_faults& f, int64_t now_ns) {
   if (!std::binary_search(f.crash_at.begin(), f.crash_at.end(), ++f.num_plans) || now_ns >= f.until_ns) return false;
@@ -149,6 +166,7 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
     st.real = std::make_unique<engine::step_executor>(*st.o.checkpoint, st.o.num_kv_blocks, st.o.block_size,
                                                       model::kernel_path::fast, nullptr, st.o.speculation,
                                                       nullptr, nullptr, st.o.kv_cache_dtype);
+  st.written.assign(static_cast<size_t>(st.o.num_kv_blocks), 0);
   st.busy_until = self->clock().now();
   self->monitor(engine);  // dies with its engine
   self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
@@ -173,7 +191,9 @@ cost_executor_actor::behavior_type cost_executor(cost_executor_t* self, actors::
         const auto start = std::max(now, s.busy_until);
         int64_t cost_ns = s.o.tier.step_ns(s.o.roofline ? s.o.roofline->predict_ns(f) : cost::predict_ns(s.o.cost, f),
                                            tier_blocks_moved(plan)) +
-                          std::llround(s.o.draft_token_ns * static_cast<double>(result.num_draft_rows));
+                          std::llround(s.o.draft_token_ns * static_cast<double>(result.num_draft_rows)) +
+                          std::llround(static_cast<double>(first_written_blocks(plan, s.written)) *
+                                       s.o.kv_bytes_per_block / 4096.0 * s.o.cost.first_touch_page_ns);
         const int64_t start_ns = actors::ns_since_epoch(start);
         if (s.o.moe) {
           cost_ns += s.o.moe->price_step(static_cast<int64_t>(f.num_tokens), start_ns - s.o.origin_ns, cost_ns);

@@ -3,6 +3,10 @@
 /// The cost-model step executor: the same protocol as the real executor (exec_plan ->
 /// exec_result), but each result arrives after virtual time = the cost model's prediction for
 /// the plan. Plans are served one after another (a step starts when the previous one ended).
+/// A real executor's KV pool is faulted in as it is first written (runtime/common/page_buffer.hpp):
+/// each pool block a plan is the first to name (a chunk's block table, an import) adds its
+/// pages (`kv_bytes_per_block` / 4096) at cost_params::first_touch_page_ns. An executor started
+/// after a crash has a fresh pool again.
 /// Tokens are synthetic (made up; requests then end by length) or real (the bundled model
 /// really runs, instantly in virtual time).
 
@@ -63,7 +67,7 @@ struct cost_executor_options {
   cost::cost_params cost;
   int32_t vocab_size = 0;
   std::shared_ptr<const model::checkpoint> checkpoint;   ///< set: real tokens
-  int32_t num_kv_blocks = 0;                             ///< real tokens: the KV pool
+  int32_t num_kv_blocks = 0;                             ///< the KV pool's blocks
   int32_t block_size = 16;
   event_log* log = nullptr;                              ///< borrowed; single-threaded simulation
   int32_t replica = 0;                                   ///< in step records and samples
@@ -88,6 +92,7 @@ struct cost_executor_options {
   /// windows outlive a crash); each step's MoE time is added to its price. Null: a dense model.
   std::shared_ptr<moe_traffic> moe;
   std::optional<kv::kv_dtype> kv_cache_dtype;  ///< real tokens: the KV pool's type (engine_config's)
+  double kv_bytes_per_block = 0;               ///< a pool block's keys and values, every layer
 };
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

@@ -216,7 +216,8 @@ expected<actors::engine_list> spawn_engines(run_state& rs) {
                             t.engine.block_size, &rs.log, i, actors::ns_since_epoch(rs.start), &rs.steps,
                             &rs.samples, rs.o.sample_every_ns, t.roofline, rs.o.planted_batch_bug,
                             tier_pricing(t), t.engine.speculation, t.speculation.acceptance,
-                            t.speculation.draft_token_ns, nullptr, nullptr, t.engine.kv_cache_dtype};
+                            t.speculation.draft_token_ns, nullptr, nullptr, t.engine.kv_cache_dtype,
+                            static_cast<double>(int64_t{t.engine.block_size} * t.kv_bytes_per_token)};
     if (static_cast<size_t>(i) < rs.o.executor_crashes.size() && !rs.o.executor_crashes[static_cast<size_t>(i)].empty())
       c.faults = std::make_shared<executor_faults>(executor_faults{rs.o.executor_crashes[static_cast<size_t>(i)],
                                                                    faults_until(rs), 0, 0, rs.o.planted_restart_bug});

@@ -426,7 +426,7 @@ TEST(StepLog, ErrorsNameTheLine) {
 
 TEST(CalibrationFile, RoundTripsEveryBit) {
   fit_result f;
-  f.params = {25'012.345678901234, 0.1 + 0.2, 2'000, 3.0e-7, 1.0 / 3};
+  f.params = {25'012.345678901234, 0.1 + 0.2, 2'000, 3.0e-7, 1.0 / 3, 1'650.5};
   f.rms_error_ns = 1'830.25;
   f.mean_abs_rel_error = 0.0413;
   f.time_error = 0.0207;
@@ -447,6 +447,14 @@ TEST(CalibrationFile, RoundTripsEveryBit) {
   EXPECT_EQ(p->sampled_row_ns, f.params.sampled_row_ns);
   EXPECT_EQ(p->attention_token_ns, f.params.attention_token_ns);
   EXPECT_EQ(p->kv_read_token_ns, f.params.kv_read_token_ns);
+  EXPECT_EQ(p->first_touch_page_ns, f.params.first_touch_page_ns);
+  // Not measured (a fit of a step log): the key is left out, and reads back as 0.
+  f.params.first_touch_page_ns = 0;
+  const std::string unmeasured = write_calibration(f, source);
+  EXPECT_EQ(unmeasured.find("first_touch_page_ns"), std::string::npos) << unmeasured;
+  auto q = parse_calibration(unmeasured, "cal.toml");
+  ASSERT_TRUE(q.has_value()) << q.error().message;
+  EXPECT_EQ(q->first_touch_page_ns, 0);
 }
 
 TEST(CalibrationFile, AcceptsCommentsIntegersAndMissingOptionalKeys) {
@@ -478,7 +486,7 @@ TEST(CalibrationFile, EachErrorNamesItsLine) {
   const bad cases[] = {
       {good_head + "tokens_ns = 2.0\n" + good_tail,
        "cal.toml:4: unknown key 'tokens_ns' (known: format, step_ns, token_ns, sampled_row_ns, "
-       "attention_token_ns, kv_read_token_ns, rms_error_ns, mean_abs_rel_error, time_error, num_samples, source)"},
+       "attention_token_ns, kv_read_token_ns, first_touch_page_ns, rms_error_ns, mean_abs_rel_error, time_error, num_samples, source)"},
       {good_head + "sampled_row_ns = 3.0\n", "cal.toml:4: missing key 'attention_token_ns' (at end of file)"},
       {good_head + "sampled_row_ns = 3.0\nattention_token_ns = 4.0\n",
        "cal.toml:5: missing key 'kv_read_token_ns' (at end of file)"},

@@ -148,6 +148,21 @@ TEST(Simulation, HandComputedTimes) {
   EXPECT_EQ(r->steps[2].start_ns, 2523);
 }
 
+TEST(Simulation, APlanPaysTheFirstWriteToEachPoolBlockItNamesFirst) {
+  // HandComputedTimes with a first-touch price of 500 ns a page (tiny: a block of 16 positions
+  // x 256 bytes is one page): step 0 writes the first block, step 1 the second (position 16),
+  // step 2 the second again, already in.
+  sim_topology t = parse_tiny();
+  t.cost.first_touch_page_ns = 500;
+  auto r = run_simulation(sim_run_options(t, {trace_request{0, 16, 3, {}}}, 7));
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->steps.size(), 3u);
+  EXPECT_EQ(r->steps[0].duration_ns, 1396 + 500);
+  EXPECT_EQ(r->steps[1].duration_ns, 1127 + 500);
+  EXPECT_EQ(r->steps[2].duration_ns, 1128);
+  EXPECT_EQ(r->requests.at(0).finish_ns, 3651 + 1000);
+}
+
 TEST(Simulation, TraceEventsOfAHandComputedRunAreExact) {
   // The run of HandComputedTimes (steps at 0, 1396 and 2523 ns) as a Chrome/Perfetto trace.
   sim_options o = sim_run_options(parse_tiny(), {trace_request{0, 16, 3, {}}}, 7);

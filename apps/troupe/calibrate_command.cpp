@@ -1,17 +1,23 @@
 // `troupe calibrate`: fits the step cost model (runtime/cost) and writes a calibration file.
 // By default it measures: the real step executor runs a deterministic grid of synthetic plans
 // (runtime/cost/sweep.hpp) on the bundled model, each timed by the wall clock, median of
-// several runs. With `--log` it fits a step log measured elsewhere instead.
+// several runs, and beside the fit it measures the first write to a page of a fresh KV pool
+// (cost_params::first_touch_page_ns, which the simulator charges). With `--log` it fits a step
+// log measured elsewhere instead.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <vector>
+
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
 #include "apps/troupe/commands.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "runtime/common/page_buffer.hpp"
 #include "runtime/cost/calibration.hpp"
 #include "runtime/cost/sweep.hpp"
 #include "runtime/engine/step_executor.hpp"
@@ -94,6 +100,25 @@ expected<std::vector<cost::step_sample>> measure(const calibrate_options& o, std
   return samples;
 }
 
+/// Nanoseconds to fault in one page of a fresh page_buffer by its first write, as a fresh KV
+/// pool's first writes do (runtime/common/page_buffer.hpp): the median over 5 fresh 16 MiB
+/// buffers, each written one byte per page.
+double first_touch_page_ns() {
+  constexpr size_t bytes = size_t{16} << 20;
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<double> per_page;
+  for (int r = 0; r < 5; r++) {
+    page_buffer<uint8_t> buffer(bytes);
+    volatile uint8_t* p = buffer.data();
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < bytes; i += page) p[i] = 1;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    per_page.push_back(static_cast<double>(ns) / static_cast<double>(bytes / page));
+  }
+  std::nth_element(per_page.begin(), per_page.begin() + 2, per_page.end());
+  return per_page[2];
+}
+
 std::string step_log(const std::vector<cost::step_sample>& samples) {
   std::string text = std::string(cost::step_log_header) + "\n";
   for (const auto& [features, ns] : samples) text += cost::step_log_line(features, std::llround(ns));
@@ -127,6 +152,10 @@ int run_calibrate(const calibrate_options& o) {
     if (fit->at_bound[j])
       spdlog::warn("misfit: {} is held at its bound 0 (the fit wanted it negative): the model lacks a term these "
                    "steps need", cost::param_names[j]);
+  if (o.log.empty()) {  // a sweep: the first-touch price is measured beside it (cost_params)
+    fit->params.first_touch_page_ns = first_touch_page_ns();
+    spdlog::info("first write to a page of a fresh KV pool: {:.0f} ns", fit->params.first_touch_page_ns);
+  }
   const std::string text =
       cost::write_calibration(*fit, source, held_out ? std::optional<double>(*held_out) : std::nullopt);
   if (o.out.empty()) {

@@ -96,6 +96,7 @@ constexpr key_spec keys[] = {
     {"sampled_row_ns", value_kind::parameter, true},
     {"attention_token_ns", value_kind::parameter, true},
     {"kv_read_token_ns", value_kind::parameter, true},
+    {"first_touch_page_ns", value_kind::non_negative, false},
     {"rms_error_ns", value_kind::non_negative, false},
     {"mean_abs_rel_error", value_kind::non_negative, false},
     {"time_error", value_kind::non_negative, false},
@@ -184,6 +185,7 @@ expected<void> set_number(const key_spec& key, std::string_view text, const std:
   if (k == "sampled_row_ns") params.sampled_row_ns = *v;
   if (k == "attention_token_ns") params.attention_token_ns = *v;
   if (k == "kv_read_token_ns") params.kv_read_token_ns = *v;
+  if (k == "first_touch_page_ns") params.first_touch_page_ns = *v;
   return {};
 }
 
@@ -279,6 +281,10 @@ std::string write_calibration(const fit_result& fit, const std::string& source, 
   s += "sampled_row_ns = " + format_float(p.sampled_row_ns) + "\n";
   s += "attention_token_ns = " + format_float(p.attention_token_ns) + "\n";
   s += "kv_read_token_ns = " + format_float(p.kv_read_token_ns) + "\n";
+  if (p.first_touch_page_ns > 0) {
+    s += "# Not fitted: the first write to a page of a fresh KV pool (the simulator's price per block written first).\n";
+    s += "first_touch_page_ns = " + format_float(p.first_touch_page_ns) + "\n";
+  }
   s += "# How well the fit matches the steps it was fitted to.\n";
   s += "rms_error_ns = " + format_float(fit.rms_error_ns) + "\n";
   s += "mean_abs_rel_error = " + format_float(fit.mean_abs_rel_error) + "\n";

@@ -14,6 +14,7 @@
 ///     sampled_row_ns = 2210.7
 ///     attention_token_ns = 3.41
 ///     kv_read_token_ns = 1.2
+///     first_touch_page_ns = 1650   # optional, not fitted: a fresh KV pool page's first write
 ///     rms_error_ns = 1830.2        # optional: how well the fit matched its samples
 ///     mean_abs_rel_error = 0.041
 ///     time_error = 0.032

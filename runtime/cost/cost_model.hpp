@@ -48,6 +48,11 @@ struct cost_params {
   double sampled_row_ns = 0;
   double attention_token_ns = 0;
   double kv_read_token_ns = 0;
+  /// Not fitted, and not a step feature: the price of the first write to a page of a fresh KV
+  /// pool (the kernel faults it in: runtime/common/page_buffer.hpp), which `troupe calibrate`
+  /// measures apart and the simulator charges for each pool block a plan writes first
+  /// (sim/cost_executor.hpp). 0: not measured.
+  double first_touch_page_ns = 0;
 };
 
 /// Σ param * feature, rounded to the nearest nanosecond and clamped at 0.
