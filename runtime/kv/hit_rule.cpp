@@ -35,14 +35,14 @@ int32_t first_window_block(const hit_rule_config& config, int32_t num_tokens) {
 int32_t reused_tokens(const hit_rule_config& config, int32_t num_prompt_tokens, const std::vector<uint8_t>& holds_window) {
   TROUPE_ASSERT_MSG(static_cast<int64_t>(holds_window.size()) * config.block_size <= num_prompt_tokens,
                     "a cache hit covers at most the prompt");
-  const auto cap_blocks = static_cast<size_t>(max_reused_tokens(config, num_prompt_tokens) / config.block_size);
-  // missing_before[k]: 1 + the last of blocks [0, k) lacking its sliding rows (0: none does).
-  std::vector<int32_t> missing_before(std::min(holds_window.size(), cap_blocks) + 1, 0);
-  for (size_t k = 1; k < missing_before.size(); k++)
-    missing_before[k] = holds_window[k - 1] ? missing_before[k - 1] : static_cast<int32_t>(k);
-  for (size_t k = missing_before.size() - 1; k > 0; k--) {
+  const size_t cap_blocks = static_cast<size_t>(max_reused_tokens(config, num_prompt_tokens) / config.block_size);
+  // The longest prefix whose window state's blocks all hold their rows (without a window that
+  // range is empty: the first, the capped hit).
+  for (size_t k = std::min(holds_window.size(), cap_blocks); k > 0; k--) {
     const auto num_tokens = static_cast<int32_t>(k) * config.block_size;
-    if (missing_before[k] <= first_window_block(config, num_tokens)) return num_tokens;
+    const auto first = holds_window.begin() + first_window_block(config, num_tokens);
+    if (std::all_of(first, holds_window.begin() + static_cast<std::ptrdiff_t>(k), [](uint8_t h) { return h != 0; }))
+      return num_tokens;
   }
   return 0;
 }
