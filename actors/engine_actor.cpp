@@ -24,7 +24,7 @@ executor_settings executor_settings_of(const engine_options& o) {
   return executor_settings{o.checkpoint,       o.config.num_kv_blocks, o.config.block_size,  o.config.kernels,
                            o.executor_threads, o.detached_executor,    o.step_log,           o.config.speculation,
                            o.draft_checkpoint, o.vocabulary,           o.experts,            o.expert_reassignment,
-                           o.config.kv_cache_dtype};
+                           o.config.kv_cache_dtype,    o.config.copy_stream_min_bytes};
 }
 
 namespace {

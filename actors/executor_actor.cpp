@@ -22,6 +22,7 @@ namespace {
 
 struct executor_state {
   std::unique_ptr<kernels::cpu::thread_pool> pool;  // declared first: outlives the executor
+  std::unique_ptr<kernels::cpu::layer_stream> copy_stream;  // the executor's KV moves beside its passes; likewise
   std::unique_ptr<engine::step_executor> executor;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_log{nullptr, &std::fclose};
   std::shared_ptr<expert_shards> experts;  // an MoE's shard actors, if any
@@ -118,6 +119,10 @@ executor_actor::behavior_type executor_behavior(executor_pointer self, engine_ac
                                                         settings.block_size, settings.kernels, st.pool.get(),
                                                         settings.speculation, settings.draft.get(),
                                                         settings.vocabulary, settings.kv_cache_dtype);
+  if (settings.copy_stream_min_bytes >= 0) {
+    st.copy_stream = std::make_unique<kernels::cpu::layer_stream>();
+    st.executor->set_copy_stream(st.copy_stream.get(), settings.copy_stream_min_bytes);
+  }
   const int64_t kv_tokens = int64_t{settings.num_kv_blocks} * settings.block_size;
   spdlog::info("model {}: {}; requests up to {} tokens; KV cache of {} tokens ({} blocks of {}, {}), {:.1f} MiB",
                settings.checkpoint->path(), model::describe(*settings.checkpoint, st.executor->weight_bytes()),

@@ -39,6 +39,7 @@ struct executor_settings {
   /// result carries the window's moe_lb and the moves (exec_result). None: the placement stays.
   std::optional<moe::reassignment_options> reassignment;
   std::optional<kv::kv_dtype> kv_cache_dtype;  ///< engine_config::kv_cache_dtype
+  int64_t copy_stream_min_bytes = engine::default_copy_stream_min_bytes;  ///< engine_config's
 };
 
 /// Spawns an executor serving `engine` (it quits when the engine goes down).

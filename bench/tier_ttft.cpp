@@ -11,11 +11,13 @@
 // next 27 back from the tier, 464 tokens in all, what the hit rule allows) and once without (the
 // second A finds the same 2 blocks and recomputes the other 448 tokens), and once with a host
 // tier of 1 block over a disk tier (the blocks the host tier evicts are written to files; the
-// second A reads them back from there). Reported: the second A's TTFT per round and its mean
+// second A reads them back from there). The host-tier run is repeated with the step's KV moves
+// before its forward pass (copy_stream_min_bytes = -1) instead of on the copy stream beside it. Reported: the second A's TTFT per round and its mean
 // all three ways, the ratios, the cached tokens, and whether the tokens agree.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,6 +123,19 @@ double mean_ttft(const std::vector<second_a>& runs) {
   return sum / static_cast<double>(runs.size());
 }
 
+/// The median of any number of samples (of an even number, the mean of the middle two).
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double median_ttft(const std::vector<second_a>& runs) {
+  std::vector<double> ms;
+  for (const second_a& s : runs) ms.push_back(s.ttft_ms);
+  return median_of(ms);
+}
+
 int run(int argc, char** argv) {
   std::printf("$ %s\n", command_line(argc, argv).c_str());
   const options o = parse(argc, argv);
@@ -134,6 +149,16 @@ int run(int argc, char** argv) {
   std::printf("host tier of 256 blocks:\n");
   t.nodes[0].host_tier_blocks = 256;
   const std::vector<second_a> hit = run_node(t, o);
+  // The same with the step's KV moves (the promotion's imports, the demotions B's allocation
+  // makes) before its forward pass instead of on the copy stream beside it: twice, then the
+  // copy stream again (A B B A, so a drift of the host over the runs favours neither).
+  std::printf("host tier of 256 blocks, KV moves before the forward pass (copy_stream_min_bytes = -1), twice:\n");
+  t.engines[0].config.copy_stream_min_bytes = -1;
+  const std::vector<second_a> serial = run_node(t, o);
+  const std::vector<second_a> serial_again = run_node(t, o);
+  t.engines[0].config.copy_stream_min_bytes = engine::default_copy_stream_min_bytes;
+  std::printf("host tier of 256 blocks, the copy stream again:\n");
+  const std::vector<second_a> hit_again = run_node(t, o);
   // A host tier of one block over a disk tier: what the host tier evicts is written to disk,
   // and the second A reads all but the last demoted block back from there.
   const fs::path disk_dir = fs::temp_directory_path() / ("troupe_bench_tier_ttft_" + std::to_string(::getpid()));
@@ -148,18 +173,32 @@ int run(int argc, char** argv) {
   t.nodes[0].disk_tier_dir.clear();
   t.nodes[0].disk_tier_mib = 0;
   const std::vector<second_a> recompute = run_node(t, o);
-  std::printf("\nround  TTFT host-tier hit (cached)   TTFT disk-tier hit (cached)   TTFT recompute (cached)   same token\n");
+  std::printf("\nround  TTFT host-tier hit (cached)   moves first (cached)   TTFT disk-tier hit (cached)   TTFT recompute (cached)"
+              "   same token\n");
   bool same = true;
   for (size_t i = 0; i < hit.size(); i++) {
-    const bool agree = hit[i].tokens == recompute[i].tokens && disk[i].tokens == recompute[i].tokens;
+    const bool agree = hit[i].tokens == recompute[i].tokens && serial[i].tokens == recompute[i].tokens &&
+                       disk[i].tokens == recompute[i].tokens;
     same = same && agree;
-    std::printf("%5zu  %12.2f ms (%4d)        %12.2f ms (%4d)            %12.2f ms (%4d)       %s\n", i, hit[i].ttft_ms,
-                hit[i].num_cached_tokens, disk[i].ttft_ms, disk[i].num_cached_tokens, recompute[i].ttft_ms,
-                recompute[i].num_cached_tokens, agree ? "yes" : "NO");
+    std::printf("%5zu  %12.2f ms (%4d)        %9.2f ms (%4d)     %12.2f ms (%4d)            %12.2f ms (%4d)       %s\n", i,
+                hit[i].ttft_ms, hit[i].num_cached_tokens, serial[i].ttft_ms, serial[i].num_cached_tokens, disk[i].ttft_ms,
+                disk[i].num_cached_tokens, recompute[i].ttft_ms, recompute[i].num_cached_tokens, agree ? "yes" : "NO");
   }
-  const double h = mean_ttft(hit), d = mean_ttft(disk), r = mean_ttft(recompute);
-  std::printf("mean   %12.2f ms                %12.2f ms                     %12.2f ms\n", h, d, r);
+  const double h = mean_ttft(hit), m = mean_ttft(serial), d = mean_ttft(disk), r = mean_ttft(recompute);
+  std::printf("mean   %12.2f ms                %9.2f ms              %12.2f ms                     %12.2f ms\n", h, m, d, r);
+  std::printf("median %12.2f ms                %9.2f ms              %12.2f ms                     %12.2f ms\n",
+              median_ttft(hit), median_ttft(serial), median_ttft(disk), median_ttft(recompute));
   std::printf("recompute / host hit = %.2fx, recompute / disk hit = %.2fx, disk / host = %.2fx\n", r / h, r / d, d / h);
+  std::vector<second_a> streamed = hit, first = serial;
+  streamed.insert(streamed.end(), hit_again.begin(), hit_again.end());
+  first.insert(first.end(), serial_again.begin(), serial_again.end());
+  for (size_t i = 0; i < streamed.size(); i++) same = same && streamed[i].tokens == first[i].tokens;
+  std::vector<double> ratios;  // per round, paired: moves first / copy stream
+  for (size_t i = 0; i < streamed.size(); i++) ratios.push_back(first[i].ttft_ms / streamed[i].ttft_ms);
+  std::printf("host-tier hit, A B B A over %zu rounds each: copy stream median %.2f ms, moves first median %.2f ms; "
+              "moves first / copy stream per round: median %.3fx (min %.3fx, max %.3fx)\n",
+              streamed.size(), median_ttft(streamed), median_ttft(first), median_of(ratios),
+              *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
   return same ? 0 : 1;
 }
 

@@ -237,8 +237,10 @@ int64_t tier_transfer_cost::price_ns(int64_t num_blocks) const {
 
 int64_t tier_transfer_cost::step_ns(int64_t compute_ns, int64_t num_blocks) const {
   const int64_t copies = price_ns(num_blocks);
-  if (overlap_layers == 0) return compute_ns + copies;
-  return std::max(compute_ns, copies) + std::min(compute_ns, copies) / overlap_layers;
+  const double bytes = static_cast<double>(num_blocks) * bytes_per_block;
+  if (stream_min_bytes < 0 || bytes < static_cast<double>(std::max<int64_t>(1, stream_min_bytes)))
+    return compute_ns + copies;
+  return std::max(compute_ns, copies) + std::min(compute_ns, copies) / n_layers;
 }
 
 actors::executor_actor spawn_cost_executor(caf::actor_system& sys, const actors::engine_actor& engine,

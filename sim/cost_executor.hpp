@@ -37,9 +37,12 @@ struct tier_transfer_cost {
   double bytes_per_block = 0;
   double bandwidth_gb_s = 1;  ///< 10^9 bytes/s = bytes per ns
   int64_t latency_ns = 0;
-  /// 0: a step's copies add to its compute. n > 0: they overlap it layer by layer over the
-  /// model's n layers ([host_tier] copies = "overlapped"): max(compute, copies) + min / n.
-  int32_t overlap_layers = 0;
+  int32_t n_layers = 1;  ///< the model's
+  /// As troupe's executor does (engine_config::copy_stream_min_bytes): a step whose moves take
+  /// at least this many bytes runs them on its copy stream, layer by layer beside the forward
+  /// pass, and takes max(compute, copies) + min / n_layers; a step moving fewer bytes (or any,
+  /// with -1) adds its copies to its compute.
+  int64_t stream_min_bytes = -1;
 
   [[nodiscard]] int64_t price_ns(int64_t num_blocks) const;
   /// How long a step of `compute_ns` that moves `num_blocks` blocks takes.

@@ -414,8 +414,7 @@ expected<void> read_tables(const toml::table& root, sim_topology& t, sim_keys& k
   const std::vector<field> host_tier = {{"blocks", false, 0, 1e15, into(t.host_tier.blocks)},
                                         {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.host_tier.bandwidth_gb_s)},
                                         {"latency_us", false, 0, 1e9, into(t.host_tier.latency_us)},
-                                        {"fetch_timeout_ms", false, 0, 60000, into(t.host_tier.fetch_timeout_ms)},
-                                        {"copies", false, 0, 0, nullptr, [&t](const std::string& s) { t.host_tier.copies = s; }}};
+                                        {"fetch_timeout_ms", false, 0, 60000, into(t.host_tier.fetch_timeout_ms)}};
   const std::vector<field> disk_tier = {{"blocks", false, 0, 1e15, into(t.disk_tier.blocks)},
                                         {"bandwidth_gb_s", false, 1e-6, 1e9, into(t.disk_tier.bandwidth_gb_s)},
                                         {"latency_us", false, 0, 1e9, into(t.disk_tier.latency_us)}};
@@ -445,10 +444,6 @@ expected<void> check_tables(const sim_topology& t, const toml::table& root, cons
     return fail(errc::malformed_file, at(source, *root["engine"]["preemption"].node()) + "[engine] preemption = '" +
                                           echo(root["engine"]["preemption"].value_or(std::string())) +
                                           "' swaps to the host tier: it needs [host_tier] blocks > 0");
-  if (t.host_tier.copies != "step" && t.host_tier.copies != "overlapped")
-    return fail(errc::malformed_file, at(source, *root["host_tier"]["copies"].node()) +
-                                          "[host_tier] copies must be \"step\" or \"overlapped\", got \"" +
-                                          echo(t.host_tier.copies) + "\"");
   if (t.disk_tier.blocks > 0 && t.host_tier.blocks == 0)
     return fail(errc::malformed_file, at(source, *root["disk_tier"]["blocks"].node()) +
                                           "[disk_tier] lies below the host tier: it needs [host_tier] blocks > 0");
@@ -500,6 +495,11 @@ expected<sim_topology> parse_sim_topology(std::string_view text, const std::stri
   if (!root) return tl::unexpected(root.error());
   sim_topology t;
   sim_keys k;
+  if (const toml::node* copies = (*root)["host_tier"]["copies"].node())  // before 2026-12-07
+    return fail(errc::malformed_file, at(source, *copies) +
+                                          "[host_tier] copies is gone: a step's moves overlap its compute as the engine's copy "
+                                          "stream has them, set by [engine] copy_stream_min_bytes (0: every step's, as "
+                                          "\"overlapped\" did; -1: none, as \"step\" did)");
   if (auto ok = read_tables(*root, t, k, base_dir, source); !ok) return tl::unexpected(ok.error());
   if (auto ok = check_tables(t, *root, source); !ok) return tl::unexpected(ok.error());
   auto inline_params = cost_inline(*root, source);

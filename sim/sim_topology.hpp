@@ -33,12 +33,8 @@ struct sim_host_tier {
   int64_t blocks = 0;            ///< capacity per replica; 0 = no tier
   double bandwidth_gb_s = 25;    ///< host <-> accelerator copies, 10^9 bytes/s
   double latency_us = 0;         ///< per step that moves blocks
-  /// `copies`: "step" (the default) prices a step's moves on top of its compute, as troupe's
-  /// executors copy (the executor reads demotions out before the step writes anything);
-  /// "overlapped" models an engine that copies on a stream of its own, layer by layer beside the
-  /// forward pass: the step takes the longer of its compute and its copies plus the shorter one's
-  /// share of one layer (sim/cost_executor.hpp, tier_transfer_cost).
-  std::string copies = "step";
+  // A step's moves overlap its compute as the engine's copy stream has them
+  // ([engine] copy_stream_min_bytes; sim/cost_executor.hpp, tier_transfer_cost).
   /// A fixed bound on how long an engine waits for the tier's answer before it computes the
   /// prefix itself (as `[[node]] host_tier_fetch_timeout_ms`); 0 = fetch or recompute by cost
   /// (engine_core::plan_fetch), the engines pricing a copy to the pool at `bandwidth_gb_s`.

@@ -168,7 +168,7 @@ tier_transfer_cost tier_pricing(const sim_topology& t) {
   if (t.host_tier.blocks == 0) return {};
   return {static_cast<double>(t.engine.block_size) * static_cast<double>(t.kv_bytes_per_token),
           t.host_tier.bandwidth_gb_s, static_cast<int64_t>(std::llround(t.host_tier.latency_us * 1e3)),
-          t.host_tier.copies == "overlapped" ? t.model.n_layers : 0};
+          t.model.n_layers, t.engine.copy_stream_min_bytes};
 }
 
 expected<actors::engine_list> spawn_engines(run_state& rs) {

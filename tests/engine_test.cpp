@@ -661,6 +661,95 @@ TEST(EngineDrain, AResumedRequestsKvImportedWhereItsGeneratedTokensAreCachedCont
   d->check_invariants();
 }
 
+/// The copy stream (issue 54, point 2): a plan's KV moves — demotions to the host tier,
+/// prefill/decode imports, drain read-outs and copy-on-write fork copies — run layer by layer
+/// beside the forward pass when they reach copy_stream_min_bytes. Every plan of a workload that
+/// makes each kind, run on an executor that streams every move (on three threads) and on one
+/// that streams none (on one), gives the same bits: samples, logprobs, read-outs, demoted blocks and exports.
+TEST(EngineCopyStream, MovesBesideTheForwardPassGiveTheSameBitsAsMovesBeforeIt) {
+  const testing::bundled& b = testing::model_and_tokenizer();
+  engine_config config;
+  config.block_size = 4;
+  config.num_kv_blocks = 24;  // evictions: the host tier's demotions
+  config.host_tier = true;
+  config.max_steps_in_flight = 2;
+  config.scheduler.max_num_batched_tokens = 24;
+  auto core = engine_core::create(b.ck.config(), {tokenizer::bos, tokenizer::eos}, config);
+  ASSERT_TRUE(core.has_value()) << core.error().message;
+  kernels::cpu::thread_pool pool(3);  // the pass's layers waited for from every thread of it
+  step_executor streamed(b.ck, config.num_kv_blocks, config.block_size, config.kernels, &pool);
+  step_executor before(b.ck, config.num_kv_blocks, config.block_size, config.kernels);
+  kernels::cpu::layer_stream stream;
+  streamed.set_copy_stream(&stream, 0);
+  before.set_copy_stream(&stream, -1);
+  int64_t demoted = 0, read_out = 0, imports = 0, copies = 0;
+  std::deque<exec_plan> in_flight;
+  const auto run = [&](int32_t steps_max) {
+    for (int32_t steps = 0; ((*core)->has_unfinished() || !in_flight.empty()) && steps < steps_max; steps++) {
+      while (auto p = (*core)->plan_step()) in_flight.push_back(std::move(*p));
+      ASSERT_FALSE(in_flight.empty());
+      const exec_plan& plan = in_flight.front();
+      imports += static_cast<int64_t>(plan.imports.size());
+      copies += static_cast<int64_t>(plan.copies.size());
+      exec_result want = before.execute(plan);
+      exec_result got = streamed.execute(plan);
+      in_flight.pop_front();
+      ASSERT_EQ(got.samples.size(), want.samples.size());
+      for (size_t c = 0; c < want.samples.size(); c++) {
+        ASSERT_EQ(got.samples[c].size(), want.samples[c].size());
+        for (size_t i = 0; i < want.samples[c].size(); i++) {
+          EXPECT_EQ(got.samples[c][i].token, want.samples[c][i].token);
+          EXPECT_TRUE(testing::same_bits(got.samples[c][i].logprob, want.samples[c][i].logprob));
+        }
+      }
+      const auto same_kv = [](const std::vector<kv_data>& x, const std::vector<kv_data>& y) {
+        if (x.size() != y.size()) return false;
+        for (size_t i = 0; i < x.size(); i++)
+          if (x[i].num_tokens != y[i].num_tokens || x[i].keys != y[i].keys || x[i].values != y[i].values) return false;
+        return true;
+      };
+      EXPECT_TRUE(same_kv(got.demoted, want.demoted));
+      EXPECT_TRUE(same_kv(got.read_out, want.read_out));
+      ASSERT_EQ(got.exports.size(), want.exports.size());
+      for (size_t i = 0; i < want.exports.size(); i++) EXPECT_TRUE(same_kv({got.exports[i].kv}, {want.exports[i].kv}));
+      demoted += static_cast<int64_t>(want.demoted.size());
+      read_out += static_cast<int64_t>(want.read_out.size());
+      (void)(*core)->complete_step(std::move(got));
+      (*core)->check_invariants();
+    }
+  };
+  // Forks (n = 3) in a pool too small for every request: copies and demotions.
+  for (int32_t i = 0; i < 6; i++) {
+    request r = make_request(i + 1, varied_prompt(i + 10), 30, 0.9f, 40 + i);
+    r.n = i % 2 == 0 ? 3 : 1;
+    r.ignore_eos = true;
+    ASSERT_TRUE((*core)->add_request(r).has_value());
+  }
+  run(12);
+  // Drained mid-decode: a read-out.
+  auto exported = (*core)->export_request(2);
+  ASSERT_TRUE(exported.has_value()) << exported.error().message;
+  run(1000);
+  EXPECT_EQ((*core)->take_exported().size(), 1u);
+  // A prefill from elsewhere: imports.
+  engine_config prefill;
+  prefill.block_size = config.block_size;
+  auto p = make_engine(prefill);
+  ASSERT_TRUE(p->add_prefill(make_request(7, varied_prompt(20), 6, 0.9f, 7)).has_value());
+  while (p->has_unfinished()) (void)p->step();
+  std::vector<prefilled_request> done = p->take_prefilled();
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE((*core)->add_prefilled(std::move(done[0].req), std::move(done[0].kv)).has_value());
+  run(1000);
+  EXPECT_FALSE((*core)->has_unfinished());
+  EXPECT_GT(demoted, 0);
+  EXPECT_EQ(read_out, 1);
+  EXPECT_GT(imports, 0);
+  EXPECT_GT(copies, 0);
+  EXPECT_GT(streamed.num_streamed_steps(), 0);
+  EXPECT_EQ(before.num_streamed_steps(), 0);
+}
+
 TEST(EngineDrain, OnlyARequestWithOneSampleAndComputedKvLeavesWithIt) {
   const testing::bundled& b = testing::model_and_tokenizer();
   engine_config config;

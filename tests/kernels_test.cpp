@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/exp.hpp"
+#include "kernels/cpu/layer_stream.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -105,6 +106,43 @@ TEST(ThreadPool, EndsWithItsWorkersAsleepOrWatching) {
   thread_pool busy(4);
   bool workers_in_range = false;
   EXPECT_EQ(coverage(busy, 64, workers_in_range), std::vector<int32_t>(64, 1));  // then watching
+}
+
+/// The copy stream's contract: a waiter for layer l sees everything fn(0..l) wrote (plain
+/// memory, no atomics of its own), from any number of threads, job after job.
+TEST(LayerStream, AWaiterForALayerSeesWhatThatLayerAndTheOnesBeforeItWrote) {
+  layer_stream stream;
+  constexpr int32_t num_layers = 24, width = 4096;
+  std::vector<std::vector<int32_t>> written(num_layers, std::vector<int32_t>(width));
+  for (int32_t job = 0; job < 200; job++) {
+    stream.start(num_layers, [&](int32_t l) {
+      for (int32_t i = 0; i < width; i++) written[l][i] = job * 1000 + l;
+    });
+    std::atomic<int32_t> wrong{0};
+    thread_pool readers(3);
+    readers.parallel_for(3, [&](int32_t, int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; r++)
+        for (int32_t l = 0; l < num_layers; l++) {
+          stream.wait(l);
+          for (int32_t k = 0; k <= l; k++)
+            if (written[k][(r * 131 + l) % width] != job * 1000 + k) wrong++;
+        }
+    });
+    stream.finish();
+    ASSERT_EQ(wrong.load(), 0) << "job " << job;
+  }
+  stream.start(0, [](int32_t) { FAIL() << "a job of no layers runs nothing"; });
+  stream.finish();
+  stream.finish();  // finished already: at once
+}
+
+TEST(LayerStream, EndsWhileAJobRunsByFinishingIt) {
+  std::vector<int32_t> done;
+  {
+    layer_stream stream;
+    stream.start(8, [&](int32_t l) { done.push_back(l); });
+  }
+  EXPECT_EQ(done, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
 }
 
 TEST(Kernels, MatmulRowIsBatchInvariant) {

@@ -768,8 +768,9 @@ TEST(SimTopology, AHostTierIsReadAndBounded) {
       {"\n[host_tier]\nblocks = -1\n", "tiny.toml:25: [host_tier] blocks = -1.000000 is outside"},
       {"\n[host_tier]\nbandwidth_gb_s = 0\n", "tiny.toml:25: [host_tier] bandwidth_gb_s = 0.000000 is outside"},
       {"\n[host_tier]\nsize = 3\n", "tiny.toml:25: [host_tier]: unknown key 'size'"},
-      {"\n[host_tier]\nblocks = 10\ncopies = \"async\"\n",
-       "tiny.toml:26: [host_tier] copies must be \"step\" or \"overlapped\", got \"async\""},
+      {"\n[host_tier]\nblocks = 10\ncopies = \"overlapped\"\n",
+       "tiny.toml:26: [host_tier] copies is gone: a step's moves overlap its compute as the engine's copy stream has "
+       "them, set by [engine] copy_stream_min_bytes (0: every step's, as \"overlapped\" did; -1: none, as \"step\" did)"},
   };
   for (const auto& [extra, message] : cases) {
     auto bad = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR);
@@ -880,9 +881,10 @@ TEST(SimTopology, NetworkLossIsReadAndBounded) {
 
 /// Three requests a second apart on a pool of 32 blocks: r0 caches its 400-token prompt (25
 /// blocks), r1's different prompt evicts most of them, r2 repeats r0's prompt.
-sim_result evicting_run(const std::string& extra) {
+sim_result evicting_run(const std::string& extra, const std::string& copy_stream_min_bytes = "1048576") {
   auto t = parse_sim_topology(std::string(tiny_topology) + extra, "tiny.toml", TROUPE_SOURCE_DIR,
-                              {{"hardware.kv_memory_gib", "0.0001220703125"}});  // 32 blocks of 16 x 256 bytes
+                              {{"hardware.kv_memory_gib", "0.0001220703125"},  // 32 blocks of 16 x 256 bytes
+                               {"engine.copy_stream_min_bytes", copy_stream_min_bytes}});
   EXPECT_TRUE(t) << t.error().message;
   EXPECT_EQ(t->engine.num_kv_blocks, 32);
   const int64_t s = 1'000'000'000;
@@ -919,17 +921,22 @@ TEST(Simulation, AHostTierServesThePrefixThePoolEvicted) {
 
 TEST(Simulation, OverlappedCopiesTakeTheLongerOfComputeAndCopiesPlusTheShortersShareOfOneLayer) {
   // 35 blocks of 4,096 bytes at 1 GB/s after 2 us: 145,360 ns of copies.
-  const tier_transfer_cost serial{4096, 1, 2000, 0};
-  const tier_transfer_cost overlapped{4096, 1, 2000, 2};
+  const tier_transfer_cost serial{4096, 1, 2000, 2, -1};
+  const tier_transfer_cost overlapped{4096, 1, 2000, 2, 0};
   EXPECT_EQ(serial.step_ns(100'000, 35), 245'360);
   EXPECT_EQ(overlapped.step_ns(100'000, 35), 145'360 + 100'000 / 2);
   EXPECT_EQ(overlapped.step_ns(300'000, 35), 300'000 + 145'360 / 2);
   EXPECT_EQ(overlapped.step_ns(100'000, 0), 100'000);  // nothing moved: the compute alone
+  // From 35 blocks' bytes (143,360) on, as the engine's copy stream (copy_stream_min_bytes).
+  const tier_transfer_cost from_35{4096, 1, 2000, 2, 35 * 4096};
+  EXPECT_EQ(from_35.step_ns(100'000, 35), 145'360 + 100'000 / 2);
+  EXPECT_EQ(from_35.step_ns(100'000, 34), 100'000 + 2000 + 34 * 4096);
   // The evicting run with the tiny model's 2 layers: every request's tokens and finish as with
-  // copies priced into the step, and r2, whose first step promotes 17 blocks, sooner.
+  // copies priced into the step, and r2, whose first step promotes 17 blocks, sooner. (Its
+  // blocks are small: the default copy_stream_min_bytes, 1 MiB, streams none of its steps.)
   const std::string tier = "\n[host_tier]\nblocks = 1000\nfetch_timeout_ms = 50\nlatency_us = 2\nbandwidth_gb_s = 1\n";
   const sim_result step = evicting_run(tier);
-  const sim_result over = evicting_run(tier + "copies = \"overlapped\"\n");
+  const sim_result over = evicting_run(tier, "0");
   ASSERT_EQ(over.requests.size(), step.requests.size());
   for (size_t i = 0; i < step.requests.size(); i++) {
     EXPECT_EQ(over.requests[i].cached_tokens, step.requests[i].cached_tokens);

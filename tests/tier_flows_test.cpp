@@ -250,14 +250,16 @@ three_runs with_tiers_off(const std::vector<int32_t>& prompt_q, bool disaggregat
   return off;
 }
 
-TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) {
+/// A's prefix demoted to the host tier by Q and promoted for the second A (`t` started with
+/// its tune hook set as the test wants): the outputs of tiers off, the counts below.
+void demote_and_promote_a_prefix(tier_bench& t) {
   const std::vector<int32_t> prompt_q = golden_prompt(3, 130);  // 9 blocks with its 8 tokens
   const three_runs off = with_tiers_off(prompt_q);
-  start(9, host_tier(64));
-  const actors::completion a = complete(request(prompt_a, 7));
-  const actors::completion q = complete(request(prompt_q, 8));
-  EXPECT_EQ(tier_lookup(prompt_a), 4);  // Q took every block of A's: the tier has A's 4 full blocks
-  const actors::completion a_again = complete(request(prompt_a, 7));
+  t.start(9, t.host_tier(64));
+  const actors::completion a = t.complete(tier_bench::request(prompt_a, 7));
+  const actors::completion q = t.complete(tier_bench::request(prompt_q, 8));
+  EXPECT_EQ(t.tier_lookup(prompt_a), 4);  // Q took every block of A's: the tier has A's 4 full blocks
+  const actors::completion a_again = t.complete(tier_bench::request(prompt_a, 7));
   expect_same(a, off.a);
   expect_same(q, off.q);
   expect_same(a_again, off.a_again);
@@ -266,7 +268,7 @@ TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) 
   // 64 come from the promoted blocks and 1 is computed.
   EXPECT_EQ(off.a_again.end.num_cached_tokens, 0);
   EXPECT_EQ(a_again.end.num_cached_tokens, 64);
-  const msg::engine_report r = report();
+  const msg::engine_report r = t.report();
   EXPECT_EQ(r.num_prefix_hit_tokens, 64);
   EXPECT_EQ(r.num_host_hit_tokens, 64);
   EXPECT_EQ(r.num_promoted_blocks, 4);
@@ -279,6 +281,15 @@ TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) 
   EXPECT_EQ(r.num_promoted_bytes, 4 * block_bytes);
   EXPECT_EQ(r.num_demoted_bytes, 8 * block_bytes);
   EXPECT_EQ(r.host_tier_expired_blocks, 0);
+}
+
+TEST_F(TierFlows, ADemotedPrefixIsPromotedAndItsOutputIsBitIdenticalToTiersOff) { demote_and_promote_a_prefix(*this); }
+
+/// The same with every step's moves (the demotions, the promotion's imports) on the executor's
+/// copy stream, layer by layer beside the forward pass (engine_config::copy_stream_min_bytes).
+TEST_F(TierFlows, ThePromotionAndDemotionsOnTheCopyStreamGiveTheSameOutputsAndCounts) {
+  tune = [](actors::engine_options& o) { o.config.copy_stream_min_bytes = 0; };
+  demote_and_promote_a_prefix(*this);
 }
 
 /// A random Gemma 2 (random_llama_families: layer 0 of 2 slides, layer 1 is global) written to

@@ -659,7 +659,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "kv_blocks, block_size, kv_cache_dtype, max_num_batched_tokens, max_num_seqs, step_time_budget_ms, "
                  "step_time_correction_window, kv_watermark, prefix_cache_slack_tokens, scheduler, sjf_aging_tokens, "
                  "drafter, num_speculative_tokens, ngram_min, ngram_max, draft_layers, speculation_mode, preemption, "
-                 "swap_bandwidth_gb_s, grammar_rules_max, grammar_stacks_per_state_max, grammar_matcher_mib, "
+                 "copy_stream_min_bytes, swap_bandwidth_gb_s, grammar_rules_max, grammar_stacks_per_state_max, grammar_matcher_mib, "
                  "grammar_cache_mib)"},
         // Preemption.
         bad_file{"unknown_preemption", k_valid + "preemption = \"drop\"\n",

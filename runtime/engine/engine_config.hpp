@@ -43,6 +43,10 @@ inline constexpr int64_t default_tier_fetch_timeout_ns = 50'000'000;
   return configured_ns > 0 ? configured_ns : default_tier_fetch_timeout_ns;
 }
 
+/// engine_config::copy_stream_min_bytes's default: 1 MiB (docs/BENCHMARKS.md, "KV moves beside
+/// the forward pass").
+inline constexpr int64_t default_copy_stream_min_bytes = int64_t{1} << 20;
+
 struct engine_config {
   int32_t num_kv_blocks = 1024;  ///< KV pool size in blocks
   int32_t block_size = 16;       ///< tokens per block
@@ -57,6 +61,11 @@ struct engine_config {
   std::vector<int32_t> eos_token_ids;
   /// Plans in flight at most: 1 = synchronous, 2 = plan step N+1 while N runs.
   int32_t max_steps_in_flight = 1;
+  /// The executor actor runs a plan's KV moves (demotions, imports, read-outs, fork copies) on a
+  /// copy stream, layer by layer beside the forward pass, when they take at least this many
+  /// bytes; 0: every plan that moves KV; -1: none, and no stream (step_executor::set_copy_stream;
+  /// the synchronous engine, which makes no threads, moves first).
+  int64_t copy_stream_min_bytes = default_copy_stream_min_bytes;
   /// A host-memory cache tier below the pool (issue 14, docs/kv-tiers.md): cached blocks the
   /// pool evicts are read out for it (engine_core::take_demoted) and blocks it holds can be
   /// promoted into the pool (engine_core::promote). Set by the engine actor when it can reach a

@@ -131,6 +131,8 @@ std::vector<engine_key> make_engine_keys() {
               "layer_skip: the target's layers that draft"),
       text("speculation_mode", "speculation", "mode", &set_speculation_mode, "fixed or budgeted"),
       text("preemption", "engine", "preemption", &set_preemption, "recompute, swap or cost"),
+      integer("copy_stream_min_bytes", "engine", "copy_stream_min_bytes", -1, int32_max, TROUPE_SET_INT(copy_stream_min_bytes),
+              "KV moves of a step from this many bytes run beside its forward pass (0: all, -1: none)"),
       number("swap_bandwidth_gb_s", "swap_bandwidth_gb_s", 1e-6, 1e6, &set_swap_bandwidth,
              "preemption cost: host tier -> pool copy speed"),
       integer("grammar_rules_max", "engine", "", 1, 1000000, &set_grammar_rules, "rules one grammar compile may create"),

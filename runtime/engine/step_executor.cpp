@@ -292,7 +292,7 @@ void step_executor::release_grammar(kv::seq_id seq) {
     it = in_use.count(it->second.get()) != 0 ? std::next(it) : matchers_.erase(it);
 }
 
-kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) const {
+kv_data step_executor::kv_buffer(int32_t num_tokens) const {
   kv_data kv;
   kv.num_layers = cache_.num_layers();
   kv.kv_dim = cache_.kv_dim();
@@ -302,8 +302,36 @@ kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) c
                    static_cast<size_t>(kv::kv_row_bytes(kv.dtype, kv.kv_dim));
   kv.keys.resize(n);
   kv.values.resize(n);
+  return kv;
+}
+
+kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) const {
+  kv_data kv = kv_buffer(num_tokens);
   cache_.gather(block_table, kv.num_tokens, kv.keys.data(), kv.values.data());
   return kv;
+}
+
+int64_t step_executor::move_bytes(const exec_plan& plan) const {
+  int64_t tokens = int64_t{cache_.block_size()} * static_cast<int64_t>(plan.demotions.size() + plan.copies.size());
+  for (const kv_readout& r : plan.readouts) tokens += r.num_tokens;
+  for (const kv_import& i : plan.imports) tokens += i.kv.num_tokens;
+  return tokens * 2 * cache_.num_layers() * kv::kv_row_bytes(cache_.dtype(), cache_.kv_dim());
+}
+
+void step_executor::move_kv(const exec_plan& plan, exec_result& result, model::layer_range which) {
+  for (size_t i = 0; i < plan.readouts.size(); i++) {
+    kv_data& kv = result.read_out[i];
+    cache_.gather(plan.readouts[i].block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data(), which);
+  }
+  for (size_t i = 0; i < plan.demotions.size(); i++) {
+    kv_data& kv = result.demoted[i];
+    cache_.gather(&plan.demotions[i], kv.num_tokens, kv.keys.data(), kv.values.data(), which);
+  }
+  for (const kv_import& import : plan.imports) {
+    const kv_data& kv = import.kv;
+    cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data(), kv.dtype, which);
+  }
+  for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst, which);
 }
 
 exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar_table& grammars) {
@@ -317,17 +345,30 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
     pooled_.erase(seq);
   }
   exec_result result;
-  for (const kv_readout& r : plan.readouts) result.read_out.push_back(read_kv(r.block_table.data(), r.num_tokens));
-  for (const int32_t block : plan.demotions) result.demoted.push_back(read_kv(&block, cache_.block_size()));
-  for (const kv_import& import : plan.imports) {
-    const kv_data& kv = import.kv;
-    cache_.scatter(import.block_table.data(), kv.num_tokens, kv.keys.data(), kv.values.data(), kv.dtype);
+  // The step's KV moves, per layer in this order: read-outs first (their blocks may be written
+  // next), then imports, then copy-on-write copies. Large ones run on the copy stream, layer by
+  // layer beside the forward pass, each layer of which waits only for its own moves; a plan with
+  // drafts moves first (a drafter reads the pool before the pass).
+  for (const kv_readout& r : plan.readouts) result.read_out.push_back(kv_buffer(r.num_tokens));
+  for (size_t i = 0; i < plan.demotions.size(); i++) result.demoted.push_back(kv_buffer(cache_.block_size()));
+  const bool has_drafts = std::any_of(plan.chunks.begin(), plan.chunks.end(),
+                                      [](const exec_chunk& c) { return c.num_draft_slots > 0; });
+  kernels::cpu::layer_stream* stream = nullptr;
+  if (copy_stream_ != nullptr && copy_stream_min_bytes_ >= 0 && !has_drafts &&
+      move_bytes(plan) >= std::max<int64_t>(1, copy_stream_min_bytes_)) {
+    stream = copy_stream_;
+    stream->start(cache_.num_layers(), [&](int32_t l) { move_kv(plan, result, {l, l + 1}); });
+  } else {
+    move_kv(plan, result, {});
   }
-  for (const kv::block_copy& copy : plan.copies) cache_.copy_block(copy.src, copy.dst);
   build_rows(plan);
   const std::vector<spec::draft> drafts = add_drafts(plan);
   for (const spec::draft& d : drafts) result.num_draft_rows += static_cast<int64_t>(d.tokens.size());
-  if (!rows_.empty()) model_.forward(rows_, cache_, logits_, 0, &hidden_);
+  if (!rows_.empty()) model_.forward(rows_, cache_, logits_, 0, &hidden_, stream);
+  if (stream != nullptr) {
+    stream->finish();
+    num_streamed_steps_++;
+  }
   if (model_.expert_error()) return result;  // void: the caller fails the step
   if (drafter_ != nullptr) drafter_->follow(rows_);
 

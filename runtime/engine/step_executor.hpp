@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "runtime/engine/engine_config.hpp"
 #include "runtime/engine/validate_plan.hpp"
 #include "runtime/grammar/constraint.hpp"
 #include "runtime/model/transformer.hpp"
@@ -52,9 +53,22 @@ class step_executor {
   [[nodiscard]] expected<void> check(const exec_plan& plan, const grammar::grammar_table& grammars = {}) const;
 
   /// Runs one plan: demoted blocks read out, imports written, block copies, one forward pass over every chunk's tokens, then sampling.
+  /// With a copy stream (set_copy_stream), large moves run on it, layer by layer beside the
+  /// forward pass (same bits: each layer of the pass starts once its own moves are done).
   /// The plan must pass `check` (an always-on assertion: our own engine made it). `grammars`:
   /// the compiled grammars its chunks name (engine_core::grammars_of).
   [[nodiscard]] exec_result execute(const exec_plan& plan, const grammar::grammar_table& grammars = {});
+
+  /// A copy stream (borrowed; null: none, the default): plans whose KV moves
+  /// (exec_plan::readouts, demotions, imports, copies) take at least `min_bytes` run them on it,
+  /// layer by layer beside their forward pass; 0: every plan that moves anything; -1: none
+  /// (engine_config::copy_stream_min_bytes).
+  void set_copy_stream(kernels::cpu::layer_stream* stream, int64_t min_bytes) {
+    copy_stream_ = stream;
+    copy_stream_min_bytes_ = min_bytes;
+  }
+  /// Steps whose moves ran on the copy stream.
+  [[nodiscard]] int64_t num_streamed_steps() const { return num_streamed_steps_; }
 
   [[nodiscard]] const model::model_config& config() const { return model_.config(); }
   /// For the operator's start-up line: bytes of the weights and of the KV pool.
@@ -85,9 +99,15 @@ class step_executor {
   [[nodiscard]] expected<std::vector<sampling::sample_result>> sample_chunk(
       const exec_chunk& chunk, const float* logits, const spec::draft* d,
       const std::shared_ptr<const grammar::compiled_grammar>& compiled);
-  /// Positions [0, num_tokens) of the blocks of `block_table` (a demotion's one block, a readout,
-  /// a prefill's export).
+  /// KV of `num_tokens` positions of this pool's shape, zeroed.
+  [[nodiscard]] kv_data kv_buffer(int32_t num_tokens) const;
+  /// Positions [0, num_tokens) of the blocks of `block_table` (a prefill's export).
   [[nodiscard]] kv_data read_kv(const int32_t* block_table, int32_t num_tokens) const;
+  /// The bytes `plan`'s KV moves read or write in the pool.
+  [[nodiscard]] int64_t move_bytes(const exec_plan& plan) const;
+  /// `plan`'s KV moves in `which` layers: read-outs and demotions into `result`'s buffers
+  /// (sized already), then imports, then copies.
+  void move_kv(const exec_plan& plan, exec_result& result, model::layer_range which);
   /// The penalised sequence's token list this chunk extends (reset by first_block = 0), or null.
   [[nodiscard]] std::vector<int32_t>* context_of(const exec_chunk& chunk);
   /// The mask of `compiled` (the chunk's grammar) for the chunk's next sample, its cursor fed the
@@ -129,6 +149,9 @@ class step_executor {
   std::vector<float> logits_;  // (sampling chunks, vocab)
   std::vector<float> hidden_;  // (pooling chunks' rows, dim)
   int64_t last_step_ = -1;
+  kernels::cpu::layer_stream* copy_stream_ = nullptr;
+  int64_t copy_stream_min_bytes_ = -1;
+  int64_t num_streamed_steps_ = 0;
 };
 
 }  // namespace troupe::engine

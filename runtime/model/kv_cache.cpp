@@ -93,11 +93,18 @@ void kv_cache::read_block(int32_t layer, int32_t block, float* keys_out, float* 
                                  kv_dim_);
 }
 
-void kv_cache::copy_block(int32_t src, int32_t dst) {
+layer_range kv_cache::resolve(layer_range which) const {
+  if (which.end < 0) which.end = n_layers_;
+  TROUPE_ASSERT(which.first >= 0 && which.first <= which.end && which.end <= n_layers_);
+  return which;
+}
+
+void kv_cache::copy_block(int32_t src, int32_t dst, layer_range which) {
   TROUPE_ASSERT(src >= 0 && src < num_blocks_);
   TROUPE_ASSERT(dst >= 0 && dst < num_blocks_);
+  which = resolve(which);
   const int64_t block_bytes = int64_t{block_size_} * row_bytes_;  // the same in either layout
-  for (int32_t l = 0; l < n_layers_; l++) {
+  for (int32_t l = which.first; l < which.end; l++) {
     const int64_t from = layer_offset(l) + src * block_bytes, to = layer_offset(l) + dst * block_bytes;
     std::copy_n(keys_.data() + from, block_bytes, keys_.data() + to);
     std::copy_n(values_.data() + from, block_bytes, values_.data() + to);
@@ -106,12 +113,12 @@ void kv_cache::copy_block(int32_t src, int32_t dst) {
 
 namespace {
 
-// Calls f(layer, slot, row) for every layer and position < num_tokens: the position's slot in
-// the pool and its row's index in the flat (layer, token) layout.
+// Calls f(layer, slot, row) for every layer of `which` and position < num_tokens: the
+// position's slot in the pool and its row's index in the flat (layer, token) layout.
 template <class F>
-void for_each_slot(const int32_t* block_table, int32_t num_tokens, int32_t n_layers, int32_t block_size,
+void for_each_slot(const int32_t* block_table, int32_t num_tokens, layer_range which, int32_t block_size,
                    int32_t num_blocks, F&& f) {
-  for (int32_t l = 0; l < n_layers; l++)
+  for (int32_t l = which.first; l < which.end; l++)
     for (int32_t p = 0; p < num_tokens; p++) {
       const int32_t block = block_table[p / block_size];
       TROUPE_ASSERT(block >= 0 && block < num_blocks);
@@ -121,9 +128,10 @@ void for_each_slot(const int32_t* block_table, int32_t num_tokens, int32_t n_lay
 
 }  // namespace
 
-void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, uint8_t* keys_out, uint8_t* values_out) const {
+void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, uint8_t* keys_out, uint8_t* values_out,
+                      layer_range which) const {
   std::vector<float> key(static_cast<size_t>(kv_dim_));
-  for_each_slot(block_table, num_tokens, n_layers_, block_size_, num_blocks_,
+  for_each_slot(block_table, num_tokens, resolve(which), block_size_, num_blocks_,
                 [&](int32_t l, int64_t slot, int64_t row) {
                   uint8_t* k = keys_out + row * row_bytes_;
                   uint8_t* v = values_out + row * row_bytes_;
@@ -140,10 +148,10 @@ void kv_cache::gather(const int32_t* block_table, int32_t num_tokens, uint8_t* k
 }
 
 void kv_cache::scatter(const int32_t* block_table, int32_t num_tokens, const uint8_t* keys_in, const uint8_t* values_in,
-                       kv_dtype from) {
+                       kv_dtype from, layer_range which) {
   const int64_t from_bytes = kv_row_bytes(from, kv_dim_);
   std::vector<float> key(static_cast<size_t>(kv_dim_)), value(static_cast<size_t>(kv_dim_));
-  for_each_slot(block_table, num_tokens, n_layers_, block_size_, num_blocks_,
+  for_each_slot(block_table, num_tokens, resolve(which), block_size_, num_blocks_,
                 [&](int32_t l, int64_t slot, int64_t row) {
                   const uint8_t* k = keys_in + row * from_bytes;
                   const uint8_t* v = values_in + row * from_bytes;

@@ -34,6 +34,14 @@ using kv::kv_dtype;  // the cache's type, from the floor (runtime/plan)
 [[nodiscard]] int32_t context_that_fits(int32_t model_context, int64_t weight_bytes, int64_t bytes_per_token,
                                         int64_t available, int32_t block_size);
 
+/// The layers [first, end) a move of KV touches; the default is every layer. Moves of different
+/// layers touch disjoint memory, so a step's moves can run layer by layer beside the forward
+/// pass (kernels/cpu/layer_stream.hpp, runtime/engine/step_executor.cpp).
+struct layer_range {
+  int32_t first = 0;
+  int32_t end = -1;  ///< -1: the pool's last layer + 1
+};
+
 class kv_cache {
  public:
   /// A pool of `num_blocks` blocks of `block_size` token slots for a model of shape `c`, stored
@@ -73,21 +81,26 @@ class kv_cache {
   /// values (block_size, kv_dim) — the stored values converted back, exactly.
   void read_block(int32_t layer, int32_t block, float* keys, float* values) const;
 
-  /// Copies every layer's keys and values of block `src` to block `dst` (copy-on-write forks).
-  void copy_block(int32_t src, int32_t dst);
+  /// Copies the keys and values of block `src` to block `dst` in `which` layers (copy-on-write
+  /// forks).
+  void copy_block(int32_t src, int32_t dst, layer_range which = {});
 
   /// Copies the keys and values of positions [0, num_tokens) of the sequence whose blocks are
   /// `block_table` into `keys` and `values`, each (n_layers, num_tokens) rows as this pool stores
   /// them (kv_row_bytes(dtype(), kv_dim) bytes; f32 rows as little-endian floats): a layout that
   /// does not depend on the block size (prefill/decode KV transfer, drain, the tiers).
-  void gather(const int32_t* block_table, int32_t num_tokens, uint8_t* keys, uint8_t* values) const;
+  /// `which`: only those layers' rows are copied (the others' are left as they are).
+  void gather(const int32_t* block_table, int32_t num_tokens, uint8_t* keys, uint8_t* values,
+              layer_range which = {}) const;
   /// The inverse of `gather` for rows of type `from`: writes positions [0, num_tokens) into the
   /// table's blocks, the rows' bytes as they are where `from` is the pool's type, else their
-  /// values converted.
+  /// values converted; `which` layers only.
   void scatter(const int32_t* block_table, int32_t num_tokens, const uint8_t* keys, const uint8_t* values,
-               kv_dtype from);
+               kv_dtype from, layer_range which = {});
 
  private:
+  /// `which` with its end resolved, checked against the pool's layers.
+  [[nodiscard]] layer_range resolve(layer_range which) const;
   [[nodiscard]] int64_t layer_bytes() const { return int64_t{num_blocks_} * block_size_ * row_bytes_; }
   [[nodiscard]] int64_t layer_offset(int32_t layer) const {
     TROUPE_ASSERT(layer >= 0 && layer < n_layers_);

@@ -227,7 +227,8 @@ void transformer::matmul_q80(float* out, const float* x, const cpu::q80_matrix& 
 }
 
 void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
-                          std::vector<float>& logits, int32_t num_layers, std::vector<float>* hidden) {
+                          std::vector<float>& logits, int32_t num_layers, std::vector<float>* hidden,
+                          kernels::cpu::layer_stream* moves) {
   const model_config& c = config_;
   TROUPE_ASSERT(cache.kv_dim() == c.kv_dim());
   TROUPE_ASSERT(num_layers >= 0 && num_layers <= c.n_layers);
@@ -238,6 +239,7 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
     TROUPE_ASSERT(row.block_table != nullptr);
   }
   expert_error_.reset();
+  moves_ = moves;
   std::vector<std::vector<int32_t>> groups;
   if (splits_rows() && rows.size() > 1) {
     // A row's work: its matrices' multiply-adds, and attention's two (q.k, weights.v) per
@@ -267,6 +269,7 @@ void transformer::forward(const std::vector<forward_row>& rows, kv_cache& cache,
     gather_groups(rows, groups, &forward_row::want_logits, c.vocab_size, group_logits_, logits);
     if (hidden != nullptr) gather_groups(rows, groups, &forward_row::want_hidden, c.dim, group_hidden_, *hidden);
   }
+  moves_ = nullptr;
   num_forwards_++;
 }
 
@@ -310,6 +313,7 @@ void transformer::run(const std::vector<forward_row>& rows, kv_cache& cache, std
     }
   }
   for (int32_t l = 0; l < num_layers && !expert_error_; l++) {
+    if (moves_ != nullptr) moves_->wait(l);
     attention_layer(rows, cache, l, s, pool);
     ffn_layer(n, l, s, pool);
   }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/cpu/layer_stream.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "runtime/model/kernel_path.hpp"
 #include "runtime/model/checkpoint.hpp"
@@ -70,8 +71,10 @@ class transformer {
   /// Those layers' K/V are the ones the whole model writes for the same rows.
   /// `hidden` (may be null) gets one (dim) vector per row whose want_hidden is set, in row order:
   /// its hidden state after the final norm, the classifier's input (embeddings pool them).
+  /// `moves` (may be null): a step's KV moves running beside the pass, layer by layer; each
+  /// layer starts once its moves are done (`moves->wait(layer)`).
   void forward(const std::vector<forward_row>& rows, kv_cache& cache, std::vector<float>& logits,
-               int32_t num_layers = 0, std::vector<float>* hidden = nullptr);
+               int32_t num_layers = 0, std::vector<float>* hidden = nullptr, kernels::cpu::layer_stream* moves = nullptr);
 
   /// Bytes of memory the weights take: the checkpoint's (checkpoint::resident_bytes) and the
   /// packed copies the fast path made.
@@ -175,6 +178,7 @@ class transformer {
   int64_t matrix_bytes_ = 0;    // their bytes
 
   kernels::cpu::thread_pool* pool_ = nullptr;
+  kernels::cpu::layer_stream* moves_ = nullptr;  // the running forward's (forward())
   std::vector<scratch> scratch_;  // [0]: a whole batch's; [g]: group g's when rows are split
   // A split step's groups: their rows and their logits.
   std::vector<std::vector<forward_row>> group_rows_;
