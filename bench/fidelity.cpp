@@ -5,7 +5,9 @@
 //
 // Calibrations: the designed sweep first (`troupe calibrate`: a grid of synthetic plans through
 // the step executor, median of several runs each; held out from every workload, what a user
-// measures once per machine), then step logs of real runs (what `troupe calibrate --log`
+// measures once per machine), the same sweep taken again before each real run (their steps
+// pooled into one fit: sweeps beside the runs see the host's drift within the sitting), then
+// step logs of real runs (what `troupe calibrate --log`
 // fits): a run over the NEXT N requests of the trace (held out), and the evaluated workload's
 // first run. Each fit prints its held-out per-step error (5-fold cross-validation) and any
 // parameter held at its bound (a misfit). A verdict per calibration: E2E within max(5%, noise
@@ -255,7 +257,19 @@ int run(int argc, char** argv) {
   (void)run_real(*t, calibration, seed + 1, held_out_log);
   std::vector<std::vector<timing>> runs;
   std::vector<std::string> logs;
+  // A sweep again before each real run: the host's speed drifts within a sitting, and sweeps
+  // taken beside the runs see the same drift (their steps pooled below).
+  std::vector<cost::step_sample> beside;
+  double first_touch_beside = 0;
   for (int32_t i = 0; i < repeat; i++) {
+    const std::filesystem::path sweep_dir = dir / ("sweep" + std::to_string(i + 1));
+    std::filesystem::create_directories(sweep_dir);
+    auto again = run_calibrate(troupe, 1, sweep_dir, checkpoint, 9);
+    if (!again) return std::fprintf(stderr, "%s\n", again.error().message.c_str()), 1;
+    auto steps = cost::read_step_log((sweep_dir / "sweep_steps.csv").string());
+    if (!steps) return std::fprintf(stderr, "%s\n", steps.error().message.c_str()), 1;
+    beside.insert(beside.end(), steps->begin(), steps->end());
+    first_touch_beside += again->first_touch_page_ns / repeat;
     logs.push_back((dir / ("run" + std::to_string(i + 1) + "_steps.csv")).string());
     std::remove(logs.back().c_str());
     runs.push_back(run_real(*t, workload, seed, logs.back()));
@@ -287,6 +301,16 @@ int run(int argc, char** argv) {
               "first):\n",
               swept->first_touch_page_ns);
   if (!judge(*t, warm, workload, seed, real)) return 1;
+  // The sweeps taken beside the real runs, their steps pooled into one fit.
+  {
+    auto pooled = cost::fit(beside);
+    if (!pooled) return std::fprintf(stderr, "%s\n", pooled.error().message.c_str()), 1;
+    print_fit(*pooled, "the " + std::to_string(repeat) + " sweeps taken before each real run, pooled",
+              held_out_error(beside));
+    cost::cost_params params = pooled->params;
+    params.first_touch_page_ns = first_touch_beside;
+    if (!judge(*t, params, workload, seed, real)) return 1;
+  }
   // Step logs of real runs: a held-out workload, and the evaluated workload's first run (as a
   // user calibrates on a log of the workload they study).
   const std::pair<std::string, std::string> calibrations[] = {

@@ -361,6 +361,14 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
   } else {
     move_kv(plan, result, {});
   }
+  // Whatever leaves this function (an exception unwinding it too), the stream's job, which
+  // writes `result` and the pool, has ended first.
+  struct finish_at_exit {
+    kernels::cpu::layer_stream* stream;
+    ~finish_at_exit() {
+      if (stream != nullptr) stream->finish();
+    }
+  } ends_the_job{stream};
   build_rows(plan);
   const std::vector<spec::draft> drafts = add_drafts(plan);
   for (const spec::draft& d : drafts) result.num_draft_rows += static_cast<int64_t>(d.tokens.size());
