@@ -35,6 +35,7 @@
 #include "actors/system/type_ids.hpp"
 #include "bench/figures.hpp"
 #include "bench/synthetic_model.hpp"
+#include "runtime/common/stats.hpp"
 #include "topology/launch.hpp"
 
 namespace troupe::bench {
@@ -123,17 +124,10 @@ double mean_ttft(const std::vector<second_a>& runs) {
   return sum / static_cast<double>(runs.size());
 }
 
-/// The median of any number of samples (of an even number, the mean of the middle two).
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 double median_ttft(const std::vector<second_a>& runs) {
   std::vector<double> ms;
   for (const second_a& s : runs) ms.push_back(s.ttft_ms);
-  return median_of(ms);
+  return stats::percentile(ms, 50);  // of an even number: the mean of the middle two
 }
 
 int run(int argc, char** argv) {
@@ -197,7 +191,7 @@ int run(int argc, char** argv) {
   for (size_t i = 0; i < streamed.size(); i++) ratios.push_back(first[i].ttft_ms / streamed[i].ttft_ms);
   std::printf("host-tier hit, A B B A over %zu rounds each: copy stream median %.2f ms, moves first median %.2f ms; "
               "moves first / copy stream per round: median %.3fx (min %.3fx, max %.3fx)\n",
-              streamed.size(), median_ttft(streamed), median_ttft(first), median_of(ratios),
+              streamed.size(), median_ttft(streamed), median_ttft(first), stats::percentile(ratios, 50),
               *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
   return same ? 0 : 1;
 }

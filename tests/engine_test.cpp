@@ -665,10 +665,12 @@ TEST(EngineDrain, AResumedRequestsKvImportedWhereItsGeneratedTokensAreCachedCont
 /// prefill/decode imports, drain read-outs and copy-on-write fork copies — run layer by layer
 /// beside the forward pass when they reach copy_stream_min_bytes. Every plan of a workload that
 /// makes each kind, run on an executor that streams every move (on three threads) and on one
-/// that streams none (on one), gives the same bits: samples, logprobs, read-outs, demoted blocks and exports.
-TEST(EngineCopyStream, MovesBesideTheForwardPassGiveTheSameBitsAsMovesBeforeIt) {
+/// that streams none (on one), gives the same bits — samples, logprobs, read-outs, demoted
+/// blocks and exports — with the pool in each KV type (f32, f16, q8_0).
+void expect_moves_beside_the_pass_give_the_same_bits(kv::kv_dtype dtype) {
   const testing::bundled& b = testing::model_and_tokenizer();
   engine_config config;
+  config.kv_cache_dtype = dtype;
   config.block_size = 4;
   config.num_kv_blocks = 24;  // evictions: the host tier's demotions
   config.host_tier = true;
@@ -677,8 +679,9 @@ TEST(EngineCopyStream, MovesBesideTheForwardPassGiveTheSameBitsAsMovesBeforeIt) 
   auto core = engine_core::create(b.ck.config(), {tokenizer::bos, tokenizer::eos}, config);
   ASSERT_TRUE(core.has_value()) << core.error().message;
   kernels::cpu::thread_pool pool(3);  // the pass's layers waited for from every thread of it
-  step_executor streamed(b.ck, config.num_kv_blocks, config.block_size, config.kernels, &pool);
-  step_executor before(b.ck, config.num_kv_blocks, config.block_size, config.kernels);
+  step_executor streamed(b.ck, config.num_kv_blocks, config.block_size, config.kernels, &pool, {}, nullptr, nullptr,
+                         dtype);
+  step_executor before(b.ck, config.num_kv_blocks, config.block_size, config.kernels, nullptr, {}, nullptr, nullptr, dtype);
   kernels::cpu::layer_stream stream;
   streamed.set_copy_stream(&stream, 0);
   before.set_copy_stream(&stream, -1);
@@ -734,6 +737,7 @@ TEST(EngineCopyStream, MovesBesideTheForwardPassGiveTheSameBitsAsMovesBeforeIt) 
   // A prefill from elsewhere: imports.
   engine_config prefill;
   prefill.block_size = config.block_size;
+  prefill.kv_cache_dtype = dtype;
   auto p = make_engine(prefill);
   ASSERT_TRUE(p->add_prefill(make_request(7, varied_prompt(20), 6, 0.9f, 7)).has_value());
   while (p->has_unfinished()) (void)p->step();
@@ -748,6 +752,13 @@ TEST(EngineCopyStream, MovesBesideTheForwardPassGiveTheSameBitsAsMovesBeforeIt) 
   EXPECT_GT(copies, 0);
   EXPECT_GT(streamed.num_streamed_steps(), 0);
   EXPECT_EQ(before.num_streamed_steps(), 0);
+}
+
+TEST(EngineCopyStream, MovesBesideTheForwardPassGiveTheSameBitsAsMovesBeforeIt) {
+  for (const kv::kv_dtype dtype : {kv::kv_dtype::f32, kv::kv_dtype::f16, kv::kv_dtype::q8_0}) {
+    SCOPED_TRACE(kv::name_of(dtype));
+    expect_moves_beside_the_pass_give_the_same_bits(dtype);
+  }
 }
 
 TEST(EngineDrain, OnlyARequestWithOneSampleAndComputedKvLeavesWithIt) {

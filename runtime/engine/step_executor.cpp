@@ -311,11 +311,15 @@ kv_data step_executor::read_kv(const int32_t* block_table, int32_t num_tokens) c
   return kv;
 }
 
-int64_t step_executor::move_bytes(const exec_plan& plan) const {
+kernels::cpu::layer_stream* step_executor::stream_for(const exec_plan& plan) const {
+  if (copy_stream_ == nullptr || copy_stream_min_bytes_ < 0) return nullptr;
+  if (std::any_of(plan.chunks.begin(), plan.chunks.end(), [](const exec_chunk& c) { return c.num_draft_slots > 0; }))
+    return nullptr;
   int64_t tokens = int64_t{cache_.block_size()} * static_cast<int64_t>(plan.demotions.size() + plan.copies.size());
   for (const kv_readout& r : plan.readouts) tokens += r.num_tokens;
   for (const kv_import& i : plan.imports) tokens += i.kv.num_tokens;
-  return tokens * 2 * cache_.num_layers() * kv::kv_row_bytes(cache_.dtype(), cache_.kv_dim());
+  const int64_t bytes = tokens * model::kv_cache::bytes_of(model_.config(), 1, 1, cache_.dtype());
+  return bytes >= std::max<int64_t>(1, copy_stream_min_bytes_) ? copy_stream_ : nullptr;
 }
 
 void step_executor::move_kv(const exec_plan& plan, exec_result& result, model::layer_range which) {
@@ -351,16 +355,11 @@ exec_result step_executor::execute(const exec_plan& plan, const grammar::grammar
   // drafts moves first (a drafter reads the pool before the pass).
   for (const kv_readout& r : plan.readouts) result.read_out.push_back(kv_buffer(r.num_tokens));
   for (size_t i = 0; i < plan.demotions.size(); i++) result.demoted.push_back(kv_buffer(cache_.block_size()));
-  const bool has_drafts = std::any_of(plan.chunks.begin(), plan.chunks.end(),
-                                      [](const exec_chunk& c) { return c.num_draft_slots > 0; });
-  kernels::cpu::layer_stream* stream = nullptr;
-  if (copy_stream_ != nullptr && copy_stream_min_bytes_ >= 0 && !has_drafts &&
-      move_bytes(plan) >= std::max<int64_t>(1, copy_stream_min_bytes_)) {
-    stream = copy_stream_;
+  kernels::cpu::layer_stream* const stream = stream_for(plan);
+  if (stream != nullptr)
     stream->start(cache_.num_layers(), [&](int32_t l) { move_kv(plan, result, {l, l + 1}); });
-  } else {
+  else
     move_kv(plan, result, {});
-  }
   // Whatever leaves this function (an exception unwinding it too), the stream's job, which
   // writes `result` and the pool, has ended first.
   struct finish_at_exit {

@@ -103,8 +103,10 @@ class step_executor {
   [[nodiscard]] kv_data kv_buffer(int32_t num_tokens) const;
   /// Positions [0, num_tokens) of the blocks of `block_table` (a prefill's export).
   [[nodiscard]] kv_data read_kv(const int32_t* block_table, int32_t num_tokens) const;
-  /// The bytes `plan`'s KV moves read or write in the pool.
-  [[nodiscard]] int64_t move_bytes(const exec_plan& plan) const;
+  /// The copy stream to run `plan`'s KV moves on: one is lent, the plan has no drafts (a drafter
+  /// reads the pool before the pass) and its moves take at least copy_stream_min_bytes_ of the
+  /// pool's bytes; else null (the moves run first).
+  [[nodiscard]] kernels::cpu::layer_stream* stream_for(const exec_plan& plan) const;
   /// `plan`'s KV moves in `which` layers: read-outs and demotions into `result`'s buffers
   /// (sized already), then imports, then copies.
   void move_kv(const exec_plan& plan, exec_result& result, model::layer_range which);
