@@ -368,6 +368,19 @@ class counting_sink final : public spdlog::sinks::base_sink<std::mutex> {
   int32_t num_ = 0;
 };
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+/// Why the tests out of descriptors do not run under a sanitizer: its own checks need
+/// descriptors. UBSan's vptr check probes memory through a pipe and symbolizing a report opens
+/// files, so with none left every vptr check in the window fails ("object has invalid vptr ...
+/// memory cannot be printed", in CAF's and fmt's code alike) and no suppression matches.
+constexpr const char* sanitizer_needs_descriptors =
+    "a sanitizer's own checks need file descriptors (UBSan's vptr check probes memory through a "
+    "pipe): run this test in the plain build";
+
 /// Connects `waiting` to `port` while this process has no descriptor free; expects the line
 /// `sink` counts once (not once per try: it says so once and waits between tries), then frees
 /// the descriptors.
@@ -402,6 +415,7 @@ class logging_to {
 // backlog and is served once descriptors are free). Before: accept() was retried at once, in a
 // loop, with nothing logged (the first expectation failed).
 TEST_F(GatewayLimits, OutOfDescriptorsAcceptingSaysSoOnceAndIsServedOnceThereAreSome) {
+  if (sanitized) GTEST_SKIP() << sanitizer_needs_descriptors;
   auto sink = std::make_shared<counting_sink>("msgpack: cannot accept a connection (errno 24");
   const logging_to logging(sink);
   start(edge_limits{});
@@ -488,6 +502,7 @@ TEST_F(HttpGatewayLimits, MetricsWaitForAnEngineABoundedTime) {
 
 // The same for the HTTP server. Before: the loop re-accepted at once, spinning a core.
 TEST_F(HttpGatewayLimits, OutOfDescriptorsAcceptingSaysSoOnceAndIsServedOnceThereAreSome) {
+  if (sanitized) GTEST_SKIP() << sanitizer_needs_descriptors;
   auto sink = std::make_shared<counting_sink>("http: cannot accept a connection (Too many open files)");
   const logging_to logging(sink);
   start_http(edge_limits{});

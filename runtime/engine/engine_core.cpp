@@ -661,7 +661,8 @@ std::optional<exec_plan> engine_core::plan_step() {
   // two halves taking turns (half the rows per step, each sequence every other step).
   const int32_t max_in_flight = config_.speculation.enabled() ? 1 : config_.max_steps_in_flight;
   if (num_in_flight() >= max_in_flight) return std::nullopt;
-  flight f{scheduler_->schedule(), {}, {}, {}, {}, {}, {}, {}};
+  flight f;
+  f.plan = scheduler_->schedule();
   // A staged promotion goes once its sequence is admitted (its blocks are in its table).
   for (auto it = staged_promotions_.begin(); it != staged_promotions_.end();)
     it = scheduler_->get(it->first).status == sched::seq_status::waiting ? std::next(it) : staged_promotions_.erase(it);
