@@ -168,6 +168,15 @@ void measure_rss_without_asan_quarantine() {
 #endif
 }
 
+/// How much the server's RSS may grow over the soak. Under ThreadSanitizer (build-tsan: the
+/// server is the same build) every byte it touches also has shadow memory, and the growth of one
+/// soak measured 466 MB (76 MB under ASan without its quarantine, above): the bound is 4x.
+#if defined(__SANITIZE_THREAD__)
+constexpr int64_t rss_growth_max = int64_t{4} * (int64_t{256} << 20);
+#else
+constexpr int64_t rss_growth_max = int64_t{256} << 20;
+#endif
+
 TEST(GatewaySoak, HonestClientsGetTheGoldenTextWhileHostileOnesAreCappedAndSigtermEndsInTime) {
   const fs::path dir = fs::temp_directory_path() / ("troupe_gateway_soak_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -214,7 +223,7 @@ TEST(GatewaySoak, HonestClientsGetTheGoldenTextWhileHostileOnesAreCappedAndSigte
   for (std::thread& t : honest) t.join();
   for (int k = 0; k < 8; k++) EXPECT_EQ(wrong[k], "") << "honest client " << k;
   EXPECT_GE(num_honest.load(), 8);
-  EXPECT_LT(rss_max - rss_before, int64_t{256} << 20) << "RSS " << rss_before << " -> " << rss_max;
+  EXPECT_LT(rss_max - rss_before, rss_growth_max) << "RSS " << rss_before << " -> " << rss_max;
   // SIGTERM with the last round's hostile clients still connected.
   const auto stop_begin = steady::now();
   ::kill(server.pid(), SIGTERM);
