@@ -55,10 +55,13 @@ struct fake_balancer_state {
   int32_t num_chunks = 0;
   size_t chunk_bytes = 0;
   bool end = false;
+  bool ignore_cancels = false;  ///< a cancel is counted and left unanswered
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<int32_t> priorities;  // guarded by mutex
   int32_t num_cancelled = 0;        // guarded by mutex
+  /// Each request's client and stream, in arrival order (a test may end one itself).
+  std::vector<std::pair<actors::stream_receiver_actor, uint64_t>> clients;  // guarded by mutex
 
   /// Waits (60 s at most: a test of today's code fails instead of hanging) until `done`.
   template <class Predicate>
@@ -77,6 +80,7 @@ caf::behavior fake_request(caf::event_based_actor* self, actors::stream_receiver
       st->num_cancelled++;
       st->changed.notify_all();
     }
+    if (st->ignore_cancels) return;
     msg::completion_end e;
     e.stream = stream;
     e.finish_reason = engine::finish_reason::cancelled;
@@ -92,6 +96,7 @@ actors::balancer_client_actor::behavior_type fake_balancer(actors::balancer_clie
     {
       std::lock_guard<std::mutex> lock(st->mutex);
       st->priorities.push_back(s.request.priority);
+      st->clients.emplace_back(s.reply_to, s.stream);
       st->changed.notify_all();
     }
     for (int32_t i = 0; i < st->num_chunks; i++) {
@@ -168,6 +173,23 @@ class GatewayLimits : public ::testing::Test {
     auto g = msgpack_gateway::start(*sys_, sys_->spawn(fake_balancer, fake_), o);
     ASSERT_TRUE(g.has_value()) << g.error().message;
     gateway_ = std::move(*g);
+  }
+  /// Ends the fake's first request (its client's callback runs now); whether its client then
+  /// stopped within 30 s.
+  bool end_first_request() {
+    const auto [client, stream] = [&] {
+      std::lock_guard<std::mutex> lock(fake_->mutex);
+      return fake_->clients.front();
+    }();
+    caf::scoped_actor self{*sys_};
+    self->monitor(client);
+    msg::completion_end end;
+    end.stream = stream;
+    end.finish_reason = engine::finish_reason::length;
+    self->send(client, end);
+    bool stopped = false;
+    self->receive([&](caf::down_msg&) { stopped = true; }, caf::after(std::chrono::seconds(30)) >> [] {});
+    return stopped;
   }
 };
 
@@ -338,6 +360,19 @@ TEST_F(GatewayLimits, AStopEndsWithinItsBoundThoughAClientNeverReadsNorCloses) {
   if (stopped.wait_for(std::chrono::seconds(0)) != std::future_status::ready) std::_Exit(1);  // would hang in ~future
 }
 
+// The gateway may go while its client actors still run (their requests outlived its drain): a
+// client's end that comes later touches nothing of it. Before, the request's count in the
+// gateway's per-address limit was let go then (a heap-use-after-free).
+TEST_F(GatewayLimits, AClientThatEndsAfterTheGatewayIsGoneTouchesNothingOfIt) {
+  fake_->ignore_cancels = true;  // the stop's cancel is held too
+  start(edge_limits{});
+  frame_socket s(gateway_->port());
+  s.send(request_frame(1));
+  ASSERT_TRUE(fake_->wait_until([&] { return fake_->clients.size() == 1; }));
+  gateway_.reset();  // drain_timeout (200 ms), then the request is cancelled, then given up
+  EXPECT_TRUE(end_first_request());
+}
+
 /// A log sink that counts the lines containing `text_` and wakes whoever waits for one.
 class counting_sink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
@@ -486,6 +521,20 @@ TEST_F(HttpGatewayLimits, CompletionsInFlightPerAddressAreCappedAndPriorityIsRai
   ASSERT_TRUE(fake_->wait_until([&] { return fake_->priorities.size() == 2; }));
   std::lock_guard<std::mutex> lock(fake_->mutex);
   EXPECT_EQ(fake_->priorities, (std::vector<int32_t>{0, 7}));
+}
+
+// The gateway may go while its client actors still run (a drain ran out of time, or none was
+// asked for): a client's end that comes later touches nothing of it. Before, write_end locked
+// the gone gateway's mutex (a heap-use-after-free ThreadSanitizer found at a test's teardown).
+TEST_F(HttpGatewayLimits, AClientThatEndsAfterTheGatewayIsGoneTouchesNothingOfIt) {
+  fake_->ignore_cancels = true;  // the client cancels when its HTTP client is gone: held too
+  start_http(edge_limits{});
+  frame_socket s(http_->port(), 2);
+  s.send(post(R"({"prompt":"x","stream":true})"));
+  ASSERT_TRUE(fake_->wait_until([&] { return fake_->clients.size() == 1; }));
+  http_.reset();
+  EXPECT_EQ(s.read_all(), "");  // closed unanswered: the server stopped
+  EXPECT_TRUE(end_first_request());
 }
 
 // /metrics waits engine_query_timeout at most for each engine, then answers 503. Before: 30 s

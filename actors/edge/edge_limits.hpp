@@ -65,43 +65,50 @@ struct edge_limits {
 }
 
 /// Counts things (connections, requests in flight) per client address, with a cap in all and
-/// one per address. Thread-safe.
+/// one per address. Thread-safe. A token may outlive the counts that made it (a client actor's
+/// callback can hold one after its gateway is gone): it holds their state.
 class address_counts {
  public:
-  address_counts(int64_t max_total, int64_t max_per_address) : max_total_(max_total), max_per_address_(max_per_address) {}
+  address_counts(int64_t max_total, int64_t max_per_address)
+      : state_(std::make_shared<state>(max_total, max_per_address)) {}
 
   /// One more for `address`, or null (nothing counted) when a cap is reached; dropping the
-  /// token counts it out. The counts must outlive their tokens.
+  /// token counts it out.
   [[nodiscard]] std::shared_ptr<const void> enter(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    int64_t& n = by_address_[address];
-    if (num_total_ >= max_total_ || n >= max_per_address_) {
-      if (n == 0) by_address_.erase(address);
+    state& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    int64_t& n = s.by_address[address];
+    if (s.num_total >= s.max_total || n >= s.max_per_address) {
+      if (n == 0) s.by_address.erase(address);
       return nullptr;
     }
     n++;
-    num_total_++;
-    return std::shared_ptr<const void>(this, [this, address](const void*) { leave(address); });
+    s.num_total++;
+    return std::shared_ptr<const void>(state_.get(), [counts = state_, address](const void*) { counts->leave(address); });
   }
   [[nodiscard]] int64_t num_total() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return num_total_;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->num_total;
   }
 
  private:
-  void leave(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = by_address_.find(address);
-    TROUPE_ASSERT(it != by_address_.end());
-    num_total_--;
-    if (--it->second == 0) by_address_.erase(it);
-  }
+  struct state {
+    state(int64_t total, int64_t per_address) : max_total(total), max_per_address(per_address) {}
+    void leave(const std::string& address) {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = by_address.find(address);
+      TROUPE_ASSERT(it != by_address.end());
+      num_total--;
+      if (--it->second == 0) by_address.erase(it);
+    }
 
-  const int64_t max_total_;
-  const int64_t max_per_address_;
-  mutable std::mutex mutex_;
-  int64_t num_total_ = 0;                     // guarded by mutex_
-  std::map<std::string, int64_t> by_address_;  // guarded by mutex_
+    const int64_t max_total;
+    const int64_t max_per_address;
+    std::mutex mutex;
+    int64_t num_total = 0;                     // guarded by mutex
+    std::map<std::string, int64_t> by_address;  // guarded by mutex
+  };
+  std::shared_ptr<state> state_;
 };
 
 }  // namespace troupe::gateway

@@ -179,7 +179,7 @@ struct embedding_answer {
 
 }  // namespace
 
-struct http_gateway::impl {
+struct http_gateway::impl : std::enable_shared_from_this<http_gateway::impl> {
   impl(caf::actor_system& s, gateway_options o)
       : sys(s),
         options(std::move(o)),
@@ -208,6 +208,16 @@ struct http_gateway::impl {
   std::map<int64_t, std::vector<actors::client_actor>> in_flight;  // guarded by serving_mutex
   std::mt19937_64 seeds{std::random_device{}()};  // guarded by serving_mutex
 
+  /// `f(gateway, args...)` for a callback that may come after the gateway is gone (a client
+  /// actor's, or a ticket a response drops late): then it does nothing. While it runs, the
+  /// gateway stays.
+  template <class F>
+  auto guarded(F f) {
+    return [gateway = weak_from_this(), f = std::move(f)](auto&&... args) {
+      if (const std::shared_ptr<impl> g = gateway.lock()) f(*g, std::forward<decltype(args)>(args)...);
+    };
+  }
+
   /// One admitted completion: the balancer it goes to, and a ticket that counts it in flight
   /// until dropped (its response holds it until the last byte is written or the client left).
   struct admission {
@@ -223,7 +233,8 @@ struct http_gateway::impl {
     if (state != openai::serving_state::ready) return tl::unexpected(openai::not_serving_error(state));
     const int64_t number = ++num_admitted;
     in_flight.emplace(number, std::vector<actors::client_actor>{});
-    return admission{number, load_balancer, tok, std::shared_ptr<const void>(nullptr, [this, number](const void*) { leave(number); })};
+    return admission{number, load_balancer, tok,
+                     std::shared_ptr<const void>(nullptr, guarded([number](impl& g, const void*) { g.leave(number); }))};
   }
   /// Counts a request of the client's address (a 429 past its limit) and admits it (`admit`),
   /// its response holding both; nothing when refused, with the error answered.
@@ -350,8 +361,8 @@ void http_gateway::impl::handle_completion(openai::endpoint kind, const http_req
   for (size_t k = 0; k < requests.size(); k++) {
     const auto index = static_cast<int32_t>(k);
     spawn_for(*a, *admitted, std::move(requests[k]),
-              [this, a, index](const msg::completion_chunk& c) { write_chunk(*a, index, c); },
-              [this, a, index](const expected<actors::completion>& outcome) { write_end(*a, index, outcome); });
+              guarded([a, index](impl& g, const msg::completion_chunk& c) { g.write_chunk(*a, index, c); }),
+              guarded([a, index](impl& g, const expected<actors::completion>& outcome) { g.write_end(*a, index, outcome); }));
   }
   res->on_abandoned([a, number = admitted->number] {
     spdlog::info("http: the client of completion {} went away: cancelling it", number);
@@ -379,7 +390,7 @@ void http_gateway::impl::handle_embeddings(const http_request& req, const std::s
   for (size_t k = 0; k < inputs.size(); k++) {
     inputs[k].priority = std::max(inputs[k].priority, options.limits.priority_min);
     spawn_for(*a, *admitted, std::move(inputs[k]), [](const msg::completion_chunk&) {},
-              [this, a, k](const expected<actors::completion>& outcome) { embedding_done(*a, k, outcome); });
+              guarded([a, k](impl& g, const expected<actors::completion>& outcome) { g.embedding_done(*a, k, outcome); }));
   }
   res->on_abandoned([a] {
     std::lock_guard<std::mutex> lock(a->mutex);
@@ -619,7 +630,7 @@ void http_gateway::impl::handle(const http_request& req, const std::shared_ptr<h
 }
 
 expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& sys, gateway_options options) {
-  auto state = std::make_unique<impl>(sys, std::move(options));
+  auto state = std::make_shared<impl>(sys, std::move(options));
   impl& s = *state;
   http_server_options o{s.options.address, s.options.port,   s.options.body_bytes_max, s.options.num_threads,
                         s.options.limits,  s.options.access.tls, s.options.stop_timeout};
@@ -631,7 +642,7 @@ expected<std::unique_ptr<http_gateway>> http_gateway::start(caf::actor_system& s
   return std::unique_ptr<http_gateway>(new http_gateway(std::move(state)));
 }
 
-http_gateway::http_gateway(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+http_gateway::http_gateway(std::shared_ptr<impl> state) : impl_(std::move(state)) {}
 
 void http_gateway::serve(actors::balancer_client_actor load_balancer, actors::engine_list engines,
                          std::shared_ptr<const tokenizer> tok, int32_t context_tokens,

@@ -79,7 +79,9 @@ class http_gateway {
   /// its last byte is written). True if none is left; else they are cancelled (they end at once,
   /// finish_reason "cancelled") and false.
   [[nodiscard]] bool drain(std::chrono::milliseconds bound);
-  /// Stops listening and waits for the requests in flight to end.
+  /// Stops listening (the server's stop_timeout bounds its wait for its connections). Client
+  /// actors still running then (a drain ran out of time, or none was asked for) find the gateway
+  /// gone when they call back, and touch nothing of it.
   ~http_gateway();
   http_gateway(const http_gateway&) = delete;
   http_gateway& operator=(const http_gateway&) = delete;
@@ -89,8 +91,8 @@ class http_gateway {
   struct impl;
 
  private:
-  explicit http_gateway(std::unique_ptr<impl> state);
-  std::unique_ptr<impl> impl_;
+  explicit http_gateway(std::shared_ptr<impl> state);
+  std::shared_ptr<impl> impl_;  ///< its client actors' callbacks hold it weakly (strongly while one runs)
 };
 
 }  // namespace troupe::gateway
