@@ -19,6 +19,7 @@
 #include <caf/io/middleman.hpp>
 
 #include "actors/system/cluster_messages.hpp"
+#include "tests/support/actor_config.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 
@@ -44,7 +45,7 @@ class Burst : public ::testing::Test {
   fs::path dir_;
 
   void SetUp() override {
-    actors::configure_real_time(cfg_, 1);
+    testing::configure_real_time(cfg_, 1);
     cfg_.load<caf::io::middleman>();
     sys_ = std::make_unique<caf::actor_system>(cfg_);
     engine_ = spawn_engine_or_die(*sys_, engine_opts(true));
@@ -85,7 +86,7 @@ class Burst : public ::testing::Test {
 
   /// A separate actor system with its own middleman: another node on loopback.
   static std::unique_ptr<caf::actor_system> remote_node(caf::actor_system_config& cfg) {
-    actors::configure_real_time(cfg, 1);
+    testing::configure_real_time(cfg, 1);
     cfg.load<caf::io::middleman>();
     cfg.set("scheduler.max-threads", 2);
     return std::make_unique<caf::actor_system>(cfg);

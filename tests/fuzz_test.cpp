@@ -23,6 +23,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/request_actor.hpp"
+#include "tests/support/actor_config.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/fuzz_env.hpp"
 #include "tests/support/garbage.hpp"
@@ -364,7 +365,7 @@ TEST_F(CrashAttack, MessagesWithoutASenderAreRefusedByEveryActor) {
 
 TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
   caf::actor_system_config server_cfg;
-  actors::configure_real_time(server_cfg, 1);
+  testing::configure_real_time(server_cfg, 1);
   server_cfg.load<caf::io::middleman>();
   caf::actor_system server{server_cfg};
   // The executor on the scheduler, not detached: a detached actor whose handle went to another
@@ -387,7 +388,7 @@ TEST(FuzzLoopback, GarbageOverTheWireLeavesTheServerServing) {
   spdlog::set_level(spdlog::level::err);
   {
     caf::actor_system_config peer_cfg;
-    actors::configure_real_time(peer_cfg, 1);
+    testing::configure_real_time(peer_cfg, 1);
     peer_cfg.load<caf::io::middleman>();
     caf::actor_system peer{peer_cfg};
     auto remote = peer.middleman().remote_actor<actors::balancer_actor>("127.0.0.1", *port);

@@ -41,6 +41,7 @@
 #include "actors/system/connect.hpp"
 #include "actors/system/network_limits.hpp"
 #include "actors/system/tls.hpp"
+#include "tests/support/actor_config.hpp"
 #include "tests/support/actor_harness.hpp"
 #include "tests/support/process.hpp"
 #include "topology/launch.hpp"
@@ -203,7 +204,7 @@ class Limits : public ::testing::Test {
 
   void start_server(const actors::network_limits& limits, const actors::tls_credentials& tls = {}) {
     configure(server_cfg_, /*deterministic=*/false);
-    actors::configure_real_time(server_cfg_, 1);
+    testing::configure_real_time(server_cfg_, 1);
     ASSERT_TRUE(actors::configure_network(server_cfg_, tls, limits).has_value());
     server_ = std::make_unique<caf::actor_system>(server_cfg_);
   }
