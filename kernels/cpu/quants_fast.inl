@@ -1076,6 +1076,8 @@ void groups_by_rows(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_
 template <class Block>
 void rows_by_16(float* out, const uint8_t* xq, int64_t x_row_bytes, const x_blocks& xb, const quant_matrix& w, int32_t rows,
                 int64_t i0, int64_t groups) {
+  // A slice of fewer than 16 rows has none: its thread's panel may never have been allocated.
+  if (groups == 0) return;
   struct alignas(64) line {
     uint8_t bytes[64];
   };
