@@ -68,7 +68,7 @@ struct engine_config {
   int64_t copy_stream_min_bytes = default_copy_stream_min_bytes;
   /// A host-memory cache tier below the pool (issue 14, docs/kv-tiers.md): cached blocks the
   /// pool evicts are read out for it (engine_core::take_demoted) and blocks it holds can be
-  /// promoted into the pool (engine_core::promote). Set by the engine actor when it can reach a
+  /// promoted into the pool (pool_core::promote). Set by the engine actor when it can reach a
   /// tier: its own node's, or another node's the balancer names (request::cache_tier).
   bool host_tier = false;
   /// With host_tier: whether the engine's own node has a tier, which it demotes evicted blocks
