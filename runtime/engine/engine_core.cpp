@@ -300,13 +300,13 @@ std::vector<prefilled_request> engine_core::take_prefilled() {
   return out;
 }
 
-void engine_core::end_sample(kv::seq_id seq) {
+sequence_counters engine_core::end_sample(kv::seq_id seq) {
   const sample_state& st = samples_.at(seq);
   request_state& rs = requests_.at(st.request);
   rs.live.erase(std::find(rs.live.begin(), rs.live.end(), seq));
   if (rs.live.empty()) requests_.erase(st.request);
-  pool_->remove(seq);
   samples_.erase(seq);
+  return pool_->remove(seq);
 }
 
 expected<std::vector<int32_t>> engine_core::remove_request(request_id id) {
@@ -513,10 +513,9 @@ void engine_core::take_embeddings(const flight& f, exec_result& result) {
     TROUPE_ASSERT(static_cast<int32_t>(embedding.size()) == model_.dim);
     auto sample = samples_.find(c.seq);
     if (sample == samples_.end()) continue;  // released while the step ran
-    const sched::sequence& s = pool_->sequence(c.seq);
-    embedded_.push_back(
-        embedded_request{sample->second.request, std::move(embedding), s.num_preemptions, s.num_recomputed_tokens});
-    end_sample(c.seq);
+    const request_id id = sample->second.request;
+    const sequence_counters ended = end_sample(c.seq);
+    embedded_.push_back(embedded_request{id, std::move(embedding), ended.num_preemptions, ended.num_recomputed_tokens});
   }
   TROUPE_ASSERT_MSG(e == result.embeddings.size(), "a result with the wrong number of embeddings");
 }
@@ -550,11 +549,10 @@ void engine_core::record(kv::seq_id seq, const sampling::sample_result& s, std::
     reason = finish_reason::length;
   events.push_back(sample_event{st.request, st.index, s, reason});
   if (reason != finish_reason::none) {
-    const sched::sequence& q = pool_->sequence(seq);
-    events.back().num_cached_tokens = q.num_cached_tokens;
-    events.back().num_preemptions = q.num_preemptions;
-    events.back().num_recomputed_tokens = q.num_recomputed_tokens;
-    end_sample(seq);
+    const sequence_counters ended = end_sample(seq);
+    events.back().num_cached_tokens = ended.num_cached_tokens;
+    events.back().num_preemptions = ended.num_preemptions;
+    events.back().num_recomputed_tokens = ended.num_recomputed_tokens;
   }
 }
 

@@ -267,7 +267,8 @@ class engine_core {
   void fork(kv::seq_id parent, const std::vector<sampling::sample_result>& samples,
             std::vector<sample_event>& events);
   void record(kv::seq_id seq, const sampling::sample_result& s, std::vector<sample_event>& events);
-  void end_sample(kv::seq_id seq);
+  /// The sample leaves, and its sequence the pool: returns the sequence's counters.
+  sequence_counters end_sample(kv::seq_id seq);
   /// A live sample is in its request's list and the pool; a gone one left nothing.
   void check_sample(kv::seq_id seq) const;
 

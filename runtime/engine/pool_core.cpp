@@ -65,7 +65,9 @@ void pool_core::fork(kv::seq_id parent, kv::seq_id child, int32_t last_token) {
   scheduler_->fork(parent, child, last_token);  // the child inherits k
 }
 
-void pool_core::remove(kv::seq_id seq) {
+sequence_counters pool_core::remove(kv::seq_id seq) {
+  const sched::sequence& s = scheduler_->get(seq);
+  const sequence_counters counters{s.num_cached_tokens, s.num_preemptions, s.num_recomputed_tokens};
   const auto info = sequences_.find(seq);
   TROUPE_ASSERT(info != sequences_.end());
   if (--num_live_.at(info->second.request) == 0) num_live_.erase(info->second.request);
@@ -77,6 +79,7 @@ void pool_core::remove(kv::seq_id seq) {
   swap_waiting_.erase(seq);
   blocks_sent_.erase(seq);
   released_.push_back(seq);
+  return counters;
 }
 
 expected<void> pool_core::export_sequence(kv::seq_id seq, request_id id) {

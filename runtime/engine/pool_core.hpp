@@ -11,8 +11,10 @@
 /// its request, a fork, an ending, a plan asked for, a step's tokens and KV), and a plan comes
 /// back whole, its chunks' pool part filled (tokens, positions, block tables, draft slots,
 /// samples to draw, KV moves), for the sample side to add each row's sampling parameters, seed
-/// and grammar. The one exception is `sequence`, which the sample side reads for a resumed
-/// request's tokens and for the counters of a sample that ends (finish counters).
+/// and grammar; an ending is answered with the sequence's counters (sample_event's). What the
+/// sample side still reads synchronously is off the step loop: `sequence` for the tokens of
+/// requests resumed after an executor failure, an export's refusal, a tier answer's match,
+/// the prefix a new request may fetch, and the counters of reports and checks.
 
 #include <deque>
 #include <map>
@@ -98,6 +100,14 @@ struct pool_sequence {
   bool keeps_context = false;
 };
 
+/// A sequence's counters that its last sample event carries (sample_event): prompt tokens served
+/// from the prefix cache, preemptions, tokens computed again after them.
+struct sequence_counters {
+  int32_t num_cached_tokens = 0;
+  int32_t num_preemptions = 0;
+  int32_t num_recomputed_tokens = 0;
+};
+
 /// What a completed step tells the pool: one sampled token per sampling chunk of its plan (in
 /// plan order) with the drafts that stood before it (per sampling chunk, or empty), and the
 /// step's measured time, draft rows and read-out KV (exec_result's fields of the same names).
@@ -136,8 +146,9 @@ class pool_core {
   /// `child` forks from `parent` with `last_token` its first sample (sched::scheduler::fork).
   void fork(kv::seq_id parent, kv::seq_id child, int32_t last_token);
   /// The sequence ended: it leaves the scheduler and every staging, and the next plan tells the
-  /// executor to drop its table (exec_plan::released).
-  void remove(kv::seq_id seq);
+  /// executor to drop its table (exec_plan::released). Returns its counters as it left: an
+  /// answer that needs no read of the pool's state, as the sample side will have it from an actor.
+  sequence_counters remove(kv::seq_id seq);
 
   /// Plans the next step with its pool part filled, or nothing when there is nothing to plan or
   /// `max_in_flight` plans are in flight (see engine_core::plan_step).
