@@ -3,8 +3,9 @@
 /// One replica's scheduling side, in tokens: requests and their samples here, and the KV pool
 /// side — the scheduler and the block manager with the host tier's staging — in its pool_core
 /// (runtime/engine/pool_core.hpp). It plans steps for a step executor and records their
-/// results; it never runs the model. Up to two plans may be in flight: step N+1 is planned while step N executes, its
-/// decode rows naming N's samples as `previous_sample` (seed §6, "never let the GPU wait").
+/// results; it never runs the model. Up to two plans may be in flight: step N+1 is planned
+/// while step N executes, its decode rows naming N's samples as `previous_sample` (seed §6,
+/// "never let the GPU wait").
 ///
 /// Token-level endings (an end-of-sequence token, a stop token id, max_tokens) are decided
 /// here when a step completes; text-level endings (stop strings, a client's cancel) are
