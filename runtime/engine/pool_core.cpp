@@ -23,7 +23,7 @@ pool_core::pool_core(const model::model_config& model, const engine_config& conf
 
 void pool_core::enter(kv::seq_id seq, const pool_sequence& info) {
   TROUPE_ASSERT(info.num_samples >= 1);
-  sequences_.emplace(seq, info);
+  TROUPE_ASSERT_MSG(sequences_.emplace(seq, info).second, "duplicate sequence id");
   num_live_[info.request]++;
 }
 
