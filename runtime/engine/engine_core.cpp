@@ -5,7 +5,6 @@
 #include <string>
 
 #include "runtime/cost/chunk_budget.hpp"
-#include "runtime/spec/planner.hpp"
 #include "runtime/tokenizer/utf8.hpp"
 
 namespace troupe::engine {
@@ -588,7 +587,6 @@ void engine_core::check_step() {
 }
 
 void engine_core::check_sample(kv::seq_id seq) const {
-  pool_->check_sequence(seq);
   const auto it = samples_.find(seq);
   if (it == samples_.end()) {
     TROUPE_ASSERT_MSG(!pool_->contains(seq), "a sequence of a gone sample");

@@ -190,9 +190,6 @@ class pool_core {
   /// The per-step check of what changed (sched::scheduler::check_step, and each changed
   /// sequence's stagings); returns the changed sequences, for the sample side's own check.
   [[nodiscard]] std::vector<kv::seq_id> check_step();
-  /// `seq`'s stagings: none if it is gone; else its executor table within its block table, its
-  /// imported KV the size the scheduler expects, its staged promotion only while it waits.
-  void check_sequence(kv::seq_id seq) const;
 
  private:
   struct flight {
@@ -254,6 +251,9 @@ class pool_core {
   /// A chunk's blocks were last used with `cls`; a new sequence's hit on promoted blocks counts
   /// as host-tier hit tokens.
   void note_tier_use(const exec_chunk& chunk, kv::cache_class cls);
+  /// `seq`'s stagings: none if it is gone; else its executor table within its block table, its
+  /// imported KV the size the scheduler expects, its staged promotion only while it waits.
+  void check_sequence(kv::seq_id seq) const;
   /// The host tier's bookkeeping: promoted and pending-promotion blocks are cached.
   void check_tier_state() const;
   /// Each pending promotion's block is still cached, its KV one whole block (per step: few).
